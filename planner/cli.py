@@ -1,0 +1,53 @@
+"""The `ckplan` command line. Commands live in planner/commands/, one module each;
+heavy imports (torch, pulp) happen inside the commands so `--help` is instant."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from planner import __version__
+from planner.errors import UserError
+
+
+class _Group(click.Group):
+    """Turns a UserError anywhere below into one clean line and exit code 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt:
+            raise click.ClickException("interrupted; no output was written") from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ckplan")
+def cli() -> None:
+    """Plan activation checkpointing and pipeline stages under memory caps, and run the plan.
+
+    \b
+      ckplan profile model.py             measure every pipeline layer
+      ckplan solve --mem 24GB --stages 4  choose stages + checkpointed layers (MILP)
+      ckplan launch plan.yaml             run the plan and compare with its prediction
+    """
+
+
+def _register() -> None:
+    from planner.commands import compare, launch, profile, solve, validate
+
+    for module in (profile, solve, launch, validate, compare):
+        cli.add_command(module.command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="ckplan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The data that flows between rooms: profile, training setup, plan and run report.
+
+Every model forbids unknown fields, so a typo in a hand-edited plan or a file from
+another tool is rejected with the field's name instead of being silently ignored.
+Bytes are ints, times are float milliseconds; names carry their unit.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+Schedule = Literal["1F1B", "GPipe"]
+Optimizer = Literal["adam", "sgd"]
+Precision = Literal["fp32", "bf16-mixed"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileRef(Strict):
+    """A file other files depend on, pinned by content."""
+
+    file: str
+    sha256: str
+
+
+# ---------------------------------------------------------------- profile
+
+
+class LayerProfile(Strict):
+    """One pipeline layer, measured per microbatch."""
+
+    name: str  # FQN in the model: the runtime rebuilds stages from names alone
+    kind: str  # layers of one kind are structurally identical (class + parameter shapes)
+    fwd_ms: float  # median over repeats
+    bwd_ms: float
+    fwd_ms_min: float
+    fwd_ms_max: float
+    bwd_ms_min: float
+    bwd_ms_max: float
+    act_bytes: int  # kept for backward when run normally, not counting what the previous layer keeps
+    input_bytes: int  # what a checkpointed layer keeps
+    output_bytes: int
+    input_in_act_bytes: int = 0  # part of act_bytes that is this layer's own input tensor
+    param_count: int
+    param_bytes: int
+    transient_bytes: int  # extra peak during this layer's forward or backward beyond what is kept
+
+
+class DeviceInfo(Strict):
+    type: Literal["cpu", "cuda"]
+    name: str
+    threads: int | None = None  # torch.get_num_threads() during profiling (cpu)
+
+
+class Profile(Strict):
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    created_at: str
+    torch_version: str
+    device: DeviceInfo
+    dtype: str
+    micro_batch_size: int = Field(gt=0)
+    warmup: int = 0
+    repeats: int = 1
+    model: FileRef
+    batch_input_bytes: int = 0  # the model input of one microbatch (held by stage 0)
+    loss_bytes: int = 0  # what the loss function keeps for backward (last stage)
+    loss_ms: float = 0.0  # loss forward + backward
+    layers: list[LayerProfile] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Profile:
+        names = [layer.name for layer in self.layers]
+        if len(set(names)) != len(names):
+            raise ValueError("layer names must be unique")
+        return self
+
+
+# ---------------------------------------------------------------- setup and plan
+
+
+class TrainSetup(Strict):
+    """How the model is trained: what the cost model needs besides the profile."""
+
+    stages: int = Field(gt=0)  # pipeline stages, one device each
+    microbatches: int = Field(gt=0)  # per iteration per pipeline
+    micro_batch_size: int = Field(gt=0)
+    schedule: Schedule = "1F1B"
+    mem_caps_bytes: list[int]  # one per stage; devices may differ
+    optimizer: Optimizer = "adam"
+    precision: Precision = "fp32"
+    dp: int = Field(default=1, gt=0)  # data-parallel replicas (ZeRO shards over these)
+    zero: int = Field(default=0, ge=0, le=3)
+    offload: bool = False  # optimizer state in host memory
+
+    @model_validator(mode="after")
+    def _caps_per_stage(self) -> TrainSetup:
+        if len(self.mem_caps_bytes) != self.stages:
+            raise ValueError(
+                f"mem_caps_bytes has {len(self.mem_caps_bytes)} entries for {self.stages} stages"
+            )
+        if any(cap <= 0 for cap in self.mem_caps_bytes):
+            raise ValueError("every memory cap must be greater than zero")
+        return self
+
+
+class StagePredicted(Strict):
+    peak_bytes: int
+    static_bytes: int  # weights + grads + optimizer state
+    activation_bytes: int  # in-flight microbatches x kept bytes per microbatch
+    buffer_bytes: int = 0  # pipeline send/recv buffers
+    transient_bytes: int = 0  # recompute + largest layer transient
+    time_ms: float  # fwd + bwd + recompute for all microbatches' worth of one microbatch
+
+
+class StagePlan(Strict):
+    index: int
+    layers: list[str] = Field(min_length=1)
+    checkpointed: list[str] = []
+    predicted: StagePredicted | None = None
+
+    @model_validator(mode="after")
+    def _checkpointed_subset(self) -> StagePlan:
+        stray = [name for name in self.checkpointed if name not in self.layers]
+        if stray:
+            raise ValueError(f"stage {self.index} checkpoints layers it does not own: {stray}")
+        return self
+
+
+class PlanPredicted(Strict):
+    iteration_ms: float
+    peak_bytes_max: int = 0
+
+
+class SolverInfo(Strict):
+    name: str = "highs"
+    status: Literal["optimal", "feasible", "infeasible"]
+    objective: float | None = None  # predicted iteration ms
+    gap: float | None = None  # relative MIP gap at the end
+    wall_s: float = 0.0
+
+
+class BaselineResult(Strict):
+    """A reference strategy scored by the same cost model; its stages make it runnable."""
+
+    name: str
+    feasible: bool
+    iteration_ms: float
+    peak_bytes_per_stage: list[int]
+    stages: list[StagePlan] = []
+
+
+class Plan(Strict):
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    model: FileRef  # launch refuses a plan whose model file changed
+    profile: FileRef
+    setup: TrainSetup
+    stages: list[StagePlan] = Field(min_length=1)
+    predicted: PlanPredicted
+    solver: SolverInfo
+    baselines: list[BaselineResult] = []
+
+    @model_validator(mode="after")
+    def _stages_match_setup(self) -> Plan:
+        if len(self.stages) != self.setup.stages:
+            raise ValueError(f"plan has {len(self.stages)} stages but setup.stages is {self.setup.stages}")
+        if [stage.index for stage in self.stages] != list(range(len(self.stages))):
+            raise ValueError("stage indices must be 0, 1, 2, ... in order")
+        return self
+
+
+# ---------------------------------------------------------------- run report
+
+
+class StageMeasured(Strict):
+    peak_bytes: int
+    fwd_ms: float  # per microbatch, median
+    bwd_ms: float  # per microbatch, median (includes recompute)
+    time_ms: float  # fwd + bwd for one microbatch
+
+
+class StageReport(Strict):
+    index: int
+    cap_bytes: int
+    predicted: StagePredicted
+    measured: StageMeasured
+
+
+class RunReport(Strict):
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    plan: FileRef
+    strategy: str = "ckplan"
+    device: DeviceInfo
+    backend: str
+    steps: int
+    warmup_steps: int
+    microbatches: int
+    iteration_ms: float  # median over measured steps
+    iteration_ms_all: list[float]
+    predicted_iteration_ms: float
+    losses: list[float]
+    stages: list[StageReport]

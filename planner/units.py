@@ -1,0 +1,62 @@
+"""Sizes and times, parsed and formatted in one place.
+
+Decimal units are powers of ten (GB = 10**9) and binary units powers of two
+(GiB = 2**30), as users of nvidia-smi and cloud price lists expect.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'24GB' -> 24_000_000_000, '24GiB' -> 25_769_803_776, '512 MiB', '1.5TB', '1000'."""
+    match = _SIZE_RE.match(str(text))
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(
+            f"cannot read size {text!r}: write a number with an optional unit, "
+            "e.g. 24GB, 24GiB, 512MiB, 1.5TB or 1000 (bytes)"
+        )
+    num_bytes = float(match.group(1)) * _SIZE_UNITS[unit]
+    if num_bytes <= 0:
+        raise ValueError(f"size {text!r} must be greater than zero")
+    return int(round(num_bytes))
+
+
+def parse_size_list(text: str) -> list[int]:
+    """'24GB' -> [24e9]; '80GB,80GB,40GB' -> one size per stage."""
+    parts = [part for part in str(text).split(",")]
+    if any(not part.strip() for part in parts):
+        raise ValueError(f"cannot read size list {text!r}: separate sizes by commas, e.g. 80GB,80GB,40GB")
+    return [parse_size(part) for part in parts]
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Binary units, three significant digits: 1536 -> '1.50 KiB'."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_ms(time_ms: float) -> str:
+    if time_ms >= 1000:
+        return f"{time_ms / 1000:.2f} s"
+    return f"{time_ms:.3g} ms" if time_ms >= 1 else f"{time_ms * 1000:.3g} µs"
