@@ -161,6 +161,8 @@ class Plan(Strict):
     created_at: str
     model: FileRef  # launch refuses a plan whose model file changed
     profile: FileRef
+    device: DeviceInfo  # where the profile was measured; the runtime reproduces its threads
+    dtype: str  # the profile's dtype
     setup: TrainSetup
     stages: list[StagePlan] = Field(min_length=1)
     predicted: PlanPredicted
