@@ -1,0 +1,302 @@
+"""THE cost model: memory and time of a pipeline plan, from a profile and a setup.
+
+Pure functions, no I/O. The MILP takes its coefficients from the per-layer
+functions here and every plan (the MILP's, each baseline's) is scored by
+`evaluate()`, so a comparison is apples to apples.
+
+Per stage `s` of `P` with layers S (contiguous) and checkpointed C ⊆ S, `M`
+microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
+
+    static_s     = Σ_S params · (w + g + o)                    bytes per parameter, ZeRO, offload
+    kept_s       = Σ_{S∖C} act + Σ_C input                      per microbatch
+                   − input_in_act(first)  [s > 0]               the received input lives in a recv buffer
+                   + output(last)                               the stage output waits in fwd_cache
+                   (+ loss_bytes on the last stage)
+    buffers_s    = M · input(first) [s > 0] + M · output(last) [s < P-1]   PipelineStage's recv buffers
+                   + M · batch_input [s = 0]
+    transient_s  = max_C (act - input) + max_S transient        recompute + the worst layer's scratch
+    peak_s       = static_s + k_s · kept_s + buffers_s + transient_s
+    time_s       = Σ_S (fwd + bwd) + Σ_C fwd (+ loss on the last stage)
+    T_iter       = Σ_s time_s + (M - 1) · max_s time_s
+
+Same-kind layers (structurally identical) share one set of numbers: times are the
+kind's mean (averaging away timing noise), bytes the kind's maximum. Measured
+refinements over DESIGN.md's version 1: the receive buffers PipelineStage
+allocates for every microbatch, the stage output kept per in-flight microbatch,
+and the received input shared with the first layer's saved tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import fmean
+
+from planner.schema import Profile, StagePlan, StagePredicted, TrainSetup
+
+# (weights, grads, optimizer state) bytes per parameter before sharding.
+# bf16 mixed precision keeps an fp32 master copy in the optimizer state.
+_BYTES_PER_PARAM = {
+    ("fp32", "adam"): (4, 4, 8),
+    ("fp32", "sgd"): (4, 4, 4),  # momentum
+    ("bf16-mixed", "adam"): (2, 2, 12),  # master + m + v
+    ("bf16-mixed", "sgd"): (2, 2, 8),  # master + momentum
+}
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer's numbers as the cost model uses them (kind-normalised)."""
+
+    name: str
+    kind: str
+    fwd_ms: float
+    bwd_ms: float
+    act_bytes: int
+    input_bytes: int
+    output_bytes: int
+    input_in_act_bytes: int
+    param_count: int
+    transient_bytes: int
+
+    @property
+    def recompute_saving_bytes(self) -> int:
+        """Bytes per microbatch that checkpointing this layer frees."""
+        return self.act_bytes - self.input_bytes
+
+    @property
+    def recompute_peak_bytes(self) -> int:
+        """Extra bytes while this checkpointed layer is recomputed in backward."""
+        return max(self.act_bytes - self.input_bytes, 0)
+
+
+@dataclass(frozen=True)
+class StageCost:
+    static_bytes: int
+    kept_bytes: int  # per in-flight microbatch
+    in_flight: int
+    activation_bytes: int
+    buffer_bytes: int
+    transient_bytes: int
+    peak_bytes: int
+    time_ms: float
+    cap_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.cap_bytes
+
+    def predicted(self) -> StagePredicted:
+        return StagePredicted(
+            peak_bytes=self.peak_bytes,
+            static_bytes=self.static_bytes,
+            activation_bytes=self.activation_bytes,
+            buffer_bytes=self.buffer_bytes,
+            transient_bytes=self.transient_bytes,
+            time_ms=self.time_ms,
+        )
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    stages: list[StageCost]
+    iteration_ms: float
+
+    @property
+    def feasible(self) -> bool:
+        return all(stage.fits for stage in self.stages)
+
+    @property
+    def peak_bytes_per_stage(self) -> list[int]:
+        return [stage.peak_bytes for stage in self.stages]
+
+
+# ---------------------------------------------------------------- per-layer terms
+
+
+def layer_costs(profile: Profile) -> list[LayerCost]:
+    """Kind-normalised layer numbers: mean times, maximum bytes within a kind."""
+    by_kind: dict[str, list] = {}
+    for layer in profile.layers:
+        by_kind.setdefault(layer.kind, []).append(layer)
+
+    def normalised(layer) -> LayerCost:
+        same = by_kind[layer.kind]
+        return LayerCost(
+            name=layer.name,
+            kind=layer.kind,
+            fwd_ms=fmean(item.fwd_ms for item in same),
+            bwd_ms=fmean(item.bwd_ms for item in same),
+            act_bytes=max(item.act_bytes for item in same),
+            input_bytes=max(item.input_bytes for item in same),
+            output_bytes=max(item.output_bytes for item in same),
+            input_in_act_bytes=min(item.input_in_act_bytes for item in same),
+            param_count=max(item.param_count for item in same),
+            transient_bytes=max(item.transient_bytes for item in same),
+        )
+
+    return [normalised(layer) for layer in profile.layers]
+
+
+def bytes_per_param(setup: TrainSetup) -> float:
+    """Weights + grads + optimizer state per parameter on one device, after ZeRO and offload."""
+    weights, grads, optim = _BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
+    if setup.offload:
+        optim = 0
+    if setup.zero >= 1:
+        optim /= setup.dp
+    if setup.zero >= 2:
+        grads /= setup.dp
+    if setup.zero >= 3:
+        weights /= setup.dp
+    return weights + grads + optim
+
+
+def in_flight(setup: TrainSetup, stage: int) -> int:
+    """Microbatches whose activations stage `stage` holds at its peak."""
+    if setup.schedule == "GPipe":
+        return setup.microbatches
+    return min(setup.stages - stage, setup.microbatches)
+
+
+def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
+    return layer.param_count * bytes_per_param(setup)
+
+
+def kept_bytes(layer: LayerCost, checkpointed: bool) -> int:
+    """Bytes per microbatch this layer keeps until its backward."""
+    return layer.input_bytes if checkpointed else layer.act_bytes
+
+
+def layer_time_ms(layer: LayerCost, checkpointed: bool) -> float:
+    """Forward + backward, plus one more forward when recomputed."""
+    return layer.fwd_ms + layer.bwd_ms + (layer.fwd_ms if checkpointed else 0.0)
+
+
+def first_layer_kept_bytes(layer: LayerCost, stage: int) -> int:
+    """Correction to kept bytes for the layer that opens a stage: past stage 0 its input
+    is a receive buffer (counted in buffers), so its own saved copy is not kept twice."""
+    return -layer.input_in_act_bytes if stage > 0 else 0
+
+
+def last_layer_kept_bytes(layer: LayerCost) -> int:
+    """The stage output waits in PipelineStage's fwd_cache until its backward."""
+    return layer.output_bytes
+
+
+def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
+    """Receive buffers for the stage input, one per microbatch (none on stage 0)."""
+    return setup.microbatches * layer.input_bytes if stage > 0 else 0
+
+
+def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
+    """Receive buffers for the gradient of the stage output (none on the last stage)."""
+    return setup.microbatches * layer.output_bytes if stage < setup.stages - 1 else 0
+
+
+def stage_constant_bytes(profile: Profile, stage: int, setup: TrainSetup) -> tuple[int, int]:
+    """(kept per microbatch, buffers) that depend only on the stage's position:
+    the loss on the last stage, the input batch on the first."""
+    kept = profile.loss_bytes if stage == setup.stages - 1 else 0
+    buffers = setup.microbatches * profile.batch_input_bytes if stage == 0 else 0
+    return kept, buffers
+
+
+def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
+    return profile.loss_ms if stage == setup.stages - 1 else 0.0
+
+
+def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup) -> float:
+    """Fill and drain (every stage once) plus M - 1 steady-state steps of the slowest stage."""
+    return sum(stage_times_ms) + (setup.microbatches - 1) * max(stage_times_ms)
+
+
+# ---------------------------------------------------------------- stages and plans
+
+
+def stage_cost(
+    layers: Sequence[LayerCost],
+    checkpointed: Sequence[bool],
+    *,
+    stage: int,
+    profile: Profile,
+    setup: TrainSetup,
+) -> StageCost:
+    """Memory and time of one stage holding `layers` (in order), some checkpointed."""
+    first, last = layers[0], layers[-1]
+    const_kept, const_buffers = stage_constant_bytes(profile, stage, setup)
+    kept = (
+        sum(kept_bytes(layer, ckpt) for layer, ckpt in zip(layers, checkpointed))
+        + first_layer_kept_bytes(first, stage)
+        + last_layer_kept_bytes(last)
+        + const_kept
+    )
+    buffers = (
+        first_layer_buffer_bytes(first, stage, setup)
+        + last_layer_buffer_bytes(last, stage, setup)
+        + const_buffers
+    )
+    recompute_peak = max(
+        (layer.recompute_peak_bytes for layer, ckpt in zip(layers, checkpointed) if ckpt), default=0
+    )
+    transient = recompute_peak + max(layer.transient_bytes for layer in layers)
+    static = sum(static_bytes(layer, setup) for layer in layers)
+    k = in_flight(setup, stage)
+    time_ms = sum(layer_time_ms(layer, ckpt) for layer, ckpt in zip(layers, checkpointed))
+    time_ms += stage_constant_ms(profile, stage, setup)
+    return StageCost(
+        static_bytes=int(round(static)),
+        kept_bytes=kept,
+        in_flight=k,
+        activation_bytes=k * kept,
+        buffer_bytes=buffers,
+        transient_bytes=transient,
+        peak_bytes=int(round(static + k * kept + buffers + transient)),
+        time_ms=time_ms,
+        cap_bytes=setup.mem_caps_bytes[stage],
+    )
+
+
+def split_to_stages(
+    bounds: Sequence[int], checkpointed: Sequence[bool], profile: Profile
+) -> list[StagePlan]:
+    """Stage plans from stage start indices (`bounds[s]` = first layer of stage s) and a
+    per-layer checkpoint flag."""
+    names = [layer.name for layer in profile.layers]
+    ends = list(bounds[1:]) + [len(names)]
+    return [
+        StagePlan(
+            index=s,
+            layers=names[start:end],
+            checkpointed=[names[i] for i in range(start, end) if checkpointed[i]],
+        )
+        for s, (start, end) in enumerate(zip(bounds, ends))
+    ]
+
+
+def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
+    """Score any plan. Raises ValueError if the stages are not a contiguous, complete,
+    in-order cover of the profile's layers."""
+    costs = layer_costs(profile)
+    position = {layer.name: idx for idx, layer in enumerate(costs)}
+    if len(stages) != setup.stages:
+        raise ValueError(f"plan has {len(stages)} stages, setup has {setup.stages}")
+    flat = [name for stage in stages for name in stage.layers]
+    if flat != [layer.name for layer in costs]:
+        unknown = [name for name in flat if name not in position]
+        detail = f"unknown layers {unknown[:3]}" if unknown else "layers missing, repeated or out of order"
+        raise ValueError(f"stages do not cover the profile's layers in order: {detail}")
+    result = []
+    for s, stage in enumerate(stages):
+        layers = [costs[position[name]] for name in stage.layers]
+        ckpt = set(stage.checkpointed)
+        flags = [layer.name in ckpt for layer in layers]
+        result.append(stage_cost(layers, flags, stage=s, profile=profile, setup=setup))
+    return PlanCost(stages=result, iteration_ms=iteration_ms([c.time_ms for c in result], setup))
+
+
+def with_predictions(stages: Sequence[StagePlan], cost: PlanCost) -> list[StagePlan]:
+    return [
+        stage.model_copy(update={"predicted": stage_cost.predicted()})
+        for stage, stage_cost in zip(stages, cost.stages)
+    ]

@@ -1,0 +1,313 @@
+"""The exact planner: a mixed-integer program on HiGHS (through pulp's highspy API)
+that chooses each stage's layers and which of them are checkpointed.
+
+Formulation. Consecutive layers of one kind form a run g of n_g interchangeable
+layers (a fully heterogeneous profile has runs of one). Instead of assigning layers
+to stages, the program places stage boundaries through prefix counts, so a plan is
+contiguous and in order by construction, and identical layers cost one integer
+instead of many symmetric binaries:
+
+    y[s,g] ∈ {0..n_g}  run-g layers in stages 0..s        (y[-1,g] = 0, y[P-1,g] = n_g)
+    n[s,g] = y[s,g] - y[s-1,g]                            run-g layers in stage s
+    r[s,g] ∈ {0..n[s,g]}  run-g layers checkpointed in stage s
+    f[s,g] = [y[s,g] = n_g]   run g lies wholly in stages 0..s
+    t[s,g] = [y[s,g] ≥ 1]     run g is touched by stages 0..s
+    open[s,g]  = f[s-1,g-1] - f[s-1,g]                    stage s's first layer is of run g
+    close[s,g] = t[s,g] - t[s,g+1]                        stage s's last layer is of run g
+    τ ≥ time_s                                            the bottleneck stage
+
+Every coefficient comes from planner.costmodel; after the solve the plan is
+re-scored by costmodel.evaluate() and must agree with the objective.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pulp
+
+from planner import costmodel
+from planner.costmodel import LayerCost, PlanCost
+from planner.schema import Profile, StagePlan, TrainSetup
+
+GIB = float(2**30)  # bytes enter the solver in GiB so coefficients stay well conditioned
+CAP_MARGIN_BYTES = 4096  # absorbs the solver's feasibility tolerance (~1e-7 GiB)
+
+
+class SolverMismatch(AssertionError):
+    """The re-evaluated plan disagrees with the solver's objective: a formulation bug."""
+
+
+@dataclass(frozen=True)
+class Run:
+    start: int  # first layer index
+    size: int
+    layer: LayerCost  # every layer of the run has these (kind-normalised) numbers
+
+
+@dataclass
+class Problem:
+    lp: pulp.LpProblem
+    profile: Profile
+    setup: TrainSetup
+    runs: list[Run]
+    objective: Literal["time", "memory"]
+    y: dict[tuple[int, int], object] = field(default_factory=dict)
+    r: dict[tuple[int, int], object] = field(default_factory=dict)
+    scale: pulp.LpVariable | None = None  # memory objective: caps are multiplied by it
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    status: Literal["optimal", "feasible", "infeasible"]
+    objective: float | None
+    gap: float | None
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    stages: list[StagePlan]
+    cost: PlanCost
+    solve: SolveResult
+
+
+def find_runs(layers: list[LayerCost]) -> list[Run]:
+    runs: list[Run] = []
+    for idx, layer in enumerate(layers):
+        if runs and runs[-1].layer.kind == layer.kind:
+            runs[-1] = Run(runs[-1].start, runs[-1].size + 1, runs[-1].layer)
+        else:
+            runs.append(Run(idx, 1, layer))
+    return runs
+
+
+def _count_var(name: str, size: int) -> pulp.LpVariable:
+    if size == 1:
+        return pulp.LpVariable(name, cat="Binary")
+    return pulp.LpVariable(name, lowBound=0, upBound=size, cat="Integer")
+
+
+def build_problem(
+    profile: Profile, setup: TrainSetup, *, objective: Literal["time", "memory"] = "time"
+) -> Problem:
+    """objective="time": fastest iteration under the caps. objective="memory": the smallest
+    factor by which every cap could be scaled and still fit (for infeasible caps)."""
+    layers = costmodel.layer_costs(profile)
+    if setup.stages > len(layers):
+        raise ValueError(f"{setup.stages} stages need at least {setup.stages} layers, the profile has {len(layers)}")
+    runs = find_runs(layers)
+    num_stages, num_runs = setup.stages, len(runs)
+    lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
+    problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective)
+
+    # y[s,g]: run-g layers in stages 0..s (fixed for the last stage)
+    y = problem.y
+    for s in range(num_stages):
+        for g, run in enumerate(runs):
+            y[s, g] = run.size if s == num_stages - 1 else _count_var(f"y_{s}_{g}", run.size)
+    # f[s,g] = [y = n_g], t[s,g] = [y ≥ 1]: exact indicators (one run of one layer: y itself)
+    full, touched = {}, {}
+    for s in range(num_stages - 1):
+        for g, run in enumerate(runs):
+            if run.size == 1:
+                full[s, g] = touched[s, g] = y[s, g]
+                continue
+            full[s, g] = pulp.LpVariable(f"f_{s}_{g}", cat="Binary")
+            touched[s, g] = pulp.LpVariable(f"t_{s}_{g}", cat="Binary")
+            lp += y[s, g] >= run.size * full[s, g], f"full_lo_{s}_{g}"
+            lp += y[s, g] <= run.size - 1 + full[s, g], f"full_hi_{s}_{g}"
+            lp += y[s, g] >= touched[s, g], f"touch_lo_{s}_{g}"
+            lp += y[s, g] <= run.size * touched[s, g], f"touch_hi_{s}_{g}"
+
+    # [Constraint] contiguity: a stage range may enter run g+1 only after run g is complete
+    for s in range(num_stages - 1):
+        for g in range(num_runs - 1):
+            lp += touched[s, g + 1] <= full[s, g], f"contig_{s}_{g}"
+    # [Constraint] prefixes grow with s, and every stage holds at least one layer
+    for s in range(num_stages):
+        count = lambda g, s=s: y[s, g] - (y[s - 1, g] if s > 0 else 0)  # noqa: E731
+        lp += pulp.lpSum(count(g) for g in range(num_runs)) >= 1, f"nonempty_{s}"
+        for g in range(num_runs):
+            if s > 0 and s < num_stages - 1:
+                lp += y[s, g] >= y[s - 1, g], f"grow_{s}_{g}"
+
+    def n(s: int, g: int):
+        return y[s, g] - (y[s - 1, g] if s > 0 else 0)
+
+    def opens(s: int, g: int):
+        """1 if stage s's first layer is of run g."""
+        if s == 0:
+            return 1 if g == 0 else 0
+        before = full[s - 1, g - 1] if g > 0 else 1
+        return before - full[s - 1, g]
+
+    def closes(s: int, g: int):
+        """1 if stage s's last layer is of run g."""
+        if s == num_stages - 1:
+            return 1 if g == num_runs - 1 else 0
+        after = touched[s, g + 1] if g + 1 < num_runs else 0
+        return touched[s, g] - after
+
+    # r[s,g]: run-g layers checkpointed in stage s (only where checkpointing frees memory)
+    r = problem.r
+    for s in range(num_stages):
+        for g, run in enumerate(runs):
+            if run.layer.recompute_saving_bytes > 0:
+                r[s, g] = _count_var(f"r_{s}_{g}", run.size)
+                lp += r[s, g] <= n(s, g), f"ckpt_owned_{s}_{g}"
+
+    tau = pulp.LpVariable("tau", lowBound=0)  # τ: the slowest stage's time per microbatch
+    if objective == "memory":
+        problem.scale = pulp.LpVariable("scale", lowBound=0)
+    stage_times = []
+    for s in range(num_stages):
+        stage_times.append(_stage_time(problem, s, n, r))
+        lp += stage_times[-1] <= tau, f"bottleneck_{s}"
+        lp += _stage_memory_gib(problem, s, n, r, opens, closes) <= _cap_gib(problem, s), f"cap_{s}"
+
+    if objective == "time":
+        # T_iter = Σ_s time_s + (M - 1)·τ
+        lp += pulp.lpSum(stage_times) + (setup.microbatches - 1) * tau
+    else:
+        lp += problem.scale
+    return problem
+
+
+def _stage_time(problem: Problem, s: int, n, r):
+    """time_s = Σ_g n·(fwd + bwd) + r·fwd (+ loss on the last stage), from the cost model."""
+    terms = [costmodel.stage_constant_ms(problem.profile, s, problem.setup)]
+    for g, run in enumerate(problem.runs):
+        plain = costmodel.layer_time_ms(run.layer, False)
+        terms.append(plain * n(s, g))
+        if (s, g) in problem.r:
+            terms.append((costmodel.layer_time_ms(run.layer, True) - plain) * problem.r[s, g])
+    return pulp.lpSum(terms)
+
+
+def _stage_memory_gib(problem: Problem, s: int, n, r, opens, closes):
+    """peak_s = static + k_s·kept + buffers + max recompute + max transient, in GiB."""
+    setup, lp = problem.setup, problem.lp
+    k = costmodel.in_flight(setup, s)
+    const_kept, const_buffers = costmodel.stage_constant_bytes(problem.profile, s, setup)
+    total = [(k * const_kept + const_buffers) / GIB]
+    # R_s, X_s: the largest recompute extra among checkpointed kinds, the largest transient
+    recompute = pulp.LpVariable(f"R_{s}", lowBound=0)
+    transient = pulp.LpVariable(f"X_{s}", lowBound=0)
+    total += [recompute, transient]
+    for g, run in enumerate(problem.runs):
+        layer = run.layer
+        per_layer = costmodel.static_bytes(layer, setup) + k * costmodel.kept_bytes(layer, False)
+        total.append(per_layer / GIB * n(s, g))
+        if (s, g) in problem.r:
+            saving = k * (costmodel.kept_bytes(layer, False) - costmodel.kept_bytes(layer, True))
+            total.append(-saving / GIB * problem.r[s, g])
+            used = _presence(problem, f"q_{s}_{g}", problem.r[s, g], run.size)
+            lp += recompute >= layer.recompute_peak_bytes / GIB * used, f"recompute_{s}_{g}"
+        first = k * costmodel.first_layer_kept_bytes(layer, s) + costmodel.first_layer_buffer_bytes(layer, s, setup)
+        last = k * costmodel.last_layer_kept_bytes(layer) + costmodel.last_layer_buffer_bytes(layer, s, setup)
+        total += [first / GIB * opens(s, g), last / GIB * closes(s, g)]
+        if layer.transient_bytes > 0:
+            present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
+            lp += transient >= layer.transient_bytes / GIB * present, f"transient_{s}_{g}"
+    return pulp.lpSum(total)
+
+
+def _presence(problem: Problem, name: str, count, size: int):
+    """A binary that is 1 when `count` (0..size) is positive; the count itself when size is 1."""
+    if size == 1:
+        return count
+    flag = pulp.LpVariable(name, cat="Binary")
+    problem.lp += size * flag >= count, f"{name}_link"
+    return flag
+
+
+def _cap_gib(problem: Problem, s: int):
+    cap = (problem.setup.mem_caps_bytes[s] - CAP_MARGIN_BYTES) / GIB
+    return cap * problem.scale if problem.scale is not None else cap
+
+
+# ---------------------------------------------------------------- solve and extract
+
+
+def solve(
+    problem: Problem,
+    *,
+    time_limit_s: float | None = None,
+    mip_gap: float = 1e-4,
+    threads: int | None = None,
+    log: bool = False,
+) -> SolveResult:
+    """Run HiGHS. Optimal only when pulp's problem AND solution status both say so;
+    a time-limited solve with a solution is "feasible" with its gap."""
+    solver = pulp.HiGHS(msg=log, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads)
+    started = time.perf_counter()
+    problem.lp.solve(solver)
+    wall_s = time.perf_counter() - started
+    sol_status = problem.lp.sol_status
+    if sol_status == pulp.LpSolutionOptimal and problem.lp.status == pulp.LpStatusOptimal:
+        status = "optimal"
+    elif sol_status == pulp.LpSolutionIntegerFeasible:
+        status = "feasible"
+    else:
+        return SolveResult("infeasible", None, None, wall_s)
+    info = problem.lp.solverModel.getInfo()
+    gap = float(info.mip_gap) if info.mip_gap < float("inf") else None
+    return SolveResult(status, float(pulp.value(problem.lp.objective)), gap, wall_s)
+
+
+def extract_plan(problem: Problem) -> list[StagePlan]:
+    """Stage boundaries from the prefix counts; in each stage, the first r[s,g] layers of
+    each run are the checkpointed ones (same-kind layers cost the same)."""
+    setup, runs = problem.setup, problem.runs
+    prefix = [[int(round(pulp.value(problem.y[s, g]))) for g in range(len(runs))] for s in range(setup.stages)]
+    bounds = [0] + [sum(prefix[s]) for s in range(setup.stages - 1)]
+    checkpointed = [False] * sum(run.size for run in runs)
+    for s in range(setup.stages):
+        for g, run in enumerate(runs):
+            if (s, g) not in problem.r:
+                continue
+            count = int(round(pulp.value(problem.r[s, g])))
+            first = run.start + (prefix[s - 1][g] if s > 0 else 0)
+            for idx in range(first, first + count):
+                checkpointed[idx] = True
+    return costmodel.split_to_stages(bounds, checkpointed, problem.profile)
+
+
+def plan(
+    profile: Profile,
+    setup: TrainSetup,
+    *,
+    time_limit_s: float | None = None,
+    mip_gap: float = 1e-4,
+    threads: int | None = None,
+    log: bool = False,
+) -> PlanResult | SolveResult:
+    """Build, solve, extract and cross-check. Returns the SolveResult alone when infeasible."""
+    problem = build_problem(profile, setup)
+    result = solve(problem, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, log=log)
+    if result.status == "infeasible":
+        return result
+    stages = extract_plan(problem)
+    cost = costmodel.evaluate(stages, profile, setup)
+    if abs(cost.iteration_ms - result.objective) > 1e-6 * max(1.0, abs(result.objective)):
+        raise SolverMismatch(
+            f"plan re-evaluates to {cost.iteration_ms!r} ms but the solver's objective is {result.objective!r}"
+        )
+    if not cost.feasible:
+        over = [s for s, c in enumerate(cost.stages) if not c.fits]
+        raise SolverMismatch(f"solver plan exceeds the caps of stages {over} under evaluate()")
+    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=result)
+
+
+def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | None = 30.0) -> tuple[float, PlanCost] | None:
+    """The smallest factor by which every cap can be multiplied so that some plan fits,
+    and the cost of that plan (for telling a user what cap would work)."""
+    problem = build_problem(profile, setup, objective="memory")
+    result = solve(problem, time_limit_s=time_limit_s)
+    if result.status == "infeasible":
+        return None
+    stages = extract_plan(problem)
+    return result.objective, costmodel.evaluate(stages, profile, setup)
