@@ -191,7 +191,7 @@ class StageMeasured(Strict):
 class StageReport(Strict):
     index: int
     cap_bytes: int
-    predicted: StagePredicted
+    predicted: StagePredicted | None = None  # None when the plan's stage carried no prediction
     measured: StageMeasured
 
 
@@ -200,7 +200,8 @@ class RunReport(Strict):
     created_at: str
     plan: FileRef
     strategy: str = "ckplan"
-    device: DeviceInfo
+    device: DeviceInfo  # device.threads: torch threads per rank
+    threads_source: Literal["plan", "cpu_count"] | None = None  # the profile's threads, or cores / stages
     backend: str
     steps: int
     warmup_steps: int
