@@ -1,0 +1,164 @@
+"""Measure every pipeline layer of a model, per microbatch: time, memory, parameters.
+
+Three separate passes, so that tracking memory never slows what is timed:
+
+1. saved activations: one grad-enabled forward of the whole chain (saved.py);
+2. per layer, transient memory: one forward + backward under a memory tracker;
+3. per layer, time: `warmup` + `repeats` forward + backward steps.
+
+Each layer runs on its own input from the chain, detached, so its backward stops at
+its input as it does at a pipeline cut. The input requires grad (when it is floating
+point) for every layer but the first: a pipeline computes the gradient of every
+stage's input except the batch's. Parameter grads are allocated before a layer is
+measured, as they are in steady-state training with gradient accumulation, so the
+backward's temporary weight grads are counted but the grads themselves (static
+memory in the cost model) are not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from planner.errors import UserError
+from planner.profiler.kinds import layer_kinds
+from planner.profiler.saved import Layers, LossFn, saved_bytes
+from planner.profiler.storages import memory_tracker, storage_nbytes
+from planner.profiler.timing import TimeStats, time_fwd_bwd
+from planner.profiler.userfault import blame
+from planner.schema import LayerProfile
+
+
+@dataclass
+class Measurement:
+    layers: list[LayerProfile]
+    batch_input_bytes: int
+    loss_bytes: int
+    loss_ms: float
+
+
+def measure_model(
+    layers: Layers,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn,
+    *,
+    layer_outputs: list[torch.Tensor],
+    warmup: int,
+    repeats: int,
+    on_layer: Callable[[str], None] = lambda name: None,
+) -> Measurement:
+    """`layer_outputs`: each layer's output on `inputs` (modelfile.check_chain returns
+    them), i.e. the next layer's input. `on_layer(name)` is called as each layer is done."""
+    saved = saved_bytes(layers, inputs, targets, loss_fn)
+    kinds = layer_kinds(layers)
+    layer_inputs = [inputs, *layer_outputs[:-1]]
+    profiles = []
+    for index, (name, layer) in enumerate(layers):
+        x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
+        with blame(f"layer {name!r}"):
+            transient, fwd, bwd = _measure_layer(layer, x, layer_outputs[index], warmup=warmup, repeats=repeats)
+        profiles.append(
+            LayerProfile(
+                name=name,
+                kind=kinds[index],
+                fwd_ms=fwd.median_ms,
+                bwd_ms=bwd.median_ms,
+                fwd_ms_min=fwd.min_ms,
+                fwd_ms_max=fwd.max_ms,
+                bwd_ms_min=bwd.min_ms,
+                bwd_ms_max=bwd.max_ms,
+                act_bytes=saved.act_bytes[index],
+                input_bytes=storage_nbytes(x),
+                output_bytes=storage_nbytes(layer_outputs[index]),
+                input_in_act_bytes=saved.input_in_act_bytes[index],
+                param_count=sum(p.numel() for p in layer.parameters()),
+                param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
+                transient_bytes=transient,
+            )
+        )
+        on_layer(name)
+    with blame("loss_fn(output, target)"):
+        loss_ms = _loss_ms(loss_fn, layer_outputs[-1], targets, warmup=warmup, repeats=repeats)
+    return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes, loss_ms)
+
+
+def _measure_layer(
+    layer: nn.Module, x: torch.Tensor, output: torch.Tensor, *, warmup: int, repeats: int
+) -> tuple[int, TimeStats, TimeStats]:
+    grad = _fixed_grad(output)
+    for param in layer.parameters():
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
+
+    def reset_input_grad() -> None:
+        x.grad = None
+
+    reset_input_grad()
+    transient = _transient_bytes(layer, x, grad)
+    fwd, bwd = time_fwd_bwd(
+        lambda: layer(x),
+        lambda out: _backward(out, grad),
+        device=x.device,
+        warmup=warmup,
+        repeats=repeats,
+        before_step=reset_input_grad,
+    )
+    layer.zero_grad(set_to_none=True)
+    x.grad = None
+    return transient, fwd, bwd
+
+
+def _fixed_grad(output: torch.Tensor) -> torch.Tensor | None:
+    """A gradient for the layer's output, the same on every run; None if it cannot have one."""
+    if not output.is_floating_point():
+        return None
+    generator = torch.Generator(device=output.device).manual_seed(0)
+    return torch.randn(output.shape, generator=generator, device=output.device, dtype=output.dtype)
+
+
+def _backward(output: torch.Tensor, grad: torch.Tensor | None) -> bool:
+    """Backward through the layer if anything in it needs a gradient; whether it ran."""
+    if grad is None or not output.requires_grad:
+        return False
+    torch.autograd.backward(output, grad)
+    return True
+
+
+def _transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) -> int:
+    """Extra peak beyond what the layer keeps: the forward's peak over what is live at
+    its end (saved tensors and output), and the backward's peak over that plus the
+    incoming gradient, which is live throughout the layer's backward."""
+    with memory_tracker(x.device) as memory:
+        output = layer(x)
+        kept_bytes = memory.live_bytes
+        fwd_extra = memory.peak_bytes - kept_bytes
+        memory.reset_peak()
+        ran = _backward(output, grad)
+        bwd_extra = memory.peak_bytes - kept_bytes + (storage_nbytes(grad) if ran else 0)
+        del output
+    return max(0, fwd_extra, bwd_extra)
+
+
+def _loss_ms(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor, *, warmup: int, repeats: int) -> float:
+    """Loss forward + backward (sum of the medians) on the final output."""
+    leaf = output.detach().requires_grad_(output.is_floating_point())
+
+    def loss() -> torch.Tensor:
+        value = loss_fn(leaf, targets)
+        if not (isinstance(value, torch.Tensor) and value.numel() == 1):
+            raise UserError(
+                f"loss_fn(output, target) returned {type(value).__name__} "
+                f"{tuple(getattr(value, 'shape', ()))}, expected a scalar tensor"
+            )
+        return value
+
+    def backward(value: torch.Tensor) -> None:
+        if value.requires_grad:
+            value.backward()
+
+    fwd, bwd = time_fwd_bwd(loss, backward, device=output.device, warmup=warmup, repeats=repeats)
+    return fwd.median_ms + bwd.median_ms

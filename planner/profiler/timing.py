@@ -1,0 +1,75 @@
+"""Forward and backward wall time of one piece of the model, repeated after warm-up."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TimeStats:
+    median_ms: float
+    min_ms: float
+    max_ms: float
+
+    @classmethod
+    def of(cls, samples_ms: list[float]) -> TimeStats:
+        return cls(statistics.median(samples_ms), min(samples_ms), max(samples_ms))
+
+
+class Stopwatch:
+    """Marks on the device's own clock: CUDA events on a GPU (kernels run
+    asynchronously, so the host clock would time the launch), else perf_counter."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def laps_ms(self) -> list[float]:
+        """Milliseconds between consecutive marks (waits for the device to finish)."""
+        if self.cuda:
+            self._marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in itertools.pairwise(self._marks)]
+        return [(b - a) * 1000.0 for a, b in itertools.pairwise(self._marks)]
+
+
+def time_fwd_bwd(
+    forward: Callable[[], torch.Tensor],
+    backward: Callable[[torch.Tensor], None],
+    *,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    before_step: Callable[[], None] = lambda: None,
+) -> tuple[TimeStats, TimeStats]:
+    """Time `output = forward()` and `backward(output)` separately, `repeats` times
+    after `warmup` untimed steps. `before_step` resets state between steps (e.g. the
+    input's grad, so each step allocates it as a pipeline does)."""
+    fwd_ms, bwd_ms = [], []
+    for step in range(warmup + repeats):
+        before_step()
+        watch = Stopwatch(device)
+        watch.mark()
+        output = forward()
+        watch.mark()
+        backward(output)
+        watch.mark()
+        del output  # free this step's graph before the next one starts
+        fwd, bwd = watch.laps_ms()
+        if step >= warmup:
+            fwd_ms.append(fwd)
+            bwd_ms.append(bwd)
+    return TimeStats.of(fwd_ms), TimeStats.of(bwd_ms)
