@@ -1,12 +1,135 @@
-"""`ckplan profile`: not built yet."""
+"""`ckplan profile MODEL.py`: measure every pipeline layer and write a profile (json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
 from planner.errors import UserError
 
+DTYPES = ("float32", "bfloat16", "float16")
 
-@click.command("profile", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args) -> None:
-    """Not built yet."""
-    raise UserError("ckplan profile is not built yet")
+
+@click.command("profile")
+@click.argument("model_file", metavar="MODEL.py")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+              help="Parameters and floating-point inputs are cast to this.")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Samples per microbatch, passed to example_batch().")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed steps per layer before timing.")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed steps per layer; the profile keeps their median, min and max.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads for torch (default: torch's own default).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Profile to write [default: profiles/<model>-<device>-mbs<N>.json].")
+def command(model_file, device, dtype, micro_batch_size, warmup, repeats, threads, out) -> None:
+    """Measure every pipeline layer of MODEL.py: time, kept activations, parameters."""
+    import torch  # here, not at the top: `ckplan --help` must not wait for torch
+
+    from planner import io
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            f"--device cuda needs a CUDA GPU, but torch {torch.__version__} sees none; use --device cpu"
+        )
+    out = out or Path("profiles") / f"{Path(model_file).stem}-{device}-mbs{micro_batch_size}.json"
+    io.check_writable(out)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model_ref, loaded = _load(model_file, torch.device(device), getattr(torch, dtype), micro_batch_size)
+    measurement = _measure(loaded, warmup=warmup, repeats=repeats)
+    profile = _profile(
+        measurement, model_file=model_file, model_ref=model_ref, device=torch.device(device),
+        dtype=dtype, micro_batch_size=micro_batch_size, warmup=warmup, repeats=repeats,
+    )
+    io.save_profile(profile, out)
+    _report(profile, out)
+
+
+def _load(model_file: str, device, dtype, micro_batch_size: int) -> tuple:
+    """The model file pinned by content, and its layers and one microbatch on the device
+    in the dtype, with the chain checked (each layer's output kept: the next one's input)."""
+    import torch
+
+    from planner import io, modelfile
+
+    loaded = modelfile.load_model_file(model_file)
+    model_ref = io.file_ref(model_file)  # the path as the user gave it
+    torch.manual_seed(0)  # weights and dropout masks are the same on every run
+    model = loaded.build_model()
+    layers = modelfile.pipeline_layers(model, loaded.path)
+    inputs, targets = loaded.example_batch(micro_batch_size)
+    model.to(device=device, dtype=dtype).train()
+    inputs, targets = (_cast(t, device, dtype) for t in (inputs, targets))
+    outputs = modelfile.check_chain(layers, inputs, loaded.path)
+    return model_ref, dict(
+        layers=layers, inputs=inputs, targets=targets, loss_fn=loaded.loss_fn, layer_outputs=outputs
+    )
+
+
+def _cast(tensor, device, dtype):
+    """Floating tensors take the profile's dtype; integer token ids stay integers."""
+    return tensor.to(device=device, dtype=dtype) if tensor.is_floating_point() else tensor.to(device=device)
+
+
+def _measure(loaded: dict, *, warmup: int, repeats: int):
+    from planner.console import progress
+    from planner.profiler.measure import measure_model
+
+    with progress() as bar:
+        task = bar.add_task("profiling layers", total=len(loaded["layers"]))
+        return measure_model(
+            **loaded, warmup=warmup, repeats=repeats,
+            on_layer=lambda name: bar.update(task, advance=1, description=f"profiled {name}"),
+        )
+
+
+def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_size, warmup, repeats):
+    import datetime
+    import platform
+
+    import torch
+
+    from planner.schema import DeviceInfo, Profile
+
+    if device.type == "cuda":
+        info = DeviceInfo(type="cuda", name=torch.cuda.get_device_name(device))
+    else:
+        info = DeviceInfo(type="cpu", name=platform.processor() or "cpu", threads=torch.get_num_threads())
+    return Profile(
+        name=Path(model_file).stem,
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch_version=torch.__version__,
+        device=info,
+        dtype=dtype,
+        micro_batch_size=micro_batch_size,
+        warmup=warmup,
+        repeats=repeats,
+        model=model_ref,
+        batch_input_bytes=measurement.batch_input_bytes,
+        loss_bytes=measurement.loss_bytes,
+        loss_ms=measurement.loss_ms,
+        layers=measurement.layers,
+    )
+
+
+def _report(profile, out: Path) -> None:
+    from planner.console import console, info, table
+    from planner.units import format_bytes
+
+    rows = [
+        [layer.name, layer.kind, f"{layer.fwd_ms:.3f}", f"{layer.bwd_ms:.3f}",
+         f"{layer.act_bytes / 2**20:.2f}", f"{layer.param_count:,}"]
+        for layer in profile.layers
+    ]
+    title = (f"{profile.name} on {profile.device.type} ({profile.device.name}), {profile.dtype}, "
+             f"micro-batch {profile.micro_batch_size}")
+    console.print(table(title, ["layer", "kind", "fwd ms", "bwd ms", "act MiB", "params"], rows, right_from=2))
+    total_act = sum(layer.act_bytes for layer in profile.layers)
+    info(f"activations kept per microbatch without checkpointing: {format_bytes(total_act)}; "
+         f"loss {profile.loss_ms:.3f} ms")
+    info(f"wrote {out}")
