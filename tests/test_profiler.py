@@ -1,0 +1,167 @@
+"""The profiler's numbers: exact on chains small enough to work out by hand, and
+within 5% of an independent live-memory count on the bundled models."""
+
+import pathlib
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from planner import modelfile
+from planner.errors import UserError
+from planner.profiler.kinds import layer_kinds
+from planner.profiler.measure import measure_model
+from planner.profiler.saved import saved_bytes
+from planner.profiler.storages import StorageTracker, storage_nbytes
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODELS = ROOT / "configs" / "models"
+FIXTURES = ROOT / "tests" / "fixtures"
+F32 = 4  # bytes per float32
+
+
+def _measure(model, inputs, targets, loss_fn=modelfile.default_loss_fn):
+    layers = modelfile.pipeline_layers(model)
+    outputs = modelfile.check_chain(layers, inputs)
+    return measure_model(
+        layers, inputs, targets, loss_fn, layer_outputs=outputs, warmup=0, repeats=2
+    )
+
+
+def test_linear_gelu_linear_exact_bytes():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
+    inputs, targets = torch.randn(3, 4), torch.randn(3, 2)
+    result = _measure(model, inputs, targets)
+    act = [layer.act_bytes for layer in result.layers]
+    # Linear(4,8) saves its input, the batch (3x4); weight.t() is a parameter view: not counted.
+    # GELU saves its input, Linear(4,8)'s output (3x8), which nobody saved before.
+    # Linear(8,2) saves its input, GELU's output (3x8): a new storage, GELU kept its input not its output.
+    assert act == [3 * 4 * F32, 3 * 8 * F32, 3 * 8 * F32]
+    assert [layer.input_in_act_bytes for layer in result.layers] == act  # each keeps its own input
+    assert [layer.param_count for layer in result.layers] == [4 * 8 + 8, 0, 8 * 2 + 2]
+    assert [layer.param_bytes for layer in result.layers] == [40 * F32, 0, 18 * F32]
+    assert [layer.input_bytes for layer in result.layers] == [48, 96, 96]
+    assert [layer.output_bytes for layer in result.layers] == [96, 96, 24]
+    assert result.batch_input_bytes == 48
+    # mse_loss saves the output (Linear(8,2)'s, excluded: it is the last layer's output_bytes)
+    # and the target (3x2), which no layer kept.
+    assert result.loss_bytes == 3 * 2 * F32
+
+
+def test_relu_output_is_charged_once():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    result = _measure(model, torch.randn(3, 4), torch.randn(3, 2))
+    # ReLU saves its OUTPUT (3x8); Linear(8,2) saves that same tensor as its input: the
+    # ReLU pays, the Linear keeps nothing new. The ReLU keeps nothing of its own input.
+    assert [layer.act_bytes for layer in result.layers] == [48, 3 * 8 * F32, 0]
+    assert [layer.input_in_act_bytes for layer in result.layers] == [48, 0, 0]
+
+
+def test_times_transient_and_kinds_are_sane():
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.GELU(), nn.Linear(16, 32))
+    result = _measure(model, torch.randn(8, 16), torch.randn(8, 32))
+    for layer in result.layers:
+        assert 0 < layer.fwd_ms_min <= layer.fwd_ms <= layer.fwd_ms_max
+        assert 0 < layer.bwd_ms_min <= layer.bwd_ms <= layer.bwd_ms_max
+        assert layer.transient_bytes >= 0
+    # the first and last Linear are the same structure; the middle one is not
+    assert [layer.kind for layer in result.layers] == ["Linear", "GELU", "Linear#2", "GELU", "Linear"]
+    assert result.loss_ms > 0
+
+
+def test_kinds_tell_frozen_and_reshaped_layers_apart():
+    frozen = nn.Linear(4, 4).requires_grad_(False)
+    layers = [("a", nn.Linear(4, 4)), ("b", frozen), ("c", nn.Linear(4, 4)), ("d", nn.Linear(4, 8))]
+    assert layer_kinds(layers) == ["Linear", "Linear#2", "Linear", "Linear#3"]
+
+
+def test_backward_transient_counts_the_weight_grad_and_incoming_grad():
+    # Linear(64, 64) on a 2x64 input: backward allocates grad_input (2x64), a temporary
+    # weight grad (64x64) and bias grad (64) before adding them into .grad; the
+    # incoming grad (2x64) is live throughout. Those dominate; forward keeps only the output.
+    result = _measure(nn.Sequential(nn.ReLU(), nn.Linear(64, 64)), torch.randn(2, 64), torch.randn(2, 64))
+    linear = result.layers[1]
+    assert linear.transient_bytes >= (2 * 64 + 64 * 64 + 64 + 2 * 64) * F32
+
+
+def test_storage_tracker_counts_new_storages_only():
+    base = torch.randn(100)
+    with StorageTracker() as tracker:
+        view = base[10:]  # shares base's storage: not new
+        doubled = base * 2  # new: 400 bytes
+        doubled.mul_(3)  # in place: nothing new
+        scratch = torch.ones(50)  # new: 200 bytes, then freed
+        del scratch
+    assert tracker.live_bytes == 400
+    assert tracker.peak_bytes == 600
+    assert view.untyped_storage().data_ptr() not in tracker.created
+
+
+def test_a_layer_failing_only_with_grad_names_the_layer():
+    class InPlaceOnInput(nn.Module):
+        def forward(self, x):
+            return x.exp_()  # fine under no_grad, an error on a leaf that requires grad
+
+    model = nn.Sequential(nn.Linear(4, 4), InPlaceOnInput())
+    inputs = torch.randn(2, 4)
+    layers = modelfile.pipeline_layers(model)
+    outputs = modelfile.check_chain(layers, inputs.clone())
+    with pytest.raises(UserError, match="layer '1'"):
+        measure_model(layers, inputs, torch.randn(2, 4), modelfile.default_loss_fn,
+                      layer_outputs=outputs, warmup=0, repeats=1)
+
+
+def _held_after_forward(model: nn.Module, inputs: torch.Tensor) -> tuple[int, int]:
+    """Independently of ckplan: bytes alive after a whole-model forward (before backward),
+    parameters and buffers excluded, counted by torch's own MemTracker. The input is
+    copied inside the region so the count includes it whatever MemTracker does with
+    module inputs. Returns (held bytes, output bytes)."""
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        output = model(inputs.clone())
+        snapshot = tracker.get_tracker_snapshot("current")[inputs.device]
+    static = sum(v for k, v in snapshot.items() if k in ("Parameter", "Buffer"))
+    return snapshot["Total"] - static, storage_nbytes(output)
+
+
+@pytest.mark.parametrize("model_file", ["gpt.py", "mlp.py", "llama_style.py"])
+def test_act_bytes_add_up_to_the_live_memory_of_a_whole_forward(model_file):
+    path = FIXTURES / model_file if model_file.startswith("llama") else MODELS / model_file
+    loaded = modelfile.load_model_file(path)
+    torch.manual_seed(0)
+    model = loaded.build_model()
+    inputs, targets = (t.contiguous() for t in loaded.example_batch(2))
+    saved = saved_bytes(modelfile.pipeline_layers(model), inputs, targets, loaded.loss_fn)
+    held, output_bytes = _held_after_forward(model, inputs)
+    # What a forward leaves alive: everything the layers keep, the batch input (kept by
+    # the first layer or not), and the output we hold.
+    predicted = sum(saved.act_bytes) - saved.input_in_act_bytes[0] + storage_nbytes(inputs) + output_bytes
+    assert predicted == pytest.approx(held, rel=0.05), (predicted, held)
+
+
+@pytest.mark.cuda
+def test_cuda_bf16_profile_matches_the_allocator():
+    loaded = modelfile.load_model_file(MODELS / "gpt.py")
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = loaded.build_model().to(device=device, dtype=torch.bfloat16)
+    layers = modelfile.pipeline_layers(model)
+    inputs, targets = (t.contiguous().to(device) for t in loaded.example_batch(2))
+    outputs = modelfile.check_chain(layers, inputs)
+    result = measure_model(layers, inputs, targets, loaded.loss_fn, layer_outputs=outputs, warmup=1, repeats=2)
+    assert all(layer.fwd_ms > 0 and layer.bwd_ms > 0 for layer in result.layers)
+    assert result.layers[1].param_bytes == result.layers[1].param_count * 2
+    del outputs
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    output = model(inputs)
+    held = torch.cuda.memory_allocated() - before  # live after forward: act + output
+    predicted = sum(layer.act_bytes for layer in result.layers) - result.layers[0].input_in_act_bytes
+    predicted += storage_nbytes(output)
+    # the allocator rounds every block up to 512 bytes: a few KiB over many tensors
+    assert predicted == pytest.approx(held, rel=0.05), (predicted, held)
+    assert torch.cuda.max_memory_allocated() - before >= held
