@@ -54,8 +54,15 @@ def check_writable(path: str | Path) -> None:
     probe = parent
     while not probe.exists():
         probe = probe.parent
-    if path.is_dir() or not os.access(probe, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UserError(f"cannot write {path}: the path is a folder or not writable; choose another --out")
+    if path.is_dir():
+        reason = "the path is a folder"
+    elif not probe.is_dir():
+        reason = f"{probe} is a file, not a folder"
+    elif not os.access(probe, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        reason = "the path is not writable"
+    else:
+        return
+    raise UserError(f"cannot write {path}: {reason}; choose another --out")
 
 
 def _describe(exc: ValidationError) -> str:

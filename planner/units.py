@@ -47,7 +47,7 @@ def parse_size_list(text: str) -> list[int]:
 
 
 def format_bytes(num_bytes: float) -> str:
-    """Binary units, three significant digits: 1536 -> '1.50 KiB'."""
+    """Binary units, up to three significant digits: 1536 -> '1.5 KiB', 1000 -> '1000 B'."""
     value = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
