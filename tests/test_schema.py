@@ -1,0 +1,83 @@
+"""The profile contract: round-trips through JSON, rejects what it does not know."""
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from planner import io
+from planner.errors import UserError
+from planner.schema import SCHEMA_VERSION, DeviceInfo, FileRef, LayerProfile, Profile
+
+
+def _layer(name: str, **changes) -> LayerProfile:
+    fields = dict(
+        name=name, kind="Block", fwd_ms=1.5, bwd_ms=3.0, fwd_ms_min=1.4, fwd_ms_max=1.7,
+        bwd_ms_min=2.9, bwd_ms_max=3.3, act_bytes=1 << 20, input_bytes=1 << 16, output_bytes=1 << 16,
+        input_in_act_bytes=1 << 16, param_count=1000, param_bytes=4000, transient_bytes=123,
+    )
+    return LayerProfile(**(fields | changes))
+
+
+def _profile(**changes) -> Profile:
+    fields = dict(
+        name="gpt", created_at="2026-01-01T00:00:00+00:00", torch_version="2.13.0",
+        device=DeviceInfo(type="cpu", name="x86_64", threads=2), dtype="float32", micro_batch_size=4,
+        warmup=2, repeats=5, model=FileRef(file="configs/models/gpt.py", sha256="ab" * 32),
+        batch_input_bytes=4128, loss_bytes=99, loss_ms=0.5, layers=[_layer("embed"), _layer("blocks.0")],
+    )
+    return Profile(**(fields | changes))
+
+
+def test_profile_round_trips_through_json(tmp_path):
+    profile = _profile()
+    assert Profile.model_validate_json(profile.model_dump_json()) == profile
+    path = tmp_path / "p.json"
+    io.save_profile(profile, path)
+    assert io.load_profile(path) == profile
+    assert json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def test_unknown_fields_are_rejected_by_name():
+    data = _profile().model_dump()
+    data["layers"][0]["act_byts"] = 5
+    with pytest.raises(ValidationError, match="act_byts"):
+        Profile.model_validate(data)
+    with pytest.raises(ValidationError, match="colour"):
+        DeviceInfo(type="cpu", name="x", colour="red")
+
+
+def test_profile_invariants():
+    with pytest.raises(ValidationError, match="unique"):
+        _profile(layers=[_layer("a"), _layer("a")])
+    with pytest.raises(ValidationError):
+        _profile(layers=[])
+    with pytest.raises(ValidationError):
+        _profile(micro_batch_size=0)
+    with pytest.raises(ValidationError):
+        DeviceInfo(type="tpu", name="x")
+
+
+def test_load_profile_errors_are_one_sentence(tmp_path):
+    path = tmp_path / "p.json"
+    data = _profile().model_dump()
+    data["layers"][0].pop("fwd_ms")
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"field 'layers.0.fwd_ms': Field required.*ckplan profile"):
+        io.load_profile(path)
+    path.write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON"):
+        io.load_profile(path)
+    path.write_text(json.dumps(data | {"schema_version": SCHEMA_VERSION + 1}))
+    with pytest.raises(UserError, match="schema version"):
+        io.load_profile(path)
+    with pytest.raises(UserError, match="does not exist"):
+        io.load_profile(tmp_path / "absent.json")
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):
+    path = tmp_path / "deep" / "p.json"
+    io.save_profile(_profile(), path)
+    io.save_profile(_profile(name="again"), path)
+    assert [p.name for p in path.parent.iterdir()] == ["p.json"]
+    assert io.load_profile(path).name == "again"
