@@ -59,6 +59,55 @@ def test_relu_output_is_charged_once():
     assert [layer.input_in_act_bytes for layer in result.layers] == [48, 0, 0]
 
 
+def test_parameters_buffers_and_cached_state_are_not_activations():
+    class Scaled(nn.Module):
+        """Multiplies by a buffer, by a parameter, and by a table it caches on first call."""
+
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((6,), 2.0))
+            self.weight = nn.Parameter(torch.ones(6))
+            self.table = None
+
+        def forward(self, x):
+            if self.table is None:  # built once, reused by every microbatch: not per-microbatch data
+                self.table = torch.linspace(0, 1, 6)
+            return x * self.scale * self.weight * self.table
+
+    model = nn.Sequential(nn.Linear(6, 6), Scaled())
+    result = _measure(model, torch.randn(5, 6), torch.randn(5, 6))
+    # x * scale saves the buffer (for x's grad); (x*scale) * weight saves the parameter and
+    # x*scale (5x6, for weight's grad); * table saves the cached table, built when the
+    # chain was first checked. Only x*scale is per-microbatch data.
+    assert result.layers[1].act_bytes == 5 * 6 * F32
+
+
+def test_created_storage_rule_matches_excluding_parameters_and_buffers():
+    # The rule "created during the forward, or the batch" and the plain rule "anything
+    # saved that is not a parameter or buffer" agree on ordinary models.
+    loaded = modelfile.load_model_file(FIXTURES / "llama_style.py")
+    model = loaded.build_model()
+    layers = modelfile.pipeline_layers(model)
+    inputs, targets = loaded.example_batch(2)
+    static = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    charged, plain, outputs = set(), [], []
+    current = inputs
+    for _, layer in layers:
+        saved = {}
+
+        def pack(tensor, saved=saved):
+            saved[tensor.untyped_storage().data_ptr()] = storage_nbytes(tensor)
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            current = layer(current)
+        outputs.append(current)
+        mine = {key: n for key, n in saved.items() if key not in charged and key not in static}
+        charged |= mine.keys()
+        plain.append(sum(mine.values()))
+    assert saved_bytes(layers, inputs, targets, loaded.loss_fn).act_bytes == plain
+
+
 def test_times_transient_and_kinds_are_sane():
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.GELU(), nn.Linear(16, 32))
     result = _measure(model, torch.randn(8, 16), torch.randn(8, 32))
