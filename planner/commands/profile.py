@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -40,8 +41,8 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
     io.check_writable(out)
     if threads is not None:
         torch.set_num_threads(threads)
-    model_ref, loaded = _load(model_file, torch.device(device), getattr(torch, dtype), micro_batch_size)
-    measurement = _measure(loaded, warmup=warmup, repeats=repeats)
+    model_ref, chain = _load(model_file, torch.device(device), getattr(torch, dtype), micro_batch_size)
+    measurement = _measure(chain, warmup=warmup, repeats=repeats)
     profile = _profile(
         measurement, model_file=model_file, model_ref=model_ref, device=torch.device(device),
         dtype=dtype, micro_batch_size=micro_batch_size, warmup=warmup, repeats=repeats,
@@ -50,25 +51,36 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
     _report(profile, out)
 
 
-def _load(model_file: str, device, dtype, micro_batch_size: int) -> tuple:
-    """The model file pinned by content, and its layers and one microbatch on the device
-    in the dtype, with the chain checked (each layer's output kept: the next one's input)."""
+@dataclass
+class _Chain:
+    """What the profiler measures: the layers, one microbatch, and each layer's output
+    on it (the next layer's input), all on the device in the dtype."""
+
+    layers: list
+    inputs: object
+    targets: object
+    loss_fn: object
+    layer_outputs: list
+
+
+def _load(model_file: str, device, dtype, micro_batch_size: int):
+    """The model file pinned by content, and its chain, checked against the contract."""
     import torch
 
     from planner import io, modelfile
+    from planner.profiler.userfault import blame
 
     loaded = modelfile.load_model_file(model_file)
     model_ref = io.file_ref(model_file)  # the path as the user gave it
-    torch.manual_seed(0)  # weights and dropout masks are the same on every run
+    torch.manual_seed(0)  # weights, random batches and dropout masks repeat run to run
     model = loaded.build_model()
     layers = modelfile.pipeline_layers(model, loaded.path)
     inputs, targets = loaded.example_batch(micro_batch_size)
-    model.to(device=device, dtype=dtype).train()
-    inputs, targets = (_cast(t, device, dtype) for t in (inputs, targets))
+    with blame(f"moving the model and batch of {loaded.path} to {device} in {dtype}"):
+        model.to(device=device, dtype=dtype).train()
+        inputs, targets = (_cast(t, device, dtype) for t in (inputs, targets))
     outputs = modelfile.check_chain(layers, inputs, loaded.path)
-    return model_ref, dict(
-        layers=layers, inputs=inputs, targets=targets, loss_fn=loaded.loss_fn, layer_outputs=outputs
-    )
+    return model_ref, _Chain(layers, inputs, targets, loaded.loss_fn, outputs)
 
 
 def _cast(tensor, device, dtype):
@@ -76,14 +88,15 @@ def _cast(tensor, device, dtype):
     return tensor.to(device=device, dtype=dtype) if tensor.is_floating_point() else tensor.to(device=device)
 
 
-def _measure(loaded: dict, *, warmup: int, repeats: int):
+def _measure(chain: _Chain, *, warmup: int, repeats: int):
     from planner.console import progress
     from planner.profiler.measure import measure_model
 
     with progress() as bar:
-        task = bar.add_task("profiling layers", total=len(loaded["layers"]))
+        task = bar.add_task("profiling layers", total=len(chain.layers))
         return measure_model(
-            **loaded, warmup=warmup, repeats=repeats,
+            chain.layers, chain.inputs, chain.targets, chain.loss_fn,
+            layer_outputs=chain.layer_outputs, warmup=warmup, repeats=repeats,
             on_layer=lambda name: bar.update(task, advance=1, description=f"profiled {name}"),
         )
 
