@@ -98,7 +98,7 @@ def _assert_clean_failure(result, needle: str, out: pathlib.Path) -> None:
     assert "Traceback" not in result.output
     assert needle in result.output, result.output
     assert not out.exists()
-    assert not out.parent.exists() or not list(out.parent.iterdir())  # no temp file either
+    assert not out.parent.is_dir() or not list(out.parent.iterdir())  # no temp file either
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
