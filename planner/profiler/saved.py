@@ -37,11 +37,15 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
     act, input_in_act = [], []
     outputs = []  # holding every output keeps every graph, so no saved storage is freed
     with torch.enable_grad(), StorageTracker() as tracker:
+
+        def per_microbatch(key: int) -> bool:
+            return key in tracker.created or key in batch
+
         current = inputs
         for name, layer in layers:
             with blame(f"layer {name!r} (grad-enabled forward)"):
                 saved, output = _saved_by(layer, current)
-            mine = _charge(saved, charged, tracker.created | batch)
+            mine = _charge(saved, charged, per_microbatch)
             act.append(sum(mine.values()))
             input_in_act.append(mine.get(storage_key(current), 0))
             outputs.append(output)
@@ -50,7 +54,7 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
         charged.add(storage_key(current))
         with blame("loss_fn(output, target)"):
             saved, _ = _saved_by(lambda out: loss_fn(out, targets), current)
-        loss = sum(_charge(saved, charged, tracker.created | batch).values())
+        loss = sum(_charge(saved, charged, per_microbatch).values())
     return SavedBytes(act_bytes=act, input_in_act_bytes=input_in_act, loss_bytes=loss)
 
 
@@ -67,8 +71,8 @@ def _saved_by(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tu
     return saved, output
 
 
-def _charge(saved: dict[int, int], charged: set[int], per_microbatch: set[int]) -> dict[int, int]:
+def _charge(saved: dict[int, int], charged: set[int], per_microbatch: Callable[[int], bool]) -> dict[int, int]:
     """The saved storages this layer pays for; marks them charged."""
-    mine = {key: nbytes for key, nbytes in saved.items() if key not in charged and key in per_microbatch}
+    mine = {key: nbytes for key, nbytes in saved.items() if key not in charged and per_microbatch(key)}
     charged.update(mine)
     return mine
