@@ -12,8 +12,10 @@ from planner import modelfile
 from planner.errors import UserError
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.measure import measure_model
+from planner.profiler.noise import noisy_timings
 from planner.profiler.saved import saved_bytes
 from planner.profiler.storages import StorageTracker, storage_nbytes
+from planner.schema import DeviceInfo, FileRef, LayerProfile, Profile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ROOT / "configs" / "models"
@@ -245,3 +247,30 @@ def test_cuda_bf16_profile_matches_the_allocator():
     # the allocator rounds every block up to 512 bytes: a few KiB over many tensors
     assert predicted == pytest.approx(held, rel=0.05), (predicted, held)
     assert torch.cuda.max_memory_allocated() - before >= held
+
+
+def _timed(name: str, kind: str, fwd: tuple[float, float, float], bwd: tuple[float, float, float]) -> LayerProfile:
+    return LayerProfile(
+        name=name, kind=kind, fwd_ms=fwd[1], fwd_ms_min=fwd[0], fwd_ms_max=fwd[2], bwd_ms=bwd[1],
+        bwd_ms_min=bwd[0], bwd_ms_max=bwd[2], act_bytes=0, input_bytes=0, output_bytes=0,
+        param_count=0, param_bytes=0, transient_bytes=0,
+    )
+
+
+def _timed_profile(*layers: LayerProfile) -> Profile:
+    return Profile(
+        name="m", created_at="2026-01-01T00:00:00+00:00", torch_version="x", dtype="float32",
+        device=DeviceInfo(type="cpu", name="cpu"), micro_batch_size=1,
+        model=FileRef(file="m.py", sha256="0" * 64), layers=list(layers),
+    )
+
+
+def test_noisy_timings_are_reported():
+    steady = _timed("a", "Block", (10, 10.5, 11), (20, 21, 22))
+    assert noisy_timings(_timed_profile(steady, _timed("b", "Block", (11, 11, 12), (20, 20, 21)))) == ""
+    jumpy = _timed("b", "Block", (10, 30, 40), (20, 21, 22))
+    assert "repeats of layer b" in noisy_timings(_timed_profile(steady, jumpy))
+    slow_twin = _timed("b", "Block", (40, 40, 41), (60, 60, 61))
+    assert "identical Block layers take from 31.5 to 100 ms" in noisy_timings(_timed_profile(steady, slow_twin))
+    tiny = _timed("c", "Norm", (0.01, 0.02, 0.3), (0.01, 0.01, 0.2))  # jitter under 1 ms is fine
+    assert noisy_timings(_timed_profile(steady, tiny)) == ""

@@ -131,7 +131,8 @@ def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_s
 
 
 def _report(profile, out: Path) -> None:
-    from planner.console import console, info, table
+    from planner.console import console, info, table, warn
+    from planner.profiler.noise import noisy_timings
     from planner.units import format_bytes
 
     rows = [
@@ -145,4 +146,9 @@ def _report(profile, out: Path) -> None:
     total_act = sum(layer.act_bytes for layer in profile.layers)
     info(f"activations kept per microbatch without checkpointing: {format_bytes(total_act)}; "
          f"loss {profile.loss_ms:.3f} ms")
+    noisy = noisy_timings(profile)
+    if noisy:
+        warn(f"timings are noisy ({noisy}); the machine may be busy: stop other work, "
+             "or try --threads 1 or more --repeats, and profile again")
     info(f"wrote {out}")
+
