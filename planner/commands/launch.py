@@ -1,12 +1,127 @@
-"""`ckplan launch`: not built yet."""
+"""`ckplan launch PLAN`: run the plan, one process per stage, and compare each stage's
+measured peak memory and time with the plan's prediction."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import click
 
-from planner.errors import UserError
+
+@click.command("launch")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed training steps (the iteration time is their median).")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed steps first.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Where the stages run [default: the device the profile was measured on].")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None,
+              help="torch.distributed backend [default: gloo on cpu, nccl on cuda].")
+@click.option("--report", "report_path", type=click.Path(path_type=Path), default=None,
+              help="Write the run report (json) here.")
+@click.option("--enforce-cap", is_flag=True,
+              help="Hold each stage to its memory cap (cuda: allocator limit; cpu: checked after the run).")
+@click.option("--strategy", default="ckplan", show_default=True,
+              help="Run a baseline stored in the plan instead of ckplan's stages.")
+@click.option("--force", is_flag=True, help="Run even if the model file changed since the plan was made.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for weights (same on every rank).")
+def command(plan_path, steps, warmup_steps, device, backend, report_path, enforce_cap, strategy, force, seed) -> None:
+    """Train PLAN's pipeline locally (one process per stage) or as one rank of torchrun,
+    and show predicted vs measured memory and time per stage."""
+    from planner import console, io
+    from planner.runtime import in_torchrun, rank_threads, run_plan
+
+    plan = io.load_plan(plan_path)
+    if report_path is not None:
+        io.check_writable(report_path)
+    device = device or plan.device.type
+    speaks = not in_torchrun() or os.environ.get("RANK") == "0"
+    if speaks:
+        _announce(plan, device, steps, warmup_steps, rank_threads(plan))
+    report = run_plan(plan, plan_file=plan_path, strategy=strategy, steps=steps, warmup_steps=warmup_steps,
+                      device=device, backend=backend, enforce_cap=enforce_cap, seed=seed, force=force)
+    if not speaks:
+        return
+    console.console.print(memory_table(report))
+    console.console.print(time_table(report, _strategy_stages(plan, strategy)))
+    console.info(iteration_line(report))
+    for stage in report.stages:
+        if stage.measured.peak_bytes > stage.cap_bytes:
+            console.warn(f"stage {stage.index} used {_size(stage.measured.peak_bytes)}, over its cap of "
+                         f"{_size(stage.cap_bytes)}")
+    if report_path is not None:
+        io.save_report(report, report_path)
+        console.info(f"report written to {report_path}")
 
 
-@click.command("launch", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args) -> None:
-    """Not built yet."""
-    raise UserError("ckplan launch is not built yet")
+def _announce(plan, device: str, steps: int, warmup_steps: int, threads: tuple[int, str]) -> None:
+    from planner import console
+
+    count, source = threads
+    why = "as profiled" if source == "plan" else f"{os.cpu_count()} cores / {plan.setup.stages} stages"
+    console.info(f"launching {plan.setup.stages} stages on {device}: {plan.setup.microbatches} microbatches of "
+                 f"{plan.setup.micro_batch_size}, {plan.setup.schedule}, {warmup_steps} warm-up + {steps} timed "
+                 f"steps, {count} torch thread{'s' if count != 1 else ''} per stage ({why})")
+    if device == "cpu" and count * plan.setup.stages > (os.cpu_count() or 1):
+        console.warn(f"{plan.setup.stages} stages x {count} threads oversubscribe {os.cpu_count()} cores: "
+                     "measured times will be longer than the profile's")
+
+
+def _size(num_bytes: int) -> str:
+    from planner.units import format_bytes
+
+    return format_bytes(num_bytes)
+
+
+def _error(measured: float, predicted: float | None) -> str:
+    if not predicted:
+        return "–"
+    return f"{(measured - predicted) / predicted * 100:+.1f}%"
+
+
+def _strategy_stages(plan, strategy: str):
+    if strategy == "ckplan":
+        return plan.stages
+    return next(baseline.stages for baseline in plan.baselines if baseline.name == strategy)
+
+
+def memory_table(report):
+    """Peak memory per stage, predicted vs measured, against the stage's cap."""
+    from planner import console
+
+    rows = []
+    for stage in report.stages:
+        predicted = stage.predicted.peak_bytes if stage.predicted else None
+        measured = stage.measured.peak_bytes
+        rows.append([str(stage.index), _size(predicted) if predicted else "–", _size(measured),
+                     _error(measured, predicted), _size(stage.cap_bytes),
+                     console.bar(measured / stage.cap_bytes, width=10)])
+    columns = ["stage", "predicted", "measured", "err", "cap", "measured / cap"]
+    return console.table(f"{report.strategy}: peak memory per stage", columns, rows)
+
+
+def time_table(report, stages):
+    """Compute time per microbatch per stage (backward includes recompute)."""
+    from planner import console
+    from planner.units import format_ms
+
+    rows = []
+    for stage, plan_stage in zip(report.stages, stages, strict=True):
+        predicted = stage.predicted.time_ms if stage.predicted else None
+        measured = stage.measured
+        rows.append([str(stage.index), f"{len(plan_stage.checkpointed)}/{len(plan_stage.layers)}",
+                     format_ms(measured.fwd_ms), format_ms(measured.bwd_ms),
+                     format_ms(predicted) if predicted else "–", format_ms(measured.time_ms),
+                     _error(measured.time_ms, predicted)])
+    columns = ["stage", "ckpt", "fwd", "bwd", "predicted", "measured", "err"]
+    return console.table(f"{report.strategy}: time per microbatch (fwd + bwd)", columns, rows)
+
+
+def iteration_line(report) -> str:
+    from planner.units import format_ms
+
+    return (f"iteration: predicted {format_ms(report.predicted_iteration_ms)}, measured "
+            f"{format_ms(report.iteration_ms)} ({_error(report.iteration_ms, report.predicted_iteration_ms)}), "
+            f"median of {report.steps} steps after {report.warmup_steps} warm-up")

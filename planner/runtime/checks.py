@@ -1,0 +1,124 @@
+"""Everything that can be wrong with a plan, found before any process starts.
+
+A plan that is stale (its model file changed), for another model (layer names not
+found) or malformed (stages not contiguous, a layer twice or never) is refused with a
+sentence that says what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import UserError
+from planner.io import sha256_file
+from planner.modelfile import ModelFile, load_model_file, pipeline_layers
+from planner.schema import Plan, StagePlan
+
+
+@dataclass
+class Strategy:
+    """What one run executes: ckplan's stages or a baseline's, and their prediction."""
+
+    name: str
+    stages: list[StagePlan]
+    predicted_iteration_ms: float
+
+
+def resolve_model_file(plan: Plan, plan_file: str | Path | None) -> Path:
+    """plan.model.file: absolute as is; relative against the current directory, then
+    against the plan file's directory."""
+    file = Path(plan.model.file)
+    candidates = [file] if file.is_absolute() else [Path.cwd() / file]
+    if not file.is_absolute() and plan_file is not None:
+        candidates.append(Path(plan_file).resolve().parent / file)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    tried = " or ".join(str(c) for c in candidates)
+    raise UserError(f"the plan's model file {plan.model.file} was not found (looked for {tried}); "
+                    "run from the directory the plan was made in, or fix model.file in the plan")
+
+
+def check_model_hash(plan: Plan, model_path: Path, *, force: bool) -> None:
+    actual = sha256_file(model_path)
+    if actual == plan.model.sha256 or force:
+        return
+    raise UserError(
+        f"the plan is stale: model file {model_path} has sha256 {actual}, the plan was made for "
+        f"sha256 {plan.model.sha256}; re-run `ckplan profile` and `ckplan solve`, or pass --force "
+        "to run it anyway"
+    )
+
+
+def select_strategy(plan: Plan, name: str) -> Strategy:
+    """'ckplan' is the plan's own stages; any other name is one of plan.baselines."""
+    if name == "ckplan":
+        return Strategy(name, plan.stages, plan.predicted.iteration_ms)
+    for baseline in plan.baselines:
+        if baseline.name == name:
+            if not baseline.stages:
+                raise UserError(f"baseline {name!r} in the plan carries no stages to run; "
+                                "re-create the plan with `ckplan solve`")
+            return Strategy(name, baseline.stages, baseline.iteration_ms)
+    known = ", ".join(["ckplan"] + [b.name for b in plan.baselines])
+    raise UserError(f"the plan has no strategy {name!r}; it has: {known}")
+
+
+def check_stage_layout(stages: list[StagePlan], layer_names: list[str], *, what: str, model_path: Path) -> None:
+    """Every pipeline layer exactly once, stages contiguous and in model order."""
+    position = {name: idx for idx, name in enumerate(layer_names)}
+    unknown = [name for stage in stages for name in stage.layers if name not in position]
+    if unknown:
+        raise UserError(
+            f"{what} names layers {unknown[:3]} that are not pipeline layers of {model_path} "
+            f"(its layers are {layer_names[0]} ... {layer_names[-1]}); the plan is for a different "
+            "model: re-create it with `ckplan solve`"
+        )
+    seen: dict[str, int] = {}
+    for stage in stages:
+        for name in stage.layers:
+            if name in seen:
+                raise UserError(f"{what}: layer {name!r} is in stage {seen[name]} and stage {stage.index}; "
+                                "each layer must be in exactly one stage")
+            seen[name] = stage.index
+    missing = [name for name in layer_names if name not in seen]
+    if missing:
+        raise UserError(f"{what}: layers {missing[:3]} are in no stage; every pipeline layer must be in one")
+    flat = [name for stage in stages for name in stage.layers]
+    if flat != layer_names:
+        first = next(idx for idx, (got, want) in enumerate(zip(flat, layer_names, strict=False)) if got != want)
+        raise UserError(
+            f"{what}: stages must hold contiguous runs of layers in model order; stage "
+            f"{seen[flat[first]]} has {flat[first]!r} where {layer_names[first]!r} belongs"
+        )
+
+
+def check_setup(plan: Plan, strategy: Strategy) -> None:
+    setup = plan.setup
+    if setup.schedule == "1F1B" and setup.microbatches < setup.stages:
+        raise UserError(f"1F1B needs at least as many microbatches as stages; the plan has "
+                        f"{setup.microbatches} microbatches for {setup.stages} stages")
+    if len(strategy.stages) != setup.stages:
+        raise UserError(f"{strategy.name} has {len(strategy.stages)} stages but setup.stages is {setup.stages}")
+
+
+@dataclass
+class Prepared:
+    model_file: ModelFile
+    model_path: Path
+    strategy: Strategy
+
+
+def prepare(plan: Plan, *, plan_file: str | Path | None, strategy: str = "ckplan", force: bool = False) -> Prepared:
+    """All checks that need no process group: model file found, unchanged and matching
+    the plan's layer names; the strategy's stages a valid cut of the model."""
+    model_path = resolve_model_file(plan, plan_file)
+    check_model_hash(plan, model_path, force=force)
+    chosen = select_strategy(plan, strategy)
+    check_setup(plan, chosen)
+    model_file = load_model_file(model_path)
+    layer_names = [name for name, _ in pipeline_layers(model_file.build_model(), model_path)]
+    check_stage_layout(chosen.stages, layer_names, what=f"{chosen.name}'s stages", model_path=model_path)
+    return Prepared(model_file, model_path, chosen)
+

@@ -1,0 +1,261 @@
+"""Run a plan: one process per pipeline stage, measured, summed up in a RunReport.
+
+`run_plan` is what `ckplan launch` and `ckplan compare` call. Locally it starts one
+`planner.runtime.worker` process per stage (gloo on CPU, NCCL on CUDA, rendezvous on
+127.0.0.1 and a free port), watches them, and the moment one fails it kills the rest
+and raises one sentence naming the stage. Under torchrun (RANK, WORLD_SIZE,
+MASTER_ADDR, LOCAL_RANK set) this process is one rank and joins that job instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import planner
+from planner.errors import UserError
+from planner.io import file_ref, plan_to_yaml, write_atomic
+from planner.runtime.checks import Prepared, prepare
+from planner.runtime.worker import (
+    PARENT_PID_ENV,
+    Failure,
+    Job,
+    RankResult,
+    describe_failure,
+    rank_device,
+    train_rank,
+)
+from planner.schema import DeviceInfo, FileRef, Plan, RunReport, StageMeasured, StageReport
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")
+POLL_S = 0.05
+
+
+def run_plan(
+    plan: Plan,
+    *,
+    plan_file: str | Path | None = None,
+    strategy: str = "ckplan",
+    steps: int = 10,
+    warmup_steps: int = 2,
+    device: str = "cpu",
+    backend: str | None = None,
+    enforce_cap: bool = False,
+    seed: int = 0,
+    force: bool = False,
+    timeout_s: float = 60.0,
+    state_dir: str | Path | None = None,
+) -> RunReport:
+    """Train `steps` measured steps of one strategy of `plan` and report what happened.
+
+    strategy: "ckplan" runs plan.stages; a baseline's name runs that baseline's stages
+    and compares with its prediction. plan_file: where the plan was read from (relative
+    model paths resolve against it; the report pins its hash). Raises UserError for a
+    bad plan before any process starts, and for a failed rank after all are stopped.
+    """
+    if steps < 1 or warmup_steps < 0:
+        raise UserError("--steps must be at least 1 and --warmup-steps at least 0")
+    prepared = prepare(plan, plan_file=plan_file, strategy=strategy, force=force)
+    backend = backend or ("nccl" if device == "cuda" else "gloo")
+    threads, threads_source = rank_threads(plan)
+    with tempfile.TemporaryDirectory(prefix="ckplan-run-") as scratch:
+        job = Job(
+            model_file=str(prepared.model_path),
+            plan=plan,
+            stages=prepared.strategy.stages,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            device=device,
+            backend=backend,
+            enforce_cap=enforce_cap,
+            seed=seed,
+            threads=threads,
+            timeout_s=timeout_s,
+            out_dir=scratch,
+            state_dir=str(state_dir) if state_dir is not None else None,
+        )
+        if in_torchrun():
+            results = _join_torchrun(job)
+        else:
+            _check_local_devices(device, backend, plan.setup.stages)
+            results = _run_local(job)
+    return _report(plan, prepared, job, results, plan_file=plan_file, threads_source=threads_source)
+
+
+def in_torchrun() -> bool:
+    return all(name in os.environ for name in TORCHRUN_ENV)
+
+
+def rank_threads(plan: Plan) -> tuple[int, str]:
+    """Torch threads per rank: the profile's (recorded in the plan) when known, so times
+    are comparable with the prediction; else the cores shared evenly among the stages."""
+    if plan.device.threads:
+        return plan.device.threads, "plan"
+    return max(1, (os.cpu_count() or 1) // plan.setup.stages), "cpu_count"
+
+
+def _check_local_devices(device: str, backend: str, num_stages: int) -> None:
+    if backend == "nccl" and device != "cuda":
+        raise UserError("the nccl backend needs --device cuda; use --backend gloo on cpu")
+    if device != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise UserError("--device cuda but this torch sees no CUDA device; use --device cpu")
+    if torch.cuda.device_count() < num_stages:
+        raise UserError(f"the plan has {num_stages} stages but this machine has "
+                        f"{torch.cuda.device_count()} GPUs; one stage runs per GPU (or use torchrun across machines)")
+
+
+# ---------------------------------------------------------------- local processes
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_local(job: Job) -> list[RankResult]:
+    out_dir = Path(job.out_dir)
+    job_path = out_dir / "job.json"
+    write_atomic(job_path, job.model_dump_json())
+    num_ranks = len(job.stages)
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(num_ranks),
+        PARENT_PID_ENV: str(os.getpid()),
+        "OMP_NUM_THREADS": str(job.threads),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(planner.__file__).parent.parent),
+                                                    os.environ.get("PYTHONPATH")])),
+    }
+    procs: list[subprocess.Popen] = []
+    try:
+        for rank in range(num_ranks):
+            with open(out_dir / f"rank{rank}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "planner.runtime.worker", str(job_path)],
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                ))
+        _supervise(procs, out_dir)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in procs:
+            proc.wait()
+    return [RankResult.model_validate_json((out_dir / f"rank{rank}.json").read_text()) for rank in range(num_ranks)]
+
+
+def _supervise(procs: list[subprocess.Popen], out_dir: Path) -> None:
+    """Wait for all ranks; as soon as one fails, raise (the caller kills the rest)."""
+    while True:
+        codes = [proc.poll() for proc in procs]
+        if any(code not in (None, 0) for code in codes):
+            raise UserError(_failure_message(codes, out_dir))
+        if all(code == 0 for code in codes):
+            return
+        time.sleep(POLL_S)
+
+
+def _failure_message(codes: list[int | None], out_dir: Path) -> str:
+    """The cause, not the echoes: a rank whose error is not a broken connection to a
+    failed peer, earliest first."""
+    failures = []
+    for rank, code in enumerate(codes):
+        error_file = out_dir / f"rank{rank}.error.json"
+        if error_file.is_file():
+            failures.append(Failure.model_validate_json(error_file.read_text()))
+        elif code not in (None, 0):
+            failures.append(Failure(rank=rank, message=_death(rank, code, out_dir), peer=False, time=time.time()))
+    cause = min(failures, key=lambda failure: (failure.peer, failure.time))
+    keep = Path(tempfile.mkdtemp(prefix="ckplan-failed-"))
+    shutil.copy(out_dir / f"rank{cause.rank}.log", keep / f"rank{cause.rank}.log")
+    return f"{cause.message}; all stages were stopped (log of stage {cause.rank}: {keep / f'rank{cause.rank}.log'})"
+
+
+def _death(rank: int, code: int, out_dir: Path) -> str:
+    if code < 0:
+        return f"stage {rank} died ({signal.Signals(-code).name})"
+    lines = [line for line in (out_dir / f"rank{rank}.log").read_text(errors="replace").splitlines() if line.strip()]
+    last = f": {lines[-1].strip()[:300]}" if lines else ""
+    return f"stage {rank} exited with code {code} before reporting{last}"
+
+
+# ---------------------------------------------------------------- torchrun
+
+
+def _join_torchrun(job: Job) -> list[RankResult]:
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world_size != len(job.stages):
+        raise UserError(f"torchrun started {world_size} processes for a plan of {len(job.stages)} stages; "
+                        f"use --nproc-per-node/--nnodes so that WORLD_SIZE is {len(job.stages)}")
+    try:
+        result = train_rank(job, rank, world_size, rank_device(job.device, int(os.environ["LOCAL_RANK"])),
+                            keep_group=True)
+        gathered: list[object] = [None] * world_size
+        dist.all_gather_object(gathered, result.model_dump())
+        dist.destroy_process_group()
+    except Exception as exc:
+        raise UserError(describe_failure(exc, rank=rank, job=job).message) from exc
+    return [RankResult.model_validate(item) for item in gathered]
+
+
+# ---------------------------------------------------------------- report
+
+
+def _report(plan: Plan, prepared: Prepared, job: Job, results: list[RankResult], *,
+            plan_file: str | Path | None, threads_source: str) -> RunReport:
+    per_step = [max(steps) for steps in zip(*(result.step_ms for result in results), strict=True)]
+    stages = [
+        StageReport(
+            index=result.rank,
+            cap_bytes=plan.setup.mem_caps_bytes[result.rank],
+            predicted=prepared.strategy.stages[result.rank].predicted,
+            measured=StageMeasured(peak_bytes=result.peak_bytes, fwd_ms=result.fwd_ms, bwd_ms=result.bwd_ms,
+                                   time_ms=result.fwd_ms + result.bwd_ms),
+        )
+        for result in sorted(results, key=lambda result: result.rank)
+    ]
+    return RunReport(
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        plan=file_ref(plan_file) if plan_file is not None else _in_memory_ref(plan),
+        strategy=prepared.strategy.name,
+        device=DeviceInfo(type=job.device, name=_device_name(job.device), threads=job.threads),
+        threads_source=threads_source,
+        backend=job.backend,
+        steps=job.steps,
+        warmup_steps=job.warmup_steps,
+        microbatches=plan.setup.microbatches,
+        iteration_ms=statistics.median(per_step),
+        iteration_ms_all=per_step,
+        predicted_iteration_ms=prepared.strategy.predicted_iteration_ms,
+        losses=results[-1].losses,
+        stages=stages,
+    )
+
+
+def _in_memory_ref(plan: Plan) -> FileRef:
+    return FileRef(file="(in memory)", sha256=hashlib.sha256(plan_to_yaml(plan).encode()).hexdigest())
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    return platform.processor() or platform.machine() or "cpu"

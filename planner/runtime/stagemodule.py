@@ -1,0 +1,101 @@
+"""One pipeline stage as a module: the plan's layers for that stage, nothing else.
+
+The stage keeps each layer under its FQN in the full model ("blocks.3.qkv.weight"
+stays "blocks.3.qkv.weight"), so parameters and gradients of a stage can be compared
+with a single-process model by name. Checkpointed layers run under
+`torch.utils.checkpoint.checkpoint(use_reentrant=False)`: their activations are
+dropped after forward and recomputed in backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from planner.errors import UserError
+from planner.modelfile import Layers, ModelFile, pipeline_layers
+from planner.schema import StagePlan
+
+ADAM_LR = 1e-3
+SGD_LR = 1e-2
+SGD_MOMENTUM = 0.9
+
+
+class StageModule(nn.Module):
+    """Runs `layers` in order; the layers named in `checkpointed` recompute in backward."""
+
+    def __init__(self, layers: Layers, checkpointed: Iterable[str] = ()):
+        super().__init__()
+        recomputed = set(checkpointed)
+        for fqn, layer in layers:
+            _register(self, fqn, layer)
+        # A plain list, not registered again: the layers are already children above.
+        self._chain = [(fqn, layer, fqn in recomputed) for fqn, layer in layers]
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [fqn for fqn, _, _ in self._chain]
+
+    @property
+    def checkpointed(self) -> list[str]:
+        return [fqn for fqn, _, recompute in self._chain if recompute]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _, layer, recompute in self._chain:
+            x = checkpoint(layer, x, use_reentrant=False) if recompute else layer(x)
+        return x
+
+
+def _register(root: nn.Module, fqn: str, layer: nn.Module) -> None:
+    """Add `layer` under the dotted path `fqn`, creating empty containers on the way."""
+    *parents, leaf = fqn.split(".")
+    node = root
+    for name in parents:
+        if name not in node._modules:
+            node.add_module(name, nn.Module())
+        node = node._modules[name]
+    node.add_module(leaf, layer)
+
+
+def build_stage_module(model_file: ModelFile, stage: StagePlan, *, seed: int) -> StageModule:
+    """Build the whole model with `seed` (so every rank and a reference agree on the
+    weights), keep the stage's layers and let the rest be freed."""
+    torch.manual_seed(seed)
+    model = model_file.build_model()
+    by_name = dict(pipeline_layers(model, model_file.path))
+    return StageModule([(fqn, by_name[fqn]) for fqn in stage.layers], stage.checkpointed)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """'float32', 'torch.bfloat16' -> the torch dtype."""
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise UserError(f"the plan's dtype {name!r} is not a torch dtype (e.g. float32, bfloat16)")
+    return dtype
+
+
+def to_device(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Move a batch tensor; floating tensors take the plan's dtype, indices stay integers."""
+    if tensor.is_floating_point():
+        return tensor.to(device=device, dtype=dtype)
+    return tensor.to(device=device)
+
+
+def make_optimizer(name: str, params: Iterator[nn.Parameter]) -> torch.optim.Optimizer:
+    """adam: Adam(lr=1e-3); sgd: SGD(lr=1e-2, momentum=0.9) — the setups the cost model assumes."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=ADAM_LR)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM)
+    raise UserError(f"unknown optimizer {name!r}; the plan's setup.optimizer must be adam or sgd")
+
+
+def allocate_grads(module: nn.Module) -> None:
+    """Gradients exist from the start and are zeroed, never freed, between steps, so
+    weights + grads + optimizer state stay steady as the cost model's static memory."""
+    for param in module.parameters():
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)

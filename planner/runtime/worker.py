@@ -1,0 +1,325 @@
+"""One rank of a pipelined training run: build its stage, train, measure.
+
+Started by the launcher as `python -m planner.runtime.worker JOB.json` (one process
+per stage) or called in-process by `run_plan` when torchrun started us. A rank writes
+`rank<r>.json` (its measurements) or `rank<r>.error.json` (one sentence) into the
+job's folder; the launcher reads them.
+
+Steps: `warmup_steps` untimed, then `steps` timed without the memory tracker, then
+`memory_steps` under the tracker (it slows every op, so it never overlaps timing).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from planner.errors import UserError
+from planner.io import write_atomic
+from planner.memtrack import PeakMemory
+from planner.modelfile import _user_traceback, load_model_file
+from planner.runtime.stagemodule import (
+    allocate_grads,
+    build_stage_module,
+    make_optimizer,
+    to_device,
+    torch_dtype,
+)
+from planner.schema import Plan, StagePlan
+from planner.units import format_bytes
+
+SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
+PARENT_PID_ENV = "CKPLAN_PARENT_PID"
+
+
+class Job(BaseModel):
+    """What every rank of one run needs; written once by the launcher."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_file: str
+    plan: Plan
+    stages: list[StagePlan]
+    steps: int
+    warmup_steps: int
+    memory_steps: int = 1
+    device: Literal["cpu", "cuda"]
+    backend: str
+    enforce_cap: bool
+    seed: int
+    threads: int
+    timeout_s: float
+    out_dir: str  # rank results and errors
+    state_dir: str | None = None  # if set: each rank saves its parameters and gradients at the end
+
+
+class RankResult(BaseModel):
+    rank: int
+    peak_bytes: int
+    fwd_ms: float  # median per microbatch; the last stage's includes the loss forward
+    bwd_ms: float  # median per microbatch, recompute included
+    step_ms: list[float]  # wall time of schedule.step + optimizer step, between barriers
+    losses: list[float]  # the last stage only: mean microbatch loss of every step, in order
+
+
+class Failure(BaseModel):
+    rank: int
+    message: str
+    peer: bool  # a symptom of another rank's failure (connection closed, timeout), not a cause
+    time: float
+
+
+class CapExceeded(Exception):
+    pass
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage that times each microbatch's forward and backward while `recording`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recording = False
+        self.before_forward: Callable[[], None] | None = None
+        self.fwd_ms: list[float] = []
+        self.bwd_ms: list[float] = []
+        self.loss_ms: list[float] = []
+
+    def forward_one_chunk(self, *args, **kwargs):
+        if self.before_forward is not None:
+            self.before_forward()
+        with self._timed(self.fwd_ms):
+            return super().forward_one_chunk(*args, **kwargs)
+
+    def backward_one_chunk(self, *args, **kwargs):
+        with self._timed(self.bwd_ms):
+            return super().backward_one_chunk(*args, **kwargs)
+
+    def timed_loss(self, loss_fn: Callable) -> Callable:
+        def loss(output, target):
+            with self._timed(self.loss_ms):
+                return loss_fn(output, target)
+
+        return loss
+
+    @contextmanager
+    def _timed(self, into: list[float]) -> Iterator[None]:
+        if not self.recording:
+            yield
+            return
+        _sync(self.device)
+        start = time.perf_counter()
+        yield
+        _sync(self.device)
+        into.append((time.perf_counter() - start) * 1000)
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The receive buffers the stage allocated for every microbatch at its first step."""
+        infos = [*self.args_recv_info.values(), *self.grad_recv_info.values()]
+        return [info.buffer for recv in infos for info in recv if getattr(info, "buffer", None) is not None]
+
+
+def forget_module_stats(mem: PeakMemory) -> None:
+    """The CPU tracker (MemTracker) takes a module run twice in one region for a second
+    iteration and refuses it; a stage runs once per microbatch. Its per-module
+    statistics are not used here, so clear them before each microbatch (the peak stays)."""
+    tracker = getattr(mem, "_tracker", None)
+    if tracker is not None:
+        tracker.reset_mod_stats()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def rank_device(device_type: str, local_rank: int) -> torch.device:
+    return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+
+
+def train_rank(job: Job, rank: int, world_size: int, device: torch.device, *, keep_group: bool = False) -> RankResult:
+    """Join the process group, train this rank's stage, measure. keep_group: leave the
+    group up for the caller (torchrun gathers results over it)."""
+    torch.set_num_threads(job.threads)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if job.enforce_cap:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, job.plan.setup.mem_caps_bytes[rank] / total), device)
+    dist.init_process_group(
+        job.backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=job.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    result = _train(job, rank, world_size, device)
+    if not keep_group:
+        dist.destroy_process_group()
+    return result
+
+
+def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankResult:
+    setup = job.plan.setup
+    model_file = load_model_file(job.model_file)
+    dtype = torch_dtype(job.plan.dtype)
+    module = build_stage_module(model_file, job.stages[rank], seed=job.seed).to(device=device, dtype=dtype)
+    allocate_grads(module)
+    optimizer = make_optimizer(setup.optimizer, module.parameters())
+    stage = TimedStage(module, rank, world_size, device)
+    schedule = SCHEDULES[setup.schedule](
+        stage, n_microbatches=setup.microbatches, loss_fn=stage.timed_loss(model_file.loss_fn)
+    )
+    inputs, targets = model_file.example_batch(setup.micro_batch_size * setup.microbatches)
+    # Only the first stage feeds inputs and only the last computes the loss.
+    inputs = to_device(inputs, device, dtype) if stage.is_first else None
+    targets = to_device(targets, device, dtype) if stage.is_last else None
+    torch.manual_seed(job.seed)
+
+    def step() -> list[float]:
+        optimizer.zero_grad(set_to_none=False)
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if stage.is_first else ()
+        kwargs = {"target": targets, "losses": losses} if stage.is_last else {}
+        schedule.step(*args, return_outputs=False, **kwargs)
+        optimizer.step()
+        return [torch.stack(losses).mean().item()] if losses else []
+
+    _log(f"stage {rank}: built {len(job.stages[rank].layers)} layers; training")
+    losses: list[float] = []
+    for _ in range(job.warmup_steps):
+        losses += step()
+    step_ms = []
+    stage.recording = True
+    for _ in range(job.steps):
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        losses += step()
+        _sync(device)
+        dist.barrier()
+        step_ms.append((time.perf_counter() - start) * 1000)
+    stage.recording = False
+    _log(f"stage {rank}: timed {job.steps} steps, median {_median(step_ms):.1f} ms; measuring memory")
+    peak_bytes = 0
+    for _ in range(job.memory_steps):
+        with PeakMemory(device, external=[module, optimizer, inputs, targets, *stage.buffers()]) as mem:
+            stage.before_forward = partial(forget_module_stats, mem)
+            losses += step()
+            stage.before_forward = None
+        peak_bytes = max(peak_bytes, mem.peak_bytes)
+    _log(f"stage {rank}: peak {format_bytes(peak_bytes)}")
+    cap = setup.mem_caps_bytes[rank]
+    if job.enforce_cap and peak_bytes > cap:
+        raise CapExceeded(f"stage {rank} exceeded its cap of {format_bytes(cap)} (peak {format_bytes(peak_bytes)})")
+    if job.state_dir:
+        _save_state(module, Path(job.state_dir) / f"stage{rank}.pt")
+    return RankResult(
+        rank=rank,
+        peak_bytes=peak_bytes,
+        fwd_ms=_median(stage.fwd_ms) + _median(stage.loss_ms),
+        bwd_ms=_median(stage.bwd_ms),
+        step_ms=step_ms,
+        losses=losses,
+    )
+
+
+def _save_state(module: torch.nn.Module, path: Path) -> None:
+    params = {name: p.detach().cpu() for name, p in module.named_parameters()}
+    grads = {name: p.grad.detach().cpu() for name, p in module.named_parameters() if p.grad is not None}
+    torch.save({"params": params, "grads": grads}, path)
+
+
+# ---------------------------------------------------------------- failures
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception: pipelining wraps a layer's error in its own RuntimeError."""
+    seen = {id(exc)}
+    while True:
+        inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if inner is None or id(inner) in seen:
+            return exc
+        seen.add(id(inner))
+        exc = inner
+
+
+_PEER_SIGNS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "socket")
+
+
+def _is_peer_failure(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return isinstance(exc, dist.DistError) or any(sign in text for sign in _PEER_SIGNS)
+
+
+def describe_failure(exc: BaseException, *, rank: int, job: Job) -> Failure:
+    """One sentence naming the stage and the error, no traceback."""
+    root = _root_cause(exc)
+    cap = format_bytes(job.plan.setup.mem_caps_bytes[rank])
+    peer = False
+    if isinstance(root, CapExceeded):
+        message = str(root)
+    elif isinstance(root, torch.OutOfMemoryError) and job.enforce_cap:
+        message = f"stage {rank} exceeded its cap of {cap} (out of memory)"
+    elif isinstance(root, UserError):
+        message = f"stage {rank} failed: {root}"
+    elif isinstance(root, KeyboardInterrupt):
+        message = f"stage {rank} was interrupted"
+    else:
+        peer = _is_peer_failure(root)
+        detail = _user_traceback(root, Path(job.model_file)).strip().splitlines()[0]
+        message = f"stage {rank} failed: {detail[:300]}"
+    return Failure(rank=rank, message=message, peer=peer, time=time.time())
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this rank if the launcher dies, so no rank outlives it."""
+    parent = os.environ.get(PARENT_PID_ENV)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        os._exit(1)
+
+
+def main() -> None:
+    _die_with_parent()
+    job = Job.model_validate_json(Path(sys.argv[1]).read_text())
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    out_dir = Path(job.out_dir)
+    code = 0
+    try:
+        result = train_rank(job, rank, world_size, rank_device(job.device, int(os.environ["LOCAL_RANK"])))
+        write_atomic(out_dir / f"rank{rank}.json", result.model_dump_json())
+    except BaseException as exc:  # a rank reports every failure as one sentence, then dies
+        traceback.print_exc()  # the full story stays in the rank's log
+        failure = describe_failure(exc, rank=rank, job=job)
+        write_atomic(out_dir / f"rank{rank}.error.json", failure.model_dump_json())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: a half-dead process group must not hang it
+
+
+if __name__ == "__main__":
+    main()
