@@ -28,7 +28,14 @@ DTYPES = ("float32", "bfloat16", "float16")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Profile to write [default: profiles/<model>-<device>-mbs<N>.json].")
 def command(model_file, device, dtype, micro_batch_size, warmup, repeats, threads, out) -> None:
-    """Measure every pipeline layer of MODEL.py: time, kept activations, parameters."""
+    """Measure every pipeline layer of MODEL.py and write a profile for `ckplan solve`.
+
+    \b
+    Per layer, per microbatch: forward and backward time (median, min, max of
+    --repeats after --warmup), the bytes it keeps for backward, its transient
+    peak, its input/output and parameter sizes. MODEL.py defines build_model()
+    and example_batch(micro_batch_size), and optionally loss_fn(output, target).
+    """
     import torch  # here, not at the top: `ckplan --help` must not wait for torch
 
     from planner import io
