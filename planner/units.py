@@ -6,6 +6,7 @@ Decimal units are powers of ten (GB = 10**9) and binary units powers of two
 
 from __future__ import annotations
 
+import math
 import re
 
 _SIZE_UNITS = {
@@ -35,6 +36,8 @@ def parse_size(text: str) -> int:
     num_bytes = float(match.group(1)) * _SIZE_UNITS[unit]
     if num_bytes <= 0:
         raise ValueError(f"size {text!r} must be greater than zero")
+    if not math.isfinite(num_bytes):  # '1e400GB' overflows to inf, which int() refuses
+        raise ValueError(f"size {text!r} is too large")
     return int(round(num_bytes))
 
 
