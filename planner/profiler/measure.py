@@ -58,6 +58,7 @@ def measure_model(
     layer_inputs = [inputs, *layer_outputs[:-1]]
     profiles = []
     for index, (name, layer) in enumerate(layers):
+        # Cut the graph at the layer's input; only the batch (layer 0) needs no input grad.
         x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
         with blame(f"layer {name!r}"):
             transient, fwd, bwd = _measure_layer(layer, x, layer_outputs[index], warmup=warmup, repeats=repeats)
