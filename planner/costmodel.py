@@ -119,12 +119,8 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
     by_kind: dict[str, list] = {}
     for layer in profile.layers:
         by_kind.setdefault(layer.kind, []).append(layer)
-
-    def normalised(layer) -> LayerCost:
-        same = by_kind[layer.kind]
-        return LayerCost(
-            name=layer.name,
-            kind=layer.kind,
+    per_kind = {
+        kind: dict(
             fwd_ms=fmean(item.fwd_ms for item in same),
             bwd_ms=fmean(item.bwd_ms for item in same),
             act_bytes=max(item.act_bytes for item in same),
@@ -134,8 +130,9 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
             param_count=max(item.param_count for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
         )
-
-    return [normalised(layer) for layer in profile.layers]
+        for kind, same in by_kind.items()
+    }
+    return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind]) for layer in profile.layers]
 
 
 def bytes_per_param(setup: TrainSetup) -> float:

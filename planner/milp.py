@@ -90,11 +90,27 @@ def _count_var(name: str, size: int) -> pulp.LpVariable:
     return pulp.LpVariable(name, lowBound=0, upBound=size, cat="Integer")
 
 
+def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, upper_bound_ms: float) -> float:
+    """No stage of an optimal plan is slower than this, given a feasible plan's iteration
+    time: Σ_s time_s is at least every layer's fwd + bwd (+ loss), so
+    (M - 1)·τ* ≤ upper_bound - that sum."""
+    if setup.microbatches == 1:
+        return float("inf")
+    base = sum(costmodel.layer_time_ms(layer, False) for layer in costmodel.layer_costs(profile))
+    base += profile.loss_ms
+    return (upper_bound_ms - base) / (setup.microbatches - 1) * (1 + 1e-9) + 1e-9
+
+
 def build_problem(
-    profile: Profile, setup: TrainSetup, *, objective: Literal["time", "memory"] = "time"
+    profile: Profile,
+    setup: TrainSetup,
+    *,
+    objective: Literal["time", "memory"] = "time",
+    upper_bound_ms: float | None = None,
 ) -> Problem:
-    """objective="time": fastest iteration under the caps. objective="memory": the smallest
-    factor by which every cap could be scaled and still fit (for infeasible caps)."""
+    """objective="time": fastest iteration under the caps; `upper_bound_ms`, the iteration
+    time of any feasible plan (e.g. the best baseline's), bounds the bottleneck τ.
+    objective="memory": the smallest factor by which every cap could be scaled and still fit."""
     layers = costmodel.layer_costs(profile)
     if setup.stages > len(layers):
         raise ValueError(f"{setup.stages} stages need at least {setup.stages} layers, the profile has {len(layers)}")
@@ -159,7 +175,11 @@ def build_problem(
                 r[s, g] = _count_var(f"r_{s}_{g}", run.size)
                 lp += r[s, g] <= n(s, g), f"ckpt_owned_{s}_{g}"
 
-    tau = pulp.LpVariable("tau", lowBound=0)  # τ: the slowest stage's time per microbatch
+    tau_max = None
+    if objective == "time" and upper_bound_ms is not None:
+        tau_max = bottleneck_bound_ms(profile, setup, upper_bound_ms)
+    # τ: the slowest stage's time per microbatch
+    tau = pulp.LpVariable("tau", lowBound=0, upBound=None if tau_max == float("inf") else tau_max)
     if objective == "memory":
         problem.scale = pulp.LpVariable("scale", lowBound=0)
     stage_times = []
@@ -284,9 +304,11 @@ def plan(
     mip_gap: float = 1e-4,
     threads: int | None = None,
     log: bool = False,
+    upper_bound_ms: float | None = None,
 ) -> PlanResult | SolveResult:
-    """Build, solve, extract and cross-check. Returns the SolveResult alone when infeasible."""
-    problem = build_problem(profile, setup)
+    """Build, solve, extract and cross-check. Returns the SolveResult alone when infeasible.
+    `upper_bound_ms`: the iteration time of any feasible plan (e.g. the best baseline)."""
+    problem = build_problem(profile, setup, upper_bound_ms=upper_bound_ms)
     result = solve(problem, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, log=log)
     if result.status == "infeasible":
         return result
@@ -310,4 +332,5 @@ def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | 
     if result.status == "infeasible":
         return None
     stages = extract_plan(problem)
-    return result.objective, costmodel.evaluate(stages, profile, setup)
+    cost = costmodel.evaluate(stages, profile, setup)
+    return max(c.peak_bytes / c.cap_bytes for c in cost.stages), cost

@@ -1,0 +1,133 @@
+"""Reference strategies users would otherwise reach for, scored by the same cost model.
+
+Each is a small pure function from (profile, setup) to stage plans; `all_baselines`
+scores them with costmodel.evaluate(), so ckplan and every baseline are compared
+apples to apples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner import costmodel
+from planner.schema import BaselineResult, Profile, StagePlan, TrainSetup
+
+Strategy = Callable[[Profile, TrainSetup], list[StagePlan]]
+
+
+def even_split(num_layers: int, num_stages: int) -> list[int]:
+    """Layers per stage, remainder to the middle stages (ColossalAI's distribute_layers)."""
+    quotient, remainder = divmod(num_layers, num_stages)
+    sizes = [quotient] * num_stages
+    start = num_stages // 2 - remainder // 2
+    for stage in range(start, start + remainder):
+        sizes[stage] += 1
+    return sizes
+
+
+def balanced_split(times_ms: list[float], num_stages: int) -> list[int]:
+    """Layers per stage minimising the slowest stage's fwd+bwd time (exact linear-partition DP),
+    as DeepSpeed's and torchtitan's compute-balanced partitioners aim to."""
+    num_layers = len(times_ms)
+    prefix = [0.0]
+    for time_ms in times_ms:
+        prefix.append(prefix[-1] + time_ms)
+    inf = float("inf")
+    # best[s][j]: min over splits of layers[:j] into s stages of the slowest stage
+    best = [[inf] * (num_layers + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (num_layers + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, num_stages + 1):
+        for j in range(s, num_layers - (num_stages - s) + 1):
+            for i in range(s - 1, j):
+                value = max(best[s - 1][i], prefix[j] - prefix[i])
+                if value < best[s][j]:
+                    best[s][j], cut[s][j] = value, i
+    sizes, j = [], num_layers
+    for s in range(num_stages, 0, -1):
+        sizes.append(j - cut[s][j])
+        j = cut[s][j]
+    return sizes[::-1]
+
+
+def _stages(profile: Profile, sizes: list[int], num_ckpt: Callable[[int], int]) -> list[StagePlan]:
+    """Stage plans from layer counts, checkpointing the first num_ckpt(size) layers of each stage."""
+    bounds, start = [], 0
+    flags = []
+    for size in sizes:
+        bounds.append(start)
+        ckpt = num_ckpt(size)
+        flags += [offset < ckpt for offset in range(size)]
+        start += size
+    return costmodel.split_to_stages(bounds, flags, profile)
+
+
+def _smallest_fitting(profile: Profile, setup: TrainSetup, sizes: list[int],
+                      candidates: list[Callable[[int], int]]) -> list[StagePlan]:
+    """The first candidate checkpoint rule (ordered by increasing recompute) that fits;
+    the last (most recompute) when none does."""
+    for rule in candidates:
+        stages = _stages(profile, sizes, rule)
+        if costmodel.evaluate(stages, profile, setup).feasible:
+            return stages
+    return stages
+
+
+def _ratio_rules(num_layers: int) -> list[Callable[[int], int]]:
+    """ColossalAI's rule int(ratio * layers_in_stage) for ratio = 0, 1/L, 2/L, ..., 1."""
+    return [lambda size, step=step: int(step / num_layers * size) for step in range(num_layers + 1)]
+
+
+def no_checkpointing(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+    return _stages(profile, even_split(len(profile.layers), setup.stages), lambda size: 0)
+
+
+def full_checkpointing(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+    return _stages(profile, even_split(len(profile.layers), setup.stages), lambda size: size)
+
+
+def colossalai_ratio(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+    """Even split (remainder to middle stages); the same ratio of first layers checkpointed in
+    every stage, the smallest ratio that fits (step 1/L)."""
+    sizes = even_split(len(profile.layers), setup.stages)
+    return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)))
+
+
+def megatron_block(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+    """Megatron's recompute-method=block: the first N layers of every stage, smallest N that fits."""
+    sizes = even_split(len(profile.layers), setup.stages)
+    rules = [lambda size, n=n: min(n, size) for n in range(max(sizes) + 1)]
+    return _smallest_fitting(profile, setup, sizes, rules)
+
+
+def balanced_ratio(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+    """Compute-balanced split (DeepSpeed/torchtitan style) with the smallest uniform ratio that fits."""
+    times = [layer.fwd_ms + layer.bwd_ms for layer in costmodel.layer_costs(profile)]
+    sizes = balanced_split(times, setup.stages)
+    return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)))
+
+
+BASELINES: dict[str, Strategy] = {
+    "no-ckpt": no_checkpointing,
+    "full-ckpt": full_checkpointing,
+    "colossalai-ratio": colossalai_ratio,
+    "megatron-block": megatron_block,
+    "balanced-ratio": balanced_ratio,
+}
+
+
+def all_baselines(profile: Profile, setup: TrainSetup) -> list[BaselineResult]:
+    results = []
+    for name, strategy in BASELINES.items():
+        stages = strategy(profile, setup)
+        cost = costmodel.evaluate(stages, profile, setup)
+        results.append(
+            BaselineResult(
+                name=name,
+                feasible=cost.feasible,
+                iteration_ms=cost.iteration_ms,
+                peak_bytes_per_stage=cost.peak_bytes_per_stage,
+                stages=costmodel.with_predictions(stages, cost),
+            )
+        )
+    return results
