@@ -32,6 +32,10 @@ def file_ref(path: str | Path) -> FileRef:
 
 def write_atomic(path: str | Path, text: str) -> None:
     """Write to a temp file beside `path`, then rename: a reader never sees half a file."""
+    write_atomic_bytes(path, text.encode())
+
+
+def write_atomic_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -39,8 +43,8 @@ def write_atomic(path: str | Path, text: str) -> None:
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror}; choose a writable path") from exc
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,12 +1,162 @@
-"""`ckplan solve`: not built yet."""
+"""`ckplan solve`: choose each stage's layers and checkpointed layers, write plan.yaml."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
 
 import click
 
 from planner.errors import UserError
 
 
-@click.command("solve", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args) -> None:
-    """Not built yet."""
-    raise UserError("ckplan solve is not built yet")
+def _newest_profile() -> Path:
+    candidates = sorted(Path("profiles").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        raise UserError("no profile given and none in profiles/; run `ckplan profile MODEL.py` or pass --profile")
+    return candidates[-1]
+
+
+def _caps(mem: str, stages: int) -> list[int]:
+    from planner.units import parse_size_list
+
+    try:
+        caps = parse_size_list(mem)
+    except ValueError as exc:
+        raise UserError(f"--mem: {exc}") from exc
+    if len(caps) == 1:
+        return caps * stages
+    if len(caps) != stages:
+        raise UserError(f"--mem lists {len(caps)} caps for {stages} stages; give one cap for all or one per stage")
+    return caps
+
+
+@click.command("solve")
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=None,
+              help="Profile from `ckplan profile` [default: the newest in profiles/].")
+@click.option("--mem", required=True, metavar="SIZE[,SIZE...]",
+              help="Memory cap per device: one for all stages (24GB) or one per stage (80GB,80GB,40GB,40GB).")
+@click.option("--stages", type=click.IntRange(min=1), required=True, help="Pipeline stages (one device each).")
+@click.option("--microbatches", type=click.IntRange(min=1), default=None,
+              help="Microbatches per iteration [default: 2 x stages].")
+@click.option("--schedule", type=click.Choice(["1F1B", "GPipe"]), default="1F1B", show_default=True)
+@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "bf16-mixed"]), default="fp32", show_default=True)
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds the solver may take; past it the best plan found is kept with its gap.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("plan.yaml"), show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary instead of tables.")
+@click.option("--sweep", is_flag=True,
+              help="Instead of a plan: iteration time against memory cap for ckplan and the baselines.")
+@click.option("--plot", type=click.Path(path_type=Path), default=Path("sweep.png"), show_default=True,
+              help="With --sweep: PNG chart (needs matplotlib).")
+def command(profile_path, mem, stages, microbatches, schedule, optimizer, precision, time_limit, out,
+            as_json, sweep, plot) -> None:
+    """Choose, jointly, how many layers each pipeline stage gets and which of them are
+    checkpointed, so every stage fits its cap and the iteration is fastest (MILP, HiGHS).
+
+    \b
+    Prints the plan per stage and a comparison with the baselines (no/full
+    checkpointing, ColossalAI ratio, Megatron block, compute-balanced), then
+    writes the plan for `ckplan launch`.
+    """
+    from pydantic import ValidationError
+
+    from planner import io
+    from planner.schema import TrainSetup
+
+    profile_path = profile_path or _newest_profile()
+    profile = io.load_profile(profile_path)
+    if stages > len(profile.layers):
+        raise UserError(f"--stages {stages} exceeds the {len(profile.layers)} layers in {profile_path}; use at most {len(profile.layers)}")
+    try:
+        setup = TrainSetup(
+            stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
+            schedule=schedule, mem_caps_bytes=_caps(mem, stages), optimizer=optimizer, precision=precision,
+        )
+    except ValidationError as exc:
+        raise UserError(f"invalid setup: {exc.errors()[0]['msg']}") from exc
+    if sweep:
+        from planner.commands.sweep import run_sweep
+
+        run_sweep(profile, setup, plot=plot, time_limit_s=time_limit, as_json=as_json)
+        return
+    io.check_writable(out)
+    plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit)
+    io.save_plan(plan, out)
+    if as_json:
+        click.echo(json.dumps(_summary(plan, out), indent=2))
+    else:
+        from planner.commands.solve_report import print_plan
+
+        print_plan(plan, out)
+
+
+def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float):
+    """Baselines, then the MILP (bounded by the best feasible baseline), as a Plan."""
+    from planner import baselines, io, milp
+    from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo
+
+    references = baselines.all_baselines(profile, setup)
+    feasible_ms = [b.iteration_ms for b in references if b.feasible]
+    result = milp.plan(profile, setup, time_limit_s=time_limit_s, upper_bound_ms=min(feasible_ms, default=None))
+    if isinstance(result, milp.SolveResult):
+        raise UserError(_infeasible_message(profile, setup))
+    return Plan(
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        model=FileRef(file=profile.model.file, sha256=profile.model.sha256),
+        profile=io.file_ref(profile_path),
+        device=profile.device,
+        dtype=profile.dtype,
+        setup=setup,
+        stages=result.stages,
+        predicted=PlanPredicted(iteration_ms=result.cost.iteration_ms, peak_bytes_max=max(result.cost.peak_bytes_per_stage)),
+        solver=SolverInfo(status=result.solve.status, objective=result.solve.objective, gap=result.solve.gap,
+                          wall_s=round(result.solve.wall_s, 4)),
+        baselines=references,
+    )
+
+
+def _infeasible_message(profile, setup) -> str:
+    """Which stage cannot fit, the smallest cap that would, and what else would help."""
+    from planner import milp
+    from planner.units import format_bytes
+
+    caps = setup.mem_caps_bytes
+    found = milp.min_cap_scale(profile, setup)
+    if found is None:
+        return f"no plan fits with {setup.stages} stages at any cap; this is a bug, please report it"
+    scale, cost = found
+    tightest = max(range(setup.stages), key=lambda s: cost.stages[s].peak_bytes / caps[s])
+    need = cost.stages[tightest]
+    if len(set(caps)) == 1:
+        smallest = f"the smallest cap that works with {setup.stages} stages is {format_bytes(max(cost.peak_bytes_per_stage))}"
+    else:
+        smallest = f"every cap would have to grow by {(scale - 1) * 100:.0f}%"
+    return (
+        f"no plan fits the caps: even in the least-memory plan stage {tightest} needs "
+        f"{format_bytes(need.peak_bytes)} (of which {format_bytes(need.static_bytes)} weights, grads and "
+        f"optimizer state) against its cap of {format_bytes(caps[tightest])}; {smallest}. "
+        "More stages, a smaller micro-batch (re-profile with --micro-batch-size) or sharding optimizer "
+        "state with ZeRO would also help"
+    )
+
+
+def _summary(plan, out: Path) -> dict:
+    return {
+        "plan": str(out),
+        "status": plan.solver.status,
+        "gap": plan.solver.gap,
+        "solve_s": plan.solver.wall_s,
+        "iteration_ms": plan.predicted.iteration_ms,
+        "stages": [
+            {"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
+             "peak_bytes": s.predicted.peak_bytes, "cap_bytes": plan.setup.mem_caps_bytes[s.index],
+             "time_ms": s.predicted.time_ms}
+            for s in plan.stages
+        ],
+        "baselines": [
+            {"name": b.name, "feasible": b.feasible, "iteration_ms": b.iteration_ms} for b in plan.baselines
+        ],
+    }

@@ -1,0 +1,54 @@
+"""Tables `ckplan solve` prints: the plan per stage and the comparison with baselines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.console import bar, console, table
+from planner.units import format_bytes, format_ms
+
+
+def _layer_range(layers: list[str]) -> str:
+    return layers[0] if len(layers) == 1 else f"{layers[0]}–{layers[-1]}"
+
+
+def print_plan(plan, out: Path) -> None:
+    caps = plan.setup.mem_caps_bytes
+    rows = [
+        [
+            str(stage.index),
+            _layer_range(stage.layers),
+            str(len(stage.layers)),
+            ", ".join(stage.checkpointed) if len(stage.checkpointed) <= 3 else f"{len(stage.checkpointed)} layers",
+            format_bytes(stage.predicted.peak_bytes),
+            format_bytes(caps[stage.index]),
+            bar(stage.predicted.peak_bytes / caps[stage.index], width=10),
+            format_ms(stage.predicted.time_ms),
+        ]
+        for stage in plan.stages
+    ]
+    setup = plan.setup
+    title = (f"ckplan plan: {setup.stages} stages, {setup.microbatches} microbatches × {setup.micro_batch_size}, "
+             f"{setup.schedule}, {setup.optimizer} {setup.precision}")
+    console.print(table(title, ["stage", "layers", "#", "checkpointed", "peak", "cap", "peak / cap", "time/mb"],
+                        rows, right_from=2))
+    print_comparison(plan)
+    solver = plan.solver
+    gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"
+    console.print(f"solver: {solver.status}{gap} in {solver.wall_s:.2f} s; plan written to {out}")
+
+
+def print_comparison(plan) -> None:
+    full = next((b for b in plan.baselines if b.name == "full-ckpt"), None)
+    reference = full.iteration_ms if full else None
+
+    def speedup(ms: float) -> str:
+        return f"{reference / ms:.2f}×" if reference else "—"
+
+    rows = [["ckplan", "yes", format_ms(plan.predicted.iteration_ms), speedup(plan.predicted.iteration_ms),
+             format_bytes(plan.predicted.peak_bytes_max)]]
+    for b in plan.baselines:
+        rows.append([b.name, "yes" if b.feasible else "[red]no[/]", format_ms(b.iteration_ms),
+                     speedup(b.iteration_ms) if b.feasible else "—", format_bytes(max(b.peak_bytes_per_stage))])
+    console.print(table("predicted iteration (same cost model for all)",
+                        ["strategy", "fits", "iteration", "vs full ckpt", "max peak"], rows, right_from=2))
