@@ -111,7 +111,8 @@ def replay_stage(plan: Plan, prepared: Prepared, index: int, *, device: torch.de
     def step(before_forward=None) -> None:
         optimizer.zero_grad(set_to_none=False)
         in_flight: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        losses, sending = [], None
+        losses = []
+        sends = _Sends(setup.schedule, warmup=min(setup.stages - index, num_mb), num_microbatches=num_mb)
         for op, mb in order:
             if op == "F":
                 if before_forward is not None:
@@ -121,13 +122,17 @@ def replay_stage(plan: Plan, prepared: Prepared, index: int, *, device: torch.de
                 loss = model_file.loss_fn(out, target.tensor_split(num_mb)[mb]) if last else None
                 losses.append(loss)  # the schedule keeps every microbatch's loss until the step ends
                 in_flight[mb] = (out, x, loss)
+                if not last:
+                    sends.output(mb, out)
             else:
                 out, x, loss = in_flight.pop(mb)
                 torch.autograd.backward(loss if last else out, None if last else grad_recv[mb])
                 if not first:
-                    sending, x.grad = x.grad, None  # the input gradient lives until it is sent
+                    sends.grad(x.grad)
+                    x.grad = None
+                sends.backward_done(mb)
                 del out, x, loss
-        del sending
+        del sends
         for param in module.parameters():
             param.grad.div_(num_mb)  # the schedule averages over microbatches
         optimizer.step()
@@ -139,6 +144,32 @@ def replay_stage(plan: Plan, prepared: Prepared, index: int, *, device: torch.de
     predicted = stage_plan.predicted.peak_bytes if stage_plan.predicted else None
     in_flight_max = num_mb if setup.schedule == "GPipe" else min(setup.stages - index, num_mb)
     return StageCheck(index, mem.peak_bytes, setup.mem_caps_bytes[index], in_flight_max, predicted)
+
+
+class _Sends:
+    """What torch's schedules keep alive through their send handles (a send holds its
+    tensor until the handle is dropped), so the replay holds it as long:
+
+    GPipe  every output and input gradient sent, until the step ends;
+    1F1B   the output of the last warm-up forward it fires early (microbatch k-2) until
+           the cool-down starts; the latest input gradient until the next backward is done.
+    """
+
+    def __init__(self, schedule: str, *, warmup: int, num_microbatches: int):
+        self.schedule, self.warmup, self.num_microbatches = schedule, warmup, num_microbatches
+        self.outputs: list[torch.Tensor] = []
+        self.grads: list[torch.Tensor | None] = []
+
+    def output(self, mb: int, out: torch.Tensor) -> None:
+        if self.schedule == "GPipe" or mb == self.warmup - 2:
+            self.outputs.append(out)
+
+    def grad(self, grad: torch.Tensor | None) -> None:
+        self.grads = [*self.grads, grad] if self.schedule == "GPipe" else [grad]
+
+    def backward_done(self, mb: int) -> None:
+        if self.schedule != "GPipe" and mb == self.num_microbatches - self.warmup:
+            self.outputs.clear()
 
 
 def _stage_input(layers, first_layer: str, microbatch: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,154 @@
+"""Runtime pieces that need no process group: stage modules, checkpointing, plan checks,
+the schedule replay of `ckplan validate`."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from conftest import MODELS, ROOT
+from fixtures.rt_plans import make_plan
+from torch.utils.flop_counter import FlopCounterMode
+
+from planner.errors import UserError
+from planner.modelfile import load_model_file
+from planner.runtime import replay_order, validate_plan
+from planner.runtime.checks import prepare
+from planner.runtime.stagemodule import build_stage_module
+from planner.schema import StagePlan
+
+TINY = ROOT / "tests" / "fixtures" / "rt_tiny.py"
+GPT = MODELS / "gpt.py"
+TINY_2 = [["0", "1"], ["2", "3", "4"]]
+
+
+def _stage(layers, checkpointed=()):
+    return StagePlan(index=0, layers=layers, checkpointed=list(checkpointed))
+
+
+# ---------------------------------------------------------------- stage modules
+
+
+def test_stage_keeps_only_its_layers_under_their_model_names():
+    model_file = load_model_file(GPT)
+    stage = build_stage_module(model_file, _stage(["blocks.2", "blocks.3"]), seed=0)
+    names = [name for name, _ in stage.named_parameters()]
+    assert names and all(name.startswith(("blocks.2.", "blocks.3.")) for name in names)
+    torch.manual_seed(0)
+    full = dict(model_file.build_model().named_parameters())
+    for name, param in stage.named_parameters():
+        torch.testing.assert_close(param, full[name])  # same seed, same weights as the whole model
+
+
+def _backward_flops(layers, checkpointed, width, *, input_grad=True, batch=3):
+    stage = build_stage_module(load_model_file(TINY), _stage(layers, checkpointed), seed=0)
+    x = torch.randn(batch, width, requires_grad=input_grad)
+    out = stage(x)
+    with FlopCounterMode(display=False) as counter:
+        out.sum().backward()
+    return counter.get_total_flops()
+
+
+# Middle stage "1".."4", batch b=3: Linear(16,16), Linear(16,12), Linear(12,4).
+# Backward of Linear(i,o): grad input 2*b*i*o + grad weight 2*b*i*o.
+# Recomputing a checkpointed block adds its Linear's forward 2*b*i*o.
+PLAIN = 2 * (2 * 3 * (16 * 16 + 16 * 12 + 12 * 4))  # 5952
+
+
+@pytest.mark.parametrize(("checkpointed", "expected"), [
+    ([], PLAIN),
+    (["3"], PLAIN + 2 * 3 * 16 * 12),  # 7104
+    (["1", "3"], PLAIN + 2 * 3 * 16 * 16 + 2 * 3 * 16 * 12),  # 8640
+    # A bare Linear saves only its input and weight: non-reentrant checkpoint stops the
+    # recompute as soon as those are rebuilt, before the matmul. No extra FLOPs.
+    (["4"], PLAIN),
+])
+def test_backward_flops_count_exactly_the_checkpointed_layers(checkpointed, expected):
+    assert _backward_flops(["1", "2", "3", "4"], checkpointed, 16) == expected
+
+
+def test_first_stage_recomputes_without_an_input_gradient():
+    # Linear(8,16) has no input gradient on the first stage: only 2*b*8*16 for its weight.
+    plain = 2 * 3 * 8 * 16 + 2 * (2 * 3 * 16 * 16)  # 3840
+    assert _backward_flops(["0", "1"], [], 8, input_grad=False) == plain
+    assert _backward_flops(["0", "1"], ["0"], 8, input_grad=False) == plain + 2 * 3 * 8 * 16
+
+
+# ---------------------------------------------------------------- plan checks
+
+
+@pytest.mark.parametrize(("stages", "message"), [
+    ([["0", "1"], ["2", "3", "x"]], "not pipeline layers"),
+    ([["0", "1", "2"], ["2", "3", "4"]], "'2' is in stage 0 and stage 1"),
+    ([["0", "1"], ["2", "3"]], "in no stage"),
+    ([["0", "2"], ["1", "3", "4"]], "contiguous"),
+])
+def test_bad_stage_layouts_are_refused(stages, message):
+    with pytest.raises(UserError, match=message):
+        prepare(make_plan(TINY, stages), plan_file=None)
+
+
+def test_stale_model_is_refused_naming_both_hashes(tmp_path):
+    model = tmp_path / "model.py"
+    shutil.copy(TINY, model)
+    plan = make_plan(model, TINY_2)
+    model.write_text(model.read_text() + "\n# edited\n")
+    with pytest.raises(UserError) as info:
+        prepare(plan, plan_file=None)
+    assert plan.model.sha256 in str(info.value) and str(model) in str(info.value) and "--force" in str(info.value)
+    prepare(plan, plan_file=None, force=True)
+
+
+def test_relative_model_path_resolves_against_the_plan_folder(tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()
+    shutil.copy(TINY, tmp_path / "models" / "tiny.py")
+    plan = make_plan(tmp_path / "models" / "tiny.py", TINY_2)
+    plan.model.file = "models/tiny.py"
+    monkeypatch.chdir(ROOT)  # not where models/tiny.py is
+    with pytest.raises(UserError, match="not found"):
+        prepare(plan, plan_file=None)
+    assert prepare(plan, plan_file=tmp_path / "plan.yaml").model_path == tmp_path / "models" / "tiny.py"
+
+
+def test_1f1b_needs_as_many_microbatches_as_stages():
+    with pytest.raises(UserError, match="at least as many microbatches"):
+        prepare(make_plan(TINY, [["0"], ["1"], ["2", "3"], ["4"]], microbatches=2), plan_file=None)
+
+
+def test_unknown_strategy_lists_what_the_plan_has():
+    with pytest.raises(UserError, match="has: ckplan"):
+        prepare(make_plan(TINY, TINY_2), plan_file=None, strategy="no-ckpt")
+
+
+# ---------------------------------------------------------------- validate (replay)
+
+
+def test_replay_order_follows_the_schedules():
+    assert replay_order("1F1B", num_stages=2, num_microbatches=3, stage_index=0) == [
+        ("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)]
+    assert replay_order("1F1B", num_stages=2, num_microbatches=3, stage_index=1) == [
+        ("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    assert replay_order("GPipe", num_stages=2, num_microbatches=2, stage_index=1) == [
+        ("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+def test_validate_sees_in_flight_microbatches_and_checkpointing():
+    """Stage 0 of 1F1B holds 2 microbatches, of GPipe all 3; checkpointing a block keeps
+    only its input instead of its internals."""
+    names = ["embed"] + [f"blocks.{i}" for i in range(8)] + ["head"]
+
+    def stage0(**kwargs):
+        plan = make_plan(GPT, [names[:2], names[2:]], micro_batch_size=1, microbatches=3, **kwargs)
+        return validate_plan(plan, plan_file=None, stage=0)[0]
+
+    one_f_one_b, gpipe = stage0(), stage0(schedule="GPipe")
+    checkpointed = stage0(checkpointed=[["blocks.0"], []])
+    assert (one_f_one_b.in_flight, gpipe.in_flight) == (2, 3)
+    assert gpipe.peak_bytes > one_f_one_b.peak_bytes > checkpointed.peak_bytes
+    assert one_f_one_b.fits
+
+
+def test_validate_reports_a_stage_over_its_cap():
+    checks = validate_plan(make_plan(TINY, TINY_2, caps=[10**9, 1000]), plan_file=None)
+    assert [check.fits for check in checks] == [True, False]

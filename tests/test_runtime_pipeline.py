@@ -1,0 +1,151 @@
+"""Multi-process runs on CPU (gloo): the pipeline trains exactly like one process, the
+bundled GPT runs in 2 and 4 stages, and a failing rank ends the job cleanly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+from conftest import MODELS, ROOT
+from fixtures.rt_plans import make_plan
+
+import planner.runtime.launcher as launcher
+from planner.errors import UserError
+from planner.modelfile import load_model_file, pipeline_layers
+from planner.runtime import run_plan, validate_plan
+from planner.runtime.stagemodule import make_optimizer
+
+pytestmark = pytest.mark.slow
+
+TINY = ROOT / "tests" / "fixtures" / "rt_tiny.py"
+GPT_LAYERS = ["embed"] + [f"blocks.{i}" for i in range(8)] + ["head"]
+
+
+def _reference(plan, num_steps: int, seed: int = 0):
+    """One process, no pipeline: the mean of the microbatch losses, as the schedule
+    averages them, and the same optimizer."""
+    model_file = load_model_file(TINY)
+    torch.manual_seed(seed)
+    model = model_file.build_model()
+    layers = pipeline_layers(model)
+    optimizer = make_optimizer(plan.setup.optimizer, model.parameters())
+    num_mb = plan.setup.microbatches
+    inputs, targets = model_file.example_batch(plan.setup.micro_batch_size * num_mb)
+    losses = []
+    for _ in range(num_steps):
+        optimizer.zero_grad()
+        total = 0.0
+        for x, target in zip(inputs.tensor_split(num_mb), targets.tensor_split(num_mb), strict=True):
+            for _, layer in layers:
+                x = layer(x)
+            loss = model_file.loss_fn(x, target) / num_mb
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        losses.append(total)
+    return losses, model
+
+
+@pytest.mark.parametrize(("stages", "checkpointed", "schedule"), [
+    ([["0", "1"], ["2", "3", "4"]], [[], []], "1F1B"),
+    ([["0", "1"], ["2", "3", "4"]], [["0", "1"], ["3"]], "1F1B"),
+    ([["0"], ["1", "2"], ["3"], ["4"]], [["0"], ["1"], ["3"], []], "GPipe"),
+])
+def test_pipeline_trains_like_one_process(tmp_path, stages, checkpointed, schedule):
+    plan = make_plan(TINY, stages, checkpointed=checkpointed, schedule=schedule, optimizer="sgd",
+                     microbatches=4, micro_batch_size=3)
+    report = run_plan(plan, steps=1, warmup_steps=1, state_dir=tmp_path)
+    ref_losses, ref_model = _reference(plan, num_steps=len(report.losses))
+    assert len(report.losses) == 3  # warm-up, timed, memory step
+    torch.testing.assert_close(torch.tensor(report.losses), torch.tensor(ref_losses))
+    ref_params = dict(ref_model.named_parameters())
+    seen = set()
+    for index in range(len(stages)):
+        state = torch.load(tmp_path / f"stage{index}.pt")
+        for name, param in state["params"].items():
+            torch.testing.assert_close(param, ref_params[name].detach())
+            torch.testing.assert_close(state["grads"][name], ref_params[name].grad)
+            seen.add(name)
+    assert seen == set(ref_params)
+    # validate's in-process replay holds what the pipeline holds, byte for byte
+    for check, stage in zip(validate_plan(plan, plan_file=None), report.stages, strict=True):
+        assert check.peak_bytes == stage.measured.peak_bytes
+
+
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_gpt_runs_in_stages(num_stages):
+    per = len(GPT_LAYERS) // num_stages
+    cuts = [GPT_LAYERS[i * per:(i + 1) * per] for i in range(num_stages - 1)] + [GPT_LAYERS[(num_stages - 1) * per:]]
+    plan = make_plan(MODELS / "gpt.py", cuts, checkpointed=[cut[:1] for cut in cuts], microbatches=4,
+                     micro_batch_size=1, threads=None)
+    started = time.monotonic()
+    report = run_plan(plan, steps=2, warmup_steps=1)
+    assert time.monotonic() - started < 90
+    assert [stage.index for stage in report.stages] == list(range(num_stages))
+    assert all(stage.measured.peak_bytes > 0 and stage.measured.fwd_ms > 0 and stage.measured.bwd_ms > 0
+               for stage in report.stages)
+    assert len(report.iteration_ms_all) == 2 and report.iteration_ms > 0
+    assert report.losses[-1] < report.losses[0]  # Adam on one repeated batch
+    assert report.device.threads == max(1, (os.cpu_count() or 1) // num_stages)
+    assert report.threads_source == "cpu_count"
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    """Record the rank processes the launcher starts."""
+    procs = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        procs.append(proc)
+        return proc
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", popen)
+    return procs
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(("fault", "stage", "message"), [
+    ("raise", 1, "stage 1 failed: RuntimeError: layer 2 was told to fail"),
+    ("die", 1, "stage 1 died (SIGKILL)"),
+    ("loss", 3, "stage 3 failed: ValueError: the loss was told to fail"),
+])
+def test_a_failing_rank_ends_the_job(monkeypatch, spawned, fault, stage, message):
+    monkeypatch.setenv("RT_FAULT", fault)
+    plan = make_plan(TINY, [["0"], ["1", "2"], ["3"], ["4"]])
+    started = time.monotonic()
+    with pytest.raises(UserError) as info:
+        run_plan(plan, steps=2, warmup_steps=1)
+    assert time.monotonic() - started < 60
+    text = str(info.value)
+    assert text.startswith(message) and "Traceback" not in text and "\n" not in text
+    assert len(spawned) == 4 and all(_gone(proc.pid) for proc in spawned)
+
+
+def test_a_hung_rank_times_out(monkeypatch, spawned):
+    monkeypatch.setenv("RT_FAULT", "hang")
+    plan = make_plan(TINY, [["0", "1"], ["2", "3", "4"]])
+    with pytest.raises(UserError, match="stage 0 failed: .*[Tt]imed out"):
+        run_plan(plan, steps=1, warmup_steps=0, timeout_s=3)
+    assert all(_gone(proc.pid) for proc in spawned)
+
+
+def test_stale_plan_starts_no_process(tmp_path, spawned):
+    model = tmp_path / "model.py"
+    model.write_text(TINY.read_text())
+    plan = make_plan(model, [["0", "1"], ["2", "3", "4"]])
+    model.write_text(TINY.read_text() + "\n# changed\n")
+    with pytest.raises(UserError, match="stale"):
+        run_plan(plan, steps=1)
+    assert spawned == []
