@@ -7,6 +7,7 @@ Decimal units are powers of ten (GB = 10**9) and binary units powers of two
 from __future__ import annotations
 
 import math
+import math
 import re
 
 _SIZE_UNITS = {
@@ -49,12 +50,18 @@ def parse_size_list(text: str) -> list[int]:
     return [parse_size(part) for part in parts]
 
 
-def format_bytes(num_bytes: float) -> str:
-    """Binary units, up to three significant digits: 1536 -> '1.5 KiB', 1000 -> '1000 B'."""
+def format_bytes(num_bytes: float, *, round_up: bool = False) -> str:
+    """Binary units, up to three significant digits: 1536 -> '1.5 KiB', 1000 -> '1000 B'.
+    With round_up the printed value is never below the true one (a cap to type back in)."""
     value = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+            if unit == "B":
+                return f"{math.ceil(value) if round_up else value:.0f} {unit}"
+            if round_up and value > 0:
+                step = 10.0 ** (math.floor(math.log10(value)) - 2)
+                value = math.ceil(value / step - 1e-9) * step
+            return f"{value:.3g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 

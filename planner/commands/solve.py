@@ -131,7 +131,8 @@ def _infeasible_message(profile, setup) -> str:
     tightest = max(range(setup.stages), key=lambda s: cost.stages[s].peak_bytes / caps[s])
     need = cost.stages[tightest]
     if len(set(caps)) == 1:
-        smallest = f"the smallest cap that works with {setup.stages} stages is {format_bytes(max(cost.peak_bytes_per_stage))}"
+        needed = max(cost.peak_bytes_per_stage) + milp.CAP_MARGIN_BYTES
+        smallest = f"the smallest cap that works with {setup.stages} stages is {format_bytes(needed, round_up=True)}"
     else:
         smallest = f"every cap would have to grow by {(scale - 1) * 100:.0f}%"
     return (
