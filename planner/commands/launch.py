@@ -38,12 +38,12 @@ def command(plan_path, steps, warmup_steps, device, backend, report_path, enforc
         io.check_writable(report_path)
     device = device or plan.device.type
     speaks = not in_torchrun() or os.environ.get("RANK") == "0"
-    if speaks:
-        _announce(plan, device, steps, warmup_steps, rank_threads(plan))
-    report = run_plan(plan, plan_file=plan_path, strategy=strategy, steps=steps, warmup_steps=warmup_steps,
-                      device=device, backend=backend, enforce_cap=enforce_cap, seed=seed, force=force)
+    with console.err_console.status(f"running {plan.setup.stages} stages on {device}"):
+        report = run_plan(plan, plan_file=plan_path, strategy=strategy, steps=steps, warmup_steps=warmup_steps,
+                          device=device, backend=backend, enforce_cap=enforce_cap, seed=seed, force=force)
     if not speaks:
         return
+    _announce(plan, device, steps, warmup_steps, rank_threads(plan))
     console.console.print(memory_table(report))
     console.console.print(time_table(report, _strategy_stages(plan, strategy)))
     console.info(iteration_line(report))
@@ -61,7 +61,7 @@ def _announce(plan, device: str, steps: int, warmup_steps: int, threads: tuple[i
 
     count, source = threads
     why = "as profiled" if source == "plan" else f"{os.cpu_count()} cores / {plan.setup.stages} stages"
-    console.info(f"launching {plan.setup.stages} stages on {device}: {plan.setup.microbatches} microbatches of "
+    console.info(f"ran {plan.setup.stages} stages on {device}: {plan.setup.microbatches} microbatches of "
                  f"{plan.setup.micro_batch_size}, {plan.setup.schedule}, {warmup_steps} warm-up + {steps} timed "
                  f"steps, {count} torch thread{'s' if count != 1 else ''} per stage ({why})")
     if device == "cpu" and count * plan.setup.stages > (os.cpu_count() or 1):

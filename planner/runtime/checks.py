@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from planner.errors import UserError
 from planner.io import sha256_file
 from planner.modelfile import ModelFile, load_model_file, pipeline_layers
@@ -118,7 +120,17 @@ def prepare(plan: Plan, *, plan_file: str | Path | None, strategy: str = "ckplan
     chosen = select_strategy(plan, strategy)
     check_setup(plan, chosen)
     model_file = load_model_file(model_path)
-    layer_names = [name for name, _ in pipeline_layers(model_file.build_model(), model_path)]
+    layer_names = [name for name, _ in pipeline_layers(_build_for_names(model_file), model_path)]
     check_stage_layout(chosen.stages, layer_names, what=f"{chosen.name}'s stages", model_path=model_path)
     return Prepared(model_file, model_path, chosen)
 
+
+def _build_for_names(model_file: ModelFile) -> torch.nn.Module:
+    """The model for its layer names only: on the meta device, so checking a plan for a
+    model larger than this machine's memory costs none; a model file whose
+    build_model() cannot run on meta is built normally."""
+    try:
+        with torch.device("meta"):
+            return model_file.build_model()
+    except UserError:
+        return model_file.build_model()

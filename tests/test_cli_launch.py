@@ -1,0 +1,142 @@
+"""`ckplan launch` and `ckplan validate` from the outside: a good plan runs and prints
+its tables; every bad plan ends in one sentence, a non-zero exit, no traceback and no
+process started."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from conftest import ROOT
+from fixtures.rt_plans import make_plan
+
+import planner.runtime.launcher as launcher
+from planner import io
+from planner.cli import cli
+
+TINY = ROOT / "tests" / "fixtures" / "rt_tiny.py"
+STAGES = [["0", "1"], ["2", "3", "4"]]
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(cli, [*args])
+
+
+@pytest.fixture
+def no_processes(monkeypatch):
+    """Any attempt to start a rank fails the test: bad plans are refused before."""
+    def popen(*args, **kwargs):
+        raise AssertionError("a rank process was started for a bad plan")
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", popen)
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    """A 2-stage plan of a copy of the tiny model, with a relative model path."""
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    plan = make_plan(tmp_path / "tiny.py", STAGES)
+    plan.model.file = "tiny.py"  # resolved against the plan's folder
+    path = tmp_path / "plan.yaml"
+    io.save_plan(plan, path)
+    return path
+
+
+def _one_clean_error(result, *fragments: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and result.output.rstrip().splitlines()[-1] == errors[0], result.output
+    for fragment in fragments:
+        assert fragment in result.output, result.output
+
+
+@pytest.mark.slow
+def test_launch_prints_tables_and_writes_the_report(plan_file, tmp_path):
+    report_path = tmp_path / "out" / "run.json"
+    result = _invoke("launch", str(plan_file), "--steps", "2", "--warmup-steps", "0", "--report", str(report_path))
+    assert result.exit_code == 0, result.output
+    assert "peak memory per stage" in result.output and "time per microbatch" in result.output
+    assert "iteration: predicted 100 ms" in result.output
+    report = io.load_report(report_path)
+    assert report.plan.sha256 == io.sha256_file(plan_file) and report.steps == 2
+    assert report.device.threads == 1 and report.threads_source == "plan"
+    assert [stage.index for stage in report.stages] == [0, 1]
+
+
+def test_missing_plan(tmp_path, no_processes):
+    _one_clean_error(_invoke("launch", str(tmp_path / "nope.yaml")), "does not exist")
+
+
+def test_corrupt_yaml(tmp_path, no_processes):
+    path = tmp_path / "plan.yaml"
+    path.write_text("stages: [unclosed\n")
+    _one_clean_error(_invoke("launch", str(path)), "not valid YAML")
+
+
+def test_unknown_field(plan_file, no_processes):
+    data = yaml.safe_load(plan_file.read_text())
+    data["setup"]["bogus"] = 1
+    plan_file.write_text(yaml.safe_dump(data))
+    _one_clean_error(_invoke("launch", str(plan_file)), "setup.bogus")
+
+
+def test_stale_plan_names_file_and_both_hashes(plan_file, no_processes):
+    model = plan_file.parent / "tiny.py"
+    planned = io.load_plan(plan_file).model.sha256
+    model.write_text(model.read_text() + "\n# changed\n")
+    result = _invoke("launch", str(plan_file))
+    _one_clean_error(result, "stale", str(model), planned, io.sha256_file(model), "--force")
+
+
+def test_plan_for_another_model(plan_file, no_processes):
+    data = yaml.safe_load(plan_file.read_text())
+    data["stages"][1]["layers"] = ["2", "3", "lm_head"]
+    plan_file.write_text(yaml.safe_dump(data))
+    _one_clean_error(_invoke("launch", str(plan_file)), "'lm_head'", "different model")
+
+
+def test_missing_model_file(plan_file, no_processes):
+    (plan_file.parent / "tiny.py").unlink()
+    _one_clean_error(_invoke("launch", str(plan_file)), "tiny.py was not found")
+
+
+def test_nccl_needs_cuda(plan_file, no_processes):
+    _one_clean_error(_invoke("launch", str(plan_file), "--backend", "nccl", "--device", "cpu"), "nccl")
+
+
+def test_unwritable_report_is_refused_first(plan_file, no_processes):
+    blocker = plan_file.parent / "file"
+    blocker.write_text("")
+    _one_clean_error(_invoke("launch", str(plan_file), "--report", str(blocker / "run.json")), "cannot write")
+
+
+def test_validate_prints_every_stage(plan_file):
+    result = _invoke("validate", str(plan_file))
+    assert result.exit_code == 0, result.output
+    assert "peak memory per stage" in result.output and "all 2 stages are within their caps" in result.output
+
+
+def test_validate_fails_a_stage_over_its_cap(plan_file):
+    data = yaml.safe_load(plan_file.read_text())
+    data["setup"]["mem_caps_bytes"] = [10**9, 1000]
+    plan_file.write_text(yaml.safe_dump(data))
+    result = _invoke("validate", str(plan_file))
+    _one_clean_error(result, "stage 1 needs")
+    ok = _invoke("validate", str(plan_file), "--stage", "0")
+    assert ok.exit_code == 0 and "stage 0 is within its cap" in ok.output
+
+
+def test_validate_refuses_a_stage_out_of_range(plan_file):
+    _one_clean_error(_invoke("validate", str(plan_file), "--stage", "5"), "out of range")
+
+
+def test_help_is_instant():
+    result = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-X", "importtime", "-m", "planner.cli",
+                             "launch", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and "--enforce-cap" in result.stdout
+    assert "torch" not in json.dumps([line.split("|")[-1].strip() for line in result.stderr.splitlines()])
