@@ -208,15 +208,19 @@ def _stage_time(problem: Problem, s: int, n, r):
 
 
 def _stage_memory_gib(problem: Problem, s: int, n, r, opens, closes):
-    """peak_s = static + k_s·kept + buffers + max recompute + max transient, in GiB."""
+    """peak_s = static + k_s·kept + buffers + recompute extra + max transient, in GiB."""
     setup, lp = problem.setup, problem.lp
     k = costmodel.in_flight(setup, s)
     const_kept, const_buffers = costmodel.stage_constant_bytes(problem.profile, s, setup)
     total = [(k * const_kept + const_buffers) / GIB]
-    # R_s, X_s: the largest recompute extra among checkpointed kinds, the largest transient
+    # R_s, X_s: the recompute extra (costmodel.recompute_extra_bytes), the largest transient
     recompute = pulp.LpVariable(f"R_{s}", lowBound=0)
     transient = pulp.LpVariable(f"X_{s}", lowBound=0)
     total += [recompute, transient]
+    # K[g]: bytes per microbatch that stage s's layers of runs g, g+1, ... keep
+    later = {len(problem.runs): 0}
+    for g in reversed(range(len(problem.runs))):
+        later[g] = later[g + 1] + _run_kept_bytes(problem, s, g, n, r)
     for g, run in enumerate(problem.runs):
         layer = run.layer
         per_layer = costmodel.static_bytes(layer, setup) + k * costmodel.kept_bytes(layer, False)
@@ -225,7 +229,10 @@ def _stage_memory_gib(problem: Problem, s: int, n, r, opens, closes):
             saving = k * (costmodel.kept_bytes(layer, False) - costmodel.kept_bytes(layer, True))
             total.append(-saving / GIB * problem.r[s, g])
             used = _presence(problem, f"q_{s}_{g}", problem.r[s, g], run.size)
-            lp += recompute >= layer.recompute_peak_bytes / GIB * used, f"recompute_{s}_{g}"
+            # [Constraint] R_s ≥ recompute extra of the run's last checkpointed layer (the first
+            # r of the run are the checkpointed ones) minus what the layers after it keep
+            after = (n(s, g) - problem.r[s, g]) * costmodel.kept_bytes(layer, False) + later[g + 1]
+            lp += recompute >= (layer.recompute_peak_bytes * used - after) / GIB, f"recompute_{s}_{g}"
         first = k * costmodel.first_layer_kept_bytes(layer, s) + costmodel.first_layer_buffer_bytes(layer, s, setup)
         last = k * costmodel.last_layer_kept_bytes(layer) + costmodel.last_layer_buffer_bytes(layer, s, setup)
         total += [first / GIB * opens(s, g), last / GIB * closes(s, g)]
@@ -233,6 +240,15 @@ def _stage_memory_gib(problem: Problem, s: int, n, r, opens, closes):
             present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
             lp += transient >= layer.transient_bytes / GIB * present, f"transient_{s}_{g}"
     return pulp.lpSum(total)
+
+
+def _run_kept_bytes(problem: Problem, s: int, g: int, n, r):
+    """Bytes per microbatch stage s's layers of run g keep (checkpointed ones their input)."""
+    layer = problem.runs[g].layer
+    kept = costmodel.kept_bytes(layer, False) * n(s, g)
+    if (s, g) in problem.r:
+        kept -= (costmodel.kept_bytes(layer, False) - costmodel.kept_bytes(layer, True)) * problem.r[s, g]
+    return kept
 
 
 def _presence(problem: Problem, name: str, count, size: int):

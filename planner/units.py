@@ -7,7 +7,6 @@ Decimal units are powers of ten (GB = 10**9) and binary units powers of two
 from __future__ import annotations
 
 import math
-import math
 import re
 
 _SIZE_UNITS = {
