@@ -18,7 +18,10 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    + max_S transient                                layers already freed; + scratch
     peak_s       = static_s + k_s · kept_s + buffers_s + transient_s
     time_s       = Σ_S (fwd + bwd) + Σ_C fwd (+ loss on the last stage)
-    T_iter       = Σ_s time_s + (M - 1) · max_s time_s
+    T_iter       = max(Σ_s time_s + (M - 1) · max_s time_s,      the pipeline's critical path
+                       M · Σ_s time_s / C)                        C stages compute at once (C = P
+                                                                  with a device each; fewer when
+                                                                  ranks share CPU cores)
 
 Same-kind layers (structurally identical) share one set of numbers: times are the
 kind's mean (averaging away timing noise), bytes the kind's maximum. Measured
@@ -206,9 +209,17 @@ def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
     return profile.loss_ms if stage == setup.stages - 1 else 0.0
 
 
+def parallel_stages(setup: TrainSetup) -> int:
+    return min(setup.stages, setup.parallel_stages or setup.stages)
+
+
 def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup) -> float:
-    """Fill and drain (every stage once) plus M - 1 steady-state steps of the slowest stage."""
-    return sum(stage_times_ms) + (setup.microbatches - 1) * max(stage_times_ms)
+    """The pipeline's critical path — fill and drain (every stage once) plus M - 1 steady
+    steps of the slowest stage — or, when fewer stages than there are can compute at once
+    (ranks sharing CPU cores), all the work spread over those that can, if that is longer."""
+    pipeline = sum(stage_times_ms) + (setup.microbatches - 1) * max(stage_times_ms)
+    capacity = setup.microbatches * sum(stage_times_ms) / parallel_stages(setup)
+    return max(pipeline, capacity)
 
 
 # ---------------------------------------------------------------- stages and plans

@@ -189,8 +189,13 @@ def build_problem(
         lp += _stage_memory_gib(problem, s, n, r, opens, closes) <= _cap_gib(problem, s), f"cap_{s}"
 
     if objective == "time":
-        # T_iter = Σ_s time_s + (M - 1)·τ
-        lp += pulp.lpSum(stage_times) + (setup.microbatches - 1) * tau
+        # T_iter ≥ Σ_s time_s + (M - 1)·τ (critical path), T_iter ≥ M·Σ_s time_s / C (capacity)
+        t_iter = pulp.LpVariable("T_iter", lowBound=0)
+        lp += t_iter >= pulp.lpSum(stage_times) + (setup.microbatches - 1) * tau, "critical_path"
+        if costmodel.parallel_stages(setup) < setup.stages:
+            share = setup.microbatches / costmodel.parallel_stages(setup)
+            lp += t_iter >= share * pulp.lpSum(stage_times), "capacity"
+        lp += t_iter
     else:
         lp += problem.scale
     return problem

@@ -98,6 +98,9 @@ class TrainSetup(Strict):
     dp: int = Field(default=1, gt=0)  # data-parallel replicas (ZeRO shards over these)
     zero: int = Field(default=0, ge=0, le=3)
     offload: bool = False  # optimizer state in host memory
+    # stages that can compute at the same time: all of them with one device each (None);
+    # fewer when ranks share CPU cores, which bounds the iteration by total work / this
+    parallel_stages: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _caps_per_stage(self) -> TrainSetup:

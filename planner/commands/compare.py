@@ -1,12 +1,117 @@
-"""`ckplan compare`: not built yet."""
+"""`ckplan compare plan.yaml`: ckplan's plan against its baselines, measured on the runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
-from planner.errors import UserError
+from planner.console import bar, console, table, warn
+from planner.units import format_bytes, format_ms
 
 
-@click.command("compare", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args) -> None:
-    """Not built yet."""
-    raise UserError("ckplan compare is not built yet")
+@click.command("compare")
+@click.argument("plan_file", metavar="PLAN.yaml", type=click.Path(path_type=Path))
+@click.option("--steps", type=click.IntRange(min=1), default=6, show_default=True,
+              help="Measured training steps per strategy.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Comparison JSON [default: <plan>-compare.json beside the plan].")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="PNG bar chart, if matplotlib is installed [default: <plan>-compare.png].")
+@click.option("--force", is_flag=True, help="Run even if the model file changed since the profile.")
+def command(plan_file, steps, warmup_steps, seed, device, out, plot, force) -> None:
+    """Run ckplan's plan and every baseline in it that fits the caps, with the same steps
+    and seed, and print measured iteration time, speed-up over full checkpointing,
+    measured peak per stage against the cap, and the error of the predictions.
+
+    Baselines whose stages equal an earlier strategy's are measured once.
+    """
+    from planner import io
+    from planner.compare import run_comparison
+    from planner.runtime.launcher import run_plan
+
+    plan = io.load_plan(plan_file)
+    out = out or plan_file.with_name(f"{plan_file.stem}-compare.json")
+    plot = plot or plan_file.with_name(f"{plan_file.stem}-compare.png")
+    io.check_writable(out)
+
+    def run(name: str):
+        return run_plan(plan, plan_file=plan_file, strategy=name, steps=steps, warmup_steps=warmup_steps,
+                        device=device, seed=seed, force=force)
+
+    comparison = run_comparison(
+        plan, run, plan_file=plan_file, steps=steps, warmup_steps=warmup_steps, seed=seed,
+        on_start=lambda name: console.print(f"running {name} …"),
+    )
+    io.write_atomic(out, comparison.model_dump_json(indent=2) + "\n")
+    print_comparison(comparison, plan)
+    _plot(comparison, plan, plot)
+    console.print(f"comparison written to {out}")
+
+
+def print_comparison(comparison, plan) -> None:
+    rows = []
+    for r in comparison.strategies:
+        name = r.name if r.same_as is None else f"{r.name} (= {r.same_as})"
+        worst = max(r.peak_over_cap)
+        rows.append([
+            name,
+            format_ms(r.iteration_ms),
+            f"±{r.iteration_spread * 50:.1f}%",
+            f"{r.speedup_vs_full:.2f}×" if r.speedup_vs_full else "—",
+            " ".join(f"{p * 100:.0f}%" for p in r.peak_over_cap),
+            bar(worst, width=10),
+            f"{r.iteration_error * 100:+.1f}%",
+            f"{max(r.peak_error, key=abs) * 100:+.1f}%",
+        ])
+    caps = ", ".join(sorted({format_bytes(c) for c in plan.setup.mem_caps_bytes}))
+    console.print(table(
+        f"measured: {comparison.steps} steps after {comparison.warmup_steps} warm-up, seed {comparison.seed}, cap {caps}",
+        ["strategy", "iteration", "noise", "vs full ckpt", "peak/cap per stage", "worst stage",
+         "iter err", "peak err (worst)"],
+        rows,
+    ))
+    console.print("noise: half the interquartile range of the step times, relative to their median; "
+                  "err: measured against the cost model's prediction")
+    over = [r.name for r in comparison.strategies if max(r.peak_over_cap) > 1.0]
+    if over:
+        warn(f"measured peak exceeded the cap for: {', '.join(over)}")
+
+
+def _plot(comparison, plan, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warn("matplotlib is not installed; no chart written (pip install matplotlib)")
+        return
+    import io as stdio
+
+    from planner.io import write_atomic_bytes
+
+    names = [r.name for r in comparison.strategies]
+    fig, (mem_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(names)
+    num_stages = plan.setup.stages
+    for idx, r in enumerate(comparison.strategies):
+        peaks = [s.measured.peak_bytes / 2**20 for s in r.report.stages]
+        mem_ax.bar([s + idx * width for s in range(num_stages)], peaks, width, label=r.name)
+    for s, cap in enumerate(plan.setup.mem_caps_bytes):
+        mem_ax.hlines(cap / 2**20, s - width / 2, s + 0.8 - width / 2, colors="red", linestyles="dashed")
+    mem_ax.set_xticks([s + 0.4 - width / 2 for s in range(num_stages)], [f"stage {s}" for s in range(num_stages)])
+    mem_ax.set_ylabel("measured peak (MiB); dashed: cap")
+    mem_ax.legend(fontsize=8)
+    time_ax.bar(names, [r.iteration_ms for r in comparison.strategies],
+                color=["tab:green" if n == "ckplan" else "tab:gray" for n in names])
+    time_ax.set_ylabel("measured iteration (ms)")
+    time_ax.tick_params(axis="x", rotation=30)
+    buffer = stdio.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    write_atomic_bytes(path, buffer.getvalue())
+    console.print(f"chart written to {path}")

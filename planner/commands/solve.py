@@ -18,6 +18,17 @@ def _newest_profile() -> Path:
     return candidates[-1]
 
 
+def _default_parallel_stages(profile, stages: int) -> int | None:
+    """On CPU the stages' ranks share this machine's cores: as many compute at once as
+    there are cores for the profile's threads per rank."""
+    import os
+
+    if profile.device.type != "cpu":
+        return None
+    fit = max(1, (os.cpu_count() or 1) // (profile.device.threads or 1))
+    return fit if fit < stages else None
+
+
 def _caps(mem: str, stages: int) -> list[int]:
     from planner.units import parse_size_list
 
@@ -43,6 +54,9 @@ def _caps(mem: str, stages: int) -> list[int]:
 @click.option("--schedule", type=click.Choice(["1F1B", "GPipe"]), default="1F1B", show_default=True)
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--precision", type=click.Choice(["fp32", "bf16-mixed"]), default="fp32", show_default=True)
+@click.option("--parallel-stages", type=click.IntRange(min=1), default=None,
+              help="Stages that can compute at once [default: all on GPUs; for a CPU profile, "
+                   "cores / the profile's threads, since ranks then share the cores].")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds the solver may take; past it the best plan found is kept with its gap.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("plan.yaml"), show_default=True)
@@ -51,8 +65,8 @@ def _caps(mem: str, stages: int) -> list[int]:
               help="Instead of a plan: iteration time against memory cap for ckplan and the baselines.")
 @click.option("--plot", type=click.Path(path_type=Path), default=Path("sweep.png"), show_default=True,
               help="With --sweep: PNG chart (needs matplotlib).")
-def command(profile_path, mem, stages, microbatches, schedule, optimizer, precision, time_limit, out,
-            as_json, sweep, plot) -> None:
+def command(profile_path, mem, stages, microbatches, schedule, optimizer, precision, parallel_stages,
+            time_limit, out, as_json, sweep, plot) -> None:
     """Choose, jointly, how many layers each pipeline stage gets and which of them are
     checkpointed, so every stage fits its cap and the iteration is fastest (MILP, HiGHS).
 
@@ -74,6 +88,7 @@ def command(profile_path, mem, stages, microbatches, schedule, optimizer, precis
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
             schedule=schedule, mem_caps_bytes=_caps(mem, stages), optimizer=optimizer, precision=precision,
+            parallel_stages=parallel_stages or _default_parallel_stages(profile, stages),
         )
     except ValidationError as exc:
         raise UserError(f"invalid setup: {exc.errors()[0]['msg']}") from exc

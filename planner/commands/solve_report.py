@@ -30,6 +30,8 @@ def print_plan(plan, out: Path) -> None:
     setup = plan.setup
     title = (f"ckplan plan: {setup.stages} stages, {setup.microbatches} microbatches × {setup.micro_batch_size}, "
              f"{setup.schedule}, {setup.optimizer} {setup.precision}")
+    if setup.parallel_stages and setup.parallel_stages < setup.stages:
+        title += f", {setup.parallel_stages} stages compute at once (shared cores)"
     console.print(table(title, ["stage", "layers", "#", "checkpointed", "peak", "cap", "peak / cap", "time/mb"],
                         rows, right_from=2))
     print_comparison(plan)
