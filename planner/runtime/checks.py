@@ -73,7 +73,7 @@ def check_stage_layout(stages: list[StagePlan], layer_names: list[str], *, what:
     unknown = [name for stage in stages for name in stage.layers if name not in position]
     if unknown:
         raise UserError(
-            f"{what} names layers {unknown[:3]} that are not pipeline layers of {model_path} "
+            f"{what} name layers {unknown[:3]} that are not pipeline layers of {model_path} "
             f"(its layers are {layer_names[0]} ... {layer_names[-1]}); the plan is for a different "
             "model: re-create it with `ckplan solve`"
         )

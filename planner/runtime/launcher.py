@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -89,7 +88,7 @@ def run_plan(
             state_dir=str(state_dir) if state_dir is not None else None,
         )
         if in_torchrun():
-            results = _join_torchrun(job)
+            results = _join_torchrun(job.model_copy(update={"log_progress": False}))
         else:
             _check_local_devices(device, backend, plan.setup.stages)
             results = _run_local(job)
@@ -237,7 +236,7 @@ def _report(plan: Plan, prepared: Prepared, job: Job, results: list[RankResult],
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         plan=file_ref(plan_file) if plan_file is not None else _in_memory_ref(plan),
         strategy=prepared.strategy.name,
-        device=DeviceInfo(type=job.device, name=_device_name(job.device), threads=job.threads),
+        device=DeviceInfo(type=job.device, name=results[0].device_name, threads=job.threads),
         threads_source=threads_source,
         backend=job.backend,
         steps=job.steps,
@@ -254,8 +253,3 @@ def _report(plan: Plan, prepared: Prepared, job: Job, results: list[RankResult],
 def _in_memory_ref(plan: Plan) -> FileRef:
     return FileRef(file="(in memory)", sha256=hashlib.sha256(plan_to_yaml(plan).encode()).hexdigest())
 
-
-def _device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name(0)
-    return platform.processor() or platform.machine() or "cpu"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import signal
 import statistics
 import sys
@@ -67,10 +68,12 @@ class Job(BaseModel):
     timeout_s: float
     out_dir: str  # rank results and errors
     state_dir: str | None = None  # if set: each rank saves its parameters and gradients at the end
+    log_progress: bool = True  # a line per phase on stdout (the rank's log file when the launcher started it)
 
 
 class RankResult(BaseModel):
     rank: int
+    device_name: str
     peak_bytes: int
     fwd_ms: float  # median per microbatch; the last stage's includes the loss forward
     bwd_ms: float  # median per microbatch, recompute included
@@ -152,8 +155,18 @@ def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def _quiet(message: str) -> None:
+    pass
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def rank_device(device_type: str, local_rank: int) -> torch.device:
@@ -205,7 +218,8 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankRe
         optimizer.step()
         return [torch.stack(losses).mean().item()] if losses else []
 
-    _log(f"stage {rank}: built {len(job.stages[rank].layers)} layers; training")
+    log = _log if job.log_progress else _quiet
+    log(f"stage {rank}: built {len(job.stages[rank].layers)} layers; training")
     losses: list[float] = []
     for _ in range(job.warmup_steps):
         losses += step()
@@ -220,7 +234,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankRe
         dist.barrier()
         step_ms.append((time.perf_counter() - start) * 1000)
     stage.recording = False
-    _log(f"stage {rank}: timed {job.steps} steps, median {_median(step_ms):.1f} ms; measuring memory")
+    log(f"stage {rank}: timed {job.steps} steps, median {_median(step_ms):.1f} ms; measuring memory")
     peak_bytes = 0
     for _ in range(job.memory_steps):
         with PeakMemory(device, external=[module, optimizer, inputs, targets, *stage.buffers()]) as mem:
@@ -228,7 +242,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankRe
             losses += step()
             stage.before_forward = None
         peak_bytes = max(peak_bytes, mem.peak_bytes)
-    _log(f"stage {rank}: peak {format_bytes(peak_bytes)}")
+    log(f"stage {rank}: peak {format_bytes(peak_bytes)}")
     cap = setup.mem_caps_bytes[rank]
     if job.enforce_cap and peak_bytes > cap:
         raise CapExceeded(f"stage {rank} exceeded its cap of {format_bytes(cap)} (peak {format_bytes(peak_bytes)})")
@@ -236,6 +250,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankRe
         _save_state(module, Path(job.state_dir) / f"stage{rank}.pt")
     return RankResult(
         rank=rank,
+        device_name=device_name(device),
         peak_bytes=peak_bytes,
         fwd_ms=_median(stage.fwd_ms) + _median(stage.loss_ms),
         bwd_ms=_median(stage.bwd_ms),
