@@ -84,6 +84,8 @@ def command(profile_path, mem, stages, microbatches, schedule, optimizer, precis
     profile = io.load_profile(profile_path)
     if stages > len(profile.layers):
         raise UserError(f"--stages {stages} exceeds the {len(profile.layers)} layers in {profile_path}; use at most {len(profile.layers)}")
+    if schedule == "1F1B" and microbatches is not None and microbatches < stages:
+        raise UserError(f"1F1B needs at least as many microbatches as stages; use --microbatches {stages} or more")
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
