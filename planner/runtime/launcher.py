@@ -87,10 +87,10 @@ def run_plan(
             out_dir=scratch,
             state_dir=str(state_dir) if state_dir is not None else None,
         )
+        _check_devices(device, backend, plan.setup.stages, local=not in_torchrun())
         if in_torchrun():
             results = _join_torchrun(job.model_copy(update={"log_progress": False}))
         else:
-            _check_local_devices(device, backend, plan.setup.stages)
             results = _run_local(job)
     return _report(plan, prepared, job, results, plan_file=plan_file, threads_source=threads_source)
 
@@ -107,14 +107,14 @@ def rank_threads(plan: Plan) -> tuple[int, str]:
     return max(1, (os.cpu_count() or 1) // plan.setup.stages), "cpu_count"
 
 
-def _check_local_devices(device: str, backend: str, num_stages: int) -> None:
+def _check_devices(device: str, backend: str, num_stages: int, *, local: bool) -> None:
     if backend == "nccl" and device != "cuda":
         raise UserError("the nccl backend needs --device cuda; use --backend gloo on cpu")
     if device != "cuda":
         return
     if not torch.cuda.is_available():
         raise UserError("--device cuda but this torch sees no CUDA device; use --device cpu")
-    if torch.cuda.device_count() < num_stages:
+    if local and torch.cuda.device_count() < num_stages:
         raise UserError(f"the plan has {num_stages} stages but this machine has "
                         f"{torch.cuda.device_count()} GPUs; one stage runs per GPU (or use torchrun across machines)")
 
@@ -186,7 +186,9 @@ def _failure_message(codes: list[int | None], out_dir: Path) -> str:
     cause = min(failures, key=lambda failure: (failure.peer, failure.time))
     keep = Path(tempfile.mkdtemp(prefix="ckplan-failed-"))
     shutil.copy(out_dir / f"rank{cause.rank}.log", keep / f"rank{cause.rank}.log")
-    return f"{cause.message}; all stages were stopped (log of stage {cause.rank}: {keep / f'rank{cause.rank}.log'})"
+    hint = " (no stage reported an error of its own: one may have hung or lost its connection)" if cause.peer else ""
+    return (f"{cause.message}{hint}; all stages were stopped "
+            f"(log of stage {cause.rank}: {keep / f'rank{cause.rank}.log'})")
 
 
 def _death(rank: int, code: int, out_dir: Path) -> str:

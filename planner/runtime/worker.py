@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -131,7 +132,7 @@ class TimedStage(PipelineStage):
         _sync(self.device)
         into.append((time.perf_counter() - start) * 1000)
 
-    def buffers(self) -> list[torch.Tensor]:
+    def recv_buffers(self) -> list[torch.Tensor]:
         """The receive buffers the stage allocated for every microbatch at its first step."""
         infos = [*self.args_recv_info.values(), *self.grad_recv_info.values()]
         return [info.buffer for recv in infos for info in recv if getattr(info, "buffer", None) is not None]
@@ -192,7 +193,33 @@ def train_rank(job: Job, rank: int, world_size: int, device: torch.device, *, ke
     return result
 
 
-def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankResult:
+@dataclass
+class _Rank:
+    """One rank's stage, ready to train: `step()` runs one schedule step + optimizer step."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    stage: TimedStage
+    schedule: Schedule1F1B | ScheduleGPipe
+    inputs: torch.Tensor | None  # the whole batch, first stage only
+    targets: torch.Tensor | None  # last stage only
+
+    def step(self) -> list[float]:
+        """The mean microbatch loss on the last stage, nothing elsewhere."""
+        self.optimizer.zero_grad(set_to_none=False)
+        losses: list[torch.Tensor] = []
+        args = (self.inputs,) if self.stage.is_first else ()
+        kwargs = {"target": self.targets, "losses": losses} if self.stage.is_last else {}
+        self.schedule.step(*args, return_outputs=False, **kwargs)
+        self.optimizer.step()
+        return [torch.stack(losses).mean().item()] if losses else []
+
+    def held_before_step(self) -> list:
+        """What exists before a step and lives through it: the tracker must be told."""
+        return [self.module, self.optimizer, self.inputs, self.targets, *self.stage.recv_buffers()]
+
+
+def _build(job: Job, rank: int, world_size: int, device: torch.device) -> _Rank:
     setup = job.plan.setup
     model_file = load_model_file(job.model_file)
     dtype = torch_dtype(job.plan.dtype)
@@ -204,56 +231,52 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankRe
         stage, n_microbatches=setup.microbatches, loss_fn=stage.timed_loss(model_file.loss_fn)
     )
     inputs, targets = model_file.example_batch(setup.micro_batch_size * setup.microbatches)
-    # Only the first stage feeds inputs and only the last computes the loss.
-    inputs = to_device(inputs, device, dtype) if stage.is_first else None
-    targets = to_device(targets, device, dtype) if stage.is_last else None
     torch.manual_seed(job.seed)
+    return _Rank(
+        module, optimizer, stage, schedule,
+        inputs=to_device(inputs, device, dtype) if stage.is_first else None,
+        targets=to_device(targets, device, dtype) if stage.is_last else None,
+    )
 
-    def step() -> list[float]:
-        optimizer.zero_grad(set_to_none=False)
-        losses: list[torch.Tensor] = []
-        args = (inputs,) if stage.is_first else ()
-        kwargs = {"target": targets, "losses": losses} if stage.is_last else {}
-        schedule.step(*args, return_outputs=False, **kwargs)
-        optimizer.step()
-        return [torch.stack(losses).mean().item()] if losses else []
 
+def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankResult:
+    run = _build(job, rank, world_size, device)
     log = _log if job.log_progress else _quiet
     log(f"stage {rank}: built {len(job.stages[rank].layers)} layers; training")
     losses: list[float] = []
     for _ in range(job.warmup_steps):
-        losses += step()
+        losses += run.step()
     step_ms = []
-    stage.recording = True
+    run.stage.recording = True
     for _ in range(job.steps):
         _sync(device)
         dist.barrier()
         start = time.perf_counter()
-        losses += step()
+        losses += run.step()
         _sync(device)
         dist.barrier()
         step_ms.append((time.perf_counter() - start) * 1000)
-    stage.recording = False
+    run.stage.recording = False
     log(f"stage {rank}: timed {job.steps} steps, median {_median(step_ms):.1f} ms; measuring memory")
     peak_bytes = 0
-    for _ in range(job.memory_steps):
-        with PeakMemory(device, external=[module, optimizer, inputs, targets, *stage.buffers()]) as mem:
-            stage.before_forward = partial(forget_module_stats, mem)
-            losses += step()
-            stage.before_forward = None
+    for _ in range(job.memory_steps):  # apart from timing: the tracker slows every op
+        with PeakMemory(device, external=run.held_before_step()) as mem:
+            run.stage.before_forward = partial(forget_module_stats, mem)
+            losses += run.step()
+            run.stage.before_forward = None
         peak_bytes = max(peak_bytes, mem.peak_bytes)
     log(f"stage {rank}: peak {format_bytes(peak_bytes)}")
-    cap = setup.mem_caps_bytes[rank]
+    cap = job.plan.setup.mem_caps_bytes[rank]
     if job.enforce_cap and peak_bytes > cap:
         raise CapExceeded(f"stage {rank} exceeded its cap of {format_bytes(cap)} (peak {format_bytes(peak_bytes)})")
     if job.state_dir:
-        _save_state(module, Path(job.state_dir) / f"stage{rank}.pt")
+        _save_state(run.module, Path(job.state_dir) / f"stage{rank}.pt")
     return RankResult(
         rank=rank,
         device_name=device_name(device),
         peak_bytes=peak_bytes,
-        fwd_ms=_median(stage.fwd_ms) + _median(stage.loss_ms),
-        bwd_ms=_median(stage.bwd_ms),
+        fwd_ms=_median(run.stage.fwd_ms) + _median(run.stage.loss_ms),
+        bwd_ms=_median(run.stage.bwd_ms),
         step_ms=step_ms,
         losses=losses,
     )
