@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from planner.errors import UserError
 from planner.modelfile import load_model_file
-from planner.runtime import replay_order, validate_plan
+from planner.runtime import replay_order, unsupported_setup, validate_plan
 from planner.runtime.checks import prepare
 from planner.runtime.stagemodule import build_stage_module
 from planner.schema import StagePlan
@@ -119,6 +119,14 @@ def test_1f1b_needs_as_many_microbatches_as_stages():
 def test_unknown_strategy_lists_what_the_plan_has():
     with pytest.raises(UserError, match="has: ckplan"):
         prepare(make_plan(TINY, TINY_2), plan_file=None, strategy="no-ckpt")
+
+
+def test_setups_the_runtime_does_not_reproduce_are_named():
+    plan = make_plan(TINY, TINY_2)
+    assert unsupported_setup(plan) == []
+    plan.setup.precision, plan.setup.dp, plan.setup.zero = "bf16-mixed", 2, 1
+    notes = unsupported_setup(plan)
+    assert len(notes) == 2 and "bf16-mixed" in notes[0] and "dp=2" in notes[1]
 
 
 # ---------------------------------------------------------------- validate (replay)

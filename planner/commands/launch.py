@@ -31,13 +31,15 @@ def command(plan_path, steps, warmup_steps, device, backend, report_path, enforc
     """Train PLAN's pipeline locally (one process per stage) or as one rank of torchrun,
     and show predicted vs measured memory and time per stage."""
     from planner import console, io
-    from planner.runtime import in_torchrun, rank_threads, run_plan
+    from planner.runtime import in_torchrun, rank_threads, run_plan, unsupported_setup
 
     plan = io.load_plan(plan_path)
     if report_path is not None:
         io.check_writable(report_path)
     device = device or plan.device.type
     speaks = not in_torchrun() or os.environ.get("RANK") == "0"
+    for note in unsupported_setup(plan) if speaks else []:
+        console.warn(note)
     with console.err_console.status(f"running {plan.setup.stages} stages on {device}"):
         report = run_plan(plan, plan_file=plan_path, strategy=strategy, steps=steps, warmup_steps=warmup_steps,
                           device=device, backend=backend, enforce_cap=enforce_cap, seed=seed, force=force)

@@ -134,3 +134,17 @@ def _build_for_names(model_file: ModelFile) -> torch.nn.Module:
             return model_file.build_model()
     except UserError:
         return model_file.build_model()
+
+
+def unsupported_setup(plan: Plan) -> list[str]:
+    """Parts of the plan's setup this runtime does not reproduce: the run still happens,
+    but its measurements do not include them."""
+    setup = plan.setup
+    notes = []
+    if setup.precision != "fp32":
+        notes.append(f"precision {setup.precision} is not emulated: every stage runs in {plan.dtype} "
+                     "with optimizer state in that dtype")
+    if setup.dp > 1 or setup.zero or setup.offload:
+        notes.append(f"data parallelism (dp={setup.dp}, zero={setup.zero}, offload={setup.offload}) is not run: "
+                     "one pipeline replica is measured, with unsharded optimizer state on the device")
+    return notes
