@@ -67,7 +67,7 @@ def _announce(plan, device: str, steps: int, warmup_steps: int, threads: tuple[i
                  f"{plan.setup.micro_batch_size}, {plan.setup.schedule}, {warmup_steps} warm-up + {steps} timed "
                  f"steps, {count} torch thread{'s' if count != 1 else ''} per stage ({why})")
     if device == "cpu" and count * plan.setup.stages > (os.cpu_count() or 1):
-        console.warn(f"{plan.setup.stages} stages x {count} threads oversubscribe {os.cpu_count()} cores: "
+        console.warn(f"{plan.setup.stages} stages x {count} thread{'s' if count != 1 else ''} oversubscribe {os.cpu_count()} cores: "
                      "measured times will be longer than the profile's")
 
 

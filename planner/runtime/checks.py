@@ -37,7 +37,7 @@ def resolve_model_file(plan: Plan, plan_file: str | Path | None) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
-    tried = " or ".join(str(c) for c in candidates)
+    tried = " or ".join(dict.fromkeys(str(c) for c in candidates))
     raise UserError(f"the plan's model file {plan.model.file} was not found (looked for {tried}); "
                     "run from the directory the plan was made in, or fix model.file in the plan")
 
