@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,3 +173,39 @@ def test_cuda_run_with_enforced_caps():
     tight = make_plan(MODELS / "gpt.py", [GPT_LAYERS[:5], GPT_LAYERS[5:]], caps=[2**20, 2**20])
     with pytest.raises(UserError, match=r"stage \d exceeded its cap of 1 MiB"):
         run_plan(tight, steps=1, warmup_steps=0, device="cuda", enforce_cap=True)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    """Even a launcher killed outright (SIGKILL: no cleanup runs) leaves no rank behind."""
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from fixtures.rt_plans import make_plan\n"
+        "from planner.runtime import run_plan\n"
+        f"run_plan(make_plan({str(TINY)!r}, [['0', '1'], ['2', '3', '4']]), steps=1, timeout_s=300)\n"
+    )
+    launcher_proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "RT_FAULT": "hang"})
+    deadline = time.monotonic() + 60
+    while len(ranks := _children(launcher_proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(ranks) == 2
+    launcher_proc.kill()
+    launcher_proc.wait()
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in ranks)
