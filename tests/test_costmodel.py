@@ -1,0 +1,428 @@
+"""The cost model against numbers worked out by hand.
+
+Every expectation below is written out from DESIGN.md's cost model (with the
+measured refinements documented in planner/costmodel.py), not computed by calling
+the code under test. Sizes are in MiB so the arithmetic stays readable.
+
+The recompute term follows costmodel (commit d7694c1), a refinement of DESIGN.md's
+max_C(act - input): a checkpointed layer is recomputed after the stage's later
+layers ran their backward, so its extra is net of what they kept:
+    recompute_s = max_{l in C} (act_l - input_l - sum_{m after l in S} kept_m)+
+"""
+
+import pytest
+
+from planner import costmodel
+from planner.schema import StagePlan, TrainSetup
+from planner.synthetic import layer, profile_of
+
+MIB = 2**20
+HUGE = 2**50  # a cap nothing reaches
+
+
+def four_layers():
+    """embed -> blocks.0 -> blocks.1 -> head. Adam fp32 is 16 B/param, so
+    65536 params = 1 MiB of static memory. bwd = 2 x fwd (synthetic default).
+    input_in_act = min(input, act) (synthetic.layer's rule)."""
+    layers = [
+        #                                 fwd  bwd   act  in  out  static(adam fp32)  transient
+        layer("embed", "Embed", fwd_ms=1, act_mib=2, input_mib=1, output_mib=4,
+              param_count=65536, transient_mib=3),      # 1, 2, 2, 1, 4, 1 MiB, 3
+        layer("blocks.0", "Block", fwd_ms=2, act_mib=10, input_mib=4,
+              param_count=131072, transient_mib=1),     # 2, 4, 10, 4, 4, 2 MiB, 1
+        layer("blocks.1", "Block", fwd_ms=2, act_mib=10, input_mib=4,
+              param_count=131072, transient_mib=1),     # 2, 4, 10, 4, 4, 2 MiB, 1
+        layer("head", "Head", fwd_ms=3, act_mib=6, input_mib=4, output_mib=1,
+              param_count=32768, transient_mib=5),      # 3, 6, 6, 4, 1, 0.5 MiB, 5
+    ]
+    return profile_of(layers, name="four").model_copy(
+        update={"batch_input_bytes": MIB // 2, "loss_bytes": MIB // 4, "loss_ms": 0.5}
+    )
+
+
+def setup(stages, microbatches=4, schedule="1F1B", caps=None, **changes):
+    return TrainSetup(
+        stages=stages, microbatches=microbatches, micro_batch_size=1, schedule=schedule,
+        mem_caps_bytes=caps or [HUGE] * stages, **changes,
+    )
+
+
+def plan(*stages):
+    """plan((layers, checkpointed), ...) -> StagePlans."""
+    return [StagePlan(index=i, layers=list(names), checkpointed=list(ckpt)) for i, (names, ckpt) in enumerate(stages)]
+
+
+def stage_of(profile, setup_, stage, names, ckpt):
+    costs = {c.name: c for c in costmodel.layer_costs(profile)}
+    layers = [costs[name] for name in names]
+    return costmodel.stage_cost(layers, [name in ckpt for name in names], stage=stage, profile=profile, setup=setup_)
+
+
+# ---------------------------------------------------------------- bytes per parameter
+
+
+@pytest.mark.parametrize(
+    "precision, optimizer, expected",
+    [
+        ("fp32", "adam", 16),  # 4 weights + 4 grads + 8 (m, v)
+        ("fp32", "sgd", 12),  # 4 + 4 + 4 momentum
+        ("bf16-mixed", "adam", 16),  # 2 + 2 + 12 (fp32 master, m, v)
+        ("bf16-mixed", "sgd", 12),  # 2 + 2 + 8 (fp32 master, momentum)
+    ],
+)
+def test_bytes_per_param_plain(precision, optimizer, expected):
+    s = setup(1, precision=precision, optimizer=optimizer)
+    assert costmodel.bytes_per_param(s) == expected
+
+
+@pytest.mark.parametrize(
+    "precision, optimizer, zero, offload, expected",
+    [
+        # dp = 4 throughout. ZeRO-1 shards optimizer state, 2 also grads, 3 also weights.
+        ("fp32", "adam", 0, False, 16),  # ZeRO 0 with dp=4: nothing sharded
+        ("fp32", "adam", 1, False, 4 + 4 + 8 / 4),  # 10
+        ("fp32", "adam", 2, False, 4 + 4 / 4 + 8 / 4),  # 7
+        ("fp32", "adam", 3, False, 4 / 4 + 4 / 4 + 8 / 4),  # 4
+        ("bf16-mixed", "adam", 1, False, 2 + 2 + 12 / 4),  # 7
+        ("bf16-mixed", "adam", 2, False, 2 + 2 / 4 + 12 / 4),  # 5.5
+        ("bf16-mixed", "adam", 3, False, 2 / 4 + 2 / 4 + 12 / 4),  # 4
+        ("fp32", "sgd", 3, False, 1 + 1 + 1),  # 3
+        ("bf16-mixed", "sgd", 2, False, 2 + 0.5 + 2),  # 4.5
+        # offload: optimizer state lives in host memory
+        ("fp32", "adam", 0, True, 4 + 4),  # 8
+        ("bf16-mixed", "adam", 0, True, 2 + 2),  # 4
+        ("fp32", "adam", 3, True, 1 + 1 + 0),  # 2
+        ("bf16-mixed", "sgd", 2, True, 2 + 0.5 + 0),  # 2.5
+    ],
+)
+def test_bytes_per_param_zero_and_offload(precision, optimizer, zero, offload, expected):
+    s = setup(1, precision=precision, optimizer=optimizer, dp=4, zero=zero, offload=offload)
+    assert costmodel.bytes_per_param(s) == pytest.approx(expected, rel=0, abs=1e-12)
+
+
+def test_zero_with_one_replica_shards_nothing():
+    assert costmodel.bytes_per_param(setup(1, dp=1, zero=3)) == 16
+
+
+def test_static_bytes_of_a_stage_follow_zero():
+    # embed + blocks.0 = 196608 params; ZeRO-3, dp=4, adam fp32: 4 B/param -> 786432 B = 0.75 MiB
+    p = four_layers()
+    s = setup(2, dp=4, zero=3)
+    cost = stage_of(p, s, 0, ["embed", "blocks.0"], [])
+    assert cost.static_bytes == 196608 * 4 == 3 * MIB // 4
+
+
+# ---------------------------------------------------------------- in flight
+
+
+@pytest.mark.parametrize(
+    "stages, microbatches, expected",
+    [
+        (4, 8, [4, 3, 2, 1]),  # min(P - s, M) = P - s
+        (4, 2, [2, 2, 2, 1]),  # capped by M
+        (3, 1, [1, 1, 1]),
+        (1, 5, [1]),
+    ],
+)
+def test_in_flight_1f1b(stages, microbatches, expected):
+    s = setup(stages, microbatches)
+    assert [costmodel.in_flight(s, i) for i in range(stages)] == expected
+
+
+@pytest.mark.parametrize("stages, microbatches", [(4, 8), (4, 2), (3, 1), (1, 5)])
+def test_in_flight_gpipe_holds_every_microbatch(stages, microbatches):
+    s = setup(stages, microbatches, schedule="GPipe")
+    assert [costmodel.in_flight(s, i) for i in range(stages)] == [microbatches] * stages
+
+
+# ---------------------------------------------------------------- stage cost, two stages
+
+
+def test_first_stage_with_a_checkpointed_layer():
+    # P=2, M=4, 1F1B: stage 0 holds k = min(2 - 0, 4) = 2 microbatches.
+    # stage 0 = [embed, blocks.0], blocks.0 checkpointed
+    #   static    = (65536 + 131072) * 16 B           = 3 MiB
+    #   kept      = act(embed) 2 + input(blocks.0) 4  (checkpointed keeps its input)
+    #               + output(blocks.0) 4              (stage output waits in fwd_cache)
+    #               no first-layer correction on stage 0, no loss (not last) = 10 MiB
+    #   buffers   = M * output(blocks.0) = 4 * 4 = 16 (grad recv, stage < P-1)
+    #               + M * batch_input = 4 * 0.5 = 2    (stage 0)         = 18 MiB
+    #   transient = recompute: blocks.0 is the stage's last layer, nothing after it
+    #               frees anything: (10 - 4) - 0 = 6
+    #               + max transient over the stage = max(3, 1) = 3       = 9 MiB
+    #   peak      = 3 + 2 * 10 + 18 + 9                                  = 50 MiB
+    #   time      = (1 + 2) + (2 + 4) + 2 (recompute forward)           = 11 ms
+    p = four_layers()
+    cost = stage_of(p, setup(2), 0, ["embed", "blocks.0"], ["blocks.0"])
+    assert cost.static_bytes == 3 * MIB
+    assert cost.in_flight == 2
+    assert cost.kept_bytes == 10 * MIB
+    assert cost.activation_bytes == 20 * MIB
+    assert cost.buffer_bytes == 18 * MIB
+    assert cost.transient_bytes == 9 * MIB
+    assert cost.peak_bytes == 50 * MIB
+    assert cost.time_ms == pytest.approx(11.0)
+
+
+def test_first_stage_without_checkpointing():
+    # same stage, nothing checkpointed:
+    #   kept = 2 + 10 + 4 (output) = 16 MiB; transient = 0 + 3 = 3 MiB
+    #   peak = 3 + 2 * 16 + 18 + 3 = 56 MiB; time = 3 + 6 = 9 ms
+    p = four_layers()
+    cost = stage_of(p, setup(2), 0, ["embed", "blocks.0"], [])
+    assert cost.kept_bytes == 16 * MIB
+    assert cost.buffer_bytes == 18 * MIB
+    assert cost.transient_bytes == 3 * MIB
+    assert cost.peak_bytes == 56 * MIB
+    assert cost.time_ms == pytest.approx(9.0)
+
+
+def test_last_stage_without_checkpointing():
+    # P=2, M=4: last stage k = min(2 - 1, 4) = 1. stage 1 = [blocks.1, head]
+    #   static    = (131072 + 32768) * 16 B = 2.5 MiB
+    #   kept      = act 10 + act 6
+    #               - input_in_act(blocks.1) 4  (received input lives in a recv buffer)
+    #               + output(head) 1 + loss_bytes 0.25                   = 13.25 MiB
+    #   buffers   = M * input(blocks.1) = 16 (no grad-recv buffer on the last stage) = 16 MiB
+    #   transient = 0 + max(1, 5)                                        = 5 MiB
+    #   peak      = 2.5 + 1 * 13.25 + 16 + 5                             = 36.75 MiB
+    #   time      = (2 + 4) + (3 + 6) + loss 0.5                         = 15.5 ms
+    p = four_layers()
+    cost = stage_of(p, setup(2), 1, ["blocks.1", "head"], [])
+    assert cost.static_bytes == 5 * MIB // 2
+    assert cost.in_flight == 1
+    assert cost.kept_bytes == 53 * MIB // 4
+    assert cost.buffer_bytes == 16 * MIB
+    assert cost.transient_bytes == 5 * MIB
+    assert cost.peak_bytes == 147 * MIB // 4
+    assert cost.time_ms == pytest.approx(15.5)
+
+
+def test_last_stage_all_checkpointed():
+    # stage 1 = [blocks.1, head], both checkpointed:
+    #   kept      = input 4 + input 4 - input_in_act(blocks.1) 4 + 1 + 0.25 = 5.25 MiB
+    #   recompute = head: (6 - 4) - 0 = 2; blocks.1: (10 - 4) - kept(head) 4 = 2  -> 2
+    #   transient = 2 + max(1, 5)                                            = 7 MiB
+    #   peak      = 2.5 + 5.25 + 16 + 7                                      = 30.75 MiB
+    #   time      = 15.5 + 2 + 3 (two recompute forwards)                    = 20.5 ms
+    p = four_layers()
+    cost = stage_of(p, setup(2), 1, ["blocks.1", "head"], ["blocks.1", "head"])
+    assert cost.kept_bytes == 21 * MIB // 4
+    assert cost.transient_bytes == 7 * MIB
+    assert cost.peak_bytes == 123 * MIB // 4
+    assert cost.time_ms == pytest.approx(20.5)
+
+
+def test_recompute_extra_is_net_of_what_later_layers_keep():
+    # blocks.0, blocks.1, head in one stage (act 10, 10, 6; input 4, 4, 4)
+    costs = {c.name: c for c in costmodel.layer_costs(four_layers())}
+    layers = [costs["blocks.0"], costs["blocks.1"], costs["head"]]
+    extra = costmodel.recompute_extra_bytes
+    # nothing checkpointed: 0
+    assert extra(layers, [False, False, False]) == 0
+    # head alone (last): 6 - 4 = 2
+    assert extra(layers, [False, False, True]) == 2 * MIB
+    # blocks.1 alone: (10 - 4) - act(head) 6 = 0
+    assert extra(layers, [False, True, False]) == 0
+    # blocks.1 and head: blocks.1 (10 - 4) - input(head) 4 = 2; head 2 -> 2
+    assert extra(layers, [False, True, True]) == 2 * MIB
+    # blocks.0 alone: 6 - (10 + 6) < 0 -> 0
+    assert extra(layers, [True, False, False]) == 0
+    # blocks.0 with both later ones checkpointed: 6 - (4 + 4) < 0; blocks.1: 6 - 4 = 2; head 2 -> 2
+    assert extra(layers, [True, True, True]) == 2 * MIB
+    # blocks.0, blocks.1 only: blocks.1 is followed by head's act 6 -> 0; blocks.0: 6 - (4 + 6) -> 0
+    assert extra(layers, [True, True, False]) == 0
+    # blocks.1 last in its stage: the full 6
+    assert extra(layers[:2], [True, True]) == 6 * MIB
+
+
+# ---------------------------------------------------------------- stage cost, three stages
+
+
+def test_middle_stage():
+    # P=3, M=4, 1F1B: stage 1 holds k = min(3 - 1, 4) = 2. stage 1 = [blocks.0, blocks.1]
+    #   static  = 2 * 131072 * 16 B = 4 MiB
+    #   buffers = M * input(blocks.0) 4 * 4 + M * output(blocks.1) 4 * 4     = 32 MiB
+    # no checkpointing:
+    #   kept = 10 + 10 - input_in_act(blocks.0) 4 + output(blocks.1) 4      = 20 MiB
+    #   transient = 0 + 1; peak = 4 + 2 * 20 + 32 + 1                        = 77 MiB
+    #   time = 6 + 6 = 12 ms
+    # blocks.1 (last) checkpointed:
+    #   kept = 10 + 4 - 4 + 4 = 14; transient = (10 - 4) + 1 = 7
+    #   peak = 4 + 28 + 32 + 7 = 71 MiB; time = 12 + 2 = 14 ms
+    # blocks.0 (the stage's first layer) checkpointed: kept = 4 + 10 - 4 + 4 = 14;
+    #   recompute (10 - 4) - act(blocks.1) 10 < 0 -> 0; transient = 1
+    #   peak = 4 + 28 + 32 + 1 = 65 MiB; time 14 ms
+    p = four_layers()
+    s = setup(3)
+    plain = stage_of(p, s, 1, ["blocks.0", "blocks.1"], [])
+    assert (plain.in_flight, plain.static_bytes, plain.buffer_bytes) == (2, 4 * MIB, 32 * MIB)
+    assert (plain.kept_bytes, plain.transient_bytes, plain.peak_bytes) == (20 * MIB, 1 * MIB, 77 * MIB)
+    assert plain.time_ms == pytest.approx(12.0)
+    for ckpt, transient, peak in ((["blocks.1"], 7, 71), (["blocks.0"], 1, 65)):
+        cost = stage_of(p, s, 1, ["blocks.0", "blocks.1"], ckpt)
+        assert cost.kept_bytes == 14 * MIB
+        assert (cost.transient_bytes, cost.peak_bytes) == (transient * MIB, peak * MIB)
+        assert cost.time_ms == pytest.approx(14.0)
+
+
+def test_three_stage_plan_end_to_end():
+    # P=3, M=4, 1F1B; [embed] | [blocks.0, blocks.1] | [head], nothing checkpointed.
+    # stage 0: k=3; static 1; kept = 2 + output 4 = 6; buffers = 4 * 4 + 4 * 0.5 = 18;
+    #          transient 3; peak = 1 + 18 + 18 + 3 = 40 MiB; time 3 ms
+    # stage 1: 77 MiB, 12 ms (test_middle_stage)
+    # stage 2: k=1; static 0.5; kept = 6 - 4 + 1 + 0.25 = 3.25; buffers = 4 * 4 = 16;
+    #          transient 5; peak = 0.5 + 3.25 + 16 + 5 = 24.75 MiB; time 9 + 0.5 = 9.5 ms
+    # T = (3 + 12 + 9.5) + (4 - 1) * 12 = 60.5 ms
+    p = four_layers()
+    s = setup(3, caps=[40 * MIB, 77 * MIB - 1, 25 * MIB])
+    cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
+    assert cost.peak_bytes_per_stage == [40 * MIB, 77 * MIB, 99 * MIB // 4]
+    assert [c.time_ms for c in cost.stages] == pytest.approx([3.0, 12.0, 9.5])
+    assert [c.in_flight for c in cost.stages] == [3, 2, 1]
+    assert cost.iteration_ms == pytest.approx(60.5)
+    # a peak equal to its cap fits; one byte over does not
+    assert [c.fits for c in cost.stages] == [True, False, True]
+    assert not cost.feasible
+
+
+def test_gpipe_holds_every_microbatch_on_every_stage():
+    # same plan under GPipe: k = 4 everywhere.
+    # stage 0: 1 + 4 * 6 + 18 + 3 = 46; stage 1: 4 + 4 * 20 + 32 + 1 = 117;
+    # stage 2: 0.5 + 4 * 3.25 + 16 + 5 = 34.5 MiB
+    p = four_layers()
+    s = setup(3, schedule="GPipe")
+    cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
+    assert cost.peak_bytes_per_stage == [46 * MIB, 117 * MIB, 69 * MIB // 2]
+
+
+def test_iteration_ms_is_fill_drain_plus_steady_state():
+    # P=2 [embed, blocks.0 (ckpt)] | [blocks.1, head]: 11 ms and 15.5 ms (tests above)
+    # T = 11 + 15.5 + (4 - 1) * 15.5 = 73 ms
+    p = four_layers()
+    cost = costmodel.evaluate(plan((["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], [])), p, setup(2))
+    assert cost.iteration_ms == pytest.approx(73.0)
+    assert costmodel.iteration_ms([11.0, 15.5], setup(2)) == pytest.approx(73.0)
+    assert costmodel.iteration_ms([5.0, 1.0, 2.0], setup(3, microbatches=1)) == pytest.approx(8.0)
+    assert costmodel.iteration_ms([5.0, 1.0, 2.0], setup(3, microbatches=10)) == pytest.approx(8.0 + 9 * 5.0)
+
+
+def test_iteration_ms_is_bounded_by_total_work_when_ranks_share_cores():
+    # parallel_stages C < P: T = max(critical path, M * sum(time_s) / C)
+    # P=2, M=4, times 11 and 15.5: critical path 73; C = 1: 4 * 26.5 / 1 = 106 -> 106
+    assert costmodel.iteration_ms([11.0, 15.5], setup(2, parallel_stages=1)) == pytest.approx(106.0)
+    # C = 2 = P: capacity 4 * 26.5 / 2 = 53 < 73 -> 73; C > P counts as P
+    assert costmodel.iteration_ms([11.0, 15.5], setup(2, parallel_stages=2)) == pytest.approx(73.0)
+    assert costmodel.iteration_ms([11.0, 15.5], setup(2, parallel_stages=5)) == pytest.approx(73.0)
+    # P=3, M=4, times 3, 12, 9.5: critical path 60.5; C = 2: 4 * 24.5 / 2 = 49 -> 60.5;
+    # M = 8: path 24.5 + 7 * 12 = 108.5, capacity 8 * 24.5 / 2 = 98 -> 108.5
+    # C = 1, M = 4: 98 -> 98
+    assert costmodel.iteration_ms([3.0, 12.0, 9.5], setup(3, parallel_stages=2)) == pytest.approx(60.5)
+    assert costmodel.iteration_ms([3.0, 12.0, 9.5], setup(3, 8, parallel_stages=2)) == pytest.approx(108.5)
+    assert costmodel.iteration_ms([3.0, 12.0, 9.5], setup(3, parallel_stages=1)) == pytest.approx(98.0)
+    p = four_layers()
+    cost = costmodel.evaluate(plan((["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], [])), p,
+                              setup(2, parallel_stages=1))
+    assert cost.iteration_ms == pytest.approx(106.0)
+
+
+def test_single_stage_is_both_first_and_last():
+    # P=1, M=2: k = 1; [all four], nothing checkpointed
+    #   static = 1 + 2 + 2 + 0.5 = 5.5 MiB
+    #   kept = 2 + 10 + 10 + 6 + output(head) 1 + loss 0.25 = 29.25 (no first-layer correction)
+    #   buffers = M * batch_input = 1 MiB (no recv buffers either way)
+    #   transient = max(3, 1, 1, 5) = 5; peak = 5.5 + 29.25 + 1 + 5 = 40.75 MiB
+    #   time = 3 + 6 + 6 + 9 + 0.5 = 24.5; T = 24.5 + 1 * 24.5 = 49 ms
+    p = four_layers()
+    cost = costmodel.evaluate(plan((["embed", "blocks.0", "blocks.1", "head"], [])), p, setup(1, 2))
+    assert cost.peak_bytes_per_stage == [163 * MIB // 4]
+    assert cost.stages[0].buffer_bytes == 1 * MIB
+    assert cost.iteration_ms == pytest.approx(49.0)
+
+
+def test_evaluate_matches_stage_cost_and_split_to_stages():
+    p = four_layers()
+    stages = costmodel.split_to_stages([0, 2], [False, True, True, False], p)
+    assert [(st.layers, st.checkpointed) for st in stages] == [
+        (["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], ["blocks.1"])]
+    cost = costmodel.evaluate(stages, p, setup(2, caps=[50 * MIB, 30 * MIB]))
+    # stage 0: 50 MiB (above); stage 1 with blocks.1 checkpointed:
+    #   kept = 4 + 6 - 4 + 1 + 0.25 = 7.25
+    #   recompute = (10 - 4) - act(head) 6 = 0; transient = 0 + 5 = 5
+    #   peak = 2.5 + 7.25 + 16 + 5 = 30.75 MiB
+    assert cost.peak_bytes_per_stage == [50 * MIB, 123 * MIB // 4]
+    assert [c.cap_bytes for c in cost.stages] == [50 * MIB, 30 * MIB]
+    assert [c.fits for c in cost.stages] == [True, False]
+    predicted = costmodel.with_predictions(stages, cost)
+    assert predicted[1].predicted.peak_bytes == 123 * MIB // 4
+    assert predicted[1].predicted.transient_bytes == 5 * MIB
+    assert predicted[0].predicted.time_ms == pytest.approx(11.0)
+
+
+# ---------------------------------------------------------------- evaluate rejects bad plans
+
+
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ((["embed", "blocks.0"], ["blocks.1", "head"], ["head"]), "3 stages"),  # wrong count
+        ((["embed", "blocks.0", "blocks.1", "head"],), "1 stages"),  # wrong count
+        ((["embed"], ["blocks.1", "head"]), "missing"),  # skips blocks.0
+        ((["embed", "blocks.0"], ["blocks.0", "blocks.1", "head"]), "repeated"),  # repeats blocks.0
+        ((["embed", "blocks.1"], ["blocks.0", "head"]), "out of order"),  # reordered
+        ((["blocks.0", "blocks.1"], ["embed", "head"]), "out of order"),  # reordered across stages
+        ((["embed", "blocks.0"], ["blocks.1", "head", "extra"]), "unknown"),
+        ((["embed", "blocks.0"], ["blocks.1"]), "missing"),  # drops the last layer
+    ],
+)
+def test_evaluate_rejects_plans_that_do_not_cover_the_layers_in_order(stages, message):
+    p = four_layers()
+    with pytest.raises(ValueError, match=message):
+        costmodel.evaluate(plan(*[(names, []) for names in stages]), p, setup(2))
+
+
+# ---------------------------------------------------------------- kind normalisation
+
+
+def test_same_kind_layers_share_mean_times_and_max_bytes():
+    # two "Block"s measured differently; a third kind alone is untouched
+    layers = [
+        layer("a", "Block", fwd_ms=2, bwd_ratio=2, act_mib=10, input_mib=4, output_mib=3,
+              param_count=100, transient_mib=1),   # bwd 4
+        layer("b", "Block", fwd_ms=4, bwd_ratio=1.5, act_mib=8, input_mib=5, output_mib=2,
+              param_count=300, transient_mib=0.5),  # bwd 6
+        layer("c", "Head", fwd_ms=7, act_mib=1, input_mib=1, param_count=5),
+    ]
+    costs = costmodel.layer_costs(profile_of(layers))
+    a, b, c = costs
+    # times: mean -> fwd (2 + 4) / 2 = 3, bwd (4 + 6) / 2 = 5
+    # bytes: max -> act 10, input 5, output 3, params 300, transient 1
+    # input_in_act: min(min(4, 10), min(5, 8)) = 4 (the smaller share is the safe correction)
+    for cost in (a, b):
+        assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx((3.0, 5.0))
+        assert (cost.act_bytes, cost.input_bytes, cost.output_bytes) == (10 * MIB, 5 * MIB, 3 * MIB)
+        assert (cost.param_count, cost.transient_bytes) == (300, 1 * MIB)
+        assert cost.input_in_act_bytes == 4 * MIB
+        assert cost.kind == "Block"
+    assert (a.name, b.name) == ("a", "b")
+    assert (c.fwd_ms, c.bwd_ms, c.act_bytes, c.param_count) == (7, 14, 1 * MIB, 5)
+
+
+def test_kind_normalisation_reaches_evaluate():
+    # P=1, M=1, [a, b] of one kind, b checkpointed. Normalised: fwd 3, bwd 5, act 10,
+    # input 5, output 3 MiB, 300 params (16 B each), transient 1 MiB.
+    #   static = 600 * 16 = 9600 B; kept = 10 + 5 + output 3 = 18 MiB
+    #   transient = (10 - 5) + 1 = 6 MiB; peak = 9600 + 18 MiB + 6 MiB
+    #   time = 2 * (3 + 5) + 3 = 19 ms; T = 19 + 0 = 19 ms
+    layers = [
+        layer("a", "Block", fwd_ms=2, bwd_ratio=2, act_mib=10, input_mib=4, output_mib=3,
+              param_count=100, transient_mib=1),
+        layer("b", "Block", fwd_ms=4, bwd_ratio=1.5, act_mib=8, input_mib=5, output_mib=2,
+              param_count=300, transient_mib=0.5),
+    ]
+    cost = costmodel.evaluate(plan((["a", "b"], ["b"])), profile_of(layers), setup(1, 1))
+    assert cost.stages[0].static_bytes == 9600
+    assert cost.stages[0].kept_bytes == 18 * MIB
+    assert cost.stages[0].transient_bytes == 6 * MIB
+    assert cost.peak_bytes_per_stage == [9600 + 24 * MIB]
+    assert cost.iteration_ms == pytest.approx(19.0)
