@@ -34,6 +34,7 @@ from planner.schema import Profile, StagePlan, TrainSetup
 
 GIB = float(2**30)  # bytes enter the solver in GiB so coefficients stay well conditioned
 CAP_MARGIN_BYTES = 4096  # absorbs the solver's feasibility tolerance (~1e-7 GiB)
+PROBING_OFF = 1 << 15  # HiGHS presolve rule: probing took the whole time limit on 4k-binary models
 
 
 class SolverMismatch(AssertionError):
@@ -61,7 +62,8 @@ class Problem:
 
 @dataclass(frozen=True)
 class SolveResult:
-    status: Literal["optimal", "feasible", "infeasible"]
+    # "timeout": the time limit passed before any plan was found (not proof of infeasibility)
+    status: Literal["optimal", "feasible", "infeasible", "timeout"]
     objective: float | None
     gap: float | None
     wall_s: float
@@ -222,10 +224,12 @@ def _stage_memory_gib(problem: Problem, s: int, n, r, opens, closes):
     recompute = pulp.LpVariable(f"R_{s}", lowBound=0)
     transient = pulp.LpVariable(f"X_{s}", lowBound=0)
     total += [recompute, transient]
-    # K[g]: bytes per microbatch that stage s's layers of runs g, g+1, ... keep
+    # K[s,g] (GiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
+    # recurrence so each recompute constraint names one variable instead of every later run
     later = {len(problem.runs): 0}
     for g in reversed(range(len(problem.runs))):
-        later[g] = later[g + 1] + _run_kept_bytes(problem, s, g, n, r)
+        later[g] = pulp.LpVariable(f"K_{s}_{g}")
+        lp += later[g] == later[g + 1] + _run_kept_bytes(problem, s, g, n, r) / GIB, f"later_{s}_{g}"
     for g, run in enumerate(problem.runs):
         layer = run.layer
         per_layer = costmodel.static_bytes(layer, setup) + k * costmodel.kept_bytes(layer, False)
@@ -236,8 +240,8 @@ def _stage_memory_gib(problem: Problem, s: int, n, r, opens, closes):
             used = _presence(problem, f"q_{s}_{g}", problem.r[s, g], run.size)
             # [Constraint] R_s ≥ recompute extra of the run's last checkpointed layer (the first
             # r of the run are the checkpointed ones) minus what the layers after it keep
-            after = (n(s, g) - problem.r[s, g]) * costmodel.kept_bytes(layer, False) + later[g + 1]
-            lp += recompute >= (layer.recompute_peak_bytes * used - after) / GIB, f"recompute_{s}_{g}"
+            after = (n(s, g) - problem.r[s, g]) * costmodel.kept_bytes(layer, False) / GIB + later[g + 1]
+            lp += recompute >= layer.recompute_peak_bytes / GIB * used - after, f"recompute_{s}_{g}"
         first = k * costmodel.first_layer_kept_bytes(layer, s) + costmodel.first_layer_buffer_bytes(layer, s, setup)
         last = k * costmodel.last_layer_kept_bytes(layer) + costmodel.last_layer_buffer_bytes(layer, s, setup)
         total += [first / GIB * opens(s, g), last / GIB * closes(s, g)]
@@ -273,6 +277,29 @@ def _cap_gib(problem: Problem, s: int):
 # ---------------------------------------------------------------- solve and extract
 
 
+class _HiGHS(pulp.HiGHS):
+    """pulp's HiGHS (highspy API) with two additions pulp's bridge lacks:
+    - the objective's constant goes to HiGHS too; without it HiGHS measures its MIP gap
+      against a smaller number than the real objective (gaps several times too large);
+    - an optional start solution (variable name -> value), e.g. from the best baseline,
+      so a time-limited solve never returns worse than that."""
+
+    def __init__(self, *args, start: dict[str, float] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start = start
+
+    def callSolver(self, lp):
+        import highspy
+
+        lp.solverModel.changeObjectiveOffset(float(lp.objective.constant))
+        if self.start:
+            solution = highspy.HighsSolution()
+            solution.col_value = [self.start.get(var.name, 0.0) for var in lp.variables()]
+            solution.value_valid = True
+            lp.solverModel.setSolution(solution)
+        super().callSolver(lp)
+
+
 def solve(
     problem: Problem,
     *,
@@ -280,10 +307,14 @@ def solve(
     mip_gap: float = 1e-4,
     threads: int | None = None,
     log: bool = False,
+    start: list[StagePlan] | None = None,
 ) -> SolveResult:
-    """Run HiGHS. Optimal only when pulp's problem AND solution status both say so;
-    a time-limited solve with a solution is "feasible" with its gap."""
-    solver = pulp.HiGHS(msg=log, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads)
+    """Run HiGHS. Optimal only when pulp's problem AND solution status both say so; a
+    time-limited solve with a solution is "feasible" with its gap. `start`: a feasible
+    plan (a baseline's stages) HiGHS begins from."""
+    values = start_values(problem, start) if start else None
+    solver = _HiGHS(msg=log, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads, start=values,
+                    presolve_rule_off=PROBING_OFF)
     started = time.perf_counter()
     problem.lp.solve(solver)
     wall_s = time.perf_counter() - started
@@ -292,11 +323,42 @@ def solve(
         status = "optimal"
     elif sol_status == pulp.LpSolutionIntegerFeasible:
         status = "feasible"
-    else:
+    elif problem.lp.status == pulp.LpStatusInfeasible:
         return SolveResult("infeasible", None, None, wall_s)
+    else:
+        return SolveResult("timeout", None, None, wall_s)
     info = problem.lp.solverModel.getInfo()
     gap = float(info.mip_gap) if info.mip_gap < float("inf") else None
     return SolveResult(status, float(pulp.value(problem.lp.objective)), gap, wall_s)
+
+
+def start_values(problem: Problem, stages: list[StagePlan]) -> dict[str, float] | None:
+    """Every variable's value for a given plan: fix the prefix and checkpoint counts to the
+    plan's, let HiGHS fill in the rest (a tiny solve), and read them back."""
+    runs, names = problem.runs, [layer.name for layer in problem.profile.layers]
+    position = {name: idx for idx, name in enumerate(names)}
+    ends = [position[stage.layers[-1]] + 1 for stage in stages]
+    ckpt = {position[name] for stage in stages for name in stage.checkpointed}
+    fixed = {}
+    for s, end in enumerate(ends):
+        begin = ends[s - 1] if s > 0 else 0
+        for g, run in enumerate(runs):
+            layers_before = max(0, min(end, run.start + run.size) - run.start)
+            if not isinstance(problem.y[s, g], int):
+                fixed[problem.y[s, g]] = layers_before
+            if (s, g) in problem.r:
+                fixed[problem.r[s, g]] = sum(1 for i in range(max(begin, run.start), min(end, run.start + run.size)) if i in ckpt)
+    saved = {var: (var.lowBound, var.upBound) for var in fixed}
+    for var, value in fixed.items():
+        var.lowBound = var.upBound = value
+    try:
+        problem.lp.solve(_HiGHS(msg=False))
+        if problem.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+            return None  # the plan breaks the formulation's assumptions (or a cap): no start
+        return {var.name: var.varValue for var in problem.lp.variables()}
+    finally:
+        for var, (low, up) in saved.items():
+            var.lowBound, var.upBound = low, up
 
 
 def extract_plan(problem: Problem) -> list[StagePlan]:
@@ -326,12 +388,14 @@ def plan(
     threads: int | None = None,
     log: bool = False,
     upper_bound_ms: float | None = None,
+    start: list[StagePlan] | None = None,
 ) -> PlanResult | SolveResult:
-    """Build, solve, extract and cross-check. Returns the SolveResult alone when infeasible.
-    `upper_bound_ms`: the iteration time of any feasible plan (e.g. the best baseline)."""
+    """Build, solve, extract and cross-check. Returns the SolveResult alone when no plan
+    was found (infeasible, or timeout). `start`: a feasible plan (e.g. the best baseline)
+    to begin from; `upper_bound_ms`: the iteration time of a feasible plan."""
     problem = build_problem(profile, setup, upper_bound_ms=upper_bound_ms)
-    result = solve(problem, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, log=log)
-    if result.status == "infeasible":
+    result = solve(problem, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, log=log, start=start)
+    if result.status in ("infeasible", "timeout"):
         return result
     stages = extract_plan(problem)
     cost = costmodel.evaluate(stages, profile, setup)
@@ -350,7 +414,7 @@ def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | 
     and the cost of that plan (for telling a user what cap would work)."""
     problem = build_problem(profile, setup, objective="memory")
     result = solve(problem, time_limit_s=time_limit_s)
-    if result.status == "infeasible":
+    if result.status in ("infeasible", "timeout"):
         return None
     stages = extract_plan(problem)
     cost = costmodel.evaluate(stages, profile, setup)

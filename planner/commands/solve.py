@@ -116,8 +116,12 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float):
     from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo
 
     references = baselines.all_baselines(profile, setup)
-    feasible_ms = [b.iteration_ms for b in references if b.feasible]
-    result = milp.plan(profile, setup, time_limit_s=time_limit_s, upper_bound_ms=min(feasible_ms, default=None))
+    best = min((b for b in references if b.feasible), key=lambda b: b.iteration_ms, default=None)
+    result = milp.plan(profile, setup, time_limit_s=time_limit_s,
+                       upper_bound_ms=best.iteration_ms if best else None, start=best.stages if best else None)
+    if isinstance(result, milp.SolveResult) and result.status == "timeout":
+        raise UserError(f"the solver found no plan within --time-limit {time_limit_s:g} s and no baseline "
+                        "fits to start from; raise --time-limit")
     if isinstance(result, milp.SolveResult):
         raise UserError(_infeasible_message(profile, setup))
     return Plan(

@@ -32,8 +32,9 @@ def run_sweep(profile, setup, *, plot: Path, time_limit_s: float, as_json: bool)
     for cap in sweep_caps(profile, setup):
         point = setup.model_copy(update={"mem_caps_bytes": [cap] * setup.stages})
         refs = baselines.all_baselines(profile, point)
-        best = min((b.iteration_ms for b in refs if b.feasible), default=None)
-        result = milp.plan(profile, point, time_limit_s=time_limit_s, upper_bound_ms=best)
+        best = min((b for b in refs if b.feasible), key=lambda b: b.iteration_ms, default=None)
+        result = milp.plan(profile, point, time_limit_s=time_limit_s, upper_bound_ms=best and best.iteration_ms,
+                           start=best and best.stages)
         ckplan_ms = None if isinstance(result, milp.SolveResult) else result.cost.iteration_ms
         rows.append({"cap_bytes": cap, "ckplan": ckplan_ms,
                      **{b.name: (b.iteration_ms if b.feasible else None) for b in refs}})
