@@ -111,11 +111,15 @@ def spawned(monkeypatch):
 
 
 def _gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, waiting for whoever adopted it to reap it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True  # vanished between the two looks
 
 
 @pytest.mark.parametrize(("fault", "message"), [
@@ -202,10 +206,10 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     deadline = time.monotonic() + 60
     while len(ranks := _children(launcher_proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(ranks) == 2
+    assert len(ranks) == 2, f"ranks of the launcher: {ranks}"
     launcher_proc.kill()
     launcher_proc.wait()
     deadline = time.monotonic() + 10
     while not all(_gone(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert all(_gone(pid) for pid in ranks)
+    assert all(_gone(pid) for pid in ranks), [Path(f"/proc/{pid}/stat").read_text() for pid in ranks if not _gone(pid)]

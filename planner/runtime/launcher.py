@@ -30,7 +30,6 @@ from planner.errors import UserError
 from planner.io import file_ref, plan_to_yaml, write_atomic
 from planner.runtime.checks import Prepared, prepare
 from planner.runtime.worker import (
-    PARENT_PID_ENV,
     Failure,
     Job,
     RankResult,
@@ -42,6 +41,18 @@ from planner.schema import DeviceInfo, FileRef, Plan, RunReport, StageMeasured, 
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")
 POLL_S = 0.05
+PARENT_PID_ENV = "CKPLAN_PARENT_PID"
+# A rank's first act, before importing torch takes seconds: on Linux, ask for SIGKILL
+# when the launcher dies (PR_SET_PDEATHSIG), and leave if it already has. Then run the worker.
+RANK_BOOTSTRAP = f"""\
+import ctypes, os, sys
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None).prctl(1, 9)
+    if os.getppid() != int(os.environ["{PARENT_PID_ENV}"]):
+        sys.exit(1)
+from planner.runtime.worker import main
+main()
+"""
 
 
 def run_plan(
@@ -148,7 +159,7 @@ def _run_local(job: Job) -> list[RankResult]:
         for rank in range(num_ranks):
             with open(out_dir / f"rank{rank}.log", "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "planner.runtime.worker", str(job_path)],
+                    [sys.executable, "-c", RANK_BOOTSTRAP, str(job_path)],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 ))

@@ -1,7 +1,6 @@
 """One rank of a pipelined training run: build its stage, train, measure.
 
-Started by the launcher as `python -m planner.runtime.worker JOB.json` (one process
-per stage) or called in-process by `run_plan` when torchrun started us. A rank writes
+Started by the launcher (one process per stage, see launcher.RANK_BOOTSTRAP) or called in-process by `run_plan` when torchrun started us. A rank writes
 `rank<r>.json` (its measurements) or `rank<r>.error.json` (one sentence) into the
 job's folder; the launcher reads them.
 
@@ -11,10 +10,8 @@ Steps: `warmup_steps` untimed, then `steps` timed without the memory tracker, th
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
@@ -47,7 +44,6 @@ from planner.schema import Plan, StagePlan
 from planner.units import format_bytes
 
 SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
-PARENT_PID_ENV = "CKPLAN_PARENT_PID"
 
 
 class Job(BaseModel):
@@ -330,19 +326,8 @@ def describe_failure(exc: BaseException, *, rank: int, job: Job) -> Failure:
     return Failure(rank=rank, message=message, peer=peer, time=time.time())
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this rank if the launcher dies, so no rank outlives it."""
-    parent = os.environ.get(PARENT_PID_ENV)
-    if parent is None or not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() != int(parent):
-        os._exit(1)
-
-
 def main() -> None:
-    _die_with_parent()
-    job = Job.model_validate_json(Path(sys.argv[1]).read_text())
+    job = Job.model_validate_json(Path(sys.argv[-1]).read_text())
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out_dir = Path(job.out_dir)
     code = 0
