@@ -55,7 +55,7 @@ def check_table(checks, plan):
         error = f"{(check.peak_bytes - predicted) / predicted * 100:+.1f}%" if predicted else "–"
         rows.append([str(check.index), str(check.in_flight),
                      format_bytes(predicted) if predicted else "–", format_bytes(check.peak_bytes), error,
-                     format_bytes(check.cap_bytes), console.bar(check.peak_bytes / check.cap_bytes, width=8)])
+                     format_bytes(check.cap_bytes), console.bar(check.peak_bytes / check.cap_bytes, width=5)])
     columns = ["stage", "in flight", "predicted", "measured", "err", "cap", "measured / cap"]
     return console.table(f"peak memory per stage ({plan.setup.schedule}, {plan.setup.microbatches} microbatches)",
                          columns, rows)

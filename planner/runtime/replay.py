@@ -12,8 +12,9 @@ run in the order the schedule runs them on this stage:
            are forwarded, then the remaining backwards
     GPipe  all M forwards, then all M backwards
 
-The same tracker as `ckplan launch` (planner.memtrack.PeakMemory) measures the
-second replay; the first creates the optimizer state, as the launch's warm-up does.
+The same tracker as `ckplan launch` (planner.memtrack.PeakMemory) measures one
+replay, after an optimizer step on zero gradients has created the optimizer state
+(as the launch's warm-up step does).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def replay_stage(plan: Plan, prepared: Prepared, index: int, *, device: torch.de
             param.grad.div_(num_mb)  # the schedule averages over microbatches
         optimizer.step()
 
-    step()
+    optimizer.step()  # zero gradients: creates the optimizer state a launch's warm-up creates, moves nothing
     external = [module, optimizer, batch, target, *recv, *grad_recv]
     with PeakMemory(device, external=external) as mem:
         step(partial(forget_module_stats, mem))
