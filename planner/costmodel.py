@@ -12,10 +12,10 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    − input_in_act(first)  [s > 0]               the received input lives in a recv buffer
                    + output(last)                               the stage output waits in fwd_cache
                    (+ loss_bytes on the last stage)
-    buffers_s    = M · input(first) [s > 0] + M · output(last) [s < P-1]   PipelineStage's recv buffers
-                   + M · batch_input [s = 0]
+    buffers_s    = (M + 1) · input(first) [s > 0] + M · output(last) [s < P-1]   PipelineStage's recv
+                   + M · batch_input [s = 0]             buffers, and the input gradient being sent
     transient_s  = max_{l∈C} (act_l - input_l - Σ_{m>l} kept_m)⁺  recompute, net of what later
-                   + max_S transient                                layers already freed; + scratch
+                   + max(max_S transient, loss scratch)            layers already freed; + scratch
     peak_s       = static_s + k_s · kept_s + buffers_s + transient_s
     time_s       = Σ_S (fwd + bwd) + Σ_C fwd (+ loss on the last stage)
     T_iter       = max(Σ_s time_s + (M - 1) · max_s time_s,      the pipeline's critical path
@@ -188,8 +188,9 @@ def last_layer_kept_bytes(layer: LayerCost) -> int:
 
 
 def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
-    """Receive buffers for the stage input, one per microbatch (none on stage 0)."""
-    return setup.microbatches * layer.input_bytes if stage > 0 else 0
+    """Receive buffers for the stage input, one per microbatch, plus the input's gradient
+    held by its pending send while the next microbatch runs (none of this on stage 0)."""
+    return (setup.microbatches + 1) * layer.input_bytes if stage > 0 else 0
 
 
 def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
@@ -203,6 +204,11 @@ def stage_constant_bytes(profile: Profile, stage: int, setup: TrainSetup) -> tup
     kept = profile.loss_bytes if stage == setup.stages - 1 else 0
     buffers = setup.microbatches * profile.batch_input_bytes if stage == 0 else 0
     return kept, buffers
+
+
+def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """The loss's scratch (e.g. cross-entropy's gradients) on the last stage."""
+    return profile.loss_transient_bytes if stage == setup.stages - 1 else 0
 
 
 def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
@@ -260,7 +266,8 @@ def stage_cost(
         + last_layer_buffer_bytes(last, stage, setup)
         + const_buffers
     )
-    transient = recompute_extra_bytes(layers, checkpointed) + max(layer.transient_bytes for layer in layers)
+    scratch = max(max(layer.transient_bytes for layer in layers), stage_constant_transient_bytes(profile, stage, setup))
+    transient = recompute_extra_bytes(layers, checkpointed) + scratch
     static = sum(static_bytes(layer, setup) for layer in layers)
     k = in_flight(setup, stage)
     time_ms = sum(layer_time_ms(layer, ckpt) for layer, ckpt in zip(layers, checkpointed))

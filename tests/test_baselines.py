@@ -142,8 +142,9 @@ def test_colossalai_ratio_by_hand():
     #   static 4; kept = 10 (4 - c) + 2 c + output 2 = 42 - 8 c; buffers = M * output = 8;
     #   recompute = 8 [c = 4];  peak = 4 + 2 (42 - 8 c) + 8 + 8 [c = 4] = 96 - 16 c + 8 [c = 4]
     #   c = 0: 96, 1: 80, 2: 64, 3: 48, 4: 40 MiB
-    # Stage 1 (last, k=1): kept = 10 (4 - d) + 2 d - 2 + 2 = 40 - 8 d; buffers = M * input = 8
-    #   peak = 4 + 40 - 8 d + 8 + 8 [d = 4]: d = 0: 52, 1: 44, 2: 36, 3: 28, 4: 28 MiB
+    # Stage 1 (last, k=1): kept = 10 (4 - d) + 2 d - 2 + 2 = 40 - 8 d;
+    #   buffers = (M + 1) * input = 10 (recv buffers + the input gradient being sent)
+    #   peak = 4 + 40 - 8 d + 10 + 8 [d = 4]: d = 0: 54, 1: 46, 2: 38, 3: 30, 4: 30 MiB
     # caps 60 MiB on both: ratio = step / 8, c = d = int(step / 8 * 4) = step // 2;
     # c = 3 is the first that fits stage 0 (48) -> step 6 (ratio 0.75); step 5 gives c = 2 (64).
     p = blocks_profile()
@@ -151,7 +152,7 @@ def test_colossalai_ratio_by_hand():
     stages = baselines.colossalai_ratio(p, s)
     assert ckpt_counts(stages) == [3, 3]
     assert [st.checkpointed for st in stages] == [["b0", "b1", "b2"], ["b4", "b5", "b6"]]
-    assert peaks(p, s, baselines.colossalai_ratio) == [48 * MIB, 28 * MIB]
+    assert peaks(p, s, baselines.colossalai_ratio) == [48 * MIB, 30 * MIB]
     # Megatron block: the smallest N with min(N, 4) per stage: N = 3 as well here
     assert ckpt_counts(baselines.megatron_block(p, s)) == [3, 3]
     # a cap of 100 MiB: nothing needs checkpointing

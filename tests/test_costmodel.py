@@ -183,18 +183,19 @@ def test_last_stage_without_checkpointing():
     #   kept      = act 10 + act 6
     #               - input_in_act(blocks.1) 4  (received input lives in a recv buffer)
     #               + output(head) 1 + loss_bytes 0.25                   = 13.25 MiB
-    #   buffers   = M * input(blocks.1) = 16 (no grad-recv buffer on the last stage) = 16 MiB
+    #   buffers   = (M + 1) * input(blocks.1): recv buffers + the input gradient being sent
+    #             = 5 * 4 (no grad-recv buffer on the last stage)        = 20 MiB
     #   transient = 0 + max(1, 5)                                        = 5 MiB
-    #   peak      = 2.5 + 1 * 13.25 + 16 + 5                             = 36.75 MiB
+    #   peak      = 2.5 + 1 * 13.25 + 20 + 5                             = 40.75 MiB
     #   time      = (2 + 4) + (3 + 6) + loss 0.5                         = 15.5 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 1, ["blocks.1", "head"], [])
     assert cost.static_bytes == 5 * MIB // 2
     assert cost.in_flight == 1
     assert cost.kept_bytes == 53 * MIB // 4
-    assert cost.buffer_bytes == 16 * MIB
+    assert cost.buffer_bytes == 20 * MIB
     assert cost.transient_bytes == 5 * MIB
-    assert cost.peak_bytes == 147 * MIB // 4
+    assert cost.peak_bytes == 163 * MIB // 4
     assert cost.time_ms == pytest.approx(15.5)
 
 
@@ -203,13 +204,13 @@ def test_last_stage_all_checkpointed():
     #   kept      = input 4 + input 4 - input_in_act(blocks.1) 4 + 1 + 0.25 = 5.25 MiB
     #   recompute = head: (6 - 4) - 0 = 2; blocks.1: (10 - 4) - kept(head) 4 = 2  -> 2
     #   transient = 2 + max(1, 5)                                            = 7 MiB
-    #   peak      = 2.5 + 5.25 + 16 + 7                                      = 30.75 MiB
+    #   peak      = 2.5 + 5.25 + 20 + 7                                      = 34.75 MiB
     #   time      = 15.5 + 2 + 3 (two recompute forwards)                    = 20.5 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 1, ["blocks.1", "head"], ["blocks.1", "head"])
     assert cost.kept_bytes == 21 * MIB // 4
     assert cost.transient_bytes == 7 * MIB
-    assert cost.peak_bytes == 123 * MIB // 4
+    assert cost.peak_bytes == 139 * MIB // 4
     assert cost.time_ms == pytest.approx(20.5)
 
 
@@ -242,24 +243,24 @@ def test_recompute_extra_is_net_of_what_later_layers_keep():
 def test_middle_stage():
     # P=3, M=4, 1F1B: stage 1 holds k = min(3 - 1, 4) = 2. stage 1 = [blocks.0, blocks.1]
     #   static  = 2 * 131072 * 16 B = 4 MiB
-    #   buffers = M * input(blocks.0) 4 * 4 + M * output(blocks.1) 4 * 4     = 32 MiB
+    #   buffers = (M + 1) * input(blocks.0) 5 * 4 + M * output(blocks.1) 4 * 4 = 36 MiB
     # no checkpointing:
     #   kept = 10 + 10 - input_in_act(blocks.0) 4 + output(blocks.1) 4      = 20 MiB
-    #   transient = 0 + 1; peak = 4 + 2 * 20 + 32 + 1                        = 77 MiB
+    #   transient = 0 + 1; peak = 4 + 2 * 20 + 36 + 1                        = 81 MiB
     #   time = 6 + 6 = 12 ms
     # blocks.1 (last) checkpointed:
     #   kept = 10 + 4 - 4 + 4 = 14; transient = (10 - 4) + 1 = 7
-    #   peak = 4 + 28 + 32 + 7 = 71 MiB; time = 12 + 2 = 14 ms
+    #   peak = 4 + 28 + 36 + 7 = 75 MiB; time = 12 + 2 = 14 ms
     # blocks.0 (the stage's first layer) checkpointed: kept = 4 + 10 - 4 + 4 = 14;
     #   recompute (10 - 4) - act(blocks.1) 10 < 0 -> 0; transient = 1
-    #   peak = 4 + 28 + 32 + 1 = 65 MiB; time 14 ms
+    #   peak = 4 + 28 + 36 + 1 = 69 MiB; time 14 ms
     p = four_layers()
     s = setup(3)
     plain = stage_of(p, s, 1, ["blocks.0", "blocks.1"], [])
-    assert (plain.in_flight, plain.static_bytes, plain.buffer_bytes) == (2, 4 * MIB, 32 * MIB)
-    assert (plain.kept_bytes, plain.transient_bytes, plain.peak_bytes) == (20 * MIB, 1 * MIB, 77 * MIB)
+    assert (plain.in_flight, plain.static_bytes, plain.buffer_bytes) == (2, 4 * MIB, 36 * MIB)
+    assert (plain.kept_bytes, plain.transient_bytes, plain.peak_bytes) == (20 * MIB, 1 * MIB, 81 * MIB)
     assert plain.time_ms == pytest.approx(12.0)
-    for ckpt, transient, peak in ((["blocks.1"], 7, 71), (["blocks.0"], 1, 65)):
+    for ckpt, transient, peak in ((["blocks.1"], 7, 75), (["blocks.0"], 1, 69)):
         cost = stage_of(p, s, 1, ["blocks.0", "blocks.1"], ckpt)
         assert cost.kept_bytes == 14 * MIB
         assert (cost.transient_bytes, cost.peak_bytes) == (transient * MIB, peak * MIB)
@@ -270,14 +271,14 @@ def test_three_stage_plan_end_to_end():
     # P=3, M=4, 1F1B; [embed] | [blocks.0, blocks.1] | [head], nothing checkpointed.
     # stage 0: k=3; static 1; kept = 2 + output 4 = 6; buffers = 4 * 4 + 4 * 0.5 = 18;
     #          transient 3; peak = 1 + 18 + 18 + 3 = 40 MiB; time 3 ms
-    # stage 1: 77 MiB, 12 ms (test_middle_stage)
-    # stage 2: k=1; static 0.5; kept = 6 - 4 + 1 + 0.25 = 3.25; buffers = 4 * 4 = 16;
-    #          transient 5; peak = 0.5 + 3.25 + 16 + 5 = 24.75 MiB; time 9 + 0.5 = 9.5 ms
+    # stage 1: 81 MiB, 12 ms (test_middle_stage)
+    # stage 2: k=1; static 0.5; kept = 6 - 4 + 1 + 0.25 = 3.25; buffers = 5 * 4 = 20;
+    #          transient 5; peak = 0.5 + 3.25 + 20 + 5 = 28.75 MiB; time 9 + 0.5 = 9.5 ms
     # T = (3 + 12 + 9.5) + (4 - 1) * 12 = 60.5 ms
     p = four_layers()
-    s = setup(3, caps=[40 * MIB, 77 * MIB - 1, 25 * MIB])
+    s = setup(3, caps=[40 * MIB, 81 * MIB - 1, 29 * MIB])
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert cost.peak_bytes_per_stage == [40 * MIB, 77 * MIB, 99 * MIB // 4]
+    assert cost.peak_bytes_per_stage == [40 * MIB, 81 * MIB, 115 * MIB // 4]
     assert [c.time_ms for c in cost.stages] == pytest.approx([3.0, 12.0, 9.5])
     assert [c.in_flight for c in cost.stages] == [3, 2, 1]
     assert cost.iteration_ms == pytest.approx(60.5)
@@ -288,12 +289,12 @@ def test_three_stage_plan_end_to_end():
 
 def test_gpipe_holds_every_microbatch_on_every_stage():
     # same plan under GPipe: k = 4 everywhere.
-    # stage 0: 1 + 4 * 6 + 18 + 3 = 46; stage 1: 4 + 4 * 20 + 32 + 1 = 117;
-    # stage 2: 0.5 + 4 * 3.25 + 16 + 5 = 34.5 MiB
+    # stage 0: 1 + 4 * 6 + 18 + 3 = 46; stage 1: 4 + 4 * 20 + 36 + 1 = 121;
+    # stage 2: 0.5 + 4 * 3.25 + 20 + 5 = 38.5 MiB
     p = four_layers()
     s = setup(3, schedule="GPipe")
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert cost.peak_bytes_per_stage == [46 * MIB, 117 * MIB, 69 * MIB // 2]
+    assert cost.peak_bytes_per_stage == [46 * MIB, 121 * MIB, 77 * MIB // 2]
 
 
 def test_iteration_ms_is_fill_drain_plus_steady_state():
@@ -349,12 +350,12 @@ def test_evaluate_matches_stage_cost_and_split_to_stages():
     # stage 0: 50 MiB (above); stage 1 with blocks.1 checkpointed:
     #   kept = 4 + 6 - 4 + 1 + 0.25 = 7.25
     #   recompute = (10 - 4) - act(head) 6 = 0; transient = 0 + 5 = 5
-    #   peak = 2.5 + 7.25 + 16 + 5 = 30.75 MiB
-    assert cost.peak_bytes_per_stage == [50 * MIB, 123 * MIB // 4]
+    #   peak = 2.5 + 7.25 + 20 + 5 = 34.75 MiB
+    assert cost.peak_bytes_per_stage == [50 * MIB, 139 * MIB // 4]
     assert [c.cap_bytes for c in cost.stages] == [50 * MIB, 30 * MIB]
     assert [c.fits for c in cost.stages] == [True, False]
     predicted = costmodel.with_predictions(stages, cost)
-    assert predicted[1].predicted.peak_bytes == 123 * MIB // 4
+    assert predicted[1].predicted.peak_bytes == 139 * MIB // 4
     assert predicted[1].predicted.transient_bytes == 5 * MIB
     assert predicted[0].predicted.time_ms == pytest.approx(11.0)
 

@@ -274,3 +274,14 @@ def test_noisy_timings_are_reported():
     assert "identical Block layers take from 31.5 to 100 ms" in noisy_timings(_timed_profile(steady, slow_twin))
     tiny = _timed("c", "Norm", (0.01, 0.02, 0.3), (0.01, 0.01, 0.2))  # jitter under 1 ms is fine
     assert noisy_timings(_timed_profile(steady, tiny)) == ""
+
+
+def test_loss_scratch_is_measured():
+    """Cross-entropy's backward materialises at least the gradient of the logits (batch x
+    classes x 4 bytes) beyond what the loss keeps; MSE on a (6, 2) output much less."""
+    model = nn.Sequential(nn.Linear(4, 16))
+    logits_bytes = 6 * 16 * 4
+    ce = _measure(model, torch.randn(6, 4), torch.randint(0, 16, (6,)))
+    assert ce.loss_transient_bytes >= logits_bytes
+    mse = _measure(nn.Sequential(nn.Linear(4, 2)), torch.randn(6, 4), torch.randn(6, 2))
+    assert 0 <= mse.loss_transient_bytes < logits_bytes

@@ -38,6 +38,7 @@ class Measurement:
     batch_input_bytes: int
     loss_bytes: int
     loss_ms: float
+    loss_transient_bytes: int
 
 
 def measure_model(
@@ -84,7 +85,8 @@ def measure_model(
         on_layer(name)
     with blame("loss_fn(output, target)"):
         loss_ms = _loss_ms(loss_fn, layer_outputs[-1], targets, warmup=warmup, repeats=repeats)
-    return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes, loss_ms)
+        loss_transient = _loss_transient_bytes(loss_fn, layer_outputs[-1], targets)
+    return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes, loss_ms, loss_transient)
 
 
 def _measure_layer(
@@ -141,6 +143,23 @@ def _transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | Non
         ran = _backward(output, grad)
         bwd_extra = memory.peak_bytes - kept_bytes + (storage_nbytes(grad) if ran else 0)
         del output
+    return max(0, fwd_extra, bwd_extra)
+
+
+def _loss_transient_bytes(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor) -> int:
+    """Extra peak during the loss's forward and backward beyond what it keeps: e.g. the
+    gradient of the log-softmax and of the logits during cross-entropy's backward."""
+    leaf = output.detach().requires_grad_(output.is_floating_point())
+    with memory_tracker(output.device) as memory:
+        value = loss_fn(leaf, targets)
+        kept_bytes = memory.live_bytes
+        fwd_extra = memory.peak_bytes - kept_bytes
+        memory.reset_peak()
+        if value.requires_grad:
+            value.backward()
+        bwd_extra = memory.peak_bytes - kept_bytes
+        del value
+        leaf.grad = None
     return max(0, fwd_extra, bwd_extra)
 
 
