@@ -1,0 +1,199 @@
+"""Solver benchmark: how long ckplan's MILP takes on synthetic profiles, and what it finds.
+
+For each case (a synthetic profile of some layers over some stages) the cap is put 40%
+of the way from what full checkpointing needs to what no checkpointing needs (both
+measured with evaluate() on the even split, the largest stage), so the problem is
+neither trivial nor infeasible. Each repeat does what `ckplan solve` does: score the
+baselines (the best feasible one bounds the MILP), build the problem, solve it with
+HiGHS (starting from the best baseline's plan, as `ckplan solve` does), extract and
+re-evaluate the plan. Times are medians over the repeats; "solve" is HiGHS alone
+(including the small solve that completes the start solution), "total" everything.
+
+    .venv/bin/python scripts/bench_solver.py [--cases uniform:32x4,heterogeneous:64x8]
+        [--repeats 3] [--time-limit 120] [--microbatches-per-stage 2] [--json]
+
+Case names: uniform:LxP is uniform_blocks (embedding, L - 2 identical blocks, head:
+L layers in all), heterogeneous:LxP is L layers that all differ; P stages.
+"feasible" is a plan found when the time limit struck, with the gap HiGHS had left;
+"timeout" is a time limit before any plan (only possible with no feasible baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner import baselines, costmodel, milp, synthetic  # noqa: E402
+from planner.schema import TrainSetup  # noqa: E402
+
+DEFAULT_CASES = (
+    "uniform:32x4,uniform:64x8,uniform:128x16,uniform:256x32,"
+    "heterogeneous:32x4,heterogeneous:64x8,heterogeneous:128x16"
+)
+KINDS = {"uniform": "uniform-block", "heterogeneous": "heterogeneous"}
+MIB = 2**20
+
+
+def parse_case(text: str) -> tuple[str, int, int]:
+    try:
+        kind, size = text.strip().split(":")
+        layers, stages = (int(part) for part in size.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"bad case {text!r}: expected KIND:LAYERSxSTAGES, e.g. uniform:32x4") from None
+    if kind not in KINDS:
+        raise SystemExit(f"bad case {text!r}: kind must be one of {', '.join(KINDS)}")
+    if kind == "uniform" and layers < 3 or layers < stages:
+        raise SystemExit(f"bad case {text!r}: too few layers")
+    return kind, layers, stages
+
+
+def make_profile(kind: str, layers: int):
+    if kind == "uniform":
+        return synthetic.uniform_blocks(layers - 2, seed=0)
+    return synthetic.heterogeneous(layers, seed=0)
+
+
+def interesting_setup(profile, stages: int, microbatches: int, fraction: float) -> TrainSetup:
+    """One cap for every stage, `fraction` of the way from the full-checkpointing need to the
+    no-checkpointing need (each the largest stage of the even split)."""
+    roomy = TrainSetup(stages=stages, microbatches=microbatches, micro_batch_size=profile.micro_batch_size,
+                       mem_caps_bytes=[2**62] * stages)
+    need = {
+        name: max(costmodel.evaluate(strategy(profile, roomy), profile, roomy).peak_bytes_per_stage)
+        for name, strategy in (("full", baselines.full_checkpointing), ("none", baselines.no_checkpointing))
+    }
+    cap = int(need["full"] + fraction * (need["none"] - need["full"]))
+    return roomy.model_copy(update={"mem_caps_bytes": [cap] * stages})
+
+
+def one_run(profile, setup: TrainSetup, *, time_limit_s: float, mip_gap: float, threads: int | None) -> dict:
+    started = time.perf_counter()
+    scored = baselines.all_baselines(profile, setup)
+    feasible = [b for b in scored if b.feasible]
+    best = min(feasible, key=lambda b: b.iteration_ms) if feasible else None
+    after_baselines = time.perf_counter()
+    problem = milp.build_problem(profile, setup, upper_bound_ms=best.iteration_ms if best else None)
+    after_build = time.perf_counter()
+    solve_started = time.perf_counter()
+    result = milp.solve(problem, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads,
+                        start=best.stages if best else None)
+    solve_s = time.perf_counter() - solve_started  # result.wall_s leaves out completing the start
+    iteration_ms = None
+    status = result.status
+    if result.status in ("infeasible", "timeout"):
+        model_status = problem.lp.solverModel.getModelStatus().name
+        if result.status == "infeasible" and model_status != "kInfeasible":
+            status = f"infeasible? ({model_status})"  # should not happen: say so rather than hide it
+    else:
+        cost = costmodel.evaluate(milp.extract_plan(problem), profile, setup)
+        if not cost.feasible or abs(cost.iteration_ms - result.objective) > 1e-6 * max(1.0, result.objective):
+            raise milp.SolverMismatch(f"plan re-evaluates to {cost.iteration_ms} ms, feasible={cost.feasible}; "
+                                      f"solver objective {result.objective}")
+        iteration_ms = cost.iteration_ms
+    finished = time.perf_counter()
+    return dict(
+        total_s=finished - started, baselines_s=after_baselines - started, build_s=after_build - after_baselines,
+        solve_s=solve_s, highs_s=result.wall_s, status=status, gap=result.gap, iteration_ms=iteration_ms,
+        best_baseline=best.name if best else None, best_baseline_ms=best.iteration_ms if best else None,
+    )
+
+
+def bench_case(spec: str, args) -> dict:
+    kind, num_layers, stages = parse_case(spec)
+    profile = make_profile(kind, num_layers)
+    microbatches = args.microbatches_per_stage * stages
+    setup = interesting_setup(profile, stages, microbatches, args.cap_fraction)
+    runs = [one_run(profile, setup, time_limit_s=args.time_limit, mip_gap=args.mip_gap, threads=args.threads)
+            for _ in range(args.repeats)]
+    by_total = sorted(runs, key=lambda run: run["total_s"])
+    median_run = by_total[(len(by_total) - 1) // 2]
+    statuses = sorted({run["status"] for run in runs})
+    return dict(
+        case=spec, kind=KINDS[kind], layers=len(profile.layers), stages=stages, microbatches=microbatches,
+        cap_bytes=setup.mem_caps_bytes[0], repeats=args.repeats, time_limit_s=args.time_limit,
+        mip_gap_target=args.mip_gap, threads=args.threads,
+        total_s=statistics.median(run["total_s"] for run in runs),
+        solve_s=statistics.median(run["solve_s"] for run in runs),
+        build_s=statistics.median(run["build_s"] for run in runs),
+        baselines_s=statistics.median(run["baselines_s"] for run in runs),
+        status=median_run["status"], statuses=statuses, gap=median_run["gap"],
+        iteration_ms=median_run["iteration_ms"], best_baseline=median_run["best_baseline"],
+        best_baseline_ms=median_run["best_baseline_ms"], runs=runs,
+    )
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    header = ("profile", "layers", "stages", "M", "cap MiB", "total s", "solve s", "status", "gap",
+              "ckplan ms", "best baseline ms", "saving")
+    lines = [header]
+    for row in rows:
+        status = row["status"] + ("*" if len(row["statuses"]) > 1 else "")
+        saving = None
+        if row["iteration_ms"] is not None and row["best_baseline_ms"]:
+            saving = 1 - row["iteration_ms"] / row["best_baseline_ms"]
+        baseline = "-" if row["best_baseline"] is None else f"{row['best_baseline_ms']:.1f} ({row['best_baseline']})"
+        lines.append((
+            row["kind"], str(row["layers"]), str(row["stages"]), str(row["microbatches"]),
+            f"{row['cap_bytes'] / MIB:.0f}", f"{row['total_s']:.2f}", f"{row['solve_s']:.2f}", status,
+            fmt(row["gap"], ".2%"), fmt(row["iteration_ms"], ".1f"), baseline, fmt(saving, ".1%"),
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for n, line in enumerate(lines):
+        print("  ".join(cell.ljust(width) if i in (0, 7, 10) else cell.rjust(width)
+                        for i, (cell, width) in enumerate(zip(line, widths))))
+        if n == 0:
+            print("  ".join("-" * width for width in widths))
+    for row in rows:
+        if len(row["statuses"]) > 1:
+            runs = "; ".join(
+                f"{run['status']} after {run['solve_s']:.1f} s"
+                + (f" ({run['iteration_ms']:.1f} ms, gap {fmt(run['gap'], '.2%')})" if run["iteration_ms"] else "")
+                for run in row["runs"])
+            print(f"* {row['case']}: the repeats ended differently (the row shows the median by total time): {runs}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated KIND:LAYERSxSTAGES (default {DEFAULT_CASES})")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--time-limit", type=float, default=120.0, help="HiGHS time limit per solve, seconds")
+    parser.add_argument("--microbatches-per-stage", type=int, default=2, help="M = this x stages")
+    parser.add_argument("--cap-fraction", type=float, default=0.4,
+                        help="cap between the full-checkpointing (0) and no-checkpointing (1) needs")
+    parser.add_argument("--mip-gap", type=float, default=1e-4)
+    parser.add_argument("--threads", type=int, default=None, help="HiGHS threads (default: HiGHS's choice)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per case, one per line")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
+    specs = [spec for spec in args.cases.split(",") if spec.strip()]
+    for spec in specs:
+        parse_case(spec)  # fail on a bad case before any work
+    rows = []
+    for spec in specs:
+        row = bench_case(spec, args)
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            print(f"# {spec}: {row['status']} in {row['total_s']:.2f} s", file=sys.stderr, flush=True)
+    if not args.json:
+        print(f"# repeats={args.repeats} time_limit={args.time_limit:g}s mip_gap={args.mip_gap:g} "
+              f"threads={args.threads or 'HiGHS default'} cap={args.cap_fraction:.0%} of the way "
+              f"from full to no checkpointing; times are medians")
+        print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,422 @@
+"""The MILP against brute force, hand-worked optima and the baselines.
+
+Brute force enumerates every contiguous split into P non-empty stages and every
+checkpoint subset, scored by costmodel.evaluate(); the MILP must find the same
+optimum. The solver gets mip_gap=0 here so "equal" means equal.
+"""
+
+import itertools
+import math
+
+import pulp
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from planner import baselines, costmodel, milp
+from planner.schema import TrainSetup
+from planner.synthetic import heterogeneous, layer, profile_of, uniform_blocks
+
+MIB = 2**20
+GIB = 2**30
+HUGE = 2**50
+EXACT = dict(mip_gap=0.0, threads=1)
+# The MILP keeps CAP_MARGIN_BYTES below every cap to absorb HiGHS's feasibility
+# tolerance; generated cases keep every plan's peak clear of that band.
+NEAR_CAP = 2 * milp.CAP_MARGIN_BYTES
+
+
+def setup(stages, microbatches, caps, schedule="1F1B"):
+    return TrainSetup(stages=stages, microbatches=microbatches, micro_batch_size=1,
+                      schedule=schedule, mem_caps_bytes=list(caps))
+
+
+def all_plans(profile, setup_):
+    """(stages, peaks, iteration_ms) for every contiguous split and checkpoint subset,
+    scored by costmodel.evaluate() (caps play no part in peaks and times)."""
+    n, P = len(profile.layers), setup_.stages
+    for cuts in itertools.combinations(range(1, n), P - 1):
+        bounds = [0, *cuts]
+        for mask in range(2**n):
+            flags = [bool(mask >> i & 1) for i in range(n)]
+            stages = costmodel.split_to_stages(bounds, flags, profile)
+            cost = costmodel.evaluate(stages, profile, setup_)
+            yield stages, cost.peak_bytes_per_stage, cost.iteration_ms
+
+
+def brute_optimum(profile, setup_):
+    best = None
+    for stages, peaks, ms in all_plans(profile, setup_):
+        if all(p <= c for p, c in zip(peaks, setup_.mem_caps_bytes)) and (best is None or ms < best[1]):
+            best = (stages, ms)
+    return best
+
+
+def assert_meets_caps(result, profile, setup_):
+    cost = costmodel.evaluate(result.stages, profile, setup_)
+    assert cost.feasible
+    assert all(p <= c for p, c in zip(cost.peak_bytes_per_stage, setup_.mem_caps_bytes))
+    assert cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-12)
+    assert [st_.predicted.peak_bytes for st_ in result.stages] == cost.peak_bytes_per_stage
+    return cost
+
+
+def best_feasible_baseline(profile, setup_):
+    feasible = [b for b in baselines.all_baselines(profile, setup_) if b.feasible]
+    return min(feasible, key=lambda b: b.iteration_ms) if feasible else None
+
+
+# ---------------------------------------------------------------- brute force, generated
+
+
+@st.composite
+def tiny_cases(draw):
+    n = draw(st.integers(1, 7))
+    stages = draw(st.integers(1, min(3, n)))
+    kinds = draw(st.lists(st.sampled_from("AAB C"), min_size=n, max_size=n))  # runs of one kind
+    layers = [
+        layer(
+            f"l{i}", kind if kind != " " else f"solo{i}",
+            fwd_ms=draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])),
+            bwd_ratio=draw(st.sampled_from([1.0, 2.0])),
+            act_mib=draw(st.sampled_from([1, 2, 4, 8, 16])),
+            input_mib=draw(st.sampled_from([0.5, 1, 2, 4])),  # sometimes >= act: checkpointing useless
+            output_mib=draw(st.sampled_from([0.5, 1, 2, 4])),
+            param_count=draw(st.sampled_from([0, 65536, 262144])),
+            transient_mib=draw(st.sampled_from([0, 1, 3])),
+        )
+        for i, kind in enumerate(kinds)
+    ]
+    profile = profile_of(layers).model_copy(update={
+        "batch_input_bytes": draw(st.sampled_from([0, MIB])),
+        "loss_bytes": draw(st.sampled_from([0, MIB // 2])),
+        "loss_ms": draw(st.sampled_from([0.0, 0.5])),
+        "loss_transient_bytes": draw(st.sampled_from([0, 2 * MIB, 5 * MIB])),
+    })
+    micro = draw(st.integers(1, 6))
+    schedule = draw(st.sampled_from(["1F1B", "GPipe"]))
+    # where each cap lies between its stage's smallest and largest need: a grid that avoids
+    # the ends (where a cap would equal some plan's peak exactly)
+    fractions = [(step + 0.5) / 16 for step in draw(st.lists(st.integers(0, 15), min_size=stages, max_size=stages))]
+    roomy = setup(stages, micro, [HUGE] * stages, schedule)
+    # sometimes fewer stages compute at once than there are (ranks sharing cores)
+    # and the static side: optimizer, precision, ZeRO over data parallelism, offload
+    roomy = roomy.model_copy(update={
+        "parallel_stages": draw(st.sampled_from([None, None, 1, 2])),
+        "optimizer": draw(st.sampled_from(["adam", "sgd"])),
+        "precision": draw(st.sampled_from(["fp32", "bf16-mixed"])),
+        "dp": draw(st.sampled_from([1, 4])),
+        "zero": draw(st.integers(0, 3)),
+        "offload": draw(st.booleans()),
+    })
+    return profile, roomy, fractions
+
+
+@settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_cases())
+def test_milp_equals_brute_force(case):
+    profile, roomy, fractions = case
+    plans = list(all_plans(profile, roomy))
+    P = roomy.stages
+    # caps: per stage, between the smallest all-checkpointed need and the largest
+    # no-checkpoint need over every split
+    n = len(profile.layers)
+    full = [peaks for stages, peaks, _ in plans if all(s.checkpointed == s.layers for s in stages)]
+    none = [peaks for stages, peaks, _ in plans if all(not s.checkpointed for s in stages)]
+    lo = [min(p[s] for p in full) for s in range(P)]
+    hi = [max(p[s] for p in none) for s in range(P)]
+    caps = [int(min(a, b) + f * abs(b - a)) for a, b, f in zip(lo, hi, fractions)]
+    assume(all(c > 0 for c in caps))
+    assume(not any(c - NEAR_CAP < p <= c for _, peaks, _ in plans for p, c in zip(peaks, caps)))
+    s = roomy.model_copy(update={"mem_caps_bytes": caps})
+    feasible = [(ms, stages) for stages, peaks, ms in plans if all(p <= c for p, c in zip(peaks, caps))]
+    result = milp.plan(profile, s, **EXACT)
+    event("feasible" if feasible else "infeasible")
+    if not feasible:
+        assert isinstance(result, milp.SolveResult) and result.status == "infeasible"
+        assert not any(b.feasible for b in baselines.all_baselines(profile, s))
+        return
+    optimum = min(ms for ms, _ in feasible)
+    assert isinstance(result, milp.PlanResult), result
+    assert result.solve.status == "optimal"
+    assert result.cost.iteration_ms == pytest.approx(optimum, rel=1e-6)
+    assert [name for stage in result.stages for name in stage.layers] == [f"l{i}" for i in range(n)]
+    assert_meets_caps(result, profile, s)
+    # ckplan is never slower than a feasible baseline; the best one as an upper bound changes nothing
+    best = best_feasible_baseline(profile, s)
+    if best is not None:
+        assert result.cost.iteration_ms <= best.iteration_ms * (1 + 1e-9)
+        bounded = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, **EXACT)
+        assert bounded.cost.iteration_ms == pytest.approx(optimum, rel=1e-6)
+        started = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages, **EXACT)
+        assert started.cost.iteration_ms == pytest.approx(optimum, rel=1e-6)
+
+
+# ---------------------------------------------------------------- never slower than a baseline
+
+
+def interesting_caps(profile, stages, microbatches, fraction=0.4, schedule="1F1B"):
+    """Per stage, `fraction` of the way from the full-checkpointing to the no-checkpointing need."""
+    roomy = setup(stages, microbatches, [HUGE] * stages, schedule)
+    lo = costmodel.evaluate(baselines.full_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage
+    hi = costmodel.evaluate(baselines.no_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage
+    return setup(stages, microbatches, [int(a + fraction * (b - a)) for a, b in zip(lo, hi)], schedule)
+
+
+@pytest.mark.parametrize("make, n", [(uniform_blocks, 8), (uniform_blocks, 14), (heterogeneous, 10)])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("fraction", [0.2, 0.5, 0.8])
+def test_never_slower_than_a_feasible_baseline(make, n, stages, fraction):
+    profile = make(n, seed=n + stages)
+    s = interesting_caps(profile, stages, 2 * stages, fraction)
+    result = milp.plan(profile, s, **EXACT)
+    feasible = [b for b in baselines.all_baselines(profile, s) if b.feasible]
+    if isinstance(result, milp.SolveResult):
+        assert result.status == "infeasible" and not feasible
+        return
+    assert_meets_caps(result, profile, s)
+    for b in feasible:
+        assert result.cost.iteration_ms <= b.iteration_ms * (1 + 1e-9), b.name
+    if feasible:
+        best = min(b.iteration_ms for b in feasible)
+        bounded = milp.plan(profile, s, upper_bound_ms=best, **EXACT)
+        assert bounded.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-9)
+
+
+# ---------------------------------------------------------------- hand-worked optima
+
+
+def four_blocks():
+    """Four identical blocks (one run): fwd 1 ms, bwd 2 ms, act 10 MiB, input = output = 2 MiB,
+    1 MiB static (65536 params x 16 B, adam fp32), no transient.
+
+    P = 2, M = 4. Stage 0 holds a layers, c of them checkpointed; stage 1 holds b = 4 - a, d.
+    Recompute extra (act - input = 8, net of what later layers of the stage keep): 0 when
+    an unchecked block (act 10 >= 8) follows the last checkpointed one, which the best
+    placement (checkpoint the first ones) achieves unless all are checkpointed: 8 [c = a].
+    1F1B: k0 = 2, k1 = 1.
+      peak0 = a (static) + 2 (10 (a - c) + 2 c + 2 output) + 4 * 2 (grad recv) + 8 [c = a]
+            = 21 a - 16 c + 12 + 8 [c = a]                                           MiB
+      peak1 = b + 1 (10 (b - d) + 2 d - 2 (input in recv buffer) + 2 output)
+              + (4 + 1) * 2 (recv buffers + the input gradient being sent) + 8 [d = b]
+            = 11 b - 8 d + 10 + 8 [d = b]                                            MiB
+      time0 = 3 a + c, time1 = 3 b + d;  T = time0 + time1 + 3 max(time0, time1)
+            = 12 + c + d + 3 max(3 a + c, 3 b + d)                                    ms
+    GPipe: k0 = k1 = 4:
+      peak0 = 41 a - 32 c + 16 + 8 [c = a],  peak1 = 41 b - 32 d + 10 + 8 [d = b]    MiB
+    """
+    return profile_of([layer(f"b{i}", "Block", fwd_ms=1, act_mib=10, input_mib=2, param_count=65536)
+                       for i in range(4)])
+
+
+def shape(result):
+    return [len(s.layers) for s in result.stages], [len(s.checkpointed) for s in result.stages]
+
+
+@pytest.mark.parametrize(
+    "caps_mib, schedule, expected_ms, expected_shape, expected_peaks_mib",
+    [
+        # slack: 2 | 2, nothing checkpointed: T = 12 + 3 * 6 = 30; peaks 42 + 12 = 54, 22 + 10 = 32
+        ((1024, 1024), "1F1B", 30, ([2, 2], [0, 0]), [54, 32]),
+        # binding on stage 0 (54 > 50): 2 | 2 with the first block of stage 0 checkpointed:
+        #   peak0 = 42 - 16 + 12 = 38; T = 12 + 1 + 3 * 7 = 34
+        #   (1 | 3 without checkpointing: T = 12 + 3 * 9 = 39; 3 | 1 needs c = 2: 75 - 32 = 43, 47 ms)
+        ((50, 1024), "1F1B", 34, ([2, 2], [1, 0]), [38, 32]),
+        # heterogeneous caps, tight stage 1 (25.5): 2 | 2 with stage 1's first block checkpointed:
+        #   peak1 = 22 - 8 + 10 = 24 (d = 0: 32); T = 12 + 1 + 3 * 7 = 34
+        #   (3 | 1: peak1 = 21 fits, T = 12 + 3 * 9 = 39)
+        ((1024, 25.5), "1F1B", 34, ([2, 2], [0, 1]), [54, 24]),
+        # the same caps the other way round: stage 0 fits only 1 block, checkpointed
+        #   (21 - 16 + 12 + 8 = 25; unchecked 33; 2 | 2 needs c = 1: 38 or c = 2: 30):
+        #   1 | 3, T = 12 + 1 + 3 * 9 = 40; peak1 = 33 + 10 = 43
+        ((25.5, 1024), "1F1B", 40, ([1, 3], [1, 0]), [25, 43]),
+        # 64 MiB each: 1F1B fits the slack plan (54, 32): 30 ms
+        ((64, 64), "1F1B", 30, ([2, 2], [0, 0]), [54, 32]),
+        # GPipe holds 4 microbatches on stage 0 too: 2 | 2 needs c = 2 (82 - 64 + 16 + 8 = 42;
+        #   c = 1: 66) and d = 1 (82 - 32 + 10 = 60; d = 0: 92): T = 12 + 3 + 3 * 8 = 39
+        #   (1 | 3 needs d = 3: 45, 3 | 1 needs c = 3: 51; both 12 + 3 + 3 * 12 = 51 ms)
+        ((64, 64), "GPipe", 39, ([2, 2], [2, 1]), [42, 60]),
+    ],
+)
+def test_hand_worked_optimum(caps_mib, schedule, expected_ms, expected_shape, expected_peaks_mib):
+    profile = four_blocks()
+    s = setup(2, 4, [int(c * MIB) for c in caps_mib], schedule)
+    result = milp.plan(profile, s, **EXACT)
+    assert result.solve.status == "optimal"
+    assert result.cost.iteration_ms == pytest.approx(expected_ms, rel=1e-9)
+    assert result.solve.objective == pytest.approx(expected_ms, rel=1e-9)
+    assert shape(result) == expected_shape
+    assert assert_meets_caps(result, profile, s).peak_bytes_per_stage == [int(p * MIB) for p in expected_peaks_mib]
+    # and brute force agrees with the hand
+    assert brute_optimum(profile, s)[1] == pytest.approx(expected_ms, rel=1e-9)
+
+
+def test_heterogeneous_caps_and_schedule_change_the_answer():
+    profile = four_blocks()
+    a = milp.plan(profile, setup(2, 4, [GIB, int(25.5 * MIB)]), **EXACT)
+    b = milp.plan(profile, setup(2, 4, [int(25.5 * MIB), GIB]), **EXACT)
+    assert (a.cost.iteration_ms, b.cost.iteration_ms) == pytest.approx((34, 40))
+    assert (shape(a), shape(b)) == (([2, 2], [0, 1]), ([1, 3], [1, 0]))
+    one_f_one_b = milp.plan(profile, setup(2, 4, [64 * MIB] * 2, "1F1B"), **EXACT)
+    gpipe = milp.plan(profile, setup(2, 4, [64 * MIB] * 2, "GPipe"), **EXACT)
+    assert (one_f_one_b.cost.iteration_ms, gpipe.cost.iteration_ms) == pytest.approx((30, 39))
+
+
+def test_infeasible_caps():
+    # stage 0's smallest need: 1 block, checkpointed: 21 - 16 + 12 + 8 = 25 MiB > 24 MiB
+    profile = four_blocks()
+    s = setup(2, 4, [24 * MIB, GIB])
+    result = milp.plan(profile, s, **EXACT)
+    assert isinstance(result, milp.SolveResult)
+    assert result.status == "infeasible" and result.objective is None
+    assert brute_optimum(profile, s) is None
+    assert not any(b.feasible for b in baselines.all_baselines(profile, s))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "planner/milp.py _cap_gib(): the MILP requires peak <= cap - CAP_MARGIN_BYTES (4096) while "
+    "costmodel StageCost.fits accepts peak <= cap, so a plan within 4 KiB of a cap is feasible "
+    "under evaluate() but never chosen: four_blocks, 1F1B, caps [38 MiB, 1 GiB]: optimum 34 ms "
+    "(2 | 2, c=1, peak0 exactly 38 MiB), plan() returns 38 ms"))
+def test_a_plan_that_meets_its_cap_exactly_is_found():
+    profile = four_blocks()
+    s = setup(2, 4, [38 * MIB, GIB])
+    assert brute_optimum(profile, s)[1] == pytest.approx(34)  # evaluate() accepts peak == cap
+    result = milp.plan(profile, s, **EXACT)
+    assert result.cost.iteration_ms == pytest.approx(34)
+
+
+def test_upper_bound_from_the_best_baseline_keeps_the_optimum():
+    profile = four_blocks()
+    for caps in ([GIB, GIB], [50 * MIB, GIB], [GIB, int(25.5 * MIB)]):
+        s = setup(2, 4, caps)
+        best = best_feasible_baseline(profile, s)
+        free = milp.plan(profile, s, **EXACT)
+        bounded = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, **EXACT)
+        assert bounded.cost.iteration_ms == pytest.approx(free.cost.iteration_ms, rel=1e-12)
+        # the bound is exactly the baseline's time when the baseline is optimal (slack caps)
+        assert free.cost.iteration_ms <= best.iteration_ms
+
+
+# ---------------------------------------------------------------- solver status
+
+
+def check_status_against_pulp(problem, result, mip_gap):
+    """The SolveResult must say what pulp and HiGHS say, not what we hope."""
+    lp = problem.lp
+    model_status = lp.solverModel.getModelStatus()
+    if result.status == "optimal":
+        assert lp.status == pulp.LpStatusOptimal and lp.sol_status == pulp.LpSolutionOptimal
+        assert model_status.name == "kOptimal"
+        assert result.gap is not None and result.gap <= mip_gap + 1e-12
+    elif result.status == "feasible":
+        assert lp.sol_status == pulp.LpSolutionIntegerFeasible
+        assert model_status.name in {"kTimeLimit", "kInterrupt", "kIterationLimit"}
+        assert result.gap == pytest.approx(lp.solverModel.getInfo().mip_gap) and result.gap > mip_gap
+    elif result.status == "timeout":
+        assert lp.status == pulp.LpStatusNotSolved and lp.sol_status == pulp.LpSolutionNoSolutionFound
+        assert model_status.name == "kTimeLimit"
+        assert result.objective is None and result.gap is None
+        return
+    else:
+        assert result.status == "infeasible"
+        assert lp.status == pulp.LpStatusInfeasible, f"'infeasible' but HiGHS says {model_status.name}"
+        return
+    # a solution was found: it is a plan, and its objective is what evaluate() says
+    cost = costmodel.evaluate(milp.extract_plan(problem), problem.profile, problem.setup)
+    assert cost.feasible
+    assert cost.iteration_ms == pytest.approx(result.objective, rel=1e-6)
+
+
+def test_time_limited_solve_reports_its_status_honestly():
+    profile = heterogeneous(32, seed=1)
+    s = interesting_caps(profile, 4, 8)
+    seen = set()
+    for limit in (0.4, 1.0, 30.0):
+        problem = milp.build_problem(profile, s)
+        result = milp.solve(problem, time_limit_s=limit, mip_gap=1e-4, threads=1)
+        check_status_against_pulp(problem, result, 1e-4)
+        seen.add(result.status)
+        if result.status == "optimal":
+            break
+    assert "optimal" in seen
+
+
+def test_time_limit_without_a_plan_is_a_timeout_not_infeasible():
+    # no start solution and a limit far too short to find one: HiGHS stops at kTimeLimit
+    # with nothing; feasible plans exist (the checkpointing baselines fit)
+    profile = heterogeneous(64, seed=1)
+    s = interesting_caps(profile, 8, 16)
+    best = best_feasible_baseline(profile, s)
+    assert best is not None
+    problem = milp.build_problem(profile, s)
+    result = milp.solve(problem, time_limit_s=0.05, threads=1)
+    assert result.status == "timeout"
+    check_status_against_pulp(problem, result, 1e-4)
+    # started from the best baseline, the same short limit returns a plan at least that good
+    started = milp.plan(profile, s, time_limit_s=0.05, threads=1, upper_bound_ms=best.iteration_ms,
+                        start=best.stages)
+    assert isinstance(started, milp.PlanResult), started
+    assert started.solve.status in ("feasible", "optimal")
+    assert started.cost.iteration_ms <= best.iteration_ms * (1 + 1e-9)
+    assert_meets_caps(started, profile, s)
+
+
+def test_solve_status_on_small_problems():
+    profile = four_blocks()
+    for caps in ([GIB, GIB], [24 * MIB, GIB]):
+        problem = milp.build_problem(profile, setup(2, 4, caps))
+        check_status_against_pulp(problem, milp.solve(problem, mip_gap=1e-4), 1e-4)
+
+
+# ---------------------------------------------------------------- min_cap_scale
+
+
+def scaled(s, factor, rounding):
+    return s.model_copy(update={"mem_caps_bytes": [rounding(c * factor) for c in s.mem_caps_bytes]})
+
+
+def check_min_cap_scale(profile, s):
+    found = milp.min_cap_scale(profile, s)
+    assert found is not None
+    factor, cost = found
+    assert factor == pytest.approx(max(c.peak_bytes / c.cap_bytes for c in cost.stages))
+    fits = milp.plan(profile, scaled(s, factor, math.ceil), **EXACT)
+    assert isinstance(fits, milp.PlanResult), f"caps x {factor} admit no plan"
+    assert milp.plan(profile, scaled(s, factor * 0.98, math.floor), **EXACT).status == "infeasible"
+
+
+def test_min_cap_scale_by_hand():
+    # caps 32 MiB each, 1F1B: the smallest max(peak0, peak1) is 1 | 3: peak0 = 21 - 16 + 12 + 8
+    # = 25 (c = 1), peak1 = 33 - 16 + 10 = 27 (d = 2; d = 3 also 27): 27 MiB.
+    # 2 | 2 at best 30 (c = 2, peak0); 1 | 3 with c = 0: 33.
+    profile = four_blocks()
+    s = setup(2, 4, [32 * MIB, 32 * MIB])
+    factor, cost = milp.min_cap_scale(profile, s)
+    assert factor == pytest.approx(27 / 32, rel=1e-4)
+    assert cost.peak_bytes_per_stage == [25 * MIB, 27 * MIB]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "planner/milp.py: min_cap_scale() solves against caps minus CAP_MARGIN_BYTES but returns "
+    "max(peak/cap); caps scaled by that factor are met exactly by its plan under evaluate(), yet "
+    "plan() again subtracts the 4096-byte margin and answers 'infeasible'"))
+def test_min_cap_scale_round_trips_through_plan_by_hand():
+    check_min_cap_scale(four_blocks(), setup(2, 4, [32 * MIB, 32 * MIB]))
+
+
+@pytest.mark.parametrize("make, n, stages", [(heterogeneous, 7, 2), (uniform_blocks, 5, 3), (heterogeneous, 6, 3)])
+def test_min_cap_scale_is_tight(make, n, stages):
+    """f is brute force's smallest max(peak / cap); caps x f admit a plan (checked by plan(),
+    with the caps raised by the MILP's own margin: see the xfail above) and caps x f x 0.98
+    do not."""
+    profile = make(n, seed=7)
+    s = interesting_caps(profile, stages, 2 * stages, 0.5)
+    factor, cost = milp.min_cap_scale(profile, s)
+    assert factor == pytest.approx(max(c.peak_bytes / c.cap_bytes for c in cost.stages))
+    brute = min(max(p / c for p, c in zip(peaks, s.mem_caps_bytes)) for _, peaks, _ in all_plans(profile, s))
+    assert factor == pytest.approx(brute, rel=1e-4)  # min_cap_scale solves with mip_gap 1e-4
+    admitted = s.model_copy(update={"mem_caps_bytes": [
+        math.ceil(c * factor) + milp.CAP_MARGIN_BYTES for c in s.mem_caps_bytes]})
+    assert isinstance(milp.plan(profile, admitted, **EXACT), milp.PlanResult)
+    assert milp.plan(profile, scaled(s, factor * 0.98, math.floor), **EXACT).status == "infeasible"
