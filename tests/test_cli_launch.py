@@ -140,3 +140,23 @@ def test_help_is_instant():
                              "launch", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and "--enforce-cap" in result.stdout
     assert "torch" not in json.dumps([line.split("|")[-1].strip() for line in result.stderr.splitlines()])
+
+
+def test_torchrun_world_size_must_match_the_stages(plan_file, monkeypatch):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    _one_clean_error(_invoke("launch", str(plan_file)), "torchrun started 3 processes for a plan of 2 stages")
+
+
+@pytest.mark.slow
+def test_torchrun_job_is_joined_and_rank_0_reports(plan_file, tmp_path):
+    report_path = tmp_path / "run.json"
+    result = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "torchrun"), "--nproc-per-node", "2", "--master-port", str(launcher._free_port()),
+         "-m", "planner.cli",
+         "launch", str(plan_file), "--steps", "1", "--warmup-steps", "0", "--report", str(report_path)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("peak memory per stage") == 1  # rank 0 only
+    assert [stage.index for stage in io.load_report(report_path).stages] == [0, 1]
