@@ -19,6 +19,7 @@ replay, after an optimizer step on zero gradients has created the optimizer stat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -81,70 +82,97 @@ def validate_plan(plan: Plan, *, plan_file: str | Path | None, stage: int | None
 
 
 def replay_stage(plan: Plan, prepared: Prepared, index: int, *, device: torch.device, seed: int) -> StageCheck:
-    setup = plan.setup
-    num_mb = setup.microbatches
+    replay = _build_replay(plan, prepared, index, device=device, seed=seed)
+    replay.optimizer.step()  # zero gradients: creates the optimizer state a launch's warm-up creates, moves nothing
+    with PeakMemory(device, external=replay.held_before_step()) as mem:
+        replay.step(partial(forget_module_stats, mem))
     stage_plan = prepared.strategy.stages[index]
-    first, last = index == 0, index == setup.stages - 1
-    dtype = torch_dtype(plan.dtype)
-    model_file = prepared.model_file
+    predicted = stage_plan.predicted.peak_bytes if stage_plan.predicted else None
+    return StageCheck(index, mem.peak_bytes, plan.setup.mem_caps_bytes[index], replay.in_flight, predicted)
 
-    torch.manual_seed(seed)
-    layers = pipeline_layers(model_file.build_model(), model_file.path)
-    inputs, targets = model_file.example_batch(setup.micro_batch_size * num_mb)
-    boundary = _stage_input(layers, stage_plan.layers[0], inputs.tensor_split(num_mb)[0], dtype)
-    by_name = dict(layers)
-    module = StageModule([(fqn, by_name[fqn]) for fqn in stage_plan.layers], stage_plan.checkpointed)
-    del layers, by_name  # the rest of the model is freed, as on a real rank
-    module.to(device=device, dtype=dtype)
-    allocate_grads(module)
-    optimizer = make_optimizer(setup.optimizer, module.parameters())
-    boundary = boundary.to(device)
-    with torch.no_grad():
-        output_template = module(boundary)
 
-    batch = to_device(inputs, device, dtype) if first else None
-    target = to_device(targets, device, dtype) if last else None
-    recv = [] if first else [boundary.clone() for _ in range(num_mb)]
-    grad_recv = [] if last else [torch.randn_like(output_template) * 1e-3 for _ in range(num_mb)]
-    del output_template, boundary
-    order = replay_order(setup.schedule, num_stages=setup.stages, num_microbatches=num_mb, stage_index=index)
+@dataclass
+class _Replay:
+    """One stage and the tensors its pipeline rank would hold, ready to replay a step."""
 
-    def step(before_forward=None) -> None:
-        optimizer.zero_grad(set_to_none=False)
-        in_flight: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        losses = []
-        sends = _Sends(setup.schedule, warmup=min(setup.stages - index, num_mb), num_microbatches=num_mb)
-        for op, mb in order:
+    module: StageModule
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable
+    order: list[tuple[str, int]]
+    sends: Callable[[], _Sends]
+    batch: torch.Tensor | None  # first stage: the whole batch
+    target: torch.Tensor | None  # last stage: all targets
+    recv: list[torch.Tensor]  # stage > 0: one input buffer per microbatch
+    grad_recv: list[torch.Tensor]  # stage < last: one output-gradient buffer per microbatch
+    in_flight: int  # most microbatches whose activations the stage holds at once
+    num_microbatches: int
+
+    def held_before_step(self) -> list:
+        return [self.module, self.optimizer, self.batch, self.target, *self.recv, *self.grad_recv]
+
+    def step(self, before_forward: Callable[[], None]) -> None:
+        first, last, num_mb = self.batch is not None, self.target is not None, self.num_microbatches
+        self.optimizer.zero_grad(set_to_none=False)
+        cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        losses = []  # the schedule keeps every microbatch's loss until the step ends
+        sends = self.sends()
+        for op, mb in self.order:
             if op == "F":
-                if before_forward is not None:
-                    before_forward()
-                x = batch.tensor_split(num_mb)[mb] if first else recv[mb].requires_grad_(recv[mb].is_floating_point())
-                out = module(x)
-                loss = model_file.loss_fn(out, target.tensor_split(num_mb)[mb]) if last else None
-                losses.append(loss)  # the schedule keeps every microbatch's loss until the step ends
-                in_flight[mb] = (out, x, loss)
+                before_forward()
+                x = self.batch.tensor_split(num_mb)[mb] if first else self.recv[mb].requires_grad_(
+                    self.recv[mb].is_floating_point())
+                out = self.module(x)
+                loss = self.loss_fn(out, self.target.tensor_split(num_mb)[mb]) if last else None
+                losses.append(loss)
+                cache[mb] = (out, x, loss)
                 if not last:
                     sends.output(mb, out)
             else:
-                out, x, loss = in_flight.pop(mb)
-                torch.autograd.backward(loss if last else out, None if last else grad_recv[mb])
+                out, x, loss = cache.pop(mb)
+                torch.autograd.backward(loss if last else out, None if last else self.grad_recv[mb])
                 if not first:
                     sends.grad(x.grad)
                     x.grad = None
                 sends.backward_done(mb)
                 del out, x, loss
         del sends
-        for param in module.parameters():
+        for param in self.module.parameters():
             param.grad.div_(num_mb)  # the schedule averages over microbatches
-        optimizer.step()
+        self.optimizer.step()
 
-    optimizer.step()  # zero gradients: creates the optimizer state a launch's warm-up creates, moves nothing
-    external = [module, optimizer, batch, target, *recv, *grad_recv]
-    with PeakMemory(device, external=external) as mem:
-        step(partial(forget_module_stats, mem))
-    predicted = stage_plan.predicted.peak_bytes if stage_plan.predicted else None
-    in_flight_max = num_mb if setup.schedule == "GPipe" else min(setup.stages - index, num_mb)
-    return StageCheck(index, mem.peak_bytes, setup.mem_caps_bytes[index], in_flight_max, predicted)
+
+def _build_replay(plan: Plan, prepared: Prepared, index: int, *, device: torch.device, seed: int) -> _Replay:
+    setup = plan.setup
+    num_mb = setup.microbatches
+    stage_plan = prepared.strategy.stages[index]
+    first, last = index == 0, index == setup.stages - 1
+    dtype = torch_dtype(plan.dtype)
+    model_file = prepared.model_file
+    torch.manual_seed(seed)
+    layers = pipeline_layers(model_file.build_model(), model_file.path)
+    inputs, targets = model_file.example_batch(setup.micro_batch_size * num_mb)
+    boundary = _stage_input(layers, stage_plan.layers[0], inputs.tensor_split(num_mb)[0], dtype).to(device)
+    by_name = dict(layers)
+    module = StageModule([(fqn, by_name[fqn]) for fqn in stage_plan.layers], stage_plan.checkpointed)
+    del layers, by_name  # the rest of the model is freed, as on a real rank
+    module.to(device=device, dtype=dtype)
+    allocate_grads(module)
+    with torch.no_grad():
+        output = module(boundary)
+    warmup = num_mb if setup.schedule == "GPipe" else min(setup.stages - index, num_mb)
+    return _Replay(
+        module=module,
+        optimizer=make_optimizer(setup.optimizer, module.parameters()),
+        loss_fn=model_file.loss_fn,
+        order=replay_order(setup.schedule, num_stages=setup.stages, num_microbatches=num_mb, stage_index=index),
+        sends=partial(_Sends, setup.schedule, warmup=min(setup.stages - index, num_mb), num_microbatches=num_mb),
+        batch=to_device(inputs, device, dtype) if first else None,
+        target=to_device(targets, device, dtype) if last else None,
+        recv=[] if first else [boundary.clone() for _ in range(num_mb)],
+        grad_recv=[] if last else [torch.randn_like(output) * 1e-3 for _ in range(num_mb)],
+        in_flight=warmup,
+        num_microbatches=num_mb,
+    )
 
 
 class _Sends:
