@@ -116,6 +116,13 @@ def test_1f1b_needs_as_many_microbatches_as_stages():
         prepare(make_plan(TINY, [["0"], ["1"], ["2", "3"], ["4"]], microbatches=2), plan_file=None)
 
 
+def test_unknown_dtype_is_refused_before_running():
+    plan = make_plan(TINY, TINY_2)
+    plan.dtype = "float7"
+    with pytest.raises(UserError, match="'float7' is not a torch dtype"):
+        prepare(plan, plan_file=None)
+
+
 def test_unknown_strategy_lists_what_the_plan_has():
     with pytest.raises(UserError, match="has: ckplan"):
         prepare(make_plan(TINY, TINY_2), plan_file=None, strategy="no-ckpt")

@@ -15,6 +15,7 @@ import torch
 from planner.errors import UserError
 from planner.io import sha256_file
 from planner.modelfile import ModelFile, load_model_file, pipeline_layers
+from planner.runtime.stagemodule import torch_dtype
 from planner.schema import Plan, StagePlan
 
 
@@ -119,6 +120,7 @@ def prepare(plan: Plan, *, plan_file: str | Path | None, strategy: str = "ckplan
     check_model_hash(plan, model_path, force=force)
     chosen = select_strategy(plan, strategy)
     check_setup(plan, chosen)
+    torch_dtype(plan.dtype)  # a dtype torch does not know is refused here, not on every rank
     model_file = load_model_file(model_path)
     layer_names = [name for name, _ in pipeline_layers(_build_for_names(model_file), model_path)]
     check_stage_layout(chosen.stages, layer_names, what=f"{chosen.name}'s stages", model_path=model_path)
