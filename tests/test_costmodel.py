@@ -292,15 +292,29 @@ def test_three_stage_plan_end_to_end():
     #          transient 5; peak = 0.5 + 3.25 + 20 + 5 = 28.75 MiB; time 9 + 0.5 = 9.5 ms
     # T = (3 + 12 + 9.5) + (4 - 1) * 12 = 60.5 ms
     p = four_layers()
-    s = setup(3, caps=[40 * MIB, 81 * MIB - 1, 29 * MIB])
+    margin = costmodel.FIT_MARGIN_BYTES  # a plan fits when its peak stays this far below the cap
+    s = setup(3, caps=[40 * MIB + margin, 81 * MIB + margin - 1, 29 * MIB])
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
     assert cost.peak_bytes_per_stage == [40 * MIB, 81 * MIB, 115 * MIB // 4]
     assert [c.time_ms for c in cost.stages] == pytest.approx([3.0, 12.0, 9.5])
     assert [c.in_flight for c in cost.stages] == [3, 2, 1]
     assert cost.iteration_ms == pytest.approx(60.5)
-    # a peak equal to its cap fits; one byte over does not
+    # peak + margin == cap fits; one byte less room does not
     assert [c.fits for c in cost.stages] == [True, False, True]
     assert not cost.feasible
+
+
+@pytest.mark.parametrize("room, fits", [(4096, True), (4095, False), (0, False), (2**20, True)])
+def test_a_stage_fits_when_its_peak_stays_the_margin_below_its_cap(room, fits):
+    # [embed] alone on stage 0 of 3 peaks at 40 MiB (test_three_stage_plan_end_to_end);
+    # FIT_MARGIN_BYTES = 4 KiB of room is required (the MILP's caps carry the same margin)
+    assert costmodel.FIT_MARGIN_BYTES == 4096
+    p = four_layers()
+    s = setup(3, caps=[40 * MIB + room, HUGE, HUGE])
+    cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
+    assert cost.stages[0].peak_bytes == 40 * MIB
+    assert cost.stages[0].fits is fits
+    assert cost.feasible is fits
 
 
 def test_gpipe_holds_every_microbatch_on_every_stage():
@@ -362,13 +376,13 @@ def test_evaluate_matches_stage_cost_and_split_to_stages():
     stages = costmodel.split_to_stages([0, 2], [False, True, True, False], p)
     assert [(st.layers, st.checkpointed) for st in stages] == [
         (["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], ["blocks.1"])]
-    cost = costmodel.evaluate(stages, p, setup(2, caps=[50 * MIB, 30 * MIB]))
+    cost = costmodel.evaluate(stages, p, setup(2, caps=[51 * MIB, 30 * MIB]))
     # stage 0: 50 MiB (above); stage 1 with blocks.1 checkpointed:
     #   kept = 4 + 6 - 4 + 1 + 0.25 = 7.25
     #   recompute = (10 - 4) - act(head) 6 = 0; transient = 0 + 5 = 5
     #   peak = 2.5 + 7.25 + 20 + 5 = 34.75 MiB
     assert cost.peak_bytes_per_stage == [50 * MIB, 139 * MIB // 4]
-    assert [c.cap_bytes for c in cost.stages] == [50 * MIB, 30 * MIB]
+    assert [c.cap_bytes for c in cost.stages] == [51 * MIB, 30 * MIB]
     assert [c.fits for c in cost.stages] == [True, False]
     predicted = costmodel.with_predictions(stages, cost)
     assert predicted[1].predicted.peak_bytes == 139 * MIB // 4
