@@ -33,7 +33,6 @@ from planner.costmodel import LayerCost, PlanCost
 from planner.schema import Profile, StagePlan, TrainSetup
 
 GIB = float(2**30)  # bytes enter the solver in GiB so coefficients stay well conditioned
-CAP_MARGIN_BYTES = 4096  # absorbs the solver's feasibility tolerance (~1e-7 GiB)
 PROBING_OFF = 1 << 15  # HiGHS presolve rule: probing took the whole time limit on 4k-binary models
 
 
@@ -103,6 +102,30 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, upper_bound_ms: flo
     return (upper_bound_ms - base) / (setup.microbatches - 1) * (1 + 1e-9) + 1e-9
 
 
+def boundary_windows(profile: Profile, setup: TrainSetup, tau_max: float) -> list[tuple[int, int]]:
+    """[lo, hi] for each stage s: how many layers stages 0..s can hold together. Each stage
+    takes at least one layer, and no stage of an optimal plan is slower than tau_max, so
+    stages 0..s hold layers whose plain fwd + bwd sum to at most (s+1)·tau_max, and the
+    stages after s likewise take the rest."""
+    times = [costmodel.layer_time_ms(layer, False) for layer in costmodel.layer_costs(profile)]
+    num_layers, num_stages = len(times), setup.stages
+    prefix = [0.0]
+    for time_ms in times:
+        prefix.append(prefix[-1] + time_ms)
+    loss_ms = costmodel.stage_constant_ms(profile, num_stages - 1, setup)
+    windows = []
+    for s in range(num_stages):
+        lo, hi = s + 1, num_layers - (num_stages - 1 - s)
+        if s < num_stages - 1 and tau_max < float("inf"):
+            while hi > lo and prefix[hi] > (s + 1) * tau_max:
+                hi -= 1
+            rest = (num_stages - 1 - s) * tau_max - loss_ms
+            while lo < hi and prefix[num_layers] - prefix[lo] > rest:
+                lo += 1
+        windows.append((lo, hi))
+    return windows
+
+
 def build_problem(
     profile: Profile,
     setup: TrainSetup,
@@ -120,16 +143,31 @@ def build_problem(
     num_stages, num_runs = setup.stages, len(runs)
     lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
     problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective)
+    tau_max = float("inf")
+    if objective == "time" and upper_bound_ms is not None:
+        tau_max = bottleneck_bound_ms(profile, setup, upper_bound_ms)
+    ends = boundary_windows(profile, setup, tau_max)
 
-    # y[s,g]: run-g layers in stages 0..s (fixed for the last stage)
+    # y[s,g]: run-g layers in stages 0..s (fixed for the last stage), within the window
+    # [lo, hi] of where stage s can end
     y = problem.y
     for s in range(num_stages):
+        lo, hi = ends[s]
         for g, run in enumerate(runs):
-            y[s, g] = run.size if s == num_stages - 1 else _count_var(f"y_{s}_{g}", run.size)
+            low = min(max(lo - run.start, 0), run.size)
+            high = min(max(hi - run.start, 0), run.size)
+            if s == num_stages - 1 or low == high:
+                y[s, g] = high
+            else:
+                y[s, g] = _count_var(f"y_{s}_{g}", run.size)
+                y[s, g].lowBound, y[s, g].upBound = low, high
     # f[s,g] = [y = n_g], t[s,g] = [y ≥ 1]: exact indicators (one run of one layer: y itself)
     full, touched = {}, {}
     for s in range(num_stages - 1):
         for g, run in enumerate(runs):
+            if isinstance(y[s, g], int):  # fixed by its window
+                full[s, g], touched[s, g] = int(y[s, g] == run.size), int(y[s, g] >= 1)
+                continue
             if run.size == 1:
                 full[s, g] = touched[s, g] = y[s, g]
                 continue
@@ -177,9 +215,6 @@ def build_problem(
                 r[s, g] = _count_var(f"r_{s}_{g}", run.size)
                 lp += r[s, g] <= n(s, g), f"ckpt_owned_{s}_{g}"
 
-    tau_max = None
-    if objective == "time" and upper_bound_ms is not None:
-        tau_max = bottleneck_bound_ms(profile, setup, upper_bound_ms)
     # τ: the slowest stage's time per microbatch
     tau = pulp.LpVariable("tau", lowBound=0, upBound=None if tau_max == float("inf") else tau_max)
     if objective == "memory":
@@ -270,7 +305,7 @@ def _presence(problem: Problem, name: str, count, size: int):
 
 
 def _cap_gib(problem: Problem, s: int):
-    cap = (problem.setup.mem_caps_bytes[s] - CAP_MARGIN_BYTES) / GIB
+    cap = (problem.setup.mem_caps_bytes[s] - costmodel.FIT_MARGIN_BYTES) / GIB
     return cap * problem.scale if problem.scale is not None else cap
 
 
@@ -418,4 +453,4 @@ def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | 
         return None
     stages = extract_plan(problem)
     cost = costmodel.evaluate(stages, profile, setup)
-    return max(c.peak_bytes / c.cap_bytes for c in cost.stages), cost
+    return max((c.peak_bytes + costmodel.FIT_MARGIN_BYTES) / c.cap_bytes for c in cost.stages), cost

@@ -141,7 +141,7 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float):
 
 def _infeasible_message(profile, setup) -> str:
     """Which stage cannot fit, the smallest cap that would, and what else would help."""
-    from planner import milp
+    from planner import costmodel, milp
     from planner.units import format_bytes
 
     caps = setup.mem_caps_bytes
@@ -152,7 +152,7 @@ def _infeasible_message(profile, setup) -> str:
     tightest = max(range(setup.stages), key=lambda s: cost.stages[s].peak_bytes / caps[s])
     need = cost.stages[tightest]
     if len(set(caps)) == 1:
-        needed = max(cost.peak_bytes_per_stage) + milp.CAP_MARGIN_BYTES
+        needed = max(cost.peak_bytes_per_stage) + costmodel.FIT_MARGIN_BYTES
         smallest = f"the smallest cap that works with {setup.stages} stages is {format_bytes(needed, round_up=True)}"
     else:
         smallest = f"every cap would have to grow by {(scale - 1) * 100:.0f}%"

@@ -22,7 +22,7 @@ def sweep_caps(profile, setup) -> list[int]:
     roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.stages})
     high = int(max(costmodel.evaluate(baselines.no_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage) * 1.05)
     step = (high - low) / (NUM_POINTS - 1)
-    return [int(low + i * step) + milp.CAP_MARGIN_BYTES + 1 for i in range(NUM_POINTS)]
+    return [int(low + i * step) + costmodel.FIT_MARGIN_BYTES + 1 for i in range(NUM_POINTS)]
 
 
 def run_sweep(profile, setup, *, plot: Path, time_limit_s: float, as_json: bool) -> None:
