@@ -14,8 +14,9 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    (+ loss_bytes on the last stage)
     buffers_s    = (M + 1) · input(first) [s > 0] + M · output(last) [s < P-1]   PipelineStage's recv
                    + M · batch_input [s = 0]             buffers, and the input gradient being sent
-    transient_s  = max_{l∈C} (act_l - input_l - Σ_{m>l} kept_m)⁺  recompute, net of what later
-                   + max(max_S transient, loss scratch)            layers already freed; + scratch
+    transient_s  = max( max_{l∈C} (act_l - input_l - Σ_{m>l} kept_m)⁺    recompute, net of what later
+                        + max_S transient,                          layers already freed, + scratch;
+                        loss scratch [last stage] )                 the loss's is gone before then
     peak_s       = static_s + k_s · kept_s + buffers_s + transient_s
     time_s       = Σ_S (fwd + bwd) + Σ_C fwd (+ loss on the last stage)
     T_iter       = max(Σ_s time_s + (M - 1) · max_s time_s,      the pipeline's critical path
@@ -271,8 +272,11 @@ def stage_cost(
         + last_layer_buffer_bytes(last, stage, setup)
         + const_buffers
     )
-    scratch = max(max(layer.transient_bytes for layer in layers), stage_constant_transient_bytes(profile, stage, setup))
-    transient = recompute_extra_bytes(layers, checkpointed) + scratch
+    # the loss's scratch is freed before the first layer's backward, so before any recompute
+    transient = max(
+        recompute_extra_bytes(layers, checkpointed) + max(layer.transient_bytes for layer in layers),
+        stage_constant_transient_bytes(profile, stage, setup),
+    )
     static = sum(static_bytes(layer, setup) for layer in layers)
     k = in_flight(setup, stage)
     time_ms = sum(layer_time_ms(layer, ckpt) for layer, ckpt in zip(layers, checkpointed))

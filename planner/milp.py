@@ -257,8 +257,11 @@ def _stage_memory_gib(problem: Problem, s: int, n, r, opens, closes):
     total = [(k * const_kept + const_buffers) / GIB]
     # R_s, X_s: the recompute extra (costmodel.recompute_extra_bytes), the largest transient
     recompute = pulp.LpVariable(f"R_{s}", lowBound=0)
-    transient = pulp.LpVariable(f"X_{s}", lowBound=costmodel.stage_constant_transient_bytes(problem.profile, s, setup) / GIB)
-    total += [recompute, transient]
+    transient = pulp.LpVariable(f"X_{s}", lowBound=0)
+    # T_s = max(R_s + X_s, the loss's scratch on the last stage)
+    scratch = pulp.LpVariable(f"T_{s}", lowBound=costmodel.stage_constant_transient_bytes(problem.profile, s, setup) / GIB)
+    lp += scratch >= recompute + transient, f"scratch_{s}"
+    total.append(scratch)
     # K[s,g] (GiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
     # recurrence so each recompute constraint names one variable instead of every later run
     later = {len(problem.runs): 0}

@@ -199,11 +199,12 @@ def test_last_stage_without_checkpointing():
     assert cost.time_ms == pytest.approx(15.5)
 
 
-@pytest.mark.parametrize("loss_scratch_mib, transient_mib", [(8, 8), (2, 5), (0, 5)])
-def test_loss_scratch_is_a_last_stage_transient(loss_scratch_mib, transient_mib):
-    # the loss's scratch (e.g. cross-entropy's gradients) competes with the layers' scratch
-    # on the last stage only: transient = recompute + max(max_S transient, loss scratch)
-    #   stage 1 = [blocks.1, head]: max(1, 5, loss) -> 8 with an 8 MiB loss scratch, else 5;
+@pytest.mark.parametrize("loss_scratch_mib, transient_mib, with_head_ckpt_mib", [(8, 8, 8), (2, 5, 7), (0, 5, 7)])
+def test_loss_scratch_is_a_last_stage_transient(loss_scratch_mib, transient_mib, with_head_ckpt_mib):
+    # the loss's scratch (e.g. cross-entropy's gradients) exists on the last stage only, and
+    # is freed before the first layer's backward, so before any recompute:
+    #   transient = max(recompute + max_S transient, loss scratch)
+    #   stage 1 = [blocks.1, head]: max(0 + max(1, 5), loss) -> 8 with an 8 MiB loss scratch, else 5;
     #   peak = 2.5 + 13.25 + 20 + transient (test_last_stage_without_checkpointing)
     # stage 0 = [embed, blocks.0] keeps max(3, 1) = 3 whatever the loss needs
     p = four_layers().model_copy(update={"loss_transient_bytes": loss_scratch_mib * MIB})
@@ -211,8 +212,9 @@ def test_loss_scratch_is_a_last_stage_transient(loss_scratch_mib, transient_mib)
     assert last.transient_bytes == transient_mib * MIB
     assert last.peak_bytes == int((2.5 + 13.25 + 20 + transient_mib) * MIB)
     assert stage_of(p, setup(2), 0, ["embed", "blocks.0"], []).transient_bytes == 3 * MIB
-    # recompute adds on top: head checkpointed, (6 - 4) - 0 = 2
-    assert stage_of(p, setup(2), 1, ["blocks.1", "head"], ["head"]).transient_bytes == (2 + transient_mib) * MIB
+    # head checkpointed: recompute (6 - 4) - 0 = 2 on top of the layers' 5, against the loss's
+    ckpt = stage_of(p, setup(2), 1, ["blocks.1", "head"], ["head"])
+    assert ckpt.transient_bytes == with_head_ckpt_mib * MIB
 
 
 def test_last_stage_all_checkpointed():
