@@ -105,7 +105,7 @@ def _plot(comparison, plan, path: Path) -> None:
         mem_ax.hlines(cap / 2**20, s - width / 2, s + 0.8 - width / 2, colors="red", linestyles="dashed")
     mem_ax.set_xticks([s + 0.4 - width / 2 for s in range(num_stages)], [f"stage {s}" for s in range(num_stages)])
     mem_ax.set_ylabel("measured peak (MiB); dashed: cap")
-    mem_ax.legend(fontsize=8)
+    mem_ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     time_ax.bar(names, [r.iteration_ms for r in comparison.strategies],
                 color=["tab:green" if n == "ckplan" else "tab:gray" for n in names])
     time_ax.set_ylabel("measured iteration (ms)")
