@@ -82,18 +82,11 @@ def print_comparison(comparison, plan) -> None:
 
 
 def _plot(comparison, plan, path: Path) -> None:
-    try:
-        import matplotlib
+    from planner.emit.charts import pyplot, save_png
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        warn("matplotlib is not installed; no chart written (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return
-    import io as stdio
-
-    from planner.io import write_atomic_bytes
-
     names = [r.name for r in comparison.strategies]
     fig, (mem_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(names)
@@ -110,8 +103,5 @@ def _plot(comparison, plan, path: Path) -> None:
                 color=["tab:green" if n == "ckplan" else "tab:gray" for n in names])
     time_ax.set_ylabel("measured iteration (ms)")
     time_ax.tick_params(axis="x", rotation=30)
-    buffer = stdio.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    save_png(fig, path)
     plt.close(fig)
-    write_atomic_bytes(path, buffer.getvalue())
-    console.print(f"chart written to {path}")

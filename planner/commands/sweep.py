@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from planner.console import console, table, warn
+from planner.console import console, table
 from planner.units import format_bytes, format_ms
 
 NUM_POINTS = 8
@@ -48,16 +48,11 @@ def run_sweep(profile, setup, *, plot: Path, time_limit_s: float, as_json: bool)
 
 
 def _plot(rows, names, path: Path) -> None:
-    try:
-        import matplotlib
+    from planner.emit.charts import pyplot, save_png
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        warn("matplotlib is not installed; no chart written (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return
-    from planner.io import write_atomic_bytes
-
     fig, ax = plt.subplots(figsize=(7, 4))
     caps_gib = [r["cap_bytes"] / 2**30 for r in rows]
     for name in names:
@@ -68,10 +63,5 @@ def _plot(rows, names, path: Path) -> None:
     ax.set_ylabel("predicted iteration (ms)")
     ax.legend()
     ax.grid(alpha=0.3)
-    import io as stdio
-
-    buffer = stdio.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    save_png(fig, path, dpi=120)
     plt.close(fig)
-    write_atomic_bytes(path, buffer.getvalue())
-    console.print(f"chart written to {path}")
