@@ -25,8 +25,11 @@ def info(message: str) -> None:
 def table(title: str, columns: list[str], rows: list[list[str]], *, right_from: int = 1) -> Table:
     """A table whose columns from `right_from` on are numbers (right-aligned)."""
     tbl = Table(title=title, title_justify="left", header_style="bold")
+    # the first column names the row (a layer, a stage, a strategy): never cut it short
+    name_width = min(max((len(row[0]) for row in rows), default=0), 40)
     for idx, name in enumerate(columns):
-        tbl.add_column(name, justify="right" if idx >= right_from else "left")
+        tbl.add_column(name, justify="right" if idx >= right_from else "left",
+                       **({"no_wrap": True, "min_width": name_width} if idx == 0 else {}))
     for row in rows:
         tbl.add_row(*row)
     return tbl

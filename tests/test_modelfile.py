@@ -14,7 +14,7 @@ MODELS = ROOT / "configs" / "models"
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
-@pytest.mark.parametrize("name, first, last, count", [("gpt.py", "embed", "head", 10), ("mlp.py", "0", "17", 18)])
+@pytest.mark.parametrize("name, first, last, count", [("gpt.py", "embed", "head", 10), ("mlp.py", "0", "7", 8)])
 def test_bundled_models_follow_the_contract(name, first, last, count):
     loaded = modelfile.load_model_file(MODELS / name)
     layers = modelfile.pipeline_layers(loaded.build_model(), loaded.path)

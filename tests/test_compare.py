@@ -1,0 +1,85 @@
+"""`ckplan compare` end to end on a small model: profile -> solve -> compare (CPU, gloo)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner import baselines, costmodel, io
+from planner.cli import cli
+from planner.compare import Comparison, strategies_to_run
+
+MODEL = '''
+import torch
+from torch import nn
+
+def build_model():  # blocks: a lone Linear or GELU keeps only its input, nothing to checkpoint
+    return nn.Sequential(*(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4)))
+
+def example_batch(micro_batch_size):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(micro_batch_size * 256, 64, generator=g), torch.randn(micro_batch_size * 256, 64, generator=g)
+'''
+
+
+def run(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def solved(tmp_path_factory):
+    """A 2-stage plan at a cap halfway between what full and no checkpointing need."""
+    tmp = tmp_path_factory.mktemp("compare")
+    model = tmp / "mlp.py"
+    model.write_text(MODEL)
+    profile_path = tmp / "mlp.json"
+    run("profile", model, "--threads", "1", "--repeats", "1", "--warmup", "0", "--out", profile_path)
+    profile = io.load_profile(profile_path)
+    probe = run("solve", "--profile", profile_path, "--mem", "1GB", "--stages", "2", "--microbatches", "4",
+                "--out", tmp / "probe.yaml")
+    assert probe.exit_code == 0
+    setup = io.load_plan(tmp / "probe.yaml").setup
+    need = {name: max(costmodel.evaluate(fn(profile, setup), profile, setup).peak_bytes_per_stage)
+            for name, fn in (("full", baselines.full_checkpointing), ("none", baselines.no_checkpointing))}
+    cap = (need["full"] + need["none"]) // 2
+    plan_path = tmp / "plan.yaml"
+    run("solve", "--profile", profile_path, "--mem", cap, "--stages", "2", "--microbatches", "4", "--out", plan_path)
+    return plan_path, cap
+
+
+def test_compare_runs_every_fitting_strategy_under_its_cap(solved, tmp_path):
+    plan_path, cap = solved
+    out = tmp_path / "compare.json"
+    result = run("compare", plan_path, "--steps", "1", "--warmup-steps", "0", "--out", out,
+                 "--plot", tmp_path / "c.png")
+    plan = io.load_plan(plan_path)
+    comparison = Comparison.model_validate_json(out.read_text())
+    # the table and the file name the same strategies: ckplan first, then every fitting baseline
+    expected = [name for name, _ in strategies_to_run(plan)]
+    assert [s.name for s in comparison.strategies] == expected
+    assert expected[0] == "ckplan" and "full-ckpt" in expected and "no-ckpt" not in expected
+    for name in expected:
+        assert name in result.output
+    for strategy in comparison.strategies:
+        report = strategy.report
+        assert len(report.stages) == 2 and report.steps == 1
+        # measured on the runtime, every strategy stays under every cap
+        assert all(s.measured.peak_bytes <= s.cap_bytes == cap for s in report.stages)
+        assert strategy.peak_over_cap == pytest.approx([s.measured.peak_bytes / cap for s in report.stages])
+        # an identical layout is measured once and shared
+        if strategy.same_as:
+            first = next(s for s in comparison.strategies if s.name == strategy.same_as)
+            assert strategy.report == first.report
+    full = next(s for s in comparison.strategies if s.name == "full-ckpt")
+    assert full.speedup_vs_full == pytest.approx(1.0)
+    # the JSON round-trips through the pydantic model
+    assert Comparison.model_validate(json.loads(comparison.model_dump_json())) == comparison
+
+
+def test_compare_refuses_a_missing_plan(tmp_path):
+    result = CliRunner().invoke(cli, ["compare", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "c.json")])
+    assert result.exit_code != 0 and "does not exist" in result.output
+    assert not (tmp_path / "c.json").exists()
