@@ -32,7 +32,10 @@ from planner import costmodel
 from planner.costmodel import LayerCost, PlanCost
 from planner.schema import Profile, StagePlan, TrainSetup
 
-GIB = float(2**30)  # bytes enter the solver in GiB so coefficients stay well conditioned
+# Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
+# models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)
+# is a tenth of a byte, so a plan the solver accepts never exceeds a cap under evaluate().
+MIB = float(2**20)
 PROBING_OFF = 1 << 15  # HiGHS presolve rule: probing took the whole time limit on 4k-binary models
 
 
@@ -223,7 +226,7 @@ def build_problem(
     for s in range(num_stages):
         stage_times.append(_stage_time(problem, s, n, r))
         lp += stage_times[-1] <= tau, f"bottleneck_{s}"
-        lp += _stage_memory_gib(problem, s, n, r, opens, closes) <= _cap_gib(problem, s), f"cap_{s}"
+        lp += _stage_memory_mib(problem, s, n, r, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
 
     if objective == "time":
         # T_iter ≥ Σ_s time_s + (M - 1)·τ (critical path), T_iter ≥ M·Σ_s time_s / C (capacity)
@@ -249,43 +252,43 @@ def _stage_time(problem: Problem, s: int, n, r):
     return pulp.lpSum(terms)
 
 
-def _stage_memory_gib(problem: Problem, s: int, n, r, opens, closes):
-    """peak_s = static + k_s·kept + buffers + recompute extra + max transient, in GiB."""
+def _stage_memory_mib(problem: Problem, s: int, n, r, opens, closes):
+    """peak_s = static + k_s·kept + buffers + max(recompute extra + transient, loss scratch), in MiB."""
     setup, lp = problem.setup, problem.lp
     k = costmodel.in_flight(setup, s)
     const_kept, const_buffers = costmodel.stage_constant_bytes(problem.profile, s, setup)
-    total = [(k * const_kept + const_buffers) / GIB]
+    total = [(k * const_kept + const_buffers) / MIB]
     # R_s, X_s: the recompute extra (costmodel.recompute_extra_bytes), the largest transient
     recompute = pulp.LpVariable(f"R_{s}", lowBound=0)
     transient = pulp.LpVariable(f"X_{s}", lowBound=0)
     # T_s = max(R_s + X_s, the loss's scratch on the last stage)
-    scratch = pulp.LpVariable(f"T_{s}", lowBound=costmodel.stage_constant_transient_bytes(problem.profile, s, setup) / GIB)
+    scratch = pulp.LpVariable(f"T_{s}", lowBound=costmodel.stage_constant_transient_bytes(problem.profile, s, setup) / MIB)
     lp += scratch >= recompute + transient, f"scratch_{s}"
     total.append(scratch)
-    # K[s,g] (GiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
+    # K[s,g] (MiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
     # recurrence so each recompute constraint names one variable instead of every later run
     later = {len(problem.runs): 0}
     for g in reversed(range(len(problem.runs))):
         later[g] = pulp.LpVariable(f"K_{s}_{g}")
-        lp += later[g] == later[g + 1] + _run_kept_bytes(problem, s, g, n, r) / GIB, f"later_{s}_{g}"
+        lp += later[g] == later[g + 1] + _run_kept_bytes(problem, s, g, n, r) / MIB, f"later_{s}_{g}"
     for g, run in enumerate(problem.runs):
         layer = run.layer
         per_layer = costmodel.static_bytes(layer, setup) + k * costmodel.kept_bytes(layer, False)
-        total.append(per_layer / GIB * n(s, g))
+        total.append(per_layer / MIB * n(s, g))
         if (s, g) in problem.r:
             saving = k * (costmodel.kept_bytes(layer, False) - costmodel.kept_bytes(layer, True))
-            total.append(-saving / GIB * problem.r[s, g])
+            total.append(-saving / MIB * problem.r[s, g])
             used = _presence(problem, f"q_{s}_{g}", problem.r[s, g], run.size)
             # [Constraint] R_s ≥ recompute extra of the run's last checkpointed layer (the first
             # r of the run are the checkpointed ones) minus what the layers after it keep
-            after = (n(s, g) - problem.r[s, g]) * costmodel.kept_bytes(layer, False) / GIB + later[g + 1]
-            lp += recompute >= layer.recompute_peak_bytes / GIB * used - after, f"recompute_{s}_{g}"
+            after = (n(s, g) - problem.r[s, g]) * costmodel.kept_bytes(layer, False) / MIB + later[g + 1]
+            lp += recompute >= layer.recompute_peak_bytes / MIB * used - after, f"recompute_{s}_{g}"
         first = k * costmodel.first_layer_kept_bytes(layer, s) + costmodel.first_layer_buffer_bytes(layer, s, setup)
         last = k * costmodel.last_layer_kept_bytes(layer) + costmodel.last_layer_buffer_bytes(layer, s, setup)
-        total += [first / GIB * opens(s, g), last / GIB * closes(s, g)]
+        total += [first / MIB * opens(s, g), last / MIB * closes(s, g)]
         if layer.transient_bytes > 0:
             present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
-            lp += transient >= layer.transient_bytes / GIB * present, f"transient_{s}_{g}"
+            lp += transient >= layer.transient_bytes / MIB * present, f"transient_{s}_{g}"
     return pulp.lpSum(total)
 
 
@@ -307,9 +310,13 @@ def _presence(problem: Problem, name: str, count, size: int):
     return flag
 
 
-def _cap_gib(problem: Problem, s: int):
-    cap = (problem.setup.mem_caps_bytes[s] - costmodel.FIT_MARGIN_BYTES) / GIB
-    return cap * problem.scale if problem.scale is not None else cap
+def _cap_mib(problem: Problem, s: int):
+    """cap_s - margin; for the memory objective scale·cap_s - margin (a cap of a few KiB can
+    grow too)."""
+    cap = problem.setup.mem_caps_bytes[s] / MIB
+    if problem.scale is not None:
+        cap = cap * problem.scale
+    return cap - costmodel.FIT_MARGIN_BYTES / MIB
 
 
 # ---------------------------------------------------------------- solve and extract

@@ -286,12 +286,8 @@ def test_infeasible_caps():
 
 @pytest.mark.parametrize("slack, expected_ms", [
     (0, 34),
-    pytest.param(-1, 38, marks=pytest.mark.xfail(strict=True, raises=milp.SolverMismatch, reason=(
-        "planner/milp.py _cap_gib() with costmodel.StageCost.fits both at FIT_MARGIN_BYTES: HiGHS "
-        "accepts a cap row violated by up to its feasibility tolerance (~1e-7 GiB = ~100 B), so for "
-        "caps [38 MiB + 4095 B, 1 GiB] it returns the 34 ms plan whose peak0 (38 MiB) is 1 byte over "
-        "cap - margin, and plan() raises SolverMismatch instead of returning the 38 ms plan"))),
-    (-128, 38),  # just outside the solver's tolerance: agreed again
+    (-1, 38),  # 1 byte over cap - margin: the solver's rows are in MiB, its tolerance ~0.1 B
+    (-128, 38),
 ])
 def test_evaluate_and_the_milp_agree_at_the_fit_margin(slack, expected_ms):
     # the 34 ms plan (2 | 2, c = 1) peaks at exactly 38 MiB on stage 0. It fits a cap of
@@ -420,11 +416,6 @@ def test_min_cap_scale_by_hand():
     check_min_cap_scale(profile, s)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "planner/milp.py min_cap_scale(): the memory objective scales (cap - FIT_MARGIN_BYTES), so a "
-    "cap at or below 4096 B can never grow to fit and min_cap_scale returns None; expected "
-    "(27 MiB + 4096) / 4096 for four_blocks with caps [4096, 4096] (and (peak + margin) / cap "
-    "in general, which it returns for caps of 5000 B)"))
 def test_min_cap_scale_from_caps_below_the_margin():
     profile = four_blocks()
     found = milp.min_cap_scale(profile, setup(2, 4, [4096, 4096]))
