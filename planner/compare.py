@@ -25,7 +25,7 @@ class StrategyResult(BaseModel):
     speedup_vs_full: float | None  # measured
     peak_over_cap: list[float]  # measured peak / cap per stage
     iteration_error: float  # (measured - predicted) / predicted
-    peak_error: list[float]  # per stage, (measured - predicted) / predicted
+    peak_error: list[float | None]  # per stage, (measured - predicted) / predicted; None unpredicted
 
 
 class Comparison(BaseModel):
@@ -93,5 +93,6 @@ def _result(name: str, same_as: str | None, report: RunReport) -> StrategyResult
         speedup_vs_full=None,
         peak_over_cap=[s.measured.peak_bytes / s.cap_bytes for s in stages],
         iteration_error=(report.iteration_ms - report.predicted_iteration_ms) / report.predicted_iteration_ms,
-        peak_error=[(s.measured.peak_bytes - s.predicted.peak_bytes) / s.predicted.peak_bytes for s in stages],
+        peak_error=[(s.measured.peak_bytes - s.predicted.peak_bytes) / s.predicted.peak_bytes if s.predicted else None
+                    for s in stages],
     )

@@ -72,7 +72,7 @@ def run_case(model, prof_path, label, cap, args, workdir):
         "best_ratio": best_ratio.name if best_ratio else None,
         "best_ratio_ms": best_ratio.iteration_ms if best_ratio else None,
         "max_peak_over_cap": max(p for r in comparison.strategies for p in r.peak_over_cap),
-        "ckplan_peak_err_worst": max(ck.peak_error, key=abs),
+        "ckplan_peak_err_worst": max((e for e in ck.peak_error if e is not None), key=abs, default=0.0),
         "predicted_speedup_vs_full": next((b.iteration_ms for b in plan.baselines if b.name == "full-ckpt"), 0)
         / plan.predicted.iteration_ms,
     }

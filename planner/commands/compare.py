@@ -65,7 +65,7 @@ def print_comparison(comparison, plan) -> None:
             " ".join(f"{p * 100:.0f}%" for p in r.peak_over_cap),
             bar(worst, width=10),
             f"{r.iteration_error * 100:+.1f}%",
-            f"{max(r.peak_error, key=abs) * 100:+.1f}%",
+            _worst(r.peak_error),
         ])
     caps = ", ".join(sorted({format_bytes(c) for c in plan.setup.mem_caps_bytes}))
     console.print(table(
@@ -79,6 +79,11 @@ def print_comparison(comparison, plan) -> None:
     over = [r.name for r in comparison.strategies if max(r.peak_over_cap) > 1.0]
     if over:
         warn(f"measured peak exceeded the cap for: {', '.join(over)}")
+
+
+def _worst(errors: list[float | None]) -> str:
+    known = [e for e in errors if e is not None]
+    return f"{max(known, key=abs) * 100:+.1f}%" if known else "—"
 
 
 def _plot(comparison, plan, path: Path) -> None:
