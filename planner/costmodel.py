@@ -9,11 +9,12 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
 
     static_s     = Σ_S params · (w + g + o)                    bytes per parameter, ZeRO, offload
     kept_s       = Σ_{S∖C} act + Σ_C input                      per microbatch
-                   − input_in_act(first)  [s > 0]               the received input lives in a recv buffer
+                   - input_in_act(first)                        the stage input lives in a buffer
                    + output(last)                               the stage output waits in fwd_cache
                    (+ loss_bytes on the last stage)
     buffers_s    = (M + 1) · input(first) [s > 0] + M · output(last) [s < P-1]   PipelineStage's recv
                    + M · batch_input [s = 0]             buffers, and the input gradient being sent
+                   + M · batch_target [s = P-1]          the whole batch of targets
     transient_s  = max( max_{l∈C} (act_l - input_l - Σ_{m>l} kept_m)⁺    recompute, net of what later
                         + max_S transient,                          layers already freed, + scratch;
                         loss scratch [last stage] )                 the loss's is gone before then
@@ -183,9 +184,10 @@ def layer_time_ms(layer: LayerCost, checkpointed: bool) -> float:
 
 
 def first_layer_kept_bytes(layer: LayerCost, stage: int) -> int:
-    """Correction to kept bytes for the layer that opens a stage: past stage 0 its input
-    is a receive buffer (counted in buffers), so its own saved copy is not kept twice."""
-    return -layer.input_in_act_bytes if stage > 0 else 0
+    """Correction to kept bytes for the layer that opens a stage: its input is a receive
+    buffer (past stage 0) or a slice of the whole batch the schedule holds (stage 0), both
+    counted in buffers, so the layer's saved copy of it is not kept twice."""
+    return -layer.input_in_act_bytes
 
 
 def last_layer_kept_bytes(layer: LayerCost) -> int:
@@ -205,10 +207,11 @@ def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> 
 
 
 def stage_constant_bytes(profile: Profile, stage: int, setup: TrainSetup) -> tuple[int, int]:
-    """(kept per microbatch, buffers) that depend only on the stage's position:
-    the loss on the last stage, the input batch on the first."""
-    kept = profile.loss_bytes if stage == setup.stages - 1 else 0
-    buffers = setup.microbatches * profile.batch_input_bytes if stage == 0 else 0
+    """(kept per microbatch, buffers) that depend only on the stage's position: the loss
+    and the whole batch of targets on the last stage, the whole input batch on the first."""
+    last = stage == setup.stages - 1
+    kept = profile.loss_bytes if last else 0
+    buffers = setup.microbatches * (profile.batch_input_bytes * (stage == 0) + profile.batch_target_bytes * last)
     return kept, buffers
 
 

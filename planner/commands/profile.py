@@ -131,6 +131,7 @@ def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_s
         repeats=repeats,
         model=model_ref,
         batch_input_bytes=measurement.batch_input_bytes,
+        batch_target_bytes=measurement.batch_target_bytes,
         loss_bytes=measurement.loss_bytes,
         loss_ms=measurement.loss_ms,
         loss_transient_bytes=measurement.loss_transient_bytes,

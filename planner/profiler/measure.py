@@ -39,6 +39,7 @@ class Measurement:
     loss_bytes: int
     loss_ms: float
     loss_transient_bytes: int
+    batch_target_bytes: int
 
 
 def measure_model(
@@ -86,7 +87,8 @@ def measure_model(
     with blame("loss_fn(output, target)"):
         loss_ms = _loss_ms(loss_fn, layer_outputs[-1], targets, warmup=warmup, repeats=repeats)
         loss_transient = _loss_transient_bytes(loss_fn, layer_outputs[-1], targets)
-    return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes, loss_ms, loss_transient)
+    return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes, loss_ms, loss_transient,
+                       storage_nbytes(targets))
 
 
 def _measure_layer(
