@@ -28,7 +28,7 @@ from typing import Literal
 
 import pulp
 
-from planner import costmodel
+from planner import costmodel, incumbent
 from planner.costmodel import LayerCost, PlanCost
 from planner.schema import Profile, StagePlan, TrainSetup
 
@@ -36,6 +36,7 @@ from planner.schema import Profile, StagePlan, TrainSetup
 # models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)
 # is a tenth of a byte, so a plan the solver accepts never exceeds a cap under evaluate().
 MIB = float(2**20)
+HEURISTIC_RUNS_PER_STAGE = 2  # more runs of distinct layers per stage: start from incumbent.py
 PROBING_OFF = 1 << 15  # HiGHS presolve rule: probing took the whole time limit on 4k-binary models
 
 
@@ -438,8 +439,11 @@ def plan(
     """Build, solve, extract and cross-check. Returns the SolveResult alone when no plan
     was found (infeasible, or timeout). `start`: a feasible plan (e.g. the best baseline)
     to begin from; `upper_bound_ms`: the iteration time of a feasible plan."""
+    started = time.perf_counter()
+    upper_bound_ms, start = _better_start(profile, setup, upper_bound_ms, start)
     problem = build_problem(profile, setup, upper_bound_ms=upper_bound_ms)
     result = solve(problem, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, log=log, start=start)
+    result = SolveResult(result.status, result.objective, result.gap, time.perf_counter() - started)
     if result.status in ("infeasible", "timeout"):
         return result
     stages = extract_plan(problem)
@@ -452,6 +456,22 @@ def plan(
         over = [s for s, c in enumerate(cost.stages) if not c.fits]
         raise SolverMismatch(f"solver plan exceeds the caps of stages {over} under evaluate()")
     return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=result)
+
+
+def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start):
+    """With many distinct layers, the MILP's bounds are only as tight as its starting plan:
+    take the heuristic's plan when it beats the one given (within 0.05% of the optimum on
+    heterogeneous 128x16, against 15% for the best baseline). Runs of identical layers
+    keep the MILP small without it."""
+    if len(find_runs(costmodel.layer_costs(profile))) <= HEURISTIC_RUNS_PER_STAGE * setup.stages:
+        return upper_bound_ms, start
+    found = incumbent.heuristic_plan(profile, setup, upper_bound_ms=upper_bound_ms)
+    if found is None:
+        return upper_bound_ms, start
+    cost = costmodel.evaluate(found, profile, setup)
+    if cost.feasible and (upper_bound_ms is None or cost.iteration_ms < upper_bound_ms):
+        return cost.iteration_ms, found
+    return upper_bound_ms, start
 
 
 def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | None = 30.0) -> tuple[float, PlanCost] | None:

@@ -74,33 +74,22 @@ def interesting_setup(profile, stages: int, microbatches: int, fraction: float) 
 
 
 def one_run(profile, setup: TrainSetup, *, time_limit_s: float, mip_gap: float, threads: int | None) -> dict:
+    """What `ckplan solve` does: the baselines, then milp.plan() bounded and started by the
+    best of them (plan() adds its heuristic start, builds, solves and re-scores the plan)."""
     started = time.perf_counter()
     scored = baselines.all_baselines(profile, setup)
     feasible = [b for b in scored if b.feasible]
     best = min(feasible, key=lambda b: b.iteration_ms) if feasible else None
     after_baselines = time.perf_counter()
-    problem = milp.build_problem(profile, setup, upper_bound_ms=best.iteration_ms if best else None)
-    after_build = time.perf_counter()
-    solve_started = time.perf_counter()
-    result = milp.solve(problem, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads,
-                        start=best.stages if best else None)
-    solve_s = time.perf_counter() - solve_started  # result.wall_s leaves out completing the start
-    iteration_ms = None
-    status = result.status
-    if result.status in ("infeasible", "timeout"):
-        model_status = problem.lp.solverModel.getModelStatus().name
-        if result.status == "infeasible" and model_status != "kInfeasible":
-            status = f"infeasible? ({model_status})"  # should not happen: say so rather than hide it
-    else:
-        cost = costmodel.evaluate(milp.extract_plan(problem), profile, setup)
-        if not cost.feasible or abs(cost.iteration_ms - result.objective) > 1e-6 * max(1.0, result.objective):
-            raise milp.SolverMismatch(f"plan re-evaluates to {cost.iteration_ms} ms, feasible={cost.feasible}; "
-                                      f"solver objective {result.objective}")
-        iteration_ms = cost.iteration_ms
+    result = milp.plan(profile, setup, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads,
+                       upper_bound_ms=best.iteration_ms if best else None, start=best.stages if best else None)
     finished = time.perf_counter()
+    solved = isinstance(result, milp.PlanResult)
+    outcome = result.solve if solved else result
     return dict(
-        total_s=finished - started, baselines_s=after_baselines - started, build_s=after_build - after_baselines,
-        solve_s=solve_s, highs_s=result.wall_s, status=status, gap=result.gap, iteration_ms=iteration_ms,
+        total_s=finished - started, baselines_s=after_baselines - started,
+        solve_s=finished - after_baselines, highs_s=outcome.wall_s, status=outcome.status, gap=outcome.gap,
+        iteration_ms=result.cost.iteration_ms if solved else None,
         best_baseline=best.name if best else None, best_baseline_ms=best.iteration_ms if best else None,
     )
 
@@ -121,7 +110,6 @@ def bench_case(spec: str, args) -> dict:
         mip_gap_target=args.mip_gap, threads=args.threads,
         total_s=statistics.median(run["total_s"] for run in runs),
         solve_s=statistics.median(run["solve_s"] for run in runs),
-        build_s=statistics.median(run["build_s"] for run in runs),
         baselines_s=statistics.median(run["baselines_s"] for run in runs),
         status=median_run["status"], statuses=statuses, gap=median_run["gap"],
         iteration_ms=median_run["iteration_ms"], best_baseline=median_run["best_baseline"],
