@@ -143,38 +143,64 @@ def test_first_stage_with_a_checkpointed_layer():
     # stage 0 = [embed, blocks.0], blocks.0 checkpointed
     #   static    = (65536 + 131072) * 16 B           = 3 MiB
     #   kept      = act(embed) 2 + input(blocks.0) 4  (checkpointed keeps its input)
+    #               - input_in_act(embed) 1           (its saved input is a slice of the
+    #                                                  batch held in buffers below)
     #               + output(blocks.0) 4              (stage output waits in fwd_cache)
-    #               no first-layer correction on stage 0, no loss (not last) = 10 MiB
+    #               no loss (not last)                                   = 9 MiB
     #   buffers   = M * output(blocks.0) = 4 * 4 = 16 (grad recv, stage < P-1)
     #               + M * batch_input = 4 * 0.5 = 2    (stage 0)         = 18 MiB
     #   transient = recompute: blocks.0 is the stage's last layer, nothing after it
     #               frees anything: (10 - 4) - 0 = 6
     #               + max transient over the stage = max(3, 1) = 3       = 9 MiB
-    #   peak      = 3 + 2 * 10 + 18 + 9                                  = 50 MiB
+    #   peak      = 3 + 2 * 9 + 18 + 9                                   = 48 MiB
     #   time      = (1 + 2) + (2 + 4) + 2 (recompute forward)           = 11 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 0, ["embed", "blocks.0"], ["blocks.0"])
     assert cost.static_bytes == 3 * MIB
     assert cost.in_flight == 2
-    assert cost.kept_bytes == 10 * MIB
-    assert cost.activation_bytes == 20 * MIB
+    assert cost.kept_bytes == 9 * MIB
+    assert cost.activation_bytes == 18 * MIB
     assert cost.buffer_bytes == 18 * MIB
     assert cost.transient_bytes == 9 * MIB
-    assert cost.peak_bytes == 50 * MIB
+    assert cost.peak_bytes == 48 * MIB
     assert cost.time_ms == pytest.approx(11.0)
 
 
 def test_first_stage_without_checkpointing():
     # same stage, nothing checkpointed:
-    #   kept = 2 + 10 + 4 (output) = 16 MiB; transient = 0 + 3 = 3 MiB
-    #   peak = 3 + 2 * 16 + 18 + 3 = 56 MiB; time = 3 + 6 = 9 ms
+    #   kept = 2 + 10 - input_in_act(embed) 1 + 4 (output) = 15 MiB; transient = 0 + 3 = 3 MiB
+    #   peak = 3 + 2 * 15 + 18 + 3 = 54 MiB; time = 3 + 6 = 9 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 0, ["embed", "blocks.0"], [])
-    assert cost.kept_bytes == 16 * MIB
+    assert cost.kept_bytes == 15 * MIB
     assert cost.buffer_bytes == 18 * MIB
     assert cost.transient_bytes == 3 * MIB
-    assert cost.peak_bytes == 56 * MIB
+    assert cost.peak_bytes == 54 * MIB
     assert cost.time_ms == pytest.approx(9.0)
+
+
+def test_stage_zero_does_not_keep_its_first_input_twice():
+    # The first layer's saved input is, on stage 0, a slice (a view) of the whole input batch
+    # the schedule holds all step long (M * batch_input in buffers), as past stage 0 it is a
+    # receive buffer: either way kept loses input_in_act(first) once, on every stage.
+    p = four_layers()
+    costs = {c.name: c for c in costmodel.layer_costs(p)}
+    for stage in (0, 1, 2):
+        assert costmodel.first_layer_kept_bytes(costs["embed"], stage) == -1 * MIB  # min(1, 2)
+        assert costmodel.first_layer_kept_bytes(costs["blocks.0"], stage) == -4 * MIB  # min(4, 10)
+    # [embed, blocks.0] on stage 0 of 2 (k = 2): kept 15, peak 54 (test_first_stage_without_checkpointing).
+    # With embed's input_in_act set to 0 (its saved tensors do not hold its input), nothing
+    # is shared: kept = 2 + 10 + 4 = 16, buffers still 18 (the batch is held either way),
+    # peak = 3 + 2 * 16 + 18 + 3 = 56 = 54 + k * 1
+    unshared = p.model_copy(update={"layers": [p.layers[0].model_copy(update={"input_in_act_bytes": 0}),
+                                               *p.layers[1:]]})
+    cost = stage_of(unshared, setup(2), 0, ["embed", "blocks.0"], [])
+    assert (cost.kept_bytes, cost.buffer_bytes, cost.peak_bytes) == (16 * MIB, 18 * MIB, 56 * MIB)
+    # blocks.0 opening stage 0 of 2 (k = 2): kept = 10 - input_in_act 4 + output 4 = 10
+    #   static 2; buffers = M * output 4 * 4 + M * batch_input 4 * 0.5 = 18; transient 1
+    #   peak = 2 + 2 * 10 + 18 + 1 = 41 MiB
+    cost = stage_of(p, setup(2), 0, ["blocks.0"], [])
+    assert (cost.kept_bytes, cost.buffer_bytes, cost.peak_bytes) == (10 * MIB, 18 * MIB, 41 * MIB)
 
 
 def test_last_stage_without_checkpointing():
@@ -287,17 +313,17 @@ def test_middle_stage():
 
 def test_three_stage_plan_end_to_end():
     # P=3, M=4, 1F1B; [embed] | [blocks.0, blocks.1] | [head], nothing checkpointed.
-    # stage 0: k=3; static 1; kept = 2 + output 4 = 6; buffers = 4 * 4 + 4 * 0.5 = 18;
-    #          transient 3; peak = 1 + 18 + 18 + 3 = 40 MiB; time 3 ms
+    # stage 0: k=3; static 1; kept = 2 - input_in_act(embed) 1 + output 4 = 5;
+    #          buffers = 4 * 4 + 4 * 0.5 = 18; transient 3; peak = 1 + 15 + 18 + 3 = 37 MiB; time 3 ms
     # stage 1: 81 MiB, 12 ms (test_middle_stage)
     # stage 2: k=1; static 0.5; kept = 6 - 4 + 1 + 0.25 = 3.25; buffers = 5 * 4 = 20;
     #          transient 5; peak = 0.5 + 3.25 + 20 + 5 = 28.75 MiB; time 9 + 0.5 = 9.5 ms
     # T = (3 + 12 + 9.5) + (4 - 1) * 12 = 60.5 ms
     p = four_layers()
     margin = costmodel.FIT_MARGIN_BYTES  # a plan fits when its peak stays this far below the cap
-    s = setup(3, caps=[40 * MIB + margin, 81 * MIB + margin - 1, 29 * MIB])
+    s = setup(3, caps=[37 * MIB + margin, 81 * MIB + margin - 1, 29 * MIB])
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert cost.peak_bytes_per_stage == [40 * MIB, 81 * MIB, 115 * MIB // 4]
+    assert cost.peak_bytes_per_stage == [37 * MIB, 81 * MIB, 115 * MIB // 4]
     assert [c.time_ms for c in cost.stages] == pytest.approx([3.0, 12.0, 9.5])
     assert [c.in_flight for c in cost.stages] == [3, 2, 1]
     assert cost.iteration_ms == pytest.approx(60.5)
@@ -308,25 +334,25 @@ def test_three_stage_plan_end_to_end():
 
 @pytest.mark.parametrize("room, fits", [(4096, True), (4095, False), (0, False), (2**20, True)])
 def test_a_stage_fits_when_its_peak_stays_the_margin_below_its_cap(room, fits):
-    # [embed] alone on stage 0 of 3 peaks at 40 MiB (test_three_stage_plan_end_to_end);
+    # [embed] alone on stage 0 of 3 peaks at 37 MiB (test_three_stage_plan_end_to_end);
     # FIT_MARGIN_BYTES = 4 KiB of room is required (the MILP's caps carry the same margin)
     assert costmodel.FIT_MARGIN_BYTES == 4096
     p = four_layers()
-    s = setup(3, caps=[40 * MIB + room, HUGE, HUGE])
+    s = setup(3, caps=[37 * MIB + room, HUGE, HUGE])
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert cost.stages[0].peak_bytes == 40 * MIB
+    assert cost.stages[0].peak_bytes == 37 * MIB
     assert cost.stages[0].fits is fits
     assert cost.feasible is fits
 
 
 def test_gpipe_holds_every_microbatch_on_every_stage():
     # same plan under GPipe: k = 4 everywhere.
-    # stage 0: 1 + 4 * 6 + 18 + 3 = 46; stage 1: 4 + 4 * 20 + 36 + 1 = 121;
+    # stage 0: 1 + 4 * 5 + 18 + 3 = 42; stage 1: 4 + 4 * 20 + 36 + 1 = 121;
     # stage 2: 0.5 + 4 * 3.25 + 20 + 5 = 38.5 MiB
     p = four_layers()
     s = setup(3, schedule="GPipe")
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert cost.peak_bytes_per_stage == [46 * MIB, 121 * MIB, 77 * MIB // 2]
+    assert cost.peak_bytes_per_stage == [42 * MIB, 121 * MIB, 77 * MIB // 2]
 
 
 def test_iteration_ms_is_fill_drain_plus_steady_state():
@@ -362,15 +388,36 @@ def test_iteration_ms_is_bounded_by_total_work_when_ranks_share_cores():
 def test_single_stage_is_both_first_and_last():
     # P=1, M=2: k = 1; [all four], nothing checkpointed
     #   static = 1 + 2 + 2 + 0.5 = 5.5 MiB
-    #   kept = 2 + 10 + 10 + 6 + output(head) 1 + loss 0.25 = 29.25 (no first-layer correction)
-    #   buffers = M * batch_input = 1 MiB (no recv buffers either way)
-    #   transient = max(3, 1, 1, 5) = 5; peak = 5.5 + 29.25 + 1 + 5 = 40.75 MiB
+    #   kept = 2 + 10 + 10 + 6 - input_in_act(embed) 1 (a slice of the batch, in buffers)
+    #          + output(head) 1 + loss 0.25 = 28.25
+    #   buffers = M * batch_input = 1 MiB (no recv buffers either way; no batch_target here)
+    #   transient = max(3, 1, 1, 5) = 5; peak = 5.5 + 28.25 + 1 + 5 = 39.75 MiB
     #   time = 3 + 6 + 6 + 9 + 0.5 = 24.5; T = 24.5 + 1 * 24.5 = 49 ms
     p = four_layers()
     cost = costmodel.evaluate(plan((["embed", "blocks.0", "blocks.1", "head"], [])), p, setup(1, 2))
-    assert cost.peak_bytes_per_stage == [163 * MIB // 4]
+    assert cost.stages[0].kept_bytes == 113 * MIB // 4
+    assert cost.peak_bytes_per_stage == [159 * MIB // 4]
     assert cost.stages[0].buffer_bytes == 1 * MIB
     assert cost.iteration_ms == pytest.approx(49.0)
+
+
+def test_last_stage_holds_the_whole_batch_of_targets():
+    # batch_target = 0.75 MiB per microbatch: the last stage's buffers grow by M * 0.75, the
+    # other stages' do not. P=3, M=4, 1F1B, [embed] | [blocks.0, blocks.1] | [head]
+    # (test_three_stage_plan_end_to_end): buffers 18, 36, 20 -> 18, 36, 20 + 4 * 0.75 = 23;
+    # peaks 37, 81, 28.75 -> 37, 81, 31.75 MiB (k = 1 does not multiply a buffer)
+    p = four_layers().model_copy(update={"batch_target_bytes": 3 * MIB // 4})
+    stages = plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], []))
+    cost = costmodel.evaluate(stages, p, setup(3))
+    assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 36 * MIB, 23 * MIB]
+    assert cost.peak_bytes_per_stage == [37 * MIB, 81 * MIB, 127 * MIB // 4]
+    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 38.5 -> 41.5 MiB
+    assert costmodel.evaluate(stages, p, setup(3, schedule="GPipe")).peak_bytes_per_stage[2] == 83 * MIB // 2
+    # a single stage is first and last: buffers = M * (batch_input 0.5 + batch_target 0.75)
+    #   = 2 * 1.25 = 2.5 MiB (M = 2); peak = 39.75 + 1.5 = 41.25 MiB (test_single_stage_is_both_first_and_last)
+    single = costmodel.evaluate(plan((["embed", "blocks.0", "blocks.1", "head"], [])), p, setup(1, 2))
+    assert single.stages[0].buffer_bytes == 5 * MIB // 2
+    assert single.peak_bytes_per_stage == [165 * MIB // 4]
 
 
 def test_evaluate_matches_stage_cost_and_split_to_stages():
@@ -378,13 +425,14 @@ def test_evaluate_matches_stage_cost_and_split_to_stages():
     stages = costmodel.split_to_stages([0, 2], [False, True, True, False], p)
     assert [(st.layers, st.checkpointed) for st in stages] == [
         (["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], ["blocks.1"])]
-    cost = costmodel.evaluate(stages, p, setup(2, caps=[51 * MIB, 30 * MIB]))
-    # stage 0: 50 MiB (above); stage 1 with blocks.1 checkpointed:
+    # caps: 1 MiB above stage 0's need (fits), below stage 1's (does not)
+    cost = costmodel.evaluate(stages, p, setup(2, caps=[49 * MIB, 30 * MIB]))
+    # stage 0: 48 MiB (test_first_stage_with_a_checkpointed_layer); stage 1 with blocks.1 checkpointed:
     #   kept = 4 + 6 - 4 + 1 + 0.25 = 7.25
     #   recompute = (10 - 4) - act(head) 6 = 0; transient = 0 + 5 = 5
     #   peak = 2.5 + 7.25 + 20 + 5 = 34.75 MiB
-    assert cost.peak_bytes_per_stage == [50 * MIB, 139 * MIB // 4]
-    assert [c.cap_bytes for c in cost.stages] == [51 * MIB, 30 * MIB]
+    assert cost.peak_bytes_per_stage == [48 * MIB, 139 * MIB // 4]
+    assert [c.cap_bytes for c in cost.stages] == [49 * MIB, 30 * MIB]
     assert [c.fits for c in cost.stages] == [True, False]
     predicted = costmodel.with_predictions(stages, cost)
     assert predicted[1].predicted.peak_bytes == 139 * MIB // 4
@@ -444,8 +492,10 @@ def test_same_kind_layers_share_mean_times_and_max_bytes():
 def test_kind_normalisation_reaches_evaluate():
     # P=1, M=1, [a, b] of one kind, b checkpointed. Normalised: fwd 3, bwd 5, act 10,
     # input 5, output 3 MiB, 300 params (16 B each), transient 1 MiB.
-    #   static = 600 * 16 = 9600 B; kept = 10 + 5 + output 3 = 18 MiB
-    #   transient = (10 - 5) + 1 = 6 MiB; peak = 9600 + 18 MiB + 6 MiB
+    #   static = 600 * 16 = 9600 B; input_in_act = 4 (the kind's minimum, see above)
+    #   kept = act(a) 10 + input(b) 5 - input_in_act(a) 4 + output 3 = 14 MiB
+    #   buffers 0 (no batch_input, no batch_target)
+    #   transient = (10 - 5) + 1 = 6 MiB; peak = 9600 + 14 MiB + 6 MiB
     #   time = 2 * (3 + 5) + 3 = 19 ms; T = 19 + 0 = 19 ms
     layers = [
         layer("a", "Block", fwd_ms=2, bwd_ratio=2, act_mib=10, input_mib=4, output_mib=3,
@@ -455,7 +505,7 @@ def test_kind_normalisation_reaches_evaluate():
     ]
     cost = costmodel.evaluate(plan((["a", "b"], ["b"])), profile_of(layers), setup(1, 1))
     assert cost.stages[0].static_bytes == 9600
-    assert cost.stages[0].kept_bytes == 18 * MIB
+    assert cost.stages[0].kept_bytes == 14 * MIB
     assert cost.stages[0].transient_bytes == 6 * MIB
-    assert cost.peak_bytes_per_stage == [9600 + 24 * MIB]
+    assert cost.peak_bytes_per_stage == [9600 + 20 * MIB]
     assert cost.iteration_ms == pytest.approx(19.0)
