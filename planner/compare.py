@@ -19,9 +19,10 @@ class StrategyResult(BaseModel):
 
     name: str
     same_as: str | None = None  # identical stages to an earlier strategy: measured once
-    report: RunReport
-    iteration_ms: float  # median over measured steps
-    iteration_spread: float  # (p75 - p25) / median of the step times: the run's own noise
+    report: RunReport  # the first round's
+    iteration_ms: float  # median over rounds of each round's median step
+    iteration_ms_rounds: list[float]  # each round's median step, in round order
+    iteration_spread: float  # (p75 - p25) / median of all step times of all rounds
     speedup_vs_full: float | None  # measured
     peak_over_cap: list[float]  # measured peak / cap per stage
     iteration_error: float  # (measured - predicted) / predicted
@@ -35,6 +36,7 @@ class Comparison(BaseModel):
     steps: int
     warmup_steps: int
     seed: int
+    rounds: int = 1  # every strategy once per round, round-robin, so drift hits all alike
     strategies: list[StrategyResult]
 
 
@@ -64,35 +66,46 @@ def run_comparison(
     steps: int,
     warmup_steps: int,
     seed: int,
+    rounds: int = 1,
     on_start: Callable[[str], None] = lambda name: None,
 ) -> Comparison:
-    """`run(strategy_name) -> RunReport` runs one strategy (the runtime's run_plan)."""
-    measured: dict[tuple, tuple[str, RunReport]] = {}
-    results: list[StrategyResult] = []
+    """`run(strategy_name) -> RunReport` runs one strategy (the runtime's run_plan). Each
+    distinct layout runs once per round; rounds go round-robin over the strategies, so a
+    machine that slows down for a while slows every strategy alike."""
+    first_of: dict[tuple, str] = {}
     for name, stages in strategies_to_run(plan):
-        layout = _layout(stages)
-        same_as = measured[layout][0] if layout in measured else None
-        if same_as is None:
+        first_of.setdefault(_layout(stages), name)
+    reports: dict[str, list[RunReport]] = {name: [] for name in first_of.values()}
+    for _ in range(rounds):
+        for name in reports:
             on_start(name)
-            measured[layout] = (name, run(name))
-        results.append(_result(name, same_as, measured[layout][1]))
+            reports[name].append(run(name))
+    results = []
+    for name, stages in strategies_to_run(plan):
+        owner = first_of[_layout(stages)]
+        results.append(_result(name, None if owner == name else owner, reports[owner]))
     reference = next((r.iteration_ms for r in results if r.name == REFERENCE), None)
     for result in results:
         result.speedup_vs_full = reference / result.iteration_ms if reference else None
-    return Comparison(plan=str(plan_file), steps=steps, warmup_steps=warmup_steps, seed=seed, strategies=results)
+    return Comparison(plan=str(plan_file), steps=steps, warmup_steps=warmup_steps, seed=seed, rounds=rounds,
+                      strategies=results)
 
 
-def _result(name: str, same_as: str | None, report: RunReport) -> StrategyResult:
+def _result(name: str, same_as: str | None, reports: list[RunReport]) -> StrategyResult:
+    report = reports[0]
     stages = report.stages
+    per_round = [r.iteration_ms for r in reports]
+    iteration_ms = statistics.median(per_round)
     return StrategyResult(
         name=name,
         same_as=same_as,
         report=report,
-        iteration_ms=report.iteration_ms,
-        iteration_spread=_quartile_spread(report.iteration_ms_all),
+        iteration_ms=iteration_ms,
+        iteration_ms_rounds=per_round,
+        iteration_spread=_quartile_spread([t for r in reports for t in r.iteration_ms_all]),
         speedup_vs_full=None,
-        peak_over_cap=[s.measured.peak_bytes / s.cap_bytes for s in stages],
-        iteration_error=(report.iteration_ms - report.predicted_iteration_ms) / report.predicted_iteration_ms,
-        peak_error=[(s.measured.peak_bytes - s.predicted.peak_bytes) / s.predicted.peak_bytes if s.predicted else None
-                    for s in stages],
+        peak_over_cap=[max(r.stages[i].measured.peak_bytes for r in reports) / s.cap_bytes for i, s in enumerate(stages)],
+        iteration_error=(iteration_ms - report.predicted_iteration_ms) / report.predicted_iteration_ms,
+        peak_error=[(max(r.stages[i].measured.peak_bytes for r in reports) - s.predicted.peak_bytes)
+                    / s.predicted.peak_bytes if s.predicted else None for i, s in enumerate(stages)],
     )

@@ -5,7 +5,7 @@ from what full checkpointing needs to what no checkpointing needs (tight, middle
 loose), solve and run every feasible strategy with the same steps and seed. Prints
 the comparison table per case and a summary; --json for machine use.
 
-    .venv/bin/python scripts/bench_e2e.py [--models gpt,mlp] [--stages 4] [--steps 4]
+    .venv/bin/python scripts/bench_e2e.py [--models gpt,mlp] [--stages 4] [--steps 4] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def run_case(model, prof_path, label, cap, args, workdir):
     comparison = run_comparison(
         plan, lambda name: run_plan(plan, plan_file=plan_path, strategy=name, steps=args.steps,
                                     warmup_steps=args.warmup_steps, seed=0),
-        plan_file=plan_path, steps=args.steps, warmup_steps=args.warmup_steps, seed=0)
+        plan_file=plan_path, steps=args.steps, warmup_steps=args.warmup_steps, seed=0, rounds=args.rounds)
     if not args.json:
         console.print(f"\n[bold]{model}, {label} cap {format_bytes(cap)}[/]")
         print_comparison(comparison, plan)
@@ -84,6 +84,7 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup-steps", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2, help="each strategy this many times, round-robin")
     parser.add_argument("--caps", default="tight,middle,loose")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -102,7 +103,7 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     console.print(table(
-        f"summary: measured on the runtime (cpu, {args.stages} stages 1F1B, {args.steps} steps each)",
+        f"summary: measured on the runtime (cpu, {args.stages} stages 1F1B, {args.steps} steps x {args.rounds} rounds)",
         ["model", "cap", "ckplan", "noise", "vs full", "vs best ratio", "predicted vs full", "max peak/cap",
          "ckplan peak err"],
         [[r["model"], f"{r['cap']} {format_bytes(r['cap_bytes'])}", f"{r['ckplan_ms']:.0f} ms",

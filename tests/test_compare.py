@@ -53,7 +53,7 @@ def solved(tmp_path_factory):
 def test_compare_runs_every_fitting_strategy_under_its_cap(solved, tmp_path):
     plan_path, cap = solved
     out = tmp_path / "compare.json"
-    result = run("compare", plan_path, "--steps", "1", "--warmup-steps", "0", "--out", out,
+    result = run("compare", plan_path, "--steps", "1", "--warmup-steps", "0", "--rounds", "2", "--out", out,
                  "--plot", tmp_path / "c.png")
     plan = io.load_plan(plan_path)
     comparison = Comparison.model_validate_json(out.read_text())
@@ -63,7 +63,11 @@ def test_compare_runs_every_fitting_strategy_under_its_cap(solved, tmp_path):
     assert expected[0] == "ckplan" and "full-ckpt" in expected and "no-ckpt" not in expected
     for name in expected:
         assert name in result.output
+    assert comparison.rounds == 2
     for strategy in comparison.strategies:
+        # one median per round; the strategy's figure is their median
+        assert len(strategy.iteration_ms_rounds) == 2
+        assert strategy.iteration_ms == pytest.approx(sum(strategy.iteration_ms_rounds) / 2)
         report = strategy.report
         assert len(report.stages) == 2 and report.steps == 1
         # measured on the runtime, every strategy stays under every cap

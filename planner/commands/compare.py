@@ -16,13 +16,15 @@ from planner.units import format_bytes, format_ms
               help="Measured training steps per strategy.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run every strategy this many times, round-robin; report each one's median round.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Comparison JSON [default: <plan>-compare.json beside the plan].")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,
               help="PNG bar chart, if matplotlib is installed [default: <plan>-compare.png].")
 @click.option("--force", is_flag=True, help="Run even if the model file changed since the profile.")
-def command(plan_file, steps, warmup_steps, seed, device, out, plot, force) -> None:
+def command(plan_file, steps, warmup_steps, seed, rounds, device, out, plot, force) -> None:
     """Run ckplan's plan and every baseline in it that fits the caps, with the same steps
     and seed, and print measured iteration time, speed-up over full checkpointing,
     measured peak per stage against the cap, and the error of the predictions.
@@ -43,7 +45,7 @@ def command(plan_file, steps, warmup_steps, seed, device, out, plot, force) -> N
                         device=device, seed=seed, force=force)
 
     comparison = run_comparison(
-        plan, run, plan_file=plan_file, steps=steps, warmup_steps=warmup_steps, seed=seed,
+        plan, run, plan_file=plan_file, steps=steps, warmup_steps=warmup_steps, seed=seed, rounds=rounds,
         on_start=lambda name: console.print(f"running {name} …"),
     )
     io.write_atomic(out, comparison.model_dump_json(indent=2) + "\n")
@@ -69,13 +71,14 @@ def print_comparison(comparison, plan) -> None:
         ])
     caps = ", ".join(sorted({format_bytes(c) for c in plan.setup.mem_caps_bytes}))
     console.print(table(
-        f"measured: {comparison.steps} steps after {comparison.warmup_steps} warm-up, seed {comparison.seed}, cap {caps}",
+        f"measured: {comparison.steps} steps after {comparison.warmup_steps} warm-up, {comparison.rounds} round(s), "
+        f"seed {comparison.seed}, cap {caps}",
         ["strategy", "iteration", "noise", "vs full ckpt", "peak/cap per stage", "worst stage",
          "iter err", "peak err (worst)"],
         rows,
     ))
-    console.print("noise: half the interquartile range of the step times, relative to their median; "
-                  "err: measured against the cost model's prediction")
+    console.print("iteration: median over rounds of each round's median step; noise: half the interquartile "
+                  "range of all step times, relative to their median; err: measured against the prediction")
     over = [r.name for r in comparison.strategies if max(r.peak_over_cap) > 1.0]
     if over:
         warn(f"measured peak exceeded the cap for: {', '.join(over)}")
