@@ -15,6 +15,13 @@ instead of many symmetric binaries:
     open[s,g]  = f[s-1,g-1] - f[s-1,g]                    stage s's first layer is of run g
     close[s,g] = t[s,g] - t[s,g+1]                        stage s's last layer is of run g
     τ ≥ time_s                                            the bottleneck stage
+    T ≥ Σ_s time_s + (M-1)·τ,  T ≥ M·Σ_s time_s / C       minimise T (costmodel.iteration_ms)
+
+Bounds. A feasible plan (the best baseline, or incumbent.py's heuristic when better)
+starts HiGHS and bounds τ: (M-1)·τ* ≤ T_feasible - Σ(fwd+bwd). That bound also gives
+every stage boundary a window (stages 0..s hold at most (s+1)·τ of plain time, the
+stages after s the rest), which fixes most prefix counts before HiGHS starts. Memory
+rows are in MiB, so HiGHS's row tolerance is ~0.1 byte.
 
 Every coefficient comes from planner.costmodel; after the solve the plan is
 re-scored by costmodel.evaluate() and must agree with the objective.
