@@ -71,7 +71,7 @@ class Profile(Strict):
     model: FileRef
     batch_input_bytes: int = 0  # the model input of one microbatch (held by stage 0)
     batch_target_bytes: int = 0  # the targets of one microbatch (held by the last stage)
-    loss_bytes: int = 0  # what the loss function keeps for backward (last stage)
+    loss_bytes: int = 0  # what the loss function keeps for backward, and the loss value (last stage)
     loss_ms: float = 0.0  # loss forward + backward
     loss_transient_bytes: int = 0  # extra peak during the loss's forward and backward beyond what it keeps
     layers: list[LayerProfile] = Field(min_length=1)

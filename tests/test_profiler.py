@@ -48,8 +48,8 @@ def test_linear_gelu_linear_exact_bytes():
     assert [layer.output_bytes for layer in result.layers] == [96, 96, 24]
     assert result.batch_input_bytes == 48
     # mse_loss saves the output (Linear(8,2)'s, excluded: it is the last layer's output_bytes)
-    # and the target (3x2), which no layer kept.
-    assert result.loss_bytes == 3 * 2 * F32
+    # and the target (3x2), which no layer kept; the loss value itself (one float) is kept too.
+    assert result.loss_bytes == 3 * 2 * F32 + F32
 
 
 def test_relu_output_is_charged_once():

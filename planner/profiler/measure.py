@@ -87,8 +87,11 @@ def measure_model(
     with blame("loss_fn(output, target)"):
         loss_ms = _loss_ms(loss_fn, layer_outputs[-1], targets, warmup=warmup, repeats=repeats)
         loss_transient = _loss_transient_bytes(loss_fn, layer_outputs[-1], targets)
-    return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes, loss_ms, loss_transient,
-                       storage_nbytes(targets))
+        with torch.no_grad():  # the loss value itself is kept too, until backward and beyond
+            value = loss_fn(layer_outputs[-1], targets)
+            loss_value_bytes = value.numel() * value.element_size()
+    return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes + loss_value_bytes, loss_ms,
+                       loss_transient, storage_nbytes(targets))
 
 
 def _measure_layer(
