@@ -237,6 +237,16 @@ def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup) -> float:
     return max(pipeline, capacity)
 
 
+def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_ms: float) -> float:
+    """No stage of an optimal plan is slower than this, given any feasible plan's iteration
+    time: T_iter ≥ Σ_s time_s + (M - 1)·τ and Σ_s time_s is at least every layer's fwd + bwd
+    (+ loss), so (M - 1)·τ* ≤ T_feasible - that sum."""
+    if setup.microbatches == 1:
+        return float("inf")
+    base = sum(layer_time_ms(layer, False) for layer in layer_costs(profile)) + profile.loss_ms
+    return (feasible_iteration_ms - base) / (setup.microbatches - 1) * (1 + 1e-9) + 1e-9
+
+
 # ---------------------------------------------------------------- stages and plans
 
 

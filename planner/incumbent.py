@@ -84,10 +84,7 @@ def _least_total(by_stage, num_stages: int, num_layers: int, cap_ms: float):
 def heuristic_plan(profile: Profile, setup: TrainSetup, *, upper_bound_ms: float | None = None) -> list[StagePlan] | None:
     """The best plan found over a sweep of bottleneck caps, or None if none fits."""
     num_layers = len(profile.layers)
-    max_time = math.inf
-    if upper_bound_ms is not None and setup.microbatches > 1:
-        base = sum(costmodel.layer_time_ms(layer, False) for layer in costmodel.layer_costs(profile)) + profile.loss_ms
-        max_time = (upper_bound_ms - base) / (setup.microbatches - 1) * (1 + 1e-9)
+    max_time = math.inf if upper_bound_ms is None else costmodel.bottleneck_bound_ms(profile, setup, upper_bound_ms)
     segments = _segments(profile, setup, max_time)
     by_stage = [[(i, j, t) for (s, i, j), (t, _) in segments.items() if s == stage] for stage in range(setup.stages)]
     # the bottleneck is at least the average stage's plain time: sweep caps from there up

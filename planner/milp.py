@@ -102,17 +102,6 @@ def _count_var(name: str, size: int) -> pulp.LpVariable:
     return pulp.LpVariable(name, lowBound=0, upBound=size, cat="Integer")
 
 
-def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, upper_bound_ms: float) -> float:
-    """No stage of an optimal plan is slower than this, given a feasible plan's iteration
-    time: Σ_s time_s is at least every layer's fwd + bwd (+ loss), so
-    (M - 1)·τ* ≤ upper_bound - that sum."""
-    if setup.microbatches == 1:
-        return float("inf")
-    base = sum(costmodel.layer_time_ms(layer, False) for layer in costmodel.layer_costs(profile))
-    base += profile.loss_ms
-    return (upper_bound_ms - base) / (setup.microbatches - 1) * (1 + 1e-9) + 1e-9
-
-
 def boundary_windows(profile: Profile, setup: TrainSetup, tau_max: float) -> list[tuple[int, int]]:
     """[lo, hi] for each stage s: how many layers stages 0..s can hold together. Each stage
     takes at least one layer, and no stage of an optimal plan is slower than tau_max, so
@@ -156,7 +145,7 @@ def build_problem(
     problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective)
     tau_max = float("inf")
     if objective == "time" and upper_bound_ms is not None:
-        tau_max = bottleneck_bound_ms(profile, setup, upper_bound_ms)
+        tau_max = costmodel.bottleneck_bound_ms(profile, setup, upper_bound_ms)
     ends = boundary_windows(profile, setup, tau_max)
 
     # y[s,g]: run-g layers in stages 0..s (fixed for the last stage), within the window
