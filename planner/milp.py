@@ -44,7 +44,6 @@ from planner.schema import Profile, StagePlan, TrainSetup
 # is a tenth of a byte, so a plan the solver accepts never exceeds a cap under evaluate().
 MIB = float(2**20)
 HEURISTIC_RUNS_PER_STAGE = 2  # more runs of distinct layers per stage: start from incumbent.py
-PROBING_OFF = 1 << 15  # HiGHS presolve rule: probing took the whole time limit on 4k-binary models
 
 
 class SolverMismatch(AssertionError):
@@ -355,8 +354,7 @@ def solve(
     time-limited solve with a solution is "feasible" with its gap. `start`: a feasible
     plan (a baseline's stages) HiGHS begins from."""
     values = start_values(problem, start) if start else None
-    solver = _HiGHS(msg=log, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads, start=values,
-                    presolve_rule_off=PROBING_OFF)
+    solver = _HiGHS(msg=log, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads, start=values)
     started = time.perf_counter()
     problem.lp.solve(solver)
     wall_s = time.perf_counter() - started
