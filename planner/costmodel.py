@@ -27,11 +27,13 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
 
 Same-kind layers (structurally identical) share one set of numbers: times are the
 kind's mean (averaging away timing noise), bytes the kind's maximum. Measured
-refinements over DESIGN.md's version 1: the receive buffers PipelineStage
-allocates for every microbatch, the stage output kept per in-flight microbatch,
-the received input shared with the first layer's saved tensors, and the
-recompute extra net of what the stage's later layers have already freed (without
-it, a 4-stage GPT plan was over-predicted by 10% on the stage that checkpoints).
+refinements over DESIGN.md's version 1, each from a run that disagreed: the
+receive buffers PipelineStage allocates for every microbatch, the stage output kept
+per in-flight microbatch, the stage input shared with a buffer (received, or a slice
+of the batch), the input gradient held by its send, the whole target batch on the
+last stage, the recompute extra net of what the stage's later layers already freed,
+the loss's scratch (which never meets a recompute), and the capacity bound when
+ranks share cores.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def layer_time_ms(layer: LayerCost, checkpointed: bool) -> float:
     return layer.fwd_ms + layer.bwd_ms + (layer.fwd_ms if checkpointed else 0.0)
 
 
-def first_layer_kept_bytes(layer: LayerCost, stage: int) -> int:
+def first_layer_kept_bytes(layer: LayerCost) -> int:
     """Correction to kept bytes for the layer that opens a stage: its input is a receive
     buffer (past stage 0) or a slice of the whole batch the schedule holds (stage 0), both
     counted in buffers, so the layer's saved copy of it is not kept twice."""
@@ -276,7 +278,7 @@ def stage_cost(
     const_kept, const_buffers = stage_constant_bytes(profile, stage, setup)
     kept = (
         sum(kept_bytes(layer, ckpt) for layer, ckpt in zip(layers, checkpointed))
-        + first_layer_kept_bytes(first, stage)
+        + first_layer_kept_bytes(first)
         + last_layer_kept_bytes(last)
         + const_kept
     )

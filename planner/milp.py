@@ -181,16 +181,16 @@ def build_problem(
     for s in range(num_stages - 1):
         for g in range(num_runs - 1):
             lp += touched[s, g + 1] <= full[s, g], f"contig_{s}_{g}"
+    def n(s: int, g: int):
+        """run-g layers in stage s"""
+        return y[s, g] - (y[s - 1, g] if s > 0 else 0)
+
     # [Constraint] prefixes grow with s, and every stage holds at least one layer
     for s in range(num_stages):
-        count = lambda g, s=s: y[s, g] - (y[s - 1, g] if s > 0 else 0)  # noqa: E731
-        lp += pulp.lpSum(count(g) for g in range(num_runs)) >= 1, f"nonempty_{s}"
+        lp += pulp.lpSum(n(s, g) for g in range(num_runs)) >= 1, f"nonempty_{s}"
         for g in range(num_runs):
             if s > 0 and s < num_stages - 1:
                 lp += y[s, g] >= y[s - 1, g], f"grow_{s}_{g}"
-
-    def n(s: int, g: int):
-        return y[s, g] - (y[s - 1, g] if s > 0 else 0)
 
     def opens(s: int, g: int):
         """1 if stage s's first layer is of run g."""
@@ -220,9 +220,9 @@ def build_problem(
         problem.scale = pulp.LpVariable("scale", lowBound=0)
     stage_times = []
     for s in range(num_stages):
-        stage_times.append(_stage_time(problem, s, n, r))
+        stage_times.append(_stage_time(problem, s, n))
         lp += stage_times[-1] <= tau, f"bottleneck_{s}"
-        lp += _stage_memory_mib(problem, s, n, r, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
+        lp += _stage_memory_mib(problem, s, n, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
 
     if objective == "time":
         # T_iter ≥ Σ_s time_s + (M - 1)·τ (critical path), T_iter ≥ M·Σ_s time_s / C (capacity)
@@ -237,7 +237,7 @@ def build_problem(
     return problem
 
 
-def _stage_time(problem: Problem, s: int, n, r):
+def _stage_time(problem: Problem, s: int, n):
     """time_s = Σ_g n·(fwd + bwd) + r·fwd (+ loss on the last stage), from the cost model."""
     terms = [costmodel.stage_constant_ms(problem.profile, s, problem.setup)]
     for g, run in enumerate(problem.runs):
@@ -248,7 +248,7 @@ def _stage_time(problem: Problem, s: int, n, r):
     return pulp.lpSum(terms)
 
 
-def _stage_memory_mib(problem: Problem, s: int, n, r, opens, closes):
+def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     """peak_s = static + k_s·kept + buffers + max(recompute extra + transient, loss scratch), in MiB."""
     setup, lp = problem.setup, problem.lp
     k = costmodel.in_flight(setup, s)
@@ -266,20 +266,18 @@ def _stage_memory_mib(problem: Problem, s: int, n, r, opens, closes):
     later = {len(problem.runs): 0}
     for g in reversed(range(len(problem.runs))):
         later[g] = pulp.LpVariable(f"K_{s}_{g}")
-        lp += later[g] == later[g + 1] + _run_kept_bytes(problem, s, g, n, r) / MIB, f"later_{s}_{g}"
+        lp += later[g] == later[g + 1] + _run_kept_bytes(problem, s, g, n) / MIB, f"later_{s}_{g}"
     for g, run in enumerate(problem.runs):
         layer = run.layer
-        per_layer = costmodel.static_bytes(layer, setup) + k * costmodel.kept_bytes(layer, False)
-        total.append(per_layer / MIB * n(s, g))
+        # static + k·kept written out, not k·K[s,0]: one row fewer between a byte and its cap
+        total.append((costmodel.static_bytes(layer, setup) * n(s, g) + k * _run_kept_bytes(problem, s, g, n)) / MIB)
         if (s, g) in problem.r:
-            saving = k * (costmodel.kept_bytes(layer, False) - costmodel.kept_bytes(layer, True))
-            total.append(-saving / MIB * problem.r[s, g])
             used = _presence(problem, f"q_{s}_{g}", problem.r[s, g], run.size)
             # [Constraint] R_s ≥ recompute extra of the run's last checkpointed layer (the first
             # r of the run are the checkpointed ones) minus what the layers after it keep
             after = (n(s, g) - problem.r[s, g]) * costmodel.kept_bytes(layer, False) / MIB + later[g + 1]
             lp += recompute >= layer.recompute_peak_bytes / MIB * used - after, f"recompute_{s}_{g}"
-        first = k * costmodel.first_layer_kept_bytes(layer, s) + costmodel.first_layer_buffer_bytes(layer, s, setup)
+        first = k * costmodel.first_layer_kept_bytes(layer) + costmodel.first_layer_buffer_bytes(layer, s, setup)
         last = k * costmodel.last_layer_kept_bytes(layer) + costmodel.last_layer_buffer_bytes(layer, s, setup)
         total += [first / MIB * opens(s, g), last / MIB * closes(s, g)]
         if layer.transient_bytes > 0:
@@ -288,7 +286,7 @@ def _stage_memory_mib(problem: Problem, s: int, n, r, opens, closes):
     return pulp.lpSum(total)
 
 
-def _run_kept_bytes(problem: Problem, s: int, g: int, n, r):
+def _run_kept_bytes(problem: Problem, s: int, g: int, n):
     """Bytes per microbatch stage s's layers of run g keep (checkpointed ones their input)."""
     layer = problem.runs[g].layer
     kept = costmodel.kept_bytes(layer, False) * n(s, g)

@@ -185,9 +185,8 @@ def test_stage_zero_does_not_keep_its_first_input_twice():
     # receive buffer: either way kept loses input_in_act(first) once, on every stage.
     p = four_layers()
     costs = {c.name: c for c in costmodel.layer_costs(p)}
-    for stage in (0, 1, 2):
-        assert costmodel.first_layer_kept_bytes(costs["embed"], stage) == -1 * MIB  # min(1, 2)
-        assert costmodel.first_layer_kept_bytes(costs["blocks.0"], stage) == -4 * MIB  # min(4, 10)
+    assert costmodel.first_layer_kept_bytes(costs["embed"]) == -1 * MIB  # min(1, 2)
+    assert costmodel.first_layer_kept_bytes(costs["blocks.0"]) == -4 * MIB  # min(4, 10)
     # [embed, blocks.0] on stage 0 of 2 (k = 2): kept 15, peak 54 (test_first_stage_without_checkpointing).
     # With embed's input_in_act set to 0 (its saved tensors do not hold its input), nothing
     # is shared: kept = 2 + 10 + 4 = 16, buffers still 18 (the batch is held either way),
