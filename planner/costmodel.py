@@ -20,8 +20,10 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                         loss scratch [last stage] )                 the loss's is gone before then
     peak_s       = static_s + k_s · kept_s + buffers_s + transient_s
     time_s       = Σ_S (fwd + bwd) + Σ_C fwd (+ loss on the last stage)
-    T_iter       = max(Σ_s time_s + (M - 1) · max_s time_s,      the pipeline's critical path
-                       M · Σ_s time_s / C)                        C stages compute at once (C = P
+    step_s       = Σ_S optimizer step (once per iteration; ZeRO ≥ 1: / dp)
+    T_iter       = max(Σ_s time_s + (M - 1) · max_s time_s       the pipeline's critical path,
+                         + max_s step_s,                          then the slowest step
+                       (M · Σ_s time_s + Σ_s step_s) / C)         C stages compute at once (C = P
                                                                   with a device each; fewer when
                                                                   ranks share CPU cores)
 
@@ -32,8 +34,8 @@ receive buffers PipelineStage allocates for every microbatch, the stage output k
 per in-flight microbatch, the stage input shared with a buffer (received, or a slice
 of the batch), the input gradient held by its send, the whole target batch on the
 last stage, the recompute extra net of what the stage's later layers already freed,
-the loss's scratch (which never meets a recompute), and the capacity bound when
-ranks share cores.
+the loss's scratch (which never meets a recompute), the capacity bound when
+ranks share cores, and the optimizer step.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class LayerCost:
     input_in_act_bytes: int
     param_count: int
     transient_bytes: int
+    step_ms: tuple[tuple[str, float], ...] = ()  # (optimizer, ms) pairs
 
     @property
     def recompute_saving_bytes(self) -> int:
@@ -96,6 +99,7 @@ class StageCost:
     peak_bytes: int
     time_ms: float
     cap_bytes: int
+    step_ms: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -109,6 +113,7 @@ class StageCost:
             buffer_bytes=self.buffer_bytes,
             transient_bytes=self.transient_bytes,
             time_ms=self.time_ms,
+            step_ms=self.step_ms,
         )
 
 
@@ -144,6 +149,10 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
             input_in_act_bytes=min(item.input_in_act_bytes for item in same),
             param_count=max(item.param_count for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
+            step_ms=tuple(sorted(
+                (name, fmean(item.step_ms.get(name, 0.0) for item in same))
+                for name in {name for item in same for name in item.step_ms}
+            )),
         )
         for kind, same in by_kind.items()
     }
@@ -183,6 +192,13 @@ def kept_bytes(layer: LayerCost, checkpointed: bool) -> int:
 def layer_time_ms(layer: LayerCost, checkpointed: bool) -> float:
     """Forward + backward, plus one more forward when recomputed."""
     return layer.fwd_ms + layer.bwd_ms + (layer.fwd_ms if checkpointed else 0.0)
+
+
+def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
+    """The setup's optimizer step over this layer's parameters; with ZeRO ≥ 1 each rank
+    steps 1/dp of them. 0 when the profile has no step time for that optimizer."""
+    step = dict(layer.step_ms).get(setup.optimizer, 0.0)
+    return step / setup.dp if setup.zero >= 1 else step
 
 
 def first_layer_kept_bytes(layer: LayerCost) -> int:
@@ -230,22 +246,27 @@ def parallel_stages(setup: TrainSetup) -> int:
     return min(setup.stages, setup.parallel_stages or setup.stages)
 
 
-def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup) -> float:
+def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup, step_ms: Sequence[float] = ()) -> float:
     """The pipeline's critical path — fill and drain (every stage once) plus M - 1 steady
-    steps of the slowest stage — or, when fewer stages than there are can compute at once
-    (ranks sharing CPU cores), all the work spread over those that can, if that is longer."""
-    pipeline = sum(stage_times_ms) + (setup.microbatches - 1) * max(stage_times_ms)
-    capacity = setup.microbatches * sum(stage_times_ms) / parallel_stages(setup)
+    steps of the slowest stage, then the slowest optimizer step (a bound: stages past
+    the first finish their backward earlier, during the drain) — or, when fewer stages
+    than there are can compute at once (ranks sharing CPU cores), all the work spread
+    over those that can, if that is longer."""
+    pipeline = sum(stage_times_ms) + (setup.microbatches - 1) * max(stage_times_ms) + max(step_ms, default=0.0)
+    capacity = (setup.microbatches * sum(stage_times_ms) + sum(step_ms)) / parallel_stages(setup)
     return max(pipeline, capacity)
 
 
 def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_ms: float) -> float:
     """No stage of an optimal plan is slower than this, given any feasible plan's iteration
-    time: T_iter ≥ Σ_s time_s + (M - 1)·τ and Σ_s time_s is at least every layer's fwd + bwd
-    (+ loss), so (M - 1)·τ* ≤ T_feasible - that sum."""
+    time: T_iter ≥ Σ_s time_s + (M - 1)·τ + max_s step_s, Σ_s time_s is at least every
+    layer's fwd + bwd (+ loss) and the slowest step at least the mean one, so
+    (M - 1)·τ* ≤ T_feasible - those two."""
     if setup.microbatches == 1:
         return float("inf")
-    base = sum(layer_time_ms(layer, False) for layer in layer_costs(profile)) + profile.loss_ms
+    layers = layer_costs(profile)
+    base = sum(layer_time_ms(layer, False) for layer in layers) + profile.loss_ms
+    base += sum(layer_step_ms(layer, setup) for layer in layers) / setup.stages
     return (feasible_iteration_ms - base) / (setup.microbatches - 1) * (1 + 1e-9) + 1e-9
 
 
@@ -297,6 +318,7 @@ def stage_cost(
     time_ms = sum(layer_time_ms(layer, ckpt) for layer, ckpt in zip(layers, checkpointed))
     time_ms += stage_constant_ms(profile, stage, setup)
     return StageCost(
+        step_ms=sum(layer_step_ms(layer, setup) for layer in layers),
         static_bytes=int(round(static)),
         kept_bytes=kept,
         in_flight=k,
@@ -344,7 +366,8 @@ def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -
         ckpt = set(stage.checkpointed)
         flags = [layer.name in ckpt for layer in layers]
         result.append(stage_cost(layers, flags, stage=s, profile=profile, setup=setup))
-    return PlanCost(stages=result, iteration_ms=iteration_ms([c.time_ms for c in result], setup))
+    return PlanCost(stages=result, iteration_ms=iteration_ms([c.time_ms for c in result], setup,
+                                                             [c.step_ms for c in result]))
 
 
 def with_predictions(stages: Sequence[StagePlan], cost: PlanCost) -> list[StagePlan]:

@@ -14,11 +14,12 @@ instead of many symmetric binaries:
     t[s,g] = [y[s,g] ≥ 1]     run g is touched by stages 0..s
     open[s,g]  = f[s-1,g-1] - f[s-1,g]                    stage s's first layer is of run g
     close[s,g] = t[s,g] - t[s,g+1]                        stage s's last layer is of run g
-    τ ≥ time_s                                            the bottleneck stage
-    T ≥ Σ_s time_s + (M-1)·τ,  T ≥ M·Σ_s time_s / C       minimise T (costmodel.iteration_ms)
+    τ ≥ time_s,  σ ≥ step_s                               the bottleneck stage, slowest step
+    T ≥ Σ_s time_s + (M-1)·τ + σ,
+    T ≥ (M·Σ_s time_s + Σ_s step_s) / C                   minimise T (costmodel.iteration_ms)
 
 Bounds. A feasible plan (the best baseline, or incumbent.py's heuristic when better)
-starts HiGHS and bounds τ: (M-1)·τ* ≤ T_feasible - Σ(fwd+bwd). That bound also gives
+starts HiGHS and bounds τ: (M-1)·τ* ≤ T_feasible - Σ(fwd+bwd) - Σ step / P. That bound also gives
 every stage boundary a window (stages 0..s hold at most (s+1)·τ of plain time, the
 stages after s the rest), which fixes most prefix counts before HiGHS starts. Memory
 rows are in MiB, so HiGHS's row tolerance is ~0.1 byte.
@@ -225,12 +226,20 @@ def build_problem(
         lp += _stage_memory_mib(problem, s, n, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
 
     if objective == "time":
-        # T_iter ≥ Σ_s time_s + (M - 1)·τ (critical path), T_iter ≥ M·Σ_s time_s / C (capacity)
+        # T_iter ≥ Σ_s time_s + (M - 1)·τ + σ (critical path, σ: the slowest optimizer step),
+        # T_iter ≥ (M·Σ_s time_s + Σ_s step_s) / C (capacity; every layer steps somewhere)
         t_iter = pulp.LpVariable("T_iter", lowBound=0)
-        lp += t_iter >= pulp.lpSum(stage_times) + (setup.microbatches - 1) * tau, "critical_path"
+        slowest_step = 0
+        step_of = {g: costmodel.layer_step_ms(run.layer, setup) for g, run in enumerate(runs)}
+        if any(step_of.values()):
+            slowest_step = pulp.LpVariable("sigma", lowBound=0)
+            for s in range(num_stages):
+                lp += pulp.lpSum(step_of[g] * n(s, g) for g in range(num_runs)) <= slowest_step, f"step_{s}"
+        lp += t_iter >= pulp.lpSum(stage_times) + (setup.microbatches - 1) * tau + slowest_step, "critical_path"
         if costmodel.parallel_stages(setup) < setup.stages:
-            share = setup.microbatches / costmodel.parallel_stages(setup)
-            lp += t_iter >= share * pulp.lpSum(stage_times), "capacity"
+            total_step = sum(step_of[g] * run.size for g, run in enumerate(runs))
+            lp += t_iter >= (setup.microbatches * pulp.lpSum(stage_times) + total_step) / costmodel.parallel_stages(
+                setup), "capacity"
         lp += t_iter
     else:
         lp += problem.scale

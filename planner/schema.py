@@ -50,6 +50,9 @@ class LayerProfile(Strict):
     param_count: int
     param_bytes: int
     transient_bytes: int  # extra peak during this layer's forward or backward beyond what is kept
+    # optimizer step over this layer's parameters, once per iteration, per optimizer name
+    # (median ms); empty in profiles made before it was measured: the step then costs 0
+    step_ms: dict[Optimizer, float] = {}
 
 
 class DeviceInfo(Strict):
@@ -122,6 +125,7 @@ class StagePredicted(Strict):
     buffer_bytes: int = 0  # pipeline send/recv buffers
     transient_bytes: int = 0  # recompute + largest layer transient
     time_ms: float  # fwd + bwd + recompute for all microbatches' worth of one microbatch
+    step_ms: float = 0.0  # optimizer step, once per iteration
 
 
 class StagePlan(Strict):
@@ -191,6 +195,7 @@ class StageMeasured(Strict):
     fwd_ms: float  # per microbatch, median
     bwd_ms: float  # per microbatch, median (includes recompute)
     time_ms: float  # fwd + bwd for one microbatch
+    step_ms: float | None = None  # optimizer step, median over the timed steps
 
 
 class StageReport(Strict):

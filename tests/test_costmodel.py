@@ -508,3 +508,39 @@ def test_kind_normalisation_reaches_evaluate():
     assert cost.stages[0].transient_bytes == 6 * MIB
     assert cost.peak_bytes_per_stage == [9600 + 20 * MIB]
     assert cost.iteration_ms == pytest.approx(19.0)
+
+
+def with_steps(profile, adam_ms):
+    """The profile with each layer's measured optimizer step (ms) per optimizer."""
+    layers = [
+        item.model_copy(update={"step_ms": {"adam": a, "sgd": a / 4}})
+        for item, a in zip(profile.layers, adam_ms)
+    ]
+    return profile.model_copy(update={"layers": layers})
+
+
+def test_optimizer_step_runs_once_per_iteration_after_the_pipeline():
+    # four_layers with Adam steps embed 1, blocks 2 and 2 (one kind: mean 2), head 0.5 ms.
+    # P=2 [embed, blocks.0 (ckpt)] | [blocks.1, head]: times 11 and 15.5 ms (tests above),
+    # steps 1 + 2 = 3 and 2 + 0.5 = 2.5 ms.
+    # critical path: 73 + max(3, 2.5) = 76; C = 1: (4 * 26.5 + 5.5) / 1 = 111.5
+    p = with_steps(four_layers(), [1.0, 2.5, 1.5, 0.5])
+    stages = plan((["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], []))
+    cost = costmodel.evaluate(stages, p, setup(2))
+    assert [c.step_ms for c in cost.stages] == pytest.approx([3.0, 2.5])
+    assert cost.iteration_ms == pytest.approx(76.0)
+    assert cost.stages[0].predicted().step_ms == pytest.approx(3.0)
+    assert costmodel.evaluate(stages, p, setup(2, parallel_stages=1)).iteration_ms == pytest.approx(111.5)
+    # SGD's steps: 0.75 and 0.625 -> 73.75
+    assert costmodel.evaluate(stages, p, setup(2, optimizer="sgd")).iteration_ms == pytest.approx(73.75)
+    # ZeRO-1 over 4 ranks: each rank steps a quarter of the state -> 73 + 0.75
+    assert costmodel.evaluate(stages, p, setup(2, dp=4, zero=1)).iteration_ms == pytest.approx(73.75)
+    # a profile without step times charges none: the plain 73 ms
+    assert costmodel.evaluate(stages, four_layers(), setup(2)).iteration_ms == pytest.approx(73.0)
+
+
+def test_bottleneck_bound_counts_the_mean_step():
+    # every layer's plain fwd + bwd: 3 + 6 + 6 + 9 = 24, loss 0.5; steps 1 + 2 + 2 + 0.5 = 5.5 over P = 2
+    # T_feasible = 100, M = 4: (100 - 24.5 - 2.75) / 3
+    p = with_steps(four_layers(), [1.0, 2.5, 1.5, 0.5])
+    assert costmodel.bottleneck_bound_ms(p, setup(2), 100.0) == pytest.approx((100 - 24.5 - 2.75) / 3)

@@ -94,6 +94,7 @@ def tiny_cases(draw):
             output_mib=draw(st.sampled_from([0.5, 1, 2, 4])),
             param_count=draw(st.sampled_from([0, 65536, 262144])),
             transient_mib=draw(st.sampled_from([0, 1, 3])),
+            adam_step_ms=draw(st.sampled_from([0.0, 0.0, 0.3, 4.0])),
         )
         for i, kind in enumerate(kinds)
     ]

@@ -122,6 +122,23 @@ def test_times_transient_and_kinds_are_sane():
     assert result.loss_ms > 0
 
 
+def test_optimizer_step_is_timed_on_copies_per_optimizer():
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 4), nn.Linear(4, 4))
+    model[3].requires_grad_(False)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    result = _measure(model, torch.randn(8, 1024), torch.randn(8, 4))
+    steps = [layer.step_ms for layer in result.layers]
+    assert all(set(step) == {"adam", "sgd"} for step in steps)
+    assert steps[1] == {"adam": 0.0, "sgd": 0.0}  # GELU: nothing to step
+    assert steps[3] == {"adam": 0.0, "sgd": 0.0}  # frozen
+    # 1M parameters against 4K: the step scales with what it updates
+    assert steps[0]["adam"] > 10 * steps[2]["adam"] > 0
+    assert steps[0]["sgd"] > 0
+    # the model itself was not stepped, and its grads are gone as before
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_kinds_tell_frozen_and_reshaped_layers_apart():
     frozen = nn.Linear(4, 4).requires_grad_(False)
     layers = [("a", nn.Linear(4, 4)), ("b", frozen), ("c", nn.Linear(4, 4)), ("d", nn.Linear(4, 8))]

@@ -116,9 +116,12 @@ def time_table(report, stages):
         rows.append([str(stage.index), f"{len(plan_stage.checkpointed)}/{len(plan_stage.layers)}",
                      format_ms(measured.fwd_ms), format_ms(measured.bwd_ms),
                      format_ms(predicted) if predicted else "–", format_ms(measured.time_ms),
-                     _error(measured.time_ms, predicted)])
-    columns = ["stage", "ckpt", "fwd", "bwd", "predicted", "measured", "err"]
-    return console.table(f"{report.strategy}: time per microbatch (fwd + bwd)", columns, rows)
+                     _error(measured.time_ms, predicted),
+                     format_ms(stage.predicted.step_ms) if stage.predicted else "–",
+                     format_ms(measured.step_ms) if measured.step_ms is not None else "–"])
+    columns = ["stage", "ckpt", "fwd", "bwd", "predicted", "measured", "err", "opt step pred", "opt step"]
+    return console.table(f"{report.strategy}: time per microbatch (fwd + bwd), optimizer step per iteration",
+                         columns, rows)
 
 
 def iteration_line(report) -> str:

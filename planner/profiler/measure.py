@@ -4,7 +4,8 @@ Three separate passes, so that tracking memory never slows what is timed:
 
 1. saved activations: one grad-enabled forward of the whole chain (saved.py);
 2. per layer, transient memory: one forward + backward under a memory tracker;
-3. per layer, time: `warmup` + `repeats` forward + backward steps.
+3. per layer, time: `warmup` + `repeats` forward + backward steps, then as many
+   optimizer steps per optimizer a plan can name, over a copy of its parameters.
 
 Each layer runs on its own input from the chain, detached, so its backward stops at
 its input as it does at a pipeline cut. The input requires grad (when it is floating
@@ -24,10 +25,11 @@ import torch
 from torch import nn
 
 from planner.errors import UserError
+from planner.optimizers import OPTIMIZERS, make_optimizer
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import memory_tracker, storage_nbytes
-from planner.profiler.timing import TimeStats, time_fwd_bwd
+from planner.profiler.timing import Stopwatch, TimeStats, time_fwd_bwd
 from planner.profiler.userfault import blame
 from planner.schema import LayerProfile
 
@@ -64,6 +66,7 @@ def measure_model(
         x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
         with blame(f"layer {name!r}"):
             transient, fwd, bwd = _measure_layer(layer, x, layer_outputs[index], warmup=warmup, repeats=repeats)
+            step = _step_ms(layer, warmup=warmup, repeats=repeats)
         profiles.append(
             LayerProfile(
                 name=name,
@@ -81,6 +84,7 @@ def measure_model(
                 param_count=sum(p.numel() for p in layer.parameters()),
                 param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
                 transient_bytes=transient,
+                step_ms=step,
             )
         )
         on_layer(name)
@@ -118,6 +122,33 @@ def _measure_layer(
     layer.zero_grad(set_to_none=True)
     x.grad = None
     return transient, fwd, bwd
+
+
+def _step_ms(layer: nn.Module, *, warmup: int, repeats: int) -> dict[str, float]:
+    """Median time of one optimizer step over the layer's trainable parameters, per
+    optimizer. It steps copies (with a constant gradient), so the model stays as it was;
+    at least one untimed step first, since Adam allocates its state in its first."""
+    params = [p for p in layer.parameters() if p.requires_grad]
+    if not params:
+        return dict.fromkeys(OPTIMIZERS, 0.0)
+    copies = []
+    for param in params:
+        copy = param.detach().clone().requires_grad_(True)
+        copy.grad = torch.full_like(copy, 1e-3)
+        copies.append(copy)
+    result = {}
+    for name in OPTIMIZERS:
+        optimizer = make_optimizer(name, copies)
+        samples = []
+        for step in range(max(warmup, 1) + repeats):
+            watch = Stopwatch(copies[0].device)
+            watch.mark()
+            optimizer.step()
+            watch.mark()
+            if step >= max(warmup, 1):
+                samples.append(watch.laps_ms()[0])
+        result[name] = TimeStats.of(samples).median_ms
+    return result
 
 
 def _fixed_grad(output: torch.Tensor) -> torch.Tensor | None:

@@ -241,7 +241,7 @@ def _report(plan: Plan, prepared: Prepared, job: Job, results: list[RankResult],
             cap_bytes=plan.setup.mem_caps_bytes[result.rank],
             predicted=prepared.strategy.stages[result.rank].predicted,
             measured=StageMeasured(peak_bytes=result.peak_bytes, fwd_ms=result.fwd_ms, bwd_ms=result.bwd_ms,
-                                   time_ms=result.fwd_ms + result.bwd_ms),
+                                   time_ms=result.fwd_ms + result.bwd_ms, step_ms=result.optimizer_ms),
         )
         for result in sorted(results, key=lambda result: result.rank)
     ]

@@ -29,11 +29,11 @@ import torch
 from planner.errors import UserError
 from planner.memtrack import PeakMemory
 from planner.modelfile import pipeline_layers
+from planner.optimizers import make_optimizer
 from planner.runtime.checks import Prepared, prepare
 from planner.runtime.stagemodule import (
     StageModule,
     allocate_grads,
-    make_optimizer,
     to_device,
     torch_dtype,
 )

@@ -9,7 +9,7 @@ dropped after forward and recomputed in backward.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -18,10 +18,6 @@ from torch.utils.checkpoint import checkpoint
 from planner.errors import UserError
 from planner.modelfile import Layers, ModelFile, pipeline_layers
 from planner.schema import StagePlan
-
-ADAM_LR = 1e-3
-SGD_LR = 1e-2
-SGD_MOMENTUM = 0.9
 
 
 class StageModule(nn.Module):
@@ -82,15 +78,6 @@ def to_device(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) ->
     if tensor.is_floating_point():
         return tensor.to(device=device, dtype=dtype)
     return tensor.to(device=device)
-
-
-def make_optimizer(name: str, params: Iterator[nn.Parameter]) -> torch.optim.Optimizer:
-    """adam: Adam(lr=1e-3); sgd: SGD(lr=1e-2, momentum=0.9) — the setups the cost model assumes."""
-    if name == "adam":
-        return torch.optim.Adam(params, lr=ADAM_LR)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM)
-    raise UserError(f"unknown optimizer {name!r}; the plan's setup.optimizer must be adam or sgd")
 
 
 def allocate_grads(module: nn.Module) -> None:

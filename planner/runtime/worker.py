@@ -33,10 +33,10 @@ from planner.errors import UserError
 from planner.io import write_atomic
 from planner.memtrack import PeakMemory
 from planner.modelfile import _user_traceback, load_model_file
+from planner.optimizers import make_optimizer
 from planner.runtime.stagemodule import (
     allocate_grads,
     build_stage_module,
-    make_optimizer,
     to_device,
     torch_dtype,
 )
@@ -75,6 +75,7 @@ class RankResult(BaseModel):
     fwd_ms: float  # median per microbatch; the last stage's includes the loss forward
     bwd_ms: float  # median per microbatch, recompute included
     step_ms: list[float]  # wall time of schedule.step + optimizer step, between barriers
+    optimizer_ms: float  # median optimizer step
     losses: list[float]  # the last stage only: mean microbatch loss of every step, in order
 
 
@@ -98,27 +99,28 @@ class TimedStage(PipelineStage):
         self.before_forward: Callable[[], None] | None = None
         self.fwd_ms: list[float] = []
         self.bwd_ms: list[float] = []
+        self.optimizer_ms: list[float] = []
         self.loss_ms: list[float] = []
 
     def forward_one_chunk(self, *args, **kwargs):
         if self.before_forward is not None:
             self.before_forward()
-        with self._timed(self.fwd_ms):
+        with self.timed(self.fwd_ms):
             return super().forward_one_chunk(*args, **kwargs)
 
     def backward_one_chunk(self, *args, **kwargs):
-        with self._timed(self.bwd_ms):
+        with self.timed(self.bwd_ms):
             return super().backward_one_chunk(*args, **kwargs)
 
     def timed_loss(self, loss_fn: Callable) -> Callable:
         def loss(output, target):
-            with self._timed(self.loss_ms):
+            with self.timed(self.loss_ms):
                 return loss_fn(output, target)
 
         return loss
 
     @contextmanager
-    def _timed(self, into: list[float]) -> Iterator[None]:
+    def timed(self, into: list[float]) -> Iterator[None]:
         if not self.recording:
             yield
             return
@@ -207,7 +209,8 @@ class _Rank:
         args = (self.inputs,) if self.stage.is_first else ()
         kwargs = {"target": self.targets, "losses": losses} if self.stage.is_last else {}
         self.schedule.step(*args, return_outputs=False, **kwargs)
-        self.optimizer.step()
+        with self.stage.timed(self.stage.optimizer_ms):
+            self.optimizer.step()
         return [torch.stack(losses).mean().item()] if losses else []
 
     def held_before_step(self) -> list:
@@ -274,6 +277,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device) -> RankRe
         fwd_ms=_median(run.stage.fwd_ms) + _median(run.stage.loss_ms),
         bwd_ms=_median(run.stage.bwd_ms),
         step_ms=step_ms,
+        optimizer_ms=_median(run.stage.optimizer_ms),
         losses=losses,
     )
 
