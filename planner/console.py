@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+# Piped into a file or a log there is no terminal to fit: rich would fall back to 80
+# columns and wrap every wide table; COLUMNS, when set, still decides.
+_PIPED_WIDTH = 160
+
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
+for _each in (console, err_console):
+    if not _each.is_terminal and "COLUMNS" not in os.environ:
+        _each.width = _PIPED_WIDTH
 
 
 def error(message: str) -> None:
