@@ -19,7 +19,7 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                         + max_S transient,                          layers already freed, + scratch;
                         loss scratch [last stage] )                 the loss's is gone before then
     peak_s       = static_s + k_s · kept_s + buffers_s + transient_s
-    time_s       = Σ_S (fwd + bwd) + Σ_C fwd (+ loss on the last stage)
+    time_s       = Σ_S (fwd + bwd) + Σ_C recompute (+ loss on the last stage)
     step_s       = Σ_S optimizer step (once per iteration; ZeRO ≥ 1: / dp)
     T_iter       = max(Σ_s time_s + (M - 1) · max_s time_s       the pipeline's critical path,
                          + max_s step_s,                          then the slowest step
@@ -35,7 +35,9 @@ per in-flight microbatch, the stage input shared with a buffer (received, or a s
 of the batch), the input gradient held by its send, the whole target batch on the
 last stage, the recompute extra net of what the stage's later layers already freed,
 the loss's scratch (which never meets a recompute), the capacity bound when
-ranks share cores, and the optimizer step.
+ranks share cores, the optimizer step, and the recompute as measured (less than a
+whole forward: non-reentrant checkpointing stops recomputing once the last saved
+tensor is back).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class LayerCost:
     param_count: int
     transient_bytes: int
     step_ms: tuple[tuple[str, float], ...] = ()  # (optimizer, ms) pairs
+    recompute_ms: float | None = None  # None: not measured, a whole forward
 
     @property
     def recompute_saving_bytes(self) -> int:
@@ -149,6 +152,8 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
             input_in_act_bytes=min(item.input_in_act_bytes for item in same),
             param_count=max(item.param_count for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
+            recompute_ms=(None if any(item.recompute_ms is None for item in same)
+                          else fmean(item.recompute_ms for item in same)),
             step_ms=tuple(sorted(
                 (name, fmean(item.step_ms.get(name, 0.0) for item in same))
                 for name in {name for item in same for name in item.step_ms}
@@ -189,9 +194,15 @@ def kept_bytes(layer: LayerCost, checkpointed: bool) -> int:
     return layer.input_bytes if checkpointed else layer.act_bytes
 
 
+def recompute_ms(layer: LayerCost) -> float:
+    """What checkpointing adds to the layer's backward: the measured recompute, which
+    stops once the last saved tensor is back; a whole forward where it was not measured."""
+    return layer.fwd_ms if layer.recompute_ms is None else layer.recompute_ms
+
+
 def layer_time_ms(layer: LayerCost, checkpointed: bool) -> float:
-    """Forward + backward, plus one more forward when recomputed."""
-    return layer.fwd_ms + layer.bwd_ms + (layer.fwd_ms if checkpointed else 0.0)
+    """Forward + backward, plus the recompute when checkpointed."""
+    return layer.fwd_ms + layer.bwd_ms + (recompute_ms(layer) if checkpointed else 0.0)
 
 
 def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:

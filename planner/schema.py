@@ -43,6 +43,9 @@ class LayerProfile(Strict):
     fwd_ms_max: float
     bwd_ms_min: float
     bwd_ms_max: float
+    # extra backward time when the layer is checkpointed (median); None: not measured,
+    # charge a whole forward
+    recompute_ms: float | None = None
     act_bytes: int  # kept for backward when run normally, not counting what the previous layer keeps
     input_bytes: int  # what a checkpointed layer keeps
     output_bytes: int

@@ -544,3 +544,22 @@ def test_bottleneck_bound_counts_the_mean_step():
     # T_feasible = 100, M = 4: (100 - 24.5 - 2.75) / 3
     p = with_steps(four_layers(), [1.0, 2.5, 1.5, 0.5])
     assert costmodel.bottleneck_bound_ms(p, setup(2), 100.0) == pytest.approx((100 - 24.5 - 2.75) / 3)
+
+
+def test_recompute_costs_what_was_measured_or_else_a_whole_forward():
+    # blocks: fwd 2, bwd 4; measured recompute 1.2 and 0.8 ms -> the kind's mean, 1.0
+    p = four_layers()
+    layers = [item.model_copy(update={"recompute_ms": r}) for item, r in zip(p.layers, [None, 1.2, 0.8, 0.5])]
+    measured = p.model_copy(update={"layers": layers})
+    costs = {c.name: c for c in costmodel.layer_costs(measured)}
+    assert costmodel.layer_time_ms(costs["blocks.0"], True) == pytest.approx(2 + 4 + 1.0)
+    assert costmodel.layer_time_ms(costs["blocks.0"], False) == pytest.approx(6.0)
+    assert costmodel.layer_time_ms(costs["embed"], True) == pytest.approx(1 + 2 + 1)  # not measured: fwd
+    assert costmodel.layer_time_ms(costs["head"], True) == pytest.approx(3 + 6 + 0.5)
+    # P=2 [embed, blocks.0 (ckpt)] | [blocks.1, head]: 3 + 7 = 10 and 6 + 9 + 0.5 = 15.5 -> 10 + 4 * 15.5
+    stages = plan((["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], []))
+    assert costmodel.evaluate(stages, measured, setup(2)).iteration_ms == pytest.approx(72.0)
+    # one block of the kind without a measurement: the kind falls back to a whole forward
+    layers[2] = layers[2].model_copy(update={"recompute_ms": None})
+    partial = p.model_copy(update={"layers": layers})
+    assert costmodel.evaluate(stages, partial, setup(2)).iteration_ms == pytest.approx(73.0)

@@ -95,6 +95,7 @@ def tiny_cases(draw):
             param_count=draw(st.sampled_from([0, 65536, 262144])),
             transient_mib=draw(st.sampled_from([0, 1, 3])),
             adam_step_ms=draw(st.sampled_from([0.0, 0.0, 0.3, 4.0])),
+            recompute_ms=draw(st.sampled_from([None, None, 0.25, 1.5])),
         )
         for i, kind in enumerate(kinds)
     ]

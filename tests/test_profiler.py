@@ -139,6 +139,14 @@ def test_optimizer_step_is_timed_on_copies_per_optimizer():
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_recompute_is_measured_where_there_is_a_backward():
+    # the first layer has no parameters and the batch needs no gradient: no backward at all
+    model = nn.Sequential(nn.GELU(), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    result = _measure(model, torch.randn(32, 64), torch.randn(32, 64))
+    assert result.layers[0].recompute_ms is None
+    assert all(layer.recompute_ms is not None and layer.recompute_ms >= 0 for layer in result.layers[1:])
+
+
 def test_kinds_tell_frozen_and_reshaped_layers_apart():
     frozen = nn.Linear(4, 4).requires_grad_(False)
     layers = [("a", nn.Linear(4, 4)), ("b", frozen), ("c", nn.Linear(4, 4)), ("d", nn.Linear(4, 8))]

@@ -146,12 +146,12 @@ def _report(profile, out: Path) -> None:
 
     rows = [
         [layer.name, layer.kind, f"{layer.fwd_ms:.3f}", f"{layer.bwd_ms:.3f}",
-         f"{layer.step_ms.get('adam', 0.0):.3f}", f"{layer.act_bytes / 2**20:.2f}", f"{layer.param_count:,}"]
+         "–" if layer.recompute_ms is None else f"{layer.recompute_ms:.3f}", f"{layer.step_ms.get('adam', 0.0):.3f}", f"{layer.act_bytes / 2**20:.2f}", f"{layer.param_count:,}"]
         for layer in profile.layers
     ]
     title = (f"{profile.name} on {profile.device.type} ({profile.device.name}), {profile.dtype}, "
              f"micro-batch {profile.micro_batch_size}")
-    console.print(table(title, ["layer", "kind", "fwd ms", "bwd ms", "adam step ms", "act MiB", "params"], rows, right_from=2))
+    console.print(table(title, ["layer", "kind", "fwd ms", "bwd ms", "recompute ms", "adam step ms", "act MiB", "params"], rows, right_from=2))
     total_act = sum(layer.act_bytes for layer in profile.layers)
     steps = {name: sum(layer.step_ms.get(name, 0.0) for layer in profile.layers) for name in ("adam", "sgd")}
     info(f"activations kept per microbatch without checkpointing: {format_bytes(total_act)}; "

@@ -4,8 +4,11 @@ Three separate passes, so that tracking memory never slows what is timed:
 
 1. saved activations: one grad-enabled forward of the whole chain (saved.py);
 2. per layer, transient memory: one forward + backward under a memory tracker;
-3. per layer, time: `warmup` + `repeats` forward + backward steps, then as many
-   optimizer steps per optimizer a plan can name, over a copy of its parameters.
+3. per layer, time: `warmup` + `repeats` forward + backward steps, each followed by
+   the same step under torch.utils.checkpoint (the extra time is the recompute,
+   which stops early once the last saved tensor is back, so it costs less than a
+   whole forward); then as many optimizer steps per optimizer a plan can name,
+   over a copy of the layer's parameters.
 
 Each layer runs on its own input from the chain, detached, so its backward stops at
 its input as it does at a pipeline cut. The input requires grad (when it is floating
@@ -23,13 +26,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from planner.errors import UserError
 from planner.optimizers import OPTIMIZERS, make_optimizer
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import memory_tracker, storage_nbytes
-from planner.profiler.timing import Stopwatch, TimeStats, time_fwd_bwd
+from planner.profiler.timing import Stopwatch, TimeStats, time_fwd_bwd, time_fwd_bwd_alternating
 from planner.profiler.userfault import blame
 from planner.schema import LayerProfile
 
@@ -65,7 +69,8 @@ def measure_model(
         # Cut the graph at the layer's input; only the batch (layer 0) needs no input grad.
         x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
         with blame(f"layer {name!r}"):
-            transient, fwd, bwd = _measure_layer(layer, x, layer_outputs[index], warmup=warmup, repeats=repeats)
+            transient, fwd, bwd, recompute = _measure_layer(layer, x, layer_outputs[index], warmup=warmup,
+                                                            repeats=repeats)
             step = _step_ms(layer, warmup=warmup, repeats=repeats)
         profiles.append(
             LayerProfile(
@@ -77,6 +82,7 @@ def measure_model(
                 fwd_ms_max=fwd.max_ms,
                 bwd_ms_min=bwd.min_ms,
                 bwd_ms_max=bwd.max_ms,
+                recompute_ms=recompute,
                 act_bytes=saved.act_bytes[index],
                 input_bytes=storage_nbytes(x),
                 output_bytes=storage_nbytes(layer_outputs[index]),
@@ -100,7 +106,10 @@ def measure_model(
 
 def _measure_layer(
     layer: nn.Module, x: torch.Tensor, output: torch.Tensor, *, warmup: int, repeats: int
-) -> tuple[int, TimeStats, TimeStats]:
+) -> tuple[int, TimeStats, TimeStats, float | None]:
+    """(transient bytes, forward and backward times, recompute ms). The recompute is what
+    checkpointing adds to the step (medians of forward + backward, at least 0); None where
+    the layer has no backward to recompute for."""
     grad = _fixed_grad(output)
     for param in layer.parameters():
         if param.requires_grad and param.grad is None:
@@ -111,8 +120,12 @@ def _measure_layer(
 
     reset_input_grad()
     transient = _transient_bytes(layer, x, grad)
-    fwd, bwd = time_fwd_bwd(
-        lambda: layer(x),
+    has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
+    forwards = [lambda: layer(x)]
+    if has_backward:
+        forwards.append(lambda: checkpoint(layer, x, use_reentrant=False))
+    timings = time_fwd_bwd_alternating(
+        forwards,
         lambda out: _backward(out, grad),
         device=x.device,
         warmup=warmup,
@@ -121,7 +134,11 @@ def _measure_layer(
     )
     layer.zero_grad(set_to_none=True)
     x.grad = None
-    return transient, fwd, bwd
+    (fwd, bwd), recompute = timings[0], None
+    if has_backward:
+        ckpt_fwd, ckpt_bwd = timings[1]
+        recompute = max(ckpt_fwd.median_ms + ckpt_bwd.median_ms - fwd.median_ms - bwd.median_ms, 0.0)
+    return transient, fwd, bwd, recompute
 
 
 def _step_ms(layer: nn.Module, *, warmup: int, repeats: int) -> dict[str, float]:

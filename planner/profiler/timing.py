@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,18 +58,36 @@ def time_fwd_bwd(
     """Time `output = forward()` and `backward(output)` separately, `repeats` times
     after `warmup` untimed steps. `before_step` resets state between steps (e.g. the
     input's grad, so each step allocates it as a pipeline does)."""
-    fwd_ms, bwd_ms = [], []
+    return time_fwd_bwd_alternating([forward], backward, device=device, warmup=warmup, repeats=repeats,
+                                    before_step=before_step)[0]
+
+
+def time_fwd_bwd_alternating(
+    forwards: Sequence[Callable[[], torch.Tensor]],
+    backward: Callable[[torch.Tensor], None],
+    *,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    before_step: Callable[[], None] = lambda: None,
+) -> list[tuple[TimeStats, TimeStats]]:
+    """(forward, backward) times of each variant of one step (e.g. a layer run plainly and
+    under checkpointing), the variants taking turns within every repeat so that a
+    difference between them is not a change in the machine's load between two series."""
+    fwd_ms: list[list[float]] = [[] for _ in forwards]
+    bwd_ms: list[list[float]] = [[] for _ in forwards]
     for step in range(warmup + repeats):
-        before_step()
-        watch = Stopwatch(device)
-        watch.mark()
-        output = forward()
-        watch.mark()
-        backward(output)
-        watch.mark()
-        del output  # free this step's graph before the next one starts
-        fwd, bwd = watch.laps_ms()
-        if step >= warmup:
-            fwd_ms.append(fwd)
-            bwd_ms.append(bwd)
-    return TimeStats.of(fwd_ms), TimeStats.of(bwd_ms)
+        for index, forward in enumerate(forwards):
+            before_step()
+            watch = Stopwatch(device)
+            watch.mark()
+            output = forward()
+            watch.mark()
+            backward(output)
+            watch.mark()
+            del output  # free this step's graph before the next one starts
+            fwd, bwd = watch.laps_ms()
+            if step >= warmup:
+                fwd_ms[index].append(fwd)
+                bwd_ms[index].append(bwd)
+    return [(TimeStats.of(f), TimeStats.of(b)) for f, b in zip(fwd_ms, bwd_ms)]
