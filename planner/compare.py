@@ -23,7 +23,7 @@ class StrategyResult(BaseModel):
     iteration_ms: float  # median over rounds of each round's median step
     iteration_ms_rounds: list[float]  # each round's median step, in round order
     iteration_spread: float  # (p75 - p25) / median of all step times of all rounds
-    speedup_vs_full: float | None  # measured
+    speedup_vs_full: float | None  # measured: median over rounds of full-ckpt's time / this one's
     peak_over_cap: list[float]  # measured peak / cap per stage
     iteration_error: float  # (measured - predicted) / predicted
     peak_error: list[float | None]  # per stage, (measured - predicted) / predicted; None unpredicted
@@ -84,11 +84,19 @@ def run_comparison(
     for name, stages in strategies_to_run(plan):
         owner = first_of[_layout(stages)]
         results.append(_result(name, None if owner == name else owner, reports[owner]))
-    reference = next((r.iteration_ms for r in results if r.name == REFERENCE), None)
+    reference = next((r for r in results if r.name == REFERENCE), None)
     for result in results:
-        result.speedup_vs_full = reference / result.iteration_ms if reference else None
+        result.speedup_vs_full = paired_speedup(reference, result) if reference else None
     return Comparison(plan=str(plan_file), steps=steps, warmup_steps=warmup_steps, seed=seed, rounds=rounds,
                       strategies=results)
+
+
+def paired_speedup(slower: StrategyResult, faster: StrategyResult) -> float:
+    """How much faster `faster` ran than `slower`: the median over rounds of the ratio of
+    their times in the same round. Both ran minutes apart at most within a round, so a
+    slow spell of the machine cancels out of each ratio instead of landing on one side."""
+    return statistics.median(s / f for s, f in zip(slower.iteration_ms_rounds, faster.iteration_ms_rounds,
+                                                    strict=True))
 
 
 def _result(name: str, same_as: str | None, reports: list[RunReport]) -> StrategyResult:

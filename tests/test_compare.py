@@ -79,6 +79,10 @@ def test_compare_runs_every_fitting_strategy_under_its_cap(solved, tmp_path):
             assert strategy.report == first.report
     full = next(s for s in comparison.strategies if s.name == "full-ckpt")
     assert full.speedup_vs_full == pytest.approx(1.0)
+    # speed-ups pair the rounds: a slow spell lands on both sides of each ratio
+    for strategy in comparison.strategies:
+        ratios = [f / t for f, t in zip(full.iteration_ms_rounds, strategy.iteration_ms_rounds)]
+        assert strategy.speedup_vs_full == pytest.approx(sum(ratios) / 2)
     # the JSON round-trips through the pydantic model
     assert Comparison.model_validate(json.loads(comparison.model_dump_json())) == comparison
 

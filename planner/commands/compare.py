@@ -78,7 +78,8 @@ def print_comparison(comparison, plan) -> None:
         rows,
     ))
     console.print("iteration: median over rounds of each round's median step; noise: half the interquartile "
-                  "range of all step times, relative to their median; err: measured against the prediction")
+                  "range of all step times, relative to their median; vs full ckpt: median over rounds of the "
+                  "two strategies' time ratio in that round; err: measured against the prediction")
     over = [r.name for r in comparison.strategies if max(r.peak_over_cap) > 1.0]
     if over:
         warn(f"measured peak exceeded the cap for: {', '.join(over)}")
