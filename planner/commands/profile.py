@@ -141,22 +141,25 @@ def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_s
 
 def _report(profile, out: Path) -> None:
     from planner.console import console, info, table, warn
+    from planner.optimizers import OPTIMIZERS
     from planner.profiler.noise import noisy_timings
     from planner.units import format_bytes
 
     rows = [
         [layer.name, layer.kind, f"{layer.fwd_ms:.3f}", f"{layer.bwd_ms:.3f}",
-         "–" if layer.recompute_ms is None else f"{layer.recompute_ms:.3f}", f"{layer.step_ms.get('adam', 0.0):.3f}", f"{layer.act_bytes / 2**20:.2f}", f"{layer.param_count:,}"]
+         "–" if layer.recompute_ms is None else f"{layer.recompute_ms:.3f}",
+         f"{layer.step_ms.get('adam', 0.0):.3f}", f"{layer.act_bytes / 2**20:.2f}", f"{layer.param_count:,}"]
         for layer in profile.layers
     ]
     title = (f"{profile.name} on {profile.device.type} ({profile.device.name}), {profile.dtype}, "
              f"micro-batch {profile.micro_batch_size}")
-    console.print(table(title, ["layer", "kind", "fwd ms", "bwd ms", "recompute ms", "adam step ms", "act MiB", "params"], rows, right_from=2))
+    columns = ["layer", "kind", "fwd ms", "bwd ms", "recompute ms", "adam step ms", "act MiB", "params"]
+    console.print(table(title, columns, rows, right_from=2))
     total_act = sum(layer.act_bytes for layer in profile.layers)
-    steps = {name: sum(layer.step_ms.get(name, 0.0) for layer in profile.layers) for name in ("adam", "sgd")}
+    steps = {name: sum(layer.step_ms.get(name, 0.0) for layer in profile.layers) for name in OPTIMIZERS}
     info(f"activations kept per microbatch without checkpointing: {format_bytes(total_act)}; "
-         f"loss {profile.loss_ms:.3f} ms; optimizer step, whole model: adam {steps['adam']:.1f} ms, "
-         f"sgd {steps['sgd']:.1f} ms")
+         f"loss {profile.loss_ms:.3f} ms; optimizer step, whole model: "
+         + ", ".join(f"{name} {ms:.1f} ms" for name, ms in steps.items()))
     noisy = noisy_timings(profile)
     if noisy:
         warn(f"timings are noisy ({noisy}); the machine may be busy: stop other work, "
