@@ -33,7 +33,7 @@ from planner.optimizers import OPTIMIZERS, make_optimizer
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import memory_tracker, storage_nbytes
-from planner.profiler.timing import Stopwatch, TimeStats, time_fwd_bwd, time_fwd_bwd_alternating
+from planner.profiler.timing import TimeStats, time_call, time_fwd_bwd, time_fwd_bwd_alternating
 from planner.profiler.userfault import blame
 from planner.schema import LayerProfile
 
@@ -156,15 +156,8 @@ def _step_ms(layer: nn.Module, *, warmup: int, repeats: int) -> dict[str, float]
     result = {}
     for name in OPTIMIZERS:
         optimizer = make_optimizer(name, copies)
-        samples = []
-        for step in range(max(warmup, 1) + repeats):
-            watch = Stopwatch(copies[0].device)
-            watch.mark()
-            optimizer.step()
-            watch.mark()
-            if step >= max(warmup, 1):
-                samples.append(watch.laps_ms()[0])
-        result[name] = TimeStats.of(samples).median_ms
+        result[name] = time_call(optimizer.step, device=copies[0].device, warmup=max(warmup, 1),
+                                 repeats=repeats).median_ms
     return result
 
 

@@ -91,3 +91,16 @@ def time_fwd_bwd_alternating(
                 fwd_ms[index].append(fwd)
                 bwd_ms[index].append(bwd)
     return [(TimeStats.of(f), TimeStats.of(b)) for f, b in zip(fwd_ms, bwd_ms)]
+
+
+def time_call(call: Callable[[], object], *, device: torch.device, warmup: int, repeats: int) -> TimeStats:
+    """Time `call()` alone, `repeats` times after `warmup` untimed calls."""
+    samples = []
+    for step in range(warmup + repeats):
+        watch = Stopwatch(device)
+        watch.mark()
+        call()
+        watch.mark()
+        if step >= warmup:
+            samples.append(watch.laps_ms()[0])
+    return TimeStats.of(samples)
