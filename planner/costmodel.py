@@ -15,7 +15,9 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
     buffers_s    = (M + 1) · input(first) [s > 0] + M · output(last) [s < P-1]   PipelineStage's recv
                    + M · batch_input [s = 0]             buffers, and the input gradient being sent
                    + M · batch_target [s = P-1]          the whole batch of targets
-                   + ZeRO 3's gathered weights, ZeRO 2/3's unsharded gradient (largest layer)
+                   + FSDP2's for the layer it works on (ZeRO 2/3: gathered weights and
+                     buffers, unsharded gradient; largest layer) + Σ_{S∖first} HSDP ZeRO 3's
+                     reduced gradient shards
     transient_s  = max( max_{l∈S} (transient_l                       one layer's scratch, + its
                               + [l∈C]·(act_l - input_l)             recompute when checkpointed,
                               - Σ_{m>l} kept_m)⁺,                   net of what the layers after it
@@ -214,6 +216,14 @@ def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
     return layer.param_count * bytes_per_param(setup)
 
 
+def reduced_bytes(layer: LayerCost, setup: TrainSetup) -> float:
+    """HSDP's ZeRO 3: the reduced gradient shard FSDP2 keeps for this layer through the rest of
+    the stage's backward (dataparallel.reduced_bytes_per_param). Charged for every layer, with
+    the buffers; the stage's first layer takes its own back (first_layer_buffer_bytes): the
+    most are held while it computes, one for each layer after it."""
+    return layer.param_count * dataparallel.reduced_bytes_per_param(setup)
+
+
 def kept_bytes(layer: LayerCost, checkpointed: bool) -> int:
     """Bytes per microbatch this layer keeps until its backward."""
     return layer.input_bytes if checkpointed else layer.act_bytes
@@ -280,10 +290,12 @@ def last_layer_kept_bytes(layer: LayerCost) -> int:
     return layer.output_bytes
 
 
-def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
+def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
     """Receive buffers for the stage input, one per microbatch, plus the input's gradient
-    held by its pending send while the next microbatch runs (none of this on stage 0)."""
-    return (setup.microbatches + 1) * layer.input_bytes if stage > 0 else 0
+    held by its pending send while the next microbatch runs (none of this on stage 0); less
+    the layer's own reduced gradient shard (reduced_bytes), not yet made when it computes."""
+    receive = (setup.microbatches + 1) * layer.input_bytes if stage > 0 else 0
+    return receive - reduced_bytes(layer, setup)
 
 
 def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
@@ -385,12 +397,16 @@ def layer_extra_bytes(layer: LayerCost, checkpointed: bool) -> int:
 _STEP_SCRATCH_PER_PARAM = {"adam": 4, "sgd": 0}
 
 
-def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup) -> float:
-    """The optimizer step's temporaries for this layer's parameters (ZeRO ≥ 1: each rank
-    steps 1/dp of them; offload: the step runs on the host)."""
+def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: str) -> float:
+    """The optimizer step's temporaries for this layer's parameters (offload: the step runs on
+    the host). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
+    (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
+    is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
     if setup.offload:
         return 0.0
     scratch = layer.param_count * _STEP_SCRATCH_PER_PARAM[setup.optimizer]
+    if setup.zero == 1 and device_type != "cuda":
+        return scratch
     return scratch / dataparallel.shard_size(setup)
 
 
@@ -428,15 +444,17 @@ def stage_cost(
         + last_layer_kept_bytes(last)
         + const_kept
     )
-    buffers = (
+    buffers = int(round(
         first_layer_buffer_bytes(first, stage, setup)
         + last_layer_buffer_bytes(last, stage, setup)
         + const_buffers
-    )
+        + sum(reduced_bytes(layer, setup) for layer in layers)
+    ))
     # the loss's scratch is gone before the stage's layers run their backward
     transient = max(transient_extra_bytes(layers, checkpointed), stage_constant_transient_bytes(profile, stage, setup))
     static = sum(static_bytes(layer, setup) for layer in layers)
-    scratch = step_scratch_bytes([layer_step_scratch_bytes(layer, setup) for layer in layers], profile.device.type)
+    scratch = step_scratch_bytes([layer_step_scratch_bytes(layer, setup, profile.device.type) for layer in layers],
+                                 profile.device.type)
     k = in_flight(setup, stage)
     time_ms = compute_ms(sum(layer_time_ms(layer, ckpt) for layer, ckpt in zip(layers, checkpointed)), setup)
     time_ms += stage_constant_ms(profile, stage, setup)

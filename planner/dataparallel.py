@@ -10,8 +10,9 @@ Memory per parameter (w, g, o: weights, gradients, optimizer state incl. an fp32
     ZeRO 1: o / K     ZeRO 2: + g / K     ZeRO 3: + w / K     offload: o on the host
     where weights stay gathered (ZeRO 2; ZeRO 3 with per-iteration gathers) FSDP2 keeps its
     w / K shard beside them: w + w / K (measured by scripts/bench_dp_static.py)
-    ZeRO 3 also holds the gathered (unsharded) weights of the layer computing and of the one
-    prefetched; ZeRO 2/3 the unsharded gradient of one layer until its reduce-scatter.
+    ZeRO 2/3 also hold a layer's unsharded gradient and FSDP2's buffers for the layer computing
+    (unsharded_bytes), and HSDP's ZeRO 3 the reduced gradient shards of the layers its backward
+    has passed (reduced_bytes_per_param)
 
 Communication, bandwidth terms of ring collectives (n ranks, B bytes, bandwidth bw):
     all-reduce 2 (n-1)/n · B / bw        reduce-scatter = all-gather = (n-1)/n · B / bw
@@ -93,16 +94,35 @@ def bytes_per_param(setup: TrainSetup) -> float:
 
 
 def unsharded_bytes(largest_param_count: int, setup: TrainSetup) -> float:
-    """Device bytes beyond the sharded state while one layer runs: ZeRO 3's gathered weights
-    of the layer computing and the one prefetched (bounded by the model's largest layer, a
-    constant per stage as the solvers take it), ZeRO 2/3's unsharded gradient of one layer
-    before its reduce-scatter. 0 without sharding."""
-    if shard_size(setup) == 1 or kept_whole(setup):
+    """Device bytes beyond the sharded state while FSDP2 (the runtime's ZeRO 2/3) works through
+    one layer, for the model's largest layer (a constant per stage as the solvers take it).
+    Measured on the runtime (scripts/bench_dp_static.py, the peak's tensors by kind):
+        ZeRO 3, backward: the weights of the layer computing and the prefetched next layer's
+            all-gather buffer (2 w); the layer's unsharded gradient and the previous layer's
+            reduce-scatter input, which FSDP2 keeps until the next reduce-scatter (2 g)
+        ZeRO 2, forward: the all-gather buffer of the layer copying out and the previous one's,
+            kept to overlap (2 w; the gathered weights themselves are in its static bytes);
+            backward: the unsharded gradient and the kept reduce-scatter input (2 g)
+    0 without sharding, and when ZeRO 2/3 keep weights and gradients whole."""
+    if shard_size(setup) == 1 or kept_whole(setup) or setup.zero < 2:
         return 0.0
     weights, grads, _ = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
-    gathered = 2 * weights if setup.zero >= 3 else 0
-    reducing = grads if setup.zero >= 2 else 0
-    return largest_param_count * (gathered + reducing)
+    if setup.zero >= 3:
+        return largest_param_count * (2 * weights + 2 * grads)
+    return largest_param_count * 2 * max(weights, grads)
+
+
+def reduced_bytes_per_param(setup: TrainSetup) -> float:
+    """HSDP's ZeRO 3 (shard groups with replicas, reducing per microbatch): FSDP2 keeps every
+    layer's reduce-scatter output (its 1/K of the gradient, the input of the all-reduce across
+    replicas) until the backward ends, so a stage's backward holds one for each layer it has
+    reduced: g / K per parameter of every layer but the one computing (costmodel charges the
+    stage's layers and takes the first one's back). ZeRO 2 frees more as it goes: each
+    reduced layer's gathered weights (w >= g / K) are resharded."""
+    if setup.zero < 3 or kept_whole(setup) or replicas(setup) == 1 or shard_size(setup) == 1:
+        return 0.0
+    _, grads, _ = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
+    return grads / shard_size(setup)
 
 
 def host_bytes_per_param(setup: TrainSetup) -> float:

@@ -91,8 +91,10 @@ class Chain:
         self.frees = [layer.recompute_saving_bytes > 0 for layer in layers]
         self.extra_plain = [costmodel.layer_extra_bytes(layer, False) for layer in layers]
         self.extra_ckpt = [costmodel.layer_extra_bytes(layer, True) for layer in layers]
-        self.step_scratch = [costmodel.layer_step_scratch_bytes(layer, setup) for layer in layers]
-        self.static = [costmodel.static_bytes(layer, setup) for layer in layers]
+        self.step_scratch = [costmodel.layer_step_scratch_bytes(layer, setup, profile.device.type) for layer in layers]
+        # held all step long, or (HSDP's reduced gradient shards) through the backward: with the
+        # static bytes, as stage_cost counts them with the buffers
+        self.static = [costmodel.static_bytes(layer, setup) + costmodel.reduced_bytes(layer, setup) for layer in layers]
         self.step_ms = [costmodel.layer_step_ms(layer, setup) for layer in layers]
         self.stages = [
             _Stage(
@@ -189,6 +191,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     opening = {s: chain.opening_bytes(s, i) for s in stages}
     timed = objective == "time"
     first_kept = costmodel.first_layer_kept_bytes(chain.layers[i])
+    first_reduced = costmodel.reduced_bytes(chain.layers[i], chain.setup)  # opening buffers take it back
     k_low = min(chain.stages[s].in_flight for s in stages)
     k_high = max(chain.stages[s].in_flight for s in stages)
     cap_high = max(chain.stages[s].cap_bytes * cap_scale for s in stages) - costmodel.FIT_MARGIN_BYTES
@@ -208,7 +211,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         # static and kept only grow with the range: drop sets that no later end can fit (a
         # byte of room for the peak's rounding to whole bytes)
         states = [st for st in states
-                  if static + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
+                  if static - first_reduced + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
         if not states:
             break
         # for the least peak, recompute time plays no part: a front over (kept, extra) alone

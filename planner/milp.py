@@ -258,6 +258,7 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     static + buffers + k_s·kept + T_s (the training peak) and adds the optimizer step's
     row, static + buffers + scratch ≤ cap, itself."""
     setup, lp = problem.setup, problem.lp
+    device_type = problem.profile.device.type
     k = costmodel.in_flight(setup, s)
     const_kept, const_buffers = costmodel.stage_constant_bytes(problem.profile, s, setup)
     held = [const_buffers / MIB]  # static + buffers: live at the optimizer step too
@@ -276,10 +277,10 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     for g, run in enumerate(problem.runs):
         layer = run.layer
         # static + k·kept written out, not k·K[s,0]: one row fewer between a byte and its cap
-        held.append(costmodel.static_bytes(layer, setup) * n(s, g) / MIB)
+        held.append((costmodel.static_bytes(layer, setup) + costmodel.reduced_bytes(layer, setup)) * n(s, g) / MIB)
         total.append(k * _run_kept_bytes(problem, s, g, n) / MIB)
         present = None
-        if layer.transient_bytes > 0 or costmodel.layer_step_scratch_bytes(layer, setup) > 0:
+        if layer.transient_bytes > 0 or costmodel.layer_step_scratch_bytes(layer, setup, device_type) > 0:
             present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
         if layer.transient_bytes > 0:
             # [Constraint] T_s ≥ the transient of the run's last layer in the stage minus what
@@ -296,8 +297,8 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
                   k * costmodel.last_layer_kept_bytes(layer) / MIB * closes(s, g)]
         held += [costmodel.first_layer_buffer_bytes(layer, s, setup) / MIB * opens(s, g),
                  costmodel.last_layer_buffer_bytes(layer, s, setup) / MIB * closes(s, g)]
-        if present is not None and costmodel.layer_step_scratch_bytes(layer, setup) > 0:
-            step_scratch.append((costmodel.layer_step_scratch_bytes(layer, setup), present, n(s, g)))
+        if present is not None and costmodel.layer_step_scratch_bytes(layer, setup, device_type) > 0:
+            step_scratch.append((costmodel.layer_step_scratch_bytes(layer, setup, device_type), present, n(s, g)))
     if step_scratch:
         # [Constraint] the optimizer step: static + buffers + its scratch ≤ cap
         # (costmodel.step_scratch_bytes: cuda every layer's, cpu twice the largest layer's)

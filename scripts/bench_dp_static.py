@@ -1,4 +1,4 @@
-"""Static memory per rank, predicted vs measured, for every ZeRO stage and shard group.
+"""Static and peak memory per rank, predicted vs measured, for every ZeRO stage and shard group.
 
 Profiles a model once, then for ZeRO 0 and ZeRO 1-3 x shard group 2, 4 (dp 4): `ckplan
 solve --dp 4 --zero Z --shard-group K` and `ckplan launch`'s runtime (stages x 4 gloo
@@ -62,12 +62,15 @@ def main() -> None:
             for stage in report.stages:
                 predicted, measured = stage.predicted.static_bytes, stage.measured.static_bytes
                 rows.append([str(zero), str(k), str(stage.index), format_bytes(predicted), format_bytes(measured),
-                             _err(measured, predicted),
-                             format_bytes(stage.measured.host_bytes), format_bytes(stage.measured.peak_bytes)])
+                             _err(measured, predicted), format_bytes(stage.predicted.peak_bytes),
+                             format_bytes(stage.measured.peak_bytes),
+                             _err(stage.measured.peak_bytes, stage.predicted.peak_bytes),
+                             format_bytes(stage.measured.host_bytes)])
             console.print(f"ZeRO {zero}, shard group {k}: done", style="dim")
     title = (f"{args.model}: static bytes per rank, {args.stages} stages x dp {args.dp}, ZeRO 2/3 {args.zero_gather}"
              f"{' (optimizer offloaded)' if args.offload else ''}")
-    columns = ["ZeRO", "shard group", "stage", "predicted", "measured", "err", "host", "peak"]
+    columns = ["ZeRO", "shard group", "stage", "static predicted", "measured", "err", "peak predicted", "measured",
+               "err", "host"]
     console.print(table(title, columns, rows))
 
 

@@ -43,25 +43,40 @@ def test_bytes_per_param_for_each_zero_stage_and_shard_group(zero, group, offloa
     assert costmodel.bytes_per_param(s) == expected
 
 
-def test_unsharded_bytes_zero3_gathers_two_layers_zero2_one_gradient():
-    # largest layer 1 Mi params: ZeRO 3 holds its full bf16 weights twice (computing,
-    # prefetched) = 4 B/param, + its unsharded bf16 gradient 2 B/param; ZeRO 2 the gradient only
-    assert dataparallel.unsharded_bytes(MIB, setup(dp=4, zero=3)) == 6 * MIB
-    assert dataparallel.unsharded_bytes(MIB, setup(dp=4, zero=2)) == 2 * MIB
+def test_unsharded_bytes_of_fsdp2_per_layer():
+    # largest layer 1 Mi params, bf16 weights and gradients (2 B): ZeRO 3 holds the computing
+    # layer's weights and the prefetched one's all-gather buffer (2 x 2 B), the unsharded gradient
+    # and the previous layer's reduce-scatter input (2 x 2 B); ZeRO 2 two all-gather buffers in
+    # the forward or two gradients in the backward (2 x 2 B)
+    assert dataparallel.unsharded_bytes(MIB, setup(dp=4, zero=3)) == 8 * MIB
+    assert dataparallel.unsharded_bytes(MIB, setup(dp=4, zero=2)) == 4 * MIB
     assert dataparallel.unsharded_bytes(MIB, setup(dp=4, zero=1)) == 0
     assert dataparallel.unsharded_bytes(MIB, setup(dp=4, zero=0)) == 0
 
 
+def test_reduced_gradient_shards_only_for_hsdp_zero3_per_microbatch():
+    # HSDP (groups of 2, 2 replicas): each reduced layer's 1/2 of its bf16 gradient, 1 B/param
+    assert dataparallel.reduced_bytes_per_param(setup(dp=4, zero=3, shard_group=2)) == 1
+    assert dataparallel.reduced_bytes_per_param(setup(dp=4, zero=3)) == 0  # one group: nothing all-reduced
+    assert dataparallel.reduced_bytes_per_param(setup(dp=4, zero=2, shard_group=2)) == 0
+    assert dataparallel.reduced_bytes_per_param(setup(dp=4, zero=3, shard_group=2, zero_gather="per-iteration")) == 0
+
+
 def test_stage_static_and_buffers_by_hand():
-    # two layers of 1 Mi and 2 Mi params on one stage, dp 4, ZeRO 3 in groups of 2:
-    # static = 3 Mi x (2/2 + 2/2 + 12/2) = 24 MiB; buffers = gathered 2 x 2 Mi x 2 B + grad 2 Mi x 2 B
-    # = 12 MiB (no pipeline buffers on a single stage, no batch bytes in a synthetic profile)
+    # three layers of 1, 2 and 1 Mi params on one stage, dp 4, ZeRO 3 in groups of 2 (HSDP):
+    # static = 4 Mi x (2/2 + 2/2 + 12/2) = 32 MiB; buffers = FSDP2's for the largest layer,
+    # 2 Mi x (2 x 2 B + 2 x 2 B) = 16 MiB, + the reduced gradient shards of every layer but the
+    # first, (2 + 1) Mi x 2 B / 2 = 3 MiB (no pipeline buffers on a single stage, no batch bytes)
     p = profile_of([layer("a", "A", fwd_ms=1, act_mib=0, input_mib=0, param_count=MIB),
-                    layer("b", "B", fwd_ms=1, act_mib=0, input_mib=0, param_count=2 * MIB)])
-    stages = costmodel.split_to_stages([0], [False, False], p)
+                    layer("b", "B", fwd_ms=1, act_mib=0, input_mib=0, param_count=2 * MIB),
+                    layer("c", "C", fwd_ms=1, act_mib=0, input_mib=0, param_count=MIB)])
+    stages = costmodel.split_to_stages([0], [False] * 3, p)
     cost = costmodel.evaluate(stages, p, setup(dp=4, zero=3, shard_group=2)).stages[0]
-    assert cost.static_bytes == 24 * MIB
-    assert cost.buffer_bytes == 12 * MIB
+    assert cost.static_bytes == 32 * MIB
+    assert cost.buffer_bytes == 19 * MIB
+    # one shard group (no replicas): no reduced shards kept
+    cost = costmodel.evaluate(stages, p, setup(dp=4, zero=3)).stages[0]
+    assert cost.buffer_bytes == 16 * MIB
 
 
 def test_host_bytes_per_node():

@@ -25,6 +25,7 @@ from planner.schema import TrainSetup
 
 DP_TINY = ROOT / "tests" / "fixtures" / "dp_tiny.py"
 TIED = ROOT / "tests" / "fixtures" / "tied_gpt.py"
+DP_WIDE = ROOT / "tests" / "fixtures" / "dp_wide.py"
 BLOCK_PARAMS = 32 * 32 + 32  # one Linear(32, 32)
 ADAM_STEP_BYTES = 4  # Adam's step count: a float32 scalar tensor per parameter tensor it steps
 
@@ -91,6 +92,8 @@ CASES = [
     # microbatch's forward the weights gathered (4) beside their shards (4 / 2), the gradients'
     # shards from the first (4 / 2), the optimizer's shard
     (1, 4, 2, 2, "per-microbatch", False, 8 * BLOCK_PARAMS * (4 + 4 / 2 + 4 / 2 + 8 / 2) + 16 * ADAM_STEP_BYTES),
+    # ZeRO 3 as HSDP, the same groups: everything halved
+    (1, 4, 3, 2, "per-microbatch", False, 8 * BLOCK_PARAMS * (4 + 4 + 8) / 2 + 16 * ADAM_STEP_BYTES),
     # ZeRO 0 with the optimizer on the host: weights and gradients stay on the device
     (2, 2, 0, None, "per-microbatch", True, 4 * BLOCK_PARAMS * (4 + 4)),
 ]
@@ -112,6 +115,28 @@ def test_dp_x_pp_trains_like_one_process_and_holds_the_predicted_static_memory(
     host = 4 * BLOCK_PARAMS * (4 + 4 + 8)  # fp32 master, its gradient, Adam's m and v
     assert all(stage.measured.host_bytes == (host + 8 * ADAM_STEP_BYTES if offload else 0)
                for stage in report.stages)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero2_zero3_peak_holds_to_the_prediction(tmp_path, zero):
+    """Profile, solve and run ZeRO 2/3 as HSDP (dp 4 in 2 shard groups of 2) on blocks whose
+    parameters outweigh their activations: the measured peak stays under the prediction and
+    near it. FSDP2 reduces layer by layer during each backward; holding the stage's gradients
+    (and ZeRO 3's gathered weights) whole to its end, as torch's pipeline schedule does,
+    measured 27% (ZeRO 2) and 32% (ZeRO 3) over it; now 5% and 9% under."""
+    profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.yaml"
+    for args in (["profile", str(DP_WIDE), "--micro-batch-size", "1", "--threads", "1", "--repeats", "2",
+                  "--out", str(profile)],
+                 ["solve", "--profile", str(profile), "--stages", "1", "--mem", "1GB", "--microbatches", "4",
+                  "--dp", "4", "--zero", str(zero), "--shard-group", "2", "--out", str(plan_path)]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+    plan = io.load_plan(plan_path)
+    report = run_plan(plan, plan_file=plan_path, steps=1, warmup_steps=1)
+    for stage in report.stages:
+        measured, predicted = stage.measured.peak_bytes, stage.predicted.peak_bytes
+        assert 0.85 * predicted <= measured <= predicted, (measured, predicted)
 
 
 @pytest.mark.slow

@@ -22,9 +22,10 @@ The ZeRO stages, mapped onto torch (nothing here shards by itself):
             layer gathered holds 1 + 1/K of its weights (DeepSpeed's ZeRO 2 holds them whole, 1)
     ZeRO 3  fully_shard(reshard_after_forward=True): the weights resharded after each forward
             and gathered again for the backward
-The plan's zero_gather says when ZeRO 2/3 reduce: "per-microbatch" (ZeRO's own way: the
-gradients reduce-scattered and the weights resharded after every microbatch's backward, the
-worker's TimedStage calling FSDP2's post-backward) or "per-iteration" (torch's pipeline
+The plan's zero_gather says when ZeRO 2/3 reduce: "per-microbatch" (ZeRO's own way: every
+backward runs with FSDP2's hooks on, so each layer's gradient is reduce-scattered and its
+weights resharded as its backward ends, one layer's unsharded at a time; the worker's
+TimedStage turns them on) or "per-iteration" (torch's pipeline
 schedule as it is: gradients whole and weights gathered from a stage's first backward to
 its last, reduced once). Gradients are averaged over dp and the schedule divides by the
 microbatches, so a step sees the mean over dp x M microbatches.

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining._backward import stage_backward
 
 from planner.errors import UserError
 from planner.io import write_atomic
@@ -138,19 +139,18 @@ class TimedStage(PipelineStage):
         return output
 
     def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
-        """torch's pipeline keeps FSDP2's gradients whole and its weights gathered until the last
-        backward; with reduce_every_microbatch each backward ends with FSDP2's own post-backward
-        (the one perform_reduce_grad runs at the end), as ZeRO 2/3 reduce per microbatch."""
-        result = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
-        if self.reduce_every_microbatch and isinstance(self.submod, FSDPModule):
-            self.submod.set_requires_gradient_sync(True)
-            self.submod.set_reshard_after_backward(True)
-            state = fully_shard.state(self.submod)
-            for inner in state._state_ctx.all_states:
-                for group in inner._fsdp_param_groups:
-                    group.post_backward()
-            state._root_post_backward_final_callback()
-        return result
+        """torch's pipeline keeps FSDP2's gradients whole and its weights gathered from a stage's
+        first backward to its last (reduced once, by perform_reduce_grad). With
+        reduce_every_microbatch (ZeRO 2/3's own way) every backward runs with FSDP2's hooks on:
+        each layer's gradient is reduce-scattered into its shard (accumulating over the
+        microbatches) and its weights resharded as that layer's backward ends, so one layer's
+        unsharded gradient and gathered weights are live at a time, not the stage's."""
+        if not (self.reduce_every_microbatch and isinstance(self.submod, FSDPModule) and backward_type == "full"):
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        self.submod.set_is_last_backward(True)  # wait for (and free) every reduce-scatter before the next forward
+        self.submod.set_reshard_after_backward(True)
+        self.submod.set_requires_gradient_sync(True)
+        return stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"]), None
 
     # The first step infers shapes by running the stage once (torch's metadata inference),
     # outside forward_one_chunk and backward_one_chunk: that is this rank's own work too.
