@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from planner.errors import UserError
+from planner.errors import SolverTimeLimit, UserError
 
 
 def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, deadline=None):
@@ -23,7 +23,7 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, deadli
     result = milp.plan(profile, setup, deadline=deadline,
                        upper_bound_ms=best.iteration_ms if best else None, start=best.stages if best else None)
     if isinstance(result, milp.SolveResult) and result.status == "timeout":
-        raise UserError(f"the solver found no plan within --time-limit {time_limit_s:g} s and no baseline "
+        raise SolverTimeLimit(f"the solver found no plan within --time-limit {time_limit_s:g} s and no baseline "
                         "fits to start from; raise --time-limit")
     if isinstance(result, milp.SolveResult):
         raise UserError(_infeasible_message(profile, setup, deadline))

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import UserError
+from planner.errors import SolverTimeLimit, UserError
 
 
 @dataclass
@@ -19,7 +19,7 @@ class Trial:
     setup: object = None
     plan: object = None  # None: no plan fits the device caps
     host_bytes: float = 0.0
-    why_not: str = ""  # why it does not fit (device or host memory)
+    why_not: str = ""  # why it has no plan that fits: device memory, host memory, or the time limit
 
     @property
     def fits(self) -> bool:
@@ -59,6 +59,9 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
         print_json(trials, best, out)
     else:
         print_table(trials, best, out, dp)
+    if best is None and any(t.why_not == "time limit" for t in trials):
+        raise UserError(f"no combination of ZeRO stage, shard group and offload was found to fit with --dp {dp}, "
+                        "and some ran out of --time-limit before the solver found any plan; raise --time-limit")
     if best is None:
         raise UserError(f"no combination of ZeRO stage, shard group and offload fits with --dp {dp}; raise "
                         "--mem, add --stages, or give --host-mem more room")
@@ -74,6 +77,9 @@ def _trial(profile, profile_path, zero, shard_group, offload, *, stages, dp, tim
                               offload_optimizer=offload, say=say, **options)
     try:
         trial.plan = make_plan(profile, profile_path, trial.setup, time_limit_s=time_limit_s)
+    except SolverTimeLimit:
+        trial.why_not = "time limit"  # it may well fit: the solver did not get to say
+        return trial
     except UserError:
         trial.why_not = "device memory"
         return trial
@@ -95,16 +101,21 @@ def _row(trial: Trial, best: Trial | None) -> list[str]:
     mark = "[bold green]best[/]" if trial is best else ""
     words = dataparallel.communicated(setup)
     if trial.plan is None:
-        return [str(setup.zero), group, "yes" if setup.offload else "no", "[red]no[/] (device)", "-", "-", "-",
+        return [str(setup.zero), group, "yes" if setup.offload else "no", f"[red]no[/] ({_reason(trial)})", "-", "-", "-",
                 "-", "-", "", words, refused]
     stages = trial.plan.stages
     peaks = per_stage([s.predicted.peak_bytes for s in stages])
     static = per_stage([s.predicted.static_bytes for s in stages])
     host = format_bytes(trial.host_bytes) if setup.offload else "-"
-    fits = "yes" if trial.fits else f"[red]no[/] ({trial.why_not.split()[0]})"
+    fits = "yes" if trial.fits else f"[red]no[/] ({_reason(trial)})"
     ckpt = str(sum(len(s.checkpointed) for s in stages))
     return [str(setup.zero), group, "yes" if setup.offload else "no", fits, peaks, static, host, ckpt,
             format_ms(trial.plan.predicted.iteration_ms), mark, words, refused]
+
+
+def _reason(trial: Trial) -> str:
+    """Why not, in a word or two for the table: device, host, time limit."""
+    return trial.why_not.removesuffix(" memory")
 
 
 def per_stage(values: list[int]) -> str:
