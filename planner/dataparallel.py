@@ -280,6 +280,13 @@ def host_bytes_per_node(stage_param_counts: Sequence[int], setup: TrainSetup) ->
     return busiest * min(setup.devices_per_node, setup.stages * setup.dp)
 
 
+def described(setup: TrainSetup) -> str:
+    """The ZeRO stage, shard group and offload in words: "ZeRO-1 in shard groups of 4,
+    optimizer offloaded"."""
+    group = f" in shard groups of {shard_size(setup)}" if setup.zero else ""
+    return f"ZeRO-{setup.zero}{group}" + (", optimizer offloaded" if setup.offload else "")
+
+
 def communicated(setup: TrainSetup) -> str:
     """What crosses links per iteration, in a few words: AR all-reduce, RS reduce-scatter, AG
     all-gather (over n ranks: /n), xN times per iteration, offload's copies and host step."""

@@ -56,6 +56,32 @@ def test_evaluate_scores_the_hand_configuration_with_the_cost_model(profile_path
     assert summary["ckplan"]["iteration_ms"] <= cost.iteration_ms or not summary["hand"]["feasible"]
 
 
+def test_evaluate_counts_the_baselines_against_the_time_limit(profile_path, monkeypatch):
+    """One --time-limit bounds the baselines and the search, as in `ckplan solve`: the deadline
+    the solver gets started before the baselines ran."""
+    import time
+
+    from planner import baselines, milp
+
+    seen = {}
+    all_baselines, plan = baselines.all_baselines, milp.plan
+
+    def slow_baselines(*args, **kwargs):
+        time.sleep(0.3)
+        return all_baselines(*args, **kwargs)
+
+    def recording_plan(*args, deadline=None, **kwargs):
+        seen["elapsed_s"] = deadline.elapsed_s()
+        return plan(*args, deadline=deadline, **kwargs)
+
+    monkeypatch.setattr(baselines, "all_baselines", slow_baselines)
+    monkeypatch.setattr(milp, "plan", recording_plan)
+    result = run("evaluate", "--profile", str(profile_path), "--mem", "80MiB", "--microbatches", "6",
+                 "--parallel-stages", "3", "--layers-per-stage", "3,3,2", "--ckpt-per-stage", "1,0,2", "--json")
+    assert result.exit_code == 0, result.output
+    assert seen["elapsed_s"] >= 0.3
+
+
 def costmodel_setup(profile):
     from planner.schema import TrainSetup
 

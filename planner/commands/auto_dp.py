@@ -132,6 +132,7 @@ LEGEND = ("AR all-reduce, RS reduce-scatter, AG all-gather over /n ranks, xN per
 
 
 def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> None:
+    from planner import dataparallel
     from planner.console import console, table
     from planner.emit import dp_support
     from planner.units import format_ms
@@ -143,22 +144,14 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
     console.print(LEGEND)
     if best is None:
         return
-    console.print(f"recommended: {_words(best)}: {format_ms(best.plan.predicted.iteration_ms)} per iteration; "
+    console.print(f"recommended: {dataparallel.described(best.setup)}: {format_ms(best.plan.predicted.iteration_ms)} per iteration; "
                   f"plan written to {out}")
     refusing = dp_support.refused_by(best.setup)
     runnable = [t for t in trials if t.fits and not dp_support.refused_by(t.setup)]
     if refusing and runnable:
         other = min(runnable, key=lambda t: t.plan.predicted.iteration_ms)
         console.print(f"{', '.join(refusing)} refuse ZeRO-{best.setup.zero} beside a pipeline; the fastest they "
-                      f"run is {_words(other)}: {format_ms(other.plan.predicted.iteration_ms)}")
-
-
-def _words(trial: Trial) -> str:
-    from planner import dataparallel
-
-    zero = f"ZeRO-{trial.setup.zero}"
-    group = f" in shard groups of {dataparallel.shard_size(trial.setup)}" if trial.setup.zero else ""
-    return zero + group + (", optimizer offloaded" if trial.offload else "")
+                      f"run is {dataparallel.described(other.setup)}: {format_ms(other.plan.predicted.iteration_ms)}")
 
 
 def print_json(trials: list[Trial], best: Trial | None, out: Path) -> None:

@@ -114,11 +114,13 @@ def command(layers_per_stage, ckpt_per_stage, ckpt_rule, stages, profile_path, m
 def _ckplan_plan(profile, setup, hand, hand_cost, *, time_limit_s: float):
     """milp.plan's optimal plan, started from the hand configuration or the best baseline."""
     from planner import baselines, milp
+    from planner.deadline import Deadline
 
+    deadline = Deadline(time_limit_s)  # the baselines' time counts against --time-limit too (as make_plan's)
     starts = [(hand_cost.iteration_ms, hand)] if hand_cost.feasible else []
     starts += [(b.iteration_ms, b.stages) for b in baselines.all_baselines(profile, setup) if b.feasible]
     upper, start = min(starts, key=lambda item: item[0], default=(None, None))
-    result = milp.plan(profile, setup, time_limit_s=time_limit_s, upper_bound_ms=upper, start=start)
+    result = milp.plan(profile, setup, deadline=deadline, upper_bound_ms=upper, start=start)
     return result if isinstance(result, milp.PlanResult) else None
 
 
@@ -170,9 +172,7 @@ def dp_words(setup) -> str:
 
     if setup.dp == 1 and not setup.offload:
         return ""
-    zero = f", ZeRO-{setup.zero} in groups of {dataparallel.shard_size(setup)}" if setup.zero else ""
-    offload = ", optimizer offloaded" if setup.offload else ""
-    return f", dp {setup.dp}{zero}{offload}"
+    return f", dp {setup.dp}, {dataparallel.described(setup)}"
 
 
 def _summary(profile_path: Path, hand, hand_cost, best) -> dict:
