@@ -341,8 +341,15 @@ def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup, step_ms: Se
     the first finish their backward earlier, during the drain) — or, when fewer stages
     than there are can compute at once (ranks sharing CPU cores), all the work spread
     over those that can, if that is longer."""
-    pipeline = sum(stage_times_ms) + (setup.microbatches - 1) * max(stage_times_ms) + max(step_ms, default=0.0)
-    return max(pipeline, capacity_ms(sum(stage_times_ms), sum(step_ms), setup))
+    return pipeline_ms(sum(stage_times_ms), max(stage_times_ms), max(step_ms, default=0.0), sum(step_ms), setup)
+
+
+def pipeline_ms(total_ms: float, slowest_ms: float, slowest_step_ms: float, total_step_ms: float,
+                setup: TrainSetup) -> float:
+    """iteration_ms from the stages' sums and maxima (busy time per microbatch, optimizer
+    steps), the form the DP solver keeps them in while it grows a plan."""
+    pipeline = total_ms + (setup.microbatches - 1) * slowest_ms + slowest_step_ms
+    return max(pipeline, capacity_ms(total_ms, total_step_ms, setup))
 
 
 def capacity_ms(total_stage_ms: float, total_step_ms: float, setup: TrainSetup) -> float:

@@ -301,7 +301,7 @@ def fastest_cuts(chain: Chain, found: list[Segment], *, upper_bound_ms: float, d
     """The segments (one per stage) of the fastest plan no slower than upper_bound_ms, and its
     iteration time; None when there is none."""
     setup = chain.setup
-    num_stages, num_layers, micro = setup.stages, len(chain), setup.microbatches
+    num_stages, num_layers = setup.stages, len(chain)
     total_step = sum(chain.step_ms)
     by_start, by_end = _index(found, num_stages, "start"), _index(found, num_stages, "end")
     least_sum, least_max = _remaining_bounds(by_start, num_stages, num_layers)
@@ -309,8 +309,7 @@ def fastest_cuts(chain: Chain, found: list[Segment], *, upper_bound_ms: float, d
 
     def bound(total: float, slowest: float, step: float, s: int, end: int) -> float:
         rest_sum, rest_max = least_sum[s + 1].get(end, INF), least_max[s + 1].get(end, INF)
-        total += rest_sum
-        return max(total + (micro - 1) * max(slowest, rest_max) + step, costmodel.capacity_ms(total, total_step, setup))
+        return costmodel.pipeline_ms(total + rest_sum, max(slowest, rest_max), step, total_step, setup)
 
     # label: (Σ time, slowest stage, slowest step, (previous label, segment))
     labels = {0: [(0.0, 0.0, 0.0, None)]}
@@ -330,9 +329,8 @@ def fastest_cuts(chain: Chain, found: list[Segment], *, upper_bound_ms: float, d
     finals = labels.get(num_layers, [])
     if not finals:
         return None
-    def iteration_ms(label) -> float:  # costmodel.iteration_ms from the label's sums and maxima
-        total, slowest, step = label[:3]
-        return max(total + (micro - 1) * slowest + step, costmodel.capacity_ms(total, total_step, setup))
+    def iteration_ms(label) -> float:  # from the label's sums and maxima
+        return costmodel.pipeline_ms(*label[:3], total_step, setup)
 
     best = min(finals, key=iteration_ms)
     return _trace(best), iteration_ms(best)
@@ -480,5 +478,4 @@ def lower_bound_ms(profile: Profile, setup: TrainSetup) -> float:
     chain = Chain(profile, setup)
     base = sum(chain.plain_ms) + chain.stages[-1].const_ms
     steps = sum(chain.step_ms)
-    pipeline = base + (setup.microbatches - 1) * base / setup.stages + steps / setup.stages
-    return max(pipeline, costmodel.capacity_ms(base, steps, setup))
+    return costmodel.pipeline_ms(base, base / setup.stages, steps / setup.stages, steps, setup)

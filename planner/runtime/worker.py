@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining._backward import stage_backward
 
