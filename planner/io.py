@@ -232,6 +232,16 @@ def load_plan(path: str | Path) -> Plan:
     return _validate(Plan, data, path, "plan", remedy)
 
 
+def plan_profile_path(plan: Plan, plan_path: str | Path, *, remedy: str) -> Path:
+    """The profile a plan was made from: its recorded path as written (from the working
+    directory), else beside the plan; `remedy` ends the sentence when neither exists."""
+    file = Path(plan.profile.file)
+    for candidate in ([file] if file.is_absolute() else [file, Path(plan_path).resolve().parent / file]):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"the plan's profile {plan.profile.file} was not found; {remedy}")
+
+
 def plan_to_yaml(plan: Plan) -> str:
     return yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False)
 

@@ -163,13 +163,9 @@ def load_calibration(path: Path):
 
 
 def resolve_profile(plan, plan_path: Path) -> Path:
-    """plan.profile.file: as written, else beside the plan."""
-    file = Path(plan.profile.file)
-    for candidate in ([file] if file.is_absolute() else [file, plan_path.resolve().parent / file]):
-        if candidate.is_file():
-            return candidate
-    raise UserError(f"the plan's profile {plan.profile.file} was not found; run from the directory the plan was "
-                    "made in")
+    from planner import io
+
+    return io.plan_profile_path(plan, plan_path, remedy="run from the directory the plan was made in")
 
 
 def calibrated_setup(profile, profile_path: Path, setup) -> tuple:

@@ -47,11 +47,9 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
 def _profile_of(plan, plan_path: Path, profile_path: Path | None):
     from planner import io
 
-    path = profile_path or Path(plan.profile.file)
-    if not path.is_absolute() and not path.exists() and (plan_path.parent / path).exists():
-        path = plan_path.parent / path
-    if not path.exists():
-        raise UserError(f"the plan's profile {path} does not exist; pass it with --profile")
+    if profile_path is not None and not profile_path.exists():
+        raise UserError(f"the profile {profile_path} does not exist; pass the one the plan was made from with --profile")
+    path = profile_path or io.plan_profile_path(plan, plan_path, remedy="pass it with --profile")
     if profile_path is None and io.sha256_file(path) != plan.profile.sha256:
         raise UserError(f"{path} changed since the plan was made; re-run `ckplan solve`, or pass the profile "
                         "the plan was made from with --profile")
