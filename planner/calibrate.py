@@ -194,3 +194,10 @@ def placement_threads(profile_threads: int | None, ranks: int, cores: int) -> tu
     if profile_threads and profile_threads <= fair:
         return profile_threads, "plan"
     return fair, "cpu_count"
+
+
+def stages_at_once(*, cores: int, threads: int, stages: int, dp: int) -> int | None:
+    """How many stages compute at once on CPU (the setup's parallel_stages) when every rank
+    of a stage's dp replicas runs `threads` threads on `cores`: None when all of them do."""
+    fit = max(1, cores // (threads * dp))
+    return fit if fit < stages else None

@@ -113,10 +113,12 @@ def costmodel_shares(setup) -> bool:
 def placed(setup, *, threads: int, cores: int, device: str = "cpu"):
     """The setup with the stages that compute at once for this placement (CPU ranks of
     `threads` threads sharing `cores`; on GPUs all of them)."""
+    from planner.calibrate import stages_at_once
+
     if device == "cuda":
         return setup.model_copy(update={"parallel_stages": None})
-    fit = max(1, cores // (threads * setup.dp))
-    return setup.model_copy(update={"parallel_stages": fit if fit < setup.stages else None})
+    return setup.model_copy(update={"parallel_stages": stages_at_once(cores=cores, threads=threads,
+                                                                      stages=setup.stages, dp=setup.dp)})
 
 
 def print_fit(calibration, plan, profile, report, *, threads: int, source: str) -> None:

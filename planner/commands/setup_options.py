@@ -75,14 +75,13 @@ def default_parallel_stages(profile, stages: int, dp: int = 1) -> int | None:
     """On CPU the ranks share this machine's cores, each with the threads a launch gives it
     (calibrate.placement_threads: never more than the cores): as many stages compute at
     once as there are cores for."""
-    from planner.calibrate import placement_threads
+    from planner.calibrate import placement_threads, stages_at_once
 
     if profile.device.type != "cpu":
         return None
     cores = os.cpu_count() or 1
     threads, _ = placement_threads(profile.device.threads, stages * dp, cores)
-    fit = max(1, cores // (threads * dp))
-    return fit if fit < stages else None
+    return stages_at_once(cores=cores, threads=threads, stages=stages, dp=dp)
 
 
 def caps_bytes(mem: str, stages: int) -> list[int]:
