@@ -35,3 +35,9 @@ $CK evaluate --profile out/llama3-70b.json --mem 80GB --microbatches 16 --precis
 for framework in megatron colossalai torchtitan deepspeed; do
   $CK export out/llama3-70b.yaml --to "$framework"
 done
+# The data-parallel side: 8 replicas of every stage on 40 GB devices. Every ZeRO stage x
+# shard group x optimizer offload, the checkpointing re-solved for each; the fastest that
+# fits is written and exported (ZeRO carried into the framework's options).
+COLUMNS=200 $CK solve --profile out/llama3-70b.json --stages 4 --mem 40GB --microbatches 16 --precision bf16-mixed \
+  --dp 8 --auto-dp --out out/llama3-70b-dp8.yaml
+$CK export out/llama3-70b-dp8.yaml --to megatron
