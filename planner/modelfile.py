@@ -42,6 +42,22 @@ def default_loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(output.float(), target.float())
 
 
+def compact_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    """`loss_fn` whose value owns no more memory than it shows: torch's mse_loss on cpu
+    returns its mean as a view of the whole elementwise buffer (0.5 MiB behind a 4-byte
+    scalar), and torch's pipeline schedule keeps every microbatch's loss until the step
+    ends, so the last stage held M - 1 such buffers the cost model never saw. A copy of
+    such a value (the same number, the same gradient) lets the buffer go."""
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        value = loss_fn(output, target)
+        if isinstance(value, torch.Tensor) and value.untyped_storage().nbytes() > value.numel() * value.element_size():
+            return value.clone()
+        return value
+
+    return loss
+
+
 def _user_traceback(exc: BaseException, path: Path, last: int = 3) -> str:
     """The last frames of the user's traceback that point into their file, plus the error."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
@@ -79,10 +95,10 @@ class ModelFile:
     def loss_fn(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         user_fn = getattr(self.module, "loss_fn", None)
         if user_fn is None:
-            return default_loss_fn
+            return compact_loss(default_loss_fn)
         if not callable(user_fn):
             raise UserError(f"{self.path}: loss_fn must be a function (output, target) -> Tensor")
-        return user_fn
+        return compact_loss(user_fn)
 
     def bounded(self, what: str):
         """A context in which the user's code may run at most timeout_s seconds."""

@@ -36,7 +36,21 @@ def test_default_loss_is_cross_entropy_for_class_ids_else_mse():
 
 
 def test_file_without_loss_fn_uses_the_default():
-    assert modelfile.load_model_file(FIXTURES / "tiny.py").loss_fn is modelfile.default_loss_fn
+    loss_fn = modelfile.load_model_file(FIXTURES / "tiny.py").loss_fn
+    output, target = torch.randn(4, 8), torch.randn(4, 8)
+    assert torch.equal(loss_fn(output, target), modelfile.default_loss_fn(output, target))
+
+
+def test_a_loss_viewing_a_larger_buffer_is_copied_out_of_it():
+    # torch's mse_loss on cpu returns its mean as a view of its elementwise buffer; the
+    # pipeline schedule keeps every microbatch's loss to the end of the step
+    buffer = torch.randn(1024, requires_grad=True)
+    value = modelfile.compact_loss(lambda output, target: (output * 2)[0])(buffer, None)
+    assert value.untyped_storage().nbytes() == 4 and value.item() == (buffer[0] * 2).item()
+    value.backward()
+    assert buffer.grad[0] == 2 and buffer.grad[1:].abs().sum() == 0
+    fresh = torch.tensor(1.0)
+    assert modelfile.compact_loss(lambda output, target: fresh)(None, None) is fresh
 
 
 @pytest.mark.parametrize(
