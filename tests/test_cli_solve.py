@@ -4,10 +4,9 @@ import json
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from fixtures.cli import run
 
 from planner import io, synthetic
-from planner.cli import cli
 from planner.schema import Plan
 
 MIB = 2**20
@@ -24,12 +23,6 @@ def profile_path(tmp_path):
     path = tmp_path / "p.json"
     io.save_profile(synthetic.profile_of(layers), path)
     return path
-
-
-def run(*args):
-    result = CliRunner().invoke(cli, list(args))
-    assert "Traceback" not in result.output
-    return result
 
 
 def test_solve_writes_a_plan_that_round_trips(profile_path, tmp_path):

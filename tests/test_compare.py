@@ -5,6 +5,7 @@ import math
 
 import pytest
 from click.testing import CliRunner
+from fixtures.cli import run_ok as run
 
 from planner import baselines, costmodel, io
 from planner.cli import cli
@@ -21,13 +22,6 @@ def example_batch(micro_batch_size):
     g = torch.Generator().manual_seed(0)
     return torch.randn(micro_batch_size * 256, 64, generator=g), torch.randn(micro_batch_size * 256, 64, generator=g)
 '''
-
-
-def run(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert "Traceback" not in result.output, result.output
-    assert result.exit_code == 0, result.output
-    return result
 
 
 @pytest.fixture(scope="module")

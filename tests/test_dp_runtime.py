@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from click.testing import CliRunner
 from conftest import ROOT
+from fixtures.cli import run_ok
 from fixtures.rt_plans import make_plan
 
 from planner import dataparallel, io
@@ -126,12 +127,9 @@ def test_zero2_zero3_peak_holds_to_the_prediction(tmp_path, zero):
     (and ZeRO 3's gathered weights) whole to its end, as torch's pipeline schedule does,
     measured 27% (ZeRO 2) and 32% (ZeRO 3) over it; now 5% and 9% under."""
     profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.yaml"
-    for args in (["profile", str(DP_WIDE), "--micro-batch-size", "1", "--threads", "1", "--repeats", "2",
-                  "--out", str(profile)],
-                 ["solve", "--profile", str(profile), "--stages", "1", "--mem", "1GB", "--microbatches", "4",
-                  "--dp", "4", "--zero", str(zero), "--shard-group", "2", "--out", str(plan_path)]):
-        result = CliRunner().invoke(cli, args)
-        assert result.exit_code == 0, result.output
+    run_ok("profile", DP_WIDE, "--micro-batch-size", "1", "--threads", "1", "--repeats", "2", "--out", profile)
+    run_ok("solve", "--profile", profile, "--stages", "1", "--mem", "1GB", "--microbatches", "4", "--dp", "4",
+           "--zero", zero, "--shard-group", "2", "--out", plan_path)
     plan = io.load_plan(plan_path)
     report = run_plan(plan, plan_file=plan_path, steps=1, warmup_steps=1)
     for stage in report.stages:

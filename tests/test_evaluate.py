@@ -5,19 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 from export_plans import llm_profile
+from fixtures.cli import run
 
 from planner import costmodel, io
-from planner.cli import cli
 from planner.commands.evaluate import hand_stages
 from planner.errors import UserError
-
-
-def run(*args):
-    result = CliRunner().invoke(cli, list(args))
-    assert "Traceback" not in result.output
-    return result
 
 
 @pytest.fixture()

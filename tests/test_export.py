@@ -4,22 +4,15 @@ re-score beside the plan, and every refusal."""
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 from export_plans import MIB, llm_profile, make_plan, write
+from fixtures.cli import run
 
 from planner import costmodel, io, synthetic
-from planner.cli import cli
 from planner.emit import colossalai, megatron, rounding, torchtitan
 from planner.errors import UserError
 
 SIZES = [4, 3, 3]  # tok_embeddings + layers.0-2 | layers.3-5 | layers.6-7 + output
 CHECKPOINTED = {"layers.1", "layers.2", "layers.3", "layers.6"}
-
-
-def run(*args):
-    result = CliRunner().invoke(cli, list(args))
-    assert "Traceback" not in result.output
-    return result
 
 
 def stage_ckpt(export):

@@ -126,18 +126,13 @@ def test_mlp_peak_per_stage_is_the_prediction(tmp_path):
     measured peak within 1% of the prediction. The last stage was 2.2% over: torch's
     mse_loss returned each microbatch's loss as a view of a 0.5 MiB buffer, which the
     schedule keeps to the end of the step (planner.modelfile.compact_loss)."""
-    from click.testing import CliRunner
+    from fixtures.cli import run_ok
 
     from planner import io
-    from planner.cli import cli
 
     profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.yaml"
-    for args in (["profile", str(MODELS / "mlp.py"), "--micro-batch-size", "4", "--threads", "1", "--repeats", "2",
-                  "--out", str(profile)],
-                 ["solve", "--profile", str(profile), "--stages", "2", "--microbatches", "8", "--mem", "1GB",
-                  "--out", str(plan_path)]):
-        result = CliRunner().invoke(cli, args)
-        assert result.exit_code == 0, result.output
+    run_ok("profile", MODELS / "mlp.py", "--micro-batch-size", "4", "--threads", "1", "--repeats", "2", "--out", profile)
+    run_ok("solve", "--profile", profile, "--stages", "2", "--microbatches", "8", "--mem", "1GB", "--out", plan_path)
     report = run_plan(io.load_plan(plan_path), plan_file=plan_path, steps=1, warmup_steps=1)
     for stage in report.stages:
         measured, predicted = stage.measured.peak_bytes, stage.predicted.peak_bytes
