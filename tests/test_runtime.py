@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from planner.errors import UserError
 from planner.modelfile import load_model_file
 from planner.runtime import replay_order, unsupported_setup, validate_plan
-from planner.runtime.checks import prepare
+from planner.runtime.checks import prepare, zero_one_imbalance, zero_one_partition
 from planner.runtime.stagemodule import build_stage_module
 from planner.schema import StagePlan
 
@@ -230,3 +230,22 @@ def test_init_layer_errors_name_the_layer(tmp_path):
                                               "def init_layer(name, layer):\n    raise KeyError(name)"))
     with pytest.raises(UserError, match=r"init_layer\('embed'\) raised KeyError: 'embed' at line \d+"):
         build_layers(load_model_file(model), seed=0)
+
+
+def test_zero_one_partition_gives_whole_tensors_largest_first():
+    # three equal tensors over 2 ranks: one rank gets two (8), though 6 would be even
+    assert zero_one_partition([4, 4, 4], 2) == [8, 4]
+    assert zero_one_partition([5, 1, 1, 1, 1, 1], 2) == [5, 5]
+
+
+def test_launch_names_the_stage_where_zero_one_cannot_shard_evenly():
+    # the bundled GPT, dp 4 in one shard group: four equal blocks split evenly, and so does the
+    # embedding's stage (its 524,288-parameter table is under a quarter of 2.9 M); the head's
+    # weight, as large, is more than a quarter of a stage of 1.3 M, so one rank holds it whole
+    plan = make_plan(MODELS / "gpt.py", [["embed", "blocks.0", "blocks.1", "blocks.2"],
+                                         ["blocks.3", "blocks.4", "blocks.5", "blocks.6"], ["blocks.7", "head"]])
+    plan.setup = plan.setup.model_copy(update={"dp": 4, "zero": 1, "shard_group": 4})
+    notes = zero_one_imbalance(plan, None)
+    assert [note.split(":")[0] for note in notes] == ["stage 2"]
+    assert "(the largest has 524,288 parameters)" in notes[0]
+    assert zero_one_imbalance(plan.model_copy(update={"setup": plan.setup.model_copy(update={"zero": 2})}), None) == []

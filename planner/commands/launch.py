@@ -48,12 +48,13 @@ def command(plan_path, steps, warmup_steps, device, backend, report_path, enforc
     and show predicted vs measured memory and time per stage."""
     from planner import console, io
     from planner.runtime import in_torchrun, rank_threads, run_plan, unsupported_setup
+    from planner.runtime.checks import zero_one_imbalance
 
     plan = with_dp(io.load_plan(plan_path), dp)
     io.check_outputs({"--report": report_path}, inputs={"PLAN": plan_path})
     device = device or plan.device.type
     speaks = not in_torchrun() or os.environ.get("RANK") == "0"
-    for note in unsupported_setup(plan) if speaks else []:
+    for note in unsupported_setup(plan) + zero_one_imbalance(plan, plan_path) if speaks else []:
         console.warn(note)
     if speaks and dp is not None and plan.setup.dp != dp:
         console.warn(f"the plan was made for dp {plan.setup.dp}; its predictions are for that, not for --dp {dp}")

@@ -141,6 +141,45 @@ def _build_for_names(model_file: ModelFile) -> torch.nn.Module:
         return model_file.build_model()
 
 
+def zero_one_partition(numels: list[int], ranks: int) -> list[int]:
+    """Parameters per rank as ZeroRedundancyOptimizer partitions whole tensors: largest
+    first, each to the rank with the fewest so far."""
+    loads = [0] * ranks
+    for numel in sorted(numels, reverse=True):
+        loads[loads.index(min(loads))] += numel
+    return loads
+
+
+def zero_one_imbalance(plan: Plan, plan_file: str | Path | None) -> list[str]:
+    """ZeRO 1 runs on ZeroRedundancyOptimizer, which gives each rank of a shard group whole
+    tensors; the cost model (as Megatron-LM's and DeepSpeed's flat partitions) gives each
+    1/K. Where a tensor outweighs that share, a sentence per stage on how much more
+    optimizer state the fullest rank holds (from the model's tensor sizes, built on meta)."""
+    from planner.dataparallel import BYTES_PER_PARAM, shard_size
+    from planner.units import format_bytes
+
+    setup = plan.setup
+    ranks = shard_size(setup)
+    if setup.zero != 1 or ranks == 1:
+        return []
+    model_path = resolve_model_file(plan, plan_file)
+    layers = dict(pipeline_layers(_build_for_names(load_model_file(model_path)), model_path))
+    weights, grads, optim = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
+    notes = []
+    for stage in plan.stages:
+        params = {id(p): p for name in stage.layers for p in layers[name].parameters() if p.requires_grad}
+        numels = [p.numel() for p in params.values()]
+        fullest, even = max(zero_one_partition(numels, ranks)), sum(numels) / ranks
+        excess = (fullest - even) * optim
+        if excess > 0.01 * sum(numels) * (weights + grads + optim / ranks):
+            notes.append(f"stage {stage.index}: ZeroRedundancyOptimizer (ZeRO 1) gives each rank whole tensors "
+                         f"(the largest has {max(numels):,} parameters), so one rank in each shard group holds "
+                         f"{format_bytes(excess)} more optimizer state than the plan's even 1/{ranks}; expect its "
+                         f"static and peak memory that much over the prediction (ZeRO 2, or a smaller "
+                         "--shard-group, shards evenly)")
+    return notes
+
+
 def unsupported_setup(plan: Plan) -> list[str]:
     """Parts of the plan's setup this runtime does not reproduce: the run still happens,
     but its measurements do not include them."""
