@@ -8,6 +8,7 @@ Per stage `s` of `P` with layers S (contiguous) and checkpointed C ⊆ S, `M`
 microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
 
     static_s     = Σ_S params · (w + g + o)                    bytes per parameter, ZeRO, offload
+                   + ZeRO 1: o · max(0, max_S largest tensor - Σ_S params / K)   whole tensors per rank
     kept_s       = Σ_{S∖C} act + Σ_C input                      per microbatch
                    - input_in_act(first)                        the stage input lives in a buffer
                    + output(last)                               the stage output waits in fwd_cache
@@ -89,6 +90,7 @@ class LayerCost:
     param_count: int
     transient_bytes: int
     step_ms: tuple[tuple[str, float], ...] = ()  # (optimizer, ms) pairs
+    largest_param_count: int = 0  # its largest parameter tensor; 0: not known
     recompute_ms: float | None = None  # None: not measured, a whole forward
     tied_ms: float = 0.0  # summing the gradients of parameters it shares with other layers, per iteration
 
@@ -171,6 +173,7 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
             output_bytes=max(item.output_bytes for item in same),
             input_in_act_bytes=min(item.input_in_act_bytes for item in same),
             param_count=max(item.param_count for item in same),
+            largest_param_count=max(item.largest_param_count or 0 for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
                           else fmean(item.recompute_ms for item in same)),
@@ -459,7 +462,8 @@ def stage_cost(
     ))
     # the loss's scratch is gone before the stage's layers run their backward
     transient = max(transient_extra_bytes(layers, checkpointed), stage_constant_transient_bytes(profile, stage, setup))
-    static = sum(static_bytes(layer, setup) for layer in layers)
+    static = sum(static_bytes(layer, setup) for layer in layers) + dataparallel.zero_one_excess_bytes(
+        sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
     scratch = step_scratch_bytes([layer_step_scratch_bytes(layer, setup, profile.device.type) for layer in layers],
                                  profile.device.type)
     k = in_flight(setup, stage)

@@ -8,6 +8,8 @@ gives shard groups [0,1] [2,3] and replica groups [0,2] [1,3].
 
 Memory per parameter (w, g, o: weights, gradients, optimizer state incl. an fp32 master):
     ZeRO 1: o / K     ZeRO 2: + g / K     ZeRO 3: + w / K     offload: o on the host
+    ZeRO 1 on ckplan's runtime gives each rank whole tensors: a stage's largest, where it
+    outweighs 1/K of the stage, is held whole (zero_one_excess_bytes)
     where weights stay gathered (ZeRO 2; ZeRO 3 with per-iteration gathers) FSDP2 keeps its
     w / K shard beside them: w + w / K (measured by scripts/bench_dp_static.py)
     ZeRO 2/3 also hold a layer's unsharded gradient and FSDP2's buffers for the layer computing
@@ -110,6 +112,21 @@ def unsharded_bytes(largest_param_count: int, setup: TrainSetup) -> float:
     if setup.zero >= 3:
         return largest_param_count * (2 * weights + 2 * grads)
     return largest_param_count * 2 * max(weights, grads)
+
+
+def zero_one_excess_bytes(param_count: float, largest_param_count: int, setup: TrainSetup) -> float:
+    """ZeRO 1 as ckplan's runtime runs it (ZeroRedundancyOptimizer): each rank of a shard
+    group steps whole tensors, so where a stage's largest tensor outweighs 1/K of its
+    parameters the rank holding it keeps that tensor's optimizer state whole:
+    o · max(0, largest - params / K) beyond the even 1/K (the greedy partition's result
+    when the other tensors are small beside it; `launch` warns where they are not). 0 for
+    other ZeRO stages, with the optimizer on the host, and where tensor sizes are unknown
+    (analytic profiles: Megatron-LM's and DeepSpeed's flat partitions shard evenly)."""
+    k = shard_size(setup)
+    if setup.zero != 1 or k == 1 or setup.offload or not largest_param_count:
+        return 0.0
+    _, _, optim = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
+    return optim * max(0.0, largest_param_count - param_count / k)
 
 
 def reduced_bytes_per_param(setup: TrainSetup) -> float:

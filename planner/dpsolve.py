@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner import costmodel
+from planner import costmodel, dataparallel
 from planner.deadline import Deadline, Expired
 from planner.schema import Profile, StagePlan, TrainSetup
 
@@ -95,6 +95,8 @@ class Chain:
         # held all step long, or (HSDP's reduced gradient shards) through the backward: with the
         # static bytes, as stage_cost counts them with the buffers
         self.static = [costmodel.static_bytes(layer, setup) + costmodel.reduced_bytes(layer, setup) for layer in layers]
+        self.params = [layer.param_count for layer in layers]  # with the largest tensor: ZeRO 1's whole tensors
+        self.largest = [layer.largest_param_count for layer in layers]
         self.step_ms = [costmodel.layer_step_ms(layer, setup) for layer in layers]
         self.stages = [
             _Stage(
@@ -197,11 +199,15 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     cap_high = max(chain.stages[s].cap_bytes * cap_scale for s in stages) - costmodel.FIT_MARGIN_BYTES
     states = [(0.0, 0, 0, 0)]
     plain = static = step = 0.0
+    params = largest = 0  # the range's parameters and largest tensor (dataparallel.zero_one_excess_bytes)
     scratch_sum = scratch_max = 0.0  # the optimizer step's scratch: cuda sums it, cpu takes the largest
     for j in range(i + 1, max(windows[s][1] for s in stages) + 1):
         m = j - 1
         plain += chain.plain_ms[m]
         static += chain.static[m]
+        params += chain.params[m]
+        largest = max(largest, chain.largest[m])
+        held = static + dataparallel.zero_one_excess_bytes(params, largest, chain.setup)  # grows with the range
         step += chain.step_ms[m]
         scratch_sum += chain.step_scratch[m]
         scratch_max = max(scratch_max, chain.step_scratch[m])
@@ -211,7 +217,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         # static and kept only grow with the range: drop sets that no later end can fit (a
         # byte of room for the peak's rounding to whole bytes)
         states = [st for st in states
-                  if static - first_reduced + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
+                  if held - first_reduced + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
         if not states:
             break
         # for the least peak, recompute time plays no part: a front over (kept, extra) alone
@@ -222,7 +228,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         for s in stages:
             if windows[s][0] <= j <= windows[s][1]:
                 kept, buffers = (a + b for a, b in zip(opening[s], closing[s][j]))
-                sums = (plain + chain.edge_comm_ms(s, i, j), static, step,
+                sums = (plain + chain.edge_comm_ms(s, i, j), held, step,
                         _step_scratch(chain, scratch_sum, scratch_max))
                 segment = _best_set(chain.stages[s], s, i, j, states, sums, (kept, buffers), objective, columns)
                 if segment is not None and (not timed or segment.time_ms <= max_time_ms):

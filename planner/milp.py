@@ -44,7 +44,7 @@ from typing import Literal
 
 import pulp
 
-from planner import costmodel, dpsolve, incumbent
+from planner import costmodel, dataparallel, dpsolve, incumbent
 from planner.costmodel import LayerCost, PlanCost
 from planner.deadline import Deadline, Expired
 from planner.schema import Profile, StagePlan, TrainSetup
@@ -299,6 +299,7 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
                  costmodel.last_layer_buffer_bytes(layer, s, setup) / MIB * closes(s, g)]
         if present is not None and costmodel.layer_step_scratch_bytes(layer, setup, device_type) > 0:
             step_scratch.append((costmodel.layer_step_scratch_bytes(layer, setup, device_type), present, n(s, g)))
+    held += _zero_one_excess_mib(problem, s, n)
     if step_scratch:
         # [Constraint] the optimizer step: static + buffers + its scratch ≤ cap
         # (costmodel.step_scratch_bytes: cuda every layer's, cpu twice the largest layer's)
@@ -310,6 +311,26 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
                 lp += step >= 2 * num_bytes / MIB * present, f"step_scratch_{s}_{g}"
         lp += pulp.lpSum(held) + step <= _cap_mib(problem, s), f"step_cap_{s}"
     return pulp.lpSum(held + total)
+
+
+def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
+    """ZeRO 1's whole tensors (dataparallel.zero_one_excess_bytes): [E_s] with
+    E_s ≥ o · (largest tensor of a run in the stage - the stage's parameters / K), E_s ≥ 0;
+    [] where it cannot arise."""
+    setup = problem.setup
+    largest = [run.layer.largest_param_count for run in problem.runs]
+    if not any(dataparallel.zero_one_excess_bytes(0, count, setup) for count in largest):
+        return []
+    optim = dataparallel.zero_one_excess_bytes(0, 1, setup)  # o: bytes of optimizer state per parameter
+    params = pulp.lpSum(run.layer.param_count * n(s, g) for g, run in enumerate(problem.runs))
+    excess = pulp.LpVariable(f"Z_{s}", lowBound=0)
+    for g, run in enumerate(problem.runs):
+        if largest[g]:
+            # [Constraint] a rank of the shard group holds the run's largest tensor whole
+            present = _presence(problem, f"z_{s}_{g}", n(s, g), run.size)
+            problem.lp += (excess >= optim * (largest[g] * present - params / dataparallel.shard_size(setup)) / MIB,
+                           f"zero_one_{s}_{g}")
+    return [excess]
 
 
 def _run_kept_bytes(problem: Problem, s: int, g: int, n):

@@ -62,6 +62,9 @@ class LayerProfile(Strict):
     input_in_act_bytes: Bytes = 0  # part of act_bytes that is this layer's own input tensor
     param_count: Count
     param_bytes: Bytes
+    # its largest parameter tensor (measured profiles; None in analytic ones and older
+    # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
+    largest_param_count: Count | None = None
     transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
     # optimizer step over this layer's parameters, once per iteration, per optimizer name
     # (median ms); empty in profiles made before it was measured: the step then costs 0

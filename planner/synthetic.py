@@ -11,7 +11,8 @@ MIB = 2**20
 
 def layer(name: str, kind: str, *, fwd_ms: float, act_mib: float, input_mib: float, param_count: int,
           bwd_ratio: float = 2.0, transient_mib: float = 0.0, output_mib: float | None = None,
-          adam_step_ms: float = 0.0, recompute_ms: float | None = None) -> LayerProfile:
+          adam_step_ms: float = 0.0, recompute_ms: float | None = None,
+          largest_param_count: int | None = None) -> LayerProfile:
     """`adam_step_ms`: the layer's optimizer step (SGD's taken as a third of Adam's); 0: none
     measured. `recompute_ms`: what checkpointing adds; None: not measured (a whole forward)."""
     act_bytes, input_bytes = int(act_mib * MIB), int(input_mib * MIB)
@@ -23,7 +24,7 @@ def layer(name: str, kind: str, *, fwd_ms: float, act_mib: float, input_mib: flo
         input_in_act_bytes=min(input_bytes, act_bytes), param_count=param_count, param_bytes=4 * param_count,
         transient_bytes=int(transient_mib * MIB),
         step_ms={"adam": adam_step_ms, "sgd": adam_step_ms / 3} if adam_step_ms else {},
-        recompute_ms=recompute_ms,
+        recompute_ms=recompute_ms, largest_param_count=largest_param_count,
     )
 
 

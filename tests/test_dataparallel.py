@@ -194,6 +194,48 @@ def test_solver_and_evaluate_agree_with_dp_terms(zero, group, offload):
     assert other.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-6)
 
 
+def test_zero1_whole_tensors_by_hand():
+    # ZeroRedundancyOptimizer gives each rank whole tensors. Layers of 1 Mi params (one
+    # tensor) and 1 Mi (largest 256 Ki), dp 4 in one group, bf16-mixed Adam (o = 12):
+    # even share 2 Mi / 4 = 512 Ki, but a rank holds the 1 Mi tensor: 12 x 512 Ki = 6 MiB more
+    # than static 2 Mi x (2 + 2 + 12/4) = 14 MiB. In groups of 2 the share is 1 Mi: nothing more
+    p = profile_of([layer("a", "A", fwd_ms=1, act_mib=0, input_mib=0, param_count=MIB, largest_param_count=MIB),
+                    layer("b", "B", fwd_ms=1, act_mib=0, input_mib=0, param_count=MIB,
+                          largest_param_count=MIB // 4)])
+    stages = costmodel.split_to_stages([0], [False, False], p)
+    assert costmodel.evaluate(stages, p, setup(dp=4, zero=1)).stages[0].static_bytes == 20 * MIB
+    assert costmodel.evaluate(stages, p, setup(dp=4, zero=1, shard_group=2)).stages[0].static_bytes == 20 * MIB
+    assert dataparallel.zero_one_excess_bytes(2 * MIB, MIB, setup(dp=4, zero=1, shard_group=2)) == 0
+    # FSDP2 (ZeRO 2/3) splits every tensor; unknown tensor sizes (analytic profiles) charge nothing
+    assert dataparallel.zero_one_excess_bytes(2 * MIB, MIB, setup(dp=4, zero=2)) == 0
+    assert dataparallel.zero_one_excess_bytes(2 * MIB, 0, setup(dp=4, zero=1)) == 0
+
+
+@pytest.mark.parametrize("cap_mib", [42, 48, 60])
+def test_solvers_and_evaluate_agree_with_zero1_whole_tensors(cap_mib):
+    """A 1.2 M-parameter embedding and head (one tensor each) beside blocks of 200 k: with
+    ZeRO 1 over 4 ranks the stage holding the head keeps its optimizer state whole on one
+    rank, and both solvers see it as evaluate() does."""
+    base = llm_profile(8)
+    big = {"tok_embeddings", "output"}
+    profile = base.model_copy(update={"layers": [
+        item.model_copy(update={"param_count": 1_200_000, "largest_param_count": 1_200_000} if item.name in big
+                        else {"largest_param_count": 50_000}) for item in base.layers]})
+    s = TrainSetup(stages=3, microbatches=6, micro_batch_size=1, mem_caps_bytes=[cap_mib * MIB] * 3,
+                   precision="bf16-mixed", dp=4, zero=1)
+    result = milp.plan(profile, s, time_limit_s=30)
+    assert isinstance(result, milp.PlanResult)
+    again = costmodel.evaluate(result.stages, profile, s)
+    assert again.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-9) and again.feasible
+    by_name = {item.name: item for item in profile.layers}
+    for stage, cost in zip(result.stages, again.stages, strict=True):
+        params = sum(by_name[name].param_count for name in stage.layers)
+        largest = max(by_name[name].largest_param_count for name in stage.layers)
+        assert cost.static_bytes == round(params * (2 + 2 + 12 / 4) + 12 * max(0, largest - params / 4))
+    other = milp.plan(profile, s, time_limit_s=30, method="milp", mip_gap=0.0)
+    assert other.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-6)
+
+
 # ---------------------------------------------------------------- bad input
 
 

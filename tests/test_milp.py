@@ -79,6 +79,13 @@ def best_feasible_baseline(profile, setup_):
 # ---------------------------------------------------------------- brute force, generated
 
 
+def params(draw) -> dict:
+    """A layer's parameters and its largest tensor (unknown, all of them, or a quarter): with
+    ZeRO 1 a tensor larger than 1/K of its stage is held whole by one rank."""
+    count = draw(st.sampled_from([0, 65536, 262144]))
+    return {"param_count": count, "largest_param_count": draw(st.sampled_from([None, count, count // 4]))}
+
+
 @st.composite
 def tiny_cases(draw):
     n = draw(st.integers(1, 7))
@@ -92,7 +99,7 @@ def tiny_cases(draw):
             act_mib=draw(st.sampled_from([1, 2, 4, 8, 16])),
             input_mib=draw(st.sampled_from([0.5, 1, 2, 4])),  # sometimes >= act: checkpointing useless
             output_mib=draw(st.sampled_from([0.5, 1, 2, 4])),
-            param_count=draw(st.sampled_from([0, 65536, 262144])),
+            **params(draw),
             transient_mib=draw(st.sampled_from([0, 1, 3])),
             adam_step_ms=draw(st.sampled_from([0.0, 0.0, 0.3, 4.0])),
             recompute_ms=draw(st.sampled_from([None, None, 0.25, 1.5])),

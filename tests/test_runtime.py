@@ -238,14 +238,25 @@ def test_zero_one_partition_gives_whole_tensors_largest_first():
     assert zero_one_partition([5, 1, 1, 1, 1, 1], 2) == [5, 5]
 
 
-def test_launch_names_the_stage_where_zero_one_cannot_shard_evenly():
-    # the bundled GPT, dp 4 in one shard group: four equal blocks split evenly, and so does the
-    # embedding's stage (its 524,288-parameter table is under a quarter of 2.9 M); the head's
-    # weight, as large, is more than a quarter of a stage of 1.3 M, so one rank holds it whole
+def test_launch_names_the_stage_where_zero_one_holds_more_than_predicted():
+    # the bundled GPT, dp 4 in one shard group, fp32 Adam (4 + 4 + 8 B a parameter), each
+    # stage predicted as if every rank held an even quarter of the optimizer state: the
+    # blocks' tensors split evenly, and so do the embedding stage's (its 524,288-parameter
+    # table is under a quarter of 2.9 M); the head's weight, as large, is more than a quarter
+    # of its stage of 1.3 M, so the rank holding it keeps (524,288 - 1,314,560 / 4) x 8 B more
+    from planner.modelfile import pipeline_layers
+
     plan = make_plan(MODELS / "gpt.py", [["embed", "blocks.0", "blocks.1", "blocks.2"],
                                          ["blocks.3", "blocks.4", "blocks.5", "blocks.6"], ["blocks.7", "head"]])
     plan.setup = plan.setup.model_copy(update={"dp": 4, "zero": 1, "shard_group": 4})
+    sizes = {name: sum(p.numel() for p in layer.parameters())
+             for name, layer in pipeline_layers(load_model_file(MODELS / "gpt.py").build_model())}
+    for stage in plan.stages:
+        stage.predicted.static_bytes = sum(sizes[name] for name in stage.layers) * (4 + 4 + 8 // 4)
     notes = zero_one_imbalance(plan, None)
     assert [note.split(":")[0] for note in notes] == ["stage 2"]
     assert "(the largest has 524,288 parameters)" in notes[0]
+    # a plan that charged the head whole (as a profile with tensor sizes makes it) says nothing
+    plan.stages[2].predicted.static_bytes += (524_288 - 1_314_560 // 4) * 8
+    assert zero_one_imbalance(plan, None) == []
     assert zero_one_imbalance(plan.model_copy(update={"setup": plan.setup.model_copy(update={"zero": 2})}), None) == []

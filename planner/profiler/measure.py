@@ -223,6 +223,7 @@ class _TimedLayer:
             input_in_act_bytes=input_in_act_bytes,
             param_count=sum(p.numel() for p in params),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
+            largest_param_count=max((p.numel() for p in params), default=0),
             transient_bytes=self.transient_bytes,
             step_ms=self.step_ms,
         )

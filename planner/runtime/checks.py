@@ -152,15 +152,17 @@ def zero_one_partition(numels: list[int], ranks: int) -> list[int]:
 
 def zero_one_imbalance(plan: Plan, plan_file: str | Path | None) -> list[str]:
     """ZeRO 1 runs on ZeroRedundancyOptimizer, which gives each rank of a shard group whole
-    tensors; the cost model (as Megatron-LM's and DeepSpeed's flat partitions) gives each
-    1/K. Where a tensor outweighs that share, a sentence per stage on how much more
-    optimizer state the fullest rank holds (from the model's tensor sizes, built on meta)."""
+    tensors. The cost model charges the largest tensor whole where the profile recorded it
+    (dataparallel.zero_one_excess_bytes); the exact partition can hold more (several large
+    tensors), and a profile from before tensor sizes were recorded charges none. A sentence
+    per stage whose fullest rank will hold more static memory than the plan predicted, from
+    the model's tensor sizes (built on meta)."""
     from planner.dataparallel import BYTES_PER_PARAM, shard_size
     from planner.units import format_bytes
 
     setup = plan.setup
     ranks = shard_size(setup)
-    if setup.zero != 1 or ranks == 1:
+    if setup.zero != 1 or ranks == 1 or setup.offload:
         return []
     model_path = resolve_model_file(plan, plan_file)
     layers = dict(pipeline_layers(_build_for_names(load_model_file(model_path)), model_path))
@@ -169,14 +171,15 @@ def zero_one_imbalance(plan: Plan, plan_file: str | Path | None) -> list[str]:
     for stage in plan.stages:
         params = {id(p): p for name in stage.layers for p in layers[name].parameters() if p.requires_grad}
         numels = [p.numel() for p in params.values()]
-        fullest, even = max(zero_one_partition(numels, ranks)), sum(numels) / ranks
-        excess = (fullest - even) * optim
-        if excess > 0.01 * sum(numels) * (weights + grads + optim / ranks):
+        fullest = sum(numels) * (weights + grads) + max(zero_one_partition(numels, ranks)) * optim
+        over = fullest - stage.predicted.static_bytes
+        if over > 0.01 * stage.predicted.static_bytes:
             notes.append(f"stage {stage.index}: ZeroRedundancyOptimizer (ZeRO 1) gives each rank whole tensors "
                          f"(the largest has {max(numels):,} parameters), so one rank in each shard group holds "
-                         f"{format_bytes(excess)} more optimizer state than the plan's even 1/{ranks}; expect its "
-                         f"static and peak memory that much over the prediction (ZeRO 2, or a smaller "
-                         "--shard-group, shards evenly)")
+                         f"{format_bytes(fullest)} of weights, gradients and optimizer state, {format_bytes(over)} "
+                         "more than the plan's static prediction; expect its peak that much over too (ZeRO 2, or "
+                         "a smaller --shard-group, shards evenly; a profile made before ckplan recorded tensor "
+                         "sizes charges none of this: re-run `ckplan profile`)")
     return notes
 
 
