@@ -122,11 +122,15 @@ def zero_one_excess_bytes(param_count: float, largest_param_count: int, setup: T
     when the other tensors are small beside it; `launch` warns where they are not). 0 for
     other ZeRO stages, with the optimizer on the host, and where tensor sizes are unknown
     (analytic profiles: Megatron-LM's and DeepSpeed's flat partitions shard evenly)."""
-    k = shard_size(setup)
-    if setup.zero != 1 or k == 1 or setup.offload or not largest_param_count:
+    return whole_tensor_optim_bytes(setup) * max(0.0, (largest_param_count or 0) - param_count / shard_size(setup))
+
+
+def whole_tensor_optim_bytes(setup: TrainSetup) -> float:
+    """Optimizer state bytes per parameter that ZeRO 1's whole-tensor partition places on the
+    device (o); 0 where no rank holds whole tensors of a shard group's state there."""
+    if setup.zero != 1 or shard_size(setup) == 1 or setup.offload:
         return 0.0
-    _, _, optim = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
-    return optim * max(0.0, largest_param_count - param_count / k)
+    return BYTES_PER_PARAM[(setup.precision, setup.optimizer)][2]
 
 
 def reduced_bytes_per_param(setup: TrainSetup) -> float:

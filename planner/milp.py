@@ -319,9 +319,9 @@ def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
     [] where it cannot arise."""
     setup = problem.setup
     largest = [run.layer.largest_param_count for run in problem.runs]
-    if not any(dataparallel.zero_one_excess_bytes(0, count, setup) for count in largest):
+    optim = dataparallel.whole_tensor_optim_bytes(setup)
+    if not optim or not any(largest):
         return []
-    optim = dataparallel.zero_one_excess_bytes(0, 1, setup)  # o: bytes of optimizer state per parameter
     params = pulp.lpSum(run.layer.param_count * n(s, g) for g, run in enumerate(problem.runs))
     excess = pulp.LpVariable(f"Z_{s}", lowBound=0)
     for g, run in enumerate(problem.runs):

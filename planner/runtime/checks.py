@@ -157,21 +157,21 @@ def zero_one_imbalance(plan: Plan, plan_file: str | Path | None) -> list[str]:
     tensors), and a profile from before tensor sizes were recorded charges none. A sentence
     per stage whose fullest rank will hold more static memory than the plan predicted, from
     the model's tensor sizes (built on meta)."""
-    from planner.dataparallel import BYTES_PER_PARAM, shard_size
+    from planner.dataparallel import bytes_per_param, shard_size, whole_tensor_optim_bytes
     from planner.units import format_bytes
 
     setup = plan.setup
-    ranks = shard_size(setup)
-    if setup.zero != 1 or ranks == 1 or setup.offload:
+    ranks, optim = shard_size(setup), whole_tensor_optim_bytes(setup)
+    if not optim:
         return []
     model_path = resolve_model_file(plan, plan_file)
     layers = dict(pipeline_layers(_build_for_names(load_model_file(model_path)), model_path))
-    weights, grads, optim = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
     notes = []
     for stage in plan.stages:
         params = {id(p): p for name in stage.layers for p in layers[name].parameters() if p.requires_grad}
         numels = [p.numel() for p in params.values()]
-        fullest = sum(numels) * (weights + grads) + max(zero_one_partition(numels, ranks)) * optim
+        # the cost model's even static, plus the fullest rank's optimizer state beyond its 1/K
+        fullest = sum(numels) * bytes_per_param(setup) + (max(zero_one_partition(numels, ranks)) - sum(numels) / ranks) * optim
         over = fullest - stage.predicted.static_bytes
         if over > 0.01 * stage.predicted.static_bytes:
             notes.append(f"stage {stage.index}: ZeroRedundancyOptimizer (ZeRO 1) gives each rank whole tensors "
