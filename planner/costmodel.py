@@ -59,7 +59,7 @@ tensor is back).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
@@ -119,6 +119,8 @@ class StageCost:
     step_ms: float = 0.0
     step_scratch_bytes: int = 0  # the optimizer step's temporaries (activations are gone by then)
     comm_ms: float = 0.0  # per microbatch: the stage's sends and its schedule actions
+    host_bytes: int = 0  # host memory this rank takes (the offloaded optimizer)
+    host_cap_bytes: int | None = None  # this rank's share of its node's host memory; None: not capped
 
     @property
     def busy_ms(self) -> float:
@@ -126,8 +128,16 @@ class StageCost:
         return self.time_ms + self.comm_ms
 
     @property
-    def fits(self) -> bool:
+    def fits_device(self) -> bool:
         return self.peak_bytes + FIT_MARGIN_BYTES <= self.cap_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_cap_bytes is None or self.host_bytes + FIT_MARGIN_BYTES <= self.host_cap_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_device and self.fits_host
 
     def predicted(self) -> StagePredicted:
         return StagePredicted(
@@ -266,7 +276,7 @@ def last_layer_comm_ms(layer: LayerCost, stage: int, setup: TrainSetup) -> float
     return send_ms(layer.output_bytes, setup) if stage < setup.stages - 1 else 0.0
 
 
-def stage_constant_comm_ms(setup: TrainSetup) -> float:
+def stage_constant_comm_ms(stage: int, setup: TrainSetup) -> float:
     """Per microbatch every stage runs two schedule actions (forward, backward)."""
     return 2 * setup.action_overhead_ms
 
@@ -295,10 +305,14 @@ def last_layer_kept_bytes(layer: LayerCost) -> int:
 
 def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
     """Receive buffers for the stage input, one per microbatch, plus the input's gradient
-    held by its pending send while the next microbatch runs (none of this on stage 0); less
-    the layer's own reduced gradient shard (reduced_bytes), not yet made when it computes."""
-    receive = (setup.microbatches + 1) * layer.input_bytes if stage > 0 else 0
-    return receive - reduced_bytes(layer, setup)
+    held by its pending send while the next microbatch runs (none of this on stage 0)."""
+    return (setup.microbatches + 1) * layer.input_bytes if stage > 0 else 0
+
+
+def first_layer_reduced_back_bytes(layer: LayerCost, setup: TrainSetup) -> float:
+    """The stage's first layer's own reduced gradient shard (reduced_bytes), charged with every
+    layer's, is not yet made while that layer computes, when the most are held: taken back."""
+    return -reduced_bytes(layer, setup)
 
 
 def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
@@ -306,16 +320,19 @@ def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> 
     return setup.microbatches * layer.output_bytes if stage < setup.stages - 1 else 0
 
 
-def stage_constant_bytes(profile: Profile, stage: int, setup: TrainSetup) -> tuple[int, int]:
-    """(kept per microbatch, buffers) that depend only on the stage's position: the loss
-    and the whole batch of targets on the last stage, the whole input batch on the first."""
+def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """The whole batch the schedule holds: the model inputs on the first stage, the targets
+    on the last, every microbatch's."""
     last = stage == setup.stages - 1
-    kept = profile.loss_bytes if last else 0
-    buffers = setup.microbatches * (profile.batch_input_bytes * (stage == 0) + profile.batch_target_bytes * last)
-    return kept, buffers + unsharded_bytes(profile, setup)
+    return setup.microbatches * (profile.batch_input_bytes * (stage == 0) + profile.batch_target_bytes * last)
 
 
-def unsharded_bytes(profile: Profile, setup: TrainSetup) -> int:
+def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """What the loss keeps for backward, per microbatch, on the last stage."""
+    return profile.loss_bytes if stage == setup.stages - 1 else 0
+
+
+def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """ZeRO 3's gathered weights in flight and ZeRO 2/3's one unsharded gradient, for the
     model's largest layer (dataparallel.unsharded_bytes): counted with the buffers, a
     constant per stage."""
@@ -374,15 +391,174 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
         return float("inf")
     layers = layer_costs(profile)
     base = compute_ms(sum(layer_time_ms(layer, False) for layer in layers), setup)
-    base += sum(stage_constant_ms(profile, s, setup) + stage_constant_comm_ms(setup) for s in range(setup.stages))
+    ctx = Context(profile, setup)
+    base += sum(stage_value(quantity, s, ctx) for s in range(setup.stages) for quantity in ("time", "comm"))
     base += sum(layer_step_ms(layer, setup) for layer in layers) / setup.stages
     return (feasible_iteration_ms - base) / (setup.microbatches - 1) * (1 + 1e-9) + 1e-9
+
+
+# ---------------------------------------------------------------- the description
+#
+# Every term the cost model charges a stage, one row each. The solvers and evaluate() read
+# the rows only through layer_value / edge_value / stage_value (summed by quantity), so a
+# new term of a known quantity is one row here and its test; each quantity enters a
+# stage's cost one way (stage_cost, dpsolve's segments, milp's rows):
+#   static, buffers  bytes held all iteration                      added up
+#   kept             bytes per microbatch until its backward        x in-flight microbatches
+#   extra            a layer's peak beyond what it keeps            max over layers, net of what
+#                                                                   the layers after it keep; at
+#                                                                   least the stage's own
+#   scratch          the optimizer step's temporaries               cuda: added up; cpu: 2 x largest
+#   host             host bytes of the rank                         added up, against the rank's
+#                                                                   share of its node's host memory
+#   time, comm       ms per microbatch (compute; sends, actions)   added up (busy = time + comm)
+#   step             ms once per iteration                          added up
+# `where` says whose numbers a row reads: each layer of the stage (with its checkpoint
+# choice), the layer that opens or closes the stage (with the stage's index), or the stage's
+# position alone.
+
+QUANTITIES = ("static", "buffers", "kept", "extra", "scratch", "host", "time", "comm", "step")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a term may read besides its layer and stage."""
+
+    profile: Profile
+    setup: TrainSetup
+
+    @property
+    def device_type(self) -> str:
+        return self.profile.device.type
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    quantity: str  # one of QUANTITIES
+    where: str  # "layer": value(layer, checkpointed, ctx); "open"/"close": value(layer, stage, ctx);
+    #             "stage": value(stage, ctx)
+    value: Callable
+    source: str  # the measurement or publication that put it here
+
+
+TERMS: tuple[Term, ...] = (
+    # -- every layer of the stage
+    Term("weights, gradients, optimizer state", "static", "layer",
+         lambda layer, ckpt, ctx: static_bytes(layer, ctx.setup),
+         "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param)"),
+    Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
+         lambda layer, ckpt, ctx: reduced_bytes(layer, ctx.setup),
+         "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),
+    Term("activations kept for backward", "kept", "layer",
+         lambda layer, ckpt, ctx: kept_bytes(layer, ckpt),
+         "saved-tensor hooks per layer (profiler); a checkpointed layer keeps its input"),
+    Term("scratch, and the recompute when checkpointed", "extra", "layer",
+         lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt),
+         "allocator peak per layer beyond what it keeps (profiler)"),
+    Term("optimizer step temporaries", "scratch", "layer",
+         lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
+         "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
+    Term("offloaded optimizer state, master and gradient on the host", "host", "layer",
+         lambda layer, ckpt, ctx: layer.param_count * dataparallel.host_bytes_per_param(ctx.setup),
+         "the runtime's offload (runtime/offload.py): optimizer state, fp32 master, fp32 gradient"),
+    Term("forward, backward, recompute", "time", "layer",
+         lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt), ctx.setup),
+         "timed per layer (profiler), times the calibrated compute scale"),
+    Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
+         lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
+         "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
+    # -- the layer that opens the stage
+    Term("stage input shared with its receive buffer or batch slice", "kept", "open",
+         lambda layer, stage, ctx: first_layer_kept_bytes(layer),
+         "PipelineStage's receive buffers hold the input the first layer saves (measured on the runtime)"),
+    Term("receive buffers for the input, and its gradient being sent", "buffers", "open",
+         lambda layer, stage, ctx: first_layer_buffer_bytes(layer, stage, ctx.setup),
+         "PipelineStage allocates one receive buffer per microbatch (measured on the runtime)"),
+    Term("first layer's reduced gradient shard, not yet made", "buffers", "open",
+         lambda layer, stage, ctx: first_layer_reduced_back_bytes(layer, ctx.setup),
+         "FSDP2 under HSDP ZeRO 3 (bench_dp_static.py)"),
+    Term("input gradient sent back", "comm", "open",
+         lambda layer, stage, ctx: first_layer_comm_ms(layer, stage, ctx.setup),
+         "calibrated send line: latency + bytes / bandwidth (ckplan calibrate)"),
+    # -- the layer that closes the stage
+    Term("stage output waiting in fwd_cache", "kept", "close",
+         lambda layer, stage, ctx: last_layer_kept_bytes(layer),
+         "PipelineStage keeps each forward's output until its backward (measured on the runtime)"),
+    Term("receive buffers for the output's gradient", "buffers", "close",
+         lambda layer, stage, ctx: last_layer_buffer_bytes(layer, stage, ctx.setup),
+         "PipelineStage allocates one per microbatch (measured on the runtime)"),
+    Term("output sent forward", "comm", "close",
+         lambda layer, stage, ctx: last_layer_comm_ms(layer, stage, ctx.setup),
+         "calibrated send line (ckplan calibrate)"),
+    # -- the stage's position
+    Term("what the loss keeps", "kept", "stage",
+         lambda stage, ctx: loss_kept_bytes(ctx.profile, stage, ctx.setup), "saved-tensor hooks on the loss (profiler)"),
+    Term("the whole batch of inputs or targets", "buffers", "stage",
+         lambda stage, ctx: batch_bytes(ctx.profile, stage, ctx.setup),
+         "the schedule splits the whole batch it holds (measured on the runtime)"),
+    Term("FSDP2's gathered weights and unsharded gradient of the largest layer", "buffers", "stage",
+         lambda stage, ctx: unsharded_bytes(ctx.profile, stage, ctx.setup),
+         "live tensors at the measured peak under ZeRO 2/3 (dataparallel.unsharded_bytes)"),
+    Term("the loss's scratch", "extra", "stage",
+         lambda stage, ctx: stage_constant_transient_bytes(ctx.profile, stage, ctx.setup),
+         "allocator peak of the loss beyond what it keeps (profiler)"),
+    Term("the loss's forward and backward", "time", "stage",
+         lambda stage, ctx: stage_constant_ms(ctx.profile, stage, ctx.setup), "timed (profiler)"),
+    Term("two schedule actions per microbatch", "comm", "stage",
+         lambda stage, ctx: stage_constant_comm_ms(stage, ctx.setup), "calibrated action cost (ckplan calibrate)"),
+)
+
+
+def _rows(quantity: str, where: str) -> tuple[Term, ...]:
+    return _BY_PLACE.get((quantity, where), ())
+
+
+def index_terms(terms: Sequence[Term]) -> dict[tuple[str, str], tuple[Term, ...]]:
+    """The rows by (quantity, where), as layer_value / edge_value / stage_value read them."""
+    found: dict[tuple[str, str], tuple[Term, ...]] = {}
+    for term in terms:
+        if term.quantity not in QUANTITIES or term.where not in ("layer", "open", "close", "stage"):
+            raise ValueError(f"term {term.name!r}: unknown quantity {term.quantity!r} or place {term.where!r}")
+        found[term.quantity, term.where] = found.get((term.quantity, term.where), ()) + (term,)
+    return found
+
+
+_BY_PLACE = index_terms(TERMS)
+
+
+def layer_value(quantity: str, layer: LayerCost, checkpointed: bool, ctx: Context) -> float:
+    """What one layer of a stage adds to `quantity`, checkpointed or not."""
+    return sum(term.value(layer, checkpointed, ctx) for term in _rows(quantity, "layer"))
+
+
+def edge_value(quantity: str, where: str, layer: LayerCost, stage: int, ctx: Context) -> float:
+    """What `layer` adds to `quantity` by opening (where="open") or closing stage `stage`."""
+    return sum(term.value(layer, stage, ctx) for term in _rows(quantity, where))
+
+
+def stage_value(quantity: str, stage: int, ctx: Context) -> float:
+    """What stage `stage` adds to `quantity` for its position alone."""
+    return sum(term.value(stage, ctx) for term in _rows(quantity, "stage"))
+
+
+def frees_memory(layer: LayerCost, ctx: Context) -> bool:
+    """Checkpointing this layer keeps fewer bytes; otherwise it only adds time, never chosen."""
+    return layer_value("kept", layer, True, ctx) < layer_value("kept", layer, False, ctx)
+
+
+def host_cap_bytes(setup: TrainSetup) -> int | None:
+    """A rank's share of its node's host memory: the node's ranks may hold any stage, so each
+    gets host_mem / the ranks on a node (dataparallel.host_bytes_per_node). None: not capped."""
+    if setup.host_mem_bytes is None:
+        return None
+    return setup.host_mem_bytes // min(setup.devices_per_node, setup.stages * setup.dp)
 
 
 # ---------------------------------------------------------------- stages and plans
 
 
-def transient_extra_bytes(layers: Sequence[LayerCost], checkpointed: Sequence[bool]) -> int:
+def transient_extra_bytes(layers: Sequence[LayerCost], checkpointed: Sequence[bool], ctx: Context) -> float:
     """Extra bytes, beyond every in-flight microbatch's kept bytes, while one layer of the
     stage runs: its transient (scratch, a weight's whole gradient) plus, when checkpointed,
     its recompute. The layers after it hold nothing of that microbatch then (in backward
@@ -391,8 +567,8 @@ def transient_extra_bytes(layers: Sequence[LayerCost], checkpointed: Sequence[bo
     at least 0. Measured: stage 0's embedding gradient meets only the other microbatches."""
     extra, later_kept = 0, 0
     for layer, ckpt in zip(reversed(layers), reversed(checkpointed)):
-        extra = max(extra, layer_extra_bytes(layer, ckpt) - later_kept)
-        later_kept += kept_bytes(layer, ckpt)
+        extra = max(extra, layer_value("extra", layer, ckpt, ctx) - later_kept)
+        later_kept += layer_value("kept", layer, ckpt, ctx)
     return extra
 
 
@@ -430,11 +606,11 @@ def step_scratch_bytes(per_layer: Sequence[float], device_type: str) -> float:
     return 2 * max(per_layer, default=0.0)
 
 
-def peak_bytes(static, in_flight, kept, transient, scratch, buffers, maximum=max):
-    """A stage's peak: static + max(in-flight activations + transient, the optimizer step's
-    scratch) + buffers. `maximum=np.maximum` scores many checkpoint sets at once (the DP
-    solver's arrays); callers round."""
-    return static + maximum(in_flight * kept + transient, scratch) + buffers
+def peak_bytes(held, in_flight, kept, transient, scratch, maximum=max):
+    """A stage's peak: what it holds all iteration (static + buffers) + max(in-flight
+    activations + transient, the optimizer step's scratch). `maximum=np.maximum` scores many
+    checkpoint sets at once (the DP solver's arrays); callers round."""
+    return held + maximum(in_flight * kept + transient, scratch)
 
 
 def stage_cost(
@@ -445,45 +621,40 @@ def stage_cost(
     profile: Profile,
     setup: TrainSetup,
 ) -> StageCost:
-    """Memory and time of one stage holding `layers` (in order), some checkpointed."""
+    """Memory and time of one stage holding `layers` (in order), some checkpointed: every
+    row of TERMS, each quantity entering as the description says."""
+    ctx = Context(profile, setup)
     first, last = layers[0], layers[-1]
-    const_kept, const_buffers = stage_constant_bytes(profile, stage, setup)
-    kept = (
-        sum(kept_bytes(layer, ckpt) for layer, ckpt in zip(layers, checkpointed))
-        + first_layer_kept_bytes(first)
-        + last_layer_kept_bytes(last)
-        + const_kept
-    )
-    buffers = int(round(
-        first_layer_buffer_bytes(first, stage, setup)
-        + last_layer_buffer_bytes(last, stage, setup)
-        + const_buffers
-        + sum(reduced_bytes(layer, setup) for layer in layers)
-    ))
-    # the loss's scratch is gone before the stage's layers run their backward
-    transient = max(transient_extra_bytes(layers, checkpointed), stage_constant_transient_bytes(profile, stage, setup))
-    static = sum(static_bytes(layer, setup) for layer in layers) + dataparallel.zero_one_excess_bytes(
+
+    def total(quantity: str) -> float:
+        return (sum(layer_value(quantity, layer, ckpt, ctx) for layer, ckpt in zip(layers, checkpointed))
+                + edge_value(quantity, "open", first, stage, ctx) + edge_value(quantity, "close", last, stage, ctx)
+                + stage_value(quantity, stage, ctx))
+
+    static = total("static") + dataparallel.zero_one_excess_bytes(
         sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
-    scratch = step_scratch_bytes([layer_step_scratch_bytes(layer, setup, profile.device.type) for layer in layers],
+    buffers = total("buffers")
+    kept = int(round(total("kept")))
+    # the loss's scratch is gone before the stage's layers run their backward
+    transient = int(round(max(transient_extra_bytes(layers, checkpointed, ctx), stage_value("extra", stage, ctx))))
+    scratch = step_scratch_bytes([layer_value("scratch", layer, ckpt, ctx) for layer, ckpt in zip(layers, checkpointed)],
                                  profile.device.type)
     k = in_flight(setup, stage)
-    time_ms = compute_ms(sum(layer_time_ms(layer, ckpt) for layer, ckpt in zip(layers, checkpointed)), setup)
-    time_ms += stage_constant_ms(profile, stage, setup)
-    comm = (first_layer_comm_ms(first, stage, setup) + last_layer_comm_ms(last, stage, setup)
-            + stage_constant_comm_ms(setup))
     return StageCost(
-        comm_ms=comm,
-        step_ms=sum(layer_step_ms(layer, setup) for layer in layers),
+        comm_ms=total("comm"),
+        step_ms=total("step"),
         static_bytes=int(round(static)),
         kept_bytes=kept,
         in_flight=k,
         activation_bytes=k * kept,
-        buffer_bytes=buffers,
+        buffer_bytes=int(round(buffers)),
         transient_bytes=transient,
-        peak_bytes=int(round(peak_bytes(static, k, kept, transient, scratch, buffers))),
-        time_ms=time_ms,
+        peak_bytes=int(round(peak_bytes(static + buffers, k, kept, transient, scratch))),
+        time_ms=total("time"),
         cap_bytes=setup.mem_caps_bytes[stage],
         step_scratch_bytes=int(round(scratch)),
+        host_bytes=int(round(total("host"))),
+        host_cap_bytes=host_cap_bytes(setup),
     )
 
 

@@ -68,43 +68,50 @@ class _Stage:
     """What the cost model charges stage s for its position (not its layers)."""
 
     in_flight: int
-    const_kept_bytes: int
-    const_buffer_bytes: int
-    loss_scratch_bytes: int
+    const_kept_bytes: float
+    const_held_bytes: float
+    loss_scratch_bytes: float
     const_ms: float
     cap_bytes: int
 
 
+HELD = ("static", "buffers")  # bytes held all iteration: the peak adds them up alike
+BUSY = ("time", "comm")  # ms per microbatch on the critical path
+
+
 class Chain:
-    """The profile's layers as flat per-layer lists of cost-model numbers."""
+    """The profile's layers as flat per-layer lists of the cost model's values
+    (costmodel.TERMS, read through layer_value / edge_value / stage_value)."""
 
     def __init__(self, profile: Profile, setup: TrainSetup):
         self.profile, self.setup = profile, setup
+        self.ctx = ctx = costmodel.Context(profile, setup)
         self.layers = layers = costmodel.layer_costs(profile)
-        # compute as the run takes it (costmodel.compute_ms), the sends and actions apart
-        self.plain_ms = [costmodel.compute_ms(costmodel.layer_time_ms(layer, False), setup) for layer in layers]
-        self.recompute_ms = [costmodel.compute_ms(costmodel.layer_time_ms(layer, True), setup) - plain
-                             for layer, plain in zip(layers, self.plain_ms)]
-        self.kept_plain = [costmodel.kept_bytes(layer, False) for layer in layers]
-        self.kept_ckpt = [costmodel.kept_bytes(layer, True) for layer in layers]
+
+        def per_layer(quantities, ckpt: bool) -> list[float]:
+            return [sum(costmodel.layer_value(q, layer, ckpt, ctx) for q in quantities) for layer in layers]
+
+        # compute as the run takes it; the sends and actions at the stage's edges
+        self.plain_ms = per_layer(("time",), False)
+        self.recompute_ms = [ckpt - plain for ckpt, plain in zip(per_layer(("time",), True), self.plain_ms)]
+        self.kept_plain, self.kept_ckpt = per_layer(("kept",), False), per_layer(("kept",), True)
         # checkpointing a layer that frees nothing never lowers a peak and always costs time
-        self.frees = [layer.recompute_saving_bytes > 0 for layer in layers]
-        self.extra_plain = [costmodel.layer_extra_bytes(layer, False) for layer in layers]
-        self.extra_ckpt = [costmodel.layer_extra_bytes(layer, True) for layer in layers]
-        self.step_scratch = [costmodel.layer_step_scratch_bytes(layer, setup, profile.device.type) for layer in layers]
-        # held all step long, or (HSDP's reduced gradient shards) through the backward: with the
-        # static bytes, as stage_cost counts them with the buffers
-        self.static = [costmodel.static_bytes(layer, setup) + costmodel.reduced_bytes(layer, setup) for layer in layers]
+        self.frees = [costmodel.frees_memory(layer, ctx) for layer in layers]
+        self.extra_plain, self.extra_ckpt = per_layer(("extra",), False), per_layer(("extra",), True)
+        self.step_scratch = per_layer(("scratch",), False)
+        self.static = per_layer(HELD, False)  # held all step long
+        self.host = per_layer(("host",), False)
+        self.host_cap = costmodel.host_cap_bytes(setup)
         self.params = [layer.param_count for layer in layers]  # with the largest tensor: ZeRO 1's whole tensors
         self.largest = [layer.largest_param_count for layer in layers]
-        self.step_ms = [costmodel.layer_step_ms(layer, setup) for layer in layers]
+        self.step_ms = per_layer(("step",), False)
         self.stages = [
             _Stage(
                 in_flight=costmodel.in_flight(setup, s),
-                const_kept_bytes=costmodel.stage_constant_bytes(profile, s, setup)[0],
-                const_buffer_bytes=costmodel.stage_constant_bytes(profile, s, setup)[1],
-                loss_scratch_bytes=costmodel.stage_constant_transient_bytes(profile, s, setup),
-                const_ms=costmodel.stage_constant_ms(profile, s, setup) + costmodel.stage_constant_comm_ms(setup),
+                const_kept_bytes=costmodel.stage_value("kept", s, ctx),
+                const_held_bytes=sum(costmodel.stage_value(q, s, ctx) for q in HELD),
+                loss_scratch_bytes=costmodel.stage_value("extra", s, ctx),
+                const_ms=sum(costmodel.stage_value(q, s, ctx) for q in BUSY),
                 cap_bytes=setup.mem_caps_bytes[s],
             )
             for s in range(setup.stages)
@@ -113,22 +120,22 @@ class Chain:
     def __len__(self) -> int:
         return len(self.layers)
 
-    def opening_bytes(self, s: int, start: int) -> tuple[int, int]:
-        """(kept per microbatch, buffers) that layer `start` adds by opening stage s."""
-        first = self.layers[start]
-        return (costmodel.first_layer_kept_bytes(first),
-                costmodel.first_layer_buffer_bytes(first, s, self.setup))
+    def _edge(self, quantities, where: str, layer: int, s: int) -> float:
+        return sum(costmodel.edge_value(q, where, self.layers[layer], s, self.ctx) for q in quantities)
+
+    def opening_bytes(self, s: int, start: int) -> tuple[float, float]:
+        """(kept per microbatch, held) that layer `start` adds by opening stage s."""
+        return self._edge(("kept",), "open", start, s), self._edge(HELD, "open", start, s)
 
     def edge_comm_ms(self, s: int, start: int, end: int) -> float:
-        """Per microbatch, stage s's sends: its input's gradient back, its output forward."""
-        return (costmodel.first_layer_comm_ms(self.layers[start], s, self.setup)
-                + costmodel.last_layer_comm_ms(self.layers[end - 1], s, self.setup))
+        """Per microbatch, what stage s's first and last layer add: its sends."""
+        return self._edge(BUSY, "open", start, s) + self._edge(BUSY, "close", end - 1, s)
 
-    def closing_bytes(self, s: int, end: int) -> tuple[int, int]:
-        """(kept, buffers) that layer `end - 1` adds by closing stage s, with the stage's own."""
-        last, stage = self.layers[end - 1], self.stages[s]
-        return (costmodel.last_layer_kept_bytes(last) + stage.const_kept_bytes,
-                costmodel.last_layer_buffer_bytes(last, s, self.setup) + stage.const_buffer_bytes)
+    def closing_bytes(self, s: int, end: int) -> tuple[float, float]:
+        """(kept, held) that layer `end - 1` adds by closing stage s, with the stage's own."""
+        stage = self.stages[s]
+        return (self._edge(("kept",), "close", end - 1, s) + stage.const_kept_bytes,
+                self._edge(HELD, "close", end - 1, s) + stage.const_held_bytes)
 
 
 # ---------------------------------------------------------------- Pareto fronts
@@ -192,13 +199,15 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     found = []
     opening = {s: chain.opening_bytes(s, i) for s in stages}
     timed = objective == "time"
-    first_kept = costmodel.first_layer_kept_bytes(chain.layers[i])
-    first_reduced = costmodel.reduced_bytes(chain.layers[i], chain.setup)  # opening buffers take it back
+    # the least that opening any of these stages adds (kept, held): closing adds nothing negative
+    first_kept = min(opening[s][0] for s in stages)
+    first_held = min(opening[s][1] for s in stages)
+    host_cap = INF if chain.host_cap is None else chain.host_cap - costmodel.FIT_MARGIN_BYTES
     k_low = min(chain.stages[s].in_flight for s in stages)
     k_high = max(chain.stages[s].in_flight for s in stages)
     cap_high = max(chain.stages[s].cap_bytes * cap_scale for s in stages) - costmodel.FIT_MARGIN_BYTES
     states = [(0.0, 0, 0, 0)]
-    plain = static = step = 0.0
+    plain = static = step = host = 0.0
     params = largest = 0  # the range's parameters and largest tensor (dataparallel.zero_one_excess_bytes)
     scratch_sum = scratch_max = 0.0  # the optimizer step's scratch: cuda sums it, cpu takes the largest
     for j in range(i + 1, max(windows[s][1] for s in stages) + 1):
@@ -209,6 +218,9 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         largest = max(largest, chain.largest[m])
         held = static + dataparallel.zero_one_excess_bytes(params, largest, chain.setup)  # grows with the range
         step += chain.step_ms[m]
+        host += chain.host[m]
+        if host > host_cap:  # host bytes only grow with the range
+            break
         scratch_sum += chain.step_scratch[m]
         scratch_max = max(scratch_max, chain.step_scratch[m])
         if timed and plain > max_time_ms:
@@ -217,7 +229,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         # static and kept only grow with the range: drop sets that no later end can fit (a
         # byte of room for the peak's rounding to whole bytes)
         states = [st for st in states
-                  if held - first_reduced + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
+                  if held + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
         if not states:
             break
         # for the least peak, recompute time plays no part: a front over (kept, extra) alone
@@ -227,10 +239,10 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
             columns = (np.array([st[1] for st in states], dtype=np.int64), np.array([st[2] for st in states], dtype=np.int64))
         for s in stages:
             if windows[s][0] <= j <= windows[s][1]:
-                kept, buffers = (a + b for a, b in zip(opening[s], closing[s][j]))
+                kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
                 sums = (plain + chain.edge_comm_ms(s, i, j), held, step,
                         _step_scratch(chain, scratch_sum, scratch_max))
-                segment = _best_set(chain.stages[s], s, i, j, states, sums, (kept, buffers), objective, columns)
+                segment = _best_set(chain.stages[s], s, i, j, states, sums, (kept, edge_held), objective, columns)
                 if segment is not None and (not timed or segment.time_ms <= max_time_ms):
                     found.append(segment)
     return found
@@ -245,19 +257,20 @@ def _step_scratch(chain: Chain, scratch_sum: float, scratch_max: float) -> float
 def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: tuple[int, int],
               objective: str, columns=None) -> Segment | None:
     """The fitting set with the least recompute ("time", states sorted by it) or peak
-    ("memory"). sums: the range's plain ms (with its sends), static bytes, step ms, optimizer step scratch;
-    edge: the (kept, buffers) its first and last layer and its position add; columns:
+    ("memory"). sums: the range's plain ms (with its sends), held bytes, step ms, optimizer step scratch;
+    edge: the (kept, held) its first and last layer and its position add; columns:
     the states' kept and extra bytes as arrays, to score them all at once."""
     plain, static, step, step_scratch = sums
-    edge_kept, buffers = edge
+    edge_kept, edge_held = edge
+    held = static + edge_held
     limit, in_flight, loss_scratch = stage.cap_bytes - costmodel.FIT_MARGIN_BYTES, stage.in_flight, stage.loss_scratch_bytes
     if objective == "memory":
         limit = INF  # the least peak is wanted, whatever the cap
     if columns is not None:
         kept, extra = columns
         # costmodel.stage_cost's peak (rint: round's half to even)
-        peaks = np.rint(costmodel.peak_bytes(static, in_flight, kept + edge_kept, np.maximum(extra, loss_scratch),
-                                             step_scratch, buffers, maximum=np.maximum))
+        peaks = np.rint(costmodel.peak_bytes(held, in_flight, kept + edge_kept, np.maximum(extra, loss_scratch),
+                                             step_scratch, maximum=np.maximum))
         pick = int(np.argmin(peaks)) if objective == "memory" else int(np.argmax(peaks <= limit))
         if peaks[pick] > limit:
             return None
@@ -265,8 +278,8 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
         return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, int(peaks[pick]))
     best = None
     for ms, kept, extra, mask in states:
-        peak = int(round(costmodel.peak_bytes(static, in_flight, kept + edge_kept, max(extra, loss_scratch),
-                                              step_scratch, buffers)))
+        peak = int(round(costmodel.peak_bytes(held, in_flight, kept + edge_kept, max(extra, loss_scratch),
+                                              step_scratch)))
         if objective == "time":
             if peak <= limit:
                 return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, peak)

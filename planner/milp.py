@@ -1,11 +1,10 @@
-"""The planner's entry points (plan, min_cap_scale) and the mixed-integer program on HiGHS
-(through pulp's highspy API) that chooses each stage's layers and which of them are
-checkpointed.
+"""The mixed-integer program on HiGHS (through pulp's highspy API) that chooses each
+stage's layers and which of them are checkpointed: `ckplan solve --solver milp`, and what
+`--solver auto` takes where the dynamic programme's structure does not hold
+(planner/search.py picks). The tests hold it to the DP and to brute force.
 
-plan() and min_cap_scale() solve with planner.dpsolve's exact dynamic programme by
-default (milliseconds to a second where HiGHS took seconds to minutes on heterogeneous
-layers and many stages); method="milp" solves the program below instead, and the tests
-hold the two to each other and to brute force.
+Its coefficients are generated from the cost model's description (costmodel.TERMS, read
+through layer_value / edge_value / stage_value by quantity), not retyped here.
 
 Formulation. Consecutive layers of one kind form a run g of n_g interchangeable
 layers (a fully heterogeneous profile has runs of one). Instead of assigning layers
@@ -44,9 +43,8 @@ from typing import Literal
 
 import pulp
 
-from planner import costmodel, dataparallel, dpsolve, incumbent
-from planner.costmodel import LayerCost, PlanCost
-from planner.deadline import Deadline, Expired
+from planner import costmodel, dataparallel, dpsolve
+from planner.costmodel import LayerCost
 from planner.schema import Profile, StagePlan, TrainSetup
 
 # Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
@@ -54,10 +52,6 @@ from planner.schema import Profile, StagePlan, TrainSetup
 # is a tenth of a byte, so a plan the solver accepts never exceeds a cap under evaluate().
 MIB = float(2**20)
 HEURISTIC_RUNS_PER_STAGE = 2  # more runs of distinct layers per stage: start from incumbent.py
-
-
-class SolverMismatch(AssertionError):
-    """The re-evaluated plan disagrees with the solver's objective: a formulation bug."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +72,10 @@ class Problem:
     r: dict[tuple[int, int], object] = field(default_factory=dict)
     scale: pulp.LpVariable | None = None  # memory objective: caps are multiplied by it
 
+    @property
+    def ctx(self) -> costmodel.Context:
+        return costmodel.Context(self.profile, self.setup)
+
 
 @dataclass(frozen=True)
 class SolveResult:
@@ -86,13 +84,8 @@ class SolveResult:
     objective: float | None
     gap: float | None
     wall_s: float
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    stages: list[StagePlan]
-    cost: PlanCost
-    solve: SolveResult
+    solver: str = "milp"  # which solver ran: "dp" or "milp"
+    bound: float | None = None  # proven lower bound on the objective
 
 
 def find_runs(layers: list[LayerCost]) -> list[Run]:
@@ -202,7 +195,7 @@ def build_problem(
     r = problem.r
     for s in range(num_stages):
         for g, run in enumerate(runs):
-            if run.layer.recompute_saving_bytes > 0:
+            if costmodel.frees_memory(run.layer, problem.ctx):
                 r[s, g] = _count_var(f"r_{s}_{g}", run.size)
                 lp += r[s, g] <= n(s, g), f"ckpt_owned_{s}_{g}"
 
@@ -221,7 +214,7 @@ def build_problem(
         # T_iter ≥ (M·Σ_s time_s + Σ_s step_s) / C (capacity; every layer steps somewhere)
         t_iter = pulp.LpVariable("T_iter", lowBound=0)
         slowest_step = 0
-        step_of = {g: costmodel.layer_step_ms(run.layer, setup) for g, run in enumerate(runs)}
+        step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}
         if any(step_of.values()):
             slowest_step = pulp.LpVariable("sigma", lowBound=0)
             for s in range(num_stages):
@@ -237,35 +230,47 @@ def build_problem(
     return problem
 
 
+HELD = ("static", "buffers")  # bytes held all iteration
+BUSY = ("time", "comm")  # ms per microbatch on the critical path
+
+
+def _layer(problem: Problem, quantities, layer: LayerCost, ckpt: bool = False) -> float:
+    return sum(costmodel.layer_value(q, layer, ckpt, problem.ctx) for q in quantities)
+
+
+def _edge(problem: Problem, quantities, where: str, layer: LayerCost, s: int) -> float:
+    return sum(costmodel.edge_value(q, where, layer, s, problem.ctx) for q in quantities)
+
+
+def _const(problem: Problem, quantities, s: int) -> float:
+    return sum(costmodel.stage_value(q, s, problem.ctx) for q in quantities)
+
+
 def _stage_time(problem: Problem, s: int, n, opens, closes):
-    """busy_s = c·(Σ_g n·(fwd + bwd) + r·recompute (+ loss on the last stage)) + the sends
-    of the stage's first and last layer + its actions, from the cost model."""
-    setup = problem.setup
-    terms = [costmodel.stage_constant_ms(problem.profile, s, setup), costmodel.stage_constant_comm_ms(setup)]
+    """busy_s = Σ_g n·time(plain) + r·(time(ckpt) - time(plain)) + what the first and last
+    layer and the stage's position add (costmodel.TERMS: time and comm)."""
+    terms = [_const(problem, BUSY, s)]
     for g, run in enumerate(problem.runs):
-        plain = costmodel.compute_ms(costmodel.layer_time_ms(run.layer, False), setup)
+        plain = _layer(problem, BUSY, run.layer)
         terms.append(plain * n(s, g))
         if (s, g) in problem.r:
-            terms.append((costmodel.compute_ms(costmodel.layer_time_ms(run.layer, True), setup) - plain)
-                         * problem.r[s, g])
-        terms += [costmodel.first_layer_comm_ms(run.layer, s, setup) * opens(s, g),
-                  costmodel.last_layer_comm_ms(run.layer, s, setup) * closes(s, g)]
+            terms.append((_layer(problem, BUSY, run.layer, True) - plain) * problem.r[s, g])
+        terms += [_edge(problem, BUSY, "open", run.layer, s) * opens(s, g),
+                  _edge(problem, BUSY, "close", run.layer, s) * closes(s, g)]
     return pulp.lpSum(terms)
 
 
 def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
-    """peak_s = static + max(k_s·kept + T_s, step scratch) + buffers, in MiB: returns
-    static + buffers + k_s·kept + T_s (the training peak) and adds the optimizer step's
-    row, static + buffers + scratch ≤ cap, itself."""
-    setup, lp = problem.setup, problem.lp
-    device_type = problem.profile.device.type
-    k = costmodel.in_flight(setup, s)
-    const_kept, const_buffers = costmodel.stage_constant_bytes(problem.profile, s, setup)
-    held = [const_buffers / MIB]  # static + buffers: live at the optimizer step too
-    total = [k * const_kept / MIB]
-    # T_s = max(a layer's transient (+ recompute) net of what the layers after it keep,
-    # the loss's scratch on the last stage): costmodel.transient_extra_bytes
-    scratch = pulp.LpVariable(f"T_{s}", lowBound=costmodel.stage_constant_transient_bytes(problem.profile, s, setup) / MIB)
+    """peak_s = held + max(k_s·kept + T_s, step scratch), in MiB (costmodel.TERMS: static and
+    buffers held, kept, extra, scratch): returns held + k_s·kept + T_s (the training peak)
+    and adds the optimizer step's row, held + scratch ≤ cap, and the host row itself."""
+    lp = problem.lp
+    k = costmodel.in_flight(problem.setup, s)
+    held = [_const(problem, HELD, s) / MIB]  # live at the optimizer step too
+    total = [k * _const(problem, ("kept",), s) / MIB]
+    # T_s = max(a layer's extra (transient, + recompute) net of what the layers after it keep,
+    # the stage's own extra, the loss's scratch): costmodel.transient_extra_bytes
+    scratch = pulp.LpVariable(f"T_{s}", lowBound=_const(problem, ("extra",), s) / MIB)
     total.append(scratch)
     # K[s,g] (MiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
     # recurrence so each transient constraint names one variable instead of every later run
@@ -276,32 +281,32 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     step_scratch = []  # per run: (bytes of one layer's step scratch, presence, count)
     for g, run in enumerate(problem.runs):
         layer = run.layer
-        # static + k·kept written out, not k·K[s,0]: one row fewer between a byte and its cap
-        held.append((costmodel.static_bytes(layer, setup) + costmodel.reduced_bytes(layer, setup)) * n(s, g) / MIB)
+        extra, step_bytes = _layer(problem, ("extra",), layer), _layer(problem, ("scratch",), layer)
+        # held + k·kept written out, not k·K[s,0]: one row fewer between a byte and its cap
+        held.append(_layer(problem, HELD, layer) * n(s, g) / MIB)
         total.append(k * _run_kept_bytes(problem, s, g, n) / MIB)
         present = None
-        if layer.transient_bytes > 0 or costmodel.layer_step_scratch_bytes(layer, setup, device_type) > 0:
+        if extra > 0 or step_bytes > 0:
             present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
-        if layer.transient_bytes > 0:
-            # [Constraint] T_s ≥ the transient of the run's last layer in the stage minus what
+        if extra > 0:
+            # [Constraint] T_s ≥ the extra of the run's last layer in the stage minus what
             # the runs after it keep (its earlier layers have more after them)
-            lp += scratch >= layer.transient_bytes / MIB * present - later[g + 1], f"transient_{s}_{g}"
+            lp += scratch >= extra / MIB * present - later[g + 1], f"transient_{s}_{g}"
         if (s, g) in problem.r:
             used = _presence(problem, f"q_{s}_{g}", problem.r[s, g], run.size)
-            # [Constraint] T_s ≥ transient + recompute extra of the run's last checkpointed layer
-            # (the first r of the run are the checkpointed ones) minus what the layers after it keep
-            after = (n(s, g) - problem.r[s, g]) * costmodel.kept_bytes(layer, False) / MIB + later[g + 1]
-            extra = costmodel.layer_extra_bytes(layer, True)
-            lp += scratch >= extra / MIB * used - after, f"recompute_{s}_{g}"
-        total += [k * costmodel.first_layer_kept_bytes(layer) / MIB * opens(s, g),
-                  k * costmodel.last_layer_kept_bytes(layer) / MIB * closes(s, g)]
-        held += [costmodel.first_layer_buffer_bytes(layer, s, setup) / MIB * opens(s, g),
-                 costmodel.last_layer_buffer_bytes(layer, s, setup) / MIB * closes(s, g)]
-        if present is not None and costmodel.layer_step_scratch_bytes(layer, setup, device_type) > 0:
-            step_scratch.append((costmodel.layer_step_scratch_bytes(layer, setup, device_type), present, n(s, g)))
+            # [Constraint] T_s ≥ the extra of the run's last checkpointed layer (the first r of
+            # the run are the checkpointed ones) minus what the layers after it keep
+            after = (n(s, g) - problem.r[s, g]) * _layer(problem, ("kept",), layer) / MIB + later[g + 1]
+            lp += scratch >= _layer(problem, ("extra",), layer, True) / MIB * used - after, f"recompute_{s}_{g}"
+        total += [k * _edge(problem, ("kept",), "open", layer, s) / MIB * opens(s, g),
+                  k * _edge(problem, ("kept",), "close", layer, s) / MIB * closes(s, g)]
+        held += [_edge(problem, HELD, "open", layer, s) / MIB * opens(s, g),
+                 _edge(problem, HELD, "close", layer, s) / MIB * closes(s, g)]
+        if present is not None and step_bytes > 0:
+            step_scratch.append((step_bytes, present, n(s, g)))
     held += _zero_one_excess_mib(problem, s, n)
     if step_scratch:
-        # [Constraint] the optimizer step: static + buffers + its scratch ≤ cap
+        # [Constraint] the optimizer step: held + its scratch ≤ cap
         # (costmodel.step_scratch_bytes: cuda every layer's, cpu twice the largest layer's)
         if problem.profile.device.type == "cuda":
             step = pulp.lpSum(num_bytes / MIB * count for num_bytes, _, count in step_scratch)
@@ -310,6 +315,11 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
             for g, (num_bytes, present, _) in enumerate(step_scratch):
                 lp += step >= 2 * num_bytes / MIB * present, f"step_scratch_{s}_{g}"
         lp += pulp.lpSum(held) + step <= _cap_mib(problem, s), f"step_cap_{s}"
+    host_cap = costmodel.host_cap_bytes(problem.setup)
+    if host_cap is not None:
+        # [Constraint] host: the rank's host bytes within its share of the node's
+        host = [_layer(problem, ("host",), run.layer) * n(s, g) / MIB for g, run in enumerate(problem.runs)]
+        lp += pulp.lpSum(host) <= (host_cap - costmodel.FIT_MARGIN_BYTES) / MIB, f"host_cap_{s}"
     return pulp.lpSum(held + total)
 
 
@@ -334,11 +344,12 @@ def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
 
 
 def _run_kept_bytes(problem: Problem, s: int, g: int, n):
-    """Bytes per microbatch stage s's layers of run g keep (checkpointed ones their input)."""
+    """Bytes per microbatch stage s's layers of run g keep (checkpointed ones less)."""
     layer = problem.runs[g].layer
-    kept = costmodel.kept_bytes(layer, False) * n(s, g)
+    plain = _layer(problem, ("kept",), layer)
+    kept = plain * n(s, g)
     if (s, g) in problem.r:
-        kept -= (costmodel.kept_bytes(layer, False) - costmodel.kept_bytes(layer, True)) * problem.r[s, g]
+        kept -= (plain - _layer(problem, ("kept",), layer, True)) * problem.r[s, g]
     return kept
 
 
@@ -398,7 +409,9 @@ def solve(
     """Run HiGHS. Optimal only when pulp's problem AND solution status both say so; a
     time-limited solve with a solution is "feasible" with its gap. `start`: a feasible
     plan (a baseline's stages) HiGHS begins from."""
-    values = start_values(problem, start) if start else None
+    # HiGHS keeps one thread scheduler per process, made by its first solve, and refuses a
+    # later solve that asks for other threads: the start's solve asks for the same
+    values = start_values(problem, start, threads=threads) if start else None
     solver = _HiGHS(msg=log, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads, start=values)
     started = time.perf_counter()
     problem.lp.solve(solver)
@@ -414,10 +427,21 @@ def solve(
         return SolveResult("timeout", None, None, wall_s)
     info = problem.lp.solverModel.getInfo()
     gap = float(info.mip_gap) if info.mip_gap < float("inf") else None
-    return SolveResult(status, float(pulp.value(problem.lp.objective)), gap, wall_s)
+    bound = float(info.mip_dual_bound) + float(problem.lp.objective.constant)
+    bound = bound if math.isfinite(bound) else None
+    objective = float(pulp.value(problem.lp.objective))
+    if start and status == "optimal" and bound is not None and objective - bound > (mip_gap + 1e-9) * abs(objective):
+        # HiGHS 1.16 can map a start solution into its presolved space with a lower objective
+        # than the start has, then call the start "optimal" against that (seen: start 10.3 ms,
+        # "optimal" with dual bound 7.8, true optimum 9.3): an optimum above its own bound is
+        # no optimum, so solve again without the start
+        remaining = None if time_limit_s is None else max(time_limit_s - wall_s, 1e-3)
+        again = solve(problem, time_limit_s=remaining, mip_gap=mip_gap, threads=threads, log=log)
+        return SolveResult(again.status, again.objective, again.gap, wall_s + again.wall_s, bound=again.bound)
+    return SolveResult(status, objective, gap, wall_s, bound=bound)
 
 
-def start_values(problem: Problem, stages: list[StagePlan]) -> dict[str, float] | None:
+def start_values(problem: Problem, stages: list[StagePlan], *, threads: int | None = None) -> dict[str, float] | None:
     """Every variable's value for a given plan: fix the prefix and checkpoint counts to the
     plan's, let HiGHS fill in the rest (a tiny solve), and read them back."""
     runs, names = problem.runs, [layer.name for layer in problem.profile.layers]
@@ -437,7 +461,7 @@ def start_values(problem: Problem, stages: list[StagePlan]) -> dict[str, float] 
     for var, value in fixed.items():
         var.lowBound = var.upBound = value
     try:
-        problem.lp.solve(_HiGHS(msg=False))
+        problem.lp.solve(_HiGHS(msg=False, threads=threads))
         if problem.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             return None  # the plan breaks the formulation's assumptions (or a cap): no start
         return {var.name: var.varValue for var in problem.lp.variables()}
@@ -462,145 +486,3 @@ def extract_plan(problem: Problem) -> list[StagePlan]:
             for idx in range(first, first + count):
                 checkpointed[idx] = True
     return costmodel.split_to_stages(bounds, checkpointed, problem.profile)
-
-
-def plan(
-    profile: Profile,
-    setup: TrainSetup,
-    *,
-    time_limit_s: float | None = None,
-    mip_gap: float = 1e-4,
-    threads: int | None = None,
-    log: bool = False,
-    upper_bound_ms: float | None = None,
-    start: list[StagePlan] | None = None,
-    method: Literal["dp", "milp"] = "dp",
-    deadline: Deadline | None = None,
-) -> PlanResult | SolveResult:
-    """The fastest plan that fits, re-scored by costmodel.evaluate(). Returns the SolveResult
-    alone when no plan was found (infeasible, or timeout). `start`: a feasible plan (e.g. the
-    best baseline) to begin from and to fall back on; `upper_bound_ms`: the iteration time
-    of a feasible plan. method "dp": dpsolve's exact dynamic programme (mip_gap, threads and
-    log play no part); "milp": HiGHS, the cross-check. `deadline` (default: time_limit_s from
-    now) bounds everything; past it the best plan known is returned as "feasible"."""
-    deadline = deadline or Deadline(time_limit_s)
-    if method == "milp":
-        return _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
-                          upper_bound_ms=upper_bound_ms, start=start)
-    return _plan_dp(profile, setup, deadline=deadline, upper_bound_ms=upper_bound_ms, start=start)
-
-
-def _plan_dp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, upper_bound_ms, start) -> PlanResult | SolveResult:
-    start, start_cost = _feasible_start(profile, setup, upper_bound_ms, start)
-    if start_cost is not None:
-        upper_bound_ms = min(upper_bound_ms or math.inf, start_cost.iteration_ms)
-    try:
-        found = dpsolve.fastest_plan(profile, setup, upper_bound_ms=upper_bound_ms, deadline=deadline)
-    except Expired as stop:
-        if stop.found is not None:  # a first pass beat the start
-            start = stop.found[0]
-            start_cost = costmodel.evaluate(start, profile, setup)
-        return _cut_short(profile, setup, start, start_cost, deadline)
-    if found is None:
-        if start is not None:
-            raise SolverMismatch("the dynamic programme found no plan as fast as the feasible start plan")
-        return SolveResult("infeasible", None, None, deadline.elapsed_s())
-    stages, objective_ms = found
-    return _checked(stages, profile, setup, SolveResult("optimal", objective_ms, 0.0, deadline.elapsed_s()))
-
-
-def _feasible_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start):
-    """(start, its cost) if the start fits, else (None, None); with neither a start nor a
-    bound given, the best feasible baseline (cheap) is the start."""
-    if start is None and upper_bound_ms is None:
-        start = _best_baseline(profile, setup)
-    cost = costmodel.evaluate(start, profile, setup) if start is not None else None
-    return (start, cost) if cost is not None and cost.feasible else (None, None)
-
-
-def _cut_short(profile: Profile, setup: TrainSetup, start, start_cost, deadline: Deadline) -> PlanResult | SolveResult:
-    """The deadline passed: the best plan known (`start`), "feasible", its gap measured
-    against a proven lower bound on any plan's time; "timeout" without one."""
-    if start is None:
-        return SolveResult("timeout", None, None, deadline.elapsed_s())
-    bound_ms = dpsolve.lower_bound_ms(profile, setup)
-    gap = max(0.0, (start_cost.iteration_ms - bound_ms) / start_cost.iteration_ms)
-    solve = SolveResult("feasible", start_cost.iteration_ms, gap, deadline.elapsed_s())
-    return PlanResult(stages=costmodel.with_predictions(start, start_cost), cost=start_cost, solve=solve)
-
-
-def _best_baseline(profile: Profile, setup: TrainSetup) -> list[StagePlan] | None:
-    from planner import baselines
-
-    feasible = [b for b in baselines.all_baselines(profile, setup) if b.feasible]
-    return min(feasible, key=lambda b: b.iteration_ms).stages if feasible else None
-
-
-def _checked(stages: list[StagePlan], profile: Profile, setup: TrainSetup, result: SolveResult) -> PlanResult:
-    """Re-score the plan with costmodel.evaluate(): it must fit and agree with the objective."""
-    cost = costmodel.evaluate(stages, profile, setup)
-    if abs(cost.iteration_ms - result.objective) > 1e-6 * max(1.0, abs(result.objective)):
-        raise SolverMismatch(
-            f"plan re-evaluates to {cost.iteration_ms!r} ms but the solver's objective is {result.objective!r}"
-        )
-    if not cost.feasible:
-        over = [s for s, c in enumerate(cost.stages) if not c.fits]
-        raise SolverMismatch(f"solver plan exceeds the caps of stages {over} under evaluate()")
-    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=result)
-
-
-def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_gap: float, threads, log,
-               upper_bound_ms, start) -> PlanResult | SolveResult:
-    """Build, solve on HiGHS, extract and cross-check; past the deadline, the start plan."""
-    try:
-        upper_bound_ms, start = _better_start(profile, setup, upper_bound_ms, start, deadline)
-        problem = build_problem(profile, setup, upper_bound_ms=upper_bound_ms)
-        deadline.check()
-    except Expired:
-        return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start), deadline)
-    result = solve(problem, time_limit_s=deadline.remaining_s(), mip_gap=mip_gap, threads=threads, log=log,
-                   start=start)
-    result = SolveResult(result.status, result.objective, result.gap, deadline.elapsed_s())
-    if result.status in ("infeasible", "timeout"):
-        return result
-    return _checked(extract_plan(problem), profile, setup, result)
-
-
-def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, deadline: Deadline):
-    """With many distinct layers, the MILP's bounds are only as tight as its starting plan:
-    take the heuristic's plan when it beats the one given (within 0.05% of the optimum on
-    heterogeneous 128x16, against 15% for the best baseline). Runs of identical layers
-    keep the MILP small without it."""
-    if len(find_runs(costmodel.layer_costs(profile))) <= HEURISTIC_RUNS_PER_STAGE * setup.stages:
-        return upper_bound_ms, start
-    found = incumbent.heuristic_plan(profile, setup, upper_bound_ms=upper_bound_ms, deadline=deadline)
-    if found is None:
-        return upper_bound_ms, start
-    cost = costmodel.evaluate(found, profile, setup)
-    if cost.feasible and (upper_bound_ms is None or cost.iteration_ms < upper_bound_ms):
-        return cost.iteration_ms, found
-    return upper_bound_ms, start
-
-
-def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | None = 30.0,
-                  method: Literal["dp", "milp"] = "dp", deadline: Deadline | None = None) -> tuple[float, PlanCost] | None:
-    """The smallest factor by which every cap can be multiplied so that some plan fits,
-    and the cost of that plan (for telling a user what cap would work). None when the
-    deadline (default: time_limit_s from now) passed first."""
-    deadline = deadline or Deadline(time_limit_s)
-    if method == "milp":
-        problem = build_problem(profile, setup, objective="memory")
-        result = solve(problem, time_limit_s=deadline.remaining_s())
-        if result.status in ("infeasible", "timeout"):
-            return None
-        stages = extract_plan(problem)
-    else:
-        try:
-            from planner import baselines
-
-            known = baselines.full_checkpointing(profile, setup)
-            stages = dpsolve.least_memory_plan(profile, setup, known=known, deadline=deadline)
-        except Expired:
-            return None
-    cost = costmodel.evaluate(stages, profile, setup)
-    return max((c.peak_bytes + costmodel.FIT_MARGIN_BYTES) / c.cap_bytes for c in cost.stages), cost

@@ -1,32 +1,76 @@
-"""Make a plan: the baselines, then the exact solver bounded by the best of them, as a
-Plan that says what it rests on. `ckplan solve`, `solve --auto-dp` and the benchmarks
-all plan through `make_plan`."""
+"""Make a plan: the baselines, then the search (planner/search.py) bounded by the best of
+them, as a Plan that says what it rests on, or an Unplanned that says why there is none.
+`ckplan solve`, `solve --auto-dp`, `solve --sweep`, `evaluate` and the benchmarks all plan
+through `search_plan` / `make_plan`, with the setup `setup_options.planned_setup` made
+(calibration included)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from planner.errors import SolverTimeLimit, UserError
+
+@dataclass(frozen=True)
+class Unplanned:
+    """No plan: the search's verdict ("infeasible", "timeout") and, for "infeasible", what
+    stands in the way (search.why_not; None where the time limit cut that short too)."""
+
+    status: str
+    shortfalls: list | None
+    time_limit_s: float
+
+    @property
+    def resource(self) -> str:
+        """Why, in a word or two: "time limit", "host memory", "device memory"."""
+        if self.status == "timeout":
+            return "time limit"
+        if self.shortfalls and self.shortfalls[0].resource == "host":
+            return "host memory"
+        return "device memory"
+
+    def message(self, setup) -> str:
+        if self.status == "timeout":
+            return (f"the solver found no plan within --time-limit {self.time_limit_s:g} s and no baseline "
+                    "fits to start from; raise --time-limit")
+        return infeasible_message(self.shortfalls, setup)
 
 
-def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, deadline=None):
-    """Baselines, then the exact solver (bounded by the best feasible baseline), as a Plan.
+def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", deadline=None, starts=()):
+    """(the search's result, the baselines): the baselines scored, then the search started from
+    the fastest feasible one of them and of `starts` (stage plans, e.g. a hand configuration).
     One deadline (default: time_limit_s from now) bounds all of it."""
-    from planner import baselines, io, milp
+    from planner import baselines, costmodel, search
+    from planner.deadline import Deadline
+
+    deadline = deadline or Deadline(time_limit_s)
+    references = baselines.all_baselines(profile, setup)
+    known = [(b.iteration_ms, b.stages) for b in references if b.feasible]
+    for stages in starts:
+        cost = costmodel.evaluate(stages, profile, setup)
+        if cost.feasible:
+            known.append((cost.iteration_ms, stages))
+    upper, start = min(known, key=lambda item: item[0], default=(None, None))
+    result = search.plan(profile, setup, solver=solver, deadline=deadline, upper_bound_ms=upper, start=start)
+    return result, references
+
+
+def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, solver: str = "auto", deadline=None,
+              explain: bool = True):
+    """The Plan, or an Unplanned saying why there is none (with `explain`, down to the stage and
+    the terms of the least-memory plan: a search of its own; without, only whether the host
+    alone rules it out)."""
+    from planner import io, search
     from planner.deadline import Deadline
     from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo
 
     deadline = deadline or Deadline(time_limit_s)
-    references = baselines.all_baselines(profile, setup)
-    best = min((b for b in references if b.feasible), key=lambda b: b.iteration_ms, default=None)
-    result = milp.plan(profile, setup, deadline=deadline,
-                       upper_bound_ms=best.iteration_ms if best else None, start=best.stages if best else None)
-    if isinstance(result, milp.SolveResult) and result.status == "timeout":
-        raise SolverTimeLimit(f"the solver found no plan within --time-limit {time_limit_s:g} s and no baseline "
-                        "fits to start from; raise --time-limit")
-    if isinstance(result, milp.SolveResult):
-        raise UserError(_infeasible_message(profile, setup, deadline))
+    result, references = search_plan(profile, setup, time_limit_s=time_limit_s, solver=solver, deadline=deadline)
+    if isinstance(result, search.NoFit):
+        shortfalls = (search.why_not(profile, setup, deadline=deadline, solver=solver, least_memory=explain)
+                      if result.status == "infeasible" else None)
+        return Unplanned(result.status, shortfalls, time_limit_s)
+    solve = result.solve
     return Plan(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         model=FileRef(file=profile.model.file, sha256=profile.model.sha256),
@@ -37,34 +81,39 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, deadli
         setup=setup,
         stages=result.stages,
         predicted=PlanPredicted(iteration_ms=result.cost.iteration_ms, peak_bytes_max=max(result.cost.peak_bytes_per_stage)),
-        solver=SolverInfo(status=result.solve.status, objective=result.solve.objective, gap=result.solve.gap,
-                          wall_s=round(result.solve.wall_s, 4)),
+        solver=SolverInfo(name=solve.solver, status=solve.status, objective=solve.objective, bound=solve.bound,
+                          gap=solve.gap, wall_s=round(solve.wall_s, 4)),
         baselines=references,
     )
 
 
-def _infeasible_message(profile, setup, deadline) -> str:
-    """Which stage cannot fit, the smallest cap that would, and what else would help."""
-    from planner import costmodel, milp
+def infeasible_message(shortfalls, setup) -> str:
+    """Which stage cannot fit, which terms take its memory, the smallest cap that would, and
+    what else would help."""
     from planner.units import format_bytes
 
-    caps = setup.mem_caps_bytes
-    found = milp.min_cap_scale(profile, setup, deadline=deadline)
-    if found is None:
+    if shortfalls is None:
         return ("no plan fits the caps, and --time-limit ran out before the smallest cap that would fit "
                 "was found; raise --time-limit to learn it")
-    scale, cost = found
-    tightest = max(range(setup.stages), key=lambda s: cost.stages[s].peak_bytes / caps[s])
-    need = cost.stages[tightest]
+    if not shortfalls:
+        return ("no plan fits the device and host caps together, though each alone could be met; raise "
+                "--mem or --host-mem")
+    need = shortfalls[0]
+    parts = ", ".join(f"{name} {format_bytes(num_bytes)}" for name, num_bytes in need.terms.items() if num_bytes)
+    if need.resource == "host":
+        return (f"no plan fits the host memory: even split as evenly as the stages allow, the offloaded "
+                f"optimizer needs {format_bytes(need.need_bytes)} per rank against its share of --host-mem, "
+                f"{format_bytes(need.cap_bytes)}; raise --host-mem, shard it with --zero 1 and --dp > 1, add "
+                "--stages, or drop --offload-optimizer")
+    caps = setup.mem_caps_bytes
     if len(set(caps)) == 1:
-        needed = max(cost.peak_bytes_per_stage) + costmodel.FIT_MARGIN_BYTES
-        smallest = f"the smallest cap that works with {setup.stages} stages is {format_bytes(needed, round_up=True)}"
+        smallest = (f"the smallest cap that works with {setup.stages} stages is "
+                    f"{format_bytes(need.need_bytes, round_up=True)}")
     else:
-        smallest = f"every cap would have to grow by {(scale - 1) * 100:.0f}%"
+        smallest = f"every cap would have to grow by {need.over_fraction * 100:.0f}%"
     return (
-        f"no plan fits the caps: even in the least-memory plan stage {tightest} needs "
-        f"{format_bytes(need.peak_bytes)} (of which {format_bytes(need.static_bytes)} weights, grads and "
-        f"optimizer state) against its cap of {format_bytes(caps[tightest])}; {smallest}. "
-        "More stages, a smaller micro-batch (re-profile with --micro-batch-size) or sharding optimizer "
-        "state with ZeRO would also help"
+        f"no plan fits the caps: even in the least-memory plan stage {need.stage} needs "
+        f"{format_bytes(need.need_bytes)} ({parts}) against its cap of {format_bytes(need.cap_bytes)}, "
+        f"{need.over_fraction * 100:.0f}% over; {smallest}. More stages, a smaller micro-batch (re-profile with "
+        "--micro-batch-size) or sharding optimizer state with ZeRO would also help"
     )

@@ -228,10 +228,13 @@ class PlanPredicted(Strict):
 
 
 class SolverInfo(Strict):
-    name: str = "highs"
+    # the solver that ran: "dp" (planner/dpsolve.py) or "milp" (HiGHS); "highs" in plans written
+    # before the search picked between them (the DP ran then, HiGHS only in tests)
+    name: str = "dp"
     status: Literal["optimal", "feasible", "infeasible"]
     objective: float | None = None  # predicted iteration ms
-    gap: float | None = None  # relative MIP gap at the end
+    bound: float | None = None  # proven lower bound on the iteration ms
+    gap: float | None = None  # relative gap between objective and bound at the end
     wall_s: float = 0.0
 
 

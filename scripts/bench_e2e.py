@@ -25,7 +25,7 @@ from planner.commands.compare import print_comparison  # noqa: E402
 from planner.commands.setup_options import default_parallel_stages  # noqa: E402
 from planner.compare import paired_speedup, run_comparison  # noqa: E402
 from planner.console import console, table  # noqa: E402
-from planner.planning import make_plan  # noqa: E402
+from planner.planning import Unplanned, make_plan  # noqa: E402
 from planner.runtime.launcher import run_plan  # noqa: E402
 from planner.schema import TrainSetup  # noqa: E402
 from planner.units import format_bytes  # noqa: E402
@@ -53,6 +53,8 @@ def run_case(model, prof_path, label, cap, args, workdir):
                        mem_caps_bytes=[cap] * args.stages,
                        parallel_stages=default_parallel_stages(prof, args.stages))
     plan = make_plan(prof, prof_path, setup, time_limit_s=60)
+    if isinstance(plan, Unplanned):
+        raise SystemExit(f"{model} at {label}: {plan.message(setup)}")
     plan_path = workdir / f"{model}-{label}.yaml"
     io.save_plan(plan, plan_path)
     comparison = run_comparison(

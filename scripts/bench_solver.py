@@ -4,8 +4,9 @@ For each case (a synthetic profile of some layers over some stages) the cap is p
 of the way from what full checkpointing needs to what no checkpointing needs (both
 measured with evaluate() on the even split, the largest stage), so the problem is
 neither trivial nor infeasible. Each repeat does what `ckplan solve` does: score the
-baselines (the best feasible one bounds the solver and is its start), then milp.plan()
-(the exact dynamic programme by default, `--method milp` for HiGHS), which re-evaluates
+baselines (the best feasible one bounds the solver and is its start), then search.plan()
+(`--solver dp`, the exact dynamic programme, or `milp`, HiGHS; `dp,milp` runs both on
+every case and adds a table of their objectives and times side by side), which re-evaluates
 the plan. Times are medians over the repeats, with the spread (slowest - fastest) beside
 them; "solve" is plan() alone, "total" baselines + solve.
 
@@ -17,7 +18,7 @@ Many-solves cases time one user question that needs many solves:
 Their "status" is the worst of their solves, "ckplan ms" the last solve's.
 
     .venv/bin/python scripts/bench_solver.py [--cases uniform:32x4,heterogeneous:64x8,sweep:heterogeneous:128x16]
-        [--repeats 3] [--time-limit 120] [--method dp|milp] [--microbatches-per-stage 2] [--json]
+        [--repeats 3] [--time-limit 120] [--solver dp|milp|auto|dp,milp] [--microbatches-per-stage 2] [--json]
 
 Case names: uniform:LxP is uniform_blocks (embedding, L - 2 identical blocks, head:
 L layers in all), heterogeneous:LxP is L layers that all differ; P stages.
@@ -37,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import baselines, costmodel, milp, synthetic  # noqa: E402
+from planner import baselines, costmodel, search, synthetic  # noqa: E402
 from planner.schema import TrainSetup  # noqa: E402
 
 DEFAULT_CASES = (
@@ -85,19 +86,18 @@ def interesting_setup(profile, stages: int, microbatches: int, fraction: float) 
 
 
 def one_solve(profile, setup: TrainSetup, args) -> dict:
-    """What `ckplan solve` does: the baselines, then milp.plan() bounded and started by the
+    """What `ckplan solve` does: the baselines, then search.plan() bounded and started by the
     best of them (plan() re-scores the plan with evaluate())."""
     started = time.perf_counter()
     scored = baselines.all_baselines(profile, setup)
     feasible = [b for b in scored if b.feasible]
     best = min(feasible, key=lambda b: b.iteration_ms) if feasible else None
     after_baselines = time.perf_counter()
-    method = {} if args.method is None else {"method": args.method}  # an older plan() has no method
-    result = milp.plan(profile, setup, time_limit_s=args.time_limit, mip_gap=args.mip_gap, threads=args.threads,
-                       upper_bound_ms=best.iteration_ms if best else None, start=best.stages if best else None,
-                       **method)
+    result = search.plan(profile, setup, time_limit_s=args.time_limit, mip_gap=args.mip_gap, threads=args.threads,
+                         upper_bound_ms=best.iteration_ms if best else None, start=best.stages if best else None,
+                         solver=args.solver)
     finished = time.perf_counter()
-    solved = isinstance(result, milp.PlanResult)
+    solved = isinstance(result, search.PlanResult)
     outcome = result.solve if solved else result
     return dict(
         total_s=finished - started, baselines_s=after_baselines - started,
@@ -110,7 +110,7 @@ def one_solve(profile, setup: TrainSetup, args) -> dict:
 def sweep_setups(profile, setup: TrainSetup) -> list[TrainSetup]:
     """--sweep's caps, 10 of them: from the least any plan needs (min_cap_scale, timed with
     the sweep) to the no-checkpointing need + 5%."""
-    found = milp.min_cap_scale(profile, setup)
+    found = search.min_cap_scale(profile, setup)
     low = max(found[1].peak_bytes_per_stage)
     roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.stages})
     high = max(costmodel.evaluate(baselines.no_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage) * 1.05
@@ -151,7 +151,7 @@ def bench_case(spec: str, args) -> dict:
         case=spec, kind=KINDS[kind] if mode is None else f"{mode} x{MANY[mode]} {KINDS[kind]}",
         layers=len(profile.layers), stages=stages, microbatches=microbatches,
         cap_bytes=setup.mem_caps_bytes[0], repeats=args.repeats, time_limit_s=args.time_limit,
-        method=args.method or "default", mip_gap_target=args.mip_gap, threads=args.threads,
+        solver=args.solver, mip_gap_target=args.mip_gap, threads=args.threads,
         total_s=statistics.median(run["total_s"] for run in runs),
         total_spread_s=by_total[-1]["total_s"] - by_total[0]["total_s"],
         solve_s=statistics.median(run["solve_s"] for run in runs),
@@ -168,7 +168,7 @@ def fmt(value, spec: str, missing: str = "-") -> str:
 
 def print_table(rows: list[dict]) -> None:
     header = ("profile", "layers", "stages", "M", "cap MiB", "total s", "spread s", "baselines s", "solve s",
-              "status", "gap", "ckplan ms", "best baseline ms", "saving")
+              "status", "gap", "ckplan ms", "best baseline ms", "saving", "solver")
     lines = [header]
     for row in rows:
         status = row["status"] + ("*" if len(row["statuses"]) > 1 else "")
@@ -180,11 +180,11 @@ def print_table(rows: list[dict]) -> None:
             row["kind"], str(row["layers"]), str(row["stages"]), str(row["microbatches"]),
             f"{row['cap_bytes'] / MIB:.0f}", f"{row['total_s']:.2f}", f"{row['total_spread_s']:.2f}",
             f"{row['baselines_s']:.2f}", f"{row['solve_s']:.2f}", status,
-            fmt(row["gap"], ".2%"), fmt(row["iteration_ms"], ".1f"), baseline, fmt(saving, ".1%"),
+            fmt(row["gap"], ".2%"), fmt(row["iteration_ms"], ".1f"), baseline, fmt(saving, ".1%"), row["solver"],
         ))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for n, line in enumerate(lines):
-        print("  ".join(cell.ljust(width) if i in (0, 9, 12) else cell.rjust(width)
+        print("  ".join(cell.ljust(width) if i in (0, 9, 12, 14) else cell.rjust(width)
                         for i, (cell, width) in enumerate(zip(line, widths))))
         if n == 0:
             print("  ".join("-" * width for width in widths))
@@ -197,13 +197,31 @@ def print_table(rows: list[dict]) -> None:
             print(f"* {row['case']}: the repeats ended differently (the row shows the median by total time): {runs}")
 
 
+def print_comparison(rows: list[dict], solvers: list[str]) -> None:
+    """Per case, every solver's objective and solve time against the first solver's."""
+    first = solvers[0]
+    print(f"\n# against {first}: objective ratio (1 = the same optimum) and solve-time ratio")
+    by_case = {}
+    for row in rows:
+        by_case.setdefault(row["case"], {})[row["solver"]] = row
+    for case, found in by_case.items():
+        base = found[first]
+        for name in solvers[1:]:
+            other = found[name]
+            same = (f"{other['iteration_ms'] / base['iteration_ms']:.9f}"
+                    if other["iteration_ms"] and base["iteration_ms"] else "-")
+            print(f"{case:32s} {name}/{first}: objective x{same} ({other['status']} vs {base['status']}), "
+                  f"solve {other['solve_s']:.3f} s vs {base['solve_s']:.3f} s (x{other['solve_s'] / max(base['solve_s'], 1e-9):.1f})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated KIND:LAYERSxSTAGES (default {DEFAULT_CASES})")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=120.0, help="time limit per solve, seconds")
-    parser.add_argument("--method", choices=["dp", "milp"], default=None,
-                        help="plan()'s solver [default: plan()'s own, the dynamic programme]")
+    parser.add_argument("--solver", default="auto",
+                        help="search.plan()'s solver: auto, dp, milp, or several separated by commas (dp,milp) "
+                             "to run each on every case and compare them [default: auto]")
     parser.add_argument("--microbatches-per-stage", type=int, default=2, help="M = this x stages")
     parser.add_argument("--cap-fraction", type=float, default=0.4,
                         help="cap between the full-checkpointing (0) and no-checkpointing (1) needs")
@@ -214,21 +232,27 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
     specs = [spec for spec in args.cases.split(",") if spec.strip()]
+    solvers = [name.strip() for name in args.solver.split(",") if name.strip()]
+    if not solvers or any(name not in search.SOLVERS for name in solvers):
+        raise SystemExit(f"--solver {args.solver!r}: give {', '.join(search.SOLVERS)}, or several separated by commas")
     for spec in specs:
         parse_case(spec)  # fail on a bad case before any work
     rows = []
     for spec in specs:
-        row = bench_case(spec, args)
-        rows.append(row)
-        if args.json:
-            print(json.dumps(row), flush=True)
-        else:
-            print(f"# {spec}: {row['status']} in {row['total_s']:.2f} s", file=sys.stderr, flush=True)
+        for solver in solvers:  # one case's solvers in turn, so they see the same load
+            row = bench_case(spec, argparse.Namespace(**{**vars(args), "solver": solver}))
+            rows.append(row)
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"# {spec} ({solver}): {row['status']} in {row['total_s']:.2f} s", file=sys.stderr, flush=True)
     if not args.json:
-        print(f"# repeats={args.repeats} method={args.method or 'default'} time_limit={args.time_limit:g}s mip_gap={args.mip_gap:g} "
+        print(f"# repeats={args.repeats} solver={args.solver} time_limit={args.time_limit:g}s mip_gap={args.mip_gap:g} "
               f"threads={args.threads or 'HiGHS default'} cap={args.cap_fraction:.0%} of the way "
               f"from full to no checkpointing; times are medians")
         print_table(rows)
+        if len(solvers) > 1:
+            print_comparison(rows, solvers)
 
 
 if __name__ == "__main__":

@@ -97,13 +97,13 @@ def test_auto_dp_says_time_limit_not_memory_when_the_solver_ran_out(profile_path
     """A combination whose solve ran out of --time-limit may well fit: its row says so, and
     with nothing else fitting the error says to raise --time-limit, not --mem."""
     from planner import planning
-    from planner.errors import SolverTimeLimit
 
     solve = planning.make_plan
+    ran_out = planning.Unplanned("timeout", None, 60.0)
 
     def running_out_on_zero3(profile, path, setup, **kwargs):
         if setup.zero == 3:
-            raise SolverTimeLimit("the solver found no plan within --time-limit")
+            return ran_out
         return solve(profile, path, setup, **kwargs)
 
     monkeypatch.setattr(planning, "make_plan", running_out_on_zero3)
@@ -114,7 +114,7 @@ def test_auto_dp_says_time_limit_not_memory_when_the_solver_ran_out(profile_path
     assert {r["why_not"] for r in rows if r["zero"] == 3} == {"time limit"}
     assert {r["why_not"] for r in rows if r["zero"] == 0 and not r["offload"]} == {"device memory"}
 
-    monkeypatch.setattr(planning, "make_plan", lambda *a, **k: (_ for _ in ()).throw(SolverTimeLimit("out")))
+    monkeypatch.setattr(planning, "make_plan", lambda *a, **k: ran_out)
     result = CliRunner().invoke(cli, ["solve", "--profile", str(profile_path), *ARGS, "--out",
                                       str(tmp_path / "none.yaml")], env={"COLUMNS": "250"})
     assert result.exit_code == 1

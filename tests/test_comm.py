@@ -3,7 +3,7 @@ solvers seeing them (a boundary that carries much costs the plan that cuts there
 
 import pytest
 
-from planner import costmodel, milp
+from planner import costmodel, search
 from planner.schema import TrainSetup
 from planner.synthetic import MIB, layer, profile_of
 
@@ -68,10 +68,10 @@ def fat_middle():
 def test_the_solvers_avoid_cutting_where_much_crosses(method):
     profile = fat_middle()
     s = setup(2, 4, send_gb_per_s=64 * MIB / 10e6)  # 64 MiB: 10 ms, 1 MiB: 0.15625 ms
-    result = milp.plan(profile, s, method=method, mip_gap=0.0, threads=1)
+    result = search.plan(profile, s, solver=method, mip_gap=0.0, threads=1)
     assert [len(stage.layers) for stage in result.stages] in ([1, 3], [3, 1])
     # 3.15625 + 9.15625 + 3 · 9.15625
     assert result.cost.iteration_ms == pytest.approx(39.78125, rel=1e-9)
     # uncalibrated, the even cut was the answer
-    even = milp.plan(profile, setup(2, 4), method=method, mip_gap=0.0, threads=1)
+    even = search.plan(profile, setup(2, 4), solver=method, mip_gap=0.0, threads=1)
     assert [len(stage.layers) for stage in even.stages] == [2, 2]

@@ -267,9 +267,13 @@ def test_last_stage_all_checkpointed():
 
 def test_transient_is_net_of_what_later_layers_keep():
     # blocks.0, blocks.1, head in one stage (act 10, 10, 6; input 4, 4, 4; transient 1, 1, 5)
-    costs = {c.name: c for c in costmodel.layer_costs(four_layers())}
+    profile = four_layers()
+    costs = {c.name: c for c in costmodel.layer_costs(profile)}
     layers = [costs["blocks.0"], costs["blocks.1"], costs["head"]]
-    extra = costmodel.transient_extra_bytes
+    ctx = costmodel.Context(profile, setup(1))
+
+    def extra(layers, flags):
+        return costmodel.transient_extra_bytes(layers, flags, ctx)
     # nothing checkpointed: head 5; blocks.1 1 - 6 < 0; blocks.0 1 - 16 < 0 -> 5
     assert extra(layers, [False, False, False]) == 5 * MIB
     # head checkpointed (last): 5 + (6 - 4) = 7

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from export_plans import llm_profile
 
-from planner import costmodel, dataparallel, io, milp
+from planner import costmodel, dataparallel, io, search
 from planner.cli import cli
 from planner.schema import TrainSetup
 from planner.synthetic import layer, profile_of
@@ -184,13 +184,13 @@ def test_solver_and_evaluate_agree_with_dp_terms(zero, group, offload):
     s = TrainSetup(stages=3, microbatches=6, micro_batch_size=1, mem_caps_bytes=[60 * MIB] * 3,
                    precision="bf16-mixed", dp=4, zero=zero, shard_group=group, offload=offload,
                    shard_gb_per_s=0.5, replica_gb_per_s=0.1, host_gb_per_s=0.2, host_step_ns_per_param=50.0)
-    result = milp.plan(profile, s, time_limit_s=30)
-    assert isinstance(result, milp.PlanResult)  # re-scored by evaluate(): a mismatch raises
+    result = search.plan(profile, s, time_limit_s=30)
+    assert isinstance(result, search.PlanResult)  # re-scored by evaluate(): a mismatch raises
     again = costmodel.evaluate(result.stages, profile, s)
     assert again.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-9)
     assert again.feasible
     # the other solver, with the same data-parallel terms, finds the same optimum
-    other = milp.plan(profile, s, time_limit_s=30, method="milp", mip_gap=0.0)
+    other = search.plan(profile, s, time_limit_s=30, solver="milp", mip_gap=0.0)
     assert other.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-6)
 
 
@@ -223,8 +223,8 @@ def test_solvers_and_evaluate_agree_with_zero1_whole_tensors(cap_mib):
                         else {"largest_param_count": 50_000}) for item in base.layers]})
     s = TrainSetup(stages=3, microbatches=6, micro_batch_size=1, mem_caps_bytes=[cap_mib * MIB] * 3,
                    precision="bf16-mixed", dp=4, zero=1)
-    result = milp.plan(profile, s, time_limit_s=30)
-    assert isinstance(result, milp.PlanResult)
+    result = search.plan(profile, s, time_limit_s=30)
+    assert isinstance(result, search.PlanResult)
     again = costmodel.evaluate(result.stages, profile, s)
     assert again.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-9) and again.feasible
     by_name = {item.name: item for item in profile.layers}
@@ -232,7 +232,7 @@ def test_solvers_and_evaluate_agree_with_zero1_whole_tensors(cap_mib):
         params = sum(by_name[name].param_count for name in stage.layers)
         largest = max(by_name[name].largest_param_count for name in stage.layers)
         assert cost.static_bytes == round(params * (2 + 2 + 12 / 4) + 12 * max(0, largest - params / 4))
-    other = milp.plan(profile, s, time_limit_s=30, method="milp", mip_gap=0.0)
+    other = search.plan(profile, s, time_limit_s=30, solver="milp", mip_gap=0.0)
     assert other.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-6)
 
 

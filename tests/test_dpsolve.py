@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from planner import baselines, costmodel, dpsolve, milp
+from planner import baselines, costmodel, dpsolve, search
 from planner.deadline import Deadline, Expired
 from planner.schema import TrainSetup
 from planner.synthetic import heterogeneous, layer, profile_of, uniform_blocks
@@ -130,12 +130,12 @@ def interesting(profile, stages, fraction, schedule="1F1B"):
 def test_agrees_with_the_milp_beyond_brute_force(make, n, stages, fraction, schedule, parallel, monkeypatch):
     profile = make(n, seed=n + stages)
     s = interesting(profile, stages, fraction, schedule).model_copy(update={"parallel_stages": parallel})
-    dp = milp.plan(profile, s)
+    dp = search.plan(profile, s)
     monkeypatch.setattr(dpsolve, "VECTOR_FROM", 1)  # numpy scores every range's sets: the same plan
-    vectored = milp.plan(profile, s)
+    vectored = search.plan(profile, s)
     assert [st.checkpointed for st in getattr(vectored, "stages", [])] == [st.checkpointed for st in getattr(dp, "stages", [])]
-    exact = milp.plan(profile, s, method="milp", mip_gap=0.0, threads=1)
-    if isinstance(exact, milp.SolveResult):
+    exact = search.plan(profile, s, solver="milp", mip_gap=0.0, threads=1)
+    if isinstance(exact, search.NoFit):
         assert exact.status == "infeasible" and dp.status == "infeasible"
         return
     assert dp.solve.status == "optimal" and dp.solve.gap == 0.0
@@ -147,12 +147,12 @@ def test_agrees_with_the_milp_beyond_brute_force(make, n, stages, fraction, sche
 def test_an_upper_bound_changes_nothing_but_the_work():
     profile = heterogeneous(30, seed=2)
     s = interesting(profile, 5, 0.4)
-    free = milp.plan(profile, s)
+    free = search.plan(profile, s)
     best = min((b for b in baselines.all_baselines(profile, s) if b.feasible), key=lambda b: b.iteration_ms)
-    bounded = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages)
+    bounded = search.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages)
     assert bounded.cost.iteration_ms == pytest.approx(free.cost.iteration_ms, rel=1e-12)
     # a bound no plan can meet: nothing is faster, so the answer is "infeasible"
-    assert milp.plan(profile, s, upper_bound_ms=free.cost.iteration_ms * 0.999).status == "infeasible"
+    assert search.plan(profile, s, upper_bound_ms=free.cost.iteration_ms * 0.999).status == "infeasible"
 
 
 # ---------------------------------------------------------------- the time limit
@@ -182,13 +182,13 @@ def test_past_the_deadline_the_start_plan_comes_back_as_feasible_with_an_honest_
     searched = []
     monkeypatch.setattr(dpsolve, "_segments_from", lambda *a, **k: searched.append(a) or [])
     deadline = Deadline(0.5, clock=Clock(tick=1.0))  # expired at its first reading
-    result = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages, deadline=deadline)
+    result = search.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages, deadline=deadline)
     assert searched == []  # no range was scored after the deadline
     assert result.solve.status == "feasible"
     assert [st.layers for st in result.stages] == [st.layers for st in best.stages]
     assert result.cost.iteration_ms == best.iteration_ms == result.solve.objective
     monkeypatch.undo()
-    optimum = milp.plan(profile, s).cost.iteration_ms
+    optimum = search.plan(profile, s).cost.iteration_ms
     assert optimum < best.iteration_ms
     # the gap is measured against a proven lower bound: it covers the real distance
     assert 0 < result.solve.gap < 1
@@ -197,13 +197,13 @@ def test_past_the_deadline_the_start_plan_comes_back_as_feasible_with_an_honest_
 
 def test_past_the_deadline_without_a_plan_is_a_timeout():
     profile, s, _ = case_with_baseline()
-    result = milp.plan(profile, s, upper_bound_ms=None, start=None, deadline=Deadline(0.5, clock=Clock(1.0)))
+    result = search.plan(profile, s, upper_bound_ms=None, start=None, deadline=Deadline(0.5, clock=Clock(1.0)))
     # no start given: plan() scores the baselines for one, so a plan still comes back
     assert result.solve.status == "feasible"
     nothing_fits = s.model_copy(update={"mem_caps_bytes": [MIB] * s.stages})
-    result = milp.plan(profile, nothing_fits, deadline=Deadline(0.5, clock=Clock(1.0)))
-    assert isinstance(result, milp.SolveResult)
-    assert (result.status, result.objective, result.gap) == ("timeout", None, None)
+    result = search.plan(profile, nothing_fits, deadline=Deadline(0.5, clock=Clock(1.0)))
+    assert isinstance(result, search.NoFit)
+    assert (result.status, result.solver) == ("timeout", "dp")
 
 
 def test_the_deadline_stops_the_search_part_way():
@@ -211,11 +211,11 @@ def test_the_deadline_stops_the_search_part_way():
     inside its loops (before it ends), a generous one lets it finish."""
     profile, s, best = case_with_baseline()
     full = Clock(1.0)
-    optimal = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages, deadline=Deadline(1e9, full))
+    optimal = search.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages, deadline=Deadline(1e9, full))
     assert optimal.solve.status == "optimal"
     reads = full.reads
     short = Clock(1.0)
-    stopped = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages,
+    stopped = search.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages,
                         deadline=Deadline(reads // 2, short))
     assert stopped.solve.status == "feasible"
     assert reads // 2 <= short.reads < reads  # it read the clock until the limit, not beyond the next check
@@ -223,11 +223,11 @@ def test_the_deadline_stops_the_search_part_way():
 
 def test_min_cap_scale_and_the_milp_honour_the_deadline():
     profile, s, best = case_with_baseline()
-    assert milp.min_cap_scale(profile, s, deadline=Deadline(0.5, clock=Clock(1.0))) is None
+    assert search.min_cap_scale(profile, s, deadline=Deadline(0.5, clock=Clock(1.0))) is None
     with pytest.raises(Expired):
         Deadline(0.5, clock=Clock(1.0)).check()
     # the MILP gets what is left of the deadline (nothing): it returns the start it was given
-    result = milp.plan(profile, s, method="milp", upper_bound_ms=best.iteration_ms, start=best.stages,
+    result = search.plan(profile, s, solver="milp", upper_bound_ms=best.iteration_ms, start=best.stages,
                        deadline=Deadline(0.5, clock=Clock(1.0)))
     assert result.solve.status in ("feasible", "optimal")
     assert result.cost.iteration_ms <= best.iteration_ms
@@ -275,10 +275,10 @@ def test_a_plan_found_before_the_deadline_is_kept(monkeypatch):
         return result
 
     monkeypatch.setattr(dpsolve, "fastest_cuts", cuts)
-    optimal = milp.plan(profile, s, start=best.stages, deadline=Deadline(1e9, clock))
+    optimal = search.plan(profile, s, start=best.stages, deadline=Deadline(1e9, clock))
     first = next(n for n, (_, found) in enumerate(passes) if found)
     assert first < len(passes) - 1  # a plan, then a pass to prove it
-    stopped = milp.plan(profile, s, start=best.stages, deadline=Deadline(passes[first + 1][0] + 2, Clock(1.0)))
+    stopped = search.plan(profile, s, start=best.stages, deadline=Deadline(passes[first + 1][0] + 2, Clock(1.0)))
     assert stopped.solve.status == "feasible"
     assert optimal.cost.iteration_ms <= stopped.cost.iteration_ms < best.iteration_ms
     assert costmodel.evaluate(stopped.stages, profile, s).iteration_ms == stopped.cost.iteration_ms

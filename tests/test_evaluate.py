@@ -39,7 +39,7 @@ def test_evaluate_scores_the_hand_configuration_with_the_cost_model(profile_path
     result = run("evaluate", "--profile", str(profile_path), "--mem", "80MiB", "--microbatches", "6",
                  "--parallel-stages", "3", "--layers-per-stage", "3,3,2", "--ckpt-per-stage", "1,0,2", "--json")
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)
+    summary = json.loads(result.stdout)  # the notes go to stderr
     profile = io.load_profile(profile_path)
     setup = costmodel_setup(profile)
     cost = costmodel.evaluate(hand_stages(profile, [3, 3, 2], [1, 0, 2], "first"), profile, setup)
@@ -54,10 +54,10 @@ def test_evaluate_counts_the_baselines_against_the_time_limit(profile_path, monk
     the solver gets started before the baselines ran."""
     import time
 
-    from planner import baselines, milp
+    from planner import baselines, search
 
     seen = {}
-    all_baselines, plan = baselines.all_baselines, milp.plan
+    all_baselines, plan = baselines.all_baselines, search.plan
 
     def slow_baselines(*args, **kwargs):
         time.sleep(0.3)
@@ -68,7 +68,7 @@ def test_evaluate_counts_the_baselines_against_the_time_limit(profile_path, monk
         return plan(*args, deadline=deadline, **kwargs)
 
     monkeypatch.setattr(baselines, "all_baselines", slow_baselines)
-    monkeypatch.setattr(milp, "plan", recording_plan)
+    monkeypatch.setattr(search, "plan", recording_plan)
     result = run("evaluate", "--profile", str(profile_path), "--mem", "80MiB", "--microbatches", "6",
                  "--parallel-stages", "3", "--layers-per-stage", "3,3,2", "--ckpt-per-stage", "1,0,2", "--json")
     assert result.exit_code == 0, result.output

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from planner import baselines, costmodel, incumbent, milp, synthetic
+from planner import baselines, costmodel, incumbent, search, synthetic
 from planner.schema import TrainSetup
 
 MIB = 2**20
@@ -38,7 +38,7 @@ def test_heuristic_plan_is_feasible_and_near_the_optimum(seed):
     found = incumbent.heuristic_plan(profile, setup)
     cost = costmodel.evaluate(found, profile, setup)
     assert cost.feasible
-    optimum = milp.plan(profile, setup, mip_gap=1e-6).cost.iteration_ms
+    optimum = search.plan(profile, setup, mip_gap=1e-6).cost.iteration_ms
     assert optimum <= cost.iteration_ms <= optimum * 1.05  # a start, not the answer: close is what matters
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from planner import baselines, costmodel, milp
+from planner import baselines, costmodel, dataparallel, milp, search
 from planner.schema import TrainSetup
 from planner.synthetic import heterogeneous, layer, profile_of, uniform_blocks
 
@@ -59,6 +59,21 @@ def brute_optimum(profile, setup_):
     if best is not None:  # the same verdict from evaluate() itself
         assert costmodel.evaluate(best[0], profile, setup_).feasible
     return best
+
+
+def fits_host(profile, setup_):
+    """Whether a plan's every rank keeps within its share of the host memory (always, with no
+    host cap); no plan may sit at the edge, where solver tolerance and integer bytes differ."""
+    cap = costmodel.host_cap_bytes(setup_)
+    if cap is None:
+        return lambda stages: True
+
+    def check(stages):
+        hosts = [c.host_bytes for c in costmodel.evaluate(stages, profile, setup_).stages]
+        assume(not any(abs(cap - MARGIN - h) < NEAR_EDGE for h in hosts))
+        return all(h + MARGIN <= cap for h in hosts)
+
+    return check
 
 
 def assert_meets_caps(result, profile, setup_):
@@ -135,6 +150,11 @@ def tiny_cases(draw):
         "compute_scale": draw(st.sampled_from([1.0, 1.0, 1.5])),
         "cpu_sharing": draw(st.sampled_from([1.0, 1.0, 1.25])),
     })
+    # host memory under offload, a fraction of what the whole model's offloaded optimizer takes
+    host_fraction = draw(st.sampled_from([None, None, 0.55, 0.8, 1.1]))
+    if roomy.offload and host_fraction is not None:
+        whole = sum(layer.param_count for layer in profile.layers) * dataparallel.host_bytes_per_param(roomy)
+        roomy = roomy.model_copy(update={"host_mem_bytes": max(1, int(host_fraction * whole))})
     return profile, roomy, fractions
 
 
@@ -161,16 +181,21 @@ def check_equals_brute_force(case, method):
     assume(all(c > 0 for c in caps))
     assume(not any(abs(c - MARGIN - p) < NEAR_EDGE for _, peaks, _ in plans for p, c in zip(peaks, caps)))
     s = roomy.model_copy(update={"mem_caps_bytes": caps})
-    feasible = [(ms, stages) for stages, peaks, ms in plans if fits(peaks, caps)]
-    result = milp.plan(profile, s, method=method, **EXACT)
+    host_ok = fits_host(profile, s)
+    feasible = [(ms, stages) for stages, peaks, ms in plans if fits(peaks, caps) and host_ok(stages)]
+    result = search.plan(profile, s, solver=method, **EXACT)
     event("feasible" if feasible else "infeasible")
+    if costmodel.host_cap_bytes(s) is not None:
+        device_only = any(fits(p, caps) for _, p, _ in plans)
+        event("host capped: " + ("a plan fits" if feasible else "the host rules out what the devices allow"
+                                 if device_only else "the devices rule every plan out"))
     if not feasible:
-        assert isinstance(result, milp.SolveResult) and result.status == "infeasible"
+        assert isinstance(result, search.NoFit) and result.status == "infeasible"
         assert not any(b.feasible for b in baselines.all_baselines(profile, s))
         return
     optimum, best_stages = min(feasible, key=lambda item: item[0])
     assert costmodel.evaluate(best_stages, profile, s).feasible  # brute force's verdict is evaluate()'s
-    assert isinstance(result, milp.PlanResult), result
+    assert isinstance(result, search.PlanResult), result
     assert result.solve.status == "optimal"
     assert result.cost.iteration_ms == pytest.approx(optimum, rel=1e-6)
     assert [name for stage in result.stages for name in stage.layers] == [f"l{i}" for i in range(n)]
@@ -179,9 +204,9 @@ def check_equals_brute_force(case, method):
     best = best_feasible_baseline(profile, s)
     if best is not None:
         assert result.cost.iteration_ms <= best.iteration_ms * (1 + 1e-9)
-        bounded = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, method=method, **EXACT)
+        bounded = search.plan(profile, s, upper_bound_ms=best.iteration_ms, solver=method, **EXACT)
         assert bounded.cost.iteration_ms == pytest.approx(optimum, rel=1e-6)
-        started = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages, method=method, **EXACT)
+        started = search.plan(profile, s, upper_bound_ms=best.iteration_ms, start=best.stages, solver=method, **EXACT)
         assert started.cost.iteration_ms == pytest.approx(optimum, rel=1e-6)
 
 
@@ -202,9 +227,9 @@ def interesting_caps(profile, stages, microbatches, fraction=0.4, schedule="1F1B
 def test_never_slower_than_a_feasible_baseline(make, n, stages, fraction):
     profile = make(n, seed=n + stages)
     s = interesting_caps(profile, stages, 2 * stages, fraction)
-    result = milp.plan(profile, s, **EXACT)
+    result = search.plan(profile, s, **EXACT)
     feasible = [b for b in baselines.all_baselines(profile, s) if b.feasible]
-    if isinstance(result, milp.SolveResult):
+    if isinstance(result, search.NoFit):
         assert result.status == "infeasible" and not feasible
         return
     assert_meets_caps(result, profile, s)
@@ -212,7 +237,7 @@ def test_never_slower_than_a_feasible_baseline(make, n, stages, fraction):
         assert result.cost.iteration_ms <= b.iteration_ms * (1 + 1e-9), b.name
     if feasible:
         best = min(b.iteration_ms for b in feasible)
-        bounded = milp.plan(profile, s, upper_bound_ms=best, **EXACT)
+        bounded = search.plan(profile, s, upper_bound_ms=best, **EXACT)
         assert bounded.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-9)
 
 
@@ -286,7 +311,7 @@ def shape(result):
 def test_hand_worked_optimum(caps_mib, schedule, expected_ms, expected_shape, expected_peaks_mib, method):
     profile = four_blocks()
     s = setup(2, 4, [int(c * MIB) for c in caps_mib], schedule)
-    result = milp.plan(profile, s, method=method, **EXACT)
+    result = search.plan(profile, s, solver=method, **EXACT)
     assert result.solve.status == "optimal"
     assert result.cost.iteration_ms == pytest.approx(expected_ms, rel=1e-9)
     assert result.solve.objective == pytest.approx(expected_ms, rel=1e-9)
@@ -298,12 +323,12 @@ def test_hand_worked_optimum(caps_mib, schedule, expected_ms, expected_shape, ex
 
 def test_heterogeneous_caps_and_schedule_change_the_answer():
     profile = four_blocks()
-    a = milp.plan(profile, setup(2, 4, [GIB, int(25.5 * MIB)]), **EXACT)
-    b = milp.plan(profile, setup(2, 4, [int(25.5 * MIB), GIB]), **EXACT)
+    a = search.plan(profile, setup(2, 4, [GIB, int(25.5 * MIB)]), **EXACT)
+    b = search.plan(profile, setup(2, 4, [int(25.5 * MIB), GIB]), **EXACT)
     assert (a.cost.iteration_ms, b.cost.iteration_ms) == pytest.approx((34, 40))
     assert (shape(a), shape(b)) == (([2, 2], [0, 1]), ([1, 3], [1, 0]))
-    one_f_one_b = milp.plan(profile, setup(2, 4, [64 * MIB] * 2, "1F1B"), **EXACT)
-    gpipe = milp.plan(profile, setup(2, 4, [64 * MIB] * 2, "GPipe"), **EXACT)
+    one_f_one_b = search.plan(profile, setup(2, 4, [64 * MIB] * 2, "1F1B"), **EXACT)
+    gpipe = search.plan(profile, setup(2, 4, [64 * MIB] * 2, "GPipe"), **EXACT)
     assert (one_f_one_b.cost.iteration_ms, gpipe.cost.iteration_ms) == pytest.approx((30, 35))
 
 
@@ -312,9 +337,9 @@ def test_infeasible_caps():
     # (2 blocks need at least 26, 3 at least 31; see four_blocks)
     profile = four_blocks()
     s = setup(2, 4, [20 * MIB, GIB])
-    result = milp.plan(profile, s, **EXACT)
-    assert isinstance(result, milp.SolveResult)
-    assert result.status == "infeasible" and result.objective is None
+    result = search.plan(profile, s, **EXACT)
+    assert isinstance(result, search.NoFit)
+    assert result.status == "infeasible"
     assert brute_optimum(profile, s) is None
     assert not any(b.feasible for b in baselines.all_baselines(profile, s))
 
@@ -332,7 +357,7 @@ def test_evaluate_and_the_milp_agree_at_the_fit_margin(slack, expected_ms):
     profile = four_blocks()
     s = setup(2, 4, [34 * MIB + MARGIN + slack, GIB])
     assert brute_optimum(profile, s)[1] == pytest.approx(expected_ms)
-    result = milp.plan(profile, s, **EXACT)
+    result = search.plan(profile, s, **EXACT)
     assert result.cost.iteration_ms == pytest.approx(expected_ms)
     assert_meets_caps(result, profile, s)
 
@@ -342,8 +367,8 @@ def test_upper_bound_from_the_best_baseline_keeps_the_optimum():
     for caps in ([GIB, GIB], [46 * MIB, GIB], [GIB, int(25.5 * MIB)]):  # test_hand_worked_optimum's
         s = setup(2, 4, caps)
         best = best_feasible_baseline(profile, s)
-        free = milp.plan(profile, s, **EXACT)
-        bounded = milp.plan(profile, s, upper_bound_ms=best.iteration_ms, **EXACT)
+        free = search.plan(profile, s, **EXACT)
+        bounded = search.plan(profile, s, upper_bound_ms=best.iteration_ms, **EXACT)
         assert bounded.cost.iteration_ms == pytest.approx(free.cost.iteration_ms, rel=1e-12)
         # the bound is exactly the baseline's time when the baseline is optimal (slack caps)
         assert free.cost.iteration_ms <= best.iteration_ms
@@ -405,9 +430,9 @@ def test_time_limit_without_a_plan_is_a_timeout_not_infeasible():
     assert result.status == "timeout"
     check_status_against_pulp(problem, result, 1e-4)
     # started from the best baseline, the same short limit returns a plan at least that good
-    started = milp.plan(profile, s, time_limit_s=0.05, threads=1, upper_bound_ms=best.iteration_ms,
-                        start=best.stages, method="milp")
-    assert isinstance(started, milp.PlanResult), started
+    started = search.plan(profile, s, time_limit_s=0.05, threads=1, upper_bound_ms=best.iteration_ms,
+                        start=best.stages, solver="milp")
+    assert isinstance(started, search.PlanResult), started
     assert started.solve.status in ("feasible", "optimal")
     assert started.cost.iteration_ms <= best.iteration_ms * (1 + 1e-9)
     assert_meets_caps(started, profile, s)
@@ -429,14 +454,14 @@ def scaled(s, factor, rounding):
 
 def check_min_cap_scale(profile, s, method="dp"):
     """caps x f admit a plan and caps x f x 0.98 do not, both checked by plan()."""
-    found = milp.min_cap_scale(profile, s, method=method)
+    found = search.min_cap_scale(profile, s, solver=method)
     assert found is not None
     factor, cost = found
     # f is what the found plan needs, margin included
     assert factor == pytest.approx(max((c.peak_bytes + MARGIN) / c.cap_bytes for c in cost.stages))
-    admitted = milp.plan(profile, scaled(s, factor, math.ceil), **EXACT)
-    assert isinstance(admitted, milp.PlanResult), f"caps x {factor} admit no plan"
-    assert milp.plan(profile, scaled(s, factor * 0.98, math.floor), **EXACT).status == "infeasible"
+    admitted = search.plan(profile, scaled(s, factor, math.ceil), **EXACT)
+    assert isinstance(admitted, search.PlanResult), f"caps x {factor} admit no plan"
+    assert search.plan(profile, scaled(s, factor * 0.98, math.floor), **EXACT).status == "infeasible"
     return factor
 
 
@@ -448,7 +473,7 @@ def test_min_cap_scale_by_hand(method):
     # 1 | 3 at best 27 (peak1, d = 2 or 3; peak0 21); 3 | 1 at best 31 (peak0, c = 3).
     profile = four_blocks()
     s = setup(2, 4, [32 * MIB, 32 * MIB])
-    factor, cost = milp.min_cap_scale(profile, s, method=method)
+    factor, cost = search.min_cap_scale(profile, s, solver=method)
     assert factor == pytest.approx((26 * MIB + MARGIN) / (32 * MIB), rel=1e-4)
     assert cost.peak_bytes_per_stage == [26 * MIB, 24 * MIB]
     check_min_cap_scale(profile, s, method)
@@ -457,7 +482,7 @@ def test_min_cap_scale_by_hand(method):
 @pytest.mark.parametrize("method", ["dp", "milp"])
 def test_min_cap_scale_from_caps_below_the_margin(method):
     profile = four_blocks()
-    found = milp.min_cap_scale(profile, setup(2, 4, [4096, 4096]), method=method)
+    found = search.min_cap_scale(profile, setup(2, 4, [4096, 4096]), solver=method)
     assert found is not None
     assert found[0] == pytest.approx((26 * MIB + MARGIN) / 4096, rel=1e-4)  # test_min_cap_scale_by_hand
 

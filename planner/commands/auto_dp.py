@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import SolverTimeLimit, UserError
+from planner.errors import UserError
 
 
 @dataclass
@@ -36,9 +36,10 @@ def combinations(dp: int, *, offload_choices: tuple[bool, ...]) -> list[tuple[in
 
 def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit_s: float, out: Path,
                 as_json: bool, say, offload_optimizer: bool = False, zero: int = 0, shard_group=None,
-                **options) -> None:
+                solver: str = "auto", host_mem: str | None = None, **options) -> None:
     """Solve every combination, print the table, write the fastest that fits to `out`.
-    --zero, --shard-group and --offload-optimizer are what it tries, so they are not given."""
+    --zero, --shard-group and --offload-optimizer are what it tries, so they are not given;
+    --host-mem caps the host memory of the combinations that offload."""
     from planner import io
     from planner.commands.setup_options import host_bytes
 
@@ -48,8 +49,9 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
     offload_choices = (False, True) if profile.host_step_ns_per_param else (False,)
     if len(offload_choices) == 1:
         say("offload not tried: the profile does not record the host's optimizer speed; re-run `ckplan profile`")
-    trials = [_trial(profile, profile_path, z, k, o, stages=stages, dp=dp, time_limit_s=time_limit_s,
-                     say=say if i == 0 else None, options=options, host_bytes=host_bytes)
+    trials = [_trial(profile, profile_path, z, k, o, stages=stages, dp=dp, time_limit_s=time_limit_s, solver=solver,
+                     say=say if i == 0 else None, options=options | ({"host_mem": host_mem} if o else {}),
+                     host_bytes=host_bytes)
               for i, (z, k, o) in enumerate(combinations(dp, offload_choices=offload_choices))]
     best = min((t for t in trials if t.fits), key=lambda t: t.plan.predicted.iteration_ms, default=None)
     if best is not None:
@@ -63,30 +65,32 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
         raise UserError(f"no combination of ZeRO stage, shard group and offload was found to fit with --dp {dp}, "
                         "and some ran out of --time-limit before the solver found any plan; raise --time-limit")
     if best is None:
+        host = " or give --host-mem more room" if any(t.why_not == "host memory" for t in trials) else ""
         raise UserError(f"no combination of ZeRO stage, shard group and offload fits with --dp {dp}; raise "
-                        "--mem, add --stages, or give --host-mem more room")
+                        f"--mem or add --stages{host}")
 
 
-def _trial(profile, profile_path, zero, shard_group, offload, *, stages, dp, time_limit_s, say, options,
+def _trial(profile, profile_path, zero, shard_group, offload, *, stages, dp, time_limit_s, solver, say, options,
            host_bytes) -> Trial:
-    from planner.commands.setup_options import build_setup
-    from planner.planning import make_plan
+    """One combination planned the way `solve` plans (calibration included); where none fits,
+    why: "time limit" (it may well fit: the solver did not get to say), "host memory" or
+    "device memory"."""
+    from planner.commands.setup_options import planned_setup
+    from planner.planning import Unplanned, make_plan
 
     trial = Trial(zero, shard_group, offload)
-    trial.setup = build_setup(profile, stages=stages, dp=dp, zero=zero, shard_group=shard_group,
-                              offload_optimizer=offload, say=say, **options)
-    try:
-        trial.plan = make_plan(profile, profile_path, trial.setup, time_limit_s=time_limit_s)
-    except SolverTimeLimit:
-        trial.why_not = "time limit"  # it may well fit: the solver did not get to say
+    trial.setup, notes = planned_setup(profile, profile_path, stages=stages, dp=dp, zero=zero,
+                                       shard_group=shard_group, offload_optimizer=offload, say=say, **options)
+    for note in notes if say is not None else ():
+        say(note)
+    # the table says which resource ruled a combination out; the least-memory search that would
+    # word it to the byte is left to `solve` with that combination
+    planned = make_plan(profile, profile_path, trial.setup, time_limit_s=time_limit_s, solver=solver, explain=False)
+    if isinstance(planned, Unplanned):
+        trial.why_not = planned.resource
         return trial
-    except UserError:
-        trial.why_not = "device memory"
-        return trial
+    trial.plan = planned
     trial.host_bytes = host_bytes(trial.plan.stages, profile, trial.setup)
-    cap = trial.setup.host_mem_bytes
-    if cap is not None and trial.host_bytes > cap:
-        trial.why_not = "host memory"
     return trial
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from planner.commands.setup_options import (
-    build_setup,
-    check_host_mem,
+    SOLVER_OPTION,
     newest_profile,
+    planned_setup,
     setup_options,
 )
 from planner.errors import UserError
@@ -75,11 +75,12 @@ def hand_stages(profile, layers_per_stage: list[int], ckpt_per_stage: list[int],
 @click.option("--stages", type=click.IntRange(min=1), default=None,
               help="Pipeline stages [default: the length of --layers-per-stage].")
 @setup_options
+@SOLVER_OPTION
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds the solver may take for ckplan's plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary instead of tables.")
 def command(layers_per_stage, ckpt_per_stage, ckpt_rule, stages, profile_path, mem, microbatches, schedule,
-            optimizer, precision, parallel_stages, time_limit, as_json, **data_parallel) -> None:
+            optimizer, precision, parallel_stages, solver, time_limit, as_json, **data_parallel) -> None:
     """Score a configuration you run today (layers and checkpointed layers per stage) with
     the same cost model as ckplan's plans: each stage's peak against its cap, and the
     iteration time, beside ckplan's optimal plan for the same setup.
@@ -98,30 +99,29 @@ def command(layers_per_stage, ckpt_per_stage, ckpt_rule, stages, profile_path, m
         raise UserError(f"--stages {stages} but --layers-per-stage lists {len(counts)} stages; give one count per stage")
     profile_path = profile_path or newest_profile()
     profile = io.load_profile(profile_path)
-    setup = build_setup(profile, stages=len(counts), mem=mem, microbatches=microbatches, schedule=schedule,
-                        optimizer=optimizer, precision=precision, parallel_stages=parallel_stages,
-                        say=lambda note: (err_console.print(note) if as_json else info(note)), **data_parallel)
+    say = (lambda note: err_console.print(note)) if as_json else info
+    setup, time_notes = planned_setup(profile, profile_path, stages=len(counts), mem=mem, microbatches=microbatches,
+                                      schedule=schedule, optimizer=optimizer, precision=precision,
+                                      parallel_stages=parallel_stages, say=say, **data_parallel)
     hand = hand_stages(profile, counts, ckpts, ckpt_rule)
-    check_host_mem(hand, profile, setup)
     hand_cost = costmodel.evaluate(hand, profile, setup)
-    best = _ckplan_plan(profile, setup, hand, hand_cost, time_limit_s=time_limit)
+    best = _ckplan_plan(profile, setup, hand, time_limit_s=time_limit, solver=solver)
     if as_json:
         click.echo(json.dumps(_summary(profile_path, hand, hand_cost, best), indent=2))
     else:
         _print(setup, hand, hand_cost, best, ckpt_rule)
+    for note in time_notes:
+        say(note)
 
 
-def _ckplan_plan(profile, setup, hand, hand_cost, *, time_limit_s: float):
-    """milp.plan's optimal plan, started from the hand configuration or the best baseline."""
-    from planner import baselines, milp
-    from planner.deadline import Deadline
+def _ckplan_plan(profile, setup, hand, *, time_limit_s: float, solver: str):
+    """ckplan's plan for the same setup, by the path `solve` takes, started from the hand
+    configuration where it fits and beats the baselines; None when no plan is found."""
+    from planner import search
+    from planner.planning import search_plan
 
-    deadline = Deadline(time_limit_s)  # the baselines' time counts against --time-limit too (as make_plan's)
-    starts = [(hand_cost.iteration_ms, hand)] if hand_cost.feasible else []
-    starts += [(b.iteration_ms, b.stages) for b in baselines.all_baselines(profile, setup) if b.feasible]
-    upper, start = min(starts, key=lambda item: item[0], default=(None, None))
-    result = milp.plan(profile, setup, deadline=deadline, upper_bound_ms=upper, start=start)
-    return result if isinstance(result, milp.PlanResult) else None
+    result, _ = search_plan(profile, setup, time_limit_s=time_limit_s, solver=solver, starts=[hand])
+    return result if isinstance(result, search.PlanResult) else None
 
 
 def stage_rows(stages, cost) -> list[list[str]]:
@@ -133,7 +133,7 @@ def stage_rows(stages, cost) -> list[list[str]]:
     return [
         [str(stage.index), _layer_range(stage.layers), str(len(stage.layers)), str(len(stage.checkpointed)),
          format_bytes(c.peak_bytes), format_bytes(c.cap_bytes), bar(c.peak_bytes / c.cap_bytes, width=10),
-         "yes" if c.fits else "[bold red]NO[/]", format_ms(c.time_ms)]
+         "yes" if c.fits else "[bold red]NO[/]" if c.fits_host else "[bold red]NO (host)[/]", format_ms(c.time_ms)]
         for stage, c in zip(stages, cost.stages)
     ]
 
@@ -158,7 +158,8 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
     mine, theirs = hand_cost.iteration_ms, best.cost.iteration_ms
     if not hand_cost.feasible:
         over = [str(s) for s, c in enumerate(hand_cost.stages) if not c.fits]
-        verdict = (f"[bold red]your configuration does not fit[/] (stage {', '.join(over)} over its cap); "
+        what = "cap" if all(c.fits_host for c in hand_cost.stages) else "cap or host memory"
+        verdict = (f"[bold red]your configuration does not fit[/] (stage {', '.join(over)} over its {what}); "
                    f"ckplan's plan fits at {format_ms(theirs)} per iteration")
     else:
         verdict = (f"your configuration fits: {format_ms(mine)} per iteration; ckplan's plan takes "
@@ -186,4 +187,5 @@ def _summary(profile_path: Path, hand, hand_cost, best) -> dict:
         }
 
     return {"profile": str(profile_path), "hand": describe(hand, hand_cost),
-            "ckplan": describe(best.stages, best.cost) | {"status": best.solve.status} if best else None}
+            "ckplan": describe(best.stages, best.cost) | {"status": best.solve.status, "solver": best.solve.solver}
+            if best else None}

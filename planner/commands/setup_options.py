@@ -108,6 +108,22 @@ def gpu_mem(profile) -> tuple[str, str]:
     return mem, f"--mem not given: {mem} per device, the memory of the profile's GPU ({gpu})"
 
 
+SOLVER_OPTION = click.option(
+    "--solver", type=click.Choice(["auto", "dp", "milp"]), default="auto", show_default=True,
+    help="dp: the exact dynamic programme; milp: the mixed-integer program on HiGHS; auto: the DP where its "
+         "structure holds (contiguous stages, one chunk per rank), else the MILP.")
+
+
+def planned_setup(profile, profile_path: Path, *, say=None, **options):
+    """(the TrainSetup every planning command plans with, sentences about its time constants):
+    build_setup's, with the calibration beside the profile applied for the placement a
+    launch will use. solve, --auto-dp, --sweep and evaluate all take it from here, so they
+    predict the same plan alike."""
+    from planner.commands.calibrate import calibrated_setup
+
+    return calibrated_setup(profile, profile_path, build_setup(profile, say=say, **options))
+
+
 def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | None, schedule: str,
                 optimizer: str, precision: str, parallel_stages: int | None, say=None, **data_parallel):
     """The TrainSetup the options describe (data_parallel: the DP_OPTION_NAMES options);
@@ -205,18 +221,6 @@ def _size(text: str, option: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise UserError(f"{option}: {exc}") from exc
-
-
-def check_host_mem(stages, profile, setup) -> None:
-    """The offloaded optimizer's host memory per node against --host-mem, in one sentence."""
-    from planner.units import format_bytes
-
-    need = host_bytes(stages, profile, setup)
-    if setup.host_mem_bytes is not None and need > setup.host_mem_bytes:
-        ranks = min(setup.devices_per_node, setup.stages * setup.dp)
-        raise UserError(f"the offloaded optimizer needs {format_bytes(need)} of host memory per node ({ranks} "
-                        f"ranks) against --host-mem {format_bytes(setup.host_mem_bytes)}; raise --host-mem, "
-                        "shard it with --zero 1 and --dp > 1, or drop --offload-optimizer")
 
 
 def host_bytes(stages, profile, setup) -> float:

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from planner.commands.setup_options import (
-    build_setup,
-    check_host_mem,
+    SOLVER_OPTION,
     newest_profile,
+    planned_setup,
     setup_options,
 )
 
@@ -18,6 +18,7 @@ from planner.commands.setup_options import (
 @click.command("solve")
 @click.option("--stages", type=click.IntRange(min=1), required=True, help="Pipeline stages (one device each).")
 @setup_options
+@SOLVER_OPTION
 @click.option("--auto-dp", is_flag=True,
               help="Try every ZeRO stage x shard group x offload for --dp, re-solve the plan for each, show "
                    "them in one table and write the fastest that fits.")
@@ -30,10 +31,11 @@ from planner.commands.setup_options import (
 @click.option("--plot", type=click.Path(path_type=Path), default=Path("sweep.png"), show_default=True,
               help="With --sweep: PNG chart (needs matplotlib).")
 def command(stages, profile_path, mem, microbatches, schedule, optimizer, precision, parallel_stages,
-            auto_dp, time_limit, out, as_json, sweep, plot, **data_parallel) -> None:
+            solver, auto_dp, time_limit, out, as_json, sweep, plot, **data_parallel) -> None:
     """Choose, jointly, how many layers each pipeline stage gets and which of them are
-    checkpointed, so every stage fits its cap and the iteration is fastest (an exact
-    dynamic programme; --time-limit bounds the whole solve).
+    checkpointed, so every stage fits its cap and the iteration is fastest (exact: a
+    dynamic programme, or the MILP on HiGHS with --solver milp; --time-limit bounds the
+    whole solve).
 
     \b
     Prints the plan per stage and a comparison with the baselines (no/full
@@ -54,26 +56,25 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
         from planner.commands.auto_dp import run_auto_dp
 
         run_auto_dp(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches, schedule=schedule,
-                    optimizer=optimizer, precision=precision, parallel_stages=parallel_stages,
+                    optimizer=optimizer, precision=precision, parallel_stages=parallel_stages, solver=solver,
                     time_limit_s=time_limit, out=out, as_json=as_json, say=say, **data_parallel)
         return
-    setup = build_setup(profile, stages=stages, mem=mem, microbatches=microbatches, schedule=schedule,
-                        optimizer=optimizer, precision=precision, parallel_stages=parallel_stages, say=say,
-                        **data_parallel)
-    from planner.commands.calibrate import calibrated_setup
-
-    setup, time_notes = calibrated_setup(profile, profile_path, setup)
+    setup, time_notes = planned_setup(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches,
+                                      schedule=schedule, optimizer=optimizer, precision=precision,
+                                      parallel_stages=parallel_stages, say=say, **data_parallel)
     if sweep:
         from planner.commands.sweep import run_sweep
 
-        run_sweep(profile, setup, plot=plot, time_limit_s=time_limit, as_json=as_json)
+        run_sweep(profile, setup, plot=plot, time_limit_s=time_limit, as_json=as_json, solver=solver)
         for note in time_notes:
             say(note)
         return
-    from planner.planning import make_plan
+    from planner.errors import SolverTimeLimit, UserError
+    from planner.planning import Unplanned, make_plan
 
-    plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit)
-    check_host_mem(plan.stages, profile, setup)
+    plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit, solver=solver)
+    if isinstance(plan, Unplanned):
+        raise (SolverTimeLimit if plan.status == "timeout" else UserError)(plan.message(setup))
     io.save_plan(plan, out)
     if as_json:
         click.echo(json.dumps(_summary(plan, out), indent=2))
@@ -88,7 +89,10 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
 def _summary(plan, out: Path) -> dict:
     return {
         "plan": str(out),
+        "solver": plan.solver.name,
         "status": plan.solver.status,
+        "objective_ms": plan.solver.objective,
+        "bound_ms": plan.solver.bound,
         "gap": plan.solver.gap,
         "solve_s": plan.solver.wall_s,
         "iteration_ms": plan.predicted.iteration_ms,

@@ -37,7 +37,7 @@ def print_plan(plan, out: Path) -> None:
     print_comparison(plan)
     solver = plan.solver
     gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"
-    console.print(f"solver: {solver.status}{gap} in {solver.wall_s:.2f} s; plan written to {out}")
+    console.print(f"solver: {solver.name}, {solver.status}{gap} in {solver.wall_s:.2f} s; plan written to {out}")
 
 
 def print_comparison(plan) -> None:

@@ -12,11 +12,11 @@ from planner.units import format_bytes, format_ms
 NUM_POINTS = 8
 
 
-def sweep_caps(profile, setup, deadline=None) -> list[int]:
+def sweep_caps(profile, setup, deadline=None, solver: str = "auto") -> list[int]:
     """From the least memory any plan needs to what the no-checkpointing split needs (+5%)."""
-    from planner import baselines, costmodel, milp
+    from planner import baselines, costmodel, search
 
-    lowest = milp.min_cap_scale(profile, setup, deadline=deadline)
+    lowest = search.min_cap_scale(profile, setup, deadline=deadline, solver=solver)
     if lowest is None:
         return []
     low = int(max(lowest[1].peak_bytes_per_stage))
@@ -26,30 +26,29 @@ def sweep_caps(profile, setup, deadline=None) -> list[int]:
     return [int(low + i * step) + costmodel.FIT_MARGIN_BYTES + 1 for i in range(NUM_POINTS)]
 
 
-def sweep_points(profile, setup, *, time_limit_s: float, deadline=None) -> tuple[list[dict], list[str]]:
+def sweep_points(profile, setup, *, time_limit_s: float, deadline=None,
+                 solver: str = "auto") -> tuple[list[dict], list[str]]:
     """One row per cap: ckplan's and each baseline's predicted iteration (None: does not fit),
     and the solver's status per row. One deadline (default: time_limit_s from now) bounds
     the whole sweep; points it cuts short keep the best plan known, "feasible", not "optimal"."""
-    from planner import baselines, milp
+    from planner import search
     from planner.deadline import Deadline
+    from planner.planning import search_plan
 
     deadline = deadline or Deadline(time_limit_s)
     rows, statuses = [], []
-    for cap in sweep_caps(profile, setup, deadline):
+    for cap in sweep_caps(profile, setup, deadline, solver):
         point = setup.model_copy(update={"mem_caps_bytes": [cap] * setup.stages})
-        refs = baselines.all_baselines(profile, point)
-        best = min((b for b in refs if b.feasible), key=lambda b: b.iteration_ms, default=None)
-        result = milp.plan(profile, point, deadline=deadline, upper_bound_ms=best and best.iteration_ms,
-                           start=best and best.stages)
-        solved = isinstance(result, milp.PlanResult)
+        result, refs = search_plan(profile, point, time_limit_s=time_limit_s, solver=solver, deadline=deadline)
+        solved = isinstance(result, search.PlanResult)
         rows.append({"cap_bytes": cap, "ckplan": result.cost.iteration_ms if solved else None,
                      **{b.name: (b.iteration_ms if b.feasible else None) for b in refs}})
         statuses.append((result.solve if solved else result).status)
     return rows, statuses
 
 
-def run_sweep(profile, setup, *, plot: Path, time_limit_s: float, as_json: bool) -> None:
-    rows, statuses = sweep_points(profile, setup, time_limit_s=time_limit_s)
+def run_sweep(profile, setup, *, plot: Path, time_limit_s: float, as_json: bool, solver: str = "auto") -> None:
+    rows, statuses = sweep_points(profile, setup, time_limit_s=time_limit_s, solver=solver)
     if not rows:
         raise UserError(f"--time-limit {time_limit_s:g} s ran out before the sweep's smallest cap was found; raise it")
     if as_json:

@@ -157,7 +157,12 @@ def zero_one_imbalance(plan: Plan, plan_file: str | Path | None) -> list[str]:
     tensors), and a profile from before tensor sizes were recorded charges none. A sentence
     per stage whose fullest rank will hold more static memory than the plan predicted, from
     the model's tensor sizes (built on meta)."""
-    from planner.dataparallel import bytes_per_param, shard_size, whole_tensor_optim_bytes
+    from planner.dataparallel import (
+        bytes_per_param,
+        shard_size,
+        whole_tensor_optim_bytes,
+        zero_one_excess_bytes,
+    )
     from planner.units import format_bytes
 
     setup = plan.setup
@@ -170,8 +175,9 @@ def zero_one_imbalance(plan: Plan, plan_file: str | Path | None) -> list[str]:
     for stage in plan.stages:
         params = {id(p): p for name in stage.layers for p in layers[name].parameters() if p.requires_grad}
         numels = [p.numel() for p in params.values()]
-        # the cost model's even static, plus the fullest rank's optimizer state beyond its 1/K
-        fullest = sum(numels) * bytes_per_param(setup) + (max(zero_one_partition(numels, ranks)) - sum(numels) / ranks) * optim
+        # the cost model's static, with the exact partition's fullest rank where it charges the largest tensor
+        fullest = sum(numels) * bytes_per_param(setup) + zero_one_excess_bytes(
+            sum(numels), max(zero_one_partition(numels, ranks)), setup)
         over = fullest - stage.predicted.static_bytes
         if over > 0.01 * stage.predicted.static_bytes:
             notes.append(f"stage {stage.index}: ZeroRedundancyOptimizer (ZeRO 1) gives each rank whole tensors "
