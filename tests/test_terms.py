@@ -207,3 +207,42 @@ def test_solve_respects_host_memory_and_says_when_it_rules_out_every_plan(profil
     # fp32 adam offloaded: 16 host bytes per parameter; on cpu the 3 ranks share one host
     assert plan.setup.devices_per_node == 3
     assert max(sum(counts[n] for n in s.layers) for s in plan.stages) * 16 <= 12 * MIB
+
+
+# ---------------------------------------------------------------- one planning path, calibration included
+
+
+def test_solve_evaluate_and_auto_dp_predict_alike_on_a_calibrated_profile(profile_path, tmp_path, monkeypatch):
+    """Calibration reaches every command that plans: the same setup gives the same prediction
+    from solve, evaluate and --auto-dp, and not the uncalibrated one."""
+    from planner.commands.calibrate import calibration_path
+    from planner.schema import Calibration, FileRef, PlacementFit
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)  # every rank gets the profile's one thread
+    args = ["--profile", str(profile_path), "--stages", "2", "--mem", "200MiB", "--microbatches", "4"]
+
+    def solved(*extra):
+        return json.loads(run_ok("solve", *args, *extra, "--out", str(tmp_path / "p.yaml"), "--json").stdout)
+
+    uncalibrated = solved()["iteration_ms"]
+    placements = [PlacementFit(ranks=ranks, threads=1, cores=8, compute_scale=1.5, plan="p.yaml",
+                               measured_iteration_ms=1, predicted_before_ms=1, predicted_after_ms=1)
+                  for ranks in (2, 4)]
+    calibration = Calibration(created_at="2026-01-01T00:00:00+00:00",
+                              profile=FileRef(file=str(profile_path), sha256=io.sha256_file(profile_path)),
+                              backend="gloo", device_type="cpu", send_latency_ms=0.2, send_gb_per_s=1.5,
+                              action_overhead_ms=0.3, placements=placements)
+    calibration_path(profile_path).write_text(calibration.model_dump_json())
+    plan = solved()
+    assert plan["iteration_ms"] > 1.4 * uncalibrated
+    counts = ",".join(str(len(s["layers"])) for s in plan["stages"])
+    ckpts = ",".join(str(len(s["checkpointed"])) for s in plan["stages"])
+    scored = json.loads(run_ok("evaluate", *args, "--layers-per-stage", counts, "--ckpt-per-stage", ckpts,
+                               "--json").stdout)
+    assert scored["hand"]["iteration_ms"] == pytest.approx(plan["iteration_ms"], rel=1e-12)
+    assert scored["ckplan"]["iteration_ms"] == pytest.approx(plan["iteration_ms"], rel=1e-12)
+    with_dp = solved("--dp", "2")["iteration_ms"]
+    trials = json.loads(run_ok("solve", *args, "--dp", "2", "--auto-dp", "--out", str(tmp_path / "a.yaml"),
+                               "--json").stdout)["combinations"]
+    zero0 = next(t for t in trials if t["zero"] == 0 and not t["offload"])
+    assert zero0["iteration_ms"] == pytest.approx(with_dp, rel=1e-12)
