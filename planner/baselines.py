@@ -107,23 +107,23 @@ def _ratio_rules(num_layers: int) -> list[Callable[[int], int]]:
 
 
 def no_checkpointing(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
-    return _stages(profile, even_split(len(profile.layers), setup.stages), lambda size: 0)
+    return _stages(profile, even_split(len(profile.layers), setup.pipeline.stages), lambda size: 0)
 
 
 def full_checkpointing(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
-    return _stages(profile, even_split(len(profile.layers), setup.stages), lambda size: size)
+    return _stages(profile, even_split(len(profile.layers), setup.pipeline.stages), lambda size: size)
 
 
 def colossalai_ratio(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
     """Even split (remainder to middle stages); the same ratio of first layers checkpointed in
     every stage, the smallest ratio that fits (step 1/L)."""
-    sizes = even_split(len(profile.layers), setup.stages)
+    sizes = even_split(len(profile.layers), setup.pipeline.stages)
     return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)))
 
 
 def megatron_block(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
     """Megatron's recompute-method=block: the first N layers of every stage, smallest N that fits."""
-    sizes = even_split(len(profile.layers), setup.stages)
+    sizes = even_split(len(profile.layers), setup.pipeline.stages)
     rules = [lambda size, n=n: min(n, size) for n in range(max(sizes) + 1)]
     return _smallest_fitting(profile, setup, sizes, rules)
 
@@ -131,7 +131,7 @@ def megatron_block(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
 def balanced_ratio(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
     """Compute-balanced split (DeepSpeed/torchtitan style) with the smallest uniform ratio that fits."""
     times = [layer.fwd_ms + layer.bwd_ms for layer in costmodel.layer_costs(profile)]
-    sizes = balanced_split(times, setup.stages)
+    sizes = balanced_split(times, setup.pipeline.stages)
     return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)))
 
 

@@ -99,14 +99,14 @@ JOINT_STEPS = 200
 def fit_joint_scale(sample: PipelineSample, profile: Profile, setup: TrainSetup) -> float:
     """The compute scale that best fits the stages and the iteration together: least squares
     of relative errors, the iteration weighted as much as all stages, searched on a grid
-    between the iteration's own scale and the stages' (setup.compute_scale), where the
+    between the iteration's own scale and the stages' (setup.time.compute_scale), where the
     optimum lies (each error term is monotone in the scale)."""
     def loss(scale: float) -> float:
         cost = costmodel.evaluate(sample.stages, profile, setup.model_copy(update={"compute_scale": scale}))
         stages = sum(((c.time_ms - m) / m) ** 2 for c, m in zip(cost.stages, sample.stage_ms))
         return stages + len(sample.stage_ms) * ((cost.iteration_ms - sample.iteration_ms) / sample.iteration_ms) ** 2
 
-    high = setup.compute_scale
+    high = setup.time.compute_scale
     low = _bisect(lambda scale: predicted_ms(sample, profile, setup.model_copy(update={"compute_scale": scale})),
                   sample.iteration_ms, 0.0, high)  # the iteration's own scale
     return min((low + (high - low) * step / JOINT_STEPS for step in range(JOINT_STEPS + 1)), key=loss)
@@ -130,7 +130,7 @@ def fit_placement(sample: PipelineSample, profile: Profile, setup: TrainSetup, *
     factor fitted. `setup` carries the send constants; returns (fit, action cost)."""
     before = predicted_ms(sample, profile, uncalibrated(setup))
     scaled = setup.model_copy(update={"compute_scale": fit_compute_scale(sample, profile, setup), "cpu_sharing": 1.0})
-    sharing = costmodel.parallel_stages(setup) < setup.stages
+    sharing = costmodel.parallel_stages(setup) < setup.pipeline.stages
     if sharing:
         overhead = action_overhead_ms or 0.0
         scaled = scaled.model_copy(update={"action_overhead_ms": overhead})
@@ -143,8 +143,8 @@ def fit_placement(sample: PipelineSample, profile: Profile, setup: TrainSetup, *
     else:
         overhead = fit_action_overhead(sample, profile, scaled)
         scaled = scaled.model_copy(update={"action_overhead_ms": overhead})
-    fit = PlacementFit(ranks=ranks, threads=threads, cores=cores, compute_scale=scaled.compute_scale,
-                       cpu_sharing=scaled.cpu_sharing, plan=plan, measured_iteration_ms=sample.iteration_ms,
+    fit = PlacementFit(ranks=ranks, threads=threads, cores=cores, compute_scale=scaled.time.compute_scale,
+                       cpu_sharing=scaled.time.cpu_sharing, plan=plan, measured_iteration_ms=sample.iteration_ms,
                        predicted_before_ms=before, predicted_after_ms=predicted_ms(sample, profile, scaled))
     return fit, overhead
 

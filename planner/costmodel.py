@@ -220,9 +220,9 @@ def bytes_per_param(setup: TrainSetup) -> float:
 
 def in_flight(setup: TrainSetup, stage: int) -> int:
     """Microbatches whose activations stage `stage` holds at its peak."""
-    if setup.schedule == "GPipe":
-        return setup.microbatches
-    return min(setup.stages - stage, setup.microbatches)
+    if setup.pipeline.schedule == "GPipe":
+        return setup.pipeline.microbatches
+    return min(setup.pipeline.stages - stage, setup.pipeline.microbatches)
 
 
 def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
@@ -256,14 +256,14 @@ def layer_time_ms(layer: LayerCost, checkpointed: bool) -> float:
 def compute_ms(time_ms: float, setup: TrainSetup) -> float:
     """A profiled compute time as the run will take it: times the calibrated compute scale
     (the launch's threads against the profile's, ranks sharing cores; 1 uncalibrated)."""
-    return time_ms * setup.compute_scale
+    return time_ms * setup.time.compute_scale
 
 
 def send_ms(num_bytes: int, setup: TrainSetup) -> float:
     """One point-to-point send: latency + bytes / bandwidth (calibrated; 0 uncalibrated)."""
-    if setup.send_gb_per_s is None:
-        return setup.send_latency_ms
-    return setup.send_latency_ms + num_bytes / (setup.send_gb_per_s * 1e6)
+    if setup.time.send_gb_per_s is None:
+        return setup.time.send_latency_ms
+    return setup.time.send_latency_ms + num_bytes / (setup.time.send_gb_per_s * 1e6)
 
 
 def first_layer_comm_ms(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
@@ -273,12 +273,12 @@ def first_layer_comm_ms(layer: LayerCost, stage: int, setup: TrainSetup) -> floa
 
 def last_layer_comm_ms(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
     """Per microbatch, a stage before the last sends its output forward."""
-    return send_ms(layer.output_bytes, setup) if stage < setup.stages - 1 else 0.0
+    return send_ms(layer.output_bytes, setup) if stage < setup.pipeline.stages - 1 else 0.0
 
 
 def stage_constant_comm_ms(stage: int, setup: TrainSetup) -> float:
     """Per microbatch every stage runs two schedule actions (forward, backward)."""
-    return 2 * setup.action_overhead_ms
+    return 2 * setup.time.action_overhead_ms
 
 
 def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
@@ -287,7 +287,7 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
     step) and data parallelism's gradient reduction and weight gathers
     (dataparallel.step_term_ms); the step is 0 when the profile has no step time for that
     optimizer. Plus the sums that keep its tied parameters tied, which run as part of the step."""
-    step = dict(layer.step_ms).get(setup.optimizer, 0.0)
+    step = dict(layer.step_ms).get(setup.training.optimizer, 0.0)
     return dataparallel.step_term_ms(layer.param_count, step, setup) + layer.tied_ms
 
 
@@ -306,7 +306,7 @@ def last_layer_kept_bytes(layer: LayerCost) -> int:
 def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
     """Receive buffers for the stage input, one per microbatch, plus the input's gradient
     held by its pending send while the next microbatch runs (none of this on stage 0)."""
-    return (setup.microbatches + 1) * layer.input_bytes if stage > 0 else 0
+    return (setup.pipeline.microbatches + 1) * layer.input_bytes if stage > 0 else 0
 
 
 def first_layer_reduced_back_bytes(layer: LayerCost, setup: TrainSetup) -> float:
@@ -317,19 +317,19 @@ def first_layer_reduced_back_bytes(layer: LayerCost, setup: TrainSetup) -> float
 
 def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
     """Receive buffers for the gradient of the stage output (none on the last stage)."""
-    return setup.microbatches * layer.output_bytes if stage < setup.stages - 1 else 0
+    return setup.pipeline.microbatches * layer.output_bytes if stage < setup.pipeline.stages - 1 else 0
 
 
 def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """The whole batch the schedule holds: the model inputs on the first stage, the targets
     on the last, every microbatch's."""
-    last = stage == setup.stages - 1
-    return setup.microbatches * (profile.batch_input_bytes * (stage == 0) + profile.batch_target_bytes * last)
+    last = stage == setup.pipeline.stages - 1
+    return setup.pipeline.microbatches * (profile.batch_input_bytes * (stage == 0) + profile.batch_target_bytes * last)
 
 
 def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """What the loss keeps for backward, per microbatch, on the last stage."""
-    return profile.loss_bytes if stage == setup.stages - 1 else 0
+    return profile.loss_bytes if stage == setup.pipeline.stages - 1 else 0
 
 
 def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
@@ -342,16 +342,16 @@ def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
 
 def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """The loss's scratch (e.g. cross-entropy's gradients) on the last stage."""
-    return profile.loss_transient_bytes if stage == setup.stages - 1 else 0
+    return profile.loss_transient_bytes if stage == setup.pipeline.stages - 1 else 0
 
 
 def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
     """The loss's forward + backward on the last stage (scaled like the layers' compute)."""
-    return compute_ms(profile.loss_ms, setup) if stage == setup.stages - 1 else 0.0
+    return compute_ms(profile.loss_ms, setup) if stage == setup.pipeline.stages - 1 else 0.0
 
 
 def parallel_stages(setup: TrainSetup) -> int:
-    return min(setup.stages, setup.parallel_stages or setup.stages)
+    return min(setup.pipeline.stages, setup.pipeline.parallel_stages or setup.pipeline.stages)
 
 
 def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup, step_ms: Sequence[float] = ()) -> float:
@@ -368,7 +368,7 @@ def pipeline_ms(total_ms: float, slowest_ms: float, slowest_step_ms: float, tota
                 setup: TrainSetup) -> float:
     """iteration_ms from the stages' sums and maxima (busy time per microbatch, optimizer
     steps), the form the DP solver keeps them in while it grows a plan."""
-    pipeline = total_ms + (setup.microbatches - 1) * slowest_ms + slowest_step_ms
+    pipeline = total_ms + (setup.pipeline.microbatches - 1) * slowest_ms + slowest_step_ms
     return max(pipeline, capacity_ms(total_ms, total_step_ms, setup))
 
 
@@ -376,10 +376,10 @@ def capacity_ms(total_stage_ms: float, total_step_ms: float, setup: TrainSetup) 
     """All the work spread over the stages that compute at once, times cpu_sharing (what
     sharing cores costs beyond its share, calibrated; 1 uncalibrated): a bound only when
     fewer compute at once than there are stages."""
-    if parallel_stages(setup) >= setup.stages:
+    if parallel_stages(setup) >= setup.pipeline.stages:
         return 0.0
-    work = setup.microbatches * total_stage_ms + total_step_ms
-    return setup.cpu_sharing * work / parallel_stages(setup)
+    work = setup.pipeline.microbatches * total_stage_ms + total_step_ms
+    return setup.time.cpu_sharing * work / parallel_stages(setup)
 
 
 def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_ms: float) -> float:
@@ -387,14 +387,14 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
     time: T_iter ≥ Σ_s time_s + (M - 1)·τ + max_s step_s, Σ_s time_s is at least every
     layer's fwd + bwd (+ loss) and the slowest step at least the mean one, so
     (M - 1)·τ* ≤ T_feasible - those two."""
-    if setup.microbatches == 1:
+    if setup.pipeline.microbatches == 1:
         return float("inf")
     layers = layer_costs(profile)
     base = compute_ms(sum(layer_time_ms(layer, False) for layer in layers), setup)
     ctx = Context(profile, setup)
-    base += sum(stage_value(quantity, s, ctx) for s in range(setup.stages) for quantity in ("time", "comm"))
-    base += sum(layer_step_ms(layer, setup) for layer in layers) / setup.stages
-    return (feasible_iteration_ms - base) / (setup.microbatches - 1) * (1 + 1e-9) + 1e-9
+    base += sum(stage_value(quantity, s, ctx) for s in range(setup.pipeline.stages) for quantity in ("time", "comm"))
+    base += sum(layer_step_ms(layer, setup) for layer in layers) / setup.pipeline.stages
+    return (feasible_iteration_ms - base) / (setup.pipeline.microbatches - 1) * (1 + 1e-9) + 1e-9
 
 
 # ---------------------------------------------------------------- the description
@@ -550,9 +550,9 @@ def frees_memory(layer: LayerCost, ctx: Context) -> bool:
 def host_cap_bytes(setup: TrainSetup) -> int | None:
     """A rank's share of its node's host memory: the node's ranks may hold any stage, so each
     gets host_mem / the ranks on a node (dataparallel.host_bytes_per_node). None: not capped."""
-    if setup.host_mem_bytes is None:
+    if setup.data_parallel.host_mem_bytes is None:
         return None
-    return setup.host_mem_bytes // min(setup.devices_per_node, setup.stages * setup.dp)
+    return setup.data_parallel.host_mem_bytes // min(setup.data_parallel.devices_per_node, setup.pipeline.stages * setup.data_parallel.dp)
 
 
 # ---------------------------------------------------------------- stages and plans
@@ -588,10 +588,10 @@ def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: s
     the host). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
     (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
     is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
-    if setup.offload:
+    if setup.data_parallel.offload:
         return 0.0
-    scratch = layer.param_count * _STEP_SCRATCH_PER_PARAM[setup.optimizer]
-    if setup.zero == 1 and device_type != "cuda":
+    scratch = layer.param_count * _STEP_SCRATCH_PER_PARAM[setup.training.optimizer]
+    if setup.data_parallel.zero == 1 and device_type != "cuda":
         return scratch
     return scratch / dataparallel.shard_size(setup)
 
@@ -651,7 +651,7 @@ def stage_cost(
         transient_bytes=transient,
         peak_bytes=int(round(peak_bytes(static + buffers, k, kept, transient, scratch))),
         time_ms=total("time"),
-        cap_bytes=setup.mem_caps_bytes[stage],
+        cap_bytes=setup.pipeline.mem_caps_bytes[stage],
         step_scratch_bytes=int(round(scratch)),
         host_bytes=int(round(total("host"))),
         host_cap_bytes=host_cap_bytes(setup),
@@ -680,8 +680,8 @@ def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -
     in-order cover of the profile's layers."""
     costs = layer_costs(profile)
     position = {layer.name: idx for idx, layer in enumerate(costs)}
-    if len(stages) != setup.stages:
-        raise ValueError(f"plan has {len(stages)} stages, setup has {setup.stages}")
+    if len(stages) != setup.pipeline.stages:
+        raise ValueError(f"plan has {len(stages)} stages, setup has {setup.pipeline.stages}")
     flat = [name for stage in stages for name in stage.layers]
     if flat != [layer.name for layer in costs]:
         unknown = [name for name in flat if name not in position]

@@ -61,34 +61,34 @@ GB = 1e9
 
 def shard_size(setup: TrainSetup) -> int:
     """Ranks one ZeRO shard group spans (1: nothing sharded)."""
-    if setup.zero == 0:
+    if setup.data_parallel.zero == 0:
         return 1
-    return setup.shard_group or setup.dp
+    return setup.data_parallel.shard_group or setup.data_parallel.dp
 
 
 def replicas(setup: TrainSetup) -> int:
     """Shard groups that hold the same shards (all-reduced across)."""
-    return setup.dp // shard_size(setup)
+    return setup.data_parallel.dp // shard_size(setup)
 
 
 def kept_whole(setup: TrainSetup) -> bool:
     """ZeRO 2/3 keeping weights and gradients whole through the iteration's microbatches."""
-    return setup.zero >= 2 and setup.zero_gather == "per-iteration"
+    return setup.data_parallel.zero >= 2 and setup.data_parallel.zero_gather == "per-iteration"
 
 
 def bytes_per_param(setup: TrainSetup) -> float:
     """Weights + grads + optimizer state per parameter on one device at its peak (during the
     microbatches), after ZeRO and offload."""
-    weights, grads, optim = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
+    weights, grads, optim = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
     k = shard_size(setup)
-    if setup.offload:
+    if setup.data_parallel.offload:
         optim = 0
     optim /= k
-    if setup.zero >= 2 and not kept_whole(setup):
+    if setup.data_parallel.zero >= 2 and not kept_whole(setup):
         grads /= k
-    if setup.zero >= 3 and not kept_whole(setup):
+    if setup.data_parallel.zero >= 3 and not kept_whole(setup):
         weights /= k
-    elif setup.zero >= 2:
+    elif setup.data_parallel.zero >= 2:
         # FSDP2, the runtime's ZeRO 2/3, keeps its 1/K shard of the weights beside the
         # gathered weights while it holds them gathered (measured: w + w/K, not w)
         weights += weights / k
@@ -106,10 +106,10 @@ def unsharded_bytes(largest_param_count: int, setup: TrainSetup) -> float:
             kept to overlap (2 w; the gathered weights themselves are in its static bytes);
             backward: the unsharded gradient and the kept reduce-scatter input (2 g)
     0 without sharding, and when ZeRO 2/3 keep weights and gradients whole."""
-    if shard_size(setup) == 1 or kept_whole(setup) or setup.zero < 2:
+    if shard_size(setup) == 1 or kept_whole(setup) or setup.data_parallel.zero < 2:
         return 0.0
-    weights, grads, _ = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
-    if setup.zero >= 3:
+    weights, grads, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
+    if setup.data_parallel.zero >= 3:
         return largest_param_count * (2 * weights + 2 * grads)
     return largest_param_count * 2 * max(weights, grads)
 
@@ -128,9 +128,9 @@ def zero_one_excess_bytes(param_count: float, largest_param_count: int, setup: T
 def whole_tensor_optim_bytes(setup: TrainSetup) -> float:
     """Optimizer state bytes per parameter that ZeRO 1's whole-tensor partition places on the
     device (o); 0 where no rank holds whole tensors of a shard group's state there."""
-    if setup.zero != 1 or shard_size(setup) == 1 or setup.offload:
+    if setup.data_parallel.zero != 1 or shard_size(setup) == 1 or setup.data_parallel.offload:
         return 0.0
-    return BYTES_PER_PARAM[(setup.precision, setup.optimizer)][2]
+    return BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)][2]
 
 
 def reduced_bytes_per_param(setup: TrainSetup) -> float:
@@ -140,9 +140,9 @@ def reduced_bytes_per_param(setup: TrainSetup) -> float:
     reduced: g / K per parameter of every layer but the one computing (costmodel charges the
     stage's layers and takes the first one's back). ZeRO 2 frees more as it goes: each
     reduced layer's gathered weights (w >= g / K) are resharded."""
-    if setup.zero < 3 or kept_whole(setup) or replicas(setup) == 1 or shard_size(setup) == 1:
+    if setup.data_parallel.zero < 3 or kept_whole(setup) or replicas(setup) == 1 or shard_size(setup) == 1:
         return 0.0
-    _, grads, _ = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
+    _, grads, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
     return grads / shard_size(setup)
 
 
@@ -150,10 +150,10 @@ def host_bytes_per_param(setup: TrainSetup) -> float:
     """Host bytes per parameter of the rank with the optimizer offloaded: the optimizer state
     (with bf16-mixed its fp32 master), an fp32 copy of the weights for fp32 training, and the
     fp32 gradient the step reads; / K with ZeRO ≥ 1. 0 without offload."""
-    if not setup.offload:
+    if not setup.data_parallel.offload:
         return 0.0
-    _, _, optim = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
-    master = FP32_BYTES if setup.precision == "fp32" else 0
+    _, _, optim = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
+    master = FP32_BYTES if setup.training.precision == "fp32" else 0
     return (optim + master + FP32_BYTES) / shard_size(setup)
 
 
@@ -176,19 +176,19 @@ def reduce_scatter_ms(num_bytes: float, ranks: int, gb_per_s: float | None) -> f
 def reductions_per_iteration(setup: TrainSetup) -> int:
     """ZeRO 2/3 reduce every microbatch's gradients; ZeRO 0/1 (and 2/3 kept whole) accumulate,
     then reduce once."""
-    return setup.microbatches if setup.zero >= 2 and not kept_whole(setup) else 1
+    return setup.pipeline.microbatches if setup.data_parallel.zero >= 2 and not kept_whole(setup) else 1
 
 
 def grad_reduce_ms(param_count: int, setup: TrainSetup) -> float:
     """Gradient reduction of these parameters per iteration."""
-    if setup.dp == 1:
+    if setup.data_parallel.dp == 1:
         return 0.0
-    _, grads, _ = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
+    _, grads, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
     num_bytes, k, r = param_count * grads, shard_size(setup), replicas(setup)
     if k == 1:
-        return all_reduce_ms(num_bytes, setup.dp, setup.shard_gb_per_s)
-    once = reduce_scatter_ms(num_bytes, k, setup.shard_gb_per_s) + all_reduce_ms(num_bytes / k, r,
-                                                                                 setup.replica_gb_per_s)
+        return all_reduce_ms(num_bytes, setup.data_parallel.dp, setup.data_parallel.shard_gb_per_s)
+    once = reduce_scatter_ms(num_bytes, k, setup.data_parallel.shard_gb_per_s) + all_reduce_ms(num_bytes / k, r,
+                                                                                 setup.data_parallel.replica_gb_per_s)
     return once * reductions_per_iteration(setup)
 
 
@@ -198,25 +198,25 @@ def weight_gather_ms(param_count: int, setup: TrainSetup) -> float:
     k = shard_size(setup)
     if k == 1:
         return 0.0
-    weights, _, _ = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
-    gathers = 2 * setup.microbatches if setup.zero >= 3 and not kept_whole(setup) else 1
-    return gathers * reduce_scatter_ms(param_count * weights, k, setup.shard_gb_per_s)
+    weights, _, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
+    gathers = 2 * setup.pipeline.microbatches if setup.data_parallel.zero >= 3 and not kept_whole(setup) else 1
+    return gathers * reduce_scatter_ms(param_count * weights, k, setup.data_parallel.shard_gb_per_s)
 
 
 def offload_phases_ms(param_count: int, setup: TrainSetup) -> tuple[float, float, float]:
     """(device→host gradient copy, host step, host→device weight copy) for the parameters of
-    these that this rank steps. The host step needs setup.host_step_ns_per_param."""
-    weights, grads, _ = BYTES_PER_PARAM[(setup.precision, setup.optimizer)]
+    these that this rank steps. The host step needs setup.data_parallel.host_step_ns_per_param."""
+    weights, grads, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
     owned = param_count / shard_size(setup)
-    step_ms = owned * (setup.host_step_ns_per_param or 0.0) / 1e6
-    return _ms(owned * grads, setup.host_gb_per_s), step_ms, _ms(owned * weights, setup.host_gb_per_s)
+    step_ms = owned * (setup.data_parallel.host_step_ns_per_param or 0.0) / 1e6
+    return _ms(owned * grads, setup.data_parallel.host_gb_per_s), step_ms, _ms(owned * weights, setup.data_parallel.host_gb_per_s)
 
 
 def offload_ms(param_count: int, setup: TrainSetup) -> float:
     """Copy–step–copy for these parameters: serial, the sum; overlapped in chunks, every chunk
     the slowest phase, plus the first chunk's other two phases (the fill)."""
     phases = offload_phases_ms(param_count, setup)
-    if not setup.offload_overlap:
+    if not setup.data_parallel.offload_overlap:
         return sum(phases)
     owned = param_count / shard_size(setup)
     first_chunk = min(owned, OFFLOAD_CHUNK_PARAMS) / owned if owned else 0.0
@@ -226,13 +226,13 @@ def offload_ms(param_count: int, setup: TrainSetup) -> float:
 def device_step_ms(step_ms: float, setup: TrainSetup) -> float:
     """The measured device step of these parameters, for the 1/K of them this rank owns;
     with offload the step runs on the host instead (offload_ms)."""
-    return 0.0 if setup.offload else step_ms / shard_size(setup)
+    return 0.0 if setup.data_parallel.offload else step_ms / shard_size(setup)
 
 
 def step_term_ms(param_count: int, step_ms: float, setup: TrainSetup) -> float:
     """Everything data parallelism charges a layer once per iteration: its optimizer step (on
     the device, or offloaded), its gradient reduction and its weight gathers."""
-    offload = offload_ms(param_count, setup) if setup.offload else 0.0
+    offload = offload_ms(param_count, setup) if setup.data_parallel.offload else 0.0
     return (device_step_ms(step_ms, setup) + offload + grad_reduce_ms(param_count, setup)
             + weight_gather_ms(param_count, setup))
 
@@ -298,28 +298,28 @@ def host_bytes_per_node(stage_param_counts: Sequence[int], setup: TrainSetup) ->
     """Host memory the offloaded optimizer takes on one node: every rank there as much as the
     busiest stage's (the node's ranks may hold any stage)."""
     busiest = max(stage_param_counts, default=0) * host_bytes_per_param(setup)
-    return busiest * min(setup.devices_per_node, setup.stages * setup.dp)
+    return busiest * min(setup.data_parallel.devices_per_node, setup.pipeline.stages * setup.data_parallel.dp)
 
 
 def described(setup: TrainSetup) -> str:
     """The ZeRO stage, shard group and offload in words: "ZeRO-1 in shard groups of 4,
     optimizer offloaded"."""
-    group = f" in shard groups of {shard_size(setup)}" if setup.zero else ""
-    return f"ZeRO-{setup.zero}{group}" + (", optimizer offloaded" if setup.offload else "")
+    group = f" in shard groups of {shard_size(setup)}" if setup.data_parallel.zero else ""
+    return f"ZeRO-{setup.data_parallel.zero}{group}" + (", optimizer offloaded" if setup.data_parallel.offload else "")
 
 
 def communicated(setup: TrainSetup) -> str:
     """What crosses links per iteration, in a few words: AR all-reduce, RS reduce-scatter, AG
     all-gather (over n ranks: /n), xN times per iteration, offload's copies and host step."""
-    k, r, m = shard_size(setup), replicas(setup), setup.microbatches
+    k, r, m = shard_size(setup), replicas(setup), setup.pipeline.microbatches
     parts = []
-    if setup.dp > 1 and k == 1:
-        parts.append(f"AR grads/{setup.dp}")
+    if setup.data_parallel.dp > 1 and k == 1:
+        parts.append(f"AR grads/{setup.data_parallel.dp}")
     elif k > 1:
-        per_microbatch = setup.zero >= 2 and not kept_whole(setup)
+        per_microbatch = setup.data_parallel.zero >= 2 and not kept_whole(setup)
         across = f"+AR/{r}" if r > 1 else ""
         parts.append(f"RS grads/{k}{across}" + (f" x{m}" if per_microbatch else ""))
-        parts.append(f"AG weights/{k} x{2 * m}" if per_microbatch and setup.zero >= 3 else f"AG weights/{k}")
-    if setup.offload:
-        parts.append("D2H, host step, H2D " + ("overlapped" if setup.offload_overlap else "serial"))
+        parts.append(f"AG weights/{k} x{2 * m}" if per_microbatch and setup.data_parallel.zero >= 3 else f"AG weights/{k}")
+    if setup.data_parallel.offload:
+        parts.append("D2H, host step, H2D " + ("overlapped" if setup.data_parallel.offload_overlap else "serial"))
     return ", ".join(parts) or "nothing"

@@ -112,9 +112,9 @@ class Chain:
                 const_held_bytes=sum(costmodel.stage_value(q, s, ctx) for q in HELD),
                 loss_scratch_bytes=costmodel.stage_value("extra", s, ctx),
                 const_ms=sum(costmodel.stage_value(q, s, ctx) for q in BUSY),
-                cap_bytes=setup.mem_caps_bytes[s],
+                cap_bytes=setup.pipeline.mem_caps_bytes[s],
             )
-            for s in range(setup.stages)
+            for s in range(setup.pipeline.stages)
         ]
 
     def __len__(self) -> int:
@@ -320,7 +320,7 @@ def fastest_cuts(chain: Chain, found: list[Segment], *, upper_bound_ms: float, d
     """The segments (one per stage) of the fastest plan no slower than upper_bound_ms, and its
     iteration time; None when there is none."""
     setup = chain.setup
-    num_stages, num_layers = setup.stages, len(chain)
+    num_stages, num_layers = setup.pipeline.stages, len(chain)
     total_step = sum(chain.step_ms)
     by_start, by_end = _index(found, num_stages, "start"), _index(found, num_stages, "end")
     least_sum, least_max = _remaining_bounds(by_start, num_stages, num_layers)
@@ -428,11 +428,11 @@ def fastest_plan(profile: Profile, setup: TrainSetup, *, upper_bound_ms: float |
     a pass whose caps are at least the bounds of the best plan was exhaustive."""
     chain = Chain(profile, setup)
     bound_ms = INF if upper_bound_ms is None else upper_bound_ms
-    floor_ms = (sum(chain.plain_ms) + chain.stages[-1].const_ms) / setup.stages
+    floor_ms = (sum(chain.plain_ms) + chain.stages[-1].const_ms) / setup.pipeline.stages
     limits = _limits(chain, bound_ms)
     # when fewer stages compute at once than there are, Σ time decides and the bottleneck
     # bound stays loose: the first pass recomputes nothing, a cheap start for the real one
-    sharing = costmodel.parallel_stages(setup) < setup.stages
+    sharing = costmodel.parallel_stages(setup) < setup.pipeline.stages
     caps = (floor_ms + (limits[0] - floor_ms) * PROBE_FRACTION, 0.0 if sharing else limits[1] * PROBE_FRACTION)
     best = None
     try:
@@ -470,10 +470,10 @@ def recompute_budget_ms(chain: Chain, bound_ms: float) -> float:
     at most (bound - mean step) / (1 + (M - 1) / P) (the slowest stage is at least the
     mean one) and, when fewer stages compute at once (C < P), (C·bound / h - Σ step) / M."""
     setup = chain.setup
-    micro, steps = setup.microbatches, sum(chain.step_ms)
-    total_ms = (bound_ms - steps / setup.stages) / (1 + (micro - 1) / setup.stages)
-    if costmodel.parallel_stages(setup) < setup.stages:
-        total_ms = min(total_ms, (costmodel.parallel_stages(setup) * bound_ms / setup.cpu_sharing - steps) / micro)
+    micro, steps = setup.pipeline.microbatches, sum(chain.step_ms)
+    total_ms = (bound_ms - steps / setup.pipeline.stages) / (1 + (micro - 1) / setup.pipeline.stages)
+    if costmodel.parallel_stages(setup) < setup.pipeline.stages:
+        total_ms = min(total_ms, (costmodel.parallel_stages(setup) * bound_ms / setup.time.cpu_sharing - steps) / micro)
     plain_ms = sum(chain.plain_ms) + chain.stages[-1].const_ms
     return total_ms - plain_ms + 1e-9 * total_ms
 
@@ -497,4 +497,4 @@ def lower_bound_ms(profile: Profile, setup: TrainSetup) -> float:
     chain = Chain(profile, setup)
     base = sum(chain.plain_ms) + chain.stages[-1].const_ms
     steps = sum(chain.step_ms)
-    return costmodel.pipeline_ms(base, base / setup.stages, steps / setup.stages, steps, setup)
+    return costmodel.pipeline_ms(base, base / setup.pipeline.stages, steps / setup.pipeline.stages, steps, setup)

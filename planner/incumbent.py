@@ -49,7 +49,7 @@ def _segments(profile: Profile, setup: TrainSetup, max_time_ms: float,
               deadline: Deadline) -> dict[tuple[int, int, int], tuple[float, list[bool]]]:
     """(stage, start, end) -> (time, flags) for segments that fit with greedy checkpointing."""
     layers = costmodel.layer_costs(profile)
-    num_layers, num_stages = len(layers), setup.stages
+    num_layers, num_stages = len(layers), setup.pipeline.stages
     plain = [costmodel.compute_ms(costmodel.layer_time_ms(layer, False), setup) for layer in layers]
     found = {}
     for s in range(num_stages):
@@ -93,10 +93,10 @@ def heuristic_plan(profile: Profile, setup: TrainSetup, *, upper_bound_ms: float
     num_layers = len(profile.layers)
     max_time = math.inf if upper_bound_ms is None else costmodel.bottleneck_bound_ms(profile, setup, upper_bound_ms)
     segments = _segments(profile, setup, max_time, deadline)
-    by_stage = [[(i, j, t) for (s, i, j), (t, _) in segments.items() if s == stage] for stage in range(setup.stages)]
+    by_stage = [[(i, j, t) for (s, i, j), (t, _) in segments.items() if s == stage] for stage in range(setup.pipeline.stages)]
     # the bottleneck is at least the average stage's plain time: sweep caps from there up
     floor = costmodel.compute_ms(sum(costmodel.layer_time_ms(layer, False) for layer in costmodel.layer_costs(profile)),
-                                 setup) / setup.stages
+                                 setup) / setup.pipeline.stages
     times = sorted({time_ms for time_ms, _ in segments.values() if time_ms >= floor})
     if not times:
         return None
@@ -104,7 +104,7 @@ def heuristic_plan(profile: Profile, setup: TrainSetup, *, upper_bound_ms: float
     best_stages, best_ms = None, math.inf
     for cap_ms in picks:
         deadline.check()
-        chosen = _least_total(by_stage, setup.stages, num_layers, cap_ms)
+        chosen = _least_total(by_stage, setup.pipeline.stages, num_layers, cap_ms)
         if chosen is None:
             continue
         flags = [False] * num_layers

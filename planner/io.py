@@ -14,7 +14,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.errors import UserError
-from planner.schema import SCHEMA_VERSION, FileRef, Plan, Profile, RunReport
+from planner.schema import (
+    PLAN_SCHEMA_VERSION,
+    PLAN_SCHEMA_VERSIONS,
+    SCHEMA_VERSION,
+    FileRef,
+    Plan,
+    Profile,
+    RunReport,
+)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -178,7 +186,8 @@ def describe_error(exc: ValidationError) -> str:
     shown = f" = {value!r:.40}" if where and isinstance(value, int | float | str | bool) else ""
     message = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
     more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-    return f"field '{where}'{shown}: {message}{more}" if where else f"{message}{more}"
+    whole = isinstance(value, dict) and first["type"] == "value_error"  # a part's own check names its fields
+    return f"field '{where}'{shown}: {message}{more}" if where and not whole else f"{message}{more}"
 
 
 def _read_text(path: str | Path, what: str) -> str:
@@ -193,15 +202,18 @@ def _read_text(path: str | Path, what: str) -> str:
         raise UserError(f"cannot read {what} {path}: {exc}") from exc
 
 
-def _validate(model: type[ModelT], data: object, path: str | Path, what: str, remedy: str) -> ModelT:
+def _validate(model: type[ModelT], data: object, path: str | Path, what: str, remedy: str,
+              versions: tuple[int, ...] = (SCHEMA_VERSION,)) -> ModelT:
     if not isinstance(data, dict):
         raise UserError(f"{path} is not a ckplan {what}; {remedy}")
     version = data.get("schema_version")
-    if version is not None and version != SCHEMA_VERSION:
+    if version is not None and version not in versions:
         raise UserError(
             f"{path} is a {what} of schema version {version}, this ckplan reads version "
-            f"{SCHEMA_VERSION}; {remedy}"
+            f"{' or '.join(map(str, versions))}; {remedy}"
         )
+    if model is Plan and version != PLAN_SCHEMA_VERSION:
+        data = {**data, "schema_version": PLAN_SCHEMA_VERSION}  # the setup's parts are nested on validation
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -229,7 +241,7 @@ def load_plan(path: str | Path) -> Plan:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML; {remedy}") from exc
-    return _validate(Plan, data, path, "plan", remedy)
+    return _validate(Plan, data, path, "plan", remedy, versions=PLAN_SCHEMA_VERSIONS)
 
 
 def plan_profile_path(plan: Plan, plan_path: str | Path, *, remedy: str) -> Path:

@@ -121,10 +121,10 @@ def build_problem(
     time of any feasible plan (e.g. the best baseline's), bounds the bottleneck τ.
     objective="memory": the smallest factor by which every cap could be scaled and still fit."""
     layers = costmodel.layer_costs(profile)
-    if setup.stages > len(layers):
-        raise ValueError(f"{setup.stages} stages need at least {setup.stages} layers, the profile has {len(layers)}")
+    if setup.pipeline.stages > len(layers):
+        raise ValueError(f"{setup.pipeline.stages} stages need at least {setup.pipeline.stages} layers, the profile has {len(layers)}")
     runs = find_runs(layers)
-    num_stages, num_runs = setup.stages, len(runs)
+    num_stages, num_runs = setup.pipeline.stages, len(runs)
     lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
     problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective)
     tau_max = float("inf")
@@ -219,10 +219,10 @@ def build_problem(
             slowest_step = pulp.LpVariable("sigma", lowBound=0)
             for s in range(num_stages):
                 lp += pulp.lpSum(step_of[g] * n(s, g) for g in range(num_runs)) <= slowest_step, f"step_{s}"
-        lp += t_iter >= pulp.lpSum(stage_times) + (setup.microbatches - 1) * tau + slowest_step, "critical_path"
-        if costmodel.parallel_stages(setup) < setup.stages:
+        lp += t_iter >= pulp.lpSum(stage_times) + (setup.pipeline.microbatches - 1) * tau + slowest_step, "critical_path"
+        if costmodel.parallel_stages(setup) < setup.pipeline.stages:
             total_step = sum(step_of[g] * run.size for g, run in enumerate(runs))
-            lp += t_iter >= setup.cpu_sharing * (setup.microbatches * pulp.lpSum(stage_times) + total_step) / (
+            lp += t_iter >= setup.time.cpu_sharing * (setup.pipeline.microbatches * pulp.lpSum(stage_times) + total_step) / (
                 costmodel.parallel_stages(setup)), "capacity"
         lp += t_iter
     else:
@@ -365,7 +365,7 @@ def _presence(problem: Problem, name: str, count, size: int):
 def _cap_mib(problem: Problem, s: int):
     """cap_s - margin; for the memory objective scale·cap_s - margin (a cap of a few KiB can
     grow too)."""
-    cap = problem.setup.mem_caps_bytes[s] / MIB
+    cap = problem.setup.pipeline.mem_caps_bytes[s] / MIB
     if problem.scale is not None:
         cap = cap * problem.scale
     return cap - costmodel.FIT_MARGIN_BYTES / MIB
@@ -474,10 +474,10 @@ def extract_plan(problem: Problem) -> list[StagePlan]:
     """Stage boundaries from the prefix counts; in each stage, the first r[s,g] layers of
     each run are the checkpointed ones (same-kind layers cost the same)."""
     setup, runs = problem.setup, problem.runs
-    prefix = [[int(round(pulp.value(problem.y[s, g]))) for g in range(len(runs))] for s in range(setup.stages)]
-    bounds = [0] + [sum(prefix[s]) for s in range(setup.stages - 1)]
+    prefix = [[int(round(pulp.value(problem.y[s, g]))) for g in range(len(runs))] for s in range(setup.pipeline.stages)]
+    bounds = [0] + [sum(prefix[s]) for s in range(setup.pipeline.stages - 1)]
     checkpointed = [False] * sum(run.size for run in runs)
-    for s in range(setup.stages):
+    for s in range(setup.pipeline.stages):
         for g, run in enumerate(runs):
             if (s, g) not in problem.r:
                 continue

@@ -24,7 +24,7 @@ def optimizer_class(name: str) -> tuple[type[torch.optim.Optimizer], dict]:
         return torch.optim.Adam, {"lr": ADAM_LR}
     if name == "sgd":
         return torch.optim.SGD, {"lr": SGD_LR, "momentum": SGD_MOMENTUM}
-    raise UserError(f"unknown optimizer {name!r}; the plan's setup.optimizer must be one of {', '.join(OPTIMIZERS)}")
+    raise UserError(f"unknown optimizer {name!r}; the plan's setup.training.optimizer must be one of {', '.join(OPTIMIZERS)}")
 
 
 def make_optimizer(name: str, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -105,9 +105,9 @@ def infeasible_message(shortfalls, setup) -> str:
                 f"optimizer needs {format_bytes(need.need_bytes)} per rank against its share of --host-mem, "
                 f"{format_bytes(need.cap_bytes)}; raise --host-mem, shard it with --zero 1 and --dp > 1, add "
                 "--stages, or drop --offload-optimizer")
-    caps = setup.mem_caps_bytes
+    caps = setup.pipeline.mem_caps_bytes
     if len(set(caps)) == 1:
-        smallest = (f"the smallest cap that works with {setup.stages} stages is "
+        smallest = (f"the smallest cap that works with {setup.pipeline.stages} stages is "
                     f"{format_bytes(need.need_bytes, round_up=True)}")
     else:
         smallest = f"every cap would have to grow by {need.over_fraction * 100:.0f}%"

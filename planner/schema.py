@@ -12,6 +12,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 SCHEMA_VERSION = 1
+# plans: 2 gives the setup in parts (TrainSetup); version 1 plans, with the setup flat, load
+# as they are (TrainSetup nests their fields)
+PLAN_SCHEMA_VERSION = 2
+PLAN_SCHEMA_VERSIONS = (1, 2)
 
 Schedule = Literal["1F1B", "GPipe"]
 Optimizer = Literal["adam", "sgd"]
@@ -134,16 +138,39 @@ class Profile(Strict):
 # ---------------------------------------------------------------- setup and plan
 
 
-class TrainSetup(Strict):
-    """How the model is trained: what the cost model needs besides the profile."""
+class PipelineSetup(Strict):
+    """The pipeline: how many stages, the microbatches they pass, the schedule, the caps."""
 
     stages: int = Field(gt=0)  # pipeline stages, one device each
     microbatches: int = Field(gt=0)  # per iteration per pipeline
     micro_batch_size: int = Field(gt=0)
     schedule: Schedule = "1F1B"
     mem_caps_bytes: list[int]  # one per stage; devices may differ
-    optimizer: Optimizer = "adam"
-    precision: Precision = "fp32"
+    # stages that can compute at the same time: all of them with one device each (None);
+    # fewer when ranks share CPU cores, which bounds the iteration by total work / this
+    parallel_stages: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _caps_per_stage(self) -> PipelineSetup:
+        if len(self.mem_caps_bytes) != self.stages:
+            raise ValueError(
+                f"mem_caps_bytes has {len(self.mem_caps_bytes)} entries for {self.stages} stages"
+            )
+        if any(cap <= 0 for cap in self.mem_caps_bytes):
+            raise ValueError("every memory cap must be greater than zero")
+        return self
+
+
+# A link or copy bandwidth past this is no hardware (HBM moves ~5e3 GB/s); a host step past
+# MAX_MS ms per parameter is a mangled file, not a measurement.
+MAX_GB_PER_S = 1e5
+GbPerS = Annotated[float, Field(gt=0, le=MAX_GB_PER_S, allow_inf_nan=False)]
+
+
+class DataParallelSetup(Strict):
+    """Data parallelism: replicas, ZeRO over shard groups (HSDP), optimizer offload, and the
+    links and host they use."""
+
     dp: int = Field(default=1, gt=0)  # data-parallel replicas (ZeRO shards over these)
     zero: int = Field(default=0, ge=0, le=3)
     offload: bool = False  # optimizer state in host memory
@@ -158,43 +185,103 @@ class TrainSetup(Strict):
     # GB/s per rank for the gradient reduction inside a shard group (ZeRO 0: among all dp
     # ranks), across shard groups, and for host<->device copies; None: that traffic is not
     # charged (plans made before it was modelled; a CPU profile's host is its device)
-    shard_gb_per_s: float | None = Field(default=None, gt=0)
-    replica_gb_per_s: float | None = Field(default=None, gt=0)
-    host_gb_per_s: float | None = Field(default=None, gt=0)
-    host_step_ns_per_param: float | None = Field(default=None, ge=0)  # the optimizer on the host (offload)
-    host_mem_bytes: int | None = Field(default=None, gt=0)  # host memory of a node, shared by its ranks
+    shard_gb_per_s: GbPerS | None = None
+    replica_gb_per_s: GbPerS | None = None
+    host_gb_per_s: GbPerS | None = None
+    host_step_ns_per_param: float | None = Field(default=None, ge=0, le=MAX_MS, allow_inf_nan=False)  # the host's optimizer
+    host_mem_bytes: int | None = Field(default=None, gt=0, le=MAX_BYTES)  # host memory of a node, shared by its ranks
     devices_per_node: int = Field(default=1, gt=0)  # ranks sharing one host's memory
     dp_notes: list[str] = []  # where the bandwidths and the host step speed came from
-    # stages that can compute at the same time: all of them with one device each (None);
-    # fewer when ranks share CPU cores, which bounds the iteration by total work / this
-    parallel_stages: int | None = Field(default=None, gt=0)
-    # Per microbatch every stage boundary sends the output forward and its gradient back, each
-    # send latency + bytes / bandwidth, and every forward or backward is one schedule action
-    # with a fixed cost; compute takes compute_scale x the profile's times (other threads than
-    # profiled, ranks sharing cores) and work spread over shared cores cpu_sharing x its share.
-    # Measured by `ckplan calibrate` (planner/calibrate.py); the defaults charge nothing.
-    send_latency_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    send_gb_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # None: bytes not charged
-    action_overhead_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    compute_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    cpu_sharing: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    calibration: str | None = None  # where those constants came from (file, when, placement)
 
     @model_validator(mode="after")
-    def _caps_per_stage(self) -> TrainSetup:
-        if len(self.mem_caps_bytes) != self.stages:
-            raise ValueError(
-                f"mem_caps_bytes has {len(self.mem_caps_bytes)} entries for {self.stages} stages"
-            )
-        if any(cap <= 0 for cap in self.mem_caps_bytes):
-            raise ValueError("every memory cap must be greater than zero")
-        return self
-
-    @model_validator(mode="after")
-    def _shard_group_divides_dp(self) -> TrainSetup:
+    def _shard_group_divides_dp(self) -> DataParallelSetup:
         if self.shard_group is not None and self.dp % self.shard_group:
             raise ValueError(f"shard_group {self.shard_group} does not divide dp {self.dp}")
         return self
+
+
+class TrainingSetup(Strict):
+    """What each parameter costs: the optimizer and the precision."""
+
+    optimizer: Optimizer = "adam"
+    precision: Precision = "fp32"
+
+
+# A scale past this (a stage 1000x slower than profiled) or a latency past a second is a
+# fit gone wrong, not a machine.
+MAX_SCALE = 1e3
+
+
+class TimeConstants(Strict):
+    """Per microbatch every stage boundary sends the output forward and its gradient back, each
+    send latency + bytes / bandwidth, and every forward or backward is one schedule action with
+    a fixed cost; compute takes compute_scale x the profile's times (other threads than
+    profiled, ranks sharing cores) and work spread over shared cores cpu_sharing x its share.
+    Measured by `ckplan calibrate` (planner/calibrate.py); the defaults charge nothing."""
+
+    send_latency_ms: float = Field(default=0.0, ge=0, le=1e3, allow_inf_nan=False)
+    send_gb_per_s: GbPerS | None = None  # None: bytes not charged
+    action_overhead_ms: float = Field(default=0.0, ge=0, le=1e3, allow_inf_nan=False)
+    compute_scale: float = Field(default=1.0, gt=0, le=MAX_SCALE, allow_inf_nan=False)
+    cpu_sharing: float = Field(default=1.0, gt=0, le=MAX_SCALE, allow_inf_nan=False)
+    calibration: str | None = None  # where those constants came from (file, when, placement)
+
+
+SETUP_PARTS: dict[str, type[Strict]] = {
+    "pipeline": PipelineSetup, "data_parallel": DataParallelSetup, "training": TrainingSetup, "time": TimeConstants,
+}
+PART_OF_FIELD = {name: part for part, model in SETUP_PARTS.items() for name in model.model_fields}
+
+
+def nest_setup_fields(flat: dict) -> dict:
+    """A setup written flat (schema version 1 plans, and keyword arguments) in its parts; keys
+    already in parts, and keys of no part (refused by validation), stay as they are."""
+    nested: dict = {}
+    for key, value in flat.items():
+        part = PART_OF_FIELD.get(key)
+        if part is None:
+            nested[key] = value
+        else:
+            nested.setdefault(part, {})
+            if not isinstance(nested[part], dict):
+                nested[part] = dict(nested[part])
+            nested[part][key] = value
+    return nested
+
+
+class TrainSetup(Strict):
+    """How the model is trained: what the cost model needs besides the profile, in one typed
+    part per concern (torchtitan's way): a function takes the part it needs."""
+
+    pipeline: PipelineSetup
+    data_parallel: DataParallelSetup = DataParallelSetup()
+    training: TrainingSetup = TrainingSetup()
+    time: TimeConstants = TimeConstants()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parts(cls, data):
+        if isinstance(data, dict) and any(key in PART_OF_FIELD for key in data):
+            parts = {key: value for key, value in data.items() if key in SETUP_PARTS}
+            flat = {key: value for key, value in data.items() if key not in SETUP_PARTS}
+            nested = nest_setup_fields(flat)
+            for part, fields in nested.items():
+                if part in SETUP_PARTS and isinstance(parts.get(part), dict):
+                    nested[part] = {**parts.pop(part), **fields}
+            return {**parts, **nested}
+        return data
+
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> TrainSetup:
+        """A copy with `update` (fields by their own names or by part) validated, never set blindly."""
+        if not update:
+            return super().model_copy(deep=deep)
+        data = self.model_dump()
+        for part, fields in nest_setup_fields(update).items():
+            if part in SETUP_PARTS and isinstance(fields, dict):
+                data[part] = {**data[part], **fields}
+            else:
+                data[part] = fields.model_dump() if isinstance(fields, BaseModel) else fields
+        return TrainSetup.model_validate(data)
 
 
 class StagePredicted(Strict):
@@ -249,7 +336,7 @@ class BaselineResult(Strict):
 
 
 class Plan(Strict):
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = PLAN_SCHEMA_VERSION
     created_at: str
     model: FileRef  # launch refuses a plan whose model file changed
     profile: FileRef
@@ -264,8 +351,8 @@ class Plan(Strict):
 
     @model_validator(mode="after")
     def _stages_match_setup(self) -> Plan:
-        if len(self.stages) != self.setup.stages:
-            raise ValueError(f"plan has {len(self.stages)} stages but setup.stages is {self.setup.stages}")
+        if len(self.stages) != self.setup.pipeline.stages:
+            raise ValueError(f"plan has {len(self.stages)} stages but setup.pipeline.stages is {self.setup.pipeline.stages}")
         if [stage.index for stage in self.stages] != list(range(len(self.stages))):
             raise ValueError("stage indices must be 0, 1, 2, ... in order")
         return self

@@ -74,7 +74,7 @@ def pick_solver(setup: TrainSetup, solver: Solver = "auto") -> Literal["dp", "mi
     ckplan plans today), the MILP otherwise; a named solver as asked."""
     if solver != "auto":
         return solver
-    return "dp" if setup.schedule in ("1F1B", "GPipe") else "milp"
+    return "dp" if setup.pipeline.schedule in ("1F1B", "GPipe") else "milp"
 
 
 def plan(
@@ -186,7 +186,7 @@ def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, de
     take the heuristic's plan when it beats the one given (within 0.05% of the optimum on
     heterogeneous 128x16, against 15% for the best baseline). Runs of identical layers
     keep the MILP small without it."""
-    if len(milp.find_runs(costmodel.layer_costs(profile))) <= HEURISTIC_RUNS_PER_STAGE * setup.stages:
+    if len(milp.find_runs(costmodel.layer_costs(profile))) <= HEURISTIC_RUNS_PER_STAGE * setup.pipeline.stages:
         return upper_bound_ms, start
     found = incumbent.heuristic_plan(profile, setup, upper_bound_ms=upper_bound_ms, deadline=deadline)
     if found is None:
@@ -229,9 +229,9 @@ def least_host_bytes(profile: Profile, setup: TrainSetup) -> float:
     as evenly as contiguous stages allow (the exact linear partition of baselines)."""
     ctx = costmodel.Context(profile, setup)
     per_layer = [costmodel.layer_value("host", layer, False, ctx) for layer in costmodel.layer_costs(profile)]
-    sizes = baselines.balanced_split(per_layer, setup.stages)
-    bounds = [sum(sizes[:s]) for s in range(setup.stages + 1)]
-    return max(sum(per_layer[bounds[s]:bounds[s + 1]]) for s in range(setup.stages))
+    sizes = baselines.balanced_split(per_layer, setup.pipeline.stages)
+    bounds = [sum(sizes[:s]) for s in range(setup.pipeline.stages + 1)]
+    return max(sum(per_layer[bounds[s]:bounds[s + 1]]) for s in range(setup.pipeline.stages))
 
 
 def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: Solver = "auto",
@@ -257,7 +257,7 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
     scale, cost = least
     if scale <= 1:
         return found
-    s = max(range(setup.stages), key=lambda i: (cost.stages[i].peak_bytes + costmodel.FIT_MARGIN_BYTES)
+    s = max(range(setup.pipeline.stages), key=lambda i: (cost.stages[i].peak_bytes + costmodel.FIT_MARGIN_BYTES)
             / cost.stages[i].cap_bytes)
     stage = cost.stages[s]
     found.append(Shortfall("device", s, stage.peak_bytes + costmodel.FIT_MARGIN_BYTES, stage.cap_bytes,

@@ -41,7 +41,7 @@ def profile(model: str, workdir: Path) -> Path:
 
 
 def caps(prof, setup: TrainSetup) -> dict[str, int]:
-    roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.stages})
+    roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.pipeline.stages})
     need = {name: max(costmodel.evaluate(fn(prof, roomy), prof, roomy).peak_bytes_per_stage)
             for name, fn in (("full", baselines.full_checkpointing), ("none", baselines.no_checkpointing))}
     return {label: int(need["full"] + f * (need["none"] - need["full"])) for label, f in FRACTIONS.items()}

@@ -112,10 +112,10 @@ def sweep_setups(profile, setup: TrainSetup) -> list[TrainSetup]:
     the sweep) to the no-checkpointing need + 5%."""
     found = search.min_cap_scale(profile, setup)
     low = max(found[1].peak_bytes_per_stage)
-    roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.stages})
+    roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.pipeline.stages})
     high = max(costmodel.evaluate(baselines.no_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage) * 1.05
     caps = [int(low + i * (high - low) / (MANY["sweep"] - 1)) + costmodel.FIT_MARGIN_BYTES + 1 for i in range(MANY["sweep"])]
-    return [setup.model_copy(update={"mem_caps_bytes": [cap] * setup.stages}) for cap in caps]
+    return [setup.model_copy(update={"mem_caps_bytes": [cap] * setup.pipeline.stages}) for cap in caps]
 
 
 def batch_setups(setup: TrainSetup) -> list[TrainSetup]:
@@ -150,7 +150,7 @@ def bench_case(spec: str, args) -> dict:
     return dict(
         case=spec, kind=KINDS[kind] if mode is None else f"{mode} x{MANY[mode]} {KINDS[kind]}",
         layers=len(profile.layers), stages=stages, microbatches=microbatches,
-        cap_bytes=setup.mem_caps_bytes[0], repeats=args.repeats, time_limit_s=args.time_limit,
+        cap_bytes=setup.pipeline.mem_caps_bytes[0], repeats=args.repeats, time_limit_s=args.time_limit,
         solver=args.solver, mip_gap_target=args.mip_gap, threads=args.threads,
         total_s=statistics.median(run["total_s"] for run in runs),
         total_spread_s=by_total[-1]["total_s"] - by_total[0]["total_s"],

@@ -63,7 +63,7 @@ def measure(name: str, profile_path: Path, plan_path: Path, report_path: Path, s
     spread = (max(report.iteration_ms_all) - min(report.iteration_ms_all)) / report.iteration_ms
     return {
         "case": name, "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
-        "calibration": plan.setup.calibration,
+        "calibration": plan.setup.time.calibration,
         "stages": [{"measured_ms": s.measured.time_ms, "after_ms": a.time_ms, "before_ms": b.time_ms}
                    for s, a, b in zip(report.stages, after.stages, before.stages, strict=True)],
         "iteration": {"measured_ms": report.iteration_ms, "after_ms": after.iteration_ms,

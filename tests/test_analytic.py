@@ -307,7 +307,7 @@ def test_arch_profile_solves_with_the_gpu_memory_and_cannot_be_launched(tmp_path
     assert result.exit_code == 0, out
     assert "--mem not given: 80GB per device" in out
     plan = io.load_plan(plan_path)
-    assert plan.setup.mem_caps_bytes == [80 * 10**9] * 2 and plan.profile_source == "analytic"
+    assert plan.setup.pipeline.mem_caps_bytes == [80 * 10**9] * 2 and plan.profile_source == "analytic"
     with pytest.raises(UserError, match="ckplan export"):
         prepare(plan, plan_file=plan_path)
 

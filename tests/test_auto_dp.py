@@ -60,7 +60,7 @@ def test_auto_dp_table_and_recommendation(profile_path, tmp_path):
     best = min(fitting, key=lambda r: r["iteration_ms"])
     assert [r for r in rows if r["best"]] == [best]
     plan = io.load_plan(out)
-    assert (plan.setup.zero, dataparallel.shard_size(plan.setup), plan.setup.offload) == (
+    assert (plan.setup.data_parallel.zero, dataparallel.shard_size(plan.setup), plan.setup.data_parallel.offload) == (
         best["zero"], best["shard_group"], best["offload"])
     again = costmodel.evaluate(plan.stages, static_heavy_profile(), plan.setup)
     assert again.iteration_ms == pytest.approx(best["iteration_ms"], rel=1e-12)
@@ -102,7 +102,7 @@ def test_auto_dp_says_time_limit_not_memory_when_the_solver_ran_out(profile_path
     ran_out = planning.Unplanned("timeout", None, 60.0)
 
     def running_out_on_zero3(profile, path, setup, **kwargs):
-        if setup.zero == 3:
+        if setup.data_parallel.zero == 3:
             return ran_out
         return solve(profile, path, setup, **kwargs)
 
@@ -134,7 +134,7 @@ def test_exports_round_zero_2_to_what_the_framework_runs_beside_a_pipeline(tmp_p
     profile = io.load_profile(tmp_path / "llm.json")
     for module in (colossalai, deepspeed, megatron):
         exported = module.export(plan, profile, plan_file="plan.yaml")
-        assert exported.rounded.setup.zero == 1
+        assert exported.rounded.setup.data_parallel.zero == 1
         assert any("cannot run ZeRO-2 with 3 pipeline stages" in c for c in exported.rounded.changes), module
     assert "zero_stage=1" in colossalai.export(plan, profile, plan_file="plan.yaml").text
     assert dp_support.refusal("ColossalAI", plan.setup.model_copy(update={"zero": 1})) is None
@@ -158,8 +158,8 @@ def test_torchtitan_export_says_the_shard_and_replicate_degrees(tmp_path, versio
     # iteration: ZeRO 1's static state plus FSDP2's 1/2 shard of the weights beside the gathered
     # ones (0.2's TOML also rounds the checkpointing to one setting for all stages, which moves
     # the peaks)
-    assert (exported.rounded.setup.zero, exported.rounded.setup.zero_gather) == (3, "per-iteration")
-    weight_bytes = dataparallel.BYTES_PER_PARAM[(plan.setup.precision, plan.setup.optimizer)][0]
+    assert (exported.rounded.setup.data_parallel.zero, exported.rounded.setup.data_parallel.zero_gather) == (3, "per-iteration")
+    weight_bytes = dataparallel.BYTES_PER_PARAM[(plan.setup.training.precision, plan.setup.training.optimizer)][0]
     params = [sum(layer.param_count for layer in profile.layers if layer.name in stage.layers)
               for stage in plan.stages]
     assert ([r.static_bytes - e.static_bytes for r, e in zip(exported.scored.rounded.stages,

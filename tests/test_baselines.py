@@ -190,7 +190,7 @@ def random_case(seed):
 def test_colossalai_ratio_is_the_smallest_ratio_that_fits(seed):
     p, s = random_case(seed)
     stages = baselines.colossalai_ratio(p, s)
-    sizes = baselines.even_split(len(p.layers), s.stages)
+    sizes = baselines.even_split(len(p.layers), s.pipeline.stages)
     assert sizes_of(stages) == sizes
     # every stage checkpoints its FIRST layers
     assert all(st.checkpointed == st.layers[: len(st.checkpointed)] for st in stages)
@@ -214,7 +214,7 @@ def test_colossalai_ratio_is_the_smallest_ratio_that_fits(seed):
 def test_megatron_block_is_the_smallest_n_that_fits(seed):
     p, s = random_case(seed)
     stages = baselines.megatron_block(p, s)
-    sizes = baselines.even_split(len(p.layers), s.stages)
+    sizes = baselines.even_split(len(p.layers), s.pipeline.stages)
     assert sizes_of(stages) == sizes
     assert all(st.checkpointed == st.layers[: len(st.checkpointed)] for st in stages)
     counts = ckpt_counts(stages)
@@ -233,7 +233,7 @@ def test_balanced_ratio_uses_the_compute_balanced_split(seed):
     p, s = random_case(seed)
     stages = baselines.balanced_ratio(p, s)
     times = [c.fwd_ms + c.bwd_ms for c in costmodel.layer_costs(p)]
-    assert sizes_of(stages) == baselines.balanced_split(times, s.stages)
+    assert sizes_of(stages) == baselines.balanced_split(times, s.pipeline.stages)
 
 
 # ---------------------------------------------------------------- all baselines
@@ -247,7 +247,7 @@ def test_all_baselines_are_runnable_and_scored_by_evaluate(seed):
     names = [lay.name for lay in p.layers]
     for result in results:
         stages = result.stages
-        assert [st.index for st in stages] == list(range(s.stages))
+        assert [st.index for st in stages] == list(range(s.pipeline.stages))
         assert [name for st in stages for name in st.layers] == names  # contiguous, complete
         assert all(set(st.checkpointed) <= set(st.layers) for st in stages)
         cost = costmodel.evaluate(stages, p, s)

@@ -88,11 +88,11 @@ def placement(ranks, threads, scale):
 def test_apply_takes_the_placement_that_was_measured_and_says_when_none_was():
     cal = calibration(placements=[placement(2, 1, 1.1), placement(4, 1, 2.0)])
     applied = calibrate.apply(setup(4), cal, ranks=4, threads=1, source="p.calibration.json")
-    assert (applied.send_latency_ms, applied.send_gb_per_s, applied.action_overhead_ms) == (0.2, 1.5, 0.3)
-    assert applied.compute_scale == 2.0
-    assert "measured with 4 ranks x 1 threads" in applied.calibration
+    assert (applied.time.send_latency_ms, applied.time.send_gb_per_s, applied.time.action_overhead_ms) == (0.2, 1.5, 0.3)
+    assert applied.time.compute_scale == 2.0
+    assert "measured with 4 ranks x 1 threads" in applied.time.calibration
     other = calibrate.apply(setup(4), cal, ranks=4, threads=2, source="p.calibration.json")
-    assert other.compute_scale == 1.0 and "no run measured 4 ranks x 2 threads" in other.calibration
+    assert other.time.compute_scale == 1.0 and "no run measured 4 ranks x 2 threads" in other.time.calibration
     assert calibrate.uncalibrated(applied) == setup(4)
 
 
@@ -140,7 +140,7 @@ def test_solve_applies_the_calibration_beside_the_profile_and_says_so(tmp_path, 
     assert "the profile was measured with 2 threads; a launch gives each of the 2 ranks 1" in notes[0]
     calibration_path(profile_path).write_text(calibration(placements=[placement(2, 1, 1.25)]).model_dump_json())
     applied, notes = calibrated_setup(profile, profile_path, setup(2))
-    assert (applied.compute_scale, applied.send_latency_ms, applied.action_overhead_ms) == (1.25, 0.2, 0.3)
+    assert (applied.time.compute_scale, applied.time.send_latency_ms, applied.time.action_overhead_ms) == (1.25, 0.2, 0.3)
     assert str(calibration_path(profile_path)) in notes[0] and "2 ranks x 1 threads" in notes[0]
     calibration_path(profile_path).write_text("{}")
     from planner.errors import UserError

@@ -171,7 +171,7 @@ def test_iteration_charges_the_step_term_once():
 def test_old_setups_load_and_charge_no_traffic():
     s = TrainSetup.model_validate({"stages": 1, "microbatches": 2, "micro_batch_size": 1,
                                    "mem_caps_bytes": [MIB], "dp": 4, "zero": 1})
-    assert s.shard_group is None and s.shard_gb_per_s is None
+    assert s.data_parallel.shard_group is None and s.data_parallel.shard_gb_per_s is None
     assert dataparallel.grad_reduce_ms(P, s) == 0
 
 
@@ -309,8 +309,8 @@ def test_defaults_are_recorded_in_the_setup_and_options_override_them():
     s = build_setup(profile, stages=2, mem="80GB", microbatches=None, schedule="1F1B", optimizer="adam",
                     precision="bf16-mixed", parallel_stages=None, say=notes.append, dp=16, zero=1, shard_group=8,
                     offload_optimizer=True, replica_bandwidth=20.0)
-    assert (s.shard_gb_per_s, s.replica_gb_per_s, s.host_gb_per_s, s.host_step_ns_per_param) == (450.0, 20.0, 64.0, 3.0)
-    assert s.dp_notes == notes and len(notes) == 2 and "3 ns per parameter" in notes[1]
+    assert (s.data_parallel.shard_gb_per_s, s.data_parallel.replica_gb_per_s, s.data_parallel.host_gb_per_s, s.data_parallel.host_step_ns_per_param) == (450.0, 20.0, 64.0, 3.0)
+    assert s.data_parallel.dp_notes == notes and len(notes) == 2 and "3 ns per parameter" in notes[1]
 
 
 def test_profile_arch_times_the_host_optimizer(tmp_path):

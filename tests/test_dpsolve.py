@@ -70,7 +70,7 @@ def test_each_range_gets_its_least_recompute_and_least_peak(seed, vector_from, m
     monkeypatch.setattr(dpsolve, "VECTOR_FROM", vector_from)
     profile, roomy, rng = random_case(seed)
     layers = costmodel.layer_costs(profile)
-    n, P = len(layers), roomy.stages
+    n, P = len(layers), roomy.pipeline.stages
 
     def scored(s, i, j, caps):
         setup = roomy.model_copy(update={"mem_caps_bytes": caps})
@@ -200,7 +200,7 @@ def test_past_the_deadline_without_a_plan_is_a_timeout():
     result = search.plan(profile, s, upper_bound_ms=None, start=None, deadline=Deadline(0.5, clock=Clock(1.0)))
     # no start given: plan() scores the baselines for one, so a plan still comes back
     assert result.solve.status == "feasible"
-    nothing_fits = s.model_copy(update={"mem_caps_bytes": [MIB] * s.stages})
+    nothing_fits = s.model_copy(update={"mem_caps_bytes": [MIB] * s.pipeline.stages})
     result = search.plan(profile, nothing_fits, deadline=Deadline(0.5, clock=Clock(1.0)))
     assert isinstance(result, search.NoFit)
     assert (result.status, result.solver) == ("timeout", "dp")

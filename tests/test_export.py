@@ -186,13 +186,13 @@ def test_megatron_arguments_are_a_bash_array_of_flags(tmp_path):
 def test_a_gpipe_plan_is_scored_as_the_1f1b_a_framework_runs(tmp_path):
     profile, plan, path = write(tmp_path, SIZES, CHECKPOINTED, schedule="GPipe")
     result = colossalai.export(plan, profile, plan_file=str(path))
-    assert result.rounded.setup.schedule == "1F1B" and plan.setup.schedule == "GPipe"
+    assert result.rounded.setup.pipeline.schedule == "1F1B" and plan.setup.pipeline.schedule == "GPipe"
     one_f_one_b = plan.setup.model_copy(update={"schedule": "1F1B"})
     assert result.scored.rounded.peak_bytes_per_stage == costmodel.evaluate(
         result.rounded.stages, profile, one_f_one_b).peak_bytes_per_stage
     assert any("runs a 1F1B schedule, not GPipe" in change for change in result.rounded.changes)
     titan = torchtitan.export(plan, profile, plan_file=str(path), base="m:f")
-    assert titan.rounded.setup.schedule == "GPipe" and 'pipeline_parallel_schedule = "GPipe"' in titan.text
+    assert titan.rounded.setup.pipeline.schedule == "GPipe" and 'pipeline_parallel_schedule = "GPipe"' in titan.text
 
 
 def test_export_refuses_a_plan_that_is_not_for_this_profile_or_fits_nowhere(tmp_path):

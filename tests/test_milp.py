@@ -41,7 +41,7 @@ def setup(stages, microbatches, caps, schedule="1F1B"):
 def all_plans(profile, setup_):
     """(stages, peaks, iteration_ms) for every contiguous split and checkpoint subset,
     scored by costmodel.evaluate() (caps play no part in peaks and times)."""
-    n, P = len(profile.layers), setup_.stages
+    n, P = len(profile.layers), setup_.pipeline.stages
     for cuts in itertools.combinations(range(1, n), P - 1):
         bounds = [0, *cuts]
         for mask in range(2**n):
@@ -54,7 +54,7 @@ def all_plans(profile, setup_):
 def brute_optimum(profile, setup_):
     best = None
     for stages, peaks, ms in all_plans(profile, setup_):
-        if fits(peaks, setup_.mem_caps_bytes) and (best is None or ms < best[1]):
+        if fits(peaks, setup_.pipeline.mem_caps_bytes) and (best is None or ms < best[1]):
             best = (stages, ms)
     if best is not None:  # the same verdict from evaluate() itself
         assert costmodel.evaluate(best[0], profile, setup_).feasible
@@ -79,8 +79,8 @@ def fits_host(profile, setup_):
 def assert_meets_caps(result, profile, setup_):
     cost = costmodel.evaluate(result.stages, profile, setup_)
     assert cost.feasible
-    assert all(p < c for p, c in zip(cost.peak_bytes_per_stage, setup_.mem_caps_bytes))
-    assert fits(cost.peak_bytes_per_stage, setup_.mem_caps_bytes)
+    assert all(p < c for p, c in zip(cost.peak_bytes_per_stage, setup_.pipeline.mem_caps_bytes))
+    assert fits(cost.peak_bytes_per_stage, setup_.pipeline.mem_caps_bytes)
     assert cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-12)
     assert [st_.predicted.peak_bytes for st_ in result.stages] == cost.peak_bytes_per_stage
     return cost
@@ -152,7 +152,7 @@ def tiny_cases(draw):
     })
     # host memory under offload, a fraction of what the whole model's offloaded optimizer takes
     host_fraction = draw(st.sampled_from([None, None, 0.55, 0.8, 1.1]))
-    if roomy.offload and host_fraction is not None:
+    if roomy.data_parallel.offload and host_fraction is not None:
         whole = sum(layer.param_count for layer in profile.layers) * dataparallel.host_bytes_per_param(roomy)
         roomy = roomy.model_copy(update={"host_mem_bytes": max(1, int(host_fraction * whole))})
     return profile, roomy, fractions
@@ -169,7 +169,7 @@ def test_milp_equals_brute_force(case):
 def check_equals_brute_force(case, method):
     profile, roomy, fractions = case
     plans = list(all_plans(profile, roomy))
-    P = roomy.stages
+    P = roomy.pipeline.stages
     # caps: per stage, between the smallest all-checkpointed need and the largest
     # no-checkpoint need over every split
     n = len(profile.layers)
@@ -449,7 +449,7 @@ def test_solve_status_on_small_problems():
 
 
 def scaled(s, factor, rounding):
-    return s.model_copy(update={"mem_caps_bytes": [rounding(c * factor) for c in s.mem_caps_bytes]})
+    return s.model_copy(update={"mem_caps_bytes": [rounding(c * factor) for c in s.pipeline.mem_caps_bytes]})
 
 
 def check_min_cap_scale(profile, s, method="dp"):
@@ -494,5 +494,5 @@ def test_min_cap_scale_is_tight(make, n, stages, method):
     profile = make(n, seed=7)
     s = interesting_caps(profile, stages, 2 * stages, 0.5)
     factor = check_min_cap_scale(profile, s, method)
-    brute = min(max((p + MARGIN) / c for p, c in zip(peaks, s.mem_caps_bytes)) for _, peaks, _ in all_plans(profile, s))
+    brute = min(max((p + MARGIN) / c for p, c in zip(peaks, s.pipeline.mem_caps_bytes)) for _, peaks, _ in all_plans(profile, s))
     assert factor == pytest.approx(brute, rel=1e-4)  # min_cap_scale solves with mip_gap 1e-4

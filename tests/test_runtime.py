@@ -131,7 +131,7 @@ def test_unknown_strategy_lists_what_the_plan_has():
 def test_setups_the_runtime_does_not_reproduce_are_named():
     plan = make_plan(TINY, TINY_2)
     assert unsupported_setup(plan) == []
-    plan.setup.precision, plan.setup.dp, plan.setup.zero = "bf16-mixed", 2, 1
+    plan.setup.training.precision, plan.setup.data_parallel.dp, plan.setup.data_parallel.zero = "bf16-mixed", 2, 1
     notes = unsupported_setup(plan)  # data parallelism, ZeRO and offload are run (planner.runtime.mesh)
     assert len(notes) == 1 and "bf16-mixed" in notes[0]
 

@@ -38,9 +38,9 @@ def _reference(plan, num_steps: int, seed: int = 0):
     torch.manual_seed(seed)
     model = model_file.build_model()
     layers = pipeline_layers(model)
-    optimizer = make_optimizer(plan.setup.optimizer, model.parameters())
-    num_mb = plan.setup.microbatches
-    inputs, targets = model_file.example_batch(plan.setup.micro_batch_size * num_mb)
+    optimizer = make_optimizer(plan.setup.training.optimizer, model.parameters())
+    num_mb = plan.setup.pipeline.microbatches
+    inputs, targets = model_file.example_batch(plan.setup.pipeline.micro_batch_size * num_mb)
     losses = []
     for _ in range(num_steps):
         optimizer.zero_grad()

@@ -111,3 +111,44 @@ def test_a_plan_with_an_unknown_dtype_is_refused_at_load(tmp_path):
     path.write_text(yaml.safe_dump(data | {"dtype": "float8"}))
     with pytest.raises(UserError, match=r"field 'dtype' = 'float8': Input should be 'float32', 'bfloat16' or"):
         io.load_plan(path)
+
+
+def test_a_plan_written_before_the_setup_had_parts_loads_and_scores_the_same(tmp_path):
+    """tests/fixtures/plan_v1/plan_v1.yaml was written by `ckplan solve` at schema version 1
+    (the setup flat: --dp 2 --zero 1 --offload-optimizer --host-mem 1GiB, 2 stages); it loads
+    into the parts, re-scores to its own prediction, and saves as version 2."""
+    from planner import costmodel
+    from planner.schema import PLAN_SCHEMA_VERSION
+
+    folder = ROOT / "tests" / "fixtures" / "plan_v1"
+    plan = io.load_plan(folder / "plan_v1.yaml")
+    setup = plan.setup
+    assert (setup.pipeline.stages, setup.pipeline.microbatches, setup.pipeline.parallel_stages) == (2, 4, 1)
+    assert (setup.data_parallel.dp, setup.data_parallel.zero, setup.data_parallel.offload) == (2, 1, True)
+    assert (setup.data_parallel.host_mem_bytes, setup.data_parallel.devices_per_node) == (2**30, 4)
+    assert (setup.training.optimizer, setup.training.precision) == ("adam", "fp32")
+    assert setup.time.compute_scale == 1.0 and setup.time.calibration is None
+    cost = costmodel.evaluate(plan.stages, io.load_profile(folder / "llm.json"), setup)
+    assert cost.iteration_ms == pytest.approx(plan.predicted.iteration_ms, rel=1e-12)
+    assert cost.peak_bytes_per_stage == [stage.predicted.peak_bytes for stage in plan.stages]
+    io.save_plan(plan, tmp_path / "plan.yaml")
+    import yaml
+
+    saved = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    assert saved["schema_version"] == PLAN_SCHEMA_VERSION
+    assert set(saved["setup"]) == {"pipeline", "data_parallel", "training", "time"}
+    assert io.load_plan(tmp_path / "plan.yaml") == plan
+
+
+def test_setup_updates_are_validated_by_part_or_by_name():
+    from pydantic import ValidationError
+
+    from planner.schema import TrainSetup
+
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[1, 1])
+    assert setup.model_copy(update={"zero": 1, "dp": 2}).data_parallel.zero == 1
+    assert setup.model_copy(update={"time": {"compute_scale": 2.0}}).time.compute_scale == 2.0
+    with pytest.raises(ValidationError, match="shard_group"):
+        setup.model_copy(update={"dp": 4, "shard_group": 3})
+    with pytest.raises(ValidationError, match="less than or equal"):
+        setup.model_copy(update={"send_gb_per_s": 1e300})  # a plan with iteration_ms .inf once passed

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import yaml
+from fixtures.cli import run, run_ok
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fixtures.cli import run, run_ok
 from planner import baselines, costmodel, dataparallel, io, search, synthetic
 from planner.schema import TrainSetup
 
@@ -36,7 +36,7 @@ def chain(n=5):
 def brute_optimum(profile, setup_):
     """The fastest plan by evaluate() over every contiguous split and checkpoint subset."""
     n, best = len(profile.layers), None
-    for cuts in itertools.combinations(range(1, n), setup_.stages - 1):
+    for cuts in itertools.combinations(range(1, n), setup_.pipeline.stages - 1):
         for mask in range(2**n):
             stages = costmodel.split_to_stages([0, *cuts], [bool(mask >> i & 1) for i in range(n)], profile)
             cost = costmodel.evaluate(stages, profile, setup_)
@@ -205,7 +205,7 @@ def test_solve_respects_host_memory_and_says_when_it_rules_out_every_plan(profil
     plan = io.load_plan(out)
     counts = {layer.name: layer.param_count for layer in io.load_profile(profile_path).layers}
     # fp32 adam offloaded: 16 host bytes per parameter; on cpu the 3 ranks share one host
-    assert plan.setup.devices_per_node == 3
+    assert plan.setup.data_parallel.devices_per_node == 3
     assert max(sum(counts[n] for n in s.layers) for s in plan.stages) * 16 <= 12 * MIB
 
 

@@ -100,20 +100,20 @@ def _row(trial: Trial, best: Trial | None) -> list[str]:
     from planner.units import format_bytes, format_ms
 
     setup = trial.setup
-    group = str(dataparallel.shard_size(setup)) if setup.zero else "-"
+    group = str(dataparallel.shard_size(setup)) if setup.data_parallel.zero else "-"
     refused = ", ".join(dp_support.refused_by(setup)) or "-"
     mark = "[bold green]best[/]" if trial is best else ""
     words = dataparallel.communicated(setup)
     if trial.plan is None:
-        return [str(setup.zero), group, "yes" if setup.offload else "no", f"[red]no[/] ({_reason(trial)})", "-", "-", "-",
+        return [str(setup.data_parallel.zero), group, "yes" if setup.data_parallel.offload else "no", f"[red]no[/] ({_reason(trial)})", "-", "-", "-",
                 "-", "-", "", words, refused]
     stages = trial.plan.stages
     peaks = per_stage([s.predicted.peak_bytes for s in stages])
     static = per_stage([s.predicted.static_bytes for s in stages])
-    host = format_bytes(trial.host_bytes) if setup.offload else "-"
+    host = format_bytes(trial.host_bytes) if setup.data_parallel.offload else "-"
     fits = "yes" if trial.fits else f"[red]no[/] ({_reason(trial)})"
     ckpt = str(sum(len(s.checkpointed) for s in stages))
-    return [str(setup.zero), group, "yes" if setup.offload else "no", fits, peaks, static, host, ckpt,
+    return [str(setup.data_parallel.zero), group, "yes" if setup.data_parallel.offload else "no", fits, peaks, static, host, ckpt,
             format_ms(trial.plan.predicted.iteration_ms), mark, words, refused]
 
 
@@ -142,8 +142,8 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
     from planner.units import format_ms
 
     setup = trials[0].setup
-    title = (f"--auto-dp: dp {dp} x {setup.stages} stages, {setup.microbatches} microbatches, "
-             f"{setup.optimizer} {setup.precision}; plan re-solved for each")
+    title = (f"--auto-dp: dp {dp} x {setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches, "
+             f"{setup.training.optimizer} {setup.training.precision}; plan re-solved for each")
     console.print(table(title, COLUMNS, [_row(t, best) for t in trials], right_from=4))
     console.print(LEGEND)
     if best is None:
@@ -154,7 +154,7 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
     runnable = [t for t in trials if t.fits and not dp_support.refused_by(t.setup)]
     if refusing and runnable:
         other = min(runnable, key=lambda t: t.plan.predicted.iteration_ms)
-        console.print(f"{', '.join(refusing)} refuse ZeRO-{best.setup.zero} beside a pipeline; the fastest they "
+        console.print(f"{', '.join(refusing)} refuse ZeRO-{best.setup.data_parallel.zero} beside a pipeline; the fastest they "
                       f"run is {dataparallel.described(other.setup)}: {format_ms(other.plan.predicted.iteration_ms)}")
 
 
@@ -166,12 +166,12 @@ def print_json(trials: list[Trial], best: Trial | None, out: Path) -> None:
 
     def one(trial: Trial) -> dict:
         plan = trial.plan
-        return {"zero": trial.setup.zero, "shard_group": dataparallel.shard_size(trial.setup),
-                "offload": trial.setup.offload, "fits": trial.fits, "why_not": trial.why_not or None,
+        return {"zero": trial.setup.data_parallel.zero, "shard_group": dataparallel.shard_size(trial.setup),
+                "offload": trial.setup.data_parallel.offload, "fits": trial.fits, "why_not": trial.why_not or None,
                 "iteration_ms": plan.predicted.iteration_ms if plan else None,
                 "peak_bytes_per_stage": [s.predicted.peak_bytes for s in plan.stages] if plan else None,
                 "static_bytes_per_stage": [s.predicted.static_bytes for s in plan.stages] if plan else None,
-                "host_bytes_per_node": trial.host_bytes if trial.setup.offload else None,
+                "host_bytes_per_node": trial.host_bytes if trial.setup.data_parallel.offload else None,
                 "checkpointed_layers": sum(len(s.checkpointed) for s in plan.stages) if plan else None,
                 "communicated": dataparallel.communicated(trial.setup),
                 "refused_by": dp_support.refused_by(trial.setup), "best": trial is best}

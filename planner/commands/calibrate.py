@@ -46,7 +46,7 @@ def command(plan_path, steps, warmup_steps, threads, device, out, force) -> None
     device = device or plan.device.type
     backend = "nccl" if device == "cuda" else "gloo"
     threads, _ = rank_threads(plan, threads)
-    ranks, cores = plan.setup.stages * plan.setup.dp, os.cpu_count() or 1
+    ranks, cores = plan.setup.pipeline.stages * plan.setup.data_parallel.dp, os.cpu_count() or 1
     with console.err_console.status(f"timing sends ({backend}, {device})"):
         sends = commbench.measure_sends(backend=backend, device=device, threads=threads)
     with console.err_console.status(f"running {plan_path.name}: {ranks} ranks x {threads} threads"):
@@ -72,7 +72,7 @@ def fitted(plan, plan_path, profile, profile_path, report, sends, old, *, thread
     from planner.schema import Calibration
 
     latency_ms, gb_per_s = calibrate.fit_send(sends)
-    ranks = plan.setup.stages * plan.setup.dp
+    ranks = plan.setup.pipeline.stages * plan.setup.data_parallel.dp
     setup = calibrate.with_sends(placed(calibrate.uncalibrated(plan.setup), threads=threads, cores=cores,
                                         device=device), latency_ms, gb_per_s)
     sample = calibrate.PipelineSample(stages=plan.stages, stage_ms=[s.measured.time_ms for s in report.stages],
@@ -107,7 +107,7 @@ def fitted(plan, plan_path, profile, profile_path, report, sends, old, *, thread
 def costmodel_shares(setup) -> bool:
     from planner import costmodel
 
-    return costmodel.parallel_stages(setup) < setup.stages
+    return costmodel.parallel_stages(setup) < setup.pipeline.stages
 
 
 def placed(setup, *, threads: int, cores: int, device: str = "cpu"):
@@ -118,7 +118,7 @@ def placed(setup, *, threads: int, cores: int, device: str = "cpu"):
     if device == "cuda":
         return setup.model_copy(update={"parallel_stages": None})
     return setup.model_copy(update={"parallel_stages": stages_at_once(cores=cores, threads=threads,
-                                                                      stages=setup.stages, dp=setup.dp)})
+                                                                      stages=setup.pipeline.stages, dp=setup.data_parallel.dp)})
 
 
 def print_fit(calibration, plan, profile, report, *, threads: int, source: str) -> None:
@@ -126,7 +126,7 @@ def print_fit(calibration, plan, profile, report, *, threads: int, source: str) 
     from planner import calibrate, console, costmodel
     from planner.units import format_ms
 
-    cores, ranks = os.cpu_count() or 1, plan.setup.stages * plan.setup.dp
+    cores, ranks = os.cpu_count() or 1, plan.setup.pipeline.stages * plan.setup.data_parallel.dp
     base = placed(calibrate.uncalibrated(plan.setup), threads=threads, cores=cores, device=plan.device.type)
     before = costmodel.evaluate(plan.stages, profile, base)
     after = costmodel.evaluate(plan.stages, profile, calibrate.apply(base, calibration, ranks=ranks, threads=threads,
@@ -177,12 +177,12 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
     from planner import calibrate
 
     cores = os.cpu_count() or 1
-    ranks = setup.stages * setup.dp
+    ranks = setup.pipeline.stages * setup.data_parallel.dp
     threads, _ = calibrate.placement_threads(profile.device.threads, ranks, cores)
     path = calibration_path(profile_path)
     if path.is_file():
         applied = calibrate.apply(setup, load_calibration(path), ranks=ranks, threads=threads, source=str(path))
-        return applied, [f"time constants from {applied.calibration}"]
+        return applied, [f"time constants from {applied.time.calibration}"]
     notes = []
     if profile.device.type == "cpu" and profile.device.threads and threads != profile.device.threads:
         notes.append(f"the profile was measured with {profile.device.threads} threads; a launch gives each of the "
@@ -205,14 +205,14 @@ def before_after(plan, plan_path: Path, stages, *, threads: int) -> tuple[float,
         profile = io.load_profile(profile_path)
     except UserError:
         return None
-    cores, ranks = os.cpu_count() or 1, plan.setup.stages * plan.setup.dp
+    cores, ranks = os.cpu_count() or 1, plan.setup.pipeline.stages * plan.setup.data_parallel.dp
     base = placed(calibrate.uncalibrated(plan.setup), threads=threads, cores=cores, device=plan.device.type)
     before = costmodel.evaluate(stages, profile, base).iteration_ms
     path = calibration_path(profile_path)
     if not path.is_file():
         return before, None, "no calibration"
     after = calibrate.apply(base, load_calibration(path), ranks=ranks, threads=threads, source=str(path))
-    return before, costmodel.evaluate(stages, profile, after).iteration_ms, after.calibration
+    return before, costmodel.evaluate(stages, profile, after).iteration_ms, after.time.calibration
 
 
 def before_after_line(plan, plan_path: Path, stages, measured_ms: float, *, threads: int) -> str | None:

@@ -65,7 +65,7 @@ def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, confidence
 
 
 def print_comparison(comparison, plan) -> None:
-    caps = ", ".join(sorted({format_bytes(c) for c in plan.setup.mem_caps_bytes}))
+    caps = ", ".join(sorted({format_bytes(c) for c in plan.setup.pipeline.mem_caps_bytes}))
     console.print(table(
         f"measured: {comparison.steps} steps after {comparison.warmup_steps} warm-up, {comparison.rounds} round(s), "
         f"seed {comparison.seed}, cap {caps}",
@@ -108,7 +108,7 @@ def _name(result) -> str:
 def _warn_oversubscribed(plan, device: str, threads: int | None) -> None:
     import os
 
-    ranks, cores = plan.setup.stages * plan.setup.dp, os.cpu_count() or 1
+    ranks, cores = plan.setup.pipeline.stages * plan.setup.data_parallel.dp, os.cpu_count() or 1
     if device == "cpu" and threads and threads * ranks > cores:
         warn(f"--threads {threads} x {ranks} ranks oversubscribe {cores} cores: measured times will be longer "
              "than the profile's")
@@ -149,11 +149,11 @@ def _plot(comparison, plan, path: Path) -> None:
     names = [r.name for r in comparison.strategies]
     fig, (mem_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(names)
-    num_stages = plan.setup.stages
+    num_stages = plan.setup.pipeline.stages
     for idx, r in enumerate(comparison.strategies):
         peaks = [s.measured.peak_bytes / 2**20 for s in r.report.stages]
         mem_ax.bar([s + idx * width for s in range(num_stages)], peaks, width, label=r.name)
-    for s, cap in enumerate(plan.setup.mem_caps_bytes):
+    for s, cap in enumerate(plan.setup.pipeline.mem_caps_bytes):
         mem_ax.hlines(cap / 2**20, s - width / 2, s + 0.8 - width / 2, colors="red", linestyles="dashed")
     mem_ax.set_xticks([s + 0.4 - width / 2 for s in range(num_stages)], [f"stage {s}" for s in range(num_stages)])
     mem_ax.set_ylabel("measured peak (MiB); dashed: cap")

@@ -145,8 +145,8 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
     from planner.console import console, table
     from planner.units import format_ms
 
-    where = (f"{setup.stages} stages, {setup.microbatches} microbatches × {setup.micro_batch_size}, "
-             f"{setup.schedule}, {setup.optimizer} {setup.precision}{dp_words(setup)}")
+    where = (f"{setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches × {setup.pipeline.micro_batch_size}, "
+             f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}{dp_words(setup)}")
     console.print(table(f"your configuration ({rule} k layers of a stage checkpointed): {where}",
                         STAGE_COLUMNS, stage_rows(hand, hand_cost), right_from=2))
     if best is None:
@@ -171,9 +171,9 @@ def dp_words(setup) -> str:
     """The data-parallel setup in a few words ('' without it)."""
     from planner import dataparallel
 
-    if setup.dp == 1 and not setup.offload:
+    if setup.data_parallel.dp == 1 and not setup.data_parallel.offload:
         return ""
-    return f", dp {setup.dp}, {dataparallel.described(setup)}"
+    return f", dp {setup.data_parallel.dp}, {dataparallel.described(setup)}"
 
 
 def _summary(profile_path: Path, hand, hand_cost, best) -> dict:

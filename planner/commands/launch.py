@@ -35,7 +35,7 @@ import click
               "stopped) before the job ends naming it as hung [default: 20, or 10x the slowest predicted stage].")
 @click.option("--dp", type=click.IntRange(min=1), default=None,
               help="Data-parallel replicas of every stage: stages x dp processes (under torchrun WORLD_SIZE must be "
-                   "that) [default: the plan's setup.dp]. The plan's ZeRO stage, shard group and offload apply.")
+                   "that) [default: the plan's setup.data_parallel.dp]. The plan's ZeRO stage, shard group and offload apply.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Torch threads per rank [default: the profile's if every rank can have them, else cores / ranks; "
                    "more than that oversubscribes the cores and is warned about].")
@@ -56,9 +56,9 @@ def command(plan_path, steps, warmup_steps, device, backend, report_path, enforc
     speaks = not in_torchrun() or os.environ.get("RANK") == "0"
     for note in unsupported_setup(plan) + zero_one_imbalance(plan, plan_path) if speaks else []:
         console.warn(note)
-    if speaks and dp is not None and plan.setup.dp != dp:
-        console.warn(f"the plan was made for dp {plan.setup.dp}; its predictions are for that, not for --dp {dp}")
-    with console.err_console.status(f"running {plan.setup.stages} stages x dp {plan.setup.dp} on {device}"):
+    if speaks and dp is not None and plan.setup.data_parallel.dp != dp:
+        console.warn(f"the plan was made for dp {plan.setup.data_parallel.dp}; its predictions are for that, not for --dp {dp}")
+    with console.err_console.status(f"running {plan.setup.pipeline.stages} stages x dp {plan.setup.data_parallel.dp} on {device}"):
         report = run_plan(plan, plan_file=plan_path, strategy=strategy, steps=steps, warmup_steps=warmup_steps,
                           device=device, backend=backend, enforce_cap=enforce_cap, seed=seed, force=force,
                           start_timeout_s=start_timeout_s, progress_timeout_s=progress_timeout_s, threads=threads)
@@ -85,7 +85,7 @@ def with_dp(plan, dp: int | None):
     from planner.errors import UserError
     from planner.schema import TrainSetup
 
-    if dp is None or dp == plan.setup.dp:
+    if dp is None or dp == plan.setup.data_parallel.dp:
         return plan
     try:
         setup = TrainSetup.model_validate({**plan.setup.model_dump(), "dp": dp})
@@ -140,15 +140,15 @@ def _announce(plan, device: str, steps: int, warmup_steps: int, threads: tuple[i
 
     count, source = threads
     why = {"plan": "as profiled", "option": "--threads"}.get(
-        source, f"{os.cpu_count()} cores / {plan.setup.stages * plan.setup.dp} ranks")
+        source, f"{os.cpu_count()} cores / {plan.setup.pipeline.stages * plan.setup.data_parallel.dp} ranks")
     setup = plan.setup
-    dp = (f" x dp {setup.dp} (ZeRO {setup.zero}, shard group {setup.shard_group or setup.dp}"
-          f"{', optimizer offloaded' if setup.offload else ''})" if setup.dp > 1 or setup.offload else "")
-    console.info(f"ran {plan.setup.stages} stages{dp} on {device}: {plan.setup.microbatches} microbatches of "
-                 f"{plan.setup.micro_batch_size}, {plan.setup.schedule}, {warmup_steps} warm-up + {steps} timed "
+    dp = (f" x dp {setup.data_parallel.dp} (ZeRO {setup.data_parallel.zero}, shard group {setup.data_parallel.shard_group or setup.data_parallel.dp}"
+          f"{', optimizer offloaded' if setup.data_parallel.offload else ''})" if setup.data_parallel.dp > 1 or setup.data_parallel.offload else "")
+    console.info(f"ran {plan.setup.pipeline.stages} stages{dp} on {device}: {plan.setup.pipeline.microbatches} microbatches of "
+                 f"{plan.setup.pipeline.micro_batch_size}, {plan.setup.pipeline.schedule}, {warmup_steps} warm-up + {steps} timed "
                  f"steps, {count} torch thread{'s' if count != 1 else ''} per rank ({why})")
-    if device == "cpu" and count * plan.setup.stages * plan.setup.dp > (os.cpu_count() or 1):
-        console.warn(f"{plan.setup.stages * plan.setup.dp} ranks x {count} thread{'s' if count != 1 else ''} oversubscribe {os.cpu_count()} cores: "
+    if device == "cpu" and count * plan.setup.pipeline.stages * plan.setup.data_parallel.dp > (os.cpu_count() or 1):
+        console.warn(f"{plan.setup.pipeline.stages * plan.setup.data_parallel.dp} ranks x {count} thread{'s' if count != 1 else ''} oversubscribe {os.cpu_count()} cores: "
                      "measured times will be longer than the profile's")
 
 

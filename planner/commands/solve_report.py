@@ -13,7 +13,7 @@ def _layer_range(layers: list[str]) -> str:
 
 
 def print_plan(plan, out: Path) -> None:
-    caps = plan.setup.mem_caps_bytes
+    caps = plan.setup.pipeline.mem_caps_bytes
     rows = [
         [
             str(stage.index),
@@ -28,10 +28,10 @@ def print_plan(plan, out: Path) -> None:
         for stage in plan.stages
     ]
     setup = plan.setup
-    title = (f"ckplan plan: {setup.stages} stages, {setup.microbatches} microbatches × {setup.micro_batch_size}, "
-             f"{setup.schedule}, {setup.optimizer} {setup.precision}")
-    if setup.parallel_stages and setup.parallel_stages < setup.stages:
-        title += f", {setup.parallel_stages} stages compute at once (shared cores)"
+    title = (f"ckplan plan: {setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches × {setup.pipeline.micro_batch_size}, "
+             f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}")
+    if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:
+        title += f", {setup.pipeline.parallel_stages} stages compute at once (shared cores)"
     console.print(table(title, ["stage", "layers", "#", "checkpointed", "peak", "cap", "peak / cap", "time/mb"],
                         rows, right_from=2))
     print_comparison(plan)

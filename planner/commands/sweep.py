@@ -20,7 +20,7 @@ def sweep_caps(profile, setup, deadline=None, solver: str = "auto") -> list[int]
     if lowest is None:
         return []
     low = int(max(lowest[1].peak_bytes_per_stage))
-    roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.stages})
+    roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.pipeline.stages})
     high = int(max(costmodel.evaluate(baselines.no_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage) * 1.05)
     step = (high - low) / (NUM_POINTS - 1)
     return [int(low + i * step) + costmodel.FIT_MARGIN_BYTES + 1 for i in range(NUM_POINTS)]
@@ -38,7 +38,7 @@ def sweep_points(profile, setup, *, time_limit_s: float, deadline=None,
     deadline = deadline or Deadline(time_limit_s)
     rows, statuses = [], []
     for cap in sweep_caps(profile, setup, deadline, solver):
-        point = setup.model_copy(update={"mem_caps_bytes": [cap] * setup.stages})
+        point = setup.model_copy(update={"mem_caps_bytes": [cap] * setup.pipeline.stages})
         result, refs = search_plan(profile, point, time_limit_s=time_limit_s, solver=solver, deadline=deadline)
         solved = isinstance(result, search.PlanResult)
         rows.append({"cap_bytes": cap, "ckplan": result.cost.iteration_ms if solved else None,

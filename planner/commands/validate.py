@@ -57,5 +57,5 @@ def check_table(checks, plan):
                      format_bytes(predicted) if predicted else "–", format_bytes(check.peak_bytes), error,
                      format_bytes(check.cap_bytes), console.bar(check.peak_bytes / check.cap_bytes, width=5)])
     columns = ["stage", "in flight", "predicted", "measured", "err", "cap", "measured / cap"]
-    return console.table(f"peak memory per stage ({plan.setup.schedule}, {plan.setup.microbatches} microbatches)",
+    return console.table(f"peak memory per stage ({plan.setup.pipeline.schedule}, {plan.setup.pipeline.microbatches} microbatches)",
                          columns, rows)

@@ -43,17 +43,17 @@ def _plugin(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profile) 
     sp = bool(profile.assumptions.get("sp", False))
     parallel = f"    tp_size={tp},\n" + ("    enable_sequence_parallelism=True,\n"
                                          "    sequence_parallelism_mode=\"split_gather\",\n" if sp else "")
-    zero = f"    zero_stage={setup.zero},\n" if setup.zero else ""
+    zero = f"    zero_stage={setup.data_parallel.zero},\n" if setup.data_parallel.zero else ""
     return (
         "from colossalai.booster.plugin import HybridParallelPlugin\n"
         "from colossalai.shardformer import PipelineGradientCheckpointConfig\n\n"
         "plugin = HybridParallelPlugin(\n"
         f"{parallel}"
-        f"    pp_size={setup.stages},\n"
+        f"    pp_size={setup.pipeline.stages},\n"
         "    pp_style=\"1f1b\",\n"
-        f"    num_microbatches={setup.microbatches},\n"
-        f"    microbatch_size={setup.micro_batch_size},\n"
-        f"    precision=\"{_PRECISION[setup.precision]}\",\n"
+        f"    num_microbatches={setup.pipeline.microbatches},\n"
+        f"    microbatch_size={setup.pipeline.micro_batch_size},\n"
+        f"    precision=\"{_PRECISION[setup.training.precision]}\",\n"
         f"{zero}"
         "    # decoder layers per stage; the embedding runs on stage 0, the final norm and head on the last\n"
         f"    num_layers_per_stage={counts},\n"

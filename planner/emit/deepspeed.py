@@ -56,7 +56,7 @@ def checkpointed_indices(rounded: rounding.Rounded, profile: Profile) -> list[in
 def _module(rounded: rounding.Rounded, profile: Profile) -> str:
     setup = rounded.setup
     names = "\n".join(f"#   {i}: {layer.name}" for i, layer in enumerate(profile.layers))
-    precision = ', "bf16": {"enabled": True}' if setup.precision == "bf16-mixed" else ""
+    precision = ', "bf16": {"enabled": True}' if setup.training.precision == "bf16-mixed" else ""
     return f'''from deepspeed.pipe import LayerSpec, PipelineModule
 
 # Your pipeline layers must be ckplan's profiled layers, in this order:
@@ -90,12 +90,12 @@ def ckplan_layers(layers):
 def ckplan_pipeline_module(layers, **kwargs):
     """PipelineModule with the plan's stages and checkpointed layers; kwargs: loss_fn, topology..."""
     layers, checkpointable = ckplan_layers(list(layers))
-    return PipelineModule(layers=layers, num_stages={setup.stages}, partition_method="type:^StageStart",
+    return PipelineModule(layers=layers, num_stages={setup.pipeline.stages}, partition_method="type:^StageStart",
                           activation_checkpoint_interval=1 if checkpointable else 0,
                           checkpointable_layers=checkpointable, **kwargs)
 
 
-# {setup.microbatches} microbatches of {setup.micro_batch_size}: DeepSpeed's pipeline runs gradient_accumulation_steps
+# {setup.pipeline.microbatches} microbatches of {setup.pipeline.micro_batch_size}: DeepSpeed's pipeline runs gradient_accumulation_steps
 # microbatches per step
-CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.micro_batch_size}, "gradient_accumulation_steps": {setup.microbatches}{precision}}}
+CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.pipeline.micro_batch_size}, "gradient_accumulation_steps": {setup.pipeline.microbatches}{precision}}}
 '''

@@ -35,9 +35,9 @@ LIMITS = {limit.target: limit for limit in (
 def refusal(target: str, setup: TrainSetup) -> str | None:
     """A sentence when `target` cannot run the setup's ZeRO stage with its pipeline; else None."""
     limit = LIMITS.get(target)
-    if limit is None or setup.stages == 1 or setup.zero <= limit.max_zero:
+    if limit is None or setup.pipeline.stages == 1 or setup.data_parallel.zero <= limit.max_zero:
         return None
-    return f"{target} cannot run ZeRO-{setup.zero} with {setup.stages} pipeline stages: {limit.why}"
+    return f"{target} cannot run ZeRO-{setup.data_parallel.zero} with {setup.pipeline.stages} pipeline stages: {limit.why}"
 
 
 def refused_by(setup: TrainSetup) -> list[str]:

@@ -72,7 +72,7 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
     tp = int(profile.assumptions.get("tp", 1))
     lines = [
         f"--num-layers {len(roles.decoder)}",
-        f"--pipeline-model-parallel-size {setup.stages}",
+        f"--pipeline-model-parallel-size {setup.pipeline.stages}",
         "# stages split by '|': E embedding, t decoder layer, L final norm + output layer + loss",
         f"--pipeline-model-parallel-layout \"{layout(counts)}\"",
     ]
@@ -83,16 +83,16 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
     if num:
         lines += ["# recompute the first N decoder layers of every stage",
                   "--recompute-granularity full", "--recompute-method block", f"--recompute-num-layers {num}"]
-    lines += [f"--micro-batch-size {setup.micro_batch_size}",
-              f"# {setup.microbatches} microbatches per pipeline: global batch = microbatches x micro batch x dp",
-              f"--global-batch-size {setup.microbatches * setup.micro_batch_size * setup.dp}"]
+    lines += [f"--micro-batch-size {setup.pipeline.micro_batch_size}",
+              f"# {setup.pipeline.microbatches} microbatches per pipeline: global batch = microbatches x micro batch x dp",
+              f"--global-batch-size {setup.pipeline.microbatches * setup.pipeline.micro_batch_size * setup.data_parallel.dp}"]
     if tp > 1:
         lines.append(f"--tensor-model-parallel-size {tp}")
     if profile.assumptions.get("sp"):
         lines.append("--sequence-parallel")
-    if setup.precision == "bf16-mixed":
+    if setup.training.precision == "bf16-mixed":
         lines.append("--bf16")
-    if setup.zero >= 1:
+    if setup.data_parallel.zero >= 1:
         lines.append("--use-distributed-optimizer")
         replicas = dataparallel.replicas(setup)
         if replicas > 1:  # megatron-core: the DP domain split into this many distributed-optimizer copies

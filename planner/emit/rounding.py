@@ -85,9 +85,9 @@ def rescore(plan: Plan, profile: Profile, rounded: Rounded) -> Scored:
 
 def one_f_one_b(rounded: Rounded, target: str) -> Rounded:
     """Frameworks whose pipeline runs 1F1B only."""
-    if rounded.setup.schedule == "1F1B":
+    if rounded.setup.pipeline.schedule == "1F1B":
         return rounded
-    rounded.changes.append(f"{target} runs a 1F1B schedule, not {rounded.setup.schedule}: "
+    rounded.changes.append(f"{target} runs a 1F1B schedule, not {rounded.setup.pipeline.schedule}: "
                            "scored as 1F1B (fewer microbatches in flight)")
     rounded.setup = rounded.setup.model_copy(update={"schedule": "1F1B"})
     return rounded

@@ -65,7 +65,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         scored = rounding.rescore(plan, profile, rounded)
         body = _toml(rounded, parts, mode, tp) + "\n" + rounding.comment(_policy_022(checkpointed).splitlines(), "#")
         suffix = ".torchtitan.toml"
-    if plan.setup.offload:
+    if plan.setup.data_parallel.offload:
         cannot.append("offloading the optimizer alone: training.enable_cpu_offload moves weights and gradients "
                       "to the host too (FSDP2's CPUOffloadPolicy); left off here.")
     header = rounding.header_lines(plan_file, f"{TARGET} {version}", cannot, rounded, scored)
@@ -100,11 +100,11 @@ def _tp_line(tp: int, prefix: str) -> str:
 def _dp_lines(setup, prefix: str) -> str:
     """Data parallelism as FSDP2/HSDP degrees: shard over the ZeRO group, replicate across the
     groups; without ZeRO, replicate only (DDP)."""
-    if setup.dp == 1:
+    if setup.data_parallel.dp == 1:
         return ""
     shard = dataparallel.shard_size(setup)
     return (f"\n{prefix}data_parallel_shard_degree = {shard}"
-            f"\n{prefix}data_parallel_replicate_degree = {setup.dp // shard}")
+            f"\n{prefix}data_parallel_replicate_degree = {setup.data_parallel.dp // shard}")
 
 
 def _round_zero(rounded: rounding.Rounded) -> None:
@@ -112,10 +112,10 @@ def _round_zero(rounded: rounding.Rounded) -> None:
     FSDP2's weights and gradients whole until the last backward: ZeRO 3 kept whole through the
     iteration, which the cost model scores as ZeRO 1's memory and traffic."""
     setup = rounded.setup
-    if setup.dp == 1 or setup.zero == 0 or (setup.zero == 3 and setup.zero_gather == "per-iteration"):
+    if setup.data_parallel.dp == 1 or setup.data_parallel.zero == 0 or (setup.data_parallel.zero == 3 and setup.data_parallel.zero_gather == "per-iteration"):
         return
     rounded.setup = setup.model_copy(update={"zero": 3, "zero_gather": "per-iteration"})
-    rounded.changes.append(f"ZeRO-{setup.zero} ({setup.zero_gather}) as FSDP2 beside torch.distributed.pipelining: "
+    rounded.changes.append(f"ZeRO-{setup.data_parallel.zero} ({setup.data_parallel.zero_gather}) as FSDP2 beside torch.distributed.pipelining: "
                            "weights and gradients stay whole until the last backward, one reduce-scatter and one "
                            "all-gather per iteration")
 
@@ -157,11 +157,11 @@ def ckplan_config():
     num_layers = len(config.model_spec.model.layers)
     if num_layers != {num_layers}:
         raise ValueError(f"this ckplan plan is for {num_layers} decoder layers; {function} has {{num_layers}}")
-    config.parallelism.pipeline_parallel_degree = {setup.stages}
+    config.parallelism.pipeline_parallel_degree = {setup.pipeline.stages}
     config.parallelism.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
-    config.parallelism.pipeline_parallel_schedule = "{setup.schedule}"
-    config.parallelism.pipeline_parallel_microbatch_size = {setup.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}
-    config.training.local_batch_size = {setup.microbatches * setup.micro_batch_size}  # {setup.microbatches} microbatches
+    config.parallelism.pipeline_parallel_schedule = "{setup.pipeline.schedule}"
+    config.parallelism.pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}
+    config.training.local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}  # {setup.pipeline.microbatches} microbatches
     config.activation_checkpoint = {ac}
     return config
 '''
@@ -199,12 +199,12 @@ def _toml(rounded, parts, mode, tp: int) -> str:
     setup = rounded.setup
     name, every = mode
     lines = ["# merge into your job TOML (--job.config_file)", "[parallelism]",
-             f"pipeline_parallel_degree = {setup.stages}",
-             f"pipeline_parallel_schedule = \"{setup.schedule}\"",
-             f"pipeline_parallel_microbatch_size = {setup.micro_batch_size}{_tp_line(tp, '')}{_dp_lines(setup, '')}",
+             f"pipeline_parallel_degree = {setup.pipeline.stages}",
+             f"pipeline_parallel_schedule = \"{setup.pipeline.schedule}\"",
+             f"pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, '')}{_dp_lines(setup, '')}",
              "module_fqns_per_model_part = ["]
     lines += [f"    {json.dumps(part)}," for part in parts]
-    lines += ["]", "", "[training]", f"local_batch_size = {setup.microbatches * setup.micro_batch_size}", "",
+    lines += ["]", "", "[training]", f"local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}", "",
               "[activation_checkpoint]", f"mode = \"{name}\""]
     if name == "selective":
         lines.append(f"selective_ac_option = \"{every}\"")

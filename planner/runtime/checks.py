@@ -99,11 +99,11 @@ def check_stage_layout(stages: list[StagePlan], layer_names: list[str], *, what:
 
 def check_setup(plan: Plan, strategy: Strategy) -> None:
     setup = plan.setup
-    if setup.schedule == "1F1B" and setup.microbatches < setup.stages:
+    if setup.pipeline.schedule == "1F1B" and setup.pipeline.microbatches < setup.pipeline.stages:
         raise UserError(f"1F1B needs at least as many microbatches as stages; the plan has "
-                        f"{setup.microbatches} microbatches for {setup.stages} stages")
-    if len(strategy.stages) != setup.stages:
-        raise UserError(f"{strategy.name} has {len(strategy.stages)} stages but setup.stages is {setup.stages}")
+                        f"{setup.pipeline.microbatches} microbatches for {setup.pipeline.stages} stages")
+    if len(strategy.stages) != setup.pipeline.stages:
+        raise UserError(f"{strategy.name} has {len(strategy.stages)} stages but setup.pipeline.stages is {setup.pipeline.stages}")
 
 
 @dataclass
@@ -194,7 +194,7 @@ def unsupported_setup(plan: Plan) -> list[str]:
     but its measurements do not include them."""
     setup = plan.setup
     notes = []
-    if setup.precision != "fp32":
-        notes.append(f"precision {setup.precision} is not emulated: every stage runs in {plan.dtype} "
+    if setup.training.precision != "fp32":
+        notes.append(f"precision {setup.training.precision} is not emulated: every stage runs in {plan.dtype} "
                      "with optimizer state in that dtype")
     return notes

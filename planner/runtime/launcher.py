@@ -128,12 +128,12 @@ def run_plan(
             out_dir=scratch,
             state_dir=str(state_dir) if state_dir is not None else None,
         )
-        _check_devices(device, backend, plan.setup.stages * plan.setup.dp, local=not in_torchrun())
+        _check_devices(device, backend, plan.setup.pipeline.stages * plan.setup.data_parallel.dp, local=not in_torchrun())
         if in_torchrun():
             results = _join_torchrun(job.model_copy(update={"log_progress": False}))
         else:
             watch = _Watch(start_timeout_s, progress_timeout_s or default_progress_timeout_s(job.stages),
-                           dp=plan.setup.dp)
+                           dp=plan.setup.data_parallel.dp)
             results = _run_local(job, watch)
     return _report(plan, prepared, job, results, plan_file=plan_file, threads_source=threads_source)
 
@@ -148,7 +148,7 @@ def rank_threads(plan: Plan, threads: int | None = None) -> tuple[int, str]:
     every rank (stages x dp) can have them, else the cores shared evenly among the ranks."""
     if threads:
         return threads, "option"
-    return placement_threads(plan.device.threads, plan.setup.stages * plan.setup.dp, os.cpu_count() or 1)
+    return placement_threads(plan.device.threads, plan.setup.pipeline.stages * plan.setup.data_parallel.dp, os.cpu_count() or 1)
 
 
 def _check_devices(device: str, backend: str, num_stages: int, *, local: bool) -> None:
@@ -193,7 +193,7 @@ def _run_local(job: Job, watch: _Watch) -> list[RankResult]:
     out_dir = Path(job.out_dir)
     job_path = out_dir / "job.json"
     write_atomic(job_path, job.model_dump_json())
-    num_ranks = len(job.stages) * job.plan.setup.dp
+    num_ranks = len(job.stages) * job.plan.setup.data_parallel.dp
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
@@ -320,10 +320,10 @@ def _terminate_like_interrupt() -> Iterator[None]:
 
 def _join_torchrun(job: Job) -> list[RankResult]:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    wanted = len(job.stages) * job.plan.setup.dp
+    wanted = len(job.stages) * job.plan.setup.data_parallel.dp
     if world_size != wanted:
         raise UserError(f"torchrun started {world_size} processes for a plan of {len(job.stages)} stages x dp "
-                        f"{job.plan.setup.dp}; use --nproc-per-node/--nnodes so that WORLD_SIZE is {wanted}")
+                        f"{job.plan.setup.data_parallel.dp}; use --nproc-per-node/--nnodes so that WORLD_SIZE is {wanted}")
     try:
         result = train_rank(job, rank, world_size, rank_device(job.device, int(os.environ["LOCAL_RANK"])),
                             keep_group=True)
@@ -352,7 +352,7 @@ def _report(plan: Plan, prepared: Prepared, job: Job, results: list[RankResult],
         backend=job.backend,
         steps=job.steps,
         warmup_steps=job.warmup_steps,
-        microbatches=plan.setup.microbatches,
+        microbatches=plan.setup.pipeline.microbatches,
         iteration_ms=statistics.median(per_step),
         iteration_ms_all=per_step,
         predicted_iteration_ms=prepared.strategy.predicted_iteration_ms,
@@ -367,7 +367,7 @@ def _stage_report(plan: Plan, prepared: Prepared, results: list[RankResult]) -> 
     first = min(results, key=lambda result: result.dp_index)
     return StageReport(
         index=first.stage,
-        cap_bytes=plan.setup.mem_caps_bytes[first.stage],
+        cap_bytes=plan.setup.pipeline.mem_caps_bytes[first.stage],
         predicted=prepared.strategy.stages[first.stage].predicted,
         measured=StageMeasured(peak_bytes=max(result.peak_bytes for result in results), fwd_ms=first.fwd_ms,
                                bwd_ms=first.bwd_ms, time_ms=first.fwd_ms + first.bwd_ms, step_ms=first.optimizer_ms,

@@ -64,7 +64,7 @@ class Layout:
 
     @classmethod
     def of(cls, setup: TrainSetup) -> Layout:
-        return cls(setup.stages, setup.dp, shard_size(setup))
+        return cls(setup.pipeline.stages, setup.data_parallel.dp, shard_size(setup))
 
     @property
     def replicas(self) -> int:

@@ -54,9 +54,9 @@ def reference_losses(plan: Plan, prepared: Prepared, *, num_steps: int, seed: in
     setup, model_file = plan.setup, prepared.model_file
     dtype = torch_dtype(plan.dtype)
     model = stage_module(build_layers(model_file, seed=seed)).to(device=device, dtype=dtype)
-    optimizer = optimizer_for(setup.optimizer, model)
-    num_microbatches = setup.microbatches * setup.dp
-    inputs, targets = training_batch(model_file, setup.micro_batch_size * num_microbatches, seed=seed)
+    optimizer = optimizer_for(setup.training.optimizer, model)
+    num_microbatches = setup.pipeline.microbatches * setup.data_parallel.dp
+    inputs, targets = training_batch(model_file, setup.pipeline.micro_batch_size * num_microbatches, seed=seed)
     pairs = list(zip(to_device(inputs, device, dtype).tensor_split(num_microbatches),
                      to_device(targets, device, dtype).tensor_split(num_microbatches), strict=True))
     torch.manual_seed(seed)

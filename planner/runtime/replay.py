@@ -76,12 +76,12 @@ def replay_order(schedule: str, *, num_stages: int, num_microbatches: int, stage
 def validate_plan(plan: Plan, *, plan_file: str | Path | None, stage: int | None = None, device: str = "cpu",
                   seed: int = 0, force: bool = False) -> list[StageCheck]:
     """Replay one stage (or every stage, one after another) and measure its peak."""
-    if stage is not None and not 0 <= stage < plan.setup.stages:
-        raise UserError(f"--stage {stage} is out of range: the plan has stages 0..{plan.setup.stages - 1}")
+    if stage is not None and not 0 <= stage < plan.setup.pipeline.stages:
+        raise UserError(f"--stage {stage} is out of range: the plan has stages 0..{plan.setup.pipeline.stages - 1}")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but this torch sees no CUDA device; use --device cpu")
     prepared = prepare(plan, plan_file=plan_file, force=force)
-    indices = [stage] if stage is not None else range(plan.setup.stages)
+    indices = [stage] if stage is not None else range(plan.setup.pipeline.stages)
     return [replay_stage(plan, prepared, index, device=torch.device(device), seed=seed) for index in indices]
 
 
@@ -94,7 +94,7 @@ def replay_stage(plan: Plan, prepared: Prepared, index: int, *, device: torch.de
         replay.step(partial(forget_module_stats, mem), blame=partial(_user_code, index, prepared.model_path))
     stage_plan = prepared.strategy.stages[index]
     predicted = stage_plan.predicted.peak_bytes if stage_plan.predicted else None
-    return StageCheck(index, mem.peak_bytes, plan.setup.mem_caps_bytes[index], replay.in_flight, predicted)
+    return StageCheck(index, mem.peak_bytes, plan.setup.pipeline.mem_caps_bytes[index], replay.in_flight, predicted)
 
 
 @dataclass
@@ -154,13 +154,13 @@ class _Replay:
 
 def _build_replay(plan: Plan, prepared: Prepared, index: int, *, device: torch.device, seed: int) -> _Replay:
     setup = plan.setup
-    num_mb = setup.microbatches
+    num_mb = setup.pipeline.microbatches
     stage_plan = prepared.strategy.stages[index]
-    first, last = index == 0, index == setup.stages - 1
+    first, last = index == 0, index == setup.pipeline.stages - 1
     dtype = torch_dtype(plan.dtype)
     model_file = prepared.model_file
     layers = build_layers(model_file, seed=seed)
-    inputs, targets = training_batch(model_file, setup.micro_batch_size * num_mb, seed=seed)
+    inputs, targets = training_batch(model_file, setup.pipeline.micro_batch_size * num_mb, seed=seed)
     boundary = _stage_input(layers, stage_plan.layers[0], inputs.tensor_split(num_mb)[0], dtype,
                             stage=index, path=model_file.path).to(device)
     by_name = dict(layers)
@@ -170,13 +170,13 @@ def _build_replay(plan: Plan, prepared: Prepared, index: int, *, device: torch.d
     allocate_grads(module)
     with torch.no_grad(), _user_code(index, model_file.path, lambda: f"layer {module.running!r}"):
         output = module(boundary)
-    warmup = num_mb if setup.schedule == "GPipe" else min(setup.stages - index, num_mb)
+    warmup = num_mb if setup.pipeline.schedule == "GPipe" else min(setup.pipeline.stages - index, num_mb)
     return _Replay(
         module=module,
-        optimizer=optimizer_for(setup.optimizer, module),
+        optimizer=optimizer_for(setup.training.optimizer, module),
         loss_fn=model_file.loss_fn,
-        order=replay_order(setup.schedule, num_stages=setup.stages, num_microbatches=num_mb, stage_index=index),
-        sends=partial(_Sends, setup.schedule, warmup=min(setup.stages - index, num_mb), num_microbatches=num_mb),
+        order=replay_order(setup.pipeline.schedule, num_stages=setup.pipeline.stages, num_microbatches=num_mb, stage_index=index),
+        sends=partial(_Sends, setup.pipeline.schedule, warmup=min(setup.pipeline.stages - index, num_mb), num_microbatches=num_mb),
         batch=to_device(inputs, device, dtype) if first else None,
         target=to_device(targets, device, dtype) if last else None,
         recv=[] if first else [boundary.clone() for _ in range(num_mb)],

@@ -257,7 +257,7 @@ def train_rank(job: Job, rank: int, world_size: int, device: torch.device, *, ke
         torch.cuda.set_device(device)
         if job.enforce_cap:
             total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, job.plan.setup.mem_caps_bytes[stage] / total), device)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, job.plan.setup.pipeline.mem_caps_bytes[stage] / total), device)
     with heartbeat.phase("joining the process group", working=False):
         dist.init_process_group(
             job.backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=job.timeout_s),
@@ -323,20 +323,20 @@ def _build(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
     del layers, by_name  # the other stages' layers are freed
     wrapped, reduce_grads = module, _no_reduction
     if mesh is not None:
-        wrapped, reduce_grads = data_parallel(module, zero=setup.zero, mesh=mesh)
+        wrapped, reduce_grads = data_parallel(module, zero=setup.data_parallel.zero, mesh=mesh)
         ties = relink(ties, module)
     sharded = isinstance(wrapped, FSDPModule)  # FSDP2 reduces into gradient shards: kept none between steps
     if not sharded:
         allocate_grads(module)
-    optimizer = dp_optimizer(setup.optimizer, module, zero=setup.zero, offload=setup.offload, mesh=mesh,
-                             overlap=setup.offload_overlap)
+    optimizer = dp_optimizer(setup.training.optimizer, module, zero=setup.data_parallel.zero, offload=setup.data_parallel.offload, mesh=mesh,
+                             overlap=setup.data_parallel.offload_overlap)
     stage = TimedStage(wrapped, index, layout.stages, device, group=mesh["pp"].get_group() if mesh else None)
     stage.stage_module = module
-    stage.microbatch_offset = dp_index * setup.microbatches
-    stage.reduce_every_microbatch = setup.zero_gather == "per-microbatch"
+    stage.microbatch_offset = dp_index * setup.pipeline.microbatches
+    stage.reduce_every_microbatch = setup.data_parallel.zero_gather == "per-microbatch"
     stage.seed = job.seed
-    schedule = SCHEDULES[setup.schedule](
-        stage, n_microbatches=setup.microbatches, loss_fn=stage.timed_loss(model_file.loss_fn)
+    schedule = SCHEDULES[setup.pipeline.schedule](
+        stage, n_microbatches=setup.pipeline.microbatches, loss_fn=stage.timed_loss(model_file.loss_fn)
     )
     inputs, targets = replica_batch(model_file, setup, dp_index, seed=job.seed)
     torch.manual_seed(job.seed)
@@ -354,8 +354,8 @@ def _no_reduction() -> None:
 def replica_batch(model_file, setup, dp_index: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch (dp x microbatches x micro_batch_size samples, as one process draws
     it) and this replica's contiguous slice of it."""
-    inputs, targets = training_batch(model_file, setup.micro_batch_size * setup.microbatches * setup.dp, seed=seed)
-    return inputs.tensor_split(setup.dp)[dp_index], targets.tensor_split(setup.dp)[dp_index]
+    inputs, targets = training_batch(model_file, setup.pipeline.micro_batch_size * setup.pipeline.microbatches * setup.data_parallel.dp, seed=seed)
+    return inputs.tensor_split(setup.data_parallel.dp)[dp_index], targets.tensor_split(setup.data_parallel.dp)[dp_index]
 
 
 def _host_bytes(optimizer: torch.optim.Optimizer | None) -> int:
@@ -409,7 +409,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         peak_bytes = max(peak_bytes, mem.peak_bytes)
     run.stage.after_chunk = None
     log(f"stage {index} (rank {rank}): peak {format_bytes(peak_bytes)}")
-    cap = job.plan.setup.mem_caps_bytes[index]
+    cap = job.plan.setup.pipeline.mem_caps_bytes[index]
     if job.enforce_cap and peak_bytes > cap:
         raise CapExceeded(f"stage {index} exceeded its cap of {format_bytes(cap)} (peak {format_bytes(peak_bytes)})")
     if job.state_dir:
@@ -417,7 +417,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
     return RankResult(
         rank=rank,
         stage=index,
-        dp_index=run.stage.microbatch_offset // job.plan.setup.microbatches,
+        dp_index=run.stage.microbatch_offset // job.plan.setup.pipeline.microbatches,
         static_bytes=max(static),
         host_bytes=run.host_bytes(),
         device_name=device_name(device),
@@ -462,7 +462,7 @@ def describe_failure(exc: BaseException, *, rank: int, job: Job) -> Failure:
     """One sentence naming the stage and the error, no traceback."""
     root = _root_cause(exc)
     layout = Layout.of(job.plan.setup)
-    cap = format_bytes(job.plan.setup.mem_caps_bytes[layout.stage_of(rank)])
+    cap = format_bytes(job.plan.setup.pipeline.mem_caps_bytes[layout.stage_of(rank)])
     who = f"stage {layout.stage_of(rank)}" + (f" (rank {rank})" if layout.dp > 1 else "")
     peer = False
     if isinstance(root, CapExceeded):
