@@ -37,6 +37,8 @@ re-scored by costmodel.evaluate() and must agree with the objective.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -374,6 +376,30 @@ def _cap_mib(problem: Problem, s: int):
 # ---------------------------------------------------------------- solve and extract
 
 
+_BANNER_SHOWN = False
+
+
+def _without_banner() -> None:
+    """HiGHS prints its banner to the process's stdout the first time a Highs object is made,
+    whatever its output options (stdout that `ckplan solve --json` keeps for the JSON alone):
+    make that first object with file descriptor 1 pointed at /dev/null."""
+    global _BANNER_SHOWN
+    if _BANNER_SHOWN:
+        return
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    _BANNER_SHOWN = True
+
+
 class _HiGHS(pulp.HiGHS):
     """pulp's HiGHS (highspy API) with two additions pulp's bridge lacks:
     - the objective's constant goes to HiGHS too; without it HiGHS measures its MIP gap
@@ -384,6 +410,8 @@ class _HiGHS(pulp.HiGHS):
     def __init__(self, *args, start: dict[str, float] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.start = start
+        if not self.msg:
+            _without_banner()
 
     def callSolver(self, lp):
         import highspy

@@ -164,7 +164,7 @@ class PipelineSetup(Strict):
 # A link or copy bandwidth past this is no hardware (HBM moves ~5e3 GB/s); a host step past
 # MAX_MS ms per parameter is a mangled file, not a measurement.
 MAX_GB_PER_S = 1e5
-GbPerS = Annotated[float, Field(gt=0, le=MAX_GB_PER_S, allow_inf_nan=False)]
+GbPerS = Annotated[float, Field(ge=1e-6, le=MAX_GB_PER_S, allow_inf_nan=False)]  # 1 kB/s .. 100 TB/s
 
 
 class DataParallelSetup(Strict):

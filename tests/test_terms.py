@@ -186,12 +186,22 @@ def test_solve_with_either_solver_and_evaluate_agree(profile_path, tmp_path):
     assert abs(dp - milp) <= 1e-6 * dp
     stages = found["dp"]["stages"]
     counts = ",".join(str(len(s["layers"])) for s in stages)
-    # the plan checkpoints the first k decoder blocks of a stage (identical blocks)
-    ckpts = ",".join(str(len(s["checkpointed"])) for s in stages)
+    names = ",".join(name for s in stages for name in s["checkpointed"])
     hand = json.loads(run_ok("evaluate", *args[:2], "--mem", "120MiB", "--microbatches", "6",
-                             "--layers-per-stage", counts, "--ckpt-per-stage", ckpts, "--json").stdout)
+                             "--layers-per-stage", counts, "--checkpoint", names, "--json").stdout)
+    assert [s["checkpointed"] for s in hand["hand"]["stages"]] == [s["checkpointed"] for s in stages]
     assert hand["hand"]["iteration_ms"] == pytest.approx(dp, rel=1e-9)
     assert [s["peak_bytes"] for s in hand["hand"]["stages"]] == [s["peak_bytes"] for s in stages]
+
+
+@pytest.mark.parametrize("extra, sentence", [
+    ([], "give the checkpointed layers either as counts"),
+    (["--ckpt-per-stage", "0,0", "--checkpoint", "layers.0"], "one of the two"),
+    (["--checkpoint", "layers.0,nope"], "--checkpoint names 'nope', not a layer of the profile"),
+])
+def test_evaluate_checkpoints_by_count_or_by_name(profile_path, extra, sentence):
+    result = run("evaluate", "--profile", str(profile_path), "--mem", "1GiB", "--layers-per-stage", "5,5", *extra)
+    assert result.exit_code == 1 and sentence in result.output and "Traceback" not in result.output
 
 
 def test_solve_respects_host_memory_and_says_when_it_rules_out_every_plan(profile_path, tmp_path):
@@ -246,3 +256,16 @@ def test_solve_evaluate_and_auto_dp_predict_alike_on_a_calibrated_profile(profil
                                "--json").stdout)["combinations"]
     zero0 = next(t for t in trials if t["zero"] == 0 and not t["offload"])
     assert zero0["iteration_ms"] == pytest.approx(with_dp, rel=1e-12)
+
+
+def test_milp_json_on_stdout_is_json_alone(profile_path, tmp_path):
+    """HiGHS prints a banner on the process's stdout when it first starts; --json keeps stdout for
+    the JSON (a fresh process: the banner shows once per process)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "solve", "--profile", str(profile_path), "--stages",
+                           "2", "--mem", "1GiB", "--solver", "milp", "--out", str(tmp_path / "p.yaml"), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["solver"] == "milp"

@@ -64,12 +64,25 @@ def hand_stages(profile, layers_per_stage: list[int], ckpt_per_stage: list[int],
     return stages
 
 
+def named_checkpoints(stages, text: str):
+    """The stages with the named layers checkpointed (each in the stage that holds it)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    owner = {name: stage.index for stage in stages for name in stage.layers}
+    unknown = [name for name in names if name not in owner]
+    if unknown:
+        raise UserError(f"--checkpoint names {', '.join(map(repr, unknown[:3]))}, not a layer of the profile; "
+                        "give layer names as the profile lists them")
+    return [stage.model_copy(update={"checkpointed": [n for n in stage.layers if n in names]}) for stage in stages]
+
+
 @click.command("evaluate")
 @click.option("--layers-per-stage", required=True, metavar="N,N,...",
               help="Layers of each stage, e.g. 19,20,20,21: all the profile's layers, or its decoder "
                    "layers only (the embedding then on the first stage, the head on the last).")
-@click.option("--ckpt-per-stage", required=True, metavar="K,K,...",
+@click.option("--ckpt-per-stage", default=None, metavar="K,K,...",
               help="Checkpointed layers of each stage, e.g. 19,19,19,13 (at most that stage's layers).")
+@click.option("--checkpoint", "checkpoint_names", default=None, metavar="NAME,NAME,...",
+              help="Instead of --ckpt-per-stage: the checkpointed layers by name, as a plan lists them.")
 @click.option("--ckpt-rule", type=click.Choice(["first", "last"]), default="first", show_default=True,
               help="Which k layers of a stage are checkpointed (ColossalAI and Megatron: the first).")
 @click.option("--stages", type=click.IntRange(min=1), default=None,
@@ -79,7 +92,7 @@ def hand_stages(profile, layers_per_stage: list[int], ckpt_per_stage: list[int],
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds the solver may take for ckplan's plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary instead of tables.")
-def command(layers_per_stage, ckpt_per_stage, ckpt_rule, stages, profile_path, mem, microbatches, schedule,
+def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stages, profile_path, mem, microbatches, schedule,
             optimizer, precision, parallel_stages, solver, time_limit, as_json, **data_parallel) -> None:
     """Score a configuration you run today (layers and checkpointed layers per stage) with
     the same cost model as ckplan's plans: each stage's peak against its cap, and the
@@ -94,7 +107,10 @@ def command(layers_per_stage, ckpt_per_stage, ckpt_rule, stages, profile_path, m
     from planner.console import err_console, info
 
     counts = parse_counts(layers_per_stage, "--layers-per-stage")
-    ckpts = parse_counts(ckpt_per_stage, "--ckpt-per-stage")
+    if (ckpt_per_stage is None) == (checkpoint_names is None):
+        raise UserError("give the checkpointed layers either as counts (--ckpt-per-stage 2,1,0) or by name "
+                        "(--checkpoint NAME,NAME), one of the two")
+    ckpts = parse_counts(ckpt_per_stage, "--ckpt-per-stage") if ckpt_per_stage is not None else [0] * len(counts)
     if stages is not None and stages != len(counts):
         raise UserError(f"--stages {stages} but --layers-per-stage lists {len(counts)} stages; give one count per stage")
     profile_path = profile_path or newest_profile()
@@ -104,6 +120,8 @@ def command(layers_per_stage, ckpt_per_stage, ckpt_rule, stages, profile_path, m
                                       schedule=schedule, optimizer=optimizer, precision=precision,
                                       parallel_stages=parallel_stages, say=say, **data_parallel)
     hand = hand_stages(profile, counts, ckpts, ckpt_rule)
+    if checkpoint_names is not None:
+        hand = named_checkpoints(hand, checkpoint_names)
     hand_cost = costmodel.evaluate(hand, profile, setup)
     best = _ckplan_plan(profile, setup, hand, time_limit_s=time_limit, solver=solver)
     if as_json:
