@@ -527,6 +527,10 @@ def index_terms(terms: Sequence[Term]) -> dict[tuple[str, str], tuple[Term, ...]
 _BY_PLACE = index_terms(TERMS)
 
 
+def _rows_at(where: str) -> list[Term]:
+    return [term for (_, place), terms in _BY_PLACE.items() if place == where for term in terms]
+
+
 def layer_value(quantity: str, layer: LayerCost, checkpointed: bool, ctx: Context) -> float:
     """What one layer of a stage adds to `quantity`, checkpointed or not."""
     return sum(term.value(layer, checkpointed, ctx) for term in _rows(quantity, "layer"))
@@ -565,10 +569,16 @@ def transient_extra_bytes(layers: Sequence[LayerCost], checkpointed: Sequence[bo
     they have freed it, in forward not made it yet), so only what exceeds their kept bytes
     counts: max over l of (transient_l + [l∈C]·(act_l - input_l) - Σ_{m after l} kept_m),
     at least 0. Measured: stage 0's embedding gradient meets only the other microbatches."""
+    return net_extra_bytes([(layer_value("extra", layer, ckpt, ctx), layer_value("kept", layer, ckpt, ctx))
+                            for layer, ckpt in zip(layers, checkpointed)])
+
+
+def net_extra_bytes(extra_and_kept: Sequence[tuple[float, float]]) -> float:
+    """transient_extra_bytes from each layer's (extra, kept), in stage order."""
     extra, later_kept = 0, 0
-    for layer, ckpt in zip(reversed(layers), reversed(checkpointed)):
-        extra = max(extra, layer_value("extra", layer, ckpt, ctx) - later_kept)
-        later_kept += layer_value("kept", layer, ckpt, ctx)
+    for layer_extra, kept in reversed(extra_and_kept):
+        extra = max(extra, layer_extra - later_kept)
+        later_kept += kept
     return extra
 
 
@@ -625,24 +635,35 @@ def stage_cost(
     row of TERMS, each quantity entering as the description says."""
     ctx = Context(profile, setup)
     first, last = layers[0], layers[-1]
+    totals = dict.fromkeys(QUANTITIES, 0.0)
+    rows = _rows_at("layer")
+    per_layer = []  # each layer's value of every quantity: the extra and scratch aggregate by layer
+    for layer, ckpt in zip(layers, checkpointed):  # one pass over the rows per layer
+        values = dict.fromkeys(QUANTITIES, 0.0)
+        for term in rows:
+            values[term.quantity] += term.value(layer, ckpt, ctx)
+        per_layer.append(values)
+        for quantity, value in values.items():
+            totals[quantity] += value
+    for term in _rows_at("open"):
+        totals[term.quantity] += term.value(first, stage, ctx)
+    for term in _rows_at("close"):
+        totals[term.quantity] += term.value(last, stage, ctx)
+    for term in _rows_at("stage"):
+        totals[term.quantity] += term.value(stage, ctx)
 
-    def total(quantity: str) -> float:
-        return (sum(layer_value(quantity, layer, ckpt, ctx) for layer, ckpt in zip(layers, checkpointed))
-                + edge_value(quantity, "open", first, stage, ctx) + edge_value(quantity, "close", last, stage, ctx)
-                + stage_value(quantity, stage, ctx))
-
-    static = total("static") + dataparallel.zero_one_excess_bytes(
+    static = totals["static"] + dataparallel.zero_one_excess_bytes(
         sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
-    buffers = total("buffers")
-    kept = int(round(total("kept")))
+    buffers = totals["buffers"]
+    kept = int(round(totals["kept"]))
     # the loss's scratch is gone before the stage's layers run their backward
-    transient = int(round(max(transient_extra_bytes(layers, checkpointed, ctx), stage_value("extra", stage, ctx))))
-    scratch = step_scratch_bytes([layer_value("scratch", layer, ckpt, ctx) for layer, ckpt in zip(layers, checkpointed)],
-                                 profile.device.type)
+    transient = int(round(max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer]),
+                              stage_value("extra", stage, ctx))))
+    scratch = step_scratch_bytes([v["scratch"] for v in per_layer], profile.device.type)
     k = in_flight(setup, stage)
     return StageCost(
-        comm_ms=total("comm"),
-        step_ms=total("step"),
+        comm_ms=totals["comm"],
+        step_ms=totals["step"],
         static_bytes=int(round(static)),
         kept_bytes=kept,
         in_flight=k,
@@ -650,10 +671,10 @@ def stage_cost(
         buffer_bytes=int(round(buffers)),
         transient_bytes=transient,
         peak_bytes=int(round(peak_bytes(static + buffers, k, kept, transient, scratch))),
-        time_ms=total("time"),
+        time_ms=totals["time"],
         cap_bytes=setup.pipeline.mem_caps_bytes[stage],
         step_scratch_bytes=int(round(scratch)),
-        host_bytes=int(round(total("host"))),
+        host_bytes=int(round(totals["host"])),
         host_cap_bytes=host_cap_bytes(setup),
     )
 

@@ -86,6 +86,7 @@ class Chain:
     def __init__(self, profile: Profile, setup: TrainSetup):
         self.profile, self.setup = profile, setup
         self.ctx = ctx = costmodel.Context(profile, setup)
+        self._edges: dict[tuple, float] = {}
         self.layers = layers = costmodel.layer_costs(profile)
 
         def per_layer(quantities, ckpt: bool) -> list[float]:
@@ -121,7 +122,11 @@ class Chain:
         return len(self.layers)
 
     def _edge(self, quantities, where: str, layer: int, s: int) -> float:
-        return sum(costmodel.edge_value(q, where, self.layers[layer], s, self.ctx) for q in quantities)
+        """Memoised: the segments ask for the same edges for every range."""
+        key = (quantities, where, layer, s)
+        if key not in self._edges:
+            self._edges[key] = sum(costmodel.edge_value(q, where, self.layers[layer], s, self.ctx) for q in quantities)
+        return self._edges[key]
 
     def opening_bytes(self, s: int, start: int) -> tuple[float, float]:
         """(kept per microbatch, held) that layer `start` adds by opening stage s."""
