@@ -55,7 +55,7 @@ def checkpointed_indices(rounded: rounding.Rounded, profile: Profile) -> list[in
 
 def _module(rounded: rounding.Rounded, profile: Profile) -> str:
     setup = rounded.setup
-    names = "\n".join(f"#   {i}: {layer.name}" for i, layer in enumerate(profile.layers))
+    names = "\n".join(f"#   {i}: {rounding.one_line(layer.name)}" for i, layer in enumerate(profile.layers))
     precision = ', "bf16": {"enabled": True}' if setup.training.precision == "bf16-mixed" else ""
     return f'''from deepspeed.pipe import LayerSpec, PipelineModule
 

@@ -219,5 +219,13 @@ def header_lines(plan_file: str, target: str, cannot_express: Sequence[str], rou
     return lines
 
 
+def one_line(text: str) -> str:
+    """Text copied from a model, a profile or a path, as it may stand inside one line of a
+    generated file: every character that is not printable (newlines, carriage returns, the
+    Unicode line and paragraph separators, control characters) written as its escape, so a
+    name can never end a comment and start a statement."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(text))
+
+
 def comment(lines: Sequence[str], mark: str = "#") -> str:
-    return "\n".join(f"{mark} {line}".rstrip() for line in lines) + "\n"
+    return "\n".join(f"{mark} {one_line(line)}".rstrip() for line in lines) + "\n"

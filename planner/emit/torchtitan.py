@@ -83,7 +83,7 @@ def fqns_per_stage(rounded: rounding.Rounded, roles: rounding.Roles, head: str) 
 
 def _base(profile: Profile, base: str | None) -> str:
     base = base or _BASE_CONFIGS.get(str(profile.assumptions.get("arch", "")))
-    if base is None or ":" not in base:
+    if base is None or ":" not in base or not _python_names(base):
         raise UserError("name the torchtitan config function this plan refines with --torchtitan-base "
                         "MODULE:FUNCTION, e.g. torchtitan.models.llama3.config_registry:llama3_70b")
     return base
@@ -118,6 +118,13 @@ def _round_zero(rounded: rounding.Rounded) -> None:
     rounded.changes.append(f"ZeRO-{setup.data_parallel.zero} ({setup.data_parallel.zero_gather}) as FSDP2 beside torch.distributed.pipelining: "
                            "weights and gradients stay whole until the last backward, one reduce-scatter and one "
                            "all-gather per iteration")
+
+
+def _python_names(base: str) -> bool:
+    """MODULE:FUNCTION is a dotted module path and a function name: nothing else may enter the
+    generated `from MODULE import FUNCTION`."""
+    module, function = base.split(":", 1)
+    return all(part.isidentifier() for part in module.split(".")) and function.isidentifier()
 
 
 def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int) -> str:
