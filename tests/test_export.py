@@ -199,7 +199,21 @@ def test_export_refuses_a_plan_that_is_not_for_this_profile_or_fits_nowhere(tmp_
     _, plan, path = write(tmp_path, SIZES, CHECKPOINTED)
     io.save_profile(llm_profile(12), tmp_path / "other.json")
     result = run("export", str(path), "--to", "megatron", "--profile", str(tmp_path / "other.json"))
-    assert result.exit_code == 1 and "does not match its profile" in result.output
+    assert result.exit_code == 1 and "is not the profile" in result.output  # refused by the pin, before scoring
     io.save_plan(plan.model_copy(update={"solver": plan.solver.model_copy(update={"status": "infeasible"})}), path)
     result = run("export", str(path), "--to", "megatron")
     assert result.exit_code == 1 and "records no feasible plan" in result.output
+
+
+def test_export_refuses_a_profile_the_plan_was_not_made_from(tmp_path):
+    """The same architecture profiled otherwise (here: renamed) re-scored a plan silently."""
+    profile, _, path = write(tmp_path, SIZES, CHECKPOINTED)
+    other = tmp_path / "other.json"
+    io.save_profile(profile.model_copy(update={"name": "at another sequence length"}), other)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = run("export", str(path), "--to", "megatron", "--profile", str(other))
+    assert result.exit_code == 1 and "is not the profile" in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    moved = tmp_path / "moved.json"
+    (tmp_path / "llm.json").rename(moved)  # the right profile, moved: --profile finds it
+    assert run("export", str(path), "--to", "megatron", "--profile", str(moved)).exit_code == 0

@@ -50,7 +50,10 @@ def _profile_of(plan, plan_path: Path, profile_path: Path | None):
     if profile_path is not None and not profile_path.exists():
         raise UserError(f"the profile {profile_path} does not exist; pass the one the plan was made from with --profile")
     path = profile_path or io.plan_profile_path(plan, plan_path, remedy="pass it with --profile")
-    if profile_path is None and io.sha256_file(path) != plan.profile.sha256:
+    if io.sha256_file(path) != plan.profile.sha256:
+        if profile_path is not None:  # e.g. the same architecture profiled at another sequence length
+            raise UserError(f"--profile {path} is not the profile {plan_path} was made from (its sha256 differs from "
+                            "the one the plan pins); pass that profile, or re-run `ckplan solve` with this one")
         raise UserError(f"{path} changed since the plan was made; re-run `ckplan solve`, or pass the profile "
                         "the plan was made from with --profile")
     return io.load_profile(path)
