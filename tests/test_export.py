@@ -117,6 +117,7 @@ def test_deepspeed_never_checkpoints_the_first_layer_and_says_when_that_no_longe
     assert result.exit_code == 0, result.output
     assert "l0, the model's first layer, runs without checkpointing" in result.output
     assert "NO LONGER FITS" in result.output
+    assert "error:" not in result.output and "warning" in result.output.lower()  # written, exit 0: a warning
     text = (tmp_path / "plan.deepspeed.py").read_text()
     assert "WARNING: rounded for DeepSpeed, stage 0 no longer fits" in text
     assert "STAGE_STARTS = [0, 2]" in text and "CHECKPOINTED = []" in text
@@ -217,3 +218,22 @@ def test_export_refuses_a_profile_the_plan_was_not_made_from(tmp_path):
     moved = tmp_path / "moved.json"
     (tmp_path / "llm.json").rename(moved)  # the right profile, moved: --profile finds it
     assert run("export", str(path), "--to", "megatron", "--profile", str(moved)).exit_code == 0
+
+
+def test_export_prints_one_table_when_nothing_was_rounded(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    def output(path, target):
+        result = CliRunner().invoke(cli, ["export", str(path), "--to", target], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    _, _, path = write(tmp_path, [4, 3, 3], set())  # nothing checkpointed, 1F1B: Megatron says it exactly
+    text = output(path, "megatron")
+    assert "Rounded: nothing" in (tmp_path / "plan.megatron.sh").read_text()
+    assert text.count("the plan, exactly") == 1 and "the plan, exactly as Megatron-LM runs it" in text
+    _, _, path = write(tmp_path, SIZES, CHECKPOINTED)  # ColossalAI moves the checkpoints: both tables
+    text = output(path, "colossalai")
+    assert "the plan, exactly" in text and "as ColossalAI runs it" in text and "exactly as ColossalAI" not in text

@@ -84,7 +84,7 @@ def _report(plan, result, out: Path) -> None:
     from rich.markup import escape
 
     from planner.commands.evaluate import STAGE_COLUMNS, stage_rows
-    from planner.console import console, error, table
+    from planner.console import console, table, warn
     from planner.units import format_ms
 
     for item in result.cannot_express:
@@ -92,12 +92,17 @@ def _report(plan, result, out: Path) -> None:
     for item in result.rounded.changes or ["nothing; the export is the plan exactly"]:
         console.print(escape(f"rounded: {item}"), soft_wrap=True)
     scored = result.scored
-    console.print(table("the plan, exactly", STAGE_COLUMNS, stage_rows(plan.stages, scored.exact), right_from=2))
-    console.print(table(f"as {result.target} runs it", STAGE_COLUMNS,
-                        stage_rows(result.rounded.stages, scored.rounded), right_from=2))
+    exact = stage_rows(plan.stages, scored.exact)
+    rounded = stage_rows(result.rounded.stages, scored.rounded)
+    if exact == rounded:  # nothing rounded that the cost model sees: one table
+        console.print(table(f"the plan, exactly as {result.target} runs it", STAGE_COLUMNS, exact, right_from=2))
+    else:
+        console.print(table("the plan, exactly", STAGE_COLUMNS, exact, right_from=2))
+        console.print(table(f"as {result.target} runs it", STAGE_COLUMNS, rounded, right_from=2))
     console.print(f"iteration: plan {format_ms(scored.exact.iteration_ms)}, {result.target} "
                   f"{format_ms(scored.rounded.iteration_ms)} ({scored.slowdown * 100:+.1f}%); wrote {out}")
     if not scored.rounded.feasible:
         over = ", ".join(str(s) for s, c in enumerate(scored.rounded.stages) if not c.fits)
-        error(f"as {result.target} can express it, the plan NO LONGER FITS: stage {over} exceeds its memory cap "
-              "under the cost model; solve with more memory headroom or more stages before using this export")
+        # the export is written (its header carries the same warning); not an error of the command
+        warn(f"as {result.target} can express it, the plan NO LONGER FITS: stage {over} exceeds its memory cap "
+             "under the cost model; solve with more memory headroom or more stages before using this export")
