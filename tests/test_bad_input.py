@@ -456,3 +456,17 @@ def test_profile_warns_about_hugging_face_gradient_checkpointing(tmp_path):
     result = _invoke("profile", model, *FAST, "--out", tmp_path / "p.json")
     assert result.exit_code == 0, result.output
     assert "layers 0, 1 already checkpoint inside themselves" in result.output, transformers.__version__
+
+
+def test_launch_dp_that_the_shard_group_does_not_divide_says_why_without_a_url(tmp_path):
+    from fixtures.rt_plans import make_plan
+
+    from planner.commands.launch import with_dp
+    from planner.errors import UserError
+
+    plan = make_plan(FIXTURES / "tiny.py", [["0", "1"], ["2", "3", "4"]])
+    plan = plan.model_copy(update={"setup": plan.setup.model_copy(update={"dp": 4, "zero": 1, "shard_group": 2})})
+    assert with_dp(plan, 6).setup.data_parallel.dp == 6
+    with pytest.raises(UserError) as info:
+        with_dp(plan, 3)
+    assert "shard_group 2 does not divide dp 3" in str(info.value) and "http" not in str(info.value)

@@ -82,15 +82,18 @@ def command(plan_path, steps, warmup_steps, device, backend, report_path, enforc
 
 def with_dp(plan, dp: int | None):
     """The plan with `dp` replicas (its shard group must divide it)."""
+    from pydantic import ValidationError
+
     from planner.errors import UserError
-    from planner.schema import TrainSetup
+    from planner.io import describe_error
 
     if dp is None or dp == plan.setup.data_parallel.dp:
         return plan
     try:
-        setup = TrainSetup.model_validate({**plan.setup.model_dump(), "dp": dp})
-    except ValueError as exc:
-        raise UserError(f"--dp {dp} does not fit the plan: {str(exc).splitlines()[-1].strip()}") from exc
+        setup = plan.setup.model_copy(update={"dp": dp})
+    except ValidationError as exc:
+        raise UserError(f"--dp {dp} does not fit the plan: {describe_error(exc)}; give a --dp its shard group "
+                        f"({plan.setup.data_parallel.shard_group}) divides") from exc
     return plan.model_copy(update={"setup": setup})
 
 
