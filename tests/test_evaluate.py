@@ -96,6 +96,8 @@ def test_a_hand_configuration_that_does_not_fit_says_so(profile_path):
         (["--layers-per-stage", "3,3,2", "--ckpt-per-stage", "4,0,0"], "checkpoints 4 layers in stage 0, which has 3"),
         (["--layers-per-stage", "3,3,2", "--ckpt-per-stage", "0,0"], "has 2 entries for 3 stages"),
         (["--layers-per-stage", "3,x,2", "--ckpt-per-stage", "0,0,0"], "give whole numbers"),
+        (["--layers-per-stage", "3,3²,2", "--ckpt-per-stage", "0,0,0"], "give whole numbers"),
+        (["--layers-per-stage", "3,3,2", "--ckpt-per-stage", "0,٣,0"], "give whole numbers"),
         (["--layers-per-stage", "3,3,2", "--ckpt-per-stage", "0,-1,0"], "give whole numbers"),
         (["--layers-per-stage", "3,3,2", "--ckpt-per-stage", "0,0,0", "--stages", "4"], "lists 3 stages"),
         (["--layers-per-stage", "3,3,2", "--ckpt-per-stage", "0,0,0", "--microbatches", "2"],

@@ -19,7 +19,7 @@ from planner.errors import UserError
 
 def parse_counts(text: str, option: str) -> list[int]:
     parts = [part.strip() for part in str(text).split(",")]
-    if not all(part.isdigit() for part in parts):
+    if not all(part.isascii() and part.isdigit() for part in parts):  # "²".isdigit() is True; int("²") fails
         raise UserError(f"{option} {text!r}: give whole numbers separated by commas, e.g. 19,20,20,21")
     return [int(part) for part in parts]
 
