@@ -190,12 +190,27 @@ def describe_error(exc: ValidationError) -> str:
     return f"field '{where}'{shown}: {message}{more}" if where and not whole else f"{message}{more}"
 
 
+# No file ckplan reads is near this: a profile of 100,000 layers (synthetic.heterogeneous) is
+# 58 MiB and loads in about 2 s; a 200 MB one took minutes before it was refused.
+MAX_FILE_BYTES = 64 * 2**20
+# What a YAML file may expand to, aliases and merge keys followed: a plan of 10,000 layers is
+# about 60,000 nodes; an alias bomb is billions.
+MAX_YAML_NODES = 2_000_000
+
+
 def _read_text(path: str | Path, what: str) -> str:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder, not a file; give the path of the {what} file")
     if not path.is_file():
         raise UserError(f"{what} {path} does not exist; check the path")
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc}") from exc
+    if size > MAX_FILE_BYTES:
+        raise UserError(f"{what} {path} is {size / 2**20:.0f} MiB, far larger than any ckplan {what} "
+                        f"(at most {MAX_FILE_BYTES // 2**20} MiB); check that it is the right file")
     try:
         return path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -218,16 +233,71 @@ def _validate(model: type[ModelT], data: object, path: str | Path, what: str, re
         return model.model_validate(data)
     except ValidationError as exc:
         raise UserError(f"{path} is not a valid {what}: {describe_error(exc)}; {remedy}") from exc
+    except RecursionError as exc:
+        raise UserError(f"{path} nests deeper than any ckplan {what}; {remedy}") from exc
+
+
+def parse_json(text: str, path: str | Path, remedy: str):
+    """JSON as Python data, every way it can be malformed one sentence: syntax, an integer
+    past Python's digit limit, nesting deeper than the parser's recursion."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON (line {exc.lineno}); {remedy}") from exc
+    except RecursionError as exc:
+        raise UserError(f"{path} nests deeper than any ckplan file; {remedy}") from exc
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise UserError(f"{path} holds a value JSON readers refuse ({exc}); {remedy}") from exc
+
+
+def parse_yaml(text: str, path: str | Path, remedy: str):
+    """YAML as Python data (safe types only), refused before it is built when aliases and
+    merge keys would expand it past MAX_YAML_NODES or it nests past the parser's recursion."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded_nodes(node, {}) > MAX_YAML_NODES:
+            raise UserError(f"{path} expands (through its aliases) to more than {MAX_YAML_NODES:,} nodes, far more "
+                            f"than any ckplan file; {remedy}")
+        return None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path} is not valid YAML; {remedy}") from exc
+    except RecursionError as exc:
+        raise UserError(f"{path} nests deeper than any ckplan file; {remedy}") from exc
+    finally:
+        loader.dispose()
+
+
+def _expanded_nodes(node, memo: dict[int, int]) -> int:
+    """Nodes the document has once every alias is followed; an aliased node is counted every
+    time it is used, computed once (memo), so a bomb is measured without being expanded."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a node that contains itself counts once
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_nodes(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_nodes(key, memo) + _expanded_nodes(value, memo) for key, value in node.value)
+    else:
+        size = 1
+    memo[id(node)] = size
+    return size
+
+
+def load_json(path: str | Path, what: str, remedy: str):
+    """A JSON file's data, every failure (missing, too large, malformed) one sentence."""
+    return parse_json(_read_text(path, what), path, remedy)
+
+
+def load_model(model: type[ModelT], path: str | Path, what: str, remedy: str) -> ModelT:
+    """A JSON file of `model`, every failure one sentence."""
+    return _validate(model, load_json(path, what, remedy), path, what, remedy)
 
 
 def load_profile(path: str | Path) -> Profile:
     text = _read_text(path, "profile")
     remedy = "re-create it with `ckplan profile MODEL.py`"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON (line {exc.lineno}); {remedy}") from exc
-    return _validate(Profile, data, path, "profile", remedy)
+    return _validate(Profile, parse_json(text, path, remedy), path, "profile", remedy)
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
@@ -237,11 +307,7 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 def load_plan(path: str | Path) -> Plan:
     text = _read_text(path, "plan")
     remedy = "re-create it with `ckplan solve`"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML; {remedy}") from exc
-    return _validate(Plan, data, path, "plan", remedy, versions=PLAN_SCHEMA_VERSIONS)
+    return _validate(Plan, parse_yaml(text, path, remedy), path, "plan", remedy, versions=PLAN_SCHEMA_VERSIONS)
 
 
 def plan_profile_path(plan: Plan, plan_path: str | Path, *, remedy: str) -> Path:
@@ -269,8 +335,4 @@ def save_report(report: RunReport, path: str | Path) -> None:
 def load_report(path: str | Path) -> RunReport:
     text = _read_text(path, "run report")
     remedy = "re-create it with `ckplan launch PLAN --report PATH`"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON (line {exc.lineno}); {remedy}") from exc
-    return _validate(RunReport, data, path, "run report", remedy)
+    return _validate(RunReport, parse_json(text, path, remedy), path, "run report", remedy)

@@ -149,19 +149,11 @@ def calibration_path(profile_path: Path) -> Path:
 
 
 def load_calibration(path: Path):
-    import json
-
-    from pydantic import ValidationError
-
-    from planner.io import describe_error
+    from planner import io
     from planner.schema import Calibration
 
-    try:
-        return Calibration.model_validate(json.loads(path.read_text()))
-    except (OSError, ValueError, ValidationError) as exc:
-        detail = describe_error(exc) if isinstance(exc, ValidationError) else str(exc)
-        raise UserError(f"{path} is not a valid calibration ({detail}); delete it or re-run `ckplan calibrate`") \
-            from exc
+    remedy = "delete it or re-run `ckplan calibrate`"
+    return io.load_model(Calibration, path, "calibration", remedy)
 
 
 def resolve_profile(plan, plan_path: Path) -> Path:

@@ -3,7 +3,6 @@ published architecture, written without running it (planner/profiler/analytic.py
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -136,12 +135,7 @@ def _arch(arch: str | None, arch_config: Path | None):
     if arch is not None:
         spec = archs.arch(arch)
         return spec, FileRef(file=f"arch:{spec.name}", sha256=spec.sha256())
-    if not arch_config.is_file():
-        raise UserError(f"--arch-config {arch_config} does not exist; check the path")
-    try:
-        config = json.loads(arch_config.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"--arch-config {arch_config} is not readable JSON ({exc}); pass a config.json") from exc
+    config = io.load_json(arch_config, "--arch-config", "pass a model's config.json")
     name = arch_config.parent.name if arch_config.name == "config.json" and arch_config.parent.name else arch_config.stem
     return archs.from_hf_config(config, where=str(arch_config), name=name), io.file_ref(arch_config)
 
