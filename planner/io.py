@@ -65,7 +65,14 @@ def write_atomic_bytes(path: str | Path, data: bytes) -> None:
         os.fchmod(fd, _mode_for(target))
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())  # a full disk shows here, before the old file is replaced
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        kept = " (the earlier file is unchanged)" if target.exists() else ""
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}{kept}; free some space or choose another "
+                        "path") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

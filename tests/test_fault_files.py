@@ -110,3 +110,26 @@ def test_an_arch_config_with_deep_nesting_or_a_huge_integer(tmp_path):
 def test_json_of_a_good_profile_round_trips(files):
     profile_path, _ = files
     assert io.load_profile(profile_path).name == json.loads(profile_path.read_text())["name"]
+
+
+@pytest.mark.parametrize("command", ["solve", "profile"])
+def test_a_full_disk_keeps_the_earlier_file_and_leaves_no_temp(files, tmp_path, monkeypatch, command):
+    """ENOSPC while the new plan or profile is written: one sentence, the old file intact."""
+    import errno
+
+    profile_path, plan_path = files
+    target = plan_path if command == "solve" else tmp_path / "out.json"
+    target.write_text("the earlier file\n")
+    real_fsync = os.fsync
+
+    def full(fd):
+        real_fsync(fd)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(io.os, "fsync", full)
+    args = (["solve", "--profile", str(profile_path), "--stages", "2", "--mem", "1GB", "--out", str(target)]
+            if command == "solve" else ["profile", "--arch", "llama3-8b", "--seq-len", "8", "--out", str(target)])
+    result = run(*args)
+    assert result.exit_code == 1 and "No space left on device" in result.output and "unchanged" in result.output
+    assert target.read_text() == "the earlier file\n"
+    assert not [p for p in target.parent.iterdir() if p.name.endswith(".tmp")]
