@@ -133,3 +133,23 @@ def test_a_full_disk_keeps_the_earlier_file_and_leaves_no_temp(files, tmp_path, 
     assert result.exit_code == 1 and "No space left on device" in result.output and "unchanged" in result.output
     assert target.read_text() == "the earlier file\n"
     assert not [p for p in target.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("args", [
+    ["--arch", "llama3-8b", "--seq-len", "100000000000000"],
+    ["--arch", "llama3-8b", "--seq-len", "1000000000", "--attention", "eager"],
+])
+def test_analytic_shapes_past_any_device_get_one_sentence(tmp_path, args):
+    out = tmp_path / "p.json"
+    result = run("profile", *args, "--out", str(out))
+    assert result.exit_code == 1 and "gives numbers no device holds" in result.output, result.output
+    assert "http" not in result.output and not out.exists()
+
+
+def test_an_arch_config_with_huge_sizes_gets_one_sentence(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096 * 10**9, "intermediate_size": 14336,
+                                  "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+                                  "vocab_size": 128256, "max_position_embeddings": 8192}))
+    result = run("profile", "--arch-config", str(config), "--seq-len", "8", "--out", str(tmp_path / "p.json"))
+    assert result.exit_code == 1 and "gives numbers no device holds" in result.output, result.output

@@ -95,6 +95,8 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
         seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float) -> None:
+    from pydantic import ValidationError
+
     from planner import archs, io
     from planner.profiler.analytic import Shape, analytic_profile
 
@@ -107,7 +109,12 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     device = archs.gpu(gpu)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
                   dtype=dtype)
-    profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref)
+    try:
+        profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref)
+    except ValidationError as exc:  # e.g. a layer's bytes past an exbibyte: no device holds that
+        raise UserError(f"{spec.name} at --seq-len {seq_len} and --micro-batch-size {micro_batch_size} gives "
+                        f"numbers no device holds ({io.describe_error(exc)}); check --seq-len, "
+                        "--micro-batch-size and the config's sizes") from exc
     profile = _with_host_step(profile)
     out = out or Path("profiles") / f"{profile.name}-{device.name}.json"
     io.check_writable(out)
