@@ -175,3 +175,14 @@ def test_megatron_export_shards_the_optimizer_in_groups(tmp_path):
     text = megatron.export(plan, io.load_profile(tmp_path / "llm.json"), plan_file="plan.yaml").text
     # groups of 2 ranks, 4 copies of the sharded optimizer across the data-parallel domain
     assert "--use-distributed-optimizer" in text and "--num-distributed-optimizer-instances 4" in text
+
+
+def test_auto_dp_takes_host_mem_for_the_combinations_that_offload(profile_path, tmp_path):
+    """--auto-dp refused --host-mem, then its error told the user to raise it: now the offloading
+    combinations are planned within it (the host a constraint of the solver) and say so."""
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(profile_path), *ARGS, "--host-mem", "1MB",
+                                      "--out", str(tmp_path / "plan.yaml"), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["combinations"]
+    assert {r["why_not"] for r in rows if r["offload"]} == {"host memory"}
+    assert any(r["fits"] for r in rows if not r["offload"])
