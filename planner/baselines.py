@@ -10,9 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner import costmodel
+from planner.deadline import Deadline, Expired
 from planner.schema import BaselineResult, Profile, StagePlan, TrainSetup
 
-Strategy = Callable[[Profile, TrainSetup], list[StagePlan]]
+Strategy = Callable[[Profile, TrainSetup, Deadline], list[StagePlan]]
+NO_DEADLINE = Deadline(None)
+# The scans below look at the deadline every this many rules: a model of a few hundred layers
+# is always scored whole (its best baseline is the plan a solve cut short falls back on), one of
+# thousands stops at the deadline.
+DEADLINE_EVERY = 256
 
 
 def even_split(num_layers: int, num_stages: int) -> list[int]:
@@ -80,7 +86,7 @@ def _stages(profile: Profile, sizes: list[int], num_ckpt: Callable[[int], int]) 
 
 
 def _smallest_fitting(profile: Profile, setup: TrainSetup, sizes: list[int],
-                      candidates: list[Callable[[int], int]]) -> list[StagePlan]:
+                      candidates: list[Callable[[int], int]], deadline: Deadline) -> list[StagePlan]:
     """The first candidate checkpoint rule (ordered by increasing recompute) that fits;
     the last (most recompute) when none does. A plan fits when each stage does, and many
     rules give a stage the same count, so each (stage, count) is scored once."""
@@ -95,7 +101,9 @@ def _smallest_fitting(profile: Profile, setup: TrainSetup, sizes: list[int],
             scored[s, count] = costmodel.stage_cost(held, flags, stage=s, profile=profile, setup=setup).fits
         return scored[s, count]
 
-    for rule in candidates:
+    for count, rule in enumerate(candidates, start=1):
+        if count % DEADLINE_EVERY == 0:  # thousands of layers make thousands of rules, each a stage scored
+            deadline.check()
         if all(stage_fits(s, rule(size)) for s, size in enumerate(sizes)):
             return _stages(profile, sizes, rule)
     return _stages(profile, sizes, candidates[-1])
@@ -106,33 +114,33 @@ def _ratio_rules(num_layers: int) -> list[Callable[[int], int]]:
     return [lambda size, step=step: int(step / num_layers * size) for step in range(num_layers + 1)]
 
 
-def no_checkpointing(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+def no_checkpointing(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     return _stages(profile, even_split(len(profile.layers), setup.pipeline.stages), lambda size: 0)
 
 
-def full_checkpointing(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+def full_checkpointing(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     return _stages(profile, even_split(len(profile.layers), setup.pipeline.stages), lambda size: size)
 
 
-def colossalai_ratio(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+def colossalai_ratio(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Even split (remainder to middle stages); the same ratio of first layers checkpointed in
     every stage, the smallest ratio that fits (step 1/L)."""
     sizes = even_split(len(profile.layers), setup.pipeline.stages)
-    return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)))
+    return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)), deadline)
 
 
-def megatron_block(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+def megatron_block(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Megatron's recompute-method=block: the first N layers of every stage, smallest N that fits."""
     sizes = even_split(len(profile.layers), setup.pipeline.stages)
     rules = [lambda size, n=n: min(n, size) for n in range(max(sizes) + 1)]
-    return _smallest_fitting(profile, setup, sizes, rules)
+    return _smallest_fitting(profile, setup, sizes, rules, deadline)
 
 
-def balanced_ratio(profile: Profile, setup: TrainSetup) -> list[StagePlan]:
+def balanced_ratio(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Compute-balanced split (DeepSpeed/torchtitan style) with the smallest uniform ratio that fits."""
     times = [layer.fwd_ms + layer.bwd_ms for layer in costmodel.layer_costs(profile)]
     sizes = balanced_split(times, setup.pipeline.stages)
-    return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)))
+    return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)), deadline)
 
 
 BASELINES: dict[str, Strategy] = {
@@ -144,10 +152,15 @@ BASELINES: dict[str, Strategy] = {
 }
 
 
-def all_baselines(profile: Profile, setup: TrainSetup) -> list[BaselineResult]:
+def all_baselines(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[BaselineResult]:
+    """Every baseline scored; past the deadline, the ones scored by then (the search that
+    follows has no time left either, and says so)."""
     results = []
     for name, strategy in BASELINES.items():
-        stages = strategy(profile, setup)
+        try:
+            stages = strategy(profile, setup, deadline)
+        except Expired:
+            break
         cost = costmodel.evaluate(stages, profile, setup)
         results.append(
             BaselineResult(

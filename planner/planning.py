@@ -44,7 +44,7 @@ def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", de
     from planner.deadline import Deadline
 
     deadline = deadline or Deadline(time_limit_s)
-    references = baselines.all_baselines(profile, setup)
+    references = baselines.all_baselines(profile, setup, deadline)
     known = [(b.iteration_ms, b.stages) for b in references if b.feasible]
     for stages in starts:
         cost = costmodel.evaluate(stages, profile, setup)

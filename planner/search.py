@@ -103,7 +103,7 @@ def plan(
 
 
 def _plan_dp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, upper_bound_ms, start) -> PlanResult | NoFit:
-    start, start_cost = _feasible_start(profile, setup, upper_bound_ms, start)
+    start, start_cost = _feasible_start(profile, setup, upper_bound_ms, start, deadline)
     if start_cost is not None:
         upper_bound_ms = min(upper_bound_ms or math.inf, start_cost.iteration_ms)
     try:
@@ -122,11 +122,11 @@ def _plan_dp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, upper_b
                     SolveResult("optimal", objective_ms, 0.0, deadline.elapsed_s(), solver="dp", bound=objective_ms))
 
 
-def _feasible_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start):
+def _feasible_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, deadline: Deadline | None = None):
     """(start, its cost) if the start fits, else (None, None); with neither a start nor a
     bound given, the best feasible baseline (cheap) is the start."""
     if start is None and upper_bound_ms is None:
-        start = best_baseline(profile, setup)
+        start = best_baseline(profile, setup, deadline)
     cost = costmodel.evaluate(start, profile, setup) if start is not None else None
     return (start, cost) if cost is not None and cost.feasible else (None, None)
 
@@ -143,8 +143,8 @@ def _cut_short(profile: Profile, setup: TrainSetup, start, start_cost, deadline:
     return PlanResult(stages=costmodel.with_predictions(start, start_cost), cost=start_cost, solve=solve)
 
 
-def best_baseline(profile: Profile, setup: TrainSetup) -> list[StagePlan] | None:
-    feasible = [b for b in baselines.all_baselines(profile, setup) if b.feasible]
+def best_baseline(profile: Profile, setup: TrainSetup, deadline: Deadline | None = None) -> list[StagePlan] | None:
+    feasible = [b for b in baselines.all_baselines(profile, setup, deadline or Deadline(None)) if b.feasible]
     return min(feasible, key=lambda b: b.iteration_ms).stages if feasible else None
 
 
@@ -169,11 +169,13 @@ def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_g
         problem = milp.build_problem(profile, setup, upper_bound_ms=upper_bound_ms)
         deadline.check()
     except Expired:
-        return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start), deadline, "milp")
+        return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
+                          "milp")
     result = milp.solve(problem, time_limit_s=deadline.remaining_s(), mip_gap=mip_gap, threads=threads, log=log,
                         start=start)
     if result.status == "timeout":  # the start, if there is one, is still the best plan known
-        return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start), deadline, "milp")
+        return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
+                          "milp")
     if result.status == "infeasible":
         return NoFit(result.status, deadline.elapsed_s(), "milp")
     result = SolveResult(result.status, result.objective, result.gap, deadline.elapsed_s(), solver="milp",
