@@ -188,3 +188,17 @@ def test_the_default_progress_timeout_grows_with_the_slowest_stage():
     slow = [stage.model_copy(update={"predicted": stage.predicted.model_copy(update={"time_ms": 9000.0})})
             for stage in plan.stages]
     assert launcher.default_progress_timeout_s(slow) == 90.0
+
+
+def test_a_failure_under_data_parallelism_names_the_stage_and_rank_of_its_log(tmp_path):
+    """With --dp the log line said 'log of stage 3' for rank 3, which runs stage 1."""
+    import time
+
+    from planner.runtime.launcher import Failure, _failure_message
+
+    for rank in range(4):
+        (tmp_path / f"rank{rank}.log").write_text(f"log of rank {rank}\n")
+    (tmp_path / "rank3.error.json").write_text(
+        Failure(rank=3, message="stage 1 (rank 3) raised ValueError", peer=False, time=time.time()).model_dump_json())
+    message = _failure_message([0, 0, 0, 1], tmp_path, dp=2)
+    assert "log of stage 1 (rank 3):" in message and "log of stage 3" not in message

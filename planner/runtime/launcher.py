@@ -274,7 +274,7 @@ def _failure_message(codes: list[int | None], out_dir: Path, dp: int = 1) -> str
                 f"for it; all stages were stopped (log of {stage_name(rank, dp)}: {_keep_log(rank, out_dir)})")
     hint = " (no stage reported an error of its own: one may have hung or lost its connection)" if cause.peer else ""
     return (f"{cause.message}{hint}; all stages were stopped "
-            f"(log of stage {cause.rank}: {_keep_log(cause.rank, out_dir)})")
+            f"(log of {stage_name(cause.rank, dp)}: {_keep_log(cause.rank, out_dir)})")
 
 
 def _keep_log(rank: int, out_dir: Path) -> Path:
