@@ -128,17 +128,25 @@ def test_solve_counts_the_stages_that_compute_at_once_with_the_launchs_threads(m
 
 
 def test_solve_applies_the_calibration_beside_the_profile_and_says_so(tmp_path, monkeypatch):
+    from planner import io
     from planner.commands.calibrate import calibrated_setup, calibration_path
+    from planner.schema import FileRef
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     profile = heterogeneous(6)  # profiled with 1 thread
     profile_path = tmp_path / "p.json"
+    io.save_profile(profile, profile_path)
     plain, notes = calibrated_setup(profile, profile_path, setup(2))
     assert plain == setup(2) and len(notes) == 1 and "not calibrated" in notes[0]
     two_threads = profile.model_copy(update={"device": profile.device.model_copy(update={"threads": 2})})
     _, notes = calibrated_setup(two_threads, profile_path, setup(2))
     assert "the profile was measured with 2 threads; a launch gives each of the 2 ranks 1" in notes[0]
+    pinned = FileRef(file=str(profile_path), sha256=io.sha256_file(profile_path))
     calibration_path(profile_path).write_text(calibration(placements=[placement(2, 1, 1.25)]).model_dump_json())
+    stale, notes = calibrated_setup(profile, profile_path, setup(2))  # fitted to another profile: not applied
+    assert stale == setup(2) and "fitted to another version" in notes[0] and "is not applied" in notes[0]
+    calibration_path(profile_path).write_text(
+        calibration(profile=pinned, placements=[placement(2, 1, 1.25)]).model_dump_json())
     applied, notes = calibrated_setup(profile, profile_path, setup(2))
     assert (applied.time.compute_scale, applied.time.send_latency_ms, applied.time.action_overhead_ms) == (1.25, 0.2, 0.3)
     assert str(calibration_path(profile_path)) in notes[0] and "2 ranks x 1 threads" in notes[0]
@@ -217,3 +225,31 @@ def test_an_iteration_faster_than_its_stages_gets_one_scale_between_the_two():
     # x = (1/1.5 + 1/1.2) / (1/1.5^2 + 1/1.2^2)
     best = (1 / 1.5 + 1 / 1.2) / (1 / 1.5**2 + 1 / 1.2**2)
     assert fit.compute_scale == pytest.approx(best, abs=0.3 / calibrate.JOINT_STEPS)
+
+
+def test_an_analytic_profile_is_not_calibrated_nor_told_to_be(tmp_path):
+    """calibrate on a plan from `profile --arch` crashed (NCCL not built in) and every solve on
+    one suggested calibrate: it is refused in one sentence, and solve suggests nothing."""
+    from fixtures.cli import run, run_ok
+
+    profile_path, plan_path = tmp_path / "a.json", tmp_path / "plan.yaml"
+    run_ok("profile", "--arch", "llama3-8b", "--seq-len", "256", "--out", str(profile_path))
+    result = run_ok("solve", "--profile", str(profile_path), "--stages", "4", "--out", str(plan_path))
+    assert "calibrate PLAN" not in result.output and "analytic profile" in result.output
+    result = run("calibrate", str(plan_path))
+    assert result.exit_code == 1 and "analytic profile" in result.output and "Traceback" not in result.output
+    assert not list(tmp_path.glob("*.calibration.json"))
+
+
+def test_calibrate_refuses_to_write_over_the_plans_profile_before_any_work(tmp_path, monkeypatch):
+    from export_plans import write
+    from fixtures.cli import run
+
+    from planner.runtime import launcher
+
+    monkeypatch.setattr(launcher, "run_plan", lambda *a, **k: pytest.fail("ran before refusing --out"))
+    _, plan, plan_path = write(tmp_path, [4, 3, 3], set())
+    before = (tmp_path / "llm.json").read_bytes()
+    result = run("calibrate", str(plan_path), "--out", str(tmp_path / "llm.json"))
+    assert result.exit_code == 1 and "plan's profile" in result.output
+    assert (tmp_path / "llm.json").read_bytes() == before

@@ -38,11 +38,15 @@ def command(plan_path, steps, warmup_steps, threads, device, out, force) -> None
     from planner.runtime.launcher import rank_threads, run_plan
 
     plan = io.load_plan(plan_path)
-    resolve_model_file(plan, plan_path)  # before the sends are timed: a plan that cannot run fails at once
+    if plan.profile_source == "analytic":
+        raise UserError(f"{plan_path} was planned from an analytic profile (`profile --arch`), which has no model to "
+                        "run; calibration runs a plan of a measured profile (`ckplan profile MODEL.py`) on the "
+                        "machines that train")
     profile_path = resolve_profile(plan, plan_path)
-    profile = io.load_profile(profile_path)
     out = out or calibration_path(profile_path)
-    io.check_outputs({"--out": out}, inputs={"PLAN": plan_path})
+    io.check_outputs({"--out": out}, inputs={"PLAN": plan_path, "the plan's profile": profile_path})
+    resolve_model_file(plan, plan_path)  # before the sends are timed: a plan that cannot run fails at once
+    profile = io.load_profile(profile_path)
     device = device or plan.device.type
     backend = "nccl" if device == "cuda" else "gloo"
     threads, _ = rank_threads(plan, threads)
@@ -172,8 +176,15 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
     ranks = setup.pipeline.stages * setup.data_parallel.dp
     threads, _ = calibrate.placement_threads(profile.device.threads, ranks, cores)
     path = calibration_path(profile_path)
+    if profile.source == "analytic":  # nothing was run to fit constants to: say so, suggest nothing that cannot run
+        return setup, ["analytic profile: sends between stages and the schedule's cost per action are not charged "
+                       "(calibration runs a measured profile's plan on the machines that train)"]
     if path.is_file():
-        applied = calibrate.apply(setup, load_calibration(path), ranks=ranks, threads=threads, source=str(path))
+        calibration = load_calibration(path)
+        if calibration.profile.sha256 != _sha_or_none(profile_path):
+            return setup, [f"{path} was fitted to another version of {profile_path} and is not applied (its sha256 "
+                           "differs); re-run `ckplan calibrate PLAN` for this profile"]
+        applied = calibrate.apply(setup, calibration, ranks=ranks, threads=threads, source=str(path))
         return applied, [f"time constants from {applied.time.calibration}"]
     notes = []
     if profile.device.type == "cpu" and profile.device.threads and threads != profile.device.threads:
@@ -184,6 +195,12 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
     notes.append("not calibrated: sends between stages and the schedule's cost per action are not charged; "
                  "`ckplan calibrate PLAN` measures them on this machine")
     return setup, notes
+
+
+def _sha_or_none(path: Path) -> str | None:
+    from planner import io
+
+    return io.sha256_file(path) if path.is_file() else None
 
 
 def before_after(plan, plan_path: Path, stages, *, threads: int) -> tuple[float, float | None, str] | None:
