@@ -1,8 +1,9 @@
 """THE cost model: memory and time of a pipeline plan, from a profile and a setup.
 
-Pure functions, no I/O. The MILP takes its coefficients from the per-layer
-functions here and every plan (the MILP's, each baseline's) is scored by
-`evaluate()`, so a comparison is apples to apples.
+Pure functions, no I/O. Every term is one row of TERMS (below: what it is, which quantity it
+adds to, whose numbers it reads, its source); stage_cost/evaluate(), the DP (dpsolve.Chain)
+and the MILP's coefficients read the rows only, so every plan (the solvers', each
+baseline's, every export's rounding) is scored alike and a new term is one row.
 
 Per stage `s` of `P` with layers S (contiguous) and checkpointed C ⊆ S, `M`
 microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
@@ -27,6 +28,7 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
     scratch_s    = the optimizer step's temporaries (Adam: sqrt(v) as a new tensor; on cuda all
                    of the stage's parameters at once, on cpu two of the largest)
     peak_s       = static_s + max(k_s · kept_s + transient_s, scratch_s) + buffers_s
+    host_s       = Σ_S offloaded optimizer state + fp32 master + fp32 gradient (/ K)   ≤ host_mem / ranks a node
     time_s       = c · (Σ_S (fwd + bwd) + Σ_C recompute (+ loss on the last stage))   c: compute_scale
     comm_s       = send(output(last)) [s < P-1] + send(input(first)) [s > 0]      per microbatch: the
                    + 2 · action overhead                     output forward, its gradient back, each
