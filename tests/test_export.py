@@ -237,3 +237,43 @@ def test_export_prints_one_table_when_nothing_was_rounded(tmp_path):
     _, _, path = write(tmp_path, SIZES, CHECKPOINTED)  # ColossalAI moves the checkpoints: both tables
     text = output(path, "colossalai")
     assert "the plan, exactly" in text and "as ColossalAI runs it" in text and "exactly as ColossalAI" not in text
+
+
+def _llama_export(tmp_path, name: str) -> dict[str, str]:
+    """The Megatron-LM flags exported for a plan of an analytic profile of `name` (seq 4096, tp 4 + SP)."""
+    import re
+
+    from fixtures.cli import run_ok
+
+    profile, plan = tmp_path / "a.json", tmp_path / "plan.yaml"
+    run_ok("profile", "--arch", name, "--seq-len", "4096", "--tp", "4", "--sp", "--out", str(profile))
+    run_ok("solve", "--profile", str(profile), "--stages", "4", "--microbatches", "8", "--precision", "bf16-mixed",
+           "--out", str(plan))
+    run_ok("export", str(plan), "--to", "megatron")
+    text = (tmp_path / "plan.megatron.sh").read_text()
+    return dict(re.findall(r"^\s+(--[\w-]+) ?(.*)$", text, flags=re.M))
+
+
+def test_megatron_export_carries_the_model_shape(tmp_path):
+    """The analytic profile read every shape field from the config; the export reproduces the model."""
+    flags = _llama_export(tmp_path, "llama3-8b")
+    assert {key: flags[key] for key in ("--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+                                        "--num-query-groups", "--seq-length", "--max-position-embeddings",
+                                        "--normalization", "--position-embedding-type")} == {
+        "--hidden-size": "4096", "--ffn-hidden-size": "14336", "--num-attention-heads": "32",
+        "--num-query-groups": "8", "--seq-length": "4096", "--max-position-embeddings": "8192",
+        "--normalization": "RMSNorm", "--position-embedding-type": "rope"}
+    assert {"--group-query-attention", "--swiglu", "--disable-bias-linear",
+            "--untie-embeddings-and-output-weights"} <= set(flags)
+    assert "--add-qkv-bias" not in flags and "--kv-channels" not in flags
+    (tmp_path / "q").mkdir()
+    qwen = _llama_export(tmp_path / "q", "qwen2.5-7b")
+    assert "--add-qkv-bias" in qwen and qwen["--num-query-groups"] == "4"
+
+
+def test_megatron_export_of_a_profile_without_its_architecture_says_to_give_the_shape(tmp_path):
+    _, _, path = write(tmp_path, SIZES, CHECKPOINTED)
+    run("export", str(path), "--to", "megatron")
+    text = (tmp_path / "plan.megatron.sh").read_text()
+    assert "--hidden-size" not in text.replace("# the model's shape (--hidden-size", "")
+    assert "this profile does not record its architecture" in text

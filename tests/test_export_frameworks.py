@@ -226,3 +226,27 @@ def test_colossalai_counts_read_by_colossalais_checkpoint_config(tmp_path):
     assert counts == DECODERS_PER_STAGE and ast.literal_eval(kwargs["pp_size"]) == 3
     config = grad_ckpt_config.PipelineGradientCheckpointConfig(num_ckpt_layers_per_stage=ks)
     assert [config.get_num_ckpt_layers(s, 3, counts[s]) for s in range(3)] == [2, 1, 1]
+
+
+def test_megatron_shape_flags_make_a_megatron_core_config(tmp_path):
+    """The shape flags of an analytic LLaMA 3 8B plan, as megatron-core's TransformerConfig takes
+    them (what pretrain_gpt.py's argument parser turns them into)."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from test_export import _llama_export
+
+    flags = _llama_export(tmp_path, "llama3-8b")
+    config = TransformerConfig(
+        num_layers=int(flags["--num-layers"]), hidden_size=int(flags["--hidden-size"]),
+        ffn_hidden_size=int(flags["--ffn-hidden-size"]), num_attention_heads=int(flags["--num-attention-heads"]),
+        num_query_groups=int(flags["--num-query-groups"]), gated_linear_unit="--swiglu" in flags,
+        normalization=flags["--normalization"], add_bias_linear="--disable-bias-linear" not in flags,
+        tensor_model_parallel_size=int(flags["--tensor-model-parallel-size"]), sequence_parallel=True,
+        pipeline_model_parallel_size=int(flags["--pipeline-model-parallel-size"]), pipeline_dtype=torch.bfloat16,
+    )
+    # the parameters of one decoder layer as megatron-core lays them out: QKV, output, SwiGLU MLP
+    kv_channels = config.kv_channels
+    qkv = config.hidden_size * kv_channels * (config.num_attention_heads + 2 * config.num_query_groups)
+    mlp = 3 * config.hidden_size * config.ffn_hidden_size
+    out = config.num_attention_heads * kv_channels * config.hidden_size
+    assert qkv + out + mlp == 218_103_808  # LLaMA 3 8B's decoder layer, without its two norms

@@ -66,12 +66,41 @@ def layout(counts: list[int]) -> str:
     return "|".join(stages)
 
 
+def shape_arguments(profile: Profile) -> list[str]:
+    """Megatron-LM's flags for the model's shape, from what an analytic profile recorded of its
+    config (a comment where the profile does not know it: a measured one, or an older file)."""
+    model, seq_len = profile.assumptions.get("model"), profile.assumptions.get("seq_len")
+    if not isinstance(model, dict) or not isinstance(seq_len, int):
+        return ["# the model's shape (--hidden-size, --num-attention-heads, ...): give it; this profile does not "
+                "record its architecture"]
+    hidden, heads, kv = model["hidden_size"], model["num_heads"], model["num_kv_heads"]
+    lines = [f"--hidden-size {hidden}", f"--ffn-hidden-size {model['intermediate_size']}",
+             f"--num-attention-heads {heads}"]
+    if kv != heads:
+        lines += ["--group-query-attention", f"--num-query-groups {kv}"]
+    if model.get("head_dim") and model["head_dim"] != hidden // heads:
+        lines.append(f"--kv-channels {model['head_dim']}")
+    lines += [f"--seq-length {seq_len}", f"--max-position-embeddings {model.get('max_position_embeddings') or seq_len}"]
+    if model.get("style") == "gpt":  # Megatron's defaults: LayerNorm, GELU, biases, learned positions
+        lines.append("--position-embedding-type learned_absolute")
+    else:
+        lines += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
+        if model.get("qkv_bias"):
+            lines.append("--add-qkv-bias")
+    if not model.get("tie_word_embeddings"):
+        lines.append("--untie-embeddings-and-output-weights")
+    lines.append(f"# vocabulary {model['vocab_size']}: from your tokenizer (Megatron pads it to a multiple of "
+                 "--make-vocab-size-divisible-by x tensor-parallel size)")
+    return lines
+
+
 def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profile, num: int) -> str:
     setup = rounded.setup
     counts, _ = rounding.decoder_counts(rounded.stages, roles)
     tp = int(profile.assumptions.get("tp", 1))
     lines = [
         f"--num-layers {len(roles.decoder)}",
+        *shape_arguments(profile),
         f"--pipeline-model-parallel-size {setup.pipeline.stages}",
         "# stages split by '|': E embedding, t decoder layer, L final norm + output layer + loss",
         f"--pipeline-model-parallel-layout \"{layout(counts)}\"",

@@ -74,6 +74,7 @@ accumulated in place. The optimizer step is memory-bound: bytes moved per parame
 from __future__ import annotations
 
 import datetime
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -408,6 +409,8 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float = DEFAULT
 def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> dict:
     return {
         "arch": arch.name, "arch_source": arch.source, "style": arch.style,
+        # the dimensions themselves, so an export can reproduce the model (Megatron-LM's shape flags)
+        "model": json.loads(arch.canonical_json()),
         "seq_len": shape.seq_len, "micro_batch_size": shape.micro_batch_size, "tp": shape.tp, "sp": shape.sp,
         "attention": shape.attention, "dtype": shape.dtype,
         "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes, "gpu_bf16_tflops": gpu.bf16_tflops,
