@@ -277,3 +277,16 @@ def test_megatron_export_of_a_profile_without_its_architecture_says_to_give_the_
     text = (tmp_path / "plan.megatron.sh").read_text()
     assert "--hidden-size" not in text.replace("# the model's shape (--hidden-size", "")
     assert "this profile does not record its architecture" in text
+
+
+def test_torchtitan_refuses_a_base_config_of_another_depth(tmp_path):
+    """A 32-layer base (LLaMA 3 8B) for a 28-layer plan (Qwen2.5-7B) was accepted without a word."""
+    from fixtures.cli import run_ok
+
+    profile, plan = tmp_path / "q.json", tmp_path / "plan.yaml"
+    run_ok("profile", "--arch", "qwen2.5-7b", "--seq-len", "1024", "--out", str(profile))
+    run_ok("solve", "--profile", str(profile), "--stages", "4", "--out", str(plan))
+    result = run("export", str(plan), "--to", "torchtitan", "--torchtitan-base",
+                 "torchtitan.models.llama3.config_registry:llama3_8b")
+    assert result.exit_code == 1 and "has 32 decoder layers and this plan 28" in result.output
+    assert not (tmp_path / "plan.torchtitan.py").exists()

@@ -59,7 +59,7 @@ def assert_no_call_but_the_exports(text: str) -> None:
 @pytest.mark.parametrize("target, suffix, extra", [
     ("deepspeed", "deepspeed.py", []),
     ("colossalai", "colossalai.py", []),
-    ("torchtitan", "torchtitan.py", ["--torchtitan-base", "torchtitan.models.llama3.config_registry:llama3_8b"]),
+    ("torchtitan", "torchtitan.py", ["--torchtitan-base", "my_models.configs:eight_layers"]),
     ("torchtitan", "torchtitan.toml", ["--torchtitan-version", "0.2.0"]),
     ("megatron", "megatron.sh", []),
 ])

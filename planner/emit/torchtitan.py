@@ -28,6 +28,9 @@ _BASE_CONFIGS = {
     "llama3-70b": "torchtitan.models.llama3.config_registry:llama3_70b",
     "llama3.1-405b": "torchtitan.models.llama3.config_registry:llama3_405b",
 }
+# Their decoder layers (torchtitan's llama3 registry follows Meta's params.json: 8B 32, 70B 80,
+# 405B 126), so a base of another depth is refused at export, not when the job starts.
+_BASE_LAYERS = {_BASE_CONFIGS["llama3-8b"]: 32, _BASE_CONFIGS["llama3-70b"]: 80, _BASE_CONFIGS["llama3.1-405b"]: 126}
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -54,7 +57,9 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         cannot = ["per-stage choice in its built-in AC policies (full, selective, memory-budget are one "
                   "setting for every stage); this file defines a policy keyed on layer FQNs instead."]
         scored = rounding.rescore(plan, profile, rounded)
-        body = _python_config(rounded, parts, checkpointed, _base(profile, base), len(roles.decoder), tp)
+        chosen = _base(profile, base)
+        _check_depth(chosen, len(roles.decoder))
+        body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp)
         suffix = ".torchtitan.py"
     else:
         cannot = ["per-layer checkpointing in TOML: [activation_checkpoint] is one setting for every stage; "
@@ -118,6 +123,15 @@ def _round_zero(rounded: rounding.Rounded) -> None:
     rounded.changes.append(f"ZeRO-{setup.data_parallel.zero} ({setup.data_parallel.zero_gather}) as FSDP2 beside torch.distributed.pipelining: "
                            "weights and gradients stay whole until the last backward, one reduce-scatter and one "
                            "all-gather per iteration")
+
+
+def _check_depth(base: str, num_layers: int) -> None:
+    """A known base config of another depth than the plan's is refused (the generated file checks
+    any base again when it runs)."""
+    known = _BASE_LAYERS.get(base)
+    if known is not None and known != num_layers:
+        raise UserError(f"--torchtitan-base {base} has {known} decoder layers and this plan {num_layers}; name the "
+                        "config function of the model the plan was made for")
 
 
 def _python_names(base: str) -> bool:
