@@ -202,3 +202,12 @@ def test_a_failure_under_data_parallelism_names_the_stage_and_rank_of_its_log(tm
         Failure(rank=3, message="stage 1 (rank 3) raised ValueError", peer=False, time=time.time()).model_dump_json())
     message = _failure_message([0, 0, 0, 1], tmp_path, dp=2)
     assert "log of stage 1 (rank 3):" in message and "log of stage 3" not in message
+
+
+@pytest.mark.slow
+def test_a_nan_is_named_by_the_stage_step_and_microbatch_where_it_first_appeared():
+    """Stage 0 passes the negative sample of microbatch 2 on, finite; stage 1's log makes it NaN.
+    launch stopped with a traceback, or trained on NaN losses."""
+    plan = make_plan(FIXTURES / "nan_at_stage_one.py", [["0"], ["1", "2", "3"]], microbatches=4, micro_batch_size=2)
+    _ends_within(120, "stage 1 failed: a NaN or infinity first appeared in its forward output at step 0, "
+                      "microbatch 2", plan)

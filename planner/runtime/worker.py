@@ -102,6 +102,19 @@ class CapExceeded(Exception):
     pass
 
 
+class NonFinite(UserError):
+    """A NaN or infinity, where it first appeared: the run stops there, not steps later."""
+
+
+def _finite(value) -> bool:
+    """Every floating tensor in `value` (a tensor, or a tuple or list of them) is finite."""
+    if isinstance(value, torch.Tensor):
+        return not value.is_floating_point() or bool(torch.isfinite(value).all())
+    if isinstance(value, tuple | list):
+        return all(_finite(item) for item in value)
+    return True
+
+
 class TimedStage(PipelineStage):
     """A PipelineStage that times each microbatch's forward and backward while `recording`."""
 
@@ -115,7 +128,8 @@ class TimedStage(PipelineStage):
         self.loss_ms: list[float] = []
         self.seed = 0  # with step_index and the microbatch, seeds each layer's random numbers
         self.step_index = 0
-        self.stage_module = self.submod  # the StageModule (submod may be its data-parallel wrapper)
+        self.current_microbatch = 0  # the microbatch of the last forward (the loss follows it on the last stage)
+        self.loss_follows = False  # the next loss is of that forward's output        self.stage_module = self.submod  # the StageModule (submod may be its data-parallel wrapper)
         self.microbatch_offset = 0  # this replica's first microbatch in the global batch (dp_index x M)
         self.heartbeat: Heartbeat = NO_HEARTBEAT  # tells the launcher what this rank works on
         self.after_chunk: Callable[[], None] | None = None  # called after every microbatch's forward and backward
@@ -127,9 +141,17 @@ class TimedStage(PipelineStage):
             self.before_forward()
         with self.heartbeat.phase("a forward", working=True), self.timed(self.fwd_ms):
             output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        self.current_microbatch, self.loss_follows = fwd_chunk_id, self.is_last
+        if not _finite(output):  # checked outside the timing: a NaN anywhere later starts here
+            raise NonFinite(self._where("its forward output"))
         if self.after_chunk is not None:
             self.after_chunk()
         return output
+
+    def _where(self, what: str) -> str:
+        return (f"a NaN or infinity first appeared in {what} at step {self.step_index}, microbatch "
+                f"{self.microbatch_offset + self.current_microbatch} (both counted from 0, warm-up steps "
+                "included); check the model's inputs and the learning rate")
 
     def backward_one_chunk(self, *args, **kwargs):
         with self.heartbeat.phase("a backward", working=True), self.timed(self.bwd_ms):
@@ -165,7 +187,13 @@ class TimedStage(PipelineStage):
     def timed_loss(self, loss_fn: Callable) -> Callable:
         def loss(output, target):
             with self.heartbeat.phase("loss_fn", working=True), self.timed(self.loss_ms):
-                return loss_fn(output, target)
+                value = loss_fn(output, target)
+            # after a forward the stage checked (not the shape inference's placeholder data): the
+            # output was finite, so the loss itself made it
+            if self.loss_follows and not _finite(value):
+                raise NonFinite(self._where("the loss"))
+            self.loss_follows = False
+            return value
 
         return loss
 
