@@ -106,3 +106,16 @@ def test_sweep_prints_a_table(profile_path, tmp_path):
     for row in rows:
         baseline_times = [v for k, v in row.items() if k not in ("cap_bytes", "ckplan") and v is not None]
         assert all(row["ckplan"] <= t + 1e-6 for t in baseline_times)
+
+
+def test_sweep_runs_without_mem_and_takes_it_as_its_top(profile_path, tmp_path):
+    """--sweep required --mem and then ignored it."""
+    args = ["solve", "--profile", str(profile_path), "--stages", "3", "--sweep", "--json", "--plot",
+            str(tmp_path / "s.png")]
+    free = json.loads(run(*args).stdout)
+    assert len(free) == 8
+    top = (free[0]["cap_bytes"] + free[-1]["cap_bytes"]) // 2
+    capped = json.loads(run(*args, "--mem", str(top)).stdout)
+    assert capped[-1]["cap_bytes"] == top and capped[0]["cap_bytes"] == free[0]["cap_bytes"]
+    result = run(*args, "--mem", "1KiB")
+    assert result.exit_code == 1 and "below the least any plan needs" in result.output

@@ -27,7 +27,8 @@ from planner.commands.setup_options import (
 @click.option("--out", type=click.Path(path_type=Path), default=Path("plan.yaml"), show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary instead of tables.")
 @click.option("--sweep", is_flag=True,
-              help="Instead of a plan: iteration time against memory cap for ckplan and the baselines.")
+              help="Instead of a plan: iteration time against memory cap for ckplan and the baselines, from the "
+                   "least any plan needs up to --mem [default: what no checkpointing needs, +5%].")
 @click.option("--plot", type=click.Path(path_type=Path), default=Path("sweep.png"), show_default=True,
               help="With --sweep: PNG chart (needs matplotlib).")
 def command(stages, profile_path, mem, microbatches, schedule, optimizer, precision, parallel_stages,
@@ -59,13 +60,17 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
                     optimizer=optimizer, precision=precision, parallel_stages=parallel_stages, solver=solver,
                     time_limit_s=time_limit, out=out, as_json=as_json, say=say, **data_parallel)
         return
+    sweep_top = mem
+    if sweep and mem is None:  # the sweep sets the caps itself; --mem only bounds it from above
+        mem = str(2**50)
     setup, time_notes = planned_setup(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches,
                                       schedule=schedule, optimizer=optimizer, precision=precision,
                                       parallel_stages=parallel_stages, say=say, **data_parallel)
     if sweep:
         from planner.commands.sweep import run_sweep
 
-        run_sweep(profile, setup, plot=plot, time_limit_s=time_limit, as_json=as_json, solver=solver)
+        run_sweep(profile, setup, plot=plot, time_limit_s=time_limit, as_json=as_json, solver=solver,
+                  top_bytes=max(setup.pipeline.mem_caps_bytes) if sweep_top is not None else None)
         for note in time_notes:
             say(note)
         return

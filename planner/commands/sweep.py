@@ -12,8 +12,9 @@ from planner.units import format_bytes, format_ms
 NUM_POINTS = 8
 
 
-def sweep_caps(profile, setup, deadline=None, solver: str = "auto") -> list[int]:
-    """From the least memory any plan needs to what the no-checkpointing split needs (+5%)."""
+def sweep_caps(profile, setup, deadline=None, solver: str = "auto", top_bytes: int | None = None) -> list[int]:
+    """From the least memory any plan needs to `top_bytes` (--mem), or else to what the
+    no-checkpointing split needs (+5%)."""
     from planner import baselines, costmodel, search
 
     lowest = search.min_cap_scale(profile, setup, deadline=deadline, solver=solver)
@@ -22,12 +23,17 @@ def sweep_caps(profile, setup, deadline=None, solver: str = "auto") -> list[int]
     low = int(max(lowest[1].peak_bytes_per_stage))
     roomy = setup.model_copy(update={"mem_caps_bytes": [2**62] * setup.pipeline.stages})
     high = int(max(costmodel.evaluate(baselines.no_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage) * 1.05)
+    if top_bytes is not None:
+        if top_bytes <= low + costmodel.FIT_MARGIN_BYTES:
+            raise UserError(f"--mem {format_bytes(top_bytes)} is below the least any plan needs ({format_bytes(low)}); "
+                            "give a larger --mem as the sweep's top, or none")
+        high = top_bytes - costmodel.FIT_MARGIN_BYTES - 1
     step = (high - low) / (NUM_POINTS - 1)
     return [int(low + i * step) + costmodel.FIT_MARGIN_BYTES + 1 for i in range(NUM_POINTS)]
 
 
-def sweep_points(profile, setup, *, time_limit_s: float, deadline=None,
-                 solver: str = "auto") -> tuple[list[dict], list[str]]:
+def sweep_points(profile, setup, *, time_limit_s: float, deadline=None, solver: str = "auto",
+                 top_bytes: int | None = None) -> tuple[list[dict], list[str]]:
     """One row per cap: ckplan's and each baseline's predicted iteration (None: does not fit),
     and the solver's status per row. One deadline (default: time_limit_s from now) bounds
     the whole sweep; points it cuts short keep the best plan known, "feasible", not "optimal"."""
@@ -37,7 +43,7 @@ def sweep_points(profile, setup, *, time_limit_s: float, deadline=None,
 
     deadline = deadline or Deadline(time_limit_s)
     rows, statuses = [], []
-    for cap in sweep_caps(profile, setup, deadline, solver):
+    for cap in sweep_caps(profile, setup, deadline, solver, top_bytes):
         point = setup.model_copy(update={"mem_caps_bytes": [cap] * setup.pipeline.stages})
         result, refs = search_plan(profile, point, time_limit_s=time_limit_s, solver=solver, deadline=deadline)
         solved = isinstance(result, search.PlanResult)
@@ -47,8 +53,9 @@ def sweep_points(profile, setup, *, time_limit_s: float, deadline=None,
     return rows, statuses
 
 
-def run_sweep(profile, setup, *, plot: Path, time_limit_s: float, as_json: bool, solver: str = "auto") -> None:
-    rows, statuses = sweep_points(profile, setup, time_limit_s=time_limit_s, solver=solver)
+def run_sweep(profile, setup, *, plot: Path, time_limit_s: float, as_json: bool, solver: str = "auto",
+              top_bytes: int | None = None) -> None:
+    rows, statuses = sweep_points(profile, setup, time_limit_s=time_limit_s, solver=solver, top_bytes=top_bytes)
     if not rows:
         raise UserError(f"--time-limit {time_limit_s:g} s ran out before the sweep's smallest cap was found; raise it")
     if as_json:
