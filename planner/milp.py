@@ -53,7 +53,6 @@ from planner.schema import Profile, StagePlan, TrainSetup
 # models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)
 # is a tenth of a byte, so a plan the solver accepts never exceeds a cap under evaluate().
 MIB = float(2**20)
-HEURISTIC_RUNS_PER_STAGE = 2  # more runs of distinct layers per stage: start from incumbent.py
 
 
 @dataclass(frozen=True)
