@@ -151,7 +151,7 @@ def test_torchtitan_export_says_the_shard_and_replicate_degrees(tmp_path, versio
     plan = plan.model_copy(update={"setup": plan.setup.model_copy(update={"dp": 4, "zero": 1, "shard_group": 2})})
     profile = io.load_profile(tmp_path / "llm.json")
     exported = torchtitan.export(plan, profile, plan_file="plan.yaml", version=version,
-                                 base="torchtitan.models.llama3.config_registry:llama3_8b")
+                                 base="my_models.configs:eight_layers")  # a base of the plan's 8 layers
     assert "data_parallel_shard_degree = 2" in exported.text
     assert "data_parallel_replicate_degree = 2" in exported.text
     # FSDP2 under torch.distributed.pipelining keeps weights and gradients whole through the
