@@ -161,6 +161,7 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
     decoders only (SiLU-gated MLP); `where` names the file in error messages."""
     if not isinstance(config, dict):
         raise UserError(f"{where} is not a JSON object of model settings; pass a Hugging Face config.json")
+    _refuse_unmodelled(config, where)
     missing = [key for key in _REQUIRED if key not in config]
     if missing:
         raise UserError(f"{where} has no {', '.join(missing)}; a decoder config needs {', '.join(_REQUIRED)}")
@@ -187,6 +188,28 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
                 intermediate_size=dims["intermediate_size"], num_layers=dims["num_hidden_layers"],
                 num_heads=heads, num_kv_heads=kv, vocab_size=dims["vocab_size"], tie_word_embeddings=tied,
                 max_position_embeddings=max_pos, qkv_bias=qkv_bias, head_dim=head_dim, source=where)
+
+
+# Config fields that change a model's memory in ways the analytic profile does not model: read as a
+# dense LLaMA, a Mixtral-8x7B config gave 7.2B parameters instead of 46.7B (issue 19).
+_UNMODELLED = (
+    ("mixture-of-experts models are not planned yet", ("num_local_experts", "num_experts", "n_routed_experts",
+                                                        "num_experts_per_tok", "moe_intermediate_size",
+                                                        "n_shared_experts")),
+    ("multi-head latent attention is not modelled yet", ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim")),
+    ("logit soft-capping is not modelled (it keeps more of the logits for backward)",
+     ("attn_logit_softcapping", "final_logit_softcapping")),
+)
+
+
+def _refuse_unmodelled(config: dict, where: str) -> None:
+    """One sentence naming the first field of a kind ckplan would otherwise read as absent."""
+    for what, keys in _UNMODELLED:
+        for key in keys:
+            value = config.get(key)
+            if value not in (None, 0, False):
+                raise UserError(f"{where}: {what} (field {key} = {value!r}); ckplan would read this config as a "
+                                "dense LLaMA-style model and predict far too little memory")
 
 
 def _positive_int(config: dict, key: str, where: str) -> int:

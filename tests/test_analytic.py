@@ -387,3 +387,37 @@ def test_seq_len_past_the_context_window_is_warned_about(tmp_path):
     result, out = _run("profile", "--arch", "llama2-7b", "--seq-len", "8192", "--micro-batch-size", "1",
                        "--out", str(tmp_path / "p.json"))
     assert result.exit_code == 0 and "exceeds llama2-7b's max_position_embeddings 4096" in out, out
+
+
+LLAMA_LIKE = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000}
+
+
+@pytest.mark.parametrize("extra, sentence", [
+    # Mixtral-8x7B's config.json (mistralai/Mixtral-8x7B-v0.1)
+    ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2},
+     "mixture-of-experts models are not planned yet (field num_local_experts = 8)"),
+    # DeepSeek-V2-Lite's (deepseek-ai/DeepSeek-V2-Lite): experts and latent attention
+    ({"model_type": "deepseek_v2", "n_routed_experts": 64, "kv_lora_rank": 512, "q_lora_rank": None},
+     "mixture-of-experts models are not planned yet (field n_routed_experts = 64)"),
+    ({"kv_lora_rank": 512, "qk_rope_head_dim": 64}, "multi-head latent attention is not modelled yet"),
+    # Gemma 2's (google/gemma-2-9b)
+    ({"model_type": "gemma2", "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+     "logit soft-capping is not modelled"),
+])
+def test_configs_with_unmodelled_memory_are_refused_not_read_as_dense(tmp_path, extra, sentence):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_LIKE, **extra}))
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(cli, ["profile", "--arch-config", str(config), "--seq-len", "8", "--out", str(out)])
+    assert result.exit_code == 1 and sentence in result.output, result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_dense_config_with_zero_or_null_expert_fields_is_still_read(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_LIKE, "num_experts": 0, "q_lora_rank": None,
+                                  "final_logit_softcapping": None}))
+    result = CliRunner().invoke(cli, ["profile", "--arch-config", str(config), "--seq-len", "8",
+                                      "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output
