@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner import costmodel
-from planner.schema import Calibration, PlacementFit, Profile, StagePlan, TrainSetup
+from planner.schema import Calibration, DeviceInfo, PlacementFit, Profile, StagePlan, TrainSetup
 
 BISECT_STEPS = 60
 
@@ -149,6 +149,31 @@ def fit_placement(sample: PipelineSample, profile: Profile, setup: TrainSetup, *
     return fit, overhead
 
 
+def thread_scale(device: DeviceInfo, threads: int) -> float:
+    """How much longer compute takes with `threads` torch threads than with the profile's:
+    the ratio of the whole model's forward + backward that profile timed at both
+    (profiler/threads.py); between two timed counts, linear in the count; past the last,
+    the last's. 1 when the profile timed none (cuda, or a profile from before)."""
+    timed = device.thread_ms
+    if not timed or device.threads not in timed:
+        return 1.0
+    counts = sorted(timed)
+    if threads <= counts[0] or threads >= counts[-1]:
+        at = timed[counts[0] if threads <= counts[0] else counts[-1]]
+    else:
+        low = max(count for count in counts if count <= threads)
+        high = min(count for count in counts if count >= threads)
+        share = 0.0 if high == low else (threads - low) / (high - low)
+        at = timed[low] + share * (timed[high] - timed[low])
+    return at / timed[device.threads]
+
+
+def threaded(setup: TrainSetup, device: DeviceInfo, threads: int) -> TrainSetup:
+    """The uncalibrated setup for a launch with `threads` torch threads per rank: compute
+    scaled by thread_scale, nothing else charged."""
+    return uncalibrated(setup).model_copy(update={"compute_scale": thread_scale(device, threads)})
+
+
 def uncalibrated(setup: TrainSetup) -> TrainSetup:
     """The setup with every calibrated constant back at the value that charges nothing."""
     return setup.model_copy(update={"send_latency_ms": 0.0, "send_gb_per_s": None, "action_overhead_ms": 0.0,
@@ -161,19 +186,61 @@ def placement_for(calibration: Calibration, *, ranks: int, threads: int) -> Plac
     return found[-1] if found else None
 
 
-def apply(setup: TrainSetup, calibration: Calibration, *, ranks: int, threads: int, source: str) -> TrainSetup:
+def apply(setup: TrainSetup, calibration: Calibration, *, ranks: int, threads: int, source: str,
+          device: DeviceInfo | None = None) -> TrainSetup:
     """The setup with the calibration's sends and action cost, and the compute scale and
-    sharing measured with this placement (1 and 1 when it was never measured: said in
-    `calibration`)."""
+    sharing measured with this placement (when it was never measured: the profile's
+    thread_scale, or 1, and sharing 1; said in `calibration`)."""
     fit = placement_for(calibration, ranks=ranks, threads=threads)
+    scale = thread_scale(device, threads) if device is not None else 1.0
     placed = (f"compute x{fit.compute_scale:.3g}, sharing x{fit.cpu_sharing:.3g} measured with {ranks} ranks x "
-              f"{threads} threads" if fit else f"no run measured {ranks} ranks x {threads} threads: compute as profiled")
+              f"{threads} threads" if fit else f"no run measured {ranks} ranks x {threads} threads: compute "
+              + (f"x{scale:.3g} by the profile's thread timing" if scale != 1.0 else "as profiled"))
     return setup.model_copy(update={
         "send_latency_ms": calibration.send_latency_ms, "send_gb_per_s": calibration.send_gb_per_s,
         "action_overhead_ms": calibration.action_overhead_ms,
-        "compute_scale": fit.compute_scale if fit else 1.0, "cpu_sharing": fit.cpu_sharing if fit else 1.0,
+        "compute_scale": fit.compute_scale if fit else scale, "cpu_sharing": fit.cpu_sharing if fit else 1.0,
         "calibration": f"{source} ({calibration.created_at}; {placed})",
     })
+
+
+# A fit is suspect, and not written unless the user accepts it, when (each a judgement, not
+# a measured figure): another process kept more than a quarter of the CPU busy just before
+# the run (the fit then measures that process too); a constant moved more than 3x from the
+# last fit of the same profile on this machine; or compute came out more than 1.5x off what
+# the profile's own timing at the launch's threads says (profiler/threads.py).
+BUSY_SHARE = 0.25
+MOVED_RATIO = 3.0
+SCALE_RATIO = 1.5
+ACTION_FLOOR_MS = 0.05  # below this an action cost is noise: moving between two such values is no news
+
+
+def suspect(new: Calibration, old: Calibration | None, *, expected_scale: float | None,
+            busy_share: float | None) -> list[str]:
+    """Why `new` (one placement fitted by one run) should not replace the constants in use:
+    one sentence per reason, none when it looks sound."""
+    reasons = []
+    if busy_share is not None and busy_share > BUSY_SHARE:
+        reasons.append(f"other work kept {busy_share:.0%} of the CPU busy just before the run")
+    fit = new.placements[-1]
+    if expected_scale and not 1 / SCALE_RATIO <= fit.compute_scale / expected_scale <= SCALE_RATIO:
+        reasons.append(f"compute came out x{fit.compute_scale:.3g} the profile's, where the profile's own timing at "
+                       f"{fit.threads} thread{'s' if fit.threads > 1 else ''} says x{expected_scale:.3g}")
+    if old is not None:
+        before = old.action_overhead_ms
+        if max(before, new.action_overhead_ms) > ACTION_FLOOR_MS and not _within(new.action_overhead_ms, before):
+            reasons.append(f"the cost per schedule action moved from {before:.3g} ms to "
+                           f"{new.action_overhead_ms:.3g} ms since the last calibration")
+        last = placement_for(old, ranks=fit.ranks, threads=fit.threads)
+        if last is not None and not _within(fit.compute_scale, last.compute_scale):
+            reasons.append(f"compute moved from x{last.compute_scale:.3g} to x{fit.compute_scale:.3g} since the last "
+                           f"calibration of {fit.ranks} ranks x {fit.threads} threads")
+    return reasons
+
+
+def _within(value: float, reference: float) -> bool:
+    low, high = sorted((max(value, ACTION_FLOOR_MS), max(reference, ACTION_FLOOR_MS)))
+    return high / low <= MOVED_RATIO
 
 
 def merged(old: Calibration | None, new: Calibration) -> Calibration:

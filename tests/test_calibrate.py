@@ -4,7 +4,7 @@ import pytest
 
 from planner import baselines, calibrate, costmodel
 from planner.calibrate import PipelineSample, SendSample
-from planner.schema import Calibration, FileRef, TrainSetup
+from planner.schema import Calibration, DeviceInfo, FileRef, TrainSetup
 from planner.synthetic import heterogeneous
 
 HUGE = 2**50
@@ -195,6 +195,7 @@ def test_calibrate_command_fits_a_run_and_solve_then_predicts_it(tmp_path, monke
     monkeypatch.setattr(launcher, "run_plan", run_plan)
     monkeypatch.setattr(commbench, "measure_sends", lambda **kwargs: [
         SendSample(n, 0.05 + n / 2e6) for n in commbench.SIZES_BYTES])
+    monkeypatch.setattr("planner.commands.calibrate.busy_share", lambda: 0.0)  # the test machine may be busy
     result = runner.invoke(cli, ["calibrate", "plan.yaml"])
     assert result.exit_code == 0, result.output
     assert "before" in result.output and "after" in result.output
@@ -207,6 +208,105 @@ def test_calibrate_command_fits_a_run_and_solve_then_predicts_it(tmp_path, monke
     replanned = io.load_plan(tmp_path / "plan2.yaml")
     assert costmodel.evaluate(plan.stages, profile, replanned.setup).iteration_ms == pytest.approx(
         cost.iteration_ms, rel=1e-6)
+
+    # the same plan again, measured under load and 10x slower per action: a suspect fit, refused and the
+    # earlier constants kept; --accept writes it
+    before = (tmp_path / "p.calibration.json").read_bytes()
+    truth = truth.model_copy(update={"action_overhead_ms": 3.0})
+    cost = costmodel.evaluate(plan.stages, profile, truth)
+    monkeypatch.setattr("planner.commands.calibrate.busy_share", lambda: 0.6)
+    result = runner.invoke(cli, ["calibrate", "plan.yaml"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "60% of the CPU busy" in result.output and "moved from 0.3 ms to 3 ms" in result.output
+    assert "keeps the earlier constants" in result.output and "--accept" in result.output
+    assert (tmp_path / "p.calibration.json").read_bytes() == before
+    result = runner.invoke(cli, ["calibrate", "plan.yaml", "--accept"])
+    assert result.exit_code == 0, result.output
+    written = Calibration.model_validate_json((tmp_path / "p.calibration.json").read_text())
+    assert written.action_overhead_ms == pytest.approx(3.0, rel=1e-6)
+
+
+def test_a_fit_is_suspect_when_compute_disagrees_with_the_profiles_thread_timing():
+    assert calibrate.suspect(calibration(placements=[placement(2, 1, 2.2)]), None, expected_scale=1.5,
+                             busy_share=0.1) == []  # 2.2 / 1.5 = 1.47: within 1.5x
+    [reason] = calibrate.suspect(calibration(placements=[placement(2, 1, 2.4)]), None, expected_scale=1.5,
+                                 busy_share=None)
+    assert "x2.4 the profile's" in reason and "at 1 thread says x1.5" in reason
+
+
+def test_a_fit_is_suspect_when_it_moved_far_from_the_last_one():
+    old = calibration(action_overhead_ms=0.15, placements=[placement(2, 1, 1.5)])
+    same = calibration(action_overhead_ms=0.3, placements=[placement(2, 1, 1.6)])
+    assert calibrate.suspect(same, old, expected_scale=None, busy_share=None) == []
+    # the case: 11.1 ms per action where a quiet machine fits 0.15 ms
+    [reason] = calibrate.suspect(calibration(action_overhead_ms=11.1, placements=[placement(2, 1, 1.6)]), old,
+                                 expected_scale=None, busy_share=None)
+    assert "from 0.15 ms to 11.1 ms" in reason
+    [reason] = calibrate.suspect(calibration(action_overhead_ms=0.2, placements=[placement(2, 1, 5.0)]), old,
+                                 expected_scale=None, busy_share=None)
+    assert "compute moved from x1.5 to x5" in reason
+    # noise-level action costs (below 0.05 ms) and another placement's scale are no news
+    tiny = calibration(action_overhead_ms=0.001, placements=[placement(4, 1, 9.0)])
+    assert calibrate.suspect(tiny, calibration(action_overhead_ms=0.04, placements=[placement(2, 1, 1.5)]),
+                             expected_scale=None, busy_share=None) == []
+
+
+# ---------------------------------------------------------------- threads: a launch's against the profile's
+
+
+def timed_device(**thread_ms) -> DeviceInfo:
+    return DeviceInfo(type="cpu", name="x", threads=4, thread_ms={int(k[1:]): v for k, v in thread_ms.items()})
+
+
+def test_thread_scale_is_the_profiles_own_timing_at_both_thread_counts():
+    device = timed_device(t1=300.0, t2=180.0, t4=120.0)
+    assert calibrate.thread_scale(device, 4) == 1.0
+    assert calibrate.thread_scale(device, 1) == pytest.approx(2.5)
+    assert calibrate.thread_scale(device, 2) == pytest.approx(1.5)
+    assert calibrate.thread_scale(device, 3) == pytest.approx(150 / 120)  # halfway between 2 and 4
+    assert calibrate.thread_scale(device, 8) == 1.0  # past the last timed count: the last's
+    assert calibrate.thread_scale(DeviceInfo(type="cpu", name="x", threads=2), 1) == 1.0  # none timed
+    assert calibrate.thread_scale(DeviceInfo(type="cuda", name="h100"), 1) == 1.0
+
+
+def test_uncalibrated_solve_scales_compute_by_the_thread_timing_and_says_so(tmp_path, monkeypatch):
+    from planner import io
+    from planner.commands.calibrate import calibrated_setup, calibration_path
+    from planner.schema import FileRef
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    profile = heterogeneous(6)
+    profile = profile.model_copy(update={"device": DeviceInfo(type="cpu", name="x", threads=2,
+                                                              thread_ms={1: 170.0, 2: 100.0})})
+    profile_path = tmp_path / "p.json"
+    io.save_profile(profile, profile_path)
+    scaled, notes = calibrated_setup(profile, profile_path, setup(2))  # 2 ranks on 2 cores: 1 thread each
+    assert scaled.time.compute_scale == pytest.approx(1.7)
+    assert "a launch gives each of the 2 ranks 1 thread (2 cores), the profile had 2: compute x1.7" in notes[0]
+    assert "not calibrated" in notes[1]
+    # a calibration that never ran this placement falls back to the thread timing, not to 1
+    pinned = FileRef(file=str(profile_path), sha256=io.sha256_file(profile_path))
+    calibration_path(profile_path).write_text(
+        calibration(profile=pinned, placements=[placement(4, 1, 2.0)]).model_dump_json())
+    applied, notes = calibrated_setup(profile, profile_path, setup(2))
+    assert applied.time.compute_scale == pytest.approx(1.7) and "x1.7 by the profile's thread timing" in notes[0]
+
+
+def test_profile_times_the_whole_model_at_each_thread_count_and_restores_torchs():
+    import torch
+
+    from planner.profiler.threads import thread_counts, thread_ms, whole_step
+
+    assert thread_counts(1) == [1] and thread_counts(2) == [1, 2] and thread_counts(6) == [1, 2, 4, 6]
+    layers = [("0", torch.nn.Linear(8, 8)), ("1", torch.nn.Linear(8, 2))]
+    calls = []
+    step = whole_step(layers, torch.randn(4, 8), torch.randn(4, 2), torch.nn.functional.mse_loss)
+    before = torch.get_num_threads()
+    timed = thread_ms(lambda: (calls.append(torch.get_num_threads()), step()), [1, 2], warmup=1, repeats=3)
+    assert sorted(timed) == [1, 2] and all(ms > 0 for ms in timed.values())
+    assert calls == [1, 2] * 4  # in turns, warm-up included
+    assert torch.get_num_threads() == before
+    assert layers[0][1].weight.grad is not None  # the backward ran through every layer
 
 
 def test_an_iteration_faster_than_its_stages_gets_one_scale_between_the_two():

@@ -33,6 +33,7 @@ def test_good_run_writes_a_valid_profile(tmp_path):
     assert [layer.kind for layer in profile.layers] == ["Linear", "ReLU", "Linear#2"]
     assert profile.name == "tiny" and profile.micro_batch_size == 3 and profile.dtype == "float32"
     assert profile.device.type == "cpu" and profile.device.threads == 1
+    assert list(profile.device.thread_ms) == [1]  # the whole model timed at the profile's one thread
     assert profile.model.sha256 == io.sha256_file(FIXTURES / "tiny.py")
     assert profile.batch_input_bytes == 3 * 8 * 4
     assert profile.layers[0].act_bytes == 3 * 8 * 4  # Linear keeps the batch
@@ -46,6 +47,10 @@ def test_default_out_path_and_bfloat16(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     profile = io.load_profile(tmp_path / "profiles" / "tiny-cpu-mbs2.json")
     assert profile.dtype == "bfloat16"
+    from planner.profiler.threads import thread_counts
+
+    # torch's default threads: the whole model timed at 1, 2, 4, ... up to them, for a launch's fewer threads
+    assert sorted(profile.device.thread_ms) == thread_counts(torch.get_num_threads())
     assert profile.layers[0].param_bytes == profile.layers[0].param_count * 2
     assert profile.batch_input_bytes == 2 * 8 * 2  # floating inputs are cast too
 

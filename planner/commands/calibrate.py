@@ -28,7 +28,9 @@ from planner.errors import UserError
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Calibration file [default: <profile>.calibration.json beside the profile, where solve looks].")
 @click.option("--force", is_flag=True, help="Run even if the model file changed since the plan was made.")
-def command(plan_path, steps, warmup_steps, threads, device, out, force) -> None:
+@click.option("--accept", is_flag=True,
+              help="Write the fit even if it looks suspect (taken under load, or far from the last fit).")
+def command(plan_path, steps, warmup_steps, threads, device, out, force, accept) -> None:
     """Time point-to-point sends (a ping-pong micro-benchmark on the plan's backend), run
     PLAN's pipeline briefly, and fit the send latency and bandwidth, the compute scale,
     the cost per schedule action (ranks within the cores) or the cost of ranks sharing
@@ -51,6 +53,7 @@ def command(plan_path, steps, warmup_steps, threads, device, out, force) -> None
     backend = "nccl" if device == "cuda" else "gloo"
     threads, _ = rank_threads(plan, threads)
     ranks, cores = plan.setup.pipeline.stages * plan.setup.data_parallel.dp, os.cpu_count() or 1
+    busy = busy_share()
     with console.err_console.status(f"timing sends ({backend}, {device})"):
         sends = commbench.measure_sends(backend=backend, device=device, threads=threads)
     with console.err_console.status(f"running {plan_path.name}: {ranks} ranks x {threads} threads"):
@@ -60,10 +63,19 @@ def command(plan_path, steps, warmup_steps, threads, device, out, force) -> None
     if old is not None and old.profile.sha256 != io.sha256_file(profile_path):
         console.warn(f"{out} was fitted to another version of the profile: replacing it, not merging")
         old = None
-    calibration = calibrate.merged(old, fitted(plan, plan_path, profile, profile_path, report, sends, old,
-                                               threads=threads, cores=cores, backend=backend, device=device))
-    io.write_atomic(out, calibration.model_dump_json(indent=2) + "\n")
+    new = fitted(plan, plan_path, profile, profile_path, report, sends, old, threads=threads, cores=cores,
+                 backend=backend, device=device)
+    calibration = calibrate.merged(old, new)
     print_fit(calibration, plan, profile, report, threads=threads, source=str(out))
+    expected = calibrate.thread_scale(profile.device, threads) if device == "cpu" and profile.device.thread_ms else None
+    reasons = calibrate.suspect(new, old, expected_scale=expected, busy_share=busy)
+    for reason in reasons:
+        console.warn(f"suspect fit: {reason}")
+    if reasons and not accept:
+        kept = f"{out} keeps the earlier constants" if old is not None else f"{out} was not written"
+        raise UserError(f"this fit looks suspect and {kept}; re-run `ckplan calibrate` on a quiet machine, or "
+                        "pass --accept to use it")
+    io.write_atomic(out, calibration.model_dump_json(indent=2) + "\n")
     console.info(f"calibration written to {out}; `ckplan solve --profile {profile_path}` now uses it")
 
 
@@ -108,6 +120,25 @@ def fitted(plan, plan_path, profile, profile_path, report, sends, old, *, thread
                        placements=[fit], notes=notes)
 
 
+def busy_share(seconds: float = 0.5) -> float | None:
+    """The share of this machine's CPU time other processes used over the next `seconds`
+    (from /proc/stat; None where there is none)."""
+    import time
+
+    def sample() -> tuple[int, int]:
+        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # total, idle + iowait
+
+    try:
+        total_before, idle_before = sample()
+        time.sleep(seconds)
+        total_after, idle_after = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total_after - total_before
+    return None if total <= 0 else 1 - (idle_after - idle_before) / total
+
+
 def costmodel_shares(setup) -> bool:
     from planner import costmodel
 
@@ -131,10 +162,11 @@ def print_fit(calibration, plan, profile, report, *, threads: int, source: str) 
     from planner.units import format_ms
 
     cores, ranks = os.cpu_count() or 1, plan.setup.pipeline.stages * plan.setup.data_parallel.dp
-    base = placed(calibrate.uncalibrated(plan.setup), threads=threads, cores=cores, device=plan.device.type)
+    base = placed(calibrate.threaded(plan.setup, profile.device, threads), threads=threads, cores=cores,
+                  device=plan.device.type)
     before = costmodel.evaluate(plan.stages, profile, base)
     after = costmodel.evaluate(plan.stages, profile, calibrate.apply(base, calibration, ranks=ranks, threads=threads,
-                                                                     source=source))
+                                                                     source=source, device=profile.device))
     rows = [[str(stage.index), format_ms(b.time_ms), format_ms(a.time_ms), format_ms(stage.measured.time_ms)]
             for stage, b, a in zip(report.stages, before.stages, after.stages, strict=True)]
     rows.append(["iteration", format_ms(before.iteration_ms), format_ms(after.iteration_ms),
@@ -184,14 +216,22 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
         if calibration.profile.sha256 != _sha_or_none(profile_path):
             return setup, [f"{path} was fitted to another version of {profile_path} and is not applied (its sha256 "
                            "differs); re-run `ckplan calibrate PLAN` for this profile"]
-        applied = calibrate.apply(setup, calibration, ranks=ranks, threads=threads, source=str(path))
+        applied = calibrate.apply(setup, calibration, ranks=ranks, threads=threads, source=str(path),
+                                  device=profile.device)
         return applied, [f"time constants from {applied.time.calibration}"]
     notes = []
     if profile.device.type == "cpu" and profile.device.threads and threads != profile.device.threads:
-        notes.append(f"the profile was measured with {profile.device.threads} threads; a launch gives each of the "
-                     f"{ranks} ranks {threads} ({cores} cores): the predicted times are for "
-                     f"{profile.device.threads} threads. `ckplan calibrate PLAN` measures the difference (or "
-                     "profile with --threads)")
+        scale = calibrate.thread_scale(profile.device, threads)
+        if scale != 1.0:
+            setup = setup.model_copy(update={"compute_scale": scale})
+            notes.append(f"a launch gives each of the {ranks} ranks {threads} thread{'s' if threads > 1 else ''} "
+                         f"({cores} cores), the profile had {profile.device.threads}: compute x{scale:.3g}, as the "
+                         "profile timed the whole model at both")
+        else:
+            notes.append(f"the profile was measured with {profile.device.threads} threads; a launch gives each of "
+                         f"the {ranks} ranks {threads} ({cores} cores): the predicted times are for "
+                         f"{profile.device.threads} threads (the profile did not time other thread counts; "
+                         "profile again, or `ckplan calibrate PLAN` measures the difference)")
     notes.append("not calibrated: sends between stages and the schedule's cost per action are not charged; "
                  "`ckplan calibrate PLAN` measures them on this machine")
     return setup, notes
@@ -215,12 +255,14 @@ def before_after(plan, plan_path: Path, stages, *, threads: int) -> tuple[float,
     except UserError:
         return None
     cores, ranks = os.cpu_count() or 1, plan.setup.pipeline.stages * plan.setup.data_parallel.dp
-    base = placed(calibrate.uncalibrated(plan.setup), threads=threads, cores=cores, device=plan.device.type)
+    base = placed(calibrate.threaded(plan.setup, profile.device, threads), threads=threads, cores=cores,
+                  device=plan.device.type)
     before = costmodel.evaluate(stages, profile, base).iteration_ms
     path = calibration_path(profile_path)
     if not path.is_file():
         return before, None, "no calibration"
-    after = calibrate.apply(base, load_calibration(path), ranks=ranks, threads=threads, source=str(path))
+    after = calibrate.apply(base, load_calibration(path), ranks=ranks, threads=threads, source=str(path),
+                            device=profile.device)
     return before, costmodel.evaluate(stages, profile, after).iteration_ms, after.time.calibration
 
 

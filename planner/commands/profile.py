@@ -65,9 +65,10 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
     model_ref, chain = _load(model_file, torch.device(device), getattr(torch, dtype), micro_batch_size,
                              timeout_s=timeout_s or None)
     measurement = _measure(chain, warmup=warmup, repeats=repeats)
+    thread_ms = _thread_ms(chain, warmup=warmup, repeats=repeats) if device == "cpu" else None
     profile = _profile(
         measurement, model_file=model_file, model_ref=model_ref, device=torch.device(device),
-        dtype=dtype, micro_batch_size=micro_batch_size, warmup=warmup, repeats=repeats,
+        dtype=dtype, micro_batch_size=micro_batch_size, warmup=warmup, repeats=repeats, thread_ms=thread_ms,
     )
     io.save_profile(profile, out)
     _report(profile, out)
@@ -148,7 +149,24 @@ def _measure(chain: _Chain, *, warmup: int, repeats: int):
     return measurement
 
 
-def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_size, warmup, repeats):
+def _thread_ms(chain: _Chain, *, warmup: int, repeats: int) -> dict[int, float]:
+    """The whole model's forward + backward at 1, 2, 4, ... threads up to torch's own: a launch
+    that gives each rank fewer threads than the profile had scales the times by it."""
+    import torch
+
+    from planner.console import progress
+    from planner.profiler.threads import thread_counts, thread_ms, whole_step
+    from planner.profiler.userfault import blame
+
+    counts = thread_counts(torch.get_num_threads())
+    with progress() as bar, blame("the whole model's forward and backward"):
+        bar.add_task(f"timing the whole model at {', '.join(map(str, counts))} threads", total=None)
+        return thread_ms(whole_step(chain.layers, chain.inputs, chain.targets, chain.loss_fn), counts,
+                         warmup=1, repeats=3)
+
+
+def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_size, warmup, repeats,
+             thread_ms=None):
     import datetime
     import platform
 
@@ -160,7 +178,8 @@ def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_s
     if device.type == "cuda":
         info = DeviceInfo(type="cuda", name=torch.cuda.get_device_name(device))
     else:
-        info = DeviceInfo(type="cpu", name=platform.processor() or "cpu", threads=torch.get_num_threads())
+        info = DeviceInfo(type="cpu", name=platform.processor() or "cpu", threads=torch.get_num_threads(),
+                          thread_ms=thread_ms)
     return Profile(
         name=Path(model_file).stem,
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -203,6 +222,10 @@ def _report(profile, out: Path) -> None:
     info(f"activations kept per microbatch without checkpointing: {format_bytes(total_act)}; "
          f"loss {profile.loss_ms:.3f} ms; optimizer step, whole model: "
          + ", ".join(f"{name} {ms:.1f} ms" for name, ms in steps.items()))
+    if profile.device.thread_ms:
+        info("whole model forward + backward: " + ", ".join(
+            f"{ms:.1f} ms at {count} thread{'s' if count > 1 else ''}" for count, ms in profile.device.thread_ms.items())
+             + " (a launch with fewer threads per rank scales the layer times by these)")
     noisy = noisy_timings(profile)
     if noisy:
         warn(f"timings are noisy ({noisy}); the machine may be busy: stop other work, "
