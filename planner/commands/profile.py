@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from planner.commands import profile_arch
+from planner.commands import profile_arch, profile_hf
 from planner.errors import UserError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -34,7 +34,9 @@ DTYPES = ("float32", "bfloat16", "float16")
                    "and the first run of the layers; past it ckplan stops and names the line it was "
                    "running. 0: no limit.")
 @profile_arch.options
-def command(model_file, device, dtype, micro_batch_size, warmup, repeats, threads, out, timeout_s, **arch_options) -> None:
+@profile_hf.options
+def command(model_file, device, dtype, micro_batch_size, warmup, repeats, threads, out, timeout_s, hf_config, hf_set,
+            **arch_options) -> None:
     """Measure every pipeline layer of MODEL.py and write a profile for `ckplan solve`.
 
     \b
@@ -47,8 +49,20 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
     With --arch NAME or --arch-config config.json instead of MODEL.py: an
     analytic profile of a published architecture, from formulas, per device
     (--tp, --sp) on --gpu, without running it; --dtype defaults to bfloat16.
+
+    \b
+    With --hf-config CONFIG instead of MODEL.py: a Hugging Face causal LM
+    (llama, qwen2, mistral, gemma, gpt2) built from its config with random
+    weights, at --seq-len tokens, measured like a model file; ckplan writes
+    that model file (hf_<name>.py) beside the profile for launch and compare.
     """
-    if profile_arch.dispatch(model_file, dtype=dtype, micro_batch_size=micro_batch_size, out=out, **arch_options):
+    if hf_config is not None:
+        profile_arch.check_mixing(click.get_current_context(), model_file, arch_options, hf_config=hf_config)
+        model_file = str(profile_hf.model_file_for(hf_config, hf_set, seq_len=arch_options["seq_len"], out=out,
+                                                   dtype=dtype))
+    elif hf_set:
+        raise UserError("--hf-set applies to --hf-config; drop it, or give --hf-config CONFIG")
+    elif profile_arch.dispatch(model_file, dtype=dtype, micro_batch_size=micro_batch_size, out=out, **arch_options):
         return
     import torch  # here, not at the top: `ckplan --help` must not wait for torch
 

@@ -33,7 +33,7 @@ def options(command):
         click.option("--arch-config", type=click.Path(path_type=Path), default=None,
                      help="Like --arch, from a Hugging Face-style config.json (LLaMA-style decoders)."),
         click.option("--seq-len", type=click.IntRange(min=1), default=None,
-                     help="With --arch: tokens per sequence (required)."),
+                     help="With --arch (required) or --hf-config (default 256): tokens per sequence."),
         click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="With --arch: tensor-parallel degree; the profile is per device."),
         click.option("--sp", is_flag=True, help="With --arch: sequence parallelism (needs --tp 2 or more)."),
@@ -68,9 +68,17 @@ def wanted(arch_options: dict) -> bool:
     return bool(arch_options.get("arch") or arch_options.get("arch_config"))
 
 
-def check_mixing(ctx: click.Context, model_file: str | None, arch_options: dict) -> None:
-    """MODEL.py or --arch/--arch-config, each with only the options it reads."""
+def check_mixing(ctx: click.Context, model_file: str | None, arch_options: dict, hf_config: str | None = None) -> None:
+    """MODEL.py, --hf-config or --arch/--arch-config, each with only the options it reads
+    (--hf-config is measured, at --seq-len)."""
     given = [name for name in ctx.params if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
+    if hf_config is not None:
+        if model_file is not None or wanted(arch_options):
+            raise UserError("give one model: MODEL.py, --hf-config or --arch/--arch-config")
+        stray = [name for name in given if name in ANALYTIC_ONLY and name != "seq_len"]
+        if stray:
+            raise UserError(f"{_flag(ctx, stray[0])} applies to --arch/--arch-config profiles only; drop it")
+        return
     if arch_options.get("arch") and arch_options.get("arch_config"):
         raise UserError("give --arch or --arch-config, not both")
     if wanted(arch_options):
@@ -82,8 +90,8 @@ def check_mixing(ctx: click.Context, model_file: str | None, arch_options: dict)
                             "--arch profile; drop it")
         return
     if model_file is None:
-        raise UserError("give MODEL.py to measure, or --arch NAME / --arch-config config.json to profile a "
-                        "published architecture")
+        raise UserError("give MODEL.py to measure, --hf-config config.json to measure a Hugging Face model, or "
+                        "--arch NAME / --arch-config config.json to profile a published architecture")
     stray = [name for name in given if name in ANALYTIC_ONLY]
     if stray:
         raise UserError(f"{_flag(ctx, stray[0])} applies to --arch/--arch-config profiles only; drop it")

@@ -1,0 +1,96 @@
+"""`ckplan profile --hf-config config.json`: a Hugging Face model measured without a model
+file from the user. ckplan writes the model file itself (planner/hfmodels.py), beside the
+profile, and measures it; `launch`, `compare` and `--reference` then run that file."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import click
+
+from planner.errors import UserError
+
+DEFAULT_SEQ_LEN = 256
+TENSORS_PER_PARAM = 4  # weight, gradient and Adam's two moments, in the profile's dtype, as ckplan's runtime trains
+
+
+def options(command):
+    decorators = [
+        click.option("--hf-config", default=None, metavar="CONFIG",
+                     help="Measure a Hugging Face causal LM built from its config with random weights (a "
+                          "config.json, its folder, or a model id in the local cache; nothing is downloaded): "
+                          "llama, qwen2, mistral, gemma, gpt2. ckplan writes the model file beside the profile."),
+        click.option("--hf-set", multiple=True, metavar="KEY=VALUE",
+                     help="With --hf-config: override a config field, e.g. num_hidden_layers=4 (repeatable)."),
+    ]
+    for decorator in reversed(decorators):
+        command = decorator(command)
+    return command
+
+
+def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | None, out: Path | None,
+                   dtype: str) -> Path:
+    """Write the model file of this config (beside --out, else in profiles/) and return its
+    path; refuse, in one sentence, a config ckplan cannot build or this machine cannot train."""
+    from planner import hfmodels, io
+    from planner.console import info
+
+    config, name = hfmodels.read_config(source)
+    config = hfmodels.with_settings(config, settings)
+    if seq_len is None:
+        seq_len = _default_seq_len(config)
+        info(f"--seq-len not given: {seq_len} tokens per sequence")
+    hfmodels.check_config(config, seq_len=seq_len)
+    _check_fits(config, name, dtype)
+    tag = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_").lower() or config["model_type"]
+    path = (out.parent if out is not None else Path("profiles")) / f"hf_{tag}.py"
+    if path.exists() and not hfmodels.is_generated(path):
+        raise UserError(f"{path} exists and was not written by ckplan; move it, or give --out in another folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    io.write_atomic(path, hfmodels.model_file_text(config, seq_len=seq_len, source=source))
+    info(f"wrote {path}: the {config['model_type']} model of {source} (random weights, {seq_len} tokens), the "
+         "model file `launch` and `compare` run")
+    return path
+
+
+def _default_seq_len(config: dict) -> int:
+    from planner.hfmodels import hf_config
+
+    hf = hf_config(config)
+    limits = [getattr(hf, name, None) for name in ("max_position_embeddings", "sliding_window")]
+    return min([DEFAULT_SEQ_LEN, *(limit for limit in limits if limit)])
+
+
+def _check_fits(config: dict, name: str, dtype: str) -> None:
+    """Refuse a model whose training state alone exceeds this machine's free memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from planner.hfmodels import hf_config
+    from planner.units import format_bytes
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config(config))
+    params = sum(p.numel() for p in model.parameters())
+    need = params * TENSORS_PER_PARAM * getattr(torch, dtype).itemsize
+    have = _available_bytes()
+    if have is not None and need > have:
+        raise UserError(
+            f"{name} has {params / 1e9:.2f}B parameters: training them here needs about {format_bytes(int(need))} "
+            f"(weights, gradients, Adam state) and this machine has {format_bytes(have)} free; shrink it with "
+            "--hf-set (e.g. num_hidden_layers=4), or profile it without running it: --arch-config CONFIG")
+
+
+def _available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

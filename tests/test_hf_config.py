@@ -1,0 +1,112 @@
+"""`profile --hf-config`: Hugging Face causal LMs from a config alone (random weights,
+nothing downloaded), cut into pipeline layers that compute what the model's own forward()
+does, and trained through the pipeline like one process."""
+
+import json
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from fixtures.cli import run, run_ok  # noqa: E402
+
+from planner import hfmodels, io, modelfile  # noqa: E402
+from planner.errors import UserError  # noqa: E402
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=256, max_position_embeddings=128)
+CONFIGS = {
+    "llama": dict(model_type="llama", **SMALL),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, **SMALL),
+    "mistral": dict(model_type="mistral", sliding_window=64, **SMALL),
+    "gemma": dict(model_type="gemma", head_dim=16, **SMALL),  # ties its embedding, scales it by sqrt(hidden)
+    "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128),
+}
+TIED = {"llama": False, "qwen2": True, "mistral": False, "gemma": True, "gpt2": True}
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_each_family_cuts_into_layers_that_compute_the_models_own_forward(family):
+    import torch
+
+    build_model, example_batch = hfmodels.model_file(CONFIGS[family], seq_len=16)
+    torch.manual_seed(0)
+    model = build_model()
+    layers = modelfile.pipeline_layers(model)
+    assert [name for name, _ in layers] == ["embed", "layers.0", "layers.1", "head"]
+    inputs, targets = example_batch(3)
+    assert inputs.shape == targets.shape == (3, 16) and int(inputs.max()) < 256
+    outputs = modelfile.check_chain(layers, inputs)
+    assert outputs[-1].shape == (3, 16, 256)
+    assert modelfile.forward_mismatch(model, layers, inputs) is None  # equal to HF's forward(), causal mask included
+    embedding = getattr(model.embed, "embed_tokens", None) or model.embed.wte
+    assert (embedding.weight is model.head.lm_head.weight) == TIED[family]
+    # causal: the first position's logits do not depend on the later tokens
+    changed = inputs.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % 256
+    model.eval()  # no dropout
+    with torch.no_grad():
+        first, second = (modelfile.check_chain(layers, batch)[-1] for batch in (inputs, changed))
+    assert torch.allclose(first[:, :8], second[:, :8], atol=1e-5) and not torch.allclose(first, second)
+
+
+def test_configs_ckplan_cannot_build_are_refused_in_one_sentence(tmp_path):
+    with pytest.raises(UserError, match="model_type 'mixtral' is not one ckplan builds"):
+        hfmodels.check_config({"model_type": "mixtral"}, seq_len=16)
+    with pytest.raises(UserError, match="exceeds the config's sliding_window 64"):
+        hfmodels.check_config(CONFIGS["mistral"], seq_len=100)
+    with pytest.raises(UserError, match="exceeds the config's max_position_embeddings 128"):
+        hfmodels.check_config(CONFIGS["llama"], seq_len=129)
+    (tmp_path / "not.json").write_text(json.dumps({"hidden_size": 4}))
+    with pytest.raises(UserError, match="not a Hugging Face model config"):
+        hfmodels.read_config(str(tmp_path / "not.json"))
+    with pytest.raises(UserError, match="the folder holds no config.json"):
+        hfmodels.read_config(str(tmp_path))
+    with pytest.raises(UserError, match="never downloads"):
+        hfmodels.read_config("nobody/no-such-model-here")
+    with pytest.raises(UserError, match="expected KEY=VALUE"):
+        hfmodels.with_settings({}, ("layers",))
+    assert hfmodels.with_settings({"a": 1}, ("a=4", "b=true", "c=silu")) == {"a": 4, "b": True, "c": "silu"}
+
+
+def test_profile_refuses_what_it_cannot_train_here_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text(json.dumps(CONFIGS["llama"]))
+    for args, fragment in [(["--hf-config", "mine", "--arch", "llama3-8b"], "give one model"),
+                           (["--hf-config", "mine", "--tp", "2"], "--tp applies to --arch"),
+                           (["--hf-set", "num_hidden_layers=1", "--arch", "llama3-8b"], "--hf-set applies to --hf-config"),
+                           (["--hf-config", "mine", "--hf-set", "model_type=mixtral"], "'mixtral' is not one")]:
+        result = run("profile", *args)
+        assert result.exit_code != 0 and fragment in result.output, result.output
+    with monkeypatch.context() as patch:
+        patch.setattr("planner.commands.profile_hf._available_bytes", lambda: 1_000_000)
+        result = run("profile", "--hf-config", "mine")
+    assert result.exit_code == 1 and "training them here needs about" in result.output and "--hf-set" in result.output
+    assert not (tmp_path / "profiles").exists()
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "hf_mine.py").write_text("# the user's own file\n")
+    result = run("profile", "--hf-config", "mine/config.json")
+    assert result.exit_code == 1 and "profiles/hf_mine.py exists and was not written by ckplan" in result.output
+    assert (tmp_path / "profiles" / "hf_mine.py").read_text() == "# the user's own file\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_an_hf_config_goes_through_profile_solve_and_launch_reference_without_a_model_file(family, tmp_path,
+                                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / f"tiny-{family}"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**CONFIGS[family], "num_hidden_layers": 3, "n_layer": 3}))
+    result = run_ok("profile", "--hf-config", str(folder), "--hf-set", "initializer_range=0.05", "--seq-len", "16",
+                    "--micro-batch-size", "2", "--repeats", "1", "--warmup", "0", "--threads", "1")
+    assert f"wrote profiles/hf_tiny_{family}.py" in result.output
+    profile = io.load_profile(tmp_path / "profiles" / f"hf_tiny_{family}-cpu-mbs2.json")
+    assert [layer.name for layer in profile.layers] == ["embed", "layers.0", "layers.1", "layers.2", "head"]
+    assert bool(profile.tied) == TIED[family]
+    assert hfmodels.is_generated(tmp_path / profile.model.file)
+    run_ok("solve", "--profile", f"profiles/hf_tiny_{family}-cpu-mbs2.json", "--stages", "2", "--mem", "1GB",
+           "--microbatches", "2", "--out", "plan.yaml")
+    result = run_ok("launch", "plan.yaml", "--steps", "2", "--warmup-steps", "0", "--reference")
+    assert "the pipeline trains like one process" in result.output
