@@ -81,6 +81,19 @@ def strategies_to_run(plan: Plan) -> list[tuple[str, list[StagePlan]]]:
     return chosen
 
 
+def _first_of(plan: Plan) -> dict[tuple, str]:
+    """Each distinct layout of the strategies to run, and the first strategy that has it."""
+    first_of: dict[tuple, str] = {}
+    for name, stages in strategies_to_run(plan):
+        first_of.setdefault(_layout(stages), name)
+    return first_of
+
+
+def strategies_to_run_once(plan: Plan) -> list[str]:
+    """The strategies a comparison runs, one per distinct plan, in order."""
+    return list(_first_of(plan).values())
+
+
 def _layout(stages: list[StagePlan]) -> tuple:
     return tuple((tuple(s.layers), tuple(sorted(s.checkpointed))) for s in stages)
 
@@ -103,19 +116,15 @@ def run_comparison(
     rounds: int = 1,
     max_rounds: int | None = None,
     confidence: float = 0.95,
-    on_start: Callable[[str], None] = lambda name: None,
 ) -> Comparison:
     """`run(strategy_name) -> RunReport` runs one strategy (the runtime's run_plan). Runs
     `rounds` rounds, then more, up to `max_rounds`, while any verdict of ckplan against
     another strategy is unresolved."""
-    first_of: dict[tuple, str] = {}
-    for name, stages in strategies_to_run(plan):
-        first_of.setdefault(_layout(stages), name)
+    first_of = _first_of(plan)
     reports: dict[str, list[RunReport]] = {name: [] for name in first_of.values()}
     limit = max(rounds, max_rounds or rounds)
     while True:
         for name in reports:
-            on_start(name)
             reports[name].append(run(name))
         comparison = _compare(plan, first_of, reports, plan_file=plan_file, steps=steps,
                               warmup_steps=warmup_steps, seed=seed, confidence=confidence)

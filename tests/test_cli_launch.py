@@ -62,6 +62,8 @@ def test_launch_prints_tables_and_writes_the_report(plan_file, tmp_path):
     assert result.exit_code == 0, result.output
     assert "peak memory per stage" in result.output and "time per microbatch" in result.output
     assert "iteration: predicted 100 ms" in result.output
+    # not on a terminal: one line per step as the slowest rank finishes it, the last one always
+    assert "launch: ckplan, 2 stages x dp 1 on cpu: step 3/3" in result.output  # 2 timed + 1 measuring memory
     report = io.load_report(report_path)
     assert report.plan.sha256 == io.sha256_file(plan_file) and report.steps == 2
     assert report.device.threads == 1 and report.threads_source == "plan"

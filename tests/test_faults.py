@@ -88,6 +88,16 @@ def test_with_data_parallelism_a_rank_is_named_by_its_stage():
            "--progress-timeout)")
 
 
+def test_a_rank_stuck_in_a_collective_after_the_hung_one_is_not_blamed():
+    """--dp 2: rank 3 hung in a forward; rank 0 of stage 0, healthy, then waited in its step for
+    the replica that waits for rank 3. The first to stop is named, three times out of three."""
+    beats = {0: _beat("the optimizer step", since=975.0, working=True), 1: _beat(since=972.0),
+             2: _beat(since=960.0), 3: _beat("a forward", since=958.0, working=True)}
+    assert find_stall(beats, now=NOW, launched=900.0, start_timeout_s=60.0, progress_timeout_s=10.0, dp=2) == (
+        3, "stage 1 (rank 3) stopped making progress: 42 s in a forward without finishing (limit 10 s, "
+           "--progress-timeout)")
+
+
 def test_heartbeat_writes_what_the_rank_does(tmp_path):
     path = tmp_path / "rank0.beat"
     with Heartbeat(path) as beat:
@@ -98,9 +108,24 @@ def test_heartbeat_writes_what_the_rank_does(tmp_path):
         beat.training()
         with beat.phase("a forward", working=True):
             pass
+        beat.stepped(3, 8)
         beat._write()
         written = read_beat(path)
-    assert (written.phase, written.working, written.started) == (WAITING, False, True)
+    assert (written.phase, written.working, written.started, written.steps) == (WAITING, False, True, (3, 8))
+    record = {"time": 1.0, "phase": "a forward", "since": 1.0, "working": True, "started": True}
+    path.write_text(__import__("json").dumps(record))  # a beat without steps (a rank of an older ckplan)
+    assert read_beat(path).steps == (0, 0)
+
+
+def test_the_launcher_tells_the_steps_every_rank_has_done():
+    told = []
+    watch = launcher._Watch(60.0, 20.0, on_steps=lambda done, total: told.append((done, total)))
+    beats = {0: _beat(), 1: _beat()}
+    beats = {0: Beat(**{**beats[0].__dict__, "steps": (3, 8)}), 1: Beat(**{**beats[1].__dict__, "steps": (2, 8)})}
+    shown = launcher._tell_steps(watch, beats, [None, None], (0, 0))
+    assert shown == (2, 8) and told == [(2, 8)]  # the slowest rank's
+    assert launcher._tell_steps(watch, beats, [None, None], shown) == (2, 8) and len(told) == 1  # unchanged: silent
+    assert launcher._tell_steps(watch, beats, [0, 0], shown) == (8, 8) and told[-1] == (8, 8)  # both exited 0
 
 
 # ---------------------------------------------------------------- end to end
@@ -123,6 +148,16 @@ def test_a_frozen_rank_is_named_within_the_progress_timeout(monkeypatch):
     plan = make_plan(FAULTS, [["0", "1"], ["2", "3"]])
     # the gloo timeout (60 s) is far away: only the heartbeat can tell
     _ends_within(60, "stage 1 stopped making progress: its process has not run for", plan, progress_timeout_s=5)
+
+
+@pytest.mark.slow
+def test_under_data_parallelism_the_hung_replica_is_named_not_a_healthy_rank_waiting_for_it(monkeypatch):
+    from planner.commands.launch import with_dp
+
+    monkeypatch.setenv("FAULT", "hang")
+    monkeypatch.setenv("FAULT_RANK", "3")
+    plan = with_dp(make_plan(FAULTS, [["0", "1"], ["2", "3"]]), 2)
+    _ends_within(60, "stage 1 (rank 3) stopped making progress: ", plan, progress_timeout_s=5)
 
 
 @pytest.mark.slow

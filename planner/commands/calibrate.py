@@ -56,9 +56,10 @@ def command(plan_path, steps, warmup_steps, threads, device, out, force, accept)
     busy = busy_share()
     with console.err_console.status(f"timing sends ({backend}, {device})"):
         sends = commbench.measure_sends(backend=backend, device=device, threads=threads)
-    with console.err_console.status(f"running {plan_path.name}: {ranks} ranks x {threads} threads"):
+    with console.StepProgress("calibrate") as progress:
         report = run_plan(plan, plan_file=plan_path, steps=steps, warmup_steps=warmup_steps, device=device,
-                          backend=backend, force=force, threads=threads)
+                          backend=backend, force=force, threads=threads,
+                          on_steps=progress.run(f"{plan_path.name}, {ranks} ranks x {threads} threads"))
     old = load_calibration(out) if out.is_file() else None
     if old is not None and old.profile.sha256 != io.sha256_file(profile_path):
         console.warn(f"{out} was fitted to another version of the profile: replacing it, not merging")

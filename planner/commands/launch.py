@@ -58,10 +58,12 @@ def command(plan_path, steps, warmup_steps, device, backend, report_path, enforc
         console.warn(note)
     if speaks and dp is not None and plan.setup.data_parallel.dp != dp:
         console.warn(f"the plan was made for dp {plan.setup.data_parallel.dp}; its predictions are for that, not for --dp {dp}")
-    with console.err_console.status(f"running {plan.setup.pipeline.stages} stages x dp {plan.setup.data_parallel.dp} on {device}"):
+    with console.StepProgress("launch") as progress:
         report = run_plan(plan, plan_file=plan_path, strategy=strategy, steps=steps, warmup_steps=warmup_steps,
                           device=device, backend=backend, enforce_cap=enforce_cap, seed=seed, force=force,
-                          start_timeout_s=start_timeout_s, progress_timeout_s=progress_timeout_s, threads=threads)
+                          start_timeout_s=start_timeout_s, progress_timeout_s=progress_timeout_s, threads=threads,
+                          on_steps=progress.run(f"{strategy}, {plan.setup.pipeline.stages} stages x dp "
+                                                f"{plan.setup.data_parallel.dp} on {device}"))
     if not speaks:
         return
     _announce(plan, device, steps, warmup_steps, rank_threads(plan, threads))

@@ -26,8 +26,9 @@ def command(plan_path, stage, device, force, seed) -> None:
 
     plan = io.load_plan(plan_path)
     device = device or plan.device.type
-    with console.err_console.status(f"replaying {'stage ' + str(stage) if stage is not None else 'every stage'}"):
-        checks = validate_plan(plan, plan_file=plan_path, stage=stage, device=device, seed=seed, force=force)
+    with console.StepProgress("validate", unit="stage") as progress:
+        checks = validate_plan(plan, plan_file=plan_path, stage=stage, device=device, seed=seed, force=force,
+                               on_stages=progress.run(f"replaying {'stage ' + str(stage) if stage is not None else 'every stage'}"))
     console.console.print(check_table(checks, plan))
     over = [check for check in checks if not check.fits]
     if over:

@@ -42,6 +42,7 @@ class Beat:
     since: float  # when the phase began
     working: bool  # in its own compute (not waiting for another rank)
     started: bool  # past start-up: training
+    steps: tuple[int, int] = (0, 0)  # training steps done, of all it will run (warm-up, timed, memory)
 
 
 class Heartbeat:
@@ -51,6 +52,7 @@ class Heartbeat:
         self.path = Path(path) if path is not None else None
         self._phase = ("starting", time.time(), True)
         self._started = False
+        self._steps = (0, 0)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._writing = threading.Lock()  # the thread and start-up phases both write
@@ -77,6 +79,10 @@ class Heartbeat:
         if self.path is not None:
             self._write()
 
+    def stepped(self, done: int, total: int) -> None:
+        """`done` training steps of `total` are over (said with the next beat)."""
+        self._steps = (done, total)
+
     @contextmanager
     def phase(self, phase: str, *, working: bool) -> Iterator[None]:
         """Name what the rank does inside the block; afterwards it waits for a neighbour
@@ -97,7 +103,8 @@ class Heartbeat:
 
     def _write(self) -> None:
         phase, since, working = self._phase
-        record = {"time": time.time(), "phase": phase, "since": since, "working": working, "started": self._started}
+        record = {"time": time.time(), "phase": phase, "since": since, "working": working, "started": self._started,
+                  "steps": self._steps}
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with self._writing:
             try:
@@ -113,8 +120,9 @@ NO_HEARTBEAT = Heartbeat(None)
 def read_beat(path: Path) -> Beat | None:
     """The rank's last beat; None before its first (or if the file is being replaced)."""
     try:
-        return Beat(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        record = json.loads(path.read_text())
+        return Beat(**{**record, "steps": tuple(record.get("steps", (0, 0)))})
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
@@ -126,10 +134,13 @@ def find_stall(beats: Mapping[int, Beat | None], *, now: float, launched: float,
         if beat is not None and now - beat.time > progress_timeout_s:
             return rank, (f"{stage_name(rank, dp)} stopped making progress: its process has not run for "
                           f"{now - beat.time:.0f} s (frozen or stopped, e.g. SIGSTOP), last in {beat.phase}")
-    for rank, beat in sorted(beats.items()):
-        if beat is not None and beat.started and beat.working and now - beat.since > progress_timeout_s:
-            return rank, (f"{stage_name(rank, dp)} stopped making progress: {now - beat.since:.0f} s in {beat.phase} "
-                          f"without finishing (limit {progress_timeout_s:g} s, --progress-timeout)")
+    stuck = {rank: beat for rank, beat in beats.items()
+             if beat is not None and beat.started and beat.working and now - beat.since > progress_timeout_s}
+    if stuck:  # the first to stop: the others may be stuck in a collective waiting for it
+        rank = min(stuck, key=lambda r: (stuck[r].since, r))
+        beat = stuck[rank]
+        return rank, (f"{stage_name(rank, dp)} stopped making progress: {now - beat.since:.0f} s in {beat.phase} "
+                      f"without finishing (limit {progress_timeout_s:g} s, --progress-timeout)")
     if now - launched > start_timeout_s:
         stall = _start_stall(beats, start_timeout_s, dp)
         if stall:

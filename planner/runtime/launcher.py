@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -90,6 +90,7 @@ def run_plan(
     start_timeout_s: float = START_TIMEOUT_S,
     progress_timeout_s: float | None = None,
     threads: int | None = None,
+    on_steps: Callable[[int, int], None] | None = None,
 ) -> RunReport:
     """Train `steps` measured steps of one strategy of `plan` and report what happened.
 
@@ -103,6 +104,7 @@ def run_plan(
     process stops running that long, has hung: the job ends naming it (local runs only).
     timeout_s: the process group's own timeout. threads: torch threads per rank (default:
     rank_threads, never more than the cores; given, it may oversubscribe them).
+    on_steps(done, total): told as the slowest rank finishes each training step (local runs).
     """
     if steps < 1 or warmup_steps < 0:
         raise UserError("--steps must be at least 1 and --warmup-steps at least 0")
@@ -133,7 +135,7 @@ def run_plan(
             results = _join_torchrun(job.model_copy(update={"log_progress": False}))
         else:
             watch = _Watch(start_timeout_s, progress_timeout_s or default_progress_timeout_s(job.stages),
-                           dp=plan.setup.data_parallel.dp)
+                           dp=plan.setup.data_parallel.dp, on_steps=on_steps)
             results = _run_local(job, watch)
     return _report(plan, prepared, job, results, plan_file=plan_file, threads_source=threads_source)
 
@@ -179,6 +181,7 @@ class _Watch:
     start_timeout_s: float
     progress_timeout_s: float
     dp: int = 1  # ranks per stage: rank r runs stage r // dp
+    on_steps: Callable[[int, int], None] | None = None  # (steps every rank has done, of all), as they advance
 
 
 def default_progress_timeout_s(stages: list[StagePlan]) -> float:
@@ -228,6 +231,7 @@ def _supervise(procs: list[subprocess.Popen], out_dir: Path, watch: _Watch) -> N
     heartbeat), raise (the caller kills the rest). A rank that exits 0 without its
     result has failed too."""
     launched = time.time()
+    shown = (0, 0)
     next_watch = time.monotonic() + WATCH_S
     beats: dict[int, Beat | None] = dict.fromkeys(range(len(procs)))  # the last beat read well
     while True:
@@ -236,12 +240,14 @@ def _supervise(procs: list[subprocess.Popen], out_dir: Path, watch: _Watch) -> N
                for rank, code in enumerate(codes)):
             raise UserError(_failure_message(codes, out_dir, watch.dp))
         if all(code == 0 for code in codes):
+            _tell_steps(watch, beats, codes, shown)
             return
         if time.monotonic() >= next_watch:
             next_watch = time.monotonic() + WATCH_S
             for rank in beats:
                 beats[rank] = read_beat(out_dir / f"rank{rank}.beat") or beats[rank]
             running = {rank: beats[rank] for rank, code in enumerate(codes) if code is None}
+            shown = _tell_steps(watch, beats, codes, shown)
             stall = find_stall(running, now=time.time(), launched=launched, start_timeout_s=watch.start_timeout_s,
                                progress_timeout_s=watch.progress_timeout_s, dp=watch.dp)
             if stall is not None:
@@ -249,6 +255,20 @@ def _supervise(procs: list[subprocess.Popen], out_dir: Path, watch: _Watch) -> N
                 raise UserError(f"{message}; all stages were stopped "
                                 f"(log of {stage_name(rank, watch.dp)}: {_keep_log(rank, out_dir)})")
         time.sleep(POLL_S)
+
+
+def _tell_steps(watch: _Watch, beats: dict[int, Beat | None], codes: list[int | None],
+                shown: tuple[int, int]) -> tuple[int, int]:
+    """Tell watch.on_steps the steps every rank has done (a rank that finished has done
+    them all), when that changed; returns what was told."""
+    totals = [beat.steps[1] for beat in beats.values() if beat is not None and beat.steps[1]]
+    if watch.on_steps is None or not totals:
+        return shown
+    done = min(max(totals) if code == 0 else (beats[rank].steps[0] if beats[rank] is not None else 0)
+               for rank, code in enumerate(codes))
+    if (done, max(totals)) != shown:
+        watch.on_steps(done, max(totals))
+    return done, max(totals)
 
 
 def _finished(rank: int, out_dir: Path) -> bool:

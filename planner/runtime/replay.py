@@ -74,15 +74,21 @@ def replay_order(schedule: str, *, num_stages: int, num_microbatches: int, stage
 
 
 def validate_plan(plan: Plan, *, plan_file: str | Path | None, stage: int | None = None, device: str = "cpu",
-                  seed: int = 0, force: bool = False) -> list[StageCheck]:
-    """Replay one stage (or every stage, one after another) and measure its peak."""
+                  seed: int = 0, force: bool = False,
+                  on_stages: Callable[[int, int], None] = lambda done, total: None) -> list[StageCheck]:
+    """Replay one stage (or every stage, one after another) and measure its peak;
+    on_stages(done, total) is told as each stage is done."""
     if stage is not None and not 0 <= stage < plan.setup.pipeline.stages:
         raise UserError(f"--stage {stage} is out of range: the plan has stages 0..{plan.setup.pipeline.stages - 1}")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but this torch sees no CUDA device; use --device cpu")
     prepared = prepare(plan, plan_file=plan_file, force=force)
     indices = [stage] if stage is not None else range(plan.setup.pipeline.stages)
-    return [replay_stage(plan, prepared, index, device=torch.device(device), seed=seed) for index in indices]
+    checks = []
+    for index in indices:
+        checks.append(replay_stage(plan, prepared, index, device=torch.device(device), seed=seed))
+        on_stages(len(checks), len(indices))
+    return checks
 
 
 def replay_stage(plan: Plan, prepared: Prepared, index: int, *, device: torch.device, seed: int) -> StageCheck:

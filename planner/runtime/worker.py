@@ -319,11 +319,15 @@ class _Rank:
         args = (self.inputs,) if self.stage.is_first else ()
         kwargs = {"target": self.targets, "losses": losses} if self.stage.is_last else {}
         self.schedule.step(*args, return_outputs=False, **kwargs)
-        with self.stage.heartbeat.phase("the optimizer step", working=True), self.stage.timed(self.stage.optimizer_ms):
-            self.reduce_grads()
-            sum_tied_grads(self.ties)  # part of the step: it lets every copy of a tied weight take the same one
+        with self.stage.timed(self.stage.optimizer_ms):
+            # collectives: a rank here waits for its replicas and tied peers, it does not compute
+            with self.stage.heartbeat.phase("the gradient reduction (a wait for the other replicas or stages)",
+                                            working=False):
+                self.reduce_grads()
+                sum_tied_grads(self.ties)  # part of the step: it lets every copy of a tied weight take the same one
             if self.optimizer is not None:
-                self.optimizer.step()
+                with self.stage.heartbeat.phase("the optimizer step", working=True):
+                    self.optimizer.step()
         self.stage.step_index += 1
         return [torch.stack(losses).mean().item()] if losses else []
 
@@ -412,11 +416,13 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
     log = _log if job.log_progress else _quiet
     log(f"stage {index} (rank {rank}): built {len(job.stages[index].layers)} layers; training")
     losses: list[float] = []
-    for _ in range(job.warmup_steps):
+    total_steps = job.warmup_steps + job.steps + job.memory_steps
+    for done in range(1, job.warmup_steps + 1):
         losses += run.step()
+        heartbeat.stepped(done, total_steps)
     step_ms = []
     run.stage.recording = True
-    for _ in range(job.steps):
+    for done in range(job.warmup_steps + 1, job.warmup_steps + job.steps + 1):
         _sync(device)
         dist.barrier()
         start = time.perf_counter()
@@ -424,17 +430,19 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         _sync(device)
         dist.barrier()
         step_ms.append((time.perf_counter() - start) * 1000)
+        heartbeat.stepped(done, total_steps)
     run.stage.recording = False
     log(f"stage {index} (rank {rank}): timed {job.steps} steps, median {_median(step_ms):.1f} ms; measuring memory")
     peak_bytes = 0
     static = [static_bytes(run.module, run.optimizer)]  # between steps, and after every microbatch below
     run.stage.after_chunk = lambda: static.append(static_bytes(run.module, run.optimizer))
-    for _ in range(job.memory_steps):  # apart from timing: the tracker slows every op
+    for done in range(total_steps - job.memory_steps + 1, total_steps + 1):  # apart from timing: the tracker slows every op
         with PeakMemory(device, external=run.held_before_step()) as mem:
             run.stage.before_forward = partial(forget_module_stats, mem)
             losses += run.step()
             run.stage.before_forward = None
         peak_bytes = max(peak_bytes, mem.peak_bytes)
+        heartbeat.stepped(done, total_steps)
     run.stage.after_chunk = None
     log(f"stage {index} (rank {rank}): peak {format_bytes(peak_bytes)}")
     cap = job.plan.setup.pipeline.mem_caps_bytes[index]
