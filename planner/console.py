@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 # Piped into a file or a log there is no terminal to fit: rich would fall back to 80
@@ -31,24 +38,46 @@ def info(message: str) -> None:
     console.print(message, soft_wrap=True)
 
 
-def table(title: str, columns: list[str], rows: list[list[str]], *, right_from: int = 1) -> Table:
-    """A table whose columns from `right_from` on are numbers (right-aligned)."""
-    tbl = Table(title=title, title_justify="left", header_style="bold")
-    # the first column names the row (a layer, a stage, a strategy): never cut it short
-    name_width = min(max((len(row[0]) for row in rows), default=0), 40)
+NARROW_COLUMNS = 110  # below this a terminal gets the compact tables: no text bars, fewer columns
+
+
+def narrow() -> bool:
+    """A terminal (or COLUMNS) too narrow for the wide tables."""
+    return console.width < NARROW_COLUMNS
+
+
+def table(title: str, columns: list[str], rows: list[list[str]], *, right_from: int = 1,
+          whole: tuple[str, ...] = ("layers",)) -> Table:
+    """A table whose columns from `right_from` on are numbers (right-aligned). Numbers, the
+    first column and those named in `whole` (layer ranges) are never cut short or wrapped:
+    the other text columns give way on a narrow terminal."""
+    tbl = Table(title=title, title_justify="left", header_style="bold", pad_edge=not narrow())
     for idx, name in enumerate(columns):
+        keep = idx == 0 or idx >= right_from or name in whole
+        width = min(max((len(_plain(row[idx])) for row in rows), default=len(name)), 40) if keep else None
+        width = max(width, len(name)) if keep else None
         tbl.add_column(name, justify="right" if idx >= right_from else "left",
-                       **({"no_wrap": True, "min_width": name_width} if idx == 0 else {}))
+                       **({"no_wrap": True, "min_width": width} if keep else {}))
     for row in rows:
         tbl.add_row(*row)
     return tbl
 
 
 def bar(fraction: float, width: int = 20) -> str:
-    """A text bar for 'used / cap'; past 100% it turns red."""
+    """A text bar for 'used / cap'; past 100% it turns red. On a narrow terminal only the
+    percentage, in the bar's colour."""
     filled = min(width, int(round(max(fraction, 0.0) * width)))
     colour = "red" if fraction > 1.0 else ("yellow" if fraction > 0.9 else "green")
+    if narrow():
+        return f"[{colour}]{fraction * 100:.1f}%[/]"
     return f"[{colour}]{'█' * filled}{'·' * (width - filled)}[/] {fraction * 100:5.1f}%"
+
+
+def _plain(cell: str) -> str:
+    """A cell's text without rich markup."""
+    from rich.text import Text
+
+    return Text.from_markup(cell).plain if "[" in cell else cell
 
 
 def progress() -> Progress:
@@ -60,3 +89,54 @@ def progress() -> Progress:
         console=err_console,
         transient=True,
     )
+
+
+class StepProgress:
+    """Training steps (or another `unit`) of one or more runs (`runs`: how many are planned), as they finish:
+    on a terminal a bar with the steps done, the run's description and the time left; piped,
+    one line per step. `with StepProgress("launch", runs=1) as steps: run_plan(...,
+    on_steps=steps.run("ckplan"))`."""
+
+    def __init__(self, label: str, runs: int = 1, unit: str = "step"):
+        self.label = label
+        self.runs = runs
+        self.unit = unit
+        self._started = 0  # runs begun
+        self._before = 0  # steps of the runs before this one
+        self._this_total = 0
+        self._bar: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> StepProgress:
+        if err_console.is_terminal:
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn(f"{self.unit}s"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                                 console=err_console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=None)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def run(self, description: str):
+        """The on_steps callback of the next run, described as `description`."""
+        self._before += self._this_total
+        self._this_total = 0
+        self._started += 1
+        self.runs = max(self.runs, self._started)
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{self.label}: {description}")
+
+        def on_steps(done: int, total: int) -> None:
+            self._this_total = total
+            whole = self._before + total * (self.runs - self._started + 1)
+            if self._bar is not None:
+                self._bar.update(self._task, completed=self._before + done, total=whole)
+            else:
+                err_console.print(f"{self.label}: {description}: {self.unit} {done}/{total}"
+                                  + (f" (run {self._started} of {self.runs})" if self.runs > 1 else ""),
+                                  soft_wrap=True)
+
+        return on_steps

@@ -131,6 +131,11 @@ def per_stage(values: list[int]) -> str:
 
 COLUMNS = ["ZeRO", "group", "offload", "fits", "peak per stage", "static per stage", "host/node",
            "ckpt", "iteration", "", "communicated", "refused by (pp > 1)"]
+# the compact table for terminals under 110 columns (fits 80): one line a row; the best row is
+# named by the "recommended" line below it
+NARROW_COLUMNS = ["ZeRO", "group", "offload", "fits", "peak per stage", "host/node", "iteration"]
+NARROW_HEADERS = {"ZeRO": "ZeRO", "group": "grp", "offload": "offl", "fits": "fits", "peak per stage": "peak / stage",
+                  "host/node": "host", "iteration": "iter"}
 LEGEND = ("AR all-reduce, RS reduce-scatter, AG all-gather over /n ranks, xN per iteration; D2H/H2D "
           "offload's copies; ckpt: checkpointed layers")
 
@@ -141,10 +146,22 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
     from planner.emit import dp_support
     from planner.units import format_ms
 
+    from planner.console import narrow
+
     setup = trials[0].setup
     title = (f"--auto-dp: dp {dp} x {setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches, "
              f"{setup.training.optimizer} {setup.training.precision}; plan re-solved for each")
-    console.print(table(title, COLUMNS, [_row(t, best) for t in trials], right_from=4))
+    rows = [_row(t, best) for t in trials]
+    if narrow():  # compact: one line a row; what is communicated and who refuses it listed below
+        keep = [COLUMNS.index(name) for name in NARROW_COLUMNS]
+        console.print(table(title, [NARROW_HEADERS.get(COLUMNS[i], COLUMNS[i]) for i in keep],
+                            [[row[i] for i in keep] for row in rows], right_from=4,
+                            whole=tuple(NARROW_HEADERS.values())))  # every cell whole, on one line
+        for trial, row in zip(trials, rows):
+            refused = f"; refused by {row[-1]} (pp > 1)" if row[-1] != "-" else ""
+            console.print(f"  ZeRO {row[0]}, group {row[1]}, offload {row[2]}: {row[-2]}{refused}", soft_wrap=True)
+    else:
+        console.print(table(title, COLUMNS, rows, right_from=4))
     console.print(LEGEND)
     if best is None:
         return

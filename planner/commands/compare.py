@@ -49,14 +49,22 @@ def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, confidence
     io.check_outputs({"--out": out, "--plot": plot}, inputs={"PLAN.yaml": plan_file})
     _warn_oversubscribed(plan, device, threads)
 
-    def run(name: str):
-        return run_plan(plan, plan_file=plan_file, strategy=name, steps=steps, warmup_steps=warmup_steps,
-                        device=device, seed=seed, force=force, threads=threads)
+    from planner.compare import strategies_to_run_once
+    from planner.console import StepProgress
 
-    comparison = run_comparison(
-        plan, run, plan_file=plan_file, steps=steps, warmup_steps=warmup_steps, seed=seed, rounds=rounds,
-        max_rounds=max_rounds, confidence=confidence, on_start=lambda name: console.print(f"running {name} …"),
-    )
+    names = strategies_to_run_once(plan)
+    started: list[str] = []
+
+    with StepProgress("compare", runs=rounds * len(names)) as progress:
+        def run(name: str):
+            started.append(name)
+            round_ = (len(started) - 1) // len(names) + 1
+            return run_plan(plan, plan_file=plan_file, strategy=name, steps=steps, warmup_steps=warmup_steps,
+                            device=device, seed=seed, force=force, threads=threads,
+                            on_steps=progress.run(f"round {round_}, {name}"))
+
+        comparison = run_comparison(plan, run, plan_file=plan_file, steps=steps, warmup_steps=warmup_steps,
+                                    seed=seed, rounds=rounds, max_rounds=max_rounds, confidence=confidence)
     io.write_atomic(out, comparison.model_dump_json(indent=2) + "\n")
     print_comparison(comparison, plan)
     _calibration_lines(comparison, plan, plan_file)
@@ -141,26 +149,70 @@ def _worst(errors: list[float | None]) -> str:
 
 
 def _plot(comparison, plan, path: Path) -> None:
-    from planner.emit.charts import pyplot, save_png
+    """Measured peak per stage against its cap, and the measured iteration with its spread,
+    one colour per strategy in both panels, one bar for strategies that ran the same plan."""
+    from planner.emit.charts import pyplot, save_png, strategy_colours
 
     plt = pyplot()
     if plt is None:
         return
-    names = [r.name for r in comparison.strategies]
-    fig, (mem_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.8 / len(names)
+    bars = plotted_strategies(comparison)
+    colours = strategy_colours([result.name for result, _ in bars])
+    fig, (mem_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(bars)
     num_stages = plan.setup.pipeline.stages
-    for idx, r in enumerate(comparison.strategies):
-        peaks = [s.measured.peak_bytes / 2**20 for s in r.report.stages]
-        mem_ax.bar([s + idx * width for s in range(num_stages)], peaks, width, label=r.name)
+    for idx, (result, label) in enumerate(bars):
+        peaks = [s.measured.peak_bytes / 2**20 for s in result.report.stages]
+        mem_ax.bar([s + idx * width for s in range(num_stages)], peaks, width, label=label,
+                   color=colours[result.name])
     for s, cap in enumerate(plan.setup.pipeline.mem_caps_bytes):
         mem_ax.hlines(cap / 2**20, s - width / 2, s + 0.8 - width / 2, colors="red", linestyles="dashed")
     mem_ax.set_xticks([s + 0.4 - width / 2 for s in range(num_stages)], [f"stage {s}" for s in range(num_stages)])
     mem_ax.set_ylabel("measured peak (MiB); dashed: cap")
-    mem_ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
-    time_ax.bar(names, [r.iteration_ms for r in comparison.strategies],
-                color=["tab:green" if n == "ckplan" else "tab:gray" for n in names])
-    time_ax.set_ylabel("measured iteration (ms)")
-    time_ax.tick_params(axis="x", rotation=30)
+    mem_ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
+    labels = [label for _, label in bars]
+    middles = [result.iteration_ms for result, _ in bars]
+    low, high = zip(*(measured_interval_ms(result) for result, _ in bars))
+    time_ax.bar(range(len(bars)), middles, color=[colours[result.name] for result, _ in bars],
+                yerr=[[m - lo for m, lo in zip(middles, low)], [hi - m for m, hi in zip(middles, high)]], capsize=4)
+    time_ax.set_xticks(range(len(bars)), labels, rotation=30, ha="right", fontsize=8)
+    time_ax.set_ylabel("measured iteration (ms); bars: " + ("min-max of the rounds" if comparison.rounds > 1
+                                                             else "steps' quartiles"))
+    fig.suptitle(chart_title(comparison, plan), fontsize=10)
     save_png(fig, path)
     plt.close(fig)
+
+
+def plotted_strategies(comparison) -> list[tuple]:
+    """(result, label) per distinct plan: strategies that ran the same stages share one bar,
+    labelled with every name."""
+    names: dict[str, list[str]] = {}
+    for result in comparison.strategies:
+        names.setdefault(result.same_as or result.name, []).append(result.name)
+    return [(result, " = ".join(names[result.name])) for result in comparison.strategies if result.same_as is None]
+
+
+def measured_interval_ms(result) -> tuple[float, float]:
+    """The measured iteration's spread: min and max of the rounds' medians, or with one
+    round the quartiles of its steps."""
+    import statistics
+
+    if len(result.iteration_ms_rounds) > 1:
+        return min(result.iteration_ms_rounds), max(result.iteration_ms_rounds)
+    steps = result.report.iteration_ms_all
+    if len(steps) < 2:
+        return result.iteration_ms, result.iteration_ms
+    quartiles = statistics.quantiles(steps, n=4)
+    return min(quartiles[0], result.iteration_ms), max(quartiles[2], result.iteration_ms)
+
+
+def chart_title(comparison, plan) -> str:
+    """The model, the caps and the machine the comparison ran on."""
+    import os
+
+    device = comparison.strategies[0].report.device
+    caps = ", ".join(sorted({format_bytes(c) for c in plan.setup.pipeline.mem_caps_bytes}))
+    where = f"{device.name}" + (f", {device.threads} thread(s) per rank on {os.cpu_count()} cores"
+                                if device.type == "cpu" else "")
+    return (f"{Path(plan.model.file).stem}: {plan.setup.pipeline.stages} stages, cap {caps} per stage, "
+            f"{plan.setup.pipeline.microbatches} microbatches; {where}")

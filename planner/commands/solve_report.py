@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.console import bar, console, table
+from planner.console import bar, console, narrow, table
 from planner.units import format_bytes, format_ms
 
 
 def _layer_range(layers: list[str]) -> str:
     return layers[0] if len(layers) == 1 else f"{layers[0]}–{layers[-1]}"
+
+
+def _checkpointed(names: list[str]) -> str:
+    """The checkpointed layers: their names when few, else how many."""
+    return ", ".join(names) if len(names) <= 3 else f"{len(names)} layers"
 
 
 def print_plan(plan, out: Path) -> None:
@@ -19,7 +24,7 @@ def print_plan(plan, out: Path) -> None:
             str(stage.index),
             _layer_range(stage.layers),
             str(len(stage.layers)),
-            ", ".join(stage.checkpointed) if len(stage.checkpointed) <= 3 else f"{len(stage.checkpointed)} layers",
+            _checkpointed(stage.checkpointed),
             format_bytes(stage.predicted.peak_bytes),
             format_bytes(caps[stage.index]),
             bar(stage.predicted.peak_bytes / caps[stage.index], width=10),
@@ -32,8 +37,12 @@ def print_plan(plan, out: Path) -> None:
              f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}")
     if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:
         title += f", {setup.pipeline.parallel_stages} stages compute at once (shared cores)"
-    console.print(table(title, ["stage", "layers", "#", "checkpointed", "peak", "cap", "peak / cap", "time/mb"],
-                        rows, right_from=2))
+    columns = ["stage", "layers", "#", "checkpointed", "peak", "cap", "peak / cap", "time/mb"]
+    if narrow():  # fits 80 columns: checkpointed layers as a count of the stage's, the bar as a percentage
+        columns = ["stage", "layers", "ckpt", "peak", "cap", "% cap", "time/mb"]
+        rows = [[row[0], row[1], f"{len(stage.checkpointed)}/{row[2]}", *row[4:]]
+                for row, stage in zip(rows, plan.stages)]
+    console.print(table(title, columns, rows, right_from=2))
     print_comparison(plan)
     solver = plan.solver
     gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"

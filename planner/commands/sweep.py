@@ -77,20 +77,26 @@ def _cell(row: dict, name: str, cut_short: bool) -> str:
 
 
 def _plot(rows, names, path: Path) -> None:
-    from planner.emit.charts import pyplot, save_png
+    """Predicted iteration against the cap: steps (a plan that fits a cap fits every larger
+    one, so time only changes at the caps solved), curves that coincide drawn once under
+    all their names, the cap in the unit the table uses, the legend beside the axes."""
+    from planner.emit.charts import byte_unit, merged_curves, pyplot, save_png, strategy_colours
 
     plt = pyplot()
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    caps_gib = [r["cap_bytes"] / 2**30 for r in rows]
-    for name in names:
-        points = [(c, r[name]) for c, r in zip(caps_gib, rows) if r[name]]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    unit, size = byte_unit([r["cap_bytes"] for r in rows])
+    caps = [r["cap_bytes"] / size for r in rows]
+    colours = strategy_colours(names)
+    for name, members in merged_curves(names, {name: [r[name] for r in rows] for name in names}):
+        points = [(c, r[name]) for c, r in zip(caps, rows) if r[name]]
         if points:
-            ax.plot(*zip(*points), marker="o", label=name, linewidth=2.5 if name == "ckplan" else 1.2)
-    ax.set_xlabel("memory cap per device (GiB)")
+            ax.step(*zip(*points), where="post", marker="o", markersize=3, color=colours[name],
+                    label=" = ".join(members), linewidth=2.5 if "ckplan" in members else 1.2)
+    ax.set_xlabel(f"memory cap per device ({unit})")
     ax.set_ylabel("predicted iteration (ms)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
     save_png(fig, path, dpi=120)
     plt.close(fig)
