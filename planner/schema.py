@@ -79,7 +79,7 @@ class DeviceInfo(Strict):
     type: Literal["cpu", "cuda"]
     name: str
     threads: int | None = None  # torch.get_num_threads() during profiling (cpu)
-    # cpu: the whole model's forward + backward, median ms, at each torch thread count profile
+    # cpu: the whole model's forward + backward, least ms of 5, at each torch thread count profile
     # timed (1, 2, 4, ... and `threads`); a launch's other thread count scales the times by it
     thread_ms: dict[Annotated[int, Field(gt=0, le=1 << 16)], Annotated[Ms, Field(gt=0)]] | None = None
 

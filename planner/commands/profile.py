@@ -176,7 +176,7 @@ def _thread_ms(chain: _Chain, *, warmup: int, repeats: int) -> dict[int, float]:
     with progress() as bar, blame("the whole model's forward and backward"):
         bar.add_task(f"timing the whole model at {', '.join(map(str, counts))} threads", total=None)
         return thread_ms(whole_step(chain.layers, chain.inputs, chain.targets, chain.loss_fn), counts,
-                         warmup=1, repeats=3)
+                         warmup=1, repeats=5)
 
 
 def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_size, warmup, repeats,

@@ -5,13 +5,12 @@ core). A launch on the same machine gives each rank the cores shared among the r
 usually fewer threads, and small matmuls do not slow down in proportion. So profile
 also times the whole chain (every layer, the loss, the backward) at 1, 2, 4, ... up to
 its own threads, in turns (one repeat of each count per round, so a spell of load lands
-on one repeat of every count, which the median drops), and the cost model scales the
+on one repeat of every count, which the minimum drops), and the cost model scales the
 profiled times by the ratio at the threads a launch gives (calibrate.thread_scale).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -44,7 +43,9 @@ def whole_step(layers, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> 
 
 
 def thread_ms(step: Callable[[], None], counts: list[int], *, warmup: int, repeats: int) -> dict[int, float]:
-    """Median ms of `step()` at each torch thread count; torch's threads are restored after."""
+    """The least ms of `step()` at each torch thread count (what the machine does unhindered:
+    load only ever adds, and it adds more to the counts that use more cores); torch's
+    threads are restored after."""
     before = torch.get_num_threads()
     samples: dict[int, list[float]] = {count: [] for count in counts}
     try:
@@ -59,4 +60,4 @@ def thread_ms(step: Callable[[], None], counts: list[int], *, warmup: int, repea
                     samples[count].append(watch.laps_ms()[0])
     finally:
         torch.set_num_threads(before)
-    return {count: statistics.median(values) for count, values in samples.items()}
+    return {count: min(values) for count, values in samples.items()}
