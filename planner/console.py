@@ -47,13 +47,13 @@ def narrow() -> bool:
 
 
 def table(title: str, columns: list[str], rows: list[list[str]], *, right_from: int = 1,
-          whole: tuple[str, ...] = ("layers",)) -> Table:
+          whole: tuple[str, ...] = ("layers",), wrap: tuple[str, ...] = ()) -> Table:
     """A table whose columns from `right_from` on are numbers (right-aligned). Numbers, the
     first column and those named in `whole` (layer ranges) are never cut short or wrapped:
-    the other text columns give way on a narrow terminal."""
+    the other text columns, and those named in `wrap`, give way on a narrow terminal."""
     tbl = Table(title=title, title_justify="left", header_style="bold", pad_edge=not narrow())
     for idx, name in enumerate(columns):
-        keep = idx == 0 or idx >= right_from or name in whole
+        keep = (idx == 0 or idx >= right_from or name in whole) and name not in wrap
         width = min(max((len(_plain(row[idx])) for row in rows), default=len(name)), 40) if keep else None
         width = max(width, len(name)) if keep else None
         tbl.add_column(name, justify="right" if idx >= right_from else "left",

@@ -375,7 +375,7 @@ def test_arch_config_refuses_bad_fields_in_one_sentence(tmp_path, change, messag
     (["--arch", "llama3-8b", "--seq-len", "8", "--dtype", "fp32"], "16-bit tensor-core peaks only"),
     (["model.py", "--arch", "llama3-8b", "--seq-len", "8"], "not both"),
     (["model.py", "--tp", "2"], "--tp applies to --arch/--arch-config profiles only"),
-    ([], "give MODEL.py to measure, or --arch"),
+    ([], "give MODEL.py to measure, --hf-config config.json to measure a Hugging Face model, or --arch"),
 ])
 def test_profile_arch_bad_input_is_one_sentence(tmp_path, args, message):
     result, out = _run("profile", *args, "--out", str(tmp_path / "p.json"))

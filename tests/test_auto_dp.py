@@ -75,6 +75,9 @@ def test_auto_dp_prints_one_table_and_the_recommendation(profile_path, tmp_path)
     assert "--auto-dp: dp 4 x 3 stages" in result.output
     assert "recommended: ZeRO-" in result.output
     assert "RS grads/2+AR/2" in result.output  # groups of 2, all-reduced across 2 replicas
+    # the offload rows' host step: its source beside the table, and how to give the hosts' own
+    assert "host adam step: 2 ns per parameter, measured by `ckplan profile` on the profiled machine; " \
+           "give the training hosts' with --host-step-ns" in result.output
 
 
 def test_auto_dp_refuses_the_options_it_tries(profile_path, tmp_path):
@@ -118,7 +121,7 @@ def test_auto_dp_says_time_limit_not_memory_when_the_solver_ran_out(profile_path
     result = CliRunner().invoke(cli, ["solve", "--profile", str(profile_path), *ARGS, "--out",
                                       str(tmp_path / "none.yaml")], env={"COLUMNS": "250"})
     assert result.exit_code == 1
-    assert "no (time limit)" in result.output
+    assert "no (time limit)" in result.output, result.output
     assert "raise --time-limit" in result.output
     assert not (tmp_path / "none.yaml").exists()
 

@@ -161,8 +161,13 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
             refused = f"; refused by {row[-1]} (pp > 1)" if row[-1] != "-" else ""
             console.print(f"  ZeRO {row[0]}, group {row[1]}, offload {row[2]}: {row[-2]}{refused}", soft_wrap=True)
     else:
-        console.print(table(title, COLUMNS, rows, right_from=4))
+        console.print(table(title, COLUMNS, rows, right_from=4, whole=tuple(COLUMNS[1:4]),
+                            wrap=("communicated", "refused by (pp > 1)")))
     console.print(LEGEND)
+    offloaded = next((t for t in trials if t.setup.data_parallel.offload), None)
+    if offloaded is not None:
+        console.print(next(note for note in offloaded.setup.data_parallel.dp_notes if note.startswith("host ")),
+                      soft_wrap=True)
     if best is None:
         return
     console.print(f"recommended: {dataparallel.described(best.setup)}: {format_ms(best.plan.predicted.iteration_ms)} per iteration; "

@@ -80,8 +80,11 @@ class Heartbeat:
             self._write()
 
     def stepped(self, done: int, total: int) -> None:
-        """`done` training steps of `total` are over (said with the next beat)."""
+        """`done` training steps of `total` are over (said at once: one write a step, and a
+        short run may end before the next beat)."""
         self._steps = (done, total)
+        if self.path is not None:
+            self._write()
 
     @contextmanager
     def phase(self, phase: str, *, working: bool) -> Iterator[None]:

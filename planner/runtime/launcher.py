@@ -239,13 +239,16 @@ def _supervise(procs: list[subprocess.Popen], out_dir: Path, watch: _Watch) -> N
         if any(code not in (None, 0) or (code == 0 and not _finished(rank, out_dir))
                for rank, code in enumerate(codes)):
             raise UserError(_failure_message(codes, out_dir, watch.dp))
-        if all(code == 0 for code in codes):
-            _tell_steps(watch, beats, codes, shown)
-            return
-        if time.monotonic() >= next_watch:
+        finished = all(code == 0 for code in codes)
+        look = finished or time.monotonic() >= next_watch  # a short run may end before the first look
+        if look:
             next_watch = time.monotonic() + WATCH_S
             for rank in beats:
                 beats[rank] = read_beat(out_dir / f"rank{rank}.beat") or beats[rank]
+        if finished:
+            _tell_steps(watch, beats, codes, shown)
+            return
+        if look:
             running = {rank: beats[rank] for rank, code in enumerate(codes) if code is None}
             shown = _tell_steps(watch, beats, codes, shown)
             stall = find_stall(running, now=time.time(), launched=launched, start_timeout_s=watch.start_timeout_s,
