@@ -106,6 +106,16 @@ class GPU:
     link_source: str = ""
 
 
+# The host's Adam step an offloaded optimizer takes, per fp32 parameter, on a GPU server:
+# DeepSpeedCPUAdam (AVX) in one process with its memory on the local NUMA node updated 136M
+# parameters (545 MB of fp32) in 54.8 ms (github.com/DandinPower/numa-cpu-adam-bench,
+# example/qwen2.5-7B_normal_interleave.csv). Ranks stepping at once share the host's memory
+# bandwidth: the same run measured two processes at 1.5 ns per parameter each.
+HOST_ADAM_NS_PER_PARAM = 0.40
+HOST_ADAM_SOURCE = ("DeepSpeedCPUAdam on a GPU server's host, one process: 136M fp32 parameters in 54.8 ms "
+                    "(numa-cpu-adam-bench)")
+
+
 GPUS: dict[str, GPU] = {g.name: g for g in (
     # NVIDIA H100 Tensor Core GPU datasheet (2023): SXM 80 GB, BF16 1,979 TFLOPS with sparsity
     # (989 dense), 3.35 TB/s; PCIe 80 GB, 1,513 with sparsity (756 dense), 2 TB/s

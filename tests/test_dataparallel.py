@@ -311,13 +311,35 @@ def test_defaults_are_recorded_in_the_setup_and_options_override_them():
                     offload_optimizer=True, replica_bandwidth=20.0)
     assert (s.data_parallel.shard_gb_per_s, s.data_parallel.replica_gb_per_s, s.data_parallel.host_gb_per_s, s.data_parallel.host_step_ns_per_param) == (450.0, 20.0, 64.0, 3.0)
     assert s.data_parallel.dp_notes == notes and len(notes) == 2 and "3 ns per parameter" in notes[1]
+    assert "--host-step-ns" in notes[1]  # says how to give the training hosts' speed
+
+    given = build_setup(profile, stages=2, mem="80GB", microbatches=None, schedule="1F1B", optimizer="adam",
+                        precision="bf16-mixed", parallel_stages=None, dp=16, zero=1, shard_group=8,
+                        offload_optimizer=True, host_step_ns=0.7)
+    assert given.data_parallel.host_step_ns_per_param == 0.7
+    assert given.data_parallel.dp_notes[-1] == "host adam step: 0.7 ns per parameter (--host-step-ns)"
 
 
-def test_profile_arch_times_the_host_optimizer(tmp_path):
+def test_profile_arch_charges_the_published_host_adam_speed(tmp_path):
+    """An analytic profile plans GPU servers: Adam's host step is the published server figure
+    (not this machine's CPU), SGD at its ratio to Adam timed here."""
+    from planner.archs import HOST_ADAM_NS_PER_PARAM
+
     out = tmp_path / "a.json"
     result = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "1024", "--out", str(out)])
     assert result.exit_code == 0, result.output
     profile = io.load_profile(out)
-    assert set(profile.host_step_ns_per_param) == {"adam", "sgd"}
-    assert all(v > 0 for v in profile.host_step_ns_per_param.values())
-    assert "CPU" in profile.assumptions["host_step"]
+    assert profile.host_step_ns_per_param["adam"] == HOST_ADAM_NS_PER_PARAM == 0.40
+    assert 0 < profile.host_step_ns_per_param["sgd"] < HOST_ADAM_NS_PER_PARAM
+    assert "numa-cpu-adam-bench" in profile.assumptions["host_step"]
+
+    plan = tmp_path / "p.yaml"
+    args = ["solve", "--profile", str(out), "--stages", "4", "--mem", "80GB", "--dp", "8", "--offload-optimizer",
+            "--zero", "1", "--out", str(plan)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "host adam step: 0.4 ns per parameter, adam 0.4 ns per parameter: DeepSpeedCPUAdam" in result.output
+    assert io.load_plan(plan).setup.data_parallel.host_step_ns_per_param == 0.4
+    result = CliRunner().invoke(cli, [*args, "--host-step-ns", "3"])
+    assert result.exit_code == 0, result.output
+    assert io.load_plan(plan).setup.data_parallel.host_step_ns_per_param == 3.0

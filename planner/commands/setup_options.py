@@ -52,9 +52,12 @@ _OPTIONS = [
                  metavar="GB/s", help="Reduction bandwidth per rank across shard groups [default: as above]."),
     click.option("--host-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
                  metavar="GB/s", help="Host<->device copy bandwidth per rank [default: the GPU's PCIe link]."),
+    click.option("--host-step-ns", type=click.FloatRange(min=0, max=1e6, min_open=True), default=None, metavar="NS",
+                 help="With offload: the training hosts' optimizer step, ns per parameter [default: the profile's; "
+                      "for --arch profiles a published server figure for Adam, 0.4]."),
 ]
 DP_OPTION_NAMES = ("dp", "zero", "shard_group", "zero_gather", "offload_optimizer", "offload_copies", "host_mem",
-                   "shard_bandwidth", "replica_bandwidth", "host_bandwidth")
+                   "shard_bandwidth", "replica_bandwidth", "host_bandwidth", "host_step_ns")
 
 
 def setup_options(func):
@@ -157,7 +160,8 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
               shard_group: int | None = None, zero_gather: str = "per-microbatch", offload_optimizer: bool = False,
               offload_copies: str = "overlapped",
               host_mem: str | None = None, shard_bandwidth: float | None = None,
-              replica_bandwidth: float | None = None, host_bandwidth: float | None = None) -> dict:
+              replica_bandwidth: float | None = None, host_bandwidth: float | None = None,
+              host_step_ns: float | None = None) -> dict:
     """TrainSetup's data-parallel fields from the options, the bandwidths defaulted from the
     profile's GPU (and said), the host step speed from the profile's measurement."""
     from planner import dataparallel
@@ -173,8 +177,8 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
                   replica_gb_per_s=replica_bandwidth or links.replica_gb_per_s,
                   host_gb_per_s=host_bandwidth or links.host_gb_per_s, devices_per_node=links.devices_per_node)
     if offload_optimizer:
-        fields["host_step_ns_per_param"] = host_step_ns(profile, optimizer)
-        notes.append(host_step_note(profile, optimizer))
+        fields["host_step_ns_per_param"] = host_step_ns or profile_host_step_ns(profile, optimizer)
+        notes.append(host_step_note(profile, optimizer, given=host_step_ns))
         fields["host_mem_bytes"] = host_mem and _size(host_mem, "--host-mem")
     for note in notes:
         if say is not None:
@@ -200,18 +204,25 @@ def check_dp_options(*, dp: int, zero: int, shard_group: int | None, offload: bo
                         "--offload-optimizer or drop --host-mem")
 
 
-def host_step_ns(profile, optimizer: str) -> float:
+def profile_host_step_ns(profile, optimizer: str) -> float:
     speed = profile.host_step_ns_per_param.get(optimizer)
     if speed is None:
         raise UserError("--offload-optimizer needs the host's optimizer speed, which this profile does not "
-                        "record; re-run `ckplan profile` (it times the optimizer on the host)")
+                        "record; give --host-step-ns NS, or re-run `ckplan profile` (it times the optimizer on "
+                        "the host)")
     return speed
 
 
-def host_step_note(profile, optimizer: str) -> str:
-    where = ("measured on the host where `ckplan profile --arch` ran (the training hosts may differ)"
-             if profile.source == "analytic" else "measured by `ckplan profile` on the profiled machine")
-    return (f"host {optimizer} step: {profile.host_step_ns_per_param[optimizer]:.3g} ns per parameter, {where}")
+def host_step_note(profile, optimizer: str, given: float | None = None) -> str:
+    """Where offload's host step speed came from, and how to give the training hosts'."""
+    if given is not None:
+        return f"host {optimizer} step: {given:.3g} ns per parameter (--host-step-ns)"
+    if profile.source == "analytic":
+        where = str(profile.assumptions.get("host_step", "the profile's"))
+    else:
+        where = "measured by `ckplan profile` on the profiled machine"
+    return (f"host {optimizer} step: {profile.host_step_ns_per_param[optimizer]:.3g} ns per parameter, {where}; "
+            "give the training hosts' with --host-step-ns")
 
 
 def _size(text: str, option: str) -> int:
