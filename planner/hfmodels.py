@@ -59,7 +59,8 @@ def _cached_config(model_id: str) -> dict:
     try:
         from transformers import AutoConfig
     except ImportError as exc:
-        raise UserError("--hf-config needs the `transformers` package; pip install transformers") from exc
+        raise UserError("--hf-config needs the `transformers` package: bash scripts/setup.sh hf (or pip install "
+                        "transformers)") from exc
     try:
         config = AutoConfig.from_pretrained(model_id, local_files_only=True)
     except (OSError, ValueError) as exc:
@@ -114,7 +115,8 @@ def hf_config(config: dict):
     try:
         from transformers import AutoConfig
     except ImportError as exc:
-        raise UserError("--hf-config needs the `transformers` package; pip install transformers") from exc
+        raise UserError("--hf-config needs the `transformers` package: bash scripts/setup.sh hf (or pip install "
+                        "transformers)") from exc
     fields = {key: value for key, value in config.items() if key not in ("model_type", "transformers_version")}
     try:
         return AutoConfig.for_model(config["model_type"], **fields)
@@ -184,7 +186,10 @@ class CausalLMPipeline(nn.Module):
             self.head = Head(body.ln_f, hf.lm_head)
             self.layers = nn.ModuleList(Decoder(block) for block in blocks)
         else:
-            self.embed = Embedding(body.embed_tokens)
+            # Gemma scales the embedding by sqrt(hidden): transformers 5 inside the embedding, 4 in forward()
+            scale = hf.config.hidden_size ** 0.5 if family == "gemma" and not hasattr(body.embed_tokens,
+                                                                                      "embed_scale") else None
+            self.embed = Embedding(body.embed_tokens, scale)
             self.head = Head(body.norm, hf.lm_head)
             self.layers = nn.ModuleList(Decoder(block, copy.deepcopy(body.rotary_emb)) for block in blocks)
 
@@ -197,12 +202,14 @@ class CausalLMPipeline(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, embed_tokens: nn.Module):
+    def __init__(self, embed_tokens: nn.Module, scale: float | None = None):
         super().__init__()
         self.embed_tokens = embed_tokens
+        self.scale = scale
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+        hidden = self.embed_tokens(input_ids)
+        return hidden if self.scale is None else hidden * torch.tensor(self.scale, dtype=hidden.dtype)
 
 
 class GPT2Embedding(nn.Module):
