@@ -233,12 +233,15 @@ def as_torchtitan_runs(setup: TrainSetup) -> TrainSetup:
     """torchtitan shards with FSDP2 only, and beside a pipeline it keeps FSDP2's weights whole
     after the forward (its default reshard policy with PP, torchtitan/distributed/fsdp.py) and
     torch.distributed.pipelining syncs gradients on the last backward only: any ZeRO stage runs
-    as ZeRO 3 kept whole through the iteration (a one-stage plan too: ckplan runs it as a
-    pipeline of one stage). Unchanged without sharding."""
+    as ZeRO 3 kept whole through the iteration. Without a pipeline (one stage) torchtitan trains
+    no pipeline schedule and FSDP2 reshards after every forward and reduce-scatters every
+    backward (reshard_after_forward's default without PP): ZeRO 3 per microbatch. Unchanged
+    without sharding."""
     dp = setup.data_parallel
-    if dp.dp == 1 or dp.zero == 0 or (dp.zero == 3 and dp.zero_gather == "per-iteration"):
+    gather = "per-iteration" if setup.pipeline.stages > 1 else "per-microbatch"
+    if dp.dp == 1 or dp.zero == 0 or (dp.zero == 3 and dp.zero_gather == gather):
         return setup
-    return setup.model_copy(update={"zero": 3, "zero_gather": "per-iteration"})
+    return setup.model_copy(update={"zero": 3, "zero_gather": gather})
 
 
 def overlaps_comm(setup: TrainSetup) -> bool:

@@ -382,6 +382,10 @@ def test_scored_for_torchtitan_any_zero_stage_runs_as_fsdp2_kept_whole_beside_th
     assert (ran.data_parallel.zero, ran.data_parallel.zero_gather) == (3, "per-iteration")
     plain = setup(stages=2, mem_caps_bytes=caps, dp=4)
     assert dataparallel.as_torchtitan_runs(plain) == plain  # nothing sharded
+    # without a pipeline torchtitan's FSDP2 reshards after every forward (the published 8B runs)
+    alone = dataparallel.as_torchtitan_runs(setup(stages=1, mem_caps_bytes=caps[:1], dp=8, zero=3,
+                                                  runtime="torchtitan"))
+    assert (alone.data_parallel.zero, alone.data_parallel.zero_gather) == (3, "per-microbatch")
     profile = tmp_path / "l8.json"
     run_ok("profile", "--arch", "llama3-8b", "--seq-len", "4096", "--out", profile)
     result = run_ok("solve", "--profile", profile, "--stages", "2", "--dp", "4", "--zero", "1", "--runtime",

@@ -148,7 +148,9 @@ def _with_host_step(profile):
     from planner.profiler.measure import host_step_ns_per_param
 
     here = host_step_ns_per_param()
-    published = {name: HOST_ADAM_NS_PER_PARAM * ns / here["adam"] for name, ns in here.items()}
+    # adam exactly the published figure (x ns / ns need not round back to it)
+    published = {name: HOST_ADAM_NS_PER_PARAM if name == "adam" else HOST_ADAM_NS_PER_PARAM * ns / here["adam"]
+                 for name, ns in here.items()}
     assumptions = profile.assumptions | {
         "host_step": f"{HOST_ADAM_SOURCE}; other optimizers at their ratio to adam timed on the machine that "
                      "wrote this profile"}
