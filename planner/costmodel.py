@@ -28,6 +28,10 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
     scratch_s    = the optimizer step's temporaries (Adam: sqrt(v) as a new tensor; on cuda all
                    of the stage's parameters at once, on cpu two of the largest)
     peak_s       = static_s + max(k_s · kept_s + transient_s, scratch_s) + buffers_s
+    cuda:          reserved_s = ⌈peak_s / (1 - f) / 2 MiB⌉ · 2 MiB, the caching allocator's segments at
+                   fragmentation f; nccl_s = the communicators' buffers (planner/allocator.py). A stage
+                   fits when reserved_s + nccl_s ≤ cap_s, which every solver reads as the allocated
+                   peak_s ≤ limit_s (limit_bytes, its exact inverse); cpu: peak_s ≤ cap_s
     host_s       = Σ_S offloaded optimizer state + fp32 master + fp32 gradient (/ K)   ≤ host_mem / ranks a node
     time_s       = c · (Σ_S (fwd + bwd) + Σ_C recompute (+ loss on the last stage))   c: compute_scale
     comm_s       = send(output(last)) [s < P-1] + send(input(first)) [s > 0]      per microbatch: the
@@ -65,7 +69,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
-from planner import dataparallel
+from planner import allocator, dataparallel
 from planner.schema import Profile, StagePlan, StagePredicted, TrainSetup
 
 # A plan fits when every stage's peak stays this far below its cap. 4 KiB is nothing next
@@ -123,6 +127,11 @@ class StageCost:
     comm_ms: float = 0.0  # per microbatch: the stage's sends and its schedule actions
     host_bytes: int = 0  # host memory this rank takes (the offloaded optimizer)
     host_cap_bytes: int | None = None  # this rank's share of its node's host memory; None: not capped
+    # cuda: the allocated peak the cap admits once the allocator's reserve and the communication
+    # buffers are taken (limit_bytes); the reserved peak and those buffers. cpu: the cap, the peak, 0
+    limit_bytes: int | None = None  # None: the cap
+    reserved_bytes: int | None = None  # None: the peak
+    workspace_bytes: int = 0
 
     @property
     def busy_ms(self) -> float:
@@ -130,8 +139,25 @@ class StageCost:
         return self.time_ms + self.comm_ms
 
     @property
+    def allocated_limit_bytes(self) -> int:
+        return self.cap_bytes if self.limit_bytes is None else self.limit_bytes
+
+    @property
+    def pressure(self) -> float:
+        """(peak + margin) / the allocated peak the cap admits: at most 1 when the stage fits."""
+        limit = self.allocated_limit_bytes
+        return (self.peak_bytes + FIT_MARGIN_BYTES) / limit if limit > 0 else float("inf")
+
+    @property
+    def device_need_bytes(self) -> int:
+        """What the device must have for this stage: the reserved peak (with the margin) and the
+        communication buffers on cuda, the peak and the margin on cpu."""
+        reserved = self.peak_bytes if self.reserved_bytes is None else self.reserved_bytes
+        return reserved + self.workspace_bytes + FIT_MARGIN_BYTES
+
+    @property
     def fits_device(self) -> bool:
-        return self.peak_bytes + FIT_MARGIN_BYTES <= self.cap_bytes
+        return self.peak_bytes + FIT_MARGIN_BYTES <= self.allocated_limit_bytes
 
     @property
     def fits_host(self) -> bool:
@@ -143,6 +169,8 @@ class StageCost:
 
     def predicted(self) -> StagePredicted:
         return StagePredicted(
+            reserved_bytes=self.reserved_bytes,
+            workspace_bytes=self.workspace_bytes,
             peak_bytes=self.peak_bytes,
             static_bytes=self.static_bytes,
             activation_bytes=self.activation_bytes,
@@ -642,6 +670,43 @@ def frees_memory(layer: LayerCost, ctx: Context) -> bool:
     return layer_value("kept", layer, True, ctx) < layer_value("kept", layer, False, ctx)
 
 
+def fragmentation(setup: TrainSetup, device_type: str) -> float:
+    """The share of reserved memory the caching allocator loses at the peak: cuda only, the
+    setup's or the published mean (allocator.DEFAULT_FRAGMENTATION)."""
+    if device_type != "cuda":
+        return 0.0
+    stated = setup.pipeline.fragmentation
+    return allocator.DEFAULT_FRAGMENTATION if stated is None else stated
+
+
+def workspace_bytes(stage: int, ctx: Context) -> int:
+    """The communication library's buffers on the rank holding `stage` (cuda): a two-rank
+    communicator per pipeline neighbour; one per data-parallel group it reduces in (HSDP: its
+    shard group and its replica group); one for the tensor-parallel group of an analytic
+    profile. gloo on cpu allocates in the tensors' memory: nothing."""
+    if ctx.device_type != "cuda":
+        return 0
+    setup = ctx.setup
+    neighbours = (stage > 0) + (stage < setup.pipeline.stages - 1)
+    groups = [2] * neighbours
+    dp, shard = setup.data_parallel.dp, setup.data_parallel.shard_group
+    groups += [shard, dp // shard] if shard is not None else [dp]
+    tp = ctx.profile.assumptions.get("tp", 1)
+    groups.append(tp if isinstance(tp, int) else 1)
+    return sum(allocator.communicator_bytes(size) for size in groups)
+
+
+def limit_bytes(stage: int, ctx: Context) -> int:
+    """The allocated peak stage `stage` may reach: its cap on cpu; on cuda what stays once the
+    communication buffers are taken, less the allocator's fragmentation margin and segment
+    rounding (allocator.allocated_limit: its reserved peak then stays within the cap)."""
+    cap = ctx.setup.pipeline.mem_caps_bytes[stage]
+    if ctx.device_type != "cuda":
+        return cap
+    return int(allocator.allocated_limit(cap - workspace_bytes(stage, ctx),
+                                         fragmentation(ctx.setup, ctx.device_type)))
+
+
 def host_cap_bytes(setup: TrainSetup) -> int | None:
     """A rank's share of its node's host memory: the node's ranks may hold any stage, so each
     gets host_mem / the ranks on a node (dataparallel.host_bytes_per_node). None: not capped."""
@@ -752,6 +817,8 @@ def stage_cost(
                               stage_value("extra", stage, ctx))))
     scratch = step_scratch_bytes([v["scratch"] for v in per_layer], profile.device.type)
     k = in_flight(setup, stage)
+    peak = int(round(peak_bytes(static + buffers, k, kept, transient, scratch)))
+    cuda = ctx.device_type == "cuda"
     return StageCost(
         comm_ms=totals["comm"],
         step_ms=totals["step"],
@@ -761,7 +828,10 @@ def stage_cost(
         activation_bytes=k * kept,
         buffer_bytes=int(round(buffers)),
         transient_bytes=transient,
-        peak_bytes=int(round(peak_bytes(static + buffers, k, kept, transient, scratch))),
+        peak_bytes=peak,
+        limit_bytes=limit_bytes(stage, ctx),
+        reserved_bytes=allocator.reserved_bytes(peak, fragmentation(setup, ctx.device_type)) if cuda else None,
+        workspace_bytes=workspace_bytes(stage, ctx),
         time_ms=totals["time"],
         cap_bytes=setup.pipeline.mem_caps_bytes[stage],
         step_scratch_bytes=int(round(scratch)),

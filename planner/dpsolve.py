@@ -113,7 +113,7 @@ class Chain:
                 const_held_bytes=sum(costmodel.stage_value(q, s, ctx) for q in HELD),
                 loss_scratch_bytes=costmodel.stage_value("extra", s, ctx),
                 const_ms=sum(costmodel.stage_value(q, s, ctx) for q in BUSY),
-                cap_bytes=setup.pipeline.mem_caps_bytes[s],
+                cap_bytes=costmodel.limit_bytes(s, ctx),  # the allocated peak the device's cap admits
             )
             for s in range(setup.pipeline.stages)
         ]
@@ -489,8 +489,7 @@ def least_memory_plan(profile: Profile, setup: TrainSetup, *, known: list[StageP
     """The plan whose largest (peak + margin) / cap is smallest; no range needing more than
     the `known` plan's largest ratio is considered. Raises deadline.Expired."""
     chain = Chain(profile, setup)
-    scale = max((c.peak_bytes + costmodel.FIT_MARGIN_BYTES) / c.cap_bytes
-                for c in costmodel.evaluate(known, profile, setup).stages) * (1 + 1e-9)
+    scale = max(c.pressure for c in costmodel.evaluate(known, profile, setup).stages) * (1 + 1e-9)
     found = segments(chain, boundary_windows(chain, INF), max_time_ms=INF, objective="memory", deadline=deadline,
                      cap_scale=scale)
     chosen = least_memory_cuts(chain, found, deadline=deadline)

@@ -33,7 +33,7 @@ def greedy_checkpoints(layers: list[LayerCost], *, stage: int, profile: Profile,
         key=lambda i: costmodel.recompute_ms(layers[i], setup) / layers[i].recompute_saving_bytes,
     )
     # how many the freed bytes alone call for; then one more at a time while it still does not fit
-    excess = cost.peak_bytes + costmodel.FIT_MARGIN_BYTES - cost.cap_bytes
+    excess = cost.peak_bytes + costmodel.FIT_MARGIN_BYTES - cost.allocated_limit_bytes
     freed = 0
     for i in order:
         flags[i] = True

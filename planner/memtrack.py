@@ -2,7 +2,7 @@
 profiler and the runtime.
 
 cuda: the caching allocator's statistics (`max_memory_allocated`), i.e. live tensor
-bytes as the allocator rounds them. cpu: `torch.distributed._tools.mem_tracker.MemTracker`,
+bytes as the allocator rounds them, and the segments it reserved (`max_memory_reserved`). cpu: `torch.distributed._tools.mem_tracker.MemTracker`,
 which follows every tensor storage created inside the region (a TorchDispatchMode)
 plus the parameters, gradients and optimizer states of the objects passed as
 `external`, and records the peak of their sum at every allocation.
@@ -22,6 +22,7 @@ class PeakMemory:
         self.device = torch.device(device)
         self.external = [obj for obj in external if obj is not None]
         self.peak_bytes = 0
+        self.reserved_bytes: int | None = None  # cuda: the caching allocator's reserved peak
         self._tracker = None
         self._base_bytes = 0
 
@@ -42,6 +43,7 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            self.reserved_bytes = int(torch.cuda.max_memory_reserved(self.device))
             return
         self._tracker.__exit__(*exc_info)
         snapshot = self._tracker.get_tracker_snapshot("peak")

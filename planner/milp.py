@@ -366,7 +366,7 @@ def _presence(problem: Problem, name: str, count, size: int):
 def _cap_mib(problem: Problem, s: int):
     """cap_s - margin; for the memory objective scale·cap_s - margin (a cap of a few KiB can
     grow too)."""
-    cap = problem.setup.pipeline.mem_caps_bytes[s] / MIB
+    cap = costmodel.limit_bytes(s, problem.ctx) / MIB
     if problem.scale is not None:
         cap = cap * problem.scale
     return cap - costmodel.FIT_MARGIN_BYTES / MIB

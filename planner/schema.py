@@ -155,6 +155,9 @@ class PipelineSetup(Strict):
     # stages that can compute at the same time: all of them with one device each (None);
     # fewer when ranks share CPU cores, which bounds the iteration by total work / this
     parallel_stages: int | None = Field(default=None, gt=0)
+    # on cuda: the share of reserved memory the caching allocator loses to fragmentation,
+    # 1 - allocated / reserved at the peak (planner/allocator.py); None: its published mean
+    fragmentation: float | None = Field(default=None, ge=0, le=0.9, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _caps_per_stage(self) -> PipelineSetup:
@@ -304,6 +307,10 @@ class StagePredicted(Strict):
     time_ms: float  # fwd + bwd + recompute for all microbatches' worth of one microbatch
     step_ms: float = 0.0  # optimizer step, once per iteration
     comm_ms: float = 0.0  # per microbatch: the stage's sends and schedule actions (not in time_ms)
+    # cuda: what the caching allocator reserves at the peak, and the communication library's
+    # buffers beside it (planner/allocator.py); the cap holds both. None / 0 on cpu
+    reserved_bytes: int | None = None
+    workspace_bytes: int = 0
 
 
 class StagePlan(Strict):
@@ -380,6 +387,7 @@ class StageMeasured(Strict):
     step_ms: float | None = None  # optimizer step, median over the timed steps
     static_bytes: int | None = None  # weights + grads + optimizer state on the device, the most at once in a step, largest dp rank
     host_bytes: int | None = None  # the offloaded optimizer's host memory, largest dp rank
+    reserved_bytes: int | None = None  # cuda: torch.cuda.max_memory_reserved, largest dp rank
 
 
 class StageReport(Strict):

@@ -223,7 +223,7 @@ def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | 
     cost = costmodel.evaluate(stages, profile, setup)
     if not all(stage.fits_host for stage in cost.stages):
         return None
-    return max((c.peak_bytes + costmodel.FIT_MARGIN_BYTES) / c.cap_bytes for c in cost.stages), cost
+    return max(c.pressure for c in cost.stages), cost
 
 
 def least_host_bytes(profile: Profile, setup: TrainSetup) -> float:
@@ -259,11 +259,9 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
     scale, cost = least
     if scale <= 1:
         return found
-    s = max(range(setup.pipeline.stages), key=lambda i: (cost.stages[i].peak_bytes + costmodel.FIT_MARGIN_BYTES)
-            / cost.stages[i].cap_bytes)
+    s = max(range(setup.pipeline.stages), key=lambda i: cost.stages[i].pressure)
     stage = cost.stages[s]
-    found.append(Shortfall("device", s, stage.peak_bytes + costmodel.FIT_MARGIN_BYTES, stage.cap_bytes,
-                           need_terms(stage)))
+    found.append(Shortfall("device", s, stage.device_need_bytes, stage.cap_bytes, need_terms(stage)))
     return found
 
 
@@ -276,4 +274,7 @@ def need_terms(stage: costmodel.StageCost) -> dict[str, int]:
                       "largest transient": stage.transient_bytes})
     else:
         terms["optimizer step scratch"] = stage.step_scratch_bytes
+    if stage.reserved_bytes is not None:  # cuda: what the allocator reserves beyond, and NCCL's buffers
+        terms["allocator's fragmentation margin"] = stage.reserved_bytes - stage.peak_bytes
+        terms["communication buffers"] = stage.workspace_bytes
     return terms

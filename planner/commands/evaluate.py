@@ -143,20 +143,26 @@ def _ckplan_plan(profile, setup, hand, *, time_limit_s: float, solver: str):
 
 
 def stage_rows(stages, cost) -> list[list[str]]:
-    """One row per stage: layers, checkpointed, peak against cap, time per microbatch."""
-    from planner.commands.solve_report import _layer_range
+    """One row per stage: layers, checkpointed, peak (and on cuda reserved and nccl) against
+    cap, time per microbatch."""
+    from planner.commands.solve_report import _layer_range, device_bytes, reserved_columns
     from planner.console import bar
     from planner.units import format_bytes, format_ms
 
     return [
         [str(stage.index), _layer_range(stage.layers), str(len(stage.layers)), str(len(stage.checkpointed)),
-         format_bytes(c.peak_bytes), format_bytes(c.cap_bytes), bar(c.peak_bytes / c.cap_bytes, width=10),
+         format_bytes(c.peak_bytes), *(reserved_columns(c.predicted()) if c.reserved_bytes is not None else []),
+         format_bytes(c.cap_bytes), bar(device_bytes(c.predicted()) / c.cap_bytes, width=10),
          "yes" if c.fits else "[bold red]NO[/]" if c.fits_host else "[bold red]NO (host)[/]", format_ms(c.time_ms)]
         for stage, c in zip(stages, cost.stages)
     ]
 
 
-STAGE_COLUMNS = ["stage", "layers", "#", "ckpt", "peak", "cap", "peak / cap", "fits", "time/mb"]
+def stage_columns(cost) -> list[str]:
+    from planner.commands.solve_report import RESERVED_COLUMNS
+
+    reserved = RESERVED_COLUMNS if any(c.reserved_bytes is not None for c in cost.stages) else []
+    return ["stage", "layers", "#", "ckpt", "peak", *reserved, "cap", "of cap", "fits", "time/mb"]
 
 
 def _print(setup, hand, hand_cost, best, rule: str) -> None:
@@ -167,12 +173,12 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
              f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}{dp_words(setup)}, "
              f"scored for {setup.training.runtime}'s runtime")
     console.print(table(f"your configuration ({rule} k layers of a stage checkpointed): {where}",
-                        STAGE_COLUMNS, stage_rows(hand, hand_cost), right_from=2))
+                        stage_columns(hand_cost), stage_rows(hand, hand_cost), right_from=2))
     if best is None:
         console.print("[bold red]no plan fits these caps[/]: not ckplan's either; see `ckplan solve` for the "
                       "smallest cap that works")
         return
-    console.print(table(f"ckplan's plan ({best.solve.status}): {where}", STAGE_COLUMNS,
+    console.print(table(f"ckplan's plan ({best.solve.status}): {where}", stage_columns(best.cost),
                         stage_rows(best.stages, best.cost), right_from=2))
     mine, theirs = hand_cost.iteration_ms, best.cost.iteration_ms
     if not hand_cost.feasible:
@@ -201,7 +207,9 @@ def _summary(profile_path: Path, hand, hand_cost, best) -> dict:
             "feasible": cost.feasible,
             "iteration_ms": cost.iteration_ms,
             "stages": [{"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
-                        "peak_bytes": c.peak_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms}
+                        "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
+                        "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits,
+                        "time_ms": c.time_ms}
                        for s, c in zip(stages, cost.stages)],
         }
 

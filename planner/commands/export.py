@@ -83,7 +83,7 @@ def _exporter(target, plan, profile, plan_file, torchtitan_version, torchtitan_b
 def _report(plan, result, out: Path) -> None:
     from rich.markup import escape
 
-    from planner.commands.evaluate import STAGE_COLUMNS, stage_rows
+    from planner.commands.evaluate import stage_columns, stage_rows
     from planner.console import console, table, warn
     from planner.units import format_ms
 
@@ -95,10 +95,10 @@ def _report(plan, result, out: Path) -> None:
     exact = stage_rows(plan.stages, scored.exact)
     rounded = stage_rows(result.rounded.stages, scored.rounded)
     if exact == rounded:  # nothing rounded that the cost model sees: one table
-        console.print(table(f"the plan, exactly as {result.target} runs it", STAGE_COLUMNS, exact, right_from=2))
+        console.print(table(f"the plan, exactly as {result.target} runs it", stage_columns(scored.exact), exact, right_from=2))
     else:
-        console.print(table("the plan, exactly", STAGE_COLUMNS, exact, right_from=2))
-        console.print(table(f"as {result.target} runs it", STAGE_COLUMNS, rounded, right_from=2))
+        console.print(table("the plan, exactly", stage_columns(scored.exact), exact, right_from=2))
+        console.print(table(f"as {result.target} runs it", stage_columns(scored.rounded), rounded, right_from=2))
     console.print(f"iteration: plan {format_ms(scored.exact.iteration_ms)}, {result.target} "
                   f"{format_ms(scored.rounded.iteration_ms)} ({scored.slowdown * 100:+.1f}%); wrote {out}")
     if not scored.rounded.feasible:

@@ -191,6 +191,13 @@ def memory_table(report):
                      _size(static) if static else "–", _size(measured_static) if measured_static is not None else "–",
                      _error(measured_static, static) if measured_static is not None else "–"])
     columns = ["stage", "predicted", "measured", "err", "cap", "measured / cap", "static pred", "static", "err"]
+    if any(stage.measured.reserved_bytes is not None for stage in report.stages):  # cuda: the allocator's reserve
+        columns += ["reserved pred", "reserved", "err"]
+        for row, stage in zip(rows, report.stages):
+            predicted = stage.predicted.reserved_bytes if stage.predicted else None
+            measured = stage.measured.reserved_bytes
+            row += [_size(predicted) if predicted else "–", _size(measured) if measured is not None else "–",
+                    _error(measured, predicted) if measured is not None else "–"]
     return console.table(f"{report.strategy}: peak memory per stage (static: per rank)", columns, rows)
 
 

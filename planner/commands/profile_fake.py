@@ -20,7 +20,9 @@ def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu:
     out = out or Path("profiles") / f"{Path(model_file).stem}-fake-{spec.name}-mbs{micro_batch_size}.json"
     io.check_outputs({"--out": out}, inputs={"MODEL.py": model_file})
     model_ref, chain, mode = _load(model_file, getattr(torch, dtype), micro_batch_size, timeout_s=timeout_s)
-    with mode:
+    from planner.profiler.storages import counted_as
+
+    with mode, counted_as(device):  # for a GPU: its allocator's blocks, though CPU kernels run
         measurement, flops = _measure(chain, spec)
     profile = _profile(measurement, flops, model_file=model_file, model_ref=model_ref, device=device, dtype=dtype,
                        micro_batch_size=micro_batch_size, gpu=spec, arch_config=arch_config)

@@ -17,8 +17,35 @@ def _checkpointed(names: list[str]) -> str:
     return ", ".join(names) if len(names) <= 3 else f"{len(names)} layers"
 
 
+def device_bytes(predicted) -> int:
+    """What a stage takes of its device: the reserved peak and the communication buffers on
+    cuda, the peak on cpu."""
+    if predicted.reserved_bytes is None:
+        return predicted.peak_bytes
+    return predicted.reserved_bytes + predicted.workspace_bytes
+
+
+def reserved_columns(predicted) -> list[str]:
+    """cuda: the reserved peak and the communication buffers, beside the allocated peak."""
+    return [format_bytes(predicted.reserved_bytes), format_bytes(predicted.workspace_bytes)]
+
+
+RESERVED_COLUMNS = ["reserved", "nccl"]
+
+
+def reserved_note(setup) -> str:
+    """How the reserved column is made (cuda plans)."""
+    from planner import allocator
+
+    margin = setup.pipeline.fragmentation
+    margin = allocator.DEFAULT_FRAGMENTATION if margin is None else margin
+    return (f"peak: allocated; reserved: the caching allocator's at {margin:.0%} fragmentation "
+            f"(--fragmentation), in 2 MiB segments; nccl: communicator buffers; the cap holds reserved + nccl")
+
+
 def print_plan(plan, out: Path) -> None:
     caps = plan.setup.pipeline.mem_caps_bytes
+    cuda = any(stage.predicted.reserved_bytes is not None for stage in plan.stages)
     rows = [
         [
             str(stage.index),
@@ -26,8 +53,9 @@ def print_plan(plan, out: Path) -> None:
             str(len(stage.layers)),
             _checkpointed(stage.checkpointed),
             format_bytes(stage.predicted.peak_bytes),
+            *(reserved_columns(stage.predicted) if cuda else []),
             format_bytes(caps[stage.index]),
-            bar(stage.predicted.peak_bytes / caps[stage.index], width=10),
+            bar(device_bytes(stage.predicted) / caps[stage.index], width=10),
             format_ms(stage.predicted.time_ms),
         ]
         for stage in plan.stages
@@ -38,12 +66,15 @@ def print_plan(plan, out: Path) -> None:
              f"scored for {setup.training.runtime}'s runtime")
     if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:
         title += f", {setup.pipeline.parallel_stages} stages compute at once (shared cores)"
-    columns = ["stage", "layers", "#", "checkpointed", "peak", "cap", "peak / cap", "time/mb"]
+    memory = ["peak", *(RESERVED_COLUMNS if cuda else []), "cap"]
+    columns = ["stage", "layers", "#", "checkpointed", *memory, "of cap", "time/mb"]
     if narrow():  # fits 80 columns: checkpointed layers as a count of the stage's, the bar as a percentage
-        columns = ["stage", "layers", "ckpt", "peak", "cap", "% cap", "time/mb"]
+        columns = ["stage", "layers", "ckpt", *memory, "% cap", "time/mb"]
         rows = [[row[0], row[1], f"{len(stage.checkpointed)}/{row[2]}", *row[4:]]
                 for row, stage in zip(rows, plan.stages)]
     console.print(table(title, columns, rows, right_from=2))
+    if cuda:
+        console.print(reserved_note(setup))
     print_comparison(plan)
     solver = plan.solver
     gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"

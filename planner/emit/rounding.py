@@ -204,7 +204,7 @@ def scored_choice(candidates: Sequence[Rounded], profile: Profile) -> tuple[Roun
     fitting = [(c, cost) for c, cost in scored if cost.feasible]
     if fitting:
         return min(fitting, key=lambda item: item[1].iteration_ms)[0], True
-    return min(scored, key=lambda item: max(s.peak_bytes / s.cap_bytes for s in item[1].stages))[0], False
+    return min(scored, key=lambda item: max(s.pressure for s in item[1].stages))[0], False
 
 
 # ---------------------------------------------------------------- the export and its header
@@ -236,7 +236,9 @@ def header_lines(plan_file: str, target: str, cannot_express: Sequence[str], rou
                  f"this export {format_ms(approx.iteration_ms)} ({scored.slowdown * 100:+.1f}%).")
     for s, (e, r) in enumerate(zip(exact.stages, approx.stages)):
         verdict = "fits" if r.fits else "DOES NOT FIT"
-        lines.append(f"  stage {s}: peak {format_bytes(r.peak_bytes)} of {format_bytes(r.cap_bytes)} cap, "
+        reserved = "" if r.reserved_bytes is None else \
+            f" (reserved {format_bytes(r.reserved_bytes)} + NCCL {format_bytes(r.workspace_bytes)})"
+        lines.append(f"  stage {s}: peak {format_bytes(r.peak_bytes)}{reserved} of {format_bytes(r.cap_bytes)} cap, "
                      f"{verdict} (plan: {format_bytes(e.peak_bytes)})")
     if not approx.feasible:
         over = ", ".join(str(s) for s, c in enumerate(approx.stages) if not c.fits)

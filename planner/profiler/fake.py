@@ -47,7 +47,7 @@ from planner.errors import UserError
 from planner.profiler import analytic, measure
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
-from planner.profiler.storages import StorageTracker, storage_nbytes
+from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
 from planner.profiler.userfault import blame
 from planner.schema import LayerProfile, TiedSet
 from planner.tied import tied_params
@@ -254,7 +254,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
         loss_work = _loss_work(loss_fn, layer_outputs[-1], targets)
         with torch.no_grad():
             value = loss_fn(layer_outputs[-1], targets)
-            loss_value_bytes = value.numel() * value.element_size()
+            loss_value_bytes = counted_bytes(value.numel() * value.element_size(), value.device)
     tied = [TiedSet(layers=item.layers, param_count=item.param_count, param_bytes=item.param_bytes,
                     sum_ms=item.param_count * FP32 / (gpu.network_gb_per_s * 1e9) * 1e3)
             for item in tied_params(layers)]

@@ -34,7 +34,7 @@ from planner.optimizers import OPTIMIZERS, make_optimizer
 from planner.profiler import sanity
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
-from planner.profiler.storages import memory_tracker, storage_nbytes
+from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
 from planner.schema import LayerProfile, TiedSet
@@ -95,7 +95,7 @@ def measure_model(
         loss_transient = _loss_transient_bytes(loss_fn, layer_outputs[-1], targets)
         with torch.no_grad():  # the loss value itself is kept too, until backward and beyond
             value = loss_fn(layer_outputs[-1], targets)
-            loss_value_bytes = value.numel() * value.element_size()
+            loss_value_bytes = counted_bytes(value.numel() * value.element_size(), value.device)
     return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes + loss_value_bytes, loss_ms,
                        loss_transient, storage_nbytes(targets), warnings,
                        tied_sets(layers, device=inputs.device, warmup=warmup, repeats=repeats))

@@ -9,11 +9,15 @@ which is all the keys have to be.
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import partial
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from planner.allocator import block_bytes
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -22,7 +26,28 @@ def storage_key(tensor: torch.Tensor) -> int:
 
 def storage_nbytes(tensor: torch.Tensor) -> int:
     """Bytes of the whole storage behind `tensor`: a view keeps all of it alive."""
-    return tensor.untyped_storage().nbytes()
+    return counted_bytes(tensor.untyped_storage().nbytes(), tensor.device)
+
+
+_COUNTED_AS: ContextVar[str | None] = ContextVar("counted_as", default=None)
+
+
+@contextmanager
+def counted_as(device_type: str):
+    """Count every storage inside as `device_type`'s allocator would, whatever device it is
+    on: a fake profile for a GPU runs torch's CPU kernels on fake CPU tensors."""
+    token = _COUNTED_AS.set(device_type)
+    try:
+        yield
+    finally:
+        _COUNTED_AS.reset(token)
+
+
+def counted_bytes(nbytes: int, device: torch.device) -> int:
+    """A storage's bytes as its device's allocator counts them: on cuda (or inside
+    counted_as("cuda")) the caching allocator's 512-byte blocks (allocator.block_bytes),
+    elsewhere exact."""
+    return block_bytes(nbytes) if (_COUNTED_AS.get() or device.type) == "cuda" else nbytes
 
 
 class StorageTracker(TorchDispatchMode):
@@ -49,7 +74,7 @@ class StorageTracker(TorchDispatchMode):
         fresh = func is torch.ops.aten.lift_fresh.default
         arg_keys = set() if fresh else {storage_key(t) for t in _tensors((args, kwargs))}
         for tensor in _tensors(result):
-            self._track(tensor.untyped_storage(), arg_keys)
+            self._track(tensor.untyped_storage(), tensor.device, arg_keys)
         return result
 
     def __exit__(self, *exc_info):
@@ -60,8 +85,8 @@ class StorageTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
 
-    def _track(self, storage: torch.UntypedStorage, arg_keys: set[int]) -> None:
-        key, nbytes = storage._cdata, storage.nbytes()
+    def _track(self, storage: torch.UntypedStorage, device: torch.device, arg_keys: set[int]) -> None:
+        key, nbytes = storage._cdata, counted_bytes(storage.nbytes(), device)
         if nbytes == 0 or key in arg_keys or key in self._alive:
             return
         # Storage objects are preserved while their memory lives, so the callback

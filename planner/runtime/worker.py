@@ -84,6 +84,7 @@ class RankResult(BaseModel):
     host_bytes: int = 0  # the offloaded optimizer's host memory (0 without offload)
     device_name: str
     peak_bytes: int
+    reserved_bytes: int | None = None  # cuda: the caching allocator's reserved peak
     fwd_ms: float  # median per microbatch; the last stage's includes the loss forward
     bwd_ms: float  # median per microbatch, recompute included
     step_ms: list[float]  # wall time of schedule.step + optimizer step, between barriers
@@ -433,7 +434,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         heartbeat.stepped(done, total_steps)
     run.stage.recording = False
     log(f"stage {index} (rank {rank}): timed {job.steps} steps, median {_median(step_ms):.1f} ms; measuring memory")
-    peak_bytes = 0
+    peak_bytes, reserved = 0, None
     static = [static_bytes(run.module, run.optimizer)]  # between steps, and after every microbatch below
     run.stage.after_chunk = lambda: static.append(static_bytes(run.module, run.optimizer))
     for done in range(total_steps - job.memory_steps + 1, total_steps + 1):  # apart from timing: the tracker slows every op
@@ -442,6 +443,8 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
             losses += run.step()
             run.stage.before_forward = None
         peak_bytes = max(peak_bytes, mem.peak_bytes)
+        if mem.reserved_bytes is not None:
+            reserved = max(reserved or 0, mem.reserved_bytes)
         heartbeat.stepped(done, total_steps)
     run.stage.after_chunk = None
     log(f"stage {index} (rank {rank}): peak {format_bytes(peak_bytes)}")
@@ -458,6 +461,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         host_bytes=run.host_bytes(),
         device_name=device_name(device),
         peak_bytes=peak_bytes,
+        reserved_bytes=reserved,
         fwd_ms=_median(run.stage.fwd_ms) + _median(run.stage.loss_ms),
         bwd_ms=_median(run.stage.bwd_ms),
         step_ms=step_ms,
