@@ -162,7 +162,8 @@ def stage_columns(cost) -> list[str]:
     from planner.commands.solve_report import RESERVED_COLUMNS
 
     reserved = RESERVED_COLUMNS if any(c.reserved_bytes is not None for c in cost.stages) else []
-    return ["stage", "layers", "#", "ckpt", "peak", *reserved, "cap", "of cap", "fits", "time/mb"]
+    return ["stage", "layers", "#", "ckpt", "peak", *reserved, "cap", "of cap" if reserved else "peak / cap", "fits",
+            "time/mb"]
 
 
 def _print(setup, hand, hand_cost, best, rule: str) -> None:

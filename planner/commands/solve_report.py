@@ -67,7 +67,7 @@ def print_plan(plan, out: Path) -> None:
     if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:
         title += f", {setup.pipeline.parallel_stages} stages compute at once (shared cores)"
     memory = ["peak", *(RESERVED_COLUMNS if cuda else []), "cap"]
-    columns = ["stage", "layers", "#", "checkpointed", *memory, "of cap", "time/mb"]
+    columns = ["stage", "layers", "#", "checkpointed", *memory, "of cap" if cuda else "peak / cap", "time/mb"]
     if narrow():  # fits 80 columns: checkpointed layers as a count of the stage's, the bar as a percentage
         columns = ["stage", "layers", "ckpt", *memory, "% cap", "time/mb"]
         rows = [[row[0], row[1], f"{len(stage.checkpointed)}/{row[2]}", *row[4:]]
