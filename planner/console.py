@@ -51,13 +51,19 @@ def table(title: str, columns: list[str], rows: list[list[str]], *, right_from: 
     """A table whose columns from `right_from` on are numbers (right-aligned). Numbers, the
     first column and those named in `whole` (layer ranges) are never cut short or wrapped:
     the other text columns, and those named in `wrap`, give way on a narrow terminal."""
-    tbl = Table(title=title, title_justify="left", header_style="bold", pad_edge=not narrow())
+    widths = []
     for idx, name in enumerate(columns):
         keep = (idx == 0 or idx >= right_from or name in whole) and name not in wrap
         width = min(max((len(_plain(row[idx])) for row in rows), default=len(name)), 40) if keep else None
-        width = max(width, len(name)) if keep else None
+        widths.append(max(width, len(name)) if keep else None)
+    # the kept columns alone, with a space either side and a border each, past the terminal:
+    # one space between cells instead of two
+    tight = sum(w or 0 for w in widths) + 3 * len(columns) + 1 > console.width
+    tbl = Table(title=title, title_justify="left", header_style="bold", pad_edge=not (tight or narrow()),
+                collapse_padding=tight)
+    for idx, (name, width) in enumerate(zip(columns, widths)):
         tbl.add_column(name, justify="right" if idx >= right_from else "left",
-                       **({"no_wrap": True, "min_width": width} if keep else {}))
+                       **({"no_wrap": True, "min_width": width} if width is not None else {}))
     for row in rows:
         tbl.add_row(*row)
     return tbl
@@ -67,10 +73,18 @@ def bar(fraction: float, width: int = 20) -> str:
     """A text bar for 'used / cap'; past 100% it turns red. On a narrow terminal only the
     percentage, in the bar's colour."""
     filled = min(width, int(round(max(fraction, 0.0) * width)))
-    colour = "red" if fraction > 1.0 else ("yellow" if fraction > 0.9 else "green")
     if narrow():
-        return f"[{colour}]{fraction * 100:.1f}%[/]"
-    return f"[{colour}]{'█' * filled}{'·' * (width - filled)}[/] {fraction * 100:5.1f}%"
+        return percent(fraction)
+    return f"[{_colour(fraction)}]{'█' * filled}{'·' * (width - filled)}[/] {fraction * 100:5.1f}%"
+
+
+def percent(fraction: float) -> str:
+    """'used / cap' as a percentage in the bar's colour: where a table has no room for a bar."""
+    return f"[{_colour(fraction)}]{fraction * 100:.1f}%[/]"
+
+
+def _colour(fraction: float) -> str:
+    return "red" if fraction > 1.0 else ("yellow" if fraction > 0.9 else "green")
 
 
 def _plain(cell: str) -> str:

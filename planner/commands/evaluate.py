@@ -145,14 +145,17 @@ def _ckplan_plan(profile, setup, hand, *, time_limit_s: float, solver: str):
 def stage_rows(stages, cost) -> list[list[str]]:
     """One row per stage: layers, checkpointed, peak (and on cuda reserved and nccl) against
     cap, time per microbatch."""
-    from planner.commands.solve_report import _layer_range, device_bytes, reserved_columns
-    from planner.console import bar
+    from planner.commands.solve_report import _layer_range, _share, device_bytes, reserved_columns
     from planner.units import format_bytes, format_ms
 
+    def counts(stage, cuda: bool) -> list[str]:  # cuda: one column, room for the reserved ones
+        return [f"{len(stage.checkpointed)}/{len(stage.layers)}"] if cuda else \
+            [str(len(stage.layers)), str(len(stage.checkpointed))]
+
     return [
-        [str(stage.index), _layer_range(stage.layers), str(len(stage.layers)), str(len(stage.checkpointed)),
+        [str(stage.index), _layer_range(stage.layers), *counts(stage, c.reserved_bytes is not None),
          format_bytes(c.peak_bytes), *(reserved_columns(c.predicted()) if c.reserved_bytes is not None else []),
-         format_bytes(c.cap_bytes), bar(device_bytes(c.predicted()) / c.cap_bytes, width=10),
+         format_bytes(c.cap_bytes), _share(device_bytes(c.predicted()) / c.cap_bytes, c.reserved_bytes is not None),
          "yes" if c.fits else "[bold red]NO[/]" if c.fits_host else "[bold red]NO (host)[/]", format_ms(c.time_ms)]
         for stage, c in zip(stages, cost.stages)
     ]
@@ -161,9 +164,9 @@ def stage_rows(stages, cost) -> list[list[str]]:
 def stage_columns(cost) -> list[str]:
     from planner.commands.solve_report import RESERVED_COLUMNS
 
-    reserved = RESERVED_COLUMNS if any(c.reserved_bytes is not None for c in cost.stages) else []
-    return ["stage", "layers", "#", "ckpt", "peak", *reserved, "cap", "of cap" if reserved else "peak / cap", "fits",
-            "time/mb"]
+    if any(c.reserved_bytes is not None for c in cost.stages):
+        return ["stage", "layers", "ckpt", "peak", *RESERVED_COLUMNS, "cap", "% cap", "fits", "time/mb"]
+    return ["stage", "layers", "#", "ckpt", "peak", "cap", "peak / cap", "fits", "time/mb"]
 
 
 def _print(setup, hand, hand_cost, best, rule: str) -> None:

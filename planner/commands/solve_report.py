@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.console import bar, console, narrow, table
+from planner.console import bar, console, narrow, percent, table
 from planner.units import format_bytes, format_ms
 
 
@@ -33,6 +33,11 @@ def reserved_columns(predicted) -> list[str]:
 RESERVED_COLUMNS = ["reserved", "nccl"]
 
 
+def _share(fraction: float, cuda: bool) -> str:
+    """Of the cap: a bar, or on cuda, beside the reserved columns, a percentage."""
+    return percent(fraction) if cuda else bar(fraction, width=10)
+
+
 def reserved_note(setup) -> str:
     """How the reserved column is made (cuda plans)."""
     from planner import allocator
@@ -55,7 +60,7 @@ def print_plan(plan, out: Path) -> None:
             format_bytes(stage.predicted.peak_bytes),
             *(reserved_columns(stage.predicted) if cuda else []),
             format_bytes(caps[stage.index]),
-            bar(device_bytes(stage.predicted) / caps[stage.index], width=10),
+            _share(device_bytes(stage.predicted) / caps[stage.index], cuda),
             format_ms(stage.predicted.time_ms),
         ]
         for stage in plan.stages
@@ -67,8 +72,9 @@ def print_plan(plan, out: Path) -> None:
     if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:
         title += f", {setup.pipeline.parallel_stages} stages compute at once (shared cores)"
     memory = ["peak", *(RESERVED_COLUMNS if cuda else []), "cap"]
-    columns = ["stage", "layers", "#", "checkpointed", *memory, "of cap" if cuda else "peak / cap", "time/mb"]
-    if narrow():  # fits 80 columns: checkpointed layers as a count of the stage's, the bar as a percentage
+    columns = ["stage", "layers", "#", "checkpointed", *memory, "peak / cap", "time/mb"]
+    if narrow() or cuda:  # checkpointed layers as a count of the stage's, the bar as a percentage: 80
+        # columns, or room for the reserved peak and NCCL's buffers
         columns = ["stage", "layers", "ckpt", *memory, "% cap", "time/mb"]
         rows = [[row[0], row[1], f"{len(stage.checkpointed)}/{row[2]}", *row[4:]]
                 for row, stage in zip(rows, plan.stages)]
