@@ -52,10 +52,46 @@ class Arch:
     # attention to the last `sliding_window` tokens only (Mistral 7B v0.1): fewer attention
     # FLOPs past it; flash keeps the same bytes, and eager attention still builds all s² scores
     sliding_window: int | None = None
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k before rotary (q_norm, k_norm)
+    # Mixture of experts (num_experts 0: every MLP dense). A MoE layer's MLP is a router (a
+    # hidden x experts linear, top-k of its probabilities), `num_experts` routed SwiGLU experts of
+    # width moe_intermediate_size of which each token reaches `num_experts_per_tok`, and
+    # `num_shared_experts` SwiGLU experts of width shared_intermediate_size every token reaches
+    # (run as one SwiGLU of their summed width, as Hugging Face and Megatron-LM build them)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_intermediate_size: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(hidden -> 1 linear) scales the shared output
+    dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (intermediate_size) in a MoE model
+    # DeepSeek-V3's multi-token-prediction modules: recorded, not planned (see from_hf_config)
+    num_mtp_layers: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none). K and V are projected up
+    # from a kv_lora_rank latent; Q from a q_lora_rank latent (0: from the hidden state, V2-Lite).
+    # Each head's q and k are qk_nope_head_dim wide plus qk_rope_head_dim rotary dimensions (the
+    # k rotary part one per token, shared by the heads); v is v_head_dim wide.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer `index` has the mixture of experts as its MLP."""
+        return self.num_experts > 0 and index not in self.dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
     def canonical_json(self) -> str:
         """The dimensions that matter, as sorted JSON: what an analytic profile is pinned to."""
@@ -69,14 +105,18 @@ class Arch:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
-_LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None}
+_LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "num_experts": 0,
+                 "num_experts_per_tok": 0, "moe_intermediate_size": 0, "num_shared_experts": 0,
+                 "shared_intermediate_size": 0, "shared_expert_gate": False, "dense_layers": (),
+                 "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,
+                 "qk_nope_head_dim": 0, "v_head_dim": 0}
 
 
 def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, tied=False, qkv_bias=False,
-           sliding_window=None) -> Arch:
+           sliding_window=None, **moe_or_mla) -> Arch:
     return Arch(name=name, hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=heads,
                 num_kv_heads=kv, vocab_size=vocab, tie_word_embeddings=tied, max_position_embeddings=max_pos,
-                qkv_bias=qkv_bias, source=source, sliding_window=sliding_window)
+                qkv_bias=qkv_bias, source=source, sliding_window=sliding_window, **moe_or_mla)
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
@@ -95,6 +135,42 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     # config.json of Qwen/Qwen2.5-{7B,72B}; Qwen2.5 technical report 2024, Table 1 (q/k/v biases)
     _llama("qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, 131072, "Qwen/Qwen2.5-7B config.json", qkv_bias=True),
     _llama("qwen2.5-72b", 8192, 29568, 80, 64, 8, 152064, 131072, "Qwen/Qwen2.5-72B config.json", qkv_bias=True),
+    # Mixture of experts. config.json of mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1: each
+    # layer's MLP is 8 SwiGLU experts of width intermediate_size, top 2 (Jiang et al. 2024,
+    # "Mixtral of Experts", Table 1; 46.7B total / 12.9B active, and mistral.ai's Mixtral 8x22B
+    # announcement, 141B / 39B)
+    _llama("mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768,
+           "mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024, Mixtral of Experts, Table 1",
+           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336),
+    _llama("mixtral-8x22b", 6144, 16384, 56, 48, 8, 32000, 65536,
+           "mistralai/Mixtral-8x22B-v0.1 config.json; mistral.ai, Cheaper, Better, Faster, Stronger (2024)",
+           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16384),
+    # config.json of deepseek-ai/DeepSeek-V2-Lite: MLA without q compression (q_lora_rank null),
+    # layer 0 dense (first_k_dense_replace 1), then 64 routed experts top 6 and 2 shared, width
+    # 1408; DeepSeek-AI 2024, "DeepSeek-V2", Appendix B: 15.7B total, 2.4B activated
+    _llama("deepseek-v2-lite", 2048, 10944, 27, 16, 16, 102400, 163840,
+           "deepseek-ai/DeepSeek-V2-Lite config.json; DeepSeek-V2 paper (arXiv 2405.04434), Appendix B",
+           num_experts=64, num_experts_per_tok=6, moe_intermediate_size=1408, num_shared_experts=2,
+           shared_intermediate_size=1408, dense_layers=(0,), kv_lora_rank=512, qk_rope_head_dim=64,
+           qk_nope_head_dim=128, v_head_dim=128),
+    # config.json of deepseek-ai/DeepSeek-V3: layers 0-2 dense (first_k_dense_replace 3), then 256
+    # routed experts top 8 and 1 shared, width 2048; MLA with q_lora_rank 1536. DeepSeek-AI 2024,
+    # "DeepSeek-V3 Technical Report" §2: 671B total, 37B activated. Its one multi-token-prediction
+    # module (num_nextn_predict_layers 1; 14B more in the checkpoint's 685B) is not part of the 671B
+    # and not planned here: the 61 layers of the main model are.
+    _llama("deepseek-v3", 7168, 18432, 61, 128, 128, 129280, 163840,
+           "deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 Technical Report (arXiv 2412.19437) §2, "
+           "main model without its MTP module",
+           num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, num_shared_experts=1,
+           shared_intermediate_size=2048, dense_layers=(0, 1, 2), kv_lora_rank=512, q_lora_rank=1536,
+           qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
+    # config.json of Qwen/Qwen3-30B-A3B: 128 experts top 8 of width 768 in every layer
+    # (decoder_sparse_step 1, mlp_only_layers []), head_dim 128, q/k norms; its model card: 30.5B
+    # total, 3.3B activated
+    Arch(name="qwen3-30b-a3b", hidden_size=2048, intermediate_size=6144, num_layers=48, num_heads=32,
+         num_kv_heads=4, vocab_size=151936, tie_word_embeddings=False, max_position_embeddings=40960,
+         head_dim=128, qk_norm=True, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+         source="Qwen/Qwen3-30B-A3B config.json and model card; Qwen3 Technical Report (arXiv 2505.09388)"),
     # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1 (d_model 12288, 96 layers,
     # 96 heads, context 2048), GPT-2's BPE vocabulary of 50257, tied embeddings, 4h MLP with GELU
     Arch(name="gpt3-175b", hidden_size=12288, intermediate_size=4 * 12288, num_layers=96, num_heads=96,
@@ -229,27 +305,36 @@ def arch(name: str) -> Arch:
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 # families whose MLP is gated (gate and up projections, then down): SiLU-gated (SwiGLU) or, in
 # Gemma, GELU-gated (GeGLU), which keeps the same four f-wide tensors
-GATED_TYPES = ("llama", "mistral", "qwen2", "gemma")
+GATED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+# gated-MLP families with a mixture of experts (and DeepSeek's latent attention)
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 _GATED_ACTS = ("silu", "swish")
 GPT_TYPES = ("gpt2", "opt")  # LayerNorm, a two-matrix MLP, biases, learned positions, dropout
+_QWEN_MOE = ("qwen2_moe", "qwen3_moe")
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 
 
 def from_hf_config(config: object, *, where: str, name: str) -> Arch:
     """An Arch from a Hugging Face-style config.json (already parsed): gated-MLP decoders
-    (LLaMA, Mistral, Qwen2, Gemma, or any config with a SiLU MLP) and GPT-style ones (GPT-2,
-    OPT). `where` names the file in error messages."""
+    (LLaMA, Mistral, Qwen2, Qwen3, Gemma, or any config with a SiLU MLP), their mixture-of-experts
+    kin (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3 with latent attention) and GPT-style ones
+    (GPT-2, OPT). `where` names the file in error messages."""
     if not isinstance(config, dict):
         raise UserError(f"{where} is not a JSON object of model settings; pass a Hugging Face config.json")
-    _refuse_unmodelled(config, where)
     model_type = config.get("model_type", "")
+    _refuse_unmodelled(config, where, model_type)
     if model_type == "gpt2":
         return _gpt2(config, where, name)
     if model_type == "opt":
         return _opt(config, where, name)
-    if model_type and model_type not in GATED_TYPES:
+    if model_type and model_type not in (*GATED_TYPES, *MOE_TYPES):
         raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
-                        f"{', '.join((*GATED_TYPES, *GPT_TYPES))} configs (one without model_type is read as "
-                        "LLaMA-style)")
+                        f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
+                        "is read as LLaMA-style)")
+    return _checked_heads(_gated(config, where, name, model_type), where)
+
+
+def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
     for key in ("attention_dropout", "hidden_dropout"):
         if config.get(key) not in (None, 0, 0.0):
             raise UserError(f"{where}: {key} = {config[key]!r}; dropout is not modelled for gated-MLP "
@@ -268,14 +353,146 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
                         f"--arch-config reads gated-MLP decoders ({', '.join(GATED_TYPES)}, or hidden_act "
                         f"'silu') and GPT-style ones ({', '.join(GPT_TYPES)})")
     tied = _bool(config, "tie_word_embeddings", where, default=model_type == "gemma")
-    qkv_bias = _bool(config, "attention_bias", where, default=model_type == "qwen2")
-    arch = Arch(name=name, hidden_size=dims["hidden_size"], intermediate_size=dims["intermediate_size"],
-                num_layers=dims["num_hidden_layers"], num_heads=dims["num_attention_heads"], num_kv_heads=kv,
-                vocab_size=dims["vocab_size"], tie_word_embeddings=tied,
-                max_position_embeddings=_optional_int(config, "max_position_embeddings", where),
-                qkv_bias=qkv_bias, head_dim=_optional_int(config, "head_dim", where),
-                sliding_window=_sliding_window(config, where), source=where)
-    return _checked_heads(arch, where)
+    # Qwen2-MoE names its q/k/v biases qkv_bias (on unless told, as in Qwen1.5-MoE's configs)
+    qkv_bias = (_bool(config, "qkv_bias", where, default=True) if model_type == "qwen2_moe" else
+                _bool(config, "attention_bias", where, default=model_type == "qwen2"))
+    mla = _latent_attention(config, where) if model_type in _DEEPSEEK else {}
+    if mla and qkv_bias:
+        raise UserError(f"{where}: attention_bias is true; latent attention is read without biases on its "
+                        "projections: set it to false")
+    return Arch(name=name, hidden_size=dims["hidden_size"], intermediate_size=dims["intermediate_size"],
+                num_layers=dims["num_hidden_layers"], num_heads=dims["num_attention_heads"],
+                num_kv_heads=dims["num_attention_heads"] if mla else kv, vocab_size=dims["vocab_size"],
+                tie_word_embeddings=tied, max_position_embeddings=_optional_int(config, "max_position_embeddings", where),
+                qkv_bias=qkv_bias,
+                # transformers writes DeepSeek's qk_rope_head_dim as head_dim; MLA's widths are its own
+                head_dim=None if mla else _optional_int(config, "head_dim", where),
+                sliding_window=_sliding_window(config, where), qk_norm=model_type in ("qwen3", "qwen3_moe"),
+                source=where, **_experts(config, where, model_type, dims), **mla)
+
+
+def _experts(config: dict, where: str, model_type: str, dims: dict) -> dict:
+    """The mixture of experts of a MoE config, as Arch fields (none for a dense type), with the
+    layers each family keeps dense: DeepSeek the first first_k_dense_replace (and, in its own
+    modelling code, those off every moe_layer_freq-th); Qwen those in mlp_only_layers or off every
+    decoder_sparse_step-th (Hugging Face's Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer)."""
+    if model_type not in MOE_TYPES:
+        return {}
+    layers = dims["num_hidden_layers"]
+    experts = _expert_count(config, where, _EXPERTS[model_type])
+    top_k = _need(config, "num_experts_per_tok", where)
+    if top_k > experts:
+        raise UserError(f"{where}: num_experts_per_tok {top_k} exceeds the {experts} experts; fix the config")
+    if model_type == "mixtral":  # every layer: experts of the dense width
+        if config.get("router_jitter_noise"):
+            raise UserError(f"{where}: router_jitter_noise = {config['router_jitter_noise']!r} multiplies the "
+                            "router's input by noise it keeps for backward, which is not modelled: set it to 0")
+        return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=dims["intermediate_size"])
+    width = _need(config, "moe_intermediate_size", where)
+    if model_type in _QWEN_MOE:
+        step = _optional_int(config, "decoder_sparse_step", where) or 1
+        only = _layer_list(config, "mlp_only_layers", where, layers)
+        shared = (dict(num_shared_experts=1, shared_expert_gate=True,
+                       shared_intermediate_size=_need(config, "shared_expert_intermediate_size", where))
+                  if model_type == "qwen2_moe" else {})
+        return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
+                    dense_layers=tuple(i for i in range(layers) if i in only or (i + 1) % step), **shared)
+    first = _count(config, "first_k_dense_replace", where)
+    every = _optional_int(config, "moe_layer_freq", where) or 1
+    shared = _count(config, "n_shared_experts", where)
+    # DeepSeek-V3's multi-token-prediction modules (num_nextn_predict_layers) are a training
+    # objective beside the model: Hugging Face's DeepseekV3ForCausalLM does not build them (it
+    # drops their weights on load) and the published 671B leaves them out. Recorded, not planned;
+    # the profile says so.
+    return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
+                num_shared_experts=shared, shared_intermediate_size=width if shared else 0,
+                dense_layers=tuple(i for i in range(layers) if i < first or i % every),
+                num_mtp_layers=_count(config, "num_nextn_predict_layers", where))
+
+
+# the routed-expert count's name in each family's config.json; Qwen3-MoE's published configs say
+# num_experts, transformers 5 writes num_local_experts (its attribute map)
+_EXPERTS = {"mixtral": ("num_local_experts",), "qwen2_moe": ("num_experts",),
+            "qwen3_moe": ("num_experts", "num_local_experts"), "deepseek_v2": ("n_routed_experts",),
+            "deepseek_v3": ("n_routed_experts",)}
+
+
+def _expert_count(config: dict, where: str, names: tuple[str, ...]) -> int:
+    given = {name: _positive_int(config, name, where) for name in names if config.get(name) is not None}
+    if not given:
+        raise UserError(f"{where} has no {' or '.join(names)}; a {config['model_type']} config needs its expert count")
+    if len(set(given.values())) > 1:
+        raise UserError(f"{where}: {' and '.join(f'{k} = {v}' for k, v in given.items())} disagree; give one")
+    return next(iter(given.values()))
+
+
+def _latent_attention(config: dict, where: str) -> dict:
+    """DeepSeek's multi-head latent attention; q_lora_rank null: queries straight from the hidden
+    state (DeepSeek-V2-Lite)."""
+    fields = {key: _need(config, key, where) for key in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                                         "v_head_dim")}
+    return dict(**fields, q_lora_rank=_optional_int(config, "q_lora_rank", where) or 0)
+
+
+# Mixture-of-experts and latent-attention fields, and the model_types whose readers read them. In
+# any other config such a field is refused: read as absent it would plan a MoE model as dense
+# (read as a dense LLaMA, a Mixtral-8x7B config gave 7.2B parameters instead of 46.7B, issue 19).
+# Read and charged nothing, as they change no memory or FLOPs the profile counts beside what it
+# charges: DeepSeek's group-limited routing (n_group, topk_group, topk_method) picks which
+# experts a token reaches, not how many (its group scores are tokens x groups, small beside the
+# tokens x experts probabilities charged); scoring_func softmax or sigmoid keeps one fp32
+# probability per expert either way; routed_scaling_factor and norm_topk_prob rescale the
+# tokens x top-k routing weights. The load-balancing loss (router_aux_loss_coef, aux_loss_alpha,
+# seq_aux) is computed from the kept probabilities.
+_MOE_FIELDS = {
+    "num_local_experts": ("mixtral", "qwen3_moe"), "num_experts": _QWEN_MOE, "n_routed_experts": _DEEPSEEK,
+    "num_experts_per_tok": MOE_TYPES, "moe_intermediate_size": (*_QWEN_MOE, *_DEEPSEEK),
+    "shared_expert_intermediate_size": ("qwen2_moe",), "n_shared_experts": _DEEPSEEK,
+    "decoder_sparse_step": _QWEN_MOE, "mlp_only_layers": _QWEN_MOE, "first_k_dense_replace": _DEEPSEEK,
+    "moe_layer_freq": _DEEPSEEK, "router_jitter_noise": ("mixtral",), "num_nextn_predict_layers": _DEEPSEEK,
+    "n_group": _DEEPSEEK, "topk_group": _DEEPSEEK, "topk_method": _DEEPSEEK, "scoring_func": _DEEPSEEK,
+    "routed_scaling_factor": _DEEPSEEK, "norm_topk_prob": (*_QWEN_MOE, *_DEEPSEEK),
+    "kv_lora_rank": _DEEPSEEK, "q_lora_rank": _DEEPSEEK, "qk_rope_head_dim": _DEEPSEEK,
+    "qk_nope_head_dim": _DEEPSEEK, "v_head_dim": _DEEPSEEK,
+}
+_SOFTCAPPING = ("attn_logit_softcapping", "final_logit_softcapping")
+
+
+def _refuse_unmodelled(config: dict, where: str, model_type: str) -> None:
+    """One sentence naming the first field of a kind ckplan would otherwise read as absent."""
+    for key in _SOFTCAPPING:
+        if config.get(key) not in (None, 0, False):
+            raise UserError(f"{where}: logit soft-capping is not modelled (it keeps more of the logits for backward; "
+                            f"field {key} = {config[key]!r}); ckplan would predict too little memory")
+    for key, readers in _MOE_FIELDS.items():
+        value = config.get(key)
+        if value not in (None, 0, False, []) and model_type not in readers:
+            raise UserError(f"{where}: {key} = {value!r} is a mixture-of-experts or latent-attention setting that "
+                            f"is not read for model_type {model_type or 'unset'!r}, and read as absent it would plan "
+                            f"the model as dense with far too little memory; --arch-config reads it for model_type "
+                            f"{', '.join(readers)}")
+
+
+def _need(config: dict, key: str, where: str) -> int:
+    if config.get(key) is None:
+        raise UserError(f"{where} has no {key}; a {config.get('model_type') or 'mixture-of-experts'} config needs it")
+    return _positive_int(config, key, where)
+
+
+def _count(config: dict, key: str, where: str) -> int:
+    """A count that may be 0 or absent (0)."""
+    value = config.get(key) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(f"{where}: {key} must be a whole number of 0 or more, got {value!r}")
+    return value
+
+
+def _layer_list(config: dict, key: str, where: str, num_layers: int) -> list[int]:
+    value = config.get(key) or []
+    if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers
+                                          for i in value):
+        raise UserError(f"{where}: {key} must be a list of layer indices from 0 to {num_layers - 1}, got {value!r}")
+    return value
 
 
 def _gpt2(config: dict, where: str, name: str) -> Arch:
@@ -338,35 +555,13 @@ def _sliding_window(config: dict, where: str) -> int | None:
 
 
 def _checked_heads(arch: Arch, where: str) -> Arch:
-    if arch.head_dim is None and arch.hidden_size % arch.num_heads:
+    if arch.head_dim is None and not arch.mla and arch.hidden_size % arch.num_heads:
         raise UserError(f"{where}: hidden_size {arch.hidden_size} is not a multiple of num_attention_heads "
                         f"{arch.num_heads}; fix the config or give head_dim")
     if arch.num_heads % arch.num_kv_heads:
         raise UserError(f"{where}: num_attention_heads {arch.num_heads} is not a multiple of "
                         f"num_key_value_heads {arch.num_kv_heads}")
     return arch
-
-
-# Config fields that change a model's memory in ways the analytic profile does not model: read as a
-# dense LLaMA, a Mixtral-8x7B config gave 7.2B parameters instead of 46.7B (issue 19).
-_UNMODELLED = (
-    ("mixture-of-experts models are not planned yet", ("num_local_experts", "num_experts", "n_routed_experts",
-                                                        "num_experts_per_tok", "moe_intermediate_size",
-                                                        "n_shared_experts")),
-    ("multi-head latent attention is not modelled yet", ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim")),
-    ("logit soft-capping is not modelled (it keeps more of the logits for backward)",
-     ("attn_logit_softcapping", "final_logit_softcapping")),
-)
-
-
-def _refuse_unmodelled(config: dict, where: str) -> None:
-    """One sentence naming the first field of a kind ckplan would otherwise read as absent."""
-    for what, keys in _UNMODELLED:
-        for key in keys:
-            value = config.get(key)
-            if value not in (None, 0, False):
-                raise UserError(f"{where}: {what} (field {key} = {value!r}); ckplan would read this config as a "
-                                "dense LLaMA-style model and predict far too little memory")
 
 
 def _positive_int(config: dict, key: str, where: str) -> int:

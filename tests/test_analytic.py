@@ -381,7 +381,7 @@ def test_measured_profile_needs_mem(tmp_path):
     ({"num_attention_heads": 15}, "hidden_size 896 is not a multiple of num_attention_heads 15"),
     ({"num_key_value_heads": 3}, "num_attention_heads 14 is not a multiple of num_key_value_heads 3"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' with model_type 'qwen2' is not read"),
-    ({"model_type": "qwen3"}, "model_type 'qwen3' is not read"),
+    ({"model_type": "qwen3_next"}, "model_type 'qwen3_next' is not read"),
     ({"attention_dropout": 0.1}, "attention_dropout = 0.1; dropout is not modelled"),
     ({"mlp_bias": True}, "mlp_bias is true"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
@@ -429,13 +429,14 @@ LLAMA_LIKE = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 1
 
 
 @pytest.mark.parametrize("extra, sentence", [
-    # Mixtral-8x7B's config.json (mistralai/Mixtral-8x7B-v0.1)
-    ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2},
-     "mixture-of-experts models are not planned yet (field num_local_experts = 8)"),
-    # DeepSeek-V2-Lite's (deepseek-ai/DeepSeek-V2-Lite): experts and latent attention
+    # Mixtral-8x7B's expert fields under a model_type that is not read with them
+    ({"model_type": "llama", "num_local_experts": 8, "num_experts_per_tok": 2},
+     "num_local_experts = 8 is a mixture-of-experts or latent-attention setting that is not read for model_type "
+     "'llama'"),
+    # DeepSeek-V2-Lite's (deepseek-ai/DeepSeek-V2-Lite) experts and latent attention, its own fields missing
     ({"model_type": "deepseek_v2", "n_routed_experts": 64, "kv_lora_rank": 512, "q_lora_rank": None},
-     "mixture-of-experts models are not planned yet (field n_routed_experts = 64)"),
-    ({"kv_lora_rank": 512, "qk_rope_head_dim": 64}, "multi-head latent attention is not modelled yet"),
+     "has no qk_rope_head_dim"),
+    ({"kv_lora_rank": 512, "qk_rope_head_dim": 64}, "kv_lora_rank = 512 is a mixture-of-experts or latent-attention"),
     # Gemma 2's (google/gemma-2-9b)
     ({"model_type": "gemma2", "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
      "logit soft-capping is not modelled"),

@@ -36,12 +36,24 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     plan = io.load_plan(plan_path)
     profile = _profile_of(plan, plan_path, profile_path)
     _check_plan(plan, profile, plan_path)
+    _refuse_experts(profile, target)
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
     if out is None:
         out = plan_path.with_name(plan_path.stem + result.suffix)
         io.check_outputs({"--out": out}, inputs={"PLAN": plan_path, "--profile": Path(plan.profile.file)})
     io.write_atomic(out, result.text)
     _report(plan, result, out)
+
+
+def _refuse_experts(profile, target: str) -> None:
+    """Exports write dense models' flags; a mixture of experts or latent attention would be
+    exported as a dense model (no expert or MLA flags) until its exports are written."""
+    model = profile.assumptions.get("model")
+    if isinstance(model, dict) and (model.get("num_experts") or model.get("kv_lora_rank")):
+        what = "mixture-of-experts" if model.get("num_experts") else "multi-head latent attention"
+        raise UserError(f"the plan's model is a {what} model, whose {target} flags (experts, routing, expert "
+                        "parallelism, latent attention) ckplan does not write yet; its plan and peaks stand, "
+                        "but export it by hand")
 
 
 def _profile_of(plan, plan_path: Path, profile_path: Path | None):

@@ -11,7 +11,7 @@ from planner.errors import UserError
 
 # options that only the measured profiler reads, and those only the analytic one reads
 MEASURED_ONLY = ("device", "warmup", "repeats", "threads", "timeout_s")
-ANALYTIC_ONLY = ("seq_len", "tp", "sp", "attention", "gpu", "mfu")
+ANALYTIC_ONLY = ("seq_len", "tp", "sp", "attention", "gpu", "mfu", "capacity_factor")
 
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -31,7 +31,8 @@ def options(command):
                      help=f"Profile a published architecture without running it, instead of measuring "
                           f"MODEL.py: {', '.join(ARCHS)}."),
         click.option("--arch-config", type=click.Path(path_type=Path), default=None,
-                     help="Like --arch, from a Hugging Face-style config.json (llama, mistral, qwen2, gemma, gpt2, opt)."),
+                     help="Like --arch, from a Hugging Face-style config.json (llama, mistral, qwen2, qwen3, gemma, "
+                          "mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt2, opt)."),
         click.option("--seq-len", type=click.IntRange(min=1), default=None,
                      help="With --arch (required) or --hf-config (default 256): tokens per sequence."),
         click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
@@ -44,6 +45,12 @@ def options(command):
                           f"`ckplan solve`'s default --mem: {', '.join(GPUS)} (h100 = h100-sxm)."),
         click.option("--mfu", type=click.FloatRange(min=0, max=1, min_open=True), default=DEFAULT_MFU,
                      show_default=True, help="With --arch: model FLOPs utilisation the times assume."),
+        click.option("--capacity-factor", type=click.FloatRange(min=0, min_open=True), default=1.0,
+                     show_default=True,
+                     help="With a mixture-of-experts --arch: tokens each expert holds = factor x tokens x top-k / "
+                          "experts, every expert charged at that capacity (memory and FLOPs). 1 is perfect balance, "
+                          "the mean; the worst case, every token routed to one expert, is experts / top-k "
+                          "(4 for Mixtral's 8 experts, top 2)."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -112,7 +119,8 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
-        seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float) -> None:
+        seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float,
+        capacity_factor: float = 1.0) -> None:
     from pydantic import ValidationError
 
     from planner import archs, io
@@ -126,7 +134,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     spec, model_ref = _arch(arch, arch_config)
     device = archs.gpu(gpu)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
-                  dtype=dtype)
+                  dtype=dtype, capacity_factor=capacity_factor)
     try:
         profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref)
     except ValidationError as exc:  # e.g. a layer's bytes past an exbibyte: no device holds that
@@ -173,24 +181,28 @@ def _arch(arch: str | None, arch_config: Path | None):
 
 def _report(profile, spec, shape, out: Path) -> None:
     from planner.console import console, info, table, warn
+    from planner.profiler.analytic import active_params, total_params
     from planner.units import format_bytes
 
-    layers = profile.layers
-    blocks = layers[1:-1]
-    groups = [(layers[0].name, [layers[0]]), (f"{blocks[0].name} … {blocks[-1].name}", blocks),
-              (layers[-1].name, [layers[-1]])]
-    rows = [[name, same[0].kind, f"× {len(same)}", f"{same[0].fwd_ms:.3f}", f"{same[0].bwd_ms:.3f}",
+    rows = [[_span(same), same[0].kind, f"× {len(same)}", f"{same[0].fwd_ms:.3f}", f"{same[0].bwd_ms:.3f}",
              format_bytes(same[0].act_bytes), format_bytes(same[0].input_bytes), f"{same[0].param_count:,}"]
-            for name, same in groups]
+            for same in _runs(profile.layers)]
     facts = profile.assumptions
     title = (f"{profile.name}: analytic, per {facts['gpu']} at MFU {facts['mfu']:g}, {profile.dtype}, "
              f"{facts['attention']} attention")
     console.print(table(title, ["layer", "kind", "count", "fwd ms", "bwd ms", "kept", "input", "params/device"],
                         rows, right_from=2))
-    params = sum(layer.param_count for layer in layers)
-    kept = sum(layer.act_bytes for layer in layers)
+    params = sum(layer.param_count for layer in profile.layers)
+    kept = sum(layer.act_bytes for layer in profile.layers)
     info(f"per device: {params:,} parameters, {format_bytes(kept)} of activations kept per microbatch without "
          f"checkpointing; loss keeps {format_bytes(profile.loss_bytes)} (fp32 softmax over the logits)")
+    if spec.num_experts:
+        info(f"{spec.name}: {total_params(spec):,} parameters, {active_params(spec):,} active per token; each expert "
+             f"charged {facts['expert_tokens']:,} tokens per microbatch at --capacity-factor "
+             f"{facts['capacity_factor']:g} (worst case {spec.num_experts / spec.num_experts_per_tok:g})")
+    if spec.num_mtp_layers:
+        warn(f"{spec.name}'s {spec.num_mtp_layers} multi-token-prediction module(s) are not planned: the profile is "
+             "the main model's")
     info(f"times assume {facts['gpu_bf16_tflops']:g} TFLOP/s × MFU {facts['mfu']:g} (--mfu); "
          f"`ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}, what a process can "
          f"allocate on the {facts['gpu']}")
@@ -198,3 +210,18 @@ def _report(profile, spec, shape, out: Path) -> None:
         warn(f"--seq-len {shape.seq_len} exceeds {spec.name}'s max_position_embeddings "
              f"{spec.max_position_embeddings}")
     info(f"wrote {out}")
+
+
+def _runs(layers: list) -> list[list]:
+    """Consecutive layers of one kind (a MoE model's dense blocks apart from its MoE blocks)."""
+    runs: list[list] = []
+    for layer in layers:
+        if runs and runs[-1][0].kind == layer.kind:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return runs
+
+
+def _span(same: list) -> str:
+    return same[0].name if len(same) == 1 else f"{same[0].name} … {same[-1].name}"

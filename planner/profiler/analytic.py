@@ -51,6 +51,15 @@ accounting:
 Under TP the attention and MLP inner tensors are split /t (K/V at
 max(kv/t, 1) heads per device), norms and block inputs are replicated unless SP.
 
+Mixture of experts and multi-head latent attention (derived here, term by term in the same
+accounting; `moe_terms`, `mla_terms` and their parameter and FLOP counterparts say each term):
+a MoE block keeps its router's fp32 probabilities and top-k choice, the tokens dispatched to
+each expert, each expert's SwiGLU over its tokens, the outputs the routing weights multiply, and
+the shared experts as a dense SwiGLU; an MLA block keeps its latents (norm input and output)
+and the up-projected Q, K and V. Routing is data-dependent: each expert is charged
+capacity_factor · tokens · top_k / experts tokens (Shape.capacity_factor, 1 = balanced), its
+FLOPs likewise (top-k experts per token, not all). MoE blocks are their own layer kind.
+
 FLOPs (forward, per device; multiply-add = 2 FLOPs). GPT block: Narayanan et al.
 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", §5.1:
 24·b·s·h²·(1 + s/(6h)) = Q/K/V 6bsh², scores and scores·V 4bs²h, output
@@ -75,6 +84,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -107,6 +117,12 @@ class Shape:
     sp: bool = False
     attention: Attention = "flash"
     dtype: str = "bfloat16"
+    # Mixture of experts: tokens each expert holds = capacity_factor x tokens x top_k / experts.
+    # Routing is data-dependent; 1.0 charges the mean (perfect balance), experts / top_k the worst
+    # case (every token to one expert, which then holds them all), every expert at that capacity
+    # as capacity-padded dispatch allocates (GShard; Megatron-LM's --moe-expert-capacity-factor
+    # with --moe-pad-expert-input-to-capacity)
+    capacity_factor: float = 1.0
 
     @property
     def d(self) -> int:
@@ -133,11 +149,21 @@ class Term:
 
 
 def check_fits(arch: Arch, shape: Shape) -> None:
-    """Refuse a tensor-parallel split the frameworks refuse."""
+    """Refuse a tensor-parallel split the frameworks refuse, and a capacity factor past the worst case."""
     t = shape.tp
-    if arch.num_heads % t or arch.intermediate_size % t:
-        raise UserError(f"--tp {t} does not divide {arch.name}'s {arch.num_heads} attention heads and "
-                        f"intermediate size {arch.intermediate_size}; choose a --tp that divides both")
+    dense = arch.num_moe_layers < arch.num_layers
+    widths = [arch.intermediate_size] * dense + [arch.moe_intermediate_size] * (arch.num_moe_layers > 0) + \
+        [arch.num_shared_experts * arch.shared_intermediate_size] * (arch.num_shared_experts > 0)
+    if arch.num_heads % t or any(width % t for width in widths):
+        raise UserError(f"--tp {t} does not divide {arch.name}'s {arch.num_heads} attention heads and MLP "
+                        f"widths {', '.join(map(str, widths))}; choose a --tp that divides them")
+    worst = arch.num_experts / arch.num_experts_per_tok if arch.num_experts else 0.0
+    if arch.num_experts and not 0 < shape.capacity_factor <= worst:
+        raise UserError(f"--capacity-factor {shape.capacity_factor:g} is outside (0, {worst:g}] for {arch.name}: "
+                        f"{worst:g} (experts / top-k) already puts every token on one expert")
+    if not arch.num_experts and shape.capacity_factor != 1.0:
+        raise UserError(f"--capacity-factor applies to mixture-of-experts models; {arch.name} has no experts: "
+                        "drop it")
     if arch.num_kv_heads % t and t % arch.num_kv_heads:
         raise UserError(f"--tp {t} and {arch.name}'s {arch.num_kv_heads} K/V heads do not divide one "
                         "another; choose a --tp that does")
@@ -174,12 +200,12 @@ def _norm_terms(arch: Arch, shape: Shape, which: str) -> list[Term]:
     ]
 
 
-def _attention_core_terms(arch: Arch, shape: Shape) -> list[Term]:
+def _attention_core_terms(arch: Arch, shape: Shape, out_width: int) -> list[Term]:
     """What attention itself keeps beyond Q, K and V: scores (eager) or statistics (flash),
-    and the output projection's input."""
+    and the output projection's input (`out_width` per token on this device)."""
     s, b, d, t = shape.seq_len, shape.micro_batch_size, shape.d, shape.tp
     heads = arch.num_heads // t
-    out = Term("attention output (output projection input)", s * b * q_width(arch, shape) * d,
+    out = Term("attention output (output projection input)", s * b * out_width * d,
                f"{KORTHIKANTI}: output projection input 2sbh")
     if shape.attention == "flash":
         return [Term("softmax statistics, logsumexp (fp32 per head and token)", FP32 * heads * s * b, FLASH), out]
@@ -192,24 +218,135 @@ def _attention_core_terms(arch: Arch, shape: Shape) -> list[Term]:
     return terms + [out]
 
 
-def llama_block_terms(arch: Arch, shape: Shape) -> list[Term]:
-    """Kept bytes of a LLaMA-style block, term by term (see the module docstring)."""
+def gqa_terms(arch: Arch, shape: Shape) -> list[Term]:
+    """Grouped-query attention after its norm: the shared Q/K/V input, Q at a·hd, K and V at
+    kv·hd (Qwen3 first normalises each head's q and k: the norms keep their inputs and 1/rms)."""
     sb, d, r, h = shape.tokens, shape.d, shape.sp_div, arch.hidden_size
-    f = arch.intermediate_size // shape.tp
+    q, kv = q_width(arch, shape), kv_width(arch, shape)
+    qk_norm = [Term("q and k norm inputs (per-head RMSNorm)", sb * (q + kv) * d, FUSED_NORM),
+               Term("q and k norm statistics (fp32 per head and token)",
+                    FP32 * sb * (q + kv) // arch.head_size, FUSED_NORM)] if arch.qk_norm else []
+    return [
+        Term("Q/K/V projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
+        *qk_norm,
+        Term("Q after rotary", sb * q * d, f"{KORTHIKANTI}: Q of QK^T 2sbh"),
+        Term("K after rotary (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: K of QK^T 2sbh, GQA width"),
+        Term("V (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
+        *_attention_core_terms(arch, shape, q),
+    ]
+
+
+def mla_terms(arch: Arch, shape: Shape) -> list[Term]:
+    """Multi-head latent attention (DeepSeek-V2 §2.1, as Hugging Face's DeepseekV2Attention and
+    Megatron-LM's MLASelfAttention run it), term by term in the block accounting:
+    - the down projections' shared input, the norm output (d·sbh, /t under SP);
+    - each latent's RMSNorm keeps its input and 1/rms (d·sb·r + 4sb), its output is the up
+      projection's input (d·sb·r): the query latent (q_lora_rank; none in V2-Lite, whose q is
+      projected from the hidden state) and the K/V latent (kv_lora_rank). The down projections
+      are replicated over the tensor-parallel group (Megatron-LM builds them 'duplicated'), so
+      the latents are whole on every device;
+    - Q: each head's up-projected nope part and its rotated rope part, concatenated
+      (d·sb·a·(nope + rope)); K: the up-projected nope part and the one rotated rope part of the
+      token copied to every head (the same width); V: d·sb·a·v_head_dim. Rotary keeps nothing
+      beyond its output, as in the GQA block;
+    - flash's logsumexp and the output O (a·v_head_dim wide), or eager's scores, as for GQA."""
+    sb, d, r, h = shape.tokens, shape.d, shape.sp_div, arch.hidden_size
+    heads = arch.num_heads // shape.tp
+    qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+    source = "DeepSeek-V2 §2.1 (MLA); norms as " + FUSED_NORM
+    latents = [arch.q_lora_rank, arch.kv_lora_rank] if arch.q_lora_rank else [arch.kv_lora_rank]
+    return [
+        Term("Q and K/V down-projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
+        *(term for rank in latents for term in (
+            Term(f"latent of width {rank}: its norm's input", sb * rank * d, source),
+            Term(f"latent of width {rank}: its norm's statistics (fp32 per token)", FP32 * sb, source),
+            Term(f"latent of width {rank}: its norm's output (up-projection input)", sb * rank * d, source))),
+        Term("Q: nope parts and rotated rope parts, all heads", sb * heads * qk * d, source),
+        Term("K: up-projected nope parts and the token's rotated rope part per head", sb * heads * qk * d, source),
+        Term("V", sb * heads * arch.v_head_dim * d, source),
+        *_attention_core_terms(arch, shape, heads * arch.v_head_dim),
+    ]
+
+
+def _swiglu_terms(tokens: int, width: int, d: int, which: str) -> list[Term]:
+    """A SwiGLU MLP of `width` over `tokens` tokens keeps four width-wide tensors: the gate output
+    (SiLU's input), SiLU's output and the up output (the product's two factors) and the product
+    (the down projection's input), where GELU's 4h MLP keeps two (Korthikanti's 8sbh each)."""
     swiglu = "SwiGLU for the paper's GELU 8sbh"
     return [
+        Term(f"{which}gate projection output (SiLU input)", tokens * width * d, swiglu),
+        Term(f"{which}SiLU output (first factor)", tokens * width * d, swiglu),
+        Term(f"{which}up projection output (second factor)", tokens * width * d, swiglu),
+        Term(f"{which}product (down projection input)", tokens * width * d,
+             f"{KORTHIKANTI}: second linear input 8sbh, width f"),
+    ]
+
+
+def expert_tokens(arch: Arch, shape: Shape) -> int:
+    """Tokens each routed expert holds per microbatch, C = capacity_factor · tokens · top_k /
+    experts, rounded up: the tokens·top_k routed copies spread over the experts (Shape.capacity_factor)."""
+    routed = shape.capacity_factor * shape.tokens * arch.num_experts_per_tok / arch.num_experts
+    return math.ceil(round(routed, 6))  # round first: 1.0 x 64 x 6 / 64 is 6, not 6.000000000000001
+
+
+def moe_terms(arch: Arch, shape: Shape) -> list[Term]:
+    """A mixture of experts after its norm (whose output, the router's and the experts' shared
+    input, the block counts once), for T tokens, E experts, top-k, C = expert_tokens per expert:
+    - router: its logits feed a softmax (Mixtral, Qwen, DeepSeek-V2) or sigmoid (DeepSeek-V3)
+      whose backward needs only its output, the fp32 probabilities (4·T·E; the logits' linear
+      needs its input, counted, and its weight); top-k keeps the chosen experts' indices (int64,
+      8·T·k) and the routing weights in fp32 (4·T·k), which the combine multiplies by;
+    - dispatch: the tokens gathered for each expert, d·E·C·h (each expert's gate and up input),
+      and their token index, one int64 per routed slot (the gather's and the combine's
+      backward: 8·E·C);
+    - each routed expert, its SwiGLU over its C tokens (4·d·C·f_e), as the dense MLP;
+    - combine: each expert's output, scaled by the routing weights, keeps it for the weights'
+      gradient (d·E·C·h); the scatter-add back to the tokens keeps only the indices (Megatron-LM's
+      unpermute, torchtitan's MoE; Hugging Face's index_add_ keeps the scaled outputs once more,
+      torch's index_add saving its source: d·E·C·h not charged here);
+    - shared experts: one dense SwiGLU of their summed width over all T tokens (4·d·T·f_s);
+      Qwen2-MoE's shared-expert gate keeps its sigmoid output (d·T) and the shared output it
+      scales (d·T·h).
+    Under TP the experts are tensor-parallel like the dense MLP (expert tensor parallelism = TP,
+    no expert parallelism): widths /t, every device holds every routed token; the router's
+    tensors are replicated (/t under SP, as the norms)."""
+    sb, d, r, h, t = shape.tokens, shape.d, shape.sp_div, arch.hidden_size, shape.tp
+    slots = arch.num_experts * expert_tokens(arch, shape)
+    k, width = arch.num_experts_per_tok, arch.moe_intermediate_size // t
+    shared = arch.num_shared_experts * arch.shared_intermediate_size // t
+    router = "router: softmax/sigmoid backward needs its output; top-k its indices"
+    experts = f"{slots // arch.num_experts} tokens per expert at capacity factor {shape.capacity_factor:g}"
+    return [
+        Term("router probabilities (fp32 per token and expert)", FP32 * sb * arch.num_experts // r, router),
+        Term("top-k expert indices (int64)", INDEX_BYTES * sb * k // r, router),
+        Term("top-k routing weights (fp32)", FP32 * sb * k // r, router),
+        Term("dispatched tokens (each expert's gate and up input)", slots * h * d, experts),
+        Term("dispatch and combine token indices (int64 per routed slot)", INDEX_BYTES * slots, experts),
+        *_swiglu_terms(slots, width, d, "routed experts' "),
+        Term("routed experts' outputs (the routing weights' product keeps them)", slots * h * d, experts),
+        *(_swiglu_terms(sb, shared, d, "shared experts' ") if shared else []),
+        *([Term("shared-expert gate sigmoid output", sb * d, "Qwen2-MoE shared_expert_gate"),
+           Term("shared experts' output (the gate's product keeps it)", sb * h * d, "Qwen2-MoE shared_expert_gate")]
+          if arch.shared_expert_gate else []),
+    ]
+
+
+def _is_moe(arch: Arch, moe: bool | None) -> bool:
+    """A block's MLP: the experts where asked, or (None) where the model has experts at all."""
+    return arch.num_experts > 0 if moe is None else moe
+
+
+def llama_block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> list[Term]:
+    """Kept bytes of a LLaMA-style block, term by term (see the module docstring): GQA or
+    latent attention, then a dense SwiGLU MLP or the mixture of experts."""
+    sb, d, r, h = shape.tokens, shape.d, shape.sp_div, arch.hidden_size
+    mlp = moe_terms(arch, shape) if _is_moe(arch, moe) else _swiglu_terms(sb, arch.intermediate_size // shape.tp, d, "")
+    return [
         *_norm_terms(arch, shape, "attention"),
-        Term("Q/K/V projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
-        Term("Q after rotary", sb * q_width(arch, shape) * d, f"{KORTHIKANTI}: Q of QK^T 2sbh"),
-        Term("K after rotary (K/V heads only)", sb * kv_width(arch, shape) * d, f"{KORTHIKANTI}: K of QK^T 2sbh, GQA width"),
-        Term("V (K/V heads only)", sb * kv_width(arch, shape) * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
-        *_attention_core_terms(arch, shape),
+        *(mla_terms(arch, shape) if arch.mla else gqa_terms(arch, shape)),
         *_norm_terms(arch, shape, "MLP"),
         Term("MLP input (norm output), shared by gate and up", sb * h * d // r, f"{KORTHIKANTI}: MLP input 2sbh"),
-        Term("gate projection output (SiLU input)", sb * f * d, swiglu),
-        Term("SiLU output (first factor)", sb * f * d, swiglu),
-        Term("up projection output (second factor)", sb * f * d, swiglu),
-        Term("product (down projection input)", sb * f * d, f"{KORTHIKANTI}: second linear input 8sbh, width f"),
+        *mlp,
     ]
 
 
@@ -222,7 +359,7 @@ def gpt_block_terms(arch: Arch, shape: Shape) -> list[Term]:
         Term("Q/K/V projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
         Term("Q and K", 2 * sb * h * d // t, f"{KORTHIKANTI}: QK^T 4sbh"),
         Term("V", sb * h * d // t, f"{KORTHIKANTI}: V 2sbh"),
-        *_attention_core_terms(arch, shape),
+        *_attention_core_terms(arch, shape, q_width(arch, shape)),
         Term("attention dropout mask", MASK_BYTES * sb * h // r, f"{KORTHIKANTI}: dropout mask sbh"),
         *_norm_terms(arch, shape, "MLP"),
         Term("MLP input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: first linear input 2sbh"),
@@ -235,8 +372,9 @@ def gpt_block_terms(arch: Arch, shape: Shape) -> list[Term]:
     ]
 
 
-def block_terms(arch: Arch, shape: Shape) -> list[Term]:
-    return gpt_block_terms(arch, shape) if arch.style == "gpt" else llama_block_terms(arch, shape)
+def block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> list[Term]:
+    """`moe`: the block's MLP is the mixture of experts (None: where the model has experts)."""
+    return gpt_block_terms(arch, shape) if arch.style == "gpt" else llama_block_terms(arch, shape, moe=moe)
 
 
 def korthikanti_block_bytes(arch: Arch, shape: Shape) -> float:
@@ -256,16 +394,46 @@ def boundary_bytes(arch: Arch, shape: Shape) -> int:
 # ---------------------------------------------------------------- parameters (per device)
 
 
-def block_params(arch: Arch, shape: Shape) -> int:
+def block_params(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
     """Weights of one block on one device: matrices and column-parallel biases split /t,
     norms and row-parallel biases replicated."""
     h, f = arch.hidden_size, arch.intermediate_size // shape.tp
-    qkv_out = q_width(arch, shape) + 2 * kv_width(arch, shape)
-    attention = h * qkv_out + q_width(arch, shape) * h
     if arch.style == "gpt":  # biases: Q/K/V and fc1 split, output and fc2 replicated; LayerNorm weight + bias
-        return attention + 2 * h * f + qkv_out + f + 2 * h + 2 * 2 * h
+        qkv_out = q_width(arch, shape) + 2 * kv_width(arch, shape)
+        return h * qkv_out + q_width(arch, shape) * h + 2 * h * f + qkv_out + f + 2 * h + 2 * 2 * h
+    return attention_params(arch, shape) + mlp_params(arch, shape, moe=moe) + 2 * h  # two RMSNorm weights
+
+
+def attention_params(arch: Arch, shape: Shape) -> int:
+    """GQA: Q and output projections a·hd wide, K and V kv·hd (optional Q/K/V biases, Qwen3's
+    per-head q and k norm weights, hd each, replicated). MLA (DeepSeek-V2 §2.1): replicated, the
+    down projections h·q_lora_rank (none without q compression) and h·(kv_lora_rank + rope) with
+    the latents' norm weights; split /t, the up projections q_lora_rank·a·(nope + rope) (or
+    h·a·(nope + rope) straight from the hidden state), kv_lora_rank·a·(nope + v), and the output
+    a·v·h."""
+    h = arch.hidden_size
+    if arch.mla:
+        heads, rope, nope = arch.num_heads // shape.tp, arch.qk_rope_head_dim, arch.qk_nope_head_dim
+        q_rank, kv_rank = arch.q_lora_rank, arch.kv_lora_rank
+        q = h * q_rank + q_rank + q_rank * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
+        kv = h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + arch.v_head_dim)
+        return q + kv + heads * arch.v_head_dim * h
+    qkv_out = q_width(arch, shape) + 2 * kv_width(arch, shape)
     bias = qkv_out if arch.qkv_bias else 0
-    return attention + bias + 3 * h * f + 2 * h  # gate, up, down; two RMSNorm weights
+    qk_norm = 2 * arch.head_size if arch.qk_norm else 0
+    return h * qkv_out + q_width(arch, shape) * h + bias + qk_norm
+
+
+def mlp_params(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
+    """Dense: gate, up and down, 3·h·f/t. Experts: the router h·E (replicated), E routed
+    experts of 3·h·f_e/t, the shared experts as one SwiGLU of 3·h·f_s/t, and Qwen2-MoE's
+    shared-expert gate h (replicated)."""
+    h, t = arch.hidden_size, shape.tp
+    if not _is_moe(arch, moe):
+        return 3 * h * (arch.intermediate_size // t)
+    shared = arch.num_shared_experts * arch.shared_intermediate_size // t
+    gate = h if arch.shared_expert_gate else 0
+    return h * arch.num_experts + arch.num_experts * 3 * h * (arch.moe_intermediate_size // t) + 3 * h * shared + gate
 
 
 def embedding_params(arch: Arch, shape: Shape) -> int:
@@ -297,32 +465,86 @@ def total_params(arch: Arch) -> int:
     """The model's parameter count as published (tied embeddings counted once)."""
     one = Shape(seq_len=1, micro_batch_size=1)
     head = head_params(arch, one) - (arch.vocab_size * arch.hidden_size if arch.tie_word_embeddings else 0)
-    return embedding_params(arch, one) + arch.num_layers * block_params(arch, one) + head
+    blocks = sum(block_params(arch, one, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    return embedding_params(arch, one) + blocks + head
+
+
+def active_params(arch: Arch, *, input_embedding: bool = True) -> int:
+    """The parameters one token's forward uses: all but the routed experts it does not reach,
+    (experts − top-k)·3·h·f_e in every MoE layer. The token embedding counts whole, as in
+    total_params (how Mistral and Qwen count active parameters); input_embedding=False leaves it
+    out (a lookup reads one row of it), as DeepSeek counts its activated parameters."""
+    idle = arch.num_moe_layers * (arch.num_experts - arch.num_experts_per_tok) * 3 * arch.hidden_size * \
+        arch.moe_intermediate_size
+    embedding = 0 if input_embedding else embedding_params(arch, Shape(seq_len=1, micro_batch_size=1))
+    return total_params(arch) - idle - embedding
 
 
 # ---------------------------------------------------------------- FLOPs (forward, per device)
 
 
-def block_flops(arch: Arch, shape: Shape) -> int:
+def block_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
     """Narayanan et al. 2021 §5.1 for GPT (24bsh²(1 + s/6h) at t = 1); the LLaMA variant
-    with GQA-width K/V and three SwiGLU matrices. Matmuls only, split /t."""
+    with GQA-width K/V (or latent attention) and three SwiGLU matrices (or the experts).
+    Matmuls only, split /t."""
+    if arch.style == "gpt":  # the attention of attention_flops, two MLP matrices
+        return attention_flops(arch, shape) + 2 * shape.tokens * arch.hidden_size * 2 * (arch.intermediate_size // shape.tp)
+    return attention_flops(arch, shape) + mlp_flops(arch, shape, moe=moe)
+
+
+def attention_flops(arch: Arch, shape: Shape) -> int:
+    """GQA: projections 2·sb·h·(2·a·hd + 2·kv·hd); QK^T and scores·V over the full s² (as MFU
+    counts them), or s·w within a sliding window: 4·sb·s·a·hd. MLA, each weight of
+    attention_params once per token (2 FLOPs per multiply-add), the replicated down projections
+    on the device's own tokens (/t under SP); QK^T over nope + rope, scores·V over v_head_dim:
+    2·sb·s·a·(nope + rope + v)."""
     sb, s, h = shape.tokens, shape.seq_len, arch.hidden_size
-    q, kv, f = q_width(arch, shape), kv_width(arch, shape), arch.intermediate_size // shape.tp
-    mlp_matrices = 2 if arch.style == "gpt" else 3
-    projections = 2 * sb * h * (2 * q + 2 * kv + mlp_matrices * f)
-    # QK^T and scores·V over the full s² (as MFU counts them), or s·w within a sliding window
-    attention = 4 * sb * min(s, arch.sliding_window or s) * q
-    return projections + attention
+    window = min(s, arch.sliding_window or s)
+    if not arch.mla:
+        q, kv = q_width(arch, shape), kv_width(arch, shape)
+        return 2 * sb * h * (2 * q + 2 * kv) + 4 * sb * window * q
+    heads, rope, nope, v = arch.num_heads // shape.tp, arch.qk_rope_head_dim, arch.qk_nope_head_dim, arch.v_head_dim
+    q_rank, kv_rank, own = arch.q_lora_rank, arch.kv_lora_rank, sb // shape.sp_div
+    down = 2 * own * h * (q_rank + kv_rank + rope)
+    q_up = 2 * sb * (q_rank if q_rank else h) * heads * (nope + rope)
+    up = q_up + 2 * sb * kv_rank * heads * (nope + v) + 2 * sb * heads * v * h
+    return down + up + 2 * sb * window * heads * (nope + rope + v)
 
 
-def block_recompute_flops(arch: Arch, shape: Shape) -> int:
+def mlp_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
+    """Dense: 2·sb·h·3f. Experts: the router 2·sb·h·E (replicated, /t under SP); the routed
+    experts over their E·C dispatched tokens, 2·E·C·h·3f_e: top-k copies of each token at a
+    capacity factor of 1, not every expert on every token; the shared experts 2·sb·h·3f_s and
+    Qwen2-MoE's gate 2·sb·h."""
+    sb, h, t = shape.tokens, arch.hidden_size, shape.tp
+    if not _is_moe(arch, moe):
+        return 2 * sb * h * 3 * (arch.intermediate_size // t)
+    router = 2 * (sb // shape.sp_div) * h * arch.num_experts
+    routed = 2 * arch.num_experts * expert_tokens(arch, shape) * h * 3 * (arch.moe_intermediate_size // t)
+    shared = 2 * sb * h * 3 * (arch.num_shared_experts * arch.shared_intermediate_size // t)
+    return router + routed + shared + (2 * sb * h if arch.shared_expert_gate else 0)
+
+
+def block_recompute_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
     """What torch's non-reentrant checkpoint reruns of a block: ops up to the last tensor the
     backward needs, so a LLaMA block's forward but its down projection (its output feeds only
     the residual add, which saves nothing); a GPT block's dropout after the second linear keeps
-    a mask, so all of it. Measured by the fake profiler (0.74-0.80 of a LLaMA forward)."""
+    a mask, so all of it. Measured by the fake profiler (0.74-0.80 of a LLaMA forward). In a
+    MoE block the routed experts' outputs are kept (the routing weights multiply them), so the
+    rerun goes past them; it stops before the shared experts' down projection where the shared
+    output is added last (Hugging Face's DeepseekV2Moe/DeepseekV3MoE), and reruns everything
+    where no shared expert follows (Mixtral, Qwen3-MoE) or a gate's product keeps the shared
+    output (Qwen2-MoE)."""
     if arch.style == "gpt":
         return block_flops(arch, shape)
-    return block_flops(arch, shape) - 2 * shape.tokens * (arch.intermediate_size // shape.tp) * arch.hidden_size
+    sb, h, t = shape.tokens, arch.hidden_size, shape.tp
+    if not _is_moe(arch, moe):
+        last = 2 * sb * (arch.intermediate_size // t) * h
+    elif arch.num_shared_experts and not arch.shared_expert_gate:
+        last = 2 * sb * (arch.num_shared_experts * arch.shared_intermediate_size // t) * h
+    else:
+        last = 0
+    return block_flops(arch, shape, moe=moe) - last
 
 
 def head_flops(arch: Arch, shape: Shape) -> int:
@@ -342,14 +564,20 @@ def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:
 # ---------------------------------------------------------------- transients
 
 
-def block_transient_bytes(arch: Arch, shape: Shape) -> int:
+def block_transient_bytes(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
     """An estimate, not from the paper: during the block's backward, the gradient of its
-    output plus the two largest gradients built at once — two f-wide ones in the MLP, or
-    (eager) the gradient of the scores and softmax's input gradient."""
-    s, b, d = shape.seq_len, shape.micro_batch_size, shape.d
-    widest = 2 * shape.tokens * (arch.intermediate_size // shape.tp) * d
+    output plus the two largest gradients built at once — two f-wide ones in the MLP (in a MoE
+    block, every routed expert's two at once, as a grouped matmul builds them, or the shared
+    experts' two), or (eager) the gradient of the scores and softmax's input gradient."""
+    s, b, d, t = shape.seq_len, shape.micro_batch_size, shape.d, shape.tp
+    if _is_moe(arch, moe) and arch.style == "llama":
+        routed = arch.num_experts * expert_tokens(arch, shape) * (arch.moe_intermediate_size // t)
+        shared = shape.tokens * (arch.num_shared_experts * arch.shared_intermediate_size // t)
+        widest = 2 * max(routed, shared) * d
+    else:
+        widest = 2 * shape.tokens * (arch.intermediate_size // t) * d
     if shape.attention == "eager":
-        widest = max(widest, 2 * d * (arch.num_heads // shape.tp) * s * s * b)
+        widest = max(widest, 2 * d * (arch.num_heads // t) * s * s * b)
     return boundary_bytes(arch, shape) + widest
 
 
@@ -394,12 +622,15 @@ def embedding_layer(arch: Arch, shape: Shape, gpu: GPU) -> LayerProfile:
 
 
 def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> LayerProfile:
-    boundary = boundary_bytes(arch, shape)
-    return _layer(f"layers.{index}", "decoder_block", fwd_ms=flops_ms(block_flops(arch, shape), gpu, mfu),
-                  act_bytes=sum(term.num_bytes for term in block_terms(arch, shape)), input_bytes=boundary,
-                  output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape),
-                  transient_bytes=block_transient_bytes(arch, shape), shape=shape, gpu=gpu,
-                  recompute_ms=flops_ms(block_recompute_flops(arch, shape), gpu, mfu))
+    """Decoder block `index`: kind moe_block where its MLP is the experts (the cost model
+    normalises layers within a kind, and a MoE block is not a dense one), else decoder_block."""
+    boundary, moe = boundary_bytes(arch, shape), arch.is_moe_layer(index)
+    return _layer(f"layers.{index}", "moe_block" if moe else "decoder_block",
+                  fwd_ms=flops_ms(block_flops(arch, shape, moe=moe), gpu, mfu),
+                  act_bytes=sum(term.num_bytes for term in block_terms(arch, shape, moe=moe)), input_bytes=boundary,
+                  output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
+                  transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
+                  recompute_ms=flops_ms(block_recompute_flops(arch, shape, moe=moe), gpu, mfu))
 
 
 def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> LayerProfile:
@@ -421,7 +652,8 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float = DEFAULT
               *(block_layer(i, arch, shape, gpu, mfu) for i in range(arch.num_layers)),
               head_layer(arch, shape, gpu, mfu)]
     return Profile(
-        name=f"{arch.name}-s{shape.seq_len}-mbs{shape.micro_batch_size}-tp{shape.tp}{'-sp' if shape.sp else ''}",
+        name=f"{arch.name}-s{shape.seq_len}-mbs{shape.micro_batch_size}-tp{shape.tp}{'-sp' if shape.sp else ''}"
+             f"{f'-cf{shape.capacity_factor:g}' if shape.capacity_factor != 1.0 else ''}",
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         torch_version="none (analytic)",
         device=DeviceInfo(type="cuda", name=f"{gpu.name} (analytic)"),
@@ -463,4 +695,40 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> dict:
         "tied_embeddings": ("one matrix where the embedding and the head share a stage; split, the last stage "
                             "holds a copy and the fp32 gradient is all-reduced over the network each step")
                            if arch.tie_word_embeddings else "untied",
+        **_moe_assumptions(arch, shape), **_mla_assumptions(arch),
     }
+
+
+def _moe_assumptions(arch: Arch, shape: Shape) -> dict:
+    if not arch.num_experts:
+        return {}
+    worst = arch.num_experts / arch.num_experts_per_tok
+    return {
+        "capacity_factor": shape.capacity_factor,
+        "expert_tokens": expert_tokens(arch, shape),
+        "moe": f"{arch.num_moe_layers} of {arch.num_layers} layers route each token to {arch.num_experts_per_tok} of "
+               f"{arch.num_experts} experts (width {arch.moe_intermediate_size})"
+               + (f" beside {arch.num_shared_experts} shared (width {arch.shared_intermediate_size})"
+                  if arch.num_shared_experts else "")
+               + f"; dense layers: {list(arch.dense_layers) or 'none'}",
+        "load_balance": f"routing is data-dependent: each expert is charged capacity_factor x tokens x top_k / experts "
+                        f"= {expert_tokens(arch, shape)} tokens per microbatch (capacity_factor "
+                        f"{shape.capacity_factor:g}; 1 = perfectly balanced, the mean; {worst:g} = experts / top_k, the "
+                        "worst case, every token on one expert), all experts at that capacity as capacity-padded "
+                        "dispatch allocates; FLOPs the same",
+        "moe_parallelism": "experts tensor-parallel like the dense MLP (expert widths /t, every routed token on every "
+                           "device), router replicated; no expert parallelism",
+        "moe_activations": "router: fp32 probabilities, top-k indices and weights; dispatched tokens, each expert's "
+                           "SwiGLU over its tokens, the experts' outputs the routing weights multiply, int64 token "
+                           "indices; shared experts as one dense SwiGLU (planner/profiler/analytic.py moe_terms)",
+        **({"mtp": f"{arch.num_mtp_layers} multi-token-prediction module(s) in the config are not planned (Hugging "
+                   "Face's model does not build them; training with them adds a MoE block and a 2h x h projection "
+                   "per module beside the head)"} if arch.num_mtp_layers else {}),
+    }
+
+
+def _mla_assumptions(arch: Arch) -> dict:
+    if not arch.mla:
+        return {}
+    return {"attention_kind": "multi-head latent attention (DeepSeek-V2 §2.1): latents whole on every device, "
+                              "up-projected Q, K, V per head (planner/profiler/analytic.py mla_terms)"}
