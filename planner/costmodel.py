@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from statistics import fmean
 
 from planner import allocator, dataparallel
-from planner.schema import Profile, StagePlan, StagePredicted, TrainSetup
+from planner.schema import OPTION_FULL, OPTION_NONE, Profile, StagePlan, StagePredicted, TrainSetup
 
 # A plan fits when every stage's peak stays this far below its cap. 4 KiB is nothing next
 # to a device, and it absorbs the MILP solver's feasibility tolerance (~1e-7 GiB per row),
@@ -82,8 +82,20 @@ _BYTES_PER_PARAM = dataparallel.BYTES_PER_PARAM
 
 
 @dataclass(frozen=True)
+class OptionCost:
+    """One recompute option of a layer (kind-normalised): kept bytes per microbatch, what it
+    adds to the backward (None: a whole forward, the profile measured none), its extra peak."""
+
+    name: str
+    kept_bytes: int
+    recompute_ms: float | None
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
 class LayerCost:
-    """One layer's numbers as the cost model uses them (kind-normalised)."""
+    """One layer's numbers as the cost model uses them (kind-normalised). A layer's choice is
+    an index into `options`: 0 none, 1 full (a bool says which of the two), 2... selective."""
 
     name: str
     kind: str
@@ -99,6 +111,19 @@ class LayerCost:
     largest_param_count: int = 0  # its largest parameter tensor; 0: not known
     recompute_ms: float | None = None  # None: not measured, a whole forward
     tied_ms: float = 0.0  # summing the gradients of parameters it shares with other layers, per iteration
+    extra_options: tuple[OptionCost, ...] = ()  # selective options, after none and full
+
+    @property
+    def options(self) -> tuple[OptionCost, ...]:
+        return (OptionCost(OPTION_NONE, self.act_bytes, 0.0, 0),
+                OptionCost(OPTION_FULL, self.input_bytes, self.recompute_ms, self.recompute_peak_bytes),
+                *self.extra_options)
+
+    def option_index(self, name: str) -> int:
+        for index, option in enumerate(self.options):
+            if option.name == name:
+                return index
+        raise ValueError(f"layer {self.name} has no recompute option {name!r}")
 
     @property
     def recompute_saving_bytes(self) -> int:
@@ -221,12 +246,26 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
                 (name, fmean(item.step_ms.get(name, 0.0) for item in same))
                 for name in {name for item in same for name in item.step_ms}
             )),
+            extra_options=_kind_options(same),
         )
         for kind, same in by_kind.items()
     }
     tied = tied_ms(profile)
     return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied_ms=tied.get(layer.name, 0.0))
             for layer in profile.layers]
+
+
+def _kind_options(same: list) -> tuple[OptionCost, ...]:
+    """The selective options every layer of a kind has, kind-normalised like the rest: bytes
+    the most of any layer, times the mean."""
+    names = [option.name for option in same[0].recompute_options[2:]]
+    names = [name for name in names if all(any(o.name == name for o in item.recompute_options) for item in same)]
+    found = []
+    for name in names:
+        mine = [next(o for o in item.recompute_options if o.name == name) for item in same]
+        found.append(OptionCost(name, max(o.kept_bytes for o in mine), fmean(o.recompute_ms for o in mine),
+                                max(o.recompute_peak_bytes for o in mine)))
+    return tuple(found)
 
 
 def tied_ms(profile: Profile) -> dict[str, float]:
@@ -280,9 +319,10 @@ def reduced_bytes(layer: LayerCost, setup: TrainSetup) -> float:
     return layer.param_count * dataparallel.reduced_bytes_per_param(setup)
 
 
-def kept_bytes(layer: LayerCost, checkpointed: bool) -> int:
-    """Bytes per microbatch this layer keeps until its backward."""
-    return layer.input_bytes if checkpointed else layer.act_bytes
+def kept_bytes(layer: LayerCost, option: int) -> int:
+    """Bytes per microbatch this layer keeps until its backward under option `option` (False:
+    none, its activations; True: full, its input)."""
+    return layer.options[option].kept_bytes
 
 
 # Runtimes whose checkpointing reruns a layer's whole forward: Megatron-LM's own
@@ -302,9 +342,19 @@ def recompute_ms(layer: LayerCost, setup: TrainSetup | None = None) -> float:
     return layer.fwd_ms if layer.recompute_ms is None or whole else layer.recompute_ms
 
 
-def layer_time_ms(layer: LayerCost, checkpointed: bool, setup: TrainSetup | None = None) -> float:
-    """Forward + backward, plus the recompute when checkpointed."""
-    return layer.fwd_ms + layer.bwd_ms + (recompute_ms(layer, setup) if checkpointed else 0.0)
+def option_recompute_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None) -> float:
+    """What option `option` adds to the layer's backward: nothing for none, recompute_ms for
+    full, the option's own (measured, or from its FLOPs) for a selective one."""
+    if option == 0:
+        return 0.0
+    if option == 1:
+        return recompute_ms(layer, setup)
+    return layer.options[option].recompute_ms
+
+
+def layer_time_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None) -> float:
+    """Forward + backward, plus what the option recomputes."""
+    return layer.fwd_ms + layer.bwd_ms + option_recompute_ms(layer, option, setup)
 
 
 def compute_ms(time_ms: float, setup: TrainSetup) -> float:
@@ -552,7 +602,7 @@ class Context:
 class Term:
     name: str
     quantity: str  # one of QUANTITIES
-    where: str  # "layer": value(layer, checkpointed, ctx); "open"/"close": value(layer, stage, ctx);
+    where: str  # "layer": value(layer, option, ctx); "open"/"close": value(layer, stage, ctx);
     #             "stage": value(stage, ctx)
     value: Callable
     source: str  # the measurement or publication that put it here
@@ -568,8 +618,8 @@ TERMS: tuple[Term, ...] = (
          "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),
     Term("activations kept for backward", "kept", "layer",
          lambda layer, ckpt, ctx: kept_bytes(layer, ckpt),
-         "saved-tensor hooks per layer (profiler); a checkpointed layer keeps its input"),
-    Term("scratch, and the recompute when checkpointed", "extra", "layer",
+         "saved-tensor hooks per layer and recompute option (profiler); a checkpointed layer keeps its input"),
+    Term("scratch, and what the option recomputes at once", "extra", "layer",
          lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt),
          "allocator peak per layer beyond what it keeps (profiler)"),
     Term("optimizer step temporaries", "scratch", "layer",
@@ -650,9 +700,10 @@ def _rows_at(where: str) -> list[Term]:
     return [term for (_, place), terms in _BY_PLACE.items() if place == where for term in terms]
 
 
-def layer_value(quantity: str, layer: LayerCost, checkpointed: bool, ctx: Context) -> float:
-    """What one layer of a stage adds to `quantity`, checkpointed or not."""
-    return sum(term.value(layer, checkpointed, ctx) for term in _rows(quantity, "layer"))
+def layer_value(quantity: str, layer: LayerCost, option: int, ctx: Context) -> float:
+    """What one layer of a stage adds to `quantity` under its recompute option (index; a bool:
+    full or none)."""
+    return sum(term.value(layer, option, ctx) for term in _rows(quantity, "layer"))
 
 
 def edge_value(quantity: str, where: str, layer: LayerCost, stage: int, ctx: Context) -> float:
@@ -668,6 +719,24 @@ def stage_value(quantity: str, stage: int, ctx: Context) -> float:
 def frees_memory(layer: LayerCost, ctx: Context) -> bool:
     """Checkpointing this layer keeps fewer bytes; otherwise it only adds time, never chosen."""
     return layer_value("kept", layer, True, ctx) < layer_value("kept", layer, False, ctx)
+
+
+def useful_options(layer: LayerCost, ctx: Context, whole_layer: bool = False) -> list[int]:
+    """The options past none a plan may choose for this layer: each keeps fewer bytes than
+    none, and no other keeps no more, adds no more time and no more extra peak while better in
+    one (a dominated option never lowers a peak or a time). `whole_layer`: full alone."""
+    candidates = [1] if whole_layer else range(1, len(layer.options))
+    rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
+                layer_value("extra", layer, o, ctx)) for o in range(len(layer.options))}
+    found = []
+    for o in candidates:
+        if rows[o][0] >= rows[0][0]:
+            continue
+        if any(p != o and all(a <= b for a, b in zip(rows[p], rows[o])) and rows[p] != rows[o]
+               for p in candidates):
+            continue
+        found.append(o)
+    return found
 
 
 def fragmentation(setup: TrainSetup, device_type: str) -> float:
@@ -718,7 +787,7 @@ def host_cap_bytes(setup: TrainSetup) -> int | None:
 # ---------------------------------------------------------------- stages and plans
 
 
-def transient_extra_bytes(layers: Sequence[LayerCost], checkpointed: Sequence[bool], ctx: Context) -> float:
+def transient_extra_bytes(layers: Sequence[LayerCost], checkpointed: Sequence[int], ctx: Context) -> float:
     """Extra bytes, beyond every in-flight microbatch's kept bytes, while one layer of the
     stage runs: its transient (scratch, a weight's whole gradient) plus, when checkpointed,
     its recompute. The layers after it hold nothing of that microbatch then (in backward
@@ -738,9 +807,9 @@ def net_extra_bytes(extra_and_kept: Sequence[tuple[float, float]]) -> float:
     return extra
 
 
-def layer_extra_bytes(layer: LayerCost, checkpointed: bool) -> int:
-    """A layer's peak beyond what it keeps: its transient, plus its recompute if checkpointed."""
-    return layer.transient_bytes + (layer.recompute_peak_bytes if checkpointed else 0)
+def layer_extra_bytes(layer: LayerCost, option: int) -> int:
+    """A layer's peak beyond what it keeps: its transient, plus what its option recomputes at once."""
+    return layer.transient_bytes + layer.options[option].peak_bytes
 
 
 # Bytes per parameter of the temporaries torch's optimizer step allocates: Adam computes
@@ -781,7 +850,7 @@ def peak_bytes(held, in_flight, kept, transient, scratch, maximum=max):
 
 def stage_cost(
     layers: Sequence[LayerCost],
-    checkpointed: Sequence[bool],
+    checkpointed: Sequence[int],
     *,
     stage: int,
     profile: Profile,
@@ -841,20 +910,28 @@ def stage_cost(
 
 
 def split_to_stages(
-    bounds: Sequence[int], checkpointed: Sequence[bool], profile: Profile
+    bounds: Sequence[int], options: Sequence[int], profile: Profile
 ) -> list[StagePlan]:
-    """Stage plans from stage start indices (`bounds[s]` = first layer of stage s) and a
-    per-layer checkpoint flag."""
-    names = [layer.name for layer in profile.layers]
+    """Stage plans from stage start indices (`bounds[s]` = first layer of stage s) and every
+    layer's option index (a bool: full or none)."""
+    costs = layer_costs(profile)
+    names = [layer.name for layer in costs]
     ends = list(bounds[1:]) + [len(names)]
+    chosen = {names[i]: costs[i].options[int(o)].name for i, o in enumerate(options) if o}
     return [
         StagePlan(
             index=s,
             layers=names[start:end],
-            checkpointed=[names[i] for i in range(start, end) if checkpointed[i]],
+            recompute={name: chosen[name] for name in names[start:end] if name in chosen},
+            checkpointed=[name for name in names[start:end] if chosen.get(name) == OPTION_FULL],
         )
         for s, (start, end) in enumerate(zip(bounds, ends))
     ]
+
+
+def option_indices(stage: StagePlan, layers: Sequence[LayerCost]) -> list[int]:
+    """Each layer's option index in the plan (ValueError for an option it does not have)."""
+    return [layer.option_index(stage.option(layer.name)) for layer in layers]
 
 
 def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
@@ -872,9 +949,7 @@ def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -
     result = []
     for s, stage in enumerate(stages):
         layers = [costs[position[name]] for name in stage.layers]
-        ckpt = set(stage.checkpointed)
-        flags = [layer.name in ckpt for layer in layers]
-        result.append(stage_cost(layers, flags, stage=s, profile=profile, setup=setup))
+        result.append(stage_cost(layers, option_indices(stage, layers), stage=s, profile=profile, setup=setup))
     return PlanCost(stages=result, iteration_ms=iteration_ms([c.busy_ms for c in result], setup,
                                                              [c.step_ms for c in result]))
 

@@ -46,6 +46,24 @@ class FileRef(Strict):
 # ---------------------------------------------------------------- profile
 
 
+# The recompute options a layer may have besides keeping everything ("none") and keeping only
+# its input ("full"): selective recompute of its parts (planner/recompute.py says what each
+# does). A name is one option or several joined by commas ("attn,mlp-act").
+OPTION_NONE, OPTION_FULL = "none", "full"
+OptionName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*(,[a-z][a-z0-9-]*)*$", max_length=120)]
+
+
+class RecomputeOption(Strict):
+    """One way a layer runs its backward: the bytes it keeps per microbatch until then (its
+    input included where it keeps it), what recomputing adds to its backward, and the extra
+    peak while it recomputes beyond what it keeps."""
+
+    name: OptionName
+    kept_bytes: Bytes
+    recompute_ms: Ms = 0.0
+    recompute_peak_bytes: Bytes = 0
+
+
 class LayerProfile(Strict):
     """One pipeline layer, measured per microbatch."""
 
@@ -73,6 +91,21 @@ class LayerProfile(Strict):
     # optimizer step over this layer's parameters, once per iteration, per optimizer name
     # (median ms); empty in profiles made before it was measured: the step then costs 0
     step_ms: dict[Optimizer, Ms] = {}
+    # every option the layer supports, "none" and "full" first (as act_bytes, input_bytes and
+    # recompute_ms say), then selective ones; empty: none and full only (profiles made before)
+    recompute_options: list[RecomputeOption] = []
+
+    @model_validator(mode="after")
+    def _options_agree(self) -> LayerProfile:
+        names = [option.name for option in self.recompute_options]
+        if len(set(names)) != len(names):
+            raise ValueError(f"layer {self.name}: recompute options repeat a name")
+        if names and names[:2] != [OPTION_NONE, OPTION_FULL]:
+            raise ValueError(f"layer {self.name}: recompute options must begin with none and full")
+        if names and (self.recompute_options[0].kept_bytes != self.act_bytes
+                      or self.recompute_options[1].kept_bytes != self.input_bytes):
+            raise ValueError(f"layer {self.name}: options none and full must keep act_bytes and input_bytes")
+        return self
 
 
 class DeviceInfo(Strict):
@@ -316,15 +349,55 @@ class StagePredicted(Strict):
 class StagePlan(Strict):
     index: int
     layers: list[str] = Field(min_length=1)
-    checkpointed: list[str] = []
+    checkpointed: list[str] = []  # the layers whose option is "full" (recompute their whole forward)
+    # layer -> its recompute option, for every layer whose option is not "none"; written from
+    # `checkpointed` when only that is given (plans made before options)
+    recompute: dict[str, OptionName] = {}
     predicted: StagePredicted | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_from_the_other(cls, data):
+        if isinstance(data, dict):
+            recompute, checkpointed = data.get("recompute"), data.get("checkpointed")
+            if not recompute and checkpointed:
+                data = {**data, "recompute": dict.fromkeys(checkpointed, OPTION_FULL)}
+            elif recompute and checkpointed is None and isinstance(recompute, dict):
+                data = {**data, "checkpointed": [name for name in data.get("layers", [])
+                                                 if recompute.get(name) == OPTION_FULL]}
+        return data
 
     @model_validator(mode="after")
     def _checkpointed_subset(self) -> StagePlan:
-        stray = [name for name in self.checkpointed if name not in self.layers]
+        stray = [name for name in [*self.checkpointed, *self.recompute] if name not in self.layers]
         if stray:
-            raise ValueError(f"stage {self.index} checkpoints layers it does not own: {stray}")
+            raise ValueError(f"stage {self.index} recomputes layers it does not own: {stray}")
+        full = [name for name in self.layers if self.recompute.get(name) == OPTION_FULL]
+        if sorted(full) != sorted(self.checkpointed):
+            raise ValueError(f"stage {self.index}: checkpointed {self.checkpointed} are not the layers whose "
+                             f"recompute option is full ({full})")
+        if any(option == OPTION_NONE for option in self.recompute.values()):
+            raise ValueError(f"stage {self.index}: recompute lists only layers whose option is not none")
         return self
+
+    def option(self, layer: str) -> str:
+        """The layer's recompute option: `checkpointed` says which are full (a copy that
+        updated it alone stays right), `recompute` the selective ones."""
+        if layer in self.checkpointed:
+            return OPTION_FULL
+        option = self.recompute.get(layer, OPTION_NONE)
+        return OPTION_NONE if option == OPTION_FULL else option
+
+    def with_recompute(self, recompute: dict[str, str]) -> StagePlan:
+        """A validated copy whose layers recompute as `recompute` says (layer -> option; the
+        others "none"), its prediction dropped."""
+        chosen = {name: option for name, option in recompute.items() if option != OPTION_NONE}
+        return StagePlan(index=self.index, layers=list(self.layers), recompute=chosen,
+                         checkpointed=[name for name in self.layers if chosen.get(name) == OPTION_FULL])
+
+    def with_checkpointed(self, names) -> StagePlan:
+        """A validated copy that checkpoints whole layers `names` and recomputes nothing else."""
+        return self.with_recompute(dict.fromkeys(names, OPTION_FULL))
 
 
 class PlanPredicted(Strict):

@@ -72,7 +72,7 @@ def named_checkpoints(stages, text: str):
     if unknown:
         raise UserError(f"--checkpoint names {', '.join(map(repr, unknown[:3]))}, not a layer of the profile; "
                         "give layer names as the profile lists them")
-    return [stage.model_copy(update={"checkpointed": [n for n in stage.layers if n in names]}) for stage in stages]
+    return [stage.with_checkpointed([n for n in stage.layers if n in names]) for stage in stages]
 
 
 @click.command("evaluate")

@@ -34,8 +34,8 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     dp_support.round_zero(rounded, TARGET)
     first = profile.layers[0].name
     if first in rounded.stages[0].checkpointed:
-        rounded.stages[0] = rounded.stages[0].model_copy(
-            update={"checkpointed": [n for n in rounded.stages[0].checkpointed if n != first]})
+        rounded.stages[0] = rounded.stages[0].with_checkpointed(
+            [n for n in rounded.stages[0].checkpointed if n != first])
         rounded.changes.append(f"{first}, the model's first layer, runs without checkpointing")
     scored = rounding.rescore(plan, profile, rounded)
     header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)

@@ -148,8 +148,7 @@ def decoder_checkpoints_only(rounded: Rounded, roles: Roles, target: str) -> Rou
     decoder = set(roles.decoder)
     dropped = [n for stage in rounded.stages for n in stage.checkpointed if n not in decoder]
     if dropped:
-        rounded.stages = [s.model_copy(update={"checkpointed": [n for n in s.checkpointed if n in decoder]})
-                          for s in rounded.stages]
+        rounded.stages = [s.with_checkpointed([n for n in s.checkpointed if n in decoder]) for s in rounded.stages]
         rounded.changes.append(f"{target} checkpoints decoder layers only: {', '.join(dropped)} run "
                                "without checkpointing")
     return rounded
@@ -192,7 +191,7 @@ def first_k(rounded: Rounded, roles: Roles, ks: Sequence[int] | None = None) -> 
         chosen = decoder_layers(stage, roles)[:k]
         if set(chosen) != set(stage.checkpointed):
             changed.append(stage.index)
-        stages.append(stage.model_copy(update={"checkpointed": chosen}))
+        stages.append(stage.with_checkpointed(chosen))
     rounded.stages = stages
     return changed
 

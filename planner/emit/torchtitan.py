@@ -203,8 +203,8 @@ def _uniform(exact: rounding.Rounded, roles, profile: Profile):
     options = [("none", None)] + [("selective", n) for n in range(max(counts), 1, -1)] + [("full", 1)]
     candidates = []
     for _mode, every in options:
-        stages = [stage.model_copy(update={"checkpointed": [
-            n for i, n in enumerate(rounding.decoder_layers(stage, roles), start=1) if every and i % every == 0]})
+        stages = [stage.with_checkpointed([
+            n for i, n in enumerate(rounding.decoder_layers(stage, roles), start=1) if every and i % every == 0])
             for stage in exact.stages]
         candidates.append(rounding.Rounded(stages=stages, setup=exact.setup, changes=list(exact.changes)))
     chosen, fits = rounding.scored_choice(candidates, profile)
