@@ -1,0 +1,350 @@
+"""Pipeline schedules as torch builds them: per-rank action lists, the activations each rank
+holds at its peak, and the time the schedule takes.
+
+Pure: no process group, no real stages. `build_schedule` asks torch's own schedule classes
+(`torch.distributed.pipelining.schedules`) for the order every rank runs, the way torch's
+`_schedule_visualizer.get_schedule_ops` does: a schedule constructor computes
+`pipeline_order` (rank -> actions) for all ranks from `num_stages`, `group_size` and the
+microbatch count alone, so stand-in stages carrying those numbers are enough.
+
+Names: P ranks, V chunks per rank (P·V stages), M microbatches. A chunk is a rank's local
+stage, numbered as torch numbers them (a rank's stages in increasing order):
+
+    placement  stage of (rank r, chunk c)        schedules
+    loop       c·P + r                           1F1B, GPipe (V = 1), interleaved-1F1B, ZB
+    v          c = 0: r;  c = 1: 2P - 1 - r      ZBV, DualPipeV (V = 2)
+
+Memory model (`peak_in_flight`). Walking a rank's actions in order: F of (chunk, mb) makes
+that microbatch's activations of the chunk live; a full backward B frees them. A split
+backward frees in two parts: I (input gradient) frees the activations the weight gradient
+does not need, W frees the rest (the inputs of the weight-holding ops, which torch's
+`stage_backward_input` keeps for `stage_backward_weight`). So each chunk has two counts:
+
+    activations          microbatches past F, before I or B      (hold everything)
+    weight_grad_inputs   microbatches past F, before W or B      (hold what W needs; >= the above)
+
+A rank's live bytes after each action are sum_c activations_c · freed_at_input_grad_c +
+weight_grad_inputs_c · kept_for_weight_grad_c; its peak is the action where that is largest.
+
+Time model (`simulate_time`). Every rank runs its list in order; an action starts when its
+rank is free and its input is there: F of stage k needs F of stage k-1 (same microbatch), B or
+I of stage k needs B or I of stage k+1 (the last stage: its own F), W its own I. Crossing
+ranks adds `send_ms` (a latency: sends overlap compute); a V schedule's turn, two stages on one
+rank, sends nothing. DualPipeV's overlapped F+B pair is one unit, as in torch's runtime
+(without a custom overlap function): it receives both inputs first, runs its halves back to
+back, and sends both outputs after. Sends are latencies: they never hold up a rank's compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
+
+from torch.distributed.pipelining import schedules as torch_schedules
+from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+from planner.errors import UserError
+
+SCHEDULES = ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
+
+# Schedules whose order torch computes; 1F1B's is written here (see _one_f_one_b_order).
+_TORCH_CLASSES = {
+    "GPipe": torch_schedules.ScheduleGPipe,
+    "interleaved-1F1B": torch_schedules.ScheduleInterleaved1F1B,
+    "ZB": torch_schedules.ScheduleInterleavedZeroBubble,
+    "ZBV": torch_schedules.ScheduleZBVZeroBubble,
+    "DualPipeV": torch_schedules.ScheduleDualPipeV,
+}
+_V_PLACED = ("ZBV", "DualPipeV")
+_COMPUTE_KINDS = ("F", "B", "I", "W")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One compute action of a rank: kind F (forward), B (full backward), I (input gradient)
+    or W (weight gradient) of one microbatch on one stage (the rank's chunk `chunk`)."""
+
+    stage: int
+    chunk: int
+    kind: str
+    microbatch: int
+    unit: int  # torch's action it is part of: DualPipeV's overlapped F+B is one unit of two
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule's order: what each rank computes, in the order it computes it."""
+
+    name: str
+    num_ranks: int
+    num_chunks: int
+    num_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]  # per rank
+
+    @property
+    def num_stages(self) -> int:
+        return self.num_ranks * self.num_chunks
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The rank's stages, chunk 0 first."""
+        return tuple(s for s, r in enumerate(self.stage_to_rank) if r == rank)
+
+
+@lru_cache(maxsize=256)  # torch's constructors take ~1 s at P = 32; a Schedule is immutable
+def build_schedule(
+    name: str, *, num_ranks: int, num_microbatches: int, num_chunks: int | None = None
+) -> Schedule:
+    """The order torch runs `name` in with `num_ranks` ranks, `num_chunks` stages per rank
+    (default: 1 for 1F1B and GPipe, 2 otherwise) and `num_microbatches` microbatches."""
+    if num_chunks is None:
+        num_chunks = 1 if name in ("1F1B", "GPipe") else 2
+    _check(name, num_ranks=num_ranks, num_chunks=num_chunks, num_microbatches=num_microbatches)
+    placement = "v" if name in _V_PLACED else "loop"
+    stage_map = generate_stage_to_rank_mapping(num_ranks, num_ranks * num_chunks, style=placement)
+    stage_to_rank = tuple(stage_map[s] for s in range(num_ranks * num_chunks))
+    if name == "1F1B":
+        order = _one_f_one_b_order(num_ranks, num_microbatches)
+    else:
+        order = _torch_order(name, num_ranks=num_ranks, num_chunks=num_chunks,
+                             num_microbatches=num_microbatches)
+    # a rank's chunks are its stages in increasing order
+    chunk_of = {s: sum(stage_to_rank[t] == stage_to_rank[s] for t in range(s))
+                for s in range(len(stage_to_rank))}
+    actions = tuple(
+        tuple(Action(a.stage_index, chunk_of[a.stage_index], a.computation_type.value,
+                     a.microbatch_index, unit)
+              for unit, a in _compute_actions(order[rank]))
+        for rank in range(num_ranks)
+    )
+    return Schedule(name, num_ranks, num_chunks, num_microbatches, stage_to_rank, actions)
+
+
+def _check(name: str, *, num_ranks: int, num_chunks: int, num_microbatches: int) -> None:
+    """Refuse what torch's constructors refuse (and the chunk counts a schedule has no use for)."""
+    P, V, M = num_ranks, num_chunks, num_microbatches
+    if name not in SCHEDULES:
+        raise UserError(f"Unknown pipeline schedule {name!r}: choose one of "
+                        f"{', '.join(SCHEDULES)}.")
+    if min(P, V, M) < 1:
+        raise UserError(f"{name} needs at least one rank, chunk and microbatch, not P={P}, "
+                        f"V={V}, M={M}.")
+    if name in ("1F1B", "GPipe") and V != 1:
+        raise UserError(f"{name} runs one stage per rank, not {V}: use interleaved-1F1B or ZB "
+                        "for more.")
+    if name in _V_PLACED and V != 2:
+        raise UserError(f"{name} runs exactly two chunks per rank (a V), not {V}.")
+    if name in ("interleaved-1F1B", "ZB") and M % max(1, M // P) != 0:
+        raise UserError(f"{name} needs the {M} microbatches to be a multiple of its {M // P} "
+                        f"rounds (max(1, M // P), torch): try {M // P * P} or {(M // P + 1) * P}.")
+    stages = 2 * P if name == "DualPipeV" else P
+    if name in ("1F1B", "DualPipeV") and M < stages:
+        raise UserError(f"{name} needs at least as many microbatches as stages (torch): "
+                        f"{M} < {stages}.")
+
+
+def _torch_order(name: str, *, num_ranks: int, num_chunks: int, num_microbatches: int) -> dict:
+    """torch's `pipeline_order` for all ranks. The constructors read only these attributes of
+    a stage (and `submod`, for their torch.compile check), and set stage_index_to_group_rank."""
+    stages = [SimpleNamespace(num_stages=num_ranks * num_chunks, group_size=num_ranks,
+                              group_rank=0, submod=None)
+              for _ in range(num_chunks)]
+    cls = _TORCH_CLASSES[name]
+    single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
+    try:
+        return cls(stages[0] if single else stages, num_microbatches).pipeline_order
+    except ValueError as exc:  # a check this torch has and _check does not know yet
+        raise UserError(f"torch refuses {name} with P={num_ranks}, V={num_chunks}, "
+                        f"M={num_microbatches}: {exc}") from exc
+
+
+def _compute_actions(rank_order: list) -> list:
+    """(unit, action) for the compute actions in run order: idle steps (None) and REDUCE_GRAD
+    dropped, an overlapped F+B pair (DualPipeV) as its two halves sharing one unit."""
+    units = [a for a in rank_order
+             if a is not None and (a.sub_actions or a.computation_type.value in _COMPUTE_KINDS)]
+    return [(unit, sub) for unit, a in enumerate(units) for sub in (a.sub_actions or (a,))]
+
+
+def _one_f_one_b_order(num_ranks: int, num_microbatches: int) -> dict:
+    """The order `Schedule1F1B._step_microbatches` runs: min(M, P - r) forwards, then one
+    backward and one forward until the forwards are done, then the remaining backwards.
+    Written here because Schedule1F1B's `pipeline_order` (which only torch's visualiser reads)
+    numbers the last rank's forwards 1..M instead of 0..M-1; see tests/test_schedules.py."""
+    F, B = torch_schedules.FORWARD, torch_schedules.FULL_BACKWARD
+    order = {}
+    for rank in range(num_ranks):
+        warmup = min(num_microbatches, num_ranks - rank)
+        ops = [torch_schedules._Action(rank, F, mb) for mb in range(warmup)]
+        for mb in range(num_microbatches):
+            ops.append(torch_schedules._Action(rank, B, mb))
+            if warmup + mb < num_microbatches:
+                ops.append(torch_schedules._Action(rank, F, warmup + mb))
+        order[rank] = ops
+    return order
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: in-flight microbatches per chunk at each rank's peak
+
+
+@dataclass(frozen=True)
+class ChunkBytes:
+    """What one microbatch of one stage keeps, by when it is freed (bytes, or any unit)."""
+
+    freed_at_input_grad: float = 1.0  # activations I (or B) frees: W does not need them
+    kept_for_weight_grad: float = 0.0  # what W still needs (freed at W, or at B)
+
+
+@dataclass(frozen=True)
+class ChunkInFlight:
+    """One chunk's live microbatches at its rank's peak."""
+
+    chunk: int
+    stage: int
+    activations: int  # past F, before I or B
+    weight_grad_inputs: int  # past F, before W or B
+
+
+@dataclass(frozen=True)
+class RankPeak:
+    """A rank at the action after which it holds the most (the first such action)."""
+
+    rank: int
+    step: int  # index into Schedule.actions[rank]
+    live: float  # sum over chunks of the counts times their ChunkBytes
+    chunks: tuple[ChunkInFlight, ...]
+
+    @property
+    def activations(self) -> int:
+        return sum(c.activations for c in self.chunks)
+
+    @property
+    def weight_grad_inputs(self) -> int:
+        return sum(c.weight_grad_inputs for c in self.chunks)
+
+
+def peak_in_flight(
+    schedule: Schedule, *, stage_bytes: Sequence[ChunkBytes] | None = None
+) -> tuple[RankPeak, ...]:
+    """Per rank, the step where its live activations (weighted by `stage_bytes`, one per
+    stage; default 1 freed at I and 0 kept for W) are highest, and each chunk's counts there."""
+    stage_bytes = stage_bytes or [ChunkBytes()] * schedule.num_stages
+    return tuple(_rank_peak(schedule, rank, stage_bytes) for rank in range(schedule.num_ranks))
+
+
+def _rank_peak(schedule: Schedule, rank: int, stage_bytes: Sequence[ChunkBytes]) -> RankPeak:
+    stages = schedule.stages_of(rank)
+    acts = [0] * len(stages)  # per chunk: past F, before I/B
+    wgrad = [0] * len(stages)  # per chunk: past F, before W/B
+    best = None
+    for step, a in enumerate(schedule.actions[rank]):
+        acts[a.chunk] += {"F": 1, "B": -1, "I": -1}.get(a.kind, 0)
+        wgrad[a.chunk] += {"F": 1, "B": -1, "W": -1}.get(a.kind, 0)
+        live = sum(acts[c] * stage_bytes[s].freed_at_input_grad
+                   + wgrad[c] * stage_bytes[s].kept_for_weight_grad
+                   for c, s in enumerate(stages))
+        if best is None or live > best.live:
+            chunks = tuple(ChunkInFlight(c, s, acts[c], wgrad[c]) for c, s in enumerate(stages))
+            best = RankPeak(rank, step, live, chunks)
+    assert acts == [0] * len(stages) and wgrad == [0] * len(stages), "unbalanced schedule"
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# Time: a discrete-event simulation of all ranks
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """One microbatch's compute on one stage (ms). A full backward B takes I + W."""
+
+    forward_ms: float
+    input_grad_ms: float
+    weight_grad_ms: float
+
+    @property
+    def backward_ms(self) -> float:
+        return self.input_grad_ms + self.weight_grad_ms
+
+    def of(self, kind: str) -> float:
+        return {"F": self.forward_ms, "B": self.backward_ms,
+                "I": self.input_grad_ms, "W": self.weight_grad_ms}[kind]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When every action ran, and what that makes of the iteration."""
+
+    makespan_ms: float
+    busy_ms: tuple[float, ...]  # per rank
+    start_ms: tuple[tuple[float, ...], ...]  # per rank, per action of Schedule.actions[rank]
+
+    @property
+    def bubble_fraction(self) -> tuple[float, ...]:
+        """Per rank, the share of the iteration it idles."""
+        return tuple(1.0 - busy / self.makespan_ms for busy in self.busy_ms)
+
+    @property
+    def mean_bubble_fraction(self) -> float:
+        return 1.0 - sum(self.busy_ms) / (len(self.busy_ms) * self.makespan_ms)
+
+
+def simulate_time(
+    schedule: Schedule, *, stage_times: Sequence[StageTimes], send_ms: float = 0.0
+) -> Timeline:
+    """Run every rank's list in order; each unit (an action, or DualPipeV's overlapped F+B
+    pair) starts once its rank is free and its inputs have arrived (`send_ms` after the
+    producer finished, when the producer is another rank). As torch's runtime does, a pair
+    receives both inputs before it starts, runs its halves back to back and sends after both."""
+    finished: dict[tuple[int, str, int], float] = {}  # (stage, F|I|W, microbatch) -> ms
+    next_action = [0] * schedule.num_ranks
+    free_ms = [0.0] * schedule.num_ranks
+    starts: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
+    remaining = sum(len(actions) for actions in schedule.actions)
+    while remaining:
+        progressed = False
+        for rank, actions in enumerate(schedule.actions):
+            while next_action[rank] < len(actions):
+                first = next_action[rank]
+                unit = [a for a in actions[first:first + 2] if a.unit == actions[first].unit]
+                ready = [_input_ready_ms(schedule, a, finished, send_ms) for a in unit]
+                if None in ready:
+                    break
+                clock = max(free_ms[rank], *ready)
+                for a in unit:
+                    starts[rank].append(clock)
+                    clock += stage_times[a.stage].of(a.kind)
+                free_ms[rank] = clock
+                for a in unit:  # a pair's outputs leave together, after both halves
+                    for done in {"F": "F", "B": "IW", "I": "I", "W": "W"}[a.kind]:
+                        finished[(a.stage, done, a.microbatch)] = clock
+                next_action[rank] += len(unit)
+                remaining -= len(unit)
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"{schedule.name}: no rank can run its next action (deadlock)")
+    busy = tuple(sum(stage_times[a.stage].of(a.kind) for a in actions)
+                 for actions in schedule.actions)
+    return Timeline(max(free_ms), busy, tuple(tuple(s) for s in starts))
+
+
+def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: float) -> float | None:
+    """When the input of `a` is on its rank, or None while its producer has not run."""
+    if a.kind == "F":
+        producer = (a.stage - 1, "F") if a.stage > 0 else None
+    elif a.kind == "W":
+        producer = (a.stage, "I")
+    elif a.stage == schedule.num_stages - 1:
+        producer = (a.stage, "F")  # the loss's gradient
+    else:
+        producer = (a.stage + 1, "I")
+    if producer is None:
+        return 0.0
+    done = finished.get((producer[0], producer[1], a.microbatch))
+    if done is None:
+        return None
+    crosses = schedule.stage_to_rank[producer[0]] != schedule.stage_to_rank[a.stage]
+    return done + (send_ms if crosses else 0.0)
