@@ -721,10 +721,12 @@ def frees_memory(layer: LayerCost, ctx: Context) -> bool:
     return layer_value("kept", layer, True, ctx) < layer_value("kept", layer, False, ctx)
 
 
-def useful_options(layer: LayerCost, ctx: Context, whole_layer: bool = False) -> list[int]:
+def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     """The options past none a plan may choose for this layer: each keeps fewer bytes than
     none, and no other keeps no more, adds no more time and no more extra peak while better in
-    one (a dominated option never lowers a peak or a time). `whole_layer`: full alone."""
+    one (a dominated option never lowers a peak or a time). Whole-layer plans (the setup's
+    recompute): full alone."""
+    whole_layer = ctx.setup.training.recompute == "whole-layer"
     candidates = [1] if whole_layer else range(1, len(layer.options))
     rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
                 layer_value("extra", layer, o, ctx)) for o in range(len(layer.options))}

@@ -5,11 +5,12 @@ time, so once the stages are cut, each stage should checkpoint the cheapest set 
 layers that fits its cap. The search therefore splits in two:
 
 1. Segments. For every stage s and layer range [i, j) it may hold, the least recompute
-   that fits cap_s. Checkpoint sets of [i, j) are grown one layer at a time at the end,
-   each summarised by (recompute ms, kept bytes per microbatch, extra bytes).
-   Appending layer m keeps the summary exact:
-       not checkpointed: kept += act_m,   extra = max(extra - act_m, transient_m)
-       checkpointed:     kept += input_m, extra = max(extra - input_m, transient_m + act_m - input_m)
+   that fits cap_s. Option vectors of [i, j) (each layer none, full or a selective recompute
+   option; whole layers only under --recompute whole-layer) are grown one layer at a time at
+   the end, each summarised by (recompute ms, kept bytes per microbatch, extra bytes).
+   Appending layer m under option o keeps the summary exact:
+       kept += kept_m(o),   extra = max(extra - kept_m(o), transient_m + peak_m(o))
+   (none: kept act_m, peak 0; full: kept input_m, peak act_m - input_m)
    (costmodel.transient_extra_bytes: later layers' kept bytes are freed, or not yet made,
    while a layer runs), and every term grows with its predecessor, so a set worse in all
    three than another set of the same range is never needed: only the Pareto front is
@@ -24,8 +25,10 @@ layers that fits its cap. The search therefore splits in two:
    the second are never built. A first pass caps both tighter (fastest_plan), and a
    second, exhaustive one runs only where the best plan found needs it.
 
-A layer that frees nothing by checkpointing (act <= input) is never checkpointed: it
-would add time and never lower a peak. min_cap_scale's least-memory plan uses the same
+An option that frees nothing (keeps no less than none), or that another option of the layer
+beats in kept bytes, time and extra peak alike, is never taken (costmodel.useful_options): it
+would add time and never lower a peak. With k options a layer multiplies a range's sets by up
+to k + 1 before the front prunes them. min_cap_scale's least-memory plan uses the same
 segments, scored by their least peak, and cuts minimising the largest peak / cap.
 
 Every coefficient comes from planner.costmodel; callers re-score the plan with
@@ -52,7 +55,8 @@ VECTOR_FROM = 24  # checkpoint sets per range from which numpy scores them
 
 @dataclass(frozen=True)
 class Segment:
-    """Stage `stage` holds layers [start, end); bit b of `mask`: layer start + b is checkpointed."""
+    """Stage `stage` holds layers [start, end); `mask` packs each layer's recompute option
+    index, chain.bits bits per layer: layer start + b's is (mask >> b·bits) & (2^bits - 1)."""
 
     stage: int
     start: int
@@ -94,11 +98,15 @@ class Chain:
 
         # compute as the run takes it; the sends and actions at the stage's edges
         self.plain_ms = per_layer(("time",), False)
-        self.recompute_ms = [ckpt - plain for ckpt, plain in zip(per_layer(("time",), True), self.plain_ms)]
-        self.kept_plain, self.kept_ckpt = per_layer(("kept",), False), per_layer(("kept",), True)
-        # checkpointing a layer that frees nothing never lowers a peak and always costs time
-        self.frees = [costmodel.frees_memory(layer, ctx) for layer in layers]
-        self.extra_plain, self.extra_ckpt = per_layer(("extra",), False), per_layer(("extra",), True)
+        self.kept_plain, self.extra_plain = per_layer(("kept",), False), per_layer(("extra",), False)
+        # each layer's other choices, (option, recompute ms, kept, extra): the undominated
+        # options that keep fewer bytes (one that frees nothing never lowers a peak and always
+        # costs time), full alone for whole-layer plans
+        self.alternatives = [
+            [(o, costmodel.layer_value("time", layer, o, ctx) - plain, costmodel.layer_value("kept", layer, o, ctx),
+              costmodel.layer_value("extra", layer, o, ctx)) for o in costmodel.useful_options(layer, ctx)]
+            for layer, plain in zip(layers, self.plain_ms)]
+        self.bits = max(len(layer.options) - 1 for layer in layers).bit_length()  # per layer in a mask
         self.step_scratch = per_layer(("scratch",), False)
         self.static = per_layer(HELD, False)  # held all step long
         self.host = per_layer(("host",), False)
@@ -164,14 +172,15 @@ def front(items: list[tuple]) -> list[tuple]:
     return kept
 
 
-def _grow(states: list[tuple], chain: Chain, m: int, bit: int, max_recompute_ms: float) -> list[tuple]:
-    """Checkpoint sets of a range extended by layer m, each (recompute ms, kept, extra, mask)."""
-    plain, ckpt = chain.kept_plain[m], chain.kept_ckpt[m]
+def _grow(states: list[tuple], chain: Chain, m: int, shift: int, max_recompute_ms: float) -> list[tuple]:
+    """Option vectors of a range extended by layer m (its option at bit `shift` of the mask),
+    each (recompute ms, kept, extra, mask)."""
+    plain = chain.kept_plain[m]
     grown = [(ms, kept + plain, max(extra - plain, chain.extra_plain[m]), mask) for ms, kept, extra, mask in states
              if ms <= max_recompute_ms]
-    if chain.frees[m]:
-        cost = chain.recompute_ms[m]
-        grown += [(ms + cost, kept + ckpt, max(extra - ckpt, chain.extra_ckpt[m]), mask | bit)
+    for option, cost, option_kept, option_extra in chain.alternatives[m]:
+        code = option << shift
+        grown += [(ms + cost, kept + option_kept, max(extra - option_kept, option_extra), mask | code)
                   for ms, kept, extra, mask in states if ms + cost <= max_recompute_ms]
     return grown
 
@@ -231,7 +240,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
         scratch_max = max(scratch_max, chain.step_scratch[m])
         if timed and plain > max_time_ms:
             break
-        states = _grow(states, chain, m, 1 << (m - i), min(max_time_ms - plain, max_recompute_ms) if timed else INF)
+        states = _grow(states, chain, m, (m - i) * chain.bits, min(max_time_ms - plain, max_recompute_ms) if timed else INF)
         # static and kept only grow with the range: drop sets that no later end can fit (a
         # byte of room for the peak's rounding to whole bytes)
         states = [st for st in states
@@ -415,11 +424,11 @@ def boundary_windows(chain: Chain, tau_max: float) -> list[tuple[int, int]]:
 
 
 def to_stages(chain: Chain, chosen: list[Segment]) -> list[StagePlan]:
-    flags = [False] * len(chain)
+    options, every = [0] * len(chain), (1 << chain.bits) - 1
     for seg in chosen:
         for offset in range(seg.end - seg.start):
-            flags[seg.start + offset] = bool(seg.mask >> offset & 1)
-    return costmodel.split_to_stages([seg.start for seg in chosen], flags, chain.profile)
+            options[seg.start + offset] = seg.mask >> (offset * chain.bits) & every
+    return costmodel.split_to_stages([seg.start for seg in chosen], options, chain.profile)
 
 
 def fastest_plan(profile: Profile, setup: TrainSetup, *, upper_bound_ms: float | None,

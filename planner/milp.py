@@ -14,7 +14,8 @@ instead of many symmetric binaries:
 
     y[s,g] ∈ {0..n_g}  run-g layers in stages 0..s        (y[-1,g] = 0, y[P-1,g] = n_g)
     n[s,g] = y[s,g] - y[s-1,g]                            run-g layers in stage s
-    r[s,g] ∈ {0..n[s,g]}  run-g layers checkpointed in stage s
+    r[s,g,o] ∈ {0..n[s,g]}  run-g layers of stage s under recompute option o (Σ_o ≤ n[s,g];
+                          the rest none), for the run's undominated options (costmodel.useful_options)
     f[s,g] = [y[s,g] = n_g]   run g lies wholly in stages 0..s
     t[s,g] = [y[s,g] ≥ 1]     run g is touched by stages 0..s
     open[s,g]  = f[s-1,g-1] - f[s-1,g]                    stage s's first layer is of run g
@@ -70,7 +71,11 @@ class Problem:
     runs: list[Run]
     objective: Literal["time", "memory"]
     y: dict[tuple[int, int], object] = field(default_factory=dict)
-    r: dict[tuple[int, int], object] = field(default_factory=dict)
+    r: dict[tuple[int, int, int], object] = field(default_factory=dict)  # (stage, run, option) -> count
+    # per run, its options in the order a stage's layers of the run take them: the largest
+    # extra peak first (no other order has a smaller transient: swapping two neighbours that
+    # are out of order never lowers it), none last
+    order: dict[int, list[int]] = field(default_factory=dict)
     scale: pulp.LpVariable | None = None  # memory objective: caps are multiplied by it
 
     @property
@@ -192,13 +197,17 @@ def build_problem(
         after = touched[s, g + 1] if g + 1 < num_runs else 0
         return touched[s, g] - after
 
-    # r[s,g]: run-g layers checkpointed in stage s (only where checkpointing frees memory)
+    # r[s,g,o]: run-g layers of stage s under option o (only options that keep fewer bytes)
     r = problem.r
+    for g, run in enumerate(runs):
+        options = costmodel.useful_options(run.layer, problem.ctx)
+        problem.order[g] = sorted(options, key=lambda o, layer=run.layer: -_layer(problem, ("extra",), layer, o))
     for s in range(num_stages):
         for g, run in enumerate(runs):
-            if costmodel.frees_memory(run.layer, problem.ctx):
-                r[s, g] = _count_var(f"r_{s}_{g}", run.size)
-                lp += r[s, g] <= n(s, g), f"ckpt_owned_{s}_{g}"
+            for o in problem.order[g]:
+                r[s, g, o] = _count_var(f"r_{s}_{g}_{o}", run.size)
+            if problem.order[g]:
+                lp += pulp.lpSum(r[s, g, o] for o in problem.order[g]) <= n(s, g), f"ckpt_owned_{s}_{g}"
 
     # τ: the slowest stage's time per microbatch
     tau = pulp.LpVariable("tau", lowBound=0, upBound=None if tau_max == float("inf") else tau_max)
@@ -235,8 +244,8 @@ HELD = ("static", "buffers")  # bytes held all iteration
 BUSY = ("time", "comm")  # ms per microbatch on the critical path
 
 
-def _layer(problem: Problem, quantities, layer: LayerCost, ckpt: bool = False) -> float:
-    return sum(costmodel.layer_value(q, layer, ckpt, problem.ctx) for q in quantities)
+def _layer(problem: Problem, quantities, layer: LayerCost, option: int = 0) -> float:
+    return sum(costmodel.layer_value(q, layer, option, problem.ctx) for q in quantities)
 
 
 def _edge(problem: Problem, quantities, where: str, layer: LayerCost, s: int) -> float:
@@ -248,14 +257,14 @@ def _const(problem: Problem, quantities, s: int) -> float:
 
 
 def _stage_time(problem: Problem, s: int, n, opens, closes):
-    """busy_s = Σ_g n·time(plain) + r·(time(ckpt) - time(plain)) + what the first and last
+    """busy_s = Σ_g n·time(plain) + Σ_o r_o·(time(o) - time(plain)) + what the first and last
     layer and the stage's position add (costmodel.TERMS: time and comm)."""
     terms = [_const(problem, BUSY, s)]
     for g, run in enumerate(problem.runs):
         plain = _layer(problem, BUSY, run.layer)
         terms.append(plain * n(s, g))
-        if (s, g) in problem.r:
-            terms.append((_layer(problem, BUSY, run.layer, True) - plain) * problem.r[s, g])
+        for o in problem.order[g]:
+            terms.append((_layer(problem, BUSY, run.layer, o) - plain) * problem.r[s, g, o])
         terms += [_edge(problem, BUSY, "open", run.layer, s) * opens(s, g),
                   _edge(problem, BUSY, "close", run.layer, s) * closes(s, g)]
     return pulp.lpSum(terms)
@@ -293,12 +302,15 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
             # [Constraint] T_s ≥ the extra of the run's last layer in the stage minus what
             # the runs after it keep (its earlier layers have more after them)
             lp += scratch >= extra / MIB * present - later[g + 1], f"transient_{s}_{g}"
-        if (s, g) in problem.r:
-            used = _presence(problem, f"q_{s}_{g}", problem.r[s, g], run.size)
-            # [Constraint] T_s ≥ the extra of the run's last checkpointed layer (the first r of
-            # the run are the checkpointed ones) minus what the layers after it keep
-            after = (n(s, g) - problem.r[s, g]) * _layer(problem, ("kept",), layer) / MIB + later[g + 1]
-            lp += scratch >= _layer(problem, ("extra",), layer, True) / MIB * used - after, f"recompute_{s}_{g}"
+        order = problem.order[g]
+        for place, o in enumerate(order):
+            used = _presence(problem, f"q_{s}_{g}_{o}", problem.r[s, g, o], run.size)
+            # [Constraint] T_s ≥ the extra of the run's last layer under option o (the run's
+            # layers take the options in problem.order, none last) minus what the layers after it keep
+            after = (pulp.lpSum(problem.r[s, g, p] * _layer(problem, ("kept",), layer, p) for p in order[place + 1:])
+                     + (n(s, g) - pulp.lpSum(problem.r[s, g, p] for p in order)) * _layer(problem, ("kept",), layer)
+                     ) / MIB + later[g + 1]
+            lp += scratch >= _layer(problem, ("extra",), layer, o) / MIB * used - after, f"recompute_{s}_{g}_{o}"
         total += [k * _edge(problem, ("kept",), "open", layer, s) / MIB * opens(s, g),
                   k * _edge(problem, ("kept",), "close", layer, s) / MIB * closes(s, g)]
         held += [_edge(problem, HELD, "open", layer, s) / MIB * opens(s, g),
@@ -345,12 +357,12 @@ def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
 
 
 def _run_kept_bytes(problem: Problem, s: int, g: int, n):
-    """Bytes per microbatch stage s's layers of run g keep (checkpointed ones less)."""
+    """Bytes per microbatch stage s's layers of run g keep (those under an option less)."""
     layer = problem.runs[g].layer
     plain = _layer(problem, ("kept",), layer)
     kept = plain * n(s, g)
-    if (s, g) in problem.r:
-        kept -= (plain - _layer(problem, ("kept",), layer, True)) * problem.r[s, g]
+    for o in problem.order[g]:
+        kept -= (plain - _layer(problem, ("kept",), layer, o)) * problem.r[s, g, o]
     return kept
 
 
@@ -486,7 +498,9 @@ def start_values(problem: Problem, stages: list[StagePlan], *, threads: int | No
     runs, names = problem.runs, [layer.name for layer in problem.profile.layers]
     position = {name: idx for idx, name in enumerate(names)}
     ends = [position[stage.layers[-1]] + 1 for stage in stages]
-    ckpt = {position[name] for stage in stages for name in stage.checkpointed}
+    layers = costmodel.layer_costs(problem.profile)
+    chosen = {position[name]: layers[position[name]].option_index(stage.option(name))
+              for stage in stages for name in stage.layers}
     fixed = {}
     for s, end in enumerate(ends):
         begin = ends[s - 1] if s > 0 else 0
@@ -494,8 +508,9 @@ def start_values(problem: Problem, stages: list[StagePlan], *, threads: int | No
             layers_before = max(0, min(end, run.start + run.size) - run.start)
             if not isinstance(problem.y[s, g], int):
                 fixed[problem.y[s, g]] = layers_before
-            if (s, g) in problem.r:
-                fixed[problem.r[s, g]] = sum(1 for i in range(max(begin, run.start), min(end, run.start + run.size)) if i in ckpt)
+            for o in problem.order[g]:
+                fixed[problem.r[s, g, o]] = sum(1 for i in range(max(begin, run.start), min(end, run.start + run.size))
+                                                if chosen[i] == o)
     saved = {var: (var.lowBound, var.upBound) for var in fixed}
     for var, value in fixed.items():
         var.lowBound = var.upBound = value
@@ -510,18 +525,17 @@ def start_values(problem: Problem, stages: list[StagePlan], *, threads: int | No
 
 
 def extract_plan(problem: Problem) -> list[StagePlan]:
-    """Stage boundaries from the prefix counts; in each stage, the first r[s,g] layers of
-    each run are the checkpointed ones (same-kind layers cost the same)."""
+    """Stage boundaries from the prefix counts; in each stage, each run's layers take their
+    options in problem.order, r[s,g,o] of each, the rest none (same-kind layers cost the same)."""
     setup, runs = problem.setup, problem.runs
     prefix = [[int(round(pulp.value(problem.y[s, g]))) for g in range(len(runs))] for s in range(setup.pipeline.stages)]
     bounds = [0] + [sum(prefix[s]) for s in range(setup.pipeline.stages - 1)]
-    checkpointed = [False] * sum(run.size for run in runs)
+    options = [0] * sum(run.size for run in runs)
     for s in range(setup.pipeline.stages):
         for g, run in enumerate(runs):
-            if (s, g) not in problem.r:
-                continue
-            count = int(round(pulp.value(problem.r[s, g])))
-            first = run.start + (prefix[s - 1][g] if s > 0 else 0)
-            for idx in range(first, first + count):
-                checkpointed[idx] = True
-    return costmodel.split_to_stages(bounds, checkpointed, problem.profile)
+            idx = run.start + (prefix[s - 1][g] if s > 0 else 0)
+            for o in problem.order[g]:
+                for _ in range(int(round(pulp.value(problem.r[s, g, o])))):
+                    options[idx] = o
+                    idx += 1
+    return costmodel.split_to_stages(bounds, options, problem.profile)

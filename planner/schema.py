@@ -252,6 +252,9 @@ class TrainingSetup(Strict):
     optimizer: Optimizer = "adam"
     precision: Precision = "fp32"
     runtime: Runtime = "ckplan"
+    # the recompute options a plan may choose: every option the profile lists, or whole
+    # layers only (none or full, the plan space before options)
+    recompute: Literal["options", "whole-layer"] = "options"
 
 
 # A scale past this (a stage 1000x slower than profiled) or a latency past a second is a

@@ -29,6 +29,10 @@ _OPTIONS = [
                  default="ckplan", show_default=True,
                  help="Whose runtime the plan is scored for: ckplan's own (launch), or the framework it is exported "
                       "to, which overlap data-parallel reductions with the backward (ckplan's does under ZeRO 2/3)."),
+    click.option("--recompute", type=click.Choice(["options", "whole-layer"]), default="options", show_default=True,
+                 help="What a layer may recompute: any option its profile lists (selective: attention, the "
+                      "MLP's activation, norms, all but the matmuls; or the whole layer), or whole layers only "
+                      "(none or full, to see what the options buy)."),
     click.option("--fragmentation", type=click.FloatRange(0, 0.9), default=None, metavar="F",
                  help="cuda: the share of reserved memory the caching allocator loses to fragmentation at the peak, "
                       "1 - allocated / reserved; the cap holds the reserved peak and NCCL's buffers [default: 0.15, "
@@ -162,11 +166,12 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
             say(note)
     runtime = data_parallel.pop("runtime", "ckplan")
     fragmentation = data_parallel.pop("fragmentation", None)
+    recompute = data_parallel.pop("recompute", "options")
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
             schedule=schedule, mem_caps_bytes=caps_bytes(mem, stages), optimizer=optimizer, precision=precision,
-            runtime=runtime, fragmentation=fragmentation,
+            runtime=runtime, fragmentation=fragmentation, recompute=recompute,
             parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.get("dp", 1)),
             **dp_fields(profile, stages=stages, optimizer=optimizer, say=say, **data_parallel),
         )

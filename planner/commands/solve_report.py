@@ -12,9 +12,17 @@ def _layer_range(layers: list[str]) -> str:
     return layers[0] if len(layers) == 1 else f"{layers[0]}–{layers[-1]}"
 
 
-def _checkpointed(names: list[str]) -> str:
-    """The checkpointed layers: their names when few, else how many."""
-    return ", ".join(names) if len(names) <= 3 else f"{len(names)} layers"
+def _checkpointed(stage) -> str:
+    """What the stage recomputes: the checkpointed layers' names when they are few and the only
+    option, else each option with how many layers take it ("full 3, attn,mlp-act 12")."""
+    if set(stage.recompute.values()) <= {"full"}:
+        names = stage.checkpointed
+        return ", ".join(names) if len(names) <= 3 else f"{len(names)} layers"
+    counts: dict[str, int] = {}
+    for name in stage.layers:
+        if stage.option(name) != "none":
+            counts[stage.option(name)] = counts.get(stage.option(name), 0) + 1
+    return ", ".join(f"{option} {count}" for option, count in counts.items())
 
 
 def device_bytes(predicted) -> int:
@@ -56,7 +64,7 @@ def print_plan(plan, out: Path) -> None:
             str(stage.index),
             _layer_range(stage.layers),
             str(len(stage.layers)),
-            _checkpointed(stage.checkpointed),
+            _checkpointed(stage),
             format_bytes(stage.predicted.peak_bytes),
             *(reserved_columns(stage.predicted) if cuda else []),
             format_bytes(caps[stage.index]),
@@ -68,7 +76,8 @@ def print_plan(plan, out: Path) -> None:
     setup = plan.setup
     title = (f"ckplan plan: {setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches × {setup.pipeline.micro_batch_size}, "
              f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}, "
-             f"scored for {setup.training.runtime}'s runtime")
+             f"scored for {setup.training.runtime}'s runtime"
+             + (", whole-layer recompute only" if setup.training.recompute == "whole-layer" else ""))
     if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:
         title += f", {setup.pipeline.parallel_stages} stages compute at once (shared cores)"
     memory = ["peak", *(RESERVED_COLUMNS if cuda else []), "cap"]
@@ -76,9 +85,12 @@ def print_plan(plan, out: Path) -> None:
     if narrow() or cuda:  # checkpointed layers as a count of the stage's, the bar as a percentage: 80
         # columns, or room for the reserved peak and NCCL's buffers
         columns = ["stage", "layers", "ckpt", *memory, "% cap", "time/mb"]
-        rows = [[row[0], row[1], f"{len(stage.checkpointed)}/{row[2]}", *row[4:]]
+        rows = [[row[0], row[1], f"{len(stage.recompute)}/{row[2]}", *row[4:]]
                 for row, stage in zip(rows, plan.stages)]
     console.print(table(title, columns, rows, right_from=2))
+    if (narrow() or cuda) and any(set(stage.recompute.values()) - {"full"} for stage in plan.stages):
+        for stage in plan.stages:  # the compact table counts them: say which options
+            console.print(f"stage {stage.index} recomputes: {_checkpointed(stage) or 'nothing'}")
     if cuda:
         console.print(reserved_note(setup))
     print_comparison(plan)

@@ -1,0 +1,138 @@
+"""Recompute options in the solvers: the DP and the MILP pick one option per layer, jointly with
+the stage split, and both equal brute force over every split and every option vector; the
+plan with options is never slower than whole-layer recompute and faster where a cheaper
+option fits."""
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from planner import costmodel, search
+from planner.schema import RecomputeOption, TrainSetup
+from planner.synthetic import layer, profile_of, uniform_blocks
+
+MIB = 2**20
+HUGE = 2**50
+EXACT = dict(mip_gap=0.0, threads=1)
+MARGIN = costmodel.FIT_MARGIN_BYTES
+NEAR_EDGE = 8192
+
+
+def with_options(item, options):
+    """A synthetic layer with selective options: (name, kept MiB, recompute ms, peak MiB)."""
+    listed = [RecomputeOption(name="none", kept_bytes=item.act_bytes),
+              RecomputeOption(name="full", kept_bytes=item.input_bytes, recompute_ms=item.recompute_ms or item.fwd_ms,
+                              recompute_peak_bytes=max(item.act_bytes - item.input_bytes, 0)),
+              *(RecomputeOption(name=name, kept_bytes=int(kept * MIB), recompute_ms=ms,
+                                recompute_peak_bytes=int(peak * MIB)) for name, kept, ms, peak in options)]
+    return item.model_copy(update={"recompute_options": listed, "recompute_ms": item.recompute_ms or item.fwd_ms})
+
+
+def setup(stages, microbatches, caps, **fields):
+    return TrainSetup(stages=stages, microbatches=microbatches, micro_batch_size=1, mem_caps_bytes=list(caps), **fields)
+
+
+def all_plans(profile, setup_):
+    """(stages, peaks, ms) for every contiguous split and every option vector."""
+    layers = costmodel.layer_costs(profile)
+    n, P = len(layers), setup_.pipeline.stages
+    for cuts in itertools.combinations(range(1, n), P - 1):
+        for choice in itertools.product(*(range(len(item.options)) for item in layers)):
+            stages = costmodel.split_to_stages([0, *cuts], list(choice), profile)
+            cost = costmodel.evaluate(stages, profile, setup_)
+            yield stages, cost.peak_bytes_per_stage, cost.iteration_ms
+
+
+def fits(peaks, caps):
+    return all(p + MARGIN <= c for p, c in zip(peaks, caps))
+
+
+OPTION_SETS = [
+    [],
+    [("attn", 6, 0.3, 3)],
+    [("attn", 6, 0.3, 3), ("mlp-act", 9, 0.1, 1)],
+    [("mlp-act", 9, 0.1, 1), ("save-matmuls", 4, 0.6, 6), ("worse", 12, 2.0, 9)],  # "worse" is dominated
+]
+
+
+@st.composite
+def cases(draw):
+    n = draw(st.integers(1, 4))
+    stages = draw(st.integers(1, min(2, n)))
+    kinds = draw(st.lists(st.sampled_from("AAB "), min_size=n, max_size=n))
+    option_of = {kind: draw(st.sampled_from(range(len(OPTION_SETS)))) for kind in "AB"}
+    layers = []
+    for i, kind in enumerate(kinds):
+        name = kind if kind != " " else f"solo{i}"
+        base = layer(f"l{i}", name, fwd_ms=draw(st.sampled_from([1.0, 2.0])), act_mib=12,
+                     input_mib=draw(st.sampled_from([1, 2])), output_mib=1, param_count=65536,
+                     transient_mib=draw(st.sampled_from([0, 2])), recompute_ms=draw(st.sampled_from([None, 0.8])))
+        which = option_of.get(kind, draw(st.sampled_from(range(len(OPTION_SETS)))))
+        layers.append(with_options(base, OPTION_SETS[which]))
+    profile = profile_of(layers).model_copy(update={"loss_transient_bytes": draw(st.sampled_from([0, 3 * MIB]))})
+    micro = draw(st.integers(1, 4))
+    fractions = [(step + 0.5) / 12 for step in draw(st.lists(st.integers(0, 11), min_size=stages, max_size=stages))]
+    return profile, setup(stages, micro, [HUGE] * stages, schedule=draw(st.sampled_from(["1F1B", "GPipe"]))), fractions
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_both_solvers_equal_brute_force_over_every_option_vector(case):
+    profile, roomy, fractions = case
+    plans = list(all_plans(profile, roomy))
+    P = roomy.pipeline.stages
+    lo = [min(p[s] for _, p, _ in plans) for s in range(P)]
+    hi = [max(p[s] for _, p, _ in plans) for s in range(P)]
+    caps = [int(a + f * (b - a)) + MARGIN for a, b, f in zip(lo, hi, fractions)]
+    assume(not any(abs(c - MARGIN - p) < NEAR_EDGE for _, peaks, _ in plans for p, c in zip(peaks, caps)))
+    s = roomy.model_copy(update={"mem_caps_bytes": caps})
+    feasible = [ms for _, peaks, ms in plans if fits(peaks, caps)]
+    for method in ("dp", "milp"):
+        result = search.plan(profile, s, solver=method, **EXACT)
+        if not feasible:
+            assert isinstance(result, search.NoFit), method
+            continue
+        assert isinstance(result, search.PlanResult), (method, result)
+        assert result.cost.iteration_ms == pytest.approx(min(feasible), rel=1e-6), method
+        assert costmodel.evaluate(result.stages, profile, s).feasible
+
+
+def _blocks_with_options(n):
+    """uniform_blocks' transformer-like profile, each block with the selective options a
+    LLaMA block has: attention (a little recompute, much freed) and the MLP's activation."""
+    profile = uniform_blocks(n, noise=0.0)
+    layers = [item if item.kind != "Block" else
+              with_options(item, [("attn", 96, 1.0, 40), ("mlp-act", 106, 0.3, 30), ("attn,mlp-act", 66, 1.3, 40)])
+              for item in profile.layers]
+    return profile.model_copy(update={"layers": layers})
+
+
+@pytest.mark.parametrize("fraction", [0.15, 0.4, 0.7])
+def test_options_are_never_slower_than_whole_layers_and_faster_where_cheaper_ones_fit(fraction):
+    profile = _blocks_with_options(8)
+    roomy = setup(2, 4, [HUGE] * 2)
+    whole = roomy.model_copy(update={"recompute": "whole-layer"})
+    full = costmodel.evaluate(costmodel.split_to_stages([0, 5], [0, *[1] * 8, 0], profile), profile, roomy)
+    plain = costmodel.evaluate(costmodel.split_to_stages([0, 5], [0] * 10, profile), profile, roomy)
+    caps = [int(a + fraction * (b - a)) for a, b in zip(full.peak_bytes_per_stage, plain.peak_bytes_per_stage)]
+    options = search.plan(profile, roomy.model_copy(update={"mem_caps_bytes": caps}), **EXACT)
+    layers_only = search.plan(profile, whole.model_copy(update={"mem_caps_bytes": caps}), **EXACT)
+    assert options.cost.iteration_ms <= layers_only.cost.iteration_ms * (1 + 1e-12)
+    chosen = {o for stage in options.stages for o in stage.recompute.values()}
+    assert chosen - {"full"}, chosen  # a selective option fits somewhere
+    assert options.cost.iteration_ms < layers_only.cost.iteration_ms
+    assert all(set(stage.recompute.values()) <= {"full"} for stage in layers_only.stages)
+    milp = search.plan(profile, roomy.model_copy(update={"mem_caps_bytes": caps}), solver="milp", **EXACT)
+    assert milp.cost.iteration_ms == pytest.approx(options.cost.iteration_ms, rel=1e-6)
+
+
+def test_a_plan_names_each_layers_option_and_evaluate_refuses_one_the_layer_lacks():
+    profile = _blocks_with_options(2)
+    stages = costmodel.split_to_stages([0, 2], [0, 2, 3, 0], profile)
+    assert [stage.recompute for stage in stages] == [{"blocks.0": "attn"}, {"blocks.1": "mlp-act"}]
+    assert [stage.checkpointed for stage in stages] == [[], []]
+    bad = [stages[0], stages[1].with_recompute({"head": "attn"})]
+    with pytest.raises(ValueError, match="has no recompute option 'attn'"):
+        costmodel.evaluate(bad, profile, setup(2, 4, [HUGE] * 2))
