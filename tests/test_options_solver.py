@@ -136,3 +136,41 @@ def test_a_plan_names_each_layers_option_and_evaluate_refuses_one_the_layer_lack
     bad = [stages[0], stages[1].with_recompute({"head": "attn"})]
     with pytest.raises(ValueError, match="has no recompute option 'attn'"):
         costmodel.evaluate(bad, profile, setup(2, 4, [HUGE] * 2))
+
+
+def test_analytic_blocks_carry_the_selective_options_of_their_terms():
+    """LLaMA 3 8B at 1024 tokens, eager attention: `attn` frees the softmax output, 32 heads x
+    1024² x 2 bytes, and reruns QK^T and scores·V (4·s²·h FLOPs); `mlp-act` frees SiLU's output
+    and the product, 2 x 1024 x 14336 x 2 bytes; a MoE block has none and full only."""
+    from planner import archs
+    from planner.profiler import analytic
+
+    gpu = archs.gpu("h100")
+    shape = analytic.Shape(seq_len=1024, micro_batch_size=1, attention="eager")
+    block = analytic.block_layer(0, archs.arch("llama3-8b"), shape, gpu, 0.4)
+    options = {o.name: o for o in block.recompute_options}
+    assert list(options) == ["none", "full", "attn", "mlp-act", "attn,mlp-act"]
+    assert block.act_bytes - options["attn"].kept_bytes == 32 * 1024 * 1024 * 2 == options["attn"].recompute_peak_bytes
+    assert block.act_bytes - options["mlp-act"].kept_bytes == 2 * 1024 * 14336 * 2
+    assert options["attn"].recompute_ms == pytest.approx(analytic.flops_ms(4 * 1024 * 1024 * 4096, gpu, 0.4))
+    assert options["mlp-act"].recompute_ms == pytest.approx(4 * 1024 * 14336 * 2 / (gpu.hbm_tbps * 1e12) * 1e3)
+    both = options["attn,mlp-act"]
+    assert both.kept_bytes == block.act_bytes - 32 * 1024 * 1024 * 2 - 2 * 1024 * 14336 * 2
+    moe = analytic.block_layer(0, archs.arch("mixtral-8x7b"), shape, gpu, 0.4)
+    assert moe.recompute_options == []
+
+
+def test_a_plan_with_selective_options_is_exported_as_whole_layers_and_rescored(tmp_path):
+    from fixtures.cli import run_ok
+
+    from planner import io
+
+    run_ok("profile", "--arch", "llama3-70b", "--seq-len", "8192", "--tp", "8", "--sp", "--gpu", "h100",
+           "--out", tmp_path / "p.json")
+    run_ok("solve", "--profile", tmp_path / "p.json", "--stages", "4", "--mem", "60GB", "--microbatches", "16",
+           "--precision", "bf16-mixed", "--out", tmp_path / "plan.yaml")
+    plan = io.load_plan(tmp_path / "plan.yaml")
+    assert "mlp-act" in {o for stage in plan.stages for o in stage.recompute.values()}
+    result = run_ok("export", tmp_path / "plan.yaml", "--to", "colossalai")
+    assert "recomputes selectively (mlp-act) recompute whole layers" in " ".join(result.output.split())
+    assert "iteration: plan" in result.output

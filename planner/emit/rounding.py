@@ -77,8 +77,16 @@ RUNTIMES = {"Megatron-LM": "megatron", "torchtitan": "torchtitan", "ColossalAI":
 def start(plan: Plan, target: str | None = None) -> Rounded:
     """The plan as it stands, scored for `target`'s runtime (its own way of overlapping the
     data-parallel reductions) where the plan was scored for another."""
-    rounded = Rounded(stages=[StagePlan(index=s.index, layers=list(s.layers), checkpointed=list(s.checkpointed))
+    selective = {name: option for s in plan.stages for name, option in s.recompute.items() if option != "full"}
+    # the exports write whole-layer recompute: a selective option becomes the whole layer
+    # (frees at least as much, recomputes more), re-scored below like every other rounding
+    rounded = Rounded(stages=[StagePlan(index=s.index, layers=list(s.layers),
+                                        checkpointed=[n for n in s.layers if s.option(n) != "none"])
                               for s in plan.stages], setup=plan.setup)
+    if selective and target:
+        kinds = sorted(set(selective.values()))
+        rounded.changes.append(f"{target} is exported with whole-layer recompute: the {len(selective)} layers the "
+                               f"plan recomputes selectively ({', '.join(kinds)}) recompute whole layers")
     runtime = RUNTIMES.get(target or "")
     if runtime is not None and runtime != plan.setup.training.runtime:
         rounded.setup = rounded.setup.model_copy(update={"runtime": runtime})

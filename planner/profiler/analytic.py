@@ -90,7 +90,16 @@ from typing import Literal
 
 from planner.archs import CONTEXT_SOURCE, DEFAULT_MFU, GPU, Arch
 from planner.errors import UserError
-from planner.schema import DeviceInfo, FileRef, LayerProfile, Profile, TiedSet
+from planner.schema import (
+    OPTION_FULL,
+    OPTION_NONE,
+    DeviceInfo,
+    FileRef,
+    LayerProfile,
+    Profile,
+    RecomputeOption,
+    TiedSet,
+)
 
 Attention = Literal["flash", "eager"]
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -547,6 +556,49 @@ def block_recompute_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) 
     return block_flops(arch, shape, moe=moe) - last
 
 
+def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> tuple[RecomputeOption, ...]:
+    """A dense block's selective recompute options, from its terms:
+    - `attn`: the attention core recomputed (Korthikanti et al.'s selective recompute, Megatron-LM's
+      --recompute-modules core_attn): its scores, softmax and dropout (eager) or flash's
+      logsumexp are not kept; Q, K, V and the output stay (the projections' own tensors). It
+      reruns QK^T and scores·V, 4·sb·w·a·hd FLOPs (sliding window w), and holds what it frees
+      while it does. Offered where it frees something.
+    - `mlp-act`: the MLP's activation recomputed from the matmul outputs it keeps (Megatron-LM's
+      activation recompute, torchtitan's op-level checkpointing of the MLP): SwiGLU keeps the gate
+      and up outputs but not SiLU's output nor the product; GELU keeps its input, not its output.
+      Memory-bound: its reads and writes (gate and up in, SiLU out and product; GELU in and out)
+      over the HBM bandwidth. ReLU (OPT) needs its output for its own backward: no option.
+    - `attn,mlp-act`: both; they recompute at different points of the backward, so the extra
+      peak is the larger of the two."""
+    s, d = shape.seq_len, shape.d
+    sb, f = shape.tokens, arch.intermediate_size // shape.tp
+    out_width = arch.num_heads // shape.tp * arch.v_head_dim if arch.mla else q_width(arch, shape)
+    core = sum(term.num_bytes for term in _attention_core_terms(arch, shape, out_width)[:-1])
+    window = min(s, arch.sliding_window or s)
+    width = (arch.num_heads // shape.tp) * (arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim) // 2 \
+        if arch.mla else q_width(arch, shape)
+    attn_ms = flops_ms(4 * sb * window * width, gpu, mfu)
+    act = block_terms(arch, shape, moe=False)
+    kept = sum(term.num_bytes for term in act)
+    if arch.style == "llama":
+        mlp_saved, mlp_moved = 2 * sb * f * d, 4 * sb * f * d  # SiLU output and product; g, u in, both out
+    elif arch.mlp_act == "gelu":
+        mlp_saved, mlp_moved = sb * f * d, 2 * sb * f * d  # GELU output; its input in, output out
+    else:
+        mlp_saved = mlp_moved = 0
+    mlp_ms = mlp_moved / (gpu.hbm_tbps * 1e12) * 1e3
+    found = []
+    if core:
+        found.append(RecomputeOption(name="attn", kept_bytes=kept - core, recompute_ms=attn_ms, recompute_peak_bytes=core))
+    if mlp_saved:
+        found.append(RecomputeOption(name="mlp-act", kept_bytes=kept - mlp_saved, recompute_ms=mlp_ms,
+                                     recompute_peak_bytes=mlp_saved))
+    if core and mlp_saved:
+        found.append(RecomputeOption(name="attn,mlp-act", kept_bytes=kept - core - mlp_saved,
+                                     recompute_ms=attn_ms + mlp_ms, recompute_peak_bytes=max(core, mlp_saved)))
+    return tuple(found)
+
+
 def head_flops(arch: Arch, shape: Shape) -> int:
     return 2 * shape.tokens * arch.hidden_size * vocab_per_device(arch, shape)
 
@@ -599,11 +651,17 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
 
 def _layer(name: str, kind: str, *, fwd_ms: float, act_bytes: int, input_bytes: int, output_bytes: int,
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
-           recompute_ms: float | None = None) -> LayerProfile:
-    """Backward = 2 × forward; checkpointing reruns `recompute_ms` (default: one forward)."""
+           recompute_ms: float | None = None, selective: tuple[RecomputeOption, ...] = ()) -> LayerProfile:
+    """Backward = 2 × forward; checkpointing reruns `recompute_ms` (default: one forward);
+    `selective`: the layer's options beyond none and full."""
+    recompute = fwd_ms if recompute_ms is None else recompute_ms
+    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes),
+               RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
+                               recompute_peak_bytes=max(act_bytes - input_bytes, 0)), *selective] if selective else []
     return LayerProfile(
+        recompute_options=options,
         name=name, kind=kind, fwd_ms=fwd_ms, bwd_ms=2 * fwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
-        bwd_ms_min=2 * fwd_ms, bwd_ms_max=2 * fwd_ms, recompute_ms=fwd_ms if recompute_ms is None else recompute_ms,
+        bwd_ms_min=2 * fwd_ms, bwd_ms_max=2 * fwd_ms, recompute_ms=recompute,
         act_bytes=act_bytes,
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
@@ -630,7 +688,8 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> L
                   act_bytes=sum(term.num_bytes for term in block_terms(arch, shape, moe=moe)), input_bytes=boundary,
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
-                  recompute_ms=flops_ms(block_recompute_flops(arch, shape, moe=moe), gpu, mfu))
+                  recompute_ms=flops_ms(block_recompute_flops(arch, shape, moe=moe), gpu, mfu),
+                  selective=() if moe else selective_options(arch, shape, gpu, mfu))
 
 
 def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> LayerProfile:
