@@ -4,6 +4,7 @@ plan with options is never slower than whole-layer recompute and faster where a 
 option fits."""
 
 import itertools
+import re
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -172,5 +173,6 @@ def test_a_plan_with_selective_options_is_exported_as_whole_layers_and_rescored(
     plan = io.load_plan(tmp_path / "plan.yaml")
     assert "mlp-act" in {o for stage in plan.stages for o in stage.recompute.values()}
     result = run_ok("export", tmp_path / "plan.yaml", "--to", "colossalai")
-    assert "recomputes selectively (mlp-act) recompute whole layers" in " ".join(result.output.split())
+    said = " ".join(result.output.split())
+    assert re.search(r"recomputes selectively \([a-z,-]*mlp-act[a-z, -]*\) recompute whole layers", said), said
     assert "iteration: plan" in result.output
