@@ -9,6 +9,7 @@ Per stage `s` of `P` with layers S (contiguous) and checkpointed C ⊆ S, `M`
 microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
 
     static_s     = Σ_S params · (w + g + o)                    bytes per parameter, ZeRO, offload
+                   (routed experts under ep E: their 1/E, ZeRO over the dp / E expert-data-parallel ranks)
                    + ZeRO 1: o · max(0, max_S largest tensor - Σ_S params / K)   whole tensors per rank
     kept_s       = Σ_{S∖C} act + Σ_C input                      per microbatch
                    - input_in_act(first)                        the stage input lives in a buffer
@@ -34,6 +35,7 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    peak_s ≤ limit_s (limit_bytes, its exact inverse); cpu: peak_s ≤ cap_s
     host_s       = Σ_S offloaded optimizer state + fp32 master + fp32 gradient (/ K)   ≤ host_mem / ranks a node
     time_s       = c · (Σ_S (fwd + bwd) + Σ_C recompute (+ loss on the last stage))   c: compute_scale
+                   + Σ_{MoE layers} (4 + 2·[l∈C]) · a2a · (E-1)/E / bw_ep    ep E: the tokens' all-to-all
     comm_s       = send(output(last)) [s < P-1] + send(input(first)) [s > 0]      per microbatch: the
                    + 2 · action overhead                     output forward, its gradient back, each
                    send(bytes) = latency + bytes / bandwidth  send by its sender; one forward and one
@@ -67,6 +69,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from statistics import fmean
 
 from planner import allocator, dataparallel
@@ -112,8 +115,10 @@ class LayerCost:
     recompute_ms: float | None = None  # None: not measured, a whole forward
     tied_ms: float = 0.0  # summing the gradients of parameters it shares with other layers, per iteration
     extra_options: tuple[OptionCost, ...] = ()  # selective options, after none and full
+    expert_param_count: int = 0  # of param_count, the routed experts' (expert parallelism splits them)
+    a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
 
-    @property
+    @cached_property
     def options(self) -> tuple[OptionCost, ...]:
         return (OptionCost(OPTION_NONE, self.act_bytes, 0.0, 0),
                 OptionCost(OPTION_FULL, self.input_bytes, self.recompute_ms, self.recompute_peak_bytes),
@@ -238,6 +243,8 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
             output_bytes=max(item.output_bytes for item in same),
             input_in_act_bytes=min(item.input_in_act_bytes for item in same),
             param_count=max(item.param_count for item in same),
+            expert_param_count=max(item.expert_param_count for item in same),
+            a2a_bytes=max(item.a2a_bytes for item in same),
             largest_param_count=max(item.largest_param_count or 0 for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
@@ -295,7 +302,36 @@ def in_flight(setup: TrainSetup, stage: int) -> int:
 
 
 def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
-    return layer.param_count * bytes_per_param(setup)
+    """Weights, gradients and optimizer state of the layer on one rank: its dense parameters at
+    the setup's bytes per parameter; under expert parallelism its 1/E of the routed experts' at
+    those of their expert-data-parallel group (ZeRO over dp / E ranks, dataparallel.expert_setup)."""
+    return per_param_bytes(layer, setup, dataparallel.bytes_per_param)
+
+
+def per_param_bytes(layer: LayerCost, setup: TrainSetup, per_param: Callable[[TrainSetup], float]) -> float:
+    """Σ over the layer's parameters of `per_param` bytes (a dataparallel function of the
+    setup): the dense ones with the setup, the rank's 1/E of the routed experts with their
+    expert-data-parallel group's."""
+    if not layer.expert_param_count:
+        return layer.param_count * per_param(setup)
+    dense = layer.param_count - layer.expert_param_count
+    held = dataparallel.held_expert_params(layer.expert_param_count, setup)
+    return dense * per_param(setup) + held * per_param(dataparallel.expert_setup(setup))
+
+
+def all_to_all_ms(layer: LayerCost, option: int, setup: TrainSetup) -> float:
+    """A MoE block's token all-to-all per microbatch under expert parallelism E: the dispatch
+    before the experts and the combine after them in forward, both again (their gradients) in
+    backward, and the forward's two once more when the option recomputes the whole layer; each
+    a2a_bytes · (E-1)/E over the expert-parallel group's link (dataparallel.all_to_all_ms). On the
+    critical path: the experts wait for their tokens, and Megatron-LM hides the all-to-all only
+    with its 1F1B A2A overlap (--overlap-moe-expert-parallel-comm, off by default), torchtitan
+    not at all. 0 without ep, for a dense layer, and where the link is not known."""
+    ep = setup.data_parallel.ep
+    if ep == 1 or not layer.a2a_bytes:
+        return 0.0
+    count = 4 + 2 * (option == 1)
+    return count * dataparallel.all_to_all_ms(layer.a2a_bytes, ep, setup.data_parallel.ep_gb_per_s)
 
 
 def tied_once_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
@@ -316,12 +352,14 @@ def reduced_bytes(layer: LayerCost, setup: TrainSetup) -> float:
     the stage's backward (dataparallel.reduced_bytes_per_param). Charged for every layer, with
     the buffers; the stage's first layer takes its own back (first_layer_buffer_bytes): the
     most are held while it computes, one for each layer after it."""
-    return layer.param_count * dataparallel.reduced_bytes_per_param(setup)
+    return per_param_bytes(layer, setup, dataparallel.reduced_bytes_per_param)
 
 
 def kept_bytes(layer: LayerCost, option: int) -> int:
     """Bytes per microbatch this layer keeps until its backward under option `option` (False:
     none, its activations; True: full, its input)."""
+    if option < 2:  # the hot path: plans of whole layers
+        return layer.input_bytes if option else layer.act_bytes
     return layer.options[option].kept_bytes
 
 
@@ -393,7 +431,8 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
     optimizer. Plus the sums that keep its tied parameters tied, which run as part of the step."""
     step = dict(layer.step_ms).get(setup.training.optimizer, 0.0)
     return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup),
-                                     bwd_ms=compute_ms(layer.bwd_ms, setup)) + layer.tied_ms
+                                     bwd_ms=compute_ms(layer.bwd_ms, setup),
+                                     expert_count=layer.expert_param_count) + layer.tied_ms
 
 
 # What each runtime's 1F1B pipeline holds besides the layers' own saved tensors (read from
@@ -493,7 +532,9 @@ def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """ZeRO 3's gathered weights in flight and ZeRO 2/3's one unsharded gradient, for the
     model's largest layer (dataparallel.unsharded_bytes): counted with the buffers, a
     constant per stage."""
-    largest = max(layer.param_count for layer in profile.layers)
+    ep = setup.data_parallel.ep  # under expert parallelism a layer holds 1/E of its routed experts
+    largest = max(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
+                  for layer in profile.layers)
     return int(round(dataparallel.unsharded_bytes(largest, setup)))
 
 
@@ -626,11 +667,15 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
          "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
     Term("offloaded optimizer state, master and gradient on the host", "host", "layer",
-         lambda layer, ckpt, ctx: layer.param_count * dataparallel.host_bytes_per_param(ctx.setup),
+         lambda layer, ckpt, ctx: per_param_bytes(layer, ctx.setup, dataparallel.host_bytes_per_param),
          "the runtime's offload (runtime/offload.py): optimizer state, fp32 master, fp32 gradient"),
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup),
          "timed per layer (profiler), times the calibrated compute scale"),
+    Term("the tokens' all-to-all of a MoE block under expert parallelism", "time", "layer",
+         lambda layer, ckpt, ctx: all_to_all_ms(layer, ckpt, ctx.setup),
+         "dispatch + combine, forward and backward (Megatron-LM's alltoall token dispatcher, torchtitan's "
+         "MoE): routed token copies x hidden x dtype bytes x (E-1)/E over the expert-parallel link"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
@@ -760,8 +805,10 @@ def workspace_bytes(stage: int, ctx: Context) -> int:
     setup = ctx.setup
     neighbours = (stage > 0) + (stage < setup.pipeline.stages - 1)
     groups = [2] * neighbours
-    dp, shard = setup.data_parallel.dp, setup.data_parallel.shard_group
+    dp, shard, ep = setup.data_parallel.dp, setup.data_parallel.shard_group, setup.data_parallel.ep
     groups += [shard, dp // shard] if shard is not None else [dp]
+    if ep > 1 and any(layer.expert_param_count for layer in ctx.profile.layers):
+        groups += [ep, dp // ep]  # the expert-parallel group and the experts' data-parallel group
     tp = ctx.profile.assumptions.get("tp", 1)
     groups.append(tp if isinstance(tp, int) else 1)
     return sum(allocator.communicator_bytes(size) for size in groups)
@@ -811,6 +858,8 @@ def net_extra_bytes(extra_and_kept: Sequence[tuple[float, float]]) -> float:
 
 def layer_extra_bytes(layer: LayerCost, option: int) -> int:
     """A layer's peak beyond what it keeps: its transient, plus what its option recomputes at once."""
+    if option < 2:
+        return layer.transient_bytes + (layer.recompute_peak_bytes if option else 0)
     return layer.transient_bytes + layer.options[option].peak_bytes
 
 
@@ -827,10 +876,10 @@ def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: s
     is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
     if setup.data_parallel.offload:
         return 0.0
-    scratch = layer.param_count * _STEP_SCRATCH_PER_PARAM[setup.training.optimizer]
+    per_param = _STEP_SCRATCH_PER_PARAM[setup.training.optimizer]
     if setup.data_parallel.zero == 1 and device_type != "cuda":
-        return scratch
-    return scratch / dataparallel.shard_size(setup)
+        return per_param_bytes(layer, setup, lambda _: per_param)
+    return per_param_bytes(layer, setup, lambda part: per_param / dataparallel.shard_size(part))
 
 
 def step_scratch_bytes(per_layer: Sequence[float], device_type: str) -> float:
@@ -932,8 +981,15 @@ def split_to_stages(
 
 
 def option_indices(stage: StagePlan, layers: Sequence[LayerCost]) -> list[int]:
-    """Each layer's option index in the plan (ValueError for an option it does not have)."""
-    return [layer.option_index(stage.option(layer.name)) for layer in layers]
+    """Each layer's option index in the plan (ValueError for an option it does not have), as
+    StagePlan.option reads it: checkpointed full, the selective ones from recompute."""
+    full = set(stage.checkpointed)
+    indices = []
+    for layer in layers:
+        option = OPTION_FULL if layer.name in full else stage.recompute.get(layer.name, OPTION_NONE)
+        indices.append(1 if option == OPTION_FULL and layer.name in full else
+                       0 if option in (OPTION_NONE, OPTION_FULL) else layer.option_index(option))
+    return indices
 
 
 def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:

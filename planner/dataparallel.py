@@ -36,6 +36,15 @@ to fill the pipeline (per layer: the runtime overlaps within each layer's parame
 All of it is charged once per iteration to the layer's optimizer-step term (after the last
 backward, before the next forward): not overlapped with compute, an upper bound where the
 framework overlaps the reduction with the backward or ZeRO-3's gathers with the previous layer.
+
+Expert parallelism (ep E, E dividing dp): the routed experts of a MoE layer are split over E of
+the dp ranks, as Megatron-LM (expert-model-parallel ranks taken from the data-parallel ones)
+and torchtitan (expert_parallel_degree, EP borrowing the FSDP ranks) run them. A rank holds
+1/E of the experts' parameters, and each expert is replicated over the dp / E ranks of its
+expert-data-parallel group, where its gradients are reduced and ZeRO shards its state (shard
+group K / E under HSDP): Megatron's distributed optimizer shards expert state over that group,
+torchtitan's FSDP2 over its efsdp mesh dimension. Every term above applies to the expert
+parameters with that group (expert_setup); the dense ones keep dp and K.
 """
 
 from __future__ import annotations
@@ -57,6 +66,22 @@ BYTES_PER_PARAM = {
 FP32_BYTES = 4
 OFFLOAD_CHUNK_PARAMS = 2**22  # 16 MiB of fp32 master per chunk
 GB = 1e9
+
+
+def expert_setup(setup: TrainSetup) -> TrainSetup:
+    """The setup the routed experts' parameters see: dp / E replicas of each expert (its
+    expert-data-parallel group), ZeRO over shard groups of K / E where the dense parameters
+    shard over K. The setup itself without expert parallelism."""
+    dp = setup.data_parallel
+    if dp.ep == 1:
+        return setup
+    group = None if dp.shard_group is None else dp.shard_group // dp.ep
+    return setup.model_copy(update={"dp": dp.dp // dp.ep, "ep": 1, "shard_group": group})
+
+
+def held_expert_params(expert_count: float, setup: TrainSetup) -> float:
+    """The routed-expert parameters of a layer one rank holds: 1/E of them."""
+    return expert_count / setup.data_parallel.ep
 
 
 def shard_size(setup: TrainSetup) -> int:
@@ -173,6 +198,12 @@ def reduce_scatter_ms(num_bytes: float, ranks: int, gb_per_s: float | None) -> f
     return _ms((ranks - 1) / ranks * num_bytes, gb_per_s)
 
 
+def all_to_all_ms(num_bytes: float, ranks: int, gb_per_s: float | None) -> float:
+    """One all-to-all of `num_bytes` per rank, split evenly: each rank sends (n-1)/n of it to the
+    others and receives as much (full duplex), at the link's one-way bandwidth."""
+    return _ms((ranks - 1) / ranks * num_bytes, gb_per_s)
+
+
 def reductions_per_iteration(setup: TrainSetup) -> int:
     """ZeRO 2/3 reduce every microbatch's gradients; ZeRO 0/1 (and 2/3 kept whole) accumulate,
     then reduce once."""
@@ -255,15 +286,21 @@ def overlaps_comm(setup: TrainSetup) -> bool:
     return setup.data_parallel.zero >= 2 and not kept_whole(setup)
 
 
-def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0, bwd_ms: float = 0.0) -> float:
+def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0, bwd_ms: float = 0.0,
+                    expert_count: int = 0) -> float:
     """A layer's gradient reductions and weight gathers per iteration, as far as they are not
     hidden behind compute. Overlapped, each reduction hides behind a backward as long as this
     layer's (the layers before it run while it reduces) and each ZeRO 3 gather behind a
     forward or that backward; what the collective takes beyond that is exposed. Exact for a
     stage of equal layers but for one layer's reduction (the first layer's, which nothing
     follows; under 0.1% of the step for LLaMA 70B), which it leaves out. ZeRO 1/2's gather
-    after the step waits for the step and is never hidden."""
-    reduce, gather = grad_reduce_ms(param_count, setup), weight_gather_ms(param_count, setup)
+    after the step waits for the step and is never hidden. Of param_count, `expert_count` are
+    routed experts': the rank's 1/E of them reduce and gather in their expert-data-parallel
+    group, in the same window as the dense ones (the collectives run one after the other)."""
+    dense, experts = param_count - expert_count, expert_setup(setup)
+    held = held_expert_params(expert_count, setup)
+    reduce = grad_reduce_ms(dense, setup) + (grad_reduce_ms(held, experts) if expert_count else 0.0)
+    gather = weight_gather_ms(dense, setup) + (weight_gather_ms(held, experts) if expert_count else 0.0)
     if not overlaps_comm(setup):
         return reduce + gather
     reductions = reductions_per_iteration(setup)
@@ -278,13 +315,22 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
 
 
 def step_term_ms(param_count: int, step_ms: float, setup: TrainSetup, *, fwd_ms: float = 0.0,
-                 bwd_ms: float = 0.0) -> float:
+                 bwd_ms: float = 0.0, expert_count: int = 0) -> float:
     """Everything data parallelism charges a layer once per iteration: its optimizer step (on
     the device, or offloaded), and its gradient reduction and weight gathers where not hidden
-    behind its forward (`fwd_ms`) and backward (`bwd_ms`) compute (exposed_comm_ms)."""
-    offload = offload_ms(param_count, setup) if setup.data_parallel.offload else 0.0
-    return device_step_ms(step_ms, setup) + offload + exposed_comm_ms(param_count, setup, fwd_ms=fwd_ms,
-                                                                      bwd_ms=bwd_ms)
+    behind its forward (`fwd_ms`) and backward (`bwd_ms`) compute (exposed_comm_ms). Of
+    param_count, `expert_count` are routed experts': the rank steps its 1/E of them, sharded
+    over their expert-data-parallel group (the step's time per parameter, the layer's)."""
+    comm = exposed_comm_ms(param_count, setup, fwd_ms=fwd_ms, bwd_ms=bwd_ms, expert_count=expert_count)
+    if not expert_count:
+        offload = offload_ms(param_count, setup) if setup.data_parallel.offload else 0.0
+        return device_step_ms(step_ms, setup) + offload + comm
+    dense, experts = param_count - expert_count, expert_setup(setup)
+    held = held_expert_params(expert_count, setup)
+    per_param = step_ms / param_count
+    step = device_step_ms(per_param * dense, setup) + device_step_ms(per_param * held, experts)
+    offload = offload_ms(dense, setup) + offload_ms(held, experts) if setup.data_parallel.offload else 0.0
+    return step + offload + comm
 
 
 # ---------------------------------------------------------------- defaults and checks
@@ -303,17 +349,22 @@ class Links:
     host_gb_per_s: float | None  # None: the host is the device (cpu), copies are free
     devices_per_node: int
     notes: list[str]
+    ep_gb_per_s: float | None = None  # the tokens' all-to-all in an expert-parallel group; None: no ep
 
 
-def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int) -> Links:
+def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, ep: int = 1) -> Links:
     """The profile's GPU's links (analytic profiles name their GPU; a measured cuda profile is
     matched by name) or, on cpu, gloo on one machine. Ranks are placed tensor-parallel
-    innermost, then the shard group, then the replicas: a group whose ranks x tp fit in one
-    node reduces over the node's link, a wider one over the network."""
+    innermost, then the expert-parallel group (Megatron-LM's order: tp, ep, then the expert
+    data-parallel ranks), then the shard group, then the replicas: a group whose ranks x tp fit
+    in one node communicates over the node's link, a wider one over the network (an
+    expert-parallel group past a node: every token copy charged at the network's bandwidth, an
+    upper bound, as the node's own peers are reached over its faster link)."""
     if profile.device.type == "cpu":
         note = (f"data-parallel reductions at {CPU_GLOO_GB_PER_S:g} GB/s (gloo between processes of this "
                 "machine: a rough figure); no host copies (the host is the device)")
-        return Links(CPU_GLOO_GB_PER_S, CPU_GLOO_GB_PER_S, None, stages * dp, [note])
+        return Links(CPU_GLOO_GB_PER_S, CPU_GLOO_GB_PER_S, None, stages * dp, [note],
+                     CPU_GLOO_GB_PER_S if ep > 1 else None)
     gpu = profile_gpu(profile)
     tp = int(profile.assumptions.get("tp", 1))
 
@@ -323,10 +374,13 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int) -
 
     shard, shard_where = link(shard_group)
     replica, replica_where = link(dp)
+    experts, experts_where = link(ep)
     note = (f"{gpu.name}, {gpu.gpus_per_node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
             f"({shard_where}), replicas at {replica:g} GB/s ({replica_where}), host copies at "
-            f"{gpu.host_link_gb_per_s:g} GB/s (PCIe); {gpu.link_source}")
-    return Links(shard, replica, gpu.host_link_gb_per_s, gpu.gpus_per_node, [note])
+            f"{gpu.host_link_gb_per_s:g} GB/s (PCIe)"
+            + (f", the experts' all-to-all over ep {ep} at {experts:g} GB/s ({experts_where})" if ep > 1 else "")
+            + f"; {gpu.link_source}")
+    return Links(shard, replica, gpu.host_link_gb_per_s, gpu.gpus_per_node, [note], experts if ep > 1 else None)
 
 
 def profile_gpu(profile: Profile):
@@ -352,10 +406,11 @@ def host_bytes_per_node(stage_param_counts: Sequence[int], setup: TrainSetup) ->
 
 
 def described(setup: TrainSetup) -> str:
-    """The ZeRO stage, shard group and offload in words: "ZeRO-1 in shard groups of 4,
-    optimizer offloaded"."""
+    """The ZeRO stage, shard group, expert parallelism and offload in words: "ZeRO-1 in shard
+    groups of 4, experts over ep 2, optimizer offloaded"."""
     group = f" in shard groups of {shard_size(setup)}" if setup.data_parallel.zero else ""
-    return f"ZeRO-{setup.data_parallel.zero}{group}" + (", optimizer offloaded" if setup.data_parallel.offload else "")
+    ep = f", experts over ep {setup.data_parallel.ep}" if setup.data_parallel.ep > 1 else ""
+    return f"ZeRO-{setup.data_parallel.zero}{group}{ep}" + (", optimizer offloaded" if setup.data_parallel.offload else "")
 
 
 def communicated(setup: TrainSetup) -> str:

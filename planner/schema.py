@@ -84,6 +84,14 @@ class LayerProfile(Strict):
     input_in_act_bytes: Bytes = 0  # part of act_bytes that is this layer's own input tensor
     param_count: Count
     param_bytes: Bytes
+    # of param_count, the routed experts' parameters (a mixture-of-experts block's; 0 elsewhere and
+    # in profiles made before): expert parallelism (DataParallelSetup.ep) splits these over its
+    # ranks, the rest (attention, norms, router, shared experts) stays replicated
+    expert_param_count: Count = 0
+    # a mixture-of-experts block: bytes its token dispatch sends per microbatch, every routed
+    # token copy's hidden state (tokens x top-k x hidden x dtype bytes at the profile's capacity
+    # factor); the combine sends as much back. 0 elsewhere and in profiles made before
+    a2a_bytes: Bytes = 0
     # its largest parameter tensor (measured profiles; None in analytic ones and older
     # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
     largest_param_count: Count | None = None
@@ -234,11 +242,21 @@ class DataParallelSetup(Strict):
     host_mem_bytes: int | None = Field(default=None, gt=0, le=MAX_BYTES)  # host memory of a node, shared by its ranks
     devices_per_node: int = Field(default=1, gt=0)  # ranks sharing one host's memory
     dp_notes: list[str] = []  # where the bandwidths and the host step speed came from
+    # expert parallelism: the routed experts split over groups of `ep` of the dp ranks (Megatron-LM's
+    # --expert-model-parallel-size, torchtitan's expert_parallel_degree), each expert's state
+    # replicated (and ZeRO-sharded) over the dp / ep ranks of its expert-data-parallel group
+    ep: int = Field(default=1, gt=0)
+    # GB/s per rank of the tokens' all-to-all inside an expert-parallel group; None: not charged
+    ep_gb_per_s: GbPerS | None = None
 
     @model_validator(mode="after")
     def _shard_group_divides_dp(self) -> DataParallelSetup:
         if self.shard_group is not None and self.dp % self.shard_group:
             raise ValueError(f"shard_group {self.shard_group} does not divide dp {self.dp}")
+        if self.dp % self.ep:
+            raise ValueError(f"ep {self.ep} does not divide dp {self.dp}")
+        if self.shard_group is not None and self.ep > 1 and self.shard_group % self.ep:
+            raise ValueError(f"ep {self.ep} does not divide shard_group {self.shard_group}")
         return self
 
 
@@ -372,7 +390,8 @@ class StagePlan(Strict):
 
     @model_validator(mode="after")
     def _checkpointed_subset(self) -> StagePlan:
-        stray = [name for name in [*self.checkpointed, *self.recompute] if name not in self.layers]
+        owned = set(self.layers)
+        stray = [name for name in [*self.checkpointed, *self.recompute] if name not in owned]
         if stray:
             raise ValueError(f"stage {self.index} recomputes layers it does not own: {stray}")
         full = [name for name in self.layers if self.recompute.get(name) == OPTION_FULL]

@@ -459,12 +459,17 @@ def test_moe_block_bytes_match_the_saved_tensors_of_a_plain_torch_moe():
         assert want.act_bytes == pytest.approx(saved.act_bytes[index], rel=0.10), name
 
 
-def test_an_moe_plan_is_not_exported_as_a_dense_model(tmp_path):
+@pytest.mark.parametrize("target", ["colossalai", "deepspeed"])
+def test_an_moe_plan_is_not_exported_as_a_dense_model(tmp_path, target):
+    """Megatron-LM and torchtitan exports write the experts (tests/test_expert_parallel.py); the
+    targets whose exports write dense settings only refuse in one sentence."""
     from fixtures.cli import run, run_ok
 
     run_ok("profile", "--arch", "mixtral-8x7b", "--seq-len", "1024", "--tp", "8", "--out", tmp_path / "p.json")
     run_ok("solve", "--profile", tmp_path / "p.json", "--stages", "4", "--precision", "bf16-mixed",
            "--out", tmp_path / "plan.yaml")
-    result = run("export", tmp_path / "plan.yaml", "--to", "megatron")
+    result = run("export", tmp_path / "plan.yaml", "--to", target)
     assert result.exit_code != 0 and "mixture-of-experts model" in result.output and "Traceback" not in result.output
-    assert not (tmp_path / "plan.megatron.sh").exists()
+    assert not list(tmp_path.glob(f"plan.{target}*"))
+    written = run("export", tmp_path / "plan.yaml", "--to", "megatron")
+    assert written.exit_code == 0 and "--num-experts 8" in (tmp_path / "plan.megatron.sh").read_text()

@@ -26,10 +26,11 @@ class Trial:
         return self.plan is not None and not self.why_not
 
 
-def combinations(dp: int, *, offload_choices: tuple[bool, ...]) -> list[tuple[int, int | None, bool]]:
+def combinations(dp: int, *, offload_choices: tuple[bool, ...], ep: int = 1) -> list[tuple[int, int | None, bool]]:
     """(zero, shard group, offload): ZeRO-0 unsharded, ZeRO 1-3 over every shard group of 2 or
-    more ranks that divides dp; each with and without offload."""
-    groups = [k for k in range(2, dp + 1) if dp % k == 0]
+    more ranks that divides dp (and that --ep divides: the experts shard over group / ep); each
+    with and without offload."""
+    groups = [k for k in range(2, dp + 1) if dp % k == 0 and k % ep == 0]
     sharded = [(zero, k) for zero in (1, 2, 3) for k in groups]
     return [(zero, k, offload) for zero, k in [(0, None), *sharded] for offload in offload_choices]
 
@@ -52,7 +53,8 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
     trials = [_trial(profile, profile_path, z, k, o, stages=stages, dp=dp, time_limit_s=time_limit_s, solver=solver,
                      say=say if i == 0 else None, options=options | ({"host_mem": host_mem} if o else {}),
                      host_bytes=host_bytes)
-              for i, (z, k, o) in enumerate(combinations(dp, offload_choices=offload_choices))]
+              for i, (z, k, o) in enumerate(combinations(dp, offload_choices=offload_choices,
+                                                         ep=options.get("ep", 1)))]
     best = min((t for t in trials if t.fits), key=lambda t: t.plan.predicted.iteration_ms, default=None)
     if best is not None:
         io.check_outputs({"--out": out}, inputs={"--profile": profile_path})

@@ -45,15 +45,22 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     _report(plan, result, out)
 
 
+# Targets whose exports write no expert or latent-attention settings: ColossalAI's MoE runs
+# through its own MoeHybridParallelPlugin and model policies (ep_size, its MoE layers), DeepSpeed's
+# through deepspeed.moe.layer.MoE inside the model's code, not through the pipeline settings
+# these exports write. Megatron-LM and torchtitan (0.3.0) write them (planner/emit/).
+_NO_EXPERTS = ("colossalai", "deepspeed")
+
+
 def _refuse_experts(profile, target: str) -> None:
-    """Exports write dense models' flags; a mixture of experts or latent attention would be
-    exported as a dense model (no expert or MLA flags) until its exports are written."""
+    """A mixture of experts or latent attention exported to a target that writes neither would
+    be exported as a dense model: refused, in one sentence."""
     model = profile.assumptions.get("model")
-    if isinstance(model, dict) and (model.get("num_experts") or model.get("kv_lora_rank")):
+    if target in _NO_EXPERTS and isinstance(model, dict) and (model.get("num_experts") or model.get("kv_lora_rank")):
         what = "mixture-of-experts" if model.get("num_experts") else "multi-head latent attention"
-        raise UserError(f"the plan's model is a {what} model, whose {target} flags (experts, routing, expert "
-                        "parallelism, latent attention) ckplan does not write yet; its plan and peaks stand, "
-                        "but export it by hand")
+        raise UserError(f"the plan's model is a {what} model, and the {target} export writes dense models' "
+                        "settings only (its experts live in the model's code, not in these settings); export "
+                        "--to megatron or --to torchtitan, or configure it by hand")
 
 
 def _profile_of(plan, plan_path: Path, profile_path: Path | None):

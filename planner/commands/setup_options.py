@@ -1,6 +1,6 @@
 """The training-setup options every command that scores a plan shares (`--profile`, `--mem`,
 `--stages`, `--microbatches`, `--schedule`, `--optimizer`, `--precision`,
-`--parallel-stages`, and the data-parallel ones: `--dp`, `--zero`, `--shard-group`,
+`--parallel-stages`, and the data-parallel ones: `--dp`, `--zero`, `--shard-group`, `--ep`,
 `--offload-optimizer`, `--offload-copies`, `--host-mem`, the bandwidths), and the TrainSetup they
 make with a profile."""
 
@@ -47,6 +47,11 @@ _OPTIONS = [
     click.option("--shard-group", type=click.IntRange(min=1), default=None,
                  help="ZeRO shards inside groups of K data-parallel ranks and replicates across the dp / K "
                       "groups (HSDP) [default: one group of all --dp ranks]."),
+    click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Expert parallelism (mixture-of-experts profiles): the routed experts split over E of the --dp "
+                      "ranks (Megatron-LM's --expert-model-parallel-size, torchtitan's expert_parallel_degree); "
+                      "each expert's state is replicated, and ZeRO-sharded, over the dp / E others, and the tokens "
+                      "cross an all-to-all before and after the experts. E divides --dp and the experts."),
     click.option("--zero-gather", type=click.Choice(["per-microbatch", "per-iteration"]), default="per-microbatch",
                  show_default=True,
                  help="ZeRO 2/3: reduce-scatter gradients (and gather ZeRO 3's weights) every microbatch, or keep "
@@ -63,14 +68,17 @@ _OPTIONS = [
                                       "profile's GPU and interconnect]."),
     click.option("--replica-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
                  metavar="GB/s", help="Reduction bandwidth per rank across shard groups [default: as above]."),
+    click.option("--ep-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB/s",
+                 help="The experts' all-to-all bandwidth per rank inside an expert-parallel group [default: the "
+                      "in-node link where E x tp GPUs fit in a node, else the network]."),
     click.option("--host-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
                  metavar="GB/s", help="Host<->device copy bandwidth per rank [default: the GPU's PCIe link]."),
     click.option("--host-step-ns", type=click.FloatRange(min=0, max=1e6, min_open=True), default=None, metavar="NS",
                  help="With offload: the training hosts' optimizer step, ns per parameter [default: the profile's; "
                       "for --arch profiles a published server figure for Adam, 0.4]."),
 ]
-DP_OPTION_NAMES = ("dp", "zero", "shard_group", "zero_gather", "offload_optimizer", "offload_copies", "host_mem",
-                   "shard_bandwidth", "replica_bandwidth", "host_bandwidth", "host_step_ns")
+DP_OPTION_NAMES = ("dp", "zero", "shard_group", "ep", "zero_gather", "offload_optimizer", "offload_copies", "host_mem",
+                   "shard_bandwidth", "replica_bandwidth", "ep_bandwidth", "host_bandwidth", "host_step_ns")
 
 
 def setup_options(func):
@@ -196,21 +204,24 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
               offload_copies: str = "overlapped",
               host_mem: str | None = None, shard_bandwidth: float | None = None,
               replica_bandwidth: float | None = None, host_bandwidth: float | None = None,
-              host_step_ns: float | None = None) -> dict:
+              host_step_ns: float | None = None, ep: int = 1, ep_bandwidth: float | None = None) -> dict:
     """TrainSetup's data-parallel fields from the options, the bandwidths defaulted from the
     profile's GPU (and said), the host step speed from the profile's measurement."""
     from planner import dataparallel
 
     check_dp_options(dp=dp, zero=zero, shard_group=shard_group, offload=offload_optimizer, host_mem=host_mem)
+    check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
     fields = dict(dp=dp, zero=zero, shard_group=shard_group if zero else None, offload=offload_optimizer,
-                  offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather)
+                  offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather, ep=ep)
     if dp == 1 and not offload_optimizer:
         return fields
-    links = dataparallel.default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp)
-    notes = list(links.notes) if None in (shard_bandwidth, replica_bandwidth, host_bandwidth) else []
+    links = dataparallel.default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep)
+    given = (shard_bandwidth, replica_bandwidth, host_bandwidth) + ((ep_bandwidth,) if ep > 1 else ())
+    notes = list(links.notes) if None in given else []
     fields.update(shard_gb_per_s=shard_bandwidth or links.shard_gb_per_s,
                   replica_gb_per_s=replica_bandwidth or links.replica_gb_per_s,
-                  host_gb_per_s=host_bandwidth or links.host_gb_per_s, devices_per_node=links.devices_per_node)
+                  host_gb_per_s=host_bandwidth or links.host_gb_per_s, devices_per_node=links.devices_per_node,
+                  ep_gb_per_s=(ep_bandwidth or links.ep_gb_per_s) if ep > 1 else None)
     if offload_optimizer:
         fields["host_step_ns_per_param"] = host_step_ns or profile_host_step_ns(profile, optimizer)
         notes.append(host_step_note(profile, optimizer, given=host_step_ns))
@@ -237,6 +248,30 @@ def check_dp_options(*, dp: int, zero: int, shard_group: int | None, offload: bo
     if host_mem is not None and not offload:
         raise UserError("--host-mem caps the host memory the offloaded optimizer takes; add "
                         "--offload-optimizer or drop --host-mem")
+
+
+def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth: float | None) -> None:
+    """One sentence for each --ep the profile or the data parallelism cannot take."""
+    if ep_bandwidth is not None and ep == 1:
+        raise UserError("--ep-bandwidth is the experts' all-to-all bandwidth; it needs --ep 2 or more")
+    if ep == 1:
+        return
+    if not any(layer.expert_param_count for layer in profile.layers):
+        raise UserError(f"--ep {ep} splits routed experts, and this profile has none (a dense model, or a profile "
+                        "made before experts were recorded); drop --ep, or profile a mixture-of-experts model with "
+                        "`ckplan profile --arch`")
+    if dp % ep:
+        divisors = ", ".join(str(k) for k in range(1, dp + 1) if dp % k == 0)
+        raise UserError(f"--ep {ep} does not divide --dp {dp}: expert-parallel ranks are data-parallel ranks "
+                        f"(Megatron-LM, torchtitan); use one of {divisors}, or raise --dp")
+    model = profile.assumptions.get("model")
+    experts = model.get("num_experts") if isinstance(model, dict) else None
+    if isinstance(experts, int) and experts % ep:
+        raise UserError(f"--ep {ep} does not divide the model's {experts} routed experts; every expert-parallel "
+                        "rank holds the same number of them")
+    if shard_group is not None and shard_group % ep:
+        raise UserError(f"--ep {ep} does not divide --shard-group {shard_group}: the experts' state is sharded over "
+                        "shard group / ep ranks; choose a shard group that is a multiple of --ep")
 
 
 def profile_host_step_ns(profile, optimizer: str) -> float:

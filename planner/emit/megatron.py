@@ -7,6 +7,13 @@ the loss (final norm + output layer), `x*n` and `(...)*n` repeat; exactly one E,
 and one L, last. transformer/transformer_block.py, recompute_method 'block': each stage
 recomputes its first recompute_num_layers decoder layers, one N for every stage; the
 pipeline schedule is 1F1B (interleaved with virtual stages).
+
+Mixtures of experts and latent attention, as megatron-core 0.16's TransformerConfig and
+MLATransformerConfig name them (num_moe_experts, moe_router_topk, moe_ffn_hidden_size,
+moe_shared_expert_intermediate_size, moe_shared_expert_gate, moe_layer_freq, moe_grouped_gemm,
+moe_token_dispatcher_type, moe_expert_capacity_factor, moe_pad_expert_input_to_capacity,
+expert_model_parallel_size; multi_latent_attention, q_lora_rank, kv_lora_rank, qk_head_dim,
+qk_pos_emb_head_dim, v_head_dim) and Megatron-LM's arguments spell them (--num-experts, ...).
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ def shape_arguments(profile: Profile) -> list[str]:
         lines += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
         if model.get("qkv_bias"):
             lines.append("--add-qkv-bias")
+    lines += moe_arguments(model, profile.assumptions.get("capacity_factor")) + mla_arguments(model)
     if model.get("sliding_window"):
         lines.append(f"# attention within a sliding window of {model['sliding_window']} tokens: give it with your "
                      "Megatron-LM version's window setting (the plan's attention FLOPs assume it)")
@@ -98,6 +106,61 @@ def shape_arguments(profile: Profile) -> list[str]:
     lines.append(f"# vocabulary {model['vocab_size']}: from your tokenizer (Megatron pads it to a multiple of "
                  "--make-vocab-size-divisible-by x tensor-parallel size)")
     return lines
+
+
+def moe_arguments(model: dict, capacity_factor) -> list[str]:
+    """The experts as the profile charged them: top-k routing to num_experts experts of width
+    moe_ffn_hidden_size, the shared experts as one SwiGLU of their summed width, dense layers by
+    --moe-layer-freq; one grouped GEMM over the experts (the profile's backward transient holds
+    every expert's two gradients at once, as a grouped matmul builds them) and the all-to-all
+    token dispatcher (the cost model's all-to-all term)."""
+    if not model.get("num_experts"):
+        return []
+    lines = [f"--num-experts {model['num_experts']}", f"--moe-router-topk {model['num_experts_per_tok']}",
+             f"--moe-ffn-hidden-size {model['moe_intermediate_size']}", "--moe-grouped-gemm",
+             "--moe-token-dispatcher-type alltoall"]
+    if model.get("num_shared_experts"):
+        lines.append(f"--moe-shared-expert-intermediate-size "
+                     f"{model['num_shared_experts'] * model['shared_intermediate_size']}")
+    if model.get("shared_expert_gate"):
+        lines.append("--moe-shared-expert-gate")
+    dense = set(model.get("dense_layers") or ())
+    if dense:
+        lines.append(f"--moe-layer-freq \"{layer_freq([int(i not in dense) for i in range(model['num_layers'])])}\"")
+    if capacity_factor not in (None, 1, 1.0):
+        lines += [f"--moe-expert-capacity-factor {capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]
+    else:
+        lines.append("# routing charged at perfect balance (--capacity-factor 1): Megatron-LM drops no tokens by "
+                     "default, so an unbalanced router holds more than planned")
+    lines.append("# router details (score function, group-limited routing, expert bias, aux-loss coefficient): "
+                 "from the model's config; they change no memory the plan charges")
+    if model.get("num_mtp_layers"):
+        lines.append(f"# the config's {model['num_mtp_layers']} multi-token-prediction module(s) are not planned; "
+                     "--mtp-num-layers adds them to the last stage")
+    return lines
+
+
+def layer_freq(pattern: list[int]) -> str:
+    """Megatron-LM's --moe-layer-freq list expression, runs written as repeats: "([0]*3+[1]*58)"."""
+    runs: list[list[int]] = []
+    for value in pattern:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"
+
+
+def mla_arguments(model: dict) -> list[str]:
+    """Multi-head latent attention: the latent ranks and the per-head widths (no --q-lora-rank
+    where queries come straight from the hidden state, DeepSeek-V2-Lite)."""
+    if not model.get("kv_lora_rank"):
+        return []
+    lines = ["--multi-latent-attention", f"--kv-lora-rank {model['kv_lora_rank']}"]
+    if model.get("q_lora_rank"):
+        lines.append(f"--q-lora-rank {model['q_lora_rank']}")
+    return lines + [f"--qk-head-dim {model['qk_nope_head_dim']}", f"--qk-pos-emb-head-dim {model['qk_rope_head_dim']}",
+                    f"--v-head-dim {model['v_head_dim']}"]
 
 
 def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profile, num: int) -> str:
@@ -123,6 +186,12 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
               f"--global-batch-size {setup.pipeline.microbatches * setup.pipeline.micro_batch_size * setup.data_parallel.dp}"]
     if tp > 1:
         lines.append(f"--tensor-model-parallel-size {tp}")
+    if any(layer.expert_param_count for layer in profile.layers):
+        lines.append(f"--expert-model-parallel-size {setup.data_parallel.ep}")
+        if tp > 1:  # megatron-core's default, said: the profile splits the experts over the TP group
+            lines.append(f"--expert-tensor-parallel-size {tp}")
+        lines.append("# the all-to-all is charged on the critical path: --overlap-moe-expert-parallel-comm (off by "
+                     "default) would hide part of it")
     if profile.assumptions.get("sp"):
         lines.append("--sequence-parallel")
     if setup.training.precision == "bf16-mixed":

@@ -31,10 +31,16 @@ class Roles:
         return self.decoder.index(name)
 
 
+# Layer kinds the frameworks build as one decoder stack: a mixture-of-experts block is a decoder
+# layer whose MLP is the experts (Megatron-LM's --moe-layer-freq, torchtitan's MoE models mix them)
+_DECODER_KINDS = {"moe_block": "decoder_block"}
+
+
 def llm_roles(profile: Profile) -> Roles | None:
-    """The most frequent layer kind, if its layers are contiguous and at least two, is the
-    decoder stack; None when the profile is not shaped like that."""
-    kinds = [layer.kind for layer in profile.layers]
+    """The most frequent layer kind (dense and MoE decoder blocks counted as one), if its
+    layers are contiguous and at least two, is the decoder stack; None when the profile is
+    not shaped like that."""
+    kinds = [_DECODER_KINDS.get(layer.kind, layer.kind) for layer in profile.layers]
     kind, count = Counter(kinds).most_common(1)[0]
     first = kinds.index(kind)
     if count < 2 or kinds[first:first + count] != [kind] * count:

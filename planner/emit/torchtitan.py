@@ -9,6 +9,11 @@ process-wide counter), and names the head `output`; 0.3.0 is configured in Pytho
 and builds activation checkpointing from a policy config (`ac_config.build().apply(model)`),
 so a small policy class in the config file can name layers. 0.1.x has no
 module_fqns_per_model_part.
+
+Mixtures of experts (0.3.0): the experts, router and latent attention come from the model's own
+config function (torchtitan.models.deepseek_v3, qwen3: its MoE models); the export sets
+`parallelism.expert_parallel_degree`, which borrows its ranks from FSDP and TP
+(config/configs.py: dp_shard * cp * tp == efsdp * ep, experts FSDP-sharded over efsdp).
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ _BASE_CONFIGS = {
     "llama3-8b": "torchtitan.models.llama3.config_registry:llama3_8b",
     "llama3-70b": "torchtitan.models.llama3.config_registry:llama3_70b",
     "llama3.1-405b": "torchtitan.models.llama3.config_registry:llama3_405b",
+    "deepseek-v3": "torchtitan.models.deepseek_v3.config_registry:deepseek_v3_671b",
+    "qwen3-30b-a3b": "torchtitan.models.qwen3.config_registry:qwen3_30b_a3b",
 }
 # Their decoder layers (torchtitan's llama3 registry follows Meta's params.json: 8B 32, 70B 80,
 # 405B 126), so a base of another depth is refused at export, not when the job starts.
-_BASE_LAYERS = {_BASE_CONFIGS["llama3-8b"]: 32, _BASE_CONFIGS["llama3-70b"]: 80, _BASE_CONFIGS["llama3.1-405b"]: 126}
+# torchtitan.models.deepseek_v3._671b: 61 layers (3 dense); qwen3._30b_a3b: 48
+_BASE_LAYERS = {_BASE_CONFIGS["llama3-8b"]: 32, _BASE_CONFIGS["llama3-70b"]: 80, _BASE_CONFIGS["llama3.1-405b"]: 126,
+                _BASE_CONFIGS["deepseek-v3"]: 61, _BASE_CONFIGS["qwen3-30b-a3b"]: 48}
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -47,6 +56,9 @@ def parse_version(text: str) -> tuple[int, int]:
 def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWEST_RELEASE,
            base: str | None = None) -> rounding.Export:
     python_config = parse_version(version) >= (0, 3)
+    experts = any(layer.expert_param_count for layer in profile.layers)
+    if experts:
+        _check_experts(plan, profile, python_config)
     # torchtitan keeps GPipe and other schedules: only the ZeRO stage is rounded
     roles, rounded = rounding.decoder_start(plan, profile, TARGET, round_zero=_round_zero, only_1f1b=False)
     head = "lm_head" if python_config else "output"
@@ -59,7 +71,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         scored = rounding.rescore(plan, profile, rounded)
         chosen = _base(profile, base)
         _check_depth(chosen, len(roles.decoder))
-        body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp)
+        body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp, experts)
         suffix = ".torchtitan.py"
     else:
         cannot = ["per-layer checkpointing in TOML: [activation_checkpoint] is one setting for every stage; "
@@ -142,7 +154,29 @@ def _python_names(base: str) -> bool:
     return all(part.isidentifier() for part in module.split(".")) and function.isidentifier()
 
 
-def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int) -> str:
+def _check_experts(plan: Plan, profile: Profile, python_config: bool) -> None:
+    """One sentence for a mixture-of-experts plan torchtitan cannot run as planned."""
+    setup, tp = plan.setup, int(profile.assumptions.get("tp", 1))
+    if not python_config:
+        raise UserError("the plan's model is a mixture of experts; its torchtitan export writes "
+                        "expert_parallel_degree for torchtitan 0.3.0 (its MoE models' Python configs): use "
+                        "--torchtitan-version 0.3.0")
+    if setup.data_parallel.ep > 1 and tp > 1:
+        raise UserError(f"torchtitan's expert parallelism takes its ranks from FSDP and TP, so with --tp {tp} its "
+                        "experts are not split over the tensor-parallel group as the profile splits them; profile "
+                        "with --tp 1 for a torchtitan export, or export to megatron")
+    if setup.data_parallel.ep > 1 and dataparallel.shard_size(setup) % setup.data_parallel.ep:
+        raise UserError(f"torchtitan's expert_parallel_degree {setup.data_parallel.ep} must divide its FSDP shard "
+                        f"degree ({dataparallel.shard_size(setup)} here: --zero 0 shards nothing); solve with --zero 1 "
+                        "or more and a shard group that --ep divides")
+
+
+def _ep_line(setup, experts: bool, prefix: str) -> str:
+    """torchtitan's expert parallelism (0.3.0 ParallelismConfig.expert_parallel_degree)."""
+    return f"\n{prefix}expert_parallel_degree = {setup.data_parallel.ep}" if experts else ""
+
+
+def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int, experts: bool = False) -> str:
     module, function = base.split(":", 1)
     setup = rounded.setup
     ac = "CkplanAC.Config(layers=CHECKPOINTED)" if checkpointed else "None"
@@ -182,7 +216,7 @@ def ckplan_config():
     config.parallelism.pipeline_parallel_degree = {setup.pipeline.stages}
     config.parallelism.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
     config.parallelism.pipeline_parallel_schedule = "{setup.pipeline.schedule}"
-    config.parallelism.pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}
+    config.parallelism.pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
     config.training.local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}  # {setup.pipeline.microbatches} microbatches
     config.activation_checkpoint = {ac}
     return config

@@ -445,6 +445,22 @@ def mlp_params(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
     return h * arch.num_experts + arch.num_experts * 3 * h * (arch.moe_intermediate_size // t) + 3 * h * shared + gate
 
 
+def expert_params(arch: Arch, shape: Shape) -> int:
+    """The routed experts of one MoE block on one device, E·3·h·f_e/t (of mlp_params): what
+    expert parallelism splits over its ranks. The router, the shared experts and Qwen2-MoE's
+    shared-expert gate are dense, replicated like attention (Megatron-LM's SharedExpertMLP and
+    TopKRouter sit outside its expert-parallel GroupedMLP; torchtitan's likewise)."""
+    return arch.num_experts * 3 * arch.hidden_size * (arch.moe_intermediate_size // shape.tp)
+
+
+def dispatch_bytes(arch: Arch, shape: Shape) -> int:
+    """What a MoE block's token dispatch moves per microbatch from one device: every routed
+    token copy's hidden state, E·C slots of h at d bytes (tokens × top-k × h × d at a capacity
+    factor of 1; capacity-padded beyond it, as moe_terms keeps them). The combine sends as
+    much back, and the backward both again (costmodel: the all-to-all term)."""
+    return arch.num_experts * expert_tokens(arch, shape) * arch.hidden_size * shape.d
+
+
 def embedding_params(arch: Arch, shape: Shape) -> int:
     """The vocab-parallel token embedding; GPT's learned positions are replicated."""
     positions = (arch.max_position_embeddings or 0) * arch.hidden_size if arch.style == "gpt" else 0
@@ -651,9 +667,11 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
 
 def _layer(name: str, kind: str, *, fwd_ms: float, act_bytes: int, input_bytes: int, output_bytes: int,
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
-           recompute_ms: float | None = None, selective: tuple[RecomputeOption, ...] = ()) -> LayerProfile:
+           recompute_ms: float | None = None, selective: tuple[RecomputeOption, ...] = (),
+           expert_param_count: int = 0, a2a_bytes: int = 0) -> LayerProfile:
     """Backward = 2 × forward; checkpointing reruns `recompute_ms` (default: one forward);
-    `selective`: the layer's options beyond none and full."""
+    `selective`: the layer's options beyond none and full; a MoE block's routed-expert
+    parameters (of param_count) and what its dispatch sends (a2a_bytes)."""
     recompute = fwd_ms if recompute_ms is None else recompute_ms
     options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
@@ -665,7 +683,7 @@ def _layer(name: str, kind: str, *, fwd_ms: float, act_bytes: int, input_bytes: 
         act_bytes=act_bytes,
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
-        step_ms=step_ms(param_count, gpu),
+        expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
     )
 
 
@@ -689,7 +707,9 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> L
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   recompute_ms=flops_ms(block_recompute_flops(arch, shape, moe=moe), gpu, mfu),
-                  selective=() if moe else selective_options(arch, shape, gpu, mfu))
+                  selective=() if moe else selective_options(arch, shape, gpu, mfu),
+                  expert_param_count=expert_params(arch, shape) if moe else 0,
+                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0)
 
 
 def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> LayerProfile:
@@ -776,7 +796,11 @@ def _moe_assumptions(arch: Arch, shape: Shape) -> dict:
                         "worst case, every token on one expert), all experts at that capacity as capacity-padded "
                         "dispatch allocates; FLOPs the same",
         "moe_parallelism": "experts tensor-parallel like the dense MLP (expert widths /t, every routed token on every "
-                           "device), router replicated; no expert parallelism",
+                           "device), router replicated; no expert parallelism in these per-layer numbers: `solve --ep E` "
+                           "splits the routed experts' parameters (expert_param_count) over E data-parallel ranks and "
+                           "charges the tokens' all-to-all (a2a_bytes per dispatch: routed token copies x hidden x "
+                           "dtype bytes); each rank's kept activations and FLOPs stay these (its E ranks' tokens reach "
+                           "its experts / E experts: experts x capacity tokens either way)",
         "moe_activations": "router: fp32 probabilities, top-k indices and weights; dispatched tokens, each expert's "
                            "SwiGLU over its tokens, the experts' outputs the routing weights multiply, int64 token "
                            "indices; shared experts as one dense SwiGLU (planner/profiler/analytic.py moe_terms)",
