@@ -72,8 +72,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from statistics import fmean
 
-from planner import allocator, dataparallel
-from planner.schema import OPTION_FULL, OPTION_NONE, Profile, StagePlan, StagePredicted, TrainSetup
+from planner import allocator, dataparallel, schedules
+from planner.schema import (
+    CHUNKED_SCHEDULES,
+    OPTION_FULL,
+    OPTION_NONE,
+    Profile,
+    StagePlan,
+    StagePredicted,
+    TrainSetup,
+)
 
 # A plan fits when every stage's peak stays this far below its cap. 4 KiB is nothing next
 # to a device, and it absorbs the MILP solver's feasibility tolerance (~1e-7 GiB per row),
@@ -804,6 +812,8 @@ def workspace_bytes(stage: int, ctx: Context) -> int:
         return 0
     setup = ctx.setup
     neighbours = (stage > 0) + (stage < setup.pipeline.stages - 1)
+    if setup.pipeline.schedule in CHUNKED_SCHEDULES:  # a rank's chunks talk to both its neighbours
+        neighbours = min(2, setup.pipeline.stages - 1)
     groups = [2] * neighbours
     dp, shard, ep = setup.data_parallel.dp, setup.data_parallel.shard_group, setup.data_parallel.ep
     groups += [shard, dp // shard] if shard is not None else [dp]
@@ -995,6 +1005,8 @@ def option_indices(stage: StagePlan, layers: Sequence[LayerCost]) -> list[int]:
 def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
     """Score any plan. Raises ValueError if the stages are not a contiguous, complete,
     in-order cover of the profile's layers."""
+    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
+        return evaluate_chunked(stages, profile, setup)
     costs = layer_costs(profile)
     position = {layer.name: idx for idx, layer in enumerate(costs)}
     if len(stages) != setup.pipeline.stages:
@@ -1010,6 +1022,99 @@ def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -
         result.append(stage_cost(layers, option_indices(stage, layers), stage=s, profile=profile, setup=setup))
     return PlanCost(stages=result, iteration_ms=iteration_ms([c.busy_ms for c in result], setup,
                                                              [c.step_ms for c in result]))
+
+
+# ---------------------------------------------------------------- schedules with chunks
+#
+# Interleaved 1F1B, ZB, ZBV and DualPipeV give each rank several stages (chunks). Every
+# stage is scored by stage_cost as the stage of a P·V-stage pipeline (its layers' rows, its
+# position's: the batch on the first, the loss on the last, PipelineStage's receive buffers on
+# each), and a rank adds its stages up, with two things the schedule decides, read from its
+# simulation of torch's own action order (planner/schedules.py):
+#   activations_r = max over the rank's steps t of Σ_c live_c(t) · kept_c   (the peak step
+#                   depends on the chunks' bytes); zero-bubble schedules (ZB, ZBV, DualPipeV)
+#                   keep a microbatch's activations until its weight-gradient pass: all of
+#                   kept_c counted until W, an upper bound (W needs only the linears' inputs)
+#   T_iter        = the simulated makespan (each stage's forward, and its backward split
+#                   evenly into input and weight gradient where the schedule splits it, as
+#                   Qi et al. 2023 take T_B ≈ T_W for transformer layers) + the slowest step
+# and the rank's peak = static + buffers + max(activations + the largest transient, scratch).
+
+
+def schedule_of(setup: TrainSetup) -> schedules.Schedule:
+    return schedules.build_schedule(setup.pipeline.schedule, num_ranks=setup.pipeline.stages,
+                                    num_microbatches=setup.pipeline.microbatches, num_chunks=setup.pipeline.chunks)
+
+
+def _stage_setup(setup: TrainSetup, order: schedules.Schedule) -> TrainSetup:
+    """The setup each stage is scored under: one of P·V stages, its rank's cap."""
+    caps = [setup.pipeline.mem_caps_bytes[rank] for rank in order.stage_to_rank]
+    return setup.model_copy(update={"stages": order.num_stages, "schedule": "GPipe", "chunks": 1,
+                                    "mem_caps_bytes": caps, "parallel_stages": None})
+
+
+def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
+    """Score a plan of a chunked schedule: one StagePlan per rank whose `chunks` are its
+    stages' layers, chunk 0 first (see the section's comment)."""
+    order = schedule_of(setup)
+    if len(ranks) != setup.pipeline.stages:
+        raise ValueError(f"plan has {len(ranks)} ranks, setup has {setup.pipeline.stages}")
+    staged: dict[int, tuple[list[str], StagePlan]] = {}
+    for rank, plan in enumerate(ranks):
+        if len(plan.chunks) != setup.pipeline.chunks:
+            raise ValueError(f"rank {rank} holds {len(plan.chunks)} chunks, the schedule gives it {setup.pipeline.chunks}")
+        for chunk, stage in zip(plan.chunks, order.stages_of(rank)):
+            staged[stage] = (chunk, plan)
+    costs = layer_costs(profile)
+    position = {layer.name: idx for idx, layer in enumerate(costs)}
+    if [name for stage in range(order.num_stages) for name in staged[stage][0]] != [layer.name for layer in costs]:
+        raise ValueError("the ranks' chunks do not cover the profile's layers in pipeline order")
+    inner = _stage_setup(setup, order)
+    per_stage = []
+    for stage in range(order.num_stages):
+        names, plan = staged[stage]
+        layers = [costs[position[name]] for name in names]
+        per_stage.append(stage_cost(layers, option_indices(plan, layers), stage=stage, profile=profile, setup=inner))
+    split = setup.pipeline.schedule in ("ZB", "ZBV", "DualPipeV")
+    held = [schedules.ChunkBytes(0.0, c.kept_bytes) if split else schedules.ChunkBytes(c.kept_bytes, 0.0)
+            for c in per_stage]
+    peaks = schedules.peak_in_flight(order, stage_bytes=held)
+    ctx = Context(profile, setup)
+    rank_costs = []
+    for rank in range(setup.pipeline.stages):
+        mine = [per_stage[stage] for stage in order.stages_of(rank)]
+        static = sum(c.static_bytes for c in mine)
+        buffers = sum(c.buffer_bytes for c in mine)
+        activations = int(round(peaks[rank].live))
+        transient = max(c.transient_bytes for c in mine)
+        scratch = (sum if profile.device.type == "cuda" else max)(c.step_scratch_bytes for c in mine)
+        peak = int(round(peak_bytes(static + buffers, 1, activations, transient, scratch)))
+        cuda = ctx.device_type == "cuda"
+        rank_costs.append(StageCost(
+            static_bytes=static, kept_bytes=sum(c.kept_bytes for c in mine),
+            in_flight=peaks[rank].activations or peaks[rank].weight_grad_inputs, activation_bytes=activations,
+            buffer_bytes=buffers, transient_bytes=transient, peak_bytes=peak,
+            time_ms=sum(c.time_ms for c in mine), cap_bytes=setup.pipeline.mem_caps_bytes[rank],
+            step_ms=sum(c.step_ms for c in mine), step_scratch_bytes=scratch, comm_ms=sum(c.comm_ms for c in mine),
+            host_bytes=sum(c.host_bytes for c in mine), host_cap_bytes=host_cap_bytes(setup),
+            limit_bytes=limit_bytes(rank, ctx),
+            reserved_bytes=allocator.reserved_bytes(peak, fragmentation(setup, ctx.device_type)) if cuda else None,
+            workspace_bytes=workspace_bytes(rank, ctx)))
+    return PlanCost(stages=rank_costs, iteration_ms=chunked_iteration_ms(per_stage, costs, staged, order, setup))
+
+
+def chunked_iteration_ms(per_stage: Sequence[StageCost], costs: Sequence[LayerCost], staged: dict,
+                         order: schedules.Schedule, setup: TrainSetup) -> float:
+    """The simulated makespan of the schedule with each stage's forward and backward (its sends
+    and actions with them), plus the slowest rank's optimizer step."""
+    forward = {layer.name: compute_ms(layer.fwd_ms, setup) for layer in costs}
+    times = []
+    for stage, cost in enumerate(per_stage):
+        fwd = sum(forward[name] for name in staged[stage][0]) + cost.comm_ms / 2
+        backward = max(cost.busy_ms - fwd, 0.0)
+        times.append(schedules.StageTimes(fwd, backward / 2, backward / 2))
+    steps = [sum(per_stage[stage].step_ms for stage in order.stages_of(rank)) for rank in range(order.num_ranks)]
+    return schedules.simulate_time(order, stage_times=times).makespan_ms + max(steps)
 
 
 def with_predictions(stages: Sequence[StagePlan], cost: PlanCost) -> list[StagePlan]:

@@ -17,7 +17,9 @@ SCHEMA_VERSION = 1
 PLAN_SCHEMA_VERSION = 2
 PLAN_SCHEMA_VERSIONS = (1, 2)
 
-Schedule = Literal["1F1B", "GPipe"]
+Schedule = Literal["1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"]
+# schedules whose ranks hold several stages (chunks) each: planner/schedules.py simulates them
+CHUNKED_SCHEDULES = ("interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
 Optimizer = Literal["adam", "sgd"]
 Precision = Literal["fp32", "bf16-mixed"]
 Dtype = Literal["float32", "bfloat16", "float16"]  # what the profiler casts to and the runtime runs in
@@ -192,6 +194,7 @@ class PipelineSetup(Strict):
     microbatches: int = Field(gt=0)  # per iteration per pipeline
     micro_batch_size: int = Field(gt=0)
     schedule: Schedule = "1F1B"
+    chunks: int = Field(default=1, ge=1, le=64)  # stages per rank (interleaved, zero-bubble schedules)
     mem_caps_bytes: list[int]  # one per stage; devices may differ
     # stages that can compute at the same time: all of them with one device each (None);
     # fewer when ranks share CPU cores, which bounds the iteration by total work / this
@@ -199,6 +202,13 @@ class PipelineSetup(Strict):
     # on cuda: the share of reserved memory the caching allocator loses to fragmentation,
     # 1 - allocated / reserved at the peak (planner/allocator.py); None: its published mean
     fragmentation: float | None = Field(default=None, ge=0, le=0.9, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _chunks_with_their_schedule(self) -> PipelineSetup:
+        if (self.chunks > 1) != (self.schedule in CHUNKED_SCHEDULES):
+            raise ValueError(f"schedule {self.schedule} with {self.chunks} chunks per rank: 1F1B and GPipe run one "
+                             f"chunk, {', '.join(CHUNKED_SCHEDULES)} two or more")
+        return self
 
     @model_validator(mode="after")
     def _caps_per_stage(self) -> PipelineSetup:
@@ -374,6 +384,8 @@ class StagePlan(Strict):
     # layer -> its recompute option, for every layer whose option is not "none"; written from
     # `checkpointed` when only that is given (plans made before options)
     recompute: dict[str, OptionName] = {}
+    # chunked schedules: the rank's layer ranges, chunk 0 first (their concatenation is `layers`)
+    chunks: list[list[str]] = []
     predicted: StagePredicted | None = None
 
     @model_validator(mode="before")
@@ -400,6 +412,9 @@ class StagePlan(Strict):
                              f"recompute option is full ({full})")
         if any(option == OPTION_NONE for option in self.recompute.values()):
             raise ValueError(f"stage {self.index}: recompute lists only layers whose option is not none")
+        if self.chunks and ([name for chunk in self.chunks for name in chunk] != self.layers
+                            or not all(self.chunks)):
+            raise ValueError(f"stage {self.index}: its chunks are not its layers in order, each non-empty")
         return self
 
     def option(self, layer: str) -> str:
@@ -415,7 +430,8 @@ class StagePlan(Strict):
         others "none"), its prediction dropped."""
         chosen = {name: option for name, option in recompute.items() if option != OPTION_NONE}
         return StagePlan(index=self.index, layers=list(self.layers), recompute=chosen,
-                         checkpointed=[name for name in self.layers if chosen.get(name) == OPTION_FULL])
+                         checkpointed=[name for name in self.layers if chosen.get(name) == OPTION_FULL],
+                         chunks=[list(chunk) for chunk in self.chunks])
 
     def with_checkpointed(self, names) -> StagePlan:
         """A validated copy that checkpoints whole layers `names` and recomputes nothing else."""

@@ -15,6 +15,7 @@ from planner.commands.setup_options import (
     setup_options,
 )
 from planner.errors import UserError
+from planner.schema import CHUNKED_SCHEDULES
 
 
 def parse_counts(text: str, option: str) -> list[int]:
@@ -64,6 +65,24 @@ def hand_stages(profile, layers_per_stage: list[int], ckpt_per_stage: list[int],
     return stages
 
 
+def by_rank(stages, setup):
+    """The pipeline's stages (P·V, in order) as the P ranks that hold them, chunk 0 first (the
+    schedule's placement: interleaved loops, ZBV and DualPipeV run a V)."""
+    from planner import costmodel
+    from planner.schema import StagePlan
+
+    order = costmodel.schedule_of(setup)
+    ranks = []
+    for rank in range(setup.pipeline.stages):
+        mine = [stages[k] for k in order.stages_of(rank)]
+        layers = [name for stage in mine for name in stage.layers]
+        recompute = {name: option for stage in mine for name, option in stage.recompute.items()}
+        ranks.append(StagePlan(index=rank, layers=layers, chunks=[list(stage.layers) for stage in mine],
+                               recompute=recompute,
+                               checkpointed=[name for stage in mine for name in stage.checkpointed]))
+    return ranks
+
+
 def named_checkpoints(stages, text: str):
     """The stages with the named layers checkpointed (each in the stage that holds it)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
@@ -107,23 +126,31 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
     from planner.console import err_console, info
 
     counts = parse_counts(layers_per_stage, "--layers-per-stage")
+    chunks = data_parallel.get("chunks") or (2 if schedule in CHUNKED_SCHEDULES else 1)
+    if len(counts) % chunks:
+        raise UserError(f"--layers-per-stage lists {len(counts)} stages for --chunks {chunks}; give one count per "
+                        f"stage of every rank ({chunks} per rank), in pipeline order")
     if (ckpt_per_stage is None) == (checkpoint_names is None):
         raise UserError("give the checkpointed layers either as counts (--ckpt-per-stage 2,1,0) or by name "
                         "(--checkpoint NAME,NAME), one of the two")
     ckpts = parse_counts(ckpt_per_stage, "--ckpt-per-stage") if ckpt_per_stage is not None else [0] * len(counts)
-    if stages is not None and stages != len(counts):
-        raise UserError(f"--stages {stages} but --layers-per-stage lists {len(counts)} stages; give one count per stage")
+    if stages is not None and stages * chunks != len(counts):
+        raise UserError(f"--stages {stages} but --layers-per-stage lists {len(counts)} stages; give one count per stage"
+                        + (f" ({chunks} per rank)" if chunks > 1 else ""))
     profile_path = profile_path or newest_profile()
     profile = io.load_profile(profile_path)
     say = (lambda note: err_console.print(note)) if as_json else info
-    setup, time_notes = planned_setup(profile, profile_path, stages=len(counts), mem=mem, microbatches=microbatches,
+    setup, time_notes = planned_setup(profile, profile_path, stages=len(counts) // chunks, mem=mem,
+                                      microbatches=microbatches,
                                       schedule=schedule, optimizer=optimizer, precision=precision,
                                       parallel_stages=parallel_stages, say=say, **data_parallel)
     hand = hand_stages(profile, counts, ckpts, ckpt_rule)
     if checkpoint_names is not None:
         hand = named_checkpoints(hand, checkpoint_names)
+    if chunks > 1:
+        hand = by_rank(hand, setup)
     hand_cost = costmodel.evaluate(hand, profile, setup)
-    best = _ckplan_plan(profile, setup, hand, time_limit_s=time_limit, solver=solver)
+    best = None if chunks > 1 else _ckplan_plan(profile, setup, hand, time_limit_s=time_limit, solver=solver)
     if as_json:
         click.echo(json.dumps(_summary(profile_path, hand, hand_cost, best), indent=2))
     else:
@@ -153,7 +180,8 @@ def stage_rows(stages, cost) -> list[list[str]]:
             [str(len(stage.layers)), str(len(stage.checkpointed))]
 
     return [
-        [str(stage.index), _layer_range(stage.layers), *counts(stage, c.reserved_bytes is not None),
+        [str(stage.index), " + ".join(_layer_range(chunk) for chunk in stage.chunks or [stage.layers]),
+         *counts(stage, c.reserved_bytes is not None),
          format_bytes(c.peak_bytes), *(reserved_columns(c.predicted()) if c.reserved_bytes is not None else []),
          format_bytes(c.cap_bytes), _share(device_bytes(c.predicted()) / c.cap_bytes, c.reserved_bytes is not None),
          "yes" if c.fits else "[bold red]NO[/]" if c.fits_host else "[bold red]NO (host)[/]", format_ms(c.time_ms)]
@@ -173,11 +201,19 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
     from planner.console import console, table
     from planner.units import format_ms
 
-    where = (f"{setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches × {setup.pipeline.micro_batch_size}, "
+    chunked = setup.pipeline.chunks > 1
+    ranks = f"{setup.pipeline.stages} ranks × {setup.pipeline.chunks} chunks" if chunked else \
+        f"{setup.pipeline.stages} stages"
+    where = (f"{ranks}, {setup.pipeline.microbatches} microbatches × {setup.pipeline.micro_batch_size}, "
              f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}{dp_words(setup)}, "
              f"scored for {setup.training.runtime}'s runtime")
     console.print(table(f"your configuration ({rule} k layers of a stage checkpointed): {where}",
                         stage_columns(hand_cost), stage_rows(hand, hand_cost), right_from=2))
+    if chunked:
+        console.print(f"iteration {format_ms(hand_cost.iteration_ms)} (the schedule simulated: "
+                      f"planner/schedules.py); {'it fits' if hand_cost.feasible else '[bold red]it does not fit[/]'}. "
+                      "ckplan's solvers plan 1F1B and GPipe; the chunked schedules are scored, not solved, yet")
+        return
     if best is None:
         console.print("[bold red]no plan fits these caps[/]: not ckplan's either; see `ckplan solve` for the "
                       "smallest cap that works")

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from planner.errors import UserError
+from planner.schema import CHUNKED_SCHEDULES
 from planner.units import format_bytes
 
 _OPTIONS = [
@@ -22,7 +23,13 @@ _OPTIONS = [
                       "[default: the memory of the GPU a `ckplan profile --arch` profile records]."),
     click.option("--microbatches", type=click.IntRange(min=1), default=None,
                  help="Microbatches per iteration [default: 2 x stages]."),
-    click.option("--schedule", type=click.Choice(["1F1B", "GPipe"]), default="1F1B", show_default=True),
+    click.option("--schedule", type=click.Choice(["1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"]),
+                 default="1F1B", show_default=True,
+                 help="The pipeline schedule: torch.distributed.pipelining's; interleaved-1F1B, ZB, ZBV and "
+                      "DualPipeV give each rank --chunks stages (scored by `evaluate`; `solve` and `launch` "
+                      "plan and run 1F1B and GPipe)."),
+    click.option("--chunks", type=click.IntRange(min=1, max=64), default=None,
+                 help="Stages per rank for interleaved-1F1B, ZB, ZBV, DualPipeV [default: 2; 1 for 1F1B, GPipe]."),
     click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True),
     click.option("--precision", type=click.Choice(["fp32", "bf16-mixed"]), default="fp32", show_default=True),
     click.option("--runtime", type=click.Choice(["ckplan", "megatron", "torchtitan", "colossalai", "deepspeed"]),
@@ -174,11 +181,23 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
             say(note)
     runtime = data_parallel.pop("runtime", "ckplan")
     fragmentation = data_parallel.pop("fragmentation", None)
+    chunks = data_parallel.pop("chunks", None) or (2 if schedule in CHUNKED_SCHEDULES else 1)
+    if schedule in CHUNKED_SCHEDULES:
+        from planner import schedules
+
+        schedules.build_schedule(schedule, num_ranks=stages, num_microbatches=microbatches or 2 * stages,
+                                 num_chunks=chunks)  # torch's own checks, in one sentence
+        if stages * chunks > len(profile.layers):
+            raise UserError(f"--stages {stages} x --chunks {chunks} is {stages * chunks} pipeline stages, more than the "
+                            f"profile's {len(profile.layers)} layers; use fewer chunks or stages")
+    elif chunks != 1:
+        raise UserError(f"--chunks {chunks} needs a schedule with chunks ({', '.join(CHUNKED_SCHEDULES)}); "
+                        f"{schedule} runs one stage per rank")
     recompute = data_parallel.pop("recompute", "options")
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
-            schedule=schedule, mem_caps_bytes=caps_bytes(mem, stages), optimizer=optimizer, precision=precision,
+            schedule=schedule, chunks=chunks, mem_caps_bytes=caps_bytes(mem, stages), optimizer=optimizer, precision=precision,
             runtime=runtime, fragmentation=fragmentation, recompute=recompute,
             parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.get("dp", 1)),
             **dp_fields(profile, stages=stages, optimizer=optimizer, say=say, **data_parallel),

@@ -45,7 +45,12 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
     """
     from planner import io
     from planner.console import err_console, info
+    from planner.errors import UserError
+    from planner.schema import CHUNKED_SCHEDULES
 
+    if schedule in CHUNKED_SCHEDULES:
+        raise UserError(f"solve plans 1F1B and GPipe; score a {schedule} configuration with `ckplan evaluate "
+                        f"--schedule {schedule} --chunks V --layers-per-stage ...` (one count per stage, V per rank)")
     profile_path = profile_path or newest_profile()
     if sweep:
         io.check_outputs({"--plot": plot}, inputs={"--profile": profile_path})

@@ -1,0 +1,77 @@
+"""Schedules whose ranks hold several stages (interleaved 1F1B, ZB, ZBV, DualPipeV), scored by
+the cost model from the simulated order of torch's own schedules (planner/schedules.py)."""
+
+import pytest
+from fixtures.cli import run, run_ok
+
+from planner import costmodel, schedules
+from planner.schema import StagePlan, TrainSetup
+from planner.synthetic import layer, profile_of
+
+MIB = 2**20
+
+
+def _profile(n=8):
+    return profile_of([layer(f"l{i}", "Block", fwd_ms=1.0, act_mib=10, input_mib=1, output_mib=1,
+                             param_count=1000, transient_mib=0.5) for i in range(n)])
+
+
+def _ranks(profile, setup, per_stage=2):
+    order = costmodel.schedule_of(setup)
+    names = [item.name for item in profile.layers]
+    stages = [names[k * per_stage:(k + 1) * per_stage] for k in range(order.num_stages)]
+    return [StagePlan(index=r, layers=[n for k in order.stages_of(r) for n in stages[k]],
+                      chunks=[stages[k] for k in order.stages_of(r)]) for r in range(setup.pipeline.stages)]
+
+
+def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
+    """P = 2 ranks x V = 2 chunks, M = 4, every stage alike (2 layers, kept K): rank 0 runs
+    (P - r - 1)·2 + (V - 1)·P + 1 = 5 forwards before its first backward, rank 1 3 (Megatron's
+    and torch's warm-up), so at their peaks they hold 5 K and 3 K."""
+    profile = _profile()
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="interleaved-1F1B", chunks=2,
+                       mem_caps_bytes=[2**40] * 2)
+    cost = costmodel.evaluate(_ranks(profile, setup), profile, setup)
+    one = costmodel.stage_cost(costmodel.layer_costs(profile)[:2], [0, 0], stage=1, profile=profile,
+                               setup=costmodel._stage_setup(setup, costmodel.schedule_of(setup)))
+    kept = one.kept_bytes
+    assert [c.activation_bytes for c in cost.stages] == [5 * kept, 3 * kept]
+    assert cost.stages[0].static_bytes == 4 * 1000 * 16  # four layers' weights, grads, Adam state (fp32)
+    # time: the simulated makespan with forward 2 ms and backward 4 ms per stage
+    order = costmodel.schedule_of(setup)
+    expected = schedules.simulate_time(order, stage_times=[schedules.StageTimes(2.0, 2.0, 2.0)] * 4).makespan_ms
+    assert cost.iteration_ms == pytest.approx(expected)
+
+
+def test_zero_bubble_keeps_activations_until_the_weight_gradient():
+    profile = _profile()
+    zbv = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="ZBV", chunks=2, mem_caps_bytes=[2**40] * 2)
+    cost = costmodel.evaluate(_ranks(profile, zbv), profile, zbv)
+    order = costmodel.schedule_of(zbv)
+    until_w = schedules.peak_in_flight(order, stage_bytes=[schedules.ChunkBytes(0.0, 1.0)] * 4)
+    kept = cost.stages[0].kept_bytes // 2
+    assert [c.activation_bytes for c in cost.stages] == [p.weight_grad_inputs * kept for p in until_w]
+    assert [p.weight_grad_inputs for p in until_w] == [2 * 2, 2 * 2]  # ZBV: 2P per rank
+
+
+def test_evaluate_scores_a_chunked_configuration_and_solve_says_it_plans_one_chunk(tmp_path):
+    from planner import io
+
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    result = run_ok("evaluate", "--profile", path, "--schedule", "interleaved-1F1B", "--chunks", "2",
+                    "--layers-per-stage", "2,2,2,2", "--ckpt-per-stage", "0,1,0,1", "--mem", "1GiB",
+                    "--microbatches", "4")
+    assert "2 ranks × 2 chunks" in result.output and "the schedule simulated" in result.output
+    assert "l0–l1 + l4–l5" in result.output
+    refused = run("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB")
+    assert refused.exit_code != 0 and "solve plans 1F1B and GPipe" in refused.output
+    odd = run("evaluate", "--profile", path, "--schedule", "ZBV", "--chunks", "2", "--layers-per-stage", "3,3,2",
+              "--ckpt-per-stage", "0,0,0", "--mem", "1GiB")
+    assert odd.exit_code != 0 and "one count per stage of every rank" in odd.output
+    torch_says = run("evaluate", "--profile", path, "--schedule", "DualPipeV", "--chunks", "2",
+                     "--layers-per-stage", "2,2,2,2", "--ckpt-per-stage", "0,0,0,0", "--mem", "1GiB",
+                     "--microbatches", "3")
+    assert torch_says.exit_code != 0 and "Traceback" not in torch_says.output
+    assert run("evaluate", "--profile", path, "--chunks", "2", "--layers-per-stage", "4,4",
+               "--ckpt-per-stage", "0,0", "--mem", "1GiB").exit_code != 0
