@@ -1046,11 +1046,25 @@ def schedule_of(setup: TrainSetup) -> schedules.Schedule:
                                     num_microbatches=setup.pipeline.microbatches, num_chunks=setup.pipeline.chunks)
 
 
-def _stage_setup(setup: TrainSetup, order: schedules.Schedule) -> TrainSetup:
+def stage_setup(setup: TrainSetup, order: schedules.Schedule) -> TrainSetup:
     """The setup each stage is scored under: one of P·V stages, its rank's cap."""
     caps = [setup.pipeline.mem_caps_bytes[rank] for rank in order.stage_to_rank]
     return setup.model_copy(update={"stages": order.num_stages, "schedule": "GPipe", "chunks": 1,
                                     "mem_caps_bytes": caps, "parallel_stages": None})
+
+
+def ranks_of(stages: Sequence[StagePlan], setup: TrainSetup) -> list[StagePlan]:
+    """The pipeline's P·V stages (in order) as the P ranks that hold them, chunk 0 first, as
+    the schedule places them (interleaved loops, ZBV and DualPipeV run a V)."""
+    order = schedule_of(setup)
+    ranks = []
+    for rank in range(setup.pipeline.stages):
+        mine = [stages[k] for k in order.stages_of(rank)]
+        ranks.append(StagePlan(index=rank, layers=[name for stage in mine for name in stage.layers],
+                               chunks=[list(stage.layers) for stage in mine],
+                               recompute={name: option for stage in mine for name, option in stage.recompute.items()},
+                               checkpointed=[name for stage in mine for name in stage.checkpointed]))
+    return ranks
 
 
 def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
@@ -1069,7 +1083,7 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
     position = {layer.name: idx for idx, layer in enumerate(costs)}
     if [name for stage in range(order.num_stages) for name in staged[stage][0]] != [layer.name for layer in costs]:
         raise ValueError("the ranks' chunks do not cover the profile's layers in pipeline order")
-    inner = _stage_setup(setup, order)
+    inner = stage_setup(setup, order)
     per_stage = []
     for stage in range(order.num_stages):
         names, plan = staged[stage]
@@ -1101,6 +1115,15 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
             reserved_bytes=allocator.reserved_bytes(peak, fragmentation(setup, ctx.device_type)) if cuda else None,
             workspace_bytes=workspace_bytes(rank, ctx)))
     return PlanCost(stages=rank_costs, iteration_ms=chunked_iteration_ms(per_stage, costs, staged, order, setup))
+
+
+def chunked_linear_ms(stage_busy_ms: Sequence[float], rank_step_ms: Sequence[float], order: schedules.Schedule,
+                      setup: TrainSetup) -> float:
+    """The linear time the MILP minimises for a chunked schedule (milp._chunked_time):
+    max over ranks of M·Σ_{its stages} busy + (P - 1)·the slowest stage + the slowest step."""
+    micro, ranks = setup.pipeline.microbatches, order.num_ranks
+    work = max(micro * sum(stage_busy_ms[k] for k in order.stages_of(r)) for r in range(ranks))
+    return work + (ranks - 1) * max(stage_busy_ms) + max(rank_step_ms)
 
 
 def chunked_iteration_ms(per_stage: Sequence[StageCost], costs: Sequence[LayerCost], staged: dict,

@@ -46,9 +46,9 @@ from typing import Literal
 
 import pulp
 
-from planner import costmodel, dataparallel, dpsolve
+from planner import costmodel, dataparallel, dpsolve, schedules
 from planner.costmodel import LayerCost
-from planner.schema import Profile, StagePlan, TrainSetup
+from planner.schema import CHUNKED_SCHEDULES, Profile, StagePlan, TrainSetup
 
 # Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
 # models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)
@@ -77,6 +77,10 @@ class Problem:
     # are out of order never lowers it), none last
     order: dict[int, list[int]] = field(default_factory=dict)
     scale: pulp.LpVariable | None = None  # memory objective: caps are multiplied by it
+    # a chunked schedule: the setup as given (problem.setup is then one of its P·V stages'),
+    # and the schedule's order (planner/schedules.py)
+    outer: TrainSetup | None = None
+    schedule: object = None
 
     @property
     def ctx(self) -> costmodel.Context:
@@ -125,16 +129,23 @@ def build_problem(
 ) -> Problem:
     """objective="time": fastest iteration under the caps; `upper_bound_ms`, the iteration
     time of any feasible plan (e.g. the best baseline's), bounds the bottleneck τ.
-    objective="memory": the smallest factor by which every cap could be scaled and still fit."""
+    objective="memory": the smallest factor by which every cap could be scaled and still fit.
+    A chunked schedule (interleaved-1F1B, ZB, ZBV, DualPipeV) is built over its P·V stages,
+    with each rank's rows over its chunks (_rank_rows) and its linear time (_chunked_time)."""
     layers = costmodel.layer_costs(profile)
+    outer, order = None, None
+    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
+        outer, order = setup, costmodel.schedule_of(setup)
+        setup = costmodel.stage_setup(setup, order)
     if setup.pipeline.stages > len(layers):
         raise ValueError(f"{setup.pipeline.stages} stages need at least {setup.pipeline.stages} layers, the profile has {len(layers)}")
     runs = find_runs(layers)
     num_stages, num_runs = setup.pipeline.stages, len(runs)
     lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
-    problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective)
+    problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective, outer=outer,
+                      schedule=order)
     tau_max = float("inf")
-    if objective == "time" and upper_bound_ms is not None:
+    if objective == "time" and upper_bound_ms is not None and outer is None:
         tau_max = costmodel.bottleneck_bound_ms(profile, setup, upper_bound_ms)
     ends = boundary_windows(profile, setup, tau_max)
 
@@ -217,7 +228,15 @@ def build_problem(
     for s in range(num_stages):
         stage_times.append(_stage_time(problem, s, n, opens, closes))
         lp += stage_times[-1] <= tau, f"bottleneck_{s}"
-        lp += _stage_memory_mib(problem, s, n, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
+        if outer is None:
+            lp += _stage_memory_mib(problem, s, n, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
+    if outer is not None:
+        _rank_rows(problem, n, opens, closes)
+        if objective == "time":
+            lp += _chunked_time(problem, stage_times, tau, n)
+        else:
+            lp += problem.scale
+        return problem
 
     if objective == "time":
         # T_iter ≥ Σ_s time_s + (M - 1)·τ + σ (critical path, σ: the slowest optimizer step),
@@ -270,18 +289,112 @@ def _stage_time(problem: Problem, s: int, n, opens, closes):
     return pulp.lpSum(terms)
 
 
+@dataclass
+class _Memory:
+    """One stage's memory in MiB: what it holds all iteration, what it keeps per in-flight
+    microbatch, its transient T_s (a variable), its optimizer step's scratch per run (bytes of
+    one layer's step scratch, presence, count) and its host bytes."""
+
+    held: list
+    kept: list
+    transient: pulp.LpVariable
+    step_scratch: list
+    host: list
+
+
 def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     """peak_s = held + max(k_s·kept + T_s, step scratch), in MiB (costmodel.TERMS: static and
     buffers held, kept, extra, scratch): returns held + k_s·kept + T_s (the training peak)
     and adds the optimizer step's row, held + scratch ≤ cap, and the host row itself."""
-    lp = problem.lp
+    memory = _stage_memory_parts(problem, s, n, opens, closes)
     k = costmodel.in_flight(problem.setup, s)
+    _step_and_host_rows(problem, f"{s}", [memory], _cap_mib(problem, s))
+    # held + k·kept written out term by term: one row fewer between a byte and its cap
+    return pulp.lpSum(memory.held + [k * term for term in memory.kept] + [memory.transient])
+
+
+def _step_and_host_rows(problem: Problem, name: str, memories: list[_Memory], cap_mib) -> None:
+    """The optimizer step's row, held + scratch ≤ cap (costmodel.step_scratch_bytes: cuda every
+    layer's, cpu twice the largest layer's), and the host row, for stages `memories` on one rank."""
+    lp = problem.lp
+    held = [term for memory in memories for term in memory.held]
+    scratch = [item for memory in memories for item in memory.step_scratch]
+    if scratch:
+        if problem.profile.device.type == "cuda":
+            step = pulp.lpSum(num_bytes / MIB * count for num_bytes, _, count in scratch)
+        else:
+            step = pulp.LpVariable(f"S_{name}", lowBound=0)
+            for g, (num_bytes, present, _) in enumerate(scratch):
+                lp += step >= 2 * num_bytes / MIB * present, f"step_scratch_{name}_{g}"
+        lp += pulp.lpSum(held) + step <= cap_mib, f"step_cap_{name}"
+    host_cap = costmodel.host_cap_bytes(problem.outer or problem.setup)
+    if host_cap is not None:
+        # [Constraint] host: the rank's host bytes within its share of the node's
+        lp += (pulp.lpSum(term for memory in memories for term in memory.host)
+               <= (host_cap - costmodel.FIT_MARGIN_BYTES) / MIB), f"host_cap_{name}"
+
+
+def _rank_rows(problem: Problem, n, opens, closes) -> None:
+    """A chunked schedule's memory, per rank over its chunks (costmodel.evaluate_chunked):
+    held + A_r + T_r ≤ cap_r with A_r ≥ Σ_c live_c·kept_c for every vector of live
+    microbatches per chunk the rank passes through in torch's order (the largest is its peak,
+    whatever the chunks' bytes; vectors below another are dropped), T_r ≥ each chunk's
+    transient; and the optimizer step's and the host's rows over all its chunks."""
+    order, lp = problem.schedule, problem.lp
+    split = problem.outer.pipeline.schedule in ("ZB", "ZBV", "DualPipeV")
+    for rank in range(order.num_ranks):
+        stages = order.stages_of(rank)
+        memories = [_stage_memory_parts(problem, k, n, opens, closes) for k in stages]
+        vectors = schedules.live_counts(order, rank, until_weight_grad=split)
+        top = [v for v in vectors if not any(w != v and all(a <= b for a, b in zip(v, w)) for w in vectors)]
+        activations = pulp.LpVariable(f"A_{rank}", lowBound=0)
+        for idx, vector in enumerate(top):
+            lp += activations >= pulp.lpSum(count * term for count, memory in zip(vector, memories)
+                                            for term in memory.kept), f"live_{rank}_{idx}"
+        transient = pulp.LpVariable(f"Tr_{rank}", lowBound=0)
+        for memory in memories:
+            lp += transient >= memory.transient, f"rank_transient_{rank}_{memory.transient.name}"
+        cap = _rank_cap_mib(problem, rank)
+        held = [term for memory in memories for term in memory.held]
+        lp += pulp.lpSum(held) + activations + transient <= cap, f"cap_rank_{rank}"
+        _step_and_host_rows(problem, f"r{rank}", memories, cap)
+
+
+def _chunked_time(problem: Problem, stage_times: list, tau, n):
+    """A chunked schedule's iteration, linear: T ≥ M·Σ_{k on r} busy_k + (P - 1)·τ + σ for every
+    rank r (its own work for every microbatch, plus the fill and drain: P - 1 stage times, the
+    interleaved schedule's bubble (P - 1)·(t_f + t_b)/V per rank, Narayanan et al. 2021, exact
+    for equal stages), σ the slowest rank's optimizer step. The plan is then scored by the
+    simulated schedule (costmodel.evaluate_chunked), which the search reports."""
+    order, lp, runs = problem.schedule, problem.lp, problem.runs
+    t_iter = pulp.LpVariable("T_iter", lowBound=0)
+    step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}
+    slowest_step = pulp.LpVariable("sigma", lowBound=0)
+    micro = problem.outer.pipeline.microbatches
+    for rank in range(order.num_ranks):
+        mine = order.stages_of(rank)
+        lp += pulp.lpSum(step_of[g] * n(k, g) for k in mine for g in range(len(runs))) <= slowest_step, f"step_r{rank}"
+        lp += (t_iter >= micro * pulp.lpSum(stage_times[k] for k in mine) + (order.num_ranks - 1) * tau
+               + slowest_step), f"rank_path_{rank}"
+    return t_iter
+
+
+def _rank_cap_mib(problem: Problem, rank: int):
+    """limit_r - margin for the rank (the setup as given), scaled for the memory objective."""
+    cap = costmodel.limit_bytes(rank, costmodel.Context(problem.profile, problem.outer)) / MIB
+    if problem.scale is not None:
+        cap = cap * problem.scale
+    return cap - costmodel.FIT_MARGIN_BYTES / MIB
+
+
+def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
+    """Stage s's memory terms, with the transient's constraints (costmodel.transient_extra_bytes)."""
+    lp = problem.lp
     held = [_const(problem, HELD, s) / MIB]  # live at the optimizer step too
-    total = [k * _const(problem, ("kept",), s) / MIB]
+    total = [_const(problem, ("kept",), s) / MIB]
     # T_s = max(a layer's extra (transient, + recompute) net of what the layers after it keep,
     # the stage's own extra, the loss's scratch): costmodel.transient_extra_bytes
     scratch = pulp.LpVariable(f"T_{s}", lowBound=_const(problem, ("extra",), s) / MIB)
-    total.append(scratch)
     # K[s,g] (MiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
     # recurrence so each transient constraint names one variable instead of every later run
     later = {len(problem.runs): 0}
@@ -292,9 +405,8 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     for g, run in enumerate(problem.runs):
         layer = run.layer
         extra, step_bytes = _layer(problem, ("extra",), layer), _layer(problem, ("scratch",), layer)
-        # held + k·kept written out, not k·K[s,0]: one row fewer between a byte and its cap
         held.append(_layer(problem, HELD, layer) * n(s, g) / MIB)
-        total.append(k * _run_kept_bytes(problem, s, g, n) / MIB)
+        total.append(_run_kept_bytes(problem, s, g, n) / MIB)
         present = None
         if extra > 0 or step_bytes > 0:
             present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
@@ -311,29 +423,15 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
                      + (n(s, g) - pulp.lpSum(problem.r[s, g, p] for p in order)) * _layer(problem, ("kept",), layer)
                      ) / MIB + later[g + 1]
             lp += scratch >= _layer(problem, ("extra",), layer, o) / MIB * used - after, f"recompute_{s}_{g}_{o}"
-        total += [k * _edge(problem, ("kept",), "open", layer, s) / MIB * opens(s, g),
-                  k * _edge(problem, ("kept",), "close", layer, s) / MIB * closes(s, g)]
+        total += [_edge(problem, ("kept",), "open", layer, s) / MIB * opens(s, g),
+                  _edge(problem, ("kept",), "close", layer, s) / MIB * closes(s, g)]
         held += [_edge(problem, HELD, "open", layer, s) / MIB * opens(s, g),
                  _edge(problem, HELD, "close", layer, s) / MIB * closes(s, g)]
         if present is not None and step_bytes > 0:
             step_scratch.append((step_bytes, present, n(s, g)))
     held += _zero_one_excess_mib(problem, s, n)
-    if step_scratch:
-        # [Constraint] the optimizer step: held + its scratch ≤ cap
-        # (costmodel.step_scratch_bytes: cuda every layer's, cpu twice the largest layer's)
-        if problem.profile.device.type == "cuda":
-            step = pulp.lpSum(num_bytes / MIB * count for num_bytes, _, count in step_scratch)
-        else:
-            step = pulp.LpVariable(f"S_{s}", lowBound=0)
-            for g, (num_bytes, present, _) in enumerate(step_scratch):
-                lp += step >= 2 * num_bytes / MIB * present, f"step_scratch_{s}_{g}"
-        lp += pulp.lpSum(held) + step <= _cap_mib(problem, s), f"step_cap_{s}"
-    host_cap = costmodel.host_cap_bytes(problem.setup)
-    if host_cap is not None:
-        # [Constraint] host: the rank's host bytes within its share of the node's
-        host = [_layer(problem, ("host",), run.layer) * n(s, g) / MIB for g, run in enumerate(problem.runs)]
-        lp += pulp.lpSum(host) <= (host_cap - costmodel.FIT_MARGIN_BYTES) / MIB, f"host_cap_{s}"
-    return pulp.lpSum(held + total)
+    host = [_layer(problem, ("host",), run.layer) * n(s, g) / MIB for g, run in enumerate(problem.runs)]
+    return _Memory(held, total, scratch, step_scratch, host)
 
 
 def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
@@ -526,7 +624,8 @@ def start_values(problem: Problem, stages: list[StagePlan], *, threads: int | No
 
 def extract_plan(problem: Problem) -> list[StagePlan]:
     """Stage boundaries from the prefix counts; in each stage, each run's layers take their
-    options in problem.order, r[s,g,o] of each, the rest none (same-kind layers cost the same)."""
+    options in problem.order, r[s,g,o] of each, the rest none (same-kind layers cost the same).
+    A chunked schedule's stages come back as its ranks, each with its chunks."""
     setup, runs = problem.setup, problem.runs
     prefix = [[int(round(pulp.value(problem.y[s, g]))) for g in range(len(runs))] for s in range(setup.pipeline.stages)]
     bounds = [0] + [sum(prefix[s]) for s in range(setup.pipeline.stages - 1)]
@@ -538,4 +637,5 @@ def extract_plan(problem: Problem) -> list[StagePlan]:
                 for _ in range(int(round(pulp.value(problem.r[s, g, o])))):
                     options[idx] = o
                     idx += 1
-    return costmodel.split_to_stages(bounds, options, problem.profile)
+    stages = costmodel.split_to_stages(bounds, options, problem.profile)
+    return stages if problem.outer is None else costmodel.ranks_of(stages, problem.outer)

@@ -42,8 +42,11 @@ def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", de
     One deadline (default: time_limit_s from now) bounds all of it."""
     from planner import baselines, costmodel, search
     from planner.deadline import Deadline
+    from planner.schema import CHUNKED_SCHEDULES
 
     deadline = deadline or Deadline(time_limit_s)
+    if setup.pipeline.schedule in CHUNKED_SCHEDULES:  # the baselines split one stage per rank
+        return search.plan(profile, setup, solver=solver, deadline=deadline), []
     references = baselines.all_baselines(profile, setup, deadline)
     known = [(b.iteration_ms, b.stages) for b in references if b.feasible]
     for stages in starts:
@@ -67,7 +70,8 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, solver
     deadline = deadline or Deadline(time_limit_s)
     result, references = search_plan(profile, setup, time_limit_s=time_limit_s, solver=solver, deadline=deadline)
     if isinstance(result, search.NoFit):
-        shortfalls = (search.why_not(profile, setup, deadline=deadline, solver=solver, least_memory=explain)
+        chunked = setup.pipeline.chunks > 1  # why_not's least-memory search splits one stage per rank
+        shortfalls = (search.why_not(profile, setup, deadline=deadline, solver=solver, least_memory=explain and not chunked)
                       if result.status == "infeasible" else None)
         return Unplanned(result.status, shortfalls, time_limit_s)
     solve = result.solve
@@ -95,6 +99,9 @@ def infeasible_message(shortfalls, setup) -> str:
     if shortfalls is None:
         return ("no plan fits the caps, and --time-limit ran out before the smallest cap that would fit "
                 "was found; raise --time-limit to learn it")
+    if not shortfalls and setup.pipeline.chunks > 1:
+        return (f"no plan of {setup.pipeline.schedule} with {setup.pipeline.chunks} chunks per rank fits the caps; "
+                "raise --mem, or try 1F1B, whose ranks keep fewer microbatches")
     if not shortfalls:
         return ("no plan fits the device and host caps together, though each alone could be met; raise "
                 "--mem or --host-mem")

@@ -235,6 +235,21 @@ def peak_in_flight(
     return tuple(_rank_peak(schedule, rank, stage_bytes) for rank in range(schedule.num_ranks))
 
 
+def live_counts(schedule: Schedule, rank: int, *, until_weight_grad: bool) -> list[tuple[int, ...]]:
+    """Every distinct vector of per-chunk live microbatches the rank passes through (past F and
+    before I or B; with `until_weight_grad`, before W or B), in order of first appearance: a
+    rank's peak for any chunk bytes is the largest of these vectors' weighted sums, so a
+    solver can bound it by one linear row each."""
+    stages = schedule.stages_of(rank)
+    live = [0] * len(stages)
+    freed_by = ("B", "W") if until_weight_grad else ("B", "I")
+    seen: dict[tuple[int, ...], None] = {}
+    for a in schedule.actions[rank]:
+        live[a.chunk] += 1 if a.kind == "F" else -1 if a.kind in freed_by else 0
+        seen.setdefault(tuple(live))
+    return list(seen)
+
+
 def _rank_peak(schedule: Schedule, rank: int, stage_bytes: Sequence[ChunkBytes]) -> RankPeak:
     stages = schedule.stages_of(rank)
     acts = [0] * len(stages)  # per chunk: past F, before I/B

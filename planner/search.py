@@ -24,7 +24,7 @@ from planner import baselines, costmodel, dpsolve, incumbent, milp
 from planner.costmodel import PlanCost
 from planner.deadline import Deadline, Expired
 from planner.milp import SolveResult
-from planner.schema import Profile, StagePlan, TrainSetup
+from planner.schema import CHUNKED_SCHEDULES, Profile, StagePlan, TrainSetup
 
 Solver = Literal["auto", "dp", "milp"]
 SOLVERS = ("auto", "dp", "milp")
@@ -96,6 +96,8 @@ def plan(
     `deadline` (default: time_limit_s from now) bounds everything; past it the best plan
     known is returned as "feasible" with its gap."""
     deadline = deadline or Deadline(time_limit_s)
+    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
+        return _plan_chunked(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log)
     if pick_solver(setup, solver) == "milp":
         return _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
                           upper_bound_ms=upper_bound_ms, start=start)
@@ -181,6 +183,26 @@ def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_g
     result = SolveResult(result.status, result.objective, result.gap, deadline.elapsed_s(), solver="milp",
                          bound=result.bound)
     return _checked(milp.extract_plan(problem), profile, setup, result)
+
+
+def _plan_chunked(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_gap: float, threads,
+                  log) -> PlanResult | NoFit:
+    """A chunked schedule's plan: the MILP over its P·V stages with each rank's rows
+    (milp._rank_rows) and its linear time, optimal for that time; the plan is then scored by
+    the simulated schedule (costmodel.evaluate_chunked), which must fit. No baseline starts it:
+    the baselines split into one stage per rank."""
+    problem = milp.build_problem(profile, setup)
+    result = milp.solve(problem, time_limit_s=deadline.remaining_s(), mip_gap=mip_gap, threads=threads, log=log)
+    if result.status in ("timeout", "infeasible"):
+        return NoFit(result.status, deadline.elapsed_s(), "milp")
+    stages = milp.extract_plan(problem)
+    cost = costmodel.evaluate(stages, profile, setup)
+    if not cost.feasible:
+        over = [s for s, c in enumerate(cost.stages) if not c.fits]
+        raise SolverMismatch(f"solver plan exceeds the caps of ranks {over} under evaluate()")
+    solve = SolveResult(result.status, result.objective, result.gap, deadline.elapsed_s(), solver="milp",
+                        bound=result.bound)
+    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)
 
 
 def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, deadline: Deadline):

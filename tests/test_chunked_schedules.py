@@ -33,7 +33,7 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
                        mem_caps_bytes=[2**40] * 2)
     cost = costmodel.evaluate(_ranks(profile, setup), profile, setup)
     one = costmodel.stage_cost(costmodel.layer_costs(profile)[:2], [0, 0], stage=1, profile=profile,
-                               setup=costmodel._stage_setup(setup, costmodel.schedule_of(setup)))
+                               setup=costmodel.stage_setup(setup, costmodel.schedule_of(setup)))
     kept = one.kept_bytes
     assert [c.activation_bytes for c in cost.stages] == [5 * kept, 3 * kept]
     assert cost.stages[0].static_bytes == 4 * 1000 * 16  # four layers' weights, grads, Adam state (fp32)
@@ -54,7 +54,7 @@ def test_zero_bubble_keeps_activations_until_the_weight_gradient():
     assert [p.weight_grad_inputs for p in until_w] == [2 * 2, 2 * 2]  # ZBV: 2P per rank
 
 
-def test_evaluate_scores_a_chunked_configuration_and_solve_says_it_plans_one_chunk(tmp_path):
+def test_evaluate_scores_a_chunked_configuration_and_solve_plans_one(tmp_path):
     from planner import io
 
     path = tmp_path / "p.json"
@@ -64,8 +64,15 @@ def test_evaluate_scores_a_chunked_configuration_and_solve_says_it_plans_one_chu
                     "--microbatches", "4")
     assert "2 ranks × 2 chunks" in result.output and "the schedule simulated" in result.output
     assert "l0–l1 + l4–l5" in result.output
-    refused = run("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB")
-    assert refused.exit_code != 0 and "solve plans 1F1B and GPipe" in refused.output
+    solved = run_ok("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB",
+                    "--microbatches", "4", "--out", tmp_path / "zbv.yaml")
+    plan = io.load_plan(tmp_path / "zbv.yaml")
+    assert [len(stage.chunks) for stage in plan.stages] == [2, 2] and "solver: milp" in solved.output
+    # ZBV's V: rank 0 holds the first and the last stage
+    assert plan.stages[0].chunks[0][0] == "l0" and plan.stages[0].chunks[1][-1] == "l7"
+    refused = run("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB", "--auto-dp",
+                  "--dp", "2")
+    assert refused.exit_code != 0 and "--auto-dp and --sweep plan 1F1B and GPipe" in refused.output
     odd = run("evaluate", "--profile", path, "--schedule", "ZBV", "--chunks", "2", "--layers-per-stage", "3,3,2",
               "--ckpt-per-stage", "0,0,0", "--mem", "1GiB")
     assert odd.exit_code != 0 and "one count per stage of every rank" in odd.output
@@ -75,3 +82,60 @@ def test_evaluate_scores_a_chunked_configuration_and_solve_says_it_plans_one_chu
     assert torch_says.exit_code != 0 and "Traceback" not in torch_says.output
     assert run("evaluate", "--profile", path, "--chunks", "2", "--layers-per-stage", "4,4",
                "--ckpt-per-stage", "0,0", "--mem", "1GiB").exit_code != 0
+
+
+def _chunked_linear(stages, profile, setup):
+    """The MILP's time for a plan of P·V stages: costmodel.chunked_linear_ms on each stage's busy."""
+    order = costmodel.schedule_of(setup)
+    inner = costmodel.stage_setup(setup, order)
+    costs = costmodel.layer_costs(profile)
+    position = {c.name: i for i, c in enumerate(costs)}
+    per = [costmodel.stage_cost([costs[position[n]] for n in st.layers],
+                                costmodel.option_indices(st, [costs[position[n]] for n in st.layers]),
+                                stage=k, profile=profile, setup=inner) for k, st in enumerate(stages)]
+    steps = [sum(per[k].step_ms for k in order.stages_of(r)) for r in range(setup.pipeline.stages)]
+    return costmodel.chunked_linear_ms([c.busy_ms for c in per], steps, order, setup)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1F1B", "ZBV"])
+@pytest.mark.parametrize("fraction", [0.3, 0.7])
+def test_the_chunked_milp_equals_brute_force_on_its_time_and_fits_under_the_simulation(schedule, fraction):
+    """Every split of 6 heterogeneous layers into P·V = 4 stages and every checkpoint choice:
+    the MILP's plan fits each rank's cap under evaluate() (the simulated schedule) and its
+    linear time is the least of every plan that fits."""
+    import itertools
+
+    from planner import search
+    from planner.synthetic import heterogeneous
+
+    profile = heterogeneous(6, seed=3)
+    roomy = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule=schedule, chunks=2,
+                       mem_caps_bytes=[2**50] * 2)
+    plans = []
+    for cuts in itertools.combinations(range(1, 6), 3):
+        for mask in range(2**6):
+            stages = costmodel.split_to_stages([0, *cuts], [mask >> i & 1 for i in range(6)], profile)
+            ranks = costmodel.ranks_of(stages, roomy)
+            cost = costmodel.evaluate(ranks, profile, roomy)
+            plans.append((stages, cost.peak_bytes_per_stage))
+    lo = min(max(p) for _, p in plans)
+    hi = max(max(p) for _, p in plans)
+    cap = int(lo + fraction * (hi - lo))
+    setup = roomy.model_copy(update={"mem_caps_bytes": [cap] * 2})
+    fitting = [_chunked_linear(stages, profile, setup) for stages, peaks in plans
+               if all(p + costmodel.FIT_MARGIN_BYTES <= cap for p in peaks)]
+    result = search.plan(profile, setup, mip_gap=0.0, threads=1)
+    assert isinstance(result, search.PlanResult) and result.cost.feasible
+    assert result.solve.objective == pytest.approx(min(fitting), rel=1e-6)
+    assert [len(stage.chunks) for stage in result.stages] == [2, 2]
+
+
+def test_a_chunked_plan_is_not_exported_or_launched_as_one_chunk(tmp_path):
+    from planner import io
+
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    run_ok("solve", "--profile", path, "--stages", "2", "--schedule", "interleaved-1F1B", "--mem", "1GiB",
+           "--microbatches", "4", "--out", tmp_path / "plan.yaml")
+    exported = run("export", tmp_path / "plan.yaml", "--to", "megatron")
+    assert exported.exit_code != 0 and "chunks per rank" in exported.output and "Traceback" not in exported.output

@@ -65,24 +65,6 @@ def hand_stages(profile, layers_per_stage: list[int], ckpt_per_stage: list[int],
     return stages
 
 
-def by_rank(stages, setup):
-    """The pipeline's stages (P·V, in order) as the P ranks that hold them, chunk 0 first (the
-    schedule's placement: interleaved loops, ZBV and DualPipeV run a V)."""
-    from planner import costmodel
-    from planner.schema import StagePlan
-
-    order = costmodel.schedule_of(setup)
-    ranks = []
-    for rank in range(setup.pipeline.stages):
-        mine = [stages[k] for k in order.stages_of(rank)]
-        layers = [name for stage in mine for name in stage.layers]
-        recompute = {name: option for stage in mine for name, option in stage.recompute.items()}
-        ranks.append(StagePlan(index=rank, layers=layers, chunks=[list(stage.layers) for stage in mine],
-                               recompute=recompute,
-                               checkpointed=[name for stage in mine for name in stage.checkpointed]))
-    return ranks
-
-
 def named_checkpoints(stages, text: str):
     """The stages with the named layers checkpointed (each in the stage that holds it)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
@@ -148,7 +130,7 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
     if checkpoint_names is not None:
         hand = named_checkpoints(hand, checkpoint_names)
     if chunks > 1:
-        hand = by_rank(hand, setup)
+        hand = costmodel.ranks_of(hand, setup)
     hand_cost = costmodel.evaluate(hand, profile, setup)
     best = None if chunks > 1 else _ckplan_plan(profile, setup, hand, time_limit_s=time_limit, solver=solver)
     if as_json:

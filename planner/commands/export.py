@@ -37,6 +37,10 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     profile = _profile_of(plan, plan_path, profile_path)
     _check_plan(plan, profile, plan_path)
     _refuse_experts(profile, target)
+    if plan.setup.pipeline.chunks > 1:
+        raise UserError(f"the plan runs {plan.setup.pipeline.schedule} with {plan.setup.pipeline.chunks} chunks per "
+                        f"rank, whose {target} settings (virtual pipeline stages, the schedule, layers per chunk) "
+                        "ckplan does not write yet; its plan and peaks stand, but set them by hand")
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
     if out is None:
         out = plan_path.with_name(plan_path.stem + result.suffix)

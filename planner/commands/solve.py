@@ -48,9 +48,8 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
     from planner.errors import UserError
     from planner.schema import CHUNKED_SCHEDULES
 
-    if schedule in CHUNKED_SCHEDULES:
-        raise UserError(f"solve plans 1F1B and GPipe; score a {schedule} configuration with `ckplan evaluate "
-                        f"--schedule {schedule} --chunks V --layers-per-stage ...` (one count per stage, V per rank)")
+    if schedule in CHUNKED_SCHEDULES and (auto_dp or sweep):
+        raise UserError(f"--auto-dp and --sweep plan 1F1B and GPipe; solve {schedule} without them")
     profile_path = profile_path or newest_profile()
     if sweep:
         io.check_outputs({"--plot": plot}, inputs={"--profile": profile_path})

@@ -62,7 +62,7 @@ def print_plan(plan, out: Path) -> None:
     rows = [
         [
             str(stage.index),
-            _layer_range(stage.layers),
+            " + ".join(_layer_range(chunk) for chunk in stage.chunks or [stage.layers]),
             str(len(stage.layers)),
             _checkpointed(stage),
             format_bytes(stage.predicted.peak_bytes),
