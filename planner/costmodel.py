@@ -942,8 +942,10 @@ def stage_cost(
         sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
     buffers = totals["buffers"]
     kept = int(round(totals["kept"]))
-    # the loss's scratch is gone before the stage's layers run their backward
-    transient = int(round(max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer]),
+    # the loss's scratch is gone before the stage's layers run their backward, and what the
+    # loss keeps (the last stage) is freed before any of them does: after the last layer
+    transient = int(round(max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer]
+                                              + [(0.0, stage_value("kept", stage, ctx))]),
                               stage_value("extra", stage, ctx))))
     scratch = step_scratch_bytes([v["scratch"] for v in per_layer], profile.device.type)
     k = in_flight(setup, stage)

@@ -284,7 +284,8 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
     if columns is not None:
         kept, extra = columns
         # costmodel.stage_cost's peak (rint: round's half to even)
-        peaks = np.rint(costmodel.peak_bytes(held, in_flight, kept + edge_kept, np.maximum(extra, loss_scratch),
+        peaks = np.rint(costmodel.peak_bytes(held, in_flight, kept + edge_kept,
+                                             np.maximum(extra - stage.const_kept_bytes, loss_scratch),
                                              step_scratch, maximum=np.maximum))
         pick = int(np.argmin(peaks)) if objective == "memory" else int(np.argmax(peaks <= limit))
         if peaks[pick] > limit:
@@ -293,7 +294,8 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
         return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, int(peaks[pick]))
     best = None
     for ms, kept, extra, mask in states:
-        peak = int(round(costmodel.peak_bytes(held, in_flight, kept + edge_kept, max(extra, loss_scratch),
+        peak = int(round(costmodel.peak_bytes(held, in_flight, kept + edge_kept,
+                                              max(extra - stage.const_kept_bytes, loss_scratch),
                                               step_scratch)))
         if objective == "time":
             if peak <= limit:

@@ -397,7 +397,7 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
     scratch = pulp.LpVariable(f"T_{s}", lowBound=_const(problem, ("extra",), s) / MIB)
     # K[s,g] (MiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
     # recurrence so each transient constraint names one variable instead of every later run
-    later = {len(problem.runs): 0}
+    later = {len(problem.runs): _const(problem, ("kept",), s) / MIB}  # the loss's, freed first
     for g in reversed(range(len(problem.runs))):
         later[g] = pulp.LpVariable(f"K_{s}_{g}")
         lp += later[g] == later[g + 1] + _run_kept_bytes(problem, s, g, n) / MIB, f"later_{s}_{g}"

@@ -139,3 +139,7 @@ def test_a_chunked_plan_is_not_exported_or_launched_as_one_chunk(tmp_path):
            "--microbatches", "4", "--out", tmp_path / "plan.yaml")
     exported = run("export", tmp_path / "plan.yaml", "--to", "megatron")
     assert exported.exit_code != 0 and "chunks per rank" in exported.output and "Traceback" not in exported.output
+    for command in ("launch", "validate"):
+        refused = run(command, tmp_path / "plan.yaml")
+        assert refused.exit_code != 0 and "one stage per rank" in refused.output, command
+        assert "Traceback" not in refused.output

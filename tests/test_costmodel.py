@@ -218,8 +218,9 @@ def test_last_stage_without_checkpointing():
     #               + output(head) 1 + loss_bytes 0.25                   = 13.25 MiB
     #   buffers   = (M + 1) * input(blocks.1): recv buffers + the input gradient being sent
     #             = 5 * 4 (no grad-recv buffer on the last stage)        = 20 MiB
-    #   transient = 0 + max(1, 5)                                        = 5 MiB
-    #   peak      = 2.5 + 1 * 13.25 + 20 + 5                             = 40.75 MiB
+    #   transient = max(1 - 6 - 0.25, 5 - 0.25): the head's, net of the loss's kept bytes,
+    #               freed before the head's backward (measured, tests/test_recompute_options.py) = 4.75 MiB
+    #   peak      = 2.5 + 1 * 13.25 + 20 + 4.75                          = 40.5 MiB
     #   time      = (2 + 4) + (3 + 6) + loss 0.5                         = 15.5 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 1, ["blocks.1", "head"], [])
@@ -227,41 +228,43 @@ def test_last_stage_without_checkpointing():
     assert cost.in_flight == 1
     assert cost.kept_bytes == 53 * MIB // 4
     assert cost.buffer_bytes == 20 * MIB
-    assert cost.transient_bytes == 5 * MIB
-    assert cost.peak_bytes == 163 * MIB // 4
+    assert cost.transient_bytes == 19 * MIB // 4
+    assert cost.peak_bytes == 162 * MIB // 4
     assert cost.time_ms == pytest.approx(15.5)
 
 
-@pytest.mark.parametrize("loss_scratch_mib, transient_mib, with_head_ckpt_mib", [(8, 8, 8), (2, 5, 7), (0, 5, 7)])
+@pytest.mark.parametrize("loss_scratch_mib, transient_mib, with_head_ckpt_mib", [(8, 8, 8), (2, 4.75, 6.75),
+                                                                                  (0, 4.75, 6.75)])
 def test_loss_scratch_is_a_last_stage_transient(loss_scratch_mib, transient_mib, with_head_ckpt_mib):
     # the loss's scratch (e.g. cross-entropy's gradients) exists on the last stage only, and
     # is freed before the first layer's backward, so before any recompute:
     #   transient = max(recompute + max_S transient, loss scratch)
-    #   stage 1 = [blocks.1, head]: max(0 + max(1, 5), loss) -> 8 with an 8 MiB loss scratch, else 5;
+    #   stage 1 = [blocks.1, head]: max(max(1, 5) - 0.25 (the loss's kept bytes, freed first), loss)
+    #   -> 8 with an 8 MiB loss scratch, else 4.75;
     #   peak = 2.5 + 13.25 + 20 + transient (test_last_stage_without_checkpointing)
     # stage 0 = [embed, blocks.0] keeps max(3 - 10, 1) = 1 whatever the loss needs
     p = four_layers().model_copy(update={"loss_transient_bytes": loss_scratch_mib * MIB})
     last = stage_of(p, setup(2), 1, ["blocks.1", "head"], [])
-    assert last.transient_bytes == transient_mib * MIB
+    assert last.transient_bytes == int(transient_mib * MIB)
     assert last.peak_bytes == int((2.5 + 13.25 + 20 + transient_mib) * MIB)
     assert stage_of(p, setup(2), 0, ["embed", "blocks.0"], []).transient_bytes == 1 * MIB
     # head checkpointed: recompute (6 - 4) - 0 = 2 on top of the layers' 5, against the loss's
     ckpt = stage_of(p, setup(2), 1, ["blocks.1", "head"], ["head"])
-    assert ckpt.transient_bytes == with_head_ckpt_mib * MIB
+    assert ckpt.transient_bytes == int(with_head_ckpt_mib * MIB)
 
 
 def test_last_stage_all_checkpointed():
     # stage 1 = [blocks.1, head], both checkpointed:
     #   kept      = input 4 + input 4 - input_in_act(blocks.1) 4 + 1 + 0.25 = 5.25 MiB
     #   recompute = head: (6 - 4) - 0 = 2; blocks.1: (10 - 4) - kept(head) 4 = 2  -> 2
-    #   transient = 2 + max(1, 5)                                            = 7 MiB
-    #   peak      = 2.5 + 5.25 + 20 + 7                                      = 34.75 MiB
+    #   transient = 2 + max(1, 5) - 0.25 (the loss's kept bytes, freed first) = 6.75 MiB
+    #   peak      = 2.5 + 5.25 + 20 + 6.75                                   = 34.5 MiB
     #   time      = 15.5 + 2 + 3 (two recompute forwards)                    = 20.5 ms
     p = four_layers()
     cost = stage_of(p, setup(2), 1, ["blocks.1", "head"], ["blocks.1", "head"])
     assert cost.kept_bytes == 21 * MIB // 4
-    assert cost.transient_bytes == 7 * MIB
-    assert cost.peak_bytes == 139 * MIB // 4
+    assert cost.transient_bytes == 27 * MIB // 4
+    assert cost.peak_bytes == 138 * MIB // 4
     assert cost.time_ms == pytest.approx(20.5)
 
 
@@ -357,13 +360,13 @@ def test_three_stage_plan_end_to_end():
     #          buffers = 4 * 4 + 4 * 0.5 = 18; transient 3; peak = 1 + 15 + 18 + 3 = 37 MiB; time 3 ms
     # stage 1: 81 MiB, 12 ms (test_middle_stage)
     # stage 2: k=1; static 0.5; kept = 6 - 4 + 1 + 0.25 = 3.25; buffers = 5 * 4 = 20;
-    #          transient 5; peak = 0.5 + 3.25 + 20 + 5 = 28.75 MiB; time 9 + 0.5 = 9.5 ms
+    #          transient 5 - loss 0.25 = 4.75; peak = 0.5 + 3.25 + 20 + 4.75 = 28.5 MiB; time 9 + 0.5 = 9.5 ms
     # T = (3 + 12 + 9.5) + (4 - 1) * 12 = 60.5 ms
     p = four_layers()
     margin = costmodel.FIT_MARGIN_BYTES  # a plan fits when its peak stays this far below the cap
     s = setup(3, caps=[37 * MIB + margin, 81 * MIB + margin - 1, 29 * MIB])
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert cost.peak_bytes_per_stage == [37 * MIB, 81 * MIB, 115 * MIB // 4]
+    assert cost.peak_bytes_per_stage == [37 * MIB, 81 * MIB, 114 * MIB // 4]
     assert [c.time_ms for c in cost.stages] == pytest.approx([3.0, 12.0, 9.5])
     assert [c.in_flight for c in cost.stages] == [3, 2, 1]
     assert cost.iteration_ms == pytest.approx(60.5)
@@ -382,13 +385,13 @@ def test_megatrons_pipeline_keeps_no_receive_buffers_and_frees_sent_outputs():
     # stage 1: kept = 10 + 10 = 20; buffers = 1 input gradient 4 + 1 output gradient 4 = 8;
     #          peak = 4 + 2 * 20 + 8 + 1 = 53 MiB (81)
     # stage 2: kept = 6 + output 1 (the logits stay for the loss) + loss 0.25 = 7.25;
-    #          buffers = 1 input gradient 4; peak = 0.5 + 7.25 + 4 + 5 = 16.75 MiB (28.75)
+    #          buffers = 1 input gradient 4; peak = 0.5 + 7.25 + 4 + 4.75 = 16.5 MiB (28.5)
     p = four_layers()
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p,
                               setup(3, runtime="megatron"))
     assert [c.kept_bytes for c in cost.stages] == [2 * MIB, 20 * MIB, 29 * MIB // 4]
     assert [c.buffer_bytes for c in cost.stages] == [4 * MIB, 8 * MIB, 4 * MIB]
-    assert cost.peak_bytes_per_stage == [14 * MIB, 53 * MIB, 67 * MIB // 4]
+    assert cost.peak_bytes_per_stage == [14 * MIB, 53 * MIB, 66 * MIB // 4]
     assert cost.iteration_ms == pytest.approx(60.5)  # the same compute
 
 
@@ -398,22 +401,23 @@ def test_colossalai_and_deepspeed_pipelines_hold_what_their_code_holds():
     # outputs kept, one gradient at a time, the whole batch on every stage (4 x 0.5 = 2):
     #   stage 0: kept 2 + 4 = 6; buffers 4 + 2 = 6; peak 1 + 3 * 6 + 6 + 3 = 28
     #   stage 1: kept 24; buffers 4 + 4 + 2 = 10; peak 4 + 48 + 10 + 1 = 63
-    #   stage 2: kept 6 + 1 + 0.25 = 7.25; buffers 4 + 2 = 6; peak 0.5 + 7.25 + 6 + 5 = 18.75
+    #   stage 2: kept 6 + 1 + 0.25 = 7.25; buffers 4 + 2 = 6; peak 0.5 + 7.25 + 6 + 4.75 = 18.5
+    #   (the head's transient 5 net of the loss's 0.25, freed before the head's backward)
     # DeepSpeed: max(2, min(P - s, M)) = 3, 2, 2 pipe buffers, each with a received input, plus
     # the receive buffer; one gradient buffer; a microbatch loaded per buffer:
     #   stage 0: kept 6; buffers 4 + 3 * 0.5 = 5.5; peak 1 + 18 + 5.5 + 3 = 27.5
     #   stage 1: kept 24; buffers 3 * 4 + 4 = 16; peak 4 + 48 + 16 + 1 = 69
-    #   stage 2: kept 7.25; buffers 3 * 4 = 12; peak 0.5 + 7.25 + 12 + 5 = 24.75
+    #   stage 2: kept 7.25; buffers 3 * 4 = 12; peak 0.5 + 7.25 + 12 + 4.75 = 24.5
     p = four_layers()
     stages = plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], []))
     colossal = costmodel.evaluate(stages, p, setup(3, runtime="colossalai"))
-    assert colossal.peak_bytes_per_stage == [28 * MIB, 63 * MIB, 75 * MIB // 4]
+    assert colossal.peak_bytes_per_stage == [28 * MIB, 63 * MIB, 74 * MIB // 4]
     deep = costmodel.evaluate(stages, p, setup(3, runtime="deepspeed"))
     assert [c.buffer_bytes for c in deep.stages] == [11 * MIB // 2, 16 * MIB, 12 * MIB]
-    assert deep.peak_bytes_per_stage == [55 * MIB // 2, 69 * MIB, 99 * MIB // 4]
-    # torchtitan runs torch's pipelining: ckplan's own figures (37, 81, 28.75)
+    assert deep.peak_bytes_per_stage == [55 * MIB // 2, 69 * MIB, 98 * MIB // 4]
+    # torchtitan runs torch's pipelining: ckplan's own figures (37, 81, 28.5)
     assert costmodel.evaluate(stages, p, setup(3, runtime="torchtitan")).peak_bytes_per_stage == \
-        [37 * MIB, 81 * MIB, 115 * MIB // 4]
+        [37 * MIB, 81 * MIB, 114 * MIB // 4]
 
 
 @pytest.mark.parametrize("room, fits", [(4096, True), (4095, False), (0, False), (2**20, True)])
@@ -436,7 +440,7 @@ def test_gpipe_holds_every_microbatch_on_every_stage():
     p = four_layers()
     s = setup(3, schedule="GPipe")
     cost = costmodel.evaluate(plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], [])), p, s)
-    assert cost.peak_bytes_per_stage == [42 * MIB, 121 * MIB, 77 * MIB // 2]
+    assert cost.peak_bytes_per_stage == [42 * MIB, 121 * MIB, 153 * MIB // 4]
 
 
 def test_iteration_ms_is_fill_drain_plus_steady_state():
@@ -475,12 +479,13 @@ def test_single_stage_is_both_first_and_last():
     #   kept = 2 + 10 + 10 + 6 - input_in_act(embed) 1 (a slice of the batch, in buffers)
     #          + output(head) 1 + loss 0.25 = 28.25
     #   buffers = M * batch_input = 1 MiB (no recv buffers either way; no batch_target here)
-    #   transient = max(3, 1, 1, 5) = 5; peak = 5.5 + 28.25 + 1 + 5 = 39.75 MiB
+    #   transient = max(3, 1, 1, 5) - loss 0.25 (freed before any backward) = 4.75;
+    #   peak = 5.5 + 28.25 + 1 + 4.75 = 39.5 MiB
     #   time = 3 + 6 + 6 + 9 + 0.5 = 24.5; T = 24.5 + 1 * 24.5 = 49 ms
     p = four_layers()
     cost = costmodel.evaluate(plan((["embed", "blocks.0", "blocks.1", "head"], [])), p, setup(1, 2))
     assert cost.stages[0].kept_bytes == 113 * MIB // 4
-    assert cost.peak_bytes_per_stage == [159 * MIB // 4]
+    assert cost.peak_bytes_per_stage == [158 * MIB // 4]
     assert cost.stages[0].buffer_bytes == 1 * MIB
     assert cost.iteration_ms == pytest.approx(49.0)
 
@@ -489,19 +494,19 @@ def test_last_stage_holds_the_whole_batch_of_targets():
     # batch_target = 0.75 MiB per microbatch: the last stage's buffers grow by M * 0.75, the
     # other stages' do not. P=3, M=4, 1F1B, [embed] | [blocks.0, blocks.1] | [head]
     # (test_three_stage_plan_end_to_end): buffers 18, 36, 20 -> 18, 36, 20 + 4 * 0.75 = 23;
-    # peaks 37, 81, 28.75 -> 37, 81, 31.75 MiB (k = 1 does not multiply a buffer)
+    # peaks 37, 81, 28.5 -> 37, 81, 31.5 MiB (k = 1 does not multiply a buffer)
     p = four_layers().model_copy(update={"batch_target_bytes": 3 * MIB // 4})
     stages = plan((["embed"], []), (["blocks.0", "blocks.1"], []), (["head"], []))
     cost = costmodel.evaluate(stages, p, setup(3))
     assert [c.buffer_bytes for c in cost.stages] == [18 * MIB, 36 * MIB, 23 * MIB]
-    assert cost.peak_bytes_per_stage == [37 * MIB, 81 * MIB, 127 * MIB // 4]
-    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 38.5 -> 41.5 MiB
-    assert costmodel.evaluate(stages, p, setup(3, schedule="GPipe")).peak_bytes_per_stage[2] == 83 * MIB // 2
+    assert cost.peak_bytes_per_stage == [37 * MIB, 81 * MIB, 126 * MIB // 4]
+    # GPipe (k = 4 everywhere): still M * 0.75 = 3 MiB, not k * M: 38.25 -> 41.25 MiB
+    assert costmodel.evaluate(stages, p, setup(3, schedule="GPipe")).peak_bytes_per_stage[2] == 165 * MIB // 4
     # a single stage is first and last: buffers = M * (batch_input 0.5 + batch_target 0.75)
-    #   = 2 * 1.25 = 2.5 MiB (M = 2); peak = 39.75 + 1.5 = 41.25 MiB (test_single_stage_is_both_first_and_last)
+    #   = 2 * 1.25 = 2.5 MiB (M = 2); peak = 39.5 + 1.5 = 41 MiB (test_single_stage_is_both_first_and_last)
     single = costmodel.evaluate(plan((["embed", "blocks.0", "blocks.1", "head"], [])), p, setup(1, 2))
     assert single.stages[0].buffer_bytes == 5 * MIB // 2
-    assert single.peak_bytes_per_stage == [165 * MIB // 4]
+    assert single.peak_bytes_per_stage == [164 * MIB // 4]
 
 
 def test_evaluate_matches_stage_cost_and_split_to_stages():
@@ -513,14 +518,14 @@ def test_evaluate_matches_stage_cost_and_split_to_stages():
     cost = costmodel.evaluate(stages, p, setup(2, caps=[47 * MIB, 30 * MIB]))
     # stage 0: 46 MiB (test_first_stage_with_a_checkpointed_layer); stage 1 with blocks.1 checkpointed:
     #   kept = 4 + 6 - 4 + 1 + 0.25 = 7.25
-    #   transient = max(blocks.1 1 + (10 - 4) - act(head) 6, head 5) = 5
-    #   peak = 2.5 + 7.25 + 20 + 5 = 34.75 MiB
-    assert cost.peak_bytes_per_stage == [46 * MIB, 139 * MIB // 4]
+    #   transient = max(blocks.1 1 + (10 - 4) - act(head) 6, head 5) - loss 0.25 = 4.75
+    #   peak = 2.5 + 7.25 + 20 + 4.75 = 34.5 MiB
+    assert cost.peak_bytes_per_stage == [46 * MIB, 138 * MIB // 4]
     assert [c.cap_bytes for c in cost.stages] == [47 * MIB, 30 * MIB]
     assert [c.fits for c in cost.stages] == [True, False]
     predicted = costmodel.with_predictions(stages, cost)
-    assert predicted[1].predicted.peak_bytes == 139 * MIB // 4
-    assert predicted[1].predicted.transient_bytes == 5 * MIB
+    assert predicted[1].predicted.peak_bytes == 138 * MIB // 4
+    assert predicted[1].predicted.transient_bytes == 19 * MIB // 4
     assert predicted[0].predicted.time_ms == pytest.approx(11.0)
 
 
@@ -652,7 +657,7 @@ def test_recompute_costs_what_was_measured_or_else_a_whole_forward():
 
 def test_a_tied_parameter_is_held_once_where_its_holders_share_the_stage():
     # embed and head share 32768 params (0.5 MiB at Adam fp32's 16 B/param), counted in both
-    # layers' param bytes. One stage holds one copy: static 5.5 - 0.5 = 5 MiB, peak 39.75 - 0.5.
+    # layers' param bytes. One stage holds one copy: static 5.5 - 0.5 = 5 MiB, peak 39.5 - 0.5.
     # Split, each end holds its copy: the 2-stage plan's static stays 1 + 2 and 2 + 0.5 MiB.
     from planner.schema import TiedSet
 
@@ -660,26 +665,26 @@ def test_a_tied_parameter_is_held_once_where_its_holders_share_the_stage():
                                                           param_bytes=4 * 32768)]})
     single = costmodel.evaluate(plan((["embed", "blocks.0", "blocks.1", "head"], [])), p, setup(1, 2))
     assert single.stages[0].static_bytes == 5 * MIB
-    assert single.peak_bytes_per_stage == [157 * MIB // 4]
+    assert single.peak_bytes_per_stage == [156 * MIB // 4]
     split = costmodel.evaluate(plan((["embed", "blocks.0"], []), (["blocks.1", "head"], [])), p, setup(2))
     assert [c.static_bytes for c in split.stages] == [3 * MIB, 5 * MIB // 2]
 
 
 @pytest.mark.parametrize("solver", ["dp", "milp"])
 def test_both_solvers_fit_a_stage_that_fits_only_with_its_tied_copy_held_once(solver):
-    # Nothing checkpointed on one stage peaks at 39.75 MiB counting the tied copy twice and
-    # 39.25 MiB holding it once (the test above); at a 39.5 MiB cap the plan fits only as held
+    # Nothing checkpointed on one stage peaks at 39.5 MiB counting the tied copy twice and
+    # 39 MiB holding it once (the test above); at a 39.25 MiB cap the plan fits only as held
     # once, and checkpointing the blocks (the other way to fit) costs 4 ms of recompute.
     from planner import search
     from planner.schema import TiedSet
 
     p = four_layers().model_copy(update={"tied": [TiedSet(layers=["embed", "head"], param_count=32768,
                                                           param_bytes=4 * 32768)]})
-    cap = 79 * MIB // 2 + 2 * costmodel.FIT_MARGIN_BYTES
+    cap = 157 * MIB // 4 + 2 * costmodel.FIT_MARGIN_BYTES
     result = search.plan(p, setup(1, 2, caps=[cap]), solver=solver, mip_gap=0.0, threads=1)
     # HiGHS may call a solve presolved to its end "feasible" with no gap left
     assert result.solve.status == "optimal" or result.solve.gap == pytest.approx(0.0, abs=1e-9)
-    assert result.stages[0].checkpointed == [] and result.cost.peak_bytes_per_stage == [157 * MIB // 4]
+    assert result.stages[0].checkpointed == [] and result.cost.peak_bytes_per_stage == [156 * MIB // 4]
 
 
 @pytest.mark.parametrize("runtime, recompute", [("ckplan", 0.5), ("torchtitan", 2.0), ("megatron", 2.0),

@@ -118,6 +118,7 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
 
 
 def _report(profile, out: Path) -> None:
+    from planner.commands.profile import options_report
     from planner.console import console, info, table
     from planner.units import format_bytes
 
@@ -139,4 +140,5 @@ def _report(profile, out: Path) -> None:
     info(f"times are rooflines: FLOPs at {facts['gpu_bf16_tflops']:g} TFLOP/s x {facts['matmul_efficiency']:g} (the "
          f"best matmul measured on the {facts['gpu']}, a per-kernel ceiling, not end to end) plus memory-bound bytes "
          f"at {facts['gpu_hbm_tbps']:g} TB/s; `ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}")
+    options_report(profile, "recompute times are rooflines of the work each adds, as full's")
     info(f"wrote {out}")

@@ -10,7 +10,9 @@ code (measure.py, saved.py):
 - transients: the storage tracker over each layer's forward and backward;
 - parameters and tied sets: exact, from the built modules;
 - FLOPs per pass: `torch.utils.flop_counter.FlopCounterMode` (matmuls, convolutions,
-  attention kernels), and the bytes every other op reads and writes (`OpBytes`).
+  attention kernels), and the bytes every other op reads and writes (`OpBytes`);
+- each layer's recompute options (planner/recompute.py): kept bytes by the same hooks, the
+  work each adds to forward + backward by the same counters, its transient by the tracker.
 
 Time has no measurement here; it is a roofline per pass: FLOPs over the GPU's BF16 peak
 times its best measured matmul efficiency (archs.GPU.matmul_efficiency, a per-kernel
@@ -29,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -44,12 +47,13 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from planner.archs import GPU
 from planner.errors import UserError
-from planner.profiler import analytic, measure
+from planner.profiler import analytic, measure, options
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
 from planner.profiler.userfault import blame
-from planner.schema import LayerProfile, TiedSet
+from planner.recompute import find_options, layer_runner
+from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, RecomputeOption, TiedSet
 from planner.tied import tied_params
 
 FP32 = 4
@@ -200,12 +204,44 @@ def _layer_work(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) ->
     del out
     if not ran:
         return fwd, bwd, Work(0, 0)
+    return fwd, bwd, _added_work(partial(checkpoint, layer, use_reentrant=False), x, grad, fwd + bwd)
+
+
+def _added_work(run, x: torch.Tensor, grad: torch.Tensor | None, plain: Work) -> Work:
+    """What running x -> run(x) forward and backward adds to the plain layer's `plain` work."""
     with counting() as done:
-        out = checkpoint(layer, x, use_reentrant=False)
+        out = run(x)
         measure._backward(out, grad)
         whole = done()
     del out
-    return fwd, bwd, whole - fwd - bwd
+    return whole - plain
+
+
+@dataclass
+class _LayerRun:
+    """One layer's plain work and its selective options' transients and added work."""
+
+    fwd: Work
+    bwd: Work
+    recompute: Work
+    transient: int
+    has_backward: bool
+    option_transients: dict[str, int]
+    option_work: dict[str, Work]
+
+
+def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, plain: Work,
+                 has_backward: bool) -> tuple[dict[str, int], dict[str, Work]]:
+    """The transient and the added work of each option the layer runs (none where nothing runs backward)."""
+    if not has_backward:
+        return {}, {}
+
+    def transient(run) -> int:
+        x.grad = None  # allocated by the backward, as in the plain layer's measurement
+        return measure._transient_bytes(run, x, grad, tracker=lambda device: StorageTracker())
+
+    transients, _ = options.option_transients(layer, find_options(layer), transient)
+    return transients, {name: _added_work(layer_runner(layer, name), x, grad, plain) for name in transients}
 
 
 # ---------------------------------------------------------------- the measurement
@@ -216,11 +252,9 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                  on_layer: Callable[[str], None] = lambda name: None) -> tuple[measure.Measurement, dict]:
     """measure.measure_model's Measurement, from one fake run (no timing: rooflines), and
     the FLOPs per layer and pass (forward, backward, recompute) it rests on."""
-    with blame("the model under FakeTensorMode"), data_free("the model's forward or backward"):
-        saved = saved_bytes(layers, inputs, targets, loss_fn)
     kinds = layer_kinds(layers)
     layer_inputs = [inputs, *layer_outputs[:-1]]
-    profiles, flops = [], {}
+    runs = []
     for index, (name, layer) in enumerate(layers):
         x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
         output = layer_outputs[index]
@@ -228,24 +262,44 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
         for param in layer.parameters():
             if param.requires_grad and param.grad is None:
                 param.grad = torch.zeros_like(param)
+        has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
         with blame(f"layer {name!r}"), data_free(f"layer {name!r}"):
             transient = measure._transient_bytes(layer, x, grad, tracker=lambda device: StorageTracker())
             fwd, bwd, recompute = _layer_work(layer, x, grad)
+            runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
+                                  *_run_options(layer, x, grad, fwd + bwd, has_backward)))
         layer.zero_grad(set_to_none=True)
+    chosen = options.common_per_kind(kinds, [list(run.option_transients) for run in runs])
+    with blame("the model under FakeTensorMode"), data_free("the model's forward or backward"):
+        saved = saved_bytes(layers, inputs, targets, loss_fn, options=chosen)
+    chosen = options.saving_per_kind(kinds, chosen, saved.act_bytes, saved.option_bytes)
+    profiles, flops = [], {}
+    for index, ((name, layer), run) in enumerate(zip(layers, runs, strict=True)):
+        x, output = layer_inputs[index], layer_outputs[index]
+        fwd, bwd, recompute, transient = run.fwd, run.bwd, run.recompute, run.transient
         params = list(layer.parameters())
         count = sum(p.numel() for p in params)
-        has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in params))
-        flops[name] = {"forward": fwd.flops, "backward": bwd.flops, "recompute": recompute.flops}
+        flops[name] = {"forward": fwd.flops, "backward": bwd.flops, "recompute": recompute.flops,
+                       **{f"recompute {option}": run.option_work[option].flops for option in chosen[index]}}
         fwd_ms, bwd_ms = roofline_ms(fwd, gpu), roofline_ms(bwd, gpu)
+        full_ms = roofline_ms(recompute, gpu) if run.has_backward else None
+        act, input_bytes = saved.act_bytes[index], storage_nbytes(x)
         profiles.append(LayerProfile(
             name=name, kind=kinds[index], fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
             bwd_ms_min=bwd_ms, bwd_ms_max=bwd_ms,
-            recompute_ms=roofline_ms(recompute, gpu) if has_backward else None,
-            act_bytes=saved.act_bytes[index], input_bytes=storage_nbytes(x), output_bytes=storage_nbytes(output),
+            recompute_ms=full_ms, act_bytes=act, input_bytes=input_bytes, output_bytes=storage_nbytes(output),
             input_in_act_bytes=saved.input_in_act_bytes[index], param_count=count,
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0), transient_bytes=transient,
             step_ms=analytic.step_ms(count, gpu),
+            recompute_options=[
+                RecomputeOption(name=OPTION_NONE, kept_bytes=act),
+                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=fwd_ms if full_ms is None
+                                else full_ms, recompute_peak_bytes=max(act - input_bytes, 0)),
+                *(RecomputeOption(name=option, kept_bytes=saved.option_bytes[index][option],
+                                  recompute_ms=roofline_ms(run.option_work[option], gpu),
+                                  recompute_peak_bytes=max(run.option_transients[option] - transient, 0))
+                  for option in chosen[index])],
         ))
         on_layer(name)
     with blame("loss_fn(output, target)"), data_free("loss_fn(output, target)"):

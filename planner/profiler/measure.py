@@ -10,6 +10,10 @@ Three separate passes, so that tracking memory never slows what is timed:
    whole forward); then as many optimizer steps per optimizer a plan can name,
    over a copy of the layer's parameters.
 
+Each layer's selective recompute options (planner/recompute.py) go through the same three
+passes (profiler/options.py): their kept bytes in pass 1, their transients in pass 2, and
+their times in a job of their own, with half the repeats (options.option_repeats).
+
 Each layer runs on its own input from the chain, detached, so its backward stops at
 its input as it does at a pipeline cut. The input requires grad (when it is floating
 point) for every layer but the first: a pipeline computes the gradient of every
@@ -31,12 +35,13 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import UserError
 from planner.optimizers import OPTIMIZERS, make_optimizer
-from planner.profiler import sanity
+from planner.profiler import options, sanity
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
+from planner.recompute import find_options
 from planner.schema import LayerProfile, TiedSet
 from planner.tied import check_tieable, tied_params
 
@@ -70,25 +75,33 @@ def measure_model(
     """`layer_outputs`: each layer's output on `inputs` (modelfile.check_chain returns
     them), i.e. the next layer's input. `on_layer(name)` is called as each layer is done."""
     check_tieable(layers)  # sharing that a pipeline cannot keep tied is refused at the first command
-    saved = saved_bytes(layers, inputs, targets, loss_fn)
     kinds = layer_kinds(layers)
     layer_inputs = [inputs, *layer_outputs[:-1]]
-    timed = []
+    timed, warnings = [], []
     for index, (name, layer) in enumerate(layers):
         # Cut the graph at the layer's input; only the batch (layer 0) needs no input grad.
         x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
         with blame(f"layer {name!r}"):
             timed.append(_TimedLayer.prepare(name, layer, x, layer_outputs[index]))
+        warnings += timed[-1].failed_options(kinds[index])
+    chosen = options.common_per_kind(kinds, [list(t.option_transients) for t in timed])
+    saved = saved_bytes(layers, inputs, targets, loss_fn, options=chosen)
+    chosen = options.saving_per_kind(kinds, chosen, saved.act_bytes, saved.option_bytes)
+    for t, names in zip(timed, chosen, strict=True):
+        t.time_options(names)
     time_interleaved([t.job for t in timed], warmup=warmup, repeats=repeats)
+    time_interleaved([t.option_job for t in timed if t.option_job is not None], warmup=min(warmup, 1),
+                     repeats=options.option_repeats(repeats))
     for t in timed:
         t.measure_step(warmup=warmup, repeats=repeats)
         on_layer(t.name)
 
     def layer_profiles() -> list[LayerProfile]:
-        return [t.profile(kind=kinds[i], act_bytes=saved.act_bytes[i], input_in_act_bytes=saved.input_in_act_bytes[i])
+        return [t.profile(kind=kinds[i], act_bytes=saved.act_bytes[i], input_in_act_bytes=saved.input_in_act_bytes[i],
+                          option_bytes=saved.option_bytes[i])
                 for i, t in enumerate(timed)]
 
-    warnings: list[str] = []
+    warnings = list(dict.fromkeys(warnings))  # an option a kind's layers cannot run, said once
     profiles = _remeasure_suspects(timed, layer_profiles, warmup=warmup, repeats=repeats, warnings=warnings)
     with blame("loss_fn(output, target)"):
         loss_ms = _loss_ms(loss_fn, layer_outputs[-1], targets, warmup=warmup, repeats=repeats)
@@ -167,6 +180,10 @@ class _TimedLayer:
     has_backward: bool
     step_ms: dict[str, float] = field(default_factory=dict)
     recompute_measured: bool = True  # False: lost in noise, a whole forward is charged
+    option_transients: dict[str, int] = field(default_factory=dict)  # the selective options that run
+    option_failures: dict[str, str] = field(default_factory=dict)  # those that raised, and why
+    option_names: list[str] = field(default_factory=list)  # those the profile lists (time_options)
+    option_job: FwdBwdJob | None = None
 
     @classmethod
     def prepare(cls, name: str, layer: nn.Module, x: torch.Tensor, output: torch.Tensor) -> _TimedLayer:
@@ -186,7 +203,21 @@ class _TimedLayer:
             forwards.append(lambda: checkpoint(layer, x, use_reentrant=False))
         job = FwdBwdJob(forwards, lambda out: _backward(out, grad), device=x.device, before_step=reset_input_grad,
                         around=lambda: blame(f"layer {name!r}"))
-        return cls(name, layer, x, output, transient, job, has_backward)
+        found, failed = {}, {}
+        if has_backward:  # nothing to recompute for where nothing runs backward
+            found, failed = options.option_transients(layer, find_options(layer), partial(_recomputed_transient, x, grad))
+            reset_input_grad()
+        return cls(name, layer, x, output, transient, job, has_backward, option_transients=found,
+                   option_failures=failed)
+
+    def failed_options(self, kind: str) -> list[str]:
+        return [f"recompute option {name!r} fails on the {kind} layers ({self.name}: {why}); the profile leaves it out"
+                for name, why in self.option_failures.items()]
+
+    def time_options(self, names: list[str]) -> None:
+        """Set up the timing of the options the profile will list."""
+        self.option_names = list(names)
+        self.option_job = options.option_job(self.layer, self.x, names, plain=self.job) if names else None
 
     def recompute_ms(self) -> float | None:
         """What checkpointing adds to the step (medians of forward + backward, at least
@@ -204,9 +235,10 @@ class _TimedLayer:
         self.layer.zero_grad(set_to_none=True)
         self.x.grad = None
 
-    def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int) -> LayerProfile:
+    def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int, option_bytes: dict[str, int]) -> LayerProfile:
         fwd, bwd = self.job.stats()[0]
         params = list(self.layer.parameters())
+        recompute_ms = self.recompute_ms()
         return LayerProfile(
             name=self.name,
             kind=kind,
@@ -216,7 +248,7 @@ class _TimedLayer:
             fwd_ms_max=fwd.max_ms,
             bwd_ms_min=bwd.min_ms,
             bwd_ms_max=bwd.max_ms,
-            recompute_ms=self.recompute_ms(),
+            recompute_ms=recompute_ms,
             act_bytes=act_bytes,
             input_bytes=storage_nbytes(self.x),
             output_bytes=storage_nbytes(self.output),
@@ -226,7 +258,17 @@ class _TimedLayer:
             largest_param_count=max((p.numel() for p in params), default=0),
             transient_bytes=self.transient_bytes,
             step_ms=self.step_ms,
+            recompute_options=options.recompute_options(
+                act_bytes=act_bytes, input_bytes=storage_nbytes(self.x),
+                full_ms=fwd.median_ms if recompute_ms is None else recompute_ms, transient_bytes=self.transient_bytes,
+                names=self.option_names, kept=option_bytes, transients=self.option_transients, job=self.option_job),
         )
+
+
+def _recomputed_transient(x: torch.Tensor, grad: torch.Tensor | None, run) -> int:
+    """The transient bytes of x -> run(x) (a layer under a recompute option)."""
+    x.grad = None
+    return _transient_bytes(run, x, grad)
 
 
 def _sum_copies(mine: torch.Tensor, theirs: torch.Tensor) -> None:

@@ -11,14 +11,16 @@ itself. That leaves out parameters, buffers, views of them (Linear saves
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
 
 from planner.profiler.storages import StorageTracker, storage_key, storage_nbytes
 from planner.profiler.userfault import blame
+from planner.recompute import layer_runner
 
 Layers = list[tuple[str, nn.Module]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -29,12 +31,18 @@ class SavedBytes:
     act_bytes: list[int]  # per layer, each storage charged once
     input_in_act_bytes: list[int]  # the part of act_bytes that is the layer's own input
     loss_bytes: int  # what the loss saves beyond the final output and what layers charged
+    # per layer, each recompute option asked for: its kept bytes, charged as act_bytes is, and
+    # the part of them that is the layer's own input
+    option_bytes: list[dict[str, int]] = field(default_factory=list)
+    option_input_bytes: list[dict[str, int]] = field(default_factory=list)
 
 
-def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn) -> SavedBytes:
+def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn, *,
+                options: Sequence[Sequence[str]] = ()) -> SavedBytes:
+    """options[i]: the recompute options of layer i to count besides none (none: no others)."""
     charged: set[int] = set()  # storages some earlier layer already pays for
     batch = {storage_key(inputs), storage_key(targets)}
-    act, input_in_act = [], []
+    act, input_in_act, option_bytes, option_input = [], [], [], []
     outputs = []  # holding every output keeps every graph, so no saved storage is freed
     with torch.enable_grad(), StorageTracker() as tracker:
 
@@ -42,32 +50,55 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
             return key in tracker.created or key in batch
 
         current = inputs
-        for name, layer in layers:
+        for index, (name, layer) in enumerate(layers):
+            before = set(charged)
             with blame(f"layer {name!r} (grad-enabled forward)"):
-                saved, output = _saved_by(layer, current)
+                saved, output = _saved_by(partial(_plain, layer), current)
             mine = _charge(saved, charged, per_microbatch)
             act.append(sum(mine.values()))
             input_in_act.append(mine.get(storage_key(current), 0))
+            option_bytes.append({})
+            option_input.append({})
+            for option in options[index] if index < len(options) else ():
+                with blame(f"layer {name!r} (grad-enabled forward, recompute option {option})"):
+                    saved, _ = _saved_by(partial(_under, layer, option), current)
+                kept = _charge(saved, set(before), per_microbatch)  # a copy: the options are alternatives
+                option_bytes[-1][option] = sum(kept.values())
+                option_input[-1][option] = kept.get(storage_key(current), 0)
             outputs.append(output)
             current = output
         # The final output is the last layer's output_bytes, not the loss's.
         charged.add(storage_key(current))
         with blame("loss_fn(output, target)"):
-            saved, _ = _saved_by(lambda out: loss_fn(out, targets), current)
+            saved, _ = _saved_by(lambda out, observe: loss_fn(out, targets), current)
         loss = sum(_charge(saved, charged, per_microbatch).values())
-    return SavedBytes(act_bytes=act, input_in_act_bytes=input_in_act, loss_bytes=loss)
+    return SavedBytes(act_bytes=act, input_in_act_bytes=input_in_act, loss_bytes=loss,
+                      option_bytes=option_bytes, option_input_bytes=option_input)
 
 
-def _saved_by(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[dict[int, int], torch.Tensor]:
-    """Run fn(x); return {storage key: bytes} of what autograd saved, and the output."""
+def _plain(layer: nn.Module, x: torch.Tensor, observe: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    return layer(x)
+
+
+def _under(layer: nn.Module, option: str, x: torch.Tensor, observe: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    return layer_runner(layer, option, observe=observe)(x)
+
+
+def _saved_by(fn: Callable[[torch.Tensor, Callable[[torch.Tensor], None]], torch.Tensor],
+              x: torch.Tensor) -> tuple[dict[int, int], torch.Tensor]:
+    """Run fn(x, observe); return {storage key: bytes} of what autograd saved, and of what fn
+    told observe() it keeps (a selective checkpoint's saved outputs), and the output."""
     saved: dict[int, int] = {}
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def record(tensor: torch.Tensor) -> None:
         saved[storage_key(tensor)] = storage_nbytes(tensor)
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        record(tensor)
         return tensor  # keep the tensor itself: memory stays exactly as without hooks
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        output = fn(x)
+        output = fn(x, record)
     return saved, output
 
 

@@ -1,8 +1,8 @@
 """Everything that can be wrong with a plan, found before any process starts.
 
 A plan that is stale (its model file changed), for another model (layer names not
-found) or malformed (stages not contiguous, a layer twice or never) is refused with a
-sentence that says what to do.
+found), malformed (stages not contiguous, a layer twice or never) or asking a layer for a
+recompute option it does not have is refused with a sentence that says what to do.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import torch
 
 from planner.errors import UserError
 from planner.io import sha256_file
-from planner.modelfile import ModelFile, load_model_file, pipeline_layers
-from planner.runtime.stagemodule import torch_dtype
+from planner.modelfile import Layers, ModelFile, load_model_file, pipeline_layers
+from planner.recompute import option_error
+from planner.runtime.stagemodule import stage_options, torch_dtype
 from planner.schema import Plan, StagePlan
 
 
@@ -97,6 +98,17 @@ def check_stage_layout(stages: list[StagePlan], layer_names: list[str], *, what:
         )
 
 
+def check_stage_options(stages: list[StagePlan], layers: Layers, *, what: str) -> None:
+    """Every layer's recompute option is one it has (planner/recompute.find_options)."""
+    by_name = dict(layers)
+    for stage in stages:
+        for name, option in stage_options(stage).items():
+            problem = option_error(name, by_name[name], option)
+            if problem is not None:
+                raise UserError(f"{what}: stage {stage.index}'s {problem}; re-create the plan with `ckplan solve` "
+                                "from a profile of this model")
+
+
 def check_setup(plan: Plan, strategy: Strategy) -> None:
     setup = plan.setup
     if setup.pipeline.schedule == "1F1B" and setup.pipeline.microbatches < setup.pipeline.stages:
@@ -126,6 +138,10 @@ def check_runnable(plan: Plan) -> None:
         raise UserError(f"this plan is scored for {plan.setup.training.runtime}'s runtime, whose pipeline and "
                         "checkpointing differ from ckplan's; export it with `ckplan export`, or solve with "
                         "--runtime ckplan to run it here")
+    if plan.setup.pipeline.chunks > 1:
+        raise UserError(f"this plan runs {plan.setup.pipeline.schedule} with {plan.setup.pipeline.chunks} chunks per "
+                        "rank, and ckplan's runtime runs one stage per rank (1F1B, GPipe); solve with --schedule 1F1B "
+                        "to launch it")
 
 
 def prepare(plan: Plan, *, plan_file: str | Path | None, strategy: str = "ckplan", force: bool = False) -> Prepared:
@@ -138,8 +154,10 @@ def prepare(plan: Plan, *, plan_file: str | Path | None, strategy: str = "ckplan
     check_setup(plan, chosen)
     torch_dtype(plan.dtype)  # a dtype torch does not know is refused here, not on every rank
     model_file = load_model_file(model_path)
-    layer_names = [name for name, _ in pipeline_layers(_build_for_names(model_file), model_path)]
-    check_stage_layout(chosen.stages, layer_names, what=f"{chosen.name}'s stages", model_path=model_path)
+    layers = pipeline_layers(_build_for_names(model_file), model_path)
+    check_stage_layout(chosen.stages, [name for name, _ in layers], what=f"{chosen.name}'s stages",
+                       model_path=model_path)
+    check_stage_options(chosen.stages, layers, what=f"{chosen.name}'s stages")
     return Prepared(model_file, model_path, chosen)
 
 

@@ -37,6 +37,7 @@ from planner.runtime.stagemodule import (
     build_layers,
     optimizer_for,
     stage_module,
+    stage_options,
     to_device,
     torch_dtype,
     training_batch,
@@ -170,7 +171,7 @@ def _build_replay(plan: Plan, prepared: Prepared, index: int, *, device: torch.d
     boundary = _stage_input(layers, stage_plan.layers[0], inputs.tensor_split(num_mb)[0], dtype,
                             stage=index, path=model_file.path).to(device)
     by_name = dict(layers)
-    module = stage_module([(fqn, by_name[fqn]) for fqn in stage_plan.layers], stage_plan.checkpointed)
+    module = stage_module([(fqn, by_name[fqn]) for fqn in stage_plan.layers], options=stage_options(stage_plan))
     del layers, by_name  # the rest of the model is freed, as on a real rank
     module.to(device=device, dtype=dtype)
     allocate_grads(module)

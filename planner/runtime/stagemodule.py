@@ -2,9 +2,10 @@
 
 The stage keeps each layer under its FQN in the full model ("blocks.3.qkv.weight"
 stays "blocks.3.qkv.weight"), so parameters and gradients of a stage can be compared
-with a single-process model by name. Checkpointed layers run under
-`torch.utils.checkpoint.checkpoint(use_reentrant=False)`: their activations are
-dropped after forward and recomputed in backward. A stage trains in train mode, and
+with a single-process model by name. Each layer runs under its recompute option
+(planner/recompute.py): "full" under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`,
+its activations dropped after forward and recomputed in backward; a selective option
+checkpoints parts of it. A stage trains in train mode, and
 each layer draws its random numbers (dropout) from a seed of its own per step and
 microbatch, so a pipeline and one process draw the same ones.
 """
@@ -12,30 +13,33 @@ microbatch, so a pipeline and one process draw the same ones.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from planner.errors import UserError
 from planner.modelfile import Layers, ModelFile, pipeline_layers
 from planner.optimizers import make_optimizer
+from planner.recompute import layer_runner, option_error
 from planner.runtime.materialise import build_on_meta, init_hook
-from planner.schema import StagePlan
+from planner.schema import OPTION_FULL, OPTION_NONE, StagePlan
 from planner.tied import check_tieable
 
 
 class StageModule(nn.Module):
-    """Runs `layers` in order; the layers named in `checkpointed` recompute in backward."""
+    """Runs `layers` in order, each under its recompute option: `options` maps a layer to its
+    option's name (planner/recompute.py; absent: none), the layers named in `checkpointed` are
+    full. A layer's option it does not have is a UserError naming both."""
 
-    def __init__(self, layers: Layers, checkpointed: Iterable[str] = ()):
+    def __init__(self, layers: Layers, checkpointed: Iterable[str] = (), *, options: Mapping[str, str] | None = None):
         super().__init__()
-        recomputed = set(checkpointed)
+        chosen = {**dict(options or {}), **dict.fromkeys(checkpointed, OPTION_FULL)}
         for fqn, layer in layers:
             _register(self, fqn, layer)
         # A plain list, not registered again: the layers are already children above.
-        self._chain = [(fqn, layer, fqn in recomputed) for fqn, layer in layers]
+        self._chain = [(fqn, layer, chosen.get(fqn, OPTION_NONE)) for fqn, layer in layers]
+        self._runners = [_runner(fqn, layer, option) for fqn, layer, option in self._chain]
         self.running: str | None = None  # the layer whose forward runs (or raised)
         self.rng_key: tuple[int, int, int] | None = None  # (seed, step, microbatch) of the forward that runs
 
@@ -49,15 +53,33 @@ class StageModule(nn.Module):
 
     @property
     def checkpointed(self) -> list[str]:
-        return [fqn for fqn, _, recompute in self._chain if recompute]
+        return [fqn for fqn, _, option in self._chain if option == OPTION_FULL]
+
+    @property
+    def options(self) -> dict[str, str]:
+        """Each layer's recompute option, none included."""
+        return {fqn: option for fqn, _, option in self._chain}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for fqn, layer, recompute in self._chain:
+        for (fqn, _, _), run in zip(self._chain, self._runners):
             self.running = fqn
             if self.rng_key is not None:  # checkpoint saves this state and restores it to recompute
                 torch.manual_seed(layer_rng_seed(*self.rng_key, fqn))
-            x = checkpoint(layer, x, use_reentrant=False) if recompute else layer(x)
+            x = run(x)
         return x
+
+
+def _runner(fqn: str, layer: nn.Module, option: str):
+    problem = option_error(fqn, layer, option)
+    if problem is not None:
+        raise UserError(problem)
+    return layer_runner(layer, option)
+
+
+def stage_options(stage: StagePlan) -> dict[str, str]:
+    """The plan's recompute option of each layer of the stage whose option is not none."""
+    chosen = {name: stage.option(name) for name in stage.layers}
+    return {name: option for name, option in chosen.items() if option != OPTION_NONE}
 
 
 def layer_rng_seed(seed: int, step: int, microbatch: int, fqn: str) -> int:
@@ -81,13 +103,14 @@ def build_stage_module(model_file: ModelFile, stage: StagePlan, *, seed: int) ->
     """The stage's layers of the model as `build_model` makes it under `seed` (so every
     rank and the one-process reference agree on the weights), in train mode."""
     by_name = dict(build_layers(model_file, seed=seed, keep=stage.layers))
-    return stage_module([(fqn, by_name[fqn]) for fqn in stage.layers], stage.checkpointed)
+    return stage_module([(fqn, by_name[fqn]) for fqn in stage.layers], options=stage_options(stage))
 
 
-def stage_module(layers: Layers, checkpointed: Iterable[str] = ()) -> StageModule:
+def stage_module(layers: Layers, checkpointed: Iterable[str] = (), *,
+                 options: Mapping[str, str] | None = None) -> StageModule:
     """Train mode whatever the model was built in: a model file returning an eval()
     model (dropout off) must train as it would in one process."""
-    return StageModule(layers, checkpointed).train()
+    return StageModule(layers, checkpointed, options=options).train()
 
 
 def build_layers(model_file: ModelFile, *, seed: int, keep: Collection[str] | None = None) -> Layers:

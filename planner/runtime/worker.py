@@ -42,6 +42,7 @@ from planner.runtime.stagemodule import (
     allocate_grads,
     build_layers,
     stage_module,
+    stage_options,
     to_device,
     torch_dtype,
     training_batch,
@@ -349,7 +350,7 @@ def _build(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
     with heartbeat.phase(f"build_model() of {Path(job.model_file).name}", working=True):
         layers = build_layers(model_file, seed=job.seed, keep=stage_plan.layers)
     by_name = dict(layers)
-    module = stage_module([(fqn, by_name[fqn]) for fqn in stage_plan.layers], stage_plan.checkpointed)
+    module = stage_module([(fqn, by_name[fqn]) for fqn in stage_plan.layers], options=stage_options(stage_plan))
     module.to(device=device, dtype=dtype)
     ties = tie_groups(module, tied_params(layers), [stage.layers for stage in job.stages], index,
                       pipelines=layout.pipelines(), dp_index=dp_index)

@@ -1,0 +1,229 @@
+"""Recompute options: what each one is, which a layer has, and how a layer runs under one.
+
+A layer's option decides what it keeps for its backward and what the backward recomputes.
+"none" keeps everything, "full" keeps the layer's input and reruns its forward
+(torch.utils.checkpoint). The selective ones recompute parts of the layer, the way
+Megatron-LM's `--recompute-modules` and torchtitan's selective activation checkpointing do:
+
+    attn          the attention submodule(s) under checkpoint: their inner activations are
+                  recomputed, their inputs kept
+    mlp           the MLP submodule under checkpoint
+    mlp-act       the MLP under selective checkpoint that saves every matmul output and
+                  recomputes the rest: SwiGLU keeps w1(x) and w3(x), recomputes silu(g) * u
+                  (Megatron's and torchtitan's "activation only" recompute)
+    norm          every norm submodule (LayerNorm, RMSNorm) under checkpoint
+    save-matmuls  the whole layer under selective checkpoint saving matmul and attention
+                  outputs, recomputing every other op (torchtitan's op-level SAC)
+
+and combinations of attn, mlp / mlp-act and norm, comma-joined ("attn,mlp-act"), where each
+part is in the layer and the combination checkpoints more than any of its parts.
+
+Everything runs on torch's own pieces: `checkpoint(use_reentrant=False)` and
+`create_selective_checkpoint_contexts`. A module-level option checkpoints its submodules
+for one forward of the layer by giving each an instance `forward` that calls its own under
+checkpoint, removed when the layer's forward returns; the backward recomputes through the
+function checkpoint captured. Checkpoint stashes the RNG state each region starts with and
+restores it to recompute, so dropout draws the same masks, whatever the stage's seeding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from planner.schema import OPTION_FULL, OPTION_NONE
+
+ATTN, MLP, MLP_ACT, NORM, SAVE_MATMULS = "attn", "mlp", "mlp-act", "norm", "save-matmuls"
+
+# Combinations offered where every part is in the layer, in this order. Table order matters:
+# the profile lists them so. attn + mlp + norm is left out: it keeps four tensors of the
+# layer's width to recompute almost all of it, what full does keeping one.
+COMBINATIONS = ((ATTN, MLP), (ATTN, MLP_ACT), (ATTN, NORM), (MLP_ACT, NORM), (ATTN, MLP_ACT, NORM))
+
+# What identifies a layer's parts: a class name containing the word (case-insensitive), or
+# the attribute name Megatron-LM, torchtitan, Hugging Face and timm give them.
+ATTENTION_CLASS_WORDS, ATTENTION_NAMES = ("attention",), ("attn", "self_attn", "attention")
+MLP_CLASS_WORDS, MLP_NAMES = ("mlp", "feedforward"), ("mlp", "feed_forward", "ffn")
+
+# The ops whose outputs selective checkpointing saves. At the dispatcher, below autograd, a
+# Linear is t + mm / addmm (bmm batched); linear and matmul are listed for kernels that keep
+# them whole. Attention kernels (save-matmuls only) return the output and the log-sum-exp
+# their backward reads: torchtitan's _save_list (torchtitan/distributed/activation_checkpoint.py).
+_aten = torch.ops.aten
+MATMUL_OPS = frozenset({_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten.linear, _aten.matmul,
+                        _aten._scaled_mm})
+ATTENTION_OPS = frozenset({
+    _aten._scaled_dot_product_flash_attention, _aten._scaled_dot_product_flash_attention_for_cpu,
+    _aten._scaled_dot_product_efficient_attention, _aten._scaled_dot_product_cudnn_attention,
+    _aten._flash_attention_forward, _aten._efficient_attention_forward,
+})
+
+Observer = Callable[[torch.Tensor], None]  # told each tensor a selective policy saves (the profiler counts them)
+
+
+# ---------------------------------------------------------------- a layer's parts
+
+
+def _is_attention(name: str, module: nn.Module) -> bool:
+    cls = type(module).__name__.lower()
+    return any(word in cls for word in ATTENTION_CLASS_WORDS) or name in ATTENTION_NAMES
+
+
+def _is_mlp(name: str, module: nn.Module) -> bool:
+    cls = type(module).__name__.lower()
+    return any(word in cls for word in MLP_CLASS_WORDS) or name in MLP_NAMES
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """LayerNorm, RMSNorm, GroupNorm by type or by a class name containing "Norm"; never a batch
+    norm, whose running statistics a recompute would update twice."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) or "batchnorm" in type(module).__name__.lower():
+        return False
+    return isinstance(module, nn.LayerNorm | nn.RMSNorm | nn.GroupNorm) or "Norm" in type(module).__name__
+
+
+def _outermost(layer: nn.Module, match: Callable[[str, nn.Module], bool]) -> list[nn.Module]:
+    """The submodules of `layer` (never itself) that `match` picks, not looking inside a pick."""
+    found = []
+    for name, child in layer.named_children():
+        if match(name, child):
+            found.append(child)
+        else:
+            found += _outermost(child, match)
+    return found
+
+
+def find_parts(layer: nn.Module) -> dict[str, list[nn.Module]]:
+    """The submodules each module-level option checkpoints: attention, MLP, norms."""
+    mlps = _outermost(layer, _is_mlp)
+    return {ATTN: _outermost(layer, _is_attention), MLP: mlps, MLP_ACT: mlps,
+            NORM: _outermost(layer, lambda name, module: _is_norm(module))}
+
+
+def _targets(parts: dict[str, list[nn.Module]], names: tuple[str, ...]) -> list[nn.Module]:
+    """The modules a combination checkpoints: its parts' modules, none inside another (a norm
+    inside a checkpointed attention is recomputed with it)."""
+    chosen = [module for name in names for module in parts[name]]
+    inside = {id(sub) for module in chosen for sub in module.modules() if sub is not module}
+    return [module for module in dict.fromkeys(chosen) if id(module) not in inside]
+
+
+def find_options(layer: nn.Module) -> list[str]:
+    """The selective options `layer` supports (none and full it always has): the module-level
+    ones whose parts it has, save-matmuls, then the combinations that checkpoint more than each
+    of their parts. A layer with no parts found has save-matmuls only."""
+    parts = find_parts(layer)
+    found = [name for name in (ATTN, MLP, MLP_ACT, NORM) if parts[name]]
+    found.append(SAVE_MATMULS)
+    for combination in COMBINATIONS:
+        if not all(parts[name] for name in combination):
+            continue
+        modules = {id(module) for module in _targets(parts, combination)}
+        if all(modules != {id(module) for module in _targets(parts, (name,))} for name in combination):
+            found.append(",".join(combination))
+    return found
+
+
+def option_error(layer_name: str, layer: nn.Module, option: str) -> str | None:
+    """Why `layer` cannot run `option`, as one sentence; None when it can."""
+    known = [OPTION_NONE, OPTION_FULL, *find_options(layer)]
+    if option in known:
+        return None
+    return f"layer {layer_name} has no recompute option {option!r}; its options are {', '.join(known)}"
+
+
+# ---------------------------------------------------------------- running a layer
+
+
+def _policy(save: frozenset, observe: Observer | None, ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Save the outputs of the ops in `save`, recompute every other op."""
+    if op.overloadpacket in save:
+        if observe is not None and not ctx.is_recompute:
+            for tensor in tree_leaves(ctx.op_output):
+                if isinstance(tensor, torch.Tensor):
+                    observe(tensor)
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _contexts(save: frozenset, observe: Observer | None):
+    return partial(create_selective_checkpoint_contexts, partial(_policy, save, observe))
+
+
+def checkpointed(forward: Callable, *args, context_fn=None, **kwargs):
+    """forward(*args, **kwargs) under non-reentrant checkpoint. Every tensor goes in as a
+    positional argument, so checkpoint saves it with the saved-tensor hooks (which the profiler
+    counts), keyword arguments (Hugging Face's position_embeddings) too."""
+    leaves, spec = tree_flatten((args, kwargs))
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    rest = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]  # no tensor held but by checkpoint
+
+    def run(*tensors):
+        filled = list(rest)
+        for i, tensor in zip(where, tensors, strict=True):
+            filled[i] = tensor
+        call_args, call_kwargs = tree_unflatten(filled, spec)
+        return forward(*call_args, **call_kwargs)
+
+    extra = {} if context_fn is None else {"context_fn": context_fn}
+    return checkpoint(run, *(leaves[i] for i in where), use_reentrant=False, **extra)
+
+
+@contextmanager
+def _submodules_checkpointed(modules: list[nn.Module], context_fn) -> Iterator[None]:
+    """Each module's forward runs under checkpoint until the block ends; then it is its own again."""
+    saved = []
+    for module in modules:
+        own = module.__dict__.get("forward")  # an instance forward someone set before us stays theirs
+        saved.append((module, own))
+        module.forward = partial(checkpointed, module.forward, context_fn=context_fn)
+    try:
+        yield
+    finally:
+        for module, own in reversed(saved):
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
+
+
+def layer_runner(layer: nn.Module, option: str = OPTION_NONE, *,
+                 observe: Observer | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> layer(x) under recompute option `option`, its submodules found once (ValueError for an
+    option find_options does not list). observe(tensor): told every tensor a selective policy saves."""
+    if option == OPTION_NONE:
+        return layer
+    if option == OPTION_FULL:
+        return partial(checkpoint, layer, use_reentrant=False)
+    if option not in find_options(layer):
+        raise ValueError(option_error(type(layer).__name__, layer, option))
+    if option == SAVE_MATMULS:
+        return partial(checkpoint, layer, use_reentrant=False,
+                       context_fn=_contexts(MATMUL_OPS | ATTENTION_OPS, observe))
+    parts = find_parts(layer)
+    targets = _targets(parts, tuple(option.split(",")))
+    selective = {id(module) for module in parts[MLP_ACT]} if MLP_ACT in option.split(",") else set()
+    plain = [module for module in targets if id(module) not in selective]
+    sac = [module for module in targets if id(module) in selective]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with _submodules_checkpointed(plain, None), _submodules_checkpointed(sac, _contexts(MATMUL_OPS, observe)):
+            return layer(x)
+
+    return run
+
+
+def run_layer(layer: nn.Module, x: torch.Tensor, option: str = OPTION_NONE, *,
+              observe: Observer | None = None) -> torch.Tensor:
+    """layer(x) under recompute option `option` (layer_runner, once)."""
+    return layer_runner(layer, option, observe=observe)(x)

@@ -1,0 +1,270 @@
+"""Recompute options (planner/recompute.py): which a layer has, the bytes each keeps counted
+by hand, the FLOPs each recomputes counted exactly, every option training bit for bit like
+none, and a pipeline mixing them whose peaks the cost model predicts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ROOT
+from fixtures.cli import run, run_ok
+from fixtures.rt_plans import make_plan
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import planner.runtime.launcher as launcher
+from planner import costmodel, io, modelfile
+from planner.profiler.measure import measure_model
+from planner.profiler.saved import saved_bytes
+from planner.recompute import find_options, layer_runner
+from planner.runtime import validate_plan
+from planner.runtime.checks import prepare
+from planner.runtime.reference import reference_losses
+from planner.schema import OPTION_FULL, OPTION_NONE
+
+FIXTURES = ROOT / "tests" / "fixtures"
+LLAMA = FIXTURES / "llama_style.py"
+F32 = 4
+B, S, D, H = 2, 3, 4, 6  # batch, sequence, width, SwiGLU hidden
+N = B * S  # rows
+
+
+class SwiGLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(D, H, bias=False)
+        self.w3 = nn.Linear(D, H, bias=False)
+        self.w2 = nn.Linear(H, D, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class NormMLPBlock(nn.Module):
+    """x + mlp(norm(x)): small enough to count every saved tensor by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(D)
+        self.mlp = SwiGLU()
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+# What each option keeps, in floats. x: the input (N x D); mean, rstd: LayerNorm's (N x 1 each);
+# y: the norm's output, the MLP's input; g = w1(y), u = w3(y) (N x H); silu(g) and silu(g) * u
+# (N x H, saved by the mul and by w2); o = w2(...) (N x D), kept only by a selective policy,
+# which saves every matmul output (its cache holds o until the backward, though no backward reads it).
+KEPT_FLOATS = {
+    OPTION_NONE: N * D + 2 * N + N * D + 4 * N * H,  # x, mean, rstd, y, g, u, silu(g), the product
+    OPTION_FULL: N * D,  # x
+    "mlp": N * D + 2 * N + N * D,  # the norm's x, mean, rstd; checkpoint keeps the MLP's input y
+    "mlp-act": N * D + 2 * N + N * D + 2 * N * H + N * D,  # ... and its matmuls' g, u, o; not silu(g), the product
+    "norm": N * D + N * D + 4 * N * H,  # checkpoint keeps the norm's x, not mean and rstd; the MLP keeps all
+    "save-matmuls": N * D + 2 * N * H + N * D,  # the layer's input x, the matmul outputs g, u, o
+    "mlp-act,norm": N * D + N * D + 2 * N * H + N * D,  # x for the norm, y, g, u, o for the MLP
+}
+
+
+def test_find_options_of_a_norm_and_mlp_block():
+    # no attention: nothing with attn; mlp and norm alone are combined only as mlp-act,norm
+    assert find_options(NormMLPBlock()) == ["mlp", "mlp-act", "norm", "save-matmuls", "mlp-act,norm"]
+    assert find_options(SwiGLU()) == ["save-matmuls"]  # its own parts are plain Linears
+    assert find_options(nn.Linear(D, D)) == ["save-matmuls"]
+
+
+def test_exact_kept_bytes_of_each_option():
+    torch.manual_seed(0)
+    block = NormMLPBlock()
+    options = [name for name in KEPT_FLOATS if name not in (OPTION_NONE, OPTION_FULL)]
+    saved = saved_bytes([("block", block)], torch.randn(B, S, D), torch.randn(B, S, D), F.mse_loss, options=[options])
+    assert saved.act_bytes == [KEPT_FLOATS[OPTION_NONE] * F32]
+    assert saved.option_bytes == [{name: KEPT_FLOATS[name] * F32 for name in options}]
+    # every option keeps the layer's own input, as none does: the cost model's stage-input
+    # correction (input_in_act_bytes) holds under every option
+    assert saved.option_input_bytes == [dict.fromkeys(options, N * D * F32)]
+
+
+# Backward FLOPs of the block on a (B, S, D) input that needs its gradient (torch's counter
+# counts matmuls): each Linear's backward is 2 matmuls of its forward's 2 * N * in * out FLOPs.
+MATMUL = 2 * N * D * H  # one of w1, w3, w2 forward
+PLAIN = 3 * 2 * MATMUL
+
+
+@pytest.mark.parametrize(("option", "expected"), [
+    (OPTION_NONE, PLAIN),
+    # the recompute reruns w1 and w3; non-reentrant checkpoint stops once w2's input is back, before its matmul
+    (OPTION_FULL, PLAIN + 2 * MATMUL),
+    ("mlp", PLAIN + 2 * MATMUL),
+    ("mlp-act", PLAIN),  # g and u come from the cache: silu and the product alone are recomputed
+    ("norm", PLAIN),
+    ("save-matmuls", PLAIN),
+    ("mlp-act,norm", PLAIN),
+])
+def test_backward_flops_count_exactly_what_each_option_recomputes(option, expected):
+    torch.manual_seed(0)
+    block = NormMLPBlock()
+    x = torch.randn(B, S, D, requires_grad=True)
+    # the counter runs over the forward too: a selective policy replays the forward's ops by
+    # count, and the counter's own dispatch must be there both times
+    with FlopCounterMode(display=False) as counter:
+        out = layer_runner(block, option)(x)
+        forward = counter.get_total_flops()
+        out.sum().backward()
+    assert forward == 3 * MATMUL
+    assert counter.get_total_flops() - forward == expected
+
+
+def _llama_layers():
+    loaded = modelfile.load_model_file(LLAMA)
+    torch.manual_seed(0)
+    return loaded, modelfile.pipeline_layers(loaded.build_model())
+
+
+ALL_BLOCK_OPTIONS = ["attn", "mlp", "mlp-act", "norm", "save-matmuls", "attn,mlp", "attn,mlp-act", "attn,norm",
+                     "mlp-act,norm", "attn,mlp-act,norm"]
+
+
+def test_find_options_on_the_llama_style_model():
+    _, layers = _llama_layers()
+    assert [find_options(layer) for _, layer in layers] == [
+        ["save-matmuls"],  # the embedding: nothing recognisable inside
+        ALL_BLOCK_OPTIONS, ALL_BLOCK_OPTIONS,
+        ["save-matmuls"],  # the final RMSNorm is the layer itself, not a part of it
+        ["save-matmuls"],
+    ]
+
+
+def _hf_llama_layers():
+    pytest.importorskip("transformers")
+    from planner import hfmodels
+
+    config = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    build_model, example_batch = hfmodels.model_file(config, seq_len=8)  # random weights: nothing downloaded
+    torch.manual_seed(0)
+    model = build_model()
+    return model.pipeline_layers(), example_batch(2)[0]
+
+
+def test_find_options_on_a_hugging_face_llama():
+    layers, _ = _hf_llama_layers()
+    decoder = dict(layers)["layers.0"]
+    hf_layer = decoder.layer  # transformers' LlamaDecoderLayer: self_attn, mlp, input_/post_attention_layernorm
+    assert type(hf_layer).__name__ == "LlamaDecoderLayer"
+    assert find_options(hf_layer) == ALL_BLOCK_OPTIONS
+    assert find_options(decoder) == ALL_BLOCK_OPTIONS  # found inside ckplan's pipeline wrapper too
+    assert find_options(dict(layers)["head"]) == ["norm", "save-matmuls"]
+
+
+@pytest.mark.parametrize("model", ["llama_style", "hugging_face_llama"])
+def test_every_option_gives_the_same_output_and_gradients_bit_for_bit(model):
+    """The forward values and every gradient under each option equal the plain layer's, also
+    for Hugging Face's attention, which takes its rotary embeddings as a keyword argument."""
+    if model == "llama_style":
+        _, layers = _llama_layers()
+        layer = layers[1][1]
+        x = torch.randn(2, 32, 64)
+    else:
+        layers, _ = _hf_llama_layers()
+        layer = dict(layers)["layers.1"]
+        x = torch.randn(2, 8, 32)
+    grad = torch.randn_like(x)
+
+    def step(option):
+        layer.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_(True)
+        out = layer_runner(layer, option)(leaf)
+        out.backward(grad)
+        return [out.detach(), leaf.grad, *(p.grad for p in layer.parameters())]
+
+    want = step(OPTION_NONE)
+    for option in [OPTION_FULL, *find_options(layer)]:
+        got = step(option)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), option
+    assert not any("forward" in module.__dict__ for module in layer.modules())  # every submodule its own again
+
+
+def test_profile_lists_the_options_of_each_kind():
+    loaded, layers = _llama_layers()
+    inputs, targets = loaded.example_batch(2)
+    outputs = modelfile.check_chain(layers, inputs)
+    result = measure_model(layers, inputs, targets, loaded.loss_fn, layer_outputs=outputs, warmup=0, repeats=1)
+    by_name = {layer.name: layer for layer in result.layers}
+    blocks = [by_name["1"], by_name["2"]]
+    for layer in result.layers:
+        names = [option.name for option in layer.recompute_options]
+        assert names[:2] == [OPTION_NONE, OPTION_FULL]
+        none, full, *selective = layer.recompute_options
+        assert (none.kept_bytes, full.kept_bytes) == (layer.act_bytes, layer.input_bytes)
+        assert all(option.kept_bytes < layer.act_bytes for option in selective)  # the others are left out
+    assert [o.name for o in blocks[0].recompute_options] == [o.name for o in blocks[1].recompute_options]
+    assert [o.name for o in blocks[0].recompute_options][2:] == ALL_BLOCK_OPTIONS
+    assert [o.kept_bytes for o in blocks[0].recompute_options] == [o.kept_bytes for o in blocks[1].recompute_options]
+    # save-matmuls keeps less than the final norm's activations; on the embedding and the head
+    # it keeps their input, as none does, and is left out
+    assert [o.name for o in by_name["3"].recompute_options] == [OPTION_NONE, OPTION_FULL, "save-matmuls"]
+    assert [o.name for o in by_name["0"].recompute_options] == [OPTION_NONE, OPTION_FULL]
+
+
+def test_an_option_the_layer_lacks_is_one_sentence(tmp_path, monkeypatch):
+    def popen(*args, **kwargs):
+        raise AssertionError("a rank process was started for a bad plan")
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", popen)
+    plan = make_plan(LLAMA, [["0", "1"], ["2", "3", "4"]])
+    plan.stages[0] = plan.stages[0].with_recompute({"0": "attn"})
+    path = tmp_path / "plan.yaml"
+    io.save_plan(plan, path)
+    result = run("launch", path)
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "\n" not in errors[0]
+    assert "stage 0's layer 0 has no recompute option 'attn'; its options are none, full, save-matmuls" in errors[0]
+
+
+# A mixed plan: full on the embedding and attn on block 1 (stage 0); mlp-act on block 2 alone
+# (stage 1: an option on the layer that opens a stage, whose input is the receive buffer);
+# save-matmuls on the final norm, the head kept (stage 2).
+MIXED_STAGES = [["0", "1"], ["2"], ["3", "4"]]
+MIXED = [{"0": OPTION_FULL, "1": "attn"}, {"2": "mlp-act"}, {"3": "save-matmuls"}]
+
+
+def _plan_with(profile, recompute, plan_path):
+    plan = make_plan(LLAMA, MIXED_STAGES, microbatches=4, micro_batch_size=profile.micro_batch_size)
+    stages = [stage.with_recompute(chosen) for stage, chosen in zip(plan.stages, recompute, strict=True)]
+    cost = costmodel.evaluate(stages, profile, plan.setup)
+    plan = plan.model_copy(update={"stages": costmodel.with_predictions(stages, cost)})
+    io.save_plan(plan, plan_path)
+    return plan
+
+
+@pytest.mark.slow
+def test_mixed_options_pipeline_peaks_are_the_prediction_and_losses_equal_one_process(tmp_path):
+    """Profile the LLaMA-style model, run a 3-stage plan mixing full, attn, mlp-act,
+    save-matmuls and none through `ckplan launch --reference`: every stage's measured peak
+    within 2% of the cost model's prediction, and what the options change exact: the same
+    plan without recompute (replayed in one process, which holds what a launch holds) peaks
+    higher by exactly the bytes the cost model says. The losses equal one process's bit for bit."""
+    profile_path = tmp_path / "profile.json"
+    run_ok("profile", LLAMA, "--micro-batch-size", "4", "--threads", "1", "--repeats", "2", "--out", profile_path)
+    profile = io.load_profile(profile_path)
+    mixed = _plan_with(profile, MIXED, tmp_path / "mixed.yaml")
+    kept = _plan_with(profile, [{}, {}, {}], tmp_path / "kept.yaml")
+    report_path = tmp_path / "run.json"
+    run_ok("launch", tmp_path / "mixed.yaml", "--steps", "1", "--warmup-steps", "1", "--reference",
+           "--report", report_path)
+    report = io.load_report(report_path)
+    replayed = validate_plan(kept, plan_file=None)
+    for stage, without in zip(report.stages, replayed, strict=True):
+        measured, predicted = stage.measured.peak_bytes, stage.predicted.peak_bytes
+        assert abs(measured - predicted) <= 0.02 * predicted, (stage.index, measured, predicted)
+        saved_predicted = kept.stages[stage.index].predicted.peak_bytes - predicted
+        assert without.peak_bytes - measured == saved_predicted > 0, stage.index
+    # the replay holds what the pipeline holds, byte for byte, under options too
+    assert [check.peak_bytes for check in validate_plan(mixed, plan_file=None)] == \
+        [stage.measured.peak_bytes for stage in report.stages]
+    reference = reference_losses(mixed, prepare(mixed, plan_file=None), num_steps=len(report.losses), seed=0)
+    assert report.losses == reference
