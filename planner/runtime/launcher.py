@@ -33,7 +33,7 @@ import planner
 from planner.calibrate import placement_threads
 from planner.errors import UserError
 from planner.io import file_ref, plan_to_yaml, write_atomic
-from planner.runtime.checks import Prepared, prepare, resolve_model_file
+from planner.runtime.checks import Prepared, check_runnable, prepare, resolve_model_file
 from planner.runtime.heartbeat import Beat, find_stall, read_beat, stage_name, working_rank
 from planner.runtime.worker import (
     Failure,
@@ -108,6 +108,7 @@ def run_plan(
     """
     if steps < 1 or warmup_steps < 0:
         raise UserError("--steps must be at least 1 and --warmup-steps at least 0")
+    check_runnable(plan)  # before the model file is looked for: what no model file would change
     model_path = resolve_model_file(plan, plan_file)
     with time_limit(start_timeout_s, f"checking the plan against {model_path.name} (importing it, build_model() on "
                     "the meta device)", model_path, option="--start-timeout"):
