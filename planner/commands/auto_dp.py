@@ -114,7 +114,7 @@ def _row(trial: Trial, best: Trial | None) -> list[str]:
     static = per_stage([s.predicted.static_bytes for s in stages])
     host = format_bytes(trial.host_bytes) if setup.data_parallel.offload else "-"
     fits = "yes" if trial.fits else f"[red]no[/] ({_reason(trial)})"
-    ckpt = str(sum(len(s.checkpointed) for s in stages))
+    ckpt = str(sum(len(s.recompute) for s in stages))  # whole layers and selective options alike
     return [str(setup.data_parallel.zero), group, "yes" if setup.data_parallel.offload else "no", fits, peaks, static, host, ckpt,
             format_ms(trial.plan.predicted.iteration_ms), mark, words, refused]
 
@@ -139,7 +139,7 @@ NARROW_COLUMNS = ["ZeRO", "group", "offload", "fits", "peak per stage", "host/no
 NARROW_HEADERS = {"ZeRO": "ZeRO", "group": "grp", "offload": "offl", "fits": "fits", "peak per stage": "peak / stage",
                   "host/node": "host", "iteration": "iter"}
 LEGEND = ("AR all-reduce, RS reduce-scatter, AG all-gather over /n ranks, xN per iteration; D2H/H2D "
-          "offload's copies; ckpt: checkpointed layers")
+          "offload's copies; ckpt: layers that recompute (whole, or a selective option)")
 
 
 def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> None:
@@ -195,6 +195,7 @@ def print_json(trials: list[Trial], best: Trial | None, out: Path) -> None:
                 "static_bytes_per_stage": [s.predicted.static_bytes for s in plan.stages] if plan else None,
                 "host_bytes_per_node": trial.host_bytes if trial.setup.data_parallel.offload else None,
                 "checkpointed_layers": sum(len(s.checkpointed) for s in plan.stages) if plan else None,
+                "recomputing_layers": sum(len(s.recompute) for s in plan.stages) if plan else None,
                 "communicated": dataparallel.communicated(trial.setup),
                 "refused_by": dp_support.refused_by(trial.setup), "best": trial is best}
 
