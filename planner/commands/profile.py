@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from planner.commands import profile_arch, profile_hf
+from planner.commands import profile_arch, profile_hf, profile_options
 from planner.errors import UserError
 
 if TYPE_CHECKING:
@@ -322,32 +322,10 @@ def _report(profile, out: Path) -> None:
         info(f"at 1 thread beside {copies - 1} cop{'ies' if copies > 2 else 'y'} on the other cores: "
              f"{shared[copies]:.1f} ms against {shared[1]:.1f} ms alone (medians): x{shared[copies] / shared[1]:.3g} "
              "for ranks that compute at once")
-    options_report(profile, "each timed with half the --repeats")
+    profile_options.options_report(profile, "each timed with half the --repeats")
     noisy = noisy_timings(profile)
     if noisy:
         warn(f"timings are noisy ({noisy}); the machine may be busy: stop other work, "
              "or try --threads 1 or more --repeats, and profile again")
     info(f"wrote {out}")
-
-
-def options_report(profile, timed: str) -> None:
-    """The recompute options found per layer kind, as the solver sees them (kind-normalised:
-    bytes the most of any layer of the kind, times the mean); `timed` says how their times came."""
-    from planner.console import console, info, table
-    from planner.costmodel import layer_costs
-
-    kinds = {}
-    for layer in layer_costs(profile):
-        kinds.setdefault(layer.kind, layer)
-    rows = [[kind if index == 0 else "", option.name, f"{option.kept_bytes / 2**20:.3f}",
-             "–" if option.recompute_ms is None else f"{option.recompute_ms:.3f}", f"{option.peak_bytes / 2**20:.3f}"]
-            for kind, layer in kinds.items() if len(layer.options) > 2
-            for index, option in enumerate(layer.options)]
-    if not rows:
-        return
-    console.print(table("recompute options per layer kind (planner/recompute.py)",
-                        ["kind", "option", "kept MiB", "recompute ms", "recompute peak MiB"], rows, right_from=2))
-    found = ", ".join(f"{kind}: {', '.join(option.name for option in layer.options[2:]) or 'none and full only'}"
-                      for kind, layer in kinds.items())
-    info(f"selective options found per kind: {found} ({timed})")
 

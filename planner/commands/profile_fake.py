@@ -118,7 +118,7 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
 
 
 def _report(profile, out: Path) -> None:
-    from planner.commands.profile import options_report
+    from planner.commands.profile_options import options_report
     from planner.console import console, info, table
     from planner.units import format_bytes
 
