@@ -172,3 +172,15 @@ def test_launchs_memory_table_sets_the_measured_reserved_peak_beside_the_predict
         console.print(memory_table(report))
     text = captured.get()
     assert "reserved pred" in text and "48 GiB" in text and "45 GiB" in text and "-6.2%" in text
+
+
+def test_fragmentation_is_refused_where_no_caching_allocator_reserves(tmp_path):
+    from fixtures.cli import run
+
+    from planner import io
+
+    path = tmp_path / "cpu.json"
+    io.save_profile(uniform_blocks(4), path)
+    result = run("solve", "--profile", path, "--stages", "2", "--mem", "1GiB", "--fragmentation", "0.2")
+    assert result.exit_code != 0 and "--fragmentation applies to a GPU" in result.output
+    assert "Traceback" not in result.output

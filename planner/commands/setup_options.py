@@ -181,6 +181,9 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
             say(note)
     runtime = data_parallel.pop("runtime", "ckplan")
     fragmentation = data_parallel.pop("fragmentation", None)
+    if fragmentation is not None and profile.device.type != "cuda":
+        raise UserError(f"--fragmentation applies to a GPU's caching allocator; this profile is of "
+                        f"{profile.device.type}, where the peak is counted exactly: drop it")
     chunks = data_parallel.pop("chunks", None) or (2 if schedule in CHUNKED_SCHEDULES else 1)
     if schedule in CHUNKED_SCHEDULES:
         from planner import schedules
