@@ -769,11 +769,6 @@ def stage_value(quantity: str, stage: int, ctx: Context) -> float:
     return sum(term.value(stage, ctx) for term in _rows(quantity, "stage"))
 
 
-def frees_memory(layer: LayerCost, ctx: Context) -> bool:
-    """Checkpointing this layer keeps fewer bytes; otherwise it only adds time, never chosen."""
-    return layer_value("kept", layer, True, ctx) < layer_value("kept", layer, False, ctx)
-
-
 def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     """The options past none a plan may choose for this layer: each keeps fewer bytes than
     none, and no other keeps no more, adds no more time and no more extra peak while better in
@@ -1117,15 +1112,6 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
             reserved_bytes=allocator.reserved_bytes(peak, fragmentation(setup, ctx.device_type)) if cuda else None,
             workspace_bytes=workspace_bytes(rank, ctx)))
     return PlanCost(stages=rank_costs, iteration_ms=chunked_iteration_ms(per_stage, costs, staged, order, setup))
-
-
-def chunked_linear_ms(stage_busy_ms: Sequence[float], rank_step_ms: Sequence[float], order: schedules.Schedule,
-                      setup: TrainSetup) -> float:
-    """The linear time the MILP minimises for a chunked schedule (milp._chunked_time):
-    max over ranks of M·Σ_{its stages} busy + (P - 1)·the slowest stage + the slowest step."""
-    micro, ranks = setup.pipeline.microbatches, order.num_ranks
-    work = max(micro * sum(stage_busy_ms[k] for k in order.stages_of(r)) for r in range(ranks))
-    return work + (ranks - 1) * max(stage_busy_ms) + max(rank_step_ms)
 
 
 def chunked_iteration_ms(per_stage: Sequence[StageCost], costs: Sequence[LayerCost], staged: dict,

@@ -85,7 +85,7 @@ def test_evaluate_scores_a_chunked_configuration_and_solve_plans_one(tmp_path):
 
 
 def _chunked_linear(stages, profile, setup):
-    """The MILP's time for a plan of P·V stages: costmodel.chunked_linear_ms on each stage's busy."""
+    """The MILP's time for a plan of P·V stages, from each stage's busy time under evaluate's terms."""
     order = costmodel.schedule_of(setup)
     inner = costmodel.stage_setup(setup, order)
     costs = costmodel.layer_costs(profile)
@@ -94,7 +94,10 @@ def _chunked_linear(stages, profile, setup):
                                 costmodel.option_indices(st, [costs[position[n]] for n in st.layers]),
                                 stage=k, profile=profile, setup=inner) for k, st in enumerate(stages)]
     steps = [sum(per[k].step_ms for k in order.stages_of(r)) for r in range(setup.pipeline.stages)]
-    return costmodel.chunked_linear_ms([c.busy_ms for c in per], steps, order, setup)
+    busy = [c.busy_ms for c in per]
+    # milp._chunked_time, written out: M·Σ a rank's stages + (P - 1)·the slowest stage + the slowest step
+    work = max(setup.pipeline.microbatches * sum(busy[k] for k in order.stages_of(r)) for r in range(order.num_ranks))
+    return work + (order.num_ranks - 1) * max(busy) + max(steps)
 
 
 @pytest.mark.parametrize("schedule", ["interleaved-1F1B", "ZBV"])
