@@ -27,8 +27,9 @@ TARGETS = ("colossalai", "megatron", "torchtitan", "deepspeed")
 def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan_base) -> None:
     """Write PLAN as ColossalAI, Megatron-LM, torchtitan or DeepSpeed configuration, with
     comments. What the framework cannot say is rounded (e.g. Megatron's one recompute
-    count for every stage), and the rounded plan is re-scored with the cost model:
-    iteration time and each stage's peak against its cap, beside the exact plan.
+    count for every stage, a schedule it does not have), and the rounded plan is re-scored
+    with the cost model: iteration time and each rank's peak against its cap, beside the
+    exact plan.
     """
     from planner import io
 
@@ -37,10 +38,6 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     profile = _profile_of(plan, plan_path, profile_path)
     _check_plan(plan, profile, plan_path)
     _refuse_experts(profile, target)
-    if plan.setup.pipeline.chunks > 1:
-        raise UserError(f"the plan runs {plan.setup.pipeline.schedule} with {plan.setup.pipeline.chunks} chunks per "
-                        f"rank, whose {target} settings (virtual pipeline stages, the schedule, layers per chunk) "
-                        "ckplan does not write yet; its plan and peaks stand, but set them by hand")
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
     if out is None:
         out = plan_path.with_name(plan_path.stem + result.suffix)
@@ -116,7 +113,7 @@ def _report(plan, result, out: Path) -> None:
         console.print(escape(f"rounded: {item}"), soft_wrap=True)
     scored = result.scored
     exact = stage_rows(plan.stages, scored.exact)
-    rounded = stage_rows(result.rounded.stages, scored.rounded)
+    rounded = stage_rows(result.rounded.ranks(), scored.rounded)
     if exact == rounded:  # nothing rounded that the cost model sees: one table
         console.print(table(f"the plan, exactly as {result.target} runs it", stage_columns(scored.exact), exact, right_from=2))
     else:

@@ -10,6 +10,12 @@ it is of a class named in checkpointable_layers; interval 1 chooses single layer
 DeepSpeed's default (reentrant) checkpoint gives no gradient to a layer whose input needs
 none, so the model's first layer is never checkpointed. The pipeline runs 1F1B
 (TrainSchedule); gradient_accumulation_steps is the number of microbatches.
+
+A plan of a chunked schedule (interleaved 1F1B, ZB, ZBV, DualPipeV) is exported as the 1F1B
+DeepSpeed runs: each rank takes V consecutive pipeline stages of the plan as its one stage, so
+the layers keep their order, the stages their balance and every layer its recompute choice; the
+re-score says what 1F1B's in-flight microbatches make of the peaks. Refusing would leave the
+user nothing to run, and re-solving is one command, which the rounding names.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ CANNOT_EXPRESS = [
     "with activation_checkpoint_interval=1 (larger intervals checkpoint chunks of consecutive layers).",
     "checkpointing the model's first layer: its input needs no gradient, and the default reentrant "
     "checkpoint would then give its parameters none.",
+    "more than one stage per rank (interleaved, zero-bubble, V schedules): its PipelineEngine runs 1F1B over "
+    "one stage per rank.",
+    "selective recompute (part of a layer): activation_checkpoint_interval checkpoints whole layers.",
 ]
 
 

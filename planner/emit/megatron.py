@@ -1,12 +1,21 @@
 """A plan as Megatron-LM arguments: the stage split as `--pipeline-model-parallel-layout`
-and recomputation as `--recompute-method block --recompute-num-layers N`.
+(virtual stages too) and recomputation as `--recompute-method block --recompute-num-layers N`
+or, where the plan recomputes parts of layers, `--recompute-granularity selective
+--recompute-modules ...` when that is the faster of the two that fits.
 
 Facts from megatron-core 0.16 (transformer/pipeline_parallel_layer_layout.py): the layout
 is stages separated by `|`, `E` the embedding, `t` a decoder layer, `m` an MTP layer, `L`
 the loss (final norm + output layer), `x*n` and `(...)*n` repeat; exactly one E, first,
-and one L, last. transformer/transformer_block.py, recompute_method 'block': each stage
-recomputes its first recompute_num_layers decoder layers, one N for every stage; the
-pipeline schedule is 1F1B (interleaved with virtual stages).
+and one L, last. With V virtual stages per rank the layout lists P·V stages, virtual stage v
+of rank r at position v·P + r (PipelineParallelLayerLayout.__init__): the pipeline's stages in
+order, in loop placement. transformer/transformer_block.py, recompute_method 'block': each
+stage (each virtual stage: a TransformerBlock of its own) recomputes its first
+recompute_num_layers decoder layers, one N for every stage; the pipeline schedule is 1F1B,
+interleaved with virtual stages (pipeline_parallel/schedules.py; no zero-bubble or V-shaped
+schedule in megatron-core 0.16). Selective recompute (recompute_granularity 'selective',
+recompute_modules) is one module list for every decoder layer, and TransformerConfig refuses
+it with a recompute_num_layers: block recompute of whole layers and selective recompute are
+one or the other.
 
 Mixtures of experts and latent attention, as megatron-core 0.16's TransformerConfig and
 MLATransformerConfig name them (num_moe_experts, moe_router_topk, moe_ffn_hidden_size,
@@ -18,8 +27,11 @@ qk_pos_emb_head_dim, v_head_dim) and Megatron-LM's arguments spell them (--num-e
 
 from __future__ import annotations
 
+from itertools import combinations
+
 from planner import costmodel, dataparallel
 from planner.emit import dp_support, rounding
+from planner.errors import UserError
 from planner.schema import Plan, Profile
 from planner.units import format_ms
 
@@ -29,12 +41,75 @@ CANNOT_EXPRESS = [
     "EVERY stage, so this export takes the largest count of the plan (safe for memory, more recompute).",
     "which layers of a stage are recomputed: always its first N decoder layers.",
     "recomputing the embedding or the loss layer (decoder layers only).",
+    "a selective recompute choice per layer: --recompute-modules is one list for every decoder layer, and "
+    "not beside block recompute of whole layers; nor save-matmuls (op-level checkpointing), a dense MLP's "
+    "activation alone (moe_act is the MoE layers') or a measured profile's attn (the whole attention "
+    "submodule; core_attn is the attention kernel alone, Q, K and V kept: the analytic profiles' attn).",
+    "zero-bubble and V-shaped schedules (ZB, ZBV, DualPipeV): megatron-core 0.16 interleaves virtual stages "
+    "in a loop (interleaved 1F1B) only.",
 ]
+# The plan's schedule -> what Megatron-LM runs instead: the same pipeline stages as virtual
+# stages of its interleaved 1F1B (ZB keeps its loop placement; a V is re-placed as a loop)
+RUNS_AS = {**rounding.ONLY_1F1B, "ZB": "interleaved-1F1B", "ZBV": "interleaved-1F1B",
+           "DualPipeV": "interleaved-1F1B"}
+
+# megatron-core 0.16's recompute_modules as ckplan's recompute parts (planner/recompute.py):
+# (module, part, on dense decoder layers, on MoE layers). transformer_layer.py recomputes "mlp"
+# on dense layers only, moe_layer.py "moe" on MoE layers, experts.py "moe_act" (the experts'
+# activation, output-discarding) on MoE layers; "layernorm" is both norms, output-discarding
+# (it frees their outputs too: scored as ckplan's norm, which keeps them, so on the safe side).
+# "core_attn" is the attention kernel alone, Q, K and V kept: the analytic profiles' attn; a
+# measured profile's attn checkpoints the whole attention submodule, which no module list says.
+_MODULES = (("core_attn", "attn", True, True), ("mlp", "mlp", True, False), ("moe", "mlp", False, True),
+            ("moe_act", "mlp-act", False, True), ("layernorm", "norm", True, True))
+_PARTS = ("attn", "mlp", "mlp-act", "norm")  # the order ckplan's option names join them in
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
-    roles, rounded = rounding.decoder_start(plan, profile, TARGET,
-                                            round_zero=lambda r: dp_support.round_zero(r, TARGET))
+    _check_microbatches(plan)
+    roles, exact = rounding.decoder_start(plan, profile, TARGET, runs_as=RUNS_AS, selective=True,
+                                          round_zero=lambda r: dp_support.round_zero(r, TARGET))
+    rounded, num = _block(exact, roles, profile)
+    candidates = [(rounded, ()), *_selective(exact, roles, profile, plan.profile_source == "analytic")]
+    if len(candidates) > 1:  # the plan recomputes some layers selectively: block or one module list
+        block = rounded
+        rounded, fits = rounding.scored_choice([candidate for candidate, _ in candidates], profile)
+        modules = next(m for candidate, m in candidates if candidate is rounded)
+        if modules:
+            block_ms = costmodel.evaluate(block.ranks(), profile, block.setup).iteration_ms
+            instead = f"--recompute-num-layers {num}" if num else "no recompute"
+            rounded.changes.append(f"chosen over block recompute ({instead}, {format_ms(block_ms)} per iteration) "
+                                   "as the fastest setting that fits" if fits else
+                                   "no setting fits; this one comes closest")
+    else:
+        modules = ()
+    scored = rounding.rescore(plan, profile, rounded)
+    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
+    text = rounding.comment(header) + "\n" + _arguments(rounded, roles, profile, 0 if modules else num, modules)
+    return rounding.Export(TARGET, text, ".megatron.sh", rounded, scored, CANNOT_EXPRESS)
+
+
+def _check_microbatches(plan: Plan) -> None:
+    """Megatron-LM's interleaved schedule runs microbatches in groups of P per virtual stage
+    (--microbatch-group-size-per-virtual-stage, default P; pipeline_parallel/schedules.py wants
+    the last group empty or at least P): M a multiple of P, at least P."""
+    pipeline = plan.setup.pipeline
+    if pipeline.chunks > 1 and pipeline.microbatches % pipeline.stages:
+        raise UserError(f"Megatron-LM's interleaved schedule runs microbatches in groups of the pipeline size "
+                        f"({pipeline.stages}), and this plan has {pipeline.microbatches}; solve with --microbatches "
+                        f"a multiple of {pipeline.stages}")
+
+
+def _block(exact: rounding.Rounded, roles: rounding.Roles, profile: Profile) -> tuple[rounding.Rounded, int]:
+    """Block recompute of whole layers: the first N decoder layers of every (virtual) stage,
+    N the plan's largest count; with the N."""
+    rounded = rounding.Rounded(stages=rounding.whole_layers(exact.stages), setup=exact.setup,
+                               changes=list(exact.changes))
+    partial = {name: option for s in exact.stages for name, option in s.recompute.items() if option != "full"}
+    if partial:
+        rounded.changes.append(f"{TARGET} is exported with whole-layer recompute: the {len(partial)} layers the "
+                               f"plan recomputes selectively ({', '.join(sorted(set(partial.values())))}) "
+                               "recompute whole layers")
     counts, ks = rounding.decoder_counts(rounded.stages, roles)
     num = max(ks)
     rounding.first_k(rounded, roles, [min(num, count) for count in counts])
@@ -45,10 +120,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     if smaller is not None:
         rounded.changes.append(f"(--recompute-num-layers {smaller[0]} also fits under the cost model, "
                                f"at {format_ms(smaller[1])} per iteration; this export keeps the safe {num})")
-    scored = rounding.rescore(plan, profile, rounded)
-    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
-    text = rounding.comment(header) + "\n" + _arguments(rounded, roles, profile, num)
-    return rounding.Export(TARGET, text, ".megatron.sh", rounded, scored, CANNOT_EXPRESS)
+    return rounded, num
 
 
 def _smallest_fitting(rounded, roles, profile, counts, num) -> tuple[int, float] | None:
@@ -56,10 +128,50 @@ def _smallest_fitting(rounded, roles, profile, counts, num) -> tuple[int, float]
     for n in range(num):
         trial = rounding.Rounded(stages=list(rounded.stages), setup=rounded.setup)
         rounding.first_k(trial, roles, [min(n, count) for count in counts])
-        cost = costmodel.evaluate(trial.stages, profile, trial.setup)
+        cost = costmodel.evaluate(trial.ranks(), profile, trial.setup)
         if cost.feasible:
             return n, cost.iteration_ms
     return None
+
+
+def _said(option: str, moe: bool, analytic: bool) -> set[str]:
+    """The modules that say (part of) a layer's option."""
+    parts = option.split(",")
+    return {module for module, part, dense_ok, moe_ok in _MODULES
+            if part in parts and (moe_ok if moe else dense_ok) and (part != "attn" or analytic)}
+
+
+def _option(modules, moe: bool) -> str:
+    """The ckplan option a module list gives a layer ("none" where no module applies)."""
+    parts = {part for module, part, dense_ok, moe_ok in _MODULES if module in modules and (moe_ok if moe else dense_ok)}
+    return ",".join(part for part in _PARTS if part in parts) or "none"
+
+
+def _selective(exact: rounding.Rounded, roles: rounding.Roles, profile: Profile,
+               analytic: bool) -> list[tuple[rounding.Rounded, tuple[str, ...]]]:
+    """Every module list made of what the plan's selective options say, as the rounding that
+    gives every decoder layer the option it means; none where the plan recomputes no layer
+    selectively, or the profile has no option for a layer that a list gives it."""
+    layers = {layer.name: layer for layer in profile.layers}
+    moe = {name: layers[name].kind == "moe_block" for name in roles.decoder}
+    said = set().union(*(_said(option, moe[name], analytic) for s in exact.stages
+                         for name, option in s.recompute.items() if option != "full" and name in moe))
+    candidates = []
+    for size in range(1, len(said) + 1):
+        for modules in combinations([m for m, *_ in _MODULES if m in said], size):
+            options = {name: _option(modules, moe[name]) for name in roles.decoder}
+            if any(option != "none" and option not in {o.name for o in layers[name].recompute_options}
+                   for name, option in options.items()):
+                continue
+            stages = [s.with_recompute({n: options[n] for n in rounding.decoder_layers(s, roles)})
+                      for s in exact.stages]
+            kinds = sorted({o for s in exact.stages for o in s.recompute.values()})
+            change = (f"one --recompute-modules for every decoder layer: {' '.join(modules)} (the plan's per-layer "
+                      f"options {', '.join(kinds)} become {', '.join(sorted(set(options.values()) - {'none'}))} "
+                      "on every decoder layer)")
+            candidates.append((rounding.Rounded(stages=stages, setup=exact.setup, changes=[*exact.changes, change]),
+                               modules))
+    return candidates
 
 
 def layout(counts: list[int]) -> str:
@@ -163,7 +275,8 @@ def mla_arguments(model: dict) -> list[str]:
                     f"--v-head-dim {model['v_head_dim']}"]
 
 
-def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profile, num: int) -> str:
+def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profile, num: int,
+               modules: tuple[str, ...] = ()) -> str:
     setup = rounded.setup
     counts, _ = rounding.decoder_counts(rounded.stages, roles)
     tp = int(profile.assumptions.get("tp", 1))
@@ -171,16 +284,14 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
         f"--num-layers {len(roles.decoder)}",
         *shape_arguments(profile),
         f"--pipeline-model-parallel-size {setup.pipeline.stages}",
-        "# stages split by '|': E embedding, t decoder layer, L final norm + output layer + loss",
-        f"--pipeline-model-parallel-layout \"{layout(counts)}\"",
+        *_split_arguments(counts, setup.pipeline.stages, setup.pipeline.chunks),
     ]
-    middle = set(counts[1:-1])
-    if len(counts) >= 2 and len(middle) <= 1 and 0 not in middle:
-        lines.append(f"# or, the same split without a layout: --decoder-first-pipeline-num-layers {counts[0]} "
-                     f"--decoder-last-pipeline-num-layers {counts[-1]}")
     if num:
-        lines += ["# recompute the first N decoder layers of every stage",
+        lines += [f"# recompute the first N decoder layers of every {'virtual ' if setup.pipeline.chunks > 1 else ''}stage",
                   "--recompute-granularity full", "--recompute-method block", f"--recompute-num-layers {num}"]
+    if modules:
+        lines += ["# recompute these submodules of every decoder layer",
+                  "--recompute-granularity selective", f"--recompute-modules {' '.join(modules)}"]
     lines += [f"--micro-batch-size {setup.pipeline.micro_batch_size}",
               f"# {setup.pipeline.microbatches} microbatches per pipeline: global batch = microbatches x micro batch x dp",
               f"--global-batch-size {setup.pipeline.microbatches * setup.pipeline.micro_batch_size * setup.data_parallel.dp}"]
@@ -203,3 +314,20 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
             lines.append(f"--num-distributed-optimizer-instances {replicas}")
     body = "\n".join(f"    {line}" for line in lines)
     return f"CKPLAN_MEGATRON_ARGS=(\n{body}\n)\n# pretrain_gpt.py ... \"${{CKPLAN_MEGATRON_ARGS[@]}}\"\n"
+
+
+def _split_arguments(counts: list[int], num_ranks: int, chunks: int) -> list[str]:
+    """The pipeline split: the layout (P·V stages with virtual stages), and the flags that say
+    the same where the split is that regular."""
+    lines = ["# stages split by '|': E embedding, t decoder layer, L final norm + output layer + loss"]
+    if chunks > 1:
+        lines.append(f"# {num_ranks * chunks} virtual stages in pipeline order: rank r runs stages r, {num_ranks}+r, ...; "
+                     f"the layout sets {chunks} virtual stages per rank (interleaved 1F1B)")
+    lines.append(f"--pipeline-model-parallel-layout \"{layout(counts)}\"")
+    middle = set(counts[1:-1])
+    if chunks > 1 and len(set(counts)) == 1:
+        lines.append(f"# or, the same split without a layout: --num-layers-per-virtual-pipeline-stage {counts[0]}")
+    elif chunks == 1 and len(counts) >= 2 and len(middle) <= 1 and 0 not in middle:
+        lines.append(f"# or, the same split without a layout: --decoder-first-pipeline-num-layers {counts[0]} "
+                     f"--decoder-last-pipeline-num-layers {counts[-1]}")
+    return lines

@@ -4,6 +4,11 @@ decoder layers and its head, and the roundings of a plan to what a framework can
 Each rounding takes stage plans and returns new ones plus one sentence per change, so
 an exporter is a short chain of them and `rescore` tells what the chain cost under
 THE cost model (costmodel.evaluate), exact plan beside rounded plan.
+
+A plan of a chunked schedule (interleaved-1F1B, ZB, ZBV, DualPipeV) is rounded as its P·V
+pipeline stages in pipeline order, the way every framework's configuration lists them
+(Megatron-LM's layout, torchtitan's module FQNs, ColossalAI's layers per stage); the
+schedule's placement puts them on ranks again (costmodel.ranks_of) to be scored.
 """
 
 from __future__ import annotations
@@ -61,9 +66,31 @@ def require_roles(profile: Profile, target: str) -> Roles:
 class Rounded:
     """A plan as a framework can say it, and what saying it so changed."""
 
-    stages: list[StagePlan]
+    stages: list[StagePlan]  # the pipeline's stages in order: P·V of them for a chunked schedule
     setup: TrainSetup
     changes: list[str] = field(default_factory=list)
+
+    def ranks(self) -> list[StagePlan]:
+        """One StagePlan per rank, as the cost model scores the plan (a chunked schedule's
+        stages on the ranks its placement gives them, chunk 0 first)."""
+        if self.setup.pipeline.chunks == 1:
+            return self.stages
+        return costmodel.ranks_of(self.stages, self.setup)
+
+
+def pipeline_stages(ranks: Sequence[StagePlan], setup: TrainSetup) -> list[StagePlan]:
+    """A plan's P·V pipeline stages in order (the inverse of costmodel.ranks_of); the plan's
+    own stages where each rank holds one."""
+    if setup.pipeline.chunks == 1:
+        return [stage.model_copy(update={"predicted": None}) for stage in ranks]
+    order = costmodel.schedule_of(setup)
+    placed = {}
+    for rank, plan in enumerate(ranks):
+        for chunk, stage in zip(plan.chunks, order.stages_of(rank)):
+            placed[stage] = StagePlan(index=stage, layers=list(chunk),
+                                      recompute={n: o for n, o in plan.recompute.items() if n in chunk},
+                                      checkpointed=[n for n in plan.checkpointed if n in chunk])
+    return [placed[stage] for stage in range(order.num_stages)]
 
 
 @dataclass(frozen=True)
@@ -80,23 +107,30 @@ RUNTIMES = {"Megatron-LM": "megatron", "torchtitan": "torchtitan", "ColossalAI":
             "DeepSpeed": "deepspeed"}
 
 
-def start(plan: Plan, target: str | None = None) -> Rounded:
-    """The plan as it stands, scored for `target`'s runtime (its own way of overlapping the
-    data-parallel reductions) where the plan was scored for another."""
-    selective = {name: option for s in plan.stages for name, option in s.recompute.items() if option != "full"}
-    # the exports write whole-layer recompute: a selective option becomes the whole layer
-    # (frees at least as much, recomputes more), re-scored below like every other rounding
-    rounded = Rounded(stages=[StagePlan(index=s.index, layers=list(s.layers),
-                                        checkpointed=[n for n in s.layers if s.option(n) != "none"])
-                              for s in plan.stages], setup=plan.setup)
-    if selective and target:
-        kinds = sorted(set(selective.values()))
-        rounded.changes.append(f"{target} is exported with whole-layer recompute: the {len(selective)} layers the "
-                               f"plan recomputes selectively ({', '.join(kinds)}) recompute whole layers")
+def start(plan: Plan, target: str | None = None, *, selective: bool = False) -> Rounded:
+    """The plan as it stands (its pipeline stages in order), scored for `target`'s runtime (its
+    own way of overlapping the data-parallel reductions) where the plan was scored for another.
+    Without `selective` (the exporter writes whole layers only), a selective option becomes
+    the whole layer: it frees at least as much and recomputes more, re-scored like every other
+    rounding."""
+    stages = pipeline_stages(plan.stages, plan.setup)
+    rounded = Rounded(stages=stages, setup=plan.setup)
+    if not selective:
+        rounded.stages = whole_layers(rounded.stages)
+        partial = {name: option for s in stages for name, option in s.recompute.items() if option != "full"}
+        if partial and target:
+            kinds = sorted(set(partial.values()))
+            rounded.changes.append(f"{target} is exported with whole-layer recompute: the {len(partial)} layers the "
+                                   f"plan recomputes selectively ({', '.join(kinds)}) recompute whole layers")
     runtime = RUNTIMES.get(target or "")
     if runtime is not None and runtime != plan.setup.training.runtime:
         rounded.setup = rounded.setup.model_copy(update={"runtime": runtime})
     return rounded
+
+
+def whole_layers(stages: Sequence[StagePlan]) -> list[StagePlan]:
+    """Every layer that recomputes anything recomputes its whole forward."""
+    return [s.with_checkpointed([n for n in s.layers if s.option(n) != "none"]) for s in stages]
 
 
 def rescore(plan: Plan, profile: Profile, rounded: Rounded) -> Scored:
@@ -104,13 +138,14 @@ def rescore(plan: Plan, profile: Profile, rounded: Rounded) -> Scored:
     changes the figures (its pipeline's buffers, its overlapped reductions), that is said."""
     exact = costmodel.evaluate(plan.stages, profile, plan.setup)
     if rounded.setup.training.runtime != plan.setup.training.runtime:
-        same_plan = costmodel.evaluate(plan.stages, profile, rounded.setup)
+        same_plan = costmodel.evaluate(plan.stages, profile, plan.setup.model_copy(
+            update={"runtime": rounded.setup.training.runtime}))
         if same_plan != exact:
             rounded.changes.insert(0, f"scored for {rounded.setup.training.runtime}'s runtime, not "
                                       f"{plan.setup.training.runtime}'s: its pipeline buffers and data-parallel "
                                       f"overlap (iteration {same_plan.iteration_ms / 1e3:.3g} s for the plan as "
                                       f"solved, peaks {_peaks(same_plan)})")
-    return Scored(exact=exact, rounded=costmodel.evaluate(rounded.stages, profile, rounded.setup))
+    return Scored(exact=exact, rounded=costmodel.evaluate(rounded.ranks(), profile, rounded.setup))
 
 
 def _peaks(cost: PlanCost) -> str:
@@ -123,13 +158,8 @@ def _peaks(cost: PlanCost) -> str:
 
 
 def one_f_one_b(rounded: Rounded, target: str) -> Rounded:
-    """Frameworks whose pipeline runs 1F1B only."""
-    if rounded.setup.pipeline.schedule == "1F1B":
-        return rounded
-    rounded.changes.append(f"{target} runs a 1F1B schedule, not {rounded.setup.pipeline.schedule}: "
-                           "scored as 1F1B (fewer microbatches in flight)")
-    rounded.setup = rounded.setup.model_copy(update={"schedule": "1F1B"})
-    return rounded
+    """Frameworks whose pipeline runs 1F1B only (a chunked plan's stages merged per rank)."""
+    return run_as(rounded, "1F1B", target)
 
 
 def pin_ends(rounded: Rounded, roles: Roles, target: str) -> Rounded:
@@ -150,7 +180,8 @@ def pin_ends(rounded: Rounded, roles: Roles, target: str) -> Rounded:
         if not keep:
             raise UserError(f"{target} puts {', '.join(moved)} on the first or last stage, which leaves stage {s} "
                             "without layers; solve with fewer stages")
-        stages.append(StagePlan(index=s, layers=keep, checkpointed=[n for n in stage.checkpointed if n in keep]))
+        stages.append(StagePlan(index=s, layers=keep, checkpointed=[n for n in stage.checkpointed if n in keep],
+                                recompute={n: o for n, o in stage.recompute.items() if n in keep}))
     rounded.stages = stages
     rounded.changes.append(f"{target} keeps the embedding on the first stage and the head on the last: "
                            f"moved {', '.join(moved)}")
@@ -160,28 +191,85 @@ def pin_ends(rounded: Rounded, roles: Roles, target: str) -> Rounded:
 def decoder_checkpoints_only(rounded: Rounded, roles: Roles, target: str) -> Rounded:
     """Drop checkpointing of layers outside the decoder stack."""
     decoder = set(roles.decoder)
-    dropped = [n for stage in rounded.stages for n in stage.checkpointed if n not in decoder]
+    dropped = [n for stage in rounded.stages for n in stage.recompute if n not in decoder]
     if dropped:
-        rounded.stages = [s.with_checkpointed([n for n in s.checkpointed if n in decoder]) for s in rounded.stages]
+        rounded.stages = [s.with_recompute({n: o for n, o in s.recompute.items() if n in decoder})
+                          for s in rounded.stages]
         rounded.changes.append(f"{target} checkpoints decoder layers only: {', '.join(dropped)} run "
                                "without checkpointing")
     return rounded
 
 
-def decoder_start(plan: Plan, profile: Profile, target: str, *,
-                  round_zero: Callable[[Rounded], None], only_1f1b: bool = True) -> tuple[Roles, Rounded]:
+def decoder_start(plan: Plan, profile: Profile, target: str, *, round_zero: Callable[[Rounded], None],
+                  runs_as: dict[str, str] | None = None, selective: bool = False) -> tuple[Roles, Rounded]:
     """Where every LLM framework's export starts: the profile's roles (embedding, decoder
-    stack, head), the schedule it runs (1F1B only, where `only_1f1b`), the ZeRO stage it
-    runs (`round_zero`), the embedding and head on the end stages, decoder layers the only
-    ones checkpointed."""
+    stack, head), the schedule it runs (`runs_as`: the plan's schedule -> the one the target
+    runs instead, see `run_as`), the ZeRO stage it runs (`round_zero`), the embedding and
+    head on the end stages, decoder layers the only ones recomputed (selective options kept
+    where `selective`: the exporter rounds them itself)."""
     roles = require_roles(profile, target)
-    rounded = start(plan, target)
-    if only_1f1b:
-        one_f_one_b(rounded, target)
+    rounded = start(plan, target, selective=selective)
+    instead = (runs_as or {}).get(plan.setup.pipeline.schedule)
+    if instead is not None:
+        run_as(rounded, instead, target)
     round_zero(rounded)
     pin_ends(rounded, roles, target)
     decoder_checkpoints_only(rounded, roles, target)
     return roles, rounded
+
+
+# What the frameworks' pipelines run in place of a schedule they do not have (the exporters'
+# `runs_as` tables): GPipe as 1F1B (every framework here runs 1F1B); a chunked schedule as one
+# with the same pipeline stages where the framework has one.
+ONLY_1F1B = {"GPipe": "1F1B"}
+
+
+def run_as(rounded: Rounded, schedule: str, target: str) -> Rounded:
+    """Score the plan as `target` runs it, with `schedule` instead of the plan's. The pipeline
+    stages stay as they are where the chunk count stays (the new schedule's placement puts
+    them on ranks: a V becomes a loop, for one); to 1F1B, each rank's chunks become one stage
+    of the consecutive pipeline stages it gets, P·V stages merged V at a time."""
+    old = rounded.setup.pipeline
+    if schedule == old.schedule:
+        return rounded
+    chunks = 1 if schedule in ("1F1B", "GPipe") else old.chunks
+    if chunks == 1 and old.chunks > 1:
+        rounded.stages = _merged(rounded.stages, old.chunks)
+    rounded.setup = rounded.setup.model_copy(update={"schedule": schedule, "chunks": chunks})
+    try:
+        costmodel.schedule_of(rounded.setup)
+    except UserError as exc:
+        raise UserError(f"{target} has no {old.schedule} schedule and runs this plan as {schedule}, "
+                        f"which cannot run it: {exc}") from exc
+    if old.chunks == 1:
+        rounded.changes.append(f"{target} runs a {schedule} schedule, not {old.schedule}: "
+                               f"scored as {schedule} (fewer microbatches in flight)")
+    elif chunks == 1:
+        rounded.changes.append(f"{target} runs one stage per rank ({schedule}), not {old.schedule} with {old.chunks} "
+                               f"chunks: rank r takes the {old.chunks} consecutive pipeline stages "
+                               f"{old.chunks}r..{old.chunks}r+{old.chunks - 1} as one stage (each layer keeps its "
+                               f"recompute choice); solve with --schedule {schedule} for a plan made for it")
+    else:
+        placed = "" if _placement(old.schedule) == _placement(schedule) else \
+            f"; its stages re-placed from a V (rank r: stages r and {2 * old.stages - 1}-r) to a loop (r and {old.stages}+r)"
+        rounded.changes.append(f"{target} has no {old.schedule} schedule: runs the same {old.stages * old.chunks} "
+                               f"pipeline stages as {schedule}{placed}")
+    return rounded
+
+
+def _placement(schedule: str) -> str:
+    return "v" if schedule in ("ZBV", "DualPipeV") else "loop"
+
+
+def _merged(stages: Sequence[StagePlan], chunks: int) -> list[StagePlan]:
+    """P·V pipeline stages as P, each the next `chunks` consecutive ones."""
+    merged = []
+    for rank in range(len(stages) // chunks):
+        mine = stages[rank * chunks:(rank + 1) * chunks]
+        merged.append(StagePlan(index=rank, layers=[n for s in mine for n in s.layers],
+                                recompute={n: o for s in mine for n, o in s.recompute.items()},
+                                checkpointed=[n for s in mine for n in s.checkpointed]))
+    return merged
 
 
 def decoder_counts(stages: Sequence[StagePlan], roles: Roles) -> tuple[list[int], list[int]]:
@@ -213,7 +301,7 @@ def first_k(rounded: Rounded, roles: Roles, ks: Sequence[int] | None = None) -> 
 def scored_choice(candidates: Sequence[Rounded], profile: Profile) -> tuple[Rounded, bool]:
     """The fastest candidate that fits, else the one needing the least memory beyond its caps;
     True when it fits."""
-    scored = [(candidate, costmodel.evaluate(candidate.stages, profile, candidate.setup)) for candidate in candidates]
+    scored = [(candidate, costmodel.evaluate(candidate.ranks(), profile, candidate.setup)) for candidate in candidates]
     fitting = [(c, cost) for c, cost in scored if cost.feasible]
     if fitting:
         return min(fitting, key=lambda item: item[1].iteration_ms)[0], True
@@ -247,15 +335,16 @@ def header_lines(plan_file: str, target: str, cannot_express: Sequence[str], rou
     exact, approx = scored.exact, scored.rounded
     lines.append(f"Predicted iteration (ckplan cost model): plan {format_ms(exact.iteration_ms)}, "
                  f"this export {format_ms(approx.iteration_ms)} ({scored.slowdown * 100:+.1f}%).")
+    unit = "rank" if rounded.setup.pipeline.chunks > 1 else "stage"  # a rank holds several stages
     for s, (e, r) in enumerate(zip(exact.stages, approx.stages)):
         verdict = "fits" if r.fits else "DOES NOT FIT"
         reserved = "" if r.reserved_bytes is None else \
             f" (reserved {format_bytes(r.reserved_bytes)} + NCCL {format_bytes(r.workspace_bytes)})"
-        lines.append(f"  stage {s}: peak {format_bytes(r.peak_bytes)}{reserved} of {format_bytes(r.cap_bytes)} cap, "
+        lines.append(f"  {unit} {s}: peak {format_bytes(r.peak_bytes)}{reserved} of {format_bytes(r.cap_bytes)} cap, "
                      f"{verdict} (plan: {format_bytes(e.peak_bytes)})")
     if not approx.feasible:
         over = ", ".join(str(s) for s, c in enumerate(approx.stages) if not c.fits)
-        lines.append(f"WARNING: rounded for {target}, stage {over} no longer fits its memory cap.")
+        lines.append(f"WARNING: rounded for {target}, {unit} {over} no longer fits its memory cap.")
     return lines
 
 

@@ -10,6 +10,18 @@ and builds activation checkpointing from a policy config (`ac_config.build().app
 so a small policy class in the config file can name layers. 0.1.x has no
 module_fqns_per_model_part.
 
+Chunked schedules: module_fqns_per_model_part lists the P·V pipeline stages in order, and
+distributed/pipeline_parallel.py places them as torch's schedules do (_get_pp_rank_to_stage_
+indices_mapping: "v" for ZBVZeroBubble and DualPipeV, rank r holding stages r and 2P-1-r; a loop
+otherwise, r + c·P), the placement ckplan plans with; the schedule is named as torch's
+get_schedule_class knows it (Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV).
+
+Selective recompute (0.3.0): the policy in the generated file checkpoints a layer's parts as
+ckplan's options do (planner/recompute.py), on torchtitan's block submodules (models/llama3,
+qwen3, deepseek_v3: attention, attention.inner_attention, feed_forward or moe, attention_norm,
+ffn_norm); save-matmuls saves every matmul and attention output, where torchtitan's own
+SelectiveAC (distributed/activation_checkpoint.py) recomputes every second matmul.
+
 Mixtures of experts (0.3.0): the experts, router and latent attention come from the model's own
 config function (torchtitan.models.deepseek_v3, qwen3: its MoE models); the export sets
 `parallelism.expert_parallel_degree`, which borrows its ranks from FSDP and TP
@@ -20,7 +32,7 @@ from __future__ import annotations
 
 import json
 
-from planner import dataparallel
+from planner import costmodel, dataparallel
 from planner.emit import rounding
 from planner.errors import UserError
 from planner.schema import Plan, Profile
@@ -59,8 +71,9 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
     experts = any(layer.expert_param_count for layer in profile.layers)
     if experts:
         _check_experts(plan, profile, python_config)
-    # torchtitan keeps GPipe and other schedules: only the ZeRO stage is rounded
-    roles, rounded = rounding.decoder_start(plan, profile, TARGET, round_zero=_round_zero, only_1f1b=False)
+    # torchtitan runs every schedule ckplan plans: only the ZeRO stage is rounded (and selective
+    # recompute, in the TOML of 0.2)
+    roles, rounded = rounding.decoder_start(plan, profile, TARGET, round_zero=_round_zero, selective=python_config)
     head = "lm_head" if python_config else "output"
     tp = int(profile.assumptions.get("tp", 1))
     parts = fqns_per_stage(rounded, roles, head)
@@ -71,7 +84,10 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         scored = rounding.rescore(plan, profile, rounded)
         chosen = _base(profile, base)
         _check_depth(chosen, len(roles.decoder))
-        body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp, experts)
+        selective = {f"layers.{roles.decoder_index(n)}": option for s in rounded.stages
+                     for n, option in s.recompute.items() if option != "full"}
+        body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp, experts,
+                              selective=selective, core_attention=plan.profile_source == "analytic")
         suffix = ".torchtitan.py"
     else:
         cannot = ["per-layer checkpointing in TOML: [activation_checkpoint] is one setting for every stage; "
@@ -176,25 +192,35 @@ def _ep_line(setup, experts: bool, prefix: str) -> str:
     return f"\n{prefix}expert_parallel_degree = {setup.data_parallel.ep}" if experts else ""
 
 
-def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int, experts: bool = False) -> str:
+# ckplan's schedule names -> torch's (torch.distributed.pipelining.schedules.get_schedule_class)
+SCHEDULE_NAMES = {"1F1B": "1F1B", "GPipe": "GPipe", "interleaved-1F1B": "Interleaved1F1B",
+                  "ZB": "InterleavedZeroBubble", "ZBV": "ZBVZeroBubble", "DualPipeV": "DualPipeV"}
+
+
+def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int, experts: bool = False, *,
+                   selective: dict[str, str] | None = None, core_attention: bool = False) -> str:
     module, function = base.split(":", 1)
     setup = rounded.setup
-    ac = "CkplanAC.Config(layers=CHECKPOINTED)" if checkpointed else "None"
+    selective = selective or {}
+    ac = ("CkplanAC.Config(layers=CHECKPOINTED" + (", selective=SELECTIVE)" if selective else ")")
+          if checkpointed or selective else "None")
     return f'''"""Run: torchrun ... -m torchtitan.train --module <this file's module name> --config ckplan_config"""
 from dataclasses import dataclass, field
 
 import torch.nn as nn
-
+{_SELECTIVE_IMPORTS if selective else ""}
 from torchtitan.distributed.activation_checkpoint import FullAC
 from {module} import {function} as base_config
-
+{_selective_parts(core_attention) if selective else ""}
 
 class CkplanAC(FullAC):
-    """Full activation checkpointing of the decoder layers named in `layers`, no others."""
+    """Activation checkpointing of the decoder layers named in `layers` (whole layers) and in
+    `selective` (layer -> ckplan recompute option: parts of the layer), no others."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(FullAC.Config):
         layers: list[str] = field(default_factory=list)
+        selective: dict[str, str] = field(default_factory=dict)
 
     def apply(self, model: nn.Module) -> None:
         layers = model.get_submodule("layers")
@@ -202,10 +228,12 @@ class CkplanAC(FullAC):
             fqn = f"layers.{{layer_id}}"
             if fqn in self.config.layers:
                 layers.register_module(layer_id, self._wrap_block(block, base_fqn=fqn))
+            elif fqn in self.config.selective:
+                layers.register_module(layer_id, checkpoint_parts(block, self.config.selective[fqn], self.config))
 
 
 MODULE_FQNS_PER_MODEL_PART = {_py_list(parts)}
-CHECKPOINTED = {checkpointed!r}
+CHECKPOINTED = {checkpointed!r}{f"{chr(10)}SELECTIVE = {selective!r}" if selective else ""}
 
 
 def ckplan_config():
@@ -215,11 +243,80 @@ def ckplan_config():
         raise ValueError(f"this ckplan plan is for {num_layers} decoder layers; {function} has {{num_layers}}")
     config.parallelism.pipeline_parallel_degree = {setup.pipeline.stages}
     config.parallelism.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
-    config.parallelism.pipeline_parallel_schedule = "{setup.pipeline.schedule}"
+    config.parallelism.pipeline_parallel_schedule = "{SCHEDULE_NAMES[setup.pipeline.schedule]}"
     config.parallelism.pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
     config.training.local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}  # {setup.pipeline.microbatches} microbatches
     config.activation_checkpoint = {ac}
     return config
+'''
+
+
+_SELECTIVE_IMPORTS = """import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+"""
+
+
+def _selective_parts(core_attention: bool) -> str:
+    """The policy's selective half: ckplan's options (planner/recompute.py) on torchtitan's block
+    submodules. `attn` is the attention kernel alone (attention.inner_attention) where the plan's
+    profile is analytic (its attn keeps Q, K, V), the attention submodule where it was measured."""
+    attention = "attention.inner_attention" if core_attention else "attention"
+    return f'''
+
+# ckplan's recompute options on torchtitan's blocks (planner/recompute.py): the submodules each
+# part checkpoints; mlp-act saves the MLP's matmul outputs and recomputes its activation,
+# save-matmuls the whole block saving every matmul and attention output
+_aten = torch.ops.aten
+MATMULS = {{_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten.linear, _aten.matmul, _aten._scaled_mm,
+           *(getattr(_aten, name) for name in ("_grouped_mm",) if hasattr(_aten, name))}}
+ATTENTION = {{_aten._scaled_dot_product_flash_attention, _aten._scaled_dot_product_efficient_attention,
+             _aten._scaled_dot_product_cudnn_attention, _aten._flash_attention_forward,
+             _aten._efficient_attention_forward, _aten._scaled_dot_product_flash_attention_for_cpu,
+             torch._higher_order_ops.flex_attention}}
+PARTS = {{"attn": ["{attention}"], "mlp": ["feed_forward", "moe"], "mlp-act": ["feed_forward", "moe"]}}
+
+
+def saving(ops):
+    """A selective checkpoint context that saves the outputs of `ops` and recomputes the rest."""
+    def policy(ctx, func, *args, **kwargs):
+        saved = getattr(func, "overloadpacket", func) in ops
+        return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+    return lambda: create_selective_checkpoint_contexts(policy)
+
+
+def _is_norm(module: nn.Module) -> bool:
+    name = type(module).__name__
+    return "Norm" in name and "BatchNorm" not in name
+
+
+def _submodules(block: nn.Module, part: str) -> list[str]:
+    if part == "norm":
+        return [name for name, module in block.named_modules() if name and _is_norm(module)]
+    names = dict(block.named_modules())
+    return [name for name in PARTS[part] if name in names]
+
+
+def checkpoint_parts(block: nn.Module, option: str, config) -> nn.Module:
+    """`block` with the parts the ckplan option names (comma-joined) checkpointed, none inside another."""
+    kwargs = {{"preserve_rng_state": config.preserve_rng_state, "determinism_check": config.determinism_check,
+              "early_stop": False, "debug": config.debug}}
+    if option == "save-matmuls":
+        return checkpoint_wrapper(block, context_fn=saving(MATMULS | ATTENTION), **kwargs)
+    chosen = {{}}
+    for part in option.split(","):
+        found = _submodules(block, part)
+        if not found:
+            raise ValueError(f"ckplan's {{part!r}} names no submodule of {{type(block).__name__}}")
+        chosen.update(dict.fromkeys(found, part))
+    for name, part in chosen.items():
+        if any(name.startswith(other + ".") for other in chosen):
+            continue  # inside another checkpointed part: recomputed with it
+        owner_name, _, child = name.rpartition(".")
+        owner = block.get_submodule(owner_name)
+        context = {{"context_fn": saving(MATMULS)}} if part == "mlp-act" else {{}}
+        owner.register_module(child, checkpoint_wrapper(getattr(owner, child), **context, **kwargs))
+    return block
 '''
 
 
@@ -230,21 +327,30 @@ def _py_list(parts: list[list[str]]) -> str:
 # ---------------------------------------------------------------- 0.2: TOML
 
 
+def _built_by_rank(rounded: rounding.Rounded, roles) -> list[list[str]]:
+    """The decoder layers each rank builds, in the order it builds them (its stages in increasing
+    order, as pipeline_parallel.py splits them): what 0.2's selective_ac_option counts."""
+    if rounded.setup.pipeline.chunks == 1:
+        return [rounding.decoder_layers(stage, roles) for stage in rounded.stages]
+    order = costmodel.schedule_of(rounded.setup)
+    return [[n for k in order.stages_of(rank) for n in rounding.decoder_layers(rounded.stages[k], roles)]
+            for rank in range(order.num_ranks)]
+
+
 def _uniform(exact: rounding.Rounded, roles, profile: Profile):
     """The fastest setting [activation_checkpoint] can give every stage that fits: none, every
-    Nth decoder layer a stage builds (selective_ac_option = N), or full."""
-    counts, _ = rounding.decoder_counts(exact.stages, roles)
-    options = [("none", None)] + [("selective", n) for n in range(max(counts), 1, -1)] + [("full", 1)]
+    Nth decoder layer a rank builds (selective_ac_option = N), or full."""
+    built = _built_by_rank(exact, roles)
+    options = [("none", None)] + [("selective", n) for n in range(max(map(len, built)), 1, -1)] + [("full", 1)]
     candidates = []
     for _mode, every in options:
-        stages = [stage.with_checkpointed([
-            n for i, n in enumerate(rounding.decoder_layers(stage, roles), start=1) if every and i % every == 0])
-            for stage in exact.stages]
+        chosen = {n for names in built for i, n in enumerate(names, start=1) if every and i % every == 0}
+        stages = [stage.with_checkpointed([n for n in stage.layers if n in chosen]) for stage in exact.stages]
         candidates.append(rounding.Rounded(stages=stages, setup=exact.setup, changes=list(exact.changes)))
     chosen, fits = rounding.scored_choice(candidates, profile)
     mode, every = options[candidates.index(chosen)]
     described = {"none": "no checkpointing", "full": "every decoder layer checkpointed"}.get(
-        mode, f"every {every}th decoder layer of a stage checkpointed")
+        mode, f"every {every}th decoder layer a rank builds checkpointed")
     chosen.changes.append(f"one [activation_checkpoint] for all stages: {described}")
     if not fits:
         chosen.changes.append("no uniform setting fits; this one comes closest")
@@ -256,7 +362,7 @@ def _toml(rounded, parts, mode, tp: int) -> str:
     name, every = mode
     lines = ["# merge into your job TOML (--job.config_file)", "[parallelism]",
              f"pipeline_parallel_degree = {setup.pipeline.stages}",
-             f"pipeline_parallel_schedule = \"{setup.pipeline.schedule}\"",
+             f"pipeline_parallel_schedule = \"{SCHEDULE_NAMES[setup.pipeline.schedule]}\"",
              f"pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, '')}{_dp_lines(setup, '')}",
              "module_fqns_per_model_part = ["]
     lines += [f"    {json.dumps(part)}," for part in parts]
