@@ -473,3 +473,34 @@ def test_an_moe_plan_is_not_exported_as_a_dense_model(tmp_path, target):
     assert not list(tmp_path.glob(f"plan.{target}*"))
     written = run("export", tmp_path / "plan.yaml", "--to", "megatron")
     assert written.exit_code == 0 and "--num-experts 8" in (tmp_path / "plan.megatron.sh").read_text()
+
+
+def test_selective_options_of_moe_and_latent_blocks_by_hand():
+    """A MoE block's options (Megatron-LM's recompute modules): `mlp` recomputes the whole mixture
+    (moe), `mlp-act` the routed experts' SiLU output and product (moe_act); a latent-attention
+    block's `mla-up` its up-projected Q, K and V (mla_up_proj); combinations free their sum and
+    peak at their largest part; mlp and mlp-act never combine."""
+    shape = Shape(seq_len=32, micro_batch_size=2)  # T = 64, bf16, 128 routed slots of width 32
+    kept = _kept(TINY_MOE, shape, moe=True)
+    options = {o.name: o for o in analytic.selective_options(TINY_MOE, shape, H100, 0.4, moe=True)}
+    mixture = 4 * 64 * 4 + 8 * 64 * 2 + 4 * 64 * 2 + 128 * 64 * 2 + 8 * 128 + 4 * 128 * 32 * 2 + 128 * 64 * 2 \
+        + 4 * 64 * 48 * 2  # router, dispatch, routed experts, their outputs, shared expert (by hand above)
+    act = 2 * 128 * 32 * 2  # SiLU output and product over the routed slots
+    core = 4 * 4 * 32 * 2  # flash's logsumexp
+    assert set(options) == {"attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act"}
+    assert options["mlp"].kept_bytes == kept - mixture and options["mlp"].recompute_peak_bytes == mixture
+    assert options["mlp-act"].kept_bytes == kept - act
+    assert options["attn,mlp"].kept_bytes == kept - core - mixture
+    assert options["attn,mlp"].recompute_peak_bytes == max(core, mixture)
+    assert options["mlp"].recompute_ms == pytest.approx(
+        analytic.flops_ms(analytic.mlp_flops(TINY_MOE, shape, moe=True), H100, 0.4))
+    # the dense block of the same model keeps its dense options
+    dense = {o.name for o in analytic.selective_options(TINY_MOE, shape, H100, 0.4)}
+    assert dense == {"attn", "mlp-act", "attn,mlp-act"}
+    # latent attention: Q (from its latent), K and V up-projected, 64 tokens x 4 heads
+    latent = {o.name: o for o in analytic.selective_options(TINY_MLA, shape, H100, 0.4)}
+    up = 64 * 4 * (16 + 8) * 2 * 2 + 64 * 4 * 16 * 2
+    assert latent["mla-up"].kept_bytes == _kept(TINY_MLA, shape) - up
+    assert latent["mla-up"].recompute_ms == pytest.approx(
+        analytic.flops_ms(2 * 64 * (24 * 4 * 24 + 16 * 4 * (16 + 16)), H100, 0.4))
+    assert {"attn,mla-up", "mla-up,mlp-act", "attn,mla-up,mlp-act"} <= set(latent)

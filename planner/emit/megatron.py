@@ -60,9 +60,9 @@ RUNS_AS = {**rounding.ONLY_1F1B, "ZB": "interleaved-1F1B", "ZBV": "interleaved-1
 # (it frees their outputs too: scored as ckplan's norm, which keeps them, so on the safe side).
 # "core_attn" is the attention kernel alone, Q, K and V kept: the analytic profiles' attn; a
 # measured profile's attn checkpoints the whole attention submodule, which no module list says.
-_MODULES = (("core_attn", "attn", True, True), ("mlp", "mlp", True, False), ("moe", "mlp", False, True),
-            ("moe_act", "mlp-act", False, True), ("layernorm", "norm", True, True))
-_PARTS = ("attn", "mlp", "mlp-act", "norm")  # the order ckplan's option names join them in
+_MODULES = (("core_attn", "attn", True, True), ("mla_up_proj", "mla-up", True, True), ("mlp", "mlp", True, False),
+            ("moe", "mlp", False, True), ("moe_act", "mlp-act", False, True), ("layernorm", "norm", True, True))
+_PARTS = ("attn", "mla-up", "mlp", "mlp-act", "norm")  # the order ckplan's option names join them in
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:

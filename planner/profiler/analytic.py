@@ -86,6 +86,7 @@ import datetime
 import json
 import math
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Literal
 
 from planner.archs import CONTEXT_SOURCE, DEFAULT_MFU, GPU, Arch
@@ -572,46 +573,70 @@ def block_recompute_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) 
     return block_flops(arch, shape, moe=moe) - last
 
 
-def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> tuple[RecomputeOption, ...]:
-    """A dense block's selective recompute options, from its terms:
+def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float, *,
+                      moe: bool = False) -> tuple[RecomputeOption, ...]:
+    """A block's selective recompute options, from its terms: each part below, then every
+    combination of them (they recompute at different points of the backward, so a combination's
+    extra peak is the largest of its parts'; `mlp` and `mlp-act` do not combine):
     - `attn`: the attention core recomputed (Korthikanti et al.'s selective recompute, Megatron-LM's
       --recompute-modules core_attn): its scores, softmax and dropout (eager) or flash's
       logsumexp are not kept; Q, K, V and the output stay (the projections' own tensors). It
       reruns QK^T and scores·V, 4·sb·w·a·hd FLOPs (sliding window w), and holds what it frees
       while it does. Offered where it frees something.
+    - `mla-up` (latent attention, Megatron-LM's mla_up_proj): the up-projected K and V (and Q
+      where it comes from a latent) recomputed from the latents, which stay; it reruns the up
+      projections, 2·sb·(r_q·a·(nope + rope) + r_kv·a·(nope + v)) FLOPs.
     - `mlp-act`: the MLP's activation recomputed from the matmul outputs it keeps (Megatron-LM's
-      activation recompute, torchtitan's op-level checkpointing of the MLP): SwiGLU keeps the gate
-      and up outputs but not SiLU's output nor the product; GELU keeps its input, not its output.
-      Memory-bound: its reads and writes (gate and up in, SiLU out and product; GELU in and out)
-      over the HBM bandwidth. ReLU (OPT) needs its output for its own backward: no option.
-    - `attn,mlp-act`: both; they recompute at different points of the backward, so the extra
-      peak is the larger of the two."""
+      activation recompute, moe_act on a MoE block's routed experts; torchtitan's op-level
+      checkpointing of the MLP): SwiGLU keeps the gate and up outputs but not SiLU's output nor
+      the product; GELU keeps its input, not its output. Memory-bound: its reads and writes
+      (gate and up in, SiLU out and product; GELU in and out) over the HBM bandwidth. ReLU (OPT)
+      needs its output for its own backward: no option.
+    - `mlp` on a MoE block (Megatron-LM's moe): the whole mixture recomputed from its input (the
+      MLP norm's output, which stays): router, dispatch, experts, combine and shared experts; it
+      reruns their forward (mlp_flops)."""
     s, d = shape.seq_len, shape.d
-    sb, f = shape.tokens, arch.intermediate_size // shape.tp
+    sb = shape.tokens
     out_width = arch.num_heads // shape.tp * arch.v_head_dim if arch.mla else q_width(arch, shape)
     core = sum(term.num_bytes for term in _attention_core_terms(arch, shape, out_width)[:-1])
     window = min(s, arch.sliding_window or s)
     width = (arch.num_heads // shape.tp) * (arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim) // 2 \
         if arch.mla else q_width(arch, shape)
-    attn_ms = flops_ms(4 * sb * window * width, gpu, mfu)
-    act = block_terms(arch, shape, moe=False)
-    kept = sum(term.num_bytes for term in act)
+    kept = sum(term.num_bytes for term in block_terms(arch, shape, moe=moe))
+    parts: dict[str, tuple[int, float]] = {}  # part: (bytes it frees, ms it adds)
+    if core:
+        parts["attn"] = (core, flops_ms(4 * sb * window * width, gpu, mfu))
+    if arch.mla:
+        heads, qk = arch.num_heads // shape.tp, arch.qk_nope_head_dim + arch.qk_rope_head_dim
+        freed = sb * heads * (qk + arch.v_head_dim) * d + (sb * heads * qk * d if arch.q_lora_rank else 0)
+        flops = 2 * sb * (arch.q_lora_rank * heads * qk + arch.kv_lora_rank * heads * (arch.qk_nope_head_dim
+                                                                                       + arch.v_head_dim))
+        parts["mla-up"] = (freed, flops_ms(flops, gpu, mfu))
+    if moe:
+        tokens, f = arch.num_experts * expert_tokens(arch, shape), arch.moe_intermediate_size // shape.tp
+    else:
+        tokens, f = sb, arch.intermediate_size // shape.tp
     if arch.style == "llama":
-        mlp_saved, mlp_moved = 2 * sb * f * d, 4 * sb * f * d  # SiLU output and product; g, u in, both out
+        mlp_saved, mlp_moved = 2 * tokens * f * d, 4 * tokens * f * d  # SiLU output and product; g, u in, both out
     elif arch.mlp_act == "gelu":
-        mlp_saved, mlp_moved = sb * f * d, 2 * sb * f * d  # GELU output; its input in, output out
+        mlp_saved, mlp_moved = tokens * f * d, 2 * tokens * f * d  # GELU output; its input in, output out
     else:
         mlp_saved = mlp_moved = 0
-    mlp_ms = mlp_moved / (gpu.hbm_tbps * 1e12) * 1e3
-    found = []
-    if core:
-        found.append(RecomputeOption(name="attn", kept_bytes=kept - core, recompute_ms=attn_ms, recompute_peak_bytes=core))
     if mlp_saved:
-        found.append(RecomputeOption(name="mlp-act", kept_bytes=kept - mlp_saved, recompute_ms=mlp_ms,
-                                     recompute_peak_bytes=mlp_saved))
-    if core and mlp_saved:
-        found.append(RecomputeOption(name="attn,mlp-act", kept_bytes=kept - core - mlp_saved,
-                                     recompute_ms=attn_ms + mlp_ms, recompute_peak_bytes=max(core, mlp_saved)))
+        parts["mlp-act"] = (mlp_saved, mlp_moved / (gpu.hbm_tbps * 1e12) * 1e3)
+    if moe:
+        parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)),
+                        flops_ms(mlp_flops(arch, shape, moe=True), gpu, mfu))
+    order = ("attn", "mla-up", "mlp", "mlp-act")  # how combinations are named (planner/emit/megatron.py)
+    names = [name for name in order if name in parts]
+    found = []
+    for size in range(1, len(names) + 1):
+        for combo in combinations(names, size):
+            if "mlp" in combo and "mlp-act" in combo:
+                continue
+            found.append(RecomputeOption(name=",".join(combo), kept_bytes=kept - sum(parts[p][0] for p in combo),
+                                         recompute_ms=sum(parts[p][1] for p in combo),
+                                         recompute_peak_bytes=max(parts[p][0] for p in combo)))
     return tuple(found)
 
 
@@ -707,7 +732,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> L
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   recompute_ms=flops_ms(block_recompute_flops(arch, shape, moe=moe), gpu, mfu),
-                  selective=() if moe else selective_options(arch, shape, gpu, mfu),
+                  selective=selective_options(arch, shape, gpu, mfu, moe=moe),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
                   a2a_bytes=dispatch_bytes(arch, shape) if moe else 0)
 
