@@ -21,8 +21,13 @@ CONFIGS = {
     "mistral": dict(model_type="mistral", sliding_window=64, **SMALL),
     "gemma": dict(model_type="gemma", head_dim=16, **SMALL),  # ties its embedding, scales it by sqrt(hidden)
     "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128),
+    # mixture-of-experts: 4 routed experts, top 2 (Qwen2-MoE also a shared expert)
+    "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, **SMALL),
+    "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64, **SMALL),
 }
-TIED = {"llama": False, "qwen2": True, "mistral": False, "gemma": True, "gpt2": True}
+TIED = {"llama": False, "qwen2": True, "mistral": False, "gemma": True, "gpt2": True, "mixtral": False,
+        "qwen2_moe": False}
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
@@ -51,8 +56,8 @@ def test_each_family_cuts_into_layers_that_compute_the_models_own_forward(family
 
 
 def test_configs_ckplan_cannot_build_are_refused_in_one_sentence(tmp_path):
-    with pytest.raises(UserError, match="model_type 'mixtral' is not one ckplan builds"):
-        hfmodels.check_config({"model_type": "mixtral"}, seq_len=16)
+    with pytest.raises(UserError, match="model_type 'deepseek_v3' is not one ckplan builds"):
+        hfmodels.check_config({"model_type": "deepseek_v3"}, seq_len=16)
     with pytest.raises(UserError, match="exceeds the config's sliding_window 64"):
         hfmodels.check_config(CONFIGS["mistral"], seq_len=100)
     with pytest.raises(UserError, match="exceeds the config's max_position_embeddings 128"):
@@ -76,7 +81,7 @@ def test_profile_refuses_what_it_cannot_train_here_and_writes_nothing(tmp_path, 
     for args, fragment in [(["--hf-config", "mine", "--arch", "llama3-8b"], "give one model"),
                            (["--hf-config", "mine", "--tp", "2"], "--tp applies to --arch"),
                            (["--hf-set", "num_hidden_layers=1", "--arch", "llama3-8b"], "--hf-set applies to --hf-config"),
-                           (["--hf-config", "mine", "--hf-set", "model_type=mixtral"], "'mixtral' is not one")]:
+                           (["--hf-config", "mine", "--hf-set", "model_type=deepseek_v3"], "'deepseek_v3' is not one")]:
         result = run("profile", *args)
         assert result.exit_code != 0 and fragment in result.output, result.output
     with monkeypatch.context() as patch:

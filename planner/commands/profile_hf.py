@@ -21,7 +21,7 @@ def options(command):
         click.option("--hf-config", default=None, metavar="CONFIG",
                      help="Measure a Hugging Face causal LM built from its config with random weights (a "
                           "config.json, its folder, or a model id in the local cache; nothing is downloaded): "
-                          "llama, qwen2, mistral, gemma, gpt2. ckplan writes the model file beside the profile."),
+                          "llama, qwen2, mistral, gemma, gpt2, mixtral, qwen2_moe. ckplan writes the model file beside the profile."),
         click.option("--hf-set", multiple=True, metavar="KEY=VALUE",
                      help="With --hf-config: override a config field, e.g. num_hidden_layers=4 (repeatable)."),
     ]

@@ -46,6 +46,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from planner.dataparallel import shard_size
 from planner.optimizers import make_optimizer, optimizer_class
+from planner.runtime.experts import expert_params, reduce_expert_grads
 from planner.runtime.offload import OffloadOptimizer, local
 from planner.runtime.stagemodule import StageModule
 from planner.schema import TrainSetup
@@ -116,12 +117,16 @@ def _nothing() -> None:
 
 
 def average_grads(module: nn.Module, group) -> None:
-    """Every gradient summed over `group` and divided by its size (gloo has no average)."""
-    grads = [param.grad for param in module.parameters() if param.grad is not None]
+    """Every gradient summed over `group` and divided by its size (gloo has no average); the
+    experts split by expert parallelism over their own group (experts.reduce_expert_grads)."""
+    split = {id(param) for param, _ in expert_params(module)}
+    grads = [param.grad for param in module.parameters() if param.grad is not None and id(param) not in split]
     for work in [dist.all_reduce(grad, group=group, async_op=True) for grad in grads]:
         work.wait()
     for grad in grads:
         grad.div_(dist.get_world_size(group))
+    if split:
+        reduce_expert_grads(module)
 
 
 def dp_optimizer(name: str, module: nn.Module, *, zero: int, offload: bool, mesh: DeviceMesh | None,
