@@ -67,6 +67,7 @@ tensor is back).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -77,10 +78,12 @@ from planner.schema import (
     CHUNKED_SCHEDULES,
     OPTION_FULL,
     OPTION_NONE,
+    SPLIT_BACKWARD_SCHEDULES,
     Profile,
     StagePlan,
     StagePredicted,
     TrainSetup,
+    runs_split_backward,
 )
 
 # A plan fits when every stage's peak stays this far below its cap. 4 KiB is nothing next
@@ -101,6 +104,9 @@ class OptionCost:
     kept_bytes: int
     recompute_ms: float | None
     peak_bytes: int
+    split_held_bytes: int = 0  # a split backward: left by its input pass for its weight pass
+    split_input_peak_bytes: int = 0  # a split backward: its input pass's peak over what is live before it
+    split_peak_bytes: int = 0  # a split backward: its weight pass's peak over what is live before it
 
 
 @dataclass(frozen=True)
@@ -125,11 +131,15 @@ class LayerCost:
     extra_options: tuple[OptionCost, ...] = ()  # selective options, after none and full
     expert_param_count: int = 0  # of param_count, the routed experts' (expert parallelism splits them)
     a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
+    # none's and full's split backward bytes: (held, input peak, weight peak)
+    split_bytes: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 0, 0), (0, 0, 0))
+    expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
-        return (OptionCost(OPTION_NONE, self.act_bytes, 0.0, 0),
-                OptionCost(OPTION_FULL, self.input_bytes, self.recompute_ms, self.recompute_peak_bytes),
+        none_split, full_split = self.split_bytes
+        return (OptionCost(OPTION_NONE, self.act_bytes, 0.0, 0, *none_split),
+                OptionCost(OPTION_FULL, self.input_bytes, self.recompute_ms, self.recompute_peak_bytes, *full_split),
                 *self.extra_options)
 
     def option_index(self, name: str) -> int:
@@ -170,6 +180,9 @@ class StageCost:
     limit_bytes: int | None = None  # None: the cap
     reserved_bytes: int | None = None  # None: the peak
     workspace_bytes: int = 0
+    weight_grad_bytes: int = 0  # per microbatch between a split backward's input and weight passes
+    weight_pass_peak_bytes: int = 0  # a split backward's weight pass, over what is live before it
+    input_pass_peak_bytes: int = 0  # a split backward's input pass, over what is live before it
 
     @property
     def busy_ms(self) -> float:
@@ -253,6 +266,8 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
             param_count=max(item.param_count for item in same),
             expert_param_count=max(item.expert_param_count for item in same),
             a2a_bytes=max(item.a2a_bytes for item in same),
+            split_bytes=tuple(_kind_split(same, index) for index in (0, 1)),
+            expert_transient_bytes=max(item.expert_transient_bytes for item in same),
             largest_param_count=max(item.largest_param_count or 0 for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
@@ -270,6 +285,15 @@ def layer_costs(profile: Profile) -> list[LayerCost]:
             for layer in profile.layers]
 
 
+def _kind_split(same: list, index: int) -> tuple[int, int, int]:
+    """A kind's split-backward bytes of option `index` (0 none, 1 full): the most of any layer."""
+    listed = [item.recompute_options[index] for item in same if len(item.recompute_options) > index]
+    return tuple(max((getattr(o, field) for o in listed), default=0) for field in SPLIT_FIELDS)
+
+
+SPLIT_FIELDS = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes")
+
+
 def _kind_options(same: list) -> tuple[OptionCost, ...]:
     """The selective options every layer of a kind has, kind-normalised like the rest: bytes
     the most of any layer, times the mean."""
@@ -279,7 +303,8 @@ def _kind_options(same: list) -> tuple[OptionCost, ...]:
     for name in names:
         mine = [next(o for o in item.recompute_options if o.name == name) for item in same]
         found.append(OptionCost(name, max(o.kept_bytes for o in mine), fmean(o.recompute_ms for o in mine),
-                                max(o.recompute_peak_bytes for o in mine)))
+                                max(o.recompute_peak_bytes for o in mine),
+                                *(max(getattr(o, field) for o in mine) for field in SPLIT_FIELDS)))
     return tuple(found)
 
 
@@ -352,6 +377,25 @@ def tied_once_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
     if setup.pipeline.stages != 1:
         return 0.0
     copies = sum((len(item.layers) - 1) * item.param_count for item in profile.tied)
+    return -copies * bytes_per_param(setup)
+
+
+def input_pass_peak_bytes(layers: Sequence[tuple[float, float]]) -> float:
+    """A stage's split-backward input pass over what is live before it, from each layer's (input
+    peak, what it leaves for the weight pass) in stage order: the pass runs the layers last to
+    first, each on top of what the later ones left."""
+    peak, left = 0.0, 0.0
+    for input_peak, held in reversed(layers):
+        peak = max(peak, left + input_peak)
+        left += held
+    return peak
+
+
+def rank_tied_once_bytes(profile: Profile, layers: set[str], setup: TrainSetup) -> float:
+    """A chunked schedule's rank holds a tied parameter once however many of its chunks hold it
+    (a V puts the token embedding and the LM head on rank 0; one module, one nn.Parameter):
+    minus the copies its chunks were charged beyond the first."""
+    copies = sum(max(0, len(set(item.layers) & layers) - 1) * item.param_count for item in profile.tied)
     return -copies * bytes_per_param(setup)
 
 
@@ -632,7 +676,8 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
 # choice), the layer that opens or closes the stage (with the stage's index), or the stage's
 # position alone.
 
-QUANTITIES = ("static", "buffers", "kept", "extra", "scratch", "host", "time", "comm", "step")
+QUANTITIES = ("static", "buffers", "kept", "extra", "scratch", "host", "time", "comm", "step", "wgrad", "ipeak",
+              "wpeak")
 
 
 @dataclass(frozen=True)
@@ -641,6 +686,7 @@ class Context:
 
     profile: Profile
     setup: TrainSetup
+    split_backward: bool = False  # one stage of a chunked schedule that splits its backward (setup is the stage's)
 
     @property
     def device_type(self) -> str:
@@ -668,9 +714,19 @@ TERMS: tuple[Term, ...] = (
     Term("activations kept for backward", "kept", "layer",
          lambda layer, ckpt, ctx: kept_bytes(layer, ckpt),
          "saved-tensor hooks per layer and recompute option (profiler); a checkpointed layer keeps its input"),
+    Term("what a split backward's input pass leaves for its weight pass", "wgrad", "layer",
+         lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_held_bytes,
+         "live bytes after torch's stage_backward_input beyond the kept ones, per option (profiler)"),
+    Term("a split backward's input pass over what is live before it", "ipeak", "layer",
+         lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_input_peak_bytes,
+         "peak of torch's stage_backward_input, per option (profiler)"),
+    Term("a split backward's weight pass over what is live before it", "wpeak", "layer",
+         lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_peak_bytes,
+         "peak of torch's stage_backward_weight, per option (profiler): it recomputes checkpointed regions again"),
     Term("scratch, and what the option recomputes at once", "extra", "layer",
-         lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt),
-         "allocator peak per layer beyond what it keeps (profiler)"),
+         lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt) - expert_parallel_transient_back(layer, ctx.setup),
+         "allocator peak per layer beyond what it keeps (profiler); a rank's routed experts' weight-gradient "
+         "temporaries are as large as the experts it holds (measured on the runtime with --ep)"),
     Term("optimizer step temporaries", "scratch", "layer",
          lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
          "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
@@ -776,6 +832,8 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     recompute): full alone."""
     whole_layer = ctx.setup.training.recompute == "whole-layer"
     candidates = [1] if whole_layer else range(1, len(layer.options))
+    if ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES or ctx.split_backward:
+        candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
     rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
                 layer_value("extra", layer, o, ctx)) for o in range(len(layer.options))}
     found = []
@@ -859,6 +917,13 @@ def net_extra_bytes(extra_and_kept: Sequence[tuple[float, float]]) -> float:
         extra = max(extra, layer_extra - later_kept)
         later_kept += kept
     return extra
+
+
+def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:
+    """What expert parallelism over E ranks takes off a MoE layer's transient: the temporaries of
+    its routed experts' weight gradients, of which a rank holds 1/E."""
+    ep = setup.data_parallel.ep
+    return layer.expert_transient_bytes * (ep - 1) // ep
 
 
 def layer_extra_bytes(layer: LayerCost, option: int) -> int:
@@ -964,6 +1029,11 @@ def stage_cost(
         step_scratch_bytes=int(round(scratch)),
         host_bytes=int(round(totals["host"])),
         host_cap_bytes=host_cap_bytes(setup),
+        weight_grad_bytes=int(round(totals["wgrad"])),
+        weight_pass_peak_bytes=int(round(totals["wpeak"])),
+        # the last stage's input pass starts with the loss's backward
+        input_pass_peak_bytes=int(round(max(input_pass_peak_bytes([(v["ipeak"], v["wgrad"]) for v in per_layer]),
+                                            stage_value("extra", stage, ctx)))),
     )
 
 
@@ -1081,23 +1151,32 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
     if [name for stage in range(order.num_stages) for name in staged[stage][0]] != [layer.name for layer in costs]:
         raise ValueError("the ranks' chunks do not cover the profile's layers in pipeline order")
     inner = stage_setup(setup, order)
-    per_stage = []
+    per_stage, held = [], []
+    split = setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
     for stage in range(order.num_stages):
         names, plan = staged[stage]
         layers = [costs[position[name]] for name in names]
-        per_stage.append(stage_cost(layers, option_indices(plan, layers), stage=stage, profile=profile, setup=inner))
-    split = setup.pipeline.schedule in ("ZB", "ZBV", "DualPipeV")
-    held = [schedules.ChunkBytes(0.0, c.kept_bytes) if split else schedules.ChunkBytes(c.kept_bytes, 0.0)
-            for c in per_stage]
+        cost = stage_cost(layers, option_indices(plan, layers), stage=stage, profile=profile, setup=inner)
+        output, input_grad = sends_held_bytes(layers[0], layers[-1], stage, order, setup)
+        # the single-stage buffers' one input gradient being sent is counted by the sends here
+        per_stage.append(dataclasses.replace(cost, buffer_bytes=cost.buffer_bytes - input_grad))
+        kept = (0.0, cost.kept_bytes) if split else (cost.kept_bytes, 0.0)
+        held.append(schedules.ChunkBytes(*kept, sent_output=output, sent_input_grad=input_grad,
+                                         held_for_weight_grad=cost.weight_grad_bytes if split else 0,
+                                         transient=cost.transient_bytes,
+                                         input_pass_transient=cost.input_pass_peak_bytes if split else 0,
+                                         weight_pass_transient=cost.weight_pass_peak_bytes if split else 0))
     peaks = schedules.peak_in_flight(order, stage_bytes=held)
     ctx = Context(profile, setup)
     rank_costs = []
     for rank in range(setup.pipeline.stages):
         mine = [per_stage[stage] for stage in order.stages_of(rank)]
-        static = sum(c.static_bytes for c in mine)
+        names = {name for stage in order.stages_of(rank) for name in staged[stage][0]}
+        static = sum(c.static_bytes for c in mine) + rank_tied_once_bytes(profile, names, setup)
         buffers = sum(c.buffer_bytes for c in mine)
-        activations = int(round(peaks[rank].live))
-        transient = max(c.transient_bytes for c in mine)
+        # the rank's peak is after an action, or during a chunk's backward with that chunk's transient
+        activations = int(round(peaks[rank].live - peaks[rank].transient))
+        transient = int(round(peaks[rank].transient))
         scratch = (sum if profile.device.type == "cuda" else max)(c.step_scratch_bytes for c in mine)
         peak = int(round(peak_bytes(static + buffers, 1, activations, transient, scratch)))
         cuda = ctx.device_type == "cuda"
@@ -1112,6 +1191,20 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
             reserved_bytes=allocator.reserved_bytes(peak, fragmentation(setup, ctx.device_type)) if cuda else None,
             workspace_bytes=workspace_bytes(rank, ctx)))
     return PlanCost(stages=rank_costs, iteration_ms=chunked_iteration_ms(per_stage, costs, staged, order, setup))
+
+
+def sends_held_bytes(first: LayerCost, last: LayerCost, stage: int, order: schedules.Schedule,
+                     setup: TrainSetup) -> tuple[int, int]:
+    """Per microbatch, the stage's output and input gradient held until the step ends
+    (schedules.ChunkBytes): torch's runtime for several stages per rank waits for its sends only
+    then, and a neighbour on the same rank (a V's turn) keeps the tensor it was handed in its
+    receive buffer as long (measured on the runtime: a rank's live bytes grew by one boundary
+    tensor per send or hand-over)."""
+    if _runtime(setup) not in ("ckplan", "torchtitan"):
+        return 0, 0
+    output = last.output_bytes if stage + 1 < order.num_stages else 0
+    input_grad = first.input_bytes if stage > 0 else 0
+    return output, input_grad
 
 
 def chunked_iteration_ms(per_stage: Sequence[StageCost], costs: Sequence[LayerCost], staged: dict,

@@ -18,8 +18,9 @@ import torch
 class PeakMemory:
     """`with PeakMemory(device, external=[model, optimizer]) as mem: ...; mem.peak_bytes`"""
 
-    def __init__(self, device: torch.device | str, *, external: Iterable[object] = ()):
+    def __init__(self, device: torch.device | str, *, external: Iterable[object] = (), module_hooks: bool = True):
         self.device = torch.device(device)
+        self.module_hooks = module_hooks  # cpu: False follows tensors only (see _NoModules)
         self.external = [obj for obj in external if obj is not None]
         self.peak_bytes = 0
         self.reserved_bytes: int | None = None  # cuda: the caching allocator's reserved peak
@@ -34,6 +35,8 @@ class PeakMemory:
             from torch.distributed._tools.mem_tracker import MemTracker
 
             self._tracker = MemTracker()
+            if not self.module_hooks:
+                self._tracker._mod_tracker = _NoModules()
             if self.external:
                 self._tracker.track_external(*self.external)
             self._tracker.__enter__()
@@ -48,3 +51,28 @@ class PeakMemory:
         self._tracker.__exit__(*exc_info)
         snapshot = self._tracker.get_tracker_snapshot("peak")
         self.peak_bytes = int(sum(stats["Total"] for dev, stats in snapshot.items() if dev.type == "cpu"))
+
+
+class _NoModules:
+    """MemTracker's module tracker, doing nothing: its per-module statistics hook every module's
+    inputs with multi-grad hooks, which torch's split backward (`autograd.grad` for a zero-bubble
+    schedule's input gradient) refuses on a leaf input. The peak is the tracked tensors' total
+    either way; only its breakdown by module and phase is lost."""
+
+    is_bw = False
+    parents: set[str] = set()
+
+    def register_user_hooks(self, *hooks) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def get_known_fqn(self, module) -> str | None:
+        return None
+
+    def __enter__(self) -> _NoModules:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass

@@ -42,13 +42,20 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import pulp
 
 from planner import costmodel, dataparallel, dpsolve, schedules
 from planner.costmodel import LayerCost
-from planner.schema import CHUNKED_SCHEDULES, Profile, StagePlan, TrainSetup
+from planner.schema import (
+    CHUNKED_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    Profile,
+    StagePlan,
+    TrainSetup,
+)
 
 # Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
 # models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)
@@ -84,7 +91,8 @@ class Problem:
 
     @property
     def ctx(self) -> costmodel.Context:
-        return costmodel.Context(self.profile, self.setup)
+        split = self.outer is not None and self.outer.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
+        return costmodel.Context(self.profile, self.setup, split_backward=split)
 
 
 @dataclass(frozen=True)
@@ -313,11 +321,12 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     return pulp.lpSum(memory.held + [k * term for term in memory.kept] + [memory.transient])
 
 
-def _step_and_host_rows(problem: Problem, name: str, memories: list[_Memory], cap_mib) -> None:
+def _step_and_host_rows(problem: Problem, name: str, memories: list[_Memory], cap_mib, extra_held=()) -> None:
     """The optimizer step's row, held + scratch ≤ cap (costmodel.step_scratch_bytes: cuda every
-    layer's, cpu twice the largest layer's), and the host row, for stages `memories` on one rank."""
+    layer's, cpu twice the largest layer's), and the host row, for stages `memories` on one rank
+    (`extra_held`: the rank's own terms on top of its stages')."""
     lp = problem.lp
-    held = [term for memory in memories for term in memory.held]
+    held = [term for memory in memories for term in memory.held] + list(extra_held)
     scratch = [item for memory in memories for item in memory.step_scratch]
     if scratch:
         if problem.profile.device.type == "cuda":
@@ -336,28 +345,78 @@ def _step_and_host_rows(problem: Problem, name: str, memories: list[_Memory], ca
 
 def _rank_rows(problem: Problem, n, opens, closes) -> None:
     """A chunked schedule's memory, per rank over its chunks (costmodel.evaluate_chunked):
-    held + A_r + T_r ≤ cap_r with A_r ≥ Σ_c live_c·kept_c for every vector of live
-    microbatches per chunk the rank passes through in torch's order (the largest is its peak,
-    whatever the chunks' bytes; vectors below another are dropped), T_r ≥ each chunk's
-    transient; and the optimizer step's and the host's rows over all its chunks."""
-    order, lp = problem.schedule, problem.lp
-    split = problem.outer.pipeline.schedule in ("ZB", "ZBV", "DualPipeV")
+    held + live(v) ≤ cap_r for every vector v of counts per chunk the rank passes through in
+    torch's order (live microbatches × kept, outputs and input gradients its sends hold ×
+    their bytes, microbatches between I and W × what I leaves for W), and
+    held + live(v) + T_c ≤ cap_r for every vector where chunk c's B or I starts (its transient on
+    top; W's own, the weight pass's peak, where its W starts); vectors below another (of the same
+    chunk and pass) are dropped.
+    Then the optimizer step's and the host's rows over all its chunks."""
+    order, lp, setup = problem.schedule, problem.lp, problem.outer
+    split = setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
     for rank in range(order.num_ranks):
         stages = order.stages_of(rank)
         memories = [_stage_memory_parts(problem, k, n, opens, closes) for k in stages]
-        vectors = schedules.live_counts(order, rank, until_weight_grad=split)
-        top = [v for v in vectors if not any(w != v and all(a <= b for a, b in zip(v, w)) for w in vectors)]
-        activations = pulp.LpVariable(f"A_{rank}", lowBound=0)
-        for idx, vector in enumerate(top):
-            lp += activations >= pulp.lpSum(count * term for count, memory in zip(vector, memories)
-                                            for term in memory.kept), f"live_{rank}_{idx}"
-        transient = pulp.LpVariable(f"Tr_{rank}", lowBound=0)
-        for memory in memories:
-            lp += transient >= memory.transient, f"rank_transient_{rank}_{memory.transient.name}"
+        sent_output, sent_grad, unsent = [], [], []
+        for k in stages:
+            sends = [costmodel.sends_held_bytes(run.layer, run.layer, k, order, setup) for run in problem.runs]
+            sent_output.append(pulp.lpSum(out / MIB * closes(k, g) for g, (out, _) in enumerate(sends) if out))
+            sent_grad.append(pulp.lpSum(grad / MIB * opens(k, g) for g, (_, grad) in enumerate(sends) if grad))
+            unsent.append(-sent_grad[-1])  # the single-stage buffers' input gradient being sent, counted here
+        # tied copies on one rank counted once (costmodel.rank_tied_once_bytes): here those of the
+        # first and last layers, whose stages are fixed; any other holder's copy stays charged (over)
+        names = [layer.name for layer in problem.profile.layers]
+        pinned = {names[0]} if 0 in stages else set()
+        if order.num_stages - 1 in stages:
+            pinned.add(names[-1])
+        unsent.append(costmodel.rank_tied_once_bytes(problem.profile, pinned, setup) / MIB)
+        held = [term for memory in memories for term in memory.held] + unsent
+        pending = [[_run_sum(problem, "wgrad", k, n)] if split else [] for k in stages]
+        weight_pass = [_run_sum(problem, "wpeak", k, n) if split else 0 for k in stages]
+        # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
+        # input peak on top of what every layer of the stage leaves for the weight pass
+        input_pass = [_input_pass_bound(problem, k, n) if split else 0 for k in stages]
+        per_count = ([memory.kept for memory in memories] + [[out] for out in sent_output]
+                     + [[g] for g in sent_grad] + pending)
         cap = _rank_cap_mib(problem, rank)
-        held = [term for memory in memories for term in memory.held]
-        lp += pulp.lpSum(held) + activations + transient <= cap, f"cap_rank_{rank}"
-        _step_and_host_rows(problem, f"r{rank}", memories, cap)
+        live = partial(_weighted, per_count=per_count)
+        after = schedules.live_counts(order, rank, until_weight_grad=split)
+        for idx, vector in enumerate(_top(after)):
+            lp += pulp.lpSum(held) + live(vector) <= cap, f"live_{rank}_{idx}"
+        moments = schedules.backward_moments(order, rank, until_weight_grad=split)
+        for chunk, memory in enumerate(memories):
+            for kind, extra in (("B", memory.transient), ("I", input_pass[chunk]), ("W", weight_pass[chunk])):
+                vectors = _top([vector for vector, c, k in moments if c == chunk and k == kind])
+                for idx, vector in enumerate(vectors):
+                    lp += pulp.lpSum(held) + live(vector) + extra <= cap, f"pass_{kind}_{rank}_{chunk}_{idx}"
+        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent)
+
+
+def _run_sum(problem: Problem, quantity: str, k: int, n):
+    """`quantity` of all of stage k's layers, each under its option, in MiB."""
+    return pulp.lpSum(_run_bytes(problem, quantity, k, g, n) / MIB for g in range(len(problem.runs)))
+
+
+def _input_pass_bound(problem: Problem, k: int, n):
+    """U_k ≥ the input peak of every run present in stage k (under any of its options), plus what
+    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes."""
+    bound = pulp.LpVariable(f"U_{k}", lowBound=_const(problem, ("extra",), k) / MIB)  # the loss's backward
+    for g, run in enumerate(problem.runs):
+        peaks = [_layer(problem, ("ipeak",), run.layer, o) for o in (0, *problem.order[g])]
+        if max(peaks) > 0:
+            present = _presence(problem, f"u_{k}_{g}", n(k, g), run.size)
+            problem.lp += bound >= max(peaks) / MIB * present, f"input_pass_{k}_{g}"
+    return bound + _run_sum(problem, "wgrad", k, n)
+
+
+def _weighted(vector: tuple[int, ...], per_count: list[list]):
+    """Σ_i vector_i · Σ per_count_i: a vector of counts (schedules.live_counts) in MiB."""
+    return pulp.lpSum(count * term for count, terms in zip(vector, per_count) for term in terms if count)
+
+
+def _top(vectors: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The vectors no other vector is at least as large as in every count."""
+    return [v for v in vectors if not any(w != v and all(a <= b for a, b in zip(v, w)) for w in vectors)]
 
 
 def _chunked_time(problem: Problem, stage_times: list, tau, n):
@@ -456,12 +515,17 @@ def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
 
 def _run_kept_bytes(problem: Problem, s: int, g: int, n):
     """Bytes per microbatch stage s's layers of run g keep (those under an option less)."""
+    return _run_bytes(problem, "kept", s, g, n)
+
+
+def _run_bytes(problem: Problem, quantity: str, s: int, g: int, n):
+    """`quantity` of stage s's layers of run g, each under its option (a linear expression)."""
     layer = problem.runs[g].layer
-    plain = _layer(problem, ("kept",), layer)
-    kept = plain * n(s, g)
+    plain = _layer(problem, (quantity,), layer)
+    total = plain * n(s, g)
     for o in problem.order[g]:
-        kept -= (plain - _layer(problem, ("kept",), layer, o)) * problem.r[s, g, o]
-    return kept
+        total -= (plain - _layer(problem, (quantity,), layer, o)) * problem.r[s, g, o]
+    return total
 
 
 def _presence(problem: Problem, name: str, count, size: int):

@@ -24,7 +24,15 @@ does not need, W frees the rest (the inputs of the weight-holding ops, which tor
     weight_grad_inputs   microbatches past F, before W or B      (hold what W needs; >= the above)
 
 A rank's live bytes after each action are sum_c activations_c · freed_at_input_grad_c +
-weight_grad_inputs_c · kept_for_weight_grad_c; its peak is the action where that is largest.
+weight_grad_inputs_c · kept_for_weight_grad_c, plus what its sends hold: torch's runtime for
+several stages per rank (`_PipelineScheduleRuntime`) waits for its sends only when the step
+ends, and a send holds its tensor until then (a V's turn hands the tensor to the other stage's
+receive buffer, where it stays as long), so a microbatch's output stays from its B or W on and
+its input gradient from its B or I on (sent_output_c, sent_input_grad_c per such microbatch); a
+split backward's I leaves the gradients its W reads (held_for_weight_grad_c · microbatches
+between I and W). The peak is after an action or during a backward pass (B, I or W, whose
+weight pass recomputes a checkpointed region again), that pass's transient on top of the counts
+before it.
 
 Time model (`simulate_time`). Every rank runs its list in order; an action starts when its
 rank is free and its input is there: F of stage k needs F of stage k-1 (same microbatch), B or
@@ -59,6 +67,7 @@ _TORCH_CLASSES = {
 }
 _V_PLACED = ("ZBV", "DualPipeV")
 _COMPUTE_KINDS = ("F", "B", "I", "W")
+_BACKWARDS = ("B", "I", "W")  # passes with a transient (W's: ChunkBytes.weight_pass_transient)
 
 
 @dataclass(frozen=True)
@@ -196,6 +205,16 @@ class ChunkBytes:
 
     freed_at_input_grad: float = 1.0  # activations I (or B) frees: W does not need them
     kept_for_weight_grad: float = 0.0  # what W still needs (freed at W, or at B)
+    # held until the step ends (torch's runtime for several stages per rank waits its sends only
+    # then, and a V's turn leaves the tensor handed over in the receiving stage's buffer): the
+    # output from its B or W on (before, it is among the activations above), the input gradient
+    # from its B or I on
+    sent_output: float = 0.0
+    sent_input_grad: float = 0.0
+    held_for_weight_grad: float = 0.0  # made by I, freed by W: the gradients the weight pass reads
+    transient: float = 0.0  # held over the live bytes while the chunk's B runs (its recompute)
+    input_pass_transient: float = 0.0  # ... while its I runs
+    weight_pass_transient: float = 0.0  # ... while its W runs (recomputing checkpointed regions again)
 
 
 @dataclass(frozen=True)
@@ -214,8 +233,9 @@ class RankPeak:
 
     rank: int
     step: int  # index into Schedule.actions[rank]
-    live: float  # sum over chunks of the counts times their ChunkBytes
+    live: float  # sum over chunks of the counts times their ChunkBytes, the transient included
     chunks: tuple[ChunkInFlight, ...]
+    transient: float = 0.0  # of the chunk whose backward runs at the peak (counts before it); 0: after the action
 
     @property
     def activations(self) -> int:
@@ -236,34 +256,69 @@ def peak_in_flight(
 
 
 def live_counts(schedule: Schedule, rank: int, *, until_weight_grad: bool) -> list[tuple[int, ...]]:
-    """Every distinct vector of per-chunk live microbatches the rank passes through (past F and
-    before I or B; with `until_weight_grad`, before W or B), in order of first appearance: a
-    rank's peak for any chunk bytes is the largest of these vectors' weighted sums, so a
+    """Every distinct vector of per-chunk counts the rank passes through after an action, in
+    order of first appearance: for each chunk, the microbatches live (past F and before I or B;
+    with `until_weight_grad`, before W or B), then for each chunk the microbatches past B or W
+    (whose output stays: ChunkBytes.sent_output), then past B or I (whose input gradient stays:
+    sent_input_grad), then past I and before W (held_for_weight_grad). A rank's peak for any
+    chunk bytes is the largest of these vectors' weighted sums or of backward_moments', so a
     solver can bound it by one linear row each."""
+    return list(dict.fromkeys(vector for vector, *_ in _moments(schedule, rank, until_weight_grad)[1]))
+
+
+def backward_moments(schedule: Schedule, rank: int, *,
+                     until_weight_grad: bool) -> list[tuple[tuple[int, ...], int, str]]:
+    """Every distinct (vector, chunk, kind) where the chunk's B, I or W starts: the counts as
+    live_counts gives them, before that pass frees anything, when the chunk's transient of that
+    pass (ChunkBytes.transient, input_pass_transient, weight_pass_transient) adds to them."""
+    return list(dict.fromkeys(_moments(schedule, rank, until_weight_grad)[0]))
+
+
+def _moments(schedule: Schedule, rank: int, until_weight_grad: bool) -> tuple[list, list]:
     stages = schedule.stages_of(rank)
     live = [0] * len(stages)
+    outputs, grads, pending = [0] * len(stages), [0] * len(stages), [0] * len(stages)
     freed_by = ("B", "W") if until_weight_grad else ("B", "I")
-    seen: dict[tuple[int, ...], None] = {}
+    before, after = [], []
     for a in schedule.actions[rank]:
+        if a.kind in _BACKWARDS:
+            before.append(((*live, *outputs, *grads, *pending), a.chunk, a.kind))
         live[a.chunk] += 1 if a.kind == "F" else -1 if a.kind in freed_by else 0
-        seen.setdefault(tuple(live))
-    return list(seen)
+        outputs[a.chunk] += a.kind in ("B", "W")
+        grads[a.chunk] += a.kind in ("B", "I")
+        pending[a.chunk] += {"I": 1, "W": -1}.get(a.kind, 0)
+        after.append(((*live, *outputs, *grads, *pending), None, None))
+    return before, after
 
 
 def _rank_peak(schedule: Schedule, rank: int, stage_bytes: Sequence[ChunkBytes]) -> RankPeak:
     stages = schedule.stages_of(rank)
     acts = [0] * len(stages)  # per chunk: past F, before I/B
     wgrad = [0] * len(stages)  # per chunk: past F, before W/B
+    sent = 0.0  # what the rank's sends hold so far
     best = None
+
+    def live() -> float:
+        return sent + sum(acts[c] * stage_bytes[s].freed_at_input_grad + wgrad[c] * stage_bytes[s].kept_for_weight_grad
+                          + (wgrad[c] - acts[c]) * stage_bytes[s].held_for_weight_grad  # past I, before W
+                          for c, s in enumerate(stages))
+
+    def consider(step: int, transient: float) -> None:
+        nonlocal best
+        total = live() + transient
+        if best is None or total > best.live:
+            chunks = tuple(ChunkInFlight(c, s, acts[c], wgrad[c]) for c, s in enumerate(stages))
+            best = RankPeak(rank, step, total, chunks, transient)
+
     for step, a in enumerate(schedule.actions[rank]):
+        held = stage_bytes[a.stage]
+        extra = {"B": held.transient, "I": held.input_pass_transient, "W": held.weight_pass_transient}.get(a.kind, 0)
+        if extra:  # during a backward pass: on top of the counts before it frees anything
+            consider(step, extra)
         acts[a.chunk] += {"F": 1, "B": -1, "I": -1}.get(a.kind, 0)
         wgrad[a.chunk] += {"F": 1, "B": -1, "W": -1}.get(a.kind, 0)
-        live = sum(acts[c] * stage_bytes[s].freed_at_input_grad
-                   + wgrad[c] * stage_bytes[s].kept_for_weight_grad
-                   for c, s in enumerate(stages))
-        if best is None or live > best.live:
-            chunks = tuple(ChunkInFlight(c, s, acts[c], wgrad[c]) for c, s in enumerate(stages))
-            best = RankPeak(rank, step, live, chunks)
+        sent += held.sent_output * (a.kind in ("B", "W")) + held.sent_input_grad * (a.kind in ("B", "I"))
+        consider(step, 0.0)
     assert acts == [0] * len(stages) and wgrad == [0] * len(stages), "unbalanced schedule"
     return best
 

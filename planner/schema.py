@@ -20,6 +20,8 @@ PLAN_SCHEMA_VERSIONS = (1, 2)
 Schedule = Literal["1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"]
 # schedules whose ranks hold several stages (chunks) each: planner/schedules.py simulates them
 CHUNKED_SCHEDULES = ("interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
+# schedules that split a backward into its input- and weight-gradient passes (two autograd calls)
+SPLIT_BACKWARD_SCHEDULES = ("ZB", "ZBV", "DualPipeV")
 Optimizer = Literal["adam", "sgd"]
 Precision = Literal["fp32", "bf16-mixed"]
 Dtype = Literal["float32", "bfloat16", "float16"]  # what the profiler casts to and the runtime runs in
@@ -52,6 +54,15 @@ class FileRef(Strict):
 # its input ("full"): selective recompute of its parts (planner/recompute.py says what each
 # does). A name is one option or several joined by commas ("attn,mlp-act").
 OPTION_NONE, OPTION_FULL = "none", "full"
+# recompute options run under torch's selective activation checkpoint (planner/recompute.py:
+# save-matmuls, and mlp-act alone or in a combination), which refuses a second backward through
+# its region: a split backward (SPLIT_BACKWARD_SCHEDULES) cannot run them
+SELECTIVE_CHECKPOINT_PARTS = ("save-matmuls", "mlp-act")
+
+
+def runs_split_backward(option: str) -> bool:
+    """Whether a zero-bubble schedule's split backward can run recompute option `option`."""
+    return not any(part in SELECTIVE_CHECKPOINT_PARTS for part in option.split(","))
 OptionName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*(,[a-z][a-z0-9-]*)*$", max_length=120)]
 
 
@@ -64,6 +75,15 @@ class RecomputeOption(Strict):
     kept_bytes: Bytes
     recompute_ms: Ms = 0.0
     recompute_peak_bytes: Bytes = 0
+    # a split backward (zero-bubble schedules; torch's stage_backward_input, then _weight): what
+    # the input pass leaves for the weight pass beyond the kept bytes (the gradients of the weight
+    # ops' outputs, and what a recomputing option recomputed), the input pass's peak and the weight
+    # pass's over what is live before each (every autograd call of the weight pass recomputes a
+    # checkpointed region again). Measured profiles; 0 in others, in profiles made before, and for
+    # an option under torch's selective checkpoint (it cannot split: runs_split_backward)
+    split_held_bytes: Bytes = 0
+    split_input_peak_bytes: Bytes = 0
+    split_peak_bytes: Bytes = 0
 
 
 class LayerProfile(Strict):
@@ -104,6 +124,16 @@ class LayerProfile(Strict):
     # every option the layer supports, "none" and "full" first (as act_bytes, input_bytes and
     # recompute_ms say), then selective ones; empty: none and full only (profiles made before)
     recompute_options: list[RecomputeOption] = []
+    # a mixture-of-experts layer (measured profiles): the tokens each routed expert received on the
+    # profiled microbatch, dropless top-k (they sum to tokens x k); act_bytes, a2a_bytes and the times
+    # are those of this routing. Empty elsewhere, in analytic profiles and in profiles made before
+    routed_tokens: list[Count] = []
+    # of transient_bytes, what the routed experts' weight gradients add (their temporaries are as
+    # large as the experts a rank holds): expert parallelism over E ranks holds 1/E of it. 0 elsewhere
+    expert_transient_bytes: Bytes = 0
+    # of act_bytes, what its experts modules keep (measured with routed_tokens): it grows with the
+    # token copies a rank computes, which expert parallelism spreads by routing, not evenly. 0 elsewhere
+    expert_act_bytes: Bytes = 0
 
     @model_validator(mode="after")
     def _options_agree(self) -> LayerProfile:

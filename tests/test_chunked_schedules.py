@@ -1,7 +1,10 @@
 """Schedules whose ranks hold several stages (interleaved 1F1B, ZB, ZBV, DualPipeV), scored by
 the cost model from the simulated order of torch's own schedules (planner/schedules.py)."""
 
+from pathlib import Path
+
 import pytest
+import torch
 from fixtures.cli import run, run_ok
 
 from planner import costmodel, schedules
@@ -9,6 +12,7 @@ from planner.schema import StagePlan, TrainSetup
 from planner.synthetic import layer, profile_of
 
 MIB = 2**20
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _profile(n=8):
@@ -25,9 +29,14 @@ def _ranks(profile, setup, per_stage=2):
 
 
 def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
-    """P = 2 ranks x V = 2 chunks, M = 4, every stage alike (2 layers, kept K): rank 0 runs
-    (P - r - 1)·2 + (V - 1)·P + 1 = 5 forwards before its first backward, rank 1 3 (Megatron's
-    and torch's warm-up), so at their peaks they hold 5 K and 3 K."""
+    """P = 2 ranks x V = 2 chunks, M = 4, every stage alike (2 layers, kept K, boundary tensors
+    of 1 MiB, transient T): rank 0 runs (P - r - 1)·2 + (V - 1)·P + 1 = 5 forwards before its
+    first backward, rank 1 3 (Megatron's and torch's warm-up), and every send holds its tensor
+    until the step ends. Rank 0 (stages 0, 2; torch's order F0s0 F1s0 F0s2 F1s2 F2s0 B0s2 F3s0
+    B1s2 F2s2 B0s0 F3s2 B1s0 ...) peaks as B1s0 starts: 5 K live, stage 2's two outputs and two
+    input gradients sent and stage 0's first output, so 5 K + 5 MiB + T. Rank 1 (stages 1, 3:
+    ... F2s3 B2s3 F3s3 B3s3 B2s1 B3s1) as B3s3 starts: 3 K live, the last stage's three input
+    gradients, stage 1's two outputs and two input gradients: 3 K + 7 MiB + T."""
     profile = _profile()
     setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="interleaved-1F1B", chunks=2,
                        mem_caps_bytes=[2**40] * 2)
@@ -35,7 +44,8 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
     one = costmodel.stage_cost(costmodel.layer_costs(profile)[:2], [0, 0], stage=1, profile=profile,
                                setup=costmodel.stage_setup(setup, costmodel.schedule_of(setup)))
     kept = one.kept_bytes
-    assert [c.activation_bytes for c in cost.stages] == [5 * kept, 3 * kept]
+    assert [c.activation_bytes for c in cost.stages] == [5 * kept + 5 * MIB, 3 * kept + 7 * MIB]
+    assert [c.transient_bytes for c in cost.stages] == [one.transient_bytes] * 2
     assert cost.stages[0].static_bytes == 4 * 1000 * 16  # four layers' weights, grads, Adam state (fp32)
     # time: the simulated makespan with forward 2 ms and backward 4 ms per stage
     order = costmodel.schedule_of(setup)
@@ -44,7 +54,10 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
 
 
 def test_zero_bubble_keeps_activations_until_the_weight_gradient():
-    profile = _profile()
+    """With no boundary tensors and no transient, a ZBV rank's peak is its microbatches past F
+    and before W (2P per rank, the zero-bubble paper's ZB-V) times what a stage keeps."""
+    profile = profile_of([layer(f"l{i}", "Block", fwd_ms=1.0, act_mib=10, input_mib=0, output_mib=0,
+                                param_count=1000) for i in range(8)])
     zbv = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="ZBV", chunks=2, mem_caps_bytes=[2**40] * 2)
     cost = costmodel.evaluate(_ranks(profile, zbv), profile, zbv)
     order = costmodel.schedule_of(zbv)
@@ -133,16 +146,77 @@ def test_the_chunked_milp_equals_brute_force_on_its_time_and_fits_under_the_simu
     assert [len(stage.chunks) for stage in result.stages] == [2, 2]
 
 
-def test_a_chunked_plan_is_not_exported_or_launched_as_one_chunk(tmp_path):
+def test_a_chunked_plan_is_exported_with_its_virtual_stages(tmp_path):
     from planner import io
 
     path = tmp_path / "p.json"
     io.save_profile(_profile(), path)
     run_ok("solve", "--profile", path, "--stages", "2", "--schedule", "interleaved-1F1B", "--mem", "1GiB",
            "--microbatches", "4", "--out", tmp_path / "plan.yaml")
+    # exported with its virtual stages (tests/test_export_schedules.py): the layout lists all P·V
     exported = run("export", tmp_path / "plan.yaml", "--to", "megatron")
-    assert exported.exit_code != 0 and "chunks per rank" in exported.output and "Traceback" not in exported.output
-    for command in ("launch", "validate"):
-        refused = run(command, tmp_path / "plan.yaml")
-        assert refused.exit_code != 0 and "one stage per rank" in refused.output, command
-        assert "Traceback" not in refused.output
+    assert exported.exit_code == 0 and "Traceback" not in exported.output, exported.output
+    assert (tmp_path / "plan.megatron.sh").read_text().count("|") >= 3
+
+
+@pytest.fixture(scope="module")
+def tied_profile(tmp_path_factory):
+    """The tied GPT fixture (embed, 4 blocks, head; the head shares the embedding's weight), profiled."""
+    path = tmp_path_factory.mktemp("chunked") / "profile.json"
+    run_ok("profile", FIXTURES / "tied_gpt.py", "--micro-batch-size", "2", "--threads", "1", "--repeats", "1",
+           "--warmup", "1", "--out", path)
+    return path
+
+
+@pytest.mark.parametrize(("schedule", "fraction"), [("interleaved-1F1B", 0.85), ("ZBV", 0.95)])
+def test_a_chunked_plan_runs_like_one_process_at_its_predicted_peaks(tmp_path, tied_profile, schedule, fraction):
+    """Solve on 2 ranks x 2 chunks under a cap that makes the solver recompute, launch it on
+    gloo: losses equal to one process (ZBV puts the tied embedding and head on rank 0, one
+    parameter shared by two chunks), every rank's measured peak within 2% of its prediction
+    (ZBV's split backward: what the input pass leaves and the weight pass recomputes, measured
+    per option by the profiler)."""
+    from planner import io
+    from planner.runtime.checks import prepare
+    from planner.runtime.launcher import run_plan
+    from planner.runtime.reference import reference_losses
+
+    plan_path = tmp_path / "plan.yaml"
+    free = run_ok("solve", "--profile", tied_profile, "--stages", "2", "--schedule", schedule, "--mem", "1GiB",
+                  "--microbatches", "4", "--out", plan_path)
+    peaks = [stage.predicted.peak_bytes for stage in io.load_plan(plan_path).stages]
+    assert free.exit_code == 0
+    cap = int(max(peaks) * fraction)
+    run_ok("solve", "--profile", tied_profile, "--stages", "2", "--schedule", schedule, "--mem", str(cap),
+           "--microbatches", "4", "--out", plan_path)
+    plan = io.load_plan(plan_path)
+    assert any(stage.recompute for stage in plan.stages)
+    report = run_plan(plan, plan_file=plan_path, steps=1, warmup_steps=1)
+    reference = reference_losses(plan, prepare(plan, plan_file=plan_path), num_steps=len(report.losses), seed=0)
+    torch.testing.assert_close(torch.tensor(report.losses), torch.tensor(reference), rtol=1e-6, atol=1e-5)
+    for stage in report.stages:
+        measured, predicted = stage.measured.peak_bytes, stage.predicted.peak_bytes
+        assert abs(measured - predicted) <= 0.02 * predicted, (stage.index, measured, predicted)
+
+
+def test_schedule_auto_solves_every_schedule_and_writes_the_fastest(tmp_path):
+    """--schedule auto: one row per schedule torch runs, each its own plan; the plan written is
+    the fastest of them that fits, as solving that schedule alone gives it."""
+    from planner import io
+
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    result = run_ok("solve", "--profile", path, "--stages", "2", "--schedule", "auto", "--mem", "1GiB",
+                    "--microbatches", "4", "--out", tmp_path / "auto.yaml")
+    for name in ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"):
+        assert name in result.output
+    chosen = io.load_plan(tmp_path / "auto.yaml")
+    times = {}
+    for name in ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"):
+        run_ok("solve", "--profile", path, "--stages", "2", "--schedule", name, "--mem", "1GiB",
+               "--microbatches", "4", "--out", tmp_path / f"{name}.yaml")
+        times[name] = io.load_plan(tmp_path / f"{name}.yaml").predicted.iteration_ms
+    assert chosen.setup.pipeline.schedule == min(times, key=times.get)
+    assert chosen.predicted.iteration_ms == pytest.approx(min(times.values()))
+    refused = run("evaluate", "--profile", path, "--stages", "2", "--schedule", "auto", "--layers-per-stage", "4,4",
+                  "--ckpt-per-stage", "0,0", "--mem", "1GiB")
+    assert refused.exit_code != 0 and "solve" in refused.output and "Traceback" not in refused.output

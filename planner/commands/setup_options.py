@@ -23,11 +23,12 @@ _OPTIONS = [
                       "[default: the memory of the GPU a `ckplan profile --arch` profile records]."),
     click.option("--microbatches", type=click.IntRange(min=1), default=None,
                  help="Microbatches per iteration [default: 2 x stages]."),
-    click.option("--schedule", type=click.Choice(["1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"]),
+    click.option("--schedule", type=click.Choice(["1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV",
+                                                  "auto"]),
                  default="1F1B", show_default=True,
                  help="The pipeline schedule: torch.distributed.pipelining's; interleaved-1F1B, ZB, ZBV and "
-                      "DualPipeV give each rank --chunks stages (scored by `evaluate`; `solve` and `launch` "
-                      "plan and run 1F1B and GPipe)."),
+                      "DualPipeV give each rank --chunks stages. auto (solve): each schedule solved, side by "
+                      "side, the fastest that fits written."),
     click.option("--chunks", type=click.IntRange(min=1, max=64), default=None,
                  help="Stages per rank for interleaved-1F1B, ZB, ZBV, DualPipeV [default: 2; 1 for 1F1B, GPipe]."),
     click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True),
@@ -173,6 +174,9 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     if stages > len(profile.layers):
         raise UserError(f"--stages {stages} exceeds the {len(profile.layers)} layers of the profile; "
                         f"use at most {len(profile.layers)}")
+    if schedule == "auto":
+        raise UserError("--schedule auto is `ckplan solve`'s (it solves every schedule side by side); name one "
+                        "schedule here")
     if schedule == "1F1B" and microbatches is not None and microbatches < stages:
         raise UserError(f"1F1B needs at least as many microbatches as stages; use --microbatches {stages} or more")
     if mem is None:

@@ -48,8 +48,10 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
     from planner.errors import UserError
     from planner.schema import CHUNKED_SCHEDULES
 
-    if schedule in CHUNKED_SCHEDULES and (auto_dp or sweep):
+    if (schedule in CHUNKED_SCHEDULES or schedule == "auto") and (auto_dp or sweep):
         raise UserError(f"--auto-dp and --sweep plan 1F1B and GPipe; solve {schedule} without them")
+    if schedule == "auto" and as_json:
+        raise UserError("--schedule auto prints a table of the schedules; drop --json, or name one schedule")
     profile_path = profile_path or newest_profile()
     if sweep:
         io.check_outputs({"--plot": plot}, inputs={"--profile": profile_path})
@@ -57,6 +59,13 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
         io.check_outputs({"--out": out}, inputs={"--profile": profile_path})
     profile = io.load_profile(profile_path)
     say = (lambda note: err_console.print(note)) if as_json else info  # stdout carries the JSON alone
+    if schedule == "auto":
+        from planner.commands.auto_schedule import run_auto_schedule
+
+        run_auto_schedule(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches,
+                          optimizer=optimizer, precision=precision, parallel_stages=parallel_stages, solver=solver,
+                          time_limit_s=time_limit, out=out, say=say, **data_parallel)
+        return
     if auto_dp:
         from planner.commands.auto_dp import run_auto_dp
 

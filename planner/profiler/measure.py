@@ -31,18 +31,20 @@ from functools import partial
 
 import torch
 from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import UserError
 from planner.optimizers import OPTIMIZERS, make_optimizer
 from planner.profiler import options, sanity
 from planner.profiler.kinds import layer_kinds
+from planner.profiler.routing import Routing, find_experts, layer_routing
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
-from planner.recompute import find_options
-from planner.schema import LayerProfile, TiedSet
+from planner.recompute import find_options, layer_runner
+from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, TiedSet, runs_split_backward
 from planner.tied import check_tieable, tied_params
 
 TIED_SAMPLE_NUMEL = 1 << 24  # elements of a tied gradient timed when summed (64 MiB in fp32)
@@ -77,6 +79,8 @@ def measure_model(
     check_tieable(layers)  # sharing that a pipeline cannot keep tied is refused at the first command
     kinds = layer_kinds(layers)
     layer_inputs = [inputs, *layer_outputs[:-1]]
+    with blame("the MoE layers' routing"):
+        routing = [layer_routing(layer, x) for (_, layer), x in zip(layers, layer_inputs, strict=True)]
     timed, warnings = [], []
     for index, (name, layer) in enumerate(layers):
         # Cut the graph at the layer's input; only the batch (layer 0) needs no input grad.
@@ -98,7 +102,7 @@ def measure_model(
 
     def layer_profiles() -> list[LayerProfile]:
         return [t.profile(kind=kinds[i], act_bytes=saved.act_bytes[i], input_in_act_bytes=saved.input_in_act_bytes[i],
-                          option_bytes=saved.option_bytes[i])
+                          option_bytes=saved.option_bytes[i], routing=routing[i])
                 for i, t in enumerate(timed)]
 
     warnings = list(dict.fromkeys(warnings))  # an option a kind's layers cannot run, said once
@@ -184,6 +188,8 @@ class _TimedLayer:
     option_failures: dict[str, str] = field(default_factory=dict)  # those that raised, and why
     option_names: list[str] = field(default_factory=list)  # those the profile lists (time_options)
     option_job: FwdBwdJob | None = None
+    expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' share
+    split: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # option: _split_backward_bytes
 
     @classmethod
     def prepare(cls, name: str, layer: nn.Module, x: torch.Tensor, output: torch.Tensor) -> _TimedLayer:
@@ -197,6 +203,8 @@ class _TimedLayer:
 
         reset_input_grad()
         transient = _transient_bytes(layer, x, grad)
+        expert_transient = _expert_transient_bytes(layer, x, grad, transient)
+        reset_input_grad()
         has_backward = grad is not None and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
         forwards = [lambda: layer(x)]
         if has_backward:
@@ -208,7 +216,8 @@ class _TimedLayer:
             found, failed = options.option_transients(layer, find_options(layer), partial(_recomputed_transient, x, grad))
             reset_input_grad()
         return cls(name, layer, x, output, transient, job, has_backward, option_transients=found,
-                   option_failures=failed)
+                   option_failures=failed, expert_transient_bytes=expert_transient,
+                   split=_split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *found]))
 
     def failed_options(self, kind: str) -> list[str]:
         return [f"recompute option {name!r} fails on the {kind} layers ({self.name}: {why}); the profile leaves it out"
@@ -235,7 +244,8 @@ class _TimedLayer:
         self.layer.zero_grad(set_to_none=True)
         self.x.grad = None
 
-    def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int, option_bytes: dict[str, int]) -> LayerProfile:
+    def profile(self, *, kind: str, act_bytes: int, input_in_act_bytes: int, option_bytes: dict[str, int],
+                routing: Routing | None = None) -> LayerProfile:
         fwd, bwd = self.job.stats()[0]
         params = list(self.layer.parameters())
         recompute_ms = self.recompute_ms()
@@ -256,13 +266,37 @@ class _TimedLayer:
             param_count=sum(p.numel() for p in params),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0),
+            expert_param_count=routing.expert_param_count if routing else 0,
+            a2a_bytes=routing.a2a_bytes if routing else 0,
+            routed_tokens=routing.routed_tokens if routing else [],
+            expert_transient_bytes=self.expert_transient_bytes,
+            expert_act_bytes=routing.expert_act_bytes if routing else 0,
             transient_bytes=self.transient_bytes,
             step_ms=self.step_ms,
             recompute_options=options.recompute_options(
                 act_bytes=act_bytes, input_bytes=storage_nbytes(self.x),
                 full_ms=fwd.median_ms if recompute_ms is None else recompute_ms, transient_bytes=self.transient_bytes,
-                names=self.option_names, kept=option_bytes, transients=self.option_transients, job=self.option_job),
+                names=self.option_names, kept=option_bytes, transients=self.option_transients, job=self.option_job,
+                split=self.split),
         )
+
+
+def _expert_transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, transient: int) -> int:
+    """How much of a MoE layer's transient its routed experts' weight gradients make: the
+    transient again with the experts' weights frozen, and the difference. Their temporaries
+    are as large as the experts held, so expert parallelism over E ranks holds 1/E of it."""
+    params = [param for _, experts in find_experts(layer) for param in experts.parameters() if param.requires_grad]
+    if not params:
+        return 0
+    for param in params:
+        param.requires_grad_(False)
+    try:
+        x.grad = None
+        frozen = _transient_bytes(layer, x, grad)
+    finally:
+        for param in params:
+            param.requires_grad_(True)
+    return max(0, transient - frozen)
 
 
 def _recomputed_transient(x: torch.Tensor, grad: torch.Tensor | None, run) -> int:
@@ -326,6 +360,54 @@ def _transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | Non
         bwd_extra = memory.peak_bytes - kept_bytes + (storage_nbytes(grad) if ran else 0)
         del output
     return max(0, fwd_extra, bwd_extra)
+
+
+def _split_per_option(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None,
+                      names: list[str]) -> dict[str, tuple[int, int, int]]:
+    """_split_backward_bytes of the layer under each option a split backward can run; none where
+    torch's split backward refuses the layer (its `detach_` of an output that is a view, e.g. a
+    Linear's on a 3-d input: a zero-bubble schedule cannot run it either)."""
+    found = {}
+    for name in names:
+        if runs_split_backward(name):
+            x.grad = None
+            try:
+                found[name] = _split_backward_bytes(layer_runner(layer, name), layer, x, grad)
+            except RuntimeError:
+                break
+    x.grad = None
+    for param in layer.parameters():  # a failed input pass may have left gradients half made
+        if param.grad is not None:
+            param.grad.zero_()
+    return found
+
+
+def _split_backward_bytes(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, *,
+                          tracker=memory_tracker) -> tuple[int, int, int]:
+    """A zero-bubble schedule's split backward of x -> run(x), as the pipeline runs it (torch's
+    stage_backward_input, then stage_backward_weight): (what the input pass leaves live for the
+    weight pass beyond what the forward kept, the incoming gradient and the input gradient it
+    made; the input pass's peak over what is live before it, its input gradient included; the
+    weight pass's peak over what is live before it). Zeros where there is no input gradient to
+    split off (a first layer) or no weight."""
+    weights = [p for p in layer.parameters() if p.requires_grad]
+    if grad is None or not x.requires_grad or not x.is_floating_point() or not weights:
+        return 0, 0, 0
+    with tracker(x.device) as memory:
+        output = run(x)
+        if not output.requires_grad:
+            return 0, 0, 0
+        before = memory.live_bytes
+        memory.reset_peak()
+        input_grads, groups = stage_backward_input([output], [grad], [x], iter(weights))
+        input_peak = memory.peak_bytes - before
+        live = memory.live_bytes
+        held = live - before - sum(storage_nbytes(g) for g in input_grads if g is not None)
+        memory.reset_peak()
+        stage_backward_weight(iter(weights), groups)
+        peak = memory.peak_bytes - live
+        del output, input_grads, groups
+    return max(0, held), max(0, input_peak), max(0, peak)
 
 
 def _loss_transient_bytes(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor, *,

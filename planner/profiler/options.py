@@ -74,18 +74,26 @@ def _forward(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Ca
 
 def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, transient_bytes: int,
                       names: Sequence[str], kept: dict[str, int], transients: dict[str, int],
-                      job: FwdBwdJob | None) -> list[RecomputeOption]:
+                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int]] | None = None
+                      ) -> list[RecomputeOption]:
     """The profile's list: none and full from the layer's own numbers (full's recompute the
     measured one, or the whole forward the cost model charges where none was measured), then
-    each selective option."""
-    listed = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes),
+    each selective option. split: each option's split backward bytes (held, input peak, weight peak)."""
+    split = split or {}
+
+    def split_fields(name: str) -> dict[str, int]:
+        held, input_peak, peak = split.get(name, (0, 0, 0))
+        return {"split_held_bytes": held, "split_input_peak_bytes": input_peak, "split_peak_bytes": peak}
+
+    listed = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **split_fields(OPTION_NONE)),
               RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=full_ms,
-                              recompute_peak_bytes=max(act_bytes - input_bytes, 0))]
+                              recompute_peak_bytes=max(act_bytes - input_bytes, 0), **split_fields(OPTION_FULL))]
     if job is None:
         return listed
     (fwd, bwd), *timed = job.stats()
     for name, (option_fwd, option_bwd) in zip(names, timed, strict=True):
         extra_ms = option_fwd.median_ms + option_bwd.median_ms - fwd.median_ms - bwd.median_ms
         listed.append(RecomputeOption(name=name, kept_bytes=kept[name], recompute_ms=max(extra_ms, 0.0),
-                                      recompute_peak_bytes=max(transients[name] - transient_bytes, 0)))
+                                      recompute_peak_bytes=max(transients[name] - transient_bytes, 0),
+                                      **split_fields(name)))
     return listed

@@ -17,6 +17,7 @@ from planner.io import sha256_file
 from planner.modelfile import Layers, ModelFile, load_model_file, pipeline_layers
 from planner.recompute import option_error
 from planner.runtime.stagemodule import stage_options, torch_dtype
+from planner.schedules import build_schedule
 from planner.schema import Plan, StagePlan
 
 
@@ -98,6 +99,22 @@ def check_stage_layout(stages: list[StagePlan], layer_names: list[str], *, what:
         )
 
 
+def pipeline_stages(plan: Plan, ranks: list[StagePlan]) -> list[StagePlan]:
+    """The pipeline's stages in order: the ranks themselves, or under a chunked schedule every
+    rank's chunks placed where the schedule places them (numbered as pipeline stages)."""
+    setup = plan.setup.pipeline
+    if setup.chunks == 1:
+        return ranks
+    bad = [rank.index for rank in ranks if len(rank.chunks) != setup.chunks]
+    if bad:
+        raise UserError(f"rank {bad[0]} of the plan holds {len(ranks[bad[0]].chunks) or 1} chunks where "
+                        f"{setup.schedule} gives every rank {setup.chunks}; re-create the plan with `ckplan solve`")
+    order = build_schedule(setup.schedule, num_ranks=setup.stages, num_microbatches=setup.microbatches,
+                           num_chunks=setup.chunks)
+    placed = {stage: chunk for rank in ranks for stage, chunk in zip(order.stages_of(rank.index), rank.chunks)}
+    return [StagePlan(index=stage, layers=placed[stage]) for stage in range(order.num_stages)]
+
+
 def check_stage_options(stages: list[StagePlan], layers: Layers, *, what: str) -> None:
     """Every layer's recompute option is one it has (planner/recompute.find_options)."""
     by_name = dict(layers)
@@ -138,10 +155,10 @@ def check_runnable(plan: Plan) -> None:
         raise UserError(f"this plan is scored for {plan.setup.training.runtime}'s runtime, whose pipeline and "
                         "checkpointing differ from ckplan's; export it with `ckplan export`, or solve with "
                         "--runtime ckplan to run it here")
-    if plan.setup.pipeline.chunks > 1:
+    if plan.setup.pipeline.chunks > 1 and plan.setup.data_parallel.zero >= 2 and plan.setup.data_parallel.dp > 1:
         raise UserError(f"this plan runs {plan.setup.pipeline.schedule} with {plan.setup.pipeline.chunks} chunks per "
-                        "rank, and ckplan's runtime runs one stage per rank (1F1B, GPipe); solve with --schedule 1F1B "
-                        "to launch it")
+                        f"rank under ZeRO {plan.setup.data_parallel.zero}, and ckplan's runtime shards chunked "
+                        "stages only with ZeRO 0 or 1; solve with --zero 1, or with --schedule 1F1B, to launch it")
 
 
 def prepare(plan: Plan, *, plan_file: str | Path | None, strategy: str = "ckplan", force: bool = False) -> Prepared:
@@ -155,8 +172,8 @@ def prepare(plan: Plan, *, plan_file: str | Path | None, strategy: str = "ckplan
     torch_dtype(plan.dtype)  # a dtype torch does not know is refused here, not on every rank
     model_file = load_model_file(model_path)
     layers = pipeline_layers(_build_for_names(model_file), model_path)
-    check_stage_layout(chosen.stages, [name for name, _ in layers], what=f"{chosen.name}'s stages",
-                       model_path=model_path)
+    check_stage_layout(pipeline_stages(plan, chosen.stages), [name for name, _ in layers],
+                       what=f"{chosen.name}'s stages", model_path=model_path)
     check_stage_options(chosen.stages, layers, what=f"{chosen.name}'s stages")
     return Prepared(model_file, model_path, chosen)
 

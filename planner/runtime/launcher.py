@@ -404,9 +404,9 @@ def _stage_report(plan: Plan, prepared: Prepared, results: list[RankResult]) -> 
 
 def _replica_mean_losses(results: list[RankResult]) -> list[float]:
     """Every step's loss over the whole batch: the mean of the replicas' last stages (each the
-    mean of its microbatches, the same count on each)."""
-    last = max(result.stage for result in results)
-    per_replica = [result.losses for result in results if result.stage == last]
+    mean of its microbatches, the same count on each), the ranks that report losses (a V
+    schedule's last stage is on rank 0)."""
+    per_replica = [result.losses for result in results if result.losses]
     return [sum(step) / len(step) for step in zip(*per_replica, strict=True)]
 
 

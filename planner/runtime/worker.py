@@ -28,13 +28,23 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
 from torch.distributed.pipelining._backward import stage_backward
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
 from planner.errors import UserError
 from planner.io import write_atomic
 from planner.memtrack import PeakMemory
 from planner.modelfile import _user_traceback, load_model_file
+from planner.runtime.experts import expert_parallel
 from planner.runtime.heartbeat import NO_HEARTBEAT, Heartbeat
 from planner.runtime.mesh import Layout, data_parallel, device_mesh, dp_optimizer, state_tensors
 from planner.runtime.offload import OffloadOptimizer, local
@@ -48,11 +58,15 @@ from planner.runtime.stagemodule import (
     training_batch,
 )
 from planner.runtime.tie import Tie, relink, sum_tied_grads, tie_groups
+from planner.schedules import build_schedule
 from planner.schema import Plan, StagePlan
 from planner.tied import tied_params
 from planner.units import format_bytes
 
 SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
+# several stages (chunks) per rank: torch's runtime schedules, placed as planner/schedules.py places them
+CHUNKED_SCHEDULES = {"interleaved-1F1B": ScheduleInterleaved1F1B, "ZB": ScheduleInterleavedZeroBubble,
+                     "ZBV": ScheduleZBVZeroBubble, "DualPipeV": ScheduleDualPipeV}
 
 
 class Job(BaseModel):
@@ -126,12 +140,14 @@ class TimedStage(PipelineStage):
         self.before_forward: Callable[[], None] | None = None
         self.fwd_ms: list[float] = []
         self.bwd_ms: list[float] = []
+        self.weight_grad_ms: list[float] = []  # zero-bubble schedules: the weight-gradient half of a backward
         self.optimizer_ms: list[float] = []
         self.loss_ms: list[float] = []
         self.seed = 0  # with step_index and the microbatch, seeds each layer's random numbers
         self.step_index = 0
         self.current_microbatch = 0  # the microbatch of the last forward (the loss follows it on the last stage)
-        self.loss_follows = False  # the next loss is of that forward's output        self.stage_module = self.submod  # the StageModule (submod may be its data-parallel wrapper)
+        self.loss_follows = False  # the next loss is of that forward's output
+        self.stage_module = self.submod  # the StageModule (submod may be its data-parallel wrapper)
         self.microbatch_offset = 0  # this replica's first microbatch in the global batch (dp_index x M)
         self.heartbeat: Heartbeat = NO_HEARTBEAT  # tells the launcher what this rank works on
         self.after_chunk: Callable[[], None] | None = None  # called after every microbatch's forward and backward
@@ -158,6 +174,13 @@ class TimedStage(PipelineStage):
     def backward_one_chunk(self, *args, **kwargs):
         with self.heartbeat.phase("a backward", working=True), self.timed(self.bwd_ms):
             output = super().backward_one_chunk(*args, **kwargs)
+        if self.after_chunk is not None:
+            self.after_chunk()
+        return output
+
+    def backward_weight_one_chunk(self, *args, **kwargs):
+        with self.heartbeat.phase("a weight-gradient backward", working=True), self.timed(self.weight_grad_ms):
+            output = super().backward_weight_one_chunk(*args, **kwargs)
         if self.after_chunk is not None:
             self.after_chunk()
         return output
@@ -301,12 +324,14 @@ def train_rank(job: Job, rank: int, world_size: int, device: torch.device, *, ke
 
 @dataclass
 class _Rank:
-    """One rank's stage, ready to train: `step()` runs one schedule step + optimizer step."""
+    """One rank's stages, ready to train: `step()` runs one schedule step + optimizer step.
+    1F1B and GPipe give a rank one stage; the chunked schedules several (its chunks, chunk 0
+    first), all run by one schedule and stepped by one optimizer."""
 
-    module: torch.nn.Module
+    module: torch.nn.Module  # all the rank's layers (its chunks' modules share them)
     optimizer: torch.optim.Optimizer | None  # None: the stage has no parameters
-    stage: TimedStage
-    schedule: Schedule1F1B | ScheduleGPipe
+    stages: list[TimedStage]
+    schedule: Schedule1F1B | ScheduleGPipe | PipelineScheduleMulti
     ties: list[Tie]  # parameters shared with other stages
     host_bytes: Callable[[], int]  # the offloaded optimizer's host memory
     reduce_grads: Callable[[], None]  # the data-parallel gradient average after the schedule (ZeRO 0/1)
@@ -314,13 +339,36 @@ class _Rank:
     inputs: torch.Tensor | None  # the whole batch, first stage only
     targets: torch.Tensor | None  # last stage only
 
+    @property
+    def stage(self) -> TimedStage:
+        """The rank's first chunk: it times the optimizer and says what the rank does."""
+        return self.stages[0]
+
+    @property
+    def has_first(self) -> bool:
+        return any(stage.is_first for stage in self.stages)
+
+    @property
+    def has_last(self) -> bool:
+        return any(stage.is_last for stage in self.stages)
+
+    def set(self, **values) -> None:
+        """Set the same attributes on every chunk's stage."""
+        for stage in self.stages:
+            for name, value in values.items():
+                setattr(stage, name, value)
+
     def step(self) -> list[float]:
         """The mean microbatch loss on the last stage, nothing elsewhere."""
         self.module.zero_grad(set_to_none=self.sharded)
         losses: list[torch.Tensor] = []
-        args = (self.inputs,) if self.stage.is_first else ()
-        kwargs = {"target": self.targets, "losses": losses} if self.stage.is_last else {}
+        args = (self.inputs,) if self.has_first else ()
+        kwargs = {"target": self.targets, "losses": losses} if self.has_last else {}
         self.schedule.step(*args, return_outputs=False, **kwargs)
+        if len(self.stages) > 1:  # the mean over microbatches, as one stage's schedule scales it
+            for param in self.module.parameters():
+                if param.grad is not None:
+                    param.grad.div_(self.schedule._n_microbatches)
         with self.stage.timed(self.stage.optimizer_ms):
             # collectives: a rank here waits for its replicas and tied peers, it does not compute
             with self.stage.heartbeat.phase("the gradient reduction (a wait for the other replicas or stages)",
@@ -330,12 +378,27 @@ class _Rank:
             if self.optimizer is not None:
                 with self.stage.heartbeat.phase("the optimizer step", working=True):
                     self.optimizer.step()
-        self.stage.step_index += 1
+        for stage in self.stages:
+            stage.step_index += 1
         return [torch.stack(losses).mean().item()] if losses else []
 
     def held_before_step(self) -> list:
         """What exists before a step and lives through it: the tracker must be told."""
-        return [self.module, self.optimizer, self.inputs, self.targets, *self.stage.recv_buffers()]
+        return [self.module, self.optimizer, self.inputs, self.targets,
+                *(buffer for stage in self.stages for buffer in stage.recv_buffers())]
+
+    def fwd_ms(self) -> float:
+        """Median per microbatch of each chunk's forward, summed over the chunks, with the loss."""
+        return sum(_median(stage.fwd_ms) + _median(stage.loss_ms) for stage in self.stages)
+
+    def bwd_ms(self) -> float:
+        """Median per microbatch of each chunk's backward (both halves where split), summed."""
+        return sum(_median(stage.bwd_ms) + _median(stage.weight_grad_ms) for stage in self.stages)
+
+
+def rank_chunks(stage_plan: StagePlan) -> list[list[str]]:
+    """The rank's layer ranges, chunk 0 first (one, its layers, under 1F1B and GPipe)."""
+    return [list(chunk) for chunk in stage_plan.chunks] or [list(stage_plan.layers)]
 
 
 def _build(job: Job, rank: int, world_size: int, device: torch.device, heartbeat: Heartbeat) -> _Rank:
@@ -350,8 +413,15 @@ def _build(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
     with heartbeat.phase(f"build_model() of {Path(job.model_file).name}", working=True):
         layers = build_layers(model_file, seed=job.seed, keep=stage_plan.layers)
     by_name = dict(layers)
-    module = stage_module([(fqn, by_name[fqn]) for fqn in stage_plan.layers], options=stage_options(stage_plan))
+    options = stage_options(stage_plan)
+    module = stage_module([(fqn, by_name[fqn]) for fqn in stage_plan.layers], options=options)
     module.to(device=device, dtype=dtype)
+    expert_parallel(module, setup, device_type=device.type)  # every rank: it creates the expert groups
+    chunks = rank_chunks(stage_plan)
+    # a chunk's module shares the rank module's layers: one set of weights, gradients, optimizer
+    chunk_modules = [module] if len(chunks) == 1 else [
+        stage_module([(fqn, by_name[fqn]) for fqn in chunk], options={n: options[n] for n in chunk if n in options})
+        for chunk in chunks]
     ties = tie_groups(module, tied_params(layers), [stage.layers for stage in job.stages], index,
                       pipelines=layout.pipelines(), dp_index=dp_index)
     del layers, by_name  # the other stages' layers are freed
@@ -364,21 +434,36 @@ def _build(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         allocate_grads(module)
     optimizer = dp_optimizer(setup.training.optimizer, module, zero=setup.data_parallel.zero, offload=setup.data_parallel.offload, mesh=mesh,
                              overlap=setup.data_parallel.offload_overlap)
-    stage = TimedStage(wrapped, index, layout.stages, device, group=mesh["pp"].get_group() if mesh else None)
-    stage.stage_module = module
-    stage.microbatch_offset = dp_index * setup.pipeline.microbatches
-    stage.reduce_every_microbatch = setup.data_parallel.zero_gather == "per-microbatch"
-    stage.seed = job.seed
-    schedule = SCHEDULES[setup.pipeline.schedule](
-        stage, n_microbatches=setup.pipeline.microbatches, loss_fn=stage.timed_loss(model_file.loss_fn)
-    )
+    pp_group = mesh["pp"].get_group() if mesh else None
+    if len(chunks) == 1:
+        stages = [TimedStage(wrapped, index, layout.stages, device, group=pp_group)]
+    else:
+        order = build_schedule(setup.pipeline.schedule, num_ranks=layout.stages,
+                               num_microbatches=setup.pipeline.microbatches, num_chunks=len(chunks))
+        stages = [TimedStage(chunk_module, stage_index, order.num_stages, device, group=pp_group)
+                  for chunk_module, stage_index in zip(chunk_modules, order.stages_of(index), strict=True)]
+    for stage, chunk_module in zip(stages, chunk_modules):
+        stage.stage_module = chunk_module
+        stage.microbatch_offset = dp_index * setup.pipeline.microbatches
+        stage.reduce_every_microbatch = setup.data_parallel.zero_gather == "per-microbatch"
+        stage.seed = job.seed
+    last = next((stage for stage in stages if stage.is_last), stages[0])
+    loss_fn = last.timed_loss(model_file.loss_fn)
+    if len(stages) == 1:
+        schedule = SCHEDULES[setup.pipeline.schedule](stages[0], n_microbatches=setup.pipeline.microbatches,
+                                                      loss_fn=loss_fn)
+    else:
+        # scaled once below, not per stage: a parameter two chunks share (a V's tied embedding
+        # and head on rank 0) would be divided by the microbatches twice
+        schedule = CHUNKED_SCHEDULES[setup.pipeline.schedule](stages, n_microbatches=setup.pipeline.microbatches,
+                                                              loss_fn=loss_fn, scale_grads=False)
     inputs, targets = replica_batch(model_file, setup, dp_index, seed=job.seed)
     torch.manual_seed(job.seed)
-    return _Rank(
-        module, optimizer, stage, schedule, ties, partial(_host_bytes, optimizer), reduce_grads, sharded,
-        inputs=to_device(inputs, device, dtype) if stage.is_first else None,
-        targets=to_device(targets, device, dtype) if stage.is_last else None,
-    )
+    run = _Rank(module, optimizer, stages, schedule, ties, partial(_host_bytes, optimizer), reduce_grads, sharded,
+                inputs=None, targets=None)
+    run.inputs = to_device(inputs, device, dtype) if run.has_first else None
+    run.targets = to_device(targets, device, dtype) if run.has_last else None
+    return run
 
 
 def _no_reduction() -> None:
@@ -412,8 +497,8 @@ def static_bytes(module: torch.nn.Module, optimizer: torch.optim.Optimizer | Non
 
 def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat: Heartbeat) -> RankResult:
     run = _build(job, rank, world_size, device, heartbeat)
-    index = run.stage.stage_index
-    run.stage.heartbeat = heartbeat
+    index = Layout.of(job.plan.setup).stage_of(rank)
+    run.set(heartbeat=heartbeat)
     heartbeat.training()
     log = _log if job.log_progress else _quiet
     log(f"stage {index} (rank {rank}): built {len(job.stages[index].layers)} layers; training")
@@ -423,7 +508,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         losses += run.step()
         heartbeat.stepped(done, total_steps)
     step_ms = []
-    run.stage.recording = True
+    run.set(recording=True)
     for done in range(job.warmup_steps + 1, job.warmup_steps + job.steps + 1):
         _sync(device)
         dist.barrier()
@@ -433,21 +518,22 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         dist.barrier()
         step_ms.append((time.perf_counter() - start) * 1000)
         heartbeat.stepped(done, total_steps)
-    run.stage.recording = False
+    run.set(recording=False)
     log(f"stage {index} (rank {rank}): timed {job.steps} steps, median {_median(step_ms):.1f} ms; measuring memory")
     peak_bytes, reserved = 0, None
     static = [static_bytes(run.module, run.optimizer)]  # between steps, and after every microbatch below
-    run.stage.after_chunk = lambda: static.append(static_bytes(run.module, run.optimizer))
+    run.set(after_chunk=lambda: static.append(static_bytes(run.module, run.optimizer)))
     for done in range(total_steps - job.memory_steps + 1, total_steps + 1):  # apart from timing: the tracker slows every op
-        with PeakMemory(device, external=run.held_before_step()) as mem:
-            run.stage.before_forward = partial(forget_module_stats, mem)
+        # several chunks: tensors only (a split backward's autograd.grad refuses the module hooks)
+        with PeakMemory(device, external=run.held_before_step(), module_hooks=len(run.stages) == 1) as mem:
+            run.set(before_forward=partial(forget_module_stats, mem))
             losses += run.step()
-            run.stage.before_forward = None
+            run.set(before_forward=None)
         peak_bytes = max(peak_bytes, mem.peak_bytes)
         if mem.reserved_bytes is not None:
             reserved = max(reserved or 0, mem.reserved_bytes)
         heartbeat.stepped(done, total_steps)
-    run.stage.after_chunk = None
+    run.set(after_chunk=None)
     log(f"stage {index} (rank {rank}): peak {format_bytes(peak_bytes)}")
     cap = job.plan.setup.pipeline.mem_caps_bytes[index]
     if job.enforce_cap and peak_bytes > cap:
@@ -463,8 +549,8 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         device_name=device_name(device),
         peak_bytes=peak_bytes,
         reserved_bytes=reserved,
-        fwd_ms=_median(run.stage.fwd_ms) + _median(run.stage.loss_ms),
-        bwd_ms=_median(run.stage.bwd_ms),
+        fwd_ms=run.fwd_ms(),
+        bwd_ms=run.bwd_ms(),
         step_ms=step_ms,
         optimizer_ms=_median(run.stage.optimizer_ms),
         losses=losses,
