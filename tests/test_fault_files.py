@@ -155,16 +155,16 @@ def test_an_arch_config_with_huge_sizes_gets_one_sentence(tmp_path):
     assert result.exit_code == 1 and "gives numbers no device holds" in result.output, result.output
 
 
-def test_time_limit_bounds_the_baselines_on_twenty_thousand_layers(tmp_path):
-    """The baselines' smallest-fitting-ratio scans score thousands of rules on 20,002 layers
-    (minutes); --time-limit bounds them with the solve. One evaluate() of 20,002 layers takes
-    about a second here, so a few seconds past the limit is the most this may take."""
+def test_time_limit_bounds_the_baselines_on_six_thousand_layers(tmp_path):
+    """The baselines' smallest-fitting-ratio scans score thousands of rules on 6,002 layers
+    (minutes); --time-limit bounds them with the solve. One evaluate() of 6,002 layers takes
+    about a third of a second here, so a few seconds past the limit is the most this may take."""
     import time
 
     from planner import baselines, costmodel, synthetic
     from planner.schema import TrainSetup
 
-    profile = synthetic.heterogeneous(20_002, seed=0)
+    profile = synthetic.heterogeneous(6_002, seed=0)
     roomy = TrainSetup(stages=4, microbatches=8, micro_batch_size=1, mem_caps_bytes=[2**50] * 4)
     full = max(costmodel.evaluate(baselines.full_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage)
     path = tmp_path / "big.json"
@@ -173,7 +173,7 @@ def test_time_limit_bounds_the_baselines_on_twenty_thousand_layers(tmp_path):
     result = run("solve", "--profile", str(path), "--stages", "4", "--microbatches", "8", "--mem",
                  str(int(full * 1.2)), "--time-limit", "2", "--out", str(tmp_path / "plan.yaml"), "--json")
     elapsed = time.perf_counter() - started
-    assert elapsed < 40, f"took {elapsed:.0f} s"  # minutes before the baselines took the deadline
+    assert elapsed < 20, f"took {elapsed:.0f} s"  # minutes before the baselines took the deadline
     assert result.exit_code in (0, 1) and "Traceback" not in result.output
     if result.exit_code == 0:  # a baseline scored in time is the plan, marked feasible, not optimal
         assert json.loads(result.stdout)["status"] == "feasible"
