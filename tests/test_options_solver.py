@@ -142,7 +142,8 @@ def test_a_plan_names_each_layers_option_and_evaluate_refuses_one_the_layer_lack
 def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     """LLaMA 3 8B at 1024 tokens, eager attention: `attn` frees the softmax output, 32 heads x
     1024² x 2 bytes, and reruns QK^T and scores·V (4·s²·h FLOPs); `mlp-act` frees SiLU's output
-    and the product, 2 x 1024 x 14336 x 2 bytes; a MoE block has none and full only."""
+    and the product, 2 x 1024 x 14336 x 2 bytes; a MoE block has its own (tests/test_moe_arch.py):
+    the whole mixture, the routed experts' activation, and their combinations with attn."""
     from planner import archs
     from planner.profiler import analytic
 
@@ -158,7 +159,8 @@ def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     both = options["attn,mlp-act"]
     assert both.kept_bytes == block.act_bytes - 32 * 1024 * 1024 * 2 - 2 * 1024 * 14336 * 2
     moe = analytic.block_layer(0, archs.arch("mixtral-8x7b"), shape, gpu, 0.4)
-    assert moe.recompute_options == []
+    assert [o.name for o in moe.recompute_options] == ["none", "full", "attn", "mlp", "mlp-act", "attn,mlp",
+                                                       "attn,mlp-act"]
 
 
 def test_a_plan_with_selective_options_is_exported_as_whole_layers_and_rescored(tmp_path):
