@@ -51,9 +51,10 @@ ATTN, MLP, MLP_ACT, NORM, SAVE_MATMULS = "attn", "mlp", "mlp-act", "norm", "save
 COMBINATIONS = ((ATTN, MLP), (ATTN, MLP_ACT), (ATTN, NORM), (MLP_ACT, NORM), (ATTN, MLP_ACT, NORM))
 
 # What identifies a layer's parts: a class name containing the word (case-insensitive), or
-# the attribute name Megatron-LM, torchtitan, Hugging Face and timm give them.
+# the attribute name Megatron-LM, torchtitan, Hugging Face and timm give them (a mixture of
+# experts is the MLP of its block: Mixtral's SparseMoeBlock, Qwen2-MoE's, DeepSeek's MoE).
 ATTENTION_CLASS_WORDS, ATTENTION_NAMES = ("attention",), ("attn", "self_attn", "attention")
-MLP_CLASS_WORDS, MLP_NAMES = ("mlp", "feedforward"), ("mlp", "feed_forward", "ffn")
+MLP_CLASS_WORDS, MLP_NAMES = ("mlp", "feedforward", "moe"), ("mlp", "feed_forward", "ffn", "moe", "block_sparse_moe")
 
 # The ops whose outputs selective checkpointing saves. At the dispatcher, below autograd, a
 # Linear is t + mm / addmm (bmm batched); linear and matmul are listed for kernels that keep

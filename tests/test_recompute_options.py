@@ -268,3 +268,29 @@ def test_mixed_options_pipeline_peaks_are_the_prediction_and_losses_equal_one_pr
         [stage.measured.peak_bytes for stage in report.stages]
     reference = reference_losses(mixed, prepare(mixed, plan_file=None), num_steps=len(report.losses), seed=0)
     assert report.losses == reference
+
+
+def test_a_mixture_of_experts_is_its_blocks_mlp():
+    """A MoE block's mixture is found as its MLP (class name "MoE", Mixtral's SparseMoeBlock,
+    attribute moe or block_sparse_moe), so `mlp` recomputes the whole mixture (Megatron-LM's
+    moe); the bundled MoE model's block has it."""
+    from planner.modelfile import load_model_file, pipeline_layers
+    from planner.recompute import find_options, find_parts
+
+    path = ROOT / "configs" / "models" / "moe.py"
+    block = dict(pipeline_layers(load_model_file(path).build_model(), path))["blocks.0"]
+    assert find_parts(block)["mlp"] == [block.moe]
+    assert "mlp" in find_options(block)
+
+    class SparseMoeBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(4, 2)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block_sparse_moe = nn.Linear(4, 4)
+            self.other = SparseMoeBlock()
+
+    assert len(find_parts(Layer())["mlp"]) == 2
