@@ -1134,6 +1134,21 @@ def ranks_of(stages: Sequence[StagePlan], setup: TrainSetup) -> list[StagePlan]:
     return ranks
 
 
+def pipeline_stages(ranks: Sequence[StagePlan], setup: TrainSetup) -> list[StagePlan]:
+    """A plan's P·V pipeline stages in order (the inverse of ranks_of), each with its layers'
+    recompute; the plan's own stages where each rank holds one."""
+    if setup.pipeline.chunks == 1:
+        return list(ranks)
+    order = schedule_of(setup)
+    placed = {}
+    for rank, plan in enumerate(ranks):
+        for chunk, stage in zip(plan.chunks, order.stages_of(rank)):
+            placed[stage] = StagePlan(index=stage, layers=list(chunk),
+                                      recompute={n: o for n, o in plan.recompute.items() if n in chunk},
+                                      checkpointed=[n for n in plan.checkpointed if n in chunk])
+    return [placed[stage] for stage in range(order.num_stages)]
+
+
 def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
     """Score a plan of a chunked schedule: one StagePlan per rank whose `chunks` are its
     stages' layers, chunk 0 first (see the section's comment)."""

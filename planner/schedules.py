@@ -57,8 +57,10 @@ from planner.errors import UserError
 
 SCHEDULES = ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
 
-# Schedules whose order torch computes; 1F1B's is written here (see _one_f_one_b_order).
-_TORCH_CLASSES = {
+# torch's class for each schedule: the runtime runs them; build_schedule asks them for their
+# order, but 1F1B's, which is written here (see _one_f_one_b_order).
+TORCH_CLASSES = {
+    "1F1B": torch_schedules.Schedule1F1B,
     "GPipe": torch_schedules.ScheduleGPipe,
     "interleaved-1F1B": torch_schedules.ScheduleInterleaved1F1B,
     "ZB": torch_schedules.ScheduleInterleavedZeroBubble,
@@ -160,7 +162,7 @@ def _torch_order(name: str, *, num_ranks: int, num_chunks: int, num_microbatches
     stages = [SimpleNamespace(num_stages=num_ranks * num_chunks, group_size=num_ranks,
                               group_rank=0, submod=None)
               for _ in range(num_chunks)]
-    cls = _TORCH_CLASSES[name]
+    cls = TORCH_CLASSES[name]
     single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
     try:
         return cls(stages[0] if single else stages, num_microbatches).pipeline_order
@@ -274,52 +276,66 @@ def backward_moments(schedule: Schedule, rank: int, *,
     return list(dict.fromkeys(_moments(schedule, rank, until_weight_grad)[0]))
 
 
-def _moments(schedule: Schedule, rank: int, until_weight_grad: bool) -> tuple[list, list]:
-    stages = schedule.stages_of(rank)
-    live = [0] * len(stages)
-    outputs, grads, pending = [0] * len(stages), [0] * len(stages), [0] * len(stages)
-    freed_by = ("B", "W") if until_weight_grad else ("B", "I")
-    before, after = [], []
-    for a in schedule.actions[rank]:
-        if a.kind in _BACKWARDS:
-            before.append(((*live, *outputs, *grads, *pending), a.chunk, a.kind))
-        live[a.chunk] += 1 if a.kind == "F" else -1 if a.kind in freed_by else 0
+@dataclass(frozen=True)
+class _Counts:
+    """Per chunk of a rank: microbatches past F and before I or B (acts), before W or B
+    (wgrad), past B or W (outputs: their output stays), past B or I (grads: their input
+    gradient stays). wgrad - acts is the microbatches past I and before W."""
+
+    acts: tuple[int, ...]
+    wgrad: tuple[int, ...]
+    outputs: tuple[int, ...]
+    grads: tuple[int, ...]
+
+    def vector(self, until_weight_grad: bool) -> tuple[int, ...]:
+        """live_counts' vector: live, outputs, grads, past I before W."""
+        live = self.wgrad if until_weight_grad else self.acts
+        return (*live, *self.outputs, *self.grads, *(w - a for w, a in zip(self.wgrad, self.acts)))
+
+
+def _walk(schedule: Schedule, rank: int) -> list[tuple[int, Action, _Counts, _Counts]]:
+    """The rank's actions in order, each with (step, action, counts before it, counts after it)."""
+    chunks = len(schedule.stages_of(rank))
+    acts, wgrad, outputs, grads = ([0] * chunks for _ in range(4))
+    walked = []
+    for step, a in enumerate(schedule.actions[rank]):
+        before = _Counts(tuple(acts), tuple(wgrad), tuple(outputs), tuple(grads))
+        acts[a.chunk] += {"F": 1, "B": -1, "I": -1}.get(a.kind, 0)
+        wgrad[a.chunk] += {"F": 1, "B": -1, "W": -1}.get(a.kind, 0)
         outputs[a.chunk] += a.kind in ("B", "W")
         grads[a.chunk] += a.kind in ("B", "I")
-        pending[a.chunk] += {"I": 1, "W": -1}.get(a.kind, 0)
-        after.append(((*live, *outputs, *grads, *pending), None, None))
+        walked.append((step, a, before, _Counts(tuple(acts), tuple(wgrad), tuple(outputs), tuple(grads))))
+    assert acts == [0] * chunks and wgrad == [0] * chunks, "unbalanced schedule"
+    return walked
+
+
+def _moments(schedule: Schedule, rank: int, until_weight_grad: bool) -> tuple[list, list]:
+    walked = _walk(schedule, rank)
+    before = [(counts.vector(until_weight_grad), a.chunk, a.kind) for _, a, counts, _ in walked if a.kind in _BACKWARDS]
+    after = [(counts.vector(until_weight_grad), None, None) for *_, counts in walked]
     return before, after
 
 
 def _rank_peak(schedule: Schedule, rank: int, stage_bytes: Sequence[ChunkBytes]) -> RankPeak:
     stages = schedule.stages_of(rank)
-    acts = [0] * len(stages)  # per chunk: past F, before I/B
-    wgrad = [0] * len(stages)  # per chunk: past F, before W/B
-    sent = 0.0  # what the rank's sends hold so far
+    mine = [stage_bytes[s] for s in stages]
+
+    def live(counts: _Counts) -> float:
+        return sum(counts.acts[c] * b.freed_at_input_grad + counts.wgrad[c] * b.kept_for_weight_grad
+                   + counts.outputs[c] * b.sent_output + counts.grads[c] * b.sent_input_grad
+                   + (counts.wgrad[c] - counts.acts[c]) * b.held_for_weight_grad
+                   for c, b in enumerate(mine))
+
     best = None
-
-    def live() -> float:
-        return sent + sum(acts[c] * stage_bytes[s].freed_at_input_grad + wgrad[c] * stage_bytes[s].kept_for_weight_grad
-                          + (wgrad[c] - acts[c]) * stage_bytes[s].held_for_weight_grad  # past I, before W
-                          for c, s in enumerate(stages))
-
-    def consider(step: int, transient: float) -> None:
-        nonlocal best
-        total = live() + transient
-        if best is None or total > best.live:
-            chunks = tuple(ChunkInFlight(c, s, acts[c], wgrad[c]) for c, s in enumerate(stages))
-            best = RankPeak(rank, step, total, chunks, transient)
-
-    for step, a in enumerate(schedule.actions[rank]):
+    for step, a, before, after in _walk(schedule, rank):
         held = stage_bytes[a.stage]
         extra = {"B": held.transient, "I": held.input_pass_transient, "W": held.weight_pass_transient}.get(a.kind, 0)
-        if extra:  # during a backward pass: on top of the counts before it frees anything
-            consider(step, extra)
-        acts[a.chunk] += {"F": 1, "B": -1, "I": -1}.get(a.kind, 0)
-        wgrad[a.chunk] += {"F": 1, "B": -1, "W": -1}.get(a.kind, 0)
-        sent += held.sent_output * (a.kind in ("B", "W")) + held.sent_input_grad * (a.kind in ("B", "I"))
-        consider(step, 0.0)
-    assert acts == [0] * len(stages) and wgrad == [0] * len(stages), "unbalanced schedule"
+        # during a backward pass, its transient on top of the counts before it frees anything; then after it
+        for counts, transient in ([(before, extra)] if extra else []) + [(after, 0.0)]:
+            total = live(counts) + transient
+            if best is None or total > best.live:
+                chunks = tuple(ChunkInFlight(c, s, counts.acts[c], counts.wgrad[c]) for c, s in enumerate(stages))
+                best = RankPeak(rank, step, total, chunks, transient)
     return best
 
 

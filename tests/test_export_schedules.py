@@ -37,7 +37,7 @@ LAYOUT = "Et|t*3|t|t*3L"
 
 
 def _stages(plan):
-    return rounding.pipeline_stages(plan.stages, plan.setup)
+    return costmodel.pipeline_stages(plan.stages, plan.setup)
 
 
 def test_pipeline_stages_undo_the_placement(tmp_path):

@@ -67,7 +67,7 @@ def test_megatron_rounds_a_mixed_plan_to_the_fastest_setting_that_fits(tmp_path)
     # the candidates: block recompute of whole layers (N = 2, the largest count) or core_attn everywhere
     roles = rounding.llm_roles(profile)
     attn = [s.with_recompute({n: "attn" for n in rounding.decoder_layers(s, roles)})
-            for s in rounding.pipeline_stages(plan.stages, plan.setup)]
+            for s in costmodel.pipeline_stages(plan.stages, plan.setup)]
     setup = result.rounded.setup
     selective_ms = costmodel.evaluate(costmodel.ranks_of(attn, setup), profile, setup).iteration_ms
     assert result.scored.rounded.iteration_ms == selective_ms

@@ -203,3 +203,17 @@ def test_dp2_ep2_trains_like_one_process_with_half_the_experts():
     tensors = len(list(model.parameters()))
     static = (dense + experts // 2) * dataparallel.bytes_per_param(plan.setup) + 4 * tensors  # + Adam's step counts
     assert report.stages[0].measured.static_bytes == static
+
+
+def test_solve_with_ep_states_the_routing_it_assumes():
+    """--ep E plans balanced routing; the profile's own routing on the busiest rank, and what its
+    experts would keep beyond the plan, are said (rank_load: 20 of 32 copies on one of 2 ranks)."""
+    from planner.commands.setup_options import routing_note
+    from planner.synthetic import layer, profile_of
+
+    plain = profile_of([layer(f"l{i}", "Block", fwd_ms=1.0, act_mib=1, input_mib=1, param_count=10) for i in range(2)])
+    assert routing_note(plain, 2) is None  # no routing recorded: nothing to say
+    moe = layer("moe", "MoE", fwd_ms=1.0, act_mib=1, input_mib=1, param_count=10).model_copy(
+        update={"routed_tokens": [8, 12, 4, 8], "expert_act_bytes": 4096})
+    note = routing_note(profile_of([moe, layer("l1", "Block", fwd_ms=1.0, act_mib=1, input_mib=1, param_count=10)]), 2)
+    assert "1.25x the mean" in note and "moe" in note and "1 KiB more per microbatch" in note

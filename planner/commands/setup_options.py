@@ -222,7 +222,29 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
                 f"--runtime torchtitan: ZeRO-{setup.data_parallel.zero} runs as FSDP2 without a pipeline, "
                 "resharded after every forward (ZeRO 3, --zero-gather per-microbatch)")
         setup = ran
+    if setup.data_parallel.ep > 1 and say is not None:
+        note = routing_note(profile, setup.data_parallel.ep)
+        if note:
+            say(note)
     return setup
+
+
+def routing_note(profile, ep: int) -> str | None:
+    """Expert parallelism's assumption said aloud: the plan charges every rank the mean of the
+    routed token copies (balanced routing); how far the profiled microbatch's routing was from
+    that on the busiest rank, and what its experts would keep beyond the plan there. None for a
+    profile without recorded routing (analytic profiles state --capacity-factor instead)."""
+    from planner.profiler.routing import rank_load
+    from planner.units import format_bytes
+
+    loads = [(rank_load(layer.routed_tokens, len(layer.routed_tokens), ep), layer) for layer in profile.layers
+             if layer.routed_tokens and len(layer.routed_tokens) % ep == 0]
+    if not loads:
+        return None
+    load, layer = max(loads, key=lambda item: item[0])
+    return (f"--ep {ep}: the plan charges balanced routing (every rank the mean of the routed token copies); on the "
+            f"profiled microbatch the busiest rank of {layer.name} computes {load:.2f}x the mean, which would keep "
+            f"{format_bytes((load - 1) * layer.expert_act_bytes)} more per microbatch there than the plan says")
 
 
 def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, zero: int = 0,

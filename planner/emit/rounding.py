@@ -78,21 +78,6 @@ class Rounded:
         return costmodel.ranks_of(self.stages, self.setup)
 
 
-def pipeline_stages(ranks: Sequence[StagePlan], setup: TrainSetup) -> list[StagePlan]:
-    """A plan's P·V pipeline stages in order (the inverse of costmodel.ranks_of); the plan's
-    own stages where each rank holds one."""
-    if setup.pipeline.chunks == 1:
-        return [stage.model_copy(update={"predicted": None}) for stage in ranks]
-    order = costmodel.schedule_of(setup)
-    placed = {}
-    for rank, plan in enumerate(ranks):
-        for chunk, stage in zip(plan.chunks, order.stages_of(rank)):
-            placed[stage] = StagePlan(index=stage, layers=list(chunk),
-                                      recompute={n: o for n, o in plan.recompute.items() if n in chunk},
-                                      checkpointed=[n for n in plan.checkpointed if n in chunk])
-    return [placed[stage] for stage in range(order.num_stages)]
-
-
 @dataclass(frozen=True)
 class Scored:
     exact: PlanCost
@@ -113,7 +98,7 @@ def start(plan: Plan, target: str | None = None, *, selective: bool = False) -> 
     Without `selective` (the exporter writes whole layers only), a selective option becomes
     the whole layer: it frees at least as much and recomputes more, re-scored like every other
     rounding."""
-    stages = pipeline_stages(plan.stages, plan.setup)
+    stages = [stage.model_copy(update={"predicted": None}) for stage in costmodel.pipeline_stages(plan.stages, plan.setup)]
     rounded = Rounded(stages=stages, setup=plan.setup)
     if not selective:
         rounded.stages = whole_layers(rounded.stages)

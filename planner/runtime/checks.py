@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
+from planner import costmodel
 from planner.errors import UserError
 from planner.io import sha256_file
 from planner.modelfile import Layers, ModelFile, load_model_file, pipeline_layers
 from planner.recompute import option_error
 from planner.runtime.stagemodule import stage_options, torch_dtype
-from planner.schedules import build_schedule
 from planner.schema import Plan, StagePlan
 
 
@@ -99,20 +99,13 @@ def check_stage_layout(stages: list[StagePlan], layer_names: list[str], *, what:
         )
 
 
-def pipeline_stages(plan: Plan, ranks: list[StagePlan]) -> list[StagePlan]:
-    """The pipeline's stages in order: the ranks themselves, or under a chunked schedule every
-    rank's chunks placed where the schedule places them (numbered as pipeline stages)."""
+def check_chunks(plan: Plan, ranks: list[StagePlan]) -> None:
+    """Every rank holds the chunks its schedule gives it."""
     setup = plan.setup.pipeline
-    if setup.chunks == 1:
-        return ranks
-    bad = [rank.index for rank in ranks if len(rank.chunks) != setup.chunks]
+    bad = [rank.index for rank in ranks if setup.chunks > 1 and len(rank.chunks) != setup.chunks]
     if bad:
         raise UserError(f"rank {bad[0]} of the plan holds {len(ranks[bad[0]].chunks) or 1} chunks where "
                         f"{setup.schedule} gives every rank {setup.chunks}; re-create the plan with `ckplan solve`")
-    order = build_schedule(setup.schedule, num_ranks=setup.stages, num_microbatches=setup.microbatches,
-                           num_chunks=setup.chunks)
-    placed = {stage: chunk for rank in ranks for stage, chunk in zip(order.stages_of(rank.index), rank.chunks)}
-    return [StagePlan(index=stage, layers=placed[stage]) for stage in range(order.num_stages)]
 
 
 def check_stage_options(stages: list[StagePlan], layers: Layers, *, what: str) -> None:
@@ -172,7 +165,8 @@ def prepare(plan: Plan, *, plan_file: str | Path | None, strategy: str = "ckplan
     torch_dtype(plan.dtype)  # a dtype torch does not know is refused here, not on every rank
     model_file = load_model_file(model_path)
     layers = pipeline_layers(_build_for_names(model_file), model_path)
-    check_stage_layout(pipeline_stages(plan, chosen.stages), [name for name, _ in layers],
+    check_chunks(plan, chosen.stages)
+    check_stage_layout(costmodel.pipeline_stages(chosen.stages, plan.setup), [name for name, _ in layers],
                        what=f"{chosen.name}'s stages", model_path=model_path)
     check_stage_options(chosen.stages, layers, what=f"{chosen.name}'s stages")
     return Prepared(model_file, model_path, chosen)

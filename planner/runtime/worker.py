@@ -28,15 +28,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleDualPipeV,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-    ScheduleZBVZeroBubble,
-)
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining._backward import stage_backward
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
@@ -58,15 +50,10 @@ from planner.runtime.stagemodule import (
     training_batch,
 )
 from planner.runtime.tie import Tie, relink, sum_tied_grads, tie_groups
-from planner.schedules import build_schedule
+from planner.schedules import TORCH_CLASSES, build_schedule
 from planner.schema import Plan, StagePlan
 from planner.tied import tied_params
 from planner.units import format_bytes
-
-SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
-# several stages (chunks) per rank: torch's runtime schedules, placed as planner/schedules.py places them
-CHUNKED_SCHEDULES = {"interleaved-1F1B": ScheduleInterleaved1F1B, "ZB": ScheduleInterleavedZeroBubble,
-                     "ZBV": ScheduleZBVZeroBubble, "DualPipeV": ScheduleDualPipeV}
 
 
 class Job(BaseModel):
@@ -449,14 +436,14 @@ def _build(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         stage.seed = job.seed
     last = next((stage for stage in stages if stage.is_last), stages[0])
     loss_fn = last.timed_loss(model_file.loss_fn)
+    schedule_class = TORCH_CLASSES[setup.pipeline.schedule]
     if len(stages) == 1:
-        schedule = SCHEDULES[setup.pipeline.schedule](stages[0], n_microbatches=setup.pipeline.microbatches,
-                                                      loss_fn=loss_fn)
+        schedule = schedule_class(stages[0], n_microbatches=setup.pipeline.microbatches, loss_fn=loss_fn)
     else:
         # scaled once below, not per stage: a parameter two chunks share (a V's tied embedding
         # and head on rank 0) would be divided by the microbatches twice
-        schedule = CHUNKED_SCHEDULES[setup.pipeline.schedule](stages, n_microbatches=setup.pipeline.microbatches,
-                                                              loss_fn=loss_fn, scale_grads=False)
+        schedule = schedule_class(stages, n_microbatches=setup.pipeline.microbatches, loss_fn=loss_fn,
+                                  scale_grads=False)
     inputs, targets = replica_batch(model_file, setup, dp_index, seed=job.seed)
     torch.manual_seed(job.seed)
     run = _Rank(module, optimizer, stages, schedule, ties, partial(_host_bytes, optimizer), reduce_grads, sharded,
