@@ -14,12 +14,15 @@ Megatron-LM's `--recompute-modules` and torchtitan's selective activation checkp
     norm          every norm submodule (LayerNorm, RMSNorm) under checkpoint
     save-matmuls  the whole layer under selective checkpoint saving matmul and attention
                   outputs, recomputing every other op (torchtitan's op-level SAC)
+    offload       nothing recomputed: the layer keeps its input on the device and copies every
+                  other tensor it saves to host memory in forward, back in backward
+                  (offloaded_activations; Megatron-LM's activation offloading)
 
 and combinations of attn, mlp / mlp-act and norm, comma-joined ("attn,mlp-act"), where each
 part is in the layer and the combination checkpoints more than any of its parts.
 
-Everything runs on torch's own pieces: `checkpoint(use_reentrant=False)` and
-`create_selective_checkpoint_contexts`. A module-level option checkpoints its submodules
+Everything runs on torch's own pieces: `checkpoint(use_reentrant=False)`,
+`create_selective_checkpoint_contexts` and `saved_tensors_hooks`. A module-level option checkpoints its submodules
 for one forward of the layer by giving each an instance `forward` that calls its own under
 checkpoint, removed when the layer's forward returns; the backward recomputes through the
 function checkpoint captured. Checkpoint stashes the RNG state each region starts with and
@@ -28,12 +31,15 @@ restores it to recompute, so dropout draws the same masks, whatever the stage's 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
 import torch
 from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.checkpoint import (
     CheckpointPolicy,
@@ -41,7 +47,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from planner.schema import OPTION_FULL, OPTION_NONE
+from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD
 
 ATTN, MLP, MLP_ACT, NORM, SAVE_MATMULS = "attn", "mlp", "mlp-act", "norm", "save-matmuls"
 
@@ -120,12 +126,14 @@ def _targets(parts: dict[str, list[nn.Module]], names: tuple[str, ...]) -> list[
 
 
 def find_options(layer: nn.Module) -> list[str]:
-    """The selective options `layer` supports (none and full it always has): the module-level
-    ones whose parts it has, save-matmuls, then the combinations that checkpoint more than each
-    of their parts. A layer with no parts found has save-matmuls only."""
+    """The options `layer` supports besides none and full (which it always has): the
+    module-level ones whose parts it has, save-matmuls, offload, then the combinations that
+    checkpoint more than each of their parts. A layer with no parts found has save-matmuls and
+    offload."""
     parts = find_parts(layer)
     found = [name for name in (ATTN, MLP, MLP_ACT, NORM) if parts[name]]
     found.append(SAVE_MATMULS)
+    found.append(OPTION_OFFLOAD)
     for combination in COMBINATIONS:
         if not all(parts[name] for name in combination):
             continue
@@ -198,6 +206,139 @@ def _submodules_checkpointed(modules: list[nn.Module], context_fn) -> Iterator[N
                 module.forward = own
 
 
+# ---------------------------------------------------------------- offload
+
+
+def _copy_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    """The device's two copy streams (device to host, host to device: PCIe is full duplex),
+    made once."""
+    found = _STREAMS.get(device)
+    if found is None:
+        found = _STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+    return found
+
+
+_STREAMS: dict[torch.device, tuple] = {}
+
+
+class _Offloaded:
+    """One storage a layer saved, on the host: its copy out (on the device-to-host stream, once
+    the op that made it is done) and its copy back (on the host-to-device stream, once the copy
+    out is done), which every saved view of it then reads."""
+
+    def __init__(self, whole: torch.Tensor, *, move_cpu: bool):
+        self.device, self.back = whole.device, None
+        self.cuda = whole.is_cuda
+        self.host = torch.empty(whole.shape, dtype=torch.uint8, pin_memory=self.cuda)
+        self.weak = StorageWeakRef(whole.untyped_storage())
+        if not self.cuda:  # move_cpu: a plain copy, for tests on a machine with no GPU
+            self.host.copy_(whole)
+            return
+        out, _ = _copy_streams(self.device)
+        out.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(out):
+            self.host.copy_(whole, non_blocking=True)
+            self.out_done = out.record_event()
+        whole.record_stream(out)  # the caching allocator reuses the block only after the copy
+
+    def fetch(self) -> None:
+        """Start the copy back (prefetch): overlapped with the compute stream's work."""
+        if self.back is not None:
+            return
+        self.back = torch.empty(self.host.shape, dtype=torch.uint8, device=self.device)
+        if not self.cuda:
+            self.back.copy_(self.host)
+            return
+        _, back = _copy_streams(self.device)
+        back.wait_stream(torch.cuda.current_stream(self.device))  # the block is free on the compute stream
+        back.wait_event(self.out_done)
+        with torch.cuda.stream(back):
+            self.back.copy_(self.host, non_blocking=True)
+            self.back_done = back.record_event()
+        self.back.record_stream(back)
+
+    def view(self, dtype, size, stride, offset) -> torch.Tensor:
+        self.fetch()
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(self.back_done)
+        return torch.empty(0, dtype=dtype, device=self.device).set_(self.back.untyped_storage(), offset, size, stride)
+
+
+class offloaded_activations(saved_tensors_hooks):  # noqa: N801 (a context manager, as torch's own)
+    """Inside, every tensor autograd saves goes to host memory (pinned) and comes back for the
+    backward, except those in `keep` (the layer's input, its parameters and buffers, by
+    storage) and tensors already on the cpu: the host is their device.
+
+    torch.autograd.graph.save_on_cpu copies every saved tensor one by one, on the compute
+    stream: the weights a matmul saves (each microbatch a copy of the layer's parameters over
+    PCIe and in host memory), the input the previous layer's output already is, and a tensor
+    three matmuls save (the normed input of Q, K and V) three times, each waiting for the
+    copy. Here a storage goes out once per forward, whole, on a copy stream of its own, so the
+    forward goes on while it copies, and comes back once, on a second stream, when the
+    backward reaches the layer (prefetch(): a hook on its output) or, failing that, first
+    needs it; each saved view of it is rebuilt on that one copy, so the layer's backward holds
+    what it moved once, as none holds it.
+
+    observe(tensor): told every saved tensor that stays on its device (the profiler counts
+    them as the option's kept bytes). move_cpu: copy cpu tensors too (the same code on a
+    machine with no GPU, for tests)."""
+
+    def __init__(self, keep=(), *, observe: Observer | None = None, move_cpu: bool = False):
+        kept = {tensor.untyped_storage()._cdata for tensor in keep}
+        # this forward's copies by storage; emptied when the forward ends, so that only the
+        # saved tensors (the autograd nodes) hold a copy, and it goes when their backward is done
+        self.copies: dict[int, _Offloaded] = {}
+        self.moved: list[weakref.ref] = []  # in the order they were saved
+
+        def pack(tensor: torch.Tensor):
+            storage = tensor.untyped_storage()
+            if storage._cdata in kept or (tensor.device.type == "cpu" and not move_cpu) or tensor.layout != torch.strided:
+                if observe is not None:
+                    observe(tensor)
+                return tensor
+            found = self.copies.get(storage._cdata)
+            if found is None or found.weak.expired():  # a storage freed since may reuse the address
+                whole = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+                found = self.copies[storage._cdata] = _Offloaded(whole, move_cpu=move_cpu)
+                self.moved.append(weakref.ref(found))
+            return found, tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset()
+
+        def unpack(packed):
+            if isinstance(packed, torch.Tensor):
+                return packed
+            found, *shape = packed
+            return found.view(*shape)
+
+        super().__init__(pack, unpack)
+
+    def __exit__(self, *exc_info) -> None:
+        super().__exit__(*exc_info)
+        self.copies.clear()
+
+    def prefetch(self) -> None:
+        """Start copying back everything moved that a saved tensor still needs, the last saved
+        first (the backward reads it first)."""
+        for ref in reversed(self.moved):
+            found = ref()
+            if found is not None:
+                found.fetch()
+        self.moved = []
+
+
+def offloading_runner(layer: nn.Module, observe: Observer | None, move_cpu: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> layer(x) under offloaded_activations, keeping its input, parameters and buffers, and
+    copying the rest back when the gradient of its output arrives (its backward starts)."""
+    def run(x: torch.Tensor) -> torch.Tensor:
+        hooks = offloaded_activations([x, *layer.parameters(), *layer.buffers()], observe=observe, move_cpu=move_cpu)
+        with hooks:
+            output = layer(x)
+        if hooks.moved and isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: hooks.prefetch())  # the layer's backward starts
+        return output
+
+    return run
+
+
 def layer_runner(layer: nn.Module, option: str = OPTION_NONE, *,
                  observe: Observer | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """x -> layer(x) under recompute option `option`, its submodules found once (ValueError for an
@@ -208,6 +349,8 @@ def layer_runner(layer: nn.Module, option: str = OPTION_NONE, *,
         return partial(checkpoint, layer, use_reentrant=False)
     if option not in find_options(layer):
         raise ValueError(option_error(type(layer).__name__, layer, option))
+    if option == OPTION_OFFLOAD:
+        return offloading_runner(layer, observe)
     if option == SAVE_MATMULS:
         return partial(checkpoint, layer, use_reentrant=False,
                        context_fn=_contexts(MATMUL_OPS | ATTENTION_OPS, observe))

@@ -54,6 +54,9 @@ class FileRef(Strict):
 # its input ("full"): selective recompute of its parts (planner/recompute.py says what each
 # does). A name is one option or several joined by commas ("attn,mlp-act").
 OPTION_NONE, OPTION_FULL = "none", "full"
+# keep the layer's input, copy every other tensor it saves to host memory in forward and back
+# in backward (planner/recompute.py): device bytes of full, no recompute, PCIe copies and host memory
+OPTION_OFFLOAD = "offload"
 # recompute options run under torch's selective activation checkpoint (planner/recompute.py:
 # save-matmuls, and mlp-act alone or in a combination), which refuses a second backward through
 # its region: a split backward (SPLIT_BACKWARD_SCHEDULES) cannot run them
@@ -84,6 +87,9 @@ class RecomputeOption(Strict):
     split_held_bytes: Bytes = 0
     split_input_peak_bytes: Bytes = 0
     split_peak_bytes: Bytes = 0
+    # offload: the bytes per microbatch it keeps in host memory until its backward (its
+    # recompute_ms is then the copies' time); 0 for every other option
+    host_bytes: Bytes = 0
 
 
 class LayerProfile(Strict):
@@ -405,6 +411,10 @@ class StagePredicted(Strict):
     # buffers beside it (planner/allocator.py); the cap holds both. None / 0 on cpu
     reserved_bytes: int | None = None
     workspace_bytes: int = 0
+    # host memory the rank takes (offloaded optimizer, offloaded activations) and its share of
+    # the node's (--host-mem; None: not capped)
+    host_bytes: int = 0
+    host_cap_bytes: int | None = None
 
 
 class StagePlan(Strict):

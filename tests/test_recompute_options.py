@@ -17,11 +17,11 @@ import planner.runtime.launcher as launcher
 from planner import costmodel, io, modelfile
 from planner.profiler.measure import measure_model
 from planner.profiler.saved import saved_bytes
-from planner.recompute import find_options, layer_runner
+from planner.recompute import offloading_runner, find_options, layer_runner
 from planner.runtime import validate_plan
 from planner.runtime.checks import prepare
 from planner.runtime.reference import reference_losses
-from planner.schema import OPTION_FULL, OPTION_NONE
+from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD
 
 FIXTURES = ROOT / "tests" / "fixtures"
 LLAMA = FIXTURES / "llama_style.py"
@@ -70,9 +70,9 @@ KEPT_FLOATS = {
 
 def test_find_options_of_a_norm_and_mlp_block():
     # no attention: nothing with attn; mlp and norm alone are combined only as mlp-act,norm
-    assert find_options(NormMLPBlock()) == ["mlp", "mlp-act", "norm", "save-matmuls", "mlp-act,norm"]
-    assert find_options(SwiGLU()) == ["save-matmuls"]  # its own parts are plain Linears
-    assert find_options(nn.Linear(D, D)) == ["save-matmuls"]
+    assert find_options(NormMLPBlock()) == ["mlp", "mlp-act", "norm", "save-matmuls", OPTION_OFFLOAD, "mlp-act,norm"]
+    assert find_options(SwiGLU()) == ["save-matmuls", OPTION_OFFLOAD]  # its own parts are plain Linears
+    assert find_options(nn.Linear(D, D)) == ["save-matmuls", OPTION_OFFLOAD]
 
 
 def test_exact_kept_bytes_of_each_option():
@@ -85,6 +85,48 @@ def test_exact_kept_bytes_of_each_option():
     # every option keeps the layer's own input, as none does: the cost model's stage-input
     # correction (input_in_act_bytes) holds under every option
     assert saved.option_input_bytes == [dict.fromkeys(options, N * D * F32)]
+
+
+def test_offload_copies_each_saved_storage_out_once_and_back_once():
+    """The offload option over NormMLPBlock, made to copy cpu tensors (move_cpu: what it does to
+    a GPU's): the input x stays, as do the weights (kept by storage); every other saved storage
+    (mean, rstd, y, g, u, silu(g), the product: none's less x) goes to the host once, though w1
+    and w3 both save y, and comes back once, when the backward reaches the block (the hook on
+    its output), for every view saved of it. The gradients are none's bit for bit."""
+    torch.manual_seed(0)
+    block = NormMLPBlock()
+    x = torch.randn(B, S, D, requires_grad=True)
+    grad = torch.randn(B, S, D)
+    out = block(x)
+    out.backward(grad)
+    want = [out.detach(), x.grad, *(p.grad for p in block.parameters())]
+    block.zero_grad(set_to_none=True)
+    x.grad = None
+
+    kept, out_copies, back_copies = [], [], []
+    real_empty = torch.empty
+
+    def counting_empty(*args, **kwargs):  # both copies are made by torch.empty(..., dtype=uint8)
+        made = real_empty(*args, **kwargs)
+        if kwargs.get("dtype") is torch.uint8 and made.numel():
+            (back_copies if "device" in kwargs else out_copies).append(made.numel())
+        return made
+
+    moved = (KEPT_FLOATS[OPTION_NONE] - N * D) * F32
+    torch.empty = counting_empty
+    try:
+        out = offloading_runner(block, kept.append, move_cpu=True)(x)
+        assert sum(out_copies) == moved and len(out_copies) == 7 and not back_copies
+        fetched = []  # a hook after the option's own: all seven are back before the block's backward
+        out.register_hook(lambda _: fetched.append(len(back_copies)))
+        out.backward(grad)
+    finally:
+        torch.empty = real_empty
+    assert sum(back_copies) == moved and len(back_copies) == 7 and fetched == [7]
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    assert {t.untyped_storage().data_ptr() for t in kept} - params == {x.untyped_storage().data_ptr()}
+    got = [out.detach(), x.grad, *(p.grad for p in block.parameters())]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 # Backward FLOPs of the block on a (B, S, D) input that needs its gradient (torch's counter
@@ -123,17 +165,19 @@ def _llama_layers():
     return loaded, modelfile.pipeline_layers(loaded.build_model())
 
 
-ALL_BLOCK_OPTIONS = ["attn", "mlp", "mlp-act", "norm", "save-matmuls", "attn,mlp", "attn,mlp-act", "attn,norm",
-                     "mlp-act,norm", "attn,mlp-act,norm"]
+ALL_BLOCK_OPTIONS = ["attn", "mlp", "mlp-act", "norm", "save-matmuls", OPTION_OFFLOAD, "attn,mlp", "attn,mlp-act",
+                     "attn,norm", "mlp-act,norm", "attn,mlp-act,norm"]
+# what a cpu profile measures: offload moves nothing where the host is the device
+CPU_BLOCK_OPTIONS = [name for name in ALL_BLOCK_OPTIONS if name != OPTION_OFFLOAD]
 
 
 def test_find_options_on_the_llama_style_model():
     _, layers = _llama_layers()
     assert [find_options(layer) for _, layer in layers] == [
-        ["save-matmuls"],  # the embedding: nothing recognisable inside
+        ["save-matmuls", OPTION_OFFLOAD],  # the embedding: nothing recognisable inside
         ALL_BLOCK_OPTIONS, ALL_BLOCK_OPTIONS,
-        ["save-matmuls"],  # the final RMSNorm is the layer itself, not a part of it
-        ["save-matmuls"],
+        ["save-matmuls", OPTION_OFFLOAD],  # the final RMSNorm is the layer itself, not a part of it
+        ["save-matmuls", OPTION_OFFLOAD],
     ]
 
 
@@ -156,7 +200,7 @@ def test_find_options_on_a_hugging_face_llama():
     assert type(hf_layer).__name__ == "LlamaDecoderLayer"
     assert find_options(hf_layer) == ALL_BLOCK_OPTIONS
     assert find_options(decoder) == ALL_BLOCK_OPTIONS  # found inside ckplan's pipeline wrapper too
-    assert find_options(dict(layers)["head"]) == ["norm", "save-matmuls"]
+    assert find_options(dict(layers)["head"]) == ["norm", "save-matmuls", OPTION_OFFLOAD]
 
 
 @pytest.mark.parametrize("model", ["llama_style", "hugging_face_llama"])
@@ -201,7 +245,7 @@ def test_profile_lists_the_options_of_each_kind():
         assert (none.kept_bytes, full.kept_bytes) == (layer.act_bytes, layer.input_bytes)
         assert all(option.kept_bytes < layer.act_bytes for option in selective)  # the others are left out
     assert [o.name for o in blocks[0].recompute_options] == [o.name for o in blocks[1].recompute_options]
-    assert [o.name for o in blocks[0].recompute_options][2:] == ALL_BLOCK_OPTIONS
+    assert [o.name for o in blocks[0].recompute_options][2:] == CPU_BLOCK_OPTIONS
     assert [o.kept_bytes for o in blocks[0].recompute_options] == [o.kept_bytes for o in blocks[1].recompute_options]
     # save-matmuls keeps less than the final norm's activations; on the embedding and the head
     # it keeps their input, as none does, and is left out
@@ -222,7 +266,7 @@ def test_an_option_the_layer_lacks_is_one_sentence(tmp_path, monkeypatch):
     assert result.exit_code == 1
     errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1 and "\n" not in errors[0]
-    assert "stage 0's layer 0 has no recompute option 'attn'; its options are none, full, save-matmuls" in errors[0]
+    assert "stage 0's layer 0 has no recompute option 'attn'; its options are none, full, save-matmuls, offload" in errors[0]
 
 
 # A mixed plan: full on the embedding and attn on block 1 (stage 0); mlp-act on block 2 alone
