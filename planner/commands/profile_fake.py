@@ -23,7 +23,7 @@ def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu:
     from planner.profiler.storages import counted_as
 
     with mode, counted_as(device):  # for a GPU: its allocator's blocks, though CPU kernels run
-        measurement, flops = _measure(chain, spec)
+        measurement, flops = _measure(chain, spec, device)
     profile = _profile(measurement, flops, model_file=model_file, model_ref=model_ref, device=device, dtype=dtype,
                        micro_batch_size=micro_batch_size, gpu=spec, arch_config=arch_config)
     io.save_profile(profile, out)
@@ -60,14 +60,14 @@ def _load(model_file: str, dtype, micro_batch_size: int, *, timeout_s: float | N
     return model_ref, modelfile.Chain(layers, inputs, targets, loaded.loss_fn, outputs), mode
 
 
-def _measure(chain, gpu):
+def _measure(chain, gpu, device: str):
     from planner.console import progress
     from planner.profiler.fake import fake_measure
 
     with progress() as bar:
         task = bar.add_task("running the layers fake", total=len(chain.layers))
         return fake_measure(chain.layers, chain.inputs, chain.targets, chain.loss_fn,
-                            layer_outputs=chain.layer_outputs, gpu=gpu,
+                            layer_outputs=chain.layer_outputs, gpu=gpu, device_type=device,
                             on_layer=lambda name: bar.update(task, advance=1, description=f"ran {name}"))
 
 

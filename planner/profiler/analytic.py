@@ -94,6 +94,7 @@ from planner.errors import UserError
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
+    OPTION_OFFLOAD,
     DeviceInfo,
     FileRef,
     LayerProfile,
@@ -602,7 +603,8 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float, *,
     window = min(s, arch.sliding_window or s)
     width = (arch.num_heads // shape.tp) * (arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim) // 2 \
         if arch.mla else q_width(arch, shape)
-    kept = sum(term.num_bytes for term in block_terms(arch, shape, moe=moe))
+    terms = block_terms(arch, shape, moe=moe)
+    kept = sum(term.num_bytes for term in terms)
     parts: dict[str, tuple[int, float]] = {}  # part: (bytes it frees, ms it adds)
     if core:
         parts["attn"] = (core, flops_ms(4 * sb * window * width, gpu, mfu))
@@ -637,7 +639,30 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float, *,
             found.append(RecomputeOption(name=",".join(combo), kept_bytes=kept - sum(parts[p][0] for p in combo),
                                          recompute_ms=sum(parts[p][1] for p in combo),
                                          recompute_peak_bytes=max(parts[p][0] for p in combo)))
-    return tuple(found)
+    boundary = boundary_bytes(arch, shape)
+    fwd_ms = flops_ms(block_flops(arch, shape, moe=moe), gpu, mfu)
+    return (*found, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=2 * fwd_ms,
+                                   first_bytes=terms[-1].num_bytes))
+
+
+def offload_option(input_bytes: int, moved: int, gpu: GPU, *, fwd_ms: float, bwd_ms: float,
+                   first_bytes: int) -> RecomputeOption:
+    """`offload`: the block keeps its input on the device and copies what else it saves (`moved`
+    bytes) to the host in forward and back in backward (planner/recompute.offloaded_activations),
+    each way over the GPU's host link (archs.GPU.host_link_gb_per_s: the PCIe datasheet figure per
+    direction; one copy stream each way, PCIe being full duplex). The copies run beside the
+    compute: out while the forward goes on, back from the start of the block's backward
+    (Transformer Engine's and Megatron-LM's offloading overlap likewise). What they cannot hide
+    is what they add: the backward's first op waits for the tensor it reads (`first_bytes`, the
+    last one saved: the down projection's input); past it, the copies out and the rest back add
+    what outlasts the forward and the backward, max(0, copy - forward) + max(0, rest - backward),
+    the rate a chain of such blocks falls behind at. The block's copies are all back at the start
+    of its backward: full's recompute peak. Not counted: PCIe or host memory bandwidth shared
+    by the node's ranks."""
+    per_ms = 1e3 / (gpu.host_link_gb_per_s * 1e9)
+    added = max(0.0, moved * per_ms - fwd_ms) + first_bytes * per_ms + max(0.0, (moved - first_bytes) * per_ms - bwd_ms)
+    return RecomputeOption(name=OPTION_OFFLOAD, kept_bytes=input_bytes, recompute_ms=added,
+                           recompute_peak_bytes=moved, host_bytes=moved)
 
 
 def head_flops(arch: Arch, shape: Shape) -> int:

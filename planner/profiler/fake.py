@@ -53,7 +53,14 @@ from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
 from planner.profiler.userfault import blame
 from planner.recompute import find_options, layer_runner
-from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, RecomputeOption, TiedSet
+from planner.schema import (
+    OPTION_FULL,
+    OPTION_NONE,
+    OPTION_OFFLOAD,
+    LayerProfile,
+    RecomputeOption,
+    TiedSet,
+)
 from planner.tied import tied_params
 
 FP32 = 4
@@ -240,7 +247,10 @@ def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, p
         x.grad = None  # allocated by the backward, as in the plain layer's measurement
         return measure._transient_bytes(run, x, grad, tracker=lambda device: StorageTracker())
 
-    transients, _ = options.option_transients(layer, find_options(layer), transient)
+    # offload's copies are device-to-host transfers that no fake device runs: it is derived
+    # from the saved bytes instead (_offload_option)
+    names = [name for name in find_options(layer) if name != OPTION_OFFLOAD]
+    transients, _ = options.option_transients(layer, names, transient)
     return transients, {name: _added_work(layer_runner(layer, name), x, grad, plain) for name in transients}
 
 
@@ -248,7 +258,7 @@ def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, p
 
 
 def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn, *,
-                 layer_outputs: list[torch.Tensor], gpu: GPU,
+                 layer_outputs: list[torch.Tensor], gpu: GPU, device_type: str = "cuda",
                  on_layer: Callable[[str], None] = lambda name: None) -> tuple[measure.Measurement, dict]:
     """measure.measure_model's Measurement, from one fake run (no timing: rooflines), and
     the FLOPs per layer and pass (forward, backward, recompute) it rests on."""
@@ -299,7 +309,9 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                 *(RecomputeOption(name=option, kept_bytes=saved.option_bytes[index][option],
                                   recompute_ms=roofline_ms(run.option_work[option], gpu),
                                   recompute_peak_bytes=max(run.option_transients[option] - transient, 0))
-                  for option in chosen[index])],
+                  for option in chosen[index]),
+                *_offload_option(act, saved.input_in_act_bytes[index], device_type, gpu, run.has_backward,
+                                 fwd_ms=fwd_ms, bwd_ms=bwd_ms, first_bytes=saved.last_saved_bytes[index])],
         ))
         on_layer(name)
     with blame("loss_fn(output, target)"), data_free("loss_fn(output, target)"):
@@ -315,6 +327,18 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
     flops["loss"] = {"forward": loss_work.flops}
     return measure.Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes + loss_value_bytes,
                                roofline_ms(loss_work, gpu), loss_transient, storage_nbytes(targets), [], tied), flops
+
+
+def _offload_option(act_bytes: int, input_in_act_bytes: int, device_type: str, gpu: GPU,
+                    has_backward: bool, *, fwd_ms: float, bwd_ms: float, first_bytes: int) -> list[RecomputeOption]:
+    """A layer's offload option (recompute.offloaded_activations) from its saved bytes: it keeps
+    on the device what of its input it saves and copies the rest out and back, timed over the
+    GPU's host link as the analytic profile times it. None on cpu (the host is the device)."""
+    moved = act_bytes - input_in_act_bytes
+    if device_type == "cpu" or not has_backward or moved <= 0:
+        return []
+    return [analytic.offload_option(input_in_act_bytes, moved, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
+                                    first_bytes=min(first_bytes, moved))]
 
 
 def _loss_work(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor) -> Work:

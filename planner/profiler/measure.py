@@ -43,7 +43,7 @@ from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
-from planner.recompute import find_options, layer_runner
+from planner.recompute import layer_runner
 from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, TiedSet, runs_split_backward
 from planner.tied import check_tieable, tied_params
 
@@ -213,7 +213,7 @@ class _TimedLayer:
                         around=lambda: blame(f"layer {name!r}"))
         found, failed = {}, {}
         if has_backward:  # nothing to recompute for where nothing runs backward
-            found, failed = options.option_transients(layer, find_options(layer), partial(_recomputed_transient, x, grad))
+            found, failed = options.option_transients(layer, options.runnable_options(layer, x.device.type), partial(_recomputed_transient, x, grad))
             reset_input_grad()
         return cls(name, layer, x, output, transient, job, has_backward, option_transients=found,
                    option_failures=failed, expert_transient_bytes=expert_transient,

@@ -7,7 +7,10 @@ Per option, with the profiler's own machinery:
 - recompute_ms: medians of (option forward + backward) minus (plain forward + backward),
   at least 0, from a job that times the plain layer and its options in turn (OPTION_REPEATS);
 - recompute_peak_bytes: the option's transient (the tracker of measure._transient_bytes:
-  peak beyond what it keeps, in forward or backward) beyond the layer's plain transient.
+  peak beyond what it keeps, in forward or backward) beyond the layer's plain transient;
+- offload's host_bytes: what none keeps less what offload keeps on the device (the hooks
+  see the tensors it leaves there); its recompute_ms is the copies' time, timed as above.
+  On cpu it moves nothing (the host is the device), keeps what none keeps and is left out.
 
 An option that raises (an in-place op on a tensor a selective policy saved, say) is left out
 and said. Layers of one kind list the same options: those every layer of the kind runs and
@@ -22,8 +25,8 @@ import torch
 from torch import nn
 
 from planner.profiler.timing import FwdBwdJob
-from planner.recompute import layer_runner
-from planner.schema import OPTION_FULL, OPTION_NONE, RecomputeOption
+from planner.recompute import find_options, layer_runner
+from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, RecomputeOption
 
 
 def option_repeats(repeats: int) -> int:
@@ -31,6 +34,12 @@ def option_repeats(repeats: int) -> int:
     often as the layer itself would make profiling several times longer; an option's time is a
     difference of medians that only the solver's choice between options reads."""
     return max(1, (repeats + 1) // 2)
+
+
+def runnable_options(layer: nn.Module, device_type: str) -> list[str]:
+    """The options besides none and full worth measuring on this device: all the layer has
+    (recompute.find_options), less offload on cpu, where the host is the device."""
+    return [name for name in find_options(layer) if not (name == OPTION_OFFLOAD and device_type == "cpu")]
 
 
 def option_transients(layer: nn.Module, names: Sequence[str], transient: Callable) -> tuple[dict[str, int], dict[str, str]]:
@@ -95,5 +104,6 @@ def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, trans
         extra_ms = option_fwd.median_ms + option_bwd.median_ms - fwd.median_ms - bwd.median_ms
         listed.append(RecomputeOption(name=name, kept_bytes=kept[name], recompute_ms=max(extra_ms, 0.0),
                                       recompute_peak_bytes=max(transients[name] - transient_bytes, 0),
+                                      host_bytes=max(act_bytes - kept[name], 0) if name == OPTION_OFFLOAD else 0,
                                       **split_fields(name)))
     return listed

@@ -35,6 +35,8 @@ class SavedBytes:
     # the part of them that is the layer's own input
     option_bytes: list[dict[str, int]] = field(default_factory=list)
     option_input_bytes: list[dict[str, int]] = field(default_factory=list)
+    # per layer, the bytes of the last storage it saves: the first its backward reads
+    last_saved_bytes: list[int] = field(default_factory=list)
 
 
 def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn, *,
@@ -42,7 +44,7 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
     """options[i]: the recompute options of layer i to count besides none (none: no others)."""
     charged: set[int] = set()  # storages some earlier layer already pays for
     batch = {storage_key(inputs), storage_key(targets)}
-    act, input_in_act, option_bytes, option_input = [], [], [], []
+    act, input_in_act, option_bytes, option_input, last = [], [], [], [], []
     outputs = []  # holding every output keeps every graph, so no saved storage is freed
     with torch.enable_grad(), StorageTracker() as tracker:
 
@@ -56,6 +58,7 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
                 saved, output = _saved_by(partial(_plain, layer), current)
             mine = _charge(saved, charged, per_microbatch)
             act.append(sum(mine.values()))
+            last.append(next(reversed(mine.values()), 0))
             input_in_act.append(mine.get(storage_key(current), 0))
             option_bytes.append({})
             option_input.append({})
@@ -73,7 +76,7 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
             saved, _ = _saved_by(lambda out, observe: loss_fn(out, targets), current)
         loss = sum(_charge(saved, charged, per_microbatch).values())
     return SavedBytes(act_bytes=act, input_in_act_bytes=input_in_act, loss_bytes=loss,
-                      option_bytes=option_bytes, option_input_bytes=option_input)
+                      option_bytes=option_bytes, option_input_bytes=option_input, last_saved_bytes=last)
 
 
 def _plain(layer: nn.Module, x: torch.Tensor, observe: Callable[[torch.Tensor], None]) -> torch.Tensor:
