@@ -34,6 +34,7 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    fits when reserved_s + nccl_s ≤ cap_s, which every solver reads as the allocated
                    peak_s ≤ limit_s (limit_bytes, its exact inverse); cpu: peak_s ≤ cap_s
     host_s       = Σ_S offloaded optimizer state + fp32 master + fp32 gradient (/ K)   ≤ host_mem / ranks a node
+                   + k_s · Σ_{offloaded layers} host bytes per microbatch     activation offload
     time_s       = c · (Σ_S (fwd + bwd) + Σ_C recompute (+ loss on the last stage))   c: compute_scale
                    + Σ_{MoE layers} (4 + 2·[l∈C]) · a2a · (E-1)/E / bw_ep    ep E: the tokens' all-to-all
     comm_s       = send(output(last)) [s < P-1] + send(input(first)) [s > 0]      per microbatch: the
@@ -107,6 +108,7 @@ class OptionCost:
     split_held_bytes: int = 0  # a split backward: left by its input pass for its weight pass
     split_input_peak_bytes: int = 0  # a split backward: its input pass's peak over what is live before it
     split_peak_bytes: int = 0  # a split backward: its weight pass's peak over what is live before it
+    host_bytes: int = 0  # offload: what it keeps in host memory per microbatch until its backward
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ class StageCost:
     step_ms: float = 0.0
     step_scratch_bytes: int = 0  # the optimizer step's temporaries (activations are gone by then)
     comm_ms: float = 0.0  # per microbatch: the stage's sends and its schedule actions
-    host_bytes: int = 0  # host memory this rank takes (the offloaded optimizer)
+    host_bytes: int = 0  # host memory this rank takes (the offloaded optimizer, offloaded activations)
     host_cap_bytes: int | None = None  # this rank's share of its node's host memory; None: not capped
     # cuda: the allocated peak the cap admits once the allocator's reserve and the communication
     # buffers are taken (limit_bytes); the reserved peak and those buffers. cpu: the cap, the peak, 0
@@ -230,6 +232,8 @@ class StageCost:
             time_ms=self.time_ms,
             step_ms=self.step_ms,
             comm_ms=self.comm_ms,
+            host_bytes=self.host_bytes,
+            host_cap_bytes=self.host_cap_bytes,
         )
 
 
@@ -304,7 +308,8 @@ def _kind_options(same: list) -> tuple[OptionCost, ...]:
         mine = [next(o for o in item.recompute_options if o.name == name) for item in same]
         found.append(OptionCost(name, max(o.kept_bytes for o in mine), fmean(o.recompute_ms for o in mine),
                                 max(o.recompute_peak_bytes for o in mine),
-                                *(max(getattr(o, field) for o in mine) for field in SPLIT_FIELDS)))
+                                *(max(getattr(o, field) for o in mine) for field in SPLIT_FIELDS),
+                                host_bytes=max(o.host_bytes for o in mine)))
     return tuple(found)
 
 
@@ -670,14 +675,15 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
 #   scratch          the optimizer step's temporaries               cuda: added up; cpu: 2 x largest
 #   host             host bytes of the rank                         added up, against the rank's
 #                                                                   share of its node's host memory
+#   offloaded        host bytes per microbatch until its backward   x in-flight microbatches, into host
 #   time, comm       ms per microbatch (compute; sends, actions)   added up (busy = time + comm)
 #   step             ms once per iteration                          added up
 # `where` says whose numbers a row reads: each layer of the stage (with its checkpoint
 # choice), the layer that opens or closes the stage (with the stage's index), or the stage's
 # position alone.
 
-QUANTITIES = ("static", "buffers", "kept", "extra", "scratch", "host", "time", "comm", "step", "wgrad", "ipeak",
-              "wpeak")
+QUANTITIES = ("static", "buffers", "kept", "extra", "scratch", "host", "offloaded", "time", "comm", "step", "wgrad",
+              "ipeak", "wpeak")
 
 
 @dataclass(frozen=True)
@@ -687,6 +693,7 @@ class Context:
     profile: Profile
     setup: TrainSetup
     split_backward: bool = False  # one stage of a chunked schedule that splits its backward (setup is the stage's)
+    chunked: bool = False  # one stage of a chunked schedule (setup is the stage's)
 
     @property
     def device_type(self) -> str:
@@ -733,6 +740,10 @@ TERMS: tuple[Term, ...] = (
     Term("offloaded optimizer state, master and gradient on the host", "host", "layer",
          lambda layer, ckpt, ctx: per_param_bytes(layer, ctx.setup, dataparallel.host_bytes_per_param),
          "the runtime's offload (runtime/offload.py): optimizer state, fp32 master, fp32 gradient"),
+    Term("activations offloaded to the host", "offloaded", "layer",
+         lambda layer, ckpt, ctx: layer.options[int(ckpt)].host_bytes,
+         "saved-tensor hooks under recompute.offloaded_activations: the bytes it copies out (profiler); "
+         "analytic: a block's saved bytes less its input"),
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup),
          "timed per layer (profiler), times the calibrated compute scale"),
@@ -828,14 +839,18 @@ def stage_value(quantity: str, stage: int, ctx: Context) -> float:
 def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     """The options past none a plan may choose for this layer: each keeps fewer bytes than
     none, and no other keeps no more, adds no more time and no more extra peak while better in
-    one (a dominated option never lowers a peak or a time). Whole-layer plans (the setup's
-    recompute): full alone."""
+    one (a dominated option never lowers a peak or a time; host bytes count as one more
+    resource). Whole-layer plans (the setup's recompute): full alone. A chunked schedule's
+    stages take no option that offloads (their host bytes per rank are not modelled yet)."""
     whole_layer = ctx.setup.training.recompute == "whole-layer"
     candidates = [1] if whole_layer else range(1, len(layer.options))
     if ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES or ctx.split_backward:
         candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
+    if ctx.chunked or ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:
+        candidates = [o for o in candidates if not layer.options[o].host_bytes]
     rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
-                layer_value("extra", layer, o, ctx)) for o in range(len(layer.options))}
+                layer_value("extra", layer, o, ctx), layer_value("offloaded", layer, o, ctx))
+            for o in range(len(layer.options))}
     found = []
     for o in candidates:
         if rows[o][0] >= rows[0][0]:
@@ -1027,7 +1042,7 @@ def stage_cost(
         time_ms=totals["time"],
         cap_bytes=setup.pipeline.mem_caps_bytes[stage],
         step_scratch_bytes=int(round(scratch)),
-        host_bytes=int(round(totals["host"])),
+        host_bytes=int(round(totals["host"] + k * totals["offloaded"])),
         host_cap_bytes=host_cap_bytes(setup),
         weight_grad_bytes=int(round(totals["wgrad"])),
         weight_pass_peak_bytes=int(round(totals["wpeak"])),

@@ -92,7 +92,7 @@ class Problem:
     @property
     def ctx(self) -> costmodel.Context:
         split = self.outer is not None and self.outer.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
-        return costmodel.Context(self.profile, self.setup, split_backward=split)
+        return costmodel.Context(self.profile, self.setup, split_backward=split, chunked=self.outer is not None)
 
 
 @dataclass(frozen=True)
@@ -489,7 +489,12 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
         if present is not None and step_bytes > 0:
             step_scratch.append((step_bytes, present, n(s, g)))
     held += _zero_one_excess_mib(problem, s, n)
+    k = costmodel.in_flight(problem.setup, s)
     host = [_layer(problem, ("host",), run.layer) * n(s, g) / MIB for g, run in enumerate(problem.runs)]
+    # activations offloaded: k_s in-flight microbatches of each offloading layer's host bytes
+    host += [k * _layer(problem, ("offloaded",), run.layer, o) / MIB * problem.r[s, g, o]
+             for g, run in enumerate(problem.runs) for o in problem.order[g]
+             if _layer(problem, ("offloaded",), run.layer, o)]
     return _Memory(held, total, scratch, step_scratch, host)
 
 

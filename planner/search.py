@@ -23,6 +23,7 @@ from typing import Literal
 from planner import baselines, costmodel, dpsolve, incumbent, milp
 from planner.costmodel import PlanCost
 from planner.deadline import Deadline, Expired
+from planner.errors import UserError
 from planner.milp import SolveResult
 from planner.schema import CHUNKED_SCHEDULES, Profile, StagePlan, TrainSetup
 
@@ -69,12 +70,26 @@ class NoFit:
     solver: str
 
 
-def pick_solver(setup: TrainSetup, solver: Solver = "auto") -> Literal["dp", "milp"]:
-    """The DP where its structure holds (contiguous stages, one chunk per rank: every schedule
-    ckplan plans today), the MILP otherwise; a named solver as asked."""
+def pick_solver(setup: TrainSetup, solver: Solver = "auto", profile: Profile | None = None) -> Literal["dp", "milp"]:
+    """The DP where its structure holds (contiguous stages, one chunk per rank, no host cap on
+    offloaded activations), the MILP otherwise; a named solver as asked (UserError: the DP
+    where it cannot hold)."""
+    host_bound = profile is not None and offload_meets_host_cap(profile, setup)
+    if solver == "dp" and host_bound:
+        raise UserError("--solver dp cannot weigh activations offloaded to the host against --host-mem (a stage's "
+                        "host bytes grow with its in-flight microbatches); use --solver milp or auto")
     if solver != "auto":
         return solver
-    return "dp" if setup.pipeline.schedule in ("1F1B", "GPipe") else "milp"
+    return "dp" if setup.pipeline.schedule in ("1F1B", "GPipe") and not host_bound else "milp"
+
+
+def offload_meets_host_cap(profile: Profile, setup: TrainSetup) -> bool:
+    """Whether a host cap is set and some layer may offload activations to that host."""
+    if costmodel.host_cap_bytes(setup) is None:
+        return False
+    ctx = costmodel.Context(profile, setup)
+    return any(layer.options[o].host_bytes for layer in costmodel.layer_costs(profile)
+               for o in costmodel.useful_options(layer, ctx))
 
 
 def plan(
@@ -98,7 +113,7 @@ def plan(
     deadline = deadline or Deadline(time_limit_s)
     if setup.pipeline.schedule in CHUNKED_SCHEDULES:
         return _plan_chunked(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log)
-    if pick_solver(setup, solver) == "milp":
+    if pick_solver(setup, solver, profile) == "milp":
         return _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
                           upper_bound_ms=upper_bound_ms, start=start)
     return _plan_dp(profile, setup, deadline=deadline, upper_bound_ms=upper_bound_ms, start=start)
@@ -245,7 +260,7 @@ def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | 
     (host caps as they are), and the cost of that plan. None when the deadline (default:
     time_limit_s from now) passed first, or when no device cap would do (the host's)."""
     deadline = deadline or Deadline(time_limit_s)
-    if pick_solver(setup, solver) == "milp":
+    if pick_solver(setup, solver, profile) == "milp":
         problem = milp.build_problem(profile, setup, objective="memory")
         result = milp.solve(problem, time_limit_s=deadline.remaining_s())
         if result.status in ("infeasible", "timeout"):

@@ -6,14 +6,18 @@ Cases:
                 selective options a LLaMA block has (attn, mlp-act, both: tests/test_options_solver.py's
                 numbers); the cap 25% of the way from full checkpointing's need to none's
   llama3-70b:CAP  the analytic LLaMA 3 70B (8192 tokens, TP 8 + SP, H100), 4 stages, 16
-                microbatches, bf16 mixed, at --mem CAP (decimal GB)
+                microbatches, bf16 mixed, at --mem CAP (decimal GB); --dp/--zero shard it over
+                data-parallel ranks, and --host-mem-gb caps a node's host memory (its 8 ranks
+                share it), which the offload option's activations count against
 
 For each case and each plan space (options, whole-layer) and solver (dp, milp): the median
 solve time over the repeats (search.plan, the baselines not included) and the plan's predicted
 iteration. The machine may be busy: read the ratios within a row.
 
     .venv/bin/python scripts/bench_options.py [--cases uniform:32x4,uniform:128x16,llama3-70b:60]
-        [--repeats 3] [--solvers dp,milp]
+        [--repeats 3] [--solvers dp,milp] [--dp N --zero Z] [--host-mem-gb G]
+
+With a host cap the DP refuses (it cannot weigh host bytes); its row says so.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner import archs, costmodel, search, synthetic  # noqa: E402
+from planner.errors import UserError  # noqa: E402
 from planner.profiler import analytic  # noqa: E402
 from planner.schema import FileRef, RecomputeOption, TrainSetup  # noqa: E402
 
@@ -59,34 +64,39 @@ def uniform_case(layers: int, stages: int) -> tuple:
     return profile, roomy.model_copy(update={"mem_caps_bytes": [cap] * stages})
 
 
-def llama_case(cap_gb: float) -> tuple:
+def llama_case(cap_gb: float, *, dp: int = 1, zero: int = 0, host_gb: float | None = None) -> tuple:
     shape = analytic.Shape(seq_len=8192, micro_batch_size=1, tp=8, sp=True)
     arch = archs.arch("llama3-70b")
     profile = analytic.analytic_profile(arch, shape, gpu=archs.gpu("h100"),
                                         model=FileRef(file=arch.name, sha256=arch.sha256()))
+    host = {} if host_gb is None else {"host_mem_bytes": int(host_gb * 1e9), "devices_per_node": 8}
     setup = TrainSetup(stages=4, microbatches=16, micro_batch_size=1, precision="bf16-mixed",
-                       mem_caps_bytes=[int(cap_gb * 1e9)] * 4)
+                       mem_caps_bytes=[int(cap_gb * 1e9)] * 4, dp=dp, zero=zero, **host)
     return profile, setup
 
 
-def run(case: str, solvers: list[str], repeats: int) -> list[list[str]]:
+def run(case: str, solvers: list[str], repeats: int, **llama) -> list[list[str]]:
     name, size = case.split(":")
     if name == "uniform":
         layers, stages = (int(part) for part in size.split("x"))
         profile, setup = uniform_case(layers, stages)
     else:
-        profile, setup = llama_case(float(size))
+        profile, setup = llama_case(float(size), **llama)
     rows = []
     for solver in solvers:
         found = {}
-        for space in ("options", "whole-layer"):
-            this = setup.model_copy(update={"recompute": space})
-            times, result = [], None
-            for _ in range(repeats):
-                started = time.perf_counter()
-                result = search.plan(profile, this, solver=solver, time_limit_s=600)
-                times.append(time.perf_counter() - started)
-            found[space] = (statistics.median(times), max(times) - min(times), result)
+        try:
+            for space in ("options", "whole-layer"):
+                this = setup.model_copy(update={"recompute": space})
+                times, result = [], None
+                for _ in range(repeats):
+                    started = time.perf_counter()
+                    result = search.plan(profile, this, solver=solver, time_limit_s=600)
+                    times.append(time.perf_counter() - started)
+                found[space] = (statistics.median(times), max(times) - min(times), result)
+        except UserError as refused:
+            rows.append([case, solver, "refused", "-", "-", "-", "-", "-", str(refused)[:60]])
+            continue
         (t_o, spread_o, r_o), (t_w, spread_w, r_w) = found["options"], found["whole-layer"]
         ok = isinstance(r_o, search.PlanResult) and isinstance(r_w, search.PlanResult)
         options = {o for stage in r_o.stages for o in stage.recompute.values()} if ok else set()
@@ -103,10 +113,14 @@ def main() -> None:
     parser.add_argument("--cases", default=DEFAULT_CASES)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--solvers", default="dp,milp")
+    parser.add_argument("--dp", type=int, default=1)
+    parser.add_argument("--zero", type=int, default=0)
+    parser.add_argument("--host-mem-gb", type=float, default=None)
     args = parser.parse_args()
+    llama = {"dp": args.dp, "zero": args.zero, "host_gb": args.host_mem_gb}
     header = ["case", "solver", "solve s, options", "solve s, whole-layer", "ratio", "iteration, options",
               "iteration, whole-layer", "options vs whole", "options chosen"]
-    rows = [row for case in args.cases.split(",") for row in run(case, args.solvers.split(","), args.repeats)]
+    rows = [row for case in args.cases.split(",") for row in run(case, args.solvers.split(","), args.repeats, **llama)]
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     for line in (header, ["-" * w for w in widths], *rows):
         print(" | ".join(str(cell).ljust(w) for cell, w in zip(line, widths)))

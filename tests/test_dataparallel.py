@@ -278,7 +278,8 @@ def profile_path(tmp_path):
     (["--zero", "2"], "--zero 2 shards over data-parallel ranks and --dp is 1"),
     (["--dp", "4", "--shard-group", "2"], "--shard-group 2 needs --zero 1, 2 or 3"),
     (["--dp", "4", "--zero", "1", "--shard-group", "1"], "--shard-group 1 shards nothing"),
-    (["--host-mem", "1GB"], "--host-mem caps the host memory the offloaded optimizer takes"),
+    # a profile with no offload option: nothing would go to the host
+    (["--host-mem", "1GB"], "--host-mem caps what goes to the host"),
     (["--dp", "2", "--offload-optimizer", "--host-mem", "1MB"], "the offloaded optimizer needs"),
 ])
 def test_bad_dp_options_get_one_sentence(profile_path, tmp_path, args, sentence):

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner import costmodel, search
+from planner.errors import UserError
 from planner.schema import RecomputeOption, TrainSetup
 from planner.synthetic import layer, profile_of, uniform_blocks
 
@@ -22,12 +23,13 @@ NEAR_EDGE = 8192
 
 
 def with_options(item, options):
-    """A synthetic layer with selective options: (name, kept MiB, recompute ms, peak MiB)."""
+    """A synthetic layer with selective options: (name, kept MiB, recompute ms, peak MiB[, host MiB])."""
     listed = [RecomputeOption(name="none", kept_bytes=item.act_bytes),
               RecomputeOption(name="full", kept_bytes=item.input_bytes, recompute_ms=item.recompute_ms or item.fwd_ms,
                               recompute_peak_bytes=max(item.act_bytes - item.input_bytes, 0)),
               *(RecomputeOption(name=name, kept_bytes=int(kept * MIB), recompute_ms=ms,
-                                recompute_peak_bytes=int(peak * MIB)) for name, kept, ms, peak in options)]
+                                recompute_peak_bytes=int(peak * MIB), host_bytes=int(host * MIB))
+                for name, kept, ms, peak, *more in options for host in [more[0] if more else 0])]
     return item.model_copy(update={"recompute_options": listed, "recompute_ms": item.recompute_ms or item.fwd_ms})
 
 
@@ -55,22 +57,26 @@ OPTION_SETS = [
     [("attn", 6, 0.3, 3)],
     [("attn", 6, 0.3, 3), ("mlp-act", 9, 0.1, 1)],
     [("mlp-act", 9, 0.1, 1), ("save-matmuls", 4, 0.6, 6), ("worse", 12, 2.0, 9)],  # "worse" is dominated
+    [("mlp-act", 9, 0.1, 1), ("offload", 1, 0.2, 11, 11)],  # full's bytes on the device, 11 MiB on the host
 ]
 
 
 @st.composite
-def cases(draw):
+def cases(draw, offload: bool = False):
+    """A profile of 1-4 layers with option sets drawn per kind (offload: every layer offloads),
+    a roomy setup and a cap fraction per stage."""
     n = draw(st.integers(1, 4))
     stages = draw(st.integers(1, min(2, n)))
     kinds = draw(st.lists(st.sampled_from("AAB "), min_size=n, max_size=n))
-    option_of = {kind: draw(st.sampled_from(range(len(OPTION_SETS)))) for kind in "AB"}
+    option_of = {kind: len(OPTION_SETS) - 1 if offload else draw(st.sampled_from(range(len(OPTION_SETS))))
+                 for kind in "AB "}
     layers = []
     for i, kind in enumerate(kinds):
         name = kind if kind != " " else f"solo{i}"
         base = layer(f"l{i}", name, fwd_ms=draw(st.sampled_from([1.0, 2.0])), act_mib=12,
                      input_mib=draw(st.sampled_from([1, 2])), output_mib=1, param_count=65536,
                      transient_mib=draw(st.sampled_from([0, 2])), recompute_ms=draw(st.sampled_from([None, 0.8])))
-        which = option_of.get(kind, draw(st.sampled_from(range(len(OPTION_SETS)))))
+        which = option_of[kind] if kind != " " or offload else draw(st.sampled_from(range(len(OPTION_SETS))))
         layers.append(with_options(base, OPTION_SETS[which]))
     profile = profile_of(layers).model_copy(update={"loss_transient_bytes": draw(st.sampled_from([0, 3 * MIB]))})
     micro = draw(st.integers(1, 4))
@@ -98,6 +104,49 @@ def test_both_solvers_equal_brute_force_over_every_option_vector(case):
         assert isinstance(result, search.PlanResult), (method, result)
         assert result.cost.iteration_ms == pytest.approx(min(feasible), rel=1e-6), method
         assert costmodel.evaluate(result.stages, profile, s).feasible
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(cases(offload=True), st.integers(0, 11))
+def test_the_milp_keeps_offloaded_activations_within_the_host_cap(case, step):
+    """With --host-mem, the MILP's plan equals brute force over the plans that fit both the
+    device caps and every rank's host share (k_s in-flight microbatches of each offloaded
+    layer's host bytes); auto picks the MILP, and the DP, asked for, refuses in one sentence."""
+    profile, roomy, fractions = case
+    plans = [(stages, costmodel.evaluate(stages, profile, roomy)) for stages, _, _ in all_plans(profile, roomy)]
+    P = roomy.pipeline.stages
+    lo = [min(c.peak_bytes_per_stage[s] for _, c in plans) for s in range(P)]
+    hi = [max(c.peak_bytes_per_stage[s] for _, c in plans) for s in range(P)]
+    caps = [int(a + f * (b - a)) + MARGIN for a, b, f in zip(lo, hi, fractions)]
+    most_host = max(max(stage.host_bytes for stage in c.stages) for _, c in plans)
+    host = int((step + 0.5) / 12 * most_host) + MARGIN  # one rank a node: the rank's share is all of it
+    capped = roomy.model_copy(update={"mem_caps_bytes": caps, "host_mem_bytes": host})
+    again = [costmodel.evaluate(stages, profile, capped) for stages, _ in plans]
+    assume(not any(abs(c - MARGIN - p) < NEAR_EDGE for cost in again for p, c in zip(cost.peak_bytes_per_stage, caps)))
+    assume(not any(abs(host - MARGIN - stage.host_bytes) < NEAR_EDGE for cost in again for stage in cost.stages))
+    feasible = [cost.iteration_ms for cost in again if cost.feasible]
+    assert search.pick_solver(capped, "auto", profile) == "milp"
+    with pytest.raises(UserError, match="--solver dp cannot weigh activations offloaded to the host"):
+        search.plan(profile, capped, solver="dp")
+    result = search.plan(profile, capped, **EXACT)
+    if not feasible:
+        assert isinstance(result, search.NoFit)
+        return
+    assert result.cost.iteration_ms == pytest.approx(min(feasible), rel=1e-6)
+    assert costmodel.evaluate(result.stages, profile, capped).feasible
+
+
+def test_a_stage_holds_its_in_flight_microbatches_of_offloaded_activations_on_the_host():
+    """host_s = k_s x the offloaded layers' host bytes: 1F1B over 2 stages and 4 microbatches
+    keeps 2 in flight on stage 0, 1 on stage 1; a layer not offloaded adds nothing."""
+    blocks = [with_options(layer(f"l{i}", "A", fwd_ms=1.0, act_mib=12, input_mib=1, output_mib=1, param_count=64),
+                           [("offload", 1, 0.2, 11, 11)]) for i in range(4)]
+    profile = profile_of(blocks)
+    stages = costmodel.split_to_stages([0, 2], [2, 0, 2, 2], profile)
+    assert [stage.recompute for stage in stages] == [{"l0": "offload"}, {"l2": "offload", "l3": "offload"}]
+    cost = costmodel.evaluate(stages, profile, setup(2, 4, [HUGE] * 2))
+    assert [stage.host_bytes for stage in cost.stages] == [2 * 11 * MIB, 1 * 2 * 11 * MIB]
+    assert all(stage.host_cap_bytes is None for stage in cost.stages)
 
 
 def _blocks_with_options(n):
@@ -143,7 +192,8 @@ def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     """LLaMA 3 8B at 1024 tokens, eager attention: `attn` frees the softmax output, 32 heads x
     1024² x 2 bytes, and reruns QK^T and scores·V (4·s²·h FLOPs); `mlp-act` frees SiLU's output
     and the product, 2 x 1024 x 14336 x 2 bytes; a MoE block has its own (tests/test_moe_arch.py):
-    the whole mixture, the routed experts' activation, and their combinations with attn."""
+    the whole mixture, the routed experts' activation, and their combinations with attn; every
+    block offload."""
     from planner import archs
     from planner.profiler import analytic
 
@@ -151,16 +201,26 @@ def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     shape = analytic.Shape(seq_len=1024, micro_batch_size=1, attention="eager")
     block = analytic.block_layer(0, archs.arch("llama3-8b"), shape, gpu, 0.4)
     options = {o.name: o for o in block.recompute_options}
-    assert list(options) == ["none", "full", "attn", "mlp-act", "attn,mlp-act"]
+    assert list(options) == ["none", "full", "attn", "mlp-act", "attn,mlp-act", "offload"]
     assert block.act_bytes - options["attn"].kept_bytes == 32 * 1024 * 1024 * 2 == options["attn"].recompute_peak_bytes
     assert block.act_bytes - options["mlp-act"].kept_bytes == 2 * 1024 * 14336 * 2
     assert options["attn"].recompute_ms == pytest.approx(analytic.flops_ms(4 * 1024 * 1024 * 4096, gpu, 0.4))
     assert options["mlp-act"].recompute_ms == pytest.approx(4 * 1024 * 14336 * 2 / (gpu.hbm_tbps * 1e12) * 1e3)
     both = options["attn,mlp-act"]
     assert both.kept_bytes == block.act_bytes - 32 * 1024 * 1024 * 2 - 2 * 1024 * 14336 * 2
+    # offload keeps the block's input (1024 x 4096 bf16) and copies the rest out and back over
+    # PCIe (64 GB/s a direction) beside the compute: the backward first waits for the down
+    # projection's input (1024 x 14336 bf16), then what the forward and the backward (twice as
+    # long) cannot hide is added; here the copies outlast both
+    offload = options["offload"]
+    assert offload.kept_bytes == options["full"].kept_bytes == 1024 * 4096 * 2
+    assert offload.host_bytes == block.act_bytes - 1024 * 4096 * 2 == offload.recompute_peak_bytes
+    copy_ms, first_ms = offload.host_bytes / 64e9 * 1e3, 1024 * 14336 * 2 / 64e9 * 1e3
+    assert copy_ms - first_ms > block.bwd_ms == 2 * block.fwd_ms
+    assert offload.recompute_ms == pytest.approx((copy_ms - block.fwd_ms) + first_ms + (copy_ms - first_ms - block.bwd_ms))
     moe = analytic.block_layer(0, archs.arch("mixtral-8x7b"), shape, gpu, 0.4)
     assert [o.name for o in moe.recompute_options] == ["none", "full", "attn", "mlp", "mlp-act", "attn,mlp",
-                                                       "attn,mlp-act"]
+                                                       "attn,mlp-act", "offload"]
 
 
 def test_a_plan_with_selective_options_is_exported_as_whole_layers_and_rescored(tmp_path):
@@ -178,3 +238,29 @@ def test_a_plan_with_selective_options_is_exported_as_whole_layers_and_rescored(
     said = " ".join(result.output.split())
     assert re.search(r"recomputes selectively \([a-z,-]*mlp-act[a-z, -]*\) recompute whole layers", said), said
     assert "iteration: plan" in result.output
+
+
+def test_llama_70b_offloads_where_the_host_has_room_and_recomputes_where_it_has_not(tmp_path):
+    """The analytic LLaMA 3 70B at 8192 tokens, TP 8 + SP, 4 stages at 56 GB: with the node's
+    host memory (DGX H100: 2 TB) some blocks offload, cheaper than recomputing them whole; with
+    1 GB of it none can, and the plan recomputes instead, slower. The DP, asked for, refuses a
+    host cap it cannot weigh."""
+    from fixtures.cli import run, run_ok
+
+    from planner import io
+
+    run_ok("profile", "--arch", "llama3-70b", "--seq-len", "8192", "--micro-batch-size", "1", "--tp", "8", "--sp",
+           "--gpu", "h100", "--out", tmp_path / "p.json")
+    args = ("solve", "--profile", tmp_path / "p.json", "--stages", "4", "--mem", "56GB", "--microbatches", "16",
+            "--precision", "bf16-mixed")
+    roomy = run_ok(*args, "--host-mem", "2TB", "--out", tmp_path / "roomy.yaml")
+    tight = run_ok(*args, "--host-mem", "1GB", "--out", tmp_path / "tight.yaml")
+    plans = [io.load_plan(tmp_path / name) for name in ("roomy.yaml", "tight.yaml")]
+    chosen = [{o for stage in plan.stages for o in stage.recompute.values()} for plan in plans]
+    assert "offload" in chosen[0] and "offload" not in chosen[1]
+    assert plans[0].predicted.iteration_ms < plans[1].predicted.iteration_ms
+    assert "solver: milp" in roomy.output and "host memory per rank by stage" in roomy.output
+    assert "host memory per rank by stage" not in tight.output
+    refused = run(*args, "--host-mem", "2TB", "--solver", "dp", "--out", tmp_path / "dp.yaml")
+    assert refused.exit_code == 1 and "use --solver milp or auto" in refused.output
+    assert not (tmp_path / "dp.yaml").exists()

@@ -40,7 +40,7 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
                 solver: str = "auto", host_mem: str | None = None, **options) -> None:
     """Solve every combination, print the table, write the fastest that fits to `out`.
     --zero, --shard-group and --offload-optimizer are what it tries, so they are not given;
-    --host-mem caps the host memory of the combinations that offload."""
+    --host-mem caps the host memory of the combinations that offload (the optimizer, or activations)."""
     from planner import io
     from planner.commands.setup_options import host_bytes
 
@@ -50,8 +50,10 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
     offload_choices = (False, True) if profile.host_step_ns_per_param else (False,)
     if len(offload_choices) == 1:
         say("offload not tried: the profile does not record the host's optimizer speed; re-run `ckplan profile`")
+    offloads_activations = any(option.host_bytes for layer in profile.layers for option in layer.recompute_options)
     trials = [_trial(profile, profile_path, z, k, o, stages=stages, dp=dp, time_limit_s=time_limit_s, solver=solver,
-                     say=say if i == 0 else None, options=options | ({"host_mem": host_mem} if o else {}),
+                     say=say if i == 0 else None,
+                     options=options | ({"host_mem": host_mem} if o or offloads_activations else {}),
                      host_bytes=host_bytes)
               for i, (z, k, o) in enumerate(combinations(dp, offload_choices=offload_choices,
                                                          ep=options.get("ep", 1)))]

@@ -70,7 +70,8 @@ _OPTIONS = [
                  show_default=True, help="Offload's gradient copy, host step and weight copy: overlapped in "
                                          "chunks, or one after another."),
     click.option("--host-mem", default=None, metavar="SIZE",
-                 help="Host memory of a node, shared by its ranks; checked with --offload-optimizer."),
+                 help="Host memory of a node, shared by its ranks: caps the offloaded optimizer and activations "
+                      "offloaded by the offload recompute option."),
     click.option("--shard-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
                  metavar="GB/s", help="Reduction bandwidth per rank inside a shard group [default: from the "
                                       "profile's GPU and interconnect]."),
@@ -257,11 +258,16 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
     profile's GPU (and said), the host step speed from the profile's measurement."""
     from planner import dataparallel
 
-    check_dp_options(dp=dp, zero=zero, shard_group=shard_group, offload=offload_optimizer, host_mem=host_mem)
+    check_dp_options(dp=dp, zero=zero, shard_group=shard_group)
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
     fields = dict(dp=dp, zero=zero, shard_group=shard_group if zero else None, offload=offload_optimizer,
                   offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather, ep=ep)
-    if dp == 1 and not offload_optimizer:
+    if host_mem is not None and not offload_optimizer and not any(
+            option.host_bytes for layer in profile.layers for option in layer.recompute_options):
+        raise UserError("--host-mem caps what goes to the host: the offloaded optimizer, and activations of layers "
+                        "with the offload option, which this profile has none of (a cpu profile: the host is the "
+                        "device); add --offload-optimizer or drop --host-mem")
+    if dp == 1 and not offload_optimizer and host_mem is None:
         return fields
     links = dataparallel.default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep)
     given = (shard_bandwidth, replica_bandwidth, host_bandwidth) + ((ep_bandwidth,) if ep > 1 else ())
@@ -273,7 +279,7 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
     if offload_optimizer:
         fields["host_step_ns_per_param"] = host_step_ns or profile_host_step_ns(profile, optimizer)
         notes.append(host_step_note(profile, optimizer, given=host_step_ns))
-        fields["host_mem_bytes"] = host_mem and _size(host_mem, "--host-mem")
+    fields["host_mem_bytes"] = host_mem and _size(host_mem, "--host-mem")
     for note in notes:
         if say is not None:
             say(note)
@@ -281,7 +287,7 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
     return fields
 
 
-def check_dp_options(*, dp: int, zero: int, shard_group: int | None, offload: bool, host_mem: str | None) -> None:
+def check_dp_options(*, dp: int, zero: int, shard_group: int | None) -> None:
     """One sentence for each combination that means nothing."""
     if zero and dp == 1:
         raise UserError(f"--zero {zero} shards over data-parallel ranks and --dp is 1, so there is nothing to "
@@ -293,9 +299,6 @@ def check_dp_options(*, dp: int, zero: int, shard_group: int | None, offload: bo
         raise UserError(f"--shard-group {shard_group} does not divide --dp {dp}; use one of {divisors}")
     if shard_group == 1:
         raise UserError("--shard-group 1 shards nothing; use a group of 2 or more ranks, or --zero 0")
-    if host_mem is not None and not offload:
-        raise UserError("--host-mem caps the host memory the offloaded optimizer takes; add "
-                        "--offload-optimizer or drop --host-mem")
 
 
 def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth: float | None) -> None:

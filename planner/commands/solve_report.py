@@ -56,6 +56,15 @@ def reserved_note(setup) -> str:
             f"(--fragmentation), in 2 MiB segments; nccl: communicator buffers; the cap holds reserved + nccl")
 
 
+def host_line(stages) -> str:
+    """Each stage's rank's host memory (offloaded optimizer and activations), and its share of
+    the node's where --host-mem caps it."""
+    cap = stages[0].predicted.host_cap_bytes
+    each = ", ".join(f"{stage.index}: {format_bytes(stage.predicted.host_bytes)}" for stage in stages)
+    return f"host memory per rank by stage: {each}" + (f" (each rank's share of --host-mem: {format_bytes(cap)})"
+                                                      if cap is not None else " (not capped: give --host-mem)")
+
+
 def print_plan(plan, out: Path) -> None:
     caps = plan.setup.pipeline.mem_caps_bytes
     cuda = any(stage.predicted.reserved_bytes is not None for stage in plan.stages)
@@ -93,6 +102,8 @@ def print_plan(plan, out: Path) -> None:
             console.print(f"stage {stage.index} recomputes: {_checkpointed(stage) or 'nothing'}")
     if cuda:
         console.print(reserved_note(setup))
+    if any(stage.predicted.host_bytes for stage in plan.stages):
+        console.print(host_line(plan.stages))
     print_comparison(plan)
     solver = plan.solver
     gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"
