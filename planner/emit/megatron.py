@@ -45,6 +45,9 @@ CANNOT_EXPRESS = [
     "not beside block recompute of whole layers; nor save-matmuls (op-level checkpointing), a dense MLP's "
     "activation alone (moe_act is the MoE layers') or a measured profile's attn (the whole attention "
     "submodule; core_attn is the attention kernel alone, Q, K and V kept: the analytic profiles' attn).",
+    "activation offload per layer: megatron-core 0.16's --cpu-offloading refuses pipeline parallelism and "
+    "recompute (TransformerConfig), and its fine-grained offloading (--offload-modules) moves module inputs "
+    "of every decoder layer: offloaded layers are exported as whole-layer recompute.",
     "zero-bubble and V-shaped schedules (ZB, ZBV, DualPipeV): megatron-core 0.16 interleaves virtual stages "
     "in a loop (interleaved 1F1B) only.",
 ]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from planner import costmodel
 from planner.costmodel import PlanCost
 from planner.errors import UserError
-from planner.schema import Plan, Profile, StagePlan, TrainSetup
+from planner.schema import OPTION_FULL, OPTION_OFFLOAD, Plan, Profile, StagePlan, TrainSetup
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ def start(plan: Plan, target: str | None = None, *, selective: bool = False) -> 
     rounding."""
     stages = [stage.model_copy(update={"predicted": None}) for stage in costmodel.pipeline_stages(plan.stages, plan.setup)]
     rounded = Rounded(stages=stages, setup=plan.setup)
+    offloaded_as_full(rounded, target)
     if not selective:
         rounded.stages = whole_layers(rounded.stages)
         partial = {name: option for s in stages for name, option in s.recompute.items() if option != "full"}
@@ -111,6 +112,20 @@ def start(plan: Plan, target: str | None = None, *, selective: bool = False) -> 
     if runtime is not None and runtime != plan.setup.training.runtime:
         rounded.setup = rounded.setup.model_copy(update={"runtime": runtime})
     return rounded
+
+
+def offloaded_as_full(rounded: Rounded, target: str | None) -> None:
+    """No framework offloads a chosen layer's activations as ckplan's offload option does
+    (Megatron-LM's CANNOT_EXPRESS says why for it): those layers recompute whole instead, the
+    same bytes on the device, their recompute in place of the copies."""
+    offloaded = [name for s in rounded.stages for name in s.layers if s.option(name) == OPTION_OFFLOAD]
+    if not offloaded:
+        return
+    rounded.stages = [s.with_recompute({n: OPTION_FULL if s.option(n) == OPTION_OFFLOAD else s.option(n)
+                                        for n in s.layers}) for s in rounded.stages]
+    if target:
+        rounded.changes.append(f"{target} offloads no chosen layer's activations: the {len(offloaded)} layers the plan "
+                               "offloads to the host recompute whole layers (the same bytes on the device)")
 
 
 def whole_layers(stages: Sequence[StagePlan]) -> list[StagePlan]:
