@@ -49,7 +49,6 @@ parameters with that group (expert_setup); the dense ones keep dp and K.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.errors import UserError
@@ -398,11 +397,10 @@ def profile_gpu(profile: Profile):
                     "--replica-bandwidth and --host-bandwidth (GB/s)")
 
 
-def host_bytes_per_node(stage_param_counts: Sequence[int], setup: TrainSetup) -> float:
-    """Host memory the offloaded optimizer takes on one node: every rank there as much as the
-    busiest stage's (the node's ranks may hold any stage)."""
-    busiest = max(stage_param_counts, default=0) * host_bytes_per_param(setup)
-    return busiest * min(setup.data_parallel.devices_per_node, setup.pipeline.stages * setup.data_parallel.dp)
+def host_bytes_per_node(busiest_rank_bytes: float, setup: TrainSetup) -> float:
+    """Host memory a plan takes on one node: every rank there as much as the busiest stage's
+    rank (the node's ranks may hold any stage)."""
+    return busiest_rank_bytes * min(setup.data_parallel.devices_per_node, setup.pipeline.stages * setup.data_parallel.dp)
 
 
 def described(setup: TrainSetup) -> str:

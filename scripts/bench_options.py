@@ -12,7 +12,8 @@ Cases:
 
 For each case and each plan space (options, whole-layer) and solver (dp, milp): the median
 solve time over the repeats (search.plan, the baselines not included) and the plan's predicted
-iteration. The machine may be busy: read the ratios within a row.
+iteration, beside the options' plan without offload (a host too small for it). The machine may be
+busy: read the ratios within a row.
 
     .venv/bin/python scripts/bench_options.py [--cases uniform:32x4,uniform:128x16,llama3-70b:60]
         [--repeats 3] [--solvers dp,milp] [--dp N --zero Z] [--host-mem-gb G]
@@ -95,14 +96,18 @@ def run(case: str, solvers: list[str], repeats: int, **llama) -> list[list[str]]
                     times.append(time.perf_counter() - started)
                 found[space] = (statistics.median(times), max(times) - min(times), result)
         except UserError as refused:
-            rows.append([case, solver, "refused", "-", "-", "-", "-", "-", str(refused)[:60]])
+            rows.append([case, solver, "refused", "-", "-", "-", "-", "-", "-", str(refused)[:60]])
             continue
         (t_o, spread_o, r_o), (t_w, spread_w, r_w) = found["options"], found["whole-layer"]
         ok = isinstance(r_o, search.PlanResult) and isinstance(r_w, search.PlanResult)
+        # the options without offload: a host too small for any (the MILP then)
+        no_host = setup.model_copy(update={"host_mem_bytes": costmodel.FIT_MARGIN_BYTES, "devices_per_node": 1})
+        kept_on_device = search.plan(profile, no_host, solver="milp", time_limit_s=600) if ok else None
         options = {o for stage in r_o.stages for o in stage.recompute.values()} if ok else set()
         rows.append([case, solver, f"{t_o:.3f} ± {spread_o:.3f}", f"{t_w:.3f} ± {spread_w:.3f}", f"{t_o / t_w:.1f}x",
                      f"{r_o.cost.iteration_ms / 1e3:.3f} s" if ok else r_o.status,
                      f"{r_w.cost.iteration_ms / 1e3:.3f} s" if ok else r_w.status,
+                     f"{kept_on_device.cost.iteration_ms / 1e3:.3f} s" if ok else "-",
                      f"{(r_o.cost.iteration_ms / r_w.cost.iteration_ms - 1) * 100:+.1f}%" if ok else "-",
                      ", ".join(sorted(options)) or "-"])
     return rows
@@ -119,7 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     llama = {"dp": args.dp, "zero": args.zero, "host_gb": args.host_mem_gb}
     header = ["case", "solver", "solve s, options", "solve s, whole-layer", "ratio", "iteration, options",
-              "iteration, whole-layer", "options vs whole", "options chosen"]
+              "iteration, whole-layer", "iteration, no offload", "options vs whole", "options chosen"]
     rows = [row for case in args.cases.split(",") for row in run(case, args.solvers.split(","), args.repeats, **llama)]
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     for line in (header, ["-" * w for w in widths], *rows):

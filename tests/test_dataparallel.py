@@ -85,7 +85,7 @@ def test_host_bytes_per_node():
     # in groups of 4: 4 B per param. Busiest stage 10 Mi params, 8 ranks a node: 320 MiB
     s = setup(stages=2, mem_caps_bytes=[2**50] * 2, dp=8, zero=1, shard_group=4, offload=True, devices_per_node=8)
     assert dataparallel.host_bytes_per_param(s) == 4
-    assert dataparallel.host_bytes_per_node([10 * MIB, 3 * MIB], s) == 320 * MIB
+    assert dataparallel.host_bytes_per_node(10 * MIB * dataparallel.host_bytes_per_param(s), s) == 320 * MIB
     # fp32 training keeps an fp32 copy of the weights on the host too: 8 + 4 + 4
     assert dataparallel.host_bytes_per_param(setup(offload=True, precision="fp32")) == 16
 

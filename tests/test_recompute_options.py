@@ -17,7 +17,7 @@ import planner.runtime.launcher as launcher
 from planner import costmodel, io, modelfile
 from planner.profiler.measure import measure_model
 from planner.profiler.saved import saved_bytes
-from planner.recompute import offloading_runner, find_options, layer_runner
+from planner.recompute import find_options, layer_runner, offloading_runner
 from planner.runtime import validate_plan
 from planner.runtime.checks import prepare
 from planner.runtime.reference import reference_losses

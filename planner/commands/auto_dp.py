@@ -94,7 +94,7 @@ def _trial(profile, profile_path, zero, shard_group, offload, *, stages, dp, tim
         trial.why_not = planned.resource
         return trial
     trial.plan = planned
-    trial.host_bytes = host_bytes(trial.plan.stages, profile, trial.setup)
+    trial.host_bytes = host_bytes(trial.plan.stages, trial.setup)
     return trial
 
 
@@ -114,7 +114,7 @@ def _row(trial: Trial, best: Trial | None) -> list[str]:
     stages = trial.plan.stages
     peaks = per_stage([s.predicted.peak_bytes for s in stages])
     static = per_stage([s.predicted.static_bytes for s in stages])
-    host = format_bytes(trial.host_bytes) if setup.data_parallel.offload else "-"
+    host = format_bytes(trial.host_bytes) if trial.host_bytes else "-"
     fits = "yes" if trial.fits else f"[red]no[/] ({_reason(trial)})"
     ckpt = str(sum(len(s.recompute) for s in stages))  # whole layers and selective options alike
     return [str(setup.data_parallel.zero), group, "yes" if setup.data_parallel.offload else "no", fits, peaks, static, host, ckpt,
@@ -195,7 +195,7 @@ def print_json(trials: list[Trial], best: Trial | None, out: Path) -> None:
                 "iteration_ms": plan.predicted.iteration_ms if plan else None,
                 "peak_bytes_per_stage": [s.predicted.peak_bytes for s in plan.stages] if plan else None,
                 "static_bytes_per_stage": [s.predicted.static_bytes for s in plan.stages] if plan else None,
-                "host_bytes_per_node": trial.host_bytes if trial.setup.data_parallel.offload else None,
+                "host_bytes_per_node": trial.host_bytes if trial.host_bytes else None,
                 "checkpointed_layers": sum(len(s.checkpointed) for s in plan.stages) if plan else None,
                 "recomputing_layers": sum(len(s.recompute) for s in plan.stages) if plan else None,
                 "communicated": dataparallel.communicated(trial.setup),

@@ -355,9 +355,10 @@ def _size(text: str, option: str) -> int:
         raise UserError(f"{option}: {exc}") from exc
 
 
-def host_bytes(stages, profile, setup) -> float:
-    """Host bytes per node the plan's offloaded optimizer takes (0 without offload)."""
+def host_bytes(stages, setup) -> float:
+    """Host bytes per node the plan takes (its offloaded optimizer and offloaded activations):
+    every rank there as much as the busiest stage's rank. 0 where nothing goes to the host."""
     from planner import dataparallel
 
-    counts = {layer.name: layer.param_count for layer in profile.layers}
-    return dataparallel.host_bytes_per_node([sum(counts[n] for n in s.layers) for s in stages], setup)
+    busiest = max((stage.predicted.host_bytes for stage in stages if stage.predicted is not None), default=0)
+    return dataparallel.host_bytes_per_node(busiest, setup)
