@@ -79,6 +79,7 @@ from planner.schema import (
     CHUNKED_SCHEDULES,
     OPTION_FULL,
     OPTION_NONE,
+    OPTION_OFFLOAD,
     SPLIT_BACKWARD_SCHEDULES,
     Profile,
     StagePlan,
@@ -1176,6 +1177,10 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
             raise ValueError(f"rank {rank} holds {len(plan.chunks)} chunks, the schedule gives it {setup.pipeline.chunks}")
         for chunk, stage in zip(plan.chunks, order.stages_of(rank)):
             staged[stage] = (chunk, plan)
+        offloaded = [name for name in plan.layers if plan.option(name) == OPTION_OFFLOAD]
+        if offloaded:  # useful_options never gives a chunked stage one
+            raise ValueError(f"rank {rank}'s layer {offloaded[0]} offloads its activations, which a chunked schedule "
+                             f"does not model yet; recompute it instead")
     costs = layer_costs(profile)
     position = {layer.name: idx for idx, layer in enumerate(costs)}
     if [name for stage in range(order.num_stages) for name in staged[stage][0]] != [layer.name for layer in costs]:

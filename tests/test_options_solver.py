@@ -244,7 +244,7 @@ def test_llama_70b_offloads_where_the_host_has_room_and_recomputes_where_it_has_
     """The analytic LLaMA 3 70B at 8192 tokens, TP 8 + SP, 4 stages at 56 GB: with the node's
     host memory (DGX H100: 2 TB) some blocks offload, cheaper than recomputing them whole; with
     1 GB of it none can, and the plan recomputes instead, slower. The DP, asked for, refuses a
-    host cap it cannot weigh."""
+    host cap it cannot weigh; a host cap on whole layers only is refused as meaningless."""
     from fixtures.cli import run, run_ok
 
     from planner import io
@@ -264,3 +264,22 @@ def test_llama_70b_offloads_where_the_host_has_room_and_recomputes_where_it_has_
     refused = run(*args, "--host-mem", "2TB", "--solver", "dp", "--out", tmp_path / "dp.yaml")
     assert refused.exit_code == 1 and "use --solver milp or auto" in refused.output
     assert not (tmp_path / "dp.yaml").exists()
+    # whole layers only: nothing could go to the host, so a host cap would be read by nothing
+    unread = run(*args, "--host-mem", "2TB", "--recompute", "whole-layer", "--out", tmp_path / "whole.yaml")
+    assert unread.exit_code == 1 and "--host-mem caps what goes to the host" in unread.output
+    assert not (tmp_path / "whole.yaml").exists()
+
+
+def test_a_chunked_plan_that_offloads_is_refused_not_misscored():
+    """Chunked schedules do not model offloaded activations yet: the solver never offers them
+    offload (useful_options), and a plan that offloads anyway is refused in one sentence."""
+    blocks = [with_options(layer(f"l{i}", "A", fwd_ms=1.0, act_mib=12, input_mib=1, output_mib=1, param_count=64),
+                           [("offload", 1, 0.2, 11, 11)]) for i in range(4)]
+    profile = profile_of(blocks)
+    chunked = setup(2, 4, [HUGE] * 2, schedule="interleaved-1F1B", chunks=2)
+    pipeline = costmodel.split_to_stages([0, 1, 2, 3], [2, 0, 0, 0], profile)
+    with pytest.raises(ValueError, match="rank 0's layer l0 offloads its activations"):
+        costmodel.evaluate(costmodel.ranks_of(pipeline, chunked), profile, chunked)
+    stage = costmodel.Context(profile, costmodel.stage_setup(chunked, costmodel.schedule_of(chunked)), chunked=True)
+    assert all(not layer.options[o].host_bytes for layer in costmodel.layer_costs(profile)
+               for o in costmodel.useful_options(layer, stage))

@@ -42,7 +42,7 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
     --zero, --shard-group and --offload-optimizer are what it tries, so they are not given;
     --host-mem caps the host memory of the combinations that offload (the optimizer, or activations)."""
     from planner import io
-    from planner.commands.setup_options import host_bytes
+    from planner.commands.setup_options import host_bytes, may_offload_activations
 
     if zero or shard_group is not None or offload_optimizer:
         raise UserError("--auto-dp tries every --zero, --shard-group and --offload-optimizer itself; "
@@ -50,7 +50,8 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
     offload_choices = (False, True) if profile.host_step_ns_per_param else (False,)
     if len(offload_choices) == 1:
         say("offload not tried: the profile does not record the host's optimizer speed; re-run `ckplan profile`")
-    offloads_activations = any(option.host_bytes for layer in profile.layers for option in layer.recompute_options)
+    offloads_activations = may_offload_activations(profile, options.get("recompute", "options"),
+                                                   options.get("schedule", "1F1B"))
     trials = [_trial(profile, profile_path, z, k, o, stages=stages, dp=dp, time_limit_s=time_limit_s, solver=solver,
                      say=say if i == 0 else None,
                      options=options | ({"host_mem": host_mem} if o or offloads_activations else {}),

@@ -208,7 +208,8 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
             schedule=schedule, chunks=chunks, mem_caps_bytes=caps_bytes(mem, stages), optimizer=optimizer, precision=precision,
             runtime=runtime, fragmentation=fragmentation, recompute=recompute,
             parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.get("dp", 1)),
-            **dp_fields(profile, stages=stages, optimizer=optimizer, say=say, **data_parallel),
+            **dp_fields(profile, stages=stages, optimizer=optimizer, say=say,
+                        activations_offloadable=may_offload_activations(profile, recompute, schedule), **data_parallel),
         )
     except ValidationError as exc:
         raise UserError(f"invalid setup: {exc.errors()[0]['msg']}") from exc
@@ -253,7 +254,8 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
               offload_copies: str = "overlapped",
               host_mem: str | None = None, shard_bandwidth: float | None = None,
               replica_bandwidth: float | None = None, host_bandwidth: float | None = None,
-              host_step_ns: float | None = None, ep: int = 1, ep_bandwidth: float | None = None) -> dict:
+              host_step_ns: float | None = None, ep: int = 1, ep_bandwidth: float | None = None,
+              activations_offloadable: bool = True) -> dict:
     """TrainSetup's data-parallel fields from the options, the bandwidths defaulted from the
     profile's GPU (and said), the host step speed from the profile's measurement."""
     from planner import dataparallel
@@ -262,11 +264,11 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
     fields = dict(dp=dp, zero=zero, shard_group=shard_group if zero else None, offload=offload_optimizer,
                   offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather, ep=ep)
-    if host_mem is not None and not offload_optimizer and not any(
-            option.host_bytes for layer in profile.layers for option in layer.recompute_options):
+    if host_mem is not None and not offload_optimizer and not activations_offloadable:
         raise UserError("--host-mem caps what goes to the host: the offloaded optimizer, and activations of layers "
-                        "with the offload option, which this profile has none of (a cpu profile: the host is the "
-                        "device); add --offload-optimizer or drop --host-mem")
+                        "with the offload option, which this plan cannot have (a cpu profile, where the host is the "
+                        "device, --recompute whole-layer or a chunked schedule); add --offload-optimizer or drop "
+                        "--host-mem")
     if dp == 1 and not offload_optimizer and host_mem is None:
         return fields
     links = dataparallel.default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep)
@@ -285,6 +287,14 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
             say(note)
     fields["dp_notes"] = notes
     return fields
+
+
+def may_offload_activations(profile, recompute: str, schedule: str) -> bool:
+    """Whether a plan may put activations on the host: some layer of the profile has the offload
+    option, the plan may take options (not --recompute whole-layer), and the schedule runs one
+    chunk a rank (costmodel.useful_options)."""
+    return (recompute == "options" and schedule not in CHUNKED_SCHEDULES
+            and any(option.host_bytes for layer in profile.layers for option in layer.recompute_options))
 
 
 def check_dp_options(*, dp: int, zero: int, shard_group: int | None) -> None:
