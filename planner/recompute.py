@@ -31,6 +31,7 @@ restores it to recompute, so dropout draws the same masks, whatever the stage's 
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +44,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.checkpoint import (
     CheckpointPolicy,
+    SelectiveCheckpointContext,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
@@ -154,6 +156,11 @@ def option_error(layer_name: str, layer: nn.Module, option: str) -> str | None:
 # ---------------------------------------------------------------- running a layer
 
 
+# torch 2.13 calls a selective policy after the op, with its output (ctx.op_output); earlier
+# versions (2.11, the CUDA build the GPU check ran on) call it before, with no output to see.
+_POLICY_SEES_OUTPUT = "op_output" in inspect.signature(SelectiveCheckpointContext.__init__).parameters
+
+
 def _policy(save: frozenset, observe: Observer | None, ctx, op, *args, **kwargs) -> CheckpointPolicy:
     """Save the outputs of the ops in `save`, recompute every other op."""
     if op.overloadpacket in save:
@@ -165,8 +172,34 @@ def _policy(save: frozenset, observe: Observer | None, ctx, op, *args, **kwargs)
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+class _ObserveSaved:
+    """The forward's dispatch mode, and once the forward is done, observe() told every tensor
+    the policy saved, read from the mode's storage (for a torch whose policy sees no output)."""
+
+    def __init__(self, mode, observe: Observer):
+        self.mode, self.observe = mode, observe
+
+    def __enter__(self):
+        return self.mode.__enter__()
+
+    def __exit__(self, *exc_info):
+        result = self.mode.__exit__(*exc_info)
+        for leaf in tree_leaves(list(self.mode.storage.values())):
+            tensor = getattr(leaf, "val", leaf)  # torch keeps each saved output in a _VersionWrapper
+            if isinstance(tensor, torch.Tensor):
+                self.observe(tensor)
+        return result
+
+
 def _contexts(save: frozenset, observe: Observer | None):
-    return partial(create_selective_checkpoint_contexts, partial(_policy, save, observe))
+    if observe is None or _POLICY_SEES_OUTPUT:
+        return partial(create_selective_checkpoint_contexts, partial(_policy, save, observe))
+
+    def contexts():
+        forward, recompute = create_selective_checkpoint_contexts(partial(_policy, save, None))
+        return _ObserveSaved(forward, observe), recompute
+
+    return contexts
 
 
 def checkpointed(forward: Callable, *args, context_fn=None, **kwargs):
