@@ -166,7 +166,7 @@ def model_file(config: dict, *, seq_len: int):
 
     def example_batch(micro_batch_size: int):
         generator = torch.Generator().manual_seed(micro_batch_size)
-        tokens = torch.randint(0, vocab, (micro_batch_size, seq_len + 1), generator=generator)
+        tokens = torch.randint(0, vocab, (micro_batch_size, seq_len + 1), generator=generator, device="cpu")
         return tokens[:, :-1], tokens[:, 1:]
 
     return build_model, example_batch

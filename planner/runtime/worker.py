@@ -223,8 +223,8 @@ class TimedStage(PipelineStage):
     def _get_recv_ops(self, recv_infos):
         """Receive into contiguous buffers: the stage makes them in the layout of the
         sender's output (or input) it inferred, which may be a view's strides."""
-        for info in recv_infos:
-            if info.buffer is not None and not info.buffer.is_contiguous():
+        for info in recv_infos:  # torch 2.11 lists the first stage's model inputs here too (no buffer)
+            if getattr(info, "buffer", None) is not None and not info.buffer.is_contiguous():
                 info.buffer = torch.empty_like(info.buffer, memory_format=torch.contiguous_format).requires_grad_(
                     info.buffer.requires_grad)
         return super()._get_recv_ops(recv_infos)
