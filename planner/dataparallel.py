@@ -55,10 +55,14 @@ from planner.errors import UserError
 from planner.schema import Profile, TrainSetup
 
 # (weights, grads, optimizer state) bytes per parameter before sharding. bf16 mixed
-# precision keeps an fp32 master copy in the optimizer state.
+# precision keeps an fp32 master copy in the optimizer state; bf16 (pure) keeps everything
+# in bf16, as ckplan's runtime trains a bf16 profile (torch.optim's state takes the
+# parameter's dtype).
 BYTES_PER_PARAM = {
     ("fp32", "adam"): (4, 4, 8),
     ("fp32", "sgd"): (4, 4, 4),  # momentum
+    ("bf16", "adam"): (2, 2, 4),  # m + v in bf16
+    ("bf16", "sgd"): (2, 2, 2),  # momentum in bf16
     ("bf16-mixed", "adam"): (2, 2, 12),  # master + m + v
     ("bf16-mixed", "sgd"): (2, 2, 8),  # master + momentum
 }
@@ -171,14 +175,13 @@ def reduced_bytes_per_param(setup: TrainSetup) -> float:
 
 
 def host_bytes_per_param(setup: TrainSetup) -> float:
-    """Host bytes per parameter of the rank with the optimizer offloaded: the optimizer state
-    (with bf16-mixed its fp32 master), an fp32 copy of the weights for fp32 training, and the
-    fp32 gradient the step reads; / K with ZeRO ≥ 1. 0 without offload."""
+    """Host bytes per parameter of the rank with the optimizer offloaded: the fp32 optimizer
+    state, the fp32 master weights and the fp32 gradient the step reads, whatever the device
+    trains in (planner/runtime/offload.py steps fp32 masters); / K with ZeRO ≥ 1. 0 without offload."""
     if not setup.data_parallel.offload:
         return 0.0
-    _, _, optim = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
-    master = FP32_BYTES if setup.training.precision == "fp32" else 0
-    return (optim + master + FP32_BYTES) / shard_size(setup)
+    _, _, fp32_state = BYTES_PER_PARAM[("fp32", setup.training.optimizer)]
+    return (fp32_state + FP32_BYTES + FP32_BYTES) / shard_size(setup)
 
 
 # ---------------------------------------------------------------- time

@@ -236,7 +236,8 @@ def unsupported_setup(plan: Plan) -> list[str]:
     but its measurements do not include them."""
     setup = plan.setup
     notes = []
-    if setup.training.precision != "fp32":
+    runs_as = {"float32": "fp32", "bfloat16": "bf16"}.get(plan.dtype.removeprefix("torch."))
+    if setup.training.precision != runs_as:
         notes.append(f"precision {setup.training.precision} is not emulated: every stage runs in {plan.dtype} "
                      "with optimizer state in that dtype")
     return notes
