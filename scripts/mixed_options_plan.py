@@ -46,11 +46,16 @@ def main() -> None:
     parser.add_argument("--stage", action="append", required=True)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--schedule", default="1F1B")
+    parser.add_argument("--precision", default=None, choices=["fp32", "bf16", "bf16-mixed"],
+                        help="[default: the profile's dtype, as the runtime trains it: fp32 or bf16]")
+    parser.add_argument("--mem-gib", type=float, default=1.0, help="every stage's cap, GiB [default: 1]")
     args = parser.parse_args()
     profile = io.load_profile(args.profile)
     stages = [_stage(index, text) for index, text in enumerate(args.stage)]
+    precision = args.precision or {"bfloat16": "bf16"}.get(profile.dtype.removeprefix("torch."), "fp32")
     setup = TrainSetup(stages=len(stages), microbatches=args.microbatches, micro_batch_size=profile.micro_batch_size,
-                       schedule=args.schedule, mem_caps_bytes=[GIB] * len(stages), optimizer="adam")
+                       schedule=args.schedule, mem_caps_bytes=[int(args.mem_gib * GIB)] * len(stages), optimizer="adam",
+                       precision=precision)
     cost = costmodel.evaluate(stages, profile, setup)
     plan = Plan(created_at=profile.created_at, model=io.file_ref(args.model),
                 profile=FileRef(file=str(args.profile), sha256=io.sha256_file(args.profile)),

@@ -53,6 +53,8 @@ class StageCheck:
     cap_bytes: int
     in_flight: int  # most microbatches whose activations the stage holds at once
     predicted_peak_bytes: int | None
+    reserved_bytes: int | None = None  # cuda: the caching allocator's reserved peak of the replay
+    predicted_reserved_bytes: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -97,11 +99,15 @@ def replay_stage(plan: Plan, prepared: Prepared, index: int, *, device: torch.de
         replay = _build_replay(plan, prepared, index, device=device, seed=seed)
     if replay.optimizer is not None:  # zero gradients: creates the optimizer state a launch's warm-up creates
         replay.optimizer.step()
+    if device.type == "cuda":  # what building the whole model left cached is no part of the stage's step
+        torch.cuda.empty_cache()
     with PeakMemory(device, external=replay.held_before_step()) as mem:
         replay.step(partial(forget_module_stats, mem), blame=partial(_user_code, index, prepared.model_path))
     stage_plan = prepared.strategy.stages[index]
-    predicted = stage_plan.predicted.peak_bytes if stage_plan.predicted else None
-    return StageCheck(index, mem.peak_bytes, plan.setup.pipeline.mem_caps_bytes[index], replay.in_flight, predicted)
+    predicted = stage_plan.predicted
+    return StageCheck(index, mem.peak_bytes, plan.setup.pipeline.mem_caps_bytes[index], replay.in_flight,
+                      predicted.peak_bytes if predicted else None, mem.reserved_bytes,
+                      predicted.reserved_bytes if predicted else None)
 
 
 @dataclass
