@@ -1228,6 +1228,31 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
     return PlanCost(stages=rank_costs, iteration_ms=chunked_iteration_ms(per_stage, costs, staged, order, setup))
 
 
+def as_ranks(stages: Sequence[StagePlan], setup: TrainSetup) -> list[StagePlan]:
+    """A plan's pipeline stages (P·V of them, in order) as its ranks, each with its chunks: the
+    stages themselves where each rank holds one (ranks_of)."""
+    return list(stages) if setup.pipeline.chunks == 1 else ranks_of(stages, setup)
+
+
+def chunked_linear_ms(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> float:
+    """The chunked MILP's linear time for a plan (milp._chunked_time, from each of its P·V
+    stages' busy time as evaluate_chunked scores them): M·Σ a rank's stages' busy + (P - 1)·the
+    slowest stage + the slowest rank's step. The search holds the MILP's objective to it; the
+    plan reports the simulated schedule's time (evaluate)."""
+    order = schedule_of(setup)
+    inner = stage_setup(setup, order)
+    costs = layer_costs(profile)
+    position = {layer.name: idx for idx, layer in enumerate(costs)}
+    per_stage = []
+    for k, stage in enumerate(pipeline_stages(ranks, setup)):
+        layers = [costs[position[name]] for name in stage.layers]
+        per_stage.append(stage_cost(layers, option_indices(stage, layers), stage=k, profile=profile, setup=inner))
+    busy = [cost.busy_ms for cost in per_stage]
+    work = max(setup.pipeline.microbatches * sum(busy[k] for k in order.stages_of(r)) for r in range(order.num_ranks))
+    step = max(sum(per_stage[k].step_ms for k in order.stages_of(r)) for r in range(order.num_ranks))
+    return work + (order.num_ranks - 1) * max(busy) + step
+
+
 def sends_held_bytes(first: LayerCost, last: LayerCost, stage: int, order: schedules.Schedule,
                      setup: TrainSetup) -> tuple[int, int]:
     """Per microbatch, the stage's output and input gradient held until the step ends
