@@ -78,3 +78,22 @@ def test_a_chunked_refusal_gives_the_smallest_cap(tmp_path):
                   "--microbatches", "4", "--out", tmp_path / "plan.yaml")
     assert refused.exit_code != 0 and "the smallest cap that works with 2 stages is" in refused.output
     assert "Traceback" not in refused.output and not (tmp_path / "plan.yaml").exists()
+
+
+def test_schedule_auto_says_the_real_reason_first(tmp_path):
+    """--zero 1 with --dp 1 is the options' fault under every schedule: that sentence, whole, not
+    "no pipeline schedule fits" with the reason cut off in a table cell."""
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    refused = run("solve", "--profile", path, "--stages", "2", "--schedule", "auto", "--mem", "1GiB",
+                  "--microbatches", "4", "--dp", "1", "--zero", "1", "--out", tmp_path / "plan.yaml")
+    assert refused.exit_code != 0
+    assert "give --dp N (N > 1) or drop --zero" in refused.output and "no pipeline schedule fits" not in refused.output
+
+
+def test_schedule_auto_that_fits_nowhere_gives_the_smallest_cap(tmp_path):
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    refused = run("solve", "--profile", path, "--stages", "2", "--schedule", "auto", "--mem", "1MiB",
+                  "--microbatches", "4", "--out", tmp_path / "plan.yaml")
+    assert refused.exit_code != 0 and "the smallest cap that works with 2 stages is" in refused.output
