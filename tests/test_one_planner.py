@@ -97,3 +97,30 @@ def test_schedule_auto_that_fits_nowhere_gives_the_smallest_cap(tmp_path):
     refused = run("solve", "--profile", path, "--stages", "2", "--schedule", "auto", "--mem", "1MiB",
                   "--microbatches", "4", "--out", tmp_path / "plan.yaml")
     assert refused.exit_code != 0 and "the smallest cap that works with 2 stages is" in refused.output
+
+
+def _moe_profile(tmp_path, source="measured"):
+    """Two MoE blocks of 4 routed experts (the profile recorded the tokens each received)."""
+    blocks = [layer(f"moe{i}", "MoE", fwd_ms=1.0, act_mib=1, input_mib=1, param_count=1000).model_copy(
+        update={"routed_tokens": [8, 12, 4, 8], "expert_param_count": 800}) for i in range(2)]
+    profile = profile_of(blocks).model_copy(update={"source": source})
+    path = tmp_path / "moe.json"
+    io.save_profile(profile, path)
+    return path
+
+
+def test_ep_that_does_not_divide_a_measured_profiles_experts_is_refused_at_solve(tmp_path):
+    refused = run("solve", "--profile", _moe_profile(tmp_path), "--stages", "2", "--mem", "1GiB", "--dp", "6",
+                  "--ep", "3", "--out", tmp_path / "plan.yaml")
+    assert refused.exit_code != 0 and "--ep 3 does not divide the model's 4 routed experts" in refused.output
+    assert not (tmp_path / "plan.yaml").exists()
+
+
+def test_ep_with_zero_on_ckplans_runtime_is_refused_at_solve(tmp_path):
+    path = _moe_profile(tmp_path)
+    refused = run("solve", "--profile", path, "--stages", "2", "--mem", "1GiB", "--dp", "4", "--ep", "2",
+                  "--zero", "1", "--out", tmp_path / "plan.yaml")
+    assert refused.exit_code != 0 and "ckplan's runtime runs expert parallelism with ZeRO 0 only" in refused.output
+    assert not (tmp_path / "plan.yaml").exists()
+    run_ok("solve", "--profile", path, "--stages", "2", "--mem", "1GiB", "--dp", "4", "--ep", "2",
+           "--zero", "1", "--runtime", "megatron", "--out", tmp_path / "plan.yaml")

@@ -202,6 +202,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         raise UserError(f"--chunks {chunks} needs a schedule with chunks ({', '.join(CHUNKED_SCHEDULES)}); "
                         f"{schedule} runs one stage per rank")
     recompute = data_parallel.pop("recompute", "options")
+    check_ep_runtime(profile, ep=data_parallel.get("ep", 1), zero=data_parallel.get("zero", 0), runtime=runtime)
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
@@ -325,14 +326,35 @@ def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth
         divisors = ", ".join(str(k) for k in range(1, dp + 1) if dp % k == 0)
         raise UserError(f"--ep {ep} does not divide --dp {dp}: expert-parallel ranks are data-parallel ranks "
                         f"(Megatron-LM, torchtitan); use one of {divisors}, or raise --dp")
-    model = profile.assumptions.get("model")
-    experts = model.get("num_experts") if isinstance(model, dict) else None
-    if isinstance(experts, int) and experts % ep:
+    experts = routed_experts(profile)
+    if experts is not None and experts % ep:
+        divisors = ", ".join(str(k) for k in range(2, experts + 1) if experts % k == 0 and dp % k == 0) or "none here"
         raise UserError(f"--ep {ep} does not divide the model's {experts} routed experts; every expert-parallel "
-                        "rank holds the same number of them")
+                        f"rank holds the same number of them (an --ep dividing both them and --dp {dp}: {divisors})")
     if shard_group is not None and shard_group % ep:
         raise UserError(f"--ep {ep} does not divide --shard-group {shard_group}: the experts' state is sharded over "
                         "shard group / ep ranks; choose a shard group that is a multiple of --ep")
+
+
+def routed_experts(profile) -> int | None:
+    """The routed experts of the model's MoE layers: an analytic profile's model says; a
+    measured one recorded the tokens each routed expert received (routed_tokens); None: not known."""
+    model = profile.assumptions.get("model")
+    experts = model.get("num_experts") if isinstance(model, dict) else None
+    if isinstance(experts, int):
+        return experts
+    counts = {len(layer.routed_tokens) for layer in profile.layers if layer.routed_tokens}
+    return min(counts) if counts else None
+
+
+def check_ep_runtime(profile, *, ep: int, zero: int, runtime: str) -> None:
+    """A plan for ckplan's runtime (launch) from a model file runs expert parallelism with ZeRO 0
+    only (runtime/experts.py): refused here, not after the ranks have started."""
+    if ep > 1 and zero and runtime == "ckplan" and profile.source in ("measured", "fake"):
+        raise UserError(f"--ep {ep} with --zero {zero}: ckplan's runtime runs expert parallelism with ZeRO 0 only "
+                        "(ZeRO's partitions would mix different experts across the group), and `ckplan launch` runs "
+                        "this plan; use --zero 0, or plan for the framework you export to (--runtime megatron or "
+                        "torchtitan)")
 
 
 def profile_host_step_ns(profile, optimizer: str) -> float:
