@@ -99,6 +99,8 @@ def _smallest_fitting(profile: Profile, setup: TrainSetup, sizes: list[int],
 
     def stage_fits(s: int, count: int) -> bool:
         if (s, count) not in scored:
+            if sizes[s] >= DEADLINE_EVERY:  # a stage of hundreds of layers takes a while to score
+                deadline.check()
             held = layers[starts[s]:starts[s] + sizes[s]]
             flags = [offset < count for offset in range(sizes[s])]
             scored[s, count] = costmodel.stage_cost(held, flags, stage=s, profile=profile, setup=setup).fits

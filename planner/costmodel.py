@@ -69,6 +69,7 @@ tensor is back).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -255,8 +256,25 @@ class PlanCost:
 # ---------------------------------------------------------------- per-layer terms
 
 
+_LAYER_COSTS: dict[int, tuple] = {}  # id(profile) -> (a weak reference to it, its parts' ids, its layer costs)
+
+
 def layer_costs(profile: Profile) -> list[LayerCost]:
-    """Kind-normalised layer numbers: mean times, maximum bytes within a kind."""
+    """Kind-normalised layer numbers: mean times, maximum bytes within a kind. Remembered per
+    profile object (its layers' and tied sets' objects unchanged): a solve asks for them in
+    every baseline, bound and solver, and at 20,000 layers each asking took a second."""
+    parts = (tuple(map(id, profile.layers)), tuple(map(id, profile.tied)))
+    known = _LAYER_COSTS.get(id(profile))
+    if known is not None and known[0]() is profile and known[1] == parts:
+        return list(known[2])
+    found = _layer_costs(profile)
+    if len(_LAYER_COSTS) > 64:
+        _LAYER_COSTS.clear()
+    _LAYER_COSTS[id(profile)] = (weakref.ref(profile), parts, tuple(found))
+    return found
+
+
+def _layer_costs(profile: Profile) -> list[LayerCost]:
     by_kind: dict[str, list] = {}
     for layer in profile.layers:
         by_kind.setdefault(layer.kind, []).append(layer)

@@ -48,6 +48,7 @@ from typing import Literal
 import pulp
 
 from planner import costmodel, dataparallel, dpsolve, schedules
+from planner.deadline import Deadline
 from planner.costmodel import LayerCost
 from planner.schema import (
     CHUNKED_SCHEDULES,
@@ -88,6 +89,7 @@ class Problem:
     # and the schedule's order (planner/schedules.py)
     outer: TrainSetup | None = None
     schedule: object = None
+    deadline: Deadline | None = None  # building a chunked schedule's rows looks at it per rank
 
     @property
     def ctx(self) -> costmodel.Context:
@@ -135,6 +137,7 @@ def build_problem(
     *,
     objective: Literal["time", "memory"] = "time",
     upper_bound_ms: float | None = None,
+    deadline: Deadline | None = None,
 ) -> Problem:
     """objective="time": fastest iteration under the caps; `upper_bound_ms`, the iteration
     time of any feasible plan (e.g. the best baseline's), bounds the bottleneck τ.
@@ -152,7 +155,7 @@ def build_problem(
     num_stages, num_runs = setup.pipeline.stages, len(runs)
     lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
     problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective, outer=outer,
-                      schedule=order)
+                      schedule=order, deadline=deadline)
     tau_max = float("inf")
     if objective == "time" and upper_bound_ms is not None and outer is None:
         tau_max = costmodel.bottleneck_bound_ms(profile, setup, upper_bound_ms)
@@ -356,6 +359,8 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
     order, lp, setup = problem.schedule, problem.lp, problem.outer
     split = setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
     for rank in range(order.num_ranks):
+        if problem.deadline is not None:
+            problem.deadline.check()
         stages = order.stages_of(rank)
         memories = [_stage_memory_parts(problem, k, n, opens, closes) for k in stages]
         sent_output, sent_grad, unsent = [], [], []
@@ -416,8 +421,16 @@ def _weighted(vector: tuple[int, ...], per_count: list[list]):
 
 
 def _top(vectors: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """The vectors no other vector is at least as large as in every count."""
-    return [v for v in vectors if not any(w != v and all(a <= b for a, b in zip(v, w)) for w in vectors)]
+    """The vectors no other vector is at least as large as in every count, in their order. A
+    vector is only ever below one of larger sum, and then below a maximal one: the distinct
+    vectors by falling sum, each against the maximal ones found so far (a few), not all (a
+    schedule of 1,000 microbatches has thousands)."""
+    maximal: list[tuple[int, ...]] = []
+    for v in sorted(set(vectors), key=sum, reverse=True):
+        if not any(all(a <= b for a, b in zip(v, w)) for w in maximal):
+            maximal.append(v)
+    keep = set(maximal)
+    return [v for v in vectors if v in keep]
 
 
 def _chunked_time(problem: Problem, stage_times: list, tau, n):

@@ -54,7 +54,8 @@ def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", de
         if cost.feasible:
             known.append((cost.iteration_ms, stages))
     upper, start = min(known, key=lambda item: item[0], default=(None, None))
-    result = search.plan(profile, setup, solver=solver, deadline=deadline, upper_bound_ms=upper, start=start)
+    result = search.plan(profile, setup, solver=solver, deadline=deadline, upper_bound_ms=upper, start=start,
+                         baselines_scored=True)
     return result, references
 
 

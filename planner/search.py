@@ -110,13 +110,20 @@ def plan(
     upper_bound_ms: float | None = None,
     start: list[StagePlan] | None = None,
     deadline: Deadline | None = None,
+    baselines_scored: bool = False,
 ) -> PlanResult | NoFit:
     """The fastest plan that fits, re-scored by costmodel.evaluate(), or NoFit. `start`: a
     feasible plan (e.g. the best baseline) to begin from and to fall back on; `upper_bound_ms`:
     the iteration time of a feasible plan. mip_gap, threads and log concern the MILP only.
     `deadline` (default: time_limit_s from now) bounds everything; past it the best plan
-    known is returned as "feasible" with its gap."""
+    known is returned as "feasible" with its gap. `baselines_scored`: the caller scored the
+    baselines already and none fits (or gave the best as `start`): they are not scored again."""
     deadline = deadline or Deadline(time_limit_s)
+    if baselines_scored and upper_bound_ms is None:
+        upper_bound_ms = math.inf  # no bound, and no second scoring of the baselines for one
+    if deadline.expired():  # the baselines took it all: the best of them, or nothing
+        return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
+                          pick_solver(setup, solver, profile))
     if pick_solver(setup, solver, profile) == "milp":
         return _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
                           upper_bound_ms=upper_bound_ms, start=start)
@@ -193,7 +200,7 @@ def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_g
         upper_bound_ms, start = _better_start(profile, setup, upper_bound_ms, start, deadline)
         if start is None and setup.pipeline.chunks > 1:
             start = _chunked_start(profile, setup)
-        problem = milp.build_problem(profile, setup, upper_bound_ms=upper_bound_ms)
+        problem = milp.build_problem(profile, setup, upper_bound_ms=upper_bound_ms, deadline=deadline)
         deadline.check()
     except Expired:
         return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,

@@ -124,3 +124,58 @@ def test_ep_with_zero_on_ckplans_runtime_is_refused_at_solve(tmp_path):
     assert not (tmp_path / "plan.yaml").exists()
     run_ok("solve", "--profile", path, "--stages", "2", "--mem", "1GiB", "--dp", "4", "--ep", "2",
            "--zero", "1", "--runtime", "megatron", "--out", tmp_path / "plan.yaml")
+
+
+# ---------------------------------------------------------------- --time-limit, every stage of a solve
+
+
+def _timed(*args):
+    import time
+
+    started = time.perf_counter()
+    result = run(*args)
+    return result, time.perf_counter() - started
+
+
+def test_building_a_long_zbv_order_answers_to_the_time_limit(tmp_path):
+    """torch's ZBV constructor takes about the square of the microbatches (5 s at 1,000): with
+    3,000 and --time-limit 1 the solve stops at the limit and says what it was building."""
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    result, wall_s = _timed("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB",
+                            "--microbatches", "3000", "--time-limit", "1", "--out", tmp_path / "plan.yaml")
+    assert result.exit_code != 0 and "building ZBV's order" in result.output and "--time-limit 1 s" in result.output
+    assert wall_s < 4, wall_s
+
+
+def test_more_pipeline_stages_than_layers_is_refused_before_the_order_is_built(tmp_path):
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(100), path)
+    result, wall_s = _timed("solve", "--profile", path, "--stages", "64", "--schedule", "interleaved-1F1B",
+                            "--chunks", "64", "--mem", "1GiB", "--out", tmp_path / "plan.yaml")
+    assert result.exit_code != 0 and "more than the profile's 100 layers" in result.output
+    assert wall_s < 5, wall_s
+
+
+def test_schedule_auto_shares_one_time_limit(tmp_path):
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    result, wall_s = _timed("solve", "--profile", path, "--stages", "2", "--schedule", "auto", "--mem", "1GiB",
+                            "--microbatches", "600", "--time-limit", "3", "--out", tmp_path / "plan.yaml")
+    assert "Traceback" not in result.output
+    assert wall_s < 3 + 2.5, wall_s
+
+
+def test_a_solve_of_thousands_of_layers_stops_at_its_limit(tmp_path):
+    """Every baseline scores whole plans and the DP builds its chain: at 8,000 layers each takes
+    a while, and the search checks the limit between them (it once ran 3x past it)."""
+    import time
+
+    from planner.planning import make_plan
+    from planner.synthetic import heterogeneous
+
+    profile = heterogeneous(8000, seed=1)
+    setup = TrainSetup(stages=4, microbatches=8, micro_batch_size=1, mem_caps_bytes=[2**30] * 4)
+    started = time.perf_counter()
+    make_plan(profile, tmp_path / "p.json", setup, time_limit_s=1.0)
+    assert time.perf_counter() - started < 1.0 + 1.5

@@ -38,13 +38,20 @@ def run_auto_schedule(profile, profile_path: Path, *, out: Path, time_limit_s: f
     from planner.commands.setup_options import planned_setup
     from planner.planning import Unplanned, make_plan
 
+    from planner.deadline import Deadline
+
+    whole = Deadline(time_limit_s)  # shared: each schedule gets an equal share of what is left
     trials = []
     for index, schedule in enumerate(SCHEDULES):
         trial = Trial(schedule, chunks_for(schedule, chunks))
+        share = whole.remaining_s() / (len(SCHEDULES) - index)
         try:
+            deadline = Deadline(share)
             setup, _ = planned_setup(profile, profile_path, schedule=schedule, chunks=trial.chunks,
-                                     say=say if index == 0 else None, **options)
-            plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit_s / len(SCHEDULES), solver=solver)
+                                     say=say if index == 0 else None, deadline=deadline, **options)
+            plan = make_plan(profile, profile_path, setup, time_limit_s=share, solver=solver, deadline=deadline)
+        except SolverTimeLimit as exc:
+            trial.why_not, trial.reason = "time limit", str(exc)
         except UserError as exc:  # this schedule's own constraint (microbatches, chunks, layers), or the options'
             trial.why_not, trial.reason = "refused", str(exc)
         else:

@@ -164,10 +164,12 @@ def planned_setup(profile, profile_path: Path, *, say=None, **options):
 
 
 def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | None, schedule: str,
-                optimizer: str, precision: str, parallel_stages: int | None, say=None, **data_parallel):
+                optimizer: str, precision: str, parallel_stages: int | None, say=None, deadline=None,
+                **data_parallel):
     """The TrainSetup the options describe (data_parallel: the DP_OPTION_NAMES options);
     `say(sentence)` is told when --mem or a bandwidth comes from the profile's GPU. Bad
-    combinations raise UserError in one sentence."""
+    combinations raise UserError in one sentence. `deadline` (the solve's --time-limit) bounds
+    building a chunked schedule's order (SolverTimeLimit past it)."""
     from pydantic import ValidationError
 
     from planner.schema import TrainSetup
@@ -191,13 +193,10 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
                         f"{profile.device.type}, where the peak is counted exactly: drop it")
     chunks = data_parallel.pop("chunks", None) or (2 if schedule in CHUNKED_SCHEDULES else 1)
     if schedule in CHUNKED_SCHEDULES:
-        from planner import schedules
-
-        schedules.build_schedule(schedule, num_ranks=stages, num_microbatches=microbatches or 2 * stages,
-                                 num_chunks=chunks)  # torch's own checks, in one sentence
-        if stages * chunks > len(profile.layers):
+        if stages * chunks > len(profile.layers):  # before the order is built: that takes long for large sizes
             raise UserError(f"--stages {stages} x --chunks {chunks} is {stages * chunks} pipeline stages, more than the "
                             f"profile's {len(profile.layers)} layers; use fewer chunks or stages")
+        build_order(schedule, stages=stages, chunks=chunks, microbatches=microbatches or 2 * stages, deadline=deadline)
     elif chunks != 1:
         raise UserError(f"--chunks {chunks} needs a schedule with chunks ({', '.join(CHUNKED_SCHEDULES)}); "
                         f"{schedule} runs one stage per rank")
@@ -230,6 +229,24 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         if note:
             say(note)
     return setup
+
+
+def build_order(schedule: str, *, stages: int, chunks: int, microbatches: int, deadline=None) -> None:
+    """torch's order for a chunked schedule (its own checks, in one sentence), built within the
+    deadline: torch's constructors take long for many microbatches (ZBV: 5 s at 1,000, about the
+    square of the count), so past the deadline it is refused, saying so."""
+    from planner import schedules
+    from planner.deadline import Expired, interrupted_at
+    from planner.errors import SolverTimeLimit
+
+    try:
+        with interrupted_at(deadline):
+            schedules.build_schedule(schedule, num_ranks=stages, num_microbatches=microbatches, num_chunks=chunks)
+    except Expired:
+        raise SolverTimeLimit(f"building {schedule}'s order (torch's) for {stages} ranks x {chunks} chunks x "
+                              f"{microbatches} microbatches did not finish within --time-limit {deadline.limit_s:g} s; "
+                              "use fewer --microbatches (the time grows with their square for ZBV), or raise "
+                              "--time-limit") from None
 
 
 def routing_note(profile, ep: int) -> str | None:

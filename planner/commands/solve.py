@@ -45,8 +45,11 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
     """
     from planner import io
     from planner.console import err_console, info
+    from planner.deadline import Deadline
     from planner.errors import UserError
     from planner.schema import CHUNKED_SCHEDULES
+
+    deadline = Deadline(time_limit)  # one limit for the whole solve: loading, the schedule's order, the search
 
     if (schedule in CHUNKED_SCHEDULES or schedule == "auto") and (auto_dp or sweep):
         raise UserError(f"--auto-dp and --sweep plan 1F1B and GPipe; solve {schedule} without them")
@@ -78,7 +81,7 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
         mem = str(2**50)
     setup, time_notes = planned_setup(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches,
                                       schedule=schedule, optimizer=optimizer, precision=precision,
-                                      parallel_stages=parallel_stages, say=say, **data_parallel)
+                                      parallel_stages=parallel_stages, say=say, deadline=deadline, **data_parallel)
     if sweep:
         from planner.commands.sweep import run_sweep
 
@@ -90,7 +93,7 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
     from planner.errors import SolverTimeLimit, UserError
     from planner.planning import Unplanned, make_plan
 
-    plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit, solver=solver)
+    plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit, solver=solver, deadline=deadline)
     if isinstance(plan, Unplanned):
         raise (SolverTimeLimit if plan.status == "timeout" else UserError)(plan.message(setup))
     io.save_plan(plan, out)
