@@ -701,8 +701,54 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
 # choice), the layer that opens or closes the stage (with the stage's index), or the stage's
 # position alone.
 
-QUANTITIES = ("static", "buffers", "kept", "extra", "scratch", "host", "offloaded", "time", "comm", "step", "wgrad",
-              "ipeak", "wpeak")
+@dataclass(frozen=True)
+class Quantity:
+    """One quantity a term adds to, and how a stage's values of it combine (one of COMBINE):
+    the stage accumulator (stage_cost), the DP's chain and the MILP's rows all read `combine`,
+    so a quantity that combines as an existing one does is one declaration here, no solver edit."""
+
+    name: str
+    combine: str
+    meaning: str
+
+
+# How each kind of quantity enters a stage's cost, and what the solvers may prune by (every
+# kind grows with each layer a stage takes, none falls: the DP's Pareto fronts and the MILP's
+# windows rest on that):
+COMBINE = {
+    "held": "bytes held all iteration: added up, into the peak as they are",
+    "kept": "bytes per microbatch until its backward: added up, times the in-flight microbatches",
+    "extra": "a layer's peak beyond what it keeps: the largest, net of what the layers after it keep",
+    "scratch": "the optimizer step's temporaries: cuda added up, cpu twice the largest",
+    "host": "host bytes of the rank: added up, against its share of its node's host memory",
+    "offloaded": "host bytes per microbatch: added up, times the in-flight microbatches, into host",
+    "busy": "ms per microbatch on the critical path: added up",
+    "step": "ms once per iteration: added up",
+    "split": "a split backward's bytes per pass (chunked zero-bubble schedules): see schedules.ChunkBytes",
+}
+
+QUANTITY_DECLARATIONS: tuple[Quantity, ...] = (
+    Quantity("static", "held", "weights, gradients, optimizer state"),
+    Quantity("buffers", "held", "receive buffers, the batch, FSDP2's gathered tensors"),
+    Quantity("kept", "kept", "activations kept for backward"),
+    Quantity("extra", "extra", "a layer's scratch and what its option recomputes at once"),
+    Quantity("scratch", "scratch", "the optimizer step's temporaries"),
+    Quantity("host", "host", "the offloaded optimizer on the host"),
+    Quantity("offloaded", "offloaded", "activations offloaded to the host"),
+    Quantity("time", "busy", "compute per microbatch"),
+    Quantity("comm", "busy", "sends and schedule actions per microbatch"),
+    Quantity("step", "step", "optimizer step, gradient reduction, weight gathers"),
+    Quantity("wgrad", "split", "what a split backward's input pass leaves for its weight pass"),
+    Quantity("ipeak", "split", "a split backward's input pass over what is live before it"),
+    Quantity("wpeak", "split", "a split backward's weight pass over what is live before it"),
+)
+QUANTITIES = tuple(q.name for q in QUANTITY_DECLARATIONS)
+
+
+def quantities(combine: str) -> tuple[str, ...]:
+    """The declared quantities that combine as `combine` (read when asked: a declaration added
+    later is seen by every solver)."""
+    return tuple(q.name for q in QUANTITY_DECLARATIONS if q.combine == combine)
 
 
 @dataclass(frozen=True)
@@ -826,7 +872,8 @@ def index_terms(terms: Sequence[Term]) -> dict[tuple[str, str], tuple[Term, ...]
     """The rows by (quantity, where), as layer_value / edge_value / stage_value read them."""
     found: dict[tuple[str, str], tuple[Term, ...]] = {}
     for term in terms:
-        if term.quantity not in QUANTITIES or term.where not in ("layer", "open", "close", "stage"):
+        if term.quantity not in {q.name for q in QUANTITY_DECLARATIONS} or term.where not in ("layer", "open", "close",
+                                                                                           "stage"):
             raise ValueError(f"term {term.name!r}: unknown quantity {term.quantity!r} or place {term.where!r}")
         found[term.quantity, term.where] = found.get((term.quantity, term.where), ()) + (term,)
     return found
@@ -1015,11 +1062,12 @@ def stage_cost(
     row of TERMS, each quantity entering as the description says."""
     ctx = Context(profile, setup)
     first, last = layers[0], layers[-1]
-    totals = dict.fromkeys(QUANTITIES, 0.0)
+    names = [q.name for q in QUANTITY_DECLARATIONS]
+    totals = dict.fromkeys(names, 0.0)
     rows = _rows_at("layer")
     per_layer = []  # each layer's value of every quantity: the extra and scratch aggregate by layer
     for layer, ckpt in zip(layers, checkpointed):  # one pass over the rows per layer
-        values = dict.fromkeys(QUANTITIES, 0.0)
+        values = dict.fromkeys(names, 0.0)
         for term in rows:
             values[term.quantity] += term.value(layer, ckpt, ctx)
         per_layer.append(values)
@@ -1034,8 +1082,8 @@ def stage_cost(
 
     static = totals["static"] + dataparallel.zero_one_excess_bytes(
         sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
-    buffers = totals["buffers"]
-    kept = int(round(totals["kept"]))
+    buffers = sum(totals[q] for q in quantities("held") if q != "static")  # every other byte held all iteration
+    kept = int(round(sum(totals[q] for q in quantities("kept"))))
     # the loss's scratch is gone before the stage's layers run their backward, and what the
     # loss keeps (the last stage) is freed before any of them does: after the last layer
     transient = int(round(max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer]
@@ -1046,8 +1094,8 @@ def stage_cost(
     peak = int(round(peak_bytes(static + buffers, k, kept, transient, scratch)))
     cuda = ctx.device_type == "cuda"
     return StageCost(
-        comm_ms=totals["comm"],
-        step_ms=totals["step"],
+        comm_ms=sum(totals[q] for q in quantities("busy") if q != "time"),
+        step_ms=sum(totals[q] for q in quantities("step")),
         static_bytes=int(round(static)),
         kept_bytes=kept,
         in_flight=k,

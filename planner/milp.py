@@ -271,8 +271,14 @@ def build_problem(
     return problem
 
 
-HELD = ("static", "buffers")  # bytes held all iteration
-BUSY = ("time", "comm")  # ms per microbatch on the critical path
+
+
+def _held() -> tuple[str, ...]:
+    return costmodel.quantities("held")  # bytes held all iteration (the declarations, read when built)
+
+
+def _busy() -> tuple[str, ...]:
+    return costmodel.quantities("busy")  # ms per microbatch on the critical path
 
 
 def _layer(problem: Problem, quantities, layer: LayerCost, option: int = 0) -> float:
@@ -290,14 +296,14 @@ def _const(problem: Problem, quantities, s: int) -> float:
 def _stage_time(problem: Problem, s: int, n, opens, closes):
     """busy_s = Σ_g n·time(plain) + Σ_o r_o·(time(o) - time(plain)) + what the first and last
     layer and the stage's position add (costmodel.TERMS: time and comm)."""
-    terms = [_const(problem, BUSY, s)]
+    terms = [_const(problem, _busy(), s)]
     for g, run in enumerate(problem.runs):
-        plain = _layer(problem, BUSY, run.layer)
+        plain = _layer(problem, _busy(), run.layer)
         terms.append(plain * n(s, g))
         for o in problem.order[g]:
-            terms.append((_layer(problem, BUSY, run.layer, o) - plain) * problem.r[s, g, o])
-        terms += [_edge(problem, BUSY, "open", run.layer, s) * opens(s, g),
-                  _edge(problem, BUSY, "close", run.layer, s) * closes(s, g)]
+            terms.append((_layer(problem, _busy(), run.layer, o) - plain) * problem.r[s, g, o])
+        terms += [_edge(problem, _busy(), "open", run.layer, s) * opens(s, g),
+                  _edge(problem, _busy(), "close", run.layer, s) * closes(s, g)]
     return pulp.lpSum(terms)
 
 
@@ -463,7 +469,7 @@ def _rank_cap_mib(problem: Problem, rank: int):
 def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
     """Stage s's memory terms, with the transient's constraints (costmodel.transient_extra_bytes)."""
     lp = problem.lp
-    held = [_const(problem, HELD, s) / MIB]  # live at the optimizer step too
+    held = [_const(problem, _held(), s) / MIB]  # live at the optimizer step too
     total = [_const(problem, ("kept",), s) / MIB]
     # T_s = max(a layer's extra (transient, + recompute) net of what the layers after it keep,
     # the stage's own extra, the loss's scratch): costmodel.transient_extra_bytes
@@ -478,7 +484,7 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
     for g, run in enumerate(problem.runs):
         layer = run.layer
         extra, step_bytes = _layer(problem, ("extra",), layer), _layer(problem, ("scratch",), layer)
-        held.append(_layer(problem, HELD, layer) * n(s, g) / MIB)
+        held.append(_layer(problem, _held(), layer) * n(s, g) / MIB)
         total.append(_run_kept_bytes(problem, s, g, n) / MIB)
         present = None
         if extra > 0 or step_bytes > 0:
@@ -498,8 +504,8 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
             lp += scratch >= _layer(problem, ("extra",), layer, o) / MIB * used - after, f"recompute_{s}_{g}_{o}"
         total += [_edge(problem, ("kept",), "open", layer, s) / MIB * opens(s, g),
                   _edge(problem, ("kept",), "close", layer, s) / MIB * closes(s, g)]
-        held += [_edge(problem, HELD, "open", layer, s) / MIB * opens(s, g),
-                 _edge(problem, HELD, "close", layer, s) / MIB * closes(s, g)]
+        held += [_edge(problem, _held(), "open", layer, s) / MIB * opens(s, g),
+                 _edge(problem, _held(), "close", layer, s) / MIB * closes(s, g)]
         if present is not None and step_bytes > 0:
             step_scratch.append((step_bytes, present, n(s, g)))
     held += _zero_one_excess_mib(problem, s, n)
