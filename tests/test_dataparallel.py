@@ -11,10 +11,12 @@ from click.testing import CliRunner
 from export_plans import llm_profile
 from fixtures.cli import run_ok
 
-from planner import costmodel, dataparallel, io, search
+from planner import io
 from planner.cli import cli
+from planner.cost import costmodel, dataparallel
+from planner.models.synthetic import layer, profile_of
 from planner.schema import TrainSetup
-from planner.synthetic import layer, profile_of
+from planner.solve import search
 
 MIB = 2**20
 GB = 1e9
@@ -351,7 +353,7 @@ def test_defaults_are_recorded_in_the_setup_and_options_override_them():
 def test_profile_arch_charges_the_published_host_adam_speed(tmp_path):
     """An analytic profile plans GPU servers: Adam's host step is the published server figure
     (not this machine's CPU), SGD at its ratio to Adam timed here."""
-    from planner.archs import HOST_ADAM_NS_PER_PARAM
+    from planner.models.archs import HOST_ADAM_NS_PER_PARAM
 
     out = tmp_path / "a.json"
     result = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "1024", "--out", str(out)])

@@ -6,9 +6,11 @@ from pathlib import Path
 
 from fixtures.cli import run, run_ok
 
-from planner import baselines, costmodel, io, search
+from planner import io
+from planner.cost import costmodel
+from planner.models.synthetic import layer, profile_of
 from planner.schema import TrainSetup
-from planner.synthetic import layer, profile_of
+from planner.solve import baselines
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPRO = FIXTURES / "chunked-milp-profile.json"  # a 12-layer LLaMA-style cpu profile HiGHS once failed on
@@ -171,8 +173,8 @@ def test_a_solve_of_thousands_of_layers_stops_at_its_limit(tmp_path):
     a while, and the search checks the limit between them (it once ran 3x past it)."""
     import time
 
-    from planner.planning import make_plan
-    from planner.synthetic import heterogeneous
+    from planner.models.synthetic import heterogeneous
+    from planner.solve.planning import make_plan
 
     profile = heterogeneous(8000, seed=1)
     setup = TrainSetup(stages=4, microbatches=8, micro_batch_size=1, mem_caps_bytes=[2**30] * 4)

@@ -7,8 +7,10 @@ import itertools
 import pulp
 import pytest
 
-from planner import baselines, costmodel, milp, search, synthetic
+from planner.cost import costmodel
+from planner.models import synthetic
 from planner.schema import TrainSetup
+from planner.solve import baselines, milp, search
 
 MIB = 2**20
 HUGE = 2**50

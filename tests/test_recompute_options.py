@@ -14,12 +14,14 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import planner.runtime.launcher as launcher
-from planner import costmodel, io, modelfile
+from planner import io
+from planner.cost import costmodel
+from planner.models import modelfile
 from planner.profiler.measure import measure_model
 from planner.profiler.saved import saved_bytes
-from planner.recompute import find_options, layer_runner, offloading_runner
 from planner.runtime import validate_plan
 from planner.runtime.checks import prepare
+from planner.runtime.recompute import find_options, layer_runner, offloading_runner
 from planner.runtime.reference import reference_losses
 from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD
 
@@ -183,7 +185,7 @@ def test_find_options_on_the_llama_style_model():
 
 def _hf_llama_layers():
     pytest.importorskip("transformers")
-    from planner import hfmodels
+    from planner.models import hfmodels
 
     config = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
@@ -318,8 +320,8 @@ def test_a_mixture_of_experts_is_its_blocks_mlp():
     """A MoE block's mixture is found as its MLP (class name "MoE", Mixtral's SparseMoeBlock,
     attribute moe or block_sparse_moe), so `mlp` recomputes the whole mixture (Megatron-LM's
     moe); the bundled MoE model's block has it."""
-    from planner.modelfile import load_model_file, pipeline_layers
-    from planner.recompute import find_options, find_parts
+    from planner.models.modelfile import load_model_file, pipeline_layers
+    from planner.runtime.recompute import find_options, find_parts
 
     path = ROOT / "configs" / "models" / "moe.py"
     block = dict(pipeline_layers(load_model_file(path).build_model(), path))["blocks.0"]

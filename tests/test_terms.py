@@ -11,8 +11,11 @@ from fixtures.cli import run, run_ok
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner import baselines, costmodel, dataparallel, io, search, synthetic
+from planner import io
+from planner.cost import costmodel, dataparallel
+from planner.models import synthetic
 from planner.schema import TrainSetup
+from planner.solve import baselines, search
 
 MIB = 2**20
 HUGE = 2**50

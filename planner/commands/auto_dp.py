@@ -81,7 +81,7 @@ def _trial(profile, profile_path, zero, shard_group, offload, *, stages, dp, tim
     why: "time limit" (it may well fit: the solver did not get to say), "host memory" or
     "device memory"."""
     from planner.commands.setup_options import planned_setup
-    from planner.planning import Unplanned, make_plan
+    from planner.solve.planning import Unplanned, make_plan
 
     trial = Trial(zero, shard_group, offload)
     trial.setup, notes = planned_setup(profile, profile_path, stages=stages, dp=dp, zero=zero,
@@ -100,7 +100,7 @@ def _trial(profile, profile_path, zero, shard_group, offload, *, stages, dp, tim
 
 
 def _row(trial: Trial, best: Trial | None) -> list[str]:
-    from planner import dataparallel
+    from planner.cost import dataparallel
     from planner.emit import dp_support
     from planner.units import format_bytes, format_ms
 
@@ -146,8 +146,8 @@ LEGEND = ("AR all-reduce, RS reduce-scatter, AG all-gather over /n ranks, xN per
 
 
 def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> None:
-    from planner import dataparallel
     from planner.console import console, narrow, table
+    from planner.cost import dataparallel
     from planner.emit import dp_support
     from planner.units import format_ms
 
@@ -186,7 +186,7 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
 def print_json(trials: list[Trial], best: Trial | None, out: Path) -> None:
     import click
 
-    from planner import dataparallel
+    from planner.cost import dataparallel
     from planner.emit import dp_support
 
     def one(trial: Trial) -> dict:

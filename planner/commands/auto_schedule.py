@@ -36,9 +36,8 @@ def run_auto_schedule(profile, profile_path: Path, *, out: Path, time_limit_s: f
     """Solve every schedule, print the table, write the fastest that fits to `out`."""
     from planner import io
     from planner.commands.setup_options import planned_setup
-    from planner.planning import Unplanned, make_plan
-
-    from planner.deadline import Deadline
+    from planner.solve.deadline import Deadline
+    from planner.solve.planning import Unplanned, make_plan
 
     whole = Deadline(time_limit_s)  # shared: each schedule gets an equal share of what is left
     trials = []

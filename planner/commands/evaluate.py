@@ -104,8 +104,9 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
       ckplan evaluate --layers-per-stage 19,20,20,21 --ckpt-per-stage 19,19,19,13 \\
           --microbatches 16 --precision bf16-mixed
     """
-    from planner import costmodel, io
+    from planner import io
     from planner.console import err_console, info
+    from planner.cost import costmodel
 
     counts = parse_counts(layers_per_stage, "--layers-per-stage")
     chunks = data_parallel.get("chunks") or (2 if schedule in CHUNKED_SCHEDULES else 1)
@@ -144,8 +145,8 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
 def _ckplan_plan(profile, setup, hand, *, time_limit_s: float, solver: str):
     """ckplan's plan for the same setup, by the path `solve` takes, started from the hand
     configuration where it fits and beats the baselines; None when no plan is found."""
-    from planner import search
-    from planner.planning import search_plan
+    from planner.solve import search
+    from planner.solve.planning import search_plan
 
     result, _ = search_plan(profile, setup, time_limit_s=time_limit_s, solver=solver, starts=[hand])
     return result if isinstance(result, search.PlanResult) else None
@@ -216,7 +217,7 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
 
 def dp_words(setup) -> str:
     """The data-parallel setup in a few words ('' without it)."""
-    from planner import dataparallel
+    from planner.cost import dataparallel
 
     if setup.data_parallel.dp == 1 and not setup.data_parallel.offload:
         return ""

@@ -108,7 +108,7 @@ def default_parallel_stages(profile, stages: int, dp: int = 1) -> int | None:
     """On CPU the ranks share this machine's cores, each with the threads a launch gives it
     (calibrate.placement_threads: never more than the cores): as many stages compute at
     once as there are cores for."""
-    from planner.calibrate import placement_threads, stages_at_once
+    from planner.measure.calibrate import placement_threads, stages_at_once
 
     if profile.device.type != "cpu":
         return None
@@ -214,7 +214,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     except ValidationError as exc:
         raise UserError(f"invalid setup: {exc.errors()[0]['msg']}") from exc
     if runtime == "torchtitan":
-        from planner import dataparallel
+        from planner.cost import dataparallel
 
         ran = dataparallel.as_torchtitan_runs(setup)
         if ran != setup and say is not None:
@@ -235,9 +235,9 @@ def build_order(schedule: str, *, stages: int, chunks: int, microbatches: int, d
     """torch's order for a chunked schedule (its own checks, in one sentence), built within the
     deadline: torch's constructors take long for many microbatches (ZBV: 5 s at 1,000, about the
     square of the count), so past the deadline it is refused, saying so."""
-    from planner import schedules
-    from planner.deadline import Expired, interrupted_at
+    from planner.cost import schedules
     from planner.errors import SolverTimeLimit
+    from planner.solve.deadline import Expired, interrupted_at
 
     try:
         with interrupted_at(deadline):
@@ -276,7 +276,7 @@ def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, ze
               activations_offloadable: bool = True) -> dict:
     """TrainSetup's data-parallel fields from the options, the bandwidths defaulted from the
     profile's GPU (and said), the host step speed from the profile's measurement."""
-    from planner import dataparallel
+    from planner.cost import dataparallel
 
     check_dp_options(dp=dp, zero=zero, shard_group=shard_group)
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
@@ -407,7 +407,7 @@ def _size(text: str, option: str) -> int:
 def host_bytes(stages, setup) -> float:
     """Host bytes per node the plan takes (its offloaded optimizer and offloaded activations):
     every rank there as much as the busiest stage's rank. 0 where nothing goes to the host."""
-    from planner import dataparallel
+    from planner.cost import dataparallel
 
     busiest = max((stage.predicted.host_bytes for stage in stages if stage.predicted is not None), default=0)
     return dataparallel.host_bytes_per_node(busiest, setup)

@@ -45,9 +45,9 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
     """
     from planner import io
     from planner.console import err_console, info
-    from planner.deadline import Deadline
     from planner.errors import UserError
     from planner.schema import CHUNKED_SCHEDULES
+    from planner.solve.deadline import Deadline
 
     deadline = Deadline(time_limit)  # one limit for the whole solve: loading, the schedule's order, the search
 
@@ -91,7 +91,7 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
             say(note)
         return
     from planner.errors import SolverTimeLimit, UserError
-    from planner.planning import Unplanned, make_plan
+    from planner.solve.planning import Unplanned, make_plan
 
     plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit, solver=solver, deadline=deadline)
     if isinstance(plan, Unplanned):

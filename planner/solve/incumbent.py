@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
-from planner import costmodel
-from planner.costmodel import LayerCost
-from planner.deadline import Deadline
+from planner.cost import costmodel
+from planner.cost.costmodel import LayerCost
 from planner.schema import Profile, StagePlan, TrainSetup
+from planner.solve.deadline import Deadline
 
 NUM_CAPS = 40  # bottleneck caps tried, spread between the tightest and loosest plausible
 

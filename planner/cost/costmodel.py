@@ -75,7 +75,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from statistics import fmean
 
-from planner import allocator, dataparallel, schedules
+from planner.cost import allocator, dataparallel, schedules
 from planner.schema import (
     CHUNKED_SCHEDULES,
     OPTION_FULL,

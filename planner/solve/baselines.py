@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner import costmodel
-from planner.deadline import Deadline, Expired
+from planner.cost import costmodel
 from planner.schema import BaselineResult, Profile, StagePlan, TrainSetup
+from planner.solve.deadline import Deadline, Expired
 
 Strategy = Callable[[Profile, TrainSetup, Deadline], list[StagePlan]]
 NO_DEADLINE = Deadline(None)

@@ -43,8 +43,9 @@ def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", de
     """(the search's result, the baselines): the baselines scored, then the search started from
     the fastest feasible one of them and of `starts` (stage plans, e.g. a hand configuration).
     One deadline (default: time_limit_s from now) bounds all of it."""
-    from planner import baselines, costmodel, search
-    from planner.deadline import Deadline
+    from planner.cost import costmodel
+    from planner.solve import baselines, search
+    from planner.solve.deadline import Deadline
 
     deadline = deadline or Deadline(time_limit_s)
     references = baselines.all_baselines(profile, setup, deadline)
@@ -64,9 +65,10 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, solver
     """The Plan, or an Unplanned saying why there is none (with `explain`, down to the stage and
     the terms of the least-memory plan: a search of its own; without, only whether the host
     alone rules it out)."""
-    from planner import io, search
-    from planner.deadline import Deadline
+    from planner import io
     from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo
+    from planner.solve import search
+    from planner.solve.deadline import Deadline
 
     deadline = deadline or Deadline(time_limit_s)
     result, references = search_plan(profile, setup, time_limit_s=time_limit_s, solver=solver, deadline=deadline)

@@ -47,9 +47,8 @@ from typing import Literal
 
 import pulp
 
-from planner import costmodel, dataparallel, dpsolve, schedules
-from planner.deadline import Deadline
-from planner.costmodel import LayerCost
+from planner.cost import costmodel, dataparallel, schedules
+from planner.cost.costmodel import LayerCost
 from planner.schema import (
     CHUNKED_SCHEDULES,
     SPLIT_BACKWARD_SCHEDULES,
@@ -57,6 +56,8 @@ from planner.schema import (
     StagePlan,
     TrainSetup,
 )
+from planner.solve import dpsolve
+from planner.solve.deadline import Deadline
 
 # Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
 # models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner import costmodel, dataparallel
-from planner.deadline import Deadline, Expired
+from planner.cost import costmodel, dataparallel
 from planner.schema import Profile, StagePlan, TrainSetup
+from planner.solve.deadline import Deadline, Expired
 
 INF = math.inf
 # the first pass caps the slowest stage this far from its floor to the proven bound

@@ -20,12 +20,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from planner import baselines, costmodel, dpsolve, incumbent, milp
-from planner.costmodel import PlanCost
-from planner.deadline import Deadline, Expired
+from planner.cost import costmodel
+from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
-from planner.milp import SolveResult
 from planner.schema import Profile, StagePlan, TrainSetup
+from planner.solve import baselines, dpsolve, incumbent, milp
+from planner.solve.deadline import Deadline, Expired
+from planner.solve.milp import SolveResult
 
 Solver = Literal["auto", "dp", "milp"]
 SOLVERS = ("auto", "dp", "milp")
