@@ -136,7 +136,7 @@ def model_file_text(config: dict, *, seq_len: int, source: str) -> str:
             '"""A Hugging Face model built from its config with random weights; see planner/hfmodels.py.\n'
             'Edit CONFIG or SEQ_LEN here and profile this file again to change the model."""\n\n'
             "import json\n\n"
-            "from planner.hfmodels import model_file\n\n"
+            "from planner.models.hfmodels import model_file\n\n"
             f"CONFIG = json.loads({json.dumps(config, indent=1, sort_keys=True)!r})\n"
             f"SEQ_LEN = {int(seq_len)}\n\n"
             "build_model, example_batch = model_file(CONFIG, seq_len=SEQ_LEN)\n")
