@@ -7,7 +7,7 @@ import itertools
 import pulp
 import pytest
 
-from planner.cost import costmodel
+from planner.cost import costmodel, terms
 from planner.models import synthetic
 from planner.schema import TrainSetup
 from planner.solve import baselines, milp, search
@@ -38,9 +38,9 @@ def with_a_workspace(monkeypatch):
     row = costmodel.Term("a library's workspace per rank", "workspace", "stage",
                          lambda stage, ctx: WORKSPACE_MIB * MIB if stage > 0 else 0, "a test")
     rows = (*costmodel.TERMS, row)
-    monkeypatch.setattr(costmodel, "QUANTITY_DECLARATIONS", declared)
-    monkeypatch.setattr(costmodel, "TERMS", rows)
-    monkeypatch.setattr(costmodel, "_BY_PLACE", costmodel.index_terms(rows))
+    monkeypatch.setattr(terms, "QUANTITY_DECLARATIONS", declared)
+    monkeypatch.setattr(terms, "TERMS", rows)
+    monkeypatch.setattr(terms, "_BY_PLACE", costmodel.index_terms(rows))
 
 
 def brute_optimum(profile, setup_):
