@@ -37,27 +37,22 @@ re-scored by costmodel.evaluate() and must agree with the objective.
 
 from __future__ import annotations
 
-import math
-import os
-import sys
-import time
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Literal
 
 import pulp
 
-from planner.cost import costmodel, dataparallel, schedules
+from planner.cost import costmodel, dataparallel
 from planner.cost.costmodel import LayerCost
 from planner.schema import (
     CHUNKED_SCHEDULES,
     SPLIT_BACKWARD_SCHEDULES,
     Profile,
-    StagePlan,
     TrainSetup,
 )
 from planner.solve import dpsolve
 from planner.solve.deadline import Deadline
+from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
 
 # Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
 # models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)
@@ -96,18 +91,6 @@ class Problem:
     def ctx(self) -> costmodel.Context:
         split = self.outer is not None and self.outer.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
         return costmodel.Context(self.profile, self.setup, split_backward=split, chunked=self.outer is not None)
-
-
-@dataclass(frozen=True)
-class SolveResult:
-    # "timeout": the time limit passed before any plan was found (not proof of infeasibility);
-    # "error": HiGHS failed (numerically) before it found a plan it could stand by
-    status: Literal["optimal", "feasible", "infeasible", "timeout", "error"]
-    objective: float | None
-    gap: float | None
-    wall_s: float
-    solver: str = "milp"  # which solver ran: "dp" or "milp"
-    bound: float | None = None  # proven lower bound on the objective
 
 
 def find_runs(layers: list[LayerCost]) -> list[Run]:
@@ -244,6 +227,11 @@ def build_problem(
         if outer is None:
             lp += _stage_memory_mib(problem, s, n, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
     if outer is not None:
+        from planner.solve.milp_ranks import (  # they build on this module's rows
+            _chunked_time,
+            _rank_rows,
+        )
+
         _rank_rows(problem, n, opens, closes)
         if objective == "time":
             lp += _chunked_time(problem, stage_times, tau, n)
@@ -354,119 +342,6 @@ def _step_and_host_rows(problem: Problem, name: str, memories: list[_Memory], ca
                <= (host_cap - costmodel.FIT_MARGIN_BYTES) / MIB), f"host_cap_{name}"
 
 
-def _rank_rows(problem: Problem, n, opens, closes) -> None:
-    """A chunked schedule's memory, per rank over its chunks (costmodel.evaluate_chunked):
-    held + live(v) ≤ cap_r for every vector v of counts per chunk the rank passes through in
-    torch's order (live microbatches × kept, outputs and input gradients its sends hold ×
-    their bytes, microbatches between I and W × what I leaves for W), and
-    held + live(v) + T_c ≤ cap_r for every vector where chunk c's B or I starts (its transient on
-    top; W's own, the weight pass's peak, where its W starts); vectors below another (of the same
-    chunk and pass) are dropped.
-    Then the optimizer step's and the host's rows over all its chunks."""
-    order, lp, setup = problem.schedule, problem.lp, problem.outer
-    split = setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
-    for rank in range(order.num_ranks):
-        if problem.deadline is not None:
-            problem.deadline.check()
-        stages = order.stages_of(rank)
-        memories = [_stage_memory_parts(problem, k, n, opens, closes) for k in stages]
-        sent_output, sent_grad, unsent = [], [], []
-        for k in stages:
-            sends = [costmodel.sends_held_bytes(run.layer, run.layer, k, order, setup) for run in problem.runs]
-            sent_output.append(pulp.lpSum(out / MIB * closes(k, g) for g, (out, _) in enumerate(sends) if out))
-            sent_grad.append(pulp.lpSum(grad / MIB * opens(k, g) for g, (_, grad) in enumerate(sends) if grad))
-            unsent.append(-sent_grad[-1])  # the single-stage buffers' input gradient being sent, counted here
-        # tied copies on one rank counted once (costmodel.rank_tied_once_bytes): here those of the
-        # first and last layers, whose stages are fixed; any other holder's copy stays charged (over)
-        names = [layer.name for layer in problem.profile.layers]
-        pinned = {names[0]} if 0 in stages else set()
-        if order.num_stages - 1 in stages:
-            pinned.add(names[-1])
-        unsent.append(costmodel.rank_tied_once_bytes(problem.profile, pinned, setup) / MIB)
-        held = [term for memory in memories for term in memory.held] + unsent
-        pending = [[_run_sum(problem, "wgrad", k, n)] if split else [] for k in stages]
-        weight_pass = [_run_sum(problem, "wpeak", k, n) if split else 0 for k in stages]
-        # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
-        # input peak on top of what every layer of the stage leaves for the weight pass
-        input_pass = [_input_pass_bound(problem, k, n) if split else 0 for k in stages]
-        per_count = ([memory.kept for memory in memories] + [[out] for out in sent_output]
-                     + [[g] for g in sent_grad] + pending)
-        cap = _rank_cap_mib(problem, rank)
-        live = partial(_weighted, per_count=per_count)
-        after = schedules.live_counts(order, rank, until_weight_grad=split)
-        for idx, vector in enumerate(_top(after)):
-            lp += pulp.lpSum(held) + live(vector) <= cap, f"live_{rank}_{idx}"
-        moments = schedules.backward_moments(order, rank, until_weight_grad=split)
-        for chunk, memory in enumerate(memories):
-            for kind, extra in (("B", memory.transient), ("I", input_pass[chunk]), ("W", weight_pass[chunk])):
-                vectors = _top([vector for vector, c, k in moments if c == chunk and k == kind])
-                for idx, vector in enumerate(vectors):
-                    lp += pulp.lpSum(held) + live(vector) + extra <= cap, f"pass_{kind}_{rank}_{chunk}_{idx}"
-        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent)
-
-
-def _run_sum(problem: Problem, quantity: str, k: int, n):
-    """`quantity` of all of stage k's layers, each under its option, in MiB."""
-    return pulp.lpSum(_run_bytes(problem, quantity, k, g, n) / MIB for g in range(len(problem.runs)))
-
-
-def _input_pass_bound(problem: Problem, k: int, n):
-    """U_k ≥ the input peak of every run present in stage k (under any of its options), plus what
-    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes."""
-    bound = pulp.LpVariable(f"U_{k}", lowBound=_const(problem, ("extra",), k) / MIB)  # the loss's backward
-    for g, run in enumerate(problem.runs):
-        peaks = [_layer(problem, ("ipeak",), run.layer, o) for o in (0, *problem.order[g])]
-        if max(peaks) > 0:
-            present = _presence(problem, f"u_{k}_{g}", n(k, g), run.size)
-            problem.lp += bound >= max(peaks) / MIB * present, f"input_pass_{k}_{g}"
-    return bound + _run_sum(problem, "wgrad", k, n)
-
-
-def _weighted(vector: tuple[int, ...], per_count: list[list]):
-    """Σ_i vector_i · Σ per_count_i: a vector of counts (schedules.live_counts) in MiB."""
-    return pulp.lpSum(count * term for count, terms in zip(vector, per_count) for term in terms if count)
-
-
-def _top(vectors: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """The vectors no other vector is at least as large as in every count, in their order. A
-    vector is only ever below one of larger sum, and then below a maximal one: the distinct
-    vectors by falling sum, each against the maximal ones found so far (a few), not all (a
-    schedule of 1,000 microbatches has thousands)."""
-    maximal: list[tuple[int, ...]] = []
-    for v in sorted(set(vectors), key=sum, reverse=True):
-        if not any(all(a <= b for a, b in zip(v, w)) for w in maximal):
-            maximal.append(v)
-    keep = set(maximal)
-    return [v for v in vectors if v in keep]
-
-
-def _chunked_time(problem: Problem, stage_times: list, tau, n):
-    """A chunked schedule's iteration, linear: T ≥ M·Σ_{k on r} busy_k + (P - 1)·τ + σ for every
-    rank r (its own work for every microbatch, plus the fill and drain: P - 1 stage times, the
-    interleaved schedule's bubble (P - 1)·(t_f + t_b)/V per rank, Narayanan et al. 2021, exact
-    for equal stages), σ the slowest rank's optimizer step. The plan is then scored by the
-    simulated schedule (costmodel.evaluate_chunked), which the search reports."""
-    order, lp, runs = problem.schedule, problem.lp, problem.runs
-    t_iter = pulp.LpVariable("T_iter", lowBound=0)
-    step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}
-    slowest_step = pulp.LpVariable("sigma", lowBound=0)
-    micro = problem.outer.pipeline.microbatches
-    for rank in range(order.num_ranks):
-        mine = order.stages_of(rank)
-        lp += pulp.lpSum(step_of[g] * n(k, g) for k in mine for g in range(len(runs))) <= slowest_step, f"step_r{rank}"
-        lp += (t_iter >= micro * pulp.lpSum(stage_times[k] for k in mine) + (order.num_ranks - 1) * tau
-               + slowest_step), f"rank_path_{rank}"
-    return t_iter
-
-
-def _rank_cap_mib(problem: Problem, rank: int):
-    """limit_r - margin for the rank (the setup as given), scaled for the memory objective."""
-    cap = costmodel.limit_bytes(rank, costmodel.Context(problem.profile, problem.outer)) / MIB
-    if problem.scale is not None:
-        cap = cap * problem.scale
-    return cap - costmodel.FIT_MARGIN_BYTES / MIB
-
-
 def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
     """Stage s's memory terms, with the transient's constraints (costmodel.transient_extra_bytes)."""
     lp = problem.lp
@@ -570,201 +445,3 @@ def _cap_mib(problem: Problem, s: int):
     if problem.scale is not None:
         cap = cap * problem.scale
     return cap - costmodel.FIT_MARGIN_BYTES / MIB
-
-
-# ---------------------------------------------------------------- solve and extract
-
-
-_BANNER_SHOWN = False
-
-
-def _without_banner() -> None:
-    """HiGHS prints its banner to the process's stdout the first time a Highs object is made,
-    whatever its output options (stdout that `ckplan solve --json` keeps for the JSON alone):
-    make that first object with file descriptor 1 pointed at /dev/null."""
-    global _BANNER_SHOWN
-    if _BANNER_SHOWN:
-        return
-    import highspy
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-    _BANNER_SHOWN = True
-
-
-class _HiGHS(pulp.HiGHS):
-    """pulp's HiGHS (highspy API) with two additions pulp's bridge lacks:
-    - the objective's constant goes to HiGHS too; without it HiGHS measures its MIP gap
-      against a smaller number than the real objective (gaps several times too large);
-    - an optional start solution (variable name -> value), e.g. from the best baseline,
-      so a time-limited solve never returns worse than that."""
-
-    def __init__(self, *args, start: dict[str, float] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.start = start
-        if not self.msg:
-            _without_banner()
-
-    def callSolver(self, lp):
-        import highspy
-
-        lp.solverModel.changeObjectiveOffset(float(lp.objective.constant))
-        if self.start:
-            solution = highspy.HighsSolution()
-            solution.col_value = [self.start.get(var.name, 0.0) for var in lp.variables()]
-            solution.value_valid = True
-            lp.solverModel.setSolution(solution)
-        super().callSolver(lp)
-
-
-_SCHEDULER: list[int | None] = []  # the threads HiGHS's scheduler was made with, once it is
-
-
-def _scheduler_threads(threads: int | None) -> int | None:
-    """The threads every solve in this process asks HiGHS for: those of the first solve."""
-    if not _SCHEDULER:
-        _SCHEDULER.append(threads)
-    return _SCHEDULER[0]
-
-
-def solve(
-    problem: Problem,
-    *,
-    time_limit_s: float | None = None,
-    mip_gap: float = 1e-4,
-    threads: int | None = None,
-    log: bool = False,
-    start: list[StagePlan] | None = None,
-) -> SolveResult:
-    """Run HiGHS. Optimal only when pulp's problem AND solution status both say so; a
-    time-limited solve with a solution is "feasible" with its gap. `start`: a feasible
-    plan (a baseline's stages) HiGHS begins from."""
-    # HiGHS keeps one thread scheduler per process, made by its first solve, and a later solve
-    # that asks for other threads does not run (it hands back the start as "feasible", or no
-    # solution at all): every solve asks for the threads the first one did
-    threads = _scheduler_threads(threads)
-    values = start_values(problem, start, threads=threads) if start else None
-    solver = _HiGHS(msg=log, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads, start=values)
-    started = time.perf_counter()
-    problem.lp.solve(solver)
-    wall_s = time.perf_counter() - started
-    sol_status = problem.lp.sol_status
-    if sol_status == pulp.LpSolutionOptimal and problem.lp.status == pulp.LpStatusOptimal:
-        status = "optimal"
-    elif sol_status == pulp.LpSolutionIntegerFeasible:
-        status = "feasible"
-    elif problem.lp.status == pulp.LpStatusInfeasible:
-        return SolveResult("infeasible", None, None, wall_s)
-    elif _solve_error(problem) and _holds(problem):
-        # HiGHS 1.x ends some solves in "solve error" when its own final check finds a row
-        # 1e-6 short (seen: T_iter ≥ rank path, 1e-6 ms under a 236 ms objective, on a 12-layer
-        # interleaved-1F1B problem): the solution it hands back meets every row to 1e-8 of the
-        # row's size, so it is a plan, "feasible" with no proven gap; evaluate() re-scores it
-        objective = float(pulp.value(problem.lp.objective))
-        return SolveResult("feasible", objective, None, wall_s)
-    elif _solve_error(problem):
-        return SolveResult("error", None, None, wall_s)
-    else:
-        return SolveResult("timeout", None, None, wall_s)
-    info = problem.lp.solverModel.getInfo()
-    gap = float(info.mip_gap) if info.mip_gap < float("inf") else None
-    bound = float(info.mip_dual_bound) + float(problem.lp.objective.constant)
-    bound = bound if math.isfinite(bound) else None
-    objective = float(pulp.value(problem.lp.objective))
-    if start and status == "optimal" and bound is not None and objective - bound > (mip_gap + 1e-9) * abs(objective):
-        # HiGHS 1.16 can map a start solution into its presolved space with a lower objective
-        # than the start has, then call the start "optimal" against that (seen: start 10.3 ms,
-        # "optimal" with dual bound 7.8, true optimum 9.3): an optimum above its own bound is
-        # no optimum, so solve again without the start
-        remaining = None if time_limit_s is None else max(time_limit_s - wall_s, 1e-3)
-        again = solve(problem, time_limit_s=remaining, mip_gap=mip_gap, threads=threads, log=log)
-        return SolveResult(again.status, again.objective, again.gap, wall_s + again.wall_s, bound=again.bound)
-    return SolveResult(status, objective, gap, wall_s, bound=bound)
-
-
-def _solve_error(problem: Problem) -> bool:
-    import highspy
-
-    model = getattr(problem.lp, "solverModel", None)
-    return model is not None and model.getModelStatus() == highspy.HighsModelStatus.kSolveError
-
-
-def _holds(problem: Problem, rel: float = 1e-8) -> bool:
-    """Whether the values HiGHS left meet every row and bound, each to `rel` of its size (at
-    least 1e-9), and the integer variables are whole."""
-    for var in problem.lp.variables():
-        value = var.varValue
-        if value is None:
-            return False
-        tol = rel * max(1.0, abs(value))
-        if (var.lowBound is not None and value < var.lowBound - tol) or (
-                var.upBound is not None and value > var.upBound + tol):
-            return False
-        if var.cat == pulp.LpInteger and abs(value - round(value)) > 1e-6:
-            return False
-    for row in problem.lp.constraints.values():
-        size = max([1.0, abs(row.constant)] + [abs(c * (v.varValue or 0.0)) for v, c in row.items()])
-        slack = row.value()  # lhs - rhs
-        if (row.sense == pulp.LpConstraintLE and slack > rel * size) or (
-                row.sense == pulp.LpConstraintGE and slack < -rel * size) or (
-                row.sense == pulp.LpConstraintEQ and abs(slack) > rel * size):
-            return False
-    return True
-
-
-def start_values(problem: Problem, stages: list[StagePlan], *, threads: int | None = None) -> dict[str, float] | None:
-    """Every variable's value for a given plan: fix the prefix and checkpoint counts to the
-    plan's, let HiGHS fill in the rest (a tiny solve), and read them back."""
-    runs, names = problem.runs, [layer.name for layer in problem.profile.layers]
-    position = {name: idx for idx, name in enumerate(names)}
-    ends = [position[stage.layers[-1]] + 1 for stage in stages]
-    layers = costmodel.layer_costs(problem.profile)
-    chosen = {position[name]: layers[position[name]].option_index(stage.option(name))
-              for stage in stages for name in stage.layers}
-    fixed = {}
-    for s, end in enumerate(ends):
-        begin = ends[s - 1] if s > 0 else 0
-        for g, run in enumerate(runs):
-            layers_before = max(0, min(end, run.start + run.size) - run.start)
-            if not isinstance(problem.y[s, g], int):
-                fixed[problem.y[s, g]] = layers_before
-            for o in problem.order[g]:
-                fixed[problem.r[s, g, o]] = sum(1 for i in range(max(begin, run.start), min(end, run.start + run.size))
-                                                if chosen[i] == o)
-    saved = {var: (var.lowBound, var.upBound) for var in fixed}
-    for var, value in fixed.items():
-        var.lowBound = var.upBound = value
-    try:
-        problem.lp.solve(_HiGHS(msg=False, threads=threads))
-        if problem.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-            return None  # the plan breaks the formulation's assumptions (or a cap): no start
-        return {var.name: var.varValue for var in problem.lp.variables()}
-    finally:
-        for var, (low, up) in saved.items():
-            var.lowBound, var.upBound = low, up
-
-
-def extract_plan(problem: Problem) -> list[StagePlan]:
-    """Stage boundaries from the prefix counts; in each stage, each run's layers take their
-    options in problem.order, r[s,g,o] of each, the rest none (same-kind layers cost the same).
-    A chunked schedule's stages come back as its ranks, each with its chunks."""
-    setup, runs = problem.setup, problem.runs
-    prefix = [[int(round(pulp.value(problem.y[s, g]))) for g in range(len(runs))] for s in range(setup.pipeline.stages)]
-    bounds = [0] + [sum(prefix[s]) for s in range(setup.pipeline.stages - 1)]
-    options = [0] * sum(run.size for run in runs)
-    for s in range(setup.pipeline.stages):
-        for g, run in enumerate(runs):
-            idx = run.start + (prefix[s - 1][g] if s > 0 else 0)
-            for o in problem.order[g]:
-                for _ in range(int(round(pulp.value(problem.r[s, g, o])))):
-                    options[idx] = o
-                    idx += 1
-    stages = costmodel.split_to_stages(bounds, options, problem.profile)
-    return stages if problem.outer is None else costmodel.ranks_of(stages, problem.outer)
