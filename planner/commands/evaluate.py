@@ -94,7 +94,8 @@ def named_checkpoints(stages, text: str):
               help="Seconds the solver may take for ckplan's plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary instead of tables.")
 def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stages, profile_path, mem, microbatches, schedule,
-            optimizer, precision, parallel_stages, solver, time_limit, as_json, **data_parallel) -> None:
+            chunks, optimizer, precision, runtime, recompute, fragmentation, parallel_stages, data_parallel, solver,
+            time_limit, as_json) -> None:
     """Score a configuration you run today (layers and checkpointed layers per stage) with
     the same cost model as ckplan's plans: each stage's peak against its cap, and the
     iteration time, beside ckplan's optimal plan for the same setup.
@@ -109,7 +110,7 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
     from planner.cost import costmodel
 
     counts = parse_counts(layers_per_stage, "--layers-per-stage")
-    chunks = data_parallel.get("chunks") or (2 if schedule in CHUNKED_SCHEDULES else 1)
+    chunks = chunks or (2 if schedule in CHUNKED_SCHEDULES else 1)
     if len(counts) % chunks:
         raise UserError(f"--layers-per-stage lists {len(counts)} stages for --chunks {chunks}; give one count per "
                         f"stage of every rank ({chunks} per rank), in pipeline order")
@@ -124,9 +125,10 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
     profile = io.load_profile(profile_path)
     say = (lambda note: err_console.print(note)) if as_json else info
     setup, time_notes = planned_setup(profile, profile_path, stages=len(counts) // chunks, mem=mem,
-                                      microbatches=microbatches,
-                                      schedule=schedule, optimizer=optimizer, precision=precision,
-                                      parallel_stages=parallel_stages, say=say, **data_parallel)
+                                      microbatches=microbatches, schedule=schedule, chunks=chunks, optimizer=optimizer,
+                                      precision=precision, runtime=runtime, recompute=recompute,
+                                      fragmentation=fragmentation, parallel_stages=parallel_stages,
+                                      data_parallel=data_parallel, say=say)
     hand = hand_stages(profile, counts, ckpts, ckpt_rule)
     if checkpoint_names is not None:
         hand = named_checkpoints(hand, checkpoint_names)

@@ -6,7 +6,9 @@ make with a profile."""
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -90,11 +92,38 @@ DP_OPTION_NAMES = ("dp", "zero", "shard_group", "ep", "zero_gather", "offload_op
                    "shard_bandwidth", "replica_bandwidth", "ep_bandwidth", "host_bandwidth", "host_step_ns")
 
 
+@dataclass(frozen=True)
+class DataParallelOptions:
+    """The data-parallel option group as given on the command line (dp_fields turns it into
+    TrainSetup's data-parallel part, the bandwidths defaulted from the profile's GPU)."""
+
+    dp: int = 1
+    zero: int = 0
+    shard_group: int | None = None
+    ep: int = 1
+    zero_gather: str = "per-microbatch"
+    offload_optimizer: bool = False
+    offload_copies: str = "overlapped"
+    host_mem: str | None = None  # a size, as given
+    shard_bandwidth: float | None = None  # GB/s; None: from the profile's GPU
+    replica_bandwidth: float | None = None
+    ep_bandwidth: float | None = None
+    host_bandwidth: float | None = None
+    host_step_ns: float | None = None  # None: the profile's measurement
+
+
 def setup_options(func):
-    """Decorate a click command with the shared setup options (in --help order)."""
+    """Decorate a click command with the shared setup options (in --help order); the command
+    gets the data-parallel group as one `data_parallel: DataParallelOptions`."""
+
+    @functools.wraps(func)
+    def grouped(**kwargs):
+        data_parallel = DataParallelOptions(**{name: kwargs.pop(name) for name in DP_OPTION_NAMES})
+        return func(data_parallel=data_parallel, **kwargs)
+
     for option in reversed(_OPTIONS):
-        func = option(func)
-    return func
+        grouped = option(grouped)
+    return grouped
 
 
 def newest_profile() -> Path:
@@ -164,12 +193,12 @@ def planned_setup(profile, profile_path: Path, *, say=None, **options):
 
 
 def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | None, schedule: str,
-                optimizer: str, precision: str, parallel_stages: int | None, say=None, deadline=None,
-                **data_parallel):
-    """The TrainSetup the options describe (data_parallel: the DP_OPTION_NAMES options);
-    `say(sentence)` is told when --mem or a bandwidth comes from the profile's GPU. Bad
-    combinations raise UserError in one sentence. `deadline` (the solve's --time-limit) bounds
-    building a chunked schedule's order (SolverTimeLimit past it)."""
+                optimizer: str, precision: str, parallel_stages: int | None, runtime: str = "ckplan",
+                fragmentation: float | None = None, chunks: int | None = None, recompute: str = "options",
+                data_parallel: DataParallelOptions = DataParallelOptions(), say=None, deadline=None):
+    """The TrainSetup the options describe; `say(sentence)` is told when --mem or a bandwidth
+    comes from the profile's GPU. Bad combinations raise UserError in one sentence. `deadline`
+    (the solve's --time-limit) bounds building a chunked schedule's order (SolverTimeLimit past it)."""
     from pydantic import ValidationError
 
     from planner.schema import TrainSetup
@@ -186,12 +215,10 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         mem, note = gpu_mem(profile)
         if say is not None:
             say(note)
-    runtime = data_parallel.pop("runtime", "ckplan")
-    fragmentation = data_parallel.pop("fragmentation", None)
     if fragmentation is not None and profile.device.type != "cuda":
         raise UserError(f"--fragmentation applies to a GPU's caching allocator; this profile is of "
                         f"{profile.device.type}, where the peak is counted exactly: drop it")
-    chunks = data_parallel.pop("chunks", None) or (2 if schedule in CHUNKED_SCHEDULES else 1)
+    chunks = chunks or (2 if schedule in CHUNKED_SCHEDULES else 1)
     if schedule in CHUNKED_SCHEDULES:
         if stages * chunks > len(profile.layers):  # before the order is built: that takes long for large sizes
             raise UserError(f"--stages {stages} x --chunks {chunks} is {stages * chunks} pipeline stages, more than the "
@@ -200,16 +227,15 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     elif chunks != 1:
         raise UserError(f"--chunks {chunks} needs a schedule with chunks ({', '.join(CHUNKED_SCHEDULES)}); "
                         f"{schedule} runs one stage per rank")
-    recompute = data_parallel.pop("recompute", "options")
-    check_ep_runtime(profile, ep=data_parallel.get("ep", 1), zero=data_parallel.get("zero", 0), runtime=runtime)
+    check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
             schedule=schedule, chunks=chunks, mem_caps_bytes=caps_bytes(mem, stages), optimizer=optimizer, precision=precision,
             runtime=runtime, fragmentation=fragmentation, recompute=recompute,
-            parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.get("dp", 1)),
-            **dp_fields(profile, stages=stages, optimizer=optimizer, say=say,
-                        activations_offloadable=may_offload_activations(profile, recompute, schedule), **data_parallel),
+            parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.dp),
+            **dp_fields(profile, data_parallel, stages=stages, optimizer=optimizer, say=say,
+                        activations_offloadable=may_offload_activations(profile, recompute, schedule)),
         )
     except ValidationError as exc:
         raise UserError(f"invalid setup: {exc.errors()[0]['msg']}") from exc
@@ -267,16 +293,17 @@ def routing_note(profile, ep: int) -> str | None:
             f"{format_bytes((load - 1) * layer.expert_act_bytes)} more per microbatch there than the plan says")
 
 
-def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, zero: int = 0,
-              shard_group: int | None = None, zero_gather: str = "per-microbatch", offload_optimizer: bool = False,
-              offload_copies: str = "overlapped",
-              host_mem: str | None = None, shard_bandwidth: float | None = None,
-              replica_bandwidth: float | None = None, host_bandwidth: float | None = None,
-              host_step_ns: float | None = None, ep: int = 1, ep_bandwidth: float | None = None,
+def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: str, say=None,
               activations_offloadable: bool = True) -> dict:
     """TrainSetup's data-parallel fields from the options, the bandwidths defaulted from the
     profile's GPU (and said), the host step speed from the profile's measurement."""
     from planner.cost import dataparallel
+
+    dp, zero, shard_group, ep, host_mem = options.dp, options.zero, options.shard_group, options.ep, options.host_mem
+    offload_optimizer, ep_bandwidth, host_step_ns = options.offload_optimizer, options.ep_bandwidth, options.host_step_ns
+    shard_bandwidth, replica_bandwidth = options.shard_bandwidth, options.replica_bandwidth
+    host_bandwidth = options.host_bandwidth
+    zero_gather, offload_copies = options.zero_gather, options.offload_copies
 
     check_dp_options(dp=dp, zero=zero, shard_group=shard_group)
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
