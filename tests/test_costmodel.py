@@ -130,13 +130,13 @@ def test_static_bytes_of_a_stage_follow_zero():
 )
 def test_in_flight_1f1b(stages, microbatches, expected):
     s = setup(stages, microbatches)
-    assert [costmodel.in_flight(s, i) for i in range(stages)] == expected
+    assert [costmodel.in_flight(s.pipeline, i) for i in range(stages)] == expected
 
 
 @pytest.mark.parametrize("stages, microbatches", [(4, 8), (4, 2), (3, 1), (1, 5)])
 def test_in_flight_gpipe_holds_every_microbatch(stages, microbatches):
     s = setup(stages, microbatches, schedule="GPipe")
-    assert [costmodel.in_flight(s, i) for i in range(stages)] == [microbatches] * stages
+    assert [costmodel.in_flight(s.pipeline, i) for i in range(stages)] == [microbatches] * stages
 
 
 # ---------------------------------------------------------------- stage cost, two stages

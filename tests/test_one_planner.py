@@ -147,7 +147,7 @@ def test_building_a_long_zbv_order_answers_to_the_time_limit(tmp_path):
     result, wall_s = _timed("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB",
                             "--microbatches", "3000", "--time-limit", "1", "--out", tmp_path / "plan.yaml")
     assert result.exit_code != 0 and "building ZBV's order" in result.output and "--time-limit 1 s" in result.output
-    assert wall_s < 4, wall_s
+    assert wall_s < 1 + 5, wall_s  # main: 45 s and more (the order built to its end); slack for a busy machine
 
 
 def test_more_pipeline_stages_than_layers_is_refused_before_the_order_is_built(tmp_path):
@@ -165,7 +165,7 @@ def test_schedule_auto_shares_one_time_limit(tmp_path):
     result, wall_s = _timed("solve", "--profile", path, "--stages", "2", "--schedule", "auto", "--mem", "1GiB",
                             "--microbatches", "600", "--time-limit", "3", "--out", tmp_path / "plan.yaml")
     assert "Traceback" not in result.output
-    assert wall_s < 3 + 2.5, wall_s
+    assert wall_s < 3 + 5, wall_s  # main: 35 s; slack for a busy machine
 
 
 def test_a_solve_of_thousands_of_layers_stops_at_its_limit(tmp_path):
@@ -180,4 +180,4 @@ def test_a_solve_of_thousands_of_layers_stops_at_its_limit(tmp_path):
     setup = TrainSetup(stages=4, microbatches=8, micro_batch_size=1, mem_caps_bytes=[2**30] * 4)
     started = time.perf_counter()
     make_plan(profile, tmp_path / "p.json", setup, time_limit_s=1.0)
-    assert time.perf_counter() - started < 1.0 + 1.5
+    assert time.perf_counter() - started < 1.0 + 3

@@ -172,7 +172,7 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
     if setup.pipeline.microbatches == 1:
         return float("inf")
     layers = layer_costs(profile)
-    base = compute_ms(sum(layer_time_ms(layer, False) for layer in layers), setup)
+    base = compute_ms(sum(layer_time_ms(layer, False) for layer in layers), setup.time)
     ctx = Context(profile, setup)
     base += sum(stage_value(quantity, s, ctx) for s in range(setup.pipeline.stages) for quantity in ("time", "comm"))
     base += sum(layer_step_ms(layer, setup) for layer in layers) / setup.pipeline.stages
@@ -308,7 +308,7 @@ def stage_cost(
                                               + [(0.0, stage_value("kept", stage, ctx))]),
                               stage_value("extra", stage, ctx))))
     scratch = step_scratch_bytes([v["scratch"] for v in per_layer], profile.device.type)
-    k = in_flight(setup, stage)
+    k = in_flight(setup.pipeline, stage)
     peak = int(round(peak_bytes(static + buffers, k, kept, transient, scratch)))
     cuda = ctx.device_type == "cuda"
     return StageCost(

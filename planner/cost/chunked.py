@@ -200,7 +200,7 @@ def chunked_iteration_ms(per_stage: Sequence[StageCost], costs: Sequence[LayerCo
                          order: schedules.Schedule, setup: TrainSetup) -> float:
     """The simulated makespan of the schedule with each stage's forward and backward (its sends
     and actions with them), plus the slowest rank's optimizer step."""
-    forward = {layer.name: compute_ms(layer.fwd_ms, setup) for layer in costs}
+    forward = {layer.name: compute_ms(layer.fwd_ms, setup.time) for layer in costs}
     times = []
     for stage, cost in enumerate(per_stage):
         fwd = sum(forward[name] for name in staged[stage][0]) + cost.comm_ms / 2

@@ -7,10 +7,7 @@ from collections.abc import Callable, Sequence
 
 from planner.cost import dataparallel
 from planner.cost.layers import LayerCost
-from planner.schema import (
-    Profile,
-    TrainSetup,
-)
+from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
 # (weights, grads, optimizer state) bytes per parameter before sharding.
 _BYTES_PER_PARAM = dataparallel.BYTES_PER_PARAM
@@ -22,11 +19,11 @@ def bytes_per_param(setup: TrainSetup) -> float:
     return dataparallel.bytes_per_param(setup)
 
 
-def in_flight(setup: TrainSetup, stage: int) -> int:
+def in_flight(pipeline: PipelineSetup, stage: int) -> int:
     """Microbatches whose activations stage `stage` holds at its peak."""
-    if setup.pipeline.schedule == "GPipe":
-        return setup.pipeline.microbatches
-    return min(setup.pipeline.stages - stage, setup.pipeline.microbatches)
+    if pipeline.schedule == "GPipe":
+        return pipeline.microbatches
+    return min(pipeline.stages - stage, pipeline.microbatches)
 
 
 def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
@@ -142,32 +139,32 @@ def layer_time_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None
     return layer.fwd_ms + layer.bwd_ms + option_recompute_ms(layer, option, setup)
 
 
-def compute_ms(time_ms: float, setup: TrainSetup) -> float:
+def compute_ms(time_ms: float, time: TimeConstants) -> float:
     """A profiled compute time as the run will take it: times the calibrated compute scale
     (the launch's threads against the profile's, ranks sharing cores; 1 uncalibrated)."""
-    return time_ms * setup.time.compute_scale
+    return time_ms * time.compute_scale
 
 
-def send_ms(num_bytes: int, setup: TrainSetup) -> float:
+def send_ms(num_bytes: int, time: TimeConstants) -> float:
     """One point-to-point send: latency + bytes / bandwidth (calibrated; 0 uncalibrated)."""
-    if setup.time.send_gb_per_s is None:
-        return setup.time.send_latency_ms
-    return setup.time.send_latency_ms + num_bytes / (setup.time.send_gb_per_s * 1e6)
+    if time.send_gb_per_s is None:
+        return time.send_latency_ms
+    return time.send_latency_ms + num_bytes / (time.send_gb_per_s * 1e6)
 
 
 def first_layer_comm_ms(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
     """Per microbatch, a stage past the first sends its input's gradient back."""
-    return send_ms(layer.input_bytes, setup) if stage > 0 else 0.0
+    return send_ms(layer.input_bytes, setup.time) if stage > 0 else 0.0
 
 
 def last_layer_comm_ms(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
     """Per microbatch, a stage before the last sends its output forward."""
-    return send_ms(layer.output_bytes, setup) if stage < setup.pipeline.stages - 1 else 0.0
+    return send_ms(layer.output_bytes, setup.time) if stage < setup.pipeline.stages - 1 else 0.0
 
 
-def stage_constant_comm_ms(stage: int, setup: TrainSetup) -> float:
+def stage_constant_comm_ms(stage: int, time: TimeConstants) -> float:
     """Per microbatch every stage runs two schedule actions (forward, backward)."""
-    return 2 * setup.time.action_overhead_ms
+    return 2 * time.action_overhead_ms
 
 
 def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
@@ -177,8 +174,8 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
     (dataparallel.step_term_ms); the step is 0 when the profile has no step time for that
     optimizer. Plus the sums that keep its tied parameters tied, which run as part of the step."""
     step = dict(layer.step_ms).get(setup.training.optimizer, 0.0)
-    return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup),
-                                     bwd_ms=compute_ms(layer.bwd_ms, setup),
+    return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
+                                     bwd_ms=compute_ms(layer.bwd_ms, setup.time),
                                      expert_count=layer.expert_param_count) + layer.tied_ms
 
 
@@ -203,9 +200,9 @@ def _runtime(setup: TrainSetup) -> str:
     return setup.training.runtime
 
 
-def deepspeed_buffers(stage: int, setup: TrainSetup) -> int:
+def deepspeed_buffers(stage: int, pipeline: PipelineSetup) -> int:
     """DeepSpeed's TrainSchedule.num_pipe_buffers."""
-    return max(2, min(setup.pipeline.stages - stage, setup.pipeline.microbatches))
+    return max(2, min(pipeline.stages - stage, pipeline.microbatches))
 
 
 def first_layer_kept_bytes(layer: LayerCost, setup: TrainSetup) -> int:
@@ -234,7 +231,7 @@ def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) ->
     if runtime in ("megatron", "colossalai"):
         copies = 1
     elif runtime == "deepspeed":
-        copies = deepspeed_buffers(stage, setup) + 1
+        copies = deepspeed_buffers(stage, setup.pipeline) + 1
     else:
         copies = setup.pipeline.microbatches + 1
     return copies * layer.input_bytes
@@ -263,10 +260,10 @@ def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     inputs, targets = profile.batch_input_bytes, profile.batch_target_bytes
     runtime = _runtime(setup)
     if runtime == "megatron":
-        return in_flight(setup, stage) * targets * last
+        return in_flight(setup.pipeline, stage) * targets * last
     if runtime == "colossalai":
         return setup.pipeline.microbatches * (inputs + targets)
-    held = deepspeed_buffers(stage, setup) if runtime == "deepspeed" else setup.pipeline.microbatches
+    held = deepspeed_buffers(stage, setup.pipeline) if runtime == "deepspeed" else setup.pipeline.microbatches
     return held * (inputs * first + targets * last)
 
 
@@ -301,7 +298,7 @@ def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSet
 
 def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
     """The loss's forward + backward on the last stage (scaled like the layers' compute)."""
-    return compute_ms(profile.loss_ms, setup) if stage == setup.pipeline.stages - 1 else 0.0
+    return compute_ms(profile.loss_ms, setup.time) if stage == setup.pipeline.stages - 1 else 0.0
 
 
 def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:

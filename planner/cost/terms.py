@@ -181,7 +181,7 @@ TERMS: tuple[Term, ...] = (
          "saved-tensor hooks under recompute.offloaded_activations: the bytes it copies out (profiler); "
          "analytic: a block's saved bytes less its input"),
     Term("forward, backward, recompute", "time", "layer",
-         lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup),
+         lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),
     Term("the tokens' all-to-all of a MoE block under expert parallelism", "time", "layer",
          lambda layer, ckpt, ctx: all_to_all_ms(layer, ckpt, ctx.setup),
@@ -231,7 +231,7 @@ TERMS: tuple[Term, ...] = (
     Term("the loss's forward and backward", "time", "stage",
          lambda stage, ctx: stage_constant_ms(ctx.profile, stage, ctx.setup), "timed (profiler)"),
     Term("two schedule actions per microbatch", "comm", "stage",
-         lambda stage, ctx: stage_constant_comm_ms(stage, ctx.setup), "calibrated action cost (ckplan calibrate)"),
+         lambda stage, ctx: stage_constant_comm_ms(stage, ctx.setup.time), "calibrated action cost (ckplan calibrate)"),
 )
 
 

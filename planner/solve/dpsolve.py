@@ -116,7 +116,7 @@ class Chain:
         self.step_ms = per_layer(("step",), False)
         self.stages = [
             _Stage(
-                in_flight=costmodel.in_flight(setup, s),
+                in_flight=costmodel.in_flight(setup.pipeline, s),
                 const_kept_bytes=costmodel.stage_value("kept", s, ctx),
                 const_held_bytes=sum(costmodel.stage_value(q, s, ctx) for q in held),
                 loss_scratch_bytes=costmodel.stage_value("extra", s, ctx),

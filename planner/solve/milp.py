@@ -314,7 +314,7 @@ def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     buffers held, kept, extra, scratch): returns held + k_s·kept + T_s (the training peak)
     and adds the optimizer step's row, held + scratch ≤ cap, and the host row itself."""
     memory = _stage_memory_parts(problem, s, n, opens, closes)
-    k = costmodel.in_flight(problem.setup, s)
+    k = costmodel.in_flight(problem.setup.pipeline, s)
     _step_and_host_rows(problem, f"{s}", [memory], _cap_mib(problem, s))
     # held + k·kept written out term by term: one row fewer between a byte and its cap
     return pulp.lpSum(memory.held + [k * term for term in memory.kept] + [memory.transient])
@@ -385,7 +385,7 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
         if present is not None and step_bytes > 0:
             step_scratch.append((step_bytes, present, n(s, g)))
     held += _zero_one_excess_mib(problem, s, n)
-    k = costmodel.in_flight(problem.setup, s)
+    k = costmodel.in_flight(problem.setup.pipeline, s)
     host = [_layer(problem, ("host",), run.layer) * n(s, g) / MIB for g, run in enumerate(problem.runs)]
     # activations offloaded: k_s in-flight microbatches of each offloading layer's host bytes
     host += [k * _layer(problem, ("offloaded",), run.layer, o) / MIB * problem.r[s, g, o]
