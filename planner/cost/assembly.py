@@ -369,32 +369,6 @@ def option_indices(stage: StagePlan, layers: Sequence[LayerCost]) -> list[int]:
     return indices
 
 
-def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
-    """Score any plan. Raises ValueError if the stages are not a contiguous, complete,
-    in-order cover of the profile's layers."""
-    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
-        from planner.cost.chunked import (
-            evaluate_chunked,  # scores each chunk with stage_cost: a cycle
-        )
-
-        return evaluate_chunked(stages, profile, setup)
-    costs = layer_costs(profile)
-    position = {layer.name: idx for idx, layer in enumerate(costs)}
-    if len(stages) != setup.pipeline.stages:
-        raise ValueError(f"plan has {len(stages)} stages, setup has {setup.pipeline.stages}")
-    flat = [name for stage in stages for name in stage.layers]
-    if flat != [layer.name for layer in costs]:
-        unknown = [name for name in flat if name not in position]
-        detail = f"unknown layers {unknown[:3]}" if unknown else "layers missing, repeated or out of order"
-        raise ValueError(f"stages do not cover the profile's layers in order: {detail}")
-    result = []
-    for s, stage in enumerate(stages):
-        layers = [costs[position[name]] for name in stage.layers]
-        result.append(stage_cost(layers, option_indices(stage, layers), stage=s, profile=profile, setup=setup))
-    return PlanCost(stages=result, iteration_ms=iteration_ms([c.busy_ms for c in result], setup,
-                                                             [c.step_ms for c in result]))
-
-
 def with_predictions(stages: Sequence[StagePlan], cost: PlanCost) -> list[StagePlan]:
     return [
         stage.model_copy(update={"predicted": stage_cost.predicted()})

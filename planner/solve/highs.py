@@ -8,15 +8,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import pulp
 
 from planner.cost import costmodel
 from planner.schema import StagePlan
-
-if TYPE_CHECKING:
-    from planner.solve.milp import Problem
 
 
 @dataclass(frozen=True)
@@ -94,7 +91,7 @@ def _scheduler_threads(threads: int | None) -> int | None:
 
 
 def solve(
-    problem: Problem,
+    problem,
     *,
     time_limit_s: float | None = None,
     mip_gap: float = 1e-4,
@@ -148,14 +145,14 @@ def solve(
     return SolveResult(status, objective, gap, wall_s, bound=bound)
 
 
-def _solve_error(problem: Problem) -> bool:
+def _solve_error(problem) -> bool:
     import highspy
 
     model = getattr(problem.lp, "solverModel", None)
     return model is not None and model.getModelStatus() == highspy.HighsModelStatus.kSolveError
 
 
-def _holds(problem: Problem, rel: float = 1e-8) -> bool:
+def _holds(problem, rel: float = 1e-8) -> bool:
     """Whether the values HiGHS left meet every row and bound, each to `rel` of its size (at
     least 1e-9), and the integer variables are whole."""
     for var in problem.lp.variables():
@@ -178,7 +175,7 @@ def _holds(problem: Problem, rel: float = 1e-8) -> bool:
     return True
 
 
-def start_values(problem: Problem, stages: list[StagePlan], *, threads: int | None = None) -> dict[str, float] | None:
+def start_values(problem, stages: list[StagePlan], *, threads: int | None = None) -> dict[str, float] | None:
     """Every variable's value for a given plan: fix the prefix and checkpoint counts to the
     plan's, let HiGHS fill in the rest (a tiny solve), and read them back."""
     runs, names = problem.runs, [layer.name for layer in problem.profile.layers]
@@ -210,7 +207,7 @@ def start_values(problem: Problem, stages: list[StagePlan], *, threads: int | No
             var.lowBound, var.upBound = low, up
 
 
-def extract_plan(problem: Problem) -> list[StagePlan]:
+def extract_plan(problem) -> list[StagePlan]:
     """Stage boundaries from the prefix counts; in each stage, each run's layers take their
     options in problem.order, r[s,g,o] of each, the rest none (same-kind layers cost the same).
     A chunked schedule's stages come back as its ranks, each with its chunks."""

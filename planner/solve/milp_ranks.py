@@ -9,7 +9,7 @@ import pulp
 
 from planner.cost import costmodel, schedules
 from planner.schema import SPLIT_BACKWARD_SCHEDULES
-from planner.solve.milp import (
+from planner.solve.milp_rows import (
     MIB,
     Problem,
     _const,
