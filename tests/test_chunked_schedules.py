@@ -1,5 +1,5 @@
 """Schedules whose ranks hold several stages (interleaved 1F1B, ZB, ZBV, DualPipeV), scored by
-the cost model from the simulated order of torch's own schedules (planner/schedules.py)."""
+the cost model from the simulated order of torch's own schedules (planner/cost/schedules.py)."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""planner/schedules.py against the closed forms published for each schedule.
+"""planner/cost/schedules.py against the closed forms published for each schedule.
 
 Counts are in microbatch-chunks (one microbatch's activations of one chunk, L/(P·V) layers of
 an L-layer model split evenly); "layer-range microbatches" (L/P layers, what a 1F1B stage

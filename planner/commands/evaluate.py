@@ -196,7 +196,7 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
                         stage_columns(hand_cost), stage_rows(hand, hand_cost), right_from=2))
     if chunked:
         console.print(f"iteration {format_ms(hand_cost.iteration_ms)} (the schedule simulated: "
-                      f"planner/schedules.py); {'it fits' if hand_cost.feasible else '[bold red]it does not fit[/]'}. "
+                      f"planner/cost/schedules.py); {'it fits' if hand_cost.feasible else '[bold red]it does not fit[/]'}. "
                       "ckplan's solvers plan 1F1B and GPipe; the chunked schedules are scored, not solved, yet")
         return
     if best is None:

@@ -42,7 +42,7 @@ from planner.schema import (
 # stage is scored by stage_cost as the stage of a P·V-stage pipeline (its layers' rows, its
 # position's: the batch on the first, the loss on the last, PipelineStage's receive buffers on
 # each), and a rank adds its stages up, with two things the schedule decides, read from its
-# simulation of torch's own action order (planner/schedules.py):
+# simulation of torch's own action order (planner/cost/schedules.py):
 #   activations_r = max over the rank's steps t of Σ_c live_c(t) · kept_c   (the peak step
 #                   depends on the chunks' bytes); zero-bubble schedules (ZB, ZBV, DualPipeV)
 #                   keep a microbatch's activations until its weight-gradient pass: all of

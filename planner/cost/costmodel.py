@@ -30,7 +30,7 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    of the stage's parameters at once, on cpu two of the largest)
     peak_s       = static_s + max(k_s · kept_s + transient_s, scratch_s) + buffers_s
     cuda:          reserved_s = ⌈peak_s / (1 - f) / 2 MiB⌉ · 2 MiB, the caching allocator's segments at
-                   fragmentation f; nccl_s = the communicators' buffers (planner/allocator.py). A stage
+                   fragmentation f; nccl_s = the communicators' buffers (planner/cost/allocator.py). A stage
                    fits when reserved_s + nccl_s ≤ cap_s, which every solver reads as the allocated
                    peak_s ≤ limit_s (limit_bytes, its exact inverse); cpu: peak_s ≤ cap_s
     host_s       = Σ_S offloaded optimizer state + fp32 master + fp32 gradient (/ K)   ≤ host_mem / ranks a node
@@ -42,7 +42,7 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    send(bytes) = latency + bytes / bandwidth  send by its sender; one forward and one
                                                               backward action of the schedule
     step_s       = Σ_S optimizer step (once per iteration; ZeRO ≥ 1: / shard group; offload: copies
-                   + host step) + gradient reduction + weight gathers   (planner/dataparallel.py)
+                   + host step) + gradient reduction + weight gathers   (planner/cost/dataparallel.py)
     busy_s       = time_s + comm_s
     T_iter       = max(Σ_s busy_s + (M - 1) · max_s busy_s       the pipeline's critical path,
                          + max_s step_s,                          then the slowest step

@@ -15,7 +15,7 @@ _BYTES_PER_PARAM = dataparallel.BYTES_PER_PARAM
 
 def bytes_per_param(setup: TrainSetup) -> float:
     """Weights + grads + optimizer state per parameter on one device, after ZeRO (over the
-    shard group) and offload (planner/dataparallel.py)."""
+    shard group) and offload (planner/cost/dataparallel.py)."""
     return dataparallel.bytes_per_param(setup)
 
 

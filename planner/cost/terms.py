@@ -218,7 +218,7 @@ TERMS: tuple[Term, ...] = (
          lambda stage, ctx: loss_kept_bytes(ctx.profile, stage, ctx.setup), "saved-tensor hooks on the loss (profiler)"),
     Term("tied parameters held once where all their holders share the stage", "static", "stage",
          lambda stage, ctx: tied_once_bytes(ctx.profile, stage, ctx.setup),
-         "one nn.Parameter in one process (planner/tied.py); a Qwen2.5 config counted its embedding twice"),
+         "one nn.Parameter in one process (planner/cost/tied.py); a Qwen2.5 config counted its embedding twice"),
     Term("the whole batch of inputs or targets", "buffers", "stage",
          lambda stage, ctx: batch_bytes(ctx.profile, stage, ctx.setup),
          "the schedule splits the whole batch it holds (measured on the runtime)"),

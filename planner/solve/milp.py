@@ -1,7 +1,7 @@
 """The mixed-integer program on HiGHS (through pulp's highspy API) that chooses each
 stage's layers and which of them are checkpointed: `ckplan solve --solver milp`, and what
 `--solver auto` takes where the dynamic programme's structure does not hold
-(planner/search.py picks). The tests hold it to the DP and to brute force.
+(planner/solve/search.py picks). The tests hold it to the DP and to brute force.
 
 Its coefficients are generated from the cost model's description (costmodel.TERMS, read
 through layer_value / edge_value / stage_value by quantity), not retyped here.

@@ -47,7 +47,7 @@ class Problem:
     order: dict[int, list[int]] = field(default_factory=dict)
     scale: pulp.LpVariable | None = None  # memory objective: caps are multiplied by it
     # a chunked schedule: the setup as given (problem.setup is then one of its P·V stages'),
-    # and the schedule's order (planner/schedules.py)
+    # and the schedule's order (planner/cost/schedules.py)
     outer: TrainSetup | None = None
     schedule: object = None
     deadline: Deadline | None = None  # building a chunked schedule's rows looks at it per rank

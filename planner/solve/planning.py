@@ -1,4 +1,4 @@
-"""Make a plan: the baselines, then the search (planner/search.py) bounded by the best of
+"""Make a plan: the baselines, then the search (planner/solve/search.py) bounded by the best of
 them, as a Plan that says what it rests on, or an Unplanned that says why there is none.
 `ckplan solve`, `solve --auto-dp`, `solve --sweep`, `evaluate` and the benchmarks all plan
 through `search_plan` / `make_plan`, with the setup `setup_options.planned_setup` made

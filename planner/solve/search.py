@@ -3,9 +3,9 @@ one whose structure fits), re-scores the plan with costmodel.evaluate(), and say
 plan fits as a value, not an exception.
 
 Solvers (`ckplan solve --solver`):
-    dp    planner/dpsolve.py: exact dynamic programme over stage boundaries (contiguous
+    dp    planner/solve/dpsolve.py: exact dynamic programme over stage boundaries (contiguous
           stages, one chunk of layers per rank: 1F1B and GPipe)
-    milp  planner/milp.py: the mixed-integer program on HiGHS (pulp's highspy API), the
+    milp  planner/solve/milp.py: the mixed-integer program on HiGHS (pulp's highspy API), the
           formulation for plan spaces where the DP's structure breaks
     auto  the DP where its structure holds, else the MILP
 
