@@ -20,14 +20,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import baselines, costmodel, io  # noqa: E402
+from planner import io  # noqa: E402
 from planner.commands.compare import print_comparison  # noqa: E402
 from planner.commands.setup_options import default_parallel_stages  # noqa: E402
-from planner.compare import paired_speedup, run_comparison  # noqa: E402
 from planner.console import console, table  # noqa: E402
-from planner.planning import Unplanned, make_plan  # noqa: E402
+from planner.cost import costmodel  # noqa: E402
+from planner.measure.compare import paired_speedup, run_comparison  # noqa: E402
 from planner.runtime.launcher import run_plan  # noqa: E402
 from planner.schema import TrainSetup  # noqa: E402
+from planner.solve import baselines  # noqa: E402
+from planner.solve.planning import Unplanned, make_plan  # noqa: E402
 from planner.units import format_bytes  # noqa: E402
 
 FRACTIONS = {"tight": 0.25, "middle": 0.5, "loose": 0.75}

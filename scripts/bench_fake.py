@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import archs, io  # noqa: E402
+from planner import io  # noqa: E402
 from planner.console import console, table  # noqa: E402
+from planner.models import archs  # noqa: E402
 from planner.profiler import analytic  # noqa: E402
 from planner.units import format_bytes  # noqa: E402
 

@@ -32,10 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import archs, costmodel, search, synthetic  # noqa: E402
+from planner.cost import costmodel  # noqa: E402
 from planner.errors import UserError  # noqa: E402
+from planner.models import archs, synthetic  # noqa: E402
 from planner.profiler import analytic  # noqa: E402
 from planner.schema import FileRef, RecomputeOption, TrainSetup  # noqa: E402
+from planner.solve import search  # noqa: E402
 
 MIB = 2**20
 DEFAULT_CASES = "uniform:32x4,uniform:128x16,llama3-70b:56,llama3-70b:60,llama3-70b:64"

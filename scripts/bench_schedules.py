@@ -19,8 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.errors import UserError  # noqa: E402
-from planner.schedules import (  # noqa: E402
+from planner.cost.schedules import (  # noqa: E402
     SCHEDULES,
     ChunkBytes,
     StageTimes,
@@ -28,6 +27,7 @@ from planner.schedules import (  # noqa: E402
     peak_in_flight,
     simulate_time,
 )
+from planner.errors import UserError  # noqa: E402
 
 V = 2
 

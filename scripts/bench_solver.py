@@ -38,8 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import baselines, costmodel, search, synthetic  # noqa: E402
+from planner.cost import costmodel  # noqa: E402
+from planner.models import synthetic  # noqa: E402
 from planner.schema import TrainSetup  # noqa: E402
+from planner.solve import baselines, search  # noqa: E402
 
 DEFAULT_CASES = (
     "uniform:128x16,heterogeneous:128x16,heterogeneous:256x16,heterogeneous:96x32,heterogeneous:256x32,"

@@ -29,8 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import baselines, calibrate, costmodel, io  # noqa: E402
+from planner import io  # noqa: E402
+from planner.cost import costmodel  # noqa: E402
+from planner.measure import calibrate  # noqa: E402
 from planner.schema import TrainSetup  # noqa: E402
+from planner.solve import baselines  # noqa: E402
 
 MODELS = {"gpt": ROOT / "configs/models/gpt.py", "mlp": ROOT / "configs/models/mlp.py",
           "mixer": ROOT / "scripts/models/mixer.py"}

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner import costmodel, io
+from planner import io
+from planner.cost import costmodel
 from planner.schema import (
     FileRef,
     Plan,

@@ -3,7 +3,9 @@ written to disk the way `ckplan solve` writes them."""
 
 from __future__ import annotations
 
-from planner import costmodel, io, synthetic
+from planner import io
+from planner.cost import costmodel
+from planner.models import synthetic
 from planner.schema import (
     FileRef,
     Plan,

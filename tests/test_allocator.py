@@ -10,10 +10,12 @@ import torch
 import yaml
 from fixtures.cli import run_ok
 
-from planner import allocator, costmodel, io, search
-from planner.memtrack import PeakMemory
+from planner import io
+from planner.cost import allocator, costmodel
+from planner.models.synthetic import uniform_blocks
+from planner.profiler.memtrack import PeakMemory
 from planner.schema import DeviceInfo, TrainSetup
-from planner.synthetic import uniform_blocks
+from planner.solve import search
 
 MIB = 2**20
 GIB = 2**30

@@ -10,10 +10,11 @@ from click.testing import CliRunner
 from torch import nn
 from torch.nn import functional as F
 
-from planner import archs, io
+from planner import io
 from planner.cli import cli
 from planner.errors import UserError
-from planner.modelfile import check_chain
+from planner.models import archs
+from planner.models.modelfile import check_chain
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape
 from planner.profiler.saved import saved_bytes
@@ -338,7 +339,7 @@ def test_a_tied_embedding_is_counted_once_on_one_stage_and_twice_split():
     # bf16-mixed Adam holds 16 B per parameter: one stage holds 16 x 494,032,768 bytes; split,
     # the last stage holds the head's copy too, and the copies' fp32 gradient is all-reduced
     # over the 50 GB/s network before each step (charged to both ends).
-    from planner import costmodel
+    from planner.cost import costmodel
     from planner.schema import StagePlan, TrainSetup
 
     arch = archs.from_hf_config(QWEN_LIKE, where="config.json", name="qwen2.5-0.5b")
@@ -521,7 +522,7 @@ def test_megatrons_cross_entropy_writes_the_logits_gradient_into_its_saved_softm
     # LLaMA 3 8B's logits at 2048 tokens: 2048 x 128256. The formula's loss scratch is their
     # fp32 gradient (1,050,673,152 B); Megatron-LM's vocab-parallel cross-entropy computes it
     # in place in the fp32 softmax it keeps, so only the bf16 cast back is new: half of it.
-    from planner import costmodel
+    from planner.cost import costmodel
     from planner.schema import TrainSetup
 
     profile = analytic.analytic_profile(archs.arch("llama3-8b"), Shape(seq_len=2048, micro_batch_size=1),

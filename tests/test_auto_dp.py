@@ -8,11 +8,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from planner import costmodel, dataparallel, io
+from planner import io
 from planner.cli import cli
 from planner.commands.auto_dp import combinations
+from planner.cost import costmodel, dataparallel
 from planner.emit import colossalai, deepspeed, dp_support, megatron
-from planner.synthetic import layer, profile_of
+from planner.models.synthetic import layer, profile_of
 
 MB = 10**6
 
@@ -99,7 +100,7 @@ def test_auto_dp_says_when_nothing_fits(profile_path, tmp_path):
 def test_auto_dp_says_time_limit_not_memory_when_the_solver_ran_out(profile_path, tmp_path, monkeypatch):
     """A combination whose solve ran out of --time-limit may well fit: its row says so, and
     with nothing else fitting the error says to raise --time-limit, not --mem."""
-    from planner import planning
+    from planner.solve import planning
 
     solve = planning.make_plan
     ran_out = planning.Unplanned("timeout", None, 60.0)

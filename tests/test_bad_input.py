@@ -14,9 +14,10 @@ from click.testing import CliRunner
 from fixtures.rt_plans import make_plan
 from torch import nn
 
-from planner import io, modelfile, synthetic
+from planner import io
 from planner.cli import cli
 from planner.errors import UserError
+from planner.models import modelfile, synthetic
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -5,9 +5,10 @@ import random
 
 import pytest
 
-from planner import baselines, costmodel
+from planner.cost import costmodel
+from planner.models.synthetic import heterogeneous, layer, profile_of, uniform_blocks
 from planner.schema import TrainSetup
-from planner.synthetic import heterogeneous, layer, profile_of, uniform_blocks
+from planner.solve import baselines
 
 MIB = 2**20
 HUGE = 2**50

@@ -2,10 +2,12 @@
 
 import pytest
 
-from planner import baselines, calibrate, costmodel
-from planner.calibrate import PipelineSample, SendSample
+from planner.cost import costmodel
+from planner.measure import calibrate
+from planner.measure.calibrate import PipelineSample, SendSample
+from planner.models.synthetic import heterogeneous
 from planner.schema import Calibration, DeviceInfo, FileRef, TrainSetup
-from planner.synthetic import heterogeneous
+from planner.solve import baselines
 
 HUGE = 2**50
 
@@ -165,7 +167,7 @@ def test_calibrate_command_fits_a_run_and_solve_then_predicts_it(tmp_path, monke
     those constants beside the profile, and the next solve predicts the run's iteration."""
     from click.testing import CliRunner
 
-    import planner.commbench as commbench
+    import planner.profiler.commbench as commbench
     import planner.runtime.launcher as launcher
     from planner import io
     from planner.cli import cli

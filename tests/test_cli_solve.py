@@ -6,7 +6,8 @@ import pytest
 import yaml
 from fixtures.cli import run
 
-from planner import io, synthetic
+from planner import io
+from planner.models import synthetic
 from planner.schema import Plan
 
 MIB = 2**20

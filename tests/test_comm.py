@@ -3,9 +3,10 @@ solvers seeing them (a boundary that carries much costs the plan that cuts there
 
 import pytest
 
-from planner import costmodel, search
+from planner.cost import costmodel
+from planner.models.synthetic import MIB, layer, profile_of
 from planner.schema import TrainSetup
-from planner.synthetic import MIB, layer, profile_of
+from planner.solve import search
 
 HUGE = 2**50
 

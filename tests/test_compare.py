@@ -8,9 +8,11 @@ import pytest
 from click.testing import CliRunner
 from fixtures.cli import run_ok as run
 
-from planner import baselines, costmodel, io
+from planner import io
 from planner.cli import cli
-from planner.compare import Comparison, strategies_to_run
+from planner.cost import costmodel
+from planner.measure.compare import Comparison, strategies_to_run
+from planner.solve import baselines
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -15,9 +15,9 @@ layer's, cuda every layer's) meets only static + buffers:
 
 import pytest
 
-from planner import costmodel
+from planner.cost import costmodel
+from planner.models.synthetic import layer, profile_of
 from planner.schema import StagePlan, TrainSetup
-from planner.synthetic import layer, profile_of
 
 MIB = 2**20
 HUGE = 2**50  # a cap nothing reaches
@@ -130,13 +130,13 @@ def test_static_bytes_of_a_stage_follow_zero():
 )
 def test_in_flight_1f1b(stages, microbatches, expected):
     s = setup(stages, microbatches)
-    assert [costmodel.in_flight(s, i) for i in range(stages)] == expected
+    assert [costmodel.in_flight(s.pipeline, i) for i in range(stages)] == expected
 
 
 @pytest.mark.parametrize("stages, microbatches", [(4, 8), (4, 2), (3, 1), (1, 5)])
 def test_in_flight_gpipe_holds_every_microbatch(stages, microbatches):
     s = setup(stages, microbatches, schedule="GPipe")
-    assert [costmodel.in_flight(s, i) for i in range(stages)] == [microbatches] * stages
+    assert [costmodel.in_flight(s.pipeline, i) for i in range(stages)] == [microbatches] * stages
 
 
 # ---------------------------------------------------------------- stage cost, two stages
@@ -675,8 +675,8 @@ def test_both_solvers_fit_a_stage_that_fits_only_with_its_tied_copy_held_once(so
     # Nothing checkpointed on one stage peaks at 39.5 MiB counting the tied copy twice and
     # 39 MiB holding it once (the test above); at a 39.25 MiB cap the plan fits only as held
     # once, and checkpointing the blocks (the other way to fit) costs 4 ms of recompute.
-    from planner import search
     from planner.schema import TiedSet
+    from planner.solve import search
 
     p = four_layers().model_copy(update={"tied": [TiedSet(layers=["embed", "head"], param_count=32768,
                                                           param_bytes=4 * 32768)]})

@@ -11,10 +11,12 @@ from click.testing import CliRunner
 from export_plans import llm_profile
 from fixtures.cli import run_ok
 
-from planner import costmodel, dataparallel, io, search
+from planner import io
 from planner.cli import cli
+from planner.cost import costmodel, dataparallel
+from planner.models.synthetic import layer, profile_of
 from planner.schema import TrainSetup
-from planner.synthetic import layer, profile_of
+from planner.solve import search
 
 MIB = 2**20
 GB = 1e9
@@ -345,20 +347,22 @@ def test_default_links_follow_the_node_boundary():
 
 
 def test_defaults_are_recorded_in_the_setup_and_options_override_them():
-    from planner.commands.setup_options import build_setup
+    from planner.commands.setup_options import DataParallelOptions, build_setup
 
     profile = gpu_profile(1).model_copy(update={"host_step_ns_per_param": {"adam": 3.0, "sgd": 1.0}})
     notes = []
     s = build_setup(profile, stages=2, mem="80GB", microbatches=None, schedule="1F1B", optimizer="adam",
-                    precision="bf16-mixed", parallel_stages=None, say=notes.append, dp=16, zero=1, shard_group=8,
-                    offload_optimizer=True, replica_bandwidth=20.0)
+                    precision="bf16-mixed", parallel_stages=None, say=notes.append,
+                    data_parallel=DataParallelOptions(dp=16, zero=1, shard_group=8, offload_optimizer=True,
+                                                      replica_bandwidth=20.0))
     assert (s.data_parallel.shard_gb_per_s, s.data_parallel.replica_gb_per_s, s.data_parallel.host_gb_per_s, s.data_parallel.host_step_ns_per_param) == (450.0, 20.0, 64.0, 3.0)
     assert s.data_parallel.dp_notes == notes and len(notes) == 2 and "3 ns per parameter" in notes[1]
     assert "--host-step-ns" in notes[1]  # says how to give the training hosts' speed
 
     given = build_setup(profile, stages=2, mem="80GB", microbatches=None, schedule="1F1B", optimizer="adam",
-                        precision="bf16-mixed", parallel_stages=None, dp=16, zero=1, shard_group=8,
-                        offload_optimizer=True, host_step_ns=0.7)
+                        precision="bf16-mixed", parallel_stages=None,
+                        data_parallel=DataParallelOptions(dp=16, zero=1, shard_group=8, offload_optimizer=True,
+                                                          host_step_ns=0.7))
     assert given.data_parallel.host_step_ns_per_param == 0.7
     assert given.data_parallel.dp_notes[-1] == "host adam step: 0.7 ns per parameter (--host-step-ns)"
 
@@ -366,7 +370,7 @@ def test_defaults_are_recorded_in_the_setup_and_options_override_them():
 def test_profile_arch_charges_the_published_host_adam_speed(tmp_path):
     """An analytic profile plans GPU servers: Adam's host step is the published server figure
     (not this machine's CPU), SGD at its ratio to Adam timed here."""
-    from planner.archs import HOST_ADAM_NS_PER_PARAM
+    from planner.models.archs import HOST_ADAM_NS_PER_PARAM
 
     out = tmp_path / "a.json"
     result = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "1024", "--out", str(out)])

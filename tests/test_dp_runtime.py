@@ -15,8 +15,9 @@ from conftest import ROOT
 from fixtures.cli import run_ok
 from fixtures.rt_plans import make_plan
 
-from planner import dataparallel, io
+from planner import io
 from planner.cli import cli
+from planner.cost import dataparallel
 from planner.runtime import run_plan
 from planner.runtime.launcher import _free_port
 from planner.runtime.mesh import Layout, device_mesh
@@ -164,7 +165,7 @@ def test_launch_dp_must_fit_the_shard_group(tmp_path):
 def test_offload_steps_exactly_like_the_optimizer_it_replaces(optimizer):
     """Three chunks of whole tensors (chunk_params below one layer), five steps: bit for bit
     the same weights as the optimizer stepping on the device."""
-    from planner.optimizers import make_optimizer
+    from planner.cost.optimizers import make_optimizer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
@@ -189,7 +190,7 @@ def test_offload_steps_exactly_like_the_optimizer_it_replaces(optimizer):
 def test_overlapped_offload_on_cuda_steps_like_the_optimizer_on_the_device():
     """The CUDA path (pinned host copies, two copy streams, chunk by chunk): the same weights
     as Adam on the GPU, up to the host's and the GPU's float rounding. Not run without a GPU."""
-    from planner.optimizers import make_optimizer
+    from planner.cost.optimizers import make_optimizer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).cuda()

@@ -9,10 +9,11 @@ import random
 
 import pytest
 
-from planner import baselines, costmodel, dpsolve, search
-from planner.deadline import Deadline, Expired
+from planner.cost import costmodel
+from planner.models.synthetic import heterogeneous, layer, profile_of, uniform_blocks
 from planner.schema import TrainSetup
-from planner.synthetic import heterogeneous, layer, profile_of, uniform_blocks
+from planner.solve import baselines, dpsolve, search
+from planner.solve.deadline import Deadline, Expired
 
 MIB = 2**20
 HUGE = 2**50
@@ -237,7 +238,7 @@ def test_solve_command_spends_one_deadline_on_baselines_and_search(tmp_path):
     """`ckplan solve`'s make_plan: past the deadline the best baseline is the plan, marked
     "feasible" with its gap, and the search does not run."""
     from planner import io
-    from planner.planning import make_plan
+    from planner.solve.planning import make_plan
 
     profile, s, best = case_with_baseline()
     path = tmp_path / "p.json"

@@ -8,8 +8,9 @@ import pytest
 from export_plans import llm_profile
 from fixtures.cli import run
 
-from planner import costmodel, io
+from planner import io
 from planner.commands.evaluate import hand_stages
+from planner.cost import costmodel
 from planner.errors import UserError
 
 
@@ -54,7 +55,7 @@ def test_evaluate_counts_the_baselines_against_the_time_limit(profile_path, monk
     the solver gets started before the baselines ran."""
     import time
 
-    from planner import baselines, search
+    from planner.solve import baselines, search
 
     seen = {}
     all_baselines, plan = baselines.all_baselines, search.plan

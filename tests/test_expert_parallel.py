@@ -10,7 +10,8 @@ import re
 import pytest
 import torch
 
-from planner import archs, costmodel, dataparallel
+from planner.cost import costmodel, dataparallel
+from planner.models import archs
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape
 from planner.schema import FileRef, TrainSetup

@@ -7,9 +7,11 @@ import pytest
 from export_plans import MIB, llm_profile, make_plan, write
 from fixtures.cli import run
 
-from planner import costmodel, io, synthetic
+from planner import io
+from planner.cost import costmodel
 from planner.emit import colossalai, megatron, rounding, torchtitan
 from planner.errors import UserError
+from planner.models import synthetic
 
 SIZES = [4, 3, 3]  # tok_embeddings + layers.0-2 | layers.3-5 | layers.6-7 + output
 CHECKPOINTED = {"layers.1", "layers.2", "layers.3", "layers.6"}

@@ -25,7 +25,8 @@ import pytest
 from export_plans import llm_profile, write_chunked
 from fixtures.cli import run, run_ok
 
-from planner import costmodel, io
+from planner import io
+from planner.cost import costmodel
 from planner.emit import colossalai, deepspeed, megatron, rounding, torchtitan
 from planner.errors import UserError
 from planner.schema import StagePlan

@@ -18,7 +18,7 @@ import torch
 from export_plans import llm_profile, write_chunked
 from torch import nn
 
-from planner import costmodel
+from planner.cost import costmodel
 from planner.emit import colossalai, deepspeed, megatron, rounding, torchtitan
 
 ATTN_EVERYWHERE = {f"layers.{i}": "attn" for i in range(8)}

@@ -8,7 +8,8 @@ import json
 import pytest
 from fixtures.cli import run, run_ok
 
-from planner import archs, io
+from planner import io
+from planner.models import archs
 from planner.profiler import analytic
 
 BYTE_FIELDS = ("act_bytes", "input_bytes", "output_bytes", "input_in_act_bytes", "param_count", "param_bytes",

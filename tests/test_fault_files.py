@@ -161,8 +161,10 @@ def test_time_limit_bounds_the_baselines_on_six_thousand_layers(tmp_path):
     about a third of a second here, so a few seconds past the limit is the most this may take."""
     import time
 
-    from planner import baselines, costmodel, synthetic
+    from planner.cost import costmodel
+    from planner.models import synthetic
     from planner.schema import TrainSetup
+    from planner.solve import baselines
 
     profile = synthetic.heterogeneous(6_002, seed=0)
     roomy = TrainSetup(stages=4, microbatches=8, micro_batch_size=1, mem_caps_bytes=[2**50] * 4)

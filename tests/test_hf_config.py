@@ -10,8 +10,9 @@ transformers = pytest.importorskip("transformers")
 
 from fixtures.cli import run, run_ok  # noqa: E402
 
-from planner import hfmodels, io, modelfile  # noqa: E402
+from planner import io  # noqa: E402
 from planner.errors import UserError  # noqa: E402
+from planner.models import hfmodels, modelfile  # noqa: E402
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=256, max_position_embeddings=128)

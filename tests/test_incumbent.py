@@ -4,8 +4,10 @@ import itertools
 
 import pytest
 
-from planner import baselines, costmodel, incumbent, search, synthetic
+from planner.cost import costmodel
+from planner.models import synthetic
 from planner.schema import TrainSetup
+from planner.solve import baselines, incumbent, search
 
 MIB = 2**20
 

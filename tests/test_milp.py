@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from planner import baselines, costmodel, dataparallel, milp, search
+from planner.cost import costmodel, dataparallel
+from planner.models.synthetic import heterogeneous, layer, profile_of, uniform_blocks
 from planner.schema import TrainSetup
-from planner.synthetic import heterogeneous, layer, profile_of, uniform_blocks
+from planner.solve import baselines, milp, search
 
 MIB = 2**20
 GIB = 2**30
@@ -506,8 +507,8 @@ def test_solves_that_ask_for_other_threads_still_solve():
     import sys
 
     code = """
-from planner import search
-from planner.synthetic import heterogeneous
+from planner.solve import search
+from planner.models.synthetic import heterogeneous
 from planner.schema import TrainSetup
 profile = heterogeneous(12, seed=3)
 setup = TrainSetup(stages=3, microbatches=6, micro_batch_size=1, mem_caps_bytes=[2**50] * 3)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from planner import modelfile
 from planner.errors import UserError
+from planner.models import modelfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ROOT / "configs" / "models"

@@ -8,9 +8,10 @@ import pathlib
 import pytest
 from click.testing import CliRunner
 
-from planner import archs, io
+from planner import io
 from planner.cli import cli
 from planner.errors import UserError
+from planner.models import archs
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape
 from planner.schema import FileRef
@@ -405,7 +406,7 @@ def test_moe_block_bytes_match_the_saved_tensors_of_a_plain_torch_moe():
     from torch import nn
     from torch.nn import functional as F
 
-    from planner.modelfile import check_chain
+    from planner.models.modelfile import check_chain
     from planner.profiler.saved import saved_bytes
 
     arch = archs.Arch(**{**TINY_MOE.__dict__, "dense_layers": ()})

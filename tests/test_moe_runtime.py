@@ -16,7 +16,8 @@ from fixtures import moe_tiny
 from fixtures.cli import run_ok
 from fixtures.rt_plans import make_plan
 
-from planner import dataparallel, io
+from planner import io
+from planner.cost import dataparallel
 from planner.errors import UserError
 from planner.profiler.routing import find_experts, layer_routing, rank_load
 from planner.runtime import run_plan
@@ -209,7 +210,7 @@ def test_solve_with_ep_states_the_routing_it_assumes():
     """--ep E plans balanced routing; the profile's own routing on the busiest rank, and what its
     experts would keep beyond the plan, are said (rank_load: 20 of 32 copies on one of 2 ranks)."""
     from planner.commands.setup_options import routing_note
-    from planner.synthetic import layer, profile_of
+    from planner.models.synthetic import layer, profile_of
 
     plain = profile_of([layer(f"l{i}", "Block", fwd_ms=1.0, act_mib=1, input_mib=1, param_count=10) for i in range(2)])
     assert routing_note(plain, 2) is None  # no routing recorded: nothing to say

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner import costmodel, search
+from planner.cost import costmodel
 from planner.errors import UserError
+from planner.models.synthetic import layer, profile_of, uniform_blocks
 from planner.schema import RecomputeOption, TrainSetup
-from planner.synthetic import layer, profile_of, uniform_blocks
+from planner.solve import search
 
 MIB = 2**20
 HUGE = 2**50
@@ -194,7 +195,7 @@ def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     and the product, 2 x 1024 x 14336 x 2 bytes; a MoE block has its own (tests/test_moe_arch.py):
     the whole mixture, the routed experts' activation, and their combinations with attn; every
     block offload."""
-    from planner import archs
+    from planner.models import archs
     from planner.profiler import analytic
 
     gpu = archs.gpu("h100")

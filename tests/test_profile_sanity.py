@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from planner.models.synthetic import layer
 from planner.profiler import sanity
 from planner.profiler.measure import measure_model
-from planner.synthetic import layer
 
 MIB = 2**20
 

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from planner import modelfile
 from planner.errors import UserError
+from planner.models import modelfile
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.measure import measure_model
 from planner.profiler.noise import noisy_timings

@@ -14,12 +14,14 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import planner.runtime.launcher as launcher
-from planner import costmodel, io, modelfile
+from planner import io
+from planner.cost import costmodel
+from planner.models import modelfile
 from planner.profiler.measure import measure_model
 from planner.profiler.saved import saved_bytes
-from planner.recompute import find_options, layer_runner, offloading_runner
 from planner.runtime import validate_plan
 from planner.runtime.checks import prepare
+from planner.runtime.recompute import find_options, layer_runner, offloading_runner
 from planner.runtime.reference import reference_losses
 from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD
 
@@ -79,9 +81,9 @@ def test_find_options_of_a_norm_and_mlp_block():
 def test_exact_kept_bytes_of_each_option(policy_sees_output, monkeypatch):
     # torch 2.11's selective policy is called before the op and sees no output: the saved
     # outputs are then read from the forward's storage (the GPU check found this on CUDA torch 2.11)
-    import planner.recompute
+    import planner.runtime.recompute
 
-    monkeypatch.setattr(planner.recompute, "_POLICY_SEES_OUTPUT", policy_sees_output)
+    monkeypatch.setattr(planner.runtime.recompute, "_POLICY_SEES_OUTPUT", policy_sees_output)
     torch.manual_seed(0)
     block = NormMLPBlock()
     options = [name for name in KEPT_FLOATS if name not in (OPTION_NONE, OPTION_FULL)]
@@ -189,7 +191,7 @@ def test_find_options_on_the_llama_style_model():
 
 def _hf_llama_layers():
     pytest.importorskip("transformers")
-    from planner import hfmodels
+    from planner.models import hfmodels
 
     config = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
@@ -324,8 +326,8 @@ def test_a_mixture_of_experts_is_its_blocks_mlp():
     """A MoE block's mixture is found as its MLP (class name "MoE", Mixtral's SparseMoeBlock,
     attribute moe or block_sparse_moe), so `mlp` recomputes the whole mixture (Megatron-LM's
     moe); the bundled MoE model's block has it."""
-    from planner.modelfile import load_model_file, pipeline_layers
-    from planner.recompute import find_options, find_parts
+    from planner.models.modelfile import load_model_file, pipeline_layers
+    from planner.runtime.recompute import find_options, find_parts
 
     path = ROOT / "configs" / "models" / "moe.py"
     block = dict(pipeline_layers(load_model_file(path).build_model(), path))["blocks.0"]

@@ -12,7 +12,7 @@ from fixtures.rt_plans import make_plan
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.errors import UserError
-from planner.modelfile import load_model_file
+from planner.models.modelfile import load_model_file
 from planner.runtime import replay_order, unsupported_setup, validate_plan
 from planner.runtime.checks import prepare, zero_one_imbalance, zero_one_partition
 from planner.runtime.stagemodule import build_stage_module
@@ -244,7 +244,7 @@ def test_launch_names_the_stage_where_zero_one_holds_more_than_predicted():
     # blocks' tensors split evenly, and so do the embedding stage's (its 524,288-parameter
     # table is under a quarter of 2.9 M); the head's weight, as large, is more than a quarter
     # of its stage of 1.3 M, so the rank holding it keeps (524,288 - 1,314,560 / 4) x 8 B more
-    from planner.modelfile import pipeline_layers
+    from planner.models.modelfile import pipeline_layers
 
     plan = make_plan(MODELS / "gpt.py", [["embed", "blocks.0", "blocks.1", "blocks.2"],
                                          ["blocks.3", "blocks.4", "blocks.5", "blocks.6"], ["blocks.7", "head"]])

@@ -16,9 +16,9 @@ from fixtures.processes import children, gone
 from fixtures.rt_plans import make_plan
 
 import planner.runtime.launcher as launcher
+from planner.cost.optimizers import make_optimizer
 from planner.errors import UserError
-from planner.modelfile import load_model_file, pipeline_layers
-from planner.optimizers import make_optimizer
+from planner.models.modelfile import load_model_file, pipeline_layers
 from planner.runtime import run_plan, validate_plan
 from planner.runtime.checks import prepare
 from planner.runtime.reference import reference_losses

@@ -1,4 +1,4 @@
-"""planner/schedules.py against the closed forms published for each schedule.
+"""planner/cost/schedules.py against the closed forms published for each schedule.
 
 Counts are in microbatch-chunks (one microbatch's activations of one chunk, L/(P·V) layers of
 an L-layer model split evenly); "layer-range microbatches" (L/P layers, what a 1F1B stage
@@ -27,8 +27,7 @@ from types import SimpleNamespace
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from planner.errors import UserError
-from planner.schedules import (
+from planner.cost.schedules import (
     SCHEDULES,
     Action,
     ChunkBytes,
@@ -38,6 +37,7 @@ from planner.schedules import (
     peak_in_flight,
     simulate_time,
 )
+from planner.errors import UserError
 
 
 def activations(schedule):

@@ -117,7 +117,7 @@ def test_a_plan_written_before_the_setup_had_parts_loads_and_scores_the_same(tmp
     """tests/fixtures/plan_v1/plan_v1.yaml was written by `ckplan solve` at schema version 1
     (the setup flat: --dp 2 --zero 1 --offload-optimizer --host-mem 1GiB, 2 stages); it loads
     into the parts, re-scores to its own prediction, and saves as version 2."""
-    from planner import costmodel
+    from planner.cost import costmodel
     from planner.schema import PLAN_SCHEMA_VERSION
 
     folder = ROOT / "tests" / "fixtures" / "plan_v1"

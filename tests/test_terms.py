@@ -11,8 +11,11 @@ from fixtures.cli import run, run_ok
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner import baselines, costmodel, dataparallel, io, search, synthetic
+from planner import io
+from planner.cost import costmodel, dataparallel, terms
+from planner.models import synthetic
 from planner.schema import TrainSetup
+from planner.solve import baselines, search
 
 MIB = 2**20
 HUGE = 2**50
@@ -83,8 +86,8 @@ def with_a_new_term(monkeypatch):
     term = costmodel.Term("a new held term", "static", "layer",
                           lambda layer, ckpt, ctx: EXTRA_MIB * MIB if layer.param_count > 200_000 else 0, "a test")
     rows = (*costmodel.TERMS, term)
-    monkeypatch.setattr(costmodel, "TERMS", rows)
-    monkeypatch.setattr(costmodel, "_BY_PLACE", costmodel.index_terms(rows))
+    monkeypatch.setattr(terms, "TERMS", rows)
+    monkeypatch.setattr(terms, "_BY_PLACE", costmodel.index_terms(rows))
 
 
 @pytest.mark.parametrize("solver", ["dp", "milp"])

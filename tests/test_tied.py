@@ -8,9 +8,9 @@ import torch
 from conftest import ROOT
 from torch import nn
 
+from planner.cost.tied import check_tieable, cross_stage, tied_params
 from planner.errors import UserError
-from planner.modelfile import load_model_file, pipeline_layers
-from planner.tied import check_tieable, cross_stage, tied_params
+from planner.models.modelfile import load_model_file, pipeline_layers
 
 TIED = ROOT / "tests" / "fixtures" / "tied_gpt.py"
 VOCAB, DIM = 64, 32
@@ -59,8 +59,8 @@ def test_shared_whole_parameters_and_constant_buffers_are_accepted():
 
 
 def _tied_profile(sum_ms: float):
+    from planner.models.synthetic import layer, profile_of
     from planner.schema import TiedSet
-    from planner.synthetic import layer, profile_of
 
     layers = [
         layer("embed", "Embed", fwd_ms=1, act_mib=1, input_mib=1, param_count=1000, adam_step_ms=2),
@@ -72,7 +72,7 @@ def _tied_profile(sum_ms: float):
 
 
 def test_each_stage_holding_a_tied_copy_is_charged_the_gradient_sum_and_the_copy():
-    from planner import costmodel
+    from planner.cost import costmodel
     from planner.schema import StagePlan, TrainSetup
 
     setup = TrainSetup(stages=2, microbatches=2, micro_batch_size=1, mem_caps_bytes=[2**40] * 2)

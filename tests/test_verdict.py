@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from planner.compare import run_comparison
+from planner.measure.compare import run_comparison
+from planner.measure.verdict import paired_speedup, student_t_cdf, student_t_quantile
 from planner.schema import (
     BaselineResult,
     DeviceInfo,
@@ -19,7 +20,6 @@ from planner.schema import (
     StageReport,
     TrainSetup,
 )
-from planner.verdict import paired_speedup, student_t_cdf, student_t_quantile
 
 
 @pytest.mark.parametrize(("p", "df", "expected"), [

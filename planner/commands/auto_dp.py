@@ -35,16 +35,19 @@ def combinations(dp: int, *, offload_choices: tuple[bool, ...], ep: int = 1) -> 
     return [(zero, k, offload) for zero, k in [(0, None), *sharded] for offload in offload_choices]
 
 
-def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit_s: float, out: Path,
-                as_json: bool, say, offload_optimizer: bool = False, zero: int = 0, shard_group=None,
-                solver: str = "auto", host_mem: str | None = None, **options) -> None:
+def run_auto_dp(profile, profile_path: Path, *, stages: int, data_parallel, time_limit_s: float, out: Path,
+                as_json: bool, say, solver: str = "auto", **options) -> None:
     """Solve every combination, print the table, write the fastest that fits to `out`.
-    --zero, --shard-group and --offload-optimizer are what it tries, so they are not given;
-    --host-mem caps the host memory of the combinations that offload (the optimizer, or activations)."""
+    --zero, --shard-group and --offload-optimizer (of `data_parallel`, the DataParallelOptions
+    given) are what it tries, so they are not given; --host-mem caps the host memory of the
+    combinations that offload (the optimizer, or activations). `options`: build_setup's others."""
+    import dataclasses
+
     from planner import io
     from planner.commands.setup_options import host_bytes, may_offload_activations
 
-    if zero or shard_group is not None or offload_optimizer:
+    dp, host_mem = data_parallel.dp, data_parallel.host_mem
+    if data_parallel.zero or data_parallel.shard_group is not None or data_parallel.offload_optimizer:
         raise UserError("--auto-dp tries every --zero, --shard-group and --offload-optimizer itself; "
                         "drop those options or drop --auto-dp")
     offload_choices = (False, True) if profile.host_step_ns_per_param else (False,)
@@ -52,12 +55,11 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
         say("offload not tried: the profile does not record the host's optimizer speed; re-run `ckplan profile`")
     offloads_activations = may_offload_activations(profile, options.get("recompute", "options"),
                                                    options.get("schedule", "1F1B"))
-    trials = [_trial(profile, profile_path, z, k, o, stages=stages, dp=dp, time_limit_s=time_limit_s, solver=solver,
-                     say=say if i == 0 else None,
-                     options=options | ({"host_mem": host_mem} if o or offloads_activations else {}),
-                     host_bytes=host_bytes)
-              for i, (z, k, o) in enumerate(combinations(dp, offload_choices=offload_choices,
-                                                         ep=options.get("ep", 1)))]
+    trials = [_trial(profile, profile_path, stages=stages, time_limit_s=time_limit_s, solver=solver,
+                     say=say if i == 0 else None, options=options, host_bytes=host_bytes,
+                     data_parallel=dataclasses.replace(data_parallel, zero=z, shard_group=k, offload_optimizer=o,
+                                                       host_mem=host_mem if o or offloads_activations else None))
+              for i, (z, k, o) in enumerate(combinations(dp, offload_choices=offload_choices, ep=data_parallel.ep))]
     best = min((t for t in trials if t.fits), key=lambda t: t.plan.predicted.iteration_ms, default=None)
     if best is not None:
         io.check_outputs({"--out": out}, inputs={"--profile": profile_path})
@@ -75,17 +77,16 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, dp: int, time_limit
                         f"--mem or add --stages{host}")
 
 
-def _trial(profile, profile_path, zero, shard_group, offload, *, stages, dp, time_limit_s, solver, say, options,
-           host_bytes) -> Trial:
+def _trial(profile, profile_path, *, stages, data_parallel, time_limit_s, solver, say, options, host_bytes) -> Trial:
     """One combination planned the way `solve` plans (calibration included); where none fits,
     why: "time limit" (it may well fit: the solver did not get to say), "host memory" or
     "device memory"."""
     from planner.commands.setup_options import planned_setup
-    from planner.planning import Unplanned, make_plan
+    from planner.solve.planning import Unplanned, make_plan
 
-    trial = Trial(zero, shard_group, offload)
-    trial.setup, notes = planned_setup(profile, profile_path, stages=stages, dp=dp, zero=zero,
-                                       shard_group=shard_group, offload_optimizer=offload, say=say, **options)
+    trial = Trial(data_parallel.zero, data_parallel.shard_group, data_parallel.offload_optimizer)
+    trial.setup, notes = planned_setup(profile, profile_path, stages=stages, data_parallel=data_parallel, say=say,
+                                       **options)
     for note in notes if say is not None else ():
         say(note)
     # the table says which resource ruled a combination out; the least-memory search that would
@@ -100,7 +101,7 @@ def _trial(profile, profile_path, zero, shard_group, offload, *, stages, dp, tim
 
 
 def _row(trial: Trial, best: Trial | None) -> list[str]:
-    from planner import dataparallel
+    from planner.cost import dataparallel
     from planner.emit import dp_support
     from planner.units import format_bytes, format_ms
 
@@ -146,8 +147,8 @@ LEGEND = ("AR all-reduce, RS reduce-scatter, AG all-gather over /n ranks, xN per
 
 
 def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> None:
-    from planner import dataparallel
     from planner.console import console, narrow, table
+    from planner.cost import dataparallel
     from planner.emit import dp_support
     from planner.units import format_ms
 
@@ -186,7 +187,7 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
 def print_json(trials: list[Trial], best: Trial | None, out: Path) -> None:
     import click
 
-    from planner import dataparallel
+    from planner.cost import dataparallel
     from planner.emit import dp_support
 
     def one(trial: Trial) -> dict:

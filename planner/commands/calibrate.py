@@ -35,7 +35,9 @@ def command(plan_path, steps, warmup_steps, threads, device, out, force, accept)
     PLAN's pipeline briefly, and fit the send latency and bandwidth, the compute scale,
     the cost per schedule action (ranks within the cores) or the cost of ranks sharing
     cores (more ranks than cores), so `solve` predicts what `launch` measures."""
-    from planner import calibrate, commbench, console, io
+    from planner import console, io
+    from planner.measure import calibrate
+    from planner.profiler import commbench
     from planner.runtime.checks import check_runnable, resolve_model_file
     from planner.runtime.launcher import rank_threads, run_plan
 
@@ -90,8 +92,9 @@ def fitted(plan, plan_path, profile, profile_path, report, sends, old, *, thread
            device: str):
     """The Calibration of this run: sends fitted from the ping-pong, the placement's
     constants from the pipeline (the action cost kept from `old` when ranks share cores)."""
-    from planner import calibrate, io
-    from planner.commbench import REPEATS
+    from planner import io
+    from planner.measure import calibrate
+    from planner.profiler.commbench import REPEATS
     from planner.schema import Calibration
 
     latency_ms, gb_per_s = calibrate.fit_send(sends)
@@ -147,7 +150,7 @@ def busy_share(seconds: float = 0.5) -> float | None:
 
 
 def costmodel_shares(setup) -> bool:
-    from planner import costmodel
+    from planner.cost import costmodel
 
     return costmodel.parallel_stages(setup) < setup.pipeline.stages
 
@@ -155,7 +158,7 @@ def costmodel_shares(setup) -> bool:
 def placed(setup, *, threads: int, cores: int, device: str = "cpu"):
     """The setup with the stages that compute at once for this placement (CPU ranks of
     `threads` threads sharing `cores`; on GPUs all of them)."""
-    from planner.calibrate import stages_at_once
+    from planner.measure.calibrate import stages_at_once
 
     if device == "cuda":
         return setup.model_copy(update={"parallel_stages": None})
@@ -165,7 +168,9 @@ def placed(setup, *, threads: int, cores: int, device: str = "cpu"):
 
 def print_fit(calibration, plan, profile, report, *, threads: int, source: str) -> None:
     """Per stage and for the iteration: the uncalibrated prediction, the calibrated one, the measurement."""
-    from planner import calibrate, console, costmodel
+    from planner import console
+    from planner.cost import costmodel
+    from planner.measure import calibrate
     from planner.units import format_ms
 
     cores, ranks = os.cpu_count() or 1, plan.setup.pipeline.stages * plan.setup.data_parallel.dp
@@ -209,7 +214,7 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
     """(the setup `solve` plans with, sentences for the user): the calibration beside the
     profile applied for the placement a launch will use, and where its constants came
     from; or, with none, that there is none and what the prediction then assumes."""
-    from planner import calibrate
+    from planner.measure import calibrate
 
     cores = os.cpu_count() or 1
     ranks = setup.pipeline.stages * setup.data_parallel.dp
@@ -261,7 +266,9 @@ def before_after(plan, plan_path: Path, stages, *, threads: int) -> tuple[float,
     """The iteration `stages` take by the uncalibrated cost model and by the calibration
     beside the plan's profile (None: none there), and where that came from; None when
     the profile cannot be read."""
-    from planner import calibrate, costmodel, io
+    from planner import io
+    from planner.cost import costmodel
+    from planner.measure import calibrate
 
     try:
         profile_path = resolve_profile(plan, plan_path)

@@ -40,7 +40,7 @@ def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, confidence
     Baselines whose stages equal an earlier strategy's are measured once.
     """
     from planner import io
-    from planner.compare import run_comparison
+    from planner.measure.compare import run_comparison
     from planner.runtime.launcher import run_plan
 
     plan = io.load_plan(plan_file)
@@ -49,8 +49,8 @@ def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, confidence
     io.check_outputs({"--out": out, "--plot": plot}, inputs={"PLAN.yaml": plan_file})
     _warn_oversubscribed(plan, device, threads)
 
-    from planner.compare import strategies_to_run_once
     from planner.console import StepProgress
+    from planner.measure.compare import strategies_to_run_once
 
     names = strategies_to_run_once(plan)
     started: list[str] = []
@@ -97,7 +97,7 @@ SPEEDUP_COLUMNS = ["strategy", "this vs full ckpt", "ckplan vs this", "ckplan vs
 
 
 def _print_speedups(comparison) -> None:
-    from planner.compare import REFERENCE
+    from planner.measure.compare import REFERENCE
 
     rows = [[_name(r), "reference" if r.name == REFERENCE else _interval(r.vs_full), _interval(r.ckplan_vs),
              _interval(r.ckplan_vs_compute)] for r in comparison.strategies]
@@ -129,7 +129,7 @@ def _warn_oversubscribed(plan, device: str, threads: int | None) -> None:
 def _calibration_lines(comparison, plan, plan_file: Path) -> None:
     """Each strategy's measured iteration beside its prediction before and after `ckplan calibrate`."""
     from planner.commands.calibrate import before_after_line
-    from planner.compare import strategies_to_run
+    from planner.measure.compare import strategies_to_run
 
     stages_of = dict(strategies_to_run(plan))
     for r in comparison.strategies:

@@ -94,7 +94,8 @@ def named_checkpoints(stages, text: str):
               help="Seconds the solver may take for ckplan's plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary instead of tables.")
 def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stages, profile_path, mem, microbatches, schedule,
-            optimizer, precision, parallel_stages, solver, time_limit, as_json, **data_parallel) -> None:
+            chunks, optimizer, precision, runtime, recompute, fragmentation, parallel_stages, data_parallel, solver,
+            time_limit, as_json) -> None:
     """Score a configuration you run today (layers and checkpointed layers per stage) with
     the same cost model as ckplan's plans: each stage's peak against its cap, and the
     iteration time, beside ckplan's optimal plan for the same setup.
@@ -104,11 +105,12 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
       ckplan evaluate --layers-per-stage 19,20,20,21 --ckpt-per-stage 19,19,19,13 \\
           --microbatches 16 --precision bf16-mixed
     """
-    from planner import costmodel, io
+    from planner import io
     from planner.console import err_console, info
+    from planner.cost import costmodel
 
     counts = parse_counts(layers_per_stage, "--layers-per-stage")
-    chunks = data_parallel.get("chunks") or (2 if schedule in CHUNKED_SCHEDULES else 1)
+    chunks = chunks or (2 if schedule in CHUNKED_SCHEDULES else 1)
     if len(counts) % chunks:
         raise UserError(f"--layers-per-stage lists {len(counts)} stages for --chunks {chunks}; give one count per "
                         f"stage of every rank ({chunks} per rank), in pipeline order")
@@ -123,9 +125,10 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
     profile = io.load_profile(profile_path)
     say = (lambda note: err_console.print(note)) if as_json else info
     setup, time_notes = planned_setup(profile, profile_path, stages=len(counts) // chunks, mem=mem,
-                                      microbatches=microbatches,
-                                      schedule=schedule, optimizer=optimizer, precision=precision,
-                                      parallel_stages=parallel_stages, say=say, **data_parallel)
+                                      microbatches=microbatches, schedule=schedule, chunks=chunks, optimizer=optimizer,
+                                      precision=precision, runtime=runtime, recompute=recompute,
+                                      fragmentation=fragmentation, parallel_stages=parallel_stages,
+                                      data_parallel=data_parallel, say=say)
     hand = hand_stages(profile, counts, ckpts, ckpt_rule)
     if checkpoint_names is not None:
         hand = named_checkpoints(hand, checkpoint_names)
@@ -144,8 +147,8 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
 def _ckplan_plan(profile, setup, hand, *, time_limit_s: float, solver: str):
     """ckplan's plan for the same setup, by the path `solve` takes, started from the hand
     configuration where it fits and beats the baselines; None when no plan is found."""
-    from planner import search
-    from planner.planning import search_plan
+    from planner.solve import search
+    from planner.solve.planning import search_plan
 
     result, _ = search_plan(profile, setup, time_limit_s=time_limit_s, solver=solver, starts=[hand])
     return result if isinstance(result, search.PlanResult) else None
@@ -193,7 +196,7 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
                         stage_columns(hand_cost), stage_rows(hand, hand_cost), right_from=2))
     if chunked:
         console.print(f"iteration {format_ms(hand_cost.iteration_ms)} (the schedule simulated: "
-                      f"planner/schedules.py); {'it fits' if hand_cost.feasible else '[bold red]it does not fit[/]'}. "
+                      f"planner/cost/schedules.py); {'it fits' if hand_cost.feasible else '[bold red]it does not fit[/]'}. "
                       "ckplan's solvers plan 1F1B and GPipe; the chunked schedules are scored, not solved, yet")
         return
     if best is None:
@@ -216,7 +219,7 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
 
 def dp_words(setup) -> str:
     """The data-parallel setup in a few words ('' without it)."""
-    from planner import dataparallel
+    from planner.cost import dataparallel
 
     if setup.data_parallel.dp == 1 and not setup.data_parallel.offload:
         return ""

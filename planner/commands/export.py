@@ -80,7 +80,7 @@ def _profile_of(plan, plan_path: Path, profile_path: Path | None):
 
 
 def _check_plan(plan, profile, plan_path: Path) -> None:
-    from planner import costmodel
+    from planner.cost import costmodel
 
     if plan.solver.status == "infeasible":
         raise UserError(f"{plan_path} records no feasible plan; solve again with more memory or stages")

@@ -13,7 +13,7 @@ from planner.commands import profile_arch, profile_hf, profile_options
 from planner.errors import UserError
 
 if TYPE_CHECKING:
-    from planner.modelfile import Chain
+    from planner.models.modelfile import Chain
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -125,7 +125,8 @@ def _load(model_file: str, device, dtype, micro_batch_size: int, *, timeout_s: f
     (and against the model's own forward(), where it has one)."""
     import torch
 
-    from planner import io, modelfile
+    from planner import io
+    from planner.models import modelfile
     from planner.profiler.userfault import blame
 
     loaded = modelfile.load_model_file(model_file, timeout_s=timeout_s)
@@ -146,8 +147,8 @@ def _load(model_file: str, device, dtype, micro_batch_size: int, *, timeout_s: f
 
 def _check_model(loaded, model, layers, inputs) -> None:
     """The chain computes what the model's forward() does; no layer checkpoints itself."""
-    from planner import modelfile
     from planner.console import warn
+    from planner.models import modelfile
     from planner.profiler.userfault import blame
 
     with loaded.bounded("comparing the layers with the model's forward()"), blame(f"the model of {loaded.path}"):
@@ -293,7 +294,7 @@ def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_s
 
 def _report(profile, out: Path) -> None:
     from planner.console import console, info, table, warn
-    from planner.optimizers import OPTIMIZERS
+    from planner.cost.optimizers import OPTIMIZERS
     from planner.profiler.noise import noisy_timings
     from planner.units import format_bytes
 

@@ -24,7 +24,7 @@ def dtype_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 def options(command):
     """The analytic profiler's options, added to `ckplan profile`."""
-    from planner.archs import ARCHS, DEFAULT_MFU, GPUS
+    from planner.models.archs import ARCHS, DEFAULT_MFU, GPUS
 
     decorators = [
         click.option("--arch", default=None, metavar="NAME",
@@ -123,7 +123,8 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
         capacity_factor: float = 1.0) -> None:
     from pydantic import ValidationError
 
-    from planner import archs, io
+    from planner import io
+    from planner.models import archs
     from planner.profiler.analytic import Shape, analytic_profile
 
     if seq_len is None:
@@ -152,7 +153,7 @@ def _with_host_step(profile):
     """The host's optimizer step an offloaded optimizer takes: Adam at the published server
     figure (archs.HOST_ADAM_NS_PER_PARAM, not this machine's CPU, which trains nothing), SGD
     at the ratio of the two timed on this machine."""
-    from planner.archs import HOST_ADAM_NS_PER_PARAM, HOST_ADAM_SOURCE
+    from planner.models.archs import HOST_ADAM_NS_PER_PARAM, HOST_ADAM_SOURCE
     from planner.profiler.measure import host_step_ns_per_param
 
     here = host_step_ns_per_param()
@@ -168,7 +169,8 @@ def _with_host_step(profile):
 def _arch(arch: str | None, arch_config: Path | None):
     """The architecture, and what the profile is pinned to: the built-in's canonical
     dimensions, or the config file's content."""
-    from planner import archs, io
+    from planner import io
+    from planner.models import archs
     from planner.schema import FileRef
 
     if arch is not None:

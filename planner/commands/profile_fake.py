@@ -14,7 +14,8 @@ def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu:
     Face config it was written from (--hf-config), recorded so exports know the shape."""
     import torch
 
-    from planner import archs, io
+    from planner import io
+    from planner.models import archs
 
     spec = archs.gpu(gpu)
     out = out or Path("profiles") / f"{Path(model_file).stem}-fake-{spec.name}-mbs{micro_batch_size}.json"
@@ -35,7 +36,8 @@ def _load(model_file: str, dtype, micro_batch_size: int, *, timeout_s: float | N
     and the batch from example_batch() made fake: the chain ready to run under the mode."""
     import torch
 
-    from planner import io, modelfile
+    from planner import io
+    from planner.models import modelfile
     from planner.profiler import fake
     from planner.profiler.userfault import blame
 
@@ -78,8 +80,8 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
 
     import torch
 
-    from planner import archs
     from planner.commands.profile_arch import _with_host_step
+    from planner.models import archs
     from planner.schema import DeviceInfo, Profile
 
     facts = {

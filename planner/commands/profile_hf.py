@@ -35,8 +35,9 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
     """Write the model file of this config (beside --out, else in profiles/) and return its
     path and the config; refuse, in one sentence, a config ckplan cannot build or (unless
     `fake`: run without memory) this machine cannot train."""
-    from planner import hfmodels, io
+    from planner import io
     from planner.console import info
+    from planner.models import hfmodels
 
     config, name = hfmodels.read_config(source)
     config = hfmodels.with_settings(config, settings)
@@ -58,7 +59,7 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
 
 
 def _default_seq_len(config: dict) -> int:
-    from planner.hfmodels import hf_config
+    from planner.models.hfmodels import hf_config
 
     hf = hf_config(config)
     limits = [getattr(hf, name, None) for name in ("max_position_embeddings", "sliding_window")]
@@ -70,7 +71,7 @@ def _check_fits(config: dict, name: str, dtype: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from planner.hfmodels import hf_config
+    from planner.models.hfmodels import hf_config
     from planner.units import format_bytes
 
     with torch.device("meta"):

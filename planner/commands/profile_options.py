@@ -8,7 +8,7 @@ def options_report(profile, timed: str) -> None:
     """The recompute options found per layer kind, as the solver sees them (kind-normalised:
     bytes the most of any layer of the kind, times the mean); `timed` says how their times came."""
     from planner.console import console, info, table
-    from planner.costmodel import layer_costs
+    from planner.cost.costmodel import layer_costs
 
     kinds = {}
     for layer in layer_costs(profile):

@@ -6,7 +6,9 @@ make with a profile."""
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -92,11 +94,38 @@ DP_OPTION_NAMES = ("dp", "zero", "shard_group", "ep", "zero_gather", "offload_op
                    "shard_bandwidth", "replica_bandwidth", "ep_bandwidth", "host_bandwidth", "host_step_ns")
 
 
+@dataclass(frozen=True)
+class DataParallelOptions:
+    """The data-parallel option group as given on the command line (dp_fields turns it into
+    TrainSetup's data-parallel part, the bandwidths defaulted from the profile's GPU)."""
+
+    dp: int = 1
+    zero: int = 0
+    shard_group: int | None = None
+    ep: int = 1
+    zero_gather: str = "per-microbatch"
+    offload_optimizer: bool = False
+    offload_copies: str = "overlapped"
+    host_mem: str | None = None  # a size, as given
+    shard_bandwidth: float | None = None  # GB/s; None: from the profile's GPU
+    replica_bandwidth: float | None = None
+    ep_bandwidth: float | None = None
+    host_bandwidth: float | None = None
+    host_step_ns: float | None = None  # None: the profile's measurement
+
+
 def setup_options(func):
-    """Decorate a click command with the shared setup options (in --help order)."""
+    """Decorate a click command with the shared setup options (in --help order); the command
+    gets the data-parallel group as one `data_parallel: DataParallelOptions`."""
+
+    @functools.wraps(func)
+    def grouped(**kwargs):
+        data_parallel = DataParallelOptions(**{name: kwargs.pop(name) for name in DP_OPTION_NAMES})
+        return func(data_parallel=data_parallel, **kwargs)
+
     for option in reversed(_OPTIONS):
-        func = option(func)
-    return func
+        grouped = option(grouped)
+    return grouped
 
 
 def newest_profile() -> Path:
@@ -110,7 +139,7 @@ def default_parallel_stages(profile, stages: int, dp: int = 1) -> int | None:
     """On CPU the ranks share this machine's cores, each with the threads a launch gives it
     (calibrate.placement_threads: never more than the cores): as many stages compute at
     once as there are cores for."""
-    from planner.calibrate import placement_threads, stages_at_once
+    from planner.measure.calibrate import placement_threads, stages_at_once
 
     if profile.device.type != "cpu":
         return None
@@ -166,10 +195,12 @@ def planned_setup(profile, profile_path: Path, *, say=None, **options):
 
 
 def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | None, schedule: str,
-                optimizer: str, precision: str, parallel_stages: int | None, say=None, **data_parallel):
-    """The TrainSetup the options describe (data_parallel: the DP_OPTION_NAMES options);
-    `say(sentence)` is told when --mem or a bandwidth comes from the profile's GPU. Bad
-    combinations raise UserError in one sentence."""
+                optimizer: str, precision: str, parallel_stages: int | None, runtime: str = "ckplan",
+                fragmentation: float | None = None, chunks: int | None = None, recompute: str = "options",
+                data_parallel: DataParallelOptions = DataParallelOptions(), say=None, deadline=None):
+    """The TrainSetup the options describe; `say(sentence)` is told when --mem or a bandwidth
+    comes from the profile's GPU. Bad combinations raise UserError in one sentence. `deadline`
+    (the solve's --time-limit) bounds building a chunked schedule's order (SolverTimeLimit past it)."""
     from pydantic import ValidationError
 
     from planner.schema import TrainSetup
@@ -186,37 +217,32 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         mem, note = gpu_mem(profile)
         if say is not None:
             say(note)
-    runtime = data_parallel.pop("runtime", "ckplan")
-    fragmentation = data_parallel.pop("fragmentation", None)
     if fragmentation is not None and profile.device.type != "cuda":
         raise UserError(f"--fragmentation applies to a GPU's caching allocator; this profile is of "
                         f"{profile.device.type}, where the peak is counted exactly: drop it")
-    chunks = data_parallel.pop("chunks", None) or (2 if schedule in CHUNKED_SCHEDULES else 1)
+    chunks = chunks or (2 if schedule in CHUNKED_SCHEDULES else 1)
     if schedule in CHUNKED_SCHEDULES:
-        from planner import schedules
-
-        schedules.build_schedule(schedule, num_ranks=stages, num_microbatches=microbatches or 2 * stages,
-                                 num_chunks=chunks)  # torch's own checks, in one sentence
-        if stages * chunks > len(profile.layers):
+        if stages * chunks > len(profile.layers):  # before the order is built: that takes long for large sizes
             raise UserError(f"--stages {stages} x --chunks {chunks} is {stages * chunks} pipeline stages, more than the "
                             f"profile's {len(profile.layers)} layers; use fewer chunks or stages")
+        build_order(schedule, stages=stages, chunks=chunks, microbatches=microbatches or 2 * stages, deadline=deadline)
     elif chunks != 1:
         raise UserError(f"--chunks {chunks} needs a schedule with chunks ({', '.join(CHUNKED_SCHEDULES)}); "
                         f"{schedule} runs one stage per rank")
-    recompute = data_parallel.pop("recompute", "options")
+    check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
             schedule=schedule, chunks=chunks, mem_caps_bytes=caps_bytes(mem, stages), optimizer=optimizer, precision=precision,
             runtime=runtime, fragmentation=fragmentation, recompute=recompute,
-            parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.get("dp", 1)),
-            **dp_fields(profile, stages=stages, optimizer=optimizer, say=say,
-                        activations_offloadable=may_offload_activations(profile, recompute, schedule), **data_parallel),
+            parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.dp),
+            **dp_fields(profile, data_parallel, stages=stages, optimizer=optimizer, say=say,
+                        activations_offloadable=may_offload_activations(profile, recompute, schedule)),
         )
     except ValidationError as exc:
         raise UserError(f"invalid setup: {exc.errors()[0]['msg']}") from exc
     if runtime == "torchtitan":
-        from planner import dataparallel
+        from planner.cost import dataparallel
 
         ran = dataparallel.as_torchtitan_runs(setup)
         if ran != setup and say is not None:
@@ -231,6 +257,24 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         if note:
             say(note)
     return setup
+
+
+def build_order(schedule: str, *, stages: int, chunks: int, microbatches: int, deadline=None) -> None:
+    """torch's order for a chunked schedule (its own checks, in one sentence), built within the
+    deadline: torch's constructors take long for many microbatches (ZBV: 5 s at 1,000, about the
+    square of the count), so past the deadline it is refused, saying so."""
+    from planner.cost import schedules
+    from planner.errors import SolverTimeLimit
+    from planner.solve.deadline import Expired, interrupted_at
+
+    try:
+        with interrupted_at(deadline):
+            schedules.build_schedule(schedule, num_ranks=stages, num_microbatches=microbatches, num_chunks=chunks)
+    except Expired:
+        raise SolverTimeLimit(f"building {schedule}'s order (torch's) for {stages} ranks x {chunks} chunks x "
+                              f"{microbatches} microbatches did not finish within --time-limit {deadline.limit_s:g} s; "
+                              "use fewer --microbatches (the time grows with their square for ZBV), or raise "
+                              "--time-limit") from None
 
 
 def routing_note(profile, ep: int) -> str | None:
@@ -251,16 +295,17 @@ def routing_note(profile, ep: int) -> str | None:
             f"{format_bytes((load - 1) * layer.expert_act_bytes)} more per microbatch there than the plan says")
 
 
-def dp_fields(profile, *, stages: int, optimizer: str, say=None, dp: int = 1, zero: int = 0,
-              shard_group: int | None = None, zero_gather: str = "per-microbatch", offload_optimizer: bool = False,
-              offload_copies: str = "overlapped",
-              host_mem: str | None = None, shard_bandwidth: float | None = None,
-              replica_bandwidth: float | None = None, host_bandwidth: float | None = None,
-              host_step_ns: float | None = None, ep: int = 1, ep_bandwidth: float | None = None,
+def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: str, say=None,
               activations_offloadable: bool = True) -> dict:
     """TrainSetup's data-parallel fields from the options, the bandwidths defaulted from the
     profile's GPU (and said), the host step speed from the profile's measurement."""
-    from planner import dataparallel
+    from planner.cost import dataparallel
+
+    dp, zero, shard_group, ep, host_mem = options.dp, options.zero, options.shard_group, options.ep, options.host_mem
+    offload_optimizer, ep_bandwidth, host_step_ns = options.offload_optimizer, options.ep_bandwidth, options.host_step_ns
+    shard_bandwidth, replica_bandwidth = options.shard_bandwidth, options.replica_bandwidth
+    host_bandwidth = options.host_bandwidth
+    zero_gather, offload_copies = options.zero_gather, options.offload_copies
 
     check_dp_options(dp=dp, zero=zero, shard_group=shard_group)
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
@@ -327,14 +372,35 @@ def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth
         divisors = ", ".join(str(k) for k in range(1, dp + 1) if dp % k == 0)
         raise UserError(f"--ep {ep} does not divide --dp {dp}: expert-parallel ranks are data-parallel ranks "
                         f"(Megatron-LM, torchtitan); use one of {divisors}, or raise --dp")
-    model = profile.assumptions.get("model")
-    experts = model.get("num_experts") if isinstance(model, dict) else None
-    if isinstance(experts, int) and experts % ep:
+    experts = routed_experts(profile)
+    if experts is not None and experts % ep:
+        divisors = ", ".join(str(k) for k in range(2, experts + 1) if experts % k == 0 and dp % k == 0) or "none here"
         raise UserError(f"--ep {ep} does not divide the model's {experts} routed experts; every expert-parallel "
-                        "rank holds the same number of them")
+                        f"rank holds the same number of them (an --ep dividing both them and --dp {dp}: {divisors})")
     if shard_group is not None and shard_group % ep:
         raise UserError(f"--ep {ep} does not divide --shard-group {shard_group}: the experts' state is sharded over "
                         "shard group / ep ranks; choose a shard group that is a multiple of --ep")
+
+
+def routed_experts(profile) -> int | None:
+    """The routed experts of the model's MoE layers: an analytic profile's model says; a
+    measured one recorded the tokens each routed expert received (routed_tokens); None: not known."""
+    model = profile.assumptions.get("model")
+    experts = model.get("num_experts") if isinstance(model, dict) else None
+    if isinstance(experts, int):
+        return experts
+    counts = {len(layer.routed_tokens) for layer in profile.layers if layer.routed_tokens}
+    return min(counts) if counts else None
+
+
+def check_ep_runtime(profile, *, ep: int, zero: int, runtime: str) -> None:
+    """A plan for ckplan's runtime (launch) from a model file runs expert parallelism with ZeRO 0
+    only (runtime/experts.py): refused here, not after the ranks have started."""
+    if ep > 1 and zero and runtime == "ckplan" and profile.source in ("measured", "fake"):
+        raise UserError(f"--ep {ep} with --zero {zero}: ckplan's runtime runs expert parallelism with ZeRO 0 only "
+                        "(ZeRO's partitions would mix different experts across the group), and `ckplan launch` runs "
+                        "this plan; use --zero 0, or plan for the framework you export to (--runtime megatron or "
+                        "torchtitan)")
 
 
 def profile_host_step_ns(profile, optimizer: str) -> float:
@@ -370,7 +436,7 @@ def _size(text: str, option: str) -> int:
 def host_bytes(stages, setup) -> float:
     """Host bytes per node the plan takes (its offloaded optimizer and offloaded activations):
     every rank there as much as the busiest stage's rank. 0 where nothing goes to the host."""
-    from planner import dataparallel
+    from planner.cost import dataparallel
 
     busiest = max((stage.predicted.host_bytes for stage in stages if stage.predicted is not None), default=0)
     return dataparallel.host_bytes_per_node(busiest, setup)

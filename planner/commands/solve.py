@@ -31,8 +31,9 @@ from planner.commands.setup_options import (
                    "least any plan needs up to --mem [default: what no checkpointing needs, +5%].")
 @click.option("--plot", type=click.Path(path_type=Path), default=Path("sweep.png"), show_default=True,
               help="With --sweep: PNG chart (needs matplotlib).")
-def command(stages, profile_path, mem, microbatches, schedule, optimizer, precision, parallel_stages,
-            solver, auto_dp, time_limit, out, as_json, sweep, plot, **data_parallel) -> None:
+def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer, precision, runtime, recompute,
+            fragmentation, parallel_stages, data_parallel, solver, auto_dp, time_limit, out, as_json, sweep,
+            plot) -> None:
     """Choose, jointly, how many layers each pipeline stage gets and which of them are
     checkpointed, so every stage fits its cap and the iteration is fastest (exact: a
     dynamic programme, or the MILP on HiGHS with --solver milp; --time-limit bounds the
@@ -47,6 +48,9 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
     from planner.console import err_console, info
     from planner.errors import UserError
     from planner.schema import CHUNKED_SCHEDULES
+    from planner.solve.deadline import Deadline
+
+    deadline = Deadline(time_limit)  # one limit for the whole solve: loading, the schedule's order, the search
 
     if (schedule in CHUNKED_SCHEDULES or schedule == "auto") and (auto_dp or sweep):
         raise UserError(f"--auto-dp and --sweep plan 1F1B and GPipe; solve {schedule} without them")
@@ -62,23 +66,27 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
     if schedule == "auto":
         from planner.commands.auto_schedule import run_auto_schedule
 
-        run_auto_schedule(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches,
-                          optimizer=optimizer, precision=precision, parallel_stages=parallel_stages, solver=solver,
-                          time_limit_s=time_limit, out=out, say=say, **data_parallel)
+        run_auto_schedule(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches, chunks=chunks,
+                          optimizer=optimizer, precision=precision, runtime=runtime, recompute=recompute,
+                          fragmentation=fragmentation, parallel_stages=parallel_stages, data_parallel=data_parallel,
+                          solver=solver, time_limit_s=time_limit, out=out, say=say)
         return
     if auto_dp:
         from planner.commands.auto_dp import run_auto_dp
 
-        run_auto_dp(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches, schedule=schedule,
-                    optimizer=optimizer, precision=precision, parallel_stages=parallel_stages, solver=solver,
-                    time_limit_s=time_limit, out=out, as_json=as_json, say=say, **data_parallel)
+        run_auto_dp(profile, profile_path, stages=stages, data_parallel=data_parallel, solver=solver,
+                    time_limit_s=time_limit, out=out, as_json=as_json, say=say, mem=mem, microbatches=microbatches,
+                    schedule=schedule, chunks=chunks, optimizer=optimizer, precision=precision, runtime=runtime,
+                    recompute=recompute, fragmentation=fragmentation, parallel_stages=parallel_stages)
         return
     sweep_top = mem
     if sweep and mem is None:  # the sweep sets the caps itself; --mem only bounds it from above
         mem = str(2**50)
     setup, time_notes = planned_setup(profile, profile_path, stages=stages, mem=mem, microbatches=microbatches,
-                                      schedule=schedule, optimizer=optimizer, precision=precision,
-                                      parallel_stages=parallel_stages, say=say, **data_parallel)
+                                      schedule=schedule, chunks=chunks, optimizer=optimizer, precision=precision,
+                                      runtime=runtime, recompute=recompute, fragmentation=fragmentation,
+                                      parallel_stages=parallel_stages, data_parallel=data_parallel, say=say,
+                                      deadline=deadline)
     if sweep:
         from planner.commands.sweep import run_sweep
 
@@ -88,9 +96,9 @@ def command(stages, profile_path, mem, microbatches, schedule, optimizer, precis
             say(note)
         return
     from planner.errors import SolverTimeLimit, UserError
-    from planner.planning import Unplanned, make_plan
+    from planner.solve.planning import Unplanned, make_plan
 
-    plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit, solver=solver)
+    plan = make_plan(profile, profile_path, setup, time_limit_s=time_limit, solver=solver, deadline=deadline)
     if isinstance(plan, Unplanned):
         raise (SolverTimeLimit if plan.status == "timeout" else UserError)(plan.message(setup))
     io.save_plan(plan, out)

@@ -48,7 +48,7 @@ def _share(fraction: float, cuda: bool) -> str:
 
 def reserved_note(setup) -> str:
     """How the reserved column is made (cuda plans)."""
-    from planner import allocator
+    from planner.cost import allocator
 
     margin = setup.pipeline.fragmentation
     margin = allocator.DEFAULT_FRAGMENTATION if margin is None else margin

@@ -15,7 +15,8 @@ NUM_POINTS = 8
 def sweep_caps(profile, setup, deadline=None, solver: str = "auto", top_bytes: int | None = None) -> list[int]:
     """From the least memory any plan needs to `top_bytes` (--mem), or else to what the
     no-checkpointing split needs (+5%)."""
-    from planner import baselines, costmodel, search
+    from planner.cost import costmodel
+    from planner.solve import baselines, search
 
     lowest = search.min_cap_scale(profile, setup, deadline=deadline, solver=solver)
     if lowest is None:
@@ -37,9 +38,9 @@ def sweep_points(profile, setup, *, time_limit_s: float, deadline=None, solver: 
     """One row per cap: ckplan's and each baseline's predicted iteration (None: does not fit),
     and the solver's status per row. One deadline (default: time_limit_s from now) bounds
     the whole sweep; points it cuts short keep the best plan known, "feasible", not "optimal"."""
-    from planner import search
-    from planner.deadline import Deadline
-    from planner.planning import search_plan
+    from planner.solve import search
+    from planner.solve.deadline import Deadline
+    from planner.solve.planning import search_plan
 
     deadline = deadline or Deadline(time_limit_s)
     rows, statuses = [], []

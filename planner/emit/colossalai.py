@@ -19,7 +19,7 @@ the order ColossalAI's own v_schedule.PipelineGraph builds (ZB-V), scored as tor
 
 from __future__ import annotations
 
-from planner import costmodel
+from planner.cost import costmodel
 from planner.emit import dp_support, rounding
 from planner.schema import Plan, Profile
 

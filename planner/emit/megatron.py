@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from planner import costmodel, dataparallel
+from planner.cost import costmodel, dataparallel
 from planner.emit import dp_support, rounding
 from planner.errors import UserError
 from planner.schema import Plan, Profile

@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from planner import costmodel
-from planner.costmodel import PlanCost
+from planner.cost import costmodel
+from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
 from planner.schema import OPTION_FULL, OPTION_OFFLOAD, Plan, Profile, StagePlan, TrainSetup
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 
-from planner import costmodel, dataparallel
+from planner.cost import costmodel, dataparallel
 from planner.emit import rounding
 from planner.errors import UserError
 from planner.schema import Plan, Profile

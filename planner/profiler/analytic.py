@@ -89,8 +89,8 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Literal
 
-from planner.archs import CONTEXT_SOURCE, DEFAULT_MFU, GPU, Arch
 from planner.errors import UserError
+from planner.models.archs import CONTEXT_SOURCE, DEFAULT_MFU, GPU, Arch
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,

@@ -45,14 +45,15 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from planner.archs import GPU
+from planner.cost.tied import tied_params
 from planner.errors import UserError
+from planner.models.archs import GPU
 from planner.profiler import analytic, measure, options
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
 from planner.profiler.userfault import blame
-from planner.recompute import find_options, layer_runner
+from planner.runtime.recompute import find_options, layer_runner
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
@@ -61,7 +62,6 @@ from planner.schema import (
     RecomputeOption,
     TiedSet,
 )
-from planner.tied import tied_params
 
 FP32 = 4
 

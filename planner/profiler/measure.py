@@ -34,8 +34,9 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.utils.checkpoint import checkpoint
 
+from planner.cost.optimizers import OPTIMIZERS, make_optimizer
+from planner.cost.tied import check_tieable, tied_params
 from planner.errors import UserError
-from planner.optimizers import OPTIMIZERS, make_optimizer
 from planner.profiler import options, sanity
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.routing import Routing, find_experts, layer_routing
@@ -43,9 +44,8 @@ from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
-from planner.recompute import layer_runner
+from planner.runtime.recompute import layer_runner
 from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, TiedSet, runs_split_backward
-from planner.tied import check_tieable, tied_params
 
 TIED_SAMPLE_NUMEL = 1 << 24  # elements of a tied gradient timed when summed (64 MiB in fp32)
 REMEASURE_ROUNDS = 2  # suspect layers are timed again this many times at most, then judged

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from planner.profiler.timing import FwdBwdJob
-from planner.recompute import find_options, layer_runner
+from planner.runtime.recompute import find_options, layer_runner
 from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, RecomputeOption
 
 

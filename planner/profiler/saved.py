@@ -20,7 +20,7 @@ from torch import nn
 
 from planner.profiler.storages import StorageTracker, storage_key, storage_nbytes
 from planner.profiler.userfault import blame
-from planner.recompute import layer_runner
+from planner.runtime.recompute import layer_runner
 
 Layers = list[tuple[str, nn.Module]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

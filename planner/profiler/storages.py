@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from planner.allocator import block_bytes
+from planner.cost.allocator import block_bytes
 
 
 def storage_key(tensor: torch.Tensor) -> int:

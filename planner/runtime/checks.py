@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from planner import costmodel
+from planner.cost import costmodel
 from planner.errors import UserError
 from planner.io import sha256_file
-from planner.modelfile import Layers, ModelFile, load_model_file, pipeline_layers
-from planner.recompute import option_error
+from planner.models.modelfile import Layers, ModelFile, load_model_file, pipeline_layers
+from planner.runtime.recompute import option_error
 from planner.runtime.stagemodule import stage_options, torch_dtype
 from planner.schema import Plan, StagePlan
 
@@ -199,7 +199,7 @@ def zero_one_imbalance(plan: Plan, plan_file: str | Path | None) -> list[str]:
     tensors), and a profile from before tensor sizes were recorded charges none. A sentence
     per stage whose fullest rank will hold more static memory than the plan predicted, from
     the model's tensor sizes (built on meta)."""
-    from planner.dataparallel import (
+    from planner.cost.dataparallel import (
         bytes_per_param,
         shard_size,
         whole_tensor_optim_bytes,

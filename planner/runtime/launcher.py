@@ -30,9 +30,10 @@ import torch
 import torch.distributed as dist
 
 import planner
-from planner.calibrate import placement_threads
 from planner.errors import UserError
 from planner.io import file_ref, plan_to_yaml, write_atomic
+from planner.measure.calibrate import placement_threads
+from planner.models.timelimit import time_limit
 from planner.runtime.checks import Prepared, check_runnable, prepare, resolve_model_file
 from planner.runtime.heartbeat import Beat, find_stall, read_beat, stage_name, working_rank
 from planner.runtime.worker import (
@@ -52,7 +53,6 @@ from planner.schema import (
     StagePlan,
     StageReport,
 )
-from planner.timelimit import time_limit
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")
 POLL_S = 0.05

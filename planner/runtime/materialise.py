@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from planner.errors import UserError
-from planner.modelfile import Layers, ModelFile, _user_traceback, pipeline_layers
+from planner.models.modelfile import Layers, ModelFile, _user_traceback, pipeline_layers
 
 InitLayer = Callable[[str, nn.Module], None]
 

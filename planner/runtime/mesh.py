@@ -44,8 +44,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from planner.dataparallel import shard_size
-from planner.optimizers import make_optimizer, optimizer_class
+from planner.cost.dataparallel import shard_size
+from planner.cost.optimizers import make_optimizer, optimizer_class
 from planner.runtime.experts import expert_params, reduce_expert_grads
 from planner.runtime.offload import OffloadOptimizer, local
 from planner.runtime.stagemodule import StageModule

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from planner.dataparallel import OFFLOAD_CHUNK_PARAMS
-from planner.optimizers import make_optimizer
+from planner.cost.dataparallel import OFFLOAD_CHUNK_PARAMS
+from planner.cost.optimizers import make_optimizer
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

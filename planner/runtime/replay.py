@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from planner.errors import UserError
-from planner.memtrack import PeakMemory
-from planner.modelfile import _user_traceback
+from planner.models.modelfile import _user_traceback
+from planner.profiler.memtrack import PeakMemory
 from planner.runtime.checks import Prepared, prepare
 from planner.runtime.stagemodule import (
     StageModule,

@@ -18,13 +18,13 @@ from collections.abc import Collection, Iterable, Mapping
 import torch
 from torch import nn
 
+from planner.cost.optimizers import make_optimizer
+from planner.cost.tied import check_tieable
 from planner.errors import UserError
-from planner.modelfile import Layers, ModelFile, pipeline_layers
-from planner.optimizers import make_optimizer
-from planner.recompute import layer_runner, option_error
+from planner.models.modelfile import Layers, ModelFile, pipeline_layers
 from planner.runtime.materialise import build_on_meta, init_hook
+from planner.runtime.recompute import layer_runner, option_error
 from planner.schema import OPTION_FULL, OPTION_NONE, StagePlan
-from planner.tied import check_tieable
 
 
 class StageModule(nn.Module):

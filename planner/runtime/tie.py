@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from planner.cost.tied import TiedParam, cross_stage, lookup
 from planner.runtime.offload import local
-from planner.tied import TiedParam, cross_stage, lookup
 
 
 @dataclass

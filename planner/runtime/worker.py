@@ -32,10 +32,12 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.pipelining._backward import stage_backward
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
+from planner.cost.schedules import TORCH_CLASSES, build_schedule
+from planner.cost.tied import tied_params
 from planner.errors import UserError
 from planner.io import write_atomic
-from planner.memtrack import PeakMemory
-from planner.modelfile import _user_traceback, load_model_file
+from planner.models.modelfile import _user_traceback, load_model_file
+from planner.profiler.memtrack import PeakMemory
 from planner.runtime.experts import expert_parallel
 from planner.runtime.heartbeat import NO_HEARTBEAT, Heartbeat
 from planner.runtime.mesh import Layout, data_parallel, device_mesh, dp_optimizer, state_tensors
@@ -50,9 +52,7 @@ from planner.runtime.stagemodule import (
     training_batch,
 )
 from planner.runtime.tie import Tie, relink, sum_tied_grads, tie_groups
-from planner.schedules import TORCH_CLASSES, build_schedule
 from planner.schema import Plan, StagePlan
-from planner.tied import tied_params
 from planner.units import format_bytes
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from planner import verdict
+from planner.measure import verdict
 from planner.schema import Plan, RunReport, StagePlan
 
 REFERENCE = "full-ckpt"  # speed-ups are against full activation checkpointing

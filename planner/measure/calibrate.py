@@ -24,7 +24,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner import costmodel
+from planner.cost import costmodel
 from planner.schema import Calibration, DeviceInfo, PlacementFit, Profile, StagePlan, TrainSetup
 
 BISECT_STEPS = 60

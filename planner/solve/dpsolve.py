@@ -43,9 +43,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner import costmodel, dataparallel
-from planner.deadline import Deadline, Expired
+from planner.cost import costmodel, dataparallel
 from planner.schema import Profile, StagePlan, TrainSetup
+from planner.solve.deadline import Deadline, Expired
 
 INF = math.inf
 # the first pass caps the slowest stage this far from its floor to the proven bound
@@ -79,8 +79,6 @@ class _Stage:
     cap_bytes: int
 
 
-HELD = ("static", "buffers")  # bytes held all iteration: the peak adds them up alike
-BUSY = ("time", "comm")  # ms per microbatch on the critical path
 
 
 class Chain:
@@ -90,6 +88,8 @@ class Chain:
     def __init__(self, profile: Profile, setup: TrainSetup):
         self.profile, self.setup = profile, setup
         self.ctx = ctx = costmodel.Context(profile, setup)
+        # how the declared quantities combine (costmodel.QUANTITY_DECLARATIONS): held all iteration, busy per mb
+        self.held, self.busy = held, busy = costmodel.quantities("held"), costmodel.quantities("busy")
         self._edges: dict[tuple, float] = {}
         self.layers = layers = costmodel.layer_costs(profile)
 
@@ -108,7 +108,7 @@ class Chain:
             for layer, plain in zip(layers, self.plain_ms)]
         self.bits = max(len(layer.options) - 1 for layer in layers).bit_length()  # per layer in a mask
         self.step_scratch = per_layer(("scratch",), False)
-        self.static = per_layer(HELD, False)  # held all step long
+        self.static = per_layer(held, False)  # held all step long
         self.host = per_layer(("host",), False)
         self.host_cap = costmodel.host_cap_bytes(setup)
         self.params = [layer.param_count for layer in layers]  # with the largest tensor: ZeRO 1's whole tensors
@@ -116,11 +116,11 @@ class Chain:
         self.step_ms = per_layer(("step",), False)
         self.stages = [
             _Stage(
-                in_flight=costmodel.in_flight(setup, s),
+                in_flight=costmodel.in_flight(setup.pipeline, s),
                 const_kept_bytes=costmodel.stage_value("kept", s, ctx),
-                const_held_bytes=sum(costmodel.stage_value(q, s, ctx) for q in HELD),
+                const_held_bytes=sum(costmodel.stage_value(q, s, ctx) for q in held),
                 loss_scratch_bytes=costmodel.stage_value("extra", s, ctx),
-                const_ms=sum(costmodel.stage_value(q, s, ctx) for q in BUSY),
+                const_ms=sum(costmodel.stage_value(q, s, ctx) for q in busy),
                 cap_bytes=costmodel.limit_bytes(s, ctx),  # the allocated peak the device's cap admits
             )
             for s in range(setup.pipeline.stages)
@@ -138,17 +138,17 @@ class Chain:
 
     def opening_bytes(self, s: int, start: int) -> tuple[float, float]:
         """(kept per microbatch, held) that layer `start` adds by opening stage s."""
-        return self._edge(("kept",), "open", start, s), self._edge(HELD, "open", start, s)
+        return self._edge(("kept",), "open", start, s), self._edge(self.held, "open", start, s)
 
     def edge_comm_ms(self, s: int, start: int, end: int) -> float:
         """Per microbatch, what stage s's first and last layer add: its sends."""
-        return self._edge(BUSY, "open", start, s) + self._edge(BUSY, "close", end - 1, s)
+        return self._edge(self.busy, "open", start, s) + self._edge(self.busy, "close", end - 1, s)
 
     def closing_bytes(self, s: int, end: int) -> tuple[float, float]:
         """(kept, held) that layer `end - 1` adds by closing stage s, with the stage's own."""
         stage = self.stages[s]
         return (self._edge(("kept",), "close", end - 1, s) + stage.const_kept_bytes,
-                self._edge(HELD, "close", end - 1, s) + stage.const_held_bytes)
+                self._edge(self.held, "close", end - 1, s) + stage.const_held_bytes)
 
 
 # ---------------------------------------------------------------- Pareto fronts

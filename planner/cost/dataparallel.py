@@ -387,7 +387,7 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
 
 def profile_gpu(profile: Profile):
     """The GPU spec a cuda profile was made for (analytic: recorded; measured: by name)."""
-    from planner import archs
+    from planner.models import archs
 
     named = profile.assumptions.get("gpu")
     if isinstance(named, str):

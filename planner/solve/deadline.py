@@ -7,8 +7,11 @@ injectable so a test can move time forward instead of waiting for it.
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -42,3 +45,27 @@ class Deadline:
         """Raise Expired once the limit has passed."""
         if self.expired():
             raise Expired
+
+
+@contextmanager
+def interrupted_at(deadline: Deadline | None) -> Iterator[None]:
+    """Run work that does not look at the deadline itself (torch's schedule constructors) until
+    the deadline at most: a SIGALRM then raises Expired inside it. Only in the main thread of a
+    POSIX process with a real clock; elsewhere the body runs to its end."""
+    remaining = None if deadline is None else deadline.remaining_s()
+    if remaining is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if remaining <= 0:
+        raise Expired
+
+    def on_alarm(signum, frame):
+        raise Expired
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, remaining)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

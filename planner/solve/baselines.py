@@ -1,17 +1,18 @@
 """Reference strategies users would otherwise reach for, scored by the same cost model.
 
-Each is a small pure function from (profile, setup) to stage plans; `all_baselines`
-scores them with costmodel.evaluate(), so ckplan and every baseline are compared
-apples to apples.
+Each is a small pure function from (profile, setup) to the pipeline's stages (P·V of them
+under a schedule with V chunks per rank, in pipeline order); `all_baselines` scores them, as
+the ranks that hold them, with costmodel.evaluate(), so ckplan and every baseline are
+compared apples to apples, whatever the schedule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner import costmodel
-from planner.deadline import Deadline, Expired
+from planner.cost import costmodel
 from planner.schema import BaselineResult, Profile, StagePlan, TrainSetup
+from planner.solve.deadline import Deadline, Expired
 
 Strategy = Callable[[Profile, TrainSetup, Deadline], list[StagePlan]]
 NO_DEADLINE = Deadline(None)
@@ -90,12 +91,16 @@ def _smallest_fitting(profile: Profile, setup: TrainSetup, sizes: list[int],
     """The first candidate checkpoint rule (ordered by increasing recompute) that fits;
     the last (most recompute) when none does. A plan fits when each stage does, and many
     rules give a stage the same count, so each (stage, count) is scored once."""
+    if setup.pipeline.chunks > 1:  # a rank's memory is its chunks' together: score whole plans
+        return _smallest_fitting_plan(profile, setup, sizes, candidates, deadline)
     layers = costmodel.layer_costs(profile)
     starts = [sum(sizes[:s]) for s in range(len(sizes))]
     scored: dict[tuple[int, int], bool] = {}
 
     def stage_fits(s: int, count: int) -> bool:
         if (s, count) not in scored:
+            if sizes[s] >= DEADLINE_EVERY:  # a stage of hundreds of layers takes a while to score
+                deadline.check()
             held = layers[starts[s]:starts[s] + sizes[s]]
             flags = [offset < count for offset in range(sizes[s])]
             scored[s, count] = costmodel.stage_cost(held, flags, stage=s, profile=profile, setup=setup).fits
@@ -109,29 +114,51 @@ def _smallest_fitting(profile: Profile, setup: TrainSetup, sizes: list[int],
     return _stages(profile, sizes, candidates[-1])
 
 
+def _smallest_fitting_plan(profile: Profile, setup: TrainSetup, sizes: list[int],
+                           candidates: list[Callable[[int], int]], deadline: Deadline) -> list[StagePlan]:
+    """_smallest_fitting for a schedule whose ranks hold several stages: each rule's whole plan
+    scored (the rank's peak depends on the order it runs its chunks in), every distinct plan once."""
+    seen = set()
+    for rule in candidates:
+        deadline.check()
+        counts = tuple(rule(size) for size in sizes)
+        if counts in seen:
+            continue
+        seen.add(counts)
+        stages = _stages(profile, sizes, rule)
+        if costmodel.evaluate(costmodel.as_ranks(stages, setup), profile, setup).feasible:
+            return stages
+    return _stages(profile, sizes, candidates[-1])
+
+
+def num_pipeline_stages(setup: TrainSetup) -> int:
+    """The pipeline's stages: P ranks x V chunks each."""
+    return setup.pipeline.stages * setup.pipeline.chunks
+
+
 def _ratio_rules(num_layers: int) -> list[Callable[[int], int]]:
     """ColossalAI's rule int(ratio * layers_in_stage) for ratio = 0, 1/L, 2/L, ..., 1."""
     return [lambda size, step=step: int(step / num_layers * size) for step in range(num_layers + 1)]
 
 
 def no_checkpointing(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
-    return _stages(profile, even_split(len(profile.layers), setup.pipeline.stages), lambda size: 0)
+    return _stages(profile, even_split(len(profile.layers), num_pipeline_stages(setup)), lambda size: 0)
 
 
 def full_checkpointing(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
-    return _stages(profile, even_split(len(profile.layers), setup.pipeline.stages), lambda size: size)
+    return _stages(profile, even_split(len(profile.layers), num_pipeline_stages(setup)), lambda size: size)
 
 
 def colossalai_ratio(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Even split (remainder to middle stages); the same ratio of first layers checkpointed in
     every stage, the smallest ratio that fits (step 1/L)."""
-    sizes = even_split(len(profile.layers), setup.pipeline.stages)
+    sizes = even_split(len(profile.layers), num_pipeline_stages(setup))
     return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)), deadline)
 
 
 def megatron_block(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Megatron's recompute-method=block: the first N layers of every stage, smallest N that fits."""
-    sizes = even_split(len(profile.layers), setup.pipeline.stages)
+    sizes = even_split(len(profile.layers), num_pipeline_stages(setup))
     rules = [lambda size, n=n: min(n, size) for n in range(max(sizes) + 1)]
     return _smallest_fitting(profile, setup, sizes, rules, deadline)
 
@@ -139,7 +166,7 @@ def megatron_block(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_
 def balanced_ratio(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Compute-balanced split (DeepSpeed/torchtitan style) with the smallest uniform ratio that fits."""
     times = [layer.fwd_ms + layer.bwd_ms for layer in costmodel.layer_costs(profile)]
-    sizes = balanced_split(times, setup.pipeline.stages)
+    sizes = balanced_split(times, num_pipeline_stages(setup))
     return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)), deadline)
 
 
@@ -158,7 +185,7 @@ def all_baselines(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_D
     results = []
     for name, strategy in BASELINES.items():
         try:
-            stages = strategy(profile, setup, deadline)
+            stages = costmodel.as_ranks(strategy(profile, setup, deadline), setup)
         except Expired:
             break
         cost = costmodel.evaluate(stages, profile, setup)

@@ -1,4 +1,4 @@
-"""Make a plan: the baselines, then the search (planner/search.py) bounded by the best of
+"""Make a plan: the baselines, then the search (planner/solve/search.py) bounded by the best of
 them, as a Plan that says what it rests on, or an Unplanned that says why there is none.
 `ckplan solve`, `solve --auto-dp`, `solve --sweep`, `evaluate` and the benchmarks all plan
 through `search_plan` / `make_plan`, with the setup `setup_options.planned_setup` made
@@ -13,7 +13,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Unplanned:
-    """No plan: the search's verdict ("infeasible", "timeout") and, for "infeasible", what
+    """No plan: the search's verdict ("infeasible", "timeout", "error") and, for "infeasible", what
     stands in the way (search.why_not; None where the time limit cut that short too)."""
 
     status: str
@@ -33,6 +33,9 @@ class Unplanned:
         if self.status == "timeout":
             return (f"the solver found no plan within --time-limit {self.time_limit_s:g} s and no baseline "
                     "fits to start from; raise --time-limit")
+        if self.status == "error":
+            return ("the MILP solver (HiGHS) failed numerically before it found a plan, and no baseline fits to "
+                    "fall back on; try --solver dp where the schedule has one stage per rank, or other caps")
         return infeasible_message(self.shortfalls, setup)
 
 
@@ -40,13 +43,11 @@ def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", de
     """(the search's result, the baselines): the baselines scored, then the search started from
     the fastest feasible one of them and of `starts` (stage plans, e.g. a hand configuration).
     One deadline (default: time_limit_s from now) bounds all of it."""
-    from planner import baselines, costmodel, search
-    from planner.deadline import Deadline
-    from planner.schema import CHUNKED_SCHEDULES
+    from planner.cost import costmodel
+    from planner.solve import baselines, search
+    from planner.solve.deadline import Deadline
 
     deadline = deadline or Deadline(time_limit_s)
-    if setup.pipeline.schedule in CHUNKED_SCHEDULES:  # the baselines split one stage per rank
-        return search.plan(profile, setup, solver=solver, deadline=deadline), []
     references = baselines.all_baselines(profile, setup, deadline)
     known = [(b.iteration_ms, b.stages) for b in references if b.feasible]
     for stages in starts:
@@ -54,7 +55,8 @@ def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", de
         if cost.feasible:
             known.append((cost.iteration_ms, stages))
     upper, start = min(known, key=lambda item: item[0], default=(None, None))
-    result = search.plan(profile, setup, solver=solver, deadline=deadline, upper_bound_ms=upper, start=start)
+    result = search.plan(profile, setup, solver=solver, deadline=deadline, upper_bound_ms=upper, start=start,
+                         baselines_scored=True)
     return result, references
 
 
@@ -63,15 +65,15 @@ def make_plan(profile, profile_path: Path, setup, *, time_limit_s: float, solver
     """The Plan, or an Unplanned saying why there is none (with `explain`, down to the stage and
     the terms of the least-memory plan: a search of its own; without, only whether the host
     alone rules it out)."""
-    from planner import io, search
-    from planner.deadline import Deadline
+    from planner import io
     from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo
+    from planner.solve import search
+    from planner.solve.deadline import Deadline
 
     deadline = deadline or Deadline(time_limit_s)
     result, references = search_plan(profile, setup, time_limit_s=time_limit_s, solver=solver, deadline=deadline)
     if isinstance(result, search.NoFit):
-        chunked = setup.pipeline.chunks > 1  # why_not's least-memory search splits one stage per rank
-        shortfalls = (search.why_not(profile, setup, deadline=deadline, solver=solver, least_memory=explain and not chunked)
+        shortfalls = (search.why_not(profile, setup, deadline=deadline, solver=solver, least_memory=explain)
                       if result.status == "infeasible" else None)
         return Unplanned(result.status, shortfalls, time_limit_s)
     solve = result.solve

@@ -3,9 +3,9 @@ one whose structure fits), re-scores the plan with costmodel.evaluate(), and say
 plan fits as a value, not an exception.
 
 Solvers (`ckplan solve --solver`):
-    dp    planner/dpsolve.py: exact dynamic programme over stage boundaries (contiguous
+    dp    planner/solve/dpsolve.py: exact dynamic programme over stage boundaries (contiguous
           stages, one chunk of layers per rank: 1F1B and GPipe)
-    milp  planner/milp.py: the mixed-integer program on HiGHS (pulp's highspy API), the
+    milp  planner/solve/milp.py: the mixed-integer program on HiGHS (pulp's highspy API), the
           formulation for plan spaces where the DP's structure breaks
     auto  the DP where its structure holds, else the MILP
 
@@ -20,12 +20,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from planner import baselines, costmodel, dpsolve, incumbent, milp
-from planner.costmodel import PlanCost
-from planner.deadline import Deadline, Expired
+from planner.cost import costmodel
+from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
-from planner.milp import SolveResult
-from planner.schema import CHUNKED_SCHEDULES, Profile, StagePlan, TrainSetup
+from planner.schema import Profile, StagePlan, TrainSetup
+from planner.solve import baselines, dpsolve, incumbent, milp
+from planner.solve.deadline import Deadline, Expired
+from planner.solve.milp import SolveResult
 
 Solver = Literal["auto", "dp", "milp"]
 SOLVERS = ("auto", "dp", "milp")
@@ -62,10 +63,11 @@ class Shortfall:
 
 @dataclass(frozen=True)
 class NoFit:
-    """No plan was found: "infeasible" (none fits the caps) or "timeout" (the time limit
-    passed before any plan was found, which proves nothing)."""
+    """No plan was found: "infeasible" (none fits the caps), "timeout" (the time limit
+    passed before any plan was found, which proves nothing) or "error" (HiGHS failed before it
+    found a plan, and no baseline fits to fall back on)."""
 
-    status: Literal["infeasible", "timeout"]
+    status: Literal["infeasible", "timeout", "error"]
     wall_s: float
     solver: str
 
@@ -75,12 +77,17 @@ def pick_solver(setup: TrainSetup, solver: Solver = "auto", profile: Profile | N
     offloaded activations), the MILP otherwise; a named solver as asked (UserError: the DP
     where it cannot hold)."""
     host_bound = profile is not None and offload_meets_host_cap(profile, setup)
+    if solver == "dp" and setup.pipeline.chunks > 1:
+        raise UserError(f"--solver dp plans schedules of one stage per rank (1F1B, GPipe), whose stages' in-flight "
+                        f"microbatches follow from their position; {setup.pipeline.schedule} gives each rank "
+                        f"{setup.pipeline.chunks} stages, whose memory depends on the order the rank runs them in: "
+                        "use --solver milp or auto")
     if solver == "dp" and host_bound:
         raise UserError("--solver dp cannot weigh activations offloaded to the host against --host-mem (a stage's "
                         "host bytes grow with its in-flight microbatches); use --solver milp or auto")
     if solver != "auto":
         return solver
-    return "dp" if setup.pipeline.schedule in ("1F1B", "GPipe") and not host_bound else "milp"
+    return "dp" if setup.pipeline.chunks == 1 and not host_bound else "milp"
 
 
 def offload_meets_host_cap(profile: Profile, setup: TrainSetup) -> bool:
@@ -104,15 +111,20 @@ def plan(
     upper_bound_ms: float | None = None,
     start: list[StagePlan] | None = None,
     deadline: Deadline | None = None,
+    baselines_scored: bool = False,
 ) -> PlanResult | NoFit:
     """The fastest plan that fits, re-scored by costmodel.evaluate(), or NoFit. `start`: a
     feasible plan (e.g. the best baseline) to begin from and to fall back on; `upper_bound_ms`:
     the iteration time of a feasible plan. mip_gap, threads and log concern the MILP only.
     `deadline` (default: time_limit_s from now) bounds everything; past it the best plan
-    known is returned as "feasible" with its gap."""
+    known is returned as "feasible" with its gap. `baselines_scored`: the caller scored the
+    baselines already and none fits (or gave the best as `start`): they are not scored again."""
     deadline = deadline or Deadline(time_limit_s)
-    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
-        return _plan_chunked(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log)
+    if baselines_scored and upper_bound_ms is None:
+        upper_bound_ms = math.inf  # no bound, and no second scoring of the baselines for one
+    if deadline.expired():  # the baselines took it all: the best of them, or nothing
+        return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
+                          pick_solver(setup, solver, profile))
     if pick_solver(setup, solver, profile) == "milp":
         return _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
                           upper_bound_ms=upper_bound_ms, start=start)
@@ -149,11 +161,14 @@ def _feasible_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, 
 
 
 def _cut_short(profile: Profile, setup: TrainSetup, start, start_cost, deadline: Deadline,
-               solver: str) -> PlanResult | NoFit:
-    """The deadline passed: the best plan known (`start`), "feasible", its gap measured
-    against a proven lower bound on any plan's time; "timeout" without one."""
+               solver: str, status: Literal["timeout", "error"] = "timeout") -> PlanResult | NoFit:
+    """The deadline passed (or HiGHS failed): the best plan known (`start`), "feasible", its gap
+    measured against a proven lower bound on any plan's time; `status` without one."""
     if start is None:
-        return NoFit("timeout", deadline.elapsed_s(), solver)
+        return NoFit(status, deadline.elapsed_s(), solver)
+    if setup.pipeline.chunks > 1:  # no proven bound on a simulated schedule's time
+        solve = SolveResult("feasible", start_cost.iteration_ms, None, deadline.elapsed_s(), solver=solver)
+        return PlanResult(stages=costmodel.with_predictions(start, start_cost), cost=start_cost, solve=solve)
     bound_ms = dpsolve.lower_bound_ms(profile, setup)
     gap = max(0.0, (start_cost.iteration_ms - bound_ms) / start_cost.iteration_ms)
     solve = SolveResult("feasible", start_cost.iteration_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound_ms)
@@ -180,51 +195,59 @@ def _checked(stages: list[StagePlan], profile: Profile, setup: TrainSetup, resul
 
 def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_gap: float, threads, log,
                upper_bound_ms, start) -> PlanResult | NoFit:
-    """Build, solve on HiGHS, extract and cross-check; past the deadline, the start plan."""
+    """Build, solve on HiGHS, extract and cross-check; past the deadline (or where HiGHS fails),
+    the start plan."""
     try:
         upper_bound_ms, start = _better_start(profile, setup, upper_bound_ms, start, deadline)
-        problem = milp.build_problem(profile, setup, upper_bound_ms=upper_bound_ms)
+        if start is None and setup.pipeline.chunks > 1:
+            start = _chunked_start(profile, setup)
+        problem = milp.build_problem(profile, setup, upper_bound_ms=upper_bound_ms, deadline=deadline)
         deadline.check()
     except Expired:
         return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
                           "milp")
+    milp_start = costmodel.pipeline_stages(start, setup) if start is not None else None
     result = milp.solve(problem, time_limit_s=deadline.remaining_s(), mip_gap=mip_gap, threads=threads, log=log,
-                        start=start)
-    if result.status == "timeout":  # the start, if there is one, is still the best plan known
+                        start=milp_start)
+    if result.status in ("timeout", "error"):  # the start, if there is one, is still the best plan known
         return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
-                          "milp")
+                          "milp", status=result.status)
     if result.status == "infeasible":
         return NoFit(result.status, deadline.elapsed_s(), "milp")
     result = SolveResult(result.status, result.objective, result.gap, deadline.elapsed_s(), solver="milp",
                          bound=result.bound)
+    if setup.pipeline.chunks > 1:
+        return _checked_chunked(milp.extract_plan(problem), profile, setup, result, start)
     return _checked(milp.extract_plan(problem), profile, setup, result)
 
 
-def _plan_chunked(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_gap: float, threads,
-                  log) -> PlanResult | NoFit:
-    """A chunked schedule's plan: the MILP over its P·V stages with each rank's rows
-    (milp._rank_rows) and its linear time, optimal for that time; the plan is then scored by
-    the simulated schedule (costmodel.evaluate_chunked), which must fit. No baseline starts it:
-    the baselines split into one stage per rank."""
-    problem = milp.build_problem(profile, setup)
-    result = milp.solve(problem, time_limit_s=deadline.remaining_s(), mip_gap=mip_gap, threads=threads, log=log,
-                        start=_chunked_start(profile, setup))
-    if result.status in ("timeout", "infeasible"):
-        return NoFit(result.status, deadline.elapsed_s(), "milp")
-    stages = milp.extract_plan(problem)
-    cost = costmodel.evaluate(stages, profile, setup)
+def _checked_chunked(ranks: list[StagePlan], profile: Profile, setup: TrainSetup, result: SolveResult,
+                     start: list[StagePlan] | None) -> PlanResult:
+    """A chunked schedule's MILP minimises a linear time (milp._chunked_time), while the plan
+    reports its simulated schedule's (evaluate): the objective is held to the linear time
+    re-scored (costmodel.chunked_linear_ms), the plan must fit, and the faster of it and the start
+    under the simulated time is kept, "feasible", its objective the time it reports (no bound
+    on that time is proven)."""
+    linear = costmodel.chunked_linear_ms(ranks, profile, setup)
+    if abs(linear - result.objective) > 1e-6 * max(1.0, abs(result.objective)):
+        raise SolverMismatch(f"plan re-evaluates to a linear time of {linear!r} ms but the solver's objective is "
+                             f"{result.objective!r}")
+    cost = costmodel.evaluate(ranks, profile, setup)
     if not cost.feasible:
         over = [s for s, c in enumerate(cost.stages) if not c.fits]
         raise SolverMismatch(f"solver plan exceeds the caps of ranks {over} under evaluate()")
-    solve = SolveResult(result.status, result.objective, result.gap, deadline.elapsed_s(), solver="milp",
-                        bound=result.bound)
-    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)
+    if start is not None:
+        start_cost = costmodel.evaluate(start, profile, setup)
+        if start_cost.feasible and start_cost.iteration_ms < cost.iteration_ms:
+            ranks, cost = start, start_cost
+    solve = SolveResult("feasible", cost.iteration_ms, None, result.wall_s, solver="milp")
+    return PlanResult(stages=costmodel.with_predictions(ranks, cost), cost=cost, solve=solve)
 
 
 def _chunked_start(profile: Profile, setup: TrainSetup) -> list[StagePlan] | None:
-    """A chunked schedule's starting plan for the MILP, where it fits: the layers split evenly
-    over the P·V stages, every layer recomputed whole (on 405B under ZBV, HiGHS found no plan
-    in 300 s without one)."""
+    """A chunked schedule's starting plan for the MILP where no baseline was given and it fits:
+    the layers split evenly over the P·V stages, every layer recomputed whole (on 405B under ZBV,
+    HiGHS found no plan in 300 s without one); as ranks."""
     order = costmodel.schedule_of(setup)
     names = [layer.name for layer in profile.layers]
     cuts = [round(k * len(names) / order.num_stages) for k in range(order.num_stages + 1)]
@@ -232,7 +255,8 @@ def _chunked_start(profile: Profile, setup: TrainSetup) -> list[StagePlan] | Non
               for k in range(order.num_stages)]
     if not all(stage.layers for stage in stages):
         return None
-    return stages if costmodel.evaluate(costmodel.ranks_of(stages, setup), profile, setup).feasible else None
+    ranks = costmodel.ranks_of(stages, setup)
+    return ranks if costmodel.evaluate(ranks, profile, setup).feasible else None
 
 
 def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, deadline: Deadline):
@@ -240,7 +264,8 @@ def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, de
     take the heuristic's plan when it beats the one given (within 0.05% of the optimum on
     heterogeneous 128x16, against 15% for the best baseline). Runs of identical layers
     keep the MILP small without it."""
-    if len(milp.find_runs(costmodel.layer_costs(profile))) <= HEURISTIC_RUNS_PER_STAGE * setup.pipeline.stages:
+    if (setup.pipeline.chunks > 1  # the heuristic grows one stage per rank
+            or len(milp.find_runs(costmodel.layer_costs(profile))) <= HEURISTIC_RUNS_PER_STAGE * setup.pipeline.stages):
         return upper_bound_ms, start
     found = incumbent.heuristic_plan(profile, setup, upper_bound_ms=upper_bound_ms, deadline=deadline)
     if found is None:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from planner.errors import UserError
-from planner.timelimit import time_limit
+from planner.models.timelimit import time_limit
 
 Layers = list[tuple[str, nn.Module]]
 

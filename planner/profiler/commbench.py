@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from planner.calibrate import SendSample
+from planner.measure.calibrate import SendSample
 
 SIZES_BYTES = (4 * 1024, 256 * 1024, 2 * 2**20, 8 * 2**20)
 REPEATS = 15

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
-from planner import costmodel
-from planner.costmodel import LayerCost
-from planner.deadline import Deadline
+from planner.cost import costmodel
+from planner.cost.costmodel import LayerCost
 from planner.schema import Profile, StagePlan, TrainSetup
+from planner.solve.deadline import Deadline
 
 NUM_CAPS = 40  # bottleneck caps tried, spread between the tightest and loosest plausible
 
@@ -50,7 +50,7 @@ def _segments(profile: Profile, setup: TrainSetup, max_time_ms: float,
     """(stage, start, end) -> (time, flags) for segments that fit with greedy checkpointing."""
     layers = costmodel.layer_costs(profile)
     num_layers, num_stages = len(layers), setup.pipeline.stages
-    plain = [costmodel.compute_ms(costmodel.layer_time_ms(layer, False), setup) for layer in layers]
+    plain = [costmodel.compute_ms(costmodel.layer_time_ms(layer, False), setup.time) for layer in layers]
     found = {}
     for s in range(num_stages):
         starts = [0] if s == 0 else range(s, num_layers - (num_stages - s) + 1)
@@ -96,7 +96,7 @@ def heuristic_plan(profile: Profile, setup: TrainSetup, *, upper_bound_ms: float
     by_stage = [[(i, j, t) for (s, i, j), (t, _) in segments.items() if s == stage] for stage in range(setup.pipeline.stages)]
     # the bottleneck is at least the average stage's plain time: sweep caps from there up
     floor = costmodel.compute_ms(sum(costmodel.layer_time_ms(layer, False) for layer in costmodel.layer_costs(profile)),
-                                 setup) / setup.pipeline.stages
+                                 setup.time) / setup.pipeline.stages
     times = sorted({time_ms for time_ms, _ in segments.values() if time_ms >= floor})
     if not times:
         return None

@@ -1,0 +1,1 @@
+"""The cost model: terms, options, the stage accumulator, schedules, data parallel, the allocator."""

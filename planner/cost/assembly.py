@@ -1,0 +1,376 @@
+"""The stage accumulator and the evaluator: a stage's memory and time from the rows of TERMS, each
+quantity combined as it declares, and a whole plan's iteration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.cost import allocator, dataparallel
+from planner.cost.layers import (
+    LayerCost,
+    layer_costs,
+)
+from planner.cost.rules import (
+    compute_ms,
+    in_flight,
+    input_pass_peak_bytes,
+    layer_step_ms,
+    layer_time_ms,
+)
+from planner.cost.terms import (
+    Context,
+    _rows_at,
+    declared,
+    layer_value,
+    quantities,
+    stage_value,
+)
+from planner.schema import (
+    CHUNKED_SCHEDULES,
+    OPTION_FULL,
+    OPTION_NONE,
+    Profile,
+    StagePlan,
+    StagePredicted,
+    TrainSetup,
+)
+
+# A plan fits when every stage's peak stays this far below its cap. 4 KiB is nothing next
+# to a device, and it absorbs the MILP solver's feasibility tolerance (~1e-7 GiB per row),
+# so the solver, the baselines and any brute force agree on what fits.
+FIT_MARGIN_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class StageCost:
+    static_bytes: int
+    kept_bytes: int  # per in-flight microbatch
+    in_flight: int
+    activation_bytes: int
+    buffer_bytes: int
+    transient_bytes: int
+    peak_bytes: int
+    time_ms: float
+    cap_bytes: int
+    step_ms: float = 0.0
+    step_scratch_bytes: int = 0  # the optimizer step's temporaries (activations are gone by then)
+    comm_ms: float = 0.0  # per microbatch: the stage's sends and its schedule actions
+    host_bytes: int = 0  # host memory this rank takes (the offloaded optimizer, offloaded activations)
+    host_cap_bytes: int | None = None  # this rank's share of its node's host memory; None: not capped
+    # cuda: the allocated peak the cap admits once the allocator's reserve and the communication
+    # buffers are taken (limit_bytes); the reserved peak and those buffers. cpu: the cap, the peak, 0
+    limit_bytes: int | None = None  # None: the cap
+    reserved_bytes: int | None = None  # None: the peak
+    workspace_bytes: int = 0
+    weight_grad_bytes: int = 0  # per microbatch between a split backward's input and weight passes
+    weight_pass_peak_bytes: int = 0  # a split backward's weight pass, over what is live before it
+    input_pass_peak_bytes: int = 0  # a split backward's input pass, over what is live before it
+
+    @property
+    def busy_ms(self) -> float:
+        """Per microbatch on the pipeline's critical path: compute, sends and actions."""
+        return self.time_ms + self.comm_ms
+
+    @property
+    def allocated_limit_bytes(self) -> int:
+        return self.cap_bytes if self.limit_bytes is None else self.limit_bytes
+
+    @property
+    def pressure(self) -> float:
+        """(peak + margin) / the allocated peak the cap admits: at most 1 when the stage fits."""
+        limit = self.allocated_limit_bytes
+        return (self.peak_bytes + FIT_MARGIN_BYTES) / limit if limit > 0 else float("inf")
+
+    @property
+    def device_need_bytes(self) -> int:
+        """What the device must have for this stage: the reserved peak (with the margin) and the
+        communication buffers on cuda, the peak and the margin on cpu."""
+        reserved = self.peak_bytes if self.reserved_bytes is None else self.reserved_bytes
+        return reserved + self.workspace_bytes + FIT_MARGIN_BYTES
+
+    @property
+    def fits_device(self) -> bool:
+        return self.peak_bytes + FIT_MARGIN_BYTES <= self.allocated_limit_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_cap_bytes is None or self.host_bytes + FIT_MARGIN_BYTES <= self.host_cap_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_device and self.fits_host
+
+    def predicted(self) -> StagePredicted:
+        return StagePredicted(
+            reserved_bytes=self.reserved_bytes,
+            workspace_bytes=self.workspace_bytes,
+            peak_bytes=self.peak_bytes,
+            static_bytes=self.static_bytes,
+            activation_bytes=self.activation_bytes,
+            buffer_bytes=self.buffer_bytes,
+            transient_bytes=self.transient_bytes,
+            time_ms=self.time_ms,
+            step_ms=self.step_ms,
+            comm_ms=self.comm_ms,
+            host_bytes=self.host_bytes,
+            host_cap_bytes=self.host_cap_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    stages: list[StageCost]
+    iteration_ms: float
+
+    @property
+    def feasible(self) -> bool:
+        return all(stage.fits for stage in self.stages)
+
+    @property
+    def peak_bytes_per_stage(self) -> list[int]:
+        return [stage.peak_bytes for stage in self.stages]
+
+
+def parallel_stages(setup: TrainSetup) -> int:
+    return min(setup.pipeline.stages, setup.pipeline.parallel_stages or setup.pipeline.stages)
+
+
+def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup, step_ms: Sequence[float] = ()) -> float:
+    """From each stage's busy time per microbatch (compute + comm): the pipeline's
+    critical path — fill and drain (every stage once) plus M - 1 steady
+    steps of the slowest stage, then the slowest optimizer step (a bound: stages past
+    the first finish their backward earlier, during the drain) — or, when fewer stages
+    than there are can compute at once (ranks sharing CPU cores), all the work spread
+    over those that can, if that is longer."""
+    return pipeline_ms(sum(stage_times_ms), max(stage_times_ms), max(step_ms, default=0.0), sum(step_ms), setup)
+
+
+def pipeline_ms(total_ms: float, slowest_ms: float, slowest_step_ms: float, total_step_ms: float,
+                setup: TrainSetup) -> float:
+    """iteration_ms from the stages' sums and maxima (busy time per microbatch, optimizer
+    steps), the form the DP solver keeps them in while it grows a plan."""
+    pipeline = total_ms + (setup.pipeline.microbatches - 1) * slowest_ms + slowest_step_ms
+    return max(pipeline, capacity_ms(total_ms, total_step_ms, setup))
+
+
+def capacity_ms(total_stage_ms: float, total_step_ms: float, setup: TrainSetup) -> float:
+    """All the work spread over the stages that compute at once, times cpu_sharing (what
+    sharing cores costs beyond its share, calibrated; 1 uncalibrated): a bound only when
+    fewer compute at once than there are stages."""
+    if parallel_stages(setup) >= setup.pipeline.stages:
+        return 0.0
+    work = setup.pipeline.microbatches * total_stage_ms + total_step_ms
+    return setup.time.cpu_sharing * work / parallel_stages(setup)
+
+
+def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_ms: float) -> float:
+    """No stage of an optimal plan is slower than this, given any feasible plan's iteration
+    time: T_iter ≥ Σ_s time_s + (M - 1)·τ + max_s step_s, Σ_s time_s is at least every
+    layer's fwd + bwd (+ loss) and the slowest step at least the mean one, so
+    (M - 1)·τ* ≤ T_feasible - those two."""
+    if setup.pipeline.microbatches == 1:
+        return float("inf")
+    layers = layer_costs(profile)
+    base = compute_ms(sum(layer_time_ms(layer, False) for layer in layers), setup.time)
+    ctx = Context(profile, setup)
+    base += sum(stage_value(quantity, s, ctx) for s in range(setup.pipeline.stages) for quantity in ("time", "comm"))
+    base += sum(layer_step_ms(layer, setup) for layer in layers) / setup.pipeline.stages
+    return (feasible_iteration_ms - base) / (setup.pipeline.microbatches - 1) * (1 + 1e-9) + 1e-9
+
+
+def fragmentation(setup: TrainSetup, device_type: str) -> float:
+    """The share of reserved memory the caching allocator loses at the peak: cuda only, the
+    setup's or the published mean (allocator.DEFAULT_FRAGMENTATION)."""
+    if device_type != "cuda":
+        return 0.0
+    stated = setup.pipeline.fragmentation
+    return allocator.DEFAULT_FRAGMENTATION if stated is None else stated
+
+
+def workspace_bytes(stage: int, ctx: Context) -> int:
+    """The communication library's buffers on the rank holding `stage` (cuda): a two-rank
+    communicator per pipeline neighbour; one per data-parallel group it reduces in (HSDP: its
+    shard group and its replica group); one for the tensor-parallel group of an analytic
+    profile. gloo on cpu allocates in the tensors' memory: nothing."""
+    if ctx.device_type != "cuda":
+        return 0
+    setup = ctx.setup
+    neighbours = (stage > 0) + (stage < setup.pipeline.stages - 1)
+    if setup.pipeline.schedule in CHUNKED_SCHEDULES:  # a rank's chunks talk to both its neighbours
+        neighbours = min(2, setup.pipeline.stages - 1)
+    groups = [2] * neighbours
+    dp, shard, ep = setup.data_parallel.dp, setup.data_parallel.shard_group, setup.data_parallel.ep
+    groups += [shard, dp // shard] if shard is not None else [dp]
+    if ep > 1 and any(layer.expert_param_count for layer in ctx.profile.layers):
+        groups += [ep, dp // ep]  # the expert-parallel group and the experts' data-parallel group
+    tp = ctx.profile.assumptions.get("tp", 1)
+    groups.append(tp if isinstance(tp, int) else 1)
+    return sum(allocator.communicator_bytes(size) for size in groups)
+
+
+def limit_bytes(stage: int, ctx: Context) -> int:
+    """The allocated peak stage `stage` may reach: its cap on cpu; on cuda what stays once the
+    communication buffers are taken, less the allocator's fragmentation margin and segment
+    rounding (allocator.allocated_limit: its reserved peak then stays within the cap)."""
+    cap = ctx.setup.pipeline.mem_caps_bytes[stage]
+    if ctx.device_type != "cuda":
+        return cap
+    return int(allocator.allocated_limit(cap - workspace_bytes(stage, ctx),
+                                         fragmentation(ctx.setup, ctx.device_type)))
+
+
+def host_cap_bytes(setup: TrainSetup) -> int | None:
+    """A rank's share of its node's host memory: the node's ranks may hold any stage, so each
+    gets host_mem / the ranks on a node (dataparallel.host_bytes_per_node). None: not capped."""
+    if setup.data_parallel.host_mem_bytes is None:
+        return None
+    return setup.data_parallel.host_mem_bytes // min(setup.data_parallel.devices_per_node, setup.pipeline.stages * setup.data_parallel.dp)
+
+
+# ---------------------------------------------------------------- stages and plans
+
+
+def transient_extra_bytes(layers: Sequence[LayerCost], checkpointed: Sequence[int], ctx: Context) -> float:
+    """Extra bytes, beyond every in-flight microbatch's kept bytes, while one layer of the
+    stage runs: its transient (scratch, a weight's whole gradient) plus, when checkpointed,
+    its recompute. The layers after it hold nothing of that microbatch then (in backward
+    they have freed it, in forward not made it yet), so only what exceeds their kept bytes
+    counts: max over l of (transient_l + [l∈C]·(act_l - input_l) - Σ_{m after l} kept_m),
+    at least 0. Measured: stage 0's embedding gradient meets only the other microbatches."""
+    return net_extra_bytes([(layer_value("extra", layer, ckpt, ctx), layer_value("kept", layer, ckpt, ctx))
+                            for layer, ckpt in zip(layers, checkpointed)])
+
+
+def net_extra_bytes(extra_and_kept: Sequence[tuple[float, float]]) -> float:
+    """transient_extra_bytes from each layer's (extra, kept), in stage order."""
+    extra, later_kept = 0, 0
+    for layer_extra, kept in reversed(extra_and_kept):
+        extra = max(extra, layer_extra - later_kept)
+        later_kept += kept
+    return extra
+
+
+def step_scratch_bytes(per_layer: Sequence[float], device_type: str) -> float:
+    """The stage's optimizer-step peak beyond static + buffers, from layer_step_scratch_bytes
+    of its layers. cuda steps every parameter at once (foreach): all of them; cpu one
+    parameter at a time, two temporaries of the largest (measured: 2 x 16 MiB + 12 B for a
+    16 MiB embedding), bounded here by the layer whose parameters are largest."""
+    if device_type == "cuda":
+        return sum(per_layer)
+    return 2 * max(per_layer, default=0.0)
+
+
+def peak_bytes(held, in_flight, kept, transient, scratch, maximum=max):
+    """A stage's peak: what it holds all iteration (static + buffers) + max(in-flight
+    activations + transient, the optimizer step's scratch). `maximum=np.maximum` scores many
+    checkpoint sets at once (the DP solver's arrays); callers round."""
+    return held + maximum(in_flight * kept + transient, scratch)
+
+
+def stage_cost(
+    layers: Sequence[LayerCost],
+    checkpointed: Sequence[int],
+    *,
+    stage: int,
+    profile: Profile,
+    setup: TrainSetup,
+) -> StageCost:
+    """Memory and time of one stage holding `layers` (in order), some checkpointed: every
+    row of TERMS, each quantity entering as the description says."""
+    ctx = Context(profile, setup)
+    first, last = layers[0], layers[-1]
+    names = declared()
+    totals = dict.fromkeys(names, 0.0)
+    rows = _rows_at("layer")
+    per_layer = []  # each layer's value of every quantity: the extra and scratch aggregate by layer
+    for layer, ckpt in zip(layers, checkpointed):  # one pass over the rows per layer
+        values = dict.fromkeys(names, 0.0)
+        for term in rows:
+            values[term.quantity] += term.value(layer, ckpt, ctx)
+        per_layer.append(values)
+        for quantity, value in values.items():
+            totals[quantity] += value
+    for term in _rows_at("open"):
+        totals[term.quantity] += term.value(first, stage, ctx)
+    for term in _rows_at("close"):
+        totals[term.quantity] += term.value(last, stage, ctx)
+    for term in _rows_at("stage"):
+        totals[term.quantity] += term.value(stage, ctx)
+
+    static = totals["static"] + dataparallel.zero_one_excess_bytes(
+        sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
+    buffers = sum(totals[q] for q in quantities("held") if q != "static")  # every other byte held all iteration
+    kept = int(round(sum(totals[q] for q in quantities("kept"))))
+    # the loss's scratch is gone before the stage's layers run their backward, and what the
+    # loss keeps (the last stage) is freed before any of them does: after the last layer
+    transient = int(round(max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer]
+                                              + [(0.0, stage_value("kept", stage, ctx))]),
+                              stage_value("extra", stage, ctx))))
+    scratch = step_scratch_bytes([v["scratch"] for v in per_layer], profile.device.type)
+    k = in_flight(setup.pipeline, stage)
+    peak = int(round(peak_bytes(static + buffers, k, kept, transient, scratch)))
+    cuda = ctx.device_type == "cuda"
+    return StageCost(
+        comm_ms=sum(totals[q] for q in quantities("busy") if q != "time"),
+        step_ms=sum(totals[q] for q in quantities("step")),
+        static_bytes=int(round(static)),
+        kept_bytes=kept,
+        in_flight=k,
+        activation_bytes=k * kept,
+        buffer_bytes=int(round(buffers)),
+        transient_bytes=transient,
+        peak_bytes=peak,
+        limit_bytes=limit_bytes(stage, ctx),
+        reserved_bytes=allocator.reserved_bytes(peak, fragmentation(setup, ctx.device_type)) if cuda else None,
+        workspace_bytes=workspace_bytes(stage, ctx),
+        time_ms=totals["time"],
+        cap_bytes=setup.pipeline.mem_caps_bytes[stage],
+        step_scratch_bytes=int(round(scratch)),
+        host_bytes=int(round(totals["host"] + k * totals["offloaded"])),
+        host_cap_bytes=host_cap_bytes(setup),
+        weight_grad_bytes=int(round(totals["wgrad"])),
+        weight_pass_peak_bytes=int(round(totals["wpeak"])),
+        # the last stage's input pass starts with the loss's backward
+        input_pass_peak_bytes=int(round(max(input_pass_peak_bytes([(v["ipeak"], v["wgrad"]) for v in per_layer]),
+                                            stage_value("extra", stage, ctx)))),
+    )
+
+
+def split_to_stages(
+    bounds: Sequence[int], options: Sequence[int], profile: Profile
+) -> list[StagePlan]:
+    """Stage plans from stage start indices (`bounds[s]` = first layer of stage s) and every
+    layer's option index (a bool: full or none)."""
+    costs = layer_costs(profile)
+    names = [layer.name for layer in costs]
+    ends = list(bounds[1:]) + [len(names)]
+    chosen = {names[i]: costs[i].options[int(o)].name for i, o in enumerate(options) if o}
+    return [
+        StagePlan(
+            index=s,
+            layers=names[start:end],
+            recompute={name: chosen[name] for name in names[start:end] if name in chosen},
+            checkpointed=[name for name in names[start:end] if chosen.get(name) == OPTION_FULL],
+        )
+        for s, (start, end) in enumerate(zip(bounds, ends))
+    ]
+
+
+def option_indices(stage: StagePlan, layers: Sequence[LayerCost]) -> list[int]:
+    """Each layer's option index in the plan (ValueError for an option it does not have), as
+    StagePlan.option reads it: checkpointed full, the selective ones from recompute."""
+    full = set(stage.checkpointed)
+    indices = []
+    for layer in layers:
+        option = OPTION_FULL if layer.name in full else stage.recompute.get(layer.name, OPTION_NONE)
+        indices.append(1 if option == OPTION_FULL and layer.name in full else
+                       0 if option in (OPTION_NONE, OPTION_FULL) else layer.option_index(option))
+    return indices
+
+
+def with_predictions(stages: Sequence[StagePlan], cost: PlanCost) -> list[StagePlan]:
+    return [
+        stage.model_copy(update={"predicted": stage_cost.predicted()})
+        for stage, stage_cost in zip(stages, cost.stages)
+    ]

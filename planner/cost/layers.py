@@ -1,0 +1,172 @@
+"""A layer's numbers as the cost model uses them: kind-normalised (times the kind's mean, bytes its
+maximum), with every recompute option it may take."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from functools import cached_property
+from statistics import fmean
+
+from planner.schema import (
+    OPTION_FULL,
+    OPTION_NONE,
+    Profile,
+)
+
+
+@dataclass(frozen=True)
+class OptionCost:
+    """One recompute option of a layer (kind-normalised): kept bytes per microbatch, what it
+    adds to the backward (None: a whole forward, the profile measured none), its extra peak."""
+
+    name: str
+    kept_bytes: int
+    recompute_ms: float | None
+    peak_bytes: int
+    split_held_bytes: int = 0  # a split backward: left by its input pass for its weight pass
+    split_input_peak_bytes: int = 0  # a split backward: its input pass's peak over what is live before it
+    split_peak_bytes: int = 0  # a split backward: its weight pass's peak over what is live before it
+    host_bytes: int = 0  # offload: what it keeps in host memory per microbatch until its backward
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer's numbers as the cost model uses them (kind-normalised). A layer's choice is
+    an index into `options`: 0 none, 1 full (a bool says which of the two), 2... selective."""
+
+    name: str
+    kind: str
+    fwd_ms: float
+    bwd_ms: float
+    act_bytes: int
+    input_bytes: int
+    output_bytes: int
+    input_in_act_bytes: int
+    param_count: int
+    transient_bytes: int
+    step_ms: tuple[tuple[str, float], ...] = ()  # (optimizer, ms) pairs
+    largest_param_count: int = 0  # its largest parameter tensor; 0: not known
+    recompute_ms: float | None = None  # None: not measured, a whole forward
+    tied_ms: float = 0.0  # summing the gradients of parameters it shares with other layers, per iteration
+    extra_options: tuple[OptionCost, ...] = ()  # selective options, after none and full
+    expert_param_count: int = 0  # of param_count, the routed experts' (expert parallelism splits them)
+    a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
+    # none's and full's split backward bytes: (held, input peak, weight peak)
+    split_bytes: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 0, 0), (0, 0, 0))
+    expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
+
+    @cached_property
+    def options(self) -> tuple[OptionCost, ...]:
+        none_split, full_split = self.split_bytes
+        return (OptionCost(OPTION_NONE, self.act_bytes, 0.0, 0, *none_split),
+                OptionCost(OPTION_FULL, self.input_bytes, self.recompute_ms, self.recompute_peak_bytes, *full_split),
+                *self.extra_options)
+
+    def option_index(self, name: str) -> int:
+        for index, option in enumerate(self.options):
+            if option.name == name:
+                return index
+        raise ValueError(f"layer {self.name} has no recompute option {name!r}")
+
+    @property
+    def recompute_saving_bytes(self) -> int:
+        """Bytes per microbatch that checkpointing this layer frees."""
+        return self.act_bytes - self.input_bytes
+
+    @property
+    def recompute_peak_bytes(self) -> int:
+        """Extra bytes while this checkpointed layer is recomputed in backward."""
+        return max(self.act_bytes - self.input_bytes, 0)
+
+
+# ---------------------------------------------------------------- per-layer terms
+
+
+_LAYER_COSTS: dict[int, tuple] = {}  # id(profile) -> (a weak reference to it, its parts' ids, its layer costs)
+
+
+def layer_costs(profile: Profile) -> list[LayerCost]:
+    """Kind-normalised layer numbers: mean times, maximum bytes within a kind. Remembered per
+    profile object (its layers' and tied sets' objects unchanged): a solve asks for them in
+    every baseline, bound and solver, and at 20,000 layers each asking took a second."""
+    parts = (tuple(map(id, profile.layers)), tuple(map(id, profile.tied)))
+    known = _LAYER_COSTS.get(id(profile))
+    if known is not None and known[0]() is profile and known[1] == parts:
+        return list(known[2])
+    found = _layer_costs(profile)
+    if len(_LAYER_COSTS) > 64:
+        _LAYER_COSTS.clear()
+    _LAYER_COSTS[id(profile)] = (weakref.ref(profile), parts, tuple(found))
+    return found
+
+
+def _layer_costs(profile: Profile) -> list[LayerCost]:
+    by_kind: dict[str, list] = {}
+    for layer in profile.layers:
+        by_kind.setdefault(layer.kind, []).append(layer)
+    per_kind = {
+        kind: dict(
+            fwd_ms=fmean(item.fwd_ms for item in same),
+            bwd_ms=fmean(item.bwd_ms for item in same),
+            act_bytes=max(item.act_bytes for item in same),
+            input_bytes=max(item.input_bytes for item in same),
+            output_bytes=max(item.output_bytes for item in same),
+            input_in_act_bytes=min(item.input_in_act_bytes for item in same),
+            param_count=max(item.param_count for item in same),
+            expert_param_count=max(item.expert_param_count for item in same),
+            a2a_bytes=max(item.a2a_bytes for item in same),
+            split_bytes=tuple(_kind_split(same, index) for index in (0, 1)),
+            expert_transient_bytes=max(item.expert_transient_bytes for item in same),
+            largest_param_count=max(item.largest_param_count or 0 for item in same),
+            transient_bytes=max(item.transient_bytes for item in same),
+            recompute_ms=(None if any(item.recompute_ms is None for item in same)
+                          else fmean(item.recompute_ms for item in same)),
+            step_ms=tuple(sorted(
+                (name, fmean(item.step_ms.get(name, 0.0) for item in same))
+                for name in {name for item in same for name in item.step_ms}
+            )),
+            extra_options=_kind_options(same),
+        )
+        for kind, same in by_kind.items()
+    }
+    tied = tied_ms(profile)
+    return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied_ms=tied.get(layer.name, 0.0))
+            for layer in profile.layers]
+
+
+def _kind_split(same: list, index: int) -> tuple[int, int, int]:
+    """A kind's split-backward bytes of option `index` (0 none, 1 full): the most of any layer."""
+    listed = [item.recompute_options[index] for item in same if len(item.recompute_options) > index]
+    return tuple(max((getattr(o, field) for o in listed), default=0) for field in SPLIT_FIELDS)
+
+
+SPLIT_FIELDS = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes")
+
+
+def _kind_options(same: list) -> tuple[OptionCost, ...]:
+    """The selective options every layer of a kind has, kind-normalised like the rest: bytes
+    the most of any layer, times the mean."""
+    names = [option.name for option in same[0].recompute_options[2:]]
+    names = [name for name in names if all(any(o.name == name for o in item.recompute_options) for item in same)]
+    found = []
+    for name in names:
+        mine = [next(o for o in item.recompute_options if o.name == name) for item in same]
+        found.append(OptionCost(name, max(o.kept_bytes for o in mine), fmean(o.recompute_ms for o in mine),
+                                max(o.recompute_peak_bytes for o in mine),
+                                *(max(getattr(o, field) for o in mine) for field in SPLIT_FIELDS),
+                                host_bytes=max(o.host_bytes for o in mine)))
+    return tuple(found)
+
+
+def tied_ms(profile: Profile) -> dict[str, float]:
+    """Per layer, the gradient sums that keep its shared parameters tied, once per
+    iteration before the optimizer step. Charged to every holder wherever the plan puts
+    it (on one stage there is nothing to sum: a small over-charge that keeps the term per
+    layer, as the solver needs it). The copy each holding stage keeps is already in its
+    param bytes: a layer's parameters are counted with the ones it shares."""
+    charged: dict[str, float] = {}
+    for item in profile.tied:
+        for name in item.layers:
+            charged[name] = charged.get(name, 0.0) + item.sum_ms
+    return charged

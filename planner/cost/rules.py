@@ -1,0 +1,334 @@
+"""What each term charges: the value functions TERMS' rows call (planner/cost/terms.py), and what
+each runtime's pipeline holds besides the layers' own saved tensors (read from their code)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from planner.cost import dataparallel
+from planner.cost.layers import LayerCost
+from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
+
+# (weights, grads, optimizer state) bytes per parameter before sharding.
+_BYTES_PER_PARAM = dataparallel.BYTES_PER_PARAM
+
+
+def bytes_per_param(setup: TrainSetup) -> float:
+    """Weights + grads + optimizer state per parameter on one device, after ZeRO (over the
+    shard group) and offload (planner/cost/dataparallel.py)."""
+    return dataparallel.bytes_per_param(setup)
+
+
+def in_flight(pipeline: PipelineSetup, stage: int) -> int:
+    """Microbatches whose activations stage `stage` holds at its peak."""
+    if pipeline.schedule == "GPipe":
+        return pipeline.microbatches
+    return min(pipeline.stages - stage, pipeline.microbatches)
+
+
+def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
+    """Weights, gradients and optimizer state of the layer on one rank: its dense parameters at
+    the setup's bytes per parameter; under expert parallelism its 1/E of the routed experts' at
+    those of their expert-data-parallel group (ZeRO over dp / E ranks, dataparallel.expert_setup)."""
+    return per_param_bytes(layer, setup, dataparallel.bytes_per_param)
+
+
+def per_param_bytes(layer: LayerCost, setup: TrainSetup, per_param: Callable[[TrainSetup], float]) -> float:
+    """Σ over the layer's parameters of `per_param` bytes (a dataparallel function of the
+    setup): the dense ones with the setup, the rank's 1/E of the routed experts with their
+    expert-data-parallel group's."""
+    if not layer.expert_param_count:
+        return layer.param_count * per_param(setup)
+    dense = layer.param_count - layer.expert_param_count
+    held = dataparallel.held_expert_params(layer.expert_param_count, setup)
+    return dense * per_param(setup) + held * per_param(dataparallel.expert_setup(setup))
+
+
+def all_to_all_ms(layer: LayerCost, option: int, setup: TrainSetup) -> float:
+    """A MoE block's token all-to-all per microbatch under expert parallelism E: the dispatch
+    before the experts and the combine after them in forward, both again (their gradients) in
+    backward, and the forward's two once more when the option recomputes the whole layer; each
+    a2a_bytes · (E-1)/E over the expert-parallel group's link (dataparallel.all_to_all_ms). On the
+    critical path: the experts wait for their tokens, and Megatron-LM hides the all-to-all only
+    with its 1F1B A2A overlap (--overlap-moe-expert-parallel-comm, off by default), torchtitan
+    not at all. 0 without ep, for a dense layer, and where the link is not known."""
+    ep = setup.data_parallel.ep
+    if ep == 1 or not layer.a2a_bytes:
+        return 0.0
+    count = 4 + 2 * (option == 1)
+    return count * dataparallel.all_to_all_ms(layer.a2a_bytes, ep, setup.data_parallel.ep_gb_per_s)
+
+
+def tied_once_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
+    """A tied parameter whose holders all share a stage exists there once, while each holder's
+    param bytes count it: minus the copies beyond the first. Known from the stage's position
+    only on a single-stage pipeline, where every holder is on stage 0. With more stages each
+    holder is charged a copy: exact for the sets that hold the first and the last layer (the
+    token embedding and the LM head, always split), over by the copies for a set whose holders
+    share an inner stage (a cost that can only over-state memory)."""
+    if setup.pipeline.stages != 1:
+        return 0.0
+    copies = sum((len(item.layers) - 1) * item.param_count for item in profile.tied)
+    return -copies * bytes_per_param(setup)
+
+
+def input_pass_peak_bytes(layers: Sequence[tuple[float, float]]) -> float:
+    """A stage's split-backward input pass over what is live before it, from each layer's (input
+    peak, what it leaves for the weight pass) in stage order: the pass runs the layers last to
+    first, each on top of what the later ones left."""
+    peak, left = 0.0, 0.0
+    for input_peak, held in reversed(layers):
+        peak = max(peak, left + input_peak)
+        left += held
+    return peak
+
+
+def rank_tied_once_bytes(profile: Profile, layers: set[str], setup: TrainSetup) -> float:
+    """A chunked schedule's rank holds a tied parameter once however many of its chunks hold it
+    (a V puts the token embedding and the LM head on rank 0; one module, one nn.Parameter):
+    minus the copies its chunks were charged beyond the first."""
+    copies = sum(max(0, len(set(item.layers) & layers) - 1) * item.param_count for item in profile.tied)
+    return -copies * bytes_per_param(setup)
+
+
+def reduced_bytes(layer: LayerCost, setup: TrainSetup) -> float:
+    """HSDP's ZeRO 3: the reduced gradient shard FSDP2 keeps for this layer through the rest of
+    the stage's backward (dataparallel.reduced_bytes_per_param). Charged for every layer, with
+    the buffers; the stage's first layer takes its own back (first_layer_buffer_bytes): the
+    most are held while it computes, one for each layer after it."""
+    return per_param_bytes(layer, setup, dataparallel.reduced_bytes_per_param)
+
+
+def kept_bytes(layer: LayerCost, option: int) -> int:
+    """Bytes per microbatch this layer keeps until its backward under option `option` (False:
+    none, its activations; True: full, its input)."""
+    if option < 2:  # the hot path: plans of whole layers
+        return layer.input_bytes if option else layer.act_bytes
+    return layer.options[option].kept_bytes
+
+
+# Runtimes whose checkpointing reruns a layer's whole forward: Megatron-LM's own
+# CheckpointFunction and DeepSpeed's (reentrant), Hugging Face's gradient_checkpointing
+# (reentrant by default: ColossalAI's path), and torchtitan, whose checkpoint wrapper turns
+# early stopping off (early_stop=False, torchtitan/distributed/activation_checkpoint.py).
+# ckplan's runtime calls torch.utils.checkpoint without reentry and with torch's default early
+# stop: it reruns ops only until the last tensor the backward needs is back.
+WHOLE_FORWARD_RECOMPUTE = ("megatron", "deepspeed", "colossalai", "torchtitan")
+
+
+def recompute_ms(layer: LayerCost, setup: TrainSetup | None = None) -> float:
+    """What checkpointing adds to the layer's backward: the profile's recompute (measured, or
+    from FLOPs), which stops once the last saved tensor is back; a whole forward where it was
+    not measured, or where the setup's runtime reruns whole forwards."""
+    whole = setup is not None and setup.training.runtime in WHOLE_FORWARD_RECOMPUTE
+    return layer.fwd_ms if layer.recompute_ms is None or whole else layer.recompute_ms
+
+
+def option_recompute_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None) -> float:
+    """What option `option` adds to the layer's backward: nothing for none, recompute_ms for
+    full, the option's own (measured, or from its FLOPs) for a selective one."""
+    if option == 0:
+        return 0.0
+    if option == 1:
+        return recompute_ms(layer, setup)
+    return layer.options[option].recompute_ms
+
+
+def layer_time_ms(layer: LayerCost, option: int, setup: TrainSetup | None = None) -> float:
+    """Forward + backward, plus what the option recomputes."""
+    return layer.fwd_ms + layer.bwd_ms + option_recompute_ms(layer, option, setup)
+
+
+def compute_ms(time_ms: float, time: TimeConstants) -> float:
+    """A profiled compute time as the run will take it: times the calibrated compute scale
+    (the launch's threads against the profile's, ranks sharing cores; 1 uncalibrated)."""
+    return time_ms * time.compute_scale
+
+
+def send_ms(num_bytes: int, time: TimeConstants) -> float:
+    """One point-to-point send: latency + bytes / bandwidth (calibrated; 0 uncalibrated)."""
+    if time.send_gb_per_s is None:
+        return time.send_latency_ms
+    return time.send_latency_ms + num_bytes / (time.send_gb_per_s * 1e6)
+
+
+def first_layer_comm_ms(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
+    """Per microbatch, a stage past the first sends its input's gradient back."""
+    return send_ms(layer.input_bytes, setup.time) if stage > 0 else 0.0
+
+
+def last_layer_comm_ms(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
+    """Per microbatch, a stage before the last sends its output forward."""
+    return send_ms(layer.output_bytes, setup.time) if stage < setup.pipeline.stages - 1 else 0.0
+
+
+def stage_constant_comm_ms(stage: int, time: TimeConstants) -> float:
+    """Per microbatch every stage runs two schedule actions (forward, backward)."""
+    return 2 * time.action_overhead_ms
+
+
+def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
+    """What this layer costs once per iteration: the setup's optimizer step over its
+    parameters (ZeRO ≥ 1: the rank's 1/shard-group of them; offload: copies and the host
+    step) and data parallelism's gradient reduction and weight gathers
+    (dataparallel.step_term_ms); the step is 0 when the profile has no step time for that
+    optimizer. Plus the sums that keep its tied parameters tied, which run as part of the step."""
+    step = dict(layer.step_ms).get(setup.training.optimizer, 0.0)
+    return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
+                                     bwd_ms=compute_ms(layer.bwd_ms, setup.time),
+                                     expert_count=layer.expert_param_count) + layer.tied_ms
+
+
+# What each runtime's 1F1B pipeline holds besides the layers' own saved tensors (read from
+# their code):
+# - ckplan's runtime and torchtitan run torch.distributed.pipelining: one receive buffer per
+#   microbatch for the stage input (the first layer's saved input is that buffer) and for the
+#   output's gradient, each output kept in fwd_cache to its backward, the whole batch held.
+# - Megatron-LM (megatron/core/pipeline_parallel/schedules.py) receives each input as a fresh
+#   tensor the first layer saves, frees each output's storage once sent (deallocate_output_tensor;
+#   its training sets deallocate_pipeline_outputs = True), takes one gradient at a time, and
+#   fetches one microbatch of data per forward.
+# - ColossalAI (colossalai/pipeline/schedule/one_f_one_b.py, 0.5): the received input is the
+#   forward's input, outputs are kept in output_objs to their backward, one gradient at a time,
+#   and load_batch holds the whole batch on every stage.
+# - DeepSpeed (deepspeed/runtime/pipe/engine.py, 0.19): max(2, min(P - s, M)) pipe buffers, each
+#   holding a received input (a clone of the one receive buffer) whose clone the forward saves,
+#   outputs kept to their backward, one gradient buffer, microbatches loaded into the buffers.
+
+
+def _runtime(setup: TrainSetup) -> str:
+    return setup.training.runtime
+
+
+def deepspeed_buffers(stage: int, pipeline: PipelineSetup) -> int:
+    """DeepSpeed's TrainSchedule.num_pipe_buffers."""
+    return max(2, min(pipeline.stages - stage, pipeline.microbatches))
+
+
+def first_layer_kept_bytes(layer: LayerCost, setup: TrainSetup) -> int:
+    """Correction to kept bytes for the layer that opens a stage: under torch's pipelining its
+    input is a receive buffer (past stage 0) or a slice of the whole batch the schedule holds
+    (stage 0), both counted in buffers, so the layer's saved copy of it is not kept twice. The
+    frameworks' own pipelines hand the layer a tensor of its own, kept as the layer's."""
+    return -layer.input_in_act_bytes if _runtime(setup) in ("ckplan", "torchtitan") else 0
+
+
+def last_layer_kept_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
+    """The stage output waits until its backward (fwd_cache, output_objs, DeepSpeed's buffers);
+    Megatron frees its storage once sent (the last stage's output, the logits, stays for the loss)."""
+    if _runtime(setup) == "megatron" and stage < setup.pipeline.stages - 1:
+        return 0
+    return layer.output_bytes
+
+
+def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
+    """What holds the stage input besides the first layer (none on stage 0): torch's pipelining
+    one receive buffer per microbatch plus the input's gradient being sent; Megatron-LM and
+    ColossalAI only that gradient; DeepSpeed its pipe buffers and the receive buffer."""
+    if stage == 0:
+        return 0
+    runtime = _runtime(setup)
+    if runtime in ("megatron", "colossalai"):
+        copies = 1
+    elif runtime == "deepspeed":
+        copies = deepspeed_buffers(stage, setup.pipeline) + 1
+    else:
+        copies = setup.pipeline.microbatches + 1
+    return copies * layer.input_bytes
+
+
+def first_layer_reduced_back_bytes(layer: LayerCost, setup: TrainSetup) -> float:
+    """The stage's first layer's own reduced gradient shard (reduced_bytes), charged with every
+    layer's, is not yet made while that layer computes, when the most are held: taken back."""
+    return -reduced_bytes(layer, setup)
+
+
+def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
+    """Receive buffers for the gradient of the stage output (none on the last stage): one per
+    microbatch under torch's pipelining; the frameworks take one gradient at a time."""
+    if stage == setup.pipeline.stages - 1:
+        return 0
+    return (setup.pipeline.microbatches if _runtime(setup) in ("ckplan", "torchtitan") else 1) * layer.output_bytes
+
+
+def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """The data the schedule holds: torch's pipelining the whole batch, inputs on the first stage
+    and targets on the last; Megatron-LM one microbatch per forward (the inputs are the first
+    layer's, the targets of those in flight stay); ColossalAI the whole batch on every stage;
+    DeepSpeed a microbatch per pipe buffer."""
+    first, last = stage == 0, stage == setup.pipeline.stages - 1
+    inputs, targets = profile.batch_input_bytes, profile.batch_target_bytes
+    runtime = _runtime(setup)
+    if runtime == "megatron":
+        return in_flight(setup.pipeline, stage) * targets * last
+    if runtime == "colossalai":
+        return setup.pipeline.microbatches * (inputs + targets)
+    held = deepspeed_buffers(stage, setup.pipeline) if runtime == "deepspeed" else setup.pipeline.microbatches
+    return held * (inputs * first + targets * last)
+
+
+def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """What the loss keeps for backward, per microbatch, on the last stage."""
+    return profile.loss_bytes if stage == setup.pipeline.stages - 1 else 0
+
+
+def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """ZeRO 3's gathered weights in flight and ZeRO 2/3's one unsharded gradient, for the
+    model's largest layer (dataparallel.unsharded_bytes): counted with the buffers, a
+    constant per stage."""
+    ep = setup.data_parallel.ep  # under expert parallelism a layer holds 1/E of its routed experts
+    largest = max(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
+                  for layer in profile.layers)
+    return int(round(dataparallel.unsharded_bytes(largest, setup)))
+
+
+def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """The loss's scratch (e.g. cross-entropy's gradients) on the last stage. An analytic
+    profile's is the logits' fp32 gradient; Megatron-LM's vocab-parallel cross-entropy writes
+    that gradient into the fp32 softmax it saved (in place: megatron/core/tensor_parallel/
+    cross_entropy.py), so only its cast back to the logits' dtype is new."""
+    if stage != setup.pipeline.stages - 1:
+        return 0
+    if setup.training.runtime == "megatron" and profile.source == "analytic":
+        from planner.profiler.analytic import DTYPE_BYTES
+
+        return profile.loss_transient_bytes * DTYPE_BYTES.get(profile.dtype, 4) // 4
+    return profile.loss_transient_bytes
+
+
+def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
+    """The loss's forward + backward on the last stage (scaled like the layers' compute)."""
+    return compute_ms(profile.loss_ms, setup.time) if stage == setup.pipeline.stages - 1 else 0.0
+
+
+def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:
+    """What expert parallelism over E ranks takes off a MoE layer's transient: the temporaries of
+    its routed experts' weight gradients, of which a rank holds 1/E."""
+    ep = setup.data_parallel.ep
+    return layer.expert_transient_bytes * (ep - 1) // ep
+
+
+def layer_extra_bytes(layer: LayerCost, option: int) -> int:
+    """A layer's peak beyond what it keeps: its transient, plus what its option recomputes at once."""
+    if option < 2:
+        return layer.transient_bytes + (layer.recompute_peak_bytes if option else 0)
+    return layer.transient_bytes + layer.options[option].peak_bytes
+
+
+# Bytes per parameter of the temporaries torch's optimizer step allocates: Adam computes
+# sqrt(v) / bias correction as a new (fp32 master) tensor and updates in place; SGD with
+# momentum updates in place.
+_STEP_SCRATCH_PER_PARAM = {"adam": 4, "sgd": 0}
+
+
+def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: str) -> float:
+    """The optimizer step's temporaries for this layer's parameters (offload: the step runs on
+    the host). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
+    (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
+    is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
+    if setup.data_parallel.offload:
+        return 0.0
+    per_param = _STEP_SCRATCH_PER_PARAM[setup.training.optimizer]
+    if setup.data_parallel.zero == 1 and device_type != "cuda":
+        return per_param_bytes(layer, setup, lambda _: per_param)
+    return per_param_bytes(layer, setup, lambda part: per_param / dataparallel.shard_size(part))

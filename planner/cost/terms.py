@@ -1,0 +1,311 @@
+"""The description: each quantity declares how it combines, each term is one row of TERMS, and
+layer_value / edge_value / stage_value read the rows by quantity for every consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from planner.cost import dataparallel
+from planner.cost.layers import LayerCost
+from planner.cost.rules import (
+    all_to_all_ms,
+    batch_bytes,
+    compute_ms,
+    expert_parallel_transient_back,
+    first_layer_buffer_bytes,
+    first_layer_comm_ms,
+    first_layer_kept_bytes,
+    first_layer_reduced_back_bytes,
+    kept_bytes,
+    last_layer_buffer_bytes,
+    last_layer_comm_ms,
+    last_layer_kept_bytes,
+    layer_extra_bytes,
+    layer_step_ms,
+    layer_step_scratch_bytes,
+    layer_time_ms,
+    loss_kept_bytes,
+    per_param_bytes,
+    reduced_bytes,
+    stage_constant_comm_ms,
+    stage_constant_ms,
+    stage_constant_transient_bytes,
+    static_bytes,
+    tied_once_bytes,
+    unsharded_bytes,
+)
+from planner.schema import (
+    CHUNKED_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    Profile,
+    TrainSetup,
+    runs_split_backward,
+)
+
+# ---------------------------------------------------------------- the description
+#
+# Every term the cost model charges a stage, one row each. The solvers and evaluate() read
+# the rows only through layer_value / edge_value / stage_value (summed by quantity), so a
+# new term of a known quantity is one row here and its test; each quantity enters a
+# stage's cost one way (stage_cost, dpsolve's segments, milp's rows):
+#   static, buffers  bytes held all iteration                      added up
+#   kept             bytes per microbatch until its backward        x in-flight microbatches
+#   extra            a layer's peak beyond what it keeps            max over layers, net of what
+#                                                                   the layers after it keep; at
+#                                                                   least the stage's own
+#   scratch          the optimizer step's temporaries               cuda: added up; cpu: 2 x largest
+#   host             host bytes of the rank                         added up, against the rank's
+#                                                                   share of its node's host memory
+#   offloaded        host bytes per microbatch until its backward   x in-flight microbatches, into host
+#   time, comm       ms per microbatch (compute; sends, actions)   added up (busy = time + comm)
+#   step             ms once per iteration                          added up
+# `where` says whose numbers a row reads: each layer of the stage (with its checkpoint
+# choice), the layer that opens or closes the stage (with the stage's index), or the stage's
+# position alone.
+
+@dataclass(frozen=True)
+class Quantity:
+    """One quantity a term adds to, and how a stage's values of it combine (one of COMBINE):
+    the stage accumulator (stage_cost), the DP's chain and the MILP's rows all read `combine`,
+    so a quantity that combines as an existing one does is one declaration here, no solver edit."""
+
+    name: str
+    combine: str
+    meaning: str
+
+
+# How each kind of quantity enters a stage's cost, and what the solvers may prune by (every
+# kind grows with each layer a stage takes, none falls: the DP's Pareto fronts and the MILP's
+# windows rest on that):
+COMBINE = {
+    "held": "bytes held all iteration: added up, into the peak as they are",
+    "kept": "bytes per microbatch until its backward: added up, times the in-flight microbatches",
+    "extra": "a layer's peak beyond what it keeps: the largest, net of what the layers after it keep",
+    "scratch": "the optimizer step's temporaries: cuda added up, cpu twice the largest",
+    "host": "host bytes of the rank: added up, against its share of its node's host memory",
+    "offloaded": "host bytes per microbatch: added up, times the in-flight microbatches, into host",
+    "busy": "ms per microbatch on the critical path: added up",
+    "step": "ms once per iteration: added up",
+    "split": "a split backward's bytes per pass (chunked zero-bubble schedules): see schedules.ChunkBytes",
+}
+
+
+QUANTITY_DECLARATIONS: tuple[Quantity, ...] = (
+    Quantity("static", "held", "weights, gradients, optimizer state"),
+    Quantity("buffers", "held", "receive buffers, the batch, FSDP2's gathered tensors"),
+    Quantity("kept", "kept", "activations kept for backward"),
+    Quantity("extra", "extra", "a layer's scratch and what its option recomputes at once"),
+    Quantity("scratch", "scratch", "the optimizer step's temporaries"),
+    Quantity("host", "host", "the offloaded optimizer on the host"),
+    Quantity("offloaded", "offloaded", "activations offloaded to the host"),
+    Quantity("time", "busy", "compute per microbatch"),
+    Quantity("comm", "busy", "sends and schedule actions per microbatch"),
+    Quantity("step", "step", "optimizer step, gradient reduction, weight gathers"),
+    Quantity("wgrad", "split", "what a split backward's input pass leaves for its weight pass"),
+    Quantity("ipeak", "split", "a split backward's input pass over what is live before it"),
+    Quantity("wpeak", "split", "a split backward's weight pass over what is live before it"),
+)
+
+
+QUANTITIES = tuple(q.name for q in QUANTITY_DECLARATIONS)
+
+
+def declared() -> list[str]:
+    """Every declared quantity's name (read when asked, like quantities())."""
+    return [q.name for q in QUANTITY_DECLARATIONS]
+
+
+def quantities(combine: str) -> tuple[str, ...]:
+    """The declared quantities that combine as `combine` (read when asked: a declaration added
+    later is seen by every solver)."""
+    return tuple(q.name for q in QUANTITY_DECLARATIONS if q.combine == combine)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a term may read besides its layer and stage."""
+
+    profile: Profile
+    setup: TrainSetup
+    split_backward: bool = False  # one stage of a chunked schedule that splits its backward (setup is the stage's)
+    chunked: bool = False  # one stage of a chunked schedule (setup is the stage's)
+
+    @property
+    def device_type(self) -> str:
+        return self.profile.device.type
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    quantity: str  # one of QUANTITIES
+    where: str  # "layer": value(layer, option, ctx); "open"/"close": value(layer, stage, ctx);
+    #             "stage": value(stage, ctx)
+    value: Callable
+    source: str  # the measurement or publication that put it here
+
+
+TERMS: tuple[Term, ...] = (
+    # -- every layer of the stage
+    Term("weights, gradients, optimizer state", "static", "layer",
+         lambda layer, ckpt, ctx: static_bytes(layer, ctx.setup),
+         "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param)"),
+    Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
+         lambda layer, ckpt, ctx: reduced_bytes(layer, ctx.setup),
+         "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),
+    Term("activations kept for backward", "kept", "layer",
+         lambda layer, ckpt, ctx: kept_bytes(layer, ckpt),
+         "saved-tensor hooks per layer and recompute option (profiler); a checkpointed layer keeps its input"),
+    Term("what a split backward's input pass leaves for its weight pass", "wgrad", "layer",
+         lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_held_bytes,
+         "live bytes after torch's stage_backward_input beyond the kept ones, per option (profiler)"),
+    Term("a split backward's input pass over what is live before it", "ipeak", "layer",
+         lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_input_peak_bytes,
+         "peak of torch's stage_backward_input, per option (profiler)"),
+    Term("a split backward's weight pass over what is live before it", "wpeak", "layer",
+         lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_peak_bytes,
+         "peak of torch's stage_backward_weight, per option (profiler): it recomputes checkpointed regions again"),
+    Term("scratch, and what the option recomputes at once", "extra", "layer",
+         lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt) - expert_parallel_transient_back(layer, ctx.setup),
+         "allocator peak per layer beyond what it keeps (profiler); a rank's routed experts' weight-gradient "
+         "temporaries are as large as the experts it holds (measured on the runtime with --ep)"),
+    Term("optimizer step temporaries", "scratch", "layer",
+         lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
+         "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
+    Term("offloaded optimizer state, master and gradient on the host", "host", "layer",
+         lambda layer, ckpt, ctx: per_param_bytes(layer, ctx.setup, dataparallel.host_bytes_per_param),
+         "the runtime's offload (runtime/offload.py): optimizer state, fp32 master, fp32 gradient"),
+    Term("activations offloaded to the host", "offloaded", "layer",
+         lambda layer, ckpt, ctx: layer.options[int(ckpt)].host_bytes,
+         "saved-tensor hooks under recompute.offloaded_activations: the bytes it copies out (profiler); "
+         "analytic: a block's saved bytes less its input"),
+    Term("forward, backward, recompute", "time", "layer",
+         lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
+         "timed per layer (profiler), times the calibrated compute scale"),
+    Term("the tokens' all-to-all of a MoE block under expert parallelism", "time", "layer",
+         lambda layer, ckpt, ctx: all_to_all_ms(layer, ckpt, ctx.setup),
+         "dispatch + combine, forward and backward (Megatron-LM's alltoall token dispatcher, torchtitan's "
+         "MoE): routed token copies x hidden x dtype bytes x (E-1)/E over the expert-parallel link"),
+    Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
+         lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
+         "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
+    # -- the layer that opens the stage
+    Term("stage input shared with its receive buffer or batch slice", "kept", "open",
+         lambda layer, stage, ctx: first_layer_kept_bytes(layer, ctx.setup),
+         "PipelineStage's receive buffers hold the input the first layer saves (measured on the runtime)"),
+    Term("receive buffers for the input, and its gradient being sent", "buffers", "open",
+         lambda layer, stage, ctx: first_layer_buffer_bytes(layer, stage, ctx.setup),
+         "PipelineStage allocates one receive buffer per microbatch (measured on the runtime)"),
+    Term("first layer's reduced gradient shard, not yet made", "buffers", "open",
+         lambda layer, stage, ctx: first_layer_reduced_back_bytes(layer, ctx.setup),
+         "FSDP2 under HSDP ZeRO 3 (bench_dp_static.py)"),
+    Term("input gradient sent back", "comm", "open",
+         lambda layer, stage, ctx: first_layer_comm_ms(layer, stage, ctx.setup),
+         "calibrated send line: latency + bytes / bandwidth (ckplan calibrate)"),
+    # -- the layer that closes the stage
+    Term("stage output waiting in fwd_cache", "kept", "close",
+         lambda layer, stage, ctx: last_layer_kept_bytes(layer, stage, ctx.setup),
+         "PipelineStage keeps each forward's output until its backward (measured on the runtime)"),
+    Term("receive buffers for the output's gradient", "buffers", "close",
+         lambda layer, stage, ctx: last_layer_buffer_bytes(layer, stage, ctx.setup),
+         "PipelineStage allocates one per microbatch (measured on the runtime)"),
+    Term("output sent forward", "comm", "close",
+         lambda layer, stage, ctx: last_layer_comm_ms(layer, stage, ctx.setup),
+         "calibrated send line (ckplan calibrate)"),
+    # -- the stage's position
+    Term("what the loss keeps", "kept", "stage",
+         lambda stage, ctx: loss_kept_bytes(ctx.profile, stage, ctx.setup), "saved-tensor hooks on the loss (profiler)"),
+    Term("tied parameters held once where all their holders share the stage", "static", "stage",
+         lambda stage, ctx: tied_once_bytes(ctx.profile, stage, ctx.setup),
+         "one nn.Parameter in one process (planner/cost/tied.py); a Qwen2.5 config counted its embedding twice"),
+    Term("the whole batch of inputs or targets", "buffers", "stage",
+         lambda stage, ctx: batch_bytes(ctx.profile, stage, ctx.setup),
+         "the schedule splits the whole batch it holds (measured on the runtime)"),
+    Term("FSDP2's gathered weights and unsharded gradient of the largest layer", "buffers", "stage",
+         lambda stage, ctx: unsharded_bytes(ctx.profile, stage, ctx.setup),
+         "live tensors at the measured peak under ZeRO 2/3 (dataparallel.unsharded_bytes)"),
+    Term("the loss's scratch", "extra", "stage",
+         lambda stage, ctx: stage_constant_transient_bytes(ctx.profile, stage, ctx.setup),
+         "allocator peak of the loss beyond what it keeps (profiler)"),
+    Term("the loss's forward and backward", "time", "stage",
+         lambda stage, ctx: stage_constant_ms(ctx.profile, stage, ctx.setup), "timed (profiler)"),
+    Term("two schedule actions per microbatch", "comm", "stage",
+         lambda stage, ctx: stage_constant_comm_ms(stage, ctx.setup.time), "calibrated action cost (ckplan calibrate)"),
+)
+
+
+def _rows(quantity: str, where: str) -> tuple[Term, ...]:
+    return _BY_PLACE.get((quantity, where), ())
+
+
+def index_terms(terms: Sequence[Term]) -> dict[tuple[str, str], tuple[Term, ...]]:
+    """The rows by (quantity, where), as layer_value / edge_value / stage_value read them."""
+    found: dict[tuple[str, str], tuple[Term, ...]] = {}
+    for term in terms:
+        if term.quantity not in {q.name for q in QUANTITY_DECLARATIONS} or term.where not in ("layer", "open", "close",
+                                                                                           "stage"):
+            raise ValueError(f"term {term.name!r}: unknown quantity {term.quantity!r} or place {term.where!r}")
+        found[term.quantity, term.where] = found.get((term.quantity, term.where), ()) + (term,)
+    return found
+
+
+_BY_PLACE = index_terms(TERMS)
+
+
+def _rows_at(where: str) -> list[Term]:
+    return [term for (_, place), terms in _BY_PLACE.items() if place == where for term in terms]
+
+
+def layer_value(quantity: str, layer: LayerCost, option: int, ctx: Context) -> float:
+    """What one layer of a stage adds to `quantity` under its recompute option (index; a bool:
+    full or none)."""
+    return sum(term.value(layer, option, ctx) for term in _rows(quantity, "layer"))
+
+
+def edge_value(quantity: str, where: str, layer: LayerCost, stage: int, ctx: Context) -> float:
+    """What `layer` adds to `quantity` by opening (where="open") or closing stage `stage`."""
+    return sum(term.value(layer, stage, ctx) for term in _rows(quantity, where))
+
+
+def stage_value(quantity: str, stage: int, ctx: Context) -> float:
+    """What stage `stage` adds to `quantity` for its position alone."""
+    return sum(term.value(stage, ctx) for term in _rows(quantity, "stage"))
+
+
+def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
+    """The options past none a plan may choose for this layer: each keeps fewer bytes than
+    none, and no other keeps no more, adds no more time and no more extra peak while better in
+    one (a dominated option never lowers a peak or a time; host bytes count as one more
+    resource). Whole-layer plans (the setup's recompute): full alone. A chunked schedule's
+    stages take no option that offloads (their host bytes per rank are not modelled yet)."""
+    whole_layer = ctx.setup.training.recompute == "whole-layer"
+    candidates = [1] if whole_layer else range(1, len(layer.options))
+    if ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES or ctx.split_backward:
+        candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
+    if ctx.chunked or ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:
+        candidates = [o for o in candidates if not layer.options[o].host_bytes]
+    rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
+                layer_value("extra", layer, o, ctx), layer_value("offloaded", layer, o, ctx))
+            for o in range(len(layer.options))}
+    found = []
+    for o in candidates:
+        if rows[o][0] >= rows[0][0]:
+            continue
+        if any(p != o and all(a <= b for a, b in zip(rows[p], rows[o])) and rows[p] != rows[o]
+               for p in candidates):
+            continue
+        found.append(o)
+    return found
+
+
+def terms_markdown() -> str:
+    """The quantities and every term as Markdown tables (docs/cost-model.md holds this text,
+    written by scripts/terms_table.py; a test holds the two to each other)."""
+    out = ["| quantity | combines as | what |", "|---|---|---|"]
+    out += [f"| `{q.name}` | {q.combine}: {COMBINE[q.combine]} | {q.meaning} |" for q in QUANTITY_DECLARATIONS]
+    out += ["", "| term | quantity | applies to | source |", "|---|---|---|---|"]
+    places = {"layer": "each layer", "open": "the stage's first layer", "close": "the stage's last layer",
+              "stage": "the stage's position"}
+    out += [f"| {t.name} | `{t.quantity}` | {places[t.where]} | {t.source.replace('|', '/')} |" for t in TERMS]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,1 @@
+"""Predicted against measured: run comparisons, verdicts, calibration."""

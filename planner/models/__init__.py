@@ -1,0 +1,1 @@
+"""Model sources: model files, Hugging Face configs, published architectures, synthetic profiles."""

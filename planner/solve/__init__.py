@@ -1,0 +1,1 @@
+"""The solvers: DP, MILP, incumbent, baselines, the search and planning."""

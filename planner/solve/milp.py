@@ -1,0 +1,255 @@
+"""The mixed-integer program on HiGHS (through pulp's highspy API) that chooses each
+stage's layers and which of them are checkpointed: `ckplan solve --solver milp`, and what
+`--solver auto` takes where the dynamic programme's structure does not hold
+(planner/solve/search.py picks). The tests hold it to the DP and to brute force.
+
+Its coefficients are generated from the cost model's description (costmodel.TERMS, read
+through layer_value / edge_value / stage_value by quantity), not retyped here.
+
+Formulation. Consecutive layers of one kind form a run g of n_g interchangeable
+layers (a fully heterogeneous profile has runs of one). Instead of assigning layers
+to stages, the program places stage boundaries through prefix counts, so a plan is
+contiguous and in order by construction, and identical layers cost one integer
+instead of many symmetric binaries:
+
+    y[s,g] ∈ {0..n_g}  run-g layers in stages 0..s        (y[-1,g] = 0, y[P-1,g] = n_g)
+    n[s,g] = y[s,g] - y[s-1,g]                            run-g layers in stage s
+    r[s,g,o] ∈ {0..n[s,g]}  run-g layers of stage s under recompute option o (Σ_o ≤ n[s,g];
+                          the rest none), for the run's undominated options (costmodel.useful_options)
+    f[s,g] = [y[s,g] = n_g]   run g lies wholly in stages 0..s
+    t[s,g] = [y[s,g] ≥ 1]     run g is touched by stages 0..s
+    open[s,g]  = f[s-1,g-1] - f[s-1,g]                    stage s's first layer is of run g
+    close[s,g] = t[s,g] - t[s,g+1]                        stage s's last layer is of run g
+    busy_s = time_s + Σ_g send(input_g)·open[s,g] + send(output_g)·close[s,g] + 2·action
+    τ ≥ busy_s,  σ ≥ step_s                               the bottleneck stage, slowest step
+    T ≥ Σ_s busy_s + (M-1)·τ + σ,
+    T ≥ h·(M·Σ_s busy_s + Σ_s step_s) / C                 minimise T (costmodel.iteration_ms)
+
+Bounds. A feasible plan (the best baseline, or incumbent.py's heuristic when better)
+starts HiGHS and bounds τ: (M-1)·τ* ≤ T_feasible - Σ(fwd+bwd) - Σ step / P. That bound also gives
+every stage boundary a window (stages 0..s hold at most (s+1)·τ of plain time, the
+stages after s the rest), which fixes most prefix counts before HiGHS starts. Memory
+rows are in MiB, so HiGHS's row tolerance is ~0.1 byte.
+
+Every coefficient comes from planner.costmodel; after the solve the plan is
+re-scored by costmodel.evaluate() and must agree with the objective.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pulp
+
+from planner.cost import costmodel
+from planner.cost.costmodel import LayerCost
+from planner.schema import (
+    CHUNKED_SCHEDULES,
+    Profile,
+    TrainSetup,
+)
+from planner.solve import dpsolve
+from planner.solve.deadline import Deadline
+from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
+from planner.solve.milp_ranks import _chunked_time, _rank_rows
+from planner.solve.milp_rows import (  # noqa: F401
+    MIB,
+    Problem,
+    Run,
+    _busy,
+    _cap_mib,
+    _const,
+    _edge,
+    _held,
+    _layer,
+    _Memory,
+    _stage_memory_parts,
+    _step_and_host_rows,
+)
+
+
+def find_runs(layers: list[LayerCost]) -> list[Run]:
+    runs: list[Run] = []
+    for idx, layer in enumerate(layers):
+        if runs and runs[-1].layer.kind == layer.kind:
+            runs[-1] = Run(runs[-1].start, runs[-1].size + 1, runs[-1].layer)
+        else:
+            runs.append(Run(idx, 1, layer))
+    return runs
+
+
+def _count_var(name: str, size: int) -> pulp.LpVariable:
+    if size == 1:
+        return pulp.LpVariable(name, cat="Binary")
+    return pulp.LpVariable(name, lowBound=0, upBound=size, cat="Integer")
+
+
+def boundary_windows(profile: Profile, setup: TrainSetup, tau_max: float) -> list[tuple[int, int]]:
+    """[lo, hi] for each stage s: how many layers stages 0..s can hold together
+    (dpsolve.boundary_windows, shared so both solvers prune alike)."""
+    return dpsolve.boundary_windows(dpsolve.Chain(profile, setup), tau_max)
+
+
+def build_problem(
+    profile: Profile,
+    setup: TrainSetup,
+    *,
+    objective: Literal["time", "memory"] = "time",
+    upper_bound_ms: float | None = None,
+    deadline: Deadline | None = None,
+) -> Problem:
+    """objective="time": fastest iteration under the caps; `upper_bound_ms`, the iteration
+    time of any feasible plan (e.g. the best baseline's), bounds the bottleneck τ.
+    objective="memory": the smallest factor by which every cap could be scaled and still fit.
+    A chunked schedule (interleaved-1F1B, ZB, ZBV, DualPipeV) is built over its P·V stages,
+    with each rank's rows over its chunks (_rank_rows) and its linear time (_chunked_time)."""
+    layers = costmodel.layer_costs(profile)
+    outer, order = None, None
+    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
+        outer, order = setup, costmodel.schedule_of(setup)
+        setup = costmodel.stage_setup(setup, order)
+    if setup.pipeline.stages > len(layers):
+        raise ValueError(f"{setup.pipeline.stages} stages need at least {setup.pipeline.stages} layers, the profile has {len(layers)}")
+    runs = find_runs(layers)
+    num_stages, num_runs = setup.pipeline.stages, len(runs)
+    lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
+    problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective, outer=outer,
+                      schedule=order, deadline=deadline)
+    tau_max = float("inf")
+    if objective == "time" and upper_bound_ms is not None and outer is None:
+        tau_max = costmodel.bottleneck_bound_ms(profile, setup, upper_bound_ms)
+    ends = boundary_windows(profile, setup, tau_max)
+
+    # y[s,g]: run-g layers in stages 0..s (fixed for the last stage), within the window
+    # [lo, hi] of where stage s can end
+    y = problem.y
+    for s in range(num_stages):
+        lo, hi = ends[s]
+        for g, run in enumerate(runs):
+            low = min(max(lo - run.start, 0), run.size)
+            high = min(max(hi - run.start, 0), run.size)
+            if s == num_stages - 1 or low == high:
+                y[s, g] = high
+            else:
+                y[s, g] = _count_var(f"y_{s}_{g}", run.size)
+                y[s, g].lowBound, y[s, g].upBound = low, high
+    # f[s,g] = [y = n_g], t[s,g] = [y ≥ 1]: exact indicators (one run of one layer: y itself)
+    full, touched = {}, {}
+    for s in range(num_stages - 1):
+        for g, run in enumerate(runs):
+            if isinstance(y[s, g], int):  # fixed by its window
+                full[s, g], touched[s, g] = int(y[s, g] == run.size), int(y[s, g] >= 1)
+                continue
+            if run.size == 1:
+                full[s, g] = touched[s, g] = y[s, g]
+                continue
+            full[s, g] = pulp.LpVariable(f"f_{s}_{g}", cat="Binary")
+            touched[s, g] = pulp.LpVariable(f"t_{s}_{g}", cat="Binary")
+            lp += y[s, g] >= run.size * full[s, g], f"full_lo_{s}_{g}"
+            lp += y[s, g] <= run.size - 1 + full[s, g], f"full_hi_{s}_{g}"
+            lp += y[s, g] >= touched[s, g], f"touch_lo_{s}_{g}"
+            lp += y[s, g] <= run.size * touched[s, g], f"touch_hi_{s}_{g}"
+
+    # [Constraint] contiguity: a stage range may enter run g+1 only after run g is complete
+    for s in range(num_stages - 1):
+        for g in range(num_runs - 1):
+            lp += touched[s, g + 1] <= full[s, g], f"contig_{s}_{g}"
+    def n(s: int, g: int):
+        """run-g layers in stage s"""
+        return y[s, g] - (y[s - 1, g] if s > 0 else 0)
+
+    # [Constraint] prefixes grow with s, and every stage holds at least one layer
+    for s in range(num_stages):
+        lp += pulp.lpSum(n(s, g) for g in range(num_runs)) >= 1, f"nonempty_{s}"
+        for g in range(num_runs):
+            if s > 0 and s < num_stages - 1:
+                lp += y[s, g] >= y[s - 1, g], f"grow_{s}_{g}"
+
+    def opens(s: int, g: int):
+        """1 if stage s's first layer is of run g."""
+        if s == 0:
+            return 1 if g == 0 else 0
+        before = full[s - 1, g - 1] if g > 0 else 1
+        return before - full[s - 1, g]
+
+    def closes(s: int, g: int):
+        """1 if stage s's last layer is of run g."""
+        if s == num_stages - 1:
+            return 1 if g == num_runs - 1 else 0
+        after = touched[s, g + 1] if g + 1 < num_runs else 0
+        return touched[s, g] - after
+
+    # r[s,g,o]: run-g layers of stage s under option o (only options that keep fewer bytes)
+    r = problem.r
+    for g, run in enumerate(runs):
+        options = costmodel.useful_options(run.layer, problem.ctx)
+        problem.order[g] = sorted(options, key=lambda o, layer=run.layer: -_layer(problem, ("extra",), layer, o))
+    for s in range(num_stages):
+        for g, run in enumerate(runs):
+            for o in problem.order[g]:
+                r[s, g, o] = _count_var(f"r_{s}_{g}_{o}", run.size)
+            if problem.order[g]:
+                lp += pulp.lpSum(r[s, g, o] for o in problem.order[g]) <= n(s, g), f"ckpt_owned_{s}_{g}"
+
+    # τ: the slowest stage's time per microbatch
+    tau = pulp.LpVariable("tau", lowBound=0, upBound=None if tau_max == float("inf") else tau_max)
+    if objective == "memory":
+        problem.scale = pulp.LpVariable("scale", lowBound=0)
+    stage_times = []
+    for s in range(num_stages):
+        stage_times.append(_stage_time(problem, s, n, opens, closes))
+        lp += stage_times[-1] <= tau, f"bottleneck_{s}"
+        if outer is None:
+            lp += _stage_memory_mib(problem, s, n, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
+    if outer is not None:
+        _rank_rows(problem, n, opens, closes)
+        if objective == "time":
+            lp += _chunked_time(problem, stage_times, tau, n)
+        else:
+            lp += problem.scale
+        return problem
+
+    if objective == "time":
+        # T_iter ≥ Σ_s time_s + (M - 1)·τ + σ (critical path, σ: the slowest optimizer step),
+        # T_iter ≥ (M·Σ_s time_s + Σ_s step_s) / C (capacity; every layer steps somewhere)
+        t_iter = pulp.LpVariable("T_iter", lowBound=0)
+        slowest_step = 0
+        step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}
+        if any(step_of.values()):
+            slowest_step = pulp.LpVariable("sigma", lowBound=0)
+            for s in range(num_stages):
+                lp += pulp.lpSum(step_of[g] * n(s, g) for g in range(num_runs)) <= slowest_step, f"step_{s}"
+        lp += t_iter >= pulp.lpSum(stage_times) + (setup.pipeline.microbatches - 1) * tau + slowest_step, "critical_path"
+        if costmodel.parallel_stages(setup) < setup.pipeline.stages:
+            total_step = sum(step_of[g] * run.size for g, run in enumerate(runs))
+            lp += t_iter >= setup.time.cpu_sharing * (setup.pipeline.microbatches * pulp.lpSum(stage_times) + total_step) / (
+                costmodel.parallel_stages(setup)), "capacity"
+        lp += t_iter
+    else:
+        lp += problem.scale
+    return problem
+
+
+def _stage_time(problem: Problem, s: int, n, opens, closes):
+    """busy_s = Σ_g n·time(plain) + Σ_o r_o·(time(o) - time(plain)) + what the first and last
+    layer and the stage's position add (costmodel.TERMS: time and comm)."""
+    terms = [_const(problem, _busy(), s)]
+    for g, run in enumerate(problem.runs):
+        plain = _layer(problem, _busy(), run.layer)
+        terms.append(plain * n(s, g))
+        for o in problem.order[g]:
+            terms.append((_layer(problem, _busy(), run.layer, o) - plain) * problem.r[s, g, o])
+        terms += [_edge(problem, _busy(), "open", run.layer, s) * opens(s, g),
+                  _edge(problem, _busy(), "close", run.layer, s) * closes(s, g)]
+    return pulp.lpSum(terms)
+
+
+def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
+    """peak_s = held + max(k_s·kept + T_s, step scratch), in MiB (costmodel.TERMS: static and
+    buffers held, kept, extra, scratch): returns held + k_s·kept + T_s (the training peak)
+    and adds the optimizer step's row, held + scratch ≤ cap, and the host row itself."""
+    memory = _stage_memory_parts(problem, s, n, opens, closes)
+    k = costmodel.in_flight(problem.setup.pipeline, s)
+    _step_and_host_rows(problem, f"{s}", [memory], _cap_mib(problem, s))
+    # held + k·kept written out term by term: one row fewer between a byte and its cap
+    return pulp.lpSum(memory.held + [k * term for term in memory.kept] + [memory.transient])

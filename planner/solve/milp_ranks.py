@@ -1,0 +1,134 @@
+"""A chunked schedule's rows in the MILP (planner/solve/milp.py): each rank's memory over its chunks
+at every moment torch's order reaches, and the schedule's linear time."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pulp
+
+from planner.cost import costmodel, schedules
+from planner.schema import SPLIT_BACKWARD_SCHEDULES
+from planner.solve.milp_rows import (
+    MIB,
+    Problem,
+    _const,
+    _layer,
+    _presence,
+    _run_bytes,
+    _stage_memory_parts,
+    _step_and_host_rows,
+)
+
+
+def _rank_rows(problem: Problem, n, opens, closes) -> None:
+    """A chunked schedule's memory, per rank over its chunks (costmodel.evaluate_chunked):
+    held + live(v) ≤ cap_r for every vector v of counts per chunk the rank passes through in
+    torch's order (live microbatches × kept, outputs and input gradients its sends hold ×
+    their bytes, microbatches between I and W × what I leaves for W), and
+    held + live(v) + T_c ≤ cap_r for every vector where chunk c's B or I starts (its transient on
+    top; W's own, the weight pass's peak, where its W starts); vectors below another (of the same
+    chunk and pass) are dropped.
+    Then the optimizer step's and the host's rows over all its chunks."""
+    order, lp, setup = problem.schedule, problem.lp, problem.outer
+    split = setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
+    for rank in range(order.num_ranks):
+        if problem.deadline is not None:
+            problem.deadline.check()
+        stages = order.stages_of(rank)
+        memories = [_stage_memory_parts(problem, k, n, opens, closes) for k in stages]
+        sent_output, sent_grad, unsent = [], [], []
+        for k in stages:
+            sends = [costmodel.sends_held_bytes(run.layer, run.layer, k, order, setup) for run in problem.runs]
+            sent_output.append(pulp.lpSum(out / MIB * closes(k, g) for g, (out, _) in enumerate(sends) if out))
+            sent_grad.append(pulp.lpSum(grad / MIB * opens(k, g) for g, (_, grad) in enumerate(sends) if grad))
+            unsent.append(-sent_grad[-1])  # the single-stage buffers' input gradient being sent, counted here
+        # tied copies on one rank counted once (costmodel.rank_tied_once_bytes): here those of the
+        # first and last layers, whose stages are fixed; any other holder's copy stays charged (over)
+        names = [layer.name for layer in problem.profile.layers]
+        pinned = {names[0]} if 0 in stages else set()
+        if order.num_stages - 1 in stages:
+            pinned.add(names[-1])
+        unsent.append(costmodel.rank_tied_once_bytes(problem.profile, pinned, setup) / MIB)
+        held = [term for memory in memories for term in memory.held] + unsent
+        pending = [[_run_sum(problem, "wgrad", k, n)] if split else [] for k in stages]
+        weight_pass = [_run_sum(problem, "wpeak", k, n) if split else 0 for k in stages]
+        # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
+        # input peak on top of what every layer of the stage leaves for the weight pass
+        input_pass = [_input_pass_bound(problem, k, n) if split else 0 for k in stages]
+        per_count = ([memory.kept for memory in memories] + [[out] for out in sent_output]
+                     + [[g] for g in sent_grad] + pending)
+        cap = _rank_cap_mib(problem, rank)
+        live = partial(_weighted, per_count=per_count)
+        after = schedules.live_counts(order, rank, until_weight_grad=split)
+        for idx, vector in enumerate(_top(after)):
+            lp += pulp.lpSum(held) + live(vector) <= cap, f"live_{rank}_{idx}"
+        moments = schedules.backward_moments(order, rank, until_weight_grad=split)
+        for chunk, memory in enumerate(memories):
+            for kind, extra in (("B", memory.transient), ("I", input_pass[chunk]), ("W", weight_pass[chunk])):
+                vectors = _top([vector for vector, c, k in moments if c == chunk and k == kind])
+                for idx, vector in enumerate(vectors):
+                    lp += pulp.lpSum(held) + live(vector) + extra <= cap, f"pass_{kind}_{rank}_{chunk}_{idx}"
+        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent)
+
+
+def _run_sum(problem: Problem, quantity: str, k: int, n):
+    """`quantity` of all of stage k's layers, each under its option, in MiB."""
+    return pulp.lpSum(_run_bytes(problem, quantity, k, g, n) / MIB for g in range(len(problem.runs)))
+
+
+def _input_pass_bound(problem: Problem, k: int, n):
+    """U_k ≥ the input peak of every run present in stage k (under any of its options), plus what
+    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes."""
+    bound = pulp.LpVariable(f"U_{k}", lowBound=_const(problem, ("extra",), k) / MIB)  # the loss's backward
+    for g, run in enumerate(problem.runs):
+        peaks = [_layer(problem, ("ipeak",), run.layer, o) for o in (0, *problem.order[g])]
+        if max(peaks) > 0:
+            present = _presence(problem, f"u_{k}_{g}", n(k, g), run.size)
+            problem.lp += bound >= max(peaks) / MIB * present, f"input_pass_{k}_{g}"
+    return bound + _run_sum(problem, "wgrad", k, n)
+
+
+def _weighted(vector: tuple[int, ...], per_count: list[list]):
+    """Σ_i vector_i · Σ per_count_i: a vector of counts (schedules.live_counts) in MiB."""
+    return pulp.lpSum(count * term for count, terms in zip(vector, per_count) for term in terms if count)
+
+
+def _top(vectors: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The vectors no other vector is at least as large as in every count, in their order. A
+    vector is only ever below one of larger sum, and then below a maximal one: the distinct
+    vectors by falling sum, each against the maximal ones found so far (a few), not all (a
+    schedule of 1,000 microbatches has thousands)."""
+    maximal: list[tuple[int, ...]] = []
+    for v in sorted(set(vectors), key=sum, reverse=True):
+        if not any(all(a <= b for a, b in zip(v, w)) for w in maximal):
+            maximal.append(v)
+    keep = set(maximal)
+    return [v for v in vectors if v in keep]
+
+
+def _chunked_time(problem: Problem, stage_times: list, tau, n):
+    """A chunked schedule's iteration, linear: T ≥ M·Σ_{k on r} busy_k + (P - 1)·τ + σ for every
+    rank r (its own work for every microbatch, plus the fill and drain: P - 1 stage times, the
+    interleaved schedule's bubble (P - 1)·(t_f + t_b)/V per rank, Narayanan et al. 2021, exact
+    for equal stages), σ the slowest rank's optimizer step. The plan is then scored by the
+    simulated schedule (costmodel.evaluate_chunked), which the search reports."""
+    order, lp, runs = problem.schedule, problem.lp, problem.runs
+    t_iter = pulp.LpVariable("T_iter", lowBound=0)
+    step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}
+    slowest_step = pulp.LpVariable("sigma", lowBound=0)
+    micro = problem.outer.pipeline.microbatches
+    for rank in range(order.num_ranks):
+        mine = order.stages_of(rank)
+        lp += pulp.lpSum(step_of[g] * n(k, g) for k in mine for g in range(len(runs))) <= slowest_step, f"step_r{rank}"
+        lp += (t_iter >= micro * pulp.lpSum(stage_times[k] for k in mine) + (order.num_ranks - 1) * tau
+               + slowest_step), f"rank_path_{rank}"
+    return t_iter
+
+
+def _rank_cap_mib(problem: Problem, rank: int):
+    """limit_r - margin for the rank (the setup as given), scaled for the memory objective."""
+    cap = costmodel.limit_bytes(rank, costmodel.Context(problem.profile, problem.outer)) / MIB
+    if problem.scale is not None:
+        cap = cap * problem.scale
+    return cap - costmodel.FIT_MARGIN_BYTES / MIB

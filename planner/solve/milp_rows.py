@@ -1,0 +1,218 @@
+"""The MILP's problem and the rows every stage shares (planner/solve/milp.py builds the program):
+a stage's memory terms, its transient's constraints, the optimizer step's and the host's rows,
+each coefficient read from the cost model's declarations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pulp
+
+from planner.cost import costmodel, dataparallel
+from planner.cost.costmodel import LayerCost
+from planner.schema import (
+    SPLIT_BACKWARD_SCHEDULES,
+    Profile,
+    TrainSetup,
+)
+from planner.solve.deadline import Deadline
+from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
+
+# Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
+# models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)
+# is a tenth of a byte, so a plan the solver accepts never exceeds a cap under evaluate().
+MIB = float(2**20)
+
+
+@dataclass(frozen=True)
+class Run:
+    start: int  # first layer index
+    size: int
+    layer: LayerCost  # every layer of the run has these (kind-normalised) numbers
+
+
+@dataclass
+class Problem:
+    lp: pulp.LpProblem
+    profile: Profile
+    setup: TrainSetup
+    runs: list[Run]
+    objective: Literal["time", "memory"]
+    y: dict[tuple[int, int], object] = field(default_factory=dict)
+    r: dict[tuple[int, int, int], object] = field(default_factory=dict)  # (stage, run, option) -> count
+    # per run, its options in the order a stage's layers of the run take them: the largest
+    # extra peak first (no other order has a smaller transient: swapping two neighbours that
+    # are out of order never lowers it), none last
+    order: dict[int, list[int]] = field(default_factory=dict)
+    scale: pulp.LpVariable | None = None  # memory objective: caps are multiplied by it
+    # a chunked schedule: the setup as given (problem.setup is then one of its P·V stages'),
+    # and the schedule's order (planner/cost/schedules.py)
+    outer: TrainSetup | None = None
+    schedule: object = None
+    deadline: Deadline | None = None  # building a chunked schedule's rows looks at it per rank
+
+    @property
+    def ctx(self) -> costmodel.Context:
+        split = self.outer is not None and self.outer.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
+        return costmodel.Context(self.profile, self.setup, split_backward=split, chunked=self.outer is not None)
+
+
+def _held() -> tuple[str, ...]:
+    return costmodel.quantities("held")  # bytes held all iteration (the declarations, read when built)
+
+
+def _busy() -> tuple[str, ...]:
+    return costmodel.quantities("busy")  # ms per microbatch on the critical path
+
+
+def _layer(problem: Problem, quantities, layer: LayerCost, option: int = 0) -> float:
+    return sum(costmodel.layer_value(q, layer, option, problem.ctx) for q in quantities)
+
+
+def _edge(problem: Problem, quantities, where: str, layer: LayerCost, s: int) -> float:
+    return sum(costmodel.edge_value(q, where, layer, s, problem.ctx) for q in quantities)
+
+
+def _const(problem: Problem, quantities, s: int) -> float:
+    return sum(costmodel.stage_value(q, s, problem.ctx) for q in quantities)
+
+
+@dataclass
+class _Memory:
+    """One stage's memory in MiB: what it holds all iteration, what it keeps per in-flight
+    microbatch, its transient T_s (a variable), its optimizer step's scratch per run (bytes of
+    one layer's step scratch, presence, count) and its host bytes."""
+
+    held: list
+    kept: list
+    transient: pulp.LpVariable
+    step_scratch: list
+    host: list
+
+
+def _step_and_host_rows(problem: Problem, name: str, memories: list[_Memory], cap_mib, extra_held=()) -> None:
+    """The optimizer step's row, held + scratch ≤ cap (costmodel.step_scratch_bytes: cuda every
+    layer's, cpu twice the largest layer's), and the host row, for stages `memories` on one rank
+    (`extra_held`: the rank's own terms on top of its stages')."""
+    lp = problem.lp
+    held = [term for memory in memories for term in memory.held] + list(extra_held)
+    scratch = [item for memory in memories for item in memory.step_scratch]
+    if scratch:
+        if problem.profile.device.type == "cuda":
+            step = pulp.lpSum(num_bytes / MIB * count for num_bytes, _, count in scratch)
+        else:
+            step = pulp.LpVariable(f"S_{name}", lowBound=0)
+            for g, (num_bytes, present, _) in enumerate(scratch):
+                lp += step >= 2 * num_bytes / MIB * present, f"step_scratch_{name}_{g}"
+        lp += pulp.lpSum(held) + step <= cap_mib, f"step_cap_{name}"
+    host_cap = costmodel.host_cap_bytes(problem.outer or problem.setup)
+    if host_cap is not None:
+        # [Constraint] host: the rank's host bytes within its share of the node's
+        lp += (pulp.lpSum(term for memory in memories for term in memory.host)
+               <= (host_cap - costmodel.FIT_MARGIN_BYTES) / MIB), f"host_cap_{name}"
+
+
+def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
+    """Stage s's memory terms, with the transient's constraints (costmodel.transient_extra_bytes)."""
+    lp = problem.lp
+    held = [_const(problem, _held(), s) / MIB]  # live at the optimizer step too
+    total = [_const(problem, ("kept",), s) / MIB]
+    # T_s = max(a layer's extra (transient, + recompute) net of what the layers after it keep,
+    # the stage's own extra, the loss's scratch): costmodel.transient_extra_bytes
+    scratch = pulp.LpVariable(f"T_{s}", lowBound=_const(problem, ("extra",), s) / MIB)
+    # K[s,g] (MiB): what stage s's layers of runs g, g+1, ... keep per microbatch, as a
+    # recurrence so each transient constraint names one variable instead of every later run
+    later = {len(problem.runs): _const(problem, ("kept",), s) / MIB}  # the loss's, freed first
+    for g in reversed(range(len(problem.runs))):
+        later[g] = pulp.LpVariable(f"K_{s}_{g}")
+        lp += later[g] == later[g + 1] + _run_kept_bytes(problem, s, g, n) / MIB, f"later_{s}_{g}"
+    step_scratch = []  # per run: (bytes of one layer's step scratch, presence, count)
+    for g, run in enumerate(problem.runs):
+        layer = run.layer
+        extra, step_bytes = _layer(problem, ("extra",), layer), _layer(problem, ("scratch",), layer)
+        held.append(_layer(problem, _held(), layer) * n(s, g) / MIB)
+        total.append(_run_kept_bytes(problem, s, g, n) / MIB)
+        present = None
+        if extra > 0 or step_bytes > 0:
+            present = _presence(problem, f"p_{s}_{g}", n(s, g), run.size)
+        if extra > 0:
+            # [Constraint] T_s ≥ the extra of the run's last layer in the stage minus what
+            # the runs after it keep (its earlier layers have more after them)
+            lp += scratch >= extra / MIB * present - later[g + 1], f"transient_{s}_{g}"
+        order = problem.order[g]
+        for place, o in enumerate(order):
+            used = _presence(problem, f"q_{s}_{g}_{o}", problem.r[s, g, o], run.size)
+            # [Constraint] T_s ≥ the extra of the run's last layer under option o (the run's
+            # layers take the options in problem.order, none last) minus what the layers after it keep
+            after = (pulp.lpSum(problem.r[s, g, p] * _layer(problem, ("kept",), layer, p) for p in order[place + 1:])
+                     + (n(s, g) - pulp.lpSum(problem.r[s, g, p] for p in order)) * _layer(problem, ("kept",), layer)
+                     ) / MIB + later[g + 1]
+            lp += scratch >= _layer(problem, ("extra",), layer, o) / MIB * used - after, f"recompute_{s}_{g}_{o}"
+        total += [_edge(problem, ("kept",), "open", layer, s) / MIB * opens(s, g),
+                  _edge(problem, ("kept",), "close", layer, s) / MIB * closes(s, g)]
+        held += [_edge(problem, _held(), "open", layer, s) / MIB * opens(s, g),
+                 _edge(problem, _held(), "close", layer, s) / MIB * closes(s, g)]
+        if present is not None and step_bytes > 0:
+            step_scratch.append((step_bytes, present, n(s, g)))
+    held += _zero_one_excess_mib(problem, s, n)
+    k = costmodel.in_flight(problem.setup.pipeline, s)
+    host = [_layer(problem, ("host",), run.layer) * n(s, g) / MIB for g, run in enumerate(problem.runs)]
+    # activations offloaded: k_s in-flight microbatches of each offloading layer's host bytes
+    host += [k * _layer(problem, ("offloaded",), run.layer, o) / MIB * problem.r[s, g, o]
+             for g, run in enumerate(problem.runs) for o in problem.order[g]
+             if _layer(problem, ("offloaded",), run.layer, o)]
+    return _Memory(held, total, scratch, step_scratch, host)
+
+
+def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
+    """ZeRO 1's whole tensors (dataparallel.zero_one_excess_bytes): [E_s] with
+    E_s ≥ o · (largest tensor of a run in the stage - the stage's parameters / K), E_s ≥ 0;
+    [] where it cannot arise."""
+    setup = problem.setup
+    largest = [run.layer.largest_param_count for run in problem.runs]
+    optim = dataparallel.whole_tensor_optim_bytes(setup)
+    if not optim or not any(largest):
+        return []
+    params = pulp.lpSum(run.layer.param_count * n(s, g) for g, run in enumerate(problem.runs))
+    excess = pulp.LpVariable(f"Z_{s}", lowBound=0)
+    for g, run in enumerate(problem.runs):
+        if largest[g]:
+            # [Constraint] a rank of the shard group holds the run's largest tensor whole
+            present = _presence(problem, f"z_{s}_{g}", n(s, g), run.size)
+            problem.lp += (excess >= optim * (largest[g] * present - params / dataparallel.shard_size(setup)) / MIB,
+                           f"zero_one_{s}_{g}")
+    return [excess]
+
+
+def _run_kept_bytes(problem: Problem, s: int, g: int, n):
+    """Bytes per microbatch stage s's layers of run g keep (those under an option less)."""
+    return _run_bytes(problem, "kept", s, g, n)
+
+
+def _run_bytes(problem: Problem, quantity: str, s: int, g: int, n):
+    """`quantity` of stage s's layers of run g, each under its option (a linear expression)."""
+    layer = problem.runs[g].layer
+    plain = _layer(problem, (quantity,), layer)
+    total = plain * n(s, g)
+    for o in problem.order[g]:
+        total -= (plain - _layer(problem, (quantity,), layer, o)) * problem.r[s, g, o]
+    return total
+
+
+def _presence(problem: Problem, name: str, count, size: int):
+    """A binary that is 1 when `count` (0..size) is positive; the count itself when size is 1."""
+    if size == 1:
+        return count
+    flag = pulp.LpVariable(name, cat="Binary")
+    problem.lp += size * flag >= count, f"{name}_link"
+    return flag
+
+
+def _cap_mib(problem: Problem, s: int):
+    """cap_s - margin; for the memory objective scale·cap_s - margin (a cap of a few KiB can
+    grow too)."""
+    cap = costmodel.limit_bytes(s, problem.ctx) / MIB
+    if problem.scale is not None:
+        cap = cap * problem.scale
+    return cap - costmodel.FIT_MARGIN_BYTES / MIB

@@ -1,0 +1,117 @@
+"""Quantities declare how they combine (costmodel.QUANTITY_DECLARATIONS): the stage accumulator
+(stage_cost), the DP's chain and the MILP's rows read the declaration, so a new quantity is one
+declaration and its rows, with no solver edit; and the MILP's rows agree with the accumulator."""
+
+import itertools
+
+import pulp
+import pytest
+
+from planner.cost import costmodel, terms
+from planner.models import synthetic
+from planner.schema import TrainSetup
+from planner.solve import baselines, milp, search
+
+MIB = 2**20
+HUGE = 2**50
+EXACT = dict(mip_gap=0.0, threads=1)
+WORKSPACE_MIB = 5
+
+
+def setup(stages, caps=None, microbatches=4, **changes):
+    return TrainSetup(stages=stages, microbatches=microbatches, micro_batch_size=1,
+                      mem_caps_bytes=caps or [HUGE] * stages, **changes)
+
+
+def chain(n=5):
+    return synthetic.profile_of([
+        synthetic.layer(f"l{i}", f"K{i}", fwd_ms=1 + i % 2, act_mib=4 + 2 * i, input_mib=1, param_count=65536 * (i + 1),
+                        transient_mib=i % 3)
+        for i in range(n)
+    ])
+
+
+def with_a_workspace(monkeypatch):
+    """A new quantity, a workspace each rank holds all iteration (say a library's scratch), of
+    5 MiB on every stage but the first: one declaration (it combines as "held") and its row."""
+    declared = (*costmodel.QUANTITY_DECLARATIONS, costmodel.Quantity("workspace", "held", "a library's workspace"))
+    row = costmodel.Term("a library's workspace per rank", "workspace", "stage",
+                         lambda stage, ctx: WORKSPACE_MIB * MIB if stage > 0 else 0, "a test")
+    rows = (*costmodel.TERMS, row)
+    monkeypatch.setattr(terms, "QUANTITY_DECLARATIONS", declared)
+    monkeypatch.setattr(terms, "TERMS", rows)
+    monkeypatch.setattr(terms, "_BY_PLACE", costmodel.index_terms(rows))
+
+
+def brute_optimum(profile, setup_):
+    n, best = len(profile.layers), None
+    for cuts in itertools.combinations(range(1, n), setup_.pipeline.stages - 1):
+        for mask in range(2**n):
+            stages = costmodel.split_to_stages([0, *cuts], [bool(mask >> i & 1) for i in range(n)], profile)
+            cost = costmodel.evaluate(stages, profile, setup_)
+            if cost.feasible and (best is None or cost.iteration_ms < best):
+                best = cost.iteration_ms
+    return best
+
+
+def test_an_undeclared_quantity_is_refused():
+    with pytest.raises(ValueError, match="unknown quantity"):
+        costmodel.index_terms([costmodel.Term("a workspace", "workspace", "stage", lambda s, ctx: 0, "none")])
+
+
+@pytest.mark.parametrize("solver", ["dp", "milp"])
+def test_a_new_quantity_is_one_declaration_and_reaches_every_solver(monkeypatch, solver):
+    profile = chain()
+    roomy = setup(2)
+    before = costmodel.evaluate(baselines.no_checkpointing(profile, roomy), profile, roomy)
+    with_a_workspace(monkeypatch)
+    after = costmodel.evaluate(baselines.no_checkpointing(profile, roomy), profile, roomy)
+    assert [a.peak_bytes - b.peak_bytes for a, b in zip(after.stages, before.stages)] == [0, WORKSPACE_MIB * MIB]
+    assert [a.buffer_bytes - b.buffer_bytes for a, b in zip(after.stages, before.stages)] == [0, WORKSPACE_MIB * MIB]
+    # a cap the workspace makes binding: the solvers must hold it to find the brute-force optimum
+    caps = [int(0.8 * max(after.peak_bytes_per_stage))] * 2
+    s = roomy.model_copy(update={"mem_caps_bytes": caps})
+    result = search.plan(profile, s, solver=solver, **EXACT)
+    assert isinstance(result, search.PlanResult)
+    assert result.cost.iteration_ms == pytest.approx(brute_optimum(profile, s), rel=1e-9)
+
+
+def test_a_new_quantity_reaches_a_chunked_schedule(monkeypatch):
+    profile = chain(8)
+    s = setup(2, schedule="interleaved-1F1B", chunks=2)
+    ranks = baselines.all_baselines(profile, s)[0].stages
+    before = costmodel.evaluate(ranks, profile, s)
+    with_a_workspace(monkeypatch)
+    after = costmodel.evaluate(ranks, profile, s)
+    # rank 0 holds stages 0 and 2, rank 1 stages 1 and 3: the workspace of each stage past the first
+    assert [a.peak_bytes - b.peak_bytes for a, b in zip(after.stages, before.stages)] == [WORKSPACE_MIB * MIB,
+                                                                                       2 * WORKSPACE_MIB * MIB]
+
+
+@pytest.mark.parametrize("cuts, mask", [((2,), 0b00000), ((3,), 0b01010), ((1,), 0b11111), ((4,), 0b10001)])
+def test_the_milps_rows_agree_with_the_accumulator(cuts, mask):
+    """A plan fixed in the MILP (its prefix and option counts): every stage's memory row (held +
+    k·kept + T_s, T_s at the least its own rows allow) is the stage's training peak under
+    stage_cost (held + in-flight activations + transient), and its time row the stage's busy time."""
+    profile, s = chain(), setup(2, microbatches=3)
+    stages = costmodel.split_to_stages([0, *cuts], [mask >> i & 1 for i in range(5)], profile)
+    cost = costmodel.evaluate(stages, profile, s)
+    problem = milp.build_problem(profile, s, objective="memory")
+    values = milp.start_values(problem, stages)
+    assert values is not None
+    free = ("T_", "scale", "U_")
+    for var in problem.lp.variables():  # fix the plan; the transients as low as their rows allow
+        if not var.name.startswith(free):
+            var.lowBound = var.upBound = values[var.name]
+    problem.lp.setObjective(pulp.lpSum(var for var in problem.lp.variables() if var.name.startswith("T_")))
+    problem.lp.solve(milp._HiGHS(msg=False, threads=1))
+    rows = problem.lp.constraints
+    for k, stage in enumerate(cost.stages):
+        memory = rows[f"cap_{k}"]  # memory - cap·scale + margin <= 0
+        value = sum(coef * var.varValue for var, coef in memory.items() if var.name != "scale") + memory.constant
+        value -= costmodel.FIT_MARGIN_BYTES / MIB
+        training = stage.static_bytes + stage.buffer_bytes + stage.activation_bytes + stage.transient_bytes
+        assert value * MIB == pytest.approx(training, abs=2)
+        busy = rows[f"bottleneck_{k}"]  # busy - tau <= 0
+        assert sum(coef * var.varValue for var, coef in busy.items() if var.name != "tau") + busy.constant == \
+            pytest.approx(stage.busy_ms, rel=1e-9)
