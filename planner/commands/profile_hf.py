@@ -48,9 +48,12 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
         _check_fits(config, name, dtype)
     tag = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_").lower() or config["model_type"]
     path = (out.parent if out is not None else Path("profiles")) / f"hf_{tag}.py"
+    # every check of --out, and of the model file's own path, before the model file is written:
+    # a refused run leaves nothing behind, and nothing is written beside an --out that cannot be
+    config_file = Path(source) if Path(source).exists() else None
+    io.check_outputs({"--out": out, "the model file": path}, inputs={"--hf-config": config_file})
     if path.exists() and not hfmodels.is_generated(path):
         raise UserError(f"{path} exists and was not written by ckplan; move it, or give --out in another folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
     io.write_atomic(path, hfmodels.model_file_text(config, seq_len=seq_len, source=source))
     info(f"wrote {path}: the {config['model_type']} model of {source} (random weights, {seq_len} tokens), the "
          "model file `launch` and `compare` run")
