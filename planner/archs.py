@@ -76,6 +76,13 @@ class Arch:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # Positions and norms: they change no memory or time (so they pin nothing, see canonical_json),
+    # but a framework left at its own defaults would train another model, so exports carry them.
+    # None: not known (the config does not say).
+    rope_theta: float | None = None
+    norm_eps: float | None = None  # rms_norm_eps (LLaMA style) or layer_norm_epsilon (GPT style)
+    # (type, factor, original_max_position_embeddings): Llama 3.1's "llama3" or DeepSeek's "yarn"
+    rope_scaling: tuple[str, float, int | None] | None = None
 
     @property
     def head_size(self) -> int:
@@ -95,7 +102,7 @@ class Arch:
 
     def canonical_json(self) -> str:
         """The dimensions that matter, as sorted JSON: what an analytic profile is pinned to."""
-        data = {key: value for key, value in asdict(self).items() if key not in ("name", "source")}
+        data = {key: value for key, value in asdict(self).items() if key not in ("name", "source", *_UNPINNED)}
         for key, default in _LATER_FIELDS.items():  # fields added later pin nothing at their default
             if data[key] == default:
                 del data[key]
@@ -103,6 +110,27 @@ class Arch:
 
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def facts(self) -> dict:
+        """The canonical dimensions and, where known, what positions and norms the model uses:
+        what a profile records so an export can reproduce the model."""
+        data = json.loads(self.canonical_json())
+        if self.rope_theta is not None:
+            data["rope_theta"] = self.rope_theta
+        if self.norm_eps is not None:
+            data["norm_eps"] = self.norm_eps
+        if self.rope_scaling is not None:
+            kind, factor, original = self.rope_scaling
+            data["rope_scaling"] = {"type": kind, "factor": factor, "original_max_position_embeddings": original}
+        return data
+
+
+# Fields that define the model but change no memory or time: kept out of the canonical JSON a
+# profile is pinned to (a built-in's pin is unchanged by learning them)
+_UNPINNED = ("rope_theta", "norm_eps", "rope_scaling")
+# The deepest model ckplan reads: the deepest published LLMs have 126 (Llama 3.1 405B) and 96
+# (GPT-3) decoder layers; a config past this is a mistake, refused before any work is sized by it.
+MAX_LAYERS = 1024
 
 
 _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "num_experts": 0,
@@ -112,39 +140,48 @@ _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "n
                  "qk_nope_head_dim": 0, "v_head_dim": 0}
 
 
-def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, tied=False, qkv_bias=False,
-           sliding_window=None, **moe_or_mla) -> Arch:
+def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, rope, eps, tied=False,
+           qkv_bias=False, sliding_window=None, **moe_or_mla) -> Arch:
     return Arch(name=name, hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=heads,
                 num_kv_heads=kv, vocab_size=vocab, tie_word_embeddings=tied, max_position_embeddings=max_pos,
-                qkv_bias=qkv_bias, source=source, sliding_window=sliding_window, **moe_or_mla)
+                qkv_bias=qkv_bias, source=source, sliding_window=sliding_window, rope_theta=rope, norm_eps=eps,
+                **moe_or_mla)
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     # config.json of meta-llama/Llama-2-{7b,13b,70b}-hf; Touvron et al. 2023, "Llama 2", Table 1
-    _llama("llama2-7b", 4096, 11008, 32, 32, 32, 32000, 4096, "meta-llama/Llama-2-7b-hf config.json"),
-    _llama("llama2-13b", 5120, 13824, 40, 40, 40, 32000, 4096, "meta-llama/Llama-2-13b-hf config.json"),
-    _llama("llama2-70b", 8192, 28672, 80, 64, 8, 32000, 4096, "meta-llama/Llama-2-70b-hf config.json"),
+    _llama("llama2-7b", 4096, 11008, 32, 32, 32, 32000, 4096, "meta-llama/Llama-2-7b-hf config.json",
+           rope=10000.0, eps=1e-5),
+    _llama("llama2-13b", 5120, 13824, 40, 40, 40, 32000, 4096, "meta-llama/Llama-2-13b-hf config.json",
+           rope=10000.0, eps=1e-5),
+    _llama("llama2-70b", 8192, 28672, 80, 64, 8, 32000, 4096, "meta-llama/Llama-2-70b-hf config.json",
+           rope=10000.0, eps=1e-5),
     # config.json of meta-llama/Meta-Llama-3-{8B,70B}; Grattafiori et al. 2024, "The Llama 3 Herd", Table 3
-    _llama("llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, "meta-llama/Meta-Llama-3-8B config.json"),
-    _llama("llama3-70b", 8192, 28672, 80, 64, 8, 128256, 8192, "meta-llama/Meta-Llama-3-70B config.json"),
+    _llama("llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, "meta-llama/Meta-Llama-3-8B config.json",
+           rope=500000.0, eps=1e-5),
+    _llama("llama3-70b", 8192, 28672, 80, 64, 8, 128256, 8192, "meta-llama/Meta-Llama-3-70B config.json",
+           rope=500000.0, eps=1e-5),
     _llama("llama3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072,
-           "meta-llama/Llama-3.1-405B config.json; Llama 3 Herd paper, Table 3"),
+           "meta-llama/Llama-3.1-405B config.json; Llama 3 Herd paper, Table 3",
+           rope=500000.0, eps=1e-5, rope_scaling=("llama3", 8.0, 8192)),
     # config.json of mistralai/Mistral-7B-v0.1; Jiang et al. 2023, "Mistral 7B", Table 1
     _llama("mistral-7b", 4096, 14336, 32, 32, 8, 32000, 32768, "mistralai/Mistral-7B-v0.1 config.json",
-           sliding_window=4096),
+           sliding_window=4096, rope=10000.0, eps=1e-5),
     # config.json of Qwen/Qwen2.5-{7B,72B}; Qwen2.5 technical report 2024, Table 1 (q/k/v biases)
-    _llama("qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, 131072, "Qwen/Qwen2.5-7B config.json", qkv_bias=True),
-    _llama("qwen2.5-72b", 8192, 29568, 80, 64, 8, 152064, 131072, "Qwen/Qwen2.5-72B config.json", qkv_bias=True),
+    _llama("qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, 131072, "Qwen/Qwen2.5-7B config.json", qkv_bias=True,
+           rope=1000000.0, eps=1e-6),
+    _llama("qwen2.5-72b", 8192, 29568, 80, 64, 8, 152064, 131072, "Qwen/Qwen2.5-72B config.json", qkv_bias=True,
+           rope=1000000.0, eps=1e-6),
     # Mixture of experts. config.json of mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1: each
     # layer's MLP is 8 SwiGLU experts of width intermediate_size, top 2 (Jiang et al. 2024,
     # "Mixtral of Experts", Table 1; 46.7B total / 12.9B active, and mistral.ai's Mixtral 8x22B
     # announcement, 141B / 39B)
     _llama("mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768,
            "mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024, Mixtral of Experts, Table 1",
-           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336),
+           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336, rope=1000000.0, eps=1e-5),
     _llama("mixtral-8x22b", 6144, 16384, 56, 48, 8, 32000, 65536,
            "mistralai/Mixtral-8x22B-v0.1 config.json; mistral.ai, Cheaper, Better, Faster, Stronger (2024)",
-           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16384),
+           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16384, rope=1000000.0, eps=1e-5),
     # config.json of deepseek-ai/DeepSeek-V2-Lite: MLA without q compression (q_lora_rank null),
     # layer 0 dense (first_k_dense_replace 1), then 64 routed experts top 6 and 2 shared, width
     # 1408; DeepSeek-AI 2024, "DeepSeek-V2", Appendix B: 15.7B total, 2.4B activated
@@ -152,7 +189,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
            "deepseek-ai/DeepSeek-V2-Lite config.json; DeepSeek-V2 paper (arXiv 2405.04434), Appendix B",
            num_experts=64, num_experts_per_tok=6, moe_intermediate_size=1408, num_shared_experts=2,
            shared_intermediate_size=1408, dense_layers=(0,), kv_lora_rank=512, qk_rope_head_dim=64,
-           qk_nope_head_dim=128, v_head_dim=128),
+           qk_nope_head_dim=128, v_head_dim=128, rope=10000.0, eps=1e-6, rope_scaling=("yarn", 40.0, 4096)),
     # config.json of deepseek-ai/DeepSeek-V3: layers 0-2 dense (first_k_dense_replace 3), then 256
     # routed experts top 8 and 1 shared, width 2048; MLA with q_lora_rank 1536. DeepSeek-AI 2024,
     # "DeepSeek-V3 Technical Report" §2: 671B total, 37B activated. Its one multi-token-prediction
@@ -163,19 +200,21 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
            "main model without its MTP module",
            num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, num_shared_experts=1,
            shared_intermediate_size=2048, dense_layers=(0, 1, 2), kv_lora_rank=512, q_lora_rank=1536,
-           qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
+           qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, rope=10000.0, eps=1e-6,
+           rope_scaling=("yarn", 40.0, 4096)),
     # config.json of Qwen/Qwen3-30B-A3B: 128 experts top 8 of width 768 in every layer
     # (decoder_sparse_step 1, mlp_only_layers []), head_dim 128, q/k norms; its model card: 30.5B
     # total, 3.3B activated
     Arch(name="qwen3-30b-a3b", hidden_size=2048, intermediate_size=6144, num_layers=48, num_heads=32,
          num_kv_heads=4, vocab_size=151936, tie_word_embeddings=False, max_position_embeddings=40960,
          head_dim=128, qk_norm=True, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+         rope_theta=1000000.0, norm_eps=1e-6,
          source="Qwen/Qwen3-30B-A3B config.json and model card; Qwen3 Technical Report (arXiv 2505.09388)"),
     # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1 (d_model 12288, 96 layers,
     # 96 heads, context 2048), GPT-2's BPE vocabulary of 50257, tied embeddings, 4h MLP with GELU
     Arch(name="gpt3-175b", hidden_size=12288, intermediate_size=4 * 12288, num_layers=96, num_heads=96,
          num_kv_heads=96, vocab_size=50257, tie_word_embeddings=True, max_position_embeddings=2048,
-         style="gpt", source="Brown et al. 2020, Table 2.1"),
+         style="gpt", norm_eps=1e-5, source="Brown et al. 2020, Table 2.1"),
 )}
 
 
@@ -345,6 +384,7 @@ def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
     if missing:
         raise UserError(f"{where} has no {', '.join(missing)}; a decoder config needs {', '.join(_REQUIRED)}")
     dims = {key: _positive_int(config, key, where) for key in _REQUIRED}
+    _check_depth(dims["num_hidden_layers"], "num_hidden_layers", where)
     kv = _optional_int(config, "num_key_value_heads", where) or dims["num_attention_heads"]
     act = config.get("hidden_activation") or config.get("hidden_act", "silu")
     gelu_gated = model_type == "gemma" and isinstance(act, str) and act.startswith("gelu")
@@ -368,7 +408,8 @@ def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
                 # transformers writes DeepSeek's qk_rope_head_dim as head_dim; MLA's widths are its own
                 head_dim=None if mla else _optional_int(config, "head_dim", where),
                 sliding_window=_sliding_window(config, where), qk_norm=model_type in ("qwen3", "qwen3_moe"),
-                source=where, **_experts(config, where, model_type, dims), **mla)
+                source=where, **_experts(config, where, model_type, dims), **mla,
+                **_positions(config, where), norm_eps=_epsilon(config, where, "rms_norm_eps"))
 
 
 def _experts(config: dict, where: str, model_type: str, dims: dict) -> dict:
@@ -498,28 +539,31 @@ def _layer_list(config: dict, key: str, where: str, num_layers: int) -> list[int
 def _gpt2(config: dict, where: str, name: str) -> Arch:
     """GPT-2's config.json: n_embd, n_layer, n_head, n_inner (None: 4·n_embd), n_positions;
     GELU (gelu_new), tied embeddings unless told."""
-    for key in ("n_embd", "n_layer", "n_head", "vocab_size"):
+    for key in ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"):
         if key not in config:
-            raise UserError(f"{where} has no {key}; a GPT-2 config needs n_embd, n_layer, n_head, vocab_size")
+            raise UserError(f"{where} has no {key}; a GPT-2 config needs n_embd, n_layer, n_head, vocab_size, "
+                            "n_positions (the learned position embedding's rows)")
     hidden = _positive_int(config, "n_embd", where)
     _activation(config, where, "gelu")
+    _refuse_grouped_heads(config, where, _positive_int(config, "n_head", where))
     arch = Arch(name=name, hidden_size=hidden, intermediate_size=_optional_int(config, "n_inner", where) or 4 * hidden,
-                num_layers=_positive_int(config, "n_layer", where), num_heads=_positive_int(config, "n_head", where),
+                num_layers=_check_depth(_positive_int(config, "n_layer", where), "n_layer", where),
+                num_heads=_positive_int(config, "n_head", where),
                 num_kv_heads=_positive_int(config, "n_head", where), vocab_size=_positive_int(config, "vocab_size", where),
                 tie_word_embeddings=_bool(config, "tie_word_embeddings", where, default=True),
-                max_position_embeddings=_optional_int(config, "n_positions", where) or 1024, style="gpt",
-                source=where)
+                max_position_embeddings=_positive_int(config, "n_positions", where), style="gpt",
+                norm_eps=_epsilon(config, where, "layer_norm_epsilon", default=1e-5), source=where)
     return _checked_heads(arch, where)
 
 
 def _opt(config: dict, where: str, name: str) -> Arch:
     """OPT's config.json: ffn_dim is the MLP width, ReLU unless told, learned positions with
     two extra rows (OPTLearnedPositionalEmbedding's offset of 2), tied embeddings."""
-    missing = [key for key in ("hidden_size", "ffn_dim", "num_hidden_layers", "num_attention_heads", "vocab_size")
-               if key not in config]
+    needed = ("hidden_size", "ffn_dim", "num_hidden_layers", "num_attention_heads", "vocab_size",
+              "max_position_embeddings")
+    missing = [key for key in needed if key not in config]
     if missing:
-        raise UserError(f"{where} has no {', '.join(missing)}; an OPT config needs hidden_size, ffn_dim, "
-                        "num_hidden_layers, num_attention_heads, vocab_size")
+        raise UserError(f"{where} has no {', '.join(missing)}; an OPT config needs {', '.join(needed)}")
     hidden = _positive_int(config, "hidden_size", where)
     projection = config.get("word_embed_proj_dim", hidden)
     if projection != hidden:
@@ -528,12 +572,14 @@ def _opt(config: dict, where: str, name: str) -> Arch:
     if not _bool(config, "enable_bias", where, default=True):
         raise UserError(f"{where}: enable_bias is false; GPT-style configs are read with biases")
     heads = _positive_int(config, "num_attention_heads", where)
+    _refuse_grouped_heads(config, where, heads)
     arch = Arch(name=name, hidden_size=hidden, intermediate_size=_positive_int(config, "ffn_dim", where),
-                num_layers=_positive_int(config, "num_hidden_layers", where), num_heads=heads, num_kv_heads=heads,
-                vocab_size=_positive_int(config, "vocab_size", where),
+                num_layers=_check_depth(_positive_int(config, "num_hidden_layers", where), "num_hidden_layers", where),
+                num_heads=heads, num_kv_heads=heads, vocab_size=_positive_int(config, "vocab_size", where),
                 tie_word_embeddings=_bool(config, "tie_word_embeddings", where, default=True),
-                max_position_embeddings=(_optional_int(config, "max_position_embeddings", where) or 2048) + 2,
-                style="gpt", mlp_act=_activation(config, where, "relu"), source=where)
+                max_position_embeddings=_positive_int(config, "max_position_embeddings", where) + 2,
+                # OPT's LayerNorms take torch's default epsilon (modeling_opt.py names none)
+                style="gpt", mlp_act=_activation(config, where, "relu"), norm_eps=1e-5, source=where)
     return _checked_heads(arch, where)
 
 
@@ -544,6 +590,60 @@ def _activation(config: dict, where: str, default: str) -> Literal["gelu", "relu
     if act == "relu":
         return "relu"
     raise UserError(f"{where}: activation_function {act!r} is not read; GPT-style configs use gelu or relu")
+
+
+def _check_depth(layers: int, key: str, where: str) -> int:
+    if layers > MAX_LAYERS:
+        raise UserError(f"{where}: {key} = {layers} is past the {MAX_LAYERS} decoder layers ckplan plans (the deepest "
+                        "published LLM has 126); fix the config")
+    return layers
+
+
+def _refuse_grouped_heads(config: dict, where: str, heads: int) -> None:
+    """GPT-style blocks are read with one key and value head per query head: a grouped count
+    would change the attention's memory, and is refused rather than read as absent."""
+    kv = config.get("num_key_value_heads")
+    if kv is not None and kv != heads:
+        raise UserError(f"{where}: num_key_value_heads = {kv!r} with model_type {config.get('model_type')!r}, whose "
+                        f"attention has one key and value head per query head ({heads}); grouped-query attention is "
+                        "read for gated-MLP decoders (llama, qwen2, ...): drop the field or fix model_type")
+
+
+def _positions(config: dict, where: str) -> dict:
+    """rope_theta and rope_scaling, from config.json (transformers 4) or its rope_parameters
+    (transformers 5); rope_theta None where the config names none."""
+    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    theta = config.get("rope_theta", params.get("rope_theta"))
+    if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0
+                              or theta == float("inf")):
+        raise UserError(f"{where}: rope_theta must be a positive number, got {theta!r}")
+    scaling = config.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    return dict(rope_theta=None if theta is None else float(theta), rope_scaling=_rope_scaling(scaling, where))
+
+
+def _rope_scaling(scaling: object, where: str) -> tuple[str, float, int | None] | None:
+    if scaling is None:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+    if kind == "default":
+        return None
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    if (kind not in ("llama3", "yarn", "linear", "dynamic") or isinstance(factor, bool)
+            or not isinstance(factor, (int, float)) or not factor > 0):
+        raise UserError(f"{where}: rope_scaling {scaling!r} is not read; ckplan reads llama3, yarn, linear or "
+                        "dynamic scaling with a positive factor")
+    original = scaling.get("original_max_position_embeddings")
+    if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original <= 0):
+        raise UserError(f"{where}: rope_scaling's original_max_position_embeddings must be a positive integer, "
+                        f"got {original!r}")
+    return kind, float(factor), original
+
+
+def _epsilon(config: dict, where: str, key: str, *, default: float | None = None) -> float | None:
+    value = config.get(key, default)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1):
+        raise UserError(f"{where}: {key} must be a number between 0 and 1, got {value!r}")
+    return None if value is None else float(value)
 
 
 def _sliding_window(config: dict, where: str) -> int | None:

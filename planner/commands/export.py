@@ -39,6 +39,9 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     # every file the export reads, the plan's own profile too: --out never replaces one of them
     inputs = {"PLAN": plan_path, "plan's profile": read_profile, "--profile": profile_path}
     io.check_outputs({"--out": out}, inputs=inputs)
+    from planner.emit import facts
+
+    facts.read(profile)  # what the export copies from the profile, typed, before anything reads it
     _check_plan(plan, profile, plan_path)
     _refuse_experts(profile, target)
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
@@ -59,9 +62,11 @@ _NO_EXPERTS = ("colossalai", "deepspeed")
 def _refuse_experts(profile, target: str) -> None:
     """A mixture of experts or latent attention exported to a target that writes neither would
     be exported as a dense model: refused, in one sentence."""
-    model = profile.assumptions.get("model")
-    if target in _NO_EXPERTS and isinstance(model, dict) and (model.get("num_experts") or model.get("kv_lora_rank")):
-        what = "mixture-of-experts" if model.get("num_experts") else "multi-head latent attention"
+    from planner.emit import facts
+
+    model = facts.read(profile).model
+    if target in _NO_EXPERTS and model is not None and (model.num_experts or model.kv_lora_rank):
+        what = "mixture-of-experts" if model.num_experts else "multi-head latent attention"
         raise UserError(f"the plan's model is a {what} model, and the {target} export writes dense models' "
                         "settings only (its experts live in the model's code, not in these settings); export "
                         "--to megatron or --to torchtitan, or configure it by hand")
