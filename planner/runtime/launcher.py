@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 import planner
 from planner.calibrate import placement_threads
+from planner.profiler.threads import child_env, guarded
 from planner.errors import UserError
 from planner.io import file_ref, plan_to_yaml, write_atomic
 from planner.runtime.checks import Prepared, check_runnable, prepare, resolve_model_file
@@ -59,18 +60,10 @@ POLL_S = 0.05
 WATCH_S = 0.5  # how often the launcher reads the ranks' heartbeats
 START_TIMEOUT_S = 120.0  # from launch until every rank trains: imports, build_model, rendezvous
 PROGRESS_TIMEOUT_S = 20.0  # a forward, backward, loss or optimizer step longer than this is a hang
-PARENT_PID_ENV = "CKPLAN_PARENT_PID"
-# A rank's first act, before importing torch takes seconds: on Linux, ask for SIGKILL
-# when the launcher dies (PR_SET_PDEATHSIG), and leave if it already has. Then run the worker.
-RANK_BOOTSTRAP = f"""\
-import ctypes, os, sys
-if sys.platform.startswith("linux"):
-    ctypes.CDLL(None).prctl(1, 9)
-    if os.getppid() != int(os.environ["{PARENT_PID_ENV}"]):
-        sys.exit(1)
-from planner.runtime.worker import main
-main()
-"""
+# A rank's first act, before importing torch takes seconds: die with the launcher however it
+# dies (planner/profiler/threads.CHILD_GUARD: PR_SET_PDEATHSIG and a thread watching the
+# launcher's pid), and leave if it already has. Then run the worker.
+RANK_BOOTSTRAP = guarded("from planner.runtime.worker import main\nmain()\n")
 
 
 def run_plan(
@@ -199,11 +192,10 @@ def _run_local(job: Job, watch: _Watch) -> list[RankResult]:
     write_atomic(job_path, job.model_dump_json())
     num_ranks = len(job.stages) * job.plan.setup.data_parallel.dp
     env = {
-        **os.environ,
+        **child_env(dict(os.environ)),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
         "WORLD_SIZE": str(num_ranks),
-        PARENT_PID_ENV: str(os.getpid()),
         "OMP_NUM_THREADS": str(job.threads),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(planner.__file__).parent.parent),
                                                     os.environ.get("PYTHONPATH")])),
