@@ -13,11 +13,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
+from planner.archs import MAX_LAYERS
 from planner.errors import UserError
 from planner.schema import Profile
 
 Count = Annotated[StrictInt, Field(ge=0, le=2**40)]
 Size = Annotated[StrictInt, Field(gt=0, le=2**40)]
+Layers = Annotated[StrictInt, Field(gt=0, le=MAX_LAYERS)]  # an export walks them (--moe-layer-freq)
 
 
 def _positive_finite(value: object) -> float:
@@ -45,7 +47,7 @@ class ModelFacts(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
     hidden_size: Size
     intermediate_size: Size
-    num_layers: Size
+    num_layers: Layers
     num_heads: Size
     num_kv_heads: Size
     vocab_size: Size
@@ -63,7 +65,7 @@ class ModelFacts(BaseModel):
     num_shared_experts: Count = 0
     shared_intermediate_size: Count = 0
     shared_expert_gate: StrictBool = False
-    dense_layers: tuple[Count, ...] = ()
+    dense_layers: Annotated[tuple[Count, ...], Field(max_length=MAX_LAYERS)] = ()
     num_mtp_layers: Count = 0
     kv_lora_rank: Count = 0
     q_lora_rank: Count = 0

@@ -360,7 +360,11 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
                modules: tuple[str, ...] = ()) -> str:
     setup = rounded.setup
     counts, _ = rounding.decoder_counts(rounded.stages, roles)
-    tp = facts.read(profile).tp
+    known = facts.read(profile)
+    tp = known.tp
+    if known.model is not None and known.model.num_layers != len(roles.decoder):
+        raise UserError(f"the profile records a model of {known.model.num_layers} decoder layers and lists "
+                        f"{len(roles.decoder)}; re-create the profile with `ckplan profile`")
     lines = [
         arg("--num-layers", len(roles.decoder)),
         *shape_arguments(profile),
@@ -386,7 +390,7 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
             lines.append(arg("--expert-tensor-parallel-size", tp))
         lines.append("# the all-to-all is charged on the critical path: --overlap-moe-expert-parallel-comm (off by "
                      "default) would hide part of it")
-    if facts.read(profile).sp:
+    if known.sp:
         lines.append(arg("--sequence-parallel"))
     if setup.training.precision == "bf16-mixed":
         lines.append(arg("--bf16"))
