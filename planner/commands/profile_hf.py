@@ -73,7 +73,7 @@ def _check_fits(config: dict, name: str, dtype: str) -> None:
     """Refuse a model whose training state alone exceeds this machine's free memory."""
     import torch
 
-    from planner.hfmodels import transformers_offline, hf_config
+    from planner.hfmodels import hf_config, transformers_offline
     from planner.units import format_bytes
 
     with torch.device("meta"):

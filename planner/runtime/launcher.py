@@ -31,9 +31,9 @@ import torch.distributed as dist
 
 import planner
 from planner.calibrate import placement_threads
-from planner.profiler.threads import child_env, guarded
 from planner.errors import UserError
 from planner.io import file_ref, plan_to_yaml, write_atomic
+from planner.profiler.threads import child_env, guarded
 from planner.runtime.checks import Prepared, check_runnable, prepare, resolve_model_file
 from planner.runtime.heartbeat import Beat, find_stall, read_beat, stage_name, working_rank
 from planner.runtime.worker import (
