@@ -37,6 +37,15 @@ def test_megatron_export_of_qwen2_5_72b_is_qwen2_5_72b(tmp_path):
     assert {"--add-qkv-bias", "--untie-embeddings-and-output-weights", "--group-query-attention", "--swiglu",
             "--disable-bias-linear"} <= set(flags)
     assert "--use-rope-scaling" not in flags and "# vocabulary 152064" in text
+    assert flags["--make-vocab-size-divisible-by"] == "64"  # 64 x TP 8 divides 152064; Megatron's 128 would pad it
+
+
+def test_megatron_keeps_the_vocabulary_unpadded_where_it_can():
+    from planner.emit.megatron import vocab_arguments
+
+    assert vocab_arguments(128256, 4)[-1] == "--make-vocab-size-divisible-by 64"  # 128 x 4 would make 128512
+    assert vocab_arguments(32000, 1)[-1] == "--make-vocab-size-divisible-by 128"
+    assert vocab_arguments(50257, 2)[0].startswith("# vocabulary 50257") and len(vocab_arguments(50257, 2)) == 1
 
 
 def test_megatron_export_of_llama_models(tmp_path):
@@ -108,3 +117,11 @@ def test_torchtitan_export_sets_the_sequence_length(tmp_path, version, line):
     suffix = "py" if version == "0.3.0" else "toml"
     text = (tmp_path / f"plan.torchtitan.{suffix}").read_text()
     assert re.search(rf"^\s*{re.escape(line)}$", text, flags=re.M), text
+
+
+@pytest.mark.parametrize("target", ["colossalai", "deepspeed"])
+def test_exports_without_a_sequence_setting_say_the_length_the_plan_is_for(tmp_path, target):
+    _, plan = _plan(tmp_path, "llama3-8b")
+    run_ok("export", str(plan), "--to", target)
+    text = (tmp_path / f"plan.{target}.py").read_text()
+    assert "# The plan's memory and times are for sequences of 4096 tokens" in text

@@ -48,7 +48,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
                                "layers the plan chose")
     scored = rounding.rescore(plan, profile, rounded)
     header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
-    text = rounding.comment(header) + "\n" + _plugin(rounded, roles, profile)
+    text = rounding.comment(header) + facts.sequence_note(profile) + "\n" + _plugin(rounded, roles, profile)
     return rounding.Export(TARGET, text, ".colossalai.py", rounded, scored, CANNOT_EXPRESS)
 
 

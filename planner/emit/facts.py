@@ -134,3 +134,13 @@ def read(profile: Profile) -> Facts:
 def _said(error: dict) -> str:
     message = str(error.get("msg", "not valid")).removeprefix("Value error, ")
     return message[0].lower() + message[1:] if message else "not valid"
+
+
+def sequence_note(profile: Profile) -> str:
+    """A comment line for an export whose framework config has no sequence length (the model
+    and data code set it): the length the plan's numbers hold for, where the profile knows it."""
+    known = read(profile)
+    if known.seq_len is None:
+        return ""
+    return (f"# The plan's memory and times are for sequences of {known.seq_len} tokens (the profile's --seq-len): "
+            "train at that length, or profile and solve again\n")

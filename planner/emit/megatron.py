@@ -228,9 +228,21 @@ def shape_arguments(profile: Profile) -> list[str]:
                      "Megatron-LM version's window setting (the plan's attention FLOPs assume it)")
     if not model.tie_word_embeddings:
         lines.append(arg("--untie-embeddings-and-output-weights"))
-    lines.append(f"# vocabulary {model.vocab_size}: from your tokenizer (Megatron pads it to a multiple of "
-                 "--make-vocab-size-divisible-by x tensor-parallel size)")
-    return lines
+    return lines + vocab_arguments(model.vocab_size, known.tp)
+
+
+def vocab_arguments(vocab_size: int, tp: int) -> list[str]:
+    """Megatron-LM pads the tokenizer's vocabulary up to a multiple of
+    --make-vocab-size-divisible-by (default 128) x the tensor-parallel size: 128256 at TP 4 would
+    become 128512 rows, more than the model and the plan have. The largest power-of-two divisor
+    (up to 128) that keeps the model's vocabulary a multiple keeps it as it is."""
+    divisor = next((d for d in (128, 64, 32, 16, 8, 4, 2, 1) if vocab_size % (d * tp) == 0), None)
+    if divisor is None:
+        return [f"# vocabulary {vocab_size}: from your tokenizer; Megatron-LM pads it to a multiple of the "
+                f"tensor-parallel size {tp}, which does not divide it: the padded rows are not in the plan"]
+    return [f"# vocabulary {vocab_size}: from your tokenizer; this divisor keeps Megatron-LM's padding (to a multiple "
+            f"of divisor x tensor-parallel size) at the model's {vocab_size}",
+            arg("--make-vocab-size-divisible-by", divisor)]
 
 
 # Megatron-LM's defaults (megatron/training/arguments.py): --rotary-base 10000 (an int),
