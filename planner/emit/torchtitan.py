@@ -182,7 +182,7 @@ def _check_base_model(base: str, model: facts.ModelFacts | None) -> None:
         return
     built = facts.ModelFacts.model_validate(archs.arch(arch).facts())
     differ = [f"{name} {getattr(model, name)} (the base: {getattr(built, name)})" for name in _COMPARED
-              if getattr(model, name) != getattr(built, name)]
+              if getattr(model, name) is not None and getattr(model, name) != getattr(built, name)]
     if differ:
         raise UserError(f"--torchtitan-base {base} builds {arch}, not this plan's model: {'; '.join(differ)}; name "
                         "the config function of the model the plan was made for")
