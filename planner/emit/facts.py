@@ -84,6 +84,11 @@ class ModelFacts(BaseModel):
     norm_eps: float | None = None
     rope_scaling: RopeScaling | None = None
 
+    @property
+    def head_size(self) -> int:
+        """Each attention head's width: head_dim where given, else hidden_size / heads."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
     @field_validator("rope_theta", mode="before")
     @classmethod
     def _positive(cls, value: object) -> float | None:

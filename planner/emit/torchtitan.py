@@ -52,7 +52,7 @@ _BASE_CONFIGS = {
 # Llama 3 tokenizer's 128256 tokens; deepseek_v3._671b 61 layers, 3 dense; qwen3._30b_a3b 48), so
 # a base that builds another model is refused at export, not trained in its place.
 _BASE_MODELS = {config: arch for arch, config in _BASE_CONFIGS.items()}
-_COMPARED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size", "head_dim",
+_COMPARED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size", "head_size",
              "qkv_bias", "qk_norm", "tie_word_embeddings", "rope_theta", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "num_shared_experts", "kv_lora_rank", "q_lora_rank")
 
