@@ -196,3 +196,25 @@ def test_calibrate_leaves_no_process_running(plan, sig, phase):
     left = kill_at(["calibrate", "plan.yaml", "--steps", "1", "--warmup-steps", "0", "--out", "cal.json"],
                    phase=phase, sig=sig, cwd=plan, env=HANG)
     assert left == {}
+
+
+def test_what_a_rank_started_ends_with_the_run(monkeypatch):
+    """Each rank leads its own process group, killed whole when the run ends: a process the
+    model file started in a rank does not outlive the failed run."""
+    from fixtures.rt_plans import make_plan
+
+    from planner.errors import UserError
+    from planner.runtime import run_plan
+
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    plan = make_plan(FIXTURES / "spawns_child.py", [["0", "1"], ["2", "3", "4"]])
+    with pytest.raises(UserError, match="rank 1 was told to fail"):
+        run_plan(plan, steps=1, warmup_steps=0)
+    deadline = time.monotonic() + GRACE_S
+    while (left := {pid: line for pid, line in marked(mark).items() if pid != os.getpid()}) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == {}

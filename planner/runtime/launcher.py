@@ -208,15 +208,26 @@ def _run_local(job: Job, watch: _Watch) -> list[RankResult]:
                     [sys.executable, "-c", RANK_BOOTSTRAP, str(job_path)],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: what it starts ends with it (_end)
                 ))
         _supervise(procs, out_dir, watch)
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+            _end(proc)
         for proc in procs:
             proc.wait()
     return [RankResult.model_validate_json((out_dir / f"rank{rank}.json").read_text()) for rank in range(num_ranks)]
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill a rank and whatever it started (its process group: a model file's own processes,
+    data loader workers), whether or not the rank itself already ended."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.kill()
 
 
 def _supervise(procs: list[subprocess.Popen], out_dir: Path, watch: _Watch) -> None:
