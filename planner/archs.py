@@ -385,6 +385,9 @@ def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
         raise UserError(f"{where} has no {', '.join(missing)}; a decoder config needs {', '.join(_REQUIRED)}")
     dims = {key: _positive_int(config, key, where) for key in _REQUIRED}
     _check_depth(dims["num_hidden_layers"], "num_hidden_layers", where)
+    if model_type == "gemma" and config.get("head_dim") is None:  # Gemma's is not hidden / heads (its default 256)
+        raise UserError(f"{where} has no head_dim; a gemma config needs it (Gemma's heads are not hidden_size / "
+                        "num_attention_heads wide)")
     kv = _optional_int(config, "num_key_value_heads", where) or dims["num_attention_heads"]
     act = config.get("hidden_activation") or config.get("hidden_act", "silu")
     gelu_gated = model_type == "gemma" and isinstance(act, str) and act.startswith("gelu")

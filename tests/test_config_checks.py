@@ -121,6 +121,7 @@ def test_arch_config_layers_are_bounded_up_front(tmp_path, layers, model_type, k
     (SMALL | {"rope_theta": "1e6"}, "rope_theta must be a positive number"),
     (SMALL | {"rms_norm_eps": 2}, "rms_norm_eps must be a number between 0 and 1"),
     (SMALL | {"rope_scaling": {"rope_type": "mystery", "factor": 2}}, "rope_scaling"),
+    (SMALL | {"model_type": "gemma"}, "has no head_dim"),
 ])
 def test_arch_config_fields_that_set_size_or_memory_are_read_or_refused(config, fragment):
     with pytest.raises(UserError, match=fragment.replace("(", r"\(")):
