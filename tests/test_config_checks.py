@@ -171,3 +171,26 @@ def test_hf_config_writes_its_model_file_only_after_out_is_checked(tmp_path, mon
     assert result.exit_code == 1, result.output
     assert not list(tmp_path.rglob("hf_*.py")) and not (tmp_path / "profiles").exists()
     assert not __import__("pathlib").Path("/proc/hf_model.py").exists()
+
+
+def test_a_model_file_this_run_wrote_is_removed_when_the_run_fails_after_it(tmp_path, monkeypatch):
+    """The model file is written after every check of --out; a run that fails later (here: its
+    measurement) leaves no hf_<name>.py it wrote, and keeps one it found."""
+    from planner.errors import UserError as Refused
+
+    def fails(*args, **kwargs):
+        raise Refused("the measurement failed")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("planner.commands.profile._load", fails)
+    folder = _config(tmp_path)
+    result = run("profile", "--hf-config", folder, "--out", "p.json")
+    assert result.exit_code == 1 and "the measurement failed" in result.output
+    assert not (tmp_path / "hf_model.py").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    run_ok("profile", "--hf-config", folder, "--out", "p.json", "--fake", "--device", "cpu")
+    assert (tmp_path / "hf_model.py").exists()  # profiled: kept
+    monkeypatch.setattr("planner.commands.profile._load", fails)
+    assert run("profile", "--hf-config", folder, "--out", "p.json").exit_code == 1
+    assert (tmp_path / "hf_model.py").exists()  # not this run's: kept

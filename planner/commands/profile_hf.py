@@ -55,10 +55,30 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
     io.check_outputs({"--out": out, "the model file": path}, inputs={"--hf-config": config_file})
     if path.exists() and not hfmodels.is_generated(path):
         raise UserError(f"{path} exists and was not written by ckplan; move it, or give --out in another folder")
+    created = not path.exists()
     io.write_atomic(path, hfmodels.model_file_text(config, seq_len=seq_len, source=source))
+    if created:
+        _remove_unless_profiled(path)
     info(f"wrote {path}: the {config['model_type']} model of {source} (random weights, {seq_len} tokens), the "
          "model file `launch` and `compare` run")
     return path, config
+
+
+def _remove_unless_profiled(path: Path) -> None:
+    """The model file this run wrote is removed when the run ends in an error or is interrupted
+    (Ctrl-C, or SIGTERM where it is turned into one): only a written profile needs it."""
+    import sys
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+
+    def close() -> None:
+        error = sys.exc_info()[1]
+        if error is not None and not (isinstance(error, click.exceptions.Exit) and error.exit_code == 0):
+            path.unlink(missing_ok=True)
+
+    ctx.call_on_close(close)
 
 
 def _default_seq_len(config: dict) -> int:
