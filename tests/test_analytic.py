@@ -498,9 +498,10 @@ def test_arch_config_counts_the_parameters_transformers_builds(model_type, field
 
 def test_opt_relu_keeps_one_mlp_tensor_where_gelu_keeps_two():
     gpt = archs.from_hf_config({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
-                                "vocab_size": 50257}, where="c", name="gpt2")
+                                "vocab_size": 50257, "n_positions": 1024}, where="c", name="gpt2")
     opt = archs.from_hf_config({"model_type": "opt", "hidden_size": 768, "ffn_dim": 3072, "num_hidden_layers": 12,
-                                "num_attention_heads": 12, "vocab_size": 50272}, where="c", name="opt")
+                                "num_attention_heads": 12, "vocab_size": 50272, "max_position_embeddings": 2048},
+                               where="c", name="opt")
     shape = Shape(seq_len=512, micro_batch_size=2)
     gelu = sum(t.num_bytes for t in analytic.block_terms(gpt, shape))
     relu = sum(t.num_bytes for t in analytic.block_terms(opt, shape))

@@ -20,7 +20,8 @@ import planner.runtime.launcher as launcher
 from planner.errors import UserError
 from planner.io import save_plan
 from planner.runtime import run_plan
-from planner.runtime.heartbeat import WAITING, Beat, Heartbeat, find_stall, read_beat
+from planner.runtime.heartbeat import WAITING, Beat, Heartbeat, collective, find_stall, read_beat
+from planner.schema import TrainSetup
 
 FIXTURES = ROOT / "tests" / "fixtures"
 FAULTS = FIXTURES / "stage_faults.py"
@@ -96,6 +97,24 @@ def test_a_rank_stuck_in_a_collective_after_the_hung_one_is_not_blamed():
     assert find_stall(beats, now=NOW, launched=900.0, start_timeout_s=60.0, progress_timeout_s=10.0, dp=2) == (
         3, "stage 1 (rank 3) stopped making progress: 42 s in a forward without finishing (limit 10 s, "
            "--progress-timeout)")
+
+
+def test_a_rank_inside_a_collective_waits_and_its_partner_in_its_own_compute_is_named(tmp_path):
+    """Rank 0 began its forward first and now waits in the experts' all-to-all inside it; rank 1,
+    later into its forward, is stuck in its own compute: rank 1 is named."""
+    with Heartbeat(tmp_path / "rank0.beat") as beat:
+        beat.training()
+        with beat.phase("a forward", working=True):
+            with collective("the experts' all-to-all"):
+                inside = beat._phase  # what the beat thread writes next
+                assert (inside[0], inside[2]) == ("the experts' all-to-all", False)
+            after = beat._phase
+            assert after[0] == "a forward" and after[2]  # the forward goes on after the exchange
+    with collective("no rank here"):  # outside a rank: nothing to mark
+        pass
+    beats = {0: _beat("the experts' all-to-all", since=950.0), 1: _beat("a forward", since=960.0, working=True)}
+    rank, message = _stall(beats)
+    assert rank == 1 and message.startswith("stage 1 stopped making progress: 40 s in a forward")
 
 
 def test_heartbeat_writes_what_the_rank_does(tmp_path):
@@ -246,3 +265,18 @@ def test_a_nan_is_named_by_the_stage_step_and_microbatch_where_it_first_appeared
     plan = make_plan(FIXTURES / "nan_at_stage_one.py", [["0"], ["1", "2", "3"]], microbatches=4, micro_batch_size=2)
     _ends_within(120, "stage 1 failed: a NaN or infinity first appeared in its forward output at step 0, "
                       "microbatch 2", plan)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hung", [1, 0])
+def test_under_expert_parallelism_the_rank_hung_in_its_moe_forward_is_named_not_its_partner(monkeypatch, hung):
+    """One stage on dp 2 x ep 2: a rank hangs in its MoE forward, and its expert-parallel partner
+    waits inside the all-to-all for it. The partner was named in 3 of 4 runs (its forward began
+    first), and its log kept. Each rank hung in turn, three times: the hung one is named each time."""
+    monkeypatch.setenv("FAULT_RANK", str(hung))
+    monkeypatch.setenv("FAULT_AFTER", "6")  # mid-run: past shape inference and the warm-up step
+    plan = make_plan(FIXTURES / "moe_hang.py", [["embed", "blocks.0", "blocks.1", "head"]], microbatches=2)
+    plan.setup = TrainSetup.model_validate({**plan.setup.model_dump(), "dp": 2, "ep": 2})
+    for _ in range(3):
+        text = _ends_within(90, f"stage 0 (rank {hung}) stopped making progress: ", plan, progress_timeout_s=4)
+        assert " in a forward without finishing" in text and text.endswith(f"rank{hung}.log)"), text

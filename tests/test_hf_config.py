@@ -68,7 +68,7 @@ def test_configs_ckplan_cannot_build_are_refused_in_one_sentence(tmp_path):
         hfmodels.read_config(str(tmp_path / "not.json"))
     with pytest.raises(UserError, match="the folder holds no config.json"):
         hfmodels.read_config(str(tmp_path))
-    with pytest.raises(UserError, match="never downloads"):
+    with pytest.raises(UserError, match="never the Hugging Face hub or its cache"):
         hfmodels.read_config("nobody/no-such-model-here")
     with pytest.raises(UserError, match="expected KEY=VALUE"):
         hfmodels.with_settings({}, ("layers",))

@@ -35,13 +35,19 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
 
     io.check_outputs({"--out": out}, inputs={"PLAN": plan_path, "--profile": profile_path})
     plan = io.load_plan(plan_path)
-    profile = _profile_of(plan, plan_path, profile_path)
+    profile, read_profile = _profile_of(plan, plan_path, profile_path)
+    # every file the export reads, the plan's own profile too: --out never replaces one of them
+    inputs = {"PLAN": plan_path, "plan's profile": read_profile, "--profile": profile_path}
+    io.check_outputs({"--out": out}, inputs=inputs)
+    from planner.emit import facts
+
+    facts.read(profile)  # what the export copies from the profile, typed, before anything reads it
     _check_plan(plan, profile, plan_path)
     _refuse_experts(profile, target)
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
     if out is None:
         out = plan_path.with_name(plan_path.stem + result.suffix)
-        io.check_outputs({"--out": out}, inputs={"PLAN": plan_path, "--profile": Path(plan.profile.file)})
+        io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, result.text)
     _report(plan, result, out)
 
@@ -56,15 +62,18 @@ _NO_EXPERTS = ("colossalai", "deepspeed")
 def _refuse_experts(profile, target: str) -> None:
     """A mixture of experts or latent attention exported to a target that writes neither would
     be exported as a dense model: refused, in one sentence."""
-    model = profile.assumptions.get("model")
-    if target in _NO_EXPERTS and isinstance(model, dict) and (model.get("num_experts") or model.get("kv_lora_rank")):
-        what = "mixture-of-experts" if model.get("num_experts") else "multi-head latent attention"
+    from planner.emit import facts
+
+    model = facts.read(profile).model
+    if target in _NO_EXPERTS and model is not None and (model.num_experts or model.kv_lora_rank):
+        what = "mixture-of-experts" if model.num_experts else "multi-head latent attention"
         raise UserError(f"the plan's model is a {what} model, and the {target} export writes dense models' "
                         "settings only (its experts live in the model's code, not in these settings); export "
                         "--to megatron or --to torchtitan, or configure it by hand")
 
 
 def _profile_of(plan, plan_path: Path, profile_path: Path | None):
+    """(the plan's profile, the path it was read from)."""
     from planner import io
 
     if profile_path is not None and not profile_path.exists():
@@ -76,7 +85,7 @@ def _profile_of(plan, plan_path: Path, profile_path: Path | None):
                             "the one the plan pins); pass that profile, or re-run `ckplan solve` with this one")
         raise UserError(f"{path} changed since the plan was made; re-run `ckplan solve`, or pass the profile "
                         "the plan was made from with --profile")
-    return io.load_profile(path)
+    return io.load_profile(path), path
 
 
 def _check_plan(plan, profile, plan_path: Path) -> None:

@@ -231,11 +231,12 @@ def _start_copy(ready, stop, *, model_file: str, dtype: str, micro_batch_size: i
     import sys
 
     import planner
+    from planner.profiler.threads import child_env, guarded
 
     root = str(Path(planner.__file__).parent.parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-c", COPY_BOOTSTRAP, model_file, dtype, str(micro_batch_size),
+    env = child_env({**os.environ, "OMP_NUM_THREADS": "1",
+                     "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))})
+    return subprocess.Popen([sys.executable, "-c", guarded(COPY_BOOTSTRAP), model_file, dtype, str(micro_batch_size),
                              str(ready), str(stop)], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -142,11 +142,27 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
         raise UserError(f"{spec.name} at --seq-len {seq_len} and --micro-batch-size {micro_batch_size} gives "
                         f"numbers no device holds ({io.describe_error(exc)}); check --seq-len, "
                         "--micro-batch-size and the config's sizes") from exc
-    profile = _with_host_step(profile)
+    profile = _with_host_step(_with_model_facts(profile, spec, dtype))
     out = out or Path("profiles") / f"{profile.name}-{device.name}.json"
     io.check_writable(out)
     io.save_profile(profile, out)
     _report(profile, spec, shape, out)
+
+
+# What `ckplan solve` plans unless told (--precision): fp32 weights, gradients and Adam state.
+# An LLM at 16 bits trains as bf16-mixed (16-bit weights and activations, fp32 master and Adam).
+SOLVE_DEFAULT_PRECISION = "fp32"
+LLM_PRECISION = "bf16-mixed"
+
+
+def _with_model_facts(profile, spec, dtype: str):
+    """The profile with the model's positions and norms beside its dimensions (what an export
+    needs to reproduce the model), and the training precision an LLM at this dtype expects."""
+    model = dict(profile.assumptions.get("model") or {}) | spec.facts()
+    facts = {"model": model}
+    if dtype in ("bfloat16", "float16"):
+        facts["training_precision"] = LLM_PRECISION
+    return profile.model_copy(update={"assumptions": profile.assumptions | facts})
 
 
 def _with_host_step(profile):
@@ -211,6 +227,10 @@ def _report(profile, spec, shape, out: Path) -> None:
     if spec.max_position_embeddings and shape.seq_len > spec.max_position_embeddings:
         warn(f"--seq-len {shape.seq_len} exceeds {spec.name}'s max_position_embeddings "
              f"{spec.max_position_embeddings}")
+    if facts.get("training_precision") == LLM_PRECISION:
+        info(f"precision: `ckplan solve` plans fp32 weights, gradients and Adam state unless told; a {profile.dtype} "
+             f"LLM trains as {LLM_PRECISION}: pass --precision {LLM_PRECISION} to solve (or --precision fp32 to plan "
+             "fp32 on purpose)")
     info(f"wrote {out}")
 
 

@@ -1,5 +1,5 @@
 """`ckplan profile --hf-config config.json`: a Hugging Face model measured without a model
-file from the user. ckplan writes the model file itself (planner/hfmodels.py), beside the
+file from the user. ckplan writes the model file itself (planner/models/hfmodels.py), beside the
 profile, and measures it; `launch`, `compare` and `--reference` then run that file."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def options(command):
     decorators = [
         click.option("--hf-config", default=None, metavar="CONFIG",
                      help="Measure a Hugging Face causal LM built from its config with random weights (a "
-                          "config.json, its folder, or a model id in the local cache; nothing is downloaded): "
+                          "config.json or its folder; never the hub or its cache, never the config's own code): "
                           "llama, qwen2, mistral, gemma, gpt2, mixtral, qwen2_moe. ckplan writes the model file beside the profile."),
         click.option("--hf-set", multiple=True, metavar="KEY=VALUE",
                      help="With --hf-config: override a config field, e.g. num_hidden_layers=4 (repeatable)."),
@@ -41,6 +41,7 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
 
     config, name = hfmodels.read_config(source)
     config = hfmodels.with_settings(config, settings)
+    hfmodels.check_fields(config)
     if seq_len is None:
         seq_len = _default_seq_len(config)
         info(f"--seq-len not given: {seq_len} tokens per sequence")
@@ -49,13 +50,36 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
         _check_fits(config, name, dtype)
     tag = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_").lower() or config["model_type"]
     path = (out.parent if out is not None else Path("profiles")) / f"hf_{tag}.py"
+    # every check of --out, and of the model file's own path, before the model file is written:
+    # a refused run leaves nothing behind, and nothing is written beside an --out that cannot be
+    config_file = Path(source) / "config.json" if Path(source).is_dir() else Path(source)
+    io.check_outputs({"--out": out, "the model file": path}, inputs={"--hf-config": config_file})
     if path.exists() and not hfmodels.is_generated(path):
         raise UserError(f"{path} exists and was not written by ckplan; move it, or give --out in another folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    created = not path.exists()
     io.write_atomic(path, hfmodels.model_file_text(config, seq_len=seq_len, source=source))
+    if created:
+        _remove_unless_profiled(path)
     info(f"wrote {path}: the {config['model_type']} model of {source} (random weights, {seq_len} tokens), the "
          "model file `launch` and `compare` run")
     return path, config
+
+
+def _remove_unless_profiled(path: Path) -> None:
+    """The model file this run wrote is removed when the run ends in an error or is interrupted
+    (Ctrl-C, or SIGTERM where it is turned into one): only a written profile needs it."""
+    import sys
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+
+    def close() -> None:
+        error = sys.exc_info()[1]
+        if error is not None and not (isinstance(error, click.exceptions.Exit) and error.exit_code == 0):
+            path.unlink(missing_ok=True)
+
+    ctx.call_on_close(close)
 
 
 def _default_seq_len(config: dict) -> int:
@@ -69,13 +93,12 @@ def _default_seq_len(config: dict) -> int:
 def _check_fits(config: dict, name: str, dtype: str) -> None:
     """Refuse a model whose training state alone exceeds this machine's free memory."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from planner.models.hfmodels import hf_config
+    from planner.models.hfmodels import hf_config, transformers_offline
     from planner.units import format_bytes
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(config))
+        model = transformers_offline().AutoModelForCausalLM.from_config(hf_config(config), trust_remote_code=False)
     params = sum(p.numel() for p in model.parameters())
     need = params * TENSORS_PER_PARAM * getattr(torch, dtype).itemsize
     have = available_bytes()

@@ -20,7 +20,7 @@ the order ColossalAI's own v_schedule.PipelineGraph builds (ZB-V), scored as tor
 from __future__ import annotations
 
 from planner.cost import costmodel
-from planner.emit import dp_support, rounding
+from planner.emit import dp_support, facts, rounding
 from planner.schema import Plan, Profile
 
 TARGET = "ColossalAI"
@@ -48,7 +48,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
                                "layers the plan chose")
     scored = rounding.rescore(plan, profile, rounded)
     header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
-    text = rounding.comment(header) + "\n" + _plugin(rounded, roles, profile)
+    text = rounding.comment(header) + facts.sequence_note(profile) + "\n" + _plugin(rounded, roles, profile)
     return rounding.Export(TARGET, text, ".colossalai.py", rounded, scored, CANNOT_EXPRESS)
 
 
@@ -65,8 +65,8 @@ def checkpoint_counts(rounded: rounding.Rounded, ks: list[int]) -> list[int]:
 def _plugin(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profile) -> str:
     setup = rounded.setup
     counts, ks = rounding.decoder_counts(rounded.stages, roles)
-    tp = int(profile.assumptions.get("tp", 1))
-    sp = bool(profile.assumptions.get("sp", False))
+    known = facts.read(profile)
+    tp, sp = known.tp, known.sp
     chunks = setup.pipeline.chunks
     parallel = f"    tp_size={tp},\n" + ("    enable_sequence_parallelism=True,\n"
                                          "    sequence_parallelism_mode=\"split_gather\",\n" if sp else "")

@@ -20,7 +20,7 @@ user nothing to run, and re-solving is one command, which the rounding names.
 
 from __future__ import annotations
 
-from planner.emit import dp_support, rounding
+from planner.emit import dp_support, facts, rounding
 from planner.schema import Plan, Profile
 
 TARGET = "DeepSpeed"
@@ -48,7 +48,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
         rounded.changes.append(f"{first}, the model's first layer, runs without checkpointing")
     scored = rounding.rescore(plan, profile, rounded)
     header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
-    text = rounding.comment(header) + "\n" + _module(rounded, profile)
+    text = rounding.comment(header) + facts.sequence_note(profile) + "\n" + _module(rounded, profile)
     return rounding.Export(TARGET, text, ".deepspeed.py", rounded, scored, CANNOT_EXPRESS)
 
 

@@ -27,10 +27,13 @@ qk_pos_emb_head_dim, v_head_dim) and Megatron-LM's arguments spell them (--num-e
 
 from __future__ import annotations
 
+import math
+import re
+import shlex
 from itertools import combinations
 
 from planner.cost import costmodel, dataparallel
-from planner.emit import dp_support, rounding
+from planner.emit import dp_support, facts, rounding
 from planner.errors import UserError
 from planner.schema import Plan, Profile
 from planner.units import format_ms
@@ -190,67 +193,125 @@ def layout(counts: list[int]) -> str:
 
 def shape_arguments(profile: Profile) -> list[str]:
     """Megatron-LM's flags for the model's shape, from what an analytic profile recorded of its
-    config (a comment where the profile does not know it: a measured one, or an older file)."""
-    model, seq_len = profile.assumptions.get("model"), profile.assumptions.get("seq_len")
-    if not isinstance(model, dict) or not isinstance(seq_len, int):
+    config (a comment where the profile does not know it: a measured one, or an older file).
+    Every value is typed (planner/emit/facts.py) and quoted for the shell."""
+    known = facts.read(profile)
+    model, seq_len = known.model, known.seq_len
+    if model is None or seq_len is None:
         return ["# the model's shape (--hidden-size, --num-attention-heads, ...): give it; this profile does not "
                 "record its architecture"]
-    hidden, heads, kv = model["hidden_size"], model["num_heads"], model["num_kv_heads"]
-    lines = [f"--hidden-size {hidden}", f"--ffn-hidden-size {model['intermediate_size']}",
-             f"--num-attention-heads {heads}"]
+    hidden, heads, kv = model.hidden_size, model.num_heads, model.num_kv_heads
+    lines = [arg("--hidden-size", hidden), arg("--ffn-hidden-size", model.intermediate_size),
+             arg("--num-attention-heads", heads)]
     if kv != heads:
-        lines += ["--group-query-attention", f"--num-query-groups {kv}"]
-    if model.get("head_dim") and model["head_dim"] != hidden // heads:
-        lines.append(f"--kv-channels {model['head_dim']}")
-    lines += [f"--seq-length {seq_len}", f"--max-position-embeddings {model.get('max_position_embeddings') or seq_len}"]
-    if model.get("style") == "gpt":  # Megatron's defaults: LayerNorm, GELU, biases, learned positions
-        lines.append("--position-embedding-type learned_absolute")
-        if model.get("mlp_act") == "relu":
+        lines += [arg("--group-query-attention"), arg("--num-query-groups", kv)]
+    if model.head_dim and model.head_dim != hidden // heads:
+        lines.append(arg("--kv-channels", model.head_dim))
+    lines += [arg("--seq-length", seq_len), arg("--max-position-embeddings", model.max_position_embeddings or seq_len)]
+    if model.style == "gpt":  # Megatron's defaults: LayerNorm, GELU, biases, learned positions
+        lines.append(arg("--position-embedding-type", "learned_absolute"))
+        if model.mlp_act == "relu":
             lines.append("# ReLU MLP (OPT): Megatron-LM's flags give GELU, SwiGLU or squared ReLU; set "
                          "activation_func=torch.nn.functional.relu in its TransformerConfig")
     else:
-        lines += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
-        if model.get("qkv_bias"):
-            lines.append("--add-qkv-bias")
-    lines += moe_arguments(model, profile.assumptions.get("capacity_factor")) + mla_arguments(model)
-    if model.get("sliding_window"):
-        lines.append(f"# attention within a sliding window of {model['sliding_window']} tokens: give it with your "
+        lines += [arg("--swiglu"), arg("--normalization", "RMSNorm"), arg("--position-embedding-type", "rope"),
+                  arg("--disable-bias-linear")]
+        if model.qkv_bias:
+            lines.append(arg("--add-qkv-bias"))
+        if model.qk_norm:
+            lines.append(arg("--qk-layernorm"))
+        lines += rope_arguments(model)
+    lines += norm_arguments(model)
+    lines += moe_arguments(model, known.capacity_factor) + mla_arguments(model)
+    if model.sliding_window:
+        lines.append(f"# attention within a sliding window of {model.sliding_window} tokens: give it with your "
                      "Megatron-LM version's window setting (the plan's attention FLOPs assume it)")
-    if not model.get("tie_word_embeddings"):
-        lines.append("--untie-embeddings-and-output-weights")
-    lines.append(f"# vocabulary {model['vocab_size']}: from your tokenizer (Megatron pads it to a multiple of "
-                 "--make-vocab-size-divisible-by x tensor-parallel size)")
+    if not model.tie_word_embeddings:
+        lines.append(arg("--untie-embeddings-and-output-weights"))
+    return lines + vocab_arguments(model.vocab_size, known.tp)
+
+
+def vocab_arguments(vocab_size: int, tp: int) -> list[str]:
+    """Megatron-LM pads the tokenizer's vocabulary up to a multiple of
+    --make-vocab-size-divisible-by (default 128) x the tensor-parallel size: 128256 at TP 4 would
+    become 128512 rows, more than the model and the plan have. The largest power-of-two divisor
+    (up to 128) that keeps the model's vocabulary a multiple keeps it as it is."""
+    divisor = next((d for d in (128, 64, 32, 16, 8, 4, 2, 1) if vocab_size % (d * tp) == 0), None)
+    if divisor is None:
+        return [f"# vocabulary {vocab_size}: from your tokenizer; Megatron-LM pads it to a multiple of the "
+                f"tensor-parallel size {tp}, which does not divide it: the padded rows are not in the plan"]
+    return [f"# vocabulary {vocab_size}: from your tokenizer; this divisor keeps Megatron-LM's padding (to a multiple "
+            f"of divisor x tensor-parallel size) at the model's {vocab_size}",
+            arg("--make-vocab-size-divisible-by", divisor)]
+
+
+# Megatron-LM's defaults (megatron/training/arguments.py): --rotary-base 10000 (an int),
+# --norm-epsilon 1e-5; --use-rope-scaling applies Llama 3.1's scaling by --rope-scaling-factor
+MEGATRON_ROTARY_BASE = 10000
+
+
+def rope_arguments(model: facts.ModelFacts) -> list[str]:
+    """The rotary base (rope_theta) and Llama 3.1's rope scaling, which Megatron-LM would
+    otherwise train at its own defaults: another model. Refused where the profile does not
+    know them, or Megatron-LM cannot say them."""
+    if model.rope_theta is None:
+        raise UserError("this profile does not record the model's rope_theta, and Megatron-LM's default rotary base "
+                        f"({MEGATRON_ROTARY_BASE}) would train another model; re-create the profile with this "
+                        "ckplan's `ckplan profile --arch/--arch-config`")
+    if model.rope_theta != int(model.rope_theta):
+        raise UserError(f"the model's rope_theta {model.rope_theta:g} is not a whole number, and Megatron-LM's "
+                        "--rotary-base takes an integer; this export cannot reproduce the model")
+    lines = [arg("--rotary-base", int(model.rope_theta))]
+    scaling = model.rope_scaling
+    if scaling is not None and scaling.type == "llama3":
+        lines += [arg("--use-rope-scaling"), arg("--rope-scaling-factor", scaling.factor)]
+    elif scaling is not None and not model.kv_lora_rank:
+        raise UserError(f"the model's rope_scaling is {scaling.type} (factor {scaling.factor:g}), which Megatron-LM's "
+                        "GPT flags do not express (--use-rope-scaling is Llama 3.1's); this export cannot reproduce "
+                        "the model")
+    elif scaling is not None:
+        lines.append(f"# rope scaling {scaling.type}, factor {scaling.factor:g}: give it with your Megatron-LM "
+                     "version's multi-latent-attention rope settings (--rope-type)")
     return lines
 
 
-def moe_arguments(model: dict, capacity_factor) -> list[str]:
+def norm_arguments(model: facts.ModelFacts) -> list[str]:
+    """The norms' epsilon (rms_norm_eps / layer_norm_epsilon)."""
+    if model.norm_eps is None:
+        raise UserError("this profile does not record the model's norm epsilon (rms_norm_eps), and Megatron-LM's "
+                        "default (1e-5) may train another model; re-create the profile with this ckplan's "
+                        "`ckplan profile --arch/--arch-config`")
+    return [arg("--norm-epsilon", model.norm_eps)]
+
+
+def moe_arguments(model: facts.ModelFacts, capacity_factor: float | None) -> list[str]:
     """The experts as the profile charged them: top-k routing to num_experts experts of width
     moe_ffn_hidden_size, the shared experts as one SwiGLU of their summed width, dense layers by
     --moe-layer-freq; one grouped GEMM over the experts (the profile's backward transient holds
     every expert's two gradients at once, as a grouped matmul builds them) and the all-to-all
     token dispatcher (the cost model's all-to-all term)."""
-    if not model.get("num_experts"):
+    if not model.num_experts:
         return []
-    lines = [f"--num-experts {model['num_experts']}", f"--moe-router-topk {model['num_experts_per_tok']}",
-             f"--moe-ffn-hidden-size {model['moe_intermediate_size']}", "--moe-grouped-gemm",
-             "--moe-token-dispatcher-type alltoall"]
-    if model.get("num_shared_experts"):
-        lines.append(f"--moe-shared-expert-intermediate-size "
-                     f"{model['num_shared_experts'] * model['shared_intermediate_size']}")
-    if model.get("shared_expert_gate"):
-        lines.append("--moe-shared-expert-gate")
-    dense = set(model.get("dense_layers") or ())
+    lines = [arg("--num-experts", model.num_experts), arg("--moe-router-topk", model.num_experts_per_tok),
+             arg("--moe-ffn-hidden-size", model.moe_intermediate_size), arg("--moe-grouped-gemm"),
+             arg("--moe-token-dispatcher-type", "alltoall")]
+    if model.num_shared_experts:
+        lines.append(arg("--moe-shared-expert-intermediate-size",
+                         model.num_shared_experts * model.shared_intermediate_size))
+    if model.shared_expert_gate:
+        lines.append(arg("--moe-shared-expert-gate"))
+    dense = set(model.dense_layers)
     if dense:
-        lines.append(f"--moe-layer-freq \"{layer_freq([int(i not in dense) for i in range(model['num_layers'])])}\"")
+        lines.append(arg("--moe-layer-freq", layer_freq([int(i not in dense) for i in range(model.num_layers)])))
     if capacity_factor not in (None, 1, 1.0):
-        lines += [f"--moe-expert-capacity-factor {capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]
+        lines += [arg("--moe-expert-capacity-factor", capacity_factor), arg("--moe-pad-expert-input-to-capacity")]
     else:
         lines.append("# routing charged at perfect balance (--capacity-factor 1): Megatron-LM drops no tokens by "
                      "default, so an unbalanced router holds more than planned")
     lines.append("# router details (score function, group-limited routing, expert bias, aux-loss coefficient): "
                  "from the model's config; they change no memory the plan charges")
-    if model.get("num_mtp_layers"):
-        lines.append(f"# the config's {model['num_mtp_layers']} multi-token-prediction module(s) are not planned; "
+    if model.num_mtp_layers:
+        lines.append(f"# the config's {model.num_mtp_layers} multi-token-prediction module(s) are not planned; "
                      "--mtp-num-layers adds them to the last stage")
     return lines
 
@@ -263,59 +324,94 @@ def layer_freq(pattern: list[int]) -> str:
             runs[-1][1] += 1
         else:
             runs.append([value, 1])
-    return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"
+    return "(" + "+".join(f"[{int(value)}]*{int(count)}" for value, count in runs) + ")"
 
 
-def mla_arguments(model: dict) -> list[str]:
+def mla_arguments(model: facts.ModelFacts) -> list[str]:
     """Multi-head latent attention: the latent ranks and the per-head widths (no --q-lora-rank
     where queries come straight from the hidden state, DeepSeek-V2-Lite)."""
-    if not model.get("kv_lora_rank"):
+    if not model.kv_lora_rank:
         return []
-    lines = ["--multi-latent-attention", f"--kv-lora-rank {model['kv_lora_rank']}"]
-    if model.get("q_lora_rank"):
-        lines.append(f"--q-lora-rank {model['q_lora_rank']}")
-    return lines + [f"--qk-head-dim {model['qk_nope_head_dim']}", f"--qk-pos-emb-head-dim {model['qk_rope_head_dim']}",
-                    f"--v-head-dim {model['v_head_dim']}"]
+    lines = [arg("--multi-latent-attention"), arg("--kv-lora-rank", model.kv_lora_rank)]
+    if model.q_lora_rank:
+        lines.append(arg("--q-lora-rank", model.q_lora_rank))
+    return lines + [arg("--qk-head-dim", model.qk_nope_head_dim), arg("--qk-pos-emb-head-dim", model.qk_rope_head_dim),
+                    arg("--v-head-dim", model.v_head_dim)]
+
+
+# what bash reads as one plain word, and what it reads literally inside double quotes
+_PLAIN = re.compile(r"[A-Za-z0-9_.,:/=+@%-]+")
+_QUOTABLE = re.compile(r"[A-Za-z0-9_.,:/=+@%*|()\[\] -]+")
+
+
+def word(value: object) -> str:
+    """One value as one bash word: a number written as a number (bool and NaN refused), text
+    left plain, in double quotes where bash would glob or split it (a layout's '*' and '|'),
+    else quoted by shlex: nothing in it is expanded or run."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise UserError(f"a Megatron-LM argument got {value!r}, which is not a number or a word; re-create the "
+                        "profile and plan with `ckplan profile` and `ckplan solve`")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise UserError(f"a Megatron-LM argument got {value!r}, which is not a finite number")
+        value = repr(value) if value != int(value) or abs(value) >= 1e16 else repr(value).removesuffix(".0")
+    text = str(value)
+    if _PLAIN.fullmatch(text):
+        return text
+    if _QUOTABLE.fullmatch(text):
+        return f'"{text}"'
+    return shlex.quote(text)
+
+
+def arg(flag: str, *values: object) -> str:
+    """A flag and its values, each one quoted bash word."""
+    return " ".join([flag, *(word(value) for value in values)])
 
 
 def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profile, num: int,
                modules: tuple[str, ...] = ()) -> str:
     setup = rounded.setup
     counts, _ = rounding.decoder_counts(rounded.stages, roles)
-    tp = int(profile.assumptions.get("tp", 1))
+    known = facts.read(profile)
+    tp = known.tp
+    if known.model is not None and known.model.num_layers != len(roles.decoder):
+        raise UserError(f"the profile records a model of {known.model.num_layers} decoder layers and lists "
+                        f"{len(roles.decoder)}; re-create the profile with `ckplan profile`")
     lines = [
-        f"--num-layers {len(roles.decoder)}",
+        arg("--num-layers", len(roles.decoder)),
         *shape_arguments(profile),
-        f"--pipeline-model-parallel-size {setup.pipeline.stages}",
+        arg("--pipeline-model-parallel-size", setup.pipeline.stages),
         *_split_arguments(counts, setup.pipeline.stages, setup.pipeline.chunks),
     ]
     if num:
         lines += [f"# recompute the first N decoder layers of every {'virtual ' if setup.pipeline.chunks > 1 else ''}stage",
-                  "--recompute-granularity full", "--recompute-method block", f"--recompute-num-layers {num}"]
+                  arg("--recompute-granularity", "full"), arg("--recompute-method", "block"),
+                  arg("--recompute-num-layers", num)]
     if modules:
         lines += ["# recompute these submodules of every decoder layer",
-                  "--recompute-granularity selective", f"--recompute-modules {' '.join(modules)}"]
-    lines += [f"--micro-batch-size {setup.pipeline.micro_batch_size}",
+                  arg("--recompute-granularity", "selective"), arg("--recompute-modules", *modules)]
+    lines += [arg("--micro-batch-size", setup.pipeline.micro_batch_size),
               f"# {setup.pipeline.microbatches} microbatches per pipeline: global batch = microbatches x micro batch x dp",
-              f"--global-batch-size {setup.pipeline.microbatches * setup.pipeline.micro_batch_size * setup.data_parallel.dp}"]
+              arg("--global-batch-size",
+                  setup.pipeline.microbatches * setup.pipeline.micro_batch_size * setup.data_parallel.dp)]
     if tp > 1:
-        lines.append(f"--tensor-model-parallel-size {tp}")
+        lines.append(arg("--tensor-model-parallel-size", tp))
     if any(layer.expert_param_count for layer in profile.layers):
-        lines.append(f"--expert-model-parallel-size {setup.data_parallel.ep}")
+        lines.append(arg("--expert-model-parallel-size", setup.data_parallel.ep))
         if tp > 1:  # megatron-core's default, said: the profile splits the experts over the TP group
-            lines.append(f"--expert-tensor-parallel-size {tp}")
+            lines.append(arg("--expert-tensor-parallel-size", tp))
         lines.append("# the all-to-all is charged on the critical path: --overlap-moe-expert-parallel-comm (off by "
                      "default) would hide part of it")
-    if profile.assumptions.get("sp"):
-        lines.append("--sequence-parallel")
+    if known.sp:
+        lines.append(arg("--sequence-parallel"))
     if setup.training.precision == "bf16-mixed":
-        lines.append("--bf16")
+        lines.append(arg("--bf16"))
     if setup.data_parallel.zero >= 1:
-        lines.append("--use-distributed-optimizer")
+        lines.append(arg("--use-distributed-optimizer"))
         replicas = dataparallel.replicas(setup)
         if replicas > 1:  # megatron-core: the DP domain split into this many distributed-optimizer copies
-            lines.append(f"--num-distributed-optimizer-instances {replicas}")
-    body = "\n".join(f"    {line}" for line in lines)
+            lines.append(arg("--num-distributed-optimizer-instances", replicas))
+    body = "\n".join(f"    {rounding.one_line(line)}" for line in lines)
     return f"CKPLAN_MEGATRON_ARGS=(\n{body}\n)\n# pretrain_gpt.py ... \"${{CKPLAN_MEGATRON_ARGS[@]}}\"\n"
 
 
@@ -326,7 +422,7 @@ def _split_arguments(counts: list[int], num_ranks: int, chunks: int) -> list[str
     if chunks > 1:
         lines.append(f"# {num_ranks * chunks} virtual stages in pipeline order: rank r runs stages r, {num_ranks}+r, ...; "
                      f"the layout sets {chunks} virtual stages per rank (interleaved 1F1B)")
-    lines.append(f"--pipeline-model-parallel-layout \"{layout(counts)}\"")
+    lines.append(arg("--pipeline-model-parallel-layout", layout(counts)))
     middle = set(counts[1:-1])
     if chunks > 1 and len(set(counts)) == 1:
         lines.append(f"# or, the same split without a layout: --num-layers-per-virtual-pipeline-stage {counts[0]}")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 
 from planner.cost import costmodel, dataparallel
-from planner.emit import rounding
+from planner.emit import facts, rounding
 from planner.errors import UserError
 from planner.schema import Plan, Profile
 
@@ -47,11 +47,14 @@ _BASE_CONFIGS = {
     "deepseek-v3": "torchtitan.models.deepseek_v3.config_registry:deepseek_v3_671b",
     "qwen3-30b-a3b": "torchtitan.models.qwen3.config_registry:qwen3_30b_a3b",
 }
-# Their decoder layers (torchtitan's llama3 registry follows Meta's params.json: 8B 32, 70B 80,
-# 405B 126), so a base of another depth is refused at export, not when the job starts.
-# torchtitan.models.deepseek_v3._671b: 61 layers (3 dense); qwen3._30b_a3b: 48
-_BASE_LAYERS = {_BASE_CONFIGS["llama3-8b"]: 32, _BASE_CONFIGS["llama3-70b"]: 80, _BASE_CONFIGS["llama3.1-405b"]: 126,
-                _BASE_CONFIGS["deepseek-v3"]: 61, _BASE_CONFIGS["qwen3-30b-a3b"]: 48}
+# The model each of them builds, as ckplan's built-in of that name records it (torchtitan's llama3
+# registry follows Meta's params.json: 8B 32 layers, 70B 80, 405B 126, rope_theta 500000, the
+# Llama 3 tokenizer's 128256 tokens; deepseek_v3._671b 61 layers, 3 dense; qwen3._30b_a3b 48), so
+# a base that builds another model is refused at export, not trained in its place.
+_BASE_MODELS = {config: arch for arch, config in _BASE_CONFIGS.items()}
+_COMPARED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size", "head_size",
+             "qkv_bias", "qk_norm", "tie_word_embeddings", "rope_theta", "num_experts", "num_experts_per_tok",
+             "moe_intermediate_size", "num_shared_experts", "kv_lora_rank", "q_lora_rank")
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -75,19 +78,22 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
     # recompute, in the TOML of 0.2)
     roles, rounded = rounding.decoder_start(plan, profile, TARGET, round_zero=_round_zero, selective=python_config)
     head = "lm_head" if python_config else "output"
-    tp = int(profile.assumptions.get("tp", 1))
+    known = facts.read(profile)
+    tp = known.tp
     parts = fqns_per_stage(rounded, roles, head)
     checkpointed = [f"layers.{roles.decoder_index(n)}" for s in rounded.stages for n in s.checkpointed]
     if python_config:
         cannot = ["per-stage choice in its built-in AC policies (full, selective, memory-budget are one "
                   "setting for every stage); this file defines a policy keyed on layer FQNs instead."]
         scored = rounding.rescore(plan, profile, rounded)
-        chosen = _base(profile, base)
+        chosen = _base(known, base)
         _check_depth(chosen, len(roles.decoder))
+        _check_base_model(chosen, known.model)
         selective = {f"layers.{roles.decoder_index(n)}": option for s in rounded.stages
                      for n, option in s.recompute.items() if option != "full"}
         body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp, experts,
-                              selective=selective, core_attention=plan.profile_source == "analytic")
+                              selective=selective, core_attention=plan.profile_source == "analytic",
+                              seq_len=known.seq_len)
         suffix = ".torchtitan.py"
     else:
         cannot = ["per-layer checkpointing in TOML: [activation_checkpoint] is one setting for every stage; "
@@ -96,7 +102,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         exact = rounded
         rounded, mode = _uniform(exact, roles, profile)
         scored = rounding.rescore(plan, profile, rounded)
-        body = _toml(rounded, parts, mode, tp) + "\n" + rounding.comment(_policy_022(checkpointed).splitlines(), "#")
+        body = _toml(rounded, parts, mode, tp, known.seq_len) + "\n" + rounding.comment(_policy_022(checkpointed).splitlines(), "#")
         suffix = ".torchtitan.toml"
     if plan.setup.data_parallel.offload:
         cannot.append("offloading the optimizer alone: training.enable_cpu_offload moves weights and gradients "
@@ -114,8 +120,8 @@ def fqns_per_stage(rounded: rounding.Rounded, roles: rounding.Roles, head: str) 
             for s, stage in enumerate(rounded.stages)]
 
 
-def _base(profile: Profile, base: str | None) -> str:
-    base = base or _BASE_CONFIGS.get(str(profile.assumptions.get("arch", "")))
+def _base(known: facts.Facts, base: str | None) -> str:
+    base = base or _BASE_CONFIGS.get(known.arch or "")
     if base is None or ":" not in base or not _python_names(base):
         raise UserError("name the torchtitan config function this plan refines with --torchtitan-base "
                         "MODULE:FUNCTION, e.g. torchtitan.models.llama3.config_registry:llama3_70b")
@@ -157,10 +163,29 @@ def _round_zero(rounded: rounding.Rounded) -> None:
 def _check_depth(base: str, num_layers: int) -> None:
     """A known base config of another depth than the plan's is refused (the generated file checks
     any base again when it runs)."""
-    known = _BASE_LAYERS.get(base)
+    from planner.models import archs
+
+    arch = _BASE_MODELS.get(base)
+    known = None if arch is None else archs.arch(arch).num_layers
     if known is not None and known != num_layers:
         raise UserError(f"--torchtitan-base {base} has {known} decoder layers and this plan {num_layers}; name the "
                         "config function of the model the plan was made for")
+
+
+def _check_base_model(base: str, model: facts.ModelFacts | None) -> None:
+    """A torchtitan config function ckplan knows, whose model differs from the plan's in any
+    dimension (or bias, rotary base, experts), is refused: it would train another model."""
+    from planner.models import archs
+
+    arch = _BASE_MODELS.get(base)
+    if arch is None or model is None:
+        return
+    built = facts.ModelFacts.model_validate(archs.arch(arch).facts())
+    differ = [f"{name} {getattr(model, name)} (the base: {getattr(built, name)})" for name in _COMPARED
+              if getattr(model, name) is not None and getattr(model, name) != getattr(built, name)]
+    if differ:
+        raise UserError(f"--torchtitan-base {base} builds {arch}, not this plan's model: {'; '.join(differ)}; name "
+                        "the config function of the model the plan was made for")
 
 
 def _python_names(base: str) -> bool:
@@ -172,7 +197,7 @@ def _python_names(base: str) -> bool:
 
 def _check_experts(plan: Plan, profile: Profile, python_config: bool) -> None:
     """One sentence for a mixture-of-experts plan torchtitan cannot run as planned."""
-    setup, tp = plan.setup, int(profile.assumptions.get("tp", 1))
+    setup, tp = plan.setup, facts.read(profile).tp
     if not python_config:
         raise UserError("the plan's model is a mixture of experts; its torchtitan export writes "
                         "expert_parallel_degree for torchtitan 0.3.0 (its MoE models' Python configs): use "
@@ -197,8 +222,17 @@ SCHEDULE_NAMES = {"1F1B": "1F1B", "GPipe": "GPipe", "interleaved-1F1B": "Interle
                   "ZB": "InterleavedZeroBubble", "ZBV": "ZBVZeroBubble", "DualPipeV": "DualPipeV"}
 
 
+def _seq_line(seq_len: int | None, prefix: str) -> str:
+    """The sequence length the plan's profile was made at (a measured profile's is its
+    example_batch's: not recorded, said)."""
+    if seq_len is None:
+        return f"\n{prefix[:len(prefix) - len(prefix.lstrip())]}# seq_len: this profile does not record it; set it as your example_batch() makes it"
+    return f"\n{prefix}seq_len = {int(seq_len)}"
+
+
 def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int, experts: bool = False, *,
-                   selective: dict[str, str] | None = None, core_attention: bool = False) -> str:
+                   selective: dict[str, str] | None = None, core_attention: bool = False,
+                   seq_len: int | None = None) -> str:
     module, function = base.split(":", 1)
     setup = rounded.setup
     selective = selective or {}
@@ -245,7 +279,7 @@ def ckplan_config():
     config.parallelism.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
     config.parallelism.pipeline_parallel_schedule = "{SCHEDULE_NAMES[setup.pipeline.schedule]}"
     config.parallelism.pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
-    config.training.local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}  # {setup.pipeline.microbatches} microbatches
+    config.training.local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}  # {setup.pipeline.microbatches} microbatches{_seq_line(seq_len, "    config.training.")}
     config.activation_checkpoint = {ac}
     return config
 '''
@@ -357,7 +391,7 @@ def _uniform(exact: rounding.Rounded, roles, profile: Profile):
     return chosen, (mode, every)
 
 
-def _toml(rounded, parts, mode, tp: int) -> str:
+def _toml(rounded, parts, mode, tp: int, seq_len: int | None = None) -> str:
     setup = rounded.setup
     name, every = mode
     lines = ["# merge into your job TOML (--job.config_file)", "[parallelism]",
@@ -366,7 +400,8 @@ def _toml(rounded, parts, mode, tp: int) -> str:
              f"pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, '')}{_dp_lines(setup, '')}",
              "module_fqns_per_model_part = ["]
     lines += [f"    {json.dumps(part)}," for part in parts]
-    lines += ["]", "", "[training]", f"local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}", "",
+    lines += ["]", "", "[training]", f"local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}",
+              _seq_line(seq_len, "").lstrip("\n"), "",
               "[activation_checkpoint]", f"mode = \"{name}\""]
     if name == "selective":
         lines.append(f"selective_ac_option = \"{every}\"")

@@ -3,7 +3,7 @@
 Three kinds of constant, each from the measurement that shows it alone:
 
 - a send's latency and bandwidth: a line `ms = latency + bytes / bandwidth` through
-  one-way times of point-to-point sends of several sizes (planner/commbench.py);
+  one-way times of point-to-point sends of several sizes (planner/profiler/commbench.py);
 - the compute scale: how much longer (or shorter) each stage's forward + backward takes
   in the run than the profile says (other threads than profiled, ranks sharing cores),
   the ratio of the summed per-stage measurements to the summed predictions;

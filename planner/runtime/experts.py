@@ -40,6 +40,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from planner.errors import UserError
 from planner.profiler.routing import find_experts
+from planner.runtime.heartbeat import collective
 from planner.schema import TrainSetup
 
 
@@ -108,6 +109,11 @@ def reduce_expert_grads(module: nn.Module) -> None:
         grad.div_(shard.dp)
 
 
+# what a rank inside the experts' exchange does: it waits for its expert-parallel partners
+# (the heartbeat then names a partner still in its own compute, not this rank)
+ALL_TO_ALL = "the experts' all-to-all (a wait for the expert-parallel group)"
+
+
 def dispatch(shard: ExpertShard, local_forward, hidden: torch.Tensor, top_k_index: torch.Tensor,
              top_k_weights: torch.Tensor) -> torch.Tensor:
     """The experts module's forward under expert parallelism (see the module docstring)."""
@@ -115,7 +121,8 @@ def dispatch(shard: ExpertShard, local_forward, hidden: torch.Tensor, top_k_inde
     expert_ids, order = top_k_index.reshape(-1).sort(stable=True)  # token copies grouped by expert
     sent_per_expert = torch.bincount(expert_ids, minlength=shard.num_experts)
     received_per_expert = torch.empty_like(sent_per_expert)  # [source rank, local expert], flattened
-    dist.all_to_all_single(received_per_expert, sent_per_expert, group=shard.group)
+    with collective(ALL_TO_ALL):
+        dist.all_to_all_single(received_per_expert, sent_per_expert, group=shard.group)
     sent = sent_per_expert.view(shard.ep, shard.local).sum(dim=1).tolist()
     received = received_per_expert.view(shard.ep, shard.local).sum(dim=1).tolist()
     rows = _AllToAll.apply(hidden[order // top_k], sent, received, shard.group)
@@ -143,5 +150,6 @@ class _AllToAll(torch.autograd.Function):
 
 def _exchange(rows: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
     out = rows.new_empty((sum(recv), *rows.shape[1:]))
-    dist.all_to_all_single(out, rows.contiguous(), recv, send, group=group)
+    with collective(ALL_TO_ALL):
+        dist.all_to_all_single(out, rows.contiguous(), recv, send, group=group)
     return out

@@ -16,6 +16,9 @@ the process group's rendezvous, a receive, a barrier). The launcher reads the fi
 - every stage waiting longer than the progress timeout: the one that began first.
 
 A waiting rank is never blamed while another rank works or starts: it is waiting for it.
+That holds inside a phase too: a rank inside a collective (the experts' all-to-all in the
+middle of its MoE forward) says so (`collective`), so the partner it waits for, still in its
+own compute, is the one named, and the one whose log is kept.
 """
 
 from __future__ import annotations
@@ -62,10 +65,13 @@ class Heartbeat:
             self._write()
             self._thread = threading.Thread(target=self._run, name="ckplan-heartbeat", daemon=True)
             self._thread.start()
+        _RANK.append(self)
         return self
 
     def __exit__(self, *exc_info) -> None:
         self._stop.set()
+        if self in _RANK:
+            _RANK.remove(self)
 
     def set(self, phase: str, *, working: bool) -> None:
         self._phase = (phase, time.time(), working)
@@ -100,6 +106,18 @@ class Heartbeat:
             else:
                 self.set(before[0], working=before[2])
 
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Inside a phase, a wait for other ranks (a collective): the rank is not working while
+        it lasts; afterwards the enclosing phase goes on, its clock restarted (the collective
+        finishing is progress)."""
+        before = self._phase
+        self.set(what, working=False)
+        try:
+            yield
+        finally:
+            self.set(before[0], working=before[2])
+
     def _run(self) -> None:
         while not self._stop.wait(BEAT_S):
             self._write()
@@ -118,6 +136,20 @@ class Heartbeat:
 
 
 NO_HEARTBEAT = Heartbeat(None)
+# The heartbeat of this process's rank (one per rank process, set while its `with Heartbeat`
+# lasts): the collectives deep inside a model's forward (planner/runtime/experts.py) say they
+# wait through it without a heartbeat threaded through every module.
+_RANK: list[Heartbeat] = []
+
+
+@contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Mark the rank as waiting for the other ranks in `what` (a collective) while it lasts."""
+    if not _RANK:
+        yield
+        return
+    with _RANK[-1].waiting(what):
+        yield
 
 
 def read_beat(path: Path) -> Beat | None:

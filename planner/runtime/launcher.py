@@ -34,6 +34,7 @@ from planner.errors import UserError
 from planner.io import file_ref, plan_to_yaml, write_atomic
 from planner.measure.calibrate import placement_threads
 from planner.models.timelimit import time_limit
+from planner.profiler.threads import child_env, guarded
 from planner.runtime.checks import Prepared, check_runnable, prepare, resolve_model_file
 from planner.runtime.heartbeat import Beat, find_stall, read_beat, stage_name, working_rank
 from planner.runtime.worker import (
@@ -59,18 +60,10 @@ POLL_S = 0.05
 WATCH_S = 0.5  # how often the launcher reads the ranks' heartbeats
 START_TIMEOUT_S = 120.0  # from launch until every rank trains: imports, build_model, rendezvous
 PROGRESS_TIMEOUT_S = 20.0  # a forward, backward, loss or optimizer step longer than this is a hang
-PARENT_PID_ENV = "CKPLAN_PARENT_PID"
-# A rank's first act, before importing torch takes seconds: on Linux, ask for SIGKILL
-# when the launcher dies (PR_SET_PDEATHSIG), and leave if it already has. Then run the worker.
-RANK_BOOTSTRAP = f"""\
-import ctypes, os, sys
-if sys.platform.startswith("linux"):
-    ctypes.CDLL(None).prctl(1, 9)
-    if os.getppid() != int(os.environ["{PARENT_PID_ENV}"]):
-        sys.exit(1)
-from planner.runtime.worker import main
-main()
-"""
+# A rank's first act, before importing torch takes seconds: die with the launcher however it
+# dies (planner/profiler/threads.CHILD_GUARD: PR_SET_PDEATHSIG and a thread watching the
+# launcher's pid), and leave if it already has. Then run the worker.
+RANK_BOOTSTRAP = guarded("from planner.runtime.worker import main\nmain()\n")
 
 
 def run_plan(
@@ -199,11 +192,10 @@ def _run_local(job: Job, watch: _Watch) -> list[RankResult]:
     write_atomic(job_path, job.model_dump_json())
     num_ranks = len(job.stages) * job.plan.setup.data_parallel.dp
     env = {
-        **os.environ,
+        **child_env(dict(os.environ)),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
         "WORLD_SIZE": str(num_ranks),
-        PARENT_PID_ENV: str(os.getpid()),
         "OMP_NUM_THREADS": str(job.threads),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(planner.__file__).parent.parent),
                                                     os.environ.get("PYTHONPATH")])),
@@ -216,15 +208,26 @@ def _run_local(job: Job, watch: _Watch) -> list[RankResult]:
                     [sys.executable, "-c", RANK_BOOTSTRAP, str(job_path)],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: what it starts ends with it (_end)
                 ))
         _supervise(procs, out_dir, watch)
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+            _end(proc)
         for proc in procs:
             proc.wait()
     return [RankResult.model_validate_json((out_dir / f"rank{rank}.json").read_text()) for rank in range(num_ranks)]
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill a rank and whatever it started (its process group: a model file's own processes,
+    data loader workers), whether or not the rank itself already ended."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.kill()
 
 
 def _supervise(procs: list[subprocess.Popen], out_dir: Path, watch: _Watch) -> None:
