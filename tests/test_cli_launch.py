@@ -182,3 +182,14 @@ def test_launch_reference_compares_every_step_with_one_process(plan_file, tmp_pa
     monkeypatch.setattr(reference, "reference_losses", lambda *a, **k: [loss - 0.01 for loss in real(*a, **k)])
     _one_clean_error(_invoke(*args[:-2]), "the pipeline's loss differs from one process by +0.01 at step 0 "
                                           "(tolerance 0.00039; 2 of 2 steps differ)")
+
+
+def test_launch_over_a_cap_fails_in_one_sentence_and_keeps_the_report(plan_file, tmp_path):
+    data = yaml.safe_load(plan_file.read_text())
+    data["setup"]["mem_caps_bytes"] = [10**9, 1000]
+    plan_file.write_text(yaml.safe_dump(data))
+    report_path = tmp_path / "run.json"
+    result = _invoke("launch", str(plan_file), "--steps", "1", "--warmup-steps", "0", "--report", str(report_path))
+    _one_clean_error(result, "1 of 2 stages went over their cap: stage 1 used", "of 1000 B", "the plan does not fit")
+    assert "peak memory per stage" in result.output  # the tables first
+    assert io.load_report(report_path).stages[1].cap_bytes == 1000
