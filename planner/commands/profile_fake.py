@@ -54,7 +54,7 @@ def _load(model_file: str, dtype, micro_batch_size: int, *, timeout_s: float | N
         inputs, targets = (modelfile.cast_batch(fake.fake_tensor(t, mode), torch.device("cpu"), dtype)
                            for t in (inputs, targets))
         with loaded.bounded("running the layers on example_batch() under FakeTensorMode"), \
-                fake.data_free(f"the layers of {loaded.path}"):
+                fake.data_free(str(loaded.path), layers):
             outputs = modelfile.check_chain(layers, inputs, loaded.path)
             loaded.check_loss(outputs[-1], targets)
     return model_ref, modelfile.Chain(layers, inputs, targets, loaded.loss_fn, outputs), mode
