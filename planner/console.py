@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from rich.console import Console
 from rich.progress import (
@@ -154,3 +155,56 @@ class StepProgress:
                                   soft_wrap=True)
 
         return on_steps
+
+
+PIPED_EVERY_S = 5.0  # piped, a line at most this often within one phase of work
+
+
+class WorkProgress:
+    """Long work in pieces (a profile's layers and timing rounds): on a terminal a bar with what
+    runs now, the pieces done and the time; piped, plain lines on stderr, one when a new phase
+    of work begins and one every PIPED_EVERY_S within it, so a log shows the work going on.
+    `with WorkProgress("profile") as work: work.phase("timing"); work.update(3, 8, "layer 2")`."""
+
+    def __init__(self, label: str, *, clock=time.monotonic):
+        self.label = label
+        self._clock = clock
+        self._bar: Progress | None = None
+        self._task = None
+        self._said = ("", -PIPED_EVERY_S)  # the last phase said piped, and when
+
+    def __enter__(self) -> WorkProgress:
+        self._start = self._clock()
+        if err_console.is_terminal:
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=err_console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=None)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def phase(self, what: str) -> None:
+        """A piece of work of unknown length begins."""
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{self.label}: {what}", total=None, completed=0)
+        else:
+            self._say(what, what, force=True)
+
+    def update(self, done: int, total: int, what: str) -> None:
+        """`done` of `total` pieces are done, the last being `what`."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total, description=f"{self.label}: {what}")
+            return
+        phase = what.split(",")[0].split(" of ")[0]
+        self._say(f"{what} ({done}/{total})", phase, force=done == total)
+
+    def _say(self, text: str, phase: str, *, force: bool) -> None:
+        now = self._clock()
+        last_phase, last_time = self._said
+        if force or phase != last_phase or now - last_time >= PIPED_EVERY_S:
+            err_console.print(f"{self.label}: {text} [{now - self._start:.0f} s]", soft_wrap=True, markup=False,
+                              highlight=False)
+            self._said = (phase, now)

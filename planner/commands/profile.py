@@ -163,15 +163,14 @@ def _check_model(loaded, model, layers, inputs) -> None:
 
 
 def _measure(chain: Chain, *, warmup: int, repeats: int):
-    from planner.console import progress, warn
+    from planner.console import WorkProgress, warn
     from planner.profiler.measure import measure_model
 
-    with progress() as bar:
-        task = bar.add_task("profiling layers", total=len(chain.layers))
+    with WorkProgress("profile") as work:
+        work.phase(f"measuring the memory of {len(chain.layers)} layers")
         measurement = measure_model(
             chain.layers, chain.inputs, chain.targets, chain.loss_fn,
-            layer_outputs=chain.layer_outputs, warmup=warmup, repeats=repeats,
-            on_layer=lambda name: bar.update(task, advance=1, description=f"profiled {name}"),
+            layer_outputs=chain.layer_outputs, warmup=warmup, repeats=repeats, on_progress=work.update,
         )
     for note in measurement.warnings:
         warn(note)
@@ -188,20 +187,19 @@ def _thread_ms(chain: Chain, *, model_file: str, dtype: str,
 
     import torch
 
-    from planner.console import progress
+    from planner.console import WorkProgress
     from planner.profiler.threads import alongside_ms, thread_counts, thread_samples, whole_step
     from planner.profiler.userfault import blame
 
     counts = thread_counts(torch.get_num_threads())
     step = whole_step(chain.layers, chain.inputs, chain.targets, chain.loss_fn)
-    with progress() as bar, blame("the whole model's forward and backward"):
-        bar.add_task(f"timing the whole model at {', '.join(map(str, counts))} threads", total=None)
+    with WorkProgress("profile") as work, blame("the whole model's forward and backward"):
+        work.phase(f"timing the whole model at {', '.join(map(str, counts))} threads")
         samples = thread_samples(step, counts, warmup=1, repeats=5)
         copies = _copies(chain)
         if copies < 2:
             return {count: min(values) for count, values in samples.items()}, None
-        bar.add_task(f"timing it at 1 thread beside {copies - 1} cop{'ies' if copies > 2 else 'y'} on the other "
-                     "cores", total=None)
+        work.phase(f"timing it at 1 thread beside {copies - 1} cop{'ies' if copies > 2 else 'y'} on the other cores")
         beside = alongside_ms(step, copies=copies, warmup=1, repeats=5, start_copy=partial(
             _start_copy, model_file=model_file, dtype=dtype, micro_batch_size=micro_batch_size))
     thread_ms = {count: min(values) for count, values in samples.items()}

@@ -61,14 +61,16 @@ def _load(model_file: str, dtype, micro_batch_size: int, *, timeout_s: float | N
 
 
 def _measure(chain, gpu, device: str):
-    from planner.console import progress
+    from planner.console import WorkProgress
     from planner.profiler.fake import fake_measure
 
-    with progress() as bar:
-        task = bar.add_task("running the layers fake", total=len(chain.layers))
+    total = len(chain.layers)
+    with WorkProgress("profile --fake") as work:
+        work.phase(f"running {total} layers fake")
+        done = iter(range(1, total + 1))
         return fake_measure(chain.layers, chain.inputs, chain.targets, chain.loss_fn,
                             layer_outputs=chain.layer_outputs, gpu=gpu, device_type=device,
-                            on_layer=lambda name: bar.update(task, advance=1, description=f"ran {name}"))
+                            on_layer=lambda name: work.update(next(done), total, f"ran layer {name}"))
 
 
 def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: str, dtype: str,

@@ -73,11 +73,15 @@ def measure_model(
     warmup: int,
     repeats: int,
     on_layer: Callable[[str], None] = lambda name: None,
+    on_progress: Callable[[int, int, str], None] = lambda done, total, what: None,
 ) -> Measurement:
     """`layer_outputs`: each layer's output on `inputs` (modelfile.check_chain returns
-    them), i.e. the next layer's input. `on_layer(name)` is called as each layer is done."""
+    them), i.e. the next layer's input. `on_layer(name)` is called as each layer is done;
+    `on_progress(done, total, what)` after every piece of work (a layer set up, a round of
+    timing every layer, a layer's optimizer steps), so a long first layer is not silence."""
     check_tieable(layers)  # sharing that a pipeline cannot keep tied is refused at the first command
     kinds = layer_kinds(layers)
+    work = _Work(on_progress, total=2 * len(layers) + 1 + warmup + repeats)
     layer_inputs = [inputs, *layer_outputs[:-1]]
     with blame("the MoE layers' routing"):
         routing = [layer_routing(layer, x) for (_, layer), x in zip(layers, layer_inputs, strict=True)]
@@ -88,17 +92,25 @@ def measure_model(
         with blame(f"layer {name!r}"):
             timed.append(_TimedLayer.prepare(name, layer, x, layer_outputs[index]))
         warnings += timed[-1].failed_options(kinds[index])
+        work.done(f"memory of layer {name}")
     chosen = options.common_per_kind(kinds, [list(t.option_transients) for t in timed])
     saved = saved_bytes(layers, inputs, targets, loss_fn, options=chosen)
+    work.done("activations kept by every layer")
     chosen = options.saving_per_kind(kinds, chosen, saved.act_bytes, saved.option_bytes)
     for t, names in zip(timed, chosen, strict=True):
         t.time_options(names)
-    time_interleaved([t.job for t in timed], warmup=warmup, repeats=repeats)
-    time_interleaved([t.option_job for t in timed if t.option_job is not None], warmup=min(warmup, 1),
-                     repeats=options.option_repeats(repeats))
+    time_interleaved([t.job for t in timed], warmup=warmup, repeats=repeats,
+                     on_round=lambda step, steps: work.done(f"timing every layer, round {step}/{steps}"))
+    option_jobs = [t.option_job for t in timed if t.option_job is not None]
+    if option_jobs:
+        rounds = min(warmup, 1) + options.option_repeats(repeats)
+        work.grow(rounds)
+        time_interleaved(option_jobs, warmup=min(warmup, 1), repeats=options.option_repeats(repeats),
+                         on_round=lambda step, steps: work.done(f"timing the recompute options, round {step}/{steps}"))
     for t in timed:
         t.measure_step(warmup=warmup, repeats=repeats)
         on_layer(t.name)
+        work.done(f"optimizer steps of layer {t.name}")
 
     def layer_profiles() -> list[LayerProfile]:
         return [t.profile(kind=kinds[i], act_bytes=saved.act_bytes[i], input_in_act_bytes=saved.input_in_act_bytes[i],
@@ -168,6 +180,21 @@ def _remeasure_suspects(timed: list[_TimedLayer], layer_profiles: Callable[[], l
     profiles = layer_profiles()
     assert not sanity.nonsense(profiles), sanity.nonsense(profiles)
     return profiles
+
+
+class _Work:
+    """Pieces of work done of a total that may grow, told to on_progress(done, total, what)."""
+
+    def __init__(self, on_progress: Callable[[int, int, str], None], *, total: int) -> None:
+        self.on_progress, self.total, self.count = on_progress, total, 0
+
+    def grow(self, more: int) -> None:
+        self.total += more
+
+    def done(self, what: str) -> None:
+        self.count += 1
+        self.total = max(self.total, self.count)
+        self.on_progress(self.count, self.total, what)
 
 
 @dataclass
