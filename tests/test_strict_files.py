@@ -16,7 +16,7 @@ from fixtures.rt_plans import make_plan
 from planner import io, synthetic
 from planner.cli import cli
 from planner.commands.calibrate import calibration_path
-from planner.schema import Calibration, FileRef, PlacementFit
+from planner.schema import Calibration, PlacementFit
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
