@@ -135,3 +135,23 @@ def test_calibration_constants_out_of_range_are_one_sentence(profile_path, tmp_p
     assert not out.exists()
 
 
+
+
+def test_a_compute_scale_far_from_one_is_never_applied_without_a_word(profile_path, tmp_path):
+    placement = dict(ranks=2, threads=1, cores=2, plan="plan.yaml", measured_iteration_ms=10.0,
+                     predicted_before_ms=8.0, predicted_after_ms=10.0)
+    import os
+
+    for scale, said in ((0.115, "predicted 8.7x faster than the profile's times"), (1.25, None)):
+        calibration = Calibration(created_at="2026-01-01T00:00:00+00:00", profile=io.file_ref(profile_path),
+                                  backend="gloo", device_type="cpu", send_latency_ms=0.2,
+                                  placements=[PlacementFit(compute_scale=scale, **{**placement,
+                                                                                   "cores": os.cpu_count() or 1})])
+        calibration_path(profile_path).write_text(calibration.model_dump_json())
+        result = _invoke("solve", "--profile", profile_path, "--mem", "1GB", "--stages", "2",
+                         "--out", tmp_path / "plan.yaml")
+        assert result.exit_code == 0, result.output
+        if said:
+            assert f"every stage's compute is scaled x{scale:.3g}, so the plan is {said}" in result.output
+        else:
+            assert "every stage's compute is scaled" not in result.output

@@ -202,8 +202,30 @@ def _thread_ms(chain: Chain, *, model_file: str, dtype: str,
         work.phase(f"timing it at 1 thread beside {copies - 1} cop{'ies' if copies > 2 else 'y'} on the other cores")
         beside = alongside_ms(step, copies=copies, warmup=1, repeats=5, start_copy=partial(
             _start_copy, model_file=model_file, dtype=dtype, micro_batch_size=micro_batch_size))
-    thread_ms = {count: min(values) for count, values in samples.items()}
+    thread_ms = _consistent_threads({count: min(values) for count, values in samples.items()},
+                                    lambda: thread_samples(step, counts, warmup=1, repeats=5))
     return thread_ms, (None if beside is None else {1: statistics.median(samples[1]), copies: beside})
+
+
+def _consistent_threads(thread_ms: dict[int, float], again) -> dict[int, float]:
+    """thread_ms where more threads never ran slower than fewer: timed `again()` once where they
+    did, and where they still do, each count charged the time at fewer threads, said aloud."""
+    from planner.console import warn
+    from planner.profiler import sanity
+
+    if not sanity.slower_with_more_threads(thread_ms):
+        return thread_ms
+    timed = again()
+    thread_ms = {count: min(ms, *timed.get(count, [ms])) for count, ms in thread_ms.items()}
+    slower = sanity.slower_with_more_threads(thread_ms)
+    if not slower:
+        return thread_ms
+    fixed = sanity.monotone_threads(thread_ms)
+    shown = ", ".join(f"{thread_ms[count]:.3g} ms at {count}" for count in sorted(thread_ms))
+    warn(f"the whole model ran slower with more threads ({shown}), even when timed again: the machine is busy; "
+         f"{', '.join(map(str, slower))} thread(s) are charged the time at fewer, "
+         f"{', '.join(f'{fixed[count]:.3g} ms' for count in slower)} (profile on a quieter machine to measure them)")
+    return fixed
 
 
 def _copies(chain: Chain) -> int:
