@@ -208,8 +208,10 @@ def _thread_ms(chain: Chain, *, model_file: str, dtype: str,
 
 
 def _consistent_threads(thread_ms: dict[int, float], again) -> dict[int, float]:
-    """thread_ms where more threads never ran slower than fewer: timed `again()` once where they
-    did, and where they still do, each count charged the time at fewer threads, said aloud."""
+    """thread_ms, timed `again()` once where more threads ran slower than fewer (the faster of
+    the two kept). Where they still do, the machine's load is real: the layers were timed under
+    it at the profile's threads, and the ratio is what converts their times to a launch's
+    threads, so it is kept, and said with what to do."""
     from planner.console import warn
     from planner.profiler import sanity
 
@@ -218,14 +220,13 @@ def _consistent_threads(thread_ms: dict[int, float], again) -> dict[int, float]:
     timed = again()
     thread_ms = {count: min(ms, *timed.get(count, [ms])) for count, ms in thread_ms.items()}
     slower = sanity.slower_with_more_threads(thread_ms)
-    if not slower:
-        return thread_ms
-    fixed = sanity.monotone_threads(thread_ms)
-    shown = ", ".join(f"{thread_ms[count]:.3g} ms at {count}" for count in sorted(thread_ms))
-    warn(f"the whole model ran slower with more threads ({shown}), even when timed again: the machine is busy; "
-         f"{', '.join(map(str, slower))} thread(s) are charged the time at fewer, "
-         f"{', '.join(f'{fixed[count]:.3g} ms' for count in slower)} (profile on a quieter machine to measure them)")
-    return fixed
+    if slower:
+        shown = ", ".join(f"{thread_ms[count]:.3g} ms at {count}" for count in sorted(thread_ms))
+        fastest = min(thread_ms, key=thread_ms.get)
+        warn(f"the whole model ran slower with more threads ({shown}), even when timed again: other work keeps "
+             f"cores busy, so the layers' times at {max(thread_ms)} threads cannot be trusted for a quiet machine "
+             f"(a launch scales them by these figures); profile with --threads {fastest}, or on a quiet machine")
+    return thread_ms
 
 
 def _copies(chain: Chain) -> int:

@@ -135,12 +135,3 @@ def slower_with_more_threads(thread_ms: dict[int, float]) -> list[int]:
     return [count for i, count in enumerate(counts)
             if any(thread_ms[count] > THREADS_SLOWER * thread_ms[fewer] for fewer in counts[:i])]
 
-
-def monotone_threads(thread_ms: dict[int, float]) -> dict[int, float]:
-    """Each count's time, at most the time at fewer threads: the robust figure for a count the
-    machine's load slowed down."""
-    fixed, best = {}, float("inf")
-    for count in sorted(thread_ms):
-        best = min(best, thread_ms[count])
-        fixed[count] = best
-    return fixed
