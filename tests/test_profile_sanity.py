@@ -175,3 +175,24 @@ def test_more_threads_slower_is_timed_again_then_said_untrustworthy(capsys):
     assert "cannot be trusted" in err and "profile with --threads 1" in err
     assert _consistent_threads({1: 40.0, 2: 136.0}, lambda: {1: [41.0], 2: [22.0]}) == {1: 40.0, 2: 22.0}
     assert capsys.readouterr().err == ""  # timed again, consistent: nothing to say
+
+
+def test_a_profile_that_contradicts_itself_says_so_in_the_file_and_solve_repeats_it(tmp_path):
+    from click.testing import CliRunner
+
+    from planner import io, synthetic
+    from planner.cli import cli
+    from planner.commands.profile import with_timing_verdict
+
+    layers = [synthetic.layer(f"blocks.{i}", "Block", fwd_ms=10, act_mib=1, input_mib=0.5, param_count=1000)
+              for i in range(3)]
+    profile = synthetic.profile_of(layers)
+    assert with_timing_verdict(profile) == profile  # consistent: nothing recorded
+    busy = profile.model_copy(update={"device": profile.device.model_copy(update={"thread_ms": {1: 555.0, 2: 2810.0}})})
+    judged = with_timing_verdict(busy)
+    assert judged.assumptions["timing_noise"] == "the whole model ran slower at 2 threads (2.81e+03 ms) than at 1 (555 ms)"
+    io.save_profile(judged, tmp_path / "p.json")
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(tmp_path / "p.json"), "--mem", "1GB", "--stages", "2",
+                                      "--out", str(tmp_path / "plan.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "the profile's timings cannot be trusted (the whole model ran slower at 2 threads" in result.output

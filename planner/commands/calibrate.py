@@ -218,6 +218,18 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
     if profile.source in ("analytic", "fake"):  # nothing ran to fit constants to: suggest nothing that cannot run
         return setup, [f"{profile.source} profile: sends between stages and the schedule's cost per action are not charged "
                        "(calibration runs a measured profile's plan on the machines that train)"]
+    untrusted = profile.assumptions.get("timing_noise")
+    if untrusted:
+        said = [f"warning: the profile's timings cannot be trusted ({untrusted}): the plan's times may be far off; "
+                "profile again on a quiet machine (or with --threads 1 where more threads ran slower)"]
+        planned, notes = _calibrated(profile, profile_path, setup, path, ranks=ranks, threads=threads, cores=cores)
+        return planned, [*notes, *said]
+    return _calibrated(profile, profile_path, setup, path, ranks=ranks, threads=threads, cores=cores)
+
+
+def _calibrated(profile, profile_path: Path, setup, path: Path, *, ranks: int, threads: int, cores: int) -> tuple:
+    from planner import calibrate
+
     if path.is_file():
         calibration = load_calibration(path)
         if calibration.profile.sha256 != _sha_or_none(profile_path):

@@ -107,8 +107,25 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
         dtype=dtype, micro_batch_size=micro_batch_size, warmup=warmup, repeats=repeats, thread_ms=thread_ms,
         shared_ms=shared_ms,
     )
+    profile = with_timing_verdict(profile)
     io.save_profile(profile, out)
     _report(profile, out)
+
+
+def with_timing_verdict(profile):
+    """The profile with why its times cannot be trusted, when they contradict themselves (one
+    layer's repeats or identical layers far apart, more threads slower), recorded for `solve`."""
+    from planner.profiler import sanity
+    from planner.profiler.noise import noisy_timings
+
+    reasons = [noisy_timings(profile)]
+    thread_ms = profile.device.thread_ms or {}
+    slower = sanity.slower_with_more_threads(thread_ms)
+    if slower:
+        reasons.append(f"the whole model ran slower at {max(slower)} threads ({thread_ms[max(slower)]:.3g} ms) than at "
+                       f"{min(thread_ms)} ({thread_ms[min(thread_ms)]:.3g} ms)")
+    said = "; ".join(reason for reason in reasons if reason)
+    return profile.model_copy(update={"assumptions": {**profile.assumptions, "timing_noise": said}}) if said else profile
 
 
 def _fake_defaults(ctx: click.Context, device: str, dtype: str) -> tuple[str, str]:
