@@ -197,6 +197,35 @@ def describe_error(exc: ValidationError) -> str:
     return f"field '{where}'{shown}: {message}{more}" if where and not whole else f"{message}{more}"
 
 
+# The command-line option that sets each setup field, where it is not the field's own name.
+SETUP_OPTIONS = {
+    "mem_caps_bytes": "--mem", "host_mem_bytes": "--host-mem", "offload": "--offload-optimizer",
+    "offload_overlap": "--offload-copies", "shard_gb_per_s": "--shard-bandwidth",
+    "replica_gb_per_s": "--replica-bandwidth", "ep_gb_per_s": "--ep-bandwidth", "host_gb_per_s": "--host-bandwidth",
+    "host_step_ns_per_param": "--host-step-ns", "micro_batch_size": "the profile's --micro-batch-size",
+}
+
+
+def describe_setup_error(exc: ValidationError) -> str:
+    """The first problem of a setup's pydantic error as a sentence naming the option that set
+    the field, with a byte bound in bytes' units: '--host-mem must be at most 1 EiB'."""
+    from planner.units import format_bytes
+
+    first = exc.errors()[0]
+    field = next((str(part) for part in reversed(first["loc"]) if isinstance(part, str)), "")
+    option = SETUP_OPTIONS.get(field, f"--{field.replace('_', '-')}" if field else "the setup")
+    bounds = {"le": "at most", "lt": "less than", "ge": "at least", "gt": "greater than"}
+    found = next(((word, first["ctx"][key]) for key, word in bounds.items() if key in first.get("ctx", {})), None)
+    if found is None:
+        return f"{option}: {describe_error(exc)}"
+    word, bound = found
+    if field.endswith("_bytes"):
+        shown = f"{bound / 2**60:g} EiB" if bound >= 2**60 else format_bytes(int(bound))
+    else:
+        shown = f"{bound:,}" if isinstance(bound, int) else f"{bound:g}"
+    return f"{option} must be {word} {shown}"
+
+
 # No file ckplan reads is near this: a profile of 100,000 layers (synthetic.heterogeneous) is
 # 58 MiB and loads in about 2 s; a 200 MB one took minutes before it was refused.
 MAX_FILE_BYTES = 64 * 2**20
@@ -225,7 +254,7 @@ def _read_text(path: str | Path, what: str) -> str:
 
 
 def _validate(model: type[ModelT], data: object, path: str | Path, what: str, remedy: str,
-              versions: tuple[int, ...] = (SCHEMA_VERSION,)) -> ModelT:
+              versions: tuple[int, ...] = (SCHEMA_VERSION,), *, strict: bool = False) -> ModelT:
     if not isinstance(data, dict):
         raise UserError(f"{path} is not a ckplan {what}; {remedy}")
     version = data.get("schema_version")
@@ -237,7 +266,11 @@ def _validate(model: type[ModelT], data: object, path: str | Path, what: str, re
     if model is Plan and version != PLAN_SCHEMA_VERSION:
         data = {**data, "schema_version": PLAN_SCHEMA_VERSION}  # the setup's parts are nested on validation
     try:
-        return model.model_validate(data)
+        if not strict:
+            return model.model_validate(data)
+        # strictly, as the JSON it is: a number is a number (not "2", "2; import os", true or
+        # [2]), while keys that JSON writes as strings (threads -> ms) still read as integers
+        return model.model_validate_json(json.dumps(data, default=str), strict=True)
     except ValidationError as exc:
         raise UserError(f"{path} is not a valid {what}: {describe_error(exc)}; {remedy}") from exc
     except RecursionError as exc:
@@ -314,7 +347,8 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 def load_plan(path: str | Path) -> Plan:
     text = _read_text(path, "plan")
     remedy = "re-create it with `ckplan solve`"
-    return _validate(Plan, parse_yaml(text, path, remedy), path, "plan", remedy, versions=PLAN_SCHEMA_VERSIONS)
+    return _validate(Plan, parse_yaml(text, path, remedy), path, "plan", remedy, versions=PLAN_SCHEMA_VERSIONS,
+                     strict=True)
 
 
 def plan_profile_path(plan: Plan, plan_path: str | Path, *, remedy: str) -> Path:

@@ -18,7 +18,7 @@ PLAN_SCHEMA_VERSION = 2
 PLAN_SCHEMA_VERSIONS = (1, 2)
 
 Schedule = Literal["1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"]
-# schedules whose ranks hold several stages (chunks) each: planner/schedules.py simulates them
+# schedules whose ranks hold several stages (chunks) each: planner/cost/schedules.py simulates them
 CHUNKED_SCHEDULES = ("interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
 # schedules that split a backward into its input- and weight-gradient passes (two autograd calls)
 SPLIT_BACKWARD_SCHEDULES = ("ZB", "ZBV", "DualPipeV")
@@ -33,6 +33,14 @@ MAX_BYTES = 2**60
 MAX_MS = 1e9
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 Count = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+# Counts a setup holds. Past these a file is mangled, not a job: no pipeline has 16,384 stages,
+# 65,536 microbatches per iteration (a replay or a schedule of them runs for hours), a
+# microbatch of a million samples or a million data-parallel replicas.
+MAX_STAGES = 1 << 14
+MAX_MICROBATCHES = 1 << 16
+MAX_SAMPLES = 1 << 20
+MAX_RANKS = 1 << 20
+MAX_STEPS = 1 << 20
 Ms = Annotated[float, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
 
 
@@ -51,13 +59,13 @@ class FileRef(Strict):
 
 
 # The recompute options a layer may have besides keeping everything ("none") and keeping only
-# its input ("full"): selective recompute of its parts (planner/recompute.py says what each
+# its input ("full"): selective recompute of its parts (planner/runtime/recompute.py says what each
 # does). A name is one option or several joined by commas ("attn,mlp-act").
 OPTION_NONE, OPTION_FULL = "none", "full"
 # keep the layer's input, copy every other tensor it saves to host memory in forward and back
-# in backward (planner/recompute.py): device bytes of full, no recompute, PCIe copies and host memory
+# in backward (planner/runtime/recompute.py): device bytes of full, no recompute, PCIe copies and host memory
 OPTION_OFFLOAD = "offload"
-# recompute options run under torch's selective activation checkpoint (planner/recompute.py:
+# recompute options run under torch's selective activation checkpoint (planner/runtime/recompute.py:
 # save-matmuls, and mlp-act alone or in a combination), which refuses a second backward through
 # its region: a split backward (SPLIT_BACKWARD_SCHEDULES) cannot run them
 SELECTIVE_CHECKPOINT_PARTS = ("save-matmuls", "mlp-act")
@@ -157,7 +165,7 @@ class LayerProfile(Strict):
 class DeviceInfo(Strict):
     type: Literal["cpu", "cuda"]
     name: str
-    threads: int | None = None  # torch.get_num_threads() during profiling (cpu)
+    threads: int | None = Field(default=None, gt=0, le=1 << 16)  # torch.get_num_threads() during profiling (cpu)
     # cpu: the whole model's forward + backward, least ms of 5, at each torch thread count profile
     # timed (1, 2, 4, ... and `threads`); a launch's other thread count scales the times by it
     thread_ms: dict[Annotated[int, Field(gt=0, le=1 << 16)], Annotated[Ms, Field(gt=0)]] | None = None
@@ -185,9 +193,9 @@ class Profile(Strict):
     torch_version: str
     device: DeviceInfo
     dtype: Dtype
-    micro_batch_size: int = Field(gt=0)
-    warmup: int = Field(default=0, ge=0)
-    repeats: int = Field(default=1, ge=1)
+    micro_batch_size: int = Field(gt=0, le=MAX_SAMPLES)
+    warmup: int = Field(default=0, ge=0, le=MAX_STEPS)
+    repeats: int = Field(default=1, ge=1, le=MAX_STEPS)
     model: FileRef
     batch_input_bytes: Bytes = 0  # the model input of one microbatch (held by stage 0)
     batch_target_bytes: Bytes = 0  # the targets of one microbatch (held by the last stage)
@@ -226,17 +234,17 @@ class Profile(Strict):
 class PipelineSetup(Strict):
     """The pipeline: how many stages, the microbatches they pass, the schedule, the caps."""
 
-    stages: int = Field(gt=0)  # pipeline stages, one device each
-    microbatches: int = Field(gt=0)  # per iteration per pipeline
-    micro_batch_size: int = Field(gt=0)
+    stages: int = Field(gt=0, le=MAX_STAGES)  # pipeline stages, one device each
+    microbatches: int = Field(gt=0, le=MAX_MICROBATCHES)  # per iteration per pipeline
+    micro_batch_size: int = Field(gt=0, le=MAX_SAMPLES)
     schedule: Schedule = "1F1B"
     chunks: int = Field(default=1, ge=1, le=64)  # stages per rank (interleaved, zero-bubble schedules)
     mem_caps_bytes: list[int]  # one per stage; devices may differ
     # stages that can compute at the same time: all of them with one device each (None);
     # fewer when ranks share CPU cores, which bounds the iteration by total work / this
-    parallel_stages: int | None = Field(default=None, gt=0)
+    parallel_stages: int | None = Field(default=None, gt=0, le=MAX_STAGES)
     # on cuda: the share of reserved memory the caching allocator loses to fragmentation,
-    # 1 - allocated / reserved at the peak (planner/allocator.py); None: its published mean
+    # 1 - allocated / reserved at the peak (planner/cost/allocator.py); None: its published mean
     fragmentation: float | None = Field(default=None, ge=0, le=0.9, allow_inf_nan=False)
 
     @model_validator(mode="after")
@@ -267,12 +275,12 @@ class DataParallelSetup(Strict):
     """Data parallelism: replicas, ZeRO over shard groups (HSDP), optimizer offload, and the
     links and host they use."""
 
-    dp: int = Field(default=1, gt=0)  # data-parallel replicas (ZeRO shards over these)
+    dp: int = Field(default=1, gt=0, le=MAX_RANKS)  # data-parallel replicas (ZeRO shards over these)
     zero: int = Field(default=0, ge=0, le=3)
     offload: bool = False  # optimizer state in host memory
     # ZeRO shards inside groups of this many data-parallel ranks and replicates across the
     # dp / shard_group groups (HSDP); None: one group of all dp ranks
-    shard_group: int | None = Field(default=None, gt=0)
+    shard_group: int | None = Field(default=None, gt=0, le=MAX_RANKS)
     offload_overlap: bool = True  # offload's copy, host step and copy back overlapped in chunks, not serial
     # ZeRO 2/3: gradients reduce-scattered (and ZeRO 3's weights gathered) every microbatch, or
     # kept whole through the iteration's microbatches, gathered and reduced once (what
@@ -286,12 +294,12 @@ class DataParallelSetup(Strict):
     host_gb_per_s: GbPerS | None = None
     host_step_ns_per_param: float | None = Field(default=None, ge=0, le=MAX_MS, allow_inf_nan=False)  # the host's optimizer
     host_mem_bytes: int | None = Field(default=None, gt=0, le=MAX_BYTES)  # host memory of a node, shared by its ranks
-    devices_per_node: int = Field(default=1, gt=0)  # ranks sharing one host's memory
+    devices_per_node: int = Field(default=1, gt=0, le=1 << 12)  # ranks sharing one host's memory
     dp_notes: list[str] = []  # where the bandwidths and the host step speed came from
     # expert parallelism: the routed experts split over groups of `ep` of the dp ranks (Megatron-LM's
     # --expert-model-parallel-size, torchtitan's expert_parallel_degree), each expert's state
     # replicated (and ZeRO-sharded) over the dp / ep ranks of its expert-data-parallel group
-    ep: int = Field(default=1, gt=0)
+    ep: int = Field(default=1, gt=0, le=MAX_RANKS)
     # GB/s per rank of the tokens' all-to-all inside an expert-parallel group; None: not charged
     ep_gb_per_s: GbPerS | None = None
 
@@ -321,9 +329,11 @@ class TrainingSetup(Strict):
     recompute: Literal["options", "whole-layer"] = "options"
 
 
-# A scale past this (a stage 1000x slower than profiled) or a latency past a second is a
-# fit gone wrong, not a machine.
+# A scale past this (a stage 1000x slower than profiled, or 1000x faster) or a latency past a
+# second is a fit gone wrong, not a machine.
 MAX_SCALE = 1e3
+MIN_SCALE = 1 / MAX_SCALE
+MAX_LATENCY_MS = 1e3
 
 
 class TimeConstants(Strict):
@@ -331,13 +341,13 @@ class TimeConstants(Strict):
     send latency + bytes / bandwidth, and every forward or backward is one schedule action with
     a fixed cost; compute takes compute_scale x the profile's times (other threads than
     profiled, ranks sharing cores) and work spread over shared cores cpu_sharing x its share.
-    Measured by `ckplan calibrate` (planner/calibrate.py); the defaults charge nothing."""
+    Measured by `ckplan calibrate` (planner/measure/calibrate.py); the defaults charge nothing."""
 
-    send_latency_ms: float = Field(default=0.0, ge=0, le=1e3, allow_inf_nan=False)
+    send_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     send_gb_per_s: GbPerS | None = None  # None: bytes not charged
-    action_overhead_ms: float = Field(default=0.0, ge=0, le=1e3, allow_inf_nan=False)
-    compute_scale: float = Field(default=1.0, gt=0, le=MAX_SCALE, allow_inf_nan=False)
-    cpu_sharing: float = Field(default=1.0, gt=0, le=MAX_SCALE, allow_inf_nan=False)
+    action_overhead_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    compute_scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE, allow_inf_nan=False)
+    cpu_sharing: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE, allow_inf_nan=False)
     calibration: str | None = None  # where those constants came from (file, when, placement)
 
 
@@ -399,16 +409,16 @@ class TrainSetup(Strict):
 
 
 class StagePredicted(Strict):
-    peak_bytes: int
-    static_bytes: int  # weights + grads + optimizer state
-    activation_bytes: int  # in-flight microbatches x kept bytes per microbatch
-    buffer_bytes: int = 0  # pipeline send/recv buffers
-    transient_bytes: int = 0  # recompute + largest layer transient
+    peak_bytes: Bytes
+    static_bytes: Bytes  # weights + grads + optimizer state
+    activation_bytes: Bytes  # in-flight microbatches x kept bytes per microbatch
+    buffer_bytes: Bytes = 0  # pipeline send/recv buffers
+    transient_bytes: Bytes = 0  # recompute + largest layer transient
     time_ms: float  # fwd + bwd + recompute for all microbatches' worth of one microbatch
     step_ms: float = 0.0  # optimizer step, once per iteration
     comm_ms: float = 0.0  # per microbatch: the stage's sends and schedule actions (not in time_ms)
     # cuda: what the caching allocator reserves at the peak, and the communication library's
-    # buffers beside it (planner/allocator.py); the cap holds both. None / 0 on cpu
+    # buffers beside it (planner/cost/allocator.py); the cap holds both. None / 0 on cpu
     reserved_bytes: int | None = None
     workspace_bytes: int = 0
     # host memory the rank takes (offloaded optimizer, offloaded activations) and its share of
@@ -418,7 +428,7 @@ class StagePredicted(Strict):
 
 
 class StagePlan(Strict):
-    index: int
+    index: int = Field(ge=0, le=MAX_STAGES)
     layers: list[str] = Field(min_length=1)
     checkpointed: list[str] = []  # the layers whose option is "full" (recompute their whole forward)
     # layer -> its recompute option, for every layer whose option is not "none"; written from
@@ -542,8 +552,8 @@ class StageMeasured(Strict):
 
 
 class StageReport(Strict):
-    index: int
-    cap_bytes: int
+    index: int = Field(ge=0, le=MAX_STAGES)
+    cap_bytes: Bytes
     predicted: StagePredicted | None = None  # None when the plan's stage carried no prediction
     measured: StageMeasured
 
@@ -557,9 +567,9 @@ class RunReport(Strict):
     # the profile's threads, cores / ranks, or --threads
     threads_source: Literal["plan", "cpu_count", "option"] | None = None
     backend: str
-    steps: int
-    warmup_steps: int
-    microbatches: int
+    steps: int = Field(ge=0, le=MAX_STEPS)
+    warmup_steps: int = Field(ge=0, le=MAX_STEPS)
+    microbatches: int = Field(gt=0, le=MAX_MICROBATCHES)
     iteration_ms: float  # median over measured steps
     iteration_ms_all: list[float]
     predicted_iteration_ms: float
@@ -574,11 +584,11 @@ class PlacementFit(Strict):
     """What one pipeline run with `ranks` processes of `threads` torch threads each, on a
     machine of `cores` cores, measured against the profile's prediction."""
 
-    ranks: int = Field(gt=0)
-    threads: int = Field(gt=0)
-    cores: int = Field(gt=0)
-    compute_scale: float = Field(gt=0, allow_inf_nan=False)  # measured / profiled compute per stage
-    cpu_sharing: float = Field(default=1.0, gt=0, allow_inf_nan=False)  # fitted only when ranks share cores
+    ranks: int = Field(gt=0, le=MAX_RANKS)
+    threads: int = Field(gt=0, le=1 << 16)
+    cores: int = Field(gt=0, le=1 << 16)
+    compute_scale: float = Field(ge=MIN_SCALE, le=MAX_SCALE, allow_inf_nan=False)  # measured / profiled compute per stage
+    cpu_sharing: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE, allow_inf_nan=False)  # fitted only when ranks share cores
     plan: str  # the plan that ran
     measured_iteration_ms: Ms
     predicted_before_ms: Ms  # the plan's iteration by the uncalibrated cost model
@@ -594,8 +604,8 @@ class Calibration(Strict):
     profile: FileRef
     backend: str  # gloo, nccl
     device_type: Literal["cpu", "cuda"]
-    send_latency_ms: float = Field(ge=0, allow_inf_nan=False)
-    send_gb_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    action_overhead_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    send_latency_ms: float = Field(ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    send_gb_per_s: GbPerS | None = None
+    action_overhead_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     placements: list[PlacementFit] = []
     notes: list[str] = []  # what was measured, how each constant was fitted

@@ -1,5 +1,5 @@
 """Per-rank peak in-flight activations and the bubble of every schedule, from torch's own
-action lists (planner/schedules.py).
+action lists (planner/cost/schedules.py).
 
 In-flight counts are in layer-range microbatches: one microbatch's activations of L/P layers
 (what a 1F1B stage keeps per microbatch), so a chunk of a V-chunk schedule counts 1/V.

@@ -15,5 +15,6 @@ $CK profile configs/models/gpt.py --repeats 3 --out out/gpt-cpu.json
 # 80 MiB per stage lies between what full checkpointing (~60 MiB) and none (~120 MiB) need.
 $CK solve --profile out/gpt-cpu.json --mem 80MiB --stages 4 --microbatches 8 --out out/plan.yaml
 $CK launch out/plan.yaml --steps 4 --warmup-steps 1 --reference --report out/run.json
-# rounds run round-robin and speed-ups pair them: the verdict of ckplan against each baseline
-$CK compare out/plan.yaml --steps 3 --warmup-steps 1 --rounds 2 --out out/compare.json --plot out/compare.png
+# rounds run round-robin and speed-ups pair them: rounds are added until ckplan's verdict against
+# each baseline resolves, or 5 minutes of rounds are spent; then it says the machine was too noisy
+$CK compare out/plan.yaml --steps 3 --warmup-steps 1 --rounds 2 --time-budget 300 --out out/compare.json --plot out/compare.png

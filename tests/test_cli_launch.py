@@ -182,3 +182,27 @@ def test_launch_reference_compares_every_step_with_one_process(plan_file, tmp_pa
     monkeypatch.setattr(reference, "reference_losses", lambda *a, **k: [loss - 0.01 for loss in real(*a, **k)])
     _one_clean_error(_invoke(*args[:-2]), "the pipeline's loss differs from one process by +0.01 at step 0 "
                                           "(tolerance 0.00039; 2 of 2 steps differ)")
+
+
+def test_launch_over_a_cap_fails_in_one_sentence_and_keeps_the_report(plan_file, tmp_path):
+    data = yaml.safe_load(plan_file.read_text())
+    data["setup"]["mem_caps_bytes"] = [10**9, 1000]
+    plan_file.write_text(yaml.safe_dump(data))
+    report_path = tmp_path / "run.json"
+    result = _invoke("launch", str(plan_file), "--steps", "1", "--warmup-steps", "0", "--report", str(report_path))
+    _one_clean_error(result, "1 of 2 stages went over their cap: stage 1 used", "of 1000 B", "the plan does not fit")
+    assert "peak memory per stage" in result.output  # the tables first
+    assert io.load_report(report_path).stages[1].cap_bytes == 1000
+
+
+def test_a_chunked_plan_that_offloads_is_refused_before_any_rank_starts(tmp_path, no_processes):
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    data = yaml.safe_load(io.plan_to_yaml(make_plan(tmp_path / "tiny.py", [["0", "1", "2"], ["3", "4"]])))
+    data["setup"]["pipeline"].update(schedule="interleaved-1F1B", chunks=2)
+    data["stages"][0].update(layers=["0", "2", "3"], chunks=[["0"], ["2", "3"]], recompute={"2": "offload"})
+    data["stages"][1].update(layers=["1", "4"], chunks=[["1"], ["4"]])
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    for command in ("launch", "validate"):
+        _one_clean_error(_invoke(command, str(path)), "layer 2 offloads its activations",
+                         "not interleaved-1F1B with 2 chunks per rank")

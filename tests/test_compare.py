@@ -53,7 +53,7 @@ def solved(tmp_path_factory):
 def test_compare_runs_every_fitting_strategy_under_its_cap(solved, tmp_path):
     plan_path, cap = solved
     out = tmp_path / "compare.json"
-    result = run("compare", plan_path, "--steps", "1", "--warmup-steps", "0", "--rounds", "2", "--out", out,
+    result = run("compare", plan_path, "--steps", "1", "--warmup-steps", "0", "--rounds", "2", "--max-rounds", "2", "--out", out,
                  "--plot", tmp_path / "c.png")
     plan = io.load_plan(plan_path)
     comparison = Comparison.model_validate_json(out.read_text())

@@ -1,7 +1,7 @@
 """The cost model against numbers worked out by hand.
 
 Every expectation below is written out from DESIGN.md's cost model (with the
-measured refinements documented in planner/costmodel.py), not computed by calling
+measured refinements documented in planner/cost/costmodel.py), not computed by calling
 the code under test. Sizes are in MiB so the arithmetic stays readable.
 
 The transient term refines DESIGN.md's max_C(act - input) + max_S transient: while a

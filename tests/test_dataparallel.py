@@ -1,4 +1,4 @@
-"""The data-parallel terms (planner/dataparallel.py) against numbers worked out by hand, the
+"""The data-parallel terms (planner/cost/dataparallel.py) against numbers worked out by hand, the
 solver against evaluate() with them on, and the options' bad input in one sentence.
 
 bf16-mixed Adam: weights 2, grads 2, optimizer state 12 (fp32 master + m + v) bytes per parameter.

@@ -1,4 +1,4 @@
-"""Exports of plans that recompute parts of layers (selective options, planner/recompute.py):
+"""Exports of plans that recompute parts of layers (selective options, planner/runtime/recompute.py):
 Megatron-LM says one --recompute-modules list for every decoder layer or block recompute of
 whole layers, whichever fits and is faster under the cost model; torchtitan 0.3's policy
 checkpoints each layer's parts as the plan says; ColossalAI and DeepSpeed checkpoint whole

@@ -106,7 +106,7 @@ def test_a_step_that_stays_absurd_is_charged_its_kinds_median(monkeypatch):
                            warmup=0, repeats=1)
     assert [item.step_ms["adam"] for item in result.layers] == [0.8, 0.8, 0.8, 0.8]
     assert [item.step_ms["sgd"] for item in result.layers] == [0.6] * 4
-    assert result.warnings == ["layer blocks.2's adam step measured 200 ms, over 100x its kind's median, even when "
+    assert result.warnings == ["layer blocks.2's adam step measured 200 ms, 250x its kind's median, even when "
                                "measured again; it is charged that median, 0.8 ms (profile on a quieter machine to "
                                "measure it)"]
 
@@ -131,3 +131,69 @@ def test_a_recompute_lost_in_noise_is_charged_a_whole_forward(monkeypatch):
     assert result.layers[0].recompute_ms is None  # the cost model charges a whole forward
     assert result.warnings == ["layer block's recompute was lost in the machine's noise; it is charged a whole "
                                "forward (profile on a quieter machine to measure it)"]
+
+
+def test_identical_layers_still_far_apart_are_charged_their_kinds_median():
+    """Block 2 is slow at every call (a core kept busy while it runs): measured again it stays
+    25 ms over its identical siblings, so its forward, backward and recompute take the kind's
+    medians, and the profile says so; no figure of it reaches a plan."""
+    blocks = [SlowAtFirst(busy_calls=10**6 if i == 2 else 0) for i in range(4)]
+    layers = [(f"blocks.{i}", block) for i, block in enumerate(blocks)]
+    x = torch.randn(4, 8)
+    outputs, h = [], x
+    with torch.no_grad():
+        for block in blocks:
+            h = block(h)
+            outputs.append(h)
+    result = measure_model(layers, x, torch.randn(4, 8), nn.functional.mse_loss, layer_outputs=outputs,
+                           warmup=0, repeats=3)
+    others = [result.layers[i] for i in (0, 1, 3)]
+    slow = result.layers[2]
+    assert slow.fwd_ms + slow.bwd_ms < 10.0, slow  # not the 25 ms a call it measured
+    assert all(abs(slow.fwd_ms - layer.fwd_ms) < 10.0 for layer in others)
+    said = [line for line in result.warnings if line.startswith("layer blocks.2's forward + backward measured")]
+    assert len(said) == 1 and "even when measured again; it is charged its kind's median" in said[0], result.warnings
+
+
+def test_robust_figures_replace_a_recompute_far_from_its_kinds():
+    layers = _blocks({1: {"recompute_ms": 99.0}})
+    fixed = sanity.robust_figures(layers)
+    assert set(fixed) == {1} and fixed[1].values == {"recompute_ms": layers[0].recompute_ms}
+    assert fixed[1].what == "recompute measured 99 ms"
+
+
+def test_more_threads_slower_is_timed_again_then_said_untrustworthy(capsys):
+    from planner.commands.profile import _consistent_threads
+
+    again = [{1: [50.0], 2: [150.0]}]
+    assert _consistent_threads({1: 40.0, 2: 25.0}, lambda: again.pop()) == {1: 40.0, 2: 25.0}  # consistent: kept
+    assert again and capsys.readouterr().err == ""  # not timed again, nothing said
+    kept = _consistent_threads({1: 40.0, 2: 136.0}, lambda: again.pop())  # 3.4x slower at 2 threads
+    assert kept == {1: 40.0, 2: 136.0} and not again
+    err = capsys.readouterr().err
+    assert "the whole model ran slower with more threads (40 ms at 1, 136 ms at 2), even when timed again" in err
+    assert "cannot be trusted" in err and "profile with --threads 1" in err
+    assert _consistent_threads({1: 40.0, 2: 136.0}, lambda: {1: [41.0], 2: [22.0]}) == {1: 40.0, 2: 22.0}
+    assert capsys.readouterr().err == ""  # timed again, consistent: nothing to say
+
+
+def test_a_profile_that_contradicts_itself_says_so_in_the_file_and_solve_repeats_it(tmp_path):
+    from click.testing import CliRunner
+
+    from planner import io
+    from planner.models import synthetic
+    from planner.cli import cli
+    from planner.commands.profile import with_timing_verdict
+
+    layers = [synthetic.layer(f"blocks.{i}", "Block", fwd_ms=10, act_mib=1, input_mib=0.5, param_count=1000)
+              for i in range(3)]
+    profile = synthetic.profile_of(layers)
+    assert with_timing_verdict(profile) == profile  # consistent: nothing recorded
+    busy = profile.model_copy(update={"device": profile.device.model_copy(update={"thread_ms": {1: 555.0, 2: 2810.0}})})
+    judged = with_timing_verdict(busy)
+    assert judged.assumptions["timing_noise"] == "the whole model ran slower at 2 threads (2.81e+03 ms) than at 1 (555 ms)"
+    io.save_profile(judged, tmp_path / "p.json")
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(tmp_path / "p.json"), "--mem", "1GB", "--stages", "2",
+                                      "--out", str(tmp_path / "plan.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "the profile's timings cannot be trusted (the whole model ran slower at 2 threads" in result.output

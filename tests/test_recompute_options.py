@@ -1,4 +1,4 @@
-"""Recompute options (planner/recompute.py): which a layer has, the bytes each keeps counted
+"""Recompute options (planner/runtime/recompute.py): which a layer has, the bytes each keeps counted
 by hand, the FLOPs each recomputes counted exactly, every option training bit for bit like
 none, and a pipeline mixing them whose peaks the cost model predicts."""
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from planner.measure.compare import run_comparison
+from planner.measure.compare import run_comparison, verdict_sentence
 from planner.measure.verdict import paired_speedup, student_t_cdf, student_t_quantile
 from planner.schema import (
     BaselineResult,
@@ -115,7 +115,7 @@ def test_compare_stops_once_every_verdict_is_resolved():
                                                                  for i, d in enumerate(drift)]}
     comparison, calls = _compare(times, rounds=2, max_rounds=6)
     assert comparison.resolved and comparison.rounds == 3  # two rounds: t(1) is too wide for ±5%
-    assert calls == ["ckplan", "full-ckpt"] * 3  # round-robin
+    assert calls == ["ckplan", "full-ckpt", "full-ckpt", "ckplan", "ckplan", "full-ckpt"]  # interleaved, each round reversed
     full = comparison.strategies[1]
     assert full.ckplan_vs.verdict == "faster" and full.ckplan_vs.ratio == pytest.approx(1.25, rel=0.02)
     assert comparison.strategies[0].vs_full.verdict == "faster"
@@ -134,3 +134,52 @@ def test_compare_without_max_rounds_runs_exactly_rounds():
     times = {"ckplan": [100, 130, 90], "full-ckpt": [95, 140, 85]}
     comparison, calls = _compare(times, rounds=3)
     assert comparison.rounds == 3 and len(calls) == 6
+
+
+def _clocked(times, seconds_per_run: float, **kwargs):
+    """_compare with a clock that advances seconds_per_run for every strategy run."""
+    run, calls = _runner(times)
+    now = [0.0]
+
+    def timed(name: str) -> RunReport:
+        now[0] += seconds_per_run
+        return run(name)
+
+    comparison = run_comparison(_plan(), timed, plan_file="plan.yaml", steps=1, warmup_steps=0, seed=0,
+                                clock=lambda: now[0], **kwargs)
+    return comparison, calls
+
+
+def test_rounds_are_added_until_the_time_budget_would_run_out_then_it_says_too_noisy():
+    noisy = {"ckplan": [100, 130, 90, 110, 95, 140] * 3, "full-ckpt": [95, 140, 85, 118, 99, 120] * 3}
+    comparison, calls = _clocked(noisy, 10.0, rounds=2, time_budget_s=65.0)
+    # 20 s a round: after 3 rounds (60 s) a fourth would end at 80 s, past the budget
+    assert comparison.rounds == 3 and comparison.stopped == "time_budget" and not comparison.resolved
+    assert comparison.wall_s == 60.0 and comparison.time_budget_s == 65.0
+    sentence = verdict_sentence(comparison)
+    assert sentence.startswith("verdict: the machine was too noisy to tell ckplan from full-ckpt after 3 rounds "
+                               "in 1.0 min (the 1.08 min time budget (--time-budget) ran out)")
+    assert "longer --time-budget" in sentence
+
+
+def test_a_resolved_verdict_is_said_with_its_interval():
+    times = {"ckplan": [100, 101, 99, 100] * 4, "full-ckpt": [125, 127, 124, 126] * 4}
+    comparison, _ = _clocked(times, 10.0, rounds=2, time_budget_s=600.0)
+    assert comparison.resolved and comparison.stopped == "resolved" and comparison.rounds == 2
+    assert verdict_sentence(comparison).startswith("verdict, resolved after 2 rounds in 0.7 min: ckplan 1.25x faster "
+                                                   "than full-ckpt [")
+
+
+def test_strategies_that_run_alike_resolve_as_the_same_speed():
+    times = {"ckplan": [100, 110, 95, 105, 100, 98] * 3, "full-ckpt": [100.5, 109.5, 95.5, 105.2, 99.6, 98.4] * 3}
+    comparison, _ = _clocked(times, 1.0, rounds=2, time_budget_s=600.0)
+    full = comparison.strategies[1]
+    assert comparison.resolved and full.ckplan_vs.verdict == "same"
+    assert "ckplan 1.00x as fast as full-ckpt" in verdict_sentence(comparison)
+
+
+def test_max_rounds_still_caps_the_rounds_within_a_budget():
+    noisy = {"ckplan": [100, 130, 90, 110, 95, 140], "full-ckpt": [95, 140, 85, 118, 99, 120]}
+    comparison, _ = _clocked(noisy, 1.0, rounds=2, max_rounds=4, time_budget_s=600.0)
+    assert comparison.rounds == 4 and comparison.stopped == "max_rounds"
+    assert "--max-rounds was reached" in verdict_sentence(comparison)

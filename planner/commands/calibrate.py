@@ -223,6 +223,18 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
     if profile.source in ("analytic", "fake"):  # nothing ran to fit constants to: suggest nothing that cannot run
         return setup, [f"{profile.source} profile: sends between stages and the schedule's cost per action are not charged "
                        "(calibration runs a measured profile's plan on the machines that train)"]
+    untrusted = profile.assumptions.get("timing_noise")
+    if untrusted:
+        said = [f"warning: the profile's timings cannot be trusted ({untrusted}): the plan's times may be far off; "
+                "profile again on a quiet machine (or with --threads 1 where more threads ran slower)"]
+        planned, notes = _calibrated(profile, profile_path, setup, path, ranks=ranks, threads=threads, cores=cores)
+        return planned, [*notes, *said]
+    return _calibrated(profile, profile_path, setup, path, ranks=ranks, threads=threads, cores=cores)
+
+
+def _calibrated(profile, profile_path: Path, setup, path: Path, *, ranks: int, threads: int, cores: int) -> tuple:
+    from planner.measure import calibrate
+
     if path.is_file():
         calibration = load_calibration(path)
         if calibration.profile.sha256 != _sha_or_none(profile_path):
@@ -230,7 +242,7 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
                            "differs); re-run `ckplan calibrate PLAN` for this profile"]
         applied = calibrate.apply(setup, calibration, ranks=ranks, threads=threads, source=str(path),
                                   device=profile.device, cores=cores)
-        return applied, [f"time constants from {applied.time.calibration}"]
+        return applied, [f"time constants from {applied.time.calibration}", *_far_from_one(applied.time)]
     notes = []
     if profile.device.type == "cpu" and profile.device.threads:
         scale = calibrate.thread_scale(profile.device, threads)
@@ -253,7 +265,28 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
                          "profile again, or `ckplan calibrate PLAN` measures the difference)")
     notes.append("not calibrated: sends between stages and the schedule's cost per action are not charged; "
                  "`ckplan calibrate PLAN` measures them on this machine")
-    return setup, notes
+    return setup, [*notes, *_far_from_one(setup.time)]
+
+
+# A compute scale below this says a launch runs much faster than the profile timed it: the
+# profile (or the run calibrated against it) was slowed by other work. One above FAR_ABOVE is
+# more than ranks sharing the cores of a machine cost each other in any run measured.
+FAR_BELOW = 1 / 1.5
+FAR_ABOVE = 4.0
+
+
+def _far_from_one(time) -> list[str]:
+    """A sentence when the compute scale the plan will be scored with is far from 1, never
+    applied without a word."""
+    scale = time.compute_scale * time.cpu_sharing
+    if FAR_BELOW <= scale <= FAR_ABOVE:
+        return []
+    faster = scale < 1
+    return [f"warning: every stage's compute is scaled x{scale:.3g}, so the plan is predicted "
+            f"{1 / scale if faster else scale:.3g}x {'faster' if faster else 'slower'} than the profile's times: "
+            + ("the profile was likely timed while other work kept the machine busy; "
+               if faster else "the ranks were likely slowed by other work when this was measured; ")
+            + "profile again on a quiet machine, or check the plan with `ckplan launch` before trusting its times"]
 
 
 def _sha_or_none(path: Path) -> str | None:

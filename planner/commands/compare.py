@@ -9,6 +9,8 @@ import click
 from planner.console import bar, console, table, warn
 from planner.units import format_bytes, format_ms
 
+DEFAULT_BUDGET_S = 300.0  # five minutes of rounds: a verdict on a quiet machine, a plain "too noisy" on a busy one
+
 
 @click.command("compare")
 @click.argument("plan_file", metavar="PLAN.yaml", type=click.Path(path_type=Path))
@@ -19,8 +21,12 @@ from planner.units import format_bytes, format_ms
 @click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
               help="Run every strategy at least this many times, round-robin.")
 @click.option("--max-rounds", type=click.IntRange(min=1), default=None,
-              help="Keep adding rounds, up to this many, until ckplan's verdict against every other "
-                   "strategy is resolved [default: --rounds, no extra rounds].")
+              help="Add rounds until ckplan's verdict against every other strategy is resolved, at most this "
+                   "many [default: no limit but --time-budget].")
+@click.option("--time-budget", "time_budget_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_BUDGET_S,
+              show_default=True, help="Seconds of rounds: no round is added that would end past this, judged by "
+                                      "the rounds so far; then the comparison says whether the machine was too "
+                                      "noisy to tell.")
 @click.option("--confidence", type=click.FloatRange(0.5, 1, max_open=True), default=0.95, show_default=True,
               help="Confidence of the speed-up intervals and verdicts.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
@@ -31,7 +37,7 @@ from planner.units import format_bytes, format_ms
 @click.option("--force", is_flag=True, help="Run even if the model file changed since the profile.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Torch threads per rank [default: the profile's if every rank can have them, else cores / ranks].")
-def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, confidence, device, out, plot,
+def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, time_budget_s, confidence, device, out, plot,
             force, threads) -> None:
     """Run ckplan's plan and every baseline in it that fits the caps, with the same steps
     and seed, and print measured iteration time, speed-up over full checkpointing,
@@ -40,7 +46,7 @@ def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, confidence
     Baselines whose stages equal an earlier strategy's are measured once.
     """
     from planner import io
-    from planner.measure.compare import run_comparison
+    from planner.measure.compare import run_comparison, verdict_sentence
     from planner.runtime.launcher import run_plan
 
     plan = io.load_plan(plan_file)
@@ -64,12 +70,14 @@ def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, confidence
                             on_steps=progress.run(f"round {round_}, {name}"))
 
         comparison = run_comparison(plan, run, plan_file=plan_file, steps=steps, warmup_steps=warmup_steps,
-                                    seed=seed, rounds=rounds, max_rounds=max_rounds, confidence=confidence)
+                                    seed=seed, rounds=rounds, max_rounds=max_rounds, time_budget_s=time_budget_s,
+                                    confidence=confidence)
     io.write_atomic(out, comparison.model_dump_json(indent=2) + "\n")
     print_comparison(comparison, plan)
     _calibration_lines(comparison, plan, plan_file)
     _plot(comparison, plan, plot)
     console.print(f"comparison written to {out}")
+    console.print(verdict_sentence(comparison), soft_wrap=True)
 
 
 def print_comparison(comparison, plan) -> None:
@@ -106,11 +114,8 @@ def _print_speedups(comparison) -> None:
         SPEEDUP_COLUMNS, rows, wrap=SPEEDUP_COLUMNS[1:],  # an interval and its verdict may take two lines
     ))
     console.print("a speed-up is the geometric mean over rounds of the two strategies' time ratio in the same round "
-                  "(> 1: faster); its interval is Student's t over the paired rounds; 'unresolved' when it "
-                  "crosses 1")
-    if not comparison.resolved:
-        warn(f"some verdicts are unresolved after {comparison.rounds} round(s): the machine's noise is larger than "
-             "the difference; run more rounds (--max-rounds) on a quieter machine")
+                  "(> 1: faster); its interval is Student's t over the paired rounds; 'same' when it lies within 5% "
+                  "of 1, 'unresolved' when it crosses 1 and reaches past that")
 
 
 def _name(result) -> str:

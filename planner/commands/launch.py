@@ -71,15 +71,28 @@ def command(plan_path, steps, warmup_steps, device, backend, report_path, enforc
     console.console.print(time_table(report, _strategy_stages(plan, strategy)))
     console.info(iteration_line(report))
     _calibration_line(plan, plan_path, strategy, report)
-    for stage in report.stages:
-        if stage.measured.peak_bytes > stage.cap_bytes:
-            console.warn(f"stage {stage.index} used {_size(stage.measured.peak_bytes)}, over its cap of "
-                         f"{_size(stage.cap_bytes)}")
     if report_path is not None:
         io.save_report(report, report_path)
         console.info(f"report written to {report_path}")
     if reference:
         _check_reference(plan, report, plan_path=plan_path, seed=seed, force=force)
+    over_cap(report)
+
+
+def over_cap(report) -> None:
+    """A run whose measured peak went over a stage's cap fails: the plan did not fit."""
+    from planner.errors import UserError
+
+    over = [stage for stage in report.stages if stage.measured.peak_bytes > stage.cap_bytes]
+    if not over:
+        return
+    worst = max(over, key=lambda stage: stage.measured.peak_bytes / stage.cap_bytes)
+    raise UserError(
+        f"{len(over)} of {len(report.stages)} stages went over their cap: stage {worst.index} used "
+        f"{_size(worst.measured.peak_bytes)} of {_size(worst.cap_bytes)} "
+        f"({worst.measured.peak_bytes / worst.cap_bytes:.0%}), so the plan does not fit; run `ckplan validate` on it "
+        "and re-solve from a new profile, or with a lower --mem"
+    )
 
 
 def with_dp(plan, dp: int | None):

@@ -107,8 +107,25 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
         dtype=dtype, micro_batch_size=micro_batch_size, warmup=warmup, repeats=repeats, thread_ms=thread_ms,
         shared_ms=shared_ms,
     )
+    profile = with_timing_verdict(profile)
     io.save_profile(profile, out)
     _report(profile, out)
+
+
+def with_timing_verdict(profile):
+    """The profile with why its times cannot be trusted, when they contradict themselves (one
+    layer's repeats or identical layers far apart, more threads slower), recorded for `solve`."""
+    from planner.profiler import sanity
+    from planner.profiler.noise import noisy_timings
+
+    reasons = [noisy_timings(profile)]
+    thread_ms = profile.device.thread_ms or {}
+    slower = sanity.slower_with_more_threads(thread_ms)
+    if slower:
+        reasons.append(f"the whole model ran slower at {max(slower)} threads ({thread_ms[max(slower)]:.3g} ms) than at "
+                       f"{min(thread_ms)} ({thread_ms[min(thread_ms)]:.3g} ms)")
+    said = "; ".join(reason for reason in reasons if reason)
+    return profile.model_copy(update={"assumptions": {**profile.assumptions, "timing_noise": said}}) if said else profile
 
 
 def _fake_defaults(ctx: click.Context, device: str, dtype: str) -> tuple[str, str]:
@@ -164,15 +181,14 @@ def _check_model(loaded, model, layers, inputs) -> None:
 
 
 def _measure(chain: Chain, *, warmup: int, repeats: int):
-    from planner.console import progress, warn
+    from planner.console import WorkProgress, warn
     from planner.profiler.measure import measure_model
 
-    with progress() as bar:
-        task = bar.add_task("profiling layers", total=len(chain.layers))
+    with WorkProgress("profile") as work:
+        work.phase(f"measuring the memory of {len(chain.layers)} layers")
         measurement = measure_model(
             chain.layers, chain.inputs, chain.targets, chain.loss_fn,
-            layer_outputs=chain.layer_outputs, warmup=warmup, repeats=repeats,
-            on_layer=lambda name: bar.update(task, advance=1, description=f"profiled {name}"),
+            layer_outputs=chain.layer_outputs, warmup=warmup, repeats=repeats, on_progress=work.update,
         )
     for note in measurement.warnings:
         warn(note)
@@ -189,24 +205,46 @@ def _thread_ms(chain: Chain, *, model_file: str, dtype: str,
 
     import torch
 
-    from planner.console import progress
+    from planner.console import WorkProgress
     from planner.profiler.threads import alongside_ms, thread_counts, thread_samples, whole_step
     from planner.profiler.userfault import blame
 
     counts = thread_counts(torch.get_num_threads())
     step = whole_step(chain.layers, chain.inputs, chain.targets, chain.loss_fn)
-    with progress() as bar, blame("the whole model's forward and backward"):
-        bar.add_task(f"timing the whole model at {', '.join(map(str, counts))} threads", total=None)
+    with WorkProgress("profile") as work, blame("the whole model's forward and backward"):
+        work.phase(f"timing the whole model at {', '.join(map(str, counts))} threads")
         samples = thread_samples(step, counts, warmup=1, repeats=5)
         copies = _copies(chain)
         if copies < 2:
             return {count: min(values) for count, values in samples.items()}, None
-        bar.add_task(f"timing it at 1 thread beside {copies - 1} cop{'ies' if copies > 2 else 'y'} on the other "
-                     "cores", total=None)
+        work.phase(f"timing it at 1 thread beside {copies - 1} cop{'ies' if copies > 2 else 'y'} on the other cores")
         beside = alongside_ms(step, copies=copies, warmup=1, repeats=5, start_copy=partial(
             _start_copy, model_file=model_file, dtype=dtype, micro_batch_size=micro_batch_size))
-    thread_ms = {count: min(values) for count, values in samples.items()}
+    thread_ms = _consistent_threads({count: min(values) for count, values in samples.items()},
+                                    lambda: thread_samples(step, counts, warmup=1, repeats=5))
     return thread_ms, (None if beside is None else {1: statistics.median(samples[1]), copies: beside})
+
+
+def _consistent_threads(thread_ms: dict[int, float], again) -> dict[int, float]:
+    """thread_ms, timed `again()` once where more threads ran slower than fewer (the faster of
+    the two kept). Where they still do, the machine's load is real: the layers were timed under
+    it at the profile's threads, and the ratio is what converts their times to a launch's
+    threads, so it is kept, and said with what to do."""
+    from planner.console import warn
+    from planner.profiler import sanity
+
+    if not sanity.slower_with_more_threads(thread_ms):
+        return thread_ms
+    timed = again()
+    thread_ms = {count: min(ms, *timed.get(count, [ms])) for count, ms in thread_ms.items()}
+    slower = sanity.slower_with_more_threads(thread_ms)
+    if slower:
+        shown = ", ".join(f"{thread_ms[count]:.3g} ms at {count}" for count in sorted(thread_ms))
+        fastest = min(thread_ms, key=thread_ms.get)
+        warn(f"the whole model ran slower with more threads ({shown}), even when timed again: other work keeps "
+             f"cores busy, so the layers' times at {max(thread_ms)} threads cannot be trusted for a quiet machine "
+             f"(a launch scales them by these figures); profile with --threads {fastest}, or on a quiet machine")
+    return thread_ms
 
 
 def _copies(chain: Chain) -> int:

@@ -56,21 +56,23 @@ def _load(model_file: str, dtype, micro_batch_size: int, *, timeout_s: float | N
         inputs, targets = (modelfile.cast_batch(fake.fake_tensor(t, mode), torch.device("cpu"), dtype)
                            for t in (inputs, targets))
         with loaded.bounded("running the layers on example_batch() under FakeTensorMode"), \
-                fake.data_free(f"the layers of {loaded.path}"):
+                fake.data_free(str(loaded.path), layers):
             outputs = modelfile.check_chain(layers, inputs, loaded.path)
             loaded.check_loss(outputs[-1], targets)
     return model_ref, modelfile.Chain(layers, inputs, targets, loaded.loss_fn, outputs), mode
 
 
 def _measure(chain, gpu, device: str):
-    from planner.console import progress
+    from planner.console import WorkProgress
     from planner.profiler.fake import fake_measure
 
-    with progress() as bar:
-        task = bar.add_task("running the layers fake", total=len(chain.layers))
+    total = len(chain.layers)
+    with WorkProgress("profile --fake") as work:
+        work.phase(f"running {total} layers fake")
+        done = iter(range(1, total + 1))
         return fake_measure(chain.layers, chain.inputs, chain.targets, chain.loss_fn,
                             layer_outputs=chain.layer_outputs, gpu=gpu, device_type=device,
-                            on_layer=lambda name: bar.update(task, advance=1, description=f"ran {name}"))
+                            on_layer=lambda name: work.update(next(done), total, f"ran layer {name}"))
 
 
 def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: str, dtype: str,

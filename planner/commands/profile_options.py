@@ -19,7 +19,7 @@ def options_report(profile, timed: str) -> None:
             for index, option in enumerate(layer.options)]
     if not rows:
         return
-    console.print(table("recompute options per layer kind (planner/recompute.py)",
+    console.print(table("recompute options per layer kind (planner/runtime/recompute.py)",
                         ["kind", "option", "kept MiB", "recompute ms", "recompute peak MiB"], rows, right_from=2))
     found = ", ".join(f"{kind}: {', '.join(option.name for option in layer.options[2:]) or 'none and full only'}"
                       for kind, layer in kinds.items())

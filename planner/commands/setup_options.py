@@ -240,7 +240,9 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
                         activations_offloadable=may_offload_activations(profile, recompute, schedule)),
         )
     except ValidationError as exc:
-        raise UserError(f"invalid setup: {exc.errors()[0]['msg']}") from exc
+        from planner.io import describe_setup_error
+
+        raise UserError(f"invalid setup: {describe_setup_error(exc)}") from exc
     if runtime == "torchtitan":
         from planner.cost import dataparallel
 

@@ -59,7 +59,7 @@ CANNOT_EXPRESS = [
 RUNS_AS = {**rounding.ONLY_1F1B, "ZB": "interleaved-1F1B", "ZBV": "interleaved-1F1B",
            "DualPipeV": "interleaved-1F1B"}
 
-# megatron-core 0.16's recompute_modules as ckplan's recompute parts (planner/recompute.py):
+# megatron-core 0.16's recompute_modules as ckplan's recompute parts (planner/runtime/recompute.py):
 # (module, part, on dense decoder layers, on MoE layers). transformer_layer.py recomputes "mlp"
 # on dense layers only, moe_layer.py "moe" on MoE layers, experts.py "moe_act" (the experts'
 # activation, output-discarding) on MoE layers; "layernorm" is both norms, output-discarding

@@ -17,7 +17,7 @@ otherwise, r + c·P), the placement ckplan plans with; the schedule is named as 
 get_schedule_class knows it (Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV).
 
 Selective recompute (0.3.0): the policy in the generated file checkpoints a layer's parts as
-ckplan's options do (planner/recompute.py), on torchtitan's block submodules (models/llama3,
+ckplan's options do (planner/runtime/recompute.py), on torchtitan's block submodules (models/llama3,
 qwen3, deepseek_v3: attention, attention.inner_attention, feed_forward or moe, attention_norm,
 ffn_norm); save-matmuls saves every matmul and attention output, where torchtitan's own
 SelectiveAC (distributed/activation_checkpoint.py) recomputes every second matmul.
@@ -292,13 +292,13 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 
 def _selective_parts(core_attention: bool) -> str:
-    """The policy's selective half: ckplan's options (planner/recompute.py) on torchtitan's block
+    """The policy's selective half: ckplan's options (planner/runtime/recompute.py) on torchtitan's block
     submodules. `attn` is the attention kernel alone (attention.inner_attention) where the plan's
     profile is analytic (its attn keeps Q, K, V), the attention submodule where it was measured."""
     attention = "attention.inner_attention" if core_attention else "attention"
     return f'''
 
-# ckplan's recompute options on torchtitan's blocks (planner/recompute.py): the submodules each
+# ckplan's recompute options on torchtitan's blocks (planner/runtime/recompute.py): the submodules each
 # part checkpoints; mlp-act saves the MLP's matmul outputs and recomputes its activation,
 # save-matmuls the whole block saving every matmul and attention output
 _aten = torch.ops.aten

@@ -1,17 +1,21 @@
 """Run ckplan's plan and its baselines on the runtime, same steps and seed, and line
 the measurements up: ckplan's promise ("same memory, faster training") measured.
 
-Strategies run round-robin, every distinct layout once per round, so a machine that
-slows down for a while slows all alike; speed-ups are paired by round and carry a
-confidence interval and a verdict (planner.verdict). Rounds are added, up to
-`max_rounds`, until ckplan's verdict against every other strategy is resolved.
+Strategies run round-robin, every distinct layout once per round, each round in the
+reverse order of the one before (A B C, C B A, ...), so a machine that slows down for a while
+slows all alike and none always runs first; speed-ups are paired by round and carry a
+confidence interval and a verdict (planner.verdict). Rounds are added until ckplan's verdict
+against every other strategy is resolved, `max_rounds` are run, or the next round would end
+past the time budget: then the comparison says the machine was too noisy to tell.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -70,7 +74,12 @@ class Comparison(BaseModel):
     seed: int
     rounds: int = 1  # every strategy once per round, round-robin, so drift hits all alike
     confidence: float = 0.95
-    resolved: bool = False  # ckplan's verdict against every other strategy is faster or slower
+    resolved: bool = False  # ckplan's verdict against every other strategy is faster, slower or the same
+    # why rounds stopped being added: every verdict resolved, --max-rounds reached, or the next
+    # round would have ended past the time budget
+    stopped: Literal["resolved", "max_rounds", "time_budget"] = "max_rounds"
+    wall_s: float = 0.0  # the rounds' wall time
+    time_budget_s: float | None = None
     strategies: list[StrategyResult]
 
 
@@ -115,21 +124,34 @@ def run_comparison(
     seed: int,
     rounds: int = 1,
     max_rounds: int | None = None,
+    time_budget_s: float | None = None,
     confidence: float = 0.95,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Comparison:
     """`run(strategy_name) -> RunReport` runs one strategy (the runtime's run_plan). Runs
-    `rounds` rounds, then more, up to `max_rounds`, while any verdict of ckplan against
-    another strategy is unresolved."""
+    `rounds` rounds, then more while any verdict of ckplan against another strategy is
+    unresolved, up to `max_rounds` (None: no limit) and while the next round, as long as the
+    rounds so far on average, ends within `time_budget_s` of the start (None: no budget; with
+    neither, no round past `rounds`)."""
     first_of = _first_of(plan)
     reports: dict[str, list[RunReport]] = {name: [] for name in first_of.values()}
-    limit = max(rounds, max_rounds or rounds)
+    if max_rounds is None and time_budget_s is None:
+        max_rounds = rounds
+    start = clock()
     while True:
-        for name in reports:
+        order = list(reports) if len(reports["ckplan"]) % 2 == 0 else list(reversed(reports))
+        for name in order:
             reports[name].append(run(name))
         comparison = _compare(plan, first_of, reports, plan_file=plan_file, steps=steps,
                               warmup_steps=warmup_steps, seed=seed, confidence=confidence)
-        if comparison.rounds >= limit or (comparison.rounds >= rounds and comparison.resolved):
-            return comparison
+        done, elapsed = comparison.rounds, clock() - start
+        stopped = ("resolved" if comparison.resolved else
+                   "max_rounds" if max_rounds is not None and done >= max(rounds, max_rounds) else
+                   "time_budget" if time_budget_s is not None and elapsed * (done + 1) / done > time_budget_s
+                   else None)
+        if done >= rounds and stopped is not None:
+            return comparison.model_copy(update={"stopped": stopped, "wall_s": elapsed,
+                                                 "time_budget_s": time_budget_s})
 
 
 def _compare(plan, first_of, reports, *, plan_file, steps, warmup_steps, seed, confidence) -> Comparison:
@@ -188,3 +210,22 @@ def _result(name: str, same_as: str | None, reports: list[RunReport]) -> Strateg
         peak_error=[(max(r.stages[i].measured.peak_bytes for r in reports) - s.predicted.peak_bytes)
                     / s.predicted.peak_bytes if s.predicted else None for i, s in enumerate(stages)],
     )
+
+
+def verdict_sentence(comparison: Comparison) -> str:
+    """What the comparison found, plainly: each verdict of ckplan against the others, or that
+    the machine was too noisy to tell, after how many rounds and how long."""
+    spent = f"{comparison.rounds} rounds in {comparison.wall_s / 60:.1f} min"
+    contested = [(r.name, r.ckplan_vs) for r in comparison.strategies if r.ckplan_vs is not None]
+    if not contested:
+        return f"verdict: every baseline runs ckplan's own plan; nothing to tell apart ({spent})"
+    words = {"faster": "faster than", "slower": "slower than", "same": "as fast as", "unresolved": "vs"}
+    found = "; ".join(f"ckplan {v.ratio:.2f}x {words[v.verdict]} {name}"
+                      + (f" [{v.low:.2f}, {v.high:.2f}]" if v.low is not None else "") for name, v in contested)
+    if comparison.resolved:
+        return f"verdict, resolved after {spent}: {found}"
+    unresolved = [name for name, v in contested if v.verdict == "unresolved"]
+    why = (f"the {comparison.time_budget_s / 60:.3g} min time budget (--time-budget) ran out"
+           if comparison.stopped == "time_budget" else "--max-rounds was reached")
+    return (f"verdict: the machine was too noisy to tell ckplan from {', '.join(unresolved)} after {spent} ({why}): "
+            f"{found}; run it on a quieter machine or give it a longer --time-budget")

@@ -11,7 +11,8 @@ multiply, so the statistics are on their logarithms:
     CI    = exp(mean d ± t_{n-1, (1+c)/2} · sd(d) / √n)  Student's t, paired rounds
 
 A verdict is "faster" when the whole interval lies above 1, "slower" when it lies
-below, else "unresolved". With one round there is no spread to judge by: unresolved.
+below, "same" when it lies within SAME_WITHIN of 1 either way (two plans that run alike are
+told apart by no number of rounds: that is an answer too), else "unresolved". With one round there is no spread to judge by: unresolved.
 Student's t is used rather than a bootstrap because compare runs 2 to ~10 rounds, and
 a bootstrap of so few points returns intervals far narrower than the truth.
 """
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from statistics import fmean, stdev
 from typing import Literal
 
-Verdict = Literal["faster", "slower", "unresolved"]
+Verdict = Literal["faster", "slower", "same", "unresolved"]
+SAME_WITHIN = 0.05  # an interval inside [1/1.05, 1.05]: the same speed, within 5%
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class SpeedUp:
             return "faster"
         if self.high < 1.0:
             return "slower"
+        if self.low >= 1 / (1 + SAME_WITHIN) and self.high <= 1 + SAME_WITHIN:
+            return "same"
         return "unresolved"
 
 

@@ -1,6 +1,6 @@
 """A micro-benchmark of point-to-point sends on the backend and device a pipeline uses:
 two processes ping-pong tensors of several sizes; half the round trip is one send
-(planner/calibrate.py fits latency + bytes / bandwidth through them).
+(planner/measure/calibrate.py fits latency + bytes / bandwidth through them).
 
 gloo on cpu here; nccl on cuda (each rank on its own GPU, the clock read after a
 synchronize). Never prints; returns samples.

@@ -11,7 +11,7 @@ code (measure.py, saved.py):
 - parameters and tied sets: exact, from the built modules;
 - FLOPs per pass: `torch.utils.flop_counter.FlopCounterMode` (matmuls, convolutions,
   attention kernels), and the bytes every other op reads and writes (`OpBytes`);
-- each layer's recompute options (planner/recompute.py): kept bytes by the same hooks, the
+- each layer's recompute options (planner/runtime/recompute.py): kept bytes by the same hooks, the
   work each adds to forward + backward by the same counters, its transient by the tracker.
 
 Time has no measurement here; it is a roofline per pass: FLOPs over the GPU's BF16 peak
@@ -106,15 +106,71 @@ def fake_tensor(tensor: torch.Tensor, mode: FakeTensorMode) -> torch.Tensor:
     return mode.from_tensor(tensor.cpu() if tensor.device.type != "cpu" else tensor)
 
 
+# What the ops that need a tensor's values are, in the user's words: the op a fake tensor
+# refuses (DataDependentOutputException, DynamicOutputShapeException) names the call.
+_VALUE_OPS = {
+    "_local_scalar_dense": "reads a tensor's value as a Python number (.item(), int(), float(), or an if on a tensor)",
+    "nonzero": "selects elements by their values (a boolean mask, nonzero(), or torch.where with one argument)",
+    "masked_select": "selects elements by a boolean mask",
+    "bincount": "counts by value (bincount(), as mixture-of-experts routing counts the tokens per expert)",
+    "unique": "keeps the unique values (torch.unique)",
+    "repeat_interleave": "repeats by counts held in a tensor (repeat_interleave)",
+}
+
+
+def value_dependence(exc: BaseException) -> tuple[str, str, str] | None:
+    """(op, what it does, ' at FILE:LINE' in the user's code or '') for an exception caused by
+    code that needs tensor values under FakeTensorMode, following its causes; None otherwise."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DataDependentOutputException | DynamicOutputShapeException):
+            func = getattr(exc, "func", None)
+            op = str(getattr(func, "__name__", func) or str(exc)).split(".")[0].removeprefix("aten::")
+            phrase = _VALUE_OPS.get(op, "makes an output whose size or value depends on the tensor's values")
+            return f"aten.{op}", phrase, _user_line(exc)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _user_line(exc: BaseException) -> str:
+    """' at file.py:LINE (code)' for the innermost frame of the exception outside torch and ckplan."""
+    import traceback
+
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if "/torch/" not in frame.filename and "/planner/" not in frame.filename]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    code = f" ({frame.line.strip()})" if frame.line else ""
+    return f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}{code}"
+
+
 @contextmanager
-def data_free(what: str):
-    """Code that asks a fake tensor for a value (`.item()`, a branch on data) cannot run
-    without the data: say which code, and what to do, in one sentence."""
+def data_free(what: str, layers: Layers = ()):
+    """Code that asks a fake tensor for a value (`.item()`, a boolean mask, a branch on data,
+    MoE routing's counts) cannot run without the data: say which layer and which operation, and
+    what to do, in one sentence, however the error was wrapped on its way out. `layers`: the
+    pipeline layers whose forward may be running (the last one started is named)."""
+    started: list[str] = []
+    hooks = [layer.register_forward_pre_hook(partial(_started, started, name)) for name, layer in layers]
     try:
         yield
-    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
-        raise UserError(f"{what} reads tensor values ({type(exc).__name__}: {exc}), which a --fake profile does not "
-                        "have; profile without --fake where it fits, or make that code shape-only") from exc
+    except (UserError, DataDependentOutputException, DynamicOutputShapeException) as exc:
+        found = value_dependence(exc)
+        if found is None:
+            raise
+        op, phrase, line = found
+        where = f"layer {started[-1]!r} of {what}" if started else what
+        raise UserError(f"{where} {phrase}: {op}{line}; a --fake profile has shapes, not values, so it cannot run "
+                        "that: profile without --fake where the model fits, or make that code shape-only") from exc
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _started(started: list[str], name: str, module, args) -> None:
+    started.append(name)
 
 
 # ---------------------------------------------------------------- work per pass

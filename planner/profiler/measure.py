@@ -10,7 +10,7 @@ Three separate passes, so that tracking memory never slows what is timed:
    whole forward); then as many optimizer steps per optimizer a plan can name,
    over a copy of the layer's parameters.
 
-Each layer's selective recompute options (planner/recompute.py) go through the same three
+Each layer's selective recompute options (planner/runtime/recompute.py) go through the same three
 passes (profiler/options.py): their kept bytes in pass 1, their transients in pass 2, and
 their times in a job of their own, with half the repeats (options.option_repeats).
 
@@ -73,11 +73,15 @@ def measure_model(
     warmup: int,
     repeats: int,
     on_layer: Callable[[str], None] = lambda name: None,
+    on_progress: Callable[[int, int, str], None] = lambda done, total, what: None,
 ) -> Measurement:
     """`layer_outputs`: each layer's output on `inputs` (modelfile.check_chain returns
-    them), i.e. the next layer's input. `on_layer(name)` is called as each layer is done."""
+    them), i.e. the next layer's input. `on_layer(name)` is called as each layer is done;
+    `on_progress(done, total, what)` after every piece of work (a layer set up, a round of
+    timing every layer, a layer's optimizer steps), so a long first layer is not silence."""
     check_tieable(layers)  # sharing that a pipeline cannot keep tied is refused at the first command
     kinds = layer_kinds(layers)
+    work = _Work(on_progress, total=2 * len(layers) + 1 + warmup + repeats)
     layer_inputs = [inputs, *layer_outputs[:-1]]
     with blame("the MoE layers' routing"):
         routing = [layer_routing(layer, x) for (_, layer), x in zip(layers, layer_inputs, strict=True)]
@@ -88,17 +92,25 @@ def measure_model(
         with blame(f"layer {name!r}"):
             timed.append(_TimedLayer.prepare(name, layer, x, layer_outputs[index]))
         warnings += timed[-1].failed_options(kinds[index])
+        work.done(f"memory of layer {name}")
     chosen = options.common_per_kind(kinds, [list(t.option_transients) for t in timed])
     saved = saved_bytes(layers, inputs, targets, loss_fn, options=chosen)
+    work.done("activations kept by every layer")
     chosen = options.saving_per_kind(kinds, chosen, saved.act_bytes, saved.option_bytes)
     for t, names in zip(timed, chosen, strict=True):
         t.time_options(names)
-    time_interleaved([t.job for t in timed], warmup=warmup, repeats=repeats)
-    time_interleaved([t.option_job for t in timed if t.option_job is not None], warmup=min(warmup, 1),
-                     repeats=options.option_repeats(repeats))
+    time_interleaved([t.job for t in timed], warmup=warmup, repeats=repeats,
+                     on_round=lambda step, steps: work.done(f"timing every layer, round {step}/{steps}"))
+    option_jobs = [t.option_job for t in timed if t.option_job is not None]
+    if option_jobs:
+        rounds = min(warmup, 1) + options.option_repeats(repeats)
+        work.grow(rounds)
+        time_interleaved(option_jobs, warmup=min(warmup, 1), repeats=options.option_repeats(repeats),
+                         on_round=lambda step, steps: work.done(f"timing the recompute options, round {step}/{steps}"))
     for t in timed:
         t.measure_step(warmup=warmup, repeats=repeats)
         on_layer(t.name)
+        work.done(f"optimizer steps of layer {t.name}")
 
     def layer_profiles() -> list[LayerProfile]:
         return [t.profile(kind=kinds[i], act_bytes=saved.act_bytes[i], input_in_act_bytes=saved.input_in_act_bytes[i],
@@ -157,17 +169,40 @@ def _remeasure_suspects(timed: list[_TimedLayer], layer_profiles: Callable[[], l
         timed[index].recompute_measured = False
         warnings.append(f"layer {timed[index].name}'s recompute was lost in the machine's noise; "
                         "it is charged a whole forward (profile on a quieter machine to measure it)")
-    for index, (optimizer, typical_ms) in sanity.step_outliers(profiles, sanity.STEP_ABSURD):
-        # the same step on structurally identical layers is the same work: a hundred times
-        # the kind's median is a stall of the machine, and the median is the robust figure
+    for index, (optimizer, typical_ms) in sanity.step_outliers(profiles, sanity.STEP_SUSPECT):
+        # the same step on structurally identical layers is the same work: several times the
+        # kind's median is a stall of the machine, and the median is the robust figure
         measured_ms = timed[index].step_ms[optimizer]
         timed[index].step_ms = {**timed[index].step_ms, optimizer: typical_ms}
-        warnings.append(f"layer {timed[index].name}'s {optimizer} step measured {measured_ms:.3g} ms, over "
-                        f"{sanity.STEP_ABSURD:.0f}x its kind's median, even when measured again; it is charged that "
-                        f"median, {typical_ms:.3g} ms (profile on a quieter machine to measure it)")
+        warnings.append(f"layer {timed[index].name}'s {optimizer} step measured {measured_ms:.3g} ms, "
+                        f"{measured_ms / typical_ms:.0f}x its kind's median, even when measured again; it is charged "
+                        f"that median, {typical_ms:.3g} ms (profile on a quieter machine to measure it)")
+    profiles = layer_profiles()
+    for index, fixed in sanity.robust_figures(profiles).items():
+        # identical layers still far apart after re-measuring: the machine's load, not the
+        # layers; each takes its kind's median (the same work), said aloud
+        layer = timed[index]
+        layer.fixed = {**layer.fixed, **fixed.values}
+        warnings.append(f"layer {layer.name}'s {fixed.what}, even when measured again; it is charged its kind's "
+                        f"median, {fixed.typical} (profile on a quieter machine to measure it)")
     profiles = layer_profiles()
     assert not sanity.nonsense(profiles), sanity.nonsense(profiles)
     return profiles
+
+
+class _Work:
+    """Pieces of work done of a total that may grow, told to on_progress(done, total, what)."""
+
+    def __init__(self, on_progress: Callable[[int, int, str], None], *, total: int) -> None:
+        self.on_progress, self.total, self.count = on_progress, total, 0
+
+    def grow(self, more: int) -> None:
+        self.total += more
+
+    def done(self, what: str) -> None:
+        self.count += 1
+        self.total = max(self.total, self.count)
+        self.on_progress(self.count, self.total, what)
 
 
 @dataclass
@@ -190,6 +225,8 @@ class _TimedLayer:
     option_job: FwdBwdJob | None = None
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' share
     split: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # option: _split_backward_bytes
+    # figures measured wrong (a busy machine) replaced by the kind's median: fwd_ms, bwd_ms, recompute_ms
+    fixed: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def prepare(cls, name: str, layer: nn.Module, x: torch.Tensor, output: torch.Tensor) -> _TimedLayer:
@@ -233,6 +270,8 @@ class _TimedLayer:
         0); None where the layer has no backward to recompute for."""
         if not self.has_backward or not self.recompute_measured:
             return None
+        if "recompute_ms" in self.fixed:
+            return self.fixed["recompute_ms"]
         (fwd, bwd), (ckpt_fwd, ckpt_bwd) = self.job.stats()
         return max(ckpt_fwd.median_ms + ckpt_bwd.median_ms - fwd.median_ms - bwd.median_ms, 0.0)
 
@@ -249,11 +288,12 @@ class _TimedLayer:
         fwd, bwd = self.job.stats()[0]
         params = list(self.layer.parameters())
         recompute_ms = self.recompute_ms()
+        fwd_ms, bwd_ms = self.fixed.get("fwd_ms", fwd.median_ms), self.fixed.get("bwd_ms", bwd.median_ms)
         return LayerProfile(
             name=self.name,
             kind=kind,
-            fwd_ms=fwd.median_ms,
-            bwd_ms=bwd.median_ms,
+            fwd_ms=fwd_ms,
+            bwd_ms=bwd_ms,
             fwd_ms_min=fwd.min_ms,
             fwd_ms_max=fwd.max_ms,
             bwd_ms_min=bwd.min_ms,
@@ -275,7 +315,7 @@ class _TimedLayer:
             step_ms=self.step_ms,
             recompute_options=options.recompute_options(
                 act_bytes=act_bytes, input_bytes=storage_nbytes(self.x),
-                full_ms=fwd.median_ms if recompute_ms is None else recompute_ms, transient_bytes=self.transient_bytes,
+                full_ms=fwd_ms if recompute_ms is None else recompute_ms, transient_bytes=self.transient_bytes,
                 names=self.option_names, kept=option_bytes, transients=self.option_transients, job=self.option_job,
                 split=self.split),
         )

@@ -1,4 +1,4 @@
-"""Each layer's recompute options (planner/recompute.py), measured as none and full are.
+"""Each layer's recompute options (planner/runtime/recompute.py), measured as none and full are.
 
 Per option, with the profiler's own machinery:
 

@@ -12,6 +12,7 @@ work on identical layers), each said aloud: no profile carries the nonsense.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import median
 
 from planner.schema import LayerProfile
@@ -20,6 +21,8 @@ SPREAD = 1.5  # same-kind layers whose times differ by more than this are re-mea
 STEP_ABSURD = 100.0  # an optimizer step this many times its kind's median is nonsense
 STEP_SUSPECT = 5.0  # ... and one this many times it is re-measured
 FLOOR_MS = 0.5  # below this, jitter is the measurement; nothing is judged
+RECOMPUTE_SPREAD = 3.0  # a recompute (a difference of two medians) this far from its kind's is replaced
+MIN_KIND = 3  # a kind of fewer layers has no median that outvotes one of them
 
 
 def suspects(layers: list[LayerProfile]) -> set[int]:
@@ -31,7 +34,7 @@ def suspects(layers: list[LayerProfile]) -> set[int]:
         if typical < FLOOR_MS:
             continue
         found |= {i for i in same if not typical / SPREAD <= _compute_ms(layers[i]) <= typical * SPREAD}
-    return found
+    return found | set(robust_figures(layers))
 
 
 def nonsense(layers: list[LayerProfile]) -> str:
@@ -81,3 +84,54 @@ def step_outliers(layers: list[LayerProfile], factor: float) -> list[tuple[int, 
                 if step >= FLOOR_MS and step > factor * typical:
                     found.append((i, (optimizer, typical)))
     return found
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A layer's figures replaced by its kind's medians: which, what was wrong, the median said."""
+
+    values: dict[str, float]  # fwd_ms, bwd_ms, recompute_ms
+    what: str  # "forward + backward measured 99 ms, 3.2x its kind's median"
+    typical: str  # "31 ms"
+
+
+def robust_figures(layers: list[LayerProfile]) -> dict[int, Fixed]:
+    """Per layer index, the kind's median figures for each layer of a kind of MIN_KIND or more
+    whose forward + backward lies outside SPREAD of the kind's median, or whose recompute lies
+    outside RECOMPUTE_SPREAD of it (above FLOOR_MS): the same work measured under load."""
+    found: dict[int, Fixed] = {}
+    for same in _by_kind(layers).values():
+        if len(same) < MIN_KIND:
+            continue
+        fwd, bwd = median(layers[i].fwd_ms for i in same), median(layers[i].bwd_ms for i in same)
+        typical = fwd + bwd
+        for i in same:
+            compute = _compute_ms(layers[i])
+            if typical >= FLOOR_MS and not typical / SPREAD <= compute <= typical * SPREAD:
+                found[i] = Fixed({"fwd_ms": fwd, "bwd_ms": bwd}, f"forward + backward measured {compute:.3g} ms, "
+                                 f"{max(compute / typical, typical / compute):.2g}x off", f"{typical:.3g} ms")
+        recomputes = [layers[i].recompute_ms for i in same if layers[i].recompute_ms is not None]
+        if len(recomputes) < MIN_KIND:
+            continue
+        usual = median(recomputes)
+        for i in same:
+            value = layers[i].recompute_ms
+            if value is None or max(value, usual) < FLOOR_MS or usual / RECOMPUTE_SPREAD <= value <= usual * RECOMPUTE_SPREAD:
+                continue
+            before = found.get(i)
+            found[i] = Fixed({**(before.values if before else {}), "recompute_ms": usual},
+                             (f"{before.what} and " if before else "") + f"recompute measured {value:.3g} ms",
+                             (f"{before.typical} and " if before else "") + f"{usual:.3g} ms of recompute")
+    return found
+
+
+THREADS_SLOWER = 1.2  # the whole model this much slower at more threads than at fewer contradicts itself
+
+
+def slower_with_more_threads(thread_ms: dict[int, float]) -> list[int]:
+    """The thread counts at which the whole model ran over THREADS_SLOWER times slower than at
+    some fewer threads: torch's threads do not slow work down; a busy machine does."""
+    counts = sorted(thread_ms)
+    return [count for i, count in enumerate(counts)
+            if any(thread_ms[count] > THREADS_SLOWER * thread_ms[fewer] for fewer in counts[:i])]
+

@@ -31,8 +31,9 @@ class SavedBytes:
     act_bytes: list[int]  # per layer, each storage charged once
     input_in_act_bytes: list[int]  # the part of act_bytes that is the layer's own input
     loss_bytes: int  # what the loss saves beyond the final output and what layers charged
-    # per layer, each recompute option asked for: its kept bytes, charged as act_bytes is, and
-    # the part of them that is the layer's own input
+    # per layer, each recompute option asked for: its kept bytes as full's are charged (its input
+    # when it holds it, though an earlier layer saves it too; not its output), and the part of
+    # them that is the layer's own input
     option_bytes: list[dict[str, int]] = field(default_factory=list)
     option_input_bytes: list[dict[str, int]] = field(default_factory=list)
     # per layer, the bytes of the last storage it saves: the first its backward reads
@@ -64,8 +65,12 @@ def saved_bytes(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, los
             option_input.append({})
             for option in options[index] if index < len(options) else ():
                 with blame(f"layer {name!r} (grad-enabled forward, recompute option {option})"):
-                    saved, _ = _saved_by(partial(_under, layer, option), current)
-                kept = _charge(saved, set(before), per_microbatch)  # a copy: the options are alternatives
+                    saved, option_output = _saved_by(partial(_under, layer, option), current)
+                # As full keeps its input: the input when the option holds it, whoever else saved it
+                # (an earlier layer run under none, say, may not be), never its own output, which the
+                # next layer's input or the stage's output pays for.
+                paid = (before - {storage_key(current)}) | {storage_key(option_output)}
+                kept = _charge(saved, paid, per_microbatch)  # a copy: the options are alternatives
                 option_bytes[-1][option] = sum(kept.values())
                 option_input[-1][option] = kept.get(storage_key(current), 0)
             outputs.append(output)

@@ -103,13 +103,15 @@ class FwdBwdJob:
         return [(TimeStats.of(f), TimeStats.of(b)) for f, b in zip(self.fwd_ms, self.bwd_ms)]
 
 
-def time_interleaved(jobs: Sequence[FwdBwdJob], *, warmup: int, repeats: int) -> None:
+def time_interleaved(jobs: Sequence[FwdBwdJob], *, warmup: int, repeats: int,
+                     on_round: Callable[[int, int], None] = lambda step, steps: None) -> None:
     """Every repeat runs every job once, in turn: a spell of load on a shared machine then
     lands on one repeat of many layers, which the median drops, instead of on all the
-    repeats of one layer, which it cannot."""
+    repeats of one layer, which it cannot. on_round(step, steps) after each round."""
     for step in range(warmup + repeats):
         for job in jobs:
             job.run_once(keep=step >= warmup)
+        on_round(step + 1, warmup + repeats)
 
 
 def time_call(call: Callable[[], object], *, device: torch.device, warmup: int, repeats: int) -> TimeStats:

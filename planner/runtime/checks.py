@@ -18,7 +18,7 @@ from planner.io import sha256_file
 from planner.models.modelfile import Layers, ModelFile, load_model_file, pipeline_layers
 from planner.runtime.recompute import option_error
 from planner.runtime.stagemodule import stage_options, torch_dtype
-from planner.schema import Plan, StagePlan
+from planner.schema import OPTION_OFFLOAD, Plan, StagePlan
 
 
 @dataclass
@@ -121,6 +121,11 @@ def check_stage_options(stages: list[StagePlan], layers: Layers, *, what: str) -
 
 def check_setup(plan: Plan, strategy: Strategy) -> None:
     setup = plan.setup
+    offloaded = [name for stage in strategy.stages for name in stage.layers if stage.option(name) == OPTION_OFFLOAD]
+    if setup.pipeline.chunks > 1 and offloaded:
+        raise UserError(f"{strategy.name}'s layer {offloaded[0]} offloads its activations, which ckplan's runtime "
+                        f"does under 1F1B and GPipe only, not {setup.pipeline.schedule} with {setup.pipeline.chunks} "
+                        "chunks per rank; re-solve the plan (a chunked solve offloads nothing)")
     if setup.pipeline.schedule == "1F1B" and setup.pipeline.microbatches < setup.pipeline.stages:
         raise UserError(f"1F1B needs at least as many microbatches as stages; the plan has "
                         f"{setup.pipeline.microbatches} microbatches for {setup.pipeline.stages} stages")

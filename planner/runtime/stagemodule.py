@@ -3,7 +3,7 @@
 The stage keeps each layer under its FQN in the full model ("blocks.3.qkv.weight"
 stays "blocks.3.qkv.weight"), so parameters and gradients of a stage can be compared
 with a single-process model by name. Each layer runs under its recompute option
-(planner/recompute.py): "full" under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`,
+(planner/runtime/recompute.py): "full" under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`,
 its activations dropped after forward and recomputed in backward; a selective option
 checkpoints parts of it. A stage trains in train mode, and
 each layer draws its random numbers (dropout) from a seed of its own per step and
@@ -29,7 +29,7 @@ from planner.schema import OPTION_FULL, OPTION_NONE, StagePlan
 
 class StageModule(nn.Module):
     """Runs `layers` in order, each under its recompute option: `options` maps a layer to its
-    option's name (planner/recompute.py; absent: none), the layers named in `checkpointed` are
+    option's name (planner/runtime/recompute.py; absent: none), the layers named in `checkpointed` are
     full. A layer's option it does not have is a UserError naming both."""
 
     def __init__(self, layers: Layers, checkpointed: Iterable[str] = (), *, options: Mapping[str, str] | None = None):
