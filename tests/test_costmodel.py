@@ -310,6 +310,9 @@ def test_optimizer_step_scratch():
     # ZeroRedundancyOptimizer steps whole tensors: on cpu a rank may step the largest
     assert costmodel.layer_step_scratch_bytes(costs["blocks.0"], setup(2, dp=4, zero=1), "cpu") == MIB // 2
     assert costmodel.layer_step_scratch_bytes(costs["blocks.0"], setup(2, offload=True), "cpu") == 0
+    # sqrt(v) takes the state's dtype: 2 B a parameter in bf16, 4 in bf16-mixed's fp32 state
+    assert costmodel.layer_step_scratch_bytes(costs["blocks.0"], setup(2, precision="bf16"), "cuda") == MIB // 4
+    assert costmodel.layer_step_scratch_bytes(costs["blocks.0"], setup(2, precision="bf16-mixed"), "cuda") == MIB // 2
 
 
 def test_a_large_embedding_peaks_at_the_optimizer_step():

@@ -316,9 +316,13 @@ def layer_extra_bytes(layer: LayerCost, option: int) -> int:
 
 
 # Bytes per parameter of the temporaries torch's optimizer step allocates: Adam computes
-# sqrt(v) / bias correction as a new (fp32 master) tensor and updates in place; SGD with
-# momentum updates in place.
-_STEP_SCRATCH_PER_PARAM = {"adam": 4, "sgd": 0}
+# sqrt(v) / bias correction as a new tensor in the state's dtype (fp32 for fp32 and for
+# bf16-mixed's master, bf16 for bf16) and updates in place (torch/optim/adam.py,
+# _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)); SGD with momentum
+# updates in place. Measured on an H100 (docs/gpu-check.md): a bf16 stage's step peak at
+# 2 B/param, where 4 predicted 2.6 GiB too many.
+_STEP_SCRATCH_PER_PARAM = {("adam", "fp32"): 4, ("adam", "bf16-mixed"): 4, ("adam", "bf16"): 2,
+                           ("sgd", "fp32"): 0, ("sgd", "bf16-mixed"): 0, ("sgd", "bf16"): 0}
 
 
 def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: str) -> float:
@@ -328,7 +332,7 @@ def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: s
     is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
     if setup.data_parallel.offload:
         return 0.0
-    per_param = _STEP_SCRATCH_PER_PARAM[setup.training.optimizer]
+    per_param = _STEP_SCRATCH_PER_PARAM[(setup.training.optimizer, setup.training.precision)]
     if setup.data_parallel.zero == 1 and device_type != "cuda":
         return per_param_bytes(layer, setup, lambda _: per_param)
     return per_param_bytes(layer, setup, lambda part: per_param / dataparallel.shard_size(part))
