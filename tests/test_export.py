@@ -208,6 +208,15 @@ def test_export_refuses_a_plan_that_is_not_for_this_profile_or_fits_nowhere(tmp_
     assert result.exit_code == 1 and "records no feasible plan" in result.output
 
 
+def test_export_refuses_a_plan_charged_for_bf16_throughout(tmp_path):
+    _, plan, path = write(tmp_path, SIZES, CHECKPOINTED)
+    io.save_plan(plan.model_copy(update={"setup": plan.setup.model_copy(update={"precision": "bf16"})}), path)
+    for target in ("megatron", "torchtitan", "colossalai", "deepspeed"):
+        result = run("export", str(path), "--to", target, "--out", str(tmp_path / f"out-{target}"))
+        assert result.exit_code == 1 and "--precision bf16-mixed" in result.output, result.output
+        assert "Traceback" not in result.output and not (tmp_path / f"out-{target}").exists()
+
+
 def test_export_refuses_a_profile_the_plan_was_not_made_from(tmp_path):
     """The same architecture profiled otherwise (here: renamed) re-scored a plan silently."""
     profile, _, path = write(tmp_path, SIZES, CHECKPOINTED)

@@ -43,6 +43,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
 
     facts.read(profile)  # what the export copies from the profile, typed, before anything reads it
     _check_plan(plan, profile, plan_path)
+    _refuse_pure_bf16(plan)
     _refuse_experts(profile, target)
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
     if out is None:
@@ -50,6 +51,15 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
         io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, result.text)
     _report(plan, result, out)
+
+
+def _refuse_pure_bf16(plan) -> None:
+    """Every framework ckplan exports to trains bf16 with fp32 master weights and optimizer
+    state; a plan charged for bf16 throughout (ckplan's runtime) would hold other bytes there."""
+    if plan.setup.training.precision == "bf16":
+        raise UserError("the plan trains in bf16 throughout (--precision bf16, as ckplan's runtime does), and no "
+                        "framework does that: they keep fp32 master weights and optimizer state; solve again with "
+                        "--precision bf16-mixed and export that plan")
 
 
 # Targets whose exports write no expert or latent-attention settings: ColossalAI's MoE runs
