@@ -18,9 +18,6 @@ from typing import Literal
 from planner.errors import UserError
 
 Style = Literal["llama", "gpt"]
-# The model FLOPs utilisation analytic times assume unless told: dense LLM training at scale
-# on H100s reaches 35-50% (Megatron-LM and torchtitan published runs); 40% is the middle.
-DEFAULT_MFU = 0.4
 
 
 @dataclass(frozen=True)
