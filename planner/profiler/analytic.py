@@ -576,8 +576,8 @@ def block_recompute_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) 
     return block_flops(arch, shape, moe=moe) - last
 
 
-def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, *, moe: bool = False,
-                      fwd_ms: float, bwd_ms: float) -> tuple[RecomputeOption, ...]:
+def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None, *, moe: bool = False,
+                      fwd_ms: float | None = None, bwd_ms: float | None = None) -> tuple[RecomputeOption, ...]:
     """A block's selective recompute options, from its terms: each part below, then every
     combination of them (they recompute at different points of the backward, so a combination's
     extra peak is the largest of its parts'; `mlp` and `mlp-act` do not combine):
@@ -639,6 +639,8 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, *, 
                                          recompute_ms=sum(parts[p][1] for p in combo),
                                          recompute_peak_bytes=max(parts[p][0] for p in combo)))
     boundary = boundary_bytes(arch, shape)
+    if fwd_ms is None or bwd_ms is None:
+        fwd_ms, bwd_ms, _ = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
     return (*found, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
                                    first_bytes=terms[-1].num_bytes))
 
@@ -665,6 +667,11 @@ def offload_option(input_bytes: int, moved: int, gpu: GPU, *, fwd_ms: float, bwd
 
 def head_flops(arch: Arch, shape: Shape) -> int:
     return 2 * shape.tokens * arch.hidden_size * vocab_per_device(arch, shape)
+
+
+def flops_ms(flops: float, gpu: GPU, mfu: float) -> float:
+    """FLOPs at the BF16 peak x an explicit MFU (--mfu, the roofline's override)."""
+    return flops / (gpu.bf16_tflops * 1e12 * mfu) * 1e3
 
 
 def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:

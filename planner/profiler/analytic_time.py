@@ -142,20 +142,16 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     else:
         norms = (2 * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows), 2 * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows))
         dropouts = (0, 0)
-    residual = 2 * ADD * T * h
+    residual = 2 * ADD * rows * h  # the two residual adds (and their gradients' sums), on this device's rows
     param_bytes = formulas.block_params(arch, shape, moe=moe) * shape.d
     fwd_kernels = proj + core + mlp
     fwd_bytes = norms[0] + proj_fwd + core_fwd + mlp_fwd + residual + dropouts[0]
     bwd_bytes = norms[1] + proj_bwd + core_bwd + mlp_bwd + residual + dropouts[1] + ACCUMULATE * param_bytes
     flops = formulas.block_flops(arch, shape, moe=moe)
     fwd = work(flops, fwd_bytes, fwd_kernels)
-    bwd = work(2 * flops + _attention_extra(core), bwd_bytes, _backward_kernels(fwd_kernels))
+    # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's 2.5x
+    bwd = work(2 * flops, bwd_bytes, _backward_kernels(fwd_kernels))
     return fwd, bwd, _recompute(arch, shape, fwd, moe=moe)
-
-
-def _attention_extra(core: list[Kernel]) -> int:
-    """What torch counts in attention's backward beyond twice its forward (2.5x, not 2x)."""
-    return sum(int((ATTENTION_BWD_FLOPS - 2) * k.flops) for k in core if k.kind == "attention-fwd")
 
 
 def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
@@ -217,4 +213,4 @@ def times_ms(passes: tuple[Work, ...], gpu: GPU, mfu: float | None) -> tuple[flo
     """Each pass's roofline; with an explicit MFU, its FLOPs at the peak x MFU instead."""
     if mfu is None:
         return tuple(roofline_ms(done, gpu) for done in passes)
-    return tuple(done.flops / (gpu.bf16_tflops * 1e12 * mfu) * 1e3 for done in passes)
+    return tuple(formulas.flops_ms(done.flops, gpu, mfu) for done in passes)
