@@ -67,8 +67,10 @@ projection 2bsh², MLP 16bsh². LLaMA: 2·b·s·h·(2·a·hd + 2·kv·hd + 3·f)
 (Q and output projections, K and V at GQA width, three SwiGLU matrices; the
 attention matmuls over the full s², as MFU is conventionally counted). LM head
 2·b·s·h·V. Backward = 2 × forward (the weight and input gradients, each as large as
-the forward matmul); checkpointing recomputes one forward. Time = FLOPs / (peak ×
-MFU), MFU a stated assumption.
+the forward matmul); checkpointing recomputes one forward. Time is the fake profile's
+roofline (planner/profiler/roofline.py) over the kernels and bytes analytic_time.py writes
+from these formulas; an explicit --mfu overrides it with FLOPs / (peak × MFU), and the MFU
+the roofline implies is recorded (mfu_implied).
 
 The loss and transients. The head's output is the logits, s·b·V/t in the activation
 dtype (vocab-parallel under TP); cross-entropy keeps fp32 softmax over them
