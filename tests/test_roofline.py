@@ -78,7 +78,7 @@ def _config(tmp_path, name, **dims):
 def test_analytic_and_fake_profiles_agree_on_every_layers_time(tmp_path, name, dims):
     """LLaMA 3 8B and 70B at full width, one decoder layer, 4096 tokens: the analytic profile
     (formulas) and the fake one (Hugging Face's code under FakeTensorMode) within 5% on every
-    layer's forward, backward and recompute time."""
+    layer's forward, backward and recompute time, and on the loss."""
     pytest.importorskip("transformers")
     config = _config(tmp_path, name, **dims)
     shape = ("--seq-len", "4096", "--micro-batch-size", "1")
@@ -89,6 +89,7 @@ def test_analytic_and_fake_profiles_agree_on_every_layers_time(tmp_path, name, d
         assert mine.fwd_ms == pytest.approx(theirs.fwd_ms, rel=0.05), mine.name
         assert mine.bwd_ms == pytest.approx(theirs.bwd_ms, rel=0.05), mine.name
         assert mine.recompute_ms == pytest.approx(theirs.recompute_ms or 0.0, rel=0.05, abs=1e-6), mine.name
+    assert ours.loss_ms == pytest.approx(fake.loss_ms, rel=0.05)  # eager cross-entropy: 36 B per logit
     assert ours.assumptions["mfu"] is None and 0.5 < ours.assumptions["mfu_implied"] < 0.8
 
 

@@ -708,10 +708,13 @@ def logits_bytes(arch: Arch, shape: Shape, element_bytes: int) -> int:
 
 
 def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
-    """Cross-entropy is memory-bound: the forward reads the logits (d) and writes fp32
-    log-probabilities (4); the backward reads them (4) and writes the gradient in fp32
-    (4) and in the activation dtype (d)."""
-    moved = logits_bytes(arch, shape, 3 * FP32 + 2 * shape.d)
+    """Cross-entropy is memory-bound; per logit, as eager PyTorch runs it over fp32 logits
+    (Hugging Face's loss, torchtitan's cross_entropy on logits.float(); the fake profile counts
+    the same ops): the cast to fp32 (read d, write 4) and log_softmax (read 4, write 4) forward;
+    nll_loss's backward writes a zero-filled fp32 gradient (4), log_softmax's backward reads
+    it and its output and writes (12), the cast back reads 4 and writes d. nll_loss itself
+    gathers one entry per token."""
+    moved = logits_bytes(arch, shape, 2 * shape.d + 8 * FP32)
     return moved / (gpu.hbm_tbps * 1e12) * 1e3
 
 

@@ -189,8 +189,16 @@ class OpBytes(TorchDispatchMode):
 
 
 def _moved_bytes(packet, args, kwargs, made: list[torch.Tensor]) -> int:
-    if packet is torch.ops.aten.embedding:  # the rows it gathers, read and written, and the indices
+    """Every input and output, but for gathers and scatters, which touch only the entries
+    their indices name: an embedding reads the rows it gathers (and writes them), nll_loss the
+    targets' log-probabilities, and nll_loss's backward writes its zero-filled gradient and
+    scatters into the targets' entries."""
+    if packet is torch.ops.aten.embedding:
         return 2 * sum(map(_nbytes, made)) + _nbytes(args[1])
+    if packet is torch.ops.aten.nll_loss_forward:
+        return args[1].numel() * args[0].element_size() + _nbytes(args[1]) + sum(map(_nbytes, made))
+    if packet is torch.ops.aten.nll_loss_backward:
+        return sum(map(_nbytes, made)) + _nbytes(args[2]) * 2
     return sum(_nbytes(t) for t in (*_tensors((args, kwargs)), *made))
 
 
