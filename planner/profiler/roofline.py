@@ -71,7 +71,7 @@ def matmul_efficiency(flops: float, gpu: GPU, *, fp8: bool = False) -> float:
     if ideal_us <= 0:
         return gpu.matmul_efficiency
     x = math.log(ideal_us)
-    (x0, e0), (xn, _) = _CURVE[0], _CURVE[-1]
+    x0, e0 = _CURVE[0]
     if x <= x0:
         return e0 * math.exp(x - x0) * scale
     for (xa, ea), (xb, eb) in zip(_CURVE, _CURVE[1:]):
