@@ -122,3 +122,17 @@ def test_every_gpu_has_each_figure_with_a_source_and_profiles(tmp_path, name):
 def test_an_unknown_gpu_names_every_known_one(tmp_path):
     result = run("profile", "--arch", "llama3-8b", "--seq-len", "256", "--gpu", "v100", "--out", tmp_path / "p.json")
     assert result.exit_code == 1 and all(name in result.output for name in REQUIRED_GPUS)
+
+
+def test_the_fake_profiler_reads_float8_and_causal_kernels_off_their_arguments():
+    import torch
+
+    from planner.profiler import fake
+
+    a, b = torch.empty(4, 8, dtype=torch.float8_e4m3fn), torch.empty(8, 4, dtype=torch.float8_e4m3fn)
+    assert fake._kernel(torch.ops.aten.mm.default, 256, (a, b), {}) == Kernel("matmul-fp8", 256)
+    assert fake._kernel(torch.ops.aten.mm.default, 256, (a.bfloat16(), b.bfloat16()), {}) == Kernel("matmul", 256)
+    q = torch.empty(1, 2, 8, 4)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert fake._kernel(flash, 512, (q, q, q, 0.0, True), {}) == Kernel("attention-fwd", 512, 0.5)
+    assert fake._kernel(flash, 512, (q, q, q), {"is_causal": False}) == Kernel("attention-fwd", 512, 1.0)
