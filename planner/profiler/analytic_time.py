@@ -42,8 +42,12 @@ SWIGLU_FWD, SWIGLU_BWD = 10, 18
 ADD = 6  # a + b in 16 bits: read 2 + 2, write 2
 ACCUMULATE = 3  # grad += new: read both, write one
 ATTENTION_BWD_FLOPS = 2.5  # torch's sdpa_backward_flop_count: five matmuls to the forward's two
-# GPT-style blocks (torch's fused native_layer_norm and gelu, dropout with its mask), per element
-LAYERNORM_FWD, LAYERNORM_BWD, ACT_FWD, ACT_BWD, DROPOUT_FWD, DROPOUT_BWD = 4, 8, 4, 6, 5, 5
+# GPT-style blocks, per element: torch's native_layer_norm (one kernel each way); GELU as Hugging
+# Face's GPT-2 writes it (gelu_new: pow, tanh and six elementwise ops, their gradients), ReLU
+# (OPT); dropout with its mask; the fused Q/K/V gradient's cat, and each bias gradient's sum
+LAYERNORM_FWD, LAYERNORM_BWD = 4, 6
+ACT_BYTES = {"gelu": (36, 56), "relu": (4, 6)}
+DROPOUT_FWD, DROPOUT_BWD, QKV_CAT, BIAS_SUM = 5, 5, 4, 2
 EAGER_SCORES_FWD, EAGER_SCORES_BWD = 20, 30  # eager attention: mask add, fp32 softmax and back, per score
 
 
@@ -92,8 +96,8 @@ def _projections(arch, shape) -> tuple[list[Kernel], int, int]:
         return (kernels, NORM_FWD * latents + ROTARY_FWD * rotated,
                 NORM_BWD * latents + ROTARY_BWD * rotated + ADD * T * h * (1 + bool(q_rank)))
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
-    if arch.style == "gpt":
-        return _matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), 0, 0
+    if arch.style == "gpt":  # backward: the Q/K/V gradients concatenated, the biases' gradients summed
+        return _matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), 0, (QKV_CAT + BIAS_SUM) * T * (q + 2 * kv)
     rotated, table = T * (q + kv), T * arch.head_size * ROTARY_TABLE
     norms = (NORM_FWD * rotated, NORM_BWD * rotated) if arch.qk_norm else (0, 0)
     return (_matmuls(2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv, 2 * T * q * h),
@@ -112,7 +116,8 @@ def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], int, int]:
     T, h, t = shape.tokens, arch.hidden_size, shape.tp
     if arch.style == "gpt":
         f = arch.intermediate_size // t
-        return _matmuls(2 * T * h * f, 2 * T * f * h), ACT_FWD * T * f, ACT_BWD * T * f
+        act_fwd, act_bwd = ACT_BYTES[arch.mlp_act]
+        return _matmuls(2 * T * h * f, 2 * T * f * h), act_fwd * T * f, (act_bwd + BIAS_SUM) * T * f
     if not moe:
         return _swiglu(T, h, arch.intermediate_size // t)
     experts, tokens = arch.num_experts, formulas.expert_tokens(arch, shape)
@@ -138,7 +143,8 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     mlp, mlp_fwd, mlp_bwd = _mlp(arch, shape, moe)
     if arch.style == "gpt":  # two LayerNorms, three dropouts (attention probabilities under eager only)
         norms = (2 * (LAYERNORM_FWD * rows * h), 2 * (LAYERNORM_BWD * rows * h))
-        dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h)
+        # two dropouts, and the two row-parallel biases' gradient sums
+        dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h + 2 * BIAS_SUM * T * h)
     else:
         norms = (2 * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows), 2 * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows))
         dropouts = (0, 0)
@@ -206,7 +212,11 @@ def embedding_work(arch, shape) -> tuple[Work, Work, Work]:
     rows = shape.tokens * arch.hidden_size * shape.d
     table = formulas.embedding_params(arch, shape) * shape.d
     ids = formulas.INDEX_BYTES * shape.tokens
-    return work(0, 2 * rows + ids, []), work(0, rows + ids + table + ACCUMULATE * table, []), work(0, 0, [])
+    fwd, bwd = 2 * rows + ids, rows + ids + table + ACCUMULATE * table
+    if arch.style == "gpt":  # learned positions: one sequence's rows gathered and added to every sequence's
+        positions = shape.seq_len * arch.hidden_size * shape.d
+        fwd, bwd = fwd + 2 * positions + 2 * rows + positions, bwd + rows + 2 * positions
+    return work(0, fwd, []), work(0, bwd, []), work(0, 0, [])
 
 
 def times_ms(passes: tuple[Work, ...], gpu: GPU, mfu: float | None) -> tuple[float, ...]:
