@@ -12,8 +12,8 @@ import pytest
 from export_plans import write
 from fixtures.cli import run, run_ok
 
-from planner.models import archs
 from planner.errors import UserError
+from planner.models import archs
 
 SMALL = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)

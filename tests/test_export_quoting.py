@@ -103,8 +103,8 @@ import json  # noqa: E402
 
 import yaml  # noqa: E402
 
-from planner.models import archs  # noqa: E402
 from planner.emit import facts, megatron  # noqa: E402
+from planner.models import archs  # noqa: E402
 
 TARGETS = [  # (--to, the file's ending, extra options): every exporter, both torchtitan forms
     ("megatron", "megatron.sh", []),

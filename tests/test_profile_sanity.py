@@ -181,9 +181,9 @@ def test_a_profile_that_contradicts_itself_says_so_in_the_file_and_solve_repeats
     from click.testing import CliRunner
 
     from planner import io
-    from planner.models import synthetic
     from planner.cli import cli
     from planner.commands.profile import with_timing_verdict
+    from planner.models import synthetic
 
     layers = [synthetic.layer(f"blocks.{i}", "Block", fwd_ms=10, act_mib=1, input_mib=0.5, param_count=1000)
               for i in range(3)]

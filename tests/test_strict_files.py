@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from fixtures.rt_plans import make_plan
 
 from planner import io
-from planner.models import synthetic
 from planner.cli import cli
 from planner.commands.calibrate import calibration_path
+from planner.models import synthetic
 from planner.schema import Calibration, PlacementFit
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ def dtype_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 def options(command):
     """The analytic profiler's options, added to `ckplan profile`."""
-    from planner.models.archs import ARCHS, DEFAULT_MFU, GPUS
+    from planner.models.archs import ARCHS, GPUS
 
     decorators = [
         click.option("--arch", default=None, metavar="NAME",
@@ -43,8 +43,10 @@ def options(command):
         click.option("--gpu", default="h100-sxm", show_default=True,
                      help=f"With --arch or --fake: the device whose peak sets the times and whose memory becomes "
                           f"`ckplan solve`'s default --mem: {', '.join(GPUS)} (h100 = h100-sxm)."),
-        click.option("--mfu", type=click.FloatRange(min=0, max=1, min_open=True), default=DEFAULT_MFU,
-                     show_default=True, help="With --arch: model FLOPs utilisation the times assume."),
+        click.option("--mfu", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+                     help="With --arch: override the roofline times with FLOPs at the peak x this model FLOPs "
+                          "utilisation. Not given (the default), times are the roofline and the MFU they imply "
+                          "is printed."),
         click.option("--capacity-factor", type=click.FloatRange(min=0, min_open=True), default=1.0,
                      show_default=True,
                      help="With a mixture-of-experts --arch: tokens each expert holds = factor x tokens x top-k / "
@@ -119,7 +121,7 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
-        seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float,
+        seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float | None,
         capacity_factor: float = 1.0) -> None:
     from pydantic import ValidationError
 
@@ -206,7 +208,8 @@ def _report(profile, spec, shape, out: Path) -> None:
              format_bytes(same[0].act_bytes), format_bytes(same[0].input_bytes), f"{same[0].param_count:,}"]
             for same in _runs(profile.layers)]
     facts = profile.assumptions
-    title = (f"{profile.name}: analytic, per {facts['gpu']} at MFU {facts['mfu']:g}, {profile.dtype}, "
+    timing = f"at MFU {facts['mfu']:g} (--mfu)" if facts["mfu"] is not None else "roofline"
+    title = (f"{profile.name}: analytic, per {facts['gpu']} {timing}, {profile.dtype}, "
              f"{facts['attention']} attention")
     console.print(table(title, ["layer", "kind", "count", "fwd ms", "bwd ms", "kept", "input", "params/device"],
                         rows, right_from=2))
@@ -221,7 +224,7 @@ def _report(profile, spec, shape, out: Path) -> None:
     if spec.num_mtp_layers:
         warn(f"{spec.name}'s {spec.num_mtp_layers} multi-token-prediction module(s) are not planned: the profile is "
              "the main model's")
-    info(f"times assume {facts['gpu_bf16_tflops']:g} TFLOP/s × MFU {facts['mfu']:g} (--mfu); "
+    info(f"{_timing(facts)}; "
          f"`ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}, what a process can "
          f"allocate on the {facts['gpu']}")
     if spec.max_position_embeddings and shape.seq_len > spec.max_position_embeddings:
@@ -232,6 +235,14 @@ def _report(profile, spec, shape, out: Path) -> None:
              f"LLM trains as {LLM_PRECISION}: pass --precision {LLM_PRECISION} to solve (or --precision fp32 to plan "
              "fp32 on purpose)")
     info(f"wrote {out}")
+
+
+def _timing(facts: dict) -> str:
+    if facts["mfu"] is not None:
+        return f"times assume {facts['gpu_bf16_tflops']:g} TFLOP/s × MFU {facts['mfu']:g} (--mfu)"
+    return (f"times are rooflines (matmuls at their size's published efficiency, attention at FlashAttention-2's, "
+            f"memory-bound bytes at {facts['gpu_hbm_tbps']:g} TB/s): they imply MFU {facts['mfu_implied']:.3f} "
+            f"of {facts['gpu_bf16_tflops']:g} TFLOP/s over the layers' forward and backward")
 
 
 def _runs(layers: list) -> list[list]:

@@ -92,8 +92,10 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
         "gpu_usable_bytes": gpu.usable_bytes, "gpu_usable_source": f"{gpu.total_source}; less the "
                                                                    f"{archs.CONTEXT_SOURCE}",
         "matmul_efficiency": gpu.matmul_efficiency, "matmul_source": gpu.matmul_source,
-        "time": "per pass: FLOPs / (gpu_bf16_tflops x matmul_efficiency) + memory-bound ops' bytes / HBM bandwidth; "
-                "matmul_efficiency is the best single matmul measured (a per-kernel ceiling), not an end-to-end MFU",
+        "time": "per pass, a roofline per kernel (planner/profiler/roofline.py): each matmul at the efficiency "
+                "published for its size up to matmul_efficiency (the best matmul measured, a per-kernel ceiling, not "
+                "an end-to-end MFU), attention at FlashAttention-2's published throughput, memory-bound ops' bytes / "
+                "HBM bandwidth",
         "memory": "the model's own code run under FakeTensorMode: saved-tensor hooks and storages, byte for byte; "
                   "kernels as torch's CPU kernels",
         "flops": flops,
@@ -141,8 +143,9 @@ def _report(profile, out: Path) -> None:
     info(f"{params - shared:,} parameters ({len(profile.tied)} tied set{'s' if len(profile.tied) != 1 else ''}); "
          f"{format_bytes(sum(layer.act_bytes for layer in profile.layers))} kept per microbatch without "
          f"checkpointing; the loss keeps {format_bytes(profile.loss_bytes)}")
-    info(f"times are rooflines: FLOPs at {facts['gpu_bf16_tflops']:g} TFLOP/s x {facts['matmul_efficiency']:g} (the "
-         f"best matmul measured on the {facts['gpu']}, a per-kernel ceiling, not end to end) plus memory-bound bytes "
+    info(f"times are rooflines: each matmul at its size's published efficiency, up to {facts['matmul_efficiency']:g} "
+         f"of {facts['gpu_bf16_tflops']:g} TFLOP/s (the best matmul measured on the {facts['gpu']}, a per-kernel "
+         f"ceiling, not end to end), attention at FlashAttention-2's published rate, plus memory-bound bytes "
          f"at {facts['gpu_hbm_tbps']:g} TB/s; `ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}")
     options_report(profile, "recompute times are rooflines of the work each adds, as full's")
     info(f"wrote {out}")

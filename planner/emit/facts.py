@@ -21,8 +21,8 @@ from pydantic import (
     field_validator,
 )
 
-from planner.models.archs import MAX_LAYERS
 from planner.errors import UserError
+from planner.models.archs import MAX_LAYERS
 from planner.schema import Profile
 
 Count = Annotated[StrictInt, Field(ge=0, le=2**40)]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from planner.models.archs import MAX_LAYERS, Arch
 from planner.errors import UserError
+from planner.models.archs import MAX_LAYERS, Arch
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 # families whose MLP is gated (gate and up projections, then down): SiLU-gated (SwiGLU) or, in

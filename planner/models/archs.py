@@ -1,11 +1,8 @@
-"""Published LLM architectures and GPU specs, as data, each with its source.
+"""Published LLM architectures, as data, each with its source (GPU specs: planner/models/gpus.py,
+re-exported here).
 
 An `Arch` holds what the analytic profiler needs from a Hugging Face-style
 config.json; `from_hf_config` (planner/models/archconfig.py) reads one and refuses missing or nonsensical fields.
-GPU numbers are the vendors' datasheet figures (memory as sold, dense, not 2:4-sparse,
-BF16 tensor-core TFLOP/s, HBM bandwidth), and the memory a training process can use:
-the total CUDA reports (the card's memory less what the driver reserves, as published
-device queries print it) less the CUDA context (`usable_bytes`), `solve`'s default cap.
 """
 
 from __future__ import annotations
@@ -16,11 +13,18 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from planner.errors import UserError
+from planner.models.gpus import (  # noqa: F401  the GPU data, re-exported where callers have always found it
+    CONTEXT_SOURCE,
+    CUDA_CONTEXT_BYTES,
+    GPU,
+    GPU_ALIASES,
+    GPUS,
+    HOST_ADAM_NS_PER_PARAM,
+    HOST_ADAM_SOURCE,
+    gpu,
+)
 
 Style = Literal["llama", "gpt"]
-# The model FLOPs utilisation analytic times assume unless told: dense LLM training at scale
-# on H100s reaches 35-50% (Megatron-LM and torchtitan published runs); 40% is the middle.
-DEFAULT_MFU = 0.4
 
 
 @dataclass(frozen=True)
@@ -216,121 +220,6 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          num_kv_heads=96, vocab_size=50257, tie_word_embeddings=True, max_position_embeddings=2048,
          style="gpt", norm_eps=1e-5, source="Brown et al. 2020, Table 2.1"),
 )}
-
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    memory_bytes: int  # as sold, decimal
-    bf16_tflops: float  # dense BF16 tensor-core peak
-    hbm_tbps: float  # HBM bandwidth, TB/s
-    source: str
-    # GB/s one way per GPU: the GPU-to-GPU link inside a node (NVLink / Infinity Fabric: the
-    # datasheet's bidirectional total / 2), the network between nodes (one NIC per GPU), and
-    # the host link (PCIe: the datasheet's bidirectional figure / 2)
-    node_link_gb_per_s: float = 0.0
-    network_gb_per_s: float = 50.0  # 400 Gb/s InfiniBand NDR / ConnectX-7 per GPU (DGX H100, DGX B200)
-    host_link_gb_per_s: float = 64.0  # PCIe Gen5 x16
-    gpus_per_node: int = 8
-    link_source: str = ""
-    # what cudaGetDeviceProperties().totalGlobalMem (torch's total_memory) reports, and its source
-    cuda_total_bytes: int = 0
-    total_source: str = ""
-    # the best BF16 matmul measured against the datasheet peak (a per-kernel ceiling, not an
-    # end-to-end MFU: no launches, communication or memory-bound ops in it)
-    matmul_efficiency: float = 0.801
-    matmul_source: str = ""
-
-    @property
-    def usable_bytes(self) -> int:
-        """What one training process can allocate: the CUDA total less the context."""
-        return self.cuda_total_bytes - CUDA_CONTEXT_BYTES
-
-
-# The CUDA context PyTorch creates on its first CUDA call (CUDA >= 11.7, lazy module loading):
-# "around 400MB" (pytorch/pytorch#109888, a PyTorch maintainer); ~287 MB measured in
-# pytorch/pytorch#86509. Taken as 400 MiB, the larger reading.
-CUDA_CONTEXT_BYTES = 400 * 2**20
-CONTEXT_SOURCE = "CUDA context ~400 MB with lazy loading (pytorch/pytorch#109888)"
-_MIB = 2**20
-# nvidia-smi's total less its "Reserved" line: 454 MiB on an H100 SXM (driver 565), the
-# reservation assumed where only nvidia-smi's total was found
-_H100_RESERVED = 454 * _MIB
-
-
-# The host's Adam step an offloaded optimizer takes, per fp32 parameter, on a GPU server:
-# DeepSpeedCPUAdam (AVX) in one process with its memory on the local NUMA node updated 136M
-# parameters (545 MB of fp32) in 54.8 ms (github.com/DandinPower/numa-cpu-adam-bench,
-# example/qwen2.5-7B_normal_interleave.csv). Ranks stepping at once share the host's memory
-# bandwidth: the same run measured two processes at 1.5 ns per parameter each.
-HOST_ADAM_NS_PER_PARAM = 0.40
-HOST_ADAM_SOURCE = ("DeepSpeedCPUAdam on a GPU server's host, one process: 136M fp32 parameters in 54.8 ms "
-                    "(numa-cpu-adam-bench)")
-
-
-GPUS: dict[str, GPU] = {g.name: g for g in (
-    # NVIDIA H100 Tensor Core GPU datasheet (2023): SXM 80 GB, BF16 1,979 TFLOPS with sparsity
-    # (989 dense), 3.35 TB/s; PCIe 80 GB, 1,513 with sparsity (756 dense), 2 TB/s
-    # Links: NVLink 900 GB/s (SXM) / NVLink bridge 600 GB/s (PCIe, pairs only: PCIe counted),
-    # PCIe Gen5 128 GB/s; DGX H100: 8x ConnectX-7 400 Gb/s, one per GPU
-    GPU("h100-sxm", 80 * 10**9, 989.4, 3.35, "NVIDIA H100 datasheet, SXM5", 450.0,
-        link_source="H100 datasheet: NVLink 900 GB/s, PCIe Gen5 128 GB/s; DGX H100: 400 Gb/s NDR per GPU",
-        cuda_total_bytes=85_045_477_376,
-        total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
-                     "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
-        matmul_efficiency=0.801, matmul_source="MAMF 792.1 of 989 TFLOPS, BF16 matmul, CUDA 12.1 (stas00/ml-engineering, compute/accelerator)"),
-    GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe", 64.0,
-        link_source="H100 datasheet: PCIe Gen5 128 GB/s (GPU to GPU over PCIe); 400 Gb/s NIC per GPU",
-        cuda_total_bytes=81559 * _MIB - _H100_RESERVED,
-        total_source="nvidia-smi on H100 PCIe: 81559 MiB (Beomi/BitNet-Transformers README), less the SXM's "
-                     "454 MiB driver reservation (assumed)",
-        matmul_efficiency=0.801, matmul_source="the H100 SXM's MAMF efficiency, 792.1 of 989 TFLOPS (stas00/ml-engineering; none published for PCIe)"),
-    # NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM
-    GPU("h200", 141 * 10**9, 989.4, 4.8, "NVIDIA H200 datasheet, SXM", 450.0,
-        link_source="H200 datasheet: NVLink 900 GB/s, PCIe Gen5 128 GB/s; 400 Gb/s NIC per GPU",
-        cuda_total_bytes=143771 * _MIB - _H100_RESERVED,
-        total_source="nvidia-smi on H200: 143771 MiB (sgl-project/sglang#3196), less the H100's 454 MiB driver "
-                     "reservation (assumed)",
-        matmul_efficiency=0.830, matmul_source="MAMF 821.0 of 989 TFLOPS on GH200 (the same H100/H200 chip), CUDA 12.5 (stas00/ml-engineering)"),
-    # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense; 40 GB 1,555 GB/s,
-    # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
-    GPU("a100-40g", 40 * 10**9, 312.0, 1.555, "NVIDIA A100 datasheet, 40 GB SXM", 300.0, 25.0, 32.0,
-        link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
-        cuda_total_bytes=42_298_834_944,
-        total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
-        matmul_efficiency=0.859, matmul_source="MAMF 267.9 of 312 TFLOPS, A100 SXM, CUDA 12.1 (stas00/ml-engineering)"),
-    GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM", 300.0, 25.0, 32.0,
-        link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
-        cuda_total_bytes=85_100_068_864,
-        total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
-                     "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
-        matmul_efficiency=0.859, matmul_source="MAMF 267.9 of 312 TFLOPS, A100 SXM, CUDA 12.1 (stas00/ml-engineering)"),
-    # NVIDIA DGX B200 datasheet (2024): 1,440 GB for 8 GPUs (180 GB each), 72 PFLOPS FP8 training
-    # for 8 GPUs; B200 dense BF16 2.25 PFLOPS (4.5 with sparsity), HBM3e 8 TB/s
-    GPU("b200", 180 * 10**9, 2250.0, 8.0, "NVIDIA DGX B200 / HGX B200 datasheets", 900.0,
-        link_source="HGX B200 datasheet: NVLink 1.8 TB/s per GPU; DGX B200: 400 Gb/s per GPU; PCIe Gen5",
-        cuda_total_bytes=183359 * _MIB - _H100_RESERVED,
-        total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
-                     "driver reservation (assumed)",
-        matmul_efficiency=0.801, matmul_source="the H100 SXM's MAMF efficiency (stas00/ml-engineering; no B200 BF16 figure published there)"),
-    # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
-    GPU("mi300x", 192 * 10**9, 1307.4, 5.3, "AMD Instinct MI300X datasheet", 448.0,
-        link_source="MI300X datasheet: Infinity Fabric 896 GB/s peer to peer, PCIe Gen5 128 GB/s; "
-                    "400 Gb/s NIC per GPU assumed",
-        cuda_total_bytes=196592 * _MIB,
-        total_source="hipGetDeviceProperties on MI300X: 196592 MB total global memory "
-                     "(github.com/thamada/nvidia-smi, package/MI300X_deviceQuery.py)",
-        matmul_efficiency=0.601, matmul_source="MAMF 781.9 of 1300 TFLOPS, ROCm 6.2 (stas00/ml-engineering)"),
-)}
-
-GPU_ALIASES = {"h100": "h100-sxm"}
-
-
-def gpu(name: str) -> GPU:
-    key = GPU_ALIASES.get(name.lower(), name.lower())
-    if key not in GPUS:
-        raise UserError(f"unknown --gpu {name!r}; choose one of {', '.join([*GPUS, *GPU_ALIASES])}")
-    return GPUS[key]
 
 
 def arch(name: str) -> Arch:

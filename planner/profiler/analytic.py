@@ -67,8 +67,10 @@ projection 2bsh², MLP 16bsh². LLaMA: 2·b·s·h·(2·a·hd + 2·kv·hd + 3·f)
 (Q and output projections, K and V at GQA width, three SwiGLU matrices; the
 attention matmuls over the full s², as MFU is conventionally counted). LM head
 2·b·s·h·V. Backward = 2 × forward (the weight and input gradients, each as large as
-the forward matmul); checkpointing recomputes one forward. Time = FLOPs / (peak ×
-MFU), MFU a stated assumption.
+the forward matmul); checkpointing recomputes one forward. Time is the fake profile's
+roofline (planner/profiler/roofline.py) over the kernels and bytes analytic_time.py writes
+from these formulas; an explicit --mfu overrides it with FLOPs / (peak × MFU), and the MFU
+the roofline implies is recorded (mfu_implied).
 
 The loss and transients. The head's output is the logits, s·b·V/t in the activation
 dtype (vocab-parallel under TP); cross-entropy keeps fp32 softmax over them
@@ -90,7 +92,9 @@ from itertools import combinations
 from typing import Literal
 
 from planner.errors import UserError
-from planner.models.archs import CONTEXT_SOURCE, DEFAULT_MFU, GPU, Arch
+from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
+from planner.profiler import analytic_time
+from planner.profiler.roofline import MATMUL_TABLE_SOURCE, implied_mfu
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
@@ -574,8 +578,8 @@ def block_recompute_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) 
     return block_flops(arch, shape, moe=moe) - last
 
 
-def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float, *,
-                      moe: bool = False) -> tuple[RecomputeOption, ...]:
+def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None, *, moe: bool = False,
+                      fwd_ms: float | None = None, bwd_ms: float | None = None) -> tuple[RecomputeOption, ...]:
     """A block's selective recompute options, from its terms: each part below, then every
     combination of them (they recompute at different points of the backward, so a combination's
     extra peak is the largest of its parts'; `mlp` and `mlp-act` do not combine):
@@ -595,25 +599,23 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float, *,
       needs its output for its own backward: no option.
     - `mlp` on a MoE block (Megatron-LM's moe): the whole mixture recomputed from its input (the
       MLP norm's output, which stays): router, dispatch, experts, combine and shared experts; it
-      reruns their forward (mlp_flops)."""
-    s, d = shape.seq_len, shape.d
-    sb = shape.tokens
+      reruns their forward (mlp_flops).
+    Each part's rerun is timed by the block's roofline (analytic_time.rerun_work)."""
+    d, sb = shape.d, shape.tokens
     out_width = arch.num_heads // shape.tp * arch.v_head_dim if arch.mla else q_width(arch, shape)
     core = sum(term.num_bytes for term in _attention_core_terms(arch, shape, out_width)[:-1])
-    window = min(s, arch.sliding_window or s)
-    width = (arch.num_heads // shape.tp) * (arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim) // 2 \
-        if arch.mla else q_width(arch, shape)
     terms = block_terms(arch, shape, moe=moe)
     kept = sum(term.num_bytes for term in terms)
     parts: dict[str, tuple[int, float]] = {}  # part: (bytes it frees, ms it adds)
+    def rerun_ms(part: str) -> float:
+        return analytic_time.times_ms((analytic_time.rerun_work(arch, shape, part),), gpu, mfu)[0]
+
     if core:
-        parts["attn"] = (core, flops_ms(4 * sb * window * width, gpu, mfu))
+        parts["attn"] = (core, rerun_ms("attn"))
     if arch.mla:
         heads, qk = arch.num_heads // shape.tp, arch.qk_nope_head_dim + arch.qk_rope_head_dim
         freed = sb * heads * (qk + arch.v_head_dim) * d + (sb * heads * qk * d if arch.q_lora_rank else 0)
-        flops = 2 * sb * (arch.q_lora_rank * heads * qk + arch.kv_lora_rank * heads * (arch.qk_nope_head_dim
-                                                                                       + arch.v_head_dim))
-        parts["mla-up"] = (freed, flops_ms(flops, gpu, mfu))
+        parts["mla-up"] = (freed, rerun_ms("mla-up"))
     if moe:
         tokens, f = arch.num_experts * expert_tokens(arch, shape), arch.moe_intermediate_size // shape.tp
     else:
@@ -627,8 +629,7 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float, *,
     if mlp_saved:
         parts["mlp-act"] = (mlp_saved, mlp_moved / (gpu.hbm_tbps * 1e12) * 1e3)
     if moe:
-        parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)),
-                        flops_ms(mlp_flops(arch, shape, moe=True), gpu, mfu))
+        parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)), rerun_ms("mlp"))
     order = ("attn", "mla-up", "mlp", "mlp-act")  # how combinations are named (planner/emit/megatron.py)
     names = [name for name in order if name in parts]
     found = []
@@ -640,8 +641,9 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float, *,
                                          recompute_ms=sum(parts[p][1] for p in combo),
                                          recompute_peak_bytes=max(parts[p][0] for p in combo)))
     boundary = boundary_bytes(arch, shape)
-    fwd_ms = flops_ms(block_flops(arch, shape, moe=moe), gpu, mfu)
-    return (*found, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=2 * fwd_ms,
+    if fwd_ms is None or bwd_ms is None:
+        fwd_ms, bwd_ms, _ = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
+    return (*found, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
                                    first_bytes=terms[-1].num_bytes))
 
 
@@ -670,6 +672,7 @@ def head_flops(arch: Arch, shape: Shape) -> int:
 
 
 def flops_ms(flops: float, gpu: GPU, mfu: float) -> float:
+    """FLOPs at the BF16 peak x an explicit MFU (--mfu, the roofline's override)."""
     return flops / (gpu.bf16_tflops * 1e12 * mfu) * 1e3
 
 
@@ -705,31 +708,34 @@ def logits_bytes(arch: Arch, shape: Shape, element_bytes: int) -> int:
 
 
 def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
-    """Cross-entropy is memory-bound: the forward reads the logits (d) and writes fp32
-    log-probabilities (4); the backward reads them (4) and writes the gradient in fp32
-    (4) and in the activation dtype (d)."""
-    moved = logits_bytes(arch, shape, 3 * FP32 + 2 * shape.d)
+    """Cross-entropy is memory-bound; per logit, as eager PyTorch runs it over fp32 logits
+    (Hugging Face's loss, torchtitan's cross_entropy on logits.float(); the fake profile counts
+    the same ops): the cast to fp32 (read d, write 4) and log_softmax (read 4, write 4) forward;
+    nll_loss's backward writes a zero-filled fp32 gradient (4), log_softmax's backward reads
+    it and its output and writes (12), the cast back reads 4 and writes d. nll_loss itself
+    gathers one entry per token."""
+    moved = logits_bytes(arch, shape, 2 * shape.d + 8 * FP32)
     return moved / (gpu.hbm_tbps * 1e12) * 1e3
 
 
 # ---------------------------------------------------------------- layers and profile
 
 
-def _layer(name: str, kind: str, *, fwd_ms: float, act_bytes: int, input_bytes: int, output_bytes: int,
+def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, input_bytes: int, output_bytes: int,
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
-           recompute_ms: float | None = None, selective: tuple[RecomputeOption, ...] = (),
+           selective: tuple[RecomputeOption, ...] = (),
            expert_param_count: int = 0, a2a_bytes: int = 0) -> LayerProfile:
-    """Backward = 2 × forward; checkpointing reruns `recompute_ms` (default: one forward);
-    `selective`: the layer's options beyond none and full; a MoE block's routed-expert
+    """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
+    in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes)."""
-    recompute = fwd_ms if recompute_ms is None else recompute_ms
+    fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
     options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
                                recompute_peak_bytes=max(act_bytes - input_bytes, 0)), *selective] if selective else []
     return LayerProfile(
         recompute_options=options,
-        name=name, kind=kind, fwd_ms=fwd_ms, bwd_ms=2 * fwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
-        bwd_ms_min=2 * fwd_ms, bwd_ms_max=2 * fwd_ms, recompute_ms=recompute,
+        name=name, kind=kind, fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
+        bwd_ms_min=bwd_ms, bwd_ms_max=bwd_ms, recompute_ms=recompute,
         act_bytes=act_bytes,
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
@@ -737,47 +743,51 @@ def _layer(name: str, kind: str, *, fwd_ms: float, act_bytes: int, input_bytes: 
     )
 
 
-def embedding_layer(arch: Arch, shape: Shape, gpu: GPU) -> LayerProfile:
-    """Keeps the token ids for its weight gradient (and GPT's dropout mask); a lookup, no FLOPs."""
+def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
+    """Keeps the token ids for its weight gradient (and GPT's dropout mask); a lookup, no FLOPs:
+    memory-bound both ways (analytic_time.embedding_work)."""
     ids = INDEX_BYTES * shape.tokens
     mask = MASK_BYTES * shape.tokens * arch.hidden_size // shape.sp_div if arch.style == "gpt" else 0
     out = boundary_bytes(arch, shape)
-    return _layer("tok_embeddings", "embedding", fwd_ms=0.0, act_bytes=ids + mask, input_bytes=ids,
+    times = analytic_time.times_ms(analytic_time.embedding_work(arch, shape), gpu, mfu)
+    return _layer("tok_embeddings", "embedding", times=times, act_bytes=ids + mask, input_bytes=ids,
                   output_bytes=out, input_in_act_bytes=ids, param_count=embedding_params(arch, shape),
                   transient_bytes=out, shape=shape, gpu=gpu)
 
 
-def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> LayerProfile:
+def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
     """Decoder block `index`: kind moe_block where its MLP is the experts (the cost model
     normalises layers within a kind, and a MoE block is not a dense one), else decoder_block."""
     boundary, moe = boundary_bytes(arch, shape), arch.is_moe_layer(index)
-    return _layer(f"layers.{index}", "moe_block" if moe else "decoder_block",
-                  fwd_ms=flops_ms(block_flops(arch, shape, moe=moe), gpu, mfu),
+    times = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
+    return _layer(f"layers.{index}", "moe_block" if moe else "decoder_block", times=times,
                   act_bytes=sum(term.num_bytes for term in block_terms(arch, shape, moe=moe)), input_bytes=boundary,
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
-                  recompute_ms=flops_ms(block_recompute_flops(arch, shape, moe=moe), gpu, mfu),
-                  selective=selective_options(arch, shape, gpu, mfu, moe=moe),
+                  selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
                   a2a_bytes=dispatch_bytes(arch, shape) if moe else 0)
 
 
-def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> LayerProfile:
+def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
     """Final norm (keeps its input and statistics) and the LM head (keeps the norm output);
     its output is the logits, its backward receives their gradient."""
     boundary = boundary_bytes(arch, shape)
     kept = sum(term.num_bytes for term in _norm_terms(arch, shape, "final")) + boundary
-    return _layer("output", "norm+lm_head", fwd_ms=flops_ms(head_flops(arch, shape), gpu, mfu), act_bytes=kept,
+    times = analytic_time.times_ms(analytic_time.head_work(arch, shape), gpu, mfu)
+    return _layer("output", "norm+lm_head", times=times, act_bytes=kept,
                   input_bytes=boundary, output_bytes=logits_bytes(arch, shape, shape.d),
                   input_in_act_bytes=boundary, param_count=head_params(arch, shape),
                   transient_bytes=logits_bytes(arch, shape, shape.d), shape=shape, gpu=gpu)
 
 
-def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float = DEFAULT_MFU,
+def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = None,
                      model: FileRef) -> Profile:
-    """A Profile with the measured schema, marked analytic, every assumption recorded."""
+    """A Profile with the measured schema, marked analytic, every assumption recorded. Times
+    are the roofline (planner/profiler/roofline.py), unless `mfu` overrides them: then each
+    pass's FLOPs at the BF16 peak x mfu (memory-bound passes cost nothing)."""
     check_fits(arch, shape)
-    layers = [embedding_layer(arch, shape, gpu),
+    layers = [embedding_layer(arch, shape, gpu, mfu),
               *(block_layer(i, arch, shape, gpu, mfu) for i in range(arch.num_layers)),
               head_layer(arch, shape, gpu, mfu)]
     return Profile(
@@ -792,12 +802,21 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float = DEFAULT
         loss_bytes=logits_bytes(arch, shape, FP32) + FP32,
         loss_ms=loss_ms(arch, shape, gpu),
         loss_transient_bytes=logits_bytes(arch, shape, FP32),  # the logits' gradient, fp32
-        layers=layers, source="analytic", assumptions=assumptions(arch, shape, gpu, mfu),
+        layers=layers, source="analytic", assumptions=assumptions(arch, shape, gpu, mfu, layers),
         tied=tied_embedding(arch, shape, gpu),
     )
 
 
-def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> dict:
+def implied(arch: Arch, shape: Shape, gpu: GPU, layers: list[LayerProfile]) -> float:
+    """The model-FLOPs utilisation the layers' times imply: 3 x the forward's matmul FLOPs
+    (forward and backward, no recompute, as frameworks log MFU) over their forward and backward
+    time at the BF16 peak."""
+    flops = 3 * (sum(block_flops(arch, shape, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
+                 + head_flops(arch, shape))
+    return implied_mfu(flops, sum(layer.fwd_ms + layer.bwd_ms for layer in layers), gpu)
+
+
+def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, layers: list[LayerProfile]) -> dict:
     return {
         "arch": arch.name, "arch_source": arch.source, "style": arch.style,
         # the dimensions themselves, so an export can reproduce the model (Megatron-LM's shape flags)
@@ -805,7 +824,12 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> dict:
         "seq_len": shape.seq_len, "micro_batch_size": shape.micro_batch_size, "tp": shape.tp, "sp": shape.sp,
         "attention": shape.attention, "dtype": shape.dtype,
         "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes, "gpu_bf16_tflops": gpu.bf16_tflops,
-        "gpu_hbm_tbps": gpu.hbm_tbps, "gpu_source": gpu.source, "mfu": mfu,
+        "gpu_hbm_tbps": gpu.hbm_tbps, "gpu_source": gpu.source,
+        # --mfu, an explicit override of the roofline (None: not given), and the MFU the times imply
+        "mfu": mfu, "mfu_implied": implied(arch, shape, gpu, layers),
+        "matmul_efficiency": gpu.matmul_efficiency, "matmul_source": f"{gpu.matmul_source}; by size: "
+                                                                     f"{MATMUL_TABLE_SOURCE}",
+        "attention_efficiency": list(gpu.attention_efficiency), "attention_source": gpu.attention_source,
         # what one training process can allocate: solve's default --mem
         "gpu_usable_bytes": gpu.usable_bytes,
         "gpu_usable_source": f"{gpu.total_source}; less the {CONTEXT_SOURCE}",
@@ -816,7 +840,11 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float) -> dict:
                  "checkpoint reruns (a LLaMA block's forward but its down projection, a GPT block's whole forward); "
                  "the frameworks' runtimes rerun whole forwards (--runtime megatron, torchtitan, deepspeed, colossalai) "
                  "and are charged one forward",
-        "time": "FLOPs / (gpu_bf16_tflops x mfu); TP communication not modelled beyond MFU",
+        "time": ("FLOPs / (gpu_bf16_tflops x mfu), --mfu given" if mfu is not None else
+                 "roofline per kernel (planner/profiler/roofline.py): each matmul at the efficiency published for "
+                 "its size, attention at FlashAttention-2's published throughput (causal: half its blocks), "
+                 "memory-bound ops' bytes as eager PyTorch moves them over the HBM bandwidth "
+                 "(planner/profiler/analytic_time.py); communication not in these per-layer times"),
         "optimizer_step": "memory-bound: Adam 28, SGD 20 bytes per parameter / HBM bandwidth",
         "loss": "cross-entropy keeps fp32 softmax over s*b*V/t logits; its gradient in fp32 is the transient",
         "transients": "block: output gradient + two largest backward gradients (estimate); "

@@ -14,11 +14,12 @@ code (measure.py, saved.py):
 - each layer's recompute options (planner/runtime/recompute.py): kept bytes by the same hooks, the
   work each adds to forward + backward by the same counters, its transient by the tracker.
 
-Time has no measurement here; it is a roofline per pass: FLOPs over the GPU's BF16 peak
-times its best measured matmul efficiency (archs.GPU.matmul_efficiency, a per-kernel
-ceiling, not an end-to-end MFU), plus the memory-bound ops' bytes over its HBM
-bandwidth. What that leaves out (kernel launches, communication, the pipeline's
-bubble) the cost model's other terms and `ckplan calibrate` carry.
+Time has no measurement here; it is a roofline per pass (planner/profiler/roofline.py, the
+analytic profile's time model too): each matmul torch dispatches at the fraction of the GPU's
+peak published for a matmul of its size, each attention kernel at its published throughput
+(a causal one running half its blocks), plus the memory-bound ops' bytes over the HBM
+bandwidth. What that leaves out (kernel launches, communication, the pipeline's bubble) the
+cost model's other terms and `ckplan calibrate` carry.
 
 Kernels run as torch's CPU kernels under the fake mode, also for a profile made for a
 GPU (this machine's torch has no CUDA): their saved tensors are CPU's. For attention
@@ -48,8 +49,9 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from planner.cost.tied import tied_params
 from planner.errors import UserError
 from planner.models.archs import GPU
-from planner.profiler import analytic, measure, options
+from planner.profiler import analytic, measure, options, roofline
 from planner.profiler.kinds import layer_kinds
+from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
 from planner.profiler.userfault import blame
@@ -200,23 +202,72 @@ CUSTOM_FLOPS = {
 }
 
 
+# what OpBytes records as one kernel each: attention kernels (at the attention kernels' rate), and
+# every other op torch's counter counts (matmuls, convolutions) as a matmul of its FLOPs
+ATTENTION_OPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: "attention-fwd",
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: "attention-bwd",
+    torch.ops.aten._scaled_dot_product_flash_attention: "attention-fwd",
+    torch.ops.aten._scaled_dot_product_flash_attention_backward: "attention-bwd",
+    torch.ops.aten._scaled_dot_product_efficient_attention: "attention-fwd",
+    torch.ops.aten._scaled_dot_product_efficient_attention_backward: "attention-bwd",
+    torch.ops.aten._scaled_dot_product_cudnn_attention: "attention-fwd",
+    torch.ops.aten._scaled_dot_product_cudnn_attention_backward: "attention-bwd",
+}
+# ops whose output is a view in all but name (their schemas declare no alias): they move nothing
+NO_TRAFFIC = {torch.ops.aten._unsafe_view}
+FLOAT8 = {getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+          if hasattr(torch, name)}
+
+
 class OpBytes(TorchDispatchMode):
-    """Bytes read and written by the ops FlopCounterMode does not count (elementwise ops,
-    norms, softmax, copies): what makes a pass memory-bound. An op whose output is a view
-    of its input moves nothing and is skipped."""
+    """The kernels FlopCounterMode counts, each with its FLOPs (roofline.Kernel), and the bytes
+    read and written by every other op (elementwise ops, norms, softmax, copies): what makes a
+    pass memory-bound. An op whose output is a view of its input moves nothing and is skipped;
+    an embedding lookup reads the rows it gathers, not its whole table."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bytes = 0
-        self._counted = set(FlopCounterMode(custom_mapping=CUSTOM_FLOPS).flop_registry)
+        self.kernels: list[Kernel] = []
+        self._registry = FlopCounterMode(custom_mapping=CUSTOM_FLOPS).flop_registry
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         made = _tensors(out)  # no tensor out (prim.device, sizes): a question about metadata, no traffic
-        if made and func.overloadpacket not in self._counted and not _aliases(func):
-            self.bytes += sum(_nbytes(t) for t in (*_tensors((args, kwargs)), *made))
+        packet = func.overloadpacket
+        if packet in self._registry:
+            self.kernels.append(_kernel(func, self._registry[packet](*args, **kwargs, out_val=out), args, kwargs))
+        elif made and packet not in NO_TRAFFIC and not _aliases(func):
+            self.bytes += _moved_bytes(packet, args, kwargs, made)
         return out
+
+
+def _moved_bytes(packet, args, kwargs, made: list[torch.Tensor]) -> int:
+    """Every input and output, but for gathers and scatters, which touch only the entries
+    their indices name: an embedding reads the rows it gathers (and writes them), nll_loss the
+    targets' log-probabilities, and nll_loss's backward writes its zero-filled gradient and
+    scatters into the targets' entries."""
+    if packet is torch.ops.aten.embedding:
+        return 2 * sum(map(_nbytes, made)) + _nbytes(args[1])
+    if packet is torch.ops.aten.nll_loss_forward:
+        return args[1].numel() * args[0].element_size() + _nbytes(args[1]) + sum(map(_nbytes, made))
+    if packet is torch.ops.aten.nll_loss_backward:
+        return sum(map(_nbytes, made)) + _nbytes(args[2]) * 2
+    return sum(_nbytes(t) for t in (*_tensors((args, kwargs)), *made))
+
+
+def _kernel(func, flops: int, args, kwargs) -> Kernel:
+    """A counted op as a kernel: an attention kernel skips the masked half of a causal mask's
+    blocks; a matmul with float8 inputs runs at the FP8 peak."""
+    kind = ATTENTION_OPS.get(func.overloadpacket)
+    if kind is not None:
+        names = [argument.name for argument in func._schema.arguments]
+        given = dict(zip(names, args)) | kwargs
+        return Kernel(kind, int(flops), 0.5 if given.get("is_causal") else 1.0)
+    fp8 = any(tensor.dtype in FLOAT8 for tensor in _tensors(args))
+    return Kernel("matmul-fp8" if fp8 else "matmul", int(flops))
 
 
 def _aliases(func) -> bool:
@@ -231,30 +282,17 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
-@dataclass(frozen=True)
-class Work:
-    flops: int
-    bytes: int
-
-    def __sub__(self, other: Work) -> Work:
-        return Work(max(self.flops - other.flops, 0), max(self.bytes - other.bytes, 0))
-
-    def __add__(self, other: Work) -> Work:
-        return Work(self.flops + other.flops, self.bytes + other.bytes)
-
-
 @contextmanager
 def counting():
     """Yields a callable returning the Work done inside the region so far."""
     with FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as flops, OpBytes() as moved:
-        yield lambda: Work(int(flops.get_total_flops()), moved.bytes)
+        yield lambda: roofline.work(int(flops.get_total_flops()), moved.bytes, moved.kernels)
 
 
 def roofline_ms(work: Work, gpu: GPU) -> float:
-    """FLOPs at the GPU's best measured matmul rate plus the memory-bound bytes at its HBM
-    bandwidth, in ms."""
-    return (work.flops / (gpu.bf16_tflops * 1e12 * gpu.matmul_efficiency)
-            + work.bytes / (gpu.hbm_tbps * 1e12)) * 1e3
+    """The pass's kernels at their shape-dependent rates plus its memory-bound bytes at the HBM
+    bandwidth, in ms (planner/profiler/roofline.py, the analytic profile's time model too)."""
+    return roofline.roofline_ms(work, gpu)
 
 
 def _layer_work(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None) -> tuple[Work, Work, Work]:

@@ -1,0 +1,226 @@
+"""The analytic profile's work per pass, for the roofline (planner/profiler/roofline.py) the
+fake profile is timed by: the kernels a layer's code dispatches, written from the
+architecture's formulas, and the bytes its memory-bound ops move.
+
+Kernels, per device and microbatch (T tokens; widths /t under TP, as in analytic.py):
+- matmuls as the PyTorch-native models run them (Hugging Face, torchtitan): Q, K, V and the
+  output projection separately, gate, up and down separately (GPT: one fused Q/K/V); each
+  its own kernel, at the efficiency its size reaches. Backward: each matmul twice (the input
+  and the weight gradient, each as large as the forward's);
+- attention as one kernel of torch's FLOP count (4·T·w·a·hd forward, 2.5x that backward, as
+  torch.utils.flop_counter counts flash attention), causal: it runs half its blocks (within a
+  sliding window w, a fraction 1 - w/2s);
+- a MoE block's router, every routed expert's three matmuls over its C tokens (Hugging Face
+  loops over experts, one kernel each), and the shared experts.
+
+Memory-bound bytes, per element of the tensor named, for 16-bit activations as eager
+PyTorch moves them (the ops and their autograd formulas, counted op by op under
+FakeTensorMode on Hugging Face's LLaMA modules, OpBytes in planner/profiler/fake.py):
+- RMSNorm with its fp32 upcast (to fp32, pow, mean, rsqrt, mul, to bf16, weight):
+  36 B forward and 96 B backward per element, 28 and 44 B per token;
+- rotary on Q and K (two multiplies, rotate_half's neg and cat, an add): 20 B forward per
+  element of Q and K plus 8 per token·head_dim (cos and sin read), 32 and 8 backward;
+- SwiGLU's SiLU and product: 10 B forward, 18 backward per element of the width-f tensors;
+- residual adds: 6 B per element forward; backward, each place where two gradients meet
+  (two residual branches, Q/K/V's shared input, gate and up's shared input): 6 B per element;
+- every weight's gradient added into its .grad: 3 x its bytes (read both, write one);
+- an embedding lookup reads and writes the rows it gathers; its backward writes the whole
+  table's gradient (embedding_dense_backward) before accumulating it.
+A framework's fused kernels (Transformer Engine, Apex, Liger, torch.compile) move less;
+this is the eager figure, as the fake profile of the same model's code counts it.
+"""
+
+from __future__ import annotations
+
+from planner.models.archs import GPU
+from planner.profiler import analytic as formulas
+from planner.profiler.roofline import Kernel, Work, roofline_ms, work
+
+NORM_FWD, NORM_BWD, NORM_FWD_TOKEN, NORM_BWD_TOKEN = 36, 96, 28, 44
+ROTARY_FWD, ROTARY_BWD, ROTARY_TABLE = 20, 32, 8
+SWIGLU_FWD, SWIGLU_BWD = 10, 18
+ADD = 6  # a + b in 16 bits: read 2 + 2, write 2
+ACCUMULATE = 3  # grad += new: read both, write one
+ATTENTION_BWD_FLOPS = 2.5  # torch's sdpa_backward_flop_count: five matmuls to the forward's two
+# GPT-style blocks, per element: torch's native_layer_norm (one kernel each way); GELU as Hugging
+# Face's GPT-2 writes it (gelu_new: pow, tanh and six elementwise ops, their gradients), ReLU
+# (OPT); dropout with its mask; the fused Q/K/V gradient's cat, and each bias gradient's sum
+LAYERNORM_FWD, LAYERNORM_BWD = 4, 6
+ACT_BYTES = {"gelu": (36, 56), "relu": (4, 6)}
+DROPOUT_FWD, DROPOUT_BWD, QKV_CAT, BIAS_SUM = 5, 5, 4, 2
+EAGER_SCORES_FWD, EAGER_SCORES_BWD = 20, 30  # eager attention: mask add, fp32 softmax and back, per score
+
+
+def _matmuls(*flops: int) -> list[Kernel]:
+    return [Kernel("matmul", int(f)) for f in flops if f > 0]
+
+
+def _backward_kernels(kernels: list[Kernel]) -> list[Kernel]:
+    out = []
+    for kernel in kernels:
+        if kernel.kind == "attention-fwd":
+            out.append(Kernel("attention-bwd", int(ATTENTION_BWD_FLOPS * kernel.flops), kernel.run_fraction))
+        else:
+            out += [kernel, kernel]
+    return out
+
+
+def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
+    """The attention core: flash as one kernel (causal), or eager as two batched matmuls and
+    the scores' softmax bytes (forward, backward)."""
+    s, b = shape.seq_len, shape.micro_batch_size
+    window = min(s, arch.sliding_window or s)
+    heads = arch.num_heads // shape.tp
+    width = heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim) // 2 if arch.mla \
+        else formulas.q_width(arch, shape)
+    flops = 4 * shape.tokens * window * width
+    if shape.attention == "flash":
+        return [Kernel("attention-fwd", flops, 1 - window / (2 * s))], 0, 0
+    scores = heads * s * s * b
+    return _matmuls(flops // 2, flops // 2), EAGER_SCORES_FWD * scores, EAGER_SCORES_BWD * scores
+
+
+def _projections(arch, shape) -> tuple[list[Kernel], int, int]:
+    """Attention's projections and the memory-bound ops around them (rotary, q/k or latent
+    norms): kernels, forward bytes, backward bytes."""
+    T, h = shape.tokens, arch.hidden_size
+    if arch.mla:
+        heads, rope, nope, v = (arch.num_heads // shape.tp, arch.qk_rope_head_dim, arch.qk_nope_head_dim,
+                                arch.v_head_dim)
+        own, q_rank, kv_rank = T // shape.sp_div, arch.q_lora_rank, arch.kv_lora_rank
+        kernels = _matmuls(2 * own * h * q_rank, 2 * own * h * (kv_rank + rope),
+                           2 * T * (q_rank or h) * heads * (nope + rope), 2 * T * kv_rank * heads * (nope + v),
+                           2 * T * heads * v * h)
+        latents = T * (q_rank + kv_rank)
+        rotated = T * (heads * rope + rope)
+        return (kernels, NORM_FWD * latents + ROTARY_FWD * rotated,
+                NORM_BWD * latents + ROTARY_BWD * rotated + ADD * T * h * (1 + bool(q_rank)))
+    q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
+    if arch.style == "gpt":  # backward: the Q/K/V gradients concatenated, the biases' gradients summed
+        return _matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), 0, (QKV_CAT + BIAS_SUM) * T * (q + 2 * kv)
+    rotated, table = T * (q + kv), T * arch.head_size * ROTARY_TABLE
+    norms = (NORM_FWD * rotated, NORM_BWD * rotated) if arch.qk_norm else (0, 0)
+    return (_matmuls(2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv, 2 * T * q * h),
+            ROTARY_FWD * rotated + table + norms[0],
+            ROTARY_BWD * rotated + table + norms[1] + 2 * ADD * T * h)  # Q, K, V's input gradients summed
+
+
+def _swiglu(tokens: int, h: int, width: int) -> tuple[list[Kernel], int, int]:
+    """Gate, up and down over `tokens`, with SiLU and the product between; backward sums the
+    gate's and up's input gradients."""
+    kernels = _matmuls(*(2 * tokens * h * width,) * 3)
+    return kernels, SWIGLU_FWD * tokens * width, SWIGLU_BWD * tokens * width + ADD * tokens * h
+
+
+def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], int, int]:
+    T, h, t = shape.tokens, arch.hidden_size, shape.tp
+    if arch.style == "gpt":
+        f = arch.intermediate_size // t
+        act_fwd, act_bwd = ACT_BYTES[arch.mlp_act]
+        return _matmuls(2 * T * h * f, 2 * T * f * h), act_fwd * T * f, (act_bwd + BIAS_SUM) * T * f
+    if not moe:
+        return _swiglu(T, h, arch.intermediate_size // t)
+    experts, tokens = arch.num_experts, formulas.expert_tokens(arch, shape)
+    slots = experts * tokens
+    one_kernels, one_fwd, one_bwd = _swiglu(tokens, h, arch.moe_intermediate_size // t)
+    kernels = _matmuls(2 * (T // shape.sp_div) * h * experts) + one_kernels * experts
+    routing = 10 * T * experts  # the router's fp32 softmax (or sigmoid) over its logits
+    moved = 4 * slots * h + 8 * slots * h  # dispatch gather; combine's weighting and scatter-add
+    fwd, bwd = experts * one_fwd + routing + moved, experts * one_bwd + 2 * routing + 2 * moved
+    shared = arch.num_shared_experts * arch.shared_intermediate_size // t
+    if shared:
+        shared_kernels, shared_fwd, shared_bwd = _swiglu(T, h, shared)
+        kernels, fwd, bwd = kernels + shared_kernels, fwd + shared_fwd + ADD * T * h, bwd + shared_bwd + ADD * T * h
+    return kernels, fwd, bwd
+
+
+def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
+    """(forward, backward, what torch's checkpoint reruns) of one decoder block."""
+    T, h = shape.tokens, arch.hidden_size
+    rows = T // shape.sp_div
+    proj, proj_fwd, proj_bwd = _projections(arch, shape)
+    core, core_fwd, core_bwd = _attention(arch, shape)
+    mlp, mlp_fwd, mlp_bwd = _mlp(arch, shape, moe)
+    if arch.style == "gpt":  # two LayerNorms, three dropouts (attention probabilities under eager only)
+        norms = (2 * (LAYERNORM_FWD * rows * h), 2 * (LAYERNORM_BWD * rows * h))
+        # two dropouts, and the two row-parallel biases' gradient sums
+        dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h + 2 * BIAS_SUM * T * h)
+    else:
+        norms = (2 * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows), 2 * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows))
+        dropouts = (0, 0)
+    residual = 2 * ADD * rows * h  # the two residual adds (and their gradients' sums), on this device's rows
+    param_bytes = formulas.block_params(arch, shape, moe=moe) * shape.d
+    fwd_kernels = proj + core + mlp
+    fwd_bytes = norms[0] + proj_fwd + core_fwd + mlp_fwd + residual + dropouts[0]
+    bwd_bytes = norms[1] + proj_bwd + core_bwd + mlp_bwd + residual + dropouts[1] + ACCUMULATE * param_bytes
+    flops = formulas.block_flops(arch, shape, moe=moe)
+    fwd = work(flops, fwd_bytes, fwd_kernels)
+    # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's 2.5x
+    bwd = work(2 * flops, bwd_bytes, _backward_kernels(fwd_kernels))
+    return fwd, bwd, _recompute(arch, shape, fwd, moe=moe)
+
+
+def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
+    """torch's non-reentrant checkpoint reruns the forward up to the last tensor the backward
+    needs (analytic.block_recompute_flops): a LLaMA block's forward but its last matmul (the
+    down projection, or the shared experts' where they come last) and the residual add after."""
+    skipped = formulas.block_flops(arch, shape, moe=moe) - formulas.block_recompute_flops(arch, shape, moe=moe)
+    if not skipped:
+        return fwd
+    last = Kernel("matmul", skipped)
+    kernels = [kernel for kernel, count in fwd.kernels for _ in range(count)]
+    kernels.remove(last)
+    return work(fwd.flops - skipped, fwd.bytes - ADD * shape.tokens * arch.hidden_size, kernels)
+
+
+def rerun_work(arch, shape, part: str) -> Work:
+    """What a selective option reruns in the backward (analytic.selective_options): `attn` the
+    attention core, `mla-up` latent attention's up projections, `mlp` a MoE block's mixture."""
+    if part == "attn":
+        core, fwd_bytes, _ = _attention(arch, shape)
+        flops = sum(kernel.flops for kernel in core)
+        return work(flops, fwd_bytes, core)
+    if part == "mla-up":
+        heads, T = arch.num_heads // shape.tp, shape.tokens
+        kernels = _matmuls(2 * T * arch.q_lora_rank * heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim),
+                           2 * T * arch.kv_lora_rank * heads * (arch.qk_nope_head_dim + arch.v_head_dim))
+        return work(sum(kernel.flops for kernel in kernels), 0, kernels)
+    kernels, fwd_bytes, _ = _mlp(arch, shape, moe=True)
+    return work(formulas.mlp_flops(arch, shape, moe=True), fwd_bytes, kernels)
+
+
+def head_work(arch, shape) -> tuple[Work, Work, Work]:
+    """The final norm and the LM head: forward, backward, and what torch's checkpoint reruns
+    (the norm: the head's matmul output is not needed for its backward)."""
+    T, h = shape.tokens, arch.hidden_size
+    rows = T // shape.sp_div
+    if arch.style == "gpt":
+        norm = (LAYERNORM_FWD * rows * h, LAYERNORM_BWD * rows * h)
+    else:
+        norm = (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows, NORM_BWD * rows * h + NORM_BWD_TOKEN * rows)
+    flops = formulas.head_flops(arch, shape)
+    kernels = _matmuls(flops)
+    accumulate = ACCUMULATE * formulas.head_params(arch, shape) * shape.d
+    return (work(flops, norm[0], kernels), work(2 * flops, norm[1] + accumulate, _backward_kernels(kernels)),
+            work(0, norm[0], []))
+
+
+def embedding_work(arch, shape) -> tuple[Work, Work, Work]:
+    """A lookup: the gathered rows read and written and the int64 ids read; backward writes the
+    table's gradient from the rows' and adds it into .grad; a checkpoint reruns nothing (the
+    lookup keeps only the ids, its input)."""
+    rows = shape.tokens * arch.hidden_size * shape.d
+    table = formulas.embedding_params(arch, shape) * shape.d
+    ids = formulas.INDEX_BYTES * shape.tokens
+    fwd, bwd = 2 * rows + ids, rows + ids + table + ACCUMULATE * table
+    if arch.style == "gpt":  # learned positions: one sequence's rows gathered and added to every sequence's
+        positions = shape.seq_len * arch.hidden_size * shape.d
+        fwd, bwd = fwd + 2 * positions + 2 * rows + positions, bwd + rows + 2 * positions
+    return work(0, fwd, []), work(0, bwd, []), work(0, 0, [])
+
+
+def times_ms(passes: tuple[Work, ...], gpu: GPU, mfu: float | None) -> tuple[float, ...]:
+    """Each pass's roofline; with an explicit MFU, its FLOPs at the peak x MFU instead."""
+    if mfu is None:
+        return tuple(roofline_ms(done, gpu) for done in passes)
+    return tuple(formulas.flops_ms(done.flops, gpu, mfu) for done in passes)

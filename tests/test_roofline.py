@@ -1,0 +1,159 @@
+"""One time model for the fake and the analytic profiles (planner/profiler/roofline.py): matmuls
+at the efficiency published for their size, attention at its kernel's published throughput,
+float8 at its own peak, memory-bound bytes over HBM; the two profilers agree on a full-width
+LLaMA layer; the GPU table covers the GPUs users train on, each figure with its source."""
+
+import json
+
+import pytest
+from fixtures.cli import run, run_ok
+
+from planner import io
+from planner.errors import UserError
+from planner.models import archs
+from planner.profiler import analytic
+from planner.profiler.roofline import Kernel, Work, kernel_ms, matmul_efficiency, roofline_ms, work
+
+H100, A100, B200 = archs.gpu("h100"), archs.gpu("a100-80g"), archs.gpu("b200")
+
+
+def test_matmul_efficiency_follows_the_published_h100_table():
+    # the table's own points: 1x1024x4096x4096 and 1x2048x2048x4096 at 742.3 TFLOP/s (75.0% of 989.4)
+    assert matmul_efficiency(2 * 1024 * 4096 * 4096, H100) == pytest.approx(742.3 / 989.4)
+    assert matmul_efficiency(2 * 2048 * 4096 * 1024, H100) == pytest.approx(593.9 / 989.4)
+    # the two 4.3 GFLOP shapes (340.7 and 368.7 TFLOP/s) averaged
+    assert matmul_efficiency(2 * 1024 * 4096 * 512, H100) == pytest.approx((340.7 + 368.7) / 2 / 989.4)
+    # past the largest shapes: the MAMF plateau; far below the smallest: a constant time (latency-bound)
+    assert matmul_efficiency(2 * 8192**3, H100) == H100.matmul_efficiency == 0.801
+    tiny = 2 * 64 * 64 * 64
+    assert kernel_ms(Kernel("matmul", tiny), H100) == pytest.approx(kernel_ms(Kernel("matmul", tiny // 8), H100))
+    sizes = [2 * n**3 for n in (128, 256, 512, 1024, 2048, 4096, 8192)]
+    efficiencies = [matmul_efficiency(flops, H100) for flops in sizes]
+    assert efficiencies == sorted(efficiencies) and efficiencies[0] < 0.01 < 0.78 < efficiencies[-1]
+
+
+def test_another_gpu_reads_the_curve_at_its_own_peak_and_plateau():
+    # the B200 point published beside the H100 table (1x256x4096x4096, 651.4 TFLOP/s = 29% of 2,250): 32.4% here
+    assert matmul_efficiency(2 * 256 * 4096 * 4096, B200) == pytest.approx(0.324, abs=0.002)
+    assert matmul_efficiency(2 * 8192**3, A100) == A100.matmul_efficiency == 0.859
+
+
+def test_float8_runs_at_its_own_peak_or_is_refused():
+    big = 2 * 8192**3
+    assert kernel_ms(Kernel("matmul-fp8", big), H100) == pytest.approx(kernel_ms(Kernel("matmul", big), H100) / 2,
+                                                                       rel=1e-3)
+    with pytest.raises(UserError, match="a100-80g has no tensor cores for"):
+        kernel_ms(Kernel("matmul-fp8", big), A100)
+
+
+def test_attention_at_its_kernels_throughput_causal_half():
+    flops = 4 * 4096 * 4096 * 4096
+    full = kernel_ms(Kernel("attention-fwd", flops), H100)
+    assert full == pytest.approx(flops / (989.4e12 * 0.35) * 1e3)
+    assert kernel_ms(Kernel("attention-fwd", flops, 0.5), H100) == pytest.approx(full / 2)
+    assert kernel_ms(Kernel("attention-bwd", flops), A100) == pytest.approx(flops / (312e12 * 0.73) * 1e3)
+
+
+def test_work_adds_and_subtracts_kernel_by_kernel():
+    a, b = Kernel("matmul", 10**9), Kernel("matmul", 2 * 10**9)
+    plain = work(3 * 10**9, 100, [a, b])
+    rerun = work(4 * 10**9, 150, [a, b, a]) - plain
+    assert rerun == Work(10**9, 50, ((a, 1),))
+    assert (plain + rerun).kernels == ((a, 2), (b, 1))
+    # memory-bound bytes at HBM bandwidth; FLOPs no kernel carries at the plateau
+    assert roofline_ms(Work(10**9, 3_350_000), H100) == pytest.approx(1e-3 + 1e9 / (989.4e12 * 0.801) * 1e3)
+
+
+def _config(tmp_path, name, **dims):
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 1, "vocab_size": 128256,
+                                "max_position_embeddings": 8192, **dims}))
+    return path
+
+
+@pytest.mark.parametrize("name, dims", [
+    ("llama3-8b", dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)),
+    ("llama3-70b", dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8)),
+])
+def test_analytic_and_fake_profiles_agree_on_every_layers_time(tmp_path, name, dims):
+    """LLaMA 3 8B and 70B at full width, one decoder layer, 4096 tokens: the analytic profile
+    (formulas) and the fake one (Hugging Face's code under FakeTensorMode) within 5% on every
+    layer's forward, backward and recompute time, and on the loss."""
+    pytest.importorskip("transformers")
+    config = _config(tmp_path, name, **dims)
+    shape = ("--seq-len", "4096", "--micro-batch-size", "1")
+    run_ok("profile", "--arch-config", config, *shape, "--out", tmp_path / "a.json")
+    run_ok("profile", "--hf-config", config.parent, "--fake", *shape, "--out", tmp_path / "f.json")
+    ours, fake = io.load_profile(tmp_path / "a.json"), io.load_profile(tmp_path / "f.json")
+    for mine, theirs in zip(ours.layers, fake.layers, strict=True):
+        assert mine.fwd_ms == pytest.approx(theirs.fwd_ms, rel=0.05), mine.name
+        assert mine.bwd_ms == pytest.approx(theirs.bwd_ms, rel=0.05), mine.name
+        assert mine.recompute_ms == pytest.approx(theirs.recompute_ms or 0.0, rel=0.05, abs=1e-6), mine.name
+    assert ours.loss_ms == pytest.approx(fake.loss_ms, rel=0.05)  # eager cross-entropy: 36 B per logit
+    assert ours.assumptions["mfu"] is None and 0.5 < ours.assumptions["mfu_implied"] < 0.8
+
+
+def test_a_gpt_2_layer_agrees_with_its_fake_profile_forward_and_backward(tmp_path):
+    """GPT-2 XL's widths (LayerNorm, fused Q/K/V with biases, gelu_new, learned positions), one
+    layer, 1024 tokens x 4: forward and backward within 5%. Its recompute is not compared: the
+    analytic block keeps dropout masks (so torch's checkpoint reruns it whole), and this config,
+    at dropout 0, runs no dropout."""
+    pytest.importorskip("transformers")
+    config = tmp_path / "gpt2" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 1600, "n_layer": 1, "n_head": 25,
+                                  "vocab_size": 50257, "n_positions": 1024, "attn_pdrop": 0.0, "resid_pdrop": 0.0,
+                                  "embd_pdrop": 0.0}))
+    shape = ("--seq-len", "1024", "--micro-batch-size", "4")
+    run_ok("profile", "--arch-config", config, *shape, "--out", tmp_path / "a.json")
+    run_ok("profile", "--hf-config", config.parent, "--fake", *shape, "--out", tmp_path / "f.json")
+    ours, fake = io.load_profile(tmp_path / "a.json"), io.load_profile(tmp_path / "f.json")
+    for mine, theirs in zip(ours.layers, fake.layers, strict=True):
+        assert mine.fwd_ms == pytest.approx(theirs.fwd_ms, rel=0.05), mine.name
+        assert mine.bwd_ms == pytest.approx(theirs.bwd_ms, rel=0.05), mine.name
+
+
+def test_mfu_is_printed_as_an_output_and_given_only_as_an_override(tmp_path):
+    args = ("profile", "--arch", "llama3-8b", "--seq-len", "4096", "--micro-batch-size", "1")
+    result = run_ok(*args, "--out", tmp_path / "r.json")
+    implied = io.load_profile(tmp_path / "r.json").assumptions["mfu_implied"]
+    assert f"imply MFU {implied:.3f}" in " ".join(result.output.split())
+    run_ok(*args, "--mfu", "0.5", "--out", tmp_path / "m.json")
+    forced = io.load_profile(tmp_path / "m.json")
+    arch, shape = archs.arch("llama3-8b"), analytic.Shape(seq_len=4096, micro_batch_size=1)
+    assert forced.layers[1].fwd_ms == pytest.approx(analytic.block_flops(arch, shape) / (989.4e12 * 0.5) * 1e3)
+    assert forced.assumptions["mfu"] == 0.5
+
+
+REQUIRED_GPUS = ("h100-sxm", "h100-pcie", "h200", "b200", "gb200", "a100-40g", "a100-80g", "mi300x", "l4", "gh200")
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_every_gpu_has_each_figure_with_a_source_and_profiles(tmp_path, name):
+    gpu = archs.gpu(name)
+    assert gpu.bf16_tflops > 0 and gpu.hbm_tbps > 0 and gpu.node_link_gb_per_s > 0 and gpu.network_gb_per_s > 0
+    assert gpu.fp8_tflops == (0.0 if name.startswith("a100") else pytest.approx(2 * gpu.bf16_tflops, rel=0.01))
+    assert gpu.usable_bytes > 0.85 * gpu.memory_bytes
+    assert all((gpu.source, gpu.link_source, gpu.total_source, gpu.matmul_source, gpu.attention_source))
+    run_ok("profile", "--arch", "llama3-8b", "--seq-len", "256", "--gpu", name, "--out", tmp_path / "p.json")
+    assert io.load_profile(tmp_path / "p.json").assumptions["gpu"] == name
+
+
+def test_an_unknown_gpu_names_every_known_one(tmp_path):
+    result = run("profile", "--arch", "llama3-8b", "--seq-len", "256", "--gpu", "v100", "--out", tmp_path / "p.json")
+    assert result.exit_code == 1 and all(name in result.output for name in REQUIRED_GPUS)
+
+
+def test_the_fake_profiler_reads_float8_and_causal_kernels_off_their_arguments():
+    import torch
+
+    from planner.profiler import fake
+
+    a, b = torch.empty(4, 8, dtype=torch.float8_e4m3fn), torch.empty(8, 4, dtype=torch.float8_e4m3fn)
+    assert fake._kernel(torch.ops.aten.mm.default, 256, (a, b), {}) == Kernel("matmul-fp8", 256)
+    assert fake._kernel(torch.ops.aten.mm.default, 256, (a.bfloat16(), b.bfloat16()), {}) == Kernel("matmul", 256)
+    q = torch.empty(1, 2, 8, 4)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert fake._kernel(flash, 512, (q, q, q, 0.0, True), {}) == Kernel("attention-fwd", 512, 0.5)
+    assert fake._kernel(flash, 512, (q, q, q), {"is_causal": False}) == Kernel("attention-fwd", 512, 1.0)
