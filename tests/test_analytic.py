@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from planner import io
 from planner.cli import cli
 from planner.errors import UserError
-from planner.models import archs
+from planner.models import archconfig, archs
 from planner.models.modelfile import check_chain
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape
@@ -342,7 +342,7 @@ def test_a_tied_embedding_is_counted_once_on_one_stage_and_twice_split():
     from planner.cost import costmodel
     from planner.schema import StagePlan, TrainSetup
 
-    arch = archs.from_hf_config(QWEN_LIKE, where="config.json", name="qwen2.5-0.5b")
+    arch = archconfig.from_hf_config(QWEN_LIKE, where="config.json", name="qwen2.5-0.5b")
     gpu = archs.gpu("h100")
     profile = analytic.analytic_profile(arch, Shape(seq_len=2048, micro_batch_size=1), gpu=gpu, model=REF)
     shared = 151936 * 896
@@ -486,7 +486,7 @@ def test_arch_config_counts_the_parameters_transformers_builds(model_type, field
     # built on the meta device, no weights
     transformers = pytest.importorskip("transformers")
     config = transformers.AutoConfig.for_model(model_type, **fields)
-    arch = archs.from_hf_config(json.loads(config.to_json_string()), where="config.json", name=model_type)
+    arch = archconfig.from_hf_config(json.loads(config.to_json_string()), where="config.json", name=model_type)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     built = sum(p.numel() for p in model.parameters())
@@ -497,9 +497,9 @@ def test_arch_config_counts_the_parameters_transformers_builds(model_type, field
 
 
 def test_opt_relu_keeps_one_mlp_tensor_where_gelu_keeps_two():
-    gpt = archs.from_hf_config({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+    gpt = archconfig.from_hf_config({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
                                 "vocab_size": 50257, "n_positions": 1024}, where="c", name="gpt2")
-    opt = archs.from_hf_config({"model_type": "opt", "hidden_size": 768, "ffn_dim": 3072, "num_hidden_layers": 12,
+    opt = archconfig.from_hf_config({"model_type": "opt", "hidden_size": 768, "ffn_dim": 3072, "num_hidden_layers": 12,
                                 "num_attention_heads": 12, "vocab_size": 50272, "max_position_embeddings": 2048},
                                where="c", name="opt")
     shape = Shape(seq_len=512, micro_batch_size=2)

@@ -13,7 +13,7 @@ from export_plans import write
 from fixtures.cli import run, run_ok
 
 from planner.errors import UserError
-from planner.models import archs
+from planner.models import archconfig, archs
 
 SMALL = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
@@ -125,20 +125,20 @@ def test_arch_config_layers_are_bounded_up_front(tmp_path, layers, model_type, k
 ])
 def test_arch_config_fields_that_set_size_or_memory_are_read_or_refused(config, fragment):
     with pytest.raises(UserError, match=fragment.replace("(", r"\(")):
-        archs.from_hf_config(config, where="c.json", name="c")
+        archconfig.from_hf_config(config, where="c.json", name="c")
 
 
 def test_arch_config_reads_positions_and_norms_in_both_transformers_spellings():
-    four = archs.from_hf_config(SMALL | {"rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+    four = archconfig.from_hf_config(SMALL | {"rope_theta": 500000.0, "rms_norm_eps": 1e-5,
                                          "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                                                           "original_max_position_embeddings": 8192}},
                                 where="c", name="c")
-    five = archs.from_hf_config(SMALL | {"rms_norm_eps": 1e-5, "rope_parameters": {
+    five = archconfig.from_hf_config(SMALL | {"rms_norm_eps": 1e-5, "rope_parameters": {
         "rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}},
         where="c", name="c")
     assert four.rope_theta == five.rope_theta == 500000.0 and four.rope_scaling == five.rope_scaling == \
         ("llama3", 8.0, 8192) and four.norm_eps == 1e-5
-    assert four.canonical_json() == archs.from_hf_config(SMALL, where="c", name="c").canonical_json()  # pins no more
+    assert four.canonical_json() == archconfig.from_hf_config(SMALL, where="c", name="c").canonical_json()  # pins no more
 
 
 def test_an_analytic_profile_says_which_precision_solve_plans(tmp_path):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from planner import io
 from planner.cli import cli
 from planner.errors import UserError
-from planner.models import archs
+from planner.models import archconfig, archs
 from planner.profiler import analytic, analytic_time, roofline
 from planner.profiler.analytic import Shape
 from planner.schema import FileRef
@@ -91,7 +91,7 @@ def test_deepseek_v2_lite_config_json_reads_as_the_builtin():
     """The model's own config.json (deepseek-ai/DeepSeek-V2-Lite, remote-code era: moe_layer_freq,
     scoring_func, rope_scaling, auto_map), through --arch-config's reader."""
     path = FIXTURES / "deepseek-v2-lite" / "config.json"
-    arch = archs.from_hf_config(json.loads(path.read_text()), where=str(path), name="deepseek-v2-lite")
+    arch = archconfig.from_hf_config(json.loads(path.read_text()), where=str(path), name="deepseek-v2-lite")
     builtin = archs.arch("deepseek-v2-lite")
     assert arch.canonical_json() == builtin.canonical_json()
     assert round(analytic.total_params(arch) / 1e8) == 157  # 15.7B
@@ -146,7 +146,7 @@ def test_arch_config_counts_the_parameters_transformers_builds_layer_by_layer(mo
 
     transformers = pytest.importorskip("transformers")
     config = transformers.AutoConfig.for_model(model_type, **fields)
-    arch = archs.from_hf_config(json.loads(config.to_json_string()), where="config.json", name=model_type)
+    arch = archconfig.from_hf_config(json.loads(config.to_json_string()), where="config.json", name=model_type)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert analytic.total_params(arch) == sum(p.numel() for p in model.parameters())
@@ -287,7 +287,7 @@ QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size"
 
 def test_published_configs_read_as_the_builtins():
     for config, name in [(MIXTRAL, "mixtral-8x7b"), (QWEN3_MOE, "qwen3-30b-a3b")]:
-        arch = archs.from_hf_config(config, where="config.json", name=name)
+        arch = archconfig.from_hf_config(config, where="config.json", name=name)
         assert analytic.total_params(arch) == analytic.total_params(archs.arch(name))
         assert analytic.active_params(arch) == analytic.active_params(archs.arch(name))
 

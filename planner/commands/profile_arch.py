@@ -188,7 +188,7 @@ def _arch(arch: str | None, arch_config: Path | None):
     """The architecture, and what the profile is pinned to: the built-in's canonical
     dimensions, or the config file's content."""
     from planner import io
-    from planner.models import archs
+    from planner.models import archconfig, archs
     from planner.schema import FileRef
 
     if arch is not None:
@@ -196,7 +196,7 @@ def _arch(arch: str | None, arch_config: Path | None):
         return spec, FileRef(file=f"arch:{spec.name}", sha256=spec.sha256())
     config = io.load_json(arch_config, "--arch-config", "pass a model's config.json")
     name = arch_config.parent.name if arch_config.name == "config.json" and arch_config.parent.name else arch_config.stem
-    return archs.from_hf_config(config, where=str(arch_config), name=name), io.file_ref(arch_config)
+    return archconfig.from_hf_config(config, where=str(arch_config), name=name), io.file_ref(arch_config)
 
 
 def _report(profile, spec, shape, out: Path) -> None:

@@ -83,7 +83,7 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
     import torch
 
     from planner.commands.profile_arch import _with_host_step
-    from planner.models import archs
+    from planner.models import archconfig, archs
     from planner.schema import DeviceInfo, Profile
 
     facts = {
@@ -104,7 +104,7 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
     }
     if arch_config is not None:
         try:
-            arch = archs.from_hf_config(arch_config, where=model_file, name=Path(model_file).stem)
+            arch = archconfig.from_hf_config(arch_config, where=model_file, name=Path(model_file).stem)
             facts["model"] = json.loads(arch.canonical_json())
             facts["style"] = arch.style
         except UserError:

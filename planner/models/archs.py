@@ -2,7 +2,7 @@
 re-exported here).
 
 An `Arch` holds what the analytic profiler needs from a Hugging Face-style
-config.json; `from_hf_config` (planner/models/archconfig.py) reads one and refuses missing or nonsensical fields.
+config.json; `archconfig.from_hf_config` (planner/models/archconfig.py) reads one and refuses missing or nonsensical fields.
 """
 
 from __future__ import annotations
@@ -226,11 +226,3 @@ def arch(name: str) -> Arch:
     if name.lower() not in ARCHS:
         raise UserError(f"unknown --arch {name!r}; choose one of {', '.join(ARCHS)}, or pass --arch-config config.json")
     return ARCHS[name.lower()]
-
-
-
-def from_hf_config(config: object, *, where: str, name: str) -> Arch:
-    """An Arch from a Hugging Face-style config.json (already parsed): planner/models/archconfig.py."""
-    from planner.models.archconfig import from_hf_config as read
-
-    return read(config, where=where, name=name)

@@ -33,7 +33,7 @@ this is the eager figure, as the fake profile of the same model's code counts it
 from __future__ import annotations
 
 from planner.models.archs import GPU
-from planner.profiler import analytic as formulas
+from planner.profiler import formulas
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
 NORM_FWD, NORM_BWD, NORM_FWD_TOKEN, NORM_BWD_TOKEN = 36, 96, 28, 44
