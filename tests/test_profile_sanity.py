@@ -197,3 +197,8 @@ def test_a_profile_that_contradicts_itself_says_so_in_the_file_and_solve_repeats
                                       "--out", str(tmp_path / "plan.yaml")])
     assert result.exit_code == 0, result.output
     assert "the profile's timings cannot be trusted (the whole model ran slower at 2 threads" in result.output
+
+
+def test_a_layer_whose_repeats_spread_past_the_noise_bound_is_measured_again():
+    layers = _blocks({3: {"fwd_ms_max": 40.0}})  # one repeat 4x the others
+    assert sanity.suspects(layers) == {3}

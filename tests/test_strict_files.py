@@ -156,3 +156,13 @@ def test_a_compute_scale_far_from_one_is_never_applied_without_a_word(profile_pa
             assert f"every stage's compute is scaled x{scale:.3g}, so the plan is {said}" in result.output
         else:
             assert "every stage's compute is scaled" not in result.output
+
+
+def test_a_replay_that_runs_out_of_memory_is_one_sentence(tmp_path, monkeypatch):
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr("planner.runtime.replay.replay_stage", exhausted)
+    path = _plan_with(tmp_path, lambda data: data["setup"]["pipeline"].update(microbatches=60000))
+    _refused(_invoke("validate", path), "replaying stage 0 ran out of this machine's memory",
+             "60,000 microbatches of 2 samples")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
+from planner.profiler import noise
 from planner.schema import LayerProfile
 
 SPREAD = 1.5  # same-kind layers whose times differ by more than this are re-measured
@@ -34,7 +35,7 @@ def suspects(layers: list[LayerProfile]) -> set[int]:
         if typical < FLOOR_MS:
             continue
         found |= {i for i in same if not typical / SPREAD <= _compute_ms(layers[i]) <= typical * SPREAD}
-    return found | set(robust_figures(layers))
+    return found | set(robust_figures(layers)) | set(noise.spread_layers(layers))
 
 
 def nonsense(layers: list[LayerProfile]) -> str:

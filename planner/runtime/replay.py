@@ -89,7 +89,13 @@ def validate_plan(plan: Plan, *, plan_file: str | Path | None, stage: int | None
     indices = [stage] if stage is not None else range(plan.setup.pipeline.stages)
     checks = []
     for index in indices:
-        checks.append(replay_stage(plan, prepared, index, device=torch.device(device), seed=seed))
+        try:
+            checks.append(replay_stage(plan, prepared, index, device=torch.device(device), seed=seed))
+        except (MemoryError, torch.OutOfMemoryError) as exc:
+            raise UserError(f"replaying stage {index} ran out of this machine's memory: it holds what the stage's rank "
+                            f"would, {plan.setup.pipeline.microbatches:,} microbatches of "
+                            f"{plan.setup.pipeline.micro_batch_size} samples in its buffers; validate it where the "
+                            "stage's memory is, or check the plan's microbatches") from exc
         on_stages(len(checks), len(indices))
     return checks
 
