@@ -181,3 +181,15 @@ def test_a_solve_of_thousands_of_layers_stops_at_its_limit(tmp_path):
     started = time.perf_counter()
     make_plan(profile, tmp_path / "p.json", setup, time_limit_s=1.0)
     assert time.perf_counter() - started < 1.0 + 3
+
+
+def test_evaluate_sets_ckplans_plan_beside_a_chunked_configuration(tmp_path):
+    """The same search for every schedule: evaluate of an interleaved hand configuration shows
+    ckplan's plan for it too, started from the hand configuration where it fits."""
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    result = run_ok("evaluate", "--profile", path, "--schedule", "interleaved-1F1B", "--chunks", "2",
+                    "--layers-per-stage", "2,2,2,2", "--ckpt-per-stage", "2,2,2,2", "--mem", "1GiB",
+                    "--microbatches", "4")
+    assert "the schedule simulated" in result.output and "ckplan's plan (feasible)" in result.output
+    assert "less)" in result.output  # full recompute everywhere is slower than ckplan's plan
