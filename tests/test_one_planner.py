@@ -193,3 +193,21 @@ def test_evaluate_sets_ckplans_plan_beside_a_chunked_configuration(tmp_path):
                     "--microbatches", "4")
     assert "the schedule simulated" in result.output and "ckplan's plan (feasible)" in result.output
     assert "less)" in result.output  # full recompute everywhere is slower than ckplan's plan
+
+
+def test_one_chunk_schedules_are_the_one_chunk_case_of_the_description():
+    """1F1B's and GPipe's in-flight microbatches per stage (costmodel.in_flight, the closed form
+    the stage accumulator and the DP read) are what torch's own order for them holds at its peak
+    (schedules.peak_in_flight, which scores the chunked schedules), wherever torch runs them."""
+    from planner.cost import schedules
+
+    for name in ("1F1B", "GPipe"):
+        for ranks in (1, 2, 3, 4, 8):
+            for microbatches in (1, 2, 3, 4, 8, 16):
+                if name == "1F1B" and microbatches < ranks:
+                    continue  # torch refuses it
+                order = schedules.build_schedule(name, num_ranks=ranks, num_microbatches=microbatches)
+                setup = TrainSetup(stages=ranks, microbatches=microbatches, micro_batch_size=1, schedule=name,
+                                   mem_caps_bytes=[2**30] * ranks)
+                assert [peak.activations for peak in schedules.peak_in_flight(order)] == \
+                    [costmodel.in_flight(setup.pipeline, r) for r in range(ranks)], (name, ranks, microbatches)
