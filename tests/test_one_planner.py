@@ -211,3 +211,18 @@ def test_one_chunk_schedules_are_the_one_chunk_case_of_the_description():
                                    mem_caps_bytes=[2**30] * ranks)
                 assert [peak.activations for peak in schedules.peak_in_flight(order)] == \
                     [costmodel.in_flight(setup.pipeline, r) for r in range(ranks)], (name, ranks, microbatches)
+
+
+def test_a_model_file_written_before_the_packages_still_loads(tmp_path):
+    """`profile --hf-config` wrote `from planner.hfmodels import model_file` into the model files it
+    made before planner/models/: they still import."""
+    from planner.models.modelfile import load_model_file
+
+    path = tmp_path / "old_hf.py"
+    path.write_text("from planner.hfmodels import model_file  # noqa: F401\n"
+                    "import torch\n\n\n"
+                    "def build_model():\n    return torch.nn.Sequential(torch.nn.Linear(2, 2))\n\n\n"
+                    "def example_batch(micro_batch_size):\n"
+                    "    return torch.zeros(micro_batch_size, 2), torch.zeros(micro_batch_size, 2)\n")
+    loaded = load_model_file(path)
+    assert callable(loaded.module.model_file)
