@@ -181,3 +181,48 @@ def test_a_solve_of_thousands_of_layers_stops_at_its_limit(tmp_path):
     started = time.perf_counter()
     make_plan(profile, tmp_path / "p.json", setup, time_limit_s=1.0)
     assert time.perf_counter() - started < 1.0 + 3
+
+
+def test_evaluate_sets_ckplans_plan_beside_a_chunked_configuration(tmp_path):
+    """The same search for every schedule: evaluate of an interleaved hand configuration shows
+    ckplan's plan for it too, started from the hand configuration where it fits."""
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    result = run_ok("evaluate", "--profile", path, "--schedule", "interleaved-1F1B", "--chunks", "2",
+                    "--layers-per-stage", "2,2,2,2", "--ckpt-per-stage", "2,2,2,2", "--mem", "1GiB",
+                    "--microbatches", "4")
+    assert "the schedule simulated" in result.output and "ckplan's plan (feasible)" in result.output
+    assert "less)" in result.output  # full recompute everywhere is slower than ckplan's plan
+
+
+def test_one_chunk_schedules_are_the_one_chunk_case_of_the_description():
+    """1F1B's and GPipe's in-flight microbatches per stage (costmodel.in_flight, the closed form
+    the stage accumulator and the DP read) are what torch's own order for them holds at its peak
+    (schedules.peak_in_flight, which scores the chunked schedules), wherever torch runs them."""
+    from planner.cost import schedules
+
+    for name in ("1F1B", "GPipe"):
+        for ranks in (1, 2, 3, 4, 8):
+            for microbatches in (1, 2, 3, 4, 8, 16):
+                if name == "1F1B" and microbatches < ranks:
+                    continue  # torch refuses it
+                order = schedules.build_schedule(name, num_ranks=ranks, num_microbatches=microbatches)
+                setup = TrainSetup(stages=ranks, microbatches=microbatches, micro_batch_size=1, schedule=name,
+                                   mem_caps_bytes=[2**30] * ranks)
+                assert [peak.activations for peak in schedules.peak_in_flight(order)] == \
+                    [costmodel.in_flight(setup.pipeline, r) for r in range(ranks)], (name, ranks, microbatches)
+
+
+def test_a_model_file_written_before_the_packages_still_loads(tmp_path):
+    """`profile --hf-config` wrote `from planner.hfmodels import model_file` into the model files it
+    made before planner/models/: they still import."""
+    from planner.models.modelfile import load_model_file
+
+    path = tmp_path / "old_hf.py"
+    path.write_text("from planner.hfmodels import model_file  # noqa: F401\n"
+                    "import torch\n\n\n"
+                    "def build_model():\n    return torch.nn.Sequential(torch.nn.Linear(2, 2))\n\n\n"
+                    "def example_batch(micro_batch_size):\n"
+                    "    return torch.zeros(micro_batch_size, 2), torch.zeros(micro_batch_size, 2)\n")
+    loaded = load_model_file(path)
+    assert callable(loaded.module.model_file)

@@ -10,7 +10,7 @@ import pytest
 from planner.cost import costmodel, terms
 from planner.models import synthetic
 from planner.schema import TrainSetup
-from planner.solve import baselines, milp, search
+from planner.solve import baselines, highs, milp, search
 
 MIB = 2**20
 HUGE = 2**50
@@ -97,14 +97,16 @@ def test_the_milps_rows_agree_with_the_accumulator(cuts, mask):
     stages = costmodel.split_to_stages([0, *cuts], [mask >> i & 1 for i in range(5)], profile)
     cost = costmodel.evaluate(stages, profile, s)
     problem = milp.build_problem(profile, s, objective="memory")
-    values = milp.start_values(problem, stages)
+    threads = highs._scheduler_threads(1)  # HiGHS runs only with the threads its first solve in the process asked
+    values = milp.start_values(problem, stages, threads=threads)
     assert values is not None
     free = ("T_", "scale", "U_")
     for var in problem.lp.variables():  # fix the plan; the transients as low as their rows allow
         if not var.name.startswith(free):
             var.lowBound = var.upBound = values[var.name]
     problem.lp.setObjective(pulp.lpSum(var for var in problem.lp.variables() if var.name.startswith("T_")))
-    problem.lp.solve(milp._HiGHS(msg=False, threads=1))
+    problem.lp.solve(milp._HiGHS(msg=False, threads=threads))
+    assert problem.lp.sol_status == pulp.LpSolutionOptimal
     rows = problem.lp.constraints
     for k, stage in enumerate(cost.stages):
         memory = rows[f"cap_{k}"]  # memory - cap·scale + margin <= 0

@@ -135,7 +135,7 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
     if chunks > 1:
         hand = costmodel.ranks_of(hand, setup)
     hand_cost = costmodel.evaluate(hand, profile, setup)
-    best = None if chunks > 1 else _ckplan_plan(profile, setup, hand, time_limit_s=time_limit, solver=solver)
+    best = _ckplan_plan(profile, setup, hand, time_limit_s=time_limit, solver=solver)
     if as_json:
         click.echo(json.dumps(_summary(profile_path, hand, hand_cost, best), indent=2))
     else:
@@ -196,9 +196,7 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
                         stage_columns(hand_cost), stage_rows(hand, hand_cost), right_from=2))
     if chunked:
         console.print(f"iteration {format_ms(hand_cost.iteration_ms)} (the schedule simulated: "
-                      f"planner/cost/schedules.py); {'it fits' if hand_cost.feasible else '[bold red]it does not fit[/]'}. "
-                      "ckplan's solvers plan 1F1B and GPipe; the chunked schedules are scored, not solved, yet")
-        return
+                      f"planner/cost/schedules.py); {'it fits' if hand_cost.feasible else '[bold red]it does not fit[/]'}")
     if best is None:
         console.print("[bold red]no plan fits these caps[/]: not ckplan's either; see `ckplan solve` for the "
                       "smallest cap that works")

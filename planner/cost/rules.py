@@ -20,7 +20,9 @@ def bytes_per_param(setup: TrainSetup) -> float:
 
 
 def in_flight(pipeline: PipelineSetup, stage: int) -> int:
-    """Microbatches whose activations stage `stage` holds at its peak."""
+    """Microbatches whose activations stage `stage` holds at its peak: for 1F1B and GPipe, the
+    one-chunk case of what schedules.peak_in_flight reads off torch's order (a test holds the
+    two equal), in closed form so a solve of thousands of microbatches never walks the order."""
     if pipeline.schedule == "GPipe":
         return pipeline.microbatches
     return min(pipeline.stages - stage, pipeline.microbatches)

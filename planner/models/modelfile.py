@@ -177,6 +177,7 @@ def load_model_file(path: str | Path, *, timeout_s: float | None = None) -> Mode
         raise UserError(f"model file {path} does not exist; check the path")
     if path.suffix != ".py":
         raise UserError(f"model file {path} is not a Python file (.py); see the model-file contract in the README")
+    _moved_modules(path)
     module_name = f"ckplan_model_{path.stem}_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
@@ -194,6 +195,22 @@ def load_model_file(path: str | Path, *, timeout_s: float | None = None) -> Mode
                 "build_model() and example_batch(micro_batch_size)"
             )
     return ModelFile(path=path, module=module, timeout_s=timeout_s)
+
+
+# Modules a model file ckplan wrote may import from where they were before planner/ had packages:
+# `profile --hf-config` wrote `from planner.hfmodels import model_file` until it moved to planner/models/.
+MOVED_MODULES = {"planner.hfmodels": "planner.models.hfmodels"}
+
+
+def _moved_modules(path: Path) -> None:
+    """Let a model file import a module by its old name (MOVED_MODULES), where it does."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    for old, new in MOVED_MODULES.items():
+        if f"from {old} import" in text or f"import {old}" in text:
+            sys.modules.setdefault(old, importlib.import_module(new))
 
 
 def _import(spec, module: ModuleType, path: Path) -> None:
