@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 import re
 
+# Bytes of one element of each floating-point dtype a profile is taken in.
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
 _SIZE_UNITS = {
     "": 1,
     "B": 1,

@@ -13,7 +13,7 @@ from fixtures.cli import run_ok
 from planner import io
 from planner.cost import allocator, costmodel
 from planner.models.synthetic import uniform_blocks
-from planner.profiler.memtrack import PeakMemory
+from planner.runtime.memtrack import PeakMemory
 from planner.schema import DeviceInfo, TrainSetup
 from planner.solve import search
 

@@ -19,11 +19,11 @@ from fixtures.rt_plans import make_plan
 from planner import io
 from planner.cost import dataparallel
 from planner.errors import UserError
-from planner.profiler.routing import find_experts, layer_routing, rank_load
 from planner.runtime import run_plan
 from planner.runtime.experts import expert_parallel, reduce_expert_grads
 from planner.runtime.launcher import _free_port
 from planner.runtime.reference import against_reference
+from planner.runtime.routing import find_experts, layer_routing, rank_load
 from planner.schema import TrainSetup
 
 MOE_TINY = ROOT / "tests" / "fixtures" / "moe_tiny.py"

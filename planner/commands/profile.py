@@ -269,7 +269,7 @@ def _start_copy(ready, stop, *, model_file: str, dtype: str, micro_batch_size: i
     import sys
 
     import planner
-    from planner.profiler.threads import child_env, guarded
+    from planner.runtime.children import child_env, guarded
 
     root = str(Path(planner.__file__).parent.parent)
     env = child_env({**os.environ, "OMP_NUM_THREADS": "1",

@@ -284,7 +284,7 @@ def routing_note(profile, ep: int) -> str | None:
     routed token copies (balanced routing); how far the profiled microbatch's routing was from
     that on the busiest rank, and what its experts would keep beyond the plan there. None for a
     profile without recorded routing (analytic profiles state --capacity-factor instead)."""
-    from planner.profiler.routing import rank_load
+    from planner.runtime.routing import rank_load
     from planner.units import format_bytes
 
     loads = [(rank_load(layer.routed_tokens, len(layer.routed_tokens), ep), layer) for layer in profile.layers

@@ -292,7 +292,7 @@ def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSet
     if stage != setup.pipeline.stages - 1:
         return 0
     if setup.training.runtime == "megatron" and profile.source == "analytic":
-        from planner.profiler.analytic import DTYPE_BYTES
+        from planner.units import DTYPE_BYTES
 
         return profile.loss_transient_bytes * DTYPE_BYTES.get(profile.dtype, 4) // 4
     return profile.loss_transient_bytes

@@ -16,7 +16,7 @@ Attention runs through torch's scaled_dot_product_attention with no mask, i.e. c
 the sequences are whole, unpadded. The model's own forward() stays, so `profile`
 checks the chain against it. Families: llama, qwen2, mistral, gemma, gpt2, and the
 mixture-of-experts mixtral and qwen2_moe (their experts follow the contract in
-planner/profiler/routing.py, so the profile records their routing and `--ep` splits them);
+planner/runtime/routing.py, so the profile records their routing and `--ep` splits them);
 any other config is refused in one sentence.
 """
 

@@ -38,8 +38,8 @@ def _free_port() -> int:
 def measure_sends(*, backend: str = "gloo", device: str = "cpu", sizes_bytes=SIZES_BYTES, repeats: int = REPEATS,
                   threads: int = 1, timeout_s: float = 300.0) -> list[SendSample]:
     """One sample per size: the median one-way time (half a round trip) in ms. The two ranks
-    are processes that die with this one however it ends (planner/profiler/threads.CHILD_GUARD)."""
-    from planner.profiler.threads import child_env, guarded
+    are processes that die with this one however it ends (planner/runtime/children.CHILD_GUARD)."""
+    from planner.runtime.children import child_env, guarded
 
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="ckplan-sends-") as tmp:

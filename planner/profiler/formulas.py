@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from planner.models.archs import GPU, Arch
+from planner.units import DTYPE_BYTES
 
 Attention = Literal["flash", "eager"]
 
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 INDEX_BYTES = 8  # token ids are int64

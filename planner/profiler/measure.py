@@ -39,12 +39,12 @@ from planner.cost.tied import check_tieable, tied_params
 from planner.errors import UserError
 from planner.profiler import options, sanity
 from planner.profiler.kinds import layer_kinds
-from planner.profiler.routing import Routing, find_experts, layer_routing
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
 from planner.runtime.recompute import layer_runner
+from planner.runtime.routing import Routing, find_experts, layer_routing
 from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, TiedSet, runs_split_backward
 
 TIED_SAMPLE_NUMEL = 1 << 24  # elements of a tied gradient timed when summed (64 MiB in fp32)

@@ -6,7 +6,7 @@ MoE layer (rank i of the group: experts [i x n, (i + 1) x n), n = E_total / E), 
 rest of the layer (attention, norms, router, shared expert) whole. The ranks holding the
 same experts (same dp_index % E, dp / E of them) are that expert's data-parallel group.
 
-A MoE layer's experts module (the contract in planner/profiler/routing.py, transformers
+A MoE layer's experts module (the contract in planner/runtime/routing.py, transformers
 5's and configs/models/moe.py's) runs on each rank as:
 
     dispatch  every token copy (token, j) goes, sorted by its expert, to the rank owning
@@ -39,8 +39,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from planner.errors import UserError
-from planner.profiler.routing import find_experts
 from planner.runtime.heartbeat import collective
+from planner.runtime.routing import find_experts
 from planner.schema import TrainSetup
 
 

@@ -34,8 +34,8 @@ from planner.errors import UserError
 from planner.io import file_ref, plan_to_yaml, write_atomic
 from planner.measure.calibrate import placement_threads
 from planner.models.timelimit import time_limit
-from planner.profiler.threads import child_env, guarded
 from planner.runtime.checks import Prepared, check_runnable, prepare, resolve_model_file
+from planner.runtime.children import child_env, guarded
 from planner.runtime.heartbeat import Beat, find_stall, read_beat, stage_name, working_rank
 from planner.runtime.worker import (
     Failure,
@@ -61,7 +61,7 @@ WATCH_S = 0.5  # how often the launcher reads the ranks' heartbeats
 START_TIMEOUT_S = 120.0  # from launch until every rank trains: imports, build_model, rendezvous
 PROGRESS_TIMEOUT_S = 20.0  # a forward, backward, loss or optimizer step longer than this is a hang
 # A rank's first act, before importing torch takes seconds: die with the launcher however it
-# dies (planner/profiler/threads.CHILD_GUARD: PR_SET_PDEATHSIG and a thread watching the
+# dies (planner/runtime/children.CHILD_GUARD: PR_SET_PDEATHSIG and a thread watching the
 # launcher's pid), and leave if it already has. Then run the worker.
 RANK_BOOTSTRAP = guarded("from planner.runtime.worker import main\nmain()\n")
 

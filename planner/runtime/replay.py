@@ -29,8 +29,8 @@ import torch
 
 from planner.errors import UserError
 from planner.models.modelfile import _user_traceback
-from planner.profiler.memtrack import PeakMemory
 from planner.runtime.checks import Prepared, prepare
+from planner.runtime.memtrack import PeakMemory
 from planner.runtime.stagemodule import (
     StageModule,
     allocate_grads,

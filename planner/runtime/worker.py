@@ -37,9 +37,9 @@ from planner.cost.tied import tied_params
 from planner.errors import UserError
 from planner.io import write_atomic
 from planner.models.modelfile import _user_traceback, load_model_file
-from planner.profiler.memtrack import PeakMemory
 from planner.runtime.experts import expert_parallel
 from planner.runtime.heartbeat import NO_HEARTBEAT, Heartbeat
+from planner.runtime.memtrack import PeakMemory
 from planner.runtime.mesh import Layout, data_parallel, device_mesh, dp_optimizer, state_tensors
 from planner.runtime.offload import OffloadOptimizer, local
 from planner.runtime.stagemodule import (

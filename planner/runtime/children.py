@@ -1,0 +1,37 @@
+"""Processes ckplan starts: each dies with ckplan, however ckplan ends."""
+
+from __future__ import annotations
+
+# Every process ckplan starts ends when ckplan ends, however it ends (SIGTERM, SIGKILL, a
+# crash): its first act, before importing anything slow, is to ask the kernel for SIGKILL when
+# its parent dies (Linux PR_SET_PDEATHSIG), to leave at once if the parent is already gone, and
+# to watch the parent's pid from a thread (where there is no prctl, and for a parent that dies
+# between fork and prctl). CKPLAN_PARENT_PID carries the pid it must outlive no longer.
+PARENT_PID_ENV = "CKPLAN_PARENT_PID"
+PARENT_WATCH_S = 0.5
+CHILD_GUARD = f"""\
+import ctypes, os, sys, threading, time
+_parent = int(os.environ["{PARENT_PID_ENV}"])
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None).prctl(1, 9)
+if os.getppid() != _parent:
+    os._exit(1)
+def _watch_parent():
+    while os.getppid() == _parent:
+        time.sleep({PARENT_WATCH_S})
+    os._exit(1)
+threading.Thread(target=_watch_parent, name="ckplan-parent-watch", daemon=True).start()
+"""
+
+
+def guarded(code: str) -> str:
+    """`python -c` text that runs `code` in a process that dies with its parent (CHILD_GUARD);
+    start it with PARENT_PID_ENV set to the starting process's pid (child_env)."""
+    return CHILD_GUARD + code
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a guarded child of this process."""
+    import os
+
+    return {**env, PARENT_PID_ENV: str(os.getpid())}
