@@ -177,12 +177,8 @@ class StepProgress:
         self._task = None
 
     def __enter__(self) -> StepProgress:
-        if err_console.is_terminal:
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn(f"{self.unit}s"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                                 console=err_console, transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task(self.label, total=None)
+        self._bar, self._task = _terminal_bar(self.label, TextColumn(f"{self.unit}s"), TimeElapsedColumn(),
+                                              TextColumn("left"), TimeRemainingColumn())
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -211,6 +207,17 @@ class StepProgress:
         return on_steps
 
 
+def _terminal_bar(label: str, *columns):
+    """A started bar on stderr with `label`, its count and `columns`, and its task; (None, None)
+    when stderr is no terminal (the progress classes then print plain lines)."""
+    if not err_console.is_terminal:
+        return None, None
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *columns,
+                   console=err_console, transient=True)
+    bar.start()
+    return bar, bar.add_task(label, total=None)
+
+
 PIPED_EVERY_S = 5.0  # piped, a line at most this often within one phase of work
 
 
@@ -229,11 +236,7 @@ class WorkProgress:
 
     def __enter__(self) -> WorkProgress:
         self._start = self._clock()
-        if err_console.is_terminal:
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=err_console, transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task(self.label, total=None)
+        self._bar, self._task = _terminal_bar(self.label, TimeElapsedColumn())
         return self
 
     def __exit__(self, *exc_info) -> None:
