@@ -410,7 +410,7 @@ def _section_lines(name: str, result: dict) -> list[str]:
     runs = {}
     if name == "caps":
         runs["cap-fits"] = result["fits"]
-        extra = [f"over: a cap of {fmt(int(result['over']['cap_gib'] * GIB))}: {result['over']['message']}"]
+        extra = [f"over: a cap of {int(result['over']['cap_gib'] * GIB):,} B: {result['over']['message']}"]
     elif name == "offload":
         runs.update({f"act-{k}": v for k, v in result["activations"].get("runs", {}).items()})
         runs.update({f"opt-{k}": v for k, v in result["optimizer"]["runs"].items()})
