@@ -319,9 +319,9 @@ def layer_extra_bytes(layer: LayerCost, option: int) -> int:
 
 # Bytes per parameter of the temporaries torch's optimizer step allocates: Adam computes
 # sqrt(v) / bias correction as a new tensor in the state's dtype (fp32 for fp32 and for
-# bf16-mixed's master, bf16 for bf16) and updates in place (torch/optim/adam.py,
-# _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)); SGD with momentum
-# updates in place. Measured on an H100 (docs/gpu-check.md): a bf16 stage's step peak at
+# bf16-mixed's master, bf16 for bf16) and updates in place (torch/optim/adam.py at torch 2.13,
+# _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)); SGD with momentum
+# updates in place. Measured on an H100 with torch 2.11 (docs/gpu-check.md): a bf16 stage's step peak at
 # 2 B/param, where 4 predicted 2.6 GiB too many.
 _STEP_SCRATCH_PER_PARAM = {("adam", "fp32"): 4, ("adam", "bf16-mixed"): 4, ("adam", "bf16"): 2,
                            ("sgd", "fp32"): 0, ("sgd", "bf16-mixed"): 0, ("sgd", "bf16"): 0}
