@@ -77,7 +77,16 @@ def named_checkpoints(stages, text: str):
 
 
 @click.command("evaluate")
-@click.option("--layers-per-stage", required=True, metavar="N,N,...",
+@click.option("--from-megatron", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Score the job a Megatron-LM launch script (read, never run) or YAML of its arguments describes.")
+@click.option("--from-torchtitan", type=click.Path(path_type=Path), default=None, metavar="FILE.toml",
+              help="Score the job a torchtitan job TOML describes.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="With --from-*: GPUs of the job [default: torchrun's --nproc_per_node x --nnodes in the script].")
+@click.option("--gpu", default="h100-sxm", show_default=True, help="With --from-*: the GPU kind.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="With --from-*: GPUs sharing a node [default: the GPU kind's].")
+@click.option("--layers-per-stage", default=None, metavar="N,N,...",
               help="Layers of each stage, e.g. 19,20,20,21: all the profile's layers, or its decoder "
                    "layers only (the embedding then on the first stage, the head on the last).")
 @click.option("--ckpt-per-stage", default=None, metavar="K,K,...",
@@ -93,7 +102,7 @@ def named_checkpoints(stages, text: str):
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds the solver may take for ckplan's plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary instead of tables.")
-def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stages, profile_path, mem, microbatches, schedule,
+def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stages, profile_path, mem, microbatches, schedule,
             chunks, optimizer, precision, runtime, recompute, fragmentation, parallel_stages, data_parallel, solver,
             time_limit, as_json) -> None:
     """Score a configuration you run today (layers and checkpointed layers per stage) with
@@ -109,6 +118,16 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
     from planner.console import err_console, info
     from planner.cost import costmodel
 
+    if from_megatron is not None or from_torchtitan is not None:
+        from planner.commands import evaluate_config
+
+        check_config_only(click.get_current_context())
+        evaluate_config.run(from_megatron=from_megatron, from_torchtitan=from_torchtitan, gpus=gpus, gpu=gpu,
+                            gpus_per_node=gpus_per_node, mem=mem, fragmentation=fragmentation, as_json=as_json)
+        return
+    if layers_per_stage is None:
+        raise UserError("give --layers-per-stage N,N,... (your configuration), or --from-megatron FILE / "
+                        "--from-torchtitan FILE.toml")
     counts = parse_counts(layers_per_stage, "--layers-per-stage")
     chunks = chunks or (2 if schedule in CHUNKED_SCHEDULES else 1)
     if len(counts) % chunks:
@@ -142,6 +161,19 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
         _print(setup, hand, hand_cost, best, ckpt_rule)
     for note in time_notes:
         say(note)
+
+
+# what --from-megatron / --from-torchtitan take beside the file: the rest comes from the file
+CONFIG_OPTIONS = ("from_megatron", "from_torchtitan", "gpus", "gpu", "gpus_per_node", "mem", "fragmentation", "as_json")
+
+
+def check_config_only(ctx: click.Context) -> None:
+    """A setup option beside a config file would say twice what the file says: refused."""
+    given = [param for param in ctx.command.params if param.name not in CONFIG_OPTIONS
+             and ctx.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT]
+    if given:
+        raise UserError(f"{given[0].opts[0]} is read from the config file with --from-megatron/--from-torchtitan; "
+                        "drop it (only --gpus, --gpu, --gpus-per-node, --mem, --fragmentation and --json go beside)")
 
 
 def _ckplan_plan(profile, setup, hand, *, time_limit_s: float, solver: str):
@@ -230,7 +262,7 @@ def _summary(profile_path: Path, hand, hand_cost, best) -> dict:
             "feasible": cost.feasible,
             "iteration_ms": cost.iteration_ms,
             "stages": [{"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
-                        "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
+                        "static_bytes": c.static_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
                         "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits,
                         "time_ms": c.time_ms}
                        for s, c in zip(stages, cost.stages)],

@@ -1,0 +1,254 @@
+"""`ckplan evaluate --from-megatron FILE | --from-torchtitan FILE.toml`: the job a config
+users already have describes (planner/models/configs/), scored per pipeline rank by the same
+cost model as every plan: static, allocated peak and reserved peak, the iteration, tokens/s
+and MFU; and every flag or key accounted for (modelled, not modelled, no effect, unknown)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import UserError
+
+# torchtitan's FLOPs per token (torchtitan/models/utils.py get_dense_model_nparams_and_flops, read at
+# 238fa9953e4a): 6 x parameters without the token embedding + 12 x layers x heads x head_dim x seq_len;
+# MFU against the GPU's dense BF16 peak (planner/models/gpus.py), as its metrics.py divides.
+MFU_SOURCE = "torchtitan/models/utils.py get_dense_model_nparams_and_flops at 238fa9953e4a"
+
+
+@dataclass
+class Prediction:
+    """A job scored: its profile, setup, stages (one per pipeline rank), cost, and what was assumed."""
+
+    job: object
+    gpus: int
+    dp: int
+    profile: object
+    setup: object
+    stages: list
+    cost: object
+    tokens_per_iteration: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_iteration / (self.cost.iteration_ms / 1e3) / self.gpus
+
+    def flops_per_token(self) -> float:
+        from planner.profiler.analytic import active_params
+
+        arch = self.job.arch
+        return (6 * active_params(arch, input_embedding=False)
+                + 12 * arch.num_layers * arch.num_heads * arch.head_size * self.job.seq_len)
+
+    def mfu(self, gpu) -> float:
+        return self.flops_per_token() * self.tokens_per_s_per_gpu / (gpu.bf16_tflops * 1e12)
+
+
+def read_job(from_megatron: Path | None, from_torchtitan: Path | None):
+    if (from_megatron is None) == (from_torchtitan is None):
+        raise UserError("give one config: --from-megatron FILE or --from-torchtitan FILE.toml")
+    if from_megatron is not None:
+        from planner.models.configs import megatron
+
+        return megatron.read(from_megatron)
+    from planner.models.configs import torchtitan
+
+    return torchtitan.read(from_torchtitan)
+
+
+def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None = None, mem: str | None = None,
+            fragmentation: float | None = None) -> Prediction:
+    """The job on `gpus` GPUs of `gpu_name`, scored by the cost model."""
+    from planner.commands.setup_options import DataParallelOptions, build_setup
+    from planner.cost import costmodel
+    from planner.models import archs
+
+    gpus = gpus or job.world_size
+    if gpus is None:
+        raise UserError(f"{job.source} does not say how many GPUs the job runs on; give --gpus N")
+    if job.world_size is not None and gpus != job.world_size:
+        raise UserError(f"--gpus {gpus}, but {job.source} starts {job.world_size} processes (torchrun's "
+                        "--nproc_per_node x --nnodes); give --gpus {job.world_size} or drop --gpus")
+    model_parallel = job.tp * job.pp * job.cp
+    if gpus % model_parallel:
+        raise UserError(f"--gpus {gpus} is not a multiple of TP {job.tp} x PP {job.pp} x CP {job.cp} = "
+                        f"{model_parallel}; give a multiple")
+    dp = gpus // model_parallel
+    if job.dp_given is not None and job.dp_given != dp:
+        raise UserError(f"{job.source} gives data parallelism {job.dp_given}, and {gpus} GPUs over TP x PP x CP "
+                        f"{model_parallel} leave {dp}; give --gpus {job.dp_given * model_parallel}")
+    microbatches, notes = _microbatches(job, dp)
+    device = archs.gpu(gpu_name)
+    profile = _profile(job, device)
+    data_parallel = _data_parallel(job, dp, notes)
+    setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
+                        chunks=job.chunks, optimizer=job.optimizer, precision=job.precision, parallel_stages=None,
+                        runtime=job.framework, fragmentation=fragmentation, data_parallel=data_parallel,
+                        say=notes.append)
+    if gpus_per_node is not None:
+        setup = setup.model_copy(update={"devices_per_node": gpus_per_node})
+    stages = _stages(job, profile, setup, notes)
+    cost = costmodel.evaluate(stages, profile, setup)
+    sequences = microbatches * setup.pipeline.micro_batch_size * dp
+    return Prediction(job=job, gpus=gpus, dp=dp, profile=profile, setup=setup, stages=stages, cost=cost,
+                      tokens_per_iteration=sequences * job.seq_len, notes=[*job.notes, *notes])
+
+
+def _microbatches(job, dp: int) -> tuple[int, list[str]]:
+    """Microbatches per iteration per pipeline (gradient accumulation counted in)."""
+    notes: list[str] = []
+    per_rank = job.local_batch_size if job.framework == "torchtitan" else None
+    if job.framework == "megatron":
+        gbs = job.global_batch_size or job.micro_batch_size * dp
+        if gbs % (job.micro_batch_size * dp):
+            raise UserError(f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "
+                            f"{job.micro_batch_size} x data parallelism {dp}; Megatron-LM refuses it")
+        return gbs // (job.micro_batch_size * dp), notes
+    accumulate = 1
+    if job.global_batch_size is not None:
+        if job.global_batch_size % (per_rank * dp):
+            raise UserError(f"training.global_batch_size {job.global_batch_size} is not a multiple of "
+                            f"local_batch_size {per_rank} x data parallelism {dp}; torchtitan refuses it")
+        accumulate = job.global_batch_size // (per_rank * dp)
+    if accumulate > 1:
+        notes.append(f"{accumulate} gradient-accumulation steps: scored as {accumulate} x the microbatches of one")
+    return per_rank // job.micro_batch_size * accumulate, notes
+
+
+def _profile(job, device):
+    """The analytic profile of the job's model at its microbatch, TP and SP, on the GPU."""
+    from pydantic import ValidationError
+
+    from planner import io
+    from planner.profiler.analytic import Shape, analytic_profile
+    from planner.schema import FileRef
+
+    shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
+                  attention="flash", dtype="bfloat16")
+    try:
+        return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()))
+    except ValidationError as exc:
+        raise UserError(f"{job.source}: the model at --seq-length {job.seq_len} gives numbers no device holds "
+                        f"({io.describe_error(exc)})") from exc
+
+
+def _data_parallel(job, dp: int, notes: list[str]):
+    from planner.commands.setup_options import DataParallelOptions
+
+    if dp == 1:
+        return DataParallelOptions(ep=job.ep)
+    if job.framework == "megatron":
+        return DataParallelOptions(dp=dp, zero=job.zero, ep=job.ep)
+    if dp % job.dp_replicate:
+        raise UserError(f"data_parallel_replicate_degree {job.dp_replicate} does not divide data parallelism {dp}")
+    shard = dp // job.dp_replicate
+    if shard == 1:  # replicas only: DDP
+        return DataParallelOptions(dp=dp, ep=job.ep)
+    return DataParallelOptions(dp=dp, zero=3, shard_group=shard if job.dp_replicate > 1 else None, ep=job.ep)
+
+
+def _stages(job, profile, setup, notes: list[str]) -> list:
+    """One stage per pipeline stage (P x V), the job's recompute applied; ranks for chunked schedules."""
+    from planner.commands.evaluate import hand_stages
+    from planner.cost import costmodel
+    from planner.emit.rounding import llm_roles
+
+    counts = job.layers_per_stage or [job.arch.num_layers]
+    stages = hand_stages(profile, counts, [0] * len(counts), "first")
+    decoder = set(llm_roles(profile).decoder)
+    rec = job.recompute
+    if rec.mode in ("full", "block"):
+        stages = [s.with_checkpointed([n for n in s.layers if n in decoder][:rec.num_layers if rec.mode == "block"
+                                                                            else None]) for s in stages]
+    elif rec.mode == "every":
+        chosen = set()
+        for rank in range(job.pp):
+            built = [n for s in stages[rank::job.pp] for n in s.layers if n in decoder]
+            chosen |= {n for i, n in enumerate(built, start=1) if i % rec.num_layers == 0}
+        stages = [s.with_checkpointed([n for n in s.layers if n in chosen]) for s in stages]
+    elif rec.mode == "selective":
+        layers = {layer.name: layer for layer in profile.layers}
+        able = {n for n in decoder if rec.option in {o.name for o in layers[n].recompute_options}}
+        if rec.option == "none" or not able:
+            notes.append(f"selective recompute ({rec.option}) is no option of this model's layers: scored as none")
+        else:
+            stages = [s.with_recompute({n: rec.option for n in s.layers if n in able}) for s in stages]
+    if job.chunks > 1:
+        stages = costmodel.ranks_of(stages, setup)
+    return stages
+
+
+def run(*, from_megatron: Path | None, from_torchtitan: Path | None, gpus: int | None, gpu: str,
+        gpus_per_node: int | None, mem: str | None, fragmentation: float | None, as_json: bool) -> None:
+    import json
+
+    import click
+
+    from planner.models import archs
+
+    job = read_job(from_megatron, from_torchtitan)
+    prediction = predict(job, gpus=gpus, gpu_name=gpu, gpus_per_node=gpus_per_node, mem=mem,
+                         fragmentation=fragmentation)
+    device = archs.gpu(gpu)
+    if as_json:
+        click.echo(json.dumps(summary(prediction, device), indent=2))
+    else:
+        _print(prediction, device)
+
+
+def rank_rows(prediction) -> list[dict]:
+    """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries)."""
+    return [{"rank": s.index, "layers": s.layers, "checkpointed": s.checkpointed, "recompute": s.recompute,
+             "static_bytes": c.static_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
+             "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms,
+             "step_ms": c.step_ms}
+            for s, c in zip(prediction.stages, prediction.cost.stages)]
+
+
+def summary(prediction, device) -> dict:
+    job, setup = prediction.job, prediction.setup
+    return {
+        "source": job.source, "framework": job.framework, "model": job.arch.name, "gpus": prediction.gpus,
+        "gpu": device.name, "tp": job.tp, "sp": job.sp, "pp": job.pp, "virtual_stages": job.chunks, "cp": job.cp,
+        "ep": job.ep, "dp": prediction.dp, "zero": setup.data_parallel.zero, "schedule": setup.pipeline.schedule,
+        "micro_batch_size": setup.pipeline.micro_batch_size, "microbatches": setup.pipeline.microbatches,
+        "seq_len": job.seq_len, "precision": job.precision, "ranks": rank_rows(prediction),
+        "feasible": prediction.cost.feasible, "iteration_ms": prediction.cost.iteration_ms,
+        "tokens_per_s_per_gpu": prediction.tokens_per_s_per_gpu, "mfu": prediction.mfu(device),
+        "settings": [{"name": s.name, "value": s.value, "status": s.status, "what": s.what} for s in job.settings],
+        "notes": prediction.notes,
+    }
+
+
+def _print(prediction, device) -> None:
+    from planner.commands.solve_report import _layer_range
+    from planner.console import console, info, table, warn
+    from planner.units import format_bytes, format_ms
+
+    job, setup = prediction.job, prediction.setup
+    rows = [[str(s.index), " + ".join(_layer_range(chunk) for chunk in s.chunks or [s.layers]),
+             f"{len(s.recompute)}/{len(s.layers)}", format_bytes(c.static_bytes), format_bytes(c.peak_bytes),
+             format_bytes(c.reserved_bytes) if c.reserved_bytes is not None else "-", format_bytes(c.cap_bytes),
+             "yes" if c.fits else "[bold red]NO[/]", format_ms(c.time_ms)]
+            for s, c in zip(prediction.stages, prediction.cost.stages)]
+    title = (f"{job.source} ({job.framework}): {job.arch.name} on {prediction.gpus} x {device.name}, TP {job.tp}"
+             f"{' SP' if job.sp else ''}, PP {job.pp}{f' x {job.chunks} virtual' if job.chunks > 1 else ''}, "
+             f"DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
+             f"{setup.pipeline.micro_batch_size} x {job.seq_len} tokens, {setup.pipeline.schedule}, {job.precision}")
+    console.print(table(title, ["rank", "layers", "recompute", "static", "allocated peak", "reserved peak", "cap",
+                                "fits", "time/mb"], rows, right_from=2))
+    console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
+                  f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
+                  f"({MFU_SOURCE})")
+    for status, say in (("not modelled", warn), ("unknown", warn)):
+        found = job.of(status)
+        if found:
+            console.print(table(f"{status}: {len(found)} flag(s) the prediction leaves out",
+                                ["flag", "value", "what"], [[s.name, s.value, s.what] for s in found]))
+    quiet = job.of("no effect")
+    if quiet:
+        info(f"no effect on the plan ({len(quiet)}): " + ", ".join(s.name for s in quiet))
+    info(f"modelled ({len(job.of('modelled'))}): " + ", ".join(s.name for s in job.of("modelled")))
+    for note in prediction.notes:
+        info(note)

@@ -1,0 +1,106 @@
+"""The configs users already have, read into one record ckplan can score: a Megatron-LM launch
+script or YAML of its arguments (megatron.py), a torchtitan job TOML (torchtitan.py).
+
+Every flag or key a reader meets is accounted for in `Job.settings`, one of:
+  modelled      the prediction includes it;
+  not modelled  it changes memory or time and the prediction leaves it out (said, with what it is);
+  no effect     it changes neither (logging, paths, learning rate, data): recognised, listed;
+  unknown       the reader does not know it: listed, never dropped.
+Nothing read is run: the readers parse text (bashargs.py, tomllib, yaml.safe_load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from planner.models.archs import Arch
+
+Status = Literal["modelled", "not modelled", "no effect", "unknown"]
+
+# The settings real jobs use that TrainingSetup cannot say yet (issue 33 item 2, another branch adds
+# them): a reader maps each framework flag that asks for one to its key here, and the flag is
+# reported "not modelled" with this sentence. After that branch merges, the lead switches a key
+# from here to its setup field in one place: `PENDING` below, read by both readers through `pending()`.
+PENDING: dict[str, str] = {
+    "compile": "torch.compile of the model (and the compiled loss): changes kept activations and the loss region",
+    "op-sac": "op-level selective activation checkpointing (torchtitan's per-op policy): scored without it",
+    "float8": "Float8 matmuls (torchao / Transformer Engine): faster matmuls, about the same memory",
+    "async-tp": "asynchronous tensor parallelism (communication overlapped with matmuls)",
+    "cp": "context parallelism (the sequence split over ranks): scored as if the degree were 1",
+    "bf16-optimizer-states": "optimizer states or master weights below fp32 (precision-aware optimizer)",
+    "chunked-ce": "a fused or chunked cross-entropy (a smaller loss region)",
+    "mtp": "multi-token-prediction modules (more layers on the last stage)",
+    "etp": "an expert tensor-parallel size other than TP (experts split over another group)",
+    "fp8-all-gather": "fp8 weights in the data-parallel all-gather (less traffic and gathered bytes)",
+    "bf16-grad-reduce": "gradients reduced (and bucketed) in bf16 rather than fp32",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One flag or key as the file gives it, and what the prediction makes of it."""
+
+    name: str  # the flag (--hidden-size) or key (parallelism.tensor_parallel_degree)
+    value: str
+    status: Status
+    what: str  # what it is / what the prediction does with it
+
+
+@dataclass
+class Recompute:
+    """Which decoder layers recompute, as the framework says it."""
+
+    mode: Literal["none", "full", "block", "every", "selective"] = "none"
+    num_layers: int = 0  # block: the first N of each (virtual) stage; every: every Nth a rank builds
+    option: str = "full"  # selective: ckplan's per-layer option (planner/runtime/recompute.py)
+
+
+@dataclass
+class Job:
+    """A training job as a framework's config describes it, in ckplan's terms."""
+
+    framework: Literal["megatron", "torchtitan"]
+    source: str  # the file, as given
+    arch: Arch
+    seq_len: int
+    micro_batch_size: int
+    global_batch_size: int | None = None  # sequences per iteration over all data-parallel ranks
+    local_batch_size: int | None = None  # torchtitan: sequences per data-parallel rank per step
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    chunks: int = 1  # virtual stages per pipeline rank
+    layers_per_stage: list[int] | None = None  # decoder layers of each of the pp * chunks stages
+    cp: int = 1
+    ep: int = 1
+    dp_given: int | None = None  # a data-parallel degree the file states (-1 / None: the rest of the GPUs)
+    dp_replicate: int = 1  # torchtitan: HSDP replicas (FSDP2 shards over the dp / replicate others)
+    world_size: int | None = None  # GPUs the launcher line starts (torchrun's --nproc_per_node x --nnodes)
+    schedule: str = "1F1B"
+    zero: int = 0
+    zero_gather: Literal["per-microbatch", "per-iteration"] = "per-microbatch"
+    precision: Literal["fp32", "bf16", "bf16-mixed"] = "bf16-mixed"
+    optimizer: Literal["adam", "sgd"] = "adam"
+    recompute: Recompute = field(default_factory=Recompute)
+    settings: list[Setting] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def said(self, name: str, value: object, status: Status, what: str) -> None:
+        self.settings.append(Setting(name=name, value=_text(value), status=status, what=what))
+
+    def of(self, status: Status) -> list[Setting]:
+        return [s for s in self.settings if s.status == status]
+
+
+def pending(key: str) -> str:
+    """The sentence for a setting the setup cannot say yet (PENDING)."""
+    return PENDING[key]
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return " ".join(_text(v) for v in value)
+    return str(value)

@@ -1,0 +1,504 @@
+"""Megatron-LM's arguments (a launch script of flags, or a YAML mapping of flags to values) as
+a Job. The flags are the inverse of planner/emit/megatron.py's export and are read as
+megatron/training/arguments.py (NVIDIA/Megatron-LM d98e8a64ddf3, 2026-08-22) defines them:
+--ffn-hidden-size defaults to 4 x --hidden-size, --num-query-groups to the heads,
+--kv-channels to hidden / heads, the vocabulary is padded to a multiple of
+--make-vocab-size-divisible-by (128) x TP; --recompute-activations is selective recompute of
+core_attn; --recompute-method block recomputes the first N decoder layers of every (virtual)
+stage, uniform every layer in groups of N (megatron/core/transformer/transformer_block.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from planner.errors import UserError
+from planner.models.archs import Arch
+from planner.models.configs import Job, Recompute, pending
+
+# Flags that change neither memory nor time: recognised and listed as "no effect on the plan".
+NO_EFFECT = {
+    "--use-mcore-models": "megatron-core model classes (the only ones in current Megatron-LM)",
+    "--init-method-std": "initialisation scale", "--apply-layernorm-1p": "norm weight parameterisation (1 + w)",
+    "--lr": "learning rate", "--min-lr": "learning rate", "--decoupled-lr": "learning rate",
+    "--decoupled-min-lr": "learning rate", "--lr-decay-style": "learning-rate schedule",
+    "--lr-decay-samples": "learning-rate schedule", "--lr-warmup-samples": "learning-rate schedule",
+    "--lr-decay-iters": "learning-rate schedule", "--lr-warmup-iters": "learning-rate schedule",
+    "--lr-warmup-fraction": "learning-rate schedule", "--lr-warmup-init": "learning-rate schedule",
+    "--clip-grad": "gradient clipping threshold", "--weight-decay": "weight decay",
+    "--adam-beta1": "Adam hyper-parameter", "--adam-beta2": "Adam hyper-parameter", "--adam-eps": "Adam hyper-parameter",
+    "--train-samples": "run length", "--train-iters": "run length", "--exit-duration-in-mins": "run length",
+    "--exit-interval": "run length", "--mock-data": "data source", "--tokenizer-type": "tokenizer",
+    "--tokenizer-model": "tokenizer path", "--tiktoken-pattern": "tokenizer", "--vocab-file": "tokenizer path",
+    "--merge-file": "tokenizer path", "--data-path": "data path", "--data-cache-path": "data path",
+    "--split": "data split", "--no-create-attention-mask-in-dataloader": "data loader (flash attention needs no mask)",
+    "--no-mmap-bin-files": "data loader", "--num-workers": "data loader workers", "--seed": "random seed",
+    "--eval-iters": "evaluation", "--eval-interval": "evaluation", "--save-interval": "checkpointing",
+    "--save": "checkpoint path", "--load": "checkpoint path", "--ckpt-format": "checkpoint format",
+    "--tensorboard-dir": "logging path", "--log-interval": "logging", "--log-throughput": "logging",
+    "--profile": "profiling (a few steps)", "--profile-step-start": "profiling", "--profile-step-end": "profiling",
+    "--profile-ranks": "profiling", "--distributed-timeout-minutes": "timeout",
+    "--calculate-per-token-loss": "loss normalisation", "--manual-gc": "Python garbage collection schedule",
+    "--manual-gc-interval": "Python garbage collection schedule", "--timing-log-level": "logging",
+    "--attention-dropout": "dropout (0 keeps no mask; flash attention drops in-kernel)",
+    "--hidden-dropout": "dropout probability", "--rotary-percent": "rotary share of head dims (no bytes)",
+    "--norm-epsilon": "norm epsilon", "--rotary-base": "rotary base", "--use-rope-scaling": "rope scaling",
+    "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
+    "--transformer-impl": "Transformer Engine or local layers (same tensors kept)", "--use-flash-attn": "flash attention",
+    "--attention-backend": "attention kernel choice (flash-class kernels keep no s x s scores)",
+    "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
+    "--no-bias-dropout-fusion": "kernel fusion", "--no-gradient-accumulation-fusion": "kernel fusion",
+    "--bias-swiglu-fusion": "kernel fusion", "--no-rope-fusion": "kernel fusion",
+    "--ckpt-fully-parallel-save": "checkpointing", "--ckpt-fully-parallel-load": "checkpointing",
+    "--async-save": "checkpointing", "--no-load-optim": "checkpointing", "--no-load-rng": "checkpointing",
+    "--finetune": "checkpointing", "--use-checkpoint-args": "checkpointing", "--dist-ckpt-strictness": "checkpointing",
+    "--wandb-project": "logging", "--wandb-exp-name": "logging", "--wandb-save-dir": "logging",
+    "--eod-mask-loss": "loss mask", "--reset-position-ids": "data", "--reset-attention-mask": "data",
+    "--deterministic-mode": "determinism", "--use-cpu-initialization": "initialisation",
+    "--no-async-tensor-model-parallel-allreduce": "kernel scheduling", "--moe-router-load-balancing-type": "router loss",
+    "--moe-aux-loss-coeff": "router loss", "--moe-z-loss-coeff": "router loss", "--moe-router-score-function": "router",
+    "--moe-router-pre-softmax": "router", "--moe-router-dtype": "router", "--moe-router-topk-scaling-factor": "router",
+    "--moe-router-enable-expert-bias": "router", "--moe-router-bias-update-rate": "router",
+    "--moe-router-num-groups": "router", "--moe-router-group-topk": "router", "--moe-token-drop-policy": "router",
+    "--moe-z-loss": "router loss", "--moe-per-layer-logging": "logging", "--moe-permute-fusion": "kernel fusion",
+    "--moe-grouped-gemm": "one grouped GEMM over the experts (the profile charges the experts so)",
+    "--moe-token-dispatcher-type": "token dispatcher (the all-to-all is charged)",
+    "--position-embedding-type": "position embedding (rope: no parameters)",
+}
+NO_EFFECT_PREFIXES = ("--log-", "--wandb-", "--tensorboard-", "--one-logger", "--ckpt-", "--eval-", "--exit-",
+                      "--lr-", "--save-", "--load-", "--data-", "--tokenizer-", "--profile-", "--straggler")
+# Flags that change memory or time and the prediction leaves out, with what they are. Those that
+# ask for a setting TrainingSetup cannot say yet go through configs.PENDING (_PENDING below).
+NOT_MODELLED = {
+    "--empty-unused-memory-level": "torch.cuda.empty_cache() calls during the step: lowers the reserved peak",
+    "--distribute-saved-activations": "recomputed layers' inputs split over the TP group",
+    "--cpu-offloading": "activation and weight offload to the host",
+    "--cpu-offloading-num-layers": "activation offload to the host",
+    "--optimizer-cpu-offload": "the optimizer on the host",
+    "--use-torch-fsdp2": "PyTorch FSDP2 instead of the distributed optimizer",
+    "--use-megatron-fsdp": "Megatron FSDP (weights sharded) instead of the distributed optimizer",
+    "--overlap-moe-expert-parallel-comm": "the all-to-all overlapped with compute (charged on the critical path)",
+    "--defer-embedding-wgrad-compute": "the embedding's weight gradient deferred to overlap",
+    "--rampup-batch-size": "a growing global batch (the final batch is scored)",
+    "--account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the pipeline split",
+    "--account-for-loss-in-pipeline-split": "the loss counted as a layer in the pipeline split",
+    "--microbatch-group-size-per-virtual-stage": "interleaved schedule's microbatch grouping",
+    "--moe-expert-capacity-factor": "token dropping at an expert capacity (the profile charges balanced routing)",
+    "--moe-pad-expert-input-to-capacity": "expert inputs padded to capacity",
+    "--fp16": "fp16 with loss scaling (scored as bf16-mixed: the same bytes)",
+    "--moe-layer-recompute": "recompute of MoE layers",
+    "--delay-wgrad-compute": "weight-gradient computation delayed",
+    "--use-distributed-optimizer-instances": "distributed-optimizer instances",
+}
+_PENDING = {
+    "--fp8-format": "float8", "--fp8": "float8", "--fp8-recipe": "float8", "--fp8-amax-history-len": "float8",
+    "--fp8-amax-compute-algo": "float8", "--fp8-margin": "float8", "--fp8-param-gather": "fp8-all-gather",
+    "--context-parallel-size": "cp", "--cp-comm-type": "cp", "--hierarchical-context-parallel-sizes": "cp",
+    "--tp-comm-overlap": "async-tp", "--expert-tensor-parallel-size": "etp", "--mtp-num-layers": "mtp",
+    "--mtp-loss-scaling-factor": "mtp", "--cross-entropy-loss-fusion": "chunked-ce",
+    "--cross-entropy-fusion-impl": "chunked-ce", "--use-precision-aware-optimizer": "bf16-optimizer-states",
+    "--main-grads-dtype": "bf16-optimizer-states", "--main-params-dtype": "bf16-optimizer-states",
+    "--exp-avg-dtype": "bf16-optimizer-states", "--exp-avg-sq-dtype": "bf16-optimizer-states",
+    "--grad-reduce-in-bf16": "bf16-grad-reduce",
+}
+# when the value makes them a no-op (the default), they are modelled exactly
+_PENDING_DEFAULT = {"--context-parallel-size": "1", "--mtp-num-layers": "0"}
+# megatron-core 0.16's --recompute-modules (planner/emit/megatron.py _MODULES, its inverse)
+_DEFAULT_MODULES = ("core_attn",)
+
+
+def read(path: Path) -> Job:
+    """The Job a Megatron-LM launch script or YAML of arguments describes."""
+    from planner.models.configs.bashargs import read_script
+
+    text = _text(path)
+    where = str(path)
+    if path.suffix in (".yaml", ".yml"):
+        pairs, world, notes = _yaml_pairs(text, where), None, []
+    else:
+        script = read_script(text, where)
+        pairs, world, notes = _pairs(script.args, where), _world(script.launcher_args), script.notes
+    job = from_pairs(pairs, where)
+    job.world_size = world
+    job.notes[:0] = notes
+    return job
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; give a Megatron-LM launch script or YAML of its arguments") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} cannot be read as text ({exc.__class__.__name__}); give a Megatron-LM launch "
+                        "script or YAML of its arguments") from None
+
+
+def _pairs(args: list[str], where: str) -> list[tuple[str, list[str]]]:
+    """(flag, its values) in order; a word before any flag is refused."""
+    pairs: list[tuple[str, list[str]]] = []
+    for word in args:
+        if word.startswith("--"):
+            flag, eq, value = word.partition("=")
+            pairs.append((flag, [value] if eq else []))
+        elif pairs:
+            pairs[-1][1].append(word)
+        else:
+            raise UserError(f"{where}: the trainer's arguments start with {word!r}, not a --flag; give Megatron-LM's "
+                            "arguments as --flag value")
+    return pairs
+
+
+def _yaml_pairs(text: str, where: str) -> list[tuple[str, list[str]]]:
+    """A YAML mapping of flags to values: the functional tests' model_config.yaml (its MODEL_ARGS)
+    or --yaml-cfg's (keys with underscores, nested sections flattened)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{where} is not valid YAML{at}; give a mapping of Megatron-LM flags to values") from None
+    if isinstance(data, dict) and isinstance(data.get("MODEL_ARGS"), dict):
+        data = data["MODEL_ARGS"]
+    if not isinstance(data, dict) or not data:
+        raise UserError(f"{where} is not a mapping of Megatron-LM flags to values (e.g. --num-layers: 32, or "
+                        "MODEL_ARGS: with such a mapping)")
+    pairs = []
+    for key, value in _flatten(data):
+        flag = key if key.startswith("--") else "--" + key.replace("_", "-")
+        if value is False or value is None:
+            pairs.append((flag, ["false"]))
+        elif value is True:
+            pairs.append((flag, []))
+        elif isinstance(value, list):
+            pairs.append((flag, [str(v) for v in value]))
+        else:
+            pairs.append((flag, str(value).split() if isinstance(value, str) else [str(value)]))
+    return pairs
+
+
+def _flatten(data: dict, prefix: str = ""):
+    for key, value in data.items():
+        if isinstance(value, dict) and not str(key).startswith("--"):
+            yield from _flatten(value)
+        else:
+            yield str(key), value
+
+
+def _world(launcher: list[str]) -> int | None:
+    """GPUs torchrun starts: --nproc_per_node x --nnodes (None where not both are numbers)."""
+    start = next((i for i, w in enumerate(launcher) if w.endswith(("torchrun", "torch.distributed.run"))), None)
+    if start is None:
+        return None
+    values: dict[str, str] = {}
+    words = launcher[start + 1:]
+    for i, word in enumerate(words):
+        if word.startswith("-"):
+            name, eq, value = word.lstrip("-").replace("-", "_").partition("=")
+            values[name] = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+    per, nodes = values.get("nproc_per_node"), values.get("nnodes", "1")
+    if per and per.isdigit() and nodes.isdigit():
+        return int(per) * int(nodes)
+    return None
+
+
+class _Flags:
+    """The flags given, each consumed once by the reader that accounts for it."""
+
+    def __init__(self, pairs, job_sink: list):
+        self.given: dict[str, list[str]] = {}
+        for flag, values in pairs:
+            self.given[flag] = values
+        self.sink = job_sink
+        self.notes: list[str] = []
+
+    def has(self, flag: str) -> bool:
+        values = self.given.get(flag)
+        return values is not None and values != ["false"]
+
+    def take(self, flag: str, what: str, cast=str, default=None):
+        """The flag's value (cast), recorded as modelled; `default` where not given."""
+        if flag not in self.given:
+            return default
+        values = self.given.pop(flag)
+        if values == ["false"]:
+            self.sink.append((flag, "false", "modelled", what + " (off)"))
+            return default
+        if cast is bool:
+            self.sink.append((flag, " ".join(values), "modelled", what))
+            return True
+        if len(values) != 1:
+            raise UserError(f"{flag} takes one value and was given {len(values)} ({' '.join(values) or 'none'}); "
+                            "give one")
+        self.sink.append((flag, values[0], "modelled", what))
+        return _cast(flag, values[0], cast)
+
+    def take_list(self, flag: str, what: str) -> list[str] | None:
+        if flag not in self.given:
+            return None
+        values = self.given.pop(flag)
+        self.sink.append((flag, " ".join(values), "modelled", what))
+        return values
+
+
+def _cast(flag: str, value: str, cast):
+    from planner.models.configs.bashargs import COMMAND_MARK
+
+    if COMMAND_MARK in value:
+        command = value.split(COMMAND_MARK, 1)[1]
+        raise UserError(f"{flag}'s value comes from the command $({command}, which ckplan does not run; write the "
+                        "value in the file")
+    try:
+        return cast(value)
+    except ValueError:
+        kind = {int: "a whole number", float: "a number"}.get(cast, "a value")
+        raise UserError(f"{flag} {value!r} is not {kind}; give {kind}") from None
+
+
+def _positive(flag: str, value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise UserError(f"{flag} {value}: give 1 or more")
+    return value
+
+
+def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
+    sink: list = []
+    flags = _Flags(pairs, sink)
+    arch, seq_len = _arch(flags, where)
+    mbs = _positive("--micro-batch-size", flags.take("--micro-batch-size", "sequences per microbatch", int, 1))
+    job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs)
+    job.global_batch_size = _positive("--global-batch-size",
+                                      flags.take("--global-batch-size", "sequences per iteration", int))
+    _parallel(flags, job)
+    _recompute(flags, job)
+    _precision(flags, job)
+    for flag, value, status, what in sink:
+        job.said(flag, value, status, what)
+    job.notes += flags.notes
+    _rest(flags, job)
+    return job
+
+
+def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
+    def need(flag: str, what: str) -> int:
+        value = flags.take(flag, what, int)
+        if value is None:
+            raise UserError(f"{where} does not give {flag}, which the model's size needs; add it")
+        return _positive(flag, value)
+
+    layers, hidden = need("--num-layers", "decoder layers"), need("--hidden-size", "hidden size")
+    heads, seq_len = need("--num-attention-heads", "attention heads"), need("--seq-length", "tokens per sequence")
+    ffn = _positive("--ffn-hidden-size", flags.take("--ffn-hidden-size", "MLP width", int, 4 * hidden))
+    gqa = flags.take("--group-query-attention", "grouped-query attention", bool, False)
+    groups = flags.take("--num-query-groups", "key/value heads (with --group-query-attention)", int, heads)
+    kv = groups if gqa else heads
+    head_dim = flags.take("--kv-channels", "head width", int)
+    vocab = flags.take("--vocab-size", "the tokenizer's vocabulary", int)
+    if vocab is None:
+        raise UserError(f"{where} does not give --vocab-size (Megatron-LM takes it from the tokenizer, which ckplan "
+                        "does not read); add --vocab-size N")
+    divisor = flags.take("--make-vocab-size-divisible-by", "vocabulary padding", int, 128)
+    tp = flags.given.get("--tensor-model-parallel-size", ["1"])
+    multiple = divisor * (int(tp[0]) if tp and tp[0].isdigit() else 1)
+    padded = math.ceil(vocab / multiple) * multiple  # megatron/training/tokenizer: _vocab_size_with_padding
+    swiglu = flags.take("--swiglu", "SwiGLU MLP", bool, False)
+    norm = flags.take("--normalization", "norm kind (RMSNorm or LayerNorm: the same bytes)", str, "LayerNorm")
+    untied = flags.take("--untie-embeddings-and-output-weights", "separate output weights", bool, False)
+    no_bias = flags.take("--disable-bias-linear", "no linear biases", bool, False)
+    qkv_bias = flags.take("--add-qkv-bias", "q/k/v biases", bool, False)
+    qk_norm = flags.take("--qk-layernorm", "q/k norms", bool, False)
+    style = "llama" if swiglu else "gpt"
+    if swiglu and not no_bias:
+        flags.notes.append("linear biases (Megatron-LM's default without --disable-bias-linear) are not modelled "
+                           "on a SwiGLU model: a hidden-size vector per linear, kilobytes")
+    moe = _moe(flags, layers, ffn)
+    mla = _mla(flags)
+    try:
+        arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
+                    num_heads=heads, num_kv_heads=kv, vocab_size=padded, tie_word_embeddings=not untied, style=style,
+                    qkv_bias=qkv_bias, head_dim=head_dim, qk_norm=qk_norm,
+                    source=f"{where} (Megatron-LM arguments)", **moe, **mla)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{where}: the model flags do not describe a model ({exc})") from None
+    if heads % kv:
+        raise UserError(f"--num-query-groups {kv} does not divide --num-attention-heads {heads}; give a divisor")
+    return arch, seq_len
+
+
+def _moe(flags: _Flags, layers: int, ffn: int) -> dict:
+    experts = flags.take("--num-experts", "routed experts", int)
+    if not experts:
+        return {}
+    topk = flags.take("--moe-router-topk", "experts per token", int, 2)
+    width = flags.take("--moe-ffn-hidden-size", "expert MLP width", int, ffn)
+    shared = flags.take("--moe-shared-expert-intermediate-size", "shared experts' width", int, 0)
+    gate = flags.take("--moe-shared-expert-gate", "shared expert gate", bool, False)
+    freq = flags.take("--moe-layer-freq", "which layers are MoE", str, "1")
+    dense = _dense_layers(freq, layers)
+    return dict(num_experts=experts, num_experts_per_tok=topk, moe_intermediate_size=width,
+                num_shared_experts=1 if shared else 0, shared_intermediate_size=shared, shared_expert_gate=gate,
+                dense_layers=dense)
+
+
+def _dense_layers(freq: str, layers: int) -> tuple[int, ...]:
+    """--moe-layer-freq: N (every Nth layer MoE) or a list expression like ([0]*3+[1]*58), read
+    without running it: runs of [v]*n joined by +."""
+    import re
+
+    text = freq.strip().strip("\"'")
+    if text.isdigit():
+        every = int(text)
+        return tuple(i for i in range(layers) if i % every) if every > 1 else ()
+    pattern: list[int] = []
+    for part in re.findall(r"\[([0-9, ]*)\](?:\s*\*\s*(\d+))?", text):
+        values = [int(v) for v in part[0].split(",") if v.strip()]
+        pattern += values * int(part[1] or 1)
+    if len(pattern) != layers or not re.fullmatch(r"[\[\]0-9,*+() ]+", text):
+        raise UserError(f"--moe-layer-freq {freq!r}: give N or a list expression of {layers} zeros and ones, e.g. "
+                        "([0]*3+[1]*58)")
+    return tuple(i for i, v in enumerate(pattern) if not v)
+
+
+def _mla(flags: _Flags) -> dict:
+    if not flags.take("--multi-latent-attention", "multi-head latent attention", bool, False):
+        return {}
+    return dict(kv_lora_rank=flags.take("--kv-lora-rank", "latent K/V rank", int, 512),
+                q_lora_rank=flags.take("--q-lora-rank", "latent Q rank", int, 0) or 0,
+                qk_nope_head_dim=flags.take("--qk-head-dim", "q/k head width", int, 128),
+                qk_rope_head_dim=flags.take("--qk-pos-emb-head-dim", "rotary head width", int, 64),
+                v_head_dim=flags.take("--v-head-dim", "v head width", int, 128))
+
+
+def _parallel(flags: _Flags, job: Job) -> None:
+    job.tp = _positive("--tensor-model-parallel-size",
+                       flags.take("--tensor-model-parallel-size", "tensor parallelism", int, 1))
+    job.sp = flags.take("--sequence-parallel", "sequence parallelism", bool, False) and job.tp > 1
+    job.pp = _positive("--pipeline-model-parallel-size",
+                       flags.take("--pipeline-model-parallel-size", "pipeline stages", int, 1))
+    per_virtual = flags.take("--num-layers-per-virtual-pipeline-stage", "virtual stages (layers each)", int)
+    virtual = flags.take("--num-virtual-stages-per-pipeline-rank", "virtual stages per rank", int)
+    layers = job.arch.num_layers
+    if per_virtual:
+        if layers % (per_virtual * job.pp):
+            raise UserError(f"--num-layers-per-virtual-pipeline-stage {per_virtual} x --pipeline-model-parallel-size "
+                            f"{job.pp} does not divide --num-layers {layers}; give a divisor")
+        job.chunks = layers // (per_virtual * job.pp)
+    elif virtual:
+        job.chunks = virtual
+    if job.chunks > 1:
+        job.schedule = "interleaved-1F1B"
+    job.layers_per_stage = _split(flags, job)
+    job.ep = _positive("--expert-model-parallel-size",
+                       flags.take("--expert-model-parallel-size", "expert parallelism", int, 1))
+    if flags.take("--use-distributed-optimizer", "optimizer state sharded over data-parallel ranks (ZeRO 1)",
+                  bool, False):
+        job.zero = 1
+    flags.take("--overlap-grad-reduce", "gradient reduce-scatter overlapped with the backward (as the cost model "
+                                       "charges Megatron-LM's runtime)", bool)
+    flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool)
+    if flags.has("--expert-tensor-parallel-size") and flags.given["--expert-tensor-parallel-size"] == [str(job.tp)]:
+        flags.take("--expert-tensor-parallel-size", "experts split over the TP group (megatron-core's default)", int)
+
+
+def _split(flags: _Flags, job: Job) -> list[int]:
+    """Decoder layers of each of the pp x chunks stages, in pipeline order."""
+    stages, layers = job.pp * job.chunks, job.arch.num_layers
+    layout = flags.take("--pipeline-model-parallel-layout", "the pipeline split", str)
+    if layout is not None:
+        counts = _layout_counts(layout)
+        if len(counts) != stages or sum(counts) != layers:
+            raise UserError(f"--pipeline-model-parallel-layout lists {len(counts)} stages of {sum(counts)} decoder "
+                            f"layers; the flags give {stages} stages of {layers}")
+        return counts
+    first = flags.take("--decoder-first-pipeline-num-layers", "layers of the first stage", int)
+    last = flags.take("--decoder-last-pipeline-num-layers", "layers of the last stage", int)
+    if first is None and last is None:
+        if layers % stages:
+            raise UserError(f"--num-layers {layers} is not a multiple of the {stages} pipeline stages; give "
+                            "--decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout")
+        return [layers // stages] * stages
+    middle_stages = stages - (first is not None) - (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    if middle_stages <= 0 and rest or middle_stages > 0 and rest % middle_stages:
+        raise UserError(f"--decoder-first/last-pipeline-num-layers leave {rest} layers for {middle_stages} stages; "
+                        "give counts that split evenly")
+    middle = [rest // middle_stages] * middle_stages if middle_stages > 0 else []
+    return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
+
+
+def _layout_counts(layout: str) -> list[int]:
+    """Decoder layers per stage of a --pipeline-model-parallel-layout ('Et*3|(t|)*4,tL'):
+    stages split by '|' (and ','), 't' a decoder layer, 'x*n' and '(...)*n' repeats, E/L/m other."""
+    import re
+
+    text = layout.strip().strip("\"'").replace(",", "|")
+    for _ in range(8):  # expand (...)*n, innermost first
+        expanded = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        if expanded == text:
+            break
+        text = expanded
+    if not re.fullmatch(r"[EtmL|*0-9]*", text):
+        raise UserError(f"--pipeline-model-parallel-layout {layout!r}: give stages of E, t, m and L split by '|'")
+    counts = []
+    for stage in text.split("|"):
+        counts.append(sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", stage)))
+    return counts
+
+
+def _recompute(flags: _Flags, job: Job) -> None:
+    granularity = flags.take("--recompute-granularity", "recompute: full layers or selected modules", str)
+    method = flags.take("--recompute-method", "which layers recompute in full", str)
+    num = flags.take("--recompute-num-layers", "layers recomputed (block) or per group (uniform)", int, 1)
+    modules = flags.take_list("--recompute-modules", "modules recomputed in every decoder layer")
+    if flags.take("--recompute-activations", "selective recompute of core attention", bool, False):
+        granularity = granularity or "selective"
+    if granularity == "full":
+        if method == "block":
+            job.recompute = Recompute(mode="block", num_layers=num)
+        elif method == "uniform":
+            job.recompute = Recompute(mode="full")
+            if num > 1:
+                job.notes.append(f"--recompute-method uniform --recompute-num-layers {num}: every layer recomputes, "
+                                 f"scored as each layer checkpointed alone (Megatron keeps one input per {num} "
+                                 "layers: fewer bytes than scored)")
+        else:
+            raise UserError("--recompute-granularity full needs --recompute-method block or uniform; add one")
+    elif granularity == "selective":
+        from planner.emit.megatron import _option
+
+        job.recompute = Recompute(mode="selective", option=_option(tuple(modules or _DEFAULT_MODULES),
+                                                                   job.arch.num_experts > 0))
+    elif granularity is not None:
+        raise UserError(f"--recompute-granularity {granularity!r}: give full or selective")
+
+
+def _precision(flags: _Flags, job: Job) -> None:
+    bf16 = flags.take("--bf16", "bf16 weights and activations, fp32 master weights and Adam state", bool, False)
+    fp16 = flags.given.get("--fp16") is not None and flags.has("--fp16")
+    job.precision = "bf16-mixed" if bf16 or fp16 else "fp32"
+    name = flags.take("--optimizer", "optimizer", str, "adam")
+    if name not in ("adam", "sgd"):
+        raise UserError(f"--optimizer {name!r}: ckplan scores adam and sgd; give one of them")
+    job.optimizer = name
+
+
+def _rest(flags: _Flags, job: Job) -> None:
+    """Every flag not read above: pending settings, not modelled, no effect, or unknown."""
+    for flag, values in flags.given.items():
+        value = " ".join(values)
+        if flag in _PENDING:
+            if values == ["false"] or _PENDING_DEFAULT.get(flag) == value:
+                job.said(flag, value, "modelled", "at its default: nothing to add")
+            else:
+                job.said(flag, value, "not modelled", pending(_PENDING[flag]))
+        elif flag in NOT_MODELLED:
+            job.said(flag, value, "no effect" if values == ["false"] else "not modelled", NOT_MODELLED[flag])
+        elif flag in NO_EFFECT:
+            job.said(flag, value, "no effect", NO_EFFECT[flag])
+        elif flag.startswith(NO_EFFECT_PREFIXES):
+            job.said(flag, value, "no effect", "logging, checkpoint, evaluation, data or schedule of the learning rate")
+        else:
+            job.said(flag, value, "unknown", "not a flag this reader knows: if it changes memory or time, the "
+                                             "prediction leaves it out")

@@ -1,0 +1,264 @@
+"""A torchtitan job TOML (0.2.x, `--job.config_file`) as a Job. Keys as
+torchtitan/config/job_config.py defines them and flavors as torchtitan/models/llama3/__init__.py
+(llama3_args) builds them, both read at pytorch/torchtitan 238fa9953e4a (2026-02, the last commit
+with TOML train configs): 8B dim 4096 x 32 layers, 70B 8192 x 80, 405B 16384 x 126, 8 KV heads,
+vocab 128256, rope_theta 500000 = ckplan's llama3-8b, llama3-70b, llama3.1-405b.
+`parallelism.data_parallel_shard_degree = -1` takes the GPUs the other degrees leave; FSDP2
+shards over dp_shard (ZeRO 3) and replicates over dp_replicate (HSDP); without a pipeline
+`training.local_batch_size` is one microbatch a rank, with one it is split into
+`pipeline_parallel_microbatch_size` microbatches; `global_batch_size` above local x dp
+accumulates gradients (train.py)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from planner.errors import UserError
+from planner.models import archs
+from planner.models.configs import Job, Recompute, pending
+
+# (model.name, model.flavor) -> ckplan's built-in architecture (see the module docstring)
+FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
+           ("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "30B-A3B"): "qwen3-30b-a3b"}
+# whole sections that change neither memory nor time
+NO_EFFECT_SECTIONS = {"job": "job name and output folder", "profiling": "profiler traces", "metrics": "logging",
+                      "checkpoint": "checkpoints (written between steps)", "validation": "evaluation",
+                      "lr_scheduler": "learning-rate schedule", "comm": "timeouts and traces",
+                      "debug": "seeds and determinism", "experimental": "custom imports",
+                      "fault_tolerance": "fault tolerance", "memory_estimation": "torchtitan's own estimate"}
+NO_EFFECT = {
+    "model.hf_assets_path": "tokenizer and weights path", "model.tokenizer_path": "tokenizer path",
+    "model.print_after_conversion": "logging", "optimizer.lr": "learning rate", "optimizer.eps": "Adam epsilon",
+    "optimizer.weight_decay": "weight decay", "optimizer.beta1": "Adam beta", "optimizer.beta2": "Adam beta",
+    "optimizer.implementation": "kernel choice (fused, foreach)",
+    "training.max_norm": "gradient clipping threshold", "training.steps": "run length", "training.dataset": "data",
+    "training.dataset_path": "data path", "training.gc_freq": "Python garbage collection schedule",
+    "training.gc_debug": "garbage collection debugging", "training.mixed_precision_reduce": "fp32 reductions (the "
+    "only choice; the gradients' fp32 is the cost model's)", "training.seed": "random seed",
+    "compile.backend": "compiler backend", "activation_checkpoint.preserve_rng_state": "RNG state kept for recompute",
+    "activation_checkpoint.determinism_check": "recompute check", "activation_checkpoint.debug": "logging",
+    "activation_checkpoint.early_stop": "recompute stops after the last saved tensor (the cost model's recompute)",
+    "parallelism.pipeline_parallel_expert_parallel_overlap": "overlap of expert all-to-all with the pipeline",
+    "parallelism.context_parallel_load_balancer": "context-parallel load balancing",
+    "parallelism.context_parallel_rotate_method": "context-parallel communication",
+    "parallelism.expert_parallel_comm_backend": "all-to-all kernels",
+    "quantize.linear.float8.filter_fqns": "modules left in bf16 (with Float8)",
+    "quantize.linear.float8.recipe_name": "Float8 scaling recipe",
+    "quantize.linear.float8.emulate": "Float8 emulation (tests)",
+}
+NOT_MODELLED = {
+    "training.enable_cpu_offload": "weights, gradients and optimizer state on the host (FSDP2 CPUOffloadPolicy)",
+    "optimizer.early_step_in_backward": "each parameter stepped during the backward (its gradient freed at once)",
+    "parallelism.disable_loss_parallel": "the loss computed on gathered logits rather than vocab-parallel",
+    "parallelism.fsdp_reshard_after_forward": "FSDP2 resharding other than torchtitan's default",
+    "parallelism.pipeline_parallel_schedule_csv": "a schedule from a CSV file",
+    "activation_checkpoint.memory_budget": "torch.compile's memory-budget recompute",
+    "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": "op-level recompute of named matmuls",
+    "training.dataloader.pin_memory": "pinned host buffers (host memory only)",
+}
+_SCHEDULES = {"1F1B": "1F1B", "GPipe": "GPipe", "Interleaved1F1B": "interleaved-1F1B", "InterleavedZeroBubble": "ZB",
+              "ZBVZeroBubble": "ZBV", "DualPipeV": "DualPipeV"}
+
+
+def read(path: Path) -> Job:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; give a torchtitan job TOML") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} cannot be read as text ({exc.__class__.__name__}); give a torchtitan job TOML") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path} is not valid TOML ({exc}); give a torchtitan job TOML") from None
+    return from_mapping(data, str(path))
+
+
+def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+class _Keys:
+    def __init__(self, flat: dict, where: str):
+        self.left, self.where, self.taken = dict(flat), where, []
+
+    def take(self, key: str, what: str, kind, default=None):
+        if key not in self.left:
+            return default
+        value = self.left.pop(key)
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            name = {int: "a whole number", str: "a string", bool: "true or false", list: "a list"}.get(kind, "a value")
+            raise UserError(f"{self.where}: {key} = {value!r} is not {name}; give {name}")
+        self.taken.append((key, value, "modelled", what))
+        return value
+
+    def pending(self, key: str, active: bool, setting: str) -> None:
+        if key in self.left:
+            value = self.left.pop(key)
+            self.taken.append((key, value, "not modelled" if active else "no effect",
+                               pending(setting) if active else "off"))
+
+
+def from_mapping(data: dict, where: str) -> Job:
+    keys = _Keys(_flatten(data), where)
+    name = keys.take("model.name", "model family", str, "llama3")
+    flavor = keys.take("model.flavor", "model size", str, "debugmodel")
+    arch_name = FLAVORS.get((name, flavor))
+    if arch_name is None:
+        known = ", ".join(f"{n} {f}" for n, f in FLAVORS)
+        raise UserError(f"{where}: model {name} flavor {flavor} is not one ckplan knows ({known}); profile it with "
+                        "`ckplan profile --arch-config` and use `ckplan evaluate --layers-per-stage`")
+    seq_len = _positive(where, "training.seq_len", keys.take("training.seq_len", "tokens per sequence", int, 2048))
+    local = _positive(where, "training.local_batch_size",
+                      keys.take("training.local_batch_size", "sequences per data-parallel rank", int, 8))
+    job = Job(framework="torchtitan", source=where, arch=archs.arch(arch_name), seq_len=seq_len, micro_batch_size=local,
+              local_batch_size=local)
+    gbs = keys.take("training.global_batch_size", "sequences per step over all ranks", int, -1)
+    job.global_batch_size = gbs if gbs > 0 else None
+    _parallel(keys, job)
+    _recompute(keys, job)
+    _precision(keys, job)
+    _pending(keys)
+    for key, value, status, what in keys.taken:
+        job.said(key, value, status, what)
+    _rest(keys, job)
+    return job
+
+
+def _positive(where: str, key: str, value: int) -> int:
+    if value < 1:
+        raise UserError(f"{where}: {key} = {value}; give 1 or more")
+    return value
+
+
+def _parallel(keys: _Keys, job: Job) -> None:
+    where = job.source
+    job.tp = _positive(where, "tensor_parallel_degree",
+                       keys.take("parallelism.tensor_parallel_degree", "tensor parallelism (with sequence "
+                                 "parallelism, as torchtitan runs it)", int, 1))
+    job.sp = job.tp > 1
+    job.pp = _positive(where, "pipeline_parallel_degree",
+                       keys.take("parallelism.pipeline_parallel_degree", "pipeline stages", int, 1))
+    job.cp = keys.take("parallelism.context_parallel_degree", "context parallelism", int, 1)
+    if job.cp > 1:
+        keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("cp"))
+    job.ep = keys.take("parallelism.expert_parallel_degree", "expert parallelism", int, 1)
+    replicate = keys.take("parallelism.data_parallel_replicate_degree", "data-parallel replicas (HSDP)", int, 1)
+    shard = keys.take("parallelism.data_parallel_shard_degree", "FSDP2 shard group (-1: the rest of the GPUs)",
+                      int, -1)
+    job.dp_given = None if shard == -1 else shard * replicate
+    job.dp_replicate = _positive(where, "data_parallel_replicate_degree", replicate)
+    job.zero = 3  # FSDP2 (zero 0 where the shard degree is 1: decided with the GPU count)
+    schedule = keys.take("parallelism.pipeline_parallel_schedule", "pipeline schedule", str, "1F1B")
+    if job.pp > 1:
+        if schedule not in _SCHEDULES:
+            raise UserError(f"{where}: pipeline_parallel_schedule {schedule!r} is not one ckplan scores "
+                            f"({', '.join(_SCHEDULES)})")
+        job.schedule = _SCHEDULES[schedule]
+    mbs = keys.take("parallelism.pipeline_parallel_microbatch_size", "sequences per pipeline microbatch", int, 1)
+    if job.pp > 1:
+        if job.local_batch_size % mbs:
+            raise UserError(f"{where}: local_batch_size {job.local_batch_size} is not a multiple of "
+                            f"pipeline_parallel_microbatch_size {mbs}")
+        job.micro_batch_size = mbs
+    per_stage = keys.take("parallelism.pipeline_parallel_layers_per_stage", "decoder layers per stage", int)
+    parts = keys.take("parallelism.module_fqns_per_model_part", "modules of each stage", list)
+    first = keys.take("parallelism.pipeline_parallel_first_stage_less_layers", "first stage's fewer layers", int, 1)
+    last = keys.take("parallelism.pipeline_parallel_last_stage_less_layers", "last stage's fewer layers", int, 1)
+    job.chunks = 2 if job.schedule in ("interleaved-1F1B", "ZB", "ZBV", "DualPipeV") else 1
+    layers = job.arch.num_layers
+    if parts is not None:
+        job.layers_per_stage = [sum(1 for m in part if str(m).startswith("layers.")) for part in parts]
+    elif per_stage is not None:
+        stages = -(-layers // per_stage)
+        job.layers_per_stage = [per_stage] * (stages - 1) + [layers - per_stage * (stages - 1)]
+    else:
+        job.layers_per_stage = _even(layers, job.pp * job.chunks, first, last)
+    if len(job.layers_per_stage) % job.pp:
+        raise UserError(f"{where}: the stages given ({len(job.layers_per_stage)}) are not a multiple of "
+                        f"pipeline_parallel_degree {job.pp}")
+    job.chunks = len(job.layers_per_stage) // job.pp
+    etp = keys.take("parallelism.expert_tensor_parallel_degree", "expert tensor parallelism", int, 1)
+    if job.arch.num_experts and etp != job.tp:
+        keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("etp"))
+
+
+def _even(layers: int, stages: int, first: int, last: int) -> list[int]:
+    """torchtitan's split (distributed/pipeline_parallel.py generate_llm_fqn_per_model_part): the
+    embedding and the output count as `first` and `last` layers, the total spread evenly, the
+    remainder to the first stages."""
+    if stages == 1:
+        return [layers]
+    total = layers + first + last
+    base, extra = divmod(total, stages)
+    sizes = [base + (1 if s < extra else 0) for s in range(stages)]
+    sizes[0] -= first
+    sizes[-1] -= last
+    if min(sizes) < 1 or sum(sizes) != layers:
+        raise UserError(f"{layers} layers do not split over {stages} pipeline stages as torchtitan splits them; "
+                        "give parallelism.module_fqns_per_model_part")
+    return sizes
+
+
+def _recompute(keys: _Keys, job: Job) -> None:
+    mode = keys.take("activation_checkpoint.mode", "activation checkpointing", str, "selective")
+    option = keys.take("activation_checkpoint.selective_ac_option", "every Nth layer, or op-level", str, "2")
+    if mode == "full":
+        job.recompute = Recompute(mode="full")
+    elif mode == "selective" and option.isdigit() and int(option) >= 1:
+        job.recompute = Recompute(mode="every", num_layers=int(option))
+    elif mode == "selective" and option == "op":
+        keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("op-sac") + " (scored as no recompute)")
+    elif mode == "memory_budget":
+        keys.taken.append(("activation_checkpoint.mode", mode, "not modelled", NOT_MODELLED[
+            "activation_checkpoint.memory_budget"] + " (scored as no recompute)"))
+    elif mode != "none":
+        raise UserError(f"{job.source}: activation_checkpoint.mode {mode!r} with selective_ac_option {option!r}: give "
+                        "none, full, or selective with a whole number or 'op'")
+
+
+def _precision(keys: _Keys, job: Job) -> None:
+    dtype = keys.take("training.dtype", "training dtype (bfloat16: weights and state in bf16)", str, "float32")
+    param = keys.take("training.mixed_precision_param", "FSDP2's compute dtype", str, "bfloat16")
+    job.precision = "bf16" if dtype == "bfloat16" else "bf16-mixed" if param == "bfloat16" else "fp32"
+    name = keys.take("optimizer.name", "optimizer", str, "AdamW")
+    if name.lower() not in ("adam", "adamw", "sgd"):
+        raise UserError(f"{job.source}: optimizer {name!r}: ckplan scores Adam, AdamW and SGD")
+    job.optimizer = "sgd" if name.lower() == "sgd" else "adam"
+
+
+def _pending(keys: _Keys) -> None:
+    """The keys that ask for a setting the setup cannot say yet (configs.PENDING)."""
+    compiled = bool(keys.left.get("compile.enable"))
+    keys.pending("compile.enable", compiled, "compile")
+    keys.pending("compile.components", compiled, "compile")
+    converters = keys.left.get("model.converters", [])
+    keys.pending("model.converters", bool(converters), "float8")
+    float8 = "float8" in converters if isinstance(converters, list) else False
+    keys.pending("quantize.linear.float8.enable_fsdp_float8_all_gather",
+                 float8 and bool(keys.left.get("quantize.linear.float8.enable_fsdp_float8_all_gather")), "fp8-all-gather")
+    keys.pending("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+                 float8 and bool(keys.left.get("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp")),
+                 "fp8-all-gather")
+    keys.pending("parallelism.enable_async_tensor_parallel",
+                 bool(keys.left.get("parallelism.enable_async_tensor_parallel")), "async-tp")
+
+
+def _rest(keys: _Keys, job: Job) -> None:
+    for key, value in keys.left.items():
+        section = key.split(".", 1)[0]
+        if key in NOT_MODELLED:
+            job.said(key, value, "not modelled", NOT_MODELLED[key])
+        elif key in NO_EFFECT or key.startswith("training.dataloader."):
+            job.said(key, value, "no effect", NO_EFFECT.get(key, "data loading"))
+        elif section in NO_EFFECT_SECTIONS:
+            job.said(key, value, "no effect", NO_EFFECT_SECTIONS[section])
+        else:
+            job.said(key, value, "unknown", "not a key this reader knows: if it changes memory or time, the "
+                                            "prediction leaves it out")
