@@ -125,7 +125,7 @@ def _profile(job, device):
     from planner.schema import FileRef
 
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
-                  attention="flash", dtype="bfloat16")
+                  attention=job.attention, dtype="bfloat16")
     try:
         return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()))
     except ValidationError as exc:

@@ -65,6 +65,7 @@ class Job:
     arch: Arch
     seq_len: int
     micro_batch_size: int
+    attention: Literal["flash", "eager"] = "flash"  # eager: the s x s scores kept (an unfused kernel)
     global_batch_size: int | None = None  # sequences per iteration over all data-parallel ranks
     local_batch_size: int | None = None  # torchtitan: sequences per data-parallel rank per step
     tp: int = 1

@@ -45,7 +45,7 @@ NO_EFFECT = {
     "--norm-epsilon": "norm epsilon", "--rotary-base": "rotary base", "--use-rope-scaling": "rope scaling",
     "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
     "--transformer-impl": "Transformer Engine or local layers (same tensors kept)", "--use-flash-attn": "flash attention",
-    "--attention-backend": "attention kernel choice (flash-class kernels keep no s x s scores)",
+    "--distributed-backend": "communication backend (nccl)", "--use-persistent-ckpt-worker": "checkpointing",
     "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
     "--no-bias-dropout-fusion": "kernel fusion", "--no-gradient-accumulation-fusion": "kernel fusion",
     "--bias-swiglu-fusion": "kernel fusion", "--no-rope-fusion": "kernel fusion",
@@ -65,11 +65,12 @@ NO_EFFECT = {
     "--moe-token-dispatcher-type": "token dispatcher (the all-to-all is charged)",
     "--position-embedding-type": "position embedding (rope: no parameters)",
 }
-NO_EFFECT_PREFIXES = ("--log-", "--wandb-", "--tensorboard-", "--one-logger", "--ckpt-", "--eval-", "--exit-",
+NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "--one-logger", "--ckpt-", "--eval-", "--exit-",
                       "--lr-", "--save-", "--load-", "--data-", "--tokenizer-", "--profile-", "--straggler")
 # Flags that change memory or time and the prediction leaves out, with what they are. Those that
 # ask for a setting TrainingSetup cannot say yet go through configs.PENDING (_PENDING below).
 NOT_MODELLED = {
+    "--attention-softmax-in-fp32": "the unfused attention's softmax in fp32 (its scores are charged at 16 bits)",
     "--empty-unused-memory-level": "torch.cuda.empty_cache() calls during the step: lowers the reserved peak",
     "--distribute-saved-activations": "recomputed layers' inputs split over the TP group",
     "--cpu-offloading": "activation and weight offload to the host",
@@ -103,6 +104,12 @@ _PENDING = {
 }
 # when the value makes them a no-op (the default), they are modelled exactly
 _PENDING_DEFAULT = {"--context-parallel-size": "1", "--mtp-num-layers": "0"}
+# GPT-2's BPE vocabulary (Radford et al. 2019; encoder.json of openai/gpt-2), which a --vocab-file with
+# --merge-file gives Megatron-LM's GPT2BPETokenizer
+GPT2_VOCAB = 50257
+# --attention-backend values whose kernel keeps the s x s scores (megatron/core/transformer/enums.py
+# AttnBackend: flash, fused, unfused, local, auto; unfused and local are the PyTorch softmax path)
+EAGER_BACKENDS = ("unfused", "local")
 # megatron-core 0.16's --recompute-modules (planner/emit/megatron.py _MODULES, its inverse)
 _DEFAULT_MODULES = ("core_attn",)
 
@@ -267,8 +274,10 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     sink: list = []
     flags = _Flags(pairs, sink)
     arch, seq_len = _arch(flags, where)
+    backend = flags.take("--attention-backend", "attention kernel (unfused, local: the s x s scores kept)", str, "auto")
     mbs = _positive("--micro-batch-size", flags.take("--micro-batch-size", "sequences per microbatch", int, 1))
-    job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs)
+    job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs,
+              attention="eager" if backend in EAGER_BACKENDS else "flash")
     job.global_batch_size = _positive("--global-batch-size",
                                       flags.take("--global-batch-size", "sequences per iteration", int))
     _parallel(flags, job)
@@ -296,6 +305,10 @@ def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
     kv = groups if gqa else heads
     head_dim = flags.take("--kv-channels", "head width", int)
     vocab = flags.take("--vocab-size", "the tokenizer's vocabulary", int)
+    if vocab is None and flags.has("--merge-file"):
+        vocab = GPT2_VOCAB  # a --vocab-file with --merge-file is GPT-2's BPE
+        flags.notes.append(f"no --vocab-size: the --vocab-file and --merge-file of GPT-2's BPE, {GPT2_VOCAB} tokens "
+                           "(the files themselves are not read)")
     if vocab is None:
         raise UserError(f"{where} does not give --vocab-size (Megatron-LM takes it from the tokenizer, which ckplan "
                         "does not read); add --vocab-size N")
@@ -303,6 +316,9 @@ def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
     tp = flags.given.get("--tensor-model-parallel-size", ["1"])
     multiple = divisor * (int(tp[0]) if tp and tp[0].isdigit() else 1)
     padded = math.ceil(vocab / multiple) * multiple  # megatron/training/tokenizer: _vocab_size_with_padding
+    if padded != vocab:
+        flags.notes.append(f"vocabulary {vocab} padded to {padded}, a multiple of --make-vocab-size-divisible-by "
+                           f"{divisor} x TP, as Megatron-LM pads it")
     swiglu = flags.take("--swiglu", "SwiGLU MLP", bool, False)
     norm = flags.take("--normalization", "norm kind (RMSNorm or LayerNorm: the same bytes)", str, "LayerNorm")
     untied = flags.take("--untie-embeddings-and-output-weights", "separate output weights", bool, False)
