@@ -16,7 +16,20 @@ from planner.errors import UserError
 
 
 @click.command("calibrate")
-@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path), required=False)
+@click.option("--from-log", "log_path", type=click.Path(path_type=Path), default=None, metavar="LOG",
+              help="Instead of running PLAN: read the memory and step-time lines a Megatron-LM or torchtitan run "
+                   "printed, set them against PLAN's (or --from-megatron / --from-torchtitan's) prediction per rank "
+                   "and term, and fit what they identify.")
+@click.option("--from-megatron", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="With --from-log: the Megatron-LM launch script or YAML the log's run used.")
+@click.option("--from-torchtitan", type=click.Path(path_type=Path), default=None, metavar="FILE.toml",
+              help="With --from-log: the torchtitan job TOML the log's run used.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None, help="With --from-log and a config: its GPUs.")
+@click.option("--gpu", default="h100-sxm", show_default=True, help="With --from-log and a config: the GPU kind.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="With --from-log and a config: GPUs sharing a node.")
+@click.option("--json", "as_json", is_flag=True, help="With --from-log: a machine-readable report.")
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed training steps of the plan's pipeline.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True)
@@ -30,7 +43,8 @@ from planner.errors import UserError
 @click.option("--force", is_flag=True, help="Run even if the model file changed since the plan was made.")
 @click.option("--accept", is_flag=True,
               help="Write the fit even if it looks suspect (taken under load, or far from the last fit).")
-def command(plan_path, steps, warmup_steps, threads, device, out, force, accept) -> None:
+def command(plan_path, log_path, from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, as_json, steps,
+            warmup_steps, threads, device, out, force, accept) -> None:
     """Time point-to-point sends (a ping-pong micro-benchmark on the plan's backend), run
     PLAN's pipeline briefly, and fit the send latency and bandwidth, the compute scale,
     the cost per schedule action (ranks within the cores) or the cost of ranks sharing
@@ -41,6 +55,15 @@ def command(plan_path, steps, warmup_steps, threads, device, out, force, accept)
     from planner.runtime.checks import check_runnable, resolve_model_file
     from planner.runtime.launcher import rank_threads, run_plan
 
+    if log_path is not None:
+        from planner.commands import calibrate_log
+
+        calibrate_log.run(log_path=log_path, plan_path=plan_path, from_megatron=from_megatron,
+                          from_torchtitan=from_torchtitan, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
+                          as_json=as_json)
+        return
+    if plan_path is None or from_megatron or from_torchtitan:
+        raise UserError("give PLAN to run and calibrate; --from-megatron/--from-torchtitan go with --from-log LOG")
     plan = io.load_plan(plan_path)
     if plan.profile_source == "analytic":
         raise UserError(f"{plan_path} was planned from an analytic profile (`profile --arch`), which has no model to "

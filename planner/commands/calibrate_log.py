@@ -1,0 +1,119 @@
+"""`ckplan calibrate --from-log LOG`: a training log's memory and step-time lines (Megatron-LM's,
+torchtitan's; planner/measure/fromlog.py) set against the prediction for the same job (its
+--from-megatron / --from-torchtitan config, or a plan), per pipeline rank and term, and what the
+log can identify fitted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from planner.errors import UserError
+
+
+def run(*, log_path: Path, plan_path: Path | None, from_megatron: Path | None, from_torchtitan: Path | None,
+        gpus: int | None, gpu: str, gpus_per_node: int | None, as_json: bool) -> None:
+    from planner.measure import fromlog
+
+    text = _read(log_path)
+    log = fromlog.parse(text)
+    if log is None:
+        raise UserError(f"{log_path} has no line in Megatron-LM's format (`[Rank N] (after K iterations) memory (MB) "
+                        "| ...`, `iteration I/ T | ... elapsed time per iteration (ms): ...`) or torchtitan's "
+                        "(`step: N  loss: ...  memory: X GiB(Y%)  tps: ...`); give the training's log")
+    prediction, source = _prediction(plan_path, from_megatron, from_torchtitan, gpus=gpus, gpu=gpu,
+                                     gpus_per_node=gpus_per_node)
+    found = fromlog.residuals(log, prediction)
+    fitted = fromlog.fit(log, found)
+    if as_json:
+        click.echo(json.dumps({
+            "log": str(log_path), "format": log.framework, "prediction": source, "steps": log.steps,
+            "residuals": [{"rank": r.rank, "term": r.term, "predicted": r.predicted, "logged": r.logged,
+                           "error": r.error} for r in found],
+            "fitted": [{"name": n, "value": v, "how": how} for n, v, how in fitted.fitted],
+            "not_identified": fitted.unidentified}, indent=2))
+        return
+    _print(log_path, log, found, fitted, source)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; give the training's log") from None
+    except OSError as exc:
+        raise UserError(f"{path} cannot be read ({exc.__class__.__name__}); give the training's log") from None
+
+
+def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_per_node):
+    from planner.measure import fromlog
+
+    configs = [p for p in (plan_path, from_megatron, from_torchtitan) if p is not None]
+    if len(configs) != 1:
+        raise UserError("give what the log ran: one of PLAN, --from-megatron FILE or --from-torchtitan FILE.toml")
+    if plan_path is not None:
+        return _plan_prediction(plan_path), str(plan_path)
+    from planner.commands.evaluate_config import predict, read_job
+    from planner.models import archs
+
+    job = read_job(from_megatron, from_torchtitan)
+    p = predict(job, gpus=gpus, gpu_name=gpu, gpus_per_node=gpus_per_node)
+    costs = p.cost.stages
+    return fromlog.Prediction(static_bytes=[c.static_bytes for c in costs], peak_bytes=[c.peak_bytes for c in costs],
+                              reserved_bytes=[c.reserved_bytes for c in costs], iteration_ms=p.cost.iteration_ms,
+                              tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, mfu=p.mfu(archs.gpu(gpu)),
+                              world=p.gpus, tokens_per_gpu_step=p.tokens_per_iteration / p.gpus), job.source
+
+
+def _plan_prediction(plan_path: Path):
+    """A plan's prediction: its stages scored with its setup (the profile's sequence length and
+    tensor parallelism give the tokens and the GPUs; MFU is not known from a plan)."""
+    from planner import io
+    from planner.commands.calibrate import resolve_profile
+    from planner.cost import costmodel
+    from planner.emit import facts
+    from planner.measure import fromlog
+
+    plan = io.load_plan(plan_path)
+    profile = io.load_profile(resolve_profile(plan, plan_path))
+    cost = costmodel.evaluate(plan.stages, profile, plan.setup)
+    known = facts.read(profile)
+    if known.seq_len is None:
+        raise UserError(f"{plan_path}'s profile does not record its sequence length, so its tokens per step are not "
+                        "known; calibrate from the config the job ran (--from-megatron / --from-torchtitan)")
+    pipeline, dp = plan.setup.pipeline, plan.setup.data_parallel.dp
+    world = pipeline.stages * dp * known.tp
+    tokens = pipeline.microbatches * pipeline.micro_batch_size * dp * known.seq_len
+    return fromlog.Prediction(static_bytes=[c.static_bytes for c in cost.stages],
+                              peak_bytes=[c.peak_bytes for c in cost.stages],
+                              reserved_bytes=[c.reserved_bytes for c in cost.stages], iteration_ms=cost.iteration_ms,
+                              tokens_per_s_per_gpu=tokens / (cost.iteration_ms / 1e3) / world, mfu=None, world=world,
+                              tokens_per_gpu_step=tokens / world)
+
+
+def _print(log_path: Path, log, found, fitted, source: str) -> None:
+    from planner.console import console, info, table
+    from planner.units import format_bytes, format_ms
+
+    def shown(term: str, value):
+        if value is None:
+            return "not in the log"
+        if term.endswith("peak") or term == "static":
+            return format_bytes(value)
+        if term == "step time ms":
+            return format_ms(value)
+        if term == "MFU":
+            return f"{value:.1%}" if value else "-"
+        return f"{value:,.0f}"
+
+    rows = [["job" if r.rank is None else str(r.rank), r.term, shown(r.term, r.predicted), shown(r.term, r.logged),
+             "-" if r.error is None else f"{r.error:+.1%}"] for r in found]
+    console.print(table(f"{log_path} ({log.framework}, {log.steps} step lines) against {source}: "
+                        "(logged - predicted) / predicted", ["rank", "term", "predicted", "logged", "residual"],
+                        rows, right_from=2))
+    for name, value, how in fitted.fitted:
+        info(f"fitted {name}: {value:.3g} ({how})")
+    for what in fitted.unidentified:
+        info(f"not identified: {what}")

@@ -1,0 +1,98 @@
+"""`ckplan calibrate --from-log`: the memory and step lines Megatron-LM and torchtitan print, read
+from logs made by hand in each format, set against a prediction term by term."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fixtures.cli import run, run_ok
+
+from planner.measure import fromlog
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LOGS = FIXTURES / "logs"
+MIB, GIB = 1 << 20, 1 << 30
+
+
+def test_megatron_lines_give_static_peaks_and_step_time_per_rank():
+    log = fromlog.parse((LOGS / "megatron_tp2_pp2.log").read_text())
+    assert log.framework == "megatron" and sorted(log.ranks) == [0, 1, 4, 5]
+    rank0 = log.ranks[0]  # the line after 2 iterations (optimizer state in), not after 1
+    assert (rank0.static_bytes, rank0.peak_bytes, rank0.reserved_bytes) == (410 * MIB, 1800 * MIB, 2200 * MIB)
+    assert log.iteration_ms == 31.0  # median of 30.0 and 32.0; the first iteration's 5012.3 left out
+    assert log.tflops_per_gpu == 49.0 and log.steps == 3
+
+
+def test_torchtitan_lines_give_the_reserved_peak_and_throughput():
+    log = fromlog.parse((LOGS / "torchtitan_405b.log").read_text())
+    assert log.framework == "torchtitan" and list(log.ranks) == [0]
+    assert log.ranks[0].reserved_bytes == round(70.5 * GIB) and log.ranks[0].static_bytes is None
+    assert log.tokens_per_s_per_gpu == 205.0 and log.mfu == pytest.approx((0.4044 + 0.4247) / 2)
+
+
+def _prediction(**kw):
+    base = dict(static_bytes=[400 * MIB, 400 * MIB], peak_bytes=[2000 * MIB, 1900 * MIB],
+                reserved_bytes=[2200 * MIB, 2000 * MIB], iteration_ms=25.0, tokens_per_s_per_gpu=1000.0, mfu=0.5,
+                world=8, tokens_per_gpu_step=25.0)
+    return fromlog.Prediction(**(base | kw))
+
+
+def test_megatron_residuals_per_term_and_the_fit():
+    log = fromlog.parse((LOGS / "megatron_tp2_pp2.log").read_text())
+    found = fromlog.residuals(log, _prediction())
+    by = {(r.rank, r.term): r for r in found}
+    assert by[(0, "static")].error == pytest.approx(410 / 400 - 1)
+    assert by[(1, "static")].logged == 420 * MIB  # ranks 4 and 5 are pipeline rank 1 (8 GPUs / 2 stages)
+    assert by[(1, "allocated peak")].error == pytest.approx(1900 / 1900 - 1)
+    assert by[(1, "reserved peak")].error == pytest.approx(2400 / 2000 - 1)
+    assert by[(None, "step time ms")].error == pytest.approx(31 / 25 - 1)
+    assert by[(None, "tokens/s per GPU")].logged == pytest.approx(1000 * 25 / 31)
+    fit = fromlog.fit(log, found)
+    values = {name: value for name, value, _ in fit.fitted}
+    assert values["compute scale"] == pytest.approx(31 / 25)
+    assert values["fragmentation, rank 0"] == pytest.approx(1 - 1800 / 2200)
+    assert values["fragmentation, rank 1"] == pytest.approx(1 - 1900 / 2400)
+
+
+def test_torchtitan_residuals_and_what_it_cannot_identify():
+    log = fromlog.parse((LOGS / "torchtitan_405b.log").read_text())
+    prediction = _prediction(static_bytes=[40 * GIB], peak_bytes=[60 * GIB], reserved_bytes=[75 * GIB])
+    by = {(r.rank, r.term): r for r in fromlog.residuals(log, prediction)}
+    assert by[(0, "static")].logged is None and by[(0, "static")].error is None
+    assert by[(0, "reserved peak")].error == pytest.approx(70.5 / 75 - 1, abs=1e-9)
+    assert by[(None, "step time ms")].logged == pytest.approx(25.0 / 205 * 1e3)  # tokens per GPU step / tps
+    fit = fromlog.fit(log, list(by.values()))
+    assert [name for name, _, _ in fit.fitted] == ["compute scale"]
+    assert any("reserved peak only" in line for line in fit.unidentified)
+
+
+@pytest.mark.parametrize("log, option, config, extra, fitted", [
+    ("megatron_tp2_pp2.log", "--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
+     ["compute scale", "fragmentation, rank 0", "fragmentation, rank 1"]),
+    ("torchtitan_405b.log", "--from-torchtitan", "torchtitan_llama3_405b.toml", ("--gpus", "128"), ["compute scale"]),
+])
+def test_calibrate_from_log_reports_per_term_residuals(log, option, config, extra, fitted):
+    result = run_ok("calibrate", "--from-log", LOGS / log, option, FIXTURES / "configs" / config, *extra, "--json")
+    report = json.loads(result.stdout)
+    terms = {(r["rank"], r["term"]) for r in report["residuals"]}
+    assert {(0, "static"), (0, "allocated peak"), (0, "reserved peak"), (None, "step time ms"),
+            (None, "tokens/s per GPU"), (None, "MFU")} <= terms
+    assert [f["name"] for f in report["fitted"]] == fitted
+    reserved = next(r for r in report["residuals"] if r["term"] == "reserved peak" and r["rank"] == 0)
+    assert reserved["error"] == pytest.approx((reserved["logged"] - reserved["predicted"]) / reserved["predicted"])
+    assert "residual" in run_ok("calibrate", "--from-log", LOGS / log, option, FIXTURES / "configs" / config,
+                                *extra).output
+
+
+def test_a_log_in_neither_format_is_refused_in_one_sentence(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text("hello\nloss 3.2\n")
+    result = run("calibrate", "--from-log", path, "--from-torchtitan", FIXTURES / "configs" / "torchtitan_llama3_8b.toml")
+    assert result.exit_code != 0 and result.output.strip().count("\n") == 0 and "format" in result.output
+
+
+def test_calibrate_needs_a_plan_or_a_log():
+    result = run("calibrate")
+    assert result.exit_code != 0 and "PLAN" in result.output
