@@ -201,6 +201,12 @@ def test_torchtitan_flavors_and_degrees():
     for key in ("compile.enable", "model.converters", "parallelism.enable_async_tensor_parallel",
                 "quantize.linear.float8.enable_fsdp_float8_all_gather"):
         assert status[key] == "not modelled"
+    grouped = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"},
+                                       "quantize": {"grouped_mm": {"float8": {"fqns": ["experts"]}}},
+                                       "parallelism": {"fsdp_reshard_after_forward": "default"}}, "t.toml")
+    status = {s.name: s.status for s in grouped.settings}
+    assert status["quantize.grouped_mm.float8.fqns"] == "not modelled"
+    assert status["parallelism.fsdp_reshard_after_forward"] == "modelled"
     op = torchtitan.read(CONFIGS / "torchtitan_llama3_8b.toml")
     assert {s.name: s.status for s in op.settings}["activation_checkpoint.selective_ac_option"] == "not modelled"
 

@@ -67,9 +67,7 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     gpus = gpus or job.world_size
     if gpus is None:
         raise UserError(f"{job.source} does not say how many GPUs the job runs on; give --gpus N")
-    if job.world_size is not None and gpus != job.world_size:
-        raise UserError(f"--gpus {gpus}, but {job.source} starts {job.world_size} processes (torchrun's "
-                        "--nproc_per_node x --nnodes); give --gpus {job.world_size} or drop --gpus")
+    override = job.world_size is not None and gpus != job.world_size
     model_parallel = job.tp * job.pp * job.cp
     if gpus % model_parallel:
         raise UserError(f"--gpus {gpus} is not a multiple of TP {job.tp} x PP {job.pp} x CP {job.cp} = "
@@ -79,6 +77,9 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
         raise UserError(f"{job.source} gives data parallelism {job.dp_given}, and {gpus} GPUs over TP x PP x CP "
                         f"{model_parallel} leave {dp}; give --gpus {job.dp_given * model_parallel}")
     microbatches, notes = _microbatches(job, dp)
+    if override:  # the script's count may come from its environment (SLURM_NNODES): --gpus wins, said
+        notes.append(f"--gpus {gpus}; the script's launcher line starts {job.world_size} processes as read without "
+                     "its environment")
     device = archs.gpu(gpu_name)
     profile = _profile(job, device)
     data_parallel = _data_parallel(job, dp, notes)

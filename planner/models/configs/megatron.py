@@ -45,6 +45,7 @@ NO_EFFECT = {
     "--norm-epsilon": "norm epsilon", "--rotary-base": "rotary base", "--use-rope-scaling": "rope scaling",
     "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
     "--transformer-impl": "Transformer Engine or local layers (same tensors kept)", "--use-flash-attn": "flash attention",
+    "--no-position-embedding": "no learned position table (the rotary positions have no parameters)",
     "--distributed-backend": "communication backend (nccl)", "--use-persistent-ckpt-worker": "checkpointing",
     "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
     "--no-bias-dropout-fusion": "kernel fusion", "--no-gradient-accumulation-fusion": "kernel fusion",
@@ -107,6 +108,10 @@ _PENDING_DEFAULT = {"--context-parallel-size": "1", "--mtp-num-layers": "0"}
 # GPT-2's BPE vocabulary (Radford et al. 2019; encoder.json of openai/gpt-2), which a --vocab-file with
 # --merge-file gives Megatron-LM's GPT2BPETokenizer
 GPT2_VOCAB = 50257
+# --tokenizer-type values whose vocabulary is fixed: Llama 2's sentencepiece model (meta-llama/Llama-2-7b-hf
+# config.json vocab_size 32000), GPT-2's BPE
+TOKENIZER_VOCAB = {"Llama2Tokenizer": 32000, "GPT2BPETokenizer": GPT2_VOCAB}
+TOKENIZER_SOURCE = "Llama 2: meta-llama/Llama-2-7b-hf config.json; GPT-2: openai/gpt-2 encoder.json"
 # --attention-backend values whose kernel keeps the s x s scores (megatron/core/transformer/enums.py
 # AttnBackend: flash, fused, unfused, local, auto; unfused and local are the PyTorch softmax path)
 EAGER_BACKENDS = ("unfused", "local")
@@ -305,6 +310,10 @@ def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
     kv = groups if gqa else heads
     head_dim = flags.take("--kv-channels", "head width", int)
     vocab = flags.take("--vocab-size", "the tokenizer's vocabulary", int)
+    tokenizer = flags.given.get("--tokenizer-type", [""])[0]
+    if vocab is None and tokenizer in TOKENIZER_VOCAB:
+        vocab = TOKENIZER_VOCAB[tokenizer]
+        flags.notes.append(f"no --vocab-size: --tokenizer-type {tokenizer}'s {vocab} tokens ({TOKENIZER_SOURCE})")
     if vocab is None and flags.has("--merge-file"):
         vocab = GPT2_VOCAB  # a --vocab-file with --merge-file is GPT-2's BPE
         flags.notes.append(f"no --vocab-size: the --vocab-file and --merge-file of GPT-2's BPE, {GPT2_VOCAB} tokens "

@@ -246,6 +246,8 @@ def _pending(keys: _Keys) -> None:
     keys.pending("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
                  float8 and bool(keys.left.get("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp")),
                  "fp8-all-gather")
+    for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
+        keys.pending(key, bool(keys.left.get(key)), "float8")
     keys.pending("parallelism.enable_async_tensor_parallel",
                  bool(keys.left.get("parallelism.enable_async_tensor_parallel")), "async-tp")
 
@@ -253,7 +255,10 @@ def _pending(keys: _Keys) -> None:
 def _rest(keys: _Keys, job: Job) -> None:
     for key, value in keys.left.items():
         section = key.split(".", 1)[0]
-        if key in NOT_MODELLED:
+        if key == "parallelism.fsdp_reshard_after_forward" and value == "default":
+            job.said(key, value, "modelled", "torchtitan's default: resharded after forward without a pipeline, "
+                                             "kept whole with one (as the cost model's torchtitan runtime)")
+        elif key in NOT_MODELLED:
             job.said(key, value, "not modelled", NOT_MODELLED[key])
         elif key in NO_EFFECT or key.startswith("training.dataloader."):
             job.said(key, value, "no effect", NO_EFFECT.get(key, "data loading"))
