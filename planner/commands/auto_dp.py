@@ -197,6 +197,7 @@ def print_json(trials: list[Trial], best: Trial | None, out: Path) -> None:
                 "iteration_ms": plan.predicted.iteration_ms if plan else None,
                 "peak_bytes_per_stage": [s.predicted.peak_bytes for s in plan.stages] if plan else None,
                 "static_bytes_per_stage": [s.predicted.static_bytes for s in plan.stages] if plan else None,
+                "reserved_bytes_per_stage": [s.predicted.reserved_bytes for s in plan.stages] if plan else None,
                 "host_bytes_per_node": trial.host_bytes if trial.host_bytes else None,
                 "checkpointed_layers": sum(len(s.checkpointed) for s in plan.stages) if plan else None,
                 "recomputing_layers": sum(len(s.recompute) for s in plan.stages) if plan else None,

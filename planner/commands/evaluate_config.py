@@ -60,7 +60,7 @@ def read_job(from_megatron: Path | None, from_torchtitan: Path | None):
 def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None = None, mem: str | None = None,
             fragmentation: float | None = None) -> Prediction:
     """The job on `gpus` GPUs of `gpu_name`, scored by the cost model."""
-    from planner.commands.setup_options import DataParallelOptions, build_setup
+    from planner.commands.setup_options import build_setup
     from planner.cost import costmodel
     from planner.models import archs
 
@@ -224,7 +224,7 @@ def summary(prediction, device) -> dict:
 
 def _print(prediction, device) -> None:
     from planner.commands.solve_report import _layer_range
-    from planner.console import console, info, table, warn
+    from planner.console import console, info, table
     from planner.units import format_bytes, format_ms
 
     job, setup = prediction.job, prediction.setup
@@ -242,7 +242,7 @@ def _print(prediction, device) -> None:
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
                   f"({MFU_SOURCE})")
-    for status, say in (("not modelled", warn), ("unknown", warn)):
+    for status in ("not modelled", "unknown"):
         found = job.of(status)
         if found:
             console.print(table(f"{status}: {len(found)} flag(s) the prediction leaves out",

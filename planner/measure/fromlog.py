@@ -164,14 +164,9 @@ def residuals(log: Log, prediction: Prediction) -> list[Residual]:
     out = []
     for stage in range(pp):
         ranks = logged.get(stage, [])
-
-        def most(attribute: str):
-            values = [getattr(r, attribute) for r in ranks if getattr(r, attribute) is not None]
-            return max(values) if values else None
-
-        out += [Residual(stage, "static", prediction.static_bytes[stage], most("static_bytes")),
-                Residual(stage, "allocated peak", prediction.peak_bytes[stage], most("peak_bytes")),
-                Residual(stage, "reserved peak", prediction.reserved_bytes[stage] or 0, most("reserved_bytes"))]
+        out += [Residual(stage, "static", prediction.static_bytes[stage], _most(ranks, "static_bytes")),
+                Residual(stage, "allocated peak", prediction.peak_bytes[stage], _most(ranks, "peak_bytes")),
+                Residual(stage, "reserved peak", prediction.reserved_bytes[stage] or 0, _most(ranks, "reserved_bytes"))]
     step = log.iteration_ms
     if step is None and log.tokens_per_s_per_gpu:
         step = prediction.tokens_per_gpu_step / log.tokens_per_s_per_gpu * 1e3
@@ -183,6 +178,12 @@ def residuals(log: Log, prediction: Prediction) -> list[Residual]:
             Residual(None, "MFU", prediction.mfu or 0.0, log.mfu if log.mfu is not None else
                      tokens / prediction.tokens_per_s_per_gpu * prediction.mfu if tokens and prediction.mfu else None)]
     return out
+
+
+def _most(ranks: list[RankLog], attribute: str) -> int | None:
+    """The largest of the ranks' values (the ranks of one pipeline stage), None where none prints it."""
+    values = [getattr(r, attribute) for r in ranks if getattr(r, attribute) is not None]
+    return max(values) if values else None
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ accumulates gradients (train.py)."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from planner.errors import UserError
 from planner.models import archs

@@ -1,0 +1,108 @@
+"""Megatron-LM's flags as data, for the reader in megatron.py: those that change neither memory
+nor time, those that do and are not modelled, and those that ask for a setting the setup cannot
+say yet (configs.PENDING). Flag names and defaults as megatron/training/arguments.py defines them
+at NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22)."""
+
+from __future__ import annotations
+
+# Flags that change neither memory nor time: recognised and listed as "no effect on the plan".
+NO_EFFECT = {
+    "--use-mcore-models": "megatron-core model classes (the only ones in current Megatron-LM)",
+    "--init-method-std": "initialisation scale", "--apply-layernorm-1p": "norm weight parameterisation (1 + w)",
+    "--lr": "learning rate", "--min-lr": "learning rate", "--decoupled-lr": "learning rate",
+    "--decoupled-min-lr": "learning rate", "--lr-decay-style": "learning-rate schedule",
+    "--lr-decay-samples": "learning-rate schedule", "--lr-warmup-samples": "learning-rate schedule",
+    "--lr-decay-iters": "learning-rate schedule", "--lr-warmup-iters": "learning-rate schedule",
+    "--lr-warmup-fraction": "learning-rate schedule", "--lr-warmup-init": "learning-rate schedule",
+    "--clip-grad": "gradient clipping threshold", "--weight-decay": "weight decay",
+    "--adam-beta1": "Adam hyper-parameter", "--adam-beta2": "Adam hyper-parameter", "--adam-eps": "Adam hyper-parameter",
+    "--train-samples": "run length", "--train-iters": "run length", "--exit-duration-in-mins": "run length",
+    "--exit-interval": "run length", "--mock-data": "data source", "--tokenizer-type": "tokenizer",
+    "--tokenizer-model": "tokenizer path", "--tiktoken-pattern": "tokenizer", "--vocab-file": "tokenizer path",
+    "--merge-file": "tokenizer path", "--data-path": "data path", "--data-cache-path": "data path",
+    "--split": "data split", "--no-create-attention-mask-in-dataloader": "data loader (flash attention needs no mask)",
+    "--no-mmap-bin-files": "data loader", "--num-workers": "data loader workers", "--seed": "random seed",
+    "--eval-iters": "evaluation", "--eval-interval": "evaluation", "--save-interval": "checkpointing",
+    "--save": "checkpoint path", "--load": "checkpoint path", "--ckpt-format": "checkpoint format",
+    "--tensorboard-dir": "logging path", "--log-interval": "logging", "--log-throughput": "logging",
+    "--profile": "profiling (a few steps)", "--profile-step-start": "profiling", "--profile-step-end": "profiling",
+    "--profile-ranks": "profiling", "--distributed-timeout-minutes": "timeout",
+    "--calculate-per-token-loss": "loss normalisation", "--manual-gc": "Python garbage collection schedule",
+    "--manual-gc-interval": "Python garbage collection schedule", "--timing-log-level": "logging",
+    "--attention-dropout": "dropout (0 keeps no mask; flash attention drops in-kernel)",
+    "--hidden-dropout": "dropout probability", "--rotary-percent": "rotary share of head dims (no bytes)",
+    "--norm-epsilon": "norm epsilon", "--rotary-base": "rotary base", "--use-rope-scaling": "rope scaling",
+    "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
+    "--transformer-impl": "Transformer Engine or local layers (same tensors kept)", "--use-flash-attn": "flash attention",
+    "--no-position-embedding": "no learned position table (the rotary positions have no parameters)",
+    "--distributed-backend": "communication backend (nccl)", "--use-persistent-ckpt-worker": "checkpointing",
+    "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
+    "--no-bias-dropout-fusion": "kernel fusion", "--no-gradient-accumulation-fusion": "kernel fusion",
+    "--bias-swiglu-fusion": "kernel fusion", "--no-rope-fusion": "kernel fusion",
+    "--ckpt-fully-parallel-save": "checkpointing", "--ckpt-fully-parallel-load": "checkpointing",
+    "--async-save": "checkpointing", "--no-load-optim": "checkpointing", "--no-load-rng": "checkpointing",
+    "--finetune": "checkpointing", "--use-checkpoint-args": "checkpointing", "--dist-ckpt-strictness": "checkpointing",
+    "--wandb-project": "logging", "--wandb-exp-name": "logging", "--wandb-save-dir": "logging",
+    "--eod-mask-loss": "loss mask", "--reset-position-ids": "data", "--reset-attention-mask": "data",
+    "--deterministic-mode": "determinism", "--use-cpu-initialization": "initialisation",
+    "--no-async-tensor-model-parallel-allreduce": "kernel scheduling", "--moe-router-load-balancing-type": "router loss",
+    "--moe-aux-loss-coeff": "router loss", "--moe-z-loss-coeff": "router loss", "--moe-router-score-function": "router",
+    "--moe-router-pre-softmax": "router", "--moe-router-dtype": "router", "--moe-router-topk-scaling-factor": "router",
+    "--moe-router-enable-expert-bias": "router", "--moe-router-bias-update-rate": "router",
+    "--moe-router-num-groups": "router", "--moe-router-group-topk": "router", "--moe-token-drop-policy": "router",
+    "--moe-z-loss": "router loss", "--moe-per-layer-logging": "logging", "--moe-permute-fusion": "kernel fusion",
+    "--moe-grouped-gemm": "one grouped GEMM over the experts (the profile charges the experts so)",
+    "--moe-token-dispatcher-type": "token dispatcher (the all-to-all is charged)",
+    "--position-embedding-type": "position embedding (rope: no parameters)",
+}
+NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "--one-logger", "--ckpt-", "--eval-", "--exit-",
+                      "--lr-", "--save-", "--load-", "--data-", "--tokenizer-", "--profile-", "--straggler")
+# Flags that change memory or time and the prediction leaves out, with what they are. Those that
+# ask for a setting TrainingSetup cannot say yet go through configs.PENDING (PENDING_FLAGS below).
+NOT_MODELLED = {
+    "--attention-softmax-in-fp32": "the unfused attention's softmax in fp32 (its scores are charged at 16 bits)",
+    "--empty-unused-memory-level": "torch.cuda.empty_cache() calls during the step: lowers the reserved peak",
+    "--distribute-saved-activations": "recomputed layers' inputs split over the TP group",
+    "--cpu-offloading": "activation and weight offload to the host",
+    "--cpu-offloading-num-layers": "activation offload to the host",
+    "--optimizer-cpu-offload": "the optimizer on the host",
+    "--use-torch-fsdp2": "PyTorch FSDP2 instead of the distributed optimizer",
+    "--use-megatron-fsdp": "Megatron FSDP (weights sharded) instead of the distributed optimizer",
+    "--overlap-moe-expert-parallel-comm": "the all-to-all overlapped with compute (charged on the critical path)",
+    "--defer-embedding-wgrad-compute": "the embedding's weight gradient deferred to overlap",
+    "--rampup-batch-size": "a growing global batch (the final batch is scored)",
+    "--account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the pipeline split",
+    "--account-for-loss-in-pipeline-split": "the loss counted as a layer in the pipeline split",
+    "--microbatch-group-size-per-virtual-stage": "interleaved schedule's microbatch grouping",
+    "--moe-expert-capacity-factor": "token dropping at an expert capacity (the profile charges balanced routing)",
+    "--moe-pad-expert-input-to-capacity": "expert inputs padded to capacity",
+    "--fp16": "fp16 with loss scaling (scored as bf16-mixed: the same bytes)",
+    "--moe-layer-recompute": "recompute of MoE layers",
+    "--delay-wgrad-compute": "weight-gradient computation delayed",
+    "--use-distributed-optimizer-instances": "distributed-optimizer instances",
+}
+PENDING_FLAGS = {
+    "--fp8-format": "float8", "--fp8": "float8", "--fp8-recipe": "float8", "--fp8-amax-history-len": "float8",
+    "--fp8-amax-compute-algo": "float8", "--fp8-margin": "float8", "--fp8-param-gather": "fp8-all-gather",
+    "--context-parallel-size": "cp", "--cp-comm-type": "cp", "--hierarchical-context-parallel-sizes": "cp",
+    "--tp-comm-overlap": "async-tp", "--expert-tensor-parallel-size": "etp", "--mtp-num-layers": "mtp",
+    "--mtp-loss-scaling-factor": "mtp", "--cross-entropy-loss-fusion": "chunked-ce",
+    "--cross-entropy-fusion-impl": "chunked-ce", "--use-precision-aware-optimizer": "bf16-optimizer-states",
+    "--main-grads-dtype": "bf16-optimizer-states", "--main-params-dtype": "bf16-optimizer-states",
+    "--exp-avg-dtype": "bf16-optimizer-states", "--exp-avg-sq-dtype": "bf16-optimizer-states",
+    "--grad-reduce-in-bf16": "bf16-grad-reduce",
+}
+# when the value makes them a no-op (the default), they are modelled exactly
+PENDING_DEFAULTS = {"--context-parallel-size": "1", "--mtp-num-layers": "0"}
+# GPT-2's BPE vocabulary (Radford et al. 2019; encoder.json of openai/gpt-2), which a --vocab-file with
+# --merge-file gives Megatron-LM's GPT2BPETokenizer
+GPT2_VOCAB = 50257
+# --tokenizer-type values whose vocabulary is fixed: Llama 2's sentencepiece model (meta-llama/Llama-2-7b-hf
+# config.json vocab_size 32000), GPT-2's BPE
+TOKENIZER_VOCAB = {"Llama2Tokenizer": 32000, "GPT2BPETokenizer": GPT2_VOCAB}
+TOKENIZER_SOURCE = "Llama 2: meta-llama/Llama-2-7b-hf config.json; GPT-2: openai/gpt-2 encoder.json"
+# --attention-backend values whose kernel keeps the s x s scores (megatron/core/transformer/enums.py
+# AttnBackend: flash, fused, unfused, local, auto; unfused and local are the PyTorch softmax path)
+EAGER_BACKENDS = ("unfused", "local")
+# megatron-core 0.16's --recompute-modules (planner/emit/megatron.py _MODULES, its inverse)
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
