@@ -47,6 +47,9 @@ def test_solve_json_summary(profile_path, tmp_path):
     summary = json.loads(result.stdout)  # notes (e.g. "not calibrated") go to stderr
     assert [s["cap_bytes"] for s in summary["stages"]] == [60 * MIB, 60 * MIB, 80 * MIB]
     assert summary["status"] == "optimal"
+    plan = io.load_plan(tmp_path / "plan.yaml")  # static, allocated and reserved peak per rank
+    assert [(s["static_bytes"], s["peak_bytes"], s["reserved_bytes"]) for s in summary["stages"]] == [
+        (s.predicted.static_bytes, s.predicted.peak_bytes, s.predicted.reserved_bytes) for s in plan.stages]
 
 
 def test_checkpointing_goes_where_memory_is_short(profile_path, tmp_path):

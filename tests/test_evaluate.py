@@ -46,6 +46,8 @@ def test_evaluate_scores_the_hand_configuration_with_the_cost_model(profile_path
     cost = costmodel.evaluate(hand_stages(profile, [3, 3, 2], [1, 0, 2], "first"), profile, setup)
     assert summary["hand"]["iteration_ms"] == cost.iteration_ms
     assert [s["peak_bytes"] for s in summary["hand"]["stages"]] == cost.peak_bytes_per_stage
+    assert [s["static_bytes"] for s in summary["hand"]["stages"]] == [c.static_bytes for c in cost.stages]
+    assert all("reserved_bytes" in s for s in summary["hand"]["stages"] + summary["ckplan"]["stages"])
     assert summary["ckplan"]["status"] == "optimal"
     assert summary["ckplan"]["iteration_ms"] <= cost.iteration_ms or not summary["hand"]["feasible"]
 

@@ -259,6 +259,7 @@ def test_solve_evaluate_and_auto_dp_predict_alike_on_a_calibrated_profile(profil
                                "--json").stdout)["combinations"]
     zero0 = next(t for t in trials if t["zero"] == 0 and not t["offload"])
     assert zero0["iteration_ms"] == pytest.approx(with_dp, rel=1e-12)
+    assert all(len(t["reserved_bytes_per_stage"]) == len(t["static_bytes_per_stage"]) for t in trials if t["fits"])
 
 
 def test_milp_json_on_stdout_is_json_alone(profile_path, tmp_path):
