@@ -96,3 +96,38 @@ def test_a_log_in_neither_format_is_refused_in_one_sentence(tmp_path):
 def test_calibrate_needs_a_plan_or_a_log():
     result = run("calibrate")
     assert result.exit_code != 0 and "PLAN" in result.output
+
+
+def test_calibrate_from_log_against_a_plan(tmp_path):
+    """A plan of an analytic profile: its stages scored with its setup, world = stages x dp x TP,
+    the log's rank 1 on the second of two stages."""
+    from export_plans import make_plan
+
+    from planner import io
+    from planner.models import archs
+    from planner.models.archs import Arch
+    from planner.profiler.analytic import Shape, analytic_profile
+    from planner.schema import FileRef
+
+    arch = Arch(name="tiny", hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=4,
+                vocab_size=1024, tie_word_embeddings=False)
+    profile = analytic_profile(arch, Shape(seq_len=128, micro_batch_size=1), gpu=archs.gpu("h100"),
+                               model=FileRef(file="arch:tiny", sha256=arch.sha256()))
+    profile_path = tmp_path / "tiny.json"
+    io.save_profile(profile, profile_path)
+    plan = make_plan(profile, profile_path, [3, 3], set(), microbatches=4)
+    plan_path = tmp_path / "plan.yaml"
+    io.save_plan(plan, plan_path)
+    log = tmp_path / "run.log"
+    log.write_text("[Rank 1] (after 3 iterations) memory (MB) | allocated: 10.00 | max allocated: 20.00 | "
+                   "reserved: 30.00 | max reserved: 40.00\n"
+                   " iteration        3/      10 | elapsed time per iteration (ms): 2.5 |\n")
+    report = json.loads(run_ok("calibrate", plan_path, "--from-log", log, "--json").stdout)
+    by = {(r["rank"], r["term"]): r for r in report["residuals"]}
+    assert by[(1, "static")]["predicted"] == plan.stages[1].predicted.static_bytes
+    assert by[(1, "static")]["logged"] == 10 * MIB and by[(0, "static")]["logged"] is None
+    step = by[(None, "step time ms")]
+    assert (step["predicted"], step["logged"]) == (plan.predicted.iteration_ms, 2.5)
+    assert step["error"] == pytest.approx(2.5 / plan.predicted.iteration_ms - 1, rel=1e-12)
+    fitted = {f["name"]: f["value"] for f in report["fitted"]}
+    assert fitted["fragmentation, rank 1"] == pytest.approx(0.5)
