@@ -211,6 +211,27 @@ def test_torchtitan_flavors_and_degrees():
     assert {s.name: s.status for s in op.settings}["activation_checkpoint.selective_ac_option"] == "not modelled"
 
 
+def test_the_2024_spelling_of_a_torchtitan_job_gives_the_same_prediction():
+    new = evaluated("--from-torchtitan", "torchtitan_llama3_405b.toml", "--gpus", "128")
+    old = evaluated("--from-torchtitan", "torchtitan_llama3_405b_2024.toml", "--gpus", "128")
+    assert per_rank(old) == per_rank(new) and old["iteration_ms"] == new["iteration_ms"]
+    status = {s["name"]: s["status"] for s in old["settings"]}
+    assert status["training.batch_size"] == status["experimental.pipeline_parallel_degree"] == "modelled"
+    for key in ("training.compile", "float8.enable_float8_linear", "float8.enable_fsdp_float8_all_gather",
+                "experimental.enable_async_tensor_parallel"):
+        assert status[key] == "not modelled"
+    assert "unknown" not in status.values()
+
+
+def test_torchtitan_2024_pipeline_keys(tmp_path):
+    config = tmp_path / "old.toml"
+    config.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nbatch_size = 8\nseq_len = 1024\n'
+                      '[experimental]\npipeline_parallel_degree = 2\npipeline_parallel_microbatches = 4\n'
+                      'pipeline_parallel_split_points = ["layers.12"]\n')
+    job = torchtitan.read(config)
+    assert (job.layers_per_stage, job.micro_batch_size, job.pp) == ([12, 20], 2, 2)
+
+
 def test_torchtitan_pipeline_split_and_microbatches(tmp_path):
     config = tmp_path / "pp.toml"
     config.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 1024\nlocal_batch_size = 8\n'

@@ -30,7 +30,8 @@ NO_EFFECT_SECTIONS = {"job": "job name and output folder", "profiling": "profile
                       "fault_tolerance": "fault tolerance", "memory_estimation": "torchtitan's own estimate"}
 NO_EFFECT = {
     "model.hf_assets_path": "tokenizer and weights path", "model.tokenizer_path": "tokenizer path",
-    "model.print_after_conversion": "logging", "optimizer.lr": "learning rate", "optimizer.eps": "Adam epsilon",
+    "model.print_after_conversion": "logging",
+    "model.norm_type": "norm kind (2024; RMSNorm and its fused kernel keep the same tensors)", "optimizer.lr": "learning rate", "optimizer.eps": "Adam epsilon",
     "optimizer.weight_decay": "weight decay", "optimizer.beta1": "Adam beta", "optimizer.beta2": "Adam beta",
     "optimizer.implementation": "kernel choice (fused, foreach)",
     "training.max_norm": "gradient clipping threshold", "training.steps": "run length", "training.dataset": "data",
@@ -57,6 +58,25 @@ NOT_MODELLED = {
     "activation_checkpoint.memory_budget": "torch.compile's memory-budget recompute",
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": "op-level recompute of named matmuls",
     "training.dataloader.pin_memory": "pinned host buffers (host memory only)",
+}
+# torchtitan before the [parallelism] section (torchtitan/config_manager.py at b19456a987be,
+# 2024-10-22): the same settings under [training], [experimental] and [float8], read as today's keys
+ALIASES = {
+    "training.batch_size": "training.local_batch_size",
+    "training.data_parallel_replicate_degree": "parallelism.data_parallel_replicate_degree",
+    "training.data_parallel_shard_degree": "parallelism.data_parallel_shard_degree",
+    "training.tensor_parallel_degree": "parallelism.tensor_parallel_degree",
+    "training.compile": "compile.enable",
+    "training.mixed_precision_param": "training.mixed_precision_param",
+    "training.enable_cpu_offload": "training.enable_cpu_offload",
+    "training.warmup_steps": "lr_scheduler.warmup_steps",
+    "experimental.pipeline_parallel_degree": "parallelism.pipeline_parallel_degree",
+    "experimental.pipeline_parallel_schedule": "parallelism.pipeline_parallel_schedule",
+    "experimental.context_parallel_degree": "parallelism.context_parallel_degree",
+    "experimental.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel",
+    "float8.enable_fsdp_float8_all_gather": "quantize.linear.float8.enable_fsdp_float8_all_gather",
+    "float8.precompute_float8_dynamic_scale_for_fsdp": "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+    "checkpoint.enable_checkpoint": "checkpoint.enable",
 }
 _SCHEDULES = {"1F1B": "1F1B", "GPipe": "GPipe", "Interleaved1F1B": "interleaved-1F1B", "InterleavedZeroBubble": "ZB",
               "ZBVZeroBubble": "ZBV", "DualPipeV": "DualPipeV"}
@@ -86,8 +106,15 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
 
 
 class _Keys:
+    """The file's keys (older spellings read as today's: ALIASES), each taken once."""
+
     def __init__(self, flat: dict, where: str):
-        self.left, self.where, self.taken = dict(flat), where, []
+        self.where, self.taken = where, []
+        self.left = {ALIASES.get(key, key): value for key, value in flat.items()}
+        self.spelled = {ALIASES[key]: key for key in flat if key in ALIASES}  # today's key -> the file's
+
+    def name(self, key: str) -> str:
+        return self.spelled.get(key, key)
 
     def take(self, key: str, what: str, kind, default=None):
         if key not in self.left:
@@ -127,7 +154,7 @@ def from_mapping(data: dict, where: str) -> Job:
     _precision(keys, job)
     _pending(keys)
     for key, value, status, what in keys.taken:
-        job.said(key, value, status, what)
+        job.said(keys.name(key), value, status, what)
     _rest(keys, job)
     return job
 
@@ -168,13 +195,23 @@ def _parallel(keys: _Keys, job: Job) -> None:
             raise UserError(f"{where}: local_batch_size {job.local_batch_size} is not a multiple of "
                             f"pipeline_parallel_microbatch_size {mbs}")
         job.micro_batch_size = mbs
+    count = keys.take("experimental.pipeline_parallel_microbatches", "microbatches (torchtitan 2024)", int)
+    if job.pp > 1 and count is not None:
+        if job.local_batch_size % count:
+            raise UserError(f"{where}: batch_size {job.local_batch_size} is not a multiple of "
+                            f"pipeline_parallel_microbatches {count}")
+        job.micro_batch_size = job.local_batch_size // count
+    points = keys.take("experimental.pipeline_parallel_split_points", "modules starting each stage (2024)", list)
     per_stage = keys.take("parallelism.pipeline_parallel_layers_per_stage", "decoder layers per stage", int)
     parts = keys.take("parallelism.module_fqns_per_model_part", "modules of each stage", list)
     first = keys.take("parallelism.pipeline_parallel_first_stage_less_layers", "first stage's fewer layers", int, 1)
     last = keys.take("parallelism.pipeline_parallel_last_stage_less_layers", "last stage's fewer layers", int, 1)
     job.chunks = 2 if job.schedule in ("interleaved-1F1B", "ZB", "ZBV", "DualPipeV") else 1
     layers = job.arch.num_layers
-    if parts is not None:
+    if points:
+        starts = [0, *(int(str(p).split(".")[1]) for p in points), job.arch.num_layers]
+        job.layers_per_stage = [b - a for a, b in zip(starts, starts[1:])]
+    elif parts is not None:
         job.layers_per_stage = [sum(1 for m in part if str(m).startswith("layers.")) for part in parts]
     elif per_stage is not None:
         stages = -(-layers // per_stage)
@@ -241,7 +278,9 @@ def _pending(keys: _Keys) -> None:
     keys.pending("compile.components", compiled, "compile")
     converters = keys.left.get("model.converters", [])
     keys.pending("model.converters", bool(converters), "float8")
-    float8 = "float8" in converters if isinstance(converters, list) else False
+    old = bool(keys.left.get("float8.enable_float8_linear"))  # torchtitan 2024's switch
+    keys.pending("float8.enable_float8_linear", old, "float8")
+    float8 = old or ("float8" in converters if isinstance(converters, list) else False)
     keys.pending("quantize.linear.float8.enable_fsdp_float8_all_gather",
                  float8 and bool(keys.left.get("quantize.linear.float8.enable_fsdp_float8_all_gather")), "fp8-all-gather")
     keys.pending("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
@@ -255,16 +294,19 @@ def _pending(keys: _Keys) -> None:
 
 def _rest(keys: _Keys, job: Job) -> None:
     for key, value in keys.left.items():
-        section = key.split(".", 1)[0]
-        if key == "parallelism.fsdp_reshard_after_forward" and value == "default":
-            job.said(key, value, "modelled", "torchtitan's default: resharded after forward without a pipeline, "
-                                             "kept whole with one (as the cost model's torchtitan runtime)")
-        elif key in NOT_MODELLED:
-            job.said(key, value, "not modelled", NOT_MODELLED[key])
-        elif key in NO_EFFECT or key.startswith("training.dataloader."):
-            job.said(key, value, "no effect", NO_EFFECT.get(key, "data loading"))
-        elif section in NO_EFFECT_SECTIONS:
-            job.said(key, value, "no effect", NO_EFFECT_SECTIONS[section])
-        else:
-            job.said(key, value, "unknown", "not a key this reader knows: if it changes memory or time, the "
-                                            "prediction leaves it out")
+        job.said(keys.name(key), value, *_status(key, value))
+
+
+def _status(key: str, value) -> tuple[str, str]:
+    """(status, what) of a key no reader above took."""
+    section = key.split(".", 1)[0]
+    if key == "parallelism.fsdp_reshard_after_forward" and value == "default":
+        return "modelled", ("torchtitan's default: resharded after forward without a pipeline, kept whole with one "
+                            "(as the cost model's torchtitan runtime)")
+    if key in NOT_MODELLED:
+        return "not modelled", NOT_MODELLED[key]
+    if key in NO_EFFECT or key.startswith("training.dataloader."):
+        return "no effect", NO_EFFECT.get(key, "data loading")
+    if section in NO_EFFECT_SECTIONS:
+        return "no effect", NO_EFFECT_SECTIONS[section]
+    return "unknown", "not a key this reader knows: if it changes memory or time, the prediction leaves it out"
