@@ -255,3 +255,15 @@ def test_setup_options_beside_a_config_are_refused():
 def test_every_json_carries_static_allocated_and_reserved_per_rank():
     summary = evaluated("--from-torchtitan", "torchtitan_llama3_70b.toml", "--gpus", "64")
     assert all({"static_bytes", "peak_bytes", "reserved_bytes"} <= set(r) for r in summary["ranks"])
+
+
+def test_gpus_per_node_sets_the_links_and_the_node(tmp_path):
+    from planner.commands.evaluate_config import predict
+    from planner.models import archs
+
+    job = torchtitan.read(CONFIGS / "torchtitan_llama3_8b.toml")
+    wide = predict(job, gpus=16, gpu_name="h100", gpus_per_node=16).setup
+    narrow = predict(job, gpus=16, gpu_name="h100", gpus_per_node=8).setup
+    h100 = archs.gpu("h100")
+    assert (wide.data_parallel.shard_gb_per_s, wide.data_parallel.devices_per_node) == (h100.node_link_gb_per_s, 16)
+    assert narrow.data_parallel.shard_gb_per_s == h100.network_gb_per_s

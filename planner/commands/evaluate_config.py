@@ -82,7 +82,7 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                      "its environment")
     device = archs.gpu(gpu_name)
     profile = _profile(job, device)
-    data_parallel = _data_parallel(job, dp, notes)
+    data_parallel = _with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes)
     setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
                         chunks=job.chunks, optimizer=job.optimizer, precision=job.precision, parallel_stages=None,
                         runtime=job.framework, fragmentation=fragmentation, data_parallel=data_parallel,
@@ -149,6 +149,24 @@ def _data_parallel(job, dp: int, notes: list[str]):
     return DataParallelOptions(dp=dp, zero=3, shard_group=shard if job.dp_replicate > 1 else None, ep=job.ep)
 
 
+def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):
+    """--gpus-per-node: each group's link as dataparallel.default_links chooses it (in-node where
+    the group's ranks x TP fit in a node, else the network), for this node size."""
+    from dataclasses import replace
+
+    if gpus_per_node is None or options.dp == 1:
+        return options
+
+    def link(ranks: int) -> float:
+        return device.node_link_gb_per_s if ranks * job.tp <= gpus_per_node else device.network_gb_per_s
+
+    shard = options.shard_group or options.dp
+    notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard} x TP {job.tp} over "
+                 f"{'the in-node link' if shard * job.tp <= gpus_per_node else 'the network'}")
+    return replace(options, shard_bandwidth=link(shard), replica_bandwidth=link(options.dp),
+                   ep_bandwidth=link(options.ep) if options.ep > 1 else None)
+
+
 def _stages(job, profile, setup, notes: list[str]) -> list:
     """One stage per pipeline stage (P x V), the job's recompute applied; ranks for chunked schedules."""
     from planner.commands.evaluate import hand_stages
@@ -164,8 +182,10 @@ def _stages(job, profile, setup, notes: list[str]) -> list:
                                                                             else None]) for s in stages]
     elif rec.mode == "every":
         chosen = set()
-        for rank in range(job.pp):
-            built = [n for s in stages[rank::job.pp] for n in s.layers if n in decoder]
+        for rank in range(job.pp):  # the stages a rank builds, in order: a loop, or a V (torchtitan's placement)
+            mine = ([rank, 2 * job.pp - 1 - rank] if job.schedule in ("ZBV", "DualPipeV") and job.chunks == 2
+                    else range(rank, len(stages), job.pp))
+            built = [n for k in sorted(mine) for n in stages[k].layers if n in decoder]
             chosen |= {n for i, n in enumerate(built, start=1) if i % rec.num_layers == 0}
         stages = [s.with_checkpointed([n for n in s.layers if n in chosen]) for s in stages]
     elif rec.mode == "selective":
