@@ -104,4 +104,4 @@ def _text(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return " ".join(_text(v) for v in value)
-    return str(value)
+    return str(value).replace("\x00", "")  # a never-run $(command) marker (bashargs.COMMAND_MARK) shown as written
