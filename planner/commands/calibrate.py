@@ -48,7 +48,12 @@ def command(plan_path, log_path, from_megatron, from_torchtitan, gpus, gpu, gpus
     """Time point-to-point sends (a ping-pong micro-benchmark on the plan's backend), run
     PLAN's pipeline briefly, and fit the send latency and bandwidth, the compute scale,
     the cost per schedule action (ranks within the cores) or the cost of ranks sharing
-    cores (more ranks than cores), so `solve` predicts what `launch` measures."""
+    cores (more ranks than cores), so `solve` predicts what `launch` measures.
+
+    \b
+    With --from-log LOG nothing runs: a Megatron-LM or torchtitan log set against the prediction
+      ckplan calibrate --from-log train.log --from-megatron train_llama3_8b.sh
+    """
     from planner import console, io
     from planner.measure import calibrate
     from planner.profiler import commbench
