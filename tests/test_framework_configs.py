@@ -267,3 +267,10 @@ def test_gpus_per_node_sets_the_links_and_the_node(tmp_path):
     h100 = archs.gpu("h100")
     assert (wide.data_parallel.shard_gb_per_s, wide.data_parallel.devices_per_node) == (h100.node_link_gb_per_s, 16)
     assert narrow.data_parallel.shard_gb_per_s == h100.network_gb_per_s
+
+
+def test_megatron_fsdp_shards_as_its_strategy_says(tmp_path):
+    default = _job(tmp_path, BASE + "\n--use-megatron-fsdp: true")
+    assert default.zero == 3
+    optim = _job(tmp_path, BASE + "\n--use-megatron-fsdp: true\n--data-parallel-sharding-strategy: optim")
+    assert optim.zero == 1

@@ -18,6 +18,7 @@ from planner.models.configs import Job, Recompute, pending
 from planner.models.configs.megatron_flags import (
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
+    FSDP_ZERO,
     GPT2_VOCAB,
     NO_EFFECT,
     NO_EFFECT_PREFIXES,
@@ -330,6 +331,13 @@ def _parallel(flags: _Flags, job: Job) -> None:
     if flags.take("--use-distributed-optimizer", "optimizer state sharded over data-parallel ranks (ZeRO 1)",
                   bool, False):
         job.zero = 1
+    if flags.take("--use-megatron-fsdp", "Megatron FSDP: sharded over data-parallel ranks as "
+                  "--data-parallel-sharding-strategy says (default optim_grads_params: ZeRO 3)", bool, False):
+        strategy = flags.take("--data-parallel-sharding-strategy", "what Megatron FSDP shards", str,
+                              "optim_grads_params")
+        if strategy not in FSDP_ZERO:
+            raise UserError(f"--data-parallel-sharding-strategy {strategy!r}: give one of {', '.join(FSDP_ZERO)}")
+        job.zero = FSDP_ZERO[strategy]
     flags.take("--overlap-grad-reduce", "gradient reduce-scatter overlapped with the backward (as the cost model "
                                        "charges Megatron-LM's runtime)", bool)
     flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool)

@@ -35,7 +35,9 @@ NO_EFFECT = {
     "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
     "--transformer-impl": "Transformer Engine or local layers (same tensors kept)", "--use-flash-attn": "flash attention",
     "--no-position-embedding": "no learned position table (the rotary positions have no parameters)",
-    "--distributed-backend": "communication backend (nccl)", "--use-persistent-ckpt-worker": "checkpointing",
+    "--distributed-backend": "communication backend (nccl)", "--logging-level": "logging",
+    "--no-check-for-nan-in-loss-and-grad": "a NaN check on the loss", "--check-for-nan-in-loss-and-grad": "a NaN check",
+    "--init-model-with-meta-device": "initialisation on the meta device (nothing kept in steady state)", "--use-persistent-ckpt-worker": "checkpointing",
     "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
     "--no-bias-dropout-fusion": "kernel fusion", "--no-gradient-accumulation-fusion": "kernel fusion",
     "--bias-swiglu-fusion": "kernel fusion", "--no-rope-fusion": "kernel fusion",
@@ -67,10 +69,14 @@ NOT_MODELLED = {
     "--cpu-offloading-num-layers": "activation offload to the host",
     "--optimizer-cpu-offload": "the optimizer on the host",
     "--use-torch-fsdp2": "PyTorch FSDP2 instead of the distributed optimizer",
-    "--use-megatron-fsdp": "Megatron FSDP (weights sharded) instead of the distributed optimizer",
+    "--use-nccl-ub": "NCCL user buffers registered (more NCCL memory, faster collectives)",
+    "--fsdp-double-buffer": "Megatron FSDP's double-buffered all-gather (a second gathered copy)",
+    "--fsdp-manual-registration": "Megatron FSDP's manual buffer registration with NCCL",
+    "--outer-dp-sharding-strategy": "HSDP's optimizer sharding across replicas (scored as replicated)",
     "--overlap-moe-expert-parallel-comm": "the all-to-all overlapped with compute (charged on the critical path)",
     "--defer-embedding-wgrad-compute": "the embedding's weight gradient deferred to overlap",
     "--rampup-batch-size": "a growing global batch (the final batch is scored)",
+    "--step-batch-size-schedule": "a batch-size schedule (the final --global-batch-size is scored)",
     "--account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the pipeline split",
     "--account-for-loss-in-pipeline-split": "the loss counted as a layer in the pipeline split",
     "--microbatch-group-size-per-virtual-stage": "interleaved schedule's microbatch grouping",
@@ -106,3 +112,6 @@ TOKENIZER_SOURCE = "Llama 2: meta-llama/Llama-2-7b-hf config.json; GPT-2: openai
 EAGER_BACKENDS = ("unfused", "local")
 # megatron-core 0.16's --recompute-modules (planner/emit/megatron.py _MODULES, its inverse)
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+# Megatron FSDP's --data-parallel-sharding-strategy (megatron/training/arguments.py, default
+# optim_grads_params) as the ZeRO stage the cost model charges
+FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
