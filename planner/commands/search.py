@@ -81,11 +81,14 @@ def _schedules(text: str) -> tuple[str, ...]:
               help="The best configuration's plan (its profile beside it, PLAN.profile.json).")
 @click.option("--launch-files", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Also write how to start the best: torchrun per node, a Slurm script, a Kubernetes job.")
+@click.option("--entry", default=None, metavar="'PROGRAM ARGS'",
+              help="With --launch-files: what each process runs [default: torchtitan's trainer for --runtime "
+                   "torchtitan; other frameworks need it].")
 @click.option("--json", "as_json", is_flag=True, help="The whole ranking as JSON on stdout.")
 def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node, global_batch, seq_len, runtime,
             optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
             compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, hand_recompute, out,
-            launch_files, as_json) -> None:
+            launch_files, entry, as_json) -> None:
     """Search every tensor-, pipeline-, data- and expert-parallel degree, ZeRO stage and shard
     group, micro-batch size and schedule for N GPUs, each with its exact plan (layers per stage,
     recompute per layer), and rank the fastest that fit.
@@ -113,6 +116,14 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
                schedules=_schedules(schedule_list), chunks=_ints(chunk_counts, "--chunk-counts"),
                micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"))
     profile_for = model.profile_for(device, seq_len)
+    if entry is not None and launch_files is None:
+        raise UserError("--entry says what the launch files run; give --launch-files DIR or drop it")
+    if launch_files is not None and entry is None and runtime not in ("ckplan", "torchtitan"):
+        raise UserError(f"--launch-files for --runtime {runtime}: say what each process runs with --entry")
+    if launch_files is not None and entry is None and runtime == "ckplan" and model.profile is None:
+        raise UserError("--launch-files: an analytic plan is exported, not run by ckplan's runtime; search with "
+                        "--runtime torchtitan, or say what each process runs with --entry")
+    _entry(entry)
     hand = _hand(locals(), model, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=device.name)
     outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=Deadline(time_limit))
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
@@ -125,8 +136,9 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
         if launch_files is not None:
             from planner.emit import launchers
 
-            written = launchers.write_all(io.load_plan(out), out, launch_files, gpus_per_node=min(per_node, gpus),
-                                          framework=runtime)
+            argv = _entry(entry)
+            written = launchers.write_all(io.load_plan(out), out, launch_files, tp=best.degrees.tp,
+                                          gpus_per_node=min(per_node, gpus), framework=runtime, entry=argv)
             say(f"launch files: {', '.join(str(p) for p in written)}")
     if as_json:
         click.echo(report.as_json())
@@ -134,6 +146,17 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
         report.print()
     if not outcome.ranked:
         raise UserError(search_report.nothing_fits(report, job, options, profile_for))
+
+
+def _entry(entry: str | None) -> tuple[str, ...] | None:
+    import shlex
+
+    if entry is None:
+        return None
+    try:
+        return tuple(shlex.split(entry))
+    except ValueError as exc:
+        raise UserError(f"--entry {entry!r}: {exc}") from exc
 
 
 def _profile_out(out: Path) -> Path:
