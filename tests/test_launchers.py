@@ -80,12 +80,13 @@ def test_search_writes_launch_files(tmp_path):
     assert job["spec"]["trainer"]["numNodes"] * job["spec"]["trainer"]["numProcPerNode"] == 16
 
 
-def _tiny_config(tmp_path: Path) -> Path:
+def _tiny_config(tmp_path: Path, **sizes) -> Path:
+    """A small LLaMA-style config.json (sizes override its dimensions)."""
     import json
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", "hidden_size": 512, "intermediate_size": 1408,
                                 "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
                                 "vocab_size": 8000, "tie_word_embeddings": False, "max_position_embeddings": 4096,
-                                "rms_norm_eps": 1e-5, "rope_theta": 10000.0}))
+                                "rms_norm_eps": 1e-5, "rope_theta": 10000.0} | sizes))
     return path

@@ -113,7 +113,7 @@ class Report:
     # ------------------------------------------------------------ printing
 
     def print(self) -> None:
-        from planner.console import console, narrow, table
+        from planner.console import console, table
 
         o = self.outcome
         title = (f"ckplan search: {self.job.gpus} x {self.gpu.name}, batch {self.global_batch} x {self.seq_len} "
@@ -124,7 +124,7 @@ class Report:
             console.print(table(title, columns, rows, right_from=2, whole=(), wrap=("configuration",)))
             for index, row in enumerate(self.rows[:-1]):
                 console.print(f"  {row.name} differs from {self.rows[index + 1].name}: {self.differs(index)}",
-                              soft_wrap=not narrow())
+)
         if self.others:
             cells = [self._cells(row) for row in self.others]
             console.print(table("beside it, same cost model", columns, cells, right_from=2, whole=(),
@@ -132,11 +132,11 @@ class Report:
             for row in self.others:
                 said = row.why_not or row.note
                 console.print(f"  {row.name}: {said or 'as published'}" + (f" [{row.source}]" if row.source else ""),
-                              soft_wrap=True, markup=False)
-        console.print(self.counts(), soft_wrap=True)
+                              markup=False)
+        console.print(self.counts())
         if self.out is not None:
             console.print(f"best written to {self.out} (`ckplan export {self.out} --to megatron|torchtitan|...`)",
-                          soft_wrap=True, markup=False)
+                          markup=False)
 
     def _cells(self, row: Row) -> list[str]:
         ranked = row.name.startswith("#")
@@ -223,9 +223,13 @@ def nothing_fits(report: Report, job, options, profile_for) -> str:
     near = o.nearest
     if near is not None and o.solved == 0:
         need, limit = near.bounds.static_bytes, near.bounds.limit_bytes
+        if limit <= 0:
+            return (f"no configuration fits: --mem {format_bytes(options.mem_cap_bytes)} is less than NCCL's "
+                    "communicator buffers and the caching allocator's margin alone; raise --mem")
+        over = f"{(need / limit - 1) * 100:.0f}% over"
         what = (f"no configuration fits {job.gpus} x {report.gpu.name}: even the nearest ({near.degrees.label()}) "
                 f"holds at least {format_bytes(need)} of weights, gradients and optimizer state per GPU, against "
-                f"{format_bytes(limit)} it may allocate ({(need / limit - 1) * 100:.0f}% over)")
+                f"{format_bytes(max(0, limit))} it may allocate of {format_bytes(options.mem_cap_bytes)} ({over})")
     else:
         what = (f"no configuration fits {job.gpus} x {report.gpu.name}: {o.solved} passed the memory bound, and the "
                 "exact plan of each needs more than the card once activations are counted")
