@@ -180,10 +180,17 @@ class _Model:
         from planner.commands.profile_arch import _with_host_step, _with_model_facts
         from planner.profiler.analytic import Shape, analytic_profile
 
+        host: dict = {}  # the host's optimizer step, timed once (profile_arch times it per profile)
+
         def build(tp: int, sp: bool, mbs: int):
             shape = Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp)
-            profile = analytic_profile(self.arch, shape, gpu=device, model=self.ref)
-            return _with_host_step(_with_model_facts(profile, self.arch, "bfloat16"))
+            profile = _with_model_facts(analytic_profile(self.arch, shape, gpu=device, model=self.ref), self.arch,
+                                        "bfloat16")
+            if not host:
+                timed = _with_host_step(profile)
+                host.update(step=timed.host_step_ns_per_param, note=timed.assumptions["host_step"])
+            return profile.model_copy(update={"host_step_ns_per_param": host["step"],
+                                              "assumptions": profile.assumptions | {"host_step": host["note"]}})
 
         return build
 
