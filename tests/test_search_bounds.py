@@ -8,11 +8,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_search import MINI, profile_for
 
 from planner.cost import costmodel
 from planner.schema import SPLIT_BACKWARD_SCHEDULES, StagePlan, TrainSetup, runs_split_backward
 from planner.solve.bounds import setup_bounds
-from test_search import MINI, profile_for
 
 GiB = 2**30
 

@@ -69,11 +69,15 @@ def scored_row(scored) -> Row:
                source=config.source)
 
 
-def compared(arch_name, hand, *, gpus, global_batch, options, profile_for, seq_len, gpu) -> list:
-    """The published configurations of the model (with --compare) and the hand one, scored."""
+def compared(arch_name, hand, *, gpus, global_batch, options, profile_for, seq_len, gpu, imported=()) -> list:
+    """The published configurations of the model (with --compare), the hand one and `imported`
+    ones, scored. `imported`: the hook for configurations read from a framework's own files
+    (`--from-megatron ARGS`, `--from-torchtitan TOML`, issue 33's readers): each reader returns
+    a planner.models.published.Published (framework "megatron"/"torchtitan", source the file)
+    and the command passes them here; nothing else changes."""
     from planner.commands import search_compare
 
-    configs = search_compare.matching(arch_name) + ([hand] if hand is not None else [])
+    configs = search_compare.matching(arch_name) + ([hand] if hand is not None else []) + list(imported)
     return [search_compare.score(c, gpus=gpus, global_batch=global_batch, options=options, profile_for=profile_for,
                                  time_limit_s=60.0, seq_len=seq_len, gpu=gpu) for c in configs]
 
@@ -115,7 +119,6 @@ class Report:
     def print(self) -> None:
         from planner.console import console, table
 
-        o = self.outcome
         title = (f"ckplan search: {self.job.gpus} x {self.gpu.name}, batch {self.global_batch} x {self.seq_len} "
                  f"tokens, {self.options.runtime}'s runtime")
         columns = ["#", "configuration", "iteration", "tok/s/GPU", "MFU", "reserved", "% card"]
