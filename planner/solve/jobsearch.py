@@ -14,6 +14,7 @@ to that brute force).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -154,7 +155,11 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
         except ValidationError:
             outcome.refused += 1
             continue
-        key = (degrees.tp, degrees.sp, degrees.micro_batch_size, setup.model_dump_json(exclude={"data_parallel": {"dp_notes"}}))
+        # the degrees as the runtime runs them (torchtitan: every ZeRO stage as FSDP2's ZeRO 3)
+        degrees = dataclasses.replace(degrees, zero=setup.data_parallel.zero,
+                                      shard_group=setup.data_parallel.shard_group)
+        key = (degrees.tp, degrees.sp, degrees.micro_batch_size,
+               setup.model_dump_json(exclude={"data_parallel": {"dp_notes"}}))
         if key in seen:
             outcome.duplicates += 1
             continue
