@@ -240,4 +240,5 @@ def nothing_fits(report: Report, job, options, profile_for) -> str:
         if passing:
             return (f"{what}. With --gpus {more.gpus}, {passing} configurations pass the memory bound; try that, a "
                     "card with more memory, or a smaller --global-batch")
-    return f"{what}. Not even {job.gpus * 8} GPUs would hold the weights and optimizer state: use a larger card"
+    return (f"{what}. Not even {job.gpus * 8} GPUs pass the memory bound at --global-batch {job.global_batch} (the "
+            "batch bounds data parallelism, and so ZeRO's sharding): raise --global-batch, or use a larger card")
