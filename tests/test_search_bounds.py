@@ -37,19 +37,22 @@ def random_stages(profile, num_stages: int, rng: random.Random, setup: TrainSetu
     return stages
 
 
-@pytest.mark.parametrize("schedule, chunks, stages, microbatches, dp, zero", [
-    ("1F1B", 1, 1, 4, 8, 3),
-    ("1F1B", 1, 2, 4, 4, 1),
-    ("1F1B", 1, 4, 8, 2, 0),
-    ("GPipe", 1, 3, 2, 1, 0),
-    ("interleaved-1F1B", 2, 2, 4, 2, 2),
-    ("ZBV", 2, 2, 4, 1, 0),
+@pytest.mark.parametrize("schedule, chunks, stages, microbatches, dp, zero, runtime", [
+    ("1F1B", 1, 1, 4, 8, 3, "ckplan"),
+    ("1F1B", 1, 2, 4, 4, 1, "ckplan"),
+    ("1F1B", 1, 4, 8, 2, 0, "ckplan"),
+    ("GPipe", 1, 3, 2, 1, 0, "ckplan"),
+    ("interleaved-1F1B", 2, 2, 4, 2, 2, "ckplan"),
+    ("ZBV", 2, 2, 4, 1, 0, "ckplan"),
+    ("1F1B", 1, 2, 4, 4, 3, "torchtitan"),
+    ("1F1B", 1, 2, 8, 4, 1, "megatron"),
+    ("interleaved-1F1B", 2, 2, 4, 2, 1, "megatron"),
 ])
-def test_bounds_hold_for_random_plans(schedule, chunks, stages, microbatches, dp, zero):
+def test_bounds_hold_for_random_plans(schedule, chunks, stages, microbatches, dp, zero, runtime):
     rng = random.Random(7)
     profile = profile_for(MINI)(2, True, 1)
     setup = TrainSetup(stages=stages, microbatches=microbatches, micro_batch_size=1, schedule=schedule,
-                       chunks=chunks, mem_caps_bytes=[80 * GiB] * stages, precision="bf16-mixed", dp=dp, zero=zero,
+                       chunks=chunks, mem_caps_bytes=[80 * GiB] * stages, precision="bf16-mixed", dp=dp, zero=zero, runtime=runtime,
                        shard_gb_per_s=100.0 if dp > 1 else None, replica_gb_per_s=50.0 if dp > 1 else None)
     bound = setup_bounds(profile, setup)
     assert bound.time_ms > 0 and bound.static_bytes > 0
