@@ -6,10 +6,15 @@ Each bound reads the cost model's own per-layer terms (costmodel.layer_value), s
 on what evaluate() charges; tests/test_search_bounds.py holds every bound under solved values.
 
 Memory: a stage's peak holds its static bytes (weights, gradients, optimizer state: the same
-under every recompute option), so the busiest stage holds at least the mean,
-    max_s peak_s >= sum_l static_l / P,
-and no plan fits where that mean exceeds the largest allocated peak any stage may reach
-(costmodel.limit_bytes: the card less NCCL's buffers and the allocator's margin).
+under every recompute option) and, one chunk a rank (1F1B, GPipe), at least one microbatch's kept
+activations; the busiest stage holds at least the mean,
+    max_s peak_s >= (sum_l static_l + K) / P,
+    K = sum_l min_o kept_l,o + P (min open edge + min close edge) + sum_s kept constant_s
+(the edges: what opening and closing a stage adds to its kept bytes, at their least over the
+layers; K is 0 for chunked schedules), and no plan fits where that mean exceeds the largest
+allocated peak any stage may reach (costmodel.limit_bytes: the card less NCCL's buffers and the
+allocator's margin). With one stage the bound is the single stage's static bytes plus its
+activations at their cheapest options.
 
 Time, one chunk a rank (1F1B, GPipe): evaluate() charges
     T = sum_s busy_s + (M - 1) max_s busy_s + max_s step_s,
@@ -33,7 +38,7 @@ from planner.schema import CHUNKED_SCHEDULES, Profile, TrainSetup
 @dataclass(frozen=True)
 class Bounds:
     time_ms: float  # no plan of the setup is faster
-    static_bytes: float  # the busiest stage holds at least this
+    static_bytes: float  # the busiest stage holds at least this (static bytes and kept activations)
     limit_bytes: int  # the largest allocated peak any stage may reach
 
     @property
@@ -61,12 +66,13 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
     layers = layers if layers is not None else kinds(profile)
     ctx = costmodel.Context(profile, setup)
     stages, microbatches = setup.pipeline.stages, setup.pipeline.microbatches
-    static = step = compute = 0.0
+    static = step = compute = kept = 0.0
     for layer, count in layers:
         options = range(len(layer.options))
         static += count * costmodel.layer_value("static", layer, 0, ctx)
         step += count * min(costmodel.layer_value("step", layer, o, ctx) for o in options)
         compute += count * min(costmodel.layer_value("time", layer, o, ctx) for o in options)
+        kept += count * min(costmodel.layer_value("kept", layer, o, ctx) for o in options)
     constant = sum(costmodel.stage_value(q, s, ctx) for s in range(stages) for q in ("time", "comm"))
     work = compute + constant
     if setup.pipeline.schedule in CHUNKED_SCHEDULES:
@@ -74,4 +80,13 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
     else:
         time_ms = work + (microbatches - 1) * work / stages + step / stages
     limit = max(costmodel.limit_bytes(s, ctx) for s in range(stages))
-    return Bounds(time_ms=max(0.0, time_ms), static_bytes=static / stages, limit_bytes=limit)
+    held = static + (0.0 if setup.pipeline.schedule in CHUNKED_SCHEDULES else max(0.0, _activations(kept, layers, ctx)))
+    return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages, limit_bytes=limit)
+
+
+def _activations(kept: float, layers: list[tuple[costmodel.LayerCost, int]], ctx) -> float:
+    """K of the module's text: the stages' kept bytes together, at least."""
+    stages = ctx.setup.pipeline.stages
+    edges = sum(min(costmodel.edge_value("kept", where, layer, s, ctx) for layer, _ in layers
+                    for s in range(stages)) for where in ("open", "close"))
+    return kept + stages * edges + sum(costmodel.stage_value("kept", s, ctx) for s in range(stages))
