@@ -85,3 +85,15 @@ def test_compare_scores_the_published_configurations(tmp_path):
     assert fsdp["degrees"]["zero"] == 3 and fsdp["degrees"]["dp"] == 8 and fsdp["fits"]
     assert "llama3_h100_202412_torchtitan.md" in fsdp["source"]
     assert data["ranked"][0]["iteration_ms"] <= fsdp["iteration_ms"]
+
+
+def test_chunked_schedules_are_searched_when_asked(tmp_path):
+    """--schedules adds interleaved-1F1B (the MILP plans it, "feasible"): its configurations are
+    enumerated beside 1F1B's and ranked by the same cost model."""
+    result = run_ok("search", "--arch-config", _tiny_config(tmp_path), *JOB, "--schedules", "1F1B,interleaved-1F1B",
+                    "--micro-batch-sizes", "1", "--top", "50", "--json", "--out", tmp_path / "best.yaml")
+    data = json.loads(result.stdout)
+    schedules = {row["degrees"]["schedule"] for row in data["ranked"]}
+    assert schedules == {"1F1B", "interleaved-1F1B"}
+    chunked = [row for row in data["ranked"] if row["degrees"]["schedule"] == "interleaved-1F1B"]
+    assert all(row["degrees"]["chunks"] == 2 and row["degrees"]["pp"] >= 2 for row in chunked)

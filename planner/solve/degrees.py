@@ -19,7 +19,7 @@ ONE_CHUNK_SCHEDULES = ("1F1B", "GPipe")
 DEFAULT_SCHEDULES = ("1F1B",)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Degrees:
     """One configuration of the whole job: the parallel degrees, the batch's split, the schedule.
     gpus = tp x cp x pp x dp; ep splits the dp ranks (expert parallelism lives inside them, as
@@ -44,6 +44,11 @@ class Degrees:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def key(self) -> tuple:
+        """A total order among configurations (ties in time broken by it): the fields in order,
+        an unset shard group (all dp ranks) as the dp degree."""
+        return tuple(self.dp if v is None else v for v in asdict(self).values())
 
     def label(self) -> str:
         """A short name: tp8sp pp8 dp16 z1/16 mbs2x16 1F1B."""

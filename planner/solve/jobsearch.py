@@ -188,7 +188,7 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     deadline = deadline or Deadline(None)
     outcome = Outcome()
     found = candidates(job, options, Profiles(profile_for), outcome)
-    found.sort(key=lambda c: (c.bounds.time_ms, c.degrees))
+    found.sort(key=lambda c: (c.bounds.time_ms, c.degrees.key()))
     for index, candidate in enumerate(found):
         bar = outcome.ranked[top - 1].iteration_ms if len(outcome.ranked) >= top else math.inf
         if candidate.bounds.time_ms >= bar:
@@ -205,7 +205,7 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
             outcome.solved_without_plan += 1
             continue
         outcome.ranked.append(solved)
-        outcome.ranked.sort(key=lambda s: (s.iteration_ms, s.degrees))
+        outcome.ranked.sort(key=lambda s: (s.iteration_ms, s.degrees.key()))
         del outcome.ranked[top:]
     outcome.wall_s = time.perf_counter() - started
     return outcome
