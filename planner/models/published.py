@@ -70,15 +70,16 @@ PUBLISHED: tuple[Published, ...] = (
               layers_per_stage=(7,) + (8,) * 14 + (7,), not_expressible="torch.compile, Float8, AsyncTP",
               source=f"{_TT}, Table 5 'Interleaved 1F1B'; docs/published-runs.md M18"),
     Published("Megatron GPT-3 175B", "gpt3-175b", "megatron", None, "a100-80g", 2048, 1536, 1, tp=8, pp=16,
-              zero=1, recompute="none", not_expressible="fp16 (scored as bf16-mixed: the same bytes)",
+              zero=0, recompute="none", not_expressible="fp16 (scored as bf16-mixed: the same bytes)",
               source="Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (157006d6): TP 8, PP 16, MBS 1, "
-                     "GBS 1536, seq 2048; no GPU count (NUM_NODES a placeholder); ZeRO 1 = "
-                     "--use-distributed-optimizer, the examples' usual setting (not in this script: it runs ZeRO 0)"),
+                     "GBS 1536, seq 2048, no --use-distributed-optimizer (ZeRO 0), no recompute flag; no GPU "
+                     "count (NUM_NODES a placeholder)"),
     Published("Megatron Mixtral 8x7B", "mixtral-8x7b", "megatron", None, "h100", 4096, 256, 1, pp=4,
               schedule="interleaved-1F1B", chunks=8, zero=1, ep=8, recompute="none",
               not_expressible="grouped GEMM, the all-to-all overlap",
               source="Megatron-LM tests mixtral/mixtral_8x7b_tp1pp4ep8vpp8_release (93ebf8d7): TP 1, PP 4, "
-                     "VPP 8, EP 8, GBS 256; docs/published-runs.md §4"),
+                     "VPP 8, EP 8, GBS 256 as its name and docs/published-runs.md §4 give them; MBS 1, ZeRO 1 "
+                     "(distributed optimizer) and no recompute assumed: the release recipe's flags are not public"),
     Published("ColossalAI 70B hand", "llama3-70b", "colossalai", 32, "h100", 8192, 16, 1, tp=8, sp=True, pp=4,
               layers_per_stage=(19, 20, 20, 21), ckpt_per_stage=(19, 19, 19, 13),
               source="ColossalAI's hand configuration for LLaMA3-70B on pp 4 (TP 8 + SP, 16 microbatches of 1), "
