@@ -37,6 +37,8 @@ def cli() -> None:
       ckplan evaluate --layers-per-stage 19,20,20,21 --ckpt-per-stage 19,19,19,13
                                           score a hand configuration beside ckplan's plan
       ckplan export plan.yaml --to megatron   the plan as ColossalAI/Megatron/torchtitan/DeepSpeed config
+      ckplan search --arch llama3-70b --gpus 64 --global-batch 512 --seq-len 8192
+                                          every degree searched, each with its plan: the fastest ranked
     """
 
 
@@ -48,11 +50,12 @@ def _register() -> None:
         export,
         launch,
         profile,
+        search,
         solve,
         validate,
     )
 
-    for module in (profile, solve, evaluate, export, launch, validate, compare, calibrate):
+    for module in (profile, solve, evaluate, export, launch, validate, compare, calibrate, search):
         cli.add_command(module.command)
 
 

@@ -268,3 +268,41 @@ def test_profile_facts_are_read_typed():
     with pytest.raises(UserError, match="the profile's recorded tp is '2; import os': input should be a valid integer"):
         facts.read(profile.model_copy(update={"assumptions": broken}))
     assert json.dumps(analytic_assumptions())  # plain JSON, as a profile stores it
+
+
+# ---------------------------------------------------------------- launch files (planner/emit/launchers.py)
+
+
+@pytest.mark.parametrize("target, suffix", [("torchrun", "torchrun.sh"), ("slurm", "slurm.sh")])
+def test_launch_scripts_pass_a_hostile_plan_path_as_one_argument(hostile, tmp_path, target, suffix):
+    """The scripts run under bash with stand-ins for torchrun, srun and scontrol that record their
+    arguments: the plan's path (a folder with a newline and commands in its name) arrives whole, as
+    one argument, and nothing else ran."""
+    folder, _, sentinels = hostile
+    plan = folder / "plan.yaml"
+    run_ok("export", str(plan), "--to", target, "--gpus-per-node", "1")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "args"
+    for tool in ("torchrun", "srun"):
+        (bin_dir / tool).write_text(f'#!/bin/bash\nfor a in "$@"; do printf "%s\\0" "$a"; done >> "{record}"\n')
+        (bin_dir / tool).chmod(0o755)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho node-a\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "MASTER_ADDR": "10.0.0.1", "SLURM_JOB_NODELIST": "node-a",
+           "SLURM_JOB_ID": "7"}
+    subprocess.run([shutil.which("bash"), str(folder / f"plan.{suffix}")], check=True, timeout=30, cwd=folder,
+                   env=env, capture_output=True)
+    args = record.read_bytes().split(b"\0")
+    assert str(plan).encode() in args
+    assert not list(sentinels.iterdir()) and not list(folder.glob("P*"))
+
+
+def test_trainjob_keeps_a_hostile_plan_path_one_string(hostile):
+    folder, _, sentinels = hostile
+    plan = folder / "plan.yaml"
+    run_ok("export", str(plan), "--to", "kubernetes", "--gpus-per-node", "1", "--image", "img:1\nkind: Pod")
+    manifest = yaml.safe_load((folder / "plan.trainjob.yaml").read_text())
+    assert manifest["kind"] == "TrainJob" and manifest["spec"]["trainer"]["image"] == "img:1\nkind: Pod"
+    assert manifest["spec"]["trainer"]["args"][-1] == str(plan)
+    assert isinstance(manifest["spec"]["trainer"]["numNodes"], int)

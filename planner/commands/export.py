@@ -10,11 +10,14 @@ import click
 from planner.errors import UserError
 
 TARGETS = ("colossalai", "megatron", "torchtitan", "deepspeed")
+LAUNCHERS = ("torchrun", "slurm", "kubernetes")  # how to start it: planner/emit/launchers.py
 
 
 @click.command("export")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
-@click.option("--to", "target", type=click.Choice(TARGETS), required=True, help="The framework you train with.")
+@click.option("--to", "target", type=click.Choice(TARGETS + LAUNCHERS), required=True,
+              help="The framework you train with, or how to start the job: torchrun (a line per node), slurm (an "
+                   "sbatch script), kubernetes (Kubeflow Trainer's TrainJob).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Where to write [default: beside the plan, e.g. plan.megatron.sh].")
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=None,
@@ -24,7 +27,14 @@ TARGETS = ("colossalai", "megatron", "torchtitan", "deepspeed")
 @click.option("--torchtitan-base", default=None, metavar="MODULE:FUNCTION",
               help="torchtitan (0.3+) config function the export refines [default: torchtitan's own config "
                    "for the profile's architecture, e.g. ...llama3.config_registry:llama3_70b].")
-def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan_base) -> None:
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+              help="With torchrun, slurm, kubernetes: GPUs a node.")
+@click.option("--entry", default=None, metavar="'PROGRAM ARGS'",
+              help="With torchrun, slurm, kubernetes: what each process runs [default: `ckplan launch PLAN` for "
+                   "ckplan's runtime, torchtitan.train on PLAN.torchtitan.toml for torchtitan's].")
+@click.option("--image", default=None, help="With kubernetes: the training container image.")
+def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan_base, gpus_per_node, entry,
+            image) -> None:
     """Write PLAN as ColossalAI, Megatron-LM, torchtitan or DeepSpeed configuration, with
     comments. What the framework cannot say is rounded (e.g. Megatron's one recompute
     count for every stage, a schedule it does not have), and the rounded plan is re-scored
@@ -43,6 +53,10 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
 
     facts.read(profile)  # what the export copies from the profile, typed, before anything reads it
     _check_plan(plan, profile, plan_path)
+    if target in LAUNCHERS:
+        _launcher(target, plan, profile, plan_path, out, inputs, gpus_per_node=gpus_per_node, entry=entry, image=image)
+        return
+    _refuse_launch_options(click.get_current_context())
     _refuse_pure_bf16(plan)
     _refuse_experts(profile, target)
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
@@ -51,6 +65,37 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
         io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, result.text)
     _report(plan, result, out)
+
+
+def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: dict, *, gpus_per_node: int,
+              entry: str | None, image: str | None) -> None:
+    """One launch file (planner/emit/launchers.py)."""
+    import shlex
+
+    from planner import io
+    from planner.console import info
+    from planner.emit import launchers
+
+    if image is not None and target != "kubernetes":
+        raise UserError("--image is the Kubernetes job's container image; it applies to --to kubernetes only")
+    try:
+        argv = tuple(shlex.split(entry)) if entry is not None else None
+    except ValueError as exc:
+        raise UserError(f"--entry {entry!r}: {exc}") from exc
+    tp = profile.assumptions.get("tp", 1)
+    launch = launchers.launch_for(plan, plan_path, tp=tp if isinstance(tp, int) else 1, gpus_per_node=gpus_per_node,
+                                  entry=argv, image=image, gpu_name=plan.device.name)
+    out = out or plan_path.with_name(plan_path.stem + launchers.SUFFIX[target])
+    io.check_outputs({"--out": out}, inputs=inputs)
+    io.write_atomic(out, launchers.RENDER[target](launch))
+    info(f"{target}: {launch.num_nodes} node(s) x {launch.gpus_per_node} GPUs; wrote {out}")
+
+
+def _refuse_launch_options(ctx) -> None:
+    """--gpus-per-node, --entry and --image say how to start a job: a framework's config takes none."""
+    for name, flag in (("gpus_per_node", "--gpus-per-node"), ("entry", "--entry"), ("image", "--image")):
+        if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
+            raise UserError(f"{flag} applies to --to torchrun, slurm or kubernetes; drop it")
 
 
 def _refuse_pure_bf16(plan) -> None:

@@ -1,0 +1,301 @@
+"""`ckplan search`: from a model and N GPUs to the fastest configurations that fit, each with the
+exact plan ckplan solves today (planner/solve/jobsearch.py), ranked; the best written as a plan
+that `ckplan export` turns into each framework's config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from planner.errors import UserError
+
+SCHEDULE_NAMES = ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
+
+
+def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    from planner.commands.evaluate import parse_counts
+
+    values = tuple(parse_counts(text, option))
+    if any(v < 1 for v in values):
+        raise UserError(f"{option} {text!r}: give whole numbers of 1 or more")
+    return values
+
+
+def _schedules(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    stray = [n for n in names if n not in SCHEDULE_NAMES]
+    if stray or not names:
+        raise UserError(f"--schedules {text!r}: name schedules from {', '.join(SCHEDULE_NAMES)}, separated by commas")
+    return names
+
+
+@click.command("search")
+@click.option("--arch", default=None, metavar="NAME", help="A published architecture (as `ckplan profile --arch`).")
+@click.option("--arch-config", type=click.Path(path_type=Path), default=None,
+              help="A Hugging Face-style config.json, profiled analytically (as `ckplan profile --arch-config`).")
+@click.option("--hf-config", type=click.Path(path_type=Path), default=None,
+              help="The same as --arch-config: the search profiles analytically, it runs no model.")
+@click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=None,
+              help="A profile instead of a model: its tensor parallelism and micro-batch size are then fixed.")
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs the job has.")
+@click.option("--gpu", default="h100", show_default=True, help="The GPU (ckplan profile --gpu's names).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="GPUs a node [default: the GPU's reference system, 8 for H100]; tensor parallelism stays inside one.")
+@click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences per iteration.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Tokens per sequence (required with a model).")
+@click.option("--runtime", type=click.Choice(["ckplan", "megatron", "torchtitan", "colossalai", "deepspeed"]),
+              default="ckplan", show_default=True, help="The framework that will run it: its way is charged.")
+@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "bf16-mixed"]), default="bf16-mixed",
+              show_default=True)
+@click.option("--recompute", type=click.Choice(["options", "whole-layer"]), default="options", show_default=True,
+              help="What a layer may recompute in each configuration's plan.")
+@click.option("--mem", default=None, metavar="SIZE", help="Memory cap per GPU [default: what a process can allocate].")
+@click.option("--schedules", "schedule_list", default="1F1B", show_default=True, metavar="NAME[,NAME...]",
+              help=f"Schedules to try: {', '.join(SCHEDULE_NAMES)}. 1F1B and GPipe are solved exactly (DP); the "
+                   "chunked ones by the MILP, whose plans are feasible, not proven optimal, and slower to find.")
+@click.option("--chunk-counts", default="2", show_default=True, metavar="N[,N...]",
+              help="Chunks a rank to try with interleaved-1F1B and ZB (ZBV and DualPipeV: 2).")
+@click.option("--micro-batch-sizes", default=None, metavar="N[,N...]",
+              help="Micro-batch sizes to try [default: every divisor of a replica's share of the batch].")
+@click.option("--top", type=click.IntRange(1, 50), default=5, show_default=True, help="Configurations ranked.")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="Seconds for the whole search; past it the ranking is the best of what was solved, said so.")
+@click.option("--compare", is_flag=True, help="Score the frameworks' published configurations of this model beside.")
+@click.option("--tp", type=click.IntRange(min=1), default=None, help="A hand configuration: tensor parallel.")
+@click.option("--sp", is_flag=True, help="A hand configuration: sequence parallelism.")
+@click.option("--pp", type=click.IntRange(min=1), default=None, help="A hand configuration: pipeline stages.")
+@click.option("--dp", type=click.IntRange(min=1), default=None, help="A hand configuration: data parallel [default: the rest].")
+@click.option("--zero", type=click.IntRange(0, 3), default=None, help="A hand configuration: ZeRO stage.")
+@click.option("--shard-group", type=click.IntRange(min=2), default=None, help="A hand configuration: HSDP group.")
+@click.option("--ep", type=click.IntRange(min=1), default=None, help="A hand configuration: expert parallel.")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), default=None, help="A hand configuration.")
+@click.option("--schedule", type=click.Choice(SCHEDULE_NAMES), default=None, help="A hand configuration.")
+@click.option("--chunks", type=click.IntRange(min=1), default=None, help="A hand configuration.")
+@click.option("--hand-recompute", type=click.Choice(["full", "none", "plan"]), default="full", show_default=True,
+              help="A hand configuration's recompute: every layer, none, or ckplan's plan for its degrees.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("plan.yaml"), show_default=True,
+              help="The best configuration's plan (its profile beside it, PLAN.profile.json).")
+@click.option("--launch-files", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Also write how to start the best: torchrun per node, a Slurm script, a Kubernetes job.")
+@click.option("--entry", default=None, metavar="'PROGRAM ARGS'",
+              help="With --launch-files: what each process runs [default: torchtitan's trainer for --runtime "
+                   "torchtitan; other frameworks need it].")
+@click.option("--json", "as_json", is_flag=True, help="The whole ranking as JSON on stdout.")
+def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node, global_batch, seq_len, runtime,
+            optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
+            compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, hand_recompute, out,
+            launch_files, entry, as_json) -> None:
+    """Search every tensor-, pipeline-, data- and expert-parallel degree, ZeRO stage and shard
+    group, micro-batch size and schedule for N GPUs, each with its exact plan (layers per stage,
+    recompute per layer), and rank the fastest that fit.
+
+    \b
+      ckplan search --arch llama3.1-405b --gpus 1024 --global-batch 512 --seq-len 8192 --compare
+    """
+    from planner import io
+    from planner.commands import search_report
+    from planner.console import err_console, info
+    from planner.solve import jobsearch
+    from planner.solve.deadline import Deadline
+
+    say = (lambda note: err_console.print(note, soft_wrap=True)) if as_json else info
+    model = _model(arch, arch_config or hf_config, profile_path, both=arch_config is not None and hf_config is not None)
+    device = _gpu(gpu, model)
+    per_node = gpus_per_node or device.gpus_per_node
+    if gpus > per_node and gpus % per_node:
+        raise UserError(f"--gpus {gpus} is not a whole number of nodes of {per_node} (--gpus-per-node)")
+    seq_len = _seq_len(seq_len, model)
+    io.check_outputs({"--out": out, "--out's profile": _profile_out(out)}, inputs={"--profile": profile_path})
+    options = jobsearch.JobOptions(mem_cap_bytes=_cap(mem, device), gpus_per_node=min(per_node, gpus),
+                                   optimizer=optimizer, precision=precision, runtime=runtime, recompute=recompute)
+    job = _job(model, gpus=gpus, per_node=min(per_node, gpus), global_batch=global_batch, seq_len=seq_len,
+               schedules=_schedules(schedule_list), chunks=_ints(chunk_counts, "--chunk-counts"),
+               micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"))
+    profile_for = model.profile_for(device, seq_len)
+    if entry is not None and launch_files is None:
+        raise UserError("--entry says what the launch files run; give --launch-files DIR or drop it")
+    if launch_files is not None and entry is None and runtime not in ("ckplan", "torchtitan"):
+        raise UserError(f"--launch-files for --runtime {runtime}: say what each process runs with --entry")
+    if launch_files is not None and entry is None and runtime == "ckplan" and model.profile is None:
+        raise UserError("--launch-files: an analytic plan is exported, not run by ckplan's runtime; search with "
+                        "--runtime torchtitan, or say what each process runs with --entry")
+    _entry(entry)
+    hand = _hand(locals(), model, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=device.name)
+    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=Deadline(time_limit))
+    compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
+                                      options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name)
+    report = search_report.Report(outcome, compared, job=job, options=options, gpu=device, arch=model.arch,
+                                  seq_len=seq_len, global_batch=global_batch, out=out if outcome.ranked else None)
+    if outcome.ranked:
+        best = outcome.ranked[0]
+        search_report.write_plan(best, out, _profile_out(out), model.ref)
+        if launch_files is not None:
+            from planner.emit import launchers
+
+            argv = _entry(entry)
+            written = launchers.write_all(io.load_plan(out), out, launch_files, tp=best.degrees.tp,
+                                          gpus_per_node=min(per_node, gpus), framework=runtime, entry=argv)
+            say(f"launch files: {', '.join(str(p) for p in written)}")
+    if as_json:
+        click.echo(report.as_json())
+    else:
+        report.print()
+    if not outcome.ranked:
+        raise UserError(search_report.nothing_fits(report, job, options, profile_for))
+
+
+def _entry(entry: str | None) -> tuple[str, ...] | None:
+    import shlex
+
+    if entry is None:
+        return None
+    try:
+        return tuple(shlex.split(entry))
+    except ValueError as exc:
+        raise UserError(f"--entry {entry!r}: {exc}") from exc
+
+
+def _profile_out(out: Path) -> Path:
+    return out.with_name(out.stem + ".profile.json")
+
+
+class _Model:
+    """The model searched: a published architecture or config (profiled analytically per
+    tp/sp/micro-batch), or a given profile (tp, sp and micro-batch fixed)."""
+
+    def __init__(self, *, arch=None, ref=None, profile=None):
+        self.arch, self.ref, self.profile = arch, ref, profile
+
+    @property
+    def arch_name(self) -> str | None:
+        return self.arch.name if self.arch is not None else None
+
+    def profile_for(self, device, seq_len: int):
+        if self.profile is not None:
+            return self._given
+        from planner.commands.profile_arch import _with_host_step, _with_model_facts
+        from planner.profiler.analytic import Shape, analytic_profile
+
+        host: dict = {}  # the host's optimizer step, timed once (profile_arch times it per profile)
+
+        def build(tp: int, sp: bool, mbs: int):
+            shape = Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp)
+            profile = _with_model_facts(analytic_profile(self.arch, shape, gpu=device, model=self.ref), self.arch,
+                                        "bfloat16")
+            if not host:
+                timed = _with_host_step(profile)
+                host.update(step=timed.host_step_ns_per_param, note=timed.assumptions["host_step"])
+            return profile.model_copy(update={"host_step_ns_per_param": host["step"],
+                                              "assumptions": profile.assumptions | {"host_step": host["note"]}})
+
+        return build
+
+
+    def _given(self, tp: int, sp: bool, mbs: int):
+        """The given profile, for the tp, sp and micro-batch size it was made at only."""
+        facts = self.profile.assumptions
+        made = (int(facts.get("tp", 1)), bool(facts.get("sp", False)), self.profile.micro_batch_size)
+        if (tp, sp, mbs) != made:
+            raise UserError(f"the profile was made at tp {made[0]}, sp {made[1]}, micro-batch {made[2]}, not tp {tp}, "
+                            f"sp {sp}, micro-batch {mbs}")
+        return self.profile
+
+
+def _model(arch, config, profile_path, *, both: bool) -> _Model:
+    from planner.commands.profile_arch import _arch
+
+    given = [x for x in (arch, config, profile_path) if x is not None]
+    if both or len(given) != 1:
+        raise UserError("give one model: --arch NAME, --arch-config (or --hf-config) config.json, or --profile FILE")
+    if profile_path is not None:
+        from planner import io
+
+        return _Model(profile=io.load_profile(profile_path), ref=None)
+    spec, ref = _arch(arch, config)
+    return _Model(arch=spec, ref=ref)
+
+
+def _gpu(name: str, model: _Model):
+    from planner.cost import dataparallel
+    from planner.models import archs
+
+    if model.profile is not None and model.profile.device.type == "cuda":
+        return dataparallel.profile_gpu(model.profile)
+    return archs.gpu(name)
+
+
+def _seq_len(seq_len: int | None, model: _Model) -> int:
+    if model.profile is not None:
+        recorded = model.profile.assumptions.get("seq_len")
+        if seq_len is not None and isinstance(recorded, int) and recorded != seq_len:
+            raise UserError(f"--seq-len {seq_len} but the profile was made at {recorded}; drop --seq-len")
+        return recorded if isinstance(recorded, int) else (seq_len or 0)
+    if seq_len is None:
+        raise UserError("give --seq-len (tokens per sequence)")
+    return seq_len
+
+
+def _cap(mem: str | None, device) -> int:
+    if mem is None:
+        return device.usable_bytes
+    from planner.units import parse_size
+
+    try:
+        return parse_size(mem)
+    except ValueError as exc:
+        raise UserError(f"--mem: {exc}") from exc
+
+
+def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chunks, micro_batch_sizes):
+    from planner.solve.degrees import JobShape, divisors
+
+    if model.profile is not None:
+        profile = model.profile
+        tp = int(profile.assumptions.get("tp", 1))
+        fixed = (tp, bool(profile.assumptions.get("sp", False)))
+        return JobShape(gpus=gpus, gpus_per_node=per_node, global_batch=global_batch, seq_len=seq_len,
+                        num_layers=len(profile.layers), tp_ok=(tp,), schedules=schedules, chunks=chunks,
+                        fixed_tp=fixed, fixed_micro_batch_size=profile.micro_batch_size,
+                        num_experts=_experts(profile))
+    from planner.profiler.analytic import Shape, check_fits
+
+    spec = model.arch
+    allowed = []
+    for tp in divisors(per_node):
+        try:
+            check_fits(spec, Shape(seq_len=seq_len, micro_batch_size=1, tp=tp))
+        except UserError:
+            continue
+        allowed.append(tp)
+    return JobShape(gpus=gpus, gpus_per_node=per_node, global_batch=global_batch, seq_len=seq_len,
+                    num_layers=spec.num_layers + 2, tp_ok=tuple(allowed), num_experts=spec.num_experts,
+                    schedules=schedules, chunks=chunks, micro_batch_sizes=micro_batch_sizes)
+
+
+def _experts(profile) -> int:
+    from planner.commands.setup_options import routed_experts
+
+    return (routed_experts(profile) or 0) if any(layer.expert_param_count for layer in profile.layers) else 0
+
+
+def _hand(given: dict, model: _Model, *, gpus, global_batch, seq_len, gpu):
+    """The hand configuration, where any of its flags is given."""
+    from planner.commands.search_compare import hand_config
+
+    flags = ("tp", "pp", "dp", "zero", "shard_group", "ep", "micro_batch_size", "schedule", "chunks")
+    if not any(given[name] is not None for name in flags) and not given["sp"]:
+        ctx = click.get_current_context()
+        if ctx.get_parameter_source("hand_recompute") != click.core.ParameterSource.DEFAULT:
+            raise UserError("--hand-recompute applies to a hand configuration (--tp, --pp, ...); give one or drop it")
+        return None
+    if given["micro_batch_size"] is None:
+        raise UserError("a hand configuration needs --micro-batch-size")
+    return hand_config(tp=given["tp"] or 1, sp=given["sp"], pp=given["pp"] or 1, dp=given["dp"],
+                       zero=given["zero"] or 0, shard_group=given["shard_group"], ep=given["ep"] or 1,
+                       micro_batch_size=given["micro_batch_size"], schedule=given["schedule"] or "1F1B",
+                       chunks=given["chunks"], recompute=given["hand_recompute"], gpus=gpus,
+                       global_batch=global_batch, arch_name=model.arch_name or "profile", gpu=gpu, seq_len=seq_len)

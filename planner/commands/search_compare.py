@@ -1,0 +1,141 @@
+"""`ckplan search --compare` and the hand configuration: configurations people run, scored under
+the same cost model as the search's (planner/models/published.py holds the published ones)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import UserError
+
+
+@dataclass
+class Scored:
+    """A configuration someone runs, as the cost model scores it; `why_not` says why it could not
+    be scored for this job (then `cost` is None)."""
+
+    config: object  # published.Published
+    degrees: object = None  # degrees.Degrees
+    setup: object = None
+    profile: object = None
+    stages: list | None = None
+    cost: object = None  # costmodel.PlanCost
+    note: str = ""  # how it was adapted to the job (scaled data parallelism, another batch)
+    why_not: str = ""
+
+
+def for_job(config, *, gpus: int, global_batch: int, seq_len: int | None = None, gpu: str | None = None):
+    """(degrees, note) of a configuration adapted to this job's GPUs and batch: its tp, pp, ep,
+    ZeRO and micro-batch size kept, data parallelism taking the GPUs, the microbatches the batch;
+    UserError where it cannot be."""
+    from planner.solve.degrees import Degrees
+
+    model_parallel = config.tp * config.pp
+    if gpus % model_parallel:
+        raise UserError(f"tp {config.tp} x pp {config.pp} does not divide {gpus} GPUs")
+    dp = gpus // model_parallel
+    if global_batch % (dp * config.micro_batch_size):
+        raise UserError(f"the batch of {global_batch} does not split into dp {dp} x micro-batch "
+                        f"{config.micro_batch_size}")
+    notes = []
+    if config.gpus is None:
+        notes.append(f"the recipe gives no GPU count: dp {dp} on {gpus}")
+    elif config.gpus != gpus:
+        notes.append(f"published on {config.gpus} GPUs, data parallelism scaled to {gpus}")
+    if config.global_batch != global_batch:
+        notes.append(f"published batch {config.global_batch}, run at {global_batch}")
+    if seq_len is not None and config.seq_len != seq_len:
+        notes.append(f"published at {config.seq_len} tokens, run at {seq_len}")
+    if gpu is not None and config.framework != "hand" and _gpu_name(config.gpu) != gpu:
+        notes.append(f"published on {config.gpu}, run on {gpu}")
+    group = config.shard_group if config.shard_group and dp % config.shard_group == 0 else None
+    degrees = Degrees(tp=config.tp, sp=config.sp, pp=config.pp, dp=dp, micro_batch_size=config.micro_batch_size,
+                      microbatches=global_batch // (dp * config.micro_batch_size), schedule=config.schedule,
+                      chunks=config.chunks, zero=config.zero if dp > 1 else 0, shard_group=group,
+                      ep=config.ep)
+    if config.ep > 1 and dp % config.ep:
+        raise UserError(f"ep {config.ep} does not divide dp {dp}")
+    return degrees, "; ".join(notes)
+
+
+def _gpu_name(name: str) -> str:
+    from planner.models import archs
+
+    return archs.gpu(name).name
+
+
+def score(config, *, gpus: int, global_batch: int, options, profile_for, time_limit_s: float,
+          seq_len: int | None = None, gpu: str | None = None) -> Scored:
+    """One configuration: its layer split and checkpointing as published (full or none), or with
+    recompute "plan" ckplan's exact plan for its degrees."""
+    from pydantic import ValidationError
+
+    from planner.cost import costmodel
+    from planner.solve import jobsearch, search
+    from planner.solve.deadline import Deadline
+
+    scored = Scored(config)
+    try:
+        scored.degrees, scored.note = for_job(config, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=gpu)
+        scored.profile = profile_for(config.tp, config.sp, config.micro_batch_size)
+        scored.setup = jobsearch.job_setup(scored.profile, scored.degrees, options)
+    except (UserError, ValidationError) as exc:
+        scored.why_not = str(exc).splitlines()[0]
+        return scored
+    if config.recompute == "plan":
+        result = search.plan(scored.profile, scored.setup, deadline=Deadline(time_limit_s))
+        if isinstance(result, search.NoFit):
+            scored.why_not = "no plan of these degrees fits" if result.status == "infeasible" else "time limit"
+            return scored
+        scored.stages, scored.cost = result.stages, result.cost
+        return scored
+    try:
+        stages = published_stages(scored.profile, config, scored.setup)
+    except UserError as exc:
+        scored.why_not = str(exc)
+        return scored
+    if scored.setup.pipeline.chunks > 1:
+        stages = costmodel.ranks_of(stages, scored.setup)
+    scored.stages, scored.cost = stages, costmodel.evaluate(stages, scored.profile, scored.setup)
+    return scored
+
+
+def published_stages(profile, config, setup):
+    """The stage plans of a configuration: its decoder layers per stage (or as even as they
+    split), the first k of each checkpointed (all with recompute full, none with none)."""
+    from planner.commands.evaluate import hand_stages
+    from planner.emit.rounding import llm_roles
+    from planner.solve.baselines import balanced_split
+
+    num_stages = setup.pipeline.stages * setup.pipeline.chunks
+    roles = llm_roles(profile)
+    counted = len(roles.decoder) if roles is not None else len(profile.layers)
+    counts = list(config.layers_per_stage) if config.layers_per_stage else balanced_split([1.0] * counted, num_stages)
+    if len(counts) != num_stages or sum(counts) != counted:
+        raise UserError(f"its split {counts} is not {num_stages} stages of {counted} layers")
+    if config.ckpt_per_stage:
+        ckpt = list(config.ckpt_per_stage)
+    else:
+        ckpt = counts if config.recompute == "full" else [0] * len(counts)
+    return hand_stages(profile, counts, ckpt, "first")
+
+
+def hand_config(*, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, recompute, gpus,
+                global_batch, arch_name: str, gpu: str, seq_len: int):
+    """The hand configuration given by flags, as a Published record (framework "hand")."""
+    from planner.models.published import Published
+
+    if dp is not None and dp * tp * pp != gpus:
+        raise UserError(f"--tp {tp} x --pp {pp} x --dp {dp} is {dp * tp * pp} GPUs, not --gpus {gpus}; drop --dp or "
+                        "make them agree")
+    return Published(name="your configuration", arch=arch_name, framework="hand", gpus=gpus, gpu=gpu,
+                     seq_len=seq_len, global_batch=global_batch, micro_batch_size=micro_batch_size, tp=tp, sp=sp,
+                     pp=pp, schedule=schedule, chunks=chunks or (2 if schedule not in ("1F1B", "GPipe") else 1),
+                     zero=zero, shard_group=shard_group, ep=ep, recompute=recompute, source="the flags given")
+
+
+def matching(arch_name: str | None):
+    """The published configurations of this model (run at this job's GPUs, batch and sequence
+    length: for_job says where they differ)."""
+    from planner.models.published import published_for
+
+    return published_for(arch_name) if arch_name is not None else []

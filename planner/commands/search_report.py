@@ -1,0 +1,244 @@
+"""`ckplan search`'s output: the ranked table (fitting 80 and 120 columns), the published and
+hand configurations beside it, the JSON of the whole ranking, the plan written, and the
+explanation when nothing fits."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.units import format_bytes, format_ms
+
+
+def model_flops_per_sequence(arch, seq_len: int) -> float | None:
+    """Model FLOPs of one sequence's forward and backward: 3 x the forward's matmuls (as
+    frameworks count MFU: no recompute), from the analytic profiler's formulas (Narayanan et
+    al. 2021 §5.1); None for a profile without its architecture."""
+    if arch is None:
+        return None
+    from planner.profiler.formulas import Shape, block_flops, head_flops
+
+    shape = Shape(seq_len=seq_len, micro_batch_size=1)
+    blocks = sum(block_flops(arch, shape, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    return 3.0 * (blocks + head_flops(arch, shape))
+
+
+@dataclass
+class Row:
+    """One configuration's line: what the table and the JSON say of it."""
+
+    name: str
+    degrees: object
+    iteration_ms: float | None
+    fits: bool
+    device_bytes: int | None  # the busiest rank's reserved peak + NCCL's buffers (cuda), else its peak
+    cap_bytes: int
+    recomputed: int | None  # layers with a recompute option other than none, over all ranks
+    bound_ms: float | None = None
+    note: str = ""
+    source: str = ""
+    why_not: str = ""
+
+
+def _device_bytes(cost) -> int:
+    return max((c.reserved_bytes if c.reserved_bytes is not None else c.peak_bytes) + c.workspace_bytes
+               for c in cost.stages)
+
+
+def _recomputed(stages) -> int:
+    return sum(len(s.recompute) + len(set(s.checkpointed) - set(s.recompute)) for s in stages)
+
+
+def solved_row(solved, index: int) -> Row:
+    return Row(name=f"#{index + 1}", degrees=solved.degrees, iteration_ms=solved.iteration_ms, fits=True,
+               device_bytes=_device_bytes(solved.cost), cap_bytes=solved.candidate.setup.pipeline.mem_caps_bytes[0],
+               recomputed=_recomputed(solved.stages), bound_ms=solved.candidate.bounds.time_ms)
+
+
+def scored_row(scored) -> Row:
+    config = scored.config
+    if scored.cost is None:
+        return Row(name=config.name, degrees=scored.degrees, iteration_ms=None, fits=False, device_bytes=None,
+                   cap_bytes=0, recomputed=None, note=scored.note, source=config.source, why_not=scored.why_not)
+    return Row(name=config.name, degrees=scored.degrees, iteration_ms=scored.cost.iteration_ms,
+               fits=scored.cost.feasible, device_bytes=_device_bytes(scored.cost),
+               cap_bytes=scored.setup.pipeline.mem_caps_bytes[0], recomputed=_recomputed(scored.stages),
+               note="; ".join(x for x in (scored.note, config.not_expressible and
+                                          f"not charged: {config.not_expressible}") if x),
+               source=config.source)
+
+
+def compared(arch_name, hand, *, gpus, global_batch, options, profile_for, seq_len, gpu, imported=()) -> list:
+    """The published configurations of the model (with --compare), the hand one and `imported`
+    ones, scored. `imported`: the hook for configurations read from a framework's own files
+    (`--from-megatron ARGS`, `--from-torchtitan TOML`, issue 33's readers): each reader returns
+    a planner.models.published.Published (framework "megatron"/"torchtitan", source the file)
+    and the command passes them here; nothing else changes."""
+    from planner.commands import search_compare
+
+    configs = search_compare.matching(arch_name) + ([hand] if hand is not None else []) + list(imported)
+    return [search_compare.score(c, gpus=gpus, global_batch=global_batch, options=options, profile_for=profile_for,
+                                 time_limit_s=60.0, seq_len=seq_len, gpu=gpu) for c in configs]
+
+
+class Report:
+    def __init__(self, outcome, compared, *, job, options, gpu, arch, seq_len, global_batch, out):
+        self.outcome, self.job, self.options, self.gpu, self.out = outcome, job, options, gpu, out
+        self.seq_len, self.global_batch = seq_len, global_batch
+        self.flops = model_flops_per_sequence(arch, seq_len)
+        self.rows = [solved_row(s, i) for i, s in enumerate(outcome.ranked)]
+        self.others = [scored_row(s) for s in compared]
+
+    # ------------------------------------------------------------ figures of a row
+
+    def tokens_per_gpu_s(self, row: Row) -> float | None:
+        if row.iteration_ms is None:
+            return None
+        return self.global_batch * self.seq_len / (row.iteration_ms / 1e3) / self.job.gpus
+
+    def mfu(self, row: Row) -> float | None:
+        if row.iteration_ms is None or self.flops is None:
+            return None
+        achieved = self.flops * self.global_batch / (row.iteration_ms / 1e3) / self.job.gpus
+        return achieved / (self.gpu.bf16_tflops * 1e12)
+
+    def differs(self, index: int) -> str:
+        from planner.solve.degrees import differences
+
+        if index + 1 >= len(self.rows):
+            return "-"
+        here, after = self.rows[index], self.rows[index + 1]
+        words = differences(here.degrees, after.degrees)
+        if here.recomputed != after.recomputed:
+            words.append(f"recompute {here.recomputed}→{after.recomputed}")
+        return ", ".join(words) or "the same degrees, another plan"
+
+    # ------------------------------------------------------------ printing
+
+    def print(self) -> None:
+        from planner.console import console, table
+
+        title = (f"ckplan search: {self.job.gpus} x {self.gpu.name}, batch {self.global_batch} x {self.seq_len} "
+                 f"tokens, {self.options.runtime}'s runtime")
+        columns = ["#", "configuration", "iteration", "tok/s/GPU", "MFU", "reserved", "% card"]
+        rows = [self._cells(row) for row in self.rows]
+        if rows:
+            console.print(table(title, columns, rows, right_from=2, whole=(), wrap=("configuration",)))
+            for index, row in enumerate(self.rows[:-1]):
+                console.print(f"  {row.name} differs from {self.rows[index + 1].name}: {self.differs(index)}",
+)
+        if self.others:
+            cells = [self._cells(row) for row in self.others]
+            console.print(table("beside it, same cost model", columns, cells, right_from=2, whole=(),
+                                wrap=("configuration",)))
+            for row in self.others:
+                said = row.why_not or row.note
+                console.print(f"  {row.name}: {said or 'as published'}" + (f" [{row.source}]" if row.source else ""),
+                              markup=False)
+        console.print(self.counts())
+        if self.out is not None:
+            console.print(f"best written to {self.out} (`ckplan export {self.out} --to megatron|torchtitan|...`)",
+                          markup=False)
+
+    def _cells(self, row: Row) -> list[str]:
+        ranked = row.name.startswith("#")
+        label = row.degrees.label() if ranked else row.name
+        if row.iteration_ms is None:
+            return ["-", label, "-", "-", "-", "-", "-"]
+        tokens, mfu = self.tokens_per_gpu_s(row), self.mfu(row)
+        share = row.device_bytes / row.cap_bytes
+        fits = "" if row.fits else " NO"
+        return [row.name if ranked else "-", label, format_ms(row.iteration_ms), f"{tokens:,.0f}", f"{mfu:.3f}" if mfu is not None else "-",
+                format_bytes(row.device_bytes), f"{share * 100:.0f}%{fits}"]
+
+    def counts(self) -> str:
+        o = self.outcome
+        done = "complete" if o.complete else f"cut short by --time-limit ({len(o.unsolved)} not solved)"
+        return (f"{o.considered} configurations considered ({o.duplicates} the same setup as another, {o.refused} "
+                f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound, "
+                f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound); "
+                f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}")
+
+    # ------------------------------------------------------------ JSON
+
+    def as_json(self) -> str:
+        o = self.outcome
+
+        def one(row: Row, index: int | None = None) -> dict:
+            return {"name": row.name, "degrees": row.degrees.as_dict() if row.degrees is not None else None,
+                    "iteration_ms": row.iteration_ms, "fits": row.fits, "bound_ms": row.bound_ms,
+                    "tokens_per_s_per_gpu": self.tokens_per_gpu_s(row), "mfu": self.mfu(row),
+                    "device_bytes_max": row.device_bytes, "cap_bytes": row.cap_bytes,
+                    "recomputing_layers": row.recomputed, "note": row.note or None, "source": row.source or None,
+                    "why_not": row.why_not or None,
+                    **({"differs_from_next": self.differs(index)} if index is not None else {})}
+
+        ranked = [one(row, i) | {"stages": _stages(solved)} for i, (row, solved) in enumerate(zip(self.rows, o.ranked))]
+        return json.dumps({
+            "plan": str(self.out) if self.out is not None else None,
+            "counts": {"considered": o.considered, "duplicates": o.duplicates, "refused": o.refused,
+                       "pruned_memory": o.pruned_memory, "pruned_time": o.pruned_time, "solved": o.solved,
+                       "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
+                       "complete": o.complete, "wall_s": o.wall_s},
+            "ranked": ranked, "compared": [one(row) for row in self.others]}, indent=2)
+
+
+def _stages(solved) -> list[dict]:
+    return [{"index": s.index, "layers": s.layers, "recompute": s.recompute,
+             "peak_bytes": s.predicted.peak_bytes if s.predicted else None} for s in solved.stages]
+
+
+def write_plan(best, out: Path, profile_out: Path, model_ref) -> None:
+    """The best configuration as plan.yaml (its profile beside it): what `ckplan export` reads."""
+    from datetime import datetime, timezone
+
+    from planner import io
+    from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo
+    profile, setup = best.candidate.profile, best.candidate.setup
+    io.save_profile(profile, profile_out)
+    plan = Plan(created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                model=FileRef(file=profile.model.file, sha256=profile.model.sha256),
+                profile=FileRef(file=profile_out.name, sha256=io.sha256_file(profile_out)),
+                device=profile.device, dtype=profile.dtype, profile_source=profile.source, setup=setup,
+                stages=best.stages,
+                predicted=PlanPredicted(iteration_ms=best.iteration_ms,
+                                        peak_bytes_max=max(best.cost.peak_bytes_per_stage)),
+                solver=SolverInfo(name=best.solve.solver, status=best.solve.status, objective=best.solve.objective,
+                                  bound=best.solve.bound, gap=best.solve.gap, wall_s=round(best.solve.wall_s, 4)))
+    # no baselines: the search ranks configurations; `ckplan solve --profile PLAN.profile.json` with
+    # the plan's degrees scores them (on 405B they take longer than the whole search's solves)
+    io.save_plan(plan, out)
+
+
+def nothing_fits(report: Report, job, options, profile_for) -> str:
+    """Which resource, by how much, and what would fit."""
+    import dataclasses
+
+    from planner.solve import jobsearch
+
+    o = report.outcome
+    if not o.complete and o.unsolved:
+        return (f"no configuration was solved to a plan that fits before --time-limit; {len(o.unsolved)} that pass "
+                "the memory bound were not reached: raise --time-limit")
+    near = o.nearest
+    if near is not None and o.solved == 0:
+        need, limit = near.bounds.static_bytes, near.bounds.limit_bytes
+        if limit <= 0:
+            return (f"no configuration fits: --mem {format_bytes(options.mem_cap_bytes)} is less than NCCL's "
+                    "communicator buffers and the caching allocator's margin alone; raise --mem")
+        over = f"{(need / limit - 1) * 100:.0f}% over"
+        what = (f"no configuration fits {job.gpus} x {report.gpu.name}: even the nearest ({near.degrees.label()}) "
+                f"holds at least {format_bytes(need)} of weights, gradients and optimizer state per GPU, against "
+                f"{format_bytes(max(0, limit))} it may allocate of {format_bytes(options.mem_cap_bytes)} ({over})")
+    else:
+        what = (f"no configuration fits {job.gpus} x {report.gpu.name}: {o.solved} passed the memory bound, and the "
+                "exact plan of each needs more than the card once activations are counted")
+    for factor in (2, 4, 8):
+        more = dataclasses.replace(job, gpus=job.gpus * factor)
+        passing = jobsearch.memory_passing(more, options, profile_for)
+        if passing:
+            return (f"{what}. With --gpus {more.gpus}, {passing} configurations pass the memory bound; try that, a "
+                    "card with more memory, or a smaller --global-batch")
+    return (f"{what}. Not even {job.gpus * 8} GPUs pass the memory bound at --global-batch {job.global_batch} (the "
+            "batch bounds data parallelism, and so ZeRO's sharding): raise --global-batch, or use a larger card")

@@ -1,0 +1,170 @@
+"""How to start a plan across machines: a `torchrun` line per node, a Slurm batch script, and a
+Kubernetes training job (Kubeflow Trainer's TrainJob). Every value is typed here and quoted
+where it lands (shlex for the shells, the YAML dumper for the manifest), so a hostile plan path
+or job name stays one argument.
+
+Sources:
+- torchrun: torch/distributed/run.py (torch 2.x): --nnodes, --nproc-per-node, --node-rank,
+  --master-addr, --master-port; --rdzv-backend c10d with --rdzv-endpoint and --rdzv-id; every
+  option also read from a PET_-prefixed environment variable (torch.distributed.argparse_util.env).
+- Slurm: sbatch's --nodes, --ntasks-per-node, --gpus-per-node, --exclusive; srun starts one task
+  per node; `scontrol show hostnames "$SLURM_JOB_NODELIST"` lists the nodes (its first the
+  rendezvous host), as torchtitan's multinode_trainer.slurm does.
+- Kubernetes: kubeflow/trainer pkg/apis/trainer/v1alpha1/trainjob_types.go (0015772c): TrainJob
+  (trainer.kubeflow.org/v1alpha1) spec.runtimeRef {name, apiGroup, kind} (the ClusterTrainingRuntime
+  "torch-distributed" installed with the trainer) and spec.trainer {image, command, args, numNodes,
+  numProcPerNode, resourcesPerNode}; the torch plugin sets PET_NNODES, PET_NPROC_PER_NODE,
+  PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, which torchrun reads.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from planner.errors import UserError
+
+MASTER_PORT = 29500
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"
+TORCH_RUNTIME = "torch-distributed"
+IMAGE_PLACEHOLDER = "REPLACE-WITH-YOUR-TRAINING-IMAGE"
+TARGETS = ("torchrun", "slurm", "kubernetes")
+SUFFIX = {"torchrun": ".torchrun.sh", "slurm": ".slurm.sh", "kubernetes": ".trainjob.yaml"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What every launcher writes from: the world and what each process runs."""
+
+    name: str  # the job's name (a DNS-1123 label where Kubernetes reads it)
+    num_nodes: int
+    gpus_per_node: int
+    entry: tuple[str, ...]  # torchrun's program and its arguments: ("-m", "planner.cli", "launch", "plan.yaml")
+    gpu_resource: str = "nvidia.com/gpu"  # the device plugin's resource name
+    image: str = IMAGE_PLACEHOLDER
+
+    def __post_init__(self):
+        if self.num_nodes < 1 or self.gpus_per_node < 1:
+            raise UserError("a launch needs at least one node of at least one GPU")
+        if not self.entry:
+            raise UserError("a launch needs the program each process runs")
+
+
+def world_size(plan) -> int:
+    """GPUs the plan runs on: pipeline stages x data-parallel replicas x the profile's tensor
+    parallelism (recorded by analytic profiles)."""
+    return plan.setup.pipeline.stages * plan.setup.data_parallel.dp
+
+
+def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tuple[str, ...] | None,
+               framework: str | None = None, image: str | None = None, gpu_name: str = "") -> Launch:
+    """The Launch of a plan: its world (stages x dp x tp) over nodes of `gpus_per_node`, each
+    process running `entry` (default: ckplan's own runtime for a plan it launches, torchtitan's
+    trainer on the plan's torchtitan export; other frameworks need --entry)."""
+    world = world_size(plan) * tp
+    per_node = min(gpus_per_node, world)
+    if world % per_node:
+        raise UserError(f"the plan runs on {world} GPUs, not a whole number of nodes of {per_node}; "
+                        "give --gpus-per-node dividing it")
+    framework = framework or plan.setup.training.runtime
+    if entry is None and framework == "ckplan" and plan.profile_source == "analytic":
+        raise UserError("an analytic plan is exported, not run by ckplan's runtime: plan it for the framework that "
+                        "runs it (--runtime torchtitan), or say what each process runs with --entry")
+    entry = entry or default_entry(framework, plan_path)
+    resource = "amd.com/gpu" if gpu_name.lower().startswith("mi") else "nvidia.com/gpu"
+    return Launch(name=job_name(plan_path.stem), num_nodes=world // per_node, gpus_per_node=per_node,
+                  entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER)
+
+
+def default_entry(framework: str, plan_path: Path) -> tuple[str, ...]:
+    if framework == "ckplan":  # `ckplan launch` joins the ranks torchrun started (runtime/launcher.py)
+        return ("-m", "planner.cli", "launch", str(plan_path))
+    if framework == "torchtitan":  # torchtitan's run_train.sh: -m torchtitan.train --job.config_file
+        return ("-m", "torchtitan.train", "--job.config_file",
+                str(plan_path.with_name(plan_path.stem + ".torchtitan.toml")))
+    raise UserError(f"say what each {framework} process runs with --entry (e.g. --entry 'pretrain_gpt.py ...'): "
+                    "ckplan knows the entry of its own runtime and of torchtitan only")
+
+
+def job_name(text: str) -> str:
+    """A DNS-1123 label from a file's stem: lower-case letters, digits and '-', at most 63."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].strip("-")
+    return name or "ckplan-job"
+
+
+def torchrun_lines(launch: Launch) -> str:
+    """One torchrun command per node (static rendezvous on node 0's $MASTER_ADDR)."""
+    entry = " ".join(shlex.quote(arg) for arg in launch.entry)
+    lines = ["#!/bin/bash", f"# {launch.num_nodes} node(s) x {launch.gpus_per_node} GPUs: run line N on node N; "
+             "MASTER_ADDR is node 0's address", "set -euo pipefail", ': "${MASTER_ADDR:?set MASTER_ADDR to node 0}"']
+    for rank in range(launch.num_nodes):
+        args = ["torchrun", "--nnodes", str(launch.num_nodes), "--nproc-per-node", str(launch.gpus_per_node),
+                "--node-rank", str(rank), "--master-port", str(MASTER_PORT)]
+        lines.append(f"# node {rank}\n" + " ".join(args) + ' --master-addr "$MASTER_ADDR" ' + entry)
+    return "\n".join(lines) + "\n"
+
+
+def slurm_script(launch: Launch) -> str:
+    """An sbatch script: one srun task per node, each a torchrun of the node's GPUs, c10d
+    rendezvous on the first node."""
+    entry = " ".join(shlex.quote(arg) for arg in launch.entry)
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --job-name={launch.name}",
+        f"#SBATCH --nodes={launch.num_nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={launch.gpus_per_node}",
+        "#SBATCH --exclusive",
+        "set -euo pipefail",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"srun torchrun --nnodes {launch.num_nodes} --nproc-per-node {launch.gpus_per_node} "
+        f'--rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$head_node:{MASTER_PORT}" {entry}',
+    ]) + "\n"
+
+
+def trainjob(launch: Launch) -> str:
+    """Kubeflow Trainer's TrainJob on the torch-distributed runtime."""
+    manifest = {
+        "apiVersion": TRAINER_API,
+        "kind": "TrainJob",
+        "metadata": {"name": launch.name},
+        "spec": {
+            "runtimeRef": {"name": TORCH_RUNTIME, "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"},
+            "trainer": {
+                "image": launch.image,
+                "command": ["torchrun"],
+                "args": list(launch.entry),
+                "numNodes": launch.num_nodes,
+                "numProcPerNode": launch.gpus_per_node,
+                "resourcesPerNode": {"limits": {launch.gpu_resource: launch.gpus_per_node}},
+            },
+        },
+    }
+    note = (f"# Kubeflow Trainer TrainJob ({TRAINER_API}); torchrun reads the PET_* variables the torch plugin sets\n"
+            + (f"# set spec.trainer.image: {IMAGE_PLACEHOLDER} is a placeholder\n"
+               if launch.image == IMAGE_PLACEHOLDER else ""))
+    return note + yaml.safe_dump(manifest, sort_keys=False)
+
+
+RENDER = {"torchrun": torchrun_lines, "slurm": slurm_script, "kubernetes": trainjob}
+
+
+def write_all(plan, plan_path: Path, folder: Path, *, tp: int, gpus_per_node: int, framework: str | None = None,
+              entry: tuple[str, ...] | None = None, image: str | None = None) -> list[Path]:
+    """The three launch files of a plan in `folder`: STEM.torchrun.sh, STEM.slurm.sh, STEM.trainjob.yaml."""
+    from planner import io
+
+    launch = launch_for(plan, plan_path, tp=tp, gpus_per_node=gpus_per_node, entry=entry,
+                        framework=framework, image=image, gpu_name=plan.device.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for target in TARGETS:
+        path = folder / (plan_path.stem + SUFFIX[target])
+        io.write_atomic(path, RENDER[target](launch))
+        written.append(path)
+    return written
+

@@ -1,0 +1,92 @@
+"""Proven lower bounds on what any plan of a setup costs, computed before a solve: the whole-job
+search (jobsearch.py) rules a configuration out on memory without solving it, and solves the
+rest in the order of their time bound, stopping once the bound passes the best found.
+
+Each bound reads the cost model's own per-layer terms (costmodel.layer_value), so it is a bound
+on what evaluate() charges; tests/test_search_bounds.py holds every bound under solved values.
+
+Memory: a stage's peak holds its static bytes (weights, gradients, optimizer state: the same
+under every recompute option) and, one chunk a rank (1F1B, GPipe), at least one microbatch's kept
+activations; the busiest stage holds at least the mean,
+    max_s peak_s >= (sum_l static_l + K) / P,
+    K = sum_l min_o kept_l,o + P (min open edge + min close edge) + sum_s kept constant_s
+(the edges: what opening and closing a stage adds to its kept bytes, at their least over the
+layers; K is 0 for chunked schedules), and no plan fits where that mean exceeds the largest
+allocated peak any stage may reach (costmodel.limit_bytes: the card less NCCL's buffers and the
+allocator's margin). With one stage the bound is the single stage's static bytes plus its
+activations at their cheapest options.
+
+Time, one chunk a rank (1F1B, GPipe): evaluate() charges
+    T = sum_s busy_s + (M - 1) max_s busy_s + max_s step_s,
+busy_s at least its layers' compute at their cheapest option (recompute only adds) plus the
+stage's own constant terms, the slowest stage at least the mean and the slowest step at least
+the mean step, so
+    T >= W + (M - 1) W / P + sum_l step_l / P,   W = sum_l min_o time_l,o + sum_s const_s.
+Chunked schedules (simulated): each rank runs its share of M microbatches' work one action at a
+time, the busiest at least the mean: T >= M W / P.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from planner.cost import costmodel
+from planner.schema import CHUNKED_SCHEDULES, Profile, TrainSetup
+
+
+@dataclass(frozen=True)
+class Bounds:
+    time_ms: float  # no plan of the setup is faster
+    static_bytes: float  # the busiest stage holds at least this (static bytes and kept activations)
+    limit_bytes: int  # the largest allocated peak any stage may reach
+
+    @property
+    def memory_excess_bytes(self) -> float:
+        """How far the memory bound is past the limit (> 0: nothing fits)."""
+        return self.static_bytes - self.limit_bytes
+
+
+def kinds(profile: Profile) -> list[tuple[costmodel.LayerCost, int]]:
+    """The profile's layers as (one representative, how many), layers with equal numbers taken
+    once: the bounds read each distinct layer once, not 128 times."""
+    counts: dict = {}
+    for layer in costmodel.layer_costs(profile):
+        key = dataclasses.replace(layer, name="")
+        if key in counts:
+            counts[key][1] += 1
+        else:
+            counts[key] = [layer, 1]
+    return [(layer, count) for layer, count in counts.values()]
+
+
+def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmodel.LayerCost, int]] | None = None
+                 ) -> Bounds:
+    """The memory and time lower bounds of every plan of `setup` (see the module's text)."""
+    layers = layers if layers is not None else kinds(profile)
+    ctx = costmodel.Context(profile, setup)
+    stages, microbatches = setup.pipeline.stages, setup.pipeline.microbatches
+    static = step = compute = kept = 0.0
+    for layer, count in layers:
+        options = range(len(layer.options))
+        static += count * costmodel.layer_value("static", layer, 0, ctx)
+        step += count * min(costmodel.layer_value("step", layer, o, ctx) for o in options)
+        compute += count * min(costmodel.layer_value("time", layer, o, ctx) for o in options)
+        kept += count * min(costmodel.layer_value("kept", layer, o, ctx) for o in options)
+    constant = sum(costmodel.stage_value(q, s, ctx) for s in range(stages) for q in ("time", "comm"))
+    work = compute + constant
+    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
+        time_ms = microbatches * work / stages
+    else:
+        time_ms = work + (microbatches - 1) * work / stages + step / stages
+    limit = max(costmodel.limit_bytes(s, ctx) for s in range(stages))
+    held = static + (0.0 if setup.pipeline.schedule in CHUNKED_SCHEDULES else max(0.0, _activations(kept, layers, ctx)))
+    return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages, limit_bytes=limit)
+
+
+def _activations(kept: float, layers: list[tuple[costmodel.LayerCost, int]], ctx) -> float:
+    """K of the module's text: the stages' kept bytes together, at least."""
+    stages = ctx.setup.pipeline.stages
+    edges = sum(min(costmodel.edge_value("kept", where, layer, s, ctx) for layer, _ in layers
+                    for s in range(stages)) for where in ("open", "close"))
+    return kept + stages * edges + sum(costmodel.stage_value("kept", s, ctx) for s in range(stages))

@@ -1,0 +1,230 @@
+"""The whole-job search: from a model, N GPUs and a global batch to the fastest configurations
+that fit, each with the exact plan ckplan solves today.
+
+Every configuration of planner/solve/degrees.py is considered. Profiles are built once per
+(tp, sp, micro-batch size) by the caller's `profile_for` (the analytic profiler, or a given
+profile) and reused. Each configuration's setup gets the proven bounds of bounds.py: one whose
+memory bound exceeds the card is pruned without a solve; the rest are solved in the order of
+their time bound with today's route (search.plan: the exact DP where its structure holds, the
+MILP elsewhere), each bounded by the `top`-th best time found so far, and the search stops
+once the next time bound reaches it: no configuration left could enter the ranking. The
+ranking is therefore the same as solving every configuration (tests/test_search.py holds it
+to that brute force).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from planner.cost import dataparallel
+from planner.schema import Profile, StagePlan, TrainSetup
+from planner.solve import bounds as bounds_mod
+from planner.solve import search
+from planner.solve.deadline import Deadline
+from planner.solve.degrees import Degrees, JobShape, enumerate_degrees
+
+ProfileFor = Callable[[int, bool, int], Profile]  # (tp, sp, micro_batch_size) -> profile
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What every configuration's setup shares."""
+
+    mem_cap_bytes: int  # per GPU
+    gpus_per_node: int
+    optimizer: str = "adam"
+    precision: str = "bf16-mixed"
+    runtime: str = "ckplan"
+    recompute: str = "options"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    degrees: Degrees
+    setup: TrainSetup
+    profile: Profile
+    bounds: bounds_mod.Bounds
+
+
+@dataclass(frozen=True)
+class Solved:
+    """A configuration with its exact plan."""
+
+    candidate: Candidate
+    stages: list[StagePlan]
+    cost: object  # costmodel.PlanCost
+    solve: object  # milp.SolveResult
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.cost.iteration_ms
+
+    @property
+    def degrees(self) -> Degrees:
+        return self.candidate.degrees
+
+
+@dataclass
+class Outcome:
+    ranked: list[Solved] = field(default_factory=list)  # fastest first, at most `top`
+    considered: int = 0  # configurations enumerated
+    duplicates: int = 0  # the same setup as another once the runtime's own mapping is applied
+    refused: int = 0  # setups the schema refuses (e.g. a shard group the experts do not divide)
+    pruned_memory: int = 0  # memory bound past the card: no solve
+    pruned_time: int = 0  # time bound no better than the top-th best: no solve
+    solved: int = 0  # solves run
+    solved_without_plan: int = 0  # solved, and no plan fits (or none beats the bound it was given)
+    profiles: int = 0  # profiles built
+    complete: bool = True  # False: the deadline stopped it before the bound did
+    wall_s: float = 0.0
+    nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
+    unsolved: list[Candidate] = field(default_factory=list)  # fit the memory bound, not reached before the deadline
+
+
+def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainSetup:
+    """The TrainSetup of one configuration, as `ckplan solve` would build it for these degrees
+    (bandwidths from the profile's GPU and --gpus-per-node; torchtitan's own mapping of ZeRO)."""
+    pp, dp = degrees.pp, degrees.dp
+    fields = dict(stages=pp, microbatches=degrees.microbatches, micro_batch_size=degrees.micro_batch_size,
+                  schedule=degrees.schedule, chunks=degrees.chunks, mem_caps_bytes=[options.mem_cap_bytes] * pp,
+                  optimizer=options.optimizer, precision=options.precision, runtime=options.runtime,
+                  recompute=options.recompute, dp=dp, zero=degrees.zero, shard_group=degrees.shard_group,
+                  ep=degrees.ep)
+    if dp > 1:
+        fields.update(_links(profile, degrees, options.gpus_per_node))
+    setup = TrainSetup(**fields)
+    if options.runtime == "torchtitan":
+        setup = dataparallel.as_torchtitan_runs(setup)
+    return setup
+
+
+def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
+    """dataparallel.default_links' rule with the job's node size: a group whose ranks x tp fit
+    in a node reduces over the node's link, a wider one over the network."""
+    if profile.device.type != "cuda":
+        links = dataparallel.default_links(profile, stages=degrees.pp, dp=degrees.dp,
+                                           shard_group=degrees.shard_group or degrees.dp, ep=degrees.ep)
+        return dict(shard_gb_per_s=links.shard_gb_per_s, replica_gb_per_s=links.replica_gb_per_s,
+                    host_gb_per_s=links.host_gb_per_s, devices_per_node=links.devices_per_node,
+                    ep_gb_per_s=links.ep_gb_per_s, dp_notes=links.notes)
+    gpu = dataparallel.profile_gpu(profile)
+
+    def link(ranks: int) -> float:
+        return gpu.node_link_gb_per_s if ranks * degrees.tp <= gpus_per_node else gpu.network_gb_per_s
+
+    return dict(shard_gb_per_s=link(degrees.shard_group or degrees.dp), replica_gb_per_s=link(degrees.dp),
+                host_gb_per_s=gpu.host_link_gb_per_s, devices_per_node=gpus_per_node,
+                ep_gb_per_s=link(degrees.ep) if degrees.ep > 1 else None,
+                dp_notes=[f"{gpu.name}, {gpus_per_node} GPUs a node, tp {degrees.tp}: groups within a node at "
+                          f"{gpu.node_link_gb_per_s:g} GB/s, across nodes at {gpu.network_gb_per_s:g} GB/s; "
+                          f"{gpu.link_source}"])
+
+
+class Profiles:
+    """Profiles per (tp, sp, micro-batch size), built once, with their distinct layers."""
+
+    def __init__(self, profile_for: ProfileFor):
+        self._profile_for = profile_for
+        self._cache: dict[tuple[int, bool, int], tuple[Profile, list]] = {}
+
+    def get(self, tp: int, sp: bool, mbs: int) -> tuple[Profile, list]:
+        key = (tp, sp, mbs)
+        if key not in self._cache:
+            profile = self._profile_for(tp, sp, mbs)
+            self._cache[key] = (profile, bounds_mod.kinds(profile))
+        return self._cache[key]
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: Outcome) -> list[Candidate]:
+    """Every configuration that passes the memory bound, with its bounds, counted in `outcome`."""
+    kept, seen = [], set()
+    for degrees in enumerate_degrees(job):
+        outcome.considered += 1
+        profile, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size)
+        try:
+            setup = job_setup(profile, degrees, options)
+        except ValidationError:
+            outcome.refused += 1
+            continue
+        # the degrees as the runtime runs them (torchtitan: every ZeRO stage as FSDP2's ZeRO 3)
+        degrees = dataclasses.replace(degrees, zero=setup.data_parallel.zero,
+                                      shard_group=setup.data_parallel.shard_group)
+        key = (degrees.tp, degrees.sp, degrees.micro_batch_size,
+               setup.model_dump_json(exclude={"data_parallel": {"dp_notes"}}))
+        if key in seen:
+            outcome.duplicates += 1
+            continue
+        seen.add(key)
+        candidate = Candidate(degrees, setup, profile, bounds_mod.setup_bounds(profile, setup, layers))
+        if candidate.bounds.memory_excess_bytes > 0:
+            outcome.pruned_memory += 1
+            if outcome.nearest is None or _ratio(candidate) < _ratio(outcome.nearest):
+                outcome.nearest = candidate
+            continue
+        kept.append(candidate)
+    outcome.profiles = len(profiles)
+    return kept
+
+
+def _ratio(candidate: Candidate) -> float:
+    return candidate.bounds.static_bytes / max(1, candidate.bounds.limit_bytes)
+
+
+def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, top: int = 5,
+               deadline: Deadline | None = None, solver: str = "auto") -> Outcome:
+    """The `top` fastest configurations that fit, each with its exact plan (see the module's text).
+    Past `deadline` the search stops where it is (outcome.complete False: the ranking is the best
+    of what was solved)."""
+    started = time.perf_counter()
+    deadline = deadline or Deadline(None)
+    outcome = Outcome()
+    found = candidates(job, options, Profiles(profile_for), outcome)
+    found.sort(key=lambda c: (c.bounds.time_ms, c.degrees.key()))
+    for index, candidate in enumerate(found):
+        bar = outcome.ranked[top - 1].iteration_ms if len(outcome.ranked) >= top else math.inf
+        if candidate.bounds.time_ms >= bar:
+            outcome.pruned_time = len(found) - index
+            break
+        if deadline.expired():
+            outcome.complete = False
+            outcome.unsolved = found[index:]
+            break
+        solved = solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar, deadline=deadline,
+                           solver=solver)
+        outcome.solved += 1
+        if solved is None:
+            outcome.solved_without_plan += 1
+            continue
+        outcome.ranked.append(solved)
+        outcome.ranked.sort(key=lambda s: (s.iteration_ms, s.degrees.key()))
+        del outcome.ranked[top:]
+    outcome.wall_s = time.perf_counter() - started
+    return outcome
+
+
+def solve_one(candidate: Candidate, *, upper_bound_ms: float | None, deadline: Deadline,
+              solver: str = "auto") -> Solved | None:
+    """Today's exact plan of one configuration no slower than `upper_bound_ms`, or None. The
+    baselines are not scored first for a starting bound (on 405B they took longer than the DP
+    itself): the search's own bound, the top-th best so far, is the DP's."""
+    result = search.plan(candidate.profile, candidate.setup, solver=solver, upper_bound_ms=upper_bound_ms,
+                         deadline=Deadline(deadline.remaining_s()), baselines_scored=True)
+    if isinstance(result, search.NoFit):
+        return None
+    return Solved(candidate, result.stages, result.cost, result.solve)
+
+
+def memory_passing(job: JobShape, options: JobOptions, profile_for: ProfileFor) -> int:
+    """How many configurations of `job` pass the memory bound (no solve): what the nothing-fits
+    explanation reports for more GPUs."""
+    outcome = Outcome()
+    return len(candidates(job, options, Profiles(profile_for), outcome))
