@@ -4,6 +4,7 @@ the whole ranking, a hand configuration beside it, and the sentence when nothing
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fixtures.cli import run, run_ok
@@ -97,3 +98,19 @@ def test_chunked_schedules_are_searched_when_asked(tmp_path):
     assert schedules == {"1F1B", "interleaved-1F1B"}
     chunked = [row for row in data["ranked"] if row["degrees"]["schedule"] == "interleaved-1F1B"]
     assert all(row["degrees"]["chunks"] == 2 and row["degrees"]["pp"] >= 2 for row in chunked)
+
+
+def test_search_scores_a_framework_config_beside(tmp_path):
+    """--from-torchtitan: the file's configuration is scored under the same cost model beside the
+    ranking, with what it asks for that is not charged said; another model's file is refused."""
+    fixture = Path(__file__).parent / "fixtures" / "configs" / "torchtitan_llama3_8b.toml"
+    args = ["search", "--arch", "llama3-8b", "--gpus", "64", "--global-batch", "128", "--seq-len", "8192",
+            "--runtime", "torchtitan", "--top", "1", "--out", tmp_path / "plan.yaml", "--json"]
+    result = run_ok(*args, "--from-torchtitan", fixture)
+    others = json.loads(result.stdout)["compared"]
+    assert [row["name"] for row in others] == [f"torchtitan: {fixture}"]
+    assert others[0]["iteration_ms"] > 0
+    assert "selective_ac_option" in others[0]["note"]
+    refused = run(*args[:2], "llama3-70b", *args[3:], "--from-torchtitan", fixture)
+    assert refused.exit_code != 0
+    assert "another model than the one searched" in refused.output

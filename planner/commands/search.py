@@ -75,6 +75,10 @@ def _schedules(text: str) -> tuple[str, ...]:
 @click.option("--micro-batch-size", type=click.IntRange(min=1), default=None, help="A hand configuration.")
 @click.option("--schedule", type=click.Choice(SCHEDULE_NAMES), default=None, help="A hand configuration.")
 @click.option("--chunks", type=click.IntRange(min=1), default=None, help="A hand configuration.")
+@click.option("--from-megatron", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
+              help="Score the configuration of a Megatron-LM launch script or YAML of its arguments beside.")
+@click.option("--from-torchtitan", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="TOML",
+              help="Score the configuration of a torchtitan job TOML beside.")
 @click.option("--hand-recompute", type=click.Choice(["full", "none", "plan"]), default="full", show_default=True,
               help="A hand configuration's recompute: every layer, none, or ckplan's plan for its degrees.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("plan.yaml"), show_default=True,
@@ -87,7 +91,7 @@ def _schedules(text: str) -> tuple[str, ...]:
 @click.option("--json", "as_json", is_flag=True, help="The whole ranking as JSON on stdout.")
 def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node, global_batch, seq_len, runtime,
             optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
-            compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, hand_recompute, out,
+            compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, from_megatron, from_torchtitan, hand_recompute, out,
             launch_files, entry, as_json) -> None:
     """Search every tensor-, pipeline-, data- and expert-parallel degree, ZeRO stage and shard
     group, micro-batch size and schedule for N GPUs, each with its exact plan (layers per stage,
@@ -125,9 +129,11 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
                         "--runtime torchtitan, or say what each process runs with --entry")
     _entry(entry)
     hand = _hand(locals(), model, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=device.name)
+    imported = _imported(from_megatron, from_torchtitan, model, seq_len=seq_len, gpu=device.name)
     outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=Deadline(time_limit))
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
-                                      options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name)
+                                      options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name,
+                                      imported=imported)
     report = search_report.Report(outcome, compared, job=job, options=options, gpu=device, arch=model.arch,
                                   seq_len=seq_len, global_batch=global_batch, out=out if outcome.ranked else None)
     if outcome.ranked:
@@ -280,6 +286,19 @@ def _experts(profile) -> int:
     from planner.commands.setup_options import routed_experts
 
     return (routed_experts(profile) or 0) if any(layer.expert_param_count for layer in profile.layers) else 0
+
+
+def _imported(from_megatron, from_torchtitan, model: _Model, *, seq_len: int, gpu: str) -> list:
+    """The configurations read from the framework files given, as Published records."""
+    from planner.commands.evaluate_config import read_job
+    from planner.commands.search_compare import from_framework_job
+
+    if model.arch is None and (from_megatron or from_torchtitan):
+        raise UserError("--from-megatron/--from-torchtitan compare a config with a searched architecture; search "
+                        "with --arch, --arch-config or --hf-config")
+    files = [(from_megatron, None)] if from_megatron else []
+    files += [(None, from_torchtitan)] if from_torchtitan else []
+    return [from_framework_job(read_job(m, t), arch=model.arch, gpu=gpu, seq_len=seq_len) for m, t in files]
 
 
 def _hand(given: dict, model: _Model, *, gpus, global_batch, seq_len, gpu):

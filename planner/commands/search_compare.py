@@ -41,7 +41,7 @@ def for_job(config, *, gpus: int, global_batch: int, seq_len: int | None = None,
         notes.append(f"the recipe gives no GPU count: dp {dp} on {gpus}")
     elif config.gpus != gpus:
         notes.append(f"published on {config.gpus} GPUs, data parallelism scaled to {gpus}")
-    if config.global_batch != global_batch:
+    if config.global_batch and config.global_batch != global_batch:
         notes.append(f"published batch {config.global_batch}, run at {global_batch}")
     if seq_len is not None and config.seq_len != seq_len:
         notes.append(f"published at {config.seq_len} tokens, run at {seq_len}")
@@ -139,3 +139,51 @@ def matching(arch_name: str | None):
     from planner.models.published import published_for
 
     return published_for(arch_name) if arch_name is not None else []
+
+
+def from_framework_job(job, *, arch, gpu: str, seq_len: int):
+    """A configuration read from a framework's own file (`--from-megatron`, `--from-torchtitan`:
+    planner/models/configs) as a Published record, scored beside the search like a published one.
+    Its model must be the one searched; what the file asks for that ckplan does not charge is
+    said in `not_expressible`."""
+    import dataclasses
+
+    from planner.models.published import Published
+
+    mine = {k: v for k, v in dataclasses.asdict(job.arch).items() if k not in _ARCH_LABELS}
+    searched = {k: v for k, v in dataclasses.asdict(arch).items() if k not in _ARCH_LABELS}
+    differ = [k for k in searched if mine.get(k) != searched[k]]
+    if differ:
+        key = differ[0]
+        raise UserError(f"{job.source} describes another model than the one searched ({key} {mine.get(key)} "
+                        f"against {searched[key]}); search that model, or compare a config of this one")
+    stages = job.pp * job.chunks
+    recompute, ckpt, unsaid = _framework_recompute(job, stages)
+    unmodelled = [setting.name for setting in job.of("not modelled")] + unsaid
+    dp = job.dp_given if job.dp_given and job.dp_given > 0 else None
+    batch = job.global_batch_size or (job.local_batch_size * dp if job.local_batch_size and dp else 0)
+    shard_group = dp // job.dp_replicate if dp and job.dp_replicate > 1 else None
+    return Published(name=f"{job.framework}: {job.source}", arch=arch.name, framework=job.framework,
+                     gpus=job.world_size, gpu=gpu, seq_len=seq_len, global_batch=batch,
+                     micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, pp=job.pp, schedule=job.schedule,
+                     chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, recompute=recompute,
+                     layers_per_stage=tuple(job.layers_per_stage) if job.layers_per_stage else None,
+                     ckpt_per_stage=ckpt, not_expressible=", ".join(unmodelled), source=str(job.source))
+
+
+# Arch fields that name or cite a model rather than shape it
+_ARCH_LABELS = ("name", "source", "max_position_embeddings")
+
+
+def _framework_recompute(job, stages: int):
+    """(recompute, checkpointed layers per stage, what is scored otherwise than the file says) of a
+    read job: none and full as they are, Megatron's block method as the first N of each stage;
+    every-Nth and selective recompute have no whole-layer form and are scored as full recompute."""
+    mode = job.recompute.mode
+    if mode in ("none", "full"):
+        return mode, None, []
+    if mode == "block":
+        if job.layers_per_stage:
+            return "full", tuple(min(job.recompute.num_layers, n) for n in job.layers_per_stage), []
+        return "full", (job.recompute.num_layers,) * stages, []
+    return "full", None, [f"{mode} recompute (scored as full recompute)"]

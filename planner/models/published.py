@@ -29,7 +29,7 @@ class Published:
     gpus: int | None  # None: the recipe gives none; data parallelism takes what the job has
     gpu: str
     seq_len: int
-    global_batch: int
+    global_batch: int  # sequences per iteration as published; 0: the source gives none
     micro_batch_size: int
     tp: int = 1
     sp: bool = False
