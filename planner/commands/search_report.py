@@ -71,10 +71,9 @@ def scored_row(scored) -> Row:
 
 def compared(arch_name, hand, *, gpus, global_batch, options, profile_for, seq_len, gpu, imported=()) -> list:
     """The published configurations of the model (with --compare), the hand one and `imported`
-    ones, scored. `imported`: the hook for configurations read from a framework's own files
-    (`--from-megatron ARGS`, `--from-torchtitan TOML`, issue 33's readers): each reader returns
-    a planner.models.published.Published (framework "megatron"/"torchtitan", source the file)
-    and the command passes them here; nothing else changes."""
+    ones, scored. `imported`: configurations read from a framework's own files
+    (`--from-megatron ARGS`, `--from-torchtitan TOML`), as Published records
+    (search_compare.from_framework_job)."""
     from planner.commands import search_compare
 
     configs = search_compare.matching(arch_name) + ([hand] if hand is not None else []) + list(imported)
