@@ -438,6 +438,10 @@ class StagePredicted(Strict):
     # cuda: what the caching allocator reserves at the peak, and the communication library's
     # buffers beside it (planner/cost/allocator.py); the cap holds both. None / 0 on cpu
     reserved_bytes: int | None = None
+    # how reserved_bytes was found: "replay" (the caching allocator's rules over the stage's
+    # recorded allocations, planner/cost/reserve.py) or "divisor" (the allocated peak over
+    # 1 - fragmentation: profiles without allocation records, chunked schedules, --fragmentation)
+    reserved_by: Literal["replay", "divisor"] | None = None
     workspace_bytes: int = 0
     # host memory the rank takes (offloaded optimizer, offloaded activations) and its share of
     # the node's (--host-mem; None: not capped)

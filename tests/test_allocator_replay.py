@@ -3,7 +3,7 @@ byte counted by the rules of c10/cuda/CUDACachingAllocator.cpp (commit 001074d25
 
 import random
 
-from planner.cost.allocator import Alloc, CachingAllocator, Free, Sync, replay
+from planner.cost.allocator import Alloc, CachingAllocator, Free, Ready, Sync, replay
 
 MIB = 2**20
 
@@ -119,3 +119,9 @@ def test_the_replay_never_reserves_less_than_it_allocates_and_frees_everything()
     assert state.allocated == 0
     # every segment is whole again: one free block per segment
     assert sum(len(pool.keys) for pool in state.pools.values()) == state.segments
+
+
+def test_ready_caches_one_waiting_block():
+    events = [Alloc("a", 12 * MIB), Alloc("b", 12 * MIB), Free("a", deferred=True), Free("b", deferred=True),
+              Ready("b"), Alloc("c", 12 * MIB), Alloc("d", 12 * MIB)]
+    assert replay(events).reserved_peak_bytes == 36 * MIB  # c takes b's block, d a new one: a still waits

@@ -116,7 +116,7 @@ def communicator_bytes(group_size: int) -> int:
 #   block is allocated whole: the allocated statistic counts its whole size.
 # - A freed block merges with its free neighbours in the segment (try_merge_blocks). A block
 #   used on another stream (record_stream) is not free until that stream's event completes
-#   (free is deferred to process_events): Free(deferred=True) holds it until the next Sync().
+#   (free is deferred to process_events): Free(deferred=True) holds it until its Ready(key) or a Sync().
 # - With max_split_size set, a request below it is never served by a block at or above it, and
 #   a request at or above it only by a block less than kLargeBuffer larger (get_free_block).
 
@@ -135,11 +135,18 @@ class Free:
 
 
 @dataclass(frozen=True)
+class Ready:
+    """The other stream's event recorded on `key`'s deferred free is complete: its block is cached."""
+
+    key: Hashable
+
+
+@dataclass(frozen=True)
 class Sync:
-    """The other streams' recorded events are complete (process_events frees what waited)."""
+    """Every other stream's recorded events are complete (process_events frees what waited)."""
 
 
-Event = Alloc | Free | Sync
+Event = Alloc | Free | Ready | Sync
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,7 @@ class _Block:
     stream: int
     small: bool
     allocated: bool = False
+    waiting: bool = False  # freed, its other stream's event not yet complete
     prev: _Block | None = None
     next: _Block | None = None
 
@@ -194,7 +202,7 @@ class CachingAllocator:
         self.max_split = max_split_bytes if max_split_bytes is not None else 1 << 62
         self.pools = {True: _Pool(), False: _Pool()}  # small, large
         self.live: dict[Hashable, _Block] = {}
-        self.pending: list[_Block] = []
+        self.pending: dict[Hashable, _Block] = {}
         self.allocated = self.reserved = self.allocated_peak = self.reserved_peak = 0
         self.segments = 0
         self._next_address = 0
@@ -232,14 +240,20 @@ class CachingAllocator:
         block.allocated = False
         self.allocated -= block.size
         if deferred:
-            self.pending.append(block)
+            block.waiting = True
+            self.pending[key] = block
         else:
             self._free_block(block)
 
-    def sync(self) -> None:
-        pending, self.pending = self.pending, []
-        for block in pending:
+    def ready(self, key: Hashable) -> None:
+        block = self.pending.pop(key, None)
+        if block is not None:
+            block.waiting = False
             self._free_block(block)
+
+    def sync(self) -> None:
+        for key in list(self.pending):
+            self.ready(key)
 
     def _oversize_refuses(self, size: int, block: _Block) -> bool:
         if block.small:
@@ -265,7 +279,7 @@ class CachingAllocator:
     def _free_block(self, block: _Block) -> None:
         pool = self.pools[block.small]
         for neighbour in (block.prev, block.next):
-            if neighbour is None or neighbour.allocated or neighbour in self.pending:
+            if neighbour is None or neighbour.allocated or neighbour.waiting:
                 continue
             pool.remove(neighbour)
             if neighbour is block.prev:  # [neighbour block]
@@ -289,6 +303,8 @@ def replay(events: Iterable[Event], *, max_split_bytes: int | None = None) -> Re
             state.malloc(event.key, event.nbytes, event.stream)
         elif isinstance(event, Free):
             state.free(event.key, deferred=event.deferred)
+        elif isinstance(event, Ready):
+            state.ready(event.key)
         else:
             state.sync()
     return Replayed(state.allocated_peak, state.reserved_peak, state.segments)

@@ -1,0 +1,99 @@
+"""A stage's reserved peak from the caching allocator's replay (planner/cost/reserve.py): the
+event sequence a stage's step makes from its layers' records, counted by hand, and the plan's
+reserve taken from it where the profile has records (the divisor where it has none)."""
+
+from fixtures.cli import run_ok
+
+from planner import io
+from planner.cost import costmodel
+from planner.cost.allocator import Alloc, Free, Ready, replay
+from planner.cost.reserve import StageMemory, stage_events
+from planner.models.synthetic import uniform_blocks
+from planner.schema import AllocRecord, DeviceInfo, TrainSetup
+
+MIB = 2**20
+GIB = 2**30
+
+# forward: kept 8 MiB (id 1), a 4 MiB scratch (2) freed, the 16 MiB output (3); backward: the
+# input's 6 MiB gradient (4), then the kept tensor freed. One 12 MiB parameter.
+RECORD = AllocRecord(forward=[8 * MIB, 4 * MIB, -2, 16 * MIB], backward=[6 * MIB, -1], output=3, input_grad=4,
+                     params=[12 * MIB])
+
+
+class _Layer:  # what stage_events reads of a LayerProfile
+    input_in_act_bytes = 0
+
+
+def test_one_layer_one_microbatch_as_events_and_peaks_by_hand():
+    memory = StageMemory(static_bytes=48 * MIB, buffer_bytes=16 * MIB, scratch_bytes=12 * MIB)
+    events = stage_events([_Layer()], ["none"], [RECORD], actions=[("F", 0), ("B", 0)], memory=memory,
+                          num_microbatches=1, loss=None)
+    assert [e for e in events if not (isinstance(e, Alloc) and e.nbytes == 0)] == [
+        # static: weight, gradient, the receive buffer, Adam's two states (48 - 2 x 12 MiB = 2 copies)
+        Alloc(("weight", 0), 12 * MIB), Alloc(("grad", 0), 12 * MIB), Alloc(("buffer", 0), 16 * MIB),
+        Alloc(("state", 0, 0), 12 * MIB), Alloc(("state", 0, 1), 12 * MIB),
+        # F0
+        Alloc((0, 0, 1), 8 * MIB), Alloc((0, 0, 2), 4 * MIB), Free((0, 0, 2)), Alloc((0, 0, 3), 16 * MIB),
+        # B0: the output gradient sits in a receive buffer; the output leaves fwd_cache; the input's
+        # gradient is sent
+        Alloc((0, 0, 4), 6 * MIB), Free((0, 0, 1)), Free((0, 0, 3)), Free((0, 0, 4)),
+        # the optimizer step's scratch
+        Alloc(("scratch", 0), 12 * MIB), Free(("scratch", 0))]
+    got = replay(events)
+    # static: five segments of their own (64 MiB); 8 MiB opens a 20 MiB segment whose remainder
+    # serves the 4 MiB scratch and later the 6 MiB gradient; 16 MiB its own segment: 100 MiB.
+    # allocated: 64 + 8 + 16 + 6 at B0's start
+    assert (got.reserved_peak_bytes, got.allocated_peak_bytes) == (100 * MIB, 94 * MIB)
+
+
+def test_offload_holds_a_saved_block_until_its_copy_out_is_done():
+    memory = StageMemory(static_bytes=0, buffer_bytes=0, scratch_bytes=0)
+    events = stage_events([_Layer()], ["offload"], [RECORD], actions=[("F", 0), ("F", 1), ("B", 0), ("B", 1)],
+                          memory=memory, num_microbatches=2, loss=None)
+    # each forward's kept 8 MiB is freed on the copy stream's terms, ready when its backward begins
+    assert events.index(Free((0, 0, 1), deferred=True)) < events.index(Alloc((1, 0, 1), 8 * MIB))
+    assert events.index(Ready((0, 0, 1))) < events.index(Alloc(("back", 0, 0, 1), 8 * MIB)) \
+        < events.index(Free(("back", 0, 0, 1)))
+    # by hand: F0's 8 + 4 MiB share a 20 MiB segment (A), its 16 MiB output one of 16 (B); F1's 8 MiB
+    # cannot have mb 0's block (still copying): it and the 4 take the rest of A, its output a third
+    # segment (C); at B0 mb 0's block is back in the cache and serves the copy back, but A's free
+    # tail (4 MiB) cannot hold the 6 MiB input gradient: a fourth segment. 24 MiB of weights and
+    # gradients + 20 + 16 + 16 + 20
+    got = replay(events)
+    assert (got.reserved_peak_bytes, got.allocated_peak_bytes) == (96 * MIB, 70 * MIB)
+    # freed at once instead, A is whole again for every later request: 24 + 20 + 16 + 16
+    at_once = [Free(e.key) if isinstance(e, Free) else e for e in events if not isinstance(e, Ready)]
+    assert replay(at_once).reserved_peak_bytes == 76 * MIB
+
+
+def _with_records(profile):
+    layers = [layer.model_copy(update={"alloc_records": {"none": RECORD, "full": RECORD}}) for layer in profile.layers]
+    return profile.model_copy(update={"layers": layers, "device": DeviceInfo(type="cuda", name="test gpu"),
+                                      "loss_alloc": AllocRecord(forward=[512, 4 * MIB, -2], backward=[2 * MIB],
+                                                                output=1, input_grad=3)})
+
+
+def test_a_plan_reserves_by_the_replay_where_its_profile_recorded_allocations():
+    profile = _with_records(uniform_blocks(2))
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[80 * GIB] * 2)
+    stages = costmodel.split_to_stages([0, 2], [False] * 4, profile)
+    cost = costmodel.evaluate(stages, profile, setup)
+    assert [c.reserved_by for c in cost.stages] == ["replay", "replay"]
+    assert all(c.reserved_bytes >= c.peak_bytes for c in cost.stages)
+    # without records, or with --fragmentation stated, the divisor as before
+    plain = uniform_blocks(2).model_copy(update={"device": DeviceInfo(type="cuda", name="test gpu")})
+    assert {c.reserved_by for c in costmodel.evaluate(stages, plain, setup).stages} == {None}
+    stated = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"fragmentation": 0.1})})
+    assert {c.reserved_by for c in costmodel.evaluate(stages, profile, stated).stages} == {None}
+    assert [s.predicted.reserved_by for s in costmodel.with_predictions(stages, cost)] == ["replay", "replay"]
+
+
+def test_a_profile_without_records_still_loads_and_says_divisor(tmp_path):
+    profile = uniform_blocks(2).model_copy(update={"device": DeviceInfo(type="cuda", name="test gpu")})
+    path = tmp_path / "p.json"
+    io.save_profile(profile, path)
+    assert io.load_profile(path).layers[0].alloc_records == {}
+    run_ok("solve", "--profile", path, "--stages", "2", "--microbatches", "4", "--mem", "80GiB",
+           "--out", tmp_path / "plan.yaml")
+    plan = io.load_plan(tmp_path / "plan.yaml")
+    assert {s.predicted.reserved_by for s in plan.stages} == {"divisor"}
