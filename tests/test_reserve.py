@@ -22,6 +22,7 @@ RECORD = AllocRecord(forward=[8 * MIB, 4 * MIB, -2, 16 * MIB], backward=[6 * MIB
 
 class _Layer:  # what stage_events reads of a LayerProfile
     input_in_act_bytes = 0
+    fwd_ms = bwd_ms = 0.0
 
 
 def test_one_layer_one_microbatch_as_events_and_peaks_by_hand():
@@ -52,13 +53,14 @@ def test_offload_holds_a_saved_block_until_its_copy_out_is_done():
                           memory=memory, num_microbatches=2, loss=None)
     # each forward's kept 8 MiB is freed on the copy stream's terms, ready when its backward begins
     assert events.index(Free((0, 0, 1), deferred=True)) < events.index(Alloc((1, 0, 1), 8 * MIB))
-    assert events.index(Ready((0, 0, 1))) < events.index(Alloc(("back", 0, 0, 1), 8 * MIB)) \
+    # (the copy back is allocated before the compute waits for it, which is when the copy out is
+    # known done)
+    assert events.index(Alloc(("back", 0, 0, 1), 8 * MIB)) < events.index(Ready((0, 0, 1))) \
         < events.index(Free(("back", 0, 0, 1)))
     # by hand: F0's 8 + 4 MiB share a 20 MiB segment (A), its 16 MiB output one of 16 (B); F1's 8 MiB
     # cannot have mb 0's block (still copying): it and the 4 take the rest of A, its output a third
-    # segment (C); at B0 mb 0's block is back in the cache and serves the copy back, but A's free
-    # tail (4 MiB) cannot hold the 6 MiB input gradient: a fourth segment. 24 MiB of weights and
-    # gradients + 20 + 16 + 16 + 20
+    # segment (C); at B0 the 8 MiB copy back fits nowhere (A's free tail is 4 MiB): a fourth
+    # segment (D). 24 MiB of weights and gradients + 20 + 16 + 16 + 20
     got = replay(events)
     assert (got.reserved_peak_bytes, got.allocated_peak_bytes) == (96 * MIB, 70 * MIB)
     # freed at once instead, A is whole again for every later request: 24 + 20 + 16 + 16
@@ -97,3 +99,26 @@ def test_a_profile_without_records_still_loads_and_says_divisor(tmp_path):
            "--out", tmp_path / "plan.yaml")
     plan = io.load_plan(tmp_path / "plan.yaml")
     assert {s.predicted.reserved_by for s in plan.stages} == {"divisor"}
+
+
+class _TimedLayer(_Layer):
+    fwd_ms, bwd_ms = 1.0, 2.0
+
+
+def test_timed_copies_free_a_saved_block_once_its_copy_out_is_done():
+    memory = StageMemory(static_bytes=0, buffer_bytes=0, scratch_bytes=0)
+    actions = [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    # 8 MiB at 1 MiB/ms: mb 0's copy ends at 1 + 8 = 9 ms, after F1 (which starts at 1 ms): held
+    slow = stage_events([_TimedLayer()], ["offload"], [RECORD], actions=actions, memory=memory, num_microbatches=2,
+                        loss=None, copy_ms_per_byte=1 / MIB)
+    assert slow.index(Ready((0, 0, 1))) > slow.index(Alloc((1, 0, 1), 8 * MIB))
+    # at 0.1 ms/MiB mb 0's copy ends at 1.8 ms: not yet at F1's start (1 ms), done at B0's (2 ms)
+    fast = stage_events([_TimedLayer()], ["offload"], [RECORD], actions=actions, memory=memory, num_microbatches=2,
+                        loss=None, copy_ms_per_byte=0.1 / MIB)
+    assert fast.index(Alloc((1, 0, 1), 8 * MIB)) < fast.index(Ready((0, 0, 1))) \
+        < fast.index(Alloc(("back", 0, 0, 1), 8 * MIB))
+    # instant copies: each block is cached before the next layer's forward allocates
+    instant = stage_events([_TimedLayer()], ["offload"], [RECORD], actions=actions, memory=memory, num_microbatches=2,
+                           loss=None, copy_ms_per_byte=0.0)
+    assert instant.index(Ready((0, 0, 1))) < instant.index(Alloc((1, 0, 1), 8 * MIB))
+    assert replay(instant).reserved_peak_bytes <= replay(fast).reserved_peak_bytes <= replay(slow).reserved_peak_bytes

@@ -16,7 +16,9 @@ The step as ckplan's runtime runs it (planner/runtime/replay.py, stagemodule.py)
   gradient it received, and what its forward left (saved tensors the record did not see freed);
 - offload (planner/runtime/recompute.py, offloaded_activations): the forward's saved storages
   are copied out on a copy stream with record_stream, so their blocks are cached again only
-  once the copy completes. When that is depends on the copy's speed; what the code guarantees
+  once the copy completes. Timed (the host link: --host-bandwidth or the GPU's PCIe figure), each
+  copy out runs on one stream in issue order at that rate against the layers' fwd_ms, and its block
+  is cached once the compute reaches its end; untimed, what the code guarantees
   is that it is done when the layer's backward starts (the copy back waits for it, the compute
   waits for the copy back), and that copies complete in the order issued (one stream). The
   replay holds each block until then: an upper bound on the reserve. The copies back are
@@ -33,9 +35,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator
+from planner.cost import allocator, dataparallel
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
 from planner.cost.assembly import StageCost
+from planner.errors import UserError
 from planner.schema import (
     OPTION_NONE,
     OPTION_OFFLOAD,
@@ -70,11 +73,13 @@ def records_for(layers: Sequence[LayerProfile], options: Sequence[str]) -> list[
 
 def stage_events(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
                  actions: Sequence[tuple[str, int]], memory: StageMemory, num_microbatches: int,
-                 loss: AllocRecord | None) -> list[Event]:
+                 loss: AllocRecord | None, copy_ms_per_byte: float | None = None) -> list[Event]:
     """The stage's step as allocator events: static, then `actions` ((F|B, microbatch), in run
-    order), then the optimizer step. `loss`: the last stage's loss record, else None."""
+    order), then the optimizer step. `loss`: the last stage's loss record, else None.
+    `copy_ms_per_byte`: offload's copies timed at this rate against the layers' fwd_ms and
+    bwd_ms; None: each saved block held until its layer's backward (an upper bound)."""
     events = _static_events(records, memory, num_microbatches)
-    step = _Step(layers, options, records, loss, events)
+    step = _Step(layers, options, records, loss, events, copy_ms_per_byte)
     for kind, mb in actions:
         step.forward(mb) if kind == "F" else step.backward(mb)
     events += _scratch_events(records, memory.scratch_bytes)
@@ -82,7 +87,7 @@ def stage_events(layers: Sequence[LayerProfile], options: Sequence[str], records
 
 
 def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stage: int, setup: TrainSetup,
-                 memory: StageMemory, loss: AllocRecord | None) -> Replayed | None:
+                 memory: StageMemory, loss: AllocRecord | None, copy_ms_per_byte: float | None = None) -> Replayed | None:
     """The caching allocator's peaks over the stage's step; None where the layers carry no
     records or the schedule runs several chunks per rank (not replayed yet)."""
     from planner.cost.schedules import build_schedule  # torch's pipelining: only when replaying
@@ -94,7 +99,8 @@ def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stag
     order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages, num_microbatches=pipeline.microbatches)
     actions = [(a.kind, a.microbatch) for a in order.actions[stage]]
     events = stage_events(layers, options, records, actions=actions, memory=memory,
-                          num_microbatches=pipeline.microbatches, loss=loss if stage == pipeline.stages - 1 else None)
+                          num_microbatches=pipeline.microbatches, loss=loss if stage == pipeline.stages - 1 else None,
+                          copy_ms_per_byte=copy_ms_per_byte)
     return allocator.replay(events)
 
 
@@ -144,20 +150,32 @@ class _Step:
     """Appends a stage's forward and backward passes of one microbatch to `events`. Keys: a
     recorded allocation is (mb, layer index or "loss", id); a copy back ("back", mb, i, id)."""
 
-    def __init__(self, layers, options, records, loss: AllocRecord | None, events: list[Event]) -> None:
+    def __init__(self, layers, options, records, loss: AllocRecord | None, events: list[Event],
+                 copy_ms_per_byte: float | None = None) -> None:
         self.layers, self.options, self.records, self.loss, self.events = layers, options, records, loss, events
         self.offloaded: list[tuple] = []  # saved blocks waiting for their copy out, in issue order
+        self.saved: dict[tuple, list[tuple]] = {}  # (mb, layer) -> its offloaded blocks' keys
+        # the copies' clock (timed): the compute stream's time, each copy stream's, each copy out's end
+        self.per_byte = copy_ms_per_byte
+        self.now = self.out_clock = self.back_clock = 0.0
+        self.done: dict[tuple, float] = {}
 
     def forward(self, mb: int) -> None:
         for i, (layer, option, record) in enumerate(zip(self.layers, self.options, self.records)):
+            self._ready_by(self.now)
             self._play(record.forward, (mb, i), start=0)
+            self.now += layer.fwd_ms
             if i > 0 and not _keeps_input(layer, option):
                 self._free_output(mb, i - 1)
             if option == OPTION_OFFLOAD:  # its saved storages leave on the copy stream
+                sizes = _sizes(record.forward)
                 for ident in _alive(record.forward):
                     if ident != record.output:
                         self.events.append(Free((mb, i, ident), deferred=True))
                         self.offloaded.append((mb, i, ident))
+                        self.saved.setdefault((mb, i), []).append((mb, i, ident))
+                        self.out_clock = max(self.out_clock, self.now) + sizes[ident] * (self.per_byte or 0.0)
+                        self.done[(mb, i, ident)] = self.out_clock
         if self.loss is not None:
             self._play(self.loss.forward, (mb, "loss"), start=0)  # the loss value is kept to the end
 
@@ -170,8 +188,10 @@ class _Step:
             grad = (mb, "loss", self.loss.input_grad) if self.loss.input_grad else None
         for i in range(last, -1, -1):
             layer, option, record = self.layers[i], self.options[i], self.records[i]
+            self._ready_by(self.now)
             back = self._copies_back(record, mb, i) if option == OPTION_OFFLOAD else {}
             self._play(record.backward, (mb, i), start=_count(record.forward), rename=back)
+            self.now += layer.bwd_ms
             if grad is not None:
                 self.events.append(Free(grad))
             self._free_left(record, (mb, i), keep=(record.output, record.input_grad), skip=set(back))
@@ -205,19 +225,36 @@ class _Step:
                 self.events.append(Free((*scope, ident)))
 
     def _copies_back(self, record: AllocRecord, mb: int, i: int) -> dict[tuple, tuple]:
-        """The layer's saved blocks come back: the copies out up to its own are complete (one
-        stream, in order) and their blocks cached; the copies back are allocated. Returns each
-        saved key -> its copy back's."""
-        mine = [key for key in self.offloaded if key[:2] == (mb, i)]
+        """The layer's saved blocks come back: the copies back are allocated (prefetch, on the
+        compute stream), each starts once its copy out is done, and the compute waits for them;
+        by then the copies out up to the layer's own are complete (one stream, in order), their
+        blocks cached. Returns each saved key -> its copy back's."""
+        mine = self.saved.pop((mb, i), [])
         if not mine:
             return {}
-        done = max(self.offloaded.index(key) for key in mine) + 1
-        self.events += [Ready(key) for key in self.offloaded[:done]]
-        self.offloaded = self.offloaded[done:]
         sizes = _sizes(record.forward)
         back = {key: ("back", *key) for key in mine}
         self.events += [Alloc(copy, sizes[key[2]]) for key, copy in back.items()]
+        for key in mine:
+            start = max(self.back_clock, self.now, self.done[key])
+            self.back_clock = start + sizes[key[2]] * (self.per_byte or 0.0)
+        self.now = max(self.now, self.back_clock)
+        waiting = [self.offloaded.index(key) for key in mine if key in self.offloaded]
+        done = max(waiting) + 1 if waiting else 0
+        self.events += [Ready(key) for key in self.offloaded[:done]]
+        self.offloaded = self.offloaded[done:]
         return back
+
+    def _ready_by(self, now: float) -> None:
+        """Timed: the copies out complete by `now` have their blocks cached (process_events, at the
+        next malloc). Untimed: none until its layer's backward (_copies_back)."""
+        if self.per_byte is None:
+            return
+        done = 0
+        while done < len(self.offloaded) and self.done[self.offloaded[done]] <= now:
+            done += 1
+        self.events += [Ready(key) for key in self.offloaded[:done]]
+        self.offloaded = self.offloaded[done:]
 
     def _free_output(self, mb: int, i: int) -> None:
         output = self.records[i].output
@@ -263,8 +300,22 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
         return cost
     by_name = {layer.name: layer for layer in profile.layers}
     memory = StageMemory(cost.static_bytes, cost.buffer_bytes, cost.step_scratch_bytes)
-    replayed = replay_stage([by_name[name] for name in plan.layers], [plan.option(name) for name in plan.layers],
-                            stage=index, setup=setup, memory=memory, loss=profile.loss_alloc)
+    options = [plan.option(name) for name in plan.layers]
+    rate = host_copy_ms_per_byte(profile, setup) if OPTION_OFFLOAD in options else None
+    replayed = replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
+                            memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate)
     if replayed is None:
         return cost
     return dataclasses.replace(cost, reserved_bytes=reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")
+
+
+def host_copy_ms_per_byte(profile: Profile, setup: TrainSetup) -> float | None:
+    """Offload's copies: --host-bandwidth, else the profile's GPU's host link (archs.GPU,
+    PCIe per direction); None where neither is known (the untimed upper bound)."""
+    gb_per_s = setup.data_parallel.host_gb_per_s
+    if gb_per_s is None:
+        try:
+            gb_per_s = dataparallel.profile_gpu(profile).host_link_gb_per_s
+        except UserError:
+            return None
+    return 1e3 / (gb_per_s * 1e9)
