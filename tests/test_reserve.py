@@ -23,6 +23,7 @@ RECORD = AllocRecord(forward=[8 * MIB, 4 * MIB, -2, 16 * MIB], backward=[6 * MIB
 class _Layer:  # what stage_events reads of a LayerProfile
     input_in_act_bytes = 0
     fwd_ms = bwd_ms = 0.0
+    recompute_options = ()
 
 
 def test_one_layer_one_microbatch_as_events_and_peaks_by_hand():

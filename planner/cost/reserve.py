@@ -165,7 +165,7 @@ class _Step:
             self._ready_by(self.now)
             self._play(record.forward, (mb, i), start=0)
             self.now += layer.fwd_ms
-            if i > 0 and not _keeps_input(layer, option):
+            if i > 0 and not _keeps_input(layer, option, record):
                 self._free_output(mb, i - 1)
             if option == OPTION_OFFLOAD:  # its saved storages leave on the copy stream
                 sizes = _sizes(record.forward)
@@ -198,7 +198,7 @@ class _Step:
             self.events += [Free(key) for key in back.values()]  # copies back not freed yet (a no-op if freed)
             if i == last:
                 self._free_output(mb, i)  # the stage's output leaves fwd_cache
-            if i > 0 and _keeps_input(layer, option):
+            if i > 0 and _keeps_input(layer, option, record):
                 self._free_output(mb, i - 1)
             grad = (mb, i, record.input_grad) if record.input_grad else None
         if grad is not None:  # the stage's input gradient, sent
@@ -262,10 +262,19 @@ class _Step:
             self.events.append(Free((mb, i, output)))
 
 
-def _keeps_input(layer: LayerProfile, option: str) -> bool:
-    """Whether the layer holds its input until its backward: it saves it, or recomputes or
-    offloads from it (every option but none keeps the input)."""
-    return option != OPTION_NONE or layer.input_in_act_bytes > 0
+def _keeps_input(layer: LayerProfile, option: str, record: AllocRecord) -> bool:
+    """Whether the layer holds its input until its backward: the option's kept bytes (which
+    count the input where it is saved, or checkpointed) exceed what its recorded forward leaves
+    besides its output (which never counts the input: it was made before). Offload keeps what
+    none saves of the input. A layer without the option's kept bytes: every option but none
+    keeps it."""
+    name = OPTION_NONE if option == OPTION_OFFLOAD else option
+    kept = next((o.kept_bytes for o in layer.recompute_options if o.name == name), None)
+    if kept is None:
+        return name != OPTION_NONE or layer.input_in_act_bytes > 0
+    sizes = _sizes(record.forward)
+    left = sum(sizes[ident] for ident in _alive(record.forward) if ident != record.output)
+    return kept > left
 
 
 def _count(codes: Sequence[int]) -> int:
