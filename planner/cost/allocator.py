@@ -38,6 +38,7 @@ import bisect
 import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MIB = 1 << 20
 
@@ -121,28 +122,28 @@ def communicator_bytes(group_size: int) -> int:
 #   a request at or above it only by a block less than kLargeBuffer larger (get_free_block).
 
 
-@dataclass(frozen=True)
-class Alloc:
+# Events are named tuples: a stage's step makes thousands, and the replay runs once per stage of
+# every evaluated plan.
+
+
+class Alloc(NamedTuple):
     key: Hashable  # names the allocation for its Free
     nbytes: int
     stream: int = 0  # the stream current when it was allocated: its pool
 
 
-@dataclass(frozen=True)
-class Free:
+class Free(NamedTuple):
     key: Hashable
-    deferred: bool = False  # used on another stream (record_stream): cached only at the next Sync
+    deferred: bool = False  # used on another stream (record_stream): cached only at its Ready
 
 
-@dataclass(frozen=True)
-class Ready:
+class Ready(NamedTuple):
     """The other stream's event recorded on `key`'s deferred free is complete: its block is cached."""
 
     key: Hashable
 
 
-@dataclass(frozen=True)
-class Sync:
+class Sync(NamedTuple):
     """Every other stream's recorded events are complete (process_events frees what waited)."""
 
 
@@ -299,12 +300,13 @@ def replay(events: Iterable[Event], *, max_split_bytes: int | None = None) -> Re
     cache (a pure function of the sequence)."""
     state = CachingAllocator(max_split_bytes=max_split_bytes)
     for event in events:
-        if isinstance(event, Alloc):
-            state.malloc(event.key, event.nbytes, event.stream)
-        elif isinstance(event, Free):
-            state.free(event.key, deferred=event.deferred)
-        elif isinstance(event, Ready):
-            state.ready(event.key)
+        kind = type(event)
+        if kind is Alloc:
+            state.malloc(*event)
+        elif kind is Free:
+            state.free(event[0], deferred=event[1])
+        elif kind is Ready:
+            state.ready(event[0])
         else:
             state.sync()
     return Replayed(state.allocated_peak, state.reserved_peak, state.segments)

@@ -207,15 +207,15 @@ class _Step:
     def _play(self, codes: Sequence[int], scope: tuple, *, start: int, rename: dict | None = None) -> None:
         """A recorded pass whose first allocation is id start + 1; a free of a key in `rename`
         frees what stands for it."""
-        rename = rename or {}
-        count = start
+        mb, where = scope
+        count, add = start, self.events.append
         for code in codes:
             if code > 0:
                 count += 1
-                self.events.append(Alloc((*scope, count), code))
+                add(Alloc((mb, where, count), code, 0))
             else:
-                key = (*scope, -code)
-                self.events.append(Free(rename.get(key, key)))
+                key = (mb, where, -code)
+                add(Free(rename.get(key, key) if rename else key, False))
 
     def _free_left(self, record: AllocRecord, scope: tuple, *, keep: tuple, skip: set = frozenset()) -> None:
         """After the backward: whatever of the forward and backward is still alive, but the ids in
