@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from planner.schema import AllocRecord
+from planner.schema import OPTION_OFFLOAD, AllocRecord, LayerProfile
 
 
 class AllocRecorder(TorchDispatchMode):
@@ -111,7 +111,34 @@ def layer_records(layer: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor | 
     params = list(layer.parameters())
     runners = {OPTION_NONE: layer, OPTION_FULL: partial(checkpoint, layer, use_reentrant=False),
                **{name: layer_runner(layer, name) for name in options}}
-    return {name: record_pass(run, x, grad, params) for name, run in runners.items()}
+    # the runtime allocates every gradient before the step (stagemodule.allocate_grads): a new
+    # gradient is added into it and freed, as here
+    missing = [p for p in params if p.requires_grad and p.grad is None]
+    for param in missing:
+        param.grad = torch.zeros_like(param)
+    try:
+        return {name: record_pass(run, x, grad, params) for name, run in runners.items()}
+    finally:
+        for param in missing:
+            param.grad = None
+
+
+def with_records(profiles: list[LayerProfile], layers, layer_inputs: list[torch.Tensor],
+                 layer_outputs: list[torch.Tensor]) -> list[LayerProfile]:
+    """Measured profiles with each layer's records (none, full and the options it lists but
+    offload, which the replay derives from none), recorded once per kind: layers of one kind
+    are structurally identical."""
+    by_kind: dict[str, dict[str, AllocRecord]] = {}
+    done = []
+    for index, (profile, (_, layer)) in enumerate(zip(profiles, layers, strict=True)):
+        if profile.kind not in by_kind:
+            x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
+            output = layer_outputs[index]
+            grad = torch.zeros_like(output) if output.is_floating_point() else None
+            names = [o.name for o in profile.recompute_options[2:] if o.name != OPTION_OFFLOAD]
+            by_kind[profile.kind] = layer_records(layer, x, grad, names)
+        done.append(profile.model_copy(update={"alloc_records": by_kind[profile.kind]}))
+    return done
 
 
 def _tensors(tree) -> list[torch.Tensor]:
