@@ -45,7 +45,14 @@ from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_int
 from planner.profiler.userfault import blame
 from planner.runtime.recompute import layer_runner
 from planner.runtime.routing import Routing, find_experts, layer_routing
-from planner.schema import OPTION_FULL, OPTION_NONE, AllocRecord, LayerProfile, TiedSet, runs_split_backward
+from planner.schema import (
+    OPTION_FULL,
+    OPTION_NONE,
+    AllocRecord,
+    LayerProfile,
+    TiedSet,
+    runs_split_backward,
+)
 
 TIED_SAMPLE_NUMEL = 1 << 24  # elements of a tied gradient timed when summed (64 MiB in fp32)
 REMEASURE_ROUNDS = 2  # suspect layers are timed again this many times at most, then judged
