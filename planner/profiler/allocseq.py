@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from planner.schema import OPTION_OFFLOAD, AllocRecord, LayerProfile
+from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, AllocRecord, LayerProfile
 
 
 class AllocRecorder(TorchDispatchMode):
@@ -106,7 +106,6 @@ def layer_records(layer: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor | 
     from torch.utils.checkpoint import checkpoint
 
     from planner.runtime.recompute import layer_runner
-    from planner.schema import OPTION_FULL, OPTION_NONE
 
     params = list(layer.parameters())
     runners = {OPTION_NONE: layer, OPTION_FULL: partial(checkpoint, layer, use_reentrant=False),
@@ -143,3 +142,42 @@ def with_records(profiles: list[LayerProfile], layers, layer_inputs: list[torch.
 
 def _tensors(tree) -> list[torch.Tensor]:
     return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+def synthesised(layer: LayerProfile, kept_terms: list[int]) -> LayerProfile:
+    """An analytic layer with none's and full's records made from the tensors its formulas count
+    (`kept_terms`, the bytes of each kept tensor; the one equal to its saved input, which the
+    previous layer made, left out): none's forward makes each kept tensor and the output; its
+    backward makes its scratch (the transient beyond the incoming gradient) and the input's
+    gradient, then frees the scratch and the kept tensors, last first. Full's forward makes the
+    output alone, its backward the kept tensors again first. One block of all parameters."""
+    terms = list(kept_terms)
+    if layer.input_in_act_bytes and layer.input_in_act_bytes in terms:
+        terms.remove(layer.input_in_act_bytes)
+    terms = [size for size in terms if size > 0]
+    scratch = max(0, layer.transient_bytes - layer.output_bytes)
+    grad = 0 if layer.kind == "embedding" else layer.input_bytes  # token ids have no gradient
+
+    def backward(next_id: int, saved: list[int]) -> tuple[list[int], int]:
+        """Scratch and the input's gradient from id `next_id`, then the frees; and the gradient's id."""
+        codes, frees, grad_id = [], [], 0
+        if scratch:
+            codes.append(scratch)
+            frees.append(-next_id)
+            next_id += 1
+        if grad:
+            codes.append(grad)
+            grad_id = next_id
+        return codes + frees + [-ident for ident in reversed(saved)], grad_id
+
+    kept = len(terms)
+    params = [layer.param_bytes] if layer.param_bytes else []
+    none_backward, none_grad = backward(kept + 2, list(range(1, kept + 1)))
+    full_backward, full_grad = backward(kept + 2, list(range(2, kept + 2)))  # output is id 1, the recompute 2..
+    records = {
+        OPTION_NONE: AllocRecord(forward=[*terms, layer.output_bytes], backward=none_backward, output=kept + 1,
+                                 input_grad=none_grad, params=params),
+        OPTION_FULL: AllocRecord(forward=[layer.output_bytes], backward=[*terms, *full_backward], output=1,
+                                 input_grad=full_grad, params=params),
+    }
+    return layer.model_copy(update={"alloc_records": records})
