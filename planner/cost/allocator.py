@@ -21,7 +21,9 @@ each with its source:
   fragmentation, 1 - allocated / reserved at the peak, 15% on average (up to 33%); that mean
   is the default margin (`DEFAULT_FRAGMENTATION`), and `--fragmentation` states another
   (0 for a run whose allocator is known not to fragment). The margin is a mean, not a bound:
-  a job at the published worst case reserves 1.27x more than the default predicts.
+  a job at the published worst case reserves 1.27x more than the default predicts. It is the
+  fallback: where a profile recorded its layers' allocations the reserve is the replay's
+  (planner/cost/reserve.py), and the solvers keep the margin to bound the allocated peak.
 - **NCCL.** Each NCCL communicator a rank uses holds buffers outside the caching allocator:
   measured with PyTorch on 4 A100s over NVLink, 544 MiB for a two-rank group and 688 MiB for
   larger ones (NVIDIA/nccl issue 964, the reporter's per-group figures; NCCL 2.18, default

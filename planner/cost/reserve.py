@@ -17,8 +17,9 @@ The step as ckplan's runtime runs it (planner/runtime/replay.py, stagemodule.py)
 - offload (planner/runtime/recompute.py, offloaded_activations): the forward's saved storages
   are copied out on a copy stream with record_stream, so their blocks are cached again only
   once the copy completes. Timed (the host link: --host-bandwidth or the GPU's PCIe figure), each
-  copy out runs on one stream in issue order at that rate against the layers' fwd_ms, and its block
-  is cached once the compute reaches its end; untimed, what the code guarantees
+  copy out is issued as its tensor is saved (the forward's time spread evenly over its events),
+  runs on one stream in issue order at that rate, and its block is cached once the compute
+  reaches its end; untimed, what the code guarantees
   is that it is done when the layer's backward starts (the copy back waits for it, the compute
   waits for the copy back), and that copies complete in the order issued (one stream). The
   replay holds each block until then: an upper bound on the reserve. The copies back are
@@ -164,17 +165,19 @@ class _Step:
         for i, (layer, option, record) in enumerate(zip(self.layers, self.options, self.records)):
             self._ready_by(self.now)
             self._play(record.forward, (mb, i), start=0)
-            self.now += layer.fwd_ms
+            started, self.now = self.now, self.now + layer.fwd_ms
             if i > 0 and not _keeps_input(layer, option, record):
                 self._free_output(mb, i - 1)
             if option == OPTION_OFFLOAD:  # its saved storages leave on the copy stream
-                sizes = _sizes(record.forward)
+                sizes, made = _sizes(record.forward), _made_at(record.forward)
                 for ident in _alive(record.forward):
                     if ident != record.output:
                         self.events.append(Free((mb, i, ident), deferred=True))
                         self.offloaded.append((mb, i, ident))
                         self.saved.setdefault((mb, i), []).append((mb, i, ident))
-                        self.out_clock = max(self.out_clock, self.now) + sizes[ident] * (self.per_byte or 0.0)
+                        # copied out as it is saved (offloaded_activations.pack): when the op that made it ran
+                        issued = started + layer.fwd_ms * made[ident]
+                        self.out_clock = max(self.out_clock, issued) + sizes[ident] * (self.per_byte or 0.0)
                         self.done[(mb, i, ident)] = self.out_clock
         if self.loss is not None:
             self._play(self.loss.forward, (mb, "loss"), start=0)  # the loss value is kept to the end
@@ -328,3 +331,13 @@ def host_copy_ms_per_byte(profile: Profile, setup: TrainSetup) -> float | None:
         except UserError:
             return None
     return 1e3 / (gb_per_s * 1e9)
+
+
+def _made_at(codes: Sequence[int]) -> dict[int, float]:
+    """Each id's allocation as a fraction of the pass's events (the pass's time, evenly spread)."""
+    made, count = {}, 0
+    for position, code in enumerate(codes, start=1):
+        if code > 0:
+            count += 1
+            made[count] = position / len(codes)
+    return made
