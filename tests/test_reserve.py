@@ -123,3 +123,15 @@ def test_timed_copies_free_a_saved_block_once_its_copy_out_is_done():
                            loss=None, copy_ms_per_byte=0.0)
     assert instant.index(Ready((0, 0, 1))) < instant.index(Alloc((1, 0, 1), 8 * MIB))
     assert replay(instant).reserved_peak_bytes <= replay(fast).reserved_peak_bytes <= replay(slow).reserved_peak_bytes
+
+
+def test_1f1b_replays_its_warm_up_and_two_steady_pairs_gpipe_every_microbatch():
+    from planner.cost.reserve import replayed_microbatches
+
+    def pipeline(schedule, microbatches):
+        return TrainSetup(stages=4, microbatches=microbatches, micro_batch_size=1, mem_caps_bytes=[GIB] * 4,
+                          schedule=schedule).pipeline
+
+    assert [replayed_microbatches(pipeline("1F1B", 1000), s) for s in range(4)] == [6, 5, 4, 4]
+    assert replayed_microbatches(pipeline("1F1B", 5), 0) == 5
+    assert replayed_microbatches(pipeline("GPipe", 1000), 0) == 1000

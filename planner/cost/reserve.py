@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from planner.cost import allocator, dataparallel
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
 from planner.cost.assembly import StageCost
+from planner.cost.rules import in_flight
 from planner.errors import UserError
 from planner.schema import (
     OPTION_NONE,
@@ -97,12 +98,24 @@ def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stag
     pipeline = setup.pipeline
     if records is None or pipeline.chunks != 1 or (stage == pipeline.stages - 1 and loss is None):
         return None
-    order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages, num_microbatches=pipeline.microbatches)
+    order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
+                           num_microbatches=replayed_microbatches(pipeline, stage))
     actions = [(a.kind, a.microbatch) for a in order.actions[stage]]
     events = stage_events(layers, options, records, actions=actions, memory=memory,
                           num_microbatches=pipeline.microbatches, loss=loss if stage == pipeline.stages - 1 else None,
                           copy_ms_per_byte=copy_ms_per_byte)
     return allocator.replay(events)
+
+
+def replayed_microbatches(pipeline, stage: int) -> int:
+    """The microbatches the replay runs: 1F1B's steady state repeats one backward and one forward
+    that free what the pair before made, so after its warm-up (min(P - s, M) forwards) two more
+    pairs bring the cache to where the rest of the step keeps it; the replay's cost is then
+    bounded by the stages (torch's schedule takes at least one microbatch a stage), not M.
+    GPipe holds every microbatch at once: all M."""
+    if pipeline.schedule == "GPipe":
+        return pipeline.microbatches
+    return min(pipeline.microbatches, max(pipeline.stages, in_flight(pipeline, stage) + 2))
 
 
 def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
