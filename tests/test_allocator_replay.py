@@ -1,7 +1,11 @@
 """The caching allocator's replay (planner/cost/allocator.py): hand-worked sequences, each
 byte counted by the rules of c10/cuda/CUDACachingAllocator.cpp (commit 001074d25084)."""
 
+import os
 import random
+
+import pytest
+import torch
 
 from planner.cost.allocator import Alloc, CachingAllocator, Free, Ready, Sync, replay
 
@@ -125,3 +129,49 @@ def test_ready_caches_one_waiting_block():
     events = [Alloc("a", 12 * MIB), Alloc("b", 12 * MIB), Free("a", deferred=True), Free("b", deferred=True),
               Ready("b"), Alloc("c", 12 * MIB), Alloc("d", 12 * MIB)]
     assert replay(events).reserved_peak_bytes == 36 * MIB  # c takes b's block, d a new one: a still waits
+
+
+_ON_THE_DEVICE = """
+import json, random, sys
+import torch
+from planner.cost.allocator import Alloc, Free, replay
+rng, events, live, tensors = random.Random(int(sys.argv[1])), [], [], {}
+side = torch.cuda.Stream()
+torch.cuda.empty_cache()
+torch.cuda.reset_peak_memory_stats()
+base_reserved, base_allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+for step in range(600):
+    if live and rng.random() < 0.45:
+        key = live.pop(rng.randrange(len(live)))
+        del tensors[key]
+        events.append(Free(key))
+    else:
+        nbytes = rng.choice([rng.randrange(1, 4096), rng.randrange(1, 4 << 20), rng.randrange(1, 48 << 20)])
+        stream = rng.randrange(2)
+        with torch.cuda.stream(side if stream else torch.cuda.current_stream()):
+            tensors[step] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        live.append(step)
+        events.append(Alloc(step, nbytes, stream))
+got = replay(events)
+print(json.dumps([torch.cuda.max_memory_reserved() - base_reserved, got.reserved_peak_bytes,
+                  torch.cuda.max_memory_allocated() - base_allocated, got.allocated_peak_bytes]))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_replay_reserves_what_torchs_allocator_reserves_on_a_gpu(seed):
+    """The same random sequence (two streams) through torch's caching allocator, in a fresh
+    process, and through the replay: the same peaks (segment addresses only break ties)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", _ON_THE_DEVICE, str(seed)], capture_output=True, text=True,
+                          cwd=ROOT, check=True,
+                          env={**{k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"},
+                               "PYTHONPATH": str(ROOT)})  # the allocator's defaults
+    reserved, replayed, allocated, replayed_allocated = json.loads(done.stdout.splitlines()[-1])
+    assert (reserved, allocated) == (replayed, replayed_allocated)
