@@ -31,9 +31,10 @@ def test_one_layer_one_microbatch_as_events_and_peaks_by_hand():
     events = stage_events([_Layer()], ["none"], [RECORD], actions=[("F", 0), ("B", 0)], memory=memory,
                           num_microbatches=1, loss=None)
     assert [e for e in events if not (isinstance(e, Alloc) and e.nbytes == 0)] == [
-        # static: weight, gradient, the receive buffer, Adam's two states (48 - 2 x 12 MiB = 2 copies)
-        Alloc(("weight", 0), 12 * MIB), Alloc(("grad", 0), 12 * MIB), Alloc(("buffer", 0), 16 * MIB),
-        Alloc(("state", 0, 0), 12 * MIB), Alloc(("state", 0, 1), 12 * MIB),
+        # static: 48 MiB, four copies of the 12 MiB parameter: weight, gradient, then the receive
+        # buffer, then Adam's two states
+        Alloc(("static", 0, 0), 12 * MIB), Alloc(("static", 1, 0), 12 * MIB), Alloc(("buffer", 0), 16 * MIB),
+        Alloc(("static", 2, 0), 12 * MIB), Alloc(("static", 3, 0), 12 * MIB),
         # F0
         Alloc((0, 0, 1), 8 * MIB), Alloc((0, 0, 2), 4 * MIB), Free((0, 0, 2)), Alloc((0, 0, 3), 16 * MIB),
         # B0: the output gradient sits in a receive buffer; the output leaves fwd_cache; the input's
@@ -58,15 +59,15 @@ def test_offload_holds_a_saved_block_until_its_copy_out_is_done():
     # known done)
     assert events.index(Alloc(("back", 0, 0, 1), 8 * MIB)) < events.index(Ready((0, 0, 1))) \
         < events.index(Free(("back", 0, 0, 1)))
-    # by hand: F0's 8 + 4 MiB share a 20 MiB segment (A), its 16 MiB output one of 16 (B); F1's 8 MiB
+    # by hand (no static bytes: the parameter's 12 MiB is not allocated): F0's 8 + 4 MiB share a 20 MiB segment (A), its 16 MiB output one of 16 (B); F1's 8 MiB
     # cannot have mb 0's block (still copying): it and the 4 take the rest of A, its output a third
     # segment (C); at B0 the 8 MiB copy back fits nowhere (A's free tail is 4 MiB): a fourth
-    # segment (D). 24 MiB of weights and gradients + 20 + 16 + 16 + 20
+    # segment (D). 20 + 16 + 16 + 20
     got = replay(events)
-    assert (got.reserved_peak_bytes, got.allocated_peak_bytes) == (96 * MIB, 70 * MIB)
-    # freed at once instead, A is whole again for every later request: 24 + 20 + 16 + 16
+    assert (got.reserved_peak_bytes, got.allocated_peak_bytes) == (72 * MIB, 46 * MIB)
+    # freed at once instead, A is whole again for every later request: 20 + 16 + 16
     at_once = [Free(e.key) if isinstance(e, Free) else e for e in events if not isinstance(e, Ready)]
-    assert replay(at_once).reserved_peak_bytes == 76 * MIB
+    assert replay(at_once).reserved_peak_bytes == 52 * MIB
 
 
 def _with_records(profile):

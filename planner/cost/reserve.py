@@ -130,23 +130,21 @@ def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
 
 
 def _static_events(records: Sequence[AllocRecord], memory: StageMemory, num_microbatches: int) -> list[Event]:
-    """Weights, gradients, receive buffers, optimizer state, as the runtime allocates them. The
-    state is static less weights and gradients, spread over the parameters by their bytes."""
+    """Weights, gradients, receive buffers, optimizer state, as the runtime allocates them: the
+    stage's static bytes as copies of each parameter (a copy's bytes the parameter's, as
+    recorded: weights, gradients, each state; a fraction of a copy where the precision or a
+    ZeRO shard makes the static bytes no whole multiple), the first two (weights, gradients)
+    before the receive buffers, the rest (the optimizer state, made at the first step) after."""
     params = [size for record in records for size in record.params]
     total = sum(params)
-    events: list[Event] = [Alloc(("weight", i), size) for i, size in enumerate(params)]
-    events += [Alloc(("grad", i), size) for i, size in enumerate(params)]
+    whole, part = divmod(memory.static_bytes, total) if total else (0, memory.static_bytes)
+    copies = [[Alloc(("static", copy, i), size) for i, size in enumerate(params)] for copy in range(whole)]
+    copies.append([Alloc(("static", "part", i), part * size // total) for i, size in enumerate(params)]
+                  if total else [Alloc(("static", "part"), part)])
     per_buffer, rest = divmod(memory.buffer_bytes, num_microbatches)
-    events += [Alloc(("buffer", mb), per_buffer) for mb in range(num_microbatches)] + [Alloc(("buffer", "rest"), rest)]
-    state = max(0, memory.static_bytes - 2 * total)
-    if total:
-        copies, part = divmod(state, total)  # Adam's exp_avg and exp_avg_sq: 2 copies at the weights' dtype
-        for i, size in enumerate(params):
-            events += [Alloc(("state", i, copy), size) for copy in range(copies)]
-            events.append(Alloc(("state", i, "part"), part * size // total))
-    else:
-        events.append(Alloc(("state",), state))
-    return events
+    buffers = [Alloc(("buffer", mb), per_buffer) for mb in range(num_microbatches)] + [Alloc(("buffer", "rest"), rest)]
+    return [*(event for copy in copies[:2] for event in copy), *buffers,
+            *(event for copy in copies[2:] for event in copy)]
 
 
 def _scratch_events(records: Sequence[AllocRecord], scratch_bytes: int) -> list[Event]:
