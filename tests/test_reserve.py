@@ -136,3 +136,35 @@ def test_1f1b_replays_its_warm_up_and_two_steady_pairs_gpipe_every_microbatch():
     assert [replayed_microbatches(pipeline("1F1B", 1000), s) for s in range(4)] == [6, 5, 4, 4]
     assert replayed_microbatches(pipeline("1F1B", 5), 0) == 5
     assert replayed_microbatches(pipeline("GPipe", 1000), 0) == 1000
+
+
+CHAIN = '''
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(1024, 2048), nn.GELU(), nn.Linear(2048, 1024), nn.GELU())
+
+
+def example_batch(micro_batch_size):
+    return torch.randn(micro_batch_size, 1024), torch.randn(micro_batch_size, 1024)
+'''
+
+
+def test_a_fake_gpu_profile_is_replayed_on_every_stage_end_to_end(tmp_path):
+    import json
+
+    model = tmp_path / "chain.py"
+    model.write_text(CHAIN)
+    run_ok("profile", model, "--fake", "--device", "cuda", "--gpu", "h100-sxm", "--micro-batch-size", "256",
+           "--out", tmp_path / "f.json")
+    profile = io.load_profile(tmp_path / "f.json")
+    assert all(layer.alloc_records for layer in profile.layers) and profile.loss_alloc is not None
+    result = run_ok("evaluate", "--profile", tmp_path / "f.json", "--mem", "1GiB", "--microbatches", "4",
+                    "--layers-per-stage", "2,2", "--ckpt-per-stage", "1,0", "--json")
+    summary = json.loads(result.stdout)
+    for plan in ("hand", "ckplan"):  # the hand configuration and ckplan's plan beside it
+        stages = summary[plan]["stages"]
+        assert [s["reserved_by"] for s in stages] == ["replay", "replay"]
+        assert all(s["reserved_bytes"] >= s["peak_bytes"] for s in stages)
