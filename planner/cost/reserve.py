@@ -7,7 +7,8 @@ The step as ckplan's runtime runs it (planner/runtime/replay.py, stagemodule.py)
 - static first: each parameter's weight, then its gradient (allocate_grads), the receive
   buffers, then the optimizer state (created at the first step), per parameter;
 - the rank's actions in torch's order (schedules.build_schedule: 1F1B's warm-up forwards, then
-  one backward and one forward, then the cool-down backwards; GPipe's forwards then backwards);
+  one backward and one forward, then the cool-down backwards; GPipe's forwards then backwards),
+  1F1B over its warm-up and two steady pairs only (replayed_microbatches);
 - a forward runs its layers in order, each its recorded forward; a layer's input (the previous
   layer's output) is freed after that layer's forward unless the layer keeps it (it saves its
   input, or recomputes or offloads from it), else after its backward; the stage's output waits
