@@ -231,9 +231,8 @@ def _summary(profile_path: Path, hand, hand_cost, best) -> dict:
             "iteration_ms": cost.iteration_ms,
             "stages": [{"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
                         "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
-                        "reserved_by": c.predicted().reserved_by,
                         "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits,
-                        "time_ms": c.time_ms}
+                        "time_ms": c.time_ms, "reserved_by": c.predicted().reserved_by}
                        for s, c in zip(stages, cost.stages)],
         }
 
