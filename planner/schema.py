@@ -100,6 +100,19 @@ class RecomputeOption(Strict):
     host_bytes: Bytes = 0
 
 
+class AllocRecord(Strict):
+    """One pass pair's storage allocations and frees, per microbatch, in the order the profiler saw
+    them (planner/profiler/allocseq.py): what the caching allocator replay (planner/cost/reserve.py)
+    runs a stage's steady state from. Events: n > 0 allocates n bytes (the next id, from 1), -k
+    frees id k. The backward's ids continue the forward's, so a saved tensor's free names its id."""
+
+    forward: list[int] = []
+    backward: list[int] = []
+    output: int = Field(default=0, ge=0)  # id of the forward's output storage; 0: none made
+    input_grad: int = Field(default=0, ge=0)  # id of the gradient the backward hands back; 0: none
+    params: list[Bytes] = []  # bytes of each parameter, in the order the module lists them
+
+
 class LayerProfile(Strict):
     """One pipeline layer, measured per microbatch."""
 
@@ -148,6 +161,10 @@ class LayerProfile(Strict):
     # of act_bytes, what its experts modules keep (measured with routed_tokens): it grows with the
     # token copies a rank computes, which expert parallelism spreads by routing, not evenly. 0 elsewhere
     expert_act_bytes: Bytes = 0
+    # the allocations and frees of one forward and backward, per recompute option by name ("none",
+    # "full", selective ones; fake profiles): the allocator replay's input. Empty in other profiles
+    # and profiles made before: the reserve is then the allocated peak over 1 - fragmentation
+    alloc_records: dict[OptionName, AllocRecord] = {}
 
     @model_validator(mode="after")
     def _options_agree(self) -> LayerProfile:
@@ -202,6 +219,7 @@ class Profile(Strict):
     loss_bytes: Bytes = 0  # what the loss function keeps for backward, and the loss value (last stage)
     loss_ms: Ms = 0.0  # loss forward + backward
     loss_transient_bytes: Bytes = 0  # extra peak during the loss's forward and backward beyond what it keeps
+    loss_alloc: AllocRecord | None = None  # the loss's allocations and frees (fake profiles): see AllocRecord
     layers: list[LayerProfile] = Field(min_length=1)
     # measured by `ckplan profile MODEL.py`, or computed from a published architecture's
     # formulas (`--arch`); an analytic profile records every assumption it rests on
@@ -420,6 +438,10 @@ class StagePredicted(Strict):
     # cuda: what the caching allocator reserves at the peak, and the communication library's
     # buffers beside it (planner/cost/allocator.py); the cap holds both. None / 0 on cpu
     reserved_bytes: int | None = None
+    # how reserved_bytes was found: "replay" (the caching allocator's rules over the stage's
+    # recorded allocations, planner/cost/reserve.py) or "divisor" (the allocated peak over
+    # 1 - fragmentation: profiles without allocation records, chunked schedules, --fragmentation)
+    reserved_by: Literal["replay", "divisor"] | None = None
     workspace_bytes: int = 0
     # host memory the rank takes (offloaded optimizer, offloaded activations) and its share of
     # the node's (--host-mem; None: not capped)

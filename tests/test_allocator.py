@@ -140,9 +140,14 @@ def test_solve_on_a_gpu_profile_states_the_reserved_peak_beside_the_allocated(tm
     plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     for stage in plan["stages"]:
         predicted = stage["predicted"]
-        assert predicted["reserved_bytes"] >= predicted["peak_bytes"] / 0.85
+        # the analytic profile's layers carry records: the allocator's replay, but on the last
+        # stage (no loss record in an analytic profile), where the divisor stays
+        last = stage["index"] == 3
+        assert predicted["reserved_by"] == ("divisor" if last else "replay")
+        assert predicted["reserved_bytes"] >= predicted["peak_bytes"] / (0.85 if last else 1)
         assert predicted["workspace_bytes"] == (1 if stage["index"] in (0, 3) else 2) * 544 * MIB
     assert summary["stages"][0]["reserved_bytes"] == plan["stages"][0]["predicted"]["reserved_bytes"]
+    assert summary["stages"][0]["reserved_by"] == "replay"
     table = run_ok("evaluate", "--profile", tmp_path / "p.json", "--precision", "bf16-mixed",
                    "--fragmentation", "0.3", "--layers-per-stage", "9,8,8,9", "--ckpt-per-stage", "0,0,0,0")
     assert "reserved" in table.output and "nccl" in table.output

@@ -38,6 +38,9 @@ def _same_bytes(fake, measured):
     assert {key: getattr(fake, key) for key in PROFILE_BYTES} == {key: getattr(measured, key) for key in PROFILE_BYTES}
     assert [(t.layers, t.param_count, t.param_bytes) for t in fake.tied] == \
         [(t.layers, t.param_count, t.param_bytes) for t in measured.tied]
+    # the allocations and frees the allocator replay runs from, storage by storage
+    assert [layer.alloc_records for layer in fake.layers] == [layer.alloc_records for layer in measured.layers]
+    assert fake.loss_alloc == measured.loss_alloc and fake.loss_alloc is not None
 
 
 def test_a_fake_profile_of_a_model_file_equals_the_measured_one_byte_for_byte(tmp_path):

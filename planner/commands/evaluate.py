@@ -264,7 +264,7 @@ def _summary(profile_path: Path, hand, hand_cost, best) -> dict:
             "stages": [{"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
                         "static_bytes": c.static_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
                         "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits,
-                        "time_ms": c.time_ms}
+                        "time_ms": c.time_ms, "reserved_by": c.predicted().reserved_by}
                        for s, c in zip(stages, cost.stages)],
         }
 

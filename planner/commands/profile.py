@@ -325,7 +325,7 @@ def _profile(measurement, *, model_file, model_ref, device, dtype, micro_batch_s
         loss_bytes=measurement.loss_bytes,
         tied=measurement.tied,
         loss_ms=measurement.loss_ms,
-        loss_transient_bytes=measurement.loss_transient_bytes,
+        loss_transient_bytes=measurement.loss_transient_bytes, loss_alloc=measurement.loss_alloc,
         layers=measurement.layers,
         host_step_ns_per_param=host_step_ns_per_param(),
     )

@@ -119,6 +119,7 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
         batch_target_bytes=measurement.batch_target_bytes, loss_bytes=measurement.loss_bytes,
         loss_ms=measurement.loss_ms, loss_transient_bytes=measurement.loss_transient_bytes,
         layers=measurement.layers, tied=measurement.tied, source="fake", assumptions=facts,
+        loss_alloc=measurement.loss_alloc,
     )
     return _with_host_step(profile)
 

@@ -46,14 +46,25 @@ def _share(fraction: float, cuda: bool) -> str:
     return percent(fraction) if cuda else bar(fraction, width=10)
 
 
-def reserved_note(setup) -> str:
-    """How the reserved column is made (cuda plans)."""
+def reserved_note(setup, predicted=()) -> str:
+    """How the reserved column is made (cuda plans): by the caching allocator's replay where each
+    stage's `predicted.reserved_by` says so (planner/cost/reserve.py), else by the divisor; and
+    the stages whose replayed reserve the cap does not hold (the solvers admit a plan by its
+    allocated peak under the divisor's margin)."""
     from planner.cost import allocator
 
     margin = setup.pipeline.fragmentation
     margin = allocator.DEFAULT_FRAGMENTATION if margin is None else margin
-    return (f"peak: allocated; reserved: the caching allocator's at {margin:.0%} fragmentation "
-            f"(--fragmentation), in 2 MiB segments; nccl: communicator buffers; the cap holds reserved + nccl")
+    divisor = f"the caching allocator's at {margin:.0%} fragmentation (--fragmentation), in 2 MiB segments"
+    replayed = [i for i, p in enumerate(predicted) if p.reserved_by == "replay"]
+    how = divisor if not replayed else (
+        "the caching allocator's rules replayed on each stage's recorded allocations" if len(replayed) == len(predicted)
+        else f"replayed on stages {', '.join(map(str, replayed))}, elsewhere {divisor}")
+    over = [i for i, p in enumerate(predicted) if p.reserved_bytes is not None
+            and p.reserved_bytes + p.workspace_bytes > setup.pipeline.mem_caps_bytes[i]]
+    warning = f"; stages {', '.join(map(str, over))} reserve more than their cap" if over else ""
+    return (f"peak: allocated; reserved: {how}; nccl: communicator buffers; the cap holds reserved + nccl, "
+            f"the solvers hold the allocated peak to the cap less a {margin:.0%} margin{warning}")
 
 
 def host_line(stages) -> str:
@@ -101,7 +112,7 @@ def print_plan(plan, out: Path) -> None:
         for stage in plan.stages:  # the compact table counts them: say which options
             console.print(f"stage {stage.index} recomputes: {_checkpointed(stage) or 'nothing'}")
     if cuda:
-        console.print(reserved_note(setup))
+        console.print(reserved_note(setup, [stage.predicted for stage in plan.stages]))
     if any(stage.predicted.host_bytes for stage in plan.stages):
         console.print(host_line(plan.stages))
     print_comparison(plan)

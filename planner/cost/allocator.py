@@ -21,18 +21,26 @@ each with its source:
   fragmentation, 1 - allocated / reserved at the peak, 15% on average (up to 33%); that mean
   is the default margin (`DEFAULT_FRAGMENTATION`), and `--fragmentation` states another
   (0 for a run whose allocator is known not to fragment). The margin is a mean, not a bound:
-  a job at the published worst case reserves 1.27x more than the default predicts.
+  a job at the published worst case reserves 1.27x more than the default predicts. It is the
+  fallback: where a profile recorded its layers' allocations the reserve is the replay's
+  (planner/cost/reserve.py), and the solvers keep the margin to bound the allocated peak.
 - **NCCL.** Each NCCL communicator a rank uses holds buffers outside the caching allocator:
   measured with PyTorch on 4 A100s over NVLink, 544 MiB for a two-rank group and 688 MiB for
   larger ones (NVIDIA/nccl issue 964, the reporter's per-group figures; NCCL 2.18, default
   NCCL_BUFFSIZE). A pipeline rank sends to each neighbour over a two-rank communicator
   (ProcessGroupNCCL's point-to-point communicators), and joins one communicator per
   data-parallel group it reduces in.
+- **The replay.** `replay` runs the allocator's own rules (below) on a stage's allocations and
+  frees, so the reserved peak is the segments that sequence takes, not a margin.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 MIB = 1 << 20
 
@@ -91,3 +99,216 @@ def communicator_bytes(group_size: int) -> int:
     if group_size <= 1:
         return 0
     return NCCL_PAIR_BYTES if group_size == 2 else NCCL_GROUP_BYTES
+
+
+# ---------------------------------------------------------------- the replay
+#
+# PyTorch's CUDACachingAllocator replayed on a sequence of allocations and frees, read from
+# c10/cuda/CUDACachingAllocator.cpp at pytorch/pytorch commit 001074d25084 (DeviceCachingAllocator:
+# malloc, get_free_block, should_split, alloc_found_block, free_block, try_merge_blocks), with the
+# defaults a job runs under: no expandable segments, max_split_size unlimited, no garbage
+# collection threshold, no empty_cache during the step (segments are never returned).
+#
+# - A request is rounded by round_size (block_bytes) and served from the small pool (<= 1 MiB) or
+#   the large one. Each pool's free blocks are ordered by (stream, size, address)
+#   (BlockComparatorSize); get_free_block takes the first at or above (stream, size): best fit,
+#   the lowest address among equals, and never a block of another stream.
+# - None found: a new segment of get_allocation_size (segment_bytes) is reserved.
+# - The block found is split when the remainder is >= 512 B (small pool) or > 1 MiB (large pool,
+#   and only for a request below max_split_size); the request takes the front. An unsplit
+#   block is allocated whole: the allocated statistic counts its whole size.
+# - A freed block merges with its free neighbours in the segment (try_merge_blocks). A block
+#   used on another stream (record_stream) is not free until that stream's event completes
+#   (free is deferred to process_events): Free(deferred=True) holds it until its Ready(key) or a Sync().
+# - With max_split_size set, a request below it is never served by a block at or above it, and
+#   a request at or above it only by a block less than kLargeBuffer larger (get_free_block).
+
+
+# Events are named tuples: a stage's step makes thousands, and the replay runs once per stage of
+# every evaluated plan.
+
+
+class Alloc(NamedTuple):
+    key: Hashable  # names the allocation for its Free
+    nbytes: int
+    stream: int = 0  # the stream current when it was allocated: its pool
+
+
+class Free(NamedTuple):
+    key: Hashable
+    deferred: bool = False  # used on another stream (record_stream): cached only at its Ready
+
+
+class Ready(NamedTuple):
+    """The other stream's event recorded on `key`'s deferred free is complete: its block is cached."""
+
+    key: Hashable
+
+
+class Sync(NamedTuple):
+    """Every other stream's recorded events are complete (process_events frees what waited)."""
+
+
+Event = Alloc | Free | Ready | Sync
+
+
+@dataclass(frozen=True)
+class Replayed:
+    allocated_peak_bytes: int  # max_memory_allocated: the blocks handed out, whole
+    reserved_peak_bytes: int  # max_memory_reserved: the segments taken from the driver
+    segments: int
+
+
+@dataclass(eq=False)
+class _Block:
+    address: int
+    size: int
+    stream: int
+    small: bool
+    allocated: bool = False
+    waiting: bool = False  # freed, its other stream's event not yet complete
+    prev: _Block | None = None
+    next: _Block | None = None
+
+    def sort_key(self) -> tuple[int, int, int]:
+        return self.stream, self.size, self.address
+
+
+class _Pool:
+    """Free blocks ordered as BlockComparatorSize orders them."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int, int]] = []
+        self.blocks: dict[tuple[int, int, int], _Block] = {}
+
+    def insert(self, block: _Block) -> None:
+        key = block.sort_key()
+        bisect.insort(self.keys, key)
+        self.blocks[key] = block
+
+    def remove(self, block: _Block) -> None:
+        key = block.sort_key()
+        del self.keys[bisect.bisect_left(self.keys, key)]
+        del self.blocks[key]
+
+    def best_fit(self, stream: int, size: int) -> _Block | None:
+        at = bisect.bisect_left(self.keys, (stream, size, -1))
+        if at == len(self.keys) or self.keys[at][0] != stream:
+            return None
+        return self.blocks[self.keys[at]]
+
+
+class CachingAllocator:
+    """The DeviceCachingAllocator's bookkeeping (no memory): malloc, free, process_events."""
+
+    def __init__(self, *, max_split_bytes: int | None = None) -> None:
+        self.max_split = max_split_bytes if max_split_bytes is not None else 1 << 62
+        self.pools = {True: _Pool(), False: _Pool()}  # small, large
+        self.live: dict[Hashable, _Block] = {}
+        self.pending: dict[Hashable, _Block] = {}
+        self.allocated = self.reserved = self.allocated_peak = self.reserved_peak = 0
+        self.segments = 0
+        self._next_address = 0
+
+    def malloc(self, key: Hashable, nbytes: int, stream: int = 0) -> None:
+        if key in self.live:
+            raise ValueError(f"allocation {key!r} is already live")
+        size = block_bytes(nbytes)
+        if size == 0:
+            return
+        small = size <= SMALL_SIZE
+        pool = self.pools[small]
+        block = pool.best_fit(stream, size)
+        if block is not None and self._oversize_refuses(size, block):
+            block = None
+        if block is not None:
+            pool.remove(block)
+        else:
+            block = self._new_segment(segment_bytes(size), stream, small)
+        if self._should_split(block, size):
+            rest = _Block(block.address + size, block.size - size, stream, small, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next, block.size = rest, size
+            pool.insert(rest)
+        block.allocated = True
+        self.live[key] = block
+        self.allocated += block.size
+        self.allocated_peak = max(self.allocated_peak, self.allocated)
+
+    def free(self, key: Hashable, *, deferred: bool = False) -> None:
+        block = self.live.pop(key, None)
+        if block is None:
+            return  # a zero-byte request: never allocated
+        block.allocated = False
+        self.allocated -= block.size
+        if deferred:
+            block.waiting = True
+            self.pending[key] = block
+        else:
+            self._free_block(block)
+
+    def ready(self, key: Hashable) -> None:
+        block = self.pending.pop(key, None)
+        if block is not None:
+            block.waiting = False
+            self._free_block(block)
+
+    def sync(self) -> None:
+        for key in list(self.pending):
+            self.ready(key)
+
+    def _oversize_refuses(self, size: int, block: _Block) -> bool:
+        if block.small:
+            return False
+        if size < self.max_split:
+            return block.size >= self.max_split
+        return block.size >= size + LARGE_BUFFER
+
+    def _should_split(self, block: _Block, size: int) -> bool:
+        remaining = block.size - size
+        if block.small:
+            return remaining >= MIN_BLOCK_BYTES
+        return size < self.max_split and remaining > SMALL_SIZE
+
+    def _new_segment(self, size: int, stream: int, small: bool) -> _Block:
+        block = _Block(self._next_address, size, stream, small)
+        self._next_address += size + ROUND_LARGE  # segments never touch: only split blocks merge
+        self.reserved += size
+        self.reserved_peak = max(self.reserved_peak, self.reserved)
+        self.segments += 1
+        return block
+
+    def _free_block(self, block: _Block) -> None:
+        pool = self.pools[block.small]
+        for neighbour in (block.prev, block.next):
+            if neighbour is None or neighbour.allocated or neighbour.waiting:
+                continue
+            pool.remove(neighbour)
+            if neighbour is block.prev:  # [neighbour block]
+                block.address, block.prev = neighbour.address, neighbour.prev
+                if block.prev is not None:
+                    block.prev.next = block
+            else:  # [block neighbour]
+                block.next = neighbour.next
+                if block.next is not None:
+                    block.next.prev = block
+            block.size += neighbour.size
+        pool.insert(block)
+
+
+def replay(events: Iterable[Event], *, max_split_bytes: int | None = None) -> Replayed:
+    """The allocated and reserved peaks of the caching allocator over `events`, from an empty
+    cache (a pure function of the sequence)."""
+    state = CachingAllocator(max_split_bytes=max_split_bytes)
+    for event in events:
+        kind = type(event)
+        if kind is Alloc:
+            state.malloc(*event)
+        elif kind is Free:
+            state.free(event[0], deferred=event[1])
+        elif kind is Ready:
+            state.ready(event[0])
+        else:
+            state.sync()
+    return Replayed(state.allocated_peak, state.reserved_peak, state.segments)

@@ -62,6 +62,7 @@ class StageCost:
     # buffers are taken (limit_bytes); the reserved peak and those buffers. cpu: the cap, the peak, 0
     limit_bytes: int | None = None  # None: the cap
     reserved_bytes: int | None = None  # None: the peak
+    reserved_by: str | None = None  # cuda: "replay" (planner/cost/reserve.py) or "divisor"
     workspace_bytes: int = 0
     weight_grad_bytes: int = 0  # per microbatch between a split backward's input and weight passes
     weight_pass_peak_bytes: int = 0  # a split backward's weight pass, over what is live before it
@@ -104,6 +105,7 @@ class StageCost:
     def predicted(self) -> StagePredicted:
         return StagePredicted(
             reserved_bytes=self.reserved_bytes,
+            reserved_by=self.reserved_by or ("divisor" if self.reserved_bytes is not None else None),
             workspace_bytes=self.workspace_bytes,
             peak_bytes=self.peak_bytes,
             static_bytes=self.static_bytes,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from planner.cost.assembly import PlanCost, iteration_ms, option_indices, stage_cost
 from planner.cost.layers import layer_costs
+from planner.cost.reserve import with_replayed_reserve
 from planner.schema import CHUNKED_SCHEDULES, Profile, StagePlan, TrainSetup
 
 
@@ -32,6 +33,7 @@ def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -
     result = []
     for s, stage in enumerate(stages):
         layers = [costs[position[name]] for name in stage.layers]
-        result.append(stage_cost(layers, option_indices(stage, layers), stage=s, profile=profile, setup=setup))
+        cost = stage_cost(layers, option_indices(stage, layers), stage=s, profile=profile, setup=setup)
+        result.append(with_replayed_reserve(cost, stage, s, profile=profile, setup=setup))
     return PlanCost(stages=result, iteration_ms=iteration_ms([c.busy_ms for c in result], setup,
                                                              [c.step_ms for c in result]))

@@ -91,7 +91,7 @@ from itertools import combinations
 
 from planner.errors import UserError
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
-from planner.profiler import analytic_time
+from planner.profiler import allocseq, analytic_time
 from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> by callers
     DTYPE_BYTES,
     INDEX_BYTES,
@@ -555,7 +555,7 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
 def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, input_bytes: int, output_bytes: int,
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
            selective: tuple[RecomputeOption, ...] = (),
-           expert_param_count: int = 0, a2a_bytes: int = 0) -> LayerProfile:
+           expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = ()) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes)."""
@@ -563,7 +563,7 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
     options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
                                recompute_peak_bytes=max(act_bytes - input_bytes, 0)), *selective] if selective else []
-    return LayerProfile(
+    return allocseq.synthesised(LayerProfile(  # kept_terms: each kept tensor, for the allocator replay
         recompute_options=options,
         name=name, kind=kind, fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
         bwd_ms_min=bwd_ms, bwd_ms_max=bwd_ms, recompute_ms=recompute,
@@ -571,7 +571,7 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
         expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
-    )
+    ), list(kept_terms) or [act_bytes])
 
 
 def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
@@ -583,7 +583,7 @@ def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None
     times = analytic_time.times_ms(analytic_time.embedding_work(arch, shape), gpu, mfu)
     return _layer("tok_embeddings", "embedding", times=times, act_bytes=ids + mask, input_bytes=ids,
                   output_bytes=out, input_in_act_bytes=ids, param_count=embedding_params(arch, shape),
-                  transient_bytes=out, shape=shape, gpu=gpu)
+                  transient_bytes=out, shape=shape, gpu=gpu, kept_terms=(ids, mask))
 
 
 def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
@@ -593,6 +593,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
     times = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
     return _layer(f"layers.{index}", "moe_block" if moe else "decoder_block", times=times,
                   act_bytes=sum(term.num_bytes for term in block_terms(arch, shape, moe=moe)), input_bytes=boundary,
+                  kept_terms=tuple(term.num_bytes for term in block_terms(arch, shape, moe=moe)),
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
@@ -609,7 +610,8 @@ def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> 
     return _layer("output", "norm+lm_head", times=times, act_bytes=kept,
                   input_bytes=boundary, output_bytes=logits_bytes(arch, shape, shape.d),
                   input_in_act_bytes=boundary, param_count=head_params(arch, shape),
-                  transient_bytes=logits_bytes(arch, shape, shape.d), shape=shape, gpu=gpu)
+                  transient_bytes=logits_bytes(arch, shape, shape.d), shape=shape, gpu=gpu,
+                  kept_terms=(*(term.num_bytes for term in _norm_terms(arch, shape, "final")), boundary))
 
 
 def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = None,

@@ -49,7 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from planner.cost.tied import tied_params
 from planner.errors import UserError
 from planner.models.archs import GPU
-from planner.profiler import analytic, measure, options, roofline
+from planner.profiler import allocseq, analytic, measure, options, roofline
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
@@ -358,7 +358,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
     the FLOPs per layer and pass (forward, backward, recompute) it rests on."""
     kinds = layer_kinds(layers)
     layer_inputs = [inputs, *layer_outputs[:-1]]
-    runs = []
+    runs, records = [], []  # records: each layer's allocations and frees per option (allocseq)
     for index, (name, layer) in enumerate(layers):
         x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
         output = layer_outputs[index]
@@ -372,6 +372,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             fwd, bwd, recompute = _layer_work(layer, x, grad)
             runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
                                   *_run_options(layer, x, grad, fwd + bwd, has_backward)))
+            records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
         layer.zero_grad(set_to_none=True)
     chosen = options.common_per_kind(kinds, [list(run.option_transients) for run in runs])
     with blame("the model under FakeTensorMode"), data_free("the model's forward or backward"):
@@ -406,12 +407,15 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                   for option in chosen[index]),
                 *_offload_option(act, saved.input_in_act_bytes[index], device_type, gpu, run.has_backward,
                                  fwd_ms=fwd_ms, bwd_ms=bwd_ms, first_bytes=saved.last_saved_bytes[index])],
+            alloc_records={name: record for name, record in records[index].items()
+                           if name in (OPTION_NONE, OPTION_FULL, *chosen[index])},
         ))
         on_layer(name)
     with blame("loss_fn(output, target)"), data_free("loss_fn(output, target)"):
         loss_transient = measure._loss_transient_bytes(loss_fn, layer_outputs[-1], targets,
                                                        tracker=lambda device: StorageTracker())
         loss_work = _loss_work(loss_fn, layer_outputs[-1], targets)
+        loss_alloc = allocseq.record_loss(loss_fn, layer_outputs[-1], targets)
         with torch.no_grad():
             value = loss_fn(layer_outputs[-1], targets)
             loss_value_bytes = counted_bytes(value.numel() * value.element_size(), value.device)
@@ -420,7 +424,8 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             for item in tied_params(layers)]
     flops["loss"] = {"forward": loss_work.flops}
     return measure.Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes + loss_value_bytes,
-                               roofline_ms(loss_work, gpu), loss_transient, storage_nbytes(targets), [], tied), flops
+                               roofline_ms(loss_work, gpu), loss_transient, storage_nbytes(targets), [], tied,
+                               loss_alloc), flops
 
 
 def _offload_option(act_bytes: int, input_in_act_bytes: int, device_type: str, gpu: GPU,

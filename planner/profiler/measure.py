@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.cost.optimizers import OPTIMIZERS, make_optimizer
 from planner.cost.tied import check_tieable, tied_params
 from planner.errors import UserError
-from planner.profiler import options, sanity
+from planner.profiler import allocseq, options, sanity
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
@@ -45,7 +45,14 @@ from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_int
 from planner.profiler.userfault import blame
 from planner.runtime.recompute import layer_runner
 from planner.runtime.routing import Routing, find_experts, layer_routing
-from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, TiedSet, runs_split_backward
+from planner.schema import (
+    OPTION_FULL,
+    OPTION_NONE,
+    AllocRecord,
+    LayerProfile,
+    TiedSet,
+    runs_split_backward,
+)
 
 TIED_SAMPLE_NUMEL = 1 << 24  # elements of a tied gradient timed when summed (64 MiB in fp32)
 REMEASURE_ROUNDS = 2  # suspect layers are timed again this many times at most, then judged
@@ -61,6 +68,7 @@ class Measurement:
     batch_target_bytes: int
     warnings: list[str] = field(default_factory=list)  # what the measurement could not settle
     tied: list[TiedSet] = field(default_factory=list)  # parameters shared between layers
+    loss_alloc: AllocRecord | None = None  # the loss's allocations and frees (fake profiles: allocseq)
 
 
 def measure_model(
@@ -119,15 +127,18 @@ def measure_model(
 
     warnings = list(dict.fromkeys(warnings))  # an option a kind's layers cannot run, said once
     profiles = _remeasure_suspects(timed, layer_profiles, warmup=warmup, repeats=repeats, warnings=warnings)
+    with blame("the layers' allocations"):
+        profiles = allocseq.with_records(profiles, layers, layer_inputs, layer_outputs)
     with blame("loss_fn(output, target)"):
         loss_ms = _loss_ms(loss_fn, layer_outputs[-1], targets, warmup=warmup, repeats=repeats)
         loss_transient = _loss_transient_bytes(loss_fn, layer_outputs[-1], targets)
+        loss_alloc = allocseq.record_loss(loss_fn, layer_outputs[-1], targets)
         with torch.no_grad():  # the loss value itself is kept too, until backward and beyond
             value = loss_fn(layer_outputs[-1], targets)
             loss_value_bytes = counted_bytes(value.numel() * value.element_size(), value.device)
     return Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes + loss_value_bytes, loss_ms,
                        loss_transient, storage_nbytes(targets), warnings,
-                       tied_sets(layers, device=inputs.device, warmup=warmup, repeats=repeats))
+                       tied_sets(layers, device=inputs.device, warmup=warmup, repeats=repeats), loss_alloc)
 
 
 def tied_sets(layers: Layers, *, device: torch.device, warmup: int, repeats: int) -> list[TiedSet]:

@@ -1,0 +1,355 @@
+"""A stage's reserved peak on cuda from the caching allocator's replay (allocator.replay) of its
+steady-state step: the allocations and frees each layer's profile recorded (schema.AllocRecord,
+per recompute option), in the order the schedule runs the stage's passes, after the memory the
+runtime allocates first.
+
+The step as ckplan's runtime runs it (planner/runtime/replay.py, stagemodule.py):
+- static first: each parameter's weight, then its gradient (allocate_grads), the receive
+  buffers, then the optimizer state (created at the first step), per parameter;
+- the rank's actions in torch's order (schedules.build_schedule: 1F1B's warm-up forwards, then
+  one backward and one forward, then the cool-down backwards; GPipe's forwards then backwards),
+  1F1B over its warm-up and two steady pairs only (replayed_microbatches);
+- a forward runs its layers in order, each its recorded forward; a layer's input (the previous
+  layer's output) is freed after that layer's forward unless the layer keeps it (it saves its
+  input, or recomputes or offloads from it), else after its backward; the stage's output waits
+  for its backward (fwd_cache); the last stage's loss follows its last layer;
+- a backward runs the loss's, then the layers' recorded backwards in reverse; each frees the
+  gradient it received, and what its forward left (saved tensors the record did not see freed);
+- offload (planner/runtime/recompute.py, offloaded_activations): the forward's saved storages
+  are copied out on a copy stream with record_stream, so their blocks are cached again only
+  once the copy completes. Timed (the host link: --host-bandwidth or the GPU's PCIe figure), each
+  copy out is issued as its tensor is saved (the forward's time spread evenly over its events),
+  runs on one stream in issue order at that rate, and its block is cached once the compute
+  reaches its end; untimed, what the code guarantees
+  is that it is done when the layer's backward starts (the copy back waits for it, the compute
+  waits for the copy back), and that copies complete in the order issued (one stream). The
+  replay holds each block until then: an upper bound on the reserve. The copies back are
+  allocated on the compute stream as the backward reaches the layer;
+- the optimizer step's scratch (foreach: every parameter's at once), then freed.
+
+Nothing here reads a file or prints; it runs once per stage of an evaluated plan, never per
+solver node (the solvers constrain the allocated peak; see costmodel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.cost import allocator, dataparallel
+from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
+from planner.cost.assembly import StageCost
+from planner.cost.rules import in_flight
+from planner.errors import UserError
+from planner.schema import (
+    OPTION_NONE,
+    OPTION_OFFLOAD,
+    AllocRecord,
+    LayerProfile,
+    Profile,
+    StagePlan,
+    TrainSetup,
+)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """What the replay needs of a stage beyond its layers: the cost model's totals."""
+
+    static_bytes: int
+    buffer_bytes: int
+    scratch_bytes: int
+
+
+def records_for(layers: Sequence[LayerProfile], options: Sequence[str]) -> list[AllocRecord] | None:
+    """Each layer's record for its option (offload: none's, its copies added by the replay);
+    None where a layer has none for it (profiles without records: the divisor stays)."""
+    found = []
+    for layer, option in zip(layers, options, strict=True):
+        record = layer.alloc_records.get(OPTION_NONE if option == OPTION_OFFLOAD else option)
+        if record is None:
+            return None
+        found.append(record)
+    return found
+
+
+def stage_events(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
+                 actions: Sequence[tuple[str, int]], memory: StageMemory, num_microbatches: int,
+                 loss: AllocRecord | None, copy_ms_per_byte: float | None = None) -> list[Event]:
+    """The stage's step as allocator events: static, then `actions` ((F|B, microbatch), in run
+    order), then the optimizer step. `loss`: the last stage's loss record, else None.
+    `copy_ms_per_byte`: offload's copies timed at this rate against the layers' fwd_ms and
+    bwd_ms; None: each saved block held until its layer's backward (an upper bound)."""
+    events = _static_events(records, memory, num_microbatches)
+    step = _Step(layers, options, records, loss, events, copy_ms_per_byte)
+    for kind, mb in actions:
+        step.forward(mb) if kind == "F" else step.backward(mb)
+    events += _scratch_events(records, memory.scratch_bytes)
+    return events
+
+
+def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stage: int, setup: TrainSetup,
+                 memory: StageMemory, loss: AllocRecord | None, copy_ms_per_byte: float | None = None) -> Replayed | None:
+    """The caching allocator's peaks over the stage's step; None where the layers carry no
+    records or the schedule runs several chunks per rank (not replayed yet)."""
+    from planner.cost.schedules import build_schedule  # torch's pipelining: only when replaying
+
+    records = records_for(layers, options)
+    pipeline = setup.pipeline
+    if records is None or pipeline.chunks != 1 or (stage == pipeline.stages - 1 and loss is None):
+        return None
+    order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
+                           num_microbatches=replayed_microbatches(pipeline, stage))
+    actions = [(a.kind, a.microbatch) for a in order.actions[stage]]
+    events = stage_events(layers, options, records, actions=actions, memory=memory,
+                          num_microbatches=pipeline.microbatches, loss=loss if stage == pipeline.stages - 1 else None,
+                          copy_ms_per_byte=copy_ms_per_byte)
+    return allocator.replay(events)
+
+
+def replayed_microbatches(pipeline, stage: int) -> int:
+    """The microbatches the replay runs: 1F1B's steady state repeats one backward and one forward
+    that free what the pair before made, so after its warm-up (min(P - s, M) forwards) two more
+    pairs bring the cache to where the rest of the step keeps it; the replay's cost is then
+    bounded by the stages (torch's schedule takes at least one microbatch a stage), not M.
+    GPipe holds every microbatch at once: all M."""
+    if pipeline.schedule == "GPipe":
+        return pipeline.microbatches
+    return min(pipeline.microbatches, max(pipeline.stages, in_flight(pipeline, stage) + 2))
+
+
+def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
+    """The stage's reserved peak: the replay's, plus what the cost model's allocated peak holds
+    beyond the replay's allocated peak (bytes the recorded sequence does not show, which need
+    segments too), in 2 MiB segments."""
+    beyond = max(0, peak_bytes - replayed.allocated_peak_bytes)
+    return replayed.reserved_peak_bytes + -(-beyond // allocator.ROUND_LARGE) * allocator.ROUND_LARGE
+
+
+# ---------------------------------------------------------------- static and the step's scratch
+
+
+def _static_events(records: Sequence[AllocRecord], memory: StageMemory, num_microbatches: int) -> list[Event]:
+    """Weights, gradients, receive buffers, optimizer state, as the runtime allocates them: the
+    stage's static bytes as copies of each parameter (a copy's bytes the parameter's, as
+    recorded: weights, gradients, each state; a fraction of a copy where the precision or a
+    ZeRO shard makes the static bytes no whole multiple), the first two (weights, gradients)
+    before the receive buffers, the rest (the optimizer state, made at the first step) after."""
+    params = [size for record in records for size in record.params]
+    total = sum(params)
+    whole, part = divmod(memory.static_bytes, total) if total else (0, memory.static_bytes)
+    copies = [[Alloc(("static", copy, i), size) for i, size in enumerate(params)] for copy in range(whole)]
+    copies.append([Alloc(("static", "part", i), part * size // total) for i, size in enumerate(params)]
+                  if total else [Alloc(("static", "part"), part)])
+    per_buffer, rest = divmod(memory.buffer_bytes, num_microbatches)
+    buffers = [Alloc(("buffer", mb), per_buffer) for mb in range(num_microbatches)] + [Alloc(("buffer", "rest"), rest)]
+    return [*(event for copy in copies[:2] for event in copy), *buffers,
+            *(event for copy in copies[2:] for event in copy)]
+
+
+def _scratch_events(records: Sequence[AllocRecord], scratch_bytes: int) -> list[Event]:
+    params = [size for record in records for size in record.params]
+    total = sum(params) or 1
+    made = [Alloc(("scratch", i), scratch_bytes * size // total) for i, size in enumerate(params)] or \
+        [Alloc(("scratch",), scratch_bytes)]
+    return made + [Free(event.key) for event in made]
+
+
+# ---------------------------------------------------------------- the passes
+
+
+class _Step:
+    """Appends a stage's forward and backward passes of one microbatch to `events`. Keys: a
+    recorded allocation is (mb, layer index or "loss", id); a copy back ("back", mb, i, id)."""
+
+    def __init__(self, layers, options, records, loss: AllocRecord | None, events: list[Event],
+                 copy_ms_per_byte: float | None = None) -> None:
+        self.layers, self.options, self.records, self.loss, self.events = layers, options, records, loss, events
+        self.offloaded: list[tuple] = []  # saved blocks waiting for their copy out, in issue order
+        self.saved: dict[tuple, list[tuple]] = {}  # (mb, layer) -> its offloaded blocks' keys
+        # the copies' clock (timed): the compute stream's time, each copy stream's, each copy out's end
+        self.per_byte = copy_ms_per_byte
+        self.now = self.out_clock = self.back_clock = 0.0
+        self.done: dict[tuple, float] = {}
+
+    def forward(self, mb: int) -> None:
+        for i, (layer, option, record) in enumerate(zip(self.layers, self.options, self.records)):
+            self._ready_by(self.now)
+            self._play(record.forward, (mb, i), start=0)
+            started, self.now = self.now, self.now + layer.fwd_ms
+            if i > 0 and not _keeps_input(layer, option, record):
+                self._free_output(mb, i - 1)
+            if option == OPTION_OFFLOAD:  # its saved storages leave on the copy stream
+                sizes, made = _sizes(record.forward), _made_at(record.forward)
+                for ident in _alive(record.forward):
+                    if ident != record.output:
+                        self.events.append(Free((mb, i, ident), deferred=True))
+                        self.offloaded.append((mb, i, ident))
+                        self.saved.setdefault((mb, i), []).append((mb, i, ident))
+                        # copied out as it is saved (offloaded_activations.pack): when the op that made it ran
+                        issued = started + layer.fwd_ms * made[ident]
+                        self.out_clock = max(self.out_clock, issued) + sizes[ident] * (self.per_byte or 0.0)
+                        self.done[(mb, i, ident)] = self.out_clock
+        if self.loss is not None:
+            self._play(self.loss.forward, (mb, "loss"), start=0)  # the loss value is kept to the end
+
+    def backward(self, mb: int) -> None:
+        last = len(self.layers) - 1
+        grad = None  # the key of the gradient the next pass receives; None: a receive buffer
+        if self.loss is not None:
+            self._play(self.loss.backward, (mb, "loss"), start=_count(self.loss.forward))
+            self._free_left(self.loss, (mb, "loss"), keep=(self.loss.input_grad, self.loss.output))
+            grad = (mb, "loss", self.loss.input_grad) if self.loss.input_grad else None
+        for i in range(last, -1, -1):
+            layer, option, record = self.layers[i], self.options[i], self.records[i]
+            self._ready_by(self.now)
+            back = self._copies_back(record, mb, i) if option == OPTION_OFFLOAD else {}
+            self._play(record.backward, (mb, i), start=_count(record.forward), rename=back)
+            self.now += layer.bwd_ms
+            if grad is not None:
+                self.events.append(Free(grad))
+            self._free_left(record, (mb, i), keep=(record.output, record.input_grad), skip=set(back))
+            self.events += [Free(key) for key in back.values()]  # copies back not freed yet (a no-op if freed)
+            if i == last:
+                self._free_output(mb, i)  # the stage's output leaves fwd_cache
+            if i > 0 and _keeps_input(layer, option, record):
+                self._free_output(mb, i - 1)
+            grad = (mb, i, record.input_grad) if record.input_grad else None
+        if grad is not None:  # the stage's input gradient, sent
+            self.events.append(Free(grad))
+
+    def _play(self, codes: Sequence[int], scope: tuple, *, start: int, rename: dict | None = None) -> None:
+        """A recorded pass whose first allocation is id start + 1; a free of a key in `rename`
+        frees what stands for it."""
+        mb, where = scope
+        count, add = start, self.events.append
+        for code in codes:
+            if code > 0:
+                count += 1
+                add(Alloc((mb, where, count), code, 0))
+            else:
+                key = (mb, where, -code)
+                add(Free(rename.get(key, key) if rename else key, False))
+
+    def _free_left(self, record: AllocRecord, scope: tuple, *, keep: tuple, skip: set = frozenset()) -> None:
+        """After the backward: whatever of the forward and backward is still alive, but the ids in
+        `keep` (the forward's output, its consumer frees it; the gradient handed back)."""
+        for ident in _alive([*record.forward, *record.backward]):
+            if ident not in keep and (*scope, ident) not in skip:
+                self.events.append(Free((*scope, ident)))
+
+    def _copies_back(self, record: AllocRecord, mb: int, i: int) -> dict[tuple, tuple]:
+        """The layer's saved blocks come back: the copies back are allocated (prefetch, on the
+        compute stream), each starts once its copy out is done, and the compute waits for them;
+        by then the copies out up to the layer's own are complete (one stream, in order), their
+        blocks cached. Returns each saved key -> its copy back's."""
+        mine = self.saved.pop((mb, i), [])
+        if not mine:
+            return {}
+        sizes = _sizes(record.forward)
+        back = {key: ("back", *key) for key in mine}
+        self.events += [Alloc(copy, sizes[key[2]]) for key, copy in back.items()]
+        for key in mine:
+            start = max(self.back_clock, self.now, self.done[key])
+            self.back_clock = start + sizes[key[2]] * (self.per_byte or 0.0)
+        self.now = max(self.now, self.back_clock)
+        waiting = [self.offloaded.index(key) for key in mine if key in self.offloaded]
+        done = max(waiting) + 1 if waiting else 0
+        self.events += [Ready(key) for key in self.offloaded[:done]]
+        self.offloaded = self.offloaded[done:]
+        return back
+
+    def _ready_by(self, now: float) -> None:
+        """Timed: the copies out complete by `now` have their blocks cached (process_events, at the
+        next malloc). Untimed: none until its layer's backward (_copies_back)."""
+        if self.per_byte is None:
+            return
+        done = 0
+        while done < len(self.offloaded) and self.done[self.offloaded[done]] <= now:
+            done += 1
+        self.events += [Ready(key) for key in self.offloaded[:done]]
+        self.offloaded = self.offloaded[done:]
+
+    def _free_output(self, mb: int, i: int) -> None:
+        output = self.records[i].output
+        if output:
+            self.events.append(Free((mb, i, output)))
+
+
+def _keeps_input(layer: LayerProfile, option: str, record: AllocRecord) -> bool:
+    """Whether the layer holds its input until its backward: the option's kept bytes (which
+    count the input where it is saved, or checkpointed) exceed what its recorded forward leaves
+    besides its output (which never counts the input: it was made before). Offload keeps what
+    none saves of the input. A layer without the option's kept bytes: every option but none
+    keeps it."""
+    name = OPTION_NONE if option == OPTION_OFFLOAD else option
+    kept = next((o.kept_bytes for o in layer.recompute_options if o.name == name), None)
+    if kept is None:
+        return name != OPTION_NONE or layer.input_in_act_bytes > 0
+    sizes = _sizes(record.forward)
+    left = sum(sizes[ident] for ident in _alive(record.forward) if ident != record.output)
+    return kept > left
+
+
+def _count(codes: Sequence[int]) -> int:
+    return sum(1 for code in codes if code > 0)
+
+
+def _alive(codes: Sequence[int]) -> list[int]:
+    alive, count = {}, 0
+    for code in codes:
+        if code > 0:
+            count += 1
+            alive[count] = True
+        else:
+            alive.pop(-code, None)
+    return list(alive)
+
+
+def _sizes(codes: Sequence[int]) -> dict[int, int]:
+    sizes, count = {}, 0
+    for code in codes:
+        if code > 0:
+            count += 1
+            sizes[count] = code
+    return sizes
+
+
+def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile,
+                          setup: TrainSetup) -> StageCost:
+    """`cost` with its reserved peak from the replay where one runs (cuda, records for every
+    layer's option, one chunk per rank, no --fragmentation stated); else as it was (the divisor)."""
+    if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
+        return cost
+    by_name = {layer.name: layer for layer in profile.layers}
+    memory = StageMemory(cost.static_bytes, cost.buffer_bytes, cost.step_scratch_bytes)
+    options = [plan.option(name) for name in plan.layers]
+    rate = host_copy_ms_per_byte(profile, setup) if OPTION_OFFLOAD in options else None
+    replayed = replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
+                            memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate)
+    if replayed is None:
+        return cost
+    return dataclasses.replace(cost, reserved_bytes=reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")
+
+
+def host_copy_ms_per_byte(profile: Profile, setup: TrainSetup) -> float | None:
+    """Offload's copies: --host-bandwidth, else the profile's GPU's host link (archs.GPU,
+    PCIe per direction); None where neither is known (the untimed upper bound)."""
+    gb_per_s = setup.data_parallel.host_gb_per_s
+    if gb_per_s is None:
+        try:
+            gb_per_s = dataparallel.profile_gpu(profile).host_link_gb_per_s
+        except UserError:
+            return None
+    return 1e3 / (gb_per_s * 1e9)
+
+
+def _made_at(codes: Sequence[int]) -> dict[int, float]:
+    """Each id's allocation as a fraction of the pass's events (the pass's time, evenly spread)."""
+    made, count = {}, 0
+    for position, code in enumerate(codes, start=1):
+        if code > 0:
+            count += 1
+            made[count] = position / len(codes)
+    return made

@@ -1,0 +1,183 @@
+"""The order in which a layer's storages are allocated and freed: what the caching allocator
+replay (planner/cost/reserve.py) needs beyond the byte totals the profile already holds.
+
+A storage is the unit, as everywhere in ckplan's memory (storages.py): the recorder sees every
+storage an op creates (a TorchDispatchMode, as StorageTracker) and, through a weak reference
+to the storage, the moment its memory is freed. One forward and one backward of a layer, on
+the same input and output gradient the profiler measures it on, give a schema.AllocRecord:
+the events in order, which id is the output (the next layer's input, whose life the stage
+decides) and which the input's gradient (the previous layer's output gradient).
+
+Runs under FakeTensorMode as well as on real tensors: the events are the storages' bytes, not
+their contents.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, AllocRecord, LayerProfile
+
+
+class AllocRecorder(TorchDispatchMode):
+    """Every storage an op creates inside the region, as an event (its bytes), and its free
+    (minus its id) when the memory goes. Storages made before entry are never recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[int] = []
+        self.ids: dict[int, int] = {}  # storage key -> id while alive
+        self._refs: dict[int, weakref.ref] = {}
+        self._next = 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        fresh = func is torch.ops.aten.lift_fresh.default
+        arg_keys = set() if fresh else {t.untyped_storage()._cdata for t in _tensors((args, kwargs))}
+        for tensor in _tensors(result):
+            self._track(tensor.untyped_storage(), arg_keys)
+        return result
+
+    def __exit__(self, *exc_info):
+        self._refs.clear()  # no callback fires after the region
+        return super().__exit__(*exc_info)
+
+    def id_of(self, tensor: torch.Tensor | None) -> int:
+        """The id of the storage behind `tensor` if the region made it and it is alive; else 0."""
+        if tensor is None:
+            return 0
+        return self.ids.get(tensor.untyped_storage()._cdata, 0)
+
+    def _track(self, storage: torch.UntypedStorage, arg_keys: set[int]) -> None:
+        key, nbytes = storage._cdata, storage.nbytes()
+        if nbytes == 0 or key in arg_keys or key in self.ids:
+            return
+        ident = self._next
+        self._next += 1
+        self.ids[key] = ident
+        self.events.append(nbytes)
+        self._refs[key] = weakref.ref(storage, partial(self._freed, key))
+
+    def _freed(self, key: int, _ref: weakref.ref) -> None:
+        ident = self.ids.pop(key, None)
+        if ident is not None:
+            self._refs.pop(key, None)
+            self.events.append(-ident)
+
+
+def record_pass(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor | None,
+                params: list[torch.nn.Parameter]) -> AllocRecord:
+    """x -> run(x) forward, then backward from `grad` (none when `grad` is None or nothing needs
+    a gradient), recorded. Leaves x.grad as it found it."""
+    had = x.grad
+    x.grad = None
+    with AllocRecorder() as recorder:
+        output = run(x)
+        forward = list(recorder.events)
+        output_id = recorder.id_of(output)
+        if output.requires_grad and (grad is not None or output.numel() == 1):
+            torch.autograd.backward(output, grad)
+        input_grad = recorder.id_of(x.grad) if x.requires_grad else 0
+        backward = recorder.events[len(forward):]  # before the profiler drops the output
+        del output
+    x.grad = had
+    return AllocRecord(forward=forward, backward=backward, output=output_id, input_grad=input_grad,
+                       params=[p.untyped_storage().nbytes() for p in params])
+
+
+def record_loss(loss_fn, output: torch.Tensor, targets: torch.Tensor) -> AllocRecord:
+    """The loss's forward on the last layer's output and its backward, recorded: `output`
+    stands for the stage's output (its gradient is the input_grad)."""
+    leaf = output.detach().requires_grad_(output.is_floating_point())
+    return record_pass(lambda x: loss_fn(x, targets), leaf, None, [])
+
+
+def layer_records(layer: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor | None,
+                  options: list[str]) -> dict[str, AllocRecord]:
+    """The layer's record under none, full (torch.utils.checkpoint, non-reentrant) and each
+    selective option in `options` (planner/runtime/recompute.py's runners), as the runtime runs them."""
+    from torch.utils.checkpoint import checkpoint
+
+    from planner.runtime.recompute import layer_runner
+
+    params = list(layer.parameters())
+    runners = {OPTION_NONE: layer, OPTION_FULL: partial(checkpoint, layer, use_reentrant=False),
+               **{name: layer_runner(layer, name) for name in options}}
+    # the runtime allocates every gradient before the step (stagemodule.allocate_grads): a new
+    # gradient is added into it and freed, as here
+    missing = [p for p in params if p.requires_grad and p.grad is None]
+    for param in missing:
+        param.grad = torch.zeros_like(param)
+    try:
+        return {name: record_pass(run, x, grad, params) for name, run in runners.items()}
+    finally:
+        for param in missing:
+            param.grad = None
+
+
+def with_records(profiles: list[LayerProfile], layers, layer_inputs: list[torch.Tensor],
+                 layer_outputs: list[torch.Tensor]) -> list[LayerProfile]:
+    """Measured profiles with each layer's records (none, full and the options it lists but
+    offload, which the replay derives from none), recorded once per kind: layers of one kind
+    are structurally identical."""
+    by_kind: dict[str, dict[str, AllocRecord]] = {}
+    done = []
+    for index, (profile, (_, layer)) in enumerate(zip(profiles, layers, strict=True)):
+        if profile.kind not in by_kind:
+            x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
+            output = layer_outputs[index]
+            grad = torch.zeros_like(output) if output.is_floating_point() else None
+            names = [o.name for o in profile.recompute_options[2:] if o.name != OPTION_OFFLOAD]
+            by_kind[profile.kind] = layer_records(layer, x, grad, names)
+        done.append(profile.model_copy(update={"alloc_records": by_kind[profile.kind]}))
+    return done
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+def synthesised(layer: LayerProfile, kept_terms: list[int]) -> LayerProfile:
+    """An analytic layer with none's and full's records made from the tensors its formulas count
+    (`kept_terms`, the bytes of each kept tensor; the one equal to its saved input, which the
+    previous layer made, left out): none's forward makes each kept tensor and the output; its
+    backward makes its scratch (the transient beyond the incoming gradient) and the input's
+    gradient, then frees the scratch and the kept tensors, last first. Full's forward makes the
+    output alone, its backward the kept tensors again first. One block of all parameters."""
+    terms = list(kept_terms)
+    if layer.input_in_act_bytes and layer.input_in_act_bytes in terms:
+        terms.remove(layer.input_in_act_bytes)
+    terms = [size for size in terms if size > 0]
+    scratch = max(0, layer.transient_bytes - layer.output_bytes)
+    grad = 0 if layer.kind == "embedding" else layer.input_bytes  # token ids have no gradient
+
+    def backward(next_id: int, saved: list[int]) -> tuple[list[int], int]:
+        """Scratch and the input's gradient from id `next_id`, then the frees; and the gradient's id."""
+        codes, frees, grad_id = [], [], 0
+        if scratch:
+            codes.append(scratch)
+            frees.append(-next_id)
+            next_id += 1
+        if grad:
+            codes.append(grad)
+            grad_id = next_id
+        return codes + frees + [-ident for ident in reversed(saved)], grad_id
+
+    kept = len(terms)
+    params = [layer.param_bytes] if layer.param_bytes else []
+    none_backward, none_grad = backward(kept + 2, list(range(1, kept + 1)))
+    full_backward, full_grad = backward(kept + 2, list(range(2, kept + 2)))  # output is id 1, the recompute 2..
+    records = {
+        OPTION_NONE: AllocRecord(forward=[*terms, layer.output_bytes], backward=none_backward, output=kept + 1,
+                                 input_grad=none_grad, params=params),
+        OPTION_FULL: AllocRecord(forward=[layer.output_bytes], backward=[*terms, *full_backward], output=1,
+                                 input_grad=full_grad, params=params),
+    }
+    return layer.model_copy(update={"alloc_records": records})

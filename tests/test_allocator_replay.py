@@ -1,0 +1,177 @@
+"""The caching allocator's replay (planner/cost/allocator.py): hand-worked sequences, each
+byte counted by the rules of c10/cuda/CUDACachingAllocator.cpp (commit 001074d25084)."""
+
+import os
+import random
+
+import pytest
+import torch
+
+from planner.cost.allocator import Alloc, CachingAllocator, Free, Ready, Sync, replay
+
+MIB = 2**20
+
+
+def test_small_requests_are_rounded_and_packed_into_2_mib_segments():
+    got = replay([Alloc("a", 1000), Alloc("b", 1), Alloc("c", MIB)])
+    # 1024 + 512 fit one 2 MiB segment, split at >= 512 B remaining; 1 MiB leaves 1 MiB - 1536 there
+    assert got.allocated_peak_bytes == 1024 + 512 + MIB
+    assert got.reserved_peak_bytes == 2 * MIB and got.segments == 1
+    # one more MiB does not fit what is left (1 MiB - 1536): a second small segment
+    assert replay([Alloc("a", 1000), Alloc("b", 1), Alloc("c", MIB), Alloc("d", MIB)]).reserved_peak_bytes == 4 * MIB
+
+
+def test_requests_between_1_and_10_mib_share_a_20_mib_segment():
+    got = replay([Alloc("a", 6 * MIB), Alloc("b", 6 * MIB), Alloc("c", 6 * MIB)])
+    # 20 - 6 = 14 > 1 MiB: split; 14 - 6 = 8: split; 8 - 6 = 2: split
+    assert (got.allocated_peak_bytes, got.reserved_peak_bytes, got.segments) == (18 * MIB, 20 * MIB, 1)
+    # a fourth does not fit the 2 MiB left: a second 20 MiB segment
+    assert replay([Alloc(i, 6 * MIB) for i in range(4)]).reserved_peak_bytes == 40 * MIB
+
+
+def test_a_large_request_gets_its_own_segment_rounded_to_2_mib():
+    got = replay([Alloc("a", 11 * MIB + 1)])
+    # the 12 MiB segment's remainder (1 MiB - 512) is not > 1 MiB: the block is not split, and
+    # the allocated statistic counts it whole
+    assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (12 * MIB, 12 * MIB)
+    got = replay([Alloc("a", 13 * MIB + 1)])  # 14 MiB segment, 1 MiB - 512 left: whole again
+    assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (14 * MIB, 14 * MIB)
+
+
+def test_a_block_whose_remainder_is_at_most_1_mib_is_handed_out_whole():
+    # the 12 MiB block serves 11 MiB unsplit (1 MiB left is not > 1 MiB): allocated counts 12
+    got = replay([Alloc("a", 12 * MIB), Free("a"), Alloc("b", 11 * MIB)])
+    assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (12 * MIB, 12 * MIB)
+    # 10 MiB from it leaves 2 MiB > 1 MiB: split, the 10 MiB counted
+    state = CachingAllocator()
+    state.malloc("a", 12 * MIB)
+    state.free("a")
+    state.malloc("b", 10 * MIB)
+    assert state.allocated == 10 * MIB and state.reserved == 12 * MIB
+
+
+def test_best_fit_takes_the_smallest_free_block_that_serves():
+    # free blocks of 30 and 14 MiB (two segments): 12 MiB takes the 14, and 28 MiB still fits the 30
+    events = [Alloc("big", 30 * MIB), Alloc("mid", 14 * MIB), Free("big"), Free("mid"),
+              Alloc("x", 12 * MIB), Alloc("y", 28 * MIB)]
+    assert replay(events).reserved_peak_bytes == 44 * MIB
+    # first fit (the 30 for the 12) would have needed a third segment for the 28
+
+
+def test_split_blocks_coalesce_when_freed():
+    # two 6 MiB blocks of one 20 MiB segment freed: one 20 MiB block again, which serves 16 MiB
+    events = [Alloc("a", 6 * MIB), Alloc("b", 6 * MIB), Free("a"), Free("b"), Alloc("c", 16 * MIB)]
+    assert replay(events).reserved_peak_bytes == 20 * MIB
+    # with b alive the segment holds 6 + 8 free, split apart: 16 MiB needs a segment of its own
+    assert replay([Alloc("a", 6 * MIB), Alloc("b", 6 * MIB), Free("a"), Alloc("c", 16 * MIB)]).reserved_peak_bytes \
+        == 36 * MIB
+
+
+def test_fragmentation_a_cached_block_too_small_for_the_next_request():
+    # 30 MiB freed, 20 MiB takes its front, the 10 MiB tail cannot serve another 20
+    events = [Alloc("a", 30 * MIB), Free("a"), Alloc("b", 20 * MIB), Alloc("c", 20 * MIB)]
+    got = replay(events)
+    assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (40 * MIB, 50 * MIB)
+
+
+def test_each_stream_has_its_own_blocks():
+    events = [Alloc("copy", 12 * MIB, stream=1), Free("copy"), Alloc("compute", 12 * MIB, stream=0)]
+    assert replay(events).reserved_peak_bytes == 24 * MIB
+    same = [Alloc("copy", 12 * MIB), Free("copy"), Alloc("compute", 12 * MIB)]
+    assert replay(same).reserved_peak_bytes == 12 * MIB
+
+
+def test_a_block_used_on_another_stream_is_cached_only_once_its_event_completes():
+    waiting = [Alloc("a", 12 * MIB), Free("a", deferred=True), Alloc("b", 12 * MIB)]
+    assert replay(waiting).reserved_peak_bytes == 24 * MIB
+    synced = [Alloc("a", 12 * MIB), Free("a", deferred=True), Sync(), Alloc("b", 12 * MIB)]
+    assert replay(synced).reserved_peak_bytes == 12 * MIB
+    # a pending neighbour does not merge: of 6 + 6 + 8 free in one segment, a waits, b merges with
+    # the tail (14 MiB), and 16 MiB needs a segment of its own; a freed at once, all 20 serve it
+    pending = [Alloc("a", 6 * MIB), Alloc("b", 6 * MIB), Free("a", deferred=True), Free("b"), Alloc("c", 16 * MIB)]
+    assert replay(pending).reserved_peak_bytes == 36 * MIB
+    assert replay([Alloc("a", 6 * MIB), Alloc("b", 6 * MIB), Free("a"), Free("b"),
+                   Alloc("c", 16 * MIB)]).reserved_peak_bytes == 20 * MIB
+
+
+def test_max_split_size_keeps_large_cached_blocks_whole():
+    # 8 MiB may not take a cached 64 MiB block at or above max_split (32 MiB): a 20 MiB segment
+    events = [Alloc("a", 64 * MIB), Free("a"), Alloc("b", 8 * MIB)]
+    assert replay(events).reserved_peak_bytes == 64 * MIB
+    assert replay(events, max_split_bytes=32 * MIB).reserved_peak_bytes == 84 * MIB
+    # a 40 MiB request takes the 64 only if it is less than 20 MiB larger: it is not
+    assert replay([Alloc("a", 64 * MIB), Free("a"), Alloc("b", 40 * MIB)],
+                  max_split_bytes=32 * MIB).reserved_peak_bytes == 104 * MIB
+    # 50 MiB does, whole and unsplit
+    got = replay([Alloc("a", 64 * MIB), Free("a"), Alloc("b", 50 * MIB)], max_split_bytes=32 * MIB)
+    assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (64 * MIB, 64 * MIB)
+
+
+def test_the_replay_never_reserves_less_than_it_allocates_and_frees_everything():
+    rng = random.Random(0)
+    state, live = CachingAllocator(), []
+    for step in range(3000):
+        if live and rng.random() < 0.45:
+            state.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(step)
+            state.malloc(step, rng.choice([rng.randrange(1, 4096), rng.randrange(1, 4 * MIB), rng.randrange(1, 64 * MIB)]),
+                         stream=rng.randrange(2))
+        assert state.allocated <= state.reserved
+    for key in live:
+        state.free(key)
+    assert state.allocated == 0
+    # every segment is whole again: one free block per segment
+    assert sum(len(pool.keys) for pool in state.pools.values()) == state.segments
+
+
+def test_ready_caches_one_waiting_block():
+    events = [Alloc("a", 12 * MIB), Alloc("b", 12 * MIB), Free("a", deferred=True), Free("b", deferred=True),
+              Ready("b"), Alloc("c", 12 * MIB), Alloc("d", 12 * MIB)]
+    assert replay(events).reserved_peak_bytes == 36 * MIB  # c takes b's block, d a new one: a still waits
+
+
+_ON_THE_DEVICE = """
+import json, random, sys
+import torch
+from planner.cost.allocator import Alloc, Free, replay
+rng, events, live, tensors = random.Random(int(sys.argv[1])), [], [], {}
+side = torch.cuda.Stream()
+torch.cuda.empty_cache()
+torch.cuda.reset_peak_memory_stats()
+base_reserved, base_allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+for step in range(600):
+    if live and rng.random() < 0.45:
+        key = live.pop(rng.randrange(len(live)))
+        del tensors[key]
+        events.append(Free(key))
+    else:
+        nbytes = rng.choice([rng.randrange(1, 4096), rng.randrange(1, 4 << 20), rng.randrange(1, 48 << 20)])
+        stream = rng.randrange(2)
+        with torch.cuda.stream(side if stream else torch.cuda.current_stream()):
+            tensors[step] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        live.append(step)
+        events.append(Alloc(step, nbytes, stream))
+got = replay(events)
+print(json.dumps([torch.cuda.max_memory_reserved() - base_reserved, got.reserved_peak_bytes,
+                  torch.cuda.max_memory_allocated() - base_allocated, got.allocated_peak_bytes]))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_replay_reserves_what_torchs_allocator_reserves_on_a_gpu(seed):
+    """The same random sequence (two streams) through torch's caching allocator, in a fresh
+    process, and through the replay: the same peaks (segment addresses only break ties)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", _ON_THE_DEVICE, str(seed)], capture_output=True, text=True,
+                          cwd=ROOT, check=True,
+                          env={**{k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"},
+                               "PYTHONPATH": str(ROOT)})  # the allocator's defaults
+    reserved, replayed, allocated, replayed_allocated = json.loads(done.stdout.splitlines()[-1])
+    assert (reserved, allocated) == (replayed, replayed_allocated)
