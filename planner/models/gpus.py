@@ -29,6 +29,11 @@ class GPU:
     host_link_gb_per_s: float = 64.0  # PCIe Gen5 x16
     gpus_per_node: int = 8
     link_source: str = ""
+    # NICs per GPU, each at network_gb_per_s (DGX H100 / B200 / A100: one ConnectX per GPU), and
+    # what the GPU-to-GPU link inside a node is: NVLink / Infinity Fabric, or PCIe where there is
+    # none (NCCL's latency per ring step differs: planner/cost/comm.py)
+    nics_per_gpu: float = 1.0
+    node_link_kind: str = "nvlink"
     # what cudaGetDeviceProperties().totalGlobalMem (torch's total_memory) reports, and its source
     cuda_total_bytes: int = 0
     total_source: str = ""
@@ -97,6 +102,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
         link_source="H100 datasheet: PCIe Gen5 128 GB/s (GPU to GPU over PCIe); 400 Gb/s NIC per GPU",
+        node_link_kind="pcie",
         cuda_total_bytes=81559 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on H100 PCIe: 81559 MiB (Beomi/BitNet-Transformers README), less the SXM's "
                      "454 MiB driver reservation (assumed)",
@@ -188,7 +194,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # NVIDIA L4 Tensor Core GPU datasheet (2023): 24 GB GDDR6 at 300 GB/s, BF16 121 TFLOPS dense
     # (242 with sparsity), FP8 242.5 dense (485 with sparsity), PCIe Gen4 x16 64 GB/s, no NVLink
     GPU("l4", 24 * 10**9, 121.0, 0.300, "NVIDIA L4 datasheet (BF16 121, FP8 242.5 dense; 300 GB/s GDDR6)", 32.0,
-        host_link_gb_per_s=32.0, fp8_tflops=242.5,
+        host_link_gb_per_s=32.0, fp8_tflops=242.5, node_link_kind="pcie",
         link_source=f"L4 datasheet: PCIe Gen4 x16 64 GB/s, no NVLink (GPU to GPU over PCIe); {_NIC_ASSUMED}",
         cuda_total_bytes=24 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
