@@ -178,3 +178,21 @@ def test_mfu_and_tokens_per_second_are_printed_and_in_json(tmp_path):
     words = " ".join(printed.output.split())
     assert f"{found['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, torchtitan mfu {found['mfu_torchtitan']:.1%}" \
         in words
+
+
+@pytest.mark.parametrize("solver", ["dp", "milp"])
+def test_both_solvers_charge_the_collectives_and_sends_as_the_evaluator_does(tmp_path, solver):
+    """A plan's objective is re-evaluated after the solve (search._checked): a solver that left
+    out the tensor-parallel term or the sends would be refused there."""
+    path = _tp_profile(tmp_path, 2)
+    out = tmp_path / "plan.yaml"
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(path), "--stages", "2", "--microbatches", "4",
+                                      "--mem", "80GB", "--precision", "bf16-mixed", "--solver", solver,
+                                      "--time-limit", "30", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["throughput"]["gpus"] == 4  # 2 stages x tp 2
+    from planner import io
+
+    plan = io.load_plan(out)
+    assert plan.setup.comm.tp == 2 and plan.setup.comm.tp_gb_per_s == 450.0 and plan.setup.comm.pp_gb_per_s == 450.0
