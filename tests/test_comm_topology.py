@@ -196,3 +196,23 @@ def test_both_solvers_charge_the_collectives_and_sends_as_the_evaluator_does(tmp
 
     plan = io.load_plan(out)
     assert plan.setup.comm.tp == 2 and plan.setup.comm.tp_gb_per_s == 450.0 and plan.setup.comm.pp_gb_per_s == 450.0
+
+
+def test_a_fake_hf_profile_records_its_sequence_length_so_plans_report_tokens_per_second(tmp_path):
+    pytest.importorskip("transformers")
+    config = tmp_path / "tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 256, "max_position_embeddings": 128}))
+    out = tmp_path / "f.json"
+    made = CliRunner().invoke(cli, ["profile", "--hf-config", str(config.parent), "--fake", "--seq-len", "32",
+                                    "--micro-batch-size", "2", "--out", str(out)])
+    assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(out), "--layers-per-stage", "4",
+                                      "--ckpt-per-stage", "0", "--microbatches", "3", "--mem", "80GB", "--json",
+                                      "--time-limit", "10"])
+    assert result.exit_code == 0, result.output
+    hand = json.loads(result.stdout)["hand"]
+    assert hand["throughput"]["tokens_per_s_per_gpu"] == pytest.approx(3 * 2 * 32 / (hand["iteration_ms"] / 1e3))
+    assert hand["throughput"]["mfu_torchtitan"] is not None  # the config's dimensions were recorded
