@@ -187,8 +187,9 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
     backward, and the forward's again where its option recomputes the whole layer (option 1,
     "full"). Under an overlapping runtime setting each pass's collectives cost only what they
     take beyond that pass's compute."""
-    comm = setup.comm
-    passes = [("fwd", layer.fwd_ms), ("bwd", layer.bwd_ms)] + ([("recompute", layer.fwd_ms)] if option == 1 else [])
+    comm, scale = setup.comm, setup.time.compute_scale  # the compute as the time term charges it
+    passes = [("fwd", layer.fwd_ms * scale), ("bwd", layer.bwd_ms * scale)] + \
+        ([("recompute", layer.fwd_ms * scale)] if option == 1 else [])
     hidden = tp_overlap_source(comm, setup.training.runtime) is not None
     total = 0.0
     for which, compute in passes:
