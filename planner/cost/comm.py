@@ -8,7 +8,7 @@ all-gather's output, a reduce-scatter's input, an all-reduce's tensor):
     all-to-all                   (n-1)/n · B     in n-1 steps (every rank keeps 1/n of its own)
     send (point to point)        B               in 1 step
 and takes latency + moved / bus bandwidth. The latency is NCCL's own model of its Ring / Simple
-protocol (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.23-2.27: a base of 8.4 µs
+protocol (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.23+: a base of 8.4 µs
 per collective, then per step 3.4 µs over NVLink, 5.7 µs over PCIe, 14.0 µs over the network).
 The bus bandwidth is the link's datasheet rate (planner/models/gpus.py), which nccl-tests' busbw
 reaches on these systems (8 x H100 SXM all_reduce_perf: 460-480 GB/s against NVLink's 450 one way).
@@ -40,8 +40,9 @@ MS_PER_US = 1e-3
 # NCCL's latency model, Ring algorithm, Simple protocol (the one large messages use)
 NCCL_BASE_LATENCY_US = 8.4
 NCCL_STEP_LATENCY_US = {"nvlink": 3.4, "pcie": 5.7, "network": 14.0}
-NCCL_SOURCE = ("NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel (2.23-2.27): baseLat Ring/Simple 8.4 µs; hwLat "
-               "Ring/Simple per step NVLink 3.4, PCI 5.7, NET 14.0 µs")
+NCCL_SOURCE = ("NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel (2.23+, the version with PAT; read in a published "
+               "annotated copy of the file): baseLat Ring/Simple 8.4 µs; hwLat Ring/Simple per step NVLink 3.4, PCI "
+               "5.7, NET 14.0 µs")
 
 RING_FACTORS = {  # (bytes moved per rank / tensor bytes, steps), n ranks
     "all-gather": (lambda n: (n - 1) / n, lambda n: n - 1),
