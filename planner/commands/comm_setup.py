@@ -38,6 +38,9 @@ def comm_fields(profile, options: DataParallelOptions, *, runtime: str, say=None
     inside = comm.node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
     between = comm.network_link(gpu.network_gb_per_s, options.nics_per_gpu or gpu.nics_per_gpu)
     tp_link = comm.group_link(tp, 1, node, inside, between)
+    if tp_link is inside and gpu.node_collective_gb_per_s:  # a published nccl-tests figure for this GPU
+        tp_link = comm.Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
+                            f"in-node, measured: {gpu.collective_source}")
     pp_link = comm.group_link(2, tp * options.dp, node, inside, between)
     note = (f"{gpu.name}, {node} GPUs a node, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: pipeline "
             f"sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where})"

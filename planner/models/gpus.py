@@ -34,6 +34,11 @@ class GPU:
     # none (NCCL's latency per ring step differs: planner/cost/comm.py)
     nics_per_gpu: float = 1.0
     node_link_kind: str = "nvlink"
+    # a measured bus bandwidth of the all-gathers and reduce-scatters inside a node (nccl-tests),
+    # which tensor parallelism's collectives run at in place of the link's datasheet figure; 0:
+    # none published, the datasheet's
+    node_collective_gb_per_s: float = 0.0
+    collective_source: str = ""
     # what cudaGetDeviceProperties().totalGlobalMem (torch's total_memory) reports, and its source
     cuda_total_bytes: int = 0
     total_source: str = ""
@@ -93,6 +98,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("h100-sxm", 80 * 10**9, 989.4, 3.35, "NVIDIA H100 datasheet, SXM5 (BF16 989, FP8 1,979 dense; 3.35 TB/s)",
         450.0, fp8_tflops=1978.9,
         link_source="H100 datasheet: NVLink 900 GB/s, PCIe Gen5 128 GB/s; DGX H100: 400 Gb/s NDR per GPU",
+        node_collective_gb_per_s=354.9,
+        collective_source="nccl-tests on 8 x H100: reduce_scatter busbw 360, all_gather 350 GB/s (NVIDIA/nccl#1281, "
+                          "2024-05-10); 354.9 their harmonic mean, a tensor-parallel layer moving equal bytes in each",
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
