@@ -10,8 +10,10 @@ all-gather's output, a reduce-scatter's input, an all-reduce's tensor):
 and takes latency + moved / bus bandwidth. The latency is NCCL's own model of its Ring / Simple
 protocol (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.23+: a base of 8.4 µs
 per collective, then per step 3.4 µs over NVLink, 5.7 µs over PCIe, 14.0 µs over the network).
-The bus bandwidth is the link's datasheet rate (planner/models/gpus.py), which nccl-tests' busbw
-reaches on these systems (8 x H100 SXM all_reduce_perf: 460-480 GB/s against NVLink's 450 one way).
+The bus bandwidth is the link's datasheet rate (planner/models/gpus.py), or inside a node the
+collective's busbw measured by nccl-tests where one is published (H100: all-gather 350, reduce-
+scatter 360 GB/s against NVLink's 450 one way, NVIDIA/nccl#1281; all_reduce_perf with NVLink
+SHARP reaches 460-480).
 
 Which link: ranks are placed tensor-parallel innermost, then data-parallel, then the pipeline
 (Megatron-LM's and torchtitan's order). A group whose ranks, times the ranks inside each of its
