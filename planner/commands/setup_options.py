@@ -134,14 +134,28 @@ def setup_options(func):
     """Decorate a click command with the shared setup options (in --help order); the command
     gets the data-parallel group as one `data_parallel: DataParallelOptions`."""
 
+    import inspect
+
+    # an option the command declares itself (evaluate's --gpus-per-node for --from-*): one
+    # option, its value read by both
+    own = set(inspect.signature(func).parameters) & set(DP_OPTION_NAMES)
+
     @functools.wraps(func)
     def grouped(**kwargs):
-        data_parallel = DataParallelOptions(**{name: kwargs.pop(name) for name in DP_OPTION_NAMES})
+        data_parallel = DataParallelOptions(**{name: kwargs[name] if name in own else kwargs.pop(name)
+                                               for name in DP_OPTION_NAMES})
         return func(data_parallel=data_parallel, **kwargs)
 
     for option in reversed(_OPTIONS):
-        grouped = option(grouped)
+        if option_name(option) not in own:
+            grouped = option(grouped)
     return grouped
+
+
+def option_name(option) -> str:
+    """The parameter name a click.option decorator declares ("--gpus-per-node": gpus_per_node)."""
+    holder = option(lambda: None)
+    return holder.__click_params__[-1].name
 
 
 def newest_profile() -> Path:
