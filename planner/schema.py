@@ -111,6 +111,21 @@ class AllocRecord(Strict):
     output: int = Field(default=0, ge=0)  # id of the forward's output storage; 0: none made
     input_grad: int = Field(default=0, ge=0)  # id of the gradient the backward hands back; 0: none
     params: list[Bytes] = []  # bytes of each parameter, in the order the module lists them
+CollectiveKind = Literal["all-gather", "reduce-scatter", "all-reduce"]
+
+
+class LayerCollective(Strict):
+    """One collective a layer's code runs per microbatch inside its parallel group (tensor
+    parallelism: the group of `tp` ranks the profile was made for), how many times in each pass:
+    the bytes of the whole tensor (an all-gather's output, a reduce-scatter's input, an
+    all-reduce's tensor). The cost model charges them over the group's link (planner/cost/comm.py),
+    so the topology is a setup choice, not part of the profile."""
+
+    kind: CollectiveKind
+    tensor_bytes: Bytes
+    fwd: int = Field(default=0, ge=0, le=1 << 10)
+    bwd: int = Field(default=0, ge=0, le=1 << 10)
+    recompute: int = Field(default=0, ge=0, le=1 << 10)  # a full recompute reruns the forward's
 
 
 class LayerProfile(Strict):
@@ -165,6 +180,10 @@ class LayerProfile(Strict):
     # "full", selective ones; fake profiles): the allocator replay's input. Empty in other profiles
     # and profiles made before: the reserve is then the allocated peak over 1 - fragmentation
     alloc_records: dict[OptionName, AllocRecord] = {}
+    # the tensor-parallel collectives per microbatch (analytic profiles at --tp > 1: the
+    # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
+    # empty elsewhere and in profiles made before: no tensor-parallel communication charged
+    collectives: list[LayerCollective] = []
 
     @model_validator(mode="after")
     def _options_agree(self) -> LayerProfile:
@@ -369,8 +388,33 @@ class TimeConstants(Strict):
     calibration: str | None = None  # where those constants came from (file, when, placement)
 
 
+TpOverlap = Literal["none", "async-tp", "tp-comm-overlap"]
+
+
+class CommSetup(Strict):
+    """The links the layers' tensor-parallel collectives and the pipeline's sends cross
+    (planner/cost/comm.py): bandwidth per rank (GB/s, the collective's bus bandwidth) and NCCL's
+    latency per collective and per ring step. Filled from the GPU's links and --gpus-per-node by
+    the commands (comm.default_comm); the defaults charge nothing (plans made before)."""
+
+    tp: int = Field(default=1, gt=0, le=MAX_RANKS)  # the tensor-parallel group the profile's collectives run in
+    tp_gb_per_s: GbPerS | None = None  # None: tensor-parallel collectives not charged
+    tp_step_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    # the pipeline's sends between neighbouring stages when `ckplan calibrate` measured none
+    # (TimeConstants.send_gb_per_s wins where given); None: not charged
+    pp_gb_per_s: GbPerS | None = None
+    pp_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    collective_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)  # NCCL's base
+    gpus_per_node: int = Field(default=8, gt=0, le=1 << 12)
+    # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (comm.OVERLAPS
+    # says which runtime has which); "none": every collective on the critical path
+    tp_overlap: TpOverlap = "none"
+    comm_notes: list[str] = []  # where the links came from
+
+
 SETUP_PARTS: dict[str, type[Strict]] = {
     "pipeline": PipelineSetup, "data_parallel": DataParallelSetup, "training": TrainingSetup, "time": TimeConstants,
+    "comm": CommSetup,
 }
 PART_OF_FIELD = {name: part for part, model in SETUP_PARTS.items() for name in model.model_fields}
 
@@ -399,6 +443,7 @@ class TrainSetup(Strict):
     data_parallel: DataParallelSetup = DataParallelSetup()
     training: TrainingSetup = TrainingSetup()
     time: TimeConstants = TimeConstants()
+    comm: CommSetup = CommSetup()
 
     @model_validator(mode="before")
     @classmethod

@@ -356,7 +356,7 @@ def test_defaults_are_recorded_in_the_setup_and_options_override_them():
                     data_parallel=DataParallelOptions(dp=16, zero=1, shard_group=8, offload_optimizer=True,
                                                       replica_bandwidth=20.0))
     assert (s.data_parallel.shard_gb_per_s, s.data_parallel.replica_gb_per_s, s.data_parallel.host_gb_per_s, s.data_parallel.host_step_ns_per_param) == (450.0, 20.0, 64.0, 3.0)
-    assert s.data_parallel.dp_notes == notes and len(notes) == 2 and "3 ns per parameter" in notes[1]
+    assert s.data_parallel.dp_notes + s.comm.comm_notes == notes and len(notes) == 3 and "3 ns per parameter" in notes[1]
     assert "--host-step-ns" in notes[1]  # says how to give the training hosts' speed
 
     given = build_setup(profile, stages=2, mem="80GB", microbatches=None, schedule="1F1B", optimizer="adam",

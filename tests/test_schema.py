@@ -136,7 +136,7 @@ def test_a_plan_written_before_the_setup_had_parts_loads_and_scores_the_same(tmp
 
     saved = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     assert saved["schema_version"] == PLAN_SCHEMA_VERSION
-    assert set(saved["setup"]) == {"pipeline", "data_parallel", "training", "time"}
+    assert set(saved["setup"]) == {"pipeline", "data_parallel", "training", "time", "comm"}
     assert io.load_plan(tmp_path / "plan.yaml") == plan
 
 

@@ -249,8 +249,11 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
     threads, _ = calibrate.placement_threads(profile.device.threads, ranks, cores)
     path = calibration_path(profile_path)
     if profile.source in ("analytic", "fake"):  # nothing ran to fit constants to: suggest nothing that cannot run
-        return setup, [f"{profile.source} profile: sends between stages and the schedule's cost per action are not charged "
-                       "(calibration runs a measured profile's plan on the machines that train)"]
+        sends = ("sends between stages at the topology's link (planner/cost/comm.py), the schedule's cost per action "
+                 "not charged" if setup.comm.pp_gb_per_s is not None else
+                 "sends between stages and the schedule's cost per action are not charged")
+        return setup, [f"{profile.source} profile: {sends} (calibration runs a measured profile's plan on the machines "
+                       "that train)"]
     untrusted = profile.assumptions.get("timing_noise")
     if untrusted:
         said = [f"warning: the profile's timings cannot be trusted ({untrusted}): the plan's times may be far off; "
@@ -291,8 +294,10 @@ def _calibrated(profile, profile_path: Path, setup, path: Path, *, ranks: int, t
                          f"the {ranks} ranks {threads} ({cores} cores): the predicted times are for "
                          f"{profile.device.threads} threads (the profile did not time other thread counts; "
                          "profile again, or `ckplan calibrate PLAN` measures the difference)")
-    notes.append("not calibrated: sends between stages and the schedule's cost per action are not charged; "
-                 "`ckplan calibrate PLAN` measures them on this machine")
+    notes.append("not calibrated: " + ("sends between stages at the topology's link, the schedule's cost per action "
+                                       "not charged" if setup.comm.pp_gb_per_s is not None else
+                                       "sends between stages and the schedule's cost per action are not charged")
+                 + "; `ckplan calibrate PLAN` measures them on this machine")
     return setup, [*notes, *_far_from_one(setup.time)]
 
 

@@ -156,9 +156,10 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
     hand_cost = costmodel.evaluate(hand, profile, setup)
     best = _ckplan_plan(profile, setup, hand, time_limit_s=time_limit, solver=solver)
     if as_json:
-        click.echo(json.dumps(_summary(profile_path, hand, hand_cost, best), indent=2))
+        click.echo(json.dumps(_summary(profile_path, hand, hand_cost, best, profile=profile, setup=setup), indent=2))
     else:
         _print(setup, hand, hand_cost, best, ckpt_rule)
+        _print_throughput(profile, setup, hand_cost, best)
     for note in time_notes:
         say(note)
 
@@ -247,6 +248,15 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
     console.print(verdict)
 
 
+def _print_throughput(profile, setup, hand_cost, best) -> None:
+    from planner.commands.solve_report import throughput_line, throughput_of
+    from planner.console import console
+
+    console.print(f"your configuration {throughput_line(throughput_of(profile, setup, hand_cost.iteration_ms))}")
+    if best is not None:
+        console.print(f"ckplan's plan {throughput_line(throughput_of(profile, setup, best.cost.iteration_ms))}")
+
+
 def dp_words(setup) -> str:
     """The data-parallel setup in a few words ('' without it)."""
     from planner.cost import dataparallel
@@ -256,11 +266,14 @@ def dp_words(setup) -> str:
     return f", dp {setup.data_parallel.dp}, {dataparallel.described(setup)}"
 
 
-def _summary(profile_path: Path, hand, hand_cost, best) -> dict:
+def _summary(profile_path: Path, hand, hand_cost, best, *, profile, setup) -> dict:
+    from planner.commands.solve_report import throughput_json, throughput_of
+
     def describe(stages, cost) -> dict:
         return {
             "feasible": cost.feasible,
             "iteration_ms": cost.iteration_ms,
+            "throughput": throughput_json(throughput_of(profile, setup, cost.iteration_ms)),
             "stages": [{"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
                         "static_bytes": c.static_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
                         "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits,

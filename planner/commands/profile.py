@@ -83,7 +83,9 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
         from planner.commands import profile_fake
 
         profile_fake.run(model_file, device=device, dtype=dtype, micro_batch_size=micro_batch_size,
-                         gpu=arch_options["gpu"], out=out, timeout_s=timeout_s or None, arch_config=config)
+                         gpu=arch_options["gpu"], out=out, timeout_s=timeout_s or None, arch_config=config,
+                         seq_len=(arch_options["seq_len"] or profile_hf._default_seq_len(config))
+                         if hf_config is not None else None)
         return
     import torch  # here, not at the top: `ckplan --help` must not wait for torch
 

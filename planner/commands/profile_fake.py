@@ -9,9 +9,10 @@ from planner.errors import UserError
 
 
 def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu: str, out: Path | None,
-        timeout_s: float | None, arch_config: dict | None = None) -> None:
+        timeout_s: float | None, arch_config: dict | None = None, seq_len: int | None = None) -> None:
     """Build MODEL.py on meta, run it fake, write the profile. `arch_config`: the Hugging
-    Face config it was written from (--hf-config), recorded so exports know the shape."""
+    Face config it was written from (--hf-config), recorded so exports know the shape, and its
+    --seq-len (the tokens per sequence plans count tokens/s and MFU by)."""
     import torch
 
     from planner import io
@@ -27,6 +28,8 @@ def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu:
         measurement, flops = _measure(chain, spec, device)
     profile = _profile(measurement, flops, model_file=model_file, model_ref=model_ref, device=device, dtype=dtype,
                        micro_batch_size=micro_batch_size, gpu=spec, arch_config=arch_config)
+    if seq_len is not None:
+        profile = profile.model_copy(update={"assumptions": {**profile.assumptions, "seq_len": seq_len}})
     io.save_profile(profile, out)
     _report(profile, out)
 

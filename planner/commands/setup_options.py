@@ -86,12 +86,24 @@ _OPTIONS = [
                       "in-node link where E x tp GPUs fit in a node, else the network]."),
     click.option("--host-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
                  metavar="GB/s", help="Host<->device copy bandwidth per rank [default: the GPU's PCIe link]."),
+    click.option("--gpus-per-node", type=click.IntRange(min=1, max=4096), default=None,
+                 help="GPUs in one node (one NVLink domain): a group that fits runs its collectives over the node's "
+                      "link, one that spans nodes at the network's rate [default: the GPU's reference system, "
+                      "8; GB200 NVL72: 72]."),
+    click.option("--nics-per-gpu", type=click.FloatRange(min=0, min_open=True, max=64), default=None,
+                 help="Network cards per GPU, each at the GPU's reference NIC rate [default: 1, as DGX systems]."),
+    click.option("--tp-overlap", type=click.Choice(["none", "async-tp", "tp-comm-overlap"]), default="none",
+                 show_default=True,
+                 help="The runtime setting that overlaps tensor-parallel collectives with the matmuls: torchtitan's "
+                      "AsyncTP (async-tp) or Megatron-LM's --tp-comm-overlap; without it every collective is on the "
+                      "critical path."),
     click.option("--host-step-ns", type=click.FloatRange(min=0, max=1e6, min_open=True), default=None, metavar="NS",
                  help="With offload: the training hosts' optimizer step, ns per parameter [default: the profile's; "
                       "for --arch profiles a published server figure for Adam, 0.4]."),
 ]
 DP_OPTION_NAMES = ("dp", "zero", "shard_group", "ep", "zero_gather", "offload_optimizer", "offload_copies", "host_mem",
-                   "shard_bandwidth", "replica_bandwidth", "ep_bandwidth", "host_bandwidth", "host_step_ns")
+                   "shard_bandwidth", "replica_bandwidth", "ep_bandwidth", "host_bandwidth", "host_step_ns",
+                   "gpus_per_node", "nics_per_gpu", "tp_overlap")
 
 
 @dataclass(frozen=True)
@@ -112,20 +124,38 @@ class DataParallelOptions:
     ep_bandwidth: float | None = None
     host_bandwidth: float | None = None
     host_step_ns: float | None = None  # None: the profile's measurement
+    # the topology (comm_fields): None, the GPU's reference system
+    gpus_per_node: int | None = None
+    nics_per_gpu: float | None = None
+    tp_overlap: str = "none"
 
 
 def setup_options(func):
     """Decorate a click command with the shared setup options (in --help order); the command
     gets the data-parallel group as one `data_parallel: DataParallelOptions`."""
 
+    import inspect
+
+    # an option the command declares itself (evaluate's --gpus-per-node for --from-*): one
+    # option, its value read by both
+    own = set(inspect.signature(func).parameters) & set(DP_OPTION_NAMES)
+
     @functools.wraps(func)
     def grouped(**kwargs):
-        data_parallel = DataParallelOptions(**{name: kwargs.pop(name) for name in DP_OPTION_NAMES})
+        data_parallel = DataParallelOptions(**{name: kwargs[name] if name in own else kwargs.pop(name)
+                                               for name in DP_OPTION_NAMES})
         return func(data_parallel=data_parallel, **kwargs)
 
     for option in reversed(_OPTIONS):
-        grouped = option(grouped)
+        if option_name(option) not in own:
+            grouped = option(grouped)
     return grouped
+
+
+def option_name(option) -> str:
+    """The parameter name a click.option decorator declares ("--gpus-per-node": gpus_per_node)."""
+    holder = option(lambda: None)
+    return holder.__click_params__[-1].name
 
 
 def newest_profile() -> Path:
@@ -203,6 +233,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     (the solve's --time-limit) bounds building a chunked schedule's order (SolverTimeLimit past it)."""
     from pydantic import ValidationError
 
+    from planner.commands import comm_setup
     from planner.schema import TrainSetup
 
     if stages > len(profile.layers):
@@ -238,6 +269,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
             parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.dp),
             **dp_fields(profile, data_parallel, stages=stages, optimizer=optimizer, say=say,
                         activations_offloadable=may_offload_activations(profile, recompute, schedule)),
+            comm=comm_setup.comm_fields(profile, data_parallel, runtime=runtime, say=say),
         )
     except ValidationError as exc:
         from planner.io import describe_setup_error
@@ -320,7 +352,8 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
                         "--host-mem")
     if dp == 1 and not offload_optimizer and host_mem is None:
         return fields
-    links = dataparallel.default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep)
+    links = dataparallel.default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep,
+                                       gpus_per_node=options.gpus_per_node)
     given = (shard_bandwidth, replica_bandwidth, host_bandwidth) + ((ep_bandwidth,) if ep > 1 else ())
     notes = list(links.notes) if None in given else []
     fields.update(shard_gb_per_s=shard_bandwidth or links.shard_gb_per_s,

@@ -102,12 +102,19 @@ def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer
     if isinstance(plan, Unplanned):
         raise (SolverTimeLimit if plan.status == "timeout" else UserError)(plan.message(setup))
     io.save_plan(plan, out)
-    if as_json:
-        click.echo(json.dumps(_summary(plan, out), indent=2))
-    else:
-        from planner.commands.solve_report import print_plan
+    from planner.commands.solve_report import (
+        print_plan,
+        throughput_json,
+        throughput_line,
+        throughput_of,
+    )
 
+    found = throughput_of(profile, plan.setup, plan.predicted.iteration_ms)
+    if as_json:
+        click.echo(json.dumps(_summary(plan, out) | {"throughput": throughput_json(found)}, indent=2))
+    else:
         print_plan(plan, out)
+        say(throughput_line(found))
     for note in time_notes:
         say(note)
 

@@ -135,3 +135,34 @@ def print_comparison(plan) -> None:
                      speedup(b.iteration_ms) if b.feasible else "—", format_bytes(max(b.peak_bytes_per_stage))])
     console.print(table("predicted iteration (same cost model for all)",
                         ["strategy", "fits", "iteration", "vs full ckpt", "max peak"], rows, right_from=2))
+
+
+def throughput_of(profile, setup, iteration_ms: float):
+    """Tokens per second per GPU and MFU of an iteration as torchtitan and Megatron-LM log them
+    (planner/models/throughput.py); None where the profile records no sequence length."""
+    from planner.models.throughput import profile_arch, throughput
+
+    facts = profile.assumptions
+    seq_len, peak = facts.get("seq_len"), facts.get("gpu_bf16_tflops")
+    if not isinstance(seq_len, int) or not isinstance(peak, (int, float)):
+        return None
+    tp = int(facts.get("tp", 1) or 1)
+    gpus = setup.pipeline.stages * setup.data_parallel.dp * tp
+    tokens = setup.pipeline.microbatches * setup.pipeline.micro_batch_size * seq_len * setup.data_parallel.dp
+    return throughput(iteration_ms=iteration_ms, tokens_per_iteration=tokens, gpus=gpus, peak_tflops=float(peak),
+                      arch=profile_arch(facts), seq_len=seq_len)
+
+
+def throughput_line(found) -> str:
+    """The figures in one sentence, as the frameworks' logs print them."""
+    if found is None:
+        return "tokens/s and MFU: not known (the profile records no sequence length; analytic profiles do)"
+    line = f"as the frameworks log it, on {found.gpus} GPUs: {found.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    if found.torchtitan_mfu is not None:
+        line += (f", torchtitan mfu {found.torchtitan_mfu:.1%}; Megatron-LM throughput "
+                 f"{found.megatron_tflops_per_gpu:.1f} TFLOP/s/GPU ({found.megatron_mfu:.1%} of peak)")
+    return line
+
+
+def throughput_json(found) -> dict | None:
+    return None if found is None else found.as_dict()

@@ -354,7 +354,8 @@ class Links:
     ep_gb_per_s: float | None = None  # the tokens' all-to-all in an expert-parallel group; None: no ep
 
 
-def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, ep: int = 1) -> Links:
+def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, ep: int = 1,
+                  gpus_per_node: int | None = None) -> Links:
     """The profile's GPU's links (analytic profiles name their GPU; a measured cuda profile is
     matched by name) or, on cpu, gloo on one machine. Ranks are placed tensor-parallel
     innermost, then the expert-parallel group (Megatron-LM's order: tp, ep, then the expert
@@ -369,20 +370,21 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
                      CPU_GLOO_GB_PER_S if ep > 1 else None)
     gpu = profile_gpu(profile)
     tp = int(profile.assumptions.get("tp", 1))
+    node = gpus_per_node or gpu.gpus_per_node  # --gpus-per-node, else the GPU's reference system
 
     def link(ranks: int) -> tuple[float, str]:
-        inside = ranks * tp <= gpu.gpus_per_node
+        inside = ranks * tp <= node
         return ((gpu.node_link_gb_per_s, "in-node link") if inside else (gpu.network_gb_per_s, "network"))
 
     shard, shard_where = link(shard_group)
     replica, replica_where = link(dp)
     experts, experts_where = link(ep)
-    note = (f"{gpu.name}, {gpu.gpus_per_node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
+    note = (f"{gpu.name}, {node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
             f"({shard_where}), replicas at {replica:g} GB/s ({replica_where}), host copies at "
             f"{gpu.host_link_gb_per_s:g} GB/s (PCIe)"
             + (f", the experts' all-to-all over ep {ep} at {experts:g} GB/s ({experts_where})" if ep > 1 else "")
             + f"; {gpu.link_source}")
-    return Links(shard, replica, gpu.host_link_gb_per_s, gpu.gpus_per_node, [note], experts if ep > 1 else None)
+    return Links(shard, replica, gpu.host_link_gb_per_s, node, [note], experts if ep > 1 else None)
 
 
 def profile_gpu(profile: Profile):

@@ -55,6 +55,9 @@ class LayerCost:
     # none's and full's split backward bytes: (held, input peak, weight peak)
     split_bytes: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 0, 0), (0, 0, 0))
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
+    # its tensor-parallel collectives per microbatch: (kind, tensor bytes, forward, backward,
+    # recompute counts), as the profile lists them (LayerCollective); charged by comm.layer_comm_ms
+    collectives: tuple[tuple[str, int, int, int, int], ...] = ()
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -127,6 +130,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
                 for name in {name for item in same for name in item.step_ms}
             )),
             extra_options=_kind_options(same),
+            collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute) for c in same[0].collectives),
         )
         for kind, same in by_kind.items()
     }

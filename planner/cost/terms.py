@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import dataparallel
+from planner.cost import comm, dataparallel
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
     all_to_all_ms,
@@ -187,6 +187,12 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: all_to_all_ms(layer, ckpt, ctx.setup),
          "dispatch + combine, forward and backward (Megatron-LM's alltoall token dispatcher, torchtitan's "
          "MoE): routed token copies x hidden x dtype bytes x (E-1)/E over the expert-parallel link"),
+    # on the critical path with the layer's compute (quantity time: the DP and the MILP read a layer's time rows)
+    Term("the layer's tensor-parallel all-gathers and reduce-scatters (all-reduces without SP)", "time", "layer",
+         lambda layer, ckpt, ctx: comm.layer_comm_ms(layer, int(ckpt), ctx.setup),
+         "the profile's per-layer collectives (bytes) over the tensor-parallel group's link: ring factor, NCCL's "
+         "latency model (tuning.cc); hidden beyond the pass's compute only under AsyncTP / TE comm overlap "
+         "(comm.OVERLAPS)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
@@ -203,6 +209,10 @@ TERMS: tuple[Term, ...] = (
     Term("input gradient sent back", "comm", "open",
          lambda layer, stage, ctx: first_layer_comm_ms(layer, stage, ctx.setup),
          "calibrated send line: latency + bytes / bandwidth (ckplan calibrate)"),
+    Term("input gradient sent back over the pipeline's link, uncalibrated", "comm", "open",
+         lambda layer, stage, ctx: comm.stage_send_ms(layer.input_bytes, ctx.setup) if stage > 0 else 0.0,
+         "bytes / the link between neighbouring stages (NVLink in a node, else the network) + NCCL's latency, "
+         "where no calibrated send line is set (comm.stage_send_ms)"),
     # -- the layer that closes the stage
     Term("stage output waiting in fwd_cache", "kept", "close",
          lambda layer, stage, ctx: last_layer_kept_bytes(layer, stage, ctx.setup),
@@ -213,6 +223,10 @@ TERMS: tuple[Term, ...] = (
     Term("output sent forward", "comm", "close",
          lambda layer, stage, ctx: last_layer_comm_ms(layer, stage, ctx.setup),
          "calibrated send line (ckplan calibrate)"),
+    Term("output sent forward over the pipeline's link, uncalibrated", "comm", "close",
+         lambda layer, stage, ctx: (comm.stage_send_ms(layer.output_bytes, ctx.setup)
+                                    if stage < ctx.setup.pipeline.stages - 1 else 0.0),
+         "bytes / the link between neighbouring stages + NCCL's latency, where no calibrated send line is set"),
     # -- the stage's position
     Term("what the loss keeps", "kept", "stage",
          lambda stage, ctx: loss_kept_bytes(ctx.profile, stage, ctx.setup), "saved-tensor hooks on the loss (profiler)"),

@@ -29,6 +29,16 @@ class GPU:
     host_link_gb_per_s: float = 64.0  # PCIe Gen5 x16
     gpus_per_node: int = 8
     link_source: str = ""
+    # NICs per GPU, each at network_gb_per_s (DGX H100 / B200 / A100: one ConnectX per GPU), and
+    # what the GPU-to-GPU link inside a node is: NVLink / Infinity Fabric, or PCIe where there is
+    # none (NCCL's latency per ring step differs: planner/cost/comm.py)
+    nics_per_gpu: float = 1.0
+    node_link_kind: str = "nvlink"
+    # a measured bus bandwidth of the all-gathers and reduce-scatters inside a node (nccl-tests),
+    # which tensor parallelism's collectives run at in place of the link's datasheet figure; 0:
+    # none published, the datasheet's
+    node_collective_gb_per_s: float = 0.0
+    collective_source: str = ""
     # what cudaGetDeviceProperties().totalGlobalMem (torch's total_memory) reports, and its source
     cuda_total_bytes: int = 0
     total_source: str = ""
@@ -88,6 +98,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("h100-sxm", 80 * 10**9, 989.4, 3.35, "NVIDIA H100 datasheet, SXM5 (BF16 989, FP8 1,979 dense; 3.35 TB/s)",
         450.0, fp8_tflops=1978.9,
         link_source="H100 datasheet: NVLink 900 GB/s, PCIe Gen5 128 GB/s; DGX H100: 400 Gb/s NDR per GPU",
+        node_collective_gb_per_s=354.9,
+        collective_source="nccl-tests on 8 x H100: reduce_scatter busbw 360, all_gather 350 GB/s (NVIDIA/nccl#1281, "
+                          "2024-05-10); 354.9 their harmonic mean, a tensor-parallel layer moving equal bytes in each",
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
@@ -97,6 +110,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
         link_source="H100 datasheet: PCIe Gen5 128 GB/s (GPU to GPU over PCIe); 400 Gb/s NIC per GPU",
+        node_link_kind="pcie",
         cuda_total_bytes=81559 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on H100 PCIe: 81559 MiB (Beomi/BitNet-Transformers README), less the SXM's "
                      "454 MiB driver reservation (assumed)",
@@ -188,7 +202,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # NVIDIA L4 Tensor Core GPU datasheet (2023): 24 GB GDDR6 at 300 GB/s, BF16 121 TFLOPS dense
     # (242 with sparsity), FP8 242.5 dense (485 with sparsity), PCIe Gen4 x16 64 GB/s, no NVLink
     GPU("l4", 24 * 10**9, 121.0, 0.300, "NVIDIA L4 datasheet (BF16 121, FP8 242.5 dense; 300 GB/s GDDR6)", 32.0,
-        host_link_gb_per_s=32.0, fp8_tflops=242.5,
+        host_link_gb_per_s=32.0, fp8_tflops=242.5, node_link_kind="pcie",
         link_source=f"L4 datasheet: PCIe Gen4 x16 64 GB/s, no NVLink (GPU to GPU over PCIe); {_NIC_ASSUMED}",
         cuda_total_bytes=24 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",

@@ -91,7 +91,7 @@ from itertools import combinations
 
 from planner.errors import UserError
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
-from planner.profiler import allocseq, analytic_time
+from planner.profiler import allocseq, analytic_comm, analytic_time
 from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> by callers
     DTYPE_BYTES,
     INDEX_BYTES,
@@ -623,6 +623,7 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
     layers = [embedding_layer(arch, shape, gpu, mfu),
               *(block_layer(i, arch, shape, gpu, mfu) for i in range(arch.num_layers)),
               head_layer(arch, shape, gpu, mfu)]
+    layers = analytic_comm.with_collectives(layers, arch.hidden_size, shape)  # tensor-parallel, per microbatch
     return Profile(
         name=f"{arch.name}-s{shape.seq_len}-mbs{shape.micro_batch_size}-tp{shape.tp}{'-sp' if shape.sp else ''}"
              f"{f'-cf{shape.capacity_factor:g}' if shape.capacity_factor != 1.0 else ''}",

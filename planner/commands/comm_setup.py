@@ -1,0 +1,57 @@
+"""The communication part of the training setup (CommSetup): the links the tensor-parallel
+collectives and the pipeline's sends cross, from the profile's GPU and the topology options
+(`--gpus-per-node`, `--nics-per-gpu`, `--tp-overlap`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from planner.errors import UserError
+
+if TYPE_CHECKING:
+    from planner.commands.setup_options import DataParallelOptions
+
+
+def comm_fields(profile, options: DataParallelOptions, *, runtime: str, say=None) -> dict:
+    """TrainSetup's communication part: the tensor-parallel group's and the pipeline's links from
+    the profile's GPU and the node size (planner/cost/comm.py), said; nothing on cpu, or for a
+    GPU ckplan has no links for."""
+    from planner.cost import comm, dataparallel
+
+    tp = int(profile.assumptions.get("tp", 1) or 1)
+    if options.tp_overlap != "none" and comm.overlaps(runtime, options.tp_overlap) is None:
+        owners = ", ".join(r for r, setting in comm.OVERLAPS if setting == options.tp_overlap)
+        raise UserError(f"--tp-overlap {options.tp_overlap} is a setting of {owners}'s runtime, and the plan is scored "
+                        f"for {runtime}'s; drop --tp-overlap or choose --runtime {owners}")
+    if options.tp_overlap != "none" and tp == 1:
+        raise UserError(f"--tp-overlap {options.tp_overlap} overlaps tensor-parallel collectives, and the profile was "
+                        "made without tensor parallelism (--tp 1); drop it or profile with --tp N")
+    if profile.device.type != "cuda":
+        return {}
+    try:
+        gpu = dataparallel.profile_gpu(profile)
+    except UserError:
+        if say is not None:
+            say(f"no links known for {profile.device.name}: tensor-parallel collectives and pipeline sends not charged")
+        return {}
+    node = options.gpus_per_node or gpu.gpus_per_node
+    inside = comm.node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
+    between = comm.network_link(gpu.network_gb_per_s, options.nics_per_gpu or gpu.nics_per_gpu)
+    tp_link = comm.group_link(tp, 1, node, inside, between)
+    if tp_link is inside and gpu.node_collective_gb_per_s:  # a published nccl-tests figure for this GPU
+        tp_link = comm.Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
+                            f"in-node, measured: {gpu.collective_source}")
+    pp_link = comm.group_link(2, tp * options.dp, node, inside, between)
+    note = (f"{gpu.name}, {node} GPUs a node, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: pipeline "
+            f"sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where})"
+            + (f", tensor-parallel {tp} collectives at {tp_link.gb_per_s:g} GB/s ({tp_link.where})" if tp > 1 else "")
+            + f"; latency {comm.NCCL_SOURCE}")
+    if tp > 1 and not any(layer.collectives for layer in profile.layers):
+        note += (f"; this profile lists no tensor-parallel collectives (a {profile.source} profile, or one made "
+                 "before they were recorded): not charged")
+    if say is not None:
+        say(note)
+    return dict(tp=tp, tp_gb_per_s=tp_link.gb_per_s, tp_step_latency_ms=tp_link.step_latency_ms,
+                pp_gb_per_s=pp_link.gb_per_s, pp_latency_ms=pp_link.base_latency_ms + pp_link.step_latency_ms,
+                collective_latency_ms=tp_link.base_latency_ms, gpus_per_node=node, tp_overlap=options.tp_overlap,
+                comm_notes=[note])

@@ -1,0 +1,210 @@
+"""Communication from bytes over the topology: one function per collective, each its bytes
+formula and its ring algorithm's factor, over the link its group crosses.
+
+A ring collective over n ranks moves, per rank, of a tensor of B bytes (the whole tensor: an
+all-gather's output, a reduce-scatter's input, an all-reduce's tensor):
+    all-gather, reduce-scatter   (n-1)/n · B     in n-1 steps
+    all-reduce                   2(n-1)/n · B    in 2(n-1) steps (a reduce-scatter, then an all-gather)
+    all-to-all                   (n-1)/n · B     in n-1 steps (every rank keeps 1/n of its own)
+    send (point to point)        B               in 1 step
+and takes latency + moved / bus bandwidth. The latency is NCCL's own model of its Ring / Simple
+protocol (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.23+: a base of 8.4 µs
+per collective, then per step 3.4 µs over NVLink, 5.7 µs over PCIe, 14.0 µs over the network).
+The bus bandwidth is the link's datasheet rate (planner/models/gpus.py), or inside a node the
+collective's busbw measured by nccl-tests where one is published (H100: all-gather 350, reduce-
+scatter 360 GB/s against NVLink's 450 one way, NVIDIA/nccl#1281; all_reduce_perf with NVLink
+SHARP reaches 460-480).
+
+Which link: ranks are placed tensor-parallel innermost, then data-parallel, then the pipeline
+(Megatron-LM's and torchtitan's order). A group whose ranks, times the ranks inside each of its
+steps, fit in one node runs at the node's link (NVLink); one that spans nodes runs at the
+network's rate (its NICs per GPU x each NIC's): the ring's slowest hop sets its pace.
+
+Tensor parallelism (Megatron-LM's and torchtitan's layer plans; the profile lists each layer's
+collectives, LayerCollective): with sequence parallelism a block all-gathers its input before
+attention and before the MLP and reduce-scatters after each (forward), the mirror in the
+backward, and again in a full recompute; without it, two all-reduces each way. Context
+parallelism's ring passes each rank's K and V shard around the cp ranks (cp - 1 sends forward,
+twice the bytes backward: K, V and their gradients). Expert parallelism's all-to-all and the data
+parallel reductions are charged in planner/cost/dataparallel.py with these factors.
+
+Hidden only where the runtime overlaps it (OVERLAPS: each a fact with its source): a hidden
+collective costs what it takes beyond the compute it runs beside (the pass's), never less than 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.schema import CommSetup, TrainSetup
+
+MS_PER_US = 1e-3
+# NCCL's latency model, Ring algorithm, Simple protocol (the one large messages use)
+NCCL_BASE_LATENCY_US = 8.4
+NCCL_STEP_LATENCY_US = {"nvlink": 3.4, "pcie": 5.7, "network": 14.0}
+NCCL_SOURCE = ("NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel (2.23+, the version with PAT; read in a published "
+               "annotated copy of the file): baseLat Ring/Simple 8.4 µs; hwLat Ring/Simple per step NVLink 3.4, PCI "
+               "5.7, NET 14.0 µs")
+
+RING_FACTORS = {  # (bytes moved per rank / tensor bytes, steps), n ranks
+    "all-gather": (lambda n: (n - 1) / n, lambda n: n - 1),
+    "reduce-scatter": (lambda n: (n - 1) / n, lambda n: n - 1),
+    "all-reduce": (lambda n: 2 * (n - 1) / n, lambda n: 2 * (n - 1)),
+    "all-to-all": (lambda n: (n - 1) / n, lambda n: n - 1),
+    "send": (lambda n: 1.0, lambda n: 1),
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    """What one collective crosses: bus bandwidth per rank (GB/s), NCCL's latency per ring step
+    and per collective (ms), and where (words)."""
+
+    gb_per_s: float
+    step_latency_ms: float = 0.0
+    base_latency_ms: float = 0.0
+    where: str = ""
+
+
+def collective_ms(kind: str, tensor_bytes: float, ranks: int, link: Link) -> float:
+    """One ring collective of `kind` on a tensor of `tensor_bytes` over `ranks` ranks: NCCL's
+    latency (base + steps x per step) + the bytes each rank moves / the link's bandwidth. A
+    group of one rank, or nothing to move, costs nothing."""
+    if ranks <= 1 and kind != "send" or tensor_bytes <= 0:
+        return 0.0
+    moved, steps = RING_FACTORS[kind]
+    return (link.base_latency_ms + steps(ranks) * link.step_latency_ms
+            + moved(ranks) * tensor_bytes / (link.gb_per_s * 1e9) * 1e3)
+
+
+def all_gather_ms(tensor_bytes: float, ranks: int, link: Link) -> float:
+    return collective_ms("all-gather", tensor_bytes, ranks, link)
+
+
+def reduce_scatter_ms(tensor_bytes: float, ranks: int, link: Link) -> float:
+    return collective_ms("reduce-scatter", tensor_bytes, ranks, link)
+
+
+def all_reduce_ms(tensor_bytes: float, ranks: int, link: Link) -> float:
+    return collective_ms("all-reduce", tensor_bytes, ranks, link)
+
+
+def all_to_all_ms(tensor_bytes: float, ranks: int, link: Link) -> float:
+    return collective_ms("all-to-all", tensor_bytes, ranks, link)
+
+
+def send_ms(tensor_bytes: float, link: Link) -> float:
+    return collective_ms("send", tensor_bytes, 2, link)
+
+
+def ring_attention_ms(kv_shard_bytes: float, cp: int, link: Link) -> tuple[float, float]:
+    """Context parallelism's ring exchange per layer (forward, backward): each rank passes its
+    K and V shard (`kv_shard_bytes`, its T/cp tokens' K and V) on cp - 1 times; the backward
+    passes K, V and their gradients (twice the bytes)."""
+    if cp <= 1:
+        return 0.0, 0.0
+    return (cp - 1) * send_ms(kv_shard_bytes, link), (cp - 1) * send_ms(2 * kv_shard_bytes, link)
+
+
+# ---------------------------------------------------------------- the topology
+
+def node_link(gb_per_s: float, *, pcie: bool = False) -> Link:
+    step = NCCL_STEP_LATENCY_US["pcie" if pcie else "nvlink"]
+    return Link(gb_per_s, step * MS_PER_US, NCCL_BASE_LATENCY_US * MS_PER_US, "PCIe" if pcie else "in-node link")
+
+
+def network_link(nic_gb_per_s: float, nics_per_gpu: float) -> Link:
+    return Link(nic_gb_per_s * nics_per_gpu, NCCL_STEP_LATENCY_US["network"] * MS_PER_US,
+                NCCL_BASE_LATENCY_US * MS_PER_US, "network")
+
+
+def group_link(ranks: int, stride: int, gpus_per_node: int, inside: Link, between: Link) -> Link:
+    """The link a group of `ranks` crosses whose members lie `stride` ranks apart (the product
+    of the degrees placed inside it): inside one node while ranks x stride fit in it, else the
+    network's."""
+    return inside if ranks * stride <= gpus_per_node else between
+
+
+# ---------------------------------------------------------------- what the runtimes overlap
+
+@dataclass(frozen=True)
+class Overlap:
+    """A runtime setting that runs a kind of collective beside compute, with its source."""
+
+    hides: str  # "tp": the layers' tensor-parallel collectives; "dp": the data-parallel reductions and gathers
+    source: str
+
+
+# One row per (runtime, setting). Moves into the runtime records (planner/cost/runtimes.py) once
+# they exist; the data-parallel rows are read by dataparallel.overlaps_comm's callers today.
+OVERLAPS: dict[tuple[str, str], Overlap] = {
+    ("torchtitan", "async-tp"): Overlap(
+        "tp", "torchtitan models/llama3/infra/parallelize.py apply_tp: enable_async_tp sets "
+              "torch._inductor.config._micro_pipeline_tp (all-gather + matmul and matmul + reduce-scatter "
+              "decomposed and pipelined over symmetric memory; needs torch.compile), torchtitan 76dd118"),
+    ("megatron", "tp-comm-overlap"): Overlap(
+        "tp", "Megatron-LM --tp-comm-overlap (megatron/training/arguments.py): Transformer Engine's userbuffers "
+              "overlap the sequence-parallel all-gathers and reduce-scatters with the GEMMs, Megatron-LM 001b00c2"),
+    ("torchtitan", "fsdp"): Overlap(
+        "dp", "FSDP2 prefetches the next layer's all-gather and reduce-scatters beside the backward "
+              "(torch/distributed/fsdp/_fully_shard/_fsdp_state.py, torch 2.13)"),
+    ("megatron", "overlap-grad-reduce"): Overlap(
+        "dp", "Megatron-LM --overlap-grad-reduce (off by default): bucketed reduce-scatters launched as a bucket's "
+              "gradients are ready (megatron/core/distributed/param_and_grad_buffer.py), Megatron-LM 001b00c2"),
+}
+
+
+def overlaps(runtime: str, setting: str) -> Overlap | None:
+    return OVERLAPS.get((runtime, setting))
+
+
+def tp_overlap_source(comm: CommSetup, runtime: str) -> str | None:
+    """The fact that hides the tensor-parallel collectives under this runtime and setting; None
+    where they stay on the critical path."""
+    found = overlaps(runtime, comm.tp_overlap)
+    return found.source if found is not None and found.hides == "tp" else None
+
+
+# ---------------------------------------------------------------- per layer
+
+def tp_link(comm: CommSetup) -> Link | None:
+    if comm.tp_gb_per_s is None:
+        return None
+    return Link(comm.tp_gb_per_s, comm.tp_step_latency_ms, comm.collective_latency_ms)
+
+
+PASSES = ("fwd", "bwd", "recompute")
+
+
+def pass_comm_ms(layer, which: str, comm: CommSetup) -> float:
+    """A layer's (LayerCost's) tensor-parallel collectives in one pass ("fwd", "bwd", "recompute")."""
+    link = tp_link(comm)
+    if link is None:
+        return 0.0
+    at = 2 + PASSES.index(which)
+    return sum(c[at] * collective_ms(c[0], c[1], comm.tp, link) for c in layer.collectives)
+
+
+def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
+    """What a layer's tensor-parallel collectives add to a microbatch's critical path: forward,
+    backward, and the forward's again where its option recomputes the whole layer (option 1,
+    "full"). Under an overlapping runtime setting each pass's collectives cost only what they
+    take beyond that pass's compute."""
+    comm, scale = setup.comm, setup.time.compute_scale  # the compute as the time term charges it
+    passes = [("fwd", layer.fwd_ms * scale), ("bwd", layer.bwd_ms * scale)] + \
+        ([("recompute", layer.fwd_ms * scale)] if option == 1 else [])
+    hidden = tp_overlap_source(comm, setup.training.runtime) is not None
+    total = 0.0
+    for which, compute in passes:
+        ms = pass_comm_ms(layer, which, comm)
+        total += max(0.0, ms - compute) if hidden else ms
+    return total
+
+
+def stage_send_ms(num_bytes: int, setup: TrainSetup) -> float:
+    """One send between neighbouring stages over the pipeline's link, where `ckplan calibrate`
+    measured no send line (TimeConstants.send_gb_per_s wins where it did)."""
+    comm = setup.comm
+    if setup.time.send_gb_per_s is not None or comm.pp_gb_per_s is None:
+        return 0.0
+    return send_ms(num_bytes, Link(comm.pp_gb_per_s, comm.pp_latency_ms))
