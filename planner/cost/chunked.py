@@ -23,7 +23,7 @@ from planner.cost.layers import (
     layer_costs,
 )
 from planner.cost.rules import (
-    _runtime,
+    runtime_facts,
     compute_ms,
     rank_tied_once_bytes,
 )
@@ -189,7 +189,7 @@ def sends_held_bytes(first: LayerCost, last: LayerCost, stage: int, order: sched
     then, and a neighbour on the same rank (a V's turn) keeps the tensor it was handed in its
     receive buffer as long (measured on the runtime: a rank's live bytes grew by one boundary
     tensor per send or hand-over)."""
-    if _runtime(setup) not in ("ckplan", "torchtitan"):
+    if not runtime_facts(setup).sends_held_to_step_end:
         return 0, 0
     output = last.output_bytes if stage + 1 < order.num_stages else 0
     input_grad = first.input_bytes if stage > 0 else 0
