@@ -312,6 +312,36 @@ def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:
     return layer.expert_transient_bytes * (ep - 1) // ep
 
 
+# Inputs a layer's column-parallel linears all-gather under TP with sequence parallelism: a
+# block's QKV (or MLA down-projection) input and its MLP input; the LM head's input
+# (torchtitan's apply_tp, 9dec370 parallelize_llama.py 117-191).
+GATHERED_INPUTS = {"decoder_block": 2, "moe_block": 2, "norm+lm_head": 1}
+
+
+def tp_gathered_input_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
+    """Where the runtime's record says its column-parallel linears save the all-gathered input
+    whole (DTensor's ColwiseParallel, torchtitan), the bytes beyond the 1/TP sequence shard an
+    analytic TP + SP profile counts for them: (t - 1) x the layer's (sequence-sharded) input for
+    each gathered input. 0 elsewhere (Megatron-LM saves the shard and re-gathers in backward;
+    a measured profile ran no TP)."""
+    t = int(profile.assumptions.get("tp", 1))
+    if t == 1 or not profile.assumptions.get("sp") or profile.source != "analytic":
+        return 0
+    if not runtime_facts(setup).tp_saves_gathered_input:
+        return 0
+    return GATHERED_INPUTS.get(layer.kind, 0) * (t - 1) * layer.input_bytes
+
+
+def tp_gathered_kept_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """tp_gathered_input_bytes kept to the backward by a layer that keeps its activations (none)."""
+    return tp_gathered_input_bytes(layer, profile, setup) if option == 0 else 0
+
+
+def tp_gathered_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """tp_gathered_input_bytes held at once by a fully recomputed layer's rerun forward."""
+    return tp_gathered_input_bytes(layer, profile, setup) if option == 1 else 0
+
+
 def layer_extra_bytes(layer: LayerCost, option: int) -> int:
     """A layer's peak beyond what it keeps: its transient, plus what its option recomputes at once."""
     if option < 2:

@@ -390,3 +390,33 @@ def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool) -> LossRegion:
     if compiled and record.loss_compiled is not None:
         return record.loss_compiled
     return record.loss
+
+
+def refused_settings(training, *, tp: int = 1) -> list[str]:
+    """One sentence per setting of `training` the cost model does not model (none silently
+    ignored): the command refuses the first; a config reader lists them all."""
+    refused = []
+    if training.op_level_sac:
+        refused.append("torchtitan's op-level selective activation checkpointing (--op-level-sac) is not modelled: "
+                       "a profile holds no per-op policy; plan with --recompute options (selective per layer) instead")
+    if training.float8:
+        refused.append("Float8 linears (--float8) are not modelled: a profile's matmuls and saved tensors are bf16")
+    if training.fp8_all_gather:
+        refused.append("FSDP2's float8 all-gather (--fp8-all-gather) is not modelled: it needs Float8 linears, which "
+                       "are not")
+    if training.async_tp:
+        refused.append("AsyncTP (--async-tp) is not modelled: its symmetric-memory buffers and overlap are not in "
+                       "the cost model")
+    if training.context_parallel > 1:
+        refused.append(f"context parallelism (--cp {training.context_parallel}) is not modelled: a profile's "
+                       "sequence is whole on every rank")
+    if training.chunked_cross_entropy:
+        refused.append("chunked cross-entropy (--chunked-cross-entropy) is not modelled: the loss region is the "
+                       "runtime's whole-logits one")
+    if training.mtp_layers:
+        refused.append(f"multi-token prediction (--mtp-layers {training.mtp_layers}) is not modelled: a profile "
+                       "holds no MTP modules")
+    if training.expert_tp is not None and training.expert_tp != tp:
+        refused.append(f"expert tensor parallelism distinct from TP (--expert-tp {training.expert_tp} with TP {tp}) "
+                       "is not modelled: the experts are split as the profile's TP splits them")
+    return refused
