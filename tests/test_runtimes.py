@@ -203,3 +203,46 @@ def test_dtensor_tp_with_sp_saves_the_gathered_inputs_whole():
     assert tp_gathered_kept_bytes(block, 1, profile, titan) == 0  # checkpointed: keeps its input only
     assert tp_gathered_extra_bytes(block, 1, profile, titan) == 2 * shard  # the rerun forward gathers
     assert tp_gathered_kept_bytes(block, 0, profile, setup(runtime="megatron")) == 0  # saves the shard
+
+
+# ---------------------------------------------------------------- gradients made at the first backward
+
+
+def test_gradients_made_at_the_first_backward_meet_one_microbatch_fewer():
+    from planner.cost import gradtiming
+
+    # GPipe, or 1F1B's stage 0 with A = M: all forwards, then the first backward frees a
+    # microbatch (k) as the gradients (G) arrive: max(A k, (A - 1) k + G) = A k + max(0, G - k)
+    assert gradtiming.one_chunk(10.0, in_flight=4, kept=3.0, microbatches=4, steady=True) == 7.0
+    assert gradtiming.one_chunk(2.0, in_flight=4, kept=3.0, microbatches=4, steady=False) == 0.0
+    # 1F1B with more microbatches than in flight: a forward follows, A in flight beside G
+    assert gradtiming.one_chunk(10.0, in_flight=3, kept=3.0, microbatches=8, steady=True) == 10.0
+    assert gradtiming.one_chunk(0.0, in_flight=3, kept=3.0, microbatches=8, steady=True) == 0.0
+
+
+def test_a_rank_of_two_chunks_meets_each_chunks_gradients_as_the_others_activations_leave():
+    from planner.cost import gradtiming
+    from planner.cost.schedules import Action
+
+    def a(chunk, kind):
+        return Action(stage=chunk, chunk=chunk, kind=kind, microbatch=0, unit=0)
+
+    # F0 F0 F1 F1 | B1 B1 B0 B0, k = 1 per chunk-microbatch, G = 5 per chunk: activations peak at
+    # 4 (no gradients yet); after B1: 3 + 5; after B1 B1 B0: 1 + 10 = 11: 7 above the 4
+    order = [a(0, "F"), a(0, "F"), a(1, "F"), a(1, "F"), a(1, "B"), a(1, "B"), a(0, "B"), a(0, "B")]
+    assert gradtiming.walked(order, [1.0, 1.0], [5.0, 5.0]) == 11.0 - 4.0
+
+
+def test_torchtitan_beside_a_pipeline_holds_its_fp32_gradients_from_the_first_backward(tiny):
+    from planner.cost.assembly import stage_cost
+
+    layers = layer_costs(tiny)
+    whole = dict(stages=2, microbatches=2, mem_caps_bytes=[2**50] * 2, dp=2, zero=3, zero_gather="per-iteration",
+                 schedule="GPipe")
+    titan = stage_cost(layers[:2], [0, 0], stage=0, profile=tiny, setup=setup(runtime="torchtitan", **whole))
+    grads = 4 * (layers[0].param_count + layers[1].param_count)  # fp32, whole
+    # GPipe, 2 in flight: max(2 k, k + G) above what is held without G
+    expected = (titan.static_bytes - grads + titan.buffer_bytes
+                + max(2 * titan.kept_bytes, titan.kept_bytes + grads) + titan.transient_bytes)
+    assert titan.peak_bytes == pytest.approx(max(expected, titan.static_bytes - grads + titan.buffer_bytes
+                                                 + titan.step_scratch_bytes), abs=1)

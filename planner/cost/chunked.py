@@ -18,6 +18,7 @@ from planner.cost.assembly import (
     stage_cost,
     workspace_bytes,
 )
+from planner.cost import gradtiming
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
@@ -142,7 +143,11 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
         activations = int(round(peaks[rank].live - peaks[rank].transient))
         transient = int(round(peaks[rank].transient))
         scratch = (sum if profile.device.type == "cuda" else max)(c.step_scratch_bytes for c in mine)
-        peak = int(round(peak_bytes(static + buffers, 1, activations, transient, scratch)))
+        # each chunk's gradients made at its first backward (gradtiming.py), over torch's order
+        lazy = [gradtiming.lazy_grad_bytes([costs[position[n]] for n in staged[stage][0]], inner)
+                for stage in order.stages_of(rank)]
+        above = gradtiming.walked(order.actions[rank], [c.kept_bytes for c in mine], lazy) if any(lazy) else 0.0
+        peak = int(round(peak_bytes(static + buffers - sum(lazy), 1, activations, transient + above, scratch)))
         cuda = ctx.device_type == "cuda"
         rank_costs.append(StageCost(
             static_bytes=static, kept_bytes=sum(c.kept_bytes for c in mine),

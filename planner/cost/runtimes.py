@@ -60,6 +60,10 @@ class RuntimeFacts:
     zero1_whole_tensors: bool
     """ZeRO 1 gives each rank whole tensors (torch's ZeroRedundancyOptimizer), so a stage's largest
     tensor may be held whole; False where flat buffers are split evenly, cutting through tensors."""
+    grads_allocated_at_first_backward: bool
+    """The whole gradients a pipeline stage keeps between microbatches are allocated at its first
+    backward and freed at the step (planner/cost/gradtiming.py); False where they are held all
+    iteration (buffers allocated once)."""
     zero_as_fsdp2: bool
     """Any ZeRO stage runs as FSDP2 (ZeRO 3): beside a pipeline weights and gradients stay whole until
     the last backward, without one they are resharded after every forward."""
@@ -153,7 +157,7 @@ _COMPILED_LOSS = LossRegion(kept_x=2.0, peak_x=6.0)
 def _ckplan() -> RuntimeFacts:
     return RuntimeFacts(
         name="ckplan", version="ckplan (this repository) on " + _TORCH_V,
-        grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=True, zero_as_fsdp2=False,
+        grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=True, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=True,
         # ckplan's runtime runs the model file's own loss, measured into the profile; an analytic
         # profile's formula (planner/profiler/analytic.py): logits kept, fp32 softmax kept, fp32 gradient
@@ -162,6 +166,7 @@ def _ckplan() -> RuntimeFacts:
         **_TORCH_PIPELINING, recompute_whole_forward=False,
         overlaps_grad_reduce=False, prefetches_zero3_gathers=True, async_tp=False, cublas_workspace_bytes=None,
         sources={
+            "grads_allocated_at_first_backward": "held in static as ckplan's runtime was measured (scripts/bench_dp_static.py)",
             "grad_bytes": "planner/runtime (torch .grad in the parameter's dtype); bf16 params under bf16-mixed",
             "shard_weight_bytes": "planner/runtime/mesh.py: bf16 parameters, fp32 master in the optimizer",
             "master_bytes": "planner/runtime/mesh.py: fp32 master under bf16-mixed",
@@ -184,7 +189,7 @@ def _ckplan() -> RuntimeFacts:
 def _megatron() -> RuntimeFacts:
     return RuntimeFacts(
         name="megatron", version=_MEGATRON_V,
-        grad_bytes=4, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False,
+        grad_bytes=4, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         loss=LossRegion(kept_x=2.0, peak_x=3.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=3.0),
         loss_compiled=None, tp_saves_gathered_input=False,
@@ -193,6 +198,7 @@ def _megatron() -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, async_tp=True,
         cublas_workspace_bytes=8 * 4096 * 1024,
         sources={
+            "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
                           f"megatron/training/arguments.py 1204-1217 (bf16 forces fp32 accumulation), {_MEGATRON_V}",
             "shard_weight_bytes": f"megatron/core/distributed/param_and_grad_buffer.py (bf16 param buffer), {_MEGATRON_V}",
@@ -226,13 +232,14 @@ def _torchtitan(version: str) -> RuntimeFacts:
     read_at = _TITAN_OLD if not compiles_loss else _TITAN_NEW
     return RuntimeFacts(
         name="torchtitan", version=version,
-        grad_bytes=4, shard_weight_bytes=4, master_bytes=0, zero1_whole_tensors=False, zero_as_fsdp2=True,
+        grad_bytes=4, shard_weight_bytes=4, master_bytes=0, zero1_whole_tensors=False, zero_as_fsdp2=True, grads_allocated_at_first_backward=True,
         adam_step_scratch=True,
         loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
         loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         **_TORCH_PIPELINING, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, async_tp=True, cublas_workspace_bytes=None,
         sources={
+            "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {_TORCH_V}",
             "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
                           f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad "
                           f"in reduce_dtype under PP), {_TORCH_V}",
@@ -266,7 +273,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
 def _deepspeed() -> RuntimeFacts:
     return RuntimeFacts(
         name="deepspeed", version=_DS_V,
-        grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False,
+        grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         # Megatron-DeepSpeed's GPT runs Megatron's vocab-parallel cross-entropy
         loss=LossRegion(kept_x=2.0, peak_x=3.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=3.0),
@@ -276,6 +283,7 @@ def _deepspeed() -> RuntimeFacts:
         sends_held_to_step_end=False, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, async_tp=False, cublas_workspace_bytes=None,
         sources={
+            "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
             "shard_weight_bytes": f"deepspeed/runtime/bf16_optimizer.py 49-62 (bf16 flat groups), {_DS_V}",
             "master_bytes": f"deepspeed/runtime/bf16_optimizer.py 175-186 (fp32 partitions), {_DS_V}",
@@ -305,7 +313,7 @@ def _colossalai(version: str) -> RuntimeFacts:
     hf_43x = version == "hf-4.3x"
     return RuntimeFacts(
         name="colossalai", version=version,
-        grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False,
+        grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         loss=LossRegion(kept_x=4.0, peak_x=8.0) if hf_43x else LossRegion(kept_x=3.0, peak_x=7.0),
         loss_vocab_parallel=LossRegion(kept_x=4.0, peak_x=8.0) if hf_43x else LossRegion(kept_x=3.0, peak_x=7.0),
@@ -315,6 +323,7 @@ def _colossalai(version: str) -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, async_tp=False,
         cublas_workspace_bytes=None,
         sources={
+            "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
             "grad_bytes": f"colossalai/zero/gemini/gemini_ddp.py 106, 380-412 (grads in the fp16 chunk; a grad chunk "
                           f"with accumulation), {_CAI_V}",
             "shard_weight_bytes": f"colossalai/zero/gemini chunks (bf16 params), {_CAI_V}",
