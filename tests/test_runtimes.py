@@ -138,15 +138,20 @@ def test_fused_adam_allocates_no_step_scratch_and_foreach_adam_its_sqrt(tiny):
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory, tiny):
+def tiny_path(tmp_path_factory):
+    """The tiny model at 8 x 1,024 tokens: its activations, not its optimizer step, set its peak."""
+    import dataclasses
+
+    arch = dataclasses.replace(TINY, max_position_embeddings=1024)
+    profile = analytic.analytic_profile(arch, Shape(seq_len=1024, micro_batch_size=8), gpu=H100, model=REF)
     path = tmp_path_factory.mktemp("p") / "tiny.json"
-    path.write_text(tiny.model_dump_json())
+    path.write_text(profile.model_dump_json())
     return path
 
 
-def _evaluate(path, *extra):
+def _evaluate(path, *extra, ckpt="0"):
     return CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4",
-                                    "--ckpt-per-stage", "0", "--microbatches", "1", "--mem", "80GB",
+                                    "--ckpt-per-stage", ckpt, "--microbatches", "1", "--mem", "80GB",
                                     "--precision", "bf16-mixed", "--json", *extra])
 
 
@@ -157,7 +162,6 @@ def _peak(result) -> int:
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--op-level-sac"], "op-level selective activation checkpointing"),
     (["--float8"], "Float8"),
     (["--fp8-all-gather"], "float8 all-gather"),
     (["--async-tp"], "AsyncTP"),
@@ -246,3 +250,31 @@ def test_torchtitan_beside_a_pipeline_holds_its_fp32_gradients_from_the_first_ba
                 + max(2 * titan.kept_bytes, titan.kept_bytes + grads) + titan.transient_bytes)
     assert titan.peak_bytes == pytest.approx(max(expected, titan.static_bytes - grads + titan.buffer_bytes
                                                  + titan.step_scratch_bytes), abs=1)
+
+
+# ---------------------------------------------------------------- torchtitan's op-level SAC
+
+
+def test_op_sac_keeps_every_second_mm_and_the_attention_by_hand():
+    from planner.profiler.opsac import op_sac_kept_bytes
+
+    shape = Shape(seq_len=32, micro_batch_size=2)
+    tokens, d = 64, 2
+    boundary = tokens * 64 * d
+    # input + Q (wq, 4 heads x 16) + V (wv, 2 kv heads x 16) + flash output + logsumexp (fp32 per head and
+    # token) + the gate (w1, 160) + the MLP's output (w2, 64)
+    expected = boundary + tokens * 64 * d + tokens * 32 * d + tokens * 64 * d + 4 * 4 * tokens + tokens * 160 * d \
+        + tokens * 64 * d
+    assert op_sac_kept_bytes(TINY, shape, boundary) == expected
+    profile = analytic.analytic_profile(TINY, shape, gpu=H100, model=REF)
+    block = profile.layers[1]
+    option = next(o for o in block.recompute_options if o.name == "op-sac")
+    assert option.kept_bytes == expected
+    assert option.recompute_peak_bytes == block.act_bytes - expected
+
+
+def test_op_level_sac_on_the_command_line_keeps_between_none_and_full(tiny_path):
+    none = _peak(_evaluate(tiny_path))
+    full = _peak(_evaluate(tiny_path, ckpt="4"))
+    op = _peak(_evaluate(tiny_path, "--op-level-sac", ckpt="4"))
+    assert full < op < none

@@ -14,6 +14,7 @@ from planner.commands.setup_options import (
     planned_setup,
     setup_options,
 )
+from planner.commands.training_settings import op_sac_stages
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
 
@@ -132,6 +133,8 @@ def command(layers_per_stage, ckpt_per_stage, checkpoint_names, ckpt_rule, stage
     hand = hand_stages(profile, counts, ckpts, ckpt_rule)
     if checkpoint_names is not None:
         hand = named_checkpoints(hand, checkpoint_names)
+    if setup.training.op_level_sac:
+        hand = op_sac_stages(hand, profile)
     if chunks > 1:
         hand = costmodel.ranks_of(hand, setup)
     hand_cost = costmodel.evaluate(hand, profile, setup)

@@ -21,7 +21,10 @@ SETTING_OPTIONS = [
     click.option("--compile", "compile_model", is_flag=True,
                  help="torch.compile (torchtitan's training.compile): the loss as the runtime's version compiles it; "
                       "the layers are charged as eager."),
-    click.option("--op-level-sac", is_flag=True, help="torchtitan's op-level selective AC (refused: not modelled)."),
+    click.option("--op-level-sac", is_flag=True,
+                 help="torchtitan's op-level selective AC: a checkpointed block (evaluate) or a block's recompute "
+                      "option (solve) is its op-sac policy, every second mm and the attention saved (analytic "
+                      "LLaMA profiles)."),
     click.option("--float8", is_flag=True, help="Float8 linears (refused: not modelled)."),
     click.option("--fp8-all-gather", is_flag=True, help="FSDP2's float8 all-gather (refused: not modelled)."),
     click.option("--async-tp", is_flag=True, help="AsyncTP (refused: not modelled)."),
@@ -77,3 +80,23 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
         say(f"--compile: {runtime} {record.version} " + ("compiles the loss (charged as measured compiled)"
                                                          if compiled else "does not compile the loss")
             + "; the layers' memory and time are charged as eager (compile's effect on them is not modelled)")
+
+
+def op_sac_stages(stages, profile):
+    """--op-level-sac: a hand plan's checkpointed layers run torchtitan's op-level policy where the
+    profile offers it (`op-sac`, planner/profiler/opsac.py), whole-layer checkpointing elsewhere.
+    A profile whose layers offer none of it is refused in one sentence."""
+    from planner.profiler.opsac import OPTION_OP_SAC
+    from planner.schema import OPTION_FULL, StagePlan
+
+    offered = {layer.name for layer in profile.layers
+               if any(option.name == OPTION_OP_SAC for option in layer.recompute_options)}
+    if not offered:
+        raise UserError("--op-level-sac needs a profile whose blocks offer torchtitan's op-level policy (op-sac): "
+                        "an analytic LLaMA-style profile with flash attention, made by `ckplan profile --arch`")
+    out = []
+    for stage in stages:
+        recompute = {name: OPTION_OP_SAC if name in offered else OPTION_FULL for name in stage.checkpointed}
+        out.append(StagePlan(index=stage.index, layers=list(stage.layers), recompute=recompute,
+                             checkpointed=[name for name, option in recompute.items() if option == OPTION_FULL]))
+    return out

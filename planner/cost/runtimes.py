@@ -405,9 +405,6 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
     """One sentence per setting of `training` the cost model does not model (none silently
     ignored): the command refuses the first; a config reader lists them all."""
     refused = []
-    if training.op_level_sac:
-        refused.append("torchtitan's op-level selective activation checkpointing (--op-level-sac) is not modelled: "
-                       "a profile holds no per-op policy; plan with --recompute options (selective per layer) instead")
     if training.float8:
         refused.append("Float8 linears (--float8) are not modelled: a profile's matmuls and saved tensors are bf16")
     if training.fp8_all_gather:
