@@ -22,8 +22,8 @@ SETTING_OPTIONS = [
                  help="torch.compile (torchtitan's training.compile): the loss as the runtime's version compiles it; "
                       "the layers are charged as eager."),
     click.option("--op-level-sac", is_flag=True,
-                 help="torchtitan's op-level selective AC: a checkpointed block (evaluate) or a block's recompute "
-                      "option (solve) is its op-sac policy, every second mm and the attention saved (analytic "
+                 help="torchtitan's op-level selective AC: a checkpointed block (evaluate) runs its op-sac policy, "
+                      "every second mm and the attention saved, and solve may choose it for a block (analytic "
                       "LLaMA profiles)."),
     click.option("--float8", is_flag=True, help="Float8 linears (refused: not modelled)."),
     click.option("--fp8-all-gather", is_flag=True, help="FSDP2's float8 all-gather (refused: not modelled)."),

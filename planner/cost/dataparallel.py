@@ -166,7 +166,9 @@ def unsharded_bytes(largest_param_count: int, setup: TrainSetup) -> float:
     held = param_bytes(setup)
     weights, grads = held.weights, held.grads
     if setup.data_parallel.zero >= 3:
-        return largest_param_count * (2 * weights + 2 * grads)
+        # the unsharded gradient in the weights' dtype, the reduce-scatter input in the reduce dtype
+        # (FSDP2's reduce_dtype: fp32 under torchtitan's mixed precision)
+        return largest_param_count * (2 * weights + weights + grads)
     return largest_param_count * 2 * max(weights, grads)
 
 

@@ -15,7 +15,7 @@ edaa7221 (2026-08-22); ColossalAI 4f9953be and its LLaMA-2 benchmark at 068372a7
 The loss region is a multiple of the bf16 logits tensor (tokens x vocab shard x 2 B): `kept` what
 lives from the loss's forward to its backward (the logits themselves included where they stay),
 `peak` the most at once during the loss's forward and backward. Measured with torch's MemTracker
-on CPU (torch 2.13, 2,048 tokens x 4,096 vocab, bf16 logits; /tmp script in the h33a report,
+on CPU (torch 2.13, 2,048 tokens x 4,096 vocab, bf16 logits; scripts/bench_loss_region.py,
 its cases written from each framework's code): torchtitan's plain loss kept 2.00 peak 5.97
 (compiled on CPU by inductor: the same);
 loss_parallel kept 2.00 peak 7.97; Hugging Face >= 4.46 (its output keeps the logits) kept 3.00
@@ -131,7 +131,7 @@ _TITAN_OLD = "torchtitan 9dec370 (2024-12-26)"
 _TITAN_NEW = "torchtitan bbb1b616 (2025-04-02) to b5bcd76c (2026-08-21)"
 _DS_V = "DeepSpeed edaa7221 (2026-08-22)"
 _CAI_V = "ColossalAI 4f9953be; LLaMA-2 benchmark 068372a7"
-_MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (planner/cost/runtimes.py docstring)"
+_MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (scripts/bench_loss_region.py)"
 
 _TORCH_PIPELINING = dict(
     stage_input_in_receive_buffer=True, input_receive_buffers="per-microbatch",

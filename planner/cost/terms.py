@@ -290,13 +290,12 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     stages take no option that offloads (their host bytes per rank are not modelled yet)."""
     whole_layer = ctx.setup.training.recompute == "whole-layer"
     candidates = [1] if whole_layer else range(1, len(layer.options))
-    # torchtitan's op-level policy (profiler/opsac.py): the option where the setup asks for it and
-    # the layer offers it, and never otherwise (no other framework's export can say it)
+    # torchtitan's op-level policy (profiler/opsac.py): among the options where the setup asks for
+    # it and the layer offers it, never otherwise (no other framework's export can say it)
     op_sac = [o for o in range(len(layer.options)) if layer.options[o].name == "op-sac"]
-    if ctx.setup.training.op_level_sac and op_sac:
-        candidates = op_sac
-    else:
-        candidates = [o for o in candidates if o not in op_sac]
+    candidates = [o for o in candidates if o not in op_sac]
+    if ctx.setup.training.op_level_sac:
+        candidates += op_sac
     if ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES or ctx.split_backward:
         candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
     if ctx.chunked or ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:
