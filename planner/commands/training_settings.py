@@ -70,9 +70,10 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     from types import SimpleNamespace
 
     from planner.cost import runtimes
+    from planner.cost.rules import profile_tp
 
     record = runtimes.facts(runtime, settings["runtime_version"])
-    refused = runtimes.refused_settings(SimpleNamespace(**settings), tp=int(profile.assumptions.get("tp", 1)))
+    refused = runtimes.refused_settings(SimpleNamespace(**settings), tp=profile_tp(profile))
     if refused:
         raise UserError(refused[0])
     if settings["compile"] and say is not None:

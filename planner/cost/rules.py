@@ -251,6 +251,13 @@ def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     return held * (inputs * first + targets * last)
 
 
+def profile_tp(profile: Profile) -> int:
+    """The tensor-parallel degree an analytic profile records (1 where none is, or where the value
+    is not a positive integer: the exporters refuse such a profile in their own sentence)."""
+    tp = profile.assumptions.get("tp", 1)
+    return tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
+
+
 def runtime_loss(profile: Profile, setup: TrainSetup) -> tuple[float, runtimes.LossRegion] | None:
     """(the bf16 logits' bytes, the loss region the runtime's record says it runs) for an analytic
     bf16 profile, whose loss is a formula rather than a measurement; None for a measured or fake
@@ -258,7 +265,7 @@ def runtime_loss(profile: Profile, setup: TrainSetup) -> tuple[float, runtimes.L
     are of bf16 logits)."""
     if profile.source != "analytic" or profile.dtype != "bfloat16":
         return None
-    tp = int(profile.assumptions.get("tp", 1))
+    tp = profile_tp(profile)
     region = runtimes.loss_region(runtime_facts(setup), tp=tp, compiled=setup.training.compile)
     return profile.layers[-1].output_bytes, region
 
@@ -324,8 +331,8 @@ def tp_gathered_input_bytes(layer: LayerCost, profile: Profile, setup: TrainSetu
     analytic TP + SP profile counts for them: (t - 1) x the layer's (sequence-sharded) input for
     each gathered input. 0 elsewhere (Megatron-LM saves the shard and re-gathers in backward;
     a measured profile ran no TP)."""
-    t = int(profile.assumptions.get("tp", 1))
-    if t == 1 or not profile.assumptions.get("sp") or profile.source != "analytic":
+    t = profile_tp(profile)
+    if t == 1 or profile.assumptions.get("sp") is not True or profile.source != "analytic":
         return 0
     if not runtime_facts(setup).tp_saves_gathered_input:
         return 0
