@@ -364,6 +364,34 @@ class TrainingSetup(Strict):
     # the recompute options a plan may choose: every option the profile lists, or whole
     # layers only (none or full, the plan space before options)
     recompute: Literal["options", "whole-layer"] = "options"
+    # The settings real jobs use (issue 33), named as Megatron-LM's and torchtitan's configs name
+    # them; each is modelled or refused (planner/cost/runtimes.py refused_settings), never ignored.
+    # the runtime's version whose facts apply (planner/cost/runtimes.py VERSIONS; None: the newest
+    # read), e.g. torchtitan 9dec370 (loss not compiled) or bbb1b616 (compiled with the model)
+    runtime_version: str | None = None
+    # torch.compile of the model (torchtitan --training.compile / compile.enable): the loss is
+    # compiled with it where the runtime's version does so
+    compile: bool = False
+    # torchtitan's --activation_checkpoint.mode selective --selective_ac_option op: save every
+    # other mm and the attention outputs (not modelled: refused)
+    op_level_sac: bool = False
+    # Float8 linears (torchtitan --float8 / torchao; Megatron --fp8-format) (not modelled: refused)
+    float8: bool = False
+    # FSDP2's all-gather of float8 weights (torchtitan --float8.enable_fsdp_float8_all_gather)
+    fp8_all_gather: bool = False
+    # AsyncTP: TP's collectives overlapped with the matmuls (torchtitan
+    # --experimental.enable_async_tensor_parallel; Megatron --tp-comm-overlap)
+    async_tp: bool = False
+    # context-parallel degree (Megatron --context-parallel-size, torchtitan context_parallel_degree)
+    context_parallel: int = Field(default=1, ge=1, le=MAX_RANKS)
+    # dtype of Adam's two moments (Megatron --exp-avg-dtype / --exp-avg-sq-dtype)
+    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
+    # the cross-entropy computed over chunks of the tokens (not modelled: refused)
+    chunked_cross_entropy: bool = False
+    # multi-token-prediction modules (Megatron --mtp-num-layers) (not modelled: refused)
+    mtp_layers: int = Field(default=0, ge=0, le=64)
+    # expert tensor-parallel degree (Megatron --expert-tensor-parallel-size; None: the TP degree)
+    expert_tp: int | None = Field(default=None, ge=1, le=MAX_RANKS)
 
 
 # A scale past this (a stage 1000x slower than profiled, or 1000x faster) or a latency past a

@@ -500,7 +500,7 @@ def test_selective_options_of_moe_and_latent_blocks_by_hand():
         analytic.flops_ms(analytic.mlp_flops(TINY_MOE, shape, moe=True), H100, 0.4))
     # the dense block of the same model keeps its dense options
     dense = {o.name for o in analytic.selective_options(TINY_MOE, shape, H100, 0.4)}
-    assert dense == {"attn", "mlp-act", "attn,mlp-act", "offload"}
+    assert dense == {"attn", "mlp-act", "attn,mlp-act", "op-sac", "offload"}  # op-sac: torchtitan's op-level SAC
     # latent attention: Q (from its latent), K and V up-projected, 64 tokens x 4 heads
     latent = {o.name: o for o in analytic.selective_options(TINY_MLA, shape, H100, 0.4)}
     up = 64 * 4 * (16 + 8) * 2 * 2 + 64 * 4 * 16 * 2

@@ -14,6 +14,7 @@ from planner.commands.setup_options import (
     planned_setup,
     setup_options,
 )
+from planner.commands.training_settings import op_sac_stages
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
 
@@ -151,6 +152,8 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
     hand = hand_stages(profile, counts, ckpts, ckpt_rule)
     if checkpoint_names is not None:
         hand = named_checkpoints(hand, checkpoint_names)
+    if setup.training.op_level_sac:
+        hand = op_sac_stages(hand, profile)
     if chunks > 1:
         hand = costmodel.ranks_of(hand, setup)
     hand_cost = costmodel.evaluate(hand, profile, setup)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from planner.commands.training_settings import SETTING_OPTIONS, SETTING_OPTION_NAMES, TrainingSettings, check_settings
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
 from planner.units import format_bytes
@@ -105,7 +106,6 @@ DP_OPTION_NAMES = ("dp", "zero", "shard_group", "ep", "zero_gather", "offload_op
                    "shard_bandwidth", "replica_bandwidth", "ep_bandwidth", "host_bandwidth", "host_step_ns",
                    "gpus_per_node", "nics_per_gpu", "tp_overlap")
 
-
 @dataclass(frozen=True)
 class DataParallelOptions:
     """The data-parallel option group as given on the command line (dp_fields turns it into
@@ -128,6 +128,8 @@ class DataParallelOptions:
     gpus_per_node: int | None = None
     nics_per_gpu: float | None = None
     tp_overlap: str = "none"
+    # the training settings' options, carried with this group so every command passes them through
+    settings: TrainingSettings = None  # type: ignore[assignment]  # None: the defaults
 
 
 def setup_options(func):
@@ -142,11 +144,12 @@ def setup_options(func):
 
     @functools.wraps(func)
     def grouped(**kwargs):
+        settings = TrainingSettings(**{name: kwargs.pop(name) for name in SETTING_OPTION_NAMES})
         data_parallel = DataParallelOptions(**{name: kwargs[name] if name in own else kwargs.pop(name)
-                                               for name in DP_OPTION_NAMES})
+                                               for name in DP_OPTION_NAMES}, settings=settings)
         return func(data_parallel=data_parallel, **kwargs)
 
-    for option in reversed(_OPTIONS):
+    for option in reversed(_OPTIONS + SETTING_OPTIONS):
         if option_name(option) not in own:
             grouped = option(grouped)
     return grouped
@@ -261,11 +264,13 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         raise UserError(f"--chunks {chunks} needs a schedule with chunks ({', '.join(CHUNKED_SCHEDULES)}); "
                         f"{schedule} runs one stage per rank")
     check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
+    settings = (data_parallel.settings or TrainingSettings()).fields()
+    check_settings(profile, runtime=runtime, settings=settings, say=say)
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
             schedule=schedule, chunks=chunks, mem_caps_bytes=caps_bytes(mem, stages), optimizer=optimizer, precision=precision,
-            runtime=runtime, fragmentation=fragmentation, recompute=recompute,
+            runtime=runtime, fragmentation=fragmentation, recompute=recompute, **settings,
             parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.dp),
             **dp_fields(profile, data_parallel, stages=stages, optimizer=optimizer, say=say,
                         activations_offloadable=may_offload_activations(profile, recompute, schedule)),
@@ -275,7 +280,9 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         from planner.io import describe_setup_error
 
         raise UserError(f"invalid setup: {describe_setup_error(exc)}") from exc
-    if runtime == "torchtitan":
+    from planner.cost import runtimes
+
+    if runtimes.of(setup.training).zero_as_fsdp2:
         from planner.cost import dataparallel
 
         ran = dataparallel.as_torchtitan_runs(setup)
@@ -475,3 +482,4 @@ def host_bytes(stages, setup) -> float:
 
     busiest = max((stage.predicted.host_bytes for stage in stages if stage.predicted is not None), default=0)
     return dataparallel.host_bytes_per_node(busiest, setup)
+

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator, dataparallel
+from planner.cost import allocator, dataparallel, gradtiming
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
@@ -311,7 +311,12 @@ def stage_cost(
                               stage_value("extra", stage, ctx))))
     scratch = step_scratch_bytes([v["scratch"] for v in per_layer], profile.device.type)
     k = in_flight(setup.pipeline, stage)
-    peak = int(round(peak_bytes(static + buffers, k, kept, transient, scratch)))
+    # gradients the runtime makes at the stage's first backward (gradtiming.py): out of what is held
+    # at the activations' peak, into what the actions reach with them
+    lazy = gradtiming.lazy_grad_bytes(layers, setup)
+    above = gradtiming.one_chunk(lazy, in_flight=k, kept=kept, microbatches=setup.pipeline.microbatches,
+                                 steady=setup.pipeline.schedule == "1F1B")
+    peak = int(round(peak_bytes(static + buffers - lazy, k, kept, transient + above, scratch)))
     cuda = ctx.device_type == "cuda"
     return StageCost(
         comm_ms=sum(totals[q] for q in quantities("busy") if q != "time"),

@@ -18,12 +18,13 @@ from planner.cost.assembly import (
     stage_cost,
     workspace_bytes,
 )
+from planner.cost import gradtiming
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
 )
 from planner.cost.rules import (
-    _runtime,
+    runtime_facts,
     compute_ms,
     rank_tied_once_bytes,
 )
@@ -142,7 +143,11 @@ def evaluate_chunked(ranks: Sequence[StagePlan], profile: Profile, setup: TrainS
         activations = int(round(peaks[rank].live - peaks[rank].transient))
         transient = int(round(peaks[rank].transient))
         scratch = (sum if profile.device.type == "cuda" else max)(c.step_scratch_bytes for c in mine)
-        peak = int(round(peak_bytes(static + buffers, 1, activations, transient, scratch)))
+        # each chunk's gradients made at its first backward (gradtiming.py), over torch's order
+        lazy = [gradtiming.lazy_grad_bytes([costs[position[n]] for n in staged[stage][0]], inner)
+                for stage in order.stages_of(rank)]
+        above = gradtiming.walked(order.actions[rank], [c.kept_bytes for c in mine], lazy) if any(lazy) else 0.0
+        peak = int(round(peak_bytes(static + buffers - sum(lazy), 1, activations, transient + above, scratch)))
         cuda = ctx.device_type == "cuda"
         rank_costs.append(StageCost(
             static_bytes=static, kept_bytes=sum(c.kept_bytes for c in mine),
@@ -189,7 +194,7 @@ def sends_held_bytes(first: LayerCost, last: LayerCost, stage: int, order: sched
     then, and a neighbour on the same rank (a V's turn) keeps the tensor it was handed in its
     receive buffer as long (measured on the runtime: a rank's live bytes grew by one boundary
     tensor per send or hand-over)."""
-    if _runtime(setup) not in ("ckplan", "torchtitan"):
+    if not runtime_facts(setup).sends_held_to_step_end:
         return 0, 0
     output = last.output_bytes if stage + 1 < order.num_stages else 0
     input_grad = first.input_bytes if stage > 0 else 0

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost import runtimes
 from planner.errors import UserError
 from planner.schema import Profile, TrainSetup
 
@@ -104,10 +105,36 @@ def kept_whole(setup: TrainSetup) -> bool:
     return setup.data_parallel.zero >= 2 and setup.data_parallel.zero_gather == "per-iteration"
 
 
+@dataclass(frozen=True)
+class ParamBytes:
+    """Bytes per parameter before sharding, as the setup's runtime holds them."""
+
+    weights: float  # the weights the layers compute with (gathered, or the replica's own)
+    shard_weights: float  # the weights a rank's shard holds (fp32 where the parameter is the master)
+    grads: float  # the gradient accumulated and reduced
+    optim: float  # the optimizer's state, a separate fp32 master included
+
+
+def param_bytes(setup: TrainSetup) -> ParamBytes:
+    """BYTES_PER_PARAM for the precision and optimizer; under bf16-mixed the runtime's record says
+    the gradient's dtype (Megatron-LM's fp32 main_grad, FSDP2's fp32 reduce_dtype), whether the
+    shard is an fp32 parameter with no separate master (FSDP2's mixed precision), and the
+    moments' dtype follows training.optimizer_state_dtype (Megatron --exp-avg-dtype)."""
+    weights, grads, optim = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
+    shard, master = weights, 0
+    if setup.training.precision == "bf16-mixed":
+        record = runtimes.of(setup.training)
+        shard, grads, master, optim = record.shard_weight_bytes, record.grad_bytes, record.master_bytes, optim - FP32_BYTES
+    if setup.training.optimizer_state_dtype == "bf16" and setup.training.precision != "bf16":
+        optim /= 2  # the moments in bf16 (2 B) where they were fp32 (4 B)
+    return ParamBytes(weights, shard, grads, optim + master)
+
+
 def bytes_per_param(setup: TrainSetup) -> float:
     """Weights + grads + optimizer state per parameter on one device at its peak (during the
     microbatches), after ZeRO and offload."""
-    weights, grads, optim = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
+    held = param_bytes(setup)
+    weights, grads, optim = held.shard_weights, held.grads, held.optim
     k = shard_size(setup)
     if setup.data_parallel.offload:
         optim = 0
@@ -119,7 +146,7 @@ def bytes_per_param(setup: TrainSetup) -> float:
     elif setup.data_parallel.zero >= 2:
         # FSDP2, the runtime's ZeRO 2/3, keeps its 1/K shard of the weights beside the
         # gathered weights while it holds them gathered (measured: w + w/K, not w)
-        weights += weights / k
+        weights = held.weights + weights / k
     return weights + grads + optim
 
 
@@ -136,15 +163,19 @@ def unsharded_bytes(largest_param_count: int, setup: TrainSetup) -> float:
     0 without sharding, and when ZeRO 2/3 keep weights and gradients whole."""
     if shard_size(setup) == 1 or kept_whole(setup) or setup.data_parallel.zero < 2:
         return 0.0
-    weights, grads, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
+    held = param_bytes(setup)
+    weights, grads = held.weights, held.grads
     if setup.data_parallel.zero >= 3:
-        return largest_param_count * (2 * weights + 2 * grads)
+        # the unsharded gradient in the weights' dtype, the reduce-scatter input in the reduce dtype
+        # (FSDP2's reduce_dtype: fp32 under torchtitan's mixed precision)
+        return largest_param_count * (2 * weights + weights + grads)
     return largest_param_count * 2 * max(weights, grads)
 
 
 def zero_one_excess_bytes(param_count: float, largest_param_count: int, setup: TrainSetup) -> float:
-    """ZeRO 1 as ckplan's runtime runs it (ZeroRedundancyOptimizer): each rank of a shard
-    group steps whole tensors, so where a stage's largest tensor outweighs 1/K of its
+    """ZeRO 1 where the runtime's record says it partitions whole tensors (ckplan's runtime:
+    ZeroRedundancyOptimizer; Megatron-LM's, DeepSpeed's and ColossalAI's flat buffers split
+    evenly and hold no excess): each rank of a shard group steps whole tensors, so where a stage's largest tensor outweighs 1/K of its
     parameters the rank holding it keeps that tensor's optimizer state whole:
     o · max(0, largest - params / K) beyond the even 1/K (the greedy partition's result
     when the other tensors are small beside it; `launch` warns where they are not). 0 for
@@ -158,7 +189,9 @@ def whole_tensor_optim_bytes(setup: TrainSetup) -> float:
     device (o); 0 where no rank holds whole tensors of a shard group's state there."""
     if setup.data_parallel.zero != 1 or shard_size(setup) == 1 or setup.data_parallel.offload:
         return 0.0
-    return BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)][2]
+    if not runtimes.of(setup.training).zero1_whole_tensors:
+        return 0.0
+    return param_bytes(setup).optim
 
 
 def reduced_bytes_per_param(setup: TrainSetup) -> float:
@@ -170,8 +203,7 @@ def reduced_bytes_per_param(setup: TrainSetup) -> float:
     reduced layer's gathered weights (w >= g / K) are resharded."""
     if setup.data_parallel.zero < 3 or kept_whole(setup) or replicas(setup) == 1 or shard_size(setup) == 1:
         return 0.0
-    _, grads, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
-    return grads / shard_size(setup)
+    return param_bytes(setup).grads / shard_size(setup)
 
 
 def host_bytes_per_param(setup: TrainSetup) -> float:
@@ -216,7 +248,7 @@ def grad_reduce_ms(param_count: int, setup: TrainSetup) -> float:
     """Gradient reduction of these parameters per iteration."""
     if setup.data_parallel.dp == 1:
         return 0.0
-    _, grads, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
+    grads = param_bytes(setup).grads  # reduced in the dtype accumulated (fp32 main_grad, FSDP2's reduce_dtype)
     num_bytes, k, r = param_count * grads, shard_size(setup), replicas(setup)
     if k == 1:
         return all_reduce_ms(num_bytes, setup.data_parallel.dp, setup.data_parallel.shard_gb_per_s)
@@ -231,7 +263,7 @@ def weight_gather_ms(param_count: int, setup: TrainSetup) -> float:
     k = shard_size(setup)
     if k == 1:
         return 0.0
-    weights, _, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
+    weights = param_bytes(setup).weights  # gathered in the dtype computed with
     gathers = 2 * setup.pipeline.microbatches if setup.data_parallel.zero >= 3 and not kept_whole(setup) else 1
     return gathers * reduce_scatter_ms(param_count * weights, k, setup.data_parallel.shard_gb_per_s)
 
@@ -282,8 +314,9 @@ def overlaps_comm(setup: TrainSetup) -> bool:
     before it, and prefetches ZeRO 3's weight gathers beside the compute: every framework does
     (DDP's and FSDP's buckets, Megatron's overlap-grad-reduce, DeepSpeed's overlap_comm);
     ckplan's runtime does under FSDP2 (ZeRO 2/3 reduced per microbatch) and reduces ZeRO 0/1
-    after the last backward, and ZeRO 2/3 kept whole once at the end (runtime/mesh.py)."""
-    if setup.training.runtime != "ckplan":
+    after the last backward, and ZeRO 2/3 kept whole once at the end (runtime/mesh.py): the
+    record's overlaps_grad_reduce."""
+    if runtimes.of(setup.training).overlaps_grad_reduce:
         return True
     return setup.data_parallel.zero >= 2 and not kept_whole(setup)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import dataparallel
+from planner.cost import dataparallel, runtimes
 from planner.cost.layers import LayerCost
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
@@ -109,20 +109,13 @@ def kept_bytes(layer: LayerCost, option: int) -> int:
     return layer.options[option].kept_bytes
 
 
-# Runtimes whose checkpointing reruns a layer's whole forward: Megatron-LM's own
-# CheckpointFunction and DeepSpeed's (reentrant), Hugging Face's gradient_checkpointing
-# (reentrant by default: ColossalAI's path), and torchtitan, whose checkpoint wrapper turns
-# early stopping off (early_stop=False, torchtitan/distributed/activation_checkpoint.py).
-# ckplan's runtime calls torch.utils.checkpoint without reentry and with torch's default early
-# stop: it reruns ops only until the last tensor the backward needs is back.
-WHOLE_FORWARD_RECOMPUTE = ("megatron", "deepspeed", "colossalai", "torchtitan")
-
-
 def recompute_ms(layer: LayerCost, setup: TrainSetup | None = None) -> float:
     """What checkpointing adds to the layer's backward: the profile's recompute (measured, or
     from FLOPs), which stops once the last saved tensor is back; a whole forward where it was
-    not measured, or where the setup's runtime reruns whole forwards."""
-    whole = setup is not None and setup.training.runtime in WHOLE_FORWARD_RECOMPUTE
+    not measured, or where the setup's runtime reruns whole forwards (its record's
+    recompute_whole_forward: Megatron-LM's and DeepSpeed's reentrant checkpoints, Hugging Face's,
+    torchtitan's early_stop=False; ckplan's runtime stops early, torch's default)."""
+    whole = setup is not None and runtime_facts(setup).recompute_whole_forward
     return layer.fwd_ms if layer.recompute_ms is None or whole else layer.recompute_ms
 
 
@@ -181,29 +174,17 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
                                      expert_count=layer.expert_param_count) + layer.tied_ms
 
 
-# What each runtime's 1F1B pipeline holds besides the layers' own saved tensors (read from
-# their code):
-# - ckplan's runtime and torchtitan run torch.distributed.pipelining: one receive buffer per
-#   microbatch for the stage input (the first layer's saved input is that buffer) and for the
-#   output's gradient, each output kept in fwd_cache to its backward, the whole batch held.
-# - Megatron-LM (megatron/core/pipeline_parallel/schedules.py) receives each input as a fresh
-#   tensor the first layer saves, frees each output's storage once sent (deallocate_output_tensor;
-#   its training sets deallocate_pipeline_outputs = True), takes one gradient at a time, and
-#   fetches one microbatch of data per forward.
-# - ColossalAI (colossalai/pipeline/schedule/one_f_one_b.py, 0.5): the received input is the
-#   forward's input, outputs are kept in output_objs to their backward, one gradient at a time,
-#   and load_batch holds the whole batch on every stage.
-# - DeepSpeed (deepspeed/runtime/pipe/engine.py, 0.19): max(2, min(P - s, M)) pipe buffers, each
-#   holding a received input (a clone of the one receive buffer) whose clone the forward saves,
-#   outputs kept to their backward, one gradient buffer, microbatches loaded into the buffers.
+# What each runtime's 1F1B pipeline holds besides the layers' own saved tensors: its record's
+# pipeline-buffer facts (planner/cost/runtimes.py, each with the file it was read from).
 
 
-def _runtime(setup: TrainSetup) -> str:
-    return setup.training.runtime
+def runtime_facts(setup: TrainSetup) -> runtimes.RuntimeFacts:
+    """The record of what the setup's runtime holds (planner/cost/runtimes.py)."""
+    return runtimes.of(setup.training)
 
 
-def deepspeed_buffers(stage: int, pipeline: PipelineSetup) -> int:
-    """DeepSpeed's TrainSchedule.num_pipe_buffers."""
+def pipe_buffers(stage: int, pipeline: PipelineSetup) -> int:
+    """DeepSpeed's TrainSchedule.num_pipe_buffers (a record's "pipe-buffers")."""
     return max(2, min(pipeline.stages - stage, pipeline.microbatches))
 
 
@@ -212,13 +193,13 @@ def first_layer_kept_bytes(layer: LayerCost, setup: TrainSetup) -> int:
     input is a receive buffer (past stage 0) or a slice of the whole batch the schedule holds
     (stage 0), both counted in buffers, so the layer's saved copy of it is not kept twice. The
     frameworks' own pipelines hand the layer a tensor of its own, kept as the layer's."""
-    return -layer.input_in_act_bytes if _runtime(setup) in ("ckplan", "torchtitan") else 0
+    return -layer.input_in_act_bytes if runtime_facts(setup).stage_input_in_receive_buffer else 0
 
 
 def last_layer_kept_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
     """The stage output waits until its backward (fwd_cache, output_objs, DeepSpeed's buffers);
     Megatron frees its storage once sent (the last stage's output, the logits, stays for the loss)."""
-    if _runtime(setup) == "megatron" and stage < setup.pipeline.stages - 1:
+    if runtime_facts(setup).frees_sent_output and stage < setup.pipeline.stages - 1:
         return 0
     return layer.output_bytes
 
@@ -229,11 +210,11 @@ def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) ->
     ColossalAI only that gradient; DeepSpeed its pipe buffers and the receive buffer."""
     if stage == 0:
         return 0
-    runtime = _runtime(setup)
-    if runtime in ("megatron", "colossalai"):
+    held = runtime_facts(setup).input_receive_buffers
+    if held == "one":
         copies = 1
-    elif runtime == "deepspeed":
-        copies = deepspeed_buffers(stage, setup.pipeline) + 1
+    elif held == "pipe-buffers":
+        copies = pipe_buffers(stage, setup.pipeline) + 1
     else:
         copies = setup.pipeline.microbatches + 1
     return copies * layer.input_bytes
@@ -250,7 +231,8 @@ def last_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> 
     microbatch under torch's pipelining; the frameworks take one gradient at a time."""
     if stage == setup.pipeline.stages - 1:
         return 0
-    return (setup.pipeline.microbatches if _runtime(setup) in ("ckplan", "torchtitan") else 1) * layer.output_bytes
+    per_microbatch = runtime_facts(setup).output_grad_buffers_per_microbatch
+    return (setup.pipeline.microbatches if per_microbatch else 1) * layer.output_bytes
 
 
 def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
@@ -260,18 +242,45 @@ def batch_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     DeepSpeed a microbatch per pipe buffer."""
     first, last = stage == 0, stage == setup.pipeline.stages - 1
     inputs, targets = profile.batch_input_bytes, profile.batch_target_bytes
-    runtime = _runtime(setup)
-    if runtime == "megatron":
+    kind = runtime_facts(setup).batch_held
+    if kind == "in-flight-targets":
         return in_flight(setup.pipeline, stage) * targets * last
-    if runtime == "colossalai":
+    if kind == "every-stage":
         return setup.pipeline.microbatches * (inputs + targets)
-    held = deepspeed_buffers(stage, setup.pipeline) if runtime == "deepspeed" else setup.pipeline.microbatches
+    held = pipe_buffers(stage, setup.pipeline) if kind == "pipe-buffers" else setup.pipeline.microbatches
     return held * (inputs * first + targets * last)
 
 
+def profile_tp(profile: Profile) -> int:
+    """The tensor-parallel degree an analytic profile records (1 where none is, or where the value
+    is not a positive integer: the exporters refuse such a profile in their own sentence)."""
+    tp = profile.assumptions.get("tp", 1)
+    return tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
+
+
+def runtime_loss(profile: Profile, setup: TrainSetup) -> tuple[float, runtimes.LossRegion] | None:
+    """(the bf16 logits' bytes, the loss region the runtime's record says it runs) for an analytic
+    bf16 profile, whose loss is a formula rather than a measurement; None for a measured or fake
+    profile (the model file's own loss was measured) and for other dtypes (the records' multiples
+    are of bf16 logits)."""
+    if profile.source != "analytic" or profile.dtype != "bfloat16":
+        return None
+    tp = profile_tp(profile)
+    region = runtimes.loss_region(runtime_facts(setup), tp=tp, compiled=setup.training.compile)
+    return profile.layers[-1].output_bytes, region
+
+
 def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
-    """What the loss keeps for backward, per microbatch, on the last stage."""
-    return profile.loss_bytes if stage == setup.pipeline.stages - 1 else 0
+    """What the loss keeps for backward, per microbatch, on the last stage: the profile's, or
+    for an analytic profile the runtime's loss region (runtime_loss) less the logits the last
+    layer keeps as its output, plus the loss value (4 B)."""
+    if stage != setup.pipeline.stages - 1:
+        return 0
+    known = runtime_loss(profile, setup)
+    if known is None:
+        return profile.loss_bytes
+    logits, region = known
+    return int(round((region.kept_x - 1) * logits)) + 4
 
 
 def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
@@ -285,17 +294,17 @@ def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
 
 
 def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
-    """The loss's scratch (e.g. cross-entropy's gradients) on the last stage. An analytic
-    profile's is the logits' fp32 gradient; Megatron-LM's vocab-parallel cross-entropy writes
-    that gradient into the fp32 softmax it saved (in place: megatron/core/tensor_parallel/
-    cross_entropy.py), so only its cast back to the logits' dtype is new."""
+    """The loss's scratch (e.g. cross-entropy's gradients) on the last stage: the profile's, or
+    for an analytic profile the runtime's loss region's peak beyond what it keeps (runtime_loss;
+    e.g. Megatron-LM's vocab-parallel cross-entropy writes the gradient into the fp32 softmax it
+    saved, so only its cast back to bf16 is new: 1x)."""
     if stage != setup.pipeline.stages - 1:
         return 0
-    if setup.training.runtime == "megatron" and profile.source == "analytic":
-        from planner.units import DTYPE_BYTES
-
-        return profile.loss_transient_bytes * DTYPE_BYTES.get(profile.dtype, 4) // 4
-    return profile.loss_transient_bytes
+    known = runtime_loss(profile, setup)
+    if known is None:
+        return profile.loss_transient_bytes
+    logits, region = known
+    return int(round((region.peak_x - region.kept_x) * logits))
 
 
 def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
@@ -308,6 +317,36 @@ def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:
     its routed experts' weight gradients, of which a rank holds 1/E."""
     ep = setup.data_parallel.ep
     return layer.expert_transient_bytes * (ep - 1) // ep
+
+
+# Inputs a layer's column-parallel linears all-gather under TP with sequence parallelism: a
+# block's QKV (or MLA down-projection) input and its MLP input; the LM head's input
+# (torchtitan's apply_tp, 9dec370 parallelize_llama.py 117-191).
+GATHERED_INPUTS = {"decoder_block": 2, "moe_block": 2, "norm+lm_head": 1}
+
+
+def tp_gathered_input_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
+    """Where the runtime's record says its column-parallel linears save the all-gathered input
+    whole (DTensor's ColwiseParallel, torchtitan), the bytes beyond the 1/TP sequence shard an
+    analytic TP + SP profile counts for them: (t - 1) x the layer's (sequence-sharded) input for
+    each gathered input. 0 elsewhere (Megatron-LM saves the shard and re-gathers in backward;
+    a measured profile ran no TP)."""
+    t = profile_tp(profile)
+    if t == 1 or profile.assumptions.get("sp") is not True or profile.source != "analytic":
+        return 0
+    if not runtime_facts(setup).tp_saves_gathered_input:
+        return 0
+    return GATHERED_INPUTS.get(layer.kind, 0) * (t - 1) * layer.input_bytes
+
+
+def tp_gathered_kept_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """tp_gathered_input_bytes kept to the backward by a layer that keeps its activations (none)."""
+    return tp_gathered_input_bytes(layer, profile, setup) if option == 0 else 0
+
+
+def tp_gathered_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """tp_gathered_input_bytes held at once by a fully recomputed layer's rerun forward."""
+    return tp_gathered_input_bytes(layer, profile, setup) if option == 1 else 0
 
 
 def layer_extra_bytes(layer: LayerCost, option: int) -> int:
@@ -329,12 +368,14 @@ _STEP_SCRATCH_PER_PARAM = {("adam", "fp32"): 4, ("adam", "bf16-mixed"): 4, ("ada
 
 def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: str) -> float:
     """The optimizer step's temporaries for this layer's parameters (offload: the step runs on
-    the host). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
+    the host; none where the runtime's record says its Adam is fused and in place). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
     (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
     is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
-    if setup.data_parallel.offload:
-        return 0.0
+    if setup.data_parallel.offload or not runtime_facts(setup).adam_step_scratch:
+        return 0.0  # fused multi-tensor Adam (Megatron-LM's TE/apex FusedAdam) allocates none
     per_param = _STEP_SCRATCH_PER_PARAM[(setup.training.optimizer, setup.training.precision)]
+    if setup.training.optimizer_state_dtype == "bf16" and setup.training.precision != "bf16":
+        per_param /= 2  # sqrt(v) in v's dtype
     if setup.data_parallel.zero == 1 and device_type != "cuda":
         return per_param_bytes(layer, setup, lambda _: per_param)
     return per_param_bytes(layer, setup, lambda part: per_param / dataparallel.shard_size(part))

@@ -33,6 +33,8 @@ from planner.cost.rules import (
     stage_constant_transient_bytes,
     static_bytes,
     tied_once_bytes,
+    tp_gathered_extra_bytes,
+    tp_gathered_kept_bytes,
     unsharded_bytes,
 )
 from planner.schema import (
@@ -170,6 +172,13 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt) - expert_parallel_transient_back(layer, ctx.setup),
          "allocator peak per layer beyond what it keeps (profiler); a rank's routed experts' weight-gradient "
          "temporaries are as large as the experts it holds (measured on the runtime with --ep)"),
+    Term("TP + SP inputs the column-parallel linears save whole", "kept", "layer",
+         lambda layer, ckpt, ctx: tp_gathered_kept_bytes(layer, ckpt, ctx.profile, ctx.setup),
+         "the runtime's record (tp_saves_gathered_input): DTensor's ColwiseParallel saves the all-gathered "
+         "input (torch/distributed/tensor/parallel/style.py 95-117, torch 2.13)"),
+    Term("TP + SP inputs a recomputed layer gathers whole", "extra", "layer",
+         lambda layer, ckpt, ctx: tp_gathered_extra_bytes(layer, ckpt, ctx.profile, ctx.setup),
+         "as above, during a fully recomputed layer's rerun forward"),
     Term("optimizer step temporaries", "scratch", "layer",
          lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
          "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
@@ -295,6 +304,12 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     stages take no option that offloads (their host bytes per rank are not modelled yet)."""
     whole_layer = ctx.setup.training.recompute == "whole-layer"
     candidates = [1] if whole_layer else range(1, len(layer.options))
+    # torchtitan's op-level policy (profiler/opsac.py): among the options where the setup asks for
+    # it and the layer offers it, never otherwise (no other framework's export can say it)
+    op_sac = [o for o in range(len(layer.options)) if layer.options[o].name == "op-sac"]
+    candidates = [o for o in candidates if o not in op_sac]
+    if ctx.setup.training.op_level_sac:
+        candidates += op_sac
     if ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES or ctx.split_backward:
         candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
     if ctx.chunked or ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:

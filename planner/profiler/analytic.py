@@ -91,7 +91,7 @@ from itertools import combinations
 
 from planner.errors import UserError
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
-from planner.profiler import allocseq, analytic_comm, analytic_time
+from planner.profiler import allocseq, analytic_comm, analytic_time, opsac
 from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> by callers
     DTYPE_BYTES,
     INDEX_BYTES,
@@ -483,8 +483,11 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     boundary = boundary_bytes(arch, shape)
     if fwd_ms is None or bwd_ms is None:
         fwd_ms, bwd_ms, _ = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
-    return (*found, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
-                                   first_bytes=terms[-1].num_bytes))
+    # torchtitan's op-level selective AC (planner/profiler/opsac.py)
+    op_sac = (opsac.op_sac_option(arch, shape, gpu, mfu, boundary=boundary, kept_without=kept),) \
+        if opsac.offers_op_sac(arch, shape, moe=moe) else ()
+    return (*found, *op_sac, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
+                                            first_bytes=terms[-1].num_bytes))
 
 
 def offload_option(input_bytes: int, moved: int, gpu: GPU, *, fwd_ms: float, bwd_ms: float,

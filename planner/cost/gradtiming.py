@@ -1,0 +1,72 @@
+"""When a stage's whole gradients exist: from its first backward to the step, where the runtime's
+record says so (grads_allocated_at_first_backward), rather than all iteration.
+
+torchtitan beside a pipeline keeps each FSDP2 module's gradient unsharded in fp32 between
+microbatches: FSDP2's post-backward creates `unsharded_accumulated_grad` (reduce_dtype) at the
+module's first backward of the step and frees it once the last backward's reduce-scatter has run
+(torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820, _fsdp_param_group.py
+605-611; the pipeline stage turns gradient sync off until then, pipelining/stage.py 844-847). So at
+the step's activation peak (the last forward of the warm-up, before the stage's first backward) a
+stage holds its activations but not those gradients, and once it holds the gradients it has freed
+at least one microbatch's activations. Megatron-LM's main_grad buffers, allocated once at start,
+are held all iteration (its record says False).
+
+A stage's peak is then static - G + buffers + max over its actions (activations + the gradients
+allocated so far) + transient, where static (bytes_per_param) charges G all iteration:
+    one stage a rank (1F1B, GPipe), A microbatches in flight of k bytes, M microbatches:
+        1F1B with A < M: a forward follows the first backward, A in flight again beside G: A k + G
+        otherwise (GPipe; 1F1B's stage 0 when A = M): max(A k, (A - 1) k + G)
+    several stages a rank (interleaved): walked over torch's action order, chunk c's G_c from its
+        first backward on.
+This is the term that orders LLaMA 3.1 405B's interleaved 1F1B below its 1F1B (torchtitan's
+Table 5): every rank runs all its chunks' forwards before a backward, and each chunk's gradients
+arrive only as the other chunk's activations leave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.cost import dataparallel, runtimes
+from planner.cost.layers import LayerCost
+from planner.schema import TrainSetup
+
+
+def lazy_grad_bytes(layers: Sequence[LayerCost], setup: TrainSetup) -> float:
+    """The stage's whole gradients the runtime allocates at its first backward (0 where they are
+    held all iteration, or sharded per microbatch)."""
+    if not runtimes.of(setup.training).grads_allocated_at_first_backward or not dataparallel.kept_whole(setup):
+        return 0.0
+    grads = dataparallel.param_bytes(setup).grads
+    ep = setup.data_parallel.ep
+    return grads * sum(layer.param_count - layer.expert_param_count + layer.expert_param_count / ep for layer in layers)
+
+
+def one_chunk(lazy: float, *, in_flight: int, kept: float, microbatches: int, steady: bool) -> float:
+    """The bytes above in_flight x kept that the stage's activations and lazily allocated
+    gradients reach together (see the module docstring); `steady`: 1F1B, whose forwards go on
+    after the first backward."""
+    if not lazy:
+        return 0.0
+    if steady and in_flight < microbatches:
+        return lazy
+    return max(0.0, lazy - kept) if in_flight else lazy
+
+
+def walked(actions: Sequence, kept: Sequence[float], lazy: Sequence[float]) -> float:
+    """The same for a rank of several chunks: over its actions (torch's order; each with .chunk
+    and .kind F, B, I or W), max (Σ live activations + the gradients of chunks past their first
+    backward) less max Σ live activations."""
+    live = [0] * len(kept)
+    started = [False] * len(kept)
+    acts_only, together = 0.0, 0.0
+    for action in actions:
+        if action.kind == "F":
+            live[action.chunk] += 1
+        elif action.kind in ("B", "I"):
+            started[action.chunk] = True
+            live[action.chunk] -= 1
+        acts = sum(n * k for n, k in zip(live, kept))
+        acts_only = max(acts_only, acts)
+        together = max(together, acts + sum(g for g, on in zip(lazy, started) if on))
+    return together - acts_only
