@@ -379,9 +379,6 @@ class TrainingSetup(Strict):
     float8: bool = False
     # FSDP2's all-gather of float8 weights (torchtitan --float8.enable_fsdp_float8_all_gather)
     fp8_all_gather: bool = False
-    # AsyncTP: TP's collectives overlapped with the matmuls (torchtitan
-    # --experimental.enable_async_tensor_parallel; Megatron --tp-comm-overlap)
-    async_tp: bool = False
     # context-parallel degree (Megatron --context-parallel-size, torchtitan context_parallel_degree)
     context_parallel: int = Field(default=1, ge=1, le=MAX_RANKS)
     # dtype of Adam's two moments (Megatron --exp-avg-dtype / --exp-avg-sq-dtype)
@@ -434,8 +431,8 @@ class CommSetup(Strict):
     pp_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     collective_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)  # NCCL's base
     gpus_per_node: int = Field(default=8, gt=0, le=1 << 12)
-    # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (comm.OVERLAPS
-    # says which runtime has which); "none": every collective on the critical path
+    # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime
+    # record's tp_overlap, planner/cost/runtimes.py, says which runtime has which); "none": every collective on the critical path
     tp_overlap: TpOverlap = "none"
     comm_notes: list[str] = []  # where the links came from
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
-from planner.cost import comm, costmodel
+from planner.cost import comm, costmodel, runtimes
 from planner.models import archs
 from planner.models.synthetic import layer, profile_of
 from planner.models.throughput import (
@@ -127,7 +127,7 @@ def test_an_overlapped_collective_is_hidden_only_under_the_runtime_setting_that_
     assert _overlapped("megatron", "async-tp") == pytest.approx(10.0)  # not Megatron-LM's setting
     assert _overlapped("megatron", "tp-comm-overlap") == pytest.approx(7.0)
     assert _overlapped("ckplan", "tp-comm-overlap") == pytest.approx(10.0)
-    assert all(source.hides in ("tp", "dp") and " " in source.source for source in comm.OVERLAPS.values())
+    assert all(runtimes.facts(r).sources["tp_overlap"] for r in runtimes.VERSIONS)  # each with its source
 
 
 def test_an_overlap_the_runtime_does_not_have_is_refused_in_one_sentence(tmp_path):

@@ -164,7 +164,6 @@ def _peak(result) -> int:
 @pytest.mark.parametrize("flags, named", [
     (["--float8"], "Float8"),
     (["--fp8-all-gather"], "float8 all-gather"),
-    (["--async-tp"], "AsyncTP"),
     (["--cp", "2"], "context parallelism"),
     (["--chunked-cross-entropy"], "chunked cross-entropy"),
     (["--mtp-layers", "1"], "multi-token prediction"),

@@ -19,8 +19,10 @@ def comm_fields(profile, options: DataParallelOptions, *, runtime: str, say=None
     from planner.cost import comm, dataparallel
 
     tp = int(profile.assumptions.get("tp", 1) or 1)
-    if options.tp_overlap != "none" and comm.overlaps(runtime, options.tp_overlap) is None:
-        owners = ", ".join(r for r, setting in comm.OVERLAPS if setting == options.tp_overlap)
+    from planner.cost import runtimes
+
+    if options.tp_overlap != "none" and runtimes.facts(runtime).tp_overlap != options.tp_overlap:
+        owners = ", ".join(r for r in runtimes.VERSIONS if runtimes.facts(r).tp_overlap == options.tp_overlap)
         raise UserError(f"--tp-overlap {options.tp_overlap} is a setting of {owners}'s runtime, and the plan is scored "
                         f"for {runtime}'s; drop --tp-overlap or choose --runtime {owners}")
     if options.tp_overlap != "none" and tp == 1:

@@ -1,5 +1,5 @@
 """The options for the settings real jobs use (--runtime-version, --compile, --op-level-sac,
---float8, --fp8-all-gather, --async-tp, --cp, --optimizer-state-dtype, --chunked-cross-entropy,
+--float8, --fp8-all-gather, --cp, --optimizer-state-dtype, --chunked-cross-entropy,
 --mtp-layers, --expert-tp): TrainingSetup's fields of the same names. planner/cost/runtimes.py
 models each or refuses it in one sentence; none is ignored."""
 
@@ -27,7 +27,6 @@ SETTING_OPTIONS = [
                       "LLaMA profiles)."),
     click.option("--float8", is_flag=True, help="Float8 linears (refused: not modelled)."),
     click.option("--fp8-all-gather", is_flag=True, help="FSDP2's float8 all-gather (refused: not modelled)."),
-    click.option("--async-tp", is_flag=True, help="AsyncTP (refused: not modelled)."),
     click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Context-parallel degree (refused above 1: not modelled)."),
     click.option("--optimizer-state-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
@@ -38,7 +37,7 @@ SETTING_OPTIONS = [
     click.option("--expert-tp", type=click.IntRange(min=1), default=None,
                  help="Expert tensor-parallel degree (refused where it differs from the profile's TP) [default: TP]."),
 ]
-SETTING_OPTION_NAMES = ("runtime_version", "compile_model", "op_level_sac", "float8", "fp8_all_gather", "async_tp",
+SETTING_OPTION_NAMES = ("runtime_version", "compile_model", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp")
 
 
@@ -51,7 +50,6 @@ class TrainingSettings:
     op_level_sac: bool = False
     float8: bool = False
     fp8_all_gather: bool = False
-    async_tp: bool = False
     context_parallel: int = 1
     optimizer_state_dtype: str = "fp32"
     chunked_cross_entropy: bool = False

@@ -28,7 +28,7 @@ parallelism's ring passes each rank's K and V shard around the cp ranks (cp - 1 
 twice the bytes backward: K, V and their gradients). Expert parallelism's all-to-all and the data
 parallel reductions are charged in planner/cost/dataparallel.py with these factors.
 
-Hidden only where the runtime overlaps it (OVERLAPS: each a fact with its source): a hidden
+Hidden only where the runtime overlaps it (the runtime record's tp_overlap, with its source): a hidden
 collective costs what it takes beyond the compute it runs beside (the pass's), never less than 0.
 """
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost import runtimes
 from planner.schema import CommSetup, TrainSetup
 
 MS_PER_US = 1e-3
@@ -127,42 +128,14 @@ def group_link(ranks: int, stride: int, gpus_per_node: int, inside: Link, betwee
 
 # ---------------------------------------------------------------- what the runtimes overlap
 
-@dataclass(frozen=True)
-class Overlap:
-    """A runtime setting that runs a kind of collective beside compute, with its source."""
-
-    hides: str  # "tp": the layers' tensor-parallel collectives; "dp": the data-parallel reductions and gathers
-    source: str
-
-
-# One row per (runtime, setting). Moves into the runtime records (planner/cost/runtimes.py) once
-# they exist; the data-parallel rows are read by dataparallel.overlaps_comm's callers today.
-OVERLAPS: dict[tuple[str, str], Overlap] = {
-    ("torchtitan", "async-tp"): Overlap(
-        "tp", "torchtitan models/llama3/infra/parallelize.py apply_tp: enable_async_tp sets "
-              "torch._inductor.config._micro_pipeline_tp (all-gather + matmul and matmul + reduce-scatter "
-              "decomposed and pipelined over symmetric memory; needs torch.compile), torchtitan 76dd118"),
-    ("megatron", "tp-comm-overlap"): Overlap(
-        "tp", "Megatron-LM --tp-comm-overlap (megatron/training/arguments.py): Transformer Engine's userbuffers "
-              "overlap the sequence-parallel all-gathers and reduce-scatters with the GEMMs, Megatron-LM 001b00c2"),
-    ("torchtitan", "fsdp"): Overlap(
-        "dp", "FSDP2 prefetches the next layer's all-gather and reduce-scatters beside the backward "
-              "(torch/distributed/fsdp/_fully_shard/_fsdp_state.py, torch 2.13)"),
-    ("megatron", "overlap-grad-reduce"): Overlap(
-        "dp", "Megatron-LM --overlap-grad-reduce (off by default): bucketed reduce-scatters launched as a bucket's "
-              "gradients are ready (megatron/core/distributed/param_and_grad_buffer.py), Megatron-LM 001b00c2"),
-}
-
-
-def overlaps(runtime: str, setting: str) -> Overlap | None:
-    return OVERLAPS.get((runtime, setting))
-
-
-def tp_overlap_source(comm: CommSetup, runtime: str) -> str | None:
-    """The fact that hides the tensor-parallel collectives under this runtime and setting; None
-    where they stay on the critical path."""
-    found = overlaps(runtime, comm.tp_overlap)
-    return found.source if found is not None and found.hides == "tp" else None
+def tp_overlap_source(comm: CommSetup, training) -> str | None:
+    """The fact that hides the tensor-parallel collectives under the setup's runtime and its
+    `--tp-overlap` (its record's tp_overlap, planner/cost/runtimes.py); None where they stay on the
+    critical path."""
+    record = runtimes.of(training)
+    if comm.tp_overlap == "none" or comm.tp_overlap != record.tp_overlap:
+        return None
+    return record.sources.get("tp_overlap", record.tp_overlap)
 
 
 # ---------------------------------------------------------------- per layer
@@ -193,7 +166,7 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
     comm, scale = setup.comm, setup.time.compute_scale  # the compute as the time term charges it
     passes = [("fwd", layer.fwd_ms * scale), ("bwd", layer.bwd_ms * scale)] + \
         ([("recompute", layer.fwd_ms * scale)] if option == 1 else [])
-    hidden = tp_overlap_source(comm, setup.training.runtime) is not None
+    hidden = tp_overlap_source(comm, setup.training) is not None
     total = 0.0
     for which, compute in passes:
         ms = pass_comm_ms(layer, which, comm)

@@ -113,9 +113,11 @@ class RuntimeFacts:
     """Gradient reduction runs beside the backward (DDP buckets, overlap-grad-reduce, overlap_comm)."""
     prefetches_zero3_gathers: bool
     """ZeRO 3's weight all-gathers are prefetched beside the compute."""
-    async_tp: bool
-    """The runtime can overlap TP's all-gather / reduce-scatter with the matmuls (AsyncTP, TE comm
-    overlap); read only where the setup asks for it."""
+    tp_overlap: str | None
+    """The runtime's setting that overlaps TP's all-gathers / reduce-scatters with the matmuls, as
+    `--tp-overlap` names it ("async-tp": torchtitan's AsyncTP; "tp-comm-overlap": Transformer
+    Engine's userbuffers under Megatron-LM); None: it has none. Read only where the setup asks for it
+    (planner/cost/comm.py)."""
 
     # -- workspaces
     cublas_workspace_bytes: int | None
@@ -164,7 +166,7 @@ def _ckplan() -> RuntimeFacts:
         loss=LossRegion(kept_x=3.0, peak_x=5.0), loss_vocab_parallel=LossRegion(kept_x=3.0, peak_x=5.0),
         loss_compiled=None, tp_saves_gathered_input=False,
         **_TORCH_PIPELINING, recompute_whole_forward=False,
-        overlaps_grad_reduce=False, prefetches_zero3_gathers=True, async_tp=False, cublas_workspace_bytes=None,
+        overlaps_grad_reduce=False, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         sources={
             "grads_allocated_at_first_backward": "held in static as ckplan's runtime was measured (scripts/bench_dp_static.py)",
             "grad_bytes": "planner/runtime (torch .grad in the parameter's dtype); bf16 params under bf16-mixed",
@@ -181,7 +183,7 @@ def _ckplan() -> RuntimeFacts:
             "recompute_whole_forward": f"torch/utils/checkpoint.py non-reentrant with early stop (default), {_TORCH_V}",
             "overlaps_grad_reduce": "planner/runtime/mesh.py: ZeRO 0/1 reduce after the last backward",
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {_TORCH_V}",
-            "async_tp": "ckplan's runtime runs no TP",
+            "tp_overlap": "ckplan's runtime runs no TP",
             "cublas_workspace_bytes": "not sourced",
         })
 
@@ -195,7 +197,7 @@ def _megatron() -> RuntimeFacts:
         loss_compiled=None, tp_saves_gathered_input=False,
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
-        recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, async_tp=True,
+        recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024,
         sources={
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
@@ -221,7 +223,7 @@ def _megatron() -> RuntimeFacts:
             "recompute_whole_forward": f"megatron/core/tensor_parallel/random.py CheckpointFunction, {_MEGATRON_V}",
             "overlaps_grad_reduce": f"--overlap-grad-reduce, megatron/core/distributed/distributed_data_parallel.py, {_MEGATRON_V}",
             "prefetches_zero3_gathers": f"--overlap-param-gather, {_MEGATRON_V}",
-            "async_tp": f"--tp-comm-overlap (Transformer Engine userbuffers), {_MEGATRON_V}",
+            "tp_overlap": f"--tp-comm-overlap (Transformer Engine userbuffers), {_MEGATRON_V}",
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
                                       "CUBLAS_WORKSPACE_CONFIG :4096:8",
         })
@@ -237,7 +239,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
         loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
         loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         **_TORCH_PIPELINING, recompute_whole_forward=True,
-        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, async_tp=True, cublas_workspace_bytes=None,
+        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
         sources={
             "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {_TORCH_V}",
             "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
@@ -265,7 +267,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
             "recompute_whole_forward": "torchtitan/distributed/activation_checkpoint.py (early_stop=False), b5bcd76c",
             "overlaps_grad_reduce": f"FSDP2 reduce-scatter on its own stream, {_TORCH_V}",
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {_TORCH_V}",
-            "async_tp": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}",
+            "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}",
             "cublas_workspace_bytes": "not sourced",
         })
 
@@ -281,7 +283,7 @@ def _deepspeed() -> RuntimeFacts:
         stage_input_in_receive_buffer=False, input_receive_buffers="pipe-buffers",
         output_grad_buffers_per_microbatch=False, frees_sent_output=False, batch_held="pipe-buffers",
         sends_held_to_step_end=False, recompute_whole_forward=True,
-        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, async_tp=False, cublas_workspace_bytes=None,
+        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         sources={
             "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
@@ -304,7 +306,7 @@ def _deepspeed() -> RuntimeFacts:
             "recompute_whole_forward": "deepspeed/runtime/activation_checkpointing/checkpointing.py (reentrant)",
             "overlaps_grad_reduce": "DeepSpeed overlap_comm",
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
-            "async_tp": "not in DeepSpeed",
+            "tp_overlap": "not in DeepSpeed",
             "cublas_workspace_bytes": "not sourced",
         })
 
@@ -320,7 +322,7 @@ def _colossalai(version: str) -> RuntimeFacts:
         loss_compiled=None, tp_saves_gathered_input=False,
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=False, batch_held="every-stage", sends_held_to_step_end=False,
-        recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, async_tp=False,
+        recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None,
         cublas_workspace_bytes=None,
         sources={
             "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
@@ -349,7 +351,7 @@ def _colossalai(version: str) -> RuntimeFacts:
                                        "(reentrant), 068372a7",
             "overlaps_grad_reduce": f"Gemini reduces chunks in the backward hooks, {_CAI_V}",
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
-            "async_tp": "not read",
+            "tp_overlap": "not read",
             "cublas_workspace_bytes": "not sourced",
         })
 
@@ -410,9 +412,6 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
     if training.fp8_all_gather:
         refused.append("FSDP2's float8 all-gather (--fp8-all-gather) is not modelled: it needs Float8 linears, which "
                        "are not")
-    if training.async_tp:
-        refused.append("AsyncTP (--async-tp) is not modelled: its symmetric-memory buffers and overlap are not in "
-                       "the cost model")
     if training.context_parallel > 1:
         refused.append(f"context parallelism (--cp {training.context_parallel}) is not modelled: a profile's "
                        "sequence is whole on every rank")

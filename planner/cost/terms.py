@@ -201,7 +201,7 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: comm.layer_comm_ms(layer, int(ckpt), ctx.setup),
          "the profile's per-layer collectives (bytes) over the tensor-parallel group's link: ring factor, NCCL's "
          "latency model (tuning.cc); hidden beyond the pass's compute only under AsyncTP / TE comm overlap "
-         "(comm.OVERLAPS)"),
+         "(the runtime record's tp_overlap)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
