@@ -44,7 +44,6 @@ import pulp
 from planner.cost import costmodel
 from planner.cost.costmodel import LayerCost
 from planner.schema import (
-    CHUNKED_SCHEDULES,
     Profile,
     TrainSetup,
 )
@@ -104,10 +103,10 @@ def build_problem(
     A chunked schedule (interleaved-1F1B, ZB, ZBV, DualPipeV) is built over its P·V stages,
     with each rank's rows over its chunks (_rank_rows) and its linear time (_chunked_time)."""
     layers = costmodel.layer_costs(profile)
-    outer, order = None, None
-    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
-        outer, order = setup, costmodel.schedule_of(setup)
-        setup = costmodel.stage_setup(setup, order)
+    order = costmodel.schedule_of(setup)
+    # a rank of several stages: its rows over its chunks (_rank_rows) against the setup as given
+    outer = setup if order.num_chunks > 1 else None
+    setup = costmodel.stages_view(setup, order)
     if setup.pipeline.stages > len(layers):
         raise ValueError(f"{setup.pipeline.stages} stages need at least {setup.pipeline.stages} layers, the profile has {len(layers)}")
     runs = find_runs(layers)
