@@ -303,7 +303,7 @@ class StageRun:
     setup: TrainSetup
     device_type: str
     time_ms: float = 0.0
-    static_bytes: float = 0.0
+    layers_held_bytes: float = 0.0  # the layers' held quantities (static, and buffers charged per layer)
     step_ms: float = 0.0
     host_bytes: float = 0.0
     params: int = 0
@@ -311,10 +311,10 @@ class StageRun:
     scratch_sum: float = 0.0
     scratch_max: float = 0.0
 
-    def add(self, *, time_ms: float, static_bytes: float, step_ms: float, host_bytes: float, params: int,
+    def add(self, *, time_ms: float, held_bytes: float, step_ms: float, host_bytes: float, params: int,
             largest_params: int, scratch_bytes: float) -> None:
         self.time_ms += time_ms
-        self.static_bytes += static_bytes
+        self.layers_held_bytes += held_bytes
         self.step_ms += step_ms
         self.host_bytes += host_bytes
         self.params += params
@@ -324,8 +324,8 @@ class StageRun:
 
     @property
     def held_bytes(self) -> float:
-        """Static bytes with ZeRO 1's whole tensors (dataparallel.zero_one_excess_bytes)."""
-        return self.static_bytes + dataparallel.zero_one_excess_bytes(self.params, self.largest_params, self.setup)
+        """The layers' held bytes with ZeRO 1's whole tensors (dataparallel.zero_one_excess_bytes)."""
+        return self.layers_held_bytes + dataparallel.zero_one_excess_bytes(self.params, self.largest_params, self.setup)
 
     @property
     def step_scratch_bytes(self) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import dataparallel
+from planner.cost import dataparallel, schedules
 from planner.cost.layers import LayerCost
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
@@ -24,9 +24,10 @@ def in_flight(pipeline: PipelineSetup, stage: int) -> int:
     one-chunk case of what schedules.peak_in_flight reads off torch's order (a test holds the
     two equal), in closed form so a solve of thousands of microbatches never walks the order;
     all M for a stage of a schedule of several per rank (its count depends on the order)."""
-    if pipeline.schedule == "GPipe" or pipeline.chunks > 1:
+    if pipeline.chunks > 1:
         return pipeline.microbatches
-    return min(pipeline.stages - stage, pipeline.microbatches)
+    return schedules.one_chunk_in_flight(pipeline.schedule, num_ranks=pipeline.stages,
+                                         num_microbatches=pipeline.microbatches, rank=stage)
 
 
 def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
