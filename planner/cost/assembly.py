@@ -28,6 +28,7 @@ from planner.cost.terms import (
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
+    PipelineSetup,
     Profile,
     StagePlan,
     StagePredicted,
@@ -131,20 +132,14 @@ def parallel_stages(setup: TrainSetup) -> int:
     return min(setup.pipeline.stages, setup.pipeline.parallel_stages or setup.pipeline.stages)
 
 
-def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup, step_ms: Sequence[float] = ()) -> float:
-    """From each stage's busy time per microbatch (compute + comm): the pipeline's
-    critical path — fill and drain (every stage once) plus M - 1 steady
-    steps of the slowest stage, then the slowest optimizer step (a bound: stages past
-    the first finish their backward earlier, during the drain) — or, when fewer stages
-    than there are can compute at once (ranks sharing CPU cores), all the work spread
-    over those that can, if that is longer."""
-    return pipeline_ms(sum(stage_times_ms), max(stage_times_ms), max(step_ms, default=0.0), sum(step_ms), setup)
-
-
 def pipeline_ms(total_ms: float, slowest_ms: float, slowest_step_ms: float, total_step_ms: float,
                 setup: TrainSetup) -> float:
-    """iteration_ms from the stages' sums and maxima (busy time per microbatch, optimizer
-    steps), the form the DP solver keeps them in while it grows a plan."""
+    """A one-stage-per-rank plan's iteration (the evaluator's, score.plan_iteration_ms) from the
+    stages' sums and maxima (busy time per microbatch, optimizer steps): the pipeline's critical
+    path, fill and drain (every stage once) plus M - 1 steady steps of the slowest stage, then the
+    slowest optimizer step; or, when fewer stages than there are compute at once, all the work
+    spread over those that can (capacity_ms), if that is longer. The form the DP keeps them in
+    while it grows a plan."""
     pipeline = total_ms + (setup.pipeline.microbatches - 1) * slowest_ms + slowest_step_ms
     return max(pipeline, capacity_ms(total_ms, total_step_ms, setup))
 
@@ -174,12 +169,12 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
     return (feasible_iteration_ms - base) / (setup.pipeline.microbatches - 1) * (1 + 1e-9) + 1e-9
 
 
-def fragmentation(setup: TrainSetup, device_type: str) -> float:
+def fragmentation(pipeline: PipelineSetup, *, device_type: str) -> float:
     """The share of reserved memory the caching allocator loses at the peak: cuda only, the
     setup's or the published mean (allocator.DEFAULT_FRAGMENTATION)."""
     if device_type != "cuda":
         return 0.0
-    stated = setup.pipeline.fragmentation
+    stated = pipeline.fragmentation
     return allocator.DEFAULT_FRAGMENTATION if stated is None else stated
 
 
@@ -212,7 +207,7 @@ def limit_bytes(stage: int, ctx: Context) -> int:
     if ctx.device_type != "cuda":
         return cap
     return int(allocator.allocated_limit(cap - workspace_bytes(stage, ctx),
-                                         fragmentation(ctx.setup, ctx.device_type)))
+                                         fragmentation(ctx.setup.pipeline, device_type=ctx.device_type)))
 
 
 def host_cap_bytes(setup: TrainSetup) -> int | None:

@@ -37,7 +37,7 @@ def evaluate(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) ->
     first, where the schedule gives it several). Raises ValueError if the ranks' stages are not a
     contiguous, complete, in-order cover of the profile's layers."""
     order = schedule_of(setup)
-    chunks = placed_chunks(ranks, profile, setup, order)
+    chunks = placed_chunks(ranks, profile, order)
     view = stages_view(setup, order)
     sums = [stage_sums(layers, options, stage=k, profile=profile, setup=view) for k, (layers, options) in enumerate(chunks)]
     costs = [rank_cost(order, rank, chunks, sums, profile=profile, setup=setup) for rank in range(order.num_ranks)]
@@ -56,8 +56,7 @@ def stage_cost(layers: Sequence[LayerCost], checkpointed: Sequence[int], *, stag
     return rank_cost(order, stage, chunks, sums, profile=profile, setup=setup)
 
 
-def placed_chunks(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup,
-                  order: schedules.Schedule) -> list[Chunk]:
+def placed_chunks(ranks: Sequence[StagePlan], profile: Profile, order: schedules.Schedule) -> list[Chunk]:
     """The plan's pipeline stages in order, each its layers' costs and options, placed on ranks as
     the schedule places them; ValueError for a plan that does not fit the schedule or the profile."""
     if len(ranks) != order.num_ranks:
@@ -106,7 +105,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     scratch = (sum if profile.device.type == "cuda" else max)(s.step_scratch_bytes for s in mine)
     total = int(round(peak_bytes(static + buffers, 1, activations, transient, scratch)))
     ctx = Context(profile, setup)
-    cuda = ctx.device_type == "cuda"
+    reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type=ctx.device_type))
     in_flight = {c.stage: c.activations for c in peak.chunks}
     return StageCost(
         static_bytes=int(round(static)), kept_bytes=sum(s.kept_bytes for s in mine),
@@ -117,7 +116,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         comm_ms=sum(s.comm_ms for s in mine),
         host_bytes=int(round(sum(sums[k].host_bytes + in_flight[k] * sums[k].offloaded_bytes for k in stages))),
         host_cap_bytes=host_cap_bytes(setup), limit_bytes=limit_bytes(rank, ctx),
-        reserved_bytes=allocator.reserved_bytes(total, fragmentation(setup, ctx.device_type)) if cuda else None,
+        reserved_bytes=reserved if ctx.device_type == "cuda" else None,
         workspace_bytes=workspace_bytes(rank, ctx))
 
 

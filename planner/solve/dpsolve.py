@@ -1,6 +1,6 @@
 """The exact planner as a dynamic programme over (stage, layer boundary).
 
-Why it is exact. The iteration time (costmodel.iteration_ms) grows with every stage's
+Why it is exact. The iteration time (costmodel.pipeline_ms) grows with every stage's
 time, so once the stages are cut, each stage should checkpoint the cheapest set of its
 layers that fits its cap. The search therefore splits in two:
 

@@ -23,7 +23,7 @@ instead of many symmetric binaries:
     busy_s = time_s + Σ_g send(input_g)·open[s,g] + send(output_g)·close[s,g] + 2·action
     τ ≥ busy_s,  σ ≥ step_s                               the bottleneck stage, slowest step
     T ≥ Σ_s busy_s + (M-1)·τ + σ,
-    T ≥ h·(M·Σ_s busy_s + Σ_s step_s) / C                 minimise T (costmodel.iteration_ms)
+    T ≥ h·(M·Σ_s busy_s + Σ_s step_s) / C                 minimise T (costmodel.pipeline_ms)
 
 Bounds. A feasible plan (the best baseline, or incumbent.py's heuristic when better)
 starts HiGHS and bounds τ: (M-1)·τ* ≤ T_feasible - Σ(fwd+bwd) - Σ step / P. That bound also gives
