@@ -28,6 +28,7 @@ from planner.cost.terms import (
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
+    DataParallelSetup,
     PipelineSetup,
     Profile,
     StagePlan,
@@ -210,12 +211,12 @@ def limit_bytes(stage: int, ctx: Context) -> int:
                                          fragmentation(ctx.setup.pipeline, device_type=ctx.device_type)))
 
 
-def host_cap_bytes(setup: TrainSetup) -> int | None:
+def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:
     """A rank's share of its node's host memory: the node's ranks may hold any stage, so each
     gets host_mem / the ranks on a node (dataparallel.host_bytes_per_node). None: not capped."""
-    if setup.data_parallel.host_mem_bytes is None:
+    if data_parallel.host_mem_bytes is None:
         return None
-    return setup.data_parallel.host_mem_bytes // min(setup.data_parallel.devices_per_node, setup.pipeline.stages * setup.data_parallel.dp)
+    return data_parallel.host_mem_bytes // min(data_parallel.devices_per_node, pipeline.stages * data_parallel.dp)
 
 
 # ---------------------------------------------------------------- stages and plans

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from planner.cost import schedules
 from planner.cost.assembly import option_indices, stage_sums
 from planner.cost.layers import LayerCost, layer_costs
-from planner.cost.rules import _runtime
-from planner.schema import PipelineSetup, Profile, StagePlan, TrainSetup
+from planner.schema import PipelineSetup, Profile, StagePlan, TrainingSetup, TrainSetup
 
 
 def schedule_of(setup: TrainSetup) -> schedules.Schedule:
@@ -86,15 +85,15 @@ def chunked_linear_ms(ranks: Sequence[StagePlan], profile: Profile, setup: Train
     return work + (order.num_ranks - 1) * max(busy) + step
 
 
-def sends_held_bytes(first: LayerCost, last: LayerCost, stage: int, order: schedules.Schedule,
-                     setup: TrainSetup) -> tuple[int, int]:
+def sends_held_bytes(first: LayerCost, last: LayerCost, *, stage: int, order: schedules.Schedule,
+                     training: TrainingSetup) -> tuple[int, int]:
     """Per microbatch, the stage's output and input gradient held until the step ends
     (schedules.ChunkBytes), where the schedule's runtime holds its sends (Schedule.holds_sends):
     torch's runtime for several stages per rank waits for its sends only then, and a neighbour
     on the same rank (a V's turn) keeps the tensor it was handed in its receive buffer as long
     (measured on the runtime: a rank's live bytes grew by one boundary tensor per send or
     hand-over)."""
-    if not order.holds_sends or _runtime(setup) not in ("ckplan", "torchtitan"):
+    if not order.holds_sends or training.runtime not in ("ckplan", "torchtitan"):
         return 0, 0
     output = last.output_bytes if stage + 1 < order.num_stages else 0
     input_grad = first.input_bytes if stage > 0 else 0

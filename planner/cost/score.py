@@ -27,7 +27,7 @@ from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.rules import rank_tied_once_bytes
 from planner.cost.terms import Context
-from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
+from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainingSetup, TrainSetup
 
 Chunk = tuple[list[LayerCost], list[int]]  # a pipeline stage's layers and their option indices
 
@@ -93,7 +93,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     holds the most (its chunks' in-flight microbatches, the tensors its sends hold, the
     transient of the pass that runs then), the optimizer step's scratch of all its stages."""
     stages = order.stages_of(rank)
-    held = {k: chunk_bytes(order, k, chunks[k][0], sums[k], setup) for k in stages}
+    held = {k: chunk_bytes(chunks[k][0], sums[k], stage=k, order=order, training=setup.training) for k in stages}
     peak = schedules.rank_peak(order, rank, stage_bytes=held)
     mine: list[StageSums] = [sums[k] for k in stages]
     tied = rank_tied_once_bytes(profile, [{layer.name for layer in chunks[k][0]} for k in stages], setup)
@@ -115,18 +115,18 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         step_ms=sum(s.step_ms for s in mine), step_scratch_bytes=int(round(scratch)),
         comm_ms=sum(s.comm_ms for s in mine),
         host_bytes=int(round(sum(sums[k].host_bytes + in_flight[k] * sums[k].offloaded_bytes for k in stages))),
-        host_cap_bytes=host_cap_bytes(setup), limit_bytes=limit_bytes(rank, ctx),
+        host_cap_bytes=host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline), limit_bytes=limit_bytes(rank, ctx),
         reserved_bytes=reserved if ctx.device_type == "cuda" else None,
         workspace_bytes=workspace_bytes(rank, ctx))
 
 
-def chunk_bytes(order: schedules.Schedule, stage: int, layers: Sequence[LayerCost], sums: StageSums,
-                setup: TrainSetup) -> schedules.ChunkBytes:
+def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, order: schedules.Schedule,
+                training: TrainingSetup) -> schedules.ChunkBytes:
     """What one microbatch of the stage holds, by when the schedule frees it: all its kept bytes at
     its backward, or, where the backward splits, until its weight pass (an upper bound: W needs
     only the linears' inputs), with the gradients its input pass leaves for W; and what its
     sends hold where the schedule's runtime holds them."""
-    output, input_grad = sends_held_bytes(layers[0], layers[-1], stage, order, setup)
+    output, input_grad = sends_held_bytes(layers[0], layers[-1], stage=stage, order=order, training=training)
     split = order.splits_backward
     return schedules.ChunkBytes(
         0.0 if split else sums.kept_bytes, sums.kept_bytes if split else 0.0,

@@ -38,7 +38,7 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         memories = [_stage_memory_parts(problem, k, n, opens, closes) for k in stages]
         sent_output, sent_grad, unsent = [], [], []
         for k in stages:
-            sends = [costmodel.sends_held_bytes(run.layer, run.layer, k, order, setup) for run in problem.runs]
+            sends = [costmodel.sends_held_bytes(run.layer, run.layer, stage=k, order=order, training=setup.training) for run in problem.runs]
             sent_output.append(pulp.lpSum(out / MIB * closes(k, g) for g, (out, _) in enumerate(sends) if out))
             sent_grad.append(pulp.lpSum(grad / MIB * opens(k, g) for g, (_, grad) in enumerate(sends) if grad))
             unsent.append(-sent_grad[-1])  # the single-stage buffers' input gradient being sent, counted here

@@ -101,7 +101,8 @@ def _step_and_host_rows(problem: Problem, name: str, memories: list[_Memory], ca
             for g, (num_bytes, present, _) in enumerate(scratch):
                 lp += step >= 2 * num_bytes / MIB * present, f"step_scratch_{name}_{g}"
         lp += pulp.lpSum(held) + step <= cap_mib, f"step_cap_{name}"
-    host_cap = costmodel.host_cap_bytes(problem.outer or problem.setup)
+    given = problem.outer or problem.setup  # the ranks as given
+    host_cap = costmodel.host_cap_bytes(given.data_parallel, pipeline=given.pipeline)
     if host_cap is not None:
         # [Constraint] host: the rank's host bytes within its share of the node's
         lp += (pulp.lpSum(term for memory in memories for term in memory.host)
