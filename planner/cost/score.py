@@ -96,7 +96,8 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     held = {k: chunk_bytes(chunks[k][0], sums[k], stage=k, order=order, training=setup.training) for k in stages}
     peak = schedules.rank_peak(order, rank, stage_bytes=held)
     mine: list[StageSums] = [sums[k] for k in stages]
-    tied = rank_tied_once_bytes(profile, [{layer.name for layer in chunks[k][0]} for k in stages], setup)
+    tied = rank_tied_once_bytes(profile, [{layer.name for layer in chunks[k][0]} for k in stages], setup) \
+        if profile.tied and len(stages) > 1 else 0.0
     static = sum(s.static_bytes for s in mine) + tied
     # the input gradient being sent, among a stage's buffers, is counted by its sends where they are held
     buffers = sum(sums[k].buffer_bytes - held[k].sent_input_grad for k in stages)
@@ -105,7 +106,8 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     scratch = (sum if profile.device.type == "cuda" else max)(s.step_scratch_bytes for s in mine)
     total = int(round(peak_bytes(static + buffers, 1, activations, transient, scratch)))
     ctx = Context(profile, setup)
-    reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type=ctx.device_type))
+    cuda = ctx.device_type == "cuda"
+    reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type="cuda")) if cuda else None
     in_flight = {c.stage: c.activations for c in peak.chunks}
     return StageCost(
         static_bytes=int(round(static)), kept_bytes=sum(s.kept_bytes for s in mine),
@@ -116,7 +118,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         comm_ms=sum(s.comm_ms for s in mine),
         host_bytes=int(round(sum(sums[k].host_bytes + in_flight[k] * sums[k].offloaded_bytes for k in stages))),
         host_cap_bytes=host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline), limit_bytes=limit_bytes(rank, ctx),
-        reserved_bytes=reserved if ctx.device_type == "cuda" else None,
+        reserved_bytes=reserved,
         workspace_bytes=workspace_bytes(rank, ctx))
 
 
