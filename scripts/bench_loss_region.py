@@ -4,7 +4,10 @@ logits. Each case is written from the framework's code as docs/framework-facts.m
 
     .venv/bin/python scripts/bench_loss_region.py torchtitan_plain loss_parallel hf_446 hf_43x megatron compiled
 """
-import sys, torch, torch.nn.functional as F
+import sys
+
+import torch
+import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
 
 N, V = 2048, 4096  # tokens, vocab
@@ -63,7 +66,7 @@ def run(name, fn):
     with mt:
         pred = (h @ w).unsqueeze(0)  # bf16 logits, (1, N, V)
         out = fn(pred, labels.unsqueeze(0))
-        keep = out[1] if isinstance(out, tuple) else None
+        keep = out[1] if isinstance(out, tuple) else None  # noqa: F841  holds what the output keeps alive
         loss = out[0] if isinstance(out, tuple) else out
         del pred
         now = sum(v for dev in mt.get_tracker_snapshot("current").values() for k, v in dev.items() if k != "Total")
@@ -77,6 +80,7 @@ def run(name, fn):
 def loss_parallel(pred, labels):
     """torchtitan's TP loss: the logits a DTensor sharded on the vocab, cross_entropy under loss_parallel()."""
     import os
+
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard

@@ -41,8 +41,8 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
     setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="interleaved-1F1B", chunks=2,
                        mem_caps_bytes=[2**40] * 2)
     cost = costmodel.evaluate(_ranks(profile, setup), profile, setup)
-    one = costmodel.stage_cost(costmodel.layer_costs(profile)[:2], [0, 0], stage=1, profile=profile,
-                               setup=costmodel.stage_setup(setup, costmodel.schedule_of(setup)))
+    one = costmodel.stage_sums(costmodel.layer_costs(profile)[:2], [0, 0], stage=1, profile=profile,
+                               setup=costmodel.stages_view(setup, costmodel.schedule_of(setup)))
     kept = one.kept_bytes
     assert [c.activation_bytes for c in cost.stages] == [5 * kept + 5 * MIB, 3 * kept + 7 * MIB]
     assert [c.transient_bytes for c in cost.stages] == [one.transient_bytes] * 2
@@ -100,10 +100,10 @@ def test_evaluate_scores_a_chunked_configuration_and_solve_plans_one(tmp_path):
 def _chunked_linear(stages, profile, setup):
     """The MILP's time for a plan of P·V stages, from each stage's busy time under evaluate's terms."""
     order = costmodel.schedule_of(setup)
-    inner = costmodel.stage_setup(setup, order)
+    inner = costmodel.stages_view(setup, order)
     costs = costmodel.layer_costs(profile)
     position = {c.name: i for i, c in enumerate(costs)}
-    per = [costmodel.stage_cost([costs[position[n]] for n in st.layers],
+    per = [costmodel.stage_sums([costs[position[n]] for n in st.layers],
                                 costmodel.option_indices(st, [costs[position[n]] for n in st.layers]),
                                 stage=k, profile=profile, setup=inner) for k, st in enumerate(stages)]
     steps = [sum(per[k].step_ms for k in order.stages_of(r)) for r in range(setup.pipeline.stages)]

@@ -446,30 +446,35 @@ def test_gpipe_holds_every_microbatch_on_every_stage():
     assert cost.peak_bytes_per_stage == [42 * MIB, 121 * MIB, 153 * MIB // 4]
 
 
+def pipeline_iteration_ms(busy_ms, setup_):
+    """The one-stage-per-rank closed form (costmodel.pipeline_ms) of stages with these busy times and no step."""
+    return costmodel.pipeline_ms(sum(busy_ms), max(busy_ms), 0.0, 0.0, setup_)
+
+
 def test_iteration_ms_is_fill_drain_plus_steady_state():
     # P=2 [embed, blocks.0 (ckpt)] | [blocks.1, head]: 11 ms and 15.5 ms (tests above)
     # T = 11 + 15.5 + (4 - 1) * 15.5 = 73 ms
     p = four_layers()
     cost = costmodel.evaluate(plan((["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], [])), p, setup(2))
     assert cost.iteration_ms == pytest.approx(73.0)
-    assert costmodel.iteration_ms([11.0, 15.5], setup(2)) == pytest.approx(73.0)
-    assert costmodel.iteration_ms([5.0, 1.0, 2.0], setup(3, microbatches=1)) == pytest.approx(8.0)
-    assert costmodel.iteration_ms([5.0, 1.0, 2.0], setup(3, microbatches=10)) == pytest.approx(8.0 + 9 * 5.0)
+    assert pipeline_iteration_ms([11.0, 15.5], setup(2)) == pytest.approx(73.0)
+    assert pipeline_iteration_ms([5.0, 1.0, 2.0], setup(3, microbatches=1)) == pytest.approx(8.0)
+    assert pipeline_iteration_ms([5.0, 1.0, 2.0], setup(3, microbatches=10)) == pytest.approx(8.0 + 9 * 5.0)
 
 
 def test_iteration_ms_is_bounded_by_total_work_when_ranks_share_cores():
     # parallel_stages C < P: T = max(critical path, M * sum(time_s) / C)
     # P=2, M=4, times 11 and 15.5: critical path 73; C = 1: 4 * 26.5 / 1 = 106 -> 106
-    assert costmodel.iteration_ms([11.0, 15.5], setup(2, parallel_stages=1)) == pytest.approx(106.0)
+    assert pipeline_iteration_ms([11.0, 15.5], setup(2, parallel_stages=1)) == pytest.approx(106.0)
     # C = 2 = P: capacity 4 * 26.5 / 2 = 53 < 73 -> 73; C > P counts as P
-    assert costmodel.iteration_ms([11.0, 15.5], setup(2, parallel_stages=2)) == pytest.approx(73.0)
-    assert costmodel.iteration_ms([11.0, 15.5], setup(2, parallel_stages=5)) == pytest.approx(73.0)
+    assert pipeline_iteration_ms([11.0, 15.5], setup(2, parallel_stages=2)) == pytest.approx(73.0)
+    assert pipeline_iteration_ms([11.0, 15.5], setup(2, parallel_stages=5)) == pytest.approx(73.0)
     # P=3, M=4, times 3, 12, 9.5: critical path 60.5; C = 2: 4 * 24.5 / 2 = 49 -> 60.5;
     # M = 8: path 24.5 + 7 * 12 = 108.5, capacity 8 * 24.5 / 2 = 98 -> 108.5
     # C = 1, M = 4: 98 -> 98
-    assert costmodel.iteration_ms([3.0, 12.0, 9.5], setup(3, parallel_stages=2)) == pytest.approx(60.5)
-    assert costmodel.iteration_ms([3.0, 12.0, 9.5], setup(3, 8, parallel_stages=2)) == pytest.approx(108.5)
-    assert costmodel.iteration_ms([3.0, 12.0, 9.5], setup(3, parallel_stages=1)) == pytest.approx(98.0)
+    assert pipeline_iteration_ms([3.0, 12.0, 9.5], setup(3, parallel_stages=2)) == pytest.approx(60.5)
+    assert pipeline_iteration_ms([3.0, 12.0, 9.5], setup(3, 8, parallel_stages=2)) == pytest.approx(108.5)
+    assert pipeline_iteration_ms([3.0, 12.0, 9.5], setup(3, parallel_stages=1)) == pytest.approx(98.0)
     p = four_layers()
     cost = costmodel.evaluate(plan((["embed", "blocks.0"], ["blocks.0"]), (["blocks.1", "head"], [])), p,
                               setup(2, parallel_stages=1))

@@ -12,7 +12,7 @@ import pytest
 from planner.cost import costmodel
 from planner.models.synthetic import heterogeneous, layer, profile_of, uniform_blocks
 from planner.schema import TrainSetup
-from planner.solve import baselines, dpsolve, search
+from planner.solve import baselines, dpsegments, dpsolve, search
 from planner.solve.deadline import Deadline, Expired
 
 MIB = 2**20
@@ -68,7 +68,7 @@ def comm_terms(choice) -> dict:
 def test_each_range_gets_its_least_recompute_and_least_peak(seed, vector_from, monkeypatch):
     """For every (stage, range), the segment is the cheapest checkpoint subset that fits
     (and, for "memory", the smallest peak of all), both found by trying every subset."""
-    monkeypatch.setattr(dpsolve, "VECTOR_FROM", vector_from)
+    monkeypatch.setattr(dpsegments, "VECTOR_FROM", vector_from)
     profile, roomy, rng = random_case(seed)
     layers = costmodel.layer_costs(profile)
     n, P = len(layers), roomy.pipeline.stages
@@ -132,7 +132,7 @@ def test_agrees_with_the_milp_beyond_brute_force(make, n, stages, fraction, sche
     profile = make(n, seed=n + stages)
     s = interesting(profile, stages, fraction, schedule).model_copy(update={"parallel_stages": parallel})
     dp = search.plan(profile, s)
-    monkeypatch.setattr(dpsolve, "VECTOR_FROM", 1)  # numpy scores every range's sets: the same plan
+    monkeypatch.setattr(dpsegments, "VECTOR_FROM", 1)  # numpy scores every range's sets: the same plan
     vectored = search.plan(profile, s)
     assert [st.checkpointed for st in getattr(vectored, "stages", [])] == [st.checkpointed for st in getattr(dp, "stages", [])]
     exact = search.plan(profile, s, solver="milp", mip_gap=0.0, threads=1)

@@ -1,6 +1,6 @@
 """Exports of plans whose ranks hold several pipeline stages (interleaved 1F1B, ZB, ZBV,
 DualPipeV): each framework's configuration lists the P·V stages, names the schedule or rounds
-it to one the framework runs, and the rounding is re-scored (costmodel.evaluate_chunked).
+it to one the framework runs, and the rounding is re-scored (costmodel.evaluate, as every plan).
 
 The hand case: P = 2 ranks x V = 2 chunks, pipeline stages of 2, 3, 1, 4 layers:
     stage 0: tok_embeddings, layers.0     stage 1: layers.1-3
@@ -66,7 +66,7 @@ def test_megatron_interleaved_layout_lists_the_virtual_stages_in_pipeline_order(
                                                               ["layers.5", "layers.6"]]
     assert result.rounded.setup.pipeline.schedule == "interleaved-1F1B"
     ranks = costmodel.ranks_of(result.rounded.stages, result.rounded.setup)
-    assert result.scored.rounded == costmodel.evaluate_chunked(ranks, profile, result.rounded.setup)
+    assert result.scored.rounded == costmodel.evaluate(ranks, profile, result.rounded.setup)
     assert not any("schedule" in change for change in result.rounded.changes)
 
 
@@ -88,7 +88,7 @@ def test_megatron_runs_a_v_as_interleaved_stages_replaced_in_a_loop(tmp_path, sc
     # re-placed: rank 0 now holds stages 0 and 2 (layers.0 and layers.4), rank 1 stages 1 and 3
     ranks = result.rounded.ranks()
     assert [r.chunks[1][0] for r in ranks] == ["layers.4", "layers.5"]
-    assert result.scored.rounded == costmodel.evaluate_chunked(ranks, profile, setup)
+    assert result.scored.rounded == costmodel.evaluate(ranks, profile, setup)
     assert result.scored.exact == costmodel.evaluate(plan.stages, profile, plan.setup)
 
 

@@ -65,7 +65,7 @@ def brute_optimum(profile, setup_):
 def fits_host(profile, setup_):
     """Whether a plan's every rank keeps within its share of the host memory (always, with no
     host cap); no plan may sit at the edge, where solver tolerance and integer bytes differ."""
-    cap = costmodel.host_cap_bytes(setup_)
+    cap = costmodel.host_cap_bytes(setup_.data_parallel, pipeline=setup_.pipeline)
     if cap is None:
         return lambda stages: True
 
@@ -186,7 +186,7 @@ def check_equals_brute_force(case, method):
     feasible = [(ms, stages) for stages, peaks, ms in plans if fits(peaks, caps) and host_ok(stages)]
     result = search.plan(profile, s, solver=method, **EXACT)
     event("feasible" if feasible else "infeasible")
-    if costmodel.host_cap_bytes(s) is not None:
+    if costmodel.host_cap_bytes(s.data_parallel, pipeline=s.pipeline) is not None:
         device_only = any(fits(p, caps) for _, p, _ in plans)
         event("host capped: " + ("a plan fits" if feasible else "the host rules out what the devices allow"
                                  if device_only else "the devices rule every plan out"))

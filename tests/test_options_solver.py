@@ -283,6 +283,6 @@ def test_a_chunked_plan_that_offloads_is_refused_not_misscored():
     pipeline = costmodel.split_to_stages([0, 1, 2, 3], [2, 0, 0, 0], profile)
     with pytest.raises(ValueError, match="rank 0's layer l0 offloads its activations"):
         costmodel.evaluate(costmodel.ranks_of(pipeline, chunked), profile, chunked)
-    stage = costmodel.Context(profile, costmodel.stage_setup(chunked, costmodel.schedule_of(chunked)), chunked=True)
+    stage = costmodel.Context(profile, costmodel.stages_view(chunked, costmodel.schedule_of(chunked)))
     assert all(not layer.options[o].host_bytes for layer in costmodel.layer_costs(profile)
                for o in costmodel.useful_options(layer, stage))

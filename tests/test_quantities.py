@@ -117,3 +117,38 @@ def test_the_milps_rows_agree_with_the_accumulator(cuts, mask):
         busy = rows[f"bottleneck_{k}"]  # busy - tau <= 0
         assert sum(coef * var.varValue for var, coef in busy.items() if var.name != "tau") + busy.constant == \
             pytest.approx(stage.busy_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1F1B", "ZBV"])
+@pytest.mark.parametrize("cuts, mask", [((2, 3, 4), 0b000000), ((1, 3, 5), 0b101010), ((2, 4, 5), 0b111111)])
+def test_the_milps_rank_rows_agree_with_the_evaluator(schedule, cuts, mask):
+    """A plan of P = 2 ranks x V = 2 chunks fixed in the MILP: over each rank's rows (held + its
+    chunks' live bytes at every moment torch's order reaches, + the transient of the pass that
+    starts there), the largest is the rank's training peak under evaluate (held + activations +
+    transient): equal where the backward runs whole, at least it where it splits (the input
+    pass's peak is bounded above there, milp_ranks._input_pass_bound)."""
+    profile, s = chain(6), setup(2, microbatches=4, schedule=schedule, chunks=2)
+    stages = costmodel.split_to_stages([0, *cuts], [mask >> i & 1 for i in range(6)], profile)
+    cost = costmodel.evaluate(costmodel.ranks_of(stages, s), profile, s)
+    problem = milp.build_problem(profile, s, objective="memory")
+    threads = highs._scheduler_threads(1)
+    values = milp.start_values(problem, stages, threads=threads)
+    assert values is not None
+    free = ("T_", "scale", "U_")
+    for var in problem.lp.variables():
+        if not var.name.startswith(free):
+            var.lowBound = var.upBound = values[var.name]
+    problem.lp.setObjective(pulp.lpSum(var for var in problem.lp.variables() if var.name.startswith(("T_", "U_"))))
+    problem.lp.solve(milp._HiGHS(msg=False, threads=threads))
+    assert problem.lp.sol_status == pulp.LpSolutionOptimal
+    for rank, stage in enumerate(cost.stages):
+        rows = [row for name, row in problem.lp.constraints.items()
+                if name.startswith(f"live_{rank}_") or name.startswith(("pass_B_", "pass_I_", "pass_W_"))
+                and name.split("_")[2] == str(rank)]
+        largest = max(sum(coef * var.varValue for var, coef in row.items() if var.name != "scale") + row.constant
+                      for row in rows) - costmodel.FIT_MARGIN_BYTES / MIB
+        training = stage.static_bytes + stage.buffer_bytes + stage.activation_bytes + stage.transient_bytes
+        if schedule == "interleaved-1F1B":
+            assert largest * MIB == pytest.approx(training, abs=2)
+        else:
+            assert largest * MIB >= training - 2

@@ -13,7 +13,11 @@ from click.testing import CliRunner
 from planner.cli import cli
 from planner.cost import dataparallel, runtimes
 from planner.cost.layers import layer_costs
-from planner.cost.rules import layer_step_scratch_bytes, loss_kept_bytes, stage_constant_transient_bytes
+from planner.cost.rules import (
+    layer_step_scratch_bytes,
+    loss_kept_bytes,
+    stage_constant_transient_bytes,
+)
 from planner.errors import UserError
 from planner.models import archs
 from planner.profiler import analytic

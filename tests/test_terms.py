@@ -121,14 +121,14 @@ def test_host_bytes_per_stage_and_the_ranks_share():
     # fp32 adam offloaded: 8 optimizer + 4 master + 4 gradient = 16 B per parameter on the host
     s = offload(2, host_mem_bytes=40 * MIB, dp=2, devices_per_node=4)
     assert dataparallel.host_bytes_per_param(s) == 16
-    assert costmodel.host_cap_bytes(s) == 10 * MIB  # 4 ranks share the node
+    assert costmodel.host_cap_bytes(s.data_parallel, pipeline=s.pipeline) == 10 * MIB  # 4 ranks share the node
     cost = costmodel.evaluate(costmodel.split_to_stages([0, 3], [False] * 5, profile), profile, s)
     assert [c.host_bytes for c in cost.stages] == [16 * 65536 * 6, 16 * 65536 * 9]  # 6 MiB, 9 MiB
     assert [c.fits_host for c in cost.stages] == [True, True] and cost.feasible
     tight = costmodel.evaluate(costmodel.split_to_stages([0, 2], [False] * 5, profile), profile, s)
     assert [c.host_bytes for c in tight.stages] == [3 * MIB, 12 * MIB]
     assert not tight.stages[1].fits_host and tight.stages[1].fits_device and not tight.feasible
-    assert costmodel.host_cap_bytes(offload(2)) is None  # no --host-mem: not capped
+    assert costmodel.host_cap_bytes(offload(2).data_parallel, pipeline=offload(2).pipeline) is None  # no --host-mem: not capped
 
 
 @pytest.mark.parametrize("solver", ["dp", "milp"])

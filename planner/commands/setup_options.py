@@ -13,7 +13,12 @@ from pathlib import Path
 
 import click
 
-from planner.commands.training_settings import SETTING_OPTIONS, SETTING_OPTION_NAMES, TrainingSettings, check_settings
+from planner.commands.training_settings import (
+    SETTING_OPTION_NAMES,
+    SETTING_OPTIONS,
+    TrainingSettings,
+    check_settings,
+)
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
 from planner.units import format_bytes

@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator, dataparallel, gradtiming
+from planner.cost import allocator, dataparallel
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
 )
 from planner.cost.rules import (
     compute_ms,
-    in_flight,
     input_pass_peak_bytes,
     layer_step_ms,
     layer_time_ms,
@@ -27,9 +26,10 @@ from planner.cost.terms import (
     stage_value,
 )
 from planner.schema import (
-    CHUNKED_SCHEDULES,
     OPTION_FULL,
     OPTION_NONE,
+    DataParallelSetup,
+    PipelineSetup,
     Profile,
     StagePlan,
     StagePredicted,
@@ -64,9 +64,6 @@ class StageCost:
     reserved_bytes: int | None = None  # None: the peak
     reserved_by: str | None = None  # cuda: "replay" (planner/cost/reserve.py) or "divisor"
     workspace_bytes: int = 0
-    weight_grad_bytes: int = 0  # per microbatch between a split backward's input and weight passes
-    weight_pass_peak_bytes: int = 0  # a split backward's weight pass, over what is live before it
-    input_pass_peak_bytes: int = 0  # a split backward's input pass, over what is live before it
 
     @property
     def busy_ms(self) -> float:
@@ -138,20 +135,14 @@ def parallel_stages(setup: TrainSetup) -> int:
     return min(setup.pipeline.stages, setup.pipeline.parallel_stages or setup.pipeline.stages)
 
 
-def iteration_ms(stage_times_ms: Sequence[float], setup: TrainSetup, step_ms: Sequence[float] = ()) -> float:
-    """From each stage's busy time per microbatch (compute + comm): the pipeline's
-    critical path — fill and drain (every stage once) plus M - 1 steady
-    steps of the slowest stage, then the slowest optimizer step (a bound: stages past
-    the first finish their backward earlier, during the drain) — or, when fewer stages
-    than there are can compute at once (ranks sharing CPU cores), all the work spread
-    over those that can, if that is longer."""
-    return pipeline_ms(sum(stage_times_ms), max(stage_times_ms), max(step_ms, default=0.0), sum(step_ms), setup)
-
-
 def pipeline_ms(total_ms: float, slowest_ms: float, slowest_step_ms: float, total_step_ms: float,
                 setup: TrainSetup) -> float:
-    """iteration_ms from the stages' sums and maxima (busy time per microbatch, optimizer
-    steps), the form the DP solver keeps them in while it grows a plan."""
+    """A one-stage-per-rank plan's iteration (the evaluator's, score.plan_iteration_ms) from the
+    stages' sums and maxima (busy time per microbatch, optimizer steps): the pipeline's critical
+    path, fill and drain (every stage once) plus M - 1 steady steps of the slowest stage, then the
+    slowest optimizer step; or, when fewer stages than there are compute at once, all the work
+    spread over those that can (capacity_ms), if that is longer. The form the DP keeps them in
+    while it grows a plan."""
     pipeline = total_ms + (setup.pipeline.microbatches - 1) * slowest_ms + slowest_step_ms
     return max(pipeline, capacity_ms(total_ms, total_step_ms, setup))
 
@@ -181,12 +172,12 @@ def bottleneck_bound_ms(profile: Profile, setup: TrainSetup, feasible_iteration_
     return (feasible_iteration_ms - base) / (setup.pipeline.microbatches - 1) * (1 + 1e-9) + 1e-9
 
 
-def fragmentation(setup: TrainSetup, device_type: str) -> float:
+def fragmentation(pipeline: PipelineSetup, *, device_type: str) -> float:
     """The share of reserved memory the caching allocator loses at the peak: cuda only, the
     setup's or the published mean (allocator.DEFAULT_FRAGMENTATION)."""
     if device_type != "cuda":
         return 0.0
-    stated = setup.pipeline.fragmentation
+    stated = pipeline.fragmentation
     return allocator.DEFAULT_FRAGMENTATION if stated is None else stated
 
 
@@ -199,7 +190,7 @@ def workspace_bytes(stage: int, ctx: Context) -> int:
         return 0
     setup = ctx.setup
     neighbours = (stage > 0) + (stage < setup.pipeline.stages - 1)
-    if setup.pipeline.schedule in CHUNKED_SCHEDULES:  # a rank's chunks talk to both its neighbours
+    if setup.pipeline.chunks > 1:  # a rank's chunks talk to both its neighbours
         neighbours = min(2, setup.pipeline.stages - 1)
     groups = [2] * neighbours
     dp, shard, ep = setup.data_parallel.dp, setup.data_parallel.shard_group, setup.data_parallel.ep
@@ -219,15 +210,15 @@ def limit_bytes(stage: int, ctx: Context) -> int:
     if ctx.device_type != "cuda":
         return cap
     return int(allocator.allocated_limit(cap - workspace_bytes(stage, ctx),
-                                         fragmentation(ctx.setup, ctx.device_type)))
+                                         fragmentation(ctx.setup.pipeline, device_type=ctx.device_type)))
 
 
-def host_cap_bytes(setup: TrainSetup) -> int | None:
+def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:
     """A rank's share of its node's host memory: the node's ranks may hold any stage, so each
     gets host_mem / the ranks on a node (dataparallel.host_bytes_per_node). None: not capped."""
-    if setup.data_parallel.host_mem_bytes is None:
+    if data_parallel.host_mem_bytes is None:
         return None
-    return setup.data_parallel.host_mem_bytes // min(setup.data_parallel.devices_per_node, setup.pipeline.stages * setup.data_parallel.dp)
+    return data_parallel.host_mem_bytes // min(data_parallel.devices_per_node, pipeline.stages * data_parallel.dp)
 
 
 # ---------------------------------------------------------------- stages and plans
@@ -270,23 +261,87 @@ def peak_bytes(held, in_flight, kept, transient, scratch, maximum=max):
     return held + maximum(in_flight * kept + transient, scratch)
 
 
-def stage_cost(
-    layers: Sequence[LayerCost],
-    checkpointed: Sequence[int],
-    *,
-    stage: int,
-    profile: Profile,
-    setup: TrainSetup,
-) -> StageCost:
-    """Memory and time of one stage holding `layers` (in order), some checkpointed: every
-    row of TERMS, each quantity entering as the description says."""
+@dataclass(frozen=True)
+class StageSums:
+    """One pipeline stage's quantities, each combined as it declares (terms.COMBINE): the stage
+    accumulator. A rank's cost (score.py) adds its stages' sums and takes their in-flight
+    microbatches from the schedule; the DP grows the same sums a layer at a time (StageRun)."""
+
+    static_bytes: float  # held: weights, gradients, optimizer state (ZeRO 1's whole tensors included)
+    buffer_bytes: float  # held: every other byte held all iteration
+    kept_bytes: int  # per in-flight microbatch
+    transient_bytes: int  # the largest extra, net of what the layers after it keep
+    step_scratch_bytes: float
+    host_bytes: float  # the rank's host bytes
+    offloaded_bytes: float  # host bytes per in-flight microbatch
+    time_ms: float
+    comm_ms: float
+    step_ms: float
+    forward_ms: float  # the layers' forward compute (the schedule's F, for its simulation)
+    weight_grad_bytes: int = 0  # per microbatch between a split backward's input and weight passes
+    weight_pass_peak_bytes: int = 0  # a split backward's weight pass, over what is live before it
+    input_pass_peak_bytes: int = 0  # a split backward's input pass, over what is live before it
+
+    @property
+    def held_bytes(self) -> float:
+        return self.static_bytes + self.buffer_bytes
+
+    @property
+    def busy_ms(self) -> float:
+        return self.time_ms + self.comm_ms
+
+
+@dataclass
+class StageRun:
+    """The running sums of a stage's quantities that add up or take a maximum as layers join it at
+    the end (those stage_sums adds, kept and extra aside, which depend on the options), so the DP
+    grows a range one layer at a time with the accumulator's rules (held: with ZeRO 1's whole
+    tensors; scratch: step_scratch_bytes)."""
+
+    setup: TrainSetup
+    device_type: str
+    time_ms: float = 0.0
+    layers_held_bytes: float = 0.0  # the layers' held quantities (static, and buffers charged per layer)
+    step_ms: float = 0.0
+    host_bytes: float = 0.0
+    params: int = 0
+    largest_params: int = 0
+    scratch_sum: float = 0.0
+    scratch_max: float = 0.0
+
+    def add(self, *, time_ms: float, held_bytes: float, step_ms: float, host_bytes: float, params: int,
+            largest_params: int, scratch_bytes: float) -> None:
+        self.time_ms += time_ms
+        self.layers_held_bytes += held_bytes
+        self.step_ms += step_ms
+        self.host_bytes += host_bytes
+        self.params += params
+        self.largest_params = max(self.largest_params, largest_params)
+        self.scratch_sum += scratch_bytes
+        self.scratch_max = max(self.scratch_max, scratch_bytes)
+
+    @property
+    def held_bytes(self) -> float:
+        """The layers' held bytes with ZeRO 1's whole tensors (dataparallel.zero_one_excess_bytes)."""
+        return self.layers_held_bytes + dataparallel.zero_one_excess_bytes(self.params, self.largest_params, self.setup)
+
+    @property
+    def step_scratch_bytes(self) -> float:
+        per_layer = [self.scratch_sum] if self.device_type == "cuda" else [self.scratch_max]
+        return step_scratch_bytes(per_layer, self.device_type)
+
+
+def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: int, profile: Profile,
+               setup: TrainSetup) -> StageSums:
+    """Every row of TERMS for pipeline stage `stage` holding `layers` (in order) under `options`,
+    each quantity combined as it declares. `setup` counts the pipeline's stages (placement.stages_view)."""
     ctx = Context(profile, setup)
     first, last = layers[0], layers[-1]
     names = declared()
     totals = dict.fromkeys(names, 0.0)
     rows = _rows_at("layer")
     per_layer = []  # each layer's value of every quantity: the extra and scratch aggregate by layer
-    for layer, ckpt in zip(layers, checkpointed):  # one pass over the rows per layer
+    for layer, ckpt in zip(layers, options):  # one pass over the rows per layer
         values = dict.fromkeys(names, 0.0)
         for term in rows:
             values[term.quantity] += term.value(layer, ckpt, ctx)
@@ -302,45 +357,28 @@ def stage_cost(
 
     static = totals["static"] + dataparallel.zero_one_excess_bytes(
         sum(layer.param_count for layer in layers), max(layer.largest_param_count for layer in layers), setup)
-    buffers = sum(totals[q] for q in quantities("held") if q != "static")  # every other byte held all iteration
-    kept = int(round(sum(totals[q] for q in quantities("kept"))))
+    loss_extra = stage_value("extra", stage, ctx)
     # the loss's scratch is gone before the stage's layers run their backward, and what the
     # loss keeps (the last stage) is freed before any of them does: after the last layer
-    transient = int(round(max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer]
-                                              + [(0.0, stage_value("kept", stage, ctx))]),
-                              stage_value("extra", stage, ctx))))
-    scratch = step_scratch_bytes([v["scratch"] for v in per_layer], profile.device.type)
-    k = in_flight(setup.pipeline, stage)
-    # gradients the runtime makes at the stage's first backward (gradtiming.py): out of what is held
-    # at the activations' peak, into what the actions reach with them
-    lazy = gradtiming.lazy_grad_bytes(layers, setup)
-    above = gradtiming.one_chunk(lazy, in_flight=k, kept=kept, microbatches=setup.pipeline.microbatches,
-                                 steady=setup.pipeline.schedule == "1F1B")
-    peak = int(round(peak_bytes(static + buffers - lazy, k, kept, transient + above, scratch)))
-    cuda = ctx.device_type == "cuda"
-    return StageCost(
+    transient = max(net_extra_bytes([(v["extra"], v["kept"]) for v in per_layer] + [(0.0, stage_value("kept", stage, ctx))]),
+                    loss_extra)
+    return StageSums(
+        static_bytes=static,
+        buffer_bytes=sum(totals[q] for q in quantities("held") if q != "static"),
+        kept_bytes=int(round(sum(totals[q] for q in quantities("kept")))),
+        transient_bytes=int(round(transient)),
+        step_scratch_bytes=step_scratch_bytes([v["scratch"] for v in per_layer], profile.device.type),
+        host_bytes=totals["host"],
+        offloaded_bytes=totals["offloaded"],
+        time_ms=totals["time"],
         comm_ms=sum(totals[q] for q in quantities("busy") if q != "time"),
         step_ms=sum(totals[q] for q in quantities("step")),
-        static_bytes=int(round(static)),
-        kept_bytes=kept,
-        in_flight=k,
-        activation_bytes=k * kept,
-        buffer_bytes=int(round(buffers)),
-        transient_bytes=transient,
-        peak_bytes=peak,
-        limit_bytes=limit_bytes(stage, ctx),
-        reserved_bytes=allocator.reserved_bytes(peak, fragmentation(setup, ctx.device_type)) if cuda else None,
-        workspace_bytes=workspace_bytes(stage, ctx),
-        time_ms=totals["time"],
-        cap_bytes=setup.pipeline.mem_caps_bytes[stage],
-        step_scratch_bytes=int(round(scratch)),
-        host_bytes=int(round(totals["host"] + k * totals["offloaded"])),
-        host_cap_bytes=host_cap_bytes(setup),
+        forward_ms=sum(compute_ms(layer.fwd_ms, setup.time) for layer in layers),
         weight_grad_bytes=int(round(totals["wgrad"])),
         weight_pass_peak_bytes=int(round(totals["wpeak"])),
         # the last stage's input pass starts with the loss's backward
         input_pass_peak_bytes=int(round(max(input_pass_peak_bytes([(v["ipeak"], v["wgrad"]) for v in per_layer]),
-                                            stage_value("extra", stage, ctx)))),
+                                            loss_extra))),
     )
 
 

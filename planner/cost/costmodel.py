@@ -1,9 +1,16 @@
 """THE cost model: memory and time of a pipeline plan, from a profile and a setup.
 
 Pure functions, no I/O. Every term is one row of TERMS (below: what it is, which quantity it
-adds to, whose numbers it reads, its source); stage_cost/evaluate(), the DP (dpsolve.Chain)
-and the MILP's coefficients read the rows only, so every plan (the solvers', each
-baseline's, every export's rounding) is scored alike and a new term is one row.
+adds to, whose numbers it reads, its source), and each quantity declares how it combines
+(QUANTITY_DECLARATIONS). One stage accumulator (assembly.stage_sums; the DP grows the same sums
+a layer at a time, assembly.StageRun) and one evaluator (score.evaluate) serve every schedule:
+each of the pipeline's P·V stages is summed, each rank adds its stages' sums and takes from its
+schedule (planner/cost/schedules.py) its chunks' in-flight microbatches at its peak, what its
+sends hold and whether its backward splits, and the iteration is the schedule's makespan. 1F1B
+and GPipe are the one-chunk case, answered in closed form (k_s below). The MILP's rows are
+generated from the same declarations (tests/test_quantities.py holds them to the evaluator), so
+every plan (the solvers', each baseline's, every export's rounding) is scored alike and a new
+term is one row.
 
 Per stage `s` of `P` with layers S (contiguous) and checkpointed C ⊆ S, `M`
 microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import dataparallel, runtimes
+from planner.cost import dataparallel, runtimes, schedules
 from planner.cost.layers import LayerCost
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
@@ -22,10 +22,12 @@ def bytes_per_param(setup: TrainSetup) -> float:
 def in_flight(pipeline: PipelineSetup, stage: int) -> int:
     """Microbatches whose activations stage `stage` holds at its peak: for 1F1B and GPipe, the
     one-chunk case of what schedules.peak_in_flight reads off torch's order (a test holds the
-    two equal), in closed form so a solve of thousands of microbatches never walks the order."""
-    if pipeline.schedule == "GPipe":
+    two equal), in closed form so a solve of thousands of microbatches never walks the order;
+    all M for a stage of a schedule of several per rank (its count depends on the order)."""
+    if pipeline.chunks > 1:
         return pipeline.microbatches
-    return min(pipeline.stages - stage, pipeline.microbatches)
+    return schedules.one_chunk_in_flight(pipeline.schedule, num_ranks=pipeline.stages,
+                                         num_microbatches=pipeline.microbatches, rank=stage)
 
 
 def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
@@ -85,11 +87,13 @@ def input_pass_peak_bytes(layers: Sequence[tuple[float, float]]) -> float:
     return peak
 
 
-def rank_tied_once_bytes(profile: Profile, layers: set[str], setup: TrainSetup) -> float:
-    """A chunked schedule's rank holds a tied parameter once however many of its chunks hold it
-    (a V puts the token embedding and the LM head on rank 0; one module, one nn.Parameter):
-    minus the copies its chunks were charged beyond the first."""
-    copies = sum(max(0, len(set(item.layers) & layers) - 1) * item.param_count for item in profile.tied)
+def rank_tied_once_bytes(profile: Profile, chunks: Sequence[set[str]], setup: TrainSetup) -> float:
+    """A rank holds a tied parameter once however many of its chunks (its stages' layer names)
+    hold it (a V puts the token embedding and the LM head on rank 0; one module, one
+    nn.Parameter): minus the copies charged to its chunks beyond the first (inside one stage,
+    tied_once_bytes)."""
+    copies = sum(max(0, sum(bool(set(item.layers) & chunk) for chunk in chunks) - 1) * item.param_count
+                 for item in profile.tied)
     return -copies * bytes_per_param(setup)
 
 

@@ -366,7 +366,7 @@ VERSIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def facts(runtime: str, version: str | None = None) -> RuntimeFacts:
     """The record of `runtime` at `version` (None: the newest read here). An unknown version is
     refused, naming the ones known."""

@@ -45,7 +45,7 @@ back, and sends both outputs after. Sends are latencies: they never hold up a ra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
@@ -102,6 +102,37 @@ class Schedule:
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The rank's stages, chunk 0 first."""
         return tuple(s for s, r in enumerate(self.stage_to_rank) if r == rank)
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the order runs a backward as two passes, I (input gradient) then W (weight gradient)."""
+        return any(a.kind == "I" for actions in self.actions for a in actions)
+
+    @property
+    def holds_sends(self) -> bool:
+        """Whether a send holds its tensor until the step ends (ChunkBytes.sent_output): torch's
+        runtime for several stages per rank (PipelineScheduleMulti) waits for its sends only then;
+        a single-stage schedule waits for each before its next action."""
+        return not issubclass(TORCH_CLASSES[self.name], torch_schedules.PipelineScheduleSingle)
+
+
+def one_chunk_in_flight(name: str, *, num_ranks: int, num_microbatches: int, rank: int) -> int:
+    """1F1B's and GPipe's in-flight microbatches at rank `rank`'s peak, in closed form (the count
+    peak_in_flight reads off their order; tests/test_schedules.py holds the two equal): GPipe
+    all M, 1F1B its warm-up's min(P - r, M)."""
+    return num_microbatches if name == "GPipe" else min(num_ranks - rank, num_microbatches)
+
+
+@lru_cache(maxsize=256)
+def pipeline_schedule(name: str, *, num_ranks: int, num_microbatches: int, num_chunks: int) -> Schedule:
+    """The schedule as the cost model reads it. A schedule of one stage per rank (1F1B, GPipe)
+    answers its counts (one_chunk_in_flight) and its time (makespan_ms) in closed form, so its
+    Schedule carries no actions (a solve of thousands of microbatches never walks them; 1F1B
+    with fewer microbatches than stages, which torch refuses, still scores); build_schedule
+    gives them where they are wanted."""
+    if num_chunks == 1 and name in ("1F1B", "GPipe"):
+        return Schedule(name, num_ranks, 1, num_microbatches, tuple(range(num_ranks)), ())
+    return build_schedule(name, num_ranks=num_ranks, num_microbatches=num_microbatches, num_chunks=num_chunks)
 
 
 @lru_cache(maxsize=256)  # torch's constructors take ~1 s at P = 32; a Schedule is immutable
@@ -248,6 +279,19 @@ class RankPeak:
         return sum(c.weight_grad_inputs for c in self.chunks)
 
 
+def rank_peak(schedule: Schedule, rank: int, *, stage_bytes: Mapping[int, ChunkBytes] | Sequence[ChunkBytes]) -> RankPeak:
+    """The rank's peak (peak_in_flight; `stage_bytes` by stage, the rank's own read); a schedule
+    without actions (pipeline_schedule: 1F1B, GPipe) in closed form, its one chunk's in-flight
+    microbatches all live as its backward starts."""
+    if schedule.actions:
+        return _rank_peak(schedule, rank, stage_bytes)
+    held = stage_bytes[rank]
+    k = one_chunk_in_flight(schedule.name, num_ranks=schedule.num_ranks, num_microbatches=schedule.num_microbatches,
+                            rank=rank)
+    live = k * (held.freed_at_input_grad + held.kept_for_weight_grad) + held.transient
+    return RankPeak(rank, -1, live, (ChunkInFlight(0, rank, k, k),), held.transient)
+
+
 def peak_in_flight(
     schedule: Schedule, *, stage_bytes: Sequence[ChunkBytes] | None = None
 ) -> tuple[RankPeak, ...]:
@@ -355,6 +399,10 @@ class StageTimes:
     def backward_ms(self) -> float:
         return self.input_grad_ms + self.weight_grad_ms
 
+    @property
+    def busy_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
     def of(self, kind: str) -> float:
         return {"F": self.forward_ms, "B": self.backward_ms,
                 "I": self.input_grad_ms, "W": self.weight_grad_ms}[kind]
@@ -415,6 +463,16 @@ def simulate_time(
     busy = tuple(sum(stage_times[a.stage].of(a.kind) for a in actions)
                  for actions in schedule.actions)
     return Timeline(max(free_ms), busy, tuple(tuple(s) for s in starts))
+
+
+def makespan_ms(schedule: Schedule, *, stage_times: Sequence[StageTimes]) -> float:
+    """The iteration's compute, every rank's list run: the simulation (simulate_time); for a
+    schedule without actions (pipeline_schedule: 1F1B, GPipe) the closed form the solvers
+    optimise, fill and drain (every stage once) plus M - 1 steady steps of the slowest stage."""
+    if schedule.actions:
+        return simulate_time(schedule, stage_times=stage_times).makespan_ms
+    busy = [times.busy_ms for times in stage_times]
+    return sum(busy) + (schedule.num_microbatches - 1) * max(busy)
 
 
 def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: float) -> float | None:

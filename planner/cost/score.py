@@ -1,39 +1,179 @@
-"""The one evaluator: any plan of any schedule scored by the cost model (a stage per rank by the
-stage accumulator, several per rank by their rank's simulated order), so every plan, the
-solvers', each baseline's and every export's rounding, is scored alike."""
+"""The one evaluator: any plan of any schedule scored alike. Each of the pipeline's P·V stages
+(V = 1 for 1F1B and GPipe) by the stage accumulator (assembly.stage_sums); each rank from its
+stages' sums, with what the schedule says: its chunks, their in-flight microbatches at its peak
+(schedules.rank_peak), whether its sends hold their tensors and its backward splits in two; and
+the iteration from the schedule's makespan (schedules.makespan_ms). So every plan, the solvers',
+each baseline's and every export's rounding, is scored by one body."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost.assembly import PlanCost, iteration_ms, option_indices, stage_cost
-from planner.cost.layers import layer_costs
+from planner.cost import allocator, gradtiming, schedules
+from planner.cost.assembly import (
+    PlanCost,
+    StageCost,
+    StageSums,
+    capacity_ms,
+    fragmentation,
+    host_cap_bytes,
+    limit_bytes,
+    option_indices,
+    peak_bytes,
+    stage_sums,
+    workspace_bytes,
+)
+from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view
+from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.reserve import with_replayed_reserve
-from planner.schema import CHUNKED_SCHEDULES, Profile, StagePlan, TrainSetup
+from planner.cost.rules import in_flight, rank_tied_once_bytes
+from planner.cost.terms import Context
+from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainingSetup, TrainSetup
+
+Chunk = tuple[list[LayerCost], list[int]]  # a pipeline stage's layers and their option indices
 
 
-def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
-    """Score any plan. Raises ValueError if the stages are not a contiguous, complete,
-    in-order cover of the profile's layers."""
-    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
-        from planner.cost.chunked import (
-            evaluate_chunked,  # scores each chunk with stage_cost: a cycle
-        )
+def evaluate(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
+    """Score any plan: one StagePlan per rank (its `chunks` the layers of its stages, chunk 0
+    first, where the schedule gives it several). Raises ValueError if the ranks' stages are not a
+    contiguous, complete, in-order cover of the profile's layers."""
+    order = schedule_of(setup)
+    chunks = placed_chunks(ranks, profile, order)
+    view = stages_view(setup, order)
+    sums = [stage_sums(layers, options, stage=k, profile=profile, setup=view) for k, (layers, options) in enumerate(chunks)]
+    costs = [rank_cost(order, rank, chunks, sums, profile=profile, setup=setup) for rank in range(order.num_ranks)]
+    if order.num_chunks == 1:  # the allocator's replay of a rank's step (reserve.py): one stage a rank
+        costs = [with_replayed_reserve(cost, plan, rank, profile=profile, setup=setup)
+                 for rank, (cost, plan) in enumerate(zip(costs, ranks))]
+    return PlanCost(stages=costs, iteration_ms=plan_iteration_ms(order, sums, setup))
 
-        return evaluate_chunked(stages, profile, setup)
+
+def stage_cost(layers: Sequence[LayerCost], checkpointed: Sequence[int], *, stage: int, profile: Profile,
+               setup: TrainSetup) -> StageCost:
+    """The cost of rank `stage` holding `layers` (in order) under a schedule of one stage per rank
+    (1F1B, GPipe), as evaluate scores it: there a rank's cost depends on its own stage alone."""
+    order = schedule_of(setup)
+    if order.num_chunks != 1:
+        raise ValueError(f"{setup.pipeline.schedule} gives a rank {order.num_chunks} stages: score the plan (evaluate)")
+    chunks = {stage: (list(layers), list(checkpointed))}
+    sums = {stage: stage_sums(layers, checkpointed, stage=stage, profile=profile, setup=setup)}
+    return rank_cost(order, stage, chunks, sums, profile=profile, setup=setup)
+
+
+def placed_chunks(ranks: Sequence[StagePlan], profile: Profile, order: schedules.Schedule) -> list[Chunk]:
+    """The plan's pipeline stages in order, each its layers' costs and options, placed on ranks as
+    the schedule places them; ValueError for a plan that does not fit the schedule or the profile."""
+    if len(ranks) != order.num_ranks:
+        raise ValueError(f"plan has {len(ranks)} stages, setup has {order.num_ranks} ranks")
     costs = layer_costs(profile)
     position = {layer.name: idx for idx, layer in enumerate(costs)}
-    if len(stages) != setup.pipeline.stages:
-        raise ValueError(f"plan has {len(stages)} stages, setup has {setup.pipeline.stages}")
-    flat = [name for stage in stages for name in stage.layers]
+    staged: dict[int, tuple[list[str], StagePlan]] = {}
+    for rank, plan in enumerate(ranks):
+        mine = plan.chunks or [plan.layers]
+        if len(mine) != order.num_chunks:
+            raise ValueError(f"rank {rank} holds {len(mine)} chunks, the schedule gives it {order.num_chunks}")
+        staged.update({stage: (list(chunk), plan) for chunk, stage in zip(mine, order.stages_of(rank))})
+        offloaded = [name for name in plan.layers if plan.option(name) == OPTION_OFFLOAD]
+        if offloaded and order.num_chunks > 1:  # useful_options never gives such a stage one
+            raise ValueError(f"rank {rank}'s layer {offloaded[0]} offloads its activations, which a schedule of "
+                             f"several stages per rank does not model yet; recompute it instead")
+    flat = [name for stage in range(order.num_stages) for name in staged[stage][0]]
     if flat != [layer.name for layer in costs]:
         unknown = [name for name in flat if name not in position]
         detail = f"unknown layers {unknown[:3]}" if unknown else "layers missing, repeated or out of order"
         raise ValueError(f"stages do not cover the profile's layers in order: {detail}")
-    result = []
-    for s, stage in enumerate(stages):
-        layers = [costs[position[name]] for name in stage.layers]
-        cost = stage_cost(layers, option_indices(stage, layers), stage=s, profile=profile, setup=setup)
-        result.append(with_replayed_reserve(cost, stage, s, profile=profile, setup=setup))
-    return PlanCost(stages=result, iteration_ms=iteration_ms([c.busy_ms for c in result], setup,
-                                                             [c.step_ms for c in result]))
+    chunks = []
+    for stage in range(order.num_stages):
+        names, plan = staged[stage]
+        layers = [costs[position[name]] for name in names]
+        chunks.append((layers, option_indices(plan, layers)))
+    return chunks
+
+
+def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Profile,
+              setup: TrainSetup) -> StageCost:
+    """Rank `rank`'s cost from its stages' sums (`chunks`, `sums`: by pipeline stage): held bytes
+    added up (a tied parameter its chunks share held once), its peak at the moment its schedule
+    holds the most (its chunks' in-flight microbatches, the tensors its sends hold, the
+    transient of the pass that runs then), the optimizer step's scratch of all its stages."""
+    stages = order.stages_of(rank)
+    held = {k: chunk_bytes(chunks[k][0], sums[k], stage=k, order=order, training=setup.training) for k in stages}
+    peak = schedules.rank_peak(order, rank, stage_bytes=held)
+    mine: list[StageSums] = [sums[k] for k in stages]
+    tied = rank_tied_once_bytes(profile, [{layer.name for layer in chunks[k][0]} for k in stages], setup) \
+        if profile.tied and len(stages) > 1 else 0.0
+    static = sum(s.static_bytes for s in mine) + tied
+    # the input gradient being sent, among a stage's buffers, is counted by its sends where they are held
+    buffers = sum(sums[k].buffer_bytes - held[k].sent_input_grad for k in stages)
+    activations = int(round(peak.live - peak.transient))
+    transient = int(round(peak.transient))
+    scratch = (sum if profile.device.type == "cuda" else max)(s.step_scratch_bytes for s in mine)
+    lazy = late_gradients(order, rank, chunks, mine, setup)
+    total = int(round(peak_bytes(static + buffers - sum(lazy), 1, activations,
+                                 transient + gradients_above(order, rank, lazy, mine, setup), scratch)))
+    ctx = Context(profile, setup)
+    cuda = ctx.device_type == "cuda"
+    reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type="cuda")) if cuda else None
+    in_flight = {c.stage: c.activations for c in peak.chunks}
+    return StageCost(
+        static_bytes=int(round(static)), kept_bytes=sum(s.kept_bytes for s in mine),
+        in_flight=peak.activations or peak.weight_grad_inputs, activation_bytes=activations,
+        buffer_bytes=int(round(buffers)), transient_bytes=transient, peak_bytes=total,
+        time_ms=sum(s.time_ms for s in mine), cap_bytes=setup.pipeline.mem_caps_bytes[rank],
+        step_ms=sum(s.step_ms for s in mine), step_scratch_bytes=int(round(scratch)),
+        comm_ms=sum(s.comm_ms for s in mine),
+        host_bytes=int(round(sum(sums[k].host_bytes + in_flight[k] * sums[k].offloaded_bytes for k in stages))),
+        host_cap_bytes=host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline), limit_bytes=limit_bytes(rank, ctx),
+        reserved_bytes=reserved,
+        workspace_bytes=workspace_bytes(rank, ctx))
+
+
+def late_gradients(order: schedules.Schedule, rank: int, chunks, mine: Sequence[StageSums],
+                   setup: TrainSetup) -> list[float]:
+    """Per stage of the rank, the whole gradients its runtime allocates at the stage's first
+    backward rather than holding all iteration (gradtiming.lazy_grad_bytes; static charges them)."""
+    return [gradtiming.lazy_grad_bytes(chunks[k][0], setup) for k in order.stages_of(rank)]
+
+
+def gradients_above(order: schedules.Schedule, rank: int, lazy: Sequence[float], mine: Sequence[StageSums],
+                    setup: TrainSetup) -> float:
+    """What those gradients add above the activations' peak once they exist (gradtiming): in
+    closed form for one stage a rank, over torch's action order for several."""
+    if not any(lazy):
+        return 0.0
+    if order.num_chunks == 1:
+        return gradtiming.one_chunk(lazy[0], in_flight=in_flight(setup.pipeline, rank), kept=mine[0].kept_bytes,
+                                    microbatches=setup.pipeline.microbatches,
+                                    steady=setup.pipeline.schedule == "1F1B")
+    return gradtiming.walked(order.actions[rank], [s.kept_bytes for s in mine], lazy)
+
+
+def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, order: schedules.Schedule,
+                training: TrainingSetup) -> schedules.ChunkBytes:
+    """What one microbatch of the stage holds, by when the schedule frees it: all its kept bytes at
+    its backward, or, where the backward splits, until its weight pass (an upper bound: W needs
+    only the linears' inputs), with the gradients its input pass leaves for W; and what its
+    sends hold where the schedule's runtime holds them."""
+    output, input_grad = sends_held_bytes(layers[0], layers[-1], stage=stage, order=order, training=training)
+    split = order.splits_backward
+    return schedules.ChunkBytes(
+        0.0 if split else sums.kept_bytes, sums.kept_bytes if split else 0.0,
+        sent_output=output, sent_input_grad=input_grad,
+        held_for_weight_grad=sums.weight_grad_bytes if split else 0, transient=sums.transient_bytes,
+        input_pass_transient=sums.input_pass_peak_bytes if split else 0,
+        weight_pass_transient=sums.weight_pass_peak_bytes if split else 0)
+
+
+def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setup: TrainSetup) -> float:
+    """The schedule's makespan with each stage's forward and backward (its sends and actions
+    with them: half each; a split backward's input and weight passes half of it each, as Qi et
+    al. 2023 take T_B ≈ T_W for transformer layers), then the slowest rank's optimizer step; or,
+    when fewer ranks than there are compute at once (capacity_ms), all the work spread over them."""
+    times = []
+    for stage in sums:
+        forward = stage.forward_ms + stage.comm_ms / 2
+        backward = max(stage.busy_ms - forward, 0.0)
+        times.append(schedules.StageTimes(forward, backward / 2, backward / 2))
+    steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
+    makespan = schedules.makespan_ms(order, stage_times=times) + max(steps)
+    return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums), sum(steps), setup))

@@ -129,9 +129,7 @@ class Context:
     """What a term may read besides its layer and stage."""
 
     profile: Profile
-    setup: TrainSetup
-    split_backward: bool = False  # one stage of a chunked schedule that splits its backward (setup is the stage's)
-    chunked: bool = False  # one stage of a chunked schedule (setup is the stage's)
+    setup: TrainSetup  # a stage's terms read the pipeline's stages (placement.stages_view)
 
     @property
     def device_type(self) -> str:
@@ -310,9 +308,9 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     candidates = [o for o in candidates if o not in op_sac]
     if ctx.setup.training.op_level_sac:
         candidates += op_sac
-    if ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES or ctx.split_backward:
+    if ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES:
         candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
-    if ctx.chunked or ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:
+    if ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:
         candidates = [o for o in candidates if not layer.options[o].host_bytes]
     rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
                 layer_value("extra", layer, o, ctx), layer_value("offloaded", layer, o, ctx))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner.cost import costmodel
-from planner.schema import BaselineResult, Profile, StagePlan, TrainSetup
+from planner.schema import BaselineResult, PipelineSetup, Profile, StagePlan, TrainSetup
 from planner.solve.deadline import Deadline, Expired
 
 Strategy = Callable[[Profile, TrainSetup, Deadline], list[StagePlan]]
@@ -131,9 +131,9 @@ def _smallest_fitting_plan(profile: Profile, setup: TrainSetup, sizes: list[int]
     return _stages(profile, sizes, candidates[-1])
 
 
-def num_pipeline_stages(setup: TrainSetup) -> int:
+def num_pipeline_stages(pipeline: PipelineSetup) -> int:
     """The pipeline's stages: P ranks x V chunks each."""
-    return setup.pipeline.stages * setup.pipeline.chunks
+    return pipeline.stages * pipeline.chunks
 
 
 def _ratio_rules(num_layers: int) -> list[Callable[[int], int]]:
@@ -142,23 +142,23 @@ def _ratio_rules(num_layers: int) -> list[Callable[[int], int]]:
 
 
 def no_checkpointing(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
-    return _stages(profile, even_split(len(profile.layers), num_pipeline_stages(setup)), lambda size: 0)
+    return _stages(profile, even_split(len(profile.layers), num_pipeline_stages(setup.pipeline)), lambda size: 0)
 
 
 def full_checkpointing(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
-    return _stages(profile, even_split(len(profile.layers), num_pipeline_stages(setup)), lambda size: size)
+    return _stages(profile, even_split(len(profile.layers), num_pipeline_stages(setup.pipeline)), lambda size: size)
 
 
 def colossalai_ratio(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Even split (remainder to middle stages); the same ratio of first layers checkpointed in
     every stage, the smallest ratio that fits (step 1/L)."""
-    sizes = even_split(len(profile.layers), num_pipeline_stages(setup))
+    sizes = even_split(len(profile.layers), num_pipeline_stages(setup.pipeline))
     return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)), deadline)
 
 
 def megatron_block(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Megatron's recompute-method=block: the first N layers of every stage, smallest N that fits."""
-    sizes = even_split(len(profile.layers), num_pipeline_stages(setup))
+    sizes = even_split(len(profile.layers), num_pipeline_stages(setup.pipeline))
     rules = [lambda size, n=n: min(n, size) for n in range(max(sizes) + 1)]
     return _smallest_fitting(profile, setup, sizes, rules, deadline)
 
@@ -166,7 +166,7 @@ def megatron_block(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_
 def balanced_ratio(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[StagePlan]:
     """Compute-balanced split (DeepSpeed/torchtitan style) with the smallest uniform ratio that fits."""
     times = [layer.fwd_ms + layer.bwd_ms for layer in costmodel.layer_costs(profile)]
-    sizes = balanced_split(times, num_pipeline_stages(setup))
+    sizes = balanced_split(times, num_pipeline_stages(setup.pipeline))
     return _smallest_fitting(profile, setup, sizes, _ratio_rules(len(profile.layers)), deadline)
 
 

@@ -23,7 +23,7 @@ instead of many symmetric binaries:
     busy_s = time_s + Σ_g send(input_g)·open[s,g] + send(output_g)·close[s,g] + 2·action
     τ ≥ busy_s,  σ ≥ step_s                               the bottleneck stage, slowest step
     T ≥ Σ_s busy_s + (M-1)·τ + σ,
-    T ≥ h·(M·Σ_s busy_s + Σ_s step_s) / C                 minimise T (costmodel.iteration_ms)
+    T ≥ h·(M·Σ_s busy_s + Σ_s step_s) / C                 minimise T (costmodel.pipeline_ms)
 
 Bounds. A feasible plan (the best baseline, or incumbent.py's heuristic when better)
 starts HiGHS and bounds τ: (M-1)·τ* ≤ T_feasible - Σ(fwd+bwd) - Σ step / P. That bound also gives
@@ -37,6 +37,7 @@ re-scored by costmodel.evaluate() and must agree with the objective.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import pulp
@@ -44,7 +45,6 @@ import pulp
 from planner.cost import costmodel
 from planner.cost.costmodel import LayerCost
 from planner.schema import (
-    CHUNKED_SCHEDULES,
     Profile,
     TrainSetup,
 )
@@ -104,22 +104,78 @@ def build_problem(
     A chunked schedule (interleaved-1F1B, ZB, ZBV, DualPipeV) is built over its P·V stages,
     with each rank's rows over its chunks (_rank_rows) and its linear time (_chunked_time)."""
     layers = costmodel.layer_costs(profile)
-    outer, order = None, None
-    if setup.pipeline.schedule in CHUNKED_SCHEDULES:
-        outer, order = setup, costmodel.schedule_of(setup)
-        setup = costmodel.stage_setup(setup, order)
+    order = costmodel.schedule_of(setup)
+    # a rank of several stages: its rows over its chunks (_rank_rows) against the setup as given
+    outer = setup if order.num_chunks > 1 else None
+    setup = costmodel.stages_view(setup, order)
     if setup.pipeline.stages > len(layers):
         raise ValueError(f"{setup.pipeline.stages} stages need at least {setup.pipeline.stages} layers, the profile has {len(layers)}")
-    runs = find_runs(layers)
-    num_stages, num_runs = setup.pipeline.stages, len(runs)
     lp = pulp.LpProblem("ckplan", pulp.LpMinimize)
-    problem = Problem(lp=lp, profile=profile, setup=setup, runs=runs, objective=objective, outer=outer,
+    problem = Problem(lp=lp, profile=profile, setup=setup, runs=find_runs(layers), objective=objective, outer=outer,
                       schedule=order, deadline=deadline)
     tau_max = float("inf")
     if objective == "time" and upper_bound_ms is not None and outer is None:
         tau_max = costmodel.bottleneck_bound_ms(profile, setup, upper_bound_ms)
-    ends = boundary_windows(profile, setup, tau_max)
+    layout = _layout(problem, boundary_windows(profile, setup, tau_max))
+    n, opens, closes = layout.n, layout.opens, layout.closes
+    _option_counts(problem, n)
 
+    # τ: the slowest stage's time per microbatch
+    tau = pulp.LpVariable("tau", lowBound=0, upBound=None if tau_max == float("inf") else tau_max)
+    if objective == "memory":
+        problem.scale = pulp.LpVariable("scale", lowBound=0)
+    stage_times = []
+    for s in range(setup.pipeline.stages):
+        stage_times.append(_stage_time(problem, s, n, opens, closes))
+        lp += stage_times[-1] <= tau, f"bottleneck_{s}"
+        if outer is None:
+            lp += _stage_memory_mib(problem, s, n, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
+    if outer is not None:
+        _rank_rows(problem, n, opens, closes)
+    if objective == "memory":
+        lp += problem.scale
+    elif outer is not None:
+        lp += _chunked_time(problem, stage_times, tau, n)
+    else:
+        lp += _pipeline_time(problem, stage_times, tau, n)
+    return problem
+
+
+@dataclass
+class _Layout:
+    """The stage boundaries as prefix counts: y[s,g] run-g layers in stages 0..s, f[s,g] =
+    [y = n_g] (run g lies wholly in stages 0..s), t[s,g] = [y ≥ 1] (run g is touched)."""
+
+    y: dict
+    full: dict
+    touched: dict
+    num_stages: int
+    num_runs: int
+
+    def n(self, s: int, g: int):
+        """run-g layers in stage s"""
+        return self.y[s, g] - (self.y[s - 1, g] if s > 0 else 0)
+
+    def opens(self, s: int, g: int):
+        """1 if stage s's first layer is of run g."""
+        if s == 0:
+            return 1 if g == 0 else 0
+        before = self.full[s - 1, g - 1] if g > 0 else 1
+        return before - self.full[s - 1, g]
+
+    def closes(self, s: int, g: int):
+        """1 if stage s's last layer is of run g."""
+        if s == self.num_stages - 1:
+            return 1 if g == self.num_runs - 1 else 0
+        after = self.touched[s, g + 1] if g + 1 < self.num_runs else 0
+        return self.touched[s, g] - after
+
+
+def _layout(problem: Problem, ends: list[tuple[int, int]]) -> _Layout:
+    """The prefix counts within each stage's window of ends, their exact indicators, and the rows
+    that keep a plan contiguous, in order and every stage non-empty."""
+    lp, runs = problem.lp, problem.runs
+    num_stages, num_runs = problem.setup.pipeline.stages, len(runs)
     # y[s,g]: run-g layers in stages 0..s (fixed for the last stage), within the window
     # [lo, hi] of where stage s can end
     y = problem.y
@@ -154,80 +210,50 @@ def build_problem(
     for s in range(num_stages - 1):
         for g in range(num_runs - 1):
             lp += touched[s, g + 1] <= full[s, g], f"contig_{s}_{g}"
-    def n(s: int, g: int):
-        """run-g layers in stage s"""
-        return y[s, g] - (y[s - 1, g] if s > 0 else 0)
+    layout = _Layout(y, full, touched, num_stages, num_runs)
 
     # [Constraint] prefixes grow with s, and every stage holds at least one layer
     for s in range(num_stages):
-        lp += pulp.lpSum(n(s, g) for g in range(num_runs)) >= 1, f"nonempty_{s}"
+        lp += pulp.lpSum(layout.n(s, g) for g in range(num_runs)) >= 1, f"nonempty_{s}"
         for g in range(num_runs):
             if s > 0 and s < num_stages - 1:
                 lp += y[s, g] >= y[s - 1, g], f"grow_{s}_{g}"
+    return layout
 
-    def opens(s: int, g: int):
-        """1 if stage s's first layer is of run g."""
-        if s == 0:
-            return 1 if g == 0 else 0
-        before = full[s - 1, g - 1] if g > 0 else 1
-        return before - full[s - 1, g]
 
-    def closes(s: int, g: int):
-        """1 if stage s's last layer is of run g."""
-        if s == num_stages - 1:
-            return 1 if g == num_runs - 1 else 0
-        after = touched[s, g + 1] if g + 1 < num_runs else 0
-        return touched[s, g] - after
-
-    # r[s,g,o]: run-g layers of stage s under option o (only options that keep fewer bytes)
-    r = problem.r
-    for g, run in enumerate(runs):
+def _option_counts(problem: Problem, n) -> None:
+    """r[s,g,o]: run-g layers of stage s under option o (only options that keep fewer bytes),
+    each run's options in problem.order (the largest extra peak first)."""
+    lp, r = problem.lp, problem.r
+    for g, run in enumerate(problem.runs):
         options = costmodel.useful_options(run.layer, problem.ctx)
         problem.order[g] = sorted(options, key=lambda o, layer=run.layer: -_layer(problem, ("extra",), layer, o))
-    for s in range(num_stages):
-        for g, run in enumerate(runs):
+    for s in range(problem.setup.pipeline.stages):
+        for g, run in enumerate(problem.runs):
             for o in problem.order[g]:
                 r[s, g, o] = _count_var(f"r_{s}_{g}_{o}", run.size)
             if problem.order[g]:
                 lp += pulp.lpSum(r[s, g, o] for o in problem.order[g]) <= n(s, g), f"ckpt_owned_{s}_{g}"
 
-    # τ: the slowest stage's time per microbatch
-    tau = pulp.LpVariable("tau", lowBound=0, upBound=None if tau_max == float("inf") else tau_max)
-    if objective == "memory":
-        problem.scale = pulp.LpVariable("scale", lowBound=0)
-    stage_times = []
-    for s in range(num_stages):
-        stage_times.append(_stage_time(problem, s, n, opens, closes))
-        lp += stage_times[-1] <= tau, f"bottleneck_{s}"
-        if outer is None:
-            lp += _stage_memory_mib(problem, s, n, opens, closes) <= _cap_mib(problem, s), f"cap_{s}"
-    if outer is not None:
-        _rank_rows(problem, n, opens, closes)
-        if objective == "time":
-            lp += _chunked_time(problem, stage_times, tau, n)
-        else:
-            lp += problem.scale
-        return problem
 
-    if objective == "time":
-        # T_iter ≥ Σ_s time_s + (M - 1)·τ + σ (critical path, σ: the slowest optimizer step),
-        # T_iter ≥ (M·Σ_s time_s + Σ_s step_s) / C (capacity; every layer steps somewhere)
-        t_iter = pulp.LpVariable("T_iter", lowBound=0)
-        slowest_step = 0
-        step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}
-        if any(step_of.values()):
-            slowest_step = pulp.LpVariable("sigma", lowBound=0)
-            for s in range(num_stages):
-                lp += pulp.lpSum(step_of[g] * n(s, g) for g in range(num_runs)) <= slowest_step, f"step_{s}"
-        lp += t_iter >= pulp.lpSum(stage_times) + (setup.pipeline.microbatches - 1) * tau + slowest_step, "critical_path"
-        if costmodel.parallel_stages(setup) < setup.pipeline.stages:
-            total_step = sum(step_of[g] * run.size for g, run in enumerate(runs))
-            lp += t_iter >= setup.time.cpu_sharing * (setup.pipeline.microbatches * pulp.lpSum(stage_times) + total_step) / (
-                costmodel.parallel_stages(setup)), "capacity"
-        lp += t_iter
-    else:
-        lp += problem.scale
-    return problem
+def _pipeline_time(problem: Problem, stage_times: list, tau, n):
+    """A schedule of one stage per rank: T_iter ≥ Σ_s time_s + (M - 1)·τ + σ (critical path, σ:
+    the slowest optimizer step), T_iter ≥ (M·Σ_s time_s + Σ_s step_s) / C (capacity; every layer
+    steps somewhere): costmodel.pipeline_ms."""
+    lp, runs, setup = problem.lp, problem.runs, problem.setup
+    t_iter = pulp.LpVariable("T_iter", lowBound=0)
+    slowest_step = 0
+    step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}
+    if any(step_of.values()):
+        slowest_step = pulp.LpVariable("sigma", lowBound=0)
+        for s in range(setup.pipeline.stages):
+            lp += pulp.lpSum(step_of[g] * n(s, g) for g in range(len(runs))) <= slowest_step, f"step_{s}"
+    lp += t_iter >= pulp.lpSum(stage_times) + (setup.pipeline.microbatches - 1) * tau + slowest_step, "critical_path"
+    if costmodel.parallel_stages(setup) < setup.pipeline.stages:
+        total_step = sum(step_of[g] * run.size for g, run in enumerate(runs))
+        lp += t_iter >= setup.time.cpu_sharing * (setup.pipeline.microbatches * pulp.lpSum(stage_times) + total_step) / (
+            costmodel.parallel_stages(setup)), "capacity"
+    return t_iter
 
 
 def _stage_time(problem: Problem, s: int, n, opens, closes):

@@ -8,7 +8,6 @@ from functools import partial
 import pulp
 
 from planner.cost import costmodel, schedules
-from planner.schema import SPLIT_BACKWARD_SCHEDULES
 from planner.solve.milp_rows import (
     MIB,
     Problem,
@@ -22,7 +21,7 @@ from planner.solve.milp_rows import (
 
 
 def _rank_rows(problem: Problem, n, opens, closes) -> None:
-    """A chunked schedule's memory, per rank over its chunks (costmodel.evaluate_chunked):
+    """A chunked schedule's memory, per rank over its chunks (costmodel.evaluate):
     held + live(v) ≤ cap_r for every vector v of counts per chunk the rank passes through in
     torch's order (live microbatches × kept, outputs and input gradients its sends hold ×
     their bytes, microbatches between I and W × what I leaves for W), and
@@ -31,7 +30,7 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
     chunk and pass) are dropped.
     Then the optimizer step's and the host's rows over all its chunks."""
     order, lp, setup = problem.schedule, problem.lp, problem.outer
-    split = setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
+    split = order.splits_backward
     for rank in range(order.num_ranks):
         if problem.deadline is not None:
             problem.deadline.check()
@@ -39,16 +38,14 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         memories = [_stage_memory_parts(problem, k, n, opens, closes) for k in stages]
         sent_output, sent_grad, unsent = [], [], []
         for k in stages:
-            sends = [costmodel.sends_held_bytes(run.layer, run.layer, k, order, setup) for run in problem.runs]
+            sends = [costmodel.sends_held_bytes(run.layer, run.layer, stage=k, order=order, training=setup.training) for run in problem.runs]
             sent_output.append(pulp.lpSum(out / MIB * closes(k, g) for g, (out, _) in enumerate(sends) if out))
             sent_grad.append(pulp.lpSum(grad / MIB * opens(k, g) for g, (_, grad) in enumerate(sends) if grad))
             unsent.append(-sent_grad[-1])  # the single-stage buffers' input gradient being sent, counted here
         # tied copies on one rank counted once (costmodel.rank_tied_once_bytes): here those of the
         # first and last layers, whose stages are fixed; any other holder's copy stays charged (over)
         names = [layer.name for layer in problem.profile.layers]
-        pinned = {names[0]} if 0 in stages else set()
-        if order.num_stages - 1 in stages:
-            pinned.add(names[-1])
+        pinned = ([{names[0]}] if 0 in stages else []) + ([{names[-1]}] if order.num_stages - 1 in stages else [])
         unsent.append(costmodel.rank_tied_once_bytes(problem.profile, pinned, setup) / MIB)
         held = [term for memory in memories for term in memory.held] + unsent
         pending = [[_run_sum(problem, "wgrad", k, n)] if split else [] for k in stages]
@@ -112,7 +109,7 @@ def _chunked_time(problem: Problem, stage_times: list, tau, n):
     rank r (its own work for every microbatch, plus the fill and drain: P - 1 stage times, the
     interleaved schedule's bubble (P - 1)·(t_f + t_b)/V per rank, Narayanan et al. 2021, exact
     for equal stages), σ the slowest rank's optimizer step. The plan is then scored by the
-    simulated schedule (costmodel.evaluate_chunked), which the search reports."""
+    simulated schedule (costmodel.evaluate), which the search reports."""
     order, lp, runs = problem.schedule, problem.lp, problem.runs
     t_iter = pulp.LpVariable("T_iter", lowBound=0)
     step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}

@@ -11,11 +11,7 @@ import pulp
 
 from planner.cost import costmodel, dataparallel
 from planner.cost.costmodel import LayerCost
-from planner.schema import (
-    SPLIT_BACKWARD_SCHEDULES,
-    Profile,
-    TrainSetup,
-)
+from planner.schema import Profile, TrainSetup
 from planner.solve.deadline import Deadline
 from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
 
@@ -46,7 +42,7 @@ class Problem:
     # are out of order never lowers it), none last
     order: dict[int, list[int]] = field(default_factory=dict)
     scale: pulp.LpVariable | None = None  # memory objective: caps are multiplied by it
-    # a chunked schedule: the setup as given (problem.setup is then one of its P·V stages'),
+    # a schedule of several stages per rank: the setup as given (problem.setup counts its P·V stages),
     # and the schedule's order (planner/cost/schedules.py)
     outer: TrainSetup | None = None
     schedule: object = None
@@ -54,8 +50,7 @@ class Problem:
 
     @property
     def ctx(self) -> costmodel.Context:
-        split = self.outer is not None and self.outer.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
-        return costmodel.Context(self.profile, self.setup, split_backward=split, chunked=self.outer is not None)
+        return costmodel.Context(self.profile, self.setup)
 
 
 def _held() -> tuple[str, ...]:
@@ -106,7 +101,8 @@ def _step_and_host_rows(problem: Problem, name: str, memories: list[_Memory], ca
             for g, (num_bytes, present, _) in enumerate(scratch):
                 lp += step >= 2 * num_bytes / MIB * present, f"step_scratch_{name}_{g}"
         lp += pulp.lpSum(held) + step <= cap_mib, f"step_cap_{name}"
-    host_cap = costmodel.host_cap_bytes(problem.outer or problem.setup)
+    given = problem.outer or problem.setup  # the ranks as given
+    host_cap = costmodel.host_cap_bytes(given.data_parallel, pipeline=given.pipeline)
     if host_cap is not None:
         # [Constraint] host: the rank's host bytes within its share of the node's
         lp += (pulp.lpSum(term for memory in memories for term in memory.host)

@@ -92,7 +92,7 @@ def pick_solver(setup: TrainSetup, solver: Solver = "auto", profile: Profile | N
 
 def offload_meets_host_cap(profile: Profile, setup: TrainSetup) -> bool:
     """Whether a host cap is set and some layer may offload activations to that host."""
-    if costmodel.host_cap_bytes(setup) is None:
+    if costmodel.host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline) is None:
         return False
     ctx = costmodel.Context(profile, setup)
     return any(layer.options[o].host_bytes for layer in costmodel.layer_costs(profile)
@@ -321,7 +321,7 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
     own, skipped without `least_memory`). [] when each cap alone could be met (only together
     they cannot) or the device was not searched; None when the deadline passed first."""
     found = []
-    host_cap = costmodel.host_cap_bytes(setup)
+    host_cap = costmodel.host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline)
     if host_cap is not None:
         need = least_host_bytes(profile, setup)
         if need + costmodel.FIT_MARGIN_BYTES > host_cap:

@@ -1,0 +1,260 @@
+"""The dynamic programme's segments (planner/solve/dpsolve.py, step 1): the profile's layers as
+the cost model's per-layer values (Chain), and for every stage and layer range it may hold the
+least recompute that fits its cap, grown a layer at a time at the range's end with the stage
+accumulator's sums (costmodel.StageRun) and the evaluator's peak (costmodel.peak_bytes), only the
+Pareto front of (recompute ms, kept bytes, extra bytes) kept."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import costmodel
+from planner.schema import Profile, TrainSetup
+from planner.solve.deadline import Deadline
+
+INF = math.inf
+VECTOR_FROM = 24  # checkpoint sets per range from which numpy scores them
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Stage `stage` holds layers [start, end); `mask` packs each layer's recompute option
+    index, chain.bits bits per layer: layer start + b's is (mask >> b·bits) & (2^bits - 1)."""
+
+    stage: int
+    start: int
+    end: int
+    time_ms: float
+    step_ms: float
+    mask: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """What the cost model charges stage s for its position (not its layers)."""
+
+    in_flight: int
+    const_kept_bytes: float
+    const_held_bytes: float
+    loss_scratch_bytes: float
+    const_ms: float
+    cap_bytes: int
+
+
+
+
+class Chain:
+    """The profile's layers as flat per-layer lists of the cost model's values
+    (costmodel.TERMS, read through layer_value / edge_value / stage_value)."""
+
+    def __init__(self, profile: Profile, setup: TrainSetup):
+        self.profile, self.setup = profile, setup
+        self.ctx = ctx = costmodel.Context(profile, setup)
+        # how the declared quantities combine (costmodel.QUANTITY_DECLARATIONS): held all iteration, busy per mb
+        self.held, self.busy = held, busy = costmodel.quantities("held"), costmodel.quantities("busy")
+        self._edges: dict[tuple, float] = {}
+        self.layers = layers = costmodel.layer_costs(profile)
+
+        def per_layer(quantities, ckpt: bool) -> list[float]:
+            return [sum(costmodel.layer_value(q, layer, ckpt, ctx) for q in quantities) for layer in layers]
+
+        # compute as the run takes it; the sends and actions at the stage's edges
+        self.plain_ms = per_layer(("time",), False)
+        self.kept_plain, self.extra_plain = per_layer(("kept",), False), per_layer(("extra",), False)
+        # each layer's other choices, (option, recompute ms, kept, extra): the undominated
+        # options that keep fewer bytes (one that frees nothing never lowers a peak and always
+        # costs time), full alone for whole-layer plans
+        self.alternatives = [
+            [(o, costmodel.layer_value("time", layer, o, ctx) - plain, costmodel.layer_value("kept", layer, o, ctx),
+              costmodel.layer_value("extra", layer, o, ctx)) for o in costmodel.useful_options(layer, ctx)]
+            for layer, plain in zip(layers, self.plain_ms)]
+        self.bits = max(len(layer.options) - 1 for layer in layers).bit_length()  # per layer in a mask
+        self.step_scratch = per_layer(("scratch",), False)
+        self.static = per_layer(held, False)  # held all step long
+        self.host = per_layer(("host",), False)
+        self.host_cap = costmodel.host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline)
+        self.params = [layer.param_count for layer in layers]  # with the largest tensor: ZeRO 1's whole tensors
+        self.largest = [layer.largest_param_count for layer in layers]
+        self.step_ms = per_layer(("step",), False)
+        self.stages = [
+            _Stage(
+                in_flight=costmodel.in_flight(setup.pipeline, s),
+                const_kept_bytes=costmodel.stage_value("kept", s, ctx),
+                const_held_bytes=sum(costmodel.stage_value(q, s, ctx) for q in held),
+                loss_scratch_bytes=costmodel.stage_value("extra", s, ctx),
+                const_ms=sum(costmodel.stage_value(q, s, ctx) for q in busy),
+                cap_bytes=costmodel.limit_bytes(s, ctx),  # the allocated peak the device's cap admits
+            )
+            for s in range(setup.pipeline.stages)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def _edge(self, quantities, where: str, layer: int, s: int) -> float:
+        """Memoised: the segments ask for the same edges for every range."""
+        key = (quantities, where, layer, s)
+        if key not in self._edges:
+            self._edges[key] = sum(costmodel.edge_value(q, where, self.layers[layer], s, self.ctx) for q in quantities)
+        return self._edges[key]
+
+    def opening_bytes(self, s: int, start: int) -> tuple[float, float]:
+        """(kept per microbatch, held) that layer `start` adds by opening stage s."""
+        return self._edge(("kept",), "open", start, s), self._edge(self.held, "open", start, s)
+
+    def edge_comm_ms(self, s: int, start: int, end: int) -> float:
+        """Per microbatch, what stage s's first and last layer add: its sends."""
+        return self._edge(self.busy, "open", start, s) + self._edge(self.busy, "close", end - 1, s)
+
+    def closing_bytes(self, s: int, end: int) -> tuple[float, float]:
+        """(kept, held) that layer `end - 1` adds by closing stage s, with the stage's own."""
+        stage = self.stages[s]
+        return (self._edge(("kept",), "close", end - 1, s) + stage.const_kept_bytes,
+                self._edge(self.held, "close", end - 1, s) + stage.const_held_bytes)
+
+
+# ---------------------------------------------------------------- Pareto fronts
+
+
+def front(items: list[tuple]) -> list[tuple]:
+    """The items that no other item beats or ties in all of their first three fields (all
+    minimised), sorted by the first."""
+    items.sort(key=lambda item: item[:3])
+    kept, keys, seconds = [], [], []  # a staircase: keys ascending, seconds strictly descending
+    for item in items:
+        key, second = item[1], item[2]
+        pos = bisect_right(keys, key) - 1
+        if pos >= 0 and seconds[pos] <= second:
+            continue
+        kept.append(item)
+        end = pos + 1
+        while end < len(keys) and seconds[end] >= second:
+            end += 1
+        keys[pos + 1:end], seconds[pos + 1:end] = [key], [second]
+    return kept
+
+
+def _grow(states: list[tuple], chain: Chain, m: int, shift: int, max_recompute_ms: float) -> list[tuple]:
+    """Option vectors of a range extended by layer m (its option at bit `shift` of the mask),
+    each (recompute ms, kept, extra, mask)."""
+    plain = chain.kept_plain[m]
+    grown = [(ms, kept + plain, max(extra - plain, chain.extra_plain[m]), mask) for ms, kept, extra, mask in states
+             if ms <= max_recompute_ms]
+    for option, cost, option_kept, option_extra in chain.alternatives[m]:
+        code = option << shift
+        grown += [(ms + cost, kept + option_kept, max(extra - option_kept, option_extra), mask | code)
+                  for ms, kept, extra, mask in states if ms + cost <= max_recompute_ms]
+    return grown
+
+
+# ---------------------------------------------------------------- segments
+
+
+def segments(chain: Chain, windows: list[tuple[int, int]], *, max_time_ms: float, objective: str,
+             deadline: Deadline, cap_scale: float = 1.0, max_recompute_ms: float = INF) -> list[Segment]:
+    """Every (stage, range) within the boundary windows that fits its cap: for objective
+    "time" the least recompute (and only if no slower than max_time_ms and recomputing
+    at most max_recompute_ms), for "memory" the least peak of those that fit their cap x
+    cap_scale."""
+    num_layers, num_stages = len(chain), len(chain.stages)
+    starts = [(0, 0)] + windows[:-1]
+    closing = [{j: chain.closing_bytes(s, j) for j in range(lo, hi + 1)} for s, (lo, hi) in enumerate(windows)]
+    found = []
+    for i in range(num_layers):
+        deadline.check()
+        stages = [s for s in range(num_stages) if starts[s][0] <= i <= starts[s][1]]
+        if stages:
+            found += _segments_from(chain, i, stages, windows, closing, max_time_ms=max_time_ms, objective=objective,
+                                    cap_scale=cap_scale, max_recompute_ms=max_recompute_ms)
+    return found
+
+
+def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *, max_time_ms: float,
+                   objective: str, cap_scale: float, max_recompute_ms: float = INF) -> list[Segment]:
+    """The segments of every stage in `stages` that starts at layer i."""
+    found = []
+    opening = {s: chain.opening_bytes(s, i) for s in stages}
+    timed = objective == "time"
+    # the least that opening any of these stages adds (kept, held); closing adds no negative kept
+    # bytes, and no held bytes below the stage's own constant (negative for tied copies held once)
+    first_kept = min(opening[s][0] for s in stages)
+    first_held = min(opening[s][1] + min(chain.stages[s].const_held_bytes, 0.0) for s in stages)
+    host_cap = INF if chain.host_cap is None else chain.host_cap - costmodel.FIT_MARGIN_BYTES
+    k_low = min(chain.stages[s].in_flight for s in stages)
+    k_high = max(chain.stages[s].in_flight for s in stages)
+    cap_high = max(chain.stages[s].cap_bytes * cap_scale for s in stages) - costmodel.FIT_MARGIN_BYTES
+    states = [(0.0, 0, 0, 0)]
+    run = costmodel.StageRun(chain.setup, chain.profile.device.type)  # the accumulator's sums, grown a layer at a time
+    for j in range(i + 1, max(windows[s][1] for s in stages) + 1):
+        m = j - 1
+        run.add(time_ms=chain.plain_ms[m], held_bytes=chain.static[m], step_ms=chain.step_ms[m],
+                host_bytes=chain.host[m], params=chain.params[m], largest_params=chain.largest[m],
+                scratch_bytes=chain.step_scratch[m])
+        plain, held, step = run.time_ms, run.held_bytes, run.step_ms  # each grows with the range
+        if run.host_bytes > host_cap:
+            break
+        if timed and plain > max_time_ms:
+            break
+        states = _grow(states, chain, m, (m - i) * chain.bits, min(max_time_ms - plain, max_recompute_ms) if timed else INF)
+        # static and kept only grow with the range: drop sets that no later end can fit (a
+        # byte of room for the peak's rounding to whole bytes)
+        states = [st for st in states
+                  if held + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
+        if not states:
+            break
+        # for the least peak, recompute time plays no part: a front over (kept, extra) alone
+        states = front(states if timed else [(0.0, *st[1:]) for st in states])
+        columns = None
+        if len(states) >= VECTOR_FROM:  # many sets: score them all at once
+            columns = (np.array([st[1] for st in states], dtype=np.int64), np.array([st[2] for st in states], dtype=np.int64))
+        for s in stages:
+            if windows[s][0] <= j <= windows[s][1]:
+                kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
+                sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
+                segment = _best_set(chain.stages[s], s, i, j, states, sums, (kept, edge_held), objective, columns)
+                if segment is not None and (not timed or segment.time_ms <= max_time_ms):
+                    found.append(segment)
+    return found
+
+
+def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: tuple[int, int],
+              objective: str, columns=None) -> Segment | None:
+    """The fitting set with the least recompute ("time", states sorted by it) or peak
+    ("memory"). sums: the range's plain ms (with its sends), held bytes, step ms, optimizer step scratch;
+    edge: the (kept, held) its first and last layer and its position add; columns:
+    the states' kept and extra bytes as arrays, to score them all at once."""
+    plain, static, step, step_scratch = sums
+    edge_kept, edge_held = edge
+    held = static + edge_held
+    limit, in_flight, loss_scratch = stage.cap_bytes - costmodel.FIT_MARGIN_BYTES, stage.in_flight, stage.loss_scratch_bytes
+    if objective == "memory":
+        limit = INF  # the least peak is wanted, whatever the cap
+    def peak_of(kept, extra, maximum=max):
+        """The evaluator's peak of a rank of one stage (costmodel.rank_cost) for these sets."""
+        return costmodel.peak_bytes(held, in_flight, kept + edge_kept, maximum(extra - stage.const_kept_bytes,
+                                                                            loss_scratch), step_scratch, maximum)
+
+    if columns is not None:
+        peaks = np.rint(peak_of(*columns, maximum=np.maximum))  # rint: round's half to even
+        pick = int(np.argmin(peaks)) if objective == "memory" else int(np.argmax(peaks <= limit))
+        if peaks[pick] > limit:
+            return None
+        ms, _, _, mask = states[pick]
+        return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, int(peaks[pick]))
+    best = None
+    for ms, kept, extra, mask in states:
+        peak = int(round(peak_of(kept, extra)))
+        if objective == "time":
+            if peak <= limit:
+                return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, peak)
+        elif best is None or peak < best[0]:
+            best = (peak, ms, mask)
+    if best is None:
+        return None
+    peak, ms, mask = best
+    return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, peak)
