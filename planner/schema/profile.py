@@ -1,0 +1,227 @@
+"""The profile: what `ckplan profile` measured or computed of each layer, the recompute options,
+the allocation records, the device and the tied weights."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, JsonValue, model_validator
+
+from planner.schema.fields import (
+    MAX_SAMPLES,
+    MAX_STEPS,
+    SCHEMA_VERSION,
+    Bytes,
+    Count,
+    Dtype,
+    FileRef,
+    Ms,
+    Optimizer,
+    Strict,
+)
+
+# The recompute options a layer may have besides keeping everything ("none") and keeping only
+# its input ("full"): selective recompute of its parts (planner/runtime/recompute.py says what each
+# does). A name is one option or several joined by commas ("attn,mlp-act").
+OPTION_NONE, OPTION_FULL = "none", "full"
+# keep the layer's input, copy every other tensor it saves to host memory in forward and back
+# in backward (planner/runtime/recompute.py): device bytes of full, no recompute, PCIe copies and host memory
+OPTION_OFFLOAD = "offload"
+# recompute options run under torch's selective activation checkpoint (planner/runtime/recompute.py:
+# save-matmuls, and mlp-act alone or in a combination), which refuses a second backward through
+# its region: a split backward (SPLIT_BACKWARD_SCHEDULES) cannot run them
+SELECTIVE_CHECKPOINT_PARTS = ("save-matmuls", "mlp-act")
+
+
+def runs_split_backward(option: str) -> bool:
+    """Whether a zero-bubble schedule's split backward can run recompute option `option`."""
+    return not any(part in SELECTIVE_CHECKPOINT_PARTS for part in option.split(","))
+OptionName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*(,[a-z][a-z0-9-]*)*$", max_length=120)]
+
+
+class RecomputeOption(Strict):
+    """One way a layer runs its backward: the bytes it keeps per microbatch until then (its
+    input included where it keeps it), what recomputing adds to its backward, and the extra
+    peak while it recomputes beyond what it keeps."""
+
+    name: OptionName
+    kept_bytes: Bytes
+    recompute_ms: Ms = 0.0
+    recompute_peak_bytes: Bytes = 0
+    # a split backward (zero-bubble schedules; torch's stage_backward_input, then _weight): what
+    # the input pass leaves for the weight pass beyond the kept bytes (the gradients of the weight
+    # ops' outputs, and what a recomputing option recomputed), the input pass's peak and the weight
+    # pass's over what is live before each (every autograd call of the weight pass recomputes a
+    # checkpointed region again). Measured profiles; 0 in others, in profiles made before, and for
+    # an option under torch's selective checkpoint (it cannot split: runs_split_backward)
+    split_held_bytes: Bytes = 0
+    split_input_peak_bytes: Bytes = 0
+    split_peak_bytes: Bytes = 0
+    # offload: the bytes per microbatch it keeps in host memory until its backward (its
+    # recompute_ms is then the copies' time); 0 for every other option
+    host_bytes: Bytes = 0
+
+
+class AllocRecord(Strict):
+    """One pass pair's storage allocations and frees, per microbatch, in the order the profiler saw
+    them (planner/profiler/allocseq.py): what the caching allocator replay (planner/cost/reserve.py)
+    runs a stage's steady state from. Events: n > 0 allocates n bytes (the next id, from 1), -k
+    frees id k. The backward's ids continue the forward's, so a saved tensor's free names its id."""
+
+    forward: list[int] = []
+    backward: list[int] = []
+    output: int = Field(default=0, ge=0)  # id of the forward's output storage; 0: none made
+    input_grad: int = Field(default=0, ge=0)  # id of the gradient the backward hands back; 0: none
+    params: list[Bytes] = []  # bytes of each parameter, in the order the module lists them
+CollectiveKind = Literal["all-gather", "reduce-scatter", "all-reduce"]
+
+
+class LayerCollective(Strict):
+    """One collective a layer's code runs per microbatch inside its parallel group (tensor
+    parallelism: the group of `tp` ranks the profile was made for), how many times in each pass:
+    the bytes of the whole tensor (an all-gather's output, a reduce-scatter's input, an
+    all-reduce's tensor). The cost model charges them over the group's link (planner/cost/comm.py),
+    so the topology is a setup choice, not part of the profile."""
+
+    kind: CollectiveKind
+    tensor_bytes: Bytes
+    fwd: int = Field(default=0, ge=0, le=1 << 10)
+    bwd: int = Field(default=0, ge=0, le=1 << 10)
+    recompute: int = Field(default=0, ge=0, le=1 << 10)  # a full recompute reruns the forward's
+
+
+class LayerProfile(Strict):
+    """One pipeline layer, measured per microbatch."""
+
+    name: str  # FQN in the model: the runtime rebuilds stages from names alone
+    kind: str  # layers of one kind are structurally identical (class + parameter shapes)
+    fwd_ms: Ms  # median over repeats
+    bwd_ms: Ms
+    fwd_ms_min: Ms
+    fwd_ms_max: Ms
+    bwd_ms_min: Ms
+    bwd_ms_max: Ms
+    # extra backward time when the layer is checkpointed (median); None: not measured,
+    # charge a whole forward
+    recompute_ms: Ms | None = None
+    act_bytes: Bytes  # kept for backward when run normally, not counting what the previous layer keeps
+    input_bytes: Bytes  # what a checkpointed layer keeps
+    output_bytes: Bytes
+    input_in_act_bytes: Bytes = 0  # part of act_bytes that is this layer's own input tensor
+    param_count: Count
+    param_bytes: Bytes
+    # of param_count, the routed experts' parameters (a mixture-of-experts block's; 0 elsewhere and
+    # in profiles made before): expert parallelism (DataParallelSetup.ep) splits these over its
+    # ranks, the rest (attention, norms, router, shared experts) stays replicated
+    expert_param_count: Count = 0
+    # a mixture-of-experts block: bytes its token dispatch sends per microbatch, every routed
+    # token copy's hidden state (tokens x top-k x hidden x dtype bytes at the profile's capacity
+    # factor); the combine sends as much back. 0 elsewhere and in profiles made before
+    a2a_bytes: Bytes = 0
+    # its largest parameter tensor (measured profiles; None in analytic ones and older
+    # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
+    largest_param_count: Count | None = None
+    transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
+    # optimizer step over this layer's parameters, once per iteration, per optimizer name
+    # (median ms); empty in profiles made before it was measured: the step then costs 0
+    step_ms: dict[Optimizer, Ms] = {}
+    # every option the layer supports, "none" and "full" first (as act_bytes, input_bytes and
+    # recompute_ms say), then selective ones; empty: none and full only (profiles made before)
+    recompute_options: list[RecomputeOption] = []
+    # a mixture-of-experts layer (measured profiles): the tokens each routed expert received on the
+    # profiled microbatch, dropless top-k (they sum to tokens x k); act_bytes, a2a_bytes and the times
+    # are those of this routing. Empty elsewhere, in analytic profiles and in profiles made before
+    routed_tokens: list[Count] = []
+    # of transient_bytes, what the routed experts' weight gradients add (their temporaries are as
+    # large as the experts a rank holds): expert parallelism over E ranks holds 1/E of it. 0 elsewhere
+    expert_transient_bytes: Bytes = 0
+    # of act_bytes, what its experts modules keep (measured with routed_tokens): it grows with the
+    # token copies a rank computes, which expert parallelism spreads by routing, not evenly. 0 elsewhere
+    expert_act_bytes: Bytes = 0
+    # the allocations and frees of one forward and backward, per recompute option by name ("none",
+    # "full", selective ones; fake profiles): the allocator replay's input. Empty in other profiles
+    # and profiles made before: the reserve is then the allocated peak over 1 - fragmentation
+    alloc_records: dict[OptionName, AllocRecord] = {}
+    # the tensor-parallel collectives per microbatch (analytic profiles at --tp > 1: the
+    # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
+    # empty elsewhere and in profiles made before: no tensor-parallel communication charged
+    collectives: list[LayerCollective] = []
+
+    @model_validator(mode="after")
+    def _options_agree(self) -> LayerProfile:
+        names = [option.name for option in self.recompute_options]
+        if len(set(names)) != len(names):
+            raise ValueError(f"layer {self.name}: recompute options repeat a name")
+        if names and names[:2] != [OPTION_NONE, OPTION_FULL]:
+            raise ValueError(f"layer {self.name}: recompute options must begin with none and full")
+        if names and (self.recompute_options[0].kept_bytes != self.act_bytes
+                      or self.recompute_options[1].kept_bytes != self.input_bytes):
+            raise ValueError(f"layer {self.name}: options none and full must keep act_bytes and input_bytes")
+        return self
+
+
+class DeviceInfo(Strict):
+    type: Literal["cpu", "cuda"]
+    name: str
+    threads: int | None = Field(default=None, gt=0, le=1 << 16)  # torch.get_num_threads() during profiling (cpu)
+    # cpu: the whole model's forward + backward, least ms of 5, at each torch thread count profile
+    # timed (1, 2, 4, ... and `threads`); a launch's other thread count scales the times by it
+    thread_ms: dict[Annotated[int, Field(gt=0, le=1 << 16)], Annotated[Ms, Field(gt=0)]] | None = None
+    # cpu: the same at 1 thread, median, alone (key 1) and while N - 1 other processes run it
+    # alongside (key N: the cores, up to 4): ranks that fill the cores share caches and memory
+    shared_ms: dict[Annotated[int, Field(gt=0, le=1 << 16)], Annotated[Ms, Field(gt=0)]] | None = None
+
+
+class TiedSet(Strict):
+    """A parameter several pipeline layers share (tied weights: GPT-2's token embedding
+    and LM head). Split across stages, each holding stage keeps a copy (its weights,
+    gradient and optimizer state are in every holder's param bytes) and the copies'
+    gradients are summed before every optimizer step."""
+
+    layers: list[str] = Field(min_length=2)  # the layers holding it, in model order
+    param_count: int = Field(ge=0)
+    param_bytes: Bytes
+    sum_ms: Ms = 0.0  # summing two stages' gradient copies in place, measured in one process
+
+
+class Profile(Strict):
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    created_at: str
+    torch_version: str
+    device: DeviceInfo
+    dtype: Dtype
+    micro_batch_size: int = Field(gt=0, le=MAX_SAMPLES)
+    warmup: int = Field(default=0, ge=0, le=MAX_STEPS)
+    repeats: int = Field(default=1, ge=1, le=MAX_STEPS)
+    model: FileRef
+    batch_input_bytes: Bytes = 0  # the model input of one microbatch (held by stage 0)
+    batch_target_bytes: Bytes = 0  # the targets of one microbatch (held by the last stage)
+    loss_bytes: Bytes = 0  # what the loss function keeps for backward, and the loss value (last stage)
+    loss_ms: Ms = 0.0  # loss forward + backward
+    loss_transient_bytes: Bytes = 0  # extra peak during the loss's forward and backward beyond what it keeps
+    loss_alloc: AllocRecord | None = None  # the loss's allocations and frees (fake profiles): see AllocRecord
+    layers: list[LayerProfile] = Field(min_length=1)
+    # measured by `ckplan profile MODEL.py`, or computed from a published architecture's
+    # formulas (`--arch`); an analytic profile records every assumption it rests on
+    source: Literal["measured", "analytic", "fake"] = "measured"
+    assumptions: dict[str, JsonValue] = {}  # seq_len, tp, sp, attention, gpu, mfu, sources...
+    tied: list[TiedSet] = []  # parameters shared between layers; empty in profiles made before they were found
+    # the optimizer stepping fp32 tensors on this machine's CPU, ns per parameter (what offload's
+    # host step costs); empty in profiles made before it was measured
+    host_step_ns_per_param: dict[Optimizer, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = {}
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Profile:
+        names = [layer.name for layer in self.layers]
+        if len(set(names)) != len(names):
+            raise ValueError("layer names must be unique")
+        return self
+
+    @model_validator(mode="after")
+    def _tied_layers_exist(self) -> Profile:
+        names = {layer.name for layer in self.layers}
+        stray = [name for item in self.tied for name in item.layers if name not in names]
+        if stray:
+            raise ValueError(f"tied names layers {stray[:3]} that are not layers of the profile")
+        return self

@@ -1,0 +1,240 @@
+"""The training setup in its parts: pipeline, data parallelism, training, time constants and links."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from planner.schema.fields import (
+    CHUNKED_SCHEDULES,
+    MAX_BYTES,
+    MAX_LATENCY_MS,
+    MAX_MICROBATCHES,
+    MAX_MS,
+    MAX_RANKS,
+    MAX_SAMPLES,
+    MAX_SCALE,
+    MAX_STAGES,
+    MIN_SCALE,
+    GbPerS,
+    Optimizer,
+    Precision,
+    Schedule,
+    Strict,
+)
+
+
+class PipelineSetup(Strict):
+    """The pipeline: how many stages, the microbatches they pass, the schedule, the caps."""
+
+    stages: int = Field(gt=0, le=MAX_STAGES)  # pipeline stages, one device each
+    microbatches: int = Field(gt=0, le=MAX_MICROBATCHES)  # per iteration per pipeline
+    micro_batch_size: int = Field(gt=0, le=MAX_SAMPLES)
+    schedule: Schedule = "1F1B"
+    chunks: int = Field(default=1, ge=1, le=64)  # stages per rank (interleaved, zero-bubble schedules)
+    mem_caps_bytes: list[int]  # one per stage; devices may differ
+    # stages that can compute at the same time: all of them with one device each (None);
+    # fewer when ranks share CPU cores, which bounds the iteration by total work / this
+    parallel_stages: int | None = Field(default=None, gt=0, le=MAX_STAGES)
+    # on cuda: the share of reserved memory the caching allocator loses to fragmentation,
+    # 1 - allocated / reserved at the peak (planner/cost/allocator.py); None: its published mean
+    fragmentation: float | None = Field(default=None, ge=0, le=0.9, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _chunks_with_their_schedule(self) -> PipelineSetup:
+        if (self.chunks > 1) != (self.schedule in CHUNKED_SCHEDULES):
+            raise ValueError(f"schedule {self.schedule} with {self.chunks} chunks per rank: 1F1B and GPipe run one "
+                             f"chunk, {', '.join(CHUNKED_SCHEDULES)} two or more")
+        return self
+
+    @model_validator(mode="after")
+    def _caps_per_stage(self) -> PipelineSetup:
+        if len(self.mem_caps_bytes) != self.stages:
+            raise ValueError(
+                f"mem_caps_bytes has {len(self.mem_caps_bytes)} entries for {self.stages} stages"
+            )
+        if any(cap <= 0 for cap in self.mem_caps_bytes):
+            raise ValueError("every memory cap must be greater than zero")
+        return self
+
+
+class DataParallelSetup(Strict):
+    """Data parallelism: replicas, ZeRO over shard groups (HSDP), optimizer offload, and the
+    links and host they use."""
+
+    dp: int = Field(default=1, gt=0, le=MAX_RANKS)  # data-parallel replicas (ZeRO shards over these)
+    zero: int = Field(default=0, ge=0, le=3)
+    offload: bool = False  # optimizer state in host memory
+    # ZeRO shards inside groups of this many data-parallel ranks and replicates across the
+    # dp / shard_group groups (HSDP); None: one group of all dp ranks
+    shard_group: int | None = Field(default=None, gt=0, le=MAX_RANKS)
+    offload_overlap: bool = True  # offload's copy, host step and copy back overlapped in chunks, not serial
+    # ZeRO 2/3: gradients reduce-scattered (and ZeRO 3's weights gathered) every microbatch, or
+    # kept whole through the iteration's microbatches, gathered and reduced once (what
+    # torch.distributed.pipelining does with FSDP2: no gradient sync nor reshard until the last backward)
+    zero_gather: Literal["per-microbatch", "per-iteration"] = "per-microbatch"
+    # GB/s per rank for the gradient reduction inside a shard group (ZeRO 0: among all dp
+    # ranks), across shard groups, and for host<->device copies; None: that traffic is not
+    # charged (plans made before it was modelled; a CPU profile's host is its device)
+    shard_gb_per_s: GbPerS | None = None
+    replica_gb_per_s: GbPerS | None = None
+    host_gb_per_s: GbPerS | None = None
+    host_step_ns_per_param: float | None = Field(default=None, ge=0, le=MAX_MS, allow_inf_nan=False)  # the host's optimizer
+    host_mem_bytes: int | None = Field(default=None, gt=0, le=MAX_BYTES)  # host memory of a node, shared by its ranks
+    devices_per_node: int = Field(default=1, gt=0, le=1 << 12)  # ranks sharing one host's memory
+    dp_notes: list[str] = []  # where the bandwidths and the host step speed came from
+    # expert parallelism: the routed experts split over groups of `ep` of the dp ranks (Megatron-LM's
+    # --expert-model-parallel-size, torchtitan's expert_parallel_degree), each expert's state
+    # replicated (and ZeRO-sharded) over the dp / ep ranks of its expert-data-parallel group
+    ep: int = Field(default=1, gt=0, le=MAX_RANKS)
+    # GB/s per rank of the tokens' all-to-all inside an expert-parallel group; None: not charged
+    ep_gb_per_s: GbPerS | None = None
+
+    @model_validator(mode="after")
+    def _shard_group_divides_dp(self) -> DataParallelSetup:
+        if self.shard_group is not None and self.dp % self.shard_group:
+            raise ValueError(f"shard_group {self.shard_group} does not divide dp {self.dp}")
+        if self.dp % self.ep:
+            raise ValueError(f"ep {self.ep} does not divide dp {self.dp}")
+        if self.shard_group is not None and self.ep > 1 and self.shard_group % self.ep:
+            raise ValueError(f"ep {self.ep} does not divide shard_group {self.shard_group}")
+        return self
+
+
+Runtime = Literal["ckplan", "megatron", "torchtitan", "colossalai", "deepspeed"]
+
+
+class TrainingSetup(Strict):
+    """What each parameter costs: the optimizer and the precision; and the runtime whose way of
+    running the plan the cost model charges (ckplan's own, or the framework it is exported to)."""
+
+    optimizer: Optimizer = "adam"
+    precision: Precision = "fp32"
+    runtime: Runtime = "ckplan"
+    # the recompute options a plan may choose: every option the profile lists, or whole
+    # layers only (none or full, the plan space before options)
+    recompute: Literal["options", "whole-layer"] = "options"
+    # The settings real jobs use (issue 33), named as Megatron-LM's and torchtitan's configs name
+    # them; each is modelled or refused (planner/cost/runtimes.py refused_settings), never ignored.
+    # the runtime's version whose facts apply (planner/cost/runtimes.py VERSIONS; None: the newest
+    # read), e.g. torchtitan 9dec370 (loss not compiled) or bbb1b616 (compiled with the model)
+    runtime_version: str | None = None
+    # torch.compile of the model (torchtitan --training.compile / compile.enable): the loss is
+    # compiled with it where the runtime's version does so
+    compile: bool = False
+    # torchtitan's --activation_checkpoint.mode selective --selective_ac_option op: save every
+    # other mm and the attention outputs (not modelled: refused)
+    op_level_sac: bool = False
+    # Float8 linears (torchtitan --float8 / torchao; Megatron --fp8-format) (not modelled: refused)
+    float8: bool = False
+    # FSDP2's all-gather of float8 weights (torchtitan --float8.enable_fsdp_float8_all_gather)
+    fp8_all_gather: bool = False
+    # context-parallel degree (Megatron --context-parallel-size, torchtitan context_parallel_degree)
+    context_parallel: int = Field(default=1, ge=1, le=MAX_RANKS)
+    # dtype of Adam's two moments (Megatron --exp-avg-dtype / --exp-avg-sq-dtype)
+    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
+    # the cross-entropy computed over chunks of the tokens (not modelled: refused)
+    chunked_cross_entropy: bool = False
+    # multi-token-prediction modules (Megatron --mtp-num-layers) (not modelled: refused)
+    mtp_layers: int = Field(default=0, ge=0, le=64)
+    # expert tensor-parallel degree (Megatron --expert-tensor-parallel-size; None: the TP degree)
+    expert_tp: int | None = Field(default=None, ge=1, le=MAX_RANKS)
+
+
+class TimeConstants(Strict):
+    """Per microbatch every stage boundary sends the output forward and its gradient back, each
+    send latency + bytes / bandwidth, and every forward or backward is one schedule action with
+    a fixed cost; compute takes compute_scale x the profile's times (other threads than
+    profiled, ranks sharing cores) and work spread over shared cores cpu_sharing x its share.
+    Measured by `ckplan calibrate` (planner/measure/calibrate.py); the defaults charge nothing."""
+
+    send_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    send_gb_per_s: GbPerS | None = None  # None: bytes not charged
+    action_overhead_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    compute_scale: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE, allow_inf_nan=False)
+    cpu_sharing: float = Field(default=1.0, ge=MIN_SCALE, le=MAX_SCALE, allow_inf_nan=False)
+    calibration: str | None = None  # where those constants came from (file, when, placement)
+
+
+TpOverlap = Literal["none", "async-tp", "tp-comm-overlap"]
+
+
+class CommSetup(Strict):
+    """The links the layers' tensor-parallel collectives and the pipeline's sends cross
+    (planner/cost/comm.py): bandwidth per rank (GB/s, the collective's bus bandwidth) and NCCL's
+    latency per collective and per ring step. Filled from the GPU's links and --gpus-per-node by
+    the commands (comm.default_comm); the defaults charge nothing (plans made before)."""
+
+    tp: int = Field(default=1, gt=0, le=MAX_RANKS)  # the tensor-parallel group the profile's collectives run in
+    tp_gb_per_s: GbPerS | None = None  # None: tensor-parallel collectives not charged
+    tp_step_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    # the pipeline's sends between neighbouring stages when `ckplan calibrate` measured none
+    # (TimeConstants.send_gb_per_s wins where given); None: not charged
+    pp_gb_per_s: GbPerS | None = None
+    pp_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    collective_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)  # NCCL's base
+    gpus_per_node: int = Field(default=8, gt=0, le=1 << 12)
+    # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime
+    # record's tp_overlap, planner/cost/runtimes.py, says which runtime has which); "none": every collective on the critical path
+    tp_overlap: TpOverlap = "none"
+    comm_notes: list[str] = []  # where the links came from
+
+
+SETUP_PARTS: dict[str, type[Strict]] = {
+    "pipeline": PipelineSetup, "data_parallel": DataParallelSetup, "training": TrainingSetup, "time": TimeConstants,
+    "comm": CommSetup,
+}
+PART_OF_FIELD = {name: part for part, model in SETUP_PARTS.items() for name in model.model_fields}
+
+
+def nest_setup_fields(flat: dict) -> dict:
+    """A setup written flat (schema version 1 plans, and keyword arguments) in its parts; keys
+    already in parts, and keys of no part (refused by validation), stay as they are."""
+    nested: dict = {}
+    for key, value in flat.items():
+        part = PART_OF_FIELD.get(key)
+        if part is None:
+            nested[key] = value
+        else:
+            nested.setdefault(part, {})
+            if not isinstance(nested[part], dict):
+                nested[part] = dict(nested[part])
+            nested[part][key] = value
+    return nested
+
+
+class TrainSetup(Strict):
+    """How the model is trained: what the cost model needs besides the profile, in one typed
+    part per concern (torchtitan's way): a function takes the part it needs."""
+
+    pipeline: PipelineSetup
+    data_parallel: DataParallelSetup = DataParallelSetup()
+    training: TrainingSetup = TrainingSetup()
+    time: TimeConstants = TimeConstants()
+    comm: CommSetup = CommSetup()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parts(cls, data):
+        if isinstance(data, dict) and any(key in PART_OF_FIELD for key in data):
+            parts = {key: value for key, value in data.items() if key in SETUP_PARTS}
+            flat = {key: value for key, value in data.items() if key not in SETUP_PARTS}
+            nested = nest_setup_fields(flat)
+            for part, fields in nested.items():
+                if part in SETUP_PARTS and isinstance(parts.get(part), dict):
+                    nested[part] = {**parts.pop(part), **fields}
+            return {**parts, **nested}
+        return data
+
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> TrainSetup:
+        """A copy with `update` (fields by their own names or by part) validated, never set blindly."""
+        if not update:
+            return super().model_copy(deep=deep)
+        data = self.model_dump()
+        for part, fields in nest_setup_fields(update).items():
+            if part in SETUP_PARTS and isinstance(fields, dict):
+                data[part] = {**data[part], **fields}
+            else:
+                data[part] = fields.model_dump() if isinstance(fields, BaseModel) else fields
+        return TrainSetup.model_validate(data)
