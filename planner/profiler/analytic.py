@@ -5,7 +5,8 @@ The pipeline layers are the ones frameworks cut between: the token embedding
 norm with the LM head (`output`; torchtitan's `norm` + `output`). Everything is
 per device and per microbatch of `b` sequences of `s` tokens, `d` bytes per
 activation element (2 for bf16), tensor parallelism `t`, sequence parallelism on
-or off.
+or off. The kept-bytes terms below and the recompute options built from them are in
+analytic_kept.py; the layers and the profile are built here.
 
 Kept activation bytes (what a block keeps for backward). Source: Korthikanti et al.
 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.1-4.2.
@@ -86,12 +87,22 @@ from __future__ import annotations
 
 import datetime
 import json
-from dataclasses import dataclass
-from itertools import combinations
 
 from planner.errors import UserError
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
-from planner.profiler import allocseq, analytic_comm, analytic_time, opsac
+from planner.profiler import allocseq, analytic_comm, analytic_time
+from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<name> by callers
+    FLASH,
+    FP32,
+    KORTHIKANTI,
+    MASK_BYTES,
+    _norm_terms,
+    block_terms,
+    boundary_bytes,
+    korthikanti_block_bytes,
+    offload_option,
+    selective_options,
+)
 from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> by callers
     DTYPE_BYTES,
     INDEX_BYTES,
@@ -118,7 +129,6 @@ from planner.profiler.roofline import MATMUL_TABLE_SOURCE, implied_mfu
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
-    OPTION_OFFLOAD,
     DeviceInfo,
     FileRef,
     LayerProfile,
@@ -127,23 +137,10 @@ from planner.schema import (
     TiedSet,
 )
 
-FP32 = 4
-MASK_BYTES = 1  # dropout masks are bool
 # Bytes one fused optimizer step moves per parameter in mixed precision. Adam: read fp32
 # master, m, v and the bf16 gradient, write master, m, v and the bf16 weights (4+4+4+2)·2;
 # SGD with momentum: (4+4+2)·2. The step is memory-bound: time = bytes / HBM bandwidth.
 STEP_BYTES_PER_PARAM = {"adam": 28, "sgd": 20}
-
-KORTHIKANTI = "Korthikanti et al. 2022, §4"
-FLASH = "Dao 2023 (FlashAttention-2)"
-FUSED_NORM = "fused norm kernels (Apex, Transformer Engine): 1/std per token"
-
-
-@dataclass(frozen=True)
-class Term:
-    what: str  # the tensor(s) counted
-    num_bytes: int
-    source: str
 
 
 # ---------------------------------------------------------------- widths per device
@@ -172,197 +169,6 @@ def check_fits(arch: Arch, shape: Shape) -> None:
         raise UserError("--sp splits the sequence across the tensor-parallel group; it needs --tp 2 or more")
     if shape.sp and shape.seq_len % t:
         raise UserError(f"--sp splits the sequence across --tp {t} devices; choose a --seq-len divisible by {t}")
-
-
-# ---------------------------------------------------------------- kept bytes
-
-
-def _norm_terms(arch: Arch, shape: Shape, which: str) -> list[Term]:
-    sb, d, r = shape.tokens, shape.d, shape.sp_div
-    stats = 1 if arch.style == "llama" else 2  # RMSNorm: 1/rms; LayerNorm: mean and 1/std
-    return [
-        Term(f"{which} norm input", sb * arch.hidden_size * d // r, f"{KORTHIKANTI}: LayerNorm input 2sbh"),
-        Term(f"{which} norm statistics (fp32 per token)", stats * FP32 * sb // r, FUSED_NORM),
-    ]
-
-
-def _attention_core_terms(arch: Arch, shape: Shape, out_width: int) -> list[Term]:
-    """What attention itself keeps beyond Q, K and V: scores (eager) or statistics (flash),
-    and the output projection's input (`out_width` per token on this device)."""
-    s, b, d, t = shape.seq_len, shape.micro_batch_size, shape.d, shape.tp
-    heads = arch.num_heads // t
-    out = Term("attention output (output projection input)", s * b * out_width * d,
-               f"{KORTHIKANTI}: output projection input 2sbh")
-    if shape.attention == "flash":
-        return [Term("softmax statistics, logsumexp (fp32 per head and token)", FP32 * heads * s * b, FLASH), out]
-    terms = [Term("softmax output (attention scores)", d * heads * s * s * b, f"{KORTHIKANTI}: softmax output 2as²b")]
-    if arch.style == "gpt":
-        terms += [
-            Term("attention-score dropout mask", MASK_BYTES * heads * s * s * b, f"{KORTHIKANTI}: dropout mask as²b"),
-            Term("attention-score dropout output", d * heads * s * s * b, f"{KORTHIKANTI}: dropout output 2as²b"),
-        ]
-    return terms + [out]
-
-
-def gqa_terms(arch: Arch, shape: Shape) -> list[Term]:
-    """Grouped-query attention after its norm: the shared Q/K/V input, Q at a·hd, K and V at
-    kv·hd (Qwen3 first normalises each head's q and k: the norms keep their inputs and 1/rms)."""
-    sb, d, r, h = shape.tokens, shape.d, shape.sp_div, arch.hidden_size
-    q, kv = q_width(arch, shape), kv_width(arch, shape)
-    qk_norm = [Term("q and k norm inputs (per-head RMSNorm)", sb * (q + kv) * d, FUSED_NORM),
-               Term("q and k norm statistics (fp32 per head and token)",
-                    FP32 * sb * (q + kv) // arch.head_size, FUSED_NORM)] if arch.qk_norm else []
-    return [
-        Term("Q/K/V projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
-        *qk_norm,
-        Term("Q after rotary", sb * q * d, f"{KORTHIKANTI}: Q of QK^T 2sbh"),
-        Term("K after rotary (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: K of QK^T 2sbh, GQA width"),
-        Term("V (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
-        *_attention_core_terms(arch, shape, q),
-    ]
-
-
-def mla_terms(arch: Arch, shape: Shape) -> list[Term]:
-    """Multi-head latent attention (DeepSeek-V2 §2.1, as Hugging Face's DeepseekV2Attention and
-    Megatron-LM's MLASelfAttention run it), term by term in the block accounting:
-    - the down projections' shared input, the norm output (d·sbh, /t under SP);
-    - each latent's RMSNorm keeps its input and 1/rms (d·sb·r + 4sb), its output is the up
-      projection's input (d·sb·r): the query latent (q_lora_rank; none in V2-Lite, whose q is
-      projected from the hidden state) and the K/V latent (kv_lora_rank). The down projections
-      are replicated over the tensor-parallel group (Megatron-LM builds them 'duplicated'), so
-      the latents are whole on every device;
-    - Q: each head's up-projected nope part and its rotated rope part, concatenated
-      (d·sb·a·(nope + rope)); K: the up-projected nope part and the one rotated rope part of the
-      token copied to every head (the same width); V: d·sb·a·v_head_dim. Rotary keeps nothing
-      beyond its output, as in the GQA block;
-    - flash's logsumexp and the output O (a·v_head_dim wide), or eager's scores, as for GQA."""
-    sb, d, r, h = shape.tokens, shape.d, shape.sp_div, arch.hidden_size
-    heads = arch.num_heads // shape.tp
-    qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
-    source = "DeepSeek-V2 §2.1 (MLA); norms as " + FUSED_NORM
-    latents = [arch.q_lora_rank, arch.kv_lora_rank] if arch.q_lora_rank else [arch.kv_lora_rank]
-    return [
-        Term("Q and K/V down-projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
-        *(term for rank in latents for term in (
-            Term(f"latent of width {rank}: its norm's input", sb * rank * d, source),
-            Term(f"latent of width {rank}: its norm's statistics (fp32 per token)", FP32 * sb, source),
-            Term(f"latent of width {rank}: its norm's output (up-projection input)", sb * rank * d, source))),
-        Term("Q: nope parts and rotated rope parts, all heads", sb * heads * qk * d, source),
-        Term("K: up-projected nope parts and the token's rotated rope part per head", sb * heads * qk * d, source),
-        Term("V", sb * heads * arch.v_head_dim * d, source),
-        *_attention_core_terms(arch, shape, heads * arch.v_head_dim),
-    ]
-
-
-def _swiglu_terms(tokens: int, width: int, d: int, which: str) -> list[Term]:
-    """A SwiGLU MLP of `width` over `tokens` tokens keeps four width-wide tensors: the gate output
-    (SiLU's input), SiLU's output and the up output (the product's two factors) and the product
-    (the down projection's input), where GELU's 4h MLP keeps two (Korthikanti's 8sbh each)."""
-    swiglu = "SwiGLU for the paper's GELU 8sbh"
-    return [
-        Term(f"{which}gate projection output (SiLU input)", tokens * width * d, swiglu),
-        Term(f"{which}SiLU output (first factor)", tokens * width * d, swiglu),
-        Term(f"{which}up projection output (second factor)", tokens * width * d, swiglu),
-        Term(f"{which}product (down projection input)", tokens * width * d,
-             f"{KORTHIKANTI}: second linear input 8sbh, width f"),
-    ]
-
-
-def moe_terms(arch: Arch, shape: Shape) -> list[Term]:
-    """A mixture of experts after its norm (whose output, the router's and the experts' shared
-    input, the block counts once), for T tokens, E experts, top-k, C = expert_tokens per expert:
-    - router: its logits feed a softmax (Mixtral, Qwen, DeepSeek-V2) or sigmoid (DeepSeek-V3)
-      whose backward needs only its output, the fp32 probabilities (4·T·E; the logits' linear
-      needs its input, counted, and its weight); top-k keeps the chosen experts' indices (int64,
-      8·T·k) and the routing weights in fp32 (4·T·k), which the combine multiplies by;
-    - dispatch: the tokens gathered for each expert, d·E·C·h (each expert's gate and up input),
-      and their token index, one int64 per routed slot (the gather's and the combine's
-      backward: 8·E·C);
-    - each routed expert, its SwiGLU over its C tokens (4·d·C·f_e), as the dense MLP;
-    - combine: each expert's output, scaled by the routing weights, keeps it for the weights'
-      gradient (d·E·C·h); the scatter-add back to the tokens keeps only the indices (Megatron-LM's
-      unpermute, torchtitan's MoE; Hugging Face's index_add_ keeps the scaled outputs once more,
-      torch's index_add saving its source: d·E·C·h not charged here);
-    - shared experts: one dense SwiGLU of their summed width over all T tokens (4·d·T·f_s);
-      Qwen2-MoE's shared-expert gate keeps its sigmoid output (d·T) and the shared output it
-      scales (d·T·h).
-    Under TP the experts are tensor-parallel like the dense MLP (expert tensor parallelism = TP,
-    no expert parallelism): widths /t, every device holds every routed token; the router's
-    tensors are replicated (/t under SP, as the norms)."""
-    sb, d, r, h, t = shape.tokens, shape.d, shape.sp_div, arch.hidden_size, shape.tp
-    slots = arch.num_experts * expert_tokens(arch, shape)
-    k, width = arch.num_experts_per_tok, arch.moe_intermediate_size // t
-    shared = arch.num_shared_experts * arch.shared_intermediate_size // t
-    router = "router: softmax/sigmoid backward needs its output; top-k its indices"
-    experts = f"{slots // arch.num_experts} tokens per expert at capacity factor {shape.capacity_factor:g}"
-    return [
-        Term("router probabilities (fp32 per token and expert)", FP32 * sb * arch.num_experts // r, router),
-        Term("top-k expert indices (int64)", INDEX_BYTES * sb * k // r, router),
-        Term("top-k routing weights (fp32)", FP32 * sb * k // r, router),
-        Term("dispatched tokens (each expert's gate and up input)", slots * h * d, experts),
-        Term("dispatch and combine token indices (int64 per routed slot)", INDEX_BYTES * slots, experts),
-        *_swiglu_terms(slots, width, d, "routed experts' "),
-        Term("routed experts' outputs (the routing weights' product keeps them)", slots * h * d, experts),
-        *(_swiglu_terms(sb, shared, d, "shared experts' ") if shared else []),
-        *([Term("shared-expert gate sigmoid output", sb * d, "Qwen2-MoE shared_expert_gate"),
-           Term("shared experts' output (the gate's product keeps it)", sb * h * d, "Qwen2-MoE shared_expert_gate")]
-          if arch.shared_expert_gate else []),
-    ]
-
-
-def llama_block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> list[Term]:
-    """Kept bytes of a LLaMA-style block, term by term (see the module docstring): GQA or
-    latent attention, then a dense SwiGLU MLP or the mixture of experts."""
-    sb, d, r, h = shape.tokens, shape.d, shape.sp_div, arch.hidden_size
-    mlp = moe_terms(arch, shape) if _is_moe(arch, moe) else _swiglu_terms(sb, arch.intermediate_size // shape.tp, d, "")
-    return [
-        *_norm_terms(arch, shape, "attention"),
-        *(mla_terms(arch, shape) if arch.mla else gqa_terms(arch, shape)),
-        *_norm_terms(arch, shape, "MLP"),
-        Term("MLP input (norm output), shared by gate and up", sb * h * d // r, f"{KORTHIKANTI}: MLP input 2sbh"),
-        *mlp,
-    ]
-
-
-def gpt_block_terms(arch: Arch, shape: Shape) -> list[Term]:
-    """Kept bytes of a GPT block, Korthikanti et al.'s terms one by one."""
-    sb, d, r, h, t = shape.tokens, shape.d, shape.sp_div, arch.hidden_size, shape.tp
-    f = arch.intermediate_size // t
-    return [
-        *_norm_terms(arch, shape, "attention"),
-        Term("Q/K/V projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
-        Term("Q and K", 2 * sb * h * d // t, f"{KORTHIKANTI}: QK^T 4sbh"),
-        Term("V", sb * h * d // t, f"{KORTHIKANTI}: V 2sbh"),
-        *_attention_core_terms(arch, shape, q_width(arch, shape)),
-        Term("attention dropout mask", MASK_BYTES * sb * h // r, f"{KORTHIKANTI}: dropout mask sbh"),
-        *_norm_terms(arch, shape, "MLP"),
-        Term("MLP input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: first linear input 2sbh"),
-        *([Term("GELU input", sb * f * d, f"{KORTHIKANTI}: GeLU input 8sbh"),
-           Term("GELU output (second linear input)", sb * f * d, f"{KORTHIKANTI}: second linear input 8sbh")]
-          if arch.mlp_act == "gelu" else
-          [Term("ReLU output (its own backward's and the second linear's input)", sb * f * d,
-                f"{KORTHIKANTI}: second linear input 8sbh; ReLU needs only its output")]),
-        Term("MLP dropout mask", MASK_BYTES * sb * h // r, f"{KORTHIKANTI}: dropout mask sbh"),
-    ]
-
-
-def block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> list[Term]:
-    """`moe`: the block's MLP is the mixture of experts (None: where the model has experts)."""
-    return gpt_block_terms(arch, shape) if arch.style == "gpt" else llama_block_terms(arch, shape, moe=moe)
-
-
-def korthikanti_block_bytes(arch: Arch, shape: Shape) -> float:
-    """The paper's closed formulas (16-bit, GELU 4h, dropout, eager), for checking."""
-    s, b, h, a, t = shape.seq_len, shape.micro_batch_size, arch.hidden_size, arch.num_heads, shape.tp
-    if shape.sp:
-        return s * b * h * (34 / t + 5 * a * s / (h * t))
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-
-
-def boundary_bytes(arch: Arch, shape: Shape) -> int:
-    """A block's input or output (the residual stream): what full recompute keeps,
-    Korthikanti's 2sbh (/t with SP)."""
-    return shape.tokens * arch.hidden_size * shape.d // shape.sp_div
 
 
 # ---------------------------------------------------------------- parameters (per device)
@@ -413,101 +219,6 @@ def active_params(arch: Arch, *, input_embedding: bool = True) -> int:
         arch.moe_intermediate_size
     embedding = 0 if input_embedding else embedding_params(arch, Shape(seq_len=1, micro_batch_size=1))
     return total_params(arch) - idle - embedding
-
-
-# ---------------------------------------------------------------- FLOPs (forward, per device)
-
-
-def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None, *, moe: bool = False,
-                      fwd_ms: float | None = None, bwd_ms: float | None = None) -> tuple[RecomputeOption, ...]:
-    """A block's selective recompute options, from its terms: each part below, then every
-    combination of them (they recompute at different points of the backward, so a combination's
-    extra peak is the largest of its parts'; `mlp` and `mlp-act` do not combine):
-    - `attn`: the attention core recomputed (Korthikanti et al.'s selective recompute, Megatron-LM's
-      --recompute-modules core_attn): its scores, softmax and dropout (eager) or flash's
-      logsumexp are not kept; Q, K, V and the output stay (the projections' own tensors). It
-      reruns QK^T and scores·V, 4·sb·w·a·hd FLOPs (sliding window w), and holds what it frees
-      while it does. Offered where it frees something.
-    - `mla-up` (latent attention, Megatron-LM's mla_up_proj): the up-projected K and V (and Q
-      where it comes from a latent) recomputed from the latents, which stay; it reruns the up
-      projections, 2·sb·(r_q·a·(nope + rope) + r_kv·a·(nope + v)) FLOPs.
-    - `mlp-act`: the MLP's activation recomputed from the matmul outputs it keeps (Megatron-LM's
-      activation recompute, moe_act on a MoE block's routed experts; torchtitan's op-level
-      checkpointing of the MLP): SwiGLU keeps the gate and up outputs but not SiLU's output nor
-      the product; GELU keeps its input, not its output. Memory-bound: its reads and writes
-      (gate and up in, SiLU out and product; GELU in and out) over the HBM bandwidth. ReLU (OPT)
-      needs its output for its own backward: no option.
-    - `mlp` on a MoE block (Megatron-LM's moe): the whole mixture recomputed from its input (the
-      MLP norm's output, which stays): router, dispatch, experts, combine and shared experts; it
-      reruns their forward (mlp_flops).
-    Each part's rerun is timed by the block's roofline (analytic_time.rerun_work)."""
-    d, sb = shape.d, shape.tokens
-    out_width = arch.num_heads // shape.tp * arch.v_head_dim if arch.mla else q_width(arch, shape)
-    core = sum(term.num_bytes for term in _attention_core_terms(arch, shape, out_width)[:-1])
-    terms = block_terms(arch, shape, moe=moe)
-    kept = sum(term.num_bytes for term in terms)
-    parts: dict[str, tuple[int, float]] = {}  # part: (bytes it frees, ms it adds)
-    def rerun_ms(part: str) -> float:
-        return analytic_time.times_ms((analytic_time.rerun_work(arch, shape, part),), gpu, mfu)[0]
-
-    if core:
-        parts["attn"] = (core, rerun_ms("attn"))
-    if arch.mla:
-        heads, qk = arch.num_heads // shape.tp, arch.qk_nope_head_dim + arch.qk_rope_head_dim
-        freed = sb * heads * (qk + arch.v_head_dim) * d + (sb * heads * qk * d if arch.q_lora_rank else 0)
-        parts["mla-up"] = (freed, rerun_ms("mla-up"))
-    if moe:
-        tokens, f = arch.num_experts * expert_tokens(arch, shape), arch.moe_intermediate_size // shape.tp
-    else:
-        tokens, f = sb, arch.intermediate_size // shape.tp
-    if arch.style == "llama":
-        mlp_saved, mlp_moved = 2 * tokens * f * d, 4 * tokens * f * d  # SiLU output and product; g, u in, both out
-    elif arch.mlp_act == "gelu":
-        mlp_saved, mlp_moved = tokens * f * d, 2 * tokens * f * d  # GELU output; its input in, output out
-    else:
-        mlp_saved = mlp_moved = 0
-    if mlp_saved:
-        parts["mlp-act"] = (mlp_saved, mlp_moved / (gpu.hbm_tbps * 1e12) * 1e3)
-    if moe:
-        parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)), rerun_ms("mlp"))
-    order = ("attn", "mla-up", "mlp", "mlp-act")  # how combinations are named (planner/emit/megatron.py)
-    names = [name for name in order if name in parts]
-    found = []
-    for size in range(1, len(names) + 1):
-        for combo in combinations(names, size):
-            if "mlp" in combo and "mlp-act" in combo:
-                continue
-            found.append(RecomputeOption(name=",".join(combo), kept_bytes=kept - sum(parts[p][0] for p in combo),
-                                         recompute_ms=sum(parts[p][1] for p in combo),
-                                         recompute_peak_bytes=max(parts[p][0] for p in combo)))
-    boundary = boundary_bytes(arch, shape)
-    if fwd_ms is None or bwd_ms is None:
-        fwd_ms, bwd_ms, _ = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
-    # torchtitan's op-level selective AC (planner/profiler/opsac.py)
-    op_sac = (opsac.op_sac_option(arch, shape, gpu, mfu, boundary=boundary, kept_without=kept),) \
-        if opsac.offers_op_sac(arch, shape, moe=moe) else ()
-    return (*found, *op_sac, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
-                                            first_bytes=terms[-1].num_bytes))
-
-
-def offload_option(input_bytes: int, moved: int, gpu: GPU, *, fwd_ms: float, bwd_ms: float,
-                   first_bytes: int) -> RecomputeOption:
-    """`offload`: the block keeps its input on the device and copies what else it saves (`moved`
-    bytes) to the host in forward and back in backward (planner/recompute.offloaded_activations),
-    each way over the GPU's host link (archs.GPU.host_link_gb_per_s: the PCIe datasheet figure per
-    direction; one copy stream each way, PCIe being full duplex). The copies run beside the
-    compute: out while the forward goes on, back from the start of the block's backward
-    (Transformer Engine's and Megatron-LM's offloading overlap likewise). What they cannot hide
-    is what they add: the backward's first op waits for the tensor it reads (`first_bytes`, the
-    last one saved: the down projection's input); past it, the copies out and the rest back add
-    what outlasts the forward and the backward, max(0, copy - forward) + max(0, rest - backward),
-    the rate a chain of such blocks falls behind at. The block's copies are all back at the start
-    of its backward: full's recompute peak. Not counted: PCIe or host memory bandwidth shared
-    by the node's ranks."""
-    per_ms = 1e3 / (gpu.host_link_gb_per_s * 1e9)
-    added = max(0.0, moved * per_ms - fwd_ms) + first_bytes * per_ms + max(0.0, (moved - first_bytes) * per_ms - bwd_ms)
-    return RecomputeOption(name=OPTION_OFFLOAD, kept_bytes=input_bytes, recompute_ms=added,
-                           recompute_peak_bytes=moved, host_bytes=moved)
 
 
 def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:
