@@ -31,7 +31,6 @@ from functools import partial
 
 import torch
 from torch import nn
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.utils.checkpoint import checkpoint
 
 from planner.cost.optimizers import OPTIMIZERS, make_optimizer
@@ -40,10 +39,10 @@ from planner.errors import UserError
 from planner.profiler import allocseq, options, sanity
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
+from planner.profiler.splitbackward import split_per_option
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
-from planner.runtime.recompute import layer_runner
 from planner.runtime.routing import Routing, find_experts, layer_routing
 from planner.schema import (
     OPTION_FULL,
@@ -51,7 +50,6 @@ from planner.schema import (
     AllocRecord,
     LayerProfile,
     TiedSet,
-    runs_split_backward,
 )
 
 TIED_SAMPLE_NUMEL = 1 << 24  # elements of a tied gradient timed when summed (64 MiB in fp32)
@@ -235,7 +233,7 @@ class _TimedLayer:
     option_names: list[str] = field(default_factory=list)  # those the profile lists (time_options)
     option_job: FwdBwdJob | None = None
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' share
-    split: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # option: _split_backward_bytes
+    split: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # option: splitbackward.split_backward_bytes
     # figures measured wrong (a busy machine) replaced by the kind's median: fwd_ms, bwd_ms, recompute_ms
     fixed: dict[str, float] = field(default_factory=dict)
 
@@ -265,7 +263,7 @@ class _TimedLayer:
             reset_input_grad()
         return cls(name, layer, x, output, transient, job, has_backward, option_transients=found,
                    option_failures=failed, expert_transient_bytes=expert_transient,
-                   split=_split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *found]))
+                   split=split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *found]))
 
     def failed_options(self, kind: str) -> list[str]:
         return [f"recompute option {name!r} fails on the {kind} layers ({self.name}: {why}); the profile leaves it out"
@@ -411,54 +409,6 @@ def _transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | Non
         bwd_extra = memory.peak_bytes - kept_bytes + (storage_nbytes(grad) if ran else 0)
         del output
     return max(0, fwd_extra, bwd_extra)
-
-
-def _split_per_option(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None,
-                      names: list[str]) -> dict[str, tuple[int, int, int]]:
-    """_split_backward_bytes of the layer under each option a split backward can run; none where
-    torch's split backward refuses the layer (its `detach_` of an output that is a view, e.g. a
-    Linear's on a 3-d input: a zero-bubble schedule cannot run it either)."""
-    found = {}
-    for name in names:
-        if runs_split_backward(name):
-            x.grad = None
-            try:
-                found[name] = _split_backward_bytes(layer_runner(layer, name), layer, x, grad)
-            except RuntimeError:
-                break
-    x.grad = None
-    for param in layer.parameters():  # a failed input pass may have left gradients half made
-        if param.grad is not None:
-            param.grad.zero_()
-    return found
-
-
-def _split_backward_bytes(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, *,
-                          tracker=memory_tracker) -> tuple[int, int, int]:
-    """A zero-bubble schedule's split backward of x -> run(x), as the pipeline runs it (torch's
-    stage_backward_input, then stage_backward_weight): (what the input pass leaves live for the
-    weight pass beyond what the forward kept, the incoming gradient and the input gradient it
-    made; the input pass's peak over what is live before it, its input gradient included; the
-    weight pass's peak over what is live before it). Zeros where there is no input gradient to
-    split off (a first layer) or no weight."""
-    weights = [p for p in layer.parameters() if p.requires_grad]
-    if grad is None or not x.requires_grad or not x.is_floating_point() or not weights:
-        return 0, 0, 0
-    with tracker(x.device) as memory:
-        output = run(x)
-        if not output.requires_grad:
-            return 0, 0, 0
-        before = memory.live_bytes
-        memory.reset_peak()
-        input_grads, groups = stage_backward_input([output], [grad], [x], iter(weights))
-        input_peak = memory.peak_bytes - before
-        live = memory.live_bytes
-        held = live - before - sum(storage_nbytes(g) for g in input_grads if g is not None)
-        memory.reset_peak()
-        stage_backward_weight(iter(weights), groups)
-        peak = memory.peak_bytes - live
-        del output, input_grads, groups
-    return max(0, held), max(0, input_peak), max(0, peak)
 
 
 def _loss_transient_bytes(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor, *,
