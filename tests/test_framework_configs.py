@@ -395,3 +395,12 @@ def test_megatron_expert_tp_equal_to_tp_reaches_the_setup(tmp_path):
     other = _job(tmp_path, moe + "\n--expert-tensor-parallel-size: 1")
     assert {s.name: s.status for s in other.settings}["--expert-tensor-parallel-size"] == "not modelled"
     assert predict(other, gpus=2, gpu_name="h100").setup.training.expert_tp is None  # scored without it, listed
+
+
+def test_search_beside_a_config_says_the_settings_it_cannot_carry():
+    from planner.commands.search_compare import from_framework_job
+    from planner.models import archs
+
+    job = torchtitan.read(CONFIGS / "torchtitan_llama3_405b.toml")
+    said = from_framework_job(job, arch=archs.arch("llama3.1-405b"), gpu="h100", seq_len=8192).not_expressible
+    assert "torch.compile (scored eager)" in said and "async-tp (scored without TP overlap)" in said

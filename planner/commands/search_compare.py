@@ -195,4 +195,6 @@ def _framework_recompute(job, stages: int):
         if job.layers_per_stage:
             return "full", tuple(min(job.recompute.num_layers, n) for n in job.layers_per_stage), []
         return "full", (job.recompute.num_layers,) * stages, []
+    if mode == "op":  # torchtitan's selective_ac_option "op": evaluate runs it; a Published record cannot say it
+        return "full", None, ["op-level SAC, activation_checkpoint.selective_ac_option op (scored as full recompute)"]
     return "full", None, [f"{mode} recompute (scored as full recompute)"]
