@@ -404,3 +404,8 @@ def test_search_beside_a_config_says_the_settings_it_cannot_carry():
     job = torchtitan.read(CONFIGS / "torchtitan_llama3_405b.toml")
     said = from_framework_job(job, arch=archs.arch("llama3.1-405b"), gpu="h100", seq_len=8192).not_expressible
     assert "torch.compile (scored eager)" in said and "async-tp (scored without TP overlap)" in said
+
+
+def test_megatron_tp_comm_overlap_without_sequence_parallelism_is_refused(tmp_path):
+    with pytest.raises(UserError, match="--sequence-parallel"):
+        _job(tmp_path, BASE + "\n--tensor-model-parallel-size: 2\n--tp-comm-overlap: true")

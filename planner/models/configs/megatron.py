@@ -434,6 +434,8 @@ def _settings(flags: _Flags, job: Job) -> None:
     --exp-avg-sq-dtype (3675-3684, default fp32) take effect with --use-precision-aware-optimizer."""
     if flags.take("--tp-comm-overlap", "TE's TP communication overlapped with the GEMMs (the runtime's tp_overlap, "
                   "--tp-overlap tp-comm-overlap)", bool, False):
+        if job.tp > 1 and not job.sp:  # arguments.py 1441-1442 at d98e8a64ddf3 asserts it
+            raise UserError("--tp-comm-overlap needs --sequence-parallel; Megatron-LM refuses it without")
         if job.tp > 1:
             job.modelled.tp_overlap = "tp-comm-overlap"
         else:
