@@ -290,7 +290,8 @@ def _settings(keys: _Keys, job: Job) -> None:
     does not model (configs.PENDING), listed "not modelled"."""
     compiled = keys.take("compile.enable", "torch.compile: the loss as the runtime's version compiles it; the "
                          "layers' memory and time charged as eager", bool, False)
-    # torchtitan/config/job_config.py Compile.components at 238fa9953e4a: default ["model", "loss"]
+    # torchtitan/config/job_config.py Compile.components at 238fa9953e4a: default ["model", "loss"]; the 2024
+    # spelling (training.compile) compiles the loss too (train.py 138-139 at b19456a987be)
     components = keys.take("compile.components", "what torch.compile compiles (the loss compiled only with 'loss')",
                            list, ["model", "loss"])
     job.modelled.compile = bool(compiled) and "loss" in components
