@@ -82,7 +82,7 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                      "its environment")
     device = archs.gpu(gpu_name)
     profile = _profile(job, device)
-    data_parallel = _with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes)
+    data_parallel = _with_settings(_with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes), job)
     setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
                         chunks=job.chunks, optimizer=job.optimizer, precision=job.precision, parallel_stages=None,
                         runtime=job.framework, fragmentation=fragmentation, data_parallel=data_parallel,
@@ -149,6 +149,19 @@ def _data_parallel(job, dp: int, notes: list[str]):
     return DataParallelOptions(dp=dp, zero=3, shard_group=shard if job.dp_replicate > 1 else None, ep=job.ep)
 
 
+def _with_settings(options, job):
+    """The settings the file asks for that the cost model models (Job.modelled) as the options
+    group's TrainingSettings and --tp-overlap, so build_setup puts them in the setup."""
+    from dataclasses import replace
+
+    from planner.commands.training_settings import TrainingSettings
+
+    modelled = job.modelled
+    settings = TrainingSettings(compile_model=modelled.compile, op_level_sac=modelled.op_level_sac,
+                                optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp)
+    return replace(options, settings=settings, tp_overlap=modelled.tp_overlap)
+
+
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):
     """--gpus-per-node: each group's link as dataparallel.default_links chooses it (in-node where
     the group's ranks x TP fit in a node, else the network), for this node size."""
@@ -188,6 +201,10 @@ def _stages(job, profile, setup, notes: list[str]) -> list:
             built = [n for k in sorted(mine) for n in stages[k].layers if n in decoder]
             chosen |= {n for i, n in enumerate(built, start=1) if i % rec.num_layers == 0}
         stages = [s.with_checkpointed([n for n in s.layers if n in chosen]) for s in stages]
+    elif rec.mode == "op":  # torchtitan's op-level SAC wraps every block (training_settings.op_sac_stages)
+        from planner.commands.training_settings import op_sac_stages
+
+        stages = op_sac_stages([s.with_checkpointed([n for n in s.layers if n in decoder]) for s in stages], profile)
     elif rec.mode == "selective":
         layers = {layer.name: layer for layer in profile.layers}
         able = {n for n in decoder if rec.option in {o.name for o in layers[n].recompute_options}}
@@ -222,7 +239,7 @@ def rank_rows(prediction) -> list[dict]:
     """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries)."""
     return [{"rank": s.index, "layers": s.layers, "checkpointed": s.checkpointed, "recompute": s.recompute,
              "static_bytes": c.static_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
-             "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms,
+             "reserved_by": c.reserved_by or ("divisor" if c.reserved_bytes is not None else None), "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms,
              "step_ms": c.step_ms}
             for s, c in zip(prediction.stages, prediction.cost.stages)]
 

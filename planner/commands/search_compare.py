@@ -159,7 +159,7 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int):
                         f"against {searched[key]}); search that model, or compare a config of this one")
     stages = job.pp * job.chunks
     recompute, ckpt, unsaid = _framework_recompute(job, stages)
-    unmodelled = [setting.name for setting in job.of("not modelled")] + unsaid
+    unmodelled = [setting.name for setting in job.of("not modelled")] + unsaid + _settings_unsaid(job.modelled)
     dp = job.dp_given if job.dp_given and job.dp_given > 0 else None
     batch = job.global_batch_size or (job.local_batch_size * dp if job.local_batch_size and dp else 0)
     shard_group = dp // job.dp_replicate if dp and job.dp_replicate > 1 else None
@@ -169,6 +169,15 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int):
                      chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, recompute=recompute,
                      layers_per_stage=tuple(job.layers_per_stage) if job.layers_per_stage else None,
                      ckpt_per_stage=ckpt, not_expressible=", ".join(unmodelled), source=str(job.source))
+
+
+def _settings_unsaid(modelled) -> list[str]:
+    """The settings `evaluate --from-*` models (configs.JobSettings) that a Published record cannot
+    carry, so the comparison scores without them: said, not dropped."""
+    found = [("torch.compile (scored eager)", modelled.compile),
+             (f"{modelled.tp_overlap} (scored without TP overlap)", modelled.tp_overlap != "none"),
+             ("bf16 optimizer moments (scored fp32)", modelled.optimizer_state_dtype == "bf16")]
+    return [what for what, on in found if on]
 
 
 # Arch fields that name or cite a model rather than shape it
@@ -186,4 +195,6 @@ def _framework_recompute(job, stages: int):
         if job.layers_per_stage:
             return "full", tuple(min(job.recompute.num_layers, n) for n in job.layers_per_stage), []
         return "full", (job.recompute.num_layers,) * stages, []
+    if mode == "op":  # torchtitan's selective_ac_option "op": evaluate runs it; a Published record cannot say it
+        return "full", None, ["op-level SAC, activation_checkpoint.selective_ac_option op (scored as full recompute)"]
     return "full", None, [f"{mode} recompute (scored as full recompute)"]

@@ -18,23 +18,35 @@ from planner.models.archs import Arch
 
 Status = Literal["modelled", "not modelled", "no effect", "unknown"]
 
-# The settings real jobs use that TrainingSetup cannot say yet (issue 33 item 2, another branch adds
-# them): a reader maps each framework flag that asks for one to its key here, and the flag is
-# reported "not modelled" with this sentence. After that branch merges, the lead switches a key
-# from here to its setup field in one place: `PENDING` below, read by both readers through `pending()`.
+# The settings real jobs use that the cost model does not model (planner/cost/runtimes.py
+# refused_settings, or not in TrainingSetup at all): a reader maps each framework flag that asks for
+# one to its key here, and the flag is reported "not modelled" with this sentence (the config is still
+# scored, without it). The settings it does model are the reader's `Job.modelled` (JobSettings).
 PENDING: dict[str, str] = {
-    "compile": "torch.compile of the model (and the compiled loss): changes kept activations and the loss region",
-    "op-sac": "op-level selective activation checkpointing (torchtitan's per-op policy): scored without it",
     "float8": "Float8 matmuls (torchao / Transformer Engine): faster matmuls, about the same memory",
-    "async-tp": "asynchronous tensor parallelism (communication overlapped with matmuls)",
     "cp": "context parallelism (the sequence split over ranks): scored as if the degree were 1",
-    "bf16-optimizer-states": "optimizer states or master weights below fp32 (precision-aware optimizer)",
+    "bf16-optimizer-states": "master weights or gradients below fp32, or moments in fp16/fp8 (precision-aware "
+                             "optimizer): only bf16 moments (--exp-avg-dtype and --exp-avg-sq-dtype bf16) are modelled",
     "chunked-ce": "a fused or chunked cross-entropy (a smaller loss region)",
     "mtp": "multi-token-prediction modules (more layers on the last stage)",
     "etp": "an expert tensor-parallel size other than TP (experts split over another group)",
     "fp8-all-gather": "fp8 weights in the data-parallel all-gather (less traffic and gathered bytes)",
     "bf16-grad-reduce": "gradients reduced (and bucketed) in bf16 rather than fp32",
+    "op-sac": "op-level selective activation checkpointing, which ckplan offers only for dense LLaMA blocks with "
+              "flash attention (planner/profiler/opsac.py): scored as no recompute",
 }
+
+
+@dataclass
+class JobSettings:
+    """The settings real jobs use that the file asks for and the cost model models: passed to the
+    setup as TrainingSettings (planner/commands/training_settings.py) and --tp-overlap."""
+
+    compile: bool = False  # torch.compile: the loss as the runtime's version compiles it, layers eager
+    op_level_sac: bool = False  # checkpointed blocks run torchtitan's op-level policy (op-sac)
+    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"  # Adam's moments
+    expert_tp: int | None = None  # the expert tensor-parallel size where the file gives it (= TP)
+    tp_overlap: Literal["none", "async-tp", "tp-comm-overlap"] = "none"
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,7 @@ class Setting:
 class Recompute:
     """Which decoder layers recompute, as the framework says it."""
 
-    mode: Literal["none", "full", "block", "every", "selective"] = "none"
+    mode: Literal["none", "full", "block", "every", "selective", "op"] = "none"  # op: every block, op-level SAC
     num_layers: int = 0  # block: the first N of each (virtual) stage; every: every Nth a rank builds
     option: str = "full"  # selective: ckplan's per-layer option (planner/runtime/recompute.py)
 
@@ -84,6 +96,7 @@ class Job:
     precision: Literal["fp32", "bf16", "bf16-mixed"] = "bf16-mixed"
     optimizer: Literal["adam", "sgd"] = "adam"
     recompute: Recompute = field(default_factory=Recompute)
+    modelled: JobSettings = field(default_factory=JobSettings)
     settings: list[Setting] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -95,7 +108,7 @@ class Job:
 
 
 def pending(key: str) -> str:
-    """The sentence for a setting the setup cannot say yet (PENDING)."""
+    """The sentence for a setting the cost model does not model (PENDING)."""
     return PENDING[key]
 
 

@@ -199,6 +199,7 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     _parallel(flags, job)
     _recompute(flags, job)
     _precision(flags, job)
+    _settings(flags, job)
     for flag, value, status, what in sink:
         job.said(flag, value, status, what)
     job.notes += flags.notes
@@ -342,7 +343,8 @@ def _parallel(flags: _Flags, job: Job) -> None:
                                        "charges Megatron-LM's runtime)", bool)
     flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool)
     if flags.has("--expert-tensor-parallel-size") and flags.given["--expert-tensor-parallel-size"] == [str(job.tp)]:
-        flags.take("--expert-tensor-parallel-size", "experts split over the TP group (megatron-core's default)", int)
+        job.modelled.expert_tp = flags.take("--expert-tensor-parallel-size", "experts split over the TP group "
+                                            "(megatron-core's default)", int)
 
 
 def _split(flags: _Flags, job: Job) -> list[int]:
@@ -425,6 +427,24 @@ def _precision(flags: _Flags, job: Job) -> None:
     if name not in ("adam", "sgd"):
         raise UserError(f"--optimizer {name!r}: ckplan scores adam and sgd; give one of them")
     job.optimizer = name
+
+
+def _settings(flags: _Flags, job: Job) -> None:
+    """--tp-comm-overlap and bf16 moments (Job.modelled); arguments.py at d98e8a64ddf3: --exp-avg-dtype and
+    --exp-avg-sq-dtype (3675-3684, default fp32) take effect with --use-precision-aware-optimizer."""
+    if flags.take("--tp-comm-overlap", "TE's TP communication overlapped with the GEMMs (the runtime's tp_overlap, "
+                  "--tp-overlap tp-comm-overlap)", bool, False):
+        if job.tp > 1 and not job.sp:  # arguments.py 1441-1442 at d98e8a64ddf3 asserts it
+            raise UserError("--tp-comm-overlap needs --sequence-parallel; Megatron-LM refuses it without")
+        if job.tp > 1:
+            job.modelled.tp_overlap = "tp-comm-overlap"
+        else:
+            flags.sink[-1] = (*flags.sink[-1][:2], "no effect", "TP 1: no collectives to overlap")
+    moments = ("--exp-avg-dtype", "--exp-avg-sq-dtype")
+    if flags.has("--use-precision-aware-optimizer") and all(flags.given.get(f) == ["bf16"] for f in moments):
+        for flag in moments:
+            flags.take(flag, "Adam's moment in bf16 (optimizer_state_dtype bf16: 2 B where fp32 is 4)")
+        job.modelled.optimizer_state_dtype = "bf16"
 
 
 def _rest(flags: _Flags, job: Job) -> None:

@@ -1,6 +1,6 @@
 """Megatron-LM's flags as data, for the reader in megatron.py: those that change neither memory
-nor time, those that do and are not modelled, and those that ask for a setting the setup cannot
-say yet (configs.PENDING). Flag names and defaults as megatron/training/arguments.py defines them
+nor time, those that do and are not modelled, and those that ask for a setting the cost model
+does not model (configs.PENDING). Flag names and defaults as megatron/training/arguments.py defines them
 at NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22)."""
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ NO_EFFECT = {
 NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "--one-logger", "--ckpt-", "--eval-", "--exit-",
                       "--lr-", "--save-", "--load-", "--data-", "--tokenizer-", "--profile-", "--straggler")
 # Flags that change memory or time and the prediction leaves out, with what they are. Those that
-# ask for a setting TrainingSetup cannot say yet go through configs.PENDING (PENDING_FLAGS below).
+# ask for a setting the cost model does not model go through configs.PENDING (PENDING_FLAGS below);
+# those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
 NOT_MODELLED = {
     "--attention-softmax-in-fp32": "the unfused attention's softmax in fp32 (its scores are charged at 16 bits)",
     "--empty-unused-memory-level": "torch.cuda.empty_cache() calls during the step: lowers the reserved peak",
@@ -86,20 +87,24 @@ NOT_MODELLED = {
     "--moe-layer-recompute": "recompute of MoE layers",
     "--delay-wgrad-compute": "weight-gradient computation delayed",
     "--use-distributed-optimizer-instances": "distributed-optimizer instances",
+    "--use-precision-aware-optimizer": "TE's FusedAdam keeps the fp32 master as the 16 bits the bf16 weights lack "
+                                       "(store_param_remainders, megatron/core/optimizer/optimizer_config.py 192 at "
+                                       "d98e8a64ddf3): charged as a whole fp32 master",
 }
 PENDING_FLAGS = {
     "--fp8-format": "float8", "--fp8": "float8", "--fp8-recipe": "float8", "--fp8-amax-history-len": "float8",
     "--fp8-amax-compute-algo": "float8", "--fp8-margin": "float8", "--fp8-param-gather": "fp8-all-gather",
     "--context-parallel-size": "cp", "--cp-comm-type": "cp", "--hierarchical-context-parallel-sizes": "cp",
-    "--tp-comm-overlap": "async-tp", "--expert-tensor-parallel-size": "etp", "--mtp-num-layers": "mtp",
+    "--expert-tensor-parallel-size": "etp", "--mtp-num-layers": "mtp",
     "--mtp-loss-scaling-factor": "mtp", "--cross-entropy-loss-fusion": "chunked-ce",
-    "--cross-entropy-fusion-impl": "chunked-ce", "--use-precision-aware-optimizer": "bf16-optimizer-states",
+    "--cross-entropy-fusion-impl": "chunked-ce",
     "--main-grads-dtype": "bf16-optimizer-states", "--main-params-dtype": "bf16-optimizer-states",
     "--exp-avg-dtype": "bf16-optimizer-states", "--exp-avg-sq-dtype": "bf16-optimizer-states",
     "--grad-reduce-in-bf16": "bf16-grad-reduce",
 }
 # when the value makes them a no-op (the default), they are modelled exactly
-PENDING_DEFAULTS = {"--context-parallel-size": "1", "--mtp-num-layers": "0"}
+PENDING_DEFAULTS = {"--context-parallel-size": "1", "--mtp-num-layers": "0", "--main-grads-dtype": "fp32",
+                    "--main-params-dtype": "fp32", "--exp-avg-dtype": "fp32", "--exp-avg-sq-dtype": "fp32"}
 # GPT-2's BPE vocabulary (Radford et al. 2019; encoder.json of openai/gpt-2), which a --vocab-file with
 # --merge-file gives Megatron-LM's GPT2BPETokenizer
 GPT2_VOCAB = 50257

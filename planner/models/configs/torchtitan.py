@@ -152,7 +152,7 @@ def from_mapping(data: dict, where: str) -> Job:
     _parallel(keys, job)
     _recompute(keys, job)
     _precision(keys, job)
-    _pending(keys)
+    _settings(keys, job)
     for key, value, status, what in keys.taken:
         job.said(keys.name(key), value, status, what)
     _rest(keys, job)
@@ -222,9 +222,16 @@ def _parallel(keys: _Keys, job: Job) -> None:
         raise UserError(f"{where}: the stages given ({len(job.layers_per_stage)}) are not a multiple of "
                         f"pipeline_parallel_degree {job.pp}")
     job.chunks = len(job.layers_per_stage) // job.pp
-    etp = keys.take("parallelism.expert_tensor_parallel_degree", "expert tensor parallelism", int, 1)
-    if job.arch.num_experts and etp != job.tp:
-        keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("etp"))
+    # job_config.py at 238fa9953e4a: default 1, no effect without experts or with ep 1
+    etp = keys.take("parallelism.expert_tensor_parallel_degree", "expert tensor parallelism", int)
+    if job.arch.num_experts and job.ep > 1 and (1 if etp is None else etp) != job.tp:
+        if etp is None:
+            keys.taken.append(("parallelism.expert_tensor_parallel_degree", "1 (default)", "not modelled",
+                               pending("etp")))
+        else:
+            keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("etp"))
+    elif job.arch.num_experts and job.ep > 1:
+        job.modelled.expert_tp = job.tp  # the experts split as the profile's TP splits them
 
 
 def _even(layers: int, stages: int, first: int, last: int) -> list[int]:
@@ -252,7 +259,14 @@ def _recompute(keys: _Keys, job: Job) -> None:
     elif mode == "selective" and option.isdigit() and int(option) >= 1:
         job.recompute = Recompute(mode="every", num_layers=int(option))
     elif mode == "selective" and option == "op":
-        keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("op-sac") + " (scored as no recompute)")
+        arch = job.arch
+        if arch.style == "llama" and not arch.mla and not arch.num_moe_layers:  # opsac.offers_op_sac's blocks
+            job.recompute = Recompute(mode="op")
+            job.modelled.op_level_sac = True
+            keys.taken[-1] = (*keys.taken[-1][:3], "op-level selective AC: every block checkpointed under "
+                              "torchtitan's per-op policy (op-sac: every second mm and the attention saved)")
+        else:
+            keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("op-sac"))
     elif mode == "memory_budget":
         keys.taken.append(("activation_checkpoint.mode", mode, "not modelled", NOT_MODELLED[
             "activation_checkpoint.memory_budget"] + " (scored as no recompute)"))
@@ -271,11 +285,16 @@ def _precision(keys: _Keys, job: Job) -> None:
     job.optimizer = "sgd" if name.lower() == "sgd" else "adam"
 
 
-def _pending(keys: _Keys) -> None:
-    """The keys that ask for a setting the setup cannot say yet (configs.PENDING)."""
-    compiled = bool(keys.left.get("compile.enable"))
-    keys.pending("compile.enable", compiled, "compile")
-    keys.pending("compile.components", compiled, "compile")
+def _settings(keys: _Keys, job: Job) -> None:
+    """compile and AsyncTP (modelled: Job.modelled); the keys that ask for a setting the cost model
+    does not model (configs.PENDING), listed "not modelled"."""
+    compiled = keys.take("compile.enable", "torch.compile: the loss as the runtime's version compiles it; the "
+                         "layers' memory and time charged as eager", bool, False)
+    # torchtitan/config/job_config.py Compile.components at 238fa9953e4a: default ["model", "loss"]; the 2024
+    # spelling (training.compile) compiles the loss too (train.py 138-139 at b19456a987be)
+    components = keys.take("compile.components", "what torch.compile compiles (the loss compiled only with 'loss')",
+                           list, ["model", "loss"])
+    job.modelled.compile = bool(compiled) and "loss" in components
     converters = keys.left.get("model.converters", [])
     keys.pending("model.converters", bool(converters), "float8")
     old = bool(keys.left.get("float8.enable_float8_linear"))  # torchtitan 2024's switch
@@ -288,8 +307,12 @@ def _pending(keys: _Keys) -> None:
                  "fp8-all-gather")
     for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
         keys.pending(key, bool(keys.left.get(key)), "float8")
-    keys.pending("parallelism.enable_async_tensor_parallel",
-                 bool(keys.left.get("parallelism.enable_async_tensor_parallel")), "async-tp")
+    if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
+                 "the matmuls (the runtime's tp_overlap, --tp-overlap async-tp)", bool, False):
+        if job.tp > 1:
+            job.modelled.tp_overlap = "async-tp"
+        else:
+            keys.taken[-1] = (*keys.taken[-1][:2], "no effect", "tensor_parallel_degree 1: no collectives to overlap")
 
 
 def _rest(keys: _Keys, job: Job) -> None:
