@@ -131,7 +131,7 @@ def test_solve_counts_the_stages_that_compute_at_once_with_the_launchs_threads(m
 
 def test_solve_applies_the_calibration_beside_the_profile_and_says_so(tmp_path, monkeypatch):
     from planner import io
-    from planner.commands.calibrate import calibrated_setup, calibration_path
+    from planner.commands.calibration import calibrated_setup, calibration_path
     from planner.schema import FileRef
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
@@ -280,7 +280,7 @@ def test_thread_scale_is_the_profiles_own_timing_at_both_thread_counts():
 
 def test_uncalibrated_solve_scales_compute_by_the_thread_timing_and_says_so(tmp_path, monkeypatch):
     from planner import io
-    from planner.commands.calibrate import calibrated_setup, calibration_path
+    from planner.commands.calibration import calibrated_setup, calibration_path
     from planner.schema import FileRef
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)

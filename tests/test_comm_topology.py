@@ -1,7 +1,7 @@
 """Communication from bytes over the topology (planner/cost/comm.py): each collective's bytes and
 time by hand, the link a group crosses, what the runtimes hide, the per-layer tensor-parallel
 collectives the analytic profile records, and the MFU / tokens-per-second figures the commands
-print (planner/models/throughput.py)."""
+print (planner/profiler/throughput.py)."""
 
 import json
 
@@ -12,13 +12,13 @@ from planner.cli import cli
 from planner.cost import comm, costmodel, runtimes
 from planner.models import archs
 from planner.models.synthetic import layer, profile_of
-from planner.models.throughput import (
+from planner.profiler import analytic_comm
+from planner.profiler.formulas import Shape
+from planner.profiler.throughput import (
     megatron_flops_per_token,
     torchtitan_flops_per_token,
     total_params,
 )
-from planner.profiler import analytic_comm
-from planner.profiler.formulas import Shape
 from planner.schema import LayerCollective, StagePlan, TrainSetup
 
 LINK = comm.Link(gb_per_s=100.0, step_latency_ms=0.001, base_latency_ms=0.01)

@@ -9,7 +9,7 @@ from export_plans import llm_profile
 from fixtures.cli import run
 
 from planner import io
-from planner.commands.evaluate import hand_stages
+from planner.commands.handplan import hand_stages
 from planner.cost import costmodel
 from planner.errors import UserError
 

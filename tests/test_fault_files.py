@@ -85,7 +85,7 @@ def test_files_far_larger_than_any_real_one_are_refused_before_reading(tmp_path,
 
 
 def test_a_calibration_with_deep_nesting_or_a_huge_integer(files):
-    from planner.commands.calibrate import calibration_path, load_calibration
+    from planner.commands.calibration import calibration_path, load_calibration
     from planner.errors import UserError
 
     profile_path, _ = files

@@ -15,7 +15,7 @@ from fixtures.rt_plans import make_plan
 
 from planner import io
 from planner.cli import cli
-from planner.commands.calibrate import calibration_path
+from planner.commands.calibration import calibration_path
 from planner.models import synthetic
 from planner.schema import Calibration, PlacementFit
 

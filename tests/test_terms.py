@@ -228,7 +228,7 @@ def test_solve_respects_host_memory_and_says_when_it_rules_out_every_plan(profil
 def test_solve_evaluate_and_auto_dp_predict_alike_on_a_calibrated_profile(profile_path, tmp_path, monkeypatch):
     """Calibration reaches every command that plans: the same setup gives the same prediction
     from solve, evaluate and --auto-dp, and not the uncalibrated one."""
-    from planner.commands.calibrate import calibration_path
+    from planner.commands.calibration import calibration_path
     from planner.schema import Calibration, FileRef, PlacementFit
 
     monkeypatch.setattr("os.cpu_count", lambda: 8)  # every rank gets the profile's one thread

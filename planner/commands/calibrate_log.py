@@ -71,7 +71,7 @@ def _plan_prediction(plan_path: Path):
     """A plan's prediction: its stages scored with its setup (the profile's sequence length and
     tensor parallelism give the tokens and the GPUs; MFU is not known from a plan)."""
     from planner import io
-    from planner.commands.calibrate import resolve_profile
+    from planner.commands.calibration import resolve_profile
     from planner.cost import costmodel
     from planner.emit import facts
     from planner.measure import fromlog

@@ -4,23 +4,16 @@ collectives and the pipeline's sends cross, from the profile's GPU and the topol
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from planner.errors import UserError
 
-if TYPE_CHECKING:
-    from planner.commands.setup_options import DataParallelOptions
 
-
-def comm_fields(profile, options: DataParallelOptions, *, runtime: str, say=None) -> dict:
+def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
     """TrainSetup's communication part: the tensor-parallel group's and the pipeline's links from
     the profile's GPU and the node size (planner/cost/comm.py), said; nothing on cpu, or for a
     GPU ckplan has no links for."""
-    from planner.cost import comm, dataparallel
+    from planner.cost import comm, dataparallel, runtimes
 
     tp = int(profile.assumptions.get("tp", 1) or 1)
-    from planner.cost import runtimes
-
     if options.tp_overlap != "none" and runtimes.facts(runtime).tp_overlap != options.tp_overlap:
         owners = ", ".join(r for r in runtimes.VERSIONS if runtimes.facts(r).tp_overlap == options.tp_overlap)
         raise UserError(f"--tp-overlap {options.tp_overlap} is a setting of {owners}'s runtime, and the plan is scored "

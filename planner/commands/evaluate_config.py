@@ -182,7 +182,7 @@ def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]
 
 def _stages(job, profile, setup, notes: list[str]) -> list:
     """One stage per pipeline stage (P x V), the job's recompute applied; ranks for chunked schedules."""
-    from planner.commands.evaluate import hand_stages
+    from planner.commands.handplan import hand_stages
     from planner.cost import costmodel
     from planner.emit.rounding import llm_roles
 

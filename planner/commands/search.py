@@ -16,7 +16,7 @@ SCHEDULE_NAMES = ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
 def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
     if text is None:
         return None
-    from planner.commands.evaluate import parse_counts
+    from planner.commands.handplan import parse_counts
 
     values = tuple(parse_counts(text, option))
     if any(v < 1 for v in values):

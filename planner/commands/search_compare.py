@@ -102,7 +102,7 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
 def published_stages(profile, config, setup):
     """The stage plans of a configuration: its decoder layers per stage (or as even as they
     split), the first k of each checkpointed (all with recompute full, none with none)."""
-    from planner.commands.evaluate import hand_stages
+    from planner.commands.handplan import hand_stages
     from planner.emit.rounding import llm_roles
     from planner.solve.baselines import balanced_split
 

@@ -227,7 +227,7 @@ def planned_setup(profile, profile_path: Path, *, say=None, **options):
     build_setup's, with the calibration beside the profile applied for the placement a
     launch will use. solve, --auto-dp, --sweep and evaluate all take it from here, so they
     predict the same plan alike."""
-    from planner.commands.calibrate import calibrated_setup
+    from planner.commands.calibration import calibrated_setup
 
     return calibrated_setup(profile, profile_path, build_setup(profile, say=say, **options))
 

@@ -139,8 +139,8 @@ def print_comparison(plan) -> None:
 
 def throughput_of(profile, setup, iteration_ms: float):
     """Tokens per second per GPU and MFU of an iteration as torchtitan and Megatron-LM log them
-    (planner/models/throughput.py); None where the profile records no sequence length."""
-    from planner.models.throughput import profile_arch, throughput
+    (planner/profiler/throughput.py); None where the profile records no sequence length."""
+    from planner.profiler.throughput import profile_arch, throughput
 
     facts = profile.assumptions
     seq_len, peak = facts.get("seq_len"), facts.get("gpu_bf16_tflops")

@@ -35,6 +35,7 @@ from itertools import combinations
 from planner.cost import costmodel, dataparallel
 from planner.emit import dp_support, facts, rounding
 from planner.errors import UserError
+from planner.models.configs.megatron_flags import RECOMPUTE_MODULES, recompute_modules_option
 from planner.schema import Plan, Profile
 from planner.units import format_ms
 
@@ -59,16 +60,6 @@ CANNOT_EXPRESS = [
 RUNS_AS = {**rounding.ONLY_1F1B, "ZB": "interleaved-1F1B", "ZBV": "interleaved-1F1B",
            "DualPipeV": "interleaved-1F1B"}
 
-# megatron-core 0.16's recompute_modules as ckplan's recompute parts (planner/runtime/recompute.py):
-# (module, part, on dense decoder layers, on MoE layers). transformer_layer.py recomputes "mlp"
-# on dense layers only, moe_layer.py "moe" on MoE layers, experts.py "moe_act" (the experts'
-# activation, output-discarding) on MoE layers; "layernorm" is both norms, output-discarding
-# (it frees their outputs too: scored as ckplan's norm, which keeps them, so on the safe side).
-# "core_attn" is the attention kernel alone, Q, K and V kept: the analytic profiles' attn; a
-# measured profile's attn checkpoints the whole attention submodule, which no module list says.
-_MODULES = (("core_attn", "attn", True, True), ("mla_up_proj", "mla-up", True, True), ("mlp", "mlp", True, False),
-            ("moe", "mlp", False, True), ("moe_act", "mlp-act", False, True), ("layernorm", "norm", True, True))
-_PARTS = ("attn", "mla-up", "mlp", "mlp-act", "norm")  # the order ckplan's option names join them in
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
@@ -143,14 +134,8 @@ def _smallest_fitting(rounded, roles, profile, counts, num) -> tuple[int, float]
 def _said(option: str, moe: bool, analytic: bool) -> set[str]:
     """The modules that say (part of) a layer's option."""
     parts = option.split(",")
-    return {module for module, part, dense_ok, moe_ok in _MODULES
+    return {module for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES
             if part in parts and (moe_ok if moe else dense_ok) and (part != "attn" or analytic)}
-
-
-def _option(modules, moe: bool) -> str:
-    """The ckplan option a module list gives a layer ("none" where no module applies)."""
-    parts = {part for module, part, dense_ok, moe_ok in _MODULES if module in modules and (moe_ok if moe else dense_ok)}
-    return ",".join(part for part in _PARTS if part in parts) or "none"
 
 
 def _selective(exact: rounding.Rounded, roles: rounding.Roles, profile: Profile,
@@ -164,8 +149,8 @@ def _selective(exact: rounding.Rounded, roles: rounding.Roles, profile: Profile,
                          for name, option in s.recompute.items() if option != "full" and name in moe))
     candidates = []
     for size in range(1, len(said) + 1):
-        for modules in combinations([m for m, *_ in _MODULES if m in said], size):
-            options = {name: _option(modules, moe[name]) for name in roles.decoder}
+        for modules in combinations([m for m, *_ in RECOMPUTE_MODULES if m in said], size):
+            options = {name: recompute_modules_option(modules, moe[name]) for name in roles.decoder}
             if any(option != "none" and option not in {o.name for o in layers[name].recompute_options}
                    for name, option in options.items()):
                 continue

@@ -411,9 +411,9 @@ def _recompute(flags: _Flags, job: Job) -> None:
         else:
             raise UserError("--recompute-granularity full needs --recompute-method block or uniform; add one")
     elif granularity == "selective":
-        from planner.emit.megatron import _option
+        from planner.models.configs.megatron_flags import recompute_modules_option
 
-        job.recompute = Recompute(mode="selective", option=_option(tuple(modules or DEFAULT_RECOMPUTE_MODULES),
+        job.recompute = Recompute(mode="selective", option=recompute_modules_option(tuple(modules or DEFAULT_RECOMPUTE_MODULES),
                                                                    job.arch.num_experts > 0))
     elif granularity is not None:
         raise UserError(f"--recompute-granularity {granularity!r}: give full or selective")

@@ -120,3 +120,21 @@ DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 # Megatron FSDP's --data-parallel-sharding-strategy (megatron/training/arguments.py, default
 # optim_grads_params) as the ZeRO stage the cost model charges
 FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+# megatron-core 0.16's recompute_modules as ckplan's recompute parts (planner/runtime/recompute.py):
+# (module, part, on dense decoder layers, on MoE layers). transformer_layer.py recomputes "mlp"
+# on dense layers only, moe_layer.py "moe" on MoE layers, experts.py "moe_act" (the experts'
+# activation, output-discarding) on MoE layers; "layernorm" is both norms, output-discarding
+# (it frees their outputs too: scored as ckplan's norm, which keeps them, so on the safe side).
+# "core_attn" is the attention kernel alone, Q, K and V kept: the analytic profiles' attn; a
+# measured profile's attn checkpoints the whole attention submodule, which no module list says.
+RECOMPUTE_MODULES = (("core_attn", "attn", True, True), ("mla_up_proj", "mla-up", True, True), ("mlp", "mlp", True, False),
+            ("moe", "mlp", False, True), ("moe_act", "mlp-act", False, True), ("layernorm", "norm", True, True))
+OPTION_PARTS = ("attn", "mla-up", "mlp", "mlp-act", "norm")  # the order ckplan's option names join them in
+
+
+def recompute_modules_option(modules, moe: bool) -> str:
+    """The ckplan option a module list gives a layer ("none" where no module applies)."""
+    parts = {part for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES if module in modules and (moe_ok if moe else dense_ok)}
+    return ",".join(part for part in OPTION_PARTS if part in parts) or "none"
