@@ -241,7 +241,7 @@ def test_a_rank_of_two_chunks_meets_each_chunks_gradients_as_the_others_activati
 
 
 def test_torchtitan_beside_a_pipeline_holds_its_fp32_gradients_from_the_first_backward(tiny):
-    from planner.cost.assembly import stage_cost
+    from planner.cost.score import stage_cost
 
     layers = layer_costs(tiny)
     whole = dict(stages=2, microbatches=2, mem_caps_bytes=[2**50] * 2, dp=2, zero=3, zero_gather="per-iteration",
