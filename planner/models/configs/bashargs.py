@@ -354,15 +354,10 @@ def _matching(text: str, i: int) -> int:
 def _depth_after(line: str, depth: int) -> tuple[int, int | None]:
     """(the parenthesis depth after `line`, the index of the ')' that closes depth 1, if any),
     quotes and comments respected."""
-    quote = None
-    for j, c in enumerate(line):
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (j == 0 or line[j - 1] in " \t"):
+    for j, c in _unquoted(line):
+        if c is None:  # the comment
             break
-        elif c == "(":
+        if c == "(":
             depth += 1
         elif c == ")":
             depth -= 1
@@ -371,20 +366,27 @@ def _depth_after(line: str, depth: int) -> tuple[int, int | None]:
     return depth, None
 
 
+def _unquoted(line: str):
+    """(index, character) of `line` outside quotes; at a `# comment` (a '#' starting a word),
+    (its index, None) and no more."""
+    quote = None
+    for j, c in enumerate(line):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (j == 0 or line[j - 1] in " \t"):
+            yield j, None
+            return
+        else:
+            yield j, c
+
+
 def _without_comments(text: str) -> str:
     """`text` with each line's `# comment` (a '#' starting a word, outside quotes) removed."""
     out = []
     for line in text.split("\n"):
-        quote, cut = None, len(line)
-        for j, c in enumerate(line):
-            if quote:
-                quote = None if c == quote else quote
-            elif c in "'\"":
-                quote = c
-            elif c == "#" and (j == 0 or line[j - 1] in " \t"):
-                cut = j
-                break
-        out.append(line[:cut])
+        out.append(line[:next((j for j, c in _unquoted(line) if c is None), len(line))])
     return "\n".join(out)
 
 
