@@ -237,7 +237,8 @@ def nothing_fits(report: Report, job, options, profile_for) -> str:
         more = dataclasses.replace(job, gpus=job.gpus * factor)
         passing = jobsearch.memory_passing(more, options, profile_for)
         if passing:
-            return (f"{what}. With --gpus {more.gpus}, {passing} configurations pass the memory bound; try that, a "
+            return (f"{what}. With --gpus {more.gpus}, {passing} configuration{'s' if passing > 1 else ''} pass"
+                    f"{'' if passing > 1 else 'es'} the memory bound; try that, a "
                     "card with more memory, or a smaller --global-batch")
     return (f"{what}. Not even {job.gpus * 8} GPUs pass the memory bound at --global-batch {job.global_batch} (the "
             "batch bounds data parallelism, and so ZeRO's sharding): raise --global-batch, or use a larger card")
