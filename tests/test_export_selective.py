@@ -20,6 +20,7 @@ from torch import nn
 
 from planner.cost import costmodel
 from planner.emit import colossalai, deepspeed, megatron, rounding, torchtitan
+from planner.models.configs.megatron_flags import recompute_modules_option
 
 ATTN_EVERYWHERE = {f"layers.{i}": "attn" for i in range(8)}
 MIXED = {**ATTN_EVERYWHERE, "layers.3": "attn,mlp-act", "layers.5": "full", "layers.6": "save-matmuls"}
@@ -44,9 +45,9 @@ def test_megatron_module_lists_as_ckplan_options():
     assert megatron._said("mlp", moe=False, analytic=False) == {"mlp"}
     assert megatron._said("mlp", moe=True, analytic=False) == {"moe"}
     assert megatron._said("save-matmuls", moe=False, analytic=True) == set()
-    assert megatron._option(("core_attn", "moe_act", "layernorm"), moe=True) == "attn,mlp-act,norm"
-    assert megatron._option(("core_attn", "moe_act"), moe=False) == "attn"
-    assert megatron._option(("moe",), moe=False) == "none"
+    assert recompute_modules_option(("core_attn", "moe_act", "layernorm"), moe=True) == "attn,mlp-act,norm"
+    assert recompute_modules_option(("core_attn", "moe_act"), moe=False) == "attn"
+    assert recompute_modules_option(("moe",), moe=False) == "none"
 
 
 def test_megatron_says_the_plans_attention_recompute_with_core_attn(tmp_path):
