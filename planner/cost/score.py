@@ -108,7 +108,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     activations = int(round(peak.live - peak.transient))
     transient = int(round(peak.transient))
     scratch = (sum if profile.device.type == "cuda" else max)(s.step_scratch_bytes for s in mine)
-    lazy = late_gradients(order, rank, chunks, mine, setup)
+    lazy = late_gradients(order, rank, chunks, setup)
     total = int(round(peak_bytes(static + buffers - sum(lazy), 1, activations,
                                  transient + gradients_above(order, rank, lazy, mine, setup), scratch)))
     ctx = Context(profile, setup)
@@ -128,8 +128,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         workspace_bytes=workspace_bytes(rank, ctx))
 
 
-def late_gradients(order: schedules.Schedule, rank: int, chunks, mine: Sequence[StageSums],
-                   setup: TrainSetup) -> list[float]:
+def late_gradients(order: schedules.Schedule, rank: int, chunks, setup: TrainSetup) -> list[float]:
     """Per stage of the rank, the whole gradients its runtime allocates at the stage's first
     backward rather than holding all iteration (gradtiming.lazy_grad_bytes; static charges them)."""
     return [gradtiming.lazy_grad_bytes(chunks[k][0], setup) for k in order.stages_of(rank)]
