@@ -88,8 +88,26 @@ class StageCost:
         return reserved + self.workspace_bytes + FIT_MARGIN_BYTES
 
     @property
-    def fits_device(self) -> bool:
+    def fits_allocated(self) -> bool:
+        """The solvers' row: the allocated peak within what the cap admits once the divisor's
+        reserve and the communication buffers are taken (limit_bytes)."""
         return self.peak_bytes + FIT_MARGIN_BYTES <= self.allocated_limit_bytes
+
+    @property
+    def replay_excess_bytes(self) -> int:
+        """How far the replayed reserved peak and the buffers pass the cap (0 where the replay
+        did not run, or they fit)."""
+        if self.reserved_by != "replay":
+            return 0
+        return max(0, self.device_need_bytes - self.cap_bytes)
+
+    @property
+    def fits_device(self) -> bool:
+        """The device's verdict: the replayed reserved peak and the buffers within the cap where
+        the allocator replay ran (planner/cost/reserve.py), else the solvers' row."""
+        if self.reserved_by == "replay":
+            return self.device_need_bytes <= self.cap_bytes
+        return self.fits_allocated
 
     @property
     def fits_host(self) -> bool:

@@ -123,6 +123,13 @@ class RuntimeFacts:
     cublas_workspace_bytes: int | None
     """cuBLAS workspace per handle the runtime's published runs configure (None: not sourced)."""
 
+    # -- the allocator's reserve
+    step_replayed: bool = False
+    """The allocator replay (planner/cost/reserve.py) orders this runtime's own step: its static
+    allocations, the schedule's passes, the streams it allocates on. Where it does not (a framework
+    whose step allocates on streams or in an order the replay does not run, e.g. FSDP2's all-gather
+    and reduce-scatter streams), the reserve is the published fragmentation margin."""
+
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
 
@@ -167,7 +174,9 @@ def _ckplan() -> RuntimeFacts:
         loss_compiled=None, tp_saves_gathered_input=False,
         **_TORCH_PIPELINING, recompute_whole_forward=False,
         overlaps_grad_reduce=False, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
+        step_replayed=True,
         sources={
+            "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
             "grads_allocated_at_first_backward": "held in static as ckplan's runtime was measured (scripts/bench_dp_static.py)",
             "grad_bytes": "planner/runtime (torch .grad in the parameter's dtype); bf16 params under bf16-mixed",
             "shard_weight_bytes": "planner/runtime/mesh.py: bf16 parameters, fp32 master in the optimizer",
@@ -200,6 +209,7 @@ def _megatron() -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024,
         sources={
+            "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
                           f"megatron/training/arguments.py 1204-1217 (bf16 forces fp32 accumulation), {_MEGATRON_V}",
@@ -241,6 +251,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
         **_TORCH_PIPELINING, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
         sources={
+            "step_replayed": f"not replayed: FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {_TORCH_V}",
             "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {_TORCH_V}",
             "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
                           f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad "
@@ -285,6 +296,7 @@ def _deepspeed() -> RuntimeFacts:
         sends_held_to_step_end=False, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         sources={
+            "step_replayed": f"not replayed: ZeRO's contiguous buffers and its side streams (deepspeed/runtime/zero/stage_1_and_2.py), {_DS_V}",
             "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
             "shard_weight_bytes": f"deepspeed/runtime/bf16_optimizer.py 49-62 (bf16 flat groups), {_DS_V}",
@@ -325,6 +337,7 @@ def _colossalai(version: str) -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None,
         cublas_workspace_bytes=None,
         sources={
+            "step_replayed": "not replayed: Gemini's chunk manager allocates and moves whole chunks (colossalai/zero/gemini/chunk)",
             "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
             "grad_bytes": f"colossalai/zero/gemini/gemini_ddp.py 106, 380-412 (grads in the fp16 chunk; a grad chunk "
                           f"with accumulation), {_CAI_V}",

@@ -99,6 +99,11 @@ def offload_meets_host_cap(profile: Profile, setup: TrainSetup) -> bool:
                for o in costmodel.useful_options(layer, ctx))
 
 
+# How many times a plan is solved again under lowered caps where the allocator replay put its
+# reserved peak above the caps given (plan(), _within_replay).
+REPLAY_ROUNDS = 6
+
+
 def plan(
     profile: Profile,
     setup: TrainSetup,
@@ -118,8 +123,82 @@ def plan(
     the iteration time of a feasible plan. mip_gap, threads and log concern the MILP only.
     `deadline` (default: time_limit_s from now) bounds everything; past it the best plan
     known is returned as "feasible" with its gap. `baselines_scored`: the caller scored the
-    baselines already and none fits (or gave the best as `start`): they are not scored again."""
+    baselines already and none fits (or gave the best as `start`): they are not scored again.
+
+    The solvers bound each stage's allocated peak under the cap less the divisor's reserve
+    (costmodel.limit_bytes). evaluate() replays the caching allocator where it can
+    (planner/cost/reserve.py) and judges the plan by that reserved peak; where the replay puts
+    a stage above its cap, _within_replay solves again under lowered caps."""
     deadline = deadline or Deadline(time_limit_s)
+    kwargs = dict(solver=solver, mip_gap=mip_gap, threads=threads, log=log, upper_bound_ms=upper_bound_ms,
+                  start=start, deadline=deadline, baselines_scored=baselines_scored)
+    found = _plan_once(profile, setup, **kwargs)
+    if not isinstance(found, PlanResult) or found.cost.feasible or not any(_excess(found.cost)):
+        return found
+    return _within_replay(profile, setup, found, {**kwargs, "upper_bound_ms": None, "start": None})
+
+
+def _excess(cost: PlanCost) -> list[int]:
+    return [stage.replay_excess_bytes for stage in cost.stages]
+
+
+def _within_replay(profile: Profile, setup: TrainSetup, found: PlanResult, kwargs: dict) -> PlanResult | NoFit:
+    """The fastest plan found whose replayed reserve fits the caps as given, solving under lowered
+    caps: first where the solvers' allocated limit becomes what the replay admits
+    (_replay_caps: the cap over the replay's ratio of reserved to allocated on that stage, not the
+    divisor's); then halfway between the highest caps whose plan fitted (or gave no plan) and the
+    lowest whose plan was over; REPLAY_ROUNDS solves in all. A search over the caps, not a proof:
+    a plan that fits under the replay may be missed where every cap tried excludes it (the plan is
+    then "infeasible", as the solvers say)."""
+    over, below, best = list(setup.pipeline.mem_caps_bytes), None, None
+    trial = _replay_caps(found.cost, over)
+    for _ in range(REPLAY_ROUNDS):
+        lowered = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": trial})})
+        result = _plan_once(profile, lowered, **kwargs) if min(trial) > 0 else None
+        cost = costmodel.evaluate(result.stages, profile, setup) if isinstance(result, PlanResult) else None
+        if cost is not None and not cost.feasible:
+            over = trial
+        else:
+            below = trial
+            if cost is not None and (best is None or cost.iteration_ms < best[1].iteration_ms):
+                best = (result, cost)
+        if below is None:
+            trial = _replay_caps(cost, trial)
+        elif max(b - a for a, b in zip(below, over, strict=True)) <= _CAPS_RESOLUTION:
+            break
+        else:
+            trial = [(a + b) // 2 for a, b in zip(below, over, strict=True)]
+    if best is None:
+        return NoFit("infeasible", kwargs["deadline"].elapsed_s(), found.solve.solver)
+    result, cost = best
+    return PlanResult(stages=costmodel.with_predictions(result.stages, cost), cost=cost, solve=result.solve)
+
+
+_CAPS_RESOLUTION = 1 << 20  # the caps' search stops once the bracket is this narrow on every stage
+
+
+def _replay_caps(cost: PlanCost, caps: list[int]) -> list[int]:
+    """Caps under which each stage the replay put over (`cost`, scored against the caps as given)
+    may allocate only what its replayed ratio of reserved to allocated admits: the allocated limit
+    (cap - buffers) x peak / replayed reserve, less the fit margin, and the cap whose divisor limit
+    is that (the limit is linear in the cap less the buffers); below `caps` on those stages; the
+    others keep `caps`."""
+    lowered = []
+    for cap, stage in zip(caps, cost.stages, strict=True):
+        if not stage.replay_excess_bytes:
+            lowered.append(cap)
+            continue
+        room = stage.cap_bytes - stage.workspace_bytes
+        wanted = room * stage.peak_bytes / stage.reserved_bytes - costmodel.FIT_MARGIN_BYTES
+        fitted = stage.workspace_bytes + int(room * wanted / stage.allocated_limit_bytes)
+        lowered.append(min(fitted, cap - _CAPS_RESOLUTION))
+    return lowered
+
+
+def _plan_once(profile: Profile, setup: TrainSetup, *, solver: Solver, mip_gap: float, threads, log: bool,
+               upper_bound_ms, start, deadline: Deadline, baselines_scored: bool) -> PlanResult | NoFit:
+    """plan() under one set of caps: the solvers' answer, re-scored; its cost may fail the
+    replay's verdict (plan() then lowers the caps)."""
     if baselines_scored and upper_bound_ms is None:
         upper_bound_ms = math.inf  # no bound, and no second scoring of the baselines for one
     if deadline.expired():  # the baselines took it all: the best of them, or nothing
@@ -187,10 +266,16 @@ def _checked(stages: list[StagePlan], profile: Profile, setup: TrainSetup, resul
         raise SolverMismatch(
             f"plan re-evaluates to {cost.iteration_ms!r} ms but the solver's objective is {result.objective!r}"
         )
-    if not cost.feasible:
-        over = [s for s, c in enumerate(cost.stages) if not c.fits]
-        raise SolverMismatch(f"solver plan exceeds the caps of stages {over} under evaluate()")
+    _check_solver_rows(cost, "stages")
     return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=result)
+
+
+def _check_solver_rows(cost: costmodel.PlanCost, what: str) -> None:
+    """The solvers' rows must hold under evaluate() (the allocated peak under limit_bytes, the
+    host cap); the replay's verdict is plan()'s to act on."""
+    over = [s for s, c in enumerate(cost.stages) if not (c.fits_allocated and c.fits_host)]
+    if over:
+        raise SolverMismatch(f"solver plan exceeds the caps of {what} {over} under evaluate()")
 
 
 def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_gap: float, threads, log,
@@ -233,9 +318,7 @@ def _checked_chunked(ranks: list[StagePlan], profile: Profile, setup: TrainSetup
         raise SolverMismatch(f"plan re-evaluates to a linear time of {linear!r} ms but the solver's objective is "
                              f"{result.objective!r}")
     cost = costmodel.evaluate(ranks, profile, setup)
-    if not cost.feasible:
-        over = [s for s, c in enumerate(cost.stages) if not c.fits]
-        raise SolverMismatch(f"solver plan exceeds the caps of ranks {over} under evaluate()")
+    _check_solver_rows(cost, "ranks")
     if start is not None:
         start_cost = costmodel.evaluate(start, profile, setup)
         if start_cost.feasible and start_cost.iteration_ms < cost.iteration_ms:
