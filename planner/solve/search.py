@@ -130,12 +130,30 @@ def plan(
     (planner/cost/reserve.py) and judges the plan by that reserved peak; where the replay puts
     a stage above its cap, _within_replay solves again under lowered caps."""
     deadline = deadline or Deadline(time_limit_s)
+    given = None  # the start, where it fits: the answer if nothing found beats it
+    if start is not None:
+        start_cost = costmodel.evaluate(start, profile, setup)
+        given = (start, start_cost) if start_cost.feasible else None
+        if not in_rows(start_cost):  # the replay admits it, the solvers' rows do not: no start nor bound for them
+            start, upper_bound_ms = None, None
     kwargs = dict(solver=solver, mip_gap=mip_gap, threads=threads, log=log, upper_bound_ms=upper_bound_ms,
                   start=start, deadline=deadline, baselines_scored=baselines_scored)
     found = _plan_once(profile, setup, **kwargs)
-    if not isinstance(found, PlanResult) or found.cost.feasible or not any(_excess(found.cost)):
-        return found
-    return _within_replay(profile, setup, found, {**kwargs, "upper_bound_ms": None, "start": None})
+    if isinstance(found, PlanResult) and not found.cost.feasible and any(_excess(found.cost)):
+        found = _within_replay(profile, setup, found, {**kwargs, "upper_bound_ms": None, "start": None})
+    if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
+                              or given[1].iteration_ms < found.cost.iteration_ms):
+        solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
+                            solver=pick_solver(setup, solver, profile))
+        return PlanResult(stages=costmodel.with_predictions(given[0], given[1]), cost=given[1], solve=solve)
+    return found
+
+
+def in_rows(cost: PlanCost) -> bool:
+    """The plan meets the solvers' own rows (each stage's allocated peak under limit_bytes, the
+    host cap): a start or a bound they can reach. Whether it fits is cost.feasible, the replay's
+    verdict where the replay runs."""
+    return all(stage.fits_allocated and stage.fits_host for stage in cost.stages)
 
 
 def _excess(cost: PlanCost) -> list[int]:
@@ -236,7 +254,7 @@ def _feasible_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, 
     if start is None and upper_bound_ms is None:
         start = best_baseline(profile, setup, deadline)
     cost = costmodel.evaluate(start, profile, setup) if start is not None else None
-    return (start, cost) if cost is not None and cost.feasible else (None, None)
+    return (start, cost) if cost is not None and in_rows(cost) else (None, None)
 
 
 def _cut_short(profile: Profile, setup: TrainSetup, start, start_cost, deadline: Deadline,
@@ -321,7 +339,7 @@ def _checked_chunked(ranks: list[StagePlan], profile: Profile, setup: TrainSetup
     _check_solver_rows(cost, "ranks")
     if start is not None:
         start_cost = costmodel.evaluate(start, profile, setup)
-        if start_cost.feasible and start_cost.iteration_ms < cost.iteration_ms:
+        if in_rows(start_cost) and start_cost.iteration_ms < cost.iteration_ms:
             ranks, cost = start, start_cost
     solve = SolveResult("feasible", cost.iteration_ms, None, result.wall_s, solver="milp")
     return PlanResult(stages=costmodel.with_predictions(ranks, cost), cost=cost, solve=solve)
@@ -339,7 +357,7 @@ def _chunked_start(profile: Profile, setup: TrainSetup) -> list[StagePlan] | Non
     if not all(stage.layers for stage in stages):
         return None
     ranks = costmodel.ranks_of(stages, setup)
-    return ranks if costmodel.evaluate(ranks, profile, setup).feasible else None
+    return ranks if in_rows(costmodel.evaluate(ranks, profile, setup)) else None
 
 
 def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, deadline: Deadline):
@@ -354,7 +372,7 @@ def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, de
     if found is None:
         return upper_bound_ms, start
     cost = costmodel.evaluate(found, profile, setup)
-    if cost.feasible and (upper_bound_ms is None or cost.iteration_ms < upper_bound_ms):
+    if in_rows(cost) and (upper_bound_ms is None or cost.iteration_ms < upper_bound_ms):
         return cost.iteration_ms, found
     return upper_bound_ms, start
 
