@@ -1,14 +1,24 @@
 """Megatron-LM's GPT test model (tests/functional_tests/test_cases/gpt/gpt3_7b_*_memory_speed): a GPT
 block with grouped-query attention as an arch config, and what a Megatron rank holds after the
-optimizer step, by hand."""
+optimizer step (planner/cost/afterstep.py), by hand on tiny cases."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.models import archs
 from planner.models.archconfig import from_hf_config
+from planner.profiler import analytic
 from planner.profiler.analytic import Shape
 from planner.profiler.analytic_kept import gpt_block_terms
 from planner.profiler.formulas import block_params, embedding_params, head_params
+from planner.schema import FileRef
 
+MIB = 1 << 20
 # the test's model_config.yaml: 32 layers, h 4096, 32 heads in 8 query groups, 4h GeLU MLP (no
 # --swiglu), learned positions of 8192, untied; vocab 131,073 padded by Megatron to a multiple of
 # 128 x TP: 131,200 at TP 1, 131,584 at TP 4
@@ -42,3 +52,47 @@ def test_a_gpt_block_keeps_k_and_v_at_the_groups_width():
     tokens = 8 * 2
     assert terms["Q"] == tokens * 64 * 2  # 4 heads x 16, bf16
     assert terms["K (K/V heads only)"] == terms["V (K/V heads only)"] == tokens * 32 * 2  # 2 groups x 16
+
+
+TINY = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "num_key_value_heads": 2,
+        "vocab_size": 128, "n_positions": 32, "tie_word_embeddings": False}
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    arch = from_hf_config(TINY, where="tiny.json", name="tiny-gpt-gqa")
+    profile = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2), gpu=archs.gpu("h100"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64))
+    path = tmp_path_factory.mktemp("p") / "tiny.json"
+    path.write_text(profile.model_dump_json())
+    return path
+
+
+def _ranks(path, *extra) -> list[dict]:
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "1,1,1,1",
+                                      "--ckpt-per-stage", "0,0,0,0", "--schedule", "interleaved-1F1B", "--chunks", "2",
+                                      "--microbatches", "2", "--mem", "80GB", "--precision", "bf16-mixed", "--json",
+                                      *extra])
+    assert result.exit_code == 0, result.output
+    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    return found["hand"]["stages"]
+
+
+def test_a_megatron_rank_holds_its_chunks_last_inputs_and_grads_and_the_workspaces_after_the_step(tiny_path):
+    ranks = _ranks(tiny_path, "--runtime", "megatron")
+    h, params = 64, {"embedding": (128 + 32) * 64, "block": 64 * 128 + 128 + 64 * 64 + 64 + 2 * 64 * 256 + 256 + 64
+                                                            + 4 * 64, "head": 2 * 64 + 128 * 64}
+    # static: bf16 weight (2) + fp32 main_grad (4) + fp32 master, m, v (12) over DP 1 = 18 B a parameter;
+    # rank 0 holds stages 0 (the embedding) and 2 (block 1), rank 1 stages 1 (block 0) and 3 (the head)
+    assert ranks[0]["static_bytes"] == 18 * (params["embedding"] + params["block"])
+    assert ranks[1]["static_bytes"] == 18 * (params["block"] + params["head"])
+    stage_input = 2 * 32 * h * 2  # a microbatch's hidden states, bf16
+    workspaces = 32 * MIB + 32 * MIB  # CUBLAS_WORKSPACE_CONFIG :4096:8, and TE's on an H100
+    # each chunk past the pipeline's first keeps its last input and that input's gradient
+    assert ranks[0]["after_step_bytes"] - ranks[0]["static_bytes"] == 1 * 2 * stage_input + workspaces
+    assert ranks[1]["after_step_bytes"] - ranks[1]["static_bytes"] == 2 * 2 * stage_input + workspaces
+
+
+def test_other_runtimes_hold_only_static_after_the_step(tiny_path):
+    for rank in _ranks(tiny_path, "--runtime", "torchtitan"):
+        assert rank["after_step_bytes"] == rank["static_bytes"]

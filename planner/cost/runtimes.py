@@ -123,6 +123,15 @@ class RuntimeFacts:
     cublas_workspace_bytes: int | None
     """cuBLAS workspace per handle the runtime's published runs configure (None: not sourced)."""
 
+    # -- after the optimizer step (planner/cost/afterstep.py: static memory as Megatron logs it)
+    keeps_last_input_and_grad: bool = False
+    """Each model chunk past the pipeline's first keeps its last microbatch's input (the model's
+    set_input_tensor) and that input's gradient (retain_grad) from its last backward to its next
+    forward: two stage inputs a chunk, allocated after the step."""
+    te_cublas_workspace: bool = False
+    """The runtime's layers are Transformer Engine's, whose cuBLAS workspace is allocated once
+    through torch's caching allocator (afterstep.TE_WORKSPACE_*)."""
+
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
 
@@ -147,6 +156,12 @@ _TORCH_PIPELINING_SOURCES = {
     "frees_sent_output": f"torch/distributed/pipelining/stage.py 902-916, 966 (fwd_cache to the backward), {_TORCH_V}",
     "batch_held": f"torch/distributed/pipelining/schedules.py 489-499 (the whole batch split), {_TORCH_V}",
     "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",
+}
+
+# The after-step facts (afterstep.py) where they were not read: nothing charged past the step.
+_AFTER_STEP_NOT_READ = {
+    "keeps_last_input_and_grad": "not read for this runtime (nothing charged after the step)",
+    "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
 }
 
 # torchtitan's loss under torch.compile (inductor), measured with MemTracker on CPU (torch 2.13, the
@@ -185,6 +200,7 @@ def _ckplan() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {_TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -198,7 +214,7 @@ def _megatron() -> RuntimeFacts:
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
-        cublas_workspace_bytes=8 * 4096 * 1024,
+        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
         sources={
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
@@ -225,7 +241,18 @@ def _megatron() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"--overlap-param-gather, {_MEGATRON_V}",
             "tp_overlap": f"--tp-comm-overlap (Transformer Engine userbuffers), {_MEGATRON_V}",
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
-                                      "CUBLAS_WORKSPACE_CONFIG :4096:8",
+                                      "CUBLAS_WORKSPACE_CONFIG :4096:8 (8 x 4 MiB); torch allocates it through the "
+                                      "caching allocator, one per handle and stream, the cuBLASLt one unified with it "
+                                      "(aten/src/ATen/cuda/CublasHandlePool.cpp, getCUDABlasLtWorkspaceSize)",
+            "keeps_last_input_and_grad": "megatron/core/pipeline_parallel/schedules.py 428-429 (forward_step: "
+                                         "set_input_tensor(input_tensor)), 478-483 and 505-513 (backward_step: "
+                                         "x.retain_grad(), input_tensor_grad = x.grad); megatron/core/transformer/"
+                                         "transformer_block.py 440-448, 573 (self.input_tensor kept, the chunk's "
+                                         "hidden states), Megatron-LM 6e091e1b (2026-05-30)",
+            "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
+                                   "transformer_engine/pytorch/module/base.py get_workspace / "
+                                   "get_cublas_workspace_size_bytes, TransformerEngine 0004dbd0 (the container's "
+                                   "f8a01cd5, pinned in Megatron-LM 6e091e1b pyproject.toml, not read)",
         })
 
 
@@ -269,6 +296,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {_TORCH_V}",
             "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -308,6 +336,7 @@ def _deepspeed() -> RuntimeFacts:
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
             "tp_overlap": "not in DeepSpeed",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -353,6 +382,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
             "tp_overlap": "not read",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
