@@ -24,10 +24,11 @@ from planner.cost.layers import LayerCost
 from planner.schema import DeviceInfo, TrainingSetup
 
 MIB = 1 << 20
-# Transformer Engine's get_cublas_workspace_size_bytes: 33_554_432 where the device's compute
-# capability major is 9 or more (Hopper, Blackwell), 4_194_304 before
-# (transformer_engine/pytorch/module/base.py, TransformerEngine 0004dbd0)
-TE_WORKSPACE_SM90_BYTES = 32 * MIB
+# Transformer Engine's get_cublas_workspace_size_bytes: 32 MiB + 1,024 B where the device's compute
+# capability major is 9 or more (Hopper, Blackwell), 4 MiB before; one per device, cached
+# (transformer_engine/pytorch/cpp_extensions/gemm.py 34-60, TransformerEngine f8a01cd5 (2026-05-29),
+# the revision Megatron-LM 6e091e1b's pyproject.toml pins)
+TE_WORKSPACE_SM90_BYTES = 32 * MIB + 1024
 TE_WORKSPACE_BEFORE_SM90_BYTES = 4 * MIB
 # ckplan's GPUs of compute capability 9.0 or later (H100, H200, GH200: 9.0; B200, GB200: 10.0;
 # NVIDIA's CUDA GPUs compute capability table)

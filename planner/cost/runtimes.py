@@ -250,9 +250,9 @@ def _megatron() -> RuntimeFacts:
                                          "transformer_block.py 440-448, 573 (self.input_tensor kept, the chunk's "
                                          "hidden states), Megatron-LM 6e091e1b (2026-05-30)",
             "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
-                                   "transformer_engine/pytorch/module/base.py get_workspace / "
-                                   "get_cublas_workspace_size_bytes, TransformerEngine 0004dbd0 (the container's "
-                                   "f8a01cd5, pinned in Megatron-LM 6e091e1b pyproject.toml, not read)",
+                                   "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
+                                   "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "
+                                   "Megatron-LM 6e091e1b's pyproject.toml pins",
         })
 
 
