@@ -87,7 +87,7 @@ def test_a_megatron_rank_holds_its_chunks_last_inputs_and_grads_and_the_workspac
     assert ranks[0]["static_bytes"] == 18 * (params["embedding"] + params["block"])
     assert ranks[1]["static_bytes"] == 18 * (params["block"] + params["head"])
     stage_input = 2 * 32 * h * 2  # a microbatch's hidden states, bf16
-    workspaces = 32 * MIB + 32 * MIB  # CUBLAS_WORKSPACE_CONFIG :4096:8, and TE's on an H100
+    workspaces = 32 * MIB + 32 * MIB + 1024  # CUBLAS_WORKSPACE_CONFIG :4096:8, and TE's on an H100
     # each chunk past the pipeline's first keeps its last input and that input's gradient
     assert ranks[0]["after_step_bytes"] - ranks[0]["static_bytes"] == 1 * 2 * stage_input + workspaces
     assert ranks[1]["after_step_bytes"] - ranks[1]["static_bytes"] == 2 * 2 * stage_input + workspaces
@@ -96,3 +96,65 @@ def test_a_megatron_rank_holds_its_chunks_last_inputs_and_grads_and_the_workspac
 def test_other_runtimes_hold_only_static_after_the_step(tiny_path):
     for rank in _ranks(tiny_path, "--runtime", "torchtitan"):
         assert rank["after_step_bytes"] == rank["static_bytes"]
+
+
+# tests/functional_tests/test_cases/gpt/gpt3_7b_tp1_pp4_memory_speed/model_config.yaml, Megatron-LM 6e091e1b
+# (its logging, checkpoint and data paths left out)
+TEST_YAML = """\
+ENV_VARS:
+  CUDA_DEVICE_MAX_CONNECTIONS: 1
+  NVTE_ALLOW_NONDETERMINISTIC_ALGO: 0
+  NCCL_ALGO: Ring
+  CUBLAS_WORKSPACE_CONFIG: :4096:8
+  NVTE_FWD_LAYERNORM_SM_MARGIN: 16
+  NVTE_BWD_LAYERNORM_SM_MARGIN: 16
+MODEL_ARGS:
+  --num-layers: 32
+  --hidden-size: 4096
+  --num-attention-heads: 32
+  --group-query-attention: true
+  --num-query-groups: 8
+  --untie-embeddings-and-output-weights: true
+  --micro-batch-size: 1
+  --global-batch-size: 8
+  --seq-length: 8192
+  --max-position-embeddings: 8192
+  --tokenizer-type: NullTokenizer
+  --vocab-size: 131073
+  --transformer-impl: transformer_engine
+  --tensor-model-parallel-size: 1
+  --pipeline-model-parallel-size: 4
+  --num-layers-per-virtual-pipeline-stage: 1
+  --use-distributed-optimizer: true
+  --overlap-grad-reduce: true
+  --overlap-param-gather: true
+  --deterministic-mode: true
+  --no-gradient-accumulation-fusion: true
+  --bf16: true
+TEST_TYPE: regular
+METRICS:
+  - "mem-allocated-bytes"
+"""
+
+
+def test_the_tests_yaml_reads_directly_and_pins_its_last_ranks_prediction(tmp_path):
+    path = tmp_path / "model_config.yaml"
+    path.write_text(TEST_YAML)
+    result = CliRunner().invoke(cli, ["evaluate", "--from-megatron", str(path), "--gpus", "8", "--gpu", "h100",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output[result.output.index("{"):])
+    assert (found["tp"], found["pp"], found["virtual_stages"], found["dp"], found["microbatches"]) == (1, 4, 8, 2, 4)
+    last = found["ranks"][3]
+    assert last["static_bytes"] == 12 * 1_947_066_368  # 2 + 4 + 12 / DP 2 B a parameter
+    # + 8 chunks' last input and its gradient (8192 x 4096 bf16 each) + torch's and TE's cuBLAS workspaces
+    assert last["after_step_bytes"] == 12 * 1_947_066_368 + 8 * 2 * 8192 * 4096 * 2 + 64 * MIB + 1024
+    assert last["peak_bytes"] == 61_154_361_348  # the golden values' 60,720,852,992: 1.007
+    # rank 0 holds the learned positions (8192 x 4096) beside the word embedding
+    assert found["ranks"][0]["static_bytes"] == 12 * (8 * 176_207_872 + (131_200 + 8192) * 4096)
+    settings = {s["name"]: s["status"] for s in found["settings"]}
+    assert settings["ENV_VARS.CUBLAS_WORKSPACE_CONFIG"] == "modelled"
+    assert settings["ENV_VARS.NVTE_ALLOW_NONDETERMINISTIC_ALGO"] == "not modelled"
+    assert settings["--no-gradient-accumulation-fusion"] == settings["--deterministic-mode"] == "not modelled"
+    assert settings["TEST_TYPE"] == settings["METRICS"] == "no effect"
+    assert settings["--max-position-embeddings"] == settings["--transformer-impl"] == "modelled"
