@@ -158,3 +158,21 @@ def test_the_tests_yaml_reads_directly_and_pins_its_last_ranks_prediction(tmp_pa
     assert settings["--no-gradient-accumulation-fusion"] == settings["--deterministic-mode"] == "not modelled"
     assert settings["TEST_TYPE"] == settings["METRICS"] == "no effect"
     assert settings["--max-position-embeddings"] == settings["--transformer-impl"] == "modelled"
+
+
+def test_calibrate_from_log_sets_megatrons_static_line_against_what_the_rank_holds_after_the_step(tmp_path):
+    config = tmp_path / "model_config.yaml"
+    config.write_text(TEST_YAML)
+    log = tmp_path / "train.log"  # made by hand in Megatron-LM's format; the last rank's golden values, in MiB
+    log.write_text(
+        " [2026-05-30 10:00:01.000000] iteration        2/      25 | consumed samples:           16 | elapsed time per "
+        "iteration (ms): 1150.0 | learning rate: 1.000000E-05 | global batch size:     8 | lm loss: 1.258E+01 |\n"
+        "[Rank 7] (after 2 iterations) memory (MB) | allocated: 23659.70 | max allocated: 57908.00 | reserved: "
+        "60000.00 | max reserved: 66000.00\n")
+    result = CliRunner().invoke(cli, ["calibrate", "--from-log", str(log), "--from-megatron", str(config), "--gpus", "8",
+                                      "--gpu", "h100", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{"):])
+    static = next(r for r in report["residuals"] if r["term"] == "static" and r["rank"] == 3)
+    assert static["predicted"] == 12 * 1_947_066_368 + 8 * 2 * 8192 * 4096 * 2 + 64 * MIB + 1024
+    assert static["logged"] == round(23659.70 * MIB)
