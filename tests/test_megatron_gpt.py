@@ -176,3 +176,15 @@ def test_calibrate_from_log_sets_megatrons_static_line_against_what_the_rank_hol
     static = next(r for r in report["residuals"] if r["term"] == "static" and r["rank"] == 3)
     assert static["predicted"] == 12 * 1_947_066_368 + 8 * 2 * 8192 * 4096 * 2 + 64 * MIB + 1024
     assert static["logged"] == round(23659.70 * MIB)
+
+
+@pytest.mark.parametrize("name, te_bytes", [("h100-sxm (analytic)", 32 * MIB + 1024), ("NVIDIA H100 80GB HBM3", 32 * MIB + 1024),
+                                            ("gb200", 32 * MIB + 1024), ("a100-80g", 4 * MIB), ("l4", 4 * MIB)])
+def test_transformer_engines_workspace_follows_the_compute_capability(name, te_bytes):
+    from planner.cost import afterstep, runtimes
+    from planner.schema import DeviceInfo
+
+    record = runtimes.facts("megatron")
+    assert afterstep.workspace_bytes(record, DeviceInfo(type="cuda", name=name)) == 32 * MIB + te_bytes
+    assert afterstep.workspace_bytes(record, DeviceInfo(type="cpu", name="cpu")) == 0
+    assert afterstep.workspace_bytes(runtimes.facts("torchtitan"), DeviceInfo(type="cuda", name=name)) == 0

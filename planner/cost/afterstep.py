@@ -51,7 +51,7 @@ def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo) -> int:
     torch_side = record.cublas_workspace_bytes or 0
     if not record.te_cublas_workspace:
         return torch_side
-    sm90 = device.name.split()[0].startswith(_SM90_PLUS)
+    sm90 = any(kind in device.name.lower() for kind in _SM90_PLUS)  # "h100-sxm (analytic)", "NVIDIA H100 80GB HBM3"
     return torch_side + (TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES)
 
 
