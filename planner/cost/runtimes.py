@@ -248,11 +248,13 @@ def _megatron() -> RuntimeFacts:
                                          "set_input_tensor(input_tensor)), 478-483 and 505-513 (backward_step: "
                                          "x.retain_grad(), input_tensor_grad = x.grad); megatron/core/transformer/"
                                          "transformer_block.py 440-448, 573 (self.input_tensor kept, the chunk's "
-                                         "hidden states), Megatron-LM 6e091e1b (2026-05-30)",
+                                         "hidden states), Megatron-LM 6e091e1b (2026-05-30); the same at "
+                                         f"{_MEGATRON_V} (schedules.py 507, 561, 591; transformer_block.py 463, 588)",
             "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
                                    "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
                                    "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "
-                                   "Megatron-LM 6e091e1b's pyproject.toml pins",
+                                   "Megatron-LM 6e091e1b's pyproject.toml pins; the same at 4329ff84 (2026-08-04), "
+                                   f"pinned at {_MEGATRON_V}",
         })
 
 
