@@ -188,3 +188,23 @@ def test_transformer_engines_workspace_follows_the_compute_capability(name, te_b
     assert afterstep.workspace_bytes(record, DeviceInfo(type="cuda", name=name)) == 32 * MIB + te_bytes
     assert afterstep.workspace_bytes(record, DeviceInfo(type="cpu", name="cpu")) == 0
     assert afterstep.workspace_bytes(runtimes.facts("torchtitan"), DeviceInfo(type="cuda", name=name)) == 0
+
+
+def test_megatrons_step_reads_its_gradients_for_the_nan_check_and_the_clipping_norm_and_copies_its_shard(tiny_path):
+    from planner import io
+    from planner.cost.layers import layer_costs
+    from planner.cost.rules import step_checks_ms
+    from planner.schema import TrainSetup
+
+    profile = io.load_profile(tiny_path)
+    block = layer_costs(profile)[1]
+
+    def setup(runtime):
+        return TrainSetup(stages=1, microbatches=1, micro_batch_size=2, mem_caps_bytes=[2**40], precision="bf16-mixed",
+                          runtime=runtime, dp=2, zero=1)
+
+    hbm = 3.35e12  # the H100's, as the profile records it
+    # the NaN check reads every bucket's fp32 gradients (4 B); the clipping norm the shard's (4 B) and the
+    # copy of the fp32 main shard into the bf16 parameter buffer reads 4 and writes 2: (4 + 2 + 4) / DP 2
+    assert step_checks_ms(block, profile, setup("megatron")) == pytest.approx(block.param_count * (4 + 10 / 2) / hbm * 1e3)
+    assert step_checks_ms(block, profile, setup("torchtitan")) == 0.0

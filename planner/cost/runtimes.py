@@ -132,6 +132,14 @@ class RuntimeFacts:
     """The runtime's layers are Transformer Engine's, whose cuBLAS workspace is allocated once
     through torch's caching allocator (afterstep.TE_WORKSPACE_*)."""
 
+    # -- the step beside the optimizer (read by rules.step_checks_ms; issue 35)
+    step_whole_bytes: int = 0
+    """Bytes per parameter of the stage the runtime reads once a step beside the optimizer, over
+    the whole (unsharded) gradients: Megatron-LM's NaN check of every bucket before the reduction."""
+    step_shard_bytes: int = 0
+    """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
+    (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""
+
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
 
@@ -162,6 +170,8 @@ _TORCH_PIPELINING_SOURCES = {
 _AFTER_STEP_NOT_READ = {
     "keeps_last_input_and_grad": "not read for this runtime (nothing charged after the step)",
     "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
+    "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
+    "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
 }
 
 # torchtitan's loss under torch.compile (inductor), measured with MemTracker on CPU (torch 2.13, the
@@ -215,6 +225,7 @@ def _megatron() -> RuntimeFacts:
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
+        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2,
         sources={
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
@@ -250,6 +261,13 @@ def _megatron() -> RuntimeFacts:
                                          "transformer_block.py 440-448, 573 (self.input_tensor kept, the chunk's "
                                          "hidden states), Megatron-LM 6e091e1b (2026-05-30); the same at "
                                          f"{_MEGATRON_V} (schedules.py 507, 561, 591; transformer_block.py 463, 588)",
+            "step_whole_bytes": "megatron/core/distributed/param_and_grad_buffer.py 313-349, 599-600 (check_grads: "
+                                "each bucket's grad_data.norm before its reduction), on by default: "
+                                "megatron/training/training.py 1910, arguments.py 2519-2521 "
+                                "(--no-check-for-nan-in-loss-and-grad turns it off), Megatron-LM 6e091e1b",
+            "step_shard_bytes": "--clip-grad defaults to 1.0 (arguments.py 2295-2296): the norm of the shard's fp32 "
+                                "gradients; distrib_optimizer.py 2707-2795 (_copy_main_params_to_model_params: fp32 "
+                                "main shard into the bf16 parameter buffer), Megatron-LM 6e091e1b",
             "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
                                    "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
                                    "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "
