@@ -63,6 +63,9 @@ NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "-
 # ask for a setting the cost model does not model go through configs.PENDING (PENDING_FLAGS below);
 # those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
 NOT_MODELLED = {
+    "--log-params-norm": "the parameters' norm each step, over the fp32 main shard (common_utils.py 51-120 at "
+                         "6e091e1b): time only, a few ms, not charged",
+    "--log-num-zeros-in-grad": "the gradients' zeros counted each step over the shard: time only, not charged",
     "--deterministic-mode": "deterministic kernels and NCCL algorithms: time only, not charged",
     "--no-gradient-accumulation-fusion": "each weight gradient made in bf16, then added into the fp32 main_grad "
                                          "(megatron/core/distributed/distributed_data_parallel.py 466-470): time only, "
