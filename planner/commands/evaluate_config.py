@@ -238,7 +238,7 @@ def run(*, from_megatron: Path | None, from_torchtitan: Path | None, gpus: int |
 def rank_rows(prediction) -> list[dict]:
     """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries)."""
     return [{"rank": s.index, "layers": s.layers, "checkpointed": s.checkpointed, "recompute": s.recompute,
-             "static_bytes": c.static_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
+             "static_bytes": c.static_bytes, "after_step_bytes": c.after_step_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
              "reserved_by": c.reserved_by or ("divisor" if c.reserved_bytes is not None else None), "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms,
              "step_ms": c.step_ms}
             for s, c in zip(prediction.stages, prediction.cost.stages)]
@@ -266,7 +266,8 @@ def _print(prediction, device) -> None:
 
     job, setup = prediction.job, prediction.setup
     rows = [[str(s.index), " + ".join(_layer_range(chunk) for chunk in s.chunks or [s.layers]),
-             f"{len(s.recompute)}/{len(s.layers)}", format_bytes(c.static_bytes), format_bytes(c.peak_bytes),
+             f"{len(s.recompute)}/{len(s.layers)}", format_bytes(c.static_bytes), format_bytes(c.after_step_bytes),
+             format_bytes(c.peak_bytes),
              format_bytes(c.reserved_bytes) if c.reserved_bytes is not None else "-", format_bytes(c.cap_bytes),
              "yes" if c.fits else "[bold red]NO[/]", format_ms(c.time_ms)]
             for s, c in zip(prediction.stages, prediction.cost.stages)]
@@ -274,8 +275,10 @@ def _print(prediction, device) -> None:
              f"{' SP' if job.sp else ''}, PP {job.pp}{f' x {job.chunks} virtual' if job.chunks > 1 else ''}, "
              f"DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
              f"{setup.pipeline.micro_batch_size} x {job.seq_len} tokens, {setup.pipeline.schedule}, {job.precision}")
-    console.print(table(title, ["rank", "layers", "recompute", "static", "allocated peak", "reserved peak", "cap",
-                                "fits", "time/mb"], rows, right_from=2))
+    # "after step": what the rank holds once the optimizer has stepped (static and what the runtime keeps
+    # past it), the figure Megatron-LM logs as mem-allocated-bytes
+    console.print(table(title, ["rank", "layers", "recompute", "static", "after step", "allocated peak",
+                                "reserved peak", "cap", "fits", "time/mb"], rows, right_from=2))
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
                   f"({MFU_SOURCE})")

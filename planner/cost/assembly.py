@@ -64,6 +64,9 @@ class StageCost:
     reserved_bytes: int | None = None  # None: the peak
     reserved_by: str | None = None  # cuda: "replay" (planner/cost/reserve.py) or "divisor"
     workspace_bytes: int = 0
+    # allocated after the optimizer step: static and what the runtime keeps past it
+    # (planner/cost/afterstep.py; what Megatron-LM logs as mem-allocated-bytes)
+    after_step_bytes: int = 0
 
     @property
     def busy_ms(self) -> float:
@@ -124,6 +127,7 @@ class StageCost:
             workspace_bytes=self.workspace_bytes,
             peak_bytes=self.peak_bytes,
             static_bytes=self.static_bytes,
+            after_step_bytes=self.after_step_bytes,
             activation_bytes=self.activation_bytes,
             buffer_bytes=self.buffer_bytes,
             transient_bytes=self.transient_bytes,

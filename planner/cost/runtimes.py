@@ -129,6 +129,22 @@ class RuntimeFacts:
     allocations, the schedule's passes, the streams it allocates on. Where it does not (a framework
     whose step allocates on streams or in an order the replay does not run, e.g. FSDP2's all-gather
     and reduce-scatter streams), the reserve is the published fragmentation margin."""
+    # -- after the optimizer step (planner/cost/afterstep.py: static memory as Megatron logs it)
+    keeps_last_input_and_grad: bool = False
+    """Each model chunk past the pipeline's first keeps its last microbatch's input (the model's
+    set_input_tensor) and that input's gradient (retain_grad) from its last backward to its next
+    forward: two stage inputs a chunk, allocated after the step."""
+    te_cublas_workspace: bool = False
+    """The runtime's layers are Transformer Engine's, whose cuBLAS workspace is allocated once
+    through torch's caching allocator (afterstep.TE_WORKSPACE_*)."""
+
+    # -- the step beside the optimizer (read by rules.step_checks_ms; issue 35)
+    step_whole_bytes: int = 0
+    """Bytes per parameter of the stage the runtime reads once a step beside the optimizer, over
+    the whole (unsharded) gradients: Megatron-LM's NaN check of every bucket before the reduction."""
+    step_shard_bytes: int = 0
+    """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
+    (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
@@ -154,6 +170,14 @@ _TORCH_PIPELINING_SOURCES = {
     "frees_sent_output": f"torch/distributed/pipelining/stage.py 902-916, 966 (fwd_cache to the backward), {_TORCH_V}",
     "batch_held": f"torch/distributed/pipelining/schedules.py 489-499 (the whole batch split), {_TORCH_V}",
     "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",
+}
+
+# The after-step facts (afterstep.py) where they were not read: nothing charged past the step.
+_AFTER_STEP_NOT_READ = {
+    "keeps_last_input_and_grad": "not read for this runtime (nothing charged after the step)",
+    "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
+    "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
+    "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
 }
 
 # torchtitan's loss under torch.compile (inductor), measured with MemTracker on CPU (torch 2.13, the
@@ -194,6 +218,7 @@ def _ckplan() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {_TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -207,7 +232,8 @@ def _megatron() -> RuntimeFacts:
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
-        cublas_workspace_bytes=8 * 4096 * 1024,
+        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
+        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2,
         sources={
             "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
@@ -235,7 +261,27 @@ def _megatron() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"--overlap-param-gather, {_MEGATRON_V}",
             "tp_overlap": f"--tp-comm-overlap (Transformer Engine userbuffers), {_MEGATRON_V}",
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
-                                      "CUBLAS_WORKSPACE_CONFIG :4096:8",
+                                      "CUBLAS_WORKSPACE_CONFIG :4096:8 (8 x 4 MiB); torch allocates it through the "
+                                      "caching allocator, one per handle and stream, the cuBLASLt one unified with it "
+                                      "(aten/src/ATen/cuda/CublasHandlePool.cpp, getCUDABlasLtWorkspaceSize)",
+            "keeps_last_input_and_grad": "megatron/core/pipeline_parallel/schedules.py 428-429 (forward_step: "
+                                         "set_input_tensor(input_tensor)), 478-483 and 505-513 (backward_step: "
+                                         "x.retain_grad(), input_tensor_grad = x.grad); megatron/core/transformer/"
+                                         "transformer_block.py 440-448, 573 (self.input_tensor kept, the chunk's "
+                                         "hidden states), Megatron-LM 6e091e1b (2026-05-30); the same at "
+                                         f"{_MEGATRON_V} (schedules.py 507, 561, 591; transformer_block.py 463, 588)",
+            "step_whole_bytes": "megatron/core/distributed/param_and_grad_buffer.py 313-349, 599-600 (check_grads: "
+                                "each bucket's grad_data.norm before its reduction), on by default: "
+                                "megatron/training/training.py 1910, arguments.py 2519-2521 "
+                                "(--no-check-for-nan-in-loss-and-grad turns it off), Megatron-LM 6e091e1b",
+            "step_shard_bytes": "--clip-grad defaults to 1.0 (arguments.py 2295-2296): the norm of the shard's fp32 "
+                                "gradients; distrib_optimizer.py 2707-2795 (_copy_main_params_to_model_params: fp32 "
+                                "main shard into the bf16 parameter buffer), Megatron-LM 6e091e1b",
+            "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
+                                   "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
+                                   "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "
+                                   "Megatron-LM 6e091e1b's pyproject.toml pins; the same at 4329ff84 (2026-08-04), "
+                                   f"pinned at {_MEGATRON_V}",
         })
 
 
@@ -280,6 +326,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {_TORCH_V}",
             "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -320,6 +367,7 @@ def _deepspeed() -> RuntimeFacts:
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
             "tp_overlap": "not in DeepSpeed",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -366,6 +414,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
             "tp_overlap": "not read",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
