@@ -1,9 +1,13 @@
 """torch.compile's memory from the compiler's own decisions: the compiled loss read from inductor's
-generated code (planner/profiler/inductor_buffers.py)."""
+generated code (planner/profiler/inductor_buffers.py) and a compiled block's saved tensors from
+AOTAutograd's partition (planner/profiler/compiled.py)."""
+
+import functools
 
 import torch.nn.functional as F
 
 from planner.profiler import inductor_buffers
+from planner.profiler.compiled import partition_llama_block
 
 # torchtitan's compiled loss as inductor 2.13 wrote it for 64 tokens x 128 vocab (CPU), abridged to
 # the wrapper's call(): forward then backward
@@ -66,3 +70,115 @@ def test_a_wrapper_statement_not_known_is_refused_not_skipped():
     odd = _FORWARD.replace("buf3 = empty_strided_cpu((), (), torch.int64)", "buf3 = torch.empty(8)")
     with pytest.raises(ValueError, match="does not know"):
         inductor_buffers.run_call(odd, {"primals_1": LOGITS, "primals_2": 0})
+
+
+# A tiny torchtitan LLaMA block: 16 tokens, hidden 64, 4 heads of 16 (2 K/V heads), SwiGLU 128, bf16.
+TOKENS, H, Q, KV, F_, HEADS = 16, 64, 64, 32, 128, 4
+
+
+@functools.cache
+def _partition(policy):
+    return partition_llama_block(batch=1, seq=TOKENS, hidden=H, heads=HEADS, kv_heads=2, ffn=F_, policy=policy)
+
+
+def test_a_compiled_block_saves_what_the_partitioner_chose_counted_by_hand():
+    # no recompute: the input, the attention norm's 1/rms (fp32) and output, Q and the K and V repeated
+    # to every head (sdpa's inputs), the logsumexp (fp32 per head), sdpa's output, wo's output (the
+    # residual sum is recomputed from it and the input), the MLP norm's 1/rms and output, the gate,
+    # the up projection and their product; SiLU's output and both norms' fp32 casts are recomputed
+    per_token = 2 * (H + H + Q + Q + Q + Q + H + H + 3 * F_) + 4 + 4 + 4 * HEADS
+    none = _partition("none")
+    assert none.saved_bytes == TOKENS * per_token
+    assert "mm_3" in none.saved and "rsqrt" in none.saved
+
+
+def test_op_level_sac_compiled_drops_the_mlp_output_the_eager_policy_caches():
+    # torchtitan's policy saves wq's, wv's and w1's outputs (mms 1, 3, 5), sdpa's output and
+    # logsumexp; w2's (mm 7) is marked saved but the backward never reads it, so the partition
+    # does not keep it (eager SAC caches it: planner/profiler/opsac.py counts it)
+    per_token = 2 * (H + Q + KV + Q + F_) + 4 * HEADS
+    assert _partition("op-sac").saved_bytes == TOKENS * per_token
+
+
+def test_a_whole_block_checkpoint_compiled_keeps_only_its_input():
+    assert _partition("full").saved == ("primals_1",)
+    assert _partition("full").saved_bytes == TOKENS * 2 * H
+
+
+# ---------------------------------------------------------------- the analytic formula and --compile
+
+def test_the_analytic_formula_is_the_partitioners_on_the_tiny_block():
+    from planner.models import archs
+    from planner.profiler.analytic import Shape
+    from planner.profiler.compiled_kept import compiled_kept_bytes
+
+    arch = archs.Arch(name="tiny", hidden_size=H, intermediate_size=F_, num_layers=1, num_heads=HEADS,
+                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False)
+    found = compiled_kept_bytes(arch, Shape(seq_len=TOKENS, micro_batch_size=1), moe=False)
+    assert found == {policy: _partition(policy).saved_bytes for policy in ("none", "full", "op-sac")}
+    # not checked against the partitioner: not recorded
+    assert compiled_kept_bytes(arch, Shape(seq_len=TOKENS, micro_batch_size=1, tp=2, sp=True), moe=False) == {}
+
+
+def _tiny_profile(tmp_path, *, compiled):
+    from planner.models import archs
+    from planner.profiler import analytic
+    from planner.schema import FileRef
+
+    arch = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
+                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=1024)
+    profile = analytic.analytic_profile(arch, analytic.Shape(seq_len=1024, micro_batch_size=8), gpu=archs.gpu("h100"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64), compiled=compiled)
+    path = tmp_path / f"tiny-{compiled}.json"
+    path.write_text(profile.model_dump_json())
+    return profile, path
+
+
+def _evaluate(path, *extra):
+    import json
+
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4", "--ckpt-per-stage",
+                                      "0", "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed", "--json",
+                                      "--runtime", "torchtitan", "--runtime-version", "9dec370", *extra])
+    assert result.exit_code == 0, result.output
+    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    return found["hand"]["stages"][0]["peak_bytes"], " ".join(result.output.split())
+
+
+def test_compile_charges_the_blocks_what_the_profile_recorded_under_compile(tmp_path):
+    profile, path = _tiny_profile(tmp_path, compiled=True)
+    blocks = [layer for layer in profile.layers if layer.compiled_kept_bytes]
+    assert len(blocks) == 2
+    eager, _ = _evaluate(path)
+    compiled, said = _evaluate(path, "--compile")
+    # both blocks keep their activations (no recompute) to the backward: each keeps less by the difference
+    assert eager - compiled == sum(b.act_bytes - b.compiled_kept_bytes["none"] for b in blocks) > 0
+    assert "2 of 4 layers keep what the profile recorded under compile" in said
+
+
+def test_compile_on_a_profile_without_compiled_figures_changes_no_layer_and_says_so(tmp_path):
+    _, path = _tiny_profile(tmp_path, compiled=False)
+    assert _evaluate(path)[0] == _evaluate(path, "--compile")[0]  # 9dec370: the loss is not compiled either
+    assert "the profile recorded no layer's kept bytes under compile" in _evaluate(path, "--compile")[1]
+
+
+def test_profile_compiled_records_the_blocks_figures_and_only_for_arch_profiles(tmp_path):
+    from click.testing import CliRunner
+
+    from planner import io
+    from planner.cli import cli
+
+    out = tmp_path / "l8.json"
+    result = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "128", "--micro-batch-size", "1",
+                                      "--compiled", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    layers = io.load_profile(out).layers
+    assert [bool(layer.compiled_kept_bytes) for layer in layers] == [False] + [True] * 32 + [False]
+    # 128 tokens x (2 B x (4 x 4096 + 4 x 4096 + 3 x 14336) + 8 + 4 x 32 heads): compiled_kept.py's formula
+    assert layers[1].compiled_kept_bytes["none"] == 128 * (2 * (8 * 4096 + 3 * 14336) + 8 + 128)
+    refused = CliRunner().invoke(cli, ["profile", "model.py", "--compiled"])
+    assert refused.exit_code != 0 and "--arch" in refused.output and "Traceback" not in refused.output

@@ -11,7 +11,7 @@ from planner.errors import UserError
 
 # options that only the measured profiler reads, and those only the analytic one reads
 MEASURED_ONLY = ("device", "warmup", "repeats", "threads", "timeout_s")
-ANALYTIC_ONLY = ("seq_len", "tp", "sp", "attention", "gpu", "mfu", "capacity_factor")
+ANALYTIC_ONLY = ("seq_len", "tp", "sp", "attention", "gpu", "mfu", "capacity_factor", "compiled")
 
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -53,6 +53,10 @@ def options(command):
                           "experts, every expert charged at that capacity (memory and FLOPs). 1 is perfect balance, "
                           "the mean; the worst case, every token routed to one expert, is experts / top-k "
                           "(4 for Mixtral's 8 experts, top 2)."),
+        click.option("--compiled", is_flag=True,
+                     help="With --arch: also record each block's kept bytes under torch.compile (AOTAutograd's "
+                          "partition: dense LLaMA-style blocks with flash attention, no TP), which `--compile` "
+                          "charges."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -122,7 +126,7 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
         seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float | None,
-        capacity_factor: float = 1.0) -> None:
+        capacity_factor: float = 1.0, compiled: bool = False) -> None:
     from pydantic import ValidationError
 
     from planner import io
@@ -139,7 +143,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
                   dtype=dtype, capacity_factor=capacity_factor)
     try:
-        profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref)
+        profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref, compiled=compiled)
     except ValidationError as exc:  # e.g. a layer's bytes past an exbibyte: no device holds that
         raise UserError(f"{spec.name} at --seq-len {seq_len} and --micro-batch-size {micro_batch_size} gives "
                         f"numbers no device holds ({io.describe_error(exc)}); check --seq-len, "
