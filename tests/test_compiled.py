@@ -3,8 +3,10 @@ generated code (planner/profiler/inductor_buffers.py) and a compiled block's sav
 AOTAutograd's partition (planner/profiler/compiled.py)."""
 
 import functools
+from pathlib import Path
 
 import torch.nn.functional as F
+from click.testing import CliRunner
 
 from planner.profiler import inductor_buffers
 from planner.profiler.compiled import partition_llama_block
@@ -182,3 +184,23 @@ def test_profile_compiled_records_the_blocks_figures_and_only_for_arch_profiles(
     assert layers[1].compiled_kept_bytes["none"] == 128 * (2 * (8 * 4096 + 3 * 14336) + 8 + 128)
     refused = CliRunner().invoke(cli, ["profile", "model.py", "--compiled"])
     assert refused.exit_code != 0 and "--arch" in refused.output and "Traceback" not in refused.output
+
+
+def test_a_fake_profile_compiled_records_each_layers_partition(tmp_path):
+    from planner import io
+    from planner.cli import cli
+
+    out = tmp_path / "f.json"
+    model = str(Path(__file__).parent / "fixtures" / "llama_style.py")
+    result = CliRunner().invoke(cli, ["profile", model, "--fake", "--compiled", "--device", "cpu", "--dtype", "float32",
+                                      "--micro-batch-size", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    layers = io.load_profile(out).layers
+    tokens, x = 2 * 32, 2 * 32 * 64 * 4  # the fixture's sequences of 32, width 64, fp32
+    assert [layer.compiled_kept_bytes for layer in layers[::3]] == [
+        {"none": tokens * 8, "full": tokens * 8},  # the embedding keeps its int64 token ids
+        {"none": x + tokens * 4, "full": x},  # the final RMSNorm: its input and 1/rms (fp32); its output recomputed
+    ]
+    assert layers[4].compiled_kept_bytes == {"none": x, "full": x}  # the head keeps its input
+    block = layers[1]  # compiled keeps less than eager: the partition recomputes its pointwise ops
+    assert block.input_bytes == block.compiled_kept_bytes["full"] < block.compiled_kept_bytes["none"] < block.act_bytes

@@ -54,9 +54,10 @@ def options(command):
                           "the mean; the worst case, every token routed to one expert, is experts / top-k "
                           "(4 for Mixtral's 8 experts, top 2)."),
         click.option("--compiled", is_flag=True,
-                     help="With --arch: also record each block's kept bytes under torch.compile (AOTAutograd's "
-                          "partition: dense LLaMA-style blocks with flash attention, no TP), which `--compile` "
-                          "charges."),
+                     help="With --arch or --fake: also record each layer's kept bytes under torch.compile "
+                          "(AOTAutograd's partition; --arch: dense LLaMA-style blocks with flash attention, no TP, "
+                          "and torchtitan's op-level SAC; --fake: no recompute and whole-layer checkpoint), which "
+                          "`--compile` charges."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -94,7 +95,7 @@ def check_mixing(ctx: click.Context, model_file: str | None, arch_options: dict,
         if timed:
             raise UserError(f"{_flag(ctx, timed[0])} sets how a measured profile times the layers; a --fake profile "
                             "times nothing (its times are rooflines): drop it")
-    allowed = ("seq_len", "gpu") if fake else ("seq_len",)
+    allowed = ("seq_len", "gpu", "compiled") if fake else ("seq_len",)
     if hf_config is not None:
         if model_file is not None or wanted(arch_options):
             raise UserError("give one model: MODEL.py, --hf-config or --arch/--arch-config")

@@ -107,6 +107,29 @@ def partition_llama_block(*, batch: int, seq: int, hidden: int, heads: int, kv_h
                          policy=policy, activation_inputs=(0,))
 
 
+# ---------------------------------------------------------------- a model file's layers
+
+
+MODULE_POLICIES = ("none", "full")  # a model file's layer has no op-level policy of its own
+
+
+def module_figures(module: torch.nn.Module, x: torch.Tensor) -> dict[str, int]:
+    """Per policy (MODULE_POLICIES), what `module(x)` keeps for backward compiled: its parameters
+    and buffers are inputs that are not activations. Call it under the FakeTensorMode the module's
+    tensors belong to (a fake profile's)."""
+    from torch.func import functional_call
+
+    names = [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
+    tensors = [p for _, p in module.named_parameters()] + [b for _, b in module.named_buffers()]
+    x = x.detach().requires_grad_(x.is_floating_point())
+
+    def run(inputs, *weights):
+        return functional_call(module, dict(zip(names, weights, strict=True)), (inputs,))
+
+    return {policy: partition(run, [x, *tensors], policy=policy, activation_inputs=(0,)).saved_bytes
+            for policy in MODULE_POLICIES}
+
+
 # ---------------------------------------------------------------- the partition
 
 
@@ -203,7 +226,11 @@ def _is_rng_state(node: fx.Node) -> bool:
 
 
 def _nbytes(value) -> int:
-    return value.untyped_storage().nbytes() if isinstance(value, torch.Tensor) else 0
+    """A storage's bytes as the profile counts them (a fake profile for a GPU: the caching
+    allocator's 512-byte blocks, planner/profiler/storages.py)."""
+    from planner.profiler.storages import counted_bytes
+
+    return counted_bytes(value.untyped_storage().nbytes(), value.device) if isinstance(value, torch.Tensor) else 0
 
 
 def _read(fw: fx.GraphModule, bw: fx.GraphModule, *, num_outputs: int, activation_inputs: tuple[int, ...]) -> Partition:
