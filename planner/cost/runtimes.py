@@ -158,8 +158,10 @@ _TORCH_PIPELINING_SOURCES = {
 # allocates one bf16 gradient of the logits. Kept 1.0010, peak 2.0015 x the bf16 logits (8 B per
 # token beyond the logits: under 1e-4 of them at a 32k+ vocabulary). What is saved is decided
 # before code generation (torch/_functorch/partitioners.py), so it holds on CUDA; what is device
-# dependent is the reductions' code: Triton may split a reduction over few rows into fp32 partials
-# (rows x splits, per-token sized), not logits-sized. MemTracker (the 2.00 / 5.97 measured before)
+# dependent is the reductions' code: Triton splits a reduction only over fewer rows than SMs x 64
+# (torch/_inductor/ir.py 1387-1497 Reduction.num_splits; the CPU backend reduces to one element and
+# never splits), into fp32 partials of rows x splits: per-token sized, not logits-sized. No GPU or
+# Triton was at hand to generate the CUDA code itself. MemTracker (the 2.00 / 5.97 measured before)
 # does not see the compiled region's buffers. Only the whole-vocabulary loss is compiled; under TP
 # the vocab-parallel one applies.
 _COMPILED_LOSS = LossRegion(kept_x=1.0, peak_x=2.0)
