@@ -204,3 +204,54 @@ def test_a_fake_profile_compiled_records_each_layers_partition(tmp_path):
     assert layers[4].compiled_kept_bytes == {"none": x, "full": x}  # the head keeps its input
     block = layers[1]  # compiled keeps less than eager: the partition recomputes its pointwise ops
     assert block.input_bytes == block.compiled_kept_bytes["full"] < block.compiled_kept_bytes["none"] < block.act_bytes
+
+
+def test_torch_compile_of_torchtitans_checkpoint_wrappers_saves_what_the_tagged_partition_saves():
+    """dynamo traces torch.utils.checkpoint (and a selective checkpoint's policy) into the tags
+    compiled._tag sets by hand: compiled through dynamo the tiny block saves the same bytes."""
+    from collections import defaultdict
+
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    from planner.profiler import compiled
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), decompositions=select_decomp_table(),
+                           partition_fn=min_cut_rematerialization_partition)
+    block = functools.partial(compiled.llama_block, heads=HEADS, kv_heads=2)
+    saved_ops = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+    def op_sac():  # torchtitan's _get_custom_policy: every second mm recomputed, per pass
+        counts = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counts[mode] += func == torch.ops.aten.mm.default
+            save = func in saved_ops and not (func == torch.ops.aten.mm.default and counts[mode] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+
+    wrapped = {"none": block, "full": lambda *a: checkpoint(block, *a, use_reentrant=False),
+               "op-sac": lambda *a: checkpoint(block, *a, use_reentrant=False, context_fn=op_sac)}
+    for policy, fn in wrapped.items():
+        torch._dynamo.reset()
+        inputs = compiled.llama_block_inputs(batch=1, seq=TOKENS, hidden=H, heads=HEADS, kv_heads=2, ffn=F_)
+        torch.compile(fn, backend=backend)(*inputs).sum().backward()
+        found = compiled._read(graphs["fw"], graphs["bw"], num_outputs=1, activation_inputs=(0,))
+        assert (found.saved_bytes, found.saved) == (_partition(policy).saved_bytes, _partition(policy).saved), policy
