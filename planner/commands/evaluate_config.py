@@ -89,6 +89,9 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                         say=notes.append)
     if gpus_per_node is not None:
         setup = setup.model_copy(update={"devices_per_node": gpus_per_node})
+    from planner.commands.training_settings import compiled_profile
+
+    profile = compiled_profile(profile, data_parallel.settings)
     stages = _stages(job, profile, setup, notes)
     cost = costmodel.evaluate(stages, profile, setup)
     sequences = microbatches * setup.pipeline.micro_batch_size * dp
@@ -128,7 +131,8 @@ def _profile(job, device):
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
                   attention=job.attention, dtype="bfloat16")
     try:
-        return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()))
+        return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()),
+                                compiled=job.modelled.compile)
     except ValidationError as exc:
         raise UserError(f"{job.source}: the model at --seq-length {job.seq_len} gives numbers no device holds "
                         f"({io.describe_error(exc)})") from exc

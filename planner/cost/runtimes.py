@@ -17,7 +17,8 @@ lives from the loss's forward to its backward (the logits themselves included wh
 `peak` the most at once during the loss's forward and backward. Measured with torch's MemTracker
 on CPU (torch 2.13, 2,048 tokens x 4,096 vocab, bf16 logits; scripts/bench_loss_region.py,
 its cases written from each framework's code): torchtitan's plain loss kept 2.00 peak 5.97
-(compiled on CPU by inductor: the same);
+(compiled by inductor, read from its generated code instead, scripts/compiled_loss.py: kept 1.00
+peak 2.00);
 loss_parallel kept 2.00 peak 7.97; Hugging Face >= 4.46 (its output keeps the logits) kept 3.00
 peak 6.97; transformers 4.3x as ColossalAI's benchmark runs it kept 4.00 peak 7.97; Megatron-LM's
 vocab-parallel cross-entropy kept 2.00 peak 2.97.
@@ -180,11 +181,21 @@ _AFTER_STEP_NOT_READ = {
     "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
 }
 
-# torchtitan's loss under torch.compile (inductor), measured with MemTracker on CPU (torch 2.13, the
-# docstring's sizes): kept 2.00, peak 5.97, as eager. Issue 33's "about 2x" for a compiled loss was
-# not reproduced on CPU and no GPU was at hand: the measured figure stands until one is measured on
-# CUDA. Only the whole-vocabulary loss was measured compiled; under TP the vocab-parallel one applies.
-_COMPILED_LOSS = LossRegion(kept_x=2.0, peak_x=6.0)
+# torchtitan's loss under torch.compile, read from the code inductor generates for it (scripts/
+# compiled_loss.py; planner/profiler/inductor_buffers.py replays each wrapper's empty_strided
+# allocations and dels; torch 2.13.0, CPU, 2,048 tokens x 4,096 vocab): AOTAutograd's partition
+# saves the bf16 logits themselves, the per-token max and log-sum-exp (fp32) and a scalar; the fp32
+# upcast and the log-softmax are fused into the reductions and never materialised. The backward
+# allocates one bf16 gradient of the logits. Kept 1.0010, peak 2.0015 x the bf16 logits (8 B per
+# token beyond the logits: under 1e-4 of them at a 32k+ vocabulary). What is saved is decided
+# before code generation (torch/_functorch/partitioners.py), so it holds on CUDA; what is device
+# dependent is the reductions' code: Triton splits a reduction only over fewer rows than SMs x 64
+# (torch/_inductor/ir.py 1387-1497 Reduction.num_splits; the CPU backend reduces to one element and
+# never splits), into fp32 partials of rows x splits: per-token sized, not logits-sized. No GPU or
+# Triton was at hand to generate the CUDA code itself. MemTracker (the 2.00 / 5.97 measured before)
+# does not see the compiled region's buffers. Only the whole-vocabulary loss is compiled; under TP
+# the vocab-parallel one applies.
+_COMPILED_LOSS = LossRegion(kept_x=1.0, peak_x=2.0)
 
 
 def _ckplan() -> RuntimeFacts:
@@ -317,7 +328,8 @@ def _torchtitan(version: str) -> RuntimeFacts:
                                    f"tensor/parallel/loss.py 197-222, {_TORCH_V}; {_MEMTRACKER}: kept 2.00, peak 7.97",
             "loss_compiled": f"train.py torch.compile(loss_fn) under training.compile, bbb1b616; "
                              f"torchtitan/components/loss.py 242-252, b5bcd76c (none at {_TITAN_OLD}); "
-                             f"{_MEMTRACKER} (inductor on CPU): kept 2.00, peak 5.97",
+                             f"inductor's generated code on CPU, torch 2.13 (scripts/compiled_loss.py): kept 1.00, "
+                             f"peak 2.00 (the saved bf16 logits and their bf16 gradient)",
             "tp_saves_gathered_input": f"parallelize_llama.py 117-191 (apply_tp), {_TITAN_OLD}; torch/distributed/"
                                        f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {_TORCH_V}",
             **_TORCH_PIPELINING_SOURCES,
