@@ -16,10 +16,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _profile_alone(request, monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _profile_alone():
     """`ckplan profile` times the model beside a copy on every other core (a process that
-    loads the model file: seconds each); tests that profile for another reason skip it.
-    Tests marked `copies` keep it."""
-    if "copies" not in request.keywords:
-        monkeypatch.setattr("planner.profiler.threads.MAX_COPIES", 1)
+    loads the model file: seconds each); tests that profile for another reason skip it,
+    module- and session-scoped fixtures too (they are set up before any function's
+    monkeypatch). Yields how many copies `profile` starts otherwise."""
+    import planner.profiler.threads as threads
+
+    copies = threads.MAX_COPIES
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threads, "MAX_COPIES", 1)
+        yield copies
+
+
+@pytest.fixture(autouse=True)
+def _copies_where_marked(request, _profile_alone, monkeypatch):
+    """Tests marked `copies` profile beside the copies, as a user's profile does."""
+    if "copies" in request.keywords:
+        monkeypatch.setattr("planner.profiler.threads.MAX_COPIES", _profile_alone)

@@ -35,15 +35,30 @@ def no_processes(monkeypatch):
     monkeypatch.setattr(launcher.subprocess, "Popen", popen)
 
 
-@pytest.fixture
-def plan_file(tmp_path):
+def _plan_file(folder):
     """A 2-stage plan of a copy of the tiny model, with a relative model path."""
-    shutil.copy(TINY, tmp_path / "tiny.py")
-    plan = make_plan(tmp_path / "tiny.py", STAGES)
+    shutil.copy(TINY, folder / "tiny.py")
+    plan = make_plan(folder / "tiny.py", STAGES)
     plan.model.file = "tiny.py"  # resolved against the plan's folder
-    path = tmp_path / "plan.yaml"
+    path = folder / "plan.yaml"
     io.save_plan(plan, path)
     return path
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    return _plan_file(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One launch of the plan with --reference, its report written into a folder not yet
+    there: the tables, the progress, the report and the reference read off the same run."""
+    folder = tmp_path_factory.mktemp("launched")
+    plan_path = _plan_file(folder)
+    report_path = folder / "out" / "run.json"
+    args = ["launch", str(plan_path), "--steps", "1", "--warmup-steps", "0", "--reference"]
+    return plan_path, args, _invoke(*args, "--report", str(report_path)), report_path
 
 
 def _one_clean_error(result, *fragments: str) -> None:
@@ -56,16 +71,15 @@ def _one_clean_error(result, *fragments: str) -> None:
 
 
 @pytest.mark.slow
-def test_launch_prints_tables_and_writes_the_report(plan_file, tmp_path):
-    report_path = tmp_path / "out" / "run.json"
-    result = _invoke("launch", str(plan_file), "--steps", "2", "--warmup-steps", "0", "--report", str(report_path))
+def test_launch_prints_tables_and_writes_the_report(launched):
+    plan_file, _, result, report_path = launched
     assert result.exit_code == 0, result.output
     assert "peak memory per stage" in result.output and "time per microbatch" in result.output
     assert "iteration: predicted 100 ms" in result.output
     # not on a terminal: one line per step as the slowest rank finishes it, the last one always
-    assert "launch: ckplan, 2 stages x dp 1 on cpu: step 3/3" in result.output  # 2 timed + 1 measuring memory
+    assert "launch: ckplan, 2 stages x dp 1 on cpu: step 2/2" in result.output  # 1 timed + 1 measuring memory
     report = io.load_report(report_path)
-    assert report.plan.sha256 == io.sha256_file(plan_file) and report.steps == 2
+    assert report.plan.sha256 == io.sha256_file(plan_file) and report.steps == 1
     assert report.device.threads == 1 and report.threads_source == "plan"
     assert [stage.index for stage in report.stages] == [0, 1]
 
@@ -165,10 +179,8 @@ def test_torchrun_job_is_joined_and_rank_0_reports(plan_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_launch_reference_compares_every_step_with_one_process(plan_file, tmp_path, monkeypatch):
-    report_path = tmp_path / "run.json"
-    args = ["launch", str(plan_file), "--steps", "1", "--warmup-steps", "0", "--reference", "--report", str(report_path)]
-    result = _invoke(*args)
+def test_launch_reference_compares_every_step_with_one_process(launched, monkeypatch):
+    _, args, result, report_path = launched
     assert result.exit_code == 0, result.output
     assert "loss per step: pipeline vs one process" in result.output
     assert "the pipeline trains like one process: largest loss difference" in result.output
@@ -180,7 +192,7 @@ def test_launch_reference_compares_every_step_with_one_process(plan_file, tmp_pa
     monkeypatch.setattr(planner.runtime, "run_plan", lambda *a, **k: report)
     real = reference.reference_losses
     monkeypatch.setattr(reference, "reference_losses", lambda *a, **k: [loss - 0.01 for loss in real(*a, **k)])
-    _one_clean_error(_invoke(*args[:-2]), "the pipeline's loss differs from one process by +0.01 at step 0 "
+    _one_clean_error(_invoke(*args), "the pipeline's loss differs from one process by +0.01 at step 0 "
                                           "(tolerance 0.00039; 2 of 2 steps differ)")
 
 

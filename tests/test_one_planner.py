@@ -170,17 +170,20 @@ def test_schedule_auto_shares_one_time_limit(tmp_path):
 
 def test_a_solve_of_thousands_of_layers_stops_at_its_limit(tmp_path):
     """Every baseline scores whole plans and the DP builds its chain: at 8,000 layers each takes
-    a while, and the search checks the limit between them (it once ran 3x past it)."""
+    a while, and the search checks the limit between them (it once ran 3x past it). Counted in
+    CPU seconds: what runs past the limit is the step under way, whose work is the same on a
+    busy machine, where its wall time grew with the load (8 s at load 12 on 2 cores)."""
     import time
 
     from planner.models.synthetic import heterogeneous
+    from planner.solve import baselines, search  # noqa: F401  imported before the clock starts, as make_plan does
     from planner.solve.planning import make_plan
 
     profile = heterogeneous(8000, seed=1)
     setup = TrainSetup(stages=4, microbatches=8, micro_batch_size=1, mem_caps_bytes=[2**30] * 4)
-    started = time.perf_counter()
+    started = time.process_time()  # this process's threads (the solvers' too), not other processes'
     make_plan(profile, tmp_path / "p.json", setup, time_limit_s=1.0)
-    assert time.perf_counter() - started < 1.0 + 3
+    assert time.process_time() - started < 1.0 + 3
 
 
 def test_evaluate_sets_ckplans_plan_beside_a_chunked_configuration(tmp_path):
