@@ -1,5 +1,5 @@
 """The options for the settings real jobs use (--runtime-version, --compile, --op-level-sac,
---float8, --fp8-all-gather, --cp, --optimizer-state-dtype, --chunked-cross-entropy,
+--float8, --fp8-all-gather, --cp, --cp-comm, --optimizer-state-dtype, --chunked-cross-entropy,
 --mtp-layers, --expert-tp): TrainingSetup's fields of the same names. planner/cost/runtimes.py
 models each or refuses it in one sentence; none is ignored."""
 
@@ -27,8 +27,13 @@ SETTING_OPTIONS = [
                       "LLaMA profiles)."),
     click.option("--float8", is_flag=True, help="Float8 linears (refused: not modelled)."),
     click.option("--fp8-all-gather", is_flag=True, help="FSDP2's float8 all-gather (refused: not modelled)."),
-    click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=1, show_default=True,
-                 help="Context-parallel degree (refused above 1: not modelled)."),
+    click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=None,
+                 help="Context-parallel degree: each rank holds seq/cp tokens, attention exchanges K/V in a ring "
+                      "(Megatron-LM, torchtitan); the profile must be made at it (`ckplan profile --arch ... --cp N`) "
+                      "[default: the profile's]."),
+    click.option("--cp-comm", type=click.Choice(["p2p", "allgather"]), default=None,
+                 help="How context-parallel ranks exchange K/V: p2p (Megatron-LM's --cp-comm-type p2p, torchtitan's "
+                      "alltoall rotation) or allgather [default: the runtime's: Megatron p2p, torchtitan allgather]."),
     click.option("--optimizer-state-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
                  help="Adam's moments in fp32 or bf16 (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype)."),
     click.option("--chunked-cross-entropy", is_flag=True, help="Chunked cross-entropy (refused: not modelled)."),
@@ -38,7 +43,7 @@ SETTING_OPTIONS = [
                  help="Expert tensor-parallel degree (refused where it differs from the profile's TP) [default: TP]."),
 ]
 SETTING_OPTION_NAMES = ("runtime_version", "compile_model", "op_level_sac", "float8", "fp8_all_gather",
-                        "context_parallel", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp")
+                        "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp")
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,8 @@ class TrainingSettings:
     op_level_sac: bool = False
     float8: bool = False
     fp8_all_gather: bool = False
-    context_parallel: int = 1
+    context_parallel: int | None = None  # None: the profile's degree
+    cp_comm: str | None = None
     optimizer_state_dtype: str = "fp32"
     chunked_cross_entropy: bool = False
     mtp_layers: int = 0
@@ -71,7 +77,8 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     from planner.cost.rules import profile_tp
 
     record = runtimes.facts(runtime, settings["runtime_version"])
-    refused = runtimes.refused_settings(SimpleNamespace(**settings), tp=profile_tp(profile))
+    settings["context_parallel"] = context_parallel(profile, settings["context_parallel"])
+    refused = runtimes.refused_settings(SimpleNamespace(runtime=runtime, **settings), tp=profile_tp(profile))
     if refused:
         raise UserError(refused[0])
     if settings["compile"] and say is not None:
@@ -79,6 +86,29 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
         say(f"--compile: {runtime} {record.version} " + ("compiles the loss (charged as measured compiled)"
                                                          if compiled else "does not compile the loss")
             + "; the layers' memory and time are charged as eager (compile's effect on them is not modelled)")
+
+
+def profile_cp(profile) -> int:
+    """The context-parallel degree an analytic profile was made at (1 where none is recorded)."""
+    cp = profile.assumptions.get("cp", 1)
+    return cp if isinstance(cp, int) and not isinstance(cp, bool) and cp >= 1 else 1
+
+
+def context_parallel(profile, given: int | None) -> int:
+    """--cp as the profile allows it: the profile's degree where not given; a degree the profile was
+    not made at is refused in one sentence (its tokens per rank and attention exchange are the
+    profile's), and so is any on a profile that records none (fake and measured profiles run the
+    model file's whole sequence on one device)."""
+    made_at = profile_cp(profile)
+    if given is None or given == made_at:
+        return made_at
+    if profile.source != "analytic":
+        raise UserError(f"--cp {given} needs a profile whose sequence is split over {given} ranks, and a {profile.source} "
+                        "profile runs the model file's whole sequence on one device: profile the architecture with "
+                        f"`ckplan profile --arch NAME --cp {given}` (or --hf-config), or drop --cp")
+    raise UserError(f"--cp {given}: this profile was made at context parallelism {made_at}, so its tokens per rank and "
+                    f"attention exchange are those of --cp {made_at}; profile again with --cp {given}, or give --cp "
+                    f"{made_at}")
 
 
 def op_sac_stages(stages, profile):
