@@ -193,6 +193,7 @@ def _ckplan() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {_TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
             "cublas_workspace_bytes": "not sourced",
+            "cp_comm": "planner/runtime runs no context parallelism (refused)",
         })
 
 
@@ -325,6 +326,7 @@ def _deepspeed() -> RuntimeFacts:
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
             "tp_overlap": "not in DeepSpeed",
             "cublas_workspace_bytes": "not sourced",
+            "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
         })
 
 
@@ -370,6 +372,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
             "tp_overlap": "not read",
             "cublas_workspace_bytes": "not sourced",
+            "cp_comm": "not read (refused)",
         })
 
 
