@@ -226,3 +226,24 @@ def test_evaluate_refuses_cp_on_a_profile_not_analytic(profiles, tmp_path):
     result = _evaluate(fake, "--cp", "2", "--runtime", "megatron")
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "runs the model file's whole sequence on one device" in result.output
+
+
+def test_evaluate_from_megatron_reads_cp_and_scores_it(tmp_path):
+    base = ("--num-layers: 4\n--hidden-size: 256\n--num-attention-heads: 8\n--seq-length: 1024\n--vocab-size: 1024\n"
+            "--swiglu: true\n--bf16: true\n--micro-batch-size: 1\n--global-batch-size: 8\n"
+            "--use-distributed-optimizer: true\n")
+
+    def scored(extra: str, gpus: int) -> dict:
+        path = tmp_path / "args.yaml"
+        path.write_text(base + extra)
+        result = CliRunner().invoke(cli, ["evaluate", "--from-megatron", str(path), "--gpus", str(gpus), "--gpu",
+                                          "h100", "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output[result.output.index("{"):])
+
+    plain = scored("", 4)
+    split = scored("--context-parallel-size: 2\n", 8)
+    assert split["cp"] == 2 and not any(s["name"] == "--context-parallel-size" and s["status"] != "modelled"
+                                        for s in split.get("settings", []))
+    # the same 4 data-parallel replicas, each sequence over 2 ranks: less activation memory a rank
+    assert split["ranks"][0]["peak_bytes"] < plain["ranks"][0]["peak_bytes"]

@@ -118,7 +118,7 @@ def _microbatches(job, dp: int) -> tuple[int, list[str]]:
 
 
 def _profile(job, device):
-    """The analytic profile of the job's model at its microbatch, TP and SP, on the GPU."""
+    """The analytic profile of the job's model at its microbatch, TP, SP and CP, on the GPU."""
     from pydantic import ValidationError
 
     from planner import io
@@ -126,7 +126,7 @@ def _profile(job, device):
     from planner.schema import FileRef
 
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
-                  attention=job.attention, dtype="bfloat16")
+                  attention=job.attention, dtype="bfloat16", cp=job.cp)
     try:
         return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()))
     except ValidationError as exc:
@@ -158,7 +158,8 @@ def _with_settings(options, job):
 
     modelled = job.modelled
     settings = TrainingSettings(compile_model=modelled.compile, op_level_sac=modelled.op_level_sac,
-                                optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp)
+                                optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp,
+                                context_parallel=job.cp, cp_comm=modelled.cp_comm)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap)
 
 
@@ -272,7 +273,7 @@ def _print(prediction, device) -> None:
             for s, c in zip(prediction.stages, prediction.cost.stages)]
     title = (f"{job.source} ({job.framework}): {job.arch.name} on {prediction.gpus} x {device.name}, TP {job.tp}"
              f"{' SP' if job.sp else ''}, PP {job.pp}{f' x {job.chunks} virtual' if job.chunks > 1 else ''}, "
-             f"DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
+             f"{f'CP {job.cp}, ' if job.cp > 1 else ''}DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
              f"{setup.pipeline.micro_batch_size} x {job.seq_len} tokens, {setup.pipeline.schedule}, {job.precision}")
     console.print(table(title, ["rank", "layers", "recompute", "static", "allocated peak", "reserved peak", "cap",
                                 "fits", "time/mb"], rows, right_from=2))
