@@ -247,3 +247,78 @@ def test_evaluate_from_megatron_reads_cp_and_scores_it(tmp_path):
                                         for s in split.get("settings", []))
     # the same 4 data-parallel replicas, each sequence over 2 ranks: less activation memory a rank
     assert split["ranks"][0]["peak_bytes"] < plain["ranks"][0]["peak_bytes"]
+
+
+# ---------------------------------------------------------------- search and exports
+
+
+def test_search_lists_cp_degrees_that_divide_the_sequence_into_2cp_chunks():
+    from planner.solve.degrees import JobShape, context_choices, enumerate_degrees
+
+    # 12 tokens: cp 2 cuts 4 chunks of 3; cp 4 would need 8 chunks and cp 8 16: pruned
+    short = JobShape(gpus=8, gpus_per_node=8, global_batch=2, seq_len=12, num_layers=4, tp_ok=(1, 4),
+                     cp_ok=(1, 2, 4, 8))
+    assert context_choices(short, 1, False) == [1, 2]
+    # under SP each rank's 12 / 2 = 6 tokens do not split over tp 4: cp 2 pruned there
+    assert context_choices(short, 4, True) == [1]
+    found = enumerate_degrees(short)
+    assert {d.cp for d in found} == {1, 2}
+    assert all(d.tp * d.cp * d.pp * d.dp == 8 for d in found)
+    # 32 tokens: cp 4 (8 chunks of 4) too; ZeRO groups take whole cp groups: at tp 1, cp 4, dp 2 the
+    # groups are 4 ranks or all 8; at dp 1 ZeRO still shards over the cp ranks
+    long = JobShape(gpus=8, gpus_per_node=8, global_batch=8, seq_len=32, num_layers=4, tp_ok=(1, 2),
+                    cp_ok=(1, 2, 4, 8))
+    found = enumerate_degrees(long)
+    assert {d.cp for d in found} == {1, 2, 4, 8}  # cp 8: 16 chunks of 2, at tp 1 only (8 GPUs)
+    assert {d.tp for d in found if d.cp == 8} == {1}
+    assert {d.shard_group for d in found if (d.tp, d.cp, d.pp, d.dp) == (1, 4, 1, 2) and d.zero} == {4, None}
+    assert any(d.zero == 3 for d in found if (d.tp, d.cp, d.pp, d.dp) == (2, 4, 1, 1))
+    assert "cp4" in next(d for d in found if d.cp == 4).label()
+
+
+def test_search_without_a_cp_runtime_lists_no_cp():
+    from planner.solve.degrees import JobShape, enumerate_degrees
+
+    job = JobShape(gpus=8, gpus_per_node=8, global_batch=8, seq_len=32, num_layers=4, tp_ok=(1, 2))
+    assert {d.cp for d in enumerate_degrees(job)} == {1}
+
+
+def test_a_searched_cp_setup_counts_the_cp_ranks_as_weight_replicas():
+    from planner.solve import jobsearch
+    from planner.solve.degrees import Degrees
+
+    profile = _profile(2)
+    degrees = Degrees(tp=1, sp=False, pp=1, dp=2, micro_batch_size=1, microbatches=1, zero=3, shard_group=None, cp=2)
+    setup = jobsearch.job_setup(profile, degrees, jobsearch.JobOptions(mem_cap_bytes=2**36, gpus_per_node=8,
+                                                                       runtime="megatron"))
+    assert (setup.data_parallel.dp, setup.training.context_parallel, setup.comm.cp) == (4, 2, 2)
+    assert setup.comm.cp_gb_per_s == pytest.approx(H100.node_collective_gb_per_s)  # 2 ranks in a node
+
+
+def test_search_cli_ranks_cp_configurations(tmp_path):
+    out = tmp_path / "plan.yaml"
+    result = CliRunner().invoke(cli, ["search", "--arch", "llama3-8b", "--gpus", "8", "--global-batch", "2",
+                                      "--seq-len", "32768", "--runtime", "torchtitan", "--json", "--out", str(out),
+                                      "--time-limit", "60"])
+    assert result.exit_code == 0, result.output
+    assert " cp" in result.output  # a CP configuration among those ranked
+
+
+def test_exports_write_cp_where_the_framework_takes_it(profiles, tmp_path):
+    from planner.emit import megatron, torchtitan
+    from planner.schema import Plan
+
+    plan_path = tmp_path / "plan.yaml"
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(profiles[2]), "--stages", "1", "--microbatches", "2",
+                                      "--dp", "2", "--zero", "1", "--precision", "bf16-mixed", "--runtime", "megatron",
+                                      "--mem", "200GB", "--out", str(plan_path)])
+    assert result.exit_code == 0, result.output
+    from planner import io
+
+    plan, profile = io.load_plan(plan_path), io.load_profile(profiles[2])
+    assert isinstance(plan, Plan) and plan.setup.training.context_parallel == 2
+    text = megatron.export(plan, profile, plan_file=str(plan_path)).text
+    assert "--context-parallel-size 2" in text
+    assert "--global-batch-size 4" in text  # 2 microbatches x 1 x dp 2: the cp ranks share their replica's batch
+    titan = torchtitan.export(plan, profile, plan_file=str(plan_path)).text
+    assert "context_parallel_degree = 2" in titan
