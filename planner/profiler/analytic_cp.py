@@ -10,7 +10,11 @@ s / cp tokens and, causally masked, the same attention work. Everything but atte
 token: a rank's activations, FLOPs and memory-bound bytes are the whole sequence's / cp
 (Shape.tokens). Attention reads every token's K and V: a rank's queries against all s keys,
 4·(s/cp)·s·a·hd FLOPs, half of it run (causal, balanced), which analytic_time already writes
-from Shape.tokens and Shape.seq_len. What the block keeps for its backward is flash attention's
+from Shape.tokens and Shape.seq_len. Without the load balancer (torchtitan's
+context_parallel_load_balancer off; torch's _templated_ring_attention then skips the steps whose keys
+lie after its queries, _attention.py 424-427) rank r computes r + 1/2 of the cp blocks of its row,
+the last rank (2·cp - 1) / cp times the mean, and every step waits for it: not modelled (the
+readers list an unbalanced setting as such; the profile charges the balanced work). What the block keeps for its backward is flash attention's
 own at s / cp tokens: both runtimes save the rank's Q, K, V, output and logsumexp
 (TE: ctx.save_for_backward(q, kv, out, softmax_lse), context_parallel.py 2100-2142; torch: the
 ring op's inputs and outputs, _attention.py 658-690), not the K and V received from the others.
