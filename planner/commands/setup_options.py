@@ -309,8 +309,8 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
 def with_context_parallel(data_parallel: DataParallelOptions, cp: int, *, say=None) -> DataParallelOptions:
     """The data-parallel group as the parameters see it under context parallelism: the cp ranks of
     a replica hold the same weights and reduce their gradients together, and ZeRO shards over them
-    (Megatron-LM's distributed optimizer over its data-parallel group with CP,
-    megatron/core/parallel_state.py; torchtitan's FSDP over dp_shard x cp, torchtitan/distributed/
+    (Megatron-LM reduces and shards over its `dp_cp` group, megatron/core/process_groups_config.py
+    261-275, 371-377 at d98e8a64; torchtitan's FSDP over dp_shard x cp, torchtitan/distributed/
     parallel_dims.py 281 at b5bcd76c): dp and the shard group times cp. Unchanged at cp 1."""
     import dataclasses
 
