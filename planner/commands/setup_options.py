@@ -18,6 +18,7 @@ from planner.commands.training_settings import (
     SETTING_OPTIONS,
     TrainingSettings,
     check_settings,
+    with_context_parallel,
 )
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
@@ -271,7 +272,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
     settings = (data_parallel.settings or TrainingSettings()).fields()
     check_settings(profile, runtime=runtime, settings=settings, say=say)
-    data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)
+    data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)  # dp x cp
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
@@ -304,24 +305,6 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         if note:
             say(note)
     return setup
-
-
-def with_context_parallel(data_parallel: DataParallelOptions, cp: int, *, say=None) -> DataParallelOptions:
-    """The data-parallel group as the parameters see it under context parallelism: the cp ranks of
-    a replica hold the same weights and reduce their gradients together, and ZeRO shards over them
-    (Megatron-LM reduces and shards over its `dp_cp` group, megatron/core/process_groups_config.py
-    261-275, 371-377 at d98e8a64; torchtitan's FSDP over dp_shard x cp, torchtitan/distributed/
-    parallel_dims.py 281 at b5bcd76c): dp and the shard group times cp. Unchanged at cp 1."""
-    import dataclasses
-
-    if cp == 1:
-        return data_parallel
-    shard = data_parallel.shard_group and data_parallel.shard_group * cp
-    if say is not None:
-        say(f"--cp {cp}: the weights' {data_parallel.dp * cp} replicas are --dp {data_parallel.dp} x --cp {cp} (their "
-            "gradients reduced and ZeRO-sharded over both, as Megatron-LM's distributed optimizer and torchtitan's "
-            "dp_shard_cp mesh do); each rank holds seq_len / cp tokens of the profile's sequence")
-    return dataclasses.replace(data_parallel, dp=data_parallel.dp * cp, shard_group=shard)
 
 
 def build_order(schedule: str, *, stages: int, chunks: int, microbatches: int, deadline=None) -> None:

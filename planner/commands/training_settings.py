@@ -111,6 +111,24 @@ def context_parallel(profile, given: int | None) -> int:
                     f"{made_at}")
 
 
+def with_context_parallel(data_parallel, cp: int, *, say=None):
+    """The data-parallel group as the parameters see it under context parallelism: the cp ranks of
+    a replica hold the same weights and reduce their gradients together, and ZeRO shards over them
+    (Megatron-LM reduces and shards over its `dp_cp` group, megatron/core/process_groups_config.py
+    261-275, 371-377 at d98e8a64; torchtitan's FSDP over dp_shard x cp, torchtitan/distributed/
+    parallel_dims.py 281 at b5bcd76c): dp and the shard group times cp. Unchanged at cp 1."""
+    import dataclasses
+
+    if cp == 1:
+        return data_parallel
+    shard = data_parallel.shard_group and data_parallel.shard_group * cp
+    if say is not None:
+        say(f"--cp {cp}: the weights' {data_parallel.dp * cp} replicas are --dp {data_parallel.dp} x --cp {cp} (their "
+            "gradients reduced and ZeRO-sharded over both, as Megatron-LM's distributed optimizer and torchtitan's "
+            "dp_shard_cp mesh do); each rank holds seq_len / cp tokens of the profile's sequence")
+    return dataclasses.replace(data_parallel, dp=data_parallel.dp * cp, shard_group=shard)
+
+
 def op_sac_stages(stages, profile):
     """--op-level-sac: a hand plan's checkpointed layers run torchtitan's op-level policy where the
     profile offers it (`op-sac`, planner/profiler/opsac.py), whole-layer checkpointing elsewhere.
