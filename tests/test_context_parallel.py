@@ -322,3 +322,24 @@ def test_exports_write_cp_where_the_framework_takes_it(profiles, tmp_path):
     assert "--global-batch-size 4" in text  # 2 microbatches x 1 x dp 2: the cp ranks share their replica's batch
     titan = torchtitan.export(plan, profile, plan_file=str(plan_path)).text
     assert "context_parallel_degree = 2" in titan
+
+
+def test_the_heads_all_to_all_by_hand():
+    # Q 1e8 and K/V 1e8 a rank, 4 ranks, 100 GB/s: each all-to-all moves 3/4 of its tensor, none hidden
+    a2a = 2 * 0.75 * 1.0 + 2 * 0.75 * 0.5  # Q and O; K and V (5e7 each)
+    assert contextparallel.pass_exposed_ms(RING, "forward", "a2a", LINK) == pytest.approx(a2a)
+    assert contextparallel.pass_exposed_ms(RING, "backward", "a2a", LINK) == pytest.approx(a2a)
+    q, kv = 10, 100
+    ring = ExchangeCost(ranks=4, q_bytes=q, kv_bytes=kv, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
+    assert contextparallel.buffer_bytes(ring, "a2a") == (2 * (q + kv) + 2 * q, 2 * q + 3 * (q + kv))
+
+
+def test_a2a_needs_cp_to_divide_the_heads(profiles):
+    # llama3-8b: 32 Q heads, 8 K/V heads; cp 2 divides both
+    assert _hand(_evaluate(profiles[2], "--runtime", "megatron", "--cp-comm", "a2a"))
+    from planner.commands.training_settings import _a2a_heads
+    from planner.io import load_profile
+
+    profile = load_profile(profiles[2])
+    assert _a2a_heads(profile, "a2a", 2) == []
+    assert "does not divide" in _a2a_heads(profile, "a2a", 3)[0]  # 8 K/V heads over 3

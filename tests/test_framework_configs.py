@@ -204,10 +204,12 @@ def test_megatrons_context_parallel_flags_are_modelled(tmp_path):
     status = {s.name: s.status for s in job.settings}
     assert (job.cp, job.modelled.cp_comm) == (2, "allgather")
     assert status["--context-parallel-size"] == status["--cp-comm-type"] == "modelled"
-    # the heads' all-to-all is not the ring: listed, scored as the runtime's p2p
     a2a = _job(tmp_path, BASE + "\n--context-parallel-size: 2\n--cp-comm-type: a2a")
-    assert {s.name: s.status for s in a2a.settings}["--cp-comm-type"] == "not modelled"
-    assert a2a.modelled.cp_comm is None
+    assert ({s.name: s.status for s in a2a.settings}["--cp-comm-type"], a2a.modelled.cp_comm) == ("modelled", "a2a")
+    # the hierarchical a2a+p2p is not: listed, scored as the runtime's p2p
+    both = _job(tmp_path, BASE + "\n--context-parallel-size: 4\n--cp-comm-type: a2a+p2p")
+    assert {s.name: s.status for s in both.settings}["--cp-comm-type"] == "not modelled"
+    assert both.modelled.cp_comm is None
 
 
 def test_torchtitans_context_parallel_keys_are_modelled(tmp_path):

@@ -31,9 +31,10 @@ SETTING_OPTIONS = [
                  help="Context-parallel degree: each rank holds seq/cp tokens, attention exchanges K/V in a ring "
                       "(Megatron-LM, torchtitan); the profile must be made at it (`ckplan profile --arch ... --cp N`) "
                       "[default: the profile's]."),
-    click.option("--cp-comm", type=click.Choice(["p2p", "allgather"]), default=None,
+    click.option("--cp-comm", type=click.Choice(["p2p", "allgather", "a2a"]), default=None,
                  help="How context-parallel ranks exchange K/V: p2p (Megatron-LM's --cp-comm-type p2p, torchtitan's "
-                      "alltoall rotation) or allgather [default: the runtime's: Megatron p2p, torchtitan allgather]."),
+                      "alltoall rotation), allgather, or a2a (Megatron-LM's all-to-all of Q, K, V and the output "
+                      "over the heads) [default: the runtime's: Megatron p2p, torchtitan allgather]."),
     click.option("--optimizer-state-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
                  help="Adam's moments in fp32 or bf16 (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype)."),
     click.option("--chunked-cross-entropy", is_flag=True, help="Chunked cross-entropy (refused: not modelled)."),
@@ -79,6 +80,7 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     record = runtimes.facts(runtime, settings["runtime_version"])
     settings["context_parallel"] = context_parallel(profile, settings["context_parallel"])
     refused = runtimes.refused_settings(SimpleNamespace(runtime=runtime, **settings), tp=profile_tp(profile))
+    refused += _a2a_heads(profile, settings["cp_comm"], settings["context_parallel"])
     if refused:
         raise UserError(refused[0])
     if settings["compile"] and say is not None:
@@ -86,6 +88,22 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
         say(f"--compile: {runtime} {record.version} " + ("compiles the loss (charged as measured compiled)"
                                                          if compiled else "does not compile the loss")
             + "; the layers' memory and time are charged as eager (compile's effect on them is not modelled)")
+
+
+def _a2a_heads(profile, cp_comm: str | None, cp: int) -> list[str]:
+    """--cp-comm a2a splits each rank's heads over the cp ranks: Transformer Engine asserts that cp
+    divides the Q and the K/V heads (context_parallel.py 4246-4248, d0067d0d)."""
+    model = profile.assumptions.get("model")
+    if cp_comm != "a2a" or cp == 1 or not isinstance(model, dict):
+        return []
+    from planner.cost.rules import profile_tp
+
+    tp = profile_tp(profile)
+    heads, kv = model.get("num_heads", 0) // tp, max(model.get("num_kv_heads", 0) // tp, 1)
+    if heads % cp or kv % cp:
+        return [f"--cp-comm a2a splits each rank's {heads} Q and {kv} K/V heads over --cp {cp}, which does not divide "
+                "them (Transformer Engine refuses it); use --cp-comm p2p or allgather"]
+    return []
 
 
 def profile_cp(profile) -> int:

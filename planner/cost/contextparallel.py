@@ -32,6 +32,15 @@ experimental/_context_parallel/_attention.py, torch 2.13.0 cf30153c):
   (_SDPAMerger, 2 O) and a step's output (O); backward the gathered K/V and its concatenation
   ((cp + 1) KV), fp32 dQ (2 Q) and dK/dV (2 KV), a step's gradients (Q + KV), the fp32 dK/dV sent and
   received (4 KV).
+All-to-all over the heads ("a2a": Megatron-LM's --cp-comm-type a2a, TE's AttnFuncWithCPAndQKVOA2A,
+context_parallel.py 4170-4600 at d0067d0d; DeepSpeed-Ulysses' scheme): Q, K and V are each
+all-to-all'd from s/cp tokens of every head to every token of h/cp heads before the attention, the
+output back after it (flash_attn_a2a_communicate 387-540, waited before the kernel runs: nothing
+to hide behind), and in the backward dO before, dQ, dK, dV after: per pass 2 a2a(Q) + 2 a2a(KV / 2)
+exposed, each moving (cp - 1) / cp of its tensor. The attention then runs all s queries of its h/cp
+heads: the same FLOPs as the balanced ring. What it saves is Q, K, V and O after the exchange, as
+many bytes as before; buffers: each a2a's output and its reordered copy, forward 2 (Q + KV) + 2 O,
+backward 2 dO + 3 (dQ + dKV).
 A full recompute reruns the forward's exchange. The exchange crosses the context-parallel group's
 link (comm.group_link: its ranks lie tp apart) at NCCL's latency model (planner/cost/comm.py).
 """
@@ -61,6 +70,9 @@ def pass_exposed_ms(exchange, which: str, kind: str, link: Link) -> float:
     """What one pass's exchange ("forward", "backward") adds beyond the attention it overlaps."""
     cp, kv = exchange.ranks, exchange.kv_bytes
     step = (exchange.attention_fwd_ms if which == "forward" else exchange.attention_bwd_ms) / cp
+    if kind == "a2a":  # Q (or dQ) and O (or dO), K and V (or their gradients) each; none hidden
+        return 2 * collective_ms("all-to-all", exchange.q_bytes, cp, link) + \
+            2 * collective_ms("all-to-all", kv / 2, cp, link)
     if kind == "p2p":
         if which == "forward":
             return (cp - 1) * max(0.0, send_ms(kv, link) - step)
@@ -86,6 +98,8 @@ def exchange_ms(layer, option: int, setup: TrainSetup) -> float:
 def buffer_bytes(exchange, kind: str) -> tuple[int, int]:
     """(forward, backward) bytes the exchange's buffers hold while the attention runs, on the busiest rank."""
     cp, q, kv = exchange.ranks, exchange.q_bytes, exchange.kv_bytes
+    if kind == "a2a":
+        return 2 * (q + kv) + 2 * q, 2 * q + 3 * (q + kv)
     if kind == "p2p":
         return (cp - 1) * kv + cp * q + 2 * q, q + 4 * kv + q + kv
     return (cp + 1) * kv + 2 * q + q, (cp + 1) * kv + 2 * q + 2 * kv + q + kv + 4 * kv

@@ -206,8 +206,9 @@ TERMS: tuple[Term, ...] = (
          "(the runtime record's tp_overlap)"),
     Term("context parallelism's K/V exchange beyond the attention it overlaps", "time", "layer",
          lambda layer, ckpt, ctx: contextparallel.exchange_ms(layer, int(ckpt), ctx.setup),
-         "Transformer Engine's p2p ring (context_parallel.py d0067d0d) or torch's all-gather ring (_attention.py, "
-         "torch 2.13): bytes over the context-parallel group's link, each step hidden behind its attention step"),
+         "Transformer Engine's p2p ring or all-to-all over the heads (context_parallel.py d0067d0d), torch's "
+         "all-gather ring (_attention.py, torch 2.13): bytes over the context-parallel group's link, a ring's steps "
+         "hidden behind their attention steps, the all-to-all not"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),

@@ -132,10 +132,10 @@ class TrainingSetup(Strict):
     fp8_all_gather: bool = False
     # context-parallel degree (Megatron --context-parallel-size, torchtitan context_parallel_degree)
     context_parallel: int = Field(default=1, ge=1, le=MAX_RANKS)
-    # how the context-parallel ranks exchange K and V (Megatron --cp-comm-type p2p | allgather,
+    # how the context-parallel ranks exchange K and V (Megatron --cp-comm-type p2p | allgather | a2a,
     # torchtitan's rotate method: allgather, or alltoall, which passes them rank to rank as p2p
     # does); None: the runtime's default (its record's cp_comm, planner/cost/runtimes.py)
-    cp_comm: Literal["p2p", "allgather"] | None = None
+    cp_comm: Literal["p2p", "allgather", "a2a"] | None = None
     # dtype of Adam's two moments (Megatron --exp-avg-dtype / --exp-avg-sq-dtype)
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     # the cross-entropy computed over chunks of the tokens (not modelled: refused)
