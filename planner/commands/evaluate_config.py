@@ -165,18 +165,20 @@ def _with_settings(options, job):
 
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):
     """--gpus-per-node: each group's link as dataparallel.default_links chooses it (in-node where
-    the group's ranks x TP fit in a node, else the network), for this node size."""
+    the group's ranks x TP fit in a node, else the network), for this node size. Under context
+    parallelism the data-parallel groups take their replicas' cp ranks too (build_setup's dp x cp)."""
     from dataclasses import replace
 
-    if gpus_per_node is None or options.dp == 1:
+    if gpus_per_node is None or options.dp * job.cp == 1:
         return options
+    span = job.tp * job.cp  # the ranks inside each data-parallel step: tp, then cp
 
     def link(ranks: int) -> float:
-        return device.node_link_gb_per_s if ranks * job.tp <= gpus_per_node else device.network_gb_per_s
+        return device.node_link_gb_per_s if ranks * span <= gpus_per_node else device.network_gb_per_s
 
     shard = options.shard_group or options.dp
-    notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard} x TP {job.tp} over "
-                 f"{'the in-node link' if shard * job.tp <= gpus_per_node else 'the network'}")
+    notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard}{f' x CP {job.cp}' if job.cp > 1 else ''} "
+                 f"x TP {job.tp} over {'the in-node link' if shard * span <= gpus_per_node else 'the network'}")
     return replace(options, shard_bandwidth=link(shard), replica_bandwidth=link(options.dp),
                    ep_bandwidth=link(options.ep) if options.ep > 1 else None)
 
