@@ -343,3 +343,18 @@ def test_a2a_needs_cp_to_divide_the_heads(profiles):
     profile = load_profile(profiles[2])
     assert _a2a_heads(profile, "a2a", 2) == []
     assert "does not divide" in _a2a_heads(profile, "a2a", 3)[0]  # 8 K/V heads over 3
+
+
+def test_gpus_per_node_counts_the_cp_ranks_in_the_data_parallel_groups():
+    from types import SimpleNamespace
+
+    from planner.commands.evaluate_config import _with_node
+    from planner.commands.setup_options import DataParallelOptions
+
+    job = SimpleNamespace(tp=1, cp=2)
+    notes: list[str] = []
+    # 4 replicas x 2 cp ranks = 8 ranks: past a node of 4, within a node of 8
+    across = _with_node(DataParallelOptions(dp=4, zero=3), job, H100, 4, notes)
+    inside = _with_node(DataParallelOptions(dp=4, zero=3), job, H100, 8, notes)
+    assert across.shard_bandwidth == H100.network_gb_per_s and inside.shard_bandwidth == H100.node_link_gb_per_s
+    assert "x CP 2" in notes[0]
