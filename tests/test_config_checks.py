@@ -111,10 +111,11 @@ def test_arch_config_layers_are_bounded_up_front(tmp_path, layers, model_type, k
 
 @pytest.mark.parametrize("config, fragment", [
     ({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 128,
-      "num_key_value_heads": 2}, "num_key_value_heads = 2 with model_type 'gpt2'"),
+      "num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
     ({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256}, "has no n_positions"),
     ({"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "vocab_size": 256, "max_position_embeddings": 64, "num_key_value_heads": 1}, "num_key_value_heads = 1"),
+      "vocab_size": 256, "max_position_embeddings": 64, "num_key_value_heads": 0},
+     "num_key_value_heads must be a positive integer"),
     (SMALL | {"hidden_size": -64}, "hidden_size must be a positive integer"),
     (SMALL | {"hidden_size": 64.5}, "hidden_size must be a positive integer"),
     (SMALL | {"num_hidden_layers": -1}, "num_hidden_layers must be a positive integer"),

@@ -61,7 +61,8 @@ def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_pe
     job = read_job(from_megatron, from_torchtitan)
     p = predict(job, gpus=gpus, gpu_name=gpu, gpus_per_node=gpus_per_node)
     costs = p.cost.stages
-    return fromlog.Prediction(static_bytes=[c.static_bytes for c in costs], peak_bytes=[c.peak_bytes for c in costs],
+    # Megatron's static line is allocated after the step: compared with what the rank holds then
+    return fromlog.Prediction(static_bytes=[c.after_step_bytes for c in costs], peak_bytes=[c.peak_bytes for c in costs],
                               reserved_bytes=[c.reserved_bytes for c in costs], iteration_ms=p.cost.iteration_ms,
                               tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, mfu=p.mfu(archs.gpu(gpu)),
                               world=p.gpus, tokens_per_gpu_step=p.tokens_per_iteration / p.gpus), job.source
@@ -86,7 +87,7 @@ def _plan_prediction(plan_path: Path):
     pipeline, dp = plan.setup.pipeline, plan.setup.data_parallel.dp
     world = pipeline.stages * dp * known.tp
     tokens = pipeline.microbatches * pipeline.micro_batch_size * dp * known.seq_len
-    return fromlog.Prediction(static_bytes=[c.static_bytes for c in cost.stages],
+    return fromlog.Prediction(static_bytes=[c.after_step_bytes for c in cost.stages],
                               peak_bytes=[c.peak_bytes for c in cost.stages],
                               reserved_bytes=[c.reserved_bytes for c in cost.stages], iteration_ms=cost.iteration_ms,
                               tokens_per_s_per_gpu=tokens / (cost.iteration_ms / 1e3) / world, mfu=None, world=world,

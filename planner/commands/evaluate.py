@@ -15,7 +15,7 @@ from planner.commands.setup_options import (
     planned_setup,
     setup_options,
 )
-from planner.commands.training_settings import op_sac_stages
+from planner.commands.training_settings import compiled_profile, op_sac_stages
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
 
@@ -96,7 +96,7 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
         raise UserError(f"--stages {stages} but --layers-per-stage lists {len(counts)} stages; give one count per stage"
                         + (f" ({chunks} per rank)" if chunks > 1 else ""))
     profile_path = profile_path or newest_profile()
-    profile = io.load_profile(profile_path)
+    profile = compiled_profile(io.load_profile(profile_path), data_parallel.settings)
     say = (lambda note: err_console.print(note)) if as_json else info
     setup, time_notes = planned_setup(profile, profile_path, stages=len(counts) // chunks, mem=mem,
                                       microbatches=microbatches, schedule=schedule, chunks=chunks, optimizer=optimizer,
@@ -232,7 +232,8 @@ def _summary(profile_path: Path, hand, hand_cost, best, *, profile, setup) -> di
             "iteration_ms": cost.iteration_ms,
             "throughput": throughput_json(throughput_of(profile, setup, cost.iteration_ms)),
             "stages": [{"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
-                        "static_bytes": c.static_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
+                        "static_bytes": c.static_bytes, "after_step_bytes": c.after_step_bytes,
+                        "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
                         "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits,
                         "time_ms": c.time_ms, "reserved_by": c.predicted().reserved_by}
                        for s, c in zip(stages, cost.stages)],

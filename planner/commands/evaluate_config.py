@@ -89,6 +89,9 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                         say=notes.append)
     if gpus_per_node is not None:
         setup = setup.model_copy(update={"devices_per_node": gpus_per_node})
+    from planner.commands.training_settings import compiled_profile
+
+    profile = compiled_profile(profile, data_parallel.settings)
     stages = _stages(job, profile, setup, notes)
     cost = costmodel.evaluate(stages, profile, setup)
     sequences = microbatches * setup.pipeline.micro_batch_size * dp
@@ -128,7 +131,8 @@ def _profile(job, device):
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
                   attention=job.attention, dtype="bfloat16", cp=job.cp)
     try:
-        return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()))
+        return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()),
+                                compiled=job.modelled.compile)
     except ValidationError as exc:
         raise UserError(f"{job.source}: the model at --seq-length {job.seq_len} gives numbers no device holds "
                         f"({io.describe_error(exc)})") from exc
@@ -241,7 +245,7 @@ def run(*, from_megatron: Path | None, from_torchtitan: Path | None, gpus: int |
 def rank_rows(prediction) -> list[dict]:
     """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries)."""
     return [{"rank": s.index, "layers": s.layers, "checkpointed": s.checkpointed, "recompute": s.recompute,
-             "static_bytes": c.static_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
+             "static_bytes": c.static_bytes, "after_step_bytes": c.after_step_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
              "reserved_by": c.reserved_by or ("divisor" if c.reserved_bytes is not None else None), "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms,
              "step_ms": c.step_ms}
             for s, c in zip(prediction.stages, prediction.cost.stages)]
@@ -269,7 +273,8 @@ def _print(prediction, device) -> None:
 
     job, setup = prediction.job, prediction.setup
     rows = [[str(s.index), " + ".join(_layer_range(chunk) for chunk in s.chunks or [s.layers]),
-             f"{len(s.recompute)}/{len(s.layers)}", format_bytes(c.static_bytes), format_bytes(c.peak_bytes),
+             f"{len(s.recompute)}/{len(s.layers)}", format_bytes(c.static_bytes), format_bytes(c.after_step_bytes),
+             format_bytes(c.peak_bytes),
              format_bytes(c.reserved_bytes) if c.reserved_bytes is not None else "-", format_bytes(c.cap_bytes),
              "yes" if c.fits else "[bold red]NO[/]", format_ms(c.time_ms)]
             for s, c in zip(prediction.stages, prediction.cost.stages)]
@@ -277,8 +282,10 @@ def _print(prediction, device) -> None:
              f"{' SP' if job.sp else ''}, PP {job.pp}{f' x {job.chunks} virtual' if job.chunks > 1 else ''}, "
              f"{f'CP {job.cp}, ' if job.cp > 1 else ''}DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
              f"{setup.pipeline.micro_batch_size} x {job.seq_len} tokens, {setup.pipeline.schedule}, {job.precision}")
-    console.print(table(title, ["rank", "layers", "recompute", "static", "allocated peak", "reserved peak", "cap",
-                                "fits", "time/mb"], rows, right_from=2))
+    # "after step": what the rank holds once the optimizer has stepped (static and what the runtime keeps
+    # past it), the figure Megatron-LM logs as mem-allocated-bytes
+    console.print(table(title, ["rank", "layers", "recompute", "static", "after step", "allocated peak",
+                                "reserved peak", "cap", "fits", "time/mb"], rows, right_from=2))
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
                   f"({MFU_SOURCE})")

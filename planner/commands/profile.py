@@ -85,7 +85,7 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
         profile_fake.run(model_file, device=device, dtype=dtype, micro_batch_size=micro_batch_size,
                          gpu=arch_options["gpu"], out=out, timeout_s=timeout_s or None, arch_config=config,
                          seq_len=(arch_options["seq_len"] or profile_hf._default_seq_len(config))
-                         if hf_config is not None else None)
+                         if hf_config is not None else None, compiled=arch_options["compiled"])
         return
     import torch  # here, not at the top: `ckplan --help` must not wait for torch
 

@@ -11,7 +11,7 @@ from planner.errors import UserError
 
 # options that only the measured profiler reads, and those only the analytic one reads
 MEASURED_ONLY = ("device", "warmup", "repeats", "threads", "timeout_s")
-ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "attention", "gpu", "mfu", "capacity_factor")
+ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "attention", "gpu", "mfu", "capacity_factor", "compiled")
 
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -56,6 +56,11 @@ def options(command):
                           "experts, every expert charged at that capacity (memory and FLOPs). 1 is perfect balance, "
                           "the mean; the worst case, every token routed to one expert, is experts / top-k "
                           "(4 for Mixtral's 8 experts, top 2)."),
+        click.option("--compiled", is_flag=True,
+                     help="With --arch or --fake: also record each layer's kept bytes under torch.compile "
+                          "(AOTAutograd's partition; --arch: dense LLaMA-style blocks with flash attention, no TP, "
+                          "and torchtitan's op-level SAC; --fake: no recompute and whole-layer checkpoint), which "
+                          "`--compile` charges."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -93,7 +98,7 @@ def check_mixing(ctx: click.Context, model_file: str | None, arch_options: dict,
         if timed:
             raise UserError(f"{_flag(ctx, timed[0])} sets how a measured profile times the layers; a --fake profile "
                             "times nothing (its times are rooflines): drop it")
-    allowed = ("seq_len", "gpu") if fake else ("seq_len",)
+    allowed = ("seq_len", "gpu", "compiled") if fake else ("seq_len",)
     if hf_config is not None:
         if model_file is not None or wanted(arch_options):
             raise UserError("give one model: MODEL.py, --hf-config or --arch/--arch-config")
@@ -125,7 +130,7 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
         seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float | None,
-        capacity_factor: float = 1.0, cp: int = 1) -> None:
+        capacity_factor: float = 1.0, compiled: bool = False, cp: int = 1) -> None:
     from pydantic import ValidationError
 
     from planner import io
@@ -142,7 +147,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
                   dtype=dtype, capacity_factor=capacity_factor, cp=cp)
     try:
-        profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref)
+        profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref, compiled=compiled)
     except ValidationError as exc:  # e.g. a layer's bytes past an exbibyte: no device holds that
         raise UserError(f"{spec.name} at --seq-len {seq_len} and --micro-batch-size {micro_batch_size} gives "
                         f"numbers no device holds ({io.describe_error(exc)}); check --seq-len, "

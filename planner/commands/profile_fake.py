@@ -9,10 +9,12 @@ from planner.errors import UserError
 
 
 def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu: str, out: Path | None,
-        timeout_s: float | None, arch_config: dict | None = None, seq_len: int | None = None) -> None:
+        timeout_s: float | None, arch_config: dict | None = None, seq_len: int | None = None,
+        compiled: bool = False) -> None:
     """Build MODEL.py on meta, run it fake, write the profile. `arch_config`: the Hugging
     Face config it was written from (--hf-config), recorded so exports know the shape, and its
-    --seq-len (the tokens per sequence plans count tokens/s and MFU by)."""
+    --seq-len (the tokens per sequence plans count tokens/s and MFU by). `compiled`: record each
+    layer's kept bytes under torch.compile too (AOTAutograd's partition, once per layer kind)."""
     import torch
 
     from planner import io
@@ -26,6 +28,8 @@ def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu:
 
     with mode, counted_as(device):  # for a GPU: its allocator's blocks, though CPU kernels run
         measurement, flops = _measure(chain, spec, device)
+        if compiled:
+            measurement.layers[:] = _with_compiled(chain, measurement.layers)
     profile = _profile(measurement, flops, model_file=model_file, model_ref=model_ref, device=device, dtype=dtype,
                        micro_batch_size=micro_batch_size, gpu=spec, arch_config=arch_config)
     if seq_len is not None:
@@ -76,6 +80,22 @@ def _measure(chain, gpu, device: str):
         return fake_measure(chain.layers, chain.inputs, chain.targets, chain.loss_fn,
                             layer_outputs=chain.layer_outputs, gpu=gpu, device_type=device,
                             on_layer=lambda name: work.update(next(done), total, f"ran layer {name}"))
+
+
+def _with_compiled(chain, layers):
+    """The layers with their kept bytes under torch.compile (none and full), partitioned once per kind."""
+    from planner.profiler.compiled import module_figures
+    from planner.profiler.userfault import blame
+
+    inputs = [chain.inputs, *chain.layer_outputs[:-1]]
+    by_kind: dict[str, dict[str, int]] = {}
+    found = []
+    for (name, module), x, layer in zip(chain.layers, inputs, layers, strict=True):
+        if layer.kind not in by_kind:
+            with blame(f"compiling layer {name!r} (AOTAutograd's partition)"):
+                by_kind[layer.kind] = module_figures(module, x)
+        found.append(layer.model_copy(update={"compiled_kept_bytes": by_kind[layer.kind]}))
+    return found
 
 
 def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: str, dtype: str,

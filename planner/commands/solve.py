@@ -13,6 +13,7 @@ from planner.commands.setup_options import (
     planned_setup,
     setup_options,
 )
+from planner.commands.training_settings import compiled_profile
 
 
 @click.command("solve")
@@ -61,7 +62,7 @@ def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer
         io.check_outputs({"--plot": plot}, inputs={"--profile": profile_path})
     else:
         io.check_outputs({"--out": out}, inputs={"--profile": profile_path})
-    profile = io.load_profile(profile_path)
+    profile = compiled_profile(io.load_profile(profile_path), data_parallel.settings)
     say = (lambda note: err_console.print(note)) if as_json else info  # stdout carries the JSON alone
     if schedule == "auto":
         from planner.commands.auto_schedule import run_auto_schedule

@@ -20,7 +20,8 @@ SETTING_OPTIONS = [
                       "[default: the newest read]."),
     click.option("--compile", "compile_model", is_flag=True,
                  help="torch.compile (torchtitan's training.compile): the loss as the runtime's version compiles it; "
-                      "the layers are charged as eager."),
+                      "the layers keep what the profile recorded under compile (`ckplan profile --arch ... "
+                      "--compiled`), else are charged as eager."),
     click.option("--op-level-sac", is_flag=True,
                  help="torchtitan's op-level selective AC: a checkpointed block (evaluate) runs its op-sac policy, "
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "
@@ -85,9 +86,24 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
         raise UserError(refused[0])
     if settings["compile"] and say is not None:
         compiled = record.loss_compiled is not None
-        say(f"--compile: {runtime} {record.version} " + ("compiles the loss (charged as measured compiled)"
+        layers = sum(1 for layer in profile.layers if layer.compiled_kept_bytes)
+        say(f"--compile: {runtime} {record.version} " + ("compiles the loss (charged as read from inductor's code)"
                                                          if compiled else "does not compile the loss")
-            + "; the layers' memory and time are charged as eager (compile's effect on them is not modelled)")
+            + (f"; {layers} of {len(profile.layers)} layers keep what the profile recorded under compile "
+               "(AOTAutograd's partition), the others as eager" if layers else
+               "; the profile recorded no layer's kept bytes under compile, so the layers' memory is charged as "
+               "eager (an --arch profile records them with --compiled)")
+            + "; the layers' time is charged as eager")
+
+
+def compiled_profile(profile, settings: TrainingSettings | None):
+    """The profile as the setting runs it: under --compile each layer keeps what the profile
+    recorded under compile (planner/profiler/compiled_kept.compiled_layers); else as given."""
+    if settings is None or not settings.compile_model:
+        return profile
+    from planner.profiler.compiled_kept import compiled_layers
+
+    return compiled_layers(profile)[0]
 
 
 def _a2a_heads(profile, cp_comm: str | None, cp: int) -> list[str]:

@@ -64,6 +64,9 @@ class StageCost:
     reserved_bytes: int | None = None  # None: the peak
     reserved_by: str | None = None  # cuda: "replay" (planner/cost/reserve.py) or "divisor"
     workspace_bytes: int = 0
+    # allocated after the optimizer step: static and what the runtime keeps past it
+    # (planner/cost/afterstep.py; what Megatron-LM logs as mem-allocated-bytes)
+    after_step_bytes: int = 0
 
     @property
     def busy_ms(self) -> float:
@@ -88,8 +91,26 @@ class StageCost:
         return reserved + self.workspace_bytes + FIT_MARGIN_BYTES
 
     @property
-    def fits_device(self) -> bool:
+    def fits_allocated(self) -> bool:
+        """The solvers' row: the allocated peak within what the cap admits once the divisor's
+        reserve and the communication buffers are taken (limit_bytes)."""
         return self.peak_bytes + FIT_MARGIN_BYTES <= self.allocated_limit_bytes
+
+    @property
+    def replay_excess_bytes(self) -> int:
+        """How far the replayed reserved peak and the buffers pass the cap (0 where the replay
+        did not run, or they fit)."""
+        if self.reserved_by != "replay":
+            return 0
+        return max(0, self.device_need_bytes - self.cap_bytes)
+
+    @property
+    def fits_device(self) -> bool:
+        """The device's verdict: the replayed reserved peak and the buffers within the cap where
+        the allocator replay ran (planner/cost/reserve.py), else the solvers' row."""
+        if self.reserved_by == "replay":
+            return self.device_need_bytes <= self.cap_bytes
+        return self.fits_allocated
 
     @property
     def fits_host(self) -> bool:
@@ -106,6 +127,7 @@ class StageCost:
             workspace_bytes=self.workspace_bytes,
             peak_bytes=self.peak_bytes,
             static_bytes=self.static_bytes,
+            after_step_bytes=self.after_step_bytes,
             activation_bytes=self.activation_bytes,
             buffer_bytes=self.buffer_bytes,
             transient_bytes=self.transient_bytes,

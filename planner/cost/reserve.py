@@ -37,7 +37,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator, dataparallel
+from planner.cost import allocator, dataparallel, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
 from planner.cost.assembly import StageCost
 from planner.cost.rules import in_flight
@@ -318,9 +318,12 @@ def _sizes(codes: Sequence[int]) -> dict[int, int]:
 
 def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile,
                           setup: TrainSetup) -> StageCost:
-    """`cost` with its reserved peak from the replay where one runs (cuda, records for every
-    layer's option, one chunk per rank, no --fragmentation stated); else as it was (the divisor)."""
+    """`cost` with its reserved peak from the replay where one runs (cuda, a runtime whose step the
+    replay orders, records for every layer's option, one chunk per rank, no --fragmentation
+    stated); else as it was (the divisor)."""
     if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
+        return cost
+    if not runtimes.of(setup.training).step_replayed:
         return cost
     by_name = {layer.name: layer for layer in profile.layers}
     memory = StageMemory(cost.static_bytes, cost.buffer_bytes, cost.step_scratch_bytes)

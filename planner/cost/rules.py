@@ -178,6 +178,19 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
                                      expert_count=layer.expert_param_count) + layer.tied_ms
 
 
+def step_checks_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """What the runtime reads once a step beside the optimizer (its record's step_whole_bytes over
+    the layer's whole gradients, step_shard_bytes over the rank's shard of them), memory-bound at
+    the profile's GPU's HBM bandwidth; 0 where the profile names none (a measured step)."""
+    record = runtime_facts(setup)
+    hbm_tbps = profile.assumptions.get("gpu_hbm_tbps")
+    if not (record.step_whole_bytes or record.step_shard_bytes) or not isinstance(hbm_tbps, (int, float)) \
+            or setup.data_parallel.offload:
+        return 0.0
+    read = layer.param_count * (record.step_whole_bytes + record.step_shard_bytes / dataparallel.shard_size(setup))
+    return read / (hbm_tbps * 1e12) * 1e3
+
+
 # What each runtime's 1F1B pipeline holds besides the layers' own saved tensors: its record's
 # pipeline-buffer facts (planner/cost/runtimes.py, each with the file it was read from).
 

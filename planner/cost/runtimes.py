@@ -17,7 +17,8 @@ lives from the loss's forward to its backward (the logits themselves included wh
 `peak` the most at once during the loss's forward and backward. Measured with torch's MemTracker
 on CPU (torch 2.13, 2,048 tokens x 4,096 vocab, bf16 logits; scripts/bench_loss_region.py,
 its cases written from each framework's code): torchtitan's plain loss kept 2.00 peak 5.97
-(compiled on CPU by inductor: the same);
+(compiled by inductor, read from its generated code instead, scripts/compiled_loss.py: kept 1.00
+peak 2.00);
 loss_parallel kept 2.00 peak 7.97; Hugging Face >= 4.46 (its output keeps the logits) kept 3.00
 peak 6.97; transformers 4.3x as ColossalAI's benchmark runs it kept 4.00 peak 7.97; Megatron-LM's
 vocab-parallel cross-entropy kept 2.00 peak 2.97.
@@ -130,6 +131,28 @@ class RuntimeFacts:
     Engine's AttnFuncWithCPAndKVP2P under Megatron-LM), "allgather" (K/V all-gathered once per pass,
     dK/dV passed on rank to rank in fp32: torch's context_parallel, which torchtitan runs); None: the
     runtime runs no context parallelism (refused)."""
+    # -- the allocator's reserve
+    step_replayed: bool = False
+    """The allocator replay (planner/cost/reserve.py) orders this runtime's own step: its static
+    allocations, the schedule's passes, the streams it allocates on. Where it does not (a framework
+    whose step allocates on streams or in an order the replay does not run, e.g. FSDP2's all-gather
+    and reduce-scatter streams), the reserve is the published fragmentation margin."""
+    # -- after the optimizer step (planner/cost/afterstep.py: static memory as Megatron logs it)
+    keeps_last_input_and_grad: bool = False
+    """Each model chunk past the pipeline's first keeps its last microbatch's input (the model's
+    set_input_tensor) and that input's gradient (retain_grad) from its last backward to its next
+    forward: two stage inputs a chunk, allocated after the step."""
+    te_cublas_workspace: bool = False
+    """The runtime's layers are Transformer Engine's, whose cuBLAS workspace is allocated once
+    through torch's caching allocator (afterstep.TE_WORKSPACE_*)."""
+
+    # -- the step beside the optimizer (read by rules.step_checks_ms; issue 35)
+    step_whole_bytes: int = 0
+    """Bytes per parameter of the stage the runtime reads once a step beside the optimizer, over
+    the whole (unsharded) gradients: Megatron-LM's NaN check of every bucket before the reduction."""
+    step_shard_bytes: int = 0
+    """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
+    (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
@@ -157,11 +180,29 @@ _TORCH_PIPELINING_SOURCES = {
     "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",
 }
 
-# torchtitan's loss under torch.compile (inductor), measured with MemTracker on CPU (torch 2.13, the
-# docstring's sizes): kept 2.00, peak 5.97, as eager. Issue 33's "about 2x" for a compiled loss was
-# not reproduced on CPU and no GPU was at hand: the measured figure stands until one is measured on
-# CUDA. Only the whole-vocabulary loss was measured compiled; under TP the vocab-parallel one applies.
-_COMPILED_LOSS = LossRegion(kept_x=2.0, peak_x=6.0)
+# The after-step facts (afterstep.py) where they were not read: nothing charged past the step.
+_AFTER_STEP_NOT_READ = {
+    "keeps_last_input_and_grad": "not read for this runtime (nothing charged after the step)",
+    "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
+    "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
+    "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
+}
+
+# torchtitan's loss under torch.compile, read from the code inductor generates for it (scripts/
+# compiled_loss.py; planner/profiler/inductor_buffers.py replays each wrapper's empty_strided
+# allocations and dels; torch 2.13.0, CPU, 2,048 tokens x 4,096 vocab): AOTAutograd's partition
+# saves the bf16 logits themselves, the per-token max and log-sum-exp (fp32) and a scalar; the fp32
+# upcast and the log-softmax are fused into the reductions and never materialised. The backward
+# allocates one bf16 gradient of the logits. Kept 1.0010, peak 2.0015 x the bf16 logits (8 B per
+# token beyond the logits: under 1e-4 of them at a 32k+ vocabulary). What is saved is decided
+# before code generation (torch/_functorch/partitioners.py), so it holds on CUDA; what is device
+# dependent is the reductions' code: Triton splits a reduction only over fewer rows than SMs x 64
+# (torch/_inductor/ir.py 1387-1497 Reduction.num_splits; the CPU backend reduces to one element and
+# never splits), into fp32 partials of rows x splits: per-token sized, not logits-sized. No GPU or
+# Triton was at hand to generate the CUDA code itself. MemTracker (the 2.00 / 5.97 measured before)
+# does not see the compiled region's buffers. Only the whole-vocabulary loss is compiled; under TP
+# the vocab-parallel one applies.
+_COMPILED_LOSS = LossRegion(kept_x=1.0, peak_x=2.0)
 
 
 def _ckplan() -> RuntimeFacts:
@@ -175,7 +216,9 @@ def _ckplan() -> RuntimeFacts:
         loss_compiled=None, tp_saves_gathered_input=False,
         **_TORCH_PIPELINING, recompute_whole_forward=False,
         overlaps_grad_reduce=False, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
+        step_replayed=True,
         sources={
+            "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
             "grads_allocated_at_first_backward": "held in static as ckplan's runtime was measured (scripts/bench_dp_static.py)",
             "grad_bytes": "planner/runtime (torch .grad in the parameter's dtype); bf16 params under bf16-mixed",
             "shard_weight_bytes": "planner/runtime/mesh.py: bf16 parameters, fp32 master in the optimizer",
@@ -194,6 +237,7 @@ def _ckplan() -> RuntimeFacts:
             "tp_overlap": "ckplan's runtime runs no TP",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -207,12 +251,14 @@ def _megatron() -> RuntimeFacts:
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
-        cublas_workspace_bytes=8 * 4096 * 1024, cp_comm="p2p",
+        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
+        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p",
         sources={
             "cp_comm": f"megatron/training/arguments.py 3221 (--cp-comm-type default p2p); megatron/core/extensions/"
                        f"transformer_engine.py 2141-2153 (passed to TE), {_MEGATRON_V}; Transformer Engine "
                        "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py "
                        "AttnFuncWithCPAndKVP2P 1356-2150 (forward), 2340-2420 (backward buffers), d0067d0d (2026-08-22)",
+            "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
                           f"megatron/training/arguments.py 1204-1217 (bf16 forces fp32 accumulation), {_MEGATRON_V}",
@@ -238,7 +284,27 @@ def _megatron() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"--overlap-param-gather, {_MEGATRON_V}",
             "tp_overlap": f"--tp-comm-overlap (Transformer Engine userbuffers), {_MEGATRON_V}",
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
-                                      "CUBLAS_WORKSPACE_CONFIG :4096:8",
+                                      "CUBLAS_WORKSPACE_CONFIG :4096:8 (8 x 4 MiB); torch allocates it through the "
+                                      "caching allocator, one per handle and stream, the cuBLASLt one unified with it "
+                                      "(aten/src/ATen/cuda/CublasHandlePool.cpp, getCUDABlasLtWorkspaceSize)",
+            "keeps_last_input_and_grad": "megatron/core/pipeline_parallel/schedules.py 428-429 (forward_step: "
+                                         "set_input_tensor(input_tensor)), 478-483 and 505-513 (backward_step: "
+                                         "x.retain_grad(), input_tensor_grad = x.grad); megatron/core/transformer/"
+                                         "transformer_block.py 440-448, 573 (self.input_tensor kept, the chunk's "
+                                         "hidden states), Megatron-LM 6e091e1b (2026-05-30); the same at "
+                                         f"{_MEGATRON_V} (schedules.py 507, 561, 591; transformer_block.py 463, 588)",
+            "step_whole_bytes": "megatron/core/distributed/param_and_grad_buffer.py 313-349, 599-600 (check_grads: "
+                                "each bucket's grad_data.norm before its reduction), on by default: "
+                                "megatron/training/training.py 1910, arguments.py 2519-2521 "
+                                "(--no-check-for-nan-in-loss-and-grad turns it off), Megatron-LM 6e091e1b",
+            "step_shard_bytes": "--clip-grad defaults to 1.0 (arguments.py 2295-2296): the norm of the shard's fp32 "
+                                "gradients; distrib_optimizer.py 2707-2795 (_copy_main_params_to_model_params: fp32 "
+                                "main shard into the bf16 parameter buffer), Megatron-LM 6e091e1b",
+            "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
+                                   "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
+                                   "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "
+                                   "Megatron-LM 6e091e1b's pyproject.toml pins; the same at 4329ff84 (2026-08-04), "
+                                   f"pinned at {_MEGATRON_V}",
         })
 
 
@@ -259,6 +325,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
                        f"all-to-all in fp32), {_TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
                        f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
+            "step_replayed": f"not replayed: FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {_TORCH_V}",
             "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {_TORCH_V}",
             "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
                           f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad "
@@ -278,7 +345,8 @@ def _torchtitan(version: str) -> RuntimeFacts:
                                    f"tensor/parallel/loss.py 197-222, {_TORCH_V}; {_MEMTRACKER}: kept 2.00, peak 7.97",
             "loss_compiled": f"train.py torch.compile(loss_fn) under training.compile, bbb1b616; "
                              f"torchtitan/components/loss.py 242-252, b5bcd76c (none at {_TITAN_OLD}); "
-                             f"{_MEMTRACKER} (inductor on CPU): kept 2.00, peak 5.97",
+                             f"inductor's generated code on CPU, torch 2.13 (scripts/compiled_loss.py): kept 1.00, "
+                             f"peak 2.00 (the saved bf16 logits and their bf16 gradient)",
             "tp_saves_gathered_input": f"parallelize_llama.py 117-191 (apply_tp), {_TITAN_OLD}; torch/distributed/"
                                        f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {_TORCH_V}",
             **_TORCH_PIPELINING_SOURCES,
@@ -287,6 +355,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {_TORCH_V}",
             "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}",
             "cublas_workspace_bytes": "not sourced",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -303,6 +372,7 @@ def _deepspeed() -> RuntimeFacts:
         sends_held_to_step_end=False, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         sources={
+            "step_replayed": f"not replayed: ZeRO's contiguous buffers and its side streams (deepspeed/runtime/zero/stage_1_and_2.py), {_DS_V}",
             "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
             "shard_weight_bytes": f"deepspeed/runtime/bf16_optimizer.py 49-62 (bf16 flat groups), {_DS_V}",
@@ -327,6 +397,7 @@ def _deepspeed() -> RuntimeFacts:
             "tp_overlap": "not in DeepSpeed",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
+            **_AFTER_STEP_NOT_READ,
         })
 
 
@@ -344,6 +415,7 @@ def _colossalai(version: str) -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None,
         cublas_workspace_bytes=None,
         sources={
+            "step_replayed": "not replayed: Gemini's chunk manager allocates and moves whole chunks (colossalai/zero/gemini/chunk)",
             "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
             "grad_bytes": f"colossalai/zero/gemini/gemini_ddp.py 106, 380-412 (grads in the fp16 chunk; a grad chunk "
                           f"with accumulation), {_CAI_V}",
@@ -373,6 +445,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "tp_overlap": "not read",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "not read (refused)",
+            **_AFTER_STEP_NOT_READ,
         })
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost import allocator, gradtiming, schedules
+from planner.cost import afterstep, allocator, gradtiming, schedules
 from planner.cost.assembly import (
     PlanCost,
     StageCost,
@@ -125,7 +125,9 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         host_bytes=int(round(sum(sums[k].host_bytes + in_flight[k] * sums[k].offloaded_bytes for k in stages))),
         host_cap_bytes=host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline), limit_bytes=limit_bytes(rank, ctx),
         reserved_bytes=reserved,
-        workspace_bytes=workspace_bytes(rank, ctx))
+        workspace_bytes=workspace_bytes(rank, ctx),
+        after_step_bytes=afterstep.after_step_bytes(static, [chunks[k][0][0] for k in stages], stages,
+                                                    training=setup.training, device=profile.device))
 
 
 def late_gradients(order: schedules.Schedule, rank: int, chunks, setup: TrainSetup) -> list[float]:

@@ -32,6 +32,7 @@ from planner.cost.rules import (
     stage_constant_ms,
     stage_constant_transient_bytes,
     static_bytes,
+    step_checks_ms,
     tied_once_bytes,
     tp_gathered_extra_bytes,
     tp_gathered_kept_bytes,
@@ -212,6 +213,10 @@ TERMS: tuple[Term, ...] = (
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
+    Term("the runtime's gradient checks and parameter copy beside the optimizer step", "step", "layer",
+         lambda layer, ckpt, ctx: step_checks_ms(layer, ctx.profile, ctx.setup),
+         "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket, the "
+         "clipping norm, the fp32 main parameters copied to bf16) at the profile's HBM bandwidth"),
     # -- the layer that opens the stage
     Term("stage input shared with its receive buffer or batch slice", "kept", "open",
          lambda layer, stage, ctx: first_layer_kept_bytes(layer, ctx.setup),

@@ -209,18 +209,20 @@ def _layer_list(config: dict, key: str, where: str, num_layers: int) -> list[int
 
 def _gpt2(config: dict, where: str, name: str) -> Arch:
     """GPT-2's config.json: n_embd, n_layer, n_head, n_inner (None: 4·n_embd), n_positions;
-    GELU (gelu_new), tied embeddings unless told."""
+    GELU (gelu_new), tied embeddings unless told. num_key_value_heads (not GPT-2's own: a GPT
+    block with grouped-query attention, as Megatron-LM builds it under --group-query-attention
+    without --swiglu) splits the heads into that many K/V groups (absent: one per query head)."""
     for key in ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"):
         if key not in config:
             raise UserError(f"{where} has no {key}; a GPT-2 config needs n_embd, n_layer, n_head, vocab_size, "
                             "n_positions (the learned position embedding's rows)")
     hidden = _positive_int(config, "n_embd", where)
     _activation(config, where, "gelu")
-    _refuse_grouped_heads(config, where, _positive_int(config, "n_head", where))
+    heads = _positive_int(config, "n_head", where)
     arch = Arch(name=name, hidden_size=hidden, intermediate_size=_optional_int(config, "n_inner", where) or 4 * hidden,
                 num_layers=_check_depth(_positive_int(config, "n_layer", where), "n_layer", where),
-                num_heads=_positive_int(config, "n_head", where),
-                num_kv_heads=_positive_int(config, "n_head", where), vocab_size=_positive_int(config, "vocab_size", where),
+                num_heads=heads, num_kv_heads=_optional_int(config, "num_key_value_heads", where) or heads,
+                vocab_size=_positive_int(config, "vocab_size", where),
                 tie_word_embeddings=_bool(config, "tie_word_embeddings", where, default=True),
                 max_position_embeddings=_positive_int(config, "n_positions", where), style="gpt",
                 norm_eps=_epsilon(config, where, "layer_norm_epsilon", default=1e-5), source=where)
@@ -229,7 +231,8 @@ def _gpt2(config: dict, where: str, name: str) -> Arch:
 
 def _opt(config: dict, where: str, name: str) -> Arch:
     """OPT's config.json: ffn_dim is the MLP width, ReLU unless told, learned positions with
-    two extra rows (OPTLearnedPositionalEmbedding's offset of 2), tied embeddings."""
+    two extra rows (OPTLearnedPositionalEmbedding's offset of 2), tied embeddings;
+    num_key_value_heads as for GPT-2."""
     needed = ("hidden_size", "ffn_dim", "num_hidden_layers", "num_attention_heads", "vocab_size",
               "max_position_embeddings")
     missing = [key for key in needed if key not in config]
@@ -243,10 +246,9 @@ def _opt(config: dict, where: str, name: str) -> Arch:
     if not _bool(config, "enable_bias", where, default=True):
         raise UserError(f"{where}: enable_bias is false; GPT-style configs are read with biases")
     heads = _positive_int(config, "num_attention_heads", where)
-    _refuse_grouped_heads(config, where, heads)
     arch = Arch(name=name, hidden_size=hidden, intermediate_size=_positive_int(config, "ffn_dim", where),
                 num_layers=_check_depth(_positive_int(config, "num_hidden_layers", where), "num_hidden_layers", where),
-                num_heads=heads, num_kv_heads=heads, vocab_size=_positive_int(config, "vocab_size", where),
+                num_heads=heads, num_kv_heads=_optional_int(config, "num_key_value_heads", where) or heads, vocab_size=_positive_int(config, "vocab_size", where),
                 tie_word_embeddings=_bool(config, "tie_word_embeddings", where, default=True),
                 max_position_embeddings=_positive_int(config, "max_position_embeddings", where) + 2,
                 # OPT's LayerNorms take torch's default epsilon (modeling_opt.py names none)
@@ -268,16 +270,6 @@ def _check_depth(layers: int, key: str, where: str) -> int:
         raise UserError(f"{where}: {key} = {layers} is past the {MAX_LAYERS} decoder layers ckplan plans (the deepest "
                         "published LLM has 126); fix the config")
     return layers
-
-
-def _refuse_grouped_heads(config: dict, where: str, heads: int) -> None:
-    """GPT-style blocks are read with one key and value head per query head: a grouped count
-    would change the attention's memory, and is refused rather than read as absent."""
-    kv = config.get("num_key_value_heads")
-    if kv is not None and kv != heads:
-        raise UserError(f"{where}: num_key_value_heads = {kv!r} with model_type {config.get('model_type')!r}, whose "
-                        f"attention has one key and value head per query head ({heads}); grouped-query attention is "
-                        "read for gated-MLP decoders (llama, qwen2, ...): drop the field or fix model_type")
 
 
 def _positions(config: dict, where: str) -> dict:

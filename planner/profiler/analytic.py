@@ -90,7 +90,7 @@ import json
 
 from planner.errors import UserError
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
-from planner.profiler import allocseq, analytic_comm, analytic_cp, analytic_time
+from planner.profiler import allocseq, analytic_comm, analytic_cp, analytic_time, compiled_kept
 from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<name> by callers
     FLASH,
     FP32,
@@ -301,9 +301,11 @@ def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None
                   transient_bytes=out, shape=shape, gpu=gpu, kept_terms=(ids, mask))
 
 
-def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
+def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None, *,
+                compiled: bool = False) -> LayerProfile:
     """Decoder block `index`: kind moe_block where its MLP is the experts (the cost model
-    normalises layers within a kind, and a MoE block is not a dense one), else decoder_block."""
+    normalises layers within a kind, and a MoE block is not a dense one), else decoder_block.
+    `compiled`: record its kept bytes under torch.compile too (compiled_kept.py)."""
     boundary, moe = boundary_bytes(arch, shape), arch.is_moe_layer(index)
     times = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
     layer = _layer(f"layers.{index}", "moe_block" if moe else "decoder_block", times=times,
@@ -315,7 +317,11 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   expert_param_count=expert_params(arch, shape) if moe else 0,
                   a2a_bytes=dispatch_bytes(arch, shape) if moe else 0)
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
-    return layer if exchanged is None else layer.model_copy(update={"context_parallel": exchanged})
+    if exchanged is not None:
+        layer = layer.model_copy(update={"context_parallel": exchanged})
+    if not compiled:
+        return layer
+    return layer.model_copy(update={"compiled_kept_bytes": compiled_kept.compiled_kept_bytes(arch, shape, moe=moe)})
 
 
 def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
@@ -332,13 +338,14 @@ def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> 
 
 
 def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = None,
-                     model: FileRef) -> Profile:
+                     model: FileRef, compiled: bool = False) -> Profile:
     """A Profile with the measured schema, marked analytic, every assumption recorded. Times
     are the roofline (planner/profiler/roofline.py), unless `mfu` overrides them: then each
-    pass's FLOPs at the BF16 peak x mfu (memory-bound passes cost nothing)."""
+    pass's FLOPs at the BF16 peak x mfu (memory-bound passes cost nothing). `compiled`: the blocks
+    record their kept bytes under torch.compile too (compiled_kept.py)."""
     check_fits(arch, shape)
     layers = [embedding_layer(arch, shape, gpu, mfu),
-              *(block_layer(i, arch, shape, gpu, mfu) for i in range(arch.num_layers)),
+              *(block_layer(i, arch, shape, gpu, mfu, compiled=compiled) for i in range(arch.num_layers)),
               head_layer(arch, shape, gpu, mfu)]
     layers = analytic_comm.with_collectives(layers, arch.hidden_size, shape)  # tensor-parallel, per microbatch
     return Profile(

@@ -181,14 +181,22 @@ def llama_block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> l
 
 
 def gpt_block_terms(arch: Arch, shape: Shape) -> list[Term]:
-    """Kept bytes of a GPT block, Korthikanti et al.'s terms one by one."""
+    """Kept bytes of a GPT block, Korthikanti et al.'s terms one by one; with grouped-query
+    attention (Megatron-LM's --group-query-attention on a GPT block) K and V at the K/V heads'
+    width, as in the LLaMA-style block. Megatron-LM's Transformer Engine layers keep the same:
+    LayerNormLinear saves its input, the norm's output, mu and rsigma (TransformerEngine f8a01cd5
+    transformer_engine/pytorch/module/layernorm_linear.py 485-495), the fused bias-GeLU its input
+    (Megatron-LM 6e091e1b megatron/core/fusions/fused_bias_gelu.py 40), the second linear its
+    input, fused attention Q, K, V, O and its softmax statistics (its dropout in-kernel, no mask)."""
     sb, d, r, h, t = shape.tokens, shape.d, shape.sp_div, arch.hidden_size, shape.tp
     f = arch.intermediate_size // t
+    q, kv = q_width(arch, shape), kv_width(arch, shape)
     return [
         *_norm_terms(arch, shape, "attention"),
         Term("Q/K/V projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
-        Term("Q and K", 2 * sb * h * d // t, f"{KORTHIKANTI}: QK^T 4sbh"),
-        Term("V", sb * h * d // t, f"{KORTHIKANTI}: V 2sbh"),
+        Term("Q", sb * q * d, f"{KORTHIKANTI}: Q of QK^T 2sbh"),
+        Term("K (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: K of QK^T 2sbh, GQA width"),
+        Term("V (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
         *_attention_core_terms(arch, shape, q_width(arch, shape)),
         Term("attention dropout mask", MASK_BYTES * sb * h // r, f"{KORTHIKANTI}: dropout mask sbh"),
         *_norm_terms(arch, shape, "MLP"),

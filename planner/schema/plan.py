@@ -26,6 +26,9 @@ PLAN_SCHEMA_VERSIONS = (1, 2)
 class StagePredicted(Strict):
     peak_bytes: Bytes
     static_bytes: Bytes  # weights + grads + optimizer state
+    # allocated after the optimizer step: static + what the runtime keeps past it (None: plans
+    # written before it was predicted)
+    after_step_bytes: Bytes | None = None
     activation_bytes: Bytes  # in-flight microbatches x kept bytes per microbatch
     buffer_bytes: Bytes = 0  # pipeline send/recv buffers
     transient_bytes: Bytes = 0  # recompute + largest layer transient

@@ -156,6 +156,11 @@ class LayerProfile(Strict):
     # "full", selective ones; fake profiles): the allocator replay's input. Empty in other profiles
     # and profiles made before: the reserve is then the allocated peak over 1 - fragmentation
     alloc_records: dict[OptionName, AllocRecord] = {}
+    # under torch.compile, per recompute option by name, the bytes per microbatch the compiled layer
+    # keeps for backward (AOTAutograd's partition: planner/profiler/compiled.py; analytic profiles
+    # made with --compiled: planner/profiler/compiled_kept.py). --compile charges them for the options
+    # named here; empty (other layers, profiles made before or without it): eager figures, said
+    compiled_kept_bytes: dict[OptionName, Bytes] = {}
     # the tensor-parallel collectives per microbatch (analytic profiles at --tp > 1: the
     # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
     # empty elsewhere and in profiles made before: no tensor-parallel communication charged

@@ -99,6 +99,11 @@ def offload_meets_host_cap(profile: Profile, setup: TrainSetup) -> bool:
                for o in costmodel.useful_options(layer, ctx))
 
 
+# How many times a plan is solved again under lowered caps where the allocator replay put its
+# reserved peak above the caps given (plan(), _within_replay).
+REPLAY_ROUNDS = 6
+
+
 def plan(
     profile: Profile,
     setup: TrainSetup,
@@ -118,8 +123,100 @@ def plan(
     the iteration time of a feasible plan. mip_gap, threads and log concern the MILP only.
     `deadline` (default: time_limit_s from now) bounds everything; past it the best plan
     known is returned as "feasible" with its gap. `baselines_scored`: the caller scored the
-    baselines already and none fits (or gave the best as `start`): they are not scored again."""
+    baselines already and none fits (or gave the best as `start`): they are not scored again.
+
+    The solvers bound each stage's allocated peak under the cap less the divisor's reserve
+    (costmodel.limit_bytes). evaluate() replays the caching allocator where it can
+    (planner/cost/reserve.py) and judges the plan by that reserved peak; where the replay puts
+    a stage above its cap, _within_replay solves again under lowered caps."""
     deadline = deadline or Deadline(time_limit_s)
+    given = None  # the start, where it fits: the answer if nothing found beats it
+    if start is not None:
+        start_cost = costmodel.evaluate(start, profile, setup)
+        given = (start, start_cost) if start_cost.feasible else None
+        if not in_rows(start_cost):  # the replay admits it, the solvers' rows do not: no start nor bound for them
+            start, upper_bound_ms = None, None
+    kwargs = dict(solver=solver, mip_gap=mip_gap, threads=threads, log=log, upper_bound_ms=upper_bound_ms,
+                  start=start, deadline=deadline, baselines_scored=baselines_scored)
+    found = _plan_once(profile, setup, **kwargs)
+    if isinstance(found, PlanResult) and not found.cost.feasible and any(_excess(found.cost)):
+        found = _within_replay(profile, setup, found, {**kwargs, "upper_bound_ms": None, "start": None})
+    if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
+                              or given[1].iteration_ms < found.cost.iteration_ms):
+        solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
+                            solver=pick_solver(setup, solver, profile))
+        return PlanResult(stages=costmodel.with_predictions(given[0], given[1]), cost=given[1], solve=solve)
+    return found
+
+
+def in_rows(cost: PlanCost) -> bool:
+    """The plan meets the solvers' own rows (each stage's allocated peak under limit_bytes, the
+    host cap): a start or a bound they can reach. Whether it fits is cost.feasible, the replay's
+    verdict where the replay runs."""
+    return all(stage.fits_allocated and stage.fits_host for stage in cost.stages)
+
+
+def _excess(cost: PlanCost) -> list[int]:
+    return [stage.replay_excess_bytes for stage in cost.stages]
+
+
+def _within_replay(profile: Profile, setup: TrainSetup, found: PlanResult, kwargs: dict) -> PlanResult | NoFit:
+    """The fastest plan found whose replayed reserve fits the caps as given, solving under lowered
+    caps: first where the solvers' allocated limit becomes what the replay admits
+    (_replay_caps: the cap over the replay's ratio of reserved to allocated on that stage, not the
+    divisor's); then halfway between the highest caps whose plan fitted (or gave no plan) and the
+    lowest whose plan was over; REPLAY_ROUNDS solves in all. A search over the caps, not a proof:
+    a plan that fits under the replay may be missed where every cap tried excludes it (the plan is
+    then "infeasible", as the solvers say)."""
+    over, below, best = list(setup.pipeline.mem_caps_bytes), None, None
+    trial = _replay_caps(found.cost, over)
+    for _ in range(REPLAY_ROUNDS):
+        lowered = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": trial})})
+        result = _plan_once(profile, lowered, **kwargs) if min(trial) > 0 else None
+        cost = costmodel.evaluate(result.stages, profile, setup) if isinstance(result, PlanResult) else None
+        if cost is not None and not cost.feasible:
+            over = trial
+        else:
+            below = trial
+            if cost is not None and (best is None or cost.iteration_ms < best[1].iteration_ms):
+                best = (result, cost)
+        if below is None:
+            trial = _replay_caps(cost, trial)
+        elif max(b - a for a, b in zip(below, over, strict=True)) <= _CAPS_RESOLUTION:
+            break
+        else:
+            trial = [(a + b) // 2 for a, b in zip(below, over, strict=True)]
+    if best is None:
+        return NoFit("infeasible", kwargs["deadline"].elapsed_s(), found.solve.solver)
+    result, cost = best
+    return PlanResult(stages=costmodel.with_predictions(result.stages, cost), cost=cost, solve=result.solve)
+
+
+_CAPS_RESOLUTION = 1 << 20  # the caps' search stops once the bracket is this narrow on every stage
+
+
+def _replay_caps(cost: PlanCost, caps: list[int]) -> list[int]:
+    """Caps under which each stage the replay put over (`cost`, scored against the caps as given)
+    may allocate only what its replayed ratio of reserved to allocated admits: the allocated limit
+    (cap - buffers) x peak / replayed reserve, less the fit margin, and the cap whose divisor limit
+    is that (the limit is linear in the cap less the buffers); below `caps` on those stages; the
+    others keep `caps`."""
+    lowered = []
+    for cap, stage in zip(caps, cost.stages, strict=True):
+        if not stage.replay_excess_bytes:
+            lowered.append(cap)
+            continue
+        room = stage.cap_bytes - stage.workspace_bytes
+        wanted = room * stage.peak_bytes / stage.reserved_bytes - costmodel.FIT_MARGIN_BYTES
+        fitted = stage.workspace_bytes + int(room * wanted / stage.allocated_limit_bytes)
+        lowered.append(min(fitted, cap - _CAPS_RESOLUTION))
+    return lowered
+
+
+def _plan_once(profile: Profile, setup: TrainSetup, *, solver: Solver, mip_gap: float, threads, log: bool,
+               upper_bound_ms, start, deadline: Deadline, baselines_scored: bool) -> PlanResult | NoFit:
+    """plan() under one set of caps: the solvers' answer, re-scored; its cost may fail the
+    replay's verdict (plan() then lowers the caps)."""
     if baselines_scored and upper_bound_ms is None:
         upper_bound_ms = math.inf  # no bound, and no second scoring of the baselines for one
     if deadline.expired():  # the baselines took it all: the best of them, or nothing
@@ -157,7 +254,7 @@ def _feasible_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, 
     if start is None and upper_bound_ms is None:
         start = best_baseline(profile, setup, deadline)
     cost = costmodel.evaluate(start, profile, setup) if start is not None else None
-    return (start, cost) if cost is not None and cost.feasible else (None, None)
+    return (start, cost) if cost is not None and in_rows(cost) else (None, None)
 
 
 def _cut_short(profile: Profile, setup: TrainSetup, start, start_cost, deadline: Deadline,
@@ -187,10 +284,16 @@ def _checked(stages: list[StagePlan], profile: Profile, setup: TrainSetup, resul
         raise SolverMismatch(
             f"plan re-evaluates to {cost.iteration_ms!r} ms but the solver's objective is {result.objective!r}"
         )
-    if not cost.feasible:
-        over = [s for s, c in enumerate(cost.stages) if not c.fits]
-        raise SolverMismatch(f"solver plan exceeds the caps of stages {over} under evaluate()")
+    _check_solver_rows(cost, "stages")
     return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=result)
+
+
+def _check_solver_rows(cost: costmodel.PlanCost, what: str) -> None:
+    """The solvers' rows must hold under evaluate() (the allocated peak under limit_bytes, the
+    host cap); the replay's verdict is plan()'s to act on."""
+    over = [s for s, c in enumerate(cost.stages) if not (c.fits_allocated and c.fits_host)]
+    if over:
+        raise SolverMismatch(f"solver plan exceeds the caps of {what} {over} under evaluate()")
 
 
 def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_gap: float, threads, log,
@@ -233,12 +336,10 @@ def _checked_chunked(ranks: list[StagePlan], profile: Profile, setup: TrainSetup
         raise SolverMismatch(f"plan re-evaluates to a linear time of {linear!r} ms but the solver's objective is "
                              f"{result.objective!r}")
     cost = costmodel.evaluate(ranks, profile, setup)
-    if not cost.feasible:
-        over = [s for s, c in enumerate(cost.stages) if not c.fits]
-        raise SolverMismatch(f"solver plan exceeds the caps of ranks {over} under evaluate()")
+    _check_solver_rows(cost, "ranks")
     if start is not None:
         start_cost = costmodel.evaluate(start, profile, setup)
-        if start_cost.feasible and start_cost.iteration_ms < cost.iteration_ms:
+        if in_rows(start_cost) and start_cost.iteration_ms < cost.iteration_ms:
             ranks, cost = start, start_cost
     solve = SolveResult("feasible", cost.iteration_ms, None, result.wall_s, solver="milp")
     return PlanResult(stages=costmodel.with_predictions(ranks, cost), cost=cost, solve=solve)
@@ -256,7 +357,7 @@ def _chunked_start(profile: Profile, setup: TrainSetup) -> list[StagePlan] | Non
     if not all(stage.layers for stage in stages):
         return None
     ranks = costmodel.ranks_of(stages, setup)
-    return ranks if costmodel.evaluate(ranks, profile, setup).feasible else None
+    return ranks if in_rows(costmodel.evaluate(ranks, profile, setup)) else None
 
 
 def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, deadline: Deadline):
@@ -271,7 +372,7 @@ def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, de
     if found is None:
         return upper_bound_ms, start
     cost = costmodel.evaluate(found, profile, setup)
-    if cost.feasible and (upper_bound_ms is None or cost.iteration_ms < upper_bound_ms):
+    if in_rows(cost) and (upper_bound_ms is None or cost.iteration_ms < upper_bound_ms):
         return cost.iteration_ms, found
     return upper_bound_ms, start
 

@@ -27,6 +27,7 @@ from planner.models.configs.megatron_flags import (
     PENDING_FLAGS,
     TOKENIZER_SOURCE,
     TOKENIZER_VOCAB,
+    yaml_extras,
 )
 
 
@@ -36,12 +37,18 @@ def read(path: Path) -> Job:
 
     text = _text(path)
     where = str(path)
+    extras = []
     if path.suffix in (".yaml", ".yml"):
+        import yaml
+
         pairs, world, notes = _yaml_pairs(text, where), None, []
+        extras = yaml_extras(yaml.safe_load(text))  # valid: _yaml_pairs parsed it
     else:
         script = read_script(text, where)
         pairs, world, notes = _pairs(script.args, where), _world(script.launcher_args), script.notes
     job = from_pairs(pairs, where)
+    for name, value, status, what in extras:
+        job.said(name, value, status, what)
     job.world_size = world
     job.notes[:0] = notes
     return job
@@ -247,6 +254,7 @@ def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
     qkv_bias = flags.take("--add-qkv-bias", "q/k/v biases", bool, False)
     qk_norm = flags.take("--qk-layernorm", "q/k norms", bool, False)
     style = "llama" if swiglu else "gpt"
+    positions = _learned_positions(flags, seq_len) if style == "gpt" else None
     if swiglu and not no_bias:
         flags.notes.append("linear biases (Megatron-LM's default without --disable-bias-linear) are not modelled "
                            "on a SwiGLU model: a hidden-size vector per linear, kilobytes")
@@ -255,6 +263,7 @@ def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
     try:
         arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
                     num_heads=heads, num_kv_heads=kv, vocab_size=padded, tie_word_embeddings=not untied, style=style,
+                    max_position_embeddings=positions,
                     qkv_bias=qkv_bias, head_dim=head_dim, qk_norm=qk_norm,
                     source=f"{where} (Megatron-LM arguments)", **moe, **mla)
     except (TypeError, ValueError) as exc:
@@ -262,6 +271,22 @@ def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
     if heads % kv:
         raise UserError(f"--num-query-groups {kv} does not divide --num-attention-heads {heads}; give a divisor")
     return arch, seq_len
+
+
+def _learned_positions(flags: _Flags, seq_len: int) -> int | None:
+    """The learned position table's rows of a GPT-style model (--position-embedding-type
+    learned_absolute, Megatron-LM's default: arguments.py 2115 at 6e091e1b): --max-position-embeddings
+    (required there, at least --seq-length: 1264-1301); None for rope, none or --no-position-embedding."""
+    kind = flags.take("--position-embedding-type", "position embedding (learned_absolute: a table of parameters "
+                      "on the first stage; rope, none: no parameters)", str, "learned_absolute")
+    if flags.take("--no-position-embedding", "no position embedding", bool, False) or kind != "learned_absolute":
+        return None
+    rows = flags.take("--max-position-embeddings", "the learned position table's rows", int)
+    if rows is None:
+        flags.notes.append(f"no --max-position-embeddings (Megatron-LM requires it): the learned position table "
+                           f"taken as --seq-length's {seq_len} rows")
+        return seq_len
+    return _positive("--max-position-embeddings", rows)
 
 
 def _moe(flags: _Flags, layers: int, ffn: int) -> dict:
@@ -456,6 +481,11 @@ def _settings(flags: _Flags, job: Job) -> None:
             job.modelled.tp_overlap = "tp-comm-overlap"
         else:
             flags.sink[-1] = (*flags.sink[-1][:2], "no effect", "TP 1: no collectives to overlap")
+    impl = flags.take("--transformer-impl", "Transformer Engine's layers (the record's te_cublas_workspace, held after "
+                      "the step; the same tensors kept as the local layers)", str, "transformer_engine")
+    if impl != "transformer_engine":
+        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
+                          "cuBLAS workspace after the step all the same")
     moments = ("--exp-avg-dtype", "--exp-avg-sq-dtype")
     if flags.has("--use-precision-aware-optimizer") and all(flags.given.get(f) == ["bf16"] for f in moments):
         for flag in moments:

@@ -33,20 +33,20 @@ NO_EFFECT = {
     "--hidden-dropout": "dropout probability", "--rotary-percent": "rotary share of head dims (no bytes)",
     "--norm-epsilon": "norm epsilon", "--rotary-base": "rotary base", "--use-rope-scaling": "rope scaling",
     "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
-    "--transformer-impl": "Transformer Engine or local layers (same tensors kept)", "--use-flash-attn": "flash attention",
+    "--use-flash-attn": "flash attention",
     "--no-position-embedding": "no learned position table (the rotary positions have no parameters)",
     "--distributed-backend": "communication backend (nccl)", "--logging-level": "logging",
     "--no-check-for-nan-in-loss-and-grad": "a NaN check on the loss", "--check-for-nan-in-loss-and-grad": "a NaN check",
     "--init-model-with-meta-device": "initialisation on the meta device (nothing kept in steady state)", "--use-persistent-ckpt-worker": "checkpointing",
     "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
-    "--no-bias-dropout-fusion": "kernel fusion", "--no-gradient-accumulation-fusion": "kernel fusion",
+    "--no-bias-dropout-fusion": "kernel fusion",
     "--bias-swiglu-fusion": "kernel fusion", "--no-rope-fusion": "kernel fusion",
     "--ckpt-fully-parallel-save": "checkpointing", "--ckpt-fully-parallel-load": "checkpointing",
     "--async-save": "checkpointing", "--no-load-optim": "checkpointing", "--no-load-rng": "checkpointing",
     "--finetune": "checkpointing", "--use-checkpoint-args": "checkpointing", "--dist-ckpt-strictness": "checkpointing",
     "--wandb-project": "logging", "--wandb-exp-name": "logging", "--wandb-save-dir": "logging",
     "--eod-mask-loss": "loss mask", "--reset-position-ids": "data", "--reset-attention-mask": "data",
-    "--deterministic-mode": "determinism", "--use-cpu-initialization": "initialisation",
+    "--use-cpu-initialization": "initialisation",
     "--no-async-tensor-model-parallel-allreduce": "kernel scheduling", "--moe-router-load-balancing-type": "router loss",
     "--moe-aux-loss-coeff": "router loss", "--moe-z-loss-coeff": "router loss", "--moe-router-score-function": "router",
     "--moe-router-pre-softmax": "router", "--moe-router-dtype": "router", "--moe-router-topk-scaling-factor": "router",
@@ -63,6 +63,13 @@ NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "-
 # ask for a setting the cost model does not model go through configs.PENDING (PENDING_FLAGS below);
 # those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
 NOT_MODELLED = {
+    "--log-params-norm": "the parameters' norm each step, over the fp32 main shard (common_utils.py 51-120 at "
+                         "6e091e1b): time only, a few ms, not charged",
+    "--log-num-zeros-in-grad": "the gradients' zeros counted each step over the shard: time only, not charged",
+    "--deterministic-mode": "deterministic kernels and NCCL algorithms: time only, not charged",
+    "--no-gradient-accumulation-fusion": "each weight gradient made in bf16, then added into the fp32 main_grad "
+                                         "(megatron/core/distributed/distributed_data_parallel.py 466-470): time only, "
+                                         "not charged",
     "--attention-softmax-in-fp32": "the unfused attention's softmax in fp32 (its scores are charged at 16 bits)",
     "--empty-unused-memory-level": "torch.cuda.empty_cache() calls during the step: lowers the reserved peak",
     "--distribute-saved-activations": "recomputed layers' inputs split over the TP group",
@@ -138,3 +145,42 @@ def recompute_modules_option(modules, moe: bool) -> str:
     """The ckplan option a module list gives a layer ("none" where no module applies)."""
     parts = {part for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES if module in modules and (moe_ok if moe else dense_ok)}
     return ",".join(part for part in OPTION_PARTS if part in parts) or "none"
+
+
+# The functional tests' model_config.yaml beside MODEL_ARGS: its ENV_VARS, each what it does to the
+# prediction (Megatron-LM 6e091e1b tests/functional_tests/test_cases/gpt/gpt3_7b_*_memory_speed), and the
+# test harness's own keys (TEST_TYPE, METRICS, LAUNCHER, ...), which change no memory or time.
+ENV_VARS = {
+    "CUBLAS_WORKSPACE_CONFIG": ("modelled", ":4096:8", "torch's cuBLAS workspace, 8 x 4 MiB, held after the step "
+                                "(runtimes: megatron's cublas_workspace_bytes)"),
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("not modelled", None, "deterministic attention kernels in Transformer "
+                                         "Engine: time only, not charged"),
+    "CUDA_DEVICE_MAX_CONNECTIONS": ("not modelled", None, "one hardware queue, which orders TP communication "
+                                    "before the GEMMs: time only, not charged"),
+    "NCCL_ALGO": ("modelled", "Ring", "collectives charged as rings (planner/cost/comm.py)"),
+    "NVTE_FWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "SMs the LayerNorm kernels leave to communication: time "
+                                     "only, not charged"),
+    "NVTE_BWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "as NVTE_FWD_LAYERNORM_SM_MARGIN"),
+}
+
+
+def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
+    """(name, value, status, what) for what a model_config.yaml holds beside MODEL_ARGS: each of its
+    ENV_VARS as ENV_VARS says (a value other than the modelled one: not modelled; an unknown
+    variable: unknown), and the harness's keys as no effect."""
+    if not isinstance(data, dict) or not isinstance(data.get("MODEL_ARGS"), dict):
+        return []
+    found = []
+    for key, value in data.items():
+        if key == "MODEL_ARGS":
+            continue
+        if key != "ENV_VARS" or not isinstance(value, dict):
+            found.append((str(key), str(value), "no effect", "the functional test harness's setting"))
+            continue
+        for name, setting in value.items():
+            status, modelled_value, what = ENV_VARS.get(str(name), ("unknown", None, "an environment variable this "
+                                                                    "reader does not know"))
+            if modelled_value is not None and str(setting) != modelled_value:
+                status, what = "not modelled", f"{what}; the prediction assumes {modelled_value}"
+            found.append((f"ENV_VARS.{name}", str(setting), status, what))
+    return found

@@ -1,0 +1,63 @@
+"""What a rank holds after the optimizer step: static memory as Megatron-LM logs it.
+
+Megatron-LM's `mem-allocated-bytes` is torch.cuda.memory_stats()["allocated_bytes.all.current"]
+read after the optimizer step on the last rank (megatron/training/training.py 2523-2531, 6e091e1b).
+Beside the weights, gradients and optimizer state (`static`), what is allocated then is what the
+runtime keeps past the step, each from its record (planner/cost/runtimes.py):
+
+- `keeps_last_input_and_grad`: each model chunk past the pipeline's first keeps its last
+  microbatch's input and that input's gradient until its next forward (two stage inputs);
+- the cuBLAS workspaces allocated once through torch's caching allocator: torch's own
+  (`cublas_workspace_bytes`, CUBLAS_WORKSPACE_CONFIG) and Transformer Engine's
+  (`te_cublas_workspace`: 32 MiB on compute capability 9 and later, 4 MiB before).
+
+The activations, the pipeline's receive buffers and the loss are gone by then. The peak does not
+read this: during the step the chunks' inputs are the ones the schedule already holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.cost import runtimes
+from planner.cost.layers import LayerCost
+from planner.schema import DeviceInfo, TrainingSetup
+
+MIB = 1 << 20
+# Transformer Engine's get_cublas_workspace_size_bytes: 32 MiB + 1,024 B where the device's compute
+# capability major is 9 or more (Hopper, Blackwell), 4 MiB before; one per device, cached
+# (transformer_engine/pytorch/cpp_extensions/gemm.py 34-60, TransformerEngine f8a01cd5 (2026-05-29),
+# the revision Megatron-LM 6e091e1b's pyproject.toml pins)
+TE_WORKSPACE_SM90_BYTES = 32 * MIB + 1024
+TE_WORKSPACE_BEFORE_SM90_BYTES = 4 * MIB
+# ckplan's GPUs of compute capability 9.0 or later (H100, H200, GH200: 9.0; B200, GB200: 10.0;
+# NVIDIA's CUDA GPUs compute capability table)
+_SM90_PLUS = ("h100", "h200", "gh200", "b200", "gb200")
+
+
+def kept_inputs_bytes(first_layers: Sequence[LayerCost], stages: Sequence[int],
+                      record: runtimes.RuntimeFacts) -> int:
+    """The last microbatch's input and its gradient per chunk past the pipeline's first stage
+    (`first_layers[i]` opens pipeline stage `stages[i]`), where the runtime keeps them."""
+    if not record.keeps_last_input_and_grad:
+        return 0
+    return sum(2 * layer.input_bytes for layer, stage in zip(first_layers, stages) if stage > 0)
+
+
+def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo) -> int:
+    """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda)."""
+    if device.type != "cuda":
+        return 0
+    torch_side = record.cublas_workspace_bytes or 0
+    if not record.te_cublas_workspace:
+        return torch_side
+    sm90 = any(kind in device.name.lower() for kind in _SM90_PLUS)  # "h100-sxm (analytic)", "NVIDIA H100 80GB HBM3"
+    return torch_side + (TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES)
+
+
+def after_step_bytes(static: float, first_layers: Sequence[LayerCost], stages: Sequence[int], *,
+                     training: TrainingSetup, device: DeviceInfo) -> int:
+    """Allocated after the optimizer step on a rank holding pipeline `stages` (their first layers
+    `first_layers`): its static bytes and what its runtime keeps past the step."""
+    record = runtimes.of(training)
+    return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) + workspace_bytes(record, device)

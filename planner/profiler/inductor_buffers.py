@@ -1,0 +1,168 @@
+"""The buffers inductor's generated code allocates, and what a compiled function keeps and peaks at.
+
+torch.compile's inductor writes a Python wrapper per graph (`call(args)`) that allocates every
+buffer with `empty_strided_<device>(size, stride, dtype)`, aliases with `reinterpret_tensor` or
+`bufN = bufM  # reuse`, frees with `del`, and returns the graph's outputs: the forward's return
+is the user's outputs, then the tensors AOTAutograd's partition saves for backward, which the
+backward's wrapper takes first in its `args` (then the gradients of the outputs). Reading the
+wrappers gives each buffer's live range without running on the device the code is for
+(torch/_inductor/codegen/wrapper.py, torch 2.13.0 cf30153c: make_buffer_allocation,
+make_buffer_free, codegen_reinterpret_view).
+
+`compiled_loss` compiles a loss on CPU and returns its bytes in multiples of the bf16 logits.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+_DTYPE_BYTES = {"torch.float32": 4, "torch.float64": 8, "torch.bfloat16": 2, "torch.float16": 2,
+                "torch.int64": 8, "torch.int32": 4, "torch.bool": 1, "torch.uint8": 1, "torch.int8": 1}
+_ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\((\(.*?\)), (\(.*?\)), (torch\.\w+)\)$")
+_REINTERPRET = re.compile(r"^(\w+) = reinterpret_tensor\((\w+),")
+_REUSE = re.compile(r"^(\w+) = (\w+)$")
+_ARGS = re.compile(r"^([\w, ]+) = args$")
+_RETURN = re.compile(r"^return \((.*)\)$")
+
+
+@dataclass(frozen=True)
+class CallBytes:
+    """One wrapper's call: the most bytes live at once (its inputs included, while they are
+    referenced) and, per returned value, the bytes of its storage (0: None or an input's)."""
+
+    peak_bytes: int
+    returned: tuple[str, ...]
+    returned_storages: tuple[int, ...]  # a storage id per returned name (-1: None)
+    storage_bytes: dict[int, int]
+
+
+def _storage_bytes(size: str, stride: str, dtype: str) -> int:
+    sizes, strides = ast.literal_eval(size), ast.literal_eval(stride)
+    sizes = sizes if isinstance(sizes, tuple) else (sizes,)
+    strides = strides if isinstance(strides, tuple) else (strides,)
+    if any(s == 0 for s in sizes):
+        return 0
+    elements = 1 + sum((s - 1) * st for s, st in zip(sizes, strides))
+    return elements * _DTYPE_BYTES[dtype]
+
+
+def call_body(code: str) -> list[str]:
+    """The statements of the wrapper's `def call(self, args)` (or `def call(args)`)."""
+    lines = code.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\s*def call\((self, )?args\):", line))
+    indent = len(lines[start + 1]) - len(lines[start + 1].lstrip())
+    body = []
+    for line in lines[start + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) < indent:
+            break
+        body.append(line.strip())
+    return [line for line in body if line]
+
+
+def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, int] | None = None) -> CallBytes:
+    """Replay the wrapper's allocations and frees. `input_bytes`: each argument's storage bytes
+    (0 for one not counted); `input_storages`: a storage id per argument where two share one."""
+    names: dict[str, int] = {}  # name -> storage id
+    storage_bytes: dict[int, int] = {}
+    first = 1 + max((input_storages or {}).values(), default=-1)
+    fresh = iter(range(first, first + (1 << 30)))  # ids not taken by the inputs' storages
+    live_peak = 0
+
+    def live() -> int:
+        return sum(storage_bytes[s] for s in set(names.values()))
+
+    returned: tuple[str, ...] = ()
+    for statement in call_body(code):
+        for part in (p.strip() for p in statement.split("#")[0].split(";")):
+            if not part:
+                continue
+            if match := _ARGS.match(part):
+                for name in (n.strip() for n in match.group(1).split(",") if n.strip()):
+                    key = (input_storages or {}).get(name, next(fresh))
+                    names[name] = key
+                    storage_bytes.setdefault(key, input_bytes.get(name, 0))
+            elif match := _ALLOC.match(part):
+                key = next(fresh)
+                names[match.group(1)] = key
+                storage_bytes[key] = _storage_bytes(*match.group(2, 3, 4))
+            elif match := _REINTERPRET.match(part):
+                names[match.group(1)] = names[match.group(2)]
+            elif part.startswith("del "):
+                for name in part[4:].split(","):
+                    names.pop(name.strip(), None)
+            elif _RETURN.match(part):
+                returned = tuple(_returned_name(value) for value in ast.parse(part).body[0].value.elts)
+            elif match := _REUSE.match(part):
+                names[match.group(1)] = names[match.group(2)]
+            elif re.match(r"^\w+ = ", part) and "args" not in part:
+                raise ValueError(f"a wrapper statement this reader does not know: {part!r}")
+            live_peak = max(live_peak, live())
+    storages = tuple(-1 if name == "None" else names[name] for name in returned)
+    return CallBytes(peak_bytes=live_peak, returned=returned, returned_storages=storages, storage_bytes=storage_bytes)
+
+
+def _returned_name(value: ast.expr) -> str:
+    """A returned value's buffer: a name, a reinterpret_tensor of one, or None."""
+    if isinstance(value, ast.Call):
+        value = value.args[0]
+    return value.id if isinstance(value, ast.Name) else "None"
+
+
+@dataclass(frozen=True)
+class LossBytes:
+    """A compiled loss's bytes: the logits (bf16, the unit), what lives from its forward to its
+    backward (the logits included where the forward saves them) and the most at once."""
+
+    logits_bytes: int
+    kept_bytes: int
+    peak_bytes: int
+
+    @property
+    def kept_x(self) -> float:
+        return self.kept_bytes / self.logits_bytes
+
+    @property
+    def peak_x(self) -> float:
+        return self.peak_bytes / self.logits_bytes
+
+
+def loss_bytes(forward_code: str, backward_code: str, *, logits_bytes: int, num_outputs: int = 1) -> LossBytes:
+    """The region of a loss whose forward takes (logits, labels) as its first two arguments: the
+    labels are the batch's targets, charged with the batch, not here. The backward takes the
+    forward's saved tensors in order, then one gradient per output."""
+    forward_args = _ARGS.match(next(s for s in call_body(forward_code) if _ARGS.match(s))).group(1)
+    logits, labels = [n.strip() for n in forward_args.split(",")][:2]
+    forward = run_call(forward_code, {logits: logits_bytes, labels: 0}, {logits: 0, labels: 1})
+    saved = forward.returned_storages[num_outputs:]
+    kept = sum(forward.storage_bytes[s] for s in set(saved) if s >= 0)
+    backward_args = _ARGS.match(next(s for s in call_body(backward_code) if _ARGS.match(s))).group(1)
+    names = [n.strip() for n in backward_args.split(",") if n.strip()]
+    storages = {name: key for name, key in zip(names, saved)}
+    sizes = {name: forward.storage_bytes[key] if key >= 0 else 0 for name, key in storages.items()}
+    for name in names[len(saved):]:  # the outputs' gradients: the loss's is a scalar
+        sizes[name] = 4
+    backward = run_call(backward_code, sizes, storages)
+    return LossBytes(logits_bytes=logits_bytes, kept_bytes=kept, peak_bytes=max(forward.peak_bytes, backward.peak_bytes))
+
+
+def compiled_loss(loss_fn, *, tokens: int, vocab: int) -> tuple[LossBytes, list[str]]:
+    """Compile `loss_fn(pred, labels)` with inductor on CPU over bf16 logits of (1, tokens, vocab),
+    run its forward and backward once, and read its two wrappers. Returns the bytes and the
+    generated code (forward, backward)."""
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    pred = torch.randn(1, tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, tokens))
+    compiled = torch.compile(loss_fn, backend="inductor", fullgraph=True)
+
+    def step():
+        compiled(pred, labels).backward()
+
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(step)
+    if len(codes) != 2:
+        raise ValueError(f"expected a forward and a backward wrapper, got {len(codes)}")
+    return loss_bytes(codes[0], codes[1], logits_bytes=tokens * vocab * 2), codes
