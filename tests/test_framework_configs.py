@@ -198,10 +198,35 @@ def test_virtual_stages_and_the_layout(tmp_path):
 
 
 def test_a_pending_setting_is_not_modelled_unless_at_its_default(tmp_path):
-    job = _job(tmp_path, BASE + "\n--context-parallel-size: 2\n--mtp-num-layers: 0")
+    job = _job(tmp_path, BASE + "\n--mtp-num-layers: 0\n--fp8-format: hybrid")
     status = {s.name: (s.status, s.what) for s in job.settings}
-    assert status["--context-parallel-size"][0] == "not modelled"
+    assert status["--fp8-format"][0] == "not modelled"
     assert status["--mtp-num-layers"][0] == "modelled"
+
+
+def test_megatrons_context_parallel_flags_are_modelled(tmp_path):
+    job = _job(tmp_path, BASE + "\n--context-parallel-size: 2\n--cp-comm-type: allgather")
+    status = {s.name: s.status for s in job.settings}
+    assert (job.cp, job.modelled.cp_comm) == (2, "allgather")
+    assert status["--context-parallel-size"] == status["--cp-comm-type"] == "modelled"
+    a2a = _job(tmp_path, BASE + "\n--context-parallel-size: 2\n--cp-comm-type: a2a")
+    assert ({s.name: s.status for s in a2a.settings}["--cp-comm-type"], a2a.modelled.cp_comm) == ("modelled", "a2a")
+    # the hierarchical a2a+p2p is not: listed, scored as the runtime's p2p
+    both = _job(tmp_path, BASE + "\n--context-parallel-size: 4\n--cp-comm-type: a2a+p2p")
+    assert {s.name: s.status for s in both.settings}["--cp-comm-type"] == "not modelled"
+    assert both.modelled.cp_comm is None
+
+
+def test_torchtitans_context_parallel_keys_are_modelled(tmp_path):
+    path = tmp_path / "cp.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+                    '[parallelism]\ncontext_parallel_degree = 4\ncontext_parallel_rotate_method = "alltoall"\n'
+                    'context_parallel_load_balancer = "headtail"\n')
+    job = torchtitan.read(path)
+    status = {s.name: s.status for s in job.settings}
+    assert (job.cp, job.modelled.cp_comm) == (4, "p2p")
+    assert all(status[f"parallelism.context_parallel_{key}"] == "modelled"
+               for key in ("degree", "rotate_method", "load_balancer"))
 
 
 def test_gpus_must_fit_the_degrees(tmp_path):

@@ -36,10 +36,16 @@ def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
     if tp_link is inside and gpu.node_collective_gb_per_s:  # a published nccl-tests figure for this GPU
         tp_link = comm.Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
                             f"in-node, measured: {gpu.collective_source}")
-    pp_link = comm.group_link(2, tp * options.dp, node, inside, between)
+    pp_link = comm.group_link(2, tp * options.dp, node, inside, between)  # options.dp counts the cp ranks
+    cp = int(profile.assumptions.get("cp", 1) or 1)
+    cp_link = comm.group_link(cp, tp, node, inside, between)  # ranks in order tp, cp, dp, pp
+    if cp_link is inside and gpu.node_collective_gb_per_s:
+        cp_link = comm.Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
+                            f"in-node, measured: {gpu.collective_source}")
     note = (f"{gpu.name}, {node} GPUs a node, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: pipeline "
             f"sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where})"
             + (f", tensor-parallel {tp} collectives at {tp_link.gb_per_s:g} GB/s ({tp_link.where})" if tp > 1 else "")
+            + (f", context-parallel {cp} K/V exchange at {cp_link.gb_per_s:g} GB/s ({cp_link.where})" if cp > 1 else "")
             + f"; latency {comm.NCCL_SOURCE}")
     if tp > 1 and not any(layer.collectives for layer in profile.layers):
         note += (f"; this profile lists no tensor-parallel collectives (a {profile.source} profile, or one made "
@@ -49,4 +55,5 @@ def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
     return dict(tp=tp, tp_gb_per_s=tp_link.gb_per_s, tp_step_latency_ms=tp_link.step_latency_ms,
                 pp_gb_per_s=pp_link.gb_per_s, pp_latency_ms=pp_link.base_latency_ms + pp_link.step_latency_ms,
                 collective_latency_ms=tp_link.base_latency_ms, gpus_per_node=node, tp_overlap=options.tp_overlap,
+                cp=cp, cp_gb_per_s=cp_link.gb_per_s if cp > 1 else None, cp_step_latency_ms=cp_link.step_latency_ms,
                 comm_notes=[note])

@@ -121,7 +121,7 @@ def _microbatches(job, dp: int) -> tuple[int, list[str]]:
 
 
 def _profile(job, device):
-    """The analytic profile of the job's model at its microbatch, TP and SP, on the GPU."""
+    """The analytic profile of the job's model at its microbatch, TP, SP and CP, on the GPU."""
     from pydantic import ValidationError
 
     from planner import io
@@ -129,7 +129,7 @@ def _profile(job, device):
     from planner.schema import FileRef
 
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
-                  attention=job.attention, dtype="bfloat16")
+                  attention=job.attention, dtype="bfloat16", cp=job.cp)
     try:
         return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()),
                                 compiled=job.modelled.compile)
@@ -162,24 +162,27 @@ def _with_settings(options, job):
 
     modelled = job.modelled
     settings = TrainingSettings(compile_model=modelled.compile, op_level_sac=modelled.op_level_sac,
-                                optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp)
+                                optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp,
+                                context_parallel=job.cp, cp_comm=modelled.cp_comm)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap)
 
 
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):
     """--gpus-per-node: each group's link as dataparallel.default_links chooses it (in-node where
-    the group's ranks x TP fit in a node, else the network), for this node size."""
+    the group's ranks x TP fit in a node, else the network), for this node size. Under context
+    parallelism the data-parallel groups take their replicas' cp ranks too (build_setup's dp x cp)."""
     from dataclasses import replace
 
-    if gpus_per_node is None or options.dp == 1:
+    if gpus_per_node is None or options.dp * job.cp == 1:
         return options
+    span = job.tp * job.cp  # the ranks inside each data-parallel step: tp, then cp
 
     def link(ranks: int) -> float:
-        return device.node_link_gb_per_s if ranks * job.tp <= gpus_per_node else device.network_gb_per_s
+        return device.node_link_gb_per_s if ranks * span <= gpus_per_node else device.network_gb_per_s
 
     shard = options.shard_group or options.dp
-    notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard} x TP {job.tp} over "
-                 f"{'the in-node link' if shard * job.tp <= gpus_per_node else 'the network'}")
+    notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard}{f' x CP {job.cp}' if job.cp > 1 else ''} "
+                 f"x TP {job.tp} over {'the in-node link' if shard * span <= gpus_per_node else 'the network'}")
     return replace(options, shard_bandwidth=link(shard), replica_bandwidth=link(options.dp),
                    ep_bandwidth=link(options.ep) if options.ep > 1 else None)
 
@@ -277,7 +280,7 @@ def _print(prediction, device) -> None:
             for s, c in zip(prediction.stages, prediction.cost.stages)]
     title = (f"{job.source} ({job.framework}): {job.arch.name} on {prediction.gpus} x {device.name}, TP {job.tp}"
              f"{' SP' if job.sp else ''}, PP {job.pp}{f' x {job.chunks} virtual' if job.chunks > 1 else ''}, "
-             f"DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
+             f"{f'CP {job.cp}, ' if job.cp > 1 else ''}DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
              f"{setup.pipeline.micro_batch_size} x {job.seq_len} tokens, {setup.pipeline.schedule}, {job.precision}")
     # "after step": what the rank holds once the optimizer has stepped (static and what the runtime keeps
     # past it), the figure Megatron-LM logs as mem-allocated-bytes

@@ -57,7 +57,7 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
     \b
     With --arch NAME or --arch-config config.json instead of MODEL.py: an
     analytic profile of a published architecture, from formulas, per device
-    (--tp, --sp) on --gpu, without running it; --dtype defaults to bfloat16.
+    (--tp, --sp, --cp) on --gpu, without running it; --dtype defaults to bfloat16.
 
     \b
     With --hf-config CONFIG instead of MODEL.py: a Hugging Face causal LM

@@ -11,7 +11,7 @@ from planner.errors import UserError
 
 # options that only the measured profiler reads, and those only the analytic one reads
 MEASURED_ONLY = ("device", "warmup", "repeats", "threads", "timeout_s")
-ANALYTIC_ONLY = ("seq_len", "tp", "sp", "attention", "gpu", "mfu", "capacity_factor", "compiled")
+ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "attention", "gpu", "mfu", "capacity_factor", "compiled")
 
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -38,6 +38,9 @@ def options(command):
         click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="With --arch: tensor-parallel degree; the profile is per device."),
         click.option("--sp", is_flag=True, help="With --arch: sequence parallelism (needs --tp 2 or more)."),
+        click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="With --arch: context-parallel degree; each device holds --seq-len / cp tokens of every "
+                          "sequence (2 x cp load-balanced chunks), its attention exchanging K/V with the others."),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True,
                      help="With --arch: flash keeps no s² attention scores, eager keeps them."),
         click.option("--gpu", default="h100-sxm", show_default=True,
@@ -127,7 +130,7 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
         seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float | None,
-        capacity_factor: float = 1.0, compiled: bool = False) -> None:
+        capacity_factor: float = 1.0, compiled: bool = False, cp: int = 1) -> None:
     from pydantic import ValidationError
 
     from planner import io
@@ -142,7 +145,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     spec, model_ref = _arch(arch, arch_config)
     device = archs.gpu(gpu)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
-                  dtype=dtype, capacity_factor=capacity_factor)
+                  dtype=dtype, capacity_factor=capacity_factor, cp=cp)
     try:
         profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref, compiled=compiled)
     except ValidationError as exc:  # e.g. a layer's bytes past an exbibyte: no device holds that

@@ -93,7 +93,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
             optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
             compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, from_megatron, from_torchtitan, hand_recompute, out,
             launch_files, entry, as_json) -> None:
-    """Search every tensor-, pipeline-, data- and expert-parallel degree, ZeRO stage and shard
+    """Search every tensor-, context- (--runtime megatron or torchtitan), pipeline-, data- and expert-parallel degree, ZeRO stage and shard
     group, micro-batch size and schedule for N GPUs, each with its exact plan (layers per stage,
     recompute per layer), and rank the fastest that fit.
 
@@ -118,7 +118,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
                                    optimizer=optimizer, precision=precision, runtime=runtime, recompute=recompute)
     job = _job(model, gpus=gpus, per_node=min(per_node, gpus), global_batch=global_batch, seq_len=seq_len,
                schedules=_schedules(schedule_list), chunks=_ints(chunk_counts, "--chunk-counts"),
-               micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"))
+               micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"), runtime=runtime)
     profile_for = model.profile_for(device, seq_len)
     if entry is not None and launch_files is None:
         raise UserError("--entry says what the launch files run; give --launch-files DIR or drop it")
@@ -188,8 +188,8 @@ class _Model:
 
         host: dict = {}  # the host's optimizer step, timed once (profile_arch times it per profile)
 
-        def build(tp: int, sp: bool, mbs: int):
-            shape = Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp)
+        def build(tp: int, sp: bool, mbs: int, cp: int = 1):
+            shape = Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp, cp=cp)
             profile = _with_model_facts(analytic_profile(self.arch, shape, gpu=device, model=self.ref), self.arch,
                                         "bfloat16")
             if not host:
@@ -201,13 +201,16 @@ class _Model:
         return build
 
 
-    def _given(self, tp: int, sp: bool, mbs: int):
-        """The given profile, for the tp, sp and micro-batch size it was made at only."""
+    def _given(self, tp: int, sp: bool, mbs: int, cp: int = 1):
+        """The given profile, for the tp, sp, micro-batch size and cp it was made at only."""
+        from planner.commands.training_settings import profile_cp
+
         facts = self.profile.assumptions
-        made = (int(facts.get("tp", 1)), bool(facts.get("sp", False)), self.profile.micro_batch_size)
-        if (tp, sp, mbs) != made:
-            raise UserError(f"the profile was made at tp {made[0]}, sp {made[1]}, micro-batch {made[2]}, not tp {tp}, "
-                            f"sp {sp}, micro-batch {mbs}")
+        made = (int(facts.get("tp", 1)), bool(facts.get("sp", False)), self.profile.micro_batch_size,
+                profile_cp(self.profile))
+        if (tp, sp, mbs, cp) != made:
+            raise UserError(f"the profile was made at tp {made[0]}, sp {made[1]}, micro-batch {made[2]}, cp {made[3]}, "
+                            f"not tp {tp}, sp {sp}, micro-batch {mbs}, cp {cp}")
         return self.profile
 
 
@@ -256,17 +259,24 @@ def _cap(mem: str | None, device) -> int:
         raise UserError(f"--mem: {exc}") from exc
 
 
-def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chunks, micro_batch_sizes):
+def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chunks, micro_batch_sizes,
+         runtime: str = "ckplan"):
+    from planner.commands.training_settings import profile_cp
+    from planner.cost import runtimes
     from planner.solve.degrees import JobShape, divisors
 
     if model.profile is not None:
         profile = model.profile
         tp = int(profile.assumptions.get("tp", 1))
         fixed = (tp, bool(profile.assumptions.get("sp", False)))
+        cp = profile_cp(profile)
+        if cp > 1 and runtimes.facts(runtime).cp_comm is None:
+            raise UserError(f"the profile splits each sequence over cp {cp} ranks, which {runtime}'s runtime does not "
+                            "run; search with --runtime megatron or torchtitan")
         return JobShape(gpus=gpus, gpus_per_node=per_node, global_batch=global_batch, seq_len=seq_len,
                         num_layers=len(profile.layers), tp_ok=(tp,), schedules=schedules, chunks=chunks,
                         fixed_tp=fixed, fixed_micro_batch_size=profile.micro_batch_size,
-                        num_experts=_experts(profile))
+                        num_experts=_experts(profile), cp_ok=(cp,))
     from planner.profiler.analytic import Shape, check_fits
 
     spec = model.arch
@@ -277,9 +287,13 @@ def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chu
         except UserError:
             continue
         allowed.append(tp)
+    # context parallelism where the runtime runs it: every degree whose 2·cp chunks divide the sequence
+    # (degrees.context_choices keeps those the GPUs and TP allow)
+    cp_ok = tuple(cp for cp in divisors(gpus) if cp == 1 or seq_len % (2 * cp) == 0) \
+        if runtimes.facts(runtime).cp_comm is not None else (1,)
     return JobShape(gpus=gpus, gpus_per_node=per_node, global_batch=global_batch, seq_len=seq_len,
                     num_layers=spec.num_layers + 2, tp_ok=tuple(allowed), num_experts=spec.num_experts,
-                    schedules=schedules, chunks=chunks, micro_batch_sizes=micro_batch_sizes)
+                    schedules=schedules, chunks=chunks, micro_batch_sizes=micro_batch_sizes, cp_ok=cp_ok)
 
 
 def _experts(profile) -> int:

@@ -160,6 +160,9 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int):
     stages = job.pp * job.chunks
     recompute, ckpt, unsaid = _framework_recompute(job, stages)
     unmodelled = [setting.name for setting in job.of("not modelled")] + unsaid + _settings_unsaid(job.modelled)
+    if job.cp > 1:  # a Published record carries no CP degree: scored at CP 1, said (evaluate --from-* scores it)
+        unmodelled.append(f"context parallelism {job.cp} (scored at CP 1 here; `ckplan evaluate --from-"
+                          f"{job.framework}` scores it)")
     dp = job.dp_given if job.dp_given and job.dp_given > 0 else None
     batch = job.global_batch_size or (job.local_batch_size * dp if job.local_batch_size and dp else 0)
     shard_group = dp // job.dp_replicate if dp and job.dp_replicate > 1 else None

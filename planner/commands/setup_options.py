@@ -18,6 +18,7 @@ from planner.commands.training_settings import (
     SETTING_OPTIONS,
     TrainingSettings,
     check_settings,
+    with_context_parallel,
 )
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
@@ -271,6 +272,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
     settings = (data_parallel.settings or TrainingSettings()).fields()
     check_settings(profile, runtime=runtime, settings=settings, say=say)
+    data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)  # dp x cp
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,

@@ -148,7 +148,9 @@ def throughput_of(profile, setup, iteration_ms: float):
         return None
     tp = int(facts.get("tp", 1) or 1)
     gpus = setup.pipeline.stages * setup.data_parallel.dp * tp
-    tokens = setup.pipeline.microbatches * setup.pipeline.micro_batch_size * seq_len * setup.data_parallel.dp
+    # the setup's dp counts the context-parallel ranks, which share their replica's sequences
+    tokens = (setup.pipeline.microbatches * setup.pipeline.micro_batch_size * seq_len * setup.data_parallel.dp
+              // setup.training.context_parallel)
     return throughput(iteration_ms=iteration_ms, tokens_per_iteration=tokens, gpus=gpus, peak_tflops=float(peak),
                       arch=profile_arch(facts), seq_len=seq_len)
 

@@ -1,5 +1,5 @@
 """The options for the settings real jobs use (--runtime-version, --compile, --op-level-sac,
---float8, --fp8-all-gather, --cp, --optimizer-state-dtype, --chunked-cross-entropy,
+--float8, --fp8-all-gather, --cp, --cp-comm, --optimizer-state-dtype, --chunked-cross-entropy,
 --mtp-layers, --expert-tp): TrainingSetup's fields of the same names. planner/cost/runtimes.py
 models each or refuses it in one sentence; none is ignored."""
 
@@ -28,8 +28,14 @@ SETTING_OPTIONS = [
                       "LLaMA profiles)."),
     click.option("--float8", is_flag=True, help="Float8 linears (refused: not modelled)."),
     click.option("--fp8-all-gather", is_flag=True, help="FSDP2's float8 all-gather (refused: not modelled)."),
-    click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=1, show_default=True,
-                 help="Context-parallel degree (refused above 1: not modelled)."),
+    click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=None,
+                 help="Context-parallel degree: each rank holds seq/cp tokens, attention exchanges K/V in a ring "
+                      "(Megatron-LM, torchtitan); the profile must be made at it (`ckplan profile --arch ... --cp N`) "
+                      "[default: the profile's]."),
+    click.option("--cp-comm", type=click.Choice(["p2p", "allgather", "a2a"]), default=None,
+                 help="How context-parallel ranks exchange K/V: p2p (Megatron-LM's --cp-comm-type p2p, torchtitan's "
+                      "alltoall rotation), allgather, or a2a (Megatron-LM's all-to-all of Q, K, V and the output "
+                      "over the heads) [default: the runtime's: Megatron p2p, torchtitan allgather]."),
     click.option("--optimizer-state-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
                  help="Adam's moments in fp32 or bf16 (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype)."),
     click.option("--chunked-cross-entropy", is_flag=True, help="Chunked cross-entropy (refused: not modelled)."),
@@ -39,7 +45,7 @@ SETTING_OPTIONS = [
                  help="Expert tensor-parallel degree (refused where it differs from the profile's TP) [default: TP]."),
 ]
 SETTING_OPTION_NAMES = ("runtime_version", "compile_model", "op_level_sac", "float8", "fp8_all_gather",
-                        "context_parallel", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp")
+                        "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp")
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ class TrainingSettings:
     op_level_sac: bool = False
     float8: bool = False
     fp8_all_gather: bool = False
-    context_parallel: int = 1
+    context_parallel: int | None = None  # None: the profile's degree
+    cp_comm: str | None = None
     optimizer_state_dtype: str = "fp32"
     chunked_cross_entropy: bool = False
     mtp_layers: int = 0
@@ -72,7 +79,9 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     from planner.cost.rules import profile_tp
 
     record = runtimes.facts(runtime, settings["runtime_version"])
-    refused = runtimes.refused_settings(SimpleNamespace(**settings), tp=profile_tp(profile))
+    settings["context_parallel"] = context_parallel(profile, settings["context_parallel"])
+    refused = runtimes.refused_settings(SimpleNamespace(runtime=runtime, **settings), tp=profile_tp(profile))
+    refused += _a2a_heads(profile, settings["cp_comm"], settings["context_parallel"])
     if refused:
         raise UserError(refused[0])
     if settings["compile"] and say is not None:
@@ -95,6 +104,63 @@ def compiled_profile(profile, settings: TrainingSettings | None):
     from planner.profiler.compiled_kept import compiled_layers
 
     return compiled_layers(profile)[0]
+
+
+def _a2a_heads(profile, cp_comm: str | None, cp: int) -> list[str]:
+    """--cp-comm a2a splits each rank's heads over the cp ranks: Transformer Engine asserts that cp
+    divides the Q and the K/V heads (context_parallel.py 4246-4248, d0067d0d)."""
+    model = profile.assumptions.get("model")
+    if cp_comm != "a2a" or cp == 1 or not isinstance(model, dict):
+        return []
+    from planner.cost.rules import profile_tp
+
+    tp = profile_tp(profile)
+    heads, kv = model.get("num_heads", 0) // tp, max(model.get("num_kv_heads", 0) // tp, 1)
+    if heads % cp or kv % cp:
+        return [f"--cp-comm a2a splits each rank's {heads} Q and {kv} K/V heads over --cp {cp}, which does not divide "
+                "them (Transformer Engine refuses it); use --cp-comm p2p or allgather"]
+    return []
+
+
+def profile_cp(profile) -> int:
+    """The context-parallel degree an analytic profile was made at (1 where none is recorded)."""
+    cp = profile.assumptions.get("cp", 1)
+    return cp if isinstance(cp, int) and not isinstance(cp, bool) and cp >= 1 else 1
+
+
+def context_parallel(profile, given: int | None) -> int:
+    """--cp as the profile allows it: the profile's degree where not given; a degree the profile was
+    not made at is refused in one sentence (its tokens per rank and attention exchange are the
+    profile's), and so is any on a profile that records none (fake and measured profiles run the
+    model file's whole sequence on one device)."""
+    made_at = profile_cp(profile)
+    if given is None or given == made_at:
+        return made_at
+    if profile.source != "analytic":
+        raise UserError(f"--cp {given} needs a profile whose sequence is split over {given} ranks, and a {profile.source} "
+                        "profile runs the model file's whole sequence on one device: profile the architecture with "
+                        f"`ckplan profile --arch NAME --cp {given}` (or --hf-config), or drop --cp")
+    raise UserError(f"--cp {given}: this profile was made at context parallelism {made_at}, so its tokens per rank and "
+                    f"attention exchange are those of --cp {made_at}; profile again with --cp {given}, or give --cp "
+                    f"{made_at}")
+
+
+def with_context_parallel(data_parallel, cp: int, *, say=None):
+    """The data-parallel group as the parameters see it under context parallelism: the cp ranks of
+    a replica hold the same weights and reduce their gradients together, and ZeRO shards over them
+    (Megatron-LM reduces and shards over its `dp_cp` group, megatron/core/process_groups_config.py
+    261-275, 371-377 at d98e8a64; torchtitan's FSDP over dp_shard x cp, torchtitan/distributed/
+    parallel_dims.py 281 at b5bcd76c): dp and the shard group times cp. Unchanged at cp 1."""
+    import dataclasses
+
+    if cp == 1:
+        return data_parallel
+    shard = data_parallel.shard_group and data_parallel.shard_group * cp
+    if say is not None:
+        say(f"--cp {cp}: the weights' {data_parallel.dp * cp} replicas are --dp {data_parallel.dp} x --cp {cp} (their "
+            "gradients reduced and ZeRO-sharded over both, as Megatron-LM's distributed optimizer and torchtitan's "
+            "dp_shard_cp mesh do); each rank holds seq_len / cp tokens of the profile's sequence")
+    return dataclasses.replace(data_parallel, dp=data_parallel.dp * cp, shard_group=shard)
 
 
 def op_sac_stages(stages, profile):

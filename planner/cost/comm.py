@@ -25,8 +25,10 @@ collectives, LayerCollective): with sequence parallelism a block all-gathers its
 attention and before the MLP and reduce-scatters after each (forward), the mirror in the
 backward, and again in a full recompute; without it, two all-reduces each way. Context
 parallelism's ring passes each rank's K and V shard around the cp ranks (cp - 1 sends forward,
-twice the bytes backward: K, V and their gradients). Expert parallelism's all-to-all and the data
-parallel reductions are charged in planner/cost/dataparallel.py with these factors.
+twice the bytes backward: K, V and their gradients; ring_attention_ms, the bare sum), charged as
+each runtime runs and overlaps it in planner/cost/contextparallel.py with these functions. Expert
+parallelism's all-to-all and the data parallel reductions are charged in planner/cost/dataparallel.py
+with these factors.
 
 Hidden only where the runtime overlaps it (the runtime record's tp_overlap, with its source): a hidden
 collective costs what it takes beyond the compute it runs beside (the pass's), never less than 0.

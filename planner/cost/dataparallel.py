@@ -301,9 +301,14 @@ def as_torchtitan_runs(setup: TrainSetup) -> TrainSetup:
     as ZeRO 3 kept whole through the iteration. Without a pipeline (one stage) torchtitan trains
     no pipeline schedule and FSDP2 reshards after every forward and reduce-scatters every
     backward (reshard_after_forward's default without PP): ZeRO 3 per microbatch. Unchanged
-    without sharding."""
+    without sharding, but under context parallelism, where FSDP2 shards over the cp ranks at least
+    (torchtitan/distributed/parallel_dims.py 644-645 at b5bcd76c: fsdp_enabled = dp_shard_enabled or
+    cp_enabled): ZeRO 0 there runs as ZeRO 3 in shard groups of cp."""
     dp = setup.data_parallel
     gather = "per-iteration" if setup.pipeline.stages > 1 else "per-microbatch"
+    cp = setup.training.context_parallel
+    if dp.zero == 0 and cp > 1:
+        return setup.model_copy(update={"zero": 3, "zero_gather": gather, "shard_group": cp if dp.dp > cp else None})
     if dp.dp == 1 or dp.zero == 0 or (dp.zero == 3 and dp.zero_gather == gather):
         return setup
     return setup.model_copy(update={"zero": 3, "zero_gather": gather})

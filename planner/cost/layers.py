@@ -31,6 +31,17 @@ class OptionCost:
 
 
 @dataclass(frozen=True)
+class ExchangeCost:
+    """A layer's attention exchange under context parallelism (the profile's LayerContextParallel)."""
+
+    ranks: int
+    q_bytes: int
+    kv_bytes: int
+    attention_fwd_ms: float
+    attention_bwd_ms: float
+
+
+@dataclass(frozen=True)
 class LayerCost:
     """One layer's numbers as the cost model uses them (kind-normalised). A layer's choice is
     an index into `options`: 0 none, 1 full (a bool says which of the two), 2... selective."""
@@ -58,6 +69,9 @@ class LayerCost:
     # its tensor-parallel collectives per microbatch: (kind, tensor bytes, forward, backward,
     # recompute counts), as the profile lists them (LayerCollective); charged by comm.layer_comm_ms
     collectives: tuple[tuple[str, int, int, int, int], ...] = ()
+    # its attention's exchange under context parallelism (the profile's LayerContextParallel, the
+    # kind's first layer's: a kind's blocks are alike); None: none (planner/cost/contextparallel.py)
+    context_parallel: ExchangeCost | None = None
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -131,12 +145,19 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             )),
             extra_options=_kind_options(same),
             collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute) for c in same[0].collectives),
+            context_parallel=_exchange(same[0]),
         )
         for kind, same in by_kind.items()
     }
     tied = tied_ms(profile)
     return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied_ms=tied.get(layer.name, 0.0))
             for layer in profile.layers]
+
+
+def _exchange(layer) -> ExchangeCost | None:
+    found = layer.context_parallel
+    return None if found is None else ExchangeCost(found.ranks, found.q_bytes, found.kv_bytes, found.attention_fwd_ms,
+                                                   found.attention_bwd_ms)
 
 
 def _kind_split(same: list, index: int) -> tuple[int, int, int]:

@@ -124,6 +124,13 @@ class RuntimeFacts:
     cublas_workspace_bytes: int | None
     """cuBLAS workspace per handle the runtime's published runs configure (None: not sourced)."""
 
+    # -- context parallelism (planner/cost/contextparallel.py)
+    cp_comm: str | None = None
+    """How the runtime's ring attention passes K and V among the context-parallel ranks by default:
+    "p2p" (each step sends the K/V it holds to the next rank while computing on it: Transformer
+    Engine's AttnFuncWithCPAndKVP2P under Megatron-LM), "allgather" (K/V all-gathered once per pass,
+    dK/dV passed on rank to rank in fp32: torch's context_parallel, which torchtitan runs); None: the
+    runtime runs no context parallelism (refused)."""
     # -- the allocator's reserve
     step_replayed: bool = False
     """The allocator replay (planner/cost/reserve.py) orders this runtime's own step: its static
@@ -229,6 +236,7 @@ def _ckplan() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {_TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
             "cublas_workspace_bytes": "not sourced",
+            "cp_comm": "planner/runtime runs no context parallelism (refused)",
             **_AFTER_STEP_NOT_READ,
         })
 
@@ -244,8 +252,12 @@ def _megatron() -> RuntimeFacts:
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
-        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2,
+        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p",
         sources={
+            "cp_comm": f"megatron/training/arguments.py 3221 (--cp-comm-type default p2p); megatron/core/extensions/"
+                       f"transformer_engine.py 2141-2153 (passed to TE), {_MEGATRON_V}; Transformer Engine "
+                       "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py "
+                       "AttnFuncWithCPAndKVP2P 1356-2150 (forward), 2340-2420 (backward buffers), d0067d0d (2026-08-22)",
             "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
@@ -307,7 +319,12 @@ def _torchtitan(version: str) -> RuntimeFacts:
         loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         **_TORCH_PIPELINING, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
+        cp_comm="allgather",
         sources={
+            "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."
+                       f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
+                       f"all-to-all in fp32), {_TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
+                       f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
             "step_replayed": f"not replayed: FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {_TORCH_V}",
             "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {_TORCH_V}",
             "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
@@ -379,6 +396,7 @@ def _deepspeed() -> RuntimeFacts:
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
             "tp_overlap": "not in DeepSpeed",
             "cublas_workspace_bytes": "not sourced",
+            "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             **_AFTER_STEP_NOT_READ,
         })
 
@@ -426,6 +444,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
             "tp_overlap": "not read",
             "cublas_workspace_bytes": "not sourced",
+            "cp_comm": "not read (refused)",
             **_AFTER_STEP_NOT_READ,
         })
 
@@ -486,9 +505,13 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
     if training.fp8_all_gather:
         refused.append("FSDP2's float8 all-gather (--fp8-all-gather) is not modelled: it needs Float8 linears, which "
                        "are not")
-    if training.context_parallel > 1:
-        refused.append(f"context parallelism (--cp {training.context_parallel}) is not modelled: a profile's "
-                       "sequence is whole on every rank")
+    if training.context_parallel > 1 and of(training).cp_comm is None:
+        refused.append(f"context parallelism (--cp {training.context_parallel}) is modelled as Megatron-LM and "
+                       f"torchtitan run it; {training.runtime}'s runtime runs none: choose --runtime megatron or "
+                       "torchtitan")
+    if getattr(training, "cp_comm", None) is not None and training.context_parallel == 1:
+        refused.append(f"--cp-comm {training.cp_comm} says how context-parallel ranks exchange K and V, and --cp is "
+                       "1: give --cp N or drop --cp-comm")
     if training.chunked_cross_entropy:
         refused.append("chunked cross-entropy (--chunked-cross-entropy) is not modelled: the loss region is the "
                        "runtime's whole-logits one")

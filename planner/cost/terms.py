@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import comm, dataparallel
+from planner.cost import comm, contextparallel, dataparallel
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
     all_to_all_ms,
@@ -178,6 +178,10 @@ TERMS: tuple[Term, ...] = (
     Term("TP + SP inputs a recomputed layer gathers whole", "extra", "layer",
          lambda layer, ckpt, ctx: tp_gathered_extra_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "as above, during a fully recomputed layer's rerun forward"),
+    Term("context parallelism's K/V buffers while the attention runs", "extra", "layer",
+         lambda layer, ckpt, ctx: contextparallel.extra_bytes(layer, ctx.setup),
+         "the runtime's ring (planner/cost/contextparallel.py): received or gathered K/V, per-step outputs, "
+         "fp32 accumulators, beyond the layer's own backward transient"),
     Term("optimizer step temporaries", "scratch", "layer",
          lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
          "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
@@ -201,6 +205,11 @@ TERMS: tuple[Term, ...] = (
          "the profile's per-layer collectives (bytes) over the tensor-parallel group's link: ring factor, NCCL's "
          "latency model (tuning.cc); hidden beyond the pass's compute only under AsyncTP / TE comm overlap "
          "(the runtime record's tp_overlap)"),
+    Term("context parallelism's K/V exchange beyond the attention it overlaps", "time", "layer",
+         lambda layer, ckpt, ctx: contextparallel.exchange_ms(layer, int(ckpt), ctx.setup),
+         "Transformer Engine's p2p ring or all-to-all over the heads (context_parallel.py d0067d0d), torch's "
+         "all-gather ring (_attention.py, torch 2.13): bytes over the context-parallel group's link, a ring's steps "
+         "hidden behind their attention steps, the all-to-all not"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),

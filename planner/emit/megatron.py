@@ -377,10 +377,14 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
                   arg("--recompute-granularity", "selective"), arg("--recompute-modules", *modules)]
     lines += [arg("--micro-batch-size", setup.pipeline.micro_batch_size),
               f"# {setup.pipeline.microbatches} microbatches per pipeline: global batch = microbatches x micro batch x dp",
-              arg("--global-batch-size",
-                  setup.pipeline.microbatches * setup.pipeline.micro_batch_size * setup.data_parallel.dp)]
+              arg("--global-batch-size", setup.pipeline.microbatches * setup.pipeline.micro_batch_size
+                  * setup.data_parallel.dp // setup.training.context_parallel)]  # the setup's dp counts the cp ranks
     if tp > 1:
         lines.append(arg("--tensor-model-parallel-size", tp))
+    if setup.training.context_parallel > 1:
+        lines.append(arg("--context-parallel-size", setup.training.context_parallel))
+        if setup.training.cp_comm is not None:
+            lines.append(arg("--cp-comm-type", setup.training.cp_comm))
     if any(layer.expert_param_count for layer in profile.layers):
         lines.append(arg("--expert-model-parallel-size", setup.data_parallel.ep))
         if tp > 1:  # megatron-core's default, said: the profile splits the experts over the TP group

@@ -104,6 +104,10 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         scored = rounding.rescore(plan, profile, rounded)
         body = _toml(rounded, parts, mode, tp, known.seq_len) + "\n" + rounding.comment(_policy_022(checkpointed).splitlines(), "#")
         suffix = ".torchtitan.toml"
+    if plan.setup.training.context_parallel > 1 and plan.setup.training.cp_comm == "p2p":
+        cannot.append("context parallelism's p2p K/V exchange: torchtitan runs torch's context_parallel with its "
+                      "default all-gather rotation (torch 2.13 _cp_options); set torch's "
+                      "set_rotate_method('alltoall') yourself, or plan with --cp-comm allgather.")
     if plan.setup.data_parallel.offload:
         cannot.append("offloading the optimizer alone: training.enable_cpu_offload moves weights and gradients "
                       "to the host too (FSDP2's CPUOffloadPolicy); left off here.")
@@ -138,12 +142,16 @@ def _tp_line(tp: int, prefix: str) -> str:
 
 def _dp_lines(setup, prefix: str) -> str:
     """Data parallelism as FSDP2/HSDP degrees: shard over the ZeRO group, replicate across the
-    groups; without ZeRO, replicate only (DDP)."""
+    groups; without ZeRO, replicate only (DDP). Under context parallelism the setup's dp and shard
+    group count the cp ranks, which torchtitan's FSDP mesh adds itself (dp_shard x cp,
+    torchtitan/distributed/parallel_dims.py 281 at b5bcd76c): its shard degree is the group / cp."""
+    cp = setup.training.context_parallel
+    cp_line = f"\n{prefix}context_parallel_degree = {cp}" if cp > 1 else ""
     if setup.data_parallel.dp == 1:
-        return ""
+        return cp_line
     shard = dataparallel.shard_size(setup)
-    return (f"\n{prefix}data_parallel_shard_degree = {shard}"
-            f"\n{prefix}data_parallel_replicate_degree = {setup.data_parallel.dp // shard}")
+    return (f"\n{prefix}data_parallel_shard_degree = {max(shard // cp, 1)}"
+            f"\n{prefix}data_parallel_replicate_degree = {setup.data_parallel.dp // max(shard, cp)}{cp_line}")
 
 
 def _round_zero(rounded: rounding.Rounded) -> None:

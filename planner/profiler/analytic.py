@@ -90,7 +90,7 @@ import json
 
 from planner.errors import UserError
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
-from planner.profiler import allocseq, analytic_comm, analytic_time, compiled_kept
+from planner.profiler import allocseq, analytic_comm, analytic_cp, analytic_time, compiled_kept
 from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<name> by callers
     FLASH,
     FP32,
@@ -169,6 +169,7 @@ def check_fits(arch: Arch, shape: Shape) -> None:
         raise UserError("--sp splits the sequence across the tensor-parallel group; it needs --tp 2 or more")
     if shape.sp and shape.seq_len % t:
         raise UserError(f"--sp splits the sequence across --tp {t} devices; choose a --seq-len divisible by {t}")
+    analytic_cp.check_cp(arch, shape)
 
 
 # ---------------------------------------------------------------- parameters (per device)
@@ -315,6 +316,9 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
                   a2a_bytes=dispatch_bytes(arch, shape) if moe else 0)
+    exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
+    if exchanged is not None:
+        layer = layer.model_copy(update={"context_parallel": exchanged})
     if not compiled:
         return layer
     return layer.model_copy(update={"compiled_kept_bytes": compiled_kept.compiled_kept_bytes(arch, shape, moe=moe)})
@@ -346,6 +350,7 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
     layers = analytic_comm.with_collectives(layers, arch.hidden_size, shape)  # tensor-parallel, per microbatch
     return Profile(
         name=f"{arch.name}-s{shape.seq_len}-mbs{shape.micro_batch_size}-tp{shape.tp}{'-sp' if shape.sp else ''}"
+             f"{f'-cp{shape.cp}' if shape.cp > 1 else ''}"
              f"{f'-cf{shape.capacity_factor:g}' if shape.capacity_factor != 1.0 else ''}",
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         torch_version="none (analytic)",
@@ -376,6 +381,8 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, layers: l
         # the dimensions themselves, so an export can reproduce the model (Megatron-LM's shape flags)
         "model": json.loads(arch.canonical_json()),
         "seq_len": shape.seq_len, "micro_batch_size": shape.micro_batch_size, "tp": shape.tp, "sp": shape.sp,
+        # context parallelism: every per-token figure is the rank's seq_len / cp tokens' (analytic_cp.py)
+        "cp": shape.cp,
         "attention": shape.attention, "dtype": shape.dtype,
         "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes, "gpu_bf16_tflops": gpu.bf16_tflops,
         "gpu_hbm_tbps": gpu.hbm_tbps, "gpu_source": gpu.source,

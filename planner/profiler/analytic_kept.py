@@ -46,11 +46,11 @@ def _attention_core_terms(arch: Arch, shape: Shape, out_width: int) -> list[Term
     """What attention itself keeps beyond Q, K and V: scores (eager) or statistics (flash),
     and the output projection's input (`out_width` per token on this device)."""
     s, b, d, t = shape.seq_len, shape.micro_batch_size, shape.d, shape.tp
-    heads = arch.num_heads // t
-    out = Term("attention output (output projection input)", s * b * out_width * d,
+    heads, sb = arch.num_heads // t, shape.tokens  # under context parallelism the rank's s / cp tokens
+    out = Term("attention output (output projection input)", sb * out_width * d,
                f"{KORTHIKANTI}: output projection input 2sbh")
     if shape.attention == "flash":
-        return [Term("softmax statistics, logsumexp (fp32 per head and token)", FP32 * heads * s * b, FLASH), out]
+        return [Term("softmax statistics, logsumexp (fp32 per head and token)", FP32 * heads * sb, FLASH), out]
     terms = [Term("softmax output (attention scores)", d * heads * s * s * b, f"{KORTHIKANTI}: softmax output 2as²b")]
     if arch.style == "gpt":
         terms += [

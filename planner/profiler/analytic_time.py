@@ -214,7 +214,7 @@ def embedding_work(arch, shape) -> tuple[Work, Work, Work]:
     ids = formulas.INDEX_BYTES * shape.tokens
     fwd, bwd = 2 * rows + ids, rows + ids + table + ACCUMULATE * table
     if arch.style == "gpt":  # learned positions: one sequence's rows gathered and added to every sequence's
-        positions = shape.seq_len * arch.hidden_size * shape.d
+        positions = shape.seq_len // shape.cp * arch.hidden_size * shape.d  # the rank's positions under CP
         fwd, bwd = fwd + 2 * positions + 2 * rows + positions, bwd + rows + 2 * positions
     return work(0, fwd, []), work(0, bwd, []), work(0, 0, [])
 

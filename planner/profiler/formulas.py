@@ -35,6 +35,10 @@ class Shape:
     # as capacity-padded dispatch allocates (GShard; Megatron-LM's --moe-expert-capacity-factor
     # with --moe-pad-expert-input-to-capacity)
     capacity_factor: float = 1.0
+    # context parallelism: the sequence split over `cp` ranks, each holding seq_len / cp tokens
+    # (two chunks of seq_len / 2cp under the load balancer, Megatron-LM's and torch's); attention
+    # reads the whole sequence's K and V through the ring (planner/profiler/analytic_cp.py)
+    cp: int = 1
 
     @property
     def d(self) -> int:
@@ -42,7 +46,8 @@ class Shape:
 
     @property
     def tokens(self) -> int:
-        return self.seq_len * self.micro_batch_size
+        """The tokens of one microbatch on this device: seq_len / cp of each sequence."""
+        return self.seq_len // self.cp * self.micro_batch_size
 
     @property
     def sp_div(self) -> int:

@@ -90,6 +90,20 @@ class LayerCollective(Strict):
     recompute: int = Field(default=0, ge=0, le=1 << 10)  # a full recompute reruns the forward's
 
 
+class LayerContextParallel(Strict):
+    """What a layer's attention exchanges under context parallelism, per microbatch on one rank of
+    its `ranks` context-parallel ranks (analytic profiles at --cp > 1): its own tokens' Q (and the
+    output, as wide) and K with V in the activation dtype, and the attention core's own time in
+    each pass, which the exchange overlaps. The cost model charges the exchange over the group's
+    link as the runtime runs it (planner/cost/contextparallel.py)."""
+
+    ranks: int = Field(ge=2, le=1 << 20)
+    q_bytes: Bytes  # the rank's Q (= the attention output O) per microbatch
+    kv_bytes: Bytes  # the rank's K and V together per microbatch
+    attention_fwd_ms: Ms
+    attention_bwd_ms: Ms
+
+
 class LayerProfile(Strict):
     """One pipeline layer, measured per microbatch."""
 
@@ -151,6 +165,8 @@ class LayerProfile(Strict):
     # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
     # empty elsewhere and in profiles made before: no tensor-parallel communication charged
     collectives: list[LayerCollective] = []
+    # context parallelism's exchange of this layer's attention (analytic profiles at --cp > 1); None elsewhere
+    context_parallel: LayerContextParallel | None = None
 
     @model_validator(mode="after")
     def _options_agree(self) -> LayerProfile:

@@ -132,6 +132,10 @@ class TrainingSetup(Strict):
     fp8_all_gather: bool = False
     # context-parallel degree (Megatron --context-parallel-size, torchtitan context_parallel_degree)
     context_parallel: int = Field(default=1, ge=1, le=MAX_RANKS)
+    # how the context-parallel ranks exchange K and V (Megatron --cp-comm-type p2p | allgather | a2a,
+    # torchtitan's rotate method: allgather, or alltoall, which passes them rank to rank as p2p
+    # does); None: the runtime's default (its record's cp_comm, planner/cost/runtimes.py)
+    cp_comm: Literal["p2p", "allgather", "a2a"] | None = None
     # dtype of Adam's two moments (Megatron --exp-avg-dtype / --exp-avg-sq-dtype)
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     # the cross-entropy computed over chunks of the tokens (not modelled: refused)
@@ -178,6 +182,12 @@ class CommSetup(Strict):
     # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime
     # record's tp_overlap, planner/cost/runtimes.py, says which runtime has which); "none": every collective on the critical path
     tp_overlap: TpOverlap = "none"
+    # the context-parallel group the profile's attention exchange runs in (its ranks lie tp apart:
+    # Megatron-LM's order tp-cp-ep-dp-pp, torchtitan's mesh ... cp, tp), its bandwidth per rank and
+    # NCCL's latency per step; None: not charged (planner/cost/contextparallel.py)
+    cp: int = Field(default=1, gt=0, le=MAX_RANKS)
+    cp_gb_per_s: GbPerS | None = None
+    cp_step_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     comm_notes: list[str] = []  # where the links came from
 
 

@@ -3,7 +3,8 @@ complete enumeration of them for N GPUs, a global batch and a model: every tenso
 degree (with and without sequence parallelism) that divides a node and the model's heads,
 every pipeline degree that divides what is left and the layers can fill, every micro-batch
 size that divides a replica's share of the batch, every ZeRO stage over every shard group
-(HSDP) and, for a mixture of experts, every expert-parallel degree. Nothing here scores;
+(HSDP), for a mixture of experts every expert-parallel degree and, where the runtime runs
+it, every context-parallel degree whose 2·cp load-balanced chunks divide the sequence. Nothing here scores;
 planner/solve/jobsearch.py bounds and solves what this lists."""
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ class Degrees:
     schedule: str = "1F1B"
     chunks: int = 1
     zero: int = 0
-    shard_group: int | None = None  # ZeRO's shard group (HSDP: dp / shard_group replicas); None: all dp
+    # ZeRO's shard group, ranks of the dp x cp holding the same weights (HSDP: dp x cp / shard_group
+    # replicas); None: all of them
+    shard_group: int | None = None
     ep: int = 1
-    cp: int = 1  # context parallel: not expressible in today's profiles and cost model (always 1)
+    cp: int = 1  # context parallel: each replica's sequences split over cp ranks (placed after tp)
 
     @property
     def gpus(self) -> int:
@@ -56,7 +59,8 @@ class Degrees:
         zero = f"z{self.zero}" + (f"/{self.shard_group}" if self.zero and self.shard_group not in (None, self.dp) else "")
         sched = self.schedule + (f"x{self.chunks}" if self.chunks > 1 else "")
         ep = f" ep{self.ep}" if self.ep > 1 else ""
-        return f"{tp} pp{self.pp} dp{self.dp} {zero}{ep} mbs{self.micro_batch_size}x{self.microbatches} {sched}"
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        return f"{tp}{cp} pp{self.pp} dp{self.dp} {zero}{ep} mbs{self.micro_batch_size}x{self.microbatches} {sched}"
 
 
 def divisors(n: int) -> list[int]:
@@ -79,6 +83,9 @@ class JobShape:
     micro_batch_sizes: tuple[int, ...] | None = None  # None: every divisor of a replica's batch
     fixed_tp: tuple[int, bool] | None = None  # a given profile: its (tp, sp)
     fixed_micro_batch_size: int | None = None  # a given profile: its micro-batch size
+    # context-parallel degrees to try ((1,): none, where the runtime runs no context parallelism);
+    # each is kept where it divides the GPUs left by tp and its 2·cp chunks divide the sequence
+    cp_ok: tuple[int, ...] = (1,)
 
 
 def tensor_choices(job: JobShape) -> list[tuple[int, bool]]:
@@ -96,6 +103,15 @@ def tensor_choices(job: JobShape) -> list[tuple[int, bool]]:
     return found
 
 
+def context_choices(job: JobShape, tp: int, sp: bool) -> list[int]:
+    """Context-parallel degrees for (tp, sp): dividing the GPUs left by tp, the sequence into 2·cp
+    load-balanced chunks (Megatron-LM and torch's context_parallel both need it), and under SP each
+    rank's seq / cp tokens over tp."""
+    return [cp for cp in job.cp_ok
+            if job.gpus % (tp * cp) == 0 and (cp == 1 or job.seq_len % (2 * cp) == 0)
+            and (not sp or (job.seq_len // cp) % tp == 0)]
+
+
 def schedule_choices(job: JobShape, pp: int) -> list[tuple[str, int]]:
     """(schedule, chunks) for `pp` ranks: the one-chunk schedules as they are; a chunked one
     with each chunk count whose pp x chunks stages the layers can fill (ZBV, DualPipeV: 2)."""
@@ -111,13 +127,16 @@ def schedule_choices(job: JobShape, pp: int) -> list[tuple[str, int]]:
     return found
 
 
-def zero_choices(dp: int, ep: int) -> list[tuple[int, int | None]]:
-    """ZeRO 0 unsharded; ZeRO 1-3 over every shard group of 2 or more ranks dividing dp (that
-    ep divides: the experts shard over group / ep), None for the group of all dp ranks."""
-    if dp == 1:
+def zero_choices(dp: int, ep: int, cp: int = 1) -> list[tuple[int, int | None]]:
+    """ZeRO 0 unsharded; ZeRO 1-3 over every shard group of 2 or more of the dp x cp ranks that hold
+    the same weights, dividing them (that ep divides: the experts shard over group / ep; that cp
+    divides: a group takes whole context-parallel groups, as torchtitan's dp_shard x cp mesh and
+    Megatron-LM's distributed optimizer over DP x CP do), None for the group of all of them."""
+    ranks = dp * cp
+    if ranks == 1:
         return [(0, None)]
-    groups = [k for k in divisors(dp) if k >= 2 and k % ep == 0]
-    return [(0, None)] + [(zero, None if k == dp else k) for zero in (1, 2, 3) for k in groups]
+    groups = [k for k in divisors(ranks) if k >= 2 and k % ep == 0 and k % cp == 0]
+    return [(0, None)] + [(zero, None if k == ranks else k) for zero in (1, 2, 3) for k in groups]
 
 
 def enumerate_degrees(job: JobShape) -> list[Degrees]:
@@ -126,25 +145,32 @@ def enumerate_degrees(job: JobShape) -> list[Degrees]:
     unevenly where they do not divide) and the batch."""
     found = []
     for tp, sp in tensor_choices(job):
-        for pp in divisors(job.gpus // tp):
-            if pp > job.num_layers:
+        for cp in context_choices(job, tp, sp):
+            found += _with_tp_cp(job, tp, sp, cp)
+    return found
+
+
+def _with_tp_cp(job: JobShape, tp: int, sp: bool, cp: int) -> list[Degrees]:
+    found = []
+    for pp in divisors(job.gpus // (tp * cp)):
+        if pp > job.num_layers:
+            continue
+        dp = job.gpus // (tp * cp * pp)
+        if job.global_batch % dp:
+            continue
+        per_replica = job.global_batch // dp
+        for mbs in _micro_batch_sizes(job, per_replica):
+            microbatches = per_replica // mbs
+            if microbatches > MAX_MICROBATCHES:
                 continue
-            dp = job.gpus // (tp * pp)
-            if job.global_batch % dp:
-                continue
-            per_replica = job.global_batch // dp
-            for mbs in _micro_batch_sizes(job, per_replica):
-                microbatches = per_replica // mbs
-                if microbatches > MAX_MICROBATCHES:
+            for schedule, chunks in schedule_choices(job, pp):
+                if not _schedule_takes(schedule, pp, microbatches):
                     continue
-                for schedule, chunks in schedule_choices(job, pp):
-                    if not _schedule_takes(schedule, pp, microbatches):
-                        continue
-                    for ep in _expert_choices(job, dp):
-                        for zero, group in zero_choices(dp, ep):
-                            found.append(Degrees(tp=tp, sp=sp, pp=pp, dp=dp, micro_batch_size=mbs,
-                                                 microbatches=microbatches, schedule=schedule, chunks=chunks,
-                                                 zero=zero, shard_group=group, ep=ep))
+                for ep in _expert_choices(job, dp):
+                    for zero, group in zero_choices(dp, ep, cp):
+                        found.append(Degrees(tp=tp, sp=sp, pp=pp, dp=dp, micro_batch_size=mbs,
+                                             microbatches=microbatches, schedule=schedule, chunks=chunks,
+                                             zero=zero, shard_group=group, ep=ep, cp=cp))
     return found
 
 

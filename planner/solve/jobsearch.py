@@ -29,7 +29,9 @@ from planner.solve import search
 from planner.solve.deadline import Deadline
 from planner.solve.degrees import Degrees, JobShape, enumerate_degrees
 
-ProfileFor = Callable[[int, bool, int], Profile]  # (tp, sp, micro_batch_size) -> profile
+# (tp, sp, micro_batch_size) -> profile; called with cp=N as a keyword where a configuration has
+# context parallelism N > 1
+ProfileFor = Callable[..., Profile]
 
 
 @dataclass(frozen=True)
@@ -90,14 +92,16 @@ class Outcome:
 def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainSetup:
     """The TrainSetup of one configuration, as `ckplan solve` would build it for these degrees
     (bandwidths from the profile's GPU and --gpus-per-node; torchtitan's own mapping of ZeRO)."""
-    pp, dp = degrees.pp, degrees.dp
+    pp, dp = degrees.pp, degrees.dp * degrees.cp  # the cp ranks hold their replica's weights too
     fields = dict(stages=pp, microbatches=degrees.microbatches, micro_batch_size=degrees.micro_batch_size,
                   schedule=degrees.schedule, chunks=degrees.chunks, mem_caps_bytes=[options.mem_cap_bytes] * pp,
                   optimizer=options.optimizer, precision=options.precision, runtime=options.runtime,
                   recompute=options.recompute, dp=dp, zero=degrees.zero, shard_group=degrees.shard_group,
-                  ep=degrees.ep)
+                  ep=degrees.ep, context_parallel=degrees.cp)
     if dp > 1:
-        fields.update(_links(profile, degrees, options.gpus_per_node))
+        fields.update(_links(profile, dataclasses.replace(degrees, dp=dp), options.gpus_per_node))
+    if degrees.cp > 1:
+        fields.update(_cp_link(profile, degrees, options.gpus_per_node))
     setup = TrainSetup(**fields)
     if options.runtime == "torchtitan":
         setup = dataparallel.as_torchtitan_runs(setup)
@@ -126,17 +130,33 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
                           f"{gpu.link_source}"])
 
 
+def _cp_link(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
+    """The context-parallel group's link (comm.group_link: its ranks lie tp apart), as `ckplan solve`'s
+    comm_setup.comm_fields chooses it; nothing on cpu."""
+    from planner.cost import comm
+
+    if profile.device.type != "cuda":
+        return {}
+    gpu = dataparallel.profile_gpu(profile)
+    inside = comm.node_link(gpu.node_collective_gb_per_s or gpu.node_link_gb_per_s,
+                            pcie=gpu.node_link_kind == "pcie")
+    between = comm.network_link(gpu.network_gb_per_s, gpu.nics_per_gpu)
+    link = comm.group_link(degrees.cp, degrees.tp, gpus_per_node, inside, between)
+    return dict(cp=degrees.cp, cp_gb_per_s=link.gb_per_s, cp_step_latency_ms=link.step_latency_ms,
+                collective_latency_ms=link.base_latency_ms, gpus_per_node=gpus_per_node)
+
+
 class Profiles:
     """Profiles per (tp, sp, micro-batch size), built once, with their distinct layers."""
 
     def __init__(self, profile_for: ProfileFor):
         self._profile_for = profile_for
-        self._cache: dict[tuple[int, bool, int], tuple[Profile, list]] = {}
+        self._cache: dict[tuple[int, bool, int, int], tuple[Profile, list]] = {}
 
-    def get(self, tp: int, sp: bool, mbs: int) -> tuple[Profile, list]:
-        key = (tp, sp, mbs)
+    def get(self, tp: int, sp: bool, mbs: int, cp: int = 1) -> tuple[Profile, list]:
+        key = (tp, sp, mbs, cp)
         if key not in self._cache:
-            profile = self._profile_for(tp, sp, mbs)
+            profile = self._profile_for(tp, sp, mbs) if cp == 1 else self._profile_for(tp, sp, mbs, cp=cp)
             self._cache[key] = (profile, bounds_mod.kinds(profile))
         return self._cache[key]
 
@@ -149,7 +169,7 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
     kept, seen = [], set()
     for degrees in enumerate_degrees(job):
         outcome.considered += 1
-        profile, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size)
+        profile, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp)
         try:
             setup = job_setup(profile, degrees, options)
         except ValidationError:
@@ -158,7 +178,7 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
         # the degrees as the runtime runs them (torchtitan: every ZeRO stage as FSDP2's ZeRO 3)
         degrees = dataclasses.replace(degrees, zero=setup.data_parallel.zero,
                                       shard_group=setup.data_parallel.shard_group)
-        key = (degrees.tp, degrees.sp, degrees.micro_batch_size,
+        key = (degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp,
                setup.model_dump_json(exclude={"data_parallel": {"dp_notes"}}))
         if key in seen:
             outcome.duplicates += 1

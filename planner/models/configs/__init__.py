@@ -24,7 +24,10 @@ Status = Literal["modelled", "not modelled", "no effect", "unknown"]
 # scored, without it). The settings it does model are the reader's `Job.modelled` (JobSettings).
 PENDING: dict[str, str] = {
     "float8": "Float8 matmuls (torchao / Transformer Engine): faster matmuls, about the same memory",
-    "cp": "context parallelism (the sequence split over ranks): scored as if the degree were 1",
+    "cp": "context parallelism's hierarchical all-to-all and ring (a2a+p2p, hierarchical sizes, a type per layer): "
+          "scored as the p2p ring",
+    "cp-unbalanced": "context parallelism without the load balancer (the last rank computes the most): scored "
+                     "balanced",
     "bf16-optimizer-states": "master weights or gradients below fp32, or moments in fp16/fp8 (precision-aware "
                              "optimizer): only bf16 moments (--exp-avg-dtype and --exp-avg-sq-dtype bf16) are modelled",
     "chunked-ce": "a fused or chunked cross-entropy (a smaller loss region)",
@@ -47,6 +50,7 @@ class JobSettings:
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"  # Adam's moments
     expert_tp: int | None = None  # the expert tensor-parallel size where the file gives it (= TP)
     tp_overlap: Literal["none", "async-tp", "tp-comm-overlap"] = "none"
+    cp_comm: Literal["p2p", "allgather", "a2a"] | None = None  # context parallelism's K/V exchange (None: the runtime's)
 
 
 @dataclass(frozen=True)

@@ -333,7 +333,23 @@ def _mla(flags: _Flags) -> dict:
                 v_head_dim=flags.take("--v-head-dim", "v head width", int, 128))
 
 
+def _context_parallel(flags: _Flags, job: Job) -> None:
+    """--context-parallel-size (megatron/core/model_parallel_config.py 100) and --cp-comm-type
+    (megatron/training/arguments.py 3221-3226: one type, or one per layer; default p2p), both at d98e8a64: p2p and allgather are modelled (planner/cost/contextparallel.py),
+    a2a (planner/cost/contextparallel.py) are modelled; a2a+p2p and a type per layer are scored as p2p and said."""
+    job.cp = _positive("--context-parallel-size",
+                       flags.take("--context-parallel-size", "context parallelism (each rank seq / cp tokens, TE's "
+                                                             "ring attention)", int, 1))
+    kinds = flags.given.get("--cp-comm-type")
+    if kinds is None:
+        return
+    if len(set(kinds)) == 1 and kinds[0] in ("p2p", "allgather", "a2a"):
+        flags.take_list("--cp-comm-type", "context parallelism's K/V exchange")
+        job.modelled.cp_comm = kinds[0]
+
+
 def _parallel(flags: _Flags, job: Job) -> None:
+    _context_parallel(flags, job)
     job.tp = _positive("--tensor-model-parallel-size",
                        flags.take("--tensor-model-parallel-size", "tensor parallelism", int, 1))
     job.sp = flags.take("--sequence-parallel", "sequence parallelism", bool, False) and job.tp > 1

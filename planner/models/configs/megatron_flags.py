@@ -101,7 +101,7 @@ NOT_MODELLED = {
 PENDING_FLAGS = {
     "--fp8-format": "float8", "--fp8": "float8", "--fp8-recipe": "float8", "--fp8-amax-history-len": "float8",
     "--fp8-amax-compute-algo": "float8", "--fp8-margin": "float8", "--fp8-param-gather": "fp8-all-gather",
-    "--context-parallel-size": "cp", "--cp-comm-type": "cp", "--hierarchical-context-parallel-sizes": "cp",
+    "--cp-comm-type": "cp", "--hierarchical-context-parallel-sizes": "cp",
     "--expert-tensor-parallel-size": "etp", "--mtp-num-layers": "mtp",
     "--mtp-loss-scaling-factor": "mtp", "--cross-entropy-loss-fusion": "chunked-ce",
     "--cross-entropy-fusion-impl": "chunked-ce",
@@ -110,7 +110,7 @@ PENDING_FLAGS = {
     "--grad-reduce-in-bf16": "bf16-grad-reduce",
 }
 # when the value makes them a no-op (the default), they are modelled exactly
-PENDING_DEFAULTS = {"--context-parallel-size": "1", "--mtp-num-layers": "0", "--main-grads-dtype": "fp32",
+PENDING_DEFAULTS = {"--mtp-num-layers": "0", "--main-grads-dtype": "fp32",
                     "--main-params-dtype": "fp32", "--exp-avg-dtype": "fp32", "--exp-avg-sq-dtype": "fp32"}
 # GPT-2's BPE vocabulary (Radford et al. 2019; encoder.json of openai/gpt-2), which a --vocab-file with
 # --merge-file gives Megatron-LM's GPT2BPETokenizer

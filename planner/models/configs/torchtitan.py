@@ -42,8 +42,6 @@ NO_EFFECT = {
     "activation_checkpoint.determinism_check": "recompute check", "activation_checkpoint.debug": "logging",
     "activation_checkpoint.early_stop": "recompute stops after the last saved tensor (the cost model's recompute)",
     "parallelism.pipeline_parallel_expert_parallel_overlap": "overlap of expert all-to-all with the pipeline",
-    "parallelism.context_parallel_load_balancer": "context-parallel load balancing",
-    "parallelism.context_parallel_rotate_method": "context-parallel communication",
     "parallelism.expert_parallel_comm_backend": "all-to-all kernels",
     "quantize.linear.float8.filter_fqns": "modules left in bf16 (with Float8)",
     "quantize.linear.float8.recipe_name": "Float8 scaling recipe",
@@ -165,6 +163,25 @@ def _positive(where: str, key: str, value: int) -> int:
     return value
 
 
+def _context_parallel(keys: _Keys, job: Job) -> None:
+    """context_parallel_degree; the rotate method (9dec370's experimental.context_parallel_rotate_method,
+    allgather or alltoall: torch's _RotateMethod, alltoall passing K/V rank to rank as a p2p ring does);
+    the load balancer (b5bcd76c torchtitan/config/configs.py 239-248: headtail by default, None off)."""
+    job.cp = _positive(job.source, "context_parallel_degree",
+                       keys.take("parallelism.context_parallel_degree", "context parallelism (each rank seq / cp "
+                                 "tokens, torch's ring attention)", int, 1))
+    rotate = keys.take("parallelism.context_parallel_rotate_method", "context parallelism's K/V exchange", str)
+    if rotate is not None:
+        if rotate not in ("allgather", "alltoall"):
+            raise UserError(f"{job.source}: context_parallel_rotate_method {rotate!r}: torchtitan takes allgather or "
+                            "alltoall")
+        job.modelled.cp_comm = "allgather" if rotate == "allgather" else "p2p"
+    balancer = keys.take("parallelism.context_parallel_load_balancer", "context parallelism's load balancer "
+                         "(headtail: every rank the same causal work)", str)
+    if balancer is not None and balancer not in ("headtail", "ptrr"):
+        keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("cp-unbalanced"))
+
+
 def _parallel(keys: _Keys, job: Job) -> None:
     where = job.source
     job.tp = _positive(where, "tensor_parallel_degree",
@@ -173,9 +190,7 @@ def _parallel(keys: _Keys, job: Job) -> None:
     job.sp = job.tp > 1
     job.pp = _positive(where, "pipeline_parallel_degree",
                        keys.take("parallelism.pipeline_parallel_degree", "pipeline stages", int, 1))
-    job.cp = keys.take("parallelism.context_parallel_degree", "context parallelism", int, 1)
-    if job.cp > 1:
-        keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("cp"))
+    _context_parallel(keys, job)
     job.ep = keys.take("parallelism.expert_parallel_degree", "expert parallelism", int, 1)
     replicate = keys.take("parallelism.data_parallel_replicate_degree", "data-parallel replicas (HSDP)", int, 1)
     shard = keys.take("parallelism.data_parallel_shard_degree", "FSDP2 shard group (-1: the rest of the GPUs)",

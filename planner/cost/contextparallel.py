@@ -1,0 +1,117 @@
+"""Context parallelism's exchange of K and V, in time and in memory, as the runtime runs it.
+
+Under context parallelism (cp ranks, each holding s / cp tokens of every sequence: the analytic
+profile's per-layer record, LayerContextParallel) a block's attention needs every rank's K and V.
+Let KV be the rank's K and V bytes, Q its Q bytes (the output O is as wide), and c the
+attention core's time in a pass split evenly over its cp steps (the load balancer gives every
+rank and every step the same causal work).
+
+Ring, point to point ("p2p": Transformer Engine's AttnFuncWithCPAndKVP2P under Megatron-LM,
+transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py at d0067d0d):
+- forward: cp steps; before step i computes, the K/V it holds is sent on to the next rank while the
+  next step's arrives (1685-1720: p2p_comm_buffers[i + 1], flash_attn_p2p_communicate), so each of
+  the cp - 1 sends overlaps one step's compute: exposed (cp - 1) x max(0, send(KV) - c);
+- backward: each step passes K/V and the accumulated dK/dV together (2340-2420: p2p_comm_buffers of
+  [kv, dkv]), (cp - 1) x max(0, send(2 KV) - c), then the last dK/dV goes home after the last step,
+  nothing left to hide it: send(KV);
+- buffers while the attention runs: forward the K/V received at every step (held in
+  p2p_comm_buffers to the end: (cp - 1) KV), every step's output (out_per_step, cp O on the busiest
+  rank, cp - 1, whose every step computes all its queries) and the fp32 output the correction builds
+  (2 O); backward dq (Q), the two [K/V, dK/dV] send / receive buffers (4 KV) and a step's dq, dk, dv
+  (Q + KV).
+
+All-gather ("allgather": torch's context_parallel, which torchtitan runs; torch/distributed/tensor/
+experimental/_context_parallel/_attention.py, torch 2.13.0 cf30153c):
+- forward: one all-gather of every rank's K/V (273-300, _AllGatherRotater), issued before step 0
+  and waited at step 1: exposed max(0, all-gather(cp KV) - c);
+- backward (488-655): the K/V all-gathered again, hidden behind step 0 likewise; dK/dV accumulated in
+  fp32 (convert_to_f32, line 75) and passed rank to rank by all-to-all (_AllToAllRotater: a send of
+  2 KV bytes) after every step, each waited after the next step's compute: (cp - 1) x max(0,
+  send(2 KV) - c) + send(2 KV) for the last;
+- buffers: forward the concatenated K/V (KV), the gathered K/V (cp KV), the merger's fp32 output
+  (_SDPAMerger, 2 O) and a step's output (O); backward the gathered K/V and its concatenation
+  ((cp + 1) KV), fp32 dQ (2 Q) and dK/dV (2 KV), a step's gradients (Q + KV), the fp32 dK/dV sent and
+  received (4 KV).
+All-to-all over the heads ("a2a": Megatron-LM's --cp-comm-type a2a, TE's AttnFuncWithCPAndQKVOA2A,
+context_parallel.py 4170-4600 at d0067d0d; DeepSpeed-Ulysses' scheme): Q, K and V are each
+all-to-all'd from s/cp tokens of every head to every token of h/cp heads before the attention, the
+output back after it (flash_attn_a2a_communicate 387-540, waited before the kernel runs: nothing
+to hide behind), and in the backward dO before, dQ, dK, dV after: per pass 2 a2a(Q) + 2 a2a(KV / 2)
+exposed, each moving (cp - 1) / cp of its tensor. The attention then runs all s queries of its h/cp
+heads: the same FLOPs as the balanced ring. What it saves is Q, K, V and O after the exchange, as
+many bytes as before; buffers: each a2a's output and its reordered copy, forward 2 (Q + KV) + 2 O,
+backward 2 dO + 3 (dQ + dKV).
+A full recompute reruns the forward's exchange. The exchange crosses the context-parallel group's
+link (comm.group_link: its ranks lie tp apart) at NCCL's latency model (planner/cost/comm.py).
+"""
+
+from __future__ import annotations
+
+from planner.cost import runtimes
+from planner.cost.comm import Link, collective_ms, send_ms
+from planner.schema import TrainSetup
+
+PASS_NAMES = ("forward", "backward")
+
+
+def comm_type(training) -> str | None:
+    """The exchange the setup runs: --cp-comm where given, else its runtime's default."""
+    return getattr(training, "cp_comm", None) or runtimes.of(training).cp_comm
+
+
+def cp_link(setup: TrainSetup) -> Link | None:
+    comm = setup.comm
+    if comm.cp_gb_per_s is None or comm.cp <= 1:
+        return None
+    return Link(comm.cp_gb_per_s, comm.cp_step_latency_ms, comm.collective_latency_ms)
+
+
+def pass_exposed_ms(exchange, which: str, kind: str, link: Link) -> float:
+    """What one pass's exchange ("forward", "backward") adds beyond the attention it overlaps."""
+    cp, kv = exchange.ranks, exchange.kv_bytes
+    step = (exchange.attention_fwd_ms if which == "forward" else exchange.attention_bwd_ms) / cp
+    if kind == "a2a":  # Q (or dQ) and O (or dO), K and V (or their gradients) each; none hidden
+        return 2 * collective_ms("all-to-all", exchange.q_bytes, cp, link) + \
+            2 * collective_ms("all-to-all", kv / 2, cp, link)
+    if kind == "p2p":
+        if which == "forward":
+            return (cp - 1) * max(0.0, send_ms(kv, link) - step)
+        return (cp - 1) * max(0.0, send_ms(2 * kv, link) - step) + send_ms(kv, link)
+    gather = max(0.0, collective_ms("all-gather", cp * kv, cp, link) - step)
+    if which == "forward":
+        return gather
+    return gather + (cp - 1) * max(0.0, send_ms(2 * kv, link) - step) + send_ms(2 * kv, link)
+
+
+def exchange_ms(layer, option: int, setup: TrainSetup) -> float:
+    """A layer's (LayerCost's) exposed exchange per microbatch: forward, backward, and the forward's
+    again where its option recomputes the whole layer (1, "full"). Nothing without context
+    parallelism or a link."""
+    exchange, link = layer.context_parallel, cp_link(setup)
+    if exchange is None or link is None:
+        return 0.0
+    kind = comm_type(setup.training)
+    forward = pass_exposed_ms(exchange, "forward", kind, link)
+    return forward * (2 if option == 1 else 1) + pass_exposed_ms(exchange, "backward", kind, link)
+
+
+def buffer_bytes(exchange, kind: str) -> tuple[int, int]:
+    """(forward, backward) bytes the exchange's buffers hold while the attention runs, on the busiest rank."""
+    cp, q, kv = exchange.ranks, exchange.q_bytes, exchange.kv_bytes
+    if kind == "a2a":
+        return 2 * (q + kv) + 2 * q, 2 * q + 3 * (q + kv)
+    if kind == "p2p":
+        return (cp - 1) * kv + cp * q + 2 * q, q + 4 * kv + q + kv
+    return (cp + 1) * kv + 2 * q + q, (cp + 1) * kv + 2 * q + 2 * kv + q + kv + 4 * kv
+
+
+def extra_bytes(layer, setup: TrainSetup) -> int:
+    """What the exchange's buffers add to a layer's peak beyond its own transient (its MLP's
+    backward, planner/profiler/analytic.py block_transient_bytes): the attention's forward buffers,
+    or its backward ones beside the gradient flowing back (as large as the block's output), where
+    either outgrows that transient."""
+    exchange = layer.context_parallel
+    if exchange is None or setup.training.context_parallel <= 1:
+        return 0
+    forward, backward = buffer_bytes(exchange, comm_type(setup.training))
+    return max(0, forward - layer.transient_bytes, backward + layer.output_bytes - layer.transient_bytes)
