@@ -25,8 +25,8 @@ collectives, LayerCollective): with sequence parallelism a block all-gathers its
 attention and before the MLP and reduce-scatters after each (forward), the mirror in the
 backward, and again in a full recompute; without it, two all-reduces each way. Context
 parallelism's ring passes each rank's K and V shard around the cp ranks (cp - 1 sends forward,
-twice the bytes backward: K, V and their gradients; ring_attention_ms, the bare sum), charged as
-each runtime runs and overlaps it in planner/cost/contextparallel.py with these functions. Expert
+twice the bytes backward: K, V and their gradients), charged as each runtime runs and overlaps
+it in planner/cost/contextparallel.py with these functions. Expert
 parallelism's all-to-all and the data parallel reductions are charged in planner/cost/dataparallel.py
 with these factors.
 
@@ -98,15 +98,6 @@ def all_to_all_ms(tensor_bytes: float, ranks: int, link: Link) -> float:
 
 def send_ms(tensor_bytes: float, link: Link) -> float:
     return collective_ms("send", tensor_bytes, 2, link)
-
-
-def ring_attention_ms(kv_shard_bytes: float, cp: int, link: Link) -> tuple[float, float]:
-    """Context parallelism's ring exchange per layer (forward, backward): each rank passes its
-    K and V shard (`kv_shard_bytes`, its T/cp tokens' K and V) on cp - 1 times; the backward
-    passes K, V and their gradients (twice the bytes)."""
-    if cp <= 1:
-        return 0.0, 0.0
-    return (cp - 1) * send_ms(kv_shard_bytes, link), (cp - 1) * send_ms(2 * kv_shard_bytes, link)
 
 
 # ---------------------------------------------------------------- the topology
