@@ -89,6 +89,9 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                         say=notes.append)
     if gpus_per_node is not None:
         setup = setup.model_copy(update={"devices_per_node": gpus_per_node})
+    from planner.cost.float8 import float8_profile
+
+    profile = float8_profile(profile, setup)  # Float8 read from the config: its records applied
     stages = _stages(job, profile, setup, notes)
     cost = costmodel.evaluate(stages, profile, setup)
     sequences = microbatches * setup.pipeline.micro_batch_size * dp
@@ -158,7 +161,8 @@ def _with_settings(options, job):
 
     modelled = job.modelled
     settings = TrainingSettings(compile_model=modelled.compile, op_level_sac=modelled.op_level_sac,
-                                optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp)
+                                optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp,
+                                float8=modelled.float8, fp8_all_gather=modelled.fp8_all_gather)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap)
 
 

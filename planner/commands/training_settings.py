@@ -25,8 +25,11 @@ SETTING_OPTIONS = [
                  help="torchtitan's op-level selective AC: a checkpointed block (evaluate) runs its op-sac policy, "
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "
                       "LLaMA profiles)."),
-    click.option("--float8", is_flag=True, help="Float8 linears (refused: not modelled)."),
-    click.option("--fp8-all-gather", is_flag=True, help="FSDP2's float8 all-gather (refused: not modelled)."),
+    click.option("--float8", is_flag=True,
+                 help="Float8 linears (torchtitan's torchao tensorwise; Megatron-LM's Transformer Engine, time only): "
+                      "the blocks' linears in FP8, from the profile's Float8 records (analytic dense blocks)."),
+    click.option("--fp8-all-gather", is_flag=True,
+                 help="FSDP2's float8 all-gather of the Float8 linears' weights (torchtitan; with --float8)."),
     click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Context-parallel degree (refused above 1: not modelled)."),
     click.option("--optimizer-state-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
@@ -71,9 +74,12 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     from planner.cost.rules import profile_tp
 
     record = runtimes.facts(runtime, settings["runtime_version"])
-    refused = runtimes.refused_settings(SimpleNamespace(**settings), tp=profile_tp(profile))
+    refused = runtimes.refused_settings(SimpleNamespace(**settings, runtime=runtime), tp=profile_tp(profile))
     if refused:
         raise UserError(refused[0])
+    if settings["float8"] and say is not None and not record.float8_memory:
+        say(f"--float8: {runtime}'s Float8 ({record.float8}) is timed (its GEMMs in FP8, its casts); its memory "
+            "is charged as the bf16 layers' (its float8 weight workspaces and saved inputs are not modelled)")
     if settings["compile"] and say is not None:
         compiled = record.loss_compiled is not None
         say(f"--compile: {runtime} {record.version} " + ("compiles the loss (charged as measured compiled)"

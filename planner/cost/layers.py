@@ -58,6 +58,7 @@ class LayerCost:
     # its tensor-parallel collectives per microbatch: (kind, tensor bytes, forward, backward,
     # recompute counts), as the profile lists them (LayerCollective); charged by comm.layer_comm_ms
     collectives: tuple[tuple[str, int, int, int, int], ...] = ()
+    float8_param_count: int = 0  # of param_count, Float8 linears' weights (the profile's record; 0: none)
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -131,6 +132,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             )),
             extra_options=_kind_options(same),
             collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute) for c in same[0].collectives),
+            float8_param_count=max(item.float8.param_count if item.float8 is not None else 0 for item in same),
         )
         for kind, same in by_kind.items()
     }

@@ -47,6 +47,8 @@ class JobSettings:
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"  # Adam's moments
     expert_tp: int | None = None  # the expert tensor-parallel size where the file gives it (= TP)
     tp_overlap: Literal["none", "async-tp", "tp-comm-overlap"] = "none"
+    float8: bool = False  # Float8 linears (torchtitan's float8 converter; Megatron-LM's --fp8-format)
+    fp8_all_gather: bool = False  # FSDP2's float8 all-gather of their weights (torchtitan)
 
 
 @dataclass(frozen=True)
