@@ -41,7 +41,7 @@ from planner.schema import OPTION_FULL, Float8Linears
 
 CAST_BYTES = 5  # amax read (2) + cast read (2) + float8 write (1), per bf16 element, fused
 FP8_ALIGN = 16  # torchtitan converts a linear whose weight's dims are multiples of 16 (tensor cores)
-HEAD_FQN = "output"  # the LM head: torchtitan's filter leaves it in bf16
+HEAD_FQNS = ("output", "lm_head")  # the LM head (torchtitan's `output`, Hugging Face's `lm_head`): left in bf16
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Linear:
         return self.k * self.n
 
 
-def converted(linears: list[Linear], filter_fqns: tuple[str, ...] = (HEAD_FQN,)) -> list[Linear]:
+def converted(linears: list[Linear], filter_fqns: tuple[str, ...] = HEAD_FQNS) -> list[Linear]:
     """The linears torchtitan's filter converts: weight dims multiples of 16, FQN matching none
     of `filter_fqns`."""
     return [linear for linear in linears if linear.full_k % FP8_ALIGN == 0 and linear.full_n % FP8_ALIGN == 0
@@ -139,26 +139,58 @@ def block_record(arch, shape: Shape, gpu, passes: tuple[Work, Work, Work], *, pr
                  op_sac: bool) -> Float8Linears | None:
     """A dense block's Float8 record from its bf16 (forward, backward, full-recompute) work; None
     where no linear converts or the GPU has no FP8 tensor cores."""
+    linears = converted(block_linears(arch, shape, prefix))
+    reruns = {OPTION_FULL: passes[2]}
+    if op_sac:  # its rerun as opsac.op_sac_option times it: wk, wo and w3, no memory-bound bytes
+        sac = [linear for linear in linears if linear.fqn.endswith(OP_SAC_RERUN)]
+        reruns[OPTION_OP_SAC] = Work(0, 0, _frozen(Counter(Kernel("matmul", linear.flops) for linear in sac)))
+    return record(linears, gpu, passes[0], passes[1], reruns)
+
+
+def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, Work]) -> Float8Linears | None:
+    """A layer's Float8 record from its bf16 work: forward and backward, and each recompute
+    option's rerun by name, with the converted `linears`' GEMMs in float8 (the module's docstring);
+    None where none converts or the GPU has no FP8 tensor cores."""
     from planner.profiler.roofline import roofline_ms
 
-    linears = converted(block_linears(arch, shape, prefix))
     if not linears or not gpu.fp8_tflops:
         return None
-    fwd, bwd, rerun = passes
     fwd8, cast = forward(fwd, linears)
-    rerun8, rerun_cast = forward(rerun, linears)
-    recompute = {OPTION_FULL: roofline_ms(rerun8, gpu)}
-    weight_ms = {OPTION_FULL: _bytes_ms(weight_cast_bytes(rerun_cast), gpu)}
-    if op_sac:
-        sac = [linear for linear in linears if linear.fqn.endswith(OP_SAC_RERUN)]
-        sac_bf16 = Work(0, 0, _frozen(Counter(Kernel("matmul", linear.flops) for linear in sac)))
-        sac8, sac_cast = forward(sac_bf16, sac)
-        recompute[OPTION_OP_SAC] = roofline_ms(sac8, gpu)
-        weight_ms[OPTION_OP_SAC] = _bytes_ms(weight_cast_bytes(sac_cast), gpu)
-    return Float8Linears(param_count=sum(linear.weight_elements for linear in linears),
+    recompute, weight_ms = {}, {}
+    for name, rerun in reruns.items():
+        rerun8, rerun_cast = forward(rerun, linears)
+        if rerun_cast:  # an option that reruns no converted linear keeps its time
+            recompute[name] = roofline_ms(rerun8, gpu)
+            weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)
+    return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
                          fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward(bwd, linears), gpu),
                          recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
                          rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears))
+
+
+def module_linears(layer, x, prefix: str) -> list[Linear]:
+    """The nn.Linear calls of one forward of `layer` on `x` (under FakeTensorMode in the fake
+    profiler), each as a Linear with the rows it ran (a routed expert's tokens where it is one)."""
+    import torch
+
+    calls: list[Linear] = []
+    hooks = []
+    for name, module in layer.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            fqn = f"{prefix}.{name}" if name else prefix
+            k, n = module.in_features, module.out_features
+
+            def hook(_module, args, fqn=fqn, k=k, n=n):
+                rows = args[0].numel() // k
+                calls.append(Linear(fqn, rows, k, n, k, n))
+            hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            layer(x)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return calls
 
 
 def _bytes_ms(num_bytes: int, gpu) -> float:
