@@ -16,7 +16,8 @@ from planner.cost.float8 import float8_profile, with_float8
 from planner.models import archs
 from planner.profiler import analytic, float8
 from planner.profiler.analytic import Shape
-from planner.profiler.roofline import Kernel, Work, kernel_ms, matmul_efficiency, work
+from planner.profiler.roofline import Kernel, kernel_ms, matmul_efficiency, work
+from planner.errors import UserError
 from planner.schema import AllocRecord, FileRef, TrainSetup
 
 H100 = archs.gpu("h100")
@@ -195,3 +196,14 @@ def test_what_is_not_modelled_is_refused_in_one_sentence(tiny_paths, path, flags
     assert result.exit_code != 0
     assert named in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) <= 3
+
+
+def test_an_analytic_moe_block_under_float8_is_refused_in_one_sentence():
+    moe = dataclasses.replace(MID, name="mid-moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512)
+    profile = analytic.analytic_profile(moe, SHAPE, gpu=H100, model=REF)
+    assert any(layer.float8 is not None for layer in profile.layers) is False
+    dense_first = dataclasses.replace(moe, dense_layers=(0,))
+    mixed = analytic.analytic_profile(dense_first, SHAPE, gpu=H100, model=REF)
+    assert [layer.float8 is not None for layer in mixed.layers] == [False, True, False, False]
+    with pytest.raises(UserError, match=r"--float8 on layers.1 \(moe_block\) is not modelled"):
+        float8_profile(mixed, setup(float8=True))

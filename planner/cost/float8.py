@@ -49,6 +49,11 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
         raise UserError("--float8 needs a profile that records its Float8 linears: an analytic profile of "
                         "dense blocks made by `ckplan profile --arch` (without --mfu) for a GPU with FP8 tensor "
                         "cores; this one records none")
+    bare = [layer for layer in profile.layers
+            if layer.float8 is None and layer.kind in ("decoder_block", "moe_block") and profile.source == "analytic"]
+    if bare:
+        raise UserError(f"--float8 on {bare[0].name} ({bare[0].kind}) is not modelled: the analytic profile records "
+                        "Float8 for dense blocks only (not MoE or latent-attention blocks)")
     record = runtimes.of(setup.training)
     from planner.cost import dataparallel
 

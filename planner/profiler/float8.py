@@ -23,10 +23,14 @@ torch.compile", 9dec370 `torchtitan/float8.py`), where the amax is one read and 
 one write: CAST_BYTES = 2 + 2 + 1 bytes per bf16 element. (Eager would move about 33: abs, max, an
 fp32 copy, multiply, clamp, cast.)
 
-Not covered (the analytic profile records no Float8 for them, and --float8 on such a profile is
-refused): MoE blocks (torchtitan converts experts only under its separate grouped-mm setting) and
-latent attention (MLA). Under TP, torchtitan's Float8 colwise/rowwise plans gather float8 inputs;
-the tensor-parallel collectives stay charged at bf16.
+The analytic profile writes the record for dense blocks (block_linears); its MoE and latent-attention
+(MLA) blocks get none and run bf16 under --float8 (torchtitan converts experts only under its
+separate grouped-mm setting). The fake profile records the nn.Linear calls a layer makes
+(module_linears: a Hugging Face routed expert with the tokens it received, a router whose dims are
+multiples of 16), which is what torchao's module swap would convert in that code. Activations
+are taken as 16-bit (torchtitan trains under FSDP2's bf16 mixed precision). Under TP, torchtitan's
+Float8 colwise/rowwise plans gather float8 inputs; the tensor-parallel collectives stay charged at
+bf16.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 
 from planner.profiler.formulas import Shape, kv_width, q_width
 from planner.profiler.opsac import OPTION_OP_SAC
-from planner.profiler.roofline import Kernel, Work, _frozen
+from planner.profiler.roofline import Kernel, Work, work
 from planner.schema import OPTION_FULL, Float8Linears
 
 CAST_BYTES = 5  # amax read (2) + cast read (2) + float8 write (1), per bf16 element, fused
@@ -104,7 +108,7 @@ def in_float8(done: Work, linears: list[Linear], *, gemms: int, casts) -> tuple[
         kernels[Kernel("matmul-fp8", linear.flops)] += gemms
         added += CAST_BYTES * casts(linear)
         weights += linear.weight_elements
-    return Work(done.flops, done.bytes + added, _frozen(+kernels)), weights
+    return work(done.flops, done.bytes + added, list((+kernels).elements())), weights
 
 
 def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
@@ -143,7 +147,7 @@ def block_record(arch, shape: Shape, gpu, passes: tuple[Work, Work, Work], *, pr
     reruns = {OPTION_FULL: passes[2]}
     if op_sac:  # its rerun as opsac.op_sac_option times it: wk, wo and w3, no memory-bound bytes
         sac = [linear for linear in linears if linear.fqn.endswith(OP_SAC_RERUN)]
-        reruns[OPTION_OP_SAC] = Work(0, 0, _frozen(Counter(Kernel("matmul", linear.flops) for linear in sac)))
+        reruns[OPTION_OP_SAC] = work(0, 0, [Kernel("matmul", linear.flops) for linear in sac])
     return record(linears, gpu, passes[0], passes[1], reruns)
 
 
