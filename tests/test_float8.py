@@ -13,11 +13,11 @@ from click.testing import CliRunner
 from planner.cli import cli
 from planner.cost import dataparallel
 from planner.cost.float8 import float8_profile, with_float8
+from planner.errors import UserError
 from planner.models import archs
 from planner.profiler import analytic, float8
 from planner.profiler.analytic import Shape
 from planner.profiler.roofline import Kernel, kernel_ms, matmul_efficiency, work
-from planner.errors import UserError
 from planner.schema import AllocRecord, FileRef, TrainSetup
 
 H100 = archs.gpu("h100")
@@ -207,3 +207,44 @@ def test_an_analytic_moe_block_under_float8_is_refused_in_one_sentence():
     assert [layer.float8 is not None for layer in mixed.layers] == [False, True, False, False]
     with pytest.raises(UserError, match=r"--float8 on layers.1 \(moe_block\) is not modelled"):
         float8_profile(mixed, setup(float8=True))
+
+
+# ---------------------------------------------------------------- the config readers
+
+
+def _titan(**sections):
+    from planner.models.configs import torchtitan
+
+    base = {"model": {"name": "llama3", "flavor": "8B", "converters": ["float8"]},
+            "training": {"seq_len": 4096, "local_batch_size": 1}}
+    return torchtitan.from_mapping(base | sections, "t.toml")
+
+
+@pytest.mark.parametrize("float8_keys, modelled", [
+    ({"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True}, (True, True)),
+    ({"filter_fqns": ["output"]}, (True, False)),
+    ({}, (False, False)),  # today's filter_fqns defaults to []: the head converted, which ckplan does not
+    ({"filter_fqns": ["output"], "recipe_name": "rowwise"}, (False, False)),
+    ({"filter_fqns": ["output"], "force_recompute_fp8_weight_in_bwd": True}, (False, False)),
+])
+def test_torchtitan_float8_keys_map_to_the_settings_or_are_listed(float8_keys, modelled):
+    job = _titan(quantize={"linear": {"float8": float8_keys}})
+    assert (job.modelled.float8, job.modelled.fp8_all_gather) == modelled
+    status = {s.name: s.status for s in job.settings}
+    assert status["model.converters"] == ("modelled" if modelled[0] else "not modelled")
+
+
+def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
+    from planner.models.configs import megatron
+
+    def read(*flags):
+        script = tmp_path / "train.sh"
+        script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+                          "--num-attention-heads 4 --seq-length 32 --vocab-size 256 --bf16 " + " ".join(flags) + "\n")
+        return megatron.read(script)
+
+    assert read("--fp8-format hybrid").modelled.float8  # delayed scaling, Megatron's default recipe
+    assert read("--fp8-format hybrid --fp8-recipe tensorwise").modelled.float8
+    blocked = read("--fp8-format hybrid --fp8-recipe mxfp8")
+    assert not blocked.modelled.float8
+    assert {s.name: s.status for s in blocked.settings}["--fp8-format"] == "not modelled"
