@@ -132,6 +132,8 @@ def test_the_setting_charges_the_saved_float8_weight_unless_gathered_in_float8()
     assert alone.bwd_ms == block.float8.bwd_ms
     gathered = float8_profile(profile, setup(float8=True, fp8_all_gather=True, dp=4, zero=3)).layers[1]
     assert gathered.act_bytes == block.act_bytes and gathered.fwd_ms == block.float8.fwd_ms
+    # the scales precomputed once a step: every converted fp32 weight read (the step's /K is the cost model's)
+    assert gathered.step_ms["adam"] == pytest.approx(block.step_ms["adam"] + block.float8.param_count * 4 / 3.35e12 * 1e3)
     assert float8_profile(profile, setup()) is profile  # the setting off: the profile as made
 
 

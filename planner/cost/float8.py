@@ -59,7 +59,7 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
 
     # torchtitan turns the float8 all-gather on only where FSDP shards (parallel_dims.dp_shard_enabled)
     gathered = setup.training.fp8_all_gather and dataparallel.shard_size(setup) > 1
-    step_ms = _precompute_ms(profile, setup) if gathered else 0.0
+    step_ms = _precompute_ms(profile) if gathered else 0.0
     layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms)
               if layer.float8 is not None else layer for layer in profile.layers]
     return profile.model_copy(update={"layers": layers})
@@ -125,11 +125,11 @@ def with_float8(record: AllocRecord, *, kept: int, transient: int) -> AllocRecor
     return record.model_copy(update={"forward": forward, "backward": backward + frees, "input_grad": input_grad})
 
 
-def _precompute_ms(profile: Profile, setup: TrainSetup) -> float:
-    """Per converted parameter, the float8 all-gather's scale precompute: its fp32 shard (1/K)
-    read once per iteration at the HBM bandwidth, in ms."""
+def _precompute_ms(profile: Profile) -> float:
+    """Per converted parameter, the float8 all-gather's scale precompute: its fp32 master read
+    once per iteration at the HBM bandwidth, in ms. Added to the layer's step time, which the
+    cost model divides over the shard group as it does the step (dataparallel.device_step_ms):
+    each rank reads its 1/K."""
     from planner.cost import dataparallel
 
-    gpu = dataparallel.profile_gpu(profile)
-    shard = dataparallel.shard_size(setup)
-    return FP32_BYTES / shard / (gpu.hbm_tbps * 1e12) * 1e3
+    return FP32_BYTES / (dataparallel.profile_gpu(profile).hbm_tbps * 1e12) * 1e3
