@@ -90,6 +90,13 @@ def test_analytic_and_fake_profiles_agree_on_every_layers_time(tmp_path, name, d
         assert mine.fwd_ms == pytest.approx(theirs.fwd_ms, rel=0.05), mine.name
         assert mine.bwd_ms == pytest.approx(theirs.bwd_ms, rel=0.05), mine.name
         assert mine.recompute_ms == pytest.approx(theirs.recompute_ms or 0.0, rel=0.05, abs=1e-6), mine.name
+        # Float8's records (planner/profiler/float8.py): the same linears converted, the same times
+        assert (mine.float8 is None) == (theirs.float8 is None), mine.name
+        if mine.float8 is not None:
+            assert mine.float8.param_count == theirs.float8.param_count
+            for field in ("fwd_ms", "bwd_ms", "weight_cast_ms", "transient_bytes"):
+                assert getattr(mine.float8, field) == pytest.approx(getattr(theirs.float8, field), rel=0.05), field
+            assert mine.float8.recompute_ms["full"] == pytest.approx(theirs.float8.recompute_ms["full"], rel=0.05)
     assert ours.loss_ms == pytest.approx(fake.loss_ms, rel=0.05)  # eager cross-entropy: 36 B per logit
     assert ours.assumptions["mfu"] is None and 0.5 < ours.assumptions["mfu_implied"] < 0.8
 

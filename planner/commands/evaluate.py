@@ -16,6 +16,7 @@ from planner.commands.setup_options import (
     setup_options,
 )
 from planner.commands.training_settings import compiled_profile, op_sac_stages
+from planner.cost.float8 import float8_profile
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
 
@@ -103,6 +104,7 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
                                       precision=precision, runtime=runtime, recompute=recompute,
                                       fragmentation=fragmentation, parallel_stages=parallel_stages,
                                       data_parallel=data_parallel, say=say)
+    profile = float8_profile(profile, setup)  # --float8: the profile's Float8 records applied (planner/cost/float8.py)
     hand = hand_stages(profile, counts, ckpts, ckpt_rule)
     if checkpoint_names is not None:
         hand = named_checkpoints(hand, checkpoint_names)

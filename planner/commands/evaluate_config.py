@@ -90,8 +90,10 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     if gpus_per_node is not None:
         setup = setup.model_copy(update={"devices_per_node": gpus_per_node})
     from planner.commands.training_settings import compiled_profile
+    from planner.cost.float8 import float8_profile
 
-    profile = compiled_profile(profile, data_parallel.settings)
+    # compile's and Float8's records applied where the config asks for them
+    profile = float8_profile(compiled_profile(profile, data_parallel.settings), setup)
     stages = _stages(job, profile, setup, notes)
     cost = costmodel.evaluate(stages, profile, setup)
     sequences = microbatches * setup.pipeline.micro_batch_size * dp
@@ -163,7 +165,8 @@ def _with_settings(options, job):
     modelled = job.modelled
     settings = TrainingSettings(compile_model=modelled.compile, op_level_sac=modelled.op_level_sac,
                                 optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp,
-                                context_parallel=job.cp, cp_comm=modelled.cp_comm)
+                                context_parallel=job.cp, cp_comm=modelled.cp_comm,
+                                float8=modelled.float8, fp8_all_gather=modelled.fp8_all_gather)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap)
 
 

@@ -64,6 +64,11 @@ def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer
         io.check_outputs({"--out": out}, inputs={"--profile": profile_path})
     profile = compiled_profile(io.load_profile(profile_path), data_parallel.settings)
     say = (lambda note: err_console.print(note)) if as_json else info  # stdout carries the JSON alone
+    if (schedule == "auto" or auto_dp) and data_parallel.settings is not None and data_parallel.settings.float8:
+        from planner.errors import UserError
+
+        raise UserError("--float8 with --schedule auto or --auto-dp is not modelled: name the schedule and the "
+                        "data-parallel degree")
     if schedule == "auto":
         from planner.commands.auto_schedule import run_auto_schedule
 
@@ -88,6 +93,9 @@ def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer
                                       runtime=runtime, recompute=recompute, fragmentation=fragmentation,
                                       parallel_stages=parallel_stages, data_parallel=data_parallel, say=say,
                                       deadline=deadline)
+    from planner.cost.float8 import float8_profile
+
+    profile = float8_profile(profile, setup)  # --float8: the profile's Float8 records applied
     if sweep:
         from planner.commands.sweep import run_sweep
 

@@ -26,8 +26,11 @@ SETTING_OPTIONS = [
                  help="torchtitan's op-level selective AC: a checkpointed block (evaluate) runs its op-sac policy, "
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "
                       "LLaMA profiles)."),
-    click.option("--float8", is_flag=True, help="Float8 linears (refused: not modelled)."),
-    click.option("--fp8-all-gather", is_flag=True, help="FSDP2's float8 all-gather (refused: not modelled)."),
+    click.option("--float8", is_flag=True,
+                 help="Float8 linears (torchtitan's torchao tensorwise; Megatron-LM's Transformer Engine, time only): "
+                      "the blocks' linears in FP8, from the profile's Float8 records (analytic dense blocks)."),
+    click.option("--fp8-all-gather", is_flag=True,
+                 help="FSDP2's float8 all-gather of the Float8 linears' weights (torchtitan; with --float8)."),
     click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=None,
                  help="Context-parallel degree: each rank holds seq/cp tokens, attention exchanges K/V in a ring "
                       "(Megatron-LM, torchtitan); the profile must be made at it (`ckplan profile --arch ... --cp N`) "
@@ -84,6 +87,9 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     refused += _a2a_heads(profile, settings["cp_comm"], settings["context_parallel"])
     if refused:
         raise UserError(refused[0])
+    if settings["float8"] and say is not None and not record.float8_memory:
+        say(f"--float8: {runtime}'s Float8 ({record.float8}) is timed (its GEMMs in FP8, its casts); its memory "
+            "is charged as the bf16 layers' (its float8 weight workspaces and saved inputs are not modelled)")
     if settings["compile"] and say is not None:
         compiled = record.loss_compiled is not None
         layers = sum(1 for layer in profile.layers if layer.compiled_kept_bytes)

@@ -150,7 +150,7 @@ def bytes_per_param(setup: TrainSetup) -> float:
     return weights + grads + optim
 
 
-def unsharded_bytes(largest_param_count: int, setup: TrainSetup) -> float:
+def unsharded_bytes(largest_param_count: int, setup: TrainSetup, *, fp8_count: int = 0) -> float:
     """Device bytes beyond the sharded state while FSDP2 (the runtime's ZeRO 2/3) works through
     one layer, for the model's largest layer (a constant per stage as the solvers take it).
     Measured on the runtime (scripts/bench_dp_static.py, the peak's tensors by kind):
@@ -160,7 +160,8 @@ def unsharded_bytes(largest_param_count: int, setup: TrainSetup) -> float:
         ZeRO 2, forward: the all-gather buffer of the layer copying out and the previous one's,
             kept to overlap (2 w; the gathered weights themselves are in its static bytes);
             backward: the unsharded gradient and the kept reduce-scatter input (2 g)
-    0 without sharding, and when ZeRO 2/3 keep weights and gradients whole."""
+    Under the float8 all-gather the two gathered buffers hold its `fp8_count` Float8 weights at 1 B
+    (gathered_bytes). 0 without sharding, and when ZeRO 2/3 keep weights and gradients whole."""
     if shard_size(setup) == 1 or kept_whole(setup) or setup.data_parallel.zero < 2:
         return 0.0
     held = param_bytes(setup)
@@ -168,8 +169,18 @@ def unsharded_bytes(largest_param_count: int, setup: TrainSetup) -> float:
     if setup.data_parallel.zero >= 3:
         # the unsharded gradient in the weights' dtype, the reduce-scatter input in the reduce dtype
         # (FSDP2's reduce_dtype: fp32 under torchtitan's mixed precision)
-        return largest_param_count * (2 * weights + weights + grads)
+        return 2 * gathered_bytes(largest_param_count, setup, fp8_count=fp8_count) + largest_param_count * (weights + grads)
     return largest_param_count * 2 * max(weights, grads)
+
+
+def fp8_whole_saving_bytes(fp8_count: float, setup: TrainSetup) -> float:
+    """ZeRO 2/3 kept whole beside a pipeline (bytes_per_param charges the gathered weights whole in
+    their dtype): under the float8 all-gather a Float8 weight's whole copy is the gathered float8
+    one, 1 B; what that saves of these `fp8_count` parameters."""
+    if not (setup.training.fp8_all_gather and setup.data_parallel.zero >= 2 and kept_whole(setup)
+            and shard_size(setup) > 1):
+        return 0.0
+    return fp8_count * (param_bytes(setup).weights - FP8_GATHERED_BYTES)
 
 
 def zero_one_excess_bytes(param_count: float, largest_param_count: int, setup: TrainSetup) -> float:
@@ -257,15 +268,28 @@ def grad_reduce_ms(param_count: int, setup: TrainSetup) -> float:
     return once * reductions_per_iteration(setup)
 
 
-def weight_gather_ms(param_count: int, setup: TrainSetup) -> float:
+FP8_GATHERED_BYTES = 1  # a Float8 linear's weight gathered in float8 (torchao fsdp_utils.py fsdp_pre_all_gather)
+
+
+def gathered_bytes(param_count: float, setup: TrainSetup, *, fp8_count: float = 0) -> float:
+    """Bytes of these parameters gathered (in the dtype computed with), of which `fp8_count` are
+    Float8 linears' weights: 1 B each under FSDP2's float8 all-gather (torchao v0.11.0
+    `torchao/float8/fsdp_utils.py` WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather casts the
+    shard to float8 and gathers it, its scale beside), the weights' dtype otherwise."""
+    fp8 = fp8_count if setup.training.fp8_all_gather else 0
+    return (param_count - fp8) * param_bytes(setup).weights + fp8 * FP8_GATHERED_BYTES
+
+
+def weight_gather_ms(param_count: int, setup: TrainSetup, *, fp8_count: int = 0) -> float:
     """Weight all-gathers in the shard group per iteration: ZeRO 1/2 once after the step
-    (each rank updated its shard), ZeRO 3 twice per microbatch (forward, backward)."""
+    (each rank updated its shard), ZeRO 3 twice per microbatch (forward, backward); Float8
+    linears' weights in float8 under the float8 all-gather (gathered_bytes)."""
     k = shard_size(setup)
     if k == 1:
         return 0.0
-    weights = param_bytes(setup).weights  # gathered in the dtype computed with
     gathers = 2 * setup.pipeline.microbatches if setup.data_parallel.zero >= 3 and not kept_whole(setup) else 1
-    return gathers * reduce_scatter_ms(param_count * weights, k, setup.data_parallel.shard_gb_per_s)
+    return gathers * reduce_scatter_ms(gathered_bytes(param_count, setup, fp8_count=fp8_count), k,
+                                       setup.data_parallel.shard_gb_per_s)
 
 
 def offload_phases_ms(param_count: int, setup: TrainSetup) -> tuple[float, float, float]:
@@ -327,7 +351,7 @@ def overlaps_comm(setup: TrainSetup) -> bool:
 
 
 def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0, bwd_ms: float = 0.0,
-                    expert_count: int = 0) -> float:
+                    expert_count: int = 0, fp8_count: int = 0) -> float:
     """A layer's gradient reductions and weight gathers per iteration, as far as they are not
     hidden behind compute. Overlapped, each reduction hides behind a backward as long as this
     layer's (the layers before it run while it reduces) and each ZeRO 3 gather behind a
@@ -340,7 +364,8 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
     dense, experts = param_count - expert_count, expert_setup(setup)
     held = held_expert_params(expert_count, setup)
     reduce = grad_reduce_ms(dense, setup) + (grad_reduce_ms(held, experts) if expert_count else 0.0)
-    gather = weight_gather_ms(dense, setup) + (weight_gather_ms(held, experts) if expert_count else 0.0)
+    gather = weight_gather_ms(dense, setup, fp8_count=fp8_count) + (weight_gather_ms(held, experts)
+                                                                   if expert_count else 0.0)
     if not overlaps_comm(setup):
         return reduce + gather
     reductions = reductions_per_iteration(setup)
@@ -355,13 +380,14 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
 
 
 def step_term_ms(param_count: int, step_ms: float, setup: TrainSetup, *, fwd_ms: float = 0.0,
-                 bwd_ms: float = 0.0, expert_count: int = 0) -> float:
+                 bwd_ms: float = 0.0, expert_count: int = 0, fp8_count: int = 0) -> float:
     """Everything data parallelism charges a layer once per iteration: its optimizer step (on
     the device, or offloaded), and its gradient reduction and weight gathers where not hidden
     behind its forward (`fwd_ms`) and backward (`bwd_ms`) compute (exposed_comm_ms). Of
     param_count, `expert_count` are routed experts': the rank steps its 1/E of them, sharded
     over their expert-data-parallel group (the step's time per parameter, the layer's)."""
-    comm = exposed_comm_ms(param_count, setup, fwd_ms=fwd_ms, bwd_ms=bwd_ms, expert_count=expert_count)
+    comm = exposed_comm_ms(param_count, setup, fwd_ms=fwd_ms, bwd_ms=bwd_ms, expert_count=expert_count,
+                           fp8_count=fp8_count)
     if not expert_count:
         offload = offload_ms(param_count, setup) if setup.data_parallel.offload else 0.0
         return device_step_ms(step_ms, setup) + offload + comm

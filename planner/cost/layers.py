@@ -72,6 +72,7 @@ class LayerCost:
     # its attention's exchange under context parallelism (the profile's LayerContextParallel, the
     # kind's first layer's: a kind's blocks are alike); None: none (planner/cost/contextparallel.py)
     context_parallel: ExchangeCost | None = None
+    float8_param_count: int = 0  # of param_count, Float8 linears' weights (the profile's record; 0: none)
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -146,6 +147,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             extra_options=_kind_options(same),
             collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute) for c in same[0].collectives),
             context_parallel=_exchange(same[0]),
+            float8_param_count=max(item.float8.param_count if item.float8 is not None else 0 for item in same),
         )
         for kind, same in by_kind.items()
     }

@@ -34,7 +34,8 @@ def static_bytes(layer: LayerCost, setup: TrainSetup) -> float:
     """Weights, gradients and optimizer state of the layer on one rank: its dense parameters at
     the setup's bytes per parameter; under expert parallelism its 1/E of the routed experts' at
     those of their expert-data-parallel group (ZeRO over dp / E ranks, dataparallel.expert_setup)."""
-    return per_param_bytes(layer, setup, dataparallel.bytes_per_param)
+    return (per_param_bytes(layer, setup, dataparallel.bytes_per_param)
+            - dataparallel.fp8_whole_saving_bytes(layer.float8_param_count, setup))
 
 
 def per_param_bytes(layer: LayerCost, setup: TrainSetup, per_param: Callable[[TrainSetup], float]) -> float:
@@ -175,7 +176,8 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
     step = dict(layer.step_ms).get(setup.training.optimizer, 0.0)
     return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
                                      bwd_ms=compute_ms(layer.bwd_ms, setup.time),
-                                     expert_count=layer.expert_param_count) + layer.tied_ms
+                                     expert_count=layer.expert_param_count,
+                                     fp8_count=layer.float8_param_count) + layer.tied_ms
 
 
 def step_checks_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
@@ -305,9 +307,9 @@ def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     model's largest layer (dataparallel.unsharded_bytes): counted with the buffers, a
     constant per stage."""
     ep = setup.data_parallel.ep  # under expert parallelism a layer holds 1/E of its routed experts
-    largest = max(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
-                  for layer in profile.layers)
-    return int(round(dataparallel.unsharded_bytes(largest, setup)))
+    largest, fp8 = max((layer.param_count - layer.expert_param_count + layer.expert_param_count // ep,
+                        layer.float8.param_count if layer.float8 is not None else 0) for layer in profile.layers)
+    return int(round(dataparallel.unsharded_bytes(largest, setup, fp8_count=fp8)))
 
 
 def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:

@@ -153,6 +153,14 @@ class RuntimeFacts:
     step_shard_bytes: int = 0
     """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
     (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""
+    # -- Float8 (--float8, --fp8-all-gather; planner/cost/float8.py)
+    float8: str | None = None
+    """The Float8 linears the runtime runs, whose GEMMs and casts the cost model times ("torchao":
+    torchtitan's Float8Linear, tensorwise; "transformer-engine": Megatron-LM's TE layers under
+    --fp8-format, tensorwise current or delayed scaling); None: not read, --float8 is refused."""
+    float8_memory: bool = False
+    """The Float8 linears' memory is read (torchao's saved float8 weight and its casts); False:
+    memory is charged as the bf16 layers' and the command says so."""
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
@@ -204,6 +212,11 @@ _AFTER_STEP_NOT_READ = {
 # the vocab-parallel one applies.
 _COMPILED_LOSS = LossRegion(kept_x=1.0, peak_x=2.0)
 
+_FLOAT8_NOT_READ = {"float8": "not read: the runtime's Float8 (if any) is refused",
+                    "float8_memory": "not read: the runtime's Float8 (if any) is refused"}
+_TORCHAO_V = "torchao v0.11.0 (f34b473e)"
+_TE_V = "TransformerEngine v2.9"
+
 
 def _ckplan() -> RuntimeFacts:
     return RuntimeFacts(
@@ -235,6 +248,7 @@ def _ckplan() -> RuntimeFacts:
             "overlaps_grad_reduce": "planner/runtime/mesh.py: ZeRO 0/1 reduce after the last backward",
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {_TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
+            **_FLOAT8_NOT_READ,
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
             **_AFTER_STEP_NOT_READ,
@@ -252,7 +266,7 @@ def _megatron() -> RuntimeFacts:
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
-        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p",
+        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         sources={
             "cp_comm": f"megatron/training/arguments.py 3221 (--cp-comm-type default p2p); megatron/core/extensions/"
                        f"transformer_engine.py 2141-2153 (passed to TE), {_MEGATRON_V}; Transformer Engine "
@@ -283,6 +297,12 @@ def _megatron() -> RuntimeFacts:
             "overlaps_grad_reduce": f"--overlap-grad-reduce, megatron/core/distributed/distributed_data_parallel.py, {_MEGATRON_V}",
             "prefetches_zero3_gathers": f"--overlap-param-gather, {_MEGATRON_V}",
             "tp_overlap": f"--tp-comm-overlap (Transformer Engine userbuffers), {_MEGATRON_V}",
+            "float8": f"--fp8-format hybrid with --fp8-recipe tensorwise|delayed: Transformer Engine's Linear runs the "
+                      f"forward, input-grad and weight-grad GEMMs in FP8 (transformer_engine/pytorch/module/"
+                      f"linear.py 164-266, 312, 620-640, {_TE_V}); megatron/core/extensions/transformer_engine.py, "
+                      f"{_MEGATRON_V}",
+            "float8_memory": f"not read: TE's float8 weight workspaces (linear.py 240-266, get_weight_workspace, "
+                             f"{_TE_V}) and its float8-saved inputs (linear.py 362-429) are not charged",
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
                                       "CUBLAS_WORKSPACE_CONFIG :4096:8 (8 x 4 MiB); torch allocates it through the "
                                       "caching allocator, one per handle and stream, the cuBLASLt one unified with it "
@@ -319,7 +339,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
         loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         **_TORCH_PIPELINING, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
-        cp_comm="allgather",
+        cp_comm="allgather", float8="torchao", float8_memory=True,
         sources={
             "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
@@ -354,6 +374,11 @@ def _torchtitan(version: str) -> RuntimeFacts:
             "overlaps_grad_reduce": f"FSDP2 reduce-scatter on its own stream, {_TORCH_V}",
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {_TORCH_V}",
             "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}",
+            "float8": f"torchtitan/float8.py Float8Handler (every nn.Linear but `output`), {_TITAN_OLD}; "
+                      f"torchtitan/components/quantization/float8.py, utils.py module_filter_fn, e7c0cae; "
+                      f"torchao/float8/float8_linear.py 61-200 (three float8 GEMMs), {_TORCHAO_V}",
+            "float8_memory": f"torchao/float8/float8_linear.py 77 (save_for_backward(input_hp, weight_hp_t)), 330-358 "
+                             f"(the weight cast before it: the saved weight is float8), {_TORCHAO_V}",
             "cublas_workspace_bytes": "not sourced",
             **_AFTER_STEP_NOT_READ,
         })
@@ -395,6 +420,7 @@ def _deepspeed() -> RuntimeFacts:
             "overlaps_grad_reduce": "DeepSpeed overlap_comm",
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
             "tp_overlap": "not in DeepSpeed",
+            **_FLOAT8_NOT_READ,
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             **_AFTER_STEP_NOT_READ,
@@ -443,6 +469,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "overlaps_grad_reduce": f"Gemini reduces chunks in the backward hooks, {_CAI_V}",
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
             "tp_overlap": "not read",
+            **_FLOAT8_NOT_READ,
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "not read (refused)",
             **_AFTER_STEP_NOT_READ,
@@ -500,11 +527,15 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
     """One sentence per setting of `training` the cost model does not model (none silently
     ignored): the command refuses the first; a config reader lists them all."""
     refused = []
-    if training.float8:
-        refused.append("Float8 linears (--float8) are not modelled: a profile's matmuls and saved tensors are bf16")
-    if training.fp8_all_gather:
-        refused.append("FSDP2's float8 all-gather (--fp8-all-gather) is not modelled: it needs Float8 linears, which "
-                       "are not")
+    record = of(training) if training.float8 or training.fp8_all_gather else None
+    if training.float8 and record.float8 is None:
+        refused.append(f"Float8 linears (--float8) are not modelled under --runtime {training.runtime}: its Float8 "
+                       "was not read (torchtitan's torchao and Megatron-LM's Transformer Engine are)")
+    if training.fp8_all_gather and not training.float8:
+        refused.append("the float8 all-gather (--fp8-all-gather) gathers Float8 linears' weights: give --float8 too")
+    elif training.fp8_all_gather and record.float8 != "torchao":
+        refused.append(f"the float8 all-gather (--fp8-all-gather) is modelled as FSDP2's under torchao (--runtime "
+                       f"torchtitan); {training.runtime}'s float8 parameter gather was not read")
     if training.context_parallel > 1 and of(training).cp_comm is None:
         refused.append(f"context parallelism (--cp {training.context_parallel}) is modelled as Megatron-LM and "
                        f"torchtitan run it; {training.runtime}'s runtime runs none: choose --runtime megatron or "

@@ -81,9 +81,11 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     else:
         modules = ()
     scored = rounding.rescore(plan, profile, rounded)
-    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
+    cannot = CANNOT_EXPRESS + (["FP8 (scored with --float8): not written here; give --fp8-format hybrid "
+                                "--fp8-recipe tensorwise (or delayed)."] if plan.setup.training.float8 else [])
+    header = rounding.header_lines(plan_file, TARGET, cannot, rounded, scored)
     text = rounding.comment(header) + "\n" + _arguments(rounded, roles, profile, 0 if modules else num, modules)
-    return rounding.Export(TARGET, text, ".megatron.sh", rounded, scored, CANNOT_EXPRESS)
+    return rounding.Export(TARGET, text, ".megatron.sh", rounded, scored, cannot)
 
 
 def _check_microbatches(plan: Plan) -> None:

@@ -111,6 +111,11 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
     if plan.setup.data_parallel.offload:
         cannot.append("offloading the optimizer alone: training.enable_cpu_offload moves weights and gradients "
                       "to the host too (FSDP2's CPUOffloadPolicy); left off here.")
+    if plan.setup.training.float8:
+        cannot.append("Float8 linears (scored with --float8" + (" --fp8-all-gather" if plan.setup.training.fp8_all_gather
+                      else "") + "): not written here; give the job model.converters = [\"float8\"] with "
+                      "quantize.linear.float8.filter_fqns = [\"output\"]" + (" and enable_fsdp_float8_all_gather = "
+                      "true" if plan.setup.training.fp8_all_gather else "") + ".")
     header = rounding.header_lines(plan_file, f"{TARGET} {version}", cannot, rounded, scored)
     return rounding.Export(TARGET, rounding.comment(header) + "\n" + body, suffix, rounded, scored, cannot)
 

@@ -90,7 +90,15 @@ import json
 
 from planner.errors import UserError
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
-from planner.profiler import allocseq, analytic_comm, analytic_cp, analytic_time, compiled_kept
+from planner.profiler import (
+    allocseq,
+    analytic_comm,
+    analytic_cp,
+    analytic_time,
+    compiled_kept,
+    float8,
+    opsac,
+)
 from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<name> by callers
     FLASH,
     FP32,
@@ -307,7 +315,11 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
     normalises layers within a kind, and a MoE block is not a dense one), else decoder_block.
     `compiled`: record its kept bytes under torch.compile too (compiled_kept.py)."""
     boundary, moe = boundary_bytes(arch, shape), arch.is_moe_layer(index)
-    times = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
+    passes = analytic_time.block_work(arch, shape, moe=moe)
+    times = analytic_time.times_ms(passes, gpu, mfu)
+    # Float8's record (planner/profiler/float8.py): dense blocks, timed by the roofline (not under --mfu)
+    fp8 = None if moe or arch.mla or mfu is not None else float8.block_record(
+        arch, shape, gpu, passes, prefix=f"layers.{index}", op_sac=opsac.offers_op_sac(arch, shape, moe=moe))
     layer = _layer(f"layers.{index}", "moe_block" if moe else "decoder_block", times=times,
                   act_bytes=sum(term.num_bytes for term in block_terms(arch, shape, moe=moe)), input_bytes=boundary,
                   kept_terms=tuple(term.num_bytes for term in block_terms(arch, shape, moe=moe)),
@@ -315,7 +327,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
-                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0)
+                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0).model_copy(update={"float8": fp8})
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})

@@ -49,7 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from planner.cost.tied import tied_params
 from planner.errors import UserError
 from planner.models.archs import GPU
-from planner.profiler import allocseq, analytic, measure, options, roofline
+from planner.profiler import allocseq, analytic, float8, measure, options, roofline
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
@@ -359,6 +359,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
     kinds = layer_kinds(layers)
     layer_inputs = [inputs, *layer_outputs[:-1]]
     runs, records = [], []  # records: each layer's allocations and frees per option (allocseq)
+    linear_calls = []  # each layer's converted nn.Linear calls (Float8's record, planner/profiler/float8.py)
     for index, (name, layer) in enumerate(layers):
         x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
         output = layer_outputs[index]
@@ -370,6 +371,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
         with blame(f"layer {name!r}"), data_free(f"layer {name!r}"):
             transient = measure._transient_bytes(layer, x, grad, tracker=lambda device: StorageTracker())
             fwd, bwd, recompute = _layer_work(layer, x, grad)
+            linear_calls.append(float8.converted(float8.module_linears(layer, x, name)) if has_backward else [])
             runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
                                   *_run_options(layer, x, grad, fwd + bwd, has_backward)))
             records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
@@ -409,6 +411,8 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                                  fwd_ms=fwd_ms, bwd_ms=bwd_ms, first_bytes=saved.last_saved_bytes[index])],
             alloc_records={name: record for name, record in records[index].items()
                            if name in (OPTION_NONE, OPTION_FULL, *chosen[index])},
+            float8=float8.record(linear_calls[index], gpu, fwd, bwd,
+                                 {OPTION_FULL: recompute, **{option: run.option_work[option] for option in chosen[index]}}),
         ))
         on_layer(name)
     with blame("loss_fn(output, target)"), data_free("loss_fn(output, target)"):

@@ -102,6 +102,24 @@ class LayerContextParallel(Strict):
     kv_bytes: Bytes  # the rank's K and V together per microbatch
     attention_fwd_ms: Ms
     attention_bwd_ms: Ms
+class Float8Linears(Strict):
+    """What Float8 training (torchao's Float8Linear, dynamic tensorwise scaling, as torchtitan's
+    float8 converter swaps it in; planner/profiler/float8.py) changes in one layer: the converted
+    linears' GEMMs at the FP8 peak and their casts' bytes. A profile is made at bf16; the cost model
+    applies this record under the training setting --float8 (planner/cost/float8.py)."""
+
+    param_count: Count  # the converted linears' weights
+    fwd_ms: Ms  # the forward with the converted GEMMs in float8 and the activations' casts
+    bwd_ms: Ms  # the backward: input-grad and weight-grad GEMMs in float8, grad_output's and input's casts
+    # each recompute option's rerun under Float8 (the weights' casts apart), by option name
+    recompute_ms: dict[OptionName, Ms] = {}
+    # casting the converted weights to float8 (amax and cast), as every forward does; none under
+    # FSDP2's float8 all-gather (the gathered weights are float8)
+    weight_cast_ms: Ms = 0.0
+    rerun_weight_cast_ms: dict[OptionName, Ms] = {}  # the weights an option's rerun casts again
+    # the float8 casts alive at once beyond the bf16 layer's transient (the largest converted
+    # linear's backward: grad_output's and the input's casts)
+    transient_bytes: Bytes = 0
 
 
 class LayerProfile(Strict):
@@ -167,6 +185,9 @@ class LayerProfile(Strict):
     collectives: list[LayerCollective] = []
     # context parallelism's exchange of this layer's attention (analytic profiles at --cp > 1); None elsewhere
     context_parallel: LayerContextParallel | None = None
+    # its linears under Float8 (analytic profiles' dense blocks); None: no linear Float8 converts, or
+    # a profile that did not record it (--float8 then refuses it)
+    float8: Float8Linears | None = None
 
     @model_validator(mode="after")
     def _options_agree(self) -> LayerProfile:

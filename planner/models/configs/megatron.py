@@ -486,11 +486,28 @@ def _settings(flags: _Flags, job: Job) -> None:
     if impl != "transformer_engine":
         flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
                           "cuBLAS workspace after the step all the same")
+    _float8(flags, job)
     moments = ("--exp-avg-dtype", "--exp-avg-sq-dtype")
     if flags.has("--use-precision-aware-optimizer") and all(flags.given.get(f) == ["bf16"] for f in moments):
         for flag in moments:
             flags.take(flag, "Adam's moment in bf16 (optimizer_state_dtype bf16: 2 B where fp32 is 4)")
         job.modelled.optimizer_state_dtype = "bf16"
+
+
+def _float8(flags: _Flags, job: Job) -> None:
+    """--fp8-format e4m3|hybrid with --fp8-recipe delayed (the default) or tensorwise
+    (megatron/core/transformer/transformer_config.py 587-600 at d98e8a64ddf3): Transformer Engine's
+    layers run their GEMMs in FP8, timed as Float8 (--float8; the runtime record says its memory is
+    charged as bf16). mxfp8, blockwise and custom recipes, and --fp8-param-gather, stay listed."""
+    recipe = flags.given.get("--fp8-recipe", ["delayed"])
+    if flags.given.get("--fp8-format") not in (["hybrid"], ["e4m3"]) or recipe not in (["delayed"], ["tensorwise"]):
+        return
+    flags.take("--fp8-format", "FP8 GEMMs through Transformer Engine: the blocks' linears timed in FP8 (--float8); "
+               "their memory charged as bf16")
+    flags.take("--fp8-recipe", f"{recipe[0]} scaling: each cast's amax and scale charged with the cast")
+    for flag in ("--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin"):
+        flags.take(flag, "delayed scaling's amax history and margin: numerics, no bytes or time of their own")
+    job.modelled.float8 = True
 
 
 def _rest(flags: _Flags, job: Job) -> None:

@@ -310,16 +310,7 @@ def _settings(keys: _Keys, job: Job) -> None:
     components = keys.take("compile.components", "what torch.compile compiles (the loss compiled only with 'loss')",
                            list, ["model", "loss"])
     job.modelled.compile = bool(compiled) and "loss" in components
-    converters = keys.left.get("model.converters", [])
-    keys.pending("model.converters", bool(converters), "float8")
-    old = bool(keys.left.get("float8.enable_float8_linear"))  # torchtitan 2024's switch
-    keys.pending("float8.enable_float8_linear", old, "float8")
-    float8 = old or ("float8" in converters if isinstance(converters, list) else False)
-    keys.pending("quantize.linear.float8.enable_fsdp_float8_all_gather",
-                 float8 and bool(keys.left.get("quantize.linear.float8.enable_fsdp_float8_all_gather")), "fp8-all-gather")
-    keys.pending("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
-                 float8 and bool(keys.left.get("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp")),
-                 "fp8-all-gather")
+    _float8(keys, job)
     for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
         keys.pending(key, bool(keys.left.get(key)), "float8")
     if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
@@ -328,6 +319,44 @@ def _settings(keys: _Keys, job: Job) -> None:
             job.modelled.tp_overlap = "async-tp"
         else:
             keys.taken[-1] = (*keys.taken[-1][:2], "no effect", "tensor_parallel_degree 1: no collectives to overlap")
+
+
+def _float8(keys: _Keys, job: Job) -> None:
+    """Float8 linears (model.converters ["float8"]; 2024: float8.enable_float8_linear) as torchao's
+    tensorwise Float8Linear on every linear but the head (planner/profiler/float8.py), and FSDP2's
+    float8 all-gather where the weights are sharded. A recipe other than tensorwise (rowwise), a
+    filter other than the head's, and torchtitan's forced recompute of the float8 weight are not
+    modelled (listed)."""
+    converters = keys.left.get("model.converters", [])
+    old = bool(keys.left.get("float8.enable_float8_linear"))  # torchtitan 2024's switch
+    float8 = old or ("float8" in converters if isinstance(converters, list) else False)
+    recipe = keys.left.get("quantize.linear.float8.recipe_name")
+    # 9dec370's converter leaves `output` out whatever the file says; today's filter_fqns defaults to []
+    filters = keys.left.get("quantize.linear.float8.filter_fqns", ["output"] if old else [])
+    modelled = float8 and recipe in (None, "tensorwise") and isinstance(filters, list) and set(filters) == {"output"} \
+        and not keys.left.get("quantize.linear.float8.force_recompute_fp8_weight_in_bwd")
+    if not modelled:
+        keys.pending("model.converters", bool(converters), "float8")
+        keys.pending("float8.enable_float8_linear", old, "float8")
+        for key in ("quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns",
+                    "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"):
+            keys.pending(key, float8 and bool(keys.left.get(key)), "float8")
+        return
+    what = "Float8 linears: torchao's tensorwise Float8Linear on every block linear, the head in bf16 (--float8)"
+    for key in ("model.converters", "float8.enable_float8_linear"):
+        if key in keys.left:
+            keys.take(key, what, list if key == "model.converters" else bool)
+    keys.take("quantize.linear.float8.recipe_name", "tensorwise scaling (torchao's default)", str)
+    if "quantize.linear.float8.filter_fqns" in keys.left:
+        keys.take("quantize.linear.float8.filter_fqns", "the head left in bf16 (ckplan converts no head)", list)
+    gather = bool(keys.left.get("quantize.linear.float8.enable_fsdp_float8_all_gather"))
+    keys.take("quantize.linear.float8.enable_fsdp_float8_all_gather", "FSDP2 gathers the Float8 weights in float8 "
+              "where it shards them (--fp8-all-gather)", bool)
+    keys.take("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "the float8 weights' scales "
+              "computed once per step (charged with --fp8-all-gather)", bool)
+    job.modelled.float8 = True
+    job.modelled.fp8_all_gather = gather
 
 
 def _rest(keys: _Keys, job: Job) -> None:

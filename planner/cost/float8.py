@@ -1,0 +1,135 @@
+"""Float8 training (--float8) and FSDP2's float8 all-gather (--fp8-all-gather) applied to a profile.
+
+A profile is made at bf16; its layers carry what Float8 changes (LayerProfile.float8, written by
+planner/profiler/float8.py). Under the setting, `float8_profile` returns the profile as the cost
+model then charges it, term by term:
+
+Time, per layer with a record:
+- forward, backward and each recompute option's rerun: the record's, the converted GEMMs at the FP8
+  peak with the activations' and gradients' casts; an option the record does not name reruns no
+  converted linear (attention core, activations, offload's copies) and keeps its time;
+- the weights' casts (amax and cast, per forward and per rerun): charged unless the weights are
+  gathered in float8 (then FSDP2's pre-all-gather casts each rank's shard, 1/K of them);
+- with the float8 all-gather, the scales of every converted weight's shard computed once per
+  iteration after the optimizer step (torchao `precompute_float8_dynamic_scale_for_fsdp`,
+  v0.11.0 `torchao/float8/fsdp_utils.py` 29-80: max(abs) of each fp32 shard, one all-reduce of
+  the amaxes): its shard's bytes read at the HBM bandwidth, in the layer's step time. The amax
+  all-reduce (one float per weight) is not charged.
+
+Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.float8_memory):
+- kept without recompute: torchao's tensorwise Float8Linear saves the float8 weight it cast
+  (`matmul_with_hp_or_float8_args` saves `weight_hp_t`, which is the cast weight: v0.11.0
+  `torchao/float8/float8_linear.py` 77, 330-358), 1 B per converted parameter per microbatch in
+  flight, beside the bf16 input a bf16 linear saves too. Under the float8 all-gather the saved weight
+  is FSDP2's gathered float8 buffer, freed after the forward and gathered again: nothing kept. A
+  checkpointed layer keeps only its input (the cast is rerun);
+- transient: the float8 copies of grad_output and the input at the largest linear's weight-grad
+  GEMM (Float8Linears.transient_bytes), added to the layer's;
+- the gathered weights: planner/cost/dataparallel.py charges the converted ones at 1 B under the
+  float8 all-gather (the gather buffers and, under a pipeline, the weights kept whole); the sharded
+  parameter stays fp32.
+"""
+
+from __future__ import annotations
+
+from planner.cost import runtimes
+from planner.errors import UserError
+from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
+
+FP32_BYTES = 4
+
+
+def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
+    """The profile as the cost model charges it under setup.training.float8 (the module's
+    docstring); the profile itself when the setting is off. Refuses, in one sentence, a profile
+    without Float8 records."""
+    if not setup.training.float8:
+        return profile
+    if not any(layer.float8 is not None for layer in profile.layers):
+        raise UserError("--float8 needs a profile that records its Float8 linears: an analytic profile of "
+                        "dense blocks made by `ckplan profile --arch` (without --mfu) for a GPU with FP8 tensor "
+                        "cores; this one records none")
+    bare = [layer for layer in profile.layers
+            if layer.float8 is None and layer.kind in ("decoder_block", "moe_block") and profile.source == "analytic"]
+    if bare:
+        raise UserError(f"--float8 on {bare[0].name} ({bare[0].kind}) is not modelled: the analytic profile records "
+                        "Float8 for dense blocks only (not MoE or latent-attention blocks)")
+    record = runtimes.of(setup.training)
+    from planner.cost import dataparallel
+
+    # torchtitan turns the float8 all-gather on only where FSDP shards (parallel_dims.dp_shard_enabled)
+    gathered = setup.training.fp8_all_gather and dataparallel.shard_size(setup) > 1
+    step_ms = _precompute_ms(profile) if gathered else 0.0
+    layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms)
+              if layer.float8 is not None else layer for layer in profile.layers]
+    return profile.model_copy(update={"layers": layers})
+
+
+def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float) -> LayerProfile:
+    fp8: Float8Linears = layer.float8
+    cast = 0.0 if gathered else fp8.weight_cast_ms
+    fwd = fp8.fwd_ms + cast
+    kept_weight = fp8.param_count if memory and not gathered else 0  # float8 weight saved, 1 B a parameter
+    options = []
+    for option in layer.recompute_options:
+        update = {}
+        if option.name in fp8.recompute_ms:
+            rerun_cast = 0.0 if gathered else fp8.rerun_weight_cast_ms.get(option.name, 0.0)
+            update["recompute_ms"] = fp8.recompute_ms[option.name] + rerun_cast
+        if option.name == "none":
+            update["kept_bytes"] = option.kept_bytes + kept_weight
+        options.append(option.model_copy(update=update))
+    full = fp8.recompute_ms.get("full")
+    recompute = layer.recompute_ms if full is None else full + (0.0 if gathered else
+                                                                fp8.rerun_weight_cast_ms.get("full", 0.0))
+    scale_fwd, scale_bwd = fwd / layer.fwd_ms if layer.fwd_ms else 1.0, fp8.bwd_ms / layer.bwd_ms if layer.bwd_ms else 1.0
+    return layer.model_copy(update={
+        "fwd_ms": fwd, "bwd_ms": fp8.bwd_ms, "recompute_ms": recompute,
+        "fwd_ms_min": layer.fwd_ms_min * scale_fwd, "fwd_ms_max": layer.fwd_ms_max * scale_fwd,
+        "bwd_ms_min": layer.bwd_ms_min * scale_bwd, "bwd_ms_max": layer.bwd_ms_max * scale_bwd,
+        "act_bytes": layer.act_bytes + kept_weight,
+        "transient_bytes": layer.transient_bytes + (fp8.transient_bytes if memory else 0),
+        "recompute_options": options,
+        "step_ms": {name: ms + step_ms * fp8.param_count for name, ms in layer.step_ms.items()},
+        "alloc_records": {name: with_float8(record, kept=kept_weight if name == "none" else 0,
+                                            transient=fp8.transient_bytes if memory else 0)
+                          for name, record in layer.alloc_records.items()},
+    })
+
+
+def with_float8(record: AllocRecord, *, kept: int, transient: int) -> AllocRecord:
+    """An allocation record (planner/schema/profile.py AllocRecord) with Float8's tensors added:
+    the saved float8 weight (`kept`) made last in the forward and freed at the end of the backward;
+    the casts (`transient`) made first in the backward and freed at its end. The backward's ids
+    after a new forward allocation move up by one."""
+    forward, backward = list(record.forward), list(record.backward)
+    made = sum(1 for code in forward if code > 0)
+    shift = 1 if kept else 0
+    kept_id = made + 1
+
+    def moved(ident: int) -> int:
+        return ident + shift if ident >= kept_id else ident
+
+    backward = [code if code > 0 else -moved(-code) for code in backward]
+    input_grad = moved(record.input_grad) if record.input_grad else 0
+    frees = []
+    if kept:
+        forward.append(kept)
+        frees.append(-kept_id)
+    if transient:
+        cast_id = made + shift + 1  # the backward's first allocation
+        backward = [transient] + [code if code > 0 else -(-code + 1 if -code >= cast_id else -code)
+                                  for code in backward]
+        input_grad = input_grad + 1 if input_grad >= cast_id else input_grad
+        frees.insert(0, -cast_id)
+    return record.model_copy(update={"forward": forward, "backward": backward + frees, "input_grad": input_grad})
+
+
+def _precompute_ms(profile: Profile) -> float:
+    """Per converted parameter, the float8 all-gather's scale precompute: its fp32 master read
+    once per iteration at the HBM bandwidth, in ms. Added to the layer's step time, which the
+    cost model divides over the shard group as it does the step (dataparallel.device_step_ms):
+    each rank reads its 1/K."""
+    from planner.cost import dataparallel
+
+    return FP32_BYTES / (dataparallel.profile_gpu(profile).hbm_tbps * 1e12) * 1e3

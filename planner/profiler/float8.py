@@ -1,0 +1,201 @@
+"""Float8 linears as torchtitan runs them (torchao's Float8Linear, dynamic tensorwise scaling): which
+linears are converted, and a layer's work with their GEMMs in float8 (roofline "matmul-fp8", the
+GPU's FP8 peak on the same efficiency curve) plus the bytes of the casts.
+
+Which linears (torchtitan): every nn.Linear but the LM head. 9dec370 (the December 2024 benchmarks)
+`torchtitan/float8.py` converts with `module_filter_fn=lambda mod, fqn: fqn != "output"`; e7c0cae
+(June 2025) `torchtitan/components/quantization/utils.py` `module_filter_fn` converts an nn.Linear
+whose weight's two dims are both multiples of 16 and whose FQN contains none of
+`float8.filter_fqns` (`llama3_8b.toml` there: ["output"]). A block's Q/K/V/O and gate/up/down are
+converted; the embedding is no linear; the head stays bf16.
+
+What a converted linear runs (torchao v0.11.0 f34b473e `torchao/float8/float8_linear.py`,
+`matmul_with_hp_or_float8_args` and `Float8Linear.forward`; tensorwise, torchtitan's default recipe):
+- forward: the weight cast to float8 (e4m3) outside the autograd function (`_cast_weight_to_float8_t`;
+  under FSDP2's float8 all-gather the gathered weight already is float8 and is not cast), the input
+  cast (e4m3), one float8 GEMM; it saves the bf16 input and the float8 weight for backward;
+- backward: grad_output cast (e5m2) and the saved float8 weight for the input-grad GEMM; grad_output
+  and the saved bf16 input cast again for the weight-grad GEMM: two float8 GEMMs. The two casts of
+  grad_output are one tensor cast twice with one scale (tensorwise); counted once (compiled, CSE).
+Each cast is `hp_tensor_to_float8_dynamic` (`float8_scaling_utils.py`): amax (max(abs(x))) then
+scale and cast. torchtitan runs Float8 compiled ("Float8 experimental is intended to be ran under
+torch.compile", 9dec370 `torchtitan/float8.py`), where the amax is one read and the cast one read and
+one write: CAST_BYTES = 2 + 2 + 1 bytes per bf16 element. (Eager would move about 33: abs, max, an
+fp32 copy, multiply, clamp, cast.)
+
+The analytic profile writes the record for dense blocks (block_linears); its MoE and latent-attention
+(MLA) blocks get none and run bf16 under --float8 (torchtitan converts experts only under its
+separate grouped-mm setting). The fake profile records the nn.Linear calls a layer makes
+(module_linears: a Hugging Face routed expert with the tokens it received, a router whose dims are
+multiples of 16), which is what torchao's module swap would convert in that code. Activations
+are taken as 16-bit (torchtitan trains under FSDP2's bf16 mixed precision). Under TP, torchtitan's
+Float8 colwise/rowwise plans gather float8 inputs; the tensor-parallel collectives stay charged at
+bf16.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from planner.profiler.formulas import Shape, kv_width, q_width
+from planner.profiler.opsac import OPTION_OP_SAC
+from planner.profiler.roofline import Kernel, Work, work
+from planner.schema import OPTION_FULL, Float8Linears
+
+CAST_BYTES = 5  # amax read (2) + cast read (2) + float8 write (1), per bf16 element, fused
+FP8_ALIGN = 16  # torchtitan converts a linear whose weight's dims are multiples of 16 (tensor cores)
+HEAD_FQNS = ("output", "lm_head")  # the LM head (torchtitan's `output`, Hugging Face's `lm_head`): left in bf16
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear of a layer on one device: `tokens` rows, `k` in-features, `n` out-features (both
+    as the device holds them, /t under TP); `full_k`, `full_n` the whole weight's (the filter's)."""
+
+    fqn: str
+    tokens: int
+    k: int
+    n: int
+    full_k: int
+    full_n: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.tokens * self.k * self.n
+
+    @property
+    def weight_elements(self) -> int:
+        return self.k * self.n
+
+
+def converted(linears: list[Linear], filter_fqns: tuple[str, ...] = HEAD_FQNS) -> list[Linear]:
+    """The linears torchtitan's filter converts: weight dims multiples of 16, FQN matching none
+    of `filter_fqns`."""
+    return [linear for linear in linears if linear.full_k % FP8_ALIGN == 0 and linear.full_n % FP8_ALIGN == 0
+            and not any(name in linear.fqn for name in filter_fqns)]
+
+
+def block_linears(arch, shape: Shape, prefix: str) -> list[Linear]:
+    """A dense block's linears, in the order it runs them (torchtitan's LLaMA: wq, wk, wv, wo, w1,
+    w3, w2; a GPT block: the fused qkv, its projection, fc, the MLP's projection)."""
+    T, h, t = shape.tokens, arch.hidden_size, shape.tp
+    q, kv, f = q_width(arch, shape), kv_width(arch, shape), arch.intermediate_size // t
+    fq, fkv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
+    if arch.style == "gpt":
+        return [Linear(f"{prefix}.attention.qkv", T, h, q + 2 * kv, h, fq + 2 * fkv),
+                Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
+                Linear(f"{prefix}.feed_forward.fc", T, h, f, h, arch.intermediate_size),
+                Linear(f"{prefix}.feed_forward.proj", T, f, h, arch.intermediate_size, h)]
+    return [Linear(f"{prefix}.attention.wq", T, h, q, h, fq), Linear(f"{prefix}.attention.wk", T, h, kv, h, fkv),
+            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv), Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
+            *(Linear(f"{prefix}.feed_forward.{name}", T, h, f, h, arch.intermediate_size) for name in ("w1", "w3")),
+            Linear(f"{prefix}.feed_forward.w2", T, f, h, arch.intermediate_size, h)]
+
+
+def in_float8(done: Work, linears: list[Linear], *, gemms: int, casts) -> tuple[Work, int]:
+    """`done` with each of `linears`' `gemms` bf16 GEMMs (1 forward, 2 backward) run in float8,
+    plus `casts(linear)` elements cast at CAST_BYTES each; a linear whose GEMMs `done` does not run
+    (a checkpoint's rerun stops before the last one) is left out. Also returns the weight elements
+    of the linears converted (what the pass would cast of weights)."""
+    kernels = Counter(dict(done.kernels))
+    added, weights = 0, 0
+    for linear in linears:
+        bf16 = Kernel("matmul", linear.flops)
+        if kernels[bf16] < gemms:
+            continue
+        kernels[bf16] -= gemms
+        kernels[Kernel("matmul-fp8", linear.flops)] += gemms
+        added += CAST_BYTES * casts(linear)
+        weights += linear.weight_elements
+    return work(done.flops, done.bytes + added, list((+kernels).elements())), weights
+
+
+def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
+    """A forward (or a rerun of one): the inputs cast, one float8 GEMM each; the weight elements
+    to cast beside (weight_cast_ms)."""
+    return in_float8(done, linears, gemms=1, casts=lambda linear: linear.tokens * linear.k)
+
+
+def backward(done: Work, linears: list[Linear]) -> Work:
+    """A backward: grad_output cast (once: tensorwise, one scale for both GEMMs) and the saved
+    bf16 input cast again; two float8 GEMMs each. The float8 weight is the forward's, saved."""
+    return in_float8(done, linears, gemms=2, casts=lambda linear: linear.tokens * (linear.n + linear.k))[0]
+
+
+def cast_transient_bytes(linears: list[Linear]) -> int:
+    """The casts alive at once beyond the bf16 layer's: at the largest linear's weight-grad GEMM,
+    grad_output's and the input's float8 copies (1 B per element)."""
+    return max((linear.tokens * (linear.n + linear.k) for linear in linears), default=0)
+
+
+def weight_cast_bytes(elements: int) -> int:
+    return CAST_BYTES * elements
+
+
+# torchtitan's op-level SAC reruns every second mm (planner/profiler/opsac.py): wk, wo and w3; the
+# casts are traced as other ops and rerun, the amax (`aten.max`) is in its save list at e7c0cae
+# (`torchtitan/models/llama3/parallelize_llama.py` 218-227) but counted here with the cast
+OP_SAC_RERUN = ("attention.wk", "attention.wo", "feed_forward.w3")
+
+
+def block_record(arch, shape: Shape, gpu, passes: tuple[Work, Work, Work], *, prefix: str,
+                 op_sac: bool) -> Float8Linears | None:
+    """A dense block's Float8 record from its bf16 (forward, backward, full-recompute) work; None
+    where no linear converts or the GPU has no FP8 tensor cores."""
+    linears = converted(block_linears(arch, shape, prefix))
+    reruns = {OPTION_FULL: passes[2]}
+    if op_sac:  # its rerun as opsac.op_sac_option times it: wk, wo and w3, no memory-bound bytes
+        sac = [linear for linear in linears if linear.fqn.endswith(OP_SAC_RERUN)]
+        reruns[OPTION_OP_SAC] = work(0, 0, [Kernel("matmul", linear.flops) for linear in sac])
+    return record(linears, gpu, passes[0], passes[1], reruns)
+
+
+def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, Work]) -> Float8Linears | None:
+    """A layer's Float8 record from its bf16 work: forward and backward, and each recompute
+    option's rerun by name, with the converted `linears`' GEMMs in float8 (the module's docstring);
+    None where none converts or the GPU has no FP8 tensor cores."""
+    from planner.profiler.roofline import roofline_ms
+
+    if not linears or not gpu.fp8_tflops:
+        return None
+    fwd8, cast = forward(fwd, linears)
+    recompute, weight_ms = {}, {}
+    for name, rerun in reruns.items():
+        rerun8, rerun_cast = forward(rerun, linears)
+        if rerun_cast:  # an option that reruns no converted linear keeps its time
+            recompute[name] = roofline_ms(rerun8, gpu)
+            weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)
+    return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
+                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward(bwd, linears), gpu),
+                         recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
+                         rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears))
+
+
+def module_linears(layer, x, prefix: str) -> list[Linear]:
+    """The nn.Linear calls of one forward of `layer` on `x` (under FakeTensorMode in the fake
+    profiler), each as a Linear with the rows it ran (a routed expert's tokens where it is one)."""
+    import torch
+
+    calls: list[Linear] = []
+    hooks = []
+    for name, module in layer.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            fqn = f"{prefix}.{name}" if name else prefix
+            k, n = module.in_features, module.out_features
+
+            def hook(_module, args, fqn=fqn, k=k, n=n):
+                rows = args[0].numel() // k
+                calls.append(Linear(fqn, rows, k, n, k, n))
+            hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            layer(x)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return calls
+
+
+def _bytes_ms(num_bytes: int, gpu) -> float:
+    return num_bytes / (gpu.hbm_tbps * 1e12) * 1e3

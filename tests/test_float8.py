@@ -1,0 +1,252 @@
+"""Float8 linears and FSDP2's float8 all-gather (planner/profiler/float8.py, planner/cost/float8.py,
+the DP terms of planner/cost/dataparallel.py): hand counts of one linear's FP8 GEMMs and casts, which
+linears torchtitan converts, the halved gather bytes, and the CLI's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.cost import dataparallel
+from planner.cost.float8 import float8_profile, with_float8
+from planner.errors import UserError
+from planner.models import archs
+from planner.profiler import analytic, float8
+from planner.profiler.analytic import Shape
+from planner.profiler.roofline import Kernel, kernel_ms, matmul_efficiency, work
+from planner.schema import AllocRecord, FileRef, TrainSetup
+
+H100 = archs.gpu("h100")
+TINY = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
+                  num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=1024)
+# wide enough that its GEMMs, not the casts, set a block's time (at 64 wide the casts cost more than
+# float8 saves: torchao's README measures a float8 linear 0.80x the bf16 one at 1024 x 2048 x 1024)
+MID = dataclasses.replace(TINY, name="mid-llama", hidden_size=2048, intermediate_size=8192, num_heads=16,
+                          num_kv_heads=8, vocab_size=1024)
+REF = FileRef(file="arch:test", sha256="0" * 64)
+SHAPE = Shape(seq_len=1024, micro_batch_size=8)
+
+
+def setup(**fields) -> TrainSetup:
+    base = dict(stages=1, microbatches=1, micro_batch_size=8, mem_caps_bytes=[2**50], precision="bf16-mixed",
+                runtime="torchtitan")
+    return TrainSetup(**(base | fields))
+
+
+# ---------------------------------------------------------------- one linear by hand
+
+
+def test_one_float8_linear_by_hand():
+    # 1,024 tokens x (in 2,048 -> out 512): 2 x 1,024 x 2,048 x 512 FLOPs a GEMM
+    linear = float8.Linear("layers.0.attention.wo", tokens=1024, k=2048, n=512, full_k=2048, full_n=512)
+    flops = 2 * 1024 * 2048 * 512
+    bf16 = work(flops, 100, [Kernel("matmul", flops)])
+    fwd, weights = float8.forward(bf16, [linear])
+    # the GEMM in float8; the input's cast: amax read (2 B) + cast read (2) and write (1) per element
+    assert fwd.kernels == ((Kernel("matmul-fp8", flops), 1),)
+    assert fwd.bytes == 100 + 5 * 1024 * 2048 and fwd.flops == flops
+    assert weights == 2048 * 512 and float8.weight_cast_bytes(weights) == 5 * 2048 * 512
+    # backward: input-grad and weight-grad GEMMs in float8; grad_output cast once, the input again
+    bwd = float8.backward(work(2 * flops, 0, [Kernel("matmul", flops)] * 2), [linear])
+    assert bwd.kernels == ((Kernel("matmul-fp8", flops), 2),)
+    assert bwd.bytes == 5 * 1024 * (512 + 2048)
+    # each float8 GEMM at the FP8 peak (1,978.9 TFLOP/s dense) and its efficiency curve
+    assert kernel_ms(Kernel("matmul-fp8", flops), H100) == pytest.approx(
+        flops / (1978.9e12 * matmul_efficiency(flops, H100, fp8=True)) * 1e3, rel=1e-12)
+    # the casts alive at the weight-grad GEMM: grad_output's and the input's float8 copies
+    assert float8.cast_transient_bytes([linear]) == 1024 * (512 + 2048)
+
+
+def test_a_rerun_without_the_last_gemm_converts_the_others_only():
+    a = float8.Linear("x.w1", 16, 32, 48, 32, 48)
+    b = float8.Linear("x.w2", 16, 48, 32, 48, 32)  # the same FLOPs as w1
+    rerun = work(a.flops, 0, [Kernel("matmul", a.flops)])  # one of the two ran
+    done, weights = float8.forward(rerun, [a, b])
+    assert done.kernels == ((Kernel("matmul-fp8", a.flops), 1),)
+    assert weights == 32 * 48 and done.bytes == 5 * 16 * 32
+
+
+# ---------------------------------------------------------------- which linears torchtitan converts
+
+
+def test_the_head_and_dims_off_16_stay_bf16():
+    head = float8.Linear("output", 1024, 64, 128, 64, 128)
+    odd = float8.Linear("layers.0.attention.wk", 1024, 64, 24, 64, 24)  # 24 is no multiple of 16
+    kept = float8.Linear("layers.0.attention.wq", 1024, 64, 64, 64, 64)
+    assert float8.converted([head, odd, kept]) == [kept]
+
+
+def test_the_analytic_profile_records_every_block_linear_and_not_the_head():
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    blocks = [layer for layer in profile.layers if layer.kind == "decoder_block"]
+    assert [layer.float8 is not None for layer in profile.layers] == [False, True, True, False]
+    # wq 64x64, wk and wv 64x32, wo 64x64, w1 and w3 64x160, w2 160x64: every block parameter
+    assert blocks[0].float8.param_count == 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 160
+    assert blocks[0].float8.param_count == blocks[0].param_count - 2 * 64  # all but the two norms
+    assert set(blocks[0].float8.recompute_ms) == {"full", "op-sac"}
+    assert blocks[0].float8.fwd_ms > blocks[0].fwd_ms  # 64 wide: the casts outweigh the faster GEMMs
+    mid = analytic.analytic_profile(MID, SHAPE, gpu=H100, model=REF).layers[1]
+    assert mid.float8.fwd_ms < mid.fwd_ms and mid.float8.bwd_ms < mid.bwd_ms
+    # a GPU without FP8 tensor cores: no record
+    a100 = analytic.analytic_profile(TINY, SHAPE, gpu=archs.gpu("a100-80g"), model=REF)
+    assert all(layer.float8 is None for layer in a100.layers)
+
+
+# ---------------------------------------------------------------- the float8 all-gather
+
+
+def test_the_float8_all_gather_halves_the_converted_weights_bytes():
+    params = 1_000_000
+    dp = dict(dp=8, zero=3, shard_gb_per_s=100.0)
+    plain, gathered = setup(**dp, float8=True), setup(**dp, float8=True, fp8_all_gather=True)
+    assert dataparallel.param_bytes(plain).weights == 2  # bf16 gathered
+    assert dataparallel.gathered_bytes(params, plain, fp8_count=params) == 2 * params
+    assert dataparallel.gathered_bytes(params, gathered, fp8_count=params) == params
+    assert dataparallel.gathered_bytes(params, gathered, fp8_count=params // 4) == 2 * params - params // 4
+    assert dataparallel.weight_gather_ms(params, gathered, fp8_count=params) == \
+        pytest.approx(dataparallel.weight_gather_ms(params, plain, fp8_count=params) / 2, rel=1e-12)
+    # FSDP2's two gathered buffers of the largest layer: 1 B a converted weight
+    assert dataparallel.unsharded_bytes(params, plain, fp8_count=params) - \
+        dataparallel.unsharded_bytes(params, gathered, fp8_count=params) == 2 * params
+    # beside a pipeline the gathered weights are kept whole: the float8 copy is 1 B, not 2
+    whole = dict(dp=8, zero=3, zero_gather="per-iteration", stages=2, microbatches=2, mem_caps_bytes=[2**50] * 2)
+    assert dataparallel.fp8_whole_saving_bytes(params, setup(**whole, float8=True, fp8_all_gather=True)) == params
+    assert dataparallel.fp8_whole_saving_bytes(params, setup(**whole, float8=True)) == 0
+
+
+# ---------------------------------------------------------------- the profile under the setting
+
+
+def test_the_setting_charges_the_saved_float8_weight_unless_gathered_in_float8():
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    block = profile.layers[1]
+    alone = float8_profile(profile, setup(float8=True)).layers[1]
+    assert alone.act_bytes == block.act_bytes + block.float8.param_count  # the float8 weight, 1 B each
+    assert alone.recompute_options[1].kept_bytes == block.input_bytes  # checkpointed: its input alone
+    assert alone.transient_bytes == block.transient_bytes + block.float8.transient_bytes
+    assert alone.fwd_ms == pytest.approx(block.float8.fwd_ms + block.float8.weight_cast_ms)
+    assert alone.bwd_ms == block.float8.bwd_ms
+    gathered = float8_profile(profile, setup(float8=True, fp8_all_gather=True, dp=4, zero=3)).layers[1]
+    assert gathered.act_bytes == block.act_bytes and gathered.fwd_ms == block.float8.fwd_ms
+    # the scales precomputed once a step: every converted fp32 weight read (the step's /K is the cost model's)
+    assert gathered.step_ms["adam"] == pytest.approx(block.step_ms["adam"] + block.float8.param_count * 4 / 3.35e12 * 1e3)
+    assert float8_profile(profile, setup()) is profile  # the setting off: the profile as made
+
+
+def test_the_allocation_record_gains_the_float8_tensors():
+    record = AllocRecord(forward=[10, 20, -1], backward=[5, -3, -2], output=2, input_grad=3)
+    added = with_float8(record, kept=7, transient=4)
+    # forward: the float8 weight made last (id 3); backward: the casts first (id 4), then the layer's
+    # (its 5 now id 5), the frees renumbered, the casts and the weight freed last
+    assert added.forward == [10, 20, -1, 7]
+    assert added.backward == [4, 5, -5, -2, -4, -3]
+    assert added.input_grad == 5 and added.output == 2
+
+
+# ---------------------------------------------------------------- the command line
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("p")
+    paths = {}
+    for name in ("h100", "a100-80g"):
+        paths[name] = folder / f"{name}.json"
+        paths[name].write_text(analytic.analytic_profile(MID, SHAPE, gpu=archs.gpu(name), model=REF).model_dump_json())
+    return paths
+
+
+def _evaluate(path, *extra):
+    return CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4",
+                                    "--ckpt-per-stage", "0", "--microbatches", "1", "--mem", "200GB",
+                                    "--precision", "bf16-mixed", "--json", *extra])
+
+
+def _hand(result) -> dict:
+    assert result.exit_code == 0, result.output
+    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    return found["hand"]
+
+
+def test_the_cli_models_float8_under_torchtitan(tiny_paths):
+    plain = _hand(_evaluate(tiny_paths["h100"], "--runtime", "torchtitan"))
+    fast = _hand(_evaluate(tiny_paths["h100"], "--runtime", "torchtitan", "--float8"))
+    assert fast["iteration_ms"] < plain["iteration_ms"]
+    assert fast["stages"][0]["peak_bytes"] >= plain["stages"][0]["peak_bytes"]  # the saved float8 weights
+    gathered = _evaluate(tiny_paths["h100"], "--runtime", "torchtitan", "--float8", "--fp8-all-gather", "--dp", "2",
+                         "--zero", "3")
+    assert gathered.exit_code == 0, gathered.output
+    # Megatron's Transformer Engine: timed, its memory charged as bf16, said
+    megatron = _evaluate(tiny_paths["h100"], "--runtime", "megatron", "--float8")
+    assert _hand(megatron)["iteration_ms"] < _hand(_evaluate(tiny_paths["h100"], "--runtime", "megatron"))["iteration_ms"]
+    assert "charged as the bf16 layers'" in megatron.output
+
+
+@pytest.mark.parametrize("path, flags, named", [
+    ("h100", ["--float8"], "not modelled under --runtime ckplan"),
+    ("h100", ["--runtime", "deepspeed", "--float8"], "not modelled under --runtime deepspeed"),
+    ("h100", ["--runtime", "torchtitan", "--fp8-all-gather"], "give --float8 too"),
+    ("h100", ["--runtime", "megatron", "--float8", "--fp8-all-gather"], "megatron's float8 parameter gather"),
+    ("a100-80g", ["--runtime", "torchtitan", "--float8"], "FP8 tensor cores"),
+])
+def test_what_is_not_modelled_is_refused_in_one_sentence(tiny_paths, path, flags, named):
+    result = _evaluate(tiny_paths[path], *flags)
+    assert result.exit_code != 0
+    assert named in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) <= 3
+
+
+def test_an_analytic_moe_block_under_float8_is_refused_in_one_sentence():
+    moe = dataclasses.replace(MID, name="mid-moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512)
+    profile = analytic.analytic_profile(moe, SHAPE, gpu=H100, model=REF)
+    assert any(layer.float8 is not None for layer in profile.layers) is False
+    dense_first = dataclasses.replace(moe, dense_layers=(0,))
+    mixed = analytic.analytic_profile(dense_first, SHAPE, gpu=H100, model=REF)
+    assert [layer.float8 is not None for layer in mixed.layers] == [False, True, False, False]
+    with pytest.raises(UserError, match=r"--float8 on layers.1 \(moe_block\) is not modelled"):
+        float8_profile(mixed, setup(float8=True))
+
+
+# ---------------------------------------------------------------- the config readers
+
+
+def _titan(**sections):
+    from planner.models.configs import torchtitan
+
+    base = {"model": {"name": "llama3", "flavor": "8B", "converters": ["float8"]},
+            "training": {"seq_len": 4096, "local_batch_size": 1}}
+    return torchtitan.from_mapping(base | sections, "t.toml")
+
+
+@pytest.mark.parametrize("float8_keys, modelled", [
+    ({"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True}, (True, True)),
+    ({"filter_fqns": ["output"]}, (True, False)),
+    ({}, (False, False)),  # today's filter_fqns defaults to []: the head converted, which ckplan does not
+    ({"filter_fqns": ["output"], "recipe_name": "rowwise"}, (False, False)),
+    ({"filter_fqns": ["output"], "force_recompute_fp8_weight_in_bwd": True}, (False, False)),
+])
+def test_torchtitan_float8_keys_map_to_the_settings_or_are_listed(float8_keys, modelled):
+    job = _titan(quantize={"linear": {"float8": float8_keys}})
+    assert (job.modelled.float8, job.modelled.fp8_all_gather) == modelled
+    status = {s.name: s.status for s in job.settings}
+    assert status["model.converters"] == ("modelled" if modelled[0] else "not modelled")
+
+
+def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
+    from planner.models.configs import megatron
+
+    def read(*flags):
+        script = tmp_path / "train.sh"
+        script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+                          "--num-attention-heads 4 --seq-length 32 --vocab-size 256 --bf16 " + " ".join(flags) + "\n")
+        return megatron.read(script)
+
+    assert read("--fp8-format hybrid").modelled.float8  # delayed scaling, Megatron's default recipe
+    assert read("--fp8-format hybrid --fp8-recipe tensorwise").modelled.float8
+    blocked = read("--fp8-format hybrid --fp8-recipe mxfp8")
+    assert not blocked.modelled.float8
+    assert {s.name: s.status for s in blocked.settings}["--fp8-format"] == "not modelled"
