@@ -1,0 +1,142 @@
+"""What a runtime's record says (planner/cost/runtimes.py holds one per runtime): each field of
+RuntimeFacts is one fact about what a framework holds, in which dtype and when it frees, or how it
+overlaps and replays; LossRegion is the loss's memory as multiples of the bf16 logits. A record
+carries, per field, the file and version the fact was read from (`sources`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LossRegion:
+    """The loss's bytes as multiples of the bf16 logits (see the module's docstring)."""
+
+    kept_x: float  # from the loss's forward to its backward, the logits included where they stay
+    peak_x: float  # the most at once during the loss's forward and backward
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What one framework's code holds. Values are per parameter on one rank before sharding
+    (bf16-mixed precision) unless said; the file and version of each are in `sources`."""
+
+    name: str
+    version: str  # the version these facts were read at (a runtime_version the setup may name)
+
+    # -- gradient dtype and buffers, weight / gradient / optimizer shards (bf16-mixed)
+    grad_bytes: int
+    """Bytes per parameter of the gradient the runtime accumulates into under bf16-mixed:
+    Megatron-LM's fp32 main_grad buffers (4), FSDP2's reduce_dtype fp32 (4), torch's bf16 .grad (2)."""
+    shard_weight_bytes: int
+    """Bytes per parameter of the weights a rank's shard (or replica) holds: 2 for bf16 params beside
+    an fp32 master in the optimizer; 4 where the fp32 parameter is itself the master (FSDP2 with a
+    MixedPrecisionPolicy: the sharded parameter stays fp32, cast to bf16 when gathered)."""
+    master_bytes: int
+    """Bytes per parameter of a separate fp32 master copy in the optimizer (0: the parameter is it)."""
+    zero1_whole_tensors: bool
+    """ZeRO 1 gives each rank whole tensors (torch's ZeroRedundancyOptimizer), so a stage's largest
+    tensor may be held whole; False where flat buffers are split evenly, cutting through tensors."""
+    grads_allocated_at_first_backward: bool
+    """The whole gradients a pipeline stage keeps between microbatches are allocated at its first
+    backward and freed at the step (planner/cost/gradtiming.py); False where they are held all
+    iteration (buffers allocated once)."""
+    zero_as_fsdp2: bool
+    """Any ZeRO stage runs as FSDP2 (ZeRO 3): beside a pipeline weights and gradients stay whole until
+    the last backward, without one they are resharded after every forward."""
+
+    # -- optimizer scratch
+    adam_step_scratch: bool
+    """Adam's step allocates sqrt(v) as a new tensor per parameter (torch's foreach Adam); False for
+    fused multi-tensor kernels that update in place."""
+
+    # -- the loss region
+    loss: LossRegion
+    """The loss the runtime runs, eager, on logits whole over the vocabulary."""
+    loss_vocab_parallel: LossRegion
+    """The loss on vocab-parallel logits (TP > 1)."""
+    loss_compiled: LossRegion | None
+    """The loss under torch.compile where the runtime compiles it with the model (None: it does not)."""
+
+    # -- saved tensors under TP/SP
+    tp_saves_gathered_input: bool
+    """Under TP with sequence parallelism the column-parallel linears save their all-gathered input
+    whole (DTensor's ColwiseParallel redistributes to Replicate), not the 1/TP sequence shard."""
+
+    # -- pipeline buffers
+    stage_input_in_receive_buffer: bool
+    """The stage's first layer saves its receive buffer (or the batch slice) itself: the input is
+    charged once, with the buffers (torch.distributed.pipelining)."""
+    input_receive_buffers: str
+    """Receive buffers for a stage's input: "per-microbatch" (one per microbatch of the step), "one"
+    (one at a time, with the gradient being sent), "pipe-buffers" (DeepSpeed's num_pipe_buffers + 1)."""
+    output_grad_buffers_per_microbatch: bool
+    """One receive buffer per microbatch for the gradient of the stage output (else one at a time)."""
+    frees_sent_output: bool
+    """A stage output's storage is freed once sent (Megatron-LM's deallocate_output_tensor)."""
+    batch_held: str
+    """The data the schedule holds: "whole-batch" (inputs on the first stage, targets on the last),
+    "in-flight-targets" (a microbatch per forward; the targets of those in flight on the last stage),
+    "every-stage" (the whole batch on every stage), "pipe-buffers" (a microbatch per pipe buffer)."""
+    sends_held_to_step_end: bool
+    """Several stages per rank: each send's tensor is held until the step ends."""
+
+    # -- recompute behaviour
+    recompute_whole_forward: bool
+    """Checkpointing reruns the layer's whole forward (no early stop)."""
+
+    # -- overlap (read by communication time; issue 35)
+    overlaps_grad_reduce: bool
+    """Gradient reduction runs beside the backward (DDP buckets, overlap-grad-reduce, overlap_comm)."""
+    prefetches_zero3_gathers: bool
+    """ZeRO 3's weight all-gathers are prefetched beside the compute."""
+    tp_overlap: str | None
+    """The runtime's setting that overlaps TP's all-gathers / reduce-scatters with the matmuls, as
+    `--tp-overlap` names it ("async-tp": torchtitan's AsyncTP; "tp-comm-overlap": Transformer
+    Engine's userbuffers under Megatron-LM); None: it has none. Read only where the setup asks for it
+    (planner/cost/comm.py)."""
+
+    # -- workspaces
+    cublas_workspace_bytes: int | None
+    """cuBLAS workspace per handle the runtime's published runs configure (None: not sourced)."""
+
+    # -- context parallelism (planner/cost/contextparallel.py)
+    cp_comm: str | None = None
+    """How the runtime's ring attention passes K and V among the context-parallel ranks by default:
+    "p2p" (each step sends the K/V it holds to the next rank while computing on it: Transformer
+    Engine's AttnFuncWithCPAndKVP2P under Megatron-LM), "allgather" (K/V all-gathered once per pass,
+    dK/dV passed on rank to rank in fp32: torch's context_parallel, which torchtitan runs); None: the
+    runtime runs no context parallelism (refused)."""
+    # -- the allocator's reserve
+    step_replayed: bool = False
+    """The allocator replay (planner/cost/reserve.py) orders this runtime's own step: its static
+    allocations, the schedule's passes, the streams it allocates on. Where it does not (a framework
+    whose step allocates on streams or in an order the replay does not run, e.g. FSDP2's all-gather
+    and reduce-scatter streams), the reserve is the published fragmentation margin."""
+    # -- after the optimizer step (planner/cost/afterstep.py: static memory as Megatron logs it)
+    keeps_last_input_and_grad: bool = False
+    """Each model chunk past the pipeline's first keeps its last microbatch's input (the model's
+    set_input_tensor) and that input's gradient (retain_grad) from its last backward to its next
+    forward: two stage inputs a chunk, allocated after the step."""
+    te_cublas_workspace: bool = False
+    """The runtime's layers are Transformer Engine's, whose cuBLAS workspace is allocated once
+    through torch's caching allocator (afterstep.TE_WORKSPACE_*)."""
+
+    # -- the step beside the optimizer (read by rules.step_checks_ms; issue 35)
+    step_whole_bytes: int = 0
+    """Bytes per parameter of the stage the runtime reads once a step beside the optimizer, over
+    the whole (unsharded) gradients: Megatron-LM's NaN check of every bucket before the reduction."""
+    step_shard_bytes: int = 0
+    """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
+    (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""
+    # -- Float8 (--float8, --fp8-all-gather; planner/cost/float8.py)
+    float8: str | None = None
+    """The Float8 linears the runtime runs, whose GEMMs and casts the cost model times ("torchao":
+    torchtitan's Float8Linear, tensorwise; "transformer-engine": Megatron-LM's TE layers under
+    --fp8-format, tensorwise current or delayed scaling); None: not read, --float8 is refused."""
+    float8_memory: bool = False
+    """The Float8 linears' memory is read (torchao's saved float8 weight and its casts); False:
+    memory is charged as the bf16 layers' and the command says so."""
+
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+    """Per fact field, the file (and lines) and version it was read from."""
