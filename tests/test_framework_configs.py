@@ -10,7 +10,7 @@ import pytest
 from fixtures.cli import run, run_ok
 
 from planner.errors import UserError
-from planner.models.configs import megatron, torchtitan
+from planner.models.configs import megatron, megatron_files, torchtitan
 from planner.models.configs.bashargs import read_script
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -161,7 +161,7 @@ python -m torch.distributed.run --nproc_per_node=$GPUS --nnodes $NODES \\
     script = read_script(text, "t.sh")
     assert script.args == ["--num-layers", "8", "--hidden-size", "128", "--tensor-model-parallel-size", "2",
                            "--micro-batch-size", "2", "--world", "8"]
-    assert megatron._world(script.launcher_args) == 8  # torch.distributed.run --nproc_per_node=4 --nnodes 2
+    assert megatron_files.torchrun_world(script.launcher_args) == 8  # torch.distributed.run --nproc_per_node=4 --nnodes 2
 
 
 def _job(tmp_path, flags: str):

@@ -1,0 +1,90 @@
+"""Megatron-LM's arguments as they are written, before any flag is read (planner/models/configs/
+megatron.py reads them): a launch script's trainer arguments or a YAML mapping of flags to values
+(the functional tests' model_config.yaml, --yaml-cfg's) as (flag, its values) pairs, and the GPUs
+the script's torchrun line starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.errors import UserError
+
+
+def text_of(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; give a Megatron-LM launch script or YAML of its arguments") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} cannot be read as text ({exc.__class__.__name__}); give a Megatron-LM launch "
+                        "script or YAML of its arguments") from None
+
+
+def script_pairs(args: list[str], where: str) -> list[tuple[str, list[str]]]:
+    """(flag, its values) in order; a word before any flag is refused."""
+    pairs: list[tuple[str, list[str]]] = []
+    for word in args:
+        if word.startswith("--"):
+            flag, eq, value = word.partition("=")
+            pairs.append((flag, [value] if eq else []))
+        elif pairs:
+            pairs[-1][1].append(word)
+        else:
+            raise UserError(f"{where}: the trainer's arguments start with {word!r}, not a --flag; give Megatron-LM's "
+                            "arguments as --flag value")
+    return pairs
+
+
+def yaml_pairs(text: str, where: str) -> list[tuple[str, list[str]]]:
+    """A YAML mapping of flags to values: the functional tests' model_config.yaml (its MODEL_ARGS)
+    or --yaml-cfg's (keys with underscores, nested sections flattened)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{where} is not valid YAML{at}; give a mapping of Megatron-LM flags to values") from None
+    if isinstance(data, dict) and isinstance(data.get("MODEL_ARGS"), dict):
+        data = data["MODEL_ARGS"]
+    if not isinstance(data, dict) or not data:
+        raise UserError(f"{where} is not a mapping of Megatron-LM flags to values (e.g. --num-layers: 32, or "
+                        "MODEL_ARGS: with such a mapping)")
+    pairs = []
+    for key, value in _flatten(data):
+        flag = key if key.startswith("--") else "--" + key.replace("_", "-")
+        if value is False or value is None:
+            pairs.append((flag, ["false"]))
+        elif value is True:
+            pairs.append((flag, []))
+        elif isinstance(value, list):
+            pairs.append((flag, [str(v) for v in value]))
+        else:
+            pairs.append((flag, str(value).split() if isinstance(value, str) else [str(value)]))
+    return pairs
+
+
+def _flatten(data: dict, prefix: str = ""):
+    for key, value in data.items():
+        if isinstance(value, dict) and not str(key).startswith("--"):
+            yield from _flatten(value)
+        else:
+            yield str(key), value
+
+
+def torchrun_world(launcher: list[str]) -> int | None:
+    """GPUs torchrun starts: --nproc_per_node x --nnodes (None where not both are numbers)."""
+    start = next((i for i, w in enumerate(launcher) if w.endswith(("torchrun", "torch.distributed.run"))), None)
+    if start is None:
+        return None
+    values: dict[str, str] = {}
+    words = launcher[start + 1:]
+    for i, word in enumerate(words):
+        if word.startswith("-"):
+            name, eq, value = word.lstrip("-").replace("-", "_").partition("=")
+            values[name] = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+    per, nodes = values.get("nproc_per_node"), values.get("nnodes", "1")
+    if per and per.isdigit() and nodes.isdigit():
+        return int(per) * int(nodes)
+    return None
