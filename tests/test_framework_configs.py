@@ -348,7 +348,7 @@ def test_torchtitan_async_tp_overlaps_the_tp_collectives():
     assert {s.name: s.status for s in alone.settings}["parallelism.enable_async_tensor_parallel"] == "no effect"
     # the shipped 405B TOML runs AsyncTP: its iteration as the cost model times it with the overlap
     assert evaluated("--from-torchtitan", "torchtitan_llama3_405b.toml", "--gpus", "128")["iteration_ms"] == \
-        pytest.approx(10306.849, abs=1e-3)
+        pytest.approx(10516.014, abs=1e-3)
 
 
 def test_megatron_tp_comm_overlap_overlaps_the_tp_collectives(tmp_path):
