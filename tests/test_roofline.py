@@ -12,7 +12,15 @@ from planner import io
 from planner.errors import UserError
 from planner.models import archs
 from planner.profiler import analytic
-from planner.profiler.roofline import Kernel, Work, kernel_ms, matmul_efficiency, roofline_ms, work
+from planner.profiler.roofline import (
+    Kernel,
+    Work,
+    attention_efficiency,
+    kernel_ms,
+    matmul_efficiency,
+    roofline_ms,
+    work,
+)
 
 H100, A100, B200, MI300X = archs.gpu("h100"), archs.gpu("a100-80g"), archs.gpu("b200"), archs.gpu("mi300x")
 
@@ -79,6 +87,17 @@ def test_torchs_flash_attention_on_h100_takes_its_published_time():
     counted = 4 * 8192**2 * 128 * 16 * 2
     assert kernel_ms(Kernel("attention-fwd", counted, 0.5), H100) == pytest.approx(1.84317)
     assert kernel_ms(Kernel("attention-bwd", int(2.5 * counted), 0.5), H100) == pytest.approx(5.28237)
+    assert kernel_ms(Kernel("attention-fwd", counted, 0.5, 8192), H100) == pytest.approx(1.84317)
+    # the same commit at 2048 tokens (8 sequences a batch): 0.51504 ms forward, 1.97437 ms backward; at
+    # 16384 tokens and past them, that length's rate; between lengths, log-linear in the length
+    short = 4 * 2048**2 * 128 * 16 * 8
+    assert kernel_ms(Kernel("attention-fwd", short, 0.5, 2048), H100) == pytest.approx(0.51504)
+    assert kernel_ms(Kernel("attention-bwd", int(2.5 * short), 0.5, 2048), H100) == pytest.approx(1.97437)
+    assert kernel_ms(Kernel("attention-fwd", counted, 0.5, 32768), H100) == \
+        pytest.approx(kernel_ms(Kernel("attention-fwd", counted, 0.5, 16384), H100))
+    between = attention_efficiency(H100, 2896)  # ~ the geometric mean of 2048 and 4096: the midpoint
+    assert between[0] == pytest.approx(sum(attention_efficiency(H100, n)[0] for n in (2048, 4096)) / 2, rel=1e-3)
+    assert attention_efficiency(A100, 2048) == A100.attention_efficiency  # no lengths published: one figure
     # MI300X: FlashAttention-2 (CK) at its published 353.22 / 194.43 TFLOP/s
     assert kernel_ms(Kernel("attention-bwd", counted), MI300X) == pytest.approx(counted / 194.43e12 * 1e3)
 
@@ -184,5 +203,5 @@ def test_the_fake_profiler_reads_float8_and_causal_kernels_off_their_arguments()
     assert fake._kernel(torch.ops.aten.mm.default, 256, (a.bfloat16(), b.bfloat16()), {}) == Kernel("matmul", 256)
     q = torch.empty(1, 2, 8, 4)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    assert fake._kernel(flash, 512, (q, q, q, 0.0, True), {}) == Kernel("attention-fwd", 512, 0.5)
-    assert fake._kernel(flash, 512, (q, q, q), {"is_causal": False}) == Kernel("attention-fwd", 512, 1.0)
+    assert fake._kernel(flash, 512, (q, q, q, 0.0, True), {}) == Kernel("attention-fwd", 512, 0.5, 8)
+    assert fake._kernel(flash, 512, (q, q, q), {"is_causal": False}) == Kernel("attention-fwd", 512, 1.0, 8)

@@ -53,6 +53,9 @@ class GPU:
     # tokens, head dim 128, counted as FlashAttention's benchmarks count FLOPs (causal: half)
     attention_efficiency: tuple[float, float] = (0.35, 0.35)
     attention_source: str = ""
+    # the same kernel's rate by tokens per sequence where it is published: (tokens, forward, backward
+    # fractions of the BF16 peak), ascending; empty: attention_efficiency at every length
+    attention_by_seq: tuple[tuple[int, float, float], ...] = ()
 
     @property
     def usable_bytes(self) -> int:
@@ -120,6 +123,14 @@ def attention_tflops(batch: int, heads: int, seq_len: int, head_dim: int, latenc
 SDPA_H100_TFLOPS = (attention_tflops(2, 16, 8192, 128, 1.84317, causal=True, backward=False),
                     attention_tflops(2, 16, 8192, 128, 5.28237, causal=True, backward=True))
 _SDPA_H100 = (SDPA_H100_TFLOPS[0] / 989.4, SDPA_H100_TFLOPS[1] / 989.4)
+# the same commit's other lengths (16384 tokens a batch, 16 heads, head dim 128, causal): forward and
+# backward ms at 512, 1024, 2048, 4096, 8192, 16384 tokens
+_SDPA_H100_MS = ((512, 0.199136, 1.14022), (1024, 0.298208, 1.41398), (2048, 0.51504, 1.97437),
+                 (4096, 0.9584, 3.08925), (8192, 1.84317, 5.28237), (16384, 3.62157, 9.27056))
+_SDPA_H100_BY_SEQ = tuple(
+    (seq, attention_tflops(16384 // seq, 16, seq, 128, fwd, causal=True, backward=False) / 989.4,
+     attention_tflops(16384 // seq, 16, seq, 128, bwd, causal=True, backward=True) / 989.4)
+    for seq, fwd, bwd in _SDPA_H100_MS)
 _SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim 128: forward "
                 f"{SDPA_H100_TFLOPS[0]:.1f}, backward {SDPA_H100_TFLOPS[1]:.1f} TFLOP/s (pytorch/benchmark c0409aaf)")
 # FlashAttention-2 on MI300X (ROCm's CK port, ROCm 6.3.2), non-causal, batch 1, 16384 tokens, head dim
@@ -147,7 +158,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
-        **_mamf("h100-sxm", 989.4), attention_efficiency=_SDPA_H100, attention_source=_SDPA_HOPPER),
+        **_mamf("h100-sxm", 989.4), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=_SDPA_HOPPER),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
         link_source="H100 datasheet: PCIe Gen5 128 GB/s (GPU to GPU over PCIe); 400 Gb/s NIC per GPU",
@@ -156,7 +168,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="nvidia-smi on H100 PCIe: 81559 MiB (Beomi/BitNet-Transformers README), less the SXM's "
                      "454 MiB driver reservation (assumed)",
         **_mamf("h100-sxm", 989.4, ": the SXM's fraction, none published for PCIe"),
-        attention_efficiency=_SDPA_H100, attention_source=f"the SXM's fractions, none published for PCIe: {_SDPA_HOPPER}"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the SXM's fractions, none published for PCIe: {_SDPA_HOPPER}"),
     # The H100 of Meta's Grand Teton hosts, on which torchtitan's published benchmarks ran: "HBM2e-based SXM
     # H100 with lower TDP", "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power
     # limit", 8 per host "fully connected with NVLink", "400 Gb/s per GPU" RDMA (torchtitan 820504e,
@@ -173,7 +186,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("h100-sxm", 989.4, ": the 700 W SXM's; none measured at 500 W"),
-        attention_efficiency=_SDPA_H100, attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}"),
     # NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM
     GPU("h200", 141 * 10**9, 989.4, 4.8, "NVIDIA H200 datasheet, SXM (BF16 989, FP8 1,979 dense; 4.8 TB/s)", 450.0,
         fp8_tflops=1978.9,
@@ -182,7 +196,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="nvidia-smi on H200: 143771 MiB (sgl-project/sglang#3196), less the H100's 454 MiB driver "
                      "reservation (assumed)",
         **_mamf("h100-sxm", 989.4, ": the table's H100 row, whose note says \"H200 is the same\""),
-        attention_efficiency=_SDPA_H100, attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 part with 96 GB HBM3 at 4 TB/s (or
     # 144 GB HBM3e at 4.9 TB/s), H100 SXM compute; NVLink 900 GB/s GPU to GPU, NVLink-C2C 900 GB/s
     # to the Grace CPU (the host link an offload crosses)
@@ -192,7 +207,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part"),
-        attention_efficiency=_SDPA_H100, attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
         "NVIDIA GH200 datasheet, 144 GB HBM3e (BF16 989, FP8 1,979 dense; 4.9 TB/s)", 450.0,
         host_link_gb_per_s=450.0, fp8_tflops=1978.9,
@@ -200,7 +216,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=144 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part"),
-        attention_efficiency=_SDPA_H100, attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
     GPU("a100-40g", 40 * 10**9, 312.0, 1.555, "NVIDIA A100 datasheet, 40 GB SXM (BF16 312 dense, no FP8; 1.555 TB/s)",
@@ -225,7 +242,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=183359 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
                      "driver reservation (assumed)",
-        **_mamf("b200", 2250.0), attention_efficiency=_SDPA_H100, attention_source=_SDPA_ASSUMED),
+        **_mamf("b200", 2250.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=_SDPA_ASSUMED),
     # NVIDIA GB200 NVL72 datasheet (2024), per rack of 72 GPUs: 360 PFLOPS BF16 and 720 PFLOPS FP8
     # (sparse: 2,500 and 5,000 dense per GPU), 13.4 TB HBM3e (186 GB per GPU), 576 TB/s (8 TB/s per
     # GPU), NVLink 130 TB/s (1.8 TB/s per GPU), all 72 in one NVLink domain; NVLink-C2C 900 GB/s to
@@ -237,7 +255,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                     f"CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        **_mamf("gb200", 2500.0), attention_efficiency=_SDPA_H100, attention_source=_SDPA_ASSUMED),
+        **_mamf("gb200", 2500.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=_SDPA_ASSUMED),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)
     GPU("mi300x", 192 * 10**9, 1307.4, 5.3,

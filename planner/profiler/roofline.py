@@ -98,17 +98,34 @@ class Kernel:
     kind: KernelKind
     flops: int
     run_fraction: float = 1.0
+    seq_len: int = 0  # an attention kernel's tokens per sequence (0: not known)
 
 
 def kernel_ms(kernel: Kernel, gpu: GPU) -> float:
     flops = kernel.flops * kernel.run_fraction
     if kernel.kind.startswith("attention"):
-        fwd, bwd = gpu.attention_efficiency
+        fwd, bwd = attention_efficiency(gpu, kernel.seq_len)
         rate = gpu.bf16_tflops * 1e12 * (fwd if kernel.kind == "attention-fwd" else bwd)
     else:
         fp8 = kernel.kind == "matmul-fp8"
         rate = peak_tflops(gpu, fp8=fp8) * 1e12 * matmul_efficiency(flops, gpu, fp8=fp8)
     return flops / rate * 1e3
+
+
+def attention_efficiency(gpu: GPU, seq_len: int) -> tuple[float, float]:
+    """The attention kernel's (forward, backward) fraction of peak at `seq_len` tokens a sequence:
+    log-linear between the GPU's published lengths, the nearest one's outside them; the GPU's one
+    figure where no lengths are published or the length is not known."""
+    points = gpu.attention_by_seq
+    if not points or seq_len <= 0:
+        return gpu.attention_efficiency
+    if seq_len <= points[0][0]:
+        return points[0][1:]
+    for (sa, fa, ba), (sb, fb, bb) in zip(points, points[1:]):
+        if seq_len <= sb:
+            t = math.log(seq_len / sa) / math.log(sb / sa)
+            return fa + (fb - fa) * t, ba + (bb - ba) * t
+    return points[-1][1:]
 
 
 @dataclass(frozen=True)
@@ -135,7 +152,8 @@ class Work:
 
 
 def _frozen(counts: Counter) -> tuple[tuple[Kernel, int], ...]:
-    return tuple(sorted(counts.items(), key=lambda item: (item[0].kind, item[0].flops, item[0].run_fraction)))
+    return tuple(sorted(counts.items(), key=lambda item: (item[0].kind, item[0].flops, item[0].run_fraction,
+                                                          item[0].seq_len)))
 
 
 def work(flops: int, memory_bytes: int, kernels: list[Kernel]) -> Work:
