@@ -4,7 +4,9 @@ A pass is its matmul and attention kernels plus the bytes its memory-bound ops (
 activations, rotary, residual adds, copies, gradient accumulation) read and write. Each
 matmul runs at a shape-dependent fraction of the GPU's peak, read off published GEMM
 measurements (MATMUL_TABLE); each attention kernel at the published throughput of the
-kernel PyTorch's scaled_dot_product_attention runs (archs.GPU.attention_efficiency);
+kernel PyTorch's scaled_dot_product_attention runs, forward and backward, at its sequence
+length where the GPU's rates are published by length (archs.GPU.attention_efficiency,
+attention_by_seq);
 memory-bound bytes at the HBM bandwidth. Float8 matmuls (inputs in a float8 dtype) at
 the GPU's FP8 peak on the same curve. What this leaves out: kernel launches and host
 overhead, communication, the pipeline's bubble (the cost model's other terms and
