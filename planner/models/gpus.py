@@ -118,8 +118,9 @@ def attention_tflops(batch: int, heads: int, seq_len: int, head_dim: int, latenc
 # (pytorch/benchmark c0409aaf, 2024-08-28, PR #2443 "Add FlexAttention", the `sdpa` rows, which run
 # `sdpa_kernel([SDPBackend.FLASH_ATTENTION])`; the GPU is not named there: the FlashAttention-2 package
 # in the same rows reaches 322 TFLOP/s, above any A100's 312 peak, and the operator is the H100 one of
-# 5cc1d010). That is the kernel torch <= 2.12 runs first on sm_90 (cuDNN attention is first only from
-# the torch whose sdp_utils.cpp prefers it with cuDNN > 9.15: pytorch/pytorch 001f694)
+# 5cc1d010). Flash is first in torch's default order (ATen/Context.h 481-486, torch 2.13.0 as
+# installed); cuDNN attention is moved first only with a runtime cuDNN newer than 9.15 on sm_90/sm_100
+# (sdp_utils.cpp check_prefer_cudnn_attention, pytorch/pytorch 001f694)
 SDPA_H100_TFLOPS = (attention_tflops(2, 16, 8192, 128, 1.84317, causal=True, backward=False),
                     attention_tflops(2, 16, 8192, 128, 5.28237, causal=True, backward=True))
 _SDPA_H100 = (SDPA_H100_TFLOPS[0] / 989.4, SDPA_H100_TFLOPS[1] / 989.4)
