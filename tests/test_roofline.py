@@ -12,9 +12,17 @@ from planner import io
 from planner.errors import UserError
 from planner.models import archs
 from planner.profiler import analytic
-from planner.profiler.roofline import Kernel, Work, kernel_ms, matmul_efficiency, roofline_ms, work
+from planner.profiler.roofline import (
+    Kernel,
+    Work,
+    attention_efficiency,
+    kernel_ms,
+    matmul_efficiency,
+    roofline_ms,
+    work,
+)
 
-H100, A100, B200 = archs.gpu("h100"), archs.gpu("a100-80g"), archs.gpu("b200")
+H100, A100, B200, MI300X = archs.gpu("h100"), archs.gpu("a100-80g"), archs.gpu("b200"), archs.gpu("mi300x")
 
 
 def test_matmul_efficiency_follows_the_published_h100_table():
@@ -24,7 +32,7 @@ def test_matmul_efficiency_follows_the_published_h100_table():
     # the two 4.3 GFLOP shapes (340.7 and 368.7 TFLOP/s) averaged
     assert matmul_efficiency(2 * 1024 * 4096 * 512, H100) == pytest.approx((340.7 + 368.7) / 2 / 989.4)
     # past the largest shapes: the MAMF plateau; far below the smallest: a constant time (latency-bound)
-    assert matmul_efficiency(2 * 8192**3, H100) == H100.matmul_efficiency == 0.801
+    assert matmul_efficiency(2 * 8192**3, H100) == H100.matmul_efficiency == pytest.approx(794.5 / 989.4)
     tiny = 2 * 64 * 64 * 64
     assert kernel_ms(Kernel("matmul", tiny), H100) == pytest.approx(kernel_ms(Kernel("matmul", tiny // 8), H100))
     sizes = [2 * n**3 for n in (128, 256, 512, 1024, 2048, 4096, 8192)]
@@ -33,9 +41,27 @@ def test_matmul_efficiency_follows_the_published_h100_table():
 
 
 def test_another_gpu_reads_the_curve_at_its_own_peak_and_plateau():
-    # the B200 point published beside the H100 table (1x256x4096x4096, 651.4 TFLOP/s = 29% of 2,250): 32.4% here
-    assert matmul_efficiency(2 * 256 * 4096 * 4096, B200) == pytest.approx(0.324, abs=0.002)
-    assert matmul_efficiency(2 * 8192**3, A100) == A100.matmul_efficiency == 0.859
+    # the B200 point published beside the H100 table (1x256x4096x4096, 651.4 TFLOP/s = 29% of 2,250): 31.3% here
+    assert matmul_efficiency(2 * 256 * 4096 * 4096, B200) == pytest.approx(0.313, abs=0.002)
+    # each GPU's plateau is its own MAMF (stas00/ml-engineering 744d01e), over the peak ckplan reads
+    assert matmul_efficiency(2 * 8192**3, A100) == A100.matmul_efficiency == pytest.approx(271.2 / 312)
+    assert matmul_efficiency(2 * 8192**3, B200) == pytest.approx(1745.0 / 2250)
+    assert matmul_efficiency(2 * 8192**3, archs.gpu("gb200")) == pytest.approx(1822.0 / 2500)
+    assert matmul_efficiency(2 * 8192**3, MI300X) == pytest.approx(668.4 / 1307.4)
+    # the H200 is the H100's chip (the table's note), the GH200 measured on its own
+    assert archs.gpu("h200").matmul_efficiency == H100.matmul_efficiency
+    assert archs.gpu("gh200-144g").matmul_efficiency == pytest.approx(828.6 / 989.4)
+
+
+def test_a_gpu_with_its_own_measurement_at_a_tiny_and_a_large_shape():
+    """The MI300X: its tiny matmuls on the H100 table read at its own peak (a kernel of equal time at
+    peak runs at the same fraction), scaled to its own MAMF; its large ones at that MAMF exactly."""
+    tiny = 2 * 256 * 1024 * 256  # the table's smallest FLOP count: 1x256x1024x256 and 1x512x256x512, 25.7 and 21.0
+    assert matmul_efficiency(tiny, H100) == pytest.approx((25.7 + 21.0) / 2 / 989.4)
+    at_h100_time = tiny * MI300X.bf16_tflops / H100.bf16_tflops  # the same time at peak on the MI300X
+    scale = (668.4 / 1307.4) / (794.5 / 989.4)
+    assert matmul_efficiency(at_h100_time, MI300X) == pytest.approx((25.7 + 21.0) / 2 / 989.4 * scale)
+    assert matmul_efficiency(2 * 16384 * 8192 * 8192, MI300X) == 668.4 / 1307.4
 
 
 def test_float8_runs_at_its_own_peak_or_is_refused():
@@ -49,9 +75,31 @@ def test_float8_runs_at_its_own_peak_or_is_refused():
 def test_attention_at_its_kernels_throughput_causal_half():
     flops = 4 * 4096 * 4096 * 4096
     full = kernel_ms(Kernel("attention-fwd", flops), H100)
-    assert full == pytest.approx(flops / (989.4e12 * 0.35) * 1e3)
     assert kernel_ms(Kernel("attention-fwd", flops, 0.5), H100) == pytest.approx(full / 2)
     assert kernel_ms(Kernel("attention-bwd", flops), A100) == pytest.approx(flops / (312e12 * 0.73) * 1e3)
+
+
+def test_torchs_flash_attention_on_h100_takes_its_published_time():
+    """pytorch/benchmark c0409aaf timed torch's SDPA (flash backend) on H100 at batch 2, 16 heads, 8192
+    tokens, head dim 128, causal: 1.84317 ms forward, 5.28237 ms backward. The same call, as torch's
+    FLOP counter counts it (4·s²·d·heads·batch forward, 2.5x backward) and the causal kernel runs it
+    (half its blocks), takes those times here."""
+    counted = 4 * 8192**2 * 128 * 16 * 2
+    assert kernel_ms(Kernel("attention-fwd", counted, 0.5), H100) == pytest.approx(1.84317)
+    assert kernel_ms(Kernel("attention-bwd", int(2.5 * counted), 0.5), H100) == pytest.approx(5.28237)
+    assert kernel_ms(Kernel("attention-fwd", counted, 0.5, 8192), H100) == pytest.approx(1.84317)
+    # the same commit at 2048 tokens (8 sequences a batch): 0.51504 ms forward, 1.97437 ms backward; at
+    # 16384 tokens and past them, that length's rate; between lengths, log-linear in the length
+    short = 4 * 2048**2 * 128 * 16 * 8
+    assert kernel_ms(Kernel("attention-fwd", short, 0.5, 2048), H100) == pytest.approx(0.51504)
+    assert kernel_ms(Kernel("attention-bwd", int(2.5 * short), 0.5, 2048), H100) == pytest.approx(1.97437)
+    assert kernel_ms(Kernel("attention-fwd", counted, 0.5, 32768), H100) == \
+        pytest.approx(kernel_ms(Kernel("attention-fwd", counted, 0.5, 16384), H100))
+    between = attention_efficiency(H100, 2896)  # ~ the geometric mean of 2048 and 4096: the midpoint
+    assert between[0] == pytest.approx(sum(attention_efficiency(H100, n)[0] for n in (2048, 4096)) / 2, rel=1e-3)
+    assert attention_efficiency(A100, 2048) == A100.attention_efficiency  # no lengths published: one figure
+    # MI300X: FlashAttention-2 (CK) at its published 353.22 / 194.43 TFLOP/s
+    assert kernel_ms(Kernel("attention-bwd", counted), MI300X) == pytest.approx(counted / 194.43e12 * 1e3)
 
 
 def test_work_adds_and_subtracts_kernel_by_kernel():
@@ -61,7 +109,7 @@ def test_work_adds_and_subtracts_kernel_by_kernel():
     assert rerun == Work(10**9, 50, ((a, 1),))
     assert (plain + rerun).kernels == ((a, 2), (b, 1))
     # memory-bound bytes at HBM bandwidth; FLOPs no kernel carries at the plateau
-    assert roofline_ms(Work(10**9, 3_350_000), H100) == pytest.approx(1e-3 + 1e9 / (989.4e12 * 0.801) * 1e3)
+    assert roofline_ms(Work(10**9, 3_350_000), H100) == pytest.approx(1e-3 + 1e9 / 794.5e12 * 1e3)
 
 
 def _config(tmp_path, name, **dims):
@@ -162,5 +210,5 @@ def test_the_fake_profiler_reads_float8_and_causal_kernels_off_their_arguments()
     assert fake._kernel(torch.ops.aten.mm.default, 256, (a.bfloat16(), b.bfloat16()), {}) == Kernel("matmul", 256)
     q = torch.empty(1, 2, 8, 4)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    assert fake._kernel(flash, 512, (q, q, q, 0.0, True), {}) == Kernel("attention-fwd", 512, 0.5)
-    assert fake._kernel(flash, 512, (q, q, q), {"is_causal": False}) == Kernel("attention-fwd", 512, 1.0)
+    assert fake._kernel(flash, 512, (q, q, q, 0.0, True), {}) == Kernel("attention-fwd", 512, 0.5, 8)
+    assert fake._kernel(flash, 512, (q, q, q), {"is_causal": False}) == Kernel("attention-fwd", 512, 1.0, 8)

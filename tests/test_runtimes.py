@@ -276,6 +276,23 @@ def test_op_sac_keeps_every_second_mm_and_the_attention_by_hand():
     assert option.recompute_peak_bytes == block.act_bytes - expected
 
 
+def test_op_sac_reruns_three_mms_and_every_memory_bound_op_of_the_forward():
+    """torchtitan's policy saves only mm (every other one), SDPA and reduce-scatter outputs: the
+    backward reruns wk, wo and w3, each its own kernel, and the forward's norms, rotary, SiLU x mul
+    and residual adds, whose bytes are the forward's memory-bound bytes (analytic_time.block_work)."""
+    from planner.profiler import analytic_time
+    from planner.profiler.roofline import Kernel, kernel_ms
+
+    shape = Shape(seq_len=32, micro_batch_size=2)
+    tokens, h, q, kv, f = 64, 64, 64, 32, 160
+    block = analytic.analytic_profile(TINY, shape, gpu=H100, model=REF).layers[1]
+    option = next(o for o in block.recompute_options if o.name == "op-sac")
+    forward, _, _ = analytic_time.block_work(TINY, shape)
+    mms = sum(kernel_ms(Kernel("matmul", 2 * tokens * a * b), H100) for a, b in ((h, kv), (q, h), (h, f)))
+    assert option.recompute_ms == pytest.approx(mms + forward.bytes / (H100.hbm_tbps * 1e12) * 1e3)
+    assert forward.bytes > 0
+
+
 def test_op_level_sac_on_the_command_line_keeps_between_none_and_full(tiny_path):
     none = _peak(_evaluate(tiny_path))
     full = _peak(_evaluate(tiny_path, ckpt="4"))

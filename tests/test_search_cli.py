@@ -39,7 +39,8 @@ def test_json_gives_the_whole_ranking(tmp_path):
     assert counts["considered"] == (counts["duplicates"] + counts["refused"] + counts["pruned_memory"]
                                     + counts["pruned_time"] + counts["solved"])
     times = [row["iteration_ms"] for row in data["ranked"]]
-    assert times == sorted(times) and all(row["bound_ms"] <= row["iteration_ms"] for row in data["ranked"])
+    # a bound no higher than the time, up to the rounding of summing the same terms in another order
+    assert times == sorted(times) and all(row["bound_ms"] <= row["iteration_ms"] * (1 + 1e-12) for row in data["ranked"])
     first = data["ranked"][0]
     assert first["degrees"]["tp"] * first["degrees"]["pp"] * first["degrees"]["dp"] == 8
     assert first["differs_from_next"] and first["stages"] and 0 < first["mfu"] < 1

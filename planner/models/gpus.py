@@ -48,10 +48,14 @@ class GPU:
     matmul_source: str = ""
     # dense FP8 tensor-core peak (0: no FP8 tensor cores), from the same datasheet as bf16_tflops
     fp8_tflops: float = 0.0
-    # the attention kernel PyTorch's scaled_dot_product_attention runs (FlashAttention-2), forward
-    # and backward, as fractions of the BF16 peak: its published throughput
+    # the attention kernel PyTorch's scaled_dot_product_attention runs (its flash backend), forward and
+    # backward, as fractions of the BF16 peak: its published throughput at 8192 (or the nearest published)
+    # tokens, head dim 128, counted as FlashAttention's benchmarks count FLOPs (causal: half)
     attention_efficiency: tuple[float, float] = (0.35, 0.35)
     attention_source: str = ""
+    # the same kernel's rate by tokens per sequence where it is published: (tokens, forward, backward
+    # fractions of the BF16 peak), ascending; empty: attention_efficiency at every length
+    attention_by_seq: tuple[tuple[int, float, float], ...] = ()
 
     @property
     def usable_bytes(self) -> int:
@@ -80,13 +84,64 @@ HOST_ADAM_SOURCE = ("DeepSpeedCPUAdam on a GPU server's host, one process: 136M 
                     "(numa-cpu-adam-bench)")
 
 
-# Attention: FlashAttention-2, the kernel torch's scaled_dot_product_attention runs on these
-# GPUs, at its published throughput (a fraction of the BF16 peak; the backward, where no
-# separate figure is published, at the forward's)
-_FA2_HOPPER = ("FlashAttention-2 reaches 35% of the H100's peak (Shah et al. 2024, FlashAttention-3, arXiv "
-               "2407.08608, §1); backward at the forward's fraction")
-_FA2_AMPERE = "FlashAttention-2 up to 73% of the A100's 312 TFLOP/s (Dao 2023, arXiv 2307.08691)"
-_FA2_ASSUMED = "no FlashAttention figure published for this GPU: the H100's 35% (Shah et al. 2024, §1), assumed"
+# Matmul ceilings: MAMF (maximum achievable matmul FLOP/s, the mean of 100 timed iterations of the best
+# shape of a sweep) from stas00/ml-engineering compute/accelerator/README.md at 744d01e (2026-08-22),
+# "Maximum Achievable Matmul FLOPS comparison table", BF16, in TFLOP/s and the torch it ran
+_MAMF = "stas00/ml-engineering 744d01e, compute/accelerator/README.md, MAMF table (BF16, mean of 100 iterations)"
+MAMF_TFLOPS = {
+    "h100-sxm": 794.5,  # 2048x2048x13312, torch 2.7.0+cu126; the table's note: "H200 is the same"
+    "gh200": 828.6,  # 1024x15360x4096, torch 2.6.0+cu126, "900W 141GiB HBM3e version"
+    "a100": 271.2,  # A100 SXM, 1024x10240x5120, torch 2.6.0+cu126
+    "b200": 1745.0,  # 1792x16128x3072, torch 2.7.1+cu128
+    "gb200": 1822.0,  # 4096x9728x2048, torch 2.10.0.dev20250916+cu130
+    "mi300x": 668.4,  # 10240x15360x8192, torch 2.5.1 ROCm 6.3, PYTORCH_TUNABLEOP_ENABLED=1
+}
+
+
+def _mamf(key: str, peak: float, note: str = "") -> dict:
+    """The GPU record's matmul ceiling: MAMF over the datasheet peak ckplan reads, with its source."""
+    return {"matmul_efficiency": MAMF_TFLOPS[key] / peak,
+            "matmul_source": f"MAMF {MAMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MAMF})"}
+
+
+def attention_tflops(batch: int, heads: int, seq_len: int, head_dim: int, latency_ms: float, *, causal: bool,
+                     backward: bool) -> float:
+    """A published attention timing as TFLOP/s, counted as FlashAttention's and tritonbench's benchmarks
+    count it: 4·s²·d·heads·batch forward, halved under a causal mask (the kernel skips the masked
+    blocks), x2.5 for the backward (five matmuls to the forward's two)."""
+    flops = 4 * seq_len**2 * head_dim * heads * batch / (2 if causal else 1) * (2.5 if backward else 1)
+    return flops / (latency_ms * 1e-3) / 1e12
+
+
+# torch's scaled_dot_product_attention on H100, flash backend (FlashAttention-2 as vendored in torch),
+# (batch 2, 16 heads, 8192 tokens, head dim 128), causal, BF16: forward 1.84317 ms, backward 5.28237 ms
+# (pytorch/benchmark c0409aaf, 2024-08-28, PR #2443 "Add FlexAttention", the `sdpa` rows, which run
+# `sdpa_kernel([SDPBackend.FLASH_ATTENTION])`; the GPU is not named there: the FlashAttention-2 package
+# in the same rows reaches 322 TFLOP/s, above any A100's 312 peak, and the operator is the H100 one of
+# 5cc1d010). Flash is first in torch's default order (ATen/Context.h 481-486, torch 2.13.0 as
+# installed); cuDNN attention is moved first only with a runtime cuDNN newer than 9.15 on sm_90/sm_100
+# (sdp_utils.cpp check_prefer_cudnn_attention, pytorch/pytorch 001f694)
+SDPA_H100_TFLOPS = (attention_tflops(2, 16, 8192, 128, 1.84317, causal=True, backward=False),
+                    attention_tflops(2, 16, 8192, 128, 5.28237, causal=True, backward=True))
+_SDPA_H100 = (SDPA_H100_TFLOPS[0] / 989.4, SDPA_H100_TFLOPS[1] / 989.4)
+# the same commit's other lengths (16384 tokens a batch, 16 heads, head dim 128, causal): forward and
+# backward ms at 512, 1024, 2048, 4096, 8192, 16384 tokens
+_SDPA_H100_MS = ((512, 0.199136, 1.14022), (1024, 0.298208, 1.41398), (2048, 0.51504, 1.97437),
+                 (4096, 0.9584, 3.08925), (8192, 1.84317, 5.28237), (16384, 3.62157, 9.27056))
+_SDPA_H100_BY_SEQ = tuple(
+    (seq, attention_tflops(16384 // seq, 16, seq, 128, fwd, causal=True, backward=False) / 989.4,
+     attention_tflops(16384 // seq, 16, seq, 128, bwd, causal=True, backward=True) / 989.4)
+    for seq, fwd, bwd in _SDPA_H100_MS)
+_SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim 128: forward "
+                f"{SDPA_H100_TFLOPS[0]:.1f}, backward {SDPA_H100_TFLOPS[1]:.1f} TFLOP/s (pytorch/benchmark c0409aaf)")
+# FlashAttention-2 on MI300X (ROCm's CK port, ROCm 6.3.2), non-causal, batch 1, 16384 tokens, head dim
+# 128: forward 353.22, backward 194.43 TFLOP/s (ROCm/flash-attention#142, 2025-05-18). torch's SDPA on
+# ROCm runs AOTriton's kernels instead, whose backward pytorch/pytorch#135431 measured at 19.9 TFLOP/s
+# on LLaMA 3 8B's shapes (torch 2.5.0.dev20240907+rocm6.2); no later AOTriton figure was found
+MI300X_FLASH_TFLOPS = (353.22, 194.43)
+_FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forward and backward (Dao 2023, "
+               "arXiv 2307.08691 §4.1)")
+_SDPA_ASSUMED = f"no attention figure published for this GPU: the H100's fractions of peak assumed ({_SDPA_HOPPER})"
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
@@ -104,9 +159,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
-        matmul_efficiency=0.801, matmul_source="MAMF 792.1 of 989 TFLOPS, BF16 matmul, CUDA 12.1 "
-                                               "(stas00/ml-engineering, compute/accelerator)",
-        attention_source=_FA2_HOPPER),
+        **_mamf("h100-sxm", 989.4), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=_SDPA_HOPPER),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
         link_source="H100 datasheet: PCIe Gen5 128 GB/s (GPU to GPU over PCIe); 400 Gb/s NIC per GPU",
@@ -114,9 +168,27 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=81559 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on H100 PCIe: 81559 MiB (Beomi/BitNet-Transformers README), less the SXM's "
                      "454 MiB driver reservation (assumed)",
-        matmul_efficiency=0.801, matmul_source="the H100 SXM's MAMF efficiency, 792.1 of 989 TFLOPS "
-                                               "(stas00/ml-engineering; none published for PCIe)",
-        attention_source=_FA2_HOPPER),
+        **_mamf("h100-sxm", 989.4, ": the SXM's fraction, none published for PCIe"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the SXM's fractions, none published for PCIe: {_SDPA_HOPPER}"),
+    # The H100 of Meta's Grand Teton hosts, on which torchtitan's published benchmarks ran: "HBM2e-based SXM
+    # H100 with lower TDP", "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power
+    # limit", 8 per host "fully connected with NVLink", "400 Gb/s per GPU" RDMA (torchtitan 820504e,
+    # benchmarks/llama3_h100_202412_torchtitan.md lines 12-15 and footnote 2). Its BF16 peak "is between
+    # SXM and NVL, and we don't know its exact value": the SXM's 989.4 is read, an upper bound (and the
+    # figure torchtitan's own MFU divides by); its matmul and attention fractions are the 700 W SXM's
+    GPU("h100-96g", 96 * 10**9, 989.4, 2.4,
+        "torchtitan 820504e benchmarks/llama3_h100_202412_torchtitan.md: SXM H100, 96 GB HBM2e at 2.4 TB/s, 500 W; "
+        "BF16 peak unpublished (between NVL and SXM): the SXM's 989.4, an upper bound", 450.0, fp8_tflops=1978.9,
+        link_source="torchtitan's benchmark hosts: 8 H100 fully connected with NVLink (the SXM's 900 GB/s assumed), "
+                    "400 Gb/s RDMA per GPU",
+        node_collective_gb_per_s=354.9,
+        collective_source="the H100 SXM's nccl-tests figures (NVIDIA/nccl#1281), assumed for this NVLink host",
+        cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
+        total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
+        **_mamf("h100-sxm", 989.4, ": the 700 W SXM's; none measured at 500 W"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}"),
     # NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM
     GPU("h200", 141 * 10**9, 989.4, 4.8, "NVIDIA H200 datasheet, SXM (BF16 989, FP8 1,979 dense; 4.8 TB/s)", 450.0,
         fp8_tflops=1978.9,
@@ -124,9 +196,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=143771 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on H200: 143771 MiB (sgl-project/sglang#3196), less the H100's 454 MiB driver "
                      "reservation (assumed)",
-        matmul_efficiency=0.830, matmul_source="MAMF 821.0 of 989 TFLOPS on GH200 (the same H100/H200 chip), "
-                                               "CUDA 12.5 (stas00/ml-engineering)",
-        attention_source=_FA2_HOPPER),
+        **_mamf("h100-sxm", 989.4, ": the table's H100 row, whose note says \"H200 is the same\""),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 part with 96 GB HBM3 at 4 TB/s (or
     # 144 GB HBM3e at 4.9 TB/s), H100 SXM compute; NVLink 900 GB/s GPU to GPU, NVLink-C2C 900 GB/s
     # to the Grace CPU (the host link an offload crosses)
@@ -135,16 +207,18 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source=f"GH200 datasheet: NVLink 900 GB/s, NVLink-C2C 900 GB/s to the CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        matmul_efficiency=0.830, matmul_source="MAMF 821.0 of 989 TFLOPS on GH200, CUDA 12.5 (stas00/ml-engineering)",
-        attention_source=_FA2_HOPPER),
+        **_mamf("gh200", 989.4, ", measured on the 144 GB part"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
         "NVIDIA GH200 datasheet, 144 GB HBM3e (BF16 989, FP8 1,979 dense; 4.9 TB/s)", 450.0,
         host_link_gb_per_s=450.0, fp8_tflops=1978.9,
         link_source=f"GH200 datasheet: NVLink 900 GB/s, NVLink-C2C 900 GB/s to the CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=144 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        matmul_efficiency=0.830, matmul_source="MAMF 821.0 of 989 TFLOPS on GH200, CUDA 12.5 (stas00/ml-engineering)",
-        attention_source=_FA2_HOPPER),
+        **_mamf("gh200", 989.4, ", measured on the 144 GB part"),
+        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
     GPU("a100-40g", 40 * 10**9, 312.0, 1.555, "NVIDIA A100 datasheet, 40 GB SXM (BF16 312 dense, no FP8; 1.555 TB/s)",
@@ -152,16 +226,14 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
-        matmul_efficiency=0.859, matmul_source="MAMF 267.9 of 312 TFLOPS, A100 SXM, CUDA 12.1 (stas00/ml-engineering)",
-        attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE),
+        **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
         300.0, 25.0, 32.0,
         link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
         cuda_total_bytes=85_100_068_864,
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
-        matmul_efficiency=0.859, matmul_source="MAMF 267.9 of 312 TFLOPS, A100 SXM, CUDA 12.1 (stas00/ml-engineering)",
-        attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE),
+        **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE),
     # NVIDIA DGX B200 datasheet (2024): 1,440 GB for 8 GPUs (180 GB each), 72 PFLOPS FP8 training
     # for 8 GPUs (sparse: 4.5 dense each); HGX B200: BF16 2.25 PFLOPS dense (4.5 with sparsity),
     # HBM3e 8 TB/s, NVLink 5 1.8 TB/s
@@ -171,9 +243,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=183359 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
                      "driver reservation (assumed)",
-        matmul_efficiency=0.801, matmul_source="the H100 SXM's MAMF efficiency (stas00/ml-engineering; no B200 "
-                                               "BF16 figure published there)",
-        attention_source=_FA2_ASSUMED),
+        **_mamf("b200", 2250.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=_SDPA_ASSUMED),
     # NVIDIA GB200 NVL72 datasheet (2024), per rack of 72 GPUs: 360 PFLOPS BF16 and 720 PFLOPS FP8
     # (sparse: 2,500 and 5,000 dense per GPU), 13.4 TB HBM3e (186 GB per GPU), 576 TB/s (8 TB/s per
     # GPU), NVLink 130 TB/s (1.8 TB/s per GPU), all 72 in one NVLink domain; NVLink-C2C 900 GB/s to
@@ -185,9 +256,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                     f"CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        matmul_efficiency=0.801, matmul_source="the H100 SXM's MAMF efficiency (stas00/ml-engineering; none "
-                                               "published for GB200)",
-        attention_source=_FA2_ASSUMED),
+        **_mamf("gb200", 2500.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        attention_source=_SDPA_ASSUMED),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)
     GPU("mi300x", 192 * 10**9, 1307.4, 5.3,
@@ -197,8 +267,11 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=196592 * _MIB,
         total_source="hipGetDeviceProperties on MI300X: 196592 MB total global memory "
                      "(github.com/thamada/nvidia-smi, package/MI300X_deviceQuery.py)",
-        matmul_efficiency=0.601, matmul_source="MAMF 781.9 of 1300 TFLOPS, ROCm 6.2 (stas00/ml-engineering)",
-        attention_source=_FA2_ASSUMED),
+        **_mamf("mi300x", 1307.4),
+        attention_efficiency=(MI300X_FLASH_TFLOPS[0] / 1307.4, MI300X_FLASH_TFLOPS[1] / 1307.4),
+        attention_source="FlashAttention-2 (CK) on MI300X, ROCm 6.3.2, 16384 tokens, head dim 128: forward 353.22, "
+                         "backward 194.43 TFLOP/s (ROCm/flash-attention#142); torch's SDPA runs AOTriton there, no "
+                         "recent figure published for it"),
     # NVIDIA L4 Tensor Core GPU datasheet (2023): 24 GB GDDR6 at 300 GB/s, BF16 121 TFLOPS dense
     # (242 with sparsity), FP8 242.5 dense (485 with sparsity), PCIe Gen4 x16 64 GB/s, no NVLink
     GPU("l4", 24 * 10**9, 121.0, 0.300, "NVIDIA L4 datasheet (BF16 121, FP8 242.5 dense; 300 GB/s GDDR6)", 32.0,
@@ -206,8 +279,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source=f"L4 datasheet: PCIe Gen4 x16 64 GB/s, no NVLink (GPU to GPU over PCIe); {_NIC_ASSUMED}",
         cuda_total_bytes=24 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        matmul_efficiency=0.859, matmul_source="the A100's MAMF efficiency, 267.9 of 312 TFLOPS (stas00/ml-engineering; "
-                                               "none published for L4)",
+        **_mamf("a100", 312.0, ": the A100's fraction, none published for L4"),
         attention_efficiency=(0.73, 0.73),
         attention_source=f"{_FA2_AMPERE}; none published for L4, the Ampere figure assumed"),
 )}

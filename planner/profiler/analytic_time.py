@@ -59,7 +59,8 @@ def _backward_kernels(kernels: list[Kernel]) -> list[Kernel]:
     out = []
     for kernel in kernels:
         if kernel.kind == "attention-fwd":
-            out.append(Kernel("attention-bwd", int(ATTENTION_BWD_FLOPS * kernel.flops), kernel.run_fraction))
+            out.append(Kernel("attention-bwd", int(ATTENTION_BWD_FLOPS * kernel.flops), kernel.run_fraction,
+                              kernel.seq_len))
         else:
             out += [kernel, kernel]
     return out
@@ -75,7 +76,7 @@ def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
         else formulas.q_width(arch, shape)
     flops = 4 * shape.tokens * window * width
     if shape.attention == "flash":
-        return [Kernel("attention-fwd", flops, 1 - window / (2 * s))], 0, 0
+        return [Kernel("attention-fwd", flops, 1 - window / (2 * s), s)], 0, 0
     scores = heads * s * s * b
     return _matmuls(flops // 2, flops // 2), EAGER_SCORES_FWD * scores, EAGER_SCORES_BWD * scores
 

@@ -260,12 +260,13 @@ def _moved_bytes(packet, args, kwargs, made: list[torch.Tensor]) -> int:
 
 def _kernel(func, flops: int, args, kwargs) -> Kernel:
     """A counted op as a kernel: an attention kernel skips the masked half of a causal mask's
-    blocks; a matmul with float8 inputs runs at the FP8 peak."""
+    blocks and runs at its rate for the query's length; a matmul with float8 inputs runs at the FP8
+    peak."""
     kind = ATTENTION_OPS.get(func.overloadpacket)
     if kind is not None:
         names = [argument.name for argument in func._schema.arguments]
         given = dict(zip(names, args)) | kwargs
-        return Kernel(kind, int(flops), 0.5 if given.get("is_causal") else 1.0)
+        return Kernel(kind, int(flops), 0.5 if given.get("is_causal") else 1.0, given["query"].shape[-2])
     fp8 = any(tensor.dtype in FLOAT8 for tensor in _tensors(args))
     return Kernel("matmul-fp8" if fp8 else "matmul", int(flops))
 

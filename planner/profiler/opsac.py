@@ -52,12 +52,15 @@ def op_sac_kept_bytes(arch: Arch, shape: Shape, boundary: int) -> int:
 
 def op_sac_option(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, *, boundary: int,
                   kept_without: int) -> RecomputeOption:
-    """The `op-sac` option: kept as above; the rerun of wk, wo and w3 timed by the roofline; the
-    rerun forward holding what the block keeps without checkpointing beyond what it kept."""
+    """The `op-sac` option: kept as above; the rerun timed by the roofline: wk, wo and w3, each its
+    own kernel, and every memory-bound op of the forward (the norms, rotary, SiLU and product, the
+    residual adds: none is in `_save_list`, and the whole forward reruns); the rerun forward holding
+    what the block keeps without checkpointing beyond what it kept."""
     tokens, t = shape.tokens, shape.tp
     q, kv, f, h = q_width(arch, shape), kv_width(arch, shape), arch.intermediate_size // t, arch.hidden_size
-    flops = 2 * tokens * h * kv + 2 * tokens * q * h + 2 * tokens * h * f  # wk, wo, w3
-    rerun = work(flops, 0, [Kernel("matmul", flops)])
+    mms = (2 * tokens * h * kv, 2 * tokens * q * h, 2 * tokens * h * f)  # wk, wo, w3
+    forward, _, _ = analytic_time.block_work(arch, shape)
+    rerun = work(sum(mms), forward.bytes, [Kernel("matmul", flops) for flops in mms])
     kept = op_sac_kept_bytes(arch, shape, boundary)
     return RecomputeOption(name=OPTION_OP_SAC, kept_bytes=kept,
                            recompute_ms=analytic_time.times_ms((rerun,), gpu, mfu)[0],
