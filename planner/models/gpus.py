@@ -48,6 +48,8 @@ class GPU:
     matmul_source: str = ""
     # dense FP8 tensor-core peak (0: no FP8 tensor cores), from the same datasheet as bf16_tflops
     fp8_tflops: float = 0.0
+    # the best FP8 matmul measured against fp8_tflops (its MAMF); 0: none published, the BF16 fraction
+    fp8_matmul_efficiency: float = 0.0
     # the attention kernel PyTorch's scaled_dot_product_attention runs (its flash backend), forward and
     # backward, as fractions of the BF16 peak: its published throughput at 8192 (or the nearest published)
     # tokens, head dim 128, counted as FlashAttention's benchmarks count FLOPs (causal: half)
@@ -98,10 +100,20 @@ MAMF_TFLOPS = {
 }
 
 
-def _mamf(key: str, peak: float, note: str = "") -> dict:
-    """The GPU record's matmul ceiling: MAMF over the datasheet peak ckplan reads, with its source."""
-    return {"matmul_efficiency": MAMF_TFLOPS[key] / peak,
-            "matmul_source": f"MAMF {MAMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MAMF})"}
+# The same table's FP8 rows (e4m3, TFLOP/s): the float8 matmuls' ceiling (planner/profiler/float8.py's
+# GEMMs under --float8). The H200 has its own FP8 row; no FP8 row is published for the MI300X or L4.
+MAMF_FP8_TFLOPS = {"h100-sxm": 1402.6, "h200": 1453.4, "gh200": 1535.0, "b200": 3432.5, "gb200": 3615.6}
+
+
+def _mamf(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, fp8_peak: float = 0.0) -> dict:
+    """The GPU record's matmul ceilings: MAMF over the datasheet peak ckplan reads, with its source;
+    the FP8 one where the table has the GPU's FP8 row (`fp8_key`) and the GPU an FP8 peak."""
+    found = {"matmul_efficiency": MAMF_TFLOPS[key] / peak,
+             "matmul_source": f"MAMF {MAMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MAMF})"}
+    if fp8_key is not None and fp8_peak:
+        found["fp8_matmul_efficiency"] = MAMF_FP8_TFLOPS[fp8_key] / fp8_peak
+        found["matmul_source"] += f"; FP8 MAMF {MAMF_FP8_TFLOPS[fp8_key]:g} of {fp8_peak:g} ({fp8_key}'s FP8 row)"
+    return found
 
 
 def attention_tflops(batch: int, heads: int, seq_len: int, head_dim: int, latency_ms: float, *, causal: bool,
@@ -159,7 +171,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
-        **_mamf("h100-sxm", 989.4), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        **_mamf("h100-sxm", 989.4, fp8_key="h100-sxm", fp8_peak=1978.9), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
         attention_source=_SDPA_HOPPER),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
@@ -186,7 +198,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         collective_source="the H100 SXM's nccl-tests figures (NVIDIA/nccl#1281), assumed for this NVLink host",
         cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        **_mamf("h100-sxm", 989.4, ": the 700 W SXM's; none measured at 500 W"),
+        **_mamf("h100-sxm", 989.4, ": the 700 W SXM's; none measured at 500 W", fp8_key="h100-sxm", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
         attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}"),
     # NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM
@@ -196,7 +208,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=143771 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on H200: 143771 MiB (sgl-project/sglang#3196), less the H100's 454 MiB driver "
                      "reservation (assumed)",
-        **_mamf("h100-sxm", 989.4, ": the table's H100 row, whose note says \"H200 is the same\""),
+        **_mamf("h100-sxm", 989.4, ": the table's H100 row, whose note says \"H200 is the same\"", fp8_key="h200",
+              fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
         attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 part with 96 GB HBM3 at 4 TB/s (or
@@ -207,7 +220,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source=f"GH200 datasheet: NVLink 900 GB/s, NVLink-C2C 900 GB/s to the CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        **_mamf("gh200", 989.4, ", measured on the 144 GB part"),
+        **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
         attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
@@ -216,7 +229,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source=f"GH200 datasheet: NVLink 900 GB/s, NVLink-C2C 900 GB/s to the CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=144 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        **_mamf("gh200", 989.4, ", measured on the 144 GB part"),
+        **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
         attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
@@ -243,7 +256,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=183359 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
                      "driver reservation (assumed)",
-        **_mamf("b200", 2250.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
         attention_source=_SDPA_ASSUMED),
     # NVIDIA GB200 NVL72 datasheet (2024), per rack of 72 GPUs: 360 PFLOPS BF16 and 720 PFLOPS FP8
     # (sparse: 2,500 and 5,000 dense per GPU), 13.4 TB HBM3e (186 GB per GPU), 576 TB/s (8 TB/s per
@@ -256,7 +269,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                     f"CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        **_mamf("gb200", 2500.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
+        **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
         attention_source=_SDPA_ASSUMED),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)

@@ -67,12 +67,14 @@ def matmul_efficiency(flops: float, gpu: GPU, *, fp8: bool = False) -> float:
     """The fraction of the GPU's peak a matmul of `flops` reaches. The H100 table read by the
     kernel's time at the GPU's own peak (a small kernel is latency-bound whatever the chip: a
     B200's 1x256x4096x4096 at 29% of its peak, published beside these, reads 32% here), scaled
-    to the GPU's measured plateau (its MAMF); log-linear between points, the plateau past the
-    largest, a constant time below the smallest."""
+    to the GPU's measured plateau (its MAMF; under fp8 its FP8 MAMF where published, else the
+    BF16 fraction); log-linear between points, the plateau past the largest, a constant time below
+    the smallest."""
     ideal_us = flops / (peak_tflops(gpu, fp8=fp8) * 1e12) * 1e6
-    scale = gpu.matmul_efficiency / _TABLE_PLATEAU
+    plateau = gpu.fp8_matmul_efficiency if fp8 and gpu.fp8_matmul_efficiency else gpu.matmul_efficiency
+    scale = plateau / _TABLE_PLATEAU
     if ideal_us <= 0:
-        return gpu.matmul_efficiency
+        return plateau
     x = math.log(ideal_us)
     x0, e0 = _CURVE[0]
     if x <= x0:
@@ -80,7 +82,7 @@ def matmul_efficiency(flops: float, gpu: GPU, *, fp8: bool = False) -> float:
     for (xa, ea), (xb, eb) in zip(_CURVE, _CURVE[1:]):
         if x <= xb:
             return (ea + (eb - ea) * (x - xa) / (xb - xa)) * scale
-    return gpu.matmul_efficiency  # past xn: the plateau
+    return plateau  # past xn: the plateau
 
 
 def peak_tflops(gpu: GPU, *, fp8: bool = False) -> float:
