@@ -71,8 +71,8 @@ def test_offload_holds_a_saved_block_until_its_copy_out_is_done():
     assert replay(at_once).reserved_peak_bytes == 52 * MIB
 
 
-def _with_records(profile):
-    layers = [layer.model_copy(update={"alloc_records": {"none": RECORD, "full": RECORD}}) for layer in profile.layers]
+def _with_records(profile, record=RECORD):
+    layers = [layer.model_copy(update={"alloc_records": {"none": record, "full": record}}) for layer in profile.layers]
     return profile.model_copy(update={"layers": layers, "device": DeviceInfo(type="cuda", name="test gpu"),
                                       "loss_alloc": AllocRecord(forward=[512, 4 * MIB, -2], backward=[2 * MIB],
                                                                 output=1, input_grad=3)})
@@ -177,14 +177,6 @@ _WASTEFUL = AllocRecord(forward=[8 * MIB, 4 * MIB, -2, 16 * MIB], backward=[6 * 
                         params=[10 * MIB + 512])
 
 
-def _wasteful(num_blocks):
-    profile = uniform_blocks(num_blocks)
-    layers = [layer.model_copy(update={"alloc_records": {"none": _WASTEFUL, "full": _WASTEFUL}}) for layer in profile.layers]
-    return profile.model_copy(update={"layers": layers, "device": DeviceInfo(type="cuda", name="test gpu"),
-                                      "loss_alloc": AllocRecord(forward=[512, 4 * MIB, -2], backward=[2 * MIB],
-                                                                output=1, input_grad=3)})
-
-
 def test_the_replay_orders_only_the_runtime_whose_step_it_replays():
     profile = _with_records(uniform_blocks(2))
     stages = costmodel.split_to_stages([0, 2], [False] * 4, profile)
@@ -200,7 +192,7 @@ def test_a_stage_fits_by_its_replayed_reserve_and_the_solvers_find_the_best_plan
     from planner.solve import search
     from planner.solve.deadline import Deadline
 
-    profile = _wasteful(4)
+    profile = _with_records(uniform_blocks(4), _WASTEFUL)
     setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[2450 * MIB] * 2)
     # the solvers' rows (the divisor) admit a plan the replay puts above the cap: it does not fit
     once = search._plan_once(profile, setup, solver="dp", mip_gap=1e-4, threads=None, log=False, upper_bound_ms=None,
