@@ -184,6 +184,11 @@ def test_profile_compiled_records_the_blocks_figures_and_only_for_arch_profiles(
     assert layers[1].compiled_kept_bytes["none"] == 128 * (2 * (8 * 4096 + 3 * 14336) + 8 + 128)
     refused = CliRunner().invoke(cli, ["profile", "model.py", "--compiled"])
     assert refused.exit_code != 0 and "--arch" in refused.output and "Traceback" not in refused.output
+    # where the formula does not hold (TP), the profile is written and says that no block got figures
+    tp = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "128", "--micro-batch-size", "1",
+                                  "--tp", "2", "--compiled", "--out", str(tmp_path / "tp.json")])
+    assert tp.exit_code == 0 and "no block of llama3-8b got compiled figures" in tp.output
+    assert not any(layer.compiled_kept_bytes for layer in io.load_profile(tmp_path / "tp.json").layers)
 
 
 def test_a_fake_profile_compiled_records_each_layers_partition(tmp_path):

@@ -153,6 +153,12 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
                         f"numbers no device holds ({io.describe_error(exc)}); check --seq-len, "
                         "--micro-batch-size and the config's sizes") from exc
     profile = _with_host_step(_with_model_facts(profile, spec, dtype))
+    if compiled and not any(layer.compiled_kept_bytes for layer in profile.layers):
+        from planner.console import warn
+
+        warn(f"--compiled: no block of {spec.name} got compiled figures (the formula is checked on dense "
+             "LLaMA-style blocks with flash attention at --tp 1 only; planner/profiler/compiled_kept.py): "
+             "--compile will charge these layers as eager")
     out = out or Path("profiles") / f"{profile.name}-{device.name}.json"
     io.check_writable(out)
     io.save_profile(profile, out)
