@@ -64,7 +64,7 @@ def test_no_cost_function_tests_a_runtime_name():
 
 
 def test_an_unknown_version_is_refused_naming_the_known_ones():
-    with pytest.raises(UserError, match="use one of bbb1b616, 9dec370"):
+    with pytest.raises(UserError, match="use one of b5bcd76c, bbb1b616, 9dec370"):
         runtimes.facts("torchtitan", "v0.1")
 
 
@@ -298,3 +298,49 @@ def test_op_level_sac_on_the_command_line_keeps_between_none_and_full(tiny_path)
     full = _peak(_evaluate(tiny_path, ckpt="4"))
     op = _peak(_evaluate(tiny_path, "--op-level-sac", ckpt="4"))
     assert full < op < none
+
+
+# ---------------------------------------------------------------- outputs kept to the step's end
+
+
+@pytest.mark.parametrize("schedule, stage0_kept", [("1F1B", 5 - 2), ("GPipe", 0)])
+def test_torchtitan_9dec370_keeps_every_stage_output_to_the_steps_end(tiny, schedule, stage0_kept):
+    """torch's output_chunks before pytorch#153383: a stage's output of each microbatch past its
+    backward stays until the next step (M - k of them at a 1F1B stage's peak, none under GPipe,
+    whose M are all in flight); torchtitan since e5ef99aab asks for none (return_outputs=False)."""
+    from planner.cost.score import stage_cost
+
+    layers = layer_costs(tiny)  # embedding, 2 blocks, head (its output: the logits)
+    pipe = dict(stages=2, microbatches=5, mem_caps_bytes=[2**50] * 2, schedule=schedule)
+
+    def cost(version, stage):
+        mine = layers[:2] if stage == 0 else layers[2:]
+        return stage_cost(mine, [0] * len(mine), stage=stage, profile=tiny,
+                          setup=setup(runtime="torchtitan", runtime_version=version, **pipe))
+
+    for stage, out, in_flight in ((0, layers[1].output_bytes, stage0_kept), (1, layers[-1].output_bytes, None)):
+        old, new = cost("9dec370", stage), cost("b5bcd76c", stage)
+        kept = in_flight if stage == 0 else (5 - 1 if schedule == "1F1B" else 0)
+        assert old.buffer_bytes - new.buffer_bytes == kept * out
+        assert old.peak_bytes - new.peak_bytes == kept * out
+    assert layers[-1].output_bytes == 2 * 32 * 128 * 2  # the logits: micro-batch x seq x vocab x bf16
+    # ckplan's own runtime asks torch for no outputs back; Megatron-LM keeps only each reduced loss
+    for runtime in ("ckplan", "megatron"):
+        assert runtimes.facts(runtime).outputs_held_to_step_end == "none"
+
+
+def test_a_walked_schedule_holds_the_kept_outputs_from_their_backward_on(tiny):
+    from planner.cost import schedules
+    from planner.cost.chunked import sends_held_bytes
+
+    layers = layer_costs(tiny)
+    order = schedules.pipeline_schedule("interleaved-1F1B", num_ranks=2, num_microbatches=4, num_chunks=2)
+    last, middle = order.num_stages - 1, 1
+    for version, logits in (("9dec370", layers[-1].output_bytes), ("b5bcd76c", 0)):
+        training = setup(runtime="torchtitan", runtime_version=version).training
+        # the last stage sends nothing: only output_chunks keeps its logits
+        assert sends_held_bytes(layers[3], layers[3], stage=last, order=order, training=training) == \
+            (logits, layers[3].input_bytes)
+        # a middle stage's output is held by its send either way (torch's runtime for several stages a rank)
+        assert sends_held_bytes(layers[1], layers[1], stage=middle, order=order, training=training) == \
+            (layers[1].output_bytes, layers[1].input_bytes)

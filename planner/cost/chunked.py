@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from planner.cost import runtimes, schedules
 from planner.cost.assembly import option_indices, stage_sums
 from planner.cost.layers import LayerCost, layer_costs
+from planner.cost.rules import outputs_held
 from planner.schema import PipelineSetup, Profile, StagePlan, TrainingSetup, TrainSetup
 
 
@@ -93,8 +94,9 @@ def sends_held_bytes(first: LayerCost, last: LayerCost, *, stage: int, order: sc
     on the same rank (a V's turn) keeps the tensor it was handed in its receive buffer as long
     (measured on the runtime: a rank's live bytes grew by one boundary tensor per send or
     hand-over)."""
+    kept = outputs_held(stage, order.num_stages, training)  # the schedule's own output_chunks
     if not order.holds_sends or not runtimes.of(training).sends_held_to_step_end:
-        return 0, 0
-    output = last.output_bytes if stage + 1 < order.num_stages else 0
+        return (last.output_bytes if kept else 0), 0
+    output = last.output_bytes if stage + 1 < order.num_stages or kept else 0
     input_grad = first.input_bytes if stage > 0 else 0
     return output, input_grad

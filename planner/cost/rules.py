@@ -223,6 +223,25 @@ def last_layer_kept_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> in
     return layer.output_bytes
 
 
+def outputs_held(stage: int, num_stages: int, training) -> bool:
+    """Whether the runtime's schedule keeps stage `stage`'s output of every microbatch until the
+    next step begins (its record's outputs_held_to_step_end)."""
+    held = runtimes.of(training).outputs_held_to_step_end
+    return held == "every-stage" or (held == "last-stage" and stage == num_stages - 1)
+
+
+def held_outputs_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
+    """The stage outputs of the microbatches past their backward, which the schedule keeps until
+    the step ends (outputs_held; the last stage's are the logits): M - k of them at a 1F1B stage's
+    peak (its k in flight are among the activations), none under GPipe. A schedule walked action
+    by action charges them there instead (chunked.sends_held_bytes: ChunkBytes.sent_output)."""
+    pipeline = setup.pipeline
+    if not schedules.closed_form(pipeline.schedule, pipeline.chunks) or \
+            not outputs_held(stage, pipeline.stages, setup.training):
+        return 0
+    return (pipeline.microbatches - in_flight(pipeline, stage)) * layer.output_bytes
+
+
 def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> float:
     """What holds the stage input besides the first layer (none on stage 0): torch's pipelining
     one receive buffer per microbatch plus the input's gradient being sent; Megatron-LM and

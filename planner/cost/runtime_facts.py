@@ -80,7 +80,6 @@ class RuntimeFacts:
     "every-stage" (the whole batch on every stage), "pipe-buffers" (a microbatch per pipe buffer)."""
     sends_held_to_step_end: bool
     """Several stages per rank: each send's tensor is held until the step ends."""
-
     # -- recompute behaviour
     recompute_whole_forward: bool
     """Checkpointing reruns the layer's whole forward (no early stop)."""
@@ -137,6 +136,17 @@ class RuntimeFacts:
     float8_memory: bool = False
     """The Float8 linears' memory is read (torchao's saved float8 weight and its casts); False:
     memory is charged as the bf16 layers' and the command says so."""
+
+    # -- pipeline outputs (read by rules.held_outputs_bytes, chunked.sends_held_bytes)
+    outputs_held_to_step_end: str = "none"
+    """Which stages' outputs the schedule keeps for every microbatch until the next step begins
+    (torch.distributed.pipelining's `output_chunks`, merged and returned by `step()`): "every-stage"
+    (torch before pytorch#153383, 2025-05-13, appended every stage's), "last-stage" (the last
+    stage's, the logits where the schedule applies the loss: torch since then, when `step()`
+    returns its outputs), "none" (the runtime asks for none back: `return_outputs=False`, or its
+    own schedules keep no outputs). A microbatch's output is among its activations until its
+    backward; from then on only this keeps it (planner/cost/rules.py held_outputs_bytes)."""
+
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""

@@ -36,6 +36,20 @@ _MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
 _TORCH_V = "torch 2.13.0 (cf30153c)"
 _TITAN_OLD = "torchtitan 9dec370 (2024-12-26)"
 _TITAN_NEW = "torchtitan bbb1b616 (2025-04-02) to b5bcd76c (2026-08-21)"
+# the torch each torchtitan version ran: 9dec370's benchmarks name torch 1963fc8 (2024-12-23;
+# benchmarks/llama3_h100_202412_torchtitan.md); bbb1b616 ran the nightly of its day (2025-04), both
+# before pytorch#153383 (2025-05-13) made output_chunks the last stage's only
+_PIPELINING_OUTPUTS = "torch/distributed/pipelining/stage.py forward_one_chunk appends the output to output_chunks, schedules.py step() merges them (torch.cat) and returns them; clear_runtime_states empties them as the next step begins"
+_TITAN_OUTPUTS = {
+    "9dec370": ("every-stage", f"train.py 287-292 (pp_schedule.step(...) returns the merged outputs), {_TITAN_OLD}, "
+                "with torch 1963fc8 (2024-12-23; benchmarks/llama3_h100_202412_torchtitan.md): "
+                f"{_PIPELINING_OUTPUTS}; every stage appended its output until pytorch#153383 (2025-05-13)"),
+    "bbb1b616": ("every-stage", "torchtitan/train.py (pp_schedule.step(...) without return_outputs), bbb1b616 "
+                 f"(2025-04-02), on the torch nightly of its day: {_PIPELINING_OUTPUTS}; every stage appended its "
+                 "output until pytorch#153383 (2025-05-13)"),
+    "b5bcd76c": ("none", "torchtitan/trainer.py 827-833 (pp_schedule.step(..., return_outputs=False)), b5bcd76c "
+                 "(2026-08-21); since e5ef99aab (2025-10-22), with pytorch#165822's return_outputs"),
+}
 _DS_V = "DeepSpeed edaa7221 (2026-08-22)"
 _CAI_V = "ColossalAI 4f9953be; LLaMA-2 benchmark 068372a7"
 _MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (scripts/bench_loss_region.py)"
@@ -52,6 +66,7 @@ _TORCH_PIPELINING_SOURCES = {
     "frees_sent_output": f"torch/distributed/pipelining/stage.py 902-916, 966 (fwd_cache to the backward), {_TORCH_V}",
     "batch_held": f"torch/distributed/pipelining/schedules.py 489-499 (the whole batch split), {_TORCH_V}",
     "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",
+    "outputs_held_to_step_end": f"planner/runtime/worker.py 203 (schedule.step(..., return_outputs=False)); torch/distributed/pipelining/stage.py 906-908 (appended only where save_forward_output), {_TORCH_V}",
 }
 
 # The after-step facts (afterstep.py) where they were not read: nothing charged past the step.
@@ -159,6 +174,9 @@ def _megatron() -> RuntimeFacts:
             "frees_sent_output": f"megatron/core/pipeline_parallel/schedules.py 171-190 (deallocate_output_tensor), {_MEGATRON_V}",
             "batch_held": f"megatron/core/pipeline_parallel/schedules.py (a microbatch per forward), {_MEGATRON_V}",
             "sends_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py, {_MEGATRON_V}",
+            "outputs_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py 328-350 (the last stage keeps "
+                                        f"each microbatch's reduced loss, not its output), 171-190 (sent outputs "
+                                        f"deallocated), {_MEGATRON_V}",
             "recompute_whole_forward": f"megatron/core/tensor_parallel/random.py CheckpointFunction, {_MEGATRON_V}",
             "overlaps_grad_reduce": f"--overlap-grad-reduce, megatron/core/distributed/distributed_data_parallel.py, {_MEGATRON_V}",
             "prefetches_zero3_gathers": f"--overlap-param-gather, {_MEGATRON_V}",
@@ -203,7 +221,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
         adam_step_scratch=True,
         loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
         loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
-        **_TORCH_PIPELINING, recompute_whole_forward=True,
+        **_TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
         cp_comm="allgather", float8="torchao", float8_memory=True,
         sources={
@@ -236,6 +254,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
             "tp_saves_gathered_input": f"parallelize_llama.py 117-191 (apply_tp), {_TITAN_OLD}; torch/distributed/"
                                        f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {_TORCH_V}",
             **_TORCH_PIPELINING_SOURCES,
+            "outputs_held_to_step_end": _TITAN_OUTPUTS[version][1],
             "recompute_whole_forward": "torchtitan/distributed/activation_checkpoint.py (early_stop=False), b5bcd76c",
             "overlaps_grad_reduce": f"FSDP2 reduce-scatter on its own stream, {_TORCH_V}",
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {_TORCH_V}",
@@ -282,6 +301,7 @@ def _deepspeed() -> RuntimeFacts:
             "frees_sent_output": f"deepspeed/runtime/pipe/engine.py (outputs kept to their backward), {_DS_V}",
             "batch_held": f"deepspeed/runtime/pipe/engine.py (microbatches loaded into the pipe buffers), {_DS_V}",
             "sends_held_to_step_end": "DeepSpeed runs one stage per rank",
+            "outputs_held_to_step_end": "not read beyond its pipe buffers (charged there): none charged",
             "recompute_whole_forward": "deepspeed/runtime/activation_checkpointing/checkpointing.py (reentrant)",
             "overlaps_grad_reduce": "DeepSpeed overlap_comm",
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
@@ -330,6 +350,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "frees_sent_output": "colossalai/pipeline/schedule/one_f_one_b.py 0.5 (output_objs to the backward)",
             "batch_held": "colossalai/pipeline/schedule/one_f_one_b.py 0.5 (load_batch on every stage)",
             "sends_held_to_step_end": "one stage per rank",
+            "outputs_held_to_step_end": "not read: none charged",
             "recompute_whole_forward": "examples/language/llama2/benchmark.py 162-163: HF gradient_checkpointing_enable "
                                        "(reentrant), 068372a7",
             "overlaps_grad_reduce": f"Gemini reduces chunks in the backward hooks, {_CAI_V}",
@@ -346,7 +367,7 @@ def _colossalai(version: str) -> RuntimeFacts:
 VERSIONS: dict[str, tuple[str, ...]] = {
     "ckplan": ("current",),
     "megatron": ("d98e8a64",),
-    "torchtitan": ("bbb1b616", "9dec370"),
+    "torchtitan": ("b5bcd76c", "bbb1b616", "9dec370"),
     "deepspeed": ("edaa7221",),
     "colossalai": ("hf-4.46", "hf-4.3x"),
 }

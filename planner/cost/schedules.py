@@ -123,6 +123,12 @@ def one_chunk_in_flight(name: str, *, num_ranks: int, num_microbatches: int, ran
     return num_microbatches if name == "GPipe" else min(num_ranks - rank, num_microbatches)
 
 
+def closed_form(name: str, num_chunks: int) -> bool:
+    """Whether the cost model reads the schedule in closed form (one_chunk_in_flight, makespan_ms)
+    rather than walking its actions: 1F1B and GPipe, one stage per rank."""
+    return num_chunks == 1 and name in ("1F1B", "GPipe")
+
+
 @lru_cache(maxsize=256)
 def pipeline_schedule(name: str, *, num_ranks: int, num_microbatches: int, num_chunks: int) -> Schedule:
     """The schedule as the cost model reads it. A schedule of one stage per rank (1F1B, GPipe)
@@ -130,7 +136,7 @@ def pipeline_schedule(name: str, *, num_ranks: int, num_microbatches: int, num_c
     Schedule carries no actions (a solve of thousands of microbatches never walks them; 1F1B
     with fewer microbatches than stages, which torch refuses, still scores); build_schedule
     gives them where they are wanted."""
-    if num_chunks == 1 and name in ("1F1B", "GPipe"):
+    if closed_form(name, num_chunks):
         return Schedule(name, num_ranks, 1, num_microbatches, tuple(range(num_ranks)), ())
     return build_schedule(name, num_ranks=num_ranks, num_microbatches=num_microbatches, num_chunks=num_chunks)
 

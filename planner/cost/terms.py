@@ -17,6 +17,7 @@ from planner.cost.rules import (
     first_layer_comm_ms,
     first_layer_kept_bytes,
     first_layer_reduced_back_bytes,
+    held_outputs_bytes,
     kept_bytes,
     last_layer_buffer_bytes,
     last_layer_comm_ms,
@@ -241,6 +242,10 @@ TERMS: tuple[Term, ...] = (
     Term("receive buffers for the output's gradient", "buffers", "close",
          lambda layer, stage, ctx: last_layer_buffer_bytes(layer, stage, ctx.setup),
          "PipelineStage allocates one per microbatch (measured on the runtime)"),
+    Term("outputs kept to the step's end", "buffers", "close",
+         lambda layer, stage, ctx: held_outputs_bytes(layer, stage, ctx.setup),
+         "the runtime record's outputs_held_to_step_end (torch's output_chunks before pytorch#153383 or where "
+         "step() returns them)"),
     Term("output sent forward", "comm", "close",
          lambda layer, stage, ctx: last_layer_comm_ms(layer, stage, ctx.setup),
          "calibrated send line (ckplan calibrate)"),
