@@ -344,3 +344,12 @@ def test_a_walked_schedule_holds_the_kept_outputs_from_their_backward_on(tiny):
         # a middle stage's output is held by its send either way (torch's runtime for several stages a rank)
         assert sends_held_bytes(layers[1], layers[1], stage=middle, order=order, training=training) == \
             (layers[1].output_bytes, layers[1].input_bytes)
+
+
+def test_without_a_pipeline_microbatches_are_gradient_accumulation_keeping_no_outputs(tiny):
+    from planner.cost.score import stage_cost
+
+    layers = layer_costs(tiny)
+    costs = [stage_cost(layers, [0] * len(layers), stage=0, profile=tiny,
+                        setup=setup(runtime="torchtitan", runtime_version=v, microbatches=4)) for v in ("9dec370", "b5bcd76c")]
+    assert costs[0].peak_bytes == costs[1].peak_bytes and costs[0].buffer_bytes == costs[1].buffer_bytes

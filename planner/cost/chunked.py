@@ -93,8 +93,9 @@ def sends_held_bytes(first: LayerCost, last: LayerCost, *, stage: int, order: sc
     torch's runtime for several stages per rank waits for its sends only then, and a neighbour
     on the same rank (a V's turn) keeps the tensor it was handed in its receive buffer as long
     (measured on the runtime: a rank's live bytes grew by one boundary tensor per send or
-    hand-over)."""
-    kept = outputs_held(stage, order.num_stages, training)  # the schedule's own output_chunks
+    hand-over); and the outputs the schedule itself keeps to the step's end (rules.outputs_held:
+    from a microbatch's backward on, the same tensor its send would hold, counted once)."""
+    kept = outputs_held(stage, order.num_stages, training, ranks=order.num_ranks)  # the schedule's output_chunks
     if not order.holds_sends or not runtimes.of(training).sends_held_to_step_end:
         return (last.output_bytes if kept else 0), 0
     output = last.output_bytes if stage + 1 < order.num_stages or kept else 0

@@ -223,9 +223,13 @@ def last_layer_kept_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> in
     return layer.output_bytes
 
 
-def outputs_held(stage: int, num_stages: int, training) -> bool:
-    """Whether the runtime's schedule keeps stage `stage`'s output of every microbatch until the
-    next step begins (its record's outputs_held_to_step_end)."""
+def outputs_held(stage: int, num_stages: int, training, *, ranks: int) -> bool:
+    """Whether the runtime's schedule keeps stage `stage` (of `num_stages`, over `ranks` pipeline
+    ranks)'s output of every microbatch until the next step begins (its record's
+    outputs_held_to_step_end). Without a pipeline (one rank) the frameworks run no schedule:
+    their microbatches are gradient accumulation, keeping nothing."""
+    if ranks == 1:
+        return False
     held = runtimes.of(training).outputs_held_to_step_end
     return held == "every-stage" or (held == "last-stage" and stage == num_stages - 1)
 
@@ -237,7 +241,7 @@ def held_outputs_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
     by action charges them there instead (chunked.sends_held_bytes: ChunkBytes.sent_output)."""
     pipeline = setup.pipeline
     if not schedules.closed_form(pipeline.schedule, pipeline.chunks) or \
-            not outputs_held(stage, pipeline.stages, setup.training):
+            not outputs_held(stage, pipeline.stages, setup.training, ranks=pipeline.stages):
         return 0
     return (pipeline.microbatches - in_flight(pipeline, stage)) * layer.output_bytes
 
