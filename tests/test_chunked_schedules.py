@@ -227,3 +227,17 @@ def test_schedule_auto_solves_every_schedule_and_writes_the_fastest(tmp_path):
     refused = run("evaluate", "--profile", path, "--stages", "2", "--schedule", "auto", "--layers-per-stage", "4,4",
                   "--ckpt-per-stage", "0,0", "--mem", "1GiB")
     assert refused.exit_code != 0 and "solve" in refused.output and "Traceback" not in refused.output
+
+
+def test_validate_refuses_a_chunked_plan_in_one_sentence(tmp_path):
+    """validate replays one stage a rank (1F1B, GPipe); a V-shaped plan's last stage is on rank 0,
+    which its replay would take for a middle one: refused, pointing at launch."""
+    from planner import io
+
+    path = tmp_path / "p.json"
+    io.save_profile(_profile(), path)
+    run_ok("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB",
+           "--microbatches", "4", "--out", tmp_path / "plan.yaml")
+    result = run("validate", tmp_path / "plan.yaml")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "runs ZBV (2 stages a rank)" in result.output and "ckplan launch" in result.output

@@ -85,6 +85,11 @@ def validate_plan(plan: Plan, *, plan_file: str | Path | None, stage: int | None
         raise UserError(f"--stage {stage} is out of range: the plan has stages 0..{plan.setup.pipeline.stages - 1}")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but this torch sees no CUDA device; use --device cpu")
+    pipeline = plan.setup.pipeline
+    if pipeline.schedule not in ("1F1B", "GPipe"):
+        raise UserError(f"validate replays one stage a rank under 1F1B or GPipe, and this plan runs {pipeline.schedule} "
+                        f"({pipeline.chunks} stage{'s' if pipeline.chunks > 1 else ''} a rank): `ckplan launch` runs it "
+                        "and measures every rank's peak")
     prepared = prepare(plan, plan_file=plan_file, force=force)
     indices = [stage] if stage is not None else range(plan.setup.pipeline.stages)
     checks = []
