@@ -241,3 +241,48 @@ def test_validate_refuses_a_chunked_plan_in_one_sentence(tmp_path):
     result = run("validate", tmp_path / "plan.yaml")
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "runs ZBV (2 stages a rank)" in result.output and "ckplan launch" in result.output
+
+
+@pytest.mark.parametrize("names, last", [(["blocks.1", "blocks.2", "blocks.3"], False),
+                                         (["blocks.3", "head"], True)])
+def test_a_split_input_pass_peaks_as_torch_runs_it_over_several_layers(tied_profile, names, last):
+    """torch's stage_backward_input over a stage of several layers, measured in this process,
+    against the cost model's input pass (assembly.stage_sums from the profile's per-layer split
+    figures): the gradient each layer hands the one before it stays for the weight pass, and on
+    the last stage the loss's gradient of the logits stays until the pass ends."""
+    import importlib.util
+
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    from planner import io
+    from planner.cost.assembly import stage_sums
+    from planner.cost.layers import layer_costs
+    from planner.profiler.storages import memory_tracker
+
+    spec = importlib.util.spec_from_file_location("tied_gpt_split", FIXTURES / "tied_gpt.py")
+    model_file = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model_file)
+    torch.manual_seed(0)
+    layers = dict(model_file.build_model().pipeline_layers())
+    ids, targets = model_file.example_batch(2)
+    x = layers["embed"](ids).detach().requires_grad_()
+    mods = [layers[name] for name in names]
+    with memory_tracker(x.device) as memory:
+        out = x
+        for mod in mods:
+            out = mod(out)
+        ends = [torch.nn.functional.cross_entropy(out.flatten(0, 1), targets.flatten())] if last else [out]
+        grads = None if last else [torch.randn_like(out)]
+        before = memory.live_bytes
+        memory.reset_peak()
+        stage_backward_input(ends, grads, [x], iter([p for mod in mods for p in mod.parameters()]))
+        measured = memory.peak_bytes - before
+
+    profile = io.load_profile(tied_profile)
+    costs = {layer.name: layer for layer in layer_costs(profile)}
+    stages = 2 if last else 3
+    setup = TrainSetup(stages=stages, chunks=2, schedule="ZBV", microbatches=4, micro_batch_size=2,
+                       mem_caps_bytes=[2**40] * stages)
+    sums = stage_sums([costs[name] for name in names], [0] * len(names), stage=2 * stages - 1 if last else 1,
+                      profile=profile, setup=costmodel.stages_view(setup, costmodel.schedule_of(setup)))
+    assert abs(sums.input_pass_peak_bytes - measured) <= 64, (sums.input_pass_peak_bytes, measured)

@@ -398,8 +398,10 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         forward_ms=sum(compute_ms(layer.fwd_ms, setup.time) for layer in layers),
         weight_grad_bytes=int(round(totals["wgrad"])),
         weight_pass_peak_bytes=int(round(totals["wpeak"])),
-        # the last stage's input pass starts with the loss's backward
-        input_pass_peak_bytes=int(round(max(input_pass_peak_bytes([(v["ipeak"], v["wgrad"]) for v in per_layer]),
+        # the last stage's input pass starts with the loss's backward, whose gradient of the last
+        # layer's output stays until the pass ends (a middle stage's is its receive buffer)
+        input_pass_peak_bytes=int(round(max(input_pass_peak_bytes([(v["ipeak"], v["wgrad"]) for v in per_layer])
+                                            + (last.output_bytes if stage == setup.pipeline.stages - 1 else 0),
                                             loss_extra))),
     )
 
