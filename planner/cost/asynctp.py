@@ -8,7 +8,7 @@ collectives of a block it fuses). The code, torch 2.13.0 cf30153c
 torch/distributed/_symmetric_memory/__init__.py:
 - all-gather + matmul (`_pipelined_multi_all_gather_and_consume`, 146-294): the rank copies its own
   shard into its symmetric buffer and waits at a barrier (262-266; overlapping that copy with the
-  first matmul is given up, 230-261), multiplies its own chunk at once (269), then at step
+  first matmul is given up, 222-261), multiplies its own chunk at once (269), then at step
   i = 1 .. tp-1 copies rank+i's shard and multiplies it, on stream i % 2 (271-280): a step's copy
   follows that stream's previous matmul (step i-2's), and "cp from different streams cannot
   overlap" (the copies run one at a time).
