@@ -92,3 +92,33 @@ def _eff(flops, gpu):
     from planner.profiler.roofline import matmul_efficiency
 
     return matmul_efficiency(flops, gpu)
+
+
+def _evaluate(path, *extra):
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    return CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "34",
+                                    "--ckpt-per-stage", "0", "--microbatches", "2", "--precision", "bf16-mixed",
+                                    "--mem", "80GB", "--runtime", "torchtitan", "--tp-overlap", "async-tp",
+                                    "--time-limit", "10", *extra])
+
+
+def test_evaluate_says_how_many_collectives_async_tp_overlaps(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    for sp in (True, False):
+        out = tmp_path / f"sp{sp}.json"
+        args = ["profile", "--arch", "llama3-8b", "--seq-len", "1024", "--micro-batch-size", "1", "--tp", "2",
+                "--gpu", "h100", "--out", str(out)] + (["--sp"] if sp else [])
+        assert CliRunner().invoke(cli, args).exit_code == 0
+        result = _evaluate(out)
+        said = " ".join(result.output.split())
+        assert result.exit_code == 0, result.output
+        if sp:  # 32 blocks x 6 fused of 8; the embedding's 2 and the head's 2 are not compiled
+            assert "AsyncTP overlaps 192 of the profile's 260 collectives" in said
+        else:  # all-reduces: never fused
+            assert "names no collective torch fuses with a matmul" in said
