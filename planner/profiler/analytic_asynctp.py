@@ -14,6 +14,10 @@ compiled graph, forward and backward alike:
   1030-1175: `_find_producer_matmul` 957-985 must find an mm, or reshape(mm(reshape)), as the
   input itself) into `symm_mem.fused_matmul_reduce_scatter`.
 Nothing else: an all-reduce, or a reduce-scatter of a sum of matmuls, stays an NCCL collective.
+The pass runs among the post-grad passes of every compiled graph (torch/_inductor/fx_passes/
+post_grad.py 241-242), after views became reshapes (compile_fx.py 1349, before 1380), so a linear's
+reshape-mm-reshape on a 3-D activation matches; `_is_backward` is defined but unused: backward graphs
+are rewritten alike.
 
 On torchtitan's LLaMA block with sequence parallelism (parallelize_llama.py `apply_tp`: attention
 and feed_forward take a Shard(1) input redistributed to Replicate; wq/wk/wv and w1/w3 colwise, wo
