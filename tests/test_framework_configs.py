@@ -384,9 +384,11 @@ def test_torchtitan_async_tp_overlaps_the_tp_collectives():
     assert {s.name: s.status for s in alone.settings}["parallelism.enable_async_tensor_parallel"] == "no effect"
     # the shipped 405B TOML runs AsyncTP: its iteration as the cost model times it with the overlap (and,
     # branch f8, its Float8 linears: 10,306.849 ms with their GEMMs at bf16; 7,258.136 before eff's H100
-    # SDPA attention rates; 7,364.054 with the float8 GEMMs at the BF16 MAMF's fraction, before the FP8 MAMF)
+    # SDPA attention rates; 7,364.054 with the float8 GEMMs at the BF16 MAMF's fraction, before the FP8 MAMF;
+    # branch atp: 7,915.038 when AsyncTP hid every collective behind its pass, now only the fused ones overlap,
+    # as their chunked pipeline, and the backward's two unfused reduce-scatters are charged whole)
     assert evaluated("--from-torchtitan", "torchtitan_llama3_405b.toml", "--gpus", "128")["iteration_ms"] == \
-        pytest.approx(7915.038, abs=1e-3)
+        pytest.approx(8781.610, abs=1e-3)
 
 
 def test_megatron_tp_comm_overlap_overlaps_the_tp_collectives(tmp_path):

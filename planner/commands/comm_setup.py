@@ -50,6 +50,13 @@ def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
     if tp > 1 and not any(layer.collectives for layer in profile.layers):
         note += (f"; this profile lists no tensor-parallel collectives (a {profile.source} profile, or one made "
                  "before they were recorded): not charged")
+    listed = [c for layer in profile.layers for c in layer.collectives]
+    if options.tp_overlap == "async-tp" and listed:  # what torch's micro-pipeline TP pass fuses (planner/cost/asynctp.py)
+        fused = sum(c.fused is not None for c in listed)
+        note += (f"; AsyncTP overlaps {fused} of the profile's {len(listed)} collectives, those torch fuses with "
+                 "matmuls, as their chunked pipeline; the rest charged whole" if fused else
+                 "; AsyncTP: this profile names no collective torch fuses with a matmul (made without --sp, or "
+                 "before they were recorded): every one charged whole")
     if say is not None:
         say(note)
     return dict(tp=tp, tp_gb_per_s=tp_link.gb_per_s, tp_step_latency_ms=tp_link.step_latency_ms,

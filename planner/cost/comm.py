@@ -31,14 +31,16 @@ parallelism's all-to-all and the data parallel reductions are charged in planner
 with these factors.
 
 Hidden only where the runtime overlaps it (the runtime record's tp_overlap, with its source): a hidden
-collective costs what it takes beyond the compute it runs beside (the pass's), never less than 0.
+collective costs what it takes beyond the compute it runs beside (the pass's), never less than 0;
+under AsyncTP only the collectives torch's micro-pipeline TP pass fuses with matmuls overlap, each
+as the chunked pipeline it runs (planner/cost/asynctp.py), and the rest are charged whole.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import runtimes
+from planner.cost import asynctp, runtimes
 from planner.schema import CommSetup, TrainSetup
 
 MS_PER_US = 1e-3
@@ -160,10 +162,31 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
     passes = [("fwd", layer.fwd_ms * scale), ("bwd", layer.bwd_ms * scale)] + \
         ([("recompute", layer.fwd_ms * scale)] if option == 1 else [])
     hidden = tp_overlap_source(comm, setup.training) is not None
+    if hidden and comm.tp_overlap == "async-tp":
+        return sum(async_tp_pass_ms(layer, which, setup) for which, _ in passes)
     total = 0.0
     for which, compute in passes:
         ms = pass_comm_ms(layer, which, comm)
         total += max(0.0, ms - compute) if hidden else ms
+    return total
+
+
+def async_tp_pass_ms(layer, which: str, setup: TrainSetup) -> float:
+    """A pass's tensor-parallel collectives under AsyncTP: those torch fuses with matmuls as their
+    pipeline adds beyond the matmuls (planner/cost/asynctp.py), the rest whole."""
+    comm = setup.comm
+    link = tp_link(comm)
+    if link is None:
+        return 0.0
+    at, total = 2 + PASSES.index(which), 0.0
+    for c in layer.collectives:
+        fused = c[5] if len(c) > 5 else None
+        if fused is None:
+            total += c[at] * collective_ms(c[0], c[1], comm.tp, link)
+        else:
+            total += c[at] * asynctp.fused_extra_ms(c[0], c[1], comm.tp, link.gb_per_s, fused,
+                                                    float8=setup.training.float8,
+                                                    compute_scale=setup.time.compute_scale)
     return total
 
 

@@ -67,8 +67,9 @@ class LayerCost:
     split_bytes: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 0, 0), (0, 0, 0))
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
     # its tensor-parallel collectives per microbatch: (kind, tensor bytes, forward, backward,
-    # recompute counts), as the profile lists them (LayerCollective); charged by comm.layer_comm_ms
-    collectives: tuple[tuple[str, int, int, int, int], ...] = ()
+    # recompute counts, AsyncTP's fused matmuls: (whole, chunk, copy, fp8 whole, fp8 chunk) ms or
+    # None), as the profile lists them (LayerCollective); charged by comm.layer_comm_ms
+    collectives: tuple[tuple, ...] = ()
     # its attention's exchange under context parallelism (the profile's LayerContextParallel, the
     # kind's first layer's: a kind's blocks are alike); None: none (planner/cost/contextparallel.py)
     context_parallel: ExchangeCost | None = None
@@ -102,6 +103,12 @@ class LayerCost:
 
 
 _LAYER_COSTS: dict[int, tuple] = {}  # id(profile) -> (a weak reference to it, its parts' ids, its layer costs)
+
+
+def _fused(collective) -> tuple | None:
+    fused = collective.fused
+    return None if fused is None else (fused.whole_ms, fused.chunk_ms, fused.copy_ms, fused.fp8_whole_ms,
+                                       fused.fp8_chunk_ms)
 
 
 def layer_costs(profile: Profile) -> list[LayerCost]:
@@ -145,7 +152,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
                 for name in {name for item in same for name in item.step_ms}
             )),
             extra_options=_kind_options(same),
-            collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute) for c in same[0].collectives),
+            collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute, _fused(c)) for c in same[0].collectives),
             context_parallel=_exchange(same[0]),
             float8_param_count=max(item.float8.param_count if item.float8 is not None else 0 for item in same),
         )

@@ -258,7 +258,10 @@ def _torchtitan(version: str) -> RuntimeFacts:
             "recompute_whole_forward": "torchtitan/distributed/activation_checkpoint.py (early_stop=False), b5bcd76c",
             "overlaps_grad_reduce": f"FSDP2 reduce-scatter on its own stream, {_TORCH_V}",
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {_TORCH_V}",
-            "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}",
+            "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}; "
+                          f"what it fuses: torch/_inductor/fx_passes/micro_pipeline_tp.py 782-910, 957-1175, how the "
+                          f"fused op runs: torch/distributed/_symmetric_memory/__init__.py 146-294, 325-440, 1254-1320, "
+                          f"torch 2.13.0 (planner/cost/asynctp.py)",
             "float8": f"torchtitan/float8.py Float8Handler (every nn.Linear but `output`), {_TITAN_OLD}; "
                       f"torchtitan/components/quantization/float8.py, utils.py module_filter_fn, e7c0cae; "
                       f"torchao/float8/float8_linear.py 61-200 (three float8 GEMMs), {_TORCHAO_V}",

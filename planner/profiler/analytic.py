@@ -359,7 +359,7 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
     layers = [embedding_layer(arch, shape, gpu, mfu),
               *(block_layer(i, arch, shape, gpu, mfu, compiled=compiled) for i in range(arch.num_layers)),
               head_layer(arch, shape, gpu, mfu)]
-    layers = analytic_comm.with_collectives(layers, arch.hidden_size, shape)  # tensor-parallel, per microbatch
+    layers = analytic_comm.with_collectives(layers, arch, shape, gpu, mfu)  # tensor-parallel, per microbatch
     return Profile(
         name=f"{arch.name}-s{shape.seq_len}-mbs{shape.micro_batch_size}-tp{shape.tp}{'-sp' if shape.sp else ''}"
              f"{f'-cp{shape.cp}' if shape.cp > 1 else ''}"

@@ -76,6 +76,22 @@ class AllocRecord(Strict):
 CollectiveKind = Literal["all-gather", "reduce-scatter", "all-reduce"]
 
 
+class FusedMatmuls(Strict):
+    """The matmuls torch's micro-pipeline TP pass (torchtitan's AsyncTP) fuses a collective with, in
+    every pass the collective runs in (planner/profiler/analytic_asynctp.py says which): their time
+    at full size, as the layer's pass time charges them, and one of the tp row chunks the fused op
+    splits them into, at that chunk's own size's efficiency (all the matmuls' chunks for one shard,
+    summed); the memory-bound copies the fused op adds (the shard into the symmetric-memory buffer,
+    or the partials' sum). Under --float8 the fp8 figures (None: the linears are not converted). The
+    cost model runs them as the pipeline torch's code orders (planner/cost/asynctp.py)."""
+
+    whole_ms: Ms
+    chunk_ms: Ms
+    copy_ms: Ms = 0.0
+    fp8_whole_ms: Ms | None = None
+    fp8_chunk_ms: Ms | None = None
+
+
 class LayerCollective(Strict):
     """One collective a layer's code runs per microbatch inside its parallel group (tensor
     parallelism: the group of `tp` ranks the profile was made for), how many times in each pass:
@@ -88,6 +104,8 @@ class LayerCollective(Strict):
     fwd: int = Field(default=0, ge=0, le=1 << 10)
     bwd: int = Field(default=0, ge=0, le=1 << 10)
     recompute: int = Field(default=0, ge=0, le=1 << 10)  # a full recompute reruns the forward's
+    # under AsyncTP, the matmuls torch fuses it with; None: not fused (charged whole), or a profile made before
+    fused: FusedMatmuls | None = None
 
 
 class LayerContextParallel(Strict):
