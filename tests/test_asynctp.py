@@ -101,7 +101,7 @@ def _evaluate(path, *extra):
 
     return CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "34",
                                     "--ckpt-per-stage", "0", "--microbatches", "2", "--precision", "bf16-mixed",
-                                    "--mem", "80GB", "--runtime", "torchtitan", "--tp-overlap", "async-tp",
+                                    "--mem", "80GB", "--runtime", "torchtitan", "--tp-overlap", "async-tp", "--compile",
                                     "--time-limit", "10", *extra])
 
 

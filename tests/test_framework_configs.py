@@ -373,9 +373,13 @@ def test_torchtitan_op_level_sac_checkpoints_every_block_under_its_policy():
 def test_torchtitan_async_tp_overlaps_the_tp_collectives():
     from planner.commands.evaluate_config import predict
 
-    plain = predict(_titan(parallelism={"tensor_parallel_degree": 2}), gpus=8, gpu_name="h100")
-    overlapped = predict(_titan(parallelism={"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True}),
-                         gpus=8, gpu_name="h100")
+    compiled = {"enable": True}  # torchtitan runs AsyncTP only compiled
+    plain = predict(_titan(parallelism={"tensor_parallel_degree": 2}, compile=compiled), gpus=8, gpu_name="h100")
+    overlapped = predict(_titan(parallelism={"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True},
+                                compile=compiled), gpus=8, gpu_name="h100")
+    with pytest.raises(UserError, match="Async TP requires --training.compile"):
+        predict(_titan(parallelism={"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True}),
+                gpus=8, gpu_name="h100")
     assert (plain.setup.comm.tp_overlap, overlapped.setup.comm.tp_overlap) == ("none", "async-tp")
     assert overlapped.cost.iteration_ms < plain.cost.iteration_ms
     assert [c.peak_bytes for c in overlapped.cost.stages] == [c.peak_bytes for c in plain.cost.stages]  # time only
