@@ -345,9 +345,52 @@ def test_torchtitan_compile_sets_the_setup_and_compiles_the_loss():
     # the loss region charged is the runtime's compiled one (its measured multiples: runtimes._COMPILED_LOSS)
     record = runtimes.facts("torchtitan", None)
     assert rules.runtime_loss(compiled.profile, compiled.setup)[1] is record.loss_compiled is not None
-    model_only = _titan(compile={"enable": True, "components": ["model"]})  # the loss left eager
-    assert not model_only.modelled.compile
-    assert not predict(model_only, gpus=8, gpu_name="h100").setup.training.compile
+
+
+
+def test_torchtitan_compile_components_compile_the_layers_and_the_loss_apart():
+    """compile.components ["model"]: the blocks compiled (their kept bytes as the profile records them
+    under compile), the loss eager; ["loss"]: the loss compiled, the blocks eager; without
+    compile.enable the key has no effect (torchtitan tests `enable and "model" in components`)."""
+    from planner.commands.evaluate_config import predict
+    from planner.cost import rules, runtimes
+
+    record = runtimes.facts("torchtitan", None)
+
+    def scored(**compile_section):
+        return predict(_titan(compile=compile_section), gpus=8, gpu_name="h100")
+
+    eager, both = scored(enable=False), scored(enable=True)
+    model, loss = scored(enable=True, components=["model"]), scored(enable=True, components=["loss"])
+    assert (model.setup.training.compile, model.setup.training.compile_loss) == (True, False)
+    assert (loss.setup.training.compile, loss.setup.training.compile_loss) == (False, True)
+    assert rules.runtime_loss(model.profile, model.setup)[1] is record.loss
+    assert rules.runtime_loss(loss.profile, loss.setup)[1] is record.loss_compiled
+    blocks = [layer.name for layer in model.profile.layers if layer.compiled_kept_bytes]
+    assert len(blocks) == 32  # every decoder block of the 8B compiled, the embedding and head not
+
+    def kept(prediction):  # what the blocks keep for backward, per microbatch
+        return sum(layer.act_bytes for layer in prediction.profile.layers if layer.name in blocks)
+
+    assert kept(model) == kept(both) < kept(loss) == kept(eager)
+    # the peak moves by exactly the blocks' kept bytes (one microbatch in flight) and the loss region
+    peak = {name: p.cost.stages[0].peak_bytes for name, p in
+            {"eager": eager, "model": model, "loss": loss, "both": both}.items()}
+    assert peak["eager"] - peak["model"] == peak["loss"] - peak["both"] == kept(eager) - kept(model)
+    assert peak["eager"] > peak["loss"]
+    off = _titan(compile={"enable": False, "components": ["model"]})
+    assert [s.status for s in off.settings if s.name == "compile.components"] == ["no effect"]
+    assert not off.modelled.compile and off.modelled.compile_loss is None
+    stray = _titan(compile={"enable": True, "components": ["model", "optimizer"]})
+    assert [(s.value, s.status) for s in stray.settings if s.name == "compile.components"] == [
+        ("model optimizer", "modelled"), ("optimizer", "no effect")]
+
+
+def test_torchtitan_async_tp_without_the_model_compiled_is_refused_as_torchtitan_refuses_it():
+    parallel = {"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True}
+    with pytest.raises(UserError, match="needs compile.enable with 'model'"):
+        _titan(parallelism=parallel, compile={"enable": True, "components": ["loss"]})
+    assert _titan(parallelism=parallel, compile={"enable": True}).modelled.tp_overlap == "async-tp"
 
 
 def test_torchtitan_op_level_sac_checkpoints_every_block_under_its_policy():
@@ -373,9 +416,10 @@ def test_torchtitan_op_level_sac_checkpoints_every_block_under_its_policy():
 def test_torchtitan_async_tp_overlaps_the_tp_collectives():
     from planner.commands.evaluate_config import predict
 
-    plain = predict(_titan(parallelism={"tensor_parallel_degree": 2}), gpus=8, gpu_name="h100")
-    overlapped = predict(_titan(parallelism={"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True}),
-                         gpus=8, gpu_name="h100")
+    compiled = {"enable": True}  # AsyncTP runs on the compiled model only (torchtitan refuses it otherwise)
+    plain = predict(_titan(parallelism={"tensor_parallel_degree": 2}, compile=compiled), gpus=8, gpu_name="h100")
+    overlapped = predict(_titan(parallelism={"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True},
+                                compile=compiled), gpus=8, gpu_name="h100")
     assert (plain.setup.comm.tp_overlap, overlapped.setup.comm.tp_overlap) == ("none", "async-tp")
     assert overlapped.cost.iteration_ms < plain.cost.iteration_ms
     assert [c.peak_bytes for c in overlapped.cost.stages] == [c.peak_bytes for c in plain.cost.stages]  # time only

@@ -45,7 +45,8 @@ class JobSettings:
     """The settings real jobs use that the file asks for and the cost model models: passed to the
     setup as TrainingSettings (planner/commands/training_settings.py) and --tp-overlap."""
 
-    compile: bool = False  # torch.compile: the loss as the runtime's version compiles it, layers eager
+    compile: bool = False  # torch.compile of the layers (their kept bytes as the profile records them compiled)
+    compile_loss: bool | None = None  # the loss compiled (None: with the layers, as the runtime's version does)
     op_level_sac: bool = False  # checkpointed blocks run torchtitan's op-level policy (op-sac)
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"  # Adam's moments
     expert_tp: int | None = None  # the expert tensor-parallel size where the file gives it (= TP)

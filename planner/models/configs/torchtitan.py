@@ -303,22 +303,43 @@ def _precision(keys: _Keys, job: Job) -> None:
 def _settings(keys: _Keys, job: Job) -> None:
     """compile and AsyncTP (modelled: Job.modelled); the keys that ask for a setting the cost model
     does not model (configs.PENDING), listed "not modelled"."""
-    compiled = keys.take("compile.enable", "torch.compile: the loss as the runtime's version compiles it; the "
-                         "layers' memory and time charged as eager", bool, False)
-    # torchtitan/config/job_config.py Compile.components at 238fa9953e4a: default ["model", "loss"]; the 2024
-    # spelling (training.compile) compiles the loss too (train.py 138-139 at b19456a987be)
-    components = keys.take("compile.components", "what torch.compile compiles (the loss compiled only with 'loss')",
-                           list, ["model", "loss"])
-    job.modelled.compile = bool(compiled) and "loss" in components
+    compiled = keys.take("compile.enable", "torch.compile of what compile.components names (--compile)", bool, False)
+    _compile_components(keys, job, compiled)
     _float8(keys, job)
     for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
         keys.pending(key, bool(keys.left.get(key)), "float8")
     if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
                  "the matmuls (the runtime's tp_overlap, --tp-overlap async-tp)", bool, False):
+        # distributed/tensor_parallel.py 20-23 at 238fa9953e4a; parallelisms/parallelize_llama.py 55 at b19456a987be
+        if job.tp > 1 and not job.modelled.compile:
+            raise UserError(f"{job.source}: enable_async_tensor_parallel needs compile.enable with 'model' in "
+                            "compile.components (torchtitan raises 'Async TP requires ...' otherwise)")
         if job.tp > 1:
             job.modelled.tp_overlap = "async-tp"
         else:
             keys.taken[-1] = (*keys.taken[-1][:2], "no effect", "tensor_parallel_degree 1: no collectives to overlap")
+
+
+def _compile_components(keys: _Keys, job: Job, compiled: bool) -> None:
+    """compile.components (torchtitan/config/job_config.py 725, default ["model", "loss"], at 238fa9953e4a;
+    the 2024 spelling training.compile compiles the loss too, train.py 138-139 at b19456a987be): "model"
+    compiles each TransformerBlock (models/llama3/infra/parallelize.py 107-123, apply_compile), charged
+    as the profile's compiled kept bytes; "loss" the loss function (components/loss.py 33), as the
+    runtime's version compiles it. Other names torchtitan never tests for: listed. Without
+    compile.enable neither is compiled."""
+    if not compiled:
+        if "compile.components" in keys.left:
+            keys.taken.append(("compile.components", keys.left.pop("compile.components"), "no effect",
+                               "compile.enable is false: nothing compiled"))
+        return
+    components = keys.take("compile.components", "what torch.compile compiles: model (the blocks) and loss "
+                           "(--compile model,loss)", list, ["model", "loss"])
+    stray = [str(c) for c in components if c not in ("model", "loss")]
+    if stray:
+        keys.taken.append(("compile.components", " ".join(stray), "no effect", "not a component torchtitan compiles "
+                           "(it tests for model and loss only)"))
+    job.modelled.compile = "model" in components
+    job.modelled.compile_loss = None if {"model", "loss"} <= set(components) else "loss" in components
 
 
 def _float8(keys: _Keys, job: Job) -> None:
