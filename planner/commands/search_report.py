@@ -194,7 +194,7 @@ def write_plan(best, out: Path, profile_out: Path, model_ref) -> None:
 
     from planner import io
     from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo
-    profile, setup = best.candidate.profile, best.candidate.setup
+    profile, setup = best.candidate.plan_profile or best.candidate.profile, best.candidate.setup
     io.save_profile(profile, profile_out)
     plan = Plan(created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 model=FileRef(file=profile.model.file, sha256=profile.model.sha256),

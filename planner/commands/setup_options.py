@@ -160,6 +160,12 @@ def setup_options(func):
     return grouped
 
 
+def shared_option(name: str):
+    """The setup option declaring parameter `name`, for a command that takes it alone (search's
+    --tp-overlap): one definition of each option."""
+    return next(option for option in _OPTIONS if option_name(option) == name)
+
+
 def option_name(option) -> str:
     """The parameter name a click.option decorator declares ("--gpus-per-node": gpus_per_node)."""
     holder = option(lambda: None)
