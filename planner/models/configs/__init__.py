@@ -24,6 +24,7 @@ Status = Literal["modelled", "not modelled", "no effect", "unknown"]
 # scored, without it). The settings it does model are the reader's `Job.modelled` (JobSettings).
 PENDING: dict[str, str] = {
     "float8": "Float8 matmuls (torchao / Transformer Engine): faster matmuls, about the same memory",
+    "mx": "MX (microscaling) matmuls or quantized grouped matmuls (torchao): scored in bf16",
     "cp": "context parallelism's hierarchical all-to-all and ring (a2a+p2p, hierarchical sizes, a type per layer): "
           "scored as the p2p ring",
     "cp-unbalanced": "context parallelism without the load balancer (the last rank computes the most): scored "
@@ -54,6 +55,9 @@ class JobSettings:
     cp_comm: Literal["p2p", "allgather", "a2a"] | None = None  # context parallelism's K/V exchange (None: the runtime's)
     float8: bool = False  # Float8 linears (torchtitan's float8 converter; Megatron-LM's --fp8-format)
     fp8_all_gather: bool = False  # FSDP2's float8 all-gather of their weights (torchtitan)
+    # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
+    # dates itself; None: the newest read (Job.notes says which and why)
+    runtime_version: str | None = None
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,8 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     for flag, value, status, what in sink:
         job.said(flag, value, status, what)
     job.notes += flags.notes
+    job.notes.append("runtime version: Megatron-LM d98e8a64 (2026-08-22), the one record read "
+                     "(planner/cost/runtimes.py); the flags are read as that version takes them")
     _rest(flags, job)
     return job
 
@@ -408,6 +410,9 @@ def _settings(flags: _Flags, job: Job) -> None:
         flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
                           "cuBLAS workspace after the step all the same")
     _float8(flags, job)
+    # on by default (arguments.py 2519-2521 at 6e091e1b); its --no- form is listed (megatron_flags.NOT_MODELLED)
+    flags.take("--check-for-nan-in-loss-and-grad", "the NaN check of every gradient bucket before its reduction "
+               "(timed: the runtime record's step_whole_bytes)", bool)
     moments = ("--exp-avg-dtype", "--exp-avg-sq-dtype")
     if flags.has("--use-precision-aware-optimizer") and all(flags.given.get(f) == ["bf16"] for f in moments):
         for flag in moments:

@@ -36,7 +36,6 @@ NO_EFFECT = {
     "--use-flash-attn": "flash attention",
     "--no-position-embedding": "no learned position table (the rotary positions have no parameters)",
     "--distributed-backend": "communication backend (nccl)", "--logging-level": "logging",
-    "--no-check-for-nan-in-loss-and-grad": "a NaN check on the loss", "--check-for-nan-in-loss-and-grad": "a NaN check",
     "--init-model-with-meta-device": "initialisation on the meta device (nothing kept in steady state)", "--use-persistent-ckpt-worker": "checkpointing",
     "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
     "--no-bias-dropout-fusion": "kernel fusion",
@@ -63,6 +62,9 @@ NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "-
 # ask for a setting the cost model does not model go through configs.PENDING (PENDING_FLAGS below);
 # those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
 NOT_MODELLED = {
+    "--no-check-for-nan-in-loss-and-grad": "the NaN check of every gradient bucket turned off: the runtime record's "
+                                           "step_whole_bytes (4 B a parameter read once a step, planner/cost/runtimes.py) "
+                                           "is timed all the same",
     "--log-params-norm": "the parameters' norm each step, over the fp32 main shard (common_utils.py 51-120 at "
                          "6e091e1b): time only, a few ms, not charged",
     "--log-num-zeros-in-grad": "the gradients' zeros counted each step over the shard: time only, not charged",
