@@ -178,3 +178,16 @@ def test_a_framework_files_settings_other_than_the_searchs_are_said_beside_it():
     same = searched | {"compile_loss": False, "float8": True}
     assert from_framework_job(job, arch=archs.arch("llama3-8b"), gpu="h100", seq_len=8192,
                               settings=same).not_expressible == ""
+
+
+def test_the_torchtitan_export_of_a_compiled_plan_says_what_to_compile(tmp_path):
+    """The exported file carries no compile section: the export says which components the plan was
+    scored compiled with, rather than dropping them."""
+    _, plan, _ = _search(tmp_path, "--compile", "model", hand=())
+    result = run_ok("export", tmp_path / "best.yaml", "--to", "torchtitan", "--torchtitan-version", "0.2.2")
+    said = " ".join(result.output.split())
+    assert ('torch.compile of the model (scored with --compile model): not written here; give the job '
+            'compile.enable = true with compile.components = ["model"]') in said
+    _search(tmp_path, hand=())
+    assert "torch.compile" not in run_ok("export", tmp_path / "best.yaml", "--to", "torchtitan",
+                                         "--torchtitan-version", "0.2.2").output
