@@ -142,6 +142,8 @@ def test_cp_restricts_the_search_to_its_degree(tmp_path):
     (("--expert-tp", "3"), "--expert-tp 3: expert tensor parallelism is modelled equal to TP"),
     (("--compile", "optimizer"), "name what torch.compile compiles, model and/or loss"),
     (("--gpu", "a100-80g", "--float8"), "--float8 needs a profile that records its Float8 linears"),
+    (("--cp", "2", "--tp", "1", "--micro-batch-size", "1"), "a hand configuration (--tp, --pp, ...) runs without"),
+    (("--expert-tp", "2", "--tp", "1", "--micro-batch-size", "1"), "--expert-tp 2 with a hand configuration at --tp 1"),
 ])
 def test_what_is_not_modelled_is_refused_in_one_sentence(tmp_path, flags, said):
     result = run("search", "--arch-config", _tiny_config(tmp_path), *JOB, "--top", "1", "--out", tmp_path / "p.yaml",

@@ -352,6 +352,7 @@ def _hand(given: dict, model: _Model, *, gpus, global_batch, seq_len, gpu):
         return None
     if given["micro_batch_size"] is None:
         raise UserError("a hand configuration needs --micro-batch-size")
+    search_settings.check_hand(given["settings"], tp=given["tp"] or 1)
     return hand_config(tp=given["tp"] or 1, sp=given["sp"], pp=given["pp"] or 1, dp=given["dp"],
                        zero=given["zero"] or 0, shard_group=given["shard_group"], ep=given["ep"] or 1,
                        micro_batch_size=given["micro_batch_size"], schedule=given["schedule"] or "1F1B",

@@ -105,3 +105,14 @@ def checked(settings: TrainingSettings, *, tp_overlap: str, runtime: str, job, s
     setting_notes(sample, runtime=runtime, settings=fields | {"context_parallel": profile_cp(sample)}, say=say)
     fields.pop("context_parallel")
     return fields
+
+
+def check_hand(settings: TrainingSettings, *, tp: int) -> None:
+    """The hand configuration (--tp, --pp, ...) is scored with the settings too; those it cannot take
+    are refused in one sentence: it has no context-parallel degree, and its experts split as its TP."""
+    if settings.context_parallel not in (None, 1):
+        raise UserError(f"--cp {settings.context_parallel} restricts the configurations searched; a hand configuration "
+                        "(--tp, --pp, ...) runs without context parallelism: drop --cp or the hand flags")
+    if settings.expert_tp is not None and settings.expert_tp != tp:
+        raise UserError(f"--expert-tp {settings.expert_tp} with a hand configuration at --tp {tp}: expert tensor "
+                        "parallelism is modelled equal to TP; make them agree or drop --expert-tp")
