@@ -22,8 +22,10 @@ from planner.models.configs.megatron_flags import (
     FSDP_ZERO,
     GPT2_VOCAB,
     NO_EFFECT,
+    NO_EFFECT_FAMILIES,
     NO_EFFECT_PREFIXES,
     NOT_MODELLED,
+    NOT_MODELLED_FAMILIES,
     PENDING_DEFAULTS,
     PENDING_FLAGS,
     TOKENIZER_SOURCE,
@@ -449,6 +451,12 @@ def _rest(flags: _Flags, job: Job) -> None:
             job.said(flag, value, "no effect" if values == ["false"] else "not modelled", NOT_MODELLED[flag])
         elif flag in NO_EFFECT:
             job.said(flag, value, "no effect", NO_EFFECT[flag])
+        elif flag.startswith(tuple(NOT_MODELLED_FAMILIES)):
+            family = next(prefix for prefix in NOT_MODELLED_FAMILIES if flag.startswith(prefix))
+            job.said(flag, value, "not modelled", NOT_MODELLED_FAMILIES[family])
+        elif flag.startswith(tuple(NO_EFFECT_FAMILIES)):
+            family = next(prefix for prefix in NO_EFFECT_FAMILIES if flag.startswith(prefix))
+            job.said(flag, value, "no effect", NO_EFFECT_FAMILIES[family])
         elif flag.startswith(NO_EFFECT_PREFIXES):
             job.said(flag, value, "no effect", "logging, checkpoint, evaluation, data or schedule of the learning rate")
         else:

@@ -56,6 +56,19 @@ NO_EFFECT = {
     "--moe-token-dispatcher-type": "token dispatcher (the all-to-all is charged)",
     "--position-embedding-type": "position embedding (rope: no parameters)",
 }
+# Flag families of megatron/training/arguments.py at d98e8a64ddf3 a pretraining step does not run:
+# inference serving, the in-process restart wrapper, job tags, autoresume
+NO_EFFECT_FAMILIES = {"--inference-": "inference serving (not the training step)",
+                      "--inprocess-": "in-process restart (fault handling between steps)",
+                      "--app-tag-": "job tags", "--adlr-autoresume": "auto-resume between jobs"}
+# Flag families that change the job in ways the cost model does not model: listed, not modelled
+NOT_MODELLED_FAMILIES = {"--rl-": "reinforcement-learning training (rollouts and an inference engine beside the "
+                                  "trainer)",
+                         "--grpo-": "GRPO reinforcement learning (rollouts beside the trainer)",
+                         "--logits-save-": "distillation: teacher logits written each step",
+                         "--logits-load-": "distillation: teacher logits read and a KD loss each step",
+                         "--muon-": "the Muon optimizer's settings (Adam and SGD are modelled)",
+                         "--cuda-graph-": "CUDA graphs (static buffers per captured graph)"}
 NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "--one-logger", "--ckpt-", "--eval-", "--exit-",
                       "--lr-", "--save-", "--load-", "--data-", "--tokenizer-", "--profile-", "--straggler")
 # Flags that change memory or time and the prediction leaves out, with what they are. Those that

@@ -191,7 +191,7 @@ def _version(flat: dict, job: Job) -> None:
                          "another")
     elif new:
         later = [key for key in new if key.startswith(AFTER_BBB1B616)]
-        job.notes.append(f"runtime version: torchtitan bbb1b616 (2025-04-02), the newest record read, since the file "
+        job.notes.append("runtime version: torchtitan bbb1b616 (2025-04-02), the newest record read, since the file "
                          + (f"sets {later[0]}, a key torchtitan took after bbb1b616" if later else
                             f"sets {new[0]} ([parallelism] since 785c34c9, 2025-03-18; before bbb1b616 torchtitan did "
                             "not compile the loss)"))
