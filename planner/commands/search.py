@@ -307,6 +307,8 @@ def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chu
         except UserError:
             continue
         allowed.append(tp)
+    if not allowed:  # no TP degree takes the model: the reason at TP 1, in its own sentence
+        check_fits(spec, Shape(seq_len=seq_len, micro_batch_size=1, tp=1))
     # context parallelism where the runtime runs it: every degree whose 2·cp chunks divide the sequence
     # (degrees.context_choices keeps those the GPUs and TP allow)
     cp_ok = tuple(cp for cp in divisors(gpus) if cp == 1 or seq_len % (2 * cp) == 0) \
