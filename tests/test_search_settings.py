@@ -12,6 +12,7 @@ from fixtures.cli import run, run_ok
 from test_launchers import _tiny_config
 
 from planner import io
+from planner.commands.search_settings import DEFAULTS
 
 JOB = ("--gpus", "8", "--global-batch", "8", "--seq-len", "512", "--runtime", "torchtitan")
 # a hand configuration scored beside the search: TP 2 with SP (so --tp-overlap has collectives to
@@ -53,6 +54,7 @@ SETTINGS = [
 def test_each_setting_is_in_the_plan_written_and_scores_it_as_evaluate_does(tmp_path, flags, fields):
     data, plan, _ = _search(tmp_path, *flags, hand=())
     assert {name: getattr(plan.setup.training, name) for name in fields} == fields
+    assert data["settings"] == {name: value for name, value in fields.items() if DEFAULTS[name] != value}
     assert _rescored(tmp_path, plan) == pytest.approx(data["ranked"][0]["iteration_ms"], rel=1e-12)
 
 
@@ -180,6 +182,10 @@ def test_a_framework_files_settings_other_than_the_searchs_are_said_beside_it():
     same = searched | {"compile_loss": False, "float8": True}
     assert from_framework_job(job, arch=archs.arch("llama3-8b"), gpu="h100", seq_len=8192,
                               settings=same).not_expressible == ""
+    old = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"}, "activation_checkpoint": {"mode": "full"},
+                                   "training": {"tensor_parallel_degree": 1}}, "old.toml")  # 2024's spelling
+    assert from_framework_job(old, arch=archs.arch("llama3-8b"), gpu="h100", seq_len=8192, settings={}).not_expressible \
+        == "the runtime version 9dec370 (scored the newest read, as the search)"
 
 
 def test_the_torchtitan_export_of_a_compiled_plan_says_what_to_compile(tmp_path):
@@ -193,3 +199,10 @@ def test_the_torchtitan_export_of_a_compiled_plan_says_what_to_compile(tmp_path)
     _search(tmp_path, hand=())
     assert "torch.compile" not in run_ok("export", tmp_path / "best.yaml", "--to", "torchtitan",
                                          "--torchtitan-version", "0.2.2").output
+
+
+def test_the_table_says_what_every_configuration_was_scored_with(tmp_path):
+    result = run_ok("search", "--arch-config", _tiny_config(tmp_path), *JOB, "--top", "1", "--out",
+                    tmp_path / "best.yaml", "--compile", "model", "--float8", "--tp-overlap", "async-tp")
+    assert ("every configuration scored with --compile model --float8 --tp-overlap async-tp"
+            in " ".join(result.output.split()))

@@ -189,13 +189,16 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
              ("Float8 linears", modelled.float8, searched.get("float8", False)),
              ("the float8 all-gather", modelled.fp8_all_gather, searched.get("fp8_all_gather", False)),
              ("TP overlap", modelled.tp_overlap, searched.get("tp_overlap", "none")),
-             ("Adam's moments", modelled.optimizer_state_dtype, searched.get("optimizer_state_dtype", "fp32"))]
+             ("Adam's moments", modelled.optimizer_state_dtype, searched.get("optimizer_state_dtype", "fp32")),
+             ("the runtime version", modelled.runtime_version, searched.get("runtime_version"))]
     return [f"{what} {_said(mine)} (scored {_said(theirs)}, as the search)" for what, mine, theirs in found
             if mine != theirs]
 
 
 def _said(value) -> str:
-    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+    if value is None:
+        return "the newest read"
+    return {True: "on", False: "off"}[value] if isinstance(value, bool) else str(value)
 
 
 # Arch fields that name or cite a model rather than shape it

@@ -116,3 +116,31 @@ def check_hand(settings: TrainingSettings, *, tp: int) -> None:
     if settings.expert_tp is not None and settings.expert_tp != tp:
         raise UserError(f"--expert-tp {settings.expert_tp} with a hand configuration at --tp {tp}: expert tensor "
                         "parallelism is modelled equal to TP; make them agree or drop --expert-tp")
+
+
+DEFAULTS = {"runtime_version": None, "compile": False, "compile_loss": None, "op_level_sac": False, "float8": False,
+            "fp8_all_gather": False, "cp_comm": None, "optimizer_state_dtype": "fp32", "chunked_cross_entropy": False,
+            "mtp_layers": 0, "expert_tp": None, "tp_overlap": "none"}
+
+
+def stated(training: dict, tp_overlap: str) -> dict:
+    """The settings given otherwise than their defaults (what the search's output says it scored)."""
+    given = training | {"tp_overlap": tp_overlap}
+    return {name: value for name, value in given.items() if DEFAULTS.get(name, value) != value}
+
+
+def spelled(settings: dict) -> str:
+    """`stated` settings as the options spell them."""
+    from planner.commands.training_settings import compile_said
+
+    words = []
+    if "compile" in settings or "compile_loss" in settings:
+        model = settings.get("compile", False)
+        loss = settings.get("compile_loss", model) if settings.get("compile_loss") is not None else model
+        words.append(f"--compile {compile_said(model, loss)}")
+    for name, value in settings.items():
+        if name in ("compile", "compile_loss"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        words.append(flag if value is True else f"{flag} {value}")
+    return " ".join(words)
