@@ -116,9 +116,8 @@ class Report:
     # ------------------------------------------------------------ printing
 
     def print(self) -> None:
-        from planner.console import console, table
-
         from planner.commands.search_settings import spelled, stated
+        from planner.console import console, table
 
         title = (f"ckplan search: {self.job.gpus} x {self.gpu.name}, batch {self.global_batch} x {self.seq_len} "
                  f"tokens, {self.options.runtime}'s runtime")
