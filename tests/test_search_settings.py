@@ -206,3 +206,26 @@ def test_the_table_says_what_every_configuration_was_scored_with(tmp_path):
                     tmp_path / "best.yaml", "--compile", "model", "--float8", "--tp-overlap", "async-tp")
     assert ("every configuration scored with --compile model --float8 --tp-overlap async-tp"
             in " ".join(result.output.split()))
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (2, 2), (1, 4), (8, 2)])
+def test_search_charges_the_tp_collectives_and_pipeline_sends_as_solve_does(tmp_path, tp, pp):
+    """jobsearch.job_setup's links are comm_setup.comm_fields' (what `ckplan solve` charges) for the
+    same profile, data parallelism and node."""
+    from planner.commands.comm_setup import comm_fields
+    from planner.commands.search import _model
+    from planner.commands.setup_options import DataParallelOptions
+    from planner.models import archs
+    from planner.solve import jobsearch
+    from planner.solve.degrees import Degrees
+
+    node = 8  # 16 GPUs: two nodes, so a wide pipeline's sends cross the network
+    profile = _model(None, _tiny_config(tmp_path), None, both=False).profile_for(archs.gpu("h100"), 512)(tp, tp > 1, 1)
+    dp = 16 // (tp * pp)
+    degrees = Degrees(tp=tp, sp=tp > 1, pp=pp, dp=dp, micro_batch_size=1, microbatches=2 * pp)
+    searched = jobsearch.job_setup(profile, degrees, jobsearch.JobOptions(mem_cap_bytes=2**36, gpus_per_node=node))
+    solved = comm_fields(profile, DataParallelOptions(dp=dp, gpus_per_node=node), runtime="ckplan")
+    names = (["tp", "tp_gb_per_s", "tp_step_latency_ms", "collective_latency_ms"] if tp > 1 else []) + \
+        (["pp_gb_per_s", "pp_latency_ms"] if pp > 1 else [])
+    assert names
+    assert {name: getattr(searched.comm, name) for name in names} == {name: solved[name] for name in names}

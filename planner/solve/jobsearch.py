@@ -111,8 +111,9 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
         fields.update(_links(profile, dataclasses.replace(degrees, dp=dp), options.gpus_per_node))
     if degrees.cp > 1:
         fields.update(_cp_link(profile, degrees, options.gpus_per_node))
+    fields.update(_links_of_comm(profile, degrees, options.gpus_per_node))
     if degrees.tp > 1:
-        fields.update(_tp_link(profile, degrees, options.gpus_per_node), tp_overlap=options.tp_overlap)
+        fields.update(tp_overlap=options.tp_overlap)
     setup = TrainSetup(**fields)
     if options.runtime == "torchtitan":
         setup = dataparallel.as_torchtitan_runs(setup)
@@ -157,21 +158,28 @@ def _cp_link(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
                 collective_latency_ms=link.base_latency_ms, gpus_per_node=gpus_per_node)
 
 
-def _tp_link(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
-    """The tensor-parallel group's link, as `ckplan solve`'s comm_setup.comm_fields chooses it: the
-    node's (nccl-tests' measured collective rate where the GPU has one) while tp fits in a node, which
-    the search keeps it to; nothing on cpu."""
+def _links_of_comm(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
+    """The tensor-parallel group's link and the pipeline's, as `ckplan solve`'s comm_setup.comm_fields
+    chooses them: TP over the node (nccl-tests' measured collective rate where the GPU has one) while
+    it fits in a node, which the search keeps it to; a pipeline send between ranks tp x dp x cp apart,
+    in the node or over the network; nothing on cpu."""
     from planner.cost import comm
 
-    if profile.device.type != "cuda":
+    if profile.device.type != "cuda" or (degrees.tp == 1 and degrees.pp == 1):
         return {}
     gpu = dataparallel.profile_gpu(profile)
     inside = comm.node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
     between = comm.network_link(gpu.network_gb_per_s, gpu.nics_per_gpu)
-    link = comm.group_link(degrees.tp, 1, gpus_per_node, inside, between)
-    rate = gpu.node_collective_gb_per_s if link is inside and gpu.node_collective_gb_per_s else link.gb_per_s
-    return dict(tp=degrees.tp, tp_gb_per_s=rate, tp_step_latency_ms=link.step_latency_ms,
-                collective_latency_ms=link.base_latency_ms, gpus_per_node=gpus_per_node)
+    found: dict = {"gpus_per_node": gpus_per_node}
+    if degrees.tp > 1:
+        link = comm.group_link(degrees.tp, 1, gpus_per_node, inside, between)
+        rate = gpu.node_collective_gb_per_s if link is inside and gpu.node_collective_gb_per_s else link.gb_per_s
+        found.update(tp=degrees.tp, tp_gb_per_s=rate, tp_step_latency_ms=link.step_latency_ms,
+                     collective_latency_ms=link.base_latency_ms)
+    if degrees.pp > 1:
+        link = comm.group_link(2, degrees.tp * degrees.dp * degrees.cp, gpus_per_node, inside, between)
+        found.update(pp_gb_per_s=link.gb_per_s, pp_latency_ms=link.base_latency_ms + link.step_latency_ms)
+    return found
 
 
 def _a2a_splits_heads(profile: Profile, degrees: Degrees, options: JobOptions) -> bool:
