@@ -412,6 +412,9 @@ def _settings(flags: _Flags, job: Job) -> None:
         flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
                           "cuBLAS workspace after the step all the same")
     _float8(flags, job)
+    # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad
+    flags.take("--accumulate-allreduce-grads-in-fp32", "gradients accumulated and reduced in fp32 (the runtime "
+               "record's 4-byte main_grad)", bool)
     # on by default (arguments.py 2519-2521 at 6e091e1b); its --no- form is listed (megatron_flags.NOT_MODELLED)
     flags.take("--check-for-nan-in-loss-and-grad", "the NaN check of every gradient bucket before its reduction "
                "(timed: the runtime record's step_whole_bytes)", bool)

@@ -8,6 +8,17 @@ from __future__ import annotations
 # Flags that change neither memory nor time: recognised and listed as "no effect on the plan".
 NO_EFFECT = {
     "--use-mcore-models": "megatron-core model classes (the only ones in current Megatron-LM)",
+    "--hysteresis": "fp16 loss scaling (a scalar)", "--loss-scale": "fp16 loss scaling (a scalar)",
+    "--initial-loss-scale": "fp16 loss scaling (a scalar)", "--min-loss-scale": "fp16 loss scaling (a scalar)",
+    "--loss-scale-window": "fp16 loss scaling (a scalar)", "--init-method-xavier-uniform": "initialisation",
+    "--no-save-optim": "checkpointing", "--no-save-rng": "checkpointing", "--use-dist-ckpt": "checkpointing",
+    "--override-ckpt-iteration": "checkpointing", "--train-data-path": "data path", "--valid-data-path": "data path",
+    "--test-data-path": "data path", "--per-split-data-args-path": "data path", "--dataloader-type": "data loader",
+    "--num-dataset-builder-threads": "data loader", "--mid-level-dataset-surplus": "data loader",
+    "--object-storage-cache-path": "data path", "--disable-msc": "storage client", "--enable-msc": "storage client",
+    "--no-one-logger": "logging", "--allow-ambiguous-pad-tokens": "tokenizer",
+    "--sft-tokenizer-prompt-format": "tokenizer", "--enable-ft-package": "fault tolerance",
+    "--calc-ft-timeouts": "fault tolerance",
     "--init-method-std": "initialisation scale", "--apply-layernorm-1p": "norm weight parameterisation (1 + w)",
     "--lr": "learning rate", "--min-lr": "learning rate", "--decoupled-lr": "learning rate",
     "--decoupled-min-lr": "learning rate", "--lr-decay-style": "learning-rate schedule",
@@ -58,7 +69,8 @@ NO_EFFECT = {
 }
 # Flag families of megatron/training/arguments.py at d98e8a64ddf3 a pretraining step does not run:
 # inference serving, the in-process restart wrapper, job tags, autoresume
-NO_EFFECT_FAMILIES = {"--inference-": "inference serving (not the training step)",
+NO_EFFECT_FAMILIES = {"--inference-": "inference serving (not the training step)", "--fim-": "data (fill-in-the-middle)",
+                      "--ft-": "fault tolerance (between steps)",
                       "--inprocess-": "in-process restart (fault handling between steps)",
                       "--app-tag-": "job tags", "--adlr-autoresume": "auto-resume between jobs"}
 # Flag families that change the job in ways the cost model does not model: listed, not modelled
@@ -75,6 +87,18 @@ NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "-
 # ask for a setting the cost model does not model go through configs.PENDING (PENDING_FLAGS below);
 # those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
 NOT_MODELLED = {
+    "--yaml-cfg": "more arguments in another YAML file, which is not read: give them in this file",
+    "--num-distributed-optimizer-instances": "the distributed optimizer sharded over a part of data parallelism and "
+                                             "replicated across the instances: charged as one instance over all of it",
+    "--fp16-lm-cross-entropy": "the cross-entropy on fp16 logits (fp16 runs): charged as the fp32 loss region",
+    "--no-overlap-p2p-communication": "pipeline sends not overlapped with compute: time",
+    "--ddp-bucket-size": "gradient-reduction bucket size: how much of the reduction overlaps the backward (time)",
+    "--ddp-num-buckets": "gradient-reduction bucket count: how much of the reduction overlaps the backward (time)",
+    "--window-size": "sliding-window attention: scored as full causal attention",
+    "--window-attn-skip-freq": "sliding-window attention on some layers: scored as full causal attention",
+    "--squared-relu": "a squared-ReLU MLP: scored as the MLP the other flags give (SwiGLU or GeLU)",
+    "--openai-gelu": "OpenAI's GeLU approximation: the same tensors, another kernel (time)",
+    "--quick-geglu": "a quick-GeGLU MLP: scored as the MLP the other flags give (SwiGLU or GeLU)",
     "--no-check-for-nan-in-loss-and-grad": "the NaN check of every gradient bucket turned off: the runtime record's "
                                            "step_whole_bytes (4 B a parameter read once a step, planner/cost/runtimes.py) "
                                            "is timed all the same",
