@@ -41,6 +41,10 @@ def cp_degrees(settings: TrainingSettings, found: tuple[int, ...], *, runtime: s
     the runtime, the sequence or the GPUs do not take it), else every degree the job allows; under
     --cp-comm a2a only those that divide the (Q, K/V) `heads` (at TP 1: jobsearch drops the
     configurations whose TP leaves a rank heads they do not divide)."""
+    cp = settings.context_parallel
+    if found == (1,) and cp is not None and cp > 1:
+        raise UserError(f"--cp {cp}: {runtime}'s runtime runs no context parallelism (it is modelled as Megatron-LM and "
+                        "torchtitan run it); search with --runtime megatron or torchtitan")
     if settings.cp_comm == "a2a":
         kept = tuple(cp for cp in found if heads[0] % cp == 0 and heads[1] % cp == 0)
         if settings.context_parallel not in (None, *kept) or kept == (1,) and found != (1,):
@@ -49,12 +53,8 @@ def cp_degrees(settings: TrainingSettings, found: tuple[int, ...], *, runtime: s
                             f"context-parallel ranks, and --cp {cp} does not divide them (Transformer Engine "
                             "refuses it); use --cp-comm p2p or allgather, or another --cp")
         found = kept
-    cp = settings.context_parallel
     if cp is None or cp == 1:
         return found if cp is None else (1,)
-    if found == (1,) and cp > 1:
-        raise UserError(f"--cp {cp}: {runtime}'s runtime runs no context parallelism (it is modelled as Megatron-LM and "
-                        "torchtitan run it); search with --runtime megatron or torchtitan")
     if cp not in found:
         raise UserError(f"--cp {cp} does not divide --gpus {gpus}, or its 2 x {cp} load-balanced chunks do not divide "
                         f"--seq-len {seq_len}; give another --cp or drop it")
