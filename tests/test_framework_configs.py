@@ -345,9 +345,52 @@ def test_torchtitan_compile_sets_the_setup_and_compiles_the_loss():
     # the loss region charged is the runtime's compiled one (its measured multiples: runtimes._COMPILED_LOSS)
     record = runtimes.facts("torchtitan", None)
     assert rules.runtime_loss(compiled.profile, compiled.setup)[1] is record.loss_compiled is not None
-    model_only = _titan(compile={"enable": True, "components": ["model"]})  # the loss left eager
-    assert not model_only.modelled.compile
-    assert not predict(model_only, gpus=8, gpu_name="h100").setup.training.compile
+
+
+
+def test_torchtitan_compile_components_compile_the_layers_and_the_loss_apart():
+    """compile.components ["model"]: the blocks compiled (their kept bytes as the profile records them
+    under compile), the loss eager; ["loss"]: the loss compiled, the blocks eager; without
+    compile.enable the key has no effect (torchtitan tests `enable and "model" in components`)."""
+    from planner.commands.evaluate_config import predict
+    from planner.cost import rules, runtimes
+
+    record = runtimes.facts("torchtitan", None)
+
+    def scored(**compile_section):
+        return predict(_titan(compile=compile_section), gpus=8, gpu_name="h100")
+
+    eager, both = scored(enable=False), scored(enable=True)
+    model, loss = scored(enable=True, components=["model"]), scored(enable=True, components=["loss"])
+    assert (model.setup.training.compile, model.setup.training.compile_loss) == (True, False)
+    assert (loss.setup.training.compile, loss.setup.training.compile_loss) == (False, True)
+    assert rules.runtime_loss(model.profile, model.setup)[1] is record.loss
+    assert rules.runtime_loss(loss.profile, loss.setup)[1] is record.loss_compiled
+    blocks = [layer.name for layer in model.profile.layers if layer.compiled_kept_bytes]
+    assert len(blocks) == 32  # every decoder block of the 8B compiled, the embedding and head not
+
+    def kept(prediction):  # what the blocks keep for backward, per microbatch
+        return sum(layer.act_bytes for layer in prediction.profile.layers if layer.name in blocks)
+
+    assert kept(model) == kept(both) < kept(loss) == kept(eager)
+    # the peak moves by exactly the blocks' kept bytes (one microbatch in flight) and the loss region
+    peak = {name: p.cost.stages[0].peak_bytes for name, p in
+            {"eager": eager, "model": model, "loss": loss, "both": both}.items()}
+    assert peak["eager"] - peak["model"] == peak["loss"] - peak["both"] == kept(eager) - kept(model)
+    assert peak["eager"] > peak["loss"]
+    off = _titan(compile={"enable": False, "components": ["model"]})
+    assert [s.status for s in off.settings if s.name == "compile.components"] == ["no effect"]
+    assert not off.modelled.compile and off.modelled.compile_loss is None
+    stray = _titan(compile={"enable": True, "components": ["model", "optimizer"]})
+    assert [(s.value, s.status) for s in stray.settings if s.name == "compile.components"] == [
+        ("model optimizer", "modelled"), ("optimizer", "no effect")]
+
+
+def test_torchtitan_async_tp_without_the_model_compiled_is_refused_as_torchtitan_refuses_it():
+    parallel = {"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True}
+    with pytest.raises(UserError, match="needs compile.enable with 'model'"):
+        _titan(parallelism=parallel, compile={"enable": True, "components": ["loss"]})
+    assert _titan(parallelism=parallel, compile={"enable": True}).modelled.tp_overlap == "async-tp"
 
 
 def test_torchtitan_op_level_sac_checkpoints_every_block_under_its_policy():
@@ -373,13 +416,12 @@ def test_torchtitan_op_level_sac_checkpoints_every_block_under_its_policy():
 def test_torchtitan_async_tp_overlaps_the_tp_collectives():
     from planner.commands.evaluate_config import predict
 
-    compiled = {"enable": True}  # torchtitan runs AsyncTP only compiled
+    compiled = {"enable": True}  # AsyncTP runs on the compiled model only (torchtitan refuses it otherwise)
     plain = predict(_titan(parallelism={"tensor_parallel_degree": 2}, compile=compiled), gpus=8, gpu_name="h100")
     overlapped = predict(_titan(parallelism={"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True},
                                 compile=compiled), gpus=8, gpu_name="h100")
-    with pytest.raises(UserError, match="Async TP requires --training.compile"):
-        predict(_titan(parallelism={"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True}),
-                gpus=8, gpu_name="h100")
+    with pytest.raises(UserError, match="needs compile.enable"):
+        _titan(parallelism={"tensor_parallel_degree": 2, "enable_async_tensor_parallel": True})
     assert (plain.setup.comm.tp_overlap, overlapped.setup.comm.tp_overlap) == ("none", "async-tp")
     assert overlapped.cost.iteration_ms < plain.cost.iteration_ms
     assert [c.peak_bytes for c in overlapped.cost.stages] == [c.peak_bytes for c in plain.cost.stages]  # time only
@@ -447,9 +489,153 @@ def test_search_beside_a_config_says_the_settings_it_cannot_carry():
 
     job = torchtitan.read(CONFIGS / "torchtitan_llama3_405b.toml")
     said = from_framework_job(job, arch=archs.arch("llama3.1-405b"), gpu="h100", seq_len=8192).not_expressible
-    assert "torch.compile (scored eager)" in said and "async-tp (scored without TP overlap)" in said
+    assert "torch.compile of the blocks on (scored off, as the search)" in said
+    assert "TP overlap async-tp (scored none, as the search)" in said
+    assert "Float8 linears on (scored off, as the search)" in said  # before: left out unsaid
 
 
 def test_megatron_tp_comm_overlap_without_sequence_parallelism_is_refused(tmp_path):
     with pytest.raises(UserError, match="--sequence-parallel"):
         _job(tmp_path, BASE + "\n--tensor-model-parallel-size: 2\n--tp-comm-overlap: true")
+
+
+def test_torchtitan_files_are_dated_to_the_runtime_version_their_keys_spell():
+    """A key torchtitan took only before its [parallelism] section (config_manager.py at 9dec370, gone
+    at bbb1b616) dates the file to the 9dec370 record, whose loss is not compiled; a key taken only
+    later, or none, gives the newest record; the output says which either way."""
+    from planner.commands.evaluate_config import predict
+    from planner.cost import rules, runtimes
+
+    old = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"},
+                                   "training": {"seq_len": 4096, "batch_size": 1, "compile": True,
+                                                "tensor_parallel_degree": 1}}, "old.toml")
+    assert old.modelled.runtime_version == "9dec370" in runtimes.VERSIONS["torchtitan"]
+    assert any(note.startswith("runtime version: torchtitan 9dec370") for note in old.notes)
+    scored = predict(old, gpus=8, gpu_name="h100")
+    assert scored.setup.training.runtime_version == "9dec370" and scored.setup.training.compile
+    assert rules.runtime_loss(scored.profile, scored.setup)[1] is runtimes.facts("torchtitan", "9dec370").loss
+    new = _titan(compile={"enable": True})
+    assert new.modelled.runtime_version is None and runtimes.VERSIONS["torchtitan"][0] == "b5bcd76c"
+    assert any("newest record read, since the file sets compile.enable" in note for note in new.notes)
+    plain = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"}, "training": {"seq_len": 4096}}, "t")
+    assert any("(the default): no key of the file dates it" in note for note in plain.notes)
+    with pytest.raises(UserError, match="spells training.tensor_parallel_degree as torchtitan did before"):
+        torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"}, "training": {"tensor_parallel_degree": 2},
+                                 "parallelism": {"pipeline_parallel_degree": 2}}, "mixed.toml")
+
+
+def test_megatron_files_say_the_one_runtime_version_read(tmp_path):
+    from planner.cost import runtimes
+
+    job = _job(tmp_path, BASE)
+    assert runtimes.VERSIONS["megatron"] == ("d98e8a64",) and job.modelled.runtime_version is None
+    assert any(note.startswith("runtime version: Megatron-LM d98e8a64") for note in job.notes)
+
+
+# ---------------------------------------------------------------- every key the readers know, accounted for
+
+# values for the JobConfig keys whose default is None (torchtitan leaves them unset)
+_UNSET = {"job.config_file": "train.toml", "job.save_config_file": "config.json", "model.tokenizer_path": "tok",
+          "lr_scheduler.total_steps": 100, "lr_scheduler.decay_ratio": 0.8, "training.dataset_path": "data",
+          "training.dataloader.prefetch_factor": 2, "checkpoint.initial_load_path": "ckpt",
+          "parallelism.module_fqns_per_model_part": [["tok_embeddings", *(f"layers.{i}" for i in range(32)), "norm",
+                                                      "output"]],
+          "parallelism.pipeline_parallel_layers_per_stage": 32, "quantize.linear.float8.recipe_name": "tensorwise",
+          "fault_tolerance.semi_sync_method": "diloco", "validation.dataset_path": "data",
+          "validation.dataloader.prefetch_factor": 2, "debug.seed": 0}
+
+
+def _nested(key: str, value) -> dict:
+    head, _, rest = key.partition(".")
+    return {head: _nested(rest, value) if rest else value}
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_every_key_torchtitans_job_config_defines_is_listed_and_known():
+    """Each key of torchtitan's JobConfig at the commit the reader cites (238fa9953e4a; the fixture
+    lists them with their defaults, read from job_config.py's dataclasses), given alone at its
+    default, is in the reader's account of the file: modelled, not modelled or no effect, never
+    dropped and never unknown."""
+    listed = json.loads((CONFIGS / "torchtitan_job_config_keys.json").read_text())["keys"]
+    assert len(listed) == 149
+    statuses = {}
+    for key, value in listed.items():
+        if key in ("model.name", "model.flavor"):  # the base's: llama3 8B (the default flavor is a debug model)
+            continue
+        value = _UNSET.get(key, value)
+        job = torchtitan.from_mapping(_merged({"model": {"name": "llama3", "flavor": "8B"}}, _nested(key, value)),
+                                      "t.toml")
+        statuses[key] = [s.status for s in job.settings if s.name == key]
+    assert {key: found for key, found in statuses.items() if len(found) != 1 or found[0] == "unknown"} == {}
+
+
+def test_every_flag_in_the_megatron_readers_tables_is_listed_as_the_table_says(tmp_path):
+    """Each flag of megatron_flags' tables, given on its own, is listed with the table's status (a
+    pending setting as not modelled, with its PENDING sentence), never dropped."""
+    from planner.models.configs import PENDING, megatron_flags
+
+    assert set(megatron_flags.PENDING_FLAGS.values()) <= set(PENDING)
+    for table, status in ((megatron_flags.NO_EFFECT, "no effect"), (megatron_flags.NOT_MODELLED, "not modelled"),
+                          (megatron_flags.PENDING_FLAGS, "not modelled")):
+        for flag in table:
+            if flag in BASE:
+                continue
+            found = [s for s in megatron.from_pairs([*_base_pairs(), (flag, ["7"])], "m.sh").settings
+                     if s.name == flag]
+            assert len(found) == 1, flag
+            assert found[0].status == status or flag in megatron_flags.PENDING_FLAGS, (flag, found[0])
+
+
+def _base_pairs():
+    return megatron_files.yaml_pairs(BASE, "m.yaml")
+
+
+def test_torchtitans_converters_are_read_by_either_name_and_mx_is_listed():
+    """model.converters names Float8's converter "float8" before 5b5d4685 (2025-09-26) and
+    "quantize.linear.float8" since (the reader's commit, 238fa9953e4a): both are Float8 linears; MX's
+    converter is listed not modelled, and so are its keys."""
+    def job(converters, **mx):
+        return torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B", "converters": converters},
+                                        "quantize": {"linear": {"float8": {"filter_fqns": ["output"]}, "mx": mx}}},
+                                       "t.toml")
+
+    assert job(["float8"]).modelled.float8 and job(["quantize.linear.float8"]).modelled.float8
+    mx = job(["quantize.linear.mx"], recipe_name="mxfp8_cublas")
+    assert not mx.modelled.float8
+    assert {(s.name, s.status) for s in mx.settings if s.name.startswith(("model.conv", "quantize.linear.mx"))} == {
+        ("model.converters", "not modelled"), ("quantize.linear.mx.recipe_name", "not modelled")}
+    assert [s.status for s in job([], recipe_name="mxfp8_cublas").settings
+            if s.name == "quantize.linear.mx.recipe_name"] == ["no effect"]
+
+
+def test_every_flag_megatrons_arguments_define_is_listed_never_dropped():
+    """Each of the 388 flags megatron/training/arguments.py adds at the commit the reader cites
+    (d98e8a64ddf3), given on its own (bare, or with 1 where it takes a value), is in the reader's
+    account once. Those it does not know are listed "unknown" (the output says the prediction
+    leaves them out); their count is pinned, so a flag classified moves it."""
+    flags = [line for line in (CONFIGS / "megatron_arguments_flags.txt").read_text().splitlines()
+             if line.startswith("--")]
+    assert len(flags) == 388
+    base = _base_pairs()
+    statuses = {}
+    for flag in flags:
+        if flag in dict(base):
+            continue
+        try:
+            job = megatron.from_pairs([*base, (flag, [])], "m.sh")
+        except UserError:
+            try:
+                job = megatron.from_pairs([*base, (flag, ["1"])], "m.sh")
+            except UserError:
+                continue  # refused in one sentence (e.g. an optimizer ckplan does not score)
+        statuses[flag] = [s.status for s in job.settings if s.name == flag]
+    assert {flag: found for flag, found in statuses.items() if len(found) != 1} == {}
+    unknown = [flag for flag, found in statuses.items() if found == ["unknown"]]
+    assert len(statuses) == 382 and len(unknown) == 149  # 310 before branch flags classified 161 of them
+    assert {"--rl-partial-rollouts", "--inference-max-requests", "--muon-momentum"}.isdisjoint(unknown)

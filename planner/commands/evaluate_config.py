@@ -163,7 +163,9 @@ def _with_settings(options, job):
     from planner.commands.training_settings import TrainingSettings
 
     modelled = job.modelled
-    settings = TrainingSettings(compile_model=modelled.compile, op_level_sac=modelled.op_level_sac,
+    settings = TrainingSettings(runtime_version=modelled.runtime_version,
+                                compile_model=modelled.compile, compile_loss=modelled.compile_loss,
+                                op_level_sac=modelled.op_level_sac,
                                 optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp,
                                 context_parallel=job.cp, cp_comm=modelled.cp_comm,
                                 float8=modelled.float8, fp8_all_gather=modelled.fp8_all_gather)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from planner.commands import search_settings
 from planner.errors import UserError
 
 SCHEDULE_NAMES = ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
@@ -89,13 +90,18 @@ def _schedules(text: str) -> tuple[str, ...]:
               help="With --launch-files: what each process runs [default: torchtitan's trainer for --runtime "
                    "torchtitan; other frameworks need it].")
 @click.option("--json", "as_json", is_flag=True, help="The whole ranking as JSON on stdout.")
+@search_settings.settings_options
 def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node, global_batch, seq_len, runtime,
             optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
             compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, from_megatron, from_torchtitan, hand_recompute, out,
-            launch_files, entry, as_json) -> None:
+            launch_files, entry, as_json, settings, tp_overlap) -> None:
     """Search every tensor-, context- (--runtime megatron or torchtitan), pipeline-, data- and expert-parallel degree, ZeRO stage and shard
     group, micro-batch size and schedule for N GPUs, each with its exact plan (layers per stage,
     recompute per layer), and rank the fastest that fit.
+
+    The settings real jobs use (--compile, --float8, --op-level-sac, --tp-overlap, --runtime-version
+    ...) are evaluate's and solve's: every configuration is scored with them. --cp N searches
+    context parallelism N alone; --expert-tp N keeps to TP N.
 
     \b
       ckplan search --arch llama3.1-405b --gpus 1024 --global-batch 512 --seq-len 8192 --compare
@@ -107,19 +113,24 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     from planner.solve.deadline import Deadline
 
     say = (lambda note: err_console.print(note, soft_wrap=True)) if as_json else info
-    model = _model(arch, arch_config or hf_config, profile_path, both=arch_config is not None and hf_config is not None)
+    model = _model(arch, arch_config or hf_config, profile_path, both=arch_config is not None and hf_config is not None,
+                   settings=settings)
     device = _gpu(gpu, model)
     per_node = gpus_per_node or device.gpus_per_node
     if gpus > per_node and gpus % per_node:
         raise UserError(f"--gpus {gpus} is not a whole number of nodes of {per_node} (--gpus-per-node)")
     seq_len = _seq_len(seq_len, model)
     io.check_outputs({"--out": out, "--out's profile": _profile_out(out)}, inputs={"--profile": profile_path})
-    options = jobsearch.JobOptions(mem_cap_bytes=_cap(mem, device), gpus_per_node=min(per_node, gpus),
-                                   optimizer=optimizer, precision=precision, runtime=runtime, recompute=recompute)
     job = _job(model, gpus=gpus, per_node=min(per_node, gpus), global_batch=global_batch, seq_len=seq_len,
                schedules=_schedules(schedule_list), chunks=_ints(chunk_counts, "--chunk-counts"),
-               micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"), runtime=runtime)
-    profile_for = model.profile_for(device, seq_len)
+               micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"), runtime=runtime, settings=settings)
+    profile_for = model.profile_for(device, seq_len, compiled=settings.compile_model)
+    sample = model.profile or profile_for(min(job.tp_ok), False, 1)
+    training = search_settings.checked(settings, tp_overlap=tp_overlap, runtime=runtime, job=job, sample=sample,
+                                       arch_given=model.arch is not None, say=say)
+    options = jobsearch.JobOptions(mem_cap_bytes=_cap(mem, device), gpus_per_node=min(per_node, gpus),
+                                   optimizer=optimizer, precision=precision, runtime=runtime, recompute=recompute,
+                                   training=training, tp_overlap=tp_overlap)
     if entry is not None and launch_files is None:
         raise UserError("--entry says what the launch files run; give --launch-files DIR or drop it")
     if launch_files is not None and entry is None and runtime not in ("ckplan", "torchtitan"):
@@ -129,7 +140,8 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
                         "--runtime torchtitan, or say what each process runs with --entry")
     _entry(entry)
     hand = _hand(locals(), model, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=device.name)
-    imported = _imported(from_megatron, from_torchtitan, model, seq_len=seq_len, gpu=device.name)
+    imported = _imported(from_megatron, from_torchtitan, model, seq_len=seq_len, gpu=device.name,
+                         searched=training | {"tp_overlap": tp_overlap})
     outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=Deadline(time_limit))
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
                                       options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name,
@@ -180,18 +192,23 @@ class _Model:
     def arch_name(self) -> str | None:
         return self.arch.name if self.arch is not None else None
 
-    def profile_for(self, device, seq_len: int):
+    def profile_for(self, device, seq_len: int, *, compiled: bool = False):
+        """(tp, sp, micro-batch size, cp) -> the profile scored; `compiled` (--compile model): each
+        block keeps what it keeps under torch.compile where the analytic profiler records it."""
         if self.profile is not None:
             return self._given
         from planner.commands.profile_arch import _with_host_step, _with_model_facts
         from planner.profiler.analytic import Shape, analytic_profile
+        from planner.profiler.compiled_kept import compiled_layers
 
         host: dict = {}  # the host's optimizer step, timed once (profile_arch times it per profile)
 
         def build(tp: int, sp: bool, mbs: int, cp: int = 1):
             shape = Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp, cp=cp)
-            profile = _with_model_facts(analytic_profile(self.arch, shape, gpu=device, model=self.ref), self.arch,
-                                        "bfloat16")
+            profile = _with_model_facts(analytic_profile(self.arch, shape, gpu=device, model=self.ref,
+                                                         compiled=compiled), self.arch, "bfloat16")
+            if compiled:
+                profile = compiled_layers(profile)[0]
             if not host:
                 timed = _with_host_step(profile)
                 host.update(step=timed.host_step_ns_per_param, note=timed.assumptions["host_step"])
@@ -214,7 +231,7 @@ class _Model:
         return self.profile
 
 
-def _model(arch, config, profile_path, *, both: bool) -> _Model:
+def _model(arch, config, profile_path, *, both: bool, settings=None) -> _Model:
     from planner.commands.profile_arch import _arch
 
     given = [x for x in (arch, config, profile_path) if x is not None]
@@ -222,8 +239,9 @@ def _model(arch, config, profile_path, *, both: bool) -> _Model:
         raise UserError("give one model: --arch NAME, --arch-config (or --hf-config) config.json, or --profile FILE")
     if profile_path is not None:
         from planner import io
+        from planner.commands.training_settings import compiled_profile
 
-        return _Model(profile=io.load_profile(profile_path), ref=None)
+        return _Model(profile=compiled_profile(io.load_profile(profile_path), settings), ref=None)
     spec, ref = _arch(arch, config)
     return _Model(arch=spec, ref=ref)
 
@@ -260,16 +278,18 @@ def _cap(mem: str | None, device) -> int:
 
 
 def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chunks, micro_batch_sizes,
-         runtime: str = "ckplan"):
-    from planner.commands.training_settings import profile_cp
+         runtime: str = "ckplan", settings=None):
+    from planner.commands.training_settings import TrainingSettings, context_parallel
     from planner.cost import runtimes
     from planner.solve.degrees import JobShape, divisors
 
+    settings = settings or TrainingSettings()
     if model.profile is not None:
         profile = model.profile
         tp = int(profile.assumptions.get("tp", 1))
         fixed = (tp, bool(profile.assumptions.get("sp", False)))
-        cp = profile_cp(profile)
+        search_settings.tp_degrees(settings, (tp,))
+        cp = context_parallel(profile, settings.context_parallel)  # --cp other than the profile's refused
         if cp > 1 and runtimes.facts(runtime).cp_comm is None:
             raise UserError(f"the profile splits each sequence over cp {cp} ranks, which {runtime}'s runtime does not "
                             "run; search with --runtime megatron or torchtitan")
@@ -287,10 +307,15 @@ def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chu
         except UserError:
             continue
         allowed.append(tp)
+    if not allowed:  # no TP degree takes the model: the reason at TP 1, in its own sentence
+        check_fits(spec, Shape(seq_len=seq_len, micro_batch_size=1, tp=1))
     # context parallelism where the runtime runs it: every degree whose 2·cp chunks divide the sequence
     # (degrees.context_choices keeps those the GPUs and TP allow)
     cp_ok = tuple(cp for cp in divisors(gpus) if cp == 1 or seq_len % (2 * cp) == 0) \
         if runtimes.facts(runtime).cp_comm is not None else (1,)
+    cp_ok = search_settings.cp_degrees(settings, cp_ok, runtime=runtime, seq_len=seq_len, gpus=gpus,
+                                       heads=(spec.num_heads, spec.num_kv_heads))
+    allowed = search_settings.tp_degrees(settings, tuple(allowed))
     return JobShape(gpus=gpus, gpus_per_node=per_node, global_batch=global_batch, seq_len=seq_len,
                     num_layers=spec.num_layers + 2, tp_ok=tuple(allowed), num_experts=spec.num_experts,
                     schedules=schedules, chunks=chunks, micro_batch_sizes=micro_batch_sizes, cp_ok=cp_ok)
@@ -302,8 +327,9 @@ def _experts(profile) -> int:
     return (routed_experts(profile) or 0) if any(layer.expert_param_count for layer in profile.layers) else 0
 
 
-def _imported(from_megatron, from_torchtitan, model: _Model, *, seq_len: int, gpu: str) -> list:
-    """The configurations read from the framework files given, as Published records."""
+def _imported(from_megatron, from_torchtitan, model: _Model, *, seq_len: int, gpu: str, searched: dict) -> list:
+    """The configurations read from the framework files given, as Published records (scored with
+    the search's settings, `searched`: those the file asks otherwise are said)."""
     from planner.commands.evaluate_config import read_job
     from planner.commands.search_compare import from_framework_job
 
@@ -312,7 +338,8 @@ def _imported(from_megatron, from_torchtitan, model: _Model, *, seq_len: int, gp
                         "with --arch, --arch-config or --hf-config")
     files = [(from_megatron, None)] if from_megatron else []
     files += [(None, from_torchtitan)] if from_torchtitan else []
-    return [from_framework_job(read_job(m, t), arch=model.arch, gpu=gpu, seq_len=seq_len) for m, t in files]
+    return [from_framework_job(read_job(m, t), arch=model.arch, gpu=gpu, seq_len=seq_len, settings=searched)
+            for m, t in files]
 
 
 def _hand(given: dict, model: _Model, *, gpus, global_batch, seq_len, gpu):
@@ -327,6 +354,7 @@ def _hand(given: dict, model: _Model, *, gpus, global_batch, seq_len, gpu):
         return None
     if given["micro_batch_size"] is None:
         raise UserError("a hand configuration needs --micro-batch-size")
+    search_settings.check_hand(given["settings"], tp=given["tp"] or 1)
     return hand_config(tp=given["tp"] or 1, sp=given["sp"], pp=given["pp"] or 1, dp=given["dp"],
                        zero=given["zero"] or 0, shard_group=given["shard_group"], ep=given["ep"] or 1,
                        micro_batch_size=given["micro_batch_size"], schedule=given["schedule"] or "1F1B",

@@ -70,6 +70,7 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
     from pydantic import ValidationError
 
     from planner.cost import costmodel
+    from planner.cost.float8 import float8_profile
     from planner.solve import jobsearch, search
     from planner.solve.deadline import Deadline
 
@@ -78,6 +79,7 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
         scored.degrees, scored.note = for_job(config, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=gpu)
         scored.profile = profile_for(config.tp, config.sp, config.micro_batch_size)
         scored.setup = jobsearch.job_setup(scored.profile, scored.degrees, options)
+        scored.profile = float8_profile(scored.profile, scored.setup)  # --float8: its records applied
     except (UserError, ValidationError) as exc:
         scored.why_not = str(exc).splitlines()[0]
         return scored
@@ -141,11 +143,12 @@ def matching(arch_name: str | None):
     return published_for(arch_name) if arch_name is not None else []
 
 
-def from_framework_job(job, *, arch, gpu: str, seq_len: int):
+def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | None = None):
     """A configuration read from a framework's own file (`--from-megatron`, `--from-torchtitan`:
-    planner/models/configs) as a Published record, scored beside the search like a published one.
-    Its model must be the one searched; what the file asks for that ckplan does not charge is
-    said in `not_expressible`."""
+    planner/models/configs) as a Published record, scored beside the search like a published one,
+    with the search's settings (`settings`: TrainingSetup's fields and tp_overlap; None: the
+    defaults). Its model must be the one searched; what the file asks for that is not charged so
+    (not modelled, or set otherwise in the search) is said in `not_expressible`."""
     import dataclasses
 
     from planner.models.published import Published
@@ -159,7 +162,8 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int):
                         f"against {searched[key]}); search that model, or compare a config of this one")
     stages = job.pp * job.chunks
     recompute, ckpt, unsaid = _framework_recompute(job, stages)
-    unmodelled = [setting.name for setting in job.of("not modelled")] + unsaid + _settings_unsaid(job.modelled)
+    unmodelled = [setting.name for setting in job.of("not modelled")] + unsaid + _settings_unsaid(job.modelled,
+                                                                                                  settings or {})
     if job.cp > 1:  # a Published record carries no CP degree: scored at CP 1, said (evaluate --from-* scores it)
         unmodelled.append(f"context parallelism {job.cp} (scored at CP 1 here; `ckplan evaluate --from-"
                           f"{job.framework}` scores it)")
@@ -174,13 +178,27 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int):
                      ckpt_per_stage=ckpt, not_expressible=", ".join(unmodelled), source=str(job.source))
 
 
-def _settings_unsaid(modelled) -> list[str]:
-    """The settings `evaluate --from-*` models (configs.JobSettings) that a Published record cannot
-    carry, so the comparison scores without them: said, not dropped."""
-    found = [("torch.compile (scored eager)", modelled.compile),
-             (f"{modelled.tp_overlap} (scored without TP overlap)", modelled.tp_overlap != "none"),
-             ("bf16 optimizer moments (scored fp32)", modelled.optimizer_state_dtype == "bf16")]
-    return [what for what, on in found if on]
+def _settings_unsaid(modelled, searched: dict) -> list[str]:
+    """The settings `evaluate --from-*` models (configs.JobSettings) that the file sets otherwise
+    than the search scores every configuration (`searched`): said, not dropped."""
+    loss = modelled.compile if modelled.compile_loss is None else modelled.compile_loss
+    model_searched = searched.get("compile", False)
+    loss_searched = model_searched if searched.get("compile_loss") is None else searched["compile_loss"]
+    found = [("torch.compile of the blocks", modelled.compile, model_searched),
+             ("torch.compile of the loss", loss, loss_searched),
+             ("Float8 linears", modelled.float8, searched.get("float8", False)),
+             ("the float8 all-gather", modelled.fp8_all_gather, searched.get("fp8_all_gather", False)),
+             ("TP overlap", modelled.tp_overlap, searched.get("tp_overlap", "none")),
+             ("Adam's moments", modelled.optimizer_state_dtype, searched.get("optimizer_state_dtype", "fp32")),
+             ("the runtime version", modelled.runtime_version, searched.get("runtime_version"))]
+    return [f"{what} {_said(mine)} (scored {_said(theirs)}, as the search)" for what, mine, theirs in found
+            if mine != theirs]
+
+
+def _said(value) -> str:
+    if value is None:
+        return "the newest read"
+    return {True: "on", False: "off"}[value] if isinstance(value, bool) else str(value)
 
 
 # Arch fields that name or cite a model rather than shape it

@@ -116,6 +116,7 @@ class Report:
     # ------------------------------------------------------------ printing
 
     def print(self) -> None:
+        from planner.commands.search_settings import spelled, stated
         from planner.console import console, table
 
         title = (f"ckplan search: {self.job.gpus} x {self.gpu.name}, batch {self.global_batch} x {self.seq_len} "
@@ -136,6 +137,9 @@ class Report:
                 console.print(f"  {row.name}: {said or 'as published'}" + (f" [{row.source}]" if row.source else ""),
                               markup=False)
         console.print(self.counts())
+        settings = stated(self.options.training, self.options.tp_overlap)
+        if settings:
+            console.print(f"every configuration scored with {spelled(settings)}", markup=False)
         if self.out is not None:
             console.print(f"best written to {self.out} (`ckplan export {self.out} --to megatron|torchtitan|...`)",
                           markup=False)
@@ -174,8 +178,11 @@ class Report:
                     **({"differs_from_next": self.differs(index)} if index is not None else {})}
 
         ranked = [one(row, i) | {"stages": _stages(solved)} for i, (row, solved) in enumerate(zip(self.rows, o.ranked))]
+        from planner.commands.search_settings import stated
+
         return json.dumps({
             "plan": str(self.out) if self.out is not None else None,
+            "settings": stated(self.options.training, self.options.tp_overlap),
             "counts": {"considered": o.considered, "duplicates": o.duplicates, "refused": o.refused,
                        "pruned_memory": o.pruned_memory, "pruned_time": o.pruned_time, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
@@ -194,7 +201,7 @@ def write_plan(best, out: Path, profile_out: Path, model_ref) -> None:
 
     from planner import io
     from planner.schema import FileRef, Plan, PlanPredicted, SolverInfo
-    profile, setup = best.candidate.profile, best.candidate.setup
+    profile, setup = best.candidate.plan_profile or best.candidate.profile, best.candidate.setup
     io.save_profile(profile, profile_out)
     plan = Plan(created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 model=FileRef(file=profile.model.file, sha256=profile.model.sha256),

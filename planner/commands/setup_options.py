@@ -14,7 +14,6 @@ from pathlib import Path
 import click
 
 from planner.commands.training_settings import (
-    SETTING_OPTION_NAMES,
     SETTING_OPTIONS,
     TrainingSettings,
     check_settings,
@@ -150,7 +149,7 @@ def setup_options(func):
 
     @functools.wraps(func)
     def grouped(**kwargs):
-        settings = TrainingSettings(**{name: kwargs.pop(name) for name in SETTING_OPTION_NAMES})
+        settings = TrainingSettings.from_options(kwargs)
         data_parallel = DataParallelOptions(**{name: kwargs[name] if name in own else kwargs.pop(name)
                                                for name in DP_OPTION_NAMES}, settings=settings)
         return func(data_parallel=data_parallel, **kwargs)
@@ -159,6 +158,12 @@ def setup_options(func):
         if option_name(option) not in own:
             grouped = option(grouped)
     return grouped
+
+
+def shared_option(name: str):
+    """The setup option declaring parameter `name`, for a command that takes it alone (search's
+    --tp-overlap): one definition of each option."""
+    return next(option for option in _OPTIONS if option_name(option) == name)
 
 
 def option_name(option) -> str:

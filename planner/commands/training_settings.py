@@ -18,10 +18,12 @@ SETTING_OPTIONS = [
                  help="The runtime's version whose facts apply (torchtitan: bbb1b616 compiles the loss under "
                       "--compile, 9dec370 does not; colossalai: hf-4.46 or hf-4.3x, the transformers loss it runs) "
                       "[default: the newest read]."),
-    click.option("--compile", "compile_model", is_flag=True,
-                 help="torch.compile (torchtitan's training.compile): the loss as the runtime's version compiles it; "
-                      "the layers keep what the profile recorded under compile (`ckplan profile --arch ... "
-                      "--compiled`), else are charged as eager."),
+    click.option("--compile", "compile_components", is_flag=False, flag_value="model,loss", default=None,
+                 metavar="[model,loss]", callback=lambda ctx, param, value: compile_components(value),
+                 help="torch.compile (torchtitan's compile.enable with compile.components; bare: model,loss): model "
+                      "compiles the layers, which keep what the profile recorded under compile (`ckplan profile "
+                      "--arch ... --compiled`), else are charged as eager; loss compiles the loss as the runtime's "
+                      "version does."),
     click.option("--op-level-sac", is_flag=True,
                  help="torchtitan's op-level selective AC: a checkpointed block (evaluate) runs its op-sac policy, "
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "
@@ -47,16 +49,34 @@ SETTING_OPTIONS = [
     click.option("--expert-tp", type=click.IntRange(min=1), default=None,
                  help="Expert tensor-parallel degree (refused where it differs from the profile's TP) [default: TP]."),
 ]
-SETTING_OPTION_NAMES = ("runtime_version", "compile_model", "op_level_sac", "float8", "fp8_all_gather",
+SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp")
+
+
+COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
+
+
+def compile_components(text: str | None) -> tuple[str, ...] | None:
+    """--compile's value as the components it compiles (None: not given); anything but model and
+    loss is refused in one sentence."""
+    if text is None:
+        return None
+    parts = tuple(part.strip() for part in text.split(",") if part.strip())
+    stray = [part for part in parts if part not in COMPILE_COMPONENTS]
+    if stray or not parts:
+        raise click.BadParameter(f"{text!r}: name what torch.compile compiles, model and/or loss, separated by a "
+                                 "comma (bare --compile: model,loss)")
+    return parts
 
 
 @dataclass(frozen=True)
 class TrainingSettings:
-    """The settings real jobs use, as given (TrainingSetup's fields; `compile_model` is its `compile`)."""
+    """The settings real jobs use, as given (TrainingSetup's fields; `compile_model` is its `compile`,
+    the layers compiled; `compile_loss` its `compile_loss`)."""
 
     runtime_version: str | None = None
     compile_model: bool = False
+    compile_loss: bool | None = None  # None: with the model, as the runtime's version compiles it
     op_level_sac: bool = False
     float8: bool = False
     fp8_all_gather: bool = False
@@ -67,10 +87,18 @@ class TrainingSettings:
     mtp_layers: int = 0
     expert_tp: int | None = None
 
+    @classmethod
+    def from_options(cls, values: dict) -> TrainingSettings:
+        """The settings from the options' values (SETTING_OPTION_NAMES), taken out of `values`."""
+        given = {name: values.pop(name) for name in SETTING_OPTION_NAMES}
+        components = given.pop("compile_components") or ()
+        loss = None if set(components) == set(COMPILE_COMPONENTS) or not components else "loss" in components
+        return cls(**given, compile_model="model" in components, compile_loss=loss)
+
     def fields(self) -> dict:
         """TrainingSetup's fields."""
-        found = {name: getattr(self, name) for name in SETTING_OPTION_NAMES if name != "compile_model"}
-        return found | {"compile": self.compile_model}
+        found = {name: getattr(self, name) for name in SETTING_OPTION_NAMES if name != "compile_components"}
+        return found | {"compile": self.compile_model, "compile_loss": self.compile_loss}
 
 
 def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
@@ -81,25 +109,45 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     from planner.cost import runtimes
     from planner.cost.rules import profile_tp
 
-    record = runtimes.facts(runtime, settings["runtime_version"])
+    runtimes.facts(runtime, settings["runtime_version"])  # an unknown version refused
     settings["context_parallel"] = context_parallel(profile, settings["context_parallel"])
     refused = runtimes.refused_settings(SimpleNamespace(runtime=runtime, **settings), tp=profile_tp(profile))
     refused += _a2a_heads(profile, settings["cp_comm"], settings["context_parallel"])
     if refused:
         raise UserError(refused[0])
-    if settings["float8"] and say is not None and not record.float8_memory:
+    if say is not None:
+        setting_notes(profile, runtime=runtime, settings=settings, say=say)
+
+
+def setting_notes(profile, *, runtime: str, settings: dict, say) -> None:
+    """Say what --float8 (where its memory is not modelled) and --compile change under `runtime`."""
+    from planner.cost import runtimes
+
+    record = runtimes.facts(runtime, settings["runtime_version"])
+    if settings["float8"] and not record.float8_memory:
         say(f"--float8: {runtime}'s Float8 ({record.float8}) is timed (its GEMMs in FP8, its casts); its memory "
             "is charged as the bf16 layers' (its float8 weight workspaces and saved inputs are not modelled)")
-    if settings["compile"] and say is not None:
-        compiled = record.loss_compiled is not None
-        layers = sum(1 for layer in profile.layers if layer.compiled_kept_bytes)
-        say(f"--compile: {runtime} {record.version} " + ("compiles the loss (charged as read from inductor's code)"
-                                                         if compiled else "does not compile the loss")
-            + (f"; {layers} of {len(profile.layers)} layers keep what the profile recorded under compile "
-               "(AOTAutograd's partition), the others as eager" if layers else
-               "; the profile recorded no layer's kept bytes under compile, so the layers' memory is charged as "
-               "eager (an --arch profile records them with --compiled)")
-            + "; the layers' time is charged as eager")
+    loss = settings["compile"] if settings.get("compile_loss") is None else settings["compile_loss"]
+    if settings["compile"] or loss:
+        say(f"--compile {compile_said(settings['compile'], loss)}: " + _compile_note(profile, record, settings["compile"], loss))
+
+
+def compile_said(model: bool, loss: bool) -> str:
+    """The components compiled, as --compile spells them."""
+    return ",".join(name for name, on in zip(COMPILE_COMPONENTS, (model, loss)) if on)
+
+
+def _compile_note(profile, record, model: bool, loss: bool) -> str:
+    layers = sum(1 for layer in profile.layers if layer.compiled_kept_bytes)
+    said = f"{record.name} {record.version} " + (
+        ("compiles the loss (charged as read from inductor's code)" if record.loss_compiled is not None
+         else "does not compile the loss") if loss else "runs the loss eager")
+    if not model:
+        return said + "; the layers eager"
+    return said + (f"; {layers} of {len(profile.layers)} layers keep what the profile recorded under compile "
+                   "(AOTAutograd's partition), the others as eager" if layers else
+                   "; the profile recorded no layer's kept bytes under compile, so the layers' memory is charged as "
+                   "eager (an --arch profile records them with --compiled)") + "; the layers' time is charged as eager"
 
 
 def compiled_profile(profile, settings: TrainingSettings | None):
@@ -169,6 +217,19 @@ def with_context_parallel(data_parallel, cp: int, *, say=None):
     return dataclasses.replace(data_parallel, dp=data_parallel.dp * cp, shard_group=shard)
 
 
+def op_sac_layers(profile) -> set[str]:
+    """The layers that offer torchtitan's op-level policy (op-sac); a profile with none is refused
+    in one sentence (--op-level-sac would change nothing)."""
+    from planner.profiler.opsac import OPTION_OP_SAC
+
+    offered = {layer.name for layer in profile.layers
+               if any(option.name == OPTION_OP_SAC for option in layer.recompute_options)}
+    if not offered:
+        raise UserError("--op-level-sac needs a profile whose blocks offer torchtitan's op-level policy (op-sac): "
+                        "an analytic LLaMA-style profile with flash attention, made by `ckplan profile --arch`")
+    return offered
+
+
 def op_sac_stages(stages, profile):
     """--op-level-sac: a hand plan's checkpointed layers run torchtitan's op-level policy where the
     profile offers it (`op-sac`, planner/profiler/opsac.py), whole-layer checkpointing elsewhere.
@@ -176,11 +237,7 @@ def op_sac_stages(stages, profile):
     from planner.profiler.opsac import OPTION_OP_SAC
     from planner.schema import OPTION_FULL, StagePlan
 
-    offered = {layer.name for layer in profile.layers
-               if any(option.name == OPTION_OP_SAC for option in layer.recompute_options)}
-    if not offered:
-        raise UserError("--op-level-sac needs a profile whose blocks offer torchtitan's op-level policy (op-sac): "
-                        "an analytic LLaMA-style profile with flash attention, made by `ckplan profile --arch`")
+    offered = op_sac_layers(profile)
     out = []
     for stage in stages:
         recompute = {name: OPTION_OP_SAC if name in offered else OPTION_FULL for name in stage.checkpointed}

@@ -317,7 +317,8 @@ def runtime_loss(profile: Profile, setup: TrainSetup) -> tuple[float, runtimes.L
     if profile.source != "analytic" or profile.dtype != "bfloat16":
         return None
     tp = profile_tp(profile)
-    region = runtimes.loss_region(runtime_facts(setup), tp=tp, compiled=setup.training.compile)
+    region = runtimes.loss_region(runtime_facts(setup), tp=tp, compiled=setup.training.compile
+                                 if setup.training.compile_loss is None else setup.training.compile_loss)
     return profile.layers[-1].output_bytes, region
 
 

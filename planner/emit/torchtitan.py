@@ -111,6 +111,11 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
     if plan.setup.data_parallel.offload:
         cannot.append("offloading the optimizer alone: training.enable_cpu_offload moves weights and gradients "
                       "to the host too (FSDP2's CPUOffloadPolicy); left off here.")
+    compiled = _compiled(plan.setup.training)
+    if compiled:
+        cannot.append(f"torch.compile of the {' and the '.join(compiled)} (scored with --compile {','.join(compiled)}): "
+                      f"not written here; give the job compile.enable = true with compile.components = "
+                      f"{json.dumps(compiled)}.")
     if plan.setup.training.float8:
         cannot.append("Float8 linears (scored with --float8" + (" --fp8-all-gather" if plan.setup.training.fp8_all_gather
                       else "") + "): not written here; give the job model.converters = [\"float8\"] with "
@@ -118,6 +123,12 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
                       "true" if plan.setup.training.fp8_all_gather else "") + ".")
     header = rounding.header_lines(plan_file, f"{TARGET} {version}", cannot, rounded, scored)
     return rounding.Export(TARGET, rounding.comment(header) + "\n" + body, suffix, rounded, scored, cannot)
+
+
+def _compiled(training) -> list[str]:
+    """The components a plan was scored compiled (torchtitan's compile.components names)."""
+    loss = training.compile if training.compile_loss is None else training.compile_loss
+    return [name for name, on in (("model", training.compile), ("loss", loss)) if on]
 
 
 def fqns_per_stage(rounded: rounding.Rounded, roles: rounding.Roles, head: str) -> list[list[str]]:

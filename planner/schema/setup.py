@@ -123,6 +123,10 @@ class TrainingSetup(Strict):
     # torch.compile of the model (torchtitan --training.compile / compile.enable): the loss is
     # compiled with it where the runtime's version does so
     compile: bool = False
+    # whether the loss is compiled (torchtitan's compile.components: ["model"] leaves it eager, False;
+    # ["loss"] compiles it alone, True with `compile` False); None: with the model, as `compile` says
+    # (the runtime's version compiling it or not: its record's loss_compiled)
+    compile_loss: bool | None = None
     # torchtitan's --activation_checkpoint.mode selective --selective_ac_option op: save every
     # other mm and the attention outputs (not modelled: refused)
     op_level_sac: bool = False

@@ -44,6 +44,10 @@ class JobOptions:
     precision: str = "bf16-mixed"
     runtime: str = "ckplan"
     recompute: str = "options"
+    # the settings real jobs use, as TrainingSetup's fields (runtime_version, compile, float8, ...;
+    # context_parallel is each configuration's own, and cp_comm applies where it is above 1)
+    training: dict = field(default_factory=dict)
+    tp_overlap: str = "none"  # CommSetup's: the runtime setting that overlaps the TP collectives
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,9 @@ class Candidate:
     setup: TrainSetup
     profile: Profile
     bounds: bounds_mod.Bounds
+    # the profile a plan file holds where `profile` has the setup's Float8 records applied to it
+    # (planner/cost/float8.py: export and evaluate apply them again from the plan's setup)
+    plan_profile: Profile | None = None
 
 
 @dataclass(frozen=True)
@@ -98,10 +105,15 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
                   optimizer=options.optimizer, precision=options.precision, runtime=options.runtime,
                   recompute=options.recompute, dp=dp, zero=degrees.zero, shard_group=degrees.shard_group,
                   ep=degrees.ep, context_parallel=degrees.cp)
+    fields.update(options.training)
+    fields["cp_comm"] = options.training.get("cp_comm") if degrees.cp > 1 else None
     if dp > 1:
         fields.update(_links(profile, dataclasses.replace(degrees, dp=dp), options.gpus_per_node))
     if degrees.cp > 1:
         fields.update(_cp_link(profile, degrees, options.gpus_per_node))
+    fields.update(_links_of_comm(profile, degrees, options.gpus_per_node))
+    if degrees.tp > 1:
+        fields.update(tp_overlap=options.tp_overlap)
     setup = TrainSetup(**fields)
     if options.runtime == "torchtitan":
         setup = dataparallel.as_torchtitan_runs(setup)
@@ -146,12 +158,48 @@ def _cp_link(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
                 collective_latency_ms=link.base_latency_ms, gpus_per_node=gpus_per_node)
 
 
+def _links_of_comm(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
+    """The tensor-parallel group's link and the pipeline's, as `ckplan solve`'s comm_setup.comm_fields
+    chooses them: TP over the node (nccl-tests' measured collective rate where the GPU has one) while
+    it fits in a node, which the search keeps it to; a pipeline send between ranks tp x dp x cp apart,
+    in the node or over the network; nothing on cpu."""
+    from planner.cost import comm
+
+    if profile.device.type != "cuda" or (degrees.tp == 1 and degrees.pp == 1):
+        return {}
+    gpu = dataparallel.profile_gpu(profile)
+    inside = comm.node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
+    between = comm.network_link(gpu.network_gb_per_s, gpu.nics_per_gpu)
+    found: dict = {"gpus_per_node": gpus_per_node}
+    if degrees.tp > 1:
+        link = comm.group_link(degrees.tp, 1, gpus_per_node, inside, between)
+        rate = gpu.node_collective_gb_per_s if link is inside and gpu.node_collective_gb_per_s else link.gb_per_s
+        found.update(tp=degrees.tp, tp_gb_per_s=rate, tp_step_latency_ms=link.step_latency_ms,
+                     collective_latency_ms=link.base_latency_ms)
+    if degrees.pp > 1:
+        link = comm.group_link(2, degrees.tp * degrees.dp * degrees.cp, gpus_per_node, inside, between)
+        found.update(pp_gb_per_s=link.gb_per_s, pp_latency_ms=link.base_latency_ms + link.step_latency_ms)
+    return found
+
+
+def _a2a_splits_heads(profile: Profile, degrees: Degrees, options: JobOptions) -> bool:
+    """Under cp_comm a2a each rank's Q and K/V heads split over the cp ranks: Transformer Engine
+    asserts that cp divides them (context_parallel.py 4246-4248, d0067d0d); True where it does or
+    the setting does not apply."""
+    model = profile.assumptions.get("model")
+    if options.training.get("cp_comm") != "a2a" or degrees.cp == 1 or not isinstance(model, dict):
+        return True
+    heads, kv = model.get("num_heads", 0) // degrees.tp, max(model.get("num_kv_heads", 0) // degrees.tp, 1)
+    return heads % degrees.cp == 0 and kv % degrees.cp == 0
+
+
 class Profiles:
     """Profiles per (tp, sp, micro-batch size), built once, with their distinct layers."""
 
     def __init__(self, profile_for: ProfileFor):
         self._profile_for = profile_for
         self._cache: dict[tuple[int, bool, int, int], tuple[Profile, list]] = {}
+        self._float8: dict[tuple[int, bool], tuple[Profile, list]] = {}
 
     def get(self, tp: int, sp: bool, mbs: int, cp: int = 1) -> tuple[Profile, list]:
         key = (tp, sp, mbs, cp)
@@ -159,6 +207,19 @@ class Profiles:
             profile = self._profile_for(tp, sp, mbs) if cp == 1 else self._profile_for(tp, sp, mbs, cp=cp)
             self._cache[key] = (profile, bounds_mod.kinds(profile))
         return self._cache[key]
+
+    def for_setup(self, profile: Profile, layers: list, setup: TrainSetup) -> tuple[Profile, list]:
+        """(profile, layers) as `setup` charges them: under Float8 its records applied (they depend
+        on the setup through whether FSDP shards the weights), once per profile and sharding."""
+        if not setup.training.float8:
+            return profile, layers
+        from planner.cost.float8 import float8_profile
+
+        key = (id(profile), dataparallel.shard_size(setup) > 1)
+        if key not in self._float8:
+            applied = float8_profile(profile, setup)
+            self._float8[key] = (applied, bounds_mod.kinds(applied))
+        return self._float8[key]
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -169,12 +230,16 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
     kept, seen = [], set()
     for degrees in enumerate_degrees(job):
         outcome.considered += 1
-        profile, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp)
+        written, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp)
         try:
-            setup = job_setup(profile, degrees, options)
+            setup = job_setup(written, degrees, options)
         except ValidationError:
             outcome.refused += 1
             continue
+        if not _a2a_splits_heads(written, degrees, options):
+            outcome.refused += 1
+            continue
+        profile, layers = profiles.for_setup(written, layers, setup)
         # the degrees as the runtime runs them (torchtitan: every ZeRO stage as FSDP2's ZeRO 3)
         degrees = dataclasses.replace(degrees, zero=setup.data_parallel.zero,
                                       shard_group=setup.data_parallel.shard_group)
@@ -184,7 +249,8 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
             outcome.duplicates += 1
             continue
         seen.add(key)
-        candidate = Candidate(degrees, setup, profile, bounds_mod.setup_bounds(profile, setup, layers))
+        candidate = Candidate(degrees, setup, profile, bounds_mod.setup_bounds(profile, setup, layers),
+                              plan_profile=written if profile is not written else None)
         if candidate.bounds.memory_excess_bytes > 0:
             outcome.pruned_memory += 1
             if outcome.nearest is None or _ratio(candidate) < _ratio(outcome.nearest):

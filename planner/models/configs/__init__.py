@@ -24,6 +24,7 @@ Status = Literal["modelled", "not modelled", "no effect", "unknown"]
 # scored, without it). The settings it does model are the reader's `Job.modelled` (JobSettings).
 PENDING: dict[str, str] = {
     "float8": "Float8 matmuls (torchao / Transformer Engine): faster matmuls, about the same memory",
+    "mx": "MX (microscaling) matmuls or quantized grouped matmuls (torchao): scored in bf16",
     "cp": "context parallelism's hierarchical all-to-all and ring (a2a+p2p, hierarchical sizes, a type per layer): "
           "scored as the p2p ring",
     "cp-unbalanced": "context parallelism without the load balancer (the last rank computes the most): scored "
@@ -45,7 +46,8 @@ class JobSettings:
     """The settings real jobs use that the file asks for and the cost model models: passed to the
     setup as TrainingSettings (planner/commands/training_settings.py) and --tp-overlap."""
 
-    compile: bool = False  # torch.compile: the loss as the runtime's version compiles it, layers eager
+    compile: bool = False  # torch.compile of the layers (their kept bytes as the profile records them compiled)
+    compile_loss: bool | None = None  # the loss compiled (None: with the layers, as the runtime's version does)
     op_level_sac: bool = False  # checkpointed blocks run torchtitan's op-level policy (op-sac)
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"  # Adam's moments
     expert_tp: int | None = None  # the expert tensor-parallel size where the file gives it (= TP)
@@ -53,6 +55,9 @@ class JobSettings:
     cp_comm: Literal["p2p", "allgather", "a2a"] | None = None  # context parallelism's K/V exchange (None: the runtime's)
     float8: bool = False  # Float8 linears (torchtitan's float8 converter; Megatron-LM's --fp8-format)
     fp8_all_gather: bool = False  # FSDP2's float8 all-gather of their weights (torchtitan)
+    # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
+    # dates itself; None: the newest read (Job.notes says which and why)
+    runtime_version: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from planner.models.configs.megatron_flags import (
     FSDP_ZERO,
     GPT2_VOCAB,
     NO_EFFECT,
+    NO_EFFECT_FAMILIES,
     NO_EFFECT_PREFIXES,
     NOT_MODELLED,
+    NOT_MODELLED_FAMILIES,
     PENDING_DEFAULTS,
     PENDING_FLAGS,
     TOKENIZER_SOURCE,
@@ -131,6 +133,8 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     for flag, value, status, what in sink:
         job.said(flag, value, status, what)
     job.notes += flags.notes
+    job.notes.append("runtime version: Megatron-LM d98e8a64 (2026-08-22), the one record read "
+                     "(planner/cost/runtimes.py); the flags are read as that version takes them")
     _rest(flags, job)
     return job
 
@@ -408,6 +412,12 @@ def _settings(flags: _Flags, job: Job) -> None:
         flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
                           "cuBLAS workspace after the step all the same")
     _float8(flags, job)
+    # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad
+    flags.take("--accumulate-allreduce-grads-in-fp32", "gradients accumulated and reduced in fp32 (the runtime "
+               "record's 4-byte main_grad)", bool)
+    # on by default (arguments.py 2519-2521 at 6e091e1b); its --no- form is listed (megatron_flags.NOT_MODELLED)
+    flags.take("--check-for-nan-in-loss-and-grad", "the NaN check of every gradient bucket before its reduction "
+               "(timed: the runtime record's step_whole_bytes)", bool)
     moments = ("--exp-avg-dtype", "--exp-avg-sq-dtype")
     if flags.has("--use-precision-aware-optimizer") and all(flags.given.get(f) == ["bf16"] for f in moments):
         for flag in moments:
@@ -444,6 +454,12 @@ def _rest(flags: _Flags, job: Job) -> None:
             job.said(flag, value, "no effect" if values == ["false"] else "not modelled", NOT_MODELLED[flag])
         elif flag in NO_EFFECT:
             job.said(flag, value, "no effect", NO_EFFECT[flag])
+        elif flag.startswith(tuple(NOT_MODELLED_FAMILIES)):
+            family = next(prefix for prefix in NOT_MODELLED_FAMILIES if flag.startswith(prefix))
+            job.said(flag, value, "not modelled", NOT_MODELLED_FAMILIES[family])
+        elif flag.startswith(tuple(NO_EFFECT_FAMILIES)):
+            family = next(prefix for prefix in NO_EFFECT_FAMILIES if flag.startswith(prefix))
+            job.said(flag, value, "no effect", NO_EFFECT_FAMILIES[family])
         elif flag.startswith(NO_EFFECT_PREFIXES):
             job.said(flag, value, "no effect", "logging, checkpoint, evaluation, data or schedule of the learning rate")
         else:

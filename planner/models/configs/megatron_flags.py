@@ -8,6 +8,17 @@ from __future__ import annotations
 # Flags that change neither memory nor time: recognised and listed as "no effect on the plan".
 NO_EFFECT = {
     "--use-mcore-models": "megatron-core model classes (the only ones in current Megatron-LM)",
+    "--hysteresis": "fp16 loss scaling (a scalar)", "--loss-scale": "fp16 loss scaling (a scalar)",
+    "--initial-loss-scale": "fp16 loss scaling (a scalar)", "--min-loss-scale": "fp16 loss scaling (a scalar)",
+    "--loss-scale-window": "fp16 loss scaling (a scalar)", "--init-method-xavier-uniform": "initialisation",
+    "--no-save-optim": "checkpointing", "--no-save-rng": "checkpointing", "--use-dist-ckpt": "checkpointing",
+    "--override-ckpt-iteration": "checkpointing", "--train-data-path": "data path", "--valid-data-path": "data path",
+    "--test-data-path": "data path", "--per-split-data-args-path": "data path", "--dataloader-type": "data loader",
+    "--num-dataset-builder-threads": "data loader", "--mid-level-dataset-surplus": "data loader",
+    "--object-storage-cache-path": "data path", "--disable-msc": "storage client", "--enable-msc": "storage client",
+    "--no-one-logger": "logging", "--allow-ambiguous-pad-tokens": "tokenizer",
+    "--sft-tokenizer-prompt-format": "tokenizer", "--enable-ft-package": "fault tolerance",
+    "--calc-ft-timeouts": "fault tolerance",
     "--init-method-std": "initialisation scale", "--apply-layernorm-1p": "norm weight parameterisation (1 + w)",
     "--lr": "learning rate", "--min-lr": "learning rate", "--decoupled-lr": "learning rate",
     "--decoupled-min-lr": "learning rate", "--lr-decay-style": "learning-rate schedule",
@@ -36,7 +47,6 @@ NO_EFFECT = {
     "--use-flash-attn": "flash attention",
     "--no-position-embedding": "no learned position table (the rotary positions have no parameters)",
     "--distributed-backend": "communication backend (nccl)", "--logging-level": "logging",
-    "--no-check-for-nan-in-loss-and-grad": "a NaN check on the loss", "--check-for-nan-in-loss-and-grad": "a NaN check",
     "--init-model-with-meta-device": "initialisation on the meta device (nothing kept in steady state)", "--use-persistent-ckpt-worker": "checkpointing",
     "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
     "--no-bias-dropout-fusion": "kernel fusion",
@@ -57,12 +67,41 @@ NO_EFFECT = {
     "--moe-token-dispatcher-type": "token dispatcher (the all-to-all is charged)",
     "--position-embedding-type": "position embedding (rope: no parameters)",
 }
+# Flag families of megatron/training/arguments.py at d98e8a64ddf3 a pretraining step does not run:
+# inference serving, the in-process restart wrapper, job tags, autoresume
+NO_EFFECT_FAMILIES = {"--inference-": "inference serving (not the training step)", "--fim-": "data (fill-in-the-middle)",
+                      "--ft-": "fault tolerance (between steps)",
+                      "--inprocess-": "in-process restart (fault handling between steps)",
+                      "--app-tag-": "job tags", "--adlr-autoresume": "auto-resume between jobs"}
+# Flag families that change the job in ways the cost model does not model: listed, not modelled
+NOT_MODELLED_FAMILIES = {"--rl-": "reinforcement-learning training (rollouts and an inference engine beside the "
+                                  "trainer)",
+                         "--grpo-": "GRPO reinforcement learning (rollouts beside the trainer)",
+                         "--logits-save-": "distillation: teacher logits written each step",
+                         "--logits-load-": "distillation: teacher logits read and a KD loss each step",
+                         "--muon-": "the Muon optimizer's settings (Adam and SGD are modelled)",
+                         "--cuda-graph-": "CUDA graphs (static buffers per captured graph)"}
 NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "--one-logger", "--ckpt-", "--eval-", "--exit-",
                       "--lr-", "--save-", "--load-", "--data-", "--tokenizer-", "--profile-", "--straggler")
 # Flags that change memory or time and the prediction leaves out, with what they are. Those that
 # ask for a setting the cost model does not model go through configs.PENDING (PENDING_FLAGS below);
 # those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
 NOT_MODELLED = {
+    "--yaml-cfg": "more arguments in another YAML file, which is not read: give them in this file",
+    "--num-distributed-optimizer-instances": "the distributed optimizer sharded over a part of data parallelism and "
+                                             "replicated across the instances: charged as one instance over all of it",
+    "--fp16-lm-cross-entropy": "the cross-entropy on fp16 logits (fp16 runs): charged as the fp32 loss region",
+    "--no-overlap-p2p-communication": "pipeline sends not overlapped with compute: time",
+    "--ddp-bucket-size": "gradient-reduction bucket size: how much of the reduction overlaps the backward (time)",
+    "--ddp-num-buckets": "gradient-reduction bucket count: how much of the reduction overlaps the backward (time)",
+    "--window-size": "sliding-window attention: scored as full causal attention",
+    "--window-attn-skip-freq": "sliding-window attention on some layers: scored as full causal attention",
+    "--squared-relu": "a squared-ReLU MLP: scored as the MLP the other flags give (SwiGLU or GeLU)",
+    "--openai-gelu": "OpenAI's GeLU approximation: the same tensors, another kernel (time)",
+    "--quick-geglu": "a quick-GeGLU MLP: scored as the MLP the other flags give (SwiGLU or GeLU)",
+    "--no-check-for-nan-in-loss-and-grad": "the NaN check of every gradient bucket turned off: the runtime record's "
+                                           "step_whole_bytes (4 B a parameter read once a step, planner/cost/runtimes.py) "
+                                           "is timed all the same",
     "--log-params-norm": "the parameters' norm each step, over the fp32 main shard (common_utils.py 51-120 at "
                          "6e091e1b): time only, a few ms, not charged",
     "--log-num-zeros-in-grad": "the gradients' zeros counted each step over the shard: time only, not charged",

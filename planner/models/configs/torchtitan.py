@@ -46,6 +46,7 @@ NO_EFFECT = {
     "quantize.linear.float8.filter_fqns": "modules left in bf16 (with Float8)",
     "quantize.linear.float8.recipe_name": "Float8 scaling recipe",
     "quantize.linear.float8.emulate": "Float8 emulation (tests)",
+    "activation_checkpoint.visualize_memory_budget_pareto": "an SVG of the memory-budget trade-off (debugging)",
 }
 NOT_MODELLED = {
     "training.enable_cpu_offload": "weights, gradients and optimizer state on the host (FSDP2 CPUOffloadPolicy)",
@@ -76,6 +77,20 @@ ALIASES = {
     "float8.precompute_float8_dynamic_scale_for_fsdp": "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
     "checkpoint.enable_checkpoint": "checkpoint.enable",
 }
+# Keys torchtitan's config_manager.py takes at 9dec370 (2024-12-26) and no longer at bbb1b616 (2025-04-02):
+# a file with one predates the [parallelism] section (785c34c9, 2025-03-18)
+BEFORE_PARALLELISM = frozenset({
+    "checkpoint.interval_type", "experimental.context_parallel_degree", "experimental.context_parallel_rotate_method",
+    "experimental.enable_async_tensor_parallel", "experimental.enable_compiled_autograd",
+    "experimental.pipeline_parallel_degree", "experimental.pipeline_parallel_microbatches",
+    "experimental.pipeline_parallel_schedule", "experimental.pipeline_parallel_schedule_csv",
+    "experimental.pipeline_parallel_split_points", "optimizer.fused", "training.data_parallel_replicate_degree",
+    "training.data_parallel_shard_degree", "training.disable_loss_parallel", "training.tensor_parallel_degree",
+    "training.warmup_steps"})
+# Sections and keys that came after bbb1b616: [compile] (08b8b244, 2025-08-20), [quantize] (5b5d4685, 2025-09-26), the
+# local / global batch sizes (8570415c, 2025-06-05)
+AFTER_BBB1B616 = ("compile.", "quantize.", "training.local_batch_size", "training.global_batch_size")
+FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
 _SCHEDULES = {"1F1B": "1F1B", "GPipe": "GPipe", "Interleaved1F1B": "interleaved-1F1B", "InterleavedZeroBubble": "ZB",
               "ZBVZeroBubble": "ZBV", "DualPipeV": "DualPipeV"}
 
@@ -132,7 +147,8 @@ class _Keys:
 
 
 def from_mapping(data: dict, where: str) -> Job:
-    keys = _Keys(_flatten(data), where)
+    flat = _flatten(data)
+    keys = _Keys(flat, where)
     name = keys.take("model.name", "model family", str, "llama3")
     flavor = keys.take("model.flavor", "model size", str, "debugmodel")
     arch_name = FLAVORS.get((name, flavor))
@@ -151,10 +167,43 @@ def from_mapping(data: dict, where: str) -> Job:
     _recompute(keys, job)
     _precision(keys, job)
     _settings(keys, job)
+    _version(flat, job)
     for key, value, status, what in keys.taken:
         job.said(keys.name(key), value, status, what)
     _rest(keys, job)
     return job
+
+
+NEWEST = "torchtitan b5bcd76c (2026-08-21)"
+BEFORE_RETURN_OUTPUTS = ("a torchtitan from before e5ef99aab (2025-10-22) kept every pipeline stage's outputs to the "
+                         "step's end: give --runtime-version bbb1b616 to score that")
+
+
+def _version(flat: dict, job: Job) -> None:
+    """The runtime version whose record applies (planner/cost/runtimes.py: 9dec370, whose loss is not
+    compiled; else the newest record, b5bcd76c, which compiles it with the model and whose pipeline
+    keeps no outputs to the step's end, where bbb1b616's did), as the file's keys date it; said."""
+    old = sorted(key for key in flat if key in BEFORE_PARALLELISM)
+    new = sorted(key for key in flat if key.startswith(AFTER_BBB1B616) or key.startswith("parallelism."))
+    if old and new:
+        raise UserError(f"{job.source} spells {old[0]} as torchtitan did before its [parallelism] section (2025-03-18) "
+                        f"and {new[0]} as after it; give one torchtitan's keys")
+    if old:
+        job.modelled.runtime_version = "9dec370"
+        job.notes.append(f"runtime version: torchtitan 9dec370 (2024-12-26), the record read before the [parallelism] "
+                         f"section, since the file spells {old[0]} (config_manager.py at 9dec370, gone at bbb1b616); "
+                         "torchtitan from b19456a9 (2024-10-22) until 9dec370 compiled the loss under "
+                         "training.compile (train.py 138-139), 9dec370 does not: give --runtime-version to score "
+                         "another")
+    elif new:
+        later = [key for key in new if key.startswith(AFTER_BBB1B616)]
+        job.notes.append(f"runtime version: {NEWEST}, the newest record read, since the file "
+                         + (f"sets {later[0]}, a key torchtitan took after bbb1b616" if later else
+                            f"sets {new[0]} ([parallelism] since 785c34c9, 2025-03-18; before bbb1b616 torchtitan did "
+                            "not compile the loss)") + f"; {BEFORE_RETURN_OUTPUTS}")
+    else:
+        job.notes.append(f"runtime version: {NEWEST}, the newest record read (the default): no key of the file "
+                         f"dates it; {BEFORE_RETURN_OUTPUTS}")
 
 
 def _positive(where: str, key: str, value: int) -> int:
@@ -303,22 +352,43 @@ def _precision(keys: _Keys, job: Job) -> None:
 def _settings(keys: _Keys, job: Job) -> None:
     """compile and AsyncTP (modelled: Job.modelled); the keys that ask for a setting the cost model
     does not model (configs.PENDING), listed "not modelled"."""
-    compiled = keys.take("compile.enable", "torch.compile: the loss as the runtime's version compiles it; the "
-                         "layers' memory and time charged as eager", bool, False)
-    # torchtitan/config/job_config.py Compile.components at 238fa9953e4a: default ["model", "loss"]; the 2024
-    # spelling (training.compile) compiles the loss too (train.py 138-139 at b19456a987be)
-    components = keys.take("compile.components", "what torch.compile compiles (the loss compiled only with 'loss')",
-                           list, ["model", "loss"])
-    job.modelled.compile = bool(compiled) and "loss" in components
+    compiled = keys.take("compile.enable", "torch.compile of what compile.components names (--compile)", bool, False)
+    _compile_components(keys, job, compiled)
     _float8(keys, job)
     for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
         keys.pending(key, bool(keys.left.get(key)), "float8")
     if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
                  "the matmuls (the runtime's tp_overlap, --tp-overlap async-tp)", bool, False):
+        # distributed/tensor_parallel.py 20-23 at 238fa9953e4a; parallelisms/parallelize_llama.py 55 at b19456a987be
+        if job.tp > 1 and not job.modelled.compile:
+            raise UserError(f"{job.source}: enable_async_tensor_parallel needs compile.enable with 'model' in "
+                            "compile.components (torchtitan raises 'Async TP requires ...' otherwise)")
         if job.tp > 1:
             job.modelled.tp_overlap = "async-tp"
         else:
             keys.taken[-1] = (*keys.taken[-1][:2], "no effect", "tensor_parallel_degree 1: no collectives to overlap")
+
+
+def _compile_components(keys: _Keys, job: Job, compiled: bool) -> None:
+    """compile.components (torchtitan/config/job_config.py 725, default ["model", "loss"], at 238fa9953e4a;
+    the 2024 spelling training.compile compiles the loss too, train.py 138-139 at b19456a987be): "model"
+    compiles each TransformerBlock (models/llama3/infra/parallelize.py 107-123, apply_compile), charged
+    as the profile's compiled kept bytes; "loss" the loss function (components/loss.py 33), as the
+    runtime's version compiles it. Other names torchtitan never tests for: listed. Without
+    compile.enable neither is compiled."""
+    if not compiled:
+        if "compile.components" in keys.left:
+            keys.taken.append(("compile.components", keys.left.pop("compile.components"), "no effect",
+                               "compile.enable is false: nothing compiled"))
+        return
+    components = keys.take("compile.components", "what torch.compile compiles: model (the blocks) and loss "
+                           "(--compile model,loss)", list, ["model", "loss"])
+    stray = [str(c) for c in components if c not in ("model", "loss")]
+    if stray:
+        keys.taken.append(("compile.components", " ".join(stray), "no effect", "not a component torchtitan compiles "
+                           "(it tests for model and loss only)"))
+    job.modelled.compile = "model" in components
+    job.modelled.compile_loss = None if {"model", "loss"} <= set(components) else "loss" in components
 
 
 def _float8(keys: _Keys, job: Job) -> None:
@@ -328,8 +398,12 @@ def _float8(keys: _Keys, job: Job) -> None:
     filter other than the head's, and torchtitan's forced recompute of the float8 weight are not
     modelled (listed)."""
     converters = keys.left.get("model.converters", [])
+    converters = converters if isinstance(converters, list) else []
     old = bool(keys.left.get("float8.enable_float8_linear"))  # torchtitan 2024's switch
-    float8 = old or ("float8" in converters if isinstance(converters, list) else False)
+    # the converter's name: "float8" until 5b5d4685 (2025-09-26), "quantize.linear.float8" since
+    # (components/quantization/float8.py 238 at 238fa9953e4a)
+    float8 = old or any(name in FLOAT8_CONVERTERS for name in converters)
+    _other_converters(keys, converters)
     recipe = keys.left.get("quantize.linear.float8.recipe_name")
     # 9dec370's converter leaves `output` out whatever the file says; today's filter_fqns defaults to []
     filters = keys.left.get("quantize.linear.float8.filter_fqns", ["output"] if old else [])
@@ -357,6 +431,19 @@ def _float8(keys: _Keys, job: Job) -> None:
               "computed once per step (charged with --fp8-all-gather)", bool)
     job.modelled.float8 = True
     job.modelled.fp8_all_gather = gather
+
+
+def _other_converters(keys: _Keys, converters: list) -> None:
+    """Converters other than Float8's linears (MX linears, quantized grouped matmuls: components/
+    quantization/mx.py 171-172, float8.py 239 at 238fa9953e4a) are not modelled: listed, and their
+    keys with them; without them those keys have no effect."""
+    others = [str(name) for name in converters if name not in FLOAT8_CONVERTERS]
+    if others:
+        keys.taken.append(("model.converters", " ".join(others), "not modelled", pending("mx")))
+    for key in [key for key in keys.left if key.startswith(("quantize.linear.mx.", "quantize.grouped_mm."))
+                and not key.endswith(".fqns")]:  # the experts' fqns: listed with Float8 (_settings)
+        converter = key.rsplit(".", 1)[0]
+        keys.pending(key, converter in converters or converter == "quantize.linear.mx" and "mx" in converters, "mx")
 
 
 def _rest(keys: _Keys, job: Job) -> None:
