@@ -93,23 +93,36 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     if settings["compile"] and say is not None:
         compiled = record.loss_compiled is not None
         layers = sum(1 for layer in profile.layers if layer.compiled_kept_bytes)
-        say(f"--compile: {runtime} {record.version} " + ("compiles the loss (charged as read from inductor's code)"
-                                                         if compiled else "does not compile the loss")
+        loss_time = ("timed by inductor's kernels" if profile.compiled_loss_ms is not None else
+                     "timed as eager: the profile recorded no compiled loss time")
+        say(f"--compile: {runtime} {record.version} " + (f"compiles the loss (charged as read from inductor's code; "
+                                                          f"{loss_time})" if compiled else "does not compile the loss")
             + (f"; {layers} of {len(profile.layers)} layers keep what the profile recorded under compile "
                "(AOTAutograd's partition), the others as eager" if layers else
                "; the profile recorded no layer's kept bytes under compile, so the layers' memory is charged as "
                "eager (an --arch profile records them with --compiled)")
-            + "; the layers' time is charged as eager")
+            + _compiled_time_said(profile))
+
+
+def _compiled_time_said(profile) -> str:
+    timed = sum(1 for layer in profile.layers if layer.compiled_time is not None)
+    if not timed:
+        return ("; the profile recorded no layer's time under compile, so every layer is timed as eager (an --arch "
+                "profile made with --compiled and without --mfu records it)")
+    return (f"; {timed} of {len(profile.layers)} layers are timed as compiled (inductor's fused kernels' bytes), "
+            "the others as eager")
 
 
 def compiled_profile(profile, settings: TrainingSettings | None):
     """The profile as the setting runs it: under --compile each layer keeps what the profile
-    recorded under compile (planner/profiler/compiled_kept.compiled_layers); else as given."""
+    recorded under compile (planner/profiler/compiled_kept.compiled_layers) and runs the passes it
+    timed under compile (planner/profiler/compiled_time.timed_layers); else as given."""
     if settings is None or not settings.compile_model:
         return profile
     from planner.profiler.compiled_kept import compiled_layers
+    from planner.profiler.compiled_time import timed_layers
 
-    return compiled_layers(profile)[0]
+    return timed_layers(compiled_layers(profile)[0])[0]
 
 
 def _a2a_heads(profile, cp_comm: str | None, cp: int) -> list[str]:

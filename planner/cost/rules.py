@@ -327,8 +327,13 @@ def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSet
 
 
 def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
-    """The loss's forward + backward on the last stage (scaled like the layers' compute)."""
-    return compute_ms(profile.loss_ms, setup.time) if stage == setup.pipeline.stages - 1 else 0.0
+    """The loss's forward + backward on the last stage (scaled like the layers' compute): compiled
+    where the runtime compiles it and the profile recorded its compiled time."""
+    if stage != setup.pipeline.stages - 1:
+        return 0.0
+    compiled = (setup.training.compile and profile.compiled_loss_ms is not None
+                and runtime_facts(setup).loss_compiled is not None)
+    return compute_ms(profile.compiled_loss_ms if compiled else profile.loss_ms, setup.time)
 
 
 def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:

@@ -13,7 +13,7 @@ from planner.schema.fields import (
     MAX_SAMPLES, MAX_SCALE, MAX_STAGES, MAX_STEPS, MIN_SCALE, SCHEMA_VERSION, SPLIT_BACKWARD_SCHEDULES, Bytes,
     Count, Dtype, FileRef, GbPerS, Ms, Optimizer, Precision, Schedule, Strict)
 from planner.schema.profile import (
-    OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, SELECTIVE_CHECKPOINT_PARTS, AllocRecord, CollectiveKind,
+    OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, SELECTIVE_CHECKPOINT_PARTS, AllocRecord, CollectiveKind, CompiledTime,
     DeviceInfo, Float8Linears, LayerCollective, LayerContextParallel, LayerProfile, OptionName, Profile, RecomputeOption, TiedSet,
     runs_split_backward)
 from planner.schema.setup import (
