@@ -15,7 +15,7 @@ from planner.models import archs
 from planner.profiler import analytic_time, compiled_time
 from planner.profiler.analytic import Shape
 
-SHAPES = ((2, 20, 96, 6, 2, 224), (3, 20, 112, 7, 1, 288))
+SHAPES = ((2, 20, 96, 6, 2, 224), (3, 20, 112, 7, 1, 288))  # the second: one K/V head, not recorded
 
 
 def arch_of(hidden: int, heads: int, kv_heads: int, ffn: int) -> archs.Arch:

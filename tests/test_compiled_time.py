@@ -128,3 +128,23 @@ def test_the_compiled_losss_bytes_are_inductors_count_of_its_kernels():
         torch.compile(titan, backend="inductor", fullgraph=True)(pred, labels).backward()
     found = sum(compiled_time.memory_bound_bytes(kernels) for kernels in graphs)
     assert found == compiled_time.compiled_loss_bytes(64, 64 * 128 * 2) == 4 * 64 * 128 * 2 + 44 * 64 + 40
+
+
+def test_profile_compiled_records_the_blocks_and_the_losss_compiled_times_and_says_where_it_cannot(tmp_path):
+    from planner import io
+    from planner.cli import cli
+
+    out = tmp_path / "l8.json"
+    made = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "128", "--micro-batch-size", "1",
+                                    "--compiled", "--out", str(out)])
+    assert made.exit_code == 0, made.output
+    profile = io.load_profile(out)
+    assert [layer.compiled_time is not None for layer in profile.layers] == [False] + [True] * 32 + [False]
+    # 128 tokens x 128,256 vocab of bf16 logits, four passes, and 44 B a token and 40 B of scalars
+    logits = 128 * 128256 * 2
+    assert profile.compiled_loss_ms == pytest.approx((4 * logits + 44 * 128 + 40) / (3.35e12) * 1e3, rel=1e-3)
+    # --mfu times FLOPs alone: no compiled times, said
+    mfu = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "128", "--micro-batch-size", "1",
+                                   "--mfu", "0.4", "--compiled", "--out", str(tmp_path / "mfu.json")])
+    assert mfu.exit_code == 0 and "no block of llama3-8b got compiled times" in " ".join(mfu.output.split())
+    assert io.load_profile(tmp_path / "mfu.json").compiled_loss_ms is None

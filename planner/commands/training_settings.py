@@ -20,8 +20,8 @@ SETTING_OPTIONS = [
                       "[default: the newest read]."),
     click.option("--compile", "compile_model", is_flag=True,
                  help="torch.compile (torchtitan's training.compile): the loss as the runtime's version compiles it; "
-                      "the layers keep what the profile recorded under compile (`ckplan profile --arch ... "
-                      "--compiled`), else are charged as eager."),
+                      "the layers keep what the profile recorded under compile and run the times it recorded "
+                      "(`ckplan profile --arch ... --compiled`), else are charged as eager, said."),
     click.option("--op-level-sac", is_flag=True,
                  help="torchtitan's op-level selective AC: a checkpointed block (evaluate) runs its op-sac policy, "
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "
