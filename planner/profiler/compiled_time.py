@@ -71,7 +71,7 @@ POLICIES = (OPTION_NONE, OPTION_OP_SAC, OPTION_FULL)
 # extern nodes that are not memory-bound ops: the matmuls, attention (with the rng wrappers a
 # checkpointed sdpa runs under) and views
 _NOT_MEMORY_BOUND = ("aten.mm", "aten.addmm", "aten.bmm", "scaled_dot_product", "rng_state", "view_as_complex",
-                     "view_as_real", "aten._conj")
+                     "view_as_real", "aten._conj", "_c10d_functional")  # collectives: charged as communication
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,8 @@ def _op_sac_context():
     aten = torch.ops.aten
     save = {aten.mm.default, aten._scaled_dot_product_flash_attention.default,
             aten._scaled_dot_product_efficient_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default}
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default}
     meta = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
