@@ -25,8 +25,9 @@ it are fused kernels and the complex multiply runs as aten's (a fallback node, c
 (compiled.llama_block), each policy (none, op-sac, full) and pass, in units of the tensors
 (T tokens, d bytes per element, widths h, kv and f, a heads; R the rotary table S x head_dim/2
 complex64, read once per kernel whatever the batch): `scripts/compiled_time_block.py` compiles the
-block on CPU at two shapes whose units all differ, names each buffer access by its size, and
-checks the formula against inductor's count; tests/test_compiled_time.py checks a fused norm by hand.
+block on CPU at shapes whose units all differ, names each buffer access by its size, and checks the
+formula against inductor's count (four grouped-query shapes agree, every policy: docs/published-runs.md
+§9.ctime); tests/test_compiled_time.py checks a fused norm and the compiled loss by hand.
 
 CPU against CUDA. The fusion rules are the scheduler's (scheduler.py can_fuse, shared) and each
 backend's can_fuse_vertical/horizontal. The C++ backend fuses a norm's row reduction with its
@@ -34,9 +35,10 @@ pointwise consumers by outer-loop fusion (codegen/cpp.py 5156-5186); Triton fuse
 one reduction kernel with its epilogue (codegen/simd.py 1998 can_fuse): one kernel either way, so
 the same bytes under the once-per-buffer count. Where they differ: Triton splits a long reduction
 (ir.py 1387 num_splits), here the norms' weight gradients summed over every token, into partial
-sums written and read again (split x h x 4 bytes per norm, under 0.01% of a block's bytes at
-LLaMA 3 8B's shape: not counted); both backends fuse the two weight-gradient reductions
-horizontally where they share inputs (counted once, as here). Padding (config.py 1465
+sums written and read again (split x h x 4 bytes per norm, under 0.1% of a block's bytes at
+LLaMA 3 8B's shape: not counted). The C++ backend fuses the two norms' weight-gradient reductions
+horizontally, so the input they share is read once; whether Triton does was not checked (unfused:
+T·h·d more a backward, 2% of it at 8B's shape). Padding (config.py 1465
 shape_padding) pads mm operands on CUDA only; at the shapes published models use (multiples of
 128) it pads nothing.
 
