@@ -1,6 +1,7 @@
 """torch.compile's time from the compiler's own decisions: inductor's fused kernels' bytes
 (planner/profiler/compiled_time.py), the profile's compiled passes, and --compile timing them."""
 
+import dataclasses
 import json
 
 import pytest
@@ -63,6 +64,10 @@ def test_the_compiled_passes_are_eagers_kernels_with_the_compiled_bytes():
     # not checked against inductor, not recorded: tensor parallelism
     assert compiled_time.compiled_time(arch, Shape(seq_len=1024, micro_batch_size=8, tp=2, sp=True), gpu, passes,
                                        moe=False) is None
+    assert compiled_time.compiled_time(arch, Shape(seq_len=1024, micro_batch_size=8, cp=2), gpu, passes,
+                                       moe=False) is None
+    # one K/V head (multi-query): inductor moves more than the formula says (the module's docstring)
+    assert compiled_time.compiled_block_bytes(dataclasses.replace(arch, num_kv_heads=1), shape, moe=False) == {}
 
 
 def _profile(tmp_path, *, compiled):

@@ -48,8 +48,8 @@ Recorded for grouped-query attention only (1 < K/V heads < heads, LLaMA 3's): wi
 (multi-query) the repeat of K and V to every head is a view (the repeated dimension merges with the
 size-1 head dimension), and inductor then moves 2 T·kv·d more forward and 2 T·h·d + 2 T·kv·d more
 backward without recompute (the script's second shape, 7 heads over 1); with K/V heads = heads there
-is no repeat at all; neither is the formula's. Not checked, so not recorded either: tensor
-parallelism, MoE, latent attention, q/k norms, eager attention, and Q wider than hidden
+is no repeat at all; neither is the formula's. Not checked, so not recorded either: tensor and
+context parallelism, MoE, latent attention, q/k norms, eager attention, and Q wider than hidden
 (heads x head_dim != hidden), as compiled_kept.py.
 """
 
@@ -231,7 +231,7 @@ BYTES: dict[str, tuple[dict[str, int], dict[str, int]]] = {
 def offers_compiled_time(arch: Arch, shape: Shape, *, moe: bool) -> bool:
     """Where the formula was checked against inductor (the module's docstring)."""
     return (arch.style == "llama" and not moe and not arch.mla and not arch.qk_norm and not arch.sliding_window
-            and shape.attention == "flash" and shape.tp == 1 and q_width(arch, shape) == arch.hidden_size
+            and shape.attention == "flash" and shape.tp == 1 and shape.cp == 1 and q_width(arch, shape) == arch.hidden_size
             and 1 < arch.num_kv_heads < arch.num_heads)
 
 
