@@ -4,8 +4,8 @@ per policy and pass, beside compiled_time.BYTES's formula and eager's (analytic_
 
     PYTHONPATH=. .venv/bin/python scripts/compiled_time_block.py [--shape B S H HEADS KV_HEADS FFN ...]
 
-Each shape must give every unit a different size (it is refused otherwise), so that every access
-is named by its size alone; a size no unit has is printed as `?N`. Compiling takes about a
+A shape that gives every unit a different size names every access by its size alone (a size no
+unit has is printed as `?N`); at others only the totals compare. Compiling takes about a
 minute a policy on one core.
 """
 import argparse
@@ -40,8 +40,8 @@ def main():
     for batch, seq, hidden, heads, kv_heads, ffn in args.shape or SHAPES:
         arch, shape = arch_of(hidden, heads, kv_heads, ffn), Shape(seq_len=seq, micro_batch_size=batch)
         units = compiled_time._units(arch, shape)
-        if len(set(units.values())) != len(units):
-            raise SystemExit(f"shape {batch, seq, hidden, heads, kv_heads, ffn}: two units of one size: {units}")
+        if len(set(units.values())) != len(units):  # the totals still compare; the names are ambiguous
+            print(f"shape {batch, seq, hidden, heads, kv_heads, ffn}: two units of one size, names ambiguous")
         formula = compiled_time.compiled_block_bytes(arch, shape, moe=False)
         eager = analytic_time.block_work(arch, shape)
         print(f"batch {batch} x seq {seq}, hidden {hidden}, {heads} heads ({kv_heads} K/V), SwiGLU {ffn}: units {units}")

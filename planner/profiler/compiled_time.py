@@ -26,8 +26,8 @@ it are fused kernels and the complex multiply runs as aten's (a fallback node, c
 (T tokens, d bytes per element, widths h, kv and f, a heads; R the rotary table S x head_dim/2
 complex64, read once per kernel whatever the batch): `scripts/compiled_time_block.py` compiles the
 block on CPU at shapes whose units all differ, names each buffer access by its size, and checks the
-formula against inductor's count (four grouped-query shapes agree, every policy: docs/published-runs.md
-§9.ctime); tests/test_compiled_time.py checks a fused norm and the compiled loss by hand.
+formula against inductor's count (five grouped-query shapes agree, every policy, LLaMA 3 8B's widths
+at 64 tokens among them: docs/published-runs.md §9.ctime); tests/test_compiled_time.py checks a fused norm and the compiled loss by hand.
 
 CPU against CUDA. The fusion rules are the scheduler's (scheduler.py can_fuse, shared) and each
 backend's can_fuse_vertical/horizontal. The C++ backend fuses a norm's row reduction with its
