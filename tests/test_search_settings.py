@@ -107,7 +107,7 @@ def test_compile_components_move_the_memory_of_a_configuration(tmp_path):
     model, said = device_bytes("--compile", "model")
     assert "runs the loss eager; 4 of 6 layers keep what the profile recorded under compile" in said
     loss, said = device_bytes("--compile", "loss")
-    assert "compiles the loss (charged as read from inductor's code); the layers eager" in said
+    assert "compiles the loss (charged as read from inductor's code; timed by inductor's kernels); the layers eager" in said
     both, _ = device_bytes("--compile")
     assert both < model < eager and both < loss < eager
     old, said = device_bytes("--compile", "loss", "--runtime-version", "9dec370")

@@ -60,7 +60,8 @@ def options(command):
                      help="With --arch or --fake: also record each layer's kept bytes under torch.compile "
                           "(AOTAutograd's partition; --arch: dense LLaMA-style blocks with flash attention, no TP, "
                           "and torchtitan's op-level SAC; --fake: no recompute and whole-layer checkpoint), which "
-                          "`--compile` charges."),
+                          "`--compile` charges; --arch also its passes' and the loss's times (inductor's fused "
+                          "kernels), which `--compile` times them by."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -159,6 +160,12 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
         warn(f"--compiled: no block of {spec.name} got compiled figures (the formula is checked on dense "
              "LLaMA-style blocks with flash attention at --tp 1 only; planner/profiler/compiled_kept.py): "
              "--compile will charge these layers as eager")
+    elif compiled and not any(layer.compiled_time for layer in profile.layers):
+        from planner.console import warn
+
+        warn(f"--compiled: no block of {spec.name} got compiled times (--mfu times FLOPs alone, and inductor's fused "
+             "kernels are checked where Q is as wide as hidden; planner/profiler/compiled_time.py): --compile will "
+             "time these layers as eager")
     out = out or Path("profiles") / f"{profile.name}-{device.name}.json"
     io.check_writable(out)
     io.save_profile(profile, out)

@@ -124,7 +124,8 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     job = _job(model, gpus=gpus, per_node=min(per_node, gpus), global_batch=global_batch, seq_len=seq_len,
                schedules=_schedules(schedule_list), chunks=_ints(chunk_counts, "--chunk-counts"),
                micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"), runtime=runtime, settings=settings)
-    profile_for = model.profile_for(device, seq_len, compiled=settings.compile_model)
+    loss_compiled = settings.compile_model if settings.compile_loss is None else settings.compile_loss
+    profile_for = model.profile_for(device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled)
     sample = model.profile or profile_for(min(job.tp_ok), False, 1)
     training = search_settings.checked(settings, tp_overlap=tp_overlap, runtime=runtime, job=job, sample=sample,
                                        arch_given=model.arch is not None, say=say)
@@ -192,23 +193,26 @@ class _Model:
     def arch_name(self) -> str | None:
         return self.arch.name if self.arch is not None else None
 
-    def profile_for(self, device, seq_len: int, *, compiled: bool = False):
+    def profile_for(self, device, seq_len: int, *, compiled: bool = False, compiled_loss: bool = False):
         """(tp, sp, micro-batch size, cp) -> the profile scored; `compiled` (--compile model): each
-        block keeps what it keeps under torch.compile where the analytic profiler records it."""
+        block keeps what it keeps and runs the passes it runs under torch.compile where the analytic
+        profiler records them; `compiled_loss` (--compile loss): the profile records the compiled
+        loss's time (the runtime's record says whether it compiles it)."""
         if self.profile is not None:
             return self._given
         from planner.commands.profile_arch import _with_host_step, _with_model_facts
         from planner.profiler.analytic import Shape, analytic_profile
         from planner.profiler.compiled_kept import compiled_layers
+        from planner.profiler.compiled_time import timed_layers
 
         host: dict = {}  # the host's optimizer step, timed once (profile_arch times it per profile)
 
         def build(tp: int, sp: bool, mbs: int, cp: int = 1):
             shape = Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp, cp=cp)
             profile = _with_model_facts(analytic_profile(self.arch, shape, gpu=device, model=self.ref,
-                                                         compiled=compiled), self.arch, "bfloat16")
+                                                         compiled=compiled or compiled_loss), self.arch, "bfloat16")
             if compiled:
-                profile = compiled_layers(profile)[0]
+                profile = timed_layers(compiled_layers(profile)[0])[0]
             if not host:
                 timed = _with_host_step(profile)
                 host.update(step=timed.host_step_ns_per_param, note=timed.assumptions["host_step"])

@@ -22,8 +22,8 @@ SETTING_OPTIONS = [
                  metavar="[model,loss]", callback=lambda ctx, param, value: compile_components(value),
                  help="torch.compile (torchtitan's compile.enable with compile.components; bare: model,loss): model "
                       "compiles the layers, which keep what the profile recorded under compile (`ckplan profile "
-                      "--arch ... --compiled`), else are charged as eager; loss compiles the loss as the runtime's "
-                      "version does."),
+                      "--arch ... --compiled`) and run the times it recorded, else are charged as eager, said; loss compiles "
+                      "the loss as the runtime's version does."),
     click.option("--op-level-sac", is_flag=True,
                  help="torchtitan's op-level selective AC: a checkpointed block (evaluate) runs its op-sac policy, "
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "
@@ -140,24 +140,40 @@ def compile_said(model: bool, loss: bool) -> str:
 def _compile_note(profile, record, model: bool, loss: bool) -> str:
     layers = sum(1 for layer in profile.layers if layer.compiled_kept_bytes)
     said = f"{record.name} {record.version} " + (
-        ("compiles the loss (charged as read from inductor's code)" if record.loss_compiled is not None
-         else "does not compile the loss") if loss else "runs the loss eager")
+        (f"compiles the loss (charged as read from inductor's code; {_loss_time_said(profile)})"
+         if record.loss_compiled is not None else "does not compile the loss") if loss else "runs the loss eager")
     if not model:
         return said + "; the layers eager"
     return said + (f"; {layers} of {len(profile.layers)} layers keep what the profile recorded under compile "
                    "(AOTAutograd's partition), the others as eager" if layers else
                    "; the profile recorded no layer's kept bytes under compile, so the layers' memory is charged as "
-                   "eager (an --arch profile records them with --compiled)") + "; the layers' time is charged as eager"
+                   "eager (an --arch profile records them with --compiled)") + _compiled_time_said(profile)
+
+
+def _loss_time_said(profile) -> str:
+    return ("timed by inductor's kernels" if profile.compiled_loss_ms is not None else
+            "timed as eager: the profile recorded no compiled loss time")
+
+
+def _compiled_time_said(profile) -> str:
+    timed = sum(1 for layer in profile.layers if layer.compiled_time is not None)
+    if not timed:
+        return ("; the profile recorded no layer's time under compile, so every layer is timed as eager (an --arch "
+                "profile made with --compiled and without --mfu records it)")
+    return (f"; {timed} of {len(profile.layers)} layers are timed as compiled (inductor's fused kernels' bytes), "
+            "the others as eager")
 
 
 def compiled_profile(profile, settings: TrainingSettings | None):
     """The profile as the setting runs it: under --compile each layer keeps what the profile
-    recorded under compile (planner/profiler/compiled_kept.compiled_layers); else as given."""
+    recorded under compile (planner/profiler/compiled_kept.compiled_layers) and runs the passes it
+    timed under compile (planner/profiler/compiled_time.timed_layers); else as given."""
     if settings is None or not settings.compile_model:
         return profile
     from planner.profiler.compiled_kept import compiled_layers
+    from planner.profiler.compiled_time import timed_layers
 
-    return compiled_layers(profile)[0]
+    return timed_layers(compiled_layers(profile)[0])[0]
 
 
 def _a2a_heads(profile, cp_comm: str | None, cp: int) -> list[str]:

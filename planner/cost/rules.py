@@ -309,6 +309,12 @@ def profile_tp(profile: Profile) -> int:
     return tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
 
 
+def loss_compiled(training) -> bool:
+    """Whether the setup compiles the loss: its compile_loss where given (torchtitan's
+    compile.components), else with the layers (bare --compile)."""
+    return training.compile if training.compile_loss is None else training.compile_loss
+
+
 def runtime_loss(profile: Profile, setup: TrainSetup) -> tuple[float, runtimes.LossRegion] | None:
     """(the bf16 logits' bytes, the loss region the runtime's record says it runs) for an analytic
     bf16 profile, whose loss is a formula rather than a measurement; None for a measured or fake
@@ -317,8 +323,7 @@ def runtime_loss(profile: Profile, setup: TrainSetup) -> tuple[float, runtimes.L
     if profile.source != "analytic" or profile.dtype != "bfloat16":
         return None
     tp = profile_tp(profile)
-    region = runtimes.loss_region(runtime_facts(setup), tp=tp, compiled=setup.training.compile
-                                 if setup.training.compile_loss is None else setup.training.compile_loss)
+    region = runtimes.loss_region(runtime_facts(setup), tp=tp, compiled=loss_compiled(setup.training))
     return profile.layers[-1].output_bytes, region
 
 
@@ -360,8 +365,13 @@ def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSet
 
 
 def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
-    """The loss's forward + backward on the last stage (scaled like the layers' compute)."""
-    return compute_ms(profile.loss_ms, setup.time) if stage == setup.pipeline.stages - 1 else 0.0
+    """The loss's forward + backward on the last stage (scaled like the layers' compute): compiled
+    where the runtime compiles it and the profile recorded its compiled time."""
+    if stage != setup.pipeline.stages - 1:
+        return 0.0
+    compiled = (loss_compiled(setup.training) and profile.compiled_loss_ms is not None
+                and runtime_facts(setup).loss_compiled is not None)
+    return compute_ms(profile.compiled_loss_ms if compiled else profile.loss_ms, setup.time)
 
 
 def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:

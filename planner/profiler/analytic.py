@@ -96,6 +96,7 @@ from planner.profiler import (
     analytic_cp,
     analytic_time,
     compiled_kept,
+    compiled_time,
     float8,
     opsac,
 )
@@ -313,7 +314,8 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                 compiled: bool = False) -> LayerProfile:
     """Decoder block `index`: kind moe_block where its MLP is the experts (the cost model
     normalises layers within a kind, and a MoE block is not a dense one), else decoder_block.
-    `compiled`: record its kept bytes under torch.compile too (compiled_kept.py)."""
+    `compiled`: record its kept bytes and its passes' times under torch.compile too (compiled_kept.py,
+    compiled_time.py)."""
     boundary, moe = boundary_bytes(arch, shape), arch.is_moe_layer(index)
     passes = analytic_time.block_work(arch, shape, moe=moe)
     times = analytic_time.times_ms(passes, gpu, mfu)
@@ -333,7 +335,11 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
         layer = layer.model_copy(update={"context_parallel": exchanged})
     if not compiled:
         return layer
-    return layer.model_copy(update={"compiled_kept_bytes": compiled_kept.compiled_kept_bytes(arch, shape, moe=moe)})
+    # under torch.compile: what the partition keeps, and the passes timed by inductor's fused bytes
+    # (not under --mfu, which times FLOPs alone)
+    timed = None if mfu is not None else compiled_time.compiled_time(arch, shape, gpu, passes, moe=moe)
+    return layer.model_copy(update={"compiled_kept_bytes": compiled_kept.compiled_kept_bytes(arch, shape, moe=moe),
+                                    "compiled_time": timed})
 
 
 def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
@@ -373,6 +379,8 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
         loss_bytes=logits_bytes(arch, shape, FP32) + FP32,
         loss_ms=loss_ms(arch, shape, gpu),
         loss_transient_bytes=logits_bytes(arch, shape, FP32),  # the logits' gradient, fp32
+        compiled_loss_ms=compiled_time.compiled_loss_ms(arch, shape, gpu, logits_bytes(arch, shape, shape.d))
+        if compiled and mfu is None else None,
         layers=layers, source="analytic", assumptions=assumptions(arch, shape, gpu, mfu, layers),
         tied=tied_embedding(arch, shape, gpu),
     )

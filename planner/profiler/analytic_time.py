@@ -27,7 +27,8 @@ FakeTensorMode on Hugging Face's LLaMA modules, OpBytes in planner/profiler/fake
 - an embedding lookup reads and writes the rows it gathers; its backward writes the whole
   table's gradient (embedding_dense_backward) before accumulating it.
 A framework's fused kernels (Transformer Engine, Apex, Liger, torch.compile) move less;
-this is the eager figure, as the fake profile of the same model's code counts it.
+this is the eager figure, as the fake profile of the same model's code counts it (torch.compile's,
+read off inductor's fused kernels: compiled_time.py).
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ from planner.schema.fields import (
     MAX_SAMPLES, MAX_SCALE, MAX_STAGES, MAX_STEPS, MIN_SCALE, SCHEMA_VERSION, SPLIT_BACKWARD_SCHEDULES, Bytes,
     Count, Dtype, FileRef, GbPerS, Ms, Optimizer, Precision, Schedule, Strict)
 from planner.schema.profile import (
-    OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, SELECTIVE_CHECKPOINT_PARTS, AllocRecord, CollectiveKind,
-    DeviceInfo, Float8Linears, FusedMatmuls, LayerCollective, LayerContextParallel, LayerProfile, OptionName, Profile, RecomputeOption, TiedSet,
+    OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, SELECTIVE_CHECKPOINT_PARTS, AllocRecord, CollectiveKind, CompiledTime,
+    DeviceInfo, Float8Linears, FusedMatmuls, LayerCollective, LayerContextParallel, LayerProfile, OptionName, Profile,
+    RecomputeOption, TiedSet,
     runs_split_backward)
 from planner.schema.setup import (
     PART_OF_FIELD, SETUP_PARTS, CommSetup, DataParallelSetup, PipelineSetup, Runtime, TimeConstants, TpOverlap,

@@ -140,6 +140,19 @@ class Float8Linears(Strict):
     transient_bytes: Bytes = 0
 
 
+class CompiledTime(Strict):
+    """A layer's passes under torch.compile (inductor), per microbatch: its matmul and attention
+    kernels as eager runs them (inductor calls the same extern kernels) and its memory-bound bytes as
+    inductor's fused kernels move them (planner/profiler/compiled_time.py). --compile times the layer
+    by these; the Float8 record's times move by the same difference."""
+
+    fwd_ms: Ms
+    bwd_ms: Ms
+    # what each recompute option adds to the compiled backward, by option name (the partition
+    # reruns its recomputed ops inside the backward graph)
+    recompute_ms: dict[OptionName, Ms] = {}
+
+
 class LayerProfile(Strict):
     """One pipeline layer, measured per microbatch."""
 
@@ -197,6 +210,9 @@ class LayerProfile(Strict):
     # made with --compiled: planner/profiler/compiled_kept.py). --compile charges them for the options
     # named here; empty (other layers, profiles made before or without it): eager figures, said
     compiled_kept_bytes: dict[OptionName, Bytes] = {}
+    # under torch.compile, its passes' times (analytic profiles made with --compiled:
+    # planner/profiler/compiled_time.py); None: --compile times the layer as eager, and says so
+    compiled_time: CompiledTime | None = None
     # the tensor-parallel collectives per microbatch (analytic profiles at --tp > 1: the
     # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
     # empty elsewhere and in profiles made before: no tensor-parallel communication charged
@@ -260,6 +276,9 @@ class Profile(Strict):
     loss_bytes: Bytes = 0  # what the loss function keeps for backward, and the loss value (last stage)
     loss_ms: Ms = 0.0  # loss forward + backward
     loss_transient_bytes: Bytes = 0  # extra peak during the loss's forward and backward beyond what it keeps
+    # the loss's forward + backward compiled (inductor's fused kernels' bytes; analytic profiles made with
+    # --compiled: planner/profiler/compiled_time.py); None: a compiled loss is timed as loss_ms, said
+    compiled_loss_ms: Ms | None = None
     loss_alloc: AllocRecord | None = None  # the loss's allocations and frees (fake profiles): see AllocRecord
     layers: list[LayerProfile] = Field(min_length=1)
     # measured by `ckplan profile MODEL.py`, or computed from a published architecture's

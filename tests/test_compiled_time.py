@@ -1,0 +1,155 @@
+"""torch.compile's time from the compiler's own decisions: inductor's fused kernels' bytes
+(planner/profiler/compiled_time.py), the profile's compiled passes, and --compile timing them."""
+
+import dataclasses
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.models import archs
+from planner.profiler import analytic, analytic_time, compiled_time
+from planner.profiler.analytic import Shape
+from planner.profiler.roofline import Work, roofline_ms
+
+TOKENS, H = 16, 64
+
+
+def test_inductor_fuses_rmsnorm_into_one_kernel_each_way_that_reads_each_input_once():
+    import torch
+
+    from planner.profiler.compiled import rms_norm
+
+    x = torch.randn(TOKENS, H, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(H, dtype=torch.bfloat16, requires_grad=True)
+    forward, backward = compiled_time.compile_and_read(rms_norm, [x, weight])
+    # forward, one kernel: x (bf16) and the weight read; the output (bf16) and 1/rms per token
+    # (fp32, saved for backward) written. Eager runs seven kernels (analytic_time: 36 B an element)
+    assert [kernel.num_bytes for kernel in forward] == [2 * TOKENS * H + 2 * H + 4 * TOKENS + 2 * TOKENS * H]
+    # backward, two reductions over different axes: the weight's gradient (over tokens: reads the
+    # output's gradient, x and 1/rms, writes h bf16) and the input's (over hidden: reads the same and
+    # the weight, writes the input's gradient)
+    grads = 2 * TOKENS * H + 2 * TOKENS * H + 4 * TOKENS
+    assert sorted(kernel.num_bytes for kernel in backward) == sorted([grads + 2 * H, grads + 2 * H + 2 * TOKENS * H])
+    assert all(kernel.memory_bound for kernel in forward + backward)
+
+
+def test_matmuls_attention_and_views_are_not_counted_as_memory_bound():
+    def extern(op, reads=None):
+        return compiled_time.KernelBytes("op1", "ExternKernelSchedulerNode", op, reads or {"buf0": 64}, {"buf1": 64})
+
+    assert not extern("aten.mm.out").memory_bound
+    assert not extern("aten._scaled_dot_product_flash_attention.default").memory_bound
+    assert not extern("aten.view_as_complex.default").memory_bound
+    assert extern("aten.mul.Tensor").memory_bound  # the complex rotary product inductor falls back on
+    assert compiled_time.memory_bound_bytes([extern("aten.mm.out"), extern("aten.mul.Tensor")]) == 128
+
+
+def _tiny():
+    return archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
+                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=1024)
+
+
+def test_the_compiled_passes_are_eagers_kernels_with_the_compiled_bytes():
+    arch, shape, gpu = _tiny(), Shape(seq_len=1024, micro_batch_size=8), archs.gpu("h100")
+    passes = analytic_time.block_work(arch, shape)
+    timed = compiled_time.compiled_time(arch, shape, gpu, passes, moe=False)
+    fwd, bwd = compiled_time.compiled_block_bytes(arch, shape, moe=False)["none"]
+    assert timed.fwd_ms == roofline_ms(Work(passes[0].flops, fwd, passes[0].kernels), gpu)
+    accumulate = analytic_time.ACCUMULATE * analytic.block_params(arch, shape) * 2
+    assert timed.bwd_ms == roofline_ms(Work(passes[1].flops, bwd + accumulate, passes[1].kernels), gpu)
+    # fusion moves fewer bytes than eager each way
+    assert fwd < passes[0].bytes and bwd + accumulate < passes[1].bytes
+    assert set(timed.recompute_ms) == {"full", "op-sac"} and all(ms > 0 for ms in timed.recompute_ms.values())
+    # not checked against inductor, not recorded: tensor parallelism
+    assert compiled_time.compiled_time(arch, Shape(seq_len=1024, micro_batch_size=8, tp=2, sp=True), gpu, passes,
+                                       moe=False) is None
+    assert compiled_time.compiled_time(arch, Shape(seq_len=1024, micro_batch_size=8, cp=2), gpu, passes,
+                                       moe=False) is None
+    # one K/V head (multi-query): inductor moves more than the formula says (the module's docstring)
+    assert compiled_time.compiled_block_bytes(dataclasses.replace(arch, num_kv_heads=1), shape, moe=False) == {}
+
+
+def _profile(tmp_path, *, compiled):
+    from planner.schema import FileRef
+
+    profile = analytic.analytic_profile(_tiny(), Shape(seq_len=1024, micro_batch_size=8), gpu=archs.gpu("h100"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64), compiled=compiled)
+    path = tmp_path / f"tiny-{compiled}.json"
+    path.write_text(profile.model_dump_json())
+    return profile, path
+
+
+def _evaluate(path, *extra):
+    from planner.cli import cli
+
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4", "--ckpt-per-stage",
+                                      "0", "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed", "--json",
+                                      "--runtime", "torchtitan", "--runtime-version", "9dec370", *extra])
+    assert result.exit_code == 0, result.output
+    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    return found["hand"]["iteration_ms"], " ".join(result.output.split())
+
+
+def test_compile_makes_the_iteration_faster_by_exactly_the_profiles_compiled_difference(tmp_path):
+    profile, path = _profile(tmp_path, compiled=True)
+    blocks = [layer for layer in profile.layers if layer.compiled_time is not None]
+    assert [layer.name for layer in blocks] == ["layers.0", "layers.1"]
+    eager, _ = _evaluate(path)
+    compiled, said = _evaluate(path, "--compile")
+    # one stage, one microbatch, no recompute: each block's forward and backward, eager less compiled
+    saved = sum(b.fwd_ms + b.bwd_ms - b.compiled_time.fwd_ms - b.compiled_time.bwd_ms for b in blocks)
+    assert eager - compiled == pytest.approx(saved, rel=1e-9) and saved > 0
+    assert "2 of 4 layers are timed as compiled" in said
+
+
+def test_compile_on_a_profile_without_compiled_times_says_it_times_them_as_eager(tmp_path):
+    _, path = _profile(tmp_path, compiled=False)
+    eager, _ = _evaluate(path)
+    compiled, said = _evaluate(path, "--compile")
+    assert eager == compiled
+    assert "the profile recorded no layer's time under compile, so every layer is timed as eager" in said
+
+
+def test_a_profile_made_before_the_compiled_times_loads():
+    from planner.schema import LayerProfile
+
+    layer = json.loads(analytic.block_layer(0, _tiny(), Shape(seq_len=128, micro_batch_size=1),
+                                            archs.gpu("h100")).model_dump_json())
+    del layer["compiled_time"]
+    assert LayerProfile.model_validate(layer).compiled_time is None
+
+
+def test_the_compiled_losss_bytes_are_inductors_count_of_its_kernels():
+    import torch
+    import torch.nn.functional as F
+
+    def titan(pred, labels):  # torchtitan bbb1b616 train.py loss_fn
+        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    pred = torch.randn(1, 64, 128, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 128, (1, 64))
+    with compiled_time.inductor_kernels() as graphs:
+        torch.compile(titan, backend="inductor", fullgraph=True)(pred, labels).backward()
+    found = sum(compiled_time.memory_bound_bytes(kernels) for kernels in graphs)
+    assert found == compiled_time.compiled_loss_bytes(64, 64 * 128 * 2) == 4 * 64 * 128 * 2 + 44 * 64 + 40
+
+
+def test_profile_compiled_records_the_blocks_and_the_losss_compiled_times_and_says_where_it_cannot(tmp_path):
+    from planner import io
+    from planner.cli import cli
+
+    out = tmp_path / "l8.json"
+    made = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "128", "--micro-batch-size", "1",
+                                    "--compiled", "--out", str(out)])
+    assert made.exit_code == 0, made.output
+    profile = io.load_profile(out)
+    assert [layer.compiled_time is not None for layer in profile.layers] == [False] + [True] * 32 + [False]
+    # 128 tokens x 128,256 vocab of bf16 logits, four passes, and 44 B a token and 40 B of scalars
+    logits = 128 * 128256 * 2
+    assert profile.compiled_loss_ms == pytest.approx((4 * logits + 44 * 128 + 40) / (3.35e12) * 1e3, rel=1e-3)
+    # --mfu times FLOPs alone: no compiled times, said
+    mfu = CliRunner().invoke(cli, ["profile", "--arch", "llama3-8b", "--seq-len", "128", "--micro-batch-size", "1",
+                                   "--mfu", "0.4", "--compiled", "--out", str(tmp_path / "mfu.json")])
+    assert mfu.exit_code == 0 and "no block of llama3-8b got compiled times" in " ".join(mfu.output.split())
+    assert io.load_profile(tmp_path / "mfu.json").compiled_loss_ms is None
