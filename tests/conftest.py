@@ -8,6 +8,10 @@ MODELS = ROOT / "configs" / "models"
 
 
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (scripts/test.sh)
+        # the multi-process tests, the longest, start first: one started last would leave a
+        # worker running it alone at the end (a stable sort: each file's order is kept)
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -198,6 +198,7 @@ def test_launch_reference_compares_every_step_with_one_process(launched, monkeyp
                                           "(tolerance 0.00039; 2 of 2 steps differ)")
 
 
+@pytest.mark.slow
 def test_launch_over_a_cap_fails_in_one_sentence_and_keeps_the_report(plan_file, tmp_path):
     data = yaml.safe_load(plan_file.read_text())
     data["setup"]["mem_caps_bytes"] = [10**9, 1000]
