@@ -17,8 +17,8 @@ quiet() { grep -v -e "is ignored: it is neither a file nor a directory" -e "whic
   || echo "setup: transformers not installed; its tests will skip"
 DS_BUILD_OPS=0 "${PIP[@]}" install --no-deps --no-build-isolation -r scripts/test-frameworks.txt 2> >(quiet) \
   || echo "setup: framework packages not installed; their export tests will skip"
-# On every core (pytest-xdist, from the dev extras), at most 4 workers: the multi-process tests start
-# 2 to 4 ranks each. --dist loadgroup keeps the tests marked xdist_group(NAME) on one worker, so the
-# module-scoped profile or launch they share runs once; the largest groups start first. Options
-# given to this script come after these and win (-n 0: one process, as plain pytest runs).
-.venv/bin/python -m pytest -n auto --maxprocesses 4 --dist loadgroup "$@"
+# On every core (pytest-xdist, from the dev extras): one worker per logical CPU, at most 4, since
+# the multi-process tests start 2 to 4 ranks each. --dist loadgroup keeps the tests marked
+# xdist_group(NAME) on one worker, so the module-scoped profile or launch they share runs once.
+# Options given to this script come after these and win (-n 0: one process, as plain pytest runs).
+.venv/bin/python -m pytest -n logical --maxprocesses 4 --dist loadgroup "$@"
