@@ -1,3 +1,4 @@
+import os
 import pathlib
 
 import pytest
@@ -7,7 +8,31 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ROOT / "configs" / "models"
 
 
+TERMINAL_VARIABLES = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist, in the controller) Each worker is handed this process's COLUMNS and LINES:
+    a worker starts with COLUMNS=80 and LINES=24 set (pytest-xdist 3.8.0 over execnet 2.1.2),
+    and ckplan's console fits its sentences to COLUMNS, so a one-sentence error wrapped past the
+    tests' line counts under xdist only."""
+    node.workerinput["terminal"] = {name: os.environ.get(name) for name in TERMINAL_VARIABLES}
+
+
+def pytest_configure(config):
+    for name, value in getattr(config, "workerinput", {}).get("terminal", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (scripts/test.sh)
+        # the multi-process tests, the longest, start first: one started last would leave a
+        # worker running it alone at the end (a stable sort: each file's order is kept)
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -175,6 +175,8 @@ def tied_profile(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("tied_profile")  # one worker profiles it once for both
 @pytest.mark.parametrize(("schedule", "fraction"), [("interleaved-1F1B", 0.85), ("ZBV", 0.95)])
 def test_a_chunked_plan_runs_like_one_process_at_its_predicted_peaks(tmp_path, tied_profile, schedule, fraction):
     """Solve on 2 ranks x 2 chunks under a cap that makes the solver recompute, launch it on

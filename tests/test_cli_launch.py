@@ -71,6 +71,7 @@ def _one_clean_error(result, *fragments: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("launched")  # one worker launches it once for both
 def test_launch_prints_tables_and_writes_the_report(launched):
     plan_file, _, result, report_path = launched
     assert result.exit_code == 0, result.output
@@ -179,6 +180,7 @@ def test_torchrun_job_is_joined_and_rank_0_reports(plan_file, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("launched")
 def test_launch_reference_compares_every_step_with_one_process(launched, monkeypatch):
     _, args, result, report_path = launched
     assert result.exit_code == 0, result.output
@@ -196,6 +198,7 @@ def test_launch_reference_compares_every_step_with_one_process(launched, monkeyp
                                           "(tolerance 0.00039; 2 of 2 steps differ)")
 
 
+@pytest.mark.slow
 def test_launch_over_a_cap_fails_in_one_sentence_and_keeps_the_report(plan_file, tmp_path):
     data = yaml.safe_load(plan_file.read_text())
     data["setup"]["mem_caps_bytes"] = [10**9, 1000]

@@ -50,6 +50,7 @@ def solved(tmp_path_factory):
     return plan_path, cap
 
 
+@pytest.mark.slow
 def test_compare_runs_every_fitting_strategy_under_its_cap(solved, tmp_path):
     plan_path, cap = solved
     out = tmp_path / "compare.json"

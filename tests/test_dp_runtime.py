@@ -128,6 +128,7 @@ def wide_profile(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("wide_profile")  # one worker profiles it once for both
 @pytest.mark.parametrize("zero", [2, 3])
 def test_zero2_zero3_peak_holds_to_the_prediction(tmp_path, wide_profile, zero):
     """Profile, solve and run ZeRO 2/3 as HSDP (dp 4 in 2 shard groups of 2) on blocks whose

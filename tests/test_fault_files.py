@@ -171,11 +171,11 @@ def test_time_limit_bounds_the_baselines_on_six_thousand_layers(tmp_path):
     full = max(costmodel.evaluate(baselines.full_checkpointing(profile, roomy), profile, roomy).peak_bytes_per_stage)
     path = tmp_path / "big.json"
     io.save_profile(profile, path)
-    started = time.perf_counter()
+    started = time.process_time()  # CPU seconds: the wall time grows with the load, the work past the limit does not
     result = run("solve", "--profile", str(path), "--stages", "4", "--microbatches", "8", "--mem",
                  str(int(full * 1.2)), "--time-limit", "2", "--out", str(tmp_path / "plan.yaml"), "--json")
-    elapsed = time.perf_counter() - started
-    assert elapsed < 20, f"took {elapsed:.0f} s"  # minutes before the baselines took the deadline
+    elapsed = time.process_time() - started
+    assert elapsed < 20, f"took {elapsed:.0f} CPU s"  # minutes before the baselines took the deadline
     assert result.exit_code in (0, 1) and "Traceback" not in result.output
     if result.exit_code == 0:  # a baseline scored in time is the plan, marked feasible, not optimal
         assert json.loads(result.stdout)["status"] == "feasible"

@@ -161,6 +161,7 @@ def test_profile_leaves_no_copy_of_the_model_running(tmp_path, sig, phase):
 HANG = {"RT_FAULT": "hang"}  # the ranks stay in their forward until killed: every phase is reachable
 
 
+@pytest.mark.xdist_group("orphans_plan")  # one worker profiles and solves `plan` once for them all
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("phase", [
     pytest.param(_after(0.5, None), id="checking"),
@@ -173,6 +174,7 @@ def test_launch_leaves_no_rank_running(plan, sig, phase):
     assert left == {}
 
 
+@pytest.mark.xdist_group("orphans_plan")
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("phase", [
     pytest.param(_after(0.5, None), id="checking"),
@@ -185,6 +187,7 @@ def test_compare_leaves_no_rank_running(plan, sig, phase):
     assert left == {}
 
 
+@pytest.mark.xdist_group("orphans_plan")
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("phase", [
     pytest.param(_after(0.5, None), id="checking"),

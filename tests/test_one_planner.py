@@ -132,11 +132,14 @@ def test_ep_with_zero_on_ckplans_runtime_is_refused_at_solve(tmp_path):
 
 
 def _timed(*args):
+    """The command's result and the CPU seconds this process spent on it: what it builds past
+    the limit costs the same on a busy machine, where its wall time grows with the load (the
+    suite runs on every core at once)."""
     import time
 
-    started = time.perf_counter()
+    started = time.process_time()
     result = run(*args)
-    return result, time.perf_counter() - started
+    return result, time.process_time() - started
 
 
 def test_building_a_long_zbv_order_answers_to_the_time_limit(tmp_path):
@@ -144,28 +147,28 @@ def test_building_a_long_zbv_order_answers_to_the_time_limit(tmp_path):
     3,000 and --time-limit 1 the solve stops at the limit and says what it was building."""
     path = tmp_path / "p.json"
     io.save_profile(_profile(), path)
-    result, wall_s = _timed("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB",
+    result, cpu_s = _timed("solve", "--profile", path, "--stages", "2", "--schedule", "ZBV", "--mem", "1GiB",
                             "--microbatches", "3000", "--time-limit", "1", "--out", tmp_path / "plan.yaml")
     assert result.exit_code != 0 and "building ZBV's order" in result.output and "--time-limit 1 s" in result.output
-    assert wall_s < 1 + 5, wall_s  # main: 45 s and more (the order built to its end); slack for a busy machine
+    assert cpu_s < 1 + 5, cpu_s  # main: 45 s and more (the order built to its end)
 
 
 def test_more_pipeline_stages_than_layers_is_refused_before_the_order_is_built(tmp_path):
     path = tmp_path / "p.json"
     io.save_profile(_profile(100), path)
-    result, wall_s = _timed("solve", "--profile", path, "--stages", "64", "--schedule", "interleaved-1F1B",
+    result, cpu_s = _timed("solve", "--profile", path, "--stages", "64", "--schedule", "interleaved-1F1B",
                             "--chunks", "64", "--mem", "1GiB", "--out", tmp_path / "plan.yaml")
     assert result.exit_code != 0 and "more than the profile's 100 layers" in result.output
-    assert wall_s < 5, wall_s
+    assert cpu_s < 5, cpu_s
 
 
 def test_schedule_auto_shares_one_time_limit(tmp_path):
     path = tmp_path / "p.json"
     io.save_profile(_profile(), path)
-    result, wall_s = _timed("solve", "--profile", path, "--stages", "2", "--schedule", "auto", "--mem", "1GiB",
+    result, cpu_s = _timed("solve", "--profile", path, "--stages", "2", "--schedule", "auto", "--mem", "1GiB",
                             "--microbatches", "600", "--time-limit", "3", "--out", tmp_path / "plan.yaml")
     assert "Traceback" not in result.output
-    assert wall_s < 3 + 5, wall_s  # main: 35 s; slack for a busy machine
+    assert cpu_s < 3 + 5, cpu_s  # main: 35 s
 
 
 def test_a_solve_of_thousands_of_layers_stops_at_its_limit(tmp_path):
