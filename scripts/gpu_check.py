@@ -163,8 +163,12 @@ def section_profiles(check: Check, cfg: dict, a: argparse.Namespace) -> dict:
 def _profile(check: Check, cfg: dict, a: argparse.Namespace) -> None:
     (check.work / "llama.json").write_text(json.dumps(cfg, indent=1))
     common = ["--seq-len", str(a.seq_len), "--micro-batch-size", "1"]
+    # on CPU (the dry run) one thread: the thread timings and the copy beside it are CPU launch facts a GPU
+    # run never makes, and the slowest part of the dry run
+    threads = ["--threads", "1"] if a.device == "cpu" else []
     check.ckplan("profile-measured", "profile", "--hf-config", "llama.json", *common, "--device", a.device,
-                 "--dtype", "bfloat16", "--warmup", str(a.warmup), "--repeats", str(a.repeats), "--out", "measured.json")
+                 "--dtype", "bfloat16", "--warmup", str(a.warmup), "--repeats", str(a.repeats), *threads,
+                 "--out", "measured.json")
     check.ckplan("profile-fake", "profile", "--hf-config", "llama.json", *common, "--fake", "--device", "cuda",
                  "--gpu", a.gpu, "--dtype", "bfloat16", "--out", "fake.json")
     check.ckplan("profile-analytic", "profile", "--arch-config", "llama.json", *common, "--gpu", a.gpu,
