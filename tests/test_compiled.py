@@ -123,32 +123,16 @@ def test_the_analytic_formula_is_the_partitioners_on_the_tiny_block():
 
 
 def _tiny_profile(tmp_path, *, compiled):
-    from planner.models import archs
-    from planner.profiler import analytic
-    from planner.schema import FileRef
+    from fixtures.tiny_compiled import tiny_profile
 
-    arch = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
-                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=1024)
-    profile = analytic.analytic_profile(arch, analytic.Shape(seq_len=1024, micro_batch_size=8), gpu=archs.gpu("h100"),
-                                        model=FileRef(file="arch:test", sha256="0" * 64), compiled=compiled)
-    path = tmp_path / f"tiny-{compiled}.json"
-    path.write_text(profile.model_dump_json())
-    return profile, path
+    return tiny_profile(tmp_path, compiled=compiled)
 
 
 def _evaluate(path, *extra):
-    import json
+    from fixtures.tiny_compiled import evaluate_hand
 
-    from click.testing import CliRunner
-
-    from planner.cli import cli
-
-    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4", "--ckpt-per-stage",
-                                      "0", "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed", "--json",
-                                      "--runtime", "torchtitan", "--runtime-version", "9dec370", *extra])
-    assert result.exit_code == 0, result.output
-    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
-    return found["hand"]["stages"][0]["peak_bytes"], " ".join(result.output.split())
+    hand, said = evaluate_hand(path, *extra)
+    return hand["stages"][0]["peak_bytes"], said
 
 
 def test_compile_charges_the_blocks_what_the_profile_recorded_under_compile(tmp_path):

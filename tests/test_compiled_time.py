@@ -6,6 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from fixtures.tiny_compiled import TINY, evaluate_hand, tiny_profile
 
 from planner.models import archs
 from planner.profiler import analytic, analytic_time, compiled_time
@@ -46,8 +47,7 @@ def test_matmuls_attention_and_views_are_not_counted_as_memory_bound():
 
 
 def _tiny():
-    return archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
-                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=1024)
+    return TINY
 
 
 def test_the_compiled_passes_are_eagers_kernels_with_the_compiled_bytes():
@@ -71,24 +71,12 @@ def test_the_compiled_passes_are_eagers_kernels_with_the_compiled_bytes():
 
 
 def _profile(tmp_path, *, compiled):
-    from planner.schema import FileRef
-
-    profile = analytic.analytic_profile(_tiny(), Shape(seq_len=1024, micro_batch_size=8), gpu=archs.gpu("h100"),
-                                        model=FileRef(file="arch:test", sha256="0" * 64), compiled=compiled)
-    path = tmp_path / f"tiny-{compiled}.json"
-    path.write_text(profile.model_dump_json())
-    return profile, path
+    return tiny_profile(tmp_path, compiled=compiled)
 
 
 def _evaluate(path, *extra):
-    from planner.cli import cli
-
-    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4", "--ckpt-per-stage",
-                                      "0", "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed", "--json",
-                                      "--runtime", "torchtitan", "--runtime-version", "9dec370", *extra])
-    assert result.exit_code == 0, result.output
-    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
-    return found["hand"]["iteration_ms"], " ".join(result.output.split())
+    hand, said = evaluate_hand(path, *extra)
+    return hand["iteration_ms"], said
 
 
 def test_compile_makes_the_iteration_faster_by_exactly_the_profiles_compiled_difference(tmp_path):
