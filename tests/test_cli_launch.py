@@ -218,6 +218,7 @@ def test_a_chunked_plan_that_offloads_is_refused_before_any_rank_starts(tmp_path
     data["stages"][1].update(layers=["1", "4"], chunks=[["1"], ["4"]])
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    for command in ("launch", "validate"):
-        _one_clean_error(_invoke(command, str(path)), "layer 2 offloads its activations",
-                         "not interleaved-1F1B with 2 chunks per rank")
+    _one_clean_error(_invoke("launch", str(path)), "layer 2 offloads its activations",
+                     "not interleaved-1F1B with 2 chunks per rank")
+    # validate replays one stage a rank: a chunked plan is refused first, whatever it holds
+    _one_clean_error(_invoke("validate", str(path)), "runs interleaved-1F1B (2 stages a rank)", "ckplan launch")
