@@ -34,18 +34,10 @@ def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
             say(f"no links known for {profile.device.name}: tensor-parallel collectives and pipeline sends not charged")
         return {}
     node = options.gpus_per_node or gpu.gpus_per_node
-    inside = comm.node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
-    between = comm.network_link(gpu.network_gb_per_s, options.nics_per_gpu or gpu.nics_per_gpu)
-    tp_link = comm.group_link(tp, 1, node, inside, between)
-    if tp_link is inside and gpu.node_collective_gb_per_s:  # a published nccl-tests figure for this GPU
-        tp_link = comm.Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
-                            f"in-node, measured: {gpu.collective_source}")
-    pp_link = comm.group_link(2, tp * options.dp, node, inside, between)  # options.dp counts the cp ranks
     cp = int(profile.assumptions.get("cp", 1) or 1)
-    cp_link = comm.group_link(cp, tp, node, inside, between)  # ranks in order tp, cp, dp, pp
-    if cp_link is inside and gpu.node_collective_gb_per_s:
-        cp_link = comm.Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
-                            f"in-node, measured: {gpu.collective_source}")
+    links = comm.job_links(gpu, tp=tp, cp=cp, pp_stride=tp * options.dp,  # options.dp counts the cp ranks
+                           gpus_per_node=node, nics_per_gpu=options.nics_per_gpu or gpu.nics_per_gpu)
+    tp_link, pp_link, cp_link = links["tp"], links["pp"], links["cp"]
     note = (f"{gpu.name}, {node} GPUs a node, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: pipeline "
             f"sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where})"
             + (f", tensor-parallel {tp} collectives at {tp_link.gb_per_s:g} GB/s ({tp_link.where})" if tp > 1 else "")

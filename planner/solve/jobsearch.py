@@ -109,8 +109,6 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
     fields["cp_comm"] = options.training.get("cp_comm") if degrees.cp > 1 else None
     if dp > 1:
         fields.update(_links(profile, dataclasses.replace(degrees, dp=dp), options.gpus_per_node))
-    if degrees.cp > 1:
-        fields.update(_cp_link(profile, degrees, options.gpus_per_node))
     fields.update(_links_of_comm(profile, degrees, options.gpus_per_node))
     if degrees.tp > 1:
         fields.update(tp_overlap=options.tp_overlap)
@@ -142,43 +140,27 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
                           f"{gpu.link_source}"])
 
 
-def _cp_link(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
-    """The context-parallel group's link (comm.group_link: its ranks lie tp apart), as `ckplan solve`'s
-    comm_setup.comm_fields chooses it; nothing on cpu."""
-    from planner.cost import comm
-
-    if profile.device.type != "cuda":
-        return {}
-    gpu = dataparallel.profile_gpu(profile)
-    inside = comm.node_link(gpu.node_collective_gb_per_s or gpu.node_link_gb_per_s,
-                            pcie=gpu.node_link_kind == "pcie")
-    between = comm.network_link(gpu.network_gb_per_s, gpu.nics_per_gpu)
-    link = comm.group_link(degrees.cp, degrees.tp, gpus_per_node, inside, between)
-    return dict(cp=degrees.cp, cp_gb_per_s=link.gb_per_s, cp_step_latency_ms=link.step_latency_ms,
-                collective_latency_ms=link.base_latency_ms, gpus_per_node=gpus_per_node)
-
-
 def _links_of_comm(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
-    """The tensor-parallel group's link and the pipeline's, as `ckplan solve`'s comm_setup.comm_fields
-    chooses them: TP over the node (nccl-tests' measured collective rate where the GPU has one) while
-    it fits in a node, which the search keeps it to; a pipeline send between ranks tp x dp x cp apart,
-    in the node or over the network; nothing on cpu."""
+    """The tensor-parallel, context-parallel and pipeline links of one configuration, chosen by the
+    rule `ckplan solve`'s comm_setup.comm_fields applies (comm.job_links) with the job's node size;
+    nothing on cpu."""
     from planner.cost import comm
 
-    if profile.device.type != "cuda" or (degrees.tp == 1 and degrees.pp == 1):
+    if profile.device.type != "cuda" or (degrees.tp == 1 and degrees.pp == 1 and degrees.cp == 1):
         return {}
     gpu = dataparallel.profile_gpu(profile)
-    inside = comm.node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
-    between = comm.network_link(gpu.network_gb_per_s, gpu.nics_per_gpu)
+    links = comm.job_links(gpu, tp=degrees.tp, cp=degrees.cp, pp_stride=degrees.tp * degrees.dp * degrees.cp,
+                           gpus_per_node=gpus_per_node, nics_per_gpu=gpu.nics_per_gpu)
     found: dict = {"gpus_per_node": gpus_per_node}
+    if degrees.tp > 1 or degrees.cp > 1:
+        found.update(collective_latency_ms=links["tp" if degrees.tp > 1 else "cp"].base_latency_ms)
     if degrees.tp > 1:
-        link = comm.group_link(degrees.tp, 1, gpus_per_node, inside, between)
-        rate = gpu.node_collective_gb_per_s if link is inside and gpu.node_collective_gb_per_s else link.gb_per_s
-        found.update(tp=degrees.tp, tp_gb_per_s=rate, tp_step_latency_ms=link.step_latency_ms,
-                     collective_latency_ms=link.base_latency_ms)
+        found.update(tp=degrees.tp, tp_gb_per_s=links["tp"].gb_per_s, tp_step_latency_ms=links["tp"].step_latency_ms)
+    if degrees.cp > 1:
+        found.update(cp=degrees.cp, cp_gb_per_s=links["cp"].gb_per_s, cp_step_latency_ms=links["cp"].step_latency_ms)
     if degrees.pp > 1:
-        link = comm.group_link(2, degrees.tp * degrees.dp * degrees.cp, gpus_per_node, inside, between)
-        found.update(pp_gb_per_s=link.gb_per_s, pp_latency_ms=link.base_latency_ms + link.step_latency_ms)
+        found.update(pp_gb_per_s=links["pp"].gb_per_s,
+                     pp_latency_ms=links["pp"].base_latency_ms + links["pp"].step_latency_ms)
     return found
 
 
