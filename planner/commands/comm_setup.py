@@ -21,7 +21,7 @@ def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
     if options.tp_overlap != "none" and tp == 1:
         raise UserError(f"--tp-overlap {options.tp_overlap} overlaps tensor-parallel collectives, and the profile was "
                         "made without tensor parallelism (--tp 1); drop it or profile with --tp N")
-    if options.tp_overlap == "async-tp" and not getattr(getattr(options, "settings", None), "compile_model", False):
+    if options.tp_overlap == "async-tp" and not (options.settings is not None and options.settings.compile_model):
         raise UserError("--tp-overlap async-tp is torch.compile's micro-pipeline TP pass, which runs only on compiled "
                         "blocks (torchtitan 9dec370 parallelize_llama.py 55-58 raises 'Async TP requires "
                         "--training.compile'): give --compile too (in a torchtitan config, compile.enable)")

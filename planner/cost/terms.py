@@ -166,7 +166,7 @@ TERMS: tuple[Term, ...] = (
     Term("the input gradient a split backward's input pass hands the layer before, held for its weight pass",
          "wgrad", "layer", lambda layer, ckpt, ctx: passed_grad_bytes(layer),
          "torch's stage_backward_input keeps the gradient passed between two layers of a stage until "
-         "stage_backward_weight (measured: planner/profiler/splitbackward.py's pass over 1-3 blocks)"),
+         "stage_backward_weight (measured, torch 2.13: its pass over 1-3 blocks, tests/test_chunked_schedules.py)"),
     Term("a split backward's input pass over what is live before it", "ipeak", "layer",
          lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_input_peak_bytes,
          "peak of torch's stage_backward_input, per option (profiler)"),
