@@ -175,14 +175,19 @@ def from_mapping(data: dict, where: str) -> Job:
 
 
 NEWEST = "torchtitan b5bcd76c (2026-08-21)"
-BEFORE_RETURN_OUTPUTS = ("a torchtitan from before e5ef99aab (2025-10-22) kept every pipeline stage's outputs to the "
-                         "step's end: give --runtime-version bbb1b616 to score that")
+BEFORE_RETURN_OUTPUTS = ("a torchtitan from before e5ef99aab (2025-10-22) kept pipeline stages' outputs to the step's "
+                         "end: give --runtime-version bbb1b616 to score every stage's (a torch from before "
+                         "pytorch#153383, 2025-05-13), 2c8b5947 the last stage's (a later torch)")
+# training.compile beside the local / global batch sizes: a file of 8570415c (2025-06-05) to 08b8b244 (2025-08-20,
+# where [compile] replaced training.compile), the span of the 2c8b5947 record
+BATCH_SIZES = ("training.local_batch_size", "training.global_batch_size")
 
 
 def _version(flat: dict, job: Job) -> None:
     """The runtime version whose record applies (planner/cost/runtimes.py: 9dec370, whose loss is not
-    compiled; else the newest record, b5bcd76c, which compiles it with the model and whose pipeline
-    keeps no outputs to the step's end, where bbb1b616's did), as the file's keys date it; said."""
+    compiled; 2c8b5947, which compiles it and whose pipeline keeps the last stage's outputs to the step's
+    end; else the newest record, b5bcd76c, which compiles it with the model and whose pipeline keeps no
+    outputs to the step's end, where bbb1b616's kept every stage's), as the file's keys date it; said."""
     old = sorted(key for key in flat if key in BEFORE_PARALLELISM)
     new = sorted(key for key in flat if key.startswith(AFTER_BBB1B616) or key.startswith("parallelism."))
     if old and new:
@@ -195,6 +200,14 @@ def _version(flat: dict, job: Job) -> None:
                          "torchtitan from b19456a9 (2024-10-22) until 9dec370 compiled the loss under "
                          "training.compile (train.py 138-139), 9dec370 does not: give --runtime-version to score "
                          "another")
+    elif "training.compile" in flat and any(key in flat for key in BATCH_SIZES) and \
+            not any(key.startswith(("compile.", "quantize.")) for key in flat):
+        job.modelled.runtime_version = "2c8b5947"
+        job.notes.append("runtime version: torchtitan 2c8b5947 (2025-08-08), since the file spells training.compile "
+                         "(replaced by [compile] at 08b8b244, 2025-08-20) beside training.local_batch_size or "
+                         "global_batch_size (since 8570415c, 2025-06-05): the loss compiled with the model; a "
+                         "pipeline's last stage keeps its outputs to the step's end on a torch from after "
+                         "pytorch#153383 (2025-05-13): give --runtime-version bbb1b616 for an earlier torch")
     elif new:
         later = [key for key in new if key.startswith(AFTER_BBB1B616)]
         job.notes.append(f"runtime version: {NEWEST}, the newest record read, since the file "
