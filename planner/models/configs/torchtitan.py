@@ -198,7 +198,8 @@ def _version(flat: dict, job: Job) -> None:
         job.notes.append(f"runtime version: torchtitan 9dec370 (2024-12-26), the record read before the [parallelism] "
                          f"section, since the file spells {old[0]} (config_manager.py at 9dec370, gone at bbb1b616); "
                          "torchtitan from b19456a9 (2024-10-22) until 9dec370 compiled the loss under "
-                         "training.compile (train.py 138-139), 9dec370 does not: give --runtime-version to score "
+                         "training.compile (train.py 138-139), 9dec370 does not, nor any until bbb1b616 "
+                         "(components/loss.py 17-18 at 54ef4222, 2025-03-12): give --runtime-version to score "
                          "another")
     elif "training.compile" in flat and any(key in flat for key in BATCH_SIZES) and \
             not any(key.startswith(("compile.", "quantize.")) for key in flat):
