@@ -127,3 +127,18 @@ def test_a_compile_section_beside_the_batch_sizes_is_not_dated_to_2c8b5947():
     job = torchtitan.from_mapping(data, "new.toml")
     assert job.modelled.runtime_version is None
     assert any("2c8b5947 the last stage's" in note for note in job.notes)
+
+
+def test_the_runtime_version_is_said_whole_on_the_command_line(tmp_path):
+    """The note names the compile section without brackets the console would take for markup; the
+    MI300X benchmark's config (torchtitan 2c8b5947's llama3_8b.toml, compile on) is scored as 2c8b5947."""
+    toml = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+            'compile = true\n[parallelism]\ndata_parallel_shard_degree = -1\n'
+            '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"\n')
+    path = tmp_path / "llama3_8b.toml"
+    path.write_text(toml)
+    result = CliRunner().invoke(cli, ["evaluate", "--from-torchtitan", str(path), "--gpus", "8", "--gpu", "mi300x"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "runtime version: torchtitan 2c8b5947 (2025-08-08)" in said
+    assert "replaced by the compile section at 08b8b244" in said

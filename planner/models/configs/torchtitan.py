@@ -191,11 +191,11 @@ def _version(flat: dict, job: Job) -> None:
     old = sorted(key for key in flat if key in BEFORE_PARALLELISM)
     new = sorted(key for key in flat if key.startswith(AFTER_BBB1B616) or key.startswith("parallelism."))
     if old and new:
-        raise UserError(f"{job.source} spells {old[0]} as torchtitan did before its [parallelism] section (2025-03-18) "
+        raise UserError(f"{job.source} spells {old[0]} as torchtitan did before its parallelism section (2025-03-18) "
                         f"and {new[0]} as after it; give one torchtitan's keys")
     if old:
         job.modelled.runtime_version = "9dec370"
-        job.notes.append(f"runtime version: torchtitan 9dec370 (2024-12-26), the record read before the [parallelism] "
+        job.notes.append(f"runtime version: torchtitan 9dec370 (2024-12-26), the record read before the parallelism "
                          f"section, since the file spells {old[0]} (config_manager.py at 9dec370, gone at bbb1b616); "
                          "torchtitan from b19456a9 (2024-10-22) until 9dec370 compiled the loss under "
                          "training.compile (train.py 138-139), 9dec370 does not, nor any until bbb1b616 "
@@ -205,7 +205,7 @@ def _version(flat: dict, job: Job) -> None:
             not any(key.startswith(("compile.", "quantize.")) for key in flat):
         job.modelled.runtime_version = "2c8b5947"
         job.notes.append("runtime version: torchtitan 2c8b5947 (2025-08-08), since the file spells training.compile "
-                         "(replaced by [compile] at 08b8b244, 2025-08-20) beside training.local_batch_size or "
+                         "(replaced by the compile section at 08b8b244, 2025-08-20) beside training.local_batch_size or "
                          "global_batch_size (since 8570415c, 2025-06-05): the loss compiled with the model; a "
                          "pipeline's last stage keeps its outputs to the step's end on a torch from after "
                          "pytorch#153383 (2025-05-13): give --runtime-version bbb1b616 for an earlier torch")
@@ -213,7 +213,7 @@ def _version(flat: dict, job: Job) -> None:
         later = [key for key in new if key.startswith(AFTER_BBB1B616)]
         job.notes.append(f"runtime version: {NEWEST}, the newest record read, since the file "
                          + (f"sets {later[0]}, a key torchtitan took after bbb1b616" if later else
-                            f"sets {new[0]} ([parallelism] since 785c34c9, 2025-03-18; before bbb1b616 torchtitan did "
+                            f"sets {new[0]} (the parallelism section since 785c34c9, 2025-03-18; before bbb1b616 torchtitan did "
                             "not compile the loss)") + f"; {BEFORE_RETURN_OUTPUTS}")
     else:
         job.notes.append(f"runtime version: {NEWEST}, the newest record read (the default): no key of the file "
