@@ -64,7 +64,7 @@ def test_no_cost_function_tests_a_runtime_name():
 
 
 def test_an_unknown_version_is_refused_naming_the_known_ones():
-    with pytest.raises(UserError, match="use one of b5bcd76c, bbb1b616, 9dec370"):
+    with pytest.raises(UserError, match="use one of b5bcd76c, 2c8b5947, bbb1b616, 9dec370"):
         runtimes.facts("torchtitan", "v0.1")
 
 

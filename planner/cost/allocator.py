@@ -24,6 +24,16 @@ each with its source:
   a job at the published worst case reserves 1.27x more than the default predicts. It is the
   fallback: where a profile recorded its layers' allocations the reserve is the replay's
   (planner/cost/reserve.py), and the solvers keep the margin to bound the allocated peak.
+- **Expandable segments.** torchtitan's launch scripts set `PYTORCH_CUDA_ALLOC_CONF=
+  "expandable_segments:True"` (run_llama_train.sh 22 at 9dec370; run_train.sh at 3aff9bd9 to
+  2c8b5947 and later). CUDA builds honour it (one growing segment per stream and pool; any split
+  whose remainder is >= 512 B). ROCm builds ignored it, warning "expandable_segments not supported on
+  this platform", until pytorch#173330 (merged 2026-03-01, relanded as #177974): the allocator's
+  ExpandableSegment was compiled only `#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_
+  SUPPORTED)`. So torchao's MI300X benchmark (torch 2.9.0.dev20250811+rocm6.4) ran the rules below,
+  and its H100 one (torch 2.7.0a0) ran expandable segments. The segment sizes themselves have no ROCm
+  branch (get_allocation_size). GMLake's margin was measured without expandable segments; no
+  published fragmentation figure with them was found, so ckplan charges the same margin to both.
 - **NCCL.** Each NCCL communicator a rank uses holds buffers outside the caching allocator:
   measured with PyTorch on 4 A100s over NVLink, 544 MiB for a two-rank group and 688 MiB for
   larger ones (NVIDIA/nccl issue 964, the reporter's per-group figures; NCCL 2.18, default

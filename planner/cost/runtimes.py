@@ -9,7 +9,7 @@ transformers loss ColossalAI's Hugging Face models run), the version is the setu
 `training.runtime_version` (--runtime-version), defaulting to the newest read here.
 
 Versions read (docs/framework-facts.md): Megatron-LM d98e8a64 (2026-08-22); torchtitan 9dec370
-(2024-12-26), bbb1b616 (2025-04-02), b5bcd76c (2026-08-21); torch 2.13.0 (cf30153c); DeepSpeed
+(2024-12-26), bbb1b616 (2025-04-02), 2c8b5947 (2025-08-08), b5bcd76c (2026-08-21); torch 2.13.0 (cf30153c); DeepSpeed
 edaa7221 (2026-08-22); ColossalAI 4f9953be and its LLaMA-2 benchmark at 068372a7.
 
 The loss region is a multiple of the bf16 logits tensor (tokens x vocab shard x 2 B): `kept` what
@@ -47,8 +47,21 @@ _TITAN_OUTPUTS = {
     "bbb1b616": ("every-stage", "torchtitan/train.py (pp_schedule.step(...) without return_outputs), bbb1b616 "
                  f"(2025-04-02), on the torch nightly of its day: {_PIPELINING_OUTPUTS}; every stage appended its "
                  "output until pytorch#153383 (2025-05-13)"),
+    "2c8b5947": ("last-stage", "torchtitan/train.py 429-435 (pp_schedule.step(...) without return_outputs), 2c8b5947 "
+                 "(2025-08-08), on torch 2.9.0.dev20250811 (torchao's MI300X benchmarks, torchao/float8/README.md "
+                 f"853f87d1): {_PIPELINING_OUTPUTS}; since pytorch#153383 (2025-05-13) the last stage's alone"),
     "b5bcd76c": ("none", "torchtitan/trainer.py 827-833 (pp_schedule.step(..., return_outputs=False)), b5bcd76c "
                  "(2026-08-21); since e5ef99aab (2025-10-22), with pytorch#165822's return_outputs"),
+}
+# torchtitan's package version (assets/version.txt) names a span of commits whose records differ: a
+# run that states only it is scored by the record of its commit, which the sentence helps to choose
+_TITAN_PACKAGES = {
+    "0.0.2": "every commit from b889f3d5 (2024-04-16) to b461ea82 (2025-06-05), over which the loss became "
+             "compiled under training.compile (bbb1b616, 2025-04-02): give 9dec370 for a torchtitan before "
+             "2025-04-02 (torchao's H100 float8 benchmarks of 2025-03-12 ran one), bbb1b616 from then",
+    "0.1.0": "every commit from b461ea82 (2025-06-05) to 29624e37 (2025-10-17), each compiling the loss under "
+             "compile: give 2c8b5947 (a pipeline's last stage keeps its outputs to the step's end with a torch "
+             "from after pytorch#153383, 2025-05-13), or bbb1b616 with an earlier torch",
 }
 _DS_V = "DeepSpeed edaa7221 (2026-08-22)"
 _CAI_V = "ColossalAI 4f9953be; LLaMA-2 benchmark 068372a7"
@@ -244,10 +257,13 @@ def _torchtitan(version: str) -> RuntimeFacts:
             "adam_step_scratch": f"torchtitan/optimizer.py 132-138 (foreach unless --optimizer.fused), {_TITAN_OLD}; "
                                  f"torch/optim/adam.py 760-790, {_TORCH_V}",
             "loss": f"train.py 131-138 cross_entropy(pred.float()), `del pred` before backward, {_TITAN_OLD}; "
-                    f"{_MEMTRACKER}: kept 2.00, peak 5.97",
+                    f"the same and still not compiled at 54ef4222 (2025-03-12; torchtitan/train.py 324-331, "
+                    f"components/loss.py 10-18, its compile commented out), the torchtitan 0.0.2 of torchao's H100 "
+                    f"float8 benchmarks (torchao 8c81863b); {_MEMTRACKER}: kept 2.00, peak 5.97",
             "loss_vocab_parallel": f"parallelize_llama.py 138-142 (loss_parallel), {_TITAN_OLD}; torch/distributed/"
                                    f"tensor/parallel/loss.py 197-222, {_TORCH_V}; {_MEMTRACKER}: kept 2.00, peak 7.97",
             "loss_compiled": f"train.py torch.compile(loss_fn) under training.compile, bbb1b616; "
+                             f"torchtitan/components/loss.py 25-30, 2c8b5947; "
                              f"torchtitan/components/loss.py 242-252, b5bcd76c (none at {_TITAN_OLD}); "
                              f"inductor's generated code on CPU, torch 2.13 (scripts/compiled_loss.py): kept 1.00, "
                              f"peak 2.00 (the saved bf16 logits and their bf16 gradient)",
@@ -370,7 +386,7 @@ def _colossalai(version: str) -> RuntimeFacts:
 VERSIONS: dict[str, tuple[str, ...]] = {
     "ckplan": ("current",),
     "megatron": ("d98e8a64",),
-    "torchtitan": ("b5bcd76c", "bbb1b616", "9dec370"),
+    "torchtitan": ("b5bcd76c", "2c8b5947", "bbb1b616", "9dec370"),
     "deepspeed": ("edaa7221",),
     "colossalai": ("hf-4.46", "hf-4.3x"),
 }
@@ -384,6 +400,9 @@ def facts(runtime: str, version: str | None = None) -> RuntimeFacts:
     if known is None:
         raise UserError(f"unknown runtime {runtime!r}; one of {', '.join(VERSIONS)}")
     chosen = known[0] if version is None else version
+    if runtime == "torchtitan" and chosen in _TITAN_PACKAGES:
+        raise UserError(f"--runtime-version {version}: torchtitan {version} is the package version of "
+                        f"{_TITAN_PACKAGES[version]}")
     if chosen not in known:
         raise UserError(f"--runtime-version {version} is not one read for {runtime}; use one of {', '.join(known)}")
     if runtime == "torchtitan":

@@ -149,7 +149,9 @@ _SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim
 # FlashAttention-2 on MI300X (ROCm's CK port, ROCm 6.3.2), non-causal, batch 1, 16384 tokens, head dim
 # 128: forward 353.22, backward 194.43 TFLOP/s (ROCm/flash-attention#142, 2025-05-18). torch's SDPA on
 # ROCm runs AOTriton's kernels instead, whose backward pytorch/pytorch#135431 measured at 19.9 TFLOP/s
-# on LLaMA 3 8B's shapes (torch 2.5.0.dev20240907+rocm6.2); no later AOTriton figure was found
+# on LLaMA 3 8B's shapes (torch 2.5.0.dev20240907+rocm6.2); no later absolute AOTriton figure was found
+# (ROCm/aotriton 0.9b and 0.10b release PRs #76, #97 give relative changes only): at 19.9 TFLOP/s the
+# M12/T5 step would take 2.94 s against 1.524 s published, at CK's 0.96 s (docs/published-runs.md §11.rocm)
 MI300X_FLASH_TFLOPS = (353.22, 194.43)
 _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forward and backward (Dao 2023, "
                "arXiv 2307.08691 §4.1)")

@@ -175,31 +175,45 @@ def from_mapping(data: dict, where: str) -> Job:
 
 
 NEWEST = "torchtitan b5bcd76c (2026-08-21)"
-BEFORE_RETURN_OUTPUTS = ("a torchtitan from before e5ef99aab (2025-10-22) kept every pipeline stage's outputs to the "
-                         "step's end: give --runtime-version bbb1b616 to score that")
+BEFORE_RETURN_OUTPUTS = ("a torchtitan from before e5ef99aab (2025-10-22) kept pipeline stages' outputs to the step's "
+                         "end: give --runtime-version bbb1b616 to score every stage's (a torch from before "
+                         "pytorch#153383, 2025-05-13), 2c8b5947 the last stage's (a later torch)")
+# training.compile beside the local / global batch sizes: a file of 8570415c (2025-06-05) to 08b8b244 (2025-08-20,
+# where [compile] replaced training.compile), the span of the 2c8b5947 record
+BATCH_SIZES = ("training.local_batch_size", "training.global_batch_size")
 
 
 def _version(flat: dict, job: Job) -> None:
     """The runtime version whose record applies (planner/cost/runtimes.py: 9dec370, whose loss is not
-    compiled; else the newest record, b5bcd76c, which compiles it with the model and whose pipeline
-    keeps no outputs to the step's end, where bbb1b616's did), as the file's keys date it; said."""
+    compiled; 2c8b5947, which compiles it and whose pipeline keeps the last stage's outputs to the step's
+    end; else the newest record, b5bcd76c, which compiles it with the model and whose pipeline keeps no
+    outputs to the step's end, where bbb1b616's kept every stage's), as the file's keys date it; said."""
     old = sorted(key for key in flat if key in BEFORE_PARALLELISM)
     new = sorted(key for key in flat if key.startswith(AFTER_BBB1B616) or key.startswith("parallelism."))
     if old and new:
-        raise UserError(f"{job.source} spells {old[0]} as torchtitan did before its [parallelism] section (2025-03-18) "
+        raise UserError(f"{job.source} spells {old[0]} as torchtitan did before its parallelism section (2025-03-18) "
                         f"and {new[0]} as after it; give one torchtitan's keys")
     if old:
         job.modelled.runtime_version = "9dec370"
-        job.notes.append(f"runtime version: torchtitan 9dec370 (2024-12-26), the record read before the [parallelism] "
+        job.notes.append(f"runtime version: torchtitan 9dec370 (2024-12-26), the record read before the parallelism "
                          f"section, since the file spells {old[0]} (config_manager.py at 9dec370, gone at bbb1b616); "
                          "torchtitan from b19456a9 (2024-10-22) until 9dec370 compiled the loss under "
-                         "training.compile (train.py 138-139), 9dec370 does not: give --runtime-version to score "
+                         "training.compile (train.py 138-139), 9dec370 does not, nor any until bbb1b616 "
+                         "(components/loss.py 17-18 at 54ef4222, 2025-03-12): give --runtime-version to score "
                          "another")
+    elif "training.compile" in flat and any(key in flat for key in BATCH_SIZES) and \
+            not any(key.startswith(("compile.", "quantize.")) for key in flat):
+        job.modelled.runtime_version = "2c8b5947"
+        job.notes.append("runtime version: torchtitan 2c8b5947 (2025-08-08), since the file spells training.compile "
+                         "(replaced by the compile section at 08b8b244, 2025-08-20) beside training.local_batch_size or "
+                         "global_batch_size (since 8570415c, 2025-06-05): the loss compiled with the model; a "
+                         "pipeline's last stage keeps its outputs to the step's end on a torch from after "
+                         "pytorch#153383 (2025-05-13): give --runtime-version bbb1b616 for an earlier torch")
     elif new:
         later = [key for key in new if key.startswith(AFTER_BBB1B616)]
         job.notes.append(f"runtime version: {NEWEST}, the newest record read, since the file "
                          + (f"sets {later[0]}, a key torchtitan took after bbb1b616" if later else
-                            f"sets {new[0]} ([parallelism] since 785c34c9, 2025-03-18; before bbb1b616 torchtitan did "
+                            f"sets {new[0]} (the parallelism section since 785c34c9, 2025-03-18; before bbb1b616 torchtitan did "
                             "not compile the loss)") + f"; {BEFORE_RETURN_OUTPUTS}")
     else:
         job.notes.append(f"runtime version: {NEWEST}, the newest record read (the default): no key of the file "
