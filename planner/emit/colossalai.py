@@ -20,7 +20,7 @@ the order ColossalAI's own v_schedule.PipelineGraph builds (ZB-V), scored as tor
 from __future__ import annotations
 
 from planner.cost import costmodel
-from planner.emit import dp_support, facts, rounding
+from planner.emit import dp_support, facts, rounding, scored_as
 from planner.schema import Plan, Profile
 
 TARGET = "ColossalAI"
@@ -47,9 +47,10 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
                                f"{', '.join(map(str, changed))} now checkpoints its first k instead of the "
                                "layers the plan chose")
     scored = rounding.rescore(plan, profile, rounded)
-    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
+    cannot = CANNOT_EXPRESS + scored_as.no_compile_key(plan.setup, TARGET)
+    header = rounding.header_lines(plan_file, TARGET, cannot, rounded, scored, plan_setup=plan.setup)
     text = rounding.comment(header) + facts.sequence_note(profile) + "\n" + _plugin(rounded, roles, profile)
-    return rounding.Export(TARGET, text, ".colossalai.py", rounded, scored, CANNOT_EXPRESS)
+    return rounding.Export(TARGET, text, ".colossalai.py", rounded, scored, cannot)
 
 
 def checkpoint_counts(rounded: rounding.Rounded, ks: list[int]) -> list[int]:

@@ -324,12 +324,14 @@ class Export:
 
 
 def header_lines(plan_file: str, target: str, cannot_express: Sequence[str], rounded: Rounded,
-                 scored: Scored) -> list[str]:
-    """The comment block every export opens with: what the target loses, what the rounding
-    changed, and the cost model's score of the exact plan beside the rounded one."""
+                 scored: Scored, *, plan_setup=None) -> list[str]:
+    """The comment block every export opens with: the runtime record the plan was scored as
+    (`plan_setup`'s; the rounded setup's where not given), what the target loses, what the
+    rounding changed, and the cost model's score of the exact plan beside the rounded one."""
+    from planner.emit.scored_as import record_line
     from planner.units import format_bytes, format_ms
 
-    lines = [f"ckplan plan {plan_file} for {target}."]
+    lines = [f"ckplan plan {plan_file} for {target}.", record_line(plan_setup or rounded.setup, rounded.setup)]
     lines += [f"{target} cannot express: {item}" for item in cannot_express]
     lines += [f"Rounded: {item}" for item in rounded.changes] or ["Rounded: nothing; this is the plan exactly."]
     exact, approx = scored.exact, scored.rounded
