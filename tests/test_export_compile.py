@@ -1,7 +1,8 @@
 """Exports write what a plan was scored with: the runtime record (its header line, values quoted), and
 torch.compile where the target has a key for it (torchtitan's compile.enable and compile.components,
-TOML and Python alike); where it has none (Megatron-LM, DeepSpeed, ColossalAI) the export says so in
-one sentence. Round trips: the torchtitan TOML read back by `--from-torchtitan`'s reader compiles
+TOML and Python alike); where it has none (Megatron-LM, DeepSpeed, ColossalAI) a compiled plan is
+refused in one sentence, no file written (its re-score would charge compiled memory to an eager
+runtime). Round trips: the torchtitan TOML read back by `--from-torchtitan`'s reader compiles
 what the plan was scored compiled; the Megatron-LM arguments read back by `--from-megatron`'s say no
 compile (Megatron-LM has no argument for it)."""
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import ast
 
 import pytest
-from fixtures.cli import run_ok
+from fixtures.cli import run, run_ok
 from test_launchers import _tiny_config
 
 from planner import io
@@ -103,23 +104,39 @@ def test_torchtitan_python_config_sets_compile(tmp_path, profile_path, flags, wr
 
 
 @pytest.mark.parametrize("target", ["megatron", "deepspeed", "colossalai"])
-def test_a_target_without_a_compile_setting_says_so_in_one_sentence(tmp_path, profile_path, target):
-    plan = _plan(tmp_path, profile_path, "--compile", "model")
-    _, text, said = _export(plan, target)
+@pytest.mark.parametrize("flags, said", [(("--compile", "model"), "the model (--compile model)"),
+                                         (("--compile", "loss"), "the loss (--compile loss)")])
+def test_a_target_without_a_compile_setting_refuses_a_compiled_plan_in_one_sentence(tmp_path, profile_path, target,
+                                                                                      flags, said):
+    from planner.cost import runtimes
+
+    plan = _plan(tmp_path, profile_path, *flags)
+    out = tmp_path / "out.txt"
+    result = run("export", plan, "--to", target, "--out", out)
     name = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "colossalai": "ColossalAI"}[target]
-    sentence = (f"torch.compile of the model (scored compiled, --compile model): {name} has no setting for it and "
-                "runs ")
-    assert f"{name} cannot express: {sentence}" in said
-    assert sum(line.startswith(f"# {name} cannot express: torch.compile") for line in text.splitlines()) == 1
-    assert f"solve with --runtime {target} (without --compile) for a plan it runs." in said
-    _, plain, said = _export(_plan(tmp_path, profile_path), target)
+    assert result.exit_code != 0 and not out.exists()
+    assert (f"this plan was scored with torch.compile of {said}, and {name} has no setting that compiles the model: "
+            f"it runs {runtimes.facts(target).runs_instead}, so the plan's compiled memory and time would not hold "
+            f"there; solve with --runtime {target} (without --compile) and export that plan") in " ".join(
+                result.output.split())
+    _, plain, said = _export(_plan(tmp_path, profile_path), target)  # the same plan eager is exported
     assert "torch.compile" not in plain and "torch.compile" not in said
+
+
+def test_a_9dec370_plan_compiling_only_the_loss_compiled_nothing_and_exports_anywhere(tmp_path, profile_path):
+    """torchtitan 9dec370's record runs the loss eager: `--compile loss` there charged nothing
+    compiled, so a target without compile takes the plan, re-scored as the target's newest record
+    (the plan's runtime version is torchtitan's, not the target's)."""
+    _, text, _ = _export(_plan(tmp_path, profile_path, "--compile", "loss", version="9dec370"), "megatron")
+    assert "CKPLAN_MEGATRON_ARGS" in text
+    assert text.splitlines()[1].startswith('# Scored as runtime = "torchtitan", runtime_version = "9dec370"; this '
+                                           'export re-scored as runtime = "megatron", runtime_version = "d98e8a64"')
 
 
 def test_megatron_arguments_read_back_without_compile(tmp_path, profile_path):
     from planner.models.configs import megatron
 
-    plan = _plan(tmp_path, profile_path, "--compile")
+    plan = _plan(tmp_path, profile_path)
     _, text, _ = _export(plan, "megatron")
     script = plan.with_name("train.sh")
     # launched as its last line says, with the vocabulary the export leaves to the tokenizer

@@ -39,6 +39,7 @@ _PRECISION = {"bf16-mixed": "bf16", "fp32": "fp32"}
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
+    scored_as.refuse_uncompiled_target(plan.setup, TARGET)
     roles, rounded = rounding.decoder_start(plan, profile, TARGET, runs_as=RUNS_AS,
                                             round_zero=lambda r: dp_support.round_zero(r, TARGET))
     changed = rounding.first_k(rounded, roles)
@@ -47,10 +48,9 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
                                f"{', '.join(map(str, changed))} now checkpoints its first k instead of the "
                                "layers the plan chose")
     scored = rounding.rescore(plan, profile, rounded)
-    cannot = CANNOT_EXPRESS + scored_as.no_compile_key(plan.setup, TARGET)
-    header = rounding.header_lines(plan_file, TARGET, cannot, rounded, scored, plan_setup=plan.setup)
+    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored, plan_setup=plan.setup)
     text = rounding.comment(header) + facts.sequence_note(profile) + "\n" + _plugin(rounded, roles, profile)
-    return rounding.Export(TARGET, text, ".colossalai.py", rounded, scored, cannot)
+    return rounding.Export(TARGET, text, ".colossalai.py", rounded, scored, CANNOT_EXPRESS)
 
 
 def checkpoint_counts(rounded: rounding.Rounded, ks: list[int]) -> list[int]:

@@ -38,6 +38,7 @@ CANNOT_EXPRESS = [
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
+    scored_as.refuse_uncompiled_target(plan.setup, TARGET)
     rounded = rounding.start(plan, TARGET)
     rounding.one_f_one_b(rounded, TARGET)
     dp_support.round_zero(rounded, TARGET)
@@ -47,10 +48,9 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
             [n for n in rounded.stages[0].checkpointed if n != first])
         rounded.changes.append(f"{first}, the model's first layer, runs without checkpointing")
     scored = rounding.rescore(plan, profile, rounded)
-    cannot = CANNOT_EXPRESS + scored_as.no_compile_key(plan.setup, TARGET)
-    header = rounding.header_lines(plan_file, TARGET, cannot, rounded, scored, plan_setup=plan.setup)
+    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored, plan_setup=plan.setup)
     text = rounding.comment(header) + facts.sequence_note(profile) + "\n" + _module(rounded, profile)
-    return rounding.Export(TARGET, text, ".deepspeed.py", rounded, scored, cannot)
+    return rounding.Export(TARGET, text, ".deepspeed.py", rounded, scored, CANNOT_EXPRESS)
 
 
 def stage_starts(rounded: rounding.Rounded, profile: Profile) -> list[int]:

@@ -1,7 +1,10 @@
 """What every export says about the runtime a plan was scored as: the record (runtime and version,
 planner/cost/runtimes.py) in its header, and the torch.compile components the cost model charged
 compiled, which a target writes where it has a key (torchtitan's compile.enable and
-compile.components) and says in one sentence where it has none."""
+compile.components). A target with no setting that compiles the model refuses the plan in one
+sentence: its re-score would charge the compiled layers' memory to a runtime that runs them eager,
+and call the export fitting where it may not (the profile an export scores with holds the
+compiled figures in place of the eager ones)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import json
 
 from planner.cost import runtimes
 from planner.cost.rules import loss_compiled
+from planner.errors import UserError
 
 # The runtime record whose facts describe what each export target runs (planner/cost/runtimes.py)
 TARGET_RUNTIME = {"Megatron-LM": "megatron", "DeepSpeed": "deepspeed", "ColossalAI": "colossalai",
@@ -42,13 +46,13 @@ def compiled_components(setup) -> list[str]:
     return [name for name, on in (("model", training.compile), ("loss", loss)) if on]
 
 
-def no_compile_key(setup, target: str) -> list[str]:
+def refuse_uncompiled_target(setup, target: str) -> None:
     """One sentence where the plan was scored with torch.compile and `target` has no setting that
-    compiles the model (its runtime record's compiles_model False); none otherwise."""
+    compiles the model (its runtime record's compiles_model False)."""
     compiled = compiled_components(setup)
     record = runtimes.facts(TARGET_RUNTIME[target])
-    if not compiled or record.compiles_model:
-        return []
-    return [f"torch.compile of the {' and the '.join(compiled)} (scored compiled, --compile {','.join(compiled)}): "
-            f"{target} has no setting for it and runs {record.runs_instead}, so the plan's compiled memory and time "
-            f"do not hold there; solve with --runtime {record.name} (without --compile) for a plan it runs."]
+    if compiled and not record.compiles_model:
+        raise UserError(f"this plan was scored with torch.compile of the {' and the '.join(compiled)} (--compile "
+                        f"{','.join(compiled)}), and {target} has no setting that compiles the model: it runs "
+                        f"{record.runs_instead}, so the plan's compiled memory and time would not hold there; solve "
+                        f"with --runtime {record.name} (without --compile) and export that plan")
