@@ -123,9 +123,9 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
 def _compile_lines(setup, prefix: str, *, toml: bool = False) -> str:
     """torch.compile as the plan was scored (scored_as.compiled_components): compile.enable, and
     compile.components where it is on (Trainer.Config.compile, torchtitan/trainer.py 111 and
-    config/configs.py 293-303 at b5bcd76c; the TOML's
-    [compile] since 0.2.0, config/job_config.py 637-645), written either way so that a base config
-    or job file that compiles does not run otherwise than the plan was scored."""
+    config/configs.py 293-303 at b5bcd76c; the TOML's [compile] since v0.2.0, config/job_config.py
+    637-645), written either way so that a base config or job file that compiles does not run
+    otherwise than the plan was scored."""
     compiled = scored_as.compiled_components(setup)
     enable = ("true" if compiled else "false") if toml else str(bool(compiled))
     lines = f"\n{prefix}enable = {enable}"
