@@ -124,11 +124,11 @@ class _TitanModel(torch.nn.Module):
 def _load_titan_export(tmp_path, text: str):
     (tmp_path / "ckplan_base.py").write_text(
         "from types import SimpleNamespace\n"
-        "from torchtitan.config import ParallelismConfig, TrainingConfig\n"
+        "from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig\n"
         "def base():\n"
         "    model = SimpleNamespace(layers=[None] * 8)\n"
         "    return SimpleNamespace(model_spec=SimpleNamespace(model=model), parallelism=ParallelismConfig(),\n"
-        "                           training=TrainingConfig(), activation_checkpoint=None)\n")
+        "                           training=TrainingConfig(), activation_checkpoint=None, compile=CompileConfig())\n")
     path = tmp_path / "ckplan_titan.py"
     path.write_text(text)
     sys.path.insert(0, str(tmp_path))
@@ -153,6 +153,7 @@ def test_torchtitan_python_config_splits_and_checkpoints_with_torchtitans_code(t
     parallelism = config.parallelism
     assert (parallelism.pipeline_parallel_degree, parallelism.pipeline_parallel_schedule) == (3, "1F1B")
     assert config.training.local_batch_size == 6
+    assert config.compile.enable is False  # the plan was scored eager: a base that compiles is turned off
     wrapped = []
     for part in parallelism.module_fqns_per_model_part:
         chunk = _split_module(_TitanModel(8), part)

@@ -188,17 +188,19 @@ def test_a_framework_files_settings_other_than_the_searchs_are_said_beside_it():
         == "the runtime version 9dec370 (scored the newest read, as the search)"
 
 
-def test_the_torchtitan_export_of_a_compiled_plan_says_what_to_compile(tmp_path):
-    """The exported file carries no compile section: the export says which components the plan was
-    scored compiled with, rather than dropping them."""
-    _, plan, _ = _search(tmp_path, "--compile", "model", hand=())
-    result = run_ok("export", tmp_path / "best.yaml", "--to", "torchtitan", "--torchtitan-version", "0.2.2")
-    said = " ".join(result.output.split())
-    assert ('torch.compile of the model (scored with --compile model): not written here; give the job '
-            'compile.enable = true with compile.components = ["model"]') in said
+def test_the_torchtitan_export_of_a_compiled_plan_writes_what_to_compile(tmp_path):
+    """The exported file's [compile] section compiles the components the plan was scored compiled
+    with (tests/test_export_compile.py reads it back), and is off for a plan scored eager."""
+    import tomllib
+
+    _search(tmp_path, "--compile", "model", hand=())
+    run_ok("export", tmp_path / "best.yaml", "--to", "torchtitan", "--torchtitan-version", "0.2.2")
+    written = tomllib.loads((tmp_path / "best.torchtitan.toml").read_text())
+    assert written["compile"] == {"enable": True, "components": ["model"]}
     _search(tmp_path, hand=())
-    assert "torch.compile" not in run_ok("export", tmp_path / "best.yaml", "--to", "torchtitan",
-                                         "--torchtitan-version", "0.2.2").output
+    run_ok("export", tmp_path / "best.yaml", "--to", "torchtitan", "--torchtitan-version", "0.2.2", "--out",
+           tmp_path / "eager.toml")
+    assert tomllib.loads((tmp_path / "eager.toml").read_text())["compile"] == {"enable": False}
 
 
 def test_the_table_says_what_every_configuration_was_scored_with(tmp_path):

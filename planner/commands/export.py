@@ -59,9 +59,13 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     _refuse_launch_options(click.get_current_context())
     _refuse_pure_bf16(plan)
     _refuse_experts(profile, target)
+    from planner.commands.training_settings import TrainingSettings, compiled_profile
     from planner.cost.float8 import float8_profile
 
-    profile = float8_profile(profile, plan.setup)  # a plan made under --float8 is re-scored under it
+    # a plan made under --float8 or --compile is re-scored under it (solve scored it so; its profile
+    # file holds the records unapplied)
+    profile = float8_profile(compiled_profile(profile, TrainingSettings(compile_model=plan.setup.training.compile)),
+                             plan.setup)
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
     if out is None:
         out = plan_path.with_name(plan_path.stem + result.suffix)

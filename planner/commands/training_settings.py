@@ -23,7 +23,8 @@ SETTING_OPTIONS = [
                  help="torch.compile (torchtitan's compile.enable with compile.components; bare: model,loss): model "
                       "compiles the layers, which keep what the profile recorded under compile (`ckplan profile "
                       "--arch ... --compiled`) and run the times it recorded, else are charged as eager, said; loss compiles "
-                      "the loss as the runtime's version does."),
+                      "the loss as the runtime's version does. Only a runtime that compiles the model takes it "
+                      "(torchtitan; refused under ckplan, megatron, deepspeed and colossalai, which run eager)."),
     click.option("--op-level-sac", is_flag=True,
                  help="torchtitan's op-level selective AC: a checkpointed block (evaluate) runs its op-sac policy, "
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "

@@ -57,6 +57,14 @@ class RuntimeFacts:
     """The loss on vocab-parallel logits (TP > 1)."""
     loss_compiled: LossRegion | None
     """The loss under torch.compile where the runtime compiles it with the model (None: it does not)."""
+    # -- torch.compile (--compile; read by runtimes.refused_settings)
+    compiles_model: bool
+    """The runtime has a setting that torch.compiles the model's layers (torchtitan's compile.enable,
+    each TransformerBlock); False: it runs them eager whatever its config says, and --compile is
+    refused, saying `runs_instead`."""
+    runs_instead: str
+    """What the runtime runs in place of a compiled model (the refusal of --compile says it); empty
+    where it compiles."""
 
     # -- saved tensors under TP/SP
     tp_saves_gathered_input: bool
@@ -150,3 +158,15 @@ class RuntimeFacts:
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
+
+
+def compile_refused(training, record: RuntimeFacts) -> list[str]:
+    """--compile (`training`'s compile, compile_loss) under a runtime with no setting that
+    torch.compiles the model (`record`.compiles_model False): one sentence naming the runtime and
+    what it runs instead; none where nothing is compiled or the runtime compiles."""
+    loss = training.compile if training.compile_loss is None else training.compile_loss
+    said = ",".join(name for name, on in (("model", training.compile), ("loss", loss)) if on)
+    if not said or record.compiles_model:
+        return []
+    return [f"--compile {said} asks for torch.compile, and {record.name}'s runtime ({record.version}) does not "
+            f"compile the model: it runs {record.runs_instead}; drop --compile, or score with --runtime torchtitan"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from dataclasses import fields
 
-from planner.cost.runtime_facts import LossRegion, RuntimeFacts
+from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
 from planner.errors import UserError
 
 _MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
@@ -110,6 +110,39 @@ _FLOAT8_NOT_READ = {"float8": "not read: the runtime's Float8 (if any) is refuse
                     "float8_memory": "not read: the runtime's Float8 (if any) is refused"}
 _TORCHAO_V = "torchao v0.11.0 (f34b473e)"
 _TE_V = "TransformerEngine v2.9"
+# torch.compile of the model (--compile): who compiles it, and what runs where it is not compiled
+_TITAN_COMPILES = {
+    "9dec370": "torchtitan/parallelisms/parallelize_llama.py 70-77, 297-306 (training.compile: apply_compile, "
+               "torch.compile of each TransformerBlock, fullgraph), 9dec370 (2024-12-26)",
+    "bbb1b616": "torchtitan/models/llama/parallelize_llama.py 86-88, 308-320 (training.compile: apply_compile, each "
+                "TransformerBlock), bbb1b616 (2025-04-02)",
+    "2c8b5947": "torchtitan/models/llama3/infra/parallelize.py 95-97, 345-354 (training.compile: apply_compile, "
+                "torch.compile of each TransformerBlock), 2c8b5947 (2025-08-08)",
+    "b5bcd76c": "torchtitan/models/llama3/parallelize.py 42-55 (compile.enable with \"model\" in compile.components: "
+                "apply_compile), torchtitan/distributed/compile.py 39-72 (each TransformerBlock .compile(fullgraph="
+                "True)), b5bcd76c (2026-08-21)",
+}
+_NO_MODEL_COMPILE = {
+    "ckplan": ("each stage's layers eager, as the model file builds them",
+               "planner/runtime (stagemodule.py, worker.py, recompute.py): the stages run the model file's modules as "
+               "built; nothing in planner/runtime calls torch.compile"),
+    "megatron": ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise functions "
+                 "of its jit_fuser)",
+                 f"megatron/training/arguments.py: no argument torch.compiles the model; megatron/core/jit.py 16-33 "
+                 f"(jit_fuser = torch.compile on torch >= 2.2) decorates only fused elementwise functions "
+                 f"(megatron/core/activations.py, megatron/core/fusions/fused_bias_*.py), {_MEGATRON_V}"),
+    "deepspeed": ("the model eager (its config compiles nothing; torch.compile runs only where the training script "
+                  "calls engine.compile())",
+                  f"deepspeed/runtime/engine.py 5706-5756 (compile(): self.module.compile, run only when the script "
+                  f"calls it); the config's `compile` block (deepspeed/runtime/config.py 919, deepspeed/compile/"
+                  f"config.py 12-73) configures DeepCompile's passes for that call, {_DS_V}; Megatron-DeepSpeed "
+                  "4efb479d (2025-07-16), whose GPT the record reads, calls neither engine.compile() nor torch.compile"),
+    "colossalai": ("the Hugging Face model eager under its plugin (torch.compile only on its fp8 cast kernels and ring "
+                   "attention's rescale)",
+                   "colossalai/booster/plugin: no torch.compile of the model; torch.compile only in "
+                   "colossalai/quantization/fp8.py 194-837 and colossalai/shardformer/layer/attn.py 375, 4f9953be; "
+                   "examples/language/llama2/benchmark.py has no compile option, 068372a7"),
+}
 
 
 def _ckplan() -> RuntimeFacts:
@@ -121,6 +154,7 @@ def _ckplan() -> RuntimeFacts:
         # profile's formula (planner/profiler/analytic.py): logits kept, fp32 softmax kept, fp32 gradient
         loss=LossRegion(kept_x=3.0, peak_x=5.0), loss_vocab_parallel=LossRegion(kept_x=3.0, peak_x=5.0),
         loss_compiled=None, tp_saves_gathered_input=False,
+        compiles_model=False, runs_instead=_NO_MODEL_COMPILE["ckplan"][0],
         **_TORCH_PIPELINING, recompute_whole_forward=False,
         overlaps_grad_reduce=False, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         step_replayed=True,
@@ -136,6 +170,8 @@ def _ckplan() -> RuntimeFacts:
             "loss": "the profile's measured loss; analytic: planner/profiler/analytic.py (fp32 softmax kept, fp32 gradient)",
             "loss_vocab_parallel": "as loss",
             "loss_compiled": "ckplan's runtime does not compile",
+            "compiles_model": _NO_MODEL_COMPILE["ckplan"][1],
+            "runs_instead": _NO_MODEL_COMPILE["ckplan"][1],
             "tp_saves_gathered_input": "ckplan's runtime runs no TP; analytic profiles count 1/TP (Korthikanti et al. 2022)",
             **_TORCH_PIPELINING_SOURCES,
             "recompute_whole_forward": f"torch/utils/checkpoint.py non-reentrant with early stop (default), {_TORCH_V}",
@@ -156,6 +192,7 @@ def _megatron() -> RuntimeFacts:
         adam_step_scratch=False,
         loss=LossRegion(kept_x=2.0, peak_x=3.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=3.0),
         loss_compiled=None, tp_saves_gathered_input=False,
+        compiles_model=False, runs_instead=_NO_MODEL_COMPILE["megatron"][0],
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
@@ -179,6 +216,8 @@ def _megatron() -> RuntimeFacts:
                     f"saves the fp32 softmax), {_MEGATRON_V}; {_MEMTRACKER}: kept 2.00, peak 2.97",
             "loss_vocab_parallel": "as loss (the same function over the vocab shard)",
             "loss_compiled": "Megatron-LM does not torch.compile the loss",
+            "compiles_model": _NO_MODEL_COMPILE["megatron"][1],
+            "runs_instead": _NO_MODEL_COMPILE["megatron"][1],
             "tp_saves_gathered_input": f"megatron/core/tensor_parallel/layers.py 604, 627-631, 667-682 "
                                        f"(saves the sharded input, re-gathers in backward), {_MEGATRON_V}",
             "stage_input_in_receive_buffer": f"megatron/core/pipeline_parallel/schedules.py (fresh input tensors), {_MEGATRON_V}",
@@ -234,6 +273,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
         adam_step_scratch=True,
         loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
         loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
+        compiles_model=True, runs_instead="",
         **_TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
         cp_comm="allgather", float8="torchao", float8_memory=True,
@@ -267,6 +307,8 @@ def _torchtitan(version: str) -> RuntimeFacts:
                              f"torchtitan/components/loss.py 242-252, b5bcd76c (none at {_TITAN_OLD}); "
                              f"inductor's generated code on CPU, torch 2.13 (scripts/compiled_loss.py): kept 1.00, "
                              f"peak 2.00 (the saved bf16 logits and their bf16 gradient)",
+            "compiles_model": _TITAN_COMPILES[version],
+            "runs_instead": "it compiles (compiles_model)",
             "tp_saves_gathered_input": f"parallelize_llama.py 117-191 (apply_tp), {_TITAN_OLD}; torch/distributed/"
                                        f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {_TORCH_V}",
             **_TORCH_PIPELINING_SOURCES,
@@ -296,6 +338,7 @@ def _deepspeed() -> RuntimeFacts:
         # Megatron-DeepSpeed's GPT runs Megatron's vocab-parallel cross-entropy
         loss=LossRegion(kept_x=2.0, peak_x=3.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=3.0),
         loss_compiled=None, tp_saves_gathered_input=False,
+        compiles_model=False, runs_instead=_NO_MODEL_COMPILE["deepspeed"][0],
         stage_input_in_receive_buffer=False, input_receive_buffers="pipe-buffers",
         output_grad_buffers_per_microbatch=False, frees_sent_output=False, batch_held="pipe-buffers",
         sends_held_to_step_end=False, recompute_whole_forward=True,
@@ -313,6 +356,8 @@ def _deepspeed() -> RuntimeFacts:
             "loss": "Megatron-DeepSpeed runs Megatron's vocab-parallel cross-entropy (see megatron's loss)",
             "loss_vocab_parallel": "as loss",
             "loss_compiled": "no compiled loss",
+            "compiles_model": _NO_MODEL_COMPILE["deepspeed"][1],
+            "runs_instead": _NO_MODEL_COMPILE["deepspeed"][1],
             "tp_saves_gathered_input": "Megatron-DeepSpeed's tensor-parallel layers save the sharded input",
             "stage_input_in_receive_buffer": f"deepspeed/runtime/pipe/engine.py (clones of the receive buffer), {_DS_V}",
             "input_receive_buffers": f"deepspeed/runtime/pipe/schedule.py 247-256 (num_pipe_buffers), {_DS_V}",
@@ -341,6 +386,7 @@ def _colossalai(version: str) -> RuntimeFacts:
         loss=LossRegion(kept_x=4.0, peak_x=8.0) if hf_43x else LossRegion(kept_x=3.0, peak_x=7.0),
         loss_vocab_parallel=LossRegion(kept_x=4.0, peak_x=8.0) if hf_43x else LossRegion(kept_x=3.0, peak_x=7.0),
         loss_compiled=None, tp_saves_gathered_input=False,
+        compiles_model=False, runs_instead=_NO_MODEL_COMPILE["colossalai"][0],
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=False, batch_held="every-stage", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None,
@@ -362,6 +408,8 @@ def _colossalai(version: str) -> RuntimeFacts:
                      f"output keeps the bf16 logits; {_MEMTRACKER}: kept 3.00, peak 6.97"),
             "loss_vocab_parallel": "as loss",
             "loss_compiled": "no compiled loss",
+            "compiles_model": _NO_MODEL_COMPILE["colossalai"][1],
+            "runs_instead": _NO_MODEL_COMPILE["colossalai"][1],
             "tp_saves_gathered_input": "ColossalAI's shardformer linears (not read here; taken as Megatron's)",
             "stage_input_in_receive_buffer": "colossalai/pipeline/schedule/one_f_one_b.py 0.5",
             "input_receive_buffers": "colossalai/pipeline/schedule/one_f_one_b.py 0.5",
@@ -435,7 +483,7 @@ def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool) -> LossRegion:
 def refused_settings(training, *, tp: int = 1) -> list[str]:
     """One sentence per setting of `training` the cost model does not model (none silently
     ignored): the command refuses the first; a config reader lists them all."""
-    refused = []
+    refused = compile_refused(training, of(training))
     record = of(training) if training.float8 or training.fp8_all_gather else None
     if training.float8 and record.float8 is None:
         refused.append(f"Float8 linears (--float8) are not modelled under --runtime {training.runtime}: its Float8 "
@@ -462,3 +510,4 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
         refused.append(f"expert tensor parallelism distinct from TP (--expert-tp {training.expert_tp} with TP {tp}) "
                        "is not modelled: the experts are split as the profile's TP splits them")
     return refused
+

@@ -20,7 +20,7 @@ the order ColossalAI's own v_schedule.PipelineGraph builds (ZB-V), scored as tor
 from __future__ import annotations
 
 from planner.cost import costmodel
-from planner.emit import dp_support, facts, rounding
+from planner.emit import dp_support, facts, rounding, scored_as
 from planner.schema import Plan, Profile
 
 TARGET = "ColossalAI"
@@ -39,6 +39,7 @@ _PRECISION = {"bf16-mixed": "bf16", "fp32": "fp32"}
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
+    scored_as.refuse_uncompiled_target(plan.setup, TARGET)
     roles, rounded = rounding.decoder_start(plan, profile, TARGET, runs_as=RUNS_AS,
                                             round_zero=lambda r: dp_support.round_zero(r, TARGET))
     changed = rounding.first_k(rounded, roles)
@@ -47,7 +48,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
                                f"{', '.join(map(str, changed))} now checkpoints its first k instead of the "
                                "layers the plan chose")
     scored = rounding.rescore(plan, profile, rounded)
-    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
+    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored, plan_setup=plan.setup)
     text = rounding.comment(header) + facts.sequence_note(profile) + "\n" + _plugin(rounded, roles, profile)
     return rounding.Export(TARGET, text, ".colossalai.py", rounded, scored, CANNOT_EXPRESS)
 

@@ -20,7 +20,7 @@ user nothing to run, and re-solving is one command, which the rounding names.
 
 from __future__ import annotations
 
-from planner.emit import dp_support, facts, rounding
+from planner.emit import dp_support, facts, rounding, scored_as
 from planner.schema import Plan, Profile
 
 TARGET = "DeepSpeed"
@@ -38,6 +38,7 @@ CANNOT_EXPRESS = [
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
+    scored_as.refuse_uncompiled_target(plan.setup, TARGET)
     rounded = rounding.start(plan, TARGET)
     rounding.one_f_one_b(rounded, TARGET)
     dp_support.round_zero(rounded, TARGET)
@@ -47,7 +48,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
             [n for n in rounded.stages[0].checkpointed if n != first])
         rounded.changes.append(f"{first}, the model's first layer, runs without checkpointing")
     scored = rounding.rescore(plan, profile, rounded)
-    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored)
+    header = rounding.header_lines(plan_file, TARGET, CANNOT_EXPRESS, rounded, scored, plan_setup=plan.setup)
     text = rounding.comment(header) + facts.sequence_note(profile) + "\n" + _module(rounded, profile)
     return rounding.Export(TARGET, text, ".deepspeed.py", rounded, scored, CANNOT_EXPRESS)
 

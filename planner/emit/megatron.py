@@ -33,7 +33,7 @@ import shlex
 from itertools import combinations
 
 from planner.cost import costmodel, dataparallel
-from planner.emit import dp_support, facts, rounding
+from planner.emit import dp_support, facts, rounding, scored_as
 from planner.errors import UserError
 from planner.models.configs.megatron_flags import RECOMPUTE_MODULES, recompute_modules_option
 from planner.schema import Plan, Profile
@@ -63,6 +63,7 @@ RUNS_AS = {**rounding.ONLY_1F1B, "ZB": "interleaved-1F1B", "ZBV": "interleaved-1
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
+    scored_as.refuse_uncompiled_target(plan.setup, TARGET)
     _check_microbatches(plan)
     roles, exact = rounding.decoder_start(plan, profile, TARGET, runs_as=RUNS_AS, selective=True,
                                           round_zero=lambda r: dp_support.round_zero(r, TARGET))
@@ -83,7 +84,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     scored = rounding.rescore(plan, profile, rounded)
     cannot = CANNOT_EXPRESS + (["FP8 (scored with --float8): not written here; give --fp8-format hybrid "
                                 "--fp8-recipe tensorwise (or delayed)."] if plan.setup.training.float8 else [])
-    header = rounding.header_lines(plan_file, TARGET, cannot, rounded, scored)
+    header = rounding.header_lines(plan_file, TARGET, cannot, rounded, scored, plan_setup=plan.setup)
     text = rounding.comment(header) + "\n" + _arguments(rounded, roles, profile, 0 if modules else num, modules)
     return rounding.Export(TARGET, text, ".megatron.sh", rounded, scored, cannot)
 

@@ -110,8 +110,14 @@ def start(plan: Plan, target: str | None = None, *, selective: bool = False) -> 
                                    f"plan recomputes selectively ({', '.join(kinds)}) recompute whole layers")
     runtime = RUNTIMES.get(target or "")
     if runtime is not None and runtime != plan.setup.training.runtime:
-        rounded.setup = rounded.setup.model_copy(update={"runtime": runtime})
+        rounded.setup = rounded.setup.model_copy(update=as_runtime(runtime))
     return rounded
+
+
+def as_runtime(runtime: str) -> dict:
+    """The setup's fields that make it scored as `runtime`'s newest record: the version the plan
+    named was its own runtime's, not the target's."""
+    return {"runtime": runtime, "runtime_version": None}
 
 
 def offloaded_as_full(rounded: Rounded, target: str | None) -> None:
@@ -139,7 +145,7 @@ def rescore(plan: Plan, profile: Profile, rounded: Rounded) -> Scored:
     exact = costmodel.evaluate(plan.stages, profile, plan.setup)
     if rounded.setup.training.runtime != plan.setup.training.runtime:
         same_plan = costmodel.evaluate(plan.stages, profile, plan.setup.model_copy(
-            update={"runtime": rounded.setup.training.runtime}))
+            update=as_runtime(rounded.setup.training.runtime)))
         if same_plan != exact:
             rounded.changes.insert(0, f"scored for {rounded.setup.training.runtime}'s runtime, not "
                                       f"{plan.setup.training.runtime}'s: its pipeline buffers and data-parallel "
@@ -324,12 +330,14 @@ class Export:
 
 
 def header_lines(plan_file: str, target: str, cannot_express: Sequence[str], rounded: Rounded,
-                 scored: Scored) -> list[str]:
-    """The comment block every export opens with: what the target loses, what the rounding
-    changed, and the cost model's score of the exact plan beside the rounded one."""
+                 scored: Scored, *, plan_setup=None) -> list[str]:
+    """The comment block every export opens with: the runtime record the plan was scored as
+    (`plan_setup`'s; the rounded setup's where not given), what the target loses, what the
+    rounding changed, and the cost model's score of the exact plan beside the rounded one."""
+    from planner.emit.scored_as import record_line
     from planner.units import format_bytes, format_ms
 
-    lines = [f"ckplan plan {plan_file} for {target}."]
+    lines = [f"ckplan plan {plan_file} for {target}.", record_line(plan_setup or rounded.setup, rounded.setup)]
     lines += [f"{target} cannot express: {item}" for item in cannot_express]
     lines += [f"Rounded: {item}" for item in rounded.changes] or ["Rounded: nothing; this is the plan exactly."]
     exact, approx = scored.exact, scored.rounded

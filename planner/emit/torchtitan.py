@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 
 from planner.cost import costmodel, dataparallel
-from planner.emit import facts, rounding
+from planner.emit import facts, rounding, scored_as
 from planner.errors import UserError
 from planner.schema import Plan, Profile
 
@@ -111,24 +111,27 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
     if plan.setup.data_parallel.offload:
         cannot.append("offloading the optimizer alone: training.enable_cpu_offload moves weights and gradients "
                       "to the host too (FSDP2's CPUOffloadPolicy); left off here.")
-    compiled = _compiled(plan.setup.training)
-    if compiled:
-        cannot.append(f"torch.compile of the {' and the '.join(compiled)} (scored with --compile {','.join(compiled)}): "
-                      f"not written here; give the job compile.enable = true with compile.components = "
-                      f"{json.dumps(compiled)}.")
     if plan.setup.training.float8:
         cannot.append("Float8 linears (scored with --float8" + (" --fp8-all-gather" if plan.setup.training.fp8_all_gather
                       else "") + "): not written here; give the job model.converters = [\"float8\"] with "
                       "quantize.linear.float8.filter_fqns = [\"output\"]" + (" and enable_fsdp_float8_all_gather = "
                       "true" if plan.setup.training.fp8_all_gather else "") + ".")
-    header = rounding.header_lines(plan_file, f"{TARGET} {version}", cannot, rounded, scored)
+    header = rounding.header_lines(plan_file, f"{TARGET} {version}", cannot, rounded, scored, plan_setup=plan.setup)
     return rounding.Export(TARGET, rounding.comment(header) + "\n" + body, suffix, rounded, scored, cannot)
 
 
-def _compiled(training) -> list[str]:
-    """The components a plan was scored compiled (torchtitan's compile.components names)."""
-    loss = training.compile if training.compile_loss is None else training.compile_loss
-    return [name for name, on in (("model", training.compile), ("loss", loss)) if on]
+def _compile_lines(setup, prefix: str, *, toml: bool = False) -> str:
+    """torch.compile as the plan was scored (scored_as.compiled_components): compile.enable, and
+    compile.components where it is on (Trainer.Config.compile, torchtitan/trainer.py 111 and
+    config/configs.py 293-303 at b5bcd76c; the TOML's [compile] since v0.2.0, config/job_config.py
+    637-645), written either way so that a base config or job file that compiles does not run
+    otherwise than the plan was scored."""
+    compiled = scored_as.compiled_components(setup)
+    enable = ("true" if compiled else "false") if toml else str(bool(compiled))
+    lines = f"\n{prefix}enable = {enable}"
+    if compiled:
+        lines += f"\n{prefix}components = {json.dumps(compiled)}"
+    return lines
 
 
 def fqns_per_stage(rounded: rounding.Rounded, roles: rounding.Roles, head: str) -> list[list[str]]:
@@ -304,7 +307,7 @@ def ckplan_config():
     config.parallelism.pipeline_parallel_schedule = "{SCHEDULE_NAMES[setup.pipeline.schedule]}"
     config.parallelism.pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
     config.training.local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}  # {setup.pipeline.microbatches} microbatches{_seq_line(seq_len, "    config.training.")}
-    config.activation_checkpoint = {ac}
+    config.activation_checkpoint = {ac}{_compile_lines(setup, "    config.compile.")}
     return config
 '''
 
@@ -429,6 +432,7 @@ def _toml(rounded, parts, mode, tp: int, seq_len: int | None = None) -> str:
               "[activation_checkpoint]", f"mode = \"{name}\""]
     if name == "selective":
         lines.append(f"selective_ac_option = \"{every}\"")
+    lines += ["", "[compile]", *_compile_lines(setup, "", toml=True).strip().splitlines()]
     return "\n".join(lines) + "\n"
 
 

@@ -153,6 +153,11 @@ def check_runnable(plan: Plan) -> None:
         raise UserError(f"this plan is scored for {plan.setup.training.runtime}'s runtime, whose pipeline and "
                         "checkpointing differ from ckplan's; export it with `ckplan export`, or solve with "
                         "--runtime ckplan to run it here")
+    training = plan.setup.training
+    if training.compile or training.compile_loss:
+        raise UserError("this plan is scored with torch.compile (--compile), and ckplan's runtime runs each stage's "
+                        "layers eager (planner/runtime calls no torch.compile), so its memory and time would not be "
+                        "the plan's; solve without --compile to launch it")
     if plan.setup.pipeline.chunks > 1 and plan.setup.data_parallel.zero >= 2 and plan.setup.data_parallel.dp > 1:
         raise UserError(f"this plan runs {plan.setup.pipeline.schedule} with {plan.setup.pipeline.chunks} chunks per "
                         f"rank under ZeRO {plan.setup.data_parallel.zero}, and ckplan's runtime shards chunked "

@@ -241,6 +241,10 @@ class _Shell:
                         i += 2
                     elif text[i] == "$":
                         value, i, _ = self._dollar(text, i, number)
+                        if isinstance(value, list) and not current and text[i - 4:i + 1] == '[@]}"':
+                            words.extend((item, True) for item in value)  # "${A[@]}": a word per element
+                            started = quoted = False
+                            continue
                         current.append(" ".join(value) if isinstance(value, list) else value)
                     else:
                         current.append(text[i])
