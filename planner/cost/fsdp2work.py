@@ -17,6 +17,13 @@ from planner.cost.dataparallel import (
 )
 from planner.schema import TrainSetup
 
+# The analytic and fake profiles' backward adds every weight's gradient into its .grad, 3 x its bytes
+# (planner/profiler/analytic_time.py ACCUMULATE: read both, write one), as autograd does where .grad
+# exists. Under FSDP2 it never does: the unsharded parameter's .grad is None at every backward (taken
+# by the reduce-scatter's copy-in, or moved into the fp32 accumulator: _fsdp_param_group.py 603-630),
+# so autograd's AccumulateGrad stores the new gradient without a kernel.
+PROFILE_ACCUMULATE = 3
+
 
 def fsdp2_copy_bytes(param_count: float, setup: TrainSetup, *, fp8_count: float = 0) -> float:
     """Bytes FSDP2's own kernels move per iteration around its collectives for these parameters,
@@ -54,14 +61,25 @@ def fsdp2_copy_bytes(param_count: float, setup: TrainSetup, *, fp8_count: float 
 
 def fsdp2_copies_ms(param_count: float, setup: TrainSetup, hbm_tbps: float | None, *, expert_count: float = 0,
                     fp8_count: float = 0) -> float:
-    """fsdp2_copy_bytes at the GPU's HBM bandwidth (memory-bound copies; the copy-out and the
+    """fsdp2_copy_bytes, less the profile's .grad accumulation FSDP2 does not run (unrun_accumulate_bytes),
+    at the GPU's HBM bandwidth (memory-bound copies; the copy-out and the
     reduce-scatter copy-in run on the compute stream, the two copy-ins on FSDP2's all-gather copy-in
     stream, charged the same: they share the HBM with the compute), in ms; 0 where the bandwidth is
     not known (a measured profile, whose step already ran them). Routed experts' parameters in their
     expert-data-parallel group (expert_setup)."""
     if not hbm_tbps:
         return 0.0
-    moved = fsdp2_copy_bytes(param_count - expert_count, setup, fp8_count=fp8_count)
+    dense = param_count - expert_count
+    moved = fsdp2_copy_bytes(dense, setup, fp8_count=fp8_count) - unrun_accumulate_bytes(dense, setup)
     if expert_count:
-        moved += fsdp2_copy_bytes(held_expert_params(expert_count, setup), expert_setup(setup))
+        held, experts = held_expert_params(expert_count, setup), expert_setup(setup)
+        moved += fsdp2_copy_bytes(held, experts) - unrun_accumulate_bytes(held, experts)
     return moved / (hbm_tbps * 1e12) * 1e3
+
+
+def unrun_accumulate_bytes(param_count: float, setup: TrainSetup) -> float:
+    """What the profile's backward charged for `.grad` accumulation (PROFILE_ACCUMULATE x the weights'
+    bytes, every microbatch) that FSDP2 does not run, where it shards these parameters."""
+    if shard_size(setup) == 1 or setup.data_parallel.zero < 2 or not runtimes.of(setup.training).zero_as_fsdp2:
+        return 0.0
+    return setup.pipeline.microbatches * PROFILE_ACCUMULATE * param_bytes(setup).weights * param_count

@@ -228,7 +228,8 @@ TERMS: tuple[Term, ...] = (
              layer.param_count, ctx.setup, ctx.profile.assumptions.get("gpu_hbm_tbps"),
              expert_count=layer.expert_param_count, fp8_count=layer.float8_param_count),
          "the shard's cast and copy into the all-gather input, the copy-out into the unsharded parameters, the "
-         "gradients' copy-in to the reduce dtype (torch 2.13 _fsdp_collectives.py) at the profile's HBM bandwidth"),
+         "gradients' copy-in to the reduce dtype (torch 2.13 _fsdp_collectives.py), less the profile's .grad "
+         "accumulation FSDP2 does not run, at the profile's HBM bandwidth"),
     # -- the layer that opens the stage
     Term("stage input shared with its receive buffer or batch slice", "kept", "open",
          lambda layer, stage, ctx: first_layer_kept_bytes(layer, ctx.setup),
