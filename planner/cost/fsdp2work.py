@@ -41,7 +41,8 @@ def fsdp2_copy_bytes(param_count: float, setup: TrainSetup, *, fp8_count: float 
     unsharded gradient is upcast to the reduce dtype after the first backward (read w, write g) and
     each later one added into it (read w + g, write g), _fsdp_param.py 802-820, _fsdp_param_group.py
     603-611; the reduce-scatter's copy-in then reads the reduce dtype. No divide runs: an fp32 or bf16
-    reduce averages inside NCCL (ReduceOp.AVG, 812-846); the first reduced shard is the gradient
+    reduce averages inside NCCL (ReduceOp.AVG, 812-846; so since pytorch#120919, 2024-02, before the
+    torch torchtitan 9dec370 ran); the first reduced shard is the gradient
     itself (a view, 696-749: no copy where .grad is None, after zero_grad)."""
     k = shard_size(setup)
     if k == 1 or setup.data_parallel.zero < 2 or not runtimes.of(setup.training).zero_as_fsdp2:
