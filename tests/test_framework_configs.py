@@ -265,7 +265,19 @@ def test_torchtitan_flavors_and_degrees():
 def test_the_2024_spelling_of_a_torchtitan_job_gives_the_same_prediction():
     new = evaluated("--from-torchtitan", "torchtitan_llama3_405b.toml", "--gpus", "128")
     old = evaluated("--from-torchtitan", "torchtitan_llama3_405b_2024.toml", "--gpus", "128")
-    assert per_rank(old) == per_rank(new) and old["iteration_ms"] == new["iteration_ms"]
+    assert per_rank(old) == per_rank(new)
+    # scored as 9dec370 (the file's spelling), whose AdamW is foreach: 52 B a parameter of the rank's shard
+    # beyond the fused step (planner/cost/runtimes.py), the rest the same; TP 8, FSDP over 16, H100 HBM
+    from planner.models import archs
+    from planner.profiler import formulas
+    from planner.profiler.formulas import Shape
+
+    arch, shape = archs.arch("llama3.1-405b"), Shape(seq_len=8192, micro_batch_size=1, tp=8, sp=True)
+    rank_params = (arch.num_layers * formulas.block_params(arch, shape) + formulas.embedding_params(arch, shape)
+                   + formulas.head_params(arch, shape))
+    foreach_ms = 52 * rank_params / 16 / (3.35e12) * 1e3
+    assert old["iteration_ms"] - new["iteration_ms"] == pytest.approx(foreach_ms, rel=1e-3)
+    assert old["ranks"][0]["time_ms"] == new["ranks"][0]["time_ms"]
     status = {s["name"]: s["status"] for s in old["settings"]}
     assert status["training.batch_size"] == status["experimental.pipeline_parallel_degree"] == "modelled"
     for key in ("float8.enable_float8_linear", "float8.enable_fsdp_float8_all_gather"):
@@ -433,8 +445,11 @@ def test_torchtitan_async_tp_overlaps_the_tp_collectives():
     # SDPA attention rates; 7,364.054 with the float8 GEMMs at the BF16 MAMF's fraction, before the FP8 MAMF;
     # branch atp: 7,915.038 when AsyncTP hid every collective behind its pass, now only the fused ones overlap,
     # as their chunked pipeline, and the backward's two unfused reduce-scatters are charged whole)
+    # branch ttime: 8,858.124 with FSDP2's copies around its collectives, less the .grad accumulation the
+    # profile charged and FSDP2 does not run, and the step's gradient clipping (planner/cost/fsdp2work.py,
+    # the record's step_shard_bytes); 8,781.610 before)
     assert evaluated("--from-torchtitan", "torchtitan_llama3_405b.toml", "--gpus", "128")["iteration_ms"] == \
-        pytest.approx(8781.610, abs=1e-3)
+        pytest.approx(8858.124, abs=1e-3)
 
 
 def test_megatron_tp_comm_overlap_overlaps_the_tp_collectives(tmp_path):

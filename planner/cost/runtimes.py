@@ -264,6 +264,21 @@ def _megatron() -> RuntimeFacts:
         })
 
 
+# torchtitan's step beside the optimizer's fused 28 B a parameter (the profile's step: read the fp32
+# parameter, gradient, exp_avg, exp_avg_sq; write three), per parameter of the rank's fp32 shard:
+# gradient clipping, every step (training.max_norm 1.0): get_total_norm's _foreach_norm reads the
+# gradient (4 B), clip_grads_with_norm_'s _foreach_mul_ reads and writes it (8 B), whatever the norm
+# (torch 2.13 torch/nn/utils/clip_grad.py 95, 173; torchtitan 9dec370 torchtitan/utils.py
+# 348-404, train.py 311-316: foreach=True). At 9dec370 AdamW is foreach, not fused (optimizer.py
+# 132-138): torch 2.13 torch/optim/adam.py 691-724, 770-799 (_multi_tensor_adam, not capturable) runs
+# _foreach_mul_ on the parameters (weight decay 0.1: 8 B), lerp_ of exp_avg (12), mul_ and addcmul_
+# of exp_avg_sq (8 + 12), sqrt into a new tensor (8), div_ and add_ on it (8 + 8), addcdiv_ into the
+# parameters (16): 80 B, 52 beyond the fused kernel's 28. bbb1b616 and b5bcd76c default to fused
+# (optimizer.implementation, b5bcd76c torchtitan/components/optimizer/optimizer.py 110-111).
+_TITAN_CLIP_BYTES = 12
+_TITAN_FOREACH_ADAMW_EXTRA_BYTES = 80 - 28
+
+
 def _torchtitan(version: str) -> RuntimeFacts:
     compiles_loss = version != "9dec370"
     read_at = _TITAN_OLD if not compiles_loss else _TITAN_NEW
@@ -275,6 +290,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
         loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         compiles_model=True, runs_instead="",
         **_TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
+        step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
         cp_comm="allgather", float8="torchao", float8_memory=True,
         sources={
@@ -327,6 +343,12 @@ def _torchtitan(version: str) -> RuntimeFacts:
                              f"(the weight cast before it: the saved weight is float8), {_TORCHAO_V}",
             "cublas_workspace_bytes": "not sourced",
             **_AFTER_STEP_NOT_READ,
+            "step_shard_bytes": "gradient clipping's foreach norm and multiply (12 B), torch/nn/utils/clip_grad.py 95, "
+                                f"173, {_TORCH_V}; torchtitan/utils.py 348-404, train.py 311-316, {_TITAN_OLD}"
+                                + ("; foreach AdamW's 52 B beyond the fused step (optimizer.py 132-138; torch/optim/"
+                                   f"adam.py 691-724, 770-799, {_TORCH_V})" if version == "9dec370" else
+                                   "; AdamW fused by default (b5bcd76c torchtitan/components/optimizer/optimizer.py "
+                                   "110-111): the profile's step"),
         })
 
 

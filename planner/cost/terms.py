@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import comm, contextparallel, dataparallel
+from planner.cost import comm, contextparallel, dataparallel, fsdp2work
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
     all_to_all_ms,
@@ -223,6 +223,13 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: step_checks_ms(layer, ctx.profile, ctx.setup),
          "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket, the "
          "clipping norm, the fp32 main parameters copied to bf16) at the profile's HBM bandwidth"),
+    Term("FSDP2's copies around its all-gathers and reduce-scatters", "step", "layer",
+         lambda layer, ckpt, ctx: fsdp2work.fsdp2_copies_ms(
+             layer.param_count, ctx.setup, ctx.profile.assumptions.get("gpu_hbm_tbps"),
+             expert_count=layer.expert_param_count, fp8_count=layer.float8_param_count),
+         "the shard's cast and copy into the all-gather input, the copy-out into the unsharded parameters, the "
+         "gradients' copy-in to the reduce dtype (torch 2.13 _fsdp_collectives.py), less the profile's .grad "
+         "accumulation FSDP2 does not run, at the profile's HBM bandwidth"),
     # -- the layer that opens the stage
     Term("stage input shared with its receive buffer or batch slice", "kept", "open",
          lambda layer, stage, ctx: first_layer_kept_bytes(layer, ctx.setup),

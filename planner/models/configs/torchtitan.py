@@ -33,7 +33,6 @@ NO_EFFECT = {
     "model.print_after_conversion": "logging",
     "model.norm_type": "norm kind (2024; RMSNorm and its fused kernel keep the same tensors)", "optimizer.lr": "learning rate", "optimizer.eps": "Adam epsilon",
     "optimizer.weight_decay": "weight decay", "optimizer.beta1": "Adam beta", "optimizer.beta2": "Adam beta",
-    "optimizer.implementation": "kernel choice (fused, foreach)",
     "training.max_norm": "gradient clipping threshold", "training.steps": "run length", "training.dataset": "data",
     "training.dataset_path": "data path", "training.gc_freq": "Python garbage collection schedule",
     "training.gc_debug": "garbage collection debugging", "training.mixed_precision_reduce": "fp32 reductions (the "
@@ -57,6 +56,10 @@ NOT_MODELLED = {
     "activation_checkpoint.memory_budget": "torch.compile's memory-budget recompute",
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": "op-level recompute of named matmuls",
     "training.dataloader.pin_memory": "pinned host buffers (host memory only)",
+    "optimizer.implementation": "the optimizer's kernels: the step is timed as the version's default (fused from "
+                                "bbb1b616; planner/cost/runtimes.py step_shard_bytes)",
+    "optimizer.fused": "the optimizer's kernels: the step is timed as 9dec370's default (foreach; planner/cost/"
+                       "runtimes.py step_shard_bytes)",
 }
 # torchtitan before the [parallelism] section (torchtitan/config_manager.py at b19456a987be,
 # 2024-10-22): the same settings under [training], [experimental] and [float8], read as today's keys
