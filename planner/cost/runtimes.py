@@ -285,7 +285,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
     return RuntimeFacts(
         name="torchtitan", version=version,
         grad_bytes=4, shard_weight_bytes=4, master_bytes=0, zero1_whole_tensors=False, zero_as_fsdp2=True, grads_allocated_at_first_backward=True,
-        adam_step_scratch=True,
+        adam_step_scratch=version == "9dec370",
         loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
         loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         compiles_model=True, runs_instead="",
@@ -311,7 +311,10 @@ def _torchtitan(version: str) -> RuntimeFacts:
                              f"pp_enabled), {_TITAN_OLD}; torchtitan/distributed/fsdp.py 112-136, b5bcd76c; "
                              f"torch/distributed/pipelining/stage.py 844-847, {_TORCH_V}",
             "adam_step_scratch": f"torchtitan/optimizer.py 132-138 (foreach unless --optimizer.fused), {_TITAN_OLD}; "
-                                 f"torch/optim/adam.py 760-790, {_TORCH_V}",
+                                 f"torch/optim/adam.py 760-790, {_TORCH_V}; fused AdamW by default since 6e498855 "
+                                 f"(2025-02-24, config_manager.py --optimizer.implementation default \"fused\"; "
+                                 f"bbb1b616 config_manager.py 240-243): torch._fused_adamw_ updates in place "
+                                 f"(torch/optim/adam.py 802-877, {_TORCH_V}), no scratch",
             "loss": f"train.py 131-138 cross_entropy(pred.float()), `del pred` before backward, {_TITAN_OLD}; "
                     f"the same and still not compiled at 54ef4222 (2025-03-12; torchtitan/train.py 324-331, "
                     f"components/loss.py 10-18, its compile commented out), the torchtitan 0.0.2 of torchao's H100 "
