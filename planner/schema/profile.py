@@ -213,6 +213,10 @@ class LayerProfile(Strict):
     # under torch.compile, its passes' times (analytic profiles made with --compiled:
     # planner/profiler/compiled_time.py); None: --compile times the layer as eager, and says so
     compiled_time: CompiledTime | None = None
+    # its passes as Megatron-core runs them on Transformer Engine's layers, norms, rotary and activation
+    # fused (analytic profiles: planner/profiler/te_fused.py); read where the runtime's record says its
+    # layers run those kernels (RuntimeFacts.fused_kernels). None: timed as the profile's passes, said
+    te_time: CompiledTime | None = None
     # the tensor-parallel collectives per microbatch (analytic profiles at --tp > 1: the
     # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
     # empty elsewhere and in profiles made before: no tensor-parallel communication charged
