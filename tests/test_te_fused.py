@@ -143,3 +143,14 @@ def test_the_cli_times_megatron_on_the_fused_kernels_and_says_so(tmp_path):
     assert _iteration_ms(_evaluate(fake_like, "torchtitan")) == _iteration_ms(_evaluate(analytic_path, "torchtitan"))
     bare = _evaluate(fake_like, "megatron")
     assert "2 (layers.0, ...) timed as the profile's own passes" in bare.output
+
+
+def test_the_whole_job_search_times_megatron_as_evaluate_does():
+    from planner.solve.jobsearch import Profiles
+
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    profiles = Profiles(lambda tp, sp, mbs, cp=1: profile)
+    layers = profiles.get(1, False, 2)[1]
+    as_megatron, _ = profiles.for_setup(profile, layers, _setup("megatron"))
+    assert as_megatron.layers[1].fwd_ms == profile.layers[1].te_time.fwd_ms
+    assert profiles.for_setup(profile, layers, _setup("torchtitan"))[0] is profile
