@@ -80,7 +80,8 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
 
 def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool) -> CompiledTime | None:
     """The block's forward, backward and full-recompute rerun (`passes`: analytic_time.block_work's)
-    with the fused kernels' bytes; None where no record is made (MoE, see fused_bytes_saved)."""
+    with the fused kernels' bytes and attention at TE's rate (te_attention_gpu); None where no record
+    is made (MoE, see fused_bytes_saved)."""
     saved = None if moe else fused_bytes_saved(arch, shape)
     if saved is None:
         return None
