@@ -3,9 +3,10 @@
 Under Megatron-LM (Transformer Engine's layers) a dense block's norms, rotary and activation run as
 fused kernels, not as the model code's eager ops the profile's passes time: an analytic profile
 records the block's passes on those kernels (LayerProfile.te_time, planner/profiler/te_fused.py).
-`fused_profile` puts them in place of the layer's forward, backward and full rerun; the layer's Float8
-record moves by the same differences (its times are the eager passes' with the linears in FP8, and
-Float8 changes no norm or activation). A layer without a record keeps its times (fake and measured
+`fused_profile` puts them in place of the layer's forward, backward and full rerun, and the record's
+Float8 times (TE's fused linears: one input cast each) in place of the layer's; where the record has
+none, the layer's Float8 record moves by the same differences (its times are the eager passes' with the
+linears in FP8, and Float8 changes no norm or activation). A layer without a record keeps its times (fake and measured
 profiles, MoE blocks, profiles made before): `untimed_layers` names them for the command to say.
 """
 
@@ -41,7 +42,9 @@ def _timed(layer: LayerProfile) -> LayerProfile:
               "bwd_ms_min": timed.bwd_ms, "bwd_ms_max": timed.bwd_ms, "recompute_options": options, "te_time": None}
     if full is not None:
         update["recompute_ms"] = full
-    if layer.float8 is not None:
+    if layer.float8 is not None and timed.float8 is not None:  # the record's own, on TE's fused linears
+        update["float8"] = timed.float8
+    elif layer.float8 is not None:
         fp8 = layer.float8
         reruns = {name: max(0.0, ms - saved_rerun) if name == OPTION_FULL else ms
                   for name, ms in fp8.recompute_ms.items()}

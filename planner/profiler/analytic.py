@@ -335,7 +335,8 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})
     if mfu is None:  # the passes on Transformer Engine's fused kernels (te_fused.py), read under --runtime megatron
-        layer = layer.model_copy(update={"te_time": te_fused.te_time(arch, shape, gpu, passes, moe=moe)})
+        layer = layer.model_copy(update={"te_time": te_fused.te_time(arch, shape, gpu, passes, moe=moe,
+                                                                             prefix=f"layers.{index}")})
     if not compiled:
         return layer
     # under torch.compile: what the partition keeps, and the passes timed by inductor's fused bytes

@@ -31,8 +31,13 @@ GPU's attention figures as the eager block. Under Megatron's --deterministic-mod
 FusedAttention below sm90 and runs cuDNN's deterministic backward on sm90 and later (utils.py 1293-1356,
 fused_attn.cpp 459-466, v2.16): no published figure for that backward, so it is timed as the
 non-deterministic one (the config reader says so).
+The linears: Megatron-core's TE spec builds one linear_qkv (Q, K and V in one weight) and, under
+SwiGLU, one linear_fc1 (gate and up, 2 x ffn_hidden_size wide; megatron/core/transformer/attention.py
+1406-1409, mlp.py 198-204, 6e091e1b): one GEMM each where the eager LLaMA block runs three and two,
+and under FP8 one input cast each (te_linears; the Float8 record is made on them). A GPT block's
+Q/K/V and fc are one linear already.
 Unchanged: the residual adds and dropout (Megatron's fused bias-dropout-add moves what the eager add
-does), the weight gradients' accumulation, and every matmul.
+does), the weight gradients' accumulation, and the matmuls' FLOPs.
 
 Where the recipe turns a fusion off (Megatron-LM `--no-bias-gelu-fusion`, `--no-bias-swiglu-fusion`,
 `--no-rope-fusion`, `--transformer-impl local`) the config readers say it; this record is the fused
@@ -42,10 +47,11 @@ block. MoE, latent-attention and q/k-norm blocks get no record (their fused kern
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
-from planner.profiler import analytic_time, formulas
-from planner.profiler.roofline import Work, roofline_ms
-from planner.schema import CompiledTime, OPTION_FULL
+from planner.profiler import analytic_time, float8, formulas
+from planner.profiler.roofline import Kernel, Work, roofline_ms, work
+from planner.schema import OPTION_FULL, FusedKernelTime
 
 # per element of the normalised tensor, and per token (the statistics), forward and backward
 TE_NORM_FWD, TE_NORM_BWD = 4, 6
@@ -78,21 +84,57 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
     return norm_fwd + rope[0] + swiglu[0], norm_bwd + rope[1] + swiglu[1]
 
 
-def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool) -> CompiledTime | None:
+def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
+            prefix: str = "layers.0") -> FusedKernelTime | None:
     """The block's forward, backward and full-recompute rerun (`passes`: analytic_time.block_work's)
-    with the fused kernels' bytes and attention at TE's rate (te_attention_gpu); None where no record
-    is made (MoE, see fused_bytes_saved)."""
+    with the fused kernels' bytes, TE's fused linears (te_linears) and attention at TE's rate
+    (te_attention_gpu), and its Float8 record on those linears (planner/profiler/float8.py's, with TE's
+    linears: one input cast per fused linear); None where no record is made (MoE, see fused_bytes_saved)."""
     saved = None if moe else fused_bytes_saved(arch, shape)
     if saved is None:
         return None
-    forward, backward, rerun = passes
     kernels_gpu = te_attention_gpu(gpu)
+    fwd, bwd, rerun = (_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels), arch, shape, times)
+                       for done, cut, times in zip(passes, (saved[0], saved[1], saved[0]), (1, 2, 1)))
+    fp8 = float8.record(float8.converted(te_linears(arch, shape, prefix)), kernels_gpu, fwd, bwd, {OPTION_FULL: rerun})
+    return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
+                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
 
-    def less(done: Work, num_bytes: int) -> float:
-        return roofline_ms(Work(done.flops, max(done.bytes - num_bytes, 0), done.kernels), kernels_gpu)
 
-    return CompiledTime(fwd_ms=less(forward, saved[0]), bwd_ms=less(backward, saved[1]),
-                        recompute_ms={OPTION_FULL: less(rerun, saved[0])})
+def te_linears(arch, shape, prefix: str) -> list[float8.Linear]:
+    """The block's linears as Megatron-core's TE layer spec builds them: linear_qkv (Q, K and V in one
+    weight), linear_proj, linear_fc1 (gate and up in one weight under SwiGLU), linear_fc2 (the
+    module's docstring)."""
+    if arch.style == "gpt":
+        return float8.block_linears(arch, shape, prefix)  # already one Q/K/V linear and one fc
+    T, h, t = shape.tokens, arch.hidden_size, shape.tp
+    q, kv, f = formulas.q_width(arch, shape), formulas.kv_width(arch, shape), arch.intermediate_size // t
+    fq, fkv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
+    return [float8.Linear(f"{prefix}.self_attention.linear_qkv", T, h, q + 2 * kv, h, fq + 2 * fkv),
+            float8.Linear(f"{prefix}.self_attention.linear_proj", T, q, h, fq, h),
+            float8.Linear(f"{prefix}.mlp.linear_fc1", T, h, 2 * f, h, 2 * arch.intermediate_size),
+            float8.Linear(f"{prefix}.mlp.linear_fc2", T, f, h, arch.intermediate_size, h)]
+
+
+def _fused_gemms(done: Work, arch, shape, times: int) -> Work:
+    """`done` with a LLaMA block's Q, K, V GEMMs as one and gate and up as one (each `times` in the
+    pass: 1 forward or rerun, 2 backward); a GPT block's, or a pass without them, as it is."""
+    if arch.style == "gpt":
+        return done
+    T, h = shape.tokens, arch.hidden_size
+    q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
+    f = arch.intermediate_size // shape.tp
+    for parts in ((2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv), (2 * T * h * f, 2 * T * h * f)):
+        kernels = Counter(dict(done.kernels))
+        needed = Counter({Kernel("matmul", part): 0 for part in parts})
+        for part in parts:
+            needed[Kernel("matmul", part)] += times
+        if any(kernels[kernel] < count for kernel, count in needed.items()):
+            continue
+        kernels.subtract(needed)
+        kernels[Kernel("matmul", sum(parts))] += times
+        done = work(done.flops, done.bytes, list((+kernels).elements()))
+    return done
 
 
 def te_attention_gpu(gpu):
