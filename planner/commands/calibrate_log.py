@@ -74,10 +74,9 @@ def _plan_prediction(plan_path: Path):
     from planner import io
     from planner.commands.calibration import resolve_profile
     from planner.cost import costmodel
+    from planner.cost.float8 import float8_profile
     from planner.emit import facts
     from planner.measure import fromlog
-
-    from planner.cost.float8 import float8_profile
 
     plan = io.load_plan(plan_path)
     # as evaluate and export charge it: Float8's records and the runtime's fused kernels (planner/cost/float8.py)
