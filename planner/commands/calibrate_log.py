@@ -74,11 +74,13 @@ def _plan_prediction(plan_path: Path):
     from planner import io
     from planner.commands.calibration import resolve_profile
     from planner.cost import costmodel
+    from planner.cost.float8 import float8_profile
     from planner.emit import facts
     from planner.measure import fromlog
 
     plan = io.load_plan(plan_path)
-    profile = io.load_profile(resolve_profile(plan, plan_path))
+    # as evaluate and export charge it: Float8's records and the runtime's fused kernels (planner/cost/float8.py)
+    profile = float8_profile(io.load_profile(resolve_profile(plan, plan_path)), plan.setup)
     cost = costmodel.evaluate(plan.stages, profile, plan.setup)
     known = facts.read(profile)
     if known.seq_len is None:

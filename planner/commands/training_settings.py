@@ -125,12 +125,29 @@ def setting_notes(profile, *, runtime: str, settings: dict, say) -> None:
     from planner.cost import runtimes
 
     record = runtimes.facts(runtime, settings["runtime_version"])
+    if record.fused_kernels:
+        say(_fused_kernels_note(profile, record))
     if settings["float8"] and not record.float8_memory:
         say(f"--float8: {runtime}'s Float8 ({record.float8}) is timed (its GEMMs in FP8, its casts); its memory "
             "is charged as the bf16 layers' (its float8 weight workspaces and saved inputs are not modelled)")
     loss = settings["compile"] if settings.get("compile_loss") is None else settings["compile_loss"]
     if settings["compile"] or loss:
         say(f"--compile {compile_said(settings['compile'], loss)}: " + _compile_note(profile, record, settings["compile"], loss))
+
+
+def _fused_kernels_note(profile, record) -> str:
+    """What the runtime's fused kernels change (planner/cost/fusedkernels.py), and the blocks left as profiled."""
+    from planner.cost.fusedkernels import untimed_layers
+
+    untimed = untimed_layers(profile)
+    blocks = sum(1 for layer in profile.layers if layer.kind in ("decoder_block", "moe_block"))
+    said = (f"--runtime {record.name}: {blocks - len(untimed)} of {blocks} blocks timed on Transformer Engine's fused "
+            "norms, rotary and activations, attention at cuDNN's published rate where the GPU has one "
+            "(planner/profiler/te_fused.py)")
+    if untimed:
+        said += (f"; {len(untimed)} ({untimed[0]}, ...) timed as the profile's own passes: the profile records no fused "
+                 "time for them (an analytic dense-block profile made without --mfu does)")
+    return said
 
 
 def compile_said(model: bool, loss: bool) -> str:

@@ -41,8 +41,12 @@ FP32_BYTES = 4
 
 def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     """The profile as the cost model charges it under setup.training.float8 (the module's
-    docstring); the profile itself when the setting is off. Refuses, in one sentence, a profile
+    docstring), its layers first timed on the runtime's fused kernels where the profile records them
+    (planner/cost/fusedkernels.py); without --float8 only that. Refuses, in one sentence, a profile
     without Float8 records."""
+    from planner.cost import fusedkernels
+
+    profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels)
     if not setup.training.float8:
         return profile
     if not any(layer.float8 is not None for layer in profile.layers):

@@ -145,6 +145,13 @@ class RuntimeFacts:
     """The Float8 linears' memory is read (torchao's saved float8 weight and its casts); False:
     memory is charged as the bf16 layers' and the command says so."""
 
+    # -- the layers' kernels (read by planner/cost/fusedkernels.py; issue 35)
+    fused_kernels: str | None = None
+    """Which fused kernels the runtime's layers run for their norms, rotary and activations:
+    "transformer-engine" (Megatron-core on TE's layers: LayerNormLinear's norm, TE's fused rotary, the
+    fused bias-SwiGLU / bias-GELU), read from a profile's `te_time`; None: the profile's passes as
+    they are (the model code's own ops)."""
+
     # -- pipeline outputs (read by rules.held_outputs_bytes, chunked.sends_held_bytes)
     outputs_held_to_step_end: str = "none"
     """Which stages' outputs the schedule keeps for every microbatch until the next step begins

@@ -90,6 +90,10 @@ _AFTER_STEP_NOT_READ = {
     "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
 }
 
+# The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are
+_MODEL_CODE_KERNELS = {"fused_kernels": "the model code's own ops (eager, or inductor's under --compile): the "
+                                        "profile's passes as made"}
+
 # torchtitan's loss under torch.compile, read from the code inductor generates for it (scripts/
 # compiled_loss.py; planner/profiler/inductor_buffers.py replays each wrapper's empty_strided
 # allocations and dels; torch 2.13.0, CPU, 2,048 tokens x 4,096 vocab): AOTAutograd's partition
@@ -182,6 +186,7 @@ def _ckplan() -> RuntimeFacts:
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
             **_AFTER_STEP_NOT_READ,
+            **_MODEL_CODE_KERNELS,
         })
 
 
@@ -198,7 +203,13 @@ def _megatron() -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
         step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
+        fused_kernels="transformer-engine",
         sources={
+            "fused_kernels": f"megatron/core/models/gpt/gpt_layer_specs.py (TELayerNormColumnParallelLinear: the norm "
+                             f"inside linear_qkv / linear_fc1), megatron/core/fusions/fused_bias_swiglu.py, "
+                             f"fused_bias_gelu.py (jit_fuser = torch.compile, megatron/core/jit.py), Megatron-LM "
+                             f"6e091e1b; rope_utils.py 21 (TE's fused rotary under apply_rope_fusion), {_MEGATRON_V}; "
+                             f"TE layernorm_linear.py 208, 955-966, {_TE_V} (planner/profiler/te_fused.py)",
             "cp_comm": f"megatron/training/arguments.py 3221 (--cp-comm-type default p2p); megatron/core/extensions/"
                        f"transformer_engine.py 2141-2153 (passed to TE), {_MEGATRON_V}; Transformer Engine "
                        "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py "
@@ -352,6 +363,7 @@ def _torchtitan(version: str) -> RuntimeFacts:
                                    f"adam.py 691-724, 770-799, {_TORCH_V})" if version == "9dec370" else
                                    "; AdamW fused by default (b5bcd76c torchtitan/components/optimizer/optimizer.py "
                                    "110-111): the profile's step"),
+            **_MODEL_CODE_KERNELS,
         })
 
 
@@ -399,6 +411,7 @@ def _deepspeed() -> RuntimeFacts:
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             **_AFTER_STEP_NOT_READ,
+            **_MODEL_CODE_KERNELS,
         })
 
 
@@ -452,6 +465,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "not read (refused)",
             **_AFTER_STEP_NOT_READ,
+            **_MODEL_CODE_KERNELS,
         })
 
 

@@ -58,6 +58,11 @@ class GPU:
     # the same kernel's rate by tokens per sequence where it is published: (tokens, forward, backward
     # fractions of the BF16 peak), ascending; empty: attention_efficiency at every length
     attention_by_seq: tuple[tuple[int, float, float], ...] = ()
+    # the attention kernel Transformer Engine runs under Megatron-LM (cuDNN's fused attention, TE's
+    # FusedAttention F16_arbitrary_seqlen), forward and backward as fractions of the BF16 peak, counted
+    # as attention_efficiency is; empty: none published, attention_efficiency read (planner/profiler/te_fused.py)
+    te_attention_efficiency: tuple[float, ...] = ()
+    te_attention_source: str = ""
 
     @property
     def usable_bytes(self) -> int:
@@ -153,6 +158,14 @@ _SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim
 # (ROCm/aotriton 0.9b and 0.10b release PRs #76, #97 give relative changes only): at 19.9 TFLOP/s the
 # M12/T5 step would take 2.94 s against 1.524 s published, at CK's 0.96 s (docs/published-runs.md §11.rocm)
 MI300X_FLASH_TFLOPS = (353.22, 194.43)
+# cuDNN's fused attention on H100 SXM, BF16, head dim 128, 8k tokens a sequence (16k a batch): forward with a
+# causal mask 529 TFLOP/s, backward 518 (the figure has no causal backward; the no-mask one read, an upper
+# bound for a causal kernel) (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Fig. 5 and 6; docs/gpus.md §3)
+CUDNN_H100_TFLOPS = (529.0, 518.0)
+_CUDNN_H100 = (CUDNN_H100_TFLOPS[0] / 989.4, CUDNN_H100_TFLOPS[1] / 989.4)
+_CUDNN_HOPPER = ("cuDNN fused attention on H100 SXM, head dim 128, 8k tokens: forward (causal) 529, backward (no mask) "
+                 "518 TFLOP/s (FlashAttention-3 paper, arXiv 2407.08608, Fig. 5-6)")
+_CUDNN_HOPPER_CHIP = dict(te_attention_efficiency=_CUDNN_H100, te_attention_source=_CUDNN_HOPPER)
 _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forward and backward (Dao 2023, "
                "arXiv 2307.08691 §4.1)")
 _SDPA_ASSUMED = f"no attention figure published for this GPU: the H100's fractions of peak assumed ({_SDPA_HOPPER})"
@@ -174,7 +187,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
         **_mamf("h100-sxm", 989.4, fp8_key="h100-sxm", fp8_peak=1978.9), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_HOPPER),
+        attention_source=_SDPA_HOPPER, **_CUDNN_HOPPER_CHIP),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
         link_source="H100 datasheet: PCIe Gen5 128 GB/s (GPU to GPU over PCIe); 400 Gb/s NIC per GPU",
@@ -184,7 +197,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                      "454 MiB driver reservation (assumed)",
         **_mamf("h100-sxm", 989.4, ": the SXM's fraction, none published for PCIe"),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the SXM's fractions, none published for PCIe: {_SDPA_HOPPER}"),
+        attention_source=f"the SXM's fractions, none published for PCIe: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
     # The H100 of Meta's Grand Teton hosts, on which torchtitan's published benchmarks ran: "HBM2e-based SXM
     # H100 with lower TDP", "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power
     # limit", 8 per host "fully connected with NVLink", "400 Gb/s per GPU" RDMA (torchtitan 820504e,
@@ -202,7 +215,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("h100-sxm", 989.4, ": the 700 W SXM's; none measured at 500 W", fp8_key="h100-sxm", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}"),
+        attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
     # NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM
     GPU("h200", 141 * 10**9, 989.4, 4.8, "NVIDIA H200 datasheet, SXM (BF16 989, FP8 1,979 dense; 4.8 TB/s)", 450.0,
         fp8_tflops=1978.9,
@@ -213,7 +226,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         **_mamf("h100-sxm", 989.4, ": the table's H100 row, whose note says \"H200 is the same\"", fp8_key="h200",
               fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 part with 96 GB HBM3 at 4 TB/s (or
     # 144 GB HBM3e at 4.9 TB/s), H100 SXM compute; NVLink 900 GB/s GPU to GPU, NVLink-C2C 900 GB/s
     # to the Grace CPU (the host link an offload crosses)
@@ -224,7 +237,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
         "NVIDIA GH200 datasheet, 144 GB HBM3e (BF16 989, FP8 1,979 dense; 4.9 TB/s)", 450.0,
         host_link_gb_per_s=450.0, fp8_tflops=1978.9,
@@ -233,7 +246,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}"),
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
     GPU("a100-40g", 40 * 10**9, 312.0, 1.555, "NVIDIA A100 datasheet, 40 GB SXM (BF16 312 dense, no FP8; 1.555 TB/s)",

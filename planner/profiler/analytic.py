@@ -99,6 +99,7 @@ from planner.profiler import (
     compiled_time,
     float8,
     opsac,
+    te_fused,
 )
 from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<name> by callers
     FLASH,
@@ -333,6 +334,9 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})
+    if mfu is None:  # the passes on Transformer Engine's fused kernels (te_fused.py), read under --runtime megatron
+        layer = layer.model_copy(update={"te_time": te_fused.te_time(arch, shape, gpu, passes, moe=moe,
+                                                                             prefix=f"layers.{index}")})
     if not compiled:
         return layer
     # under torch.compile: what the partition keeps, and the passes timed by inductor's fused bytes

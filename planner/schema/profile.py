@@ -153,6 +153,15 @@ class CompiledTime(Strict):
     recompute_ms: dict[OptionName, Ms] = {}
 
 
+class FusedKernelTime(CompiledTime):
+    """A block's passes on a runtime's fused kernels (Megatron-LM on Transformer Engine:
+    planner/profiler/te_fused.py), per microbatch, and its Float8 record on those kernels (TE's fused
+    Q/K/V and gate/up linears: one GEMM and one input cast each); None: the layer's own Float8 record
+    moved by the passes' differences."""
+
+    float8: Float8Linears | None = None
+
+
 class LayerProfile(Strict):
     """One pipeline layer, measured per microbatch."""
 
@@ -213,6 +222,10 @@ class LayerProfile(Strict):
     # under torch.compile, its passes' times (analytic profiles made with --compiled:
     # planner/profiler/compiled_time.py); None: --compile times the layer as eager, and says so
     compiled_time: CompiledTime | None = None
+    # its passes as Megatron-core runs them on Transformer Engine's layers, norms, rotary and activation
+    # fused (analytic profiles: planner/profiler/te_fused.py); read where the runtime's record says its
+    # layers run those kernels (RuntimeFacts.fused_kernels). None: timed as the profile's passes, said
+    te_time: FusedKernelTime | None = None
     # the tensor-parallel collectives per microbatch (analytic profiles at --tp > 1: the
     # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
     # empty elsewhere and in profiles made before: no tensor-parallel communication charged

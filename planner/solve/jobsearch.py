@@ -192,8 +192,11 @@ class Profiles:
 
     def for_setup(self, profile: Profile, layers: list, setup: TrainSetup) -> tuple[Profile, list]:
         """(profile, layers) as `setup` charges them: under Float8 its records applied (they depend
-        on the setup through whether FSDP shards the weights), once per profile and sharding."""
-        if not setup.training.float8:
+        on the setup through whether FSDP shards the weights), and the runtime's fused kernels' times
+        (planner/cost/fusedkernels.py), once per profile and sharding."""
+        from planner.cost import runtimes
+
+        if not setup.training.float8 and not runtimes.of(setup.training).fused_kernels:
             return profile, layers
         from planner.cost.float8 import float8_profile
 

@@ -410,7 +410,7 @@ def _settings(flags: _Flags, job: Job) -> None:
                       "the step; the same tensors kept as the local layers)", str, "transformer_engine")
     if impl != "transformer_engine":
         flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
-                          "cuBLAS workspace after the step all the same")
+                          "cuBLAS workspace after the step and times its fused kernels all the same")
     _float8(flags, job)
     # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad
     flags.take("--accumulate-allreduce-grads-in-fp32", "gradients accumulated and reduced in fp32 (the runtime "

@@ -48,9 +48,9 @@ NO_EFFECT = {
     "--no-position-embedding": "no learned position table (the rotary positions have no parameters)",
     "--distributed-backend": "communication backend (nccl)", "--logging-level": "logging",
     "--init-model-with-meta-device": "initialisation on the meta device (nothing kept in steady state)", "--use-persistent-ckpt-worker": "checkpointing",
-    "--no-masked-softmax-fusion": "kernel fusion", "--no-bias-gelu-fusion": "kernel fusion",
-    "--no-bias-dropout-fusion": "kernel fusion",
-    "--bias-swiglu-fusion": "kernel fusion", "--no-rope-fusion": "kernel fusion",
+    "--no-masked-softmax-fusion": "kernel fusion (the unfused attention's softmax)",
+    "--no-bias-dropout-fusion": "kernel fusion (the eager add moves what the fused one does)",
+    "--bias-swiglu-fusion": "kernel fusion (on by default: the record's fused_kernels)",
     "--ckpt-fully-parallel-save": "checkpointing", "--ckpt-fully-parallel-load": "checkpointing",
     "--async-save": "checkpointing", "--no-load-optim": "checkpointing", "--no-load-rng": "checkpointing",
     "--finetune": "checkpointing", "--use-checkpoint-args": "checkpointing", "--dist-ckpt-strictness": "checkpointing",
@@ -105,7 +105,15 @@ NOT_MODELLED = {
     "--log-params-norm": "the parameters' norm each step, over the fp32 main shard (common_utils.py 51-120 at "
                          "6e091e1b): time only, a few ms, not charged",
     "--log-num-zeros-in-grad": "the gradients' zeros counted each step over the shard: time only, not charged",
-    "--deterministic-mode": "deterministic kernels and NCCL algorithms: time only, not charged",
+    "--deterministic-mode": "deterministic kernels and NCCL algorithms: Transformer Engine turns cuDNN's fused attention "
+                            "off below sm90 and runs its deterministic backward on sm90 and later (dot_product_attention/"
+                            "utils.py 1293-1356, fused_attn.cpp 459-466, TE v2.16); no published figure for that backward: "
+                            "timed as the non-deterministic kernel",
+    "--no-bias-gelu-fusion": "the GeLU and its bias as eager ops: timed as Megatron's fused bias-GeLU all the same "
+                             "(the record's fused_kernels, planner/profiler/te_fused.py)",
+    "--no-bias-swiglu-fusion": "SwiGLU as eager ops: timed as the fused bias-SwiGLU all the same (the record's "
+                               "fused_kernels)",
+    "--no-rope-fusion": "rotary as eager ops: timed as TE's fused rotary all the same (the record's fused_kernels)",
     "--no-gradient-accumulation-fusion": "each weight gradient made in bf16, then added into the fp32 main_grad "
                                          "(megatron/core/distributed/distributed_data_parallel.py 466-470): time only, "
                                          "not charged",

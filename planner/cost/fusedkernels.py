@@ -1,0 +1,54 @@
+"""A profile's layers timed as the runtime's own fused kernels run them (RuntimeFacts.fused_kernels).
+
+Under Megatron-LM (Transformer Engine's layers) a dense block's norms, rotary and activation run as
+fused kernels, not as the model code's eager ops the profile's passes time: an analytic profile
+records the block's passes on those kernels (LayerProfile.te_time, planner/profiler/te_fused.py).
+`fused_profile` puts them in place of the layer's forward, backward and full rerun, and the record's
+Float8 times (TE's fused linears: one input cast each) in place of the layer's; where the record has
+none, the layer's Float8 record moves by the same differences (its times are the eager passes' with the
+linears in FP8, and Float8 changes no norm or activation). A layer without a record keeps its times (fake and measured
+profiles, MoE blocks, profiles made before): `untimed_layers` names them for the command to say.
+"""
+
+from __future__ import annotations
+
+from planner.schema import OPTION_FULL, LayerProfile, Profile
+
+BLOCK_KINDS = ("decoder_block", "moe_block")
+
+
+def fused_profile(profile: Profile, fused_kernels: str | None) -> Profile:
+    """The profile with each layer that recorded `te_time` timed by it where the runtime's layers run
+    Transformer Engine's kernels (`fused_kernels` == "transformer-engine"); else the profile itself."""
+    if fused_kernels != "transformer-engine":
+        return profile
+    layers = [_timed(layer) if layer.te_time is not None else layer for layer in profile.layers]
+    return profile.model_copy(update={"layers": layers})
+
+
+def untimed_layers(profile: Profile) -> list[str]:
+    """The blocks with no record of their passes on Transformer Engine's kernels."""
+    return [layer.name for layer in profile.layers if layer.kind in BLOCK_KINDS and layer.te_time is None]
+
+
+def _timed(layer: LayerProfile) -> LayerProfile:
+    timed = layer.te_time
+    full = timed.recompute_ms.get(OPTION_FULL)
+    saved_fwd, saved_bwd = layer.fwd_ms - timed.fwd_ms, layer.bwd_ms - timed.bwd_ms
+    saved_rerun = (layer.recompute_ms - full) if full is not None and layer.recompute_ms is not None else 0.0
+    options = [option.model_copy(update={"recompute_ms": full}) if option.name == OPTION_FULL and full is not None
+               else option for option in layer.recompute_options]
+    update = {"fwd_ms": timed.fwd_ms, "bwd_ms": timed.bwd_ms, "fwd_ms_min": timed.fwd_ms, "fwd_ms_max": timed.fwd_ms,
+              "bwd_ms_min": timed.bwd_ms, "bwd_ms_max": timed.bwd_ms, "recompute_options": options, "te_time": None}
+    if full is not None:
+        update["recompute_ms"] = full
+    if layer.float8 is not None and timed.float8 is not None:  # the record's own, on TE's fused linears
+        update["float8"] = timed.float8
+    elif layer.float8 is not None:
+        fp8 = layer.float8
+        reruns = {name: max(0.0, ms - saved_rerun) if name == OPTION_FULL else ms
+                  for name, ms in fp8.recompute_ms.items()}
+        update["float8"] = fp8.model_copy(update={"fwd_ms": max(0.0, fp8.fwd_ms - saved_fwd),
+                                                  "bwd_ms": max(0.0, fp8.bwd_ms - saved_bwd),
+                                                  "recompute_ms": reruns})
+    return layer.model_copy(update=update)

@@ -1,0 +1,145 @@
+"""A dense block's passes as Megatron-core runs them on Transformer Engine's layers: the same matmul
+and attention kernels as the eager block (analytic_time.block_work), with the memory-bound ops that
+Megatron-core and TE fuse moving what their fused kernels move.
+
+Which ops are fused, and what each kernel reads and writes per element (bf16 activations):
+- the norms: Megatron-core's TE layer spec has no separate norm module for the block's two norms
+  (`input_layernorm` and `pre_mlp_layernorm` are IdentityOp; TELayerNormColumnParallelLinear runs the
+  norm inside linear_qkv and linear_fc1: megatron/core/models/gpt/gpt_layer_specs.py, Megatron-LM
+  6e091e1b). TE's LayerNormLinear normalises with one kernel (`apply_normalization`,
+  transformer_engine/pytorch/module/layernorm_linear.py 208; rmsnorm_fwd_cuda_kernel.cu, TE v2.9):
+  x read (2 B) and the normalised output written (2 B), plus 1/rms per token (4 B; LayerNorm also its
+  mean: 8 B); backward one kernel (`tex.rmsnorm_bwd` / `tex.layernorm_bwd`, layernorm_linear.py
+  955-966): grad and x read, dx written (6 B), the statistics read per token. Eager RMSNorm with its
+  fp32 upcast moves 36 and 96 B (analytic_time.NORM_FWD, NORM_BWD);
+- rotary: under `apply_rope_fusion` Megatron-core calls TE's fused_apply_rotary_pos_emb (megatron/core/
+  models/common/embeddings/rope_utils.py 21, Megatron-LM d98e8a64; TE transformer_engine/common/
+  fused_rope/fused_rope.cu): Q and K read and written once each way (4 B), the table read per token;
+  eager rotary moves 20 and 32 B;
+- SwiGLU: `bias_swiglu_impl` (megatron/core/fusions/fused_bias_swiglu.py, Megatron-LM 6e091e1b), whose
+  functions are `jit_fuser` = torch.compile on torch >= 2.2 (megatron/core/jit.py): forward reads gate
+  and up and writes the product (6 B per element of the width-f output), backward reads the gradient
+  and both inputs and writes both gradients (10 B); eager SiLU and product move 10 and 18;
+- GELU: `bias_gelu_impl` (megatron/core/fusions/fused_bias_gelu.py 15-52, 6e091e1b, jit_fuser as
+  above): forward reads the fc1 output and writes the activation (4 B), backward reads the gradient and
+  the input and writes the input's gradient (6 B); Hugging Face's gelu_new moves 36 and 56.
+Attention runs TE's DotProductAttention, which picks cuDNN's fused attention (FusedAttention,
+F16_arbitrary_seqlen) for causal bf16 attention on sm90 and later (transformer_engine/pytorch/attention/
+dot_product_attention/utils.py get_attention_backend; common/fused_attn/fused_attn.cpp, TE v2.16): timed
+at the GPU's published cuDNN figures (GPU.te_attention_efficiency; the H100's chip only), else at the
+GPU's attention figures as the eager block. Under Megatron's --deterministic-mode TE disables
+FusedAttention below sm90 and runs cuDNN's deterministic backward on sm90 and later (utils.py 1293-1356,
+fused_attn.cpp 459-466, v2.16): no published figure for that backward, so it is timed as the
+non-deterministic one (the config reader says so).
+The linears: Megatron-core's TE spec builds one linear_qkv (Q, K and V in one weight) and, under
+SwiGLU, one linear_fc1 (gate and up, 2 x ffn_hidden_size wide; megatron/core/transformer/attention.py
+1406-1409, mlp.py 198-204, 6e091e1b): one GEMM each where the eager LLaMA block runs three and two,
+and under FP8 one input cast each (te_linears; the Float8 record is made on them). A GPT block's
+Q/K/V and fc are one linear already.
+Unchanged: the residual adds and dropout (Megatron's fused bias-dropout-add moves what the eager add
+does), the weight gradients' accumulation, and the matmuls' FLOPs.
+
+Where the recipe turns a fusion off (Megatron-LM `--no-bias-gelu-fusion`, `--no-bias-swiglu-fusion`,
+`--no-rope-fusion`, `--transformer-impl local`) the config readers say it; this record is the fused
+block. MoE, latent-attention and q/k-norm blocks get no record (their fused kernels were not read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from planner.profiler import analytic_time, float8, formulas
+from planner.profiler.roofline import Kernel, Work, roofline_ms, work
+from planner.schema import OPTION_FULL, FusedKernelTime
+
+# per element of the normalised tensor, and per token (the statistics), forward and backward
+TE_NORM_FWD, TE_NORM_BWD = 4, 6
+TE_RMSNORM_TOKEN = 4  # 1/rms (fp32)
+ROPE_FUSED_FWD, ROPE_FUSED_BWD = 4, 4
+SWIGLU_FUSED_FWD, SWIGLU_FUSED_BWD = 6, 10
+GELU_FUSED_FWD, GELU_FUSED_BWD = 4, 6
+
+
+def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
+    """(forward, backward) bytes the fused kernels move less than the eager block's memory-bound ops
+    (analytic_time.block_work); None for a block whose fused kernels were not read."""
+    if arch.mla or arch.qk_norm or shape.attention != "flash":
+        return None
+    T, h = shape.tokens, arch.hidden_size
+    rows = T // shape.sp_div
+    f = arch.intermediate_size // shape.tp
+    if arch.style == "gpt":
+        if arch.mlp_act != "gelu":
+            return None
+        act_fwd, act_bwd = analytic_time.ACT_BYTES["gelu"]
+        return (act_fwd - GELU_FUSED_FWD) * T * f, (act_bwd - GELU_FUSED_BWD) * T * f
+    norm_fwd = 2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
+                    + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
+    norm_bwd = 2 * ((analytic_time.NORM_BWD - TE_NORM_BWD) * rows * h
+                    + (analytic_time.NORM_BWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
+    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
+    rope = ((analytic_time.ROTARY_FWD - ROPE_FUSED_FWD) * rotated, (analytic_time.ROTARY_BWD - ROPE_FUSED_BWD) * rotated)
+    swiglu = ((analytic_time.SWIGLU_FWD - SWIGLU_FUSED_FWD) * T * f, (analytic_time.SWIGLU_BWD - SWIGLU_FUSED_BWD) * T * f)
+    return norm_fwd + rope[0] + swiglu[0], norm_bwd + rope[1] + swiglu[1]
+
+
+def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
+            prefix: str = "layers.0") -> FusedKernelTime | None:
+    """The block's forward, backward and full-recompute rerun (`passes`: analytic_time.block_work's)
+    with the fused kernels' bytes, TE's fused linears (te_linears) and attention at TE's rate
+    (te_attention_gpu), and its Float8 record on those linears (planner/profiler/float8.py's, with TE's
+    linears: one input cast per fused linear); None where no record is made (MoE, see fused_bytes_saved)."""
+    saved = None if moe else fused_bytes_saved(arch, shape)
+    if saved is None:
+        return None
+    kernels_gpu = te_attention_gpu(gpu)
+    fwd, bwd, rerun = (_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels), arch, shape, times)
+                       for done, cut, times in zip(passes, (saved[0], saved[1], saved[0]), (1, 2, 1)))
+    fp8 = float8.record(float8.converted(te_linears(arch, shape, prefix)), kernels_gpu, fwd, bwd, {OPTION_FULL: rerun})
+    return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
+                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
+
+
+def te_linears(arch, shape, prefix: str) -> list[float8.Linear]:
+    """The block's linears as Megatron-core's TE layer spec builds them: linear_qkv (Q, K and V in one
+    weight), linear_proj, linear_fc1 (gate and up in one weight under SwiGLU), linear_fc2 (the
+    module's docstring)."""
+    if arch.style == "gpt":
+        return float8.block_linears(arch, shape, prefix)  # already one Q/K/V linear and one fc
+    T, h, t = shape.tokens, arch.hidden_size, shape.tp
+    q, kv, f = formulas.q_width(arch, shape), formulas.kv_width(arch, shape), arch.intermediate_size // t
+    fq, fkv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
+    return [float8.Linear(f"{prefix}.self_attention.linear_qkv", T, h, q + 2 * kv, h, fq + 2 * fkv),
+            float8.Linear(f"{prefix}.self_attention.linear_proj", T, q, h, fq, h),
+            float8.Linear(f"{prefix}.mlp.linear_fc1", T, h, 2 * f, h, 2 * arch.intermediate_size),
+            float8.Linear(f"{prefix}.mlp.linear_fc2", T, f, h, arch.intermediate_size, h)]
+
+
+def _fused_gemms(done: Work, arch, shape, times: int) -> Work:
+    """`done` with a LLaMA block's Q, K, V GEMMs as one and gate and up as one (each `times` in the
+    pass: 1 forward or rerun, 2 backward); a GPT block's, or a pass without them, as it is."""
+    if arch.style == "gpt":
+        return done
+    T, h = shape.tokens, arch.hidden_size
+    q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
+    f = arch.intermediate_size // shape.tp
+    for parts in ((2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv), (2 * T * h * f, 2 * T * h * f)):
+        kernels = Counter(dict(done.kernels))
+        needed = Counter({Kernel("matmul", part): 0 for part in parts})
+        for part in parts:
+            needed[Kernel("matmul", part)] += times
+        if any(kernels[kernel] < count for kernel, count in needed.items()):
+            continue
+        kernels.subtract(needed)
+        kernels[Kernel("matmul", sum(parts))] += times
+        done = work(done.flops, done.bytes, list((+kernels).elements()))
+    return done
+
+
+def te_attention_gpu(gpu):
+    """The GPU as TE's attention runs on it: its cuDNN figures in place of its attention figures where
+    published (GPU.te_attention_efficiency), else the GPU as it is."""
+    if not gpu.te_attention_efficiency:
+        return gpu
+    return dataclasses.replace(gpu, attention_efficiency=gpu.te_attention_efficiency, attention_by_seq=())

@@ -1,0 +1,185 @@
+"""Megatron-core's blocks on Transformer Engine's fused kernels (planner/profiler/te_fused.py,
+planner/cost/fusedkernels.py): the bytes the fused norms, rotary and activations move less, counted
+by hand on a tiny block; the record applied under --runtime megatron only; Float8's record moved by
+the same differences."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.cost import runtimes
+from planner.cost.float8 import float8_profile
+from planner.cost.fusedkernels import fused_profile, untimed_layers
+from planner.models import archs
+from planner.profiler import analytic, analytic_time, te_fused
+from planner.profiler.analytic import Shape
+from planner.profiler.roofline import Kernel, Work, kernel_ms, roofline_ms
+from planner.schema import FileRef, TrainSetup
+
+H100 = archs.gpu("h100")
+TINY = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
+                  num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=1024)
+TINY_GPT = dataclasses.replace(TINY, name="tiny-gpt", style="gpt", intermediate_size=256, mlp_act="gelu")
+REF = FileRef(file="arch:test", sha256="0" * 64)
+SHAPE = Shape(seq_len=128, micro_batch_size=2)  # 256 tokens
+
+
+def test_a_llama_block_saves_the_fused_norms_rotary_and_swiglu_bytes_by_hand():
+    T, h, f = 256, 64, 160
+    q, kv = 4 * 16, 2 * 16  # 4 query heads and 2 K/V heads of 16
+    # two RMSNorms: eager 36 B / element + 28 B / token forward, 96 + 44 backward; TE 4 + 4 and 6 + 4
+    norms = (2 * ((36 - 4) * T * h + (28 - 4) * T), 2 * ((96 - 6) * T * h + (44 - 4) * T))
+    # rotary over Q and K: eager 20 and 32 B / element, fused 4 and 4
+    rope = ((20 - 4) * T * (q + kv), (32 - 4) * T * (q + kv))
+    # SwiGLU per element of the width-f product: eager 10 and 18, fused 6 and 10
+    swiglu = ((10 - 6) * T * f, (18 - 10) * T * f)
+    assert te_fused.fused_bytes_saved(TINY, SHAPE) == (norms[0] + rope[0] + swiglu[0], norms[1] + rope[1] + swiglu[1])
+
+
+def test_a_gpt_block_saves_the_fused_bias_gelu_bytes_only():
+    # gelu_new eager 36 / 56 B an element of the width-f activation, Megatron's fused bias-GELU 4 / 6;
+    # its LayerNorms already move TE's 4 / 6
+    assert te_fused.fused_bytes_saved(TINY_GPT, SHAPE) == ((36 - 4) * 256 * 256, (56 - 6) * 256 * 256)
+
+
+def test_blocks_whose_fused_kernels_were_not_read_get_no_record():
+    assert te_fused.fused_bytes_saved(dataclasses.replace(TINY, qk_norm=True), SHAPE) is None
+    assert te_fused.fused_bytes_saved(TINY, dataclasses.replace(SHAPE, attention="eager")) is None
+    passes = analytic_time.block_work(TINY, SHAPE)
+    assert te_fused.te_time(TINY, SHAPE, H100, passes, moe=True) is None
+
+
+@pytest.mark.parametrize("name", ["h100", "b200"])
+def test_the_record_is_the_eager_passes_less_the_saved_bytes_at_hbm_bandwidth(name):
+    gpu = archs.gpu(name)
+    te_gpu = te_fused.te_attention_gpu(gpu)  # H100: its attention at cuDNN's figures; B200: none published
+    passes = analytic_time.block_work(TINY, SHAPE)
+    saved_fwd, saved_bwd = te_fused.fused_bytes_saved(TINY, SHAPE)
+    timed = te_fused.te_time(TINY, SHAPE, gpu, passes, moe=False)
+
+    def expected(done, cut, times):  # TE's fused Q/K/V and gate/up GEMMs, the saved bytes off
+        return roofline_ms(te_fused._fused_gemms(Work(done.flops, done.bytes - cut, done.kernels), TINY, SHAPE, times),
+                           te_gpu)
+
+    assert timed.fwd_ms == pytest.approx(expected(passes[0], saved_fwd, 1), rel=1e-12)
+    assert timed.bwd_ms == pytest.approx(expected(passes[1], saved_bwd, 2), rel=1e-12)
+    # the full rerun runs the forward's norms, rotary and SwiGLU again (it stops before w2 and its add)
+    assert timed.recompute_ms["full"] == pytest.approx(expected(passes[2], saved_fwd, 1), rel=1e-12)
+
+
+def test_te_runs_q_k_v_as_one_gemm_and_gate_up_as_one():
+    T, h, f = 256, 64, 160  # Q 4 heads x 16 wide, K and V 2 x 16
+    fwd, bwd, rerun = analytic_time.block_work(TINY, SHAPE)
+    attention = [kernel for kernel, _ in fwd.kernels if kernel.kind == "attention-fwd"]
+    qkv, proj, fc1, fc2 = 2 * T * h * (64 + 32 + 32), 2 * T * 64 * h, 2 * T * h * 2 * f, 2 * T * f * h
+    assert te_fused._fused_gemms(fwd, TINY, SHAPE, 1).kernels == tuple(sorted(
+        [(attention[0], 1)] + [(Kernel("matmul", flops), 1) for flops in (qkv, proj, fc1, fc2)],
+        key=lambda item: (item[0].kind, item[0].flops)))
+    assert dict(te_fused._fused_gemms(bwd, TINY, SHAPE, 2).kernels)[Kernel("matmul", qkv)] == 2
+    # the rerun stops before the down projection: Q/K/V and gate/up fused, no fc2
+    assert {kernel.flops for kernel, _ in te_fused._fused_gemms(rerun, TINY, SHAPE, 1).kernels
+            if kernel.kind == "matmul"} == {qkv, proj, fc1}
+    # Float8 on TE's linears: one input cast for Q/K/V and one for gate/up (5 B an element each)
+    timed = te_fused.te_time(TINY, SHAPE, H100, (fwd, bwd, rerun), moe=False)
+    assert [linear.fqn.split(".")[-1] for linear in te_fused.te_linears(TINY, SHAPE, "layers.0")] == [
+        "linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+    assert timed.float8 is not None and timed.float8.param_count == h * 128 + 64 * h + h * 2 * f + f * h
+
+
+def test_te_attention_runs_at_cudnns_published_rate_where_there_is_one():
+    # one causal attention kernel of 8192 tokens, 32 heads of 128, batch 1: 4·s²·d·heads FLOPs, half run
+    flops = 4 * 8192 * 8192 * 128 * 32
+    fwd = Kernel("attention-fwd", flops, 0.5, 8192)
+    bwd = Kernel("attention-bwd", int(2.5 * flops), 0.5, 8192)
+    te_h100 = te_fused.te_attention_gpu(H100)
+    # FlashAttention-3's figures for cuDNN on H100: 529 TFLOP/s forward, 518 backward
+    assert kernel_ms(fwd, te_h100) == pytest.approx(flops * 0.5 / 529e12 * 1e3, rel=1e-12)
+    assert kernel_ms(bwd, te_h100) == pytest.approx(2.5 * flops * 0.5 / 518e12 * 1e3, rel=1e-9)
+    assert kernel_ms(fwd, te_h100) < kernel_ms(fwd, H100)  # torch's SDPA flash: 298 TFLOP/s at 8192
+    b200 = archs.gpu("b200")
+    assert te_fused.te_attention_gpu(b200) is b200 and not b200.te_attention_efficiency
+
+
+def _setup(runtime: str, **fields) -> TrainSetup:
+    base = dict(stages=1, microbatches=1, micro_batch_size=2, mem_caps_bytes=[2**50], precision="bf16-mixed",
+                runtime=runtime)
+    return TrainSetup(**(base | fields))
+
+
+def test_megatron_times_the_blocks_by_the_record_and_torchtitan_does_not():
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    block = profile.layers[1]
+    assert block.te_time is not None and runtimes.facts("megatron").fused_kernels == "transformer-engine"
+    as_megatron = float8_profile(profile, _setup("megatron")).layers[1]
+    assert (as_megatron.fwd_ms, as_megatron.bwd_ms, as_megatron.recompute_ms) == (
+        block.te_time.fwd_ms, block.te_time.bwd_ms, block.te_time.recompute_ms["full"])
+    assert float8_profile(profile, _setup("torchtitan")).layers[1] == block
+    assert untimed_layers(profile) == []
+
+
+def test_the_float8_record_is_the_te_records_or_moves_by_the_same_differences():
+    mid = dataclasses.replace(TINY, hidden_size=2048, intermediate_size=8192, num_heads=16, num_kv_heads=8,
+                              vocab_size=1024)
+    shape = Shape(seq_len=1024, micro_batch_size=8)
+    profile = analytic.analytic_profile(mid, shape, gpu=H100, model=REF)
+    block = profile.layers[1]
+    timed = fused_profile(profile, "transformer-engine").layers[1]
+    assert timed.float8 == block.te_time.float8  # TE's linears' own record
+    # fewer casts and larger GEMMs than torchtitan's seven linears: faster than the shifted record
+    shifted = block.float8.fwd_ms - (block.fwd_ms - block.te_time.fwd_ms)
+    assert timed.float8.fwd_ms < shifted
+    # a record without Float8 times (a profile made before them): the layer's moved by the differences
+    bare = profile.model_copy(update={"layers": [layer.model_copy(update={"te_time": layer.te_time.model_copy(
+        update={"float8": None})}) if layer.te_time else layer for layer in profile.layers]})
+    moved = fused_profile(bare, "transformer-engine").layers[1]
+    assert moved.float8.fwd_ms == pytest.approx(shifted, rel=1e-12)
+    assert moved.float8.bwd_ms == pytest.approx(block.float8.bwd_ms - (block.bwd_ms - block.te_time.bwd_ms), rel=1e-12)
+    assert moved.float8.recompute_ms["full"] == pytest.approx(
+        block.float8.recompute_ms["full"] - (block.recompute_ms - block.te_time.recompute_ms["full"]), rel=1e-12)
+    # applied once: the record is dropped from the timed layer
+    assert timed.te_time is None and fused_profile(fused_profile(profile, "transformer-engine"),
+                                                   "transformer-engine").layers[1] == timed
+
+
+def _evaluate(path, runtime: str):
+    return CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4", "--ckpt-per-stage",
+                                    "0", "--microbatches", "1", "--mem", "200GB", "--precision", "bf16-mixed",
+                                    "--runtime", runtime, "--json"])
+
+
+def _iteration_ms(result) -> float:
+    assert result.exit_code == 0, result.output
+    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    return found["hand"]["iteration_ms"]
+
+
+def test_the_cli_times_megatron_on_the_fused_kernels_and_says_so(tmp_path):
+    analytic_path, fake_like = tmp_path / "analytic.json", tmp_path / "bare.json"
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    analytic_path.write_text(profile.model_dump_json())
+    # the same profile without the records, as a fake or older profile is
+    fake_like.write_text(profile.model_copy(update={"layers": [layer.model_copy(update={"te_time": None})
+                                                               for layer in profile.layers]}).model_dump_json())
+    megatron = _evaluate(analytic_path, "megatron")
+    assert "2 of 2 blocks timed on Transformer Engine's fused" in megatron.output
+    assert _iteration_ms(megatron) < _iteration_ms(_evaluate(fake_like, "megatron"))
+    # other runtimes time the profile's passes as made: the records change nothing there
+    assert _iteration_ms(_evaluate(fake_like, "torchtitan")) == _iteration_ms(_evaluate(analytic_path, "torchtitan"))
+    bare = _evaluate(fake_like, "megatron")
+    assert "2 (layers.0, ...) timed as the profile's own passes" in bare.output
+
+
+def test_the_whole_job_search_times_megatron_as_evaluate_does():
+    from planner.solve.jobsearch import Profiles
+
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    profiles = Profiles(lambda tp, sp, mbs, cp=1: profile)
+    layers = profiles.get(1, False, 2)[1]
+    as_megatron, _ = profiles.for_setup(profile, layers, _setup("megatron"))
+    assert as_megatron.layers[1].fwd_ms == profile.layers[1].te_time.fwd_ms
+    assert profiles.for_setup(profile, layers, _setup("torchtitan"))[0] is profile
