@@ -39,8 +39,8 @@ class RuntimeFacts:
     tensor may be held whole; False where flat buffers are split evenly, cutting through tensors."""
     grads_allocated_at_first_backward: bool
     """The whole gradients a pipeline stage keeps between microbatches are allocated at its first
-    backward and freed at the step (planner/cost/gradtiming.py); False where they are held all
-    iteration (buffers allocated once)."""
+    backward and freed at its last, by its reduce-scatter (planner/cost/gradtiming.py); False where
+    they are held all iteration (buffers allocated once)."""
     zero_as_fsdp2: bool
     """Any ZeRO stage runs as FSDP2 (ZeRO 3): beside a pipeline weights and gradients stay whole until
     the last backward, without one they are resharded after every forward."""
