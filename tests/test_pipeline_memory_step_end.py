@@ -75,3 +75,37 @@ def test_a_walked_schedule_ends_with_its_sends_its_kept_logits_and_their_merge(t
     assert new.step_end_bytes == sends  # torchtitan b5bcd76c: no outputs back, the sends alone
     for cost in (old, new):
         assert cost.peak_bytes >= cost.static_bytes + cost.buffer_bytes + cost.step_end_bytes
+
+
+# ---------------------------------------------------------------- FSDP2's reduce-scatter input, kept to the next step
+
+
+def test_torch_1963fc8s_pipeline_keeps_each_stages_last_reduce_scatter_input(tiny):
+    """torchtitan 9dec370 ran torch 1963fc8, whose pipelining called FSDP2's post-backward by hand
+    but not its final callback (added by pytorch#144535): the last group's reduce-scatter input, a
+    block's whole fp32 gradients, stays to the next step's last backward, one per stage; torchtitan
+    bbb1b616's torch drops it."""
+    layers = layer_costs(tiny)
+    block = 64 * 64 + 64 * 32 * 2 + 64 * 64 + 3 * 64 * 160 + 2 * 64  # q, k, v, o, the MLP, two norms
+    assert max(layer.param_count for layer in layers) == layers[1].param_count == block
+    kept = block * 4  # fp32 (FSDP2's reduce_dtype under torchtitan)
+    sharded = dict(dp=2, zero=3, zero_gather="per-iteration")
+    pipe = dict(stages=2, microbatches=4, mem_caps_bytes=[2**50] * 2, schedule="1F1B", **sharded)
+    for stage, mine in ((0, layers[:2]), (1, layers[2:])):
+        old, new = (stage_cost(mine, [0] * len(mine), stage=stage, profile=tiny, setup=setup(v, **pipe))
+                    for v in ("9dec370", "bbb1b616"))
+        assert old.buffer_bytes - new.buffer_bytes == kept
+    # interleaved: each of a rank's two stages is its own FSDP2 root, each keeps its own
+    chunked = dict(pipe, schedule="interleaved-1F1B", chunks=2)
+    names = [layer.name for layer in layers]
+    ranks = [StagePlan(index=0, layers=[names[0], names[2]], chunks=[[names[0]], [names[2]]]),
+             StagePlan(index=1, layers=[names[1], names[3]], chunks=[[names[1]], [names[3]]])]
+    old, new = (evaluate(ranks, tiny, setup(v, **chunked)).stages[0] for v in ("9dec370", "bbb1b616"))
+    assert old.buffer_bytes - new.buffer_bytes == 2 * kept
+    # without a pipeline FSDP2's own final callback drops it; without sharding nothing is reduce-scattered
+    alone = dict(sharded, stages=1, microbatches=4, mem_caps_bytes=[2**50])
+    unsharded = dict(pipe, dp=1, zero=0, zero_gather="per-microbatch")
+    for fields, mine in ((alone, layers), (unsharded, layers[:2])):
+        costs = [stage_cost(mine, [0] * len(mine), stage=0, profile=tiny, setup=setup(v, **fields))
+                 for v in ("9dec370", "bbb1b616")]
+        assert costs[0].buffer_bytes == costs[1].buffer_bytes
