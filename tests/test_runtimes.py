@@ -239,9 +239,14 @@ def test_a_rank_of_two_chunks_meets_each_chunks_gradients_as_the_others_activati
         return Action(stage=chunk, chunk=chunk, kind=kind, microbatch=0, unit=0)
 
     # F0 F0 F1 F1 | B1 B1 B0 B0, k = 1 per chunk-microbatch, G = 5 per chunk: activations peak at
-    # 4 (no gradients yet); after B1: 3 + 5; after B1 B1 B0: 1 + 10 = 11: 7 above the 4
+    # 4 (no gradients yet); after B1: 3 + 5 = 8; chunk 1's last backward reduces its 5 away (torch's
+    # pipelining calls FSDP2's post-backward at a stage's M-th backward), so after B1 B1 B0: 1 + 5:
+    # 8 is the most, 4 above the 4 (11, 7 above, were both chunks' gradients held to the step's end)
     order = [a(0, "F"), a(0, "F"), a(1, "F"), a(1, "F"), a(1, "B"), a(1, "B"), a(0, "B"), a(0, "B")]
-    assert gradtiming.walked(order, [1.0, 1.0], [5.0, 5.0]) == 11.0 - 4.0
+    assert gradtiming.walked(order, [1.0, 1.0], [5.0, 5.0]) == 8.0 - 4.0
+    # a chunk whose weight passes (W) end its backward frees its gradients at its last W
+    split = [a(0, "F"), a(1, "F"), a(1, "I"), a(1, "W"), a(0, "I"), a(0, "W")]
+    assert gradtiming.walked(split, [1.0, 1.0], [5.0, 5.0]) == (1.0 + 5.0) - 2.0
 
 
 def test_torchtitan_beside_a_pipeline_holds_its_fp32_gradients_from_the_first_backward(tiny):

@@ -55,6 +55,9 @@ class StageCost:
     cap_bytes: int
     step_ms: float = 0.0
     step_scratch_bytes: int = 0  # the optimizer step's temporaries (activations are gone by then)
+    # at the step's end, beyond static and buffers (the whole gradients a runtime allocates at its first
+    # backward reduced and gone, as at the step): the outputs the schedule keeps and the last stage's merge
+    step_end_bytes: int = 0
     comm_ms: float = 0.0  # per microbatch: the stage's sends and its schedule actions
     host_bytes: int = 0  # host memory this rank takes (the offloaded optimizer, offloaded activations)
     host_cap_bytes: int | None = None  # this rank's share of its node's host memory; None: not capped

@@ -101,3 +101,32 @@ def sends_held_bytes(first: LayerCost, last: LayerCost, *, stage: int, order: sc
     output = last.output_bytes if stage + 1 < order.num_stages or kept else 0
     input_grad = first.input_bytes if stage > 0 else 0
     return output, input_grad
+
+
+def step_end_bytes(order: schedules.Schedule, rank: int, held: dict[int, schedules.ChunkBytes], *,
+                   last_output_bytes: int, training: TrainingSetup) -> float:
+    """What rank `rank` holds at its step's end beyond what it holds all iteration, once every
+    microbatch's backward has run (no activations then): the stage outputs and input gradients
+    the schedule still keeps (`held`, by stage: score.chunk_bytes; a walked schedule's every
+    microbatch, a closed form's last k, its warm-up's in flight, the M - k others being among
+    the stage's buffers: rules.held_outputs_bytes) and, on the rank of the pipeline's last stage
+    where the schedule keeps its outputs, their merge: `step()` returns
+    `merge_chunks(output_chunks)`, a torch.cat of the M outputs (`last_output_bytes` each, the
+    logits) while output_chunks still holds them, emptied only as the next step begins (torch
+    2.6.0, git 2236df17, the release of torch 1963fc8's month: pipelining/schedules.py 478-509
+    PipelineScheduleSingle.step, 1168-1199 PipelineScheduleMulti.step; microbatch.py 349-470
+    merge_chunks; stage.py 507-514 clear_runtime_states). The records whose schedule keeps the
+    last stage's outputs (rules.outputs_held) are those whose step merges them: torch keeps
+    output_chunks to return them (RuntimeFacts.outputs_held_to_step_end)."""
+    microbatches = order.num_microbatches
+    stages = order.stages_of(rank)
+    if order.actions:
+        end = sum(microbatches * (held[k].sent_output + held[k].sent_input_grad) for k in stages)
+    else:
+        k = schedules.one_chunk_in_flight(order.name, num_ranks=order.num_ranks,
+                                          num_microbatches=microbatches, rank=rank)
+        end = sum(k * held[s].sent_output for s in stages)
+    last = order.num_stages - 1
+    if last in stages and outputs_held(last, order.num_stages, training, ranks=order.num_ranks):
+        end += microbatches * last_output_bytes
+    return end

@@ -1,4 +1,4 @@
-"""When a stage's whole gradients exist: from its first backward to the step, where the runtime's
+"""When a stage's whole gradients exist: from its first backward to its last, where the runtime's
 record says so (grads_allocated_at_first_backward), rather than all iteration.
 
 torchtitan beside a pipeline keeps each FSDP2 module's gradient unsharded in fp32 between
@@ -11,16 +11,28 @@ stage holds its activations but not those gradients, and once it holds the gradi
 at least one microbatch's activations. Megatron-LM's main_grad buffers, allocated once at start,
 are held all iteration (its record says False).
 
+That last backward is the stage's own, not the step's: torch's schedules count each stage's
+backwards and call the stage's FSDP2 post-backward (the reduce-scatter, whose copy-in drops the
+accumulated gradients: foreach_reduce's `unsharded_grads.clear()`) at its M-th, B or W (torch 2.6.0,
+the release of torchtitan 9dec370's torch 1963fc8: pipelining/schedules.py 1259-1266 and 1279-1286
+PipelineScheduleMulti's backward_counter, stage.py 636-652 backward_maybe_with_nosync's
+last_backward, fsdp/_fully_shard/_fsdp_param_group.py 388-437 post_backward,
+_fsdp_collectives.py foreach_reduce; torch 2.13: a REDUCE_GRAD action after the stage's M-th B or W,
+schedules.py 1262-1282, stage.py 1164-1191). Under one stage a rank that is the rank's last action;
+a rank of several chunks frees a chunk's gradients while the others still run.
+
 A stage's peak is then static - G + buffers + max over its actions (activations + the gradients
 allocated so far) + transient, where static (bytes_per_param) charges G all iteration:
     one stage a rank (1F1B, GPipe), A microbatches in flight of k bytes, M microbatches:
         1F1B with A < M: a forward follows the first backward, A in flight again beside G: A k + G
         otherwise (GPipe; 1F1B's stage 0 when A = M): max(A k, (A - 1) k + G)
     several stages a rank (interleaved): walked over torch's action order, chunk c's G_c from its
-        first backward on.
+        first backward until its last.
 This is the term that orders LLaMA 3.1 405B's interleaved 1F1B below its 1F1B (torchtitan's
-Table 5): every rank runs all its chunks' forwards before a backward, and each chunk's gradients
-arrive only as the other chunk's activations leave.
+Table 5): every rank runs all its chunks' forwards before a backward, each chunk's gradients
+arrive only as the other chunk's activations leave, and the later chunk's leave at its last
+backward, before the earlier chunk's arrive; a 1F1B rank holds its stage's from its first backward
+to the step's last.
 """
 
 from __future__ import annotations
@@ -56,9 +68,11 @@ def one_chunk(lazy: float, *, in_flight: int, kept: float, microbatches: int, st
 def walked(actions: Sequence, kept: Sequence[float], lazy: Sequence[float]) -> float:
     """The same for a rank of several chunks: over its actions (torch's order; each with .chunk
     and .kind F, B, I or W), max (Σ live activations + the gradients of chunks past their first
-    backward) less max Σ live activations."""
+    backward and not past their last, B or W) less max Σ live activations."""
+    backwards = [sum(a.chunk == c and a.kind in ("B", "W") for a in actions) for c in range(len(kept))]
     live = [0] * len(kept)
     started = [False] * len(kept)
+    done = [0] * len(kept)  # each chunk's B or W run so far: its gradients are reduced at the last
     acts_only, together = 0.0, 0.0
     for action in actions:
         if action.kind == "F":
@@ -68,5 +82,7 @@ def walked(actions: Sequence, kept: Sequence[float], lazy: Sequence[float]) -> f
             live[action.chunk] -= 1
         acts = sum(n * k for n, k in zip(live, kept))
         acts_only = max(acts_only, acts)
-        together = max(together, acts + sum(g for g, on in zip(lazy, started) if on))
+        held = sum(g for g, on, n, last in zip(lazy, started, done, backwards) if on and n < last)
+        together = max(together, acts + held)
+        done[action.chunk] += action.kind in ("B", "W")
     return together - acts_only

@@ -350,6 +350,23 @@ def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     return int(round(dataparallel.unsharded_bytes(largest, setup, fp8_count=fp8)))
 
 
+def kept_reduce_scatter_input_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
+    """The reduce-scatter input FSDP2 keeps beside a pipeline from a stage's last backward to the
+    next step's (its record's keeps_last_reduce_scatter_input): the whole gradients, in the reduce
+    dtype, of the last FSDP2 group the stage reduces (torchtitan fully_shards each block and the
+    root, and reduces them root first: a stage's last block), taken for the model's largest layer
+    as unsharded_bytes takes it. 0 without a pipeline (FSDP2's own final callback drops it), without
+    sharding, or where gradients are not kept whole through the microbatches."""
+    if setup.pipeline.stages == 1 or not dataparallel.kept_whole(setup) or dataparallel.shard_size(setup) == 1:
+        return 0.0
+    if not runtime_facts(setup).keeps_last_reduce_scatter_input:
+        return 0.0
+    ep = setup.data_parallel.ep
+    largest = max(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
+                  for layer in profile.layers)
+    return largest * dataparallel.param_bytes(setup).grads
+
+
 def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """The loss's scratch (e.g. cross-entropy's gradients) on the last stage: the profile's, or
     for an analytic profile the runtime's loss region's peak beyond what it keeps (runtime_loss;

@@ -39,8 +39,8 @@ class RuntimeFacts:
     tensor may be held whole; False where flat buffers are split evenly, cutting through tensors."""
     grads_allocated_at_first_backward: bool
     """The whole gradients a pipeline stage keeps between microbatches are allocated at its first
-    backward and freed at the step (planner/cost/gradtiming.py); False where they are held all
-    iteration (buffers allocated once)."""
+    backward and freed at its last, by its reduce-scatter (planner/cost/gradtiming.py); False where
+    they are held all iteration (buffers allocated once)."""
     zero_as_fsdp2: bool
     """Any ZeRO stage runs as FSDP2 (ZeRO 3): beside a pipeline weights and gradients stay whole until
     the last backward, without one they are resharded after every forward."""
@@ -120,6 +120,12 @@ class RuntimeFacts:
     allocations, the schedule's passes, the streams it allocates on. Where it does not (a framework
     whose step allocates on streams or in an order the replay does not run, e.g. FSDP2's all-gather
     and reduce-scatter streams), the reserve is the published fragmentation margin."""
+    # -- FSDP2 beside a pipeline (read by rules.kept_reduce_scatter_input_bytes)
+    keeps_last_reduce_scatter_input: bool = False
+    """Beside torch's pipelining, FSDP2's communication context keeps the reduce-scatter input of
+    the last group a stage reduces (its whole gradients in the reduce dtype) from the stage's last
+    backward to the next step's: the pipeline's manual post-backward did not call the root's final
+    callback that drops it (torch before pytorch#144535, 2025-01-10)."""
     # -- after the optimizer step (planner/cost/afterstep.py: static memory as Megatron logs it)
     keeps_last_input_and_grad: bool = False
     """Each model chunk past the pipeline's first keeps its last microbatch's input (the model's

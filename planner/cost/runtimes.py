@@ -110,6 +110,18 @@ _MODEL_CODE_KERNELS = {"fused_kernels": "the model code's own ops (eager, or ind
 # the vocab-parallel one applies.
 _COMPILED_LOSS = LossRegion(kept_x=1.0, peak_x=2.0)
 
+# FSDP2's reduce-scatter state beside torch's pipelining (RuntimeFacts.keeps_last_reduce_scatter_input)
+_RS_INPUT_KEPT = ("torch 2.6.0 (git 2236df17, the release of torch 1963fc8's month): pipelining/stage.py 636-652 "
+                  "run_post_backward calls each FSDP2 group's post_backward but not the root's "
+                  "_root_post_backward_final_callback, so fsdp/_fully_shard/_fsdp_param_group.py 408-437 leaves the "
+                  "last group's reduce_scatter_input in comm_ctx.reduce_scatter_state until the next step's last "
+                  "backward (_fsdp_state.py 302-308 drops it only in that callback); pytorch#144535 (2025-01-10) added "
+                  "the call")
+_RS_INPUT_DROPPED = ("torch since pytorch#144535 (2025-01-10) calls the root's _root_post_backward_final_callback after "
+                     f"the pipeline's manual post-backward, which drops the reduce-scatter state (pipelining/stage.py "
+                     f"1188-1191, {_TORCH_V})")
+_NO_FSDP2_PIPELINE = "no FSDP2 beside a torch pipelining stage: its own data parallelism reduces its gradients"
+
 _FLOAT8_NOT_READ = {"float8": "not read: the runtime's Float8 (if any) is refused",
                     "float8_memory": "not read: the runtime's Float8 (if any) is refused"}
 _TORCHAO_V = "torchao v0.11.0 (f34b473e)"
@@ -164,6 +176,8 @@ def _ckplan() -> RuntimeFacts:
         step_replayed=True,
         sources={
             "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
+            "keeps_last_reduce_scatter_input": f"planner/runtime/mesh.py 111-112 (FSDP2 under ZeRO 2/3) on {_TORCH_V}: "
+                                               f"{_RS_INPUT_DROPPED}",
             "grads_allocated_at_first_backward": "held in static as ckplan's runtime was measured (scripts/bench_dp_static.py)",
             "grad_bytes": "planner/runtime (torch .grad in the parameter's dtype); bf16 params under bf16-mixed",
             "shard_weight_bytes": "planner/runtime/mesh.py: bf16 parameters, fp32 master in the optimizer",
@@ -215,6 +229,7 @@ def _megatron() -> RuntimeFacts:
                        "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py "
                        "AttnFuncWithCPAndKVP2P 1356-2150 (forward), 2340-2420 (backward buffers), d0067d0d (2026-08-22)",
             "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
+            "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
                           f"megatron/training/arguments.py 1204-1217 (bf16 forces fp32 accumulation), {_MEGATRON_V}",
@@ -303,13 +318,15 @@ def _torchtitan(version: str) -> RuntimeFacts:
         **_TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
-        cp_comm="allgather", float8="torchao", float8_memory=True,
+        cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
         sources={
             "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
                        f"all-to-all in fp32), {_TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
                        f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
             "step_replayed": f"not replayed: FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {_TORCH_V}",
+            "keeps_last_reduce_scatter_input": (f"{_RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
+                                                if version == "9dec370" else _RS_INPUT_DROPPED),
             "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {_TORCH_V}",
             "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
                           f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad "
@@ -382,6 +399,7 @@ def _deepspeed() -> RuntimeFacts:
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         sources={
             "step_replayed": f"not replayed: ZeRO's contiguous buffers and its side streams (deepspeed/runtime/zero/stage_1_and_2.py), {_DS_V}",
+            "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
             "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
             "shard_weight_bytes": f"deepspeed/runtime/bf16_optimizer.py 49-62 (bf16 flat groups), {_DS_V}",
@@ -431,6 +449,7 @@ def _colossalai(version: str) -> RuntimeFacts:
         cublas_workspace_bytes=None,
         sources={
             "step_replayed": "not replayed: Gemini's chunk manager allocates and moves whole chunks (colossalai/zero/gemini/chunk)",
+            "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
             "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
             "grad_bytes": f"colossalai/zero/gemini/gemini_ddp.py 106, 380-412 (grads in the fp16 chunk; a grad chunk "
                           f"with accumulation), {_CAI_V}",

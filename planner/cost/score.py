@@ -23,7 +23,7 @@ from planner.cost.assembly import (
     stage_sums,
     workspace_bytes,
 )
-from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view
+from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view, step_end_bytes
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.reserve import with_replayed_reserve
 from planner.cost.rules import in_flight, rank_tied_once_bytes
@@ -111,6 +111,12 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     lazy = late_gradients(order, rank, chunks, setup)
     total = int(round(peak_bytes(static + buffers - sum(lazy), 1, activations,
                                  transient + gradients_above(order, rank, lazy, mine, setup), scratch)))
+    # the step's end, its own moment: the outputs still kept and the last stage's merge of them
+    # (the whole gradients the runtime allocates at a stage's first backward reduced and gone, as at the step)
+    last = order.num_stages - 1
+    logits = chunks[last][0][-1].output_bytes if last in stages else 0
+    end = step_end_bytes(order, rank, held, last_output_bytes=logits, training=setup.training)
+    total = max(total, int(round(static + buffers - sum(lazy) + end)))
     ctx = Context(profile, setup)
     cuda = ctx.device_type == "cuda"
     reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type="cuda")) if cuda else None
@@ -121,6 +127,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         buffer_bytes=int(round(buffers)), transient_bytes=transient, peak_bytes=total,
         time_ms=sum(s.time_ms for s in mine), cap_bytes=setup.pipeline.mem_caps_bytes[rank],
         step_ms=sum(s.step_ms for s in mine), step_scratch_bytes=int(round(scratch)),
+        step_end_bytes=int(round(end)),
         comm_ms=sum(s.comm_ms for s in mine),
         host_bytes=int(round(sum(sums[k].host_bytes + in_flight[k] * sums[k].offloaded_bytes for k in stages))),
         host_cap_bytes=host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline), limit_bytes=limit_bytes(rank, ctx),

@@ -19,6 +19,7 @@ from planner.cost.rules import (
     first_layer_reduced_back_bytes,
     held_outputs_bytes,
     kept_bytes,
+    kept_reduce_scatter_input_bytes,
     last_layer_buffer_bytes,
     last_layer_comm_ms,
     last_layer_kept_bytes,
@@ -280,6 +281,10 @@ TERMS: tuple[Term, ...] = (
     Term("FSDP2's gathered weights and unsharded gradient of the largest layer", "buffers", "stage",
          lambda stage, ctx: unsharded_bytes(ctx.profile, stage, ctx.setup),
          "live tensors at the measured peak under ZeRO 2/3 (dataparallel.unsharded_bytes)"),
+    Term("FSDP2's last reduce-scatter input, kept to the next step beside a pipeline", "buffers", "stage",
+         lambda stage, ctx: kept_reduce_scatter_input_bytes(ctx.profile, stage, ctx.setup),
+         "the runtime record's keeps_last_reduce_scatter_input (torch before pytorch#144535: the pipeline's manual "
+         "post-backward skipped FSDP2's final callback; torch 2.6.0 pipelining/stage.py 636-652)"),
     Term("the loss's scratch", "extra", "stage",
          lambda stage, ctx: stage_constant_transient_bytes(ctx.profile, stage, ctx.setup),
          "allocator peak of the loss beyond what it keeps (profiler)"),

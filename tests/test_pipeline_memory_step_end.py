@@ -1,0 +1,111 @@
+"""The step's end as its own moment of a rank's peak (chunked.step_end_bytes): torch's pipelining
+schedule keeps every microbatch's output of the last stage in output_chunks and step() returns
+torch.cat of them while they are still held, so 2 x M logits are live then, with no activations."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cost import schedules
+from planner.cost.layers import layer_costs
+from planner.cost.score import evaluate, stage_cost
+from planner.models import archs
+from planner.profiler import analytic
+from planner.profiler.analytic import Shape
+from planner.schema import FileRef, StagePlan, TrainSetup
+
+TINY = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
+                  num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=32)
+LOGITS = 2 * 32 * 128 * 2  # micro-batch x seq x vocab x bf16
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return analytic.analytic_profile(TINY, Shape(seq_len=32, micro_batch_size=2), gpu=archs.gpu("h100"),
+                                     model=FileRef(file="arch:test", sha256="0" * 64))
+
+
+def setup(version: str, **fields) -> TrainSetup:
+    base = dict(micro_batch_size=2, precision="bf16-mixed", runtime="torchtitan", runtime_version=version)
+    return TrainSetup(**(base | fields))
+
+
+def test_the_last_1f1b_stage_peaks_at_the_merge_of_its_kept_logits(tiny):
+    layers = layer_costs(tiny)  # embedding, 2 blocks, head (its output: the logits)
+    assert layers[-1].output_bytes == LOGITS
+    m = 16
+    pipe = dict(stages=2, microbatches=m, mem_caps_bytes=[2**50] * 2, schedule="1F1B")
+    old, new = (stage_cost(layers[2:], [0, 0], stage=1, profile=tiny, setup=setup(v, **pipe))
+                for v in ("9dec370", "b5bcd76c"))
+    # the last stage runs one microbatch in flight: M - 1 logits among its buffers (output_chunks), the last
+    # one's at the step's end, and the cat of all M: 2 M logits in all
+    assert old.buffer_bytes - new.buffer_bytes == (m - 1) * LOGITS
+    assert old.step_end_bytes == (1 + m) * LOGITS
+    assert new.step_end_bytes == 0  # return_outputs=False: nothing kept, nothing merged
+    # no data parallelism: no gradient made late, so the moment sits on static + buffers
+    assert old.peak_bytes == old.static_bytes + old.buffer_bytes + (1 + m) * LOGITS
+    # and it is the peak: above the activations' moment the buffers already carry
+    assert old.peak_bytes > old.static_bytes + old.buffer_bytes + old.activation_bytes + old.transient_bytes
+
+
+def test_a_middle_1f1b_stage_keeps_its_outputs_but_merges_none(tiny):
+    layers = layer_costs(tiny)
+    pipe = dict(stages=2, microbatches=5, mem_caps_bytes=[2**50] * 2, schedule="1F1B")
+    first = stage_cost(layers[:2], [0, 0], stage=0, profile=tiny, setup=setup("9dec370", **pipe))
+    # stage 0 runs min(P - 0, M) = 2 in flight: their outputs are kept at the step's end beside the
+    # 3 among its buffers; only the last stage's step() returns a merge
+    assert first.step_end_bytes == 2 * layers[1].output_bytes
+
+
+def test_a_walked_schedule_ends_with_its_sends_its_kept_logits_and_their_merge(tiny):
+    layers = layer_costs(tiny)
+    m = 4
+    pipe = dict(stages=2, microbatches=m, mem_caps_bytes=[2**50] * 2, schedule="interleaved-1F1B", chunks=2)
+    order = schedules.pipeline_schedule("interleaved-1F1B", num_ranks=2, num_microbatches=m, num_chunks=2)
+    assert order.stages_of(1) == (1, 3)
+    names = [layer.name for layer in layers]
+    ranks = [StagePlan(index=0, layers=[names[0], names[2]], chunks=[[names[0]], [names[2]]]),
+             StagePlan(index=1, layers=[names[1], names[3]], chunks=[[names[1]], [names[3]]])]
+    old, new = (evaluate(ranks, tiny, setup(v, **pipe)).stages[1] for v in ("9dec370", "b5bcd76c"))
+    block, head = layers[1], layers[3]
+    # stage 1 (a block) holds each send, its output and its input gradient, to the step's end; stage 3
+    # (the head) its input gradient's send and its logits in output_chunks; then the cat of the M logits
+    sends = m * (block.output_bytes + block.input_bytes + head.input_bytes)
+    assert old.step_end_bytes == sends + m * LOGITS + m * LOGITS
+    assert new.step_end_bytes == sends  # torchtitan b5bcd76c: no outputs back, the sends alone
+    for cost in (old, new):
+        assert cost.peak_bytes >= cost.static_bytes + cost.buffer_bytes + cost.step_end_bytes
+
+
+# ---------------------------------------------------------------- FSDP2's reduce-scatter input, kept to the next step
+
+
+def test_torch_1963fc8s_pipeline_keeps_each_stages_last_reduce_scatter_input(tiny):
+    """torchtitan 9dec370 ran torch 1963fc8, whose pipelining called FSDP2's post-backward by hand
+    but not its final callback (added by pytorch#144535): the last group's reduce-scatter input, a
+    block's whole fp32 gradients, stays to the next step's last backward, one per stage; torchtitan
+    bbb1b616's torch drops it."""
+    layers = layer_costs(tiny)
+    block = 64 * 64 + 64 * 32 * 2 + 64 * 64 + 3 * 64 * 160 + 2 * 64  # q, k, v, o, the MLP, two norms
+    assert max(layer.param_count for layer in layers) == layers[1].param_count == block
+    kept = block * 4  # fp32 (FSDP2's reduce_dtype under torchtitan)
+    sharded = dict(dp=2, zero=3, zero_gather="per-iteration")
+    pipe = dict(stages=2, microbatches=4, mem_caps_bytes=[2**50] * 2, schedule="1F1B", **sharded)
+    for stage, mine in ((0, layers[:2]), (1, layers[2:])):
+        old, new = (stage_cost(mine, [0] * len(mine), stage=stage, profile=tiny, setup=setup(v, **pipe))
+                    for v in ("9dec370", "bbb1b616"))
+        assert old.buffer_bytes - new.buffer_bytes == kept
+    # interleaved: each of a rank's two stages is its own FSDP2 root, each keeps its own
+    chunked = dict(pipe, schedule="interleaved-1F1B", chunks=2)
+    names = [layer.name for layer in layers]
+    ranks = [StagePlan(index=0, layers=[names[0], names[2]], chunks=[[names[0]], [names[2]]]),
+             StagePlan(index=1, layers=[names[1], names[3]], chunks=[[names[1]], [names[3]]])]
+    old, new = (evaluate(ranks, tiny, setup(v, **chunked)).stages[0] for v in ("9dec370", "bbb1b616"))
+    assert old.buffer_bytes - new.buffer_bytes == 2 * kept
+    # without a pipeline FSDP2's own final callback drops it; without sharding nothing is reduce-scattered
+    alone = dict(sharded, stages=1, microbatches=4, mem_caps_bytes=[2**50])
+    unsharded = dict(pipe, dp=1, zero=0, zero_gather="per-microbatch")
+    for fields, mine in ((alone, layers), (unsharded, layers[:2])):
+        costs = [stage_cost(mine, [0] * len(mine), stage=0, profile=tiny, setup=setup(v, **fields))
+                 for v in ("9dec370", "bbb1b616")]
+        assert costs[0].buffer_bytes == costs[1].buffer_bytes
