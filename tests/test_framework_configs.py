@@ -47,7 +47,7 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # (planner/cost/fsdpunits.py: [norm, output] gathered at the loss; in each layer's backward its unit, the
 # prefetched one, the gradients under way, one reduce-scatter input) in place of the largest layer's at
 # every moment: 8B 36,679,984,132 -> 32,477,258,756 (the head's 4.89 GiB term off the loss), 70B
-# 47,711,387,652 -> 46,660,648,964, 405B 67,185,958,916 -> 65,942,355,968.
+# 47,711,387,652 -> 46,660,648,964, 405B 67,185,958,916 -> 65,875,247,104.
 PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      [(60226959360, 110724446212, 130264596480)]),
@@ -59,7 +59,7 @@ PINNED = [
     ("--from-torchtitan", "torchtitan_llama3_70b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
      dict(tp=8, pp=1, dp=8, zero=3, microbatches=1), [(17640734720, 46660648964, 54895050752)]),
     ("--from-torchtitan", "torchtitan_llama3_405b.toml", ("--gpus", "128", "--gpu", "h100"),
-     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 65942355968, 77579943936)]),
+     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 65875247104, 77502349312)]),
 ]
 
 

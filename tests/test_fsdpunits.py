@@ -38,37 +38,45 @@ def test_the_root_and_the_last_block_are_gathered_at_the_loss_under_9dec370():
     assert fsdpunits.loss_moment_bytes(PARAMS, NO_FP8, setup(), **SPLIT) == 16 * MI
 
 
-@pytest.mark.parametrize("i, expected", [
-    # the head: the root gathered (32), the last block held (4); the head's gradient (16); the
-    # root reduces at the end of the backward, no reduce-scatter input yet
-    (3, 32 + 4 + 16),
+@pytest.mark.parametrize("i, computing, after", [
+    # the head: the root gathered (32), the last block held (4); the head's gradient (16); the root
+    # reduces at the end of the backward: no reduce-scatter input yet, no post-backward here
+    (3, 32 + 4 + 16, 0),
     # the last block: itself and the root (32 + 4), block 0 prefetched (4); its gradient and the
-    # head's (4 + 16); its own reduce-scatter input (2 Mi x 4 B = 8)
-    (2, 32 + 4 + 4 + 4 + 16 + 8),
-    # block 0: itself and the root (36), block 1 resharded; its and the head's gradients (20); the
-    # larger of block 1's input and its own (8)
-    (1, 36 + 20 + 8),
-    # the embedding: the root (32); its and the head's gradients (32); the root's input (16 Mi x 4 B)
-    (0, 32 + 32 + 64),
+    # head's (4 + 16); nothing reduced before it. Post-backward: itself resharded, its own
+    # reduce-scatter input (2 Mi x 4 B = 8)
+    (2, 32 + 4 + 4 + 4 + 16, 32 + 4 + 4 + 16 + 8),
+    # block 0: itself and the root (36), block 1 resharded; its and the head's gradients (20); block
+    # 1's reduce-scatter input (8). Post-backward: the root (32), the gradients, its own input (8)
+    (1, 36 + 20 + 8, 32 + 20 + 8),
+    # the embedding: the root (32); its and the head's gradients (32); block 0's input (8).
+    # Post-backward: the root resharded, the gradients, the root's input (16 Mi x 4 B)
+    (0, 32 + 32 + 8, 32 + 64),
 ])
-def test_each_layers_backward_under_the_root_unit(i, expected):
-    assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(), **ROOT) == expected * MI
+def test_each_layers_backward_under_the_root_unit(i, computing, after):
+    assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(), **ROOT) == (computing * MI, after * MI)
 
 
-@pytest.mark.parametrize("i, expected", [
-    (3, 2 * (8 + 2) + 16 + 32),  # [norm, output] and the prefetched last block, its gradient, its input
-    (1, 2 * (2 + 8) + 4 + 8),    # block 0 and the embedding prefetched, its gradient, one block's input
+@pytest.mark.parametrize("i, computing, after", [
+    # [norm, output] and the prefetched last block, its gradient; post-backward: the last block, its
+    # gradient, its input (8 Mi x 4 B)
+    (3, 2 * (8 + 2) + 16, 2 * 2 + 16 + 32),
+    # block 0 and the embedding prefetched, its gradient, block 1's input; post-backward: the
+    # embedding, its gradient, its own input
+    (1, 2 * (2 + 8) + 4 + 8, 2 * 8 + 4 + 8),
 ])
-def test_each_layers_backward_with_the_head_apart(i, expected):
-    assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(runtime_version="2c8b5947"), **SPLIT) == expected * MI
+def test_each_layers_backward_with_the_head_apart(i, computing, after):
+    assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(runtime_version="2c8b5947"), **SPLIT) == \
+        (computing * MI, after * MI)
 
 
 def test_on_equal_layers_a_moment_is_the_measured_largest_layer_term():
     # every layer its own unit, none held: two gathered, a gradient, a reduce-scatter input
     equal = [MI] * 4
     s = setup()
-    assert fsdpunits.layer_moment_bytes(equal, NO_FP8, 2, s, grouping="per-layer", held=()) == \
-        dataparallel.unsharded_bytes(MI, s) == (2 * 2 + 2 + 4) * MI
+    computing, after = fsdpunits.layer_moment_bytes(equal, NO_FP8, 2, s, grouping="per-layer", held=())
+    assert computing == dataparallel.unsharded_bytes(MI, s) == (2 * 2 + 2 + 4) * MI
+    assert after == (2 + 2 + 4) * MI  # its own weights resharded before its reduce-scatter
 
 
 def test_float8_weights_gather_at_one_byte():
@@ -90,13 +98,14 @@ def test_rules_charge_the_units_per_moment_and_the_largest_layer_elsewhere():
     titan = setup()
     assert rules.unsharded_bytes(p, 0, titan) == 0
     assert rules.fsdp_unit_loss_bytes(p, 0, titan) == 36 * MI
-    assert [rules.fsdp_unit_layer_bytes(x, p, titan) for x in costmodel.layer_costs(p)] == \
-        [128 * MI, 64 * MI, 68 * MI, 52 * MI]
+    # the larger of each layer's computing and post-backward moments (the layers have no scratch)
+    assert [rules.fsdp_unit_layer_bytes(x, 0, p, titan) for x in costmodel.layer_costs(p)] == \
+        [96 * MI, 64 * MI, 64 * MI, 52 * MI]
     # ckplan's runtime: the largest layer's measured term, held; no per-moment term
     ours = setup(runtime="ckplan", runtime_version=None)
     assert rules.unsharded_bytes(p, 0, ours) == (2 * 2 + 2 + 2) * 8 * MI
     assert rules.fsdp_unit_loss_bytes(p, 0, ours) == 0
-    assert rules.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], p, ours) == 0
+    assert rules.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, ours) == 0
 
 
 def test_weights_kept_whole_beside_a_pipeline_are_not_charged_again():
@@ -105,12 +114,12 @@ def test_weights_kept_whole_beside_a_pipeline_are_not_charged_again():
     whole = setup(zero_gather="per-iteration")
     assert rules.unsharded_bytes(p, 0, whole) == 0
     assert rules.fsdp_unit_loss_bytes(p, 0, whole) == 0
-    assert all(rules.fsdp_unit_layer_bytes(x, p, whole) == 0 for x in costmodel.layer_costs(p))
+    assert all(rules.fsdp_unit_layer_bytes(x, 0, p, whole) == 0 for x in costmodel.layer_costs(p))
 
 
 def test_the_stage_peaks_at_the_largest_moment():
-    # no activations: the stage's transient is the largest moment, the embedding's backward (128 Mi);
+    # no activations: the stage's transient is the largest moment, the root's post-backward (96 Mi);
     # nothing of FSDP2's is held all iteration
     p = four_layers()
     stages = costmodel.evaluate([costmodel.StagePlan(index=0, layers=[x.name for x in p.layers])], p, setup())
-    assert stages.stages[0].transient_bytes == 128 * MI
+    assert stages.stages[0].transient_bytes == 96 * MI

@@ -15,13 +15,16 @@ microbatch, with i an index into the model's layers and each unit a set of them:
       order), and every unit kept gathered from its forward whose backward has not ended (its
       first layer at or before i); the unsharded gradients, in the weights' dtype, of the layers
       from i on of each unit whose backward is under way (reduced in its post-backward, after its
-      first layer's backward); one reduce-scatter input in the reduce dtype, the larger of the
-      unit reduced before it and i's own where i is its unit's first layer (FSDP2 waits on the
-      previous reduce-scatter and drops its input before the next copy-in: torch/distributed/fsdp/
-      _fully_shard/_fsdp_param_group.py 636-656, reduce_scatter_max_input_buffers = 1 at 112,
-      torch 2.13.0 cf30153c).
-On every layer its own unit with none kept gathered, layer i's moment is two gathered layers, its
-gradient and a reduce-scatter input: dataparallel.unsharded_bytes's measured composition.
+      first layer's backward); the reduce-scatter input (reduce dtype) of the unit reduced before,
+      kept until the next post-backward
+  layer i's unit's post-backward, where i is its first layer, after the layer's own backward scratch
+      is freed: the unit resharded (torch 2.13.0 cf30153c _fsdp_param_group.py 637-638: reshard before
+      the reduce), the others as above, the gradients, and its own reduce-scatter input alone
+      (FSDP2 waits on the previous reduce-scatter and drops its input before the next copy-in:
+      647-658, foreach_reduce at 688; reduce_scatter_max_input_buffers = 1 at 112).
+On every layer its own unit with none kept gathered, layer i's backward is two gathered layers, its
+gradient and the previous layer's reduce-scatter input: dataparallel.unsharded_bytes's measured
+composition (and its post-backward one gathered layer less).
 """
 
 from __future__ import annotations
@@ -68,21 +71,28 @@ def loss_moment_bytes(params: Sequence[float], fp8: Sequence[float], setup: Trai
 
 
 def layer_moment_bytes(params: Sequence[float], fp8: Sequence[float], i: int, setup: TrainSetup, *,
-                       grouping: str, held: Sequence[str]) -> float:
-    """What FSDP2 holds beyond the sharded state during layer i's backward (module docstring)."""
+                       grouping: str, held: Sequence[str]) -> tuple[float, float]:
+    """What FSDP2 holds beyond the sharded state (computing, after) layer i's backward (module
+    docstring): while it computes, and in its unit's post-backward where i is the unit's first layer
+    (else 0), when the layer's own backward scratch is gone."""
     units = unit_of_layers(len(params), grouping)
     kept = gathered_from_forward(units, held)
     first = {u: units.index(u) for u in set(units)}
     last = {u: len(units) - 1 - units[::-1].index(u) for u in set(units)}
-    gathered = {units[i]} | ({units[i - 1]} if i > 0 else set()) | {u for u in kept if first[u] <= i}
-    gathered_total = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f)
-                         for p, f, u in zip(params, fp8, units) if u in gathered)
+    own = units[i]
+    others = ({units[i - 1]} if i > 0 else set()) | {u for u in kept if first[u] <= i}
+
+    def gathered(chosen: set[int]) -> float:
+        return sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f, u in zip(params, fp8, units)
+                   if u in chosen)
+
     running = {u for u in set(units) if first[u] <= i <= last[u]}
     held_bytes = dataparallel.param_bytes(setup)
     grads = sum(params[j] for j in range(i, len(params)) if units[j] in running) * held_bytes.weights
     unit_params = {u: sum(p for p, v in zip(params, units) if v == u) for u in set(units)}
-    reduced = [units[j] for j in range(i + 1, len(params)) if first[units[j]] > i][:1]
-    if first[units[i]] == i:
-        reduced.append(units[i])
-    scatter = max((unit_params[u] for u in reduced), default=0.0) * held_bytes.grads
-    return gathered_total + grads + scatter
+    before = [units[j] for j in range(i + 1, len(params)) if first[units[j]] > i][:1]
+    computing = gathered(others | {own}) + grads + sum(unit_params[u] for u in before) * held_bytes.grads
+    if first[own] != i:
+        return computing, 0.0
+    # post-backward: the unit resharded, then its reduce-scatter input made once the previous one is dropped
+    return computing, gathered(others - {own}) + grads + unit_params[own] * held_bytes.grads

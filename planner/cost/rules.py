@@ -366,15 +366,18 @@ def _units_args(profile: Profile, setup: TrainSetup):
             dict(grouping=record.fsdp_units, held=record.fsdp_gathered_from_forward))
 
 
-def fsdp_unit_layer_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
-    """What FSDP2 holds beyond the sharded state while `layer` runs its backward, by the runtime's
-    units (fsdpunits.layer_moment_bytes): an extra of the layer. 0 where they are not charged per
-    moment (unsharded_bytes holds the largest layer's instead)."""
+def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """What FSDP2 holds beyond the sharded state while `layer` (under `option`) runs its backward, by
+    the runtime's units (fsdpunits.layer_moment_bytes), as an extra of the layer: the larger of its
+    computing moment and its unit's post-backward less the layer's own extra (freed by then). 0 where
+    they are not charged per moment (unsharded_bytes holds the largest layer's instead)."""
     if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
         return 0
     params, fp8, units = _units_args(profile, setup)
     index = next(i for i, known in enumerate(profile.layers) if known.name == layer.name)
-    return int(round(fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)))
+    computing, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
+    # the post-backward comes once the layer's own scratch and recompute are freed
+    return int(round(max(computing, after - layer_extra_bytes(layer, option))))
 
 
 def fsdp_unit_loss_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
