@@ -123,3 +123,23 @@ def test_the_stage_peaks_at_the_largest_moment():
     p = four_layers()
     stages = costmodel.evaluate([costmodel.StagePlan(index=0, layers=[x.name for x in p.layers])], p, setup())
     assert stages.stages[0].transient_bytes == 96 * MI
+
+
+@pytest.mark.parametrize("version", ["9dec370", "2c8b5947"])
+def test_both_solvers_and_evaluate_agree_with_the_units_charged_per_moment(version):
+    # a cap halfway between no recompute and full: the layers' options meet the units' moments
+    from export_plans import llm_profile
+
+    from planner.solve import search
+    p = llm_profile(8)
+    n = len(p.layers)
+    base = setup(runtime_version=version, microbatches=2)
+    peaks = [costmodel.evaluate(costmodel.split_to_stages([0], [ckpt] * n, p), p, base).stages[0].peak_bytes
+             for ckpt in (False, True)]
+    s = setup(runtime_version=version, microbatches=2, mem_caps_bytes=[sum(peaks) // 2])
+    result = search.plan(p, s, time_limit_s=30)
+    assert isinstance(result, search.PlanResult)  # re-scored by evaluate(): a mismatch raises
+    again = costmodel.evaluate(result.stages, p, s)
+    assert again.peak_bytes_per_stage == result.cost.peak_bytes_per_stage and again.feasible
+    other = search.plan(p, s, time_limit_s=30, solver="milp", mip_gap=0.0)
+    assert other.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-6)
