@@ -72,13 +72,18 @@ def loss_moment_bytes(params: Sequence[float], fp8: Sequence[float], setup: Trai
 
 def layer_moment_bytes(params: Sequence[float], fp8: Sequence[float], i: int, setup: TrainSetup, *,
                        grouping: str, held: Sequence[str]) -> tuple[float, float]:
-    """What FSDP2 holds beyond the sharded state (computing, after) layer i's backward (module
-    docstring): while it computes, and in its unit's post-backward where i is the unit's first layer
-    (else 0), when the layer's own backward scratch is gone."""
+    """(computing, after): what FSDP2 holds beyond the sharded state while layer i's backward
+    computes, and in its unit's post-backward where i is the unit's first layer (else 0), when the
+    layer's own backward scratch is gone (the module's docstring)."""
     units = unit_of_layers(len(params), grouping)
     kept = gathered_from_forward(units, held)
-    first = {u: units.index(u) for u in set(units)}
-    last = {u: len(units) - 1 - units[::-1].index(u) for u in set(units)}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    unit_params: dict[int, float] = {}
+    for j, (u, p) in enumerate(zip(units, params)):  # one pass: the rules call this per layer and option
+        first.setdefault(u, j)
+        last[u] = j
+        unit_params[u] = unit_params.get(u, 0.0) + p
     own = units[i]
     others = ({units[i - 1]} if i > 0 else set()) | {u for u in kept if first[u] <= i}
 
@@ -86,12 +91,12 @@ def layer_moment_bytes(params: Sequence[float], fp8: Sequence[float], i: int, se
         return sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f, u in zip(params, fp8, units)
                    if u in chosen)
 
-    running = {u for u in set(units) if first[u] <= i <= last[u]}
+    running = {u for u in first if first[u] <= i <= last[u]}
     held_bytes = dataparallel.param_bytes(setup)
     grads = sum(params[j] for j in range(i, len(params)) if units[j] in running) * held_bytes.weights
-    unit_params = {u: sum(p for p, v in zip(params, units) if v == u) for u in set(units)}
-    before = [units[j] for j in range(i + 1, len(params)) if first[units[j]] > i][:1]
-    computing = gathered(others | {own}) + grads + sum(unit_params[u] for u in before) * held_bytes.grads
+    before = next((units[j] for j in range(i + 1, len(params)) if first[units[j]] > i), None)  # reduced last
+    scattered = unit_params[before] if before is not None else 0.0
+    computing = gathered(others | {own}) + grads + scattered * held_bytes.grads
     if first[own] != i:
         return computing, 0.0
     # post-backward: the unit resharded, then its reduce-scatter input made once the previous one is dropped
