@@ -63,7 +63,9 @@ _TITAN_UNITS = {
     "9dec370": ("root-ends", ("first", "before-last"),
                 f"torchtitan/parallelisms/parallelize_llama.py 324-339 (every TransformerBlock a unit, the last "
                 f"with reshard_after_forward False without PP; then fully_shard(model): tok_embeddings, norm and "
-                f"output the root unit), {_TITAN_OLD}, on torch 1963fc8 (2024-12-23): {_ROOT_CLAMP}"),
+                f"output the root unit), {_TITAN_OLD}, on torch 1963fc8 (2024-12-23); the same at 54ef4222 "
+                f"(2025-03-12, torchao's H100 row: torchtitan/models/llama/parallelize_llama.py 346-369): "
+                f"{_ROOT_CLAMP}"),
     "bbb1b616": ("root-ends", ("first", "before-last"),
                  "torchtitan/models/llama/parallelize_llama.py 351-374 (as 9dec370), bbb1b616 (2025-04-02), on the "
                  f"torch nightly of its day: {_ROOT_CLAMP}"),
