@@ -26,8 +26,9 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                    + M · batch_input [s = 0]             buffers, and the input gradient being sent
                    + M · batch_target [s = P-1]          the whole batch of targets
                    + FSDP2's for the layer it works on (ZeRO 2/3: gathered weights and
-                     buffers, unsharded gradient; largest layer) + Σ_{S∖first} HSDP ZeRO 3's
-                     reduced gradient shards
+                     buffers, unsharded gradient; largest layer; where the runtime's record
+                     names its units, charged per moment in transient instead, fsdpunits.py)
+                     + Σ_{S∖first} HSDP ZeRO 3's reduced gradient shards
     transient_s  = max( max_{l∈S} (transient_l                       one layer's scratch, + its
                               + [l∈C]·(act_l - input_l)             recompute when checkpointed,
                               - Σ_{m>l} kept_m)⁺,                   net of what the layers after it

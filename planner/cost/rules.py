@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import dataparallel, runtimes, schedules
+from planner.cost import dataparallel, fsdpunits, runtimes, schedules
 from planner.cost.layers import LayerCost
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
@@ -343,10 +343,11 @@ def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
 def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """ZeRO 3's gathered weights in flight and ZeRO 2/3's one unsharded gradient, for the
     model's largest layer (dataparallel.unsharded_bytes): counted with the buffers, a
-    constant per stage."""
-    ep = setup.data_parallel.ep  # under expert parallelism a layer holds 1/E of its routed experts
-    largest, fp8 = max((layer.param_count - layer.expert_param_count + layer.expert_param_count // ep,
-                        layer.float8.param_count if layer.float8 is not None else 0) for layer in profile.layers)
+    constant per stage; 0 where the runtime's FSDP2 units are charged per moment instead
+    (fsdp_unit_layer_bytes, fsdp_unit_loss_bytes)."""
+    if fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return 0
+    largest, fp8 = max(_held_params(profile, setup))
     return int(round(dataparallel.unsharded_bytes(largest, setup, fp8_count=fp8)))
 
 
@@ -365,6 +366,44 @@ def kept_reduce_scatter_input_bytes(profile: Profile, stage: int, setup: TrainSe
     largest = max(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
                   for layer in profile.layers)
     return largest * dataparallel.param_bytes(setup).grads
+
+
+def _held_params(profile: Profile, setup: TrainSetup) -> list[tuple[int, int]]:
+    """Each layer's (parameters a rank holds, Float8 weights among them): under expert parallelism
+    a layer holds 1/E of its routed experts."""
+    ep = setup.data_parallel.ep
+    return [(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep,
+             layer.float8.param_count if layer.float8 is not None else 0) for layer in profile.layers]
+
+
+def _units_args(profile: Profile, setup: TrainSetup):
+    held = _held_params(profile, setup)
+    record = runtime_facts(setup)
+    return ([p for p, _ in held], [f for _, f in held],
+            dict(grouping=record.fsdp_units, held=record.fsdp_gathered_from_forward))
+
+
+def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """What FSDP2 holds beyond the sharded state while `layer` (under `option`) runs its backward, by
+    the runtime's units (fsdpunits.layer_moment_bytes), as an extra of the layer: the larger of its
+    computing moment and its unit's post-backward less the layer's own extra (freed by then). 0 where
+    they are not charged per moment (unsharded_bytes holds the largest layer's instead)."""
+    if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return 0
+    params, fp8, units = _units_args(profile, setup)
+    index = next(i for i, known in enumerate(profile.layers) if known.name == layer.name)
+    computing, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
+    # the post-backward comes once the layer's own scratch and recompute are freed
+    return int(round(max(computing, after - layer_extra_bytes(layer, option))))
+
+
+def fsdp_unit_loss_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """What FSDP2 holds gathered at the loss, on the last stage, by the runtime's units
+    (fsdpunits.loss_moment_bytes): an extra of the stage beside the loss's scratch."""
+    if stage != setup.pipeline.stages - 1 or not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return 0
+    params, fp8, units = _units_args(profile, setup)
+    return int(round(fsdpunits.loss_moment_bytes(params, fp8, setup, **units)))
 
 
 def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:

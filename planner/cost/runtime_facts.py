@@ -167,6 +167,16 @@ class RuntimeFacts:
     returns its outputs), "none" (the runtime asks for none back: `return_outputs=False`, or its
     own schedules keep no outputs). A microbatch's output is among its activations until its
     backward; from then on only this keeps it (planner/cost/rules.py held_outputs_bytes)."""
+    # -- FSDP2's units (planner/cost/fsdpunits.py; read by rules.unsharded_bytes and fsdp_unit_*_bytes)
+    fsdp_units: str = "largest-layer"
+    """How ZeRO 3's units group the model's layers, and so what is gathered when: "largest-layer" (the
+    buffer term measured on ckplan's runtime, where every layer is its own unit: the model's largest
+    layer's, charged at every moment; kept by the runtimes whose ZeRO was not read as units),
+    "per-layer" (every layer its own unit, charged per moment), "root-ends" (the model's first and
+    last layers one root unit, every other layer its own, charged per moment)."""
+    fsdp_gathered_from_forward: tuple[str, ...] = ()
+    """The units kept gathered from their forward to the end of their backward without a pipeline,
+    each named by a layer it holds: "first", "last", "before-last" (fsdpunits.gathered_from_forward)."""
 
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)

@@ -53,6 +53,31 @@ _TITAN_OUTPUTS = {
     "b5bcd76c": ("none", "torchtitan/trainer.py 827-833 (pp_schedule.step(..., return_outputs=False)), b5bcd76c "
                  "(2026-08-21); since e5ef99aab (2025-10-22), with pytorch#165822's return_outputs"),
 }
+# FSDP2's units as each torchtitan applies them without a pipeline (its apply_fsdp), and what the
+# torch it ran keeps gathered from the forward on: (grouping, gathered from forward, source)
+_ROOT_CLAMP = ("FSDP2 kept the root unit gathered after its forward whatever reshard_after_forward said "
+               "(torch/distributed/fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root's "
+               "post_forward_mesh_info = None) until pytorch#154704 (2025-06), after which only an "
+               "automatic setting is clamped (_fsdp_state.py 205-207, torch 2.13.0 cf30153c)")
+_TITAN_UNITS = {
+    "9dec370": ("root-ends", ("first", "before-last"),
+                f"torchtitan/parallelisms/parallelize_llama.py 324-339 (every TransformerBlock a unit, the last "
+                f"with reshard_after_forward False without PP; then fully_shard(model): tok_embeddings, norm and "
+                f"output the root unit), {_TITAN_OLD}, on torch 1963fc8 (2024-12-23); the same at 54ef4222 "
+                f"(2025-03-12, torchao's H100 row: torchtitan/models/llama/parallelize_llama.py 346-369): "
+                f"{_ROOT_CLAMP}"),
+    "bbb1b616": ("root-ends", ("first", "before-last"),
+                 "torchtitan/models/llama/parallelize_llama.py 351-374 (as 9dec370), bbb1b616 (2025-04-02), on the "
+                 f"torch nightly of its day: {_ROOT_CLAMP}"),
+    "2c8b5947": ("per-layer", ("last",),
+                 "torchtitan/models/llama3/infra/parallelize.py 402-422 (tok_embeddings a unit, every block a unit "
+                 "resharded after forward without PP, [norm, output] one unit resharded only under the policy "
+                 "\"always\", then fully_shard(model) with no parameters left), 2c8b5947 (2025-08-08)"),
+    "b5bcd76c": ("per-layer", ("last",),
+                 "torchtitan/distributed/fsdp.py 234-266 (tok_embeddings a unit, [norm, lm_head] one unit not "
+                 "resharded after forward unless \"always\"; tied weights put tok_embeddings in that unit, not "
+                 "modelled), 290-368 (every block, then the root), b5bcd76c (2026-08-21)"),
+}
 # torchtitan's package version (assets/version.txt) names a span of commits whose records differ: a
 # run that states only it is scored by the record of its commit, which the sentence helps to choose
 _TITAN_PACKAGES = {
@@ -178,6 +203,9 @@ def _ckplan() -> RuntimeFacts:
             "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
             "keeps_last_reduce_scatter_input": f"planner/runtime/mesh.py 111-112 (FSDP2 under ZeRO 2/3) on {_TORCH_V}: "
                                                f"{_RS_INPUT_DROPPED}",
+            "fsdp_units": "planner/runtime/mesh.py (fully_shard of every layer): the buffer term measured there "
+                          "(scripts/bench_dp_static.py, dataparallel.unsharded_bytes)",
+            "fsdp_gathered_from_forward": "none beyond the measured term: every layer resharded after forward",
             "grads_allocated_at_first_backward": "held in static as ckplan's runtime was measured (scripts/bench_dp_static.py)",
             "grad_bytes": "planner/runtime (torch .grad in the parameter's dtype); bf16 params under bf16-mixed",
             "shard_weight_bytes": "planner/runtime/mesh.py: bf16 parameters, fp32 master in the optimizer",
@@ -237,6 +265,8 @@ def _megatron() -> RuntimeFacts:
             "master_bytes": f"megatron/core/optimizer/distrib_optimizer.py (fp32 main params), {_MEGATRON_V}",
             "zero1_whole_tensors": f"megatron/core/optimizer/distrib_optimizer.py 200-243 (even flat bucket ranges), {_MEGATRON_V}",
             "zero_as_fsdp2": "Megatron-LM's DDP and distributed optimizer",
+            "fsdp_units": "Megatron-LM's ZeRO is its distributed optimizer and Megatron-FSDP, not read as units: the largest-layer term kept",
+            "fsdp_gathered_from_forward": "not read (the largest-layer term)",
             "adam_step_scratch": f"megatron/core/optimizer/__init__.py 14-20 (TE / apex FusedAdam), {_MEGATRON_V}",
             "loss": f"megatron/core/tensor_parallel/cross_entropy.py 20-26, 61-79, 139-185 (in-place exp, div; "
                     f"saves the fp32 softmax), {_MEGATRON_V}; {_MEMTRACKER}: kept 2.00, peak 2.97",
@@ -319,7 +349,10 @@ def _torchtitan(version: str) -> RuntimeFacts:
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
         cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
+        fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
+            "fsdp_units": _TITAN_UNITS[version][2],
+            "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
             "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
                        f"all-to-all in fp32), {_TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
@@ -406,6 +439,8 @@ def _deepspeed() -> RuntimeFacts:
             "master_bytes": f"deepspeed/runtime/bf16_optimizer.py 175-186 (fp32 partitions), {_DS_V}",
             "zero1_whole_tensors": f"deepspeed/runtime/bf16_optimizer.py (flat partition, even), {_DS_V}",
             "zero_as_fsdp2": "DeepSpeed's own ZeRO",
+            "fsdp_units": "DeepSpeed ZeRO 3 gathers per submodule with its own prefetch bucket, not read as units: the largest-layer term kept",
+            "fsdp_gathered_from_forward": "not read (the largest-layer term)",
             "adam_step_scratch": "deepspeed/runtime/engine.py _configure_basic_optimizer: FusedAdam for type Adam "
                                  "(multi-tensor, in place) unless torch_adam",
             "loss": "Megatron-DeepSpeed runs Megatron's vocab-parallel cross-entropy (see megatron's loss)",
@@ -457,6 +492,8 @@ def _colossalai(version: str) -> RuntimeFacts:
             "master_bytes": f"colossalai/zero/gemini/gemini_optimizer.py (fp32 master chunks), {_CAI_V}",
             "zero1_whole_tensors": f"colossalai/zero/low_level (flat, even partition), {_CAI_V}",
             "zero_as_fsdp2": "ColossalAI's own ZeRO / Gemini",
+            "fsdp_units": "Gemini gathers whole chunks, not read as units: the largest-layer term kept",
+            "fsdp_gathered_from_forward": "not read (the largest-layer term)",
             "adam_step_scratch": "examples/language/llama2/benchmark.py HybridAdam(model.parameters()), 068372a7; "
                                  "colossalai/nn/optimizer/hybrid_adam.py (fused multi-tensor Adam on the GPU)",
             "loss": ("transformers 4.3x LlamaForCausalLM: logits.float(), shifted .contiguous(), CrossEntropyLoss; "

@@ -13,6 +13,8 @@ from planner.cost.rules import (
     batch_bytes,
     compute_ms,
     expert_parallel_transient_back,
+    fsdp_unit_layer_bytes,
+    fsdp_unit_loss_bytes,
     first_layer_buffer_bytes,
     first_layer_comm_ms,
     first_layer_kept_bytes,
@@ -189,6 +191,10 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: contextparallel.extra_bytes(layer, ctx.setup),
          "the runtime's ring (planner/cost/contextparallel.py): received or gathered K/V, per-step outputs, "
          "fp32 accumulators, beyond the layer's own backward transient"),
+    Term("FSDP2's units gathered, the unsharded gradients and a reduce-scatter input while the layer runs", "extra",
+         "layer", lambda layer, ckpt, ctx: fsdp_unit_layer_bytes(layer, ckpt, ctx.profile, ctx.setup),
+         "the runtime record's fsdp_units and fsdp_gathered_from_forward (planner/cost/fsdpunits.py); FSDP2's "
+         "backward prefetch and one reduce-scatter input at a time (torch 2.13 _fsdp_param_group.py)"),
     Term("optimizer step temporaries", "scratch", "layer",
          lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
          "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
@@ -285,6 +291,9 @@ TERMS: tuple[Term, ...] = (
          lambda stage, ctx: kept_reduce_scatter_input_bytes(ctx.profile, stage, ctx.setup),
          "the runtime record's keeps_last_reduce_scatter_input (torch before pytorch#144535: the pipeline's manual "
          "post-backward skipped FSDP2's final callback; torch 2.6.0 pipelining/stage.py 636-652)"),
+    Term("FSDP2's units gathered at the loss", "extra", "stage",
+         lambda stage, ctx: fsdp_unit_loss_bytes(ctx.profile, stage, ctx.setup),
+         "the runtime record's fsdp_units and fsdp_gathered_from_forward (planner/cost/fsdpunits.py)"),
     Term("the loss's scratch", "extra", "stage",
          lambda stage, ctx: stage_constant_transient_bytes(ctx.profile, stage, ctx.setup),
          "allocator peak of the loss beyond what it keeps (profiler)"),

@@ -1,0 +1,145 @@
+"""FSDP2's units (planner/cost/fsdpunits.py) and the buffer term charged per moment from them,
+against bytes counted by hand on a four-layer model: embedding E = 8 Mi parameters, two blocks of
+B = 2 Mi, a head (norm + output) H = 8 Mi. bf16-mixed under torchtitan: gathered weights and the
+unsharded gradient 2 B a parameter, the reduce-scatter input in the reduce dtype, fp32, 4 B."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cost import costmodel, dataparallel, fsdpunits, rules
+from planner.models.synthetic import layer, profile_of
+from planner.schema import TrainSetup
+
+MI = 2**20
+PARAMS = [8 * MI, 2 * MI, 2 * MI, 8 * MI]
+NO_FP8 = [0, 0, 0, 0]
+ROOT = dict(grouping="root-ends", held=("first", "before-last"))  # torchtitan 9dec370, bbb1b616
+SPLIT = dict(grouping="per-layer", held=("last",))  # torchtitan 2c8b5947, b5bcd76c
+
+
+def setup(**fields) -> TrainSetup:
+    base = dict(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**50], precision="bf16-mixed",
+                runtime="torchtitan", runtime_version="9dec370", dp=4, zero=3)
+    return TrainSetup(**(base | fields))
+
+
+def test_units_group_the_ends_into_the_root_or_keep_every_layer_apart():
+    assert fsdpunits.unit_of_layers(4, "root-ends") == [0, 1, 2, 0]
+    assert fsdpunits.unit_of_layers(4, "per-layer") == [0, 1, 2, 3]
+    assert fsdpunits.gathered_from_forward([0, 1, 2, 0], ROOT["held"]) == {0, 2}
+    assert fsdpunits.gathered_from_forward([0, 1, 2, 3], SPLIT["held"]) == {3}
+
+
+def test_the_root_and_the_last_block_are_gathered_at_the_loss_under_9dec370():
+    # (E + H) x 2 B for the root, B x 2 B for the last block: 36 Mi
+    assert fsdpunits.loss_moment_bytes(PARAMS, NO_FP8, setup(), **ROOT) == 36 * MI
+    # 2c8b5947: [norm, output] alone, H x 2 B
+    assert fsdpunits.loss_moment_bytes(PARAMS, NO_FP8, setup(), **SPLIT) == 16 * MI
+
+
+@pytest.mark.parametrize("i, computing, after", [
+    # the head: the root gathered (32), the last block held (4); the head's gradient (16); the root
+    # reduces at the end of the backward: no reduce-scatter input yet, no post-backward here
+    (3, 32 + 4 + 16, 0),
+    # the last block: itself and the root (32 + 4), block 0 prefetched (4); its gradient and the
+    # head's (4 + 16); nothing reduced before it. Post-backward: itself resharded, its own
+    # reduce-scatter input (2 Mi x 4 B = 8)
+    (2, 32 + 4 + 4 + 4 + 16, 32 + 4 + 4 + 16 + 8),
+    # block 0: itself and the root (36), block 1 resharded; its and the head's gradients (20); block
+    # 1's reduce-scatter input (8). Post-backward: the root (32), the gradients, its own input (8)
+    (1, 36 + 20 + 8, 32 + 20 + 8),
+    # the embedding: the root (32); its and the head's gradients (32); block 0's input (8).
+    # Post-backward: the root resharded, the gradients, the root's input (16 Mi x 4 B)
+    (0, 32 + 32 + 8, 32 + 64),
+])
+def test_each_layers_backward_under_the_root_unit(i, computing, after):
+    assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(), **ROOT) == (computing * MI, after * MI)
+
+
+@pytest.mark.parametrize("i, computing, after", [
+    # [norm, output] and the prefetched last block, its gradient; post-backward: the last block, its
+    # gradient, its input (8 Mi x 4 B)
+    (3, 2 * (8 + 2) + 16, 2 * 2 + 16 + 32),
+    # block 0 and the embedding prefetched, its gradient, block 1's input; post-backward: the
+    # embedding, its gradient, its own input
+    (1, 2 * (2 + 8) + 4 + 8, 2 * 8 + 4 + 8),
+])
+def test_each_layers_backward_with_the_head_apart(i, computing, after):
+    assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(runtime_version="2c8b5947"), **SPLIT) == \
+        (computing * MI, after * MI)
+
+
+def test_on_equal_layers_a_moment_is_the_measured_largest_layer_term():
+    # every layer its own unit, none held: two gathered, a gradient, a reduce-scatter input
+    equal = [MI] * 4
+    s = setup()
+    computing, after = fsdpunits.layer_moment_bytes(equal, NO_FP8, 2, s, grouping="per-layer", held=())
+    assert computing == dataparallel.unsharded_bytes(MI, s) == (2 * 2 + 2 + 4) * MI
+    assert after == (2 + 2 + 4) * MI  # its own weights resharded before its reduce-scatter
+
+
+def test_float8_weights_gather_at_one_byte():
+    # the root's 16 Mi with 8 Mi Float8 weights (the embedding's, for the count): 8 x 2 + 8 x 1, + the last block's 4
+    s = setup(float8=True, fp8_all_gather=True)
+    assert fsdpunits.loss_moment_bytes(PARAMS, [8 * MI, 0, 0, 0], s, **ROOT) == (16 + 8 + 4) * MI
+
+
+def four_layers():
+    layers = [layer("tok_embeddings", "embedding", fwd_ms=1, act_mib=0, input_mib=0, param_count=PARAMS[0]),
+              layer("layers.0", "decoder_block", fwd_ms=1, act_mib=0, input_mib=0, param_count=PARAMS[1]),
+              layer("layers.1", "decoder_block", fwd_ms=1, act_mib=0, input_mib=0, param_count=PARAMS[2]),
+              layer("output", "norm+lm_head", fwd_ms=1, act_mib=0, input_mib=0, param_count=PARAMS[3])]
+    return profile_of(layers, name="four_units")
+
+
+def test_rules_charge_the_units_per_moment_and_the_largest_layer_elsewhere():
+    p = four_layers()
+    titan = setup()
+    assert rules.unsharded_bytes(p, 0, titan) == 0
+    assert rules.fsdp_unit_loss_bytes(p, 0, titan) == 36 * MI
+    # the larger of each layer's computing and post-backward moments (the layers have no scratch)
+    assert [rules.fsdp_unit_layer_bytes(x, 0, p, titan) for x in costmodel.layer_costs(p)] == \
+        [96 * MI, 64 * MI, 64 * MI, 52 * MI]
+    # ckplan's runtime: the largest layer's measured term, held; no per-moment term
+    ours = setup(runtime="ckplan", runtime_version=None)
+    assert rules.unsharded_bytes(p, 0, ours) == (2 * 2 + 2 + 2) * 8 * MI
+    assert rules.fsdp_unit_loss_bytes(p, 0, ours) == 0
+    assert rules.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, ours) == 0
+
+
+def test_weights_kept_whole_beside_a_pipeline_are_not_charged_again():
+    # every unit stays gathered beside a pipeline, already whole bf16 weights in static
+    p = four_layers()
+    whole = setup(zero_gather="per-iteration")
+    assert rules.unsharded_bytes(p, 0, whole) == 0
+    assert rules.fsdp_unit_loss_bytes(p, 0, whole) == 0
+    assert all(rules.fsdp_unit_layer_bytes(x, 0, p, whole) == 0 for x in costmodel.layer_costs(p))
+
+
+def test_the_stage_peaks_at_the_largest_moment():
+    # no activations: the stage's transient is the largest moment, the root's post-backward (96 Mi);
+    # nothing of FSDP2's is held all iteration
+    p = four_layers()
+    stages = costmodel.evaluate([costmodel.StagePlan(index=0, layers=[x.name for x in p.layers])], p, setup())
+    assert stages.stages[0].transient_bytes == 96 * MI
+
+
+@pytest.mark.parametrize("version", ["9dec370", "2c8b5947"])
+def test_both_solvers_and_evaluate_agree_with_the_units_charged_per_moment(version):
+    # a cap halfway between no recompute and full: the layers' options meet the units' moments
+    from export_plans import llm_profile
+
+    from planner.solve import search
+    p = llm_profile(8)
+    n = len(p.layers)
+    base = setup(runtime_version=version, microbatches=2)
+    peaks = [costmodel.evaluate(costmodel.split_to_stages([0], [ckpt] * n, p), p, base).stages[0].peak_bytes
+             for ckpt in (False, True)]
+    s = setup(runtime_version=version, microbatches=2, mem_caps_bytes=[sum(peaks) // 2])
+    result = search.plan(p, s, time_limit_s=30)
+    assert isinstance(result, search.PlanResult)  # re-scored by evaluate(): a mismatch raises
+    again = costmodel.evaluate(result.stages, p, s)
+    assert again.peak_bytes_per_stage == result.cost.peak_bytes_per_stage and again.feasible
+    other = search.plan(p, s, time_limit_s=30, solver="milp", mip_gap=0.0)
+    assert other.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-6)
