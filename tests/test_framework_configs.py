@@ -34,7 +34,7 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # Then the settings the readers now pass on: the torchtitan 8B TOML's op-level SAC (every block
 # op-sac, was scored as no recompute) lowers its peak from main's 64,062,497,796 and reserve from
 # 75,369,545,728; the 405B TOML's compile and AsyncTP change no byte (its compiled loss region is
-# the measured eager one, runtimes._COMPILED_LOSS; AsyncTP is time only): its iteration is pinned below.
+# the measured eager one, torchfacts.COMPILED_LOSS; AsyncTP is time only): its iteration is pinned below.
 # Then the gpt3 YAML's rank 0 went back to the divisor (2,088,763,392 -> 2,405,433,344): the replay
 # orders ckplan's runtime's step, not Megatron-LM's (RuntimeFacts.step_replayed).
 # Its rank 0 then holds its learned position table (--max-position-embeddings 1024 x 512,
@@ -283,7 +283,7 @@ def test_the_2024_spelling_of_a_torchtitan_job_gives_the_same_prediction():
     assert old["iteration_ms"] - new["iteration_ms"] == pytest.approx(foreach_ms, rel=1e-3)
     assert old["ranks"][0]["time_ms"] == new["ranks"][0]["time_ms"]
     # the same job and time; the 2024 spelling dates to torchtitan 9dec370, whose root unit (tok_embeddings,
-    # norm, output) and last block stay gathered from their forward (runtimes._TITAN_UNITS), b5bcd76c's
+    # norm, output) and last block stay gathered from their forward (runtime_titan._TITAN_UNITS), b5bcd76c's
     # [norm, output] alone: more is held at the same moments
     assert [r[0] for r in per_rank(old)] == [r[0] for r in per_rank(new)]
     assert all(o[1] > n[1] for o, n in zip(per_rank(old), per_rank(new)))
@@ -363,7 +363,7 @@ def test_torchtitan_compile_sets_the_setup_and_compiles_the_loss():
     compiled = predict(_titan(compile={"enable": True}), gpus=8, gpu_name="h100")
     assert compiled.setup.training.compile
     assert any("compiles the loss" in note for note in compiled.notes)
-    # the loss region charged is the runtime's compiled one (its measured multiples: runtimes._COMPILED_LOSS)
+    # the loss region charged is the runtime's compiled one (its measured multiples: torchfacts.COMPILED_LOSS)
     record = runtimes.facts("torchtitan", None)
     assert rules.runtime_loss(compiled.profile, compiled.setup)[1] is record.loss_compiled is not None
 

@@ -7,6 +7,8 @@ read from (`sources`), as megatron-core's TransformerConfig documents each field
 framework's behaviour changed across versions (torchtitan's loss, compiled since bbb1b616; the
 transformers loss ColossalAI's Hugging Face models run), the version is the setup's
 `training.runtime_version` (--runtime-version), defaulting to the newest read here.
+torchtitan's record, one per version, is planner/cost/runtime_titan.py; the facts of torch itself
+that the records share (its pipelining, FSDP2 beside it, the compiled loss) planner/cost/torchfacts.py.
 
 Versions read (docs/framework-facts.md): Megatron-LM d98e8a64 (2026-08-22); torchtitan 9dec370
 (2024-12-26), bbb1b616 (2025-04-02), 2c8b5947 (2025-08-08), b5bcd76c (2026-08-21); torch 2.13.0 (cf30153c); DeepSpeed
@@ -29,140 +31,29 @@ from __future__ import annotations
 import functools
 from dataclasses import fields
 
+from planner.cost import runtime_titan
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
+from planner.cost.torchfacts import (
+    AFTER_STEP_NOT_READ,
+    MEMTRACKER,
+    MODEL_CODE_KERNELS,
+    RS_INPUT_DROPPED,
+    TORCH_PIPELINING,
+    TORCH_PIPELINING_SOURCES,
+    TORCH_V,
+)
 from planner.errors import UserError
 
 _MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
-_TORCH_V = "torch 2.13.0 (cf30153c)"
-_TITAN_OLD = "torchtitan 9dec370 (2024-12-26)"
-_TITAN_NEW = "torchtitan bbb1b616 (2025-04-02) to b5bcd76c (2026-08-21)"
-# the torch each torchtitan version ran: 9dec370's benchmarks name torch 1963fc8 (2024-12-23;
-# benchmarks/llama3_h100_202412_torchtitan.md); bbb1b616 ran the nightly of its day (2025-04), both
-# before pytorch#153383 (2025-05-13) made output_chunks the last stage's only
-_PIPELINING_OUTPUTS = "torch/distributed/pipelining/stage.py forward_one_chunk appends the output to output_chunks, schedules.py step() merges them (torch.cat) and returns them; clear_runtime_states empties them as the next step begins"
-_TITAN_OUTPUTS = {
-    "9dec370": ("every-stage", f"train.py 287-292 (pp_schedule.step(...) returns the merged outputs), {_TITAN_OLD}, "
-                "with torch 1963fc8 (2024-12-23; benchmarks/llama3_h100_202412_torchtitan.md): "
-                f"{_PIPELINING_OUTPUTS}; every stage appended its output until pytorch#153383 (2025-05-13)"),
-    "bbb1b616": ("every-stage", "torchtitan/train.py (pp_schedule.step(...) without return_outputs), bbb1b616 "
-                 f"(2025-04-02), on the torch nightly of its day: {_PIPELINING_OUTPUTS}; every stage appended its "
-                 "output until pytorch#153383 (2025-05-13)"),
-    "2c8b5947": ("last-stage", "torchtitan/train.py 429-435 (pp_schedule.step(...) without return_outputs), 2c8b5947 "
-                 "(2025-08-08), on torch 2.9.0.dev20250811 (torchao's MI300X benchmarks, torchao/float8/README.md "
-                 f"853f87d1): {_PIPELINING_OUTPUTS}; since pytorch#153383 (2025-05-13) the last stage's alone"),
-    "b5bcd76c": ("none", "torchtitan/trainer.py 827-833 (pp_schedule.step(..., return_outputs=False)), b5bcd76c "
-                 "(2026-08-21); since e5ef99aab (2025-10-22), with pytorch#165822's return_outputs"),
-}
-# FSDP2's units as each torchtitan applies them without a pipeline (its apply_fsdp), and what the
-# torch it ran keeps gathered from the forward on: (grouping, gathered from forward, source)
-_ROOT_CLAMP = ("FSDP2 kept the root unit gathered after its forward whatever reshard_after_forward said "
-               "(torch/distributed/fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root's "
-               "post_forward_mesh_info = None) until pytorch#154704 (2025-06), after which only an "
-               "automatic setting is clamped (_fsdp_state.py 205-207, torch 2.13.0 cf30153c)")
-_TITAN_UNITS = {
-    "9dec370": ("root-ends", ("first", "before-last"),
-                f"torchtitan/parallelisms/parallelize_llama.py 324-339 (every TransformerBlock a unit, the last "
-                f"with reshard_after_forward False without PP; then fully_shard(model): tok_embeddings, norm and "
-                f"output the root unit), {_TITAN_OLD}, on torch 1963fc8 (2024-12-23); the same at 54ef4222 "
-                f"(2025-03-12, torchao's H100 row: torchtitan/models/llama/parallelize_llama.py 346-369): "
-                f"{_ROOT_CLAMP}"),
-    "bbb1b616": ("root-ends", ("first", "before-last"),
-                 "torchtitan/models/llama/parallelize_llama.py 351-374 (as 9dec370), bbb1b616 (2025-04-02), on the "
-                 f"torch nightly of its day: {_ROOT_CLAMP}"),
-    "2c8b5947": ("per-layer", ("last",),
-                 "torchtitan/models/llama3/infra/parallelize.py 402-422 (tok_embeddings a unit, every block a unit "
-                 "resharded after forward without PP, [norm, output] one unit resharded only under the policy "
-                 "\"always\", then fully_shard(model) with no parameters left), 2c8b5947 (2025-08-08)"),
-    "b5bcd76c": ("per-layer", ("last",),
-                 "torchtitan/distributed/fsdp.py 234-266 (tok_embeddings a unit, [norm, lm_head] one unit not "
-                 "resharded after forward unless \"always\"; tied weights put tok_embeddings in that unit, not "
-                 "modelled), 290-368 (every block, then the root), b5bcd76c (2026-08-21)"),
-}
-# torchtitan's package version (assets/version.txt) names a span of commits whose records differ: a
-# run that states only it is scored by the record of its commit, which the sentence helps to choose
-_TITAN_PACKAGES = {
-    "0.0.2": "every commit from b889f3d5 (2024-04-16) to b461ea82 (2025-06-05), over which the loss became "
-             "compiled under training.compile (bbb1b616, 2025-04-02): give 9dec370 for a torchtitan before "
-             "2025-04-02 (torchao's H100 float8 benchmarks of 2025-03-12 ran one), bbb1b616 from then",
-    "0.1.0": "every commit from b461ea82 (2025-06-05) to 29624e37 (2025-10-17), each compiling the loss under "
-             "compile: give 2c8b5947 (a pipeline's last stage keeps its outputs to the step's end with a torch "
-             "from after pytorch#153383, 2025-05-13), or bbb1b616 with an earlier torch",
-}
 _DS_V = "DeepSpeed edaa7221 (2026-08-22)"
 _CAI_V = "ColossalAI 4f9953be; LLaMA-2 benchmark 068372a7"
-_MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (scripts/bench_loss_region.py)"
 
-_TORCH_PIPELINING = dict(
-    stage_input_in_receive_buffer=True, input_receive_buffers="per-microbatch",
-    output_grad_buffers_per_microbatch=True, frees_sent_output=False, batch_held="whole-batch",
-    sends_held_to_step_end=True,
-)
-_TORCH_PIPELINING_SOURCES = {
-    "stage_input_in_receive_buffer": f"torch/distributed/pipelining/stage.py 902-916, {_TORCH_V}; measured on ckplan's runtime",
-    "input_receive_buffers": f"torch/distributed/pipelining/stage.py 1285-1291, 1428, {_TORCH_V}",
-    "output_grad_buffers_per_microbatch": f"torch/distributed/pipelining/stage.py 1285-1291, {_TORCH_V}",
-    "frees_sent_output": f"torch/distributed/pipelining/stage.py 902-916, 966 (fwd_cache to the backward), {_TORCH_V}",
-    "batch_held": f"torch/distributed/pipelining/schedules.py 489-499 (the whole batch split), {_TORCH_V}",
-    "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",
-    "outputs_held_to_step_end": f"planner/runtime/worker.py 203 (schedule.step(..., return_outputs=False)); torch/distributed/pipelining/stage.py 906-908 (appended only where save_forward_output), {_TORCH_V}",
-}
 
-# The after-step facts (afterstep.py) where they were not read: nothing charged past the step.
-_AFTER_STEP_NOT_READ = {
-    "keeps_last_input_and_grad": "not read for this runtime (nothing charged after the step)",
-    "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
-    "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
-    "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
-}
-
-# The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are
-_MODEL_CODE_KERNELS = {"fused_kernels": "the model code's own ops (eager, or inductor's under --compile): the "
-                                        "profile's passes as made"}
-
-# torchtitan's loss under torch.compile, read from the code inductor generates for it (scripts/
-# compiled_loss.py; planner/profiler/inductor_buffers.py replays each wrapper's empty_strided
-# allocations and dels; torch 2.13.0, CPU, 2,048 tokens x 4,096 vocab): AOTAutograd's partition
-# saves the bf16 logits themselves, the per-token max and log-sum-exp (fp32) and a scalar; the fp32
-# upcast and the log-softmax are fused into the reductions and never materialised. The backward
-# allocates one bf16 gradient of the logits. Kept 1.0010, peak 2.0015 x the bf16 logits (8 B per
-# token beyond the logits: under 1e-4 of them at a 32k+ vocabulary). What is saved is decided
-# before code generation (torch/_functorch/partitioners.py), so it holds on CUDA; what is device
-# dependent is the reductions' code: Triton splits a reduction only over fewer rows than SMs x 64
-# (torch/_inductor/ir.py 1387-1497 Reduction.num_splits; the CPU backend reduces to one element and
-# never splits), into fp32 partials of rows x splits: per-token sized, not logits-sized. No GPU or
-# Triton was at hand to generate the CUDA code itself. MemTracker (the 2.00 / 5.97 measured before)
-# does not see the compiled region's buffers. Only the whole-vocabulary loss is compiled; under TP
-# the vocab-parallel one applies.
-_COMPILED_LOSS = LossRegion(kept_x=1.0, peak_x=2.0)
-
-# FSDP2's reduce-scatter state beside torch's pipelining (RuntimeFacts.keeps_last_reduce_scatter_input)
-_RS_INPUT_KEPT = ("torch 2.6.0 (git 2236df17, the release of torch 1963fc8's month): pipelining/stage.py 636-652 "
-                  "run_post_backward calls each FSDP2 group's post_backward but not the root's "
-                  "_root_post_backward_final_callback, so fsdp/_fully_shard/_fsdp_param_group.py 408-437 leaves the "
-                  "last group's reduce_scatter_input in comm_ctx.reduce_scatter_state until the next step's last "
-                  "backward (_fsdp_state.py 302-308 drops it only in that callback); pytorch#144535 (2025-01-10) added "
-                  "the call")
-_RS_INPUT_DROPPED = ("torch since pytorch#144535 (2025-01-10) calls the root's _root_post_backward_final_callback after "
-                     f"the pipeline's manual post-backward, which drops the reduce-scatter state (pipelining/stage.py "
-                     f"1188-1191, {_TORCH_V})")
 _NO_FSDP2_PIPELINE = "no FSDP2 beside a torch pipelining stage: its own data parallelism reduces its gradients"
 
 _FLOAT8_NOT_READ = {"float8": "not read: the runtime's Float8 (if any) is refused",
                     "float8_memory": "not read: the runtime's Float8 (if any) is refused"}
-_TORCHAO_V = "torchao v0.11.0 (f34b473e)"
 _TE_V = "TransformerEngine v2.9"
-# torch.compile of the model (--compile): who compiles it, and what runs where it is not compiled
-_TITAN_COMPILES = {
-    "9dec370": "torchtitan/parallelisms/parallelize_llama.py 70-77, 297-306 (training.compile: apply_compile, "
-               "torch.compile of each TransformerBlock, fullgraph), 9dec370 (2024-12-26)",
-    "bbb1b616": "torchtitan/models/llama/parallelize_llama.py 86-88, 308-320 (training.compile: apply_compile, each "
-                "TransformerBlock), bbb1b616 (2025-04-02)",
-    "2c8b5947": "torchtitan/models/llama3/infra/parallelize.py 95-97, 345-354 (training.compile: apply_compile, "
-                "torch.compile of each TransformerBlock), 2c8b5947 (2025-08-08)",
-    "b5bcd76c": "torchtitan/models/llama3/parallelize.py 42-55 (compile.enable with \"model\" in compile.components: "
-                "apply_compile), torchtitan/distributed/compile.py 39-72 (each TransformerBlock .compile(fullgraph="
-                "True)), b5bcd76c (2026-08-21)",
-}
 _NO_MODEL_COMPILE = {
     "ckplan": ("each stage's layers eager, as the model file builds them",
                "planner/runtime (stagemodule.py, worker.py, recompute.py): the stages run the model file's modules as "
@@ -188,7 +79,7 @@ _NO_MODEL_COMPILE = {
 
 def _ckplan() -> RuntimeFacts:
     return RuntimeFacts(
-        name="ckplan", version="ckplan (this repository) on " + _TORCH_V,
+        name="ckplan", version="ckplan (this repository) on " + TORCH_V,
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=True, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=True,
         # ckplan's runtime runs the model file's own loss, measured into the profile; an analytic
@@ -196,13 +87,13 @@ def _ckplan() -> RuntimeFacts:
         loss=LossRegion(kept_x=3.0, peak_x=5.0), loss_vocab_parallel=LossRegion(kept_x=3.0, peak_x=5.0),
         loss_compiled=None, tp_saves_gathered_input=False,
         compiles_model=False, runs_instead=_NO_MODEL_COMPILE["ckplan"][0],
-        **_TORCH_PIPELINING, recompute_whole_forward=False,
+        **TORCH_PIPELINING, recompute_whole_forward=False,
         overlaps_grad_reduce=False, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         step_replayed=True,
         sources={
             "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
-            "keeps_last_reduce_scatter_input": f"planner/runtime/mesh.py 111-112 (FSDP2 under ZeRO 2/3) on {_TORCH_V}: "
-                                               f"{_RS_INPUT_DROPPED}",
+            "keeps_last_reduce_scatter_input": f"planner/runtime/mesh.py 111-112 (FSDP2 under ZeRO 2/3) on {TORCH_V}: "
+                                               f"{RS_INPUT_DROPPED}",
             "fsdp_units": "planner/runtime/mesh.py (fully_shard of every layer): the buffer term measured there "
                           "(scripts/bench_dp_static.py, dataparallel.unsharded_bytes)",
             "fsdp_gathered_from_forward": "none beyond the measured term: every layer resharded after forward",
@@ -210,25 +101,25 @@ def _ckplan() -> RuntimeFacts:
             "grad_bytes": "planner/runtime (torch .grad in the parameter's dtype); bf16 params under bf16-mixed",
             "shard_weight_bytes": "planner/runtime/mesh.py: bf16 parameters, fp32 master in the optimizer",
             "master_bytes": "planner/runtime/mesh.py: fp32 master under bf16-mixed",
-            "zero1_whole_tensors": f"torch/distributed/optim/zero_redundancy_optimizer.py (greedy whole-tensor partition), {_TORCH_V}",
+            "zero1_whole_tensors": f"torch/distributed/optim/zero_redundancy_optimizer.py (greedy whole-tensor partition), {TORCH_V}",
             "zero_as_fsdp2": "planner/runtime/mesh.py: ZeRO 2/3 by FSDP2 as the plan says",
-            "adam_step_scratch": f"torch/optim/adam.py 553, 760-790 (_foreach_sqrt), {_TORCH_V}; measured on an H100 (docs/gpu-check.md)",
+            "adam_step_scratch": f"torch/optim/adam.py 553, 760-790 (_foreach_sqrt), {TORCH_V}; measured on an H100 (docs/gpu-check.md)",
             "loss": "the profile's measured loss; analytic: planner/profiler/analytic.py (fp32 softmax kept, fp32 gradient)",
             "loss_vocab_parallel": "as loss",
             "loss_compiled": "ckplan's runtime does not compile",
             "compiles_model": _NO_MODEL_COMPILE["ckplan"][1],
             "runs_instead": _NO_MODEL_COMPILE["ckplan"][1],
             "tp_saves_gathered_input": "ckplan's runtime runs no TP; analytic profiles count 1/TP (Korthikanti et al. 2022)",
-            **_TORCH_PIPELINING_SOURCES,
-            "recompute_whole_forward": f"torch/utils/checkpoint.py non-reentrant with early stop (default), {_TORCH_V}",
+            **TORCH_PIPELINING_SOURCES,
+            "recompute_whole_forward": f"torch/utils/checkpoint.py non-reentrant with early stop (default), {TORCH_V}",
             "overlaps_grad_reduce": "planner/runtime/mesh.py: ZeRO 0/1 reduce after the last backward",
-            "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {_TORCH_V}",
+            "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
             **_FLOAT8_NOT_READ,
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
-            **_AFTER_STEP_NOT_READ,
-            **_MODEL_CODE_KERNELS,
+            **AFTER_STEP_NOT_READ,
+            **MODEL_CODE_KERNELS,
         })
 
 
@@ -269,7 +160,7 @@ def _megatron() -> RuntimeFacts:
             "fsdp_gathered_from_forward": "not read (the largest-layer term)",
             "adam_step_scratch": f"megatron/core/optimizer/__init__.py 14-20 (TE / apex FusedAdam), {_MEGATRON_V}",
             "loss": f"megatron/core/tensor_parallel/cross_entropy.py 20-26, 61-79, 139-185 (in-place exp, div; "
-                    f"saves the fp32 softmax), {_MEGATRON_V}; {_MEMTRACKER}: kept 2.00, peak 2.97",
+                    f"saves the fp32 softmax), {_MEGATRON_V}; {MEMTRACKER}: kept 2.00, peak 2.97",
             "loss_vocab_parallel": "as loss (the same function over the vocab shard)",
             "loss_compiled": "Megatron-LM does not torch.compile the loss",
             "compiles_model": _NO_MODEL_COMPILE["megatron"][1],
@@ -320,103 +211,6 @@ def _megatron() -> RuntimeFacts:
         })
 
 
-# torchtitan's step beside the optimizer's fused 28 B a parameter (the profile's step: read the fp32
-# parameter, gradient, exp_avg, exp_avg_sq; write three), per parameter of the rank's fp32 shard:
-# gradient clipping, every step (training.max_norm 1.0): get_total_norm's _foreach_norm reads the
-# gradient (4 B), clip_grads_with_norm_'s _foreach_mul_ reads and writes it (8 B), whatever the norm
-# (torch 2.13 torch/nn/utils/clip_grad.py 95, 173; torchtitan 9dec370 torchtitan/utils.py
-# 348-404, train.py 311-316: foreach=True). At 9dec370 AdamW is foreach, not fused (optimizer.py
-# 132-138): torch 2.13 torch/optim/adam.py 691-724, 770-799 (_multi_tensor_adam, not capturable) runs
-# _foreach_mul_ on the parameters (weight decay 0.1: 8 B), lerp_ of exp_avg (12), mul_ and addcmul_
-# of exp_avg_sq (8 + 12), sqrt into a new tensor (8), div_ and add_ on it (8 + 8), addcdiv_ into the
-# parameters (16): 80 B, 52 beyond the fused kernel's 28. bbb1b616 and b5bcd76c default to fused
-# (optimizer.implementation, b5bcd76c torchtitan/components/optimizer/optimizer.py 110-111).
-_TITAN_CLIP_BYTES = 12
-_TITAN_FOREACH_ADAMW_EXTRA_BYTES = 80 - 28
-
-
-def _torchtitan(version: str) -> RuntimeFacts:
-    compiles_loss = version != "9dec370"
-    read_at = _TITAN_OLD if not compiles_loss else _TITAN_NEW
-    return RuntimeFacts(
-        name="torchtitan", version=version,
-        grad_bytes=4, shard_weight_bytes=4, master_bytes=0, zero1_whole_tensors=False, zero_as_fsdp2=True, grads_allocated_at_first_backward=True,
-        adam_step_scratch=version == "9dec370",
-        loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
-        loss_compiled=_COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
-        compiles_model=True, runs_instead="",
-        **_TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
-        step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
-        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
-        cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
-        fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
-        sources={
-            "fsdp_units": _TITAN_UNITS[version][2],
-            "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
-            "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."
-                       f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
-                       f"all-to-all in fp32), {_TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
-                       f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
-            "step_replayed": f"not replayed: FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {_TORCH_V}",
-            "keeps_last_reduce_scatter_input": (f"{_RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
-                                                if version == "9dec370" else _RS_INPUT_DROPPED),
-            "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {_TORCH_V}",
-            "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
-                          f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad "
-                          f"in reduce_dtype under PP), {_TORCH_V}",
-            "shard_weight_bytes": f"torchtitan builds the model in fp32; FSDP2 MixedPrecisionPolicy(param_dtype=bf16) "
-                                  f"casts when gathering, parallelize_llama.py 320, {_TITAN_OLD}",
-            "master_bytes": "the fp32 sharded parameter is the master (no copy)",
-            "zero1_whole_tensors": "torchtitan shards with FSDP2 only",
-            "zero_as_fsdp2": f"parallelize_llama.py 324-339 (fully_shard every block; reshard_after_forward = not "
-                             f"pp_enabled), {_TITAN_OLD}; torchtitan/distributed/fsdp.py 112-136, b5bcd76c; "
-                             f"torch/distributed/pipelining/stage.py 844-847, {_TORCH_V}",
-            "adam_step_scratch": f"torchtitan/optimizer.py 132-138 (foreach unless --optimizer.fused), {_TITAN_OLD}; "
-                                 f"torch/optim/adam.py 760-790, {_TORCH_V}; fused AdamW by default since 6e498855 "
-                                 f"(2025-02-24, config_manager.py --optimizer.implementation default \"fused\"; "
-                                 f"bbb1b616 config_manager.py 240-243): torch._fused_adamw_ updates in place "
-                                 f"(torch/optim/adam.py 802-877, {_TORCH_V}), no scratch",
-            "loss": f"train.py 131-138 cross_entropy(pred.float()), `del pred` before backward, {_TITAN_OLD}; "
-                    f"the same and still not compiled at 54ef4222 (2025-03-12; torchtitan/train.py 324-331, "
-                    f"components/loss.py 10-18, its compile commented out), the torchtitan 0.0.2 of torchao's H100 "
-                    f"float8 benchmarks (torchao 8c81863b); {_MEMTRACKER}: kept 2.00, peak 5.97",
-            "loss_vocab_parallel": f"parallelize_llama.py 138-142 (loss_parallel), {_TITAN_OLD}; torch/distributed/"
-                                   f"tensor/parallel/loss.py 197-222, {_TORCH_V}; {_MEMTRACKER}: kept 2.00, peak 7.97",
-            "loss_compiled": f"train.py torch.compile(loss_fn) under training.compile, bbb1b616; "
-                             f"torchtitan/components/loss.py 25-30, 2c8b5947; "
-                             f"torchtitan/components/loss.py 242-252, b5bcd76c (none at {_TITAN_OLD}); "
-                             f"inductor's generated code on CPU, torch 2.13 (scripts/compiled_loss.py): kept 1.00, "
-                             f"peak 2.00 (the saved bf16 logits and their bf16 gradient)",
-            "compiles_model": _TITAN_COMPILES[version],
-            "runs_instead": "it compiles (compiles_model)",
-            "tp_saves_gathered_input": f"parallelize_llama.py 117-191 (apply_tp), {_TITAN_OLD}; torch/distributed/"
-                                       f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {_TORCH_V}",
-            **_TORCH_PIPELINING_SOURCES,
-            "outputs_held_to_step_end": _TITAN_OUTPUTS[version][1],
-            "recompute_whole_forward": "torchtitan/distributed/activation_checkpoint.py (early_stop=False), b5bcd76c",
-            "overlaps_grad_reduce": f"FSDP2 reduce-scatter on its own stream, {_TORCH_V}",
-            "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {_TORCH_V}",
-            "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}; "
-                          f"what it fuses: torch/_inductor/fx_passes/micro_pipeline_tp.py 782-910, 957-1175, how the "
-                          f"fused op runs: torch/distributed/_symmetric_memory/__init__.py 146-294, 325-440, 1254-1320, "
-                          f"torch 2.13.0 (planner/cost/asynctp.py)",
-            "float8": f"torchtitan/float8.py Float8Handler (every nn.Linear but `output`), {_TITAN_OLD}; "
-                      f"torchtitan/components/quantization/float8.py, utils.py module_filter_fn, e7c0cae; "
-                      f"torchao/float8/float8_linear.py 61-200 (three float8 GEMMs), {_TORCHAO_V}",
-            "float8_memory": f"torchao/float8/float8_linear.py 77 (save_for_backward(input_hp, weight_hp_t)), 330-358 "
-                             f"(the weight cast before it: the saved weight is float8), {_TORCHAO_V}",
-            "cublas_workspace_bytes": "not sourced",
-            **_AFTER_STEP_NOT_READ,
-            "step_shard_bytes": "gradient clipping's foreach norm and multiply (12 B), torch/nn/utils/clip_grad.py 95, "
-                                f"173, {_TORCH_V}; torchtitan/utils.py 348-404, train.py 311-316, {_TITAN_OLD}"
-                                + ("; foreach AdamW's 52 B beyond the fused step (optimizer.py 132-138; torch/optim/"
-                                   f"adam.py 691-724, 770-799, {_TORCH_V})" if version == "9dec370" else
-                                   "; AdamW fused by default (b5bcd76c torchtitan/components/optimizer/optimizer.py "
-                                   "110-111): the profile's step"),
-            **_MODEL_CODE_KERNELS,
-        })
-
-
 def _deepspeed() -> RuntimeFacts:
     return RuntimeFacts(
         name="deepspeed", version=_DS_V,
@@ -463,8 +257,8 @@ def _deepspeed() -> RuntimeFacts:
             **_FLOAT8_NOT_READ,
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
-            **_AFTER_STEP_NOT_READ,
-            **_MODEL_CODE_KERNELS,
+            **AFTER_STEP_NOT_READ,
+            **MODEL_CODE_KERNELS,
         })
 
 
@@ -497,9 +291,9 @@ def _colossalai(version: str) -> RuntimeFacts:
             "adam_step_scratch": "examples/language/llama2/benchmark.py HybridAdam(model.parameters()), 068372a7; "
                                  "colossalai/nn/optimizer/hybrid_adam.py (fused multi-tensor Adam on the GPU)",
             "loss": ("transformers 4.3x LlamaForCausalLM: logits.float(), shifted .contiguous(), CrossEntropyLoss; "
-                     f"the output keeps the fp32 logits; {_MEMTRACKER}: kept 4.00, peak 7.97") if hf_43x else
+                     f"the output keeps the fp32 logits; {MEMTRACKER}: kept 4.00, peak 7.97") if hf_43x else
                     ("transformers >= 4.46 loss/loss_utils.py ForCausalLMLoss (upcast, shift, sum / items), the "
-                     f"output keeps the bf16 logits; {_MEMTRACKER}: kept 3.00, peak 6.97"),
+                     f"output keeps the bf16 logits; {MEMTRACKER}: kept 3.00, peak 6.97"),
             "loss_vocab_parallel": "as loss",
             "loss_compiled": "no compiled loss",
             "compiles_model": _NO_MODEL_COMPILE["colossalai"][1],
@@ -520,8 +314,8 @@ def _colossalai(version: str) -> RuntimeFacts:
             **_FLOAT8_NOT_READ,
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "not read (refused)",
-            **_AFTER_STEP_NOT_READ,
-            **_MODEL_CODE_KERNELS,
+            **AFTER_STEP_NOT_READ,
+            **MODEL_CODE_KERNELS,
         })
 
 
@@ -543,13 +337,13 @@ def facts(runtime: str, version: str | None = None) -> RuntimeFacts:
     if known is None:
         raise UserError(f"unknown runtime {runtime!r}; one of {', '.join(VERSIONS)}")
     chosen = known[0] if version is None else version
-    if runtime == "torchtitan" and chosen in _TITAN_PACKAGES:
+    if runtime == "torchtitan" and chosen in runtime_titan.PACKAGES:
         raise UserError(f"--runtime-version {version}: torchtitan {version} is the package version of "
-                        f"{_TITAN_PACKAGES[version]}")
+                        f"{runtime_titan.PACKAGES[version]}")
     if chosen not in known:
         raise UserError(f"--runtime-version {version} is not one read for {runtime}; use one of {', '.join(known)}")
     if runtime == "torchtitan":
-        return _torchtitan(chosen)
+        return runtime_titan.torchtitan(chosen)
     if runtime == "colossalai":
         return _colossalai(chosen)
     return {"ckplan": _ckplan, "megatron": _megatron, "deepspeed": _deepspeed}[runtime]()

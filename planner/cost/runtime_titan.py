@@ -1,0 +1,185 @@
+"""torchtitan's record, one per version read (9dec370, bbb1b616, 2c8b5947, b5bcd76c): what it holds,
+in which dtype and when it frees, each fact with the file, lines and commit it was read from
+(docs/framework-facts.md). planner/cost/runtimes.py chooses the version."""
+
+from __future__ import annotations
+
+from planner.cost.runtime_facts import LossRegion, RuntimeFacts
+from planner.cost.torchfacts import (
+    AFTER_STEP_NOT_READ,
+    COMPILED_LOSS,
+    MEMTRACKER,
+    MODEL_CODE_KERNELS,
+    PIPELINING_OUTPUTS,
+    RS_INPUT_DROPPED,
+    RS_INPUT_KEPT,
+    TORCH_PIPELINING,
+    TORCH_PIPELINING_SOURCES,
+    TORCH_V,
+    TORCHAO_V,
+)
+
+_TITAN_OLD = "torchtitan 9dec370 (2024-12-26)"
+_TITAN_NEW = "torchtitan bbb1b616 (2025-04-02) to b5bcd76c (2026-08-21)"
+# the torch each torchtitan version ran: 9dec370's benchmarks name torch 1963fc8 (2024-12-23;
+# benchmarks/llama3_h100_202412_torchtitan.md); bbb1b616 ran the nightly of its day (2025-04), both
+# before pytorch#153383 (2025-05-13) made output_chunks the last stage's only
+_TITAN_OUTPUTS = {
+    "9dec370": ("every-stage", f"train.py 287-292 (pp_schedule.step(...) returns the merged outputs), {_TITAN_OLD}, "
+                "with torch 1963fc8 (2024-12-23; benchmarks/llama3_h100_202412_torchtitan.md): "
+                f"{PIPELINING_OUTPUTS}; every stage appended its output until pytorch#153383 (2025-05-13)"),
+    "bbb1b616": ("every-stage", "torchtitan/train.py (pp_schedule.step(...) without return_outputs), bbb1b616 "
+                 f"(2025-04-02), on the torch nightly of its day: {PIPELINING_OUTPUTS}; every stage appended its "
+                 "output until pytorch#153383 (2025-05-13)"),
+    "2c8b5947": ("last-stage", "torchtitan/train.py 429-435 (pp_schedule.step(...) without return_outputs), 2c8b5947 "
+                 "(2025-08-08), on torch 2.9.0.dev20250811 (torchao's MI300X benchmarks, torchao/float8/README.md "
+                 f"853f87d1): {PIPELINING_OUTPUTS}; since pytorch#153383 (2025-05-13) the last stage's alone"),
+    "b5bcd76c": ("none", "torchtitan/trainer.py 827-833 (pp_schedule.step(..., return_outputs=False)), b5bcd76c "
+                 "(2026-08-21); since e5ef99aab (2025-10-22), with pytorch#165822's return_outputs"),
+}
+
+# FSDP2's units as each torchtitan applies them without a pipeline (its apply_fsdp), and what the
+# torch it ran keeps gathered from the forward on: (grouping, gathered from forward, source)
+_ROOT_CLAMP = ("FSDP2 kept the root unit gathered after its forward whatever reshard_after_forward said "
+               "(torch/distributed/fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root's "
+               "post_forward_mesh_info = None) until pytorch#154704 (2025-06), after which only an "
+               "automatic setting is clamped (_fsdp_state.py 205-207, torch 2.13.0 cf30153c)")
+
+_TITAN_UNITS = {
+    "9dec370": ("root-ends", ("first", "before-last"),
+                f"torchtitan/parallelisms/parallelize_llama.py 324-339 (every TransformerBlock a unit, the last "
+                f"with reshard_after_forward False without PP; then fully_shard(model): tok_embeddings, norm and "
+                f"output the root unit), {_TITAN_OLD}, on torch 1963fc8 (2024-12-23); the same at 54ef4222 "
+                f"(2025-03-12, torchao's H100 row: torchtitan/models/llama/parallelize_llama.py 346-369): "
+                f"{_ROOT_CLAMP}"),
+    "bbb1b616": ("root-ends", ("first", "before-last"),
+                 "torchtitan/models/llama/parallelize_llama.py 351-374 (as 9dec370), bbb1b616 (2025-04-02), on the "
+                 f"torch nightly of its day: {_ROOT_CLAMP}"),
+    "2c8b5947": ("per-layer", ("last",),
+                 "torchtitan/models/llama3/infra/parallelize.py 402-422 (tok_embeddings a unit, every block a unit "
+                 "resharded after forward without PP, [norm, output] one unit resharded only under the policy "
+                 "\"always\", then fully_shard(model) with no parameters left), 2c8b5947 (2025-08-08)"),
+    "b5bcd76c": ("per-layer", ("last",),
+                 "torchtitan/distributed/fsdp.py 234-266 (tok_embeddings a unit, [norm, lm_head] one unit not "
+                 "resharded after forward unless \"always\"; tied weights put tok_embeddings in that unit, not "
+                 "modelled), 290-368 (every block, then the root), b5bcd76c (2026-08-21)"),
+}
+
+# torchtitan's package version (assets/version.txt) names a span of commits whose records differ: a
+# run that states only it is scored by the record of its commit, which the sentence helps to choose
+PACKAGES = {
+    "0.0.2": "every commit from b889f3d5 (2024-04-16) to b461ea82 (2025-06-05), over which the loss became "
+             "compiled under training.compile (bbb1b616, 2025-04-02): give 9dec370 for a torchtitan before "
+             "2025-04-02 (torchao's H100 float8 benchmarks of 2025-03-12 ran one), bbb1b616 from then",
+    "0.1.0": "every commit from b461ea82 (2025-06-05) to 29624e37 (2025-10-17), each compiling the loss under "
+             "compile: give 2c8b5947 (a pipeline's last stage keeps its outputs to the step's end with a torch "
+             "from after pytorch#153383, 2025-05-13), or bbb1b616 with an earlier torch",
+}
+
+# torch.compile of the model (--compile): who compiles it, and what runs where it is not compiled
+_TITAN_COMPILES = {
+    "9dec370": "torchtitan/parallelisms/parallelize_llama.py 70-77, 297-306 (training.compile: apply_compile, "
+               "torch.compile of each TransformerBlock, fullgraph), 9dec370 (2024-12-26)",
+    "bbb1b616": "torchtitan/models/llama/parallelize_llama.py 86-88, 308-320 (training.compile: apply_compile, each "
+                "TransformerBlock), bbb1b616 (2025-04-02)",
+    "2c8b5947": "torchtitan/models/llama3/infra/parallelize.py 95-97, 345-354 (training.compile: apply_compile, "
+                "torch.compile of each TransformerBlock), 2c8b5947 (2025-08-08)",
+    "b5bcd76c": "torchtitan/models/llama3/parallelize.py 42-55 (compile.enable with \"model\" in compile.components: "
+                "apply_compile), torchtitan/distributed/compile.py 39-72 (each TransformerBlock .compile(fullgraph="
+                "True)), b5bcd76c (2026-08-21)",
+}
+
+# torchtitan's step beside the optimizer's fused 28 B a parameter (the profile's step: read the fp32
+# parameter, gradient, exp_avg, exp_avg_sq; write three), per parameter of the rank's fp32 shard:
+# gradient clipping, every step (training.max_norm 1.0): get_total_norm's _foreach_norm reads the
+# gradient (4 B), clip_grads_with_norm_'s _foreach_mul_ reads and writes it (8 B), whatever the norm
+# (torch 2.13 torch/nn/utils/clip_grad.py 95, 173; torchtitan 9dec370 torchtitan/utils.py
+# 348-404, train.py 311-316: foreach=True). At 9dec370 AdamW is foreach, not fused (optimizer.py
+# 132-138): torch 2.13 torch/optim/adam.py 691-724, 770-799 (_multi_tensor_adam, not capturable) runs
+# _foreach_mul_ on the parameters (weight decay 0.1: 8 B), lerp_ of exp_avg (12), mul_ and addcmul_
+# of exp_avg_sq (8 + 12), sqrt into a new tensor (8), div_ and add_ on it (8 + 8), addcdiv_ into the
+# parameters (16): 80 B, 52 beyond the fused kernel's 28. bbb1b616 and b5bcd76c default to fused
+# (optimizer.implementation, b5bcd76c torchtitan/components/optimizer/optimizer.py 110-111).
+_TITAN_CLIP_BYTES = 12
+_TITAN_FOREACH_ADAMW_EXTRA_BYTES = 80 - 28
+
+def torchtitan(version: str) -> RuntimeFacts:
+    compiles_loss = version != "9dec370"
+    read_at = _TITAN_OLD if not compiles_loss else _TITAN_NEW
+    return RuntimeFacts(
+        name="torchtitan", version=version,
+        grad_bytes=4, shard_weight_bytes=4, master_bytes=0, zero1_whole_tensors=False, zero_as_fsdp2=True, grads_allocated_at_first_backward=True,
+        adam_step_scratch=version == "9dec370",
+        loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
+        loss_compiled=COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
+        compiles_model=True, runs_instead="",
+        **TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
+        step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
+        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
+        cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
+        fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
+        sources={
+            "fsdp_units": _TITAN_UNITS[version][2],
+            "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
+            "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."
+                       f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
+                       f"all-to-all in fp32), {TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
+                       f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
+            "step_replayed": f"not replayed: FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {TORCH_V}",
+            "keeps_last_reduce_scatter_input": (f"{RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
+                                                if version == "9dec370" else RS_INPUT_DROPPED),
+            "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {TORCH_V}",
+            "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
+                          f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad "
+                          f"in reduce_dtype under PP), {TORCH_V}",
+            "shard_weight_bytes": f"torchtitan builds the model in fp32; FSDP2 MixedPrecisionPolicy(param_dtype=bf16) "
+                                  f"casts when gathering, parallelize_llama.py 320, {_TITAN_OLD}",
+            "master_bytes": "the fp32 sharded parameter is the master (no copy)",
+            "zero1_whole_tensors": "torchtitan shards with FSDP2 only",
+            "zero_as_fsdp2": f"parallelize_llama.py 324-339 (fully_shard every block; reshard_after_forward = not "
+                             f"pp_enabled), {_TITAN_OLD}; torchtitan/distributed/fsdp.py 112-136, b5bcd76c; "
+                             f"torch/distributed/pipelining/stage.py 844-847, {TORCH_V}",
+            "adam_step_scratch": f"torchtitan/optimizer.py 132-138 (foreach unless --optimizer.fused), {_TITAN_OLD}; "
+                                 f"torch/optim/adam.py 760-790, {TORCH_V}; fused AdamW by default since 6e498855 "
+                                 f"(2025-02-24, config_manager.py --optimizer.implementation default \"fused\"; "
+                                 f"bbb1b616 config_manager.py 240-243): torch._fused_adamw_ updates in place "
+                                 f"(torch/optim/adam.py 802-877, {TORCH_V}), no scratch",
+            "loss": f"train.py 131-138 cross_entropy(pred.float()), `del pred` before backward, {_TITAN_OLD}; "
+                    f"the same and still not compiled at 54ef4222 (2025-03-12; torchtitan/train.py 324-331, "
+                    f"components/loss.py 10-18, its compile commented out), the torchtitan 0.0.2 of torchao's H100 "
+                    f"float8 benchmarks (torchao 8c81863b); {MEMTRACKER}: kept 2.00, peak 5.97",
+            "loss_vocab_parallel": f"parallelize_llama.py 138-142 (loss_parallel), {_TITAN_OLD}; torch/distributed/"
+                                   f"tensor/parallel/loss.py 197-222, {TORCH_V}; {MEMTRACKER}: kept 2.00, peak 7.97",
+            "loss_compiled": f"train.py torch.compile(loss_fn) under training.compile, bbb1b616; "
+                             f"torchtitan/components/loss.py 25-30, 2c8b5947; "
+                             f"torchtitan/components/loss.py 242-252, b5bcd76c (none at {_TITAN_OLD}); "
+                             f"inductor's generated code on CPU, torch 2.13 (scripts/compiled_loss.py): kept 1.00, "
+                             f"peak 2.00 (the saved bf16 logits and their bf16 gradient)",
+            "compiles_model": _TITAN_COMPILES[version],
+            "runs_instead": "it compiles (compiles_model)",
+            "tp_saves_gathered_input": f"parallelize_llama.py 117-191 (apply_tp), {_TITAN_OLD}; torch/distributed/"
+                                       f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {TORCH_V}",
+            **TORCH_PIPELINING_SOURCES,
+            "outputs_held_to_step_end": _TITAN_OUTPUTS[version][1],
+            "recompute_whole_forward": "torchtitan/distributed/activation_checkpoint.py (early_stop=False), b5bcd76c",
+            "overlaps_grad_reduce": f"FSDP2 reduce-scatter on its own stream, {TORCH_V}",
+            "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {TORCH_V}",
+            "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}; "
+                          f"what it fuses: torch/_inductor/fx_passes/micro_pipeline_tp.py 782-910, 957-1175, how the "
+                          f"fused op runs: torch/distributed/_symmetric_memory/__init__.py 146-294, 325-440, 1254-1320, "
+                          f"torch 2.13.0 (planner/cost/asynctp.py)",
+            "float8": f"torchtitan/float8.py Float8Handler (every nn.Linear but `output`), {_TITAN_OLD}; "
+                      f"torchtitan/components/quantization/float8.py, utils.py module_filter_fn, e7c0cae; "
+                      f"torchao/float8/float8_linear.py 61-200 (three float8 GEMMs), {TORCHAO_V}",
+            "float8_memory": f"torchao/float8/float8_linear.py 77 (save_for_backward(input_hp, weight_hp_t)), 330-358 "
+                             f"(the weight cast before it: the saved weight is float8), {TORCHAO_V}",
+            "cublas_workspace_bytes": "not sourced",
+            **AFTER_STEP_NOT_READ,
+            "step_shard_bytes": "gradient clipping's foreach norm and multiply (12 B), torch/nn/utils/clip_grad.py 95, "
+                                f"173, {TORCH_V}; torchtitan/utils.py 348-404, train.py 311-316, {_TITAN_OLD}"
+                                + ("; foreach AdamW's 52 B beyond the fused step (optimizer.py 132-138; torch/optim/"
+                                   f"adam.py 691-724, 770-799, {TORCH_V})" if version == "9dec370" else
+                                   "; AdamW fused by default (b5bcd76c torchtitan/components/optimizer/optimizer.py "
+                                   "110-111): the profile's step"),
+            **MODEL_CODE_KERNELS,
+        })

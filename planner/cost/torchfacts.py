@@ -1,0 +1,71 @@
+"""Facts of torch itself that every runtime built on it shares (planner/cost/runtimes.py's records
+read them): the torch version read, its pipelining's buffers, FSDP2's reduce-scatter state beside a
+pipeline, the loss under torch.compile, each with the file and version it was read from."""
+
+from __future__ import annotations
+
+from planner.cost.runtime_facts import LossRegion
+
+TORCH_V = "torch 2.13.0 (cf30153c)"
+
+PIPELINING_OUTPUTS = "torch/distributed/pipelining/stage.py forward_one_chunk appends the output to output_chunks, schedules.py step() merges them (torch.cat) and returns them; clear_runtime_states empties them as the next step begins"
+
+MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (scripts/bench_loss_region.py)"
+
+TORCH_PIPELINING = dict(
+    stage_input_in_receive_buffer=True, input_receive_buffers="per-microbatch",
+    output_grad_buffers_per_microbatch=True, frees_sent_output=False, batch_held="whole-batch",
+    sends_held_to_step_end=True,
+)
+
+TORCH_PIPELINING_SOURCES = {
+    "stage_input_in_receive_buffer": f"torch/distributed/pipelining/stage.py 902-916, {TORCH_V}; measured on ckplan's runtime",
+    "input_receive_buffers": f"torch/distributed/pipelining/stage.py 1285-1291, 1428, {TORCH_V}",
+    "output_grad_buffers_per_microbatch": f"torch/distributed/pipelining/stage.py 1285-1291, {TORCH_V}",
+    "frees_sent_output": f"torch/distributed/pipelining/stage.py 902-916, 966 (fwd_cache to the backward), {TORCH_V}",
+    "batch_held": f"torch/distributed/pipelining/schedules.py 489-499 (the whole batch split), {TORCH_V}",
+    "sends_held_to_step_end": "measured on ckplan's runtime (torch's _PipelineScheduleRuntime waits for sends at the step end)",
+    "outputs_held_to_step_end": f"planner/runtime/worker.py 203 (schedule.step(..., return_outputs=False)); torch/distributed/pipelining/stage.py 906-908 (appended only where save_forward_output), {TORCH_V}",
+}
+
+# The after-step facts (afterstep.py) where they were not read: nothing charged past the step.
+AFTER_STEP_NOT_READ = {
+    "keeps_last_input_and_grad": "not read for this runtime (nothing charged after the step)",
+    "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
+    "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
+    "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
+}
+
+# The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are
+MODEL_CODE_KERNELS = {"fused_kernels": "the model code's own ops (eager, or inductor's under --compile): the "
+                                        "profile's passes as made"}
+
+# torchtitan's loss under torch.compile, read from the code inductor generates for it (scripts/
+# compiled_loss.py; planner/profiler/inductor_buffers.py replays each wrapper's empty_strided
+# allocations and dels; torch 2.13.0, CPU, 2,048 tokens x 4,096 vocab): AOTAutograd's partition
+# saves the bf16 logits themselves, the per-token max and log-sum-exp (fp32) and a scalar; the fp32
+# upcast and the log-softmax are fused into the reductions and never materialised. The backward
+# allocates one bf16 gradient of the logits. Kept 1.0010, peak 2.0015 x the bf16 logits (8 B per
+# token beyond the logits: under 1e-4 of them at a 32k+ vocabulary). What is saved is decided
+# before code generation (torch/_functorch/partitioners.py), so it holds on CUDA; what is device
+# dependent is the reductions' code: Triton splits a reduction only over fewer rows than SMs x 64
+# (torch/_inductor/ir.py 1387-1497 Reduction.num_splits; the CPU backend reduces to one element and
+# never splits), into fp32 partials of rows x splits: per-token sized, not logits-sized. No GPU or
+# Triton was at hand to generate the CUDA code itself. MemTracker (the 2.00 / 5.97 measured before)
+# does not see the compiled region's buffers. Only the whole-vocabulary loss is compiled; under TP
+# the vocab-parallel one applies.
+COMPILED_LOSS = LossRegion(kept_x=1.0, peak_x=2.0)
+
+# FSDP2's reduce-scatter state beside torch's pipelining (RuntimeFacts.keeps_last_reduce_scatter_input)
+RS_INPUT_KEPT = ("torch 2.6.0 (git 2236df17, the release of torch 1963fc8's month): pipelining/stage.py 636-652 "
+                  "run_post_backward calls each FSDP2 group's post_backward but not the root's "
+                  "_root_post_backward_final_callback, so fsdp/_fully_shard/_fsdp_param_group.py 408-437 leaves the "
+                  "last group's reduce_scatter_input in comm_ctx.reduce_scatter_state until the next step's last "
+                  "backward (_fsdp_state.py 302-308 drops it only in that callback); pytorch#144535 (2025-01-10) added "
+                  "the call")
+
+RS_INPUT_DROPPED = ("torch since pytorch#144535 (2025-01-10) calls the root's _root_post_backward_final_callback after "
+                     f"the pipeline's manual post-backward, which drops the reduce-scatter state (pipelining/stage.py "
+                     f"1188-1191, {TORCH_V})")
+
+TORCHAO_V = "torchao v0.11.0 (f34b473e)"
