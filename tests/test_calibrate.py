@@ -112,6 +112,8 @@ def test_merged_keeps_other_placements_and_replaces_the_same_one():
     (1, 2, 2, (1, "plan")),
     (1, 4, 2, (1, "plan")),  # more ranks than cores: one thread each, the least there is
     (None, 2, 8, (4, "cpu_count")),
+    (None, 4, 2, (1, "cpu_count")),  # a 4-stage plan without threads on 2 cores (test_gpt_runs_in_stages had it)
+    (None, 4, 16, (4, "cpu_count")),
     (2, 2, 8, (2, "plan")),
 ])
 def test_launch_threads_never_oversubscribe_by_default(profile_threads, ranks, cores, expected):

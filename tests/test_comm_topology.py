@@ -205,13 +205,13 @@ def test_a_fake_hf_profile_records_its_sequence_length_so_plans_report_tokens_pe
     config = tmp_path / "tiny" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-                                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
                                   "vocab_size": 256, "max_position_embeddings": 128}))
-    out = tmp_path / "f.json"
+    out = tmp_path / "f.json"  # one decoder layer: the fake profile's time is its every recompute option's
     made = CliRunner().invoke(cli, ["profile", "--hf-config", str(config.parent), "--fake", "--seq-len", "32",
                                     "--micro-batch-size", "2", "--out", str(out)])
     assert made.exit_code == 0, made.output
-    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(out), "--layers-per-stage", "4",
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(out), "--layers-per-stage", "3",
                                       "--ckpt-per-stage", "0", "--microbatches", "3", "--mem", "80GB", "--json",
                                       "--time-limit", "10"])
     assert result.exit_code == 0, result.output

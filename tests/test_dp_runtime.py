@@ -4,12 +4,9 @@ to the optimizer it replaces."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from click.testing import CliRunner
 from conftest import ROOT
 from fixtures.cli import run_ok
@@ -19,7 +16,6 @@ from planner import io
 from planner.cli import cli
 from planner.cost import dataparallel
 from planner.runtime import run_plan
-from planner.runtime.launcher import _free_port
 from planner.runtime.mesh import Layout, device_mesh
 from planner.runtime.offload import OffloadOptimizer
 from planner.runtime.reference import against_reference
@@ -40,28 +36,23 @@ def test_layout_dp4_shard_group2():
     assert [layout.stage_of(rank) for rank in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
-def _mesh_groups(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="4")
-    dist.init_process_group("gloo", rank=rank, world_size=4)
-    mesh = device_mesh(Layout(stages=1, dp=4, shard=2), "cpu")
-    groups = {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in ("shard", "replicate")}
-    queue.put((rank, groups))
-    dist.destroy_process_group()
-
-
-@pytest.mark.slow
 def test_device_mesh_process_groups_dp4_shard_group2():
-    """The groups torch's device mesh makes (gloo, 4 processes) are the ones the layout names."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    port = _free_port()
-    procs = [context.Process(target=_mesh_groups, args=(rank, port, queue)) for rank in range(4)]
-    for proc in procs:
-        proc.start()
-    found = dict(queue.get(timeout=60) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=30)
+    """The groups torch's device mesh makes for each of 4 ranks are the ones the layout names.
+    Each rank's view is made in this process over torch's fake process group (the groups are
+    the mesh's arithmetic, whatever the backend); 4 gloo processes on this layout train like one
+    process in test_dp_x_pp_trains_like_one_process_and_holds_the_predicted_static_memory (dp 4,
+    shard group 2)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
     layout = Layout(stages=1, dp=4, shard=2)
+    found = {}
+    for rank in range(4):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+        try:
+            mesh = device_mesh(layout, "cpu")
+            found[rank] = {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in ("shard", "replicate")}
+        finally:
+            dist.destroy_process_group()
     for rank, groups in found.items():
         assert groups["shard"] == next(group for group in layout.shard_groups(0) if rank in group)
         assert groups["replicate"] == next(group for group in layout.replica_groups(0) if rank in group)

@@ -1,5 +1,5 @@
 """Multi-process runs on CPU (gloo): the pipeline trains exactly like one process, the
-bundled GPT runs in 2 and 4 stages, and a failing rank ends the job cleanly."""
+bundled GPT runs in stages, and a failing rank ends the job cleanly."""
 
 from __future__ import annotations
 
@@ -139,7 +139,11 @@ def test_mlp_peak_per_stage_is_the_prediction(tmp_path):
         assert abs(measured - predicted) <= 0.01 * predicted, (stage.index, measured, predicted)
 
 
-@pytest.mark.parametrize("num_stages", [2, 4])
+# 2 stages: 4 (a GPT's middle stages of blocks alone, 4 ranks) proved nothing more at twice the
+# cost: 4-stage pipelines with weightless and weighted middle stages train like one process in
+# test_pipeline_trains_like_one_process and test_tied_embedding_and_head_train_like_one_process, and
+# the threads per rank at every stage count are test_calibrate's placement table
+@pytest.mark.parametrize("num_stages", [2])
 def test_gpt_runs_in_stages(num_stages):
     per = len(GPT_LAYERS) // num_stages
     cuts = [GPT_LAYERS[i * per:(i + 1) * per] for i in range(num_stages - 1)] + [GPT_LAYERS[(num_stages - 1) * per:]]
