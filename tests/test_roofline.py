@@ -148,6 +148,11 @@ def test_analytic_and_fake_profiles_agree_on_every_layers_time(tmp_path, name, d
             for field in ("fwd_ms", "bwd_ms", "weight_cast_ms", "transient_bytes"):
                 assert getattr(mine.float8, field) == pytest.approx(getattr(theirs.float8, field), rel=0.05), field
             assert mine.float8.recompute_ms["full"] == pytest.approx(theirs.float8.recompute_ms["full"], rel=0.05)
+        # the block on Transformer Engine's fused kernels (--runtime megatron): the same record on both
+        assert (mine.te_time is None) == (theirs.te_time is None), mine.name
+        if mine.te_time is not None:
+            assert theirs.te_time == mine.te_time
+    assert sum(layer.te_time is not None for layer in fake.layers) == 1
     assert ours.loss_ms == pytest.approx(fake.loss_ms, rel=0.05)  # eager cross-entropy: 36 B per logit
     assert ours.assumptions["mfu"] is None and 0.5 < ours.assumptions["mfu_implied"] < 0.8
 

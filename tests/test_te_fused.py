@@ -183,3 +183,18 @@ def test_the_whole_job_search_times_megatron_as_evaluate_does():
     as_megatron, _ = profiles.for_setup(profile, layers, _setup("megatron"))
     assert as_megatron.layers[1].fwd_ms == profile.layers[1].te_time.fwd_ms
     assert profiles.for_setup(profile, layers, _setup("torchtitan"))[0] is profile
+
+
+def test_a_fake_profiles_blocks_are_its_repeated_class_and_named_when_untimed():
+    """A fake profile's kinds are the model's class names: its blocks are the kind that repeats (the
+    embedding and head are one each); without a record they are named as timed as profiled."""
+    from planner.cost.fusedkernels import blocks
+
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    renamed = [layer.model_copy(update={"kind": "LlamaDecoderLayer" if layer.kind == "decoder_block"
+                                        else f"{layer.kind.title()}Module"}) for layer in profile.layers]
+    fake_like = profile.model_copy(update={"layers": renamed})
+    assert [layer.name for layer in blocks(fake_like)] == ["layers.0", "layers.1"]
+    assert untimed_layers(fake_like) == []  # the records an --hf-config's fake profile carries
+    bare = fake_like.model_copy(update={"layers": [layer.model_copy(update={"te_time": None}) for layer in renamed]})
+    assert untimed_layers(bare) == ["layers.0", "layers.1"]

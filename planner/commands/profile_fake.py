@@ -34,6 +34,7 @@ def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu:
                        micro_batch_size=micro_batch_size, gpu=spec, arch_config=arch_config)
     if seq_len is not None:
         profile = profile.model_copy(update={"assumptions": {**profile.assumptions, "seq_len": seq_len}})
+        profile = _blocks_on_te(profile, arch_config, model_file, seq_len, micro_batch_size, spec)
     io.save_profile(profile, out)
     _report(profile, out)
 
@@ -145,6 +146,23 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
         loss_alloc=measurement.loss_alloc,
     )
     return _with_host_step(profile)
+
+
+def _blocks_on_te(profile, arch_config: dict | None, model_file: str, seq_len: int, micro_batch_size: int, gpu):
+    """The profile with its dense blocks' passes on Transformer Engine's fused kernels recorded
+    (te_fused.fake_blocks_on_te), where the Hugging Face config reads as an architecture."""
+    from planner.models import archconfig
+    from planner.profiler import te_fused
+    from planner.profiler.formulas import Shape
+
+    if arch_config is None:
+        return profile
+    try:
+        arch = archconfig.from_hf_config(arch_config, where=model_file, name=Path(model_file).stem)
+    except UserError:
+        return profile  # a shape the reader does not read: timed as profiled, evaluate says so
+    shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size)
+    return profile.model_copy(update={"layers": te_fused.fake_blocks_on_te(profile.layers, arch, shape, gpu)})
 
 
 def _report(profile, out: Path) -> None:

@@ -137,16 +137,18 @@ def setting_notes(profile, *, runtime: str, settings: dict, say) -> None:
 
 def _fused_kernels_note(profile, record) -> str:
     """What the runtime's fused kernels change (planner/cost/fusedkernels.py), and the blocks left as profiled."""
+    from planner.cost.fusedkernels import blocks as profile_blocks
     from planner.cost.fusedkernels import untimed_layers
 
     untimed = untimed_layers(profile)
-    blocks = sum(1 for layer in profile.layers if layer.kind in ("decoder_block", "moe_block"))
+    blocks = len(profile_blocks(profile))
     said = (f"--runtime {record.name}: {blocks - len(untimed)} of {blocks} blocks timed on Transformer Engine's fused "
             "norms, rotary and activations, attention at cuDNN's published rate where the GPU has one "
             "(planner/profiler/te_fused.py)")
     if untimed:
         said += (f"; {len(untimed)} ({untimed[0]}, ...) timed as the profile's own passes: the profile records no fused "
-                 "time for them (an analytic dense-block profile made without --mfu does)")
+                 "time for them (an analytic dense-block profile made without --mfu does, and a --fake profile "
+                 "of a --hf-config whose architecture ckplan reads)")
     return said
 
 

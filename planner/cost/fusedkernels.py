@@ -6,11 +6,14 @@ records the block's passes on those kernels (LayerProfile.te_time, planner/profi
 `fused_profile` puts them in place of the layer's forward, backward and full rerun, and the record's
 Float8 times (TE's fused linears: one input cast each) in place of the layer's; where the record has
 none, the layer's Float8 record moves by the same differences (its times are the eager passes' with the
-linears in FP8, and Float8 changes no norm or activation). A layer without a record keeps its times (fake and measured
-profiles, MoE blocks, profiles made before): `untimed_layers` names them for the command to say.
+linears in FP8, and Float8 changes no norm or activation). A layer without a record keeps its times (measured profiles,
+fake profiles of a model file or of a config the architecture reader does not read, MoE blocks, profiles
+made before): `untimed_layers` names them for the command to say.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from planner.schema import OPTION_FULL, LayerProfile, Profile
 
@@ -26,9 +29,18 @@ def fused_profile(profile: Profile, fused_kernels: str | None) -> Profile:
     return profile.model_copy(update={"layers": layers})
 
 
+def blocks(profile: Profile) -> list[LayerProfile]:
+    """The profile's blocks: an analytic profile's block kinds; in a fake or measured profile, whose
+    kinds are the model's class names, the layers that hold a record or whose kind repeats (the
+    model's block class; its embedding and head are one each)."""
+    counts = Counter(layer.kind for layer in profile.layers)
+    return [layer for layer in profile.layers
+            if layer.kind in BLOCK_KINDS or layer.te_time is not None or counts[layer.kind] > 1]
+
+
 def untimed_layers(profile: Profile) -> list[str]:
     """The blocks with no record of their passes on Transformer Engine's kernels."""
-    return [layer.name for layer in profile.layers if layer.kind in BLOCK_KINDS and layer.te_time is None]
+    return [layer.name for layer in blocks(profile) if layer.te_time is None]
 
 
 def _timed(layer: LayerProfile) -> LayerProfile:

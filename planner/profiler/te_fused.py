@@ -143,3 +143,17 @@ def te_attention_gpu(gpu):
     if not gpu.te_attention_efficiency:
         return gpu
     return dataclasses.replace(gpu, attention_efficiency=gpu.te_attention_efficiency, attention_by_seq=())
+
+
+def fake_blocks_on_te(layers: list, arch, shape, gpu) -> list:
+    """A fake profile's layers with the record an analytic profile of `arch` gives its dense blocks
+    (te_time) on each layer that is one: a layer holding exactly the arch's dense block's parameters.
+    The fake profile ran the model code's eager modules (Hugging Face's), which Megatron-LM does not
+    run; its blocks on TE's kernels are the analytic block's, so that analytic and fake profiles of one
+    architecture time alike under --runtime megatron. MoE layers and layers of another size keep none."""
+    from planner.profiler import analytic_time, formulas
+
+    dense = formulas.block_params(arch, shape, moe=False)
+    passes = analytic_time.block_work(arch, shape, moe=False)
+    return [layer.model_copy(update={"te_time": te_time(arch, shape, gpu, passes, moe=False, prefix=layer.name)})
+            if layer.param_count == dense and layer.te_time is None else layer for layer in layers]
