@@ -45,13 +45,14 @@ def llm_profile(num_blocks: int = 8, *, options: bool = False, kind: str = "Bloc
 
 
 def make_plan(profile, profile_path, sizes: list[int], checkpointed: set[str], *, cap_mib: float = 1000,
-              microbatches: int = 6, schedule: str = "1F1B") -> Plan:
-    """Stages of `sizes` layers (all layers counted), the named layers checkpointed."""
+              microbatches: int = 6, schedule: str = "1F1B", runtime: str = "ckplan") -> Plan:
+    """Stages of `sizes` layers (all layers counted), the named layers checkpointed, scored for
+    `runtime` (a plan exported to a framework exactly is one solved for its runtime)."""
     bounds = [sum(sizes[:s]) for s in range(len(sizes))]
     flags = [layer.name in checkpointed for layer in profile.layers]
     stages = costmodel.split_to_stages(bounds, flags, profile)
     setup = TrainSetup(stages=len(sizes), microbatches=microbatches, micro_batch_size=1, schedule=schedule,
-                       mem_caps_bytes=[int(cap_mib * MIB)] * len(sizes), precision="bf16-mixed")
+                       mem_caps_bytes=[int(cap_mib * MIB)] * len(sizes), precision="bf16-mixed", runtime=runtime)
     cost = costmodel.evaluate(stages, profile, setup)
     return Plan(created_at="1970-01-01T00:00:00Z", model=FileRef(file="m.py", sha256="0" * 64),
                 profile=io.file_ref(profile_path), device=profile.device, dtype=profile.dtype, setup=setup,
@@ -73,7 +74,7 @@ def write(tmp_path, sizes, checkpointed, **kwargs):
 
 def make_chunked_plan(profile, profile_path, sizes: list[int], recompute: dict[str, str], *, schedule: str,
                       chunks: int = 2, microbatches: int = 4, cap_mib: float = 1000,
-                      profile_source: str = "measured") -> Plan:
+                      profile_source: str = "measured", runtime: str = "ckplan") -> Plan:
     """A plan of P·V pipeline stages of `sizes` layers (pipeline order, all layers counted) on
     len(sizes) // chunks ranks as `schedule` places them, layers recomputing as `recompute` says."""
     num_ranks = len(sizes) // chunks
@@ -81,7 +82,8 @@ def make_chunked_plan(profile, profile_path, sizes: list[int], recompute: dict[s
     stages = [StagePlan(index=k, layers=s.layers, recompute={n: recompute[n] for n in s.layers if n in recompute})
               for k, s in enumerate(costmodel.split_to_stages(bounds, [0] * len(profile.layers), profile))]
     setup = TrainSetup(stages=num_ranks, microbatches=microbatches, micro_batch_size=1, schedule=schedule,
-                       chunks=chunks, mem_caps_bytes=[int(cap_mib * MIB)] * num_ranks, precision="bf16-mixed")
+                       chunks=chunks, mem_caps_bytes=[int(cap_mib * MIB)] * num_ranks, precision="bf16-mixed",
+                       runtime=runtime)
     ranks = costmodel.ranks_of(stages, setup)
     cost = costmodel.evaluate(ranks, profile, setup)
     return Plan(created_at="1970-01-01T00:00:00Z", model=FileRef(file="m.py", sha256="0" * 64),

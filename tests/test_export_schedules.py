@@ -139,7 +139,7 @@ def test_megatron_core_reads_the_layout_as_the_plans_ranks_and_chunks(tmp_path):
                                                 ("ZBV", "ZBVZeroBubble"), ("DualPipeV", "DualPipeV")])
 def test_torchtitan_names_the_schedule_and_lists_the_pipeline_stages(tmp_path, schedule, name):
     profile, plan, path = write_chunked(tmp_path, SIZES, RECOMPUTE, schedule=schedule,
-                                        microbatches=4)
+                                        microbatches=4, runtime="torchtitan")
     result = torchtitan.export(plan, profile, plan_file=str(path), base="m:f")
     assert f'pipeline_parallel_schedule = "{name}"' in result.text
     assert result.rounded.changes == [] and result.scored.rounded == result.scored.exact

@@ -184,7 +184,7 @@ def test_torchtitan_checkpoints_each_layers_parts_as_the_plan_says(tmp_path):
 
     recompute = {name: option for name, option in (MIXED | {"layers.7": "norm", "layers.1": "mlp"}).items()
                  if name != "layers.4"}
-    profile, plan, path = _write(tmp_path, recompute)
+    profile, plan, path = _write(tmp_path, recompute, runtime="torchtitan")
     result = torchtitan.export(plan, profile, plan_file=str(path), base="ckplan_base:base")
     assert result.rounded.changes == [] and result.scored.rounded == result.scored.exact  # the plan exactly
     module = _load_titan_export(tmp_path, result.text)

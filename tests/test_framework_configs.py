@@ -34,7 +34,7 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # Then the settings the readers now pass on: the torchtitan 8B TOML's op-level SAC (every block
 # op-sac, was scored as no recompute) lowers its peak from main's 64,062,497,796 and reserve from
 # 75,369,545,728; the 405B TOML's compile and AsyncTP change no byte (its compiled loss region is
-# the measured eager one, torchfacts.COMPILED_LOSS; AsyncTP is time only): its iteration is pinned below.
+# the measured eager one, runtime_shared.COMPILED_LOSS; AsyncTP is time only): its iteration is pinned below.
 # Then the gpt3 YAML's rank 0 went back to the divisor (2,088,763,392 -> 2,405,433,344): the replay
 # orders ckplan's runtime's step, not Megatron-LM's (RuntimeFacts.step_replayed).
 # Its rank 0 then holds its learned position table (--max-position-embeddings 1024 x 512,
@@ -363,7 +363,7 @@ def test_torchtitan_compile_sets_the_setup_and_compiles_the_loss():
     compiled = predict(_titan(compile={"enable": True}), gpus=8, gpu_name="h100")
     assert compiled.setup.training.compile
     assert any("compiles the loss" in note for note in compiled.notes)
-    # the loss region charged is the runtime's compiled one (its measured multiples: torchfacts.COMPILED_LOSS)
+    # the loss region charged is the runtime's compiled one (its measured multiples: runtime_shared.COMPILED_LOSS)
     record = runtimes.facts("torchtitan", None)
     assert rules.runtime_loss(compiled.profile, compiled.setup)[1] is record.loss_compiled is not None
 

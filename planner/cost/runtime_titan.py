@@ -5,7 +5,7 @@ in which dtype and when it frees, each fact with the file, lines and commit it w
 from __future__ import annotations
 
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
-from planner.cost.torchfacts import (
+from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     COMPILED_LOSS,
     MEMTRACKER,

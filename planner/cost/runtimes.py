@@ -8,7 +8,7 @@ framework's behaviour changed across versions (torchtitan's loss, compiled since
 transformers loss ColossalAI's Hugging Face models run), the version is the setup's
 `training.runtime_version` (--runtime-version), defaulting to the newest read here.
 torchtitan's record, one per version, is planner/cost/runtime_titan.py; the facts of torch itself
-that the records share (its pipelining, FSDP2 beside it, the compiled loss) planner/cost/torchfacts.py.
+that the records share (its pipelining, FSDP2 beside it, the compiled loss) planner/cost/runtime_shared.py.
 
 Versions read (docs/framework-facts.md): Megatron-LM d98e8a64 (2026-08-22); torchtitan 9dec370
 (2024-12-26), bbb1b616 (2025-04-02), 2c8b5947 (2025-08-08), b5bcd76c (2026-08-21); torch 2.13.0 (cf30153c); DeepSpeed
@@ -33,7 +33,7 @@ from dataclasses import fields
 
 from planner.cost import runtime_titan
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
-from planner.cost.torchfacts import (
+from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     MEMTRACKER,
     MODEL_CODE_KERNELS,
