@@ -139,8 +139,13 @@ def _fused_kernels_note(profile, record) -> str:
     """What the runtime's fused kernels change (planner/cost/fusedkernels.py), and the blocks left as profiled."""
     from planner.cost.fusedkernels import untimed_layers
 
-    untimed = untimed_layers(profile)
     blocks = sum(1 for layer in profile.layers if layer.kind in ("decoder_block", "moe_block"))
+    if not blocks:  # fake and measured profiles name their layers' kinds by class, and record no fused times
+        return (f"--runtime {record.name}: the {profile.source} profile records no layer's passes on Transformer "
+                f"Engine's fused norms, rotary and activations, so its {len(profile.layers)} layers are timed as the "
+                "profile's own passes, slower than Transformer Engine runs them (an analytic dense-block profile "
+                "made without --mfu records them)")
+    untimed = untimed_layers(profile)
     said = (f"--runtime {record.name}: {blocks - len(untimed)} of {blocks} blocks timed on Transformer Engine's fused "
             "norms, rotary and activations, attention at cuDNN's published rate where the GPU has one "
             "(planner/profiler/te_fused.py)")
