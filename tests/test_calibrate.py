@@ -387,3 +387,10 @@ def test_calibrate_refuses_to_write_over_the_plans_profile_before_any_work(tmp_p
     result = run("calibrate", str(plan_path), "--out", str(tmp_path / "llm.json"))
     assert result.exit_code == 1 and "plan's profile" in result.output
     assert (tmp_path / "llm.json").read_bytes() == before
+
+
+def test_sharing_scale_never_makes_ranks_beside_each_other_faster_than_one_alone():
+    # a profile on 2 shared cores timed the model beside a copy at 18.9 ms against 29.9 ms alone: x0.633
+    # scaled every stage's compute down and predicted a 2-rank launch at 38 ms that measured 176 ms
+    device = DeviceInfo(type="cpu", name="x", threads=2, shared_ms={1: 29.9, 2: 18.9})
+    assert calibrate.sharing_scale(device, ranks=2, threads=1, cores=2) == 1.0

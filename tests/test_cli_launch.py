@@ -222,3 +222,22 @@ def test_a_chunked_plan_that_offloads_is_refused_before_any_rank_starts(tmp_path
                      "not interleaved-1F1B with 2 chunks per rank")
     # validate replays one stage a rank: a chunked plan is refused first, whatever it holds
     _one_clean_error(_invoke("validate", str(path)), "runs interleaved-1F1B (2 stages a rank)", "ckplan launch")
+
+
+def test_launchs_time_table_counts_selective_options_as_solve_does():
+    """A stage whose plan recomputes two layers under selective options ('attn,mlp 1, mlp 1') and
+    checkpoints none whole was shown 'ckpt 0/3', as if the plan recomputed nothing there."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from planner.commands.launch import time_table
+
+    times = SimpleNamespace(time_ms=2.0, step_ms=1.0, fwd_ms=1.0, bwd_ms=1.0)
+    report = SimpleNamespace(strategy="ckplan", stages=[SimpleNamespace(index=0, predicted=times, measured=times)])
+    stage = SimpleNamespace(layers=["embed", "blocks.0", "blocks.1"], checkpointed=[],
+                            recompute={"blocks.0": "attn,mlp", "blocks.1": "mlp"})
+    console = Console(width=200, record=True)
+    console.print(time_table(report, [stage]))
+    row = next(line for line in console.export_text().splitlines() if line.startswith("│ 0 "))
+    assert row.split("│")[2].strip() == "2/3"

@@ -417,4 +417,14 @@ def test_scored_for_torchtitan_any_zero_stage_runs_as_fsdp2_kept_whole_beside_th
     assert "--runtime torchtitan: ZeRO-1 runs as FSDP2" in result.output
     plan = io.load_plan(tmp_path / "p.yaml")
     assert (plan.setup.data_parallel.zero, plan.setup.data_parallel.zero_gather) == (3, "per-iteration")
-    assert "scored for torchtitan's runtime" in result.output
+    assert "scored for torchtitan's runtime" in " ".join(result.output.split())
+
+
+def test_solves_title_names_the_data_parallel_setup_as_evaluates_does(profile_path, tmp_path):
+    # the plan's title said "3 stages, ..., scored for ckplan's runtime" with no word of --dp / --zero
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(profile_path), "--stages", "3", "--mem", "200MiB",
+                                      "--dp", "4", "--zero", "1", "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 0, result.output
+    title = " ".join(result.output[result.output.index("ckplan plan:"):].split())
+    assert title.startswith("ckplan plan: 3 stages,")
+    assert ", dp 4, ZeRO-1 in shard groups of 4, scored for ckplan's runtime" in title

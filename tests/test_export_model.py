@@ -125,3 +125,23 @@ def test_exports_without_a_sequence_setting_say_the_length_the_plan_is_for(tmp_p
     run_ok("export", str(plan), "--to", target)
     text = (tmp_path / f"plan.{target}.py").read_text()
     assert "# The plan's memory and times are for sequences of 4096 tokens" in text
+
+
+def test_megatron_export_of_a_config_without_rope_theta_says_to_write_it_into_the_config(tmp_path):
+    """A config that names no rope_theta, profiled today: the refusal said to re-create the profile
+    with this ckplan, which gave the same profile and the same refusal."""
+    import json
+
+    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1024, "rms_norm_eps": 1e-05,
+              "max_position_embeddings": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    profile, plan = tmp_path / "a.json", tmp_path / "plan.yaml"
+    run_ok("profile", "--arch-config", str(tmp_path / "config.json"), "--seq-len", "256", "--out", str(profile))
+    run_ok("solve", "--profile", str(profile), "--stages", "2", "--precision", "bf16-mixed", "--out", str(plan))
+    result = run("export", str(plan), "--to", "megatron")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "(the --arch-config it was made from names none, or an older ckplan made it)" in said
+    assert "write the model's rope_theta into the config and profile it again" in said
+    assert not (tmp_path / "plan.megatron.sh").exists()

@@ -109,3 +109,25 @@ def test_torch_1963fc8s_pipeline_keeps_each_stages_last_reduce_scatter_input(tin
         costs = [stage_cost(mine, [0] * len(mine), stage=0, profile=tiny, setup=setup(v, **fields))
                  for v in ("9dec370", "bbb1b616")]
         assert costs[0].buffer_bytes == costs[1].buffer_bytes
+
+
+def test_evaluate_json_carries_each_stages_step_end_bytes(tiny, tmp_path):
+    # the step's end was scored but evaluate --json gave no step_end_bytes to hold a run against
+    import json
+
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    path = tmp_path / "tiny.json"
+    path.write_text(tiny.model_dump_json())
+    m = 16
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "2,2",
+                                      "--ckpt-per-stage", "0,0", "--microbatches", str(m), "--mem", "80GB",
+                                      "--precision", "bf16-mixed", "--runtime", "torchtitan",
+                                      "--runtime-version", "9dec370", "--json"])
+    assert result.exit_code == 0, result.output
+    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    first, last = found["hand"]["stages"]
+    assert last["step_end_bytes"] == (1 + m) * LOGITS  # the last kept logits and the merge of all M
+    assert first["step_end_bytes"] == 2 * layer_costs(tiny)[1].output_bytes  # 2 in flight, kept; no merge

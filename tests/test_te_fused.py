@@ -174,6 +174,20 @@ def test_the_cli_times_megatron_on_the_fused_kernels_and_says_so(tmp_path):
     assert "2 (layers.0, ...) timed as the profile's own passes" in bare.output
 
 
+def test_a_fake_profiles_class_named_layers_are_said_untimed_not_zero_of_zero(tmp_path):
+    # a fake or measured profile names its layers' kinds by class ("Block", "Phi3DecoderLayer") and records no
+    # fused times: evaluate said "0 of 0 blocks timed on Transformer Engine's fused ..."
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    fake = profile.model_copy(update={"source": "fake", "layers": [
+        layer.model_copy(update={"te_time": None, "kind": "Block"}) for layer in profile.layers]})
+    path = tmp_path / "fake.json"
+    path.write_text(fake.model_dump_json())
+    said = " ".join(_evaluate(path, "megatron").output.split())
+    assert "0 of 0 blocks" not in said
+    assert ("--runtime megatron: the fake profile records no layer's passes on Transformer Engine's fused norms, "
+            "rotary and activations, so its 4 layers are timed as the profile's own passes") in said
+
+
 def test_the_whole_job_search_times_megatron_as_evaluate_does():
     from planner.solve.jobsearch import Profiles
 

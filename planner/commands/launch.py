@@ -223,7 +223,7 @@ def time_table(report, stages):
     for stage, plan_stage in zip(report.stages, stages, strict=True):
         predicted = stage.predicted.time_ms if stage.predicted else None
         measured = stage.measured
-        rows.append([str(stage.index), f"{len(plan_stage.checkpointed)}/{len(plan_stage.layers)}",
+        rows.append([str(stage.index), f"{len(plan_stage.recompute)}/{len(plan_stage.layers)}",  # any option, as solve
                      format_ms(measured.fwd_ms), format_ms(measured.bwd_ms),
                      format_ms(predicted) if predicted else "–", format_ms(measured.time_ms),
                      _error(measured.time_ms, predicted),

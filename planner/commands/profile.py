@@ -363,7 +363,9 @@ def _report(profile, out: Path) -> None:
         copies = max(shared)
         info(f"at 1 thread beside {copies - 1} cop{'ies' if copies > 2 else 'y'} on the other cores: "
              f"{shared[copies]:.1f} ms against {shared[1]:.1f} ms alone (medians): x{shared[copies] / shared[1]:.3g} "
-             "for ranks that compute at once")
+             + ("for ranks that compute at once" if shared[copies] >= shared[1] else
+                "(under 1, the machine's load changed between the two timings: ranks that compute at once are "
+                "charged x1)"))
     profile_options.options_report(profile, "each timed with half the --repeats")
     noisy = noisy_timings(profile)
     if noisy:

@@ -93,9 +93,11 @@ def print_plan(plan, out: Path) -> None:
         ]
         for stage in plan.stages
     ]
+    from planner.commands.evaluate import dp_words
+
     setup = plan.setup
     title = (f"ckplan plan: {setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches × {setup.pipeline.micro_batch_size}, "
-             f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}, "
+             f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}{dp_words(setup)}, "
              f"scored for {setup.training.runtime}'s runtime"
              + (", whole-layer recompute only" if setup.training.recompute == "whole-layer" else ""))
     if setup.pipeline.parallel_stages and setup.pipeline.parallel_stages < setup.pipeline.stages:

@@ -142,6 +142,12 @@ def _fused_kernels_note(profile, record) -> str:
 
     untimed = untimed_layers(profile)
     blocks = len(profile_blocks(profile))
+    if profile.source != "analytic" and not any(layer.te_time is not None for layer in profile.layers):
+        return (f"--runtime {record.name}: the {profile.source} profile records no layer's passes on Transformer "
+                f"Engine's fused norms, rotary and activations, so its {len(profile.layers)} layers are timed as the "
+                "profile's own passes, slower than Transformer Engine runs them (an analytic dense-block profile "
+                "made without --mfu records them, and a --fake profile of an --hf-config whose architecture ckplan "
+                "reads)")
     said = (f"--runtime {record.name}: {blocks - len(untimed)} of {blocks} blocks timed on Transformer Engine's fused "
             "norms, rotary and activations, attention at cuDNN's published rate where the GPU has one "
             "(planner/profiler/te_fused.py)")

@@ -243,9 +243,10 @@ def rope_arguments(model: facts.ModelFacts) -> list[str]:
     otherwise train at its own defaults: another model. Refused where the profile does not
     know them, or Megatron-LM cannot say them."""
     if model.rope_theta is None:
-        raise UserError("this profile does not record the model's rope_theta, and Megatron-LM's default rotary base "
-                        f"({MEGATRON_ROTARY_BASE}) would train another model; re-create the profile with this "
-                        "ckplan's `ckplan profile --arch/--arch-config`")
+        raise UserError("this profile does not record the model's rope_theta (the --arch-config it was made from "
+                        "names none, or an older ckplan made it), and Megatron-LM's default rotary base "
+                        f"({MEGATRON_ROTARY_BASE}) may train another model; write the model's rope_theta into the "
+                        "config and profile it again (`ckplan profile --arch/--arch-config`)")
     if model.rope_theta != int(model.rope_theta):
         raise UserError(f"the model's rope_theta {model.rope_theta:g} is not a whole number, and Megatron-LM's "
                         "--rotary-base takes an integer; this export cannot reproduce the model")

@@ -166,12 +166,14 @@ def sharing_scale(device: DeviceInfo, *, ranks: int, threads: int, cores: int) -
     cores (shared caches and memory bandwidth): the whole model's median at 1 thread beside
     min(ranks, cores) - 1 copies over its median alone, as profile timed it; linear in the
     count between the two, the last measured past it. 1 for ranks of several threads, a
-    rank alone, or a profile that timed none."""
+    rank alone, or a profile that timed none. Never below 1: a copy on another core cannot make
+    a rank faster, so a median beside copies under the one alone is the machine's load changing
+    between the two timings (a profile on 2 shared cores timed x0.633), not a speed-up."""
     shared = device.shared_ms
     at_once = min(ranks, cores)
     if not shared or 1 not in shared or threads != 1 or at_once < 2:
         return 1.0
-    return _interpolated(shared, at_once) / shared[1]
+    return max(1.0, _interpolated(shared, at_once) / shared[1])
 
 
 def _interpolated(timed: dict[int, float], count: int) -> float:
