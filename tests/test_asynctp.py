@@ -122,3 +122,34 @@ def test_evaluate_says_how_many_collectives_async_tp_overlaps(tmp_path):
             assert "AsyncTP overlaps 192 of the profile's 260 collectives" in said
         else:  # all-reduces: never fused
             assert "names no collective torch fuses with a matmul" in said
+
+
+def test_the_symmetric_workspace_is_the_largest_request_of_the_fused_ops():
+    fused = FusedMatmuls(whole_ms=1.0, chunk_ms=0.3)
+    gather = LayerCollective(kind="all-gather", tensor_bytes=4 * 10**8, fwd=1, fused=fused)
+    scatter = LayerCollective(kind="reduce-scatter", tensor_bytes=4 * 10**8, fwd=1, fused=fused)
+    summed = LayerCollective(kind="reduce-scatter", tensor_bytes=8 * 10**8, bwd=1)  # not fused: NCCL's
+    # 4 ranks: the all-gather's shard 1e8 B (bf16), 0.5e8 in float8; the reduce-scatter's two row
+    # chunks of bf16 partials 2 x 1e8 either way (torch 2.6.0 _symmetric_memory 172-175, 336-337)
+    assert asynctp.symmetric_workspace_bytes([gather], 4, float8=False) == 10**8
+    assert asynctp.symmetric_workspace_bytes([gather], 4, float8=True) == 5 * 10**7
+    assert asynctp.symmetric_workspace_bytes([gather, scatter, summed], 4, float8=True) == 2 * 10**8
+    assert asynctp.symmetric_workspace_bytes([summed], 4, float8=False) == 0
+
+
+def test_async_tp_takes_its_workspace_beside_the_reserved_peak_not_in_it():
+    from planner.schema import DeviceInfo
+
+    fused = FusedMatmuls(whole_ms=7.5, chunk_ms=2.0, copy_ms=0.5)
+    gather = LayerCollective(kind="all-gather", tensor_bytes=4 * 10**8, fwd=1, recompute=1, fused=fused)
+    scatter = LayerCollective(kind="reduce-scatter", tensor_bytes=4 * 10**8, fwd=1, recompute=1, fused=fused)
+    one = layer("block", "block", fwd_ms=10.0, act_mib=1, input_mib=1, param_count=10)
+    one = one.model_copy(update={"bwd_ms": 20.0, "collectives": [gather, scatter]})
+    profile = profile_of([one]).model_copy(update={"device": DeviceInfo(type="cuda", name="test gpu")})
+    stages = costmodel.split_to_stages([0], [False], profile)
+    plain, fused_run = (costmodel.evaluate(stages, profile, _setup(overlap)).stages[0] for overlap in ("none", "async-tp"))
+    # one rank, no other group: the TP group's communicator (4 ranks) and, under AsyncTP, the
+    # reduce-scatter's two 1e8 B row chunks
+    assert fused_run.workspace_bytes - plain.workspace_bytes == 2 * 10**8
+    assert (fused_run.peak_bytes, fused_run.reserved_bytes) == (plain.peak_bytes, plain.reserved_bytes)
+    assert fused_run.device_need_bytes - plain.device_need_bytes == 2 * 10**8

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator, dataparallel
+from planner.cost import allocator, asynctp, comm, dataparallel, runtimes
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
@@ -224,7 +224,20 @@ def workspace_bytes(stage: int, ctx: Context) -> int:
         groups += [ep, dp // ep]  # the expert-parallel group and the experts' data-parallel group
     tp = ctx.profile.assumptions.get("tp", 1)
     groups.append(tp if isinstance(tp, int) else 1)
-    return sum(allocator.communicator_bytes(size) for size in groups)
+    return sum(allocator.communicator_bytes(size) for size in groups) + async_tp_workspace_bytes(ctx)
+
+
+def async_tp_workspace_bytes(ctx: Context) -> int:
+    """Where the setup runs its runtime's AsyncTP and the record says the fused ops take a
+    symmetric-memory workspace (RuntimeFacts.async_tp_workspace): its bytes, the largest request of
+    any layer's fused collectives (asynctp.symmetric_workspace_bytes). 0 elsewhere."""
+    setup = ctx.setup
+    if setup.comm.tp <= 1 or comm.tp_overlap_source(setup.comm, setup.training) is None:
+        return 0
+    if setup.comm.tp_overlap != "async-tp" or not runtimes.of(setup.training).async_tp_workspace:
+        return 0
+    return max((asynctp.symmetric_workspace_bytes(layer.collectives, setup.comm.tp, float8=setup.training.float8)
+                for layer in ctx.profile.layers), default=0)
 
 
 def limit_bytes(stage: int, ctx: Context) -> int:

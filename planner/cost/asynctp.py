@@ -26,6 +26,26 @@ the barriers' and launches' latency (microseconds beside milliseconds here).
 
 What a fused op adds to its pass: its pipeline's end, plus its copies (the profile's copy_ms),
 less the matmuls' whole time (already in the pass's compute).
+
+Memory, read at torch 2.6.0 (git 2236df17, the release of the torch 1963fc8 torchtitan 9dec370 ran)
+torch/distributed/_symmetric_memory/__init__.py and torch/_inductor/fx_passes/micro_pipeline_tp.py:
+- the workspace: one symmetric-memory tensor per tensor-parallel group (get_symm_mem_workspace,
+  99-137), grown to the largest request and never shrunk, allocated by
+  `_SymmetricMemory.empty_strided_p2p`, which maps memory with the CUDA driver (cuMemCreate and
+  cuMemMap, torch/csrc/distributed/c10d/CUDASymmetricMemory.cu CUDASymmetricMemoryAllocator::alloc,
+  read at pytorch 07506d39; the C++ of 1963fc8 was not at hand): outside the caching allocator, so in
+  neither torch.cuda's reserved figure nor the allocated one, but taken from the device. An
+  all-gather + matmul asks for its shard's bytes (172-175; the float8 shard under torchao's
+  Float8ColwiseParallel, which casts before the all-gather), a matmul + reduce-scatter for two of
+  its output's row chunks (336-337: two buffers alternate). `symmetric_workspace_bytes`.
+- in the caching allocator, at any batch, the fused ops allocate what the unfused path does: the
+  gathered input whole (A_flat, 534-537, returned for the weight gradients) and the matmuls' outputs
+  (539-542), or the tp partials whole (stacked_partials, 954) and the scattered result. What
+  depends on the layout: the pass makes the shard (and a reduce-scatter's matmul input) contiguous
+  with its gathered dimension first (micro_pipeline_tp.py 566-572, 721-727: force_stride_order), so
+  with the sequence gathered (SP) a batch of b > 1 sequences needs [s/tp, b, h] order, which inductor
+  writes directly where the shard is a kernel it generates (the norms, the float8 casts, SwiGLU's
+  product): a compiled torchtitan block's every fused shard is one. Nothing here is charged.
 """
 
 from __future__ import annotations
@@ -68,3 +88,21 @@ def fused_extra_ms(kind: str, tensor_bytes: float, ranks: int, gb_per_s: float, 
     transfer = tensor_bytes / ranks / (gb_per_s * 1e9) * 1e3
     pipeline = all_gather_matmul_ms if kind == "all-gather" else matmul_reduce_scatter_ms
     return max(0.0, pipeline(chunk, transfer, ranks) + copy - whole)
+
+
+def symmetric_workspace_bytes(collectives, ranks: int, *, float8: bool) -> int:
+    """AsyncTP's symmetric-memory workspace for the tensor-parallel group (the module's docstring):
+    the largest request among the fused collectives, an all-gather's shard (1/ranks of the gathered
+    tensor, half of it in float8) or two row chunks of a reduce-scatter's bf16 partials (2/ranks of
+    the tensor: _scaled_mm's output is bf16 under float8 too). `collectives` are the profile's
+    LayerCollective entries (tensor_bytes: the whole bf16 tensor); 0 where none is fused. The
+    driver's allocation granularity and the signal pad (a few KiB) are left out."""
+    need = 0.0
+    for collective in collectives:
+        if collective.fused is None:
+            continue
+        if collective.kind == "all-gather":
+            need = max(need, collective.tensor_bytes / ranks / (2 if float8 else 1))
+        else:
+            need = max(need, 2 * collective.tensor_bytes / ranks)
+    return int(need)

@@ -106,6 +106,11 @@ class RuntimeFacts:
     # -- workspaces
     cublas_workspace_bytes: int | None
     """cuBLAS workspace per handle the runtime's published runs configure (None: not sourced)."""
+    async_tp_workspace: bool = False
+    """Under its AsyncTP (tp_overlap "async-tp"), the fused ops stage each shard or partial in a
+    symmetric-memory workspace per tensor-parallel group, mapped by the CUDA driver outside the
+    caching allocator: device memory beside the reserved peak, not in it (planner/cost/asynctp.py
+    symmetric_workspace_bytes)."""
 
     # -- context parallelism (planner/cost/contextparallel.py)
     cp_comm: str | None = None

@@ -115,7 +115,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         compiles_model=True, runs_instead="",
         **TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
-        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None,
+        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True,
         cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
         fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
@@ -174,6 +174,13 @@ def torchtitan(version: str) -> RuntimeFacts:
             "float8_memory": f"torchao/float8/float8_linear.py 77 (save_for_backward(input_hp, weight_hp_t)), 330-358 "
                              f"(the weight cast before it: the saved weight is float8), {TORCHAO_V}",
             "cublas_workspace_bytes": "not sourced",
+            "async_tp_workspace": f"parallelize_llama.py 201-205 (enable_symm_mem_for_group on the TP group, "
+                                  f"inductor's _micro_pipeline_tp), {_TITAN_OLD}; torch/distributed/_symmetric_memory/"
+                                  f"__init__.py 99-137 (one workspace a group, _SymmetricMemory.empty_strided_p2p), "
+                                  f"172-175 (an all-gather's shard), 336-337 (two of a reduce-scatter's row chunks), "
+                                  f"torch 2.6.0 (git 2236df17); the same at {TORCH_V} (96-131, 170-173, 344-345); "
+                                  f"mapped by cuMemCreate outside the caching allocator (torch/csrc/distributed/c10d/"
+                                  f"CUDASymmetricMemory.cu, pytorch 07506d39)",
             **AFTER_STEP_NOT_READ,
             "step_shard_bytes": "gradient clipping's foreach norm and multiply (12 B), torch/nn/utils/clip_grad.py 95, "
                                 f"173, {TORCH_V}; torchtitan/utils.py 348-404, train.py 311-316, {_TITAN_OLD}"
