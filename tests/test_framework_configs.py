@@ -48,6 +48,10 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # prefetched one, the gradients under way, one reduce-scatter input) in place of the largest layer's at
 # every moment: 8B 36,679,984,132 -> 32,477,258,756 (the head's 4.89 GiB term off the loss), 70B
 # 47,711,387,652 -> 46,660,648,964, 405B 67,185,958,916 -> 65,875,247,104.
+# Branch asynctp: under Float8 the inputs a block gathers whole under SP are float8 (torchao casts the
+# shard before the all-gather, RuntimeFacts.tp_gathers_float8): its two gathered inputs are 8 shards at
+# 1 B, 3 beyond the bf16 shard, not 7: 405B (local batch 2 x 8,192, shard 64 MiB) 2 x 4 x 64 MiB less
+# peak (65,875,247,104 -> 65,338,376,192).
 PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      [(60226959360, 110724446212, 130264596480)]),
@@ -59,7 +63,7 @@ PINNED = [
     ("--from-torchtitan", "torchtitan_llama3_70b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
      dict(tp=8, pp=1, dp=8, zero=3, microbatches=1), [(17640734720, 46660648964, 54895050752)]),
     ("--from-torchtitan", "torchtitan_llama3_405b.toml", ("--gpus", "128", "--gpu", "h100"),
-     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 65875247104, 77502349312)]),
+     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 65338376192, 76869009408)]),
 ]
 
 

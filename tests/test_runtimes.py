@@ -216,6 +216,25 @@ def test_dtensor_tp_with_sp_saves_the_gathered_inputs_whole():
     assert tp_gathered_kept_bytes(block, 0, profile, setup(runtime="megatron")) == 0  # saves the shard
 
 
+def test_under_float8_the_gathered_inputs_are_float8_and_the_unconverted_head_s_bf16():
+    # TP 4 + SP: torchao casts a Float8 linear's input shard to float8 before the all-gather (eab345c
+    # float8_tensor_parallel.py 49-60, 210-217), so each of a block's two gathered inputs is 4 shards
+    # at 1 B = 2 bf16 shards, one beyond the shard the profile counts (bf16: 3 beyond); torchtitan
+    # leaves the head (`output`) in bf16
+    from planner.cost.rules import tp_gathered_extra_bytes, tp_gathered_kept_bytes
+
+    profile = analytic.analytic_profile(TINY, Shape(seq_len=32, micro_batch_size=2, tp=4, sp=True), gpu=H100,
+                                        model=REF)
+    block, head = layer_costs(profile)[1], layer_costs(profile)[-1]
+    shard = 2 * 32 * 64 * 2 // 4
+    assert block.float8_param_count > 0 and head.float8_param_count == 0
+    titan, titan8 = setup(runtime="torchtitan"), setup(runtime="torchtitan", float8=True)
+    assert tp_gathered_extra_bytes(block, 1, profile, titan) == 2 * 3 * shard
+    assert tp_gathered_extra_bytes(block, 1, profile, titan8) == 2 * 1 * shard
+    assert tp_gathered_kept_bytes(block, 0, profile, titan8) == 2 * 1 * shard
+    assert tp_gathered_kept_bytes(head, 0, profile, titan8) == 3 * shard
+
+
 # ---------------------------------------------------------------- gradients made at the first backward
 
 

@@ -448,13 +448,19 @@ def tp_gathered_input_bytes(layer: LayerCost, profile: Profile, setup: TrainSetu
     whole (DTensor's ColwiseParallel, torchtitan), the bytes beyond the 1/TP sequence shard an
     analytic TP + SP profile counts for them: (t - 1) x the layer's (sequence-sharded) input for
     each gathered input. 0 elsewhere (Megatron-LM saves the shard and re-gathers in backward;
-    a measured profile ran no TP)."""
+    a measured profile ran no TP). Where the runtime gathers a Float8 linear's input in float8
+    (record.tp_gathers_float8) and the setup runs Float8, the whole is t x the shard at 1 B: (t/2 - 1)
+    x the bf16 shard beyond it."""
     t = profile_tp(profile)
     if t == 1 or profile.assumptions.get("sp") is not True or profile.source != "analytic":
         return 0
-    if not runtime_facts(setup).tp_saves_gathered_input:
+    record = runtime_facts(setup)
+    if not record.tp_saves_gathered_input:
         return 0
-    return GATHERED_INPUTS.get(layer.kind, 0) * (t - 1) * layer.input_bytes
+    gathered = t * layer.input_bytes
+    if setup.training.float8 and layer.float8_param_count and record.tp_gathers_float8:
+        gathered //= 2  # cast to float8 before the all-gather: 1 B an element (record.tp_gathers_float8)
+    return GATHERED_INPUTS.get(layer.kind, 0) * max(0, gathered - layer.input_bytes)
 
 
 def tp_gathered_kept_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:

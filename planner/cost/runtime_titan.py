@@ -115,7 +115,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         compiles_model=True, runs_instead="",
         **TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
-        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True,
+        overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
         fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
@@ -174,6 +174,13 @@ def torchtitan(version: str) -> RuntimeFacts:
             "float8_memory": f"torchao/float8/float8_linear.py 77 (save_for_backward(input_hp, weight_hp_t)), 330-358 "
                              f"(the weight cast before it: the saved weight is float8), {TORCHAO_V}",
             "cublas_workspace_bytes": "not sourced",
+            "tp_gathers_float8": ("torchao/float8/float8_tensor_parallel.py 49-60, 210-217 (Float8ColwiseParallel, "
+                                  "PrepareFloat8ModuleInput: hp_tensor_to_float8_dynamic, then redistribute to "
+                                  "Replicate), float8_linear.py 51 (manual_float8_matmul_with_args_in_float8 saves "
+                                  "input_fp8), torchao eab345c (the benchmarks' of 2024-12-23)"
+                                  if version == "9dec370" else
+                                  f"torchao/float8/float8_tensor_parallel.py 60-69, 232-239 (the cast before the "
+                                  f"redistribute), {TORCHAO_V}"),
             "async_tp_workspace": f"parallelize_llama.py 201-205 (enable_symm_mem_for_group on the TP group, "
                                   f"inductor's _micro_pipeline_tp), {_TITAN_OLD}; torch/distributed/_symmetric_memory/"
                                   f"__init__.py 99-137 (one workspace a group, _SymmetricMemory.empty_strided_p2p), "

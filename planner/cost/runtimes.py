@@ -117,6 +117,7 @@ def _ckplan() -> RuntimeFacts:
             "tp_overlap": "ckplan's runtime runs no TP",
             **_FLOAT8_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
+            "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
             **AFTER_STEP_NOT_READ,
@@ -188,6 +189,7 @@ def _megatron() -> RuntimeFacts:
             "float8_memory": f"not read: TE's float8 weight workspaces (linear.py 240-266, get_weight_workspace, "
                              f"{_TE_V}) and its float8-saved inputs (linear.py 362-429) are not charged",
             "async_tp_workspace": "not AsyncTP: Transformer Engine's userbuffers under --tp-comm-overlap are not read here",
+            "tp_gathers_float8": "not read: Megatron-LM's TP saves the sequence shard (tp_saves_gathered_input)",
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
                                       "CUBLAS_WORKSPACE_CONFIG :4096:8 (8 x 4 MiB); torch allocates it through the "
                                       "caching allocator, one per handle and stream, the cuBLASLt one unified with it "
@@ -258,6 +260,7 @@ def _deepspeed() -> RuntimeFacts:
             "tp_overlap": "not in DeepSpeed",
             **_FLOAT8_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
+            "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             **AFTER_STEP_NOT_READ,
@@ -316,6 +319,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "tp_overlap": "not read",
             **_FLOAT8_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
+            "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "not read (refused)",
             **AFTER_STEP_NOT_READ,
