@@ -120,6 +120,7 @@ def test_evaluate_says_how_many_collectives_async_tp_overlaps(tmp_path):
         assert result.exit_code == 0, result.output
         if sp:  # 32 blocks x 6 fused of 8; the embedding's 2 and the head's 2 are not compiled
             assert "AsyncTP overlaps 192 of the profile's 260 collectives" in said
+            assert "symmetric-memory workspace (outside the caching allocator" in said  # in the nccl column
         else:  # all-reduces: never fused
             assert "names no collective torch fuses with a matmul" in said
 

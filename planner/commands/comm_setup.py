@@ -50,7 +50,9 @@ def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
     if options.tp_overlap == "async-tp" and listed:  # what torch's micro-pipeline TP pass fuses (planner/cost/asynctp.py)
         fused = sum(c.fused is not None for c in listed)
         note += (f"; AsyncTP overlaps {fused} of the profile's {len(listed)} collectives, those torch fuses with "
-                 "matmuls, as their chunked pipeline; the rest charged whole" if fused else
+                 "matmuls, as their chunked pipeline; the rest charged whole; where the runtime's record says so, its "
+                 "symmetric-memory workspace (outside the caching allocator, planner/cost/asynctp.py) is in the nccl "
+                 "column" if fused else
                  "; AsyncTP: this profile names no collective torch fuses with a matmul (made without --sp, or "
                  "before they were recorded): every one charged whole")
     if say is not None:
