@@ -1,0 +1,123 @@
+"""The settings Megatron-LM's functional tests run that move bytes the profile does not
+(planner/cost/jobsettings.py): --no-gradient-accumulation-fusion and the logging reads, counted by
+hand on a tiny GPT block, through evaluate, refused elsewhere, and read from a Megatron config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner import io
+from planner.cli import cli
+from planner.cost import jobsettings
+from planner.cost.layers import layer_costs
+from planner.models import archs
+from planner.models.archconfig import from_hf_config
+from planner.profiler import analytic
+from planner.profiler.analytic import Shape
+from planner.schema import FileRef, TrainSetup
+
+HBM = 3.35e12  # the H100's bandwidth, as the analytic profile records it
+H, F, V, POS = 64, 256, 128, 32
+# a GPT block (Megatron's default biases, LayerNorm with a bias, no GQA): Q/K/V 3h x h + 3h, the
+# projection h x h + h, fc1 f x h + f, fc2 h x f + h, two LayerNorms 2 x 2h
+BLOCK = 3 * H * H + 3 * H + H * H + H + F * H + F + H * F + H + 2 * 2 * H
+# the final LayerNorm (2h) and the untied output layer (V x h)
+HEAD = 2 * H + V * H
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    arch = from_hf_config({"model_type": "gpt2", "n_embd": H, "n_layer": 2, "n_head": 4, "n_inner": F,
+                           "vocab_size": V, "n_positions": POS, "tie_word_embeddings": False},
+                          where="tiny.json", name="tiny-gpt")
+    profile = analytic.analytic_profile(arch, Shape(seq_len=POS, micro_batch_size=1), gpu=archs.gpu("h100"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64))
+    path = tmp_path_factory.mktemp("p") / "tiny.json"
+    path.write_text(profile.model_dump_json())
+    return path
+
+
+def _setup(runtime="megatron", **training) -> TrainSetup:
+    return TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**40], precision="bf16-mixed",
+                      runtime=runtime, dp=2, zero=1, **training)
+
+
+def test_unfused_accumulation_adds_4_bytes_a_weight_a_microbatch_and_none_for_the_embedding(tiny_path):
+    profile = io.load_profile(tiny_path)
+    embedding, block, *_, head = layer_costs(profile)
+    assert (block.param_count, head.param_count) == (BLOCK, HEAD)
+    unfused = _setup(unfused_grad_accumulation=True)
+    # the DDP hook's add reads the bf16 gradient (2) and the fp32 main_grad (4) and writes it (4), and the
+    # GEMM writes the bf16 gradient (2): 12 B where the fused GEMM's epilogue reads and writes 4 + 4
+    assert jobsettings.unfused_accumulation_ms(block, profile, unfused) == pytest.approx(BLOCK * 4 / HBM * 1e3)
+    assert jobsettings.unfused_accumulation_ms(head, profile, unfused) == pytest.approx(HEAD * 4 / HBM * 1e3)
+    assert jobsettings.unfused_accumulation_ms(embedding, profile, unfused) == 0.0  # a lookup: no wgrad GEMM
+    assert jobsettings.unfused_accumulation_ms(block, profile, _setup()) == 0.0  # fused (the default)
+
+
+def test_the_logging_reads_read_the_rank_s_fp32_shard_once_a_step_each(tiny_path):
+    profile = io.load_profile(tiny_path)
+    block = layer_costs(profile)[1]
+    both = _setup(log_params_norm=True, log_num_zeros_in_grad=True)
+    # the norm over the fp32 main parameters and the zeros of the fp32 main grads: 4 B each over 1 / DP 2
+    assert jobsettings.logged_reads_ms(block, profile, both) == pytest.approx(BLOCK * 2 * 4 / 2 / HBM * 1e3)
+    one = _setup(log_params_norm=True)
+    assert jobsettings.logged_reads_ms(block, profile, one) == pytest.approx(BLOCK * 4 / 2 / HBM * 1e3)
+    assert jobsettings.logged_reads_ms(block, profile, _setup()) == 0.0
+
+
+def _rank(path, *extra) -> dict:
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4",
+                                      "--ckpt-per-stage", "0", "--microbatches", "3", "--dp", "2", "--zero", "1",
+                                      "--mem", "80GB", "--precision", "bf16-mixed", "--runtime", "megatron", "--json",
+                                      *extra])
+    assert result.exit_code == 0, result.output
+    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    return found["hand"]
+
+
+def test_evaluate_charges_them_per_microbatch_and_per_step(tiny_path):
+    plain = _rank(tiny_path)
+    given = _rank(tiny_path, "--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad")
+    weights = 2 * BLOCK + HEAD  # the two blocks and the head; the embedding's gradient is not a GEMM's
+    per_microbatch = weights * 4 / HBM * 1e3
+    per_step = (weights + (V * H + POS * H)) * 2 * 4 / 2 / HBM * 1e3  # the logging reads cover every parameter
+    grown = given["iteration_ms"] - plain["iteration_ms"]
+    assert grown == pytest.approx(3 * per_microbatch + per_step)
+    assert given["stages"][0]["time_ms"] - plain["stages"][0]["time_ms"] == pytest.approx(per_microbatch)
+    assert given["stages"][0]["peak_bytes"] == plain["stages"][0]["peak_bytes"]  # time only
+
+
+@pytest.mark.parametrize("flag", ["--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad"])
+def test_other_runtimes_refuse_them_in_one_sentence(tiny_path, flag):
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(tiny_path), "--layers-per-stage", "4",
+                                      "--ckpt-per-stage", "0", "--microbatches", "3", "--mem", "80GB",
+                                      "--precision", "bf16-mixed", "--runtime", "torchtitan", flag])
+    assert result.exit_code != 0
+    assert flag in result.output and "--runtime megatron" in result.output
+    assert "Traceback" not in result.output
+
+
+MEGATRON_ARGS = """\
+--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 256 --seq-length 32
+--max-position-embeddings 32 --vocab-size 128 --micro-batch-size 1 --global-batch-size 4 --bf16
+--untie-embeddings-and-output-weights --use-distributed-optimizer
+--no-gradient-accumulation-fusion --log-params-norm --log-num-zeros-in-grad --deterministic-mode
+"""
+
+
+def test_the_megatron_reader_models_the_flags_and_lists_deterministic_mode(tmp_path):
+    from planner.models.configs import megatron
+
+    path = tmp_path / "args.sh"
+    path.write_text("torchrun --nproc_per_node 2 pretrain_gpt.py " + MEGATRON_ARGS.replace("\n", " \\\n"))
+    job = megatron.read(path)
+    status = {s.name: s.status for s in job.settings}
+    for flag in ("--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad"):
+        assert status[flag] == "modelled"
+    assert (job.modelled.unfused_grad_accumulation, job.modelled.log_params_norm,
+            job.modelled.log_num_zeros_in_grad) == (True, True, True)
+    assert status["--deterministic-mode"] == "not modelled"  # no published rate of its attention backward
