@@ -1,6 +1,7 @@
 """The settings Megatron-LM's functional tests run that move bytes the profile does not
-(planner/cost/jobsettings.py): --no-gradient-accumulation-fusion and the logging reads, counted by
-hand on a tiny GPT block, through evaluate, refused elsewhere, and read from a Megatron config."""
+(planner/cost/jobsettings.py): --no-gradient-accumulation-fusion, the logging reads and
+--deterministic-mode's NaN fill, counted by hand on tiny blocks, through evaluate, refused elsewhere,
+and read from a Megatron config."""
 
 from __future__ import annotations
 
@@ -69,6 +70,39 @@ def test_the_logging_reads_read_the_rank_s_fp32_shard_once_a_step_each(tiny_path
     assert jobsettings.logged_reads_ms(block, profile, _setup()) == 0.0
 
 
+def test_deterministic_mode_fills_each_te_gemm_output_once_more(tiny_path):
+    profile = io.load_profile(tiny_path)
+    embedding, block, *_, head = layer_costs(profile)
+    tokens = POS  # one sequence of 32 tokens
+    # forward: Q/K/V (3h: 4 heads of 16, no GQA), the projection (h), fc1 (f), fc2 (h); backward the input
+    # gradient of each: h, h (the attention's output), h, f; 2 B each (bf16)
+    forward, backward = (3 * H + H + F + H) * tokens * 2, (H + H + H + F) * tokens * 2
+    assert jobsettings.gemm_output_elements(profile, block) == (3 * H + H + F + H, H + H + H + F)
+    on = _setup(deterministic=True)
+    assert jobsettings.deterministic_fill_ms(block, 0, profile, on) == pytest.approx((forward + backward) / HBM * 1e3)
+    # a recomputed block allocates its forward's outputs again
+    assert jobsettings.deterministic_fill_ms(block, 1, profile, on) == pytest.approx((2 * forward + backward) / HBM * 1e3)
+    # with unfused accumulation each weight gradient is a bf16 tensor its GEMM allocates too
+    both = _setup(deterministic=True, unfused_grad_accumulation=True)
+    assert jobsettings.deterministic_fill_ms(block, 0, profile, both) == pytest.approx(
+        (forward + backward + BLOCK * 2) / HBM * 1e3)
+    # the embedding and the head (Megatron's own output linear, torch.matmul) are not TE GEMMs; off: nothing
+    assert jobsettings.deterministic_fill_ms(embedding, 0, profile, on) == 0.0
+    assert jobsettings.deterministic_fill_ms(head, 0, profile, on) == 0.0
+    assert jobsettings.deterministic_fill_ms(block, 0, profile, _setup()) == 0.0
+
+
+def test_a_llama_block_fills_its_fused_gate_and_up_output_at_the_groups_width(tmp_path):
+    arch = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=1, num_heads=4,
+                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=32)
+    profile = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2, tp=2), gpu=archs.gpu("h100"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64))
+    block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
+    # per device at TP 2: Q 2 heads x 16, K and V 1 group x 16 each, gate and up 2 x 80; input gradients
+    # h, the attention's 32, h, 80
+    assert jobsettings.gemm_output_elements(profile, block) == (32 + 2 * 16 + 64 + 2 * 80 + 64, 64 + 32 + 64 + 80)
+
+
 def _rank(path, *extra) -> dict:
     result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4",
                                       "--ckpt-per-stage", "0", "--microbatches", "3", "--dp", "2", "--zero", "1",
@@ -81,9 +115,11 @@ def _rank(path, *extra) -> dict:
 
 def test_evaluate_charges_them_per_microbatch_and_per_step(tiny_path):
     plain = _rank(tiny_path)
-    given = _rank(tiny_path, "--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad")
+    given = _rank(tiny_path, "--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad",
+                  "--deterministic-mode")
     weights = 2 * BLOCK + HEAD  # the two blocks and the head; the embedding's gradient is not a GEMM's
-    per_microbatch = weights * 4 / HBM * 1e3
+    fill = 2 * ((3 * H + H + F + H) + (H + H + H + F)) * POS * 2 + 2 * BLOCK * 2  # two blocks' TE GEMM outputs
+    per_microbatch = (weights * 4 + fill) / HBM * 1e3
     per_step = (weights + (V * H + POS * H)) * 2 * 4 / 2 / HBM * 1e3  # the logging reads cover every parameter
     grown = given["iteration_ms"] - plain["iteration_ms"]
     assert grown == pytest.approx(3 * per_microbatch + per_step)
@@ -91,7 +127,8 @@ def test_evaluate_charges_them_per_microbatch_and_per_step(tiny_path):
     assert given["stages"][0]["peak_bytes"] == plain["stages"][0]["peak_bytes"]  # time only
 
 
-@pytest.mark.parametrize("flag", ["--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad"])
+@pytest.mark.parametrize("flag", ["--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad",
+                                  "--deterministic-mode"])
 def test_other_runtimes_refuse_them_in_one_sentence(tiny_path, flag):
     result = CliRunner().invoke(cli, ["evaluate", "--profile", str(tiny_path), "--layers-per-stage", "4",
                                       "--ckpt-per-stage", "0", "--microbatches", "3", "--mem", "80GB",
@@ -116,8 +153,10 @@ def test_the_megatron_reader_models_the_flags_and_lists_deterministic_mode(tmp_p
     path.write_text("torchrun --nproc_per_node 2 pretrain_gpt.py " + MEGATRON_ARGS.replace("\n", " \\\n"))
     job = megatron.read(path)
     status = {s.name: s.status for s in job.settings}
-    for flag in ("--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad"):
+    for flag in ("--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad",
+                 "--deterministic-mode"):
         assert status[flag] == "modelled"
     assert (job.modelled.unfused_grad_accumulation, job.modelled.log_params_norm,
-            job.modelled.log_num_zeros_in_grad) == (True, True, True)
-    assert status["--deterministic-mode"] == "not modelled"  # no published rate of its attention backward
+            job.modelled.log_num_zeros_in_grad, job.modelled.deterministic) == (True, True, True, True)
+    # its attention backward has no published rate: said in the flag's sentence, not dropped
+    assert "no published rate" in {s.name: s.what for s in job.settings}["--deterministic-mode"]

@@ -171,7 +171,8 @@ def _with_settings(options, job):
                                 float8=modelled.float8, fp8_all_gather=modelled.fp8_all_gather,
                                 unfused_grad_accumulation=modelled.unfused_grad_accumulation,
                                 log_params_norm=modelled.log_params_norm,
-                                log_num_zeros_in_grad=modelled.log_num_zeros_in_grad)
+                                log_num_zeros_in_grad=modelled.log_num_zeros_in_grad,
+                                deterministic=modelled.deterministic)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap)
 
 

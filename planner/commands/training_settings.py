@@ -1,7 +1,7 @@
 """The options for the settings real jobs use (--runtime-version, --compile, --op-level-sac,
 --float8, --fp8-all-gather, --cp, --cp-comm, --optimizer-state-dtype, --chunked-cross-entropy,
 --mtp-layers, --expert-tp, and Megatron-LM's --no-gradient-accumulation-fusion, --log-params-norm,
---log-num-zeros-in-grad): TrainingSetup's fields of the same names. planner/cost/runtimes.py
+--log-num-zeros-in-grad, --deterministic-mode): TrainingSetup's fields of the same names. planner/cost/runtimes.py
 models each or refuses it in one sentence; none is ignored."""
 
 from __future__ import annotations
@@ -59,10 +59,14 @@ SETTING_OPTIONS = [
     click.option("--log-num-zeros-in-grad", is_flag=True,
                  help="Megatron-LM's flag: the gradients' zeros counted once a step over the rank's fp32 shard "
                       "(--runtime megatron)."),
+    click.option("--deterministic-mode", "deterministic", is_flag=True,
+                 help="Megatron-LM's flag: torch's deterministic algorithms, whose NaN fill writes each of "
+                      "Transformer Engine's GEMM outputs once more; its deterministic attention backward has no "
+                      "published rate and is timed as the other (--runtime megatron)."),
 ]
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
-                        "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad")
+                        "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -101,6 +105,7 @@ class TrainingSettings:
     unfused_grad_accumulation: bool = False
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
+    deterministic: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:

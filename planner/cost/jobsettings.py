@@ -8,6 +8,15 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   tables are not linears: their gradients take that path with or without the setting.
 - the logging reads (--log-params-norm, --log-num-zeros-in-grad): once a step, each over the rank's
   optimizer shard, the record's `logged_read_shard_bytes` a parameter.
+- deterministic mode (--deterministic-mode): torch.use_deterministic_algorithms(True) makes every
+  aten::empty write NaN into the tensor before returning it (torch.utils.deterministic.
+  fill_uninitialized_memory, default True), and Transformer Engine allocates each GEMM's output through
+  at::empty (the record's `fills_gemm_outputs`): per microbatch a dense block's four GEMM outputs forward,
+  their input gradients backward (and the bf16 weight gradients where accumulation is unfused) are
+  written once more; again in a recomputed forward. Read from the profile's model (an analytic or
+  --hf-config profile's `assumptions.model`); MoE blocks and other layers are not read (0). TE's norm
+  and attention outputs were not read, and cuDNN's deterministic attention backward has no published
+  rate: neither is charged.
 
 Memory is unchanged: the unfused bf16 gradient lives from its GEMM to the DDP hook that runs right
 after its AccumulateGrad, one linear's weight at a time, inside the backward transients the profile
@@ -17,7 +26,9 @@ from __future__ import annotations
 
 from planner.cost import dataparallel, runtimes
 from planner.cost.layers import LayerCost
-from planner.schema import Profile, TrainSetup
+from planner.schema import OPTION_FULL, Profile, TrainSetup
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _hbm_tbps(profile: Profile) -> float | None:
@@ -50,4 +61,43 @@ def logged_reads_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> fl
         return 0.0
     shard = layer.param_count / dataparallel.shard_size(setup)
     moved = reads * shard * runtimes.of(training).logged_read_shard_bytes
+    return moved / (tbps * 1e12) * 1e3
+
+
+def gemm_output_elements(profile: Profile, layer: LayerCost) -> tuple[int, int]:
+    """(forward, backward) elements a token that a dense decoder block's TE GEMMs allocate on one
+    device: forward linear_qkv's Q, K, V, linear_proj's h, linear_fc1's f (2f gated), linear_fc2's h;
+    backward each GEMM's input gradient (h, the attention's q, h, f). (0, 0) for any other layer, or
+    where the profile does not describe its model."""
+    model, found = profile.assumptions.get("model"), profile.assumptions
+    if layer.kind != "decoder_block" or not isinstance(model, dict) or model.get("num_experts") \
+            or model.get("kv_lora_rank"):
+        return 0, 0
+    try:
+        tp, h, heads = int(found.get("tp", 1)), int(model["hidden_size"]), int(model["num_heads"])
+        kv_heads, width = int(model.get("num_kv_heads") or heads), int(model["intermediate_size"])
+        head = int(model.get("head_dim") or h // heads)
+    except (KeyError, TypeError, ValueError):
+        return 0, 0
+    q, kv, f = heads // tp * head, max(kv_heads // tp, 1) * head, width // tp
+    fc1 = 2 * f if model.get("style") == "llama" else f
+    return q + 2 * kv + h + fc1 + h, h + q + h + f
+
+
+def deterministic_fill_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch torch's NaN fill of the layer's TE GEMM outputs adds under deterministic
+    mode (recomputed: the forward's again); 0 off, or where nothing is read."""
+    training, tbps = setup.training, _hbm_tbps(profile)
+    if not training.deterministic or tbps is None or not runtimes.of(training).fills_gemm_outputs:
+        return 0.0
+    fwd, bwd = gemm_output_elements(profile, layer)
+    if not fwd:
+        return 0.0
+    found = profile.assumptions
+    tokens = int(found.get("seq_len", 0)) * profile.micro_batch_size // max(int(found.get("cp", 1) or 1), 1)
+    element = DTYPE_BYTES.get(str(found.get("dtype")), 2)
+    reruns = 1 if layer.options[int(ckpt)].name == OPTION_FULL else 0
+    moved = (fwd * (1 + reruns) + bwd) * tokens * element
+    if training.unfused_grad_accumulation:  # the bf16 weight gradients, each allocated by its GEMM
+        moved += weight_param_count(layer) * element
     return moved / (tbps * 1e12) * 1e3

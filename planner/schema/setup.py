@@ -155,6 +155,9 @@ class TrainingSetup(Strict):
     # gradients' zeros read once a step (the record's logged_read_shard_bytes; refused where 0)
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
+    # Megatron-LM's --deterministic-mode: torch's deterministic algorithms, whose NaN fill of each
+    # aten::empty writes Transformer Engine's GEMM outputs twice (the record's fills_gemm_outputs)
+    deterministic: bool = False
 
 
 class TimeConstants(Strict):

@@ -59,6 +59,7 @@ class JobSettings:
     unfused_grad_accumulation: bool = False
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
+    deterministic: bool = False  # Megatron-LM's --deterministic-mode (its NaN fill; attention not charged)
     # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
     # dates itself; None: the newest read (Job.notes says which and why)
     runtime_version: str | None = None

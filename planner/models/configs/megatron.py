@@ -440,6 +440,12 @@ def _test_settings(flags: _Flags, job: Job) -> None:
     modelled.log_num_zeros_in_grad = bool(flags.take(
         "--log-num-zeros-in-grad", "the gradients' zeros counted over the rank's fp32 shard every step: 4 B a "
         "parameter of the shard (--log-num-zeros-in-grad)", bool, False))
+    modelled.deterministic = bool(flags.take(
+        "--deterministic-mode", "torch's deterministic algorithms (arguments.py 1528-1537): each of Transformer "
+        "Engine's GEMM outputs filled with NaN before the GEMM writes it (--deterministic-mode); TE's deterministic "
+        "attention backward (cuDNN's on sm90+, FlashAttention-2's below: dot_product_attention/utils.py 1293-1356, "
+        "1436-1442, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) has no published rate and is timed as "
+        "the non-deterministic kernel", bool, False))
 
 
 def _float8(flags: _Flags, job: Job) -> None:

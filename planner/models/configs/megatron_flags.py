@@ -102,12 +102,6 @@ NOT_MODELLED = {
     "--no-check-for-nan-in-loss-and-grad": "the NaN check of every gradient bucket turned off: the runtime record's "
                                            "step_whole_bytes (4 B a parameter read once a step, planner/cost/runtimes.py) "
                                            "is timed all the same",
-    "--deterministic-mode": "deterministic kernels: Transformer Engine (v2.16.0, f8a01cd5) keeps cuDNN's fused "
-                            "attention on sm90 and later and asks cuDNN for its deterministic backward "
-                            "(fused_attn_f16_arbitrary_seqlen.cu 824-826; on sm100 from cuDNN 9.18.1, fused_attn.cpp "
-                            "458-466) and drops it below sm90 for FlashAttention-2's deterministic backward "
-                            "(dot_product_attention/utils.py 1293-1356): no published rate of either at the tests' "
-                            "shape, so the backward is timed as the non-deterministic kernel",
     "--no-bias-gelu-fusion": "the GeLU and its bias as eager ops: timed as Megatron's fused bias-GeLU all the same "
                              "(the record's fused_kernels, planner/profiler/te_fused.py)",
     "--no-bias-swiglu-fusion": "SwiGLU as eager ops: timed as the fused bias-SwiGLU all the same (the record's "
