@@ -15,7 +15,6 @@ from planner.cli import cli
 from planner.cost import jobsettings
 from planner.cost.layers import layer_costs
 from planner.models import archs
-from planner.models.archconfig import from_hf_config
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape
 from planner.schema import FileRef, TrainSetup
@@ -31,13 +30,14 @@ HEAD = 2 * H + V * H
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    arch = from_hf_config({"model_type": "gpt2", "n_embd": H, "n_layer": 2, "n_head": 4, "n_inner": F,
-                           "vocab_size": V, "n_positions": POS, "tie_word_embeddings": False},
-                          where="tiny.json", name="tiny-gpt")
-    profile = analytic.analytic_profile(arch, Shape(seq_len=POS, micro_batch_size=1), gpu=archs.gpu("h100"),
-                                        model=FileRef(file="arch:test", sha256="0" * 64))
-    path = tmp_path_factory.mktemp("p") / "tiny.json"
-    path.write_text(profile.model_dump_json())
+    folder = tmp_path_factory.mktemp("p")
+    config = folder / "tiny.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": H, "n_layer": 2, "n_head": 4, "n_inner": F,
+                                  "vocab_size": V, "n_positions": POS, "tie_word_embeddings": False}))
+    path = folder / "tiny-profile.json"
+    made = CliRunner().invoke(cli, ["profile", "--arch-config", str(config), "--seq-len", str(POS),
+                                    "--micro-batch-size", "1", "--gpu", "h100", "--out", str(path)])
+    assert made.exit_code == 0, made.output
     return path
 
 
@@ -160,3 +160,28 @@ def test_the_megatron_reader_models_the_flags_and_lists_deterministic_mode(tmp_p
             job.modelled.log_num_zeros_in_grad, job.modelled.deterministic) == (True, True, True, True)
     # its attention backward has no published rate: said in the flag's sentence, not dropped
     assert "no published rate" in {s.name: s.what for s in job.settings}["--deterministic-mode"]
+
+
+def test_the_megatron_export_writes_them_and_reads_back_the_same_and_other_targets_refuse(tiny_path, tmp_path):
+    from planner.models.configs import megatron
+
+    plan = tmp_path / "plan.yaml"
+    flags = ("--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad", "--deterministic-mode")
+    solved = CliRunner().invoke(cli, ["solve", "--profile", str(tiny_path), "--stages", "1", "--microbatches", "2",
+                                      "--mem", "80GB", "--precision", "bf16-mixed", "--runtime", "megatron", *flags,
+                                      "--out", str(plan)])
+    assert solved.exit_code == 0, solved.output
+    out = tmp_path / "args.sh"
+    exported = CliRunner().invoke(cli, ["export", str(plan), "--to", "megatron", "--out", str(out)])
+    assert exported.exit_code == 0, exported.output
+    text = out.read_text()
+    assert all(flag in text for flag in flags) and "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0" in text
+    script = tmp_path / "train.sh"
+    script.write_text(text + "\ntorchrun --nproc_per_node 1 pretrain_gpt.py --seq-length 32 --max-position-embeddings 32 "
+                      "--vocab-size 128 --num-attention-heads 4 ${CKPLAN_MEGATRON_ARGS[@]}\n")
+    job = megatron.read(script)
+    assert (job.modelled.unfused_grad_accumulation, job.modelled.log_params_norm, job.modelled.log_num_zeros_in_grad,
+            job.modelled.deterministic) == (True, True, True, True)
+    refused = CliRunner().invoke(cli, ["export", str(plan), "--to", "deepspeed", "--out", str(tmp_path / "ds.json")])
+    assert refused.exit_code != 0 and "--deterministic-mode" in refused.output and "Traceback" not in refused.output
+    assert not (tmp_path / "ds.json").exists()
