@@ -160,6 +160,7 @@ def test_the_megatron_reader_models_the_flags_and_lists_deterministic_mode(tmp_p
             job.modelled.log_num_zeros_in_grad, job.modelled.deterministic) == (True, True, True, True)
     # its attention backward has no published rate: said in the flag's sentence, not dropped
     assert "no published rate" in {s.name: s.what for s in job.settings}["--deterministic-mode"]
+    assert any(note.startswith("--deterministic-mode: ") and "not (no published rate" in note for note in job.notes)
 
 
 def test_the_megatron_export_writes_them_and_reads_back_the_same_and_other_targets_refuse(tiny_path, tmp_path):

@@ -446,6 +446,10 @@ def _test_settings(flags: _Flags, job: Job) -> None:
         "attention backward (cuDNN's on sm90+, FlashAttention-2's below: dot_product_attention/utils.py 1293-1356, "
         "1436-1442, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) has no published rate and is timed as "
         "the non-deterministic kernel", bool, False))
+    if modelled.deterministic:
+        flags.notes.append("--deterministic-mode: torch's NaN fill of Transformer Engine's GEMM outputs is charged; "
+                           "its deterministic attention backward is not (no published rate: timed as the "
+                           "non-deterministic kernel)")
 
 
 def _float8(flags: _Flags, job: Job) -> None:
