@@ -70,14 +70,16 @@ def test_the_logging_reads_read_the_rank_s_fp32_shard_once_a_step_each(tiny_path
     assert jobsettings.logged_reads_ms(block, profile, _setup()) == 0.0
 
 
-def test_deterministic_mode_fills_each_te_gemm_output_once_more(tiny_path):
+def test_deterministic_mode_fills_each_te_output_once_more(tiny_path):
     profile = io.load_profile(tiny_path)
     embedding, block, *_, head = layer_costs(profile)
     tokens = POS  # one sequence of 32 tokens
-    # forward: Q/K/V (3h: 4 heads of 16, no GQA), the projection (h), fc1 (f), fc2 (h); backward the input
-    # gradient of each: h, h (the attention's output), h, f; 2 B each (bf16)
-    forward, backward = (3 * H + H + F + H) * tokens * 2, (H + H + H + F) * tokens * 2
-    assert jobsettings.gemm_output_elements(profile, block) == (3 * H + H + F + H, H + H + H + F)
+    # forward: the GEMMs' Q/K/V (3h: 4 heads of 16, no GQA), projection (h), fc1 (f), fc2 (h), the two
+    # norms' outputs (2h) and the attention's output (h); backward each GEMM's input gradient (h, h, h, f),
+    # dQ, dK, dV (3h) and the norms' input gradients (2h); 2 B each (bf16)
+    elements = (3 * H + H + F + H + 2 * H + H, H + H + H + F + 3 * H + 2 * H)
+    forward, backward = elements[0] * tokens * 2, elements[1] * tokens * 2
+    assert jobsettings.te_output_elements(profile, block) == elements
     on = _setup(deterministic=True)
     assert jobsettings.deterministic_fill_ms(block, 0, profile, on) == pytest.approx((forward + backward) / HBM * 1e3)
     # a recomputed block allocates its forward's outputs again
@@ -98,9 +100,10 @@ def test_a_llama_block_fills_its_fused_gate_and_up_output_at_the_groups_width(tm
     profile = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2, tp=2), gpu=archs.gpu("h100"),
                                         model=FileRef(file="arch:test", sha256="0" * 64))
     block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
-    # per device at TP 2: Q 2 heads x 16, K and V 1 group x 16 each, gate and up 2 x 80; input gradients
-    # h, the attention's 32, h, 80
-    assert jobsettings.gemm_output_elements(profile, block) == (32 + 2 * 16 + 64 + 2 * 80 + 64, 64 + 32 + 64 + 80)
+    # per device at TP 2: Q 2 heads x 16, K and V 1 group x 16 each, gate and up 2 x 80, the norms 2h, the
+    # attention's output 32; backward h, 32, h, 80, dQ 32, dK and dV 16 each, the norms 2h
+    assert jobsettings.te_output_elements(profile, block) == (32 + 2 * 16 + 64 + 2 * 80 + 64 + 2 * 64 + 32,
+                                                              64 + 32 + 64 + 80 + 32 + 2 * 16 + 2 * 64)
 
 
 def _rank(path, *extra) -> dict:
@@ -118,7 +121,7 @@ def test_evaluate_charges_them_per_microbatch_and_per_step(tiny_path):
     given = _rank(tiny_path, "--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad",
                   "--deterministic-mode")
     weights = 2 * BLOCK + HEAD  # the two blocks and the head; the embedding's gradient is not a GEMM's
-    fill = 2 * ((3 * H + H + F + H) + (H + H + H + F)) * POS * 2 + 2 * BLOCK * 2  # two blocks' TE GEMM outputs
+    fill = 2 * ((3 * H + H + F + H + 3 * H) + (H + H + H + F + 5 * H)) * POS * 2 + 2 * BLOCK * 2  # two blocks' TE outputs
     per_microbatch = (weights * 4 + fill) / HBM * 1e3
     per_step = (weights + (V * H + POS * H)) * 2 * 4 / 2 / HBM * 1e3  # the logging reads cover every parameter
     grown = given["iteration_ms"] - plain["iteration_ms"]

@@ -61,7 +61,7 @@ SETTING_OPTIONS = [
                       "(--runtime megatron)."),
     click.option("--deterministic-mode", "deterministic", is_flag=True,
                  help="Megatron-LM's flag: torch's deterministic algorithms, whose NaN fill writes each of "
-                      "Transformer Engine's GEMM outputs once more; its deterministic attention backward has no "
+                      "Transformer Engine's outputs once more; its deterministic attention backward has no "
                       "published rate and is timed as the other (--runtime megatron)."),
 ]
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",

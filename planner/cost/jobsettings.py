@@ -10,13 +10,16 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   optimizer shard, the record's `logged_read_shard_bytes` a parameter.
 - deterministic mode (--deterministic-mode): torch.use_deterministic_algorithms(True) makes every
   aten::empty write NaN into the tensor before returning it (torch.utils.deterministic.
-  fill_uninitialized_memory, default True), and Transformer Engine allocates each GEMM's output through
-  at::empty (the record's `fills_gemm_outputs`): per microbatch a dense block's four GEMM outputs forward,
-  their input gradients backward (and the bf16 weight gradients where accumulation is unfused) are
-  written once more; again in a recomputed forward. Read from the profile's model (an analytic or
-  --hf-config profile's `assumptions.model`); MoE blocks and other layers are not read (0). TE's norm
-  and attention outputs were not read, and cuDNN's deterministic attention backward has no published
-  rate: neither is charged.
+  fill_uninitialized_memory, default True), and Transformer Engine allocates its outputs through
+  at::empty (the record's `fills_te_outputs`; TE f8a01cd5: GEMM outputs gemm.cpp 178-180 and
+  quantizer.cpp 162, the norms' outputs and input gradients normalization.cpp 23-25, 140, 224-225, 377,
+  attention's output and dQ, dK, dV attention.cpp 156-157, 376-450): per microbatch a dense block's
+  bf16 outputs forward and input gradients backward (and the bf16 weight gradients where accumulation
+  is unfused) are written once more; again in a recomputed forward. Per-token fp32 statistics (the
+  norms' mu and rsigma, the softmax's), TE's workspaces (cuDNN's deterministic backward's among them:
+  sizes not read) are left out. Read from the profile's model (an analytic or --hf-config profile's
+  `assumptions.model`); MoE blocks and other layers are not read (0). cuDNN's deterministic attention
+  backward itself has no published rate: not charged.
 
 Memory is unchanged: the unfused bf16 gradient lives from its GEMM to the DDP hook that runs right
 after its AccumulateGrad, one linear's weight at a time, inside the backward transients the profile
@@ -64,11 +67,12 @@ def logged_reads_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> fl
     return moved / (tbps * 1e12) * 1e3
 
 
-def gemm_output_elements(profile: Profile, layer: LayerCost) -> tuple[int, int]:
-    """(forward, backward) elements a token that a dense decoder block's TE GEMMs allocate on one
-    device: forward linear_qkv's Q, K, V, linear_proj's h, linear_fc1's f (2f gated), linear_fc2's h;
-    backward each GEMM's input gradient (h, the attention's q, h, f). (0, 0) for any other layer, or
-    where the profile does not describe its model."""
+def te_output_elements(profile: Profile, layer: LayerCost) -> tuple[int, int]:
+    """(forward, backward) bf16 elements a token that a dense decoder block's TE modules allocate on
+    one device. Forward: the two norms' outputs (2h), linear_qkv's Q, K, V, the attention's output (q),
+    linear_proj's h, linear_fc1's f (2f gated), linear_fc2's h. Backward: each GEMM's input gradient
+    (h, q, h, f), the attention's dQ, dK, dV, the norms' input gradients (2h). (0, 0) for any other
+    layer, or where the profile does not describe its model."""
     model, found = profile.assumptions.get("model"), profile.assumptions
     if layer.kind != "decoder_block" or not isinstance(model, dict) or model.get("num_experts") \
             or model.get("kv_lora_rank"):
@@ -81,16 +85,17 @@ def gemm_output_elements(profile: Profile, layer: LayerCost) -> tuple[int, int]:
         return 0, 0
     q, kv, f = heads // tp * head, max(kv_heads // tp, 1) * head, width // tp
     fc1 = 2 * f if model.get("style") == "llama" else f
-    return q + 2 * kv + h + fc1 + h, h + q + h + f
+    gemms = (q + 2 * kv + h + fc1 + h, h + q + h + f)
+    return gemms[0] + 2 * h + q, gemms[1] + q + 2 * kv + 2 * h
 
 
 def deterministic_fill_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
-    """ms per microbatch torch's NaN fill of the layer's TE GEMM outputs adds under deterministic
+    """ms per microbatch torch's NaN fill of the layer's TE outputs adds under deterministic
     mode (recomputed: the forward's again); 0 off, or where nothing is read."""
     training, tbps = setup.training, _hbm_tbps(profile)
-    if not training.deterministic or tbps is None or not runtimes.of(training).fills_gemm_outputs:
+    if not training.deterministic or tbps is None or not runtimes.of(training).fills_te_outputs:
         return 0.0
-    fwd, bwd = gemm_output_elements(profile, layer)
+    fwd, bwd = te_output_elements(profile, layer)
     if not fwd:
         return 0.0
     found = profile.assumptions

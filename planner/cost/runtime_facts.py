@@ -148,10 +148,10 @@ class RuntimeFacts:
     accumulation when its fused weight-gradient accumulation is off (Megatron-LM's
     --no-gradient-accumulation-fusion: the bf16 weight gradient added into the fp32 main_grad by its
     own kernel, where the wgrad GEMM accumulates into it in its epilogue); 0: not read, refused."""
-    fills_gemm_outputs: bool = False
-    """Under deterministic mode (torch.use_deterministic_algorithms) the runtime's layers allocate each
-    GEMM output through aten::empty, which then writes NaN into it first (Transformer Engine); False:
-    not read, --deterministic-mode refused."""
+    fills_te_outputs: bool = False
+    """Under deterministic mode (torch.use_deterministic_algorithms) the runtime's layers allocate their
+    GEMM, norm and attention outputs through aten::empty, which then writes NaN into each first
+    (Transformer Engine); False: not read, --deterministic-mode refused."""
     logged_read_shard_bytes: int = 0
     """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
     (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the

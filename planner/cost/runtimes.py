@@ -136,7 +136,7 @@ def _megatron() -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
         step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
-        fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_gemm_outputs=True,
+        fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         sources={
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
                                    "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
@@ -148,12 +148,14 @@ def _megatron() -> RuntimeFacts:
                                    "into main_grad and drops it (distributed_data_parallel.py 371-372, 466-470): read "
                                    "2 + 4, write 4 in a kernel of its own, 2 + 10 = 12 B against 8: +4 B a weight a "
                                    "microbatch, Megatron-LM 6e091e1b",
-            "fills_gemm_outputs": "--deterministic-mode calls torch.use_deterministic_algorithms(True) (megatron/training/"
+            "fills_te_outputs": "--deterministic-mode calls torch.use_deterministic_algorithms(True) (megatron/training/"
                                   "arguments.py 1528-1537, Megatron-LM 6e091e1b), whose fill_uninitialized_memory "
                                   "(default True; torch docs, torch.utils.deterministic) writes NaN into every "
-                                  "aten::empty (seen here on torch 2.13.0, git cf30153c); TE allocates each GEMM "
-                                  "output through at::empty (transformer_engine/pytorch/csrc/extensions/gemm.cpp "
-                                  "178-180, quantizer.cpp 162, TE f8a01cd5, v2.16.0)",
+                                  "aten::empty (seen here on torch 2.13.0, git cf30153c); TE allocates its GEMM "
+                                  "outputs (transformer_engine/pytorch/csrc/extensions/gemm.cpp 178-180 -> "
+                                  "quantizer.cpp 162), its norms' outputs and input gradients (normalization.cpp "
+                                  "23-25, 140, 224-225, 377) and attention's output and dQ, dK, dV (attention.cpp "
+                                  "156-157, 376-450) through at::empty / torch::empty, TE f8a01cd5, v2.16.0",
             "logged_read_shard_bytes": "--log-params-norm: calc_params_l2_norm every iteration (training.py 3653-3654) "
                                        "over each parameter's main_param, the fp32 shard the distributed optimizer "
                                        "sets (megatron/training/utils/common_utils.py 51-151; distrib_optimizer.py "
@@ -428,9 +430,9 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
         refused.append(f"{' and '.join(logged)} {'is' if len(logged) == 1 else 'are'} Megatron-LM's logging, read "
                        f"for --runtime megatron only; {training.runtime}'s was not read: drop "
                        f"{'it' if len(logged) == 1 else 'them'} or choose --runtime megatron")
-    if getattr(training, "deterministic", False) and not of(training).fills_gemm_outputs:
+    if getattr(training, "deterministic", False) and not of(training).fills_te_outputs:
         refused.append(f"--deterministic-mode is Megatron-LM's, read for --runtime megatron only (torch's NaN fill "
-                       f"of Transformer Engine's GEMM outputs); {training.runtime}'s was not read: drop it or choose "
+                       f"of Transformer Engine's outputs); {training.runtime}'s was not read: drop it or choose "
                        "--runtime megatron")
     if training.expert_tp is not None and training.expert_tp != tp:
         refused.append(f"expert tensor parallelism distinct from TP (--expert-tp {training.expert_tp} with TP {tp}) "

@@ -228,12 +228,12 @@ TERMS: tuple[Term, ...] = (
          "the record's unfused_wgrad_bytes a weight a microbatch beyond the profile's accumulation (Megatron-LM's "
          "--no-gradient-accumulation-fusion: TE linear.py's bf16 wgrad, the DDP hook's main_grad.add_) at the "
          "profile's HBM bandwidth"),
-    Term("Transformer Engine's GEMM outputs filled with NaN first under deterministic mode", "time", "layer",
+    Term("Transformer Engine's outputs filled with NaN first under deterministic mode", "time", "layer",
          lambda layer, ckpt, ctx: jobsettings.deterministic_fill_ms(layer, ckpt, ctx.profile, ctx.setup),
-         "the record's fills_gemm_outputs: torch.use_deterministic_algorithms' fill_uninitialized_memory writes each "
-         "aten::empty, and TE allocates its GEMM outputs so (gemm.cpp 178-180, quantizer.cpp 162, TE v2.16.0): a "
-         "dense block's forward outputs and input gradients (and unfused bf16 weight gradients) at the profile's "
-         "HBM bandwidth"),
+         "the record's fills_te_outputs: torch.use_deterministic_algorithms' fill_uninitialized_memory writes each "
+         "aten::empty, and TE allocates its GEMM, norm and attention outputs so (gemm.cpp, quantizer.cpp, "
+         "normalization.cpp, attention.cpp, TE v2.16.0): a dense block's bf16 forward outputs and input gradients "
+         "(and unfused bf16 weight gradients) at the profile's HBM bandwidth"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),

@@ -156,7 +156,7 @@ class TrainingSetup(Strict):
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
     # Megatron-LM's --deterministic-mode: torch's deterministic algorithms, whose NaN fill of each
-    # aten::empty writes Transformer Engine's GEMM outputs twice (the record's fills_gemm_outputs)
+    # aten::empty writes Transformer Engine's outputs twice (the record's fills_te_outputs)
     deterministic: bool = False
 
 

@@ -442,12 +442,13 @@ def _test_settings(flags: _Flags, job: Job) -> None:
         "parameter of the shard (--log-num-zeros-in-grad)", bool, False))
     modelled.deterministic = bool(flags.take(
         "--deterministic-mode", "torch's deterministic algorithms (arguments.py 1528-1537): each of Transformer "
-        "Engine's GEMM outputs filled with NaN before the GEMM writes it (--deterministic-mode); TE's deterministic "
+        "Engine's GEMM, norm and attention outputs filled with NaN before it is written (--deterministic-mode); "
+        "TE's deterministic "
         "attention backward (cuDNN's on sm90+, FlashAttention-2's below: dot_product_attention/utils.py 1293-1356, "
         "1436-1442, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) has no published rate and is timed as "
         "the non-deterministic kernel", bool, False))
     if modelled.deterministic:
-        flags.notes.append("--deterministic-mode: torch's NaN fill of Transformer Engine's GEMM outputs is charged; "
+        flags.notes.append("--deterministic-mode: torch's NaN fill of Transformer Engine's outputs is charged; "
                            "its deterministic attention backward is not (no published rate: timed as the "
                            "non-deterministic kernel)")
 
