@@ -168,7 +168,11 @@ def _with_settings(options, job):
                                 op_level_sac=modelled.op_level_sac,
                                 optimizer_state_dtype=modelled.optimizer_state_dtype, expert_tp=modelled.expert_tp,
                                 context_parallel=job.cp, cp_comm=modelled.cp_comm,
-                                float8=modelled.float8, fp8_all_gather=modelled.fp8_all_gather)
+                                float8=modelled.float8, fp8_all_gather=modelled.fp8_all_gather,
+                                unfused_grad_accumulation=modelled.unfused_grad_accumulation,
+                                log_params_norm=modelled.log_params_norm,
+                                log_num_zeros_in_grad=modelled.log_num_zeros_in_grad,
+                                deterministic=modelled.deterministic)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap)
 
 

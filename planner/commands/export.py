@@ -59,6 +59,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     _refuse_launch_options(click.get_current_context())
     _refuse_pure_bf16(plan)
     _refuse_experts(profile, target)
+    _refuse_megatron_settings(plan, target)
     from planner.commands.training_settings import TrainingSettings, compiled_profile
     from planner.cost.float8 import float8_profile
 
@@ -132,6 +133,19 @@ def _refuse_experts(profile, target: str) -> None:
         raise UserError(f"the plan's model is a {what} model, and the {target} export writes dense models' "
                         "settings only (its experts live in the model's code, not in these settings); export "
                         "--to megatron or --to torchtitan, or configure it by hand")
+
+
+def _refuse_megatron_settings(plan, target: str) -> None:
+    """Megatron-LM's --no-gradient-accumulation-fusion, logging reads and --deterministic-mode are
+    charged only under its runtime; another target has none of them to write: refused in one sentence."""
+    training = plan.setup.training
+    given = [flag for flag, on in (("--no-gradient-accumulation-fusion", training.unfused_grad_accumulation),
+                                   ("--log-params-norm", training.log_params_norm),
+                                   ("--log-num-zeros-in-grad", training.log_num_zeros_in_grad),
+                                   ("--deterministic-mode", training.deterministic)) if on]
+    if given and target != "megatron":
+        raise UserError(f"the plan was scored with Megatron-LM's {', '.join(given)}, which the {target} export has no "
+                        "setting for; export --to megatron, or solve without them")
 
 
 def _profile_of(plan, plan_path: Path, profile_path: Path | None):

@@ -190,7 +190,12 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
              ("the float8 all-gather", modelled.fp8_all_gather, searched.get("fp8_all_gather", False)),
              ("TP overlap", modelled.tp_overlap, searched.get("tp_overlap", "none")),
              ("Adam's moments", modelled.optimizer_state_dtype, searched.get("optimizer_state_dtype", "fp32")),
-             ("the runtime version", modelled.runtime_version, searched.get("runtime_version"))]
+             ("the runtime version", modelled.runtime_version, searched.get("runtime_version")),
+             ("the unfused weight-gradient accumulation", modelled.unfused_grad_accumulation,
+              searched.get("unfused_grad_accumulation", False)),
+             ("the parameters' norm logged", modelled.log_params_norm, searched.get("log_params_norm", False)),
+             ("the gradients' zeros logged", modelled.log_num_zeros_in_grad, searched.get("log_num_zeros_in_grad", False)),
+             ("deterministic mode", modelled.deterministic, searched.get("deterministic", False))]
     return [f"{what} {_said(mine)} (scored {_said(theirs)}, as the search)" for what, mine, theirs in found
             if mine != theirs]
 

@@ -1,6 +1,7 @@
 """The options for the settings real jobs use (--runtime-version, --compile, --op-level-sac,
 --float8, --fp8-all-gather, --cp, --cp-comm, --optimizer-state-dtype, --chunked-cross-entropy,
---mtp-layers, --expert-tp): TrainingSetup's fields of the same names. planner/cost/runtimes.py
+--mtp-layers, --expert-tp, and Megatron-LM's --no-gradient-accumulation-fusion, --log-params-norm,
+--log-num-zeros-in-grad, --deterministic-mode): TrainingSetup's fields of the same names. planner/cost/runtimes.py
 models each or refuses it in one sentence; none is ignored."""
 
 from __future__ import annotations
@@ -49,9 +50,23 @@ SETTING_OPTIONS = [
                  help="Multi-token-prediction modules (refused above 0: not modelled)."),
     click.option("--expert-tp", type=click.IntRange(min=1), default=None,
                  help="Expert tensor-parallel degree (refused where it differs from the profile's TP) [default: TP]."),
+    click.option("--no-gradient-accumulation-fusion", "unfused_grad_accumulation", is_flag=True,
+                 help="Megatron-LM's flag of that name: each weight gradient written in bf16 and added into the fp32 "
+                      "main_grad by its own kernel, 4 B more a weight a microbatch (--runtime megatron)."),
+    click.option("--log-params-norm", is_flag=True,
+                 help="Megatron-LM's flag: the parameters' norm read once a step over the rank's fp32 shard "
+                      "(--runtime megatron)."),
+    click.option("--log-num-zeros-in-grad", is_flag=True,
+                 help="Megatron-LM's flag: the gradients' zeros counted once a step over the rank's fp32 shard "
+                      "(--runtime megatron)."),
+    click.option("--deterministic-mode", "deterministic", is_flag=True,
+                 help="Megatron-LM's flag: torch's deterministic algorithms, whose NaN fill writes each of "
+                      "Transformer Engine's outputs once more; its deterministic attention backward has no "
+                      "published rate and is timed as the other (--runtime megatron)."),
 ]
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
-                        "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp")
+                        "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
+                        "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -87,6 +102,10 @@ class TrainingSettings:
     chunked_cross_entropy: bool = False
     mtp_layers: int = 0
     expert_tp: int | None = None
+    unfused_grad_accumulation: bool = False
+    log_params_norm: bool = False
+    log_num_zeros_in_grad: bool = False
+    deterministic: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:

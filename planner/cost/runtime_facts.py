@@ -152,6 +152,20 @@ class RuntimeFacts:
     step_shard_bytes: int = 0
     """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
     (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""
+    # -- settings Megatron-LM's functional tests run (read by planner/cost/jobsettings.py; issue 35)
+    unfused_wgrad_bytes: int = 0
+    """Bytes per weight parameter a microbatch the runtime moves beyond the profile's gradient
+    accumulation when its fused weight-gradient accumulation is off (Megatron-LM's
+    --no-gradient-accumulation-fusion: the bf16 weight gradient added into the fp32 main_grad by its
+    own kernel, where the wgrad GEMM accumulates into it in its epilogue); 0: not read, refused."""
+    fills_te_outputs: bool = False
+    """Under deterministic mode (torch.use_deterministic_algorithms) the runtime's layers allocate their
+    GEMM, norm and attention outputs through aten::empty, which then writes NaN into each first
+    (Transformer Engine); False: not read, --deterministic-mode refused."""
+    logged_read_shard_bytes: int = 0
+    """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
+    (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the
+    fp32 main gradients); 0: not read, refused."""
     # -- Float8 (--float8, --fp8-all-gather; planner/cost/float8.py)
     float8: str | None = None
     """The Float8 linears the runtime runs, whose GEMMs and casts the cost model times ("torchao":

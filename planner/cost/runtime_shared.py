@@ -34,6 +34,11 @@ AFTER_STEP_NOT_READ = {
     "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
     "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
     "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
+    # and Megatron-LM's test settings (jobsettings.py), refused where not read
+    "unfused_wgrad_bytes": "not read for this runtime (its weight-gradient accumulation has no fused path to turn "
+                           "off: --no-gradient-accumulation-fusion refused)",
+    "logged_read_shard_bytes": "not read for this runtime (--log-params-norm, --log-num-zeros-in-grad refused)",
+    "fills_te_outputs": "not read for this runtime (--deterministic-mode refused)",
 }
 
 # The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are

@@ -138,8 +138,33 @@ def _megatron() -> RuntimeFacts:
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
         step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
-        fused_kernels="transformer-engine",
+        fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         sources={
+            "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
+                                   "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
+                                   "pytorch/module/linear.py 1122-1136 at f8a01cd5, v2.16.0; Megatron's own linears "
+                                   "wgrad_gemm_accum_fp32, megatron/core/tensor_parallel/layers.py 596-600); "
+                                   "--no-gradient-accumulation-fusion (arguments.py 2591-2595; transformer_engine.py "
+                                   "901, 1117 pass it as fuse_wgrad_accumulation): the GEMM writes a bf16 gradient "
+                                   "(linear.py 1122-1136; layers.py 643) and the DDP hook on its AccumulateGrad adds it "
+                                   "into main_grad and drops it (distributed_data_parallel.py 371-372, 466-470): read "
+                                   "2 + 4, write 4 in a kernel of its own, 2 + 10 = 12 B against 8: +4 B a weight a "
+                                   "microbatch, Megatron-LM 6e091e1b",
+            "fills_te_outputs": "--deterministic-mode calls torch.use_deterministic_algorithms(True) (megatron/training/"
+                                  "arguments.py 1528-1537, Megatron-LM 6e091e1b), whose fill_uninitialized_memory "
+                                  "(default True; torch docs, torch.utils.deterministic) writes NaN into every "
+                                  "aten::empty (seen here on torch 2.13.0, git cf30153c); TE allocates its GEMM "
+                                  "outputs (transformer_engine/pytorch/csrc/extensions/gemm.cpp 178-180 -> "
+                                  "quantizer.cpp 162), its norms' outputs and input gradients (normalization.cpp "
+                                  "23-25, 140, 224-225, 377) and attention's output and dQ, dK, dV (attention.cpp "
+                                  "156-157, 376-450) through at::empty / torch::empty, TE f8a01cd5, v2.16.0",
+            "logged_read_shard_bytes": "--log-params-norm: calc_params_l2_norm every iteration (training.py 3653-3654) "
+                                       "over each parameter's main_param, the fp32 shard the distributed optimizer "
+                                       "sets (megatron/training/utils/common_utils.py 51-151; distrib_optimizer.py "
+                                       "434-435), multi_tensor_l2norm: 4 B; --log-num-zeros-in-grad: count_zeros in "
+                                       "every step (optimizer.py 1014) over the shard's fp32 main grads "
+                                       "(count_zeros_fp32, clip_grads.py 199-260; distrib_optimizer.py 2697): 4 B, "
+                                       "Megatron-LM 6e091e1b",
             "fused_kernels": f"megatron/core/models/gpt/gpt_layer_specs.py (TELayerNormColumnParallelLinear: the norm "
                              f"inside linear_qkv / linear_fc1), megatron/core/fusions/fused_bias_swiglu.py, "
                              f"fused_bias_gelu.py (jit_fuser = torch.compile, megatron/core/jit.py), Megatron-LM "
@@ -403,6 +428,20 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
     if training.mtp_layers:
         refused.append(f"multi-token prediction (--mtp-layers {training.mtp_layers}) is not modelled: a profile "
                        "holds no MTP modules")
+    if getattr(training, "unfused_grad_accumulation", False) and not of(training).unfused_wgrad_bytes:
+        refused.append(f"--no-gradient-accumulation-fusion turns off Megatron-LM's fused weight-gradient "
+                       f"accumulation; {training.runtime}'s runtime has none to turn off: drop it or choose "
+                       "--runtime megatron")
+    logged = [flag for flag, on in (("--log-params-norm", getattr(training, "log_params_norm", False)),
+                                    ("--log-num-zeros-in-grad", getattr(training, "log_num_zeros_in_grad", False))) if on]
+    if logged and not of(training).logged_read_shard_bytes:
+        refused.append(f"{' and '.join(logged)} {'is' if len(logged) == 1 else 'are'} Megatron-LM's logging, read "
+                       f"for --runtime megatron only; {training.runtime}'s was not read: drop "
+                       f"{'it' if len(logged) == 1 else 'them'} or choose --runtime megatron")
+    if getattr(training, "deterministic", False) and not of(training).fills_te_outputs:
+        refused.append(f"--deterministic-mode is Megatron-LM's, read for --runtime megatron only (torch's NaN fill "
+                       f"of Transformer Engine's outputs); {training.runtime}'s was not read: drop it or choose "
+                       "--runtime megatron")
     if training.expert_tp is not None and training.expert_tp != tp:
         refused.append(f"expert tensor parallelism distinct from TP (--expert-tp {training.expert_tp} with TP {tp}) "
                        "is not modelled: the experts are split as the profile's TP splits them")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import comm, contextparallel, dataparallel, fsdp2work
+from planner.cost import comm, contextparallel, dataparallel, fsdp2work, jobsettings
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
     all_to_all_ms,
@@ -223,6 +223,17 @@ TERMS: tuple[Term, ...] = (
          "Transformer Engine's p2p ring or all-to-all over the heads (context_parallel.py d0067d0d), torch's "
          "all-gather ring (_attention.py, torch 2.13): bytes over the context-parallel group's link, a ring's steps "
          "hidden behind their attention steps, the all-to-all not"),
+    Term("weight gradients added into the fp32 main_grad by their own kernel (unfused accumulation)", "time",
+         "layer", lambda layer, ckpt, ctx: jobsettings.unfused_accumulation_ms(layer, ctx.profile, ctx.setup),
+         "the record's unfused_wgrad_bytes a weight a microbatch beyond the profile's accumulation (Megatron-LM's "
+         "--no-gradient-accumulation-fusion: TE linear.py's bf16 wgrad, the DDP hook's main_grad.add_) at the "
+         "profile's HBM bandwidth"),
+    Term("Transformer Engine's outputs filled with NaN first under deterministic mode", "time", "layer",
+         lambda layer, ckpt, ctx: jobsettings.deterministic_fill_ms(layer, ckpt, ctx.profile, ctx.setup),
+         "the record's fills_te_outputs: torch.use_deterministic_algorithms' fill_uninitialized_memory writes each "
+         "aten::empty, and TE allocates its GEMM, norm and attention outputs so (gemm.cpp, quantizer.cpp, "
+         "normalization.cpp, attention.cpp, TE v2.16.0): a dense block's bf16 forward outputs and input gradients "
+         "(and unfused bf16 weight gradients) at the profile's HBM bandwidth"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
@@ -230,6 +241,10 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: step_checks_ms(layer, ctx.profile, ctx.setup),
          "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket, the "
          "clipping norm, the fp32 main parameters copied to bf16) at the profile's HBM bandwidth"),
+    Term("the parameters' norm and the gradients' zeros logged each step", "step", "layer",
+         lambda layer, ckpt, ctx: jobsettings.logged_reads_ms(layer, ctx.profile, ctx.setup),
+         "the record's logged_read_shard_bytes over the rank's shard per read (Megatron-LM's --log-params-norm, "
+         "--log-num-zeros-in-grad) at the profile's HBM bandwidth"),
     Term("FSDP2's copies around its all-gathers and reduce-scatters", "step", "layer",
          lambda layer, ckpt, ctx: fsdp2work.fsdp2_copies_ms(
              layer.param_count, ctx.setup, ctx.profile.assumptions.get("gpu_hbm_tbps"),

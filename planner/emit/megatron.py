@@ -404,8 +404,22 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
         replicas = dataparallel.replicas(setup)
         if replicas > 1:  # megatron-core: the DP domain split into this many distributed-optimizer copies
             lines.append(arg("--num-distributed-optimizer-instances", replicas))
+    lines += _test_settings(setup.training)
     body = "\n".join(f"    {rounding.one_line(line)}" for line in lines)
     return f"CKPLAN_MEGATRON_ARGS=(\n{body}\n)\n# pretrain_gpt.py ... \"${{CKPLAN_MEGATRON_ARGS[@]}}\"\n"
+
+
+def _test_settings(training) -> list[str]:
+    """The settings the plan was scored with that are Megatron-LM flags of the same names
+    (planner/cost/jobsettings.py); deterministic mode with the environment Megatron-LM asks of it
+    (arguments.py 1528-1537, extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b)."""
+    lines = [arg(flag) for flag, on in (("--no-gradient-accumulation-fusion", training.unfused_grad_accumulation),
+                                        ("--log-params-norm", training.log_params_norm),
+                                        ("--log-num-zeros-in-grad", training.log_num_zeros_in_grad)) if on]
+    if training.deterministic:
+        lines += ["# --deterministic-mode needs NCCL_ALGO=Ring (or Tree) and NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 set",
+                  arg("--deterministic-mode")]
+    return lines
 
 
 def _split_arguments(counts: list[int], num_ranks: int, chunks: int) -> list[str]:

@@ -148,6 +148,16 @@ class TrainingSetup(Strict):
     mtp_layers: int = Field(default=0, ge=0, le=64)
     # expert tensor-parallel degree (Megatron --expert-tensor-parallel-size; None: the TP degree)
     expert_tp: int | None = Field(default=None, ge=1, le=MAX_RANKS)
+    # Megatron-LM's --no-gradient-accumulation-fusion: each weight gradient written in bf16, then added
+    # into the fp32 main_grad by the DDP hook (the runtime record's unfused_wgrad_bytes; refused where 0)
+    unfused_grad_accumulation: bool = False
+    # Megatron-LM's --log-params-norm and --log-num-zeros-in-grad: the parameters' norm and the
+    # gradients' zeros read once a step (the record's logged_read_shard_bytes; refused where 0)
+    log_params_norm: bool = False
+    log_num_zeros_in_grad: bool = False
+    # Megatron-LM's --deterministic-mode: torch's deterministic algorithms, whose NaN fill of each
+    # aten::empty writes Transformer Engine's outputs twice (the record's fills_te_outputs)
+    deterministic: bool = False
 
 
 class TimeConstants(Strict):

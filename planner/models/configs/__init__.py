@@ -55,6 +55,11 @@ class JobSettings:
     cp_comm: Literal["p2p", "allgather", "a2a"] | None = None  # context parallelism's K/V exchange (None: the runtime's)
     float8: bool = False  # Float8 linears (torchtitan's float8 converter; Megatron-LM's --fp8-format)
     fp8_all_gather: bool = False  # FSDP2's float8 all-gather of their weights (torchtitan)
+    # Megatron-LM's --no-gradient-accumulation-fusion, --log-params-norm, --log-num-zeros-in-grad (time)
+    unfused_grad_accumulation: bool = False
+    log_params_norm: bool = False
+    log_num_zeros_in_grad: bool = False
+    deterministic: bool = False  # Megatron-LM's --deterministic-mode (its NaN fill; attention not charged)
     # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
     # dates itself; None: the newest read (Job.notes says which and why)
     runtime_version: str | None = None

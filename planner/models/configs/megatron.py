@@ -418,11 +418,39 @@ def _settings(flags: _Flags, job: Job) -> None:
     # on by default (arguments.py 2519-2521 at 6e091e1b); its --no- form is listed (megatron_flags.NOT_MODELLED)
     flags.take("--check-for-nan-in-loss-and-grad", "the NaN check of every gradient bucket before its reduction "
                "(timed: the runtime record's step_whole_bytes)", bool)
+    _test_settings(flags, job)
     moments = ("--exp-avg-dtype", "--exp-avg-sq-dtype")
     if flags.has("--use-precision-aware-optimizer") and all(flags.given.get(f) == ["bf16"] for f in moments):
         for flag in moments:
             flags.take(flag, "Adam's moment in bf16 (optimizer_state_dtype bf16: 2 B where fp32 is 4)")
         job.modelled.optimizer_state_dtype = "bf16"
+
+
+def _test_settings(flags: _Flags, job: Job) -> None:
+    """The settings Megatron-LM's functional tests run that move bytes (the runtime record's
+    unfused_wgrad_bytes, logged_read_shard_bytes; planner/cost/jobsettings.py), each a flag of
+    arguments.py at 6e091e1b."""
+    modelled = job.modelled
+    modelled.unfused_grad_accumulation = bool(flags.take(
+        "--no-gradient-accumulation-fusion", "each weight gradient written in bf16 and added into the fp32 main_grad "
+        "by the DDP hook: 4 B more a weight a microbatch (--no-gradient-accumulation-fusion)", bool, False))
+    modelled.log_params_norm = bool(flags.take(
+        "--log-params-norm", "the parameters' norm over the rank's fp32 shard every iteration: 4 B a parameter of the "
+        "shard a step (--log-params-norm)", bool, False))
+    modelled.log_num_zeros_in_grad = bool(flags.take(
+        "--log-num-zeros-in-grad", "the gradients' zeros counted over the rank's fp32 shard every step: 4 B a "
+        "parameter of the shard (--log-num-zeros-in-grad)", bool, False))
+    modelled.deterministic = bool(flags.take(
+        "--deterministic-mode", "torch's deterministic algorithms (arguments.py 1528-1537): each of Transformer "
+        "Engine's GEMM, norm and attention outputs filled with NaN before it is written (--deterministic-mode); "
+        "TE's deterministic "
+        "attention backward (cuDNN's on sm90+, FlashAttention-2's below: dot_product_attention/utils.py 1293-1356, "
+        "1436-1442, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) has no published rate and is timed as "
+        "the non-deterministic kernel", bool, False))
+    if modelled.deterministic:
+        flags.notes.append("--deterministic-mode: torch's NaN fill of Transformer Engine's outputs is charged; "
+                           "its deterministic attention backward is not (no published rate: timed as the "
+                           "non-deterministic kernel)")
 
 
 def _float8(flags: _Flags, job: Job) -> None:

@@ -102,21 +102,11 @@ NOT_MODELLED = {
     "--no-check-for-nan-in-loss-and-grad": "the NaN check of every gradient bucket turned off: the runtime record's "
                                            "step_whole_bytes (4 B a parameter read once a step, planner/cost/runtimes.py) "
                                            "is timed all the same",
-    "--log-params-norm": "the parameters' norm each step, over the fp32 main shard (common_utils.py 51-120 at "
-                         "6e091e1b): time only, a few ms, not charged",
-    "--log-num-zeros-in-grad": "the gradients' zeros counted each step over the shard: time only, not charged",
-    "--deterministic-mode": "deterministic kernels and NCCL algorithms: Transformer Engine turns cuDNN's fused attention "
-                            "off below sm90 and runs its deterministic backward on sm90 and later (dot_product_attention/"
-                            "utils.py 1293-1356, fused_attn.cpp 459-466, TE v2.16); no published figure for that backward: "
-                            "timed as the non-deterministic kernel",
     "--no-bias-gelu-fusion": "the GeLU and its bias as eager ops: timed as Megatron's fused bias-GeLU all the same "
                              "(the record's fused_kernels, planner/profiler/te_fused.py)",
     "--no-bias-swiglu-fusion": "SwiGLU as eager ops: timed as the fused bias-SwiGLU all the same (the record's "
                                "fused_kernels)",
     "--no-rope-fusion": "rotary as eager ops: timed as TE's fused rotary all the same (the record's fused_kernels)",
-    "--no-gradient-accumulation-fusion": "each weight gradient made in bf16, then added into the fp32 main_grad "
-                                         "(megatron/core/distributed/distributed_data_parallel.py 466-470): time only, "
-                                         "not charged",
     "--attention-softmax-in-fp32": "the unfused attention's softmax in fp32 (its scores are charged at 16 bits)",
     "--empty-unused-memory-level": "torch.cuda.empty_cache() calls during the step: lowers the reserved peak",
     "--distribute-saved-activations": "recomputed layers' inputs split over the TP group",
@@ -200,10 +190,14 @@ def recompute_modules_option(modules, moe: bool) -> str:
 ENV_VARS = {
     "CUBLAS_WORKSPACE_CONFIG": ("modelled", ":4096:8", "torch's cuBLAS workspace, 8 x 4 MiB, held after the step "
                                 "(runtimes: megatron's cublas_workspace_bytes)"),
-    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("not modelled", None, "deterministic attention kernels in Transformer "
-                                         "Engine: time only, not charged"),
-    "CUDA_DEVICE_MAX_CONNECTIONS": ("not modelled", None, "one hardware queue, which orders TP communication "
-                                    "before the GEMMs: time only, not charged"),
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("not modelled", None, "0: Transformer Engine's deterministic attention "
+                                         "backward (as --deterministic-mode says): no published rate, timed as the "
+                                         "non-deterministic kernel"),
+    "CUDA_DEVICE_MAX_CONNECTIONS": ("not modelled", None, "1: one hardware queue, kernels started in the order "
+                                    "launched (megatron/core/tensor_parallel/layers.py 684-692, 6e091e1b), so an "
+                                    "asynchronous collective starts before the GEMM launched after it: the cost model "
+                                    "already charges every TP collective and pipeline send on the critical path and "
+                                    "hides only the data-parallel reduction, as this ordering lets it"),
     "NCCL_ALGO": ("modelled", "Ring", "collectives charged as rings (planner/cost/comm.py)"),
     "NVTE_FWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "SMs the LayerNorm kernels leave to communication: time "
                                      "only, not charged"),

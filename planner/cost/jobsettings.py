@@ -1,0 +1,108 @@
+"""Settings a job states that move bytes the profile does not, each timed from its runtime record
+(planner/cost/runtimes.py) at the profile's GPU's HBM bandwidth, memory-bound (issue 35: the
+settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-LM 6e091e1b):
+
+- unfused weight-gradient accumulation (Megatron-LM's --no-gradient-accumulation-fusion): per
+  microbatch, each weight's bf16 gradient added into its fp32 main_grad by a kernel of its own, the
+  record's `unfused_wgrad_bytes` a weight beyond the accumulation the profile charges. Embedding
+  tables are not linears: their gradients take that path with or without the setting.
+- the logging reads (--log-params-norm, --log-num-zeros-in-grad): once a step, each over the rank's
+  optimizer shard, the record's `logged_read_shard_bytes` a parameter.
+- deterministic mode (--deterministic-mode): torch.use_deterministic_algorithms(True) makes every
+  aten::empty write NaN into the tensor before returning it (torch.utils.deterministic.
+  fill_uninitialized_memory, default True), and Transformer Engine allocates its outputs through
+  at::empty (the record's `fills_te_outputs`; TE f8a01cd5: GEMM outputs gemm.cpp 178-180 and
+  quantizer.cpp 162, the norms' outputs and input gradients normalization.cpp 23-25, 140, 224-225, 377,
+  attention's output and dQ, dK, dV attention.cpp 156-157, 376-450): per microbatch a dense block's
+  bf16 outputs forward and input gradients backward (and the bf16 weight gradients where accumulation
+  is unfused) are written once more; again in a recomputed forward. Per-token fp32 statistics (the
+  norms' mu and rsigma, the softmax's), TE's workspaces (cuDNN's deterministic backward's among them:
+  sizes not read) are left out. Read from the profile's model (an analytic or --hf-config profile's
+  `assumptions.model`); MoE blocks and other layers are not read (0). cuDNN's deterministic attention
+  backward itself has no published rate: not charged.
+
+Memory is unchanged: the unfused bf16 gradient lives from its GEMM to the DDP hook that runs right
+after its AccumulateGrad, one linear's weight at a time, inside the backward transients the profile
+charges at the moments that set a stage's peak (docs/published-runs.md §12.megtest)."""
+
+from __future__ import annotations
+
+from planner.cost import dataparallel, runtimes
+from planner.cost.layers import LayerCost
+from planner.schema import OPTION_FULL, Profile, TrainSetup
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _hbm_tbps(profile: Profile) -> float | None:
+    tbps = profile.assumptions.get("gpu_hbm_tbps")
+    return tbps if isinstance(tbps, (int, float)) and not isinstance(tbps, bool) and tbps > 0 else None
+
+
+def weight_param_count(layer: LayerCost) -> int:
+    """The layer's parameters whose gradients a linear's wgrad GEMM makes: all but an embedding
+    table's (a block's norms and biases, under 0.1% of it, counted with its linears)."""
+    return 0 if "embedding" in layer.kind.lower() else layer.param_count
+
+
+def unfused_accumulation_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch the layer's unfused weight-gradient accumulation adds to its backward; 0
+    where the setup keeps the fused path or the profile names no HBM bandwidth (a measured step)."""
+    tbps = _hbm_tbps(profile)
+    if not setup.training.unfused_grad_accumulation or tbps is None:
+        return 0.0
+    moved = weight_param_count(layer) * runtimes.of(setup.training).unfused_wgrad_bytes
+    return moved / (tbps * 1e12) * 1e3
+
+
+def logged_reads_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """ms once a step the setup's logging reads take over the layer's share of the rank's shard."""
+    training = setup.training
+    reads = int(training.log_params_norm) + int(training.log_num_zeros_in_grad)
+    tbps = _hbm_tbps(profile)
+    if not reads or tbps is None:
+        return 0.0
+    shard = layer.param_count / dataparallel.shard_size(setup)
+    moved = reads * shard * runtimes.of(training).logged_read_shard_bytes
+    return moved / (tbps * 1e12) * 1e3
+
+
+def te_output_elements(profile: Profile, layer: LayerCost) -> tuple[int, int]:
+    """(forward, backward) bf16 elements a token that a dense decoder block's TE modules allocate on
+    one device. Forward: the two norms' outputs (2h), linear_qkv's Q, K, V, the attention's output (q),
+    linear_proj's h, linear_fc1's f (2f gated), linear_fc2's h. Backward: each GEMM's input gradient
+    (h, q, h, f), the attention's dQ, dK, dV, the norms' input gradients (2h). (0, 0) for any other
+    layer, or where the profile does not describe its model."""
+    model, found = profile.assumptions.get("model"), profile.assumptions
+    if layer.kind != "decoder_block" or not isinstance(model, dict) or model.get("num_experts") \
+            or model.get("kv_lora_rank"):
+        return 0, 0
+    try:
+        tp, h, heads = int(found.get("tp", 1)), int(model["hidden_size"]), int(model["num_heads"])
+        kv_heads, width = int(model.get("num_kv_heads") or heads), int(model["intermediate_size"])
+        head = int(model.get("head_dim") or h // heads)
+    except (KeyError, TypeError, ValueError):
+        return 0, 0
+    q, kv, f = heads // tp * head, max(kv_heads // tp, 1) * head, width // tp
+    fc1 = 2 * f if model.get("style") == "llama" else f
+    gemms = (q + 2 * kv + h + fc1 + h, h + q + h + f)
+    return gemms[0] + 2 * h + q, gemms[1] + q + 2 * kv + 2 * h
+
+
+def deterministic_fill_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch torch's NaN fill of the layer's TE outputs adds under deterministic
+    mode (recomputed: the forward's again); 0 off, or where nothing is read."""
+    training, tbps = setup.training, _hbm_tbps(profile)
+    if not training.deterministic or tbps is None or not runtimes.of(training).fills_te_outputs:
+        return 0.0
+    fwd, bwd = te_output_elements(profile, layer)
+    if not fwd:
+        return 0.0
+    found = profile.assumptions
+    tokens = int(found.get("seq_len", 0)) * profile.micro_batch_size // max(int(found.get("cp", 1) or 1), 1)
+    element = DTYPE_BYTES.get(str(found.get("dtype")), 2)
+    reruns = 1 if layer.options[int(ckpt)].name == OPTION_FULL else 0
+    moved = (fwd * (1 + reruns) + bwd) * tokens * element
+    if training.unfused_grad_accumulation:  # the bf16 weight gradients, each allocated by its GEMM
+        moved += weight_param_count(layer) * element
+    return moved / (tbps * 1e12) * 1e3

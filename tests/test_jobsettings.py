@@ -1,0 +1,191 @@
+"""The settings Megatron-LM's functional tests run that move bytes the profile does not
+(planner/cost/jobsettings.py): --no-gradient-accumulation-fusion, the logging reads and
+--deterministic-mode's NaN fill, counted by hand on tiny blocks, through evaluate, refused elsewhere,
+and read from a Megatron config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner import io
+from planner.cli import cli
+from planner.cost import jobsettings
+from planner.cost.layers import layer_costs
+from planner.models import archs
+from planner.profiler import analytic
+from planner.profiler.analytic import Shape
+from planner.schema import FileRef, TrainSetup
+
+HBM = 3.35e12  # the H100's bandwidth, as the analytic profile records it
+H, F, V, POS = 64, 256, 128, 32
+# a GPT block (Megatron's default biases, LayerNorm with a bias, no GQA): Q/K/V 3h x h + 3h, the
+# projection h x h + h, fc1 f x h + f, fc2 h x f + h, two LayerNorms 2 x 2h
+BLOCK = 3 * H * H + 3 * H + H * H + H + F * H + F + H * F + H + 2 * 2 * H
+# the final LayerNorm (2h) and the untied output layer (V x h)
+HEAD = 2 * H + V * H
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("p")
+    config = folder / "tiny.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": H, "n_layer": 2, "n_head": 4, "n_inner": F,
+                                  "vocab_size": V, "n_positions": POS, "tie_word_embeddings": False}))
+    path = folder / "tiny-profile.json"
+    made = CliRunner().invoke(cli, ["profile", "--arch-config", str(config), "--seq-len", str(POS),
+                                    "--micro-batch-size", "1", "--gpu", "h100", "--out", str(path)])
+    assert made.exit_code == 0, made.output
+    return path
+
+
+def _setup(runtime="megatron", **training) -> TrainSetup:
+    return TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**40], precision="bf16-mixed",
+                      runtime=runtime, dp=2, zero=1, **training)
+
+
+def test_unfused_accumulation_adds_4_bytes_a_weight_a_microbatch_and_none_for_the_embedding(tiny_path):
+    profile = io.load_profile(tiny_path)
+    embedding, block, *_, head = layer_costs(profile)
+    assert (block.param_count, head.param_count) == (BLOCK, HEAD)
+    unfused = _setup(unfused_grad_accumulation=True)
+    # the DDP hook's add reads the bf16 gradient (2) and the fp32 main_grad (4) and writes it (4), and the
+    # GEMM writes the bf16 gradient (2): 12 B where the fused GEMM's epilogue reads and writes 4 + 4
+    assert jobsettings.unfused_accumulation_ms(block, profile, unfused) == pytest.approx(BLOCK * 4 / HBM * 1e3)
+    assert jobsettings.unfused_accumulation_ms(head, profile, unfused) == pytest.approx(HEAD * 4 / HBM * 1e3)
+    assert jobsettings.unfused_accumulation_ms(embedding, profile, unfused) == 0.0  # a lookup: no wgrad GEMM
+    assert jobsettings.unfused_accumulation_ms(block, profile, _setup()) == 0.0  # fused (the default)
+
+
+def test_the_logging_reads_read_the_rank_s_fp32_shard_once_a_step_each(tiny_path):
+    profile = io.load_profile(tiny_path)
+    block = layer_costs(profile)[1]
+    both = _setup(log_params_norm=True, log_num_zeros_in_grad=True)
+    # the norm over the fp32 main parameters and the zeros of the fp32 main grads: 4 B each over 1 / DP 2
+    assert jobsettings.logged_reads_ms(block, profile, both) == pytest.approx(BLOCK * 2 * 4 / 2 / HBM * 1e3)
+    one = _setup(log_params_norm=True)
+    assert jobsettings.logged_reads_ms(block, profile, one) == pytest.approx(BLOCK * 4 / 2 / HBM * 1e3)
+    assert jobsettings.logged_reads_ms(block, profile, _setup()) == 0.0
+
+
+def test_deterministic_mode_fills_each_te_output_once_more(tiny_path):
+    profile = io.load_profile(tiny_path)
+    embedding, block, *_, head = layer_costs(profile)
+    tokens = POS  # one sequence of 32 tokens
+    # forward: the GEMMs' Q/K/V (3h: 4 heads of 16, no GQA), projection (h), fc1 (f), fc2 (h), the two
+    # norms' outputs (2h) and the attention's output (h); backward each GEMM's input gradient (h, h, h, f),
+    # dQ, dK, dV (3h) and the norms' input gradients (2h); 2 B each (bf16)
+    elements = (3 * H + H + F + H + 2 * H + H, H + H + H + F + 3 * H + 2 * H)
+    forward, backward = elements[0] * tokens * 2, elements[1] * tokens * 2
+    assert jobsettings.te_output_elements(profile, block) == elements
+    on = _setup(deterministic=True)
+    assert jobsettings.deterministic_fill_ms(block, 0, profile, on) == pytest.approx((forward + backward) / HBM * 1e3)
+    # a recomputed block allocates its forward's outputs again
+    assert jobsettings.deterministic_fill_ms(block, 1, profile, on) == pytest.approx((2 * forward + backward) / HBM * 1e3)
+    # with unfused accumulation each weight gradient is a bf16 tensor its GEMM allocates too
+    both = _setup(deterministic=True, unfused_grad_accumulation=True)
+    assert jobsettings.deterministic_fill_ms(block, 0, profile, both) == pytest.approx(
+        (forward + backward + BLOCK * 2) / HBM * 1e3)
+    # the embedding and the head (Megatron's own output linear, torch.matmul) are not TE GEMMs; off: nothing
+    assert jobsettings.deterministic_fill_ms(embedding, 0, profile, on) == 0.0
+    assert jobsettings.deterministic_fill_ms(head, 0, profile, on) == 0.0
+    assert jobsettings.deterministic_fill_ms(block, 0, profile, _setup()) == 0.0
+
+
+def test_a_llama_block_fills_its_fused_gate_and_up_output_at_the_groups_width(tmp_path):
+    arch = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=1, num_heads=4,
+                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=32)
+    profile = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2, tp=2), gpu=archs.gpu("h100"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64))
+    block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
+    # per device at TP 2: Q 2 heads x 16, K and V 1 group x 16 each, gate and up 2 x 80, the norms 2h, the
+    # attention's output 32; backward h, 32, h, 80, dQ 32, dK and dV 16 each, the norms 2h
+    assert jobsettings.te_output_elements(profile, block) == (32 + 2 * 16 + 64 + 2 * 80 + 64 + 2 * 64 + 32,
+                                                              64 + 32 + 64 + 80 + 32 + 2 * 16 + 2 * 64)
+
+
+def _rank(path, *extra) -> dict:
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4",
+                                      "--ckpt-per-stage", "0", "--microbatches", "3", "--dp", "2", "--zero", "1",
+                                      "--mem", "80GB", "--precision", "bf16-mixed", "--runtime", "megatron", "--json",
+                                      *extra])
+    assert result.exit_code == 0, result.output
+    found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    return found["hand"]
+
+
+def test_evaluate_charges_them_per_microbatch_and_per_step(tiny_path):
+    plain = _rank(tiny_path)
+    given = _rank(tiny_path, "--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad",
+                  "--deterministic-mode")
+    weights = 2 * BLOCK + HEAD  # the two blocks and the head; the embedding's gradient is not a GEMM's
+    fill = 2 * ((3 * H + H + F + H + 3 * H) + (H + H + H + F + 5 * H)) * POS * 2 + 2 * BLOCK * 2  # two blocks' TE outputs
+    per_microbatch = (weights * 4 + fill) / HBM * 1e3
+    per_step = (weights + (V * H + POS * H)) * 2 * 4 / 2 / HBM * 1e3  # the logging reads cover every parameter
+    grown = given["iteration_ms"] - plain["iteration_ms"]
+    assert grown == pytest.approx(3 * per_microbatch + per_step)
+    assert given["stages"][0]["time_ms"] - plain["stages"][0]["time_ms"] == pytest.approx(per_microbatch)
+    assert given["stages"][0]["peak_bytes"] == plain["stages"][0]["peak_bytes"]  # time only
+
+
+@pytest.mark.parametrize("flag", ["--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad",
+                                  "--deterministic-mode"])
+def test_other_runtimes_refuse_them_in_one_sentence(tiny_path, flag):
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(tiny_path), "--layers-per-stage", "4",
+                                      "--ckpt-per-stage", "0", "--microbatches", "3", "--mem", "80GB",
+                                      "--precision", "bf16-mixed", "--runtime", "torchtitan", flag])
+    assert result.exit_code != 0
+    assert flag in result.output and "--runtime megatron" in result.output
+    assert "Traceback" not in result.output
+
+
+MEGATRON_ARGS = """\
+--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 256 --seq-length 32
+--max-position-embeddings 32 --vocab-size 128 --micro-batch-size 1 --global-batch-size 4 --bf16
+--untie-embeddings-and-output-weights --use-distributed-optimizer
+--no-gradient-accumulation-fusion --log-params-norm --log-num-zeros-in-grad --deterministic-mode
+"""
+
+
+def test_the_megatron_reader_models_the_flags_and_lists_deterministic_mode(tmp_path):
+    from planner.models.configs import megatron
+
+    path = tmp_path / "args.sh"
+    path.write_text("torchrun --nproc_per_node 2 pretrain_gpt.py " + MEGATRON_ARGS.replace("\n", " \\\n"))
+    job = megatron.read(path)
+    status = {s.name: s.status for s in job.settings}
+    for flag in ("--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad",
+                 "--deterministic-mode"):
+        assert status[flag] == "modelled"
+    assert (job.modelled.unfused_grad_accumulation, job.modelled.log_params_norm,
+            job.modelled.log_num_zeros_in_grad, job.modelled.deterministic) == (True, True, True, True)
+    # its attention backward has no published rate: said in the flag's sentence, not dropped
+    assert "no published rate" in {s.name: s.what for s in job.settings}["--deterministic-mode"]
+    assert any(note.startswith("--deterministic-mode: ") and "not (no published rate" in note for note in job.notes)
+
+
+def test_the_megatron_export_writes_them_and_reads_back_the_same_and_other_targets_refuse(tiny_path, tmp_path):
+    from planner.models.configs import megatron
+
+    plan = tmp_path / "plan.yaml"
+    flags = ("--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad", "--deterministic-mode")
+    solved = CliRunner().invoke(cli, ["solve", "--profile", str(tiny_path), "--stages", "1", "--microbatches", "2",
+                                      "--mem", "80GB", "--precision", "bf16-mixed", "--runtime", "megatron", *flags,
+                                      "--out", str(plan)])
+    assert solved.exit_code == 0, solved.output
+    out = tmp_path / "args.sh"
+    exported = CliRunner().invoke(cli, ["export", str(plan), "--to", "megatron", "--out", str(out)])
+    assert exported.exit_code == 0, exported.output
+    text = out.read_text()
+    assert all(flag in text for flag in flags) and "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0" in text
+    script = tmp_path / "train.sh"
+    script.write_text(text + "\ntorchrun --nproc_per_node 1 pretrain_gpt.py --seq-length 32 --max-position-embeddings 32 "
+                      "--vocab-size 128 --num-attention-heads 4 ${CKPLAN_MEGATRON_ARGS[@]}\n")
+    job = megatron.read(script)
+    assert (job.modelled.unfused_grad_accumulation, job.modelled.log_params_norm, job.modelled.log_num_zeros_in_grad,
+            job.modelled.deterministic) == (True, True, True, True)
+    refused = CliRunner().invoke(cli, ["export", str(plan), "--to", "deepspeed", "--out", str(tmp_path / "ds.json")])
+    assert refused.exit_code != 0 and "--deterministic-mode" in refused.output and "Traceback" not in refused.output
+    assert not (tmp_path / "ds.json").exists()
