@@ -663,3 +663,19 @@ def test_every_flag_megatrons_arguments_define_is_listed_never_dropped():
     unknown = [flag for flag, found in statuses.items() if found == ["unknown"]]
     assert len(statuses) == 382 and len(unknown) == 148  # 310 before branch flags classified 161, mbridge 1 (--no-bias-swiglu-fusion)
     assert {"--rl-partial-rollouts", "--inference-max-requests", "--muon-momentum"}.isdisjoint(unknown)
+
+
+# ---------------------------------------------------------------- a user's first hour (trial2)
+
+
+def test_megatron_gelu_experts_are_refused_not_scored_as_a_dense_mlp(tmp_path):
+    """Megatron-LM's gpt-oss example (examples/gptoss/02_train.sh at d98e8a64): --num-experts with no
+    --swiglu. The GPT-style block has one dense MLP, so its experts made a negative kept byte count."""
+    path = tmp_path / "args.yaml"
+    path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in (
+        BASE.replace("--swiglu: true\n", "") + "\n--num-experts: 4\n--moe-router-topk: 2").splitlines()))
+    result = run("evaluate", "--from-megatron", path, "--gpus", "1")
+    assert result.exit_code != 0
+    assert "--num-experts without --swiglu is a mixture of GeLU experts" in result.output
+    assert "no device holds" not in result.output  # before: the negative bytes, as pydantic said them
+
