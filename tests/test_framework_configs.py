@@ -679,3 +679,52 @@ def test_megatron_gelu_experts_are_refused_not_scored_as_a_dense_mlp(tmp_path):
     assert "--num-experts without --swiglu is a mixture of GeLU experts" in result.output
     assert "no device holds" not in result.output  # before: the negative bytes, as pydantic said them
 
+
+def test_megatron_expert_parallelism_past_the_data_parallel_ranks_names_the_scripts_flag(tmp_path):
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh on one node: PP 4 of 8 GPUs leaves 2
+    data-parallel ranks for --expert-model-parallel-size 8. Before, the sentence named ckplan's --ep
+    and --dp, which the user never gave, and said to raise --dp."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --num-layers 8 --hidden-size 256 "
+                      "--num-attention-heads 8 --seq-length 128 --vocab-size 1024 --swiglu --bf16 --num-experts 8 "
+                      "--pipeline-model-parallel-size 4 --expert-model-parallel-size 8\n")
+    result = run("evaluate", "--from-megatron", script)
+    assert result.exit_code != 0
+    assert "--expert-model-parallel-size 8 does not divide the 2 data-parallel ranks" in result.output
+    assert "give --gpus N, a multiple of TP 1 x PP 4 x EP 8 = 32" in result.output
+    assert "raise --dp" not in result.output
+    # on 32 GPUs the default global batch (one microbatch a data-parallel rank) is fewer microbatches
+    # than stages: said in the script's batch flags, not as --microbatches, which a config does not take
+    said = run("evaluate", "--from-megatron", script, "--gpus", "32").output
+    assert "1 microbatch per pipeline, fewer than its 4 stages" in said and "--microbatches" not in said
+    assert "give --global-batch-size 32 or more" in said
+    script.write_text(script.read_text().replace(" --bf16", " --bf16 --global-batch-size 32"))
+    run_ok("evaluate", "--from-megatron", script, "--gpus", "32")
+
+
+def test_megatron_gpu_count_from_the_launcher_line_is_not_called_a_gpus_option(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --num-layers 8 --hidden-size 256 "
+                      "--num-attention-heads 8 --seq-length 128 --vocab-size 1024 --swiglu --bf16 "
+                      "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2\n")
+    said = run("evaluate", "--from-megatron", script).output
+    assert "launcher line starts 8 GPUs (read without its environment), not a multiple of TP 8 x PP 2" in said
+    assert "give --gpus N, a multiple of 16" in said and "--gpus 8" not in said
+    assert "--gpus 8 is not a multiple of TP 8 x PP 2" in run("evaluate", "--from-megatron", script, "--gpus", "8").output
+
+
+def test_torchtitan_toml_giving_every_degree_gives_the_gpu_count(tmp_path):
+    """torchtitan asserts dp_replicate x dp_shard x cp x tp x pp == WORLD_SIZE
+    (torchtitan/distributed/parallel_dims.py _validate at 238fa9953e4a): a TOML with no -1 states the
+    GPUs. Before, it was refused as not saying them."""
+    config = tmp_path / "job.toml"
+    config.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 1024\nlocal_batch_size = 1\n'
+                      "[parallelism]\ndata_parallel_shard_degree = 4\ndata_parallel_replicate_degree = 2\n"
+                      "tensor_parallel_degree = 2\n")
+    result = run_ok("evaluate", "--from-torchtitan", config)
+    assert "16 GPUs: the product of the degrees the file gives" in result.output
+    summary = json.loads(run_ok("evaluate", "--from-torchtitan", config, "--json").stdout)
+    assert summary["gpus"] == 16
+    open_ended = tmp_path / "rest.toml"
+    open_ended.write_text(config.read_text().replace("data_parallel_shard_degree = 4", "data_parallel_shard_degree = -1"))
+    assert "does not say how many GPUs the job runs on" in run("evaluate", "--from-torchtitan", open_ended).output
