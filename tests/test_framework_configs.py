@@ -728,3 +728,33 @@ def test_torchtitan_toml_giving_every_degree_gives_the_gpu_count(tmp_path):
     open_ended = tmp_path / "rest.toml"
     open_ended.write_text(config.read_text().replace("data_parallel_shard_degree = 4", "data_parallel_shard_degree = -1"))
     assert "does not say how many GPUs the job runs on" in run("evaluate", "--from-torchtitan", open_ended).output
+
+
+def test_torchtitan_qwen3_dense_flavors_are_read(tmp_path):
+    """torchtitan's own qwen3_32b.toml (fixture, copied at 238fa9953e4a) was refused as a flavor ckplan
+    did not know; its dense flavors are built-ins now, as qwen3_args gives them."""
+    summary = evaluated("--from-torchtitan", "torchtitan_qwen3_32b.toml", "--gpus", "8")
+    assert (summary["model"], summary["dp"], summary["zero"], summary["micro_batch_size"]) == ("qwen3-32b", 8, 3, 2)
+    assert all(rank["recompute"] or rank["checkpointed"] for rank in summary["ranks"])  # mode = "full"
+    for flavor in ("0.6B", "1.7B", "4B", "8B", "14B", "32B"):
+        assert torchtitan.FLAVORS[("qwen3", flavor)] == f"qwen3-{flavor.lower()}"
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-32b"])
+def test_qwen3_builtins_count_the_parameters_transformers_builds(name):
+    """Tied (0.6B) and untied (32B): the built-in's parameters equal transformers' Qwen3 of its
+    dimensions, built on the meta device."""
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    from planner.models import archs
+    from planner.profiler import analytic
+
+    arch = archs.arch(name)
+    config = transformers.Qwen3Config(
+        hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads, head_dim=arch.head_dim,
+        vocab_size=arch.vocab_size, tie_word_embeddings=arch.tie_word_embeddings)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert analytic.total_params(arch) == sum(p.numel() for p in model.parameters())
