@@ -353,3 +353,12 @@ def test_torchtitan_without_a_pipeline_accumulates_the_plans_microbatches(tmp_pa
     assert run("export", piped, "--to", "torchtitan", "--torchtitan-version", "0.2.2", "--out", out).exit_code == 0
     assert "global_batch_size" not in out.read_text()
     assert tomllib.loads(out.read_text())["training"]["local_batch_size"] == 6
+
+
+def test_torchtitan_0_2_says_its_uniform_setting_in_words(tmp_path):
+    """selective_ac_option = "3" was said 'every 3th decoder layer'."""
+    profile, plan, path = write(tmp_path, SIZES, CHECKPOINTED, cap_mib=85)
+    result = torchtitan.export(plan, profile, plan_file=str(path), version="0.2.2")
+    assert 'selective_ac_option = "2"' in result.text
+    assert ("one [activation_checkpoint] for all stages: one decoder layer in every 2 a rank builds checkpointed"
+            in result.rounded.changes)

@@ -427,7 +427,7 @@ def _uniform(exact: rounding.Rounded, roles, profile: Profile):
     chosen, fits = rounding.scored_choice(candidates, profile)
     mode, every = options[candidates.index(chosen)]
     described = {"none": "no checkpointing", "full": "every decoder layer checkpointed"}.get(
-        mode, f"every {every}th decoder layer a rank builds checkpointed")
+        mode, f"one decoder layer in every {every} a rank builds checkpointed")
     chosen.changes.append(f"one [activation_checkpoint] for all stages: {described}")
     if not fits:
         chosen.changes.append("no uniform setting fits; this one comes closest")
