@@ -758,3 +758,18 @@ def test_qwen3_builtins_count_the_parameters_transformers_builds(name):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert analytic.total_params(arch) == sum(p.numel() for p in model.parameters())
+
+
+def test_a_float8_jobs_mfu_says_its_peak():
+    """Megatron-LM's FP8 LLaMA 3 8B example scores an MFU near 100% of the BF16 peak, as torchtitan
+    and Megatron-LM divide; the FP8 peak its matmuls run at is said beside it."""
+    from planner.models import archs
+
+    summary = evaluated("--from-megatron", "megatron_llama3_8b_h100_fp8.sh")
+    gpu = archs.gpu("h100")
+    share = summary["mfu"] * gpu.bf16_tflops / gpu.fp8_tflops
+    said = " ".join(run_ok("evaluate", "--from-megatron", CONFIGS / "megatron_llama3_8b_h100_fp8.sh").output.split())
+    assert f"MFU {summary['mfu']:.1%} of the dense BF16 peak ({share:.1%} of the dense FP8 peak" in said
+    bf16 = " ".join(run_ok("evaluate", "--from-torchtitan", CONFIGS / "torchtitan_llama3_8b.toml", "--gpus", "8")
+                    .output.split())
+    assert "of the dense BF16 peak (torchtitan" in bf16 and "FP8 peak" not in bf16

@@ -289,6 +289,14 @@ def run(*, from_megatron: Path | None, from_torchtitan: Path | None, gpus: int |
         _print(prediction, device)
 
 
+def _fp8_share(prediction, device) -> str:
+    """A Float8 job's matmuls run against the FP8 peak: its MFU against BF16's can pass 100%."""
+    if not prediction.job.modelled.float8 or not device.fp8_tflops:
+        return ""
+    share = prediction.mfu(device) * device.bf16_tflops / device.fp8_tflops
+    return f" ({share:.1%} of the dense FP8 peak its matmuls run at)"
+
+
 def rank_rows(prediction) -> list[dict]:
     """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries)."""
     return [{"rank": s.index, "layers": s.layers, "checkpointed": s.checkpointed, "recompute": s.recompute,
@@ -335,7 +343,7 @@ def _print(prediction, device) -> None:
                                 "reserved peak", "cap", "fits", "time/mb"], rows, right_from=2))
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
-                  f"({MFU_SOURCE})")
+                  f"of the dense BF16 peak{_fp8_share(prediction, device)} ({MFU_SOURCE})")
     for status in ("not modelled", "unknown"):
         found = job.of(status)
         if found:
