@@ -319,3 +319,46 @@ def test_a_plan_solved_for_ckplans_runtime_is_rescored_for_torchtitans(tmp_path)
     assert result.rounded.changes[0].startswith("scored for torchtitan's runtime, not ckplan's")
     titan = costmodel.evaluate(plan.stages, profile, plan.setup.model_copy(update={"runtime": "torchtitan"}))
     assert max(titan.peak_bytes_per_stage) <= max(result.scored.exact.peak_bytes_per_stage)
+
+
+def test_torchtitan_without_a_pipeline_accumulates_the_plans_microbatches(tmp_path):
+    """One stage: torchtitan runs local_batch_size in one forward and accumulates gradients over
+    global_batch_size // (local x dp) of them (train.py at 238fa9953e4a). The export wrote
+    local_batch_size = microbatches x micro-batch, one forward 6 times the plan's activations; ckplan's
+    own reader of torchtitan TOMLs reads the export back as the plan's 6 microbatches of 1."""
+    import json
+    import re
+
+    import tomllib
+
+    _, _, path = write(tmp_path, [10], set(), runtime="torchtitan")
+    out = tmp_path / "job.toml"
+    assert run("export", path, "--to", "torchtitan", "--torchtitan-version", "0.2.2", "--out", out).exit_code == 0
+    text = out.read_text()
+    training = tomllib.loads(text)["training"]
+    assert (training["local_batch_size"], training["global_batch_size"]) == (1, 6)
+    job = re.sub(r"module_fqns_per_model_part = \[.*?\n\]\n", "", text, flags=re.S)
+    job = '[model]\nname = "llama3"\nflavor = "8B"\n' + job.replace("[training]\n", "[training]\nseq_len = 1024\n")
+    (tmp_path / "merged.toml").write_text(job)
+    result = run("evaluate", "--from-torchtitan", tmp_path / "merged.toml", "--gpus", "1", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["micro_batch_size"], summary["microbatches"]) == (1, 6)
+    python = run("export", path, "--to", "torchtitan", "--torchtitan-base", "m:f", "--out", tmp_path / "t.py")
+    assert python.exit_code == 0, python.output
+    lines = (tmp_path / "t.py").read_text()
+    assert "config.training.local_batch_size = 1\n" in lines and "config.training.global_batch_size = 6\n" in lines
+    # a pipeline splits the local batch itself: unchanged
+    _, _, piped = write(tmp_path, SIZES, set(), runtime="torchtitan")
+    assert run("export", piped, "--to", "torchtitan", "--torchtitan-version", "0.2.2", "--out", out).exit_code == 0
+    assert "global_batch_size" not in out.read_text()
+    assert tomllib.loads(out.read_text())["training"]["local_batch_size"] == 6
+
+
+def test_torchtitan_0_2_says_its_uniform_setting_in_words(tmp_path):
+    """selective_ac_option = "3" was said 'every 3th decoder layer'."""
+    profile, plan, path = write(tmp_path, SIZES, CHECKPOINTED, cap_mib=85)
+    result = torchtitan.export(plan, profile, plan_file=str(path), version="0.2.2")
+    assert 'selective_ac_option = "2"' in result.text
+    assert ("one [activation_checkpoint] for all stages: one decoder layer in every 2 a rank builds checkpointed"
+            in result.rounded.changes)

@@ -667,3 +667,113 @@ def test_every_flag_megatrons_arguments_define_is_listed_never_dropped():
     unknown = [flag for flag, found in statuses.items() if found == ["unknown"]]
     assert len(statuses) == 382 and len(unknown) == 148  # 310 before branch flags classified 161, mbridge 1 (--no-bias-swiglu-fusion)
     assert {"--rl-partial-rollouts", "--inference-max-requests", "--muon-momentum"}.isdisjoint(unknown)
+
+
+# ---------------------------------------------------------------- a user's first hour (trial2)
+
+
+def test_megatron_gelu_experts_are_refused_not_scored_as_a_dense_mlp(tmp_path):
+    """Megatron-LM's gpt-oss example (examples/gptoss/02_train.sh at d98e8a64): --num-experts with no
+    --swiglu. The GPT-style block has one dense MLP, so its experts made a negative kept byte count."""
+    path = tmp_path / "args.yaml"
+    path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in (
+        BASE.replace("--swiglu: true\n", "") + "\n--num-experts: 4\n--moe-router-topk: 2").splitlines()))
+    result = run("evaluate", "--from-megatron", path, "--gpus", "1")
+    assert result.exit_code != 0
+    assert "--num-experts without --swiglu is a mixture of GeLU experts" in result.output
+    assert "no device holds" not in result.output  # before: the negative bytes, as pydantic said them
+
+
+def test_megatron_expert_parallelism_past_the_data_parallel_ranks_names_the_scripts_flag(tmp_path):
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh on one node: PP 4 of 8 GPUs leaves 2
+    data-parallel ranks for --expert-model-parallel-size 8. Before, the sentence named ckplan's --ep
+    and --dp, which the user never gave, and said to raise --dp."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --num-layers 8 --hidden-size 256 "
+                      "--num-attention-heads 8 --seq-length 128 --vocab-size 1024 --swiglu --bf16 --num-experts 8 "
+                      "--pipeline-model-parallel-size 4 --expert-model-parallel-size 8\n")
+    result = run("evaluate", "--from-megatron", script)
+    assert result.exit_code != 0
+    assert "--expert-model-parallel-size 8 does not divide the 2 data-parallel ranks" in result.output
+    assert "give --gpus N, a multiple of TP 1 x PP 4 x EP 8 = 32" in result.output
+    assert "raise --dp" not in result.output
+    # on 32 GPUs the default global batch (one microbatch a data-parallel rank) is fewer microbatches
+    # than stages: said in the script's batch flags, not as --microbatches, which a config does not take
+    said = run("evaluate", "--from-megatron", script, "--gpus", "32").output
+    assert "1 microbatch per pipeline, fewer than its 4 stages" in said and "--microbatches" not in said
+    assert "give --global-batch-size 32 or more" in said
+    script.write_text(script.read_text().replace(" --bf16", " --bf16 --global-batch-size 32"))
+    run_ok("evaluate", "--from-megatron", script, "--gpus", "32")
+
+
+def test_megatron_gpu_count_from_the_launcher_line_is_not_called_a_gpus_option(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --num-layers 8 --hidden-size 256 "
+                      "--num-attention-heads 8 --seq-length 128 --vocab-size 1024 --swiglu --bf16 "
+                      "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2\n")
+    said = run("evaluate", "--from-megatron", script).output
+    assert "launcher line starts 8 GPUs (read without its environment), not a multiple of TP 8 x PP 2" in said
+    assert "give --gpus N, a multiple of 16" in said and "--gpus 8" not in said
+    assert "--gpus 8 is not a multiple of TP 8 x PP 2" in run("evaluate", "--from-megatron", script, "--gpus", "8").output
+
+
+def test_torchtitan_toml_giving_every_degree_gives_the_gpu_count(tmp_path):
+    """torchtitan asserts dp_replicate x dp_shard x cp x tp x pp == WORLD_SIZE
+    (torchtitan/distributed/parallel_dims.py _validate at 238fa9953e4a): a TOML with no -1 states the
+    GPUs. Before, it was refused as not saying them."""
+    config = tmp_path / "job.toml"
+    config.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 1024\nlocal_batch_size = 1\n'
+                      "[parallelism]\ndata_parallel_shard_degree = 4\ndata_parallel_replicate_degree = 2\n"
+                      "tensor_parallel_degree = 2\n")
+    result = run_ok("evaluate", "--from-torchtitan", config)
+    assert "16 GPUs: the product of the degrees the file gives" in result.output
+    summary = json.loads(run_ok("evaluate", "--from-torchtitan", config, "--json").stdout)
+    assert summary["gpus"] == 16
+    open_ended = tmp_path / "rest.toml"
+    open_ended.write_text(config.read_text().replace("data_parallel_shard_degree = 4", "data_parallel_shard_degree = -1"))
+    assert "does not say how many GPUs the job runs on" in run("evaluate", "--from-torchtitan", open_ended).output
+
+
+def test_torchtitan_qwen3_dense_flavors_are_read(tmp_path):
+    """torchtitan's own qwen3_32b.toml (fixture, copied at 238fa9953e4a) was refused as a flavor ckplan
+    did not know; its dense flavors are built-ins now, as qwen3_args gives them."""
+    summary = evaluated("--from-torchtitan", "torchtitan_qwen3_32b.toml", "--gpus", "8")
+    assert (summary["model"], summary["dp"], summary["zero"], summary["micro_batch_size"]) == ("qwen3-32b", 8, 3, 2)
+    assert all(rank["recompute"] or rank["checkpointed"] for rank in summary["ranks"])  # mode = "full"
+    for flavor in ("0.6B", "1.7B", "4B", "8B", "14B", "32B"):
+        assert torchtitan.FLAVORS[("qwen3", flavor)] == f"qwen3-{flavor.lower()}"
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-32b"])
+def test_qwen3_builtins_count_the_parameters_transformers_builds(name):
+    """Tied (0.6B) and untied (32B): the built-in's parameters equal transformers' Qwen3 of its
+    dimensions, built on the meta device."""
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    from planner.models import archs
+    from planner.profiler import analytic
+
+    arch = archs.arch(name)
+    config = transformers.Qwen3Config(
+        hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads, head_dim=arch.head_dim,
+        vocab_size=arch.vocab_size, tie_word_embeddings=arch.tie_word_embeddings)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert analytic.total_params(arch) == sum(p.numel() for p in model.parameters())
+
+
+def test_a_float8_jobs_mfu_says_its_peak():
+    """Megatron-LM's FP8 LLaMA 3 8B example scores an MFU near 100% of the BF16 peak, as torchtitan
+    and Megatron-LM divide; the FP8 peak its matmuls run at is said beside it."""
+    from planner.models import archs
+
+    summary = evaluated("--from-megatron", "megatron_llama3_8b_h100_fp8.sh")
+    gpu = archs.gpu("h100")
+    share = summary["mfu"] * gpu.bf16_tflops / gpu.fp8_tflops
+    said = " ".join(run_ok("evaluate", "--from-megatron", CONFIGS / "megatron_llama3_8b_h100_fp8.sh").output.split())
+    assert f"MFU {summary['mfu']:.1%} of the dense BF16 peak ({share:.1%} of the dense FP8 peak" in said
+    bf16 = " ".join(run_ok("evaluate", "--from-torchtitan", CONFIGS / "torchtitan_llama3_8b.toml", "--gpus", "8")
+                    .output.split())
+    assert "of the dense BF16 peak (torchtitan" in bf16 and "FP8 peak" not in bf16

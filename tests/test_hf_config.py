@@ -19,6 +19,7 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 CONFIGS = {
     "llama": dict(model_type="llama", **SMALL),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, **SMALL),
+    "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False, **SMALL),  # q/k norms, head_dim given
     "mistral": dict(model_type="mistral", sliding_window=64, **SMALL),
     "gemma": dict(model_type="gemma", head_dim=16, **SMALL),  # ties its embedding, scales it by sqrt(hidden)
     "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128),
@@ -27,7 +28,7 @@ CONFIGS = {
     "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                       shared_expert_intermediate_size=64, **SMALL),
 }
-TIED = {"llama": False, "qwen2": True, "mistral": False, "gemma": True, "gpt2": True, "mixtral": False,
+TIED = {"llama": False, "qwen2": True, "qwen3": False, "mistral": False, "gemma": True, "gpt2": True, "mixtral": False,
         "qwen2_moe": False}
 
 
@@ -59,6 +60,9 @@ def test_each_family_cuts_into_layers_that_compute_the_models_own_forward(family
 def test_configs_ckplan_cannot_build_are_refused_in_one_sentence(tmp_path):
     with pytest.raises(UserError, match="model_type 'deepseek_v3' is not one ckplan builds"):
         hfmodels.check_config({"model_type": "deepseek_v3"}, seq_len=16)
+    # Qwen3's head_dim is its own (transformers' default 128, not hidden / heads): never filled in
+    with pytest.raises(UserError, match="the qwen3 config has no head_dim"):
+        hfmodels.check_config({k: v for k, v in CONFIGS["qwen3"].items() if k != "head_dim"}, seq_len=16)
     with pytest.raises(UserError, match="exceeds the config's sliding_window 64"):
         hfmodels.check_config(CONFIGS["mistral"], seq_len=100)
     with pytest.raises(UserError, match="exceeds the config's max_position_embeddings 128"):

@@ -90,3 +90,21 @@ def _tiny_config(tmp_path: Path, **sizes) -> Path:
                                 "vocab_size": 8000, "tie_word_embeddings": False, "max_position_embeddings": 4096,
                                 "rms_norm_eps": 1e-5, "rope_theta": 10000.0} | sizes))
     return path
+
+
+def test_a_torchtitan_launch_says_when_its_toml_is_not_written(tmp_path):
+    """The default entry runs torchtitan.train on PLAN.torchtitan.toml, the 0.2 export's name;
+    `export --to torchtitan` writes 0.3's Python config by default, so the torchrun line named a
+    file that was never written, unsaid."""
+    profile = llm_profile()
+    io.save_profile(profile, tmp_path / "llm.json")
+    io.save_plan(make_plan(profile, tmp_path / "llm.json", [4, 3, 3], set(), runtime="torchtitan"),
+                 tmp_path / "plan.yaml")
+    said = run_ok("export", tmp_path / "plan.yaml", "--to", "torchrun").output
+    assert "plan.torchtitan.toml, which does not exist yet" in " ".join(said.split())
+    run_ok("export", tmp_path / "plan.yaml", "--to", "torchtitan", "--torchtitan-version", "0.2.2")
+    assert (tmp_path / "plan.torchtitan.toml").exists()
+    said = run_ok("export", tmp_path / "plan.yaml", "--to", "torchrun", "--out", tmp_path / "again.sh").output
+    assert "does not exist yet" not in said
+    said = run_ok("export", tmp_path / "plan.yaml", "--to", "slurm", "--entry", "-m torchtitan.train --module m").output
+    assert "does not exist yet" not in said

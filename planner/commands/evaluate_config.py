@@ -64,19 +64,29 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     from planner.cost import costmodel
     from planner.models import archs
 
+    model_parallel = job.tp * job.pp * job.cp
+    given, stated = gpus, []
     gpus = gpus or job.world_size
+    if gpus is None and job.dp_given is not None:  # every degree stated: their product is the world size
+        gpus = job.dp_given * model_parallel  # (torchtitan/distributed/parallel_dims.py _validate at 238fa9953e4a)
+        stated.append(f"{gpus} GPUs: the product of the degrees the file gives (data parallelism {job.dp_given} x "
+                      f"TP {job.tp} x PP {job.pp} x CP {job.cp}), which torchtitan requires of the world size")
     if gpus is None:
         raise UserError(f"{job.source} does not say how many GPUs the job runs on; give --gpus N")
     override = job.world_size is not None and gpus != job.world_size
-    model_parallel = job.tp * job.pp * job.cp
     if gpus % model_parallel:
-        raise UserError(f"--gpus {gpus} is not a multiple of TP {job.tp} x PP {job.pp} x CP {job.cp} = "
-                        f"{model_parallel}; give a multiple")
+        counted = (f"--gpus {gpus} is" if given else
+                   f"{job.source}'s launcher line starts {gpus} GPUs (read without its environment),")
+        raise UserError(f"{counted} not a multiple of TP {job.tp} x PP {job.pp} x CP {job.cp} = "
+                        f"{model_parallel}; give --gpus N, a multiple of {model_parallel}")
     dp = gpus // model_parallel
     if job.dp_given is not None and job.dp_given != dp:
         raise UserError(f"{job.source} gives data parallelism {job.dp_given}, and {gpus} GPUs over TP x PP x CP "
                         f"{model_parallel} leave {dp}; give --gpus {job.dp_given * model_parallel}")
+    _check_ep(job, dp=dp, gpus=gpus)
     microbatches, notes = _microbatches(job, dp)
+    notes[:0] = stated
+    _check_microbatches(job, microbatches, dp=dp)
     if override:  # the script's count may come from its environment (SLURM_NNODES): --gpus wins, said
         notes.append(f"--gpus {gpus}; the script's launcher line starts {job.world_size} processes as read without "
                      "its environment")
@@ -99,6 +109,38 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     sequences = microbatches * setup.pipeline.micro_batch_size * dp
     return Prediction(job=job, gpus=gpus, dp=dp, profile=profile, setup=setup, stages=stages, cost=cost,
                       tokens_per_iteration=sequences * job.seq_len, notes=[*job.notes, *notes])
+
+
+def _check_ep(job, *, dp: int, gpus: int) -> None:
+    """The file's expert parallelism against the data-parallel ranks (x CP) its experts take, said
+    in the file's own terms (setup_options.check_ep says it in ckplan's options)."""
+    import math
+
+    ranks = dp * job.cp
+    if job.ep <= 1 or ranks % job.ep == 0:
+        return
+    flag = "--expert-model-parallel-size" if job.framework == "megatron" else "parallelism.expert_parallel_degree"
+    fix = ("change one of the degrees the file gives" if job.dp_given is not None else
+           f"give --gpus N, a multiple of TP {job.tp} x PP {job.pp} x "
+           f"{f'EP {job.ep}' if job.cp == 1 else f'lcm(EP {job.ep}, CP {job.cp})'} = "
+           f"{job.tp * job.pp * math.lcm(job.ep, job.cp)}")
+    raise UserError(f"{job.source}: {flag} {job.ep} does not divide the {ranks} data-parallel ranks that {gpus} GPUs "
+                    f"over TP {job.tp} x PP {job.pp} leave (expert-parallel ranks are data-parallel ranks, in "
+                    f"Megatron-LM and torchtitan); {fix}")
+
+
+def _check_microbatches(job, microbatches: int, *, dp: int) -> None:
+    """1F1B as ckplan scores it (torch's schedule) runs at least one microbatch a stage: said in the
+    file's own batch keys (setup_options says it as --microbatches, which a config does not take)."""
+    if job.schedule != "1F1B" or microbatches >= job.pp:
+        return
+    need = (f"--global-batch-size {job.pp * job.micro_batch_size * dp} or more (global batch = microbatches x "
+            f"--micro-batch-size {job.micro_batch_size} x data parallelism {dp})" if job.framework == "megatron" else
+            f"training.local_batch_size {job.pp * job.micro_batch_size} or more (pipeline_parallel_microbatch_size "
+            f"{job.micro_batch_size} a microbatch)")
+    raise UserError(f"{job.source}: {microbatches} microbatch{'es' if microbatches > 1 else ''} per pipeline, fewer "
+                    f"than its {job.pp} stages, and ckplan scores 1F1B (torch's schedule) with at least one a stage; "
+                    f"give {need}")
 
 
 def _microbatches(job, dp: int) -> tuple[int, list[str]]:
@@ -251,6 +293,14 @@ def run(*, from_megatron: Path | None, from_torchtitan: Path | None, gpus: int |
         _print(prediction, device)
 
 
+def _fp8_share(prediction, device) -> str:
+    """A Float8 job's matmuls run against the FP8 peak: its MFU against BF16's can pass 100%."""
+    if not prediction.job.modelled.float8 or not device.fp8_tflops:
+        return ""
+    share = prediction.mfu(device) * device.bf16_tflops / device.fp8_tflops
+    return f" ({share:.1%} of the dense FP8 peak its matmuls run at)"
+
+
 def rank_rows(prediction) -> list[dict]:
     """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries)."""
     return [{"rank": s.index, "layers": s.layers, "checkpointed": s.checkpointed, "recompute": s.recompute,
@@ -297,7 +347,7 @@ def _print(prediction, device) -> None:
                                 "reserved peak", "cap", "fits", "time/mb"], rows, right_from=2))
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
-                  f"({MFU_SOURCE})")
+                  f"of the dense BF16 peak{_fp8_share(prediction, device)} ({MFU_SOURCE})")
     for status in ("not modelled", "unknown"):
         found = job.of(status)
         if found:

@@ -97,6 +97,14 @@ def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: 
     io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, launchers.RENDER[target](launch))
     info(f"{target}: {launch.num_nodes} node(s) x {launch.gpus_per_node} GPUs; wrote {out}")
+    toml = Path(launch.entry[-1])
+    if argv is None and launch.entry[:2] == ("-m", "torchtitan.train") and not toml.exists():
+        from planner.console import warn
+
+        warn(f"each process runs torchtitan 0.2's trainer on {toml}, which does not exist yet: `ckplan export "
+             f"{plan_path} --to torchtitan --torchtitan-version 0.2.2` writes it (torchtitan 0.3 runs the Python "
+             "config `--to torchtitan` writes by default: give --entry '-m torchtitan.train --module M --config "
+             "ckplan_config')")
 
 
 def _refuse_launch_options(ctx) -> None:

@@ -249,6 +249,22 @@ SCHEDULE_NAMES = {"1F1B": "1F1B", "GPipe": "GPipe", "interleaved-1F1B": "Interle
                   "ZB": "InterleavedZeroBubble", "ZBV": "ZBVZeroBubble", "DualPipeV": "DualPipeV"}
 
 
+def _batch_lines(setup, prefix: str) -> str:
+    """The microbatches as torchtitan takes them (train.py at 238fa9953e4a, trainer.py at 9810191bb):
+    a pipeline splits local_batch_size into pipeline_parallel_microbatch_size microbatches; without
+    one, local_batch_size is one forward, and microbatches are gradient-accumulation steps,
+    global_batch_size // (local_batch_size x the batch degree dp_replicate x dp_shard, the cp ranks not
+    counted)."""
+    pipeline, indent = setup.pipeline, prefix[:len(prefix) - len(prefix.lstrip())]
+    if pipeline.stages > 1 or pipeline.microbatches == 1:
+        return (f"{prefix}local_batch_size = {pipeline.microbatches * pipeline.micro_batch_size}  "
+                f"# {pipeline.microbatches} microbatches")
+    batch_degree = setup.data_parallel.dp // setup.training.context_parallel
+    return (f"{indent}# {pipeline.microbatches} microbatches: no pipeline splits the local batch, so gradient "
+            f"accumulation does\n{prefix}local_batch_size = {pipeline.micro_batch_size}\n"
+            f"{prefix}global_batch_size = {pipeline.microbatches * pipeline.micro_batch_size * batch_degree}")
+
+
 def _seq_line(seq_len: int | None, prefix: str) -> str:
     """The sequence length the plan's profile was made at (a measured profile's is its
     example_batch's: not recorded, said)."""
@@ -306,7 +322,7 @@ def ckplan_config():
     config.parallelism.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
     config.parallelism.pipeline_parallel_schedule = "{SCHEDULE_NAMES[setup.pipeline.schedule]}"
     config.parallelism.pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
-    config.training.local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}  # {setup.pipeline.microbatches} microbatches{_seq_line(seq_len, "    config.training.")}
+{_batch_lines(setup, "    config.training.")}{_seq_line(seq_len, "    config.training.")}
     config.activation_checkpoint = {ac}{_compile_lines(setup, "    config.compile.")}
     return config
 '''
@@ -411,7 +427,7 @@ def _uniform(exact: rounding.Rounded, roles, profile: Profile):
     chosen, fits = rounding.scored_choice(candidates, profile)
     mode, every = options[candidates.index(chosen)]
     described = {"none": "no checkpointing", "full": "every decoder layer checkpointed"}.get(
-        mode, f"every {every}th decoder layer a rank builds checkpointed")
+        mode, f"one decoder layer in every {every} a rank builds checkpointed")
     chosen.changes.append(f"one [activation_checkpoint] for all stages: {described}")
     if not fits:
         chosen.changes.append("no uniform setting fits; this one comes closest")
@@ -427,7 +443,7 @@ def _toml(rounded, parts, mode, tp: int, seq_len: int | None = None) -> str:
              f"pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, '')}{_dp_lines(setup, '')}",
              "module_fqns_per_model_part = ["]
     lines += [f"    {json.dumps(part)}," for part in parts]
-    lines += ["]", "", "[training]", f"local_batch_size = {setup.pipeline.microbatches * setup.pipeline.micro_batch_size}",
+    lines += ["]", "", "[training]", *_batch_lines(setup, "").splitlines(),
               _seq_line(seq_len, "").lstrip("\n"), "",
               "[activation_checkpoint]", f"mode = \"{name}\""]
     if name == "selective":

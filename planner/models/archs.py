@@ -152,6 +152,13 @@ def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, ro
                 **moe_or_mla)
 
 
+def _qwen3(name, hidden, inter, layers, heads, tied) -> Arch:
+    return Arch(name=name, hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=heads,
+                num_kv_heads=8, vocab_size=151936, tie_word_embeddings=tied, max_position_embeddings=None,
+                head_dim=128, qk_norm=True, rope_theta=1000000.0, norm_eps=1e-6,
+                source="torchtitan/models/qwen3/__init__.py qwen3_args at 238fa9953e4a")
+
+
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     # config.json of meta-llama/Llama-2-{7b,13b,70b}-hf; Touvron et al. 2023, "Llama 2", Table 1
     _llama("llama2-7b", 4096, 11008, 32, 32, 32, 32000, 4096, "meta-llama/Llama-2-7b-hf config.json",
@@ -214,6 +221,15 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          head_dim=128, qk_norm=True, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
          rope_theta=1000000.0, norm_eps=1e-6,
          source="Qwen/Qwen3-30B-A3B config.json and model card; Qwen3 Technical Report (arXiv 2505.09388)"),
+    # Qwen3's dense models as torchtitan builds them (torchtitan/models/qwen3/__init__.py qwen3_args at
+    # 238fa9953e4a, the flavors of its qwen3 train configs): head_dim 128, q/k norms, 8 KV heads, vocab
+    # 151936, rope_theta 1e6, norm_eps 1e-6 (model/args.py); 0.6B, 1.7B and 4B tie the embedding and the
+    # head (enable_weight_tying). Positions: rotary, the cache as long as the sequence (args.py
+    # update_from_config), so no table length is recorded.
+    *(_qwen3(name, hidden, inter, layers, heads, tied) for name, hidden, inter, layers, heads, tied in (
+        ("qwen3-0.6b", 1024, 3072, 28, 16, True), ("qwen3-1.7b", 2048, 6144, 28, 16, True),
+        ("qwen3-4b", 2560, 9728, 36, 32, True), ("qwen3-8b", 4096, 12288, 36, 32, False),
+        ("qwen3-14b", 5120, 17408, 40, 40, False), ("qwen3-32b", 5120, 25600, 64, 64, False))),
     # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1 (d_model 12288, 96 layers,
     # 96 heads, context 2048), GPT-2's BPE vocabulary of 50257, tied embeddings, 4h MLP with GELU
     Arch(name="gpt3-175b", hidden_size=12288, intermediate_size=4 * 12288, num_layers=96, num_heads=96,

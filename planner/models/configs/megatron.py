@@ -184,6 +184,10 @@ def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
         flags.notes.append("linear biases (Megatron-LM's default without --disable-bias-linear) are not modelled "
                            "on a SwiGLU model: a hidden-size vector per linear, kilobytes")
     moe = _moe(flags, layers, ffn)
+    if moe and style == "gpt":  # formulas.py and analytic_kept.py build a GPT-style block's MLP dense
+        raise UserError(f"{where}: --num-experts without --swiglu is a mixture of GeLU experts, which ckplan does not "
+                        "model (its GPT-style block has one dense MLP: the experts' weights, FLOPs and kept bytes "
+                        "would be wrong); ckplan scores mixtures of SwiGLU experts")
     mla = _mla(flags)
     try:
         arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,

@@ -2,7 +2,8 @@
 torchtitan/config/job_config.py defines them and flavors as torchtitan/models/llama3/__init__.py
 (llama3_args) builds them, both read at pytorch/torchtitan 238fa9953e4a (2026-02, the last commit
 with TOML train configs): 8B dim 4096 x 32 layers, 70B 8192 x 80, 405B 16384 x 126, 8 KV heads,
-vocab 128256, rope_theta 500000 = ckplan's llama3-8b, llama3-70b, llama3.1-405b.
+vocab 128256, rope_theta 500000 = ckplan's llama3-8b, llama3-70b, llama3.1-405b; qwen3's dense
+flavors are ckplan's qwen3-* built-ins, read from torchtitan/models/qwen3/__init__.py at the same commit.
 `parallelism.data_parallel_shard_degree = -1` takes the GPUs the other degrees leave; FSDP2
 shards over dp_shard (ZeRO 3) and replicates over dp_replicate (HSDP); without a pipeline
 `training.local_batch_size` is one microbatch a rank, with one it is split into
@@ -21,7 +22,8 @@ from planner.models.configs import Job, Recompute, pending
 
 # (model.name, model.flavor) -> ckplan's built-in architecture (see the module docstring)
 FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
-           ("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "30B-A3B"): "qwen3-30b-a3b"}
+           ("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+           **{("qwen3", size): f"qwen3-{size.lower()}" for size in ("0.6B", "1.7B", "4B", "8B", "14B", "32B")}}
 # whole sections that change neither memory nor time
 NO_EFFECT_SECTIONS = {"job": "job name and output folder", "profiling": "profiler traces", "metrics": "logging",
                       "checkpoint": "checkpoints (written between steps)", "validation": "evaluation",
