@@ -21,6 +21,7 @@ from planner.cost.assembly import (
     option_indices,
     peak_bytes,
     stage_sums,
+    step_end_peak_bytes,
     workspace_bytes,
 )
 from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view, step_end_bytes
@@ -116,7 +117,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     last = order.num_stages - 1
     logits = chunks[last][0][-1].output_bytes if last in stages else 0
     end = step_end_bytes(order, rank, held, last_output_bytes=logits, training=setup.training)
-    total = max(total, int(round(static + buffers - sum(lazy) + end)))
+    total = max(total, int(round(step_end_peak_bytes(static + buffers, late_grad_bytes=sum(lazy), end_bytes=end))))
     ctx = Context(profile, setup)
     cuda = ctx.device_type == "cuda"
     reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type="cuda")) if cuda else None

@@ -65,6 +65,7 @@ from planner.solve.milp_rows import (  # noqa: F401
     _Memory,
     _stage_memory_parts,
     _step_and_host_rows,
+    _step_end_row,
 )
 
 
@@ -273,9 +274,11 @@ def _stage_time(problem: Problem, s: int, n, opens, closes):
 def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     """peak_s = held + max(k_s·kept + T_s, step scratch), in MiB (costmodel.TERMS: static and
     buffers held, kept, extra, scratch): returns held + k_s·kept + T_s (the training peak)
-    and adds the optimizer step's row, held + scratch ≤ cap, and the host row itself."""
+    and adds the optimizer step's row, held + scratch ≤ cap, the step's end's and the host row
+    itself."""
     memory = _stage_memory_parts(problem, s, n, opens, closes)
     k = costmodel.in_flight(problem.setup.pipeline, s)
     _step_and_host_rows(problem, f"{s}", [memory], _cap_mib(problem, s))
+    _step_end_row(problem, f"{s}", [s], memory.held, n, opens, closes, _cap_mib(problem, s))
     # held + k·kept written out term by term: one row fewer between a byte and its cap
     return pulp.lpSum(memory.held + [k * term for term in memory.kept] + [memory.transient])
