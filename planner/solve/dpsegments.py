@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import costmodel, gradtiming
-from planner.schema import Profile, TrainSetup
+from planner.schema import PipelineSetup, Profile, TrainSetup
 from planner.solve.deadline import Deadline
 
 INF = math.inf
@@ -203,6 +203,11 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     k_low = min(chain.stages[s].in_flight for s in stages)
     k_high = max(chain.stages[s].in_flight for s in stages)
     cap_high = max(chain.stages[s].cap_bytes * cap_scale for s in stages) - costmodel.FIT_MARGIN_BYTES
+    # whether a stage's peak may leave out some of its lazily allocated gradients (GPipe; 1F1B's
+    # stage with all M in flight): where gradients_above is less than them
+    pipeline = chain.setup.pipeline
+    discounts = any(costmodel.one_chunk_gradients_above(1.0, stage=s, kept=1.0, pipeline=pipeline) < 1.0
+                    for s in stages)
     states = [(0.0, 0, 0, 0)]
     late_grad = 0.0  # the range's whole gradients allocated at the stage's first backward
     run = costmodel.StageRun(chain.setup, chain.profile.device.type)  # the accumulator's sums, grown a layer at a time
@@ -219,9 +224,12 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
             break
         states = _grow(states, chain, m, (m - i) * chain.bits, min(max_time_ms - plain, max_recompute_ms) if timed else INF)
         # static and kept only grow with the range: drop sets that no later end can fit (a
-        # byte of room for the peak's rounding to whole bytes)
+        # byte of room for the peak's rounding to whole bytes); the whole gradients allocated
+        # at the first backward may be out of the peak (gradtiming.one_chunk), and grow too
+        floor = held - late_grad if late_grad and discounts else held
         states = [st for st in states
-                  if held + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
+                  if floor + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept)
+                  <= cap_high + 1]
         if not states:
             break
         # for the least peak, recompute time plays no part: a front over (kept, extra) alone
@@ -234,14 +242,15 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
                 kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
                 sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
                 edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad)
-                segment = _best_set(chain.stages[s], s, i, j, states, sums, edge, objective, columns)
+                segment = _best_set(chain.stages[s], s, i, j, states, sums, edge, objective, columns,
+                                    pipeline=chain.setup.pipeline)
                 if segment is not None and (not timed or segment.time_ms <= max_time_ms):
                     found.append(segment)
     return found
 
 
-def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: tuple[int, int],
-              objective: str, columns=None) -> Segment | None:
+def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: tuple, objective: str,
+              columns=None, *, pipeline: PipelineSetup) -> Segment | None:
     """The fitting set with the least recompute ("time", states sorted by it) or peak
     ("memory"). sums: the range's plain ms (with its sends), held bytes, step ms, optimizer step scratch;
     edge: the (kept, held) its first and last layer and its position add, and at the step's end
@@ -258,9 +267,13 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
     if end_peak > limit:
         return None
     def peak_of(kept, extra, maximum=max):
-        """The evaluator's peak of a rank of one stage (costmodel.rank_cost) for these sets."""
-        return costmodel.peak_bytes(held, in_flight, kept + edge_kept, maximum(extra - stage.const_kept_bytes,
-                                                                            loss_scratch), step_scratch, maximum)
+        """The evaluator's peak of a rank of one stage (costmodel.rank_cost) for these sets: the
+        whole gradients allocated at the first backward are not held all iteration, but join
+        the activations as rank_cost's gradients_above says."""
+        kept = kept + edge_kept
+        above = costmodel.one_chunk_gradients_above(late_grad, stage=s, kept=kept, pipeline=pipeline, maximum=maximum)
+        transient = maximum(extra - stage.const_kept_bytes, loss_scratch) + above
+        return costmodel.peak_bytes(held - late_grad, in_flight, kept, transient, step_scratch, maximum)
 
     if columns is not None:
         peaks = np.maximum(np.rint(peak_of(*columns, maximum=np.maximum)), end_peak)  # rint: round's half to even

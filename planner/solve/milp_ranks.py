@@ -12,6 +12,7 @@ from planner.solve.milp_rows import (
     MIB,
     Problem,
     _const,
+    _late_grad_mib,
     _layer,
     _presence,
     _run_bytes,
@@ -67,7 +68,9 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
                 vectors = _top([vector for vector, c, k in moments if c == chunk and k == kind])
                 for idx, vector in enumerate(vectors):
                     lp += pulp.lpSum(held) + live(vector) + extra <= cap, f"pass_{kind}_{rank}_{chunk}_{idx}"
-        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent)
+        # the optimizer step's scratch meets no whole gradient allocated at a first backward
+        late = [-term for term in _late_grad_mib(problem, stages, n)]
+        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent + late)
         _step_end_row(problem, f"r{rank}", stages, held, n, opens, closes, cap)
 
 

@@ -169,17 +169,27 @@ def _step_end_row(problem: Problem, name: str, stages, held: list, n, opens, clo
     (costmodel.opening_end_bytes, closing_end_bytes), ≤ cap. None of it depends on what a stage
     recomputes. No row where the schedule keeps nothing then (held ≤ cap is in the others)."""
     order, training = problem.schedule, (problem.outer or problem.setup).training
-    end, late = [], []
+    end = []
     for k in stages:
         for g, run in enumerate(problem.runs):
             opening = costmodel.opening_end_bytes(run.layer, stage=k, order=order, training=training)
             closing = costmodel.closing_end_bytes(run.layer, stage=k, order=order, training=training)
             end += [opening / MIB * opens(k, g)] if opening else []
             end += [closing / MIB * closes(k, g)] if closing else []
-            grads = gradtiming.lazy_grad_bytes([run.layer], problem.setup)
-            late += [grads / MIB * n(k, g)] if grads else []
     if end:
+        late = _late_grad_mib(problem, stages, n)
         problem.lp += pulp.lpSum(held) - pulp.lpSum(late) + pulp.lpSum(end) <= cap_mib, f"step_end_{name}"
+
+
+def _late_grad_mib(problem: Problem, stages, n) -> list:
+    """The whole gradients the runtime allocates at each of `stages`' first backward rather than
+    holding all iteration (gradtiming.lazy_grad_bytes, per layer; static charges them), in MiB:
+    [] where there are none."""
+    late = []
+    for g, run in enumerate(problem.runs):
+        grads = gradtiming.lazy_grad_bytes([run.layer], problem.setup)
+        late += [grads / MIB * n(k, g) for k in stages] if grads else []
+    return late
 
 
 def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:
