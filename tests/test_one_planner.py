@@ -369,3 +369,38 @@ def test_a_mem_just_below_the_step_end_moves_the_cut(tmp_path, solver):
     assert refused.exit_code != 0 and "the smallest cap that works with 2 stages is 69.1 MiB" in refused.output
     assert "outputs kept at the step's end and their merge 40 MiB" in refused.output
     assert not (tmp_path / "none.yaml").exists()
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1F1B", "ZBV"])
+def test_the_milps_rank_step_end_row_is_evaluates_step_end(schedule):
+    """A rank of two stages (P = 2, V = 2) fixed in the MILP: its step's end row is evaluate's
+    static + buffers + step_end_bytes, the sends every stage holds to the step's end and, on the
+    rank of the head, the kept logits and their merge."""
+    import pulp
+
+    from planner.solve import highs, milp
+
+    profile = profile_of([layer(f"l{i}", f"K{i}", fwd_ms=1.0, act_mib=4, input_mib=1, param_count=1024)
+                          for i in range(3)]
+                         + [layer("head", "H", fwd_ms=1.0, act_mib=4, input_mib=1, output_mib=8, param_count=1024)])
+    setup = _titan_setup(schedule=schedule, chunks=2)
+    stages = costmodel.split_to_stages([0, 1, 2, 3], [0, 0, 0, 0], profile)
+    cost = costmodel.evaluate(costmodel.ranks_of(stages, setup), profile, setup)
+    problem = milp.build_problem(profile, setup, objective="memory")
+    threads = highs._scheduler_threads(1)
+    values = milp.start_values(problem, stages, threads=threads)
+    for var in problem.lp.variables():
+        if not var.name.startswith(("T_", "U_", "scale")):
+            var.lowBound = var.upBound = values[var.name]
+    problem.lp.solve(milp._HiGHS(msg=False, threads=threads))
+    assert problem.lp.sol_status == pulp.LpSolutionOptimal
+    for rank, stage in enumerate(cost.stages):
+        row = problem.lp.constraints[f"step_end_r{rank}"]
+        mib = sum(coef * var.varValue for var, coef in row.items() if var.name != "scale") + row.constant
+        assert round((mib - costmodel.FIT_MARGIN_BYTES / MIB) * MIB) == \
+            stage.static_bytes + stage.buffer_bytes + stage.step_end_bytes
+    # the head's rank (1 interleaved, 0 under ZBV's V): the head's M kept logits, its M input
+    # gradients held by their sends and the cat of the logits, 4 x (8 + 1) + 4 x 8 MiB; its other
+    # stage's sends, 4 x (1 + 1) MiB (l1), or 4 x 1 (l0, which sends no input gradient)
+    head_rank, other = (1, 2) if schedule == "interleaved-1F1B" else (0, 1)
+    assert cost.stages[head_rank].step_end_bytes == (4 * 9 + 4 * 8 + 4 * other) * MIB
