@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -84,7 +85,6 @@ class Chain:
         # the step's end (score.rank_cost's own moment): the whole gradients gone by then, per
         # layer, and what a stage's first and last layers leave the schedule keeping
         self.late_grad = [gradtiming.lazy_grad_bytes([layer], setup) for layer in layers]
-        self.order = costmodel.schedule_of(setup)
         self.stages = [
             _Stage(
                 in_flight=costmodel.in_flight(setup.pipeline, s),
@@ -114,6 +114,12 @@ class Chain:
     def edge_comm_ms(self, s: int, start: int, end: int) -> float:
         """Per microbatch, what stage s's first and last layer add: its sends."""
         return self._edge(self.busy, "open", start, s) + self._edge(self.busy, "close", end - 1, s)
+
+    @cached_property
+    def order(self):
+        """The schedule (one stage per rank: the DP's segments only). Built when first asked: the
+        MILP's boundary windows read a chain of a chunked schedule's P·V stages, which is none."""
+        return costmodel.schedule_of(self.setup)
 
     def end_bytes(self, s: int, start: int, end: int) -> float:
         """What stage s holding [start, end) keeps at the step's end beyond what it holds all
