@@ -85,6 +85,7 @@ class Chain:
         # the step's end (score.rank_cost's own moment): the whole gradients gone by then, per
         # layer, and what a stage's first and last layers leave the schedule keeping
         self.late_grad = [gradtiming.lazy_grad_bytes([layer], setup) for layer in layers]
+        self.late_grad_any = any(self.late_grad)
         self.stages = [
             _Stage(
                 in_flight=costmodel.in_flight(setup.pipeline, s),
@@ -124,12 +125,13 @@ class Chain:
     def end_bytes(self, s: int, start: int, end: int) -> float:
         """What stage s holding [start, end) keeps at the step's end beyond what it holds all
         iteration (chunked.stage_end_bytes, from its first and last layers alone)."""
-        key = ("step end", start, end - 1, s)
+        return self._end(costmodel.opening_end_bytes, start, s) + self._end(costmodel.closing_end_bytes, end - 1, s)
+
+    def _end(self, part, layer: int, s: int) -> float:
+        """Memoised: a layer's part of the step's end as stage s's first or last layer."""
+        key = (part, layer, s)
         if key not in self._edges:
-            training = self.setup.training
-            self._edges[key] = (
-                costmodel.opening_end_bytes(self.layers[start], stage=s, order=self.order, training=training)
-                + costmodel.closing_end_bytes(self.layers[end - 1], stage=s, order=self.order, training=training))
+            self._edges[key] = part(self.layers[layer], stage=s, order=self.order, training=self.setup.training)
         return self._edges[key]
 
     def closing_bytes(self, s: int, end: int) -> tuple[float, float]:
@@ -212,8 +214,8 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     # whether a stage's peak may leave out some of its lazily allocated gradients (GPipe; 1F1B's
     # stage with all M in flight): where gradients_above is less than them
     pipeline = chain.setup.pipeline
-    discounts = any(costmodel.one_chunk_gradients_above(1.0, stage=s, kept=1.0, pipeline=pipeline) < 1.0
-                    for s in stages)
+    discounts = chain.late_grad_any and any(
+        costmodel.one_chunk_gradients_above(1.0, stage=s, kept=1.0, pipeline=pipeline) < 1.0 for s in stages)
     states = [(0.0, 0, 0, 0)]
     late_grad = 0.0  # the range's whole gradients allocated at the stage's first backward
     run = costmodel.StageRun(chain.setup, chain.profile.device.type)  # the accumulator's sums, grown a layer at a time
@@ -277,12 +279,16 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
         whole gradients allocated at the first backward are not held all iteration, but join
         the activations as rank_cost's gradients_above says."""
         kept = kept + edge_kept
-        above = costmodel.one_chunk_gradients_above(late_grad, stage=s, kept=kept, pipeline=pipeline, maximum=maximum)
-        transient = maximum(extra - stage.const_kept_bytes, loss_scratch) + above
+        transient = maximum(extra - stage.const_kept_bytes, loss_scratch)
+        if late_grad:
+            transient = transient + costmodel.one_chunk_gradients_above(late_grad, stage=s, kept=kept,
+                                                                        pipeline=pipeline, maximum=maximum)
         return costmodel.peak_bytes(held - late_grad, in_flight, kept, transient, step_scratch, maximum)
 
     if columns is not None:
-        peaks = np.maximum(np.rint(peak_of(*columns, maximum=np.maximum)), end_peak)  # rint: round's half to even
+        peaks = np.rint(peak_of(*columns, maximum=np.maximum))  # rint: round's half to even
+        if end or late_grad:  # else the step's end is the held bytes, which every peak holds
+            peaks = np.maximum(peaks, end_peak)
         pick = int(np.argmin(peaks)) if objective == "memory" else int(np.argmax(peaks <= limit))
         if peaks[pick] > limit:
             return None
