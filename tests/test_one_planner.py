@@ -367,7 +367,7 @@ def test_a_mem_just_below_the_step_end_moves_the_cut(tmp_path, solver):
         assert plan.stages[1].predicted.peak_bytes == peak
     refused = run(*common, "--mem", END_CAP_2 - short, "--out", tmp_path / "none.yaml")
     assert refused.exit_code != 0 and "the smallest cap that works with 2 stages is 69.1 MiB" in refused.output
-    assert "outputs kept at the step's end and their merge 40 MiB" in refused.output
+    assert "kept to the step's end (outputs, sends) and the merge 40 MiB" in refused.output
     assert not (tmp_path / "none.yaml").exists()
 
 

@@ -450,7 +450,7 @@ def need_terms(stage: costmodel.StageCost) -> dict[str, int]:
     terms = {"weights, grads, optimizer state": stage.static_bytes, "buffers": stage.buffer_bytes}
     moment = max(stage.activation_bytes + stage.transient_bytes, stage.step_scratch_bytes)
     if stage.step_end_bytes > moment:
-        terms["outputs kept at the step's end and their merge"] = stage.step_end_bytes
+        terms["kept to the step's end (outputs, sends) and the merge"] = stage.step_end_bytes
     elif stage.activation_bytes + stage.transient_bytes >= stage.step_scratch_bytes:
         terms.update({f"activations x {stage.in_flight} microbatches": stage.activation_bytes,
                       "largest transient": stage.transient_bytes})
