@@ -154,6 +154,8 @@ def closing_end_bytes(last: LayerCost, *, stage: int, order: schedules.Schedule,
 def opening_end_bytes(first: LayerCost, *, stage: int, order: schedules.Schedule, training: TrainingSetup) -> float:
     """What `first`, opening pipeline stage `stage`, adds to its rank's step end: its input
     gradient's part of stage_end_bytes (held by its send where the runtime holds sends)."""
+    if not order.holds_sends:  # sends_held_bytes holds no input gradient then: nothing (the DP asks often)
+        return 0.0
     _, input_grad = sends_held_bytes(first, first, stage=stage, order=order, training=training)
     return stage_end_bytes(order, stage, schedules.ChunkBytes(0.0, 0.0, sent_input_grad=input_grad),
                            output_bytes=0, training=training)
