@@ -4,6 +4,7 @@ fallback where HiGHS fails, and the same refusals as 1F1B (issue 34: items 5 and
 
 from pathlib import Path
 
+import pytest
 from fixtures.cli import run, run_ok
 
 from planner import io
@@ -232,3 +233,174 @@ def test_a_model_file_written_before_the_packages_still_loads(tmp_path):
                     "    return torch.zeros(micro_batch_size, 2), torch.zeros(micro_batch_size, 2)\n")
     loaded = load_model_file(path)
     assert callable(loaded.module.model_file)
+
+
+# ---------------------------------------------------------------- the step's end, in both solvers as in evaluate
+
+
+MIB = 2**20
+END_CAP_1 = 1_064_960 + 69 * MIB + 4096  # cut after l0: stage 1's step end with the fit margin (hand count below)
+END_CAP_2 = 16_384 + 69 * MIB + 4096  # cut after l1: the same, the head alone on stage 1
+
+
+def _logits_profile():
+    """l0, l1 and a head whose output is 8 MiB of logits; l0 the slowest, l1 the largest (1 MiB
+    of fp32 Adam state: 65,536 parameters x 16 B)."""
+    return profile_of([layer("l0", "A", fwd_ms=2.0, act_mib=4, input_mib=1, param_count=1024),
+                       layer("l1", "B", fwd_ms=1.0, act_mib=4, input_mib=1, param_count=65536),
+                       layer("head", "H", fwd_ms=1.0, act_mib=4, input_mib=1, output_mib=8, param_count=1024)])
+
+
+def _titan_setup(cap=2**40, **changes):
+    """torchtitan 9dec370: torch's schedule keeps every stage's outputs to the step's end and the
+    last stage's step() returns their torch.cat (chunked.stage_end_bytes)."""
+    fields = dict(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[cap] * 2, runtime="torchtitan",
+                  runtime_version="9dec370", precision="fp32") | changes
+    return TrainSetup(**fields)
+
+
+def test_the_step_end_sets_the_last_stages_peak_by_hand():
+    """Stage 1 of the cut after l0 (l1 and the head; 1F1B, P = 2, M = 4: one microbatch in flight):
+    static (65,536 + 1,024) x 16 B; buffers 5 receive buffers of 1 MiB and the M - 1 = 3 logits
+    kept past their backward (24 MiB); kept 4 + 4 - 1 (the input, in its buffer) + 8 (the output
+    waiting) = 15 MiB; at the step's end the last logits (8 MiB) and the cat of all 4 (32 MiB).
+    The step's end, 40 MiB over static + buffers, passes the activations' 15: it is the peak."""
+    profile = _logits_profile()
+    for cut, static, peak in ((1, 1_064_960, END_CAP_1 - 4096), (2, 16_384, END_CAP_2 - 4096)):
+        stages = costmodel.split_to_stages([0, cut], [0, 0, 0], profile)
+        last = costmodel.evaluate(stages, profile, _titan_setup()).stages[1]
+        assert (last.static_bytes, last.buffer_bytes, last.step_end_bytes) == (static, 29 * MIB, 40 * MIB)
+        assert last.peak_bytes == peak == static + 29 * MIB + 40 * MIB
+        assert last.activation_bytes + last.transient_bytes < last.step_end_bytes
+
+
+# where the DP's and the MILP's peak once differed from evaluate's: the step's end (torchtitan
+# 9dec370's kept logits and their merge), and the whole gradients torchtitan's FSDP2 allocates at a
+# stage's first backward (gradtiming), out of the peak where all M microbatches are in flight
+AGREEMENT = {
+    "step end": {},
+    "FSDP2, GPipe": dict(schedule="GPipe", dp=2, zero=3, zero_gather="per-iteration"),
+    "FSDP2, 1F1B, M = P": dict(microbatches=2, dp=2, zero=3, zero_gather="per-iteration"),
+}
+
+
+@pytest.mark.parametrize("changes", AGREEMENT.values(), ids=AGREEMENT.keys())
+def test_the_dp_segments_peak_as_evaluate_scores_them(changes):
+    """Every range of every stage: the DP's least peak is evaluate's least over the range's
+    recompute choices, and evaluate's for the choice the DP made."""
+    from itertools import product
+
+    from planner.solve import dpsolve
+    from planner.solve.deadline import Deadline
+
+    profile, setup = _logits_profile(), _titan_setup(**changes)
+    chain = dpsolve.Chain(profile, setup)
+    found = dpsolve.segments(chain, [(1, 2), (3, 3)], max_time_ms=float("inf"), objective="memory",
+                             deadline=Deadline(None))
+    layers = costmodel.layer_costs(profile)
+    assert len(found) == 4  # stage 0: [0, 1), [0, 2); stage 1: [1, 3), [2, 3)
+    for seg in found:
+        def peak(options, seg=seg):
+            return costmodel.stage_cost(layers[seg.start:seg.end], list(options), stage=seg.stage, profile=profile,
+                                        setup=setup).peak_bytes
+
+        assert seg.peak_bytes == peak(seg.mask >> b & 1 for b in range(seg.end - seg.start)), seg
+        assert seg.peak_bytes == min(peak(options) for options in product((0, 1), repeat=seg.end - seg.start)), seg
+    if not changes:
+        assert sorted(seg.peak_bytes for seg in found if seg.stage == 1) == [END_CAP_2 - 4096, END_CAP_1 - 4096]
+
+
+@pytest.mark.parametrize("changes", AGREEMENT.values(), ids=AGREEMENT.keys())
+def test_the_milps_rows_peak_as_evaluate_scores_a_plan(changes):
+    """A plan fixed in the MILP: the largest of a stage's rows (the activations' moment, with the
+    gradients allocated at the first backward where they join it; the optimizer step; the step's
+    end) is evaluate's peak; at the step's end of the last stage where that sets it."""
+    import pulp
+
+    from planner.solve import highs, milp
+
+    profile, setup = _logits_profile(), _titan_setup(**changes)
+    for cut, mask in ((1, 0b000), (1, 0b011), (2, 0b000), (2, 0b101)):
+        stages = costmodel.split_to_stages([0, cut], [mask >> i & 1 for i in range(3)], profile)
+        cost = costmodel.evaluate(stages, profile, setup)
+        problem = milp.build_problem(profile, setup, objective="memory")
+        threads = highs._scheduler_threads(1)
+        values = milp.start_values(problem, stages, threads=threads)
+        for var in problem.lp.variables():
+            if not var.name.startswith(("T_", "scale")):
+                var.lowBound = var.upBound = values[var.name]
+        problem.lp.setObjective(pulp.lpSum(var for var in problem.lp.variables() if var.name.startswith("T_")))
+        problem.lp.solve(milp._HiGHS(msg=False, threads=threads))
+        assert problem.lp.sol_status == pulp.LpSolutionOptimal
+
+        def value(row):
+            mib = sum(coef * var.varValue for var, coef in row.items() if var.name != "scale") + row.constant
+            return round((mib - costmodel.FIT_MARGIN_BYTES / MIB) * MIB)
+
+        for k, stage in enumerate(cost.stages):
+            rows = {name: value(row) for name, row in problem.lp.constraints.items()
+                    if name in (f"cap_{k}", f"cap_grads_{k}", f"step_cap_{k}", f"step_end_{k}")}
+            assert max(rows.values()) == stage.peak_bytes, (cut, mask, k, rows)
+        if not changes:
+            assert value(problem.lp.constraints["step_end_1"]) == cost.stages[1].peak_bytes
+
+
+@pytest.mark.parametrize("solver", ["dp", "milp"])
+def test_a_mem_just_below_the_step_end_moves_the_cut(tmp_path, solver):
+    """Unlimited, the cut after l0 is fastest (6 ms a stage against 9). Its last stage peaks at the
+    step's end; a --mem a byte short of it leaves the cut after l1 (the head alone, 1 MiB less of
+    l1's state), a byte short of that nothing, said in one sentence. (Before the solvers charged
+    the step's end they took the cut after l0 there, and evaluate refused their plan.) The MILP's
+    rows are in MiB, and HiGHS takes an integer's bound to within 1e-6 of a whole number (its
+    mip_feasibility_tolerance): 1 byte; it is given 64 bytes short."""
+    short = 1 if solver == "dp" else 64
+    path = tmp_path / "p.json"
+    io.save_profile(_logits_profile(), path)
+    titan = ("--runtime", "torchtitan", "--runtime-version", "9dec370", "--precision", "fp32")
+    common = ("solve", "--profile", path, "--stages", "2", "--microbatches", "4", "--solver", solver, *titan)
+    for cap, layers, peak in ((END_CAP_1, [["l0"], ["l1", "head"]], END_CAP_1 - 4096),
+                              (END_CAP_1 - short, [["l0", "l1"], ["head"]], END_CAP_2 - 4096)):
+        out = tmp_path / f"{cap}.yaml"
+        run_ok(*common, "--mem", cap, "--out", out)
+        plan = io.load_plan(out)
+        assert [stage.layers for stage in plan.stages] == layers
+        assert plan.stages[1].predicted.peak_bytes == peak
+    refused = run(*common, "--mem", END_CAP_2 - short, "--out", tmp_path / "none.yaml")
+    assert refused.exit_code != 0 and "the smallest cap that works with 2 stages is 69.1 MiB" in refused.output
+    assert "kept to the step's end (outputs, sends) and the merge 40 MiB" in refused.output
+    assert not (tmp_path / "none.yaml").exists()
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1F1B", "ZBV"])
+def test_the_milps_rank_step_end_row_is_evaluates_step_end(schedule):
+    """A rank of two stages (P = 2, V = 2) fixed in the MILP: its step's end row is evaluate's
+    static + buffers + step_end_bytes, the sends every stage holds to the step's end and, on the
+    rank of the head, the kept logits and their merge."""
+    import pulp
+
+    from planner.solve import highs, milp
+
+    profile = profile_of([layer(f"l{i}", f"K{i}", fwd_ms=1.0, act_mib=4, input_mib=1, param_count=1024)
+                          for i in range(3)]
+                         + [layer("head", "H", fwd_ms=1.0, act_mib=4, input_mib=1, output_mib=8, param_count=1024)])
+    setup = _titan_setup(schedule=schedule, chunks=2)
+    stages = costmodel.split_to_stages([0, 1, 2, 3], [0, 0, 0, 0], profile)
+    cost = costmodel.evaluate(costmodel.ranks_of(stages, setup), profile, setup)
+    problem = milp.build_problem(profile, setup, objective="memory")
+    threads = highs._scheduler_threads(1)
+    values = milp.start_values(problem, stages, threads=threads)
+    for var in problem.lp.variables():
+        if not var.name.startswith(("T_", "U_", "scale")):
+            var.lowBound = var.upBound = values[var.name]
+    problem.lp.solve(milp._HiGHS(msg=False, threads=threads))
+    assert problem.lp.sol_status == pulp.LpSolutionOptimal
+    for rank, stage in enumerate(cost.stages):
+        row = problem.lp.constraints[f"step_end_r{rank}"]
+        mib = sum(coef * var.varValue for var, coef in row.items() if var.name != "scale") + row.constant
+        assert round((mib - costmodel.FIT_MARGIN_BYTES / MIB) * MIB) == \
+            stage.static_bytes + stage.buffer_bytes + stage.step_end_bytes
+    # the head's rank (1 interleaved, 0 under ZBV's V): the head's M kept logits, its M input
+    # gradients held by their sends and the cat of the logits, 4 x (8 + 1) + 4 x 8 MiB; its other
+    # stage's sends, 4 x (1 + 1) MiB (l1), or 4 x 1 (l0, which sends no input gradient)
+    head_rank, other = (1, 2) if schedule == "interleaved-1F1B" else (0, 1)
+    assert cost.stages[head_rank].step_end_bytes == (4 * 9 + 4 * 8 + 4 * other) * MIB

@@ -299,6 +299,15 @@ def peak_bytes(held, in_flight, kept, transient, scratch, maximum=max):
     return held + maximum(in_flight * kept + transient, scratch)
 
 
+def step_end_peak_bytes(held, *, late_grad_bytes, end_bytes):
+    """A rank's bytes at its step's end, its own moment of the peak (score.rank_cost; the DP and
+    the MILP take the same): what it holds all iteration (static + buffers), less the whole
+    gradients its runtime allocates at a stage's first backward (reduced and gone by then, as at
+    the step: gradtiming.lazy_grad_bytes), plus what the schedule still keeps then
+    (chunked.step_end_bytes). Callers round."""
+    return held - late_grad_bytes + end_bytes
+
+
 @dataclass(frozen=True)
 class StageSums:
     """One pipeline stage's quantities, each combined as it declares (terms.COMBINE): the stage

@@ -106,27 +106,56 @@ def sends_held_bytes(first: LayerCost, last: LayerCost, *, stage: int, order: sc
 def step_end_bytes(order: schedules.Schedule, rank: int, held: dict[int, schedules.ChunkBytes], *,
                    last_output_bytes: int, training: TrainingSetup) -> float:
     """What rank `rank` holds at its step's end beyond what it holds all iteration, once every
-    microbatch's backward has run (no activations then): the stage outputs and input gradients
-    the schedule still keeps (`held`, by stage: score.chunk_bytes; a walked schedule's every
-    microbatch, a closed form's last k, its warm-up's in flight, the M - k others being among
-    the stage's buffers: rules.held_outputs_bytes) and, on the rank of the pipeline's last stage
-    where the schedule keeps its outputs, their merge: `step()` returns
-    `merge_chunks(output_chunks)`, a torch.cat of the M outputs (`last_output_bytes` each, the
-    logits) while output_chunks still holds them, emptied only as the next step begins (torch
-    2.6.0, git 2236df17, the release of torch 1963fc8's month: pipelining/schedules.py 478-509
-    PipelineScheduleSingle.step, 1168-1199 PipelineScheduleMulti.step; microbatch.py 349-470
-    merge_chunks; stage.py 507-514 clear_runtime_states). The records whose schedule keeps the
-    last stage's outputs (rules.outputs_held) are those whose step merges them: torch keeps
-    output_chunks to return them (RuntimeFacts.outputs_held_to_step_end)."""
+    microbatch's backward has run (no activations then): the sum of its stages' parts
+    (stage_end_bytes), `last_output_bytes` the last stage's output (the logits)."""
+    return sum(stage_end_bytes(order, k, held[k], output_bytes=last_output_bytes, training=training)
+               for k in order.stages_of(rank))
+
+
+def stage_end_bytes(order: schedules.Schedule, stage: int, held: schedules.ChunkBytes, *, output_bytes: int,
+                    training: TrainingSetup) -> float:
+    """Stage `stage`'s part of its rank's step end: the stage outputs and input gradients the
+    schedule still keeps (`held`: score.chunk_bytes; a walked schedule's every microbatch, a
+    closed form's last k, its warm-up's in flight, the M - k others being among the stage's
+    buffers: rules.held_outputs_bytes) and, on the pipeline's last stage where the schedule keeps
+    its outputs, their merge: `step()` returns `merge_chunks(output_chunks)`, a torch.cat of the
+    M outputs (`output_bytes` each, the logits) while output_chunks still holds them, emptied only
+    as the next step begins (torch 2.6.0, git 2236df17, the release of torch 1963fc8's month:
+    pipelining/schedules.py 478-509 PipelineScheduleSingle.step, 1168-1199
+    PipelineScheduleMulti.step; microbatch.py 349-470 merge_chunks; stage.py 507-514
+    clear_runtime_states). The records whose schedule keeps the last stage's outputs
+    (rules.outputs_held) are those whose step merges them: torch keeps output_chunks to return
+    them (RuntimeFacts.outputs_held_to_step_end).
+
+    Linear in held.sent_output, held.sent_input_grad and output_bytes, and independent of what
+    the stage recomputes: the solvers add it up from the stage's first and last layers
+    (opening_end_bytes + closing_end_bytes)."""
     microbatches = order.num_microbatches
-    stages = order.stages_of(rank)
     if order.actions:
-        end = sum(microbatches * (held[k].sent_output + held[k].sent_input_grad) for k in stages)
+        end = microbatches * (held.sent_output + held.sent_input_grad)
     else:
-        k = schedules.one_chunk_in_flight(order.name, num_ranks=order.num_ranks,
-                                          num_microbatches=microbatches, rank=rank)
-        end = sum(k * held[s].sent_output for s in stages)
+        k = schedules.one_chunk_in_flight(order.name, num_ranks=order.num_ranks, num_microbatches=microbatches,
+                                          rank=order.stage_to_rank[stage])
+        end = k * held.sent_output
     last = order.num_stages - 1
-    if last in stages and outputs_held(last, order.num_stages, training, ranks=order.num_ranks):
-        end += microbatches * last_output_bytes
+    if stage == last and outputs_held(last, order.num_stages, training, ranks=order.num_ranks):
+        end += microbatches * output_bytes
     return end
+
+
+def closing_end_bytes(last: LayerCost, *, stage: int, order: schedules.Schedule, training: TrainingSetup) -> float:
+    """What `last`, closing pipeline stage `stage`, adds to its rank's step end: its output's part
+    of stage_end_bytes (the sends and kept outputs, the last stage's merge)."""
+    output, _ = sends_held_bytes(last, last, stage=stage, order=order, training=training)
+    return stage_end_bytes(order, stage, schedules.ChunkBytes(0.0, 0.0, sent_output=output),
+                           output_bytes=last.output_bytes, training=training)
+
+
+def opening_end_bytes(first: LayerCost, *, stage: int, order: schedules.Schedule, training: TrainingSetup) -> float:
+    """What `first`, opening pipeline stage `stage`, adds to its rank's step end: its input
+    gradient's part of stage_end_bytes (held by its send where the runtime holds sends)."""
+    if not order.holds_sends:  # sends_held_bytes holds no input gradient then: nothing (the DP asks often)
+        return 0.0
+    _, input_grad = sends_held_bytes(first, first, stage=stage, order=order, training=training)
+    return stage_end_bytes(order, stage, schedules.ChunkBytes(0.0, 0.0, sent_input_grad=input_grad),
+                           output_bytes=0, training=training)

@@ -36,7 +36,11 @@ microbatches, `k_s` in-flight microbatches (1F1B: min(P - s, M); GPipe: M):
                                                                     gone before any layer's backward
     scratch_s    = the optimizer step's temporaries (Adam: sqrt(v) as a new tensor; on cuda all
                    of the stage's parameters at once, on cpu two of the largest)
-    peak_s       = static_s + max(k_s · kept_s + transient_s, scratch_s) + buffers_s
+    end_s        = what the schedule keeps once the last backward has run: the outputs it holds
+                   (torch's output_chunks) and the last stage's torch.cat of them, the sends a
+                   rank of several stages holds; less the whole gradients a runtime allocates at
+                   the first backward, gone by then (chunked.stage_end_bytes, gradtiming)
+    peak_s       = static_s + max(k_s · kept_s + transient_s, scratch_s, end_s) + buffers_s
     cuda:          reserved_s = ⌈peak_s / (1 - f) / 2 MiB⌉ · 2 MiB, the caching allocator's segments at
                    fragmentation f; nccl_s = the communicators' buffers (planner/cost/allocator.py). A stage
                    fits when reserved_s + nccl_s ≤ cap_s, which every solver reads as the allocated

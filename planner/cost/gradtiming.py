@@ -54,15 +54,15 @@ def lazy_grad_bytes(layers: Sequence[LayerCost], setup: TrainSetup) -> float:
     return grads * sum(layer.param_count - layer.expert_param_count + layer.expert_param_count / ep for layer in layers)
 
 
-def one_chunk(lazy: float, *, in_flight: int, kept: float, microbatches: int, steady: bool) -> float:
+def one_chunk(lazy: float, *, in_flight: int, kept, microbatches: int, steady: bool, maximum=max):
     """The bytes above in_flight x kept that the stage's activations and lazily allocated
     gradients reach together (see the module docstring); `steady`: 1F1B, whose forwards go on
-    after the first backward."""
+    after the first backward. `maximum=np.maximum` answers for many `kept` at once (the DP)."""
     if not lazy:
         return 0.0
     if steady and in_flight < microbatches:
         return lazy
-    return max(0.0, lazy - kept) if in_flight else lazy
+    return maximum(0.0, lazy - kept) if in_flight else lazy
 
 
 def walked(actions: Sequence, kept: Sequence[float], lazy: Sequence[float]) -> float:

@@ -21,6 +21,7 @@ from planner.cost.assembly import (
     option_indices,
     peak_bytes,
     stage_sums,
+    step_end_peak_bytes,
     workspace_bytes,
 )
 from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view, step_end_bytes
@@ -28,7 +29,14 @@ from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.reserve import with_replayed_reserve
 from planner.cost.rules import in_flight, rank_tied_once_bytes
 from planner.cost.terms import Context
-from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainingSetup, TrainSetup
+from planner.schema import (
+    OPTION_OFFLOAD,
+    PipelineSetup,
+    Profile,
+    StagePlan,
+    TrainingSetup,
+    TrainSetup,
+)
 
 Chunk = tuple[list[LayerCost], list[int]]  # a pipeline stage's layers and their option indices
 
@@ -116,7 +124,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     last = order.num_stages - 1
     logits = chunks[last][0][-1].output_bytes if last in stages else 0
     end = step_end_bytes(order, rank, held, last_output_bytes=logits, training=setup.training)
-    total = max(total, int(round(static + buffers - sum(lazy) + end)))
+    total = max(total, int(round(step_end_peak_bytes(static + buffers, late_grad_bytes=sum(lazy), end_bytes=end))))
     ctx = Context(profile, setup)
     cuda = ctx.device_type == "cuda"
     reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type="cuda")) if cuda else None
@@ -150,10 +158,16 @@ def gradients_above(order: schedules.Schedule, rank: int, lazy: Sequence[float],
     if not any(lazy):
         return 0.0
     if order.num_chunks == 1:
-        return gradtiming.one_chunk(lazy[0], in_flight=in_flight(setup.pipeline, rank), kept=mine[0].kept_bytes,
-                                    microbatches=setup.pipeline.microbatches,
-                                    steady=setup.pipeline.schedule == "1F1B")
+        return one_chunk_gradients_above(lazy[0], stage=rank, kept=mine[0].kept_bytes, pipeline=setup.pipeline)
     return gradtiming.walked(order.actions[rank], [s.kept_bytes for s in mine], lazy)
+
+
+def one_chunk_gradients_above(lazy: float, *, stage: int, kept, pipeline: PipelineSetup, maximum=max):
+    """gradients_above for a rank of one stage (1F1B, GPipe), `kept` per microbatch: the DP
+    scores its checkpoint sets by it (`maximum=np.maximum` for many at once)."""
+    return gradtiming.one_chunk(lazy, in_flight=in_flight(pipeline, stage), kept=kept,
+                                microbatches=pipeline.microbatches, steady=pipeline.schedule == "1F1B",
+                                maximum=maximum)
 
 
 def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, order: schedules.Schedule,

@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from planner.cost import costmodel
-from planner.schema import Profile, TrainSetup
+from planner.cost import costmodel, gradtiming
+from planner.schema import PipelineSetup, Profile, TrainSetup
 from planner.solve.deadline import Deadline
 
 INF = math.inf
@@ -81,6 +82,10 @@ class Chain:
         self.params = [layer.param_count for layer in layers]  # with the largest tensor: ZeRO 1's whole tensors
         self.largest = [layer.largest_param_count for layer in layers]
         self.step_ms = per_layer(("step",), False)
+        # the step's end (score.rank_cost's own moment): the whole gradients gone by then, per
+        # layer, and what a stage's first and last layers leave the schedule keeping
+        self.late_grad = [gradtiming.lazy_grad_bytes([layer], setup) for layer in layers]
+        self.late_grad_any = any(self.late_grad)
         self.stages = [
             _Stage(
                 in_flight=costmodel.in_flight(setup.pipeline, s),
@@ -110,6 +115,24 @@ class Chain:
     def edge_comm_ms(self, s: int, start: int, end: int) -> float:
         """Per microbatch, what stage s's first and last layer add: its sends."""
         return self._edge(self.busy, "open", start, s) + self._edge(self.busy, "close", end - 1, s)
+
+    @cached_property
+    def order(self):
+        """The schedule (one stage per rank: the DP's segments only). Built when first asked: the
+        MILP's boundary windows read a chain of a chunked schedule's P·V stages, which is none."""
+        return costmodel.schedule_of(self.setup)
+
+    def end_bytes(self, s: int, start: int, end: int) -> float:
+        """What stage s holding [start, end) keeps at the step's end beyond what it holds all
+        iteration (chunked.stage_end_bytes, from its first and last layers alone)."""
+        return self._end(costmodel.opening_end_bytes, start, s) + self._end(costmodel.closing_end_bytes, end - 1, s)
+
+    def _end(self, part, layer: int, s: int) -> float:
+        """Memoised: a layer's part of the step's end as stage s's first or last layer."""
+        key = (part, layer, s)
+        if key not in self._edges:
+            self._edges[key] = part(self.layers[layer], stage=s, order=self.order, training=self.setup.training)
+        return self._edges[key]
 
     def closing_bytes(self, s: int, end: int) -> tuple[float, float]:
         """(kept, held) that layer `end - 1` adds by closing stage s, with the stage's own."""
@@ -188,13 +211,20 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     k_low = min(chain.stages[s].in_flight for s in stages)
     k_high = max(chain.stages[s].in_flight for s in stages)
     cap_high = max(chain.stages[s].cap_bytes * cap_scale for s in stages) - costmodel.FIT_MARGIN_BYTES
+    # whether a stage's peak may leave out some of its lazily allocated gradients (GPipe; 1F1B's
+    # stage with all M in flight): where gradients_above is less than them
+    pipeline = chain.setup.pipeline
+    discounts = chain.late_grad_any and any(
+        costmodel.one_chunk_gradients_above(1.0, stage=s, kept=1.0, pipeline=pipeline) < 1.0 for s in stages)
     states = [(0.0, 0, 0, 0)]
+    late_grad = 0.0  # the range's whole gradients allocated at the stage's first backward
     run = costmodel.StageRun(chain.setup, chain.profile.device.type)  # the accumulator's sums, grown a layer at a time
     for j in range(i + 1, max(windows[s][1] for s in stages) + 1):
         m = j - 1
         run.add(time_ms=chain.plain_ms[m], held_bytes=chain.static[m], step_ms=chain.step_ms[m],
                 host_bytes=chain.host[m], params=chain.params[m], largest_params=chain.largest[m],
                 scratch_bytes=chain.step_scratch[m])
+        late_grad += chain.late_grad[m]
         plain, held, step = run.time_ms, run.held_bytes, run.step_ms  # each grows with the range
         if run.host_bytes > host_cap:
             break
@@ -202,9 +232,12 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
             break
         states = _grow(states, chain, m, (m - i) * chain.bits, min(max_time_ms - plain, max_recompute_ms) if timed else INF)
         # static and kept only grow with the range: drop sets that no later end can fit (a
-        # byte of room for the peak's rounding to whole bytes)
+        # byte of room for the peak's rounding to whole bytes); the whole gradients allocated
+        # at the first backward may be out of the peak (gradtiming.one_chunk), and grow too
+        floor = held - late_grad if late_grad and discounts else held
         states = [st for st in states
-                  if held + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept) <= cap_high + 1]
+                  if floor + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept)
+                  <= cap_high + 1]
         if not states:
             break
         # for the least peak, recompute time plays no part: a front over (kept, extra) alone
@@ -216,31 +249,46 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
             if windows[s][0] <= j <= windows[s][1]:
                 kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
                 sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
-                segment = _best_set(chain.stages[s], s, i, j, states, sums, (kept, edge_held), objective, columns)
+                edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad)
+                segment = _best_set(chain.stages[s], s, i, j, states, sums, edge, objective, columns,
+                                    pipeline=chain.setup.pipeline)
                 if segment is not None and (not timed or segment.time_ms <= max_time_ms):
                     found.append(segment)
     return found
 
 
-def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: tuple[int, int],
-              objective: str, columns=None) -> Segment | None:
+def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: tuple, objective: str,
+              columns=None, *, pipeline: PipelineSetup) -> Segment | None:
     """The fitting set with the least recompute ("time", states sorted by it) or peak
     ("memory"). sums: the range's plain ms (with its sends), held bytes, step ms, optimizer step scratch;
-    edge: the (kept, held) its first and last layer and its position add; columns:
-    the states' kept and extra bytes as arrays, to score them all at once."""
+    edge: the (kept, held) its first and last layer and its position add, and at the step's end
+    what the schedule keeps and the whole gradients gone by then (the same for every set: neither
+    depends on what the stage recomputes); columns: the states' kept and extra bytes as arrays, to score them all at once."""
     plain, static, step, step_scratch = sums
-    edge_kept, edge_held = edge
+    edge_kept, edge_held, end, late_grad = edge
     held = static + edge_held
     limit, in_flight, loss_scratch = stage.cap_bytes - costmodel.FIT_MARGIN_BYTES, stage.in_flight, stage.loss_scratch_bytes
     if objective == "memory":
         limit = INF  # the least peak is wanted, whatever the cap
+    # the step's end, its own moment of the peak (score.rank_cost): no set of this range fits below it
+    end_peak = int(round(costmodel.step_end_peak_bytes(held, late_grad_bytes=late_grad, end_bytes=end)))
+    if end_peak > limit:
+        return None
     def peak_of(kept, extra, maximum=max):
-        """The evaluator's peak of a rank of one stage (costmodel.rank_cost) for these sets."""
-        return costmodel.peak_bytes(held, in_flight, kept + edge_kept, maximum(extra - stage.const_kept_bytes,
-                                                                            loss_scratch), step_scratch, maximum)
+        """The evaluator's peak of a rank of one stage (costmodel.rank_cost) for these sets: the
+        whole gradients allocated at the first backward are not held all iteration, but join
+        the activations as rank_cost's gradients_above says."""
+        kept = kept + edge_kept
+        transient = maximum(extra - stage.const_kept_bytes, loss_scratch)
+        if late_grad:
+            transient = transient + costmodel.one_chunk_gradients_above(late_grad, stage=s, kept=kept,
+                                                                        pipeline=pipeline, maximum=maximum)
+        return costmodel.peak_bytes(held - late_grad, in_flight, kept, transient, step_scratch, maximum)
 
     if columns is not None:
         peaks = np.rint(peak_of(*columns, maximum=np.maximum))  # rint: round's half to even
+        if end or late_grad:  # else the step's end is the held bytes, which every peak holds
+            peaks = np.maximum(peaks, end_peak)
         pick = int(np.argmin(peaks)) if objective == "memory" else int(np.argmax(peaks <= limit))
         if peaks[pick] > limit:
             return None
@@ -248,7 +296,7 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
         return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, int(peaks[pick]))
     best = None
     for ms, kept, extra, mask in states:
-        peak = int(round(peak_of(kept, extra)))
+        peak = max(int(round(peak_of(kept, extra))), end_peak)
         if objective == "time":
             if peak <= limit:
                 return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, peak)

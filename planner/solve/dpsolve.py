@@ -15,7 +15,9 @@ layers that fits its cap. The search therefore splits in two:
    while a layer runs), and every term grows with its predecessor, so a set worse in all
    three than another set of the same range is never needed: only the Pareto front is
    kept. Each stage s then reads off the cheapest set whose costmodel peak fits cap_s
-   (static + max(k_s·kept + max(extra, loss scratch), step scratch) + buffers).
+   (static + max(k_s·kept + max(extra, loss scratch), step scratch) + buffers, or the step's
+   end where that is more: static + buffers + what the schedule keeps then, the same for every
+   set of the range, chunked.stage_end_bytes).
 2. Cuts. Labels (Σ time, slowest stage, slowest step) at each (stage, boundary), again
    only the Pareto front, and none whose lower bound (the label plus the least Σ time and
    least bottleneck the remaining stages can reach) exceeds a known plan's time. The

@@ -61,10 +61,12 @@ from planner.solve.milp_rows import (  # noqa: F401
     _const,
     _edge,
     _held,
+    _late_grad_mib,
     _layer,
     _Memory,
     _stage_memory_parts,
     _step_and_host_rows,
+    _step_end_row,
 )
 
 
@@ -273,9 +275,24 @@ def _stage_time(problem: Problem, s: int, n, opens, closes):
 def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
     """peak_s = held + max(k_s·kept + T_s, step scratch), in MiB (costmodel.TERMS: static and
     buffers held, kept, extra, scratch): returns held + k_s·kept + T_s (the training peak)
-    and adds the optimizer step's row, held + scratch ≤ cap, and the host row itself."""
+    and adds the optimizer step's row, held + scratch ≤ cap, the step's end's and the host row
+    itself."""
     memory = _stage_memory_parts(problem, s, n, opens, closes)
     k = costmodel.in_flight(problem.setup.pipeline, s)
-    _step_and_host_rows(problem, f"{s}", [memory], _cap_mib(problem, s))
+    cap = _cap_mib(problem, s)
+    # the whole gradients a runtime allocates at the stage's first backward (static charges them):
+    # gone at the optimizer step and the step's end; beside the activations as gradients_above says
+    late = _late_grad_mib(problem, [s], n)
+    _step_and_host_rows(problem, f"{s}", [memory], cap, [-term for term in late])
+    _step_end_row(problem, f"{s}", [s], memory.held, n, opens, closes, cap)
+    if late and costmodel.one_chunk_gradients_above(1.0, stage=s, kept=1.0, pipeline=problem.setup.pipeline) < 1.0:
+        # [Constraint] GPipe, or 1F1B's stage with all M in flight: they arrive as the first
+        # backward frees a microbatch, held - G + k·kept + T + max(0, G - kept) ≤ cap
+        # (gradtiming.one_chunk), as two rows: this one and the one returned
+        lp = problem.lp
+        lp += pulp.lpSum(memory.held + [(k - 1) * term for term in memory.kept] + [memory.transient]) <= cap, \
+            f"cap_grads_{s}"
+        return pulp.lpSum(memory.held + [-term for term in late] + [k * term for term in memory.kept]
+                          + [memory.transient])
     # held + k·kept written out term by term: one row fewer between a byte and its cap
     return pulp.lpSum(memory.held + [k * term for term in memory.kept] + [memory.transient])

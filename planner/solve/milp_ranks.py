@@ -12,11 +12,13 @@ from planner.solve.milp_rows import (
     MIB,
     Problem,
     _const,
+    _late_grad_mib,
     _layer,
     _presence,
     _run_bytes,
     _stage_memory_parts,
     _step_and_host_rows,
+    _step_end_row,
 )
 
 
@@ -28,7 +30,7 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
     held + live(v) + T_c ≤ cap_r for every vector where chunk c's B or I starts (its transient on
     top; W's own, the weight pass's peak, where its W starts); vectors below another (of the same
     chunk and pass) are dropped.
-    Then the optimizer step's and the host's rows over all its chunks."""
+    Then the optimizer step's, the step's end's and the host's rows over all its chunks."""
     order, lp, setup = problem.schedule, problem.lp, problem.outer
     split = order.splits_backward
     for rank in range(order.num_ranks):
@@ -66,7 +68,10 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
                 vectors = _top([vector for vector, c, k in moments if c == chunk and k == kind])
                 for idx, vector in enumerate(vectors):
                     lp += pulp.lpSum(held) + live(vector) + extra <= cap, f"pass_{kind}_{rank}_{chunk}_{idx}"
-        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent)
+        # the optimizer step's scratch meets no whole gradient allocated at a first backward
+        late = [-term for term in _late_grad_mib(problem, stages, n)]
+        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent + late)
+        _step_end_row(problem, f"r{rank}", stages, held, n, opens, closes, cap)
 
 
 def _run_sum(problem: Problem, quantity: str, k: int, n):

@@ -9,7 +9,7 @@ from typing import Literal
 
 import pulp
 
-from planner.cost import costmodel, dataparallel
+from planner.cost import costmodel, dataparallel, gradtiming
 from planner.cost.costmodel import LayerCost
 from planner.schema import Profile, TrainSetup
 from planner.solve.deadline import Deadline
@@ -159,6 +159,37 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
              for g, run in enumerate(problem.runs) for o in problem.order[g]
              if _layer(problem, ("offloaded",), run.layer, o)]
     return _Memory(held, total, scratch, step_scratch, host)
+
+
+def _step_end_row(problem: Problem, name: str, stages, held: list, n, opens, closes, cap_mib) -> None:
+    """[Constraint] the step's end, its own moment of a rank's peak (score.rank_cost): what the
+    rank holds all iteration (`held`, MiB), less the whole gradients its runtime allocates at a
+    stage's first backward (gone by then: gradtiming.lazy_grad_bytes, per layer), plus what the
+    schedule keeps then, from each of its stages' first and last layers
+    (costmodel.opening_end_bytes, closing_end_bytes), ≤ cap. None of it depends on what a stage
+    recomputes. No row where the schedule keeps nothing then (held ≤ cap is in the others)."""
+    order, training = problem.schedule, (problem.outer or problem.setup).training
+    end = []
+    for k in stages:
+        for g, run in enumerate(problem.runs):
+            opening = costmodel.opening_end_bytes(run.layer, stage=k, order=order, training=training)
+            closing = costmodel.closing_end_bytes(run.layer, stage=k, order=order, training=training)
+            end += [opening / MIB * opens(k, g)] if opening else []
+            end += [closing / MIB * closes(k, g)] if closing else []
+    if end:
+        late = _late_grad_mib(problem, stages, n)
+        problem.lp += pulp.lpSum(held) - pulp.lpSum(late) + pulp.lpSum(end) <= cap_mib, f"step_end_{name}"
+
+
+def _late_grad_mib(problem: Problem, stages, n) -> list:
+    """The whole gradients the runtime allocates at each of `stages`' first backward rather than
+    holding all iteration (gradtiming.lazy_grad_bytes, per layer; static charges them), in MiB:
+    [] where there are none."""
+    late = []
+    for g, run in enumerate(problem.runs):
+        grads = gradtiming.lazy_grad_bytes([run.layer], problem.setup)
+        late += [grads / MIB * n(k, g) for k in stages] if grads else []
+    return late
 
 
 def _zero_one_excess_mib(problem: Problem, s: int, n) -> list:

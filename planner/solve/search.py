@@ -444,10 +444,14 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
 
 
 def need_terms(stage: costmodel.StageCost) -> dict[str, int]:
-    """A stage's peak by what takes it: held all iteration, then either the activations of its
-    in-flight microbatches with the largest transient, or the optimizer step's scratch."""
+    """A stage's peak by what takes it: held all iteration, then the moment that sets it: the
+    activations of its in-flight microbatches with the largest transient, the optimizer step's
+    scratch, or the step's end (the outputs the schedule keeps and their merge)."""
     terms = {"weights, grads, optimizer state": stage.static_bytes, "buffers": stage.buffer_bytes}
-    if stage.activation_bytes + stage.transient_bytes >= stage.step_scratch_bytes:
+    moment = max(stage.activation_bytes + stage.transient_bytes, stage.step_scratch_bytes)
+    if stage.step_end_bytes > moment:
+        terms["kept to the step's end (outputs, sends) and the merge"] = stage.step_end_bytes
+    elif stage.activation_bytes + stage.transient_bytes >= stage.step_scratch_bytes:
         terms.update({f"activations x {stage.in_flight} microbatches": stage.activation_bytes,
                       "largest transient": stage.transient_bytes})
     else:
