@@ -243,7 +243,7 @@ def main(argv: list[str]) -> None:
                 fwd_bytes, bwd_bytes = compiled_count(kernel, x, json.loads(config), x_name)
                 points[i] = (x, ms, {"forward": fwd_bytes, "backward": bwd_bytes, "full": fwd_bytes + bwd_bytes}[mode],
                              ops, name, line)
-        (x1, t1, b1, _, _, _), (x2, t2, b2, ops, name, line) = points[-2], points[-1]
+        (_, t1, b1, _, _, _), (x2, t2, b2, ops, name, line) = points[-2], points[-1]
         slope = (b2 - b1) / (t2 - t1) / 1e9 if t2 > t1 else float("nan")
         fixed_us = (t2 - b2 / (slope * 1e9)) * 1e3 if slope == slope else float("nan")
         per_op = f" ({fixed_us / ops:.1f})" if ops else ""
