@@ -25,7 +25,9 @@ TINY = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_
                   num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=1024)
 # wide enough that its GEMMs, not the casts, set a block's time (at 64 wide the casts cost more than
 # float8 saves: torchao's README measures a float8 linear 0.80x the bf16 one at 1024 x 2048 x 1024)
-MID = dataclasses.replace(TINY, name="mid-llama", hidden_size=2048, intermediate_size=8192, num_heads=16,
+# LLaMA 3 8B's widths: where float8's faster GEMMs outweigh its casts (their bytes at the measured rate of
+# compiled kernels, planner/profiler/membound.py; at 2048 wide they no longer do)
+MID = dataclasses.replace(TINY, name="mid-llama", hidden_size=4096, intermediate_size=14336, num_heads=32,
                           num_kv_heads=8, vocab_size=1024)
 REF = FileRef(file="arch:test", sha256="0" * 64)
 SHAPE = Shape(seq_len=1024, micro_batch_size=8)

@@ -41,6 +41,16 @@ def test_a_llama_block_saves_the_fused_norms_rotary_and_swiglu_bytes_by_hand():
     assert te_fused.fused_bytes_saved(TINY, SHAPE) == (norms[0] + rope[0] + swiglu[0], norms[1] + rope[1] + swiglu[1])
 
 
+def test_the_fused_kernels_own_bytes_by_hand():
+    """What the fused kernels move (at the fused kernels' rate, planner/profiler/membound.py): two TE
+    norms 4 + 4 B forward (element, token), 6 + 4 backward; rotary 4 and 4 over Q and K; SwiGLU 6 and 10;
+    a GPT block's bias-GELU 4 and 6."""
+    T, h, f, rotated = 256, 64, 160, 256 * (64 + 32)
+    assert te_fused.fused_kernel_bytes(TINY, SHAPE) == (2 * (4 * T * h + 4 * T) + 4 * rotated + 6 * T * f,
+                                                        2 * (6 * T * h + 4 * T) + 4 * rotated + 10 * T * f)
+    assert te_fused.fused_kernel_bytes(TINY_GPT, SHAPE) == (4 * 256 * 256, 6 * 256 * 256)
+
+
 def test_a_gpt_block_saves_the_fused_bias_gelu_bytes_only():
     # gelu_new eager 36 / 56 B an element of the width-f activation, Megatron's fused bias-GELU 4 / 6;
     # its LayerNorms already move TE's 4 / 6
@@ -55,21 +65,23 @@ def test_blocks_whose_fused_kernels_were_not_read_get_no_record():
 
 
 @pytest.mark.parametrize("name", ["h100", "b200"])
-def test_the_record_is_the_eager_passes_less_the_saved_bytes_at_hbm_bandwidth(name):
+def test_the_record_is_the_eager_passes_less_the_saved_bytes_the_fused_ones_at_their_rate(name):
     gpu = archs.gpu(name)
     te_gpu = te_fused.te_attention_gpu(gpu)  # H100: its attention at cuDNN's figures; B200: none published
     passes = analytic_time.block_work(TINY, SHAPE)
     saved_fwd, saved_bwd = te_fused.fused_bytes_saved(TINY, SHAPE)
+    fused_fwd, fused_bwd = te_fused.fused_kernel_bytes(TINY, SHAPE)
     timed = te_fused.te_time(TINY, SHAPE, gpu, passes, moe=False)
 
-    def expected(done, cut, times):  # TE's fused Q/K/V and gate/up GEMMs, the saved bytes off
-        return roofline_ms(te_fused._fused_gemms(Work(done.flops, done.bytes - cut, done.kernels), TINY, SHAPE, times),
-                           te_gpu)
+    def expected(done, cut, fused, times):  # TE's fused Q/K/V and gate/up GEMMs, the saved bytes off, and of
+        # the bytes left the fused kernels' own at the fused kernels' rate (Work.fused_bytes)
+        left = Work(done.flops, done.bytes - cut, done.kernels, fused)
+        return roofline_ms(te_fused._fused_gemms(left, TINY, SHAPE, times), te_gpu)
 
-    assert timed.fwd_ms == pytest.approx(expected(passes[0], saved_fwd, 1), rel=1e-12)
-    assert timed.bwd_ms == pytest.approx(expected(passes[1], saved_bwd, 2), rel=1e-12)
+    assert timed.fwd_ms == pytest.approx(expected(passes[0], saved_fwd, fused_fwd, 1), rel=1e-12)
+    assert timed.bwd_ms == pytest.approx(expected(passes[1], saved_bwd, fused_bwd, 2), rel=1e-12)
     # the full rerun runs the forward's norms, rotary and SwiGLU again (it stops before w2 and its add)
-    assert timed.recompute_ms["full"] == pytest.approx(expected(passes[2], saved_fwd, 1), rel=1e-12)
+    assert timed.recompute_ms["full"] == pytest.approx(expected(passes[2], saved_fwd, fused_fwd, 1), rel=1e-12)
 
 
 def test_te_runs_q_k_v_as_one_gemm_and_gate_up_as_one():

@@ -258,11 +258,19 @@ def _report(profile, spec, shape, out: Path) -> None:
     info(f"wrote {out}")
 
 
+def _membound(facts: dict) -> str:
+    measured = facts.get("membound_tbps")
+    if not measured:  # a profile written before the measured rates
+        return f"{facts['gpu_hbm_tbps']:g} TB/s"
+    return (f"{measured['eager']:.2f} TB/s eager, {measured['fused']:.2f} fused: the rates measured of the "
+            f"{facts['gpu_hbm_tbps']:g} TB/s datasheet")
+
+
 def _timing(facts: dict) -> str:
     if facts["mfu"] is not None:
         return f"times assume {facts['gpu_bf16_tflops']:g} TFLOP/s × MFU {facts['mfu']:g} (--mfu)"
     return (f"times are rooflines (matmuls at their size's published efficiency, attention at FlashAttention-2's, "
-            f"memory-bound bytes at {facts['gpu_hbm_tbps']:g} TB/s): they imply MFU {facts['mfu_implied']:.3f} "
+            f"memory-bound bytes at {_membound(facts)}): they imply MFU {facts['mfu_implied']:.3f} "
             f"of {facts['gpu_bf16_tflops']:g} TFLOP/s over the layers' forward and backward")
 
 

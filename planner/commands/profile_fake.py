@@ -108,11 +108,12 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
 
     from planner.commands.profile_arch import _with_host_step
     from planner.models import archconfig, archs
+    from planner.profiler.membound import membound_facts
     from planner.schema import DeviceInfo, Profile
 
     facts = {
         "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes, "gpu_bf16_tflops": gpu.bf16_tflops,
-        "gpu_hbm_tbps": gpu.hbm_tbps, "gpu_source": gpu.source,
+        "gpu_hbm_tbps": gpu.hbm_tbps, "gpu_source": gpu.source, "membound_tbps": membound_facts(gpu),
         "gpu_usable_bytes": gpu.usable_bytes, "gpu_usable_source": f"{gpu.total_source}; less the "
                                                                    f"{archs.CONTEXT_SOURCE}",
         "matmul_efficiency": gpu.matmul_efficiency, "matmul_source": gpu.matmul_source,
@@ -188,6 +189,7 @@ def _report(profile, out: Path) -> None:
     info(f"times are rooflines: each matmul at its size's published efficiency, up to {facts['matmul_efficiency']:g} "
          f"of {facts['gpu_bf16_tflops']:g} TFLOP/s (the best matmul measured on the {facts['gpu']}, a per-kernel "
          f"ceiling, not end to end), attention at FlashAttention-2's published rate, plus memory-bound bytes "
-         f"at {facts['gpu_hbm_tbps']:g} TB/s; `ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}")
+         f"at {facts['membound_tbps']['eager']:.2f} TB/s, what eager kernels are measured to reach of the "
+         f"{facts['gpu_hbm_tbps']:g} TB/s datasheet; `ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}")
     options_report(profile, "recompute times are rooflines of the work each adds, as full's")
     info(f"wrote {out}")

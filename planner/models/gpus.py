@@ -14,6 +14,19 @@ from dataclasses import dataclass
 from planner.errors import UserError
 
 
+# Memory-bound kernels' achieved bandwidth as fractions of the datasheet's (eager, fused), derived by
+# scripts/membound_rates.py from Liger-Kernel's published benchmark medians (docs/gpus.md "Memory-bound
+# kernels"): per architecture, the harmonic mean over its benchmark sweeps of the forward+backward rate between
+# the two largest sizes, over each row's own GPU's datasheet bandwidth. Eager: Hugging Face's RMSNorm, torch's
+# LayerNorm and cross entropy, HF's rotary, eager SwiGLU, counted by the fake profiler (H100 NVL and SXM: 0.633,
+# 0.422, 0.464, 0.391, 0.429, 0.633; A100 SXM and PCIe: 0.733, 0.416, 0.583, 0.426, 0.757, 0.432, 0.589, 0.446).
+# Fused: the same ops under torch.compile, counted by inductor (H100 NVL: 0.426, 0.598, 0.400, 0.418; A100 PCIe:
+# 0.433, 0.536, 0.502, 0.344); Transformer Engine's kernels are not in the data and take this rate (assumed)
+MEMBOUND_H100 = (0.477, 0.449)
+MEMBOUND_A100 = (0.519, 0.441)
+_LIGER = "Liger-Kernel benchmark/data (3534d44 h100_/a100_all_benchmark_data.csv, 2120862 all_benchmark_data.csv)"
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -63,6 +76,13 @@ class GPU:
     # as attention_efficiency is; empty: none published, attention_efficiency read (planner/profiler/te_fused.py)
     te_attention_efficiency: tuple[float, ...] = ()
     te_attention_source: str = ""
+    # the bandwidth memory-bound kernels reach as fractions of hbm_tbps, measured on this GPU's architecture
+    # (Liger-Kernel's published benchmarks, docs/gpus.md "Memory-bound kernels"; planner/profiler/membound.py):
+    # eager torch ops (the fake and analytic profiles' bytes), and fused kernels (torch.compile's inductor
+    # kernels, Transformer Engine's and Megatron's fused ones: roofline.Work.fused_bytes); defaults: the H100's
+    membound_eager_efficiency: float = MEMBOUND_H100[0]
+    membound_fused_efficiency: float = MEMBOUND_H100[1]
+    membound_source: str = ""
 
     @property
     def usable_bytes(self) -> int:
@@ -170,6 +190,16 @@ _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forwa
                "arXiv 2307.08691 §4.1)")
 _SDPA_ASSUMED = f"no attention figure published for this GPU: the H100's fractions of peak assumed ({_SDPA_HOPPER})"
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
+_MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
+                        membound_source=f"measured on H100 NVL and H100 SXM: {_LIGER}")
+_MEMBOUND_AMPERE = dict(membound_eager_efficiency=MEMBOUND_A100[0], membound_fused_efficiency=MEMBOUND_A100[1],
+                        membound_source=f"measured on A100 SXM 80 GB and A100 PCIe 80 GB: {_LIGER}")
+
+
+def _membound_assumed(nearest: str, fractions: tuple[float, float]) -> dict:
+    return dict(membound_eager_efficiency=fractions[0], membound_fused_efficiency=fractions[1],
+                membound_source=f"no memory-bound kernel benchmark published for this GPU: the {nearest}'s fractions "
+                                f"assumed ({_LIGER})")
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
     # NVIDIA H100 Tensor Core GPU datasheet (2023): SXM 80 GB, BF16 1,979 TFLOPS with sparsity
@@ -187,7 +217,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
         **_mamf("h100-sxm", 989.4, fp8_key="h100-sxm", fp8_peak=1978.9), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_HOPPER, **_CUDNN_HOPPER_CHIP),
+        attention_source=_SDPA_HOPPER, **_CUDNN_HOPPER_CHIP,
+        **_MEMBOUND_HOPPER),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
         link_source="H100 datasheet: PCIe Gen5 128 GB/s (GPU to GPU over PCIe); 400 Gb/s NIC per GPU",
@@ -197,7 +228,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                      "454 MiB driver reservation (assumed)",
         **_mamf("h100-sxm", 989.4, ": the SXM's fraction, none published for PCIe"),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the SXM's fractions, none published for PCIe: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
+        attention_source=f"the SXM's fractions, none published for PCIe: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        **_MEMBOUND_HOPPER),
     # The H100 of Meta's Grand Teton hosts, on which torchtitan's published benchmarks ran: "HBM2e-based SXM
     # H100 with lower TDP", "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power
     # limit", 8 per host "fully connected with NVLink", "400 Gb/s per GPU" RDMA (torchtitan 820504e,
@@ -215,7 +247,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("h100-sxm", 989.4, ": the 700 W SXM's; none measured at 500 W", fp8_key="h100-sxm", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
+        attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        **_MEMBOUND_HOPPER),
     # NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM
     GPU("h200", 141 * 10**9, 989.4, 4.8, "NVIDIA H200 datasheet, SXM (BF16 989, FP8 1,979 dense; 4.8 TB/s)", 450.0,
         fp8_tflops=1978.9,
@@ -226,7 +259,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         **_mamf("h100-sxm", 989.4, ": the table's H100 row, whose note says \"H200 is the same\"", fp8_key="h200",
               fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 part with 96 GB HBM3 at 4 TB/s (or
     # 144 GB HBM3e at 4.9 TB/s), H100 SXM compute; NVLink 900 GB/s GPU to GPU, NVLink-C2C 900 GB/s
     # to the Grace CPU (the host link an offload crosses)
@@ -237,7 +271,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        **_membound_assumed("H100", MEMBOUND_H100)),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
         "NVIDIA GH200 datasheet, 144 GB HBM3e (BF16 989, FP8 1,979 dense; 4.9 TB/s)", 450.0,
         host_link_gb_per_s=450.0, fp8_tflops=1978.9,
@@ -246,7 +281,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP),
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
     GPU("a100-40g", 40 * 10**9, 312.0, 1.555, "NVIDIA A100 datasheet, 40 GB SXM (BF16 312 dense, no FP8; 1.555 TB/s)",
@@ -254,14 +290,16 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
-        **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE),
+        **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
+        **_MEMBOUND_AMPERE),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
         300.0, 25.0, 32.0,
         link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
         cuda_total_bytes=85_100_068_864,
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
-        **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE),
+        **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
+        **_MEMBOUND_AMPERE),
     # NVIDIA DGX B200 datasheet (2024): 1,440 GB for 8 GPUs (180 GB each), 72 PFLOPS FP8 training
     # for 8 GPUs (sparse: 4.5 dense each); HGX B200: BF16 2.25 PFLOPS dense (4.5 with sparsity),
     # HBM3e 8 TB/s, NVLink 5 1.8 TB/s
@@ -272,7 +310,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
                      "driver reservation (assumed)",
         **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_ASSUMED),
+        attention_source=_SDPA_ASSUMED,
+        **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA GB200 NVL72 datasheet (2024), per rack of 72 GPUs: 360 PFLOPS BF16 and 720 PFLOPS FP8
     # (sparse: 2,500 and 5,000 dense per GPU), 13.4 TB HBM3e (186 GB per GPU), 576 TB/s (8 TB/s per
     # GPU), NVLink 130 TB/s (1.8 TB/s per GPU), all 72 in one NVLink domain; NVLink-C2C 900 GB/s to
@@ -285,7 +324,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_ASSUMED),
+        attention_source=_SDPA_ASSUMED,
+        **_membound_assumed("H100", MEMBOUND_H100)),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)
     GPU("mi300x", 192 * 10**9, 1307.4, 5.3,
@@ -299,7 +339,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         attention_efficiency=(MI300X_FLASH_TFLOPS[0] / 1307.4, MI300X_FLASH_TFLOPS[1] / 1307.4),
         attention_source="FlashAttention-2 (CK) on MI300X, ROCm 6.3.2, 16384 tokens, head dim 128: forward 353.22, "
                          "backward 194.43 TFLOP/s (ROCm/flash-attention#142); torch's SDPA runs AOTriton there, no "
-                         "recent figure published for it"),
+                         "recent figure published for it",
+        **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA L4 Tensor Core GPU datasheet (2023): 24 GB GDDR6 at 300 GB/s, BF16 121 TFLOPS dense
     # (242 with sparsity), FP8 242.5 dense (485 with sparsity), PCIe Gen4 x16 64 GB/s, no NVLink
     GPU("l4", 24 * 10**9, 121.0, 0.300, "NVIDIA L4 datasheet (BF16 121, FP8 242.5 dense; 300 GB/s GDDR6)", 32.0,
@@ -309,7 +350,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("a100", 312.0, ": the A100's fraction, none published for L4"),
         attention_efficiency=(0.73, 0.73),
-        attention_source=f"{_FA2_AMPERE}; none published for L4, the Ampere figure assumed"),
+        attention_source=f"{_FA2_AMPERE}; none published for L4, the Ampere figure assumed",
+        **_membound_assumed("A100", MEMBOUND_A100)),
 )}
 
 GPU_ALIASES = {"h100": "h100-sxm", "gh200-96g": "gh200"}

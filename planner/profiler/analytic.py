@@ -135,6 +135,7 @@ from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> b
     q_width,
     vocab_per_device,
 )
+from planner.profiler.membound import membound_facts, membound_ms
 from planner.profiler.roofline import MATMUL_TABLE_SOURCE, implied_mfu
 from planner.schema import (
     OPTION_FULL,
@@ -271,7 +272,7 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
     it and its output and writes (12), the cast back reads 4 and writes d. nll_loss itself
     gathers one entry per token."""
     moved = logits_bytes(arch, shape, 2 * shape.d + 8 * FP32)
-    return moved / (gpu.hbm_tbps * 1e12) * 1e3
+    return membound_ms(moved, gpu, "eager")
 
 
 # ---------------------------------------------------------------- layers and profile
@@ -410,6 +411,8 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, layers: l
         "attention": shape.attention, "dtype": shape.dtype,
         "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes, "gpu_bf16_tflops": gpu.bf16_tflops,
         "gpu_hbm_tbps": gpu.hbm_tbps, "gpu_source": gpu.source,
+        # the bandwidth memory-bound kernels are measured to reach (eager ops, fused kernels; membound.py)
+        "membound_tbps": membound_facts(gpu),
         # --mfu, an explicit override of the roofline (None: not given), and the MFU the times imply
         "mfu": mfu, "mfu_implied": implied(arch, shape, gpu, layers),
         "matmul_efficiency": gpu.matmul_efficiency, "matmul_source": f"{gpu.matmul_source}; by size: "

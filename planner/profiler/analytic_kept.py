@@ -13,6 +13,7 @@ from itertools import combinations
 from planner.models.archs import GPU, Arch
 from planner.profiler import analytic_time, opsac
 from planner.profiler.formulas import INDEX_BYTES, Shape, _is_moe, expert_tokens, kv_width, q_width
+from planner.profiler.membound import membound_ms
 from planner.schema import OPTION_OFFLOAD, RecomputeOption
 
 FP32 = 4
@@ -282,7 +283,7 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     else:
         mlp_saved = mlp_moved = 0
     if mlp_saved:
-        parts["mlp-act"] = (mlp_saved, mlp_moved / (gpu.hbm_tbps * 1e12) * 1e3)
+        parts["mlp-act"] = (mlp_saved, membound_ms(mlp_moved, gpu, "eager"))
     if moe:
         parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)), rerun_ms("mlp"))
     order = ("attn", "mla-up", "mlp", "mlp-act")  # how combinations are named (planner/emit/megatron.py)

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from planner.models.archs import GPU, Arch
 from planner.profiler import analytic_time, formulas
 from planner.profiler.formulas import Shape, kv_width, q_width
+from planner.profiler.membound import membound_ms
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.schema import OPTION_FULL, OPTION_NONE, CompiledTime
 
@@ -260,11 +261,11 @@ def compiled_loss_bytes(tokens: int, logits_bytes: int) -> int:
 
 
 def compiled_loss_ms(arch: Arch, shape: Shape, gpu: GPU, logits_bytes: int) -> float | None:
-    """The compiled loss over the HBM bandwidth; None under TP (torchtitan's loss_parallel is not
-    the loss read here) or for other dtypes."""
+    """The compiled loss at the rate fused kernels reach (membound.py); None under TP (torchtitan's
+    loss_parallel is not the loss read here) or for other dtypes."""
     if shape.tp != 1 or shape.dtype != "bfloat16":
         return None
-    return compiled_loss_bytes(shape.tokens, logits_bytes) / (gpu.hbm_tbps * 1e12) * 1e3
+    return membound_ms(compiled_loss_bytes(shape.tokens, logits_bytes), gpu, "fused")
 
 
 # ---------------------------------------------------------------- the times
@@ -294,14 +295,14 @@ def compiled_time(arch: Arch, shape: Shape, gpu: GPU, passes: tuple[Work, Work, 
     forward, backward, recompute = passes
     accumulate = analytic_time.ACCUMULATE * formulas.block_params(arch, shape, moe=moe) * shape.d
     fwd_none, bwd_none = found[OPTION_NONE]
-    fwd_ms = roofline_ms(Work(forward.flops, fwd_none, forward.kernels), gpu)
-    bwd_ms = roofline_ms(Work(backward.flops, bwd_none + accumulate, backward.kernels), gpu)
+    fwd_ms = roofline_ms(Work(forward.flops, fwd_none, forward.kernels, fwd_none), gpu)
+    bwd_ms = roofline_ms(Work(backward.flops, bwd_none + accumulate, backward.kernels, bwd_none), gpu)
     rerun = {}
     for policy in (OPTION_FULL, OPTION_OP_SAC):
         fwd, bwd = found[policy]
         kernels = _rerun_kernels(arch, shape, policy, recompute)
         extra = max(0, fwd + bwd - fwd_none - bwd_none)
-        rerun[policy] = roofline_ms(work(sum(kernel.flops for kernel in kernels), extra, kernels), gpu)
+        rerun[policy] = roofline_ms(work(sum(kernel.flops for kernel in kernels), extra, kernels, fused_bytes=extra), gpu)
     return CompiledTime(fwd_ms=fwd_ms, bwd_ms=bwd_ms, recompute_ms=rerun)
 
 

@@ -108,7 +108,8 @@ def in_float8(done: Work, linears: list[Linear], *, gemms: int, casts) -> tuple[
         kernels[Kernel("matmul-fp8", linear.flops)] += gemms
         added += CAST_BYTES * casts(linear)
         weights += linear.weight_elements
-    return work(done.flops, done.bytes + added, list((+kernels).elements())), weights
+    return work(done.flops, done.bytes + added, list((+kernels).elements()),
+                fused_bytes=done.fused_bytes + added), weights  # the casts: compiled kernels (the module's docstring)
 
 
 def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
@@ -198,4 +199,7 @@ def module_linears(layer, x, prefix: str) -> list[Linear]:
 
 
 def _bytes_ms(num_bytes: int, gpu) -> float:
-    return num_bytes / (gpu.hbm_tbps * 1e12) * 1e3
+    """Compiled cast kernels' bytes at the rate fused kernels reach (planner/profiler/membound.py)."""
+    from planner.profiler.membound import membound_ms
+
+    return membound_ms(num_bytes, gpu, "fused")

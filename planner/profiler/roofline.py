@@ -7,7 +7,8 @@ measurements (MATMUL_TABLE); each attention kernel at the published throughput o
 kernel PyTorch's scaled_dot_product_attention runs, forward and backward, at its sequence
 length where the GPU's rates are published by length (archs.GPU.attention_efficiency,
 attention_by_seq);
-memory-bound bytes at the HBM bandwidth. Float8 matmuls (inputs in a float8 dtype) at
+memory-bound bytes at the bandwidth such kernels are measured to reach (membound.py: eager ops
+at one rate, fused kernels, Work.fused_bytes, at another). Float8 matmuls (inputs in a float8 dtype) at
 the GPU's FP8 peak on the same curve. What this leaves out: kernel launches and host
 overhead, communication, the pipeline's bubble (the cost model's other terms and
 `ckplan calibrate` carry them).
@@ -26,6 +27,7 @@ from typing import Literal
 
 from planner.errors import UserError
 from planner.models.archs import GPU, GPUS
+from planner.profiler.membound import membound_ms
 
 KernelKind = Literal["matmul", "matmul-fp8", "attention-fwd", "attention-bwd"]
 
@@ -135,12 +137,14 @@ def attention_efficiency(gpu: GPU, seq_len: int) -> tuple[float, float]:
 @dataclass(frozen=True)
 class Work:
     """A pass's FLOPs (as torch's counter counts them), its kernels (each with how many times
-    it ran) and its memory-bound bytes. `flops` beyond the kernels' (a convolution) runs at
-    the plateau."""
+    it ran) and its memory-bound bytes, of which `fused_bytes` are moved by fused kernels
+    (torch.compile's, Transformer Engine's) and the rest by eager ops. `flops` beyond the
+    kernels' (a convolution) runs at the plateau."""
 
     flops: int
     bytes: int
     kernels: tuple[tuple[Kernel, int], ...] = field(default=())
+    fused_bytes: int = 0
 
     def _counts(self) -> Counter:
         return Counter(dict(self.kernels))
@@ -148,11 +152,13 @@ class Work:
     def __sub__(self, other: Work) -> Work:
         left = self._counts()
         left.subtract(other._counts())
-        return Work(max(self.flops - other.flops, 0), max(self.bytes - other.bytes, 0),
-                    _frozen(+left))
+        total = max(self.bytes - other.bytes, 0)
+        return Work(max(self.flops - other.flops, 0), total, _frozen(+left),
+                    min(max(self.fused_bytes - other.fused_bytes, 0), total))
 
     def __add__(self, other: Work) -> Work:
-        return Work(self.flops + other.flops, self.bytes + other.bytes, _frozen(self._counts() + other._counts()))
+        return Work(self.flops + other.flops, self.bytes + other.bytes, _frozen(self._counts() + other._counts()),
+                    self.fused_bytes + other.fused_bytes)
 
 
 def _frozen(counts: Counter) -> tuple[tuple[Kernel, int], ...]:
@@ -160,17 +166,17 @@ def _frozen(counts: Counter) -> tuple[tuple[Kernel, int], ...]:
                                                           item[0].seq_len)))
 
 
-def work(flops: int, memory_bytes: int, kernels: list[Kernel]) -> Work:
-    return Work(flops, memory_bytes, _frozen(Counter(kernels)))
+def work(flops: int, memory_bytes: int, kernels: list[Kernel], *, fused_bytes: int = 0) -> Work:
+    return Work(flops, memory_bytes, _frozen(Counter(kernels)), min(fused_bytes, memory_bytes))
 
 
 def roofline_ms(done: Work, gpu: GPU) -> float:
     """Each kernel at its own rate, the rest of the FLOPs at the matmul plateau, and the
-    memory-bound bytes at the HBM bandwidth, in ms."""
+    memory-bound bytes at the bandwidth their kernels reach (eager ops', fused kernels'), in ms."""
     kernels = sum(kernel_ms(kernel, gpu) * count for kernel, count in done.kernels)
     rest = max(done.flops - sum(kernel.flops * count for kernel, count in done.kernels), 0)
     return (kernels + rest / (gpu.bf16_tflops * 1e12 * gpu.matmul_efficiency) * 1e3
-            + done.bytes / (gpu.hbm_tbps * 1e12) * 1e3)
+            + membound_ms(done.bytes - done.fused_bytes, gpu, "eager") + membound_ms(done.fused_bytes, gpu, "fused"))
 
 
 def implied_mfu(model_flops: float, time_ms: float, gpu: GPU) -> float:

@@ -84,6 +84,21 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
     return norm_fwd + rope[0] + swiglu[0], norm_bwd + rope[1] + swiglu[1]
 
 
+def fused_kernel_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes the fused kernels themselves move (the norms, rotary and the
+    activation: the module's docstring), for the roofline's fused rate (Work.fused_bytes); the rest of
+    the block's memory-bound bytes are eager ops'. Only where fused_bytes_saved gives a record."""
+    T, h = shape.tokens, arch.hidden_size
+    rows, f = T // shape.sp_div, arch.intermediate_size // shape.tp
+    if arch.style == "gpt":
+        return GELU_FUSED_FWD * T * f, GELU_FUSED_BWD * T * f
+    norm_fwd = 2 * (TE_NORM_FWD * rows * h + TE_RMSNORM_TOKEN * rows)
+    norm_bwd = 2 * (TE_NORM_BWD * rows * h + TE_RMSNORM_TOKEN * rows)
+    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
+    return (norm_fwd + ROPE_FUSED_FWD * rotated + SWIGLU_FUSED_FWD * T * f,
+            norm_bwd + ROPE_FUSED_BWD * rotated + SWIGLU_FUSED_BWD * T * f)
+
+
 def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
             prefix: str = "layers.0") -> FusedKernelTime | None:
     """The block's forward, backward and full-recompute rerun (`passes`: analytic_time.block_work's)
@@ -94,8 +109,11 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
     if saved is None:
         return None
     kernels_gpu = te_attention_gpu(gpu)
-    fwd, bwd, rerun = (_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels), arch, shape, times)
-                       for done, cut, times in zip(passes, (saved[0], saved[1], saved[0]), (1, 2, 1)))
+    fused = fused_kernel_bytes(arch, shape)
+    fwd, bwd, rerun = (_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels,
+                                         min(moved, max(done.bytes - cut, 0))), arch, shape, times)
+                       for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
+                                                          (fused[0], fused[1], fused[0]), (1, 2, 1)))
     fp8 = float8.record(float8.converted(te_linears(arch, shape, prefix)), kernels_gpu, fwd, bwd, {OPTION_FULL: rerun})
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
@@ -133,7 +151,7 @@ def _fused_gemms(done: Work, arch, shape, times: int) -> Work:
             continue
         kernels.subtract(needed)
         kernels[Kernel("matmul", sum(parts))] += times
-        done = work(done.flops, done.bytes, list((+kernels).elements()))
+        done = work(done.flops, done.bytes, list((+kernels).elements()), fused_bytes=done.fused_bytes)
     return done
 
 
