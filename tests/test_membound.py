@@ -2,9 +2,11 @@
 Liger-Kernel's benchmark ops as ckplan counts them, by hand, and the time charged for them; the
 eager/fused split of a pass; GPUs without published kernel data."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
-from torch import nn
 
 from planner.models.gpus import GPUS, MEMBOUND_A100, MEMBOUND_H100
 from planner.profiler.fake import OpBytes, new_mode
@@ -12,20 +14,16 @@ from planner.profiler.membound import achieved_tbps, membound_ms
 from planner.profiler.roofline import Work, roofline_ms
 
 
-class LlamaRMSNorm(nn.Module):
-    """Liger-Kernel benchmark/scripts/benchmark_rms_norm.py (3534d44): an fp32 weight, bf16 input."""
+def _benchmark_script():
+    """scripts/membound_rates.py, whose LlamaRMSNorm is the module Liger-Kernel's benchmark times."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "membound_rates.py"
+    spec = importlib.util.spec_from_file_location("membound_rates", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
 
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+LlamaRMSNorm = _benchmark_script().LlamaRMSNorm
 
 
 def rms_norm_forward_bytes(rows: int, hidden: int) -> int:
