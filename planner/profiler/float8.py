@@ -23,6 +23,19 @@ torch.compile", 9dec370 `torchtitan/float8.py`), where the amax is one read and 
 one write: CAST_BYTES = 2 + 2 + 1 bytes per bf16 element. (Eager would move about 33: abs, max, an
 fp32 copy, multiply, clamp, cast.)
 
+Compiled, a tensor's casts are one: each Float8Linear casts its own input, but Q, K and V read one
+tensor (attention_norm's output), w1 and w3 another (ffn_norm's), and a tensorwise cast of one tensor
+is the same amax, scale and cast each time. torchtitan compiles each TransformerBlock whole
+(fullgraph), so AOTAutograd traces the block's forward and backward as one joint graph, and its
+partitioner first runs common-subexpression elimination over that graph (torch 2.13.0 cf30153
+`torch/_functorch/partitioners.py` 3765-3767: `if config.cse: fx_graph_cse(fx_g)`;
+`torch/_functorch/config.py` 56 `cse = True`; `torch/_functorch/compile_utils.py` 51 `fx_graph_cse`
+merges nodes of the same target and arguments). The record counts each distinct input tensor's cast
+once (Linear.source) in the forward, and once again in the backward where the weight-grad GEMM recasts
+the saved input (the joint graph's CSE may merge that with the forward's cast too, the partitioner then
+saving the float8 copy; not counted off). Each linear's grad_output is its own tensor: cast once each.
+The record is the compiled one; eager Float8 (no CSE, about 33 B a cast) is not modelled apart.
+
 The analytic profile writes the record for dense blocks (block_linears); its MoE and latent-attention
 (MLA) blocks get none and run bf16 under --float8 (torchtitan converts experts only under its
 separate grouped-mm setting). The fake profile records the nn.Linear calls a layer makes
@@ -59,6 +72,11 @@ class Linear:
     n: int
     full_k: int
     full_n: int
+    reads: str = ""  # the tensor its input is, where linears share one (Q, K, V: the norm's output); "": its own
+
+    @property
+    def source(self) -> str:
+        return self.reads or self.fqn
 
     @property
     def flops(self) -> int:
@@ -87,41 +105,50 @@ def block_linears(arch, shape: Shape, prefix: str) -> list[Linear]:
                 Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
                 Linear(f"{prefix}.feed_forward.fc", T, h, f, h, arch.intermediate_size),
                 Linear(f"{prefix}.feed_forward.proj", T, f, h, arch.intermediate_size, h)]
-    return [Linear(f"{prefix}.attention.wq", T, h, q, h, fq), Linear(f"{prefix}.attention.wk", T, h, kv, h, fkv),
-            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv), Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
-            *(Linear(f"{prefix}.feed_forward.{name}", T, h, f, h, arch.intermediate_size) for name in ("w1", "w3")),
+    norm, ffn_norm = f"{prefix}.attention_norm", f"{prefix}.ffn_norm"  # what Q/K/V and w1/w3 read
+    return [Linear(f"{prefix}.attention.wq", T, h, q, h, fq, norm), Linear(f"{prefix}.attention.wk", T, h, kv, h, fkv, norm),
+            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv, norm), Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
+            *(Linear(f"{prefix}.feed_forward.{name}", T, h, f, h, arch.intermediate_size, ffn_norm)
+              for name in ("w1", "w3")),
             Linear(f"{prefix}.feed_forward.w2", T, f, h, arch.intermediate_size, h)]
 
 
-def in_float8(done: Work, linears: list[Linear], *, gemms: int, casts) -> tuple[Work, int]:
+def in_float8(done: Work, linears: list[Linear], *, gemms: int, own, shared) -> tuple[Work, int]:
     """`done` with each of `linears`' `gemms` bf16 GEMMs (1 forward, 2 backward) run in float8,
-    plus `casts(linear)` elements cast at CAST_BYTES each; a linear whose GEMMs `done` does not run
-    (a checkpoint's rerun stops before the last one) is left out. Also returns the weight elements
-    of the linears converted (what the pass would cast of weights)."""
+    plus the elements cast at CAST_BYTES each: `own(linear)` for each linear, `shared(linear)` (its
+    input's cast) once per distinct input tensor (Linear.source: compiled, CSE; the module's
+    docstring); a linear whose GEMMs `done` does not run (a checkpoint's rerun stops before the last
+    one) is left out. Also returns the weight elements of the linears converted (what the pass would
+    cast of weights)."""
     kernels = Counter(dict(done.kernels))
-    added, weights = 0, 0
+    added, weights, sources = 0, 0, set()
     for linear in linears:
         bf16 = Kernel("matmul", linear.flops)
         if kernels[bf16] < gemms:
             continue
         kernels[bf16] -= gemms
         kernels[Kernel("matmul-fp8", linear.flops)] += gemms
-        added += CAST_BYTES * casts(linear)
+        added += CAST_BYTES * own(linear)
+        if linear.source not in sources:
+            sources.add(linear.source)
+            added += CAST_BYTES * shared(linear)
         weights += linear.weight_elements
     return work(done.flops, done.bytes + added, list((+kernels).elements()),
                 fused_bytes=done.fused_bytes + added), weights  # the casts: compiled kernels (the module's docstring)
 
 
 def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
-    """A forward (or a rerun of one): the inputs cast, one float8 GEMM each; the weight elements
-    to cast beside (weight_cast_ms)."""
-    return in_float8(done, linears, gemms=1, casts=lambda linear: linear.tokens * linear.k)
+    """A forward (or a rerun of one): each distinct input cast once, one float8 GEMM per linear; the
+    weight elements to cast beside (weight_cast_ms)."""
+    return in_float8(done, linears, gemms=1, own=lambda linear: 0, shared=lambda linear: linear.tokens * linear.k)
 
 
 def backward(done: Work, linears: list[Linear]) -> Work:
-    """A backward: grad_output cast (once: tensorwise, one scale for both GEMMs) and the saved
-    bf16 input cast again; two float8 GEMMs each. The float8 weight is the forward's, saved."""
-    return in_float8(done, linears, gemms=2, casts=lambda linear: linear.tokens * (linear.n + linear.k))[0]
+    """A backward: each linear's grad_output cast (once: tensorwise, one scale for both GEMMs) and
+    each distinct saved bf16 input cast again; two float8 GEMMs each. The float8 weight is the
+    forward's, saved."""
+    return in_float8(done, linears, gemms=2, own=lambda linear: linear.tokens * linear.n,
+                     shared=lambda linear: linear.tokens * linear.k)[0]
 
 
 def cast_transient_bytes(linears: list[Linear]) -> int:
@@ -179,7 +206,7 @@ def module_linears(layer, x, prefix: str) -> list[Linear]:
     import torch
 
     calls: list[Linear] = []
-    hooks = []
+    hooks, inputs = [], {}  # the input tensors seen (kept alive so that an id names one), by id
     for name, module in layer.named_modules():
         if isinstance(module, torch.nn.Linear):
             fqn = f"{prefix}.{name}" if name else prefix
@@ -187,7 +214,8 @@ def module_linears(layer, x, prefix: str) -> list[Linear]:
 
             def hook(_module, args, fqn=fqn, k=k, n=n):
                 rows = args[0].numel() // k
-                calls.append(Linear(fqn, rows, k, n, k, n))
+                first = inputs.setdefault(id(args[0]), (args[0], fqn))[1]  # the first linear to read it
+                calls.append(Linear(fqn, rows, k, n, k, n, first))
             hooks.append(module.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
