@@ -224,3 +224,25 @@ def test_a_fake_profiles_blocks_are_its_repeated_class_and_named_when_untimed():
     assert untimed_layers(fake_like) == []  # the records an --hf-config's fake profile carries
     bare = fake_like.model_copy(update={"layers": [layer.model_copy(update={"te_time": None}) for layer in renamed]})
     assert untimed_layers(bare) == ["layers.0", "layers.1"]
+
+
+def test_te_fp8_casts_by_hand():
+    # TINY's block on TE's linears, 256 tokens: linear_qkv 64 -> 64 + 2 x 32, linear_proj 64 -> 64,
+    # linear_fc1 64 -> 2 x 160, linear_fc2 160 -> 64 (te_fused.te_linears)
+    from planner.profiler import float8
+    from planner.profiler.roofline import work
+
+    T = 256
+    linears = te_fused.te_linears(TINY, SHAPE, "layers.0")
+    gemms = [Kernel("matmul", item.flops) for item in linears]
+    fwd, weights = float8.te_forward(work(0, 0, gemms), linears)
+    # qkv's and fc1's inputs from the norm with its amax: read 2 + write 1; proj's and fc2's: amax read,
+    # read, write (5)
+    assert fwd.bytes == T * (3 * 64 + 5 * 64 + 3 * 64 + 5 * 160)
+    assert weights == 64 * 128 + 64 * 64 + 64 * 320 + 160 * 64
+    # backward: each grad_output cast once (5 B); the saved float8 inputs are not cast again
+    bwd = float8.te_backward(work(0, 0, gemms * 2), linears)
+    assert bwd.bytes == 5 * T * (128 + 64 + 320 + 64)
+    # torchao's count on the same linears (no norm fusion; the inputs cast again for the weight grads)
+    assert float8.forward(work(0, 0, gemms), linears)[0].bytes == 5 * T * (64 + 64 + 64 + 160)
+    assert float8.backward(work(0, 0, gemms * 2), linears).bytes == 5 * T * ((128 + 64 + 320 + 64) + (64 + 64 + 64 + 160))

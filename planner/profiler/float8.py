@@ -115,8 +115,8 @@ def block_linears(arch, shape: Shape, prefix: str) -> list[Linear]:
 
 def in_float8(done: Work, linears: list[Linear], *, gemms: int, own, shared) -> tuple[Work, int]:
     """`done` with each of `linears`' `gemms` bf16 GEMMs (1 forward, 2 backward) run in float8,
-    plus the elements cast at CAST_BYTES each: `own(linear)` for each linear, `shared(linear)` (its
-    input's cast) once per distinct input tensor (Linear.source: compiled, CSE; the module's
+    plus the casts' bytes: `own(linear)` for each linear, `shared(linear)` (its input's cast) once
+    per distinct input tensor (Linear.source: compiled, CSE; the module's
     docstring); a linear whose GEMMs `done` does not run (a checkpoint's rerun stops before the last
     one) is left out. Also returns the weight elements of the linears converted (what the pass would
     cast of weights)."""
@@ -128,10 +128,10 @@ def in_float8(done: Work, linears: list[Linear], *, gemms: int, own, shared) -> 
             continue
         kernels[bf16] -= gemms
         kernels[Kernel("matmul-fp8", linear.flops)] += gemms
-        added += CAST_BYTES * own(linear)
+        added += own(linear)
         if linear.source not in sources:
             sources.add(linear.source)
-            added += CAST_BYTES * shared(linear)
+            added += shared(linear)
         weights += linear.weight_elements
     return work(done.flops, done.bytes + added, list((+kernels).elements()),
                 fused_bytes=done.fused_bytes + added), weights  # the casts: compiled kernels (the module's docstring)
@@ -140,15 +140,45 @@ def in_float8(done: Work, linears: list[Linear], *, gemms: int, own, shared) -> 
 def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
     """A forward (or a rerun of one): each distinct input cast once, one float8 GEMM per linear; the
     weight elements to cast beside (weight_cast_ms)."""
-    return in_float8(done, linears, gemms=1, own=lambda linear: 0, shared=lambda linear: linear.tokens * linear.k)
+    return in_float8(done, linears, gemms=1, own=lambda linear: 0,
+                     shared=lambda linear: CAST_BYTES * linear.tokens * linear.k)
 
 
 def backward(done: Work, linears: list[Linear]) -> Work:
     """A backward: each linear's grad_output cast (once: tensorwise, one scale for both GEMMs) and
     each distinct saved bf16 input cast again; two float8 GEMMs each. The float8 weight is the
     forward's, saved."""
-    return in_float8(done, linears, gemms=2, own=lambda linear: linear.tokens * linear.n,
-                     shared=lambda linear: linear.tokens * linear.k)[0]
+    return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * linear.tokens * linear.n,
+                     shared=lambda linear: CAST_BYTES * linear.tokens * linear.k)[0]
+
+
+# Transformer Engine's FP8 linears (Megatron-core's TE spec; Megatron-Bridge 25.11's recipe: tensorwise
+# current scaling, docs/framework-facts.md §17), read from TransformerEngine c38e4ba1 (as stored; the
+# v2.9 lines not checked one by one):
+# - LayerNormLinear (linear_qkv, linear_fc1): the norm's kernel writes its bf16 output and its amax at
+#   once (`rmsnorm_fwd`/`layernorm_fwd`, Impl::FUSED_NORM_AMAX_FP8, transformer_engine/pytorch/csrc/
+#   extensions/normalization.cpp), then `quantize_with_amax` reads it and writes float8: TE_NORM_CAST_BYTES
+#   = 2 + 1, no amax pass;
+# - every linear quantizes its input once in the forward, for both GEMMs that read it
+#   (`input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input)`, module/linear.py and
+#   module/layernorm_linear.py `forward`) and saves the float8 input: the backward does not cast it again;
+# - grad_output: one cast per linear (CAST_BYTES), as torchao's. The columnwise (transposed) copies that
+#   FP8 GEMMs need on Hopper (1 B an element more) are not charged, nor their absence on Blackwell.
+TE_NORM_CAST_BYTES = 3
+TE_NORM_LINEARS = ("linear_qkv", "linear_fc1", "attention.qkv", "feed_forward.fc")  # a GPT block's (te_linears)
+
+
+def te_forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
+    """A TE forward (or rerun): linear_qkv's and linear_fc1's inputs cast from the norm's output with
+    its amax (TE_NORM_CAST_BYTES), the others' at CAST_BYTES; one float8 GEMM each."""
+    return in_float8(done, linears, gemms=1, own=lambda linear: 0, shared=lambda linear: linear.tokens * linear.k * (
+        TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES))
+
+
+def te_backward(done: Work, linears: list[Linear]) -> Work:
+    """A TE backward: each grad_output cast once; the saved float8 input is not cast again."""
+    return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * linear.tokens * linear.n,
+                     shared=lambda linear: 0)[0]
 
 
 def cast_transient_bytes(linears: list[Linear]) -> int:
@@ -179,23 +209,26 @@ def block_record(arch, shape: Shape, gpu, passes: tuple[Work, Work, Work], *, pr
     return record(linears, gpu, passes[0], passes[1], reruns)
 
 
-def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, Work]) -> Float8Linears | None:
+def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, Work], *,
+           te: bool = False) -> Float8Linears | None:
     """A layer's Float8 record from its bf16 work: forward and backward, and each recompute
-    option's rerun by name, with the converted `linears`' GEMMs in float8 (the module's docstring);
-    None where none converts or the GPU has no FP8 tensor cores."""
+    option's rerun by name, with the converted `linears`' GEMMs in float8 (the module's docstring;
+    `te`: their casts as Transformer Engine runs them, te_forward and te_backward); None where none
+    converts or the GPU has no FP8 tensor cores."""
     from planner.profiler.roofline import roofline_ms
 
     if not linears or not gpu.fp8_tflops:
         return None
-    fwd8, cast = forward(fwd, linears)
+    forward_of, backward_of = (te_forward, te_backward) if te else (forward, backward)
+    fwd8, cast = forward_of(fwd, linears)
     recompute, weight_ms = {}, {}
     for name, rerun in reruns.items():
-        rerun8, rerun_cast = forward(rerun, linears)
+        rerun8, rerun_cast = forward_of(rerun, linears)
         if rerun_cast:  # an option that reruns no converted linear keeps its time
             recompute[name] = roofline_ms(rerun8, gpu)
             weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)
     return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
-                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward(bwd, linears), gpu),
+                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward_of(bwd, linears), gpu),
                          recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
                          rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears))
 
