@@ -286,3 +286,17 @@ def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
     blocked = read("--fp8-format hybrid --fp8-recipe mxfp8")
     assert not blocked.modelled.float8
     assert {s.name: s.status for s in blocked.settings}["--fp8-format"] == "not modelled"
+
+
+def test_under_tp_with_sp_the_norms_output_is_cast_on_its_shard_and_saved_in_float8():
+    # TINY at TP 2 with SP, 8,192 tokens: wq 64 -> 32, wk, wv 64 -> 16, wo 32 -> 64, w1, w3 64 -> 80, w2 80 -> 64
+    T = 8 * 1024
+    shape = Shape(seq_len=1024, micro_batch_size=8, tp=2, sp=True)
+    linears = float8.block_linears(TINY, shape, "layers.0")
+    gemms = [Kernel("matmul", item.flops) for item in linears]
+    fwd, _ = float8.forward(work(0, 0, gemms), linears)
+    # the two norms' outputs cast on the 4,096-row shard; wo's and w2's inputs whole
+    assert fwd.bytes == 5 * (T // 2 * 64 * 2 + T * (32 + 80))
+    bwd = float8.backward(work(0, 0, gemms * 2), linears)
+    # every grad_output (32 + 16 + 16 + 64 + 80 + 80 + 64); only wo's and w2's saved bf16 inputs recast
+    assert bwd.bytes == 5 * T * ((32 + 16 + 16 + 64 + 80 + 80 + 64) + (32 + 80))

@@ -35,6 +35,10 @@ once (Linear.source) in the forward, and once again in the backward where the we
 the saved input (the joint graph's CSE may merge that with the forward's cast too, the partitioner then
 saving the float8 copy; not counted off). Each linear's grad_output is its own tensor: cast once each.
 The record is the compiled one; eager Float8 (no CSE, about 33 B a cast) is not modelled apart.
+Under TP with SP the norm's output is cast before its all-gather, once per module, on the rank's
+sequence shard (T/t rows), and saved in float8 (runtime_titan.py's `tp_gathers_float8` source:
+torchao float8_tensor_parallel.py PrepareFloat8ModuleInput; eab345c float8_linear.py 51 saves
+input_fp8): Linear.shard_rows, no backward recast of that input.
 
 The analytic profile writes the record for dense blocks (block_linears); its MoE and latent-attention
 (MLA) blocks get none and run bf16 under --float8 (torchtitan converts experts only under its
@@ -73,6 +77,10 @@ class Linear:
     full_k: int
     full_n: int
     reads: str = ""  # the tensor its input is, where linears share one (Q, K, V: the norm's output); "": its own
+    # under TP with SP, torchtitan's Float8 plan casts the norm's sequence shard before its all-gather
+    # (PrepareFloat8ModuleInput) and the float8 input is what is saved: `shard_rows` rows cast, none again
+    # in the backward (0: `tokens` rows, cast in the linear, the bf16 input saved and recast)
+    shard_rows: int = 0
 
     @property
     def source(self) -> str:
@@ -106,9 +114,11 @@ def block_linears(arch, shape: Shape, prefix: str) -> list[Linear]:
                 Linear(f"{prefix}.feed_forward.fc", T, h, f, h, arch.intermediate_size),
                 Linear(f"{prefix}.feed_forward.proj", T, f, h, arch.intermediate_size, h)]
     norm, ffn_norm = f"{prefix}.attention_norm", f"{prefix}.ffn_norm"  # what Q/K/V and w1/w3 read
-    return [Linear(f"{prefix}.attention.wq", T, h, q, h, fq, norm), Linear(f"{prefix}.attention.wk", T, h, kv, h, fkv, norm),
-            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv, norm), Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
-            *(Linear(f"{prefix}.feed_forward.{name}", T, h, f, h, arch.intermediate_size, ffn_norm)
+    shard = T // shape.sp_div if shape.tp > 1 and shape.sp else 0
+    return [Linear(f"{prefix}.attention.wq", T, h, q, h, fq, norm, shard),
+            Linear(f"{prefix}.attention.wk", T, h, kv, h, fkv, norm, shard),
+            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv, norm, shard), Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
+            *(Linear(f"{prefix}.feed_forward.{name}", T, h, f, h, arch.intermediate_size, ffn_norm, shard)
               for name in ("w1", "w3")),
             Linear(f"{prefix}.feed_forward.w2", T, f, h, arch.intermediate_size, h)]
 
@@ -141,7 +151,7 @@ def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
     """A forward (or a rerun of one): each distinct input cast once, one float8 GEMM per linear; the
     weight elements to cast beside (weight_cast_ms)."""
     return in_float8(done, linears, gemms=1, own=lambda linear: 0,
-                     shared=lambda linear: CAST_BYTES * linear.tokens * linear.k)
+                     shared=lambda linear: CAST_BYTES * (linear.shard_rows or linear.tokens) * linear.k)
 
 
 def backward(done: Work, linears: list[Linear]) -> Work:
@@ -149,7 +159,7 @@ def backward(done: Work, linears: list[Linear]) -> Work:
     each distinct saved bf16 input cast again; two float8 GEMMs each. The float8 weight is the
     forward's, saved."""
     return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * linear.tokens * linear.n,
-                     shared=lambda linear: CAST_BYTES * linear.tokens * linear.k)[0]
+                     shared=lambda linear: 0 if linear.shard_rows else CAST_BYTES * linear.tokens * linear.k)[0]
 
 
 # Transformer Engine's FP8 linears (Megatron-core's TE spec; Megatron-Bridge 25.11's recipe: tensorwise
