@@ -72,6 +72,40 @@ def test_a_rerun_without_the_last_gemm_converts_the_others_only():
     assert weights == 32 * 48 and done.bytes == 5 * 16 * 32
 
 
+def test_a_block_casts_each_distinct_input_once_as_compiled():
+    # TINY's block, 8 x 1,024 = 8,192 tokens: wq (64->64), wk, wv (64->32), wo (64->64), w1, w3 (64->160),
+    # w2 (160->64). Compiled (AOTAutograd's CSE over the joint graph), the casts of one tensor with one
+    # tensorwise scale are one: Q, K and V read attention_norm's output, w1 and w3 ffn_norm's
+    T = 8 * 1024
+    linears = float8.block_linears(TINY, SHAPE, "layers.0")
+    assert [item.source for item in linears] == ["layers.0.attention_norm"] * 3 + [
+        "layers.0.attention.wo", "layers.0.ffn_norm", "layers.0.ffn_norm",
+        "layers.0.feed_forward.w2"]
+    gemms = [Kernel("matmul", item.flops) for item in linears]
+    fwd, weights = float8.forward(work(0, 0, gemms), linears)
+    # inputs cast: the norm's output (64), wo's (64), ffn_norm's (64), w2's (160); not 3 x 64 + 64 + 2 x 64 + 160
+    assert fwd.bytes == 5 * T * (64 + 64 + 64 + 160)
+    assert weights == 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 160  # every weight is cast (not shared)
+    # backward: every grad_output (64 + 32 + 32 + 64 + 160 + 160 + 64) and each distinct saved input again
+    bwd = float8.backward(work(0, 0, gemms * 2), linears)
+    assert bwd.bytes == 5 * T * ((64 + 32 + 32 + 64 + 160 + 160 + 64) + (64 + 64 + 64 + 160))
+
+
+def test_module_linears_name_the_tensor_their_input_is():
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq, self.wk, self.wo = (torch.nn.Linear(16, 16, bias=False) for _ in range(3))
+
+        def forward(self, x):
+            return self.wo(self.wq(x) + self.wk(x))
+
+    calls = float8.module_linears(Block(), torch.zeros(4, 16), "b")
+    assert [call.source for call in calls] == ["b.wq", "b.wq", "b.wo"]  # wk reads wq's input: one cast
+
+
 # ---------------------------------------------------------------- which linears torchtitan converts
 
 
@@ -252,3 +286,17 @@ def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
     blocked = read("--fp8-format hybrid --fp8-recipe mxfp8")
     assert not blocked.modelled.float8
     assert {s.name: s.status for s in blocked.settings}["--fp8-format"] == "not modelled"
+
+
+def test_under_tp_with_sp_the_norms_output_is_cast_on_its_shard_and_saved_in_float8():
+    # TINY at TP 2 with SP, 8,192 tokens: wq 64 -> 32, wk, wv 64 -> 16, wo 32 -> 64, w1, w3 64 -> 80, w2 80 -> 64
+    T = 8 * 1024
+    shape = Shape(seq_len=1024, micro_batch_size=8, tp=2, sp=True)
+    linears = float8.block_linears(TINY, shape, "layers.0")
+    gemms = [Kernel("matmul", item.flops) for item in linears]
+    fwd, _ = float8.forward(work(0, 0, gemms), linears)
+    # the two norms' outputs cast on the 4,096-row shard; wo's and w2's inputs whole
+    assert fwd.bytes == 5 * (T // 2 * 64 * 2 + T * (32 + 80))
+    bwd = float8.backward(work(0, 0, gemms * 2), linears)
+    # every grad_output (32 + 16 + 16 + 64 + 80 + 80 + 64); only wo's and w2's saved bf16 inputs recast
+    assert bwd.bytes == 5 * T * ((32 + 16 + 16 + 64 + 80 + 80 + 64) + (32 + 80))

@@ -224,3 +224,44 @@ def test_a_fake_profiles_blocks_are_its_repeated_class_and_named_when_untimed():
     assert untimed_layers(fake_like) == []  # the records an --hf-config's fake profile carries
     bare = fake_like.model_copy(update={"layers": [layer.model_copy(update={"te_time": None}) for layer in renamed]})
     assert untimed_layers(bare) == ["layers.0", "layers.1"]
+
+
+def test_te_fp8_casts_by_hand():
+    # TINY's block on TE's linears, 256 tokens: linear_qkv 64 -> 64 + 2 x 32, linear_proj 64 -> 64,
+    # linear_fc1 64 -> 2 x 160, linear_fc2 160 -> 64 (te_fused.te_linears)
+    from planner.profiler import float8
+    from planner.profiler.roofline import work
+
+    T = 256
+    linears = te_fused.te_linears(TINY, SHAPE, "layers.0")
+    gemms = [Kernel("matmul", item.flops) for item in linears]
+    fwd, weights = float8.te_forward(work(0, 0, gemms), linears)
+    # qkv's and fc1's inputs from the norm with its amax: read 2 + write 1; proj's and fc2's: amax read,
+    # read, write (5)
+    assert fwd.bytes == T * (3 * 64 + 5 * 64 + 3 * 64 + 5 * 160)
+    assert weights == 64 * 128 + 64 * 64 + 64 * 320 + 160 * 64
+    # backward: each grad_output cast once (5 B); the saved float8 inputs are not cast again
+    bwd = float8.te_backward(work(0, 0, gemms * 2), linears)
+    assert bwd.bytes == 5 * T * (128 + 64 + 320 + 64)
+    # torchao's count on the same linears (no norm fusion; the inputs cast again for the weight grads)
+    assert float8.forward(work(0, 0, gemms), linears)[0].bytes == 5 * T * (64 + 64 + 64 + 160)
+    assert float8.backward(work(0, 0, gemms * 2), linears).bytes == 5 * T * ((128 + 64 + 320 + 64) + (64 + 64 + 64 + 160))
+
+
+def test_te_casts_a_weight_once_a_step_not_per_forward():
+    # TE caches a weight's float8 copy across microbatches (is_first_microbatch): the cast is in the
+    # layer's step time, whole on every rank (the cost model divides the step by the shard group: taken x K)
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    block = profile.layers[1]
+    record = block.te_time.float8
+    assert runtimes.facts("megatron").float8 == "transformer-engine" and record.weight_cast_ms > 0
+    layer = float8_profile(profile, _setup("megatron", float8=True, dp=4, zero=1)).layers[1]
+    assert layer.fwd_ms == record.fwd_ms and layer.recompute_ms == record.recompute_ms["full"]
+    shard = layer.step_ms["adam"] - block.step_ms["adam"]
+    from planner.cost import dataparallel
+
+    K = dataparallel.shard_size(_setup("megatron", float8=True, dp=4, zero=1))
+    assert shard == pytest.approx(K * record.weight_cast_ms, rel=1e-12)
+    # torchtitan's torchao casts per forward
+    titan = float8_profile(profile, _setup("torchtitan", float8=True)).layers[1]
+    assert titan.fwd_ms == pytest.approx(block.float8.fwd_ms + block.float8.weight_cast_ms, rel=1e-12)

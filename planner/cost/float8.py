@@ -9,7 +9,12 @@ Time, per layer with a record:
   peak with the activations' and gradients' casts; an option the record does not name reruns no
   converted linear (attention core, activations, offload's copies) and keeps its time;
 - the weights' casts (amax and cast, per forward and per rerun): charged unless the weights are
-  gathered in float8 (then FSDP2's pre-all-gather casts each rank's shard, 1/K of them);
+  gathered in float8 (then FSDP2's pre-all-gather casts each rank's shard, 1/K of them); under
+  Transformer Engine (RuntimeFacts.float8 "transformer-engine") once per step instead, in the layer's
+  step time: TE caches a weight's float8 copy across microbatches (`get_weight_workspace(...,
+  cache_name=(None if is_first_microbatch is None else "weight"))`, transformer_engine/pytorch/module/
+  linear.py `_Linear.forward`, as stored; docs/framework-facts.md §21) and Megatron passes
+  is_first_microbatch; reruns reuse it;
 - with the float8 all-gather, the scales of every converted weight's shard computed once per
   iteration after the optimizer step (torchao `precompute_float8_dynamic_scale_for_fsdp`,
   v0.11.0 `torchao/float8/fsdp_utils.py` 29-80: max(abs) of each fp32 shard, one all-reduce of
@@ -64,27 +69,31 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     # torchtitan turns the float8 all-gather on only where FSDP shards (parallel_dims.dp_shard_enabled)
     gathered = setup.training.fp8_all_gather and dataparallel.shard_size(setup) > 1
     step_ms = _precompute_ms(profile) if gathered else 0.0
-    layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms)
+    # Transformer Engine casts a weight once per step, not per microbatch (the module's docstring): charged
+    # in the step time, which the cost model divides over the shard group, so taken times it (each rank
+    # casts its whole weight)
+    per_step = dataparallel.shard_size(setup) if record.float8 == "transformer-engine" and not gathered else 0
+    layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step)
               if layer.float8 is not None else layer for layer in profile.layers]
     return profile.model_copy(update={"layers": layers})
 
 
-def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float) -> LayerProfile:
+def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float, per_step: int = 0) -> LayerProfile:
     fp8: Float8Linears = layer.float8
-    cast = 0.0 if gathered else fp8.weight_cast_ms
+    cast = 0.0 if gathered or per_step else fp8.weight_cast_ms
     fwd = fp8.fwd_ms + cast
     kept_weight = fp8.param_count if memory and not gathered else 0  # float8 weight saved, 1 B a parameter
     options = []
     for option in layer.recompute_options:
         update = {}
         if option.name in fp8.recompute_ms:
-            rerun_cast = 0.0 if gathered else fp8.rerun_weight_cast_ms.get(option.name, 0.0)
+            rerun_cast = 0.0 if gathered or per_step else fp8.rerun_weight_cast_ms.get(option.name, 0.0)
             update["recompute_ms"] = fp8.recompute_ms[option.name] + rerun_cast
         if option.name == "none":
             update["kept_bytes"] = option.kept_bytes + kept_weight
         options.append(option.model_copy(update=update))
     full = fp8.recompute_ms.get("full")
-    recompute = layer.recompute_ms if full is None else full + (0.0 if gathered else
+    recompute = layer.recompute_ms if full is None else full + (0.0 if gathered or per_step else
                                                                 fp8.rerun_weight_cast_ms.get("full", 0.0))
     scale_fwd, scale_bwd = fwd / layer.fwd_ms if layer.fwd_ms else 1.0, fp8.bwd_ms / layer.bwd_ms if layer.bwd_ms else 1.0
     return layer.model_copy(update={
@@ -94,7 +103,7 @@ def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float)
         "act_bytes": layer.act_bytes + kept_weight,
         "transient_bytes": layer.transient_bytes + (fp8.transient_bytes if memory else 0),
         "recompute_options": options,
-        "step_ms": {name: ms + step_ms * fp8.param_count for name, ms in layer.step_ms.items()},
+        "step_ms": {name: ms + step_ms * fp8.param_count + per_step * fp8.weight_cast_ms for name, ms in layer.step_ms.items()},
         "alloc_records": {name: with_float8(record, kept=kept_weight if name == "none" else 0,
                                             transient=fp8.transient_bytes if memory else 0)
                           for name, record in layer.alloc_records.items()},

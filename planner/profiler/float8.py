@@ -23,6 +23,23 @@ torch.compile", 9dec370 `torchtitan/float8.py`), where the amax is one read and 
 one write: CAST_BYTES = 2 + 2 + 1 bytes per bf16 element. (Eager would move about 33: abs, max, an
 fp32 copy, multiply, clamp, cast.)
 
+Compiled, a tensor's casts are one: each Float8Linear casts its own input, but Q, K and V read one
+tensor (attention_norm's output), w1 and w3 another (ffn_norm's), and a tensorwise cast of one tensor
+is the same amax, scale and cast each time. torchtitan compiles each TransformerBlock whole
+(fullgraph), so AOTAutograd traces the block's forward and backward as one joint graph, and its
+partitioner first runs common-subexpression elimination over that graph (torch 2.13.0 cf30153
+`torch/_functorch/partitioners.py` 3765-3767: `if config.cse: fx_graph_cse(fx_g)`;
+`torch/_functorch/config.py` 56 `cse = True`; `torch/_functorch/compile_utils.py` 51 `fx_graph_cse`
+merges nodes of the same target and arguments). The record counts each distinct input tensor's cast
+once (Linear.source) in the forward, and once again in the backward where the weight-grad GEMM recasts
+the saved input (the joint graph's CSE may merge that with the forward's cast too, the partitioner then
+saving the float8 copy; not counted off). Each linear's grad_output is its own tensor: cast once each.
+The record is the compiled one; eager Float8 (no CSE, about 33 B a cast) is not modelled apart.
+Under TP with SP the norm's output is cast before its all-gather, once per module, on the rank's
+sequence shard (T/t rows), and saved in float8 (runtime_titan.py's `tp_gathers_float8` source:
+torchao float8_tensor_parallel.py PrepareFloat8ModuleInput; eab345c float8_linear.py 51 saves
+input_fp8): Linear.shard_rows, no backward recast of that input.
+
 The analytic profile writes the record for dense blocks (block_linears); its MoE and latent-attention
 (MLA) blocks get none and run bf16 under --float8 (torchtitan converts experts only under its
 separate grouped-mm setting). The fake profile records the nn.Linear calls a layer makes
@@ -59,6 +76,15 @@ class Linear:
     n: int
     full_k: int
     full_n: int
+    reads: str = ""  # the tensor its input is, where linears share one (Q, K, V: the norm's output); "": its own
+    # under TP with SP, torchtitan's Float8 plan casts the norm's sequence shard before its all-gather
+    # (PrepareFloat8ModuleInput) and the float8 input is what is saved: `shard_rows` rows cast, none again
+    # in the backward (0: `tokens` rows, cast in the linear, the bf16 input saved and recast)
+    shard_rows: int = 0
+
+    @property
+    def source(self) -> str:
+        return self.reads or self.fqn
 
     @property
     def flops(self) -> int:
@@ -87,41 +113,82 @@ def block_linears(arch, shape: Shape, prefix: str) -> list[Linear]:
                 Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
                 Linear(f"{prefix}.feed_forward.fc", T, h, f, h, arch.intermediate_size),
                 Linear(f"{prefix}.feed_forward.proj", T, f, h, arch.intermediate_size, h)]
-    return [Linear(f"{prefix}.attention.wq", T, h, q, h, fq), Linear(f"{prefix}.attention.wk", T, h, kv, h, fkv),
-            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv), Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
-            *(Linear(f"{prefix}.feed_forward.{name}", T, h, f, h, arch.intermediate_size) for name in ("w1", "w3")),
+    norm, ffn_norm = f"{prefix}.attention_norm", f"{prefix}.ffn_norm"  # what Q/K/V and w1/w3 read
+    shard = T // shape.sp_div if shape.tp > 1 and shape.sp else 0
+    return [Linear(f"{prefix}.attention.wq", T, h, q, h, fq, norm, shard),
+            Linear(f"{prefix}.attention.wk", T, h, kv, h, fkv, norm, shard),
+            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv, norm, shard), Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
+            *(Linear(f"{prefix}.feed_forward.{name}", T, h, f, h, arch.intermediate_size, ffn_norm, shard)
+              for name in ("w1", "w3")),
             Linear(f"{prefix}.feed_forward.w2", T, f, h, arch.intermediate_size, h)]
 
 
-def in_float8(done: Work, linears: list[Linear], *, gemms: int, casts) -> tuple[Work, int]:
+def in_float8(done: Work, linears: list[Linear], *, gemms: int, own, shared) -> tuple[Work, int]:
     """`done` with each of `linears`' `gemms` bf16 GEMMs (1 forward, 2 backward) run in float8,
-    plus `casts(linear)` elements cast at CAST_BYTES each; a linear whose GEMMs `done` does not run
-    (a checkpoint's rerun stops before the last one) is left out. Also returns the weight elements
-    of the linears converted (what the pass would cast of weights)."""
+    plus the casts' bytes: `own(linear)` for each linear, `shared(linear)` (its input's cast) once
+    per distinct input tensor (Linear.source: compiled, CSE; the module's
+    docstring); a linear whose GEMMs `done` does not run (a checkpoint's rerun stops before the last
+    one) is left out. Also returns the weight elements of the linears converted (what the pass would
+    cast of weights)."""
     kernels = Counter(dict(done.kernels))
-    added, weights = 0, 0
+    added, weights, sources = 0, 0, set()
     for linear in linears:
         bf16 = Kernel("matmul", linear.flops)
         if kernels[bf16] < gemms:
             continue
         kernels[bf16] -= gemms
         kernels[Kernel("matmul-fp8", linear.flops)] += gemms
-        added += CAST_BYTES * casts(linear)
+        added += own(linear)
+        if linear.source not in sources:
+            sources.add(linear.source)
+            added += shared(linear)
         weights += linear.weight_elements
     return work(done.flops, done.bytes + added, list((+kernels).elements()),
                 fused_bytes=done.fused_bytes + added), weights  # the casts: compiled kernels (the module's docstring)
 
 
 def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
-    """A forward (or a rerun of one): the inputs cast, one float8 GEMM each; the weight elements
-    to cast beside (weight_cast_ms)."""
-    return in_float8(done, linears, gemms=1, casts=lambda linear: linear.tokens * linear.k)
+    """A forward (or a rerun of one): each distinct input cast once, one float8 GEMM per linear; the
+    weight elements to cast beside (weight_cast_ms)."""
+    return in_float8(done, linears, gemms=1, own=lambda linear: 0,
+                     shared=lambda linear: CAST_BYTES * (linear.shard_rows or linear.tokens) * linear.k)
 
 
 def backward(done: Work, linears: list[Linear]) -> Work:
-    """A backward: grad_output cast (once: tensorwise, one scale for both GEMMs) and the saved
-    bf16 input cast again; two float8 GEMMs each. The float8 weight is the forward's, saved."""
-    return in_float8(done, linears, gemms=2, casts=lambda linear: linear.tokens * (linear.n + linear.k))[0]
+    """A backward: each linear's grad_output cast (once: tensorwise, one scale for both GEMMs) and
+    each distinct saved bf16 input cast again; two float8 GEMMs each. The float8 weight is the
+    forward's, saved."""
+    return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * linear.tokens * linear.n,
+                     shared=lambda linear: 0 if linear.shard_rows else CAST_BYTES * linear.tokens * linear.k)[0]
+
+
+# Transformer Engine's FP8 linears (Megatron-core's TE spec; Megatron-Bridge 25.11's recipe: tensorwise
+# current scaling, docs/framework-facts.md §17), read from TransformerEngine c38e4ba1 (as stored; the
+# v2.9 lines not checked one by one):
+# - LayerNormLinear (linear_qkv, linear_fc1): the norm's kernel writes its bf16 output and its amax at
+#   once (`rmsnorm_fwd`/`layernorm_fwd`, Impl::FUSED_NORM_AMAX_FP8, transformer_engine/pytorch/csrc/
+#   extensions/normalization.cpp), then `quantize_with_amax` reads it and writes float8: TE_NORM_CAST_BYTES
+#   = 2 + 1, no amax pass;
+# - every linear quantizes its input once in the forward, for both GEMMs that read it
+#   (`input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input)`, module/linear.py and
+#   module/layernorm_linear.py `forward`) and saves the float8 input: the backward does not cast it again;
+# - grad_output: one cast per linear (CAST_BYTES), as torchao's. The columnwise (transposed) copies that
+#   FP8 GEMMs need on Hopper (1 B an element more) are not charged, nor their absence on Blackwell.
+TE_NORM_CAST_BYTES = 3
+TE_NORM_LINEARS = ("linear_qkv", "linear_fc1", "attention.qkv", "feed_forward.fc")  # a GPT block's (te_linears)
+
+
+def te_forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
+    """A TE forward (or rerun): linear_qkv's and linear_fc1's inputs cast from the norm's output with
+    its amax (TE_NORM_CAST_BYTES), the others' at CAST_BYTES; one float8 GEMM each."""
+    return in_float8(done, linears, gemms=1, own=lambda linear: 0, shared=lambda linear: linear.tokens * linear.k * (
+        TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES))
+
+
+def te_backward(done: Work, linears: list[Linear]) -> Work:
+    """A TE backward: each grad_output cast once; the saved float8 input is not cast again."""
+    return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * linear.tokens * linear.n,
+                     shared=lambda linear: 0)[0]
 
 
 def cast_transient_bytes(linears: list[Linear]) -> int:
@@ -152,23 +219,26 @@ def block_record(arch, shape: Shape, gpu, passes: tuple[Work, Work, Work], *, pr
     return record(linears, gpu, passes[0], passes[1], reruns)
 
 
-def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, Work]) -> Float8Linears | None:
+def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, Work], *,
+           te: bool = False) -> Float8Linears | None:
     """A layer's Float8 record from its bf16 work: forward and backward, and each recompute
-    option's rerun by name, with the converted `linears`' GEMMs in float8 (the module's docstring);
-    None where none converts or the GPU has no FP8 tensor cores."""
+    option's rerun by name, with the converted `linears`' GEMMs in float8 (the module's docstring;
+    `te`: their casts as Transformer Engine runs them, te_forward and te_backward); None where none
+    converts or the GPU has no FP8 tensor cores."""
     from planner.profiler.roofline import roofline_ms
 
     if not linears or not gpu.fp8_tflops:
         return None
-    fwd8, cast = forward(fwd, linears)
+    forward_of, backward_of = (te_forward, te_backward) if te else (forward, backward)
+    fwd8, cast = forward_of(fwd, linears)
     recompute, weight_ms = {}, {}
     for name, rerun in reruns.items():
-        rerun8, rerun_cast = forward(rerun, linears)
+        rerun8, rerun_cast = forward_of(rerun, linears)
         if rerun_cast:  # an option that reruns no converted linear keeps its time
             recompute[name] = roofline_ms(rerun8, gpu)
             weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)
     return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
-                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward(bwd, linears), gpu),
+                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward_of(bwd, linears), gpu),
                          recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
                          rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears))
 
@@ -179,7 +249,7 @@ def module_linears(layer, x, prefix: str) -> list[Linear]:
     import torch
 
     calls: list[Linear] = []
-    hooks = []
+    hooks, inputs = [], {}  # the input tensors seen (kept alive so that an id names one), by id
     for name, module in layer.named_modules():
         if isinstance(module, torch.nn.Linear):
             fqn = f"{prefix}.{name}" if name else prefix
@@ -187,7 +257,8 @@ def module_linears(layer, x, prefix: str) -> list[Linear]:
 
             def hook(_module, args, fqn=fqn, k=k, n=n):
                 rows = args[0].numel() // k
-                calls.append(Linear(fqn, rows, k, n, k, n))
+                first = inputs.setdefault(id(args[0]), (args[0], fqn))[1]  # the first linear to read it
+                calls.append(Linear(fqn, rows, k, n, k, n, first))
             hooks.append(module.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():

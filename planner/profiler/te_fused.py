@@ -34,7 +34,7 @@ non-deterministic one (the config reader says so).
 The linears: Megatron-core's TE spec builds one linear_qkv (Q, K and V in one weight) and, under
 SwiGLU, one linear_fc1 (gate and up, 2 x ffn_hidden_size wide; megatron/core/transformer/attention.py
 1406-1409, mlp.py 198-204, 6e091e1b): one GEMM each where the eager LLaMA block runs three and two,
-and under FP8 one input cast each (te_linears; the Float8 record is made on them). A GPT block's
+and under FP8 one input cast each, TE's way (te_linears; float8.te_forward, te_backward). A GPT block's
 Q/K/V and fc are one linear already.
 Unchanged: the residual adds and dropout (Megatron's fused bias-dropout-add moves what the eager add
 does), the weight gradients' accumulation, and the matmuls' FLOPs.
@@ -114,7 +114,8 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
                                          min(moved, max(done.bytes - cut, 0))), arch, shape, times)
                        for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
                                                           (fused[0], fused[1], fused[0]), (1, 2, 1)))
-    fp8 = float8.record(float8.converted(te_linears(arch, shape, prefix)), kernels_gpu, fwd, bwd, {OPTION_FULL: rerun})
+    fp8 = float8.record(float8.converted(te_linears(arch, shape, prefix)), kernels_gpu, fwd, bwd, {OPTION_FULL: rerun},
+                        te=True)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
 
