@@ -4,10 +4,13 @@ A rank started as a new Python spends 4-6 CPU seconds importing torch and ckplan
 before it does anything (measured on the 2-core CI machine; a run starts one per stage and
 data-parallel rank, the test suite hundreds). `RankServer` starts one Python that imports
 planner.runtime.worker and then only forks: no torch op runs in it (no intra-op thread pool,
-no CUDA context, nothing a fork could copy half-made) and no thread of ckplan's. Each fork
-becomes what a spawned rank is before it runs the worker: its own session (the launcher kills
-its process group), the launcher's environment and folder at the moment of the request, its
-output in the rank's log, stdin on /dev/null, `python -c BOOTSTRAP JOB`'s sys.argv.
+no CUDA context, nothing a fork could copy half-made) and no thread of ckplan's. The one other
+thread the imports leave, the OpenBLAS pool numpy's import starts, OpenBLAS ends itself before
+a fork (measured with torch 2.13.0+cpu: 2 threads after the imports, 1 in a fork and in the
+server after it; a fork's numpy and torch matmuls work). Each fork becomes what a spawned
+rank is before it runs the worker: its own session (the launcher kills its process group),
+the launcher's environment and folder at the moment of the request, its output in the rank's
+log, stdin on /dev/null, `python -c BOOTSTRAP JOB`'s sys.argv.
 
 Lifetimes: the server dies with whoever started it (PR_SET_PDEATHSIG, and its stdin closing),
 and each rank with the server (PR_SET_PDEATHSIG, and a thread watching its parent's pid, as a
