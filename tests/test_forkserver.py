@@ -48,12 +48,15 @@ def test_a_forked_rank_sees_what_a_spawned_one_does(tmp_path, monkeypatch):
     to the same losses."""
     monkeypatch.setenv("CKPLAN_FORK_TEST", "set after the server started")
     with RankServer() as server:
+        (tmp_path / "tmp").mkdir()
+        monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # read by tempfile, which the server's imports ran
         forked, forked_report = _probed_run(tmp_path / "run", monkeypatch, rank_server=server)
     spawned, spawned_report = _probed_run(tmp_path / "run2", monkeypatch, spawn=True)
     for rank, (fork, spawn) in enumerate(zip(forked, spawned, strict=True)):
         spawn["cwd"] = fork["cwd"]  # two folders, one name each: compare the rest
         assert fork == spawn, rank
     assert forked[0]["env"]["CKPLAN_FORK_TEST"] == "set after the server started"
+    assert forked[0]["tmp"] == str(tmp_path / "tmp")
     assert forked[1]["stdin"] == "/dev/null" and forked[1]["stdout"] == forked[1]["stderr"] == "rank1.log"
     assert forked[0]["own_session"] and forked[0]["parent_alive"] and not forked[0]["bad_fork"]
     assert forked_report.losses == spawned_report.losses

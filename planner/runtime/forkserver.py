@@ -76,10 +76,13 @@ class RankServer:
     """One fork server: `start` ranks through it as many times as wanted (one launch, or every
     round of compare), `close` it after. Linux only (`available()`)."""
 
-    def __init__(self, *, start_timeout_s: float = 120.0):
+    def __init__(self, *, env: dict[str, str] | None = None, start_timeout_s: float = 120.0):
+        """env: what the server imports torch under (default: this process's), best the ranks'
+        own: a fork keeps what an import read from it (TORCH_LOGS, say); each rank then runs
+        under the environment its request gives."""
         self._start_timeout_s = start_timeout_s
         self._errors = tempfile.TemporaryFile()  # the server's own stderr: read if it dies
-        env = child_env(dict(os.environ))
+        env = child_env(dict(os.environ if env is None else env))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                           os.environ.get("PYTHONPATH")]))
         self._proc = subprocess.Popen([sys.executable, "-c", SERVER_BOOTSTRAP], env=env, stdin=subprocess.PIPE,
@@ -246,6 +249,7 @@ def _become_rank(request: dict, *, server_pid: int) -> None:
         die_with_parent(server_pid, watch=True)
         os.environ.clear()
         os.environ.update(request["env"])  # CKPLAN_PARENT_PID: the launcher's, as a spawned rank's
+        tempfile.tempdir = None  # the imports found the server's temporary folder: find the rank's (TMPDIR)
         os.chdir(request["cwd"])
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
         null = os.open(os.devnull, os.O_RDONLY)

@@ -214,7 +214,7 @@ def _run_local(job: Job, watch: _Watch, *, rank_server: RankServer | None = None
                                                     os.environ.get("PYTHONPATH")])),
     }
     procs: list[subprocess.Popen | ForkedRank] = []
-    server = None if spawn or rank_server is not None else RankServer(start_timeout_s=watch.start_timeout_s)
+    server = None if spawn or rank_server is not None else RankServer(env=env, start_timeout_s=watch.start_timeout_s)
     try:
         for rank in range(num_ranks):
             procs.append(_start_rank(job_path, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
