@@ -60,3 +60,51 @@ def _copies_where_marked(request, _profile_alone, monkeypatch):
     """Tests marked `copies` profile beside the copies, as a user's profile does."""
     if "copies" in request.keywords:
         monkeypatch.setattr("planner.profiler.threads.MAX_COPIES", _profile_alone)
+
+
+class _SharedRankServer:
+    """Stands in for launcher.RankServer: every local run in this test process forks its ranks
+    from one server (started at the first run), rather than starting a server, and importing
+    torch in it, per run. What a rank sees is the same either way (test_forkserver.py); the
+    per-run server itself is proved where ckplan runs as its own process (test_forkserver,
+    test_no_orphans, test_faults, test_runtime_pipeline's killed launcher)."""
+
+    def __init__(self, server_class):
+        self._class, self._server = server_class, None
+
+    def available(self) -> bool:
+        return self._class.available()
+
+    def __call__(self, **kwargs):
+        if self._server is None or not self._server.running():
+            self._server = self._class(**kwargs)
+        return _Borrowed(self._server)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+class _Borrowed:
+    def __init__(self, server):
+        self.start = server.start
+
+    def close(self) -> None:  # the server outlives the run: _one_rank_server closes it
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_rank_server():
+    import planner.runtime.launcher as launcher
+
+    shared = _SharedRankServer(launcher.RankServer)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launcher, "RankServer", shared)
+        yield shared
+    shared.close()

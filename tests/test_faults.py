@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import ROOT
-from fixtures.processes import children, gone
+from fixtures.processes import children, gone, ranks_of
 from fixtures.rt_plans import make_plan
 
 import planner.runtime.launcher as launcher
@@ -224,9 +224,10 @@ def test_sigterm_to_the_launcher_ends_the_run_like_ctrl_c(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "launch", str(plan_path), "--steps", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while len(ranks := children(proc.pid)) < 2 and time.monotonic() < deadline:
+    while len(ranks := ranks_of(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(ranks) == 2
+    ranks += children(proc.pid)  # its fork server too
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0

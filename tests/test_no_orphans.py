@@ -139,7 +139,12 @@ def example_batch(micro_batch_size):
     return torch.randn(micro_batch_size * 256, 1024), torch.randn(micro_batch_size * 256, 1024)
 """
 SIGNALS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL, id="SIGKILL")]
-RANK = "planner.runtime.worker"  # a rank's command line (launcher.RANK_BOOTSTRAP)
+# a rank's command line: a spawned one's (launcher.RANK_BOOTSTRAP), or the fork server's that forked
+# it (forkserver.SERVER_BOOTSTRAP: a fork keeps the command line of the process it was forked from)
+RANK = "planner.runtime.worker|planner.runtime.forkserver"
+# a rank has written its heartbeat (a forked rank does at once; the ranks' processes, or the fork
+# server's, may be there seconds before, importing torch)
+TRAINING = _after(2.0, RANK, ready="ckplan-run-*/rank1.beat")
 SENDS = "planner.profiler.commbench|multiprocessing.spawn"  # calibrate's send benchmark (its ranks were spawned)
 
 
@@ -166,7 +171,7 @@ HANG = {"RT_FAULT": "hang"}  # the ranks stay in their forward until killed: eve
 @pytest.mark.parametrize("phase", [
     pytest.param(_after(0.5, None), id="checking"),
     pytest.param(_after(0.0, RANK), id="ranks-starting"),
-    pytest.param(_after(4.0, RANK), id="ranks-training"),
+    pytest.param(TRAINING, id="ranks-training"),
 ])
 def test_launch_leaves_no_rank_running(plan, sig, phase):
     left = kill_at(["launch", "plan.yaml", "--steps", "2", "--warmup-steps", "0"], phase=phase, sig=sig, cwd=plan,
@@ -179,7 +184,7 @@ def test_launch_leaves_no_rank_running(plan, sig, phase):
 @pytest.mark.parametrize("phase", [
     pytest.param(_after(0.5, None), id="checking"),
     pytest.param(_after(0.0, RANK), id="ranks-starting"),
-    pytest.param(_after(4.0, RANK), id="ranks-training"),
+    pytest.param(TRAINING, id="ranks-training"),
 ])
 def test_compare_leaves_no_rank_running(plan, sig, phase):
     left = kill_at(["compare", "plan.yaml", "--steps", "1", "--warmup-steps", "0", "--rounds", "2", "--out",
@@ -193,7 +198,7 @@ def test_compare_leaves_no_rank_running(plan, sig, phase):
     pytest.param(_after(0.5, None), id="checking"),
     pytest.param(_after(0.0, SENDS), id="sends-starting"),
     pytest.param(_after(3.0, SENDS), id="sends-timed"),
-    pytest.param(_after(3.0, RANK), id="ranks-training"),
+    pytest.param(TRAINING, id="ranks-training"),
 ])
 def test_calibrate_leaves_no_process_running(plan, sig, phase):
     left = kill_at(["calibrate", "plan.yaml", "--steps", "1", "--warmup-steps", "0", "--out", "cal.json"],
@@ -209,11 +214,13 @@ def test_what_a_rank_started_ends_with_the_run(monkeypatch):
     from planner.errors import UserError
     from planner.runtime import run_plan
 
+    from planner.runtime.forkserver import RankServer
+
     mark = uuid.uuid4().hex
     monkeypatch.setenv(MARK, mark)
     plan = make_plan(FIXTURES / "spawns_child.py", [["0", "1"], ["2", "3", "4"]])
-    with pytest.raises(UserError, match="rank 1 was told to fail"):
-        run_plan(plan, steps=1, warmup_steps=0)
+    with pytest.raises(UserError, match="rank 1 was told to fail"), RankServer() as server:  # a server of its own,
+        run_plan(plan, steps=1, warmup_steps=0, rank_server=server)  # as a run has (not the suite's shared one)
     deadline = time.monotonic() + GRACE_S
     while (left := {pid: line for pid, line in marked(mark).items() if pid != os.getpid()}) and \
             time.monotonic() < deadline:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import MODELS, ROOT
-from fixtures.processes import children, gone
+from fixtures.processes import children, gone, ranks_of
 from fixtures.rt_plans import make_plan
 
 import planner.runtime.launcher as launcher
@@ -163,16 +163,16 @@ def test_gpt_runs_in_stages(num_stages):
 
 @pytest.fixture
 def spawned(monkeypatch):
-    """Record the rank processes the launcher starts."""
+    """Record the rank processes the launcher starts (forked or spawned)."""
     procs = []
-    real_popen = subprocess.Popen
+    real_start = launcher._start_rank
 
-    def popen(*args, **kwargs):
-        proc = real_popen(*args, **kwargs)
+    def start(*args, **kwargs):
+        proc = real_start(*args, **kwargs)
         procs.append(proc)
         return proc
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", popen)
+    monkeypatch.setattr(launcher, "_start_rank", start)
     return procs
 
 
@@ -238,24 +238,27 @@ def test_cuda_run_with_enforced_caps():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
-def test_ranks_die_with_a_killed_launcher(tmp_path):
-    """Even a launcher killed outright (SIGKILL: no cleanup runs) leaves no rank behind."""
+@pytest.mark.parametrize("spawn", [pytest.param(False, id="forked"), pytest.param(True, id="spawned")])
+def test_ranks_die_with_a_killed_launcher(tmp_path, spawn):
+    """Even a launcher killed outright (SIGKILL: no cleanup runs) leaves no rank behind: spawned
+    ranks are its children; forked ranks are the children of its fork server, which dies with it."""
     script = tmp_path / "launch.py"
     script.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
         "from fixtures.rt_plans import make_plan\n"
         "from planner.runtime import run_plan\n"
-        f"run_plan(make_plan({str(TINY)!r}, [['0', '1'], ['2', '3', '4']]), steps=1, timeout_s=300)\n"
+        f"run_plan(make_plan({str(TINY)!r}, [['0', '1'], ['2', '3', '4']]), steps=1, timeout_s=300, spawn={spawn})\n"
     )
     launcher_proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "RT_FAULT": "hang"})
     deadline = time.monotonic() + 60
-    while len(ranks := children(launcher_proc.pid)) < 2 and time.monotonic() < deadline:
+    while len(started := ranks_of(launcher_proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(ranks) == 2, f"ranks of the launcher: {ranks}"
+    assert len(started) == 2, f"ranks of the launcher: {started}"
+    started += children(launcher_proc.pid)  # the fork server too
     launcher_proc.kill()
     launcher_proc.wait()
     deadline = time.monotonic() + 10
-    while not all(gone(pid) for pid in ranks) and time.monotonic() < deadline:
+    while not all(gone(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert all(gone(pid) for pid in ranks), [Path(f"/proc/{pid}/stat").read_text() for pid in ranks if not gone(pid)]
+    assert all(gone(pid) for pid in started), [Path(f"/proc/{pid}/stat").read_text() for pid in started if not gone(pid)]

@@ -47,7 +47,7 @@ def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, time_budge
     """
     from planner import io
     from planner.measure.compare import run_comparison, verdict_sentence
-    from planner.runtime.launcher import run_plan
+    from planner.runtime.launcher import rank_server, run_plan
 
     plan = io.load_plan(plan_file)
     out = out or plan_file.with_name(f"{plan_file.stem}-compare.json")
@@ -61,12 +61,13 @@ def command(plan_file, steps, warmup_steps, seed, rounds, max_rounds, time_budge
     names = strategies_to_run_once(plan)
     started: list[str] = []
 
-    with StepProgress("compare", runs=rounds * len(names)) as progress:
+    # every round's ranks are forked from one server: torch imported once for the whole comparison
+    with StepProgress("compare", runs=rounds * len(names)) as progress, rank_server() as server:
         def run(name: str):
             started.append(name)
             round_ = (len(started) - 1) // len(names) + 1
             return run_plan(plan, plan_file=plan_file, strategy=name, steps=steps, warmup_steps=warmup_steps,
-                            device=device, seed=seed, force=force, threads=threads,
+                            device=device, seed=seed, force=force, threads=threads, rank_server=server,
                             on_steps=progress.run(f"round {round_}, {name}"))
 
         comparison = run_comparison(plan, run, plan_file=plan_file, steps=steps, warmup_steps=warmup_steps,

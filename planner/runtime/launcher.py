@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +36,7 @@ from planner.measure.calibrate import placement_threads
 from planner.models.timelimit import time_limit
 from planner.runtime.checks import Prepared, check_runnable, prepare, resolve_model_file
 from planner.runtime.children import child_env, guarded
+from planner.runtime.forkserver import ForkedRank, RankServer
 from planner.runtime.heartbeat import Beat, find_stall, read_beat, stage_name, working_rank
 from planner.runtime.worker import (
     Failure,
@@ -84,6 +85,8 @@ def run_plan(
     progress_timeout_s: float | None = None,
     threads: int | None = None,
     on_steps: Callable[[int, int], None] | None = None,
+    rank_server: RankServer | None = None,
+    spawn: bool = False,
 ) -> RunReport:
     """Train `steps` measured steps of one strategy of `plan` and report what happened.
 
@@ -98,6 +101,9 @@ def run_plan(
     timeout_s: the process group's own timeout. threads: torch threads per rank (default:
     rank_threads, never more than the cores; given, it may oversubscribe them).
     on_steps(done, total): told as the slowest rank finishes each training step (local runs).
+    Local ranks are forked from rank_server (forkserver.py: torch imported once, not once per
+    rank), from one started for this run where none is given; spawn=True (or a platform without
+    fork) starts each as a new Python instead.
     """
     if steps < 1 or warmup_steps < 0:
         raise UserError("--steps must be at least 1 and --warmup-steps at least 0")
@@ -130,8 +136,14 @@ def run_plan(
         else:
             watch = _Watch(start_timeout_s, progress_timeout_s or default_progress_timeout_s(job.stages),
                            dp=plan.setup.data_parallel.dp, on_steps=on_steps)
-            results = _run_local(job, watch)
+            results = _run_local(job, watch, rank_server=rank_server, spawn=spawn or not RankServer.available())
     return _report(plan, prepared, job, results, plan_file=plan_file, threads_source=threads_source)
+
+
+def rank_server(start_timeout_s: float = START_TIMEOUT_S) -> AbstractContextManager[RankServer | None]:
+    """A fork server several runs share (compare's rounds: run_plan(rank_server=...)), or None
+    where ranks cannot be forked (each run then spawns its own)."""
+    return RankServer(start_timeout_s=start_timeout_s) if RankServer.available() else nullcontext()
 
 
 def in_torchrun() -> bool:
@@ -186,7 +198,8 @@ def default_progress_timeout_s(stages: list[StagePlan]) -> float:
     return max(PROGRESS_TIMEOUT_S, 10 * slowest_ms / 1000)
 
 
-def _run_local(job: Job, watch: _Watch) -> list[RankResult]:
+def _run_local(job: Job, watch: _Watch, *, rank_server: RankServer | None = None,
+               spawn: bool = False) -> list[RankResult]:
     out_dir = Path(job.out_dir)
     job_path = out_dir / "job.json"
     write_atomic(job_path, job.model_dump_json())
@@ -200,26 +213,35 @@ def _run_local(job: Job, watch: _Watch) -> list[RankResult]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(planner.__file__).parent.parent),
                                                     os.environ.get("PYTHONPATH")])),
     }
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | ForkedRank] = []
+    server = None if spawn or rank_server is not None else RankServer(env=env, start_timeout_s=watch.start_timeout_s)
     try:
         for rank in range(num_ranks):
-            with open(out_dir / f"rank{rank}.log", "w") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-c", RANK_BOOTSTRAP, str(job_path)],
-                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: what it starts ends with it (_end)
-                ))
+            procs.append(_start_rank(job_path, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                     out_dir / f"rank{rank}.log", server=None if spawn else rank_server or server))
         _supervise(procs, out_dir, watch)
     finally:
         for proc in procs:
             _end(proc)
         for proc in procs:
             proc.wait()
+        if server is not None:
+            server.close()
     return [RankResult.model_validate_json((out_dir / f"rank{rank}.json").read_text()) for rank in range(num_ranks)]
 
 
-def _end(proc: subprocess.Popen) -> None:
+def _start_rank(job_path: Path, env: dict[str, str], log_path: Path, *,
+                server: RankServer | None) -> subprocess.Popen | ForkedRank:
+    """One rank, in its own session (what it starts ends with it: _end), its output in log_path:
+    forked from `server`, or a new Python where there is none."""
+    if server is not None:
+        return server.start(job_path, env=env, log_path=log_path)
+    with open(log_path, "w") as log:
+        return subprocess.Popen([sys.executable, "-c", RANK_BOOTSTRAP, str(job_path)], env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _end(proc: subprocess.Popen | ForkedRank) -> None:
     """Kill a rank and whatever it started (its process group: a model file's own processes,
     data loader workers), whether or not the rank itself already ended."""
     try:
@@ -230,7 +252,7 @@ def _end(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def _supervise(procs: list[subprocess.Popen], out_dir: Path, watch: _Watch) -> None:
+def _supervise(procs: list[subprocess.Popen | ForkedRank], out_dir: Path, watch: _Watch) -> None:
     """Wait for all ranks; as soon as one fails, or one stops making progress (its
     heartbeat), raise (the caller kills the rest). A rank that exits 0 without its
     result has failed too."""
