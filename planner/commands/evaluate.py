@@ -175,6 +175,7 @@ def stage_columns(cost) -> list[str]:
 
 
 def _print(setup, hand, hand_cost, best, rule: str) -> None:
+    from planner.commands.solve_report import dp_words
     from planner.console import console, table
     from planner.units import format_ms
 
@@ -214,15 +215,6 @@ def _print_throughput(profile, setup, hand_cost, best) -> None:
     console.print(f"your configuration {throughput_line(throughput_of(profile, setup, hand_cost.iteration_ms))}")
     if best is not None:
         console.print(f"ckplan's plan {throughput_line(throughput_of(profile, setup, best.cost.iteration_ms))}")
-
-
-def dp_words(setup) -> str:
-    """The data-parallel setup in a few words ('' without it)."""
-    from planner.cost import dataparallel
-
-    if setup.data_parallel.dp == 1 and not setup.data_parallel.offload:
-        return ""
-    return f", dp {setup.data_parallel.dp}, {dataparallel.described(setup)}"
 
 
 def _summary(profile_path: Path, hand, hand_cost, best, *, profile, setup) -> dict:

@@ -8,6 +8,15 @@ from planner.console import bar, console, narrow, percent, table
 from planner.units import format_bytes, format_ms
 
 
+def dp_words(setup) -> str:
+    """The data-parallel setup in a few words ('' without it)."""
+    from planner.cost import dataparallel
+
+    if setup.data_parallel.dp == 1 and not setup.data_parallel.offload:
+        return ""
+    return f", dp {setup.data_parallel.dp}, {dataparallel.described(setup)}"
+
+
 def _layer_range(layers: list[str]) -> str:
     return layers[0] if len(layers) == 1 else f"{layers[0]}–{layers[-1]}"
 
@@ -93,8 +102,6 @@ def print_plan(plan, out: Path) -> None:
         ]
         for stage in plan.stages
     ]
-    from planner.commands.evaluate import dp_words
-
     setup = plan.setup
     title = (f"ckplan plan: {setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches × {setup.pipeline.micro_batch_size}, "
              f"{setup.pipeline.schedule}, {setup.training.optimizer} {setup.training.precision}{dp_words(setup)}, "
