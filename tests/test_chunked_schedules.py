@@ -288,3 +288,26 @@ def test_a_split_input_pass_peaks_as_torch_runs_it_over_several_layers(tied_prof
     sums = stage_sums([costs[name] for name in names], [0] * len(names), stage=2 * stages - 1 if last else 1,
                       profile=profile, setup=costmodel.stages_view(setup, costmodel.schedule_of(setup)))
     assert abs(sums.input_pass_peak_bytes - measured) <= 64, (sums.input_pass_peak_bytes, measured)
+
+
+def test_a_chunked_milps_objective_is_held_to_the_plans_linear_time_within_the_gap_it_stops_at():
+    """search._checked_chunked: an objective above the plan's own linear time by less than the
+    MIP gap HiGHS stops at is accepted (the plan is re-scored); one below it, or above by more
+    than the gap, is a row the MILP miscounts and raises SolverMismatch."""
+    from planner.solve import search
+    from planner.solve.highs import SolveResult
+
+    profile = _profile()
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="interleaved-1F1B", chunks=2,
+                       mem_caps_bytes=[2**40] * 2)
+    ranks = _ranks(profile, setup)
+    linear = costmodel.chunked_linear_ms(ranks, profile, setup)
+
+    def checked(objective, gap):
+        return search._checked_chunked(ranks, profile, setup, SolveResult("optimal", objective, 0.0, 0.1), None,
+                                       mip_gap=gap)
+
+    assert checked(linear * (1 + 5e-5), 1e-4).cost.iteration_ms == costmodel.evaluate(ranks, profile, setup).iteration_ms
+    for objective, gap in ((linear * (1 - 1e-5), 1e-4), (linear * (1 + 5e-4), 1e-4), (linear * (1 + 5e-5), 0.0)):
+        with pytest.raises(search.SolverMismatch):
+            checked(objective, gap)
