@@ -160,33 +160,22 @@ def _forked(args: list[str], *, cwd: Path, env: dict, timeout: float) -> subproc
     run, after preload()): its own process, folder, environment, arguments, output and exit
     status, as subprocess.run gives them; a timeout kills it and raises subprocess.TimeoutExpired."""
     import tempfile
-    import traceback
+
+    from planner.runtime.children import exit_forked, redirect_stdio
 
     sys.stdout.flush()
     sys.stderr.flush()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:  # the child: never returns into the caller's frames
-            code = 1
-            try:
+            def command() -> int:
                 os.chdir(cwd)
                 os.environ.clear()
                 os.environ.update(env)
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(out.fileno(), 1)
-                os.dup2(err.fileno(), 2)
-                code = _run_in_child(args)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-                if not isinstance(exc.code, int | None):
-                    print(exc.code, file=sys.stderr)
-            except BaseException:  # noqa: BLE001 - as an uncaught exception ends a Python process
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+                redirect_stdio(out.fileno(), err.fileno())
+                return _run_in_child(args)
+
+            exit_forked(command)
         deadline = time.monotonic() + timeout
         while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
             if time.monotonic() > deadline:

@@ -6,6 +6,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
 # Every process ckplan starts ends when ckplan ends, however it ends (SIGTERM, SIGKILL, a
 # crash): its first act, before importing anything slow, is to ask the kernel for SIGKILL when
@@ -60,3 +62,35 @@ def die_with_parent(parent_pid: int, *, watch: bool) -> None:
             os._exit(1)
 
         threading.Thread(target=watch_parent, name="ckplan-parent-watch", daemon=True).start()
+
+
+
+def redirect_stdio(stdout: int, stderr: int) -> None:
+    """stdin from /dev/null, stdout and stderr to these descriptors (a fork becoming a process
+    of its own)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(stdout, 1)
+    os.dup2(stderr, 2)
+    os.close(null)
+
+
+def exit_forked(body: Callable[[], int | None]) -> NoReturn:
+    """In a fork: run `body`, then exit as a Python process ending so would (body's return value
+    or SystemExit's code; an uncaught exception printed, 1), flushed, never returning into the
+    forker's frames."""
+    code = 1
+    try:
+        code = body()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as an uncaught exception ends a Python process
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 0)

@@ -32,9 +32,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from planner.errors import UserError
-from planner.runtime.children import child_env, die_with_parent, guarded
+from planner.runtime.children import (
+    child_env,
+    die_with_parent,
+    exit_forked,
+    guarded,
+    redirect_stdio,
+)
 
 PRELOAD = "planner.runtime.worker"  # what every rank imports first: torch, torch.distributed, ckplan's runtime
 SERVER_BOOTSTRAP = guarded("from planner.runtime.forkserver import serve\nserve()\n", watch=False)
@@ -239,34 +246,25 @@ def _say(line: str) -> None:
     os.write(1, line.encode() + b"\n")
 
 
-def _become_rank(request: dict, *, server_pid: int) -> None:
+def _become_rank(request: dict, *, server_pid: int) -> NoReturn:
     """(a fork of the server) What a spawned rank is, then the worker; exits, never returns."""
-    code = 1
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setsid()  # its own process group: what it starts ends with it (launcher._end)
-        die_with_parent(server_pid, watch=True)
-        os.environ.clear()
-        os.environ.update(request["env"])  # CKPLAN_PARENT_PID: the launcher's, as a spawned rank's
-        tempfile.tempdir = None  # the imports found the server's temporary folder: find the rank's (TMPDIR)
-        os.chdir(request["cwd"])
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        os.close(null)
-        sys.argv = ["-c", request["job"]]  # sys.path[0] is "" as in any `python -c`: this folder
-        from planner.runtime.worker import main
+    exit_forked(lambda: _rank(request, server_pid=server_pid))
 
-        main()  # ends the process itself (os._exit)
-    except BaseException:  # noqa: BLE001 - as an uncaught exception ends a Python process
-        import traceback
 
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+def _rank(request: dict, *, server_pid: int) -> int:
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()  # its own process group: what it starts ends with it (launcher._end)
+    die_with_parent(server_pid, watch=True)
+    os.environ.clear()
+    os.environ.update(request["env"])  # CKPLAN_PARENT_PID: the launcher's, as a spawned rank's
+    tempfile.tempdir = None  # the imports found the server's temporary folder: find the rank's (TMPDIR)
+    os.chdir(request["cwd"])
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
+    redirect_stdio(log, log)
+    os.close(log)
+    sys.argv = ["-c", request["job"]]  # sys.path[0] is "" as in any `python -c`: this folder
+    from planner.runtime.worker import main
+
+    main()  # ends the process itself (os._exit)
+    return 1
