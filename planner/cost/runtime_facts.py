@@ -162,6 +162,11 @@ class RuntimeFacts:
     """Under deterministic mode (torch.use_deterministic_algorithms) the runtime's layers allocate their
     GEMM, norm and attention outputs through aten::empty, which then writes NaN into each first
     (Transformer Engine); False: not read, --deterministic-mode refused."""
+    deterministic_attention: str | None = None
+    """Which attention backward the runtime's layers run under deterministic mode, where a GPU's rate for it is
+    read (GPU.te_attention_deterministic_bwd; planner/cost/jobsettings.py): "cudnn" (Transformer Engine keeps
+    cuDNN's fused attention on sm90 and later and asks it for its deterministic backward); None: not read, the
+    backward timed as the profile's."""
     logged_read_shard_bytes: int = 0
     """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
     (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the

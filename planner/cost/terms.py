@@ -234,6 +234,11 @@ TERMS: tuple[Term, ...] = (
          "aten::empty, and TE allocates its GEMM, norm and attention outputs so (gemm.cpp, quantizer.cpp, "
          "normalization.cpp, attention.cpp, TE v2.16.0): a dense block's bf16 forward outputs and input gradients "
          "(and unfused bf16 weight gradients) at the profile's HBM bandwidth"),
+    Term("cuDNN's deterministic attention backward beyond the non-deterministic one (deterministic mode)", "time",
+         "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ctx.profile, ctx.setup),
+         "the record's deterministic_attention (TE keeps cuDNN's fused attention on sm90+ and sets its deterministic "
+         "algorithm, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) at the GPU's published deterministic "
+         "rate (GPU.te_attention_deterministic_bwd: NVIDIA/cudnn-frontend's training SDPA benchmark)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
