@@ -80,6 +80,10 @@ class GPU:
     # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on sm90 and later) as a fraction of the BF16 peak; 0: none published,
     # the non-deterministic backward read (planner/cost/jobsettings.py deterministic_attention_ms)
     te_attention_deterministic_bwd: float = 0.0
+    # the host's CPU time to issue one framework module's forward (a Linear's) on the GPU's reference
+    # system, in µs (planner/cost/hosttime.py); 0: none published for its host
+    host_call_us: float = 0.0
+    host_source: str = ""
     # the bandwidth memory-bound kernels reach as fractions of hbm_tbps, measured on this GPU's architecture
     # (Liger-Kernel's published benchmarks, docs/gpus.md "Memory-bound kernels"; planner/profiler/membound.py):
     # eager torch ops (the fake and analytic profiles' bytes), and fused kernels (torch.compile's inductor
@@ -194,6 +198,14 @@ MI300X_FLASH_TFLOPS = (353.22, 194.43)
 # The FlashAttention-3 paper's earlier H100 figures (529 causal forward, 518 no-mask backward, arXiv 2407.08608
 # Fig. 5-6) are an older cuDNN's and have no causal backward (docs/gpus.md §3).
 _CUDNN_FRONTEND = "NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training"
+# The CPU time of one Linear module's forward (BF16, hidden 2048, 8192 tokens) on each reference system's host,
+# torch's nn.Linear: DGX H100 (Xeon Platinum 8480C) 13.48 µs, GB200 (Grace) 37.08, GH200 (Grace) 33.17
+# (NVIDIA/TransformerEngine#2053, 2025-08-11, the issue's table; TE's Linear then 99.66 on GB200 and 90.53 on
+# GH200, "nearly the same with vanilla torch linear" for BF16 since, a TE maintainer in #2126, 2026-01-03)
+_HOST_2053 = "NVIDIA/TransformerEngine#2053 (2025-08-11): torch nn.Linear forward, BF16, hidden 2048, 8192 tokens"
+_HOST_XEON = dict(host_call_us=13.48, host_source=f"DGX H100's Xeon Platinum 8480C: 13.48 µs ({_HOST_2053})")
+_HOST_GRACE_GB200 = dict(host_call_us=37.08, host_source=f"GB200's Grace: 37.08 µs ({_HOST_2053})")
+_HOST_GRACE_GH200 = dict(host_call_us=33.17, host_source=f"GH200's Grace: 33.17 µs ({_HOST_2053})")
 CUDNN_H100_TFLOPS = (attention_tflops(1, 64, 8192, 128, 1.708, causal=True, backward=False),
                      attention_tflops(1, 64, 8192, 128, 5.083, causal=True, backward=True))
 _CUDNN_H100 = (CUDNN_H100_TFLOPS[0] / 989.4, CUDNN_H100_TFLOPS[1] / 989.4)
@@ -260,7 +272,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
         **_mamf("h100-sxm", 989.4, fp8_key="h100-sxm", fp8_peak=1978.9), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_HOPPER, **_CUDNN_HOPPER_CHIP,
+        attention_source=_SDPA_HOPPER, **_CUDNN_HOPPER_CHIP, **_HOST_XEON,
         **_MEMBOUND_HOPPER),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
@@ -314,7 +326,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP, **_HOST_GRACE_GH200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
         "NVIDIA GH200 datasheet, 144 GB HBM3e (BF16 989, FP8 1,979 dense; 4.9 TB/s)", 450.0,
@@ -324,7 +336,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP, **_HOST_GRACE_GH200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
@@ -369,7 +381,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_B200,
         attention_by_seq=_SDPA_B200_BY_SEQ,
         attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({_SDPA_BLACKWELL})",
-        **_CUDNN_GB200,
+        **_CUDNN_GB200, **_HOST_GRACE_GB200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)
