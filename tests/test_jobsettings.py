@@ -125,6 +125,11 @@ def test_deterministic_mode_runs_cudnns_deterministic_attention_backward_at_its_
             assert jobsettings.deterministic_attention_ms(block, profile, on) == 0.0
         assert jobsettings.deterministic_attention_ms(block, profile, off) == 0.0
         assert jobsettings.deterministic_attention_ms(embedding, profile, on) == 0.0
+    # an unfused attention (the s x s scores kept) is not cuDNN's kernel: nothing
+    eager = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2, tp=2, attention="eager"),
+                                      gpu=archs.gpu("gb200"), model=FileRef(file="arch:test", sha256="0" * 64))
+    block = next(layer for layer in layer_costs(eager) if layer.kind == "decoder_block")
+    assert jobsettings.deterministic_attention_ms(block, eager, on) == 0.0
 
 
 def _rank(path, *extra) -> dict:

@@ -52,7 +52,9 @@ def host_forward_ms(profile: Profile, setup: TrainSetup) -> float:
 
 def host_bound_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
     """ms per microbatch a dense block's forward (and a full recompute's rerun) takes beyond its device
-    time where the host issues it more slowly: max(device, host) less device; 0 for other layers."""
+    time where the host issues it more slowly: max(device, host) less device; 0 for other layers (as
+    jobsettings' terms, an analytic profile's dense blocks: a fake profile's, kinds named by the model's
+    class, are not read)."""
     if layer.kind != DENSE_BLOCK:
         return 0.0
     host = host_forward_ms(profile, setup)

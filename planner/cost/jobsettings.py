@@ -122,7 +122,8 @@ def deterministic_attention_ms(layer: LayerCost, profile: Profile, setup: TrainS
     if not training.deterministic or runtimes.of(training).deterministic_attention != "cudnn":
         return 0.0
     found, model = profile.assumptions, profile.assumptions.get("model")
-    if not te_output_elements(profile, layer)[0] or not isinstance(found.get("gpu"), str):
+    if not te_output_elements(profile, layer)[0] or not isinstance(found.get("gpu"), str) \
+            or found.get("attention", "flash") != "flash":  # an unfused kernel keeps the scores: not cuDNN's
         return 0.0
     from planner.models import archs
 
