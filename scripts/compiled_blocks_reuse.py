@@ -5,9 +5,10 @@ cache holds 8 entries a code object, so a graph compiled per block would leave b
 eager. This runs N small such blocks forward and backward for two steps on CPU and prints dynamo's
 counters: one unique graph and no recompile means every block reuses the one compiled graph.
 
-    PYTHONPATH=. python scripts/compiled_blocks_reuse.py [N]     (docs/framework-facts.md §22)
+    PYTHONPATH=. python scripts/compiled_blocks_reuse.py [N] [--fsdp2]     (docs/framework-facts.md §22)
 
-FSDP2's hooks, which 9dec370 adds after compiling, are not part of it.
+--fsdp2 adds what 9dec370 applies after compiling (apply_fsdp): `fully_shard` on each compiled block (the last
+not resharded after forward) and on the root, one CPU process over gloo.
 """
 import sys
 
@@ -36,19 +37,51 @@ class Block(nn.Module):
                            self.w1, self.w2, self.w3, heads=HEADS, kv_heads=KV_HEADS)
 
 
+class Root(nn.Module):
+    def __init__(self, layers: nn.ModuleList):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, h, freqs):
+        for block in self.layers:
+            h = block(h, freqs)
+        return h
+
+
+def shard(root: Root) -> None:
+    """torchtitan 9dec370 apply_fsdp on a one-rank CPU mesh."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.6.0
+        from torch.distributed._composable.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (1,))
+    for index, block in enumerate(root.layers):
+        fully_shard(block, mesh=mesh, reshard_after_forward=index < len(root.layers) - 1)
+    fully_shard(root, mesh=mesh)
+
+
 def main():
-    num_blocks = int(sys.argv[1]) if len(sys.argv) > 1 else 10
-    blocks = [torch.compile(checkpoint_wrapper(Block(), context_fn=_op_sac_context, preserve_rng_state=False),
-                            fullgraph=True) for _ in range(num_blocks)]
+    args = [arg for arg in sys.argv[1:] if arg != "--fsdp2"]
+    num_blocks = int(args[0]) if args else 10
+    root = Root(nn.ModuleList(torch.compile(checkpoint_wrapper(Block(), context_fn=_op_sac_context,
+                                                               preserve_rng_state=False), fullgraph=True)
+                              for _ in range(num_blocks)))
+    if "--fsdp2" in sys.argv:
+        shard(root)
     x = torch.randn(2, SEQ, HIDDEN, requires_grad=True)
     freqs = torch.randn(1, SEQ, 1, HIDDEN // HEADS // 2, dtype=torch.complex64)
     for _ in range(2):
-        h = x
-        for block in blocks:
-            h = block(h, freqs)
-        h.sum().backward()
+        root(x, freqs).sum().backward()
     recompiles = {key: dict(value) for key, value in counters.items() if "recompil" in key}
-    print(f"torch {torch.__version__}: {num_blocks} blocks, stats {dict(counters['stats'])}, recompiles {recompiles}")
+    print(f"torch {torch.__version__}{' FSDP2' if '--fsdp2' in sys.argv else ''}: {num_blocks} blocks, "
+          f"stats {dict(counters['stats'])}, recompiles {recompiles}")
 
 
 if __name__ == "__main__":
