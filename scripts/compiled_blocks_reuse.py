@@ -5,7 +5,7 @@ cache holds 8 entries a code object, so a graph compiled per block would leave b
 eager. This runs N small such blocks forward and backward for two steps on CPU and prints dynamo's
 counters: one unique graph and no recompile means every block reuses the one compiled graph.
 
-    PYTHONPATH=. python scripts/compiled_blocks_reuse.py [N] [--fsdp2]     (docs/framework-facts.md §22)
+    PYTHONPATH=. python scripts/compiled_blocks_reuse.py [N] [--fsdp2]     (docs/framework-facts.md §23)
 
 --fsdp2 adds what 9dec370 applies after compiling (apply_fsdp): `fully_shard` on each compiled block (the last
 not resharded after forward) and on the root, one CPU process over gloo.

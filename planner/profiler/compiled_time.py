@@ -131,10 +131,10 @@ def inductor_kernels():
 
 
 def _kernel(node) -> KernelBytes:
-    """A scheduler node as KernelBytes. torch 2.6.0 (the torchtitan 8B runs' torch, docs/framework-facts.md
-    §22) has no get_read_write_buffer_accesses: its get_read_write_buffers_sizes is the same estimate
-    summed over the node's buffers (scheduler.py 558-660 there), read as one entry `all`; and its
-    extern matmuls carry no op_overload, only the wrapper's name (`extern_kernels.mm`), read as aten's."""
+    """A scheduler node as KernelBytes. torch 2.6.0 (the release nearest the torchtitan 8B runs' torch,
+    docs/framework-facts.md §23) has no get_read_write_buffer_accesses: its get_read_write_buffers_sizes is
+    the same estimate summed over the node's buffers (scheduler.py 558-660 there), read as one entry `all`;
+    and its extern matmuls carry no op_overload, only the wrapper's name (`extern_kernels.mm`), read as aten's."""
     inner = getattr(node, "node", None)
     op = getattr(inner, "op_overload", None)
     op = str(op) if op is not None else str(getattr(inner, "python_kernel_name", None)).replace("extern_kernels.", "aten.")
