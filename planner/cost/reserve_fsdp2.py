@@ -1,0 +1,281 @@
+"""A stage's reserved peak under FSDP2 without a pipeline (torchtitan's one-stage step), from the
+caching allocator's replay (allocator.replay) of the allocations FSDP2 and the layers make, each on
+the stream FSDP2 makes it on. The bytes are the cost model's own (the layers' kept and extra terms,
+the units of fsdpunits.py, the static shards of dataparallel.py); this module adds their order and
+their streams. Read at torch 2.6.0 (git 2236df17; torchtitan 9dec370 ran torch 1963fc8, of the same
+December 2024 main), torch/distributed/fsdp/_fully_shard/ (docs/framework-facts.md §22):
+
+- all-gather (foreach_all_gather, _fsdp_collectives.py 127-179): on the all-gather copy-in stream
+  (FSDPCommContext, _fsdp_param_group.py 52-71) the shard is cast into a flat staging buffer
+  (_get_param_all_gather_inputs 220-229: G / K bytes, freed as the function returns, line 162) and
+  copied into the unit's flat all-gather output (all_gather_copy_in 73-89: G bytes), both blocks of
+  the copy-in stream's pool. The output is read on the all-gather stream and the default stream
+  and is kept alive by reference, never record_stream: in forward until the next unit's copy-out
+  (AllGatherState, wait_for_unshard 271-307: "free the all-gather result" after the next unit's
+  all-gather is issued), in backward until its own copy-out (line 307).
+- copy-out (foreach_all_gather_copy_out 234-316, in wait_for_unshard, on the default stream): each
+  parameter's unsharded storage is allocated again (_fsdp_param.py alloc_all_gather_outputs 650-652,
+  resize_ of a storage: the current stream's pool) and freed by reshard (free_unsharded_param
+  654-674, resize_(0)): after the unit's forward where it reshards after forward (post_forward
+  299-305), and in its post-backward (reshard before the reduce, 343-363).
+- backward prefetch (_backward_prefetch 445-466): a unit's pre-backward all-gathers the unit whose
+  post-forward ran just before its own (comm_ctx.post_forward_order), on the copy-in stream.
+- gradients: autograd makes each unsharded parameter's gradient in the weights' dtype on the default
+  stream; the unit's post-backward (post_backward 330-393) reshards, drops the previous unit's
+  reduce-scatter input (reduce_scatter_state, after waiting on its event), allocates the new one in
+  the reduce dtype on the default stream (foreach_reduce 371-375, outside the reduce-scatter stream's
+  context), frees the gradients once copied in (378), and allocates the reduce-scatter output, the
+  sharded gradient (fp32, G / K), on the reduce-scatter stream (382-383): its block is that stream's,
+  so the default stream never reuses it. The sharded gradient lives until the next step's zero_grad
+  (set_to_none); the last reduce-scatter input until the root's final callback (_fsdp_state.py
+  302-308) at the backward's end.
+- the optimizer's state and the shards: allocated once, on the default stream; foreach AdamW's
+  sqrt(v) scratch (the cost model's step_scratch_bytes) made and freed in the step.
+
+Analytic profiles record a layer's parameters as one tensor (its records' params): the replay then
+gathers, reshards and reduces each layer as one block, not per weight. Not replayed: gradient
+clipping's per-tensor norms (512 B blocks in the small pool), the NCCL buffers (outside the allocator,
+workspace_bytes), expandable segments (torchtitan's launch scripts set them; the replay runs the
+default segments, allocator.py says why that is the same margin).
+
+Nothing here reads a file or prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.cost import allocator, dataparallel, fsdpunits, runtimes
+from planner.cost.allocator import Alloc, Event, Free, Replayed
+from planner.schema import OPTION_NONE, Profile, StagePlan, TrainSetup
+
+DEFAULT, COPY_IN, REDUCE_SCATTER = 0, 1, 2  # the streams: the compute stream, FSDP2's two that allocate
+STEPS = 2  # the first step fills the caches; the second reuses what the first left, as every later one
+
+
+@dataclass(frozen=True)
+class Fsdp2Layer:
+    """One layer of the stage as the replay runs it: its unit, its activations (kept: made in its
+    forward, freed in its backward; extra: its backward's scratch and recompute, made and freed
+    there), and per parameter tensor its gathered bytes (the weights' dtype, or float8), its fp32
+    shard, its optimizer state and step scratch on this rank."""
+
+    unit: int
+    kept_bytes: int
+    extra_bytes: int
+    gathered: tuple[int, ...]
+    grads: tuple[int, ...]  # the unsharded gradients autograd makes, the weights' dtype
+    shard: tuple[int, ...]
+    state: tuple[int, ...]
+    scratch: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fsdp2Stage:
+    layers: tuple[Fsdp2Layer, ...]
+    kept_from_forward: frozenset[int]  # units not resharded after forward (kept gathered to their backward)
+    shard_group: int  # K
+    reduce_ratio: float  # the reduce dtype's bytes over the weights' (fp32 over bf16: 2)
+    buffer_bytes: int  # held all iteration besides the static state (the batch)
+    loss_kept_bytes: int  # what the loss and the stage's end keep from the forward to the backward
+    loss_extra_bytes: int  # the loss's scratch
+
+
+def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
+    """The stage's static state, then `steps` steps (zero_grad, forward, loss, backward, optimizer
+    step) as allocator events on their streams."""
+    events: list[Event] = []
+    for i, layer in enumerate(stage.layers):
+        events += [Alloc(("shard", i, j), size, DEFAULT) for j, size in enumerate(layer.shard)]
+        events += [Alloc(("state", i, j), size, DEFAULT) for j, size in enumerate(layer.state)]
+    events.append(Alloc(("buffers",), stage.buffer_bytes, DEFAULT))
+    for _ in range(steps):
+        _Step(stage, events).run()
+    return events
+
+
+def replay(stage: Fsdp2Stage) -> Replayed:
+    return allocator.replay(step_events(stage))
+
+
+def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
+    """The stage's reserved peak: the replay's, and never below the cost model's allocated peak in
+    2 MiB segments. The replay makes every byte the cost model counts, in FSDP2's order, so where the
+    model's allocated peak is higher than the replay's the difference is timing (e.g. the sharded
+    gradients, which the model holds all iteration and FSDP2 makes in the backward, after zero_grad
+    freed them): a segment for it would count those bytes twice."""
+    floor = -(-peak_bytes // allocator.ROUND_LARGE) * allocator.ROUND_LARGE
+    return max(replayed.reserved_peak_bytes, floor)
+
+
+class _Step:
+    def __init__(self, stage: Fsdp2Stage, events: list[Event]) -> None:
+        self.stage, self.events = stage, events
+        units = [layer.unit for layer in stage.layers]
+        self.first = {u: units.index(u) for u in units}
+        self.last = {u: len(units) - 1 - units[::-1].index(u) for u in units}
+        # post_forward_order: a unit's post-forward runs after its last layer's forward
+        self.post_forward = sorted(self.last, key=self.last.get)
+        self.members = {u: [i for i, v in enumerate(units) if v == u] for u in self.last}
+
+    def run(self) -> None:
+        add = self.events.append
+        for unit in self.last:  # zero_grad(set_to_none): last step's sharded gradients
+            add(Free(("sharded_grad", unit)))
+        self.forward()
+        add(Alloc(("loss_kept",), self.stage.loss_kept_bytes, DEFAULT))
+        add(Alloc(("loss_extra",), self.stage.loss_extra_bytes, DEFAULT))
+        add(Free(("loss_extra",)))
+        add(Free(("loss_kept",)))
+        self.backward()
+        scratch = [(("scratch", i, j), size) for i, layer in enumerate(self.stage.layers)
+                   for j, size in enumerate(layer.scratch)]
+        self.events += [Alloc(key, size, DEFAULT) for key, size in scratch]
+        self.events += [Free(key) for key, _ in scratch]
+
+    # ---------------------------------------------------------------- FSDP2's collectives
+
+    def all_gather(self, unit: int) -> None:
+        """foreach_all_gather on the copy-in stream: the staging buffer, the flat output."""
+        gathered = self.unit_gathered(unit)
+        k = self.stage.shard_group
+        self.events += [Alloc(("staging", unit), -(-gathered // k), COPY_IN), Alloc(("ag_out", unit), gathered, COPY_IN),
+                        Free(("staging", unit))]
+
+    def copy_out(self, unit: int) -> None:
+        """The unit's parameters' unsharded storages, on the default stream."""
+        self.events += [Alloc(("unsharded", i, j), size, DEFAULT) for i in self.members[unit]
+                        for j, size in enumerate(self.stage.layers[i].gathered)]
+
+    def reshard(self, unit: int) -> None:
+        self.events += [Free(("unsharded", i, j)) for i in self.members[unit]
+                        for j in range(len(self.stage.layers[i].gathered))]
+
+    def unit_gathered(self, unit: int) -> int:
+        return sum(sum(self.stage.layers[i].gathered) for i in self.members[unit])
+
+    # ---------------------------------------------------------------- the passes
+
+    def forward(self) -> None:
+        add, held_result = self.events.append, None
+        for i, layer in enumerate(self.stage.layers):
+            unit = layer.unit
+            if i == self.first[unit]:  # pre_forward: unshard, then wait_for_unshard
+                self.all_gather(unit)
+                if held_result is not None:  # the previous unit's all-gather result, kept until now
+                    add(Free(held_result))
+                self.copy_out(unit)
+                held_result = ("ag_out", unit)
+            add(Alloc(("kept", i), layer.kept_bytes, DEFAULT))
+            if i == self.last[unit] and unit not in self.stage.kept_from_forward:
+                self.reshard(unit)  # post_forward
+        if held_result is not None:  # the root's post-forward flushes the last result
+            add(Free(held_result))
+
+    def backward(self) -> None:
+        add = self.events.append
+        prefetched: set[int] = set()
+        gathered = set(self.stage.kept_from_forward)
+        reducing = None
+        for i in range(len(self.stage.layers) - 1, -1, -1):
+            layer, unit = self.stage.layers[i], self.stage.layers[i].unit
+            if i == self.last[unit]:  # pre_backward: unshard (no-op if gathered), copy out, prefetch
+                if unit not in gathered:
+                    if unit not in prefetched:
+                        self.all_gather(unit)
+                    self.copy_out(unit)
+                    add(Free(("ag_out", unit)))
+                    gathered.add(unit)
+                at = self.post_forward.index(unit)
+                target = self.post_forward[at - 1] if at > 0 else None
+                if target is not None and target not in gathered and target not in prefetched:
+                    self.all_gather(target)
+                    prefetched.add(target)
+            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
+            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
+            add(Free(("extra", i)))
+            add(Free(("kept", i)))
+            if i == self.first[unit]:  # post_backward: reshard, drop the previous input, reduce
+                self.reshard(unit)
+                gathered.discard(unit)
+                if reducing is not None:
+                    add(Free(("rs_in", reducing)))
+                reduced = int(sum(sum(self.stage.layers[m].grads) for m in self.members[unit]) * self.stage.reduce_ratio)
+                add(Alloc(("rs_in", unit), reduced, DEFAULT))
+                self.events += [Free(("grad", m, j)) for m in self.members[unit]
+                                for j in range(len(self.stage.layers[m].grads))]
+                # the reduce-scatter output, every parameter's sharded gradient a view of it
+                add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
+                reducing = unit
+        if reducing is not None:  # the root's final callback drops the last input
+            add(Free(("rs_in", reducing)))
+
+
+def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
+    """`total` bytes split over tensors in proportion to `parts` (a layer's parameters' bytes)."""
+    whole = sum(parts)
+    if not whole:
+        return (int(round(total)),) if total else ()
+    return tuple(int(round(total * part / whole)) for part in parts)
+
+
+# ---------------------------------------------------------------- the stage from the cost model's terms
+
+
+def replays(setup: TrainSetup) -> bool:
+    """Whether this replay orders the setup's step: a runtime whose record says it runs FSDP2's step
+    (fsdp2_step_replayed), one stage and one microbatch (no pipeline, no gradient accumulation), its
+    units charged per moment (fsdpunits.charged_per_moment: ZeRO 3 resharded after forward)."""
+    pipeline, record = setup.pipeline, runtimes.of(setup.training)
+    return (record.fsdp2_step_replayed and pipeline.stages == 1 and pipeline.chunks == 1
+            and pipeline.microbatches == 1 and fsdpunits.charged_per_moment(setup, record.fsdp_units))
+
+
+def stage_of(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> Fsdp2Stage:
+    """The one stage's replay input from the cost model's own terms (`cost`: its StageCost): each
+    layer's kept bytes and its extra less FSDP2's moment (which the replay makes itself), the units
+    and the held parameters as fsdpunits and dataparallel count them."""
+    from planner.cost.assembly import option_indices
+    from planner.cost.layers import layer_costs
+    from planner.cost.rules import fsdp_unit_layer_bytes, fsdp_unit_loss_bytes
+    from planner.cost.terms import Context, layer_value, stage_value
+
+    by_name = {layer.name: layer for layer in layer_costs(profile)}
+    costs = [by_name[name] for name in plan.layers]
+    options = option_indices(plan, costs)
+    ctx = Context(profile, setup)
+    record = runtimes.of(setup.training)
+    units = fsdpunits.unit_of_layers(len(costs), record.fsdp_units)
+    held = dataparallel.param_bytes(setup)
+    k = dataparallel.shard_size(setup)
+    profiles = {layer.name: layer for layer in profile.layers}
+    ep = setup.data_parallel.ep
+    scratch_per_param = cost.step_scratch_bytes / max(1, sum(c.param_count for c in costs))
+    layers, kept_sum, static_sum = [], 0, 0
+    for layer, option, unit in zip(costs, options, units):
+        known = profiles[layer.name]
+        record_params = known.alloc_records.get(OPTION_NONE)
+        parts = record_params.params if record_params is not None and record_params.params else [1]
+        params = layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
+        fp8 = known.float8.param_count if known.float8 is not None else 0
+        kept = int(round(layer_value("kept", layer, option, ctx)))
+        extra = int(round(layer_value("extra", layer, option, ctx)
+                          - fsdp_unit_layer_bytes(layer, option, profile, setup)))
+        shard = tensor_split(params * held.shard_weights / k, parts)
+        state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
+        layers.append(Fsdp2Layer(
+            unit=unit, kept_bytes=kept, extra_bytes=max(0, extra),
+            gathered=tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts),
+            grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
+            scratch=tensor_split(params * scratch_per_param, parts)))
+        kept_sum += kept
+        static_sum += sum(shard) + sum(state) + params * held.grads / k
+    loss_extra = stage_value("extra", 0, ctx) - fsdp_unit_loss_bytes(profile, 0, setup)
+    return Fsdp2Stage(
+        layers=tuple(layers),
+        kept_from_forward=frozenset(fsdpunits.gathered_from_forward(units, record.fsdp_gathered_from_forward)),
+        shard_group=k, reduce_ratio=held.grads / held.weights,
+        # what static holds beyond the shards, states and sharded gradients (none where they are all)
+        buffer_bytes=int(cost.buffer_bytes + max(0.0, cost.static_bytes - static_sum)),
+        loss_kept_bytes=max(0, cost.kept_bytes - kept_sum), loss_extra_bytes=int(max(0.0, loss_extra)))
