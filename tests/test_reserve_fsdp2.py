@@ -98,3 +98,45 @@ def test_torchtitans_one_stage_fsdp2_reserve_is_the_replays_and_never_below_the_
                                                                            microbatches=2)).stages} == {None}
     assert {c.reserved_by for c in costmodel.evaluate(stages, profile, _titan(zero=1)).stages} == {None}
     assert {c.reserved_by for c in costmodel.evaluate(stages, profile, _titan(fragmentation=0.1)).stages} == {None}
+
+
+# Beside a pipeline (torchtitan 9dec370 under PP): the same two layers, one microbatch in flight and two in all
+PIPED = Fsdp2Stage(**{**STAGE.__dict__, "kept_from_forward": frozenset({0, 1}), "root_units": frozenset({1}),
+                      "actions": (("F", 0), ("B", 0), ("F", 1), ("B", 1)), "keeps_last_input": True})
+
+
+def test_beside_a_pipeline_units_are_gathered_once_upcast_at_the_first_backward_and_reduced_root_first():
+    events = reserve_fsdp2.step_events(PIPED, steps=1)
+    unit = {u: [(("staging", u), 6), (("ag_out", u), 12)] for u in (0, 1)}
+    assert _allocs(events, COPY_IN) == unit[0] + unit[1]  # the first forward alone gathers
+    # the fp32 copies (24 MiB) made once, at the first backward; each later gradient is added into them
+    assert [key for key, _ in _allocs(events, DEFAULT) if key[0] == "acc"] == [("acc", 1, 0), ("acc", 0, 0)]
+    # after the last backward: the root's unit (1) reduced first, each input dropped before the next
+    tail = events[events.index(Free(("unsharded", 1, 0))):]
+    assert tail[:6] == [Free(("unsharded", 1, 0)), Free(("rs_in", "last")), Alloc(("rs_in", "last"), 24 * MIB),
+                        Free(("acc", 1, 0)), Alloc(("sharded_grad", 1), 12 * MIB, REDUCE_SCATTER),
+                        Free(("unsharded", 0, 0))]
+    # torch before pytorch#144535: the last input is not dropped at the step's end
+    assert tail[-1] == Alloc(("sharded_grad", 0), 12 * MIB, REDUCE_SCATTER)
+    steady = reserve_fsdp2.replay(PIPED)
+    assert steady.reserved_peak_bytes >= steady.allocated_peak_bytes
+
+
+def test_beside_a_pipeline_the_peak_by_hand():
+    """Static 72 MiB; both units gathered at microbatch 0's forward (24) and held; its kept (20); its
+    backward's gradients (12 each) upcast to fp32 copies (24 each) as each unit's post-backward runs;
+    microbatch 1's forward keeps 20 again. The peak is microbatch 1's backward of layer 1, its bf16
+    gradient made before its post-backward adds it into the copy: static 72, weights 24, fp32 copies
+    48, kept 20, the gradient 12: 176 MiB. The reduce after it holds less: each unit's fp32 input (24)
+    beside its copy (24) once the weights and activations are gone."""
+    once = allocator.replay(reserve_fsdp2.step_events(PIPED, steps=1))
+    assert once.allocated_peak_bytes == 176 * MIB
+
+
+def test_torchtitan_beside_a_1f1b_pipeline_is_replayed_where_gradients_are_kept_whole():
+    profile = uniform_blocks(4).model_copy(update={"device": uniform_blocks(4).device.model_copy(update={"type": "cuda"})})
+    two = costmodel.split_to_stages([0, 3], [False] * len(profile.layers), profile)
+    setup = _titan(stages=2, mem_caps_bytes=[80 * GIB] * 2, microbatches=4, zero_gather="per-iteration")
+    cost = costmodel.evaluate(two, profile, setup)
+    assert [c.reserved_by for c in cost.stages] == ["replay", "replay"]
+    assert all(c.reserved_bytes >= c.peak_bytes for c in cost.stages)

@@ -1,6 +1,6 @@
-"""A stage's reserved peak under FSDP2 without a pipeline (torchtitan's one-stage step), from the
-caching allocator's replay (allocator.replay) of the allocations FSDP2 and the layers make, each on
-the stream FSDP2 makes it on. The bytes are the cost model's own (the layers' kept and extra terms,
+"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or one stage a rank beside a 1F1B
+or GPipe pipeline, _PipelineStep), from the caching allocator's replay (allocator.replay) of the
+allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The bytes are the cost model's own (the layers' kept and extra terms,
 the units of fsdpunits.py, the static shards of dataparallel.py); this module adds their order and
 their streams. Read at torch 2.6.0 (git 2236df17; torchtitan 9dec370 ran torch 1963fc8, of the same
 December 2024 main), torch/distributed/fsdp/_fully_shard/ (docs/framework-facts.md §22):
@@ -78,8 +78,14 @@ class Fsdp2Stage:
     shard_group: int  # K
     reduce_ratio: float  # the reduce dtype's bytes over the weights' (fp32 over bf16: 2)
     buffer_bytes: int  # held all iteration besides the static state (the batch)
-    loss_kept_bytes: int  # what the loss and the stage's end keep from the forward to the backward
+    loss_kept_bytes: int  # what the loss and the stage's ends keep from a forward to its backward
     loss_extra_bytes: int  # the loss's scratch
+    # beside a pipeline: the rank's actions in torch's order ((F|B, microbatch); empty: one stage, one
+    # microbatch), the units the root holds (reduced first by the stage's manual post-backward), and
+    # whether the last reduce-scatter input stays to the next step (RuntimeFacts.keeps_last_reduce_scatter_input)
+    actions: tuple[tuple[str, int], ...] = ()
+    root_units: frozenset[int] = frozenset()
+    keeps_last_input: bool = False
 
 
 def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
@@ -91,7 +97,7 @@ def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
         events += [Alloc(("state", i, j), size, DEFAULT) for j, size in enumerate(layer.state)]
     events.append(Alloc(("buffers",), stage.buffer_bytes, DEFAULT))
     for _ in range(steps):
-        _Step(stage, events).run()
+        (_PipelineStep if stage.actions else _Step)(stage, events).run()
     return events
 
 
@@ -212,6 +218,83 @@ class _Step:
             add(Free(("rs_in", reducing)))
 
 
+
+class _PipelineStep(_Step):
+    """A rank's step beside torch's pipelining (one stage a rank): FSDP2 gathers each unit at its
+    first forward and keeps it (reshard_after_forward False under PP: torchtitan 9dec370
+    parallelize_llama.py 324-339); every backward runs with gradient sync off, so each unit's
+    post-backward upcasts its gradients to the reduce dtype at the first backward (alloc fp32, free
+    the bf16: _fsdp_param.py 629-640) and adds into them after (642-648); after the stage's last
+    backward, the stage calls every unit's post-backward, the root first (all_states: root.modules()
+    order), which reshards and reduce-scatters (pipelining/stage.py 636-652, torch 2.6.0)."""
+
+    def run(self) -> None:
+        stage, add = self.stage, self.events.append
+        for unit in self.last:
+            add(Free(("sharded_grad", unit)))
+        self.gathered: set[int] = set()
+        self.upcast: set[int] = set()
+        for kind, mb in stage.actions:
+            self.forward_mb(mb) if kind == "F" else self.backward_mb(mb)
+        self.reduce_all()
+        scratch = [(("scratch", i, j), size) for i, layer in enumerate(stage.layers) for j, size in enumerate(layer.scratch)]
+        self.events += [Alloc(key, size, DEFAULT) for key, size in scratch]
+        self.events += [Free(key) for key, _ in scratch]
+
+    def forward_mb(self, mb: int) -> None:
+        add, held_result = self.events.append, None
+        for i, layer in enumerate(self.stage.layers):
+            unit = layer.unit
+            if i == self.first[unit] and unit not in self.gathered:
+                self.all_gather(unit)
+                if held_result is not None:
+                    add(Free(held_result))
+                self.copy_out(unit)
+                held_result = ("ag_out", unit)
+                self.gathered.add(unit)
+            add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
+        if held_result is not None:
+            add(Free(held_result))
+        add(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
+
+    def backward_mb(self, mb: int) -> None:
+        add = self.events.append
+        add(Alloc(("loss_extra",), self.stage.loss_extra_bytes, DEFAULT))
+        add(Free(("loss_extra",)))
+        add(Free(("rest", mb)))
+        for i in range(len(self.stage.layers) - 1, -1, -1):
+            layer = self.stage.layers[i]
+            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
+            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
+            add(Free(("extra", i)))
+            add(Free(("kept", mb, i)))
+            if i == self.first[layer.unit]:  # the hook's post-backward, gradient sync off
+                self.accumulate(layer.unit)
+
+    def accumulate(self, unit: int) -> None:
+        first = unit not in self.upcast
+        for m in self.members[unit]:
+            for j, size in enumerate(self.stage.layers[m].grads):
+                if first:  # to_accumulated_grad_if_needed: the reduce-dtype copy, then the gradient freed
+                    self.events.append(Alloc(("acc", m, j), int(size * self.stage.reduce_ratio), DEFAULT))
+                self.events.append(Free(("grad", m, j)))
+        self.upcast.add(unit)
+
+    def reduce_all(self) -> None:
+        add = self.events.append
+        order = sorted(self.last, key=lambda u: (u not in self.stage.root_units, self.first[u]))
+        for unit in order:
+            self.reshard(unit)
+            add(Free(("rs_in", "last")))  # the previous one (the last step's where the context kept it)
+            reduced = int(sum(sum(self.stage.layers[m].grads) for m in self.members[unit]) * self.stage.reduce_ratio)
+            add(Alloc(("rs_in", "last"), reduced, DEFAULT))
+            self.events += [Free(("acc", m, j)) for m in self.members[unit]
+                            for j in range(len(self.stage.layers[m].grads))]
+            add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
+        if not self.stage.keeps_last_input:
+            add(Free(("rs_in", "last")))
+
+
 def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
     """`total` bytes split over tensors in proportion to `parts` (a layer's parameters' bytes)."""
     whole = sum(parts)
@@ -224,35 +307,46 @@ def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
 
 
 def replays(setup: TrainSetup) -> bool:
-    """Whether this replay orders the setup's step: a runtime whose record says it runs FSDP2's step
-    (fsdp2_step_replayed), one stage and one microbatch (no pipeline, no gradient accumulation), its
-    units charged per moment (fsdpunits.charged_per_moment: ZeRO 3 resharded after forward)."""
+    """Whether this replay orders the setup's step, under a runtime whose record says it runs FSDP2's
+    (fsdp2_step_replayed): one stage and one microbatch with its units charged per moment
+    (fsdpunits.charged_per_moment: ZeRO 3 resharded after forward); or one stage a rank of 1F1B or
+    GPipe with the weights gathered and the gradients kept whole through the microbatches
+    (dataparallel.kept_whole: torchtitan beside a pipeline)."""
     pipeline, record = setup.pipeline, runtimes.of(setup.training)
-    return (record.fsdp2_step_replayed and pipeline.stages == 1 and pipeline.chunks == 1
-            and pipeline.microbatches == 1 and fsdpunits.charged_per_moment(setup, record.fsdp_units))
+    if not record.fsdp2_step_replayed or pipeline.chunks != 1 or dataparallel.shard_size(setup) < 2:
+        return False
+    if pipeline.stages == 1 and pipeline.microbatches == 1:
+        return fsdpunits.charged_per_moment(setup, record.fsdp_units)
+    return pipeline.schedule in ("1F1B", "GPipe") and dataparallel.kept_whole(setup) and setup.data_parallel.zero >= 3
 
 
-def stage_of(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> Fsdp2Stage:
-    """The one stage's replay input from the cost model's own terms (`cost`: its StageCost): each
+def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup) -> Fsdp2Stage:
+    """Rank `stage`'s replay input from the cost model's own terms (`cost`: its StageCost): each
     layer's kept bytes and its extra less FSDP2's moment (which the replay makes itself), the units
     and the held parameters as fsdpunits and dataparallel count them."""
     from planner.cost.assembly import option_indices
     from planner.cost.layers import layer_costs
-    from planner.cost.rules import fsdp_unit_layer_bytes, fsdp_unit_loss_bytes
+    from planner.cost.reserve import replayed_microbatches
+    from planner.cost.rules import fsdp_unit_layer_bytes, fsdp_unit_loss_bytes, kept_reduce_scatter_input_bytes
+    from planner.cost.schedules import build_schedule
     from planner.cost.terms import Context, layer_value, stage_value
 
     by_name = {layer.name: layer for layer in layer_costs(profile)}
     costs = [by_name[name] for name in plan.layers]
     options = option_indices(plan, costs)
     ctx = Context(profile, setup)
-    record = runtimes.of(setup.training)
-    units = fsdpunits.unit_of_layers(len(costs), record.fsdp_units)
+    record, pipeline = runtimes.of(setup.training), setup.pipeline
+    piped = pipeline.stages > 1 or pipeline.microbatches > 1
+    # beside a pipeline torchtitan fully_shards each block and the stage's root (its embedding or its
+    # norm and head, never both: 9dec370 parallelize_llama.py 324-339): a unit a layer
+    units = fsdpunits.unit_of_layers(len(costs), "per-layer" if piped else record.fsdp_units)
     held = dataparallel.param_bytes(setup)
     k = dataparallel.shard_size(setup)
     profiles = {layer.name: layer for layer in profile.layers}
+    block_kind = max({c.kind for c in costs}, key=[c.kind for c in costs].count)
     ep = setup.data_parallel.ep
     scratch_per_param = cost.step_scratch_bytes / max(1, sum(c.param_count for c in costs))
-    layers, kept_sum, static_sum = [], 0, 0
+    layers, kept_sum, static_sum = [], 0, 0.0
     for layer, option, unit in zip(costs, options, units):
         known = profiles[layer.name]
         record_params = known.alloc_records.get(OPTION_NONE)
@@ -264,18 +358,29 @@ def stage_of(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> F
                           - fsdp_unit_layer_bytes(layer, option, profile, setup)))
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
+        gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
         layers.append(Fsdp2Layer(
-            unit=unit, kept_bytes=kept, extra_bytes=max(0, extra),
-            gathered=tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts),
+            unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
             grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
             scratch=tensor_split(params * scratch_per_param, parts)))
         kept_sum += kept
-        static_sum += sum(shard) + sum(state) + params * held.grads / k
-    loss_extra = stage_value("extra", 0, ctx) - fsdp_unit_loss_bytes(profile, 0, setup)
+        # what static charges for them: whole weights and gradients beside a pipeline, else the shards
+        static_sum += sum(shard) + sum(state) + (sum(gathered) + params * held.grads if piped else params * held.grads / k)
+    last = stage == pipeline.stages - 1
+    loss_extra = stage_value("extra", stage, ctx) - fsdp_unit_loss_bytes(profile, stage, setup) if last else 0.0
+    actions = ()
+    if piped:
+        order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
+                               num_microbatches=replayed_microbatches(pipeline, stage))
+        actions = tuple((a.kind, a.microbatch) for a in order.actions[stage])
+    kept_input = kept_reduce_scatter_input_bytes(profile, stage, setup)  # the replay makes it itself
     return Fsdp2Stage(
         layers=tuple(layers),
-        kept_from_forward=frozenset(fsdpunits.gathered_from_forward(units, record.fsdp_gathered_from_forward)),
+        kept_from_forward=frozenset(units) if piped else frozenset(
+            fsdpunits.gathered_from_forward(units, record.fsdp_gathered_from_forward)),
         shard_group=k, reduce_ratio=held.grads / held.weights,
-        # what static holds beyond the shards, states and sharded gradients (none where they are all)
-        buffer_bytes=int(cost.buffer_bytes + max(0.0, cost.static_bytes - static_sum)),
-        loss_kept_bytes=max(0, cost.kept_bytes - kept_sum), loss_extra_bytes=int(max(0.0, loss_extra)))
+        # what static holds beyond the shards, states and gradients (none where they are all)
+        buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - static_sum)),
+        loss_kept_bytes=max(0, cost.kept_bytes - kept_sum), loss_extra_bytes=int(max(0.0, loss_extra)),
+        actions=actions, root_units=frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
+        keeps_last_input=record.keeps_last_reduce_scatter_input)

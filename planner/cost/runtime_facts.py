@@ -131,9 +131,10 @@ class RuntimeFacts:
     whose step allocates on streams or in an order the replay does not run, e.g. FSDP2's all-gather
     and reduce-scatter streams), the reserve is the published fragmentation margin."""
     fsdp2_step_replayed: bool = False
-    """The allocator replay of FSDP2's step without a pipeline (planner/cost/reserve_fsdp2.py: its
-    all-gathers on the copy-in stream, its sharded gradients on the reduce-scatter stream) orders
-    this runtime's one-stage, one-microbatch step under ZeRO 3; other setups keep the margin."""
+    """The allocator replay of FSDP2's step (planner/cost/reserve_fsdp2.py: its all-gathers on the
+    copy-in stream, its sharded gradients on the reduce-scatter stream) orders this runtime's step:
+    one stage and one microbatch under ZeRO 3, or one stage a rank of 1F1B / GPipe with the weights
+    and gradients kept whole (reserve_fsdp2.replays); other setups keep the margin."""
     # -- FSDP2 beside a pipeline (read by rules.kept_reduce_scatter_input_bytes)
     keeps_last_reduce_scatter_input: bool = False
     """Beside torch's pipelining, FSDP2's communication context keeps the reduce-scatter input of
