@@ -295,6 +295,29 @@ class _PipelineStep(_Step):
             add(Free(("rs_in", "last")))
 
 
+def parameter_parts(layer, assumptions: dict) -> list[int]:
+    """A layer's parameter tensors, in the order the module registers them (FSDP2 allocates, frees and
+    reduces each one's unsharded storage apart): the profile's record where it lists several; for an
+    analytic LLaMA-style block the tensors torchtitan's model makes, each of its elements on this
+    tensor-parallel rank (9dec370 torchtitan/models/llama/model.py 158-165 wq, wk, wv, wo; 248-250 w1,
+    w2, w3; 295-300 attention_norm, ffn_norm, replicated under TP; 374-378 norm, output); else one."""
+    record = layer.alloc_records.get(OPTION_NONE)
+    if record is not None and len(record.params) > 1:
+        return list(record.params)
+    model = assumptions.get("model")
+    if not isinstance(model, dict) or model.get("style") != "llama":
+        return list(record.params) if record is not None and record.params else [1]
+    h, f, heads, kv = model["hidden_size"], model["intermediate_size"], model["num_heads"], model["num_kv_heads"]
+    head_dim = model.get("head_dim") or h // heads
+    tp = assumptions.get("tp", 1) if isinstance(assumptions.get("tp", 1), int) else 1
+    if layer.kind == "decoder_block":
+        q, kv_width = heads * head_dim // tp, kv * head_dim // tp
+        return [h * q, h * kv_width, h * kv_width, q * h, h * f // tp, f // tp * h, h * f // tp, h, h]
+    if layer.kind == "norm+lm_head":
+        return [h, h * int(assumptions.get("vocab_per_device") or model["vocab_size"])]
+    return [1]
+
+
 def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
     """`total` bytes split over tensors in proportion to `parts` (a layer's parameters' bytes)."""
     whole = sum(parts)
@@ -349,8 +372,7 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
     layers, kept_sum, static_sum = [], 0, 0.0
     for layer, option, unit in zip(costs, options, units):
         known = profiles[layer.name]
-        record_params = known.alloc_records.get(OPTION_NONE)
-        parts = record_params.params if record_params is not None and record_params.params else [1]
+        parts = parameter_parts(known, profile.assumptions)
         params = layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
         fp8 = known.float8.param_count if known.float8 is not None else 0
         kept = int(round(layer_value("kept", layer, option, ctx)))
