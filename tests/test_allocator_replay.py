@@ -175,3 +175,18 @@ def test_the_replay_reserves_what_torchs_allocator_reserves_on_a_gpu(seed):
                                "PYTHONPATH": str(ROOT)})  # the allocator's defaults
     reserved, replayed, allocated, replayed_allocated = json.loads(done.stdout.splitlines()[-1])
     assert (reserved, allocated) == (replayed, replayed_allocated)
+
+
+def test_expandable_segments_grow_one_segment_a_stream_by_pages_by_hand():
+    """Expandable segments (Note [Expandable Segments]): a 12 MiB request maps one 20 MiB page (12 | 8
+    left at the end); the next 12 takes the free 8 and one more page (12 | 16); a 10 reuses the first
+    freed 12 (any remainder >= 512 B splits: 10 | 2); a 1 MiB request is the small pool's, a 2 MiB
+    page; stream 1's 12 a segment of its own, one page. Freed, the second 12 merges with the 2 before
+    it and the 16 after it: the 30 that follows fits there. Reserved 40 + 2 + 20 = 62 MiB, where the
+    default segments take 12 + 12 + 2 + 12 + 30 = 68."""
+    mib = 2**20
+    events = [Alloc("a", 12 * mib), Alloc("b", 12 * mib), Free("a"), Alloc("c", 10 * mib), Alloc("d", 1 * mib),
+              Alloc("e", 12 * mib, 1), Free("b"), Alloc("f", 30 * mib)]
+    grown = replay(events, expandable=True)
+    assert (grown.allocated_peak_bytes, grown.reserved_peak_bytes, grown.segments) == (53 * mib, 62 * mib, 3)
+    assert replay(events).reserved_peak_bytes == 68 * mib

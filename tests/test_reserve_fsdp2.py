@@ -140,3 +140,19 @@ def test_torchtitan_beside_a_1f1b_pipeline_is_replayed_where_gradients_are_kept_
     cost = costmodel.evaluate(two, profile, setup)
     assert [c.reserved_by for c in cost.stages] == ["replay", "replay"]
     assert all(c.reserved_bytes >= c.peak_bytes for c in cost.stages)
+
+
+def test_torchtitans_replay_runs_expandable_segments_on_cuda_not_on_rocm():
+    from planner.cost import reserve_fsdp2 as r
+
+    profile = uniform_blocks(2)
+    cuda = profile.model_copy(update={"assumptions": {**profile.assumptions, "gpu": "h100-sxm"}})
+    rocm = profile.model_copy(update={"assumptions": {**profile.assumptions, "gpu": "mi300x"}})
+    assert r.expandable_segments(cuda, _titan()) and not r.expandable_segments(rocm, _titan())
+    assert not r.expandable_segments(cuda, _titan(runtime="ckplan", runtime_version=None))
+    # the two-unit stage under expandable segments: one segment a stream (default, copy-in, reduce-scatter),
+    # each a whole number of 20 MiB pages (every request here is the large pool's); at this scale the pages
+    # round up more than the default segments waste (220 MiB against 196)
+    grown = r.replay(STAGE, expandable=True)
+    assert grown.segments == 3 and grown.reserved_peak_bytes % (20 * MIB) == 0
+    assert grown.reserved_peak_bytes >= grown.allocated_peak_bytes == r.replay(STAGE).allocated_peak_bytes

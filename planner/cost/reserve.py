@@ -325,7 +325,8 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
     if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
         return cost
     if reserve_fsdp2.replays(setup):  # FSDP2's one-stage step, on its streams
-        replayed = reserve_fsdp2.replay(reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup))
+        replayed = reserve_fsdp2.replay(reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup),
+                                        expandable=reserve_fsdp2.expandable_segments(profile, setup))
         return dataclasses.replace(cost, reserved_bytes=reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes),
                                    reserved_by="replay")
     if not runtimes.of(setup.training).step_replayed:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from planner.cost import allocator, dataparallel, fsdpunits, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
+from planner.errors import UserError
 from planner.schema import OPTION_NONE, Profile, StagePlan, TrainSetup
 
 DEFAULT, COPY_IN, REDUCE_SCATTER = 0, 1, 2  # the streams: the compute stream, FSDP2's two that allocate
@@ -101,8 +102,19 @@ def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
     return events
 
 
-def replay(stage: Fsdp2Stage) -> Replayed:
-    return allocator.replay(step_events(stage))
+def replay(stage: Fsdp2Stage, *, expandable: bool = False) -> Replayed:
+    return allocator.replay(step_events(stage), expandable=expandable)
+
+
+def expandable_segments(profile: Profile, setup: TrainSetup) -> bool:
+    """Whether the replay runs expandable segments: the runtime's launch sets them
+    (RuntimeFacts.expandable_segments) on a GPU whose torch honoured them (not ROCm: GPU.rocm)."""
+    if not runtimes.of(setup.training).expandable_segments:
+        return False
+    try:
+        return not dataparallel.profile_gpu(profile).rocm
+    except UserError:
+        return True  # a cuda profile of a GPU ckplan has no record of: CUDA
 
 
 def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:

@@ -117,7 +117,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
-        fsdp2_step_replayed=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
+        fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
             "fsdp_units": _TITAN_UNITS[version][2],
             "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
@@ -125,6 +125,8 @@ def torchtitan(version: str) -> RuntimeFacts:
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
                        f"all-to-all in fp32), {TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
                        f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
+            "expandable_segments": "run_llama_train.sh 22 (PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\"), 9dec370; "
+                                   "run_train.sh 19, 2c8b5947; the published runs' launch scripts (planner/cost/allocator.py)",
             "fsdp2_step_replayed": f"planner/cost/reserve_fsdp2.py replays FSDP2's streams as torch 2.6.0 (git 2236df17) "
                                    f"runs them: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py 68-89, 127-179, "
                                    f"220-229, 234-316, 371-383, _fsdp_param_group.py 271-307, 374-442, 469-500, "
