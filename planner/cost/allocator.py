@@ -33,7 +33,9 @@ each with its source:
   SUPPORTED)`. So torchao's MI300X benchmark (torch 2.9.0.dev20250811+rocm6.4) ran the rules below,
   and its H100 one (torch 2.7.0a0) ran expandable segments. The segment sizes themselves have no ROCm
   branch (get_allocation_size). GMLake's margin was measured without expandable segments; no
-  published fragmentation figure with them was found, so ckplan charges the same margin to both.
+  published fragmentation figure with them was found, so the divisor charges the same margin to both.
+  The replay runs them (CachingAllocator(expandable=True)) where a runtime's record says its launch
+  sets them (RuntimeFacts.expandable_segments, planner/cost/reserve_fsdp2.py).
 - **NCCL.** Each NCCL communicator a rank uses holds buffers outside the caching allocator:
   measured with PyTorch on 4 A100s over NVLink, 544 MiB for a two-rank group and 688 MiB for
   larger ones (NVIDIA/nccl issue 964, the reporter's per-group figures; NCCL 2.18, default
