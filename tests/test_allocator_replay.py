@@ -107,9 +107,10 @@ def test_max_split_size_keeps_large_cached_blocks_whole():
     assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (64 * MIB, 64 * MIB)
 
 
-def test_the_replay_never_reserves_less_than_it_allocates_and_frees_everything():
+@pytest.mark.parametrize("expandable", [False, True])
+def test_the_replay_never_reserves_less_than_it_allocates_and_frees_everything(expandable):
     rng = random.Random(0)
-    state, live = CachingAllocator(), []
+    state, live = CachingAllocator(expandable=expandable), []
     for step in range(3000):
         if live and rng.random() < 0.45:
             state.free(live.pop(rng.randrange(len(live))))
@@ -121,8 +122,12 @@ def test_the_replay_never_reserves_less_than_it_allocates_and_frees_everything()
     for key in live:
         state.free(key)
     assert state.allocated == 0
-    # every segment is whole again: one free block per segment
+    # every segment is whole again: one free block per segment (expandable: one a stream and pool, its
+    # mapped pages all of the reserve)
     assert sum(len(pool.keys) for pool in state.pools.values()) == state.segments
+    if expandable:
+        assert state.segments == 4
+        assert sum(block.size for pool in state.pools.values() for block in pool.blocks.values()) == state.reserved
 
 
 def test_ready_caches_one_waiting_block():
@@ -152,7 +157,7 @@ for step in range(600):
             tensors[step] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         live.append(step)
         events.append(Alloc(step, nbytes, stream))
-got = replay(events)
+got = replay(events, expandable=len(sys.argv) > 2)
 print(json.dumps([torch.cuda.max_memory_reserved() - base_reserved, got.reserved_peak_bytes,
                   torch.cuda.max_memory_allocated() - base_allocated, got.allocated_peak_bytes]))
 """
@@ -173,6 +178,25 @@ def test_the_replay_reserves_what_torchs_allocator_reserves_on_a_gpu(seed):
                           cwd=ROOT, check=True,
                           env={**{k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"},
                                "PYTHONPATH": str(ROOT)})  # the allocator's defaults
+    reserved, replayed, allocated, replayed_allocated = json.loads(done.stdout.splitlines()[-1])
+    assert (reserved, allocated) == (replayed, replayed_allocated)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_expandable_replay_reserves_what_torchs_expandable_segments_reserve_on_a_gpu(seed):
+    """As above under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (torchtitan's launch), against
+    CachingAllocator(expandable=True). Not run where this was written (no GPU): a check for a GPU session."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", _ON_THE_DEVICE, str(seed), "expandable"], capture_output=True,
+                          text=True, cwd=ROOT, check=True,
+                          env={**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                               "PYTHONPATH": str(ROOT)})
     reserved, replayed, allocated, replayed_allocated = json.loads(done.stdout.splitlines()[-1])
     assert (reserved, allocated) == (replayed, replayed_allocated)
 
