@@ -214,3 +214,16 @@ def test_expandable_segments_grow_one_segment_a_stream_by_pages_by_hand():
     grown = replay(events, expandable=True)
     assert (grown.allocated_peak_bytes, grown.reserved_peak_bytes, grown.segments) == (53 * mib, 62 * mib, 3)
     assert replay(events).reserved_peak_bytes == 68 * mib
+
+
+def test_expandable_best_fit_takes_a_larger_free_block_before_the_growing_end():
+    """get_free_block under expandable segments counts the segment's free end block as the size it can
+    grow to: a 10 MiB request with a free 12 MiB end and a free 24 MiB block before it takes the 24."""
+    mib = 2**20
+    state = CachingAllocator(expandable=True)
+    state.malloc("a", 24 * mib)  # one 40 MiB page pair: [a 24][16 free, the end]
+    state.malloc("b", 4 * mib)  # the end is the only fit: [a 24][b 4][12 free, the end]
+    state.free("a")  # [24 free][b 4][12 free, the end]
+    state.malloc("c", 10 * mib)
+    assert state.live["c"].address == state.live["b"].address - 24 * mib  # the front block, split 10 | 14
+    assert state.reserved == 40 * mib

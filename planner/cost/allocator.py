@@ -203,6 +203,13 @@ class _Pool:
         del self.keys[bisect.bisect_left(self.keys, key)]
         del self.blocks[key]
 
+    def next_of(self, block: _Block) -> _Block | None:
+        """The next larger free block of `block`'s stream, in BlockComparatorSize's order."""
+        at = bisect.bisect_right(self.keys, block.sort_key())
+        if at == len(self.keys) or self.keys[at][0] != block.stream:
+            return None
+        return self.blocks[self.keys[at]]
+
     def best_fit(self, stream: int, size: int) -> _Block | None:
         at = bisect.bisect_left(self.keys, (stream, size, -1))
         if at == len(self.keys) or self.keys[at][0] != stream:
@@ -212,11 +219,14 @@ class _Pool:
 
 class CachingAllocator:
     """The DeviceCachingAllocator's bookkeeping (no memory): malloc, free, process_events.
-    `expandable`: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (Note [Expandable Segments],
-    try_allocate_expandable_block, should_split at 001074d25084): one segment per stream and pool,
-    grown at its end by pages of 2 MiB (small pool) or 20 MiB (large), a free block at its end taken
-    into the growth, and any split whose remainder is >= 512 B; segments are never unmapped here
-    (no empty_cache, no out-of-memory retry)."""
+    `expandable`: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read at 001074d25084 (Note
+    [Expandable Segments]; alloc_block, find_expandable_block, map_block,
+    try_allocate_expandable_block, should_split, get_free_block): one segment per stream and pool,
+    grown at its end by pages of 2 MiB (small pool) or 20 MiB (large) for the rounded request (not
+    get_allocation_size's), a free block at its end taken into the growth; best fit counts that end
+    block as the size it can grow to, so a larger free block that fits is taken before it; any split
+    whose remainder is >= 512 B. Segments are never unmapped here (no empty_cache, no out-of-memory
+    retry)."""
 
     def __init__(self, *, max_split_bytes: int | None = None, expandable: bool = False) -> None:
         self.max_split = max_split_bytes if max_split_bytes is not None else 1 << 62
@@ -238,6 +248,8 @@ class CachingAllocator:
         small = size <= SMALL_SIZE
         pool = self.pools[small]
         block = pool.best_fit(stream, size)
+        if block is not None and self.expandable and self.tails.get((stream, small)) is block:
+            block = pool.next_of(block) or block  # the end's block can grow: a fitting one that cannot first
         if block is not None and self._oversize_refuses(size, block):
             block = None
         if block is not None:
