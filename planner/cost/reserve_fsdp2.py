@@ -362,7 +362,11 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
     from planner.cost.assembly import option_indices
     from planner.cost.layers import layer_costs
     from planner.cost.reserve import replayed_microbatches
-    from planner.cost.rules import fsdp_unit_layer_bytes, fsdp_unit_loss_bytes, kept_reduce_scatter_input_bytes
+    from planner.cost.rules import (
+        fsdp_unit_layer_bytes,
+        fsdp_unit_loss_bytes,
+        kept_reduce_scatter_input_bytes,
+    )
     from planner.cost.schedules import build_schedule
     from planner.cost.terms import Context, layer_value, stage_value
 
