@@ -1,42 +1,43 @@
 """A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or one stage a rank beside a 1F1B
 or GPipe pipeline, _PipelineStep), from the caching allocator's replay (allocator.replay) of the
-allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The bytes are the cost model's own (the layers' kept and extra terms,
-the units of fsdpunits.py, the static shards of dataparallel.py); this module adds their order and
-their streams. Read at torch 2.6.0 (git 2236df17; torchtitan 9dec370 ran torch 1963fc8, of the same
-December 2024 main), torch/distributed/fsdp/_fully_shard/ (docs/framework-facts.md §22):
+allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The bytes are the cost
+model's own (the layers' kept and extra terms, the units of fsdpunits.py, the static shards of
+dataparallel.py); this module adds their order and their streams. Read at torch 2.6.0 (git 2236df17;
+torchtitan 9dec370 ran torch 1963fc8, of the same December 2024 main), torch/distributed/fsdp/
+_fully_shard/ (docs/framework-facts.md §22):
 
 - all-gather (foreach_all_gather, _fsdp_collectives.py 127-179): on the all-gather copy-in stream
-  (FSDPCommContext, _fsdp_param_group.py 52-71) the shard is cast into a flat staging buffer
+  (FSDPCommContext, _fsdp_param_group.py 49-90) the shard is cast into a flat staging buffer
   (_get_param_all_gather_inputs 220-229: G / K bytes, freed as the function returns, line 162) and
-  copied into the unit's flat all-gather output (all_gather_copy_in 73-89: G bytes), both blocks of
-  the copy-in stream's pool. The output is read on the all-gather stream and the default stream
+  copied into the unit's flat all-gather output (all_gather_copy_in_cuda 68-89: G bytes), both blocks
+  of the copy-in stream's pool. The output is read on the all-gather stream and the default stream
   and is kept alive by reference, never record_stream: in forward until the next unit's copy-out
-  (AllGatherState, wait_for_unshard 271-307: "free the all-gather result" after the next unit's
-  all-gather is issued), in backward until its own copy-out (line 307).
+  (AllGatherState, wait_for_unshard 271-307: "free the all-gather result", 286), in backward until
+  its own copy-out (306).
 - copy-out (foreach_all_gather_copy_out 234-316, in wait_for_unshard, on the default stream): each
   parameter's unsharded storage is allocated again (_fsdp_param.py alloc_all_gather_outputs 650-652,
   resize_ of a storage: the current stream's pool) and freed by reshard (free_unsharded_param
   654-674, resize_(0)): after the unit's forward where it reshards after forward (post_forward
-  299-305), and in its post-backward (reshard before the reduce, 343-363).
-- backward prefetch (_backward_prefetch 445-466): a unit's pre-backward all-gathers the unit whose
+  339-345), and in its post-backward (reshard before the reduce, 404).
+- backward prefetch (_backward_prefetch 469-483): a unit's pre-backward all-gathers the unit whose
   post-forward ran just before its own (comm_ctx.post_forward_order), on the copy-in stream.
 - gradients: autograd makes each unsharded parameter's gradient in the weights' dtype on the default
-  stream; the unit's post-backward (post_backward 330-393) reshards, drops the previous unit's
-  reduce-scatter input (reduce_scatter_state, after waiting on its event), allocates the new one in
-  the reduce dtype on the default stream (foreach_reduce 371-375, outside the reduce-scatter stream's
-  context), frees the gradients once copied in (378), and allocates the reduce-scatter output, the
-  sharded gradient (fp32, G / K), on the reduce-scatter stream (382-383): its block is that stream's,
-  so the default stream never reuses it. The sharded gradient lives until the next step's zero_grad
-  (set_to_none); the last reduce-scatter input until the root's final callback (_fsdp_state.py
-  302-308) at the backward's end.
+  stream; the unit's post-backward (post_backward 374-442) reshards, drops the previous unit's
+  reduce-scatter input (reduce_scatter_state, after waiting on its event, 407-412), allocates the new
+  one in the reduce dtype on the default stream (foreach_reduce 371-375, outside the reduce-scatter
+  stream's context), frees the gradients once copied in (378), and allocates the reduce-scatter
+  output, the sharded gradient (fp32, G / K), on the reduce-scatter stream (382-383): its block is
+  that stream's, so the default stream never reuses it. The sharded gradient lives until the next
+  step's zero_grad (set_to_none; torchtitan 9dec370 train.py 266); the last reduce-scatter input
+  until the root's final callback (_fsdp_state.py 284-308) at the backward's end.
 - the optimizer's state and the shards: allocated once, on the default stream; foreach AdamW's
   sqrt(v) scratch (the cost model's step_scratch_bytes) made and freed in the step.
 
-Analytic profiles record a layer's parameters as one tensor (its records' params): the replay then
-gathers, reshards and reduces each layer as one block, not per weight. Not replayed: gradient
-clipping's per-tensor norms (512 B blocks in the small pool), the NCCL buffers (outside the allocator,
-workspace_bytes), expandable segments (torchtitan's launch scripts set them; the replay runs the
-default segments, allocator.py says why that is the same margin).
+An analytic LLaMA block's parameters are its nine tensors (parameter_parts); other analytic layers one.
+The allocator runs expandable segments where the runtime's launch sets them (expandable_segments).
+Not replayed: gradient clipping's per-tensor norms (512 B blocks in the small pool), the NCCL buffers
+(outside the allocator, workspace_bytes), the activations tensor by tensor (a layer's kept bytes are
+one block, its backward's extra one block).
 
 Nothing here reads a file or prints.
 """
