@@ -4,7 +4,7 @@ allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The
 model's own (the layers' kept and extra terms, the units of fsdpunits.py, the static shards of
 dataparallel.py); this module adds their order and their streams. Read at torch 2.6.0 (git 2236df17;
 torchtitan 9dec370 ran torch 1963fc8, of the same December 2024 main), torch/distributed/fsdp/
-_fully_shard/ (docs/framework-facts.md §22):
+_fully_shard/ (docs/framework-facts.md §24):
 
 - all-gather (foreach_all_gather, _fsdp_collectives.py 127-179): on the all-gather copy-in stream
   (FSDPCommContext, _fsdp_param_group.py 49-90) the shard is cast into a flat staging buffer

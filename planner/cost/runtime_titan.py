@@ -132,7 +132,7 @@ def torchtitan(version: str) -> RuntimeFacts:
                                    f"220-229, 234-316, 371-383, _fsdp_param_group.py 271-307, 374-442, 469-500, "
                                    f"_fsdp_param.py 629-674 (the upcast and accumulation beside a pipeline), "
                                    f"pipelining/stage.py 636-652 (the stage's manual post-backward after its last "
-                                   f"backward), torchtitan 9dec370 train.py 266-323 (docs/framework-facts.md §22); the "
+                                   f"backward), torchtitan 9dec370 train.py 266-323 (docs/framework-facts.md §24); the "
                                    f"same structure at {TORCH_V} (_fsdp_collectives.py 325-370, 419, 597-612): one stage "
                                    f"and one microbatch under ZeRO 3, or one stage a rank of 1F1B / GPipe with the "
                                    f"weights kept whole; an interleaved schedule keeps the divisor",
