@@ -298,5 +298,11 @@ def test_under_tp_with_sp_the_norms_output_is_cast_on_its_shard_and_saved_in_flo
     # the two norms' outputs cast on the 4,096-row shard; wo's and w2's inputs whole
     assert fwd.bytes == 5 * (T // 2 * 64 * 2 + T * (32 + 80))
     bwd = float8.backward(work(0, 0, gemms * 2), linears)
-    # every grad_output (32 + 16 + 16 + 64 + 80 + 80 + 64); only wo's and w2's saved bf16 inputs recast
-    assert bwd.bytes == 5 * T * ((32 + 16 + 16 + 64 + 80 + 80 + 64) + (32 + 80))
+    # the column-parallel grad_outputs whole (32 + 16 + 16 + 80 + 80); wo's and w2's (Float8RowwiseParallel)
+    # on the 4,096-row shard before their all-gather (64 + 64); no saved input recast: every linear saved
+    # its float8 input (the norms' gathered casts; wo's and w2's cast in the plan's _prepare_input_fn)
+    assert bwd.bytes == 5 * (T * (32 + 16 + 16 + 80 + 80) + T // 2 * (64 + 64))
+    assert [(item.saves_float8, item.grad_rows) for item in linears if item.fqn.endswith(("wo", "w2"))] == \
+        [(True, T // 2)] * 2
+    # at TP 1 (or without SP) no linear is under the Float8 TP plan: grad_outputs whole, inputs recast
+    assert not any(item.saves_float8 or item.grad_rows for item in float8.block_linears(TINY, SHAPE, "layers.0"))
