@@ -17,6 +17,9 @@ What a converted linear runs (torchao v0.11.0 f34b473e `torchao/float8/float8_li
 - backward: grad_output cast (e5m2) and the saved float8 weight for the input-grad GEMM; grad_output
   and the saved bf16 input cast again for the weight-grad GEMM: two float8 GEMMs. The two casts of
   grad_output are one tensor cast twice with one scale (tensorwise); counted once (compiled, CSE).
+  torchao eab345c (torchtitan 9dec370's benchmarks) saved the float8 input instead
+  (`manual_float8_matmul_with_args_in_float8`, float8_linear.py 46-51): no recast; the record's
+  `bwd_saved_input_ms`, read where the runtime record's float8_saves_input says so.
 Each cast is `hp_tensor_to_float8_dynamic` (`float8_scaling_utils.py`): amax (max(abs(x))) then
 scale and cast. torchtitan runs Float8 compiled ("Float8 experimental is intended to be ran under
 torch.compile", 9dec370 `torchtitan/float8.py`), where the amax is one read and the cast one read and
@@ -170,13 +173,14 @@ def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
                      shared=lambda linear: CAST_BYTES * (linear.shard_rows or linear.tokens) * linear.k)
 
 
-def backward(done: Work, linears: list[Linear]) -> Work:
+def backward(done: Work, linears: list[Linear], *, saved_float8: bool = False) -> Work:
     """A backward: each linear's grad_output cast (once: tensorwise, one scale for both GEMMs; a
     row-parallel linear's on its sequence shard, Linear.grad_rows) and each distinct saved bf16
-    input cast again (none where the float8 input was saved: Linear.shard_rows, saves_float8); two
-    float8 GEMMs each. The float8 weight is the forward's, saved."""
+    input cast again (none where the float8 input was saved: Linear.shard_rows, saves_float8, or
+    every linear under `saved_float8`, torchao eab345c); two float8 GEMMs each. The float8 weight is
+    the forward's, saved."""
     return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * (linear.grad_rows or linear.tokens) * linear.n,
-                     shared=lambda linear: 0 if linear.shard_rows or linear.saves_float8
+                     shared=lambda linear: 0 if saved_float8 or linear.shard_rows or linear.saves_float8
                      else CAST_BYTES * linear.tokens * linear.k)[0]
 
 
@@ -255,8 +259,10 @@ def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, W
         if rerun_cast:  # an option that reruns no converted linear keeps its time
             recompute[name] = roofline_ms(rerun8, gpu)
             weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)
+    saved = None if te else roofline_ms(backward(bwd, linears, saved_float8=True), gpu)  # eab345c's (module docstring)
     return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
                          fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward_of(bwd, linears), gpu),
+                         bwd_saved_input_ms=saved,
                          recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
                          rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears))
 
