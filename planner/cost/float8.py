@@ -9,7 +9,7 @@ Time, per layer with a record:
   peak with the activations' and gradients' casts; an option the record does not name reruns no
   converted linear (attention core, activations, offload's copies) and keeps its time; the backward
   without the saved inputs' recast where the runtime's torchao saved the float8 input
-  (RuntimeFacts.float8_saves_input: eab345c, torchtitan 9dec370's; Float8Linears.bwd_saved_input_ms);
+  (RuntimeFacts.float8_saves_input: eab345c, torchtitan 9dec370's; Float8Linears.bwd_input_recast_ms);
 - the weights' casts (amax and cast, per forward and per rerun): charged unless the weights are
   gathered in float8 (then FSDP2's pre-all-gather casts each rank's shard, 1/K of them); under
   Transformer Engine (RuntimeFacts.float8 "transformer-engine") once per step instead, in the layer's
@@ -84,8 +84,8 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
 def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float, per_step: int = 0,
            saves_input: bool = False) -> LayerProfile:
     fp8: Float8Linears = layer.float8
-    if saves_input and fp8.bwd_saved_input_ms is not None:  # the float8 input saved: no recast (record)
-        fp8 = fp8.model_copy(update={"bwd_ms": fp8.bwd_saved_input_ms})
+    if saves_input:  # the float8 input saved: its recast does not run (the record's part of bwd_ms)
+        fp8 = fp8.model_copy(update={"bwd_ms": fp8.bwd_ms - fp8.bwd_input_recast_ms})
     cast = 0.0 if gathered or per_step else fp8.weight_cast_ms
     fwd = fp8.fwd_ms + cast
     kept_weight = fp8.param_count if memory and not gathered else 0  # float8 weight saved, 1 B a parameter

@@ -178,7 +178,7 @@ class RuntimeFacts:
     """A tensorwise Float8 linear saves the float8 cast of its input for the weight gradient, so the
     backward casts no saved input again (torchao eab345c); False: it saves the bf16 input and casts
     it again (torchao v0.11.0), or the Float8 record's own rule (Transformer Engine). Read by
-    planner/cost/float8.py (Float8Linears.bwd_saved_input_ms)."""
+    planner/cost/float8.py (Float8Linears.bwd_input_recast_ms)."""
 
     # -- the layers' kernels (read by planner/cost/fusedkernels.py; issue 35)
     fused_kernels: str | None = None

@@ -19,7 +19,8 @@ What a converted linear runs (torchao v0.11.0 f34b473e `torchao/float8/float8_li
   grad_output are one tensor cast twice with one scale (tensorwise); counted once (compiled, CSE).
   torchao eab345c (torchtitan 9dec370's benchmarks) saved the float8 input instead
   (`manual_float8_matmul_with_args_in_float8`, float8_linear.py 46-51): no recast; the record's
-  `bwd_saved_input_ms`, read where the runtime record's float8_saves_input says so.
+  `bwd_input_recast_ms` is the recast's part of the backward, left out where the runtime record's
+  float8_saves_input says so.
 Each cast is `hp_tensor_to_float8_dynamic` (`float8_scaling_utils.py`): amax (max(abs(x))) then
 scale and cast. torchtitan runs Float8 compiled ("Float8 experimental is intended to be ran under
 torch.compile", 9dec370 `torchtitan/float8.py`), where the amax is one read and the cast one read and
@@ -259,10 +260,11 @@ def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, W
         if rerun_cast:  # an option that reruns no converted linear keeps its time
             recompute[name] = roofline_ms(rerun8, gpu)
             weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)
-    saved = None if te else roofline_ms(backward(bwd, linears, saved_float8=True), gpu)  # eab345c's (module docstring)
+    bwd_ms = roofline_ms(backward_of(bwd, linears), gpu)
+    # eab345c's backward (the module's docstring): the saved inputs' recast is what it does not run
+    recast = 0.0 if te else max(0.0, bwd_ms - roofline_ms(backward(bwd, linears, saved_float8=True), gpu))
     return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
-                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward_of(bwd, linears), gpu),
-                         bwd_saved_input_ms=saved,
+                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=bwd_ms, bwd_input_recast_ms=recast,
                          recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
                          rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears))
 
