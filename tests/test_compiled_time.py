@@ -46,6 +46,56 @@ def test_matmuls_attention_and_views_are_not_counted_as_memory_bound():
     assert compiled_time.memory_bound_bytes([extern("aten.mm.out"), extern("aten.mul.Tensor")]) == 128
 
 
+class _Extern:
+    """An extern kernel's IR node: torch 2.13 names its aten op; torch 2.6's extern mm names only the
+    wrapper's function."""
+
+    def __init__(self, op_overload, python_kernel_name):
+        self.op_overload, self.python_kernel_name = op_overload, python_kernel_name
+
+
+class _Node26:
+    """A scheduler node as torch 2.6.0 has it: only the summed estimate."""
+
+    def __init__(self, inner, total):
+        self.node, self._total = inner, total
+
+    def get_name(self):
+        return "op7"
+
+    def get_read_write_buffers_sizes(self):
+        return self._total
+
+
+class _Node213(_Node26):
+    """As torch 2.13 has it: the estimate per buffer."""
+
+    def __init__(self, inner, accesses):
+        super().__init__(inner, sum(n for _, n in accesses.values()))
+        self._accesses = accesses
+
+    def get_read_write_buffer_accesses(self, *, include_reads, include_writes):
+        return {name: n for name, (kind, n) in self._accesses.items()
+                if (kind == "r" and include_reads) or (kind == "w" and include_writes)}
+
+
+# the scheduler node's class name is the kind read
+Node26 = type("ExternKernelSchedulerNode", (_Node26,), {})
+Node213 = type("ExternKernelSchedulerNode", (_Node213,), {})
+
+
+def test_a_kernel_is_read_on_torch_2_13_per_buffer_and_on_2_6_as_its_summed_estimate():
+    new = compiled_time._kernel(Node213(_Extern("aten.mul.Tensor", "aten.mul.Tensor"),
+                                        {"buf0": ("r", 96), "buf1": ("r", 8), "buf2": ("w", 96)}))
+    assert (new.reads, new.writes, new.num_bytes, new.memory_bound) == ({"buf0": 96, "buf1": 8}, {"buf2": 96}, 200, True)
+    # torch 2.6.0: no per-buffer accesses, the same estimate summed; the extern mm named by its wrapper only
+    old = compiled_time._kernel(Node26(_Extern(None, "extern_kernels.mm"), 200))
+    assert (old.op, old.reads, old.writes, old.num_bytes) == ("aten.mm", {"all": 200}, {}, 200)
+    assert not old.memory_bound
+    mul = compiled_time._kernel(Node26(_Extern(None, "aten.mul.Tensor"), 200))
+    assert mul.memory_bound and compiled_time.memory_bound_bytes([old, mul]) == 200
+
+
 def _tiny():
     return TINY
 

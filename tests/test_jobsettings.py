@@ -106,6 +106,32 @@ def test_a_llama_block_fills_its_fused_gate_and_up_output_at_the_groups_width(tm
                                                               64 + 32 + 64 + 80 + 32 + 2 * 16 + 2 * 64)
 
 
+def test_deterministic_mode_runs_cudnns_deterministic_attention_backward_at_its_published_rate():
+    arch = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=1, num_heads=4,
+                      num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=32)
+    on, off = _setup(deterministic=True), _setup()
+    for gpu, expected in (("gb200", True), ("h100", False), ("b200", False), ("a100-80g", False)):
+        profile = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2, tp=2), gpu=archs.gpu(gpu),
+                                            model=FileRef(file="arch:test", sha256="0" * 64))
+        embedding, block, *_ = layer_costs(profile)
+        # 2 heads a device at TP 2, head dim 16, 32 tokens, 2 sequences: 2.5 x 4·s²·d·heads·batch, causal half
+        flops = 2.5 * 4 * 32 * 32 * 16 * 2 * 2 / 2
+        if expected:  # cuDNN 9.22 on GB200, 8192 tokens: backward 4.127 ms, deterministic 4.754 ms (same FLOPs)
+            rate, det = 1.0995116277760e12 * 2 * 2.5 / 4.127e-3, 1.0995116277760e12 * 2 * 2.5 / 4.754e-3
+            assert jobsettings.deterministic_attention_ms(block, profile, on) == pytest.approx(
+                (flops / det - flops / rate) * 1e3, rel=1e-9)
+            assert jobsettings.deterministic_attention_ms(block, profile, on) > 0
+        else:  # no deterministic rate published: the backward stays the profile's
+            assert jobsettings.deterministic_attention_ms(block, profile, on) == 0.0
+        assert jobsettings.deterministic_attention_ms(block, profile, off) == 0.0
+        assert jobsettings.deterministic_attention_ms(embedding, profile, on) == 0.0
+    # an unfused attention (the s x s scores kept) is not cuDNN's kernel: nothing
+    eager = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2, tp=2, attention="eager"),
+                                      gpu=archs.gpu("gb200"), model=FileRef(file="arch:test", sha256="0" * 64))
+    block = next(layer for layer in layer_costs(eager) if layer.kind == "decoder_block")
+    assert jobsettings.deterministic_attention_ms(block, eager, on) == 0.0
+
+
 def _rank(path, *extra) -> dict:
     result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4",
                                       "--ckpt-per-stage", "0", "--microbatches", "3", "--dp", "2", "--zero", "1",
@@ -161,9 +187,10 @@ def test_the_megatron_reader_models_the_flags_and_lists_deterministic_mode(tmp_p
         assert status[flag] == "modelled"
     assert (job.modelled.unfused_grad_accumulation, job.modelled.log_params_norm,
             job.modelled.log_num_zeros_in_grad, job.modelled.deterministic) == (True, True, True, True)
-    # its attention backward has no published rate: said in the flag's sentence, not dropped
-    assert "no published rate" in {s.name: s.what for s in job.settings}["--deterministic-mode"]
-    assert any(note.startswith("--deterministic-mode: ") and "not (no published rate" in note for note in job.notes)
+    # its attention backward is charged where cuDNN's deterministic rate is published (GB200) and not elsewhere:
+    # said in the flag's sentence and a note, not dropped
+    assert "where there is one (GB200)" in {s.name: s.what for s in job.settings}["--deterministic-mode"]
+    assert any(note.startswith("--deterministic-mode: ") and "none published for H100" in note for note in job.notes)
 
 
 def test_the_megatron_export_writes_them_and_reads_back_the_same_and_other_targets_refuse(tiny_path, tmp_path):

@@ -105,6 +105,19 @@ def test_torchs_flash_attention_on_h100_takes_its_published_time():
     assert kernel_ms(Kernel("attention-bwd", counted), MI300X) == pytest.approx(counted / 194.43e12 * 1e3)
 
 
+def test_torchs_flash_attention_on_blackwell_takes_the_b200_s_published_time():
+    # cudnn-frontend's B200 file (torch 2.9.0, pyt_flash_attention): 128 heads of 128, batch 1, causal,
+    # 8192 tokens 5.889 / 18.395 ms, 2048 tokens 0.567 / 1.844 ms; GB200 reads the B200's fractions (same chip)
+    counted = 4 * 8192 * 8192 * 128 * 128
+    assert kernel_ms(Kernel("attention-fwd", counted, 0.5, 8192), B200) == pytest.approx(5.889)
+    assert kernel_ms(Kernel("attention-bwd", int(2.5 * counted), 0.5, 8192), B200) == pytest.approx(18.395)
+    short = 4 * 2048 * 2048 * 128 * 128
+    assert kernel_ms(Kernel("attention-bwd", int(2.5 * short), 0.5, 2048), B200) == pytest.approx(1.844)
+    gb200 = archs.gpu("gb200")
+    assert attention_efficiency(gb200, 8192) == pytest.approx(attention_efficiency(B200, 8192))
+    assert kernel_ms(Kernel("attention-fwd", counted, 0.5, 8192), gb200) == pytest.approx(5.889 * 2250 / 2500)
+
+
 def test_work_adds_and_subtracts_kernel_by_kernel():
     a, b = Kernel("matmul", 10**9), Kernel("matmul", 2 * 10**9)
     plain = work(3 * 10**9, 100, [a, b])

@@ -18,8 +18,13 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   is unfused) are written once more; again in a recomputed forward. Per-token fp32 statistics (the
   norms' mu and rsigma, the softmax's), TE's workspaces (cuDNN's deterministic backward's among them:
   sizes not read) are left out. Read from the profile's model (an analytic or --hf-config profile's
-  `assumptions.model`); MoE blocks and other layers are not read (0). cuDNN's deterministic attention
-  backward itself has no published rate: not charged.
+  `assumptions.model`); MoE blocks and other layers are not read (0).
+- deterministic mode's attention backward: Transformer Engine keeps cuDNN's fused attention on sm90 and
+  later and asks it for its deterministic backward (the record's `deterministic_attention`); where that
+  kernel's rate is published (GPU.te_attention_deterministic_bwd: GB200's, NVIDIA/cudnn-frontend's training
+  SDPA benchmark, cuDNN 9.22) a dense block's attention backward is charged at it beyond the
+  non-deterministic rate the profile's record times. None is published for sm90 (H100) or B200; below sm90
+  (A100) TE runs FlashAttention-2's deterministic backward instead, unpublished: 0 there.
 
 Memory is unchanged: the unfused bf16 gradient lives from its GEMM to the DDP hook that runs right
 after its AccumulateGrad, one linear's weight at a time, inside the backward transients the profile
@@ -106,3 +111,28 @@ def deterministic_fill_ms(layer: LayerCost, ckpt, profile: Profile, setup: Train
     if training.unfused_grad_accumulation:  # the bf16 weight gradients, each allocated by its GEMM
         moved += weight_param_count(layer) * element
     return moved / (tbps * 1e12) * 1e3
+
+
+def deterministic_attention_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch cuDNN's deterministic attention backward adds to a dense block's backward over the
+    non-deterministic kernel the profile's record times (the module's docstring): the block's causal
+    attention backward FLOPs (2.5 x 4·s²·d·heads, half run, per device: heads / TP, tokens / CP) at the GPU's
+    deterministic rate less at its rate; 0 off, or where the runtime, the GPU or the profile says nothing."""
+    training = setup.training
+    if not training.deterministic or runtimes.of(training).deterministic_attention != "cudnn":
+        return 0.0
+    found, model = profile.assumptions, profile.assumptions.get("model")
+    if not te_output_elements(profile, layer)[0] or not isinstance(found.get("gpu"), str) \
+            or found.get("attention", "flash") != "flash":  # an unfused kernel keeps the scores: not cuDNN's
+        return 0.0
+    from planner.models import archs
+
+    gpu = archs.gpu(found["gpu"])
+    if not gpu.te_attention_deterministic_bwd or len(gpu.te_attention_efficiency) < 2:
+        return 0.0
+    heads, tp = int(model["num_heads"]), int(found.get("tp", 1))
+    head = int(model.get("head_dim") or int(model["hidden_size"]) // heads)
+    seq, cp = int(found.get("seq_len", 0)), max(int(found.get("cp", 1) or 1), 1)
+    flops = 2.5 * 4 * seq * seq * head * (heads // tp) * profile.micro_batch_size / 2 / cp
+    peak = gpu.bf16_tflops * 1e12
+    return (flops / (peak * gpu.te_attention_deterministic_bwd) - flops / (peak * gpu.te_attention_efficiency[1])) * 1e3

@@ -162,6 +162,15 @@ class RuntimeFacts:
     """Under deterministic mode (torch.use_deterministic_algorithms) the runtime's layers allocate their
     GEMM, norm and attention outputs through aten::empty, which then writes NaN into each first
     (Transformer Engine); False: not read, --deterministic-mode refused."""
+    deterministic_attention: str | None = None
+    """Which attention backward the runtime's layers run under deterministic mode, where a GPU's rate for it is
+    read (GPU.te_attention_deterministic_bwd; planner/cost/jobsettings.py): "cudnn" (Transformer Engine keeps
+    cuDNN's fused attention on sm90 and later and asks it for its deterministic backward); None: not read, the
+    backward timed as the profile's."""
+    host_calls_per_block: int = 0
+    """Framework modules a dense block calls each forward, each costing the host one module call's CPU time
+    (GPU.host_call_us; planner/cost/hosttime.py): Megatron-core's TE layer spec, 5 (linear_qkv, core_attention,
+    linear_proj, linear_fc1, linear_fc2); 0: not read, no host floor."""
     logged_read_shard_bytes: int = 0
     """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
     (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the

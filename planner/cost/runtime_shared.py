@@ -39,6 +39,8 @@ AFTER_STEP_NOT_READ = {
                            "off: --no-gradient-accumulation-fusion refused)",
     "logged_read_shard_bytes": "not read for this runtime (--log-params-norm, --log-num-zeros-in-grad refused)",
     "fills_te_outputs": "not read for this runtime (--deterministic-mode refused)",
+    "deterministic_attention": "not read for this runtime (--deterministic-mode refused)",
+    "host_calls_per_block": "not read for this runtime (no host floor charged)",
 }
 
 # The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are

@@ -140,6 +140,7 @@ def _megatron() -> RuntimeFacts:
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
         step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
+        deterministic_attention="cudnn", host_calls_per_block=5,
         sources={
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
                                    "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
@@ -159,6 +160,16 @@ def _megatron() -> RuntimeFacts:
                                   "quantizer.cpp 162), its norms' outputs and input gradients (normalization.cpp "
                                   "23-25, 140, 224-225, 377) and attention's output and dQ, dK, dV (attention.cpp "
                                   "156-157, 376-450) through at::empty / torch::empty, TE f8a01cd5, v2.16.0",
+            "host_calls_per_block": "the TE layer spec's dense block: linear_qkv (TELayerNormColumnParallelLinear), "
+                                    "core_attention (TEDotProductAttention), linear_proj (TERowParallelLinear), "
+                                    "linear_fc1, linear_fc2 (megatron/core/models/gpt/gpt_layer_specs.py 140-160, "
+                                    "Megatron-LM 6e091e1b): five TE module forwards",
+            "deterministic_attention": "--deterministic-mode asks for NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (megatron/core/"
+                                       "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b); TE then keeps "
+                                       "FusedAttention's F16_arbitrary_seqlen backend on sm90+ (drops it below: "
+                                       "dot_product_attention/utils.py 1344-1356) and sets cuDNN's "
+                                       "set_deterministic_algorithm (fused_attn_f16_arbitrary_seqlen.cu 824-826), TE "
+                                       "f8a01cd5, v2.16.0",
             "logged_read_shard_bytes": "--log-params-norm: calc_params_l2_norm every iteration (training.py 3653-3654) "
                                        "over each parameter's main_param, the fp32 shard the distributed optimizer "
                                        "sets (megatron/training/utils/common_utils.py 51-151; distrib_optimizer.py "

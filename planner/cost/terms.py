@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import comm, contextparallel, dataparallel, fsdp2work, jobsettings
+from planner.cost import comm, contextparallel, dataparallel, fsdp2work, hosttime, jobsettings
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
     all_to_all_ms,
@@ -235,6 +235,15 @@ TERMS: tuple[Term, ...] = (
          "aten::empty, and TE allocates its GEMM, norm and attention outputs so (gemm.cpp, quantizer.cpp, "
          "normalization.cpp, attention.cpp, TE v2.16.0): a dense block's bf16 forward outputs and input gradients "
          "(and unfused bf16 weight gradients) at the profile's HBM bandwidth"),
+    Term("the host's issue time beyond a dense block's forward (a host-bound pass)", "time", "layer",
+         lambda layer, ckpt, ctx: hosttime.host_bound_ms(layer, ckpt, ctx.profile, ctx.setup),
+         "max(device, host) per forward: the record's host_calls_per_block (Megatron-core's TE layer spec: 5 TE "
+         "modules) at the host's published CPU time per module forward (GPU.host_call_us: TransformerEngine#2053)"),
+    Term("cuDNN's deterministic attention backward beyond the non-deterministic one (deterministic mode)", "time",
+         "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ctx.profile, ctx.setup),
+         "the record's deterministic_attention (TE keeps cuDNN's fused attention on sm90+ and sets its deterministic "
+         "algorithm, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) at the GPU's published deterministic "
+         "rate (GPU.te_attention_deterministic_bwd: NVIDIA/cudnn-frontend's training SDPA benchmark)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),

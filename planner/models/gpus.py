@@ -76,6 +76,14 @@ class GPU:
     # as attention_efficiency is; empty: none published, attention_efficiency read (planner/profiler/te_fused.py)
     te_attention_efficiency: tuple[float, ...] = ()
     te_attention_source: str = ""
+    # the same kernel's deterministic backward (cuDNN's, which Transformer Engine asks for under
+    # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on sm90 and later) as a fraction of the BF16 peak; 0: none published,
+    # the non-deterministic backward read (planner/cost/jobsettings.py deterministic_attention_ms)
+    te_attention_deterministic_bwd: float = 0.0
+    # the host's CPU time to issue one framework module's forward (a Linear's) on the GPU's reference
+    # system, in µs (planner/cost/hosttime.py); 0: none published for its host
+    host_call_us: float = 0.0
+    host_source: str = ""
     # the bandwidth memory-bound kernels reach as fractions of hbm_tbps, measured on this GPU's architecture
     # (Liger-Kernel's published benchmarks, docs/gpus.md "Memory-bound kernels"; planner/profiler/membound.py):
     # eager torch ops (the fake and analytic profiles' bytes), and fused kernels (torch.compile's inductor
@@ -178,17 +186,64 @@ _SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim
 # (ROCm/aotriton 0.9b and 0.10b release PRs #76, #97 give relative changes only): at 19.9 TFLOP/s the
 # M12/T5 step would take 2.94 s against 1.524 s published, at CK's 0.96 s (docs/published-runs.md §11.rocm)
 MI300X_FLASH_TFLOPS = (353.22, 194.43)
-# cuDNN's fused attention on H100 SXM, BF16, head dim 128, 8k tokens a sequence (16k a batch): forward with a
-# causal mask 529 TFLOP/s, backward 518 (the figure has no causal backward; the no-mask one read, an upper
-# bound for a causal kernel) (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Fig. 5 and 6; docs/gpus.md §3)
-CUDNN_H100_TFLOPS = (529.0, 518.0)
+# cuDNN's fused attention as NVIDIA's cudnn-frontend training benchmark times it (benchmark/sdpa_benchmark_training,
+# NVIDIA/cudnn-frontend): BF16, head dim 128, 8 K/V heads, 8192 tokens, causal (top_left), ms forward / backward:
+# - H200 (the H100's chip), cuDNN 9.19, 64 query heads, batch 1: 1.708 / 5.083 (results/h200_919_only_cudnn/
+#   llama3.1_20260227_034703.csv, df73764, 2026-03-09);
+# - GB200, cuDNN 9.22.0 (frontend 1.21.1), 64 query heads, batch 2: 1.397 / 4.127, the deterministic backward 4.754
+#   (results/llama3.1/gb200/llama3.1_20260424_100750.csv, fb682ce, 2026-04-29); its cuDNN 9.19 run (batch 1, df73764)
+#   reads 1,598 / 1,311 TFLOP/s, within 2%;
+# - B200, cuDNN 9.13.1 through torch 2.9.0's cuDNN backend (NGC 25.09), 128 query heads, batch 1: 1.877 / 5.833
+#   (artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c, 2025-10-10).
+# The FlashAttention-3 paper's earlier H100 figures (529 causal forward, 518 no-mask backward, arXiv 2407.08608
+# Fig. 5-6) are an older cuDNN's and have no causal backward (docs/gpus.md §3).
+_CUDNN_FRONTEND = "NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training"
+# The CPU time of one Linear module's forward (BF16, hidden 2048, 8192 tokens) on each reference system's host,
+# torch's nn.Linear: DGX H100 (Xeon Platinum 8480C) 13.48 µs, GB200 (Grace) 37.08, GH200 (Grace) 33.17
+# (NVIDIA/TransformerEngine#2053, 2025-08-11, the issue's table; TE's Linear then 99.66 on GB200 and 90.53 on
+# GH200, "nearly the same with vanilla torch linear" for BF16 since, a TE maintainer in #2126, 2026-01-03)
+_HOST_2053 = "NVIDIA/TransformerEngine#2053 (2025-08-11): torch nn.Linear forward, BF16, hidden 2048, 8192 tokens"
+_HOST_XEON = dict(host_call_us=13.48, host_source=f"DGX H100's Xeon Platinum 8480C: 13.48 µs ({_HOST_2053})")
+_HOST_GRACE_GB200 = dict(host_call_us=37.08, host_source=f"GB200's Grace: 37.08 µs ({_HOST_2053})")
+_HOST_GRACE_GH200 = dict(host_call_us=33.17, host_source=f"GH200's Grace: 33.17 µs ({_HOST_2053})")
+CUDNN_H100_TFLOPS = (attention_tflops(1, 64, 8192, 128, 1.708, causal=True, backward=False),
+                     attention_tflops(1, 64, 8192, 128, 5.083, causal=True, backward=True))
 _CUDNN_H100 = (CUDNN_H100_TFLOPS[0] / 989.4, CUDNN_H100_TFLOPS[1] / 989.4)
-_CUDNN_HOPPER = ("cuDNN fused attention on H100 SXM, head dim 128, 8k tokens: forward (causal) 529, backward (no mask) "
-                 "518 TFLOP/s (FlashAttention-3 paper, arXiv 2407.08608, Fig. 5-6)")
+_CUDNN_HOPPER = (f"cuDNN 9.19 fused attention on H200 (the H100's chip), causal, 8192 tokens, head dim 128: forward "
+                 f"{CUDNN_H100_TFLOPS[0]:.1f}, backward {CUDNN_H100_TFLOPS[1]:.1f} TFLOP/s ({_CUDNN_FRONTEND}, "
+                 f"results/h200_919_only_cudnn, df73764); no deterministic backward published for sm90")
 _CUDNN_HOPPER_CHIP = dict(te_attention_efficiency=_CUDNN_H100, te_attention_source=_CUDNN_HOPPER)
+CUDNN_GB200_TFLOPS = (attention_tflops(2, 64, 8192, 128, 1.397, causal=True, backward=False),
+                      attention_tflops(2, 64, 8192, 128, 4.127, causal=True, backward=True),
+                      attention_tflops(2, 64, 8192, 128, 4.754, causal=True, backward=True))
+_CUDNN_GB200 = dict(
+    te_attention_efficiency=(CUDNN_GB200_TFLOPS[0] / 2500.0, CUDNN_GB200_TFLOPS[1] / 2500.0),
+    te_attention_deterministic_bwd=CUDNN_GB200_TFLOPS[2] / 2500.0,
+    te_attention_source=(f"cuDNN 9.22 fused attention on GB200, causal, 8192 tokens, head dim 128: forward "
+                         f"{CUDNN_GB200_TFLOPS[0]:.0f}, backward {CUDNN_GB200_TFLOPS[1]:.0f}, deterministic backward "
+                         f"{CUDNN_GB200_TFLOPS[2]:.0f} TFLOP/s ({_CUDNN_FRONTEND}, results/llama3.1/gb200, fb682ce)"))
+CUDNN_B200_TFLOPS = (attention_tflops(1, 128, 8192, 128, 1.877, causal=True, backward=False),
+                     attention_tflops(1, 128, 8192, 128, 5.833, causal=True, backward=True))
+_CUDNN_B200 = dict(
+    te_attention_efficiency=(CUDNN_B200_TFLOPS[0] / 2250.0, CUDNN_B200_TFLOPS[1] / 2250.0),
+    te_attention_source=(f"cuDNN 9.13.1 fused attention (torch 2.9.0's cuDNN backend) on B200, causal, 8192 tokens, "
+                         f"head dim 128: forward {CUDNN_B200_TFLOPS[0]:.0f}, backward {CUDNN_B200_TFLOPS[1]:.0f} TFLOP/s "
+                         f"({_CUDNN_FRONTEND}, artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c); no "
+                         f"deterministic backward published for B200"))
+# torch's SDPA flash backend on B200 (the same B200 file's pyt_flash_attention rows, torch 2.9.0, 128 query heads,
+# 8 K/V heads, head dim 128, batch 1, causal): forward and backward ms at 512 to 16384 tokens
+_SDPA_B200_MS = ((512, 0.115, 0.259), (1024, 0.208, 0.798), (2048, 0.567, 1.844), (4096, 1.692, 5.360),
+                 (8192, 5.889, 18.395), (16384, 22.297, 68.724))
+_SDPA_B200_BY_SEQ = tuple(
+    (seq, attention_tflops(1, 128, seq, 128, fwd, causal=True, backward=False) / 2250.0,
+     attention_tflops(1, 128, seq, 128, bwd, causal=True, backward=True) / 2250.0)
+    for seq, fwd, bwd in _SDPA_B200_MS)
+_SDPA_B200 = next((fwd, bwd) for seq, fwd, bwd in _SDPA_B200_BY_SEQ if seq == 8192)
+_SDPA_BLACKWELL = (f"torch 2.9.0 SDPA flash backend on B200, causal, 8192 tokens, head dim 128: forward "
+                   f"{_SDPA_B200[0] * 2250:.1f}, backward {_SDPA_B200[1] * 2250:.1f} TFLOP/s ({_CUDNN_FRONTEND}, "
+                   f"artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c)")
 _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forward and backward (Dao 2023, "
                "arXiv 2307.08691 §4.1)")
-_SDPA_ASSUMED = f"no attention figure published for this GPU: the H100's fractions of peak assumed ({_SDPA_HOPPER})"
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 _MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
                         membound_source=f"measured on H100 NVL and H100 SXM: {_LIGER}")
@@ -217,7 +272,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
         **_mamf("h100-sxm", 989.4, fp8_key="h100-sxm", fp8_peak=1978.9), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_HOPPER, **_CUDNN_HOPPER_CHIP,
+        attention_source=_SDPA_HOPPER, **_CUDNN_HOPPER_CHIP, **_HOST_XEON,
         **_MEMBOUND_HOPPER),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
@@ -271,7 +326,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP, **_HOST_GRACE_GH200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
         "NVIDIA GH200 datasheet, 144 GB HBM3e (BF16 989, FP8 1,979 dense; 4.9 TB/s)", 450.0,
@@ -281,7 +336,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
         attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP, **_HOST_GRACE_GH200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
@@ -309,8 +364,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=183359 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
                      "driver reservation (assumed)",
-        **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_ASSUMED,
+        **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=_SDPA_B200,
+        attention_by_seq=_SDPA_B200_BY_SEQ, attention_source=_SDPA_BLACKWELL, **_CUDNN_B200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA GB200 NVL72 datasheet (2024), per rack of 72 GPUs: 360 PFLOPS BF16 and 720 PFLOPS FP8
     # (sparse: 2,500 and 5,000 dense per GPU), 13.4 TB HBM3e (186 GB per GPU), 576 TB/s (8 TB/s per
@@ -323,8 +378,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                     f"CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_ASSUMED,
+        **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_B200,
+        attention_by_seq=_SDPA_B200_BY_SEQ,
+        attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({_SDPA_BLACKWELL})",
+        **_CUDNN_GB200, **_HOST_GRACE_GB200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)

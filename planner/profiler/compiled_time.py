@@ -131,8 +131,17 @@ def inductor_kernels():
 
 
 def _kernel(node) -> KernelBytes:
-    op = getattr(getattr(node, "node", None), "op_overload", None)
-    return KernelBytes(name=node.get_name(), kind=type(node).__name__, op=str(op),
+    """A scheduler node as KernelBytes. torch 2.6.0 (the release nearest the torchtitan 8B runs' torch,
+    docs/framework-facts.md §23) has no get_read_write_buffer_accesses: its get_read_write_buffers_sizes is
+    the same estimate summed over the node's buffers (scheduler.py 558-660 there), read as one entry `all`;
+    and its extern matmuls carry no op_overload, only the wrapper's name (`extern_kernels.mm`), read as aten's."""
+    inner = getattr(node, "node", None)
+    op = getattr(inner, "op_overload", None)
+    op = str(op) if op is not None else str(getattr(inner, "python_kernel_name", None)).replace("extern_kernels.", "aten.")
+    if not hasattr(node, "get_read_write_buffer_accesses"):
+        return KernelBytes(name=node.get_name(), kind=type(node).__name__, op=op,
+                           reads={"all": node.get_read_write_buffers_sizes()}, writes={})
+    return KernelBytes(name=node.get_name(), kind=type(node).__name__, op=op,
                        reads=dict(node.get_read_write_buffer_accesses(include_reads=True, include_writes=False)),
                        writes=dict(node.get_read_write_buffer_accesses(include_reads=False, include_writes=True)))
 

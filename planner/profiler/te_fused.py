@@ -26,11 +26,13 @@ Which ops are fused, and what each kernel reads and writes per element (bf16 act
 Attention runs TE's DotProductAttention, which picks cuDNN's fused attention (FusedAttention,
 F16_arbitrary_seqlen) for causal bf16 attention on sm90 and later (transformer_engine/pytorch/attention/
 dot_product_attention/utils.py get_attention_backend; common/fused_attn/fused_attn.cpp, TE v2.16): timed
-at the GPU's published cuDNN figures (GPU.te_attention_efficiency; the H100's chip only), else at the
-GPU's attention figures as the eager block. Under Megatron's --deterministic-mode TE disables
-FusedAttention below sm90 and runs cuDNN's deterministic backward on sm90 and later (utils.py 1293-1356,
-fused_attn.cpp 459-466, v2.16): no published figure for that backward, so it is timed as the
-non-deterministic one (the config reader says so).
+at the GPU's published cuDNN figures (GPU.te_attention_efficiency: NVIDIA/cudnn-frontend's training SDPA
+benchmark on H200 for the H100's chip, on GB200 and on B200), else at the GPU's attention figures as the
+eager block (A100, where TE under deterministic mode runs FlashAttention-2). Under Megatron's
+--deterministic-mode TE disables FusedAttention below sm90 and runs cuDNN's deterministic backward on sm90
+and later (utils.py 1293-1356, fused_attn.cpp 459-466, v2.16): this record times the non-deterministic
+backward; the cost model adds the deterministic kernel's extra time where its rate is published
+(planner/cost/jobsettings.py deterministic_attention_ms; the config reader says where it is not).
 The linears: Megatron-core's TE spec builds one linear_qkv (Q, K and V in one weight) and, under
 SwiGLU, one linear_fc1 (gate and up, 2 x ffn_hidden_size wide; megatron/core/transformer/attention.py
 1406-1409, mlp.py 198-204, 6e091e1b): one GEMM each where the eager LLaMA block runs three and two,

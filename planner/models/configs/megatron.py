@@ -449,11 +449,12 @@ def _test_settings(flags: _Flags, job: Job) -> None:
         "Engine's GEMM, norm and attention outputs filled with NaN before it is written (--deterministic-mode); "
         "TE's deterministic "
         "attention backward (cuDNN's on sm90+, FlashAttention-2's below: dot_product_attention/utils.py 1293-1356, "
-        "1436-1442, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) has no published rate and is timed as "
-        "the non-deterministic kernel", bool, False))
+        "1436-1442, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) at cuDNN's published deterministic rate "
+        "where there is one (GB200), else timed as the non-deterministic kernel", bool, False))
     if modelled.deterministic:
         flags.notes.append("--deterministic-mode: torch's NaN fill of Transformer Engine's outputs is charged; "
-                           "its deterministic attention backward is not (no published rate: timed as the "
+                           "its deterministic attention backward at cuDNN's published rate on GB200 only (none "
+                           "published for H100, B200, nor FlashAttention-2's on A100: timed there as the "
                            "non-deterministic kernel)")
 
 
