@@ -711,6 +711,24 @@ def test_megatron_expert_parallelism_past_the_data_parallel_ranks_names_the_scri
     run_ok("evaluate", "--from-megatron", script, "--gpus", "32")
 
 
+@pytest.mark.parametrize("trainer, model", [("pretrain_bert.py", "BERT, a bidirectional encoder"),
+                                            ("../../pretrain_hybrid.py", "a hybrid of Mamba, attention and MoE"),
+                                            ("examples/t5/pretrain_t5.py", "T5, an encoder-decoder"),
+                                            ("pretrain_mine.py", "not Megatron-LM's GPT trainer")])
+def test_a_megatron_script_of_another_trainer_is_refused_not_planned_as_a_gpt(tmp_path, trainer, model):
+    """Megatron-LM's examples/bert/train_bert_340m_distributed.sh (d98e8a64) runs pretrain_bert.py: given a
+    --vocab-size, its flags were scored as a GPT's and nothing said so; examples/mamba/train.sh runs
+    pretrain_hybrid.py and was refused as not giving --num-layers, which would not have helped."""
+    script = tmp_path / "train.sh"
+    script.write_text(f"torchrun --nproc_per_node 8 --nnodes 1 {trainer} --num-layers 8 --hidden-size 256 "
+                      "--num-attention-heads 8 --seq-length 128 --vocab-size 1024 --bf16\n")
+    said = " ".join(run("evaluate", "--from-megatron", script).output.split())
+    assert f"runs {trainer.rsplit('/', 1)[-1]}, " in said and model in said, said
+    assert "ckplan reads the decoder-only models pretrain_gpt.py trains" in said and "Traceback" not in said
+    script.write_text(script.read_text().replace(trainer, "pretrain_gpt.py"))
+    run_ok("evaluate", "--from-megatron", script)
+
+
 def test_megatron_gpu_count_from_the_launcher_line_is_not_called_a_gpus_option(tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --num-layers 8 --hidden-size 256 "

@@ -15,7 +15,7 @@ from pathlib import Path
 from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, pending
-from planner.models.configs.megatron_files import script_pairs, text_of, torchrun_world, yaml_pairs
+from planner.models.configs.megatron_files import check_trainer, script_pairs, text_of, torchrun_world, yaml_pairs
 from planner.models.configs.megatron_flags import (
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
@@ -48,6 +48,7 @@ def read(path: Path) -> Job:
         extras = yaml_extras(yaml.safe_load(text))  # valid: yaml_pairs parsed it
     else:
         script = read_script(text, where)
+        check_trainer(script.trainer, where)
         pairs, world, notes = script_pairs(script.args, where), torchrun_world(script.launcher_args), script.notes
     job = from_pairs(pairs, where)
     for name, value, status, what in extras:
