@@ -800,3 +800,25 @@ def test_a_float8_jobs_mfu_says_its_peak():
     bf16 = " ".join(run_ok("evaluate", "--from-torchtitan", CONFIGS / "torchtitan_llama3_8b.toml", "--gpus", "8")
                     .output.split())
     assert "of the dense BF16 peak (torchtitan" in bf16 and "FP8 peak" not in bf16
+
+
+def test_torchtitan_deepseek_v3_16b_flavor_is_read_as_deepseek_v2_lite():
+    """torchtitan's own deepseek_v3_16b.toml (fixture, copied at 238fa9953e4a) was refused as a flavor ckplan
+    did not know. Its flavor (torchtitan/models/deepseek_v3/__init__.py, "16B") has DeepSeek-V2-Lite's
+    dimensions; the built-in's parameters equal a hand count of torchtitan's modules at those dimensions."""
+    from planner.models import archs
+    from planner.profiler import analytic
+
+    summary = evaluated("--from-torchtitan", "torchtitan_deepseek_v3_16b.toml", "--gpus", "8")
+    assert (summary["model"], summary["dp"], summary["zero"], summary["micro_batch_size"]) == \
+        ("deepseek-v2-lite", 8, 3, 4)
+    said = {s["name"]: s["status"] for s in summary["settings"]}
+    assert said["parallelism.expert_parallel_degree"] == "modelled"
+    assert said["activation_checkpoint.selective_ac_option"] == "not modelled"  # op SAC: dense blocks only
+    vocab, dim, inter, moe_inter, layers, dense, heads, experts, shared = 102400, 2048, 10944, 1408, 27, 1, 16, 64, 2
+    kv_lora, nope, rope, v_dim = 512, 128, 64, 128
+    attention = (dim * heads * (nope + rope) + dim * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+                 + heads * v_dim * dim + 2 * dim)  # wq, wkv_a, kv_norm, wkv_b, wo; the block's two norms
+    moe = experts * 3 * dim * moe_inter + shared * 3 * dim * moe_inter + dim * experts  # experts, shared, router
+    hand = 2 * vocab * dim + dim + layers * attention + dense * 3 * dim * inter + (layers - dense) * moe
+    assert analytic.total_params(archs.arch("deepseek-v2-lite")) == hand == 15_706_484_224
