@@ -822,3 +822,16 @@ def test_torchtitan_deepseek_v3_16b_flavor_is_read_as_deepseek_v2_lite():
     moe = experts * 3 * dim * moe_inter + shared * 3 * dim * moe_inter + dim * experts  # experts, shared, router
     hand = 2 * vocab * dim + dim + layers * attention + dense * 3 * dim * inter + (layers - dense) * moe
     assert analytic.total_params(archs.arch("deepseek-v2-lite")) == hand == 15_706_484_224
+
+
+def test_ckplans_own_megatron_export_without_a_launch_line_says_the_line_to_add(tmp_path):
+    """`evaluate --from-megatron` of the file `export --to megatron` wrote said only that no line runs a
+    trainer: the export sets CKPLAN_MEGATRON_ARGS and leaves the launch (and the vocabulary) to the user."""
+    path = tmp_path / "plan.megatron.sh"
+    path.write_text("# ckplan plan plan.yaml for Megatron-LM.\nCKPLAN_MEGATRON_ARGS=(\n    --num-layers 4\n)\n"
+                    '# pretrain_gpt.py ... "${CKPLAN_MEGATRON_ARGS[@]}"\n')
+    said = " ".join(run("evaluate", "--from-megatron", path).output.split())
+    assert "is ckplan's Megatron-LM export: it sets CKPLAN_MEGATRON_ARGS and runs no trainer" in said
+    assert 'pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}" --vocab-size N' in said
+    path.write_text("ARGS=(\n    --num-layers 4\n)\n")
+    assert "no line runs a Megatron-LM trainer" in run("evaluate", "--from-megatron", path).output
