@@ -268,3 +268,23 @@ def test_torchtitan_export_of_deepseek_v2_lite_refines_torchtitans_16b_config(tm
     assert "this ckplan plan is for 27 decoder layers" in text
     assert "config.parallelism.expert_parallel_degree = 8" in text
     compile(text, "titan.py", "exec")
+
+
+def test_ep_on_a_fake_profile_says_fake_profiles_record_no_experts():
+    """A --fake profile of an --hf-config mixture of experts (Mixtral, Qwen2-MoE, Phi-3.5-MoE) records no routed
+    experts: --ep was refused as if the model were dense ("a dense model, or a profile made before experts
+    were recorded")."""
+    from pathlib import Path
+
+    from planner import io
+    from planner.commands.setup_options import check_ep
+    from planner.errors import UserError
+
+    measured = io.load_profile(Path(__file__).parent / "fixtures" / "chunked-milp-profile.json")
+    assert not any(layer.expert_param_count for layer in measured.layers)
+    with pytest.raises(UserError, match="a dense model, or a profile made before experts were recorded"):
+        check_ep(measured, ep=2, dp=2, shard_group=None, ep_bandwidth=None)
+    fake = measured.model_copy(update={"source": "fake"})
+    with pytest.raises(UserError, match="a --fake profile records none .* profile the mixture of experts without "
+                                        "--fake"):
+        check_ep(fake, ep=2, dp=2, shard_group=None, ep_bandwidth=None)
