@@ -162,3 +162,20 @@ def test_an_hf_config_goes_through_profile_solve_and_launch_reference_without_a_
            "--microbatches", "2", "--out", "plan.yaml")
     result = run_ok("launch", "plan.yaml", "--steps", "2", "--warmup-steps", "0", "--reference")
     assert "the pipeline trains like one process" in result.output
+
+
+def test_a_measured_hf_config_profile_records_its_sequence_length(tmp_path, monkeypatch):
+    """ckplan's model file feeds --seq-len tokens, but the measured profile did not record them: solve said
+    'the profile records no sequence length' and the exports 'set it as your example_batch() makes it', to a
+    user who wrote no example_batch(). A --fake profile recorded it already."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS["phi3"]))
+    run_ok("profile", "--hf-config", "config.json", "--seq-len", "16", "--micro-batch-size", "2", "--repeats", "1",
+           "--warmup", "0", "--threads", "1", "--out", "p.json")
+    assert io.load_profile(tmp_path / "p.json").assumptions["seq_len"] == 16
+    said = " ".join(run_ok("solve", "--profile", "p.json", "--stages", "2", "--mem", "1GB", "--microbatches", "2",
+                           "--out", "plan.yaml").output.split())
+    assert "the profile records no sequence length, or no GPU whose peak MFU is taken against" in said
+    run_ok("export", "plan.yaml", "--to", "torchtitan", "--torchtitan-version", "0.2.2", "--out", "titan.toml")
+    text = (tmp_path / "titan.toml").read_text()
+    assert "seq_len = 16" in text and "example_batch()" not in text

@@ -110,6 +110,9 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
         dtype=dtype, micro_batch_size=micro_batch_size, warmup=warmup, repeats=repeats, thread_ms=thread_ms,
         shared_ms=shared_ms,
     )
+    if hf_config is not None:  # the length ckplan's model file feeds it: exports and throughput read it
+        seq_len = arch_options["seq_len"] or profile_hf._default_seq_len(config)
+        profile = profile.model_copy(update={"assumptions": {**profile.assumptions, "seq_len": seq_len}})
     profile = with_timing_verdict(profile)
     io.save_profile(profile, out)
     _report(profile, out)
