@@ -40,10 +40,35 @@ CONFIGS = {
     "granite": dict(model_type="granite", embedding_multiplier=12.0, logits_scaling=16.0, residual_multiplier=0.22,
                     attention_multiplier=0.0078125, tie_word_embeddings=True, **SMALL),
     "cohere": dict(model_type="cohere", logit_scale=0.0625, tie_word_embeddings=True, **SMALL),
+    # more mixtures of experts on the experts contract: Qwen3-MoE (head_dim its own), OLMoE, GraniteMoE (with
+    # Granite's multipliers)
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      tie_word_embeddings=False, **SMALL),
+    "olmoe": dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=None, tie_word_embeddings=False,
+                  **SMALL),
+    "granitemoe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
+                       logits_scaling=16.0, residual_multiplier=0.22, tie_word_embeddings=True, **SMALL),
 }
 TIED = {"llama": False, "qwen2": True, "qwen3": False, "mistral": False, "gemma": True, "gpt2": True, "mixtral": False,
         "qwen2_moe": False, "phi3": False, "olmo2": False, "starcoder2": True, "phimoe": False, "granite": True,
-        "cohere": True}
+        "cohere": True, "qwen3_moe": False, "olmoe": False, "granitemoe": True}
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "phimoe", "qwen3_moe", "olmoe", "granitemoe"])
+def test_each_mixture_of_experts_family_follows_the_experts_contract(family):
+    """The profile records routing and --ep splits the experts only where the layer's experts follow
+    planner/runtime/routing.py's contract: 4 experts stacked, each token's 2 copies routed."""
+    import torch
+
+    from planner.runtime import routing
+
+    build_model, example_batch = hfmodels.model_file(CONFIGS[family], seq_len=16)
+    layer = build_model().layers[0]
+    (name, experts), = routing.find_experts(layer)
+    assert name.endswith("experts") and experts.num_experts == 4
+    with torch.no_grad():
+        found = routing.layer_routing(layer, torch.randn(3, 16, 64))
+    assert len(found.routed_tokens) == 4 and sum(found.routed_tokens) == 3 * 16 * 2
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
