@@ -835,3 +835,28 @@ def test_ckplans_own_megatron_export_without_a_launch_line_says_the_line_to_add(
     assert 'pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}" --vocab-size N' in said
     path.write_text("ARGS=(\n    --num-layers 4\n)\n")
     assert "no line runs a Megatron-LM trainer" in run("evaluate", "--from-megatron", path).output
+
+
+def test_megatron_distributed_optimizer_instances_shard_within_groups(tmp_path):
+    """--num-distributed-optimizer-instances K shards the distributed optimizer over dp / K ranks and
+    replicates it K times (megatron-core parallel_state.py 918-929 at d98e8a64). ckplan's Megatron-LM export
+    writes it for a plan in shard groups, and --from-megatron charged one instance over all the ranks, so the
+    export did not read back as its plan. bf16-mixed Adam: 12 B a parameter of optimizer state, so groups of
+    2 of 8 ranks hold (1/2 - 1/8) / (1 - 1/8) = 3/7 of what sharding over all 8 saves against no sharding."""
+    script = tmp_path / "train.sh"
+    base = ("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --num-layers 8 --hidden-size 256 "
+            "--num-attention-heads 8 --seq-length 128 --vocab-size 1024 --swiglu --bf16")
+
+    def static(extra: str) -> dict:
+        script.write_text(f"{base} {extra}\n")
+        return json.loads(run_ok("evaluate", "--from-megatron", script, "--json").stdout)
+
+    whole, sharded, groups = (static(extra)["ranks"][0]["static_bytes"] for extra in (
+        "", "--use-distributed-optimizer", "--use-distributed-optimizer --num-distributed-optimizer-instances 4"))
+    assert (groups - sharded) * 7 == (whole - sharded) * 3
+    ignored = static("--num-distributed-optimizer-instances 4")
+    assert ignored["ranks"][0]["static_bytes"] == whole
+    assert any("no distributed optimizer to split" in note for note in ignored["notes"])
+    script.write_text(f"{base} --use-distributed-optimizer --num-distributed-optimizer-instances 3\n")
+    said = " ".join(run("evaluate", "--from-megatron", script).output.split())
+    assert "--num-distributed-optimizer-instances 3 must divide the 8 data-parallel ranks" in said

@@ -310,6 +310,9 @@ def _parallel(flags: _Flags, job: Job) -> None:
         if strategy not in FSDP_ZERO:
             raise UserError(f"--data-parallel-sharding-strategy {strategy!r}: give one of {', '.join(FSDP_ZERO)}")
         job.zero = FSDP_ZERO[strategy]
+    job.dp_replicate = _positive("--num-distributed-optimizer-instances", flags.take(
+        "--num-distributed-optimizer-instances", "the distributed optimizer sharded within groups of the data-parallel "
+        "ranks, replicated across this many (megatron-core parallel_state.py 918-929)", int, 1))
     flags.take("--overlap-grad-reduce", "gradient reduce-scatter overlapped with the backward (as the cost model "
                                        "charges Megatron-LM's runtime)", bool)
     flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool)
