@@ -383,6 +383,11 @@ def test_measured_profile_needs_mem(tmp_path):
     ({"num_key_value_heads": 3}, "num_attention_heads 14 is not a multiple of num_key_value_heads 3"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' with model_type 'qwen2' is not read"),
     ({"model_type": "qwen3_next"}, "model_type 'qwen3_next' is not read"),
+    # a family --arch-config does not read but --hf-config builds: the refusal says the way that works
+    ({"model_type": "phi3"}, "model_type 'phi3' is not read; --arch-config reads"),
+    ({"model_type": "granite"}, "`ckplan profile --hf-config CONFIG --fake` runs transformers' own granite code"),
+    ({"model_type": "phimoe", "num_local_experts": 16}, "for model_type mixtral, qwen3_moe; `ckplan profile "
+                                                        "--hf-config CONFIG --fake` runs transformers' own phimoe"),
     ({"attention_dropout": 0.1}, "attention_dropout = 0.1; dropout is not modelled"),
     ({"mlp_bias": True}, "mlp_bias is true"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
@@ -396,6 +401,7 @@ def test_arch_config_refuses_bad_fields_in_one_sentence(tmp_path, change, messag
     assert result.exit_code == 1 and message in out, out
     assert "Traceback" not in out and len(out.strip().splitlines()) == 1
     assert not (tmp_path / "p.json").exists()
+    assert ("--hf-config CONFIG --fake" in out) == (config.get("model_type") in ("phi3", "granite", "phimoe"))
 
 
 @pytest.mark.parametrize("args,message", [

@@ -250,3 +250,41 @@ def test_torchtitan_export_sets_expert_parallel_degree(tmp_path):
 
     degree = int(re.search(r"expert_parallel_degree = (\d+)", text).group(1))
     assert ParallelismConfig(expert_parallel_degree=degree, data_parallel_shard_degree=8).expert_parallel_degree == 8
+
+
+def test_torchtitan_export_of_deepseek_v2_lite_refines_torchtitans_16b_config(tmp_path):
+    """torchtitan's deepseek_v3 "16B" flavor has DeepSeek-V2-Lite's dimensions (deepseek_v3/__init__.py
+    _16b at b5bcd76c and in the 0.3.0 release: 27 layers, 1 dense, 64 experts top 6, kv_lora_rank 512), and
+    deepseek_v3_16b is its config function: the export names it rather than asking for --torchtitan-base."""
+    from fixtures.cli import run_ok
+
+    run_ok("profile", "--arch", "deepseek-v2-lite", "--seq-len", "1024", "--micro-batch-size", "1", "--out",
+           tmp_path / "p.json")
+    run_ok("solve", "--profile", tmp_path / "p.json", "--stages", "1", "--dp", "8", "--ep", "8", "--zero", "3",
+           "--microbatches", "2", "--precision", "bf16-mixed", "--runtime", "torchtitan", "--out", tmp_path / "plan.yaml")
+    run_ok("export", tmp_path / "plan.yaml", "--to", "torchtitan", "--out", tmp_path / "titan.py")
+    text = (tmp_path / "titan.py").read_text()
+    assert "from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_16b as base_config" in text
+    assert "this ckplan plan is for 27 decoder layers" in text
+    assert "config.parallelism.expert_parallel_degree = 8" in text
+    compile(text, "titan.py", "exec")
+
+
+def test_ep_on_a_fake_profile_says_fake_profiles_record_no_experts():
+    """A --fake profile of an --hf-config mixture of experts (Mixtral, Qwen2-MoE, Phi-3.5-MoE) records no routed
+    experts: --ep was refused as if the model were dense ("a dense model, or a profile made before experts
+    were recorded")."""
+    from pathlib import Path
+
+    from planner import io
+    from planner.commands.setup_options import check_ep
+    from planner.errors import UserError
+
+    measured = io.load_profile(Path(__file__).parent / "fixtures" / "chunked-milp-profile.json")
+    assert not any(layer.expert_param_count for layer in measured.layers)
+    with pytest.raises(UserError, match="a dense model, or a profile made before experts were recorded"):
+        check_ep(measured, ep=2, dp=2, shard_group=None, ep_bandwidth=None)
+    fake = measured.model_copy(update={"source": "fake"})
+    with pytest.raises(UserError, match="a --fake profile records none .* profile the mixture of experts without "
+                                        "--fake"):
+        check_ep(fake, ep=2, dp=2, shard_group=None, ep_bandwidth=None)

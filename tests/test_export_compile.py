@@ -186,3 +186,35 @@ def test_a_quoted_array_expansion_is_a_word_per_element():
     script = 'A=(\n    --num-layers 4\n    # a comment\n    --hidden-size 8\n    "x y"\n)\npython pretrain_gpt.py "${A[@]}" --z\n'
     assert read_script(script, "t.sh").args == ["--num-layers", "4", "--hidden-size", "8", "x y", "--z"]
     assert read_script('A=()\npython pretrain_gpt.py "${A[@]}" --q\n', "t.sh").args == ["--q"]
+
+
+@pytest.mark.parametrize("zero, strategy, group", [(1, None, None), (2, "optim_grads", None),
+                                                   (3, "optim_grads_params", None), (1, None, 2)])
+def test_megatron_export_of_a_one_stage_zero_plan_reads_back_as_that_zero(tmp_path, profile_path, zero, strategy,
+                                                                          group):
+    """A one-stage plan under ZeRO 2 or 3 was exported with --use-distributed-optimizer alone (ZeRO 1), and
+    re-scored as ZeRO 3: a DeepSeek-V2-Lite plan on 8 H100s said 55.4 GiB, and the file read back by
+    --from-megatron scored 59.9 GiB. ZeRO 2 and 3 are written as Megatron FSDP, which the reader reads as
+    that ZeRO, with the checkpoint format Megatron-LM asserts for it (arguments.py at d98e8a64). Shard groups
+    are written as --num-distributed-optimizer-instances, which the reader charged as one instance."""
+    import json
+
+    from planner.models.configs import megatron
+
+    plan = tmp_path / "plan.yaml"
+    run_ok("solve", "--profile", profile_path, "--stages", "1", "--dp", "4", "--zero", str(zero), "--microbatches",
+           "2", "--mem", "80GB", "--precision", "bf16-mixed", "--runtime", "megatron",
+           *(("--shard-group", str(group)) if group else ()), "--out", plan)
+    run_ok("export", plan, "--to", "megatron", "--out", tmp_path / "args.sh")
+    text = (tmp_path / "args.sh").read_text()
+    assert ("--use-megatron-fsdp" in text) == (strategy is not None)
+    assert (f"--data-parallel-sharding-strategy {strategy}" in text) == (strategy is not None)
+    assert ("--ckpt-format fsdp_dtensor" in text) == (strategy is not None)
+    assert ("--num-distributed-optimizer-instances 2" in text) == (group is not None)
+    script = tmp_path / "train.sh"
+    script.write_text(text + 'torchrun --nproc_per_node 4 pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}" '
+                             "--vocab-size 8000\n")
+    assert megatron.read(script).zero == zero  # the reader of --from-megatron
+    summary = json.loads(run_ok("evaluate", "--from-megatron", script, "--json").stdout)
+    assert summary["zero"] == zero
+    assert summary["ranks"][0]["peak_bytes"] == io.load_plan(plan).stages[0].predicted.peak_bytes

@@ -734,6 +734,24 @@ def test_megatron_expert_parallelism_past_the_data_parallel_ranks_names_the_scri
     run_ok("evaluate", "--from-megatron", script, "--gpus", "32")
 
 
+@pytest.mark.parametrize("trainer, model", [("pretrain_bert.py", "BERT, a bidirectional encoder"),
+                                            ("../../pretrain_hybrid.py", "a hybrid of Mamba, attention and MoE"),
+                                            ("examples/t5/pretrain_t5.py", "T5, an encoder-decoder"),
+                                            ("pretrain_mine.py", "not Megatron-LM's GPT trainer")])
+def test_a_megatron_script_of_another_trainer_is_refused_not_planned_as_a_gpt(tmp_path, trainer, model):
+    """Megatron-LM's examples/bert/train_bert_340m_distributed.sh (d98e8a64) runs pretrain_bert.py: given a
+    --vocab-size, its flags were scored as a GPT's and nothing said so; examples/mamba/train.sh runs
+    pretrain_hybrid.py and was refused as not giving --num-layers, which would not have helped."""
+    script = tmp_path / "train.sh"
+    script.write_text(f"torchrun --nproc_per_node 8 --nnodes 1 {trainer} --num-layers 8 --hidden-size 256 "
+                      "--num-attention-heads 8 --seq-length 128 --vocab-size 1024 --bf16\n")
+    said = " ".join(run("evaluate", "--from-megatron", script).output.split())
+    assert f"runs {trainer.rsplit('/', 1)[-1]}, " in said and model in said, said
+    assert "ckplan reads the decoder-only models pretrain_gpt.py trains" in said and "Traceback" not in said
+    script.write_text(script.read_text().replace(trainer, "pretrain_gpt.py"))
+    run_ok("evaluate", "--from-megatron", script)
+
+
 def test_megatron_gpu_count_from_the_launcher_line_is_not_called_a_gpus_option(tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --num-layers 8 --hidden-size 256 "
@@ -805,3 +823,63 @@ def test_a_float8_jobs_mfu_says_its_peak():
     bf16 = " ".join(run_ok("evaluate", "--from-torchtitan", CONFIGS / "torchtitan_llama3_8b.toml", "--gpus", "8")
                     .output.split())
     assert "of the dense BF16 peak (torchtitan" in bf16 and "FP8 peak" not in bf16
+
+
+def test_torchtitan_deepseek_v3_16b_flavor_is_read_as_deepseek_v2_lite():
+    """torchtitan's own deepseek_v3_16b.toml (fixture, copied at 238fa9953e4a) was refused as a flavor ckplan
+    did not know. Its flavor (torchtitan/models/deepseek_v3/__init__.py, "16B") has DeepSeek-V2-Lite's
+    dimensions; the built-in's parameters equal a hand count of torchtitan's modules at those dimensions."""
+    from planner.models import archs
+    from planner.profiler import analytic
+
+    summary = evaluated("--from-torchtitan", "torchtitan_deepseek_v3_16b.toml", "--gpus", "8")
+    assert (summary["model"], summary["dp"], summary["zero"], summary["micro_batch_size"]) == \
+        ("deepseek-v2-lite", 8, 3, 4)
+    said = {s["name"]: s["status"] for s in summary["settings"]}
+    assert said["parallelism.expert_parallel_degree"] == "modelled"
+    assert said["activation_checkpoint.selective_ac_option"] == "not modelled"  # op SAC: dense blocks only
+    vocab, dim, inter, moe_inter, layers, dense, heads, experts, shared = 102400, 2048, 10944, 1408, 27, 1, 16, 64, 2
+    kv_lora, nope, rope, v_dim = 512, 128, 64, 128
+    attention = (dim * heads * (nope + rope) + dim * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+                 + heads * v_dim * dim + 2 * dim)  # wq, wkv_a, kv_norm, wkv_b, wo; the block's two norms
+    moe = experts * 3 * dim * moe_inter + shared * 3 * dim * moe_inter + dim * experts  # experts, shared, router
+    hand = 2 * vocab * dim + dim + layers * attention + dense * 3 * dim * inter + (layers - dense) * moe
+    assert analytic.total_params(archs.arch("deepseek-v2-lite")) == hand == 15_706_484_224
+
+
+def test_ckplans_own_megatron_export_without_a_launch_line_says_the_line_to_add(tmp_path):
+    """`evaluate --from-megatron` of the file `export --to megatron` wrote said only that no line runs a
+    trainer: the export sets CKPLAN_MEGATRON_ARGS and leaves the launch (and the vocabulary) to the user."""
+    path = tmp_path / "plan.megatron.sh"
+    path.write_text("# ckplan plan plan.yaml for Megatron-LM.\nCKPLAN_MEGATRON_ARGS=(\n    --num-layers 4\n)\n"
+                    '# pretrain_gpt.py ... "${CKPLAN_MEGATRON_ARGS[@]}"\n')
+    said = " ".join(run("evaluate", "--from-megatron", path).output.split())
+    assert "is ckplan's Megatron-LM export: it sets CKPLAN_MEGATRON_ARGS and runs no trainer" in said
+    assert 'pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}" --vocab-size N' in said
+    path.write_text("ARGS=(\n    --num-layers 4\n)\n")
+    assert "no line runs a Megatron-LM trainer" in run("evaluate", "--from-megatron", path).output
+
+
+def test_megatron_distributed_optimizer_instances_shard_within_groups(tmp_path):
+    """--num-distributed-optimizer-instances K shards the distributed optimizer over dp / K ranks and
+    replicates it K times (megatron-core parallel_state.py 918-929 at d98e8a64). ckplan's Megatron-LM export
+    writes it for a plan in shard groups, and --from-megatron charged one instance over all the ranks, so the
+    export did not read back as its plan. bf16-mixed Adam: 12 B a parameter of optimizer state, so groups of
+    2 of 8 ranks hold (1/2 - 1/8) / (1 - 1/8) = 3/7 of what sharding over all 8 saves against no sharding."""
+    script = tmp_path / "train.sh"
+    base = ("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --num-layers 8 --hidden-size 256 "
+            "--num-attention-heads 8 --seq-length 128 --vocab-size 1024 --swiglu --bf16")
+
+    def static(extra: str) -> dict:
+        script.write_text(f"{base} {extra}\n")
+        return json.loads(run_ok("evaluate", "--from-megatron", script, "--json").stdout)
+
+    whole, sharded, groups = (static(extra)["ranks"][0]["static_bytes"] for extra in (
+        "", "--use-distributed-optimizer", "--use-distributed-optimizer --num-distributed-optimizer-instances 4"))
+    assert (groups - sharded) * 7 == (whole - sharded) * 3
+    ignored = static("--num-distributed-optimizer-instances 4")
+    assert ignored["ranks"][0]["static_bytes"] == whole
+    assert any("no distributed optimizer to split" in note for note in ignored["notes"])
+    script.write_text(f"{base} --use-distributed-optimizer --num-distributed-optimizer-instances 3\n")
+    said = " ".join(run("evaluate", "--from-megatron", script).output.split())
+    assert "--num-distributed-optimizer-instances 3 must divide the 8 data-parallel ranks" in said

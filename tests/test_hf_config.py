@@ -27,9 +27,48 @@ CONFIGS = {
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, **SMALL),
     "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                       shared_expert_intermediate_size=64, **SMALL),
+    # LLaMA-shaped layers with their own parts: Phi-3's fused qkv and gate_up (its pad_token_id, 32000 by
+    # default, past this vocabulary), OLMo 2's q/k norms and norms after attention and MLP, StarCoder2's
+    # biases, LayerNorms, GeLU MLP and embedding dropout, Phi-3.5-MoE's experts
+    "phi3": dict(model_type="phi3", pad_token_id=None, tie_word_embeddings=False, **SMALL),
+    "olmo2": dict(model_type="olmo2", tie_word_embeddings=False, **SMALL),
+    "starcoder2": dict(model_type="starcoder2", embedding_dropout=0.1, tie_word_embeddings=True, **SMALL),
+    "phimoe": dict(model_type="phimoe", num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+                   **SMALL),
+    # scales applied in the models' forward(), outside any layer: Granite's embedding_multiplier and
+    # logits_scaling, Cohere's logit_scale (the chain must apply them to equal forward())
+    "granite": dict(model_type="granite", embedding_multiplier=12.0, logits_scaling=16.0, residual_multiplier=0.22,
+                    attention_multiplier=0.0078125, tie_word_embeddings=True, **SMALL),
+    "cohere": dict(model_type="cohere", logit_scale=0.0625, tie_word_embeddings=True, **SMALL),
+    # more mixtures of experts on the experts contract: Qwen3-MoE (head_dim its own), OLMoE, GraniteMoE (with
+    # Granite's multipliers)
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      tie_word_embeddings=False, **SMALL),
+    "olmoe": dict(model_type="olmoe", num_experts=4, num_experts_per_tok=2, pad_token_id=None, tie_word_embeddings=False,
+                  **SMALL),
+    "granitemoe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
+                       logits_scaling=16.0, residual_multiplier=0.22, tie_word_embeddings=True, **SMALL),
 }
 TIED = {"llama": False, "qwen2": True, "qwen3": False, "mistral": False, "gemma": True, "gpt2": True, "mixtral": False,
-        "qwen2_moe": False}
+        "qwen2_moe": False, "phi3": False, "olmo2": False, "starcoder2": True, "phimoe": False, "granite": True,
+        "cohere": True, "qwen3_moe": False, "olmoe": False, "granitemoe": True}
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "phimoe", "qwen3_moe", "olmoe", "granitemoe"])
+def test_each_mixture_of_experts_family_follows_the_experts_contract(family):
+    """The profile records routing and --ep splits the experts only where the layer's experts follow
+    planner/runtime/routing.py's contract: 4 experts stacked, each token's 2 copies routed."""
+    import torch
+
+    from planner.runtime import routing
+
+    build_model, example_batch = hfmodels.model_file(CONFIGS[family], seq_len=16)
+    layer = build_model().layers[0]
+    (name, experts), = routing.find_experts(layer)
+    assert name.endswith("experts") and experts.num_experts == 4
+    with torch.no_grad():
+        found = routing.layer_routing(layer, torch.randn(3, 16, 64))
+    assert len(found.routed_tokens) == 4 and sum(found.routed_tokens) == 3 * 16 * 2
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
@@ -55,6 +94,34 @@ def test_each_family_cuts_into_layers_that_compute_the_models_own_forward(family
     with torch.no_grad():
         first, second = (modelfile.check_chain(layers, batch)[-1] for batch in (inputs, changed))
     assert torch.allclose(first[:, :8], second[:, :8], atol=1e-5) and not torch.allclose(first, second)
+
+
+def test_new_families_parameters_by_hand():
+    # one decoder layer at hidden 64, 4 heads of 16, 2 KV heads, MLP 128
+    attention, mlp = 64 * 64 * 2 + 64 * 32 * 2, 3 * 64 * 128
+    per_layer = {
+        "phi3": attention + mlp + 2 * 64,  # qkv_proj (64 x 128) and gate_up_proj fused: the same weights
+        "olmo2": attention + mlp + 64 + 32 + 2 * 64,  # q_norm over 4 x 16, k_norm over 2 x 16
+        "starcoder2": attention + (64 + 32 + 32 + 64) + 2 * 64 * 128 + 128 + 64 + 2 * 2 * 64,  # biases, GeLU MLP
+        "granite": attention + mlp + 2 * 64,
+        "cohere": attention + mlp + 64,  # one LayerNorm (no bias): attention and MLP read it in parallel
+    }
+    for family, count in per_layer.items():
+        model = hfmodels.model_file(CONFIGS[family], seq_len=16)[0]()
+        assert sum(p.numel() for p in model.layers[0].parameters()) == count, family
+
+
+def test_a_default_pad_token_past_a_small_vocabulary_is_refused_in_one_sentence(tmp_path):
+    # Phi3Config's pad_token_id defaults to 32000: --hf-set vocab_size=256 made transformers' nn.Embedding
+    # raise an AssertionError, printed as a traceback
+    config = {key: value for key, value in CONFIGS["phi3"].items() if key != "pad_token_id"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = run("profile", "--hf-config", str(tmp_path), "--out", str(tmp_path / "p.json"))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert ("the phi3 config's pad_token_id 32000 (transformers' default, the config giving none) is not below its "
+            "vocab_size 256") in " ".join(result.output.split())
+    assert not (tmp_path / "p.json").exists()
+    hfmodels.check_config({**config, "pad_token_id": None}, seq_len=16)
 
 
 def test_configs_ckplan_cannot_build_are_refused_in_one_sentence(tmp_path):
@@ -120,3 +187,20 @@ def test_an_hf_config_goes_through_profile_solve_and_launch_reference_without_a_
            "--microbatches", "2", "--out", "plan.yaml")
     result = run_ok("launch", "plan.yaml", "--steps", "2", "--warmup-steps", "0", "--reference")
     assert "the pipeline trains like one process" in result.output
+
+
+def test_a_measured_hf_config_profile_records_its_sequence_length(tmp_path, monkeypatch):
+    """ckplan's model file feeds --seq-len tokens, but the measured profile did not record them: solve said
+    'the profile records no sequence length' and the exports 'set it as your example_batch() makes it', to a
+    user who wrote no example_batch(). A --fake profile recorded it already."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS["phi3"]))
+    run_ok("profile", "--hf-config", "config.json", "--seq-len", "16", "--micro-batch-size", "2", "--repeats", "1",
+           "--warmup", "0", "--threads", "1", "--out", "p.json")
+    assert io.load_profile(tmp_path / "p.json").assumptions["seq_len"] == 16
+    said = " ".join(run_ok("solve", "--profile", "p.json", "--stages", "2", "--mem", "1GB", "--microbatches", "2",
+                           "--out", "plan.yaml").output.split())
+    assert "the profile records no sequence length, or no GPU whose peak MFU is taken against" in said
+    run_ok("export", "plan.yaml", "--to", "torchtitan", "--torchtitan-version", "0.2.2", "--out", "titan.toml")
+    text = (tmp_path / "titan.toml").read_text()
+    assert "seq_len = 16" in text and "example_batch()" not in text

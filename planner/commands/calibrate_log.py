@@ -23,8 +23,8 @@ def run(*, log_path: Path, plan_path: Path | None, from_megatron: Path | None, f
         raise UserError(f"{log_path} has no line in Megatron-LM's format (`[Rank N] (after K iterations) memory (MB) "
                         "| ...`, `iteration I/ T | ... elapsed time per iteration (ms): ...`) or torchtitan's "
                         "(`step: N  loss: ...  memory: X GiB(Y%)  tps: ...`); give the training's log")
-    prediction, source = _prediction(plan_path, from_megatron, from_torchtitan, gpus=gpus, gpu=gpu,
-                                     gpus_per_node=gpus_per_node)
+    prediction, source, left_out = _prediction(plan_path, from_megatron, from_torchtitan, gpus=gpus, gpu=gpu,
+                                               gpus_per_node=gpus_per_node)
     found = fromlog.residuals(log, prediction)
     fitted = fromlog.fit(log, found)
     if as_json:
@@ -33,9 +33,9 @@ def run(*, log_path: Path, plan_path: Path | None, from_megatron: Path | None, f
             "residuals": [{"rank": r.rank, "term": r.term, "predicted": r.predicted, "logged": r.logged,
                            "error": r.error} for r in found],
             "fitted": [{"name": n, "value": v, "how": how} for n, v, how in fitted.fitted],
-            "not_identified": fitted.unidentified}, indent=2))
+            "not_identified": fitted.unidentified, "left_out": left_out}, indent=2))
         return
-    _print(log_path, log, found, fitted, source)
+    _print(log_path, log, found, fitted, source, left_out)
 
 
 def _read(path: Path) -> str:
@@ -54,7 +54,7 @@ def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_pe
     if len(configs) != 1:
         raise UserError("give what the log ran: one of PLAN, --from-megatron FILE or --from-torchtitan FILE.toml")
     if plan_path is not None:
-        return _plan_prediction(plan_path), str(plan_path)
+        return _plan_prediction(plan_path), str(plan_path), []
     from planner.commands.evaluate_config import predict, read_job
     from planner.models import archs
 
@@ -65,7 +65,8 @@ def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_pe
     return fromlog.Prediction(static_bytes=[c.after_step_bytes for c in costs], peak_bytes=[c.peak_bytes for c in costs],
                               reserved_bytes=[c.reserved_bytes for c in costs], iteration_ms=p.cost.iteration_ms,
                               tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, mfu=p.mfu(archs.gpu(gpu)),
-                              world=p.gpus, tokens_per_gpu_step=p.tokens_per_iteration / p.gpus), job.source
+                              world=p.gpus, tokens_per_gpu_step=p.tokens_per_iteration / p.gpus), job.source, \
+        [f"{s.name} {s.value}".strip() for status in ("not modelled", "unknown") for s in job.of(status)]
 
 
 def _plan_prediction(plan_path: Path):
@@ -96,7 +97,7 @@ def _plan_prediction(plan_path: Path):
                               tokens_per_gpu_step=tokens / world)
 
 
-def _print(log_path: Path, log, found, fitted, source: str) -> None:
+def _print(log_path: Path, log, found, fitted, source: str, left_out: list[str]) -> None:
     from planner.console import console, info, table
     from planner.units import format_bytes, format_ms
 
@@ -116,6 +117,10 @@ def _print(log_path: Path, log, found, fitted, source: str) -> None:
     console.print(table(f"{log_path} ({log.framework}, {log.steps} step lines) against {source}: "
                         "(logged - predicted) / predicted", ["rank", "term", "predicted", "logged", "residual"],
                         rows, right_from=2))
+    if left_out:
+        # the residuals hold what the prediction leaves out: said before anything is fitted to them
+        info(f"the prediction leaves out {len(left_out)} setting(s) {source} gives, not modelled or unknown "
+             f"(`ckplan evaluate` lists them): {', '.join(left_out)}; the residuals include their effect")
     for name, value, how in fitted.fitted:
         info(f"fitted {name}: {value:.3g} ({how})")
     for what in fitted.unidentified:

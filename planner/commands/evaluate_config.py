@@ -188,13 +188,30 @@ def _data_parallel(job, dp: int, notes: list[str]):
     if dp == 1:
         return DataParallelOptions(ep=job.ep)
     if job.framework == "megatron":
-        return DataParallelOptions(dp=dp, zero=job.zero, ep=job.ep)
+        return DataParallelOptions(dp=dp, zero=job.zero, shard_group=_optimizer_group(job, dp, notes), ep=job.ep)
     if dp % job.dp_replicate:
         raise UserError(f"data_parallel_replicate_degree {job.dp_replicate} does not divide data parallelism {dp}")
     shard = dp // job.dp_replicate
     if shard == 1:  # replicas only: DDP
         return DataParallelOptions(dp=dp, ep=job.ep)
     return DataParallelOptions(dp=dp, zero=3, shard_group=shard if job.dp_replicate > 1 else None, ep=job.ep)
+
+
+def _optimizer_group(job, dp: int, notes: list[str]) -> int | None:
+    """The ranks each distributed-optimizer instance shards over (--num-distributed-optimizer-instances
+    replicas of it across the data-parallel domain, megatron-core parallel_state.py 918-929 at d98e8a64)."""
+    instances = job.dp_replicate
+    if instances == 1:
+        return None
+    if job.zero == 0:
+        notes.append(f"--num-distributed-optimizer-instances {instances}: no distributed optimizer to split "
+                     "(--use-distributed-optimizer not given), no effect")
+        return None
+    if dp % instances or dp == instances:
+        raise UserError(f"--num-distributed-optimizer-instances {instances} must divide the {dp} data-parallel ranks "
+                        "(Megatron-LM asserts it) and leave 2 or more in each instance (one rank an instance shards "
+                        "nothing: drop it and --use-distributed-optimizer)")
+    return dp // instances
 
 
 def _with_settings(options, job):

@@ -61,7 +61,8 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
 
     \b
     With --hf-config CONFIG instead of MODEL.py: a Hugging Face causal LM
-    (llama, qwen2, qwen3, mistral, gemma, gpt2, mixtral, qwen2_moe) built from its config with random
+    (llama, qwen2, qwen3, mistral, gemma, gpt2, phi3, olmo2, starcoder2, granite,
+    cohere, mixtral, qwen2_moe, phimoe, qwen3_moe, olmoe, granitemoe) built from its config with random
     weights, at --seq-len tokens, measured like a model file; ckplan writes
     that model file (hf_<name>.py) beside the profile for launch and compare.
     """
@@ -109,6 +110,9 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
         dtype=dtype, micro_batch_size=micro_batch_size, warmup=warmup, repeats=repeats, thread_ms=thread_ms,
         shared_ms=shared_ms,
     )
+    if hf_config is not None:  # the length ckplan's model file feeds it: exports and throughput read it
+        seq_len = arch_options["seq_len"] or profile_hf._default_seq_len(config)
+        profile = profile.model_copy(update={"assumptions": {**profile.assumptions, "seq_len": seq_len}})
     profile = with_timing_verdict(profile)
     io.save_profile(profile, out)
     _report(profile, out)

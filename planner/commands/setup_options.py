@@ -418,6 +418,10 @@ def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth
         raise UserError("--ep-bandwidth is the experts' all-to-all bandwidth; it needs --ep 2 or more")
     if ep == 1:
         return
+    if not any(layer.expert_param_count for layer in profile.layers) and profile.source == "fake":
+        raise UserError(f"--ep {ep} splits routed experts, and a --fake profile records none (routing needs the "
+                        "tokens' values, which a fake tensor has not): profile the mixture of experts without "
+                        "--fake (a smaller --hf-set config), or with --arch or --arch-config")
     if not any(layer.expert_param_count for layer in profile.layers):
         raise UserError(f"--ep {ep} splits routed experts, and this profile has none (a dense model, or a profile "
                         "made before experts were recorded); drop --ep, or profile a mixture-of-experts model with "

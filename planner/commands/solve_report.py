@@ -167,7 +167,8 @@ def throughput_of(profile, setup, iteration_ms: float):
 def throughput_line(found) -> str:
     """The figures in one sentence, as the frameworks' logs print them."""
     if found is None:
-        return "tokens/s and MFU: not known (the profile records no sequence length; analytic profiles do)"
+        return ("tokens/s and MFU: not known (the profile records no sequence length, or no GPU whose peak MFU is "
+                "taken against: a model file's profile measured on the CPU)")
     line = f"as the frameworks log it, on {found.gpus} GPUs: {found.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
     if found.torchtitan_mfu is not None:
         line += (f", torchtitan mfu {found.torchtitan_mfu:.1%}; Megatron-LM throughput "

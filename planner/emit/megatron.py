@@ -399,14 +399,29 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
         lines.append(arg("--sequence-parallel"))
     if setup.training.precision == "bf16-mixed":
         lines.append(arg("--bf16"))
-    if setup.data_parallel.zero >= 1:
-        lines.append(arg("--use-distributed-optimizer"))
-        replicas = dataparallel.replicas(setup)
-        if replicas > 1:  # megatron-core: the DP domain split into this many distributed-optimizer copies
-            lines.append(arg("--num-distributed-optimizer-instances", replicas))
+    lines += _zero_arguments(setup)
     lines += _test_settings(setup.training)
     body = "\n".join(f"    {rounding.one_line(line)}" for line in lines)
     return f"CKPLAN_MEGATRON_ARGS=(\n{body}\n)\n# pretrain_gpt.py ... \"${{CKPLAN_MEGATRON_ARGS[@]}}\"\n"
+
+
+def _zero_arguments(setup) -> list[str]:
+    """ZeRO 1 as the distributed optimizer; ZeRO 2 and 3 (one stage: dp_support rounds a pipeline's to 1)
+    as Megatron FSDP sharding gradients, and weights too, as --from-megatron reads them back (FSDP_ZERO).
+    Megatron-LM d98e8a64 arguments.py: Megatron FSDP (v1) sets the distributed optimizer itself and
+    asserts --ckpt-format fsdp_dtensor."""
+    zero = setup.data_parallel.zero
+    if zero == 0:
+        return []
+    lines = [arg("--use-distributed-optimizer")]
+    if zero >= 2:
+        strategy = {2: "optim_grads", 3: "optim_grads_params"}[zero]
+        lines += [arg("--use-megatron-fsdp"), arg("--data-parallel-sharding-strategy", strategy),
+                  arg("--ckpt-format", "fsdp_dtensor")]
+    replicas = dataparallel.replicas(setup)
+    if replicas > 1:  # megatron-core: the DP domain split into this many distributed-optimizer copies
+        lines.append(arg("--num-distributed-optimizer-instances", replicas))
+    return lines
 
 
 def _test_settings(training) -> list[str]:

@@ -37,8 +37,18 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
     if model_type and model_type not in (*GATED_TYPES, *MOE_TYPES):
         raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
                         f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
-                        "is read as LLaMA-style)")
+                        f"is read as LLaMA-style){_built_from_code(model_type)}")
     return _checked_heads(_gated(config, where, name, model_type), where)
+
+
+def _built_from_code(model_type: str) -> str:
+    """Where `profile --hf-config` builds the family (planner/models/hfmodels.py), the way to it."""
+    from planner.models.hfmodels import FAMILIES
+
+    if model_type not in FAMILIES:
+        return ""
+    return ("; `ckplan profile --hf-config CONFIG --fake` runs transformers' own "
+            f"{model_type} code at full size, and its profile goes to `solve` and to `search --profile`")
 
 
 def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
@@ -182,7 +192,7 @@ def _refuse_unmodelled(config: dict, where: str, model_type: str) -> None:
             raise UserError(f"{where}: {key} = {value!r} is a mixture-of-experts or latent-attention setting that "
                             f"is not read for model_type {model_type or 'unset'!r}, and read as absent it would plan "
                             f"the model as dense with far too little memory; --arch-config reads it for model_type "
-                            f"{', '.join(readers)}")
+                            f"{', '.join(readers)}{_built_from_code(model_type)}")
 
 
 def _need(config: dict, key: str, where: str) -> int:

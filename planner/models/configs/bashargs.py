@@ -31,6 +31,11 @@ def read_script(text: str, where: str) -> Script:
     shell = _Shell(where)
     lines = _logical_lines(text)
     shell.run(lines)
+    if shell.launch is None and "CKPLAN_MEGATRON_ARGS" in shell.vars:
+        raise UserError(f"{where} is ckplan's Megatron-LM export: it sets CKPLAN_MEGATRON_ARGS and runs no trainer; "
+                        "read the script that launches it, or add its launch line, e.g. `torchrun --nproc_per_node 8 "
+                        "pretrain_gpt.py \"${CKPLAN_MEGATRON_ARGS[@]}\" --vocab-size N` (the export leaves the "
+                        "vocabulary to your tokenizer)")
     if shell.launch is None:
         raise UserError(f"{where}: no line runs a Megatron-LM trainer (pretrain_gpt.py or another pretrain_*.py); "
                         "give the script that launches training, or the arguments as a YAML mapping")

@@ -15,7 +15,7 @@ from pathlib import Path
 from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, pending
-from planner.models.configs.megatron_files import script_pairs, text_of, torchrun_world, yaml_pairs
+from planner.models.configs.megatron_files import check_trainer, script_pairs, text_of, torchrun_world, yaml_pairs
 from planner.models.configs.megatron_flags import (
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
@@ -48,6 +48,7 @@ def read(path: Path) -> Job:
         extras = yaml_extras(yaml.safe_load(text))  # valid: yaml_pairs parsed it
     else:
         script = read_script(text, where)
+        check_trainer(script.trainer, where)
         pairs, world, notes = script_pairs(script.args, where), torchrun_world(script.launcher_args), script.notes
     job = from_pairs(pairs, where)
     for name, value, status, what in extras:
@@ -309,6 +310,9 @@ def _parallel(flags: _Flags, job: Job) -> None:
         if strategy not in FSDP_ZERO:
             raise UserError(f"--data-parallel-sharding-strategy {strategy!r}: give one of {', '.join(FSDP_ZERO)}")
         job.zero = FSDP_ZERO[strategy]
+    job.dp_replicate = _positive("--num-distributed-optimizer-instances", flags.take(
+        "--num-distributed-optimizer-instances", "the distributed optimizer sharded within groups of the data-parallel "
+        "ranks, replicated across this many (megatron-core parallel_state.py 918-929)", int, 1))
     flags.take("--overlap-grad-reduce", "gradient reduce-scatter overlapped with the backward (as the cost model "
                                        "charges Megatron-LM's runtime)", bool)
     flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool)

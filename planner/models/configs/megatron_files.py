@@ -20,6 +20,29 @@ def text_of(path: Path) -> str:
                         "script or YAML of its arguments") from None
 
 
+# The trainers at Megatron-LM d98e8a64ddf3 other than pretrain_gpt.py (the repository's root and examples/),
+# and the model each trains: none is the decoder-only GPT model the flags are read as.
+OTHER_TRAINERS = {
+    "pretrain_bert.py": "BERT, a bidirectional encoder with its own heads",
+    "pretrain_t5.py": "T5, an encoder-decoder",
+    "pretrain_mamba.py": "a Mamba state-space model",
+    "pretrain_hybrid.py": "a hybrid of Mamba, attention and MoE layers",
+    "pretrain_hybrid_flex.py": "a hybrid of Mamba, attention and MoE layers",
+    "pretrain_vlm.py": "a vision-language model",
+    "pretrain_mimo.py": "a multimodal model",
+}
+
+
+def check_trainer(trainer: str, where: str) -> None:
+    """Refuse a script whose trainer is not pretrain_gpt.py: its flags describe another model, which the
+    GPT reader would plan as a GPT without a word."""
+    name = trainer.rsplit("/", 1)[-1]
+    if name != "pretrain_gpt.py":
+        what = f"which trains {OTHER_TRAINERS[name]}" if name in OTHER_TRAINERS else "not Megatron-LM's GPT trainer"
+        raise UserError(f"{where} runs {name}, {what}; ckplan reads the decoder-only models pretrain_gpt.py "
+                        "trains, and would plan this one as a GPT: give a pretrain_gpt.py script")
+
+
 def script_pairs(args: list[str], where: str) -> list[tuple[str, list[str]]]:
     """(flag, its values) in order; a word before any flag is refused."""
     pairs: list[tuple[str, list[str]]] = []

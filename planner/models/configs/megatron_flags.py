@@ -88,8 +88,6 @@ NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "-
 # those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
 NOT_MODELLED = {
     "--yaml-cfg": "more arguments in another YAML file, which is not read: give them in this file",
-    "--num-distributed-optimizer-instances": "the distributed optimizer sharded over a part of data parallelism and "
-                                             "replicated across the instances: charged as one instance over all of it",
     "--fp16-lm-cross-entropy": "the cross-entropy on fp16 logits (fp16 runs): charged as the fp32 loss region",
     "--no-overlap-p2p-communication": "pipeline sends not overlapped with compute: time",
     "--ddp-bucket-size": "gradient-reduction bucket size: how much of the reduction overlaps the backward (time)",

@@ -3,7 +3,8 @@ torchtitan/config/job_config.py defines them and flavors as torchtitan/models/ll
 (llama3_args) builds them, both read at pytorch/torchtitan 238fa9953e4a (2026-02, the last commit
 with TOML train configs): 8B dim 4096 x 32 layers, 70B 8192 x 80, 405B 16384 x 126, 8 KV heads,
 vocab 128256, rope_theta 500000 = ckplan's llama3-8b, llama3-70b, llama3.1-405b; qwen3's dense
-flavors are ckplan's qwen3-* built-ins, read from torchtitan/models/qwen3/__init__.py at the same commit.
+flavors are ckplan's qwen3-* built-ins, read from torchtitan/models/qwen3/__init__.py at the same commit;
+deepseek_v3's 16B flavor (deepseek_v3/__init__.py) has DeepSeek-V2-Lite's dimensions: ckplan's deepseek-v2-lite.
 `parallelism.data_parallel_shard_degree = -1` takes the GPUs the other degrees leave; FSDP2
 shards over dp_shard (ZeRO 3) and replicates over dp_replicate (HSDP); without a pipeline
 `training.local_batch_size` is one microbatch a rank, with one it is split into
@@ -22,7 +23,8 @@ from planner.models.configs import Job, Recompute, pending
 
 # (model.name, model.flavor) -> ckplan's built-in architecture (see the module docstring)
 FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
-           ("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+           ("deepseek_v3", "671B"): "deepseek-v3", ("deepseek_v3", "16B"): "deepseek-v2-lite",
+           ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
            **{("qwen3", size): f"qwen3-{size.lower()}" for size in ("0.6B", "1.7B", "4B", "8B", "14B", "32B")}}
 # whole sections that change neither memory nor time
 NO_EFFECT_SECTIONS = {"job": "job name and output folder", "profiling": "profiler traces", "metrics": "logging",
