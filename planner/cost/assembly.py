@@ -37,8 +37,8 @@ from planner.schema import (
 )
 
 # A plan fits when every stage's peak stays this far below its cap. 4 KiB is nothing next
-# to a device, and it absorbs the MILP solver's feasibility tolerance (~1e-7 GiB per row),
-# so the solver, the baselines and any brute force agree on what fits.
+# to a device. Every solver and evaluate() take the same margin, so it absorbs no solver
+# tolerance: the MILP is held to evaluate's verdict to the byte (milp.solve_within_caps).
 FIT_MARGIN_BYTES = 4096
 
 
