@@ -53,6 +53,28 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
     assert cost.iteration_ms == pytest.approx(expected)
 
 
+def test_a_weight_pass_peaks_at_its_largest_layer_not_their_sum():
+    """torch's stage_backward_weight runs a stage's parameter groups one torch.autograd.grad at a
+    time, each one's temporaries gone before the next (torch 2.13 pipelining/_backward.py 281-343):
+    three layers whose weight passes peak 8, 48 and 8 KiB above what is live before them (the
+    profiler's split_peak_bytes) peak at 48 KiB together, not 64."""
+    from planner.schema import RecomputeOption
+
+    def split(item, peak_kib):
+        none = RecomputeOption(name="none", kept_bytes=item.act_bytes, split_held_bytes=4096,
+                               split_input_peak_bytes=8192, split_peak_bytes=peak_kib * 1024)
+        full = RecomputeOption(name="full", kept_bytes=item.input_bytes, recompute_ms=item.fwd_ms,
+                               recompute_peak_bytes=item.act_bytes - item.input_bytes)
+        return item.model_copy(update={"recompute_options": [none, full]})
+
+    base = _profile(3)
+    profile = base.model_copy(update={"layers": [split(item, kib) for item, kib in zip(base.layers, (8, 48, 8))]})
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="ZBV", chunks=2, mem_caps_bytes=[2**40] * 2)
+    sums = costmodel.stage_sums(costmodel.layer_costs(profile), [0, 0, 0], stage=1, profile=profile,
+                                setup=costmodel.stages_view(setup, costmodel.schedule_of(setup)))
+    assert sums.weight_pass_peak_bytes == 48 * 1024
+
+
 def test_zero_bubble_keeps_activations_until_the_weight_gradient():
     """With no boundary tensors and no transient, a ZBV rank's peak is its microbatches past F
     and before W (2P per rank, the zero-bubble paper's ZB-V) times what a stage keeps."""

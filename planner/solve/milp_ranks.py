@@ -51,7 +51,7 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         unsent.append(costmodel.rank_tied_once_bytes(problem.profile, pinned, setup) / MIB)
         held = [term for memory in memories for term in memory.held] + unsent
         pending = [[_run_sum(problem, "wgrad", k, n)] if split else [] for k in stages]
-        weight_pass = [_run_sum(problem, "wpeak", k, n) if split else 0 for k in stages]
+        weight_pass = [_weight_pass_bound(problem, k, n) if split else 0 for k in stages]
         # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
         # input peak on top of what every layer of the stage leaves for the weight pass
         input_pass = [_input_pass_bound(problem, k, n) if split else 0 for k in stages]
@@ -89,6 +89,22 @@ def _input_pass_bound(problem: Problem, k: int, n):
             present = _presence(problem, f"u_{k}_{g}", n(k, g), run.size)
             problem.lp += bound >= max(peaks) / MIB * present, f"input_pass_{k}_{g}"
     return bound + _run_sum(problem, "wgrad", k, n)
+
+
+def _weight_pass_bound(problem: Problem, k: int, n):
+    """V_k ≥ the weight-pass peak of every (run, option) present in stage k, the run's layers under
+    no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums)."""
+    bound = pulp.LpVariable(f"V_{k}", lowBound=0)
+    for g, run in enumerate(problem.runs):
+        order = problem.order[g]
+        counts = [(0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order))]
+        counts += [(o, problem.r[k, g, o]) for o in order]
+        for o, count in counts:
+            peak = _layer(problem, ("wpeak",), run.layer, o)
+            if peak > 0:
+                present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
+                problem.lp += bound >= peak / MIB * present, f"weight_pass_{k}_{g}_{o}"
+    return bound
 
 
 def _weighted(vector: tuple[int, ...], per_count: list[list]):
