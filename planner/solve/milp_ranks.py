@@ -86,13 +86,16 @@ def _run_sum(problem: Problem, quantity: str, k: int, n):
 
 def _input_pass_bound(problem: Problem, k: int, n):
     """U_k ≥ the input peak of every run present in stage k (under any of its options), plus what
-    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes."""
-    bound = pulp.LpVariable(f"U_{k}", lowBound=_const(problem, ("extra",), k) / MIB)  # the loss's backward
+    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes.
+    On the pipeline's last stage the gradient of its output (the logits) stays through the pass
+    (assembly.stage_sums), on top of every layer's input peak; the loss's backward is its own."""
+    last = problem.runs[-1].layer.output_bytes if k == problem.setup.pipeline.stages - 1 else 0
+    bound = pulp.LpVariable(f"U_{k}", lowBound=max(_const(problem, ("extra",), k), last) / MIB)
     for g, run in enumerate(problem.runs):
         peaks = [_layer(problem, ("ipeak",), run.layer, o) for o in (0, *problem.order[g])]
         if max(peaks) > 0:
             present = _presence(problem, f"u_{k}_{g}", n(k, g), run.size)
-            problem.lp += bound >= max(peaks) / MIB * present, f"input_pass_{k}_{g}"
+            problem.lp += bound >= (max(peaks) + last) / MIB * present, f"input_pass_{k}_{g}"
     return bound + _run_sum(problem, "wgrad", k, n)
 
 
