@@ -159,7 +159,7 @@ def test_the_milps_rank_rows_agree_with_the_evaluator(schedule, cuts, mask, late
     problem.lp.setObjective(pulp.lpSum(var for var in problem.lp.variables() if var.name.startswith(free[:1] + free[2:])))
     problem.lp.solve(milp._HiGHS(msg=False, threads=threads))
     assert problem.lp.sol_status == pulp.LpSolutionOptimal
-    for rank, stage in enumerate(cost.stages):
+    for rank in range(len(cost.stages)):
         rows = [row for row in problem.lp.constraints()
                 if row.name.startswith(f"live_{rank}_") or row.name.startswith(("pass_B_", "pass_I_", "pass_W_"))
                 and row.name.split("_")[2] == str(rank)]
@@ -175,7 +175,7 @@ def test_the_milps_rank_rows_agree_with_the_evaluator(schedule, cuts, mask, late
 def _training_peak(ranks, rank, profile, setup_):
     """The rank's peak at its training moments under evaluate (score.rank_cost): held all iteration
     less the late gradients, + its live bytes, transient and late gradients at the peak's moment."""
-    from planner.cost import score, schedules
+    from planner.cost import schedules, score
 
     order = costmodel.schedule_of(setup_)
     chunks = score.placed_chunks(ranks, profile, order)

@@ -71,7 +71,6 @@ from planner.solve.milp_rows import (  # noqa: F401
     _step_end_row,
 )
 
-
 # The rows that hold a byte count under a cap (milp_rows, milp_ranks): the stage's peak, the
 # optimizer step's, the step's end, a chunked rank's every moment, the host's
 MEMORY_ROWS = ("cap_", "step_cap_", "step_end_", "live_", "pass_", "host_cap_")
@@ -93,12 +92,11 @@ def solve_within_caps(problem: Problem, over_bytes: Callable[[Problem], int], *,
     plan within a few bytes of its cap that only a tightened row refuses is given up so: said
     here, the price of never handing a plan that does not fit."""
     result = solve(problem, time_limit_s=deadline.remaining_s(), **kwargs)
-    bound = _tolerance_bytes(problem)
     for tightening in range(TIGHTEN_ROUNDS):
         if result.status not in ("optimal", "feasible"):
             return result
         over = over_bytes(problem)
-        if not over or over > bound:
+        if not over or over > _tolerance_bytes(problem):
             return result
         for row in problem.lp.constraints():
             if row.name.startswith(MEMORY_ROWS):
