@@ -10,6 +10,7 @@ from fixtures.cli import run, run_ok
 from planner.cost import costmodel, schedules
 from planner.models.synthetic import layer, profile_of
 from planner.schema import StagePlan, TrainSetup
+from planner.solve import search
 
 MIB = 2**20
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -51,6 +52,55 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
     order = costmodel.schedule_of(setup)
     expected = schedules.simulate_time(order, stage_times=[schedules.StageTimes(2.0, 2.0, 2.0)] * 4).makespan_ms
     assert cost.iteration_ms == pytest.approx(expected)
+
+
+def test_a_weight_pass_peaks_at_its_largest_layer_not_their_sum():
+    """torch's stage_backward_weight runs a stage's parameter groups one torch.autograd.grad at a
+    time, each one's temporaries gone before the next (torch 2.13 pipelining/_backward.py 281-343):
+    three layers whose weight passes peak 8, 48 and 8 KiB above what is live before them (the
+    profiler's split_peak_bytes) peak at 48 KiB together, not 64."""
+    from planner.schema import RecomputeOption
+
+    def split(item, peak_kib):
+        none = RecomputeOption(name="none", kept_bytes=item.act_bytes, split_held_bytes=4096,
+                               split_input_peak_bytes=8192, split_peak_bytes=peak_kib * 1024)
+        full = RecomputeOption(name="full", kept_bytes=item.input_bytes, recompute_ms=item.fwd_ms,
+                               recompute_peak_bytes=item.act_bytes - item.input_bytes)
+        return item.model_copy(update={"recompute_options": [none, full]})
+
+    base = _profile(3)
+    profile = base.model_copy(update={"layers": [split(item, kib) for item, kib in zip(base.layers, (8, 48, 8))]})
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="ZBV", chunks=2, mem_caps_bytes=[2**40] * 2)
+    sums = costmodel.stage_sums(costmodel.layer_costs(profile), [0, 0, 0], stage=1, profile=profile,
+                                setup=costmodel.stages_view(setup, costmodel.schedule_of(setup)))
+    assert sums.weight_pass_peak_bytes == 48 * 1024
+
+
+def test_the_chunked_milp_charges_late_gradients_only_where_a_chunk_holds_them():
+    """torchtitan beside a pipeline (FSDP2, ZeRO 3 kept whole) allocates a stage's fp32 gradients
+    at its first backward and frees them after its last (planner/cost/gradtiming.py). P = 2 x V = 2,
+    M = 2, one layer a stage (256 MiB kept, 1 MiB boundary tensors, 1M parameters, so G = 4 B x 1M
+    = 4,000,000 bytes a chunk): rank 0 runs F F F F B B B B and peaks after its four forwards, 4 x
+    256 MiB live and no gradient yet, so its peak is static - 2 G + buffers + 4 x 256 MiB. The
+    chunked MILP charged 2 G at every moment (8 MB over evaluate): at that --mem it recomputed
+    blocks.2; it now takes the plan that recomputes nothing, and refuses it a byte below."""
+    profile = profile_of([layer(f"blocks.{i}", "Block", fwd_ms=10, act_mib=256, input_mib=1, recompute_ms=50,
+                                param_count=1_000_000) for i in range(4)])
+
+    def setup(cap):
+        return TrainSetup(stages=2, microbatches=2, micro_batch_size=1, schedule="interleaved-1F1B", chunks=2,
+                          mem_caps_bytes=[cap] * 2, dp=2, zero=3, zero_gather="per-iteration", runtime="torchtitan",
+                          precision="bf16-mixed")
+
+    plain = _ranks(profile, setup(2**50), per_stage=1)
+    rank0 = costmodel.evaluate(plain, profile, setup(2**50)).stages[0]
+    late = 2 * 4 * 1_000_000
+    assert rank0.peak_bytes == rank0.static_bytes - late + rank0.buffer_bytes + 4 * 256 * MIB
+    need = rank0.peak_bytes + costmodel.FIT_MARGIN_BYTES
+    found = search.plan(profile, setup(need), solver="milp")
+    assert isinstance(found, search.PlanResult) and not any(rank.recompute for rank in found.stages)
+    below = search.plan(profile, setup(need - 1), solver="milp")
+    assert not isinstance(below, search.PlanResult) or any(rank.recompute for rank in below.stages)
 
 
 def test_zero_bubble_keeps_activations_until_the_weight_gradient():

@@ -251,21 +251,26 @@ def test_gradients_made_at_the_first_backward_meet_one_microbatch_fewer():
 
 
 def test_a_rank_of_two_chunks_meets_each_chunks_gradients_as_the_others_activations_leave():
-    from planner.cost import gradtiming
-    from planner.cost.schedules import Action
+    from planner.cost.schedules import Action, ChunkBytes, Schedule, rank_peak
 
-    def a(chunk, kind):
-        return Action(stage=chunk, chunk=chunk, kind=kind, microbatch=0, unit=0)
+    def a(chunk, kind, mb):
+        return Action(stage=chunk, chunk=chunk, kind=kind, microbatch=mb, unit=0)
+
+    def peak(actions, microbatches):
+        order = Schedule("interleaved-1F1B", num_ranks=1, num_chunks=2, num_microbatches=microbatches,
+                         stage_to_rank=(0, 0), actions=(tuple(actions),))
+        return rank_peak(order, 0, stage_bytes=[ChunkBytes(late_grad=5.0)] * 2)
 
     # F0 F0 F1 F1 | B1 B1 B0 B0, k = 1 per chunk-microbatch, G = 5 per chunk: activations peak at
     # 4 (no gradients yet); after B1: 3 + 5 = 8; chunk 1's last backward reduces its 5 away (torch's
     # pipelining calls FSDP2's post-backward at a stage's M-th backward), so after B1 B1 B0: 1 + 5:
-    # 8 is the most, 4 above the 4 (11, 7 above, were both chunks' gradients held to the step's end)
-    order = [a(0, "F"), a(0, "F"), a(1, "F"), a(1, "F"), a(1, "B"), a(1, "B"), a(0, "B"), a(0, "B")]
-    assert gradtiming.walked(order, [1.0, 1.0], [5.0, 5.0]) == 8.0 - 4.0
-    # a chunk whose weight passes (W) end its backward frees its gradients at its last W
-    split = [a(0, "F"), a(1, "F"), a(1, "I"), a(1, "W"), a(0, "I"), a(0, "W")]
-    assert gradtiming.walked(split, [1.0, 1.0], [5.0, 5.0]) == (1.0 + 5.0) - 2.0
+    # 8 is the most, 5 of it gradients (11 were both chunks' gradients held to the step's end)
+    found = peak([a(0, "F", 0), a(0, "F", 1), a(1, "F", 0), a(1, "F", 1), a(1, "B", 0), a(1, "B", 1), a(0, "B", 0),
+                  a(0, "B", 1)], 2)
+    assert (found.step, found.live, found.late_grads) == (4, 8.0, 5.0)
+    # a chunk whose weight passes (W) end its backward frees its gradients after its last W
+    found = peak([a(0, "F", 0), a(1, "F", 0), a(1, "I", 0), a(1, "W", 0), a(0, "I", 0), a(0, "W", 0)], 1)
+    assert (found.step, found.live, found.late_grads) == (2, 1.0 + 5.0, 5.0)
 
 
 def test_torchtitan_beside_a_pipeline_holds_its_fp32_gradients_from_the_first_backward(tiny):

@@ -26,8 +26,9 @@ allocated so far) + transient, where static (bytes_per_param) charges G all iter
     one stage a rank (1F1B, GPipe), A microbatches in flight of k bytes, M microbatches:
         1F1B with A < M: a forward follows the first backward, A in flight again beside G: A k + G
         otherwise (GPipe; 1F1B's stage 0 when A = M): max(A k, (A - 1) k + G)
-    several stages a rank (interleaved): walked over torch's action order, chunk c's G_c from its
-        first backward until its last.
+    several stages a rank (interleaved): at every moment of torch's action order, chunk c's G_c
+        counted from its first backward until its last (schedules.rank_peak, ChunkBytes.late_grad;
+        the chunked MILP's rows count them at the same moments: planner/solve/milp_ranks.py).
 This is the term that orders LLaMA 3.1 405B's interleaved 1F1B below its 1F1B (torchtitan's
 Table 5): every rank runs all its chunks' forwards before a backward, each chunk's gradients
 arrive only as the other chunk's activations leave, and the later chunk's leave at its last
@@ -63,26 +64,3 @@ def one_chunk(lazy: float, *, in_flight: int, kept, microbatches: int, steady: b
     if steady and in_flight < microbatches:
         return lazy
     return maximum(0.0, lazy - kept) if in_flight else lazy
-
-
-def walked(actions: Sequence, kept: Sequence[float], lazy: Sequence[float]) -> float:
-    """The same for a rank of several chunks: over its actions (torch's order; each with .chunk
-    and .kind F, B, I or W), max (Σ live activations + the gradients of chunks past their first
-    backward and not past their last, B or W) less max Σ live activations."""
-    backwards = [sum(a.chunk == c and a.kind in ("B", "W") for a in actions) for c in range(len(kept))]
-    live = [0] * len(kept)
-    started = [False] * len(kept)
-    done = [0] * len(kept)  # each chunk's B or W run so far: its gradients are reduced at the last
-    acts_only, together = 0.0, 0.0
-    for action in actions:
-        if action.kind == "F":
-            live[action.chunk] += 1
-        elif action.kind in ("B", "I"):
-            started[action.chunk] = True
-            live[action.chunk] -= 1
-        acts = sum(n * k for n, k in zip(live, kept))
-        acts_only = max(acts_only, acts)
-        held = sum(g for g, on, n, last in zip(lazy, started, done, backwards) if on and n < last)
-        together = max(together, acts + held)
-        done[action.chunk] += action.kind in ("B", "W")
-    return together - acts_only

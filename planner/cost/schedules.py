@@ -254,6 +254,9 @@ class ChunkBytes:
     transient: float = 0.0  # held over the live bytes while the chunk's B runs (its recompute)
     input_pass_transient: float = 0.0  # ... while its I runs
     weight_pass_transient: float = 0.0  # ... while its W runs (recomputing checkpointed regions again)
+    # the whole gradients a runtime allocates at the chunk's first backward (B or I) and frees
+    # after its last (B or W), its reduce-scatter (planner/cost/gradtiming.py): counted while held
+    late_grad: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,7 @@ class RankPeak:
     live: float  # sum over chunks of the counts times their ChunkBytes, the transient included
     chunks: tuple[ChunkInFlight, ...]
     transient: float = 0.0  # of the chunk whose backward runs at the peak (counts before it); 0: after the action
+    late_grads: float = 0.0  # the chunks' late gradients (ChunkBytes.late_grad) held at the peak, among `live`
 
     @property
     def activations(self) -> int:
@@ -312,7 +316,8 @@ def live_counts(schedule: Schedule, rank: int, *, until_weight_grad: bool) -> li
     order of first appearance: for each chunk, the microbatches live (past F and before I or B;
     with `until_weight_grad`, before W or B), then for each chunk the microbatches past B or W
     (whose output stays: ChunkBytes.sent_output), then past B or I (whose input gradient stays:
-    sent_input_grad), then past I and before W (held_for_weight_grad). A rank's peak for any
+    sent_input_grad), then past I and before W (held_for_weight_grad), then 1 where the chunk holds
+    its late gradients (late_grad: from its first B or I to its last B or W, that one included). A rank's peak for any
     chunk bytes is the largest of these vectors' weighted sums or of backward_moments', so a
     solver can bound it by one linear row each."""
     return list(dict.fromkeys(vector for vector, *_ in _moments(schedule, rank, until_weight_grad)[1]))
@@ -336,11 +341,12 @@ class _Counts:
     wgrad: tuple[int, ...]
     outputs: tuple[int, ...]
     grads: tuple[int, ...]
+    late: tuple[int, ...]  # 1 where the chunk holds its late gradients (ChunkBytes.late_grad)
 
     def vector(self, until_weight_grad: bool) -> tuple[int, ...]:
-        """live_counts' vector: live, outputs, grads, past I before W."""
+        """live_counts' vector: live, outputs, grads, past I before W, late gradients held."""
         live = self.wgrad if until_weight_grad else self.acts
-        return (*live, *self.outputs, *self.grads, *(w - a for w, a in zip(self.wgrad, self.acts)))
+        return (*live, *self.outputs, *self.grads, *(w - a for w, a in zip(self.wgrad, self.acts)), *self.late)
 
 
 def _walk(schedule: Schedule, rank: int) -> list[tuple[int, Action, _Counts, _Counts]]:
@@ -349,12 +355,16 @@ def _walk(schedule: Schedule, rank: int) -> list[tuple[int, Action, _Counts, _Co
     acts, wgrad, outputs, grads = ([0] * chunks for _ in range(4))
     walked = []
     for step, a in enumerate(schedule.actions[rank]):
-        before = _Counts(tuple(acts), tuple(wgrad), tuple(outputs), tuple(grads))
+        # late gradients: made by the chunk's first B or I, freed after its last B or W (the
+        # reduce-scatter that follows it: gradtiming), so held still as that last one ends
+        held = [int(g > 0 and o < schedule.num_microbatches) for g, o in zip(grads, outputs)]
+        before = _Counts(tuple(acts), tuple(wgrad), tuple(outputs), tuple(grads), tuple(held))
         acts[a.chunk] += {"F": 1, "B": -1, "I": -1}.get(a.kind, 0)
         wgrad[a.chunk] += {"F": 1, "B": -1, "W": -1}.get(a.kind, 0)
         outputs[a.chunk] += a.kind in ("B", "W")
         grads[a.chunk] += a.kind in ("B", "I")
-        walked.append((step, a, before, _Counts(tuple(acts), tuple(wgrad), tuple(outputs), tuple(grads))))
+        held[a.chunk] |= a.kind in ("B", "I")
+        walked.append((step, a, before, _Counts(tuple(acts), tuple(wgrad), tuple(outputs), tuple(grads), tuple(held))))
     assert acts == [0] * chunks and wgrad == [0] * chunks, "unbalanced schedule"
     return walked
 
@@ -373,7 +383,7 @@ def _rank_peak(schedule: Schedule, rank: int, stage_bytes: Sequence[ChunkBytes])
     def live(counts: _Counts) -> float:
         return sum(counts.acts[c] * b.freed_at_input_grad + counts.wgrad[c] * b.kept_for_weight_grad
                    + counts.outputs[c] * b.sent_output + counts.grads[c] * b.sent_input_grad
-                   + (counts.wgrad[c] - counts.acts[c]) * b.held_for_weight_grad
+                   + (counts.wgrad[c] - counts.acts[c]) * b.held_for_weight_grad + counts.late[c] * b.late_grad
                    for c, b in enumerate(mine))
 
     best = None
@@ -385,7 +395,8 @@ def _rank_peak(schedule: Schedule, rank: int, stage_bytes: Sequence[ChunkBytes])
             total = live(counts) + transient
             if best is None or total > best.live:
                 chunks = tuple(ChunkInFlight(c, s, counts.acts[c], counts.wgrad[c]) for c, s in enumerate(stages))
-                best = RankPeak(rank, step, total, chunks, transient)
+                late = sum(counts.late[c] * b.late_grad for c, b in enumerate(mine))
+                best = RankPeak(rank, step, total, chunks, transient, late)
     return best
 
 

@@ -7,6 +7,7 @@ each baseline's and every export's rounding, is scored by one body."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from planner.cost import afterstep, allocator, gradtiming, schedules
@@ -105,7 +106,10 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     holds the most (its chunks' in-flight microbatches, the tensors its sends hold, the
     transient of the pass that runs then), the optimizer step's scratch of all its stages."""
     stages = order.stages_of(rank)
+    lazy = late_gradients(order, rank, chunks, setup)
     held = {k: chunk_bytes(chunks[k][0], sums[k], stage=k, order=order, training=setup.training) for k in stages}
+    if order.num_chunks > 1:  # a rank of several chunks: each chunk's late gradients where its actions hold them
+        held = {k: dataclasses.replace(held[k], late_grad=g) for k, g in zip(stages, lazy)}
     peak = schedules.rank_peak(order, rank, stage_bytes=held)
     mine: list[StageSums] = [sums[k] for k in stages]
     tied = rank_tied_once_bytes(profile, [{layer.name for layer in chunks[k][0]} for k in stages], setup) \
@@ -113,12 +117,11 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     static = sum(s.static_bytes for s in mine) + tied
     # the input gradient being sent, among a stage's buffers, is counted by its sends where they are held
     buffers = sum(sums[k].buffer_bytes - held[k].sent_input_grad for k in stages)
-    activations = int(round(peak.live - peak.transient))
+    activations = int(round(peak.live - peak.transient - peak.late_grads))
     transient = int(round(peak.transient))
     scratch = (sum if profile.device.type == "cuda" else max)(s.step_scratch_bytes for s in mine)
-    lazy = late_gradients(order, rank, chunks, setup)
     total = int(round(peak_bytes(static + buffers - sum(lazy), 1, activations,
-                                 transient + gradients_above(order, rank, lazy, mine, setup), scratch)))
+                                 transient + gradients_above(order, rank, lazy, mine, setup, peak), scratch)))
     # the step's end, its own moment: the outputs still kept and the last stage's merge of them
     # (the whole gradients the runtime allocates at a stage's first backward reduced and gone, as at the step)
     last = order.num_stages - 1
@@ -152,14 +155,16 @@ def late_gradients(order: schedules.Schedule, rank: int, chunks, setup: TrainSet
 
 
 def gradients_above(order: schedules.Schedule, rank: int, lazy: Sequence[float], mine: Sequence[StageSums],
-                    setup: TrainSetup) -> float:
-    """What those gradients add above the activations' peak once they exist (gradtiming): in
-    closed form for one stage a rank, over torch's action order for several."""
+                    setup: TrainSetup, peak: schedules.RankPeak) -> float:
+    """What those gradients add at the rank's peak (gradtiming): in closed form for one stage a
+    rank; for several, those the chunks hold at the moment of the peak, which the walk over torch's
+    action order found with them counted (schedules.rank_peak, ChunkBytes.late_grad), as the
+    chunked MILP's rows count them at every moment (milp_ranks._rank_rows)."""
     if not any(lazy):
         return 0.0
     if order.num_chunks == 1:
         return one_chunk_gradients_above(lazy[0], stage=rank, kept=mine[0].kept_bytes, pipeline=setup.pipeline)
-    return gradtiming.walked(order.actions[rank], [s.kept_bytes for s in mine], lazy)
+    return peak.late_grads
 
 
 def one_chunk_gradients_above(lazy: float, *, stage: int, kept, pipeline: PipelineSetup, maximum=max):

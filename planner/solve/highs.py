@@ -55,14 +55,27 @@ def _without_banner() -> None:
     _BANNER_SHOWN = True
 
 
+# How far HiGHS's MIP solver lets a row's activity pass its bound (HiGHS's option
+# mip_feasibility_tolerance, "used for constraints and integrality restrictions" by the MIP solver:
+# ERGO-Code/HiGHS PR #560; default 1e-6 in highspy 1.16.0, HighsOptions.h, read with getOptionValue).
+# The memory rows are in MiB (milp_rows.MIB), so the default let a plan pass its cap by up to
+# 1e-6 MiB, 1.05 bytes: a --mem one byte under a plan's need got that plan from the MILP and then
+# evaluate()'s refusal (SolverMismatch). At 1e-7 MiB (0.105 bytes, the LP solver's own
+# primal_feasibility_tolerance) no row passes its cap by half a byte, so the rounded integer peak
+# evaluate() scores never passes it: the MILP's verdict is evaluate's, to the byte.
+MIP_FEASIBILITY_TOLERANCE = 1e-7
+
+
 class _HiGHS(pulp.HiGHS):
-    """pulp's HiGHS (highspy API) with two additions pulp's bridge lacks:
+    """pulp's HiGHS (highspy API) with three additions pulp's bridge lacks:
     - the objective's constant goes to HiGHS too; without it HiGHS measures its MIP gap
       against a smaller number than the real objective (gaps several times too large);
     - an optional start solution (variable name -> value), e.g. from the best baseline,
-      so a time-limited solve never returns worse than that."""
+      so a time-limited solve never returns worse than that;
+    - the MIP's row tolerance a tenth of a byte on the memory rows (MIP_FEASIBILITY_TOLERANCE)."""
 
     def __init__(self, *args, start: dict[str, float] | None = None, **kwargs):
+        kwargs.setdefault("mip_feasibility_tolerance", MIP_FEASIBILITY_TOLERANCE)
         super().__init__(*args, **kwargs)
         self.start = start
         if not self.msg:

@@ -29,7 +29,8 @@ Bounds. A feasible plan (the best baseline, or incumbent.py's heuristic when bet
 starts HiGHS and bounds τ: (M-1)·τ* ≤ T_feasible - Σ(fwd+bwd) - Σ step / P. That bound also gives
 every stage boundary a window (stages 0..s hold at most (s+1)·τ of plain time, the
 stages after s the rest), which fixes most prefix counts before HiGHS starts. Memory
-rows are in MiB, so HiGHS's row tolerance is ~0.1 byte.
+rows are in MiB, so HiGHS's row tolerance (highs.MIP_FEASIBILITY_TOLERANCE) is ~0.1 byte; its
+integrality tolerance, times a layer's bytes, can be more, which solve_within_caps takes back.
 
 Every coefficient comes from planner.costmodel; after the solve the plan is
 re-scored by costmodel.evaluate() and must agree with the objective.
@@ -37,6 +38,7 @@ re-scored by costmodel.evaluate() and must agree with the objective.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,7 +50,7 @@ from planner.schema import (
     Profile,
     TrainSetup,
 )
-from planner.solve import dpsolve
+from planner.solve import dpsolve, highs
 from planner.solve.deadline import Deadline
 from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
 from planner.solve.milp_ranks import _chunked_time, _rank_rows
@@ -68,6 +70,49 @@ from planner.solve.milp_rows import (  # noqa: F401
     _step_and_host_rows,
     _step_end_row,
 )
+
+# The rows that hold a byte count under a cap (milp_rows, milp_ranks): the stage's peak, the
+# optimizer step's, the step's end, a chunked rank's every moment, the host's
+MEMORY_ROWS = ("cap_", "step_cap_", "step_end_", "live_", "pass_", "host_cap_")
+# How many times solve_within_caps tightens the memory rows (by the excess x 4^round: up to 16,384
+# times a byte's excess) before it lets evaluate's check speak
+TIGHTEN_ROUNDS = 8
+
+
+def solve_within_caps(problem: Problem, over_bytes: Callable[[Problem], int], *, deadline: Deadline,
+                      **kwargs) -> SolveResult:
+    """solve(), its plan held to evaluate()'s caps to the byte. HiGHS keeps an integer variable
+    within mip_feasibility_tolerance of a whole number and computes its rows at that value: a
+    count HiGHS left at 4.2e-9 for 0, on a layer that keeps 227 MiB, lowered a stage's peak row
+    by one byte, so a --mem one byte under the plan's need got the plan, which evaluate() (on the
+    whole counts extract_plan reads) then refused. Where the plan is over its caps by
+    `over_bytes` (evaluate's excess, 0 where it fits) no more than that tolerance can explain
+    (_tolerance_bytes), the memory rows are tightened by the excess, four times more each round,
+    and the problem solved again; a larger excess is left to evaluate's check (a formulation error). A
+    plan within a few bytes of its cap that only a tightened row refuses is given up so: said
+    here, the price of never handing a plan that does not fit."""
+    result = solve(problem, time_limit_s=deadline.remaining_s(), **kwargs)
+    for tightening in range(TIGHTEN_ROUNDS):
+        if result.status not in ("optimal", "feasible"):
+            return result
+        over = over_bytes(problem)
+        if not over or over > _tolerance_bytes(problem):
+            return result
+        for row in problem.lp.constraints():
+            if row.name.startswith(MEMORY_ROWS):
+                row.constant += over * 4**tightening / MIB
+        result = solve(problem, time_limit_s=deadline.remaining_s(), **kwargs)
+    return result
+
+
+def _tolerance_bytes(problem: Problem) -> float:
+    """How many bytes HiGHS's tolerances can take off a memory row at most (generously): the row's
+    own tolerance and each integer variable's, times its coefficient, over every row (a memory
+    row reads continuous variables, the transient's T_s, that other rows bound)."""
+    tol = highs.MIP_FEASIBILITY_TOLERANCE
+    rows = problem.lp.constraints()
+    coefficients = sum(abs(c) for row in rows for v, c in row.items() if v.cat == pulp.LpInteger)
+    return tol * (len(rows) + coefficients) * MIB
 
 
 def find_runs(layers: list[LayerCost]) -> list[Run]:

@@ -26,7 +26,8 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
     """A chunked schedule's memory, per rank over its chunks (costmodel.evaluate):
     held + live(v) ≤ cap_r for every vector v of counts per chunk the rank passes through in
     torch's order (live microbatches × kept, outputs and input gradients its sends hold ×
-    their bytes, microbatches between I and W × what I leaves for W), and
+    their bytes, microbatches between I and W × what I leaves for W, each chunk's late gradients
+    while it holds them), and
     held + live(v) + T_c ≤ cap_r for every vector where chunk c's B or I starts (its transient on
     top; W's own, the weight pass's peak, where its W starts); vectors below another (of the same
     chunk and pass) are dropped.
@@ -50,27 +51,31 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         pinned = ([{names[0]}] if 0 in stages else []) + ([{names[-1]}] if order.num_stages - 1 in stages else [])
         unsent.append(costmodel.rank_tied_once_bytes(problem.profile, pinned, setup) / MIB)
         held = [term for memory in memories for term in memory.held] + unsent
+        # the whole gradients the runtime allocates at a chunk's first backward and frees after its
+        # last (gradtiming; static charges them): out of what is held, counted by the moments that
+        # hold them, as evaluate() counts them (schedules.rank_peak, ChunkBytes.late_grad)
+        late = [_late_grad_mib(problem, [k], n) for k in stages]
+        moments_held = held + [-term for terms in late for term in terms]
         pending = [[_run_sum(problem, "wgrad", k, n)] if split else [] for k in stages]
-        weight_pass = [_run_sum(problem, "wpeak", k, n) if split else 0 for k in stages]
+        weight_pass = [_weight_pass_bound(problem, k, n) if split else 0 for k in stages]
         # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
         # input peak on top of what every layer of the stage leaves for the weight pass
         input_pass = [_input_pass_bound(problem, k, n) if split else 0 for k in stages]
         per_count = ([memory.kept for memory in memories] + [[out] for out in sent_output]
-                     + [[g] for g in sent_grad] + pending)
+                     + [[g] for g in sent_grad] + pending + late)
         cap = _rank_cap_mib(problem, rank)
         live = partial(_weighted, per_count=per_count)
         after = schedules.live_counts(order, rank, until_weight_grad=split)
         for idx, vector in enumerate(_top(after)):
-            lp += pulp.lpSum(held) + live(vector) <= cap, f"live_{rank}_{idx}"
+            lp += pulp.lpSum(moments_held) + live(vector) <= cap, f"live_{rank}_{idx}"
         moments = schedules.backward_moments(order, rank, until_weight_grad=split)
         for chunk, memory in enumerate(memories):
             for kind, extra in (("B", memory.transient), ("I", input_pass[chunk]), ("W", weight_pass[chunk])):
                 vectors = _top([vector for vector, c, k in moments if c == chunk and k == kind])
                 for idx, vector in enumerate(vectors):
-                    lp += pulp.lpSum(held) + live(vector) + extra <= cap, f"pass_{kind}_{rank}_{chunk}_{idx}"
+                    lp += pulp.lpSum(moments_held) + live(vector) + extra <= cap, f"pass_{kind}_{rank}_{chunk}_{idx}"
         # the optimizer step's scratch meets no whole gradient allocated at a first backward
-        late = [-term for term in _late_grad_mib(problem, stages, n)]
-        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent + late)
+        _step_and_host_rows(problem, f"r{rank}", memories, cap, unsent + [-term for terms in late for term in terms])
         _step_end_row(problem, f"r{rank}", stages, held, n, opens, closes, cap)
 
 
@@ -81,14 +86,33 @@ def _run_sum(problem: Problem, quantity: str, k: int, n):
 
 def _input_pass_bound(problem: Problem, k: int, n):
     """U_k ≥ the input peak of every run present in stage k (under any of its options), plus what
-    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes."""
-    bound = pulp.LpVariable(f"U_{k}", lowBound=_const(problem, ("extra",), k) / MIB)  # the loss's backward
+    all of the stage's layers leave for the weight pass: at least costmodel.input_pass_peak_bytes.
+    On the pipeline's last stage the gradient of its output (the logits) stays through the pass
+    (assembly.stage_sums), on top of every layer's input peak; the loss's backward is its own."""
+    last = problem.runs[-1].layer.output_bytes if k == problem.setup.pipeline.stages - 1 else 0
+    bound = pulp.LpVariable(f"U_{k}", lowBound=max(_const(problem, ("extra",), k), last) / MIB)
     for g, run in enumerate(problem.runs):
         peaks = [_layer(problem, ("ipeak",), run.layer, o) for o in (0, *problem.order[g])]
         if max(peaks) > 0:
             present = _presence(problem, f"u_{k}_{g}", n(k, g), run.size)
-            problem.lp += bound >= max(peaks) / MIB * present, f"input_pass_{k}_{g}"
+            problem.lp += bound >= (max(peaks) + last) / MIB * present, f"input_pass_{k}_{g}"
     return bound + _run_sum(problem, "wgrad", k, n)
+
+
+def _weight_pass_bound(problem: Problem, k: int, n):
+    """V_k ≥ the weight-pass peak of every (run, option) present in stage k, the run's layers under
+    no option included: the largest layer's, as evaluate() takes it (assembly.stage_sums)."""
+    bound = pulp.LpVariable(f"V_{k}", lowBound=0)
+    for g, run in enumerate(problem.runs):
+        order = problem.order[g]
+        counts = [(0, n(k, g) - pulp.lpSum(problem.r[k, g, o] for o in order))]
+        counts += [(o, problem.r[k, g, o]) for o in order]
+        for o, count in counts:
+            peak = _layer(problem, ("wpeak",), run.layer, o)
+            if peak > 0:
+                present = _presence(problem, f"v_{k}_{g}_{o}", count, run.size)
+                problem.lp += bound >= peak / MIB * present, f"weight_pass_{k}_{g}_{o}"
+    return bound
 
 
 def _weighted(vector: tuple[int, ...], per_count: list[list]):

@@ -16,8 +16,9 @@ from planner.solve.deadline import Deadline
 from planner.solve.highs import SolveResult, _HiGHS, extract_plan, solve, start_values  # noqa: F401
 
 # Bytes enter the solver in MiB: coefficients stay well conditioned (1e-2 .. 1e5 for
-# models up to ~100 GiB per device) and HiGHS's feasibility tolerance (1e-7 per row)
-# is a tenth of a byte, so a plan the solver accepts never exceeds a cap under evaluate().
+# models up to ~100 GiB per device) and HiGHS's row tolerance (highs.MIP_FEASIBILITY_TOLERANCE,
+# 1e-7 per row) is a tenth of a byte. Its integrality tolerance is not: a count 4e-9 off a whole
+# number on a 227 MiB layer is a byte, taken back by milp.solve_within_caps.
 MIB = float(2**20)
 
 

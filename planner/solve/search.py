@@ -310,8 +310,8 @@ def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_g
         return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
                           "milp")
     milp_start = costmodel.pipeline_stages(start, setup) if start is not None else None
-    result = milp.solve(problem, time_limit_s=deadline.remaining_s(), mip_gap=mip_gap, threads=threads, log=log,
-                        start=milp_start)
+    result = milp.solve_within_caps(problem, lambda solved: _over_caps_bytes(solved, profile, setup), deadline=deadline,
+                                    mip_gap=mip_gap, threads=threads, log=log, start=milp_start)
     if result.status in ("timeout", "error"):  # the start, if there is one, is still the best plan known
         return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
                           "milp", status=result.status)
@@ -322,6 +322,14 @@ def _plan_milp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, mip_g
     if setup.pipeline.chunks > 1:
         return _checked_chunked(milp.extract_plan(problem), profile, setup, result, start, mip_gap=mip_gap)
     return _checked(milp.extract_plan(problem), profile, setup, result)
+
+
+def _over_caps_bytes(problem, profile: Profile, setup: TrainSetup) -> int:
+    """How far the MILP's plan passes the solvers' rows under evaluate() (0 where it meets them)."""
+    cost = costmodel.evaluate(milp.extract_plan(problem), profile, setup)
+    return max(max(0, c.peak_bytes + costmodel.FIT_MARGIN_BYTES - c.allocated_limit_bytes,
+                   0 if c.fits_host else c.host_bytes + costmodel.FIT_MARGIN_BYTES - c.host_cap_bytes)
+               for c in cost.stages)
 
 
 def _checked_chunked(ranks: list[StagePlan], profile: Profile, setup: TrainSetup, result: SolveResult,
