@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from planner.cost import allocator, dataparallel, reserve_fsdp2, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
 from planner.cost.assembly import StageCost
-from planner.cost.rules import in_flight
+from planner.cost.reserve_fsdp2 import replayed_microbatches  # shared by both replays
 from planner.errors import UserError
 from planner.schema import (
     OPTION_NONE,
@@ -106,17 +106,6 @@ def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stag
                           num_microbatches=pipeline.microbatches, loss=loss if stage == pipeline.stages - 1 else None,
                           copy_ms_per_byte=copy_ms_per_byte)
     return allocator.replay(events)
-
-
-def replayed_microbatches(pipeline, stage: int) -> int:
-    """The microbatches the replay runs: 1F1B's steady state repeats one backward and one forward
-    that free what the pair before made, so after its warm-up (min(P - s, M) forwards) two more
-    pairs bring the cache to where the rest of the step keeps it; the replay's cost is then
-    bounded by the stages (torch's schedule takes at least one microbatch a stage), not M.
-    GPipe holds every microbatch at once: all M."""
-    if pipeline.schedule == "GPipe":
-        return pipeline.microbatches
-    return min(pipeline.microbatches, max(pipeline.stages, in_flight(pipeline, stage) + 2))
 
 
 def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:

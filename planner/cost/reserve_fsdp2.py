@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from planner.cost import allocator, dataparallel, fsdpunits, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
+from planner.cost.rules import in_flight
 from planner.errors import UserError
 from planner.schema import OPTION_NONE, Profile, StagePlan, TrainSetup
 
@@ -126,6 +127,17 @@ def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
     freed them): a segment for it would count those bytes twice."""
     floor = -(-peak_bytes // allocator.ROUND_LARGE) * allocator.ROUND_LARGE
     return max(replayed.reserved_peak_bytes, floor)
+
+
+def replayed_microbatches(pipeline, stage: int) -> int:
+    """The microbatches the replay runs: 1F1B's steady state repeats one backward and one forward
+    that free what the pair before made, so after its warm-up (min(P - s, M) forwards) two more
+    pairs bring the cache to where the rest of the step keeps it; the replay's cost is then
+    bounded by the stages (torch's schedule takes at least one microbatch a stage), not M.
+    GPipe holds every microbatch at once: all M."""
+    if pipeline.schedule == "GPipe":
+        return pipeline.microbatches
+    return min(pipeline.microbatches, max(pipeline.stages, in_flight(pipeline, stage) + 2))
 
 
 class _Step:
@@ -362,7 +374,6 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
     and the held parameters as fsdpunits and dataparallel count them."""
     from planner.cost.assembly import option_indices
     from planner.cost.layers import layer_costs
-    from planner.cost.reserve import replayed_microbatches
     from planner.cost.rules import (
         fsdp_unit_layer_bytes,
         fsdp_unit_loss_bytes,
