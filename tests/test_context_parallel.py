@@ -116,6 +116,34 @@ def test_a_layers_exchange_reads_the_runtimes_ring_and_reruns_under_full_recompu
     assert contextparallel.exchange_ms(block, 0, _cp_setup("megatron", None)) == 0.0
 
 
+def test_torchtitans_repeated_kv_heads_widen_what_its_ring_moves_and_holds():
+    import dataclasses
+
+    block = dataclasses.replace(layer_costs(_profile(1))[1], context_parallel=RING)
+    # RING: K and V together as wide as Q, i.e. 2 query heads a K/V head; torchtitan 9dec370's repeat_kv
+    # makes each 1e8 wide: K/V 2e8 bytes
+    old = _cp_setup("torchtitan", 100.0, runtime_version="9dec370")
+    assert contextparallel.as_exchanged(RING, old.training).kv_bytes == 2 * 10**8
+    # forward: the all-gather of 4 x 2e8 moves 6e8 (6 ms) beside step 0 (0.5): 5.5; backward: the gather
+    # again beside 1 ms (5), fp32 dK/dV of 4e8 (4 ms) beside 3 steps of 1 ms (3 x 3) and the last (4)
+    assert contextparallel.exchange_ms(block, 0, old) == pytest.approx(5.5 + (5 + 9 + 4))
+    # b5bcd76c passes enable_gqa, Megatron's TE takes the query groups: K/V at their own heads
+    assert contextparallel.as_exchanged(RING, _cp_setup("torchtitan", 100.0).training) == RING
+    assert contextparallel.as_exchanged(RING, _cp_setup("megatron", 100.0).training) == RING
+    # the buffers hold the repeated K/V: the all-gather ring's forward (cp + 1) KV + 3 Q at KV 2e8
+    setup = dataclasses.replace(block, context_parallel=ExchangeCost(ranks=4, q_bytes=10**6, kv_bytes=10**6,
+                                                                     attention_fwd_ms=1.0, attention_bwd_ms=1.0))
+    forward, backward = contextparallel.buffer_bytes(ExchangeCost(4, 10**6, 2 * 10**6, 1.0, 1.0), "allgather")
+    assert contextparallel.extra_bytes(setup, old) == \
+        max(0, forward - setup.transient_bytes, backward + setup.output_bytes - setup.transient_bytes)
+    new = _cp_setup("torchtitan", 100.0)
+    # the backward's buffers set it: (cp + 1) + 2 + 1 + 4 = 12 K/V, each 1e6 wider
+    assert contextparallel.extra_bytes(setup, old) - contextparallel.extra_bytes(setup, new) == 12 * 10**6
+    # wider K/V than Q (latent attention's up-projected K and V, or MHA): no repeat
+    wide = ExchangeCost(ranks=4, q_bytes=10, kv_bytes=25, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
+    assert contextparallel.as_exchanged(wide, old.training) == wide
+
+
 def test_the_cp_link_is_nvlink_inside_a_node_and_the_network_across(tmp_path):
     from planner.commands import comm_setup
     from planner.commands.setup_options import DataParallelOptions

@@ -41,11 +41,16 @@ exposed, each moving (cp - 1) / cp of its tensor. The attention then runs all s 
 heads: the same FLOPs as the balanced ring. What it saves is Q, K, V and O after the exchange, as
 many bytes as before; buffers: each a2a's output and its reordered copy, forward 2 (Q + KV) + 2 O,
 backward 2 dO + 3 (dQ + dKV).
-A full recompute reruns the forward's exchange. The exchange crosses the context-parallel group's
+K and V are exchanged, and held, as the runtime's model hands them to attention: torchtitan's llama
+repeats each K/V head over its query heads first (repeat_kv; the record's cp_repeats_kv), so its
+K and V are each as wide as Q (kv_bytes x heads / kv heads); Transformer Engine takes them at their
+own heads. A full recompute reruns the forward's exchange. The exchange crosses the context-parallel group's
 link (comm.group_link: its ranks lie tp apart) at NCCL's latency model (planner/cost/comm.py).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from planner.cost import runtimes
 from planner.cost.comm import Link, collective_ms, send_ms
@@ -57,6 +62,17 @@ PASS_NAMES = ("forward", "backward")
 def comm_type(training) -> str | None:
     """The exchange the setup runs: --cp-comm where given, else its runtime's default."""
     return getattr(training, "cp_comm", None) or runtimes.of(training).cp_comm
+
+
+def as_exchanged(exchange, training):
+    """The layer's exchange (ExchangeCost) with K and V as the runtime's model hands them to attention:
+    repeated to the query heads where the runtime repeats them (cp_repeats_kv): the repeat factor is
+    Q's width over one of K, V (heads / kv heads); 1 where K/V are as wide as Q or wider (MHA, latent
+    attention's up-projected K/V)."""
+    repeat = (2 * exchange.q_bytes) // exchange.kv_bytes if exchange.kv_bytes else 1
+    if not runtimes.of(training).cp_repeats_kv or repeat <= 1:
+        return exchange
+    return dataclasses.replace(exchange, kv_bytes=exchange.kv_bytes * repeat)
 
 
 def cp_link(setup: TrainSetup) -> Link | None:
@@ -90,6 +106,7 @@ def exchange_ms(layer, option: int, setup: TrainSetup) -> float:
     exchange, link = layer.context_parallel, cp_link(setup)
     if exchange is None or link is None:
         return 0.0
+    exchange = as_exchanged(exchange, setup.training)
     kind = comm_type(setup.training)
     forward = pass_exposed_ms(exchange, "forward", kind, link)
     return forward * (2 if option == 1 else 1) + pass_exposed_ms(exchange, "backward", kind, link)
@@ -113,5 +130,5 @@ def extra_bytes(layer, setup: TrainSetup) -> int:
     exchange = layer.context_parallel
     if exchange is None or setup.training.context_parallel <= 1:
         return 0
-    forward, backward = buffer_bytes(exchange, comm_type(setup.training))
+    forward, backward = buffer_bytes(as_exchanged(exchange, setup.training), comm_type(setup.training))
     return max(0, forward - layer.transient_bytes, backward + layer.output_bytes - layer.transient_bytes)

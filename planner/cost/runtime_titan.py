@@ -116,7 +116,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         **TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
-        cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
+        cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
         fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
             "fsdp_units": _TITAN_UNITS[version][2],
@@ -125,6 +125,11 @@ def torchtitan(version: str) -> RuntimeFacts:
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
                        f"all-to-all in fp32), {TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
                        f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
+            "cp_repeats_kv": ("torchtitan/models/llama/model.py 116-126 (repeat_kv: expand + reshape, a copy), 201-209 "
+                              "(keys = repeat_kv(xk, n_rep), values likewise, then F.scaled_dot_product_attention), "
+                              "torchtitan 9dec370; the same at bbb1b616 (model.py 151, 245-246) and 2c8b5947 "
+                              "(models/llama3/model/model.py 98, 185-186); b5bcd76c passes enable_gqa instead "
+                              "(models/common/attention.py 901)"),
             "step_replayed": f"not replayed: FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {TORCH_V}",
             "keeps_last_reduce_scatter_input": (f"{RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
                                                 if version == "9dec370" else RS_INPUT_DROPPED),
