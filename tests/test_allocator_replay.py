@@ -107,9 +107,10 @@ def test_max_split_size_keeps_large_cached_blocks_whole():
     assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (64 * MIB, 64 * MIB)
 
 
-def test_the_replay_never_reserves_less_than_it_allocates_and_frees_everything():
+@pytest.mark.parametrize("expandable", [False, True])
+def test_the_replay_never_reserves_less_than_it_allocates_and_frees_everything(expandable):
     rng = random.Random(0)
-    state, live = CachingAllocator(), []
+    state, live = CachingAllocator(expandable=expandable), []
     for step in range(3000):
         if live and rng.random() < 0.45:
             state.free(live.pop(rng.randrange(len(live))))
@@ -121,8 +122,12 @@ def test_the_replay_never_reserves_less_than_it_allocates_and_frees_everything()
     for key in live:
         state.free(key)
     assert state.allocated == 0
-    # every segment is whole again: one free block per segment
+    # every segment is whole again: one free block per segment (expandable: one a stream and pool, its
+    # mapped pages all of the reserve)
     assert sum(len(pool.keys) for pool in state.pools.values()) == state.segments
+    if expandable:
+        assert state.segments == 4
+        assert sum(block.size for pool in state.pools.values() for block in pool.blocks.values()) == state.reserved
 
 
 def test_ready_caches_one_waiting_block():
@@ -152,7 +157,7 @@ for step in range(600):
             tensors[step] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         live.append(step)
         events.append(Alloc(step, nbytes, stream))
-got = replay(events)
+got = replay(events, expandable=len(sys.argv) > 2)
 print(json.dumps([torch.cuda.max_memory_reserved() - base_reserved, got.reserved_peak_bytes,
                   torch.cuda.max_memory_allocated() - base_allocated, got.allocated_peak_bytes]))
 """
@@ -175,3 +180,50 @@ def test_the_replay_reserves_what_torchs_allocator_reserves_on_a_gpu(seed):
                                "PYTHONPATH": str(ROOT)})  # the allocator's defaults
     reserved, replayed, allocated, replayed_allocated = json.loads(done.stdout.splitlines()[-1])
     assert (reserved, allocated) == (replayed, replayed_allocated)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_expandable_replay_reserves_what_torchs_expandable_segments_reserve_on_a_gpu(seed):
+    """As above under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (torchtitan's launch), against
+    CachingAllocator(expandable=True). Not run where this was written (no GPU): a check for a GPU session."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", _ON_THE_DEVICE, str(seed), "expandable"], capture_output=True,
+                          text=True, cwd=ROOT, check=True,
+                          env={**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                               "PYTHONPATH": str(ROOT)})
+    reserved, replayed, allocated, replayed_allocated = json.loads(done.stdout.splitlines()[-1])
+    assert (reserved, allocated) == (replayed, replayed_allocated)
+
+
+def test_expandable_segments_grow_one_segment_a_stream_by_pages_by_hand():
+    """Expandable segments (Note [Expandable Segments]): a 12 MiB request maps one 20 MiB page (12 | 8
+    left at the end); the next 12 takes the free 8 and one more page (12 | 16); a 10 reuses the first
+    freed 12 (any remainder >= 512 B splits: 10 | 2); a 1 MiB request is the small pool's, a 2 MiB
+    page; stream 1's 12 a segment of its own, one page. Freed, the second 12 merges with the 2 before
+    it and the 16 after it: the 30 that follows fits there. Reserved 40 + 2 + 20 = 62 MiB, where the
+    default segments take 12 + 12 + 2 + 12 + 30 = 68."""
+    mib = 2**20
+    events = [Alloc("a", 12 * mib), Alloc("b", 12 * mib), Free("a"), Alloc("c", 10 * mib), Alloc("d", 1 * mib),
+              Alloc("e", 12 * mib, 1), Free("b"), Alloc("f", 30 * mib)]
+    grown = replay(events, expandable=True)
+    assert (grown.allocated_peak_bytes, grown.reserved_peak_bytes, grown.segments) == (53 * mib, 62 * mib, 3)
+    assert replay(events).reserved_peak_bytes == 68 * mib
+
+
+def test_expandable_best_fit_takes_a_larger_free_block_before_the_growing_end():
+    """get_free_block under expandable segments counts the segment's free end block as the size it can
+    grow to: a 10 MiB request with a free 12 MiB end and a free 24 MiB block before it takes the 24."""
+    mib = 2**20
+    state = CachingAllocator(expandable=True)
+    state.malloc("a", 24 * mib)  # one 40 MiB page pair: [a 24][16 free, the end]
+    state.malloc("b", 4 * mib)  # the end is the only fit: [a 24][b 4][12 free, the end]
+    state.free("a")  # [24 free][b 4][12 free, the end]
+    state.malloc("c", 10 * mib)
+    assert state.live["c"].address == state.live["b"].address - 24 * mib  # the front block, split 10 | 14
+    assert state.reserved == 40 * mib

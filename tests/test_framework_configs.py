@@ -52,6 +52,11 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # shard before the all-gather, RuntimeFacts.tp_gathers_float8): its two gathered inputs are 8 shards at
 # 1 B, 3 beyond the bf16 shard, not 7: 405B (local batch 2 x 8,192, shard 64 MiB) 2 x 4 x 64 MiB less
 # peak (65,875,247,104 -> 65,338,376,192).
+# Branch ttreplay: the three torchtitan TOMLs run one stage under FSDP2 (ZeRO 3), whose step the allocator
+# replay now orders (planner/cost/reserve_fsdp2.py, reserved_by "replay") under expandable segments, which
+# torchtitan's launch script sets (RuntimeFacts.expandable_segments): their reserves are the replay's, not the
+# peak / 0.85 (8B 38,210,109,440 -> 34,332,475,392; 70B 54,895,050,752 -> 47,441,772,544; 405B 76,869,009,408
+# -> 65,915,584,512); static and the allocated peak unchanged.
 PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      [(60226959360, 110724446212, 130264596480)]),
@@ -59,11 +64,11 @@ PINNED = [
      dict(tp=2, pp=2, dp=2, zero=0, microbatches=4),
      [(412222464, 2053047296, 2415919104), (402803712, 1815694340, 2136997888)]),
     ("--from-torchtitan", "torchtitan_llama3_8b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
-     dict(tp=1, pp=1, dp=64, zero=3, microbatches=1), [(2007565312, 32477258756, 38210109440)]),
+     dict(tp=1, pp=1, dp=64, zero=3, microbatches=1), [(2007565312, 32477258756, 34332475392)]),
     ("--from-torchtitan", "torchtitan_llama3_70b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
-     dict(tp=8, pp=1, dp=8, zero=3, microbatches=1), [(17640734720, 46660648964, 54895050752)]),
+     dict(tp=8, pp=1, dp=8, zero=3, microbatches=1), [(17640734720, 46660648964, 47441772544)]),
     ("--from-torchtitan", "torchtitan_llama3_405b.toml", ("--gpus", "128", "--gpu", "h100"),
-     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 65338376192, 76869009408)]),
+     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 65338376192, 65915584512)]),
 ]
 
 

@@ -33,7 +33,9 @@ each with its source:
   SUPPORTED)`. So torchao's MI300X benchmark (torch 2.9.0.dev20250811+rocm6.4) ran the rules below,
   and its H100 one (torch 2.7.0a0) ran expandable segments. The segment sizes themselves have no ROCm
   branch (get_allocation_size). GMLake's margin was measured without expandable segments; no
-  published fragmentation figure with them was found, so ckplan charges the same margin to both.
+  published fragmentation figure with them was found, so the divisor charges the same margin to both.
+  The replay runs them (CachingAllocator(expandable=True)) where a runtime's record says its launch
+  sets them (RuntimeFacts.expandable_segments, planner/cost/reserve_fsdp2.py).
 - **NCCL.** Each NCCL communicator a rank uses holds buffers outside the caching allocator:
   measured with PyTorch on 4 A100s over NVLink, 544 MiB for a two-rank group and 688 MiB for
   larger ones (NVIDIA/nccl issue 964, the reporter's per-group figures; NCCL 2.18, default
@@ -201,6 +203,13 @@ class _Pool:
         del self.keys[bisect.bisect_left(self.keys, key)]
         del self.blocks[key]
 
+    def next_of(self, block: _Block) -> _Block | None:
+        """The next larger free block of `block`'s stream, in BlockComparatorSize's order."""
+        at = bisect.bisect_right(self.keys, block.sort_key())
+        if at == len(self.keys) or self.keys[at][0] != block.stream:
+            return None
+        return self.blocks[self.keys[at]]
+
     def best_fit(self, stream: int, size: int) -> _Block | None:
         at = bisect.bisect_left(self.keys, (stream, size, -1))
         if at == len(self.keys) or self.keys[at][0] != stream:
@@ -209,10 +218,20 @@ class _Pool:
 
 
 class CachingAllocator:
-    """The DeviceCachingAllocator's bookkeeping (no memory): malloc, free, process_events."""
+    """The DeviceCachingAllocator's bookkeeping (no memory): malloc, free, process_events.
+    `expandable`: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read at 001074d25084 (Note
+    [Expandable Segments]; alloc_block, find_expandable_block, map_block,
+    try_allocate_expandable_block, should_split, get_free_block): one segment per stream and pool,
+    grown at its end by pages of 2 MiB (small pool) or 20 MiB (large) for the rounded request (not
+    get_allocation_size's), a free block at its end taken into the growth; best fit counts that end
+    block as the size it can grow to, so a larger free block that fits is taken before it; any split
+    whose remainder is >= 512 B. Segments are never unmapped here (no empty_cache, no out-of-memory
+    retry)."""
 
-    def __init__(self, *, max_split_bytes: int | None = None) -> None:
+    def __init__(self, *, max_split_bytes: int | None = None, expandable: bool = False) -> None:
         self.max_split = max_split_bytes if max_split_bytes is not None else 1 << 62
+        self.expandable = expandable
+        self.tails: dict[tuple[int, bool], _Block] = {}  # expandable: each segment's last block
         self.pools = {True: _Pool(), False: _Pool()}  # small, large
         self.live: dict[Hashable, _Block] = {}
         self.pending: dict[Hashable, _Block] = {}
@@ -229,10 +248,14 @@ class CachingAllocator:
         small = size <= SMALL_SIZE
         pool = self.pools[small]
         block = pool.best_fit(stream, size)
+        if block is not None and self.expandable and self.tails.get((stream, small)) is block:
+            block = pool.next_of(block) or block  # the end's block can grow: a fitting one that cannot first
         if block is not None and self._oversize_refuses(size, block):
             block = None
         if block is not None:
             pool.remove(block)
+        elif self.expandable:
+            block = self._expand(size, stream, small)
         else:
             block = self._new_segment(segment_bytes(size), stream, small)
         if self._should_split(block, size):
@@ -241,6 +264,8 @@ class CachingAllocator:
                 block.next.prev = rest
             block.next, block.size = rest, size
             pool.insert(rest)
+            if self.tails.get((stream, small)) is block:
+                self.tails[stream, small] = rest
         block.allocated = True
         self.live[key] = block
         self.allocated += block.size
@@ -277,7 +302,7 @@ class CachingAllocator:
 
     def _should_split(self, block: _Block, size: int) -> bool:
         remaining = block.size - size
-        if block.small:
+        if block.small or self.expandable:
             return remaining >= MIN_BLOCK_BYTES
         return size < self.max_split and remaining > SMALL_SIZE
 
@@ -289,12 +314,42 @@ class CachingAllocator:
         self.segments += 1
         return block
 
+    def _expand(self, size: int, stream: int, small: bool) -> _Block:
+        """Expandable segments: the stream's segment for this pool grown at its end by whole pages, a
+        free block at the end taken in (find_expandable_block: the lowest address where free and
+        unmapped space hold the request; nothing is unmapped here, so the end)."""
+        page = SMALL_BUFFER if small else LARGE_BUFFER
+        tail = self.tails.get((stream, small))
+        if tail is not None and not tail.allocated and not tail.waiting:
+            self.pools[small].remove(tail)
+            block, need = tail, size - tail.size
+        else:
+            address = tail.address + tail.size if tail is not None else self._next_segment_address()
+            block, need = _Block(address, 0, stream, small, prev=tail), size
+            if tail is not None:
+                tail.next = block
+            else:
+                self.segments += 1
+        mapped = -(-need // page) * page
+        block.size += mapped
+        self.reserved += mapped
+        self.reserved_peak = max(self.reserved_peak, self.reserved)
+        self.tails[stream, small] = block
+        return block
+
+    def _next_segment_address(self) -> int:
+        address = self._next_address
+        self._next_address += 1 << 50  # a segment's address space: room to grow, never touching the next
+        return address
+
     def _free_block(self, block: _Block) -> None:
         pool = self.pools[block.small]
         for neighbour in (block.prev, block.next):
             if neighbour is None or neighbour.allocated or neighbour.waiting:
                 continue
             pool.remove(neighbour)
+            if self.tails.get((block.stream, block.small)) is neighbour:
+                self.tails[block.stream, block.small] = block
             if neighbour is block.prev:  # [neighbour block]
                 block.address, block.prev = neighbour.address, neighbour.prev
                 if block.prev is not None:
@@ -307,10 +362,10 @@ class CachingAllocator:
         pool.insert(block)
 
 
-def replay(events: Iterable[Event], *, max_split_bytes: int | None = None) -> Replayed:
+def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expandable: bool = False) -> Replayed:
     """The allocated and reserved peaks of the caching allocator over `events`, from an empty
-    cache (a pure function of the sequence)."""
-    state = CachingAllocator(max_split_bytes=max_split_bytes)
+    cache (a pure function of the sequence); `expandable`: under expandable segments."""
+    state = CachingAllocator(max_split_bytes=max_split_bytes, expandable=expandable)
     for event in events:
         kind = type(event)
         if kind is Alloc:

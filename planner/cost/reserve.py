@@ -37,7 +37,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator, dataparallel, runtimes
+from planner.cost import allocator, dataparallel, reserve_fsdp2, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
 from planner.cost.assembly import StageCost
 from planner.cost.rules import in_flight
@@ -318,11 +318,17 @@ def _sizes(codes: Sequence[int]) -> dict[int, int]:
 
 def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile,
                           setup: TrainSetup) -> StageCost:
-    """`cost` with its reserved peak from the replay where one runs (cuda, a runtime whose step the
-    replay orders, records for every layer's option, one chunk per rank, no --fragmentation
-    stated); else as it was (the divisor)."""
+    """`cost` with its reserved peak from the replay where one runs (cuda, no --fragmentation stated:
+    FSDP2's step where reserve_fsdp2.replays says it orders the runtime's; else ckplan's step where
+    the runtime's record says so, records for every layer's option, one chunk per rank); else as it
+    was (the divisor)."""
     if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
         return cost
+    if reserve_fsdp2.replays(setup):  # FSDP2's one-stage step, on its streams
+        replayed = reserve_fsdp2.replay(reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup),
+                                        expandable=reserve_fsdp2.expandable_segments(profile, setup))
+        return dataclasses.replace(cost, reserved_bytes=reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes),
+                                   reserved_by="replay")
     if not runtimes.of(setup.training).step_replayed:
         return cost
     by_name = {layer.name: layer for layer in profile.layers}

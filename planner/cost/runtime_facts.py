@@ -134,6 +134,15 @@ class RuntimeFacts:
     allocations, the schedule's passes, the streams it allocates on. Where it does not (a framework
     whose step allocates on streams or in an order the replay does not run, e.g. FSDP2's all-gather
     and reduce-scatter streams), the reserve is the published fragmentation margin."""
+    expandable_segments: bool = False
+    """The runtime's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the replay runs the
+    allocator's expandable segments (allocator.CachingAllocator) on CUDA; ROCm builds ignored the
+    setting until pytorch#173330 (GPU.rocm: the default segments there)."""
+    fsdp2_step_replayed: bool = False
+    """The allocator replay of FSDP2's step (planner/cost/reserve_fsdp2.py: its all-gathers on the
+    copy-in stream, its sharded gradients on the reduce-scatter stream) orders this runtime's step:
+    one stage and one microbatch under ZeRO 3, or one stage a rank of 1F1B / GPipe with the weights
+    and gradients kept whole (reserve_fsdp2.replays); other setups keep the margin."""
     # -- FSDP2 beside a pipeline (read by rules.kept_reduce_scatter_input_bytes)
     keeps_last_reduce_scatter_input: bool = False
     """Beside torch's pipelining, FSDP2's communication context keeps the reduce-scatter input of

@@ -117,7 +117,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
-        fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
+        fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
             "fsdp_units": _TITAN_UNITS[version][2],
             "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
@@ -130,7 +130,18 @@ def torchtitan(version: str) -> RuntimeFacts:
                               "torchtitan 9dec370; the same at bbb1b616 (model.py 151, 245-246) and 2c8b5947 "
                               "(models/llama3/model/model.py 98, 185-186); b5bcd76c passes enable_gqa instead "
                               "(models/common/attention.py 901)"),
-            "step_replayed": f"not replayed: FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {TORCH_V}",
+            "expandable_segments": "run_llama_train.sh 22 (PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\"), 9dec370; "
+                                   "run_train.sh 19, 2c8b5947; the published runs' launch scripts (planner/cost/allocator.py)",
+            "fsdp2_step_replayed": f"planner/cost/reserve_fsdp2.py replays FSDP2's streams as torch 2.6.0 (git 2236df17) "
+                                   f"runs them: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py 68-89, 127-179, "
+                                   f"220-229, 234-316, 371-383, _fsdp_param_group.py 271-307, 374-442, 469-500, "
+                                   f"_fsdp_param.py 629-674 (the upcast and accumulation beside a pipeline), "
+                                   f"pipelining/stage.py 636-652 (the stage's manual post-backward after its last "
+                                   f"backward), torchtitan 9dec370 train.py 266-323 (docs/framework-facts.md §24); the "
+                                   f"same structure at {TORCH_V} (_fsdp_collectives.py 325-370, 419, 597-612): one stage "
+                                   f"and one microbatch under ZeRO 3, or one stage a rank of 1F1B / GPipe with the "
+                                   f"weights kept whole; an interleaved schedule keeps the divisor",
+            "step_replayed": f"not by reserve.py's replay of ckplan's step (fsdp2_step_replayed orders FSDP2's): FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {TORCH_V}",
             "keeps_last_reduce_scatter_input": (f"{RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
                                                 if version == "9dec370" else RS_INPUT_DROPPED),
             "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {TORCH_V}",

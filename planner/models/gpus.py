@@ -55,6 +55,9 @@ class GPU:
     # what cudaGetDeviceProperties().totalGlobalMem (torch's total_memory) reports, and its source
     cuda_total_bytes: int = 0
     total_source: str = ""
+    # a ROCm device: torch's caching allocator ignored expandable_segments there until pytorch#173330
+    # (2026-03-01; planner/cost/allocator.py)
+    rocm: bool = False
     # the best BF16 matmul measured against the datasheet peak (a per-kernel ceiling, not an
     # end-to-end MFU: no launches, communication or memory-bound ops in it)
     matmul_efficiency: float = 0.801
@@ -386,7 +389,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)
     GPU("mi300x", 192 * 10**9, 1307.4, 5.3,
-        "AMD Instinct MI300X datasheet (BF16 1,307.4, FP8 2,614.9 dense; 5.3 TB/s)", 448.0, fp8_tflops=2614.9,
+        "AMD Instinct MI300X datasheet (BF16 1,307.4, FP8 2,614.9 dense; 5.3 TB/s)", 448.0, fp8_tflops=2614.9, rocm=True,
         link_source="MI300X datasheet: Infinity Fabric 896 GB/s peer to peer, PCIe Gen5 128 GB/s; "
                     "400 Gb/s NIC per GPU assumed",
         cuda_total_bytes=196592 * _MIB,

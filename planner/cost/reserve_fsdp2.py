@@ -1,0 +1,425 @@
+"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or one stage a rank beside a 1F1B
+or GPipe pipeline, _PipelineStep), from the caching allocator's replay (allocator.replay) of the
+allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The bytes are the cost
+model's own (the layers' kept and extra terms, the units of fsdpunits.py, the static shards of
+dataparallel.py); this module adds their order and their streams. Read at torch 2.6.0 (git 2236df17;
+torchtitan 9dec370 ran torch 1963fc8, of the same December 2024 main), torch/distributed/fsdp/
+_fully_shard/ (docs/framework-facts.md §24):
+
+- all-gather (foreach_all_gather, _fsdp_collectives.py 127-179): on the all-gather copy-in stream
+  (FSDPCommContext, _fsdp_param_group.py 49-90) the shard is cast into a flat staging buffer
+  (_get_param_all_gather_inputs 220-229: G / K bytes, freed as the function returns, line 162) and
+  copied into the unit's flat all-gather output (all_gather_copy_in_cuda 68-89: G bytes), both blocks
+  of the copy-in stream's pool. The output is read on the all-gather stream and the default stream
+  and is kept alive by reference, never record_stream: in forward until the next unit's copy-out
+  (AllGatherState, wait_for_unshard 271-307: "free the all-gather result", 286), in backward until
+  its own copy-out (306).
+- copy-out (foreach_all_gather_copy_out 234-316, in wait_for_unshard, on the default stream): each
+  parameter's unsharded storage is allocated again (_fsdp_param.py alloc_all_gather_outputs 650-652,
+  resize_ of a storage: the current stream's pool) and freed by reshard (free_unsharded_param
+  654-674, resize_(0)): after the unit's forward where it reshards after forward (post_forward
+  339-345), and in its post-backward (reshard before the reduce, 404).
+- backward prefetch (_backward_prefetch 469-483): a unit's pre-backward all-gathers the unit whose
+  post-forward ran just before its own (comm_ctx.post_forward_order), on the copy-in stream.
+- gradients: autograd makes each unsharded parameter's gradient in the weights' dtype on the default
+  stream; the unit's post-backward (post_backward 374-442) reshards, drops the previous unit's
+  reduce-scatter input (reduce_scatter_state, after waiting on its event, 407-412), allocates the new
+  one in the reduce dtype on the default stream (foreach_reduce 371-375, outside the reduce-scatter
+  stream's context), frees the gradients once copied in (378), and allocates the reduce-scatter
+  output, the sharded gradient (fp32, G / K), on the reduce-scatter stream (382-383): its block is
+  that stream's, so the default stream never reuses it. The sharded gradient lives until the next
+  step's zero_grad (set_to_none; torchtitan 9dec370 train.py 266); the last reduce-scatter input
+  until the root's final callback (_fsdp_state.py 284-308) at the backward's end.
+- the optimizer's state and the shards: allocated once, on the default stream; foreach AdamW's
+  sqrt(v) scratch (the cost model's step_scratch_bytes) made and freed in the step.
+
+An analytic LLaMA block's parameters are its nine tensors (parameter_parts); other analytic layers one.
+The allocator runs expandable segments where the runtime's launch sets them (expandable_segments).
+Not replayed: gradient clipping's per-tensor norms (512 B blocks in the small pool), the NCCL buffers
+(outside the allocator, workspace_bytes), the activations tensor by tensor (a layer's kept bytes are
+one block, its backward's extra one block).
+
+Nothing here reads a file or prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.cost import allocator, dataparallel, fsdpunits, runtimes
+from planner.cost.allocator import Alloc, Event, Free, Replayed
+from planner.errors import UserError
+from planner.schema import OPTION_NONE, Profile, StagePlan, TrainSetup
+
+DEFAULT, COPY_IN, REDUCE_SCATTER = 0, 1, 2  # the streams: the compute stream, FSDP2's two that allocate
+STEPS = 2  # the first step fills the caches; the second reuses what the first left, as every later one
+
+
+@dataclass(frozen=True)
+class Fsdp2Layer:
+    """One layer of the stage as the replay runs it: its unit, its activations (kept: made in its
+    forward, freed in its backward; extra: its backward's scratch and recompute, made and freed
+    there), and per parameter tensor its gathered bytes (the weights' dtype, or float8), its fp32
+    shard, its optimizer state and step scratch on this rank."""
+
+    unit: int
+    kept_bytes: int
+    extra_bytes: int
+    gathered: tuple[int, ...]
+    grads: tuple[int, ...]  # the unsharded gradients autograd makes, the weights' dtype
+    shard: tuple[int, ...]
+    state: tuple[int, ...]
+    scratch: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fsdp2Stage:
+    layers: tuple[Fsdp2Layer, ...]
+    kept_from_forward: frozenset[int]  # units not resharded after forward (kept gathered to their backward)
+    shard_group: int  # K
+    reduce_ratio: float  # the reduce dtype's bytes over the weights' (fp32 over bf16: 2)
+    buffer_bytes: int  # held all iteration besides the static state (the batch)
+    loss_kept_bytes: int  # what the loss and the stage's ends keep from a forward to its backward
+    loss_extra_bytes: int  # the loss's scratch
+    # beside a pipeline: the rank's actions in torch's order ((F|B, microbatch); empty: one stage, one
+    # microbatch), the units the root holds (reduced first by the stage's manual post-backward), and
+    # whether the last reduce-scatter input stays to the next step (RuntimeFacts.keeps_last_reduce_scatter_input)
+    actions: tuple[tuple[str, int], ...] = ()
+    root_units: frozenset[int] = frozenset()
+    keeps_last_input: bool = False
+
+
+def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
+    """The stage's static state, then `steps` steps (zero_grad, forward, loss, backward, optimizer
+    step) as allocator events on their streams."""
+    events: list[Event] = []
+    for i, layer in enumerate(stage.layers):
+        events += [Alloc(("shard", i, j), size, DEFAULT) for j, size in enumerate(layer.shard)]
+        events += [Alloc(("state", i, j), size, DEFAULT) for j, size in enumerate(layer.state)]
+    events.append(Alloc(("buffers",), stage.buffer_bytes, DEFAULT))
+    for _ in range(steps):
+        (_PipelineStep if stage.actions else _Step)(stage, events).run()
+    return events
+
+
+def replay(stage: Fsdp2Stage, *, expandable: bool = False) -> Replayed:
+    return allocator.replay(step_events(stage), expandable=expandable)
+
+
+def expandable_segments(profile: Profile, setup: TrainSetup) -> bool:
+    """Whether the replay runs expandable segments: the runtime's launch sets them
+    (RuntimeFacts.expandable_segments) on a GPU whose torch honoured them (not ROCm: GPU.rocm)."""
+    if not runtimes.of(setup.training).expandable_segments:
+        return False
+    try:
+        return not dataparallel.profile_gpu(profile).rocm
+    except UserError:
+        return True  # a cuda profile of a GPU ckplan has no record of: CUDA
+
+
+def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
+    """The stage's reserved peak: the replay's, and never below the cost model's allocated peak in
+    2 MiB segments. The replay makes every byte the cost model counts, in FSDP2's order, so where the
+    model's allocated peak is higher than the replay's the difference is timing (e.g. the sharded
+    gradients, which the model holds all iteration and FSDP2 makes in the backward, after zero_grad
+    freed them): a segment for it would count those bytes twice."""
+    floor = -(-peak_bytes // allocator.ROUND_LARGE) * allocator.ROUND_LARGE
+    return max(replayed.reserved_peak_bytes, floor)
+
+
+class _Step:
+    def __init__(self, stage: Fsdp2Stage, events: list[Event]) -> None:
+        self.stage, self.events = stage, events
+        units = [layer.unit for layer in stage.layers]
+        self.first = {u: units.index(u) for u in units}
+        self.last = {u: len(units) - 1 - units[::-1].index(u) for u in units}
+        # post_forward_order: a unit's post-forward runs after its last layer's forward
+        self.post_forward = sorted(self.last, key=self.last.get)
+        self.members = {u: [i for i, v in enumerate(units) if v == u] for u in self.last}
+
+    def run(self) -> None:
+        add = self.events.append
+        for unit in self.last:  # zero_grad(set_to_none): last step's sharded gradients
+            add(Free(("sharded_grad", unit)))
+        self.forward()
+        add(Alloc(("loss_kept",), self.stage.loss_kept_bytes, DEFAULT))
+        add(Alloc(("loss_extra",), self.stage.loss_extra_bytes, DEFAULT))
+        add(Free(("loss_extra",)))
+        add(Free(("loss_kept",)))
+        self.backward()
+        scratch = [(("scratch", i, j), size) for i, layer in enumerate(self.stage.layers)
+                   for j, size in enumerate(layer.scratch)]
+        self.events += [Alloc(key, size, DEFAULT) for key, size in scratch]
+        self.events += [Free(key) for key, _ in scratch]
+
+    # ---------------------------------------------------------------- FSDP2's collectives
+
+    def all_gather(self, unit: int) -> None:
+        """foreach_all_gather on the copy-in stream: the staging buffer, the flat output."""
+        gathered = self.unit_gathered(unit)
+        k = self.stage.shard_group
+        self.events += [Alloc(("staging", unit), -(-gathered // k), COPY_IN), Alloc(("ag_out", unit), gathered, COPY_IN),
+                        Free(("staging", unit))]
+
+    def copy_out(self, unit: int) -> None:
+        """The unit's parameters' unsharded storages, on the default stream."""
+        self.events += [Alloc(("unsharded", i, j), size, DEFAULT) for i in self.members[unit]
+                        for j, size in enumerate(self.stage.layers[i].gathered)]
+
+    def reshard(self, unit: int) -> None:
+        self.events += [Free(("unsharded", i, j)) for i in self.members[unit]
+                        for j in range(len(self.stage.layers[i].gathered))]
+
+    def unit_gathered(self, unit: int) -> int:
+        return sum(sum(self.stage.layers[i].gathered) for i in self.members[unit])
+
+    # ---------------------------------------------------------------- the passes
+
+    def forward(self) -> None:
+        add, held_result = self.events.append, None
+        for i, layer in enumerate(self.stage.layers):
+            unit = layer.unit
+            if i == self.first[unit]:  # pre_forward: unshard, then wait_for_unshard
+                self.all_gather(unit)
+                if held_result is not None:  # the previous unit's all-gather result, kept until now
+                    add(Free(held_result))
+                self.copy_out(unit)
+                held_result = ("ag_out", unit)
+            add(Alloc(("kept", i), layer.kept_bytes, DEFAULT))
+            if i == self.last[unit] and unit not in self.stage.kept_from_forward:
+                self.reshard(unit)  # post_forward
+        if held_result is not None:  # the root's post-forward flushes the last result
+            add(Free(held_result))
+
+    def backward(self) -> None:
+        add = self.events.append
+        prefetched: set[int] = set()
+        gathered = set(self.stage.kept_from_forward)
+        reducing = None
+        for i in range(len(self.stage.layers) - 1, -1, -1):
+            layer, unit = self.stage.layers[i], self.stage.layers[i].unit
+            if i == self.last[unit]:  # pre_backward: unshard (no-op if gathered), copy out, prefetch
+                if unit not in gathered:
+                    if unit not in prefetched:
+                        self.all_gather(unit)
+                    self.copy_out(unit)
+                    add(Free(("ag_out", unit)))
+                    gathered.add(unit)
+                at = self.post_forward.index(unit)
+                target = self.post_forward[at - 1] if at > 0 else None
+                if target is not None and target not in gathered and target not in prefetched:
+                    self.all_gather(target)
+                    prefetched.add(target)
+            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
+            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
+            add(Free(("extra", i)))
+            add(Free(("kept", i)))
+            if i == self.first[unit]:  # post_backward: reshard, drop the previous input, reduce
+                self.reshard(unit)
+                gathered.discard(unit)
+                if reducing is not None:
+                    add(Free(("rs_in", reducing)))
+                reduced = int(sum(sum(self.stage.layers[m].grads) for m in self.members[unit]) * self.stage.reduce_ratio)
+                add(Alloc(("rs_in", unit), reduced, DEFAULT))
+                self.events += [Free(("grad", m, j)) for m in self.members[unit]
+                                for j in range(len(self.stage.layers[m].grads))]
+                # the reduce-scatter output, every parameter's sharded gradient a view of it
+                add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
+                reducing = unit
+        if reducing is not None:  # the root's final callback drops the last input
+            add(Free(("rs_in", reducing)))
+
+
+
+class _PipelineStep(_Step):
+    """A rank's step beside torch's pipelining (one stage a rank): FSDP2 gathers each unit at its
+    first forward and keeps it (reshard_after_forward False under PP: torchtitan 9dec370
+    parallelize_llama.py 324-339); every backward runs with gradient sync off, so each unit's
+    post-backward upcasts its gradients to the reduce dtype at the first backward (alloc fp32, free
+    the bf16: _fsdp_param.py 629-640) and adds into them after (642-648); after the stage's last
+    backward, the stage calls every unit's post-backward, the root first (all_states: root.modules()
+    order), which reshards and reduce-scatters (pipelining/stage.py 636-652, torch 2.6.0)."""
+
+    def run(self) -> None:
+        stage, add = self.stage, self.events.append
+        for unit in self.last:
+            add(Free(("sharded_grad", unit)))
+        self.gathered: set[int] = set()
+        self.upcast: set[int] = set()
+        for kind, mb in stage.actions:
+            self.forward_mb(mb) if kind == "F" else self.backward_mb(mb)
+        self.reduce_all()
+        scratch = [(("scratch", i, j), size) for i, layer in enumerate(stage.layers) for j, size in enumerate(layer.scratch)]
+        self.events += [Alloc(key, size, DEFAULT) for key, size in scratch]
+        self.events += [Free(key) for key, _ in scratch]
+
+    def forward_mb(self, mb: int) -> None:
+        add, held_result = self.events.append, None
+        for i, layer in enumerate(self.stage.layers):
+            unit = layer.unit
+            if i == self.first[unit] and unit not in self.gathered:
+                self.all_gather(unit)
+                if held_result is not None:
+                    add(Free(held_result))
+                self.copy_out(unit)
+                held_result = ("ag_out", unit)
+                self.gathered.add(unit)
+            add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
+        if held_result is not None:
+            add(Free(held_result))
+        add(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
+
+    def backward_mb(self, mb: int) -> None:
+        add = self.events.append
+        add(Alloc(("loss_extra",), self.stage.loss_extra_bytes, DEFAULT))
+        add(Free(("loss_extra",)))
+        add(Free(("rest", mb)))
+        for i in range(len(self.stage.layers) - 1, -1, -1):
+            layer = self.stage.layers[i]
+            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
+            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
+            add(Free(("extra", i)))
+            add(Free(("kept", mb, i)))
+            if i == self.first[layer.unit]:  # the hook's post-backward, gradient sync off
+                self.accumulate(layer.unit)
+
+    def accumulate(self, unit: int) -> None:
+        first = unit not in self.upcast
+        for m in self.members[unit]:
+            for j, size in enumerate(self.stage.layers[m].grads):
+                if first:  # to_accumulated_grad_if_needed: the reduce-dtype copy, then the gradient freed
+                    self.events.append(Alloc(("acc", m, j), int(size * self.stage.reduce_ratio), DEFAULT))
+                self.events.append(Free(("grad", m, j)))
+        self.upcast.add(unit)
+
+    def reduce_all(self) -> None:
+        add = self.events.append
+        order = sorted(self.last, key=lambda u: (u not in self.stage.root_units, self.first[u]))
+        for unit in order:
+            self.reshard(unit)
+            add(Free(("rs_in", "last")))  # the previous one (the last step's where the context kept it)
+            reduced = int(sum(sum(self.stage.layers[m].grads) for m in self.members[unit]) * self.stage.reduce_ratio)
+            add(Alloc(("rs_in", "last"), reduced, DEFAULT))
+            self.events += [Free(("acc", m, j)) for m in self.members[unit]
+                            for j in range(len(self.stage.layers[m].grads))]
+            add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
+        if not self.stage.keeps_last_input:
+            add(Free(("rs_in", "last")))
+
+
+def parameter_parts(layer, assumptions: dict) -> list[int]:
+    """A layer's parameter tensors, in the order the module registers them (FSDP2 allocates, frees and
+    reduces each one's unsharded storage apart): the profile's record where it lists several; for an
+    analytic LLaMA-style block the tensors torchtitan's model makes, each of its elements on this
+    tensor-parallel rank (9dec370 torchtitan/models/llama/model.py 158-165 wq, wk, wv, wo; 248-250 w1,
+    w2, w3; 295-300 attention_norm, ffn_norm, replicated under TP; 374-378 norm, output); else one."""
+    record = layer.alloc_records.get(OPTION_NONE)
+    if record is not None and len(record.params) > 1:
+        return list(record.params)
+    model = assumptions.get("model")
+    if not isinstance(model, dict) or model.get("style") != "llama":
+        return list(record.params) if record is not None and record.params else [1]
+    h, f, heads, kv = model["hidden_size"], model["intermediate_size"], model["num_heads"], model["num_kv_heads"]
+    head_dim = model.get("head_dim") or h // heads
+    tp = assumptions.get("tp", 1) if isinstance(assumptions.get("tp", 1), int) else 1
+    if layer.kind == "decoder_block":
+        q, kv_width = heads * head_dim // tp, kv * head_dim // tp
+        return [h * q, h * kv_width, h * kv_width, q * h, h * f // tp, f // tp * h, h * f // tp, h, h]
+    if layer.kind == "norm+lm_head":
+        return [h, h * int(assumptions.get("vocab_per_device") or model["vocab_size"])]
+    return [1]
+
+
+def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
+    """`total` bytes split over tensors in proportion to `parts` (a layer's parameters' bytes)."""
+    whole = sum(parts)
+    if not whole:
+        return (int(round(total)),) if total else ()
+    return tuple(int(round(total * part / whole)) for part in parts)
+
+
+# ---------------------------------------------------------------- the stage from the cost model's terms
+
+
+def replays(setup: TrainSetup) -> bool:
+    """Whether this replay orders the setup's step, under a runtime whose record says it runs FSDP2's
+    (fsdp2_step_replayed): one stage and one microbatch with its units charged per moment
+    (fsdpunits.charged_per_moment: ZeRO 3 resharded after forward); or one stage a rank of 1F1B or
+    GPipe with the weights gathered and the gradients kept whole through the microbatches
+    (dataparallel.kept_whole: torchtitan beside a pipeline)."""
+    pipeline, record = setup.pipeline, runtimes.of(setup.training)
+    if not record.fsdp2_step_replayed or pipeline.chunks != 1 or dataparallel.shard_size(setup) < 2:
+        return False
+    if pipeline.stages == 1 and pipeline.microbatches == 1:
+        return fsdpunits.charged_per_moment(setup, record.fsdp_units)
+    return pipeline.schedule in ("1F1B", "GPipe") and dataparallel.kept_whole(setup) and setup.data_parallel.zero >= 3
+
+
+def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup) -> Fsdp2Stage:
+    """Rank `stage`'s replay input from the cost model's own terms (`cost`: its StageCost): each
+    layer's kept bytes and its extra less FSDP2's moment (which the replay makes itself), the units
+    and the held parameters as fsdpunits and dataparallel count them."""
+    from planner.cost.assembly import option_indices
+    from planner.cost.layers import layer_costs
+    from planner.cost.reserve import replayed_microbatches
+    from planner.cost.rules import (
+        fsdp_unit_layer_bytes,
+        fsdp_unit_loss_bytes,
+        kept_reduce_scatter_input_bytes,
+    )
+    from planner.cost.schedules import build_schedule
+    from planner.cost.terms import Context, layer_value, stage_value
+
+    by_name = {layer.name: layer for layer in layer_costs(profile)}
+    costs = [by_name[name] for name in plan.layers]
+    options = option_indices(plan, costs)
+    ctx = Context(profile, setup)
+    record, pipeline = runtimes.of(setup.training), setup.pipeline
+    piped = pipeline.stages > 1 or pipeline.microbatches > 1
+    # beside a pipeline torchtitan fully_shards each block and the stage's root (its embedding or its
+    # norm and head, never both: 9dec370 parallelize_llama.py 324-339): a unit a layer
+    units = fsdpunits.unit_of_layers(len(costs), "per-layer" if piped else record.fsdp_units)
+    held = dataparallel.param_bytes(setup)
+    k = dataparallel.shard_size(setup)
+    profiles = {layer.name: layer for layer in profile.layers}
+    block_kind = max({c.kind for c in costs}, key=[c.kind for c in costs].count)
+    ep = setup.data_parallel.ep
+    scratch_per_param = cost.step_scratch_bytes / max(1, sum(c.param_count for c in costs))
+    layers, kept_sum, static_sum = [], 0, 0.0
+    for layer, option, unit in zip(costs, options, units):
+        known = profiles[layer.name]
+        parts = parameter_parts(known, profile.assumptions)
+        params = layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
+        fp8 = known.float8.param_count if known.float8 is not None else 0
+        kept = int(round(layer_value("kept", layer, option, ctx)))
+        extra = int(round(layer_value("extra", layer, option, ctx)
+                          - fsdp_unit_layer_bytes(layer, option, profile, setup)))
+        shard = tensor_split(params * held.shard_weights / k, parts)
+        state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
+        gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
+        layers.append(Fsdp2Layer(
+            unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
+            grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
+            scratch=tensor_split(params * scratch_per_param, parts)))
+        kept_sum += kept
+        # what static charges for them: whole weights and gradients beside a pipeline, else the shards
+        static_sum += sum(shard) + sum(state) + (sum(gathered) + params * held.grads if piped else params * held.grads / k)
+    last = stage == pipeline.stages - 1
+    loss_extra = stage_value("extra", stage, ctx) - fsdp_unit_loss_bytes(profile, stage, setup) if last else 0.0
+    actions = ()
+    if piped:
+        order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
+                               num_microbatches=replayed_microbatches(pipeline, stage))
+        actions = tuple((a.kind, a.microbatch) for a in order.actions[stage])
+    kept_input = kept_reduce_scatter_input_bytes(profile, stage, setup)  # the replay makes it itself
+    return Fsdp2Stage(
+        layers=tuple(layers),
+        kept_from_forward=frozenset(units) if piped else frozenset(
+            fsdpunits.gathered_from_forward(units, record.fsdp_gathered_from_forward)),
+        shard_group=k, reduce_ratio=held.grads / held.weights,
+        # what static holds beyond the shards, states and gradients (none where they are all)
+        buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - static_sum)),
+        loss_kept_bytes=max(0, cost.kept_bytes - kept_sum), loss_extra_bytes=int(max(0.0, loss_extra)),
+        actions=actions, root_units=frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
+        keeps_last_input=record.keeps_last_reduce_scatter_input)
