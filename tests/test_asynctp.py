@@ -154,3 +154,17 @@ def test_async_tp_takes_its_workspace_beside_the_reserved_peak_not_in_it():
     assert fused_run.workspace_bytes - plain.workspace_bytes == 2 * 10**8
     assert (fused_run.peak_bytes, fused_run.reserved_bytes) == (plain.peak_bytes, plain.reserved_bytes)
     assert fused_run.device_need_bytes - plain.device_need_bytes == 2 * 10**8
+
+
+def test_under_float8_a_fused_all_gather_copies_the_float8_shard():
+    # as above (4 ranks, 40 GB/s, float8 chunks 1 ms, whole 3.5 ms), the shard a float8 cast: each
+    # copy 0.05 GB = 1.25 ms and the own shard's copy_ms 0.25. Own chunk [0, 1]; copies [0, 1.25],
+    # [1.25, 2.5], [2.5, 3.75]; matmuls [1.25, 2.25], [2.5, 3.5], [3.75, 4.75]
+    fp8 = (7.5, 2.0, 0.5, 3.5, 1.0)
+    assert asynctp.fused_extra_ms("all-gather", 4e8, 4, 40.0, fp8, float8=True,
+                                  gathers_float8=True) == pytest.approx(4.75 + 0.25 - 3.5)
+    # a reduce-scatter's partials are the bf16 matmul outputs: unchanged (chunks 1 ms, copies 2.5 ms:
+    # matmuls [0, 1], [1, 2], [3.5, 4.5]; copies [1, 3.5], [3.5, 6], [6, 8.5]; own chunk [6, 7])
+    assert asynctp.fused_extra_ms("reduce-scatter", 4e8, 4, 40.0, fp8, float8=True, gathers_float8=True) == \
+        pytest.approx(asynctp.fused_extra_ms("reduce-scatter", 4e8, 4, 40.0, fp8, float8=True)) == \
+        pytest.approx(8.5 + 0.5 - 3.5)

@@ -231,3 +231,37 @@ def test_a_measured_collective_figure_applies_inside_a_node_and_the_network_acro
     assert (inside["tp_gb_per_s"], inside["tp_step_latency_ms"]) == (354.9, pytest.approx(3.4e-3))
     assert (across["tp_gb_per_s"], across["tp_step_latency_ms"]) == (50.0, pytest.approx(14.0e-3))
     assert "NVIDIA/nccl#1281" in inside["comm_notes"][0]
+
+
+def _float8_block(collectives, *, converted: bool):
+    from planner.schema import Float8Linears
+
+    one = layer("block", "block", fwd_ms=1.0, act_mib=1, input_mib=1, param_count=10)
+    record = Float8Linears(param_count=10, fwd_ms=1.0, bwd_ms=2.0) if converted else None
+    one = one.model_copy(update={"collectives": collectives, "bwd_ms": 2.0, "float8": record})
+    return costmodel.layer_costs(profile_of([one]))[0]
+
+
+def test_under_float8_the_tensor_parallel_all_gathers_move_float8_and_the_reduce_scatters_bf16():
+    gather = LayerCollective(kind="all-gather", tensor_bytes=5 * 10**8, fwd=1, bwd=1, recompute=1)
+    scatter = LayerCollective(kind="reduce-scatter", tensor_bytes=5 * 10**8, fwd=1, bwd=1, recompute=1)
+    block = _float8_block([gather, scatter], converted=True)
+
+    def charged(runtime, **training):
+        return comm.layer_comm_ms(block, 1, TrainSetup(
+            stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**40], runtime=runtime,
+            precision="bf16-mixed", comm={"tp": 2, "tp_gb_per_s": 50.0}, **training))
+
+    # 1/2 x 0.5 GB / 50 GB/s = 5 ms each in bf16, three passes (forward, backward, the full recompute)
+    assert charged("torchtitan") == pytest.approx(3 * (5.0 + 5.0))
+    # torchao's Float8 TP plan casts before each all-gather (forward's input shard, backward's output
+    # gradient shard): 1 B an element, 2.5 ms; the reduce-scatters move the bf16 matmul outputs
+    assert charged("torchtitan", float8=True) == pytest.approx(3 * (2.5 + 5.0))
+    # a runtime whose TP linears are not torchao's (the record's tp_gathers_float8 is False) gathers bf16
+    assert not runtimes.facts("megatron").tp_gathers_float8
+    assert charged("megatron", float8=True) == pytest.approx(3 * (5.0 + 5.0))
+    # a layer without a Float8 record (the LM head, an embedding) gathers bf16 under --float8 too
+    plain = _float8_block([gather, scatter], converted=False)
+    setup = TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**40], runtime="torchtitan",
+                       precision="bf16-mixed", float8=True, comm={"tp": 2, "tp_gb_per_s": 50.0})
+    assert comm.layer_comm_ms(plain, 1, setup) == pytest.approx(3 * (5.0 + 5.0))

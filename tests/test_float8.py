@@ -89,6 +89,9 @@ def test_a_block_casts_each_distinct_input_once_as_compiled():
     # backward: every grad_output (64 + 32 + 32 + 64 + 160 + 160 + 64) and each distinct saved input again
     bwd = float8.backward(work(0, 0, gemms * 2), linears)
     assert bwd.bytes == 5 * T * ((64 + 32 + 32 + 64 + 160 + 160 + 64) + (64 + 64 + 64 + 160))
+    # torchao eab345c saved the float8 input: the grad_outputs' casts alone
+    saved = float8.backward(work(0, 0, gemms * 2), linears, saved_float8=True)
+    assert saved.bytes == 5 * T * (64 + 32 + 32 + 64 + 160 + 160 + 64) and saved.kernels == bwd.kernels
 
 
 def test_module_linears_name_the_tensor_their_input_is():
@@ -171,6 +174,28 @@ def test_the_setting_charges_the_saved_float8_weight_unless_gathered_in_float8()
     # the scales precomputed once a step: every converted fp32 weight read (the step's /K is the cost model's)
     assert gathered.step_ms["adam"] == pytest.approx(block.step_ms["adam"] + block.float8.param_count * 4 / 3.35e12 * 1e3)
     assert float8_profile(profile, setup()) is profile  # the setting off: the profile as made
+
+
+def test_torchtitan_9dec370s_torchao_saves_the_float8_input_and_recasts_none():
+    profile = analytic.analytic_profile(MID, SHAPE, gpu=H100, model=REF)
+    block = profile.layers[1]
+    # the record's backward without the saved inputs' recast: 5 B a distinct input's element less,
+    # at the fused kernels' rate (MID's block: attention_norm's, wo's, ffn_norm's and w2's inputs)
+    recast = 5 * 8 * 1024 * (4096 + 4096 + 4096 + 14336)
+    from planner.profiler.membound import membound_ms
+    assert block.float8.bwd_input_recast_ms == pytest.approx(membound_ms(recast, H100, "fused"))
+    old = float8_profile(profile, setup(float8=True, runtime_version="9dec370")).layers[1]
+    new = float8_profile(profile, setup(float8=True)).layers[1]  # torchtitan's newest: torchao v0.11.0's rule
+    assert (old.bwd_ms, new.bwd_ms) == (block.float8.bwd_ms - block.float8.bwd_input_recast_ms, block.float8.bwd_ms)
+    # compiled, the record moves with the compiled backward (compiled_time.timed_layers) and the recast's
+    # part stays: torchtitan 9dec370's compiled Float8 backward is the compiled one less the recast
+    from planner.profiler import compiled_time
+    compiled = analytic.analytic_profile(MID, SHAPE, gpu=H100, model=REF, compiled=True)
+    timed, changed = compiled_time.timed_layers(compiled)
+    assert changed == 2
+    fp8 = timed.layers[1].float8
+    assert float8_profile(timed, setup(float8=True, runtime_version="9dec370")).layers[1].bwd_ms == \
+        pytest.approx(fp8.bwd_ms - fp8.bwd_input_recast_ms) and fp8.bwd_input_recast_ms > 0
 
 
 def test_the_allocation_record_gains_the_float8_tensors():
@@ -298,5 +323,11 @@ def test_under_tp_with_sp_the_norms_output_is_cast_on_its_shard_and_saved_in_flo
     # the two norms' outputs cast on the 4,096-row shard; wo's and w2's inputs whole
     assert fwd.bytes == 5 * (T // 2 * 64 * 2 + T * (32 + 80))
     bwd = float8.backward(work(0, 0, gemms * 2), linears)
-    # every grad_output (32 + 16 + 16 + 64 + 80 + 80 + 64); only wo's and w2's saved bf16 inputs recast
-    assert bwd.bytes == 5 * T * ((32 + 16 + 16 + 64 + 80 + 80 + 64) + (32 + 80))
+    # the column-parallel grad_outputs whole (32 + 16 + 16 + 80 + 80); wo's and w2's (Float8RowwiseParallel)
+    # on the 4,096-row shard before their all-gather (64 + 64); no saved input recast: every linear saved
+    # its float8 input (the norms' gathered casts; wo's and w2's cast in the plan's _prepare_input_fn)
+    assert bwd.bytes == 5 * (T * (32 + 16 + 16 + 80 + 80) + T // 2 * (64 + 64))
+    assert [(item.saves_float8, item.grad_rows) for item in linears if item.fqn.endswith(("wo", "w2"))] == \
+        [(True, T // 2)] * 2
+    # at TP 1 (or without SP) no linear is under the Float8 TP plan: grad_outputs whole, inputs recast
+    assert not any(item.saves_float8 or item.grad_rows for item in float8.block_linears(TINY, SHAPE, "layers.0"))

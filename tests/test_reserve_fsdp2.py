@@ -80,6 +80,20 @@ def test_a_unit_kept_gathered_from_forward_is_not_gathered_again():
     assert allocator.replay(events).reserved_peak_bytes >= allocator.replay(events).allocated_peak_bytes
 
 
+def _reserve_is_the_larger_of_replay_and_margin(stages) -> None:
+    """The replay ran on every stage: where it reserves at least the margin's peak / (1 - fragmentation)
+    it is the reserve ("replay"); else the margin stays the reserve ("divisor") and the replay is reported
+    beside it (reserve.with_replayed_reserve). Either way the reserve is at least the allocated peak."""
+    for c in stages:
+        margin = allocator.reserved_bytes(c.peak_bytes, allocator.DEFAULT_FRAGMENTATION)
+        if c.reserved_by == "replay":
+            assert c.replayed_reserved_bytes is None and c.reserved_bytes >= margin
+        else:
+            assert c.reserved_by == "divisor" and c.replayed_reserved_bytes < c.reserved_bytes == margin
+            assert c.replayed_reserved_bytes >= c.peak_bytes
+        assert c.reserved_bytes >= c.peak_bytes
+
+
 def _titan(**fields) -> TrainSetup:
     base = dict(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[80 * GIB], precision="bf16-mixed",
                 runtime="torchtitan", runtime_version="9dec370", dp=4, zero=3)
@@ -90,8 +104,7 @@ def test_torchtitans_one_stage_fsdp2_reserve_is_the_replays_and_never_below_the_
     profile = uniform_blocks(4).model_copy(update={"device": uniform_blocks(4).device.model_copy(update={"type": "cuda"})})
     stages = costmodel.split_to_stages([0], [False] * len(profile.layers), profile)
     cost = costmodel.evaluate(stages, profile, _titan())
-    assert [c.reserved_by for c in cost.stages] == ["replay"]
-    assert all(c.reserved_bytes >= c.peak_bytes for c in cost.stages)
+    _reserve_is_the_larger_of_replay_and_margin(cost.stages)
     # beside a pipeline, or without ZeRO 3, or with --fragmentation stated: the divisor, as before
     two = costmodel.split_to_stages([0, 2], [False] * len(profile.layers), profile)
     assert {c.reserved_by for c in costmodel.evaluate(two, profile, _titan(stages=2, mem_caps_bytes=[80 * GIB] * 2,
@@ -138,8 +151,7 @@ def test_torchtitan_beside_a_1f1b_pipeline_is_replayed_where_gradients_are_kept_
     two = costmodel.split_to_stages([0, 3], [False] * len(profile.layers), profile)
     setup = _titan(stages=2, mem_caps_bytes=[80 * GIB] * 2, microbatches=4, zero_gather="per-iteration")
     cost = costmodel.evaluate(two, profile, setup)
-    assert [c.reserved_by for c in cost.stages] == ["replay", "replay"]
-    assert all(c.reserved_bytes >= c.peak_bytes for c in cost.stages)
+    _reserve_is_the_larger_of_replay_and_margin(cost.stages)
 
 
 def test_torchtitans_replay_runs_expandable_segments_on_cuda_not_on_rocm():

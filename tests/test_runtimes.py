@@ -382,3 +382,14 @@ def test_without_a_pipeline_microbatches_are_gradient_accumulation_keeping_no_ou
     costs = [stage_cost(layers, [0] * len(layers), stage=0, profile=tiny,
                         setup=setup(runtime="torchtitan", runtime_version=v, microbatches=4)) for v in ("bbb1b616", "b5bcd76c")]
     assert costs[0].peak_bytes == costs[1].peak_bytes and costs[0].buffer_bytes == costs[1].buffer_bytes
+
+
+def test_the_whole_block_rerun_skips_the_last_residual_add_on_this_devices_rows():
+    """torch's checkpoint reruns the forward but the down projection and the residual add after it;
+    under sequence parallelism that add runs on the rank's T/t rows, as the forward counts it."""
+    from planner.profiler import analytic_time
+
+    for shape in (Shape(seq_len=32, micro_batch_size=2), Shape(seq_len=32, micro_batch_size=2, tp=2, sp=True)):
+        forward, _, rerun = analytic_time.block_work(TINY, shape)
+        rows = 64 // (2 if shape.sp else 1)  # 2 x 32 tokens
+        assert forward.bytes - rerun.bytes == 6 * rows * 64  # the add: read 2 + 2, write 2 bytes an element

@@ -305,7 +305,7 @@ def rank_rows(prediction) -> list[dict]:
     """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries)."""
     return [{"rank": s.index, "layers": s.layers, "checkpointed": s.checkpointed, "recompute": s.recompute,
              "static_bytes": c.static_bytes, "after_step_bytes": c.after_step_bytes, "step_end_bytes": c.step_end_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
-             "reserved_by": c.reserved_by or ("divisor" if c.reserved_bytes is not None else None), "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms,
+             "reserved_by": c.reserved_by or ("divisor" if c.reserved_bytes is not None else None), "replayed_reserved_bytes": c.replayed_reserved_bytes, "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms,
              "step_ms": c.step_ms}
             for s, c in zip(prediction.stages, prediction.cost.stages)]
 

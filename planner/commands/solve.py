@@ -142,7 +142,8 @@ def _summary(plan, out: Path) -> dict:
             {"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
              "static_bytes": s.predicted.static_bytes, "peak_bytes": s.predicted.peak_bytes, "reserved_bytes": s.predicted.reserved_bytes,
              "workspace_bytes": s.predicted.workspace_bytes, "cap_bytes": plan.setup.pipeline.mem_caps_bytes[s.index],
-             "time_ms": s.predicted.time_ms, "reserved_by": s.predicted.reserved_by}
+             "time_ms": s.predicted.time_ms, "reserved_by": s.predicted.reserved_by,
+             "replayed_reserved_bytes": s.predicted.replayed_reserved_bytes}
             for s in plan.stages
         ],
         "baselines": [

@@ -66,6 +66,8 @@ class StageCost:
     limit_bytes: int | None = None  # None: the cap
     reserved_bytes: int | None = None  # None: the peak
     reserved_by: str | None = None  # cuda: "replay" (planner/cost/reserve.py) or "divisor"
+    # cuda, where the replay ran but the divisor's reserve is larger (reserve.with_replayed_reserve): the replay's
+    replayed_reserved_bytes: int | None = None
     workspace_bytes: int = 0
     # allocated after the optimizer step: static and what the runtime keeps past it
     # (planner/cost/afterstep.py; what Megatron-LM logs as mem-allocated-bytes)
@@ -127,6 +129,7 @@ class StageCost:
         return StagePredicted(
             reserved_bytes=self.reserved_bytes,
             reserved_by=self.reserved_by or ("divisor" if self.reserved_bytes is not None else None),
+            replayed_reserved_bytes=self.replayed_reserved_bytes,
             workspace_bytes=self.workspace_bytes,
             peak_bytes=self.peak_bytes,
             static_bytes=self.static_bytes,

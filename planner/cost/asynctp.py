@@ -77,13 +77,18 @@ def matmul_reduce_scatter_ms(chunk_ms: float, transfer_ms: float, ranks: int) ->
 
 
 def fused_extra_ms(kind: str, tensor_bytes: float, ranks: int, gb_per_s: float, fused: tuple, *,
-                   float8: bool = False, compute_scale: float = 1.0) -> float:
+                   float8: bool = False, compute_scale: float = 1.0, gathers_float8: bool = False) -> float:
     """What one fused collective adds to its pass beyond its matmuls' whole time: `fused` is the
     layer's (whole, chunk, copy, fp8 whole, fp8 chunk) ms (LayerCost.collectives); under float8 the
-    fp8 figures where the profile gives them. Matmul times scale as the pass's compute does."""
+    fp8 figures where the profile gives them. Matmul times scale as the pass's compute does.
+    `gathers_float8` (comm.gathers_float8): an all-gather's shard is a float8 cast, so its copies into
+    the symmetric buffer and from each peer move half the bf16 tensor's bytes (the workspace, below,
+    holds it at 1 B too)."""
     whole, chunk, copy, fp8_whole, fp8_chunk = fused
     if float8 and fp8_whole is not None and fp8_chunk is not None:
         whole, chunk = fp8_whole, fp8_chunk
+    if gathers_float8 and kind == "all-gather":
+        tensor_bytes, copy = tensor_bytes / 2, copy / 2
     whole, chunk = whole * compute_scale, chunk * compute_scale
     transfer = tensor_bytes / ranks / (gb_per_s * 1e9) * 1e3
     pipeline = all_gather_matmul_ms if kind == "all-gather" else matmul_reduce_scatter_ms

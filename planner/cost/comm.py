@@ -162,13 +162,33 @@ def tp_link(comm: CommSetup) -> Link | None:
 PASSES = ("fwd", "bwd", "recompute")
 
 
-def pass_comm_ms(layer, which: str, comm: CommSetup) -> float:
-    """A layer's (LayerCost's) tensor-parallel collectives in one pass ("fwd", "bwd", "recompute")."""
+def gathers_float8(layer, setup: TrainSetup) -> bool:
+    """Whether the layer's tensor-parallel all-gathers move float8 (1 B an element) rather than the
+    bf16 tensor the profile lists: a Float8 layer (its record converts linears) under --float8 where
+    the runtime's Float8 TP plan casts before it gathers (record.tp_gathers_float8: torchao's
+    PrepareFloat8ModuleInput / Float8ColwiseParallel cast the forward's sequence shard, and
+    Float8RowwiseParallel's NoopFwToFloat8BwDynamic, applied after its reduce-scatter, casts the
+    backward's output gradient on its shard before that reduce-scatter's adjoint all-gather;
+    eab345c float8_tensor_parallel.py 49-60, 107-133, 210-217). The reduce-scatters stay bf16 (a
+    matmul's bf16 output, a gradient sum)."""
+    return bool(setup.training.float8 and getattr(layer, "float8_param_count", 0)
+                and runtimes.of(setup.training).tp_gathers_float8)
+
+
+def collective_bytes(kind: str, tensor_bytes: float, *, float8: bool) -> float:
+    """The bytes a listed collective moves: an all-gather of a float8 cast half the bf16 tensor."""
+    return tensor_bytes / 2 if float8 and kind == "all-gather" else tensor_bytes
+
+
+def pass_comm_ms(layer, which: str, comm: CommSetup, *, float8: bool = False) -> float:
+    """A layer's (LayerCost's) tensor-parallel collectives in one pass ("fwd", "bwd", "recompute");
+    `float8`: its all-gathers move float8 (gathers_float8)."""
     link = tp_link(comm)
     if link is None:
         return 0.0
     at = 2 + PASSES.index(which)
-    return sum(c[at] * collective_ms(c[0], c[1], comm.tp, link) for c in layer.collectives)
+    return sum(c[at] * collective_ms(c[0], collective_bytes(c[0], c[1], float8=float8), comm.tp, link)
+               for c in layer.collectives)
 
 
 def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
@@ -182,9 +202,9 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
     hidden = tp_overlap_source(comm, setup.training) is not None
     if hidden and comm.tp_overlap == "async-tp":
         return sum(async_tp_pass_ms(layer, which, setup) for which, _ in passes)
-    total = 0.0
+    total, float8 = 0.0, gathers_float8(layer, setup)
     for which, compute in passes:
-        ms = pass_comm_ms(layer, which, comm)
+        ms = pass_comm_ms(layer, which, comm, float8=float8)
         total += max(0.0, ms - compute) if hidden else ms
     return total
 
@@ -196,15 +216,16 @@ def async_tp_pass_ms(layer, which: str, setup: TrainSetup) -> float:
     link = tp_link(comm)
     if link is None:
         return 0.0
-    at, total = 2 + PASSES.index(which), 0.0
+    at, total, gathered8 = 2 + PASSES.index(which), 0.0, gathers_float8(layer, setup)
     for c in layer.collectives:
         fused = c[5] if len(c) > 5 else None
         if fused is None:
-            total += c[at] * collective_ms(c[0], c[1], comm.tp, link)
+            total += c[at] * collective_ms(c[0], collective_bytes(c[0], c[1], float8=gathered8), comm.tp, link)
         else:
             total += c[at] * asynctp.fused_extra_ms(c[0], c[1], comm.tp, link.gb_per_s, fused,
                                                     float8=setup.training.float8,
-                                                    compute_scale=setup.time.compute_scale)
+                                                    compute_scale=setup.time.compute_scale,
+                                                    gathers_float8=gathered8)
     return total
 
 

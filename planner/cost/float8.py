@@ -7,7 +7,9 @@ model then charges it, term by term:
 Time, per layer with a record:
 - forward, backward and each recompute option's rerun: the record's, the converted GEMMs at the FP8
   peak with the activations' and gradients' casts; an option the record does not name reruns no
-  converted linear (attention core, activations, offload's copies) and keeps its time;
+  converted linear (attention core, activations, offload's copies) and keeps its time; the backward
+  without the saved inputs' recast where the runtime's torchao saved the float8 input
+  (RuntimeFacts.float8_saves_input: eab345c, torchtitan 9dec370's; Float8Linears.bwd_input_recast_ms);
 - the weights' casts (amax and cast, per forward and per rerun): charged unless the weights are
   gathered in float8 (then FSDP2's pre-all-gather casts each rank's shard, 1/K of them); under
   Transformer Engine (RuntimeFacts.float8 "transformer-engine") once per step instead, in the layer's
@@ -73,13 +75,17 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     # in the step time, which the cost model divides over the shard group, so taken times it (each rank
     # casts its whole weight)
     per_step = dataparallel.shard_size(setup) if record.float8 == "transformer-engine" and not gathered else 0
-    layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step)
+    layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
+                     saves_input=record.float8_saves_input)
               if layer.float8 is not None else layer for layer in profile.layers]
     return profile.model_copy(update={"layers": layers})
 
 
-def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float, per_step: int = 0) -> LayerProfile:
+def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float, per_step: int = 0,
+           saves_input: bool = False) -> LayerProfile:
     fp8: Float8Linears = layer.float8
+    if saves_input:  # the float8 input saved: its recast does not run (the record's part of bwd_ms)
+        fp8 = fp8.model_copy(update={"bwd_ms": fp8.bwd_ms - fp8.bwd_input_recast_ms})
     cast = 0.0 if gathered or per_step else fp8.weight_cast_ms
     fwd = fp8.fwd_ms + cast
     kept_weight = fp8.param_count if memory and not gathered else 0  # float8 weight saved, 1 B a parameter

@@ -196,6 +196,11 @@ class RuntimeFacts:
     float8_memory: bool = False
     """The Float8 linears' memory is read (torchao's saved float8 weight and its casts); False:
     memory is charged as the bf16 layers' and the command says so."""
+    float8_saves_input: bool = False
+    """A tensorwise Float8 linear saves the float8 cast of its input for the weight gradient, so the
+    backward casts no saved input again (torchao eab345c); False: it saves the bf16 input and casts
+    it again (torchao v0.11.0), or the Float8 record's own rule (Transformer Engine). Read by
+    planner/cost/float8.py (Float8Linears.bwd_input_recast_ms)."""
 
     # -- the layers' kernels (read by planner/cost/fusedkernels.py; issue 35)
     fused_kernels: str | None = None

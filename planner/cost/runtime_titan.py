@@ -117,6 +117,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
+        float8_saves_input=version == "9dec370",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
             "fsdp_units": _TITAN_UNITS[version][2],
@@ -190,6 +191,11 @@ def torchtitan(version: str) -> RuntimeFacts:
             "float8_memory": f"torchao/float8/float8_linear.py 77 (save_for_backward(input_hp, weight_hp_t)), 330-358 "
                              f"(the weight cast before it: the saved weight is float8), {TORCHAO_V}",
             "cublas_workspace_bytes": "not sourced",
+            "float8_saves_input": ("torchao/float8/float8_linear.py 46-51 (manual_float8_matmul_with_args_in_float8 "
+                                   "saves input_fp8), 355-390 (Float8Linear.forward casts the input first), torchao "
+                                   "eab345c (the benchmarks' of 2024-12-23)" if version == "9dec370" else
+                                   f"torchao/float8/float8_linear.py 61-78 (matmul_with_hp_or_float8_args saves "
+                                   f"input_hp, the bf16 input, and casts it again in the backward), {TORCHAO_V}"),
             "tp_gathers_float8": ("torchao/float8/float8_tensor_parallel.py 49-60, 210-217 (Float8ColwiseParallel, "
                                   "PrepareFloat8ModuleInput: hp_tensor_to_float8_dynamic, then redistribute to "
                                   "Replicate), float8_linear.py 51 (manual_float8_matmul_with_args_in_float8 saves "

@@ -120,6 +120,7 @@ def _ckplan() -> RuntimeFacts:
             **_FLOAT8_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
+            "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
             "cp_repeats_kv": "planner/runtime runs no context parallelism (refused)",
@@ -235,6 +236,8 @@ def _megatron() -> RuntimeFacts:
                              f"{_TE_V}) and its float8-saved inputs (linear.py 362-429) are not charged",
             "async_tp_workspace": "not AsyncTP: Transformer Engine's userbuffers under --tp-comm-overlap are not read here",
             "tp_gathers_float8": "not read: Megatron-LM's TP saves the sequence shard (tp_saves_gathered_input)",
+            "float8_saves_input": "not read: Transformer Engine's record saves the quantized input itself "
+                                  "(planner/profiler/float8.py te_backward)",
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
                                       "CUBLAS_WORKSPACE_CONFIG :4096:8 (8 x 4 MiB); torch allocates it through the "
                                       "caching allocator, one per handle and stream, the cuBLASLt one unified with it "
@@ -308,6 +311,7 @@ def _deepspeed() -> RuntimeFacts:
             **_FLOAT8_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
+            "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             "cp_repeats_kv": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
@@ -370,6 +374,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             **_FLOAT8_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
+            "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "not read (refused)",
             "cp_repeats_kv": "not read (refused)",

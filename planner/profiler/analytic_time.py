@@ -165,14 +165,15 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
 def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
     """torch's non-reentrant checkpoint reruns the forward up to the last tensor the backward
     needs (analytic.block_recompute_flops): a LLaMA block's forward but its last matmul (the
-    down projection, or the shared experts' where they come last) and the residual add after."""
+    down projection, or the shared experts' where they come last) and the residual add after, on
+    this device's rows as block_work counts it (T/t under sequence parallelism)."""
     skipped = formulas.block_flops(arch, shape, moe=moe) - formulas.block_recompute_flops(arch, shape, moe=moe)
     if not skipped:
         return fwd
     last = Kernel("matmul", skipped)
     kernels = [kernel for kernel, count in fwd.kernels for _ in range(count)]
     kernels.remove(last)
-    return work(fwd.flops - skipped, fwd.bytes - ADD * shape.tokens * arch.hidden_size, kernels)
+    return work(fwd.flops - skipped, fwd.bytes - ADD * (shape.tokens // shape.sp_div) * arch.hidden_size, kernels)
 
 
 def rerun_work(arch, shape, part: str) -> Work:

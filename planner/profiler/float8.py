@@ -17,6 +17,10 @@ What a converted linear runs (torchao v0.11.0 f34b473e `torchao/float8/float8_li
 - backward: grad_output cast (e5m2) and the saved float8 weight for the input-grad GEMM; grad_output
   and the saved bf16 input cast again for the weight-grad GEMM: two float8 GEMMs. The two casts of
   grad_output are one tensor cast twice with one scale (tensorwise); counted once (compiled, CSE).
+  torchao eab345c (torchtitan 9dec370's benchmarks) saved the float8 input instead
+  (`manual_float8_matmul_with_args_in_float8`, float8_linear.py 46-51): no recast; the record's
+  `bwd_input_recast_ms` is the recast's part of the backward, left out where the runtime record's
+  float8_saves_input says so.
 Each cast is `hp_tensor_to_float8_dynamic` (`float8_scaling_utils.py`): amax (max(abs(x))) then
 scale and cast. torchtitan runs Float8 compiled ("Float8 experimental is intended to be ran under
 torch.compile", 9dec370 `torchtitan/float8.py`), where the amax is one read and the cast one read and
@@ -38,7 +42,16 @@ The record is the compiled one; eager Float8 (no CSE, about 33 B a cast) is not 
 Under TP with SP the norm's output is cast before its all-gather, once per module, on the rank's
 sequence shard (T/t rows), and saved in float8 (runtime_titan.py's `tp_gathers_float8` source:
 torchao float8_tensor_parallel.py PrepareFloat8ModuleInput; eab345c float8_linear.py 51 saves
-input_fp8): Linear.shard_rows, no backward recast of that input.
+input_fp8): Linear.shard_rows, no backward recast of that input. The row-parallel wo and w2
+(Float8RowwiseParallel) cast their input in the plan's `_prepare_input_fn` (T rows of their local
+width, as counted) and the linear saves that float8 tensor (eab345c `manual_float8_matmul_with_args_
+in_float8` saves input_fp8; v0.11.0 `matmul_with_hp_or_float8_args` saves its argument, float8 here,
+and does not cast it again): no backward recast. Their `_prepare_output_fn` applies
+NoopFwToFloat8BwDynamic after the reduce-scatter to Shard(1), so the output gradient is cast on
+the sequence shard, T/t rows x h, before the adjoint all-gather (gathered in float8, planner/cost/
+comm.py gathers_float8), and the linear's backward takes it as it is (tensor_already_casted_to_fp8):
+Linear.saves_float8, grad_rows (eab345c `float8_tensor_parallel.py` 96-133,
+`float8_scaling_utils.py` 246-275).
 
 The analytic profile writes the record for dense blocks (block_linears); its MoE and latent-attention
 (MLA) blocks get none and run bf16 under --float8 (torchtitan converts experts only under its
@@ -81,6 +94,11 @@ class Linear:
     # (PrepareFloat8ModuleInput) and the float8 input is what is saved: `shard_rows` rows cast, none again
     # in the backward (0: `tokens` rows, cast in the linear, the bf16 input saved and recast)
     shard_rows: int = 0
+    # a row-parallel linear under that plan (Float8RowwiseParallel): its input cast in the plan's
+    # _prepare_input_fn and saved in float8 (no backward recast), and its output gradient cast on the
+    # sequence shard before the reduce-scatter's adjoint all-gather: `grad_rows` rows (0: `tokens`)
+    saves_float8: bool = False
+    grad_rows: int = 0
 
     @property
     def source(self) -> str:
@@ -115,12 +133,14 @@ def block_linears(arch, shape: Shape, prefix: str) -> list[Linear]:
                 Linear(f"{prefix}.feed_forward.proj", T, f, h, arch.intermediate_size, h)]
     norm, ffn_norm = f"{prefix}.attention_norm", f"{prefix}.ffn_norm"  # what Q/K/V and w1/w3 read
     shard = T // shape.sp_div if shape.tp > 1 and shape.sp else 0
+    rowwise = {"saves_float8": True, "grad_rows": shard} if shard else {}  # wo, w2 (Float8RowwiseParallel)
     return [Linear(f"{prefix}.attention.wq", T, h, q, h, fq, norm, shard),
             Linear(f"{prefix}.attention.wk", T, h, kv, h, fkv, norm, shard),
-            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv, norm, shard), Linear(f"{prefix}.attention.wo", T, q, h, fq, h),
+            Linear(f"{prefix}.attention.wv", T, h, kv, h, fkv, norm, shard),
+            Linear(f"{prefix}.attention.wo", T, q, h, fq, h, **rowwise),
             *(Linear(f"{prefix}.feed_forward.{name}", T, h, f, h, arch.intermediate_size, ffn_norm, shard)
               for name in ("w1", "w3")),
-            Linear(f"{prefix}.feed_forward.w2", T, f, h, arch.intermediate_size, h)]
+            Linear(f"{prefix}.feed_forward.w2", T, f, h, arch.intermediate_size, h, **rowwise)]
 
 
 def in_float8(done: Work, linears: list[Linear], *, gemms: int, own, shared) -> tuple[Work, int]:
@@ -154,12 +174,15 @@ def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
                      shared=lambda linear: CAST_BYTES * (linear.shard_rows or linear.tokens) * linear.k)
 
 
-def backward(done: Work, linears: list[Linear]) -> Work:
-    """A backward: each linear's grad_output cast (once: tensorwise, one scale for both GEMMs) and
-    each distinct saved bf16 input cast again; two float8 GEMMs each. The float8 weight is the
-    forward's, saved."""
-    return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * linear.tokens * linear.n,
-                     shared=lambda linear: 0 if linear.shard_rows else CAST_BYTES * linear.tokens * linear.k)[0]
+def backward(done: Work, linears: list[Linear], *, saved_float8: bool = False) -> Work:
+    """A backward: each linear's grad_output cast (once: tensorwise, one scale for both GEMMs; a
+    row-parallel linear's on its sequence shard, Linear.grad_rows) and each distinct saved bf16
+    input cast again (none where the float8 input was saved: Linear.shard_rows, saves_float8, or
+    every linear under `saved_float8`, torchao eab345c); two float8 GEMMs each. The float8 weight is
+    the forward's, saved."""
+    return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * (linear.grad_rows or linear.tokens) * linear.n,
+                     shared=lambda linear: 0 if saved_float8 or linear.shard_rows or linear.saves_float8
+                     else CAST_BYTES * linear.tokens * linear.k)[0]
 
 
 # Transformer Engine's FP8 linears (Megatron-core's TE spec; Megatron-Bridge 25.11's recipe: tensorwise
@@ -237,8 +260,11 @@ def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, W
         if rerun_cast:  # an option that reruns no converted linear keeps its time
             recompute[name] = roofline_ms(rerun8, gpu)
             weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)
+    bwd_ms = roofline_ms(backward_of(bwd, linears), gpu)
+    # eab345c's backward (the module's docstring): the saved inputs' recast is what it does not run
+    recast = 0.0 if te else max(0.0, bwd_ms - roofline_ms(backward(bwd, linears, saved_float8=True), gpu))
     return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
-                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=roofline_ms(backward_of(bwd, linears), gpu),
+                         fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=bwd_ms, bwd_input_recast_ms=recast,
                          recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
                          rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears))
 

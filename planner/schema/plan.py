@@ -42,6 +42,9 @@ class StagePredicted(Strict):
     # recorded allocations, planner/cost/reserve.py) or "divisor" (the allocated peak over
     # 1 - fragmentation: profiles without allocation records, chunked schedules, --fragmentation)
     reserved_by: Literal["replay", "divisor"] | None = None
+    # cuda, where the replay of the runtime's step ran and the divisor's reserve is the larger (torchtitan's
+    # FSDP2 step, planner/cost/reserve_fsdp2.py): the replay's reserved peak, reported beside it
+    replayed_reserved_bytes: int | None = None
     workspace_bytes: int = 0
     # host memory the rank takes (offloaded optimizer, offloaded activations) and its share of
     # the node's (--host-mem; None: not capped)

@@ -129,6 +129,9 @@ class Float8Linears(Strict):
     param_count: Count  # the converted linears' weights
     fwd_ms: Ms  # the forward with the converted GEMMs in float8 and the activations' casts
     bwd_ms: Ms  # the backward: input-grad and weight-grad GEMMs in float8, grad_output's and input's casts
+    # of bwd_ms, the casts of the saved bf16 inputs again (torchao v0.11.0's rule), which a runtime whose
+    # torchao saved the float8 input does not run (RuntimeFacts.float8_saves_input, torchao eab345c)
+    bwd_input_recast_ms: Ms = 0.0
     # each recompute option's rerun under Float8 (the weights' casts apart), by option name
     recompute_ms: dict[OptionName, Ms] = {}
     # casting the converted weights to float8 (amax and cast), as every forward does; none under
