@@ -116,6 +116,69 @@ def test_a_layers_exchange_reads_the_runtimes_ring_and_reruns_under_full_recompu
     assert contextparallel.exchange_ms(block, 0, _cp_setup("megatron", None)) == 0.0
 
 
+def test_torchtitans_repeated_kv_heads_widen_what_its_ring_moves_and_holds():
+    import dataclasses
+
+    block = dataclasses.replace(layer_costs(_profile(1))[1], context_parallel=RING)
+    # RING: K and V together as wide as Q, i.e. 2 query heads a K/V head; torchtitan 9dec370's repeat_kv
+    # makes each 1e8 wide: K/V 2e8 bytes
+    old = _cp_setup("torchtitan", 100.0, runtime_version="9dec370")
+    assert contextparallel.as_exchanged(RING, old.training).kv_bytes == 2 * 10**8
+    # forward: the all-gather of 4 x 2e8 moves 6e8 (6 ms) beside step 0 (0.5): 5.5; backward: the gather
+    # again beside 1 ms (5), fp32 dK/dV of 4e8 (4 ms) beside 3 steps of 1 ms (3 x 3) and the last (4)
+    assert contextparallel.exchange_ms(block, 0, old) == pytest.approx(5.5 + (5 + 9 + 4))
+    # b5bcd76c passes enable_gqa, Megatron's TE takes the query groups: K/V at their own heads
+    assert contextparallel.as_exchanged(RING, _cp_setup("torchtitan", 100.0).training) == RING
+    assert contextparallel.as_exchanged(RING, _cp_setup("megatron", 100.0).training) == RING
+    # the buffers hold the repeated K/V: the all-gather ring's forward (cp + 1) KV + 3 Q at KV 2e8
+    setup = dataclasses.replace(block, context_parallel=ExchangeCost(ranks=4, q_bytes=10**6, kv_bytes=10**6,
+                                                                     attention_fwd_ms=1.0, attention_bwd_ms=1.0))
+    forward, backward = contextparallel.buffer_bytes(ExchangeCost(4, 10**6, 2 * 10**6, 1.0, 1.0), "allgather")
+    assert contextparallel.extra_bytes(setup, old) == \
+        max(0, forward - setup.transient_bytes, backward + setup.output_bytes - setup.transient_bytes)
+    new = _cp_setup("torchtitan", 100.0)
+    # the backward's buffers set it: (cp + 1) + 2 + 1 + 4 = 12 K/V, each 1e6 wider
+    assert contextparallel.extra_bytes(setup, old) - contextparallel.extra_bytes(setup, new) == 12 * 10**6
+    # wider K/V than Q (latent attention's up-projected K and V, or MHA): no repeat
+    wide = ExchangeCost(ranks=4, q_bytes=10, kv_bytes=25, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
+    assert contextparallel.as_exchanged(wide, old.training) == wide
+
+
+def test_torchs_ring_merge_and_fp32_gradients_by_hand():
+    # cp 4, O 1 element (2 bytes), K with V 2 elements (4 bytes): the busiest rank runs 3 full merges
+    ring = ExchangeCost(ranks=4, q_bytes=2, kv_bytes=4, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
+    # forward compiled: casts 6 + 6, 3 merges of 10 (read fp32 4 + bf16 2, write 4); the K/V concatenation 4 a K/V element
+    assert contextparallel.ring_bytes(ring, "forward", compiled=True) == 12 + 3 * 10 + 4 * 2
+    # eager: each merge 38 (cast 6, out - block_out 12, x sigmoid 8, out - 12); .contiguous() 4 and 3 concatenations
+    assert contextparallel.ring_bytes(ring, "forward", compiled=False) == 12 + 3 * 38 + (4 + 3 * 4) * 2
+    # backward compiled: dQ 6 + 3 x 10 + 6; dK/dV: concatenation 4, step 0's fp32 send buffer 6, 3 x (4 + 1 + 4), back 6
+    assert contextparallel.ring_bytes(ring, "backward", compiled=True) == (6 + 30 + 6) + (4 + 6 + 27 + 6) * 2
+    # eager: dQ zeros 4, += 10 x 4 steps, back 6; dK/dV zeros 4, .contiguous() 4, 3 concatenations 12,
+    # step 0's += 10 and send 8, 3 x (half add 5 + whole 8 + send 8), back 6
+    assert contextparallel.ring_bytes(ring, "backward", compiled=False) == (4 + 40 + 6) + (4 + 4 + 12 + 18 + 63 + 6) * 2
+
+
+def test_the_rings_memory_bound_time_reads_the_profiles_rate_and_the_compile():
+    import dataclasses
+
+    profile = _profile(1)
+    ring = ExchangeCost(ranks=4, q_bytes=2 * 10**9, kv_bytes=2 * 10**9, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
+    block = dataclasses.replace(layer_costs(profile)[1], context_parallel=ring)
+    rates = profile.assumptions["membound_tbps"]
+    eager = _cp_setup("torchtitan", 100.0, runtime_version="9dec370")
+    compiled = _cp_setup("torchtitan", 100.0, runtime_version="9dec370", compile=True)
+    # K/V as wide as Q: repeat_kv doubles them at 9dec370 (4e9 bytes, 2e9 elements); O 1e9 elements
+    fwd = (12 + 3 * 38) * 10**9 + (4 + 3 * 4) * 2 * 10**9
+    bwd = (4 + 40 + 6) * 10**9 + (4 + 4 + 12 + 18 + 63 + 6) * 2 * 10**9
+    assert contextparallel.ring_membound_ms(block, 0, profile, eager) == pytest.approx((fwd + bwd) / (rates["eager"] * 1e9))
+    assert contextparallel.ring_membound_ms(block, 1, profile, eager) == \
+        pytest.approx((2 * fwd + bwd) / (rates["eager"] * 1e9))  # the forward rerun
+    fwd, bwd = (12 + 30) * 10**9 + 4 * 2 * 10**9, 42 * 10**9 + 43 * 2 * 10**9
+    assert contextparallel.ring_membound_ms(block, 0, profile, compiled) == pytest.approx((fwd + bwd) / (rates["fused"] * 1e9))
+    # Transformer Engine's ring merges in its own kernels: nothing charged here
+    assert contextparallel.ring_membound_ms(block, 0, profile, _cp_setup("megatron", 100.0)) == 0.0
+
+
 def test_the_cp_link_is_nvlink_inside_a_node_and_the_network_across(tmp_path):
     from planner.commands import comm_setup
     from planner.commands.setup_options import DataParallelOptions

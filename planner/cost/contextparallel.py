@@ -41,11 +41,16 @@ exposed, each moving (cp - 1) / cp of its tensor. The attention then runs all s 
 heads: the same FLOPs as the balanced ring. What it saves is Q, K, V and O after the exchange, as
 many bytes as before; buffers: each a2a's output and its reordered copy, forward 2 (Q + KV) + 2 O,
 backward 2 dO + 3 (dQ + dKV).
-A full recompute reruns the forward's exchange. The exchange crosses the context-parallel group's
+K and V are exchanged, and held, as the runtime's model hands them to attention: torchtitan's llama
+repeats each K/V head over its query heads first (repeat_kv; the record's cp_repeats_kv), so its
+K and V are each as wide as Q (kv_bytes x heads / kv heads); Transformer Engine takes them at their
+own heads. A full recompute reruns the forward's exchange. The exchange crosses the context-parallel group's
 link (comm.group_link: its ranks lie tp apart) at NCCL's latency model (planner/cost/comm.py).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from planner.cost import runtimes
 from planner.cost.comm import Link, collective_ms, send_ms
@@ -57,6 +62,17 @@ PASS_NAMES = ("forward", "backward")
 def comm_type(training) -> str | None:
     """The exchange the setup runs: --cp-comm where given, else its runtime's default."""
     return getattr(training, "cp_comm", None) or runtimes.of(training).cp_comm
+
+
+def as_exchanged(exchange, training):
+    """The layer's exchange (ExchangeCost) with K and V as the runtime's model hands them to attention:
+    repeated to the query heads where the runtime repeats them (cp_repeats_kv): the repeat factor is
+    Q's width over one of K, V (heads / kv heads); 1 where K/V are as wide as Q or wider (MHA, latent
+    attention's up-projected K/V)."""
+    repeat = (2 * exchange.q_bytes) // exchange.kv_bytes if exchange.kv_bytes else 1
+    if not runtimes.of(training).cp_repeats_kv or repeat <= 1:
+        return exchange
+    return dataclasses.replace(exchange, kv_bytes=exchange.kv_bytes * repeat)
 
 
 def cp_link(setup: TrainSetup) -> Link | None:
@@ -90,9 +106,64 @@ def exchange_ms(layer, option: int, setup: TrainSetup) -> float:
     exchange, link = layer.context_parallel, cp_link(setup)
     if exchange is None or link is None:
         return 0.0
+    exchange = as_exchanged(exchange, setup.training)
     kind = comm_type(setup.training)
     forward = pass_exposed_ms(exchange, "forward", kind, link)
     return forward * (2 if option == 1 else 1) + pass_exposed_ms(exchange, "backward", kind, link)
+
+
+def ring_bytes(exchange, which: str, compiled: bool) -> float:
+    """Bytes torch's all-gather ring moves around its attention calls in one pass on its busiest rank
+    (rank cp - 1, whose every step after the first computes all its queries), beyond the kernels
+    (experimental/_context_parallel/_attention.py at torch 2.13.0 cf30153c, the lines below; the same
+    code in torch 2.6.0 2236df17's experimental/_attention.py, the release nearest the runs' 1963fc8:
+    merge 156, 184, 189-193, forward 462-463, 482, backward 633-638, 653, 704-764). Per element of the output O (q_bytes / 2) and of K with V
+    (kv_bytes / 2, as exchanged):
+    - forward: step 0's output to fp32 and the merged output back to bf16 (6 + 6: step 214, results
+      219-223), each of the cp - 1 merges (_merge_one 186: out - sigmoid(..) x (out - block_out))
+      eager 38 (the step's output to fp32 6, two subtractions 12 each, the product 8), compiled one
+      kernel reading the fp32 and the step's outputs and writing fp32: 10; K/V's concatenation for
+      the all-gather (438) 4, eager again at every step but the last (the all-gather takes the
+      first; compiled, the rest are dead) and its .contiguous() copy eager (418-419) 4;
+    - backward (488-655): dQ accumulated in fp32 over every step (629-640: += 10 a step; eager the
+      zeros first, 513, 4), dQ back to bf16 (645) 6; dK/dV: eager the zeros (514-515) 4, .contiguous()
+      (517-518) 4 and the K/V concatenation at every step but the last (533) 4, step 0's += 10 and
+      the send's fp32 concatenation (625) 8, then per later step the received buffer's first half
+      added into (604-618: _partial_update, 5) and concatenated whole (8), then concatenated for the
+      send (8); compiled, step 0 writes the fp32 send buffer from the bf16 gradients (6) and each
+      later step reads the received buffer (4) and half a step's gradients (1) into the next (4), the
+      K/V concatenation once (4); the last received dK/dV back to bf16 (646) 6.
+    The lse's own ops (a head's one float a token) are left out: 1 / head_dim of these."""
+    cp, o, kv = exchange.ranks, exchange.q_bytes / 2, exchange.kv_bytes / 2
+    steps = cp - 1
+    if which == "forward":
+        if compiled:
+            return (12 + 10 * steps) * o + 4 * kv
+        return (12 + 38 * steps) * o + (4 + 4 * steps) * kv
+    if compiled:
+        return (12 + 10 * steps) * o + (4 + 6 + 9 * steps + 6) * kv
+    return (4 + 10 + 10 * steps + 6) * o + (4 + 4 + 4 * steps + 10 + 8 + 21 * steps + 6) * kv
+
+
+def ring_membound_ms(layer, option: int, profile, setup: TrainSetup) -> float:
+    """The time of ring_bytes, forward (twice under a full recompute, option 1) and backward, at the
+    profile's measured memory-bound rate: fused where the setup compiles the model (torchtitan 9dec370
+    compiles each block with fullgraph=True, parallelize_llama.py 297-306: no graph break, so CP's ring
+    is traced into the block's graph), eager else. Only torch's all-gather ring (Transformer Engine's
+    merge runs in its own kernels, not read); 0 without context parallelism or a rate."""
+    exchange = layer.context_parallel
+    rates = profile.assumptions.get("membound_tbps")
+    if exchange is None or setup.training.context_parallel <= 1 or comm_type(setup.training) != "allgather" \
+            or not isinstance(rates, dict):
+        return 0.0
+    compiled = bool(setup.training.compile) and runtimes.of(setup.training).compiles_model
+    tbps = rates.get("fused" if compiled else "eager")
+    if not isinstance(tbps, (int, float)) or tbps <= 0:
+        return 0.0
+    exchange = as_exchanged(exchange, setup.training)
+    moved = ring_bytes(exchange, "forward", compiled) * (2 if option == 1 else 1) + \
+        ring_bytes(exchange, "backward", compiled)
+    return moved / (tbps * 1e12) * 1e3
 
 
 def buffer_bytes(exchange, kind: str) -> tuple[int, int]:
@@ -113,5 +184,5 @@ def extra_bytes(layer, setup: TrainSetup) -> int:
     exchange = layer.context_parallel
     if exchange is None or setup.training.context_parallel <= 1:
         return 0
-    forward, backward = buffer_bytes(exchange, comm_type(setup.training))
+    forward, backward = buffer_bytes(as_exchanged(exchange, setup.training), comm_type(setup.training))
     return max(0, forward - layer.transient_bytes, backward + layer.output_bytes - layer.transient_bytes)

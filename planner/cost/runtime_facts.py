@@ -124,6 +124,10 @@ class RuntimeFacts:
     Engine's AttnFuncWithCPAndKVP2P under Megatron-LM), "allgather" (K/V all-gathered once per pass,
     dK/dV passed on rank to rank in fp32: torch's context_parallel, which torchtitan runs); None: the
     runtime runs no context parallelism (refused)."""
+    cp_repeats_kv: bool = False
+    """The runtime's model repeats each K/V head over its query heads before calling attention
+    (torchtitan's repeat_kv), so the ring exchanges, and its buffers hold, K and V as many heads
+    wide as Q; False: K and V at their own (grouped) heads."""
     # -- the allocator's reserve
     step_replayed: bool = False
     """The allocator replay (planner/cost/reserve.py) orders this runtime's own step: its static

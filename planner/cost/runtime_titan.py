@@ -116,7 +116,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         **TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
-        cp_comm="allgather", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
+        cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
         float8_saves_input=version == "9dec370",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
@@ -126,6 +126,11 @@ def torchtitan(version: str) -> RuntimeFacts:
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
                        f"all-to-all in fp32), {TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
                        f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
+            "cp_repeats_kv": ("torchtitan/models/llama/model.py 116-126 (repeat_kv: expand + reshape, a copy), 201-209 "
+                              "(keys = repeat_kv(xk, n_rep), values likewise, then F.scaled_dot_product_attention), "
+                              "torchtitan 9dec370; the same at bbb1b616 (model.py 151, 245-246) and 2c8b5947 "
+                              "(models/llama3/model/model.py 98, 185-186); b5bcd76c passes enable_gqa instead "
+                              "(models/common/attention.py 901)"),
             "expandable_segments": "run_llama_train.sh 22 (PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\"), 9dec370; "
                                    "run_train.sh 19, 2c8b5947; the published runs' launch scripts (planner/cost/allocator.py)",
             "fsdp2_step_replayed": f"planner/cost/reserve_fsdp2.py replays FSDP2's streams as torch 2.6.0 (git 2236df17) "

@@ -123,6 +123,7 @@ def _ckplan() -> RuntimeFacts:
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
+            "cp_repeats_kv": "planner/runtime runs no context parallelism (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
         })
@@ -188,6 +189,10 @@ def _megatron() -> RuntimeFacts:
                        f"transformer_engine.py 2141-2153 (passed to TE), {_MEGATRON_V}; Transformer Engine "
                        "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py "
                        "AttnFuncWithCPAndKVP2P 1356-2150 (forward), 2340-2420 (backward buffers), d0067d0d (2026-08-22)",
+            "cp_repeats_kv": f"megatron/core/extensions/transformer_engine.py 2092 (TEDotProductAttention passes "
+                             f"num_gqa_groups: K and V reach TE's attention, and its ring, at their query groups' "
+                             f"heads); the repeat_interleave of dot_product_attention.py 169-175 is Megatron's unfused "
+                             f"attention only, {_MEGATRON_V}",
             "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
             "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
@@ -309,6 +314,7 @@ def _deepspeed() -> RuntimeFacts:
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
+            "cp_repeats_kv": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
         })
@@ -371,6 +377,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "not read (refused)",
+            "cp_repeats_kv": "not read (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
         })

@@ -224,6 +224,11 @@ TERMS: tuple[Term, ...] = (
          "Transformer Engine's p2p ring or all-to-all over the heads (context_parallel.py d0067d0d), torch's "
          "all-gather ring (_attention.py, torch 2.13): bytes over the context-parallel group's link, a ring's steps "
          "hidden behind their attention steps, the all-to-all not"),
+    Term("torch's ring around its attention calls: the fp32 merge of each step's output, dQ/dK/dV in fp32", "time",
+         "layer", lambda layer, ckpt, ctx: contextparallel.ring_membound_ms(layer, int(ckpt), ctx.profile, ctx.setup),
+         "torch's all-gather ring (_attention.py _SDPAMerger, _templated_ring_attention_backward, torch 2.13.0 "
+         "cf30153c): bytes per output and K/V element by hand, fused where the block is compiled (torchtitan's "
+         "fullgraph compile), at the profile's measured memory-bound rate"),
     Term("weight gradients added into the fp32 main_grad by their own kernel (unfused accumulation)", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.unfused_accumulation_ms(layer, ctx.profile, ctx.setup),
          "the record's unfused_wgrad_bytes a weight a microbatch beyond the profile's accumulation (Megatron-LM's "
