@@ -168,3 +168,29 @@ def test_torchtitans_replay_runs_expandable_segments_on_cuda_not_on_rocm():
     grown = r.replay(STAGE, expandable=True)
     assert grown.segments == 3 and grown.reserved_peak_bytes % (20 * MIB) == 0
     assert grown.reserved_peak_bytes >= grown.allocated_peak_bytes == r.replay(STAGE).allocated_peak_bytes
+
+
+def test_evaluate_json_reports_the_replay_beside_the_reserve(tmp_path):
+    """`evaluate --profile ... --json` says each stage's reserve and, where the divisor's is the larger,
+    the FSDP2 replay's beside it: the same figures the cost model gives (as `--from-torchtitan` and
+    `solve --json` do)."""
+    import json
+
+    from fixtures.cli import run_ok
+
+    from planner import io
+
+    base = uniform_blocks(4)
+    profile = base.model_copy(update={"device": base.device.model_copy(update={"type": "cuda"}),
+                                      "assumptions": {**base.assumptions, "gpu": "h100"}})  # its links
+    path = tmp_path / "cuda.json"
+    io.save_profile(profile, path)
+    out = run_ok("evaluate", "--profile", path, "--layers-per-stage", str(len(profile.layers)), "--ckpt-per-stage", "0",
+                 "--dp", "4", "--zero", "3", "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed",
+                 "--runtime", "torchtitan", "--runtime-version", "9dec370", "--json")
+    stage = json.loads(out.stdout)["hand"]["stages"][0]
+    stages = costmodel.split_to_stages([0], [False] * len(profile.layers), profile)
+    cost = costmodel.evaluate(stages, profile, _titan()).stages[0]
+    assert (stage["reserved_bytes"], stage["reserved_by"], stage["replayed_reserved_bytes"]) == \
+        (cost.reserved_bytes, cost.reserved_by, cost.replayed_reserved_bytes)
+    assert stage["reserved_by"] == "replay" or stage["replayed_reserved_bytes"] >= stage["peak_bytes"]  # it ran

@@ -229,7 +229,8 @@ def _summary(profile_path: Path, hand, hand_cost, best, *, profile, setup) -> di
                         "static_bytes": c.static_bytes, "after_step_bytes": c.after_step_bytes,
                         "step_end_bytes": c.step_end_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
                         "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits,
-                        "time_ms": c.time_ms, "reserved_by": c.predicted().reserved_by}
+                        "time_ms": c.time_ms, "reserved_by": c.predicted().reserved_by,
+                        "replayed_reserved_bytes": c.replayed_reserved_bytes}
                        for s, c in zip(stages, cost.stages)],
         }
 
