@@ -23,7 +23,8 @@ LAUNCHERS = ("torchrun", "slurm", "kubernetes")  # how to start it: planner/emit
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=None,
               help="The plan's profile, to re-score the rounding [default: the file the plan names].")
 @click.option("--torchtitan-version", default="0.3.0", show_default=True,
-              help="torchtitan release: 0.3 and newer are configured in Python, 0.2.x in TOML.")
+              help="torchtitan release (0.3.0 is configured in Python, 0.2.x in TOML), or main: torchtitan's main "
+                   "branch after 73aed7f6c, which counts the batch in tokens (read at b5bcd76c).")
 @click.option("--torchtitan-base", default=None, metavar="MODULE:FUNCTION",
               help="torchtitan (0.3+) config function the export refines [default: torchtitan's own config "
                    "for the profile's architecture, e.g. ...llama3.config_registry:llama3_70b].")
