@@ -188,3 +188,29 @@ def test_torchtitans_config_manager_parses_the_export_for_the_installed_version(
         assert (config.training.num_tokens_per_microbatch_per_dp_rank, config.parallelism.num_pp_microbatches) == (32, 4)
     else:
         assert (config.training.local_batch_size, config.parallelism.pipeline_parallel_microbatch_size) == (4, 1)
+
+
+@pytest.mark.parametrize("compiled, written", [(True, True), (False, False)])
+def test_asynctp_is_written_where_the_plan_was_scored_with_it(tmp_path, compiled, written):
+    """--tp-overlap async-tp: compile.enable_async_tensor_parallel in 0.3.0 and main (737594746), the
+    parallelism section's key in 0.2.x; torchtitan refuses it without the model compiled, so it is then
+    left off and said."""
+    plan_path = _plan(tmp_path, [3, 3])
+    from planner import io as plan_io
+
+    plan = plan_io.load_plan(plan_path)
+    setup = plan.setup.model_copy(update={
+        "comm": plan.setup.comm.model_copy(update={"tp": 2, "tp_overlap": "async-tp"}),
+        "training": plan.setup.training.model_copy(update={"compile": compiled})})
+    plan_io.save_plan(plan.model_copy(update={"setup": setup}), plan_path)
+    text = _export(plan_path, "main").read_text()
+    assert _assigned(text)["compile"].get("enable_async_tensor_parallel") is (True if written else None)
+    assert ("AsyncTP without the model compiled" in " ".join(text.split())) is not written
+    toml = plan_path.with_name("o.toml")
+    run = CliRunner().invoke(cli, ["export", str(plan_path), "--to", "torchtitan", "--torchtitan-version", "0.2.2",
+                                   "--out", str(toml)])
+    assert run.exit_code == 0, run.output
+    import tomllib
+
+    assert tomllib.loads(toml.read_text())["parallelism"].get("enable_async_tensor_parallel") is (
+        True if written else None)

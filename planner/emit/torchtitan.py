@@ -103,6 +103,9 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
                       "block-causally within each max_context_length span and each packed document (FlexAttention "
                       "by default, models/common/config_utils.py get_attention_config at b5bcd76c); ckplan scored "
                       "whole causal sequences, an upper bound where documents are shorter.")
+    if plan.setup.comm.tp_overlap == "async-tp" and plan.setup.comm.tp > 1 and not _async_tp_runs(plan.setup):
+        cannot.append("AsyncTP without the model compiled: torchtitan refuses enable_async_tensor_parallel unless "
+                      "compile.enable with \"model\" in compile.components; left off here (plan with --compile).")
     if plan.setup.training.context_parallel > 1 and plan.setup.training.cp_comm == "p2p":
         cannot.append("context parallelism's p2p K/V exchange: torchtitan runs torch's context_parallel with its "
                       "default all-gather rotation (torch 2.13 _cp_options); set torch's "
@@ -134,7 +137,21 @@ def _compile_lines(setup, prefix: str, *, toml: bool = False) -> str:
     lines = f"\n{prefix}enable = {enable}"
     if compiled:
         lines += f"\n{prefix}components = {json.dumps(compiled)}"
-    return lines
+    return lines + ("" if toml else _async_tp_line(setup, prefix, toml))
+
+
+def _async_tp_line(setup, prefix: str, toml: bool) -> str:
+    """AsyncTP where the plan was scored with it (--tp-overlap async-tp): 0.2.x's
+    parallelism.enable_async_tensor_parallel (config/job_config.py 357 at 238fa9953e4a), compile's from
+    737594746 (2026-08-12; config/configs.py 295 in 0.3.0, the same at b5bcd76c). torchtitan refuses it
+    unless compile.enable with "model" in its components: the plan then carries a cannot-say note."""
+    if setup.comm.tp_overlap != "async-tp" or setup.comm.tp <= 1 or not _async_tp_runs(setup):
+        return ""
+    return f"\n{prefix}enable_async_tensor_parallel = {'true' if toml else 'True'}"
+
+
+def _async_tp_runs(setup) -> bool:
+    return "model" in (scored_as.compiled_components(setup) or [])
 
 
 def fqns_per_stage(rounded: rounding.Rounded, roles: rounding.Roles, head: str) -> list[list[str]]:
@@ -420,7 +437,8 @@ def _toml(rounded, parts, mode, tp: int, seq_len: int | None, version: titan_key
     lines = ["# merge into your job TOML (--job.config_file)", "[parallelism]",
              f"pipeline_parallel_degree = {setup.pipeline.stages}",
              f"pipeline_parallel_schedule = \"{SCHEDULE_NAMES[setup.pipeline.schedule]}\"",
-             f"{titan_keys.microbatch_line(version, setup, '')}{_tp_line(tp, '')}{_dp_lines(setup, '')}",
+             f"{titan_keys.microbatch_line(version, setup, '')}{_tp_line(tp, '')}{_dp_lines(setup, '')}"
+             f"{_async_tp_line(setup, '', True)}",
              "module_fqns_per_model_part = ["]
     lines += [f"    {json.dumps(part)}," for part in parts]
     lines += ["]", "", "[training]", *titan_keys.batch_lines(version, setup, seq_len, "").splitlines(), "",
