@@ -87,7 +87,7 @@ class _Reader:
         self.imports = {alias.asname or alias.name: ("." * node.level) + (node.module or "")
                         for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names}
         self.family = path.resolve().parent.name  # torchtitan/models/FAMILY/config_registry.py
-        self.config_data: dict = {}
+        self.unfollowed: dict[str, str] = {}  # "line N" -> the statement, from every function read
 
     def config(self, function: str, depth: int = 0) -> dict:
         node = self.functions.get(function)
@@ -104,11 +104,13 @@ class _Reader:
             raise UserError(f"{self.where}: {function} returns no Trainer.Config this reader can follow")
         if depth == 0:  # the default said, since it changes the step (planner/emit/titan_keys.py graphs_line)
             data.setdefault("training", {}).setdefault("disable_cuda_graphs", False)
+            if self.unfollowed:
+                data.setdefault("python", {}).update(self.unfollowed)
         return data
 
     def _statement(self, node: ast.stmt, env: dict, data: dict | None, depth: int) -> dict | None:
-        if isinstance(node, (ast.Expr, ast.Assert, ast.FunctionDef, ast.Pass)) or \
-                isinstance(node, ast.ImportFrom):
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if docstring or isinstance(node, (ast.Assert, ast.FunctionDef, ast.Pass, ast.ImportFrom)):
             if isinstance(node, ast.ImportFrom):
                 self.imports.update({a.asname or a.name: ("." * node.level) + (node.module or "") for a in node.names})
             return data  # docstrings, checks, helpers and imports set nothing
@@ -128,8 +130,7 @@ class _Reader:
             if data is not None and chain and env.get(chain[0]) == "config":
                 self._set(data, chain[1:], value)
                 return data
-        if data is not None:
-            data.setdefault("python", {})[f"line {node.lineno}"] = ast.unparse(node)[:200]
+        self.unfollowed[f"line {node.lineno}"] = ast.unparse(node)[:200]
         return data
 
     def _set(self, data: dict, chain: list[str], value) -> None:
@@ -153,6 +154,8 @@ class _Reader:
         if not call.name.endswith("Config"):
             raise UserError(f"{self.where} returns {call.name}(...), not a Trainer.Config this reader can follow")
         data: dict = {}
+        if call.args:
+            data["python"] = {"Trainer.Config arguments": ", ".join(_text(a) for a in call.args)}
         for name, value in call.kwargs.items():
             for section, keys in self._section(name, value).items():
                 if isinstance(keys, dict):
@@ -192,6 +195,8 @@ class _Reader:
         family = self.family if origin.strip(".") == "" else origin.rsplit(".", 1)[-1]
         model = {"name": family, "flavor": _plain(value.args[0])}
         model |= {k: _plain(v) for k, v in value.kwargs.items() if k != "converters"}
+        if len(value.args) > 1:  # model_registry(flavor, attn_backend, ...) given by position
+            model["model_registry arguments"] = ", ".join(_text(a) for a in value.args[1:])
         converters = value.kwargs.get("converters") or []
         names = [CONVERTERS.get(c.name, c.name) if isinstance(c, Call) else _text(c) for c in converters]
         sections = {"model": model | ({"converters": names} if names else {})}
