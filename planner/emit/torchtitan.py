@@ -278,7 +278,9 @@ def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp:
     selective = selective or {}
     ac = ("CkplanAC.Config(layers=CHECKPOINTED" + (", selective=SELECTIVE)" if selective else ")")
           if checkpointed or selective else "None")
-    return f'''"""Run: torchrun ... -m torchtitan.train --module <this file's module name> --config ckplan_config"""
+    return f'''"""Run: save this file under a name Python can import (letters, digits and _, e.g. ckplan_plan.py) on
+the PYTHONPATH, then torchrun ... -m torchtitan.train --module ckplan_plan --config ckplan_config
+(torchtitan's ConfigManager imports --module by name: a name with a dot or a dash is not found)."""
 from dataclasses import dataclass, field
 
 import torch.nn as nn
