@@ -148,3 +148,14 @@ def test_the_hint_for_another_llama3_flavor_works(tmp_path):
     run_ok("profile", "--arch-config", tmp_path / "config.json", "--seq-len", "2048", "--out", tmp_path / "p.json")
     run_ok("evaluate", "--profile", tmp_path / "p.json", "--layers-per-stage", "8", "--ckpt-per-stage", "0",
            "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed", "--runtime", "torchtitan")
+
+
+def test_an_exported_config_names_the_base_file_the_reader_would_need(tmp_path):
+    """ckplan's own export refines a base config function from another module; the reader reads one
+    file and says which function it would need, in one sentence."""
+    from test_titan_main import _export, _plan
+
+    path = _export(_plan(tmp_path, [3, 3]), "main")
+    result = run("evaluate", "--from-torchtitan", f"{path}:ckplan_config", "--gpus", "8")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "builds its config with base_config() from ckplan_base" in said

@@ -151,6 +151,11 @@ class _Reader:
         data.setdefault(section, {})[key] = _plain(value)
 
     def _trainer(self, call: Call) -> dict:
+        origin = self.imports.get(call.name.split(".")[0])
+        if origin is not None and not call.name.endswith("Config"):
+            raise UserError(f"{self.where} builds its config with {call.name}() from {origin}, which this reader "
+                            "does not open (it reads one file, never importing it): give the file and function "
+                            f"{call.name} is defined in")
         if not call.name.endswith("Config"):
             raise UserError(f"{self.where} returns {call.name}(...), not a Trainer.Config this reader can follow")
         data: dict = {}
