@@ -35,6 +35,10 @@ FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("lla
            **{("qwen3", size): f"qwen3-{size.lower()}" for size in ("0.6B", "1.7B", "4B", "8B", "14B", "32B")}}
 # torchtitan's families whose Hugging Face config.json `profile --arch-config` reads (archconfig.py's model_type)
 ARCH_CONFIG_FAMILIES = {"llama3": "llama", "qwen3": "qwen3 and qwen3_moe", "deepseek_v3": "deepseek_v3"}
+# why ckplan reads no config of these families (docs/framework-facts.md §26, transformers 5.24.0)
+UNMODELLED_FAMILIES = {"llama4": " (Llama 4's experts each run on their own stacked input, which routing.py's "
+                                 "contract does not take)",
+                       "gpt_oss": " (GPT-OSS's attention has sinks and no SDPA kernel)"}
 # whole sections that change neither memory nor time
 NO_EFFECT_SECTIONS = {"job": "job name and output folder", "profiling": "profiler traces", "metrics": "logging",
                       "checkpoint": "checkpoints (written between steps)", "validation": "evaluation",
@@ -273,9 +277,9 @@ def _unknown_model(where: str, name: str, flavor: str) -> str:
         return (f"{said}; profile its Hugging Face config.json with `ckplan profile --arch-config config.json "
                 f"--seq-len N` (it reads {ARCH_CONFIG_FAMILIES[name]} configs) and score the job with `ckplan "
                 "evaluate --profile PROFILE --layers-per-stage ...`")
-    return (f"{said}, and ckplan does not model torchtitan's {name} models: neither `profile --arch-config` nor "
-            "`profile --hf-config` reads them (e.g. Llama 4's and GPT-OSS's experts and attention), so no ckplan "
-            "route scores this job")
+    why = UNMODELLED_FAMILIES.get(name, "")
+    return (f"{said}, and ckplan does not model torchtitan's {name} models{why}: neither `profile --arch-config` "
+            "nor `profile --hf-config` reads them, so no ckplan route scores this job")
 
 
 def _positive(where: str, key: str, value: int) -> int:
