@@ -159,3 +159,12 @@ def test_an_exported_config_names_the_base_file_the_reader_would_need(tmp_path):
     result = run("evaluate", "--from-torchtitan", f"{path}:ckplan_config", "--gpus", "8")
     said = " ".join(result.output.split())
     assert result.exit_code != 0 and "builds its config with base_config() from ckplan_base" in said
+
+
+def test_a_file_that_is_not_python_or_nests_too_deep_gets_one_sentence(tmp_path):
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    (tmp_path / "deep.py").write_text("def f():\n    return Trainer.Config(x=" + "[" * 3000 + "]" * 3000 + ")\n")
+    for name, said in (("bad.py:f", "cannot be read as Python (SyntaxError)"), ("deep.py:f", "deep.py")):
+        result = run("evaluate", "--from-torchtitan", tmp_path / name, "--gpus", "8")  # run(): no traceback
+        assert result.exit_code != 0 and said in " ".join(result.output.split()), result.output
+        assert len(result.output.strip().splitlines()) <= 3

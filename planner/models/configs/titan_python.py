@@ -74,10 +74,13 @@ def read(path: Path, function: str) -> dict:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except FileNotFoundError:
         raise UserError(f"{path}: no such file; give a torchtitan config file and function, FILE.py:FUNCTION") from None
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise UserError(f"{path} cannot be read as Python ({exc.__class__.__name__}); give a torchtitan config "
                         "file and function, FILE.py:FUNCTION") from None
-    return _Reader(path, tree, where).config(function)
+    try:
+        return _Reader(path, tree, where).config(function)
+    except RecursionError:
+        raise UserError(f"{where}: an expression nests too deeply to read; give a torchtitan config function") from None
 
 
 class _Reader:
