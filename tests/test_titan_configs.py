@@ -168,3 +168,30 @@ def test_a_file_that_is_not_python_or_nests_too_deep_gets_one_sentence(tmp_path)
         result = run("evaluate", "--from-torchtitan", tmp_path / name, "--gpus", "8")  # run(): no traceback
         assert result.exit_code != 0 and said in " ".join(result.output.split()), result.output
         assert len(result.output.strip().splitlines()) <= 3
+
+
+@pytest.mark.parametrize("version", ["main", "0.3.0"])
+def test_every_key_of_the_0_3_config_sections_is_known(version):
+    """Each field of TrainingConfig, ParallelismConfig, CompileConfig, CommConfig and DebugConfig as the
+    version defines it (the fixture lists them with their defaults), given at its default, is accounted for:
+    modelled, not modelled or no effect, never unknown."""
+    listed = json.loads((CONFIGS / "torchtitan_config_keys_0_3.json").read_text())[version]
+    assert len(listed) == 51
+    data: dict = {"model": {"name": "llama3", "flavor": "8B"}}
+    for key, value in listed.items():
+        if value is not None:
+            section, name = key.split(".", 1)
+            data.setdefault(section, {})[name] = value
+    job = torchtitan.from_mapping(data, "t.toml")
+    assert not job.of("unknown"), job.of("unknown")
+    named = {s.name for s in job.settings}
+    assert {key for key, value in listed.items() if value is not None} <= named
+
+
+def test_sequence_parallel_off_and_asynctp_in_compile_are_read():
+    job = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"},
+                                   "parallelism": {"tensor_parallel_degree": 2, "enable_sequence_parallel": False},
+                                   "compile": {"enable": True, "enable_async_tensor_parallel": True}}, "t.toml")
+    assert (job.tp, job.sp, job.modelled.tp_overlap) == (2, False, "async-tp")
+    status = {s.name: s.status for s in job.settings}
+    assert status["parallelism.enable_sequence_parallel"] == status["compile.enable_async_tensor_parallel"] == "modelled"

@@ -99,6 +99,8 @@ ALIASES = {
     "float8.enable_fsdp_float8_all_gather": "quantize.linear.float8.enable_fsdp_float8_all_gather",
     "float8.precompute_float8_dynamic_scale_for_fsdp": "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
     "checkpoint.enable_checkpoint": "checkpoint.enable",
+    # AsyncTP moved into the compile section at 737594746 (2026-08-12; 0.3.0 and main)
+    "compile.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel",
 }
 # Keys torchtitan's config_manager.py takes at 9dec370 (2024-12-26) and no longer at bbb1b616 (2025-04-02):
 # a file with one predates the [parallelism] section (785c34c9, 2025-03-18)
@@ -312,7 +314,10 @@ def _parallel(keys: _Keys, job: Job, per_microbatch: int | None = None) -> None:
     job.tp = _positive(where, "tensor_parallel_degree",
                        keys.take("parallelism.tensor_parallel_degree", "tensor parallelism (with sequence "
                                  "parallelism, as torchtitan runs it)", int, 1))
-    job.sp = job.tp > 1
+    # SequenceParallel beside TP unless told (config/configs.py ParallelismConfig at b5bcd76c and 0.3.0)
+    sequence_parallel = keys.take("parallelism.enable_sequence_parallel", "sequence parallelism beside tensor "
+                                  "parallelism (on by default)", bool, True)
+    job.sp = job.tp > 1 and sequence_parallel
     job.pp = _positive(where, "pipeline_parallel_degree",
                        keys.take("parallelism.pipeline_parallel_degree", "pipeline stages", int, 1))
     _context_parallel(keys, job)
@@ -449,6 +454,11 @@ def _status(key: str, value) -> tuple[str, str]:
         return ("no effect", "CUDA graphs off, as ckplan scores the step") if value is True else (
             "not modelled", "CUDA graph capture of the step (0.3.0 and main by default): its private memory pool, "
                             "and gradients zeroed in place rather than freed; refused with a pipeline")
+    if key == "parallelism.enable_fsdp_symm_mem":  # 0.3.0, main: FSDP2's collectives on symmetric memory
+        return ("no effect", "off") if value is False else (
+            "not modelled", "FSDP2's collectives on symmetric memory (its buffers outside the caching allocator)")
+    if key == "parallelism.spmd_backend":  # spmd_types the default since 5ab3a0fd1 (0.3.0, main)
+        return "not modelled", "the SPMD layer's own overheads (spmd_types or DTensor): scored as the collectives alone"
     if key == "model.attn_backend":
         return "not modelled", ("the attention kernel (FlexAttention, varlen): timed as SDPA's flash kernel; "
                                 "0.3.0 and main run flex unless told")
