@@ -214,3 +214,23 @@ def test_asynctp_is_written_where_the_plan_was_scored_with_it(tmp_path, compiled
 
     assert tomllib.loads(toml.read_text())["parallelism"].get("enable_async_tensor_parallel") is (
         True if written else None)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_sequence_parallel_is_written_as_the_profile_assumed_it(tmp_path, sp):
+    """A TP 2 profile with or without SP: 0.3.0 and main write enable_sequence_parallel (default True since
+    aa68af18e); 0.2.x always runs SP, so a profile without it is said there."""
+    plan_path = _plan(tmp_path, [3, 3])
+    profile = io.load_profile(tmp_path / "tiny.json")
+    io.save_profile(profile.model_copy(update={"assumptions": {**profile.assumptions, "tp": 2, "sp": sp}}),
+                    tmp_path / "tiny.json")
+    plan = io.load_plan(plan_path)
+    io.save_plan(plan.model_copy(update={"profile": io.file_ref(tmp_path / "tiny.json")}), plan_path)
+    for version in ("main", "0.3.0"):
+        parallelism = _assigned(_export(plan_path, version).read_text())["parallelism"]
+        assert (parallelism["tensor_parallel_degree"], parallelism["enable_sequence_parallel"]) == (2, sp)
+    toml = tmp_path / "o.toml"
+    result = CliRunner().invoke(cli, ["export", str(plan_path), "--to", "torchtitan", "--torchtitan-version", "0.2.2",
+                                      "--out", str(toml)])
+    assert result.exit_code == 0, result.output
+    assert ("tensor parallelism without sequence parallelism" in " ".join(toml.read_text().split())) is not sp

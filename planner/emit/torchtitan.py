@@ -87,7 +87,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
                      for n, option in s.recompute.items() if option != "full"}
         body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp, experts,
                               selective=selective, core_attention=plan.profile_source == "analytic",
-                              seq_len=known.seq_len, version=chosen_version)
+                              seq_len=known.seq_len, version=chosen_version, sp=known.sp)
         suffix = ".torchtitan.py"
     else:
         cannot = ["per-layer checkpointing in TOML: [activation_checkpoint] is one setting for every stage; "
@@ -103,6 +103,9 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
                       "block-causally within each max_context_length span and each packed document (FlexAttention "
                       "by default, models/common/config_utils.py get_attention_config at b5bcd76c); ckplan scored "
                       "whole causal sequences, an upper bound where documents are shorter.")
+    if not python_config and tp > 1 and not known.sp:
+        cannot.append("tensor parallelism without sequence parallelism: torchtitan 0.2.x always runs it beside TP "
+                      "(enable_sequence_parallel came in aa68af18e, 2026-03-29); export for 0.3.0 or main.")
     if plan.setup.comm.tp_overlap == "async-tp" and plan.setup.comm.tp > 1 and not _async_tp_runs(plan.setup):
         cannot.append("AsyncTP without the model compiled: torchtitan refuses enable_async_tensor_parallel unless "
                       "compile.enable with \"model\" in compile.components; left off here (plan with --compile).")
@@ -174,9 +177,14 @@ def _base(known: facts.Facts, base: str | None) -> str:
 # ---------------------------------------------------------------- 0.3: Python config
 
 
-def _tp_line(tp: int, prefix: str) -> str:
-    """The profile's tensor parallelism, which its numbers assume."""
-    return f"\n{prefix}tensor_parallel_degree = {tp}" if tp > 1 else ""
+def _tp_line(tp: int, prefix: str, sp: bool | None = None) -> str:
+    """The profile's tensor parallelism, which its numbers assume, and from 0.3.0 (`sp` given) whether
+    sequence parallelism runs beside it: ParallelismConfig.enable_sequence_parallel, default True, since
+    aa68af18e (2026-03-29; config/configs.py 160 in 0.3.0, 169 at b5bcd76c). 0.2.x always runs it."""
+    if tp <= 1:
+        return ""
+    line = f"\n{prefix}tensor_parallel_degree = {tp}"
+    return line if sp is None else line + f"\n{prefix}enable_sequence_parallel = {sp}"
 
 
 def _dp_lines(setup, prefix: str) -> str:
@@ -270,7 +278,7 @@ SCHEDULE_NAMES = {"1F1B": "1F1B", "GPipe": "GPipe", "interleaved-1F1B": "Interle
 
 
 def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int, experts: bool = False, *,
-                   selective: dict[str, str] | None = None, core_attention: bool = False,
+                   sp: bool = True, selective: dict[str, str] | None = None, core_attention: bool = False,
                    seq_len: int | None = None, version: titan_keys.Version | None = None) -> str:
     module, function = base.split(":", 1)
     version = version or titan_keys.parse(NEWEST_RELEASE)
@@ -320,7 +328,7 @@ def ckplan_config():
     config.parallelism.pipeline_parallel_degree = {setup.pipeline.stages}
     config.parallelism.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
     config.parallelism.pipeline_parallel_schedule = "{SCHEDULE_NAMES[setup.pipeline.schedule]}"
-{titan_keys.microbatch_line(version, setup, "    config.parallelism.")}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
+{titan_keys.microbatch_line(version, setup, "    config.parallelism.")}{_tp_line(tp, "    config.parallelism.", sp)}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
 {titan_keys.batch_lines(version, setup, seq_len, "    config.training.")}{titan_keys.graphs_line(version, "    config.training.")}
     config.activation_checkpoint = {ac}{_compile_lines(setup, "    config.compile.")}
     return config
