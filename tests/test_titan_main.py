@@ -234,3 +234,11 @@ def test_sequence_parallel_is_written_as_the_profile_assumed_it(tmp_path, sp):
                                       "--out", str(toml)])
     assert result.exit_code == 0, result.output
     assert ("tensor parallelism without sequence parallelism" in " ".join(toml.read_text().split())) is not sp
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchrun"])
+def test_the_torchtitan_options_are_refused_for_another_target(tmp_path, target):
+    plan = _plan(tmp_path, [3, 3])
+    result = CliRunner().invoke(cli, ["export", str(plan), "--to", target, "--torchtitan-version", "main"])
+    assert result.exit_code != 0 and "--torchtitan-version applies to --to torchtitan" in result.output
+    assert "Traceback" not in result.output

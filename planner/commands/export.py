@@ -54,6 +54,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
 
     facts.read(profile)  # what the export copies from the profile, typed, before anything reads it
     _check_plan(plan, profile, plan_path)
+    _refuse_torchtitan_options(click.get_current_context(), target)
     if target in LAUNCHERS:
         _launcher(target, plan, profile, plan_path, out, inputs, gpus_per_node=gpus_per_node, entry=entry, image=image)
         return
@@ -106,6 +107,15 @@ def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: 
              f"{plan_path} --to torchtitan --torchtitan-version 0.2.2` writes it (torchtitan 0.3 runs the Python "
              "config `--to torchtitan` writes by default: give --entry '-m torchtitan.train --module M --config "
              "ckplan_config')")
+
+
+def _refuse_torchtitan_options(ctx, target: str) -> None:
+    """--torchtitan-version and --torchtitan-base say what the torchtitan export writes: another target
+    (a launch file runs the entry --entry names) takes neither."""
+    for name, flag in (("torchtitan_version", "--torchtitan-version"), ("torchtitan_base", "--torchtitan-base")):
+        if target != "torchtitan" and ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
+            raise UserError(f"{flag} applies to --to torchtitan (the config it writes); drop it"
+                            + (", and say what each process runs with --entry" if target in LAUNCHERS else ""))
 
 
 def _refuse_launch_options(ctx) -> None:
