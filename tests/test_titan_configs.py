@@ -197,3 +197,19 @@ def test_sequence_parallel_off_and_asynctp_in_compile_are_read():
     assert (job.tp, job.sp, job.modelled.tp_overlap) == (2, False, "async-tp")
     status = {s.name: s.status for s in job.settings}
     assert status["parallelism.enable_sequence_parallel"] == status["compile.enable_async_tensor_parallel"] == "modelled"
+
+
+def test_a_new_compile_config_replaces_the_old_one_asynctp_included(tmp_path):
+    (tmp_path / "llama3").mkdir()
+    path = tmp_path / "llama3" / "c.py"
+    path.write_text("from . import model_registry\n"
+                    "def base():\n"
+                    '    return Trainer.Config(model_spec=model_registry("8B"), parallelism=ParallelismConfig(\n'
+                    "        tensor_parallel_degree=2), compile=CompileConfig(enable=True, enable_async_tensor_parallel=True))\n"
+                    "def eager_asynctp_off():\n"
+                    "    config = base()\n"
+                    '    config.compile = CompileConfig(enable=True, components=["loss"])\n'
+                    "    return config\n")
+    assert torchtitan.read(Path(f"{path}:base")).modelled.tp_overlap == "async-tp"
+    job = torchtitan.read(Path(f"{path}:eager_asynctp_off"))
+    assert job.modelled.tp_overlap == "none" and not job.modelled.compile and job.modelled.compile_loss

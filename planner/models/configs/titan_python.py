@@ -140,6 +140,8 @@ class _Reader:
         """config.FIELD = VALUE replaces the field's section (its other keys back to their defaults);
         config.FIELD.KEY = VALUE sets one key."""
         if len(chain) == 1:
+            if chain[0] == "compile":  # a new CompileConfig resets the AsyncTP it holds (read into parallelism)
+                data.get("parallelism", {}).pop("enable_async_tensor_parallel", None)
             for section, keys in self._section(chain[0], value).items():
                 if section == {"model_spec": "model"}.get(chain[0], chain[0]) or not isinstance(keys, dict):
                     data[section] = keys
