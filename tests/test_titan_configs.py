@@ -206,6 +206,11 @@ def test_a_new_compile_config_replaces_the_old_one_asynctp_included(tmp_path):
                     "def base():\n"
                     '    return Trainer.Config(model_spec=model_registry("8B"), parallelism=ParallelismConfig(\n'
                     "        tensor_parallel_degree=2), compile=CompileConfig(enable=True, enable_async_tensor_parallel=True))\n"
+                    "def float8_then_plain():\n"
+                    "    config = base()\n"
+                    '    config.model_spec = model_registry("8B", converters=[Float8LinearConverter.Config()])\n'
+                    '    config.model_spec = model_registry("8B")\n'
+                    "    return config\n"
                     "def eager_asynctp_off():\n"
                     "    config = base()\n"
                     '    config.compile = CompileConfig(enable=True, components=["loss"])\n'
@@ -213,3 +218,9 @@ def test_a_new_compile_config_replaces_the_old_one_asynctp_included(tmp_path):
     assert torchtitan.read(Path(f"{path}:base")).modelled.tp_overlap == "async-tp"
     job = torchtitan.read(Path(f"{path}:eager_asynctp_off"))
     assert job.modelled.tp_overlap == "none" and not job.modelled.compile and job.modelled.compile_loss
+    plain = {s.name for s in torchtitan.read(Path(f"{path}:float8_then_plain")).settings}
+    assert "model.converters" not in plain and not any(name.startswith("quantize") for name in plain)
+    # main's llama3_8b_mxfp8 swaps the 8B model for one with MX linears
+    mx = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_8b_mxfp8"))
+    status = {s.name: (s.value, s.status) for s in mx.settings}
+    assert status["model.converters"] == ("mx", "not modelled") and not any(n.startswith("quantize") for n in status)

@@ -142,6 +142,8 @@ class _Reader:
         if len(chain) == 1:
             if chain[0] == "compile":  # a new CompileConfig resets the AsyncTP it holds (read into parallelism)
                 data.get("parallelism", {}).pop("enable_async_tensor_parallel", None)
+            if chain[0] == "model_spec":  # and a new model spec its converters' settings
+                data.pop("quantize", None)
             for section, keys in self._section(chain[0], value).items():
                 if section == {"model_spec": "model"}.get(chain[0], chain[0]) or not isinstance(keys, dict):
                     data[section] = keys
