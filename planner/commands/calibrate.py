@@ -28,8 +28,8 @@ from planner.errors import UserError
                    "and term, and fit what they identify.")
 @click.option("--from-megatron", type=click.Path(path_type=Path), default=None, metavar="FILE",
               help="With --from-log: the Megatron-LM launch script or YAML the log's run used.")
-@click.option("--from-torchtitan", type=click.Path(path_type=Path), default=None, metavar="FILE.toml",
-              help="With --from-log: the torchtitan job TOML the log's run used.")
+@click.option("--from-torchtitan", type=click.Path(path_type=Path), default=None, metavar="FILE.toml|FILE.py:FN",
+              help="With --from-log: the torchtitan job TOML or config function (read, never run) the log's run used.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="With --from-log and a config: its GPUs.")
 @click.option("--gpu", default="h100-sxm", show_default=True, help="With --from-log and a config: the GPU kind.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,

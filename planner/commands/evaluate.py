@@ -35,8 +35,9 @@ def named_checkpoints(stages, text: str):
 @click.command("evaluate")
 @click.option("--from-megatron", type=click.Path(path_type=Path), default=None, metavar="FILE",
               help="Score the job a Megatron-LM launch script (read, never run) or YAML of its arguments describes.")
-@click.option("--from-torchtitan", type=click.Path(path_type=Path), default=None, metavar="FILE.toml",
-              help="Score the job a torchtitan job TOML describes.")
+@click.option("--from-torchtitan", type=click.Path(path_type=Path), default=None, metavar="FILE.toml|FILE.py:FN",
+              help="Score the job a torchtitan job TOML, or config function (0.3.0, main; read, never run), "
+                   "describes.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="With --from-*: GPUs of the job [default: torchrun's --nproc_per_node x --nnodes in the script].")
 @click.option("--gpu", default="h100-sxm", show_default=True, help="With --from-*: the GPU kind.")

@@ -23,7 +23,8 @@ LAUNCHERS = ("torchrun", "slurm", "kubernetes")  # how to start it: planner/emit
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path), default=None,
               help="The plan's profile, to re-score the rounding [default: the file the plan names].")
 @click.option("--torchtitan-version", default="0.3.0", show_default=True,
-              help="torchtitan release: 0.3 and newer are configured in Python, 0.2.x in TOML.")
+              help="torchtitan release (0.3.0 is configured in Python, 0.2.x in TOML), or main: torchtitan's main "
+                   "branch after 73aed7f6c, which counts the batch in tokens (read at b5bcd76c).")
 @click.option("--torchtitan-base", default=None, metavar="MODULE:FUNCTION",
               help="torchtitan (0.3+) config function the export refines [default: torchtitan's own config "
                    "for the profile's architecture, e.g. ...llama3.config_registry:llama3_70b].")
@@ -53,6 +54,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
 
     facts.read(profile)  # what the export copies from the profile, typed, before anything reads it
     _check_plan(plan, profile, plan_path)
+    _refuse_torchtitan_options(click.get_current_context(), target)
     if target in LAUNCHERS:
         _launcher(target, plan, profile, plan_path, out, inputs, gpus_per_node=gpus_per_node, entry=entry, image=image)
         return
@@ -105,6 +107,15 @@ def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: 
              f"{plan_path} --to torchtitan --torchtitan-version 0.2.2` writes it (torchtitan 0.3 runs the Python "
              "config `--to torchtitan` writes by default: give --entry '-m torchtitan.train --module M --config "
              "ckplan_config')")
+
+
+def _refuse_torchtitan_options(ctx, target: str) -> None:
+    """--torchtitan-version and --torchtitan-base say what the torchtitan export writes: another target
+    (a launch file runs the entry --entry names) takes neither."""
+    for name, flag in (("torchtitan_version", "--torchtitan-version"), ("torchtitan_base", "--torchtitan-base")):
+        if target != "torchtitan" and ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
+            raise UserError(f"{flag} applies to --to torchtitan (the config it writes); drop it"
+                            + (", and say what each process runs with --entry" if target in LAUNCHERS else ""))
 
 
 def _refuse_launch_options(ctx) -> None:

@@ -7,7 +7,9 @@ config/job_config.py) whose `[activation_checkpoint]` is one setting for every s
 process-wide counter), and names the head `output`; 0.3.0 is configured in Python
 (`--module M --config FN`, a function returning Trainer.Config), names the head `lm_head`,
 and builds activation checkpointing from a policy config (`ac_config.build().apply(model)`),
-so a small policy class in the config file can name layers. 0.1.x has no
+so a small policy class in the config file can name layers. main from 73aed7f6c (2026-08-20)
+is configured as 0.3.0 is but counts the batch in tokens (num_tokens_per_microbatch_per_dp_rank,
+num_pp_microbatches: planner/emit/titan_keys.py names each version's keys). 0.1.x has no
 module_fqns_per_model_part.
 
 Chunked schedules: module_fqns_per_model_part lists the P·V pipeline stages in order, and
@@ -33,12 +35,12 @@ from __future__ import annotations
 import json
 
 from planner.cost import costmodel, dataparallel
-from planner.emit import facts, rounding, scored_as
+from planner.emit import facts, rounding, scored_as, titan_keys
 from planner.errors import UserError
 from planner.schema import Plan, Profile
 
 TARGET = "torchtitan"
-NEWEST_RELEASE = "0.3.0"
+NEWEST_RELEASE = titan_keys.NEWEST_RELEASE
 # torchtitan's own config functions for the architectures ckplan profiles by name
 _BASE_CONFIGS = {
     "llama3-8b": "torchtitan.models.llama3.config_registry:llama3_8b",
@@ -59,27 +61,17 @@ _COMPARED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num
              "moe_intermediate_size", "num_shared_experts", "kv_lora_rank", "q_lora_rank")
 
 
-def parse_version(text: str) -> tuple[int, int]:
-    parts = text.strip().lstrip("v").split(".")
-    if len(parts) < 2 or not all(part.isdigit() for part in parts[:2]):
-        raise UserError(f"--torchtitan-version {text!r}: give a release number such as {NEWEST_RELEASE} or 0.2.2")
-    version = (int(parts[0]), int(parts[1]))
-    if version < (0, 2):
-        raise UserError(f"torchtitan {text} has no module_fqns_per_model_part to split stages by name; "
-                        "use --torchtitan-version 0.2.0 or newer")
-    return version
-
-
 def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWEST_RELEASE,
            base: str | None = None) -> rounding.Export:
-    python_config = parse_version(version) >= (0, 3)
+    chosen_version = titan_keys.parse(version)
+    python_config = chosen_version.python
     experts = any(layer.expert_param_count for layer in profile.layers)
     if experts:
         _check_experts(plan, profile, python_config)
     # torchtitan runs every schedule ckplan plans: only the ZeRO stage is rounded (and selective
     # recompute, in the TOML of 0.2)
     roles, rounded = rounding.decoder_start(plan, profile, TARGET, round_zero=_round_zero, selective=python_config)
-    head = "lm_head" if python_config else "output"
+    head = chosen_version.head
     known = facts.read(profile)
     tp = known.tp
     parts = fqns_per_stage(rounded, roles, head)
@@ -95,7 +87,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
                      for n, option in s.recompute.items() if option != "full"}
         body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp, experts,
                               selective=selective, core_attention=plan.profile_source == "analytic",
-                              seq_len=known.seq_len)
+                              seq_len=known.seq_len, version=chosen_version, sp=known.sp)
         suffix = ".torchtitan.py"
     else:
         cannot = ["per-layer checkpointing in TOML: [activation_checkpoint] is one setting for every stage; "
@@ -104,8 +96,19 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         exact = rounded
         rounded, mode = _uniform(exact, roles, profile)
         scored = rounding.rescore(plan, profile, rounded)
-        body = _toml(rounded, parts, mode, tp, known.seq_len) + "\n" + rounding.comment(_policy_022(checkpointed).splitlines(), "#")
+        body = _toml(rounded, parts, mode, tp, known.seq_len, chosen_version) + "\n" + rounding.comment(_policy_022(checkpointed).splitlines(), "#")
         suffix = ".torchtitan.toml"
+    if chosen_version.tokens and plan.setup.pipeline.micro_batch_size > 1:
+        cannot.append("the microbatch as sequences: torchtitan main runs it as one window of tokens, attended "
+                      "block-causally within each max_context_length span and each packed document (FlexAttention "
+                      "by default, models/common/config_utils.py get_attention_config at b5bcd76c); ckplan scored "
+                      "whole causal sequences, an upper bound where documents are shorter.")
+    if not python_config and tp > 1 and not known.sp:
+        cannot.append("tensor parallelism without sequence parallelism: torchtitan 0.2.x always runs it beside TP "
+                      "(enable_sequence_parallel came in aa68af18e, 2026-03-29); export for 0.3.0 or main.")
+    if plan.setup.comm.tp_overlap == "async-tp" and plan.setup.comm.tp > 1 and not _async_tp_runs(plan.setup):
+        cannot.append("AsyncTP without the model compiled: torchtitan refuses enable_async_tensor_parallel unless "
+                      "compile.enable with \"model\" in compile.components; left off here (plan with --compile).")
     if plan.setup.training.context_parallel > 1 and plan.setup.training.cp_comm == "p2p":
         cannot.append("context parallelism's p2p K/V exchange: torchtitan runs torch's context_parallel with its "
                       "default all-gather rotation (torch 2.13 _cp_options); set torch's "
@@ -114,12 +117,16 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         cannot.append("offloading the optimizer alone: training.enable_cpu_offload moves weights and gradients "
                       "to the host too (FSDP2's CPUOffloadPolicy); left off here.")
     if plan.setup.training.float8:
-        cannot.append("Float8 linears (scored with --float8" + (" --fp8-all-gather" if plan.setup.training.fp8_all_gather
-                      else "") + "): not written here; give the job model.converters = [\"float8\"] with "
-                      "quantize.linear.float8.filter_fqns = [\"output\"]" + (" and enable_fsdp_float8_all_gather = "
-                      "true" if plan.setup.training.fp8_all_gather else "") + ".")
-    header = rounding.header_lines(plan_file, f"{TARGET} {version}", cannot, rounded, scored, plan_setup=plan.setup)
+        cannot.append(titan_keys.float8_note(chosen_version, plan.setup.training.fp8_all_gather))
+    header = rounding.header_lines(plan_file, f"{TARGET} {_said(chosen_version)}", cannot, rounded, scored, plan_setup=plan.setup)
     return rounding.Export(TARGET, rounding.comment(header) + "\n" + body, suffix, rounded, scored, cannot)
+
+
+def _said(version: titan_keys.Version) -> str:
+    """The version as the header names it: main with the commits its keys were read between."""
+    if version.name == titan_keys.MAIN:
+        return f"main (from 73aed7f6c, read at {titan_keys.MAIN_READ_AT})"
+    return version.name
 
 
 def _compile_lines(setup, prefix: str, *, toml: bool = False) -> str:
@@ -133,7 +140,21 @@ def _compile_lines(setup, prefix: str, *, toml: bool = False) -> str:
     lines = f"\n{prefix}enable = {enable}"
     if compiled:
         lines += f"\n{prefix}components = {json.dumps(compiled)}"
-    return lines
+    return lines + ("" if toml else _async_tp_line(setup, prefix, toml))
+
+
+def _async_tp_line(setup, prefix: str, toml: bool) -> str:
+    """AsyncTP where the plan was scored with it (--tp-overlap async-tp): 0.2.x's
+    parallelism.enable_async_tensor_parallel (config/job_config.py 357 at 238fa9953e4a), compile's from
+    737594746 (2026-08-12; config/configs.py 295 in 0.3.0, the same at b5bcd76c). torchtitan refuses it
+    unless compile.enable with "model" in its components: the plan then carries a cannot-say note."""
+    if setup.comm.tp_overlap != "async-tp" or setup.comm.tp <= 1 or not _async_tp_runs(setup):
+        return ""
+    return f"\n{prefix}enable_async_tensor_parallel = {'true' if toml else 'True'}"
+
+
+def _async_tp_runs(setup) -> bool:
+    return "model" in (scored_as.compiled_components(setup) or [])
 
 
 def fqns_per_stage(rounded: rounding.Rounded, roles: rounding.Roles, head: str) -> list[list[str]]:
@@ -156,9 +177,14 @@ def _base(known: facts.Facts, base: str | None) -> str:
 # ---------------------------------------------------------------- 0.3: Python config
 
 
-def _tp_line(tp: int, prefix: str) -> str:
-    """The profile's tensor parallelism, which its numbers assume."""
-    return f"\n{prefix}tensor_parallel_degree = {tp}" if tp > 1 else ""
+def _tp_line(tp: int, prefix: str, sp: bool | None = None) -> str:
+    """The profile's tensor parallelism, which its numbers assume, and from 0.3.0 (`sp` given) whether
+    sequence parallelism runs beside it: ParallelismConfig.enable_sequence_parallel, default True, since
+    aa68af18e (2026-03-29; config/configs.py 160 in 0.3.0, 169 at b5bcd76c). 0.2.x always runs it."""
+    if tp <= 1:
+        return ""
+    line = f"\n{prefix}tensor_parallel_degree = {tp}"
+    return line if sp is None else line + f"\n{prefix}enable_sequence_parallel = {sp}"
 
 
 def _dp_lines(setup, prefix: str) -> str:
@@ -251,39 +277,18 @@ SCHEDULE_NAMES = {"1F1B": "1F1B", "GPipe": "GPipe", "interleaved-1F1B": "Interle
                   "ZB": "InterleavedZeroBubble", "ZBV": "ZBVZeroBubble", "DualPipeV": "DualPipeV"}
 
 
-def _batch_lines(setup, prefix: str) -> str:
-    """The microbatches as torchtitan takes them (train.py at 238fa9953e4a, trainer.py at 9810191bb):
-    a pipeline splits local_batch_size into pipeline_parallel_microbatch_size microbatches; without
-    one, local_batch_size is one forward, and microbatches are gradient-accumulation steps,
-    global_batch_size // (local_batch_size x the batch degree dp_replicate x dp_shard, the cp ranks not
-    counted)."""
-    pipeline, indent = setup.pipeline, prefix[:len(prefix) - len(prefix.lstrip())]
-    if pipeline.stages > 1 or pipeline.microbatches == 1:
-        return (f"{prefix}local_batch_size = {pipeline.microbatches * pipeline.micro_batch_size}  "
-                f"# {pipeline.microbatches} microbatches")
-    batch_degree = setup.data_parallel.dp // setup.training.context_parallel
-    return (f"{indent}# {pipeline.microbatches} microbatches: no pipeline splits the local batch, so gradient "
-            f"accumulation does\n{prefix}local_batch_size = {pipeline.micro_batch_size}\n"
-            f"{prefix}global_batch_size = {pipeline.microbatches * pipeline.micro_batch_size * batch_degree}")
-
-
-def _seq_line(seq_len: int | None, prefix: str) -> str:
-    """The sequence length the plan's profile was made at (a measured profile's is its
-    example_batch's: not recorded, said)."""
-    if seq_len is None:
-        return f"\n{prefix[:len(prefix) - len(prefix.lstrip())]}# seq_len: this profile does not record it; set it as your example_batch() makes it"
-    return f"\n{prefix}seq_len = {int(seq_len)}"
-
-
 def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int, experts: bool = False, *,
-                   selective: dict[str, str] | None = None, core_attention: bool = False,
-                   seq_len: int | None = None) -> str:
+                   sp: bool = True, selective: dict[str, str] | None = None, core_attention: bool = False,
+                   seq_len: int | None = None, version: titan_keys.Version | None = None) -> str:
     module, function = base.split(":", 1)
+    version = version or titan_keys.parse(NEWEST_RELEASE)
     setup = rounded.setup
     selective = selective or {}
     ac = ("CkplanAC.Config(layers=CHECKPOINTED" + (", selective=SELECTIVE)" if selective else ")")
           if checkpointed or selective else "None")
-    return f'''"""Run: torchrun ... -m torchtitan.train --module <this file's module name> --config ckplan_config"""
+    return f'''"""Run: save this file under a name Python can import (letters, digits and _, e.g. ckplan_plan.py) on
+the PYTHONPATH, then torchrun ... -m torchtitan.train --module ckplan_plan --config ckplan_config
+(torchtitan's ConfigManager imports --module by name: a name with a dot or a dash is not found)."""
 from dataclasses import dataclass, field
 
 import torch.nn as nn
@@ -323,8 +328,8 @@ def ckplan_config():
     config.parallelism.pipeline_parallel_degree = {setup.pipeline.stages}
     config.parallelism.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
     config.parallelism.pipeline_parallel_schedule = "{SCHEDULE_NAMES[setup.pipeline.schedule]}"
-    config.parallelism.pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, "    config.parallelism.")}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
-{_batch_lines(setup, "    config.training.")}{_seq_line(seq_len, "    config.training.")}
+{titan_keys.microbatch_line(version, setup, "    config.parallelism.")}{_tp_line(tp, "    config.parallelism.", sp)}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
+{titan_keys.batch_lines(version, setup, seq_len, "    config.training.")}{titan_keys.graphs_line(version, "    config.training.")}
     config.activation_checkpoint = {ac}{_compile_lines(setup, "    config.compile.")}
     return config
 '''
@@ -436,17 +441,17 @@ def _uniform(exact: rounding.Rounded, roles, profile: Profile):
     return chosen, (mode, every)
 
 
-def _toml(rounded, parts, mode, tp: int, seq_len: int | None = None) -> str:
+def _toml(rounded, parts, mode, tp: int, seq_len: int | None, version: titan_keys.Version) -> str:
     setup = rounded.setup
     name, every = mode
     lines = ["# merge into your job TOML (--job.config_file)", "[parallelism]",
              f"pipeline_parallel_degree = {setup.pipeline.stages}",
              f"pipeline_parallel_schedule = \"{SCHEDULE_NAMES[setup.pipeline.schedule]}\"",
-             f"pipeline_parallel_microbatch_size = {setup.pipeline.micro_batch_size}{_tp_line(tp, '')}{_dp_lines(setup, '')}",
+             f"{titan_keys.microbatch_line(version, setup, '')}{_tp_line(tp, '')}{_dp_lines(setup, '')}"
+             f"{_async_tp_line(setup, '', True)}",
              "module_fqns_per_model_part = ["]
     lines += [f"    {json.dumps(part)}," for part in parts]
-    lines += ["]", "", "[training]", *_batch_lines(setup, "").splitlines(),
-              _seq_line(seq_len, "").lstrip("\n"), "",
+    lines += ["]", "", "[training]", *titan_keys.batch_lines(version, setup, seq_len, "").splitlines(), "",
               "[activation_checkpoint]", f"mode = \"{name}\""]
     if name == "selective":
         lines.append(f"selective_ac_option = \"{every}\"")

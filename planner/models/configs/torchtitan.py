@@ -9,7 +9,14 @@ deepseek_v3's 16B flavor (deepseek_v3/__init__.py) has DeepSeek-V2-Lite's dimens
 shards over dp_shard (ZeRO 3) and replicates over dp_replicate (HSDP); without a pipeline
 `training.local_batch_size` is one microbatch a rank, with one it is split into
 `pipeline_parallel_microbatch_size` microbatches; `global_batch_size` above local x dp
-accumulates gradients (train.py)."""
+accumulates gradients (train.py).
+
+torchtitan 0.3.0 and main configure a job in Python, `FILE.py:FUNCTION`, read here without running
+it (titan_python.py) into the same keys; the flavors' dimensions are the same at main b5bcd76c
+(models/llama3/__init__.py _8b, _70b, _405b). main from 73aed7f6c counts the batch in tokens:
+`training.num_tokens_per_microbatch_per_dp_rank` token slots a forward, attended block-causally in
+windows of `training.max_context_length` (read as that many sequences of that length),
+`num_tokens_per_train_step`, and `parallelism.num_pp_microbatches` (planner/emit/titan_keys.py)."""
 
 from __future__ import annotations
 
@@ -19,19 +26,28 @@ import tomllib
 
 from planner.errors import UserError
 from planner.models import archs
-from planner.models.configs import Job, Recompute, pending
+from planner.models.configs import Job, Recompute, pending, titan_python, titan_settings
 
 # (model.name, model.flavor) -> ckplan's built-in architecture (see the module docstring)
 FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
            ("deepseek_v3", "671B"): "deepseek-v3", ("deepseek_v3", "16B"): "deepseek-v2-lite",
            ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
            **{("qwen3", size): f"qwen3-{size.lower()}" for size in ("0.6B", "1.7B", "4B", "8B", "14B", "32B")}}
+# torchtitan's families whose Hugging Face config.json `profile --arch-config` reads (archconfig.py's model_type)
+ARCH_CONFIG_FAMILIES = {"llama3": "llama", "qwen3": "qwen3 and qwen3_moe", "deepseek_v3": "deepseek_v3"}
+# why ckplan reads no config of these families (docs/framework-facts.md §26, transformers 5.24.0)
+UNMODELLED_FAMILIES = {"llama4": " (Llama 4's experts each run on their own stacked input, which routing.py's "
+                                 "contract does not take)",
+                       "gpt_oss": " (GPT-OSS's attention has sinks and no SDPA kernel)"}
 # whole sections that change neither memory nor time
 NO_EFFECT_SECTIONS = {"job": "job name and output folder", "profiling": "profiler traces", "metrics": "logging",
                       "checkpoint": "checkpoints (written between steps)", "validation": "evaluation",
                       "lr_scheduler": "learning-rate schedule", "comm": "timeouts and traces",
                       "debug": "seeds and determinism", "experimental": "custom imports",
-                      "fault_tolerance": "fault tolerance", "memory_estimation": "torchtitan's own estimate"}
+                      "fault_tolerance": "fault tolerance", "memory_estimation": "torchtitan's own estimate",
+                      # Trainer.Config's fields in 0.3.0 and main (trainer.py at b5bcd76c)
+                      "profiler": "profiler traces", "dataloader": "data loading", "validator": "evaluation",
+                      "hf_assets_path": "tokenizer and weights path", "tokenizer": "tokenizer"}
 NO_EFFECT = {
     "model.hf_assets_path": "tokenizer and weights path", "model.tokenizer_path": "tokenizer path",
     "model.print_after_conversion": "logging",
@@ -83,6 +99,8 @@ ALIASES = {
     "float8.enable_fsdp_float8_all_gather": "quantize.linear.float8.enable_fsdp_float8_all_gather",
     "float8.precompute_float8_dynamic_scale_for_fsdp": "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
     "checkpoint.enable_checkpoint": "checkpoint.enable",
+    # AsyncTP moved into the compile section at 737594746 (2026-08-12; 0.3.0 and main)
+    "compile.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel",
 }
 # Keys torchtitan's config_manager.py takes at 9dec370 (2024-12-26) and no longer at bbb1b616 (2025-04-02):
 # a file with one predates the [parallelism] section (785c34c9, 2025-03-18)
@@ -96,13 +114,20 @@ BEFORE_PARALLELISM = frozenset({
     "training.warmup_steps"})
 # Sections and keys that came after bbb1b616: [compile] (08b8b244, 2025-08-20), [quantize] (5b5d4685, 2025-09-26), the
 # local / global batch sizes (8570415c, 2025-06-05)
-AFTER_BBB1B616 = ("compile.", "quantize.", "training.local_batch_size", "training.global_batch_size")
-FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
+AFTER_BBB1B616 = ("compile.", "quantize.", "training.local_batch_size", "training.global_batch_size",
+                  "training.num_tokens_per_microbatch_per_dp_rank", "training.max_context_length")
 _SCHEDULES = {"1F1B": "1F1B", "GPipe": "GPipe", "Interleaved1F1B": "interleaved-1F1B", "InterleavedZeroBubble": "ZB",
               "ZBVZeroBubble": "ZBV", "DualPipeV": "DualPipeV"}
 
 
 def read(path: Path) -> Job:
+    """A job TOML, or FILE.py:FUNCTION, a config function read without running it (titan_python.py)."""
+    python = titan_python.split(str(path))
+    if python is not None:
+        return from_mapping(titan_python.read(*python), str(path))
+    if str(path).endswith(".py"):
+        raise UserError(f"{path}: name the config function too, FILE.py:FUNCTION (e.g. "
+                        "torchtitan/models/llama3/config_registry.py:llama3_8b)")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -160,20 +185,17 @@ def from_mapping(data: dict, where: str) -> Job:
     flavor = keys.take("model.flavor", "model size", str, "debugmodel")
     arch_name = FLAVORS.get((name, flavor))
     if arch_name is None:
-        known = ", ".join(f"{n} {f}" for n, f in FLAVORS)
-        raise UserError(f"{where}: model {name} flavor {flavor} is not one ckplan knows ({known}); profile it with "
-                        "`ckplan profile --arch-config` and use `ckplan evaluate --layers-per-stage`")
-    seq_len = _positive(where, "training.seq_len", keys.take("training.seq_len", "tokens per sequence", int, 2048))
-    local = _positive(where, "training.local_batch_size",
-                      keys.take("training.local_batch_size", "sequences per data-parallel rank", int, 8))
+        raise UserError(_unknown_model(where, name, flavor))
+    seq_len, local, per_microbatch = _batch(keys, where)
     job = Job(framework="torchtitan", source=where, arch=archs.arch(arch_name), seq_len=seq_len, micro_batch_size=local,
               local_batch_size=local)
-    gbs = keys.take("training.global_batch_size", "sequences per step over all ranks", int, -1)
+    step = keys.take("training.num_tokens_per_train_step", "tokens per step over all ranks", int, -1)
+    gbs = keys.take("training.global_batch_size", "sequences per step over all ranks", int, step // seq_len)
     job.global_batch_size = gbs if gbs > 0 else None
-    _parallel(keys, job)
+    _parallel(keys, job, per_microbatch)
     _recompute(keys, job)
     _precision(keys, job)
-    _settings(keys, job)
+    titan_settings.read(keys, job)
     _version(flat, job)
     for key, value, status, what in keys.taken:
         job.said(keys.name(key), value, status, what)
@@ -227,6 +249,41 @@ def _version(flat: dict, job: Job) -> None:
                          f"dates it; {BEFORE_RETURN_OUTPUTS}")
 
 
+def _batch(keys: _Keys, where: str) -> tuple[int, int, int | None]:
+    """(sequence length, sequences a rank runs per step, sequences a pipeline microbatch holds where the
+    file counts it in tokens). 0.3.0 and before: training.seq_len and local_batch_size. main from
+    73aed7f6c (planner/emit/titan_keys.py): a forward of num_tokens_per_microbatch_per_dp_rank token
+    slots, attended block-causally within each max_context_length window, is that many windows of
+    max_context_length tokens, each a sequence as ckplan scores them."""
+    if "training.num_tokens_per_microbatch_per_dp_rank" not in keys.left:
+        seq_len = _positive(where, "training.seq_len", keys.take("training.seq_len", "tokens per sequence", int, 2048))
+        return seq_len, _positive(where, "training.local_batch_size", keys.take(
+            "training.local_batch_size", "sequences per data-parallel rank", int, 8)), None
+    tokens = _positive(where, "training.num_tokens_per_microbatch_per_dp_rank", keys.take(
+        "training.num_tokens_per_microbatch_per_dp_rank", "token slots a rank runs per forward", int))
+    # the default 2048: config/configs.py TrainingConfig.max_context_length at b5bcd76c
+    seq_len = _positive(where, "training.max_context_length", keys.take(
+        "training.max_context_length", "tokens per sequence (the attention window)", int, 2048))
+    if tokens % seq_len:
+        raise UserError(f"{where}: num_tokens_per_microbatch_per_dp_rank {tokens} is not a multiple of "
+                        f"max_context_length {seq_len}; ckplan scores whole sequences of max_context_length tokens")
+    return seq_len, tokens // seq_len, tokens // seq_len
+
+
+def _unknown_model(where: str, name: str, flavor: str) -> str:
+    """What works for a model the reader has no built-in for: --arch-config where ckplan reads the
+    family's config.json (planner/models/archconfig.py), else that ckplan does not model it."""
+    known = ", ".join(f"{n} {f}" for n, f in FLAVORS)
+    said = f"{where}: model {name} flavor {flavor} is not one ckplan has built in ({known})"
+    if name in ARCH_CONFIG_FAMILIES:
+        return (f"{said}; profile its Hugging Face config.json with `ckplan profile --arch-config config.json "
+                f"--seq-len N` (it reads {ARCH_CONFIG_FAMILIES[name]} configs) and score the job with `ckplan "
+                "evaluate --profile PROFILE --layers-per-stage ...`")
+    why = UNMODELLED_FAMILIES.get(name, "")
+    return (f"{said}, and ckplan does not model torchtitan's {name} models{why}: neither `profile --arch-config` "
+            "nor `profile --hf-config` reads them, so no ckplan route scores this job")
+
+
 def _positive(where: str, key: str, value: int) -> int:
     if value < 1:
         raise UserError(f"{where}: {key} = {value}; give 1 or more")
@@ -252,12 +309,15 @@ def _context_parallel(keys: _Keys, job: Job) -> None:
         keys.taken[-1] = (*keys.taken[-1][:2], "not modelled", pending("cp-unbalanced"))
 
 
-def _parallel(keys: _Keys, job: Job) -> None:
+def _parallel(keys: _Keys, job: Job, per_microbatch: int | None = None) -> None:
     where = job.source
     job.tp = _positive(where, "tensor_parallel_degree",
                        keys.take("parallelism.tensor_parallel_degree", "tensor parallelism (with sequence "
                                  "parallelism, as torchtitan runs it)", int, 1))
-    job.sp = job.tp > 1
+    # SequenceParallel beside TP unless told (config/configs.py ParallelismConfig at b5bcd76c and 0.3.0)
+    sequence_parallel = keys.take("parallelism.enable_sequence_parallel", "sequence parallelism beside tensor "
+                                  "parallelism (on by default)", bool, True)
+    job.sp = job.tp > 1 and sequence_parallel
     job.pp = _positive(where, "pipeline_parallel_degree",
                        keys.take("parallelism.pipeline_parallel_degree", "pipeline stages", int, 1))
     _context_parallel(keys, job)
@@ -274,7 +334,13 @@ def _parallel(keys: _Keys, job: Job) -> None:
             raise UserError(f"{where}: pipeline_parallel_schedule {schedule!r} is not one ckplan scores "
                             f"({', '.join(_SCHEDULES)})")
         job.schedule = _SCHEDULES[schedule]
-    mbs = keys.take("parallelism.pipeline_parallel_microbatch_size", "sequences per pipeline microbatch", int, 1)
+    mbs = keys.take("parallelism.pipeline_parallel_microbatch_size", "sequences per pipeline microbatch", int,
+                    per_microbatch or 1)
+    count = keys.take("parallelism.num_pp_microbatches", "pipeline microbatches per accumulation step", int, 1)
+    if job.pp > 1 and per_microbatch:
+        job.local_batch_size = per_microbatch * _positive(where, "num_pp_microbatches", count)
+    elif job.pp == 1 and keys.taken and keys.taken[-1][0] == "parallelism.num_pp_microbatches":
+        keys.taken[-1] = (*keys.taken[-1][:2], "no effect", "ignored without a pipeline (trainer.py 409-411)")
     if job.pp > 1:
         if job.local_batch_size % mbs:
             raise UserError(f"{where}: local_batch_size {job.local_batch_size} is not a multiple of "
@@ -370,103 +436,6 @@ def _precision(keys: _Keys, job: Job) -> None:
     job.optimizer = "sgd" if name.lower() == "sgd" else "adam"
 
 
-def _settings(keys: _Keys, job: Job) -> None:
-    """compile and AsyncTP (modelled: Job.modelled); the keys that ask for a setting the cost model
-    does not model (configs.PENDING), listed "not modelled"."""
-    compiled = keys.take("compile.enable", "torch.compile of what compile.components names (--compile)", bool, False)
-    _compile_components(keys, job, compiled)
-    _float8(keys, job)
-    for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
-        keys.pending(key, bool(keys.left.get(key)), "float8")
-    if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
-                 "the matmuls (the runtime's tp_overlap, --tp-overlap async-tp)", bool, False):
-        # distributed/tensor_parallel.py 20-23 at 238fa9953e4a; parallelisms/parallelize_llama.py 55 at b19456a987be
-        if job.tp > 1 and not job.modelled.compile:
-            raise UserError(f"{job.source}: enable_async_tensor_parallel needs compile.enable with 'model' in "
-                            "compile.components (torchtitan raises 'Async TP requires ...' otherwise)")
-        if job.tp > 1:
-            job.modelled.tp_overlap = "async-tp"
-        else:
-            keys.taken[-1] = (*keys.taken[-1][:2], "no effect", "tensor_parallel_degree 1: no collectives to overlap")
-
-
-def _compile_components(keys: _Keys, job: Job, compiled: bool) -> None:
-    """compile.components (torchtitan/config/job_config.py 725, default ["model", "loss"], at 238fa9953e4a;
-    the 2024 spelling training.compile compiles the loss too, train.py 138-139 at b19456a987be): "model"
-    compiles each TransformerBlock (models/llama3/infra/parallelize.py 107-123, apply_compile), charged
-    as the profile's compiled kept bytes; "loss" the loss function (components/loss.py 33), as the
-    runtime's version compiles it. Other names torchtitan never tests for: listed. Without
-    compile.enable neither is compiled."""
-    if not compiled:
-        if "compile.components" in keys.left:
-            keys.taken.append(("compile.components", keys.left.pop("compile.components"), "no effect",
-                               "compile.enable is false: nothing compiled"))
-        return
-    components = keys.take("compile.components", "what torch.compile compiles: model (the blocks) and loss "
-                           "(--compile model,loss)", list, ["model", "loss"])
-    stray = [str(c) for c in components if c not in ("model", "loss")]
-    if stray:
-        keys.taken.append(("compile.components", " ".join(stray), "no effect", "not a component torchtitan compiles "
-                           "(it tests for model and loss only)"))
-    job.modelled.compile = "model" in components
-    job.modelled.compile_loss = None if {"model", "loss"} <= set(components) else "loss" in components
-
-
-def _float8(keys: _Keys, job: Job) -> None:
-    """Float8 linears (model.converters ["float8"]; 2024: float8.enable_float8_linear) as torchao's
-    tensorwise Float8Linear on every linear but the head (planner/profiler/float8.py), and FSDP2's
-    float8 all-gather where the weights are sharded. A recipe other than tensorwise (rowwise), a
-    filter other than the head's, and torchtitan's forced recompute of the float8 weight are not
-    modelled (listed)."""
-    converters = keys.left.get("model.converters", [])
-    converters = converters if isinstance(converters, list) else []
-    old = bool(keys.left.get("float8.enable_float8_linear"))  # torchtitan 2024's switch
-    # the converter's name: "float8" until 5b5d4685 (2025-09-26), "quantize.linear.float8" since
-    # (components/quantization/float8.py 238 at 238fa9953e4a)
-    float8 = old or any(name in FLOAT8_CONVERTERS for name in converters)
-    _other_converters(keys, converters)
-    recipe = keys.left.get("quantize.linear.float8.recipe_name")
-    # 9dec370's converter leaves `output` out whatever the file says; today's filter_fqns defaults to []
-    filters = keys.left.get("quantize.linear.float8.filter_fqns", ["output"] if old else [])
-    modelled = float8 and recipe in (None, "tensorwise") and isinstance(filters, list) and set(filters) == {"output"} \
-        and not keys.left.get("quantize.linear.float8.force_recompute_fp8_weight_in_bwd")
-    if not modelled:
-        keys.pending("model.converters", bool(converters), "float8")
-        keys.pending("float8.enable_float8_linear", old, "float8")
-        for key in ("quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns",
-                    "quantize.linear.float8.enable_fsdp_float8_all_gather",
-                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"):
-            keys.pending(key, float8 and bool(keys.left.get(key)), "float8")
-        return
-    what = "Float8 linears: torchao's tensorwise Float8Linear on every block linear, the head in bf16 (--float8)"
-    for key in ("model.converters", "float8.enable_float8_linear"):
-        if key in keys.left:
-            keys.take(key, what, list if key == "model.converters" else bool)
-    keys.take("quantize.linear.float8.recipe_name", "tensorwise scaling (torchao's default)", str)
-    if "quantize.linear.float8.filter_fqns" in keys.left:
-        keys.take("quantize.linear.float8.filter_fqns", "the head left in bf16 (ckplan converts no head)", list)
-    gather = bool(keys.left.get("quantize.linear.float8.enable_fsdp_float8_all_gather"))
-    keys.take("quantize.linear.float8.enable_fsdp_float8_all_gather", "FSDP2 gathers the Float8 weights in float8 "
-              "where it shards them (--fp8-all-gather)", bool)
-    keys.take("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "the float8 weights' scales "
-              "computed once per step (charged with --fp8-all-gather)", bool)
-    job.modelled.float8 = True
-    job.modelled.fp8_all_gather = gather
-
-
-def _other_converters(keys: _Keys, converters: list) -> None:
-    """Converters other than Float8's linears (MX linears, quantized grouped matmuls: components/
-    quantization/mx.py 171-172, float8.py 239 at 238fa9953e4a) are not modelled: listed, and their
-    keys with them; without them those keys have no effect."""
-    others = [str(name) for name in converters if name not in FLOAT8_CONVERTERS]
-    if others:
-        keys.taken.append(("model.converters", " ".join(others), "not modelled", pending("mx")))
-    for key in [key for key in keys.left if key.startswith(("quantize.linear.mx.", "quantize.grouped_mm."))
-                and not key.endswith(".fqns")]:  # the experts' fqns: listed with Float8 (_settings)
-        converter = key.rsplit(".", 1)[0]
-        keys.pending(key, converter in converters or converter == "quantize.linear.mx" and "mx" in converters, "mx")
-
-
 def _rest(keys: _Keys, job: Job) -> None:
     for key, value in keys.left.items():
         job.said(keys.name(key), value, *_status(key, value))
@@ -478,6 +447,23 @@ def _status(key: str, value) -> tuple[str, str]:
     if key == "parallelism.fsdp_reshard_after_forward" and value == "default":
         return "modelled", ("torchtitan's default: resharded after forward without a pipeline, kept whole with one "
                             "(as the cost model's torchtitan runtime)")
+    if key == "loss.function":
+        chunked = "Chunked" in str(value)  # components/loss.py ChunkedLossWrapper (0.3.0, b5bcd76c)
+        return ("not modelled", pending("chunked-ce")) if chunked else ("modelled", "the plain cross-entropy loss")
+    if key == "training.disable_cuda_graphs":  # since f84224af0 (planner/emit/titan_keys.py graphs_line)
+        return ("no effect", "CUDA graphs off, as ckplan scores the step") if value is True else (
+            "not modelled", "CUDA graph capture of the step (0.3.0 and main by default): its private memory pool, "
+                            "and gradients zeroed in place rather than freed; refused with a pipeline")
+    if key == "parallelism.enable_fsdp_symm_mem":  # 0.3.0, main: FSDP2's collectives on symmetric memory
+        return ("no effect", "off") if value is False else (
+            "not modelled", "FSDP2's collectives on symmetric memory (its buffers outside the caching allocator)")
+    if key == "parallelism.spmd_backend":  # spmd_types the default since 5ab3a0fd1 (0.3.0, main)
+        return "not modelled", "the SPMD layer's own overheads (spmd_types or DTensor): scored as the collectives alone"
+    if key == "model.attn_backend":
+        return "not modelled", ("the attention kernel (FlexAttention, varlen): timed as SDPA's flash kernel; "
+                                "0.3.0 and main run flex unless told")
+    if section == "python":
+        return "unknown", "a statement this reader does not follow: if it changes the job, the prediction leaves it out"
     if key in NOT_MODELLED:
         return "not modelled", NOT_MODELLED[key]
     if key in NO_EFFECT or key.startswith("training.dataloader."):

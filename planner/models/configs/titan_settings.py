@@ -1,0 +1,107 @@
+"""The settings a torchtitan job file asks for beyond its degrees and batch: torch.compile and
+what it compiles, Float8 and the other converters, AsyncTP (read by planner/models/configs/
+torchtitan.py's reader, whose `_Keys` account for every key taken)."""
+
+from __future__ import annotations
+
+from planner.errors import UserError
+from planner.models.configs import Job, pending
+
+FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
+
+
+def read(keys, job: Job) -> None:
+    """compile and AsyncTP (modelled: Job.modelled); the keys that ask for a setting the cost model
+    does not model (configs.PENDING), listed "not modelled"."""
+    compiled = keys.take("compile.enable", "torch.compile of what compile.components names (--compile)", bool, False)
+    _compile_components(keys, job, compiled)
+    _float8(keys, job)
+    for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
+        keys.pending(key, bool(keys.left.get(key)), "float8")
+    if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
+                 "the matmuls (the runtime's tp_overlap, --tp-overlap async-tp)", bool, False):
+        # distributed/tensor_parallel.py 20-23 at 238fa9953e4a; parallelisms/parallelize_llama.py 55 at b19456a987be
+        if job.tp > 1 and not job.modelled.compile:
+            raise UserError(f"{job.source}: enable_async_tensor_parallel needs compile.enable with 'model' in "
+                            "compile.components (torchtitan raises 'Async TP requires ...' otherwise)")
+        if job.tp > 1:
+            job.modelled.tp_overlap = "async-tp"
+        else:
+            keys.taken[-1] = (*keys.taken[-1][:2], "no effect", "tensor_parallel_degree 1: no collectives to overlap")
+
+
+def _compile_components(keys, job: Job, compiled: bool) -> None:
+    """compile.components (torchtitan/config/job_config.py 725, default ["model", "loss"], at 238fa9953e4a;
+    the 2024 spelling training.compile compiles the loss too, train.py 138-139 at b19456a987be): "model"
+    compiles each TransformerBlock (models/llama3/infra/parallelize.py 107-123, apply_compile), charged
+    as the profile's compiled kept bytes; "loss" the loss function (components/loss.py 33), as the
+    runtime's version compiles it. Other names torchtitan never tests for: listed. Without
+    compile.enable neither is compiled."""
+    if not compiled:
+        if "compile.components" in keys.left:
+            keys.taken.append(("compile.components", keys.left.pop("compile.components"), "no effect",
+                               "compile.enable is false: nothing compiled"))
+        return
+    components = keys.take("compile.components", "what torch.compile compiles: model (the blocks) and loss "
+                           "(--compile model,loss)", list, ["model", "loss"])
+    stray = [str(c) for c in components if c not in ("model", "loss")]
+    if stray:
+        keys.taken.append(("compile.components", " ".join(stray), "no effect", "not a component torchtitan compiles "
+                           "(it tests for model and loss only)"))
+    job.modelled.compile = "model" in components
+    job.modelled.compile_loss = None if {"model", "loss"} <= set(components) else "loss" in components
+
+
+def _float8(keys, job: Job) -> None:
+    """Float8 linears (model.converters ["float8"]; 2024: float8.enable_float8_linear) as torchao's
+    tensorwise Float8Linear on every linear but the head (planner/profiler/float8.py), and FSDP2's
+    float8 all-gather where the weights are sharded. A recipe other than tensorwise (rowwise), a
+    filter other than the head's, and torchtitan's forced recompute of the float8 weight are not
+    modelled (listed)."""
+    converters = keys.left.get("model.converters", [])
+    converters = converters if isinstance(converters, list) else []
+    old = bool(keys.left.get("float8.enable_float8_linear"))  # torchtitan 2024's switch
+    # the converter's name: "float8" until 5b5d4685 (2025-09-26), "quantize.linear.float8" since
+    # (components/quantization/float8.py 238 at 238fa9953e4a)
+    float8 = old or any(name in FLOAT8_CONVERTERS for name in converters)
+    _other_converters(keys, converters)
+    recipe = keys.left.get("quantize.linear.float8.recipe_name")
+    # 9dec370's converter leaves `output` out whatever the file says; today's filter_fqns defaults to []
+    filters = keys.left.get("quantize.linear.float8.filter_fqns", ["output"] if old else [])
+    modelled = float8 and recipe in (None, "tensorwise") and isinstance(filters, list) and set(filters) == {"output"} \
+        and not keys.left.get("quantize.linear.float8.force_recompute_fp8_weight_in_bwd")
+    if not modelled:
+        keys.pending("model.converters", bool(converters), "float8")
+        keys.pending("float8.enable_float8_linear", old, "float8")
+        for key in ("quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns",
+                    "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"):
+            keys.pending(key, float8 and bool(keys.left.get(key)), "float8")
+        return
+    what = "Float8 linears: torchao's tensorwise Float8Linear on every block linear, the head in bf16 (--float8)"
+    for key in ("model.converters", "float8.enable_float8_linear"):
+        if key in keys.left:
+            keys.take(key, what, list if key == "model.converters" else bool)
+    keys.take("quantize.linear.float8.recipe_name", "tensorwise scaling (torchao's default)", str)
+    if "quantize.linear.float8.filter_fqns" in keys.left:
+        keys.take("quantize.linear.float8.filter_fqns", "the head left in bf16 (ckplan converts no head)", list)
+    gather = bool(keys.left.get("quantize.linear.float8.enable_fsdp_float8_all_gather"))
+    keys.take("quantize.linear.float8.enable_fsdp_float8_all_gather", "FSDP2 gathers the Float8 weights in float8 "
+              "where it shards them (--fp8-all-gather)", bool)
+    keys.take("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "the float8 weights' scales "
+              "computed once per step (charged with --fp8-all-gather)", bool)
+    job.modelled.float8 = True
+    job.modelled.fp8_all_gather = gather
+
+
+def _other_converters(keys, converters: list) -> None:
+    """Converters other than Float8's linears (MX linears, quantized grouped matmuls: components/
+    quantization/mx.py 171-172, float8.py 239 at 238fa9953e4a) are not modelled: listed, and their
+    keys with them; without them those keys have no effect."""
+    others = [str(name) for name in converters if name not in FLOAT8_CONVERTERS]
+    if others:
+        keys.taken.append(("model.converters", " ".join(others), "not modelled", pending("mx")))
+    for key in [key for key in keys.left if key.startswith(("quantize.linear.mx.", "quantize.grouped_mm."))
+                and not key.endswith(".fqns")]:  # the experts' fqns: listed with Float8 (_settings)
+        converter = key.rsplit(".", 1)[0]
+        keys.pending(key, converter in converters or converter == "quantize.linear.mx" and "mx" in converters, "mx")

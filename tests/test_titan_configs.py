@@ -1,0 +1,226 @@
+"""`evaluate --from-torchtitan` on the configs torchtitan ships today: Python config functions
+(0.3.0 and main, read without running them: planner/models/configs/titan_python.py), main's token
+counts (73aed7f6c), every key accounted for, and the hint for a model ckplan has no built-in for.
+The config files are torchtitan's own (tests/fixtures/configs/torchtitan_main/README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fixtures.cli import run, run_ok
+
+from planner.errors import UserError
+from planner.models.configs import torchtitan
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+MAIN = CONFIGS / "torchtitan_main"
+RELEASE = CONFIGS / "torchtitan_0_3_0"
+
+
+def per_rank(source: str, *extra: str) -> list[tuple[int, int, int]]:
+    summary = json.loads(run_ok("evaluate", "--from-torchtitan", source, "--gpus", "64", "--gpu", "h100", *extra,
+                                "--json").stdout)
+    return [(r["static_bytes"], r["peak_bytes"], r["reserved_bytes"]) for r in summary["ranks"]]
+
+
+# (static, peak, reserved) of the one rank each runs on 64 H100s, as ckplan scores the jobs today; main's
+# functions and 0.3.0's describe the same jobs (8B: 1 x 8192 tokens, FSDP 64, per-op SAC; 70B: 8 x 8192,
+# TP 8, full AC; 405B: 2 x 8192, TP 8, full AC, compiled with AsyncTP, Float8 rowwise not modelled)
+PINNED = {"llama3_8b": [(2007565312, 32477258756, 38210109440)],
+          "llama3_70b": [(17640734720, 46660648964, 54895050752)],
+          "llama3_405b": [(101470601216, 117029978112, 137684320256)]}
+
+
+@pytest.mark.parametrize("function", sorted(PINNED))
+def test_mains_and_the_releases_llama3_configs_predict_the_same_ranks(function):
+    main = per_rank(f"{MAIN / 'llama3' / 'config_registry.py'}:{function}")
+    assert main == per_rank(f"{RELEASE / 'llama3' / 'config_registry.py'}:{function}") == PINNED[function]
+
+
+def test_mains_token_counts_read_as_sequences():
+    """num_tokens_per_microbatch_per_dp_rank 8 x 8192 with max_context_length 8192: 8 sequences of 8192."""
+    job = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_70b"))
+    assert (job.seq_len, job.micro_batch_size, job.local_batch_size, job.tp) == (8192, 8, 8, 8)
+    assert job.recompute.mode == "full" and job.arch.name == "llama3-70b"
+
+
+def test_every_key_of_a_python_config_is_accounted_for():
+    job = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_405b"))
+    status = {s.name: s.status for s in job.settings}
+    assert not job.of("unknown"), job.of("unknown")
+    assert status["loss.function"] == "not modelled"  # the chunked cross-entropy
+    assert status["model.converters"] == status["quantize.linear.float8.recipe_name"] == "not modelled"  # rowwise
+    assert status["training.disable_cuda_graphs"] == "not modelled"  # graphs on: the default since f84224af0
+    assert status["parallelism.enable_async_tensor_parallel"] == "modelled" and job.modelled.tp_overlap == "async-tp"
+    assert status["compile.enable"] == "modelled" and job.modelled.compile
+    assert {"optimizer.lr", "training.steps", "checkpoint", "dataloader"} <= {s.name for s in job.of("no effect")}
+
+
+@pytest.mark.parametrize("family, function, arch", [
+    ("deepseek_v3", "deepseek_v3_16b", "deepseek-v2-lite"), ("deepseek_v3", "deepseek_v3_671b", "deepseek-v3"),
+    ("qwen3", "qwen3_30b_a3b", "qwen3-30b-a3b"), ("qwen3", "qwen3_32b", "qwen3-32b")])
+def test_mains_moe_and_qwen3_configs_read_as_their_architectures(family, function, arch):
+    job = torchtitan.read(Path(f"{MAIN / family / 'config_registry.py'}:{function}"))
+    assert job.arch.name == arch and not job.of("unknown"), job.of("unknown")
+
+
+def test_a_toml_in_mains_keys_predicts_as_the_same_toml_in_0_3_0s(tmp_path):
+    """main's keys in a job file (torchtitan itself reads Python now; its command line still takes
+    --training.num_tokens_per_microbatch_per_dp_rank): 2 stages x 4 microbatches of 2 sequences of 4096."""
+    model = '[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "full"\n'
+    (tmp_path / "main.toml").write_text(
+        model + "[parallelism]\npipeline_parallel_degree = 2\ntensor_parallel_degree = 2\nnum_pp_microbatches = 4\n"
+        "[training]\nnum_tokens_per_microbatch_per_dp_rank = 8192\nmax_context_length = 4096\n")
+    (tmp_path / "release.toml").write_text(
+        model + "[parallelism]\npipeline_parallel_degree = 2\ntensor_parallel_degree = 2\n"
+        "pipeline_parallel_microbatch_size = 2\n[training]\nlocal_batch_size = 8\nseq_len = 4096\n")
+    main, release = torchtitan.read(tmp_path / "main.toml"), torchtitan.read(tmp_path / "release.toml")
+    assert (main.micro_batch_size, main.local_batch_size, main.seq_len) == (2, 8, 4096)
+    assert (release.micro_batch_size, release.local_batch_size, release.seq_len) == (2, 8, 4096)
+    # 64 H100s: TP 2 x PP 2 x FSDP 16, full AC; the two pipeline ranks' (static, peak, reserved) as ckplan scores today
+    assert per_rank(str(tmp_path / "main.toml")) == per_rank(str(tmp_path / "release.toml")) == [
+        (13551501312, 15817244672, 18610126848), (13551528960, 22728944644, 26740785152)]
+
+
+def test_tokens_that_are_not_whole_sequences_are_refused():
+    with pytest.raises(UserError, match="not a multiple of max_context_length 4096"):
+        torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"},
+                                 "training": {"num_tokens_per_microbatch_per_dp_rank": 6000,
+                                              "max_context_length": 4096}}, "t")
+
+
+def test_nothing_in_a_python_config_runs_and_what_is_not_followed_is_listed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama3").mkdir()
+    path = tmp_path / "llama3" / "my_configs.py"
+    path.write_text('open("made_at_import", "w")\n'
+                    "from torchtitan.config import ParallelismConfig, TrainingConfig\n"
+                    "from torchtitan.models.llama3 import model_registry\n"
+                    "def mine():\n"
+                    '    open("made_in_function", "w")\n'
+                    '    return Trainer.Config(model_spec=model_registry("8B"), training=TrainingConfig(\n'
+                    "        local_batch_size=2, seq_len=4096), parallelism=ParallelismConfig(tensor_parallel_degree=2 * 2))\n"
+                    "def tuned():\n"
+                    "    config = mine()\n"
+                    "    for _ in range(2):\n"
+                    "        config.training.local_batch_size += 1\n"
+                    "    return config\n")
+    job = torchtitan.read(Path(f"{path}:tuned"))
+    assert not (tmp_path / "made_at_import").exists() and not (tmp_path / "made_in_function").exists()
+    assert (job.tp, job.local_batch_size, job.seq_len) == (4, 2, 4096)
+    unknown = {s.name: s.value for s in job.of("unknown")}  # the base's call before its return, the loop after
+    assert sorted(unknown) == ["python.line 10", "python.line 5"]
+    assert unknown["python.line 5"] == "open('made_in_function', 'w')"
+    assert unknown["python.line 10"].startswith("for _ in range(2)")
+
+
+@pytest.mark.parametrize("given, said", [
+    ("config_registry.py", "name the config function too, FILE.py:FUNCTION"),
+    ("config_registry.py:llama3_9t", "no function llama3_9t at the file's top level"),
+])
+def test_a_python_config_without_its_function_gets_one_sentence(given, said):
+    result = run("evaluate", "--from-torchtitan", str(MAIN / "llama3" / given), "--gpus", "8")
+    assert result.exit_code != 0 and said in result.output
+    assert len(result.output.strip().splitlines()) <= 3
+
+
+@pytest.mark.parametrize("source", [f"{MAIN / 'gpt_oss' / 'config_registry.py'}:gpt_oss_20b", "llama4.toml"])
+def test_llama4_and_gpt_oss_are_said_to_be_unsupported_not_sent_to_another_refusal(tmp_path, source):
+    (tmp_path / "llama4.toml").write_text('[model]\nname = "llama4"\nflavor = "17bx16e"\n')
+    source = source if source.endswith(":gpt_oss_20b") else str(tmp_path / source)
+    result = run("evaluate", "--from-torchtitan", source, "--gpus", "8")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "ckplan does not model torchtitan's" in said and "no ckplan route" in said
+    assert "--arch-config config.json" not in said
+
+
+def test_the_hint_for_another_llama3_flavor_works(tmp_path):
+    """llama3's debugmodel has no built-in: the hint's `profile --arch-config` reads a llama config and
+    its profile is scored by `evaluate --profile` under torchtitan's runtime."""
+    (tmp_path / "debug.toml").write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n')
+    said = " ".join(run("evaluate", "--from-torchtitan", tmp_path / "debug.toml", "--gpus", "8").output.split())
+    assert "profile --arch-config config.json --seq-len N" in said and "evaluate --profile PROFILE" in said
+    # torchtitan's llama3 debugmodel (models/llama3/__init__.py _debugmodel at b5bcd76c): dim 256, 6 layers,
+    # 16 heads, vocab 2048, ffn 768 (compute_ffn_hidden_dim(256, multiple_of=256))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 6,
+        "num_attention_heads": 16, "vocab_size": 2048, "max_position_embeddings": 2048}))
+    run_ok("profile", "--arch-config", tmp_path / "config.json", "--seq-len", "2048", "--out", tmp_path / "p.json")
+    run_ok("evaluate", "--profile", tmp_path / "p.json", "--layers-per-stage", "8", "--ckpt-per-stage", "0",
+           "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed", "--runtime", "torchtitan")
+
+
+def test_an_exported_config_names_the_base_file_the_reader_would_need(tmp_path):
+    """ckplan's own export refines a base config function from another module; the reader reads one
+    file and says which function it would need, in one sentence."""
+    from test_titan_main import _export, _plan
+
+    path = _export(_plan(tmp_path, [3, 3]), "main")
+    result = run("evaluate", "--from-torchtitan", f"{path}:ckplan_config", "--gpus", "8")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "builds its config with base_config() from ckplan_base" in said
+
+
+def test_a_file_that_is_not_python_or_nests_too_deep_gets_one_sentence(tmp_path):
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    (tmp_path / "deep.py").write_text("def f():\n    return Trainer.Config(x=" + "[" * 3000 + "]" * 3000 + ")\n")
+    for name, said in (("bad.py:f", "cannot be read as Python (SyntaxError)"), ("deep.py:f", "deep.py")):
+        result = run("evaluate", "--from-torchtitan", tmp_path / name, "--gpus", "8")  # run(): no traceback
+        assert result.exit_code != 0 and said in " ".join(result.output.split()), result.output
+        assert len(result.output.strip().splitlines()) <= 3
+
+
+@pytest.mark.parametrize("version", ["main", "0.3.0"])
+def test_every_key_of_the_0_3_config_sections_is_known(version):
+    """Each field of TrainingConfig, ParallelismConfig, CompileConfig, CommConfig and DebugConfig as the
+    version defines it (the fixture lists them with their defaults), given at its default, is accounted for:
+    modelled, not modelled or no effect, never unknown."""
+    listed = json.loads((CONFIGS / "torchtitan_config_keys_0_3.json").read_text())[version]
+    assert len(listed) == 51
+    data: dict = {"model": {"name": "llama3", "flavor": "8B"}}
+    for key, value in listed.items():
+        if value is not None:
+            section, name = key.split(".", 1)
+            data.setdefault(section, {})[name] = value
+    job = torchtitan.from_mapping(data, "t.toml")
+    assert not job.of("unknown"), job.of("unknown")
+    named = {s.name for s in job.settings}
+    assert {key for key, value in listed.items() if value is not None} <= named
+
+
+def test_sequence_parallel_off_and_asynctp_in_compile_are_read():
+    job = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"},
+                                   "parallelism": {"tensor_parallel_degree": 2, "enable_sequence_parallel": False},
+                                   "compile": {"enable": True, "enable_async_tensor_parallel": True}}, "t.toml")
+    assert (job.tp, job.sp, job.modelled.tp_overlap) == (2, False, "async-tp")
+    status = {s.name: s.status for s in job.settings}
+    assert status["parallelism.enable_sequence_parallel"] == status["compile.enable_async_tensor_parallel"] == "modelled"
+
+
+def test_a_new_compile_config_replaces_the_old_one_asynctp_included(tmp_path):
+    (tmp_path / "llama3").mkdir()
+    path = tmp_path / "llama3" / "c.py"
+    path.write_text("from . import model_registry\n"
+                    "def base():\n"
+                    '    return Trainer.Config(model_spec=model_registry("8B"), parallelism=ParallelismConfig(\n'
+                    "        tensor_parallel_degree=2), compile=CompileConfig(enable=True, enable_async_tensor_parallel=True))\n"
+                    "def float8_then_plain():\n"
+                    "    config = base()\n"
+                    '    config.model_spec = model_registry("8B", converters=[Float8LinearConverter.Config()])\n'
+                    '    config.model_spec = model_registry("8B")\n'
+                    "    return config\n"
+                    "def eager_asynctp_off():\n"
+                    "    config = base()\n"
+                    '    config.compile = CompileConfig(enable=True, components=["loss"])\n'
+                    "    return config\n")
+    assert torchtitan.read(Path(f"{path}:base")).modelled.tp_overlap == "async-tp"
+    job = torchtitan.read(Path(f"{path}:eager_asynctp_off"))
+    assert job.modelled.tp_overlap == "none" and not job.modelled.compile and job.modelled.compile_loss
+    plain = {s.name for s in torchtitan.read(Path(f"{path}:float8_then_plain")).settings}
+    assert "model.converters" not in plain and not any(name.startswith("quantize") for name in plain)
+    # main's llama3_8b_mxfp8 swaps the 8B model for one with MX linears
+    mx = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_8b_mxfp8"))
+    status = {s.name: (s.value, s.status) for s in mx.settings}
+    assert status["model.converters"] == ("mx", "not modelled") and not any(n.startswith("quantize") for n in status)
