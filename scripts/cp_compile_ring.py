@@ -21,7 +21,6 @@ at the CUDA op. Written for the torch 2.6.0 wheel (experimental/_attention.py as
 import argparse
 import collections
 import contextlib
-import os
 
 import torch
 import torch.distributed as dist
