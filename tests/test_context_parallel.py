@@ -116,6 +116,21 @@ def test_a_layers_exchange_reads_the_runtimes_ring_and_reruns_under_full_recompu
     assert contextparallel.exchange_ms(block, 0, _cp_setup("megatron", None)) == 0.0
 
 
+def test_a_compiled_full_recompute_gathers_kv_once_for_the_rerun_and_the_backward():
+    import dataclasses
+
+    block = dataclasses.replace(layer_costs(_profile(1))[1], context_parallel=RING)
+    compiled, eager = _cp_setup("torchtitan", 100.0, compile=True), _cp_setup("torchtitan", 100.0)
+    # the forward's gather (2.5 exposed) and the rerun's again; the backward only passes fp32 dK/dV (3 x 1 + 2)
+    assert contextparallel.exchange_ms(block, 1, compiled) == pytest.approx(2 * 2.5 + (3 + 2))
+    assert contextparallel.exchange_ms(block, 1, eager) == pytest.approx(2 * 2.5 + (2 + 3 + 2))
+    # without the rerun the backward gathers for itself, compiled or not
+    assert contextparallel.exchange_ms(block, 0, compiled) == pytest.approx(2.5 + (2 + 3 + 2))
+    # Megatron-LM's p2p ring has no gather to reuse
+    assert contextparallel.exchange_ms(block, 1, _cp_setup("megatron", 100.0, compile=True)) == \
+        pytest.approx(2 * 1.5 + 4.0)
+
+
 def test_torchtitans_repeated_kv_heads_widen_what_its_ring_moves_and_holds():
     import dataclasses
 

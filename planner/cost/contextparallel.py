@@ -24,7 +24,8 @@ All-gather ("allgather": torch's context_parallel, which torchtitan runs; torch/
 experimental/_context_parallel/_attention.py, torch 2.13.0 cf30153c):
 - forward: one all-gather of every rank's K/V (273-300, _AllGatherRotater), issued before step 0
   and waited at step 1: exposed max(0, all-gather(cp KV) - c);
-- backward (488-655): the K/V all-gathered again, hidden behind step 0 likewise; dK/dV accumulated in
+- backward (488-655): the K/V all-gathered again, hidden behind step 0 likewise (not where a compiled,
+  fully recomputed block's backward reuses its rerun forward's gather: reuses_recomputed_gather); dK/dV accumulated in
   fp32 (convert_to_f32, line 75) and passed rank to rank by all-to-all (_AllToAllRotater: a send of
   2 KV bytes) after every step, each waited after the next step's compute: (cp - 1) x max(0,
   send(2 KV) - c) + send(2 KV) for the last;
@@ -82,8 +83,9 @@ def cp_link(setup: TrainSetup) -> Link | None:
     return Link(comm.cp_gb_per_s, comm.cp_step_latency_ms, comm.collective_latency_ms)
 
 
-def pass_exposed_ms(exchange, which: str, kind: str, link: Link) -> float:
-    """What one pass's exchange ("forward", "backward") adds beyond the attention it overlaps."""
+def pass_exposed_ms(exchange, which: str, kind: str, link: Link, regather: bool = True) -> float:
+    """What one pass's exchange ("forward", "backward") adds beyond the attention it overlaps; an all-gather
+    ring's backward without its own all-gather where it reuses the recomputed forward's (regather False)."""
     cp, kv = exchange.ranks, exchange.kv_bytes
     step = (exchange.attention_fwd_ms if which == "forward" else exchange.attention_bwd_ms) / cp
     if kind == "a2a":  # Q (or dQ) and O (or dO), K and V (or their gradients) each; none hidden
@@ -96,20 +98,30 @@ def pass_exposed_ms(exchange, which: str, kind: str, link: Link) -> float:
     gather = max(0.0, collective_ms("all-gather", cp * kv, cp, link) - step)
     if which == "forward":
         return gather
-    return gather + (cp - 1) * max(0.0, send_ms(2 * kv, link) - step) + send_ms(2 * kv, link)
+    return (gather if regather else 0.0) + (cp - 1) * max(0.0, send_ms(2 * kv, link) - step) + send_ms(2 * kv, link)
+
+
+def reuses_recomputed_gather(option: int, training) -> bool:
+    """Whether a fully recomputed block's backward reuses the K/V its rerun forward all-gathered: where the
+    runtime compiles the block, AOTAutograd's common-subexpression pass merges the rerun's all-gather with the
+    backward ring's (the same concatenated K/V, the same group): torch 2.6.0, torchtitan 9dec370's step run on
+    CPU, one all_gather_into_tensor in the backward graph at CP 2, 4 and 8 (scripts/cp_compile_ring.py,
+    docs/framework-facts.md §30). Eager, or without the rerun, the backward gathers again."""
+    return option == 1 and bool(training.compile) and runtimes.of(training).compiles_model
 
 
 def exchange_ms(layer, option: int, setup: TrainSetup) -> float:
     """A layer's (LayerCost's) exposed exchange per microbatch: forward, backward, and the forward's
-    again where its option recomputes the whole layer (1, "full"). Nothing without context
-    parallelism or a link."""
+    again where its option recomputes the whole layer (1, "full"), whose all-gather the compiled backward
+    then reuses (reuses_recomputed_gather). Nothing without context parallelism or a link."""
     exchange, link = layer.context_parallel, cp_link(setup)
     if exchange is None or link is None:
         return 0.0
     exchange = as_exchanged(exchange, setup.training)
     kind = comm_type(setup.training)
     forward = pass_exposed_ms(exchange, "forward", kind, link)
-    return forward * (2 if option == 1 else 1) + pass_exposed_ms(exchange, "backward", kind, link)
+    regather = not reuses_recomputed_gather(option, setup.training)
+    return forward * (2 if option == 1 else 1) + pass_exposed_ms(exchange, "backward", kind, link, regather)
 
 
 def ring_bytes(exchange, which: str, compiled: bool) -> float:
