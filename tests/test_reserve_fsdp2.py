@@ -1,7 +1,8 @@
 """The caching allocator's replay of FSDP2's one-stage step (planner/cost/reserve_fsdp2.py): a two-unit
 stage counted by hand from the allocator's rules (allocator.py), its all-gather buffers held on the
-copy-in stream, where the default stream cannot reuse them; and the plan's reserve taken from it under
-torchtitan without a pipeline (the divisor beside one)."""
+copy-in stream, where the default stream cannot reuse them; the optimizer's state made at the first step and
+the loss's scratch as its tensors; the allocator the launch ran (--expandable-segments, else torchtitan's
+one-node script's); and the plan's reserve taken from it under torchtitan (one stage, or one a rank of 1F1B)."""
 
 from planner.cost import allocator, costmodel, reserve_fsdp2
 from planner.cost.allocator import Alloc, Free
@@ -219,10 +220,10 @@ def test_torchtitans_replay_runs_expandable_segments_on_cuda_not_on_rocm():
     assert grown.reserved_peak_bytes >= grown.allocated_peak_bytes == r.replay(STAGE).allocated_peak_bytes
 
 
-def test_evaluate_json_reports_the_replay_beside_the_reserve(tmp_path):
-    """`evaluate --profile ... --json` says each stage's reserve and, where the divisor's is the larger,
-    the FSDP2 replay's beside it: the same figures the cost model gives (as `--from-torchtitan` and
-    `solve --json` do)."""
+def test_evaluate_json_reports_the_replayed_reserve_the_cost_model_gives(tmp_path):
+    """`evaluate --profile ... --json` says each stage's reserve and how it was made (reserved_by: the FSDP2
+    replay's under torchtitan, the margin retired there): the same figures the cost model gives (as
+    `--from-torchtitan` and `solve --json` do)."""
     import json
 
     from fixtures.cli import run_ok
@@ -242,7 +243,7 @@ def test_evaluate_json_reports_the_replay_beside_the_reserve(tmp_path):
     cost = costmodel.evaluate(stages, profile, _titan()).stages[0]
     assert (stage["reserved_bytes"], stage["reserved_by"], stage["replayed_reserved_bytes"]) == \
         (cost.reserved_bytes, cost.reserved_by, cost.replayed_reserved_bytes)
-    assert stage["reserved_by"] == "replay" or stage["replayed_reserved_bytes"] >= stage["peak_bytes"]  # it ran
+    assert stage["reserved_by"] == "replay" and stage["reserved_bytes"] >= stage["peak_bytes"]  # it ran
 
 
 def test_the_allocator_setting_is_refused_where_no_replay_runs_and_reaches_the_replay_where_one_does(tmp_path):
@@ -263,6 +264,8 @@ def test_the_allocator_setting_is_refused_where_no_replay_runs_and_reaches_the_r
     assert refused.exit_code != 0 and "Traceback" not in refused.output
     assert "--no-expandable-segments changes the caching allocator's replay" in refused.output
     titan = [*common, "--dp", "4", "--zero", "3", "--runtime", "torchtitan", "--runtime-version", "9dec370", "--json"]
+    margin = run(*titan, "--fragmentation", "0.1", "--expandable-segments")  # no replay runs: refused, not ignored
+    assert margin.exit_code != 0 and "--fragmentation states the reserve's margin" in margin.output
     stated = {flag: json.loads(run_ok(*titan, flag).stdout)["hand"]["stages"][0]
               for flag in ("--expandable-segments", "--no-expandable-segments")}
     assert stated["--expandable-segments"]["reserved_bytes"] != stated["--no-expandable-segments"]["reserved_bytes"]

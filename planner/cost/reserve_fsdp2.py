@@ -133,6 +133,28 @@ def expandable_segments(profile: Profile, setup: TrainSetup) -> bool:
         return True  # a cuda profile of a GPU ckplan has no record of: CUDA
 
 
+def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None:
+    """The sentence refusing a stated --expandable-segments / --no-expandable-segments where no replay would
+    read it (the reserve is then the fragmentation margin's); None where it is read or not stated."""
+    stated = getattr(setup.training, "expandable_segments", None)
+    if stated is None:
+        return None
+    flag = "--expandable-segments" if stated else "--no-expandable-segments"
+    record = runtimes.of(setup.training)
+    if profile.device.type != "cuda":
+        why = f"this profile is of {profile.device.type}, which has no caching allocator to replay"
+    elif setup.pipeline.fragmentation is not None:
+        why = "--fragmentation states the reserve's margin, and no replay runs beside it"
+    elif record.fsdp2_step_replayed and not replays(setup):
+        why = ("the replay of torchtitan's FSDP2 step runs one stage under ZeRO 3, or one stage a rank of 1F1B or GPipe "
+               "under ZeRO 3; this setup's reserve is the fragmentation margin's")
+    elif record.step_replayed and setup.pipeline.chunks != 1:
+        why = "the replay of ckplan's step runs one chunk a rank; this setup's reserve is the fragmentation margin's"
+    else:
+        return None
+    return f"{flag} changes the caching allocator's replay, and {why}: drop it"
+
+
 def job_gpus(profile: Profile, setup: TrainSetup) -> int:
     """The job's ranks: data-parallel (context-parallel ranks included) x tensor-parallel x pipeline."""
     from planner.cost.rules import profile_tp
