@@ -1,7 +1,8 @@
 """The caching allocator's replay of FSDP2's one-stage step (planner/cost/reserve_fsdp2.py): a two-unit
 stage counted by hand from the allocator's rules (allocator.py), its all-gather buffers held on the
-copy-in stream, where the default stream cannot reuse them; and the plan's reserve taken from it under
-torchtitan without a pipeline (the divisor beside one)."""
+copy-in stream, where the default stream cannot reuse them; the optimizer's state made at the first step and
+the loss's scratch as its tensors; the allocator the launch ran (--expandable-segments, else torchtitan's
+one-node script's); and the plan's reserve taken from it under torchtitan (one stage, or one a rank of 1F1B)."""
 
 from planner.cost import allocator, costmodel, reserve_fsdp2
 from planner.cost.allocator import Alloc, Free
@@ -39,7 +40,8 @@ def test_each_allocation_on_the_stream_fsdp2_makes_it_on():
 
 
 def test_two_units_counted_by_hand():
-    """Static: six 12 MiB tensors, each a segment of its own (>= 10 MiB: kMinLargeAlloc), 72 MiB.
+    """The first step, the optimizer's state not made yet (AdamW makes it in the first step's optimizer
+    step). Static: the two 12 MiB shards, each a segment of its own (>= 10 MiB: kMinLargeAlloc), 24 MiB.
     Forward, unit 0: staging 6 MiB takes a 20 MiB copy-in segment (C1: 1-10 MiB requests, kLargeBuffer)
     and is split; the 12 MiB output takes the 14 MiB rest, split again (2 MiB > kSmallSize left). The
     unsharded weight takes a default segment (12), kept 0 another (10). Unit 1: staging reuses C1's
@@ -48,15 +50,51 @@ def test_two_units_counted_by_hand():
     segment (10). Backward: every copy-in request fits C1 and C2 again; unit 1's 12 MiB gradient finds
     no free default block (its weights hold both 12s' worth: the reused one), so a new default segment
     (12), while C2's 12 MiB lies free on the copy-in stream; the 24 MiB reduce-scatter input a new one
-    (24); each sharded gradient a reduce-scatter segment (12 + 12). Reserved: 72 + (12 + 10 + 10 + 12 +
-    24) + (20 + 12) + 24 = 196 MiB. Allocated peak: in unit 0's backward, static 72, unit 0's output 12
-    (prefetched) and weight 12 with its gradient 12, kept 0 10, unit 1's input 24 and sharded gradient
-    12: 142 MiB. The second step reuses every block: 196 again."""
+    (24); each sharded gradient a reduce-scatter segment (12 + 12). The optimizer step's four 12 MiB
+    states take the two free 12 MiB default blocks whole and the 24 MiB input's block split in two.
+    Reserved: 24 + (12 + 10 + 10 + 12 + 24) + (20 + 12) + 24 = 148 MiB; allocated peak at the step's
+    end: shards 24, states 48, sharded gradients 24 = 96 MiB.
+    The second step meets the states where the first step's unsharded weight, gradient and reduce-scatter
+    input were: unit 0's weight (12), unit 1's gradient (12) and the input (24) take new default segments:
+    196 MiB; its allocated peak, in unit 0's backward, static 72, unit 0's weight 12 with its gradient 12,
+    kept 0 10, unit 1's input 24 and sharded gradient 12: 142 MiB. A third step reuses every block."""
     once = allocator.replay(reserve_fsdp2.step_events(STAGE, steps=1))
-    assert (once.allocated_peak_bytes, once.reserved_peak_bytes) == (142 * MIB, 196 * MIB)
+    assert (once.allocated_peak_bytes, once.reserved_peak_bytes) == (96 * MIB, 148 * MIB)
     steady = reserve_fsdp2.replay(STAGE)
     assert (steady.allocated_peak_bytes, steady.reserved_peak_bytes) == (142 * MIB, 196 * MIB)
-    assert steady.reserved_peak_bytes >= steady.allocated_peak_bytes
+    third = allocator.replay(reserve_fsdp2.step_events(STAGE, steps=3))
+    assert (third.allocated_peak_bytes, third.reserved_peak_bytes) == (142 * MIB, 196 * MIB)
+
+
+def test_the_optimizer_state_is_made_at_the_first_steps_optimizer_step_per_parameter():
+    """torch 2.6.0 AdamW._init_group makes exp_avg then exp_avg_sq of each parameter at the first
+    step(); torchtitan 9dec370 makes none before (no checkpoint loaded): after the first backward,
+    before the foreach scratch, never again."""
+    events = reserve_fsdp2.step_events(STAGE)
+    states = [i for i, e in enumerate(events) if isinstance(e, Alloc) and e.key[0] == "state"]
+    assert [events[i].key for i in states] == [("state", 0, 0), ("state", 0, 1), ("state", 1, 0), ("state", 1, 1)]
+    first_step_end = [i for i, e in enumerate(events) if e == Free(("sharded_grad", 0))][1]  # the second zero_grad
+    last_backward = max(i for i, e in enumerate(events[:first_step_end]) if isinstance(e, Free) and e.key[0] == "rs_in")
+    assert last_backward < states[0] and states[-1] < first_step_end
+
+
+def test_the_loss_scratch_is_made_as_tensors_of_the_loss_largest_size():
+    loss = Fsdp2Stage(**{**STAGE.__dict__, "loss_extra_bytes": 30 * MIB, "loss_tensor_bytes": 12 * MIB})
+    made = [(e.key, e.nbytes // MIB) for e in reserve_fsdp2.step_events(loss, steps=1)
+            if isinstance(e, Alloc) and e.key[0] == "loss_extra"]
+    assert made == [(("loss_extra", 0), 12), (("loss_extra", 1), 12), (("loss_extra", 2), 6)]
+    whole = Fsdp2Stage(**{**loss.__dict__, "loss_tensor_bytes": 0})  # a measured loss: one block
+    assert [(e.key, e.nbytes // MIB) for e in reserve_fsdp2.step_events(whole, steps=1)
+            if isinstance(e, Alloc) and e.key[0] == "loss_extra"] == [(("loss_extra", 0), 30)]
+
+
+def test_a_big_block_split_by_the_first_steps_state_costs_the_next_step_a_segment():
+    """The default segments: a 100 MiB activation freed, then the first step's 12 MiB state made into its
+    block (best fit: the only free block), so the next step's 100 MiB activation finds 88 MiB and takes a
+    segment of its own; expandable segments grow the one segment by the 12 MiB (one 20 MiB page)."""
+    events = [Alloc("act", 100 * MIB), Free("act"), Alloc("state", 12 * MIB), Alloc("act2", 100 * MIB)]
+    assert allocator.replay(events).reserved_peak_bytes == 200 * MIB
+    assert allocator.replay(events, expandable=True).reserved_peak_bytes == 120 * MIB
 
 
 def test_a_block_cached_on_the_copy_in_stream_is_not_the_default_streams():
@@ -80,18 +118,18 @@ def test_a_unit_kept_gathered_from_forward_is_not_gathered_again():
     assert allocator.replay(events).reserved_peak_bytes >= allocator.replay(events).allocated_peak_bytes
 
 
-def _reserve_is_the_larger_of_replay_and_margin(stages) -> None:
-    """The replay ran on every stage: where it reserves at least the margin's peak / (1 - fragmentation)
-    it is the reserve ("replay"); else the margin stays the reserve ("divisor") and the replay is reported
-    beside it (reserve.with_replayed_reserve). Either way the reserve is at least the allocated peak."""
-    for c in stages:
-        margin = allocator.reserved_bytes(c.peak_bytes, allocator.DEFAULT_FRAGMENTATION)
-        if c.reserved_by == "replay":
-            assert c.replayed_reserved_bytes is None and c.reserved_bytes >= margin
-        else:
-            assert c.reserved_by == "divisor" and c.replayed_reserved_bytes < c.reserved_bytes == margin
-            assert c.replayed_reserved_bytes >= c.peak_bytes
-        assert c.reserved_bytes >= c.peak_bytes
+def _reserve_is_the_replays(stages, profile, setup) -> None:
+    """The replay ran on every stage and is the reserve ("replay"), whether above or below the margin's
+    peak / (1 - fragmentation) (the margin is retired where FSDP2's step is replayed), never below the
+    allocated peak; nothing is reported beside it."""
+    from planner.cost import reserve_fsdp2 as r
+
+    plans = costmodel.split_to_stages([0] if len(stages) == 1 else [0, 3], [False] * len(profile.layers), profile)
+    for index, (c, plan) in enumerate(zip(stages, plans)):
+        replayed = r.replay(r.stage_of(plan, c, stage=index, profile=profile, setup=setup),
+                            expandable=r.expandable_segments(profile, setup))
+        assert (c.reserved_by, c.replayed_reserved_bytes) == ("replay", None)
+        assert c.reserved_bytes == r.reserved_bytes(replayed, c.peak_bytes) >= c.peak_bytes
 
 
 def _titan(**fields) -> TrainSetup:
@@ -104,7 +142,7 @@ def test_torchtitans_one_stage_fsdp2_reserve_is_the_replays_and_never_below_the_
     profile = uniform_blocks(4).model_copy(update={"device": uniform_blocks(4).device.model_copy(update={"type": "cuda"})})
     stages = costmodel.split_to_stages([0], [False] * len(profile.layers), profile)
     cost = costmodel.evaluate(stages, profile, _titan())
-    _reserve_is_the_larger_of_replay_and_margin(cost.stages)
+    _reserve_is_the_replays(cost.stages, profile, _titan())
     # beside a pipeline, or without ZeRO 3, or with --fragmentation stated: the divisor, as before
     two = costmodel.split_to_stages([0, 2], [False] * len(profile.layers), profile)
     assert {c.reserved_by for c in costmodel.evaluate(two, profile, _titan(stages=2, mem_caps_bytes=[80 * GIB] * 2,
@@ -129,8 +167,10 @@ def test_beside_a_pipeline_units_are_gathered_once_upcast_at_the_first_backward_
     assert tail[:6] == [Free(("unsharded", 1, 0)), Free(("rs_in", "last")), Alloc(("rs_in", "last"), 24 * MIB),
                         Free(("acc", 1, 0)), Alloc(("sharded_grad", 1), 12 * MIB, REDUCE_SCATTER),
                         Free(("unsharded", 0, 0))]
-    # torch before pytorch#144535: the last input is not dropped at the step's end
-    assert tail[-1] == Alloc(("sharded_grad", 0), 12 * MIB, REDUCE_SCATTER)
+    # torch before pytorch#144535: the last input is not dropped at the step's end (only the optimizer's
+    # state, made at this first step, follows the last reduce-scatter)
+    end = tail.index(Alloc(("sharded_grad", 0), 12 * MIB, REDUCE_SCATTER))
+    assert {e.key[0] for e in tail[end + 1:]} == {"state"}
     steady = reserve_fsdp2.replay(PIPED)
     assert steady.reserved_peak_bytes >= steady.allocated_peak_bytes
 
@@ -141,9 +181,12 @@ def test_beside_a_pipeline_the_peak_by_hand():
     microbatch 1's forward keeps 20 again. The peak is microbatch 1's backward of layer 1, its bf16
     gradient made before its post-backward adds it into the copy: static 72, weights 24, fp32 copies
     48, kept 20, the gradient 12: 176 MiB. The reduce after it holds less: each unit's fp32 input (24)
-    beside its copy (24) once the weights and activations are gone."""
+    beside its copy (24) once the weights and activations are gone. That is the second step's: the first
+    has no optimizer state yet (48 less: 128 MiB), and the second also holds the first's last reduce-scatter
+    input (24, keeps_last_input): 200 MiB."""
     once = allocator.replay(reserve_fsdp2.step_events(PIPED, steps=1))
-    assert once.allocated_peak_bytes == 176 * MIB
+    assert once.allocated_peak_bytes == (176 - 48) * MIB
+    assert reserve_fsdp2.replay(PIPED).allocated_peak_bytes == (176 + 24) * MIB
 
 
 def test_torchtitan_beside_a_1f1b_pipeline_is_replayed_where_gradients_are_kept_whole():
@@ -151,7 +194,7 @@ def test_torchtitan_beside_a_1f1b_pipeline_is_replayed_where_gradients_are_kept_
     two = costmodel.split_to_stages([0, 3], [False] * len(profile.layers), profile)
     setup = _titan(stages=2, mem_caps_bytes=[80 * GIB] * 2, microbatches=4, zero_gather="per-iteration")
     cost = costmodel.evaluate(two, profile, setup)
-    _reserve_is_the_larger_of_replay_and_margin(cost.stages)
+    _reserve_is_the_replays(cost.stages, profile, setup)
 
 
 def test_torchtitans_replay_runs_expandable_segments_on_cuda_not_on_rocm():
@@ -162,6 +205,13 @@ def test_torchtitans_replay_runs_expandable_segments_on_cuda_not_on_rocm():
     rocm = profile.model_copy(update={"assumptions": {**profile.assumptions, "gpu": "mi300x"}})
     assert r.expandable_segments(cuda, _titan()) and not r.expandable_segments(rocm, _titan())
     assert not r.expandable_segments(cuda, _titan(runtime="ckplan", runtime_version=None))
+    # torchtitan's one-node script sets them, its Slurm script for several nodes does not: 16 ranks at 8 a node
+    # run the default segments, unless the job's launch is stated (--expandable-segments / --no-...)
+    assert not r.expandable_segments(cuda, _titan(dp=16))
+    assert r.expandable_segments(cuda, _titan(dp=16, expandable_segments=True))
+    assert not r.expandable_segments(cuda, _titan(expandable_segments=False))
+    assert r.expandable_segments(cuda, _titan(dp=16, gpus_per_node=16))
+    assert not r.expandable_segments(rocm, _titan(expandable_segments=True))  # ROCm's torch ignored it
     # the two-unit stage under expandable segments: one segment a stream (default, copy-in, reduce-scatter),
     # each a whole number of 20 MiB pages (every request here is the large pool's); at this scale the pages
     # round up more than the default segments waste (220 MiB against 196)
@@ -170,10 +220,10 @@ def test_torchtitans_replay_runs_expandable_segments_on_cuda_not_on_rocm():
     assert grown.reserved_peak_bytes >= grown.allocated_peak_bytes == r.replay(STAGE).allocated_peak_bytes
 
 
-def test_evaluate_json_reports_the_replay_beside_the_reserve(tmp_path):
-    """`evaluate --profile ... --json` says each stage's reserve and, where the divisor's is the larger,
-    the FSDP2 replay's beside it: the same figures the cost model gives (as `--from-torchtitan` and
-    `solve --json` do)."""
+def test_evaluate_json_reports_the_replayed_reserve_the_cost_model_gives(tmp_path):
+    """`evaluate --profile ... --json` says each stage's reserve and how it was made (reserved_by: the FSDP2
+    replay's under torchtitan, the margin retired there): the same figures the cost model gives (as
+    `--from-torchtitan` and `solve --json` do)."""
     import json
 
     from fixtures.cli import run_ok
@@ -193,4 +243,34 @@ def test_evaluate_json_reports_the_replay_beside_the_reserve(tmp_path):
     cost = costmodel.evaluate(stages, profile, _titan()).stages[0]
     assert (stage["reserved_bytes"], stage["reserved_by"], stage["replayed_reserved_bytes"]) == \
         (cost.reserved_bytes, cost.reserved_by, cost.replayed_reserved_bytes)
-    assert stage["reserved_by"] == "replay" or stage["replayed_reserved_bytes"] >= stage["peak_bytes"]  # it ran
+    assert stage["reserved_by"] == "replay" and stage["reserved_bytes"] >= stage["peak_bytes"]  # it ran
+
+
+def test_the_allocator_setting_is_refused_where_no_replay_runs_and_reaches_the_replay_where_one_does(tmp_path):
+    import json
+
+    from fixtures.cli import run, run_ok
+
+    from planner import io
+
+    base = uniform_blocks(4)
+    profile = base.model_copy(update={"device": base.device.model_copy(update={"type": "cuda"}),
+                                      "assumptions": {**base.assumptions, "gpu": "h100"}})
+    path = tmp_path / "cuda.json"
+    io.save_profile(profile, path)
+    common = ["evaluate", "--profile", path, "--layers-per-stage", str(len(profile.layers)), "--ckpt-per-stage", "0",
+              "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed"]
+    refused = run(*common, "--dp", "4", "--zero", "1", "--runtime", "megatron", "--no-expandable-segments")
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert "--no-expandable-segments changes the caching allocator's replay" in refused.output
+    titan = [*common, "--dp", "4", "--zero", "3", "--runtime", "torchtitan", "--runtime-version", "9dec370", "--json"]
+    margin = run(*titan, "--fragmentation", "0.1", "--expandable-segments")  # no replay runs: refused, not ignored
+    assert margin.exit_code != 0 and "--fragmentation states the reserve's margin" in margin.output
+    stated = {flag: json.loads(run_ok(*titan, flag).stdout)["hand"]["stages"][0]
+              for flag in ("--expandable-segments", "--no-expandable-segments")}
+    assert stated["--expandable-segments"]["reserved_bytes"] != stated["--no-expandable-segments"]["reserved_bytes"]
+    stages = costmodel.split_to_stages([0], [False] * len(profile.layers), profile)
+    for flag, on in (("--expandable-segments", True), ("--no-expandable-segments", False)):
+        cost = costmodel.evaluate(stages, profile, _titan(expandable_segments=on)).stages[0]
+        assert (stated[flag]["reserved_bytes"], stated[flag]["replayed_reserved_bytes"]) == \
+            (cost.reserved_bytes, cost.replayed_reserved_bytes)

@@ -233,3 +233,12 @@ def test_search_charges_the_tp_collectives_and_pipeline_sends_as_solve_does(tmp_
         (["pp_gb_per_s", "pp_latency_ms"] if pp > 1 else [])
     assert names
     assert {name: getattr(searched.comm, name) for name in names} == {name: solved[name] for name in names}
+
+
+def test_a_stated_allocator_setting_is_said_as_its_flag():
+    from planner.commands.search_settings import spelled, stated
+
+    training = {**{k: v for k, v in DEFAULTS.items() if k != "tp_overlap"}, "expandable_segments": False}
+    assert spelled(stated(training, "none")) == "--no-expandable-segments"
+    assert spelled(stated({**training, "expandable_segments": True}, "none")) == "--expandable-segments"
+    assert stated({**training, "expandable_segments": None}, "none") == {}

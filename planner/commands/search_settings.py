@@ -120,7 +120,7 @@ def check_hand(settings: TrainingSettings, *, tp: int) -> None:
 
 DEFAULTS = {"runtime_version": None, "compile": False, "compile_loss": None, "op_level_sac": False, "float8": False,
             "fp8_all_gather": False, "cp_comm": None, "optimizer_state_dtype": "fp32", "chunked_cross_entropy": False,
-            "mtp_layers": 0, "expert_tp": None, "tp_overlap": "none"}
+            "mtp_layers": 0, "expert_tp": None, "tp_overlap": "none", "expandable_segments": None}
 
 
 def stated(training: dict, tp_overlap: str) -> dict:
@@ -140,6 +140,9 @@ def spelled(settings: dict) -> str:
         words.append(f"--compile {compile_said(model, loss)}")
     for name, value in settings.items():
         if name in ("compile", "compile_loss"):
+            continue
+        if name == "expandable_segments":
+            words.append("--expandable-segments" if value else "--no-expandable-segments")
             continue
         flag = "--" + name.replace("_", "-")
         words.append(flag if value is True else f"{flag} {value}")

@@ -309,6 +309,11 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         note = routing_note(profile, setup.data_parallel.ep)
         if note:
             say(note)
+    from planner.cost.reserve_fsdp2 import allocator_setting_refused
+
+    refused = allocator_setting_refused(profile, setup)
+    if refused:
+        raise UserError(refused)
     return setup
 
 

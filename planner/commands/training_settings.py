@@ -63,10 +63,16 @@ SETTING_OPTIONS = [
                  help="Megatron-LM's flag: torch's deterministic algorithms, whose NaN fill writes each of "
                       "Transformer Engine's outputs once more; its deterministic attention backward has no "
                       "published rate and is timed as the other (--runtime megatron)."),
+    click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
+                 help="Whether the job's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching "
+                      "allocator's replay (the reserve on cuda) runs its rules or the default segments (ROCm builds "
+                      "of the runs' torch ignored it) [default: as the runtime's launch script sets it: torchtitan's "
+                      "run_train.sh sets it, its Slurm script does not]."),
 ]
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
-                        "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic")
+                        "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
+                        "expandable_segments")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -106,6 +112,7 @@ class TrainingSettings:
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
     deterministic: bool = False
+    expandable_segments: bool | None = None  # None: as the runtime's launch script sets it
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:

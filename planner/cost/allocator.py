@@ -34,8 +34,10 @@ each with its source:
   and its H100 one (torch 2.7.0a0) ran expandable segments. The segment sizes themselves have no ROCm
   branch (get_allocation_size). GMLake's margin was measured without expandable segments; no
   published fragmentation figure with them was found, so the divisor charges the same margin to both.
-  The replay runs them (CachingAllocator(expandable=True)) where a runtime's record says its launch
-  sets them (RuntimeFacts.expandable_segments, planner/cost/reserve_fsdp2.py).
+  The replay runs them (CachingAllocator(expandable=True)) where the job's launch sets them:
+  --expandable-segments, else as the runtime's launch script does (RuntimeFacts.expandable_segments; torchtitan's
+  multi-node multinode_trainer.slurm sets nothing, so a job over several nodes runs the default segments:
+  expandable_segments_across_nodes; planner/cost/reserve_fsdp2.py, docs/framework-facts.md §31).
 - **NCCL.** Each NCCL communicator a rank uses holds buffers outside the caching allocator:
   measured with PyTorch on 4 A100s over NVLink, 544 MiB for a two-rank group and 688 MiB for
   larger ones (NVIDIA/nccl issue 964, the reporter's per-group figures; NCCL 2.18, default

@@ -30,11 +30,18 @@ _fully_shard/ (docs/framework-facts.md §24):
   that stream's, so the default stream never reuses it. The sharded gradient lives until the next
   step's zero_grad (set_to_none; torchtitan 9dec370 train.py 266); the last reduce-scatter input
   until the root's final callback (_fsdp_state.py 284-308) at the backward's end.
-- the optimizer's state and the shards: allocated once, on the default stream; foreach AdamW's
-  sqrt(v) scratch (the cost model's step_scratch_bytes) made and freed in the step.
+- the shards: allocated before the first step, on the default stream; the optimizer's state at the first
+  step's optimizer step (torch 2.6.0 AdamW._init_group, adamw.py 132-183: exp_avg then exp_avg_sq per
+  parameter; torchtitan 9dec370 loads no checkpoint before, so none exists earlier), into what the first
+  step's activations left cached; foreach AdamW's sqrt(v) scratch (the cost model's step_scratch_bytes) made
+  and freed in every step. torchtitan's logged peak is reset to what is reserved, and no segment is
+  released in the loop, so the first step's segments count (docs/framework-facts.md §31).
+- the loss's scratch: tensors of the fp32 logits' size (9dec370 train.py 131-134: the fp32 copy, log_softmax's
+  output and the two gradients are each the logits' shape), where the loss is the runtime's formula.
 
 An analytic LLaMA block's parameters are its nine tensors (parameter_parts); other analytic layers one.
-The allocator runs expandable segments where the runtime's launch sets them (expandable_segments).
+The allocator runs expandable segments where the job's launch sets them (expandable_segments: stated by
+--expandable-segments, else as the runtime's launch script does: torchtitan's on one node, not across nodes).
 Not replayed: gradient clipping's per-tensor norms (512 B blocks in the small pool), the NCCL buffers
 (outside the allocator, workspace_bytes), the activations tensor by tensor (a layer's kept bytes are
 one block, its backward's extra one block).
@@ -89,6 +96,9 @@ class Fsdp2Stage:
     actions: tuple[tuple[str, int], ...] = ()
     root_units: frozenset[int] = frozenset()
     keeps_last_input: bool = False
+    # the loss's largest tensor (its fp32 logits): the loss's scratch is made as tensors of at most this
+    # size, not one block (0: one block)
+    loss_tensor_bytes: int = 0
 
 
 def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
@@ -97,10 +107,9 @@ def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
     events: list[Event] = []
     for i, layer in enumerate(stage.layers):
         events += [Alloc(("shard", i, j), size, DEFAULT) for j, size in enumerate(layer.shard)]
-        events += [Alloc(("state", i, j), size, DEFAULT) for j, size in enumerate(layer.state)]
     events.append(Alloc(("buffers",), stage.buffer_bytes, DEFAULT))
-    for _ in range(steps):
-        (_PipelineStep if stage.actions else _Step)(stage, events).run()
+    for step in range(steps):
+        (_PipelineStep if stage.actions else _Step)(stage, events, makes_state=step == 0).run()
     return events
 
 
@@ -109,14 +118,48 @@ def replay(stage: Fsdp2Stage, *, expandable: bool = False) -> Replayed:
 
 
 def expandable_segments(profile: Profile, setup: TrainSetup) -> bool:
-    """Whether the replay runs expandable segments: the runtime's launch sets them
-    (RuntimeFacts.expandable_segments) on a GPU whose torch honoured them (not ROCm: GPU.rocm)."""
-    if not runtimes.of(setup.training).expandable_segments:
+    """Whether the replay runs expandable segments: the job's launch sets them (--expandable-segments,
+    else as the runtime's launch script does: RuntimeFacts.expandable_segments) on a GPU whose torch
+    honoured them (not ROCm: GPU.rocm)."""
+    stated, record = getattr(setup.training, "expandable_segments", None), runtimes.of(setup.training)
+    if stated is None:
+        stated = record.expandable_segments and (record.expandable_segments_across_nodes or
+                                                 job_gpus(profile, setup) <= setup.comm.gpus_per_node)
+    if not stated:
         return False
     try:
         return not dataparallel.profile_gpu(profile).rocm
     except UserError:
         return True  # a cuda profile of a GPU ckplan has no record of: CUDA
+
+
+def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None:
+    """The sentence refusing a stated --expandable-segments / --no-expandable-segments where no replay would
+    read it (the reserve is then the fragmentation margin's); None where it is read or not stated."""
+    stated = getattr(setup.training, "expandable_segments", None)
+    if stated is None:
+        return None
+    flag = "--expandable-segments" if stated else "--no-expandable-segments"
+    record = runtimes.of(setup.training)
+    if profile.device.type != "cuda":
+        why = f"this profile is of {profile.device.type}, which has no caching allocator to replay"
+    elif setup.pipeline.fragmentation is not None:
+        why = "--fragmentation states the reserve's margin, and no replay runs beside it"
+    elif record.fsdp2_step_replayed and not replays(setup):
+        why = ("the replay of torchtitan's FSDP2 step runs one stage under ZeRO 3, or one stage a rank of 1F1B or GPipe "
+               "under ZeRO 3; this setup's reserve is the fragmentation margin's")
+    elif record.step_replayed and setup.pipeline.chunks != 1:
+        why = "the replay of ckplan's step runs one chunk a rank; this setup's reserve is the fragmentation margin's"
+    else:
+        return None
+    return f"{flag} changes the caching allocator's replay, and {why}: drop it"
+
+
+def job_gpus(profile: Profile, setup: TrainSetup) -> int:
+    """The job's ranks: data-parallel (context-parallel ranks included) x tensor-parallel x pipeline."""
+    from planner.cost.rules import profile_tp
+
+    return setup.data_parallel.dp * profile_tp(profile) * setup.pipeline.stages
 
 
 def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
@@ -141,8 +184,8 @@ def replayed_microbatches(pipeline, stage: int) -> int:
 
 
 class _Step:
-    def __init__(self, stage: Fsdp2Stage, events: list[Event]) -> None:
-        self.stage, self.events = stage, events
+    def __init__(self, stage: Fsdp2Stage, events: list[Event], *, makes_state: bool = False) -> None:
+        self.stage, self.events, self.makes_state = stage, events, makes_state
         units = [layer.unit for layer in stage.layers]
         self.first = {u: units.index(u) for u in units}
         self.last = {u: len(units) - 1 - units[::-1].index(u) for u in units}
@@ -156,14 +199,32 @@ class _Step:
             add(Free(("sharded_grad", unit)))
         self.forward()
         add(Alloc(("loss_kept",), self.stage.loss_kept_bytes, DEFAULT))
-        add(Alloc(("loss_extra",), self.stage.loss_extra_bytes, DEFAULT))
-        add(Free(("loss_extra",)))
+        self.loss_scratch()
         add(Free(("loss_kept",)))
         self.backward()
+        self.optimizer_step()
+
+    def optimizer_step(self) -> None:
+        """The first step's AdamW makes its state (_init_group: exp_avg, then exp_avg_sq, per parameter,
+        in the default stream), then every step's foreach scratch is made and freed."""
+        if self.makes_state:
+            for i, layer in enumerate(self.stage.layers):
+                n = len(layer.state) // 2
+                for j in range(n):
+                    self.events += [Alloc(("state", i, j), layer.state[j], DEFAULT),
+                                    Alloc(("state", i, n + j), layer.state[n + j], DEFAULT)]
         scratch = [(("scratch", i, j), size) for i, layer in enumerate(self.stage.layers)
                    for j, size in enumerate(layer.scratch)]
         self.events += [Alloc(key, size, DEFAULT) for key, size in scratch]
         self.events += [Free(key) for key, _ in scratch]
+
+    def loss_scratch(self) -> None:
+        """The loss's scratch, made and freed: tensors of the loss's largest size (every tensor of a
+        cross-entropy over the logits is the logits' shape, bf16 or fp32), the rest one more."""
+        total, piece = self.stage.loss_extra_bytes, self.stage.loss_tensor_bytes or self.stage.loss_extra_bytes
+        sizes = [piece] * (total // piece) + ([total % piece] if total % piece else []) if piece else []
+        self.events += [Alloc(("loss_extra", n), size, DEFAULT) for n, size in enumerate(sizes)]
+        self.events += [Free(("loss_extra", n)) for n in range(len(sizes))]
 
     # ---------------------------------------------------------------- FSDP2's collectives
 
@@ -262,9 +323,7 @@ class _PipelineStep(_Step):
         for kind, mb in stage.actions:
             self.forward_mb(mb) if kind == "F" else self.backward_mb(mb)
         self.reduce_all()
-        scratch = [(("scratch", i, j), size) for i, layer in enumerate(stage.layers) for j, size in enumerate(layer.scratch)]
-        self.events += [Alloc(key, size, DEFAULT) for key, size in scratch]
-        self.events += [Free(key) for key, _ in scratch]
+        self.optimizer_step()
 
     def forward_mb(self, mb: int) -> None:
         add, held_result = self.events.append, None
@@ -284,8 +343,7 @@ class _PipelineStep(_Step):
 
     def backward_mb(self, mb: int) -> None:
         add = self.events.append
-        add(Alloc(("loss_extra",), self.stage.loss_extra_bytes, DEFAULT))
-        add(Free(("loss_extra",)))
+        self.loss_scratch()
         add(Free(("rest", mb)))
         for i in range(len(self.stage.layers) - 1, -1, -1):
             layer = self.stage.layers[i]
@@ -433,4 +491,14 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - static_sum)),
         loss_kept_bytes=max(0, cost.kept_bytes - kept_sum), loss_extra_bytes=int(max(0.0, loss_extra)),
         actions=actions, root_units=frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
-        keeps_last_input=record.keeps_last_reduce_scatter_input)
+        keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup))
+
+
+def loss_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
+    """The loss region's largest tensor on an analytic bf16 profile: its logits in fp32 (torchtitan 9dec370
+    train.py's cross_entropy(pred.flatten(0, 1).float(), ...): the fp32 copy, log_softmax's output and both
+    backward gradients are each the logits' shape in fp32); 0 where the loss was measured (one block)."""
+    from planner.cost.rules import runtime_loss
+
+    known = runtime_loss(profile, setup)
+    return 0 if known is None else int(known[0]) * 2

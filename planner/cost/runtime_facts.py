@@ -138,6 +138,9 @@ class RuntimeFacts:
     """The runtime's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the replay runs the
     allocator's expandable segments (allocator.CachingAllocator) on CUDA; ROCm builds ignored the
     setting until pytorch#173330 (GPU.rocm: the default segments there)."""
+    expandable_segments_across_nodes: bool = False
+    """Its launch of a job over several nodes sets them too (where False, a job larger than a node runs
+    the default segments unless --expandable-segments says otherwise)."""
     fsdp2_step_replayed: bool = False
     """The allocator replay of FSDP2's step (planner/cost/reserve_fsdp2.py: its all-gathers on the
     copy-in stream, its sharded gradients on the reduce-scatter stream) orders this runtime's step:

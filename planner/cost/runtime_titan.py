@@ -132,7 +132,9 @@ def torchtitan(version: str) -> RuntimeFacts:
                               "(models/llama3/model/model.py 98, 185-186); b5bcd76c passes enable_gqa instead "
                               "(models/common/attention.py 901)"),
             "expandable_segments": "run_llama_train.sh 22 (PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\"), 9dec370; "
-                                   "run_train.sh 19, 2c8b5947; the published runs' launch scripts (planner/cost/allocator.py)",
+                                   "run_train.sh 19, 2c8b5947; both one node (torchrun --nproc_per_node, rendezvous at localhost)",
+            "expandable_segments_across_nodes": "multinode_trainer.slurm (srun torchrun --nnodes 4) sets no "
+                                                "PYTORCH_CUDA_ALLOC_CONF at 9dec370, e7c0cae, 2c8b5947 or b5bcd76c",
             "fsdp2_step_replayed": f"planner/cost/reserve_fsdp2.py replays FSDP2's streams as torch 2.6.0 (git 2236df17) "
                                    f"runs them: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py 68-89, 127-179, "
                                    f"220-229, 234-316, 371-383, _fsdp_param_group.py 271-307, 374-442, 469-500, "

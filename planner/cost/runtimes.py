@@ -94,6 +94,7 @@ def _ckplan() -> RuntimeFacts:
             "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
             "fsdp2_step_replayed": "ckplan's runtime shards with its own data parallelism (planner/runtime), not FSDP2's step",
             "expandable_segments": "ckplan's launch leaves PYTORCH_CUDA_ALLOC_CONF as the user set it: the default segments",
+            "expandable_segments_across_nodes": "the same on every node",
             "keeps_last_reduce_scatter_input": f"planner/runtime/mesh.py 111-112 (FSDP2 under ZeRO 2/3) on {TORCH_V}: "
                                                f"{RS_INPUT_DROPPED}",
             "fsdp_units": "planner/runtime/mesh.py (fully_shard of every layer): the buffer term measured there "
@@ -196,6 +197,7 @@ def _megatron() -> RuntimeFacts:
             "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
             "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
+            "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
@@ -280,6 +282,7 @@ def _deepspeed() -> RuntimeFacts:
             "step_replayed": f"not replayed: ZeRO's contiguous buffers and its side streams (deepspeed/runtime/zero/stage_1_and_2.py), {_DS_V}",
             "fsdp2_step_replayed": "DeepSpeed shards with ZeRO, not FSDP2",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
+            "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
             "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
@@ -338,6 +341,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "step_replayed": "not replayed: Gemini's chunk manager allocates and moves whole chunks (colossalai/zero/gemini/chunk)",
             "fsdp2_step_replayed": "ColossalAI shards with Gemini, not FSDP2",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
+            "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
             "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
             "grad_bytes": f"colossalai/zero/gemini/gemini_ddp.py 106, 380-412 (grads in the fp16 chunk; a grad chunk "
@@ -473,6 +477,11 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
         refused.append(f"--deterministic-mode is Megatron-LM's, read for --runtime megatron only (torch's NaN fill "
                        f"of Transformer Engine's outputs); {training.runtime}'s was not read: drop it or choose "
                        "--runtime megatron")
+    stated_segments = getattr(training, "expandable_segments", None)
+    if stated_segments is not None and not (of(training).fsdp2_step_replayed or of(training).step_replayed):
+        flag = "--expandable-segments" if stated_segments else "--no-expandable-segments"
+        refused.append(f"{flag} changes the caching allocator's replay, and {training.runtime}'s step is not replayed "
+                       "(its reserve is the fragmentation margin's): drop it")
     if training.expert_tp is not None and training.expert_tp != tp:
         refused.append(f"expert tensor parallelism distinct from TP (--expert-tp {training.expert_tp} with TP {tp}) "
                        "is not modelled: the experts are split as the profile's TP splits them")

@@ -158,6 +158,9 @@ class TrainingSetup(Strict):
     # Megatron-LM's --deterministic-mode: torch's deterministic algorithms, whose NaN fill of each
     # aten::empty writes Transformer Engine's outputs twice (the record's fills_te_outputs)
     deterministic: bool = False
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True at the launch (the allocator replay runs its rules);
+    # None: as the runtime's own launch script sets it (its record's expandable_segments)
+    expandable_segments: bool | None = None
 
 
 class TimeConstants(Strict):
