@@ -1,5 +1,6 @@
 import os
 import pathlib
+import tempfile
 
 import pytest
 import torch
@@ -39,6 +40,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_folder(tmp_path_factory):
+    """Every temporary file of the session under pytest's own folder (which keeps the last three
+    sessions' alone), not the real one: a failed launch copies its rank's log into a folder of
+    its own for the user (launcher._keep_log, tempfile.mkdtemp), and the failing-launch tests
+    left hundreds of /tmp/ckplan-failed-*. tempfile reads `tempdir` in this process, TMPDIR in
+    the processes it starts (ranks, ckplan as its own process). Yields (this folder, the real
+    one)."""
+    real = pathlib.Path(tempfile.gettempdir())
+    folder = tmp_path_factory.mktemp("tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", str(folder))
+        patch.setenv("TMPDIR", str(folder))
+        yield folder, real
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -220,19 +220,14 @@ def _print_throughput(profile, setup, hand_cost, best) -> None:
 
 def _summary(profile_path: Path, hand, hand_cost, best, *, profile, setup) -> dict:
     from planner.commands.solve_report import throughput_json, throughput_of
+    from planner.commands.stage_json import stages_json
 
     def describe(stages, cost) -> dict:
         return {
             "feasible": cost.feasible,
             "iteration_ms": cost.iteration_ms,
             "throughput": throughput_json(throughput_of(profile, setup, cost.iteration_ms)),
-            "stages": [{"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
-                        "static_bytes": c.static_bytes, "after_step_bytes": c.after_step_bytes,
-                        "step_end_bytes": c.step_end_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
-                        "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits,
-                        "time_ms": c.time_ms, "reserved_by": c.predicted().reserved_by,
-                        "replayed_reserved_bytes": c.replayed_reserved_bytes}
-                       for s, c in zip(stages, cost.stages)],
+            "stages": stages_json(stages, cost),
         }
 
     return {"profile": str(profile_path), "hand": describe(hand, hand_cost),

@@ -319,12 +319,11 @@ def _fp8_share(prediction, device) -> str:
 
 
 def rank_rows(prediction) -> list[dict]:
-    """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries)."""
-    return [{"rank": s.index, "layers": s.layers, "checkpointed": s.checkpointed, "recompute": s.recompute,
-             "static_bytes": c.static_bytes, "after_step_bytes": c.after_step_bytes, "step_end_bytes": c.step_end_bytes, "peak_bytes": c.peak_bytes, "reserved_bytes": c.reserved_bytes,
-             "reserved_by": c.reserved_by or ("divisor" if c.reserved_bytes is not None else None), "replayed_reserved_bytes": c.replayed_reserved_bytes, "workspace_bytes": c.workspace_bytes, "cap_bytes": c.cap_bytes, "fits": c.fits, "time_ms": c.time_ms,
-             "step_ms": c.step_ms}
-            for s, c in zip(prediction.stages, prediction.cost.stages)]
+    """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries:
+    planner/commands/stage_json.py)."""
+    from planner.commands.stage_json import stages_json
+
+    return stages_json(prediction.stages, prediction.cost)
 
 
 def summary(prediction, device) -> dict:

@@ -191,8 +191,9 @@ class Report:
 
 
 def _stages(solved) -> list[dict]:
-    return [{"index": s.index, "layers": s.layers, "recompute": s.recompute,
-             "peak_bytes": s.predicted.peak_bytes if s.predicted else None} for s in solved.stages]
+    from planner.commands.stage_json import stages_json
+
+    return stages_json(solved.stages, solved.cost)
 
 
 def write_plan(best, out: Path, profile_out: Path, model_ref) -> None:

@@ -120,7 +120,12 @@ def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer
 
     found = throughput_of(profile, plan.setup, plan.predicted.iteration_ms)
     if as_json:
-        click.echo(json.dumps(_summary(plan, out) | {"throughput": throughput_json(found)}, indent=2))
+        from planner.cost import costmodel
+
+        # each rank's dictionary reads its StageCost (stage_json: the keys every --json shares), which
+        # the plan keeps only in part (StagePredicted): the plan scored again, as the solver scored it
+        cost = costmodel.evaluate(plan.stages, profile, plan.setup)
+        click.echo(json.dumps(_summary(plan, cost, out) | {"throughput": throughput_json(found)}, indent=2))
     else:
         print_plan(plan, out)
         say(throughput_line(found))
@@ -128,7 +133,9 @@ def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer
         say(note)
 
 
-def _summary(plan, out: Path) -> dict:
+def _summary(plan, cost, out: Path) -> dict:
+    from planner.commands.stage_json import stages_json
+
     return {
         "plan": str(out),
         "solver": plan.solver.name,
@@ -138,14 +145,7 @@ def _summary(plan, out: Path) -> dict:
         "gap": plan.solver.gap,
         "solve_s": plan.solver.wall_s,
         "iteration_ms": plan.predicted.iteration_ms,
-        "stages": [
-            {"index": s.index, "layers": s.layers, "checkpointed": s.checkpointed,
-             "static_bytes": s.predicted.static_bytes, "peak_bytes": s.predicted.peak_bytes, "reserved_bytes": s.predicted.reserved_bytes,
-             "workspace_bytes": s.predicted.workspace_bytes, "cap_bytes": plan.setup.pipeline.mem_caps_bytes[s.index],
-             "time_ms": s.predicted.time_ms, "reserved_by": s.predicted.reserved_by,
-             "replayed_reserved_bytes": s.predicted.replayed_reserved_bytes}
-            for s in plan.stages
-        ],
+        "stages": stages_json(plan.stages, cost),
         "baselines": [
             {"name": b.name, "feasible": b.feasible, "iteration_ms": b.iteration_ms} for b in plan.baselines
         ],

@@ -34,13 +34,7 @@ between I and W). The peak is after an action or during a backward pass (B, I or
 weight pass recomputes a checkpointed region again), that pass's transient on top of the counts
 before it.
 
-Time model (`simulate_time`). Every rank runs its list in order; an action starts when its
-rank is free and its input is there: F of stage k needs F of stage k-1 (same microbatch), B or
-I of stage k needs B or I of stage k+1 (the last stage: its own F), W its own I. Crossing
-ranks adds `send_ms` (a latency: sends overlap compute); a V schedule's turn, two stages on one
-rank, sends nothing. DualPipeV's overlapped F+B pair is one unit, as in torch's runtime
-(without a custom overlap function): it receives both inputs first, runs its halves back to
-back, and sends both outputs after. Sends are latencies: they never hold up a rank's compute.
+Time model: planner/cost/schedule_time.py (`simulate_time`, `makespan_ms`, re-exported here).
 """
 
 from __future__ import annotations
@@ -53,6 +47,12 @@ from types import SimpleNamespace
 from torch.distributed.pipelining import schedules as torch_schedules
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
+from planner.cost.schedule_time import (  # noqa: F401  the time model, read as schedules.X too
+    StageTimes,
+    Timeline,
+    makespan_ms,
+    simulate_time,
+)
 from planner.errors import UserError
 
 SCHEDULES = ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV")
@@ -398,114 +398,3 @@ def _rank_peak(schedule: Schedule, rank: int, stage_bytes: Sequence[ChunkBytes])
                 late = sum(counts.late[c] * b.late_grad for c, b in enumerate(mine))
                 best = RankPeak(rank, step, total, chunks, transient, late)
     return best
-
-
-# ---------------------------------------------------------------------------------------------
-# Time: a discrete-event simulation of all ranks
-
-
-@dataclass(frozen=True)
-class StageTimes:
-    """One microbatch's compute on one stage (ms). A full backward B takes I + W."""
-
-    forward_ms: float
-    input_grad_ms: float
-    weight_grad_ms: float
-
-    @property
-    def backward_ms(self) -> float:
-        return self.input_grad_ms + self.weight_grad_ms
-
-    @property
-    def busy_ms(self) -> float:
-        return self.forward_ms + self.backward_ms
-
-    def of(self, kind: str) -> float:
-        return {"F": self.forward_ms, "B": self.backward_ms,
-                "I": self.input_grad_ms, "W": self.weight_grad_ms}[kind]
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """When every action ran, and what that makes of the iteration."""
-
-    makespan_ms: float
-    busy_ms: tuple[float, ...]  # per rank
-    start_ms: tuple[tuple[float, ...], ...]  # per rank, per action of Schedule.actions[rank]
-
-    @property
-    def bubble_fraction(self) -> tuple[float, ...]:
-        """Per rank, the share of the iteration it idles."""
-        return tuple(1.0 - busy / self.makespan_ms for busy in self.busy_ms)
-
-    @property
-    def mean_bubble_fraction(self) -> float:
-        return 1.0 - sum(self.busy_ms) / (len(self.busy_ms) * self.makespan_ms)
-
-
-def simulate_time(
-    schedule: Schedule, *, stage_times: Sequence[StageTimes], send_ms: float = 0.0
-) -> Timeline:
-    """Run every rank's list in order; each unit (an action, or DualPipeV's overlapped F+B
-    pair) starts once its rank is free and its inputs have arrived (`send_ms` after the
-    producer finished, when the producer is another rank). As torch's runtime does, a pair
-    receives both inputs before it starts, runs its halves back to back and sends after both."""
-    finished: dict[tuple[int, str, int], float] = {}  # (stage, F|I|W, microbatch) -> ms
-    next_action = [0] * schedule.num_ranks
-    free_ms = [0.0] * schedule.num_ranks
-    starts: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
-    remaining = sum(len(actions) for actions in schedule.actions)
-    while remaining:
-        progressed = False
-        for rank, actions in enumerate(schedule.actions):
-            while next_action[rank] < len(actions):
-                first = next_action[rank]
-                unit = [a for a in actions[first:first + 2] if a.unit == actions[first].unit]
-                ready = [_input_ready_ms(schedule, a, finished, send_ms) for a in unit]
-                if None in ready:
-                    break
-                clock = max(free_ms[rank], *ready)
-                for a in unit:
-                    starts[rank].append(clock)
-                    clock += stage_times[a.stage].of(a.kind)
-                free_ms[rank] = clock
-                for a in unit:  # a pair's outputs leave together, after both halves
-                    for done in {"F": "F", "B": "IW", "I": "I", "W": "W"}[a.kind]:
-                        finished[(a.stage, done, a.microbatch)] = clock
-                next_action[rank] += len(unit)
-                remaining -= len(unit)
-                progressed = True
-        if not progressed:
-            raise RuntimeError(f"{schedule.name}: no rank can run its next action (deadlock)")
-    busy = tuple(sum(stage_times[a.stage].of(a.kind) for a in actions)
-                 for actions in schedule.actions)
-    return Timeline(max(free_ms), busy, tuple(tuple(s) for s in starts))
-
-
-def makespan_ms(schedule: Schedule, *, stage_times: Sequence[StageTimes]) -> float:
-    """The iteration's compute, every rank's list run: the simulation (simulate_time); for a
-    schedule without actions (pipeline_schedule: 1F1B, GPipe) the closed form the solvers
-    optimise, fill and drain (every stage once) plus M - 1 steady steps of the slowest stage."""
-    if schedule.actions:
-        return simulate_time(schedule, stage_times=stage_times).makespan_ms
-    busy = [times.busy_ms for times in stage_times]
-    return sum(busy) + (schedule.num_microbatches - 1) * max(busy)
-
-
-def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: float) -> float | None:
-    """When the input of `a` is on its rank, or None while its producer has not run."""
-    if a.kind == "F":
-        producer = (a.stage - 1, "F") if a.stage > 0 else None
-    elif a.kind == "W":
-        producer = (a.stage, "I")
-    elif a.stage == schedule.num_stages - 1:
-        producer = (a.stage, "F")  # the loss's gradient
-    else:
-        producer = (a.stage + 1, "I")
-    if producer is None:
-        return 0.0
-    done = finished.get((producer[0], producer[1], a.microbatch))
-    if done is None:
-        return None
-    crosses = schedule.stage_to_rank[producer[0]] != schedule.stage_to_rank[a.stage]
-    return done + (send_ms if crosses else 0.0)
