@@ -27,7 +27,7 @@ class StageSummary(Strict):
     peak_bytes: Bytes  # the allocated peak
     reserved_bytes: Bytes | None  # cuda: the caching allocator's reserved peak; None on cpu
     reserved_by: Literal["replay", "divisor"] | None  # how reserved_bytes was found (StagePredicted.reserved_by)
-    replayed_reserved_bytes: Bytes | None  # the replay's reserve where the divisor's is reported (reserve.py)
+    replayed_reserved_bytes: Bytes | None  # null: the replay is the reserve itself where it runs (reserve.py); kept for parsers
     workspace_bytes: Bytes  # the communication library's buffers beside the reserve
     cap_bytes: Bytes  # the cap: reserved + workspace (cuda), or the peak (cpu) must fit it
     fits: bool  # the device's and the host's verdict (planner/cost/assembly.py StageCost.fits)
