@@ -190,3 +190,33 @@ def test_auto_dp_takes_host_mem_for_the_combinations_that_offload(profile_path, 
     rows = json.loads(result.stdout)["combinations"]
     assert {r["why_not"] for r in rows if r["offload"]} == {"host memory"}
     assert any(r["fits"] for r in rows if not r["offload"])
+
+
+def test_auto_dp_lists_a_combination_its_options_refuse_and_plans_the_rest(tmp_path):
+    """--expandable-segments is read by torchtitan's FSDP2 replay (ZeRO 3, one stage); ZeRO 0 cannot take it.
+    That combination is listed as refused with its sentence; the others are planned and the best written."""
+    gpu = static_heavy_profile()
+    gpu = gpu.model_copy(update={"device": gpu.device.model_copy(update={"type": "cuda", "name": "NVIDIA H100"})})
+    path = tmp_path / "gpu.json"
+    io.save_profile(gpu, path)
+    args = ["--stages", "1", "--microbatches", "1", "--precision", "bf16-mixed", "--mem", "4GB", "--dp", "4",
+            "--runtime", "torchtitan", "--expandable-segments", "--auto-dp"]
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(path), *args, "--out", str(tmp_path / "plan.yaml"),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output[result.output.index("{"):])["combinations"]
+    refused = [r for r in rows if r["why_not"] == "refused"]
+    assert [r["zero"] for r in refused] == [0] * len(refused) and refused
+    assert all("--expandable-segments changes the caching allocator's replay" in r["reason"] for r in refused)
+    assert any(r["best"] and r["zero"] == 3 for r in rows)
+    assert (tmp_path / "plan.yaml").exists()
+
+
+def test_auto_dp_says_once_what_every_combination_refuses(profile_path, tmp_path):
+    """On a CPU profile no combination can take an allocator flag: one sentence, no table, no plan."""
+    result = CliRunner().invoke(cli, ["solve", "--profile", str(profile_path), *ARGS, "--expandable-segments",
+                                      "--runtime", "torchtitan", "--out", str(tmp_path / "plan.yaml")])
+    assert result.exit_code == 1
+    assert "has no caching allocator to replay" in result.output and "Traceback" not in result.output
+    assert "┃" not in result.output  # no table: the sentence is the whole answer
+    assert not (tmp_path / "plan.yaml").exists()

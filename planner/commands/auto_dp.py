@@ -19,7 +19,8 @@ class Trial:
     setup: object = None
     plan: object = None  # None: no plan fits the device caps
     host_bytes: float = 0.0
-    why_not: str = ""  # why it has no plan that fits: device memory, host memory, or the time limit
+    why_not: str = ""  # why it has no plan that fits: device memory, host memory, the time limit, or refused
+    reason: str = ""  # where refused: the sentence the options gave for this combination
 
     @property
     def fits(self) -> bool:
@@ -60,6 +61,8 @@ def run_auto_dp(profile, profile_path: Path, *, stages: int, data_parallel, time
                      data_parallel=dataclasses.replace(data_parallel, zero=z, shard_group=k, offload_optimizer=o,
                                                        host_mem=host_mem if o or offloads_activations else None))
               for i, (z, k, o) in enumerate(combinations(dp, offload_choices=offload_choices, ep=data_parallel.ep))]
+    if all(t.why_not == "refused" for t in trials):
+        raise UserError(trials[0].reason)  # the options' own fault, whatever the combination: said once
     best = min((t for t in trials if t.fits), key=lambda t: t.plan.predicted.iteration_ms, default=None)
     if best is not None:
         io.check_outputs({"--out": out}, inputs={"--profile": profile_path})
@@ -85,8 +88,12 @@ def _trial(profile, profile_path, *, stages, data_parallel, time_limit_s, solver
     from planner.solve.planning import Unplanned, make_plan
 
     trial = Trial(data_parallel.zero, data_parallel.shard_group, data_parallel.offload_optimizer)
-    trial.setup, notes = planned_setup(profile, profile_path, stages=stages, data_parallel=data_parallel, say=say,
-                                       **options)
+    try:
+        trial.setup, notes = planned_setup(profile, profile_path, stages=stages, data_parallel=data_parallel,
+                                           say=say, **options)
+    except UserError as exc:  # a setting this combination cannot take (e.g. an allocator flag only ZeRO 3 replays)
+        trial.why_not, trial.reason = "refused", str(exc)
+        return trial
     for note in notes if say is not None else ():
         say(note)
     # the table says which resource ruled a combination out; the least-memory search that would
@@ -106,6 +113,9 @@ def _row(trial: Trial, best: Trial | None) -> list[str]:
     from planner.units import format_bytes, format_ms
 
     setup = trial.setup
+    if setup is None:  # refused before a setup was made: the sentence is listed under the table
+        return [str(trial.zero), str(trial.shard_group or "-"), "yes" if trial.offload else "no", "[red]no[/] (refused)",
+                "-", "-", "-", "-", "-", "", "-", "-"]
     group = str(dataparallel.shard_size(setup)) if setup.data_parallel.zero else "-"
     refused = ", ".join(dp_support.refused_by(setup)) or "-"
     mark = "[bold green]best[/]" if trial is best else ""
@@ -152,7 +162,7 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
     from planner.emit import dp_support
     from planner.units import format_ms
 
-    setup = trials[0].setup
+    setup = next(t.setup for t in trials if t.setup is not None)
     title = (f"--auto-dp: dp {dp} x {setup.pipeline.stages} stages, {setup.pipeline.microbatches} microbatches, "
              f"{setup.training.optimizer} {setup.training.precision}; plan re-solved for each")
     rows = [_row(t, best) for t in trials]
@@ -168,6 +178,11 @@ def print_table(trials: list[Trial], best: Trial | None, out: Path, dp: int) -> 
         console.print(table(title, COLUMNS, rows, right_from=4, whole=tuple(COLUMNS[1:4]),
                             wrap=("communicated", "refused by (pp > 1)")))
     console.print(LEGEND)
+    for trial in trials:
+        if trial.why_not == "refused":
+            console.print(f"ZeRO {trial.zero}, group {trial.shard_group or '-'}, offload "
+                          f"{'yes' if trial.offload else 'no'} refused: {trial.reason}", soft_wrap=True)
+    trials = [t for t in trials if t.setup is not None]
     offloaded = next((t for t in trials if t.setup.data_parallel.offload), None)
     if offloaded is not None:
         console.print(next(note for note in offloaded.setup.data_parallel.dp_notes if note.startswith("host ")),
@@ -192,6 +207,9 @@ def print_json(trials: list[Trial], best: Trial | None, out: Path) -> None:
 
     def one(trial: Trial) -> dict:
         plan = trial.plan
+        if trial.setup is None:
+            return {"zero": trial.zero, "shard_group": trial.shard_group, "offload": trial.offload, "fits": False,
+                    "why_not": "refused", "reason": trial.reason, "best": False}
         return {"zero": trial.setup.data_parallel.zero, "shard_group": dataparallel.shard_size(trial.setup),
                 "offload": trial.setup.data_parallel.offload, "fits": trial.fits, "why_not": trial.why_not or None,
                 "iteration_ms": plan.predicted.iteration_ms if plan else None,
