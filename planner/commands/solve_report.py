@@ -66,9 +66,12 @@ def reserved_note(setup, predicted=()) -> str:
     margin = allocator.DEFAULT_FRAGMENTATION if margin is None else margin
     divisor = f"the caching allocator's at {margin:.0%} fragmentation (--fragmentation), in 2 MiB segments"
     replayed = [i for i, p in enumerate(predicted) if p.reserved_by == "replay"]
+    from planner.cost import runtimes
+    what = ("torchtitan's FSDP2 step, ordered from the cost model's terms" if runtimes.of(setup.training).fsdp2_step_replayed
+            else "each stage's recorded allocations")
     how = divisor if not replayed else (
-        "the caching allocator's rules replayed on each stage's recorded allocations" if len(replayed) == len(predicted)
-        else f"replayed on stages {', '.join(map(str, replayed))}, elsewhere {divisor}")
+        f"the caching allocator's rules replayed on {what}" if len(replayed) == len(predicted)
+        else f"replayed ({what}) on stages {', '.join(map(str, replayed))}, elsewhere {divisor}")
     over = [i for i, p in enumerate(predicted) if p.reserved_bytes is not None
             and p.reserved_bytes + p.workspace_bytes > setup.pipeline.mem_caps_bytes[i]]
     warning = f"; stages {', '.join(map(str, over))} reserve more than their cap" if over else ""
