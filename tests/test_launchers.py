@@ -192,14 +192,17 @@ def test_the_launchs_pythonpath_and_module_find_the_file_the_export_wrote(tmp_pa
 
 
 def test_a_hostile_folder_reaches_pythonpath_as_one_value(tmp_path):
-    folder = tmp_path / "x $(touch PWNED) `touch PWNED`;'q\""
+    folder = tmp_path / "x $(touch PWNED)\ntouch PWNED `touch PWNED`;'q\""
     plan_file = _titan_plan(folder, stem="p")
     run_ok("export", plan_file, "--to", "torchrun")
     args, paths = _run_script(folder / "p.torchrun.sh", tmp_path)
     assert paths == str(folder.resolve()) and args[-4:] == ["--module", "p_torchtitan", "--config", "ckplan_config"]
     assert not list(tmp_path.rglob("PWNED"))
-    job = run_ok("export", plan_file, "--to", "kubernetes").output
-    assert "Traceback" not in job
+    run_ok("export", plan_file, "--to", "kubernetes")
+    text = (folder / "p.trainjob.yaml").read_text()
+    head = text[:text.index("\napiVersion: ")].splitlines()
+    assert len(head) == 3 and all(line.startswith("# ") for line in head)  # the path's newline stayed in its comment
+    assert yaml.safe_load(text)["spec"]["trainer"]["env"][1] == {"name": "PYTHONPATH", "value": str(folder.resolve())}
     colon = _titan_plan(tmp_path / "a:b", stem="p")
     result = run("export", colon, "--to", "slurm")
     assert result.exit_code == 1 and "which PYTHONPATH cannot carry" in " ".join(result.output.split())
