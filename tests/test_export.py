@@ -244,7 +244,7 @@ def test_export_prints_one_table_when_nothing_was_rounded(tmp_path):
     # nothing checkpointed, 1F1B, solved for torchtitan's runtime: torchtitan says it exactly
     _, _, path = write(tmp_path, [4, 3, 3], set(), runtime="torchtitan")
     text = output(path, "torchtitan", "--torchtitan-base", "m:f")
-    assert "Rounded: nothing" in (tmp_path / "plan.torchtitan.py").read_text()
+    assert "Rounded: nothing" in (tmp_path / "plan_torchtitan.py").read_text()
     assert text.count("the plan, exactly") == 1 and "the plan, exactly as torchtitan runs it" in text
     _, _, path = write(tmp_path, [4, 3, 3], set())  # solved for ckplan's runtime
     # Megatron-LM says it exactly too, but its pipeline holds no per-microbatch receive buffers:
@@ -307,7 +307,7 @@ def test_torchtitan_refuses_a_base_config_of_another_depth(tmp_path):
     result = run("export", str(plan), "--to", "torchtitan", "--torchtitan-base",
                  "torchtitan.models.llama3.config_registry:llama3_8b")
     assert result.exit_code == 1 and "has 32 decoder layers and this plan 28" in result.output
-    assert not (tmp_path / "plan.torchtitan.py").exists()
+    assert not (tmp_path / "plan_torchtitan.py").exists()
 
 
 def test_a_plan_solved_for_ckplans_runtime_is_rescored_for_torchtitans(tmp_path):

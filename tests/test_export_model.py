@@ -107,15 +107,14 @@ def test_torchtitan_refuses_a_base_that_builds_another_model(tmp_path):
                      "vocab_size 152064 (the base: 128256)", "qkv_bias True (the base: False)",
                      "rope_theta 1000000.0 (the base: 500000.0)"):
         assert fragment in said, said
-    assert not (tmp_path / "plan.torchtitan.py").exists()
+    assert not (tmp_path / "plan_torchtitan.py").exists()
 
 
 @pytest.mark.parametrize("version, line", [("0.3.0", "config.training.seq_len = 4096"), ("0.2.0", "seq_len = 4096")])
 def test_torchtitan_export_sets_the_sequence_length(tmp_path, version, line):
     _, plan = _plan(tmp_path, "llama3-8b")
     run_ok("export", str(plan), "--to", "torchtitan", "--torchtitan-version", version)
-    suffix = "py" if version == "0.3.0" else "toml"
-    text = (tmp_path / f"plan.torchtitan.{suffix}").read_text()
+    text = (tmp_path / ("plan_torchtitan.py" if version == "0.3.0" else "plan.torchtitan.toml")).read_text()
     assert re.search(rf"^\s*{re.escape(line)}$", text, flags=re.M), text
 
 

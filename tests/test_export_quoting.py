@@ -59,7 +59,7 @@ def assert_no_call_but_the_exports(text: str) -> None:
 @pytest.mark.parametrize("target, suffix, extra", [
     ("deepspeed", "deepspeed.py", []),
     ("colossalai", "colossalai.py", []),
-    ("torchtitan", "torchtitan.py", ["--torchtitan-base", "my_models.configs:eight_layers"]),
+    ("torchtitan", "_torchtitan.py", ["--torchtitan-base", "my_models.configs:eight_layers"]),
     ("torchtitan", "torchtitan.toml", ["--torchtitan-version", "0.2.0"]),
     ("megatron", "megatron.sh", []),
 ])
@@ -67,20 +67,30 @@ def test_hostile_names_stay_data(hostile, target, suffix, extra):
     folder, names, sentinels = hostile
     plan = folder / "plan.yaml"
     run_ok("export", str(plan), "--to", target, *extra)
-    text = (folder / f"plan.{suffix}").read_text()
+    text = (folder / _name(suffix)).read_text()
     if suffix.endswith(".py"):
         assert_no_call_but_the_exports(text)
     elif suffix.endswith(".toml"):
         tomllib.loads(text)
     else:
         bash = shutil.which("bash")
-        subprocess.run([bash, "-c", 'source "$1"', "bash", str(folder / f"plan.{suffix}")], check=True,
+        subprocess.run([bash, "-c", 'source "$1"', "bash", str(folder / _name(suffix))], check=True,
                        timeout=30, cwd=folder, capture_output=True)
     assert not list(sentinels.iterdir()) and not list(folder.glob("P*"))  # nothing ran
     for line in text.splitlines():  # the escaped names never broke a line out of a comment
         assert "touch" not in line or line.lstrip().startswith("#") or "'" in line or '"' in line
     if target == "deepspeed":  # it lists every layer by name
         assert all(one_line(name) in text for name in names)
+
+
+def _name(suffix: str) -> str:
+    """The export's file beside plan.yaml: torchtitan's Python config an importable plan_torchtitan.py."""
+    return f"plan{suffix}" if suffix.startswith("_") else f"plan.{suffix}"
+
+
+def _exports(folder):
+    """Every export written beside plan.yaml in `folder`."""
+    return list(folder.glob("plan.*.*")) + list(folder.glob("plan_torchtitan.py"))
 
 
 def test_torchtitan_base_must_be_python_names(hostile):
@@ -108,7 +118,7 @@ from planner.models import archs  # noqa: E402
 
 TARGETS = [  # (--to, the file's ending, extra options): every exporter, both torchtitan forms
     ("megatron", "megatron.sh", []),
-    ("torchtitan", "torchtitan.py", ["--torchtitan-base", "my_models.configs:eight_layers"]),
+    ("torchtitan", "_torchtitan.py", ["--torchtitan-base", "my_models.configs:eight_layers"]),
     ("torchtitan", "torchtitan.toml", ["--torchtitan-version", "0.2.0"]),
     ("colossalai", "colossalai.py", []),
     ("deepspeed", "deepspeed.py", []),
@@ -177,12 +187,12 @@ def test_every_field_an_exporter_writes_refuses_a_hostile_value_in_one_sentence(
             (assumptions[where] if where else assumptions)[name] = value
             folder = tmp_path / f"{target}-{suffix}"
             folder.mkdir(exist_ok=True)
-            for old in folder.glob("plan.*.*"):
+            for old in _exports(folder):
                 old.unlink()
             plan = hostile_plan(folder, assumptions)
             result = run("export", str(plan), "--to", target, *extra)
             if _valid(assumptions):
-                written = list(folder.glob("plan.*.*"))
+                written = _exports(folder)
                 for path in written:
                     if path.suffix == ".sh":
                         source(path, folder)
@@ -194,7 +204,7 @@ def test_every_field_an_exporter_writes_refuses_a_hostile_value_in_one_sentence(
             assert result.exit_code == 1, (field, value, result.output)
             assert f"the profile's recorded {field}" in result.output, (field, result.output)
             assert len(result.output.strip().splitlines()) <= 3, result.output  # one sentence, wrapped
-            assert not list(folder.glob("plan.*.*")), field  # nothing written
+            assert not _exports(folder), field  # nothing written
     assert not list(sentinels.iterdir())  # nothing ran
     assert refused >= 6 * len(_fields_written(target))
 

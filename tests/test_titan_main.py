@@ -9,6 +9,7 @@ import ast
 import importlib
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -236,9 +237,57 @@ def test_sequence_parallel_is_written_as_the_profile_assumed_it(tmp_path, sp):
     assert ("tensor parallelism without sequence parallelism" in " ".join(toml.read_text().split())) is not sp
 
 
-@pytest.mark.parametrize("target", ["megatron", "torchrun"])
-def test_the_torchtitan_options_are_refused_for_another_target(tmp_path, target):
+@pytest.mark.parametrize("target, option, value", [("megatron", "--torchtitan-version", "main"),
+                                                    ("torchrun", "--torchtitan-base", "m:f")])
+def test_the_torchtitan_options_are_refused_for_another_target(tmp_path, target, option, value):
+    """A launch file takes --torchtitan-version (the trainer it runs, tests/test_launchers.py), not the base."""
     plan = _plan(tmp_path, [3, 3])
-    result = CliRunner().invoke(cli, ["export", str(plan), "--to", target, "--torchtitan-version", "main"])
-    assert result.exit_code != 0 and "--torchtitan-version applies to --to torchtitan" in result.output
+    result = CliRunner().invoke(cli, ["export", str(plan), "--to", target, option, value])
+    assert result.exit_code != 0 and f"{option} applies to --to torchtitan" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.frameworks
+def test_torchtitans_config_manager_runs_what_the_launch_file_names(tmp_path):
+    """The torchrun file of a plan named with a dash and dots, run by bash with a stand-in torchrun:
+    torchtitan's ConfigManager, given the arguments after `-m torchtitan.train` and the PYTHONPATH
+    the file exports, loads the config function of the export `--to torchtitan` wrote beside the plan
+    for the installed version (0.3.0 or main). Parse only; nothing trains."""
+    import shutil
+    import subprocess
+
+    pytest.importorskip("torchtitan.config")
+    pytest.importorskip("tyro")
+    from torchtitan.config import TrainingConfig
+    from torchtitan.config.manager import ConfigManager
+
+    version = "main" if "num_tokens_per_microbatch_per_dp_rank" in {f.name for f in fields(TrainingConfig)} else "0.3.0"
+    (tmp_path / "ckplan_base.py").write_text(_BASE)
+    plan = _plan(tmp_path, [3, 3]).rename(tmp_path / "my-plan.v2.yaml")
+    for target in ("torchtitan", "torchrun"):
+        extra = ["--torchtitan-base", "ckplan_base:base"] if target == "torchtitan" else []
+        result = CliRunner().invoke(cli, ["export", str(plan), "--to", target, "--torchtitan-version", version, *extra])
+        assert result.exit_code == 0, result.output
+    bin_dir, record = tmp_path / "bin", tmp_path / "record"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(f'#!/bin/bash\nprintf "%s\\0" "$PYTHONPATH" "$@" > "{record}"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    subprocess.run([shutil.which("bash"), str(tmp_path / "my-plan.v2.torchrun.sh")], check=True, timeout=30,
+                   env={"PATH": f"{bin_dir}:/usr/bin:/bin", "MASTER_ADDR": "10.0.0.1"}, capture_output=True)
+    paths, *argv = record.read_text().split("\0")[:-1]
+    args = argv[argv.index("torchtitan.train") + 1:]
+    module = args[args.index("--module") + 1]
+    assert module == "my_plan_v2_torchtitan" and module.isidentifier()
+    assert (tmp_path / f"{module}.py").is_file() and paths == str(tmp_path.resolve())
+    sys.path[:0] = paths.split(":")
+    try:
+        config = ConfigManager().parse_args([*args, "--training.steps", "7"])
+        loaded = sys.modules[module].__file__
+    finally:
+        del sys.path[:len(paths.split(":"))]
+        for name in ("ckplan_base", module):
+            sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+    assert Path(loaded).resolve() == (tmp_path / f"{module}.py").resolve()  # the file the export wrote
+    assert config.training.steps == 7 and config.parallelism.pipeline_parallel_degree == 2
+    assert config.parallelism.module_fqns_per_model_part[-1][-2:] == ["norm", "lm_head"]

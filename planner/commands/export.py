@@ -24,7 +24,8 @@ LAUNCHERS = ("torchrun", "slurm", "kubernetes")  # how to start it: planner/emit
               help="The plan's profile, to re-score the rounding [default: the file the plan names].")
 @click.option("--torchtitan-version", default="0.3.0", show_default=True,
               help="torchtitan release (0.3.0 is configured in Python, 0.2.x in TOML), or main: torchtitan's main "
-                   "branch after 73aed7f6c, which counts the batch in tokens (read at b5bcd76c).")
+                   "branch after 73aed7f6c, which counts the batch in tokens (read at b5bcd76c). With torchrun, "
+                   "slurm, kubernetes: the trainer a torchtitan plan's launch file runs, on that version's export.")
 @click.option("--torchtitan-base", default=None, metavar="MODULE:FUNCTION",
               help="torchtitan (0.3+) config function the export refines [default: torchtitan's own config "
                    "for the profile's architecture, e.g. ...llama3.config_registry:llama3_70b].")
@@ -32,7 +33,9 @@ LAUNCHERS = ("torchrun", "slurm", "kubernetes")  # how to start it: planner/emit
               help="With torchrun, slurm, kubernetes: GPUs a node.")
 @click.option("--entry", default=None, metavar="'PROGRAM ARGS'",
               help="With torchrun, slurm, kubernetes: what each process runs [default: `ckplan launch PLAN` for "
-                   "ckplan's runtime, torchtitan.train on PLAN.torchtitan.toml for torchtitan's].")
+                   "ckplan's runtime; for torchtitan's, torchtitan.train on the export of --torchtitan-version: "
+                   "--module PLAN_torchtitan --config ckplan_config (0.3.0, main) or --job.config_file "
+                   "PLAN.torchtitan.toml (0.2.x)].")
 @click.option("--image", default=None, help="With kubernetes: the training container image.")
 def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan_base, gpus_per_node, entry,
             image) -> None:
@@ -54,9 +57,12 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
 
     facts.read(profile)  # what the export copies from the profile, typed, before anything reads it
     _check_plan(plan, profile, plan_path)
-    _refuse_torchtitan_options(click.get_current_context(), target)
+    ctx = click.get_current_context()
+    _refuse_torchtitan_options(ctx, target)
     if target in LAUNCHERS:
-        _launcher(target, plan, profile, plan_path, out, inputs, gpus_per_node=gpus_per_node, entry=entry, image=image)
+        given = ctx.get_parameter_source("torchtitan_version") != click.core.ParameterSource.DEFAULT
+        _launcher(target, plan, profile, plan_path, out, inputs, gpus_per_node=gpus_per_node, entry=entry, image=image,
+                  torchtitan_version=torchtitan_version if given else None)
         return
     _refuse_launch_options(click.get_current_context())
     _refuse_pure_bf16(plan)
@@ -71,14 +77,24 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
                              plan.setup)
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
     if out is None:
-        out = plan_path.with_name(plan_path.stem + result.suffix)
+        out = plan_path.with_name(_export_name(target, plan_path.stem, result.suffix, torchtitan_version))
         io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, result.text)
     _report(plan, result, out)
 
 
+def _export_name(target: str, stem: str, suffix: str, torchtitan_version: str) -> str:
+    """The export's file beside the plan: STEM + the target's suffix; torchtitan's Python config a
+    module name torchtitan can import (planner/emit/torchtitan.py module_name)."""
+    if target == "torchtitan":
+        from planner.emit import torchtitan
+
+        return torchtitan.export_name(stem, torchtitan_version)
+    return stem + suffix
+
+
 def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: dict, *, gpus_per_node: int,
-              entry: str | None, image: str | None) -> None:
+              entry: str | None, image: str | None, torchtitan_version: str | None) -> None:
     """One launch file (planner/emit/launchers.py)."""
     import shlex
 
@@ -94,28 +110,32 @@ def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: 
         raise UserError(f"--entry {entry!r}: {exc}") from exc
     tp = profile.assumptions.get("tp", 1)
     launch = launchers.launch_for(plan, plan_path, tp=tp if isinstance(tp, int) else 1, gpus_per_node=gpus_per_node,
-                                  entry=argv, image=image, gpu_name=plan.device.name)
+                                  entry=argv, image=image, gpu_name=plan.device.name,
+                                  torchtitan_version=torchtitan_version)
     out = out or plan_path.with_name(plan_path.stem + launchers.SUFFIX[target])
     io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, launchers.RENDER[target](launch))
     info(f"{target}: {launch.num_nodes} node(s) x {launch.gpus_per_node} GPUs; wrote {out}")
-    toml = Path(launch.entry[-1])
-    if argv is None and launch.entry[:2] == ("-m", "torchtitan.train") and not toml.exists():
+    runs = launchers.entry_file(launch) if argv is None else None
+    if runs is not None and not runs.exists():
         from planner.console import warn
+        from planner.emit import titan_keys
 
-        warn(f"each process runs torchtitan 0.2's trainer on {toml}, which does not exist yet: `ckplan export "
-             f"{plan_path} --to torchtitan --torchtitan-version 0.2.2` writes it (torchtitan 0.3 runs the Python "
-             "config `--to torchtitan` writes by default: give --entry '-m torchtitan.train --module M --config "
-             "ckplan_config')")
+        version = torchtitan_version or titan_keys.NEWEST_RELEASE
+        warn(f"each process runs torchtitan {version}'s trainer on {runs}, which does not exist yet: `ckplan export "
+             f"{plan_path} --to torchtitan --torchtitan-version {version}` writes it there")
 
 
 def _refuse_torchtitan_options(ctx, target: str) -> None:
     """--torchtitan-version and --torchtitan-base say what the torchtitan export writes: another target
-    (a launch file runs the entry --entry names) takes neither."""
+    takes neither, but a launch file takes the version (the trainer it runs, on that version's export)."""
     for name, flag in (("torchtitan_version", "--torchtitan-version"), ("torchtitan_base", "--torchtitan-base")):
+        if name == "torchtitan_version" and target in LAUNCHERS:
+            continue
         if target != "torchtitan" and ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
             raise UserError(f"{flag} applies to --to torchtitan (the config it writes); drop it"
-                            + (", and say what each process runs with --entry" if target in LAUNCHERS else ""))
+                            + (" (a launch file runs the config `--to torchtitan` wrote with it)"
+                               if target in LAUNCHERS else ""))
 
 
 def _refuse_launch_options(ctx) -> None:

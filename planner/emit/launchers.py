@@ -14,11 +14,22 @@ Sources:
   (trainer.kubeflow.org/v1alpha1) spec.runtimeRef {name, apiGroup, kind} (the ClusterTrainingRuntime
   "torch-distributed" installed with the trainer) and spec.trainer {image, command, args, numNodes,
   numProcPerNode, resourcesPerNode}; the torch plugin sets PET_NNODES, PET_NPROC_PER_NODE,
-  PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, which torchrun reads.
+  PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, which torchrun reads; spec.trainer.env (a list
+  of {name, value}, merged with the runtime's trainer environment: the Trainer model of Kubeflow
+  Trainer's Python API, TrainerV1alpha1Trainer).
+- torchtitan's trainer, as its own run_train.sh starts it: 0.2.x `PYTORCH_ALLOC_CONF=
+  "expandable_segments:True" torchrun ... -m torchtitan.train --job.config_file CONFIG_FILE`
+  (run_train.sh at v0.2.2); 0.3.0 and main `PYTORCH_ALLOC_CONF="expandable_segments:True" torchrun
+  ... -m torchtitan.train --module MODULE --config CONFIG` (run_train.sh since 9810191bb, 2026-02-23,
+  unchanged to b5bcd76c; the 0.3.0 release is main after 5ab3a0fd1, which has it). ConfigManager
+  imports MODULE by name (config/manager.py 99-131 at b5bcd76c and in the 0.3.0 wheel), so the
+  export's folder goes first on PYTHONPATH. The expandable segments are what ckplan's torchtitan
+  reserve replays (planner/cost/runtime_titan.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -26,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from planner.emit.rounding import one_line
 from planner.errors import UserError
 
 MASTER_PORT = 29500
@@ -46,6 +58,7 @@ class Launch:
     entry: tuple[str, ...]  # torchrun's program and its arguments: ("-m", "planner.cli", "launch", "plan.yaml")
     gpu_resource: str = "nvidia.com/gpu"  # the device plugin's resource name
     image: str = IMAGE_PLACEHOLDER
+    env: tuple[tuple[str, str], ...] = ()  # set for every process; PYTHONPATH goes before the caller's
 
     def __post_init__(self):
         if self.num_nodes < 1 or self.gpus_per_node < 1:
@@ -61,10 +74,11 @@ def world_size(plan) -> int:
 
 
 def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tuple[str, ...] | None,
-               framework: str | None = None, image: str | None = None, gpu_name: str = "") -> Launch:
+               framework: str | None = None, image: str | None = None, gpu_name: str = "",
+               torchtitan_version: str | None = None) -> Launch:
     """The Launch of a plan: its world (stages x dp x tp) over nodes of `gpus_per_node`, each
     process running `entry` (default: ckplan's own runtime for a plan it launches, torchtitan's
-    trainer on the plan's torchtitan export; other frameworks need --entry)."""
+    trainer on the plan's torchtitan export of `torchtitan_version`; other frameworks need --entry)."""
     world = world_size(plan) * tp
     per_node = min(gpus_per_node, world)
     if world % per_node:
@@ -74,20 +88,67 @@ def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tup
     if entry is None and framework == "ckplan" and plan.profile_source == "analytic":
         raise UserError("an analytic plan is exported, not run by ckplan's runtime: plan it for the framework that "
                         "runs it (--runtime torchtitan), or say what each process runs with --entry")
-    entry = entry or default_entry(framework, plan_path)
+    if torchtitan_version is not None and (entry is not None or framework != "torchtitan"):
+        raise UserError("--torchtitan-version says which torchtitan trainer a torchtitan plan's launch file runs; "
+                        + ("with --entry you name what runs yourself: drop one of them" if entry is not None else
+                           f"this plan runs on {framework}'s runtime: drop it"))
+    env: tuple[tuple[str, str], ...] = ()
+    if entry is None:
+        entry, env = default_entry(framework, plan_path, torchtitan_version)
     resource = "amd.com/gpu" if gpu_name.lower().startswith("mi") else "nvidia.com/gpu"
     return Launch(name=job_name(plan_path.stem), num_nodes=world // per_node, gpus_per_node=per_node,
-                  entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER)
+                  entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER, env=env)
 
 
-def default_entry(framework: str, plan_path: Path) -> tuple[str, ...]:
+def default_entry(framework: str, plan_path: Path, torchtitan_version: str | None = None
+                  ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(what each process runs, the environment it runs in) for a framework ckplan knows."""
     if framework == "ckplan":  # `ckplan launch` joins the ranks torchrun started (runtime/launcher.py)
-        return ("-m", "planner.cli", "launch", str(plan_path))
-    if framework == "torchtitan":  # torchtitan's run_train.sh: -m torchtitan.train --job.config_file
-        return ("-m", "torchtitan.train", "--job.config_file",
-                str(plan_path.with_name(plan_path.stem + ".torchtitan.toml")))
+        return ("-m", "planner.cli", "launch", str(plan_path)), ()
+    if framework == "torchtitan":
+        return torchtitan_entry(plan_path, torchtitan_version)
     raise UserError(f"say what each {framework} process runs with --entry (e.g. --entry 'pretrain_gpt.py ...'): "
                     "ckplan knows the entry of its own runtime and of torchtitan only")
+
+
+def torchtitan_entry(plan_path: Path, version: str | None = None
+                     ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """torchtitan's trainer on the file `export --to torchtitan --torchtitan-version VERSION` writes
+    beside the plan, as run_train.sh of that version starts it (module docstring)."""
+    from planner.emit import titan_keys, torchtitan
+
+    version = version or titan_keys.NEWEST_RELEASE
+    export = plan_path.with_name(torchtitan.export_name(plan_path.stem, version))
+    env = (("PYTORCH_ALLOC_CONF", "expandable_segments:True"),)
+    if not titan_keys.parse(version).python:
+        return ("-m", "torchtitan.train", "--job.config_file", str(export)), env
+    folder = str(export.parent.resolve())
+    if os.pathsep in folder:  # Python splits PYTHONPATH there, with no escape
+        raise UserError(f"the plan's folder {folder!r} holds {os.pathsep!r}, which PYTHONPATH cannot carry, and "
+                        "torchtitan imports the export from there; move the plan, or give --entry")
+    return (("-m", "torchtitan.train", "--module", torchtitan.module_name(plan_path.stem), "--config",
+             torchtitan.CONFIG_FUNCTION), env + (("PYTHONPATH", folder),))
+
+
+def entry_file(launch: Launch) -> Path | None:
+    """The export a default torchtitan entry runs: the job TOML, or the module found on its
+    PYTHONPATH; None for any other entry."""
+    entry = launch.entry
+    if entry[:3] == ("-m", "torchtitan.train", "--job.config_file") and len(entry) == 4:
+        return Path(entry[3])
+    paths = dict(launch.env).get("PYTHONPATH")
+    if entry[:3] == ("-m", "torchtitan.train", "--module") and len(entry) == 6 and paths:
+        return Path(paths) / (entry[3] + ".py")
+    return None
+
+
+def _exports(launch: Launch) -> list[str]:
+    """`export NAME=VALUE` lines, each value one shell word; PYTHONPATH keeps what the caller had after ours."""
+    lines = []
+    for name, value in launch.env:
+        tail = '"${PYTHONPATH:+:$PYTHONPATH}"' if name == "PYTHONPATH" else ""
+        lines.append(f"export {name}={shlex.quote(value)}{tail}")
+    return lines
 
 
 def job_name(text: str) -> str:
@@ -100,7 +161,8 @@ def torchrun_lines(launch: Launch) -> str:
     """One torchrun command per node (static rendezvous on node 0's $MASTER_ADDR)."""
     entry = " ".join(shlex.quote(arg) for arg in launch.entry)
     lines = ["#!/bin/bash", f"# {launch.num_nodes} node(s) x {launch.gpus_per_node} GPUs: run line N on node N; "
-             "MASTER_ADDR is node 0's address", "set -euo pipefail", ': "${MASTER_ADDR:?set MASTER_ADDR to node 0}"']
+             "MASTER_ADDR is node 0's address", "set -euo pipefail", ': "${MASTER_ADDR:?set MASTER_ADDR to node 0}"',
+             *_exports(launch)]
     for rank in range(launch.num_nodes):
         args = ["torchrun", "--nnodes", str(launch.num_nodes), "--nproc-per-node", str(launch.gpus_per_node),
                 "--node-rank", str(rank), "--master-port", str(MASTER_PORT)]
@@ -120,6 +182,7 @@ def slurm_script(launch: Launch) -> str:
         f"#SBATCH --gpus-per-node={launch.gpus_per_node}",
         "#SBATCH --exclusive",
         "set -euo pipefail",
+        *_exports(launch),  # srun passes the environment on (--export=ALL, its default)
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"srun torchrun --nnodes {launch.num_nodes} --nproc-per-node {launch.gpus_per_node} "
         f'--rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$head_node:{MASTER_PORT}" {entry}',
@@ -141,12 +204,14 @@ def trainjob(launch: Launch) -> str:
                 "numNodes": launch.num_nodes,
                 "numProcPerNode": launch.gpus_per_node,
                 "resourcesPerNode": {"limits": {launch.gpu_resource: launch.gpus_per_node}},
-            },
+            } | ({"env": [{"name": name, "value": value} for name, value in launch.env]} if launch.env else {}),
         },
     }
     note = (f"# Kubeflow Trainer TrainJob ({TRAINER_API}); torchrun reads the PET_* variables the torch plugin sets\n"
             + (f"# set spec.trainer.image: {IMAGE_PLACEHOLDER} is a placeholder\n"
-               if launch.image == IMAGE_PLACEHOLDER else ""))
+               if launch.image == IMAGE_PLACEHOLDER else "")
+            + (f"# the image must hold {one_line(str(entry_file(launch)))}, the file each process runs\n"
+               if entry_file(launch) else ""))
     return note + yaml.safe_dump(manifest, sort_keys=False)
 
 
@@ -154,12 +219,14 @@ RENDER = {"torchrun": torchrun_lines, "slurm": slurm_script, "kubernetes": train
 
 
 def write_all(plan, plan_path: Path, folder: Path, *, tp: int, gpus_per_node: int, framework: str | None = None,
-              entry: tuple[str, ...] | None = None, image: str | None = None) -> list[Path]:
+              entry: tuple[str, ...] | None = None, image: str | None = None,
+              torchtitan_version: str | None = None) -> list[Path]:
     """The three launch files of a plan in `folder`: STEM.torchrun.sh, STEM.slurm.sh, STEM.trainjob.yaml."""
     from planner import io
 
     launch = launch_for(plan, plan_path, tp=tp, gpus_per_node=gpus_per_node, entry=entry,
-                        framework=framework, image=image, gpu_name=plan.device.name)
+                        framework=framework, image=image, gpu_name=plan.device.name,
+                        torchtitan_version=torchtitan_version)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for target in TARGETS:

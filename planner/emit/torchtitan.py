@@ -33,6 +33,7 @@ config function (torchtitan.models.deepseek_v3, qwen3: its MoE models); the expo
 from __future__ import annotations
 
 import json
+import re
 
 from planner.cost import costmodel, dataparallel
 from planner.emit import facts, rounding, scored_as, titan_keys
@@ -59,6 +60,25 @@ _BASE_MODELS = {config: arch for arch, config in _BASE_CONFIGS.items()}
 _COMPARED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size", "head_size",
              "qkv_bias", "qk_norm", "tie_word_embeddings", "rope_theta", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "num_shared_experts", "kv_lora_rank", "q_lora_rank")
+
+
+CONFIG_FUNCTION = "ckplan_config"  # the function the Python export defines, torchtitan's --config
+
+
+def module_name(plan_stem: str) -> str:
+    """The module name of a plan's Python export (0.3.0, main): torchtitan's ConfigManager imports
+    `--module NAME` with importlib.import_module (config/manager.py 99-131 at b5bcd76c, the same in
+    0.3.0), so the file is NAME.py with NAME an identifier: the plan's stem, every character but
+    ASCII letters, digits and _ made _, then `_torchtitan` (no keyword, and none of torchtitan's
+    model shorthands, which ConfigManager would resolve to its own config_registry first)."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", plan_stem) + "_torchtitan"
+    return name if name.isidentifier() else "plan_" + name  # a stem starting with a digit
+
+
+def export_name(plan_stem: str, version: str) -> str:
+    """The file `export --to torchtitan` writes beside a plan: an importable NAME.py for a Python
+    config version, STEM.torchtitan.toml for 0.2.x's job TOML."""
+    return module_name(plan_stem) + ".py" if titan_keys.parse(version).python else plan_stem + ".torchtitan.toml"
 
 
 def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWEST_RELEASE,
