@@ -244,3 +244,22 @@ def test_a_torchtitan_launch_says_when_its_export_is_not_written(tmp_path):
     assert "does not exist yet" not in said
     said = run_ok("export", plan_file, "--to", "slurm", "--entry", "-m torchtitan.train --module m").output
     assert "does not exist yet" not in said
+
+
+def test_a_torchtitan_launch_sets_the_allocator_its_plan_was_scored_under(tmp_path):
+    """The reserve replays expandable segments on one node (run_train.sh) and the default segments across
+    nodes (multinode_trainer.slurm sets none) unless the plan states them; the launch sets what was scored."""
+    plan_file = _titan_plan(tmp_path / "runs")
+    plan = io.load_plan(plan_file)
+    alloc = ("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    one_node = launchers.launch_for(plan, plan_file, tp=1, gpus_per_node=3, entry=None)
+    two_nodes = launchers.launch_for(plan, plan_file, tp=2, gpus_per_node=3, entry=None)
+    assert (one_node.num_nodes, two_nodes.num_nodes) == (1, 2)
+    assert alloc in one_node.env and alloc not in two_nodes.env
+    assert "PYTORCH_ALLOC_CONF" not in launchers.torchrun_lines(two_nodes)
+    stated = plan.model_copy(update={"setup": plan.setup.model_copy(update={
+        "training": plan.setup.training.model_copy(update={"expandable_segments": True})})})
+    assert alloc in launchers.launch_for(stated, plan_file, tp=2, gpus_per_node=3, entry=None).env
+    off = plan.model_copy(update={"setup": plan.setup.model_copy(update={
+        "training": plan.setup.training.model_copy(update={"expandable_segments": False})})})
+    assert alloc not in launchers.launch_for(off, plan_file, tp=1, gpus_per_node=3, entry=None).env

@@ -23,8 +23,9 @@ Sources:
   ... -m torchtitan.train --module MODULE --config CONFIG` (run_train.sh since 9810191bb, 2026-02-23,
   unchanged to b5bcd76c; the 0.3.0 release is main after 5ab3a0fd1, which has it). ConfigManager
   imports MODULE by name (config/manager.py 99-131 at b5bcd76c and in the 0.3.0 wheel), so the
-  export's folder goes first on PYTHONPATH. The expandable segments are what ckplan's torchtitan
-  reserve replays (planner/cost/runtime_titan.py).
+  export's folder goes first on PYTHONPATH. The expandable segments are set where the plan's reserve
+  was replayed under them (stated, or one node as run_train.sh; across nodes torchtitan's
+  multinode_trainer.slurm sets none, and the plan was scored so): the launch runs what was predicted.
 """
 
 from __future__ import annotations
@@ -95,9 +96,25 @@ def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tup
     env: tuple[tuple[str, str], ...] = ()
     if entry is None:
         entry, env = default_entry(framework, plan_path, torchtitan_version)
+    if framework == "torchtitan" and not _plan_expands_segments(plan, world=world, gpus_per_node=gpus_per_node):
+        env = tuple((name, value) for name, value in env if name != "PYTORCH_ALLOC_CONF")
     resource = "amd.com/gpu" if gpu_name.lower().startswith("mi") else "nvidia.com/gpu"
     return Launch(name=job_name(plan_path.stem), num_nodes=world // per_node, gpus_per_node=per_node,
                   entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER, env=env)
+
+
+def _plan_expands_segments(plan, *, world: int, gpus_per_node: int) -> bool:
+    """Whether the plan's reserve was replayed under expandable segments, so that its launch sets them: as
+    stated (--expandable-segments / --no-expandable-segments), else as the runtime's own launch does on this
+    many nodes (planner/cost/reserve_fsdp2.py expandable_segments: torchtitan's run_train.sh sets them on one
+    node, its multinode_trainer.slurm does not). The launch runs the allocator the prediction assumed."""
+    from planner.cost import runtimes
+
+    stated = getattr(plan.setup.training, "expandable_segments", None)
+    if stated is not None:
+        return stated
+    record = runtimes.of(plan.setup.training)
+    return record.expandable_segments and (record.expandable_segments_across_nodes or world <= gpus_per_node)
 
 
 def default_entry(framework: str, plan_path: Path, torchtitan_version: str | None = None
