@@ -75,10 +75,9 @@ def test_a_fake_block_records_the_experts_a_measured_one_records(family):
     assert fake_record.expert_param_count == real.expert_param_count > 0
     assert fake_record.a2a_bytes == real.a2a_bytes == TOKENS * 2 * 64 * 2  # copies x hidden x bf16
     assert fake_record.expert_act_bytes == real.expert_act_bytes > 0
-    # Phi-3.5-MoE's sparsemixer router keeps 256 or 512 B more or less from one run to the next, real and fake
-    # block alike (the same input, seeds 0-11: real 115,728 or 115,984 B, fake 115,472 to 115,984): not routing,
-    # which a fake run has none of; the other five are exact
-    assert abs(fake_kept - real_kept) <= (512 if family == "phimoe" else 0)
+    # Phi-3.5-MoE's sparsemixer saves tensors in graph branches that only pick indices and are freed at once;
+    # counted, they made its kept bytes vary run to run (saved.py now counts what is alive)
+    assert fake_kept == real_kept
     assert sum(real.routed_tokens) == TOKENS * 2 and fake_record.routed_tokens == [16, 16, 16, 16]
 
 
@@ -140,3 +139,17 @@ def test_a_fake_mixtral_profile_carries_its_experts_and_plans_expert_parallelism
     result = run_ok("solve", "--profile", tmp_path / "f.json", "--stages", "2", "--dp", "2", "--ep", "2",
                     "--out", tmp_path / "plan.yaml")
     assert "a --fake profile has no routing to weigh that against" in result.output
+
+
+def test_a_fake_mixture_of_experts_in_float32_is_refused_in_one_sentence(tmp_path):
+    """torch's fake kernel of the grouped matmul takes bfloat16 only: a float32 --fake run failed inside the
+    first MoE layer with "Expected inputs of BF16 type", blamed on the chain's contract."""
+    from fixtures.cli import run
+
+    config = tmp_path / "mixtral.json"
+    config.write_text(json.dumps(FAMILIES["mixtral"]))
+    result = run("profile", "--hf-config", config, "--seq-len", "16", "--fake", "--device", "cpu",
+                 "--out", tmp_path / "f.json")
+    assert result.exit_code != 0
+    assert "fake kernel takes bfloat16 only (torch 2.13), not --dtype float32: use --dtype bfloat16" in result.output
+    assert not (tmp_path / "f.json").exists() and not (tmp_path / "hf_mixtral.py").exists()
