@@ -34,6 +34,13 @@ FAMILIES = {
                   **SMALL),
     "granitemoe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
                        logits_scaling=8.0, **SMALL),
+    # latent attention, 4 routed experts in 2 groups (one group chosen), one shared; every layer MoE
+    # (first_k_dense_replace 0), so layers.0 is one
+    **{family: dict(model_type=family, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
+                    topk_group=1, first_k_dense_replace=0, moe_intermediate_size=32, kv_lora_rank=16, q_lora_rank=24,
+                    qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False,
+                    **{**SMALL, "num_key_value_heads": 4})  # latent attention: as many K/V heads as query heads
+       for family in ("deepseek_v2", "deepseek_v3")},
 }
 TOKENS = 2 * 16  # two sequences of 16
 
@@ -75,8 +82,8 @@ def test_a_fake_block_records_the_experts_a_measured_one_records(family):
     assert fake_record.expert_param_count == real.expert_param_count > 0
     assert fake_record.a2a_bytes == real.a2a_bytes == TOKENS * 2 * 64 * 2  # copies x hidden x bf16
     assert fake_record.expert_act_bytes == real.expert_act_bytes > 0
-    # Phi-3.5-MoE's sparsemixer saves tensors in graph branches that only pick indices and are freed at once;
-    # counted, they made its kept bytes vary run to run (saved.py now counts what is alive)
+    # Phi-3.5-MoE's and DeepSeek-V3's routers save tensors in graph branches that only pick indices and are freed
+    # at once; counted, they made both blocks' kept bytes vary run to run (saved.py now counts what is alive)
     assert fake_kept == real_kept
     assert sum(real.routed_tokens) == TOKENS * 2 and fake_record.routed_tokens == [16, 16, 16, 16]
 

@@ -48,13 +48,21 @@ CONFIGS = {
                   **SMALL),
     "granitemoe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
                        logits_scaling=16.0, residual_multiplier=0.22, tie_word_embeddings=True, **SMALL),
+    # latent attention (as many K/V heads as query heads) and group-limited routing over 4 experts in 2 groups
+    # beside a shared expert; layer 0 dense (first_k_dense_replace 1), layer 1 the mixture
+    **{family: dict(model_type=family, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
+                    topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32, kv_lora_rank=16, q_lora_rank=24,
+                    qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False,
+                    **{**SMALL, "num_key_value_heads": 4})
+       for family in ("deepseek_v2", "deepseek_v3")},
 }
 TIED = {"llama": False, "qwen2": True, "qwen3": False, "mistral": False, "gemma": True, "gpt2": True, "mixtral": False,
         "qwen2_moe": False, "phi3": False, "olmo2": False, "starcoder2": True, "phimoe": False, "granite": True,
-        "cohere": True, "qwen3_moe": False, "olmoe": False, "granitemoe": True}
+        "cohere": True, "qwen3_moe": False, "olmoe": False, "granitemoe": True, "deepseek_v2": False, "deepseek_v3": False}
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "phimoe", "qwen3_moe", "olmoe", "granitemoe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "phimoe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v2",
+                                    "deepseek_v3"])
 def test_each_mixture_of_experts_family_follows_the_experts_contract(family):
     """The profile records routing and --ep splits the experts only where the layer's experts follow
     planner/runtime/routing.py's contract: 4 experts stacked, each token's 2 copies routed."""
@@ -63,7 +71,7 @@ def test_each_mixture_of_experts_family_follows_the_experts_contract(family):
     from planner.runtime import routing
 
     build_model, example_batch = hfmodels.model_file(CONFIGS[family], seq_len=16)
-    layer = build_model().layers[0]
+    layer = build_model().layers[-1]  # a MoE layer in every family (DeepSeek's first is dense here)
     (name, experts), = routing.find_experts(layer)
     assert name.endswith("experts") and experts.num_experts == 4
     with torch.no_grad():
