@@ -386,7 +386,10 @@ def _recompute(flags: _Flags, job: Job) -> None:
         else:
             raise UserError("--recompute-granularity full needs --recompute-method block or uniform; add one")
     elif granularity == "selective":
-        from planner.models.configs.megatron_flags import check_recompute_modules, recompute_modules_option
+        from planner.models.configs.megatron_flags import (
+            check_recompute_modules,
+            recompute_modules_option,
+        )
 
         if method_given or num_given:  # Megatron-LM d98e8a64 arguments.py 1425-1428, transformer_config.py 1926-1932
             flag = "--recompute-method" if method_given else "--recompute-num-layers"
