@@ -270,10 +270,10 @@ def test_torchtitan_export_of_deepseek_v2_lite_refines_torchtitans_16b_config(tm
     compile(text, "titan.py", "exec")
 
 
-def test_ep_on_a_fake_profile_says_fake_profiles_record_no_experts():
-    """A --fake profile of an --hf-config mixture of experts (Mixtral, Qwen2-MoE, Phi-3.5-MoE) records no routed
-    experts: --ep was refused as if the model were dense ("a dense model, or a profile made before experts
-    were recorded")."""
+def test_ep_on_a_fake_profile_without_experts_says_what_it_lacks():
+    """A --fake profile records the experts that follow routing.py's contract (tests/test_fake_moe.py); one
+    without any (a dense model, other experts, or made before) is refused naming those causes, not as if
+    only a dense model could lack them."""
     from pathlib import Path
 
     from planner import io
@@ -285,6 +285,6 @@ def test_ep_on_a_fake_profile_says_fake_profiles_record_no_experts():
     with pytest.raises(UserError, match="a dense model, or a profile made before experts were recorded"):
         check_ep(measured, ep=2, dp=2, shard_group=None, ep_bandwidth=None)
     fake = measured.model_copy(update={"source": "fake"})
-    with pytest.raises(UserError, match="a --fake profile records none .* profile the mixture of experts without "
-                                        "--fake"):
+    with pytest.raises(UserError, match="this --fake profile records none: a dense model, experts outside "
+                                        "planner/runtime/routing.py's contract .* or a profile made before"):
         check_ep(fake, ep=2, dp=2, shard_group=None, ep_bandwidth=None)

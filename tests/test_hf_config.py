@@ -48,13 +48,21 @@ CONFIGS = {
                   **SMALL),
     "granitemoe": dict(model_type="granitemoe", num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
                        logits_scaling=16.0, residual_multiplier=0.22, tie_word_embeddings=True, **SMALL),
+    # latent attention (as many K/V heads as query heads) and group-limited routing over 4 experts in 2 groups
+    # beside a shared expert; layer 0 dense (first_k_dense_replace 1), layer 1 the mixture
+    **{family: dict(model_type=family, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
+                    topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32, kv_lora_rank=16, q_lora_rank=24,
+                    qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False,
+                    **{**SMALL, "num_key_value_heads": 4})
+       for family in ("deepseek_v2", "deepseek_v3")},
 }
 TIED = {"llama": False, "qwen2": True, "qwen3": False, "mistral": False, "gemma": True, "gpt2": True, "mixtral": False,
         "qwen2_moe": False, "phi3": False, "olmo2": False, "starcoder2": True, "phimoe": False, "granite": True,
-        "cohere": True, "qwen3_moe": False, "olmoe": False, "granitemoe": True}
+        "cohere": True, "qwen3_moe": False, "olmoe": False, "granitemoe": True, "deepseek_v2": False, "deepseek_v3": False}
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "phimoe", "qwen3_moe", "olmoe", "granitemoe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "phimoe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v2",
+                                    "deepseek_v3"])
 def test_each_mixture_of_experts_family_follows_the_experts_contract(family):
     """The profile records routing and --ep splits the experts only where the layer's experts follow
     planner/runtime/routing.py's contract: 4 experts stacked, each token's 2 copies routed."""
@@ -63,7 +71,7 @@ def test_each_mixture_of_experts_family_follows_the_experts_contract(family):
     from planner.runtime import routing
 
     build_model, example_batch = hfmodels.model_file(CONFIGS[family], seq_len=16)
-    layer = build_model().layers[0]
+    layer = build_model().layers[-1]  # a MoE layer in every family (DeepSeek's first is dense here)
     (name, experts), = routing.find_experts(layer)
     assert name.endswith("experts") and experts.num_experts == 4
     with torch.no_grad():
@@ -125,8 +133,12 @@ def test_a_default_pad_token_past_a_small_vocabulary_is_refused_in_one_sentence(
 
 
 def test_configs_ckplan_cannot_build_are_refused_in_one_sentence(tmp_path):
-    with pytest.raises(UserError, match="model_type 'deepseek_v3' is not one ckplan builds"):
-        hfmodels.check_config({"model_type": "deepseek_v3"}, seq_len=16)
+    with pytest.raises(UserError, match="model_type 'gpt_oss' is not one ckplan builds"):
+        hfmodels.check_config({"model_type": "gpt_oss"}, seq_len=16)
+    # DeepSeek's shared experts and dense layers are counts given, 0 or more (transformers fills 1 and 3)
+    given = {k: v for k, v in CONFIGS["deepseek_v3"].items() if k != "first_k_dense_replace"}
+    with pytest.raises(UserError, match="the deepseek_v3 config's first_k_dense_replace must be given"):
+        hfmodels.check_config(given, seq_len=16)
     # Qwen3's head_dim is its own (transformers' default 128, not hidden / heads): never filled in
     with pytest.raises(UserError, match="the qwen3 config has no head_dim"):
         hfmodels.check_config({k: v for k, v in CONFIGS["qwen3"].items() if k != "head_dim"}, seq_len=16)
@@ -153,7 +165,7 @@ def test_profile_refuses_what_it_cannot_train_here_and_writes_nothing(tmp_path, 
     for args, fragment in [(["--hf-config", "mine", "--arch", "llama3-8b"], "give one model"),
                            (["--hf-config", "mine", "--tp", "2"], "--tp applies to --arch"),
                            (["--hf-set", "num_hidden_layers=1", "--arch", "llama3-8b"], "--hf-set applies to --hf-config"),
-                           (["--hf-config", "mine", "--hf-set", "model_type=deepseek_v3"], "'deepseek_v3' is not one")]:
+                           (["--hf-config", "mine", "--hf-set", "model_type=gpt_oss"], "'gpt_oss' is not one")]:
         result = run("profile", *args)
         assert result.exit_code != 0 and fragment in result.output, result.output
     with monkeypatch.context() as patch:

@@ -280,6 +280,10 @@ def _stages(job, profile, setup, notes: list[str]) -> list:
         from planner.commands.training_settings import op_sac_stages
 
         stages = op_sac_stages([s.with_checkpointed([n for n in s.layers if n in decoder]) for s in stages], profile)
+    elif rec.mode == "selective" and rec.modules:
+        from planner.models.configs.megatron_flags import selective_stages
+
+        stages = selective_stages(stages, profile, decoder, rec.modules, notes)
     elif rec.mode == "selective":
         layers = {layer.name: layer for layer in profile.layers}
         able = {n for n in decoder if rec.option in {o.name for o in layers[n].recompute_options}}

@@ -127,6 +127,10 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
         "optimizer_step": "memory-bound: Adam 28, SGD 20 bytes per parameter / HBM bandwidth",
         "tied": "a split tied set's fp32 gradient all-reduced over the network",
     }
+    if any(layer.expert_param_count for layer in measurement.layers):
+        from planner.profiler.fake_moe import ROUTING_NOTE
+
+        facts["routing"] = ROUTING_NOTE
     if arch_config is not None:
         try:
             arch = archconfig.from_hf_config(arch_config, where=model_file, name=Path(model_file).stem)

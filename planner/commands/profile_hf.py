@@ -22,7 +22,8 @@ def options(command):
                      help="Measure a Hugging Face causal LM built from its config with random weights (a "
                           "config.json or its folder; never the hub or its cache, never the config's own code): "
                           "llama, qwen2, qwen3, mistral, gemma, gpt2, phi3, olmo2, starcoder2, granite, cohere, mixtral, qwen2_moe, "
-                          "phimoe, qwen3_moe, olmoe, granitemoe. ckplan writes the model file beside the profile."),
+                          "phimoe, qwen3_moe, olmoe, granitemoe, deepseek_v2, deepseek_v3. ckplan writes the model file beside the "
+                          "profile."),
         click.option("--hf-set", multiple=True, metavar="KEY=VALUE",
                      help="With --hf-config: override a config field, e.g. num_hidden_layers=4 (repeatable)."),
     ]
@@ -49,6 +50,10 @@ def model_file_for(source: str, settings: tuple[str, ...], *, seq_len: int | Non
     hfmodels.check_config(config, seq_len=seq_len)
     if not fake:
         _check_fits(config, name, dtype)
+    elif config["model_type"] in hfmodels.MOE and dtype != "bfloat16":
+        raise UserError(f"--fake runs the {config['model_type']} experts through torch's grouped matmul, whose fake "
+                        f"kernel takes bfloat16 only (torch 2.13), not --dtype {dtype}: use --dtype bfloat16, or "
+                        "profile without --fake (a smaller --hf-set config)")
     tag = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_").lower() or config["model_type"]
     path = (out.parent if out is not None else Path("profiles")) / f"hf_{tag}.py"
     # every check of --out, and of the model file's own path, before the model file is written:

@@ -347,6 +347,10 @@ def routing_note(profile, ep: int) -> str | None:
              if layer.routed_tokens and len(layer.routed_tokens) % ep == 0]
     if not loads:
         return None
+    if profile.source == "fake":  # its routed_tokens are the balanced expectation (profiler/fake_moe.py)
+        return (f"--ep {ep}: the plan charges balanced routing (every rank the mean of the routed token copies); "
+                "a --fake profile has no routing to weigh that against (a fake tensor has no values): the busiest "
+                "rank keeps more by as much as real routing is uneven")
     load, layer = max(loads, key=lambda item: item[0])
     return (f"--ep {ep}: the plan charges balanced routing (every rank the mean of the routed token copies); on the "
             f"profiled microbatch the busiest rank of {layer.name} computes {load:.2f}x the mean, which would keep "
@@ -424,9 +428,10 @@ def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth
     if ep == 1:
         return
     if not any(layer.expert_param_count for layer in profile.layers) and profile.source == "fake":
-        raise UserError(f"--ep {ep} splits routed experts, and a --fake profile records none (routing needs the "
-                        "tokens' values, which a fake tensor has not): profile the mixture of experts without "
-                        "--fake (a smaller --hf-set config), or with --arch or --arch-config")
+        raise UserError(f"--ep {ep} splits routed experts, and this --fake profile records none: a dense model, "
+                        "experts outside planner/runtime/routing.py's contract (a submodule named experts with "
+                        "num_experts and its parameters stacked over them), or a profile made before --fake "
+                        "recorded experts (profile it again); drop --ep, or follow that contract")
     if not any(layer.expert_param_count for layer in profile.layers):
         raise UserError(f"--ep {ep} splits routed experts, and this profile has none (a dense model, or a profile "
                         "made before experts were recorded); drop --ep, or profile a mixture-of-experts model with "

@@ -49,13 +49,14 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from planner.cost.tied import tied_params
 from planner.errors import UserError
 from planner.models.archs import GPU
-from planner.profiler import allocseq, analytic, float8, measure, options, roofline
+from planner.profiler import allocseq, analytic, fake_moe, float8, measure, options, roofline
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
 from planner.profiler.userfault import blame
 from planner.runtime.recompute import find_options, layer_runner
+from planner.runtime.routing import Routing
 from planner.schema import (
     OPTION_FULL,
     OPTION_NONE,
@@ -195,10 +196,12 @@ def _cpu_flash_backward_flops(grad_out, query, key, value, *args, out_val=None, 
 
 
 # torch's FLOP counter knows the CUDA attention kernels; a fake run takes the CPU one, whose
-# work is the same matmuls (torch's own formulas: full s x s scores, backward 2.5x forward)
+# work is the same matmuls (torch's own formulas: full s x s scores, backward 2.5x forward); and
+# it knows no grouped matmul, which transformers' mixtures of experts run (fake_moe.py)
 CUSTOM_FLOPS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+    torch.ops.aten._grouped_mm: fake_moe.grouped_mm_flops,
 }
 
 
@@ -238,7 +241,9 @@ class OpBytes(TorchDispatchMode):
         made = _tensors(out)  # no tensor out (prim.device, sizes): a question about metadata, no traffic
         packet = func.overloadpacket
         if packet in self._registry:
-            self.kernels.append(_kernel(func, self._registry[packet](*args, **kwargs, out_val=out), args, kwargs))
+            kernel = _kernel(func, self._registry[packet](*args, **kwargs, out_val=out), args, kwargs)
+            grouped = packet is torch.ops.aten._grouped_mm  # one matmul per expert (fake_moe.grouped_kernels)
+            self.kernels.extend(fake_moe.grouped_kernels(kernel, args, kwargs) if grouped else [kernel])
         elif made and packet not in NO_TRAFFIC and not _aliases(func):
             self.bytes += _moved_bytes(packet, args, kwargs, made)
         return out
@@ -330,6 +335,8 @@ class _LayerRun:
     has_backward: bool
     option_transients: dict[str, int]
     option_work: dict[str, Work]
+    routing: Routing | None = None  # a mixture-of-experts layer's experts and balanced routing (fake_moe.py)
+    expert_transient: int = 0  # of transient, the routed experts' weight gradients'
 
 
 def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, plain: Work,
@@ -374,7 +381,9 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             fwd, bwd, recompute = _layer_work(layer, x, grad)
             linear_calls.append(float8.converted(float8.module_linears(layer, x, name)) if has_backward else [])
             runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
-                                  *_run_options(layer, x, grad, fwd + bwd, has_backward)))
+                                  *_run_options(layer, x, grad, fwd + bwd, has_backward),
+                                  fake_moe.fake_routing(layer, x),
+                                  fake_moe.expert_transient_bytes(layer, x, grad, transient)))
             records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
         layer.zero_grad(set_to_none=True)
     chosen = options.common_per_kind(kinds, [list(run.option_transients) for run in runs])
@@ -399,7 +408,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             input_in_act_bytes=saved.input_in_act_bytes[index], param_count=count,
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0), transient_bytes=transient,
-            step_ms=analytic.step_ms(count, gpu),
+            step_ms=analytic.step_ms(count, gpu), **_routing_fields(run),
             recompute_options=[
                 RecomputeOption(name=OPTION_NONE, kept_bytes=act),
                 RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=fwd_ms if full_ms is None
@@ -431,6 +440,15 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
     return measure.Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes + loss_value_bytes,
                                roofline_ms(loss_work, gpu), loss_transient, storage_nbytes(targets), [], tied,
                                loss_alloc), flops
+
+
+def _routing_fields(run: _LayerRun) -> dict:
+    """A MoE layer's record as the measured profile's (routing.Routing), routing charged balanced."""
+    if run.routing is None:
+        return {}
+    return {"expert_param_count": run.routing.expert_param_count, "a2a_bytes": run.routing.a2a_bytes,
+            "routed_tokens": run.routing.routed_tokens, "expert_act_bytes": run.routing.expert_act_bytes,
+            "expert_transient_bytes": run.expert_transient}
 
 
 def _offload_option(act_bytes: int, input_in_act_bytes: int, device_type: str, gpu: GPU,

@@ -330,10 +330,12 @@ class _TimedLayer:
         )
 
 
-def _expert_transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, transient: int) -> int:
+def _expert_transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, transient: int, *,
+                            tracker=memory_tracker) -> int:
     """How much of a MoE layer's transient its routed experts' weight gradients make: the
     transient again with the experts' weights frozen, and the difference. Their temporaries
-    are as large as the experts held, so expert parallelism over E ranks holds 1/E of it."""
+    are as large as the experts held, so expert parallelism over E ranks holds 1/E of it.
+    `tracker(device)`: how memory is followed (_transient_bytes)."""
     params = [param for _, experts in find_experts(layer) for param in experts.parameters() if param.requires_grad]
     if not params:
         return 0
@@ -341,7 +343,7 @@ def _expert_transient_bytes(layer: nn.Module, x: torch.Tensor, grad: torch.Tenso
         param.requires_grad_(False)
     try:
         x.grad = None
-        frozen = _transient_bytes(layer, x, grad)
+        frozen = _transient_bytes(layer, x, grad, tracker=tracker)
     finally:
         for param in params:
             param.requires_grad_(True)

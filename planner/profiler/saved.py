@@ -11,6 +11,7 @@ itself. That leaves out parameters, buffers, views of them (Linear saves
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -95,11 +96,15 @@ def _under(layer: nn.Module, option: str, x: torch.Tensor, observe: Callable[[to
 def _saved_by(fn: Callable[[torch.Tensor, Callable[[torch.Tensor], None]], torch.Tensor],
               x: torch.Tensor) -> tuple[dict[int, int], torch.Tensor]:
     """Run fn(x, observe); return {storage key: bytes} of what autograd saved, and of what fn
-    told observe() it keeps (a selective checkpoint's saved outputs), and the output."""
-    saved: dict[int, int] = {}
+    told observe() it keeps (a selective checkpoint's saved outputs), and the output. Only what is
+    still alive when fn returns: a graph branch whose output nothing uses (a MoE router's scores
+    that only pick the top-k indices, which carry no gradient) frees what it saved, and a later
+    storage may then reuse its key."""
+    saved: dict[int, tuple[int, weakref.ref]] = {}
 
     def record(tensor: torch.Tensor) -> None:
-        saved[storage_key(tensor)] = storage_nbytes(tensor)
+        storage = tensor.untyped_storage()  # kept by torch while its memory lives: the weakref dies with it
+        saved[storage._cdata] = (storage_nbytes(tensor), weakref.ref(storage))
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         record(tensor)
@@ -107,7 +112,7 @@ def _saved_by(fn: Callable[[torch.Tensor, Callable[[torch.Tensor], None]], torch
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         output = fn(x, record)
-    return saved, output
+    return {key: nbytes for key, (nbytes, alive) in saved.items() if alive() is not None}, output
 
 
 def _charge(saved: dict[int, int], charged: set[int], per_microbatch: Callable[[int], bool]) -> dict[int, int]:

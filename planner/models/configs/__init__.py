@@ -82,6 +82,9 @@ class Recompute:
     mode: Literal["none", "full", "block", "every", "selective", "op"] = "none"  # op: every block, op-level SAC
     num_layers: int = 0  # block: the first N of each (virtual) stage; every: every Nth a rank builds
     option: str = "full"  # selective: ckplan's per-layer option (planner/runtime/recompute.py)
+    # selective under Megatron-LM: its --recompute-modules, which give dense and MoE layers different parts;
+    # each layer takes the parts its profile offers (megatron_flags.layer_option). Empty: `option` everywhere
+    modules: tuple[str, ...] = ()
 
 
 @dataclass

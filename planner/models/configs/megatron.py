@@ -368,6 +368,7 @@ def _layout_counts(layout: str) -> list[int]:
 
 def _recompute(flags: _Flags, job: Job) -> None:
     granularity = flags.take("--recompute-granularity", "recompute: full layers or selected modules", str)
+    method_given, num_given = flags.has("--recompute-method"), flags.has("--recompute-num-layers")
     method = flags.take("--recompute-method", "which layers recompute in full", str)
     num = flags.take("--recompute-num-layers", "layers recomputed (block) or per group (uniform)", int, 1)
     modules = flags.take_list("--recompute-modules", "modules recomputed in every decoder layer")
@@ -385,10 +386,19 @@ def _recompute(flags: _Flags, job: Job) -> None:
         else:
             raise UserError("--recompute-granularity full needs --recompute-method block or uniform; add one")
     elif granularity == "selective":
-        from planner.models.configs.megatron_flags import recompute_modules_option
+        from planner.models.configs.megatron_flags import (
+            check_recompute_modules,
+            recompute_modules_option,
+        )
 
-        job.recompute = Recompute(mode="selective", option=recompute_modules_option(tuple(modules or DEFAULT_RECOMPUTE_MODULES),
-                                                                   job.arch.num_experts > 0))
+        if method_given or num_given:  # Megatron-LM d98e8a64 arguments.py 1425-1428, transformer_config.py 1926-1932
+            flag = "--recompute-method" if method_given else "--recompute-num-layers"
+            raise UserError(f"{flag} with --recompute-granularity selective: Megatron-LM refuses it (selective "
+                            "recomputes its modules in every layer); drop it, or use --recompute-granularity full")
+        modules = tuple(modules or DEFAULT_RECOMPUTE_MODULES)
+        check_recompute_modules(modules)
+        job.recompute = Recompute(mode="selective", option=recompute_modules_option(modules, job.arch.num_experts > 0),
+                                  modules=modules)
     elif granularity is not None:
         raise UserError(f"--recompute-granularity {granularity!r}: give full or selective")
 

@@ -5,6 +5,10 @@ at NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22)."""
 
 from __future__ import annotations
 
+from itertools import combinations
+
+from planner.errors import UserError
+
 # Flags that change neither memory nor time: recognised and listed as "no effect on the plan".
 NO_EFFECT = {
     "--use-mcore-models": "megatron-core model classes (the only ones in current Megatron-LM)",
@@ -171,15 +175,81 @@ FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 
 # (it frees their outputs too: scored as ckplan's norm, which keeps them, so on the safe side).
 # "core_attn" is the attention kernel alone, Q, K and V kept: the analytic profiles' attn; a
 # measured profile's attn checkpoints the whole attention submodule, which no module list says.
+# "shared_experts" (Megatron-LM d98e8a64 transformer_config.py 560-584: the MoE layer's shared experts,
+# normal checkpointing) is a part no ckplan profile offers alone; "moe" checkpoints the whole MoE layer,
+# shared experts with it (moe_layer.py), so with "moe" it adds nothing, as "moe_act" adds nothing inside it.
 RECOMPUTE_MODULES = (("core_attn", "attn", True, True), ("mla_up_proj", "mla-up", True, True), ("mlp", "mlp", True, False),
-            ("moe", "mlp", False, True), ("moe_act", "mlp-act", False, True), ("layernorm", "norm", True, True))
+            ("moe", "mlp", False, True), ("moe_act", "mlp-act", False, True), ("layernorm", "norm", True, True),
+            ("shared_experts", "shared-experts", False, True))
 OPTION_PARTS = ("attn", "mla-up", "mlp", "mlp-act", "norm")  # the order ckplan's option names join them in
+# --recompute-modules' choices at Megatron-LM d98e8a64 (transformer_config.py 1944-1962; anything else is
+# an assertion there), and those for attention and connections ckplan does not build (GatedDeltaNet,
+# GatedDeltaProduct, hyper-connections: transformer_config.py 560-584)
+MEGATRON_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out",
+                    "gdp_in_proj", "gdp_qkv", "mhc")
+UNBUILT_MODULES = ("gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
 
 
 def recompute_modules_option(modules, moe: bool) -> str:
     """The ckplan option a module list gives a layer ("none" where no module applies)."""
     parts = {part for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES if module in modules and (moe_ok if moe else dense_ok)}
     return ",".join(part for part in OPTION_PARTS if part in parts) or "none"
+
+
+def check_recompute_modules(modules) -> None:
+    """One sentence for a --recompute-modules name Megatron-LM refuses, or one for a block ckplan does not build."""
+    for module in modules:
+        if module not in MEGATRON_MODULES:
+            raise UserError(f"--recompute-modules {module!r} is not one of Megatron-LM's ({', '.join(MEGATRON_MODULES)}; "
+                            "d98e8a64 transformer_config.py), which refuses it; fix the name")
+        if module in UNBUILT_MODULES:
+            raise UserError(f"--recompute-modules {module} recomputes part of a block ckplan does not build "
+                            "(GatedDeltaNet, GatedDeltaProduct or hyper-connections); drop it, the model ckplan "
+                            "scores has none")
+
+
+def module_parts(modules, moe: bool) -> list[str]:
+    """The parts the module list recomputes in a dense or a MoE decoder layer, what another part covers
+    left out: on a MoE layer "moe" (mlp) reruns the whole layer, its experts' activation (moe_act) and
+    its shared experts with it."""
+    parts = [part for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES
+             if module in modules and (moe_ok if moe else dense_ok)]
+    if moe and "mlp" in parts:
+        parts = [part for part in parts if part not in ("mlp-act", "shared-experts")]
+    return list(dict.fromkeys(parts))
+
+
+def selective_stages(stages: list, profile, decoder: set[str], modules, notes: list[str]) -> list:
+    """The stages with every decoder layer on the option its parts give it (module_parts, layer_option),
+    and a note per layer kind on the parts its profile does not offer, which it is scored keeping."""
+    chosen, left = {}, {}
+    for layer in profile.layers:
+        if layer.name in decoder:
+            moe = layer.kind == "moe_block"
+            offered = {option.name for option in layer.recompute_options}
+            chosen[layer.name], dropped = layer_option(module_parts(modules, moe), offered)
+            if dropped:
+                said = [module for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES
+                        if part in dropped and module in modules and (moe_ok if moe else dense_ok)]
+                left.setdefault(layer.kind, (said, chosen[layer.name]))
+    for kind, (said, option) in left.items():
+        notes.append(f"selective recompute of {' '.join(modules)}: the profile's {kind} layers offer no recompute of "
+                     f"{', '.join(said)}; scored as {option}, keeping what {'it' if len(said) == 1 else 'they'} "
+                     "would free" + ("; layernorm discards both norms' outputs and recomputes them (Megatron-LM "
+                                     "d98e8a64 transformer_layer.py 470-531)" if "layernorm" in said else ""))
+    return [s.with_recompute({n: chosen[n] for n in s.layers if chosen.get(n, "none") != "none"}) for s in stages]
+
+
+def layer_option(parts: list[str], offered: set[str]) -> tuple[str, list[str]]:
+    """(the option a layer takes for `parts`, the parts it leaves out): each part the layer offers in
+    some option is kept, the others left out (the layer keeps what they would free: the safe side);
+    the kept parts' combination where the layer offers it, else the largest offered one of them."""
+    kept = [part for part in OPTION_PARTS if part in parts and any(part in name.split(",") for name in offered)]
+    for size in range(len(kept), 0, -1):
+        for combo in combinations(kept, size):
+            if ",".join(combo) in offered:
+                return ",".join(combo), [part for part in parts if part not in combo]
+    return "none", list(parts)
 
 
 # The functional tests' model_config.yaml beside MODEL_ARGS: its ENV_VARS, each what it does to the

@@ -1,0 +1,75 @@
+"""Megatron-LM's --recompute-modules read per layer: dense and MoE decoder layers take different parts
+(megatron-core d98e8a64 transformer_config.py 560-584, transformer_layer.py 470-540), each layer the
+parts its profile offers, the rest named in a note; names Megatron-LM refuses are refused."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from planner.commands.evaluate_config import predict, read_job
+from planner.errors import UserError
+from planner.models.configs import megatron
+from planner.models.configs.megatron_flags import layer_option, module_parts
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+DEEPSEEK_V3 = CONFIGS / "megatron_mfsdp_deepseek_v3.sh"  # examples/megatron_fsdp at d98e8a64
+MOE_OFFERED = {"attn", "mla-up", "mlp", "mlp-act", "attn,mla-up", "mla-up,mlp", "mla-up,mlp-act"}
+
+
+def test_each_module_is_the_part_megatron_recomputes_in_that_layer():
+    modules = ("mlp", "moe", "mla_up_proj", "layernorm")
+    assert module_parts(modules, moe=False) == ["mla-up", "mlp", "norm"]  # "moe" is no part of a dense layer
+    assert module_parts(modules, moe=True) == ["mla-up", "mlp", "norm"]  # "mlp" none of a MoE layer
+    # "moe" checkpoints the whole MoE layer: its experts' activation and its shared experts inside it
+    assert module_parts(("moe", "moe_act", "shared_experts"), moe=True) == ["mlp"]
+    assert module_parts(("moe_act", "shared_experts"), moe=True) == ["mlp-act", "shared-experts"]
+    assert module_parts(("moe_act", "moe"), moe=False) == []
+
+
+def test_a_layer_takes_the_parts_it_offers_and_names_the_rest():
+    assert layer_option(["mla-up", "mlp", "norm"], MOE_OFFERED) == ("mla-up,mlp", ["norm"])
+    assert layer_option(["mla-up", "mlp", "norm"], {"mla-up", "mlp-act"}) == ("mla-up", ["mlp", "norm"])
+    assert layer_option(["attn", "mlp-act"], {"attn", "mlp-act"}) == ("attn", ["mlp-act"])  # no combination
+    assert layer_option(["norm"], MOE_OFFERED) == ("none", ["norm"])
+
+
+def test_the_deepseek_v3_example_recomputes_what_its_modules_say_on_each_layer():
+    """Megatron-LM's DeepSeek-V3 example (--recompute-modules mlp moe mla_up_proj layernorm) was scored as
+    no recompute (627 GiB a GPU): one option, "mla-up,mlp,norm", was asked of every layer and none offers it.
+    Its 3 dense layers recompute the MLA up-projections (mla_up_proj; ckplan's analytic dense block offers no
+    whole-MLP recompute), its 58 MoE layers those and the whole MoE layer (moe); layernorm, which no analytic
+    profile offers, is named and its outputs scored kept."""
+    job = read_job(DEEPSEEK_V3, None)
+    assert job.recompute.modules == ("mlp", "moe", "mla_up_proj", "layernorm")
+    found = predict(job, gpus=256, gpu_name="h100-sxm")
+    recompute = found.stages[0].recompute
+    assert [recompute[f"layers.{i}"] for i in range(3)] == ["mla-up"] * 3
+    assert {recompute[f"layers.{i}"] for i in range(3, 61)} == {"mla-up,mlp"}
+    notes = [note for note in found.notes if note.startswith("selective recompute of mlp moe mla_up_proj layernorm")]
+    assert "decoder_block layers offer no recompute of mlp, layernorm; scored as mla-up" in notes[0]
+    assert "moe_block layers offer no recompute of layernorm; scored as mla-up,mlp" in notes[1]
+    # what the options free, layer by layer, is exactly what the rank keeps less than with no recompute
+    none = predict(dataclasses.replace(job, recompute=dataclasses.replace(job.recompute, mode="none")), gpus=256,
+                   gpu_name="h100-sxm")
+    layers = {layer.name: layer for layer in found.profile.layers}
+    freed = sum(layers[name].act_bytes - next(o.kept_bytes for o in layers[name].recompute_options if o.name == option)
+                for name, option in recompute.items())
+    assert none.cost.stages[0].kept_bytes - found.cost.stages[0].kept_bytes == freed
+    rank = found.cost.stages[0]
+    assert (rank.static_bytes, rank.peak_bytes) == (47_181_544_056, 182_806_035_068)  # none: 673,020,557,948
+
+
+@pytest.mark.parametrize("flags, sentence", [
+    ("--recompute-modules: core_attn mhc", "--recompute-modules mhc recomputes part of a block ckplan does not build"),
+    ("--recompute-modules: attention", "--recompute-modules 'attention' is not one of Megatron-LM's"),
+    ("--recompute-method: block", "--recompute-method with --recompute-granularity selective: Megatron-LM refuses"),
+    ("--recompute-num-layers: 2", "--recompute-num-layers with --recompute-granularity selective"),
+])
+def test_selective_recompute_refuses_what_megatron_refuses_in_one_sentence(tmp_path, flags, sentence):
+    path = tmp_path / "args.yaml"
+    lines = ["--num-layers: 2", "--hidden-size: 256", "--num-attention-heads: 8", "--seq-length: 128",
+             "--vocab-size: 1024", "--swiglu: true", "--bf16: true", "--recompute-granularity: selective", flags]
+    path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in lines))
+    with pytest.raises(UserError, match=sentence.replace("(", r"\(")):
+        megatron.read(path)
