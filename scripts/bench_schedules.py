@@ -19,13 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from planner.cost.schedule_time import StageTimes, simulate_time  # noqa: E402
 from planner.cost.schedules import (  # noqa: E402
     SCHEDULES,
     ChunkBytes,
-    StageTimes,
     build_schedule,
     peak_in_flight,
-    simulate_time,
 )
 from planner.errors import UserError  # noqa: E402
 

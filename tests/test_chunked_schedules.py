@@ -7,7 +7,7 @@ import pytest
 import torch
 from fixtures.cli import run, run_ok
 
-from planner.cost import costmodel, schedules
+from planner.cost import costmodel, schedule_time, schedules
 from planner.models.synthetic import layer, profile_of
 from planner.schema import StagePlan, TrainSetup
 from planner.solve import search
@@ -50,7 +50,7 @@ def test_interleaved_ranks_keep_megatrons_warm_up_of_equal_chunks():
     assert cost.stages[0].static_bytes == 4 * 1000 * 16  # four layers' weights, grads, Adam state (fp32)
     # time: the simulated makespan with forward 2 ms and backward 4 ms per stage
     order = costmodel.schedule_of(setup)
-    expected = schedules.simulate_time(order, stage_times=[schedules.StageTimes(2.0, 2.0, 2.0)] * 4).makespan_ms
+    expected = schedule_time.simulate_time(order, stage_times=[schedule_time.StageTimes(2.0, 2.0, 2.0)] * 4).makespan_ms
     assert cost.iteration_ms == pytest.approx(expected)
 
 

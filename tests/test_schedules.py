@@ -27,15 +27,14 @@ from types import SimpleNamespace
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
+from planner.cost.schedule_time import StageTimes, simulate_time
 from planner.cost.schedules import (
     SCHEDULES,
     Action,
     ChunkBytes,
     Schedule,
-    StageTimes,
     build_schedule,
     peak_in_flight,
-    simulate_time,
 )
 from planner.errors import UserError
 

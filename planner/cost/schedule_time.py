@@ -1,6 +1,5 @@
 """A pipeline schedule's time: a discrete-event simulation of all ranks running torch's order
-(planner/cost/schedules.py builds the order; it re-exports these names, so `schedules.X` reads
-them as before).
+(planner/cost/schedules.py builds the order; this module reads it and is imported by name).
 
 Time model (`simulate_time`). Every rank runs its list in order; an action starts when its
 rank is free and its input is there: F of stage k needs F of stage k-1 (same microbatch), B or
@@ -17,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # schedules.py imports this module: its types only for the annotations
+if TYPE_CHECKING:  # the orders' types, for the annotations only
     from planner.cost.schedules import Action, Schedule
 
 

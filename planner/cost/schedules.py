@@ -34,7 +34,7 @@ between I and W). The peak is after an action or during a backward pass (B, I or
 weight pass recomputes a checkpointed region again), that pass's transient on top of the counts
 before it.
 
-Time model: planner/cost/schedule_time.py (`simulate_time`, `makespan_ms`, re-exported here).
+Time model: planner/cost/schedule_time.py (`simulate_time`, `makespan_ms`), which reads these orders.
 """
 
 from __future__ import annotations
@@ -47,12 +47,6 @@ from types import SimpleNamespace
 from torch.distributed.pipelining import schedules as torch_schedules
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
-from planner.cost.schedule_time import (  # noqa: F401  the time model, read as schedules.X too
-    StageTimes,
-    Timeline,
-    makespan_ms,
-    simulate_time,
-)
 from planner.errors import UserError
 
 SCHEDULES = ("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV")

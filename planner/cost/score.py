@@ -2,7 +2,7 @@
 (V = 1 for 1F1B and GPipe) by the stage accumulator (assembly.stage_sums); each rank from its
 stages' sums, with what the schedule says: its chunks, their in-flight microbatches at its peak
 (schedules.rank_peak), whether its sends hold their tensors and its backward splits in two; and
-the iteration from the schedule's makespan (schedules.makespan_ms). So every plan, the solvers',
+the iteration from the schedule's makespan (schedule_time.makespan_ms). So every plan, the solvers',
 each baseline's and every export's rounding, is scored by one body."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from planner.cost import afterstep, allocator, gradtiming, schedules
+from planner.cost import afterstep, allocator, gradtiming, schedule_time, schedules
 from planner.cost.assembly import (
     PlanCost,
     StageCost,
@@ -200,7 +200,7 @@ def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setu
     for stage in sums:
         forward = stage.forward_ms + stage.comm_ms / 2
         backward = max(stage.busy_ms - forward, 0.0)
-        times.append(schedules.StageTimes(forward, backward / 2, backward / 2))
+        times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2))
     steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
-    makespan = schedules.makespan_ms(order, stage_times=times) + max(steps)
+    makespan = schedule_time.makespan_ms(order, stage_times=times) + max(steps)
     return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums), sum(steps), setup))
