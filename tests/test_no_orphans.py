@@ -213,7 +213,6 @@ def test_what_a_rank_started_ends_with_the_run(monkeypatch):
 
     from planner.errors import UserError
     from planner.runtime import run_plan
-
     from planner.runtime.forkserver import RankServer
 
     mark = uuid.uuid4().hex

@@ -15,7 +15,13 @@ from pathlib import Path
 from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, pending
-from planner.models.configs.megatron_files import check_trainer, script_pairs, text_of, torchrun_world, yaml_pairs
+from planner.models.configs.megatron_files import (
+    check_trainer,
+    script_pairs,
+    text_of,
+    torchrun_world,
+    yaml_pairs,
+)
 from planner.models.configs.megatron_flags import (
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
