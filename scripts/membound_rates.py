@@ -11,9 +11,12 @@ outputs, each once (what ckplan charges a fused kernel: compiled_time.py's once-
 
 Per (kernel, provider, mode, GPU) sweep it also prints the rate between the two largest sizes
 (delta bytes / delta time: any fixed cost per call cancels) and the fixed part that leaves at the
-largest (time - bytes / that rate), per eager op.
+largest (time - bytes / that rate), per eager op; then per architecture the harmonic means ckplan
+reads: eager, fused, and eager per op class (planner/profiler/membound.py OP_CLASSES; CLASS_OF).
 
-    PYTHONPATH=$PWD python scripts/membound_rates.py NAME=FILE.csv ...
+    PYTHONPATH=$PWD python scripts/membound_rates.py [--eager-only] NAME=FILE.csv ...
+
+--eager-only skips the fused providers (no compiles: a minute instead of fifteen).
 
 NAME is a label for the file (its repository commit); the CSVs are read with `git show
 COMMIT:benchmark/data/FILE` from a clone of Liger-Kernel.
@@ -39,6 +42,13 @@ COMPILED = {"torchcompile": {"rms_norm", "layer_norm", "rope", "cross_entropy"}}
 # torch.nn.RMSNorm on CUDA is one fused kernel (aten._fused_rms_norm), not the eager chain the CPU
 # decomposition runs: timed as fused
 NOT_EAGER = {("megatron_rms_norm", "torch"), ("megatron_cross_entropy", "megatron-unfused")}
+
+
+# the op class (membound.OP_CLASSES) each eager benchmark op measures
+CLASS_OF = {"rms_norm": "norm", "layer_norm": "layer_norm", "rope": "attention", "megatron_swiglu": "activation",
+            "cross_entropy": "loss", "relu_squared": "elementwise", "fused_add_rms_norm": "norm", "dyt": "elementwise"}
+# read for their class only: the eager mean (what bytes no class claims read) stays over the op chains
+ONLY_CLASSED = {"relu_squared", "dyt"}
 
 
 class LlamaRMSNorm(nn.Module):
@@ -83,9 +93,52 @@ class Counted(OpBytes):
         return out
 
 
+def _setup_model_sweep(kernel: str, x: int, config: dict, dtype):
+    """Liger's later benchmarks (benchmark/scripts at 7a12e092, all_benchmark_data_cutile.csv's B200
+    rows): a model's widths in the config, x the tokens; their `full` mode backpropagates the first
+    output only (utils.run_speed_benchmark)."""
+    if kernel == "rope":  # q and k as (1, T, heads, head_dim).transpose(1, 2); fwd_fn()[0]: q_embed
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+        q = torch.randn(1, x, config["num_attention_heads"], head_dim, dtype=dtype).transpose(1, 2).requires_grad_()
+        k = torch.randn(1, x, config["num_key_value_heads"], head_dim, dtype=dtype).transpose(1, 2).requires_grad_()
+        cos, sin = torch.randn(1, x, head_dim, dtype=dtype), torch.randn(1, x, head_dim, dtype=dtype)
+        return lambda: apply_rotary_pos_emb(q, k, cos, sin)[0], [q, k, cos, sin]
+    if kernel == "layer_norm":  # torch.nn.LayerNorm(hidden).to(dtype) over (T, hidden)
+        module = nn.LayerNorm(config["hidden_size"], eps=config["eps"], dtype=dtype)
+        inp = torch.randn(x, config["hidden_size"], dtype=dtype, requires_grad=True)
+        return lambda: module(inp), [inp, module.weight, module.bias]
+    if kernel == "cross_entropy":  # fp32 logits (BT, V), nn.CrossEntropyLoss
+        logits = torch.randn(x, config["vocab_size"], requires_grad=True)
+        target = torch.randint(config["vocab_size"], (x,))
+        return lambda: F.cross_entropy(logits, target), [logits, target]
+    if kernel == "fused_add_rms_norm":  # NaiveAddRMSNorm: fp32 add, then HF's RMSNorm chain; [0]: the norm
+        weight = nn.Parameter(torch.ones(config["hidden_size"]))
+        inp = torch.randn(x, config["hidden_size"], dtype=dtype, requires_grad=True)
+        residual = torch.randn(x, config["hidden_size"], dtype=dtype, requires_grad=True)
+
+        def fwd():
+            hidden = inp.to(torch.float32) + residual.to(torch.float32)
+            variance = hidden.pow(2).mean(-1, keepdim=True)
+            hidden = hidden * torch.rsqrt(variance + config["eps"])
+            return weight * hidden.to(dtype)
+
+        return fwd, [inp, residual, weight]
+    if kernel == "dyt":  # TorchDyT (test/transformers/test_dyt.py): gamma * tanh(x * alpha) [+ beta], fp32 params
+        alpha = nn.Parameter(torch.ones(1) * 0.5)
+        gamma = nn.Parameter(torch.ones(config["hidden_size"]))
+        beta = nn.Parameter(torch.zeros(config["hidden_size"])) if config["beta"] else None
+        inp = torch.randn(x, config["hidden_size"], dtype=dtype, requires_grad=True)
+        if beta is None:
+            return lambda: gamma * torch.tanh(inp * alpha), [inp, alpha, gamma]
+        return lambda: gamma * torch.tanh(inp * alpha) + beta, [inp, alpha, gamma, beta]
+    return None
+
+
 def _setup(kernel: str, x: int, config: dict):
     """(the forward callable, its differentiable inputs) at the row's shape, fake."""
     dtype = getattr(torch, str(config.get("dtype", "torch.bfloat16")).removeprefix("torch."))
+    if any(key in config for key in ("num_attention_heads", "vocab_size")) or ("hidden_size" in config and kernel != "rope"):
+        return _setup_model_sweep(kernel, x, config, dtype)
     if kernel == "rms_norm":
         module = LlamaRMSNorm(x)
         inp = torch.randn(config["M"], x, dtype=dtype, requires_grad=True)
@@ -107,6 +160,9 @@ def _setup(kernel: str, x: int, config: dict):
         cos = torch.randn(1, seq, head_dim, dtype=dtype)
         sin = torch.randn(1, seq, head_dim, dtype=dtype)
         return lambda: apply_rotary_pos_emb(q, k, cos, sin), [q, k, cos, sin]
+    if kernel == "relu_squared":  # TorchReLUSquared: relu then torch.square (benchmark_relu_squared.py, ace042ec)
+        inp = torch.randn(config["M"], x, dtype=dtype, requires_grad=True)
+        return lambda: torch.square(F.relu(inp)), [inp]
     if kernel == "megatron_swiglu":  # F.silu(y1) * y2 over torch.chunk(y, 2, -1), bf16
         y = torch.randn(config["S"], config["B"], 2 * x, dtype=torch.bfloat16, requires_grad=True)
         return lambda: (lambda a, b: F.silu(a) * b)(*torch.chunk(y, 2, -1)), [y]
@@ -152,7 +208,7 @@ def count(kernel: str, x: int, config: dict, mode: str) -> tuple[int, int, int] 
 
 # the dimension each benchmark op's bytes grow with linearly (rows): inductor's count is taken at
 # 8 and 16 rows on CPU (real tensors) and extended to the row's size
-_ROWS = {"rms_norm": "M", "layer_norm": "M", "megatron_rms_norm": "S", "megatron_swiglu": "S", "cross_entropy": "T",
+_ROWS = {"rms_norm": "M", "layer_norm": "M", "relu_squared": "M", "megatron_rms_norm": "S", "megatron_swiglu": "S", "cross_entropy": "T",
          "megatron_cross_entropy": "S"}
 _compiled: dict[tuple, tuple[int, int]] = {}
 
@@ -186,12 +242,14 @@ def compiled_count(kernel: str, x: int, config: dict, x_name: str) -> tuple[int,
 # datasheet HBM bandwidth, TB/s, of each gpu_name in the data (NVIDIA H100 datasheet: SXM 3.35, NVL 3.9;
 # A100 datasheet: 80 GB SXM 2.039, 80 GB PCIe 1.935), and the architecture ckplan's GPU records share
 DATASHEET_TBPS = {"NVIDIA H100 NVL": (3.9, "H100"), "NVIDIA H100 80GB HBM3": (3.35, "H100"),
-                  "NVIDIA A100-SXM4-80GB": (2.039, "A100"), "NVIDIA A100 80GB PCIe": (1.935, "A100")}
+                  "NVIDIA A100-SXM4-80GB": (2.039, "A100"), "NVIDIA A100 80GB PCIe": (1.935, "A100"),
+                  "NVIDIA B200": (8.0, "B200")}  # HGX B200 datasheet: 8 TB/s
 
 
 def summary(fractions: dict[tuple[str, str], list[tuple[str, float]]]) -> None:
-    """Per architecture and kind: each sweep's forward+backward rate as a fraction of its GPU's datasheet,
-    and their harmonic mean (the rate at which equal bytes of each op would run)."""
+    """Per architecture and kind (eager, compiled, fused, and eager/CLASS): each sweep's forward+backward
+    rate as a fraction of its GPU's datasheet, and their harmonic mean (the rate at which equal bytes of
+    each op would run)."""
     print("\n| architecture | kind | sweeps (fraction of the datasheet) | harmonic mean |\n|---|---|---|---|")
     for (arch, kind), found in sorted(fractions.items()):
         mean = len(found) / sum(1 / fraction for _, fraction in found)
@@ -208,14 +266,17 @@ def rows(files: list[tuple[str, str]]):
 
 
 def main(argv: list[str]) -> None:
-    files = [tuple(arg.split("=", 1)) for arg in argv]
+    eager_only = "--eager-only" in argv
+    files = [tuple(arg.split("=", 1)) for arg in argv if arg != "--eager-only"]
     sweeps: dict[tuple, list] = {}
     for name, line, row in rows(files):
         config = json.loads(row["extra_benchmark_config_str"])
         if config.get("TP", 1) != 1:
             continue
         provider, mode = row["kernel_provider"], row["kernel_operation_mode"]
-        if provider not in EAGER | FUSED:
+        if not row["x_value"].isdigit() or mode not in ("forward", "backward", "full"):
+            continue  # a sweep over named model configs; a no-grad forward
+        if provider not in EAGER | FUSED or (eager_only and provider not in EAGER):
             continue
         found = count(row["kernel_name"], int(row["x_value"]), config, mode)
         if found is None:
@@ -227,7 +288,8 @@ def main(argv: list[str]) -> None:
         counted = eager_bytes if eager else fused_bytes
         if provider in COMPILED and row["kernel_name"] in COMPILED[provider]:
             counted = None  # inductor's count, taken below at the two largest sizes only (a compile each)
-        key = (row["kernel_name"], provider, mode, row["gpu_name"], row["x_name"], json.dumps(config, sort_keys=True))
+        key = (row["kernel_name"], provider, mode, row["gpu_name"], row["x_name"], json.dumps(config, sort_keys=True),
+               name)
         sweeps.setdefault(key, []).append((int(row["x_value"]), float(row["y_value_50"]), counted, ops if eager else 0,
                                            name, line))
     print("| kernel | provider | mode | GPU | sweep | largest: MB, eager ops, ms, TB/s | rate between the two "
@@ -235,7 +297,7 @@ def main(argv: list[str]) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     fractions: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for key, points in sweeps.items():
-        kernel, provider, mode, gpu, x_name, config = key
+        kernel, provider, mode, gpu, x_name, config, _ = key
         points.sort()
         for i in (-2, -1):
             x, ms, counted, ops, name, line = points[i]
@@ -245,14 +307,18 @@ def main(argv: list[str]) -> None:
                              ops, name, line)
         (_, t1, b1, _, _, _), (x2, t2, b2, ops, name, line) = points[-2], points[-1]
         slope = (b2 - b1) / (t2 - t1) / 1e9 if t2 > t1 else float("nan")
-        fixed_us = (t2 - b2 / (slope * 1e9)) * 1e3 if slope == slope else float("nan")
+        fixed_us = (t2 - b2 / (slope * 1e9)) * 1e3 if slope == slope and slope else float("nan")
         per_op = f" ({fixed_us / ops:.1f})" if ops else ""
         datasheet = DATASHEET_TBPS.get(gpu)
         if mode == "full" and datasheet and slope == slope and 0 < slope:
             kind = "eager" if ops else "compiled" if provider in COMPILED else "fused"
             if kernel not in ("rope",) or x_name == "T":  # rope: the sweep over tokens (the larger)
-                fractions.setdefault((datasheet[1], kind), []).append(
-                    (f"{kernel}/{provider}/{gpu.removeprefix('NVIDIA ')}", slope / datasheet[0]))
+                label = f"{kernel}/{provider}/{gpu.removeprefix('NVIDIA ')}"
+                if kernel not in ONLY_CLASSED:
+                    fractions.setdefault((datasheet[1], kind), []).append((label, slope / datasheet[0]))
+                if kind == "eager" and kernel in CLASS_OF:
+                    fractions.setdefault((datasheet[1], f"eager/{CLASS_OF[kernel]}"), []).append(
+                        (label, slope / datasheet[0]))
         print(f"| {kernel} | {provider} | {mode} | {gpu.removeprefix('NVIDIA ')} | {x_name} {points[0][0]}-{x2} "
               f"{config} | {b2 / 1e6:.0f}, {ops or '-'}, {t2:.3f}, {b2 / t2 / 1e9:.2f} | "
               f"{slope:.2f} | {fixed_us:.0f}{per_op} | {name}:{line} |")

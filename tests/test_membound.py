@@ -8,10 +8,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.models.gpus import GPUS, MEMBOUND_A100, MEMBOUND_H100
-from planner.profiler.fake import OpBytes, new_mode
-from planner.profiler.membound import achieved_tbps, membound_ms
-from planner.profiler.roofline import Work, roofline_ms
+from planner.models import archs
+from planner.models.gpus import (
+    GPUS,
+    MEMBOUND_A100,
+    MEMBOUND_B200,
+    MEMBOUND_CLASSES_A100,
+    MEMBOUND_CLASSES_B200,
+    MEMBOUND_CLASSES_H100,
+    MEMBOUND_H100,
+)
+from planner.profiler import analytic_time
+from planner.profiler.fake import OpBytes, counting, new_mode
+from planner.profiler.formulas import Shape
+from planner.profiler.membound import OP_CLASSES, achieved_tbps, membound_ms
+from planner.profiler.opclass import op_class
+from planner.profiler.roofline import Work, roofline_ms, work
 
 
 def _benchmark_script():
@@ -75,13 +87,14 @@ def test_measured_fractions_are_the_harmonic_means_of_the_sweeps_in_the_docs():
 
 
 @pytest.mark.parametrize(("name", "nearest", "fractions"), [
-    ("b200", "H100", MEMBOUND_H100), ("mi300x", "H100", MEMBOUND_H100), ("h200", "H100", MEMBOUND_H100),
+    ("mi300x", "H100", MEMBOUND_H100), ("h200", "H100", MEMBOUND_H100), ("gh200", "H100", MEMBOUND_H100),
     ("l4", "A100", MEMBOUND_A100)])
 def test_a_gpu_without_kernel_data_takes_its_nearest_architectures_fractions_and_says_so(name, nearest, fractions):
     gpu = GPUS[name]
     assert (gpu.membound_eager_efficiency, gpu.membound_fused_efficiency) == fractions
     assert "no memory-bound kernel benchmark published" in gpu.membound_source
     assert f"the {nearest}'s fractions assumed" in gpu.membound_source
+    assert gpu.membound_class_efficiency == (MEMBOUND_CLASSES_H100 if nearest == "H100" else MEMBOUND_CLASSES_A100)
 
 
 @pytest.mark.parametrize(("name", "fractions"), [("h100-sxm", MEMBOUND_H100), ("a100-80g", MEMBOUND_A100)])
@@ -89,3 +102,101 @@ def test_gpus_with_kernel_data_carry_their_measured_fractions(name, fractions):
     gpu = GPUS[name]
     assert (gpu.membound_eager_efficiency, gpu.membound_fused_efficiency) == fractions
     assert gpu.membound_source.startswith("measured on")
+
+
+def test_the_b200_reads_its_own_published_kernel_data_and_the_gb200_the_b200s():
+    """Liger-Kernel's B200 rows (7a12e092): every class but SwiGLU measured; fused: the H100's, assumed."""
+    for name in ("b200", "gb200"):
+        gpu = GPUS[name]
+        assert (gpu.membound_eager_efficiency, gpu.membound_fused_efficiency) == MEMBOUND_B200
+        assert gpu.membound_class_efficiency == MEMBOUND_CLASSES_B200
+    assert GPUS["b200"].membound_source.startswith("eager measured on B200")
+    assert "the B200's fractions (the same chip" in GPUS["gb200"].membound_source
+    harmonic = 5 / sum(1 / f for f in (0.165, 0.557, 0.224, 0.471, 0.555))
+    assert MEMBOUND_B200[0] == round(harmonic, 3)
+    # activation has no B200 sweep: it reads the eager mean
+    assert achieved_tbps(GPUS["b200"], "eager", "activation") == pytest.approx(8.0 * MEMBOUND_B200[0])
+
+
+def test_each_op_class_is_charged_at_its_own_measured_fraction():
+    """A pass of 1 GB in each class on an H100 SXM (3.35 TB/s): each at its class's sweep (membound_rates.py's
+    per-class summary: HF RMSNorm 0.633, LayerNorm 0.425, HF rotary 0.464, SwiGLU 0.633, cross entropy 0.391,
+    relu then square 0.922), and eager bytes no class claims at the eager mean (0.477)."""
+    gpu = GPUS["h100-sxm"]
+    assert dict(MEMBOUND_CLASSES_H100) == {"norm": 0.633, "layer_norm": 0.425, "attention": 0.464,
+                                           "activation": 0.633, "loss": 0.391, "elementwise": 0.922}
+    assert set(dict(MEMBOUND_CLASSES_H100)) == set(OP_CLASSES)
+    classed = {name: 10**9 for name in OP_CLASSES}
+    done = work(0, 7 * 10**9, [], classed=classed)
+    expected = sum(1 / (3.35 * fraction) for fraction in dict(MEMBOUND_CLASSES_H100).values()) + 1 / (3.35 * 0.477)
+    assert roofline_ms(done, gpu) == pytest.approx(expected)
+    assert membound_ms(10**9, gpu, "eager", "elementwise") == pytest.approx(1 / (3.35 * 0.922))
+    assert membound_ms(10**9, GPUS["a100-80g"], "eager", "elementwise") == pytest.approx(1 / (2.039 * 0.519))
+
+
+def test_relu_squared_benchmark_bytes_by_hand():
+    """Liger's relu_squared torch row (the elementwise class's sweep), per element of x in bf16:
+    relu 2+2, square 2+2; backward pow's gradient (x * 2: 2+2, then * grad: 2+2+2) and relu's
+    (threshold_backward: 2+2+2) = 28 B."""
+    with new_mode():
+        x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+        with OpBytes() as counted:
+            y = torch.square(torch.nn.functional.relu(x))
+        grad = torch.randn_like(y)
+        with counted:
+            y.backward(grad)
+    assert counted.bytes == 28 * 32
+
+
+def test_classes_add_and_subtract_and_never_exceed_the_eager_bytes():
+    a = work(0, 1000, [], fused_bytes=200, classed={"norm": 500, "elementwise": 300})
+    b = work(0, 300, [], classed={"norm": 300})
+    assert (a + b).classed == (("elementwise", 300), ("norm", 800))
+    assert (a - b).classed == (("elementwise", 300), ("norm", 200)) and (a - b).unclassed_bytes == 0
+    # b's 100 unclassed bytes taken from a's classes: the 400 eager bytes left keep the classes' shares
+    assert (a - work(0, 400, [], classed={"norm": 300})).classed == (("elementwise", 240), ("norm", 160))
+    assert work(0, 100, [], classed={"norm": 300}).classed == (("norm", 100),)  # clipped to the bytes
+    assert Work(0, 1000, (), 200).unclassed_bytes == 800  # a record without classes: the eager mean
+
+
+@pytest.mark.parametrize(("module_type", "expected"), [
+    ("LlamaRMSNorm", "norm"), ("RMSNorm", "norm"), ("LayerNorm", "layer_norm"), ("LlamaAttention", "attention"),
+    ("GPT2Attention", "attention"), ("LlamaMLP", "activation"), ("SiLU", "activation"),
+    ("NewGELUActivation", "activation"), ("LlamaDecoderLayer", "elementwise"), ("Linear", "elementwise"),
+    ("Dropout", "elementwise")])
+def test_the_fake_profiler_classes_an_op_by_the_module_running_it(module_type, expected):
+    assert op_class(module_type) == expected
+
+
+def test_an_rms_norm_modules_bytes_are_classed_norm_forward_and_backward_and_its_grad_elementwise():
+    """The benchmark's LlamaRMSNorm as a module: forward 38 B an element etc. (rms_norm_forward_bytes), all
+    `norm`; its weight's gradient added into .grad (3 x 4 B a column): elementwise."""
+    with new_mode():
+        norm = LlamaRMSNorm(4)
+        norm.weight.grad = torch.zeros_like(norm.weight)
+        x = torch.randn(2, 4, dtype=torch.bfloat16, requires_grad=True)
+        with counting() as done:
+            out = norm(x)
+            forward = done()
+            out.backward(torch.zeros_like(out))
+            backward = done() - forward
+    assert forward.classed == (("norm", rms_norm_forward_bytes(2, 4)),)
+    assert dict(backward.classed)["elementwise"] == 3 * 4 * 4
+    assert sum(dict(backward.classed).values()) == backward.bytes
+
+
+def test_the_analytic_blocks_bytes_by_class_by_hand():
+    """LLaMA 3 8B, 8,192 tokens: forward norms 2 x (36 B x h + 28) a token, rotary 20 B an element of Q and K
+    plus 8 a token and head dim, SwiGLU 10 B an element of f, the two residual adds 6 B an element of h."""
+    arch, shape = archs.arch("llama3-8b"), Shape(seq_len=8192, micro_batch_size=1)
+    T, h, f, kv = 8192, 4096, 14336, 1024
+    fwd, bwd, _ = analytic_time.block_work(arch, shape)
+    assert dict(fwd.classed) == {"norm": 2 * (36 * h + 28) * T, "attention": 20 * (h + kv) * T + 8 * 128 * T,
+                                 "activation": 10 * f * T, "elementwise": 2 * 6 * h * T}
+    assert fwd.unclassed_bytes == 0 and bwd.unclassed_bytes == 0
+    # backward: the residual stream's gradient sums in the norms' (where autograd adds them), Q/K/V's and
+    # gate/up's input-gradient sums and the .grad accumulation elementwise
+    params = 218_112_000
+    assert dict(bwd.classed) == {"norm": 2 * (96 * h + 44) * T + 2 * 6 * h * T,
+                                 "attention": 32 * (h + kv) * T + 8 * 128 * T, "activation": 18 * f * T,
+                                 "elementwise": 2 * 6 * h * T + 6 * h * T + 3 * 2 * params}

@@ -312,8 +312,10 @@ def test_op_sac_keeps_every_second_mm_and_the_attention_by_hand():
 def test_op_sac_reruns_three_mms_and_every_memory_bound_op_of_the_forward():
     """torchtitan's policy saves only mm (every other one), SDPA and reduce-scatter outputs: the
     backward reruns wk, wo and w3, each its own kernel, and the forward's norms, rotary, SiLU x mul
-    and residual adds, whose bytes are the forward's memory-bound bytes (analytic_time.block_work)."""
+    and residual adds, whose bytes are the forward's memory-bound bytes (analytic_time.block_work), each op
+    class at its own measured rate (planner/profiler/membound.py)."""
     from planner.profiler import analytic_time
+    from planner.profiler.membound import membound_ms
     from planner.profiler.roofline import Kernel, kernel_ms
 
     shape = Shape(seq_len=32, micro_batch_size=2)
@@ -322,9 +324,9 @@ def test_op_sac_reruns_three_mms_and_every_memory_bound_op_of_the_forward():
     option = next(o for o in block.recompute_options if o.name == "op-sac")
     forward, _, _ = analytic_time.block_work(TINY, shape)
     mms = sum(kernel_ms(Kernel("matmul", 2 * tokens * a * b), H100) for a, b in ((h, kv), (q, h), (h, f)))
-    assert option.recompute_ms == pytest.approx(
-        mms + forward.bytes / (H100.hbm_tbps * H100.membound_eager_efficiency * 1e12) * 1e3)
-    assert forward.bytes > 0
+    moved = sum(membound_ms(num, H100, "eager", name) for name, num in forward.classed)
+    assert option.recompute_ms == pytest.approx(mms + moved)
+    assert forward.bytes > 0 and sum(num for _, num in forward.classed) == forward.bytes
 
 
 def test_op_level_sac_on_the_command_line_keeps_between_none_and_full(tiny_path):

@@ -262,7 +262,11 @@ def _membound(facts: dict) -> str:
     measured = facts.get("membound_tbps")
     if not measured:  # a profile written before the measured rates
         return f"{facts['gpu_hbm_tbps']:g} TB/s"
-    return (f"{measured['eager']:.2f} TB/s eager, {measured['fused']:.2f} fused: the rates measured of the "
+    by_class = measured.get("by_class")
+    eager = f"{measured['eager']:.2f} TB/s eager"
+    if by_class:  # each op class at its own measured rate (planner/profiler/membound.py)
+        eager = "eager by op class " + ", ".join(f"{name} {tbps:.2f}" for name, tbps in by_class.items()) + " TB/s"
+    return (f"{eager}, {measured['fused']:.2f} fused: the rates measured of the "
             f"{facts['gpu_hbm_tbps']:g} TB/s datasheet")
 
 

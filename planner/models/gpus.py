@@ -24,7 +24,28 @@ from planner.errors import UserError
 # 0.433, 0.536, 0.502, 0.344); Transformer Engine's kernels are not in the data and take this rate (assumed)
 MEMBOUND_H100 = (0.477, 0.449)
 MEMBOUND_A100 = (0.519, 0.441)
+# The eager fraction per op class (planner/profiler/membound.py OP_CLASSES), each the harmonic mean of that
+# class's own full sweeps as above (scripts/membound_rates.py's per-class summary): norm Hugging Face's
+# RMSNorm; layer_norm torch's LayerNorm; attention HF's rotary; activation eager SwiGLU (`megatron_swiglu`'s
+# torch row, H100 SXM); loss cross entropy; elementwise torch's relu then square (`relu_squared`'s torch row,
+# H100 SXM, all_benchmark_data.csv at 2120862b: 28 B an element, 0.940 GB more at 16,384 columns than at 8,192
+# in 0.304 ms). A class the architecture has no sweep of (the A100's activation and elementwise) reads the
+# eager mean above.
+MEMBOUND_CLASSES_H100 = (("activation", 0.633), ("attention", 0.464), ("elementwise", 0.922), ("layer_norm", 0.425),
+                         ("loss", 0.391), ("norm", 0.633))
+MEMBOUND_CLASSES_A100 = (("attention", 0.586), ("layer_norm", 0.424), ("loss", 0.436), ("norm", 0.745))
+# B200: Liger-Kernel's all_benchmark_data_cutile.csv and _cutedsl.csv at 7a12e092 (benchmark/scripts at that
+# commit: a LLaMA-3-8B-wide op over 1,024-8,192 tokens), of the HGX B200's 8 TB/s, the same way: torch's LayerNorm
+# (bf16) 0.165, HF's rotary 0.224, cross entropy 0.557 / 0.555 (the two files), the benchmark's NaiveAddRMSNorm
+# (an fp32 residual add, then HF's RMSNorm chain) 0.471 for norm, and TorchDyT (gamma * tanh(alpha * x) [+ beta],
+# without and with beta) 0.454 / 0.453 for elementwise, read for its class only as relu_squared is; no SwiGLU
+# alone (activation reads the eager mean) and no torch.compile row of an op ckplan counts (fused: the H100's,
+# assumed)
+MEMBOUND_B200 = (0.308, MEMBOUND_H100[1])
+MEMBOUND_CLASSES_B200 = (("attention", 0.224), ("elementwise", 0.453), ("layer_norm", 0.165), ("loss", 0.556),
+                         ("norm", 0.471))
 _LIGER = "Liger-Kernel benchmark/data (3534d44 h100_/a100_all_benchmark_data.csv, 2120862 all_benchmark_data.csv)"
+_LIGER_B200 = "Liger-Kernel benchmark/data at 7a12e092 (all_benchmark_data_cutile.csv, all_benchmark_data_cutedsl.csv)"
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,8 @@ class GPU:
     # kernels, Transformer Engine's and Megatron's fused ones: roofline.Work.fused_bytes); defaults: the H100's
     membound_eager_efficiency: float = MEMBOUND_H100[0]
     membound_fused_efficiency: float = MEMBOUND_H100[1]
+    # eager fractions per op class (membound.OP_CLASSES), where the architecture's sweeps measure one
+    membound_class_efficiency: tuple[tuple[str, float], ...] = MEMBOUND_CLASSES_H100
     membound_source: str = ""
 
     @property
@@ -249,13 +272,22 @@ _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forwa
                "arXiv 2307.08691 §4.1)")
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 _MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
+                        membound_class_efficiency=MEMBOUND_CLASSES_H100,
                         membound_source=f"measured on H100 NVL and H100 SXM: {_LIGER}")
 _MEMBOUND_AMPERE = dict(membound_eager_efficiency=MEMBOUND_A100[0], membound_fused_efficiency=MEMBOUND_A100[1],
-                        membound_source=f"measured on A100 SXM 80 GB and A100 PCIe 80 GB: {_LIGER}")
+                        membound_class_efficiency=MEMBOUND_CLASSES_A100,
+                        membound_source=f"measured on A100 SXM 80 GB and A100 PCIe 80 GB (no A100 sweep of SwiGLU "
+                                        f"or an elementwise op alone: those classes read the eager mean): {_LIGER}")
+
+
+_MEMBOUND_BLACKWELL = dict(membound_eager_efficiency=MEMBOUND_B200[0], membound_fused_efficiency=MEMBOUND_B200[1],
+                           membound_class_efficiency=MEMBOUND_CLASSES_B200)
 
 
 def _membound_assumed(nearest: str, fractions: tuple[float, float]) -> dict:
+    classes = MEMBOUND_CLASSES_H100 if nearest == "H100" else MEMBOUND_CLASSES_A100
     return dict(membound_eager_efficiency=fractions[0], membound_fused_efficiency=fractions[1],
+                membound_class_efficiency=classes,
                 membound_source=f"no memory-bound kernel benchmark published for this GPU: the {nearest}'s fractions "
                                 f"assumed ({_LIGER})")
 
@@ -369,7 +401,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                      "driver reservation (assumed)",
         **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=_SDPA_B200,
         attention_by_seq=_SDPA_B200_BY_SEQ, attention_source=_SDPA_BLACKWELL, **_CUDNN_B200,
-        **_membound_assumed("H100", MEMBOUND_H100)),
+        **_MEMBOUND_BLACKWELL, membound_source=f"eager measured on B200 ({_LIGER_B200}); no torch.compile row: the "
+                                               f"H100's fused fraction assumed ({_LIGER})"),
     # NVIDIA GB200 NVL72 datasheet (2024), per rack of 72 GPUs: 360 PFLOPS BF16 and 720 PFLOPS FP8
     # (sparse: 2,500 and 5,000 dense per GPU), 13.4 TB HBM3e (186 GB per GPU), 576 TB/s (8 TB/s per
     # GPU), NVLink 130 TB/s (1.8 TB/s per GPU), all 72 in one NVLink domain; NVLink-C2C 900 GB/s to
@@ -385,7 +418,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         attention_by_seq=_SDPA_B200_BY_SEQ,
         attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({_SDPA_BLACKWELL})",
         **_CUDNN_GB200, **_HOST_GRACE_GB200,
-        **_membound_assumed("H100", MEMBOUND_H100)),
+        **_MEMBOUND_BLACKWELL, membound_source=f"none published for GB200: the B200's fractions (the same chip, the "
+                                               f"same 8 TB/s) assumed ({_LIGER_B200}; fused: the H100's, {_LIGER})"),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)
     GPU("mi300x", 192 * 10**9, 1307.4, 5.3,

@@ -270,9 +270,10 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
     the same ops): the cast to fp32 (read d, write 4) and log_softmax (read 4, write 4) forward;
     nll_loss's backward writes a zero-filled fp32 gradient (4), log_softmax's backward reads
     it and its output and writes (12), the cast back reads 4 and writes d. nll_loss itself
-    gathers one entry per token."""
+    gathers one entry per token. All at the `loss` class's rate (membound.OP_CLASSES), casts included,
+    as the fake profile classes everything its loss_fn runs."""
     moved = logits_bytes(arch, shape, 2 * shape.d + 8 * FP32)
-    return membound_ms(moved, gpu, "eager")
+    return membound_ms(moved, gpu, "eager", "loss")
 
 
 # ---------------------------------------------------------------- layers and profile

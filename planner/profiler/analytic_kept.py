@@ -283,7 +283,7 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     else:
         mlp_saved = mlp_moved = 0
     if mlp_saved:
-        parts["mlp-act"] = (mlp_saved, membound_ms(mlp_moved, gpu, "eager"))
+        parts["mlp-act"] = (mlp_saved, membound_ms(mlp_moved, gpu, "eager", "activation"))
     if moe:
         parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)), rerun_ms("mlp"))
     order = ("attn", "mla-up", "mlp", "mlp-act")  # how combinations are named (planner/emit/megatron.py)

@@ -26,12 +26,17 @@ FakeTensorMode on Hugging Face's LLaMA modules, OpBytes in planner/profiler/fake
 - every weight's gradient added into its .grad: 3 x its bytes (read both, write one);
 - an embedding lookup reads and writes the rows it gathers; its backward writes the whole
   table's gradient (embedding_dense_backward) before accumulating it.
+Each pass's bytes carry their op class (membound.OP_CLASSES: norm, layer_norm, attention,
+activation, elementwise), each charged at its class's measured rate; the classes are where the ops
+run in the model's modules, as the fake profiler classes them (fake.op_class).
 A framework's fused kernels (Transformer Engine, Apex, Liger, torch.compile) move less;
 this is the eager figure, as the fake profile of the same model's code counts it (torch.compile's,
 read off inductor's fused kernels: compiled_time.py).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from planner.models.archs import GPU
 from planner.profiler import formulas
@@ -82,9 +87,11 @@ def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
     return _matmuls(flops // 2, flops // 2), EAGER_SCORES_FWD * scores, EAGER_SCORES_BWD * scores
 
 
-def _projections(arch, shape) -> tuple[list[Kernel], int, int]:
+def _projections(arch, shape) -> tuple[list[Kernel], Counter, Counter]:
     """Attention's projections and the memory-bound ops around them (rotary, q/k or latent
-    norms): kernels, forward bytes, backward bytes."""
+    norms): kernels, forward bytes, backward bytes, by op class (membound.OP_CLASSES: what runs
+    in the attention module itself is `attention`, its norms `norm`, the GPT biases' sums
+    `elementwise`, in their own modules)."""
     T, h = shape.tokens, arch.hidden_size
     if arch.mla:
         heads, rope, nope, v = (arch.num_heads // shape.tp, arch.qk_rope_head_dim, arch.qk_nope_head_dim,
@@ -95,31 +102,36 @@ def _projections(arch, shape) -> tuple[list[Kernel], int, int]:
                            2 * T * heads * v * h)
         latents = T * (q_rank + kv_rank)
         rotated = T * (heads * rope + rope)
-        return (kernels, NORM_FWD * latents + ROTARY_FWD * rotated,
-                NORM_BWD * latents + ROTARY_BWD * rotated + ADD * T * h * (1 + bool(q_rank)))
+        return (kernels, Counter(norm=NORM_FWD * latents, attention=ROTARY_FWD * rotated),
+                Counter(norm=NORM_BWD * latents, attention=ROTARY_BWD * rotated,
+                        elementwise=ADD * T * h * (1 + bool(q_rank))))
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
     if arch.style == "gpt":  # backward: the Q/K/V gradients concatenated, the biases' gradients summed
-        return _matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), 0, (QKV_CAT + BIAS_SUM) * T * (q + 2 * kv)
+        return (_matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), Counter(),
+                Counter(attention=QKV_CAT * T * (q + 2 * kv), elementwise=BIAS_SUM * T * (q + 2 * kv)))
     rotated, table = T * (q + kv), T * arch.head_size * ROTARY_TABLE
     norms = (NORM_FWD * rotated, NORM_BWD * rotated) if arch.qk_norm else (0, 0)
     return (_matmuls(2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv, 2 * T * q * h),
-            ROTARY_FWD * rotated + table + norms[0],
-            ROTARY_BWD * rotated + table + norms[1] + 2 * ADD * T * h)  # Q, K, V's input gradients summed
+            Counter(attention=ROTARY_FWD * rotated + table, norm=norms[0]),
+            Counter(attention=ROTARY_BWD * rotated + table, norm=norms[1],
+                    elementwise=2 * ADD * T * h))  # Q, K and V's input gradients summed
 
 
-def _swiglu(tokens: int, h: int, width: int) -> tuple[list[Kernel], int, int]:
+def _swiglu(tokens: int, h: int, width: int) -> tuple[list[Kernel], Counter, Counter]:
     """Gate, up and down over `tokens`, with SiLU and the product between; backward sums the
-    gate's and up's input gradients."""
+    gate's and up's input gradients (elementwise: autograd sums them in a projection's backward)."""
     kernels = _matmuls(*(2 * tokens * h * width,) * 3)
-    return kernels, SWIGLU_FWD * tokens * width, SWIGLU_BWD * tokens * width + ADD * tokens * h
+    return (kernels, Counter(activation=SWIGLU_FWD * tokens * width),
+            Counter(activation=SWIGLU_BWD * tokens * width, elementwise=ADD * tokens * h))
 
 
-def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], int, int]:
+def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], Counter, Counter]:
     T, h, t = shape.tokens, arch.hidden_size, shape.tp
     if arch.style == "gpt":
         f = arch.intermediate_size // t
         act_fwd, act_bwd = ACT_BYTES[arch.mlp_act]
-        return _matmuls(2 * T * h * f, 2 * T * f * h), act_fwd * T * f, (act_bwd + BIAS_SUM) * T * f
+        return (_matmuls(2 * T * h * f, 2 * T * f * h), Counter(activation=act_fwd * T * f),
+                Counter(activation=act_bwd * T * f, elementwise=BIAS_SUM * T * f))
     if not moe:
         return _swiglu(T, h, arch.intermediate_size // t)
     experts, tokens = arch.num_experts, formulas.expert_tokens(arch, shape)
@@ -128,37 +140,45 @@ def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], int, int]:
     kernels = _matmuls(2 * (T // shape.sp_div) * h * experts) + one_kernels * experts
     routing = 10 * T * experts  # the router's fp32 softmax (or sigmoid) over its logits
     moved = 4 * slots * h + 8 * slots * h  # dispatch gather; combine's weighting and scatter-add
-    fwd, bwd = experts * one_fwd + routing + moved, experts * one_bwd + 2 * routing + 2 * moved
+    fwd = Counter({name: experts * num for name, num in one_fwd.items()}) + Counter(elementwise=routing + moved)
+    bwd = Counter({name: experts * num for name, num in one_bwd.items()}) + Counter(elementwise=2 * routing + 2 * moved)
     shared = arch.num_shared_experts * arch.shared_intermediate_size // t
     if shared:
         shared_kernels, shared_fwd, shared_bwd = _swiglu(T, h, shared)
-        kernels, fwd, bwd = kernels + shared_kernels, fwd + shared_fwd + ADD * T * h, bwd + shared_bwd + ADD * T * h
+        kernels = kernels + shared_kernels
+        fwd, bwd = fwd + shared_fwd + Counter(elementwise=ADD * T * h), bwd + shared_bwd + Counter(elementwise=ADD * T * h)
     return kernels, fwd, bwd
 
 
 def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
-    """(forward, backward, what torch's checkpoint reruns) of one decoder block."""
+    """(forward, backward, what torch's checkpoint reruns) of one decoder block, its memory-bound
+    bytes by op class (membound.OP_CLASSES)."""
     T, h = shape.tokens, arch.hidden_size
     rows = T // shape.sp_div
     proj, proj_fwd, proj_bwd = _projections(arch, shape)
     core, core_fwd, core_bwd = _attention(arch, shape)
     mlp, mlp_fwd, mlp_bwd = _mlp(arch, shape, moe)
+    residual = 2 * ADD * rows * h  # the two residual adds (and their gradients' sums), on this device's rows
     if arch.style == "gpt":  # two LayerNorms, three dropouts (attention probabilities under eager only)
-        norms = (2 * (LAYERNORM_FWD * rows * h), 2 * (LAYERNORM_BWD * rows * h))
+        norms = (Counter(layer_norm=2 * LAYERNORM_FWD * rows * h),
+                 Counter(layer_norm=2 * LAYERNORM_BWD * rows * h + residual))
         # two dropouts, and the two row-parallel biases' gradient sums
         dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h + 2 * BIAS_SUM * T * h)
     else:
-        norms = (2 * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows), 2 * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows))
+        norms = (Counter(norm=2 * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows)),
+                 Counter(norm=2 * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows) + residual))
         dropouts = (0, 0)
-    residual = 2 * ADD * rows * h  # the two residual adds (and their gradients' sums), on this device's rows
     param_bytes = formulas.block_params(arch, shape, moe=moe) * shape.d
     fwd_kernels = proj + core + mlp
-    fwd_bytes = norms[0] + proj_fwd + core_fwd + mlp_fwd + residual + dropouts[0]
-    bwd_bytes = norms[1] + proj_bwd + core_bwd + mlp_bwd + residual + dropouts[1] + ACCUMULATE * param_bytes
+    fwd_classes = norms[0] + proj_fwd + Counter(attention=core_fwd) + mlp_fwd + Counter(
+        elementwise=residual + dropouts[0])
+    # the residual stream's gradient sums land in the norms' backward (where autograd adds them: fake.op_class)
+    bwd_classes = norms[1] + proj_bwd + Counter(attention=core_bwd) + mlp_bwd + Counter(
+        elementwise=dropouts[1] + ACCUMULATE * param_bytes)
     flops = formulas.block_flops(arch, shape, moe=moe)
-    fwd = work(flops, fwd_bytes, fwd_kernels)
+    fwd = work(flops, sum(fwd_classes.values()), fwd_kernels, classed=fwd_classes)
     # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's 2.5x
-    bwd = work(2 * flops, bwd_bytes, _backward_kernels(fwd_kernels))
+    bwd = work(2 * flops, sum(bwd_classes.values()), _backward_kernels(fwd_kernels), classed=bwd_classes)
     return fwd, bwd, _recompute(arch, shape, fwd, moe=moe)
 
 
@@ -173,7 +193,9 @@ def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
     last = Kernel("matmul", skipped)
     kernels = [kernel for kernel, count in fwd.kernels for _ in range(count)]
     kernels.remove(last)
-    return work(fwd.flops - skipped, fwd.bytes - ADD * (shape.tokens // shape.sp_div) * arch.hidden_size, kernels)
+    residual = ADD * (shape.tokens // shape.sp_div) * arch.hidden_size
+    return work(fwd.flops - skipped, fwd.bytes - residual, kernels,
+                classed=Counter(dict(fwd.classed)) - Counter(elementwise=residual))
 
 
 def rerun_work(arch, shape, part: str) -> Work:
@@ -182,14 +204,14 @@ def rerun_work(arch, shape, part: str) -> Work:
     if part == "attn":
         core, fwd_bytes, _ = _attention(arch, shape)
         flops = sum(kernel.flops for kernel in core)
-        return work(flops, fwd_bytes, core)
+        return work(flops, fwd_bytes, core, classed={"attention": fwd_bytes})
     if part == "mla-up":
         heads, T = arch.num_heads // shape.tp, shape.tokens
         kernels = _matmuls(2 * T * arch.q_lora_rank * heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim),
                            2 * T * arch.kv_lora_rank * heads * (arch.qk_nope_head_dim + arch.v_head_dim))
         return work(sum(kernel.flops for kernel in kernels), 0, kernels)
     kernels, fwd_bytes, _ = _mlp(arch, shape, moe=True)
-    return work(formulas.mlp_flops(arch, shape, moe=True), fwd_bytes, kernels)
+    return work(formulas.mlp_flops(arch, shape, moe=True), sum(fwd_bytes.values()), kernels, classed=fwd_bytes)
 
 
 def head_work(arch, shape) -> tuple[Work, Work, Work]:
@@ -198,14 +220,16 @@ def head_work(arch, shape) -> tuple[Work, Work, Work]:
     T, h = shape.tokens, arch.hidden_size
     rows = T // shape.sp_div
     if arch.style == "gpt":
-        norm = (LAYERNORM_FWD * rows * h, LAYERNORM_BWD * rows * h)
+        norm, name = (LAYERNORM_FWD * rows * h, LAYERNORM_BWD * rows * h), "layer_norm"
     else:
-        norm = (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows, NORM_BWD * rows * h + NORM_BWD_TOKEN * rows)
+        norm, name = (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows, NORM_BWD * rows * h + NORM_BWD_TOKEN * rows), "norm"
     flops = formulas.head_flops(arch, shape)
     kernels = _matmuls(flops)
     accumulate = ACCUMULATE * formulas.head_params(arch, shape) * shape.d
-    return (work(flops, norm[0], kernels), work(2 * flops, norm[1] + accumulate, _backward_kernels(kernels)),
-            work(0, norm[0], []))
+    return (work(flops, norm[0], kernels, classed={name: norm[0]}),
+            work(2 * flops, norm[1] + accumulate, _backward_kernels(kernels),
+                 classed={name: norm[1], "elementwise": accumulate}),
+            work(0, norm[0], [], classed={name: norm[0]}))
 
 
 def embedding_work(arch, shape) -> tuple[Work, Work, Work]:
@@ -219,7 +243,8 @@ def embedding_work(arch, shape) -> tuple[Work, Work, Work]:
     if arch.style == "gpt":  # learned positions: one sequence's rows gathered and added to every sequence's
         positions = shape.seq_len // shape.cp * arch.hidden_size * shape.d  # the rank's positions under CP
         fwd, bwd = fwd + 2 * positions + 2 * rows + positions, bwd + rows + 2 * positions
-    return work(0, fwd, []), work(0, bwd, []), work(0, 0, [])
+    return (work(0, fwd, [], classed={"elementwise": fwd}), work(0, bwd, [], classed={"elementwise": bwd}),
+            work(0, 0, []))
 
 
 def times_ms(passes: tuple[Work, ...], gpu: GPU, mfu: float | None) -> tuple[float, ...]:

@@ -305,7 +305,8 @@ def compiled_time(arch: Arch, shape: Shape, gpu: GPU, passes: tuple[Work, Work, 
     accumulate = analytic_time.ACCUMULATE * formulas.block_params(arch, shape, moe=moe) * shape.d
     fwd_none, bwd_none = found[OPTION_NONE]
     fwd_ms = roofline_ms(Work(forward.flops, fwd_none, forward.kernels, fwd_none), gpu)
-    bwd_ms = roofline_ms(Work(backward.flops, bwd_none + accumulate, backward.kernels, bwd_none), gpu)
+    bwd_ms = roofline_ms(Work(backward.flops, bwd_none + accumulate, backward.kernels, bwd_none,
+                              (("elementwise", accumulate),)), gpu)  # .grad accumulation: eager adds
     rerun = {}
     for policy in (OPTION_FULL, OPTION_OP_SAC):
         fwd, bwd = found[policy]

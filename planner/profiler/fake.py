@@ -29,6 +29,7 @@ as CUDA's does).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from planner.errors import UserError
 from planner.models.archs import GPU
 from planner.profiler import allocseq, analytic, fake_moe, float8, measure, options, roofline
 from planner.profiler.kinds import layer_kinds
+from planner.profiler.opclass import Tracker, op_class
 from planner.profiler.roofline import Kernel, Work
 from planner.profiler.saved import Layers, LossFn, saved_bytes
 from planner.profiler.storages import StorageTracker, counted_bytes, storage_nbytes
@@ -227,12 +229,18 @@ class OpBytes(TorchDispatchMode):
     """The kernels FlopCounterMode counts, each with its FLOPs (roofline.Kernel), and the bytes
     read and written by every other op (elementwise ops, norms, softmax, copies): what makes a
     pass memory-bound. An op whose output is a view of its input moves nothing and is skipped;
-    an embedding lookup reads the rows it gathers, not its whole table."""
+    an embedding lookup reads the rows it gathers, not its whole table. With a `tracker`
+    (torch's ModuleTracker, forward and backward) each op's bytes are also classed by the
+    innermost module running it (op_class; `.grad` accumulation: elementwise); `fixed_class`
+    classes every op alike (the loss)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracker: Tracker | None = None, fixed_class: str | None = None) -> None:
         super().__init__()
         self.bytes = 0
         self.kernels: list[Kernel] = []
+        self.classed: Counter = Counter()
+        self._tracker, self._fixed = tracker, fixed_class
+        self._types: dict[str, str] = {}
         self._registry = FlopCounterMode(custom_mapping=CUSTOM_FLOPS).flop_registry
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -245,8 +253,23 @@ class OpBytes(TorchDispatchMode):
             grouped = packet is torch.ops.aten._grouped_mm  # one matmul per expert (fake_moe.grouped_kernels)
             self.kernels.extend(fake_moe.grouped_kernels(kernel, args, kwargs) if grouped else [kernel])
         elif made and packet not in NO_TRAFFIC and not _aliases(func):
-            self.bytes += _moved_bytes(packet, args, kwargs, made)
+            moved = _moved_bytes(packet, args, kwargs, made)
+            self.bytes += moved
+            found = self._class()
+            if found is not None:
+                self.classed[found] += moved
         return out
+
+    def _class(self) -> str | None:
+        if self._fixed is not None or self._tracker is None:
+            return self._fixed
+        node = torch._C._current_autograd_node()
+        if (node is None and torch._C._current_graph_task_id() != -1) or (node is not None and "AccumulateGrad" in node.name()):
+            return "elementwise"  # autograd's own sums where a tensor fans out; .grad accumulation
+        innermost = self._tracker.innermost()
+        if innermost not in self._types:  # ModuleTracker names modules by their class and attribute path
+            self._types = {name: type(module).__name__ for module, name in self._tracker._known_modules.items()}
+        return op_class(self._types.get(innermost, ""))
 
 
 def _moved_bytes(packet, args, kwargs, made: list[torch.Tensor]) -> int:
@@ -289,10 +312,13 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 
 @contextmanager
-def counting():
-    """Yields a callable returning the Work done inside the region so far."""
-    with FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as flops, OpBytes() as moved:
-        yield lambda: roofline.work(int(flops.get_total_flops()), moved.bytes, moved.kernels)
+def counting(fixed_class: str | None = None):
+    """Yields a callable returning the Work done inside the region so far, its bytes classed by the
+    module running each op (OpBytes), or all as `fixed_class`."""
+    with FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as flops, Tracker() as tracker, \
+            OpBytes(tracker, fixed_class) as moved:
+        yield lambda: roofline.work(int(flops.get_total_flops()), moved.bytes, moved.kernels,
+                                    classed=dict(moved.classed))
 
 
 def roofline_ms(work: Work, gpu: GPU) -> float:
@@ -465,7 +491,7 @@ def _offload_option(act_bytes: int, input_in_act_bytes: int, device_type: str, g
 
 def _loss_work(loss_fn: LossFn, output: torch.Tensor, targets: torch.Tensor) -> Work:
     leaf = output.detach().requires_grad_(output.is_floating_point())
-    with counting() as done:
+    with counting("loss") as done:
         value = loss_fn(leaf, targets)
         if value.requires_grad:
             value.backward()

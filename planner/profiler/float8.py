@@ -164,7 +164,7 @@ def in_float8(done: Work, linears: list[Linear], *, gemms: int, own, shared) -> 
             added += shared(linear)
         weights += linear.weight_elements
     return work(done.flops, done.bytes + added, list((+kernels).elements()),
-                fused_bytes=done.fused_bytes + added), weights  # the casts: compiled kernels (the module's docstring)
+                fused_bytes=done.fused_bytes + added, classed=done.classed), weights  # the casts: compiled kernels (the module's docstring)
 
 
 def forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:

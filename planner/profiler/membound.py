@@ -12,7 +12,8 @@ docs/gpus.md "Memory-bound kernels" has every row. Per GPU two fractions of the 
 come of it (archs.GPU.membound_eager_efficiency, membound_fused_efficiency):
 
 - eager: the bytes eager aten ops move (the fake and analytic profiles' count, every pass without a
-  fused record);
+  fused record), per op class (OP_CLASSES, Work.classed) at that class's own sweeps' fraction
+  (GPU.membound_class_efficiency) where the GPU's architecture has them, else at the eager mean;
 - fused: the bytes of one kernel per fused op (inductor's kernels under torch.compile, Transformer
   Engine's and Megatron's fused norm, rotary and activation kernels): roofline.Work.fused_bytes.
 
@@ -31,18 +32,41 @@ from planner.models.gpus import GPU
 
 MemboundKind = Literal["eager", "fused"]
 
+# The eager op classes both profilers can tell apart (the analytic one by formula, the fake one by the
+# innermost module running the op: fake.op_class), each measured by its own Liger-Kernel sweep
+# (docs/gpus.md §4, scripts/membound_rates.py):
+OP_CLASSES = {
+    "norm": "RMSNorm's chain (Hugging Face's LlamaRMSNorm: fp32 upcast, pow, mean, rsqrt, two multiplies)",
+    "layer_norm": "torch's LayerNorm (native_layer_norm, one kernel each way)",
+    "attention": "the attention module's own ops: rotary (transformers' apply_rotary_pos_emb), Q/K/V's "
+                 "gradient sums, eager attention's softmax",
+    "activation": "the MLP's own ops: SwiGLU's SiLU and product (F.silu(a) * b), GELU, their gradients",
+    "loss": "cross entropy (log_softmax and nll_loss, each way)",
+    "elementwise": "the rest: residual adds, casts, copies, .grad accumulation, dropout, lookups "
+                   "(torch's relu then square, an elementwise chain alone)",
+}
 
-def achieved_tbps(gpu: GPU, kind: MemboundKind = "eager") -> float:
-    """The bandwidth memory-bound kernels of `kind` are measured to reach on `gpu`, TB/s."""
-    fraction = gpu.membound_eager_efficiency if kind == "eager" else gpu.membound_fused_efficiency
-    return gpu.hbm_tbps * fraction
+
+def fraction(gpu: GPU, kind: MemboundKind = "eager", op_class: str | None = None) -> float:
+    """The fraction of the datasheet bandwidth memory-bound kernels of `kind` (and eager `op_class`)
+    reach on `gpu`: the class's own where measured on the GPU's architecture, else the eager mean."""
+    if kind == "fused":
+        return gpu.membound_fused_efficiency
+    return dict(gpu.membound_class_efficiency).get(op_class, gpu.membound_eager_efficiency)
+
+
+def achieved_tbps(gpu: GPU, kind: MemboundKind = "eager", op_class: str | None = None) -> float:
+    """The bandwidth memory-bound kernels of `kind` (and eager `op_class`) are measured to reach on `gpu`, TB/s."""
+    return gpu.hbm_tbps * fraction(gpu, kind, op_class)
 
 
 def membound_facts(gpu: GPU) -> dict:
     """The rates and their source, as a profile's assumptions record them."""
-    return {"eager": achieved_tbps(gpu, "eager"), "fused": achieved_tbps(gpu, "fused"), "source": gpu.membound_source}
+    return {"eager": achieved_tbps(gpu, "eager"), "fused": achieved_tbps(gpu, "fused"),
+            "by_class": {name: achieved_tbps(gpu, "eager", name) for name in OP_CLASSES},
+            "source": gpu.membound_source}
 
 
-def membound_ms(num_bytes: float, gpu: GPU, kind: MemboundKind = "eager") -> float:
-    """`num_bytes` read and written by memory-bound kernels of `kind`, in ms."""
-    return num_bytes / (achieved_tbps(gpu, kind) * 1e12) * 1e3
+def membound_ms(num_bytes: float, gpu: GPU, kind: MemboundKind = "eager", op_class: str | None = None) -> float:
+    """`num_bytes` read and written by memory-bound kernels of `kind` (eager: of `op_class`), in ms."""
+    return num_bytes / (achieved_tbps(gpu, kind, op_class) * 1e12) * 1e3

@@ -60,7 +60,7 @@ def op_sac_option(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, *, boun
     q, kv, f, h = q_width(arch, shape), kv_width(arch, shape), arch.intermediate_size // t, arch.hidden_size
     mms = (2 * tokens * h * kv, 2 * tokens * q * h, 2 * tokens * h * f)  # wk, wo, w3
     forward, _, _ = analytic_time.block_work(arch, shape)
-    rerun = work(sum(mms), forward.bytes, [Kernel("matmul", flops) for flops in mms])
+    rerun = work(sum(mms), forward.bytes, [Kernel("matmul", flops) for flops in mms], classed=forward.classed)
     kept = op_sac_kept_bytes(arch, shape, boundary)
     return RecomputeOption(name=OPTION_OP_SAC, kept_bytes=kept,
                            recompute_ms=analytic_time.times_ms((rerun,), gpu, mfu)[0],

@@ -8,7 +8,7 @@ kernel PyTorch's scaled_dot_product_attention runs, forward and backward, at its
 length where the GPU's rates are published by length (archs.GPU.attention_efficiency,
 attention_by_seq);
 memory-bound bytes at the bandwidth such kernels are measured to reach (membound.py: eager ops
-at one rate, fused kernels, Work.fused_bytes, at another). Float8 matmuls (inputs in a float8 dtype) at
+at their op class's rate, Work.classed, fused kernels, Work.fused_bytes, at another). Float8 matmuls (inputs in a float8 dtype) at
 the GPU's FP8 peak on the same curve. What this leaves out: kernel launches and host
 overhead, communication, the pipeline's bubble (the cost model's other terms and
 `ckplan calibrate` carry them).
@@ -138,13 +138,16 @@ def attention_efficiency(gpu: GPU, seq_len: int) -> tuple[float, float]:
 class Work:
     """A pass's FLOPs (as torch's counter counts them), its kernels (each with how many times
     it ran) and its memory-bound bytes, of which `fused_bytes` are moved by fused kernels
-    (torch.compile's, Transformer Engine's) and the rest by eager ops. `flops` beyond the
-    kernels' (a convolution) runs at the plateau."""
+    (torch.compile's, Transformer Engine's) and the rest by eager ops; `classed` splits eager
+    bytes by op class (membound.OP_CLASSES: norm, layer_norm, attention, activation, loss,
+    elementwise), each at its class's measured rate; eager bytes no class claims run at the
+    eager mean. `flops` beyond the kernels' (a convolution) runs at the plateau."""
 
     flops: int
     bytes: int
     kernels: tuple[tuple[Kernel, int], ...] = field(default=())
     fused_bytes: int = 0
+    classed: tuple[tuple[str, int], ...] = field(default=())
 
     def _counts(self) -> Counter:
         return Counter(dict(self.kernels))
@@ -153,12 +156,19 @@ class Work:
         left = self._counts()
         left.subtract(other._counts())
         total = max(self.bytes - other.bytes, 0)
-        return Work(max(self.flops - other.flops, 0), total, _frozen(+left),
-                    min(max(self.fused_bytes - other.fused_bytes, 0), total))
+        fused = min(max(self.fused_bytes - other.fused_bytes, 0), total)
+        classes = Counter(dict(self.classed))
+        classes.subtract(dict(other.classed))
+        return Work(max(self.flops - other.flops, 0), total, _frozen(+left), fused, _classes(+classes, total - fused))
 
     def __add__(self, other: Work) -> Work:
         return Work(self.flops + other.flops, self.bytes + other.bytes, _frozen(self._counts() + other._counts()),
-                    self.fused_bytes + other.fused_bytes)
+                    self.fused_bytes + other.fused_bytes, _classes(Counter(dict(self.classed)) + Counter(dict(other.classed))))
+
+    @property
+    def unclassed_bytes(self) -> int:
+        """Eager bytes no op class claims (a record that rebuilt its bytes without classes)."""
+        return max(self.bytes - self.fused_bytes - sum(num for _, num in self.classed), 0)
 
 
 def _frozen(counts: Counter) -> tuple[tuple[Kernel, int], ...]:
@@ -166,17 +176,30 @@ def _frozen(counts: Counter) -> tuple[tuple[Kernel, int], ...]:
                                                           item[0].seq_len)))
 
 
-def work(flops: int, memory_bytes: int, kernels: list[Kernel], *, fused_bytes: int = 0) -> Work:
-    return Work(flops, memory_bytes, _frozen(Counter(kernels)), min(fused_bytes, memory_bytes))
+def _classes(counts: Counter, limit: int | None = None) -> tuple[tuple[str, int], ...]:
+    """Class bytes in a fixed order, none but positive; scaled down to `limit` where a difference of
+    rounded passes left the classes above the eager bytes."""
+    items = sorted((name, num) for name, num in counts.items() if num > 0)
+    total = sum(num for _, num in items)
+    if limit is not None and total > limit:
+        items = [(name, num * limit // total) for name, num in items]
+    return tuple(items)
+
+
+def work(flops: int, memory_bytes: int, kernels: list[Kernel], *, fused_bytes: int = 0,
+         classed: dict[str, int] | tuple[tuple[str, int], ...] = ()) -> Work:
+    fused = min(fused_bytes, memory_bytes)
+    return Work(flops, memory_bytes, _frozen(Counter(kernels)), fused, _classes(Counter(dict(classed)), memory_bytes - fused))
 
 
 def roofline_ms(done: Work, gpu: GPU) -> float:
     """Each kernel at its own rate, the rest of the FLOPs at the matmul plateau, and the
-    memory-bound bytes at the bandwidth their kernels reach (eager ops', fused kernels'), in ms."""
+    memory-bound bytes at the bandwidth their kernels reach (eager ops' by class, fused kernels'), in ms."""
     kernels = sum(kernel_ms(kernel, gpu) * count for kernel, count in done.kernels)
     rest = max(done.flops - sum(kernel.flops * count for kernel, count in done.kernels), 0)
-    return (kernels + rest / (gpu.bf16_tflops * 1e12 * gpu.matmul_efficiency) * 1e3
-            + membound_ms(done.bytes - done.fused_bytes, gpu, "eager") + membound_ms(done.fused_bytes, gpu, "fused"))
+    eager = sum(membound_ms(num, gpu, "eager", op_class) for op_class, num in done.classed)
+    return (kernels + rest / (gpu.bf16_tflops * 1e12 * gpu.matmul_efficiency) * 1e3 + eager
+            + membound_ms(done.unclassed_bytes, gpu, "eager") + membound_ms(done.fused_bytes, gpu, "fused"))
 
 
 def implied_mfu(model_flops: float, time_ms: float, gpu: GPU) -> float:

@@ -154,7 +154,8 @@ def _fused_gemms(done: Work, arch, shape, times: int) -> Work:
             continue
         kernels.subtract(needed)
         kernels[Kernel("matmul", sum(parts))] += times
-        done = work(done.flops, done.bytes, list((+kernels).elements()), fused_bytes=done.fused_bytes)
+        done = work(done.flops, done.bytes, list((+kernels).elements()), fused_bytes=done.fused_bytes,
+                    classed=done.classed)
     return done
 
 
