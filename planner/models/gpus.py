@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from planner.errors import UserError
 
-
 # Memory-bound kernels' achieved bandwidth as fractions of the datasheet's (eager, fused), derived by
 # scripts/membound_rates.py from Liger-Kernel's published benchmark medians (docs/gpus.md "Memory-bound
 # kernels"): per architecture, the harmonic mean over its benchmark sweeps of the forward+backward rate between
