@@ -65,7 +65,7 @@ def format_bytes(num_bytes: float, *, round_up: bool = False) -> str:
             if round_up and value > 0:
                 step = 10.0 ** (math.floor(math.log10(value)) - 2)
                 value = math.ceil(value / step - 1e-9) * step
-            return f"{value:.3g} {unit}"
+            return f"{value:.4g} {unit}" if value >= 999.5 else f"{value:.3g} {unit}"  # 1000-1023: not 1e+03
         value /= 1024
     raise AssertionError("unreachable")
 

@@ -404,3 +404,16 @@ def test_the_milps_rank_step_end_row_is_evaluates_step_end(schedule):
     # stage's sends, 4 x (1 + 1) MiB (l1), or 4 x 1 (l0, which sends no input gradient)
     head_rank, other = (1, 2) if schedule == "interleaved-1F1B" else (0, 1)
     assert cost.stages[head_rank].step_end_bytes == (4 * 9 + 4 * 8 + 4 * other) * MIB
+
+
+@pytest.mark.parametrize("dp, zero, hint", [
+    (1, 0, "data parallelism with ZeRO (--dp N --zero 3)"), (4, 1, "a higher ZeRO stage (--zero 2 or 3)"),
+    (4, 3, "more data-parallel ranks to shard over (--dp)")])
+def test_the_refusal_suggests_sharding_only_where_more_can_be_had(dp, zero, hint):
+    """A plan already under ZeRO 3 was told that 'sharding optimizer state with ZeRO would also help'."""
+    from planner.solve.planning import infeasible_message
+    from planner.solve.search import Shortfall
+
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[2**30] * 2, dp=dp, zero=zero)
+    message = infeasible_message([Shortfall("device", 1, 2**31, 2**30, {"activations": 2**31})], setup)
+    assert message.endswith(f"or {hint} would also help") and "1e+03" not in message

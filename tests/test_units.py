@@ -52,6 +52,9 @@ def test_format():
     assert format_bytes(1100 * 2**20) == "1.07 GiB"
     assert format_bytes(12) == "12 B"
     assert format_bytes(24 * 2**30) == "24 GiB"
+    # 1000-1023 of a unit: whole digits, not '1e+03 MiB' (a transient of 1,000 MiB in solve's infeasible message)
+    assert format_bytes(1000 * 2**20) == "1000 MiB" and format_bytes(1023 * 2**30) == "1023 GiB"
+    assert format_bytes(999 * 2**20) == "999 MiB" and format_bytes(1001 * 2**20, round_up=True) == "1010 MiB"
     assert format_ms(1500) == "1.50 s"
     assert format_ms(12.3456) == "12.3 ms"
     assert format_ms(0.25) == "250 µs"

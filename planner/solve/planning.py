@@ -120,9 +120,16 @@ def infeasible_message(shortfalls, setup) -> str:
                     f"{format_bytes(need.need_bytes, round_up=True)}")
     else:
         smallest = f"every cap would have to grow by {need.over_fraction * 100:.0f}%"
+    data_parallel = setup.data_parallel
+    if data_parallel.zero >= 3:
+        shard = "more data-parallel ranks to shard over (--dp)"
+    elif data_parallel.dp > 1:
+        shard = f"a higher ZeRO stage (--zero {data_parallel.zero + 1} or 3)"
+    else:
+        shard = "data parallelism with ZeRO (--dp N --zero 3)"
     return (
         f"no plan fits the caps: even in the least-memory plan stage {need.stage} needs "
         f"{format_bytes(need.need_bytes)} ({parts}) against its cap of {format_bytes(need.cap_bytes)}, "
         f"{need.over_fraction * 100:.0f}% over; {smallest}. More stages, a smaller micro-batch (re-profile with "
-        "--micro-batch-size) or sharding optimizer state with ZeRO would also help"
+        f"--micro-batch-size) or {shard} would also help"
     )
