@@ -193,7 +193,15 @@ def _report(profile, out: Path) -> None:
     info(f"times are rooflines: each matmul at its size's published efficiency, up to {facts['matmul_efficiency']:g} "
          f"of {facts['gpu_bf16_tflops']:g} TFLOP/s (the best matmul measured on the {facts['gpu']}, a per-kernel "
          f"ceiling, not end to end), attention at FlashAttention-2's published rate, plus memory-bound bytes "
-         f"at {facts['membound_tbps']['eager']:.2f} TB/s, what eager kernels are measured to reach of the "
-         f"{facts['gpu_hbm_tbps']:g} TB/s datasheet; `ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}")
+         f"at what eager kernels of each op class are measured to reach of the {facts['gpu_hbm_tbps']:g} TB/s "
+         f"datasheet ({_class_rates(facts['membound_tbps'])}); `ckplan solve` defaults --mem to {format_bytes(facts['gpu_usable_bytes'])}")
     options_report(profile, "recompute times are rooflines of the work each adds, as full's")
     info(f"wrote {out}")
+
+
+def _class_rates(rates: dict) -> str:
+    """'norm 2.12, loss 1.31, ... TB/s' from membound_facts, the rates a fake profile's times rest on."""
+    by_class = rates.get("by_class") or {}
+    if not by_class:
+        return f"{rates['eager']:.2f} TB/s"
+    return ", ".join(f"{name} {tbps:.2f}" for name, tbps in by_class.items()) + " TB/s"
