@@ -69,3 +69,42 @@ def test_dense_mlp_frees_the_whole_mlp_and_reruns_its_forward():
     options, gelu = _options(gpt), 2 * 64 * 256 * 2  # GELU's input and output
     assert options["mlp"].kept_bytes == _kept(gpt, SHAPE) - gelu
     assert analytic_time.rerun_work(gpt, SHAPE, "mlp", moe=False).flops == 2 * 2 * 64 * 64 * 256
+
+
+def test_megatron_export_of_norm_out_and_dense_mlp_reads_back_as_the_plan(tmp_path):
+    """A DeepSeek-V2-Lite plan whose every layer takes mla-up,mlp,norm-out, under a cap only that list
+    fits, is exported as --recompute-modules mla_up_proj mlp moe layernorm, and --from-megatron's reader
+    gives every layer the same option and the rank the same bytes as the export's re-score."""
+    import json
+
+    from export_plans import make_chunked_plan
+    from fixtures.cli import run_ok
+
+    from planner import io
+    from planner.cost import costmodel
+    from planner.emit import megatron
+
+    run_ok("profile", "--arch", "deepseek-v2-lite", "--seq-len", "1024", "--micro-batch-size", "1", "--gpu", "h100",
+           "--out", tmp_path / "p.json")
+    profile = io.load_profile(tmp_path / "p.json")
+    every = {layer.name: "mla-up,mlp,norm-out" for layer in profile.layers if layer.kind in ("decoder_block", "moe_block")}
+    assert len(every) == 27
+
+    def plan_at(cap_mib):
+        return make_chunked_plan(profile, tmp_path / "p.json", [len(profile.layers)], every, schedule="1F1B", chunks=1,
+                                 microbatches=4, cap_mib=cap_mib, runtime="megatron")
+
+    plan = plan_at(plan_at(10**7).stages[0].predicted.reserved_bytes / 2**20)  # what it reserves: nothing keeping more fits
+    io.save_plan(plan, tmp_path / "plan.yaml")
+    result = megatron.export(plan, profile, plan_file=str(tmp_path / "plan.yaml"))
+    assert "    --recompute-modules mla_up_proj mlp moe layernorm\n" in result.text
+    script = tmp_path / "train.sh"
+    script.write_text(result.text + 'torchrun --nproc_per_node 1 pretrain_gpt.py "${CKPLAN_MEGATRON_ARGS[@]}" '
+                      "--vocab-size 102400\n")
+    summary = json.loads(run_ok("evaluate", "--from-megatron", script, "--gpu", "h100", "--json").stdout)
+    exported = costmodel.evaluate(result.rounded.ranks(), profile, result.rounded.setup).stages[0]
+    assert not [note for note in summary["notes"] if note.startswith("selective recompute")]
+    rank = summary["ranks"][0]
+    assert set(rank["recompute"].values()) == {"mla-up,mlp,norm-out"} and len(rank["recompute"]) == 27
+    assert (rank["static_bytes"], rank["peak_bytes"]) == (exported.static_bytes, exported.peak_bytes)
+    assert exported.activation_bytes == plan.stages[0].predicted.activation_bytes
