@@ -90,3 +90,23 @@ def test_selective_recompute_refuses_what_megatron_refuses_in_one_sentence(tmp_p
     path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in lines))
     with pytest.raises(UserError, match=sentence.replace("(", r"\(")):
         megatron.read(path)
+
+
+def test_layernorm_on_dense_gqa_layers_frees_nothing_and_says_so(tmp_path):
+    """megatron-core's Transformer Engine layer fuses a dense GQA layer's two norms into linear_qkv and
+    linear_fc1 (IdentityOp norms), where layernorm sets no recompute (transformer_layer.py 474-479,
+    522-527 at d98e8a64): the layers keep core_attn's option, the bytes are core_attn's alone, and the
+    note says why layernorm changes nothing rather than that it is kept."""
+    path = tmp_path / "args.yaml"
+    lines = ["--num-layers: 2", "--hidden-size: 256", "--num-attention-heads: 8", "--seq-length: 128",
+             "--vocab-size: 1024", "--swiglu: true", "--bf16: true", "--recompute-granularity: selective"]
+
+    def scored(modules):
+        path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in [*lines, f"--recompute-modules: {modules}"]))
+        return predict(megatron.read(path), gpus=1, gpu_name="h100")
+
+    both, attn = scored("core_attn layernorm"), scored("core_attn")
+    assert set(both.stages[0].recompute.values()) == {"attn"}
+    assert both.cost.stages[0].peak_bytes == attn.cost.stages[0].peak_bytes
+    said = [note for note in both.notes if note.startswith("selective recompute of core_attn layernorm")]
+    assert len(said) == 1 and "layernorm frees nothing on the profile's decoder_block layers" in said[0]
