@@ -238,7 +238,8 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
                       fwd_ms: float | None = None, bwd_ms: float | None = None) -> tuple[RecomputeOption, ...]:
     """A block's selective recompute options, from its terms: each part below, then every
     combination of them (they recompute at different points of the backward, so a combination's
-    extra peak is the largest of its parts'; `mlp` and `mlp-act` do not combine):
+    extra peak is the largest of its parts', a norm-out norm's output adding to its sub-block's part;
+    `mlp` and `mlp-act` do not combine):
     - `attn`: the attention core recomputed (Korthikanti et al.'s selective recompute, Megatron-LM's
       --recompute-modules core_attn): its scores, softmax and dropout (eager) or flash's
       logsumexp are not kept; Q, K, V and the output stay (the projections' own tensors). It
