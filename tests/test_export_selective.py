@@ -45,7 +45,7 @@ def test_megatron_module_lists_as_ckplan_options():
     assert megatron._said("mlp", moe=False, analytic=False) == {"mlp"}
     assert megatron._said("mlp", moe=True, analytic=False) == {"moe"}
     assert megatron._said("save-matmuls", moe=False, analytic=True) == set()
-    assert recompute_modules_option(("core_attn", "moe_act", "layernorm"), moe=True) == "attn,mlp-act,norm"
+    assert recompute_modules_option(("core_attn", "moe_act", "layernorm"), moe=True) == "attn,mlp-act,norm-out"
     assert recompute_modules_option(("core_attn", "moe_act"), moe=False) == "attn"
     assert recompute_modules_option(("moe",), moe=False) == "none"
 

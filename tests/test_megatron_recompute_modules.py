@@ -10,7 +10,12 @@ import pytest
 from planner.commands.evaluate_config import predict, read_job
 from planner.errors import UserError
 from planner.models.configs import megatron
-from planner.models.configs.megatron_flags import layer_option, module_parts
+from planner.models.configs.megatron_flags import (
+    layer_option,
+    module_parts,
+    norm_alternative,
+    recompute_modules_option,
+)
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 DEEPSEEK_V3 = CONFIGS / "megatron_mfsdp_deepseek_v3.sh"  # examples/megatron_fsdp at d98e8a64
@@ -19,8 +24,9 @@ MOE_OFFERED = {"attn", "mla-up", "mlp", "mlp-act", "attn,mla-up", "mla-up,mlp", 
 
 def test_each_module_is_the_part_megatron_recomputes_in_that_layer():
     modules = ("mlp", "moe", "mla_up_proj", "layernorm")
-    assert module_parts(modules, moe=False) == ["mla-up", "mlp", "norm"]  # "moe" is no part of a dense layer
-    assert module_parts(modules, moe=True) == ["mla-up", "mlp", "norm"]  # "mlp" none of a MoE layer
+    # layernorm: the analytic blocks' norm-out, or a measured profile's norm (norm_alternative)
+    assert module_parts(modules, moe=False) == ["mla-up", "mlp", "norm-out", "norm"]  # "moe" is no part of a dense layer
+    assert module_parts(modules, moe=True) == ["mla-up", "mlp", "norm-out", "norm"]  # "mlp" none of a MoE layer
     # "moe" checkpoints the whole MoE layer: its experts' activation and its shared experts inside it
     assert module_parts(("moe", "moe_act", "shared_experts"), moe=True) == ["mlp"]
     assert module_parts(("moe_act", "shared_experts"), moe=True) == ["mlp-act", "shared-experts"]
@@ -32,23 +38,30 @@ def test_a_layer_takes_the_parts_it_offers_and_names_the_rest():
     assert layer_option(["mla-up", "mlp", "norm"], {"mla-up", "mlp-act"}) == ("mla-up", ["mlp", "norm"])
     assert layer_option(["attn", "mlp-act"], {"attn", "mlp-act"}) == ("attn", ["mlp-act"])  # no combination
     assert layer_option(["norm"], MOE_OFFERED) == ("none", ["norm"])
+    assert layer_option(["mla-up", "mlp", "norm-out"], MOE_OFFERED | {"mla-up,mlp,norm-out"}) == ("mla-up,mlp,norm-out", [])
+
+
+def test_layernorm_is_norm_out_unless_the_layer_offers_only_norm():
+    assert norm_alternative({"attn", "norm-out", "attn,norm-out"}) == "norm"
+    assert norm_alternative({"attn", "attn,norm"}) == "norm-out"  # a measured profile: ckplan's norm
+    assert norm_alternative({"attn"}) == "norm"  # neither: an analytic block whose norms Megatron fuses
+    assert recompute_modules_option(("core_attn", "layernorm"), moe=True) == "attn,norm-out"
+    assert recompute_modules_option(("core_attn", "layernorm"), moe=True, offered={"attn,norm"}) == "attn,norm"
 
 
 def test_the_deepseek_v3_example_recomputes_what_its_modules_say_on_each_layer():
     """Megatron-LM's DeepSeek-V3 example (--recompute-modules mlp moe mla_up_proj layernorm) was scored as
     no recompute (627 GiB a GPU): one option, "mla-up,mlp,norm", was asked of every layer and none offers it.
-    Its 3 dense layers recompute the MLA up-projections (mla_up_proj; ckplan's analytic dense block offers no
-    whole-MLP recompute), its 58 MoE layers those and the whole MoE layer (moe); layernorm, which no analytic
-    profile offers, is named and its outputs scored kept."""
+    Its 3 dense layers recompute the MLA up-projections (mla_up_proj), the whole MLP (mlp) and the attention
+    norm's output (layernorm: the MLP norm is fused into linear_fc1), its 58 MoE layers the up-projections,
+    the whole MoE layer (moe) and both norms' outputs (layernorm)."""
     job = read_job(DEEPSEEK_V3, None)
     assert job.recompute.modules == ("mlp", "moe", "mla_up_proj", "layernorm")
     found = predict(job, gpus=256, gpu_name="h100-sxm")
     recompute = found.stages[0].recompute
-    assert [recompute[f"layers.{i}"] for i in range(3)] == ["mla-up"] * 3
-    assert {recompute[f"layers.{i}"] for i in range(3, 61)} == {"mla-up,mlp"}
-    notes = [note for note in found.notes if note.startswith("selective recompute of mlp moe mla_up_proj layernorm")]
-    assert "decoder_block layers offer no recompute of mlp, layernorm; scored as mla-up" in notes[0]
-    assert "moe_block layers offer no recompute of layernorm; scored as mla-up,mlp" in notes[1]
+    assert [recompute[f"layers.{i}"] for i in range(3)] == ["mla-up,mlp,norm-out"] * 3
+    assert {recompute[f"layers.{i}"] for i in range(3, 61)} == {"mla-up,mlp,norm-out"}
+    assert not [note for note in found.notes if note.startswith("selective recompute of mlp moe mla_up_proj")]
     # what the options free, layer by layer, is exactly what the rank keeps less than with no recompute
     none = predict(dataclasses.replace(job, recompute=dataclasses.replace(job.recompute, mode="none")), gpus=256,
                    gpu_name="h100-sxm")
@@ -57,7 +70,11 @@ def test_the_deepseek_v3_example_recomputes_what_its_modules_say_on_each_layer()
                 for name, option in recompute.items())
     assert none.cost.stages[0].kept_bytes - found.cost.stages[0].kept_bytes == freed
     rank = found.cost.stages[0]
-    assert (rank.static_bytes, rank.peak_bytes) == (47_181_544_056, 182_806_035_068)  # none: 673,020,557,948
+    # 182,806,035,068 before dense mlp and layernorm were offered, less: 3 dense MLPs, 4 x 16,384 tokens x 18,432
+    # x 2 B each (2,415,919,104), and 119 norms (2 a MoE layer, 1 a dense one), each its output 16,384 x 7,168 x
+    # 2 B and its 1/rms 16,384 x 4 B (234,946,560)
+    assert 182_806_035_068 - rank.peak_bytes == 3 * 2_415_919_104 + 119 * 234_946_560
+    assert (rank.static_bytes, rank.peak_bytes) == (47_181_544_056, 147_599_637_116)  # none: 673,020,557,948
 
 
 @pytest.mark.parametrize("flags, sentence", [
@@ -73,3 +90,23 @@ def test_selective_recompute_refuses_what_megatron_refuses_in_one_sentence(tmp_p
     path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in lines))
     with pytest.raises(UserError, match=sentence.replace("(", r"\(")):
         megatron.read(path)
+
+
+def test_layernorm_on_dense_gqa_layers_frees_nothing_and_says_so(tmp_path):
+    """megatron-core's Transformer Engine layer fuses a dense GQA layer's two norms into linear_qkv and
+    linear_fc1 (IdentityOp norms), where layernorm sets no recompute (transformer_layer.py 474-479,
+    522-527 at d98e8a64): the layers keep core_attn's option, the bytes are core_attn's alone, and the
+    note says why layernorm changes nothing rather than that it is kept."""
+    path = tmp_path / "args.yaml"
+    lines = ["--num-layers: 2", "--hidden-size: 256", "--num-attention-heads: 8", "--seq-length: 128",
+             "--vocab-size: 1024", "--swiglu: true", "--bf16: true", "--recompute-granularity: selective"]
+
+    def scored(modules):
+        path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in [*lines, f"--recompute-modules: {modules}"]))
+        return predict(megatron.read(path), gpus=1, gpu_name="h100")
+
+    both, attn = scored("core_attn layernorm"), scored("core_attn")
+    assert set(both.stages[0].recompute.values()) == {"attn"}
+    assert both.cost.stages[0].peak_bytes == attn.cost.stages[0].peak_bytes
+    said = [note for note in both.notes if note.startswith("selective recompute of core_attn layernorm")]
+    assert len(said) == 1 and "layernorm frees nothing on the profile's decoder_block layers" in said[0]

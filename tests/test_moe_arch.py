@@ -491,7 +491,8 @@ def test_selective_options_of_moe_and_latent_blocks_by_hand():
         + 4 * 64 * 48 * 2  # router, dispatch, routed experts, their outputs, shared expert (by hand above)
     act = 2 * 128 * 32 * 2  # SiLU output and product over the routed slots
     core = 4 * 4 * 32 * 2  # flash's logsumexp
-    assert set(options) == {"attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act", "offload"}
+    assert set(options) == {"attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act", "offload", "norm-out", "attn,norm-out",
+                            "mlp,norm-out", "mlp-act,norm-out", "attn,mlp,norm-out", "attn,mlp-act,norm-out"}
     assert options["mlp"].kept_bytes == kept - mixture and options["mlp"].recompute_peak_bytes == mixture
     assert options["mlp-act"].kept_bytes == kept - act
     assert options["attn,mlp"].kept_bytes == kept - core - mixture
@@ -500,7 +501,8 @@ def test_selective_options_of_moe_and_latent_blocks_by_hand():
         analytic.flops_ms(analytic.mlp_flops(TINY_MOE, shape, moe=True), H100, 0.4))
     # the dense block of the same model keeps its dense options
     dense = {o.name for o in analytic.selective_options(TINY_MOE, shape, H100, 0.4)}
-    assert dense == {"attn", "mlp-act", "attn,mlp-act", "op-sac", "offload"}  # op-sac: torchtitan's op-level SAC
+    # op-sac: torchtitan's op-level SAC; no norm-out: megatron-core fuses a dense GQA block's norms
+    assert dense == {"attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act", "op-sac", "offload"}
     # latent attention: Q (from its latent), K and V up-projected, 64 tokens x 4 heads
     latent = {o.name: o for o in analytic.selective_options(TINY_MLA, shape, H100, 0.4)}
     up = 64 * 4 * (16 + 8) * 2 * 2 + 64 * 4 * 16 * 2

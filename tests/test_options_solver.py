@@ -202,7 +202,9 @@ def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     shape = analytic.Shape(seq_len=1024, micro_batch_size=1, attention="eager")
     block = analytic.block_layer(0, archs.arch("llama3-8b"), shape, gpu, 0.4)
     options = {o.name: o for o in block.recompute_options}
-    assert list(options) == ["none", "full", "attn", "mlp-act", "attn,mlp-act", "offload"]
+    # mlp: the whole SwiGLU (gate, SiLU and up outputs, product), 4 x 1024 x 14336 x 2 bytes
+    assert list(options) == ["none", "full", "attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act", "offload"]
+    assert block.act_bytes - options["mlp"].kept_bytes == 4 * 1024 * 14336 * 2 == options["mlp"].recompute_peak_bytes
     assert block.act_bytes - options["attn"].kept_bytes == 32 * 1024 * 1024 * 2 == options["attn"].recompute_peak_bytes
     assert block.act_bytes - options["mlp-act"].kept_bytes == 2 * 1024 * 14336 * 2
     assert options["attn"].recompute_ms == pytest.approx(analytic.flops_ms(4 * 1024 * 1024 * 4096, gpu, 0.4))
@@ -222,8 +224,11 @@ def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     assert copy_ms - first_ms > block.bwd_ms == 2 * block.fwd_ms
     assert offload.recompute_ms == pytest.approx((copy_ms - block.fwd_ms) + first_ms + (copy_ms - first_ms - block.bwd_ms))
     moe = analytic.block_layer(0, archs.arch("mixtral-8x7b"), shape, gpu, 0.4)
-    assert [o.name for o in moe.recompute_options] == ["none", "full", "attn", "mlp", "mlp-act", "attn,mlp",
-                                                       "attn,mlp-act", "offload"]
+    # and norm-out, its MLP norm's output (the one megatron-core's TE layer builds as a module of its own)
+    assert [o.name for o in moe.recompute_options] == ["none", "full", "attn", "mlp", "mlp-act", "norm-out", "attn,mlp",
+                                                       "attn,mlp-act", "attn,norm-out", "mlp,norm-out",
+                                                       "mlp-act,norm-out", "attn,mlp,norm-out", "attn,mlp-act,norm-out",
+                                                       "offload"]
 
 
 def test_a_plan_with_selective_options_is_exported_as_whole_layers_and_rescored(tmp_path):
@@ -241,7 +246,7 @@ def test_a_plan_with_selective_options_is_exported_as_whole_layers_and_rescored(
     assert "mlp-act" in {o for stage in plan.stages for o in stage.recompute.values()}
     result = run_ok("export", tmp_path / "plan.yaml", "--to", "colossalai")
     said = " ".join(result.output.split())
-    assert re.search(r"recomputes selectively \([a-z,-]*mlp-act[a-z, -]*\) recompute whole layers", said), said
+    assert re.search(r"recomputes selectively \([a-z, -]*mlp-act[a-z, -]*\) recompute whole layers", said), said
     assert "iteration: plan" in result.output
 
 

@@ -152,8 +152,9 @@ def _selective(exact: rounding.Rounded, roles: rounding.Roles, profile: Profile,
                          for name, option in s.recompute.items() if option != "full" and name in moe))
     candidates = []
     for size in range(1, len(said) + 1):
-        for modules in combinations([m for m, *_ in RECOMPUTE_MODULES if m in said], size):
-            options = {name: recompute_modules_option(modules, moe[name]) for name in roles.decoder}
+        for modules in combinations(list(dict.fromkeys(m for m, *_ in RECOMPUTE_MODULES if m in said)), size):
+            options = {name: recompute_modules_option(modules, moe[name], {o.name for o in layers[name].recompute_options})
+                       for name in roles.decoder}
             if any(option != "none" and option not in {o.name for o in layers[name].recompute_options}
                    for name, option in options.items()):
                 continue

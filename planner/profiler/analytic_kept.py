@@ -238,7 +238,8 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
                       fwd_ms: float | None = None, bwd_ms: float | None = None) -> tuple[RecomputeOption, ...]:
     """A block's selective recompute options, from its terms: each part below, then every
     combination of them (they recompute at different points of the backward, so a combination's
-    extra peak is the largest of its parts'; `mlp` and `mlp-act` do not combine):
+    extra peak is the largest of its parts', a norm-out norm's output adding to its sub-block's part;
+    `mlp` and `mlp-act` do not combine):
     - `attn`: the attention core recomputed (Korthikanti et al.'s selective recompute, Megatron-LM's
       --recompute-modules core_attn): its scores, softmax and dropout (eager) or flash's
       logsumexp are not kept; Q, K, V and the output stay (the projections' own tensors). It
@@ -255,7 +256,22 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
       needs its output for its own backward: no option.
     - `mlp` on a MoE block (Megatron-LM's moe): the whole mixture recomputed from its input (the
       MLP norm's output, which stays): router, dispatch, experts, combine and shared experts; it
-      reruns their forward (mlp_flops).
+      reruns their forward (mlp_flops). On a dense block (Megatron-LM's mlp, torchtitan's and
+      ckplan's checkpoint of the MLP submodule): the MLP's own tensors (SwiGLU's four, GELU's
+      input and output, ReLU's output), its input kept; it reruns its matmuls and activation.
+      Megatron-LM's Transformer Engine layer fuses the MLP norm into linear_fc1, so its mlp
+      also frees that norm's output and statistics: not counted here (the safe side).
+    - `norm-out` (Megatron-LM's layernorm, Megatron-LM d98e8a64 transformer_layer.py 470-531,
+      tensor_parallel/random.py CheckpointWithoutOutput): each norm that megatron-core's
+      Transformer Engine layer builds as a module of its own runs under no_grad, its output is
+      freed once the attention or MLP after it has run and recomputed from its input (kept, the
+      residual stream) by a hook on that sub-block's output gradient: its output and statistics
+      are not kept. Such a norm is the attention norm of a latent-attention block (unfused down
+      projections, mla_down_proj_fusion's default) and the MLP norm of a MoE block
+      (gpt_layer_specs.py 244-313); elsewhere the norms are inside LayerNormLinear and it frees
+      nothing: offered where it frees something. Each norm's output and statistics are back from
+      the start of its sub-block's backward to the norm's backward, while that sub-block's own
+      recompute runs: its extra peak adds to theirs. It reruns the norms' forward.
     Each part's rerun is timed by the block's roofline (analytic_time.rerun_work)."""
     d, sb = shape.d, shape.tokens
     out_width = arch.num_heads // shape.tp * arch.v_head_dim if arch.mla else q_width(arch, shape)
@@ -263,8 +279,8 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     terms = block_terms(arch, shape, moe=moe)
     kept = sum(term.num_bytes for term in terms)
     parts: dict[str, tuple[int, float]] = {}  # part: (bytes it frees, ms it adds)
-    def rerun_ms(part: str) -> float:
-        return analytic_time.times_ms((analytic_time.rerun_work(arch, shape, part),), gpu, mfu)[0]
+    def rerun_ms(part: str, moe: bool = True) -> float:
+        return analytic_time.times_ms((analytic_time.rerun_work(arch, shape, part, moe=moe),), gpu, mfu)[0]
 
     if core:
         parts["attn"] = (core, rerun_ms("attn"))
@@ -286,7 +302,13 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
         parts["mlp-act"] = (mlp_saved, membound_ms(mlp_moved, gpu, "eager", "activation"))
     if moe:
         parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)), rerun_ms("mlp"))
-    order = ("attn", "mla-up", "mlp", "mlp-act")  # how combinations are named (planner/emit/megatron.py)
+    else:  # SwiGLU's four tensors, GELU's input and output, ReLU's output
+        width = 4 if arch.style == "llama" else 2 if arch.mlp_act == "gelu" else 1
+        parts["mlp"] = (width * tokens * f * d, rerun_ms("mlp", moe=False))
+    norms = norm_out_bytes(arch, shape, moe=moe)  # {"attn" / "mlp": the norm before that sub-block}
+    if norms:
+        parts["norm-out"] = (sum(norms.values()), len(norms) * rerun_ms("norm"))
+    order = ("attn", "mla-up", "mlp", "mlp-act", "norm-out")  # how combinations are named (planner/emit/megatron.py)
     names = [name for name in order if name in parts]
     found = []
     for size in range(1, len(names) + 1):
@@ -295,7 +317,7 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
                 continue
             found.append(RecomputeOption(name=",".join(combo), kept_bytes=kept - sum(parts[p][0] for p in combo),
                                          recompute_ms=sum(parts[p][1] for p in combo),
-                                         recompute_peak_bytes=max(parts[p][0] for p in combo)))
+                                         recompute_peak_bytes=_combined_peak(combo, parts, norms)))
     boundary = boundary_bytes(arch, shape)
     if fwd_ms is None or bwd_ms is None:
         fwd_ms, bwd_ms, _ = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
@@ -304,6 +326,26 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
         if opsac.offers_op_sac(arch, shape, moe=moe) else ()
     return (*found, *op_sac, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
                                             first_bytes=terms[-1].num_bytes))
+
+
+def norm_out_bytes(arch: Arch, shape: Shape, *, moe: bool) -> dict[str, int]:
+    """What `norm-out` frees per norm (its output and statistics), keyed by the sub-block after it:
+    "attn" for a latent-attention block's attention norm, "mlp" for a MoE block's MLP norm, the
+    norms megatron-core's Transformer Engine layer builds as modules of their own."""
+    def one(which: str) -> int:
+        return sum(term.num_bytes for term in _norm_terms(arch, shape, which)[1:]) + boundary_bytes(arch, shape)
+    return {**({"attn": one("attention")} if arch.mla else {}), **({"mlp": one("MLP")} if moe else {})}
+
+
+def _combined_peak(combo: tuple[str, ...], parts: dict[str, tuple[int, float]], norms: dict[str, int]) -> int:
+    """A combination's extra peak: the largest of its parts' (they recompute at different points of the
+    backward), where a norm's restored output adds to what its sub-block's recompute holds."""
+    side = {"attn": "attn", "mla-up": "attn", "mlp": "mlp", "mlp-act": "mlp"}
+    held = [parts[p][0] for p in combo if p != "norm-out"]
+    if "norm-out" in combo:
+        held += [norm + max([parts[p][0] for p in combo if side.get(p) == where], default=0)
+                 for where, norm in norms.items()]
+    return max(held)
 
 
 def offload_option(input_bytes: int, moved: int, gpu: GPU, *, fwd_ms: float, bwd_ms: float,

@@ -198,9 +198,17 @@ def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
                 classed=Counter(dict(fwd.classed)) - Counter(elementwise=residual))
 
 
-def rerun_work(arch, shape, part: str) -> Work:
+def rerun_work(arch, shape, part: str, *, moe: bool = True) -> Work:
     """What a selective option reruns in the backward (analytic.selective_options): `attn` the
-    attention core, `mla-up` latent attention's up projections, `mlp` a MoE block's mixture."""
+    attention core, `mla-up` latent attention's up projections, `mlp` a MoE block's mixture (a dense
+    block's MLP where not `moe`), `norm` one of the block's norms (its forward, as block_work's)."""
+    if part == "norm":
+        rows = shape.tokens // shape.sp_div
+        if arch.style == "gpt":
+            num_bytes = LAYERNORM_FWD * rows * arch.hidden_size
+            return work(0, num_bytes, [], classed={"layer_norm": num_bytes})
+        num_bytes = NORM_FWD * rows * arch.hidden_size + NORM_FWD_TOKEN * rows
+        return work(0, num_bytes, [], classed={"norm": num_bytes})
     if part == "attn":
         core, fwd_bytes, _ = _attention(arch, shape)
         flops = sum(kernel.flops for kernel in core)
@@ -210,8 +218,9 @@ def rerun_work(arch, shape, part: str) -> Work:
         kernels = _matmuls(2 * T * arch.q_lora_rank * heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim),
                            2 * T * arch.kv_lora_rank * heads * (arch.qk_nope_head_dim + arch.v_head_dim))
         return work(sum(kernel.flops for kernel in kernels), 0, kernels)
-    kernels, fwd_bytes, _ = _mlp(arch, shape, moe=True)
-    return work(formulas.mlp_flops(arch, shape, moe=True), sum(fwd_bytes.values()), kernels, classed=fwd_bytes)
+    kernels, fwd_bytes, _ = _mlp(arch, shape, moe=moe)
+    flops = formulas.mlp_flops(arch, shape, moe=True) if moe else sum(kernel.flops for kernel in kernels)
+    return work(flops, sum(fwd_bytes.values()), kernels, classed=fwd_bytes)
 
 
 def head_work(arch, shape) -> tuple[Work, Work, Work]:

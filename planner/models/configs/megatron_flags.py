@@ -171,17 +171,20 @@ FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 
 # megatron-core 0.16's recompute_modules as ckplan's recompute parts (planner/runtime/recompute.py):
 # (module, part, on dense decoder layers, on MoE layers). transformer_layer.py recomputes "mlp"
 # on dense layers only, moe_layer.py "moe" on MoE layers, experts.py "moe_act" (the experts'
-# activation, output-discarding) on MoE layers; "layernorm" is both norms, output-discarding
-# (it frees their outputs too: scored as ckplan's norm, which keeps them, so on the safe side).
+# activation, output-discarding) on MoE layers; "layernorm" is both norms, output-discarding (their
+# outputs freed too): the analytic blocks' norm-out (the norms megatron-core's TE layer builds as modules
+# of their own, analytic_kept.selective_options), on a measured profile ckplan's norm (which keeps the
+# outputs: the safe side); the two are alternatives (norm_alternative).
 # "core_attn" is the attention kernel alone, Q, K and V kept: the analytic profiles' attn; a
 # measured profile's attn checkpoints the whole attention submodule, which no module list says.
 # "shared_experts" (Megatron-LM d98e8a64 transformer_config.py 560-584: the MoE layer's shared experts,
 # normal checkpointing) is a part no ckplan profile offers alone; "moe" checkpoints the whole MoE layer,
 # shared experts with it (moe_layer.py), so with "moe" it adds nothing, as "moe_act" adds nothing inside it.
 RECOMPUTE_MODULES = (("core_attn", "attn", True, True), ("mla_up_proj", "mla-up", True, True), ("mlp", "mlp", True, False),
-            ("moe", "mlp", False, True), ("moe_act", "mlp-act", False, True), ("layernorm", "norm", True, True),
+            ("moe", "mlp", False, True), ("moe_act", "mlp-act", False, True), ("layernorm", "norm-out", True, True),
+            ("layernorm", "norm", True, True),
             ("shared_experts", "shared-experts", False, True))
-OPTION_PARTS = ("attn", "mla-up", "mlp", "mlp-act", "norm")  # the order ckplan's option names join them in
+OPTION_PARTS = ("attn", "mla-up", "mlp", "mlp-act", "norm", "norm-out")  # the order ckplan's option names join them in
 # --recompute-modules' choices at Megatron-LM d98e8a64 (transformer_config.py 1944-1962; anything else is
 # an assertion there), and those for attention and connections ckplan does not build (GatedDeltaNet,
 # GatedDeltaProduct, hyper-connections: transformer_config.py 560-584)
@@ -190,10 +193,19 @@ MEGATRON_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "
 UNBUILT_MODULES = ("gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
 
 
-def recompute_modules_option(modules, moe: bool) -> str:
-    """The ckplan option a module list gives a layer ("none" where no module applies)."""
+def recompute_modules_option(modules, moe: bool, offered: set[str] | None = None) -> str:
+    """The ckplan option a module list gives a layer ("none" where no module applies); layernorm as
+    norm-out, or as norm where the layer's `offered` options have norm and no norm-out."""
     parts = {part for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES if module in modules and (moe_ok if moe else dense_ok)}
+    parts -= {norm_alternative(offered)}
     return ",".join(part for part in OPTION_PARTS if part in parts) or "none"
+
+
+def norm_alternative(offered: set[str] | None) -> str:
+    """Of layernorm's two parts, the one a layer offering `offered` does not take: norm where it offers
+    norm-out or offers neither (analytic blocks), norm-out where it offers only ckplan's norm (measured)."""
+    has = {part for name in offered or () for part in name.split(",")}
+    return "norm-out" if "norm" in has and "norm-out" not in has else "norm"
 
 
 def check_recompute_modules(modules) -> None:
@@ -222,21 +234,29 @@ def module_parts(modules, moe: bool) -> list[str]:
 def selective_stages(stages: list, profile, decoder: set[str], modules, notes: list[str]) -> list:
     """The stages with every decoder layer on the option its parts give it (module_parts, layer_option),
     and a note per layer kind on the parts its profile does not offer, which it is scored keeping."""
-    chosen, left = {}, {}
+    chosen, left, fused = {}, {}, set()
     for layer in profile.layers:
         if layer.name in decoder:
             moe = layer.kind == "moe_block"
             offered = {option.name for option in layer.recompute_options}
-            chosen[layer.name], dropped = layer_option(module_parts(modules, moe), offered)
+            parts = [part for part in module_parts(modules, moe) if part != norm_alternative(offered)]
+            chosen[layer.name], dropped = layer_option(parts, offered)
+            if "norm-out" in dropped and profile.source == "analytic":  # Megatron's layernorm is a no-op there
+                dropped.remove("norm-out")
+                fused.add(layer.kind)
             if dropped:
-                said = [module for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES
-                        if part in dropped and module in modules and (moe_ok if moe else dense_ok)]
+                said = list(dict.fromkeys(module for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES
+                                          if part in dropped and module in modules and (moe_ok if moe else dense_ok)))
                 left.setdefault(layer.kind, (said, chosen[layer.name]))
     for kind, (said, option) in left.items():
         notes.append(f"selective recompute of {' '.join(modules)}: the profile's {kind} layers offer no recompute of "
                      f"{', '.join(said)}; scored as {option}, keeping what {'it' if len(said) == 1 else 'they'} "
                      "would free" + ("; layernorm discards both norms' outputs and recomputes them (Megatron-LM "
                                      "d98e8a64 transformer_layer.py 470-531)" if "layernorm" in said else ""))
+    for kind in sorted(fused):
+        notes.append(f"selective recompute of {' '.join(modules)}: layernorm frees nothing on the profile's {kind} "
+                     "layers, whose norms megatron-core's Transformer Engine layer fuses into the linears after them "
+                     "(IdentityOp norms: Megatron-LM d98e8a64 transformer_layer.py 474-479, 522-527; gpt_layer_specs.py)")
     return [s.with_recompute({n: chosen[n] for n in s.layers if chosen.get(n, "none") != "none"}) for s in stages]
 
 
