@@ -134,6 +134,21 @@ def offloaded_as_full(rounded: Rounded, target: str | None) -> None:
                                "offloads to the host recompute whole layers (the same bytes on the device)")
 
 
+def unwritable_as_full(rounded: Rounded, target: str, writable: frozenset[str]) -> None:
+    """A selective option with a part the target's file cannot write (`writable`: the parts it can;
+    save-matmuls and full always) recomputes the whole layer instead: it frees at least as much and
+    recomputes more, re-scored like every other rounding."""
+    def written(option: str) -> bool:
+        return option in (OPTION_FULL, OPTION_OFFLOAD, "save-matmuls") or set(option.split(",")) <= writable
+    odd = {name: option for s in rounded.stages for name, option in s.recompute.items() if not written(option)}
+    if not odd:
+        return
+    rounded.stages = [s.with_recompute({n: OPTION_FULL if n in odd else s.option(n) for n in s.layers})
+                      for s in rounded.stages]
+    rounded.changes.append(f"{target}'s file recomputes {', '.join(sorted(writable))} and save-matmuls: the {len(odd)} "
+                           f"layers the plan recomputes with {', '.join(sorted(set(odd.values())))} recompute whole layers")
+
+
 def whole_layers(stages: Sequence[StagePlan]) -> list[StagePlan]:
     """Every layer that recomputes anything recomputes its whole forward."""
     return [s.with_checkpointed([n for n in s.layers if s.option(n) != "none"]) for s in stages]

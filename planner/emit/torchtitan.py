@@ -91,6 +91,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
     # torchtitan runs every schedule ckplan plans: only the ZeRO stage is rounded (and selective
     # recompute, in the TOML of 0.2)
     roles, rounded = rounding.decoder_start(plan, profile, TARGET, round_zero=_round_zero, selective=python_config)
+    rounding.unwritable_as_full(rounded, TARGET, frozenset({"attn", "mlp", "mlp-act", "norm"}))  # the policy's PARTS
     head = chosen_version.head
     known = facts.read(profile)
     tp = known.tp
