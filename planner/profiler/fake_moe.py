@@ -29,7 +29,7 @@ from torch import nn
 
 from planner.profiler.roofline import Kernel
 from planner.profiler.storages import StorageTracker, storage_key, storage_nbytes
-from planner.runtime.routing import Routing, find_experts
+from planner.runtime.routing import Routing, layer_routing
 
 ROUTING_NOTE = ("a fake tensor has no values, so no router's choice is read: each MoE layer's token copies "
                 "(tokens x top-k, from the router's output shape) are charged balanced over its routed experts "
@@ -63,42 +63,8 @@ def fake_routing(layer: nn.Module, x: torch.Tensor) -> Routing | None:
     """The measured profile's routing record (routing.layer_routing) from one fake forward: the
     experts' parameters, the token copies charged balanced (module order), the dispatch's bytes,
     and what the experts modules save for backward; None for a layer without experts."""
-    found = find_experts(layer)
-    if not found:
-        return None
-    counts: list[int] = []
-    sent = [0]
-    params = {storage_key(param) for param in layer.parameters()}
-    saved: dict[int, int] = {}  # storage -> bytes, saved inside an experts module's forward
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if storage_key(tensor) not in params:
-            saved[storage_key(tensor)] = storage_nbytes(tensor)
-        return tensor
-
-    contexts = []
-
-    def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        hidden, top_k_index = (*args, *kwargs.values())[:2]  # positional or by keyword, in the contract's order
-        counts.extend(balanced(top_k_index.numel(), module.num_experts))
-        sent[0] += top_k_index.numel() * hidden.shape[-1] * hidden.element_size()
-        contexts.append(torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor))
-        contexts[-1].__enter__()
-
-    def leave(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
-        contexts.pop().__exit__(None, None, None)
-
-    hooks = [hook for _, module in found for hook in (module.register_forward_pre_hook(enter, with_kwargs=True),
-                                                      module.register_forward_hook(leave, with_kwargs=True))]
-    try:
-        with torch.enable_grad():
-            output = layer(x.detach().requires_grad_(x.is_floating_point()))
-        del output  # held until here: every saved storage was alive when counted
-    finally:
-        for hook in hooks:
-            hook.remove()
-    expert_params = sum(param.numel() for _, module in found for param in module.parameters())
-    return Routing(expert_params, counts, sent[0], sum(saved.values()))
+    return layer_routing(layer, x, count=lambda top_k_index, experts: balanced(top_k_index.numel(), experts),
+                         key=storage_key, nbytes=storage_nbytes)
 
 
 def balanced(copies: int, num_experts: int) -> list[int]:

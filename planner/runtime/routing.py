@@ -19,6 +19,7 @@ bytes their dispatch sends (a2a_bytes); runtime/experts.py splits them over rank
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,28 +49,44 @@ class Routing:
     expert_act_bytes: int  # what the experts modules' forwards save for backward: it grows with the copies a rank computes
 
 
-def layer_routing(layer: nn.Module, x: torch.Tensor) -> Routing | None:
-    """Run `layer` on `x` once and count the tokens its routers sent each expert, and the
-    bytes its experts modules saved for backward; None for a layer without experts."""
+def routed_counts(top_k_index: torch.Tensor, num_experts: int) -> list[int]:
+    """The token copies the router sent each expert, read from its choices' values."""
+    return torch.bincount(top_k_index.reshape(-1), minlength=num_experts).tolist()
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _storage_bytes(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().nbytes()
+
+
+def layer_routing(layer: nn.Module, x: torch.Tensor, *, count: Callable[[torch.Tensor, int], list[int]] = routed_counts,
+                  key: Callable[[torch.Tensor], int] = _storage_key,
+                  nbytes: Callable[[torch.Tensor], int] = _storage_bytes) -> Routing | None:
+    """Run `layer` on `x` once and count the tokens its routers sent each expert (`count`: from the
+    choices' values; the fake profiler passes its expectation, having none), and the bytes its experts
+    modules saved for backward (storages told apart by `key`, sized by `nbytes`: a fake tensor's
+    storage has no address); None for a layer without experts."""
     found = find_experts(layer)
     if not found:
         return None
     counts: list[list[int]] = []
     sent = [0]
-    params = {param.untyped_storage().data_ptr() for param in layer.parameters()}
+    params = {key(param) for param in layer.parameters()}
     saved: dict[int, int] = {}  # storage -> bytes, saved inside an experts module's forward
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
+        if key(tensor) not in params:
+            saved[key(tensor)] = nbytes(tensor)
         return tensor
 
     contexts = []
 
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
         hidden, top_k_index = (*args, *kwargs.values())[:2]  # positional or by keyword, in the contract's order
-        counts.append(torch.bincount(top_k_index.reshape(-1), minlength=module.num_experts).tolist())
+        counts.append(count(top_k_index, module.num_experts))
         sent[0] += top_k_index.numel() * hidden.shape[-1] * hidden.element_size()
         contexts.append(torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor))
         contexts[-1].__enter__()
