@@ -346,3 +346,30 @@ def test_a_mixture_of_experts_is_its_blocks_mlp():
             self.other = SparseMoeBlock()
 
     assert len(find_parts(Layer())["mlp"]) == 2
+
+
+def test_a_mixture_of_experts_familys_norms_and_attention_are_not_its_mlp():
+    """Qwen2-MoE names every class after itself (Qwen2MoeRMSNorm, Qwen2MoeAttention): "moe" in a class name
+    had made its norms and attention MLPs, so `mlp` checkpointed the whole block and the LM head (a norm and
+    a linear) was offered mlp and mlp-act."""
+    from planner.runtime.recompute import find_parts
+
+    class Qwen2MoeRMSNorm(nn.Module):
+        def forward(self, x):
+            return x
+
+    class Qwen2MoeAttention(nn.Linear):
+        pass
+
+    class Qwen2MoeSparseMoeBlock(nn.Linear):
+        pass
+
+    block = nn.Module()
+    block.self_attn, block.mlp = Qwen2MoeAttention(4, 4), Qwen2MoeSparseMoeBlock(4, 4)
+    block.input_layernorm, block.post_attention_layernorm = Qwen2MoeRMSNorm(), Qwen2MoeRMSNorm()
+    parts = find_parts(block)
+    assert parts["mlp"] == [block.mlp] and parts["attn"] == [block.self_attn]
+    assert parts["norm"] == [block.input_layernorm, block.post_attention_layernorm]
+    head = nn.Module()
+    head.norm, head.lm_head = Qwen2MoeRMSNorm(), nn.Linear(4, 8)
+    assert find_parts(head)["mlp"] == [] and "mlp" not in find_options(head)

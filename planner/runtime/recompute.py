@@ -89,6 +89,11 @@ def _is_attention(name: str, module: nn.Module) -> bool:
 
 
 def _is_mlp(name: str, module: nn.Module) -> bool:
+    """An MLP by its attribute name or class word, never a norm or an attention: a mixture-of-experts
+    family names every class after itself (Qwen2MoeRMSNorm, Qwen2MoeAttention, OlmoeRMSNorm), so "moe"
+    in a class name alone does not make an MLP."""
+    if _is_norm(module) or _is_attention(name, module):
+        return False
     cls = type(module).__name__.lower()
     return any(word in cls for word in MLP_CLASS_WORDS) or name in MLP_NAMES
 
