@@ -117,15 +117,20 @@ def replay(stage: Fsdp2Stage, *, expandable: bool = False) -> Replayed:
     return allocator.replay(step_events(stage), expandable=expandable)
 
 
+def launch_sets_expandable(setup: TrainSetup, *, job_gpus: int, gpus_per_node: int) -> bool:
+    """Whether the launch sets expandable segments: as stated, else as the runtime's own launch does on this
+    many nodes (RuntimeFacts); the replay reads it and ckplan's launch files set it (emit/launchers.py)."""
+    stated, record = getattr(setup.training, "expandable_segments", None), runtimes.of(setup.training)
+    if stated is not None:
+        return stated
+    return record.expandable_segments and (record.expandable_segments_across_nodes or job_gpus <= gpus_per_node)
+
+
 def expandable_segments(profile: Profile, setup: TrainSetup) -> bool:
     """Whether the replay runs expandable segments: the job's launch sets them (--expandable-segments,
     else as the runtime's launch script does: RuntimeFacts.expandable_segments) on a GPU whose torch
     honoured them (not ROCm: GPU.rocm)."""
-    stated, record = getattr(setup.training, "expandable_segments", None), runtimes.of(setup.training)
-    if stated is None:
-        stated = record.expandable_segments and (record.expandable_segments_across_nodes or
-                                                 job_gpus(profile, setup) <= setup.comm.gpus_per_node)
-    if not stated:
+    if not launch_sets_expandable(setup, job_gpus=job_gpus(profile, setup), gpus_per_node=setup.comm.gpus_per_node):
         return False
     try:
         return not dataparallel.profile_gpu(profile).rocm

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from planner.cost import reserve_fsdp2
 from planner.emit.rounding import one_line
 from planner.errors import UserError
 
@@ -96,25 +97,12 @@ def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tup
     env: tuple[tuple[str, str], ...] = ()
     if entry is None:
         entry, env = default_entry(framework, plan_path, torchtitan_version)
-    if framework == "torchtitan" and not _plan_expands_segments(plan, world=world, gpus_per_node=gpus_per_node):
+    if framework == "torchtitan" and not reserve_fsdp2.launch_sets_expandable(plan.setup, job_gpus=world,
+                                                                               gpus_per_node=gpus_per_node):
         env = tuple((name, value) for name, value in env if name != "PYTORCH_ALLOC_CONF")
     resource = "amd.com/gpu" if gpu_name.lower().startswith("mi") else "nvidia.com/gpu"
     return Launch(name=job_name(plan_path.stem), num_nodes=world // per_node, gpus_per_node=per_node,
                   entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER, env=env)
-
-
-def _plan_expands_segments(plan, *, world: int, gpus_per_node: int) -> bool:
-    """Whether the plan's reserve was replayed under expandable segments, so that its launch sets them: as
-    stated (--expandable-segments / --no-expandable-segments), else as the runtime's own launch does on this
-    many nodes (planner/cost/reserve_fsdp2.py expandable_segments: torchtitan's run_train.sh sets them on one
-    node, its multinode_trainer.slurm does not). The launch runs the allocator the prediction assumed."""
-    from planner.cost import runtimes
-
-    stated = getattr(plan.setup.training, "expandable_segments", None)
-    if stated is not None:
-        return stated
-    record = runtimes.of(plan.setup.training)
-    return record.expandable_segments and (record.expandable_segments_across_nodes or world <= gpus_per_node)
 
 
 def default_entry(framework: str, plan_path: Path, torchtitan_version: str | None = None
