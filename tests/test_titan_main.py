@@ -291,3 +291,12 @@ def test_torchtitans_config_manager_runs_what_the_launch_file_names(tmp_path):
     assert Path(loaded).resolve() == (tmp_path / f"{module}.py").resolve()  # the file the export wrote
     assert config.training.steps == 7 and config.parallelism.pipeline_parallel_degree == 2
     assert config.parallelism.module_fqns_per_model_part[-1][-2:] == ["norm", "lm_head"]
+
+
+def test_a_base_function_is_refused_for_a_toml_version(tmp_path):
+    """0.2.x is configured by the TOML the export writes whole: a --torchtitan-base there was read by nothing."""
+    plan = _plan(tmp_path, [3, 3])
+    result = CliRunner().invoke(cli, ["export", str(plan), "--to", "torchtitan", "--torchtitan-version", "0.2.2",
+                                      "--torchtitan-base", "ckplan_base:base", "--out", str(tmp_path / "t.toml")])
+    assert result.exit_code == 1 and "--torchtitan-base names the config function" in result.output
+    assert not (tmp_path / "t.toml").exists()
