@@ -218,6 +218,11 @@ def _exporter(target, plan, profile, plan_file, torchtitan_version, torchtitan_b
     from planner.emit import colossalai, deepspeed, megatron, torchtitan
 
     if target == "torchtitan":
+        from planner.emit import titan_keys
+
+        if torchtitan_base is not None and not titan_keys.parse(torchtitan_version).python:
+            raise UserError(f"--torchtitan-base names the config function a torchtitan 0.3/main export refines; "
+                            f"torchtitan {torchtitan_version} is configured by a TOML this export writes whole: drop it")
         return torchtitan.export(plan, profile, plan_file=plan_file, version=torchtitan_version,
                                  base=torchtitan_base)
     module = {"colossalai": colossalai, "megatron": megatron, "deepspeed": deepspeed}[target]

@@ -85,9 +85,6 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
            base: str | None = None) -> rounding.Export:
     chosen_version = titan_keys.parse(version)
     python_config = chosen_version.python
-    if base is not None and not python_config:
-        raise UserError(f"--torchtitan-base names the config function a torchtitan 0.3/main export refines; "
-                        f"torchtitan {version} is configured by a TOML this export writes whole: drop it")
     experts = any(layer.expert_param_count for layer in profile.layers)
     if experts:
         _check_experts(plan, profile, python_config)
