@@ -72,12 +72,31 @@ def test_export_cli_writes_each_form_and_refuses_strays(plan_file):
 def test_search_writes_launch_files(tmp_path):
     config = _tiny_config(tmp_path)
     out = tmp_path / "best.yaml"
-    run_ok("search", "--arch-config", config, "--gpus", "16", "--gpus-per-node", "8", "--global-batch", "16",
-           "--seq-len", "512", "--runtime", "torchtitan", "--out", out, "--launch-files", tmp_path / "launch")
+    result = run_ok("search", "--arch-config", config, "--gpus", "16", "--gpus-per-node", "8", "--global-batch", "16",
+                    "--seq-len", "512", "--runtime", "torchtitan", "--out", out, "--launch-files", tmp_path / "launch",
+                    "--torchtitan-version", "0.2.2")
     written = sorted(p.name for p in (tmp_path / "launch").iterdir())
     assert written == ["best.slurm.sh", "best.torchrun.sh", "best.trainjob.yaml"]
     job = yaml.safe_load((tmp_path / "launch" / "best.trainjob.yaml").read_text())
     assert job["spec"]["trainer"]["numNodes"] * job["spec"]["trainer"]["numProcPerNode"] == 16
+    # the version's trainer on the version's export, which search does not write: it says how to
+    assert job["spec"]["trainer"]["args"][-2:] == ["--job.config_file", str(tmp_path / "best.torchtitan.toml")]
+    said = " ".join(result.output.split())
+    assert f"`ckplan export {out} --to torchtitan --torchtitan-version 0.2.2` writes it there" in said
+
+
+@pytest.mark.parametrize("extra, sentence", [
+    ([], "give --launch-files DIR or drop it"),
+    (["--launch-files", "L", "--torchtitan-version", "9.9"], "not a release ckplan has read"),
+    (["--launch-files", "L", "--entry", "train.py"], "with --entry you name what runs yourself"),
+    (["--launch-files", "L", "--runtime", "megatron", "--entry", "x"], "with --entry you name what runs yourself"),
+])
+def test_search_refuses_a_stray_torchtitan_version(tmp_path, extra, sentence):
+    args = ["search", "--arch-config", _tiny_config(tmp_path), "--gpus", "8", "--global-batch", "8", "--seq-len",
+            "512", "--out", tmp_path / "best.yaml", "--torchtitan-version", "main"]
+    result = run(*args, *(["--runtime", "torchtitan"] if "--runtime" not in extra else []), *extra)
+    assert result.exit_code != 0 and sentence in " ".join(result.output.split())
+    assert not (tmp_path / "best.yaml").exists()
 
 
 def _tiny_config(tmp_path: Path, **sizes) -> Path:

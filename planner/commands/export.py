@@ -116,14 +116,11 @@ def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: 
     io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, launchers.RENDER[target](launch))
     info(f"{target}: {launch.num_nodes} node(s) x {launch.gpus_per_node} GPUs; wrote {out}")
-    runs = launchers.entry_file(launch) if argv is None else None
-    if runs is not None and not runs.exists():
+    note = launchers.missing_export(launch, plan_path, torchtitan_version) if argv is None else None
+    if note is not None:
         from planner.console import warn
-        from planner.emit import titan_keys
 
-        version = torchtitan_version or titan_keys.NEWEST_RELEASE
-        warn(f"each process runs torchtitan {version}'s trainer on {runs}, which does not exist yet: `ckplan export "
-             f"{plan_path} --to torchtitan --torchtitan-version {version}` writes it there")
+        warn(note)
 
 
 def _refuse_torchtitan_options(ctx, target: str) -> None:

@@ -89,12 +89,15 @@ def _schedules(text: str) -> tuple[str, ...]:
 @click.option("--entry", default=None, metavar="'PROGRAM ARGS'",
               help="With --launch-files: what each process runs [default: torchtitan's trainer for --runtime "
                    "torchtitan; other frameworks need it].")
+@click.option("--torchtitan-version", default=None, metavar="VERSION",
+              help="With --launch-files and --runtime torchtitan: the torchtitan release (or main) whose trainer "
+                   "the launch files run, on that version's export [default: 0.3.0].")
 @click.option("--json", "as_json", is_flag=True, help="The whole ranking as JSON on stdout.")
 @search_settings.settings_options
 def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node, global_batch, seq_len, runtime,
             optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
             compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, from_megatron, from_torchtitan, hand_recompute, out,
-            launch_files, entry, as_json, settings, tp_overlap) -> None:
+            launch_files, entry, torchtitan_version, as_json, settings, tp_overlap) -> None:
     """Search every tensor-, context- (--runtime megatron or torchtitan), pipeline-, data- and expert-parallel degree, ZeRO stage and shard
     group, micro-batch size and schedule for N GPUs, each with its exact plan (layers per stage,
     recompute per layer), and rank the fastest that fit.
@@ -139,7 +142,12 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     if launch_files is not None and entry is None and runtime == "ckplan" and model.profile is None:
         raise UserError("--launch-files: an analytic plan is exported, not run by ckplan's runtime; search with "
                         "--runtime torchtitan, or say what each process runs with --entry")
-    _entry(entry)
+    if torchtitan_version is not None and launch_files is None:
+        raise UserError("--torchtitan-version says which torchtitan trainer the launch files run; give "
+                        "--launch-files DIR or drop it")
+    from planner.emit import launchers
+
+    launchers.check_torchtitan_version(torchtitan_version, framework=runtime, entry=_entry(entry))
     hand = _hand(locals(), model, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=device.name)
     imported = _imported(from_megatron, from_torchtitan, model, seq_len=seq_len, gpu=device.name,
                          searched=training | {"tp_overlap": tp_overlap})
@@ -153,18 +161,31 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
         best = outcome.ranked[0]
         search_report.write_plan(best, out, _profile_out(out), model.ref)
         if launch_files is not None:
-            from planner.emit import launchers
-
-            argv = _entry(entry)
-            written = launchers.write_all(io.load_plan(out), out, launch_files, tp=best.degrees.tp,
-                                          gpus_per_node=min(per_node, gpus), framework=runtime, entry=argv)
-            say(f"launch files: {', '.join(str(p) for p in written)}")
+            _write_launch_files(out, launch_files, tp=best.degrees.tp, gpus_per_node=min(per_node, gpus),
+                                framework=runtime, entry=_entry(entry), torchtitan_version=torchtitan_version,
+                                say=say)
     if as_json:
         click.echo(report.as_json())
     else:
         report.print()
     if not outcome.ranked:
         raise UserError(search_report.nothing_fits(report, job, options, profile_for))
+
+
+def _write_launch_files(out: Path, folder: Path, *, tp: int, gpus_per_node: int, framework: str,
+                        entry: tuple[str, ...] | None, torchtitan_version: str | None, say) -> None:
+    """The best plan's launch files; where they run a torchtitan export not written yet, the
+    command that writes it (a 0.3+ export refines a torchtitan config function the user names)."""
+    from planner import io
+    from planner.console import warn
+    from planner.emit import launchers
+
+    written, launch = launchers.write_all(io.load_plan(out), out, folder, tp=tp, gpus_per_node=gpus_per_node,
+                                          framework=framework, entry=entry, torchtitan_version=torchtitan_version)
+    say(f"launch files: {', '.join(str(p) for p in written)}")
+    note = launchers.missing_export(launch, out, torchtitan_version) if entry is None else None
+    if note is not None:
+        warn(note)
 
 
 def _entry(entry: str | None) -> tuple[str, ...] | None:

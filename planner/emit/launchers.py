@@ -39,6 +39,7 @@ from pathlib import Path
 import yaml
 
 from planner.cost import reserve_fsdp2
+from planner.emit import titan_keys
 from planner.emit.rounding import one_line
 from planner.errors import UserError
 
@@ -90,10 +91,7 @@ def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tup
     if entry is None and framework == "ckplan" and plan.profile_source == "analytic":
         raise UserError("an analytic plan is exported, not run by ckplan's runtime: plan it for the framework that "
                         "runs it (--runtime torchtitan), or say what each process runs with --entry")
-    if torchtitan_version is not None and (entry is not None or framework != "torchtitan"):
-        raise UserError("--torchtitan-version says which torchtitan trainer a torchtitan plan's launch file runs; "
-                        + ("with --entry you name what runs yourself: drop one of them" if entry is not None else
-                           f"this plan runs on {framework}'s runtime: drop it"))
+    check_torchtitan_version(torchtitan_version, framework=framework, entry=entry)
     env: tuple[tuple[str, str], ...] = ()
     if entry is None:
         entry, env = default_entry(framework, plan_path, torchtitan_version)
@@ -103,6 +101,18 @@ def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tup
     resource = "amd.com/gpu" if gpu_name.lower().startswith("mi") else "nvidia.com/gpu"
     return Launch(name=job_name(plan_path.stem), num_nodes=world // per_node, gpus_per_node=per_node,
                   entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER, env=env)
+
+
+def check_torchtitan_version(version: str | None, *, framework: str, entry: tuple[str, ...] | None) -> None:
+    """--torchtitan-version chooses the trainer of a torchtitan plan's default entry: refused
+    beside --entry or for another runtime, and read as a version ckplan knows."""
+    if version is None:
+        return
+    if entry is not None or framework != "torchtitan":
+        raise UserError("--torchtitan-version says which torchtitan trainer a torchtitan plan's launch file runs; "
+                        + ("with --entry you name what runs yourself: drop one of them" if entry is not None else
+                           f"this plan runs on {framework}'s runtime: drop it"))
+    titan_keys.parse(version)
 
 
 def default_entry(framework: str, plan_path: Path, torchtitan_version: str | None = None
@@ -120,7 +130,7 @@ def torchtitan_entry(plan_path: Path, version: str | None = None
                      ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """torchtitan's trainer on the file `export --to torchtitan --torchtitan-version VERSION` writes
     beside the plan, as run_train.sh of that version starts it (module docstring)."""
-    from planner.emit import titan_keys, torchtitan
+    from planner.emit import torchtitan
 
     version = version or titan_keys.NEWEST_RELEASE
     export = plan_path.with_name(torchtitan.export_name(plan_path.stem, version))
@@ -225,8 +235,9 @@ RENDER = {"torchrun": torchrun_lines, "slurm": slurm_script, "kubernetes": train
 
 def write_all(plan, plan_path: Path, folder: Path, *, tp: int, gpus_per_node: int, framework: str | None = None,
               entry: tuple[str, ...] | None = None, image: str | None = None,
-              torchtitan_version: str | None = None) -> list[Path]:
-    """The three launch files of a plan in `folder`: STEM.torchrun.sh, STEM.slurm.sh, STEM.trainjob.yaml."""
+              torchtitan_version: str | None = None) -> tuple[list[Path], Launch]:
+    """The three launch files of a plan in `folder` (STEM.torchrun.sh, STEM.slurm.sh,
+    STEM.trainjob.yaml), and the Launch they render."""
     from planner import io
 
     launch = launch_for(plan, plan_path, tp=tp, gpus_per_node=gpus_per_node, entry=entry,
@@ -238,5 +249,16 @@ def write_all(plan, plan_path: Path, folder: Path, *, tp: int, gpus_per_node: in
         path = folder / (plan_path.stem + SUFFIX[target])
         io.write_atomic(path, RENDER[target](launch))
         written.append(path)
-    return written
+    return written, launch
+
+
+def missing_export(launch: Launch, plan_path: Path, torchtitan_version: str | None) -> str | None:
+    """What to say where a launch runs torchtitan's trainer on an export not written yet (the
+    command that writes it), or None."""
+    runs = entry_file(launch)
+    if runs is None or runs.exists():
+        return None
+    version = torchtitan_version or titan_keys.NEWEST_RELEASE
+    return (f"each process runs torchtitan {version}'s trainer on {runs}, which does not exist yet: `ckplan export "
+            f"{plan_path} --to torchtitan --torchtitan-version {version}` writes it there")
 
