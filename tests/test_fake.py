@@ -140,3 +140,30 @@ def test_a_plan_of_a_fake_profile_is_exported_not_launched(tmp_path):
     for command in ("launch", "calibrate"):
         result = run(command, tmp_path / "plan.yaml")
         assert result.exit_code == 1 and "--fake profile" in result.output and "Traceback" not in result.output
+
+
+def test_attention_dropout_runs_in_the_gpus_fused_kernel(tmp_path):
+    """With attention dropout, torch's CPU flash kernel refuses and the math path keeps the s x s
+    probabilities and mask; a GPU's fused kernel takes dropout and keeps what it keeps without.
+    A GPU's fake profile keeps the GPU's bytes and FLOPs and says so; a CPU's keeps the CPU's."""
+    pytest.importorskip("transformers")
+    profiles = {}
+    for pdrop in (0.0, 0.1):
+        config = tmp_path / f"gpt2-{pdrop}" / "config.json"
+        config.parent.mkdir()
+        config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
+                                      "n_positions": 64, "attn_pdrop": pdrop, "resid_pdrop": 0.0, "embd_pdrop": 0.0}))
+        for device in ("cuda", "cpu"):
+            out = tmp_path / f"{pdrop}-{device}.json"
+            run_ok("profile", "--hf-config", config.parent, "--seq-len", "32", "--micro-batch-size", "2", "--fake",
+                   "--device", device, "--dtype", "float32", "--out", out)
+            profiles[pdrop, device] = io.load_profile(out)
+    plain, dropped = profiles[0.0, "cuda"], profiles[0.1, "cuda"]
+    assert [layer.act_bytes for layer in dropped.layers] == [layer.act_bytes for layer in plain.layers]
+    assert dropped.assumptions["flops"] == plain.assumptions["flops"]
+    assert "dropout 0.1 in the fused kernel" in dropped.assumptions["attention_dropout"]
+    assert "attention_dropout" not in plain.assumptions
+    # on the CPU the math path: each block keeps at least the 2 x 4 x 32 x 32 fp32 probabilities more
+    cpu_plain, cpu_dropped = profiles[0.0, "cpu"], profiles[0.1, "cpu"]
+    assert cpu_dropped.layers[1].act_bytes >= cpu_plain.layers[1].act_bytes + 2 * 4 * 32 * 32 * 4
+    assert "attention_dropout" not in cpu_dropped.assumptions

@@ -24,14 +24,21 @@ def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu:
     out = out or Path("profiles") / f"{Path(model_file).stem}-fake-{spec.name}-mbs{micro_batch_size}.json"
     io.check_outputs({"--out": out}, inputs={"MODEL.py": model_file})
     model_ref, chain, mode = _load(model_file, getattr(torch, dtype), micro_batch_size, timeout_s=timeout_s)
+    from planner.profiler import device_attention as attention
     from planner.profiler.storages import counted_as
 
-    with mode, counted_as(device):  # for a GPU: its allocator's blocks, though CPU kernels run
+    # for a GPU: its allocator's blocks and its attention kernels, though CPU kernels run
+    with mode, counted_as(device), attention.device_attention(device) as dropouts:
         measurement, flops = _measure(chain, spec, device)
         if compiled:
             measurement.layers[:] = _with_compiled(chain, measurement.layers)
     profile = _profile(measurement, flops, model_file=model_file, model_ref=model_ref, device=device, dtype=dtype,
                        micro_batch_size=micro_batch_size, gpu=spec, arch_config=arch_config)
+    if dropouts:
+        note = (f"dropout {', '.join(f'{p:g}' for p in sorted(dropouts))} in the fused kernel, as {spec.name} runs it "
+                f"({attention.CUDA_ATTENTION_CHECKS}; on the CPU {attention.CPU_ATTENTION_CHECKS}): kept as without dropout, its "
+                "in-kernel cost not timed")
+        profile = profile.model_copy(update={"assumptions": {**profile.assumptions, "attention_dropout": note}})
     if seq_len is not None:
         profile = profile.model_copy(update={"assumptions": {**profile.assumptions, "seq_len": seq_len}})
         profile = _blocks_on_te(profile, arch_config, model_file, seq_len, micro_batch_size, spec)

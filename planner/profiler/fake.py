@@ -24,7 +24,7 @@ cost model's other terms and `ckplan calibrate` carry.
 Kernels run as torch's CPU kernels under the fake mode, also for a profile made for a
 GPU (this machine's torch has no CUDA): their saved tensors are CPU's. For attention
 that is the same set (torch's CPU flash attention keeps the output and the log-sum-exp,
-as CUDA's does).
+as CUDA's does; with dropout, planner/profiler/device_attention.py keeps it so).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from planner.schema import (
 )
 
 FP32 = 4
+
 
 
 # ---------------------------------------------------------------- building fake
