@@ -43,15 +43,16 @@ MEMBOUND_CLASSES_A100 = (("attention", 0.586), ("layer_norm", 0.424), ("loss", 0
 MEMBOUND_B200 = (0.308, MEMBOUND_H100[1])
 MEMBOUND_CLASSES_B200 = (("attention", 0.224), ("elementwise", 0.453), ("layer_norm", 0.165), ("loss", 0.556),
                          ("norm", 0.471))
-# MI300X: Liger-Kernel's all_benchmark_data.csv at a054fafd (2024-10-27, "add MI300X benchmark data", liger 0.3.1;
-# the rows dropped from the file later), of the MI300X's 5.3 TB/s, the same way: HF's RMSNorm 0.478, torch's LayerNorm
+# MI300X: Liger-Kernel's all_benchmark_data.csv at a054fafd (2024-10-27, "add MI300X benchmark data", liger 0.3.1; a
+# commit of pull request #326's branch, never in main's file), of the MI300X's 5.3 TB/s, the same way: HF's RMSNorm 0.478, torch's LayerNorm
 # (fp32) 0.251, HF's rotary 0.475, cross entropy 0.330 (scripts/membound_rates.py --eager-only); no SwiGLU alone (its
 # `swiglu` rows time LLaMA's whole MLP, matmuls included) and no elementwise sweep (both read the eager mean), no
 # torch.compile row of an op ckplan counts (fused: the H100's, assumed)
 MEMBOUND_MI300X = (0.357, MEMBOUND_H100[1])
 MEMBOUND_CLASSES_MI300X = (("attention", 0.475), ("layer_norm", 0.251), ("loss", 0.330), ("norm", 0.478))
 _LIGER = "Liger-Kernel benchmark/data (3534d44 h100_/a100_all_benchmark_data.csv, 2120862 all_benchmark_data.csv)"
-_LIGER_MI300X = "Liger-Kernel benchmark/data/all_benchmark_data.csv at a054fafd (the AMD Instinct MI300X rows, liger 0.3.1)"
+_LIGER_MI300X = ("Liger-Kernel benchmark/data/all_benchmark_data.csv at a054fafd (pull request #326's branch: the AMD "
+                 "Instinct MI300X rows, liger 0.3.1)")
 _LIGER_B200 = "Liger-Kernel benchmark/data at 7a12e092 (all_benchmark_data_cutile.csv, all_benchmark_data_cutedsl.csv)"
 
 
