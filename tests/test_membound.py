@@ -122,16 +122,20 @@ def test_the_b200_reads_its_own_published_kernel_data_and_the_gb200_the_b200s():
 
 def test_the_mi300x_reads_its_own_published_kernel_data():
     """Liger-Kernel's MI300X rows (a054fafd): HF RMSNorm, LayerNorm, HF rotary and cross entropy measured;
-    SwiGLU and elementwise ops read the eager mean (their harmonic mean); fused: the H100's, assumed."""
+    SwiGLU reads the eager mean (their harmonic mean), elementwise ops BabelStream's Add (3,956,389.991 MB/s,
+    AMD's MI300X acceptance guide); fused: the H100's, assumed."""
     gpu = GPUS["mi300x"]
     assert dict(gpu.membound_class_efficiency) == dict(MEMBOUND_CLASSES_MI300X) == {
-        "norm": 0.478, "layer_norm": 0.251, "attention": 0.475, "loss": 0.330}
+        "norm": 0.478, "layer_norm": 0.251, "attention": 0.475, "loss": 0.330, "elementwise": 0.746}
+    assert round(3_956_389.991e6 / 5.3e12, 3) == 0.746
     assert MEMBOUND_MI300X[0] == round(4 / (1 / 0.478 + 1 / 0.251 + 1 / 0.475 + 1 / 0.330), 3) == 0.357
     assert (gpu.membound_eager_efficiency, gpu.membound_fused_efficiency) == (0.357, MEMBOUND_H100[1])
     assert gpu.membound_source.startswith("eager measured on MI300X") and "a054fafd" in gpu.membound_source
-    # 1 GB of each: RMSNorm's chain at 0.478 x 5.3 TB/s, a residual add (no MI300X sweep) at the eager mean
+    # 1 GB of each: RMSNorm's chain at 0.478 x 5.3 TB/s, a residual add at BabelStream's Add, SwiGLU (no MI300X
+    # sweep) at the eager mean
     assert membound_ms(10**9, gpu, "eager", "norm") == pytest.approx(1 / (5.3 * 0.478))
-    assert membound_ms(10**9, gpu, "eager", "elementwise") == pytest.approx(1 / (5.3 * 0.357))
+    assert membound_ms(10**9, gpu, "eager", "elementwise") == pytest.approx(1 / (5.3 * 0.746))
+    assert membound_ms(10**9, gpu, "eager", "activation") == pytest.approx(1 / (5.3 * 0.357))
     assert membound_ms(10**9, gpu, "fused") == pytest.approx(1 / (5.3 * 0.449))
 
 
