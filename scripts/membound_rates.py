@@ -243,7 +243,8 @@ def compiled_count(kernel: str, x: int, config: dict, x_name: str) -> tuple[int,
 # A100 datasheet: 80 GB SXM 2.039, 80 GB PCIe 1.935), and the architecture ckplan's GPU records share
 DATASHEET_TBPS = {"NVIDIA H100 NVL": (3.9, "H100"), "NVIDIA H100 80GB HBM3": (3.35, "H100"),
                   "NVIDIA A100-SXM4-80GB": (2.039, "A100"), "NVIDIA A100 80GB PCIe": (1.935, "A100"),
-                  "NVIDIA B200": (8.0, "B200")}  # HGX B200 datasheet: 8 TB/s
+                  "NVIDIA B200": (8.0, "B200"),  # HGX B200 datasheet: 8 TB/s
+                  "AMD Instinct MI300X": (5.3, "MI300X")}  # AMD Instinct MI300X data sheet: 5.3 TB/s
 
 
 def summary(fractions: dict[tuple[str, str], list[tuple[str, float]]]) -> None:

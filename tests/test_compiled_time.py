@@ -124,6 +124,23 @@ def test_the_compiled_passes_are_eagers_kernels_with_the_compiled_bytes():
     assert compiled_time.compiled_block_bytes(dataclasses.replace(arch, num_kv_heads=1), shape, moe=False) == {}
 
 
+def test_m12s_block_backward_on_the_mi300x_charges_the_grad_accumulation_at_its_eager_mean():
+    """LLaMA 3 8B's compiled block at 8192 tokens on the MI300X (torchao's M12 run): the .grad accumulation
+    (grad += new, 3 x 2 B a parameter) over 218,112,000 parameters (q, o 4096^2, k, v 4096 x 1024, three
+    4096 x 14336 MLP weights, two norms) at the MI300X's elementwise fraction (0.746: Liger-Kernel's MI300X
+    rows have none: BabelStream's Add, 3.956 of 5.3 TB/s); inductor's bytes at the fused fraction."""
+    arch, shape, gpu = archs.arch("llama3-8b"), Shape(seq_len=8192, micro_batch_size=1), archs.gpu("mi300x")
+    params = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert analytic.block_params(arch, shape) == params == 218_112_000
+    passes = analytic_time.block_work(arch, shape)
+    fwd, bwd = compiled_time.compiled_block_bytes(arch, shape, moe=False)["none"]
+    kernels = roofline_ms(Work(passes[1].flops, 0, passes[1].kernels), gpu)
+    timed = compiled_time.compiled_time(arch, shape, gpu, passes, moe=False)
+    accumulate_ms = 3 * params * 2 / (5.3e12 * 0.746) * 1e3
+    assert accumulate_ms == pytest.approx(0.3310, abs=1e-4)
+    assert timed.bwd_ms == pytest.approx(kernels + bwd / (5.3e12 * 0.449) * 1e3 + accumulate_ms)
+
+
 def _profile(tmp_path, *, compiled):
     return tiny_profile(tmp_path, compiled=compiled)
 

@@ -16,7 +16,9 @@ from planner.models.gpus import (
     MEMBOUND_CLASSES_A100,
     MEMBOUND_CLASSES_B200,
     MEMBOUND_CLASSES_H100,
+    MEMBOUND_CLASSES_MI300X,
     MEMBOUND_H100,
+    MEMBOUND_MI300X,
 )
 from planner.profiler import analytic_time
 from planner.profiler.fake import OpBytes, counting, new_mode
@@ -87,7 +89,7 @@ def test_measured_fractions_are_the_harmonic_means_of_the_sweeps_in_the_docs():
 
 
 @pytest.mark.parametrize(("name", "nearest", "fractions"), [
-    ("mi300x", "H100", MEMBOUND_H100), ("h200", "H100", MEMBOUND_H100), ("gh200", "H100", MEMBOUND_H100),
+    ("h200", "H100", MEMBOUND_H100), ("gh200", "H100", MEMBOUND_H100),
     ("l4", "A100", MEMBOUND_A100)])
 def test_a_gpu_without_kernel_data_takes_its_nearest_architectures_fractions_and_says_so(name, nearest, fractions):
     gpu = GPUS[name]
@@ -116,6 +118,37 @@ def test_the_b200_reads_its_own_published_kernel_data_and_the_gb200_the_b200s():
     assert MEMBOUND_B200[0] == round(harmonic, 3)
     # activation has no B200 sweep: it reads the eager mean
     assert achieved_tbps(GPUS["b200"], "eager", "activation") == pytest.approx(8.0 * MEMBOUND_B200[0])
+
+
+def test_the_mi300x_reads_its_own_published_kernel_data():
+    """Liger-Kernel's MI300X rows (a054fafd): HF RMSNorm, LayerNorm, HF rotary and cross entropy measured;
+    SwiGLU reads the eager mean (their harmonic mean), elementwise ops BabelStream's Add (3,956,389.991 MB/s,
+    AMD's MI300X acceptance guide); fused: the H100's, assumed."""
+    gpu = GPUS["mi300x"]
+    assert dict(gpu.membound_class_efficiency) == dict(MEMBOUND_CLASSES_MI300X) == {
+        "norm": 0.478, "layer_norm": 0.251, "attention": 0.475, "loss": 0.330, "elementwise": 0.746}
+    assert round(3_956_389.991e6 / 5.3e12, 3) == 0.746
+    assert MEMBOUND_MI300X[0] == round(4 / (1 / 0.478 + 1 / 0.251 + 1 / 0.475 + 1 / 0.330), 3) == 0.357
+    assert (gpu.membound_eager_efficiency, gpu.membound_fused_efficiency) == (0.357, MEMBOUND_H100[1])
+    assert gpu.membound_source.startswith("eager measured on MI300X") and "a054fafd" in gpu.membound_source
+    # 1 GB of each: RMSNorm's chain at 0.478 x 5.3 TB/s, a residual add at BabelStream's Add, SwiGLU (no MI300X
+    # sweep) at the eager mean
+    assert membound_ms(10**9, gpu, "eager", "norm") == pytest.approx(1 / (5.3 * 0.478))
+    assert membound_ms(10**9, gpu, "eager", "elementwise") == pytest.approx(1 / (5.3 * 0.746))
+    assert membound_ms(10**9, gpu, "eager", "activation") == pytest.approx(1 / (5.3 * 0.357))
+    assert membound_ms(10**9, gpu, "fused") == pytest.approx(1 / (5.3 * 0.449))
+
+
+def test_the_mi300x_norm_fraction_is_its_liger_rows_rate_between_the_two_largest_sizes():
+    """Liger-Kernel a054fafd, rms_norm / huggingface / full on the AMD Instinct MI300X at M 2048: 1.927377 ms at
+    H 16384, 3.915212 ms at H 32768 (all_benchmark_data.csv lines 988-989); the bytes as the fake profiler counts
+    them (scripts/membound_rates.py), their difference over the time's, of the datasheet's 5.3 TB/s."""
+    config = {"M": 2048, "dtype": "torch.bfloat16", "eps": 1e-06}
+    count = _benchmark_script().count
+    small, large = count("rms_norm", 16384, config, "full")[0], count("rms_norm", 32768, config, "full")[0]
+    # the forward by hand (rms_norm_forward_bytes), the backward as the fake profiler counts it
+    assert large - rms_norm_forward_bytes(2048, 32768) == 7_516_528_640
+    assert (large - small) / ((3.915212 - 1.927377) * 1e-3) / 5.3e12 == pytest.approx(0.478, abs=5e-4)
 
 
 def test_each_op_class_is_charged_at_its_own_measured_fraction():

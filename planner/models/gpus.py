@@ -43,7 +43,22 @@ MEMBOUND_CLASSES_A100 = (("attention", 0.586), ("layer_norm", 0.424), ("loss", 0
 MEMBOUND_B200 = (0.308, MEMBOUND_H100[1])
 MEMBOUND_CLASSES_B200 = (("attention", 0.224), ("elementwise", 0.453), ("layer_norm", 0.165), ("loss", 0.556),
                          ("norm", 0.471))
+# MI300X: Liger-Kernel's all_benchmark_data.csv at a054fafd (2024-10-27, "add MI300X benchmark data",
+# liger 0.3.1; a commit of pull request #326's branch, never in main's file), of the MI300X's 5.3 TB/s, the
+# same way: HF's RMSNorm 0.478, torch's LayerNorm (fp32) 0.251, HF's rotary 0.475, cross entropy 0.330
+# (scripts/membound_rates.py --eager-only); no SwiGLU alone (its `swiglu` rows time LLaMA's whole MLP,
+# matmuls included: activation reads the eager mean), no torch.compile row of an op ckplan counts (fused:
+# the H100's, assumed). No elementwise row either: that class reads BabelStream's Add on MI300X (a[i] =
+# b[i] + c[i], HIP, 2^28 doubles: 3,956,389.991 MB/s; AMD's acceptance guide, ROCm/system-acceptance-docs
+# b754ce72 docs/mi300x/performance-bench.rst, its expected output), a HIP kernel taken for torch's
+# elementwise ops (assumed), for its class only as relu_squared is on the H100
+MEMBOUND_MI300X = (0.357, MEMBOUND_H100[1])
+BABELSTREAM_ADD_MI300X_TBPS = 3.956389991
+MEMBOUND_CLASSES_MI300X = (("attention", 0.475), ("elementwise", round(BABELSTREAM_ADD_MI300X_TBPS / 5.3, 3)),
+                           ("layer_norm", 0.251), ("loss", 0.330), ("norm", 0.478))
 _LIGER = "Liger-Kernel benchmark/data (3534d44 h100_/a100_all_benchmark_data.csv, 2120862 all_benchmark_data.csv)"
+_LIGER_MI300X = ("Liger-Kernel benchmark/data/all_benchmark_data.csv at a054fafd (pull request #326's branch: the AMD "
+                 "Instinct MI300X rows, liger 0.3.1)")
 _LIGER_B200 = "Liger-Kernel benchmark/data at 7a12e092 (all_benchmark_data_cutile.csv, all_benchmark_data_cutedsl.csv)"
 
 
@@ -209,7 +224,11 @@ _SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim
 # ROCm runs AOTriton's kernels instead, whose backward pytorch/pytorch#135431 measured at 19.9 TFLOP/s
 # on LLaMA 3 8B's shapes (torch 2.5.0.dev20240907+rocm6.2); no later absolute AOTriton figure was found
 # (ROCm/aotriton 0.9b and 0.10b release PRs #76, #97 give relative changes only): at 19.9 TFLOP/s the
-# M12/T5 step would take 2.94 s against 1.524 s published, at CK's 0.96 s (docs/published-runs.md §11.rocm)
+# M12/T5 step would take 2.94 s against 1.524 s published, at CK's 0.96 s (docs/published-runs.md §11.rocm).
+# M12's torch (2.9.0.dev20250811+rocm6.4) bundled AOTriton 0.10b (pytorch#156499, 2025-06-20, to #161754, 2025-08-29,
+# which moved to 0.11b and AITER's assembly kernels), AOTriton being ROCm's default SDPA library (torch/backends/cuda
+# preferred_rocm_fa_library: "Currently AOTriton"; CK only under TORCH_ROCM_FA_PREFER_CK=1, which neither torchtitan
+# 2c8b5947's run_train.sh nor torchao 853f87d1's llama3.sh sets); no absolute 0.10b figure on gfx942 was found
 MI300X_FLASH_TFLOPS = (353.22, 194.43)
 # cuDNN's fused attention as NVIDIA's cudnn-frontend training benchmark times it (benchmark/sdpa_benchmark_training,
 # NVIDIA/cudnn-frontend): BF16, head dim 128, 8 K/V heads, 8192 tokens, causal (top_left), ms forward / backward:
@@ -431,9 +450,13 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         **_mamf("mi300x", 1307.4),
         attention_efficiency=(MI300X_FLASH_TFLOPS[0] / 1307.4, MI300X_FLASH_TFLOPS[1] / 1307.4),
         attention_source="FlashAttention-2 (CK) on MI300X, ROCm 6.3.2, 16384 tokens, head dim 128: forward 353.22, "
-                         "backward 194.43 TFLOP/s (ROCm/flash-attention#142); torch's SDPA runs AOTriton there, no "
-                         "recent figure published for it",
-        **_membound_assumed("H100", MEMBOUND_H100)),
+                         "backward 194.43 TFLOP/s (ROCm/flash-attention#142); torch's SDPA runs AOTriton there (0.10b "
+                         "in 2025-08 nightlies), no absolute figure published for it",
+        membound_eager_efficiency=MEMBOUND_MI300X[0], membound_fused_efficiency=MEMBOUND_MI300X[1],
+        membound_class_efficiency=MEMBOUND_CLASSES_MI300X,
+        membound_source=f"eager measured on MI300X ({_LIGER_MI300X}; SwiGLU alone: none, the eager mean; elementwise: "
+                        f"BabelStream's Add, ROCm/system-acceptance-docs b754ce72); no torch.compile row: the H100's "
+                        f"fused fraction assumed ({_LIGER})"),
     # NVIDIA L4 Tensor Core GPU datasheet (2023): 24 GB GDDR6 at 300 GB/s, BF16 121 TFLOPS dense
     # (242 with sparsity), FP8 242.5 dense (485 with sparsity), PCIe Gen4 x16 64 GB/s, no NVLink
     GPU("l4", 24 * 10**9, 121.0, 0.300, "NVIDIA L4 datasheet (BF16 121, FP8 242.5 dense; 300 GB/s GDDR6)", 32.0,
