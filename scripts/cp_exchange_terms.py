@@ -20,6 +20,13 @@ ROWS = [("C2", "l8_s65536_cp2", 1), ("C3", "l8_s131072_cp4", 1), ("C4", "l8_s262
         ("C6", "l405_s65536_cp2", 8), ("C7", "l405_s131072_cp4", 8), ("C8", "l405_s262144_cp8", 8)]
 
 
+def block_ms(moved, link, waited: bool) -> tuple[float, float, float]:
+    """Forward, backward (its gather reused from the rerun) and a fully recomputed block's total."""
+    forward = contextparallel.pass_exposed_ms(moved, "forward", "allgather", link, waited=waited)
+    backward = contextparallel.pass_exposed_ms(moved, "backward", "allgather", link, False, waited)
+    return forward, backward, 2 * forward + backward
+
+
 def main(folder: str) -> None:
     gpu = archs.gpu("h100-96g")
     for name, profile, tp in ROWS:
@@ -33,12 +40,6 @@ def main(folder: str) -> None:
                            cp_gb_per_s=link.gb_per_s, cp_step_latency_ms=link.step_latency_ms)
         moved = contextparallel.as_exchanged(exchange, setup.training)
 
-        def block_ms(waited: bool) -> tuple[float, float, float]:
-            """forward, backward (its gather reused from the rerun) and a fully recomputed block's total."""
-            forward = contextparallel.pass_exposed_ms(moved, "forward", "allgather", link, waited=waited)
-            backward = contextparallel.pass_exposed_ms(moved, "backward", "allgather", link, False, waited)
-            return forward, backward, 2 * forward + backward
-
         rate = data["assumptions"]["membound_tbps"]["fused"] * 1e9
         ring = [contextparallel.ring_bytes(moved, which, True) / rate for which in ("forward", "backward")]
         cp = exchange.ranks
@@ -46,7 +47,7 @@ def main(folder: str) -> None:
               f"{cp * moved.kv_bytes / 2**30:.2f} GiB, dK/dV pass {2 * moved.kv_bytes / 2**30:.2f} GiB; attention a "
               f"step {exchange.attention_fwd_ms / cp:.1f} / {exchange.attention_bwd_ms / cp:.1f} ms; exposed "
               "forward / backward / block, overlapped %.2f / %.2f / %.2f, waited %.2f / %.2f / %.2f ms; ring "
-              "memory-bound %.2f / %.2f ms" % (*block_ms(False), *block_ms(True), *ring))
+              "memory-bound %.2f / %.2f ms" % (*block_ms(moved, link, False), *block_ms(moved, link, True), *ring))
 
 
 if __name__ == "__main__":
