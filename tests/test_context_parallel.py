@@ -131,6 +131,31 @@ def test_a_compiled_full_recompute_gathers_kv_once_for_the_rerun_and_the_backwar
         pytest.approx(2 * 1.5 + 4.0)
 
 
+def test_torchtitan_9dec370s_compiled_ring_waits_for_every_exchange_where_it_issues_it():
+    import dataclasses
+
+    mha = dataclasses.replace(RING, q_bytes=RING.kv_bytes // 2)  # K, V each as wide as Q: no repeat_kv
+    block = dataclasses.replace(layer_costs(_profile(1))[1], context_parallel=mha)
+    # forward: the all-gather of 4 x 1e8 over 4 ranks moves 3e8 a rank (3 ms), none of it behind step 0
+    assert contextparallel.pass_exposed_ms(RING, "forward", "allgather", LINK, waited=True) == pytest.approx(3)
+    # backward: the gather again (3) and each of the 4 fp32 dK/dV passes (2e8, 2 ms) whole
+    assert contextparallel.pass_exposed_ms(RING, "backward", "allgather", LINK, waited=True) == pytest.approx(3 + 8)
+    compiled = _cp_setup("torchtitan", 100.0, compile=True, runtime_version="9dec370")
+    assert contextparallel.waits_at_issue(compiled.training)
+    # the forward's gather, the rerun's (which the backward reuses), the 4 dK/dV passes
+    assert contextparallel.exchange_ms(block, 1, compiled) == pytest.approx(2 * 3 + 8)
+    assert contextparallel.exchange_ms(block, 0, compiled) == pytest.approx(3 + (3 + 8))
+    # eager at 9dec370, and compiled at a version not read for it, keep the overlap
+    eager = _cp_setup("torchtitan", 100.0, runtime_version="9dec370")
+    assert not contextparallel.waits_at_issue(eager.training)
+    assert contextparallel.exchange_ms(block, 1, eager) == pytest.approx(2 * 2.5 + (2 + 3 + 2))
+    assert contextparallel.exchange_ms(block, 1, _cp_setup("torchtitan", 100.0, compile=True)) == \
+        pytest.approx(2 * 2.5 + (3 + 2))
+    # Megatron-LM's p2p ring (Transformer Engine's, not compiled) as before
+    assert contextparallel.exchange_ms(block, 1, _cp_setup("megatron", 100.0, compile=True)) == \
+        pytest.approx(2 * 1.5 + 4.0)
+
+
 def test_torchtitans_repeated_kv_heads_widen_what_its_ring_moves_and_holds():
     import dataclasses
 

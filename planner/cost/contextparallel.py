@@ -33,6 +33,10 @@ experimental/_context_parallel/_attention.py, torch 2.13.0 cf30153c):
   (_SDPAMerger, 2 O) and a step's output (O); backward the gathered K/V and its concatenation
   ((cp + 1) KV), fp32 dQ (2 Q) and dK/dV (2 KV), a step's gradients (Q + KV), the fp32 dK/dV sent and
   received (4 KV).
+  Compiled (torchtitan 9dec370's fullgraph block compile on torch 1963fc8, read at 2.6.0; the record's
+  cp_compiled_waits_at_issue), none of this overlaps: tracing waits for each functional collective on the
+  next line and inductor does not move the wait, so the all-gather (cp KV) and each of the cp fp32 dK/dV
+  passes are exposed whole (waits_at_issue).
 All-to-all over the heads ("a2a": Megatron-LM's --cp-comm-type a2a, TE's AttnFuncWithCPAndQKVOA2A,
 context_parallel.py 4170-4600 at d0067d0d; DeepSpeed-Ulysses' scheme): Q, K and V are each
 all-to-all'd from s/cp tokens of every head to every token of h/cp heads before the attention, the
@@ -83,11 +87,13 @@ def cp_link(setup: TrainSetup) -> Link | None:
     return Link(comm.cp_gb_per_s, comm.cp_step_latency_ms, comm.collective_latency_ms)
 
 
-def pass_exposed_ms(exchange, which: str, kind: str, link: Link, regather: bool = True) -> float:
+def pass_exposed_ms(exchange, which: str, kind: str, link: Link, regather: bool = True,
+                    waited: bool = False) -> float:
     """What one pass's exchange ("forward", "backward") adds beyond the attention it overlaps; an all-gather
-    ring's backward without its own all-gather where it reuses the recomputed forward's (regather False)."""
+    ring's backward without its own all-gather where it reuses the recomputed forward's (regather False), and
+    with every exchange whole where the compiled ring waits for each as it issues it (waited: waits_at_issue)."""
     cp, kv = exchange.ranks, exchange.kv_bytes
-    step = (exchange.attention_fwd_ms if which == "forward" else exchange.attention_bwd_ms) / cp
+    step = 0.0 if waited else (exchange.attention_fwd_ms if which == "forward" else exchange.attention_bwd_ms) / cp
     if kind == "a2a":  # Q (or dQ) and O (or dO), K and V (or their gradients) each; none hidden
         return 2 * collective_ms("all-to-all", exchange.q_bytes, cp, link) + \
             2 * collective_ms("all-to-all", kv / 2, cp, link)
@@ -110,6 +116,14 @@ def reuses_recomputed_gather(option: int, training) -> bool:
     return option == 1 and bool(training.compile) and runtimes.of(training).compiles_model
 
 
+def waits_at_issue(training) -> bool:
+    """Whether the setup's ring waits for each exchange where it issues it: a compiled block on a runtime
+    whose record says so (cp_compiled_waits_at_issue: torch 2.6.0's _maybe_wrap_tensor puts wait_tensor
+    after the traced collective and inductor 2.6 does not reorder it, docs/framework-facts.md §37)."""
+    return bool(training.compile) and runtimes.of(training).compiles_model and \
+        runtimes.of(training).cp_compiled_waits_at_issue
+
+
 def exchange_ms(layer, option: int, setup: TrainSetup) -> float:
     """A layer's (LayerCost's) exposed exchange per microbatch: forward, backward, and the forward's
     again where its option recomputes the whole layer (1, "full"), whose all-gather the compiled backward
@@ -119,9 +133,10 @@ def exchange_ms(layer, option: int, setup: TrainSetup) -> float:
         return 0.0
     exchange = as_exchanged(exchange, setup.training)
     kind = comm_type(setup.training)
-    forward = pass_exposed_ms(exchange, "forward", kind, link)
+    waited = kind == "allgather" and waits_at_issue(setup.training)
+    forward = pass_exposed_ms(exchange, "forward", kind, link, waited=waited)
     regather = not reuses_recomputed_gather(option, setup.training)
-    return forward * (2 if option == 1 else 1) + pass_exposed_ms(exchange, "backward", kind, link, regather)
+    return forward * (2 if option == 1 else 1) + pass_exposed_ms(exchange, "backward", kind, link, regather, waited)
 
 
 def ring_bytes(exchange, which: str, compiled: bool) -> float:

@@ -128,6 +128,12 @@ class RuntimeFacts:
     """The runtime's model repeats each K/V head over its query heads before calling attention
     (torchtitan's repeat_kv), so the ring exchanges, and its buffers hold, K and V as many heads
     wide as Q; False: K and V at their own (grouped) heads."""
+    cp_compiled_waits_at_issue: bool = False
+    """Where the setup compiles the block, the compiled all-gather ring waits for each exchange where it
+    issues it: tracing puts torch's wait_tensor right after the functional collective and inductor leaves
+    it there (no compute-communication reordering by default), so the K/V all-gather and every fp32 dK/dV
+    pass are exposed whole; False: each overlaps the attention as the eager ring runs it (the all-gather
+    waited at step 1, each dK/dV pass after the next step's compute)."""
     # -- the allocator's reserve
     step_replayed: bool = False
     """The allocator replay (planner/cost/reserve.py) orders this runtime's own step: its static

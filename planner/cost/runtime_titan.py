@@ -116,7 +116,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         **TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
-        cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
+        cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
         float8_saves_input=version == "9dec370",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
@@ -126,6 +126,17 @@ def torchtitan(version: str) -> RuntimeFacts:
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
                        f"all-to-all in fp32), {TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
                        f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
+            "cp_compiled_waits_at_issue": (
+                "9dec370 on torch 1963fc8, read at torch 2.6.0 (2236df17): torch/distributed/_functional_collectives.py "
+                "807-820 (_maybe_wrap_tensor: while tracing, wait_tensor at once after the collective), "
+                "torch/_inductor/config.py 265 (reorder_for_compute_comm_overlap = False), scheduler.py 1871-1884 "
+                "(only reorder_for_peak_memory on); 9dec370 sets no inductor reordering (parallelize_llama.py 204: "
+                "_micro_pipeline_tp only); inductor's code for 9dec370's compiled block on the 2.6.0 wheel "
+                "(scripts/cp_ring_order.py): every all_gather_into_tensor and all_to_all_single waited on the next "
+                "line, step 0's attention before the gather. Later versions (newer torch, its _context_parallel "
+                "ring) not read: the eager overlap is kept" if version == "9dec370" else
+                "not read at this version (newer torch and its _context_parallel ring): the eager ring's overlap is "
+                "kept; read for 9dec370 only (docs/framework-facts.md §37)"),
             "cp_repeats_kv": ("torchtitan/models/llama/model.py 116-126 (repeat_kv: expand + reshape, a copy), 201-209 "
                               "(keys = repeat_kv(xk, n_rep), values likewise, then F.scaled_dot_product_attention), "
                               "torchtitan 9dec370; the same at bbb1b616 (model.py 151, 245-246) and 2c8b5947 "

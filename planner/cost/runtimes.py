@@ -125,6 +125,7 @@ def _ckplan() -> RuntimeFacts:
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
             "cp_repeats_kv": "planner/runtime runs no context parallelism (refused)",
+            "cp_compiled_waits_at_issue": "planner/runtime runs no context parallelism (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
         })
@@ -194,6 +195,9 @@ def _megatron() -> RuntimeFacts:
                              f"num_gqa_groups: K and V reach TE's attention, and its ring, at their query groups' "
                              f"heads); the repeat_interleave of dot_product_attention.py 169-175 is Megatron's unfused "
                              f"attention only, {_MEGATRON_V}",
+            "cp_compiled_waits_at_issue": "Transformer Engine's ring runs in its own autograd functions on its own "
+                                          "streams (context_parallel.py, d0067d0d), not traced by a compile: its "
+                                          "p2p model holds",
             "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
             "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
@@ -318,6 +322,7 @@ def _deepspeed() -> RuntimeFacts:
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             "cp_repeats_kv": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
+            "cp_compiled_waits_at_issue": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
         })
@@ -382,6 +387,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "cublas_workspace_bytes": "not sourced",
             "cp_comm": "not read (refused)",
             "cp_repeats_kv": "not read (refused)",
+            "cp_compiled_waits_at_issue": "not read (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
         })

@@ -223,7 +223,8 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: contextparallel.exchange_ms(layer, int(ckpt), ctx.setup),
          "Transformer Engine's p2p ring or all-to-all over the heads (context_parallel.py d0067d0d), torch's "
          "all-gather ring (_attention.py, torch 2.13): bytes over the context-parallel group's link, a ring's steps "
-         "hidden behind their attention steps, the all-to-all not"),
+         "hidden behind their attention steps, the all-to-all not, nor any exchange of torchtitan 9dec370's "
+         "compiled ring (cp_compiled_waits_at_issue: each waited where issued, torch 2.6.0)"),
     Term("torch's ring around its attention calls: the fp32 merge of each step's output, dQ/dK/dV in fp32", "time",
          "layer", lambda layer, ckpt, ctx: contextparallel.ring_membound_ms(layer, int(ckpt), ctx.profile, ctx.setup),
          "torch's all-gather ring (_attention.py _SDPAMerger, _templated_ring_attention_backward, torch 2.13.0 "
