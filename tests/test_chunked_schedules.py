@@ -80,8 +80,10 @@ def test_the_chunked_milp_charges_late_gradients_only_where_a_chunk_holds_them()
     """torchtitan beside a pipeline (FSDP2, ZeRO 3 kept whole) allocates a stage's fp32 gradients
     at its first backward and frees them after its last (planner/cost/gradtiming.py). P = 2 x V = 2,
     M = 2, one layer a stage (256 MiB kept, 1 MiB boundary tensors, 1M parameters, so G = 4 B x 1M
-    = 4,000,000 bytes a chunk): rank 0 runs F F F F B B B B and peaks after its four forwards, 4 x
-    256 MiB live and no gradient yet, so its peak is static - 2 G + buffers + 4 x 256 MiB. The
+    = 4,000,000 bytes a chunk): rank 0 runs F F F F B B B B and peaks as its first backward starts,
+    4 x 256 MiB live and no fp32 gradient yet, only that backward's own, bf16 until FSDP2's
+    post-backward (gradtiming.layer_grad_in_flight_bytes: 2 B x 1M), so its peak is static - 2 G +
+    buffers + 4 x 256 MiB + 2,000,000. The
     chunked MILP charged 2 G at every moment (8 MB over evaluate): at that --mem it recomputed
     blocks.2; it now takes the plan that recomputes nothing, and refuses it a byte below."""
     profile = profile_of([layer(f"blocks.{i}", "Block", fwd_ms=10, act_mib=256, input_mib=1, recompute_ms=50,
@@ -95,7 +97,7 @@ def test_the_chunked_milp_charges_late_gradients_only_where_a_chunk_holds_them()
     plain = _ranks(profile, setup(2**50), per_stage=1)
     rank0 = costmodel.evaluate(plain, profile, setup(2**50)).stages[0]
     late = 2 * 4 * 1_000_000
-    assert rank0.peak_bytes == rank0.static_bytes - late + rank0.buffer_bytes + 4 * 256 * MIB
+    assert rank0.peak_bytes == rank0.static_bytes - late + rank0.buffer_bytes + 4 * 256 * MIB + 2 * 1_000_000
     need = rank0.peak_bytes + costmodel.FIT_MARGIN_BYTES
     found = search.plan(profile, setup(need), solver="milp")
     assert isinstance(found, search.PlanResult) and not any(rank.recompute for rank in found.stages)

@@ -64,3 +64,21 @@ def one_chunk(lazy: float, *, in_flight: int, kept, microbatches: int, steady: b
     if steady and in_flight < microbatches:
         return lazy
     return maximum(0.0, lazy - kept) if in_flight else lazy
+
+
+def layer_grad_in_flight_bytes(layer: LayerCost, setup: TrainSetup) -> float:
+    """While `layer` runs its backward beside a pipeline, its gradients as autograd makes them, in
+    the weights' dtype, beside the whole gradients the stage keeps (lazy_grad_bytes): FSDP2 with
+    gradient sync off adds them into `unsharded_accumulated_grad` (reduce dtype; made from them at
+    the first backward) only in the unit's post-backward, which runs once the gradient of the unit's
+    input is computed, after every weight gradient of the unit (torch 2.6.0 fsdp/_fully_shard/
+    _fsdp_param_group.py 374-390 post_backward, _fsdp_param.py 629-648
+    to_accumulated_grad_if_needed / accumulate_unsharded_grad_if_needed, 699-719
+    RegisterPostBackwardFunction on the unit's inputs; pipelining/stage.py 636-641 turns sync off).
+    torchtitan fully_shards each block: the unit is the layer. 0 where the record keeps its
+    gradients all iteration (grads_allocated_at_first_backward False) or they are not kept whole."""
+    if not runtimes.of(setup.training).grads_allocated_at_first_backward or not dataparallel.kept_whole(setup):
+        return 0.0
+    ep = setup.data_parallel.ep
+    held = layer.param_count - layer.expert_param_count + layer.expert_param_count / ep
+    return held * dataparallel.param_bytes(setup).weights

@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator, dataparallel, fsdpunits, runtimes
+from planner.cost import allocator, dataparallel, fsdpunits, gradtiming, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.rules import in_flight
 from planner.errors import UserError
@@ -467,8 +467,9 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         params = layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
         fp8 = known.float8.param_count if known.float8 is not None else 0
         kept = int(round(layer_value("kept", layer, option, ctx)))
-        extra = int(round(layer_value("extra", layer, option, ctx)
-                          - fsdp_unit_layer_bytes(layer, option, profile, setup)))
+        # less what the replay makes itself: FSDP2's moment, and beside a pipeline the layer's gradients
+        extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
+                          - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
         gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)

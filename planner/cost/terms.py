@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import comm, contextparallel, dataparallel, fsdp2work, hosttime, jobsettings
+from planner.cost import comm, contextparallel, dataparallel, fsdp2work, gradtiming, hosttime, jobsettings
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
     all_to_all_ms,
@@ -195,6 +195,10 @@ TERMS: tuple[Term, ...] = (
          "layer", lambda layer, ckpt, ctx: fsdp_unit_layer_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "the runtime record's fsdp_units and fsdp_gathered_from_forward (planner/cost/fsdpunits.py); FSDP2's "
          "backward prefetch and one reduce-scatter input at a time (torch 2.13 _fsdp_param_group.py)"),
+    Term("FSDP2's gradients of the layer in the weights' dtype, beside a pipeline, until its post-backward", "extra",
+         "layer", lambda layer, ckpt, ctx: gradtiming.layer_grad_in_flight_bytes(layer, ctx.setup),
+         "the runtime record's grads_allocated_at_first_backward: gradient sync off, FSDP2 adds them into the kept "
+         "gradients at the unit's post-backward (torch 2.6.0 _fsdp_param.py 629-648; planner/cost/gradtiming.py)"),
     Term("optimizer step temporaries", "scratch", "layer",
          lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
          "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
