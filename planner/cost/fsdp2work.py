@@ -129,24 +129,27 @@ def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup)
     output) the model's last layer is in the first unit; never resharded after forward (the root's
     clamp), it is gathered once and has no backward gather. A unit "per-layer" (2c8b5947, b5bcd76c)
     holds the first layer alone, and the last unit is hidden as every other. Beside a pipeline
-    (weights kept whole) nothing changes here."""
+    (weights kept whole) nothing changes here. The second layer's part is charged on the first, so
+    that the blocks stay alike (the solvers' bounds count a kind's layers as one, solve/bounds.py)."""
     record = runtimes.of(setup.training)
     if record.fsdp_units not in _ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, record.fsdp_units):
         return 0.0
     names = [known.name for known in profile.layers]
-    index = names.index(layer.name)
     units = fsdpunits.unit_of_layers(len(names), record.fsdp_units)
-    in_first_unit = units[index] == units[0]
-    if not in_first_unit and index != 1:
+    if units[names.index(layer.name)] != units[0]:
         return 0.0
-    gather, reduce = _collectives_once_ms(layer, setup)
-    if in_first_unit:
-        exposed = gather + reduce
-    else:
-        first = layer_costs(profile)[0]
-        exposed = (max(0.0, gather - compute_ms(first.fwd_ms, setup.time))
-                   + max(0.0, reduce - compute_ms(first.bwd_ms, setup.time)))
-    charged = exposed_comm_ms(layer.param_count, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
-                              bwd_ms=compute_ms(layer.bwd_ms, setup.time), expert_count=layer.expert_param_count,
-                              fp8_count=layer.float8_param_count)
-    return setup.pipeline.microbatches * exposed - charged
+    m = setup.pipeline.microbatches
+    extra = m * sum(_collectives_once_ms(layer, setup)) - _charged_ms(layer, setup)
+    if layer.name == names[0] and len(names) > 1:
+        second = layer_costs(profile)[1]
+        gather, reduce = _collectives_once_ms(second, setup)
+        extra += m * (max(0.0, gather - compute_ms(layer.fwd_ms, setup.time))
+                      + max(0.0, reduce - compute_ms(layer.bwd_ms, setup.time))) - _charged_ms(second, setup)
+    return extra
+
+
+def _charged_ms(layer: LayerCost, setup: TrainSetup) -> float:
+    """dataparallel.exposed_comm_ms of the layer, as the step row charges it (rules.layer_step_ms)."""
+    return exposed_comm_ms(layer.param_count, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
+                           bwd_ms=compute_ms(layer.bwd_ms, setup.time), expert_count=layer.expert_param_count,
+                           fp8_count=layer.float8_param_count)
