@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from planner.cost import fsdpunits, runtimes
 from planner.cost.dataparallel import (
-    exposed_comm_ms,
     expert_setup,
+    exposed_comm_ms,
     gathered_bytes,
     grad_reduce_ms,
     held_expert_params,
@@ -134,13 +134,15 @@ def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup)
     record = runtimes.of(setup.training)
     if record.fsdp_units not in _ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, record.fsdp_units):
         return 0.0
-    names = [known.name for known in profile.layers]
-    units = fsdpunits.unit_of_layers(len(names), record.fsdp_units)
-    if units[names.index(layer.name)] != units[0]:
+    layers = profile.layers
+    # the first unit: the first layer, and under "root-ends" the last (fsdpunits.unit_of_layers), read by
+    # name, not by index: a stage's every layer asks
+    root_last = record.fsdp_units == "root-ends" and len(layers) >= 3 and layer.name == layers[-1].name
+    if layer.name != layers[0].name and not root_last:
         return 0.0
     m = setup.pipeline.microbatches
     extra = m * sum(_collectives_once_ms(layer, setup)) - _charged_ms(layer, setup)
-    if layer.name == names[0] and len(names) > 1:
+    if layer.name == layers[0].name and len(layers) > 1:
         second = layer_costs(profile)[1]
         gather, reduce = _collectives_once_ms(second, setup)
         extra += m * (max(0.0, gather - compute_ms(layer.fwd_ms, setup.time))
