@@ -73,7 +73,69 @@ def test_the_step_rows_charge_the_copies_of_a_torchtitan_layer_beside_its_step_a
 
     layer = LayerCost(name="l", kind="block", fwd_ms=1.0, bwd_ms=2.0, act_bytes=0, input_bytes=0, output_bytes=0,
                       input_in_act_bytes=0, param_count=P, transient_bytes=0, step_ms=(("adam", 0.5),))
-    profile = Profile.model_construct(device=DeviceInfo(type="cuda", name="h100"), assumptions={"gpu_hbm_tbps": 2.0})
+    # a middle layer of four: FSDP2's first unit and the layer after it are test_the_root_unit_...'s
+    middle = [LayerCost(name=n, kind="block", fwd_ms=1.0, bwd_ms=2.0, act_bytes=0, input_bytes=0, output_bytes=0,
+                        input_in_act_bytes=0, param_count=P, transient_bytes=0) for n in ("a", "b", "l", "c")]
+    profile = Profile.model_construct(device=DeviceInfo(type="cuda", name="h100"), assumptions={"gpu_hbm_tbps": 2.0},
+                                      layers=middle)
     for s, copies in ((setup(), 41_000 - 12_000), (setup(runtime="megatron"), 0)):
         others = layer_step_ms(layer, s) + step_checks_ms(layer, profile, s)
         assert layer_value("step", layer, 0, Context(profile, s)) == pytest.approx(others + copies / 2e12 * 1e3)
+
+
+# FSDP2's first unit and the layer after it (fsdp2work.edge_units_exposed_ms), on a four-layer model:
+# embedding and head 1e9 parameters each, two blocks of 0.5e9; forward 1, 40, 40, 30 ms, backward twice
+# that. Over 4 ranks at 100 GB/s one all-gather moves 3/4 of the bf16 weights, one reduce-scatter 3/4
+# of the fp32 gradients: the embedding or head 15 and 30 ms, a block 7.5 and 15 ms.
+def _four_layers():
+    from planner.models.synthetic import layer, profile_of
+
+    return profile_of([layer("embed", "Embedding", fwd_ms=1.0, act_mib=0, input_mib=0, param_count=10**9),
+                       layer("blocks.0", "Block", fwd_ms=40.0, act_mib=0, input_mib=0, param_count=5 * 10**8),
+                       layer("blocks.1", "Block", fwd_ms=40.0, act_mib=0, input_mib=0, param_count=5 * 10**8),
+                       layer("head", "Head", fwd_ms=30.0, act_mib=0, input_mib=0, param_count=10**9)],
+                      name="edge_units")
+
+
+def _edges(s: TrainSetup) -> list[float]:
+    from planner.cost.layers import layer_costs
+
+    p = _four_layers()
+    return [fsdp2work.edge_units_exposed_ms(x, p, s) for x in layer_costs(p)]
+
+
+LINKS = dict(shard_gb_per_s=100.0, replica_gb_per_s=100.0)
+
+
+def test_the_root_unit_is_gathered_and_reduced_exposed_and_the_first_block_hides_behind_the_embedding_alone():
+    s = setup(microbatches=1, runtime_version="9dec370", **LINKS)
+    # charged before: the embedding's two gathers less its forward and backward, and its reduction
+    # less its backward, (15 - 1) + (15 - 2) + (30 - 2) = 55; every other layer hidden by its own
+    # compute (0). FSDP2 at 9dec370 (the root holds embedding, norm and head, never resharded after
+    # forward): the root gathered once before any compute and reduced after the last backward,
+    # whole: embedding 15 + 30 = 45, head 45; block 0 gathers behind the root and reduces before
+    # it, hidden only by the embedding: (7.5 - 1) + (15 - 2) = 19.5, charged on the embedding (the blocks
+    # stay alike)
+    assert _edges(s) == pytest.approx([45 - 55 + 19.5, 0.0, 0.0, 45.0])
+
+
+def test_per_layer_units_expose_the_embedding_and_hide_the_head_as_every_other_unit():
+    # 2c8b5947, b5bcd76c: [norm, output] its own unit, gathered behind the last block's forward
+    for version in ("2c8b5947", "b5bcd76c"):
+        assert _edges(setup(microbatches=1, runtime_version=version, **LINKS)) == pytest.approx([45 - 55 + 19.5, 0, 0, 0])
+
+
+def test_each_microbatch_exposes_the_first_units_collectives():
+    # two microbatches, each gathering and reducing the root (45 each); charged before per microbatch
+    # (15 - 1) + (15 + 30 - 2) for the embedding: 2 x 57; block 0 unchanged before (hidden), after
+    # 2 x 19.5
+    assert _edges(setup(microbatches=2, runtime_version="9dec370", **LINKS)) == pytest.approx(
+        [2 * 45 - 2 * 57 + 39.0, 0.0, 0.0, 90.0])
+
+
+@pytest.mark.parametrize("fields", [dict(runtime="ckplan", runtime_version=None), dict(runtime="megatron", runtime_version=None),
+                                    dict(dp=1), dict(zero=2),
+                                    dict(stages=2, microbatches=4, zero_gather="per-iteration",
+                                         mem_caps_bytes=[2**50] * 2)])
+def test_nothing_moves_where_units_are_not_read_or_weights_stay_whole(fields):
+    assert _edges(setup(**({"microbatches": 1, "runtime_version": "9dec370", **LINKS} | fields))) == [0.0] * 4

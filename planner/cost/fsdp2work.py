@@ -5,17 +5,22 @@ the profile's GPU's HBM bandwidth (cost/terms.py's "FSDP2's copies" row)."""
 
 from __future__ import annotations
 
-from planner.cost import runtimes
+from planner.cost import fsdpunits, runtimes
 from planner.cost.dataparallel import (
     expert_setup,
+    exposed_comm_ms,
     gathered_bytes,
+    grad_reduce_ms,
     held_expert_params,
     kept_whole,
     param_bytes,
     reductions_per_iteration,
     shard_size,
+    weight_gather_ms,
 )
-from planner.schema import TrainSetup
+from planner.cost.layers import LayerCost, layer_costs
+from planner.cost.rules import compute_ms
+from planner.schema import Profile, TrainSetup
 
 # The analytic and fake profiles' backward adds every weight's gradient into its .grad, 3 x its bytes
 # (planner/profiler/analytic_time.py ACCUMULATE: read both, write one), as autograd does where .grad
@@ -84,3 +89,69 @@ def unrun_accumulate_bytes(param_count: float, setup: TrainSetup) -> float:
     if shard_size(setup) == 1 or setup.data_parallel.zero < 2 or not runtimes.of(setup.training).zero_as_fsdp2:
         return 0.0
     return setup.pipeline.microbatches * PROFILE_ACCUMULATE * param_bytes(setup).weights * param_count
+
+
+# The torchtitan records' FSDP2 units (RuntimeFacts.fsdp_units) whose order is read from code:
+# "largest-layer" (ckplan's own runtime, measured) keeps dataparallel.exposed_comm_ms as it is.
+_ORDERED_UNITS = ("root-ends", "per-layer")
+
+
+def _collectives_once_ms(layer: LayerCost, setup: TrainSetup) -> tuple[float, float]:
+    """(one all-gather, one reduction) of the layer's parameters, ms: dataparallel's per-iteration
+    gathers and reductions over their counts (the routed experts' in their own group)."""
+    dense, gathers = layer.param_count - layer.expert_param_count, 2 * setup.pipeline.microbatches
+    gather = weight_gather_ms(dense, setup, fp8_count=layer.float8_param_count)
+    reduce = grad_reduce_ms(dense, setup)
+    if layer.expert_param_count:
+        held, experts = held_expert_params(layer.expert_param_count, setup), expert_setup(setup)
+        gather, reduce = gather + weight_gather_ms(held, experts), reduce + grad_reduce_ms(held, experts)
+    return gather / gathers, reduce / reductions_per_iteration(setup)
+
+
+def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """What FSDP2's first unit and the layer after it expose per iteration beyond what
+    dataparallel.exposed_comm_ms charges them (which hides each layer's gathers and reduction behind
+    its own compute), under ZeRO 3 resharded after forward with a record whose units were read.
+    Read at torch 2.6.0 (the release of torch 1963fc8, torchtitan 9dec370's; the same at 2.13.0)
+    torch/distributed/fsdp/_fully_shard/:
+      - the first unit's all-gather waits for the optimizer step (_fsdp_state.py 130-138,
+        _root_pre_forward: the all-gather streams wait on the current stream) and precedes every
+        layer's compute: exposed whole, once a microbatch. Its reduce-scatter runs after the last
+        backward op (the root's post_backward runs in _root_post_backward_final_callback, 284-309,
+        where the root's inputs, the token ids, need no gradient; per-layer units: after the
+        embedding's backward) and the step waits on it (304-307): exposed whole;
+      - the second layer's all-gather queues behind the first unit's on the all-gather stream
+        (_fsdp_collectives.py 128-170: the copy-in and all-gather streams wait on nothing else in
+        forward) and its compute waits on it, so only the first layer's forward hides it; its
+        reduce-scatter, issued after its backward, is hidden only by the first layer's backward, the
+        last before the first unit's reduce-scatter on the same stream (379-382).
+    Under torchtitan's "root-ends" units (9dec370: fully_shard(model) holds tok_embeddings, norm and
+    output) the model's last layer is in the first unit; never resharded after forward (the root's
+    clamp), it is gathered once and has no backward gather. A unit "per-layer" (2c8b5947, b5bcd76c)
+    holds the first layer alone, and the last unit is hidden as every other. Beside a pipeline
+    (weights kept whole) nothing changes here. The second layer's part is charged on the first, so
+    that the blocks stay alike (the solvers' bounds count a kind's layers as one, solve/bounds.py)."""
+    record = runtimes.of(setup.training)
+    if record.fsdp_units not in _ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, record.fsdp_units):
+        return 0.0
+    layers = profile.layers
+    # the first unit: the first layer, and under "root-ends" the last (fsdpunits.unit_of_layers), read by
+    # name, not by index: a stage's every layer asks
+    root_last = record.fsdp_units == "root-ends" and len(layers) >= 3 and layer.name == layers[-1].name
+    if layer.name != layers[0].name and not root_last:
+        return 0.0
+    m = setup.pipeline.microbatches
+    extra = m * sum(_collectives_once_ms(layer, setup)) - _charged_ms(layer, setup)
+    if layer.name == layers[0].name and len(layers) > 1:
+        second = layer_costs(profile)[1]
+        gather, reduce = _collectives_once_ms(second, setup)
+        extra += m * (max(0.0, gather - compute_ms(layer.fwd_ms, setup.time))
+                      + max(0.0, reduce - compute_ms(layer.bwd_ms, setup.time))) - _charged_ms(second, setup)
+    return extra
+
+
+def _charged_ms(layer: LayerCost, setup: TrainSetup) -> float:
+    """dataparallel.exposed_comm_ms of the layer, as the step row charges it (rules.layer_step_ms)."""
+    return exposed_comm_ms(layer.param_count, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
+                           bwd_ms=compute_ms(layer.bwd_ms, setup.time), expert_count=layer.expert_param_count,
+                           fp8_count=layer.float8_param_count)

@@ -272,6 +272,12 @@ TERMS: tuple[Term, ...] = (
          "the shard's cast and copy into the all-gather input, the copy-out into the unsharded parameters, the "
          "gradients' copy-in to the reduce dtype (torch 2.13 _fsdp_collectives.py), less the profile's .grad "
          "accumulation FSDP2 does not run, at the profile's HBM bandwidth"),
+    Term("FSDP2's first unit gathered before any compute and reduced after it; the next layer's hidden by the "
+         "first's alone", "step", "layer",
+         lambda layer, ckpt, ctx: fsdp2work.edge_units_exposed_ms(layer, ctx.profile, ctx.setup),
+         "the record's fsdp_units; FSDP2's stream order at torch 2.6.0 (_fsdp_state.py _root_pre_forward, "
+         "_root_post_backward_final_callback; _fsdp_collectives.py foreach_all_gather, foreach_reduce): beyond "
+         "dataparallel.exposed_comm_ms's hiding behind each layer's own compute"),
     # -- the layer that opens the stage
     Term("stage input shared with its receive buffer or batch slice", "kept", "open",
          lambda layer, stage, ctx: first_layer_kept_bytes(layer, ctx.setup),
