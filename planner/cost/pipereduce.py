@@ -1,5 +1,5 @@
 """A pipeline stage's gradient reductions where its runtime runs them after the stage's last
-backward (the record's reduces_after_last_backward; dataparallel.reduced_after_last_backward).
+backward (the record's reduces_after_last_backward).
 
 Read at torch 2.6.0 (torchtitan 9dec370's torch; the record's source names the lines): beside
 torch's pipelining every backward but a stage's M-th runs with FSDP2's gradient sync off, and the
@@ -21,9 +21,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost.dataparallel import expert_setup, grad_reduce_ms, held_expert_params, reduced_after_last_backward
+from planner.cost import runtimes
+from planner.cost.dataparallel import expert_setup, grad_reduce_ms, held_expert_params, kept_whole
 from planner.cost.layers import LayerCost
 from planner.schema import TrainSetup
+
+
+def reduced_after_last_backward(setup: TrainSetup) -> bool:
+    """Whether a pipeline stage's gradients, kept whole through its microbatches, are reduced only
+    after its last backward, none beside it (the runtime record's reduces_after_last_backward;
+    dataparallel.exposed_comm_ms then hides none behind the backward)."""
+    return (setup.pipeline.stages > 1 and kept_whole(setup) and setup.data_parallel.dp > 1
+            and runtimes.of(setup.training).reduces_after_last_backward)
 
 
 def layer_reduce_ms(layer: LayerCost, setup: TrainSetup) -> float:

@@ -10,7 +10,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from planner.cost import afterstep, allocator, gradtiming, pipereduce, runtimes, schedule_time, schedules
+from planner.cost import (
+    afterstep,
+    allocator,
+    gradtiming,
+    pipereduce,
+    runtimes,
+    schedule_time,
+    schedules,
+)
 from planner.cost.assembly import (
     PlanCost,
     StageCost,
