@@ -76,12 +76,11 @@ def layers(*param_counts):
 
 def test_a_stages_reductions_by_hand():
     """dp 8, fp32 gradients (torchtitan's reduce dtype) over 1 GB/s: a reduce-scatter moves 7/8 of
-    4 B a parameter. Three layers of 1e6, 2e6, 3e6 parameters: 3.5, 7, 10.5 ms; the last group's
-    (the largest, 10.5) is not waited for."""
+    4 B a parameter. Three layers of 1e6, 2e6, 3e6 parameters: 3.5 + 7 + 10.5 ms."""
     costs, _ = layers(1_000_000, 2_000_000, 3_000_000)
-    total, waited = pipereduce.stage_reductions_ms(costs, setup())
-    assert total == pytest.approx(21.0)
-    assert waited == pytest.approx(10.5)
+    assert pipereduce.stage_reductions_ms(costs, setup()) == pytest.approx(21.0)
+    assert pipereduce.drain_ms(costs, setup()) == pytest.approx(21.0)
+    assert pipereduce.drain_ms(costs, setup(schedule="interleaved-1F1B", chunks=2)) == 0.0  # simulated instead
 
 
 @pytest.mark.parametrize("fields", [dict(runtime_version="2c8b5947"), dict(runtime="ckplan", runtime_version=None), dict(stages=1),
@@ -91,7 +90,7 @@ def test_only_torchtitan_9dec370s_pipeline_reduces_after_the_last_backward(field
     if fields.get("stages") == 1:
         fields |= dict(mem_caps_bytes=[2**50])
     costs, _ = layers(1_000_000)
-    assert pipereduce.stage_reductions_ms(costs, setup(**fields)) == (0.0, 0.0)
+    assert pipereduce.stage_reductions_ms(costs, setup(**fields)) == 0.0
 
 
 def hiding(monkeypatch):
@@ -102,24 +101,22 @@ def hiding(monkeypatch):
     monkeypatch.setattr(runtimes, "of", lambda training: plain if original(training) is record else original(training))
 
 
-def test_the_step_carries_the_reduction_whole_beside_a_pipeline(monkeypatch):
+def test_the_step_carries_no_reduction_beside_a_pipeline(monkeypatch):
     """A 1e6-parameter layer whose backward (1 s) would hide its 3.5 ms reduce-scatter: under the
-    fact nothing hides it (the step keeps it for the solvers); without it, it hides."""
+    fact the step leaves it to the schedule; without it, it hides (0 exposed) either way."""
     s = setup()
-    reduce = dataparallel.grad_reduce_ms(1_000_000, s)
-    assert reduce == pytest.approx(3.5)
+    assert dataparallel.grad_reduce_ms(1_000_000, s) == pytest.approx(3.5)
     gather = dataparallel.weight_gather_ms(1_000_000, s)
-    assert dataparallel.exposed_comm_ms(1_000_000, s, bwd_ms=1000.0) == pytest.approx(reduce + gather)
+    assert dataparallel.exposed_comm_ms(1_000_000, s, bwd_ms=0.0) == pytest.approx(gather)
     hiding(monkeypatch)
+    assert dataparallel.exposed_comm_ms(1_000_000, s, bwd_ms=0.0) == pytest.approx(3.5 + gather)
     assert dataparallel.exposed_comm_ms(1_000_000, s, bwd_ms=1000.0) == pytest.approx(gather)
 
 
-def test_evaluate_moves_the_waited_part_into_the_drain(monkeypatch):
-    """Two stages of two layers (1e6 + 2e6, 3e6 + 1e6 parameters): their waited reductions (3.5 and
-    3.5 ms) lengthen the 1F1B drain; the evaluated step no longer carries them, nor the last groups'
-    (7 and 10.5 ms), which run beside what follows. So against the record hiding them behind the
-    backward the iteration is 7 ms longer, and each stage's reported step carries its whole 10.5 /
-    14 ms (the solvers' upper bound)."""
+def test_evaluate_puts_the_reductions_on_the_drain(monkeypatch):
+    """Two stages of two layers (1e6 + 2e6, 3e6 + 1e6 parameters): 10.5 and 14 ms of reductions,
+    each before its stage's last input gradient leaves: the 1F1B drain passes both, 24.5 ms more
+    than the record hiding them behind the backward (whose steps hold none either)."""
     costs, profile = layers(1_000_000, 2_000_000, 3_000_000, 1_000_000)
     stages = costmodel.split_to_stages([0, 2], [False] * 4, profile)
     s = setup()
@@ -127,5 +124,20 @@ def test_evaluate_moves_the_waited_part_into_the_drain(monkeypatch):
     after = costmodel.evaluate(ranks, profile, s)
     hiding(monkeypatch)
     before = costmodel.evaluate(ranks, profile, s)
-    assert [a.step_ms - b.step_ms for a, b in zip(after.stages, before.stages)] == pytest.approx([10.5, 14.0])
-    assert after.iteration_ms - before.iteration_ms == pytest.approx(3.5 + 3.5)
+    assert [a.step_ms for a in after.stages] == pytest.approx([b.step_ms for b in before.stages])
+    assert after.iteration_ms - before.iteration_ms == pytest.approx(10.5 + 14.0)
+
+
+@pytest.mark.parametrize("solver", ["dp", "milp"])
+def test_the_solvers_objective_is_the_evaluators(solver):
+    """The solvers add the drain as a constant (the same whatever the cuts): the plan they return
+    re-evaluates to their objective (search._checked raises SolverMismatch otherwise)."""
+    from planner.solve import search
+    from planner.solve.deadline import Deadline
+
+    _, profile = layers(1_000_000, 2_000_000, 3_000_000, 1_000_000, 2_000_000)
+    s = setup(microbatches=4)
+    result = search.plan(profile, s, solver=solver, deadline=Deadline(60))
+    cost = costmodel.evaluate(result.stages, profile, s)
+    assert result.solve.objective == pytest.approx(cost.iteration_ms, rel=1e-9)
+    assert pipereduce.drain_ms(costmodel.layer_costs(profile), s) == pytest.approx(3.5 * 9)

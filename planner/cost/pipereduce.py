@@ -7,21 +7,21 @@ M-th, once its backward is queued, calls each FSDP2 group's post_backward in tur
 the rank's compute stream for the previous group's reduce-scatter, copies its own gradients into
 the reduce-scatter input there, and starts its reduce-scatter on FSDP2's stream; only then does the
 schedule queue the stage's input-gradient send, whose NCCL stream waits for the compute stream. So
-on the rank's stream the stage's M-th backward is followed by all its groups' reduce-scatters but the
-last one (nothing waits for that: it runs beside what follows), and so is its send to the stage
-before: the time charged at the stage's last backward (schedule_time.StageTimes.reduce_ms).
+on the rank's stream the stage's M-th backward is followed by its groups' reduce-scatters, and so
+is its send to the stage before: the time charged at the stage's last backward
+(schedule_time.StageTimes.reduce_ms). Nothing waits for the last group's reduce-scatter; it is
+charged with the others (at most one group a stage too much: 28 ms a stage on the 405B rows), so
+that the charge is a sum over layers the solvers carry whatever the cuts (drain_ms).
 
 The reduce-scatters' time is dataparallel's (ring, bytes over the shard group's link); their
-copy-ins stay in the step with FSDP2's other copies (fsdp2work.py). The last group is taken as the
-stage's largest layer's (torchtitan's root group, the embedding or the head, is reduced first;
-its last group is a block).
+copy-ins stay in the step with FSDP2's other copies (fsdp2work.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost import runtimes
+from planner.cost import runtimes, schedules
 from planner.cost.dataparallel import expert_setup, grad_reduce_ms, held_expert_params, kept_whole
 from planner.cost.layers import LayerCost
 from planner.schema import TrainSetup
@@ -44,10 +44,19 @@ def layer_reduce_ms(layer: LayerCost, setup: TrainSetup) -> float:
     return grad_reduce_ms(dense, setup) + experts
 
 
-def stage_reductions_ms(layers: Sequence[LayerCost], setup: TrainSetup) -> tuple[float, float]:
-    """(all the stage's reductions, the part its rank's stream waits for after the stage's last
-    backward: all but the last group's); (0, 0) where the runtime reduces beside the backward."""
+def stage_reductions_ms(layers: Sequence[LayerCost], setup: TrainSetup) -> float:
+    """The stage's reductions after its last backward, on its rank's stream and before its send; 0
+    where the runtime reduces beside the backward (dataparallel.exposed_comm_ms charges them there)."""
     if not reduced_after_last_backward(setup):
-        return 0.0, 0.0
-    each = [layer_reduce_ms(layer, setup) for layer in layers]
-    return sum(each), sum(each) - max(each, default=0.0)
+        return 0.0
+    return sum(layer_reduce_ms(layer, setup) for layer in layers)
+
+
+def drain_ms(layers: Sequence[LayerCost], setup: TrainSetup) -> float:
+    """What the stages' reductions add to a one-stage-a-rank schedule's closed form (the drain passes
+    each stage's once, schedule_time.makespan_ms): every layer's, wherever the cuts fall, so the
+    solvers add it as a constant (costmodel.pipeline_ms, the MILP's critical path); 0 for a schedule
+    of several stages a rank, whose simulation places each stage's (schedule_time.simulate_time)."""
+    if not schedules.closed_form(setup.pipeline.schedule, setup.pipeline.chunks):
+        return 0.0
+    return stage_reductions_ms(layers, setup)

@@ -201,21 +201,20 @@ def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, ord
 
 
 def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setup: TrainSetup, *,
-                      reductions: Sequence[tuple[float, float]] | None = None) -> float:
+                      reductions: Sequence[float] | None = None) -> float:
     """The schedule's makespan with each stage's forward and backward (its sends and actions
     with them: half each; a split backward's input and weight passes half of it each, as Qi et
     al. 2023 take T_B ≈ T_W for transformer layers), then the slowest rank's optimizer step; or,
     when fewer ranks than there are compute at once (capacity_ms), all the work spread over them.
-    `reductions`, per stage (all, waited for; pipereduce.stage_reductions_ms): the gradient
-    reductions a runtime runs after the stage's last backward leave its step (which carries them
-    whole for the solvers) for that backward in the schedule, the part its rank waits for."""
-    reductions = reductions or [(0.0, 0.0)] * len(sums)
+    `reductions`, per stage (pipereduce.stage_reductions_ms): the gradient reductions a runtime runs
+    after the stage's last backward, placed there in the schedule (the step carries none of them)."""
+    reductions = reductions or [0.0] * len(sums)
     times = []
-    for stage, (_, waited) in zip(sums, reductions):
+    for stage, waited in zip(sums, reductions):
         forward = stage.forward_ms + stage.comm_ms / 2
         backward = max(stage.busy_ms - forward, 0.0)
         times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2, reduce_ms=waited))
-    steps = [sum(sums[k].step_ms - reductions[k][0] for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
+    steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
     lockstep = runtimes.of(setup.training).multi_schedule_lockstep
     makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep) + max(steps)
     return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums), sum(steps), setup))
