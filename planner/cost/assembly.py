@@ -164,14 +164,15 @@ def parallel_stages(setup: TrainSetup) -> int:
 
 
 def pipeline_ms(total_ms: float, slowest_ms: float, slowest_step_ms: float, total_step_ms: float,
-                setup: TrainSetup) -> float:
+                setup: TrainSetup, drain_ms: float = 0.0) -> float:
     """A one-stage-per-rank plan's iteration (the evaluator's, score.plan_iteration_ms) from the
     stages' sums and maxima (busy time per microbatch, optimizer steps): the pipeline's critical
     path, fill and drain (every stage once) plus M - 1 steady steps of the slowest stage, then the
     slowest optimizer step; or, when fewer stages than there are compute at once, all the work
     spread over those that can (capacity_ms), if that is longer. The form the DP keeps them in
-    while it grows a plan."""
-    pipeline = total_ms + (setup.pipeline.microbatches - 1) * slowest_ms + slowest_step_ms
+    while it grows a plan. `drain_ms`: the stages' reductions after their last backward, which the
+    drain passes once each (pipereduce.drain_ms: the same whatever the cuts)."""
+    pipeline = total_ms + (setup.pipeline.microbatches - 1) * slowest_ms + slowest_step_ms + drain_ms
     return max(pipeline, capacity_ms(total_ms, total_step_ms, setup))
 
 

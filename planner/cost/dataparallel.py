@@ -360,7 +360,8 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
     follows; under 0.1% of the step for LLaMA 70B), which it leaves out. ZeRO 1/2's gather
     after the step waits for the step and is never hidden. Of param_count, `expert_count` are
     routed experts': the rank's 1/E of them reduce and gather in their expert-data-parallel
-    group, in the same window as the dense ones (the collectives run one after the other)."""
+    group, in the same window as the dense ones (the collectives run one after the other). Where a
+    pipeline's runtime reduces after the stage's last backward, the schedule carries them (pipereduce.py)."""
     dense, experts = param_count - expert_count, expert_setup(setup)
     held = held_expert_params(expert_count, setup)
     reduce = grad_reduce_ms(dense, setup) + (grad_reduce_ms(held, experts) if expert_count else 0.0)
@@ -376,6 +377,8 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
                           + max(0.0, gather_once + reduce_once * (reductions > 1) - bwd_ms))
         last = 0.0 if reductions > 1 else max(0.0, reduce_once - bwd_ms)
         return setup.pipeline.microbatches * per_microbatch + last
+    if setup.pipeline.stages > 1 and runtimes.of(setup.training).reduces_after_last_backward:
+        return gather  # the reductions run after the stage's last backward, in the schedule
     return reductions * max(0.0, reduce_once - bwd_ms) + gather
 
 

@@ -158,6 +158,16 @@ class RuntimeFacts:
     the last group a stage reduces (its whole gradients in the reduce dtype) from the stage's last
     backward to the next step's: the pipeline's manual post-backward did not call the root's final
     callback that drops it (torch before pytorch#144535, 2025-01-10)."""
+    reduces_after_last_backward: bool = False
+    """Beside torch's pipelining, a stage's FSDP2 gradient reductions all run after its M-th backward,
+    on the rank's compute stream's order: each group's post-backward waits for the previous group's
+    reduce-scatter before its own copy-in, and the stage's input gradient is sent only after them. So
+    no reduction hides behind the stage's backward, and each delays what follows it on the rank and
+    its send (planner/cost/pipereduce.py); the last group's reduce-scatter alone is not waited for."""
+    multi_schedule_lockstep: bool = False
+    """Torch's schedules of several stages a rank run by time steps, each step's sends and receives
+    one batch waited before the next step (torch 2.6.0's PipelineScheduleMulti; the runtime of
+    later torch waits for a receive only where an action needs it): schedule_time.simulate_lockstep."""
     # -- after the optimizer step (planner/cost/afterstep.py: static memory as Megatron logs it)
     keeps_last_input_and_grad: bool = False
     """Each model chunk past the pipeline's first keeps its last microbatch's input (the model's

@@ -71,6 +71,26 @@ RS_INPUT_KEPT = ("torch 2.6.0 (git 2236df17, the release of torch 1963fc8's mont
                   "backward (_fsdp_state.py 302-308 drops it only in that callback); pytorch#144535 (2025-01-10) added "
                   "the call")
 
+# FSDP2's reductions beside torch's pipelining (RuntimeFacts.reduces_after_last_backward)
+REDUCES_AFTER_LAST_BACKWARD = (
+    "torch 2.6.0 (git 2236df17, the release of torch 1963fc8's month): pipelining/stage.py 577-652 "
+    "(backward_maybe_with_nosync: every backward with set_requires_gradient_sync(False); at the last one, after "
+    "the backward, run_post_backward calls each group's post_backward in turn), fsdp/_fully_shard/"
+    "_fsdp_param_group.py 374-437 (post_backward_reduce: the current stream waits for the previous group's "
+    "reduce_scatter_state event, then foreach_reduce copies the gradients in on it and reduce-scatters on "
+    "FSDP2's stream; _fsdp_collectives.py 375-396), stage.py 726-816 (backward_one_chunk runs it before it stores the input gradients to send), schedules.py 726-736 and "
+    "769-783 (Schedule1F1B: get_bwd_send_ops / _batch_p2p after backward_one_chunk), 1256-1266 and 1353-1355 "
+    "(PipelineScheduleMulti: the send after the stage's M-th backward); the send's NCCL stream waits for the "
+    "current stream (ProcessGroupNCCL's syncStream)")
+
+# torch 2.6.0's PipelineScheduleMulti (RuntimeFacts.multi_schedule_lockstep)
+MULTI_LOCKSTEP = (
+    "torch 2.6.0 (git 2236df17): pipelining/schedules.py 1236-1355 (PipelineScheduleMulti._step_microbatches: "
+    "for each time step of pipeline_order, the rank's action, then its sends and the receives its neighbours' "
+    "actions of that step imply, one _batch_p2p(ops).wait()), 1690, 1889, 2003, 2188 (LoopedBFS, Interleaved1F1B, "
+    "InterleavedZeroBubble, ZBVZeroBubble subclass it); torch 2.13's interleaved schedules subclass "
+    "_PipelineScheduleRuntime instead (schedules.py 2891)")
+
 RS_INPUT_DROPPED = ("torch since pytorch#144535 (2025-01-10) calls the root's _root_post_backward_final_callback after "
                      f"the pipeline's manual post-backward, which drops the reduce-scatter state (pipelining/stage.py "
                      f"1188-1191, {TORCH_V})")

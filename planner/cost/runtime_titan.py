@@ -10,7 +10,9 @@ from planner.cost.runtime_shared import (
     COMPILED_LOSS,
     MEMTRACKER,
     MODEL_CODE_KERNELS,
+    MULTI_LOCKSTEP,
     PIPELINING_OUTPUTS,
+    REDUCES_AFTER_LAST_BACKWARD,
     RS_INPUT_DROPPED,
     RS_INPUT_KEPT,
     TORCH_PIPELINING,
@@ -117,6 +119,8 @@ def torchtitan(version: str) -> RuntimeFacts:
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
+        reduces_after_last_backward=version == "9dec370",
+        multi_schedule_lockstep=version == "9dec370",
         float8_saves_input=version == "9dec370",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
@@ -158,6 +162,14 @@ def torchtitan(version: str) -> RuntimeFacts:
             "step_replayed": f"not by reserve.py's replay of ckplan's step (fsdp2_step_replayed orders FSDP2's): FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {TORCH_V}",
             "keeps_last_reduce_scatter_input": (f"{RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
                                                 if version == "9dec370" else RS_INPUT_DROPPED),
+            "multi_schedule_lockstep": (f"{MULTI_LOCKSTEP}; {_TITAN_OLD} runs torch 1963fc8" if version == "9dec370"
+                                        else f"{TORCH_V}: interleaved schedules run on _PipelineScheduleRuntime "
+                                             f"(schedules.py 2216, 2891), which waits a receive where it is needed"),
+            "reduces_after_last_backward": (f"{REDUCES_AFTER_LAST_BACKWARD}; {_TITAN_OLD} runs torch 1963fc8"
+                                            if version == "9dec370" else
+                                            f"not read at {TORCH_V}, whose pipelining reduces in a REDUCE_GRAD action "
+                                            f"(stage.py 1164-1191) and whose FSDP2 keeps several reduce-scatters in "
+                                            f"flight: the reductions stay charged as hidden behind the backward"),
             "grads_allocated_at_first_backward": f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad made in the first post-backward), _fsdp_param_group.py 605-611; torch/distributed/pipelining/stage.py 844-847, 1164-1177 (sync off until the last backward), {TORCH_V}",
             "grad_bytes": f"torchtitan/parallelisms/parallelize_llama.py 91, 320 (reduce_dtype fp32), {_TITAN_OLD}; "
                           f"torch/distributed/fsdp/_fully_shard/_fsdp_param.py 802-820 (unsharded_accumulated_grad "

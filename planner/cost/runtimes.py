@@ -97,6 +97,10 @@ def _ckplan() -> RuntimeFacts:
             "expandable_segments_across_nodes": "the same on every node",
             "keeps_last_reduce_scatter_input": f"planner/runtime/mesh.py 111-112 (FSDP2 under ZeRO 2/3) on {TORCH_V}: "
                                                f"{RS_INPUT_DROPPED}",
+            "reduces_after_last_backward": "planner/runtime/mesh.py: ZeRO 2/3 kept whole reduce once after the last "
+                                           "backward, charged whole already (overlaps_grad_reduce False)",
+            "multi_schedule_lockstep": f"torch/distributed/pipelining/schedules.py 2216, 2891 (_PipelineScheduleRuntime), "
+                                       f"{TORCH_V}",
             "fsdp_units": "planner/runtime/mesh.py (fully_shard of every layer): the buffer term measured there "
                           "(scripts/bench_dp_static.py, dataparallel.unsharded_bytes)",
             "fsdp_gathered_from_forward": "none beyond the measured term: every layer resharded after forward",
@@ -203,6 +207,8 @@ def _megatron() -> RuntimeFacts:
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
+            "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
+            "multi_schedule_lockstep": f"not torch's pipelining: megatron/core/pipeline_parallel/schedules.py, {_MEGATRON_V}",
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
                           f"megatron/training/arguments.py 1204-1217 (bf16 forces fp32 accumulation), {_MEGATRON_V}",
@@ -288,6 +294,8 @@ def _deepspeed() -> RuntimeFacts:
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
+            "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
+            "multi_schedule_lockstep": "not torch's pipelining: DeepSpeed's PipelineEngine runs one stage per rank",
             "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
             "shard_weight_bytes": f"deepspeed/runtime/bf16_optimizer.py 49-62 (bf16 flat groups), {_DS_V}",
@@ -348,6 +356,8 @@ def _colossalai(version: str) -> RuntimeFacts:
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
+            "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
+            "multi_schedule_lockstep": "not torch's pipelining: ColossalAI's own schedules",
             "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
             "grad_bytes": f"colossalai/zero/gemini/gemini_ddp.py 106, 380-412 (grads in the fp16 chunk; a grad chunk "
                           f"with accumulation), {_CAI_V}",

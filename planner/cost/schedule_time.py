@@ -8,6 +8,16 @@ ranks adds `send_ms` (a latency: sends overlap compute); a V schedule's turn, tw
 rank, sends nothing. DualPipeV's overlapped F+B pair is one unit, as in torch's runtime
 (without a custom overlap function): it receives both inputs first, runs its halves back to
 back, and sends both outputs after. Sends are latencies: they never hold up a rank's compute.
+A stage's gradient reductions that its runtime runs after its M-th backward (B or W; StageTimes
+.reduce_ms, planner/cost/pipereduce.py) lengthen that action on its rank, and its send with it.
+
+Lockstep (`simulate_lockstep`, where the runtime's record says multi_schedule_lockstep): torch
+2.6.0's PipelineScheduleMulti runs a rank's list by torch's time steps (its pipeline_order, idle
+steps included), and after each step's action waits for one batch of that step's p2p: its own
+send (F to the next stage's rank, B or I to the previous one's) and the receives its neighbours'
+actions of the same step send it. A send or receive completes once both ranks have queued it, each
+after its own action of the step (both NCCL streams wait for their compute streams), so a rank
+starts its next step only when it and every rank it exchanges with that step are done.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ class StageTimes:
     forward_ms: float
     input_grad_ms: float
     weight_grad_ms: float
+    reduce_ms: float = 0.0  # after the stage's M-th backward, on its rank, before its send (pipereduce.py)
 
     @property
     def backward_ms(self) -> float:
@@ -67,6 +78,7 @@ def simulate_time(
     producer finished, when the producer is another rank). As torch's runtime does, a pair
     receives both inputs before it starts, runs its halves back to back and sends after both."""
     finished: dict[tuple[int, str, int], float] = {}  # (stage, F|I|W, microbatch) -> ms
+    backwards = [0] * schedule.num_stages  # B or W actions run per stage: the M-th reduces
     next_action = [0] * schedule.num_ranks
     free_ms = [0.0] * schedule.num_ranks
     starts: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
@@ -84,6 +96,10 @@ def simulate_time(
                 for a in unit:
                     starts[rank].append(clock)
                     clock += stage_times[a.stage].of(a.kind)
+                    if a.kind in ("B", "W"):
+                        backwards[a.stage] += 1
+                        if backwards[a.stage] == schedule.num_microbatches:
+                            clock += stage_times[a.stage].reduce_ms
                 free_ms[rank] = clock
                 for a in unit:  # a pair's outputs leave together, after both halves
                     for done in {"F": "F", "B": "IW", "I": "I", "W": "W"}[a.kind]:
@@ -94,18 +110,78 @@ def simulate_time(
         if not progressed:
             raise RuntimeError(f"{schedule.name}: no rank can run its next action (deadlock)")
     busy = tuple(sum(stage_times[a.stage].of(a.kind) for a in actions)
-                 for actions in schedule.actions)
+                 + sum(stage_times[s].reduce_ms for s in schedule.stages_of(rank))
+                 for rank, actions in enumerate(schedule.actions))
     return Timeline(max(free_ms), busy, tuple(tuple(s) for s in starts))
 
 
-def makespan_ms(schedule: Schedule, *, stage_times: Sequence[StageTimes]) -> float:
+def simulate_lockstep(
+    schedule: Schedule, *, stage_times: Sequence[StageTimes], send_ms: float = 0.0
+) -> Timeline:
+    """Run every rank's list by torch's time steps (Action.time_step), each step ending on a rank
+    when its own action and those of the ranks it exchanges tensors with that step are done (plus
+    `send_ms` where it exchanges any), as torch 2.6.0's PipelineScheduleMulti._step_microbatches
+    waits each step's batched p2p (schedules.py 1236-1355). A stage's M-th backward (B or W) carries
+    its reductions, as in simulate_time."""
+    at = [{a.time_step: [] for a in actions} for actions in schedule.actions]
+    for rank, actions in enumerate(schedule.actions):
+        for index, a in enumerate(actions):
+            at[rank][a.time_step].append(index)
+    steps = max((a.time_step for actions in schedule.actions for a in actions), default=-1) + 1
+    ready = [0.0] * schedule.num_ranks
+    starts: list[list[float]] = [[0.0] * len(actions) for actions in schedule.actions]
+    backwards = [0] * schedule.num_stages
+    for step in range(steps):
+        end = list(ready)
+        for rank, actions in enumerate(schedule.actions):
+            for index in at[rank].get(step, ()):
+                a = actions[index]
+                starts[rank][index] = end[rank]
+                end[rank] += stage_times[a.stage].of(a.kind)
+                if a.kind in ("B", "W"):
+                    backwards[a.stage] += 1
+                    if backwards[a.stage] == schedule.num_microbatches:
+                        end[rank] += stage_times[a.stage].reduce_ms
+        peers = _step_peers(schedule, at, step)
+        ready = [max([end[rank]] + [max(end[rank], end[q]) + send_ms for q in peers[rank]])
+                 for rank in range(schedule.num_ranks)]
+    busy = tuple(sum(stage_times[a.stage].of(a.kind) for a in actions)
+                 + sum(stage_times[s].reduce_ms for s in schedule.stages_of(rank))
+                 for rank, actions in enumerate(schedule.actions))
+    return Timeline(max(ready, default=0.0), busy, tuple(tuple(s) for s in starts))
+
+
+def _step_peers(schedule: Schedule, at: list[dict], step: int) -> list[set[int]]:
+    """Per rank, the ranks it sends to or receives from in time step `step`: an F sends its output
+    to the next stage's rank, a B or I its input gradient to the previous stage's (W sends
+    nothing); a pair exchanges both ways."""
+    peers: list[set[int]] = [set() for _ in range(schedule.num_ranks)]
+    for rank, actions in enumerate(schedule.actions):
+        for index in at[rank].get(step, ()):
+            a = actions[index]
+            to = a.stage + 1 if a.kind == "F" else a.stage - 1 if a.kind in ("B", "I") else None
+            if to is None or not 0 <= to < schedule.num_stages or schedule.stage_to_rank[to] == rank:
+                continue
+            peers[rank].add(schedule.stage_to_rank[to])
+            peers[schedule.stage_to_rank[to]].add(rank)
+    return peers
+
+
+def makespan_ms(schedule: Schedule, *, stage_times: Sequence[StageTimes], lockstep: bool = False) -> float:
     """The iteration's compute, every rank's list run: the simulation (simulate_time); for a
     schedule without actions (pipeline_schedule: 1F1B, GPipe) the closed form the solvers
-    optimise, fill and drain (every stage once) plus M - 1 steady steps of the slowest stage."""
+    optimise, fill and drain (every stage once) plus M - 1 steady steps of the slowest stage,
+    plus every stage's reductions after its last backward: the drain runs the last microbatch's
+    backward from the last stage to the first, each stage's waiting on the one after's send
+    (exact for equal stages: tests/test_pipereduce.py holds it to the simulation). `lockstep`: a
+    schedule of several stages a rank runs in torch 2.6.0's time steps (simulate_lockstep)."""
+    if schedule.actions and lockstep and schedule.several_stages_a_rank:
+        return simulate_lockstep(schedule, stage_times=stage_times).makespan_ms
     if schedule.actions:
         return simulate_time(schedule, stage_times=stage_times).makespan_ms
     busy = [times.busy_ms for times in stage_times]
-    return sum(busy) + (schedule.num_microbatches - 1) * max(busy)
+    drain = sum(times.reduce_ms for times in stage_times)
+    return sum(busy) + (schedule.num_microbatches - 1) * max(busy) + drain
 
 
 def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: float) -> float | None:

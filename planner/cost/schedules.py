@@ -40,7 +40,7 @@ Time model: planner/cost/schedule_time.py (`simulate_time`, `makespan_ms`), whic
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -76,6 +76,7 @@ class Action:
     kind: str
     microbatch: int
     unit: int  # torch's action it is part of: DualPipeV's overlapped F+B is one unit of two
+    time_step: int = field(default=-1, compare=False)  # its index in torch's pipeline_order (-1: not built from it)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,13 @@ class Schedule:
         """Whether a send holds its tensor until the step ends (ChunkBytes.sent_output): torch's
         runtime for several stages per rank (PipelineScheduleMulti) waits for its sends only then;
         a single-stage schedule waits for each before its next action."""
+        return not issubclass(TORCH_CLASSES[self.name], torch_schedules.PipelineScheduleSingle)
+
+    @property
+    def several_stages_a_rank(self) -> bool:
+        """Whether torch runs it as a PipelineScheduleMulti (every schedule but 1F1B and GPipe):
+        at torch 2.6.0 in time steps, each step's sends and receives waited before the next
+        (schedule_time.simulate_lockstep)."""
         return not issubclass(TORCH_CLASSES[self.name], torch_schedules.PipelineScheduleSingle)
 
 
@@ -157,8 +165,8 @@ def build_schedule(
                 for s in range(len(stage_to_rank))}
     actions = tuple(
         tuple(Action(a.stage_index, chunk_of[a.stage_index], a.computation_type.value,
-                     a.microbatch_index, unit)
-              for unit, a in _compute_actions(order[rank]))
+                     a.microbatch_index, unit, step)
+              for unit, step, a in _compute_actions(order[rank]))
         for rank in range(num_ranks)
     )
     return Schedule(name, num_ranks, num_chunks, num_microbatches, stage_to_rank, actions)
@@ -203,11 +211,13 @@ def _torch_order(name: str, *, num_ranks: int, num_chunks: int, num_microbatches
 
 
 def _compute_actions(rank_order: list) -> list:
-    """(unit, action) for the compute actions in run order: idle steps (None) and REDUCE_GRAD
-    dropped, an overlapped F+B pair (DualPipeV) as its two halves sharing one unit."""
-    units = [a for a in rank_order
+    """(unit, time step, action) for the compute actions in run order: idle steps (None) and
+    REDUCE_GRAD dropped, an overlapped F+B pair (DualPipeV) as its two halves sharing one unit;
+    the time step is the action's index in torch's list."""
+    units = [(step, a) for step, a in enumerate(rank_order)
              if a is not None and (a.sub_actions or a.computation_type.value in _COMPUTE_KINDS)]
-    return [(unit, sub) for unit, a in enumerate(units) for sub in (a.sub_actions or (a,))]
+    return [(unit, step, sub) for unit, (step, a) in enumerate(units)
+            for sub in (a.sub_actions or (a,))]
 
 
 def _one_f_one_b_order(num_ranks: int, num_microbatches: int) -> dict:

@@ -10,7 +10,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from planner.cost import afterstep, allocator, gradtiming, schedule_time, schedules
+from planner.cost import (
+    afterstep,
+    allocator,
+    gradtiming,
+    pipereduce,
+    runtimes,
+    schedule_time,
+    schedules,
+)
 from planner.cost.assembly import (
     PlanCost,
     StageCost,
@@ -54,7 +62,8 @@ def evaluate(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) ->
     if order.num_chunks == 1:  # the allocator's replay of a rank's step (reserve.py): one stage a rank
         costs = [with_replayed_reserve(cost, plan, rank, profile=profile, setup=setup)
                  for rank, (cost, plan) in enumerate(zip(costs, ranks))]
-    return PlanCost(stages=costs, iteration_ms=plan_iteration_ms(order, sums, setup))
+    reductions = [pipereduce.stage_reductions_ms(layers, setup) for layers, _ in chunks]
+    return PlanCost(stages=costs, iteration_ms=plan_iteration_ms(order, sums, setup, reductions=reductions))
 
 
 def stage_cost(layers: Sequence[LayerCost], checkpointed: Sequence[int], *, stage: int, profile: Profile,
@@ -191,16 +200,21 @@ def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, ord
         weight_pass_transient=sums.weight_pass_peak_bytes if split else 0)
 
 
-def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setup: TrainSetup) -> float:
+def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setup: TrainSetup, *,
+                      reductions: Sequence[float] | None = None) -> float:
     """The schedule's makespan with each stage's forward and backward (its sends and actions
     with them: half each; a split backward's input and weight passes half of it each, as Qi et
     al. 2023 take T_B ≈ T_W for transformer layers), then the slowest rank's optimizer step; or,
-    when fewer ranks than there are compute at once (capacity_ms), all the work spread over them."""
+    when fewer ranks than there are compute at once (capacity_ms), all the work spread over them.
+    `reductions`, per stage (pipereduce.stage_reductions_ms): the gradient reductions a runtime runs
+    after the stage's last backward, placed there in the schedule (the step carries none of them)."""
+    reductions = reductions or [0.0] * len(sums)
     times = []
-    for stage in sums:
+    for stage, waited in zip(sums, reductions):
         forward = stage.forward_ms + stage.comm_ms / 2
         backward = max(stage.busy_ms - forward, 0.0)
-        times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2))
+        times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2, reduce_ms=waited))
     steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
-    makespan = schedule_time.makespan_ms(order, stage_times=times) + max(steps)
+    lockstep = runtimes.of(setup.training).multi_schedule_lockstep
+    makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep) + max(steps)
     return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums), sum(steps), setup))

@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import comm, contextparallel, dataparallel, fsdp2work, gradtiming, hosttime, jobsettings
+from planner.cost import (
+    comm,
+    contextparallel,
+    dataparallel,
+    fsdp2work,
+    gradtiming,
+    hosttime,
+    jobsettings,
+)
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
     all_to_all_ms,

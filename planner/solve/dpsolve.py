@@ -39,7 +39,7 @@ costmodel.evaluate(). The time limit is a Deadline checked between units of work
 
 from __future__ import annotations
 
-from planner.cost import costmodel
+from planner.cost import costmodel, pipereduce
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve.deadline import Deadline, Expired
 from planner.solve.dpsegments import INF, Chain, Segment, _segments_from, front, segments  # noqa: F401
@@ -79,13 +79,14 @@ def fastest_cuts(chain: Chain, found: list[Segment], *, upper_bound_ms: float, d
     setup = chain.setup
     num_stages, num_layers = setup.pipeline.stages, len(chain)
     total_step = sum(chain.step_ms)
+    drain = pipereduce.drain_ms(chain.layers, setup)  # the stages' reductions after their last backward
     by_start, by_end = _index(found, num_stages, "start"), _index(found, num_stages, "end")
     least_sum, least_max = _remaining_bounds(by_start, num_stages, num_layers)
     limit = upper_bound_ms * (1 + 1e-9)
 
     def bound(total: float, slowest: float, step: float, s: int, end: int) -> float:
         rest_sum, rest_max = least_sum[s + 1].get(end, INF), least_max[s + 1].get(end, INF)
-        return costmodel.pipeline_ms(total + rest_sum, max(slowest, rest_max), step, total_step, setup)
+        return costmodel.pipeline_ms(total + rest_sum, max(slowest, rest_max), step, total_step, setup, drain)
 
     # label: (Σ time, slowest stage, slowest step, (previous label, segment))
     labels = {0: [(0.0, 0.0, 0.0, None)]}
@@ -106,7 +107,7 @@ def fastest_cuts(chain: Chain, found: list[Segment], *, upper_bound_ms: float, d
     if not finals:
         return None
     def iteration_ms(label) -> float:  # from the label's sums and maxima
-        return costmodel.pipeline_ms(*label[:3], total_step, setup)
+        return costmodel.pipeline_ms(*label[:3], total_step, setup, drain)
 
     best = min(finals, key=iteration_ms)
     return _trace(best), iteration_ms(best)
@@ -253,4 +254,5 @@ def lower_bound_ms(profile: Profile, setup: TrainSetup) -> float:
     chain = Chain(profile, setup)
     base = sum(chain.plain_ms) + chain.stages[-1].const_ms
     steps = sum(chain.step_ms)
-    return costmodel.pipeline_ms(base, base / setup.pipeline.stages, steps / setup.pipeline.stages, steps, setup)
+    return costmodel.pipeline_ms(base, base / setup.pipeline.stages, steps / setup.pipeline.stages, steps, setup,
+                                 pipereduce.drain_ms(chain.layers, setup))

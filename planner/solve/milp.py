@@ -44,7 +44,7 @@ from typing import Literal
 
 import pulp
 
-from planner.cost import costmodel
+from planner.cost import costmodel, pipereduce
 from planner.cost.costmodel import LayerCost
 from planner.schema import (
     Profile,
@@ -295,7 +295,9 @@ def _pipeline_time(problem: Problem, stage_times: list, tau, n):
         slowest_step = pulp.LpVariable("sigma", lowBound=0)
         for s in range(setup.pipeline.stages):
             lp += pulp.lpSum(step_of[g] * n(s, g) for g in range(len(runs))) <= slowest_step, f"step_{s}"
-    lp += t_iter >= pulp.lpSum(stage_times) + (setup.pipeline.microbatches - 1) * tau + slowest_step, "critical_path"
+    drain = pipereduce.drain_ms(costmodel.layer_costs(problem.profile), setup)  # after the stages' last backward
+    lp += t_iter >= pulp.lpSum(stage_times) + (setup.pipeline.microbatches - 1) * tau + slowest_step + drain, \
+        "critical_path"
     if costmodel.parallel_stages(setup) < setup.pipeline.stages:
         total_step = sum(step_of[g] * run.size for g, run in enumerate(runs))
         lp += t_iter >= setup.time.cpu_sharing * (setup.pipeline.microbatches * pulp.lpSum(stage_times) + total_step) / (
