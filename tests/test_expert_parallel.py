@@ -277,7 +277,7 @@ def test_ep_on_a_fake_profile_without_experts_says_what_it_lacks():
     from pathlib import Path
 
     from planner import io
-    from planner.commands.setup_options import check_ep
+    from planner.commands.expert_options import check_ep
     from planner.errors import UserError
 
     measured = io.load_profile(Path(__file__).parent / "fixtures" / "chunked-milp-profile.json")

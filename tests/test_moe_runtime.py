@@ -209,7 +209,7 @@ def test_dp2_ep2_trains_like_one_process_with_half_the_experts():
 def test_solve_with_ep_states_the_routing_it_assumes():
     """--ep E plans balanced routing; the profile's own routing on the busiest rank, and what its
     experts would keep beyond the plan, are said (rank_load: 20 of 32 copies on one of 2 ranks)."""
-    from planner.commands.setup_options import routing_note
+    from planner.commands.expert_options import routing_note
     from planner.models.synthetic import layer, profile_of
 
     plain = profile_of([layer(f"l{i}", "Block", fwd_ms=1.0, act_mib=1, input_mib=1, param_count=10) for i in range(2)])

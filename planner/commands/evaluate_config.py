@@ -113,7 +113,7 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
 
 def _check_ep(job, *, dp: int, gpus: int) -> None:
     """The file's expert parallelism against the data-parallel ranks (x CP) its experts take, said
-    in the file's own terms (setup_options.check_ep says it in ckplan's options)."""
+    in the file's own terms (expert_options.check_ep says it in ckplan's options)."""
     import math
 
     ranks = dp * job.cp

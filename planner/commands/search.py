@@ -347,7 +347,7 @@ def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chu
 
 
 def _experts(profile) -> int:
-    from planner.commands.setup_options import routed_experts
+    from planner.commands.expert_options import routed_experts
 
     return (routed_experts(profile) or 0) if any(layer.expert_param_count for layer in profile.layers) else 0
 

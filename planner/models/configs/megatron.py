@@ -15,6 +15,7 @@ from pathlib import Path
 from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, pending
+from planner.models.configs.megatron_args import Flags, positive
 from planner.models.configs.megatron_files import (
     check_trainer,
     script_pairs,
@@ -64,74 +65,15 @@ def read(path: Path) -> Job:
     return job
 
 
-class _Flags:
-    """The flags given, each consumed once by the reader that accounts for it."""
-
-    def __init__(self, pairs, job_sink: list):
-        self.given: dict[str, list[str]] = {}
-        for flag, values in pairs:
-            self.given[flag] = values
-        self.sink = job_sink
-        self.notes: list[str] = []
-
-    def has(self, flag: str) -> bool:
-        values = self.given.get(flag)
-        return values is not None and values != ["false"]
-
-    def take(self, flag: str, what: str, cast=str, default=None):
-        """The flag's value (cast), recorded as modelled; `default` where not given."""
-        if flag not in self.given:
-            return default
-        values = self.given.pop(flag)
-        if values == ["false"]:
-            self.sink.append((flag, "false", "modelled", what + " (off)"))
-            return default
-        if cast is bool:
-            self.sink.append((flag, " ".join(values), "modelled", what))
-            return True
-        if len(values) != 1:
-            raise UserError(f"{flag} takes one value and was given {len(values)} ({' '.join(values) or 'none'}); "
-                            "give one")
-        self.sink.append((flag, values[0], "modelled", what))
-        return _cast(flag, values[0], cast)
-
-    def take_list(self, flag: str, what: str) -> list[str] | None:
-        if flag not in self.given:
-            return None
-        values = self.given.pop(flag)
-        self.sink.append((flag, " ".join(values), "modelled", what))
-        return values
-
-
-def _cast(flag: str, value: str, cast):
-    from planner.models.configs.bashargs import COMMAND_MARK
-
-    if COMMAND_MARK in value:
-        command = value.split(COMMAND_MARK, 1)[1]
-        raise UserError(f"{flag}'s value comes from the command $({command}, which ckplan does not run; write the "
-                        "value in the file")
-    try:
-        return cast(value)
-    except ValueError:
-        kind = {int: "a whole number", float: "a number"}.get(cast, "a value")
-        raise UserError(f"{flag} {value!r} is not {kind}; give {kind}") from None
-
-
-def _positive(flag: str, value: int | None) -> int | None:
-    if value is not None and value < 1:
-        raise UserError(f"{flag} {value}: give 1 or more")
-    return value
-
-
 def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     sink: list = []
-    flags = _Flags(pairs, sink)
+    flags = Flags(pairs, sink)
     arch, seq_len = _arch(flags, where)
     backend = flags.take("--attention-backend", "attention kernel (unfused, local: the s x s scores kept)", str, "auto")
-    mbs = _positive("--micro-batch-size", flags.take("--micro-batch-size", "sequences per microbatch", int, 1))
+    mbs = positive("--micro-batch-size", flags.take("--micro-batch-size", "sequences per microbatch", int, 1))
     job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs,
               attention="eager" if backend in EAGER_BACKENDS else "flash")
-    job.global_batch_size = _positive("--global-batch-size",
+    job.global_batch_size = positive("--global-batch-size",
                                       flags.take("--global-batch-size", "sequences per iteration", int))
     _parallel(flags, job)
     _recompute(flags, job)
@@ -146,16 +88,16 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     return job
 
 
-def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
+def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
     def need(flag: str, what: str) -> int:
         value = flags.take(flag, what, int)
         if value is None:
             raise UserError(f"{where} does not give {flag}, which the model's size needs; add it")
-        return _positive(flag, value)
+        return positive(flag, value)
 
     layers, hidden = need("--num-layers", "decoder layers"), need("--hidden-size", "hidden size")
     heads, seq_len = need("--num-attention-heads", "attention heads"), need("--seq-length", "tokens per sequence")
-    ffn = _positive("--ffn-hidden-size", flags.take("--ffn-hidden-size", "MLP width", int, 4 * hidden))
+    ffn = positive("--ffn-hidden-size", flags.take("--ffn-hidden-size", "MLP width", int, 4 * hidden))
     gqa = flags.take("--group-query-attention", "grouped-query attention", bool, False)
     groups = flags.take("--num-query-groups", "key/value heads (with --group-query-attention)", int, heads)
     kv = groups if gqa else heads
@@ -209,7 +151,7 @@ def _arch(flags: _Flags, where: str) -> tuple[Arch, int]:
     return arch, seq_len
 
 
-def _learned_positions(flags: _Flags, seq_len: int) -> int | None:
+def _learned_positions(flags: Flags, seq_len: int) -> int | None:
     """The learned position table's rows of a GPT-style model (--position-embedding-type
     learned_absolute, Megatron-LM's default: arguments.py 2115 at 6e091e1b): --max-position-embeddings
     (required there, at least --seq-length: 1264-1301); None for rope, none or --no-position-embedding."""
@@ -222,10 +164,10 @@ def _learned_positions(flags: _Flags, seq_len: int) -> int | None:
         flags.notes.append(f"no --max-position-embeddings (Megatron-LM requires it): the learned position table "
                            f"taken as --seq-length's {seq_len} rows")
         return seq_len
-    return _positive("--max-position-embeddings", rows)
+    return positive("--max-position-embeddings", rows)
 
 
-def _moe(flags: _Flags, layers: int, ffn: int) -> dict:
+def _moe(flags: Flags, layers: int, ffn: int) -> dict:
     experts = flags.take("--num-experts", "routed experts", int)
     if not experts:
         return {}
@@ -259,7 +201,7 @@ def _dense_layers(freq: str, layers: int) -> tuple[int, ...]:
     return tuple(i for i, v in enumerate(pattern) if not v)
 
 
-def _mla(flags: _Flags) -> dict:
+def _mla(flags: Flags) -> dict:
     if not flags.take("--multi-latent-attention", "multi-head latent attention", bool, False):
         return {}
     return dict(kv_lora_rank=flags.take("--kv-lora-rank", "latent K/V rank", int, 512),
@@ -269,11 +211,11 @@ def _mla(flags: _Flags) -> dict:
                 v_head_dim=flags.take("--v-head-dim", "v head width", int, 128))
 
 
-def _context_parallel(flags: _Flags, job: Job) -> None:
+def _context_parallel(flags: Flags, job: Job) -> None:
     """--context-parallel-size (megatron/core/model_parallel_config.py 100) and --cp-comm-type
     (megatron/training/arguments.py 3221-3226: one type, or one per layer; default p2p), both at d98e8a64: p2p and allgather are modelled (planner/cost/contextparallel.py),
     a2a (planner/cost/contextparallel.py) are modelled; a2a+p2p and a type per layer are scored as p2p and said."""
-    job.cp = _positive("--context-parallel-size",
+    job.cp = positive("--context-parallel-size",
                        flags.take("--context-parallel-size", "context parallelism (each rank seq / cp tokens, TE's "
                                                              "ring attention)", int, 1))
     kinds = flags.given.get("--cp-comm-type")
@@ -284,12 +226,12 @@ def _context_parallel(flags: _Flags, job: Job) -> None:
         job.modelled.cp_comm = kinds[0]
 
 
-def _parallel(flags: _Flags, job: Job) -> None:
+def _parallel(flags: Flags, job: Job) -> None:
     _context_parallel(flags, job)
-    job.tp = _positive("--tensor-model-parallel-size",
+    job.tp = positive("--tensor-model-parallel-size",
                        flags.take("--tensor-model-parallel-size", "tensor parallelism", int, 1))
     job.sp = flags.take("--sequence-parallel", "sequence parallelism", bool, False) and job.tp > 1
-    job.pp = _positive("--pipeline-model-parallel-size",
+    job.pp = positive("--pipeline-model-parallel-size",
                        flags.take("--pipeline-model-parallel-size", "pipeline stages", int, 1))
     per_virtual = flags.take("--num-layers-per-virtual-pipeline-stage", "virtual stages (layers each)", int)
     virtual = flags.take("--num-virtual-stages-per-pipeline-rank", "virtual stages per rank", int)
@@ -304,7 +246,7 @@ def _parallel(flags: _Flags, job: Job) -> None:
     if job.chunks > 1:
         job.schedule = "interleaved-1F1B"
     job.layers_per_stage = _split(flags, job)
-    job.ep = _positive("--expert-model-parallel-size",
+    job.ep = positive("--expert-model-parallel-size",
                        flags.take("--expert-model-parallel-size", "expert parallelism", int, 1))
     if flags.take("--use-distributed-optimizer", "optimizer state sharded over data-parallel ranks (ZeRO 1)",
                   bool, False):
@@ -316,7 +258,7 @@ def _parallel(flags: _Flags, job: Job) -> None:
         if strategy not in FSDP_ZERO:
             raise UserError(f"--data-parallel-sharding-strategy {strategy!r}: give one of {', '.join(FSDP_ZERO)}")
         job.zero = FSDP_ZERO[strategy]
-    job.dp_replicate = _positive("--num-distributed-optimizer-instances", flags.take(
+    job.dp_replicate = positive("--num-distributed-optimizer-instances", flags.take(
         "--num-distributed-optimizer-instances", "the distributed optimizer sharded within groups of the data-parallel "
         "ranks, replicated across this many (megatron-core parallel_state.py 918-929)", int, 1))
     flags.take("--overlap-grad-reduce", "gradient reduce-scatter overlapped with the backward (as the cost model "
@@ -327,7 +269,7 @@ def _parallel(flags: _Flags, job: Job) -> None:
                                             "(megatron-core's default)", int)
 
 
-def _split(flags: _Flags, job: Job) -> list[int]:
+def _split(flags: Flags, job: Job) -> list[int]:
     """Decoder layers of each of the pp x chunks stages, in pipeline order."""
     stages, layers = job.pp * job.chunks, job.arch.num_layers
     layout = flags.take("--pipeline-model-parallel-layout", "the pipeline split", str)
@@ -372,7 +314,7 @@ def _layout_counts(layout: str) -> list[int]:
     return counts
 
 
-def _recompute(flags: _Flags, job: Job) -> None:
+def _recompute(flags: Flags, job: Job) -> None:
     granularity = flags.take("--recompute-granularity", "recompute: full layers or selected modules", str)
     method_given, num_given = flags.has("--recompute-method"), flags.has("--recompute-num-layers")
     method = flags.take("--recompute-method", "which layers recompute in full", str)
@@ -409,7 +351,7 @@ def _recompute(flags: _Flags, job: Job) -> None:
         raise UserError(f"--recompute-granularity {granularity!r}: give full or selective")
 
 
-def _precision(flags: _Flags, job: Job) -> None:
+def _precision(flags: Flags, job: Job) -> None:
     bf16 = flags.take("--bf16", "bf16 weights and activations, fp32 master weights and Adam state", bool, False)
     fp16 = flags.given.get("--fp16") is not None and flags.has("--fp16")
     job.precision = "bf16-mixed" if bf16 or fp16 else "fp32"
@@ -419,7 +361,7 @@ def _precision(flags: _Flags, job: Job) -> None:
     job.optimizer = name
 
 
-def _settings(flags: _Flags, job: Job) -> None:
+def _settings(flags: Flags, job: Job) -> None:
     """--tp-comm-overlap and bf16 moments (Job.modelled); arguments.py at d98e8a64ddf3: --exp-avg-dtype and
     --exp-avg-sq-dtype (3675-3684, default fp32) take effect with --use-precision-aware-optimizer."""
     if flags.take("--tp-comm-overlap", "TE's TP communication overlapped with the GEMMs (the runtime's tp_overlap, "
@@ -450,7 +392,7 @@ def _settings(flags: _Flags, job: Job) -> None:
         job.modelled.optimizer_state_dtype = "bf16"
 
 
-def _test_settings(flags: _Flags, job: Job) -> None:
+def _test_settings(flags: Flags, job: Job) -> None:
     """The settings Megatron-LM's functional tests run that move bytes (the runtime record's
     unfused_wgrad_bytes, logged_read_shard_bytes; planner/cost/jobsettings.py), each a flag of
     arguments.py at 6e091e1b."""
@@ -478,7 +420,7 @@ def _test_settings(flags: _Flags, job: Job) -> None:
                            "non-deterministic kernel)")
 
 
-def _float8(flags: _Flags, job: Job) -> None:
+def _float8(flags: Flags, job: Job) -> None:
     """--fp8-format e4m3|hybrid with --fp8-recipe delayed (the default) or tensorwise
     (megatron/core/transformer/transformer_config.py 587-600 at d98e8a64ddf3): Transformer Engine's
     layers run their GEMMs in FP8, timed as Float8 (--float8; the runtime record says its memory is
@@ -494,7 +436,7 @@ def _float8(flags: _Flags, job: Job) -> None:
     job.modelled.float8 = True
 
 
-def _rest(flags: _Flags, job: Job) -> None:
+def _rest(flags: Flags, job: Job) -> None:
     """Every flag not read above: pending settings, not modelled, no effect, or unknown."""
     for flag, values in flags.given.items():
         value = " ".join(values)

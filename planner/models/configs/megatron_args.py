@@ -1,0 +1,66 @@
+"""Megatron-LM's flags as given, for the reader in megatron.py: each taken once by the reader that
+accounts for it, its value cast and checked, and recorded as it is taken (what Job.said lists);
+what no reader takes is left for megatron._rest to name."""
+
+from __future__ import annotations
+
+from planner.errors import UserError
+
+
+class Flags:
+    """The flags given, each consumed once by the reader that accounts for it."""
+
+    def __init__(self, pairs, job_sink: list):
+        self.given: dict[str, list[str]] = {}
+        for flag, values in pairs:
+            self.given[flag] = values
+        self.sink = job_sink
+        self.notes: list[str] = []
+
+    def has(self, flag: str) -> bool:
+        values = self.given.get(flag)
+        return values is not None and values != ["false"]
+
+    def take(self, flag: str, what: str, cast=str, default=None):
+        """The flag's value (cast), recorded as modelled; `default` where not given."""
+        if flag not in self.given:
+            return default
+        values = self.given.pop(flag)
+        if values == ["false"]:
+            self.sink.append((flag, "false", "modelled", what + " (off)"))
+            return default
+        if cast is bool:
+            self.sink.append((flag, " ".join(values), "modelled", what))
+            return True
+        if len(values) != 1:
+            raise UserError(f"{flag} takes one value and was given {len(values)} ({' '.join(values) or 'none'}); "
+                            "give one")
+        self.sink.append((flag, values[0], "modelled", what))
+        return cast_value(flag, values[0], cast)
+
+    def take_list(self, flag: str, what: str) -> list[str] | None:
+        if flag not in self.given:
+            return None
+        values = self.given.pop(flag)
+        self.sink.append((flag, " ".join(values), "modelled", what))
+        return values
+
+
+def cast_value(flag: str, value: str, cast):
+    from planner.models.configs.bashargs import COMMAND_MARK
+
+    if COMMAND_MARK in value:
+        command = value.split(COMMAND_MARK, 1)[1]
+        raise UserError(f"{flag}'s value comes from the command $({command}, which ckplan does not run; write the "
+                        "value in the file")
+    try:
+        return cast(value)
+    except ValueError:
+        kind = {int: "a whole number", float: "a number"}.get(cast, "a value")
+        raise UserError(f"{flag} {value!r} is not {kind}; give {kind}") from None
+
+
+def positive(flag: str, value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise UserError(f"{flag} {value}: give 1 or more")
+    return value
