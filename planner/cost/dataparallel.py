@@ -362,11 +362,7 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
     routed experts': the rank's 1/E of them reduce and gather in their expert-data-parallel
     group, in the same window as the dense ones (the collectives run one after the other). Where a
     pipeline's runtime reduces after the stage's last backward, the schedule carries them (pipereduce.py)."""
-    dense, experts = param_count - expert_count, expert_setup(setup)
-    held = held_expert_params(expert_count, setup)
-    reduce = grad_reduce_ms(dense, setup) + (grad_reduce_ms(held, experts) if expert_count else 0.0)
-    gather = weight_gather_ms(dense, setup, fp8_count=fp8_count) + (weight_gather_ms(held, experts)
-                                                                   if expert_count else 0.0)
+    gather, reduce = collectives_ms(param_count, setup, expert_count=expert_count, fp8_count=fp8_count)
     if not overlaps_comm(setup):
         return reduce + gather
     reductions = reductions_per_iteration(setup)
@@ -377,9 +373,28 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
                           + max(0.0, gather_once + reduce_once * (reductions > 1) - bwd_ms))
         last = 0.0 if reductions > 1 else max(0.0, reduce_once - bwd_ms)
         return setup.pipeline.microbatches * per_microbatch + last
-    if setup.pipeline.stages > 1 and runtimes.of(setup.training).reduces_after_last_backward:
+    if reduced_after_last_backward(setup):
         return gather  # the reductions run after the stage's last backward, in the schedule
     return reductions * max(0.0, reduce_once - bwd_ms) + gather
+
+
+def collectives_ms(param_count: int, setup: TrainSetup, *, expert_count: int = 0,
+                   fp8_count: int = 0) -> tuple[float, float]:
+    """(the weight gathers, the gradient reductions) of a layer's parameters per iteration, ms, the
+    routed experts' (`expert_count` of them, the rank's 1/E held) in their own group."""
+    dense, experts = param_count - expert_count, expert_setup(setup)
+    held = held_expert_params(expert_count, setup)
+    reduce = grad_reduce_ms(dense, setup) + (grad_reduce_ms(held, experts) if expert_count else 0.0)
+    gather = weight_gather_ms(dense, setup, fp8_count=fp8_count) + (weight_gather_ms(held, experts)
+                                                                   if expert_count else 0.0)
+    return gather, reduce
+
+
+def reduced_after_last_backward(setup: TrainSetup) -> bool:
+    """Whether a pipeline stage's gradients, kept whole through its microbatches, are reduced only after
+    its last backward (the record's reduces_after_last_backward): the schedule carries them (pipereduce.py)."""
+    return (setup.pipeline.stages > 1 and kept_whole(setup) and setup.data_parallel.dp > 1
+            and runtimes.of(setup.training).reduces_after_last_backward)
 
 
 def step_term_ms(param_count: int, step_ms: float, setup: TrainSetup, *, fwd_ms: float = 0.0,

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 from planner.cost import fsdpunits, runtimes
 from planner.cost.dataparallel import (
+    collectives_ms,
     expert_setup,
     exposed_comm_ms,
     gathered_bytes,
-    grad_reduce_ms,
     held_expert_params,
     kept_whole,
     param_bytes,
     reductions_per_iteration,
     shard_size,
-    weight_gather_ms,
 )
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.rules import compute_ms
@@ -98,14 +97,10 @@ _ORDERED_UNITS = ("root-ends", "per-layer")
 
 def _collectives_once_ms(layer: LayerCost, setup: TrainSetup) -> tuple[float, float]:
     """(one all-gather, one reduction) of the layer's parameters, ms: dataparallel's per-iteration
-    gathers and reductions over their counts (the routed experts' in their own group)."""
-    dense, gathers = layer.param_count - layer.expert_param_count, 2 * setup.pipeline.microbatches
-    gather = weight_gather_ms(dense, setup, fp8_count=layer.float8_param_count)
-    reduce = grad_reduce_ms(dense, setup)
-    if layer.expert_param_count:
-        held, experts = held_expert_params(layer.expert_param_count, setup), expert_setup(setup)
-        gather, reduce = gather + weight_gather_ms(held, experts), reduce + grad_reduce_ms(held, experts)
-    return gather / gathers, reduce / reductions_per_iteration(setup)
+    gathers and reductions over their counts."""
+    gather, reduce = collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
+                                    fp8_count=layer.float8_param_count)
+    return gather / (2 * setup.pipeline.microbatches), reduce / reductions_per_iteration(setup)
 
 
 def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:

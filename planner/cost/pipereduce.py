@@ -21,27 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost import runtimes, schedules
-from planner.cost.dataparallel import expert_setup, grad_reduce_ms, held_expert_params, kept_whole
+from planner.cost import schedules
+from planner.cost.dataparallel import collectives_ms, reduced_after_last_backward
 from planner.cost.layers import LayerCost
 from planner.schema import TrainSetup
-
-
-def reduced_after_last_backward(setup: TrainSetup) -> bool:
-    """Whether a pipeline stage's gradients, kept whole through its microbatches, are reduced only
-    after its last backward, none beside it (the runtime record's reduces_after_last_backward;
-    dataparallel.exposed_comm_ms then hides none behind the backward)."""
-    return (setup.pipeline.stages > 1 and kept_whole(setup) and setup.data_parallel.dp > 1
-            and runtimes.of(setup.training).reduces_after_last_backward)
-
-
-def layer_reduce_ms(layer: LayerCost, setup: TrainSetup) -> float:
-    """One layer's gradient reduction once an iteration (its routed experts' in their own group),
-    as dataparallel.exposed_comm_ms counts it."""
-    dense = layer.param_count - layer.expert_param_count
-    experts = (grad_reduce_ms(held_expert_params(layer.expert_param_count, setup), expert_setup(setup))
-               if layer.expert_param_count else 0.0)
-    return grad_reduce_ms(dense, setup) + experts
 
 
 def stage_reductions_ms(layers: Sequence[LayerCost], setup: TrainSetup) -> float:
@@ -49,7 +32,7 @@ def stage_reductions_ms(layers: Sequence[LayerCost], setup: TrainSetup) -> float
     where the runtime reduces beside the backward (dataparallel.exposed_comm_ms charges them there)."""
     if not reduced_after_last_backward(setup):
         return 0.0
-    return sum(layer_reduce_ms(layer, setup) for layer in layers)
+    return sum(collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count)[1] for layer in layers)
 
 
 def drain_ms(layers: Sequence[LayerCost], setup: TrainSetup) -> float:

@@ -109,10 +109,7 @@ def simulate_time(
                 progressed = True
         if not progressed:
             raise RuntimeError(f"{schedule.name}: no rank can run its next action (deadlock)")
-    busy = tuple(sum(stage_times[a.stage].of(a.kind) for a in actions)
-                 + sum(stage_times[s].reduce_ms for s in schedule.stages_of(rank))
-                 for rank, actions in enumerate(schedule.actions))
-    return Timeline(max(free_ms), busy, tuple(tuple(s) for s in starts))
+    return Timeline(max(free_ms), _busy(schedule, stage_times), tuple(tuple(s) for s in starts))
 
 
 def simulate_lockstep(
@@ -145,10 +142,14 @@ def simulate_lockstep(
         peers = _step_peers(schedule, at, step)
         ready = [max([end[rank]] + [max(end[rank], end[q]) + send_ms for q in peers[rank]])
                  for rank in range(schedule.num_ranks)]
-    busy = tuple(sum(stage_times[a.stage].of(a.kind) for a in actions)
+    return Timeline(max(ready, default=0.0), _busy(schedule, stage_times), tuple(tuple(s) for s in starts))
+
+
+def _busy(schedule: Schedule, stage_times: Sequence[StageTimes]) -> tuple[float, ...]:
+    """Per rank, its actions' time and its stages' reductions after their last backward."""
+    return tuple(sum(stage_times[a.stage].of(a.kind) for a in actions)
                  + sum(stage_times[s].reduce_ms for s in schedule.stages_of(rank))
                  for rank, actions in enumerate(schedule.actions))
-    return Timeline(max(ready, default=0.0), busy, tuple(tuple(s) for s in starts))
 
 
 def _step_peers(schedule: Schedule, at: list[dict], step: int) -> list[set[int]]:

@@ -108,7 +108,7 @@ class Schedule:
         """Whether a send holds its tensor until the step ends (ChunkBytes.sent_output): torch's
         runtime for several stages per rank (PipelineScheduleMulti) waits for its sends only then;
         a single-stage schedule waits for each before its next action."""
-        return not issubclass(TORCH_CLASSES[self.name], torch_schedules.PipelineScheduleSingle)
+        return self.several_stages_a_rank
 
     @property
     def several_stages_a_rank(self) -> bool:
