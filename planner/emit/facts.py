@@ -64,7 +64,7 @@ class ModelFacts(BaseModel):
     style: Literal["llama", "gpt"] = "llama"
     qkv_bias: StrictBool = False
     head_dim: Size | None = None
-    mlp_act: Literal["gelu", "relu"] = "gelu"
+    mlp_act: Literal["gelu", "relu", "gelu_kernel"] = "gelu"
     sliding_window: Size | None = None
     qk_norm: StrictBool = False
     num_experts: Count = 0
@@ -83,6 +83,21 @@ class ModelFacts(BaseModel):
     rope_theta: float | None = None
     norm_eps: float | None = None
     rope_scaling: RopeScaling | None = None
+    rotary: StrictBool | None = None  # None: the style's own (Arch.rotates)
+    residual_dropout: StrictBool | None = None  # None: the style's own (Arch.drops_residual)
+    embedding_dropout: StrictBool | None = None
+    attention_dropout: StrictBool | None = None
+
+    @property
+    def rotates(self) -> bool:
+        if self.rotary is not None:
+            return self.rotary
+        return self.style == "llama" or not self.max_position_embeddings
+
+    def drops(self, which: Literal["residual", "embedding", "attention"]) -> bool:
+        """Whether the model drops there (Arch.drops_residual and its kin)."""
+        given = getattr(self, f"{which}_dropout")
+        return self.style == "gpt" if given is None else given
 
     @property
     def head_size(self) -> int:

@@ -197,8 +197,11 @@ def shape_arguments(profile: Profile) -> list[str]:
     if model.head_dim and model.head_dim != hidden // heads:
         lines.append(arg("--kv-channels", model.head_dim))
     lines += [arg("--seq-length", seq_len), arg("--max-position-embeddings", model.max_position_embeddings or seq_len)]
-    if model.style == "gpt":  # Megatron's defaults: LayerNorm, GELU, biases, learned positions
-        lines.append(arg("--position-embedding-type", "learned_absolute"))
+    if model.style == "gpt":  # Megatron's defaults: LayerNorm, GELU, biases; positions as the model's
+        kind = "learned_absolute" if model.max_position_embeddings else "rope" if model.rotates else "none"
+        lines.append(arg("--position-embedding-type", kind))
+        if kind == "rope":
+            lines += rope_arguments(model)
         if model.mlp_act == "relu":
             lines.append("# ReLU MLP (OPT): Megatron-LM's flags give GELU, SwiGLU or squared ReLU; set "
                          "activation_func=torch.nn.functional.relu in its TransformerConfig")
@@ -210,7 +213,7 @@ def shape_arguments(profile: Profile) -> list[str]:
         if model.qk_norm:
             lines.append(arg("--qk-layernorm"))
         lines += rope_arguments(model)
-    lines += norm_arguments(model)
+    lines += norm_arguments(model) + dropout_arguments(model)
     lines += moe_arguments(model, known.capacity_factor) + mla_arguments(model)
     if model.sliding_window:
         lines.append(f"# attention within a sliding window of {model.sliding_window} tokens: give it with your "
@@ -218,6 +221,22 @@ def shape_arguments(profile: Profile) -> list[str]:
     if not model.tie_word_embeddings:
         lines.append(arg("--untie-embeddings-and-output-weights"))
     return lines + vocab_arguments(model.vocab_size, known.tp)
+
+
+def dropout_arguments(model) -> list[str]:
+    """Megatron-LM drops at 0.1 unless told (--hidden-dropout: the residual dropouts and the
+    embedding's; --attention-dropout): a model that does not drop says 0, which keeps no mask; one
+    that drops keeps Megatron-LM's 0.1 (the profile records whether, not the probability)."""
+    residual, embedding, attention = (model.drops(which) for which in ("residual", "embedding", "attention"))
+    lines = [] if residual or embedding else [arg("--hidden-dropout", 0)]
+    if residual != embedding:
+        lines.append(f"# the model drops {'after its blocks' if residual else 'its embedding'} only; Megatron-LM's "
+                     f"--hidden-dropout sets both: the plan's masks are the model's")
+    if not attention:
+        lines.append(arg("--attention-dropout", 0))
+    if residual or embedding or attention:
+        lines.append("# dropout at Megatron-LM's default probability 0.1: give your model's (the memory is the same)")
+    return lines
 
 
 def vocab_arguments(vocab_size: int, tp: int) -> list[str]:

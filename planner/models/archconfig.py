@@ -16,7 +16,8 @@ GATED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 # gated-MLP families with a mixture of experts (and DeepSeek's latent attention)
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 _GATED_ACTS = ("silu", "swish")
-GPT_TYPES = ("gpt2", "opt")  # LayerNorm, a two-matrix MLP, biases, learned positions, dropout
+GPT_TYPES = ("gpt2", "opt", "starcoder2")  # LayerNorm, a two-matrix MLP, biases, dropout; learned positions
+# (StarCoder2: rotary, grouped-query attention)
 _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 
@@ -34,6 +35,8 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
         return _gpt2(config, where, name)
     if model_type == "opt":
         return _opt(config, where, name)
+    if model_type == "starcoder2":
+        return _starcoder2(config, where, name)
     if model_type and model_type not in (*GATED_TYPES, *MOE_TYPES):
         raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
                         f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
@@ -227,16 +230,56 @@ def _gpt2(config: dict, where: str, name: str) -> Arch:
             raise UserError(f"{where} has no {key}; a GPT-2 config needs n_embd, n_layer, n_head, vocab_size, "
                             "n_positions (the learned position embedding's rows)")
     hidden = _positive_int(config, "n_embd", where)
-    _activation(config, where, "gelu")
+    act = _activation(config, where, "gelu_new")  # GPT2Config's default
     heads = _positive_int(config, "n_head", where)
     arch = Arch(name=name, hidden_size=hidden, intermediate_size=_optional_int(config, "n_inner", where) or 4 * hidden,
                 num_layers=_check_depth(_positive_int(config, "n_layer", where), "n_layer", where),
                 num_heads=heads, num_kv_heads=_optional_int(config, "num_key_value_heads", where) or heads,
                 vocab_size=_positive_int(config, "vocab_size", where),
                 tie_word_embeddings=_bool(config, "tie_word_embeddings", where, default=True),
-                max_position_embeddings=_positive_int(config, "n_positions", where), style="gpt",
-                norm_eps=_epsilon(config, where, "layer_norm_epsilon", default=1e-5), source=where)
+                max_position_embeddings=_positive_int(config, "n_positions", where), style="gpt", mlp_act=act,
+                norm_eps=_epsilon(config, where, "layer_norm_epsilon", default=1e-5), source=where,
+                # GPT2Config's defaults: 0.1 each (transformers' configuration_gpt2.py)
+                residual_dropout=_drops(config, "resid_pdrop", where, 0.1),
+                embedding_dropout=_drops(config, "embd_pdrop", where, 0.1),
+                attention_dropout=_drops(config, "attn_pdrop", where, 0.1))
     return _checked_heads(arch, where)
+
+
+def _starcoder2(config: dict, where: str, name: str) -> Arch:
+    """StarCoder2's config.json (transformers' Starcoder2Config): a GPT-style block (LayerNorm of
+    norm_epsilon, a two-matrix GELU MLP, biases where use_bias, the default) with grouped-query
+    attention and rotary positions (no position table), its dropouts residual_dropout (after the
+    attention's and the MLP's output projections), embedding_dropout and attention_dropout, each 0
+    unless told (modeling_starcoder2.py)."""
+    missing = [key for key in _REQUIRED if key not in config]
+    if missing:
+        raise UserError(f"{where} has no {', '.join(missing)}; a starcoder2 config needs {', '.join(_REQUIRED)}")
+    if not _bool(config, "use_bias", where, default=True):
+        raise UserError(f"{where}: use_bias is false; GPT-style configs are read with biases")
+    act = _activation(config, where, "gelu_pytorch_tanh", "hidden_act")
+    dims = {key: _positive_int(config, key, where) for key in _REQUIRED}
+    arch = Arch(name=name, hidden_size=dims["hidden_size"], intermediate_size=dims["intermediate_size"],
+                num_layers=_check_depth(dims["num_hidden_layers"], "num_hidden_layers", where),
+                num_heads=dims["num_attention_heads"],
+                num_kv_heads=_optional_int(config, "num_key_value_heads", where) or dims["num_attention_heads"],
+                vocab_size=dims["vocab_size"], tie_word_embeddings=_bool(config, "tie_word_embeddings", where,
+                                                                         default=True),
+                max_position_embeddings=None, style="gpt", mlp_act=act,
+                sliding_window=_sliding_window(config, where), **_positions(config, where),
+                norm_eps=_epsilon(config, where, "norm_epsilon", default=1e-5), source=where,
+                residual_dropout=_drops(config, "residual_dropout", where, 0.0),
+                embedding_dropout=_drops(config, "embedding_dropout", where, 0.0),
+                attention_dropout=_drops(config, "attention_dropout", where, 0.0))
+    return _checked_heads(arch, where)
+
+
+def _drops(config: dict, key: str, where: str, default: float) -> bool:
+    """Whether a dropout probability (`default` where the config names none) drops anything."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise UserError(f"{where}: {key} must be a probability from 0 up to 1, got {value!r}")
+    return value > 0
 
 
 def _opt(config: dict, where: str, name: str) -> Arch:
@@ -253,6 +296,10 @@ def _opt(config: dict, where: str, name: str) -> Arch:
     if projection != hidden:
         raise UserError(f"{where}: word_embed_proj_dim {projection!r} differs from hidden_size {hidden}; the "
                         "embedding projections (OPT-350m) are not modelled")
+    for key in ("activation_dropout", "layerdrop"):  # OPTConfig's defaults: 0.0 both
+        if _drops(config, key, where, 0.0):
+            raise UserError(f"{where}: {key} = {config[key]!r} is not modelled (a dropout inside the MLP keeps "
+                            "another mask; layer drop skips layers at random): set it to 0")
     if not _bool(config, "enable_bias", where, default=True):
         raise UserError(f"{where}: enable_bias is false; GPT-style configs are read with biases")
     heads = _positive_int(config, "num_attention_heads", where)
@@ -262,17 +309,32 @@ def _opt(config: dict, where: str, name: str) -> Arch:
                 tie_word_embeddings=_bool(config, "tie_word_embeddings", where, default=True),
                 max_position_embeddings=_positive_int(config, "max_position_embeddings", where) + 2,
                 # OPT's LayerNorms take torch's default epsilon (modeling_opt.py names none)
-                style="gpt", mlp_act=_activation(config, where, "relu"), norm_eps=1e-5, source=where)
+                style="gpt", mlp_act=_activation(config, where, "relu"), norm_eps=1e-5, source=where,
+                # OPTConfig's defaults: dropout 0.1 (after the embedding and both output projections),
+                # attention_dropout 0.0 (transformers' configuration_opt.py)
+                residual_dropout=_drops(config, "dropout", where, 0.1),
+                embedding_dropout=_drops(config, "dropout", where, 0.1),
+                attention_dropout=_drops(config, "attention_dropout", where, 0.0))
     return _checked_heads(arch, where)
 
 
-def _activation(config: dict, where: str, default: str) -> Literal["gelu", "relu"]:
-    act = config.get("activation_function", default)
-    if isinstance(act, str) and act.startswith("gelu"):
+# transformers' ACT2FN (activations.py): GELU as one torch kernel (GELUActivation, PytorchGELUTanh), or
+# written out as eager ops (NewGELUActivation, FastGELUActivation, the python erf and accurate forms)
+_GELU_KERNEL = ("gelu", "gelu_pytorch_tanh")
+_GELU_EAGER = ("gelu_new", "gelu_fast", "gelu_python", "gelu_accurate")
+
+
+def _activation(config: dict, where: str, default: str, key: str = "activation_function"
+                ) -> Literal["gelu", "relu", "gelu_kernel"]:
+    act = config.get(key, default)
+    if act in _GELU_KERNEL:
+        return "gelu_kernel"
+    if act in _GELU_EAGER:
         return "gelu"
     if act == "relu":
         return "relu"
-    raise UserError(f"{where}: activation_function {act!r} is not read; GPT-style configs use gelu or relu")
+    raise UserError(f"{where}: {key} {act!r} is not read; GPT-style configs use relu or GELU "
+                    f"({', '.join((*_GELU_KERNEL, *_GELU_EAGER))})")
 
 
 def _check_depth(layers: int, key: str, where: str) -> int:

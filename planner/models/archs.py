@@ -51,8 +51,11 @@ class Arch:
     head_dim: int | None = None  # None: hidden_size // num_heads
     source: str = ""
     # style "gpt": the MLP's activation. GELU keeps its input and its output (Korthikanti's two
-    # 8sbh); ReLU (OPT) keeps only its output, which is also the second matrix's input
-    mlp_act: Literal["gelu", "relu"] = "gelu"
+    # 8sbh); ReLU (OPT) keeps only its output, which is also the second matrix's input. "gelu" is
+    # GELU written out as eager ops (Hugging Face's gelu_new: pow, tanh and six more); "gelu_kernel"
+    # one torch kernel (F.gelu, exact or tanh-approximated: transformers' gelu and gelu_pytorch_tanh,
+    # StarCoder2's), the same bytes kept
+    mlp_act: Literal["gelu", "relu", "gelu_kernel"] = "gelu"
     # attention to the last `sliding_window` tokens only (Mistral 7B v0.1): fewer attention
     # FLOPs past it; flash keeps the same bytes, and eager attention still builds all s² scores
     sliding_window: int | None = None
@@ -87,10 +90,48 @@ class Arch:
     norm_eps: float | None = None  # rms_norm_eps (LLaMA style) or layer_norm_epsilon (GPT style)
     # (type, factor, original_max_position_embeddings): Llama 3.1's "llama3" or DeepSeek's "yarn"
     rope_scaling: tuple[str, float, int | None] | None = None
+    # Dropout in training. None: the style's own (gpt: all three, as Korthikanti et al.'s model and
+    # Megatron-LM's defaults; llama: none). A residual dropout (after the attention's and the MLP's
+    # output projections, Korthikanti's two sbh masks) keeps a 1-byte mask per element of its output;
+    # the embedding's dropout one over the embedding's output; the attention probabilities' dropout a
+    # mask of the scores under eager attention only (flash and cuDNN drop inside the kernel). A
+    # dropout of probability 0 keeps nothing (torch's dropout returns its input at p = 0).
+    # Rotary positions (rotated Q and K, no parameters). None: the style's own (llama: rotary; gpt:
+    # rotary where the model has no learned position table, as StarCoder2 and Megatron-LM's
+    # --position-embedding-type rope); False: no positions at all (Megatron-LM's none).
+    rotary: bool | None = None
+    residual_dropout: bool | None = None
+    embedding_dropout: bool | None = None
+    attention_dropout: bool | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("residual_dropout", "embedding_dropout", "attention_dropout"):
+            if getattr(self, key) == (self.style == "gpt"):  # the style's own: pinned as unsaid
+                object.__setattr__(self, key, None)
+        if self.rotary is not None and self.rotary == (self.style == "llama" or not self.max_position_embeddings):
+            object.__setattr__(self, "rotary", None)
 
     @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def rotates(self) -> bool:
+        if self.rotary is not None:
+            return self.rotary
+        return self.style == "llama" or not self.max_position_embeddings
+
+    @property
+    def drops_residual(self) -> bool:
+        return self.style == "gpt" if self.residual_dropout is None else self.residual_dropout
+
+    @property
+    def drops_embedding(self) -> bool:
+        return self.style == "gpt" if self.embedding_dropout is None else self.embedding_dropout
+
+    @property
+    def drops_attention(self) -> bool:
+        return self.style == "gpt" if self.attention_dropout is None else self.attention_dropout
 
     @property
     def mla(self) -> bool:
@@ -141,7 +182,8 @@ _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "n
                  "num_experts_per_tok": 0, "moe_intermediate_size": 0, "num_shared_experts": 0,
                  "shared_intermediate_size": 0, "shared_expert_gate": False, "dense_layers": (),
                  "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,
-                 "qk_nope_head_dim": 0, "v_head_dim": 0}
+                 "qk_nope_head_dim": 0, "v_head_dim": 0, "rotary": None, "residual_dropout": None, "embedding_dropout": None,
+                 "attention_dropout": None}
 
 
 def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, rope, eps, tied=False,

@@ -305,7 +305,7 @@ def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None
     """Keeps the token ids for its weight gradient (and GPT's dropout mask); a lookup, no FLOPs:
     memory-bound both ways (analytic_time.embedding_work)."""
     ids = INDEX_BYTES * shape.tokens
-    mask = MASK_BYTES * shape.tokens * arch.hidden_size // shape.sp_div if arch.style == "gpt" else 0
+    mask = MASK_BYTES * shape.tokens * arch.hidden_size // shape.sp_div if arch.drops_embedding else 0
     out = boundary_bytes(arch, shape)
     times = analytic_time.times_ms(analytic_time.embedding_work(arch, shape), gpu, mfu)
     return _layer("tok_embeddings", "embedding", times=times, act_bytes=ids + mask, input_bytes=ids,

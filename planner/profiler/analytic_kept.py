@@ -18,6 +18,7 @@ from planner.schema import OPTION_OFFLOAD, RecomputeOption
 
 FP32 = 4
 MASK_BYTES = 1  # dropout masks are bool
+GELUS = ("gelu", "gelu_kernel")  # Arch.mlp_act's GELUs: each keeps its input and its output
 
 KORTHIKANTI = "Korthikanti et al. 2022, §4"
 FLASH = "Dao 2023 (FlashAttention-2)"
@@ -53,7 +54,7 @@ def _attention_core_terms(arch: Arch, shape: Shape, out_width: int) -> list[Term
     if shape.attention == "flash":
         return [Term("softmax statistics, logsumexp (fp32 per head and token)", FP32 * heads * sb, FLASH), out]
     terms = [Term("softmax output (attention scores)", d * heads * s * s * b, f"{KORTHIKANTI}: softmax output 2as²b")]
-    if arch.style == "gpt":
+    if arch.drops_attention:
         terms += [
             Term("attention-score dropout mask", MASK_BYTES * heads * s * s * b, f"{KORTHIKANTI}: dropout mask as²b"),
             Term("attention-score dropout output", d * heads * s * s * b, f"{KORTHIKANTI}: dropout output 2as²b"),
@@ -175,9 +176,11 @@ def llama_block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> l
     return [
         *_norm_terms(arch, shape, "attention"),
         *(mla_terms(arch, shape) if arch.mla else gqa_terms(arch, shape)),
+        *residual_dropout_terms(arch, shape, "attention"),
         *_norm_terms(arch, shape, "MLP"),
         Term("MLP input (norm output), shared by gate and up", sb * h * d // r, f"{KORTHIKANTI}: MLP input 2sbh"),
         *mlp,
+        *residual_dropout_terms(arch, shape, "MLP"),
     ]
 
 
@@ -199,16 +202,24 @@ def gpt_block_terms(arch: Arch, shape: Shape) -> list[Term]:
         Term("K (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: K of QK^T 2sbh, GQA width"),
         Term("V (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
         *_attention_core_terms(arch, shape, q_width(arch, shape)),
-        Term("attention dropout mask", MASK_BYTES * sb * h // r, f"{KORTHIKANTI}: dropout mask sbh"),
+        *residual_dropout_terms(arch, shape, "attention"),
         *_norm_terms(arch, shape, "MLP"),
         Term("MLP input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: first linear input 2sbh"),
         *([Term("GELU input", sb * f * d, f"{KORTHIKANTI}: GeLU input 8sbh"),
            Term("GELU output (second linear input)", sb * f * d, f"{KORTHIKANTI}: second linear input 8sbh")]
-          if arch.mlp_act == "gelu" else
+          if arch.mlp_act in GELUS else
           [Term("ReLU output (its own backward's and the second linear's input)", sb * f * d,
                 f"{KORTHIKANTI}: second linear input 8sbh; ReLU needs only its output")]),
-        Term("MLP dropout mask", MASK_BYTES * sb * h // r, f"{KORTHIKANTI}: dropout mask sbh"),
+        *residual_dropout_terms(arch, shape, "MLP"),
     ]
+
+
+def residual_dropout_terms(arch: Arch, shape: Shape, which: str) -> list[Term]:
+    """The mask a residual dropout keeps (Korthikanti's sbh; /t under SP), where the model drops."""
+    if not arch.drops_residual:
+        return []
+    return [Term(f"{which} dropout mask", MASK_BYTES * shape.tokens * arch.hidden_size // shape.sp_div,
+                 f"{KORTHIKANTI}: dropout mask sbh")]
 
 
 def block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> list[Term]:
@@ -294,7 +305,7 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
         tokens, f = sb, arch.intermediate_size // shape.tp
     if arch.style == "llama":
         mlp_saved, mlp_moved = 2 * tokens * f * d, 4 * tokens * f * d  # SiLU output and product; g, u in, both out
-    elif arch.mlp_act == "gelu":
+    elif arch.mlp_act in GELUS:
         mlp_saved, mlp_moved = tokens * f * d, 2 * tokens * f * d  # GELU output; its input in, output out
     else:
         mlp_saved = mlp_moved = 0
@@ -303,7 +314,7 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     if moe:
         parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)), rerun_ms("mlp"))
     else:  # SwiGLU's four tensors, GELU's input and output, ReLU's output
-        width = 4 if arch.style == "llama" else 2 if arch.mlp_act == "gelu" else 1
+        width = 4 if arch.style == "llama" else 2 if arch.mlp_act in GELUS else 1
         parts["mlp"] = (width * tokens * f * d, rerun_ms("mlp", moe=False))
     norms = norm_out_bytes(arch, shape, moe=moe)  # {"attn" / "mlp": the norm before that sub-block}
     if norms:

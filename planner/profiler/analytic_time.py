@@ -52,7 +52,9 @@ ATTENTION_BWD_FLOPS = 2.5  # torch's sdpa_backward_flop_count: five matmuls to t
 # Face's GPT-2 writes it (gelu_new: pow, tanh and six elementwise ops, their gradients), ReLU
 # (OPT); dropout with its mask; the fused Q/K/V gradient's cat, and each bias gradient's sum
 LAYERNORM_FWD, LAYERNORM_BWD = 4, 6
-ACT_BYTES = {"gelu": (36, 56), "relu": (4, 6)}
+# GELU as one torch kernel (F.gelu): reads its input, writes its output; backward reads the gradient
+# and the input, writes the input's gradient
+ACT_BYTES = {"gelu": (36, 56), "relu": (4, 6), "gelu_kernel": (4, 6)}
 DROPOUT_FWD, DROPOUT_BWD, QKV_CAT, BIAS_SUM = 5, 5, 4, 2
 EAGER_SCORES_FWD, EAGER_SCORES_BWD = 20, 30  # eager attention: mask add, fp32 softmax and back, per score
 
@@ -106,10 +108,11 @@ def _projections(arch, shape) -> tuple[list[Kernel], Counter, Counter]:
                 Counter(norm=NORM_BWD * latents, attention=ROTARY_BWD * rotated,
                         elementwise=ADD * T * h * (1 + bool(q_rank))))
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
-    if arch.style == "gpt":  # backward: the Q/K/V gradients concatenated, the biases' gradients summed
-        return (_matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), Counter(),
-                Counter(attention=QKV_CAT * T * (q + 2 * kv), elementwise=BIAS_SUM * T * (q + 2 * kv)))
     rotated, table = T * (q + kv), T * arch.head_size * ROTARY_TABLE
+    if arch.style == "gpt":  # backward: the Q/K/V gradients concatenated, the biases' gradients summed
+        rotary = (ROTARY_FWD * rotated + table, ROTARY_BWD * rotated + table) if arch.rotates else (0, 0)
+        return (_matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), +Counter(attention=rotary[0]),
+                Counter(attention=QKV_CAT * T * (q + 2 * kv) + rotary[1], elementwise=BIAS_SUM * T * (q + 2 * kv)))
     norms = (NORM_FWD * rotated, NORM_BWD * rotated) if arch.qk_norm else (0, 0)
     return (_matmuls(2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv, 2 * T * q * h),
             Counter(attention=ROTARY_FWD * rotated + table, norm=norms[0]),
@@ -159,15 +162,17 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     core, core_fwd, core_bwd = _attention(arch, shape)
     mlp, mlp_fwd, mlp_bwd = _mlp(arch, shape, moe)
     residual = 2 * ADD * rows * h  # the two residual adds (and their gradients' sums), on this device's rows
-    if arch.style == "gpt":  # two LayerNorms, three dropouts (attention probabilities under eager only)
+    if arch.style == "gpt":  # two LayerNorms, the two row-parallel biases' gradient sums
         norms = (Counter(layer_norm=2 * LAYERNORM_FWD * rows * h),
                  Counter(layer_norm=2 * LAYERNORM_BWD * rows * h + residual))
-        # two dropouts, and the two row-parallel biases' gradient sums
-        dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h + 2 * BIAS_SUM * T * h)
+        biases = 2 * BIAS_SUM * T * h
     else:
         norms = (Counter(norm=2 * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows)),
                  Counter(norm=2 * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows) + residual))
-        dropouts = (0, 0)
+        biases = 0
+    # the two residual dropouts where the model drops (the attention probabilities' under eager: _attention)
+    dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h) if arch.drops_residual else (0, 0)
+    dropouts = (dropouts[0], dropouts[1] + biases)
     param_bytes = formulas.block_params(arch, shape, moe=moe) * shape.d
     fwd_kernels = proj + core + mlp
     fwd_classes = norms[0] + proj_fwd + Counter(attention=core_fwd) + mlp_fwd + Counter(
@@ -249,9 +254,12 @@ def embedding_work(arch, shape) -> tuple[Work, Work, Work]:
     table = formulas.embedding_params(arch, shape) * shape.d
     ids = formulas.INDEX_BYTES * shape.tokens
     fwd, bwd = 2 * rows + ids, rows + ids + table + ACCUMULATE * table
-    if arch.style == "gpt":  # learned positions: one sequence's rows gathered and added to every sequence's
+    if arch.style == "gpt" and arch.max_position_embeddings:  # learned positions: one sequence's rows
+        # gathered and added to every sequence's
         positions = shape.seq_len // shape.cp * arch.hidden_size * shape.d  # the rank's positions under CP
         fwd, bwd = fwd + 2 * positions + 2 * rows + positions, bwd + rows + 2 * positions
+    if arch.drops_embedding:  # the embedding's dropout over its output
+        fwd, bwd = fwd + DROPOUT_FWD * shape.tokens * arch.hidden_size, bwd + DROPOUT_BWD * shape.tokens * arch.hidden_size
     return (work(0, fwd, [], classed={"elementwise": fwd}), work(0, bwd, [], classed={"elementwise": bwd}),
             work(0, 0, []))
 

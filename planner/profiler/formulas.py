@@ -182,14 +182,14 @@ def mlp_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
 def block_recompute_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
     """What torch's non-reentrant checkpoint reruns of a block: ops up to the last tensor the
     backward needs, so a LLaMA block's forward but its down projection (its output feeds only
-    the residual add, which saves nothing); a GPT block's dropout after the second linear keeps
-    a mask, so all of it. Measured by the fake profiler (0.74-0.80 of a LLaMA forward). In a
+    the residual add, which saves nothing), and a GPT block's but its second linear; a dropout
+    after the last linear (Arch.drops_residual) keeps a mask, so all of it. Measured by the fake profiler (0.74-0.80 of a LLaMA forward). In a
     MoE block the routed experts' outputs are kept (the routing weights multiply them), so the
     rerun goes past them; it stops before the shared experts' down projection where the shared
     output is added last (Hugging Face's DeepseekV2Moe/DeepseekV3MoE), and reruns everything
     where no shared expert follows (Mixtral, Qwen3-MoE) or a gate's product keeps the shared
     output (Qwen2-MoE)."""
-    if arch.style == "gpt":
+    if arch.drops_residual:
         return block_flops(arch, shape)
     sb, h, t = shape.tokens, arch.hidden_size, shape.tp
     if not _is_moe(arch, moe):

@@ -72,18 +72,24 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
     rows = T // shape.sp_div
     f = arch.intermediate_size // shape.tp
     if arch.style == "gpt":
-        if arch.mlp_act != "gelu":
+        if arch.mlp_act not in ("gelu", "gelu_kernel"):
             return None
-        act_fwd, act_bwd = analytic_time.ACT_BYTES["gelu"]
-        return (act_fwd - GELU_FUSED_FWD) * T * f, (act_bwd - GELU_FUSED_BWD) * T * f
+        act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
+        rope = _rope_saved(arch, shape) if arch.rotates else (0, 0)
+        return (act_fwd - GELU_FUSED_FWD) * T * f + rope[0], (act_bwd - GELU_FUSED_BWD) * T * f + rope[1]
     norm_fwd = 2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
                     + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
     norm_bwd = 2 * ((analytic_time.NORM_BWD - TE_NORM_BWD) * rows * h
                     + (analytic_time.NORM_BWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
-    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
-    rope = ((analytic_time.ROTARY_FWD - ROPE_FUSED_FWD) * rotated, (analytic_time.ROTARY_BWD - ROPE_FUSED_BWD) * rotated)
+    rope = _rope_saved(arch, shape)
     swiglu = ((analytic_time.SWIGLU_FWD - SWIGLU_FUSED_FWD) * T * f, (analytic_time.SWIGLU_BWD - SWIGLU_FUSED_BWD) * T * f)
     return norm_fwd + rope[0] + swiglu[0], norm_bwd + rope[1] + swiglu[1]
+
+
+def _rope_saved(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes TE's fused rotary moves less than the eager rotation of Q and K."""
+    rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
+    return ((analytic_time.ROTARY_FWD - ROPE_FUSED_FWD) * rotated, (analytic_time.ROTARY_BWD - ROPE_FUSED_BWD) * rotated)
 
 
 def fused_kernel_bytes(arch, shape) -> tuple[int, int]:
@@ -92,11 +98,12 @@ def fused_kernel_bytes(arch, shape) -> tuple[int, int]:
     the block's memory-bound bytes are eager ops'. Only where fused_bytes_saved gives a record."""
     T, h = shape.tokens, arch.hidden_size
     rows, f = T // shape.sp_div, arch.intermediate_size // shape.tp
+    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
     if arch.style == "gpt":
-        return GELU_FUSED_FWD * T * f, GELU_FUSED_BWD * T * f
+        rope = (ROPE_FUSED_FWD * rotated, ROPE_FUSED_BWD * rotated) if arch.rotates else (0, 0)
+        return GELU_FUSED_FWD * T * f + rope[0], GELU_FUSED_BWD * T * f + rope[1]
     norm_fwd = 2 * (TE_NORM_FWD * rows * h + TE_RMSNORM_TOKEN * rows)
     norm_bwd = 2 * (TE_NORM_BWD * rows * h + TE_RMSNORM_TOKEN * rows)
-    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
     return (norm_fwd + ROPE_FUSED_FWD * rotated + SWIGLU_FUSED_FWD * T * f,
             norm_bwd + ROPE_FUSED_BWD * rotated + SWIGLU_FUSED_BWD * T * f)
 

@@ -128,7 +128,17 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
     qkv_bias = flags.take("--add-qkv-bias", "q/k/v biases", bool, False)
     qk_norm = flags.take("--qk-layernorm", "q/k norms", bool, False)
     style = "llama" if swiglu else "gpt"
+    kind = (flags.given.get("--position-embedding-type", ["learned_absolute"]) or [""])[-1]
     positions = _learned_positions(flags, seq_len) if style == "gpt" else None
+    # dropout probabilities: Megatron-LM's defaults 0.1 both (arguments.py); --hidden-dropout is the
+    # residual dropouts' and the embedding's (LanguageModelEmbedding's embedding_dropout)
+    hidden_dropout = flags.take("--hidden-dropout", "the residual and embedding dropouts' probability (0: no mask "
+                                "kept)", float, 0.1)
+    attention_dropout = flags.take("--attention-dropout", "the attention probabilities' dropout (a mask of the scores "
+                                   "under unfused attention only; fused kernels drop inside)", float, 0.1)
+    for flag, value in (("--hidden-dropout", hidden_dropout), ("--attention-dropout", attention_dropout)):
+        if not 0 <= value < 1:
+            raise UserError(f"{flag} {value!r} is not a probability from 0 up to 1; give one")
     if swiglu and not no_bias:
         flags.notes.append("linear biases (Megatron-LM's default without --disable-bias-linear) are not modelled "
                            "on a SwiGLU model: a hidden-size vector per linear, kilobytes")
@@ -142,7 +152,13 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
         arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
                     num_heads=heads, num_kv_heads=kv, vocab_size=padded, tie_word_embeddings=not untied, style=style,
                     max_position_embeddings=positions,
+                    # a GPT-style MLP's GELU is one kernel (megatron/core/fusions/fused_bias_gelu.py, or F.gelu)
+                    mlp_act="gelu_kernel" if style == "gpt" else "gelu",
                     qkv_bias=qkv_bias, head_dim=head_dim, qk_norm=qk_norm,
+                    # a GPT-style block's positions: rotary (rope, yarn), a table, or none
+                    rotary=kind in ("rope", "yarn", "mrope") if style == "gpt" else None,
+                    residual_dropout=hidden_dropout > 0, embedding_dropout=hidden_dropout > 0,
+                    attention_dropout=attention_dropout > 0,
                     source=f"{where} (Megatron-LM arguments)", **moe, **mla)
     except (TypeError, ValueError) as exc:
         raise UserError(f"{where}: the model flags do not describe a model ({exc})") from None
