@@ -94,3 +94,9 @@ def test_a_split_megatron_refuses_is_refused(tmp_path):
     with pytest.raises(UserError, match="Megatron-LM refuses uneven stages"):
         _split(tmp_path, 8, 4, {"--account-for-loss-in-pipeline-split": "true",
                                 "--decoder-first-pipeline-num-layers": "1"})
+
+
+def test_the_distributed_optimizers_overlapped_gather_is_named_as_not_modelled():
+    # the cost model charges ZeRO 1's gather after the step, unhidden; Megatron-FSDP's (ZeRO 3) are prefetched
+    assert "--overlap-param-gather" in _listed(_read("h100_70b_fp8cs"), "not modelled")
+    assert "--overlap-param-gather" in _listed(_read("gb200_70b_fp8cs"), "modelled")

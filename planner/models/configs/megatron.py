@@ -263,7 +263,12 @@ def _parallel(flags: Flags, job: Job) -> None:
         "ranks, replicated across this many (megatron-core parallel_state.py 918-929)", int, 1))
     flags.take("--overlap-grad-reduce", "gradient reduce-scatter overlapped with the backward (as the cost model "
                                        "charges Megatron-LM's runtime)", bool)
-    flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool)
+    if flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool) and job.zero < 3:
+        # megatron-core 92c8482e distributed_data_parallel.py 405-438, param_and_grad_buffer.py 278-314: the
+        # distributed optimizer's gather after the step is waited for bucket by bucket in the next forward
+        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "the distributed optimizer's parameter all-gather "
+                          "overlapped with the next forward, bucket by bucket: charged after the step, unhidden "
+                          "(planner/cost/dataparallel.py exposed_comm_ms)")
     if flags.has("--expert-tensor-parallel-size") and flags.given["--expert-tensor-parallel-size"] == [str(job.tp)]:
         job.modelled.expert_tp = flags.take("--expert-tensor-parallel-size", "experts split over the TP group "
                                             "(megatron-core's default)", int)
