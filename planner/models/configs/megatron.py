@@ -279,7 +279,12 @@ def _parallel(flags: Flags, job: Job) -> None:
         "ranks, replicated across this many (megatron-core parallel_state.py 918-929)", int, 1))
     flags.take("--overlap-grad-reduce", "gradient reduce-scatter overlapped with the backward (as the cost model "
                                        "charges Megatron-LM's runtime)", bool)
-    flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool)
+    if flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool) and job.zero < 3:
+        # megatron-core 92c8482e distributed_data_parallel.py 405-438, param_and_grad_buffer.py 278-314: the
+        # distributed optimizer's gather after the step is waited for bucket by bucket in the next forward
+        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "the distributed optimizer's parameter all-gather "
+                          "overlapped with the next forward, bucket by bucket: charged after the step, unhidden "
+                          "(planner/cost/dataparallel.py exposed_comm_ms)")
     if flags.has("--expert-tensor-parallel-size") and flags.given["--expert-tensor-parallel-size"] == [str(job.tp)]:
         job.modelled.expert_tp = flags.take("--expert-tensor-parallel-size", "experts split over the TP group "
                                             "(megatron-core's default)", int)
@@ -297,6 +302,11 @@ def _split(flags: Flags, job: Job) -> list[int]:
         return counts
     first = flags.take("--decoder-first-pipeline-num-layers", "layers of the first stage", int)
     last = flags.take("--decoder-last-pipeline-num-layers", "layers of the last stage", int)
+    if flags.has("--account-for-embedding-in-pipeline-split") or flags.has("--account-for-loss-in-pipeline-split"):
+        if first is not None or last is not None:  # transformer_block.py 110-114 at 92c8482e asserts it
+            raise UserError("--account-for-embedding/loss-in-pipeline-split with --decoder-first/last-pipeline-num-"
+                            "layers: Megatron-LM refuses uneven stages with them; give one or the other")
+        return _split_accounting(flags, layers, stages)
     if first is None and last is None:
         if layers % stages:
             raise UserError(f"--num-layers {layers} is not a multiple of the {stages} pipeline stages; give "
@@ -309,6 +319,26 @@ def _split(flags: Flags, job: Job) -> list[int]:
                         "give counts that split evenly")
     middle = [rest // middle_stages] * middle_stages if middle_stages > 0 else []
     return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
+
+
+def _split_accounting(flags: Flags, layers: int, stages: int) -> list[int]:
+    """--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the embedding
+    and the loss each counted as one layer, the sum split evenly over the (virtual) stages, and the
+    first stage builds one decoder layer fewer for the embedding, the last one fewer for the loss
+    (megatron/core/transformer/transformer_block.py get_num_layers_to_build 147-205 at 92c8482e, the
+    megatron-core of Megatron-Bridge 00b7660b; uneven first/last stages are refused with them there)."""
+    embedding = flags.take("--account-for-embedding-in-pipeline-split", "the embedding counted as a layer in the "
+                           "pipeline split (the first stage builds one decoder layer fewer)", bool, False)
+    loss = flags.take("--account-for-loss-in-pipeline-split", "the loss counted as a layer in the pipeline split "
+                      "(the last stage builds one decoder layer fewer)", bool, False)
+    counted = layers + bool(embedding) + bool(loss)
+    if counted % stages or counted // stages < 1:
+        raise UserError(f"--num-layers {layers} with the embedding and loss counted ({counted}) is not a multiple of "
+                        f"the {stages} pipeline stages; Megatron-LM refuses it")
+    counts = [counted // stages] * stages
+    counts[0] -= bool(embedding)
+    counts[-1] -= bool(loss)
+    return counts
 
 
 def _layout_counts(layout: str) -> list[int]:

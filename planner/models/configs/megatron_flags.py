@@ -48,6 +48,8 @@ NO_EFFECT = {
     "--norm-epsilon": "norm epsilon", "--rotary-base": "rotary base", "--use-rope-scaling": "rope scaling",
     "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
     "--use-flash-attn": "flash attention",
+    "--te-rng-tracker": "Transformer Engine's random-number tracker (needed by CUDA graphs: arguments.py 1451-1453 at "
+                        "92c8482e)",
     "--no-position-embedding": "no learned position table (the rotary positions have no parameters)",
     "--distributed-backend": "communication backend (nccl)", "--logging-level": "logging",
     "--init-model-with-meta-device": "initialisation on the meta device (nothing kept in steady state)", "--use-persistent-ckpt-worker": "checkpointing",
@@ -116,6 +118,9 @@ NOT_MODELLED = {
     "--optimizer-cpu-offload": "the optimizer on the host",
     "--use-torch-fsdp2": "PyTorch FSDP2 instead of the distributed optimizer",
     "--use-nccl-ub": "NCCL user buffers registered (more NCCL memory, faster collectives)",
+    # Megatron-LM 92c8482e (Megatron-Bridge 00b7660b's) arguments.py 2784-2785; Bridge's set_post_overrides sets it
+    "--overlap-param-gather-with-optimizer-step": "the first bucket's parameter all-gather overlapped with the "
+                                                  "optimizer step (interleaved schedules): time",
     "--fsdp-double-buffer": "Megatron FSDP's double-buffered all-gather (a second gathered copy)",
     "--fsdp-manual-registration": "Megatron FSDP's manual buffer registration with NCCL",
     "--outer-dp-sharding-strategy": "HSDP's optimizer sharding across replicas (scored as replicated)",
@@ -123,8 +128,6 @@ NOT_MODELLED = {
     "--defer-embedding-wgrad-compute": "the embedding's weight gradient deferred to overlap",
     "--rampup-batch-size": "a growing global batch (the final batch is scored)",
     "--step-batch-size-schedule": "a batch-size schedule (the final --global-batch-size is scored)",
-    "--account-for-embedding-in-pipeline-split": "the embedding counted as a layer in the pipeline split",
-    "--account-for-loss-in-pipeline-split": "the loss counted as a layer in the pipeline split",
     "--microbatch-group-size-per-virtual-stage": "interleaved schedule's microbatch grouping",
     "--moe-expert-capacity-factor": "token dropping at an expert capacity (the profile charges balanced routing)",
     "--moe-pad-expert-input-to-capacity": "expert inputs padded to capacity",
