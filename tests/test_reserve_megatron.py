@@ -9,7 +9,13 @@ from fixtures.cli import run_ok
 from planner import io
 from planner.cost import costmodel, reserve_megatron
 from planner.cost.allocator import Alloc, Free, replay
-from planner.cost.reserve_megatron import MegatronStatic, loss_record, schedule_order, static_events, step_events
+from planner.cost.reserve_megatron import (
+    MegatronStatic,
+    loss_record,
+    schedule_order,
+    static_events,
+    step_events,
+)
 from planner.models.synthetic import uniform_blocks
 from planner.schema import AllocRecord, DeviceInfo, TrainSetup
 

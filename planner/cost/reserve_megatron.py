@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator, afterstep, dataparallel, runtimes
+from planner.cost import afterstep, allocator, dataparallel, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.reserve import _Step as _LayerPasses
 from planner.cost.reserve import records_for
@@ -266,22 +266,24 @@ def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: 
             return None
         region = runtimes.loss_region(record, tp=profile_tp(profile), compiled=False)
         loss = loss_record(logits, region.kept_x)
-    events = step_events(layers, options, records, static=static_of(records, layers, cost, stage=stage, profile=profile, setup=setup),
-                         stage=stage, stages=pipeline.stages, num_microbatches=pipeline.microbatches, loss=loss,
+    static = static_of(layers, cost, stage=stage, profile=profile, setup=setup)
+    events = step_events(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
+                         num_microbatches=pipeline.microbatches, loss=loss,
                          input_bytes=layers[0].input_bytes if stage > 0 else 0)
     return allocator.replay(events)
 
 
-def static_of(records: Sequence[AllocRecord], layers: Sequence[LayerProfile], cost, *, stage: int,
-              profile: Profile, setup: TrainSetup) -> MegatronStatic:
-    """The rank's tensors (each layer's record's parameter bytes, split as the layer's tensors:
-    reserve_fsdp2.parameter_parts) and the ratios of dataparallel.param_bytes; what the cost model's static
-    holds beyond them and the batch the schedule holds (rules.batch_bytes), one block. The receive buffers
-    of the cost model's buffer bytes the replay makes itself."""
+def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Profile,
+              setup: TrainSetup) -> MegatronStatic:
+    """The rank's tensors (each layer's parameters on this rank, its experts over EP, in the weights' dtype,
+    split as the layer's tensors: reserve_fsdp2.parameter_parts) and the ratios of dataparallel.param_bytes;
+    what the cost model's static holds beyond them and the batch the schedule holds (rules.batch_bytes), one
+    block. The receive buffers of the cost model's buffer bytes the replay makes itself."""
     held, record = dataparallel.param_bytes(setup), runtimes.of(setup.training)
     k = dataparallel.shard_size(setup)
-    tensors = tuple(tensor_split(sum(rec.params), parameter_parts(layer, profile.assumptions))
-                    for rec, layer in zip(records, layers))
+    ep = setup.data_parallel.ep
+    tensors = tuple(tensor_split((layer.param_count - layer.expert_param_count + layer.expert_param_count // ep)
+                                 * held.shard_weights, parameter_parts(layer, profile.assumptions)) for layer in layers)
     master = record.master_bytes if setup.training.precision == "bf16-mixed" else 0
     moment = (held.optim - master) / 2
     weights = sum(map(sum, tensors))
