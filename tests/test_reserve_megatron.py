@@ -4,7 +4,7 @@ of a step replayed by hand, and the hook choosing the replay for --runtime megat
 
 import json
 
-from fixtures.cli import run_ok
+from fixtures.cli import run, run_ok
 
 from planner import io
 from planner.cost import costmodel, reserve_megatron
@@ -149,3 +149,18 @@ def test_evaluate_says_reserved_by_replay_for_megatron(tmp_path):
                  "--runtime", "megatron", "--json").stdout
     stages = json.loads(out)["hand"]["stages"]
     assert [s["reserved_by"] for s in stages] == ["replay", "replay"]
+
+
+def test_the_allocator_setting_reaches_megatrons_replay_and_is_refused_where_it_does_not_run(tmp_path):
+    path = tmp_path / "p.json"
+    io.save_profile(_megatron_profile(), path)
+    common = ["evaluate", "--profile", path, "--ckpt-per-stage", "0,0", "--microbatches", "4", "--dp", "2",
+              "--mem", "80GiB", "--precision", "bf16-mixed", "--runtime", "megatron", "--json"]
+    reserved = {flag: [s["reserved_bytes"] for s in json.loads(run_ok(*common, "--layers-per-stage", "2,2",
+                                                                       "--zero", "1", flag).stdout)["hand"]["stages"]]
+                for flag in ("--expandable-segments", "--no-expandable-segments")}
+    # the flag reaches the replay (allocator.CachingAllocator(expandable=True)), and moves its reserve
+    assert reserved["--expandable-segments"] != reserved["--no-expandable-segments"]
+    refused = run(*common, "--layers-per-stage", "2,2", "--zero", "3", "--expandable-segments")
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert "the replay of Megatron-LM's step runs one stage a rank under ZeRO 0 or 1" in refused.output

@@ -42,7 +42,8 @@ allocated peak holds beyond the replay's is added in 2 MiB segments (reserve.res
 the distributed optimizer's per-rank ranges (each parameter's main shard is taken as 1/K of it; the rank's
 range cuts through parameters, so a rank holds some whole, some in part, some not at all), gradient
 clipping's and the NaN check's small norms, NCCL's buffers (outside the allocator, workspace_bytes), and the
-interleaved schedule (several chunks a rank: the divisor stays).
+interleaved schedule (several chunks a rank: the divisor stays). The allocator runs expandable segments where the
+job states them (--expandable-segments; Megatron-LM's launch scripts were not read: the default segments).
 
 Nothing here reads a file or prints.
 """
@@ -56,7 +57,7 @@ from planner.cost import afterstep, allocator, dataparallel, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.reserve import _Step as _LayerPasses
 from planner.cost.reserve import records_for
-from planner.cost.reserve_fsdp2 import parameter_parts, tensor_split
+from planner.cost.reserve_fsdp2 import expandable_segments, parameter_parts, tensor_split
 from planner.cost.rules import batch_bytes, profile_tp
 from planner.schema import AllocRecord, LayerProfile, Profile, StagePlan, TrainSetup
 
@@ -270,7 +271,19 @@ def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: 
     events = step_events(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
                          num_microbatches=pipeline.microbatches, loss=loss,
                          input_bytes=layers[0].input_bytes if stage > 0 else 0)
-    return allocator.replay(events)
+    return allocator.replay(events, expandable=expandable_segments(profile, setup))
+
+
+def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None:
+    """The sentence refusing a stated --expandable-segments / --no-expandable-segments under Megatron-LM where
+    its replay does not run (reserve_fsdp2.allocator_setting_refused says it for a cpu profile or a stated
+    --fragmentation); None where the replay reads it, or nothing is stated."""
+    stated = getattr(setup.training, "expandable_segments", None)
+    if stated is None or not runtimes.of(setup.training).megatron_step_replayed or replays(setup):
+        return None
+    flag = "--expandable-segments" if stated else "--no-expandable-segments"
+    return (f"{flag} changes the caching allocator's replay, and the replay of Megatron-LM's step runs one stage a "
+            "rank under ZeRO 0 or 1; this setup's reserve is the fragmentation margin's: drop it")
 
 
 def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Profile,

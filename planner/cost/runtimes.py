@@ -212,7 +212,7 @@ def _megatron() -> RuntimeFacts:
                                       f"fused_adam.py 452-460, 616, 4329ff84 (docs/framework-facts.md §42); the layers' "
                                       f"own allocations are the profile's records, not Transformer Engine's kernels'",
             "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
-            "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
+            "expandable_segments": "not read from its launch scripts: its replay runs the default segments unless --expandable-segments says otherwise",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
             "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
@@ -505,7 +505,8 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
                        f"of Transformer Engine's outputs); {training.runtime}'s was not read: drop it or choose "
                        "--runtime megatron")
     stated_segments = getattr(training, "expandable_segments", None)
-    if stated_segments is not None and not (of(training).fsdp2_step_replayed or of(training).step_replayed):
+    if stated_segments is not None and not (of(training).fsdp2_step_replayed or of(training).step_replayed
+                                            or of(training).megatron_step_replayed):
         flag = "--expandable-segments" if stated_segments else "--no-expandable-segments"
         refused.append(f"{flag} changes the caching allocator's replay, and {training.runtime}'s step is not replayed "
                        "(its reserve is the fragmentation margin's): drop it")
