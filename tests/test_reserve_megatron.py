@@ -164,3 +164,13 @@ def test_the_allocator_setting_reaches_megatrons_replay_and_is_refused_where_it_
     refused = run(*common, "--layers-per-stage", "2,2", "--zero", "3", "--expandable-segments")
     assert refused.exit_code != 0 and "Traceback" not in refused.output
     assert "the replay of Megatron-LM's step runs one stage a rank under ZeRO 0 or 1" in refused.output
+
+
+def test_three_steady_pairs_reserve_what_every_microbatch_does(monkeypatch):
+    static = MegatronStatic(tensors=((2 * MIB,), (4 * MIB,)), distributed=True, grad_ratio=2.0, main_ratio=1.0,
+                            moment_ratio=1.0, clone_ratio=0.5, rest_bytes=0)
+    kwargs = dict(static=static, stage=1, stages=3, num_microbatches=12, loss=None, input_bytes=6 * MIB)
+    short = replay(step_events([_Layer()], ["none"], [MIDDLE], **kwargs))
+    assert reserve_megatron.replayed_microbatches(3, 1, 12) == 4  # one warm-up forward and three pairs
+    monkeypatch.setattr(reserve_megatron, "replayed_microbatches", lambda stages, stage, m: m)
+    assert replay(step_events([_Layer()], ["none"], [MIDDLE], **kwargs)) == short

@@ -75,7 +75,7 @@ class MegatronStatic:
     main_ratio: float  # the fp32 main shard's bytes over the weights' (4 / 2 / K; without sharding 4 / 2)
     moment_ratio: float  # one Adam moment's bytes over the weights' (4 / 2 / K)
     clone_ratio: float  # the bf16 clone the main shard is made from (1 / K)
-    rest_bytes: int  # static beyond these, and the cost model's buffers: one block after the optimizer
+    rest_bytes: int  # static beyond these, and the batch the schedule holds: one block after the optimizer
     workspaces: tuple[int, ...] = ()  # the cuBLAS workspaces made at the first forward
 
 
