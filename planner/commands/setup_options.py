@@ -310,9 +310,10 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         note = routing_note(profile, setup.data_parallel.ep)
         if note:
             say(note)
+    from planner.cost import reserve_megatron
     from planner.cost.reserve_fsdp2 import allocator_setting_refused
 
-    refused = allocator_setting_refused(profile, setup)
+    refused = allocator_setting_refused(profile, setup) or reserve_megatron.allocator_setting_refused(profile, setup)
     if refused:
         raise UserError(refused)
     return setup

@@ -67,8 +67,10 @@ def reserved_note(setup, predicted=()) -> str:
     divisor = f"the caching allocator's at {margin:.0%} fragmentation (--fragmentation), in 2 MiB segments"
     replayed = [i for i, p in enumerate(predicted) if p.reserved_by == "replay"]
     from planner.cost import runtimes
-    what = ("torchtitan's FSDP2 step, ordered from the cost model's terms" if runtimes.of(setup.training).fsdp2_step_replayed
-            else "each stage's recorded allocations")
+    record = runtimes.of(setup.training)
+    what = ("torchtitan's FSDP2 step, ordered from the cost model's terms" if record.fsdp2_step_replayed
+            else "Megatron-LM's step (its buffers, optimizer and schedule) around each stage's recorded allocations"
+            if record.megatron_step_replayed else "each stage's recorded allocations")
     how = divisor if not replayed else (
         f"the caching allocator's rules replayed on {what}" if len(replayed) == len(predicted)
         else f"replayed ({what}) on stages {', '.join(map(str, replayed))}, elsewhere {divisor}")

@@ -309,7 +309,8 @@ def _sizes(codes: Sequence[int]) -> dict[int, int]:
 def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile,
                           setup: TrainSetup) -> StageCost:
     """`cost` with its reserved peak from the replay where one runs (cuda, no --fragmentation stated:
-    FSDP2's step where reserve_fsdp2.replays says it orders the runtime's; else ckplan's step where the
+    FSDP2's step where reserve_fsdp2.replays says it orders the runtime's; Megatron-LM's where
+    reserve_megatron.replays does; else ckplan's step where the
     runtime's record says so, records for every layer's option, one chunk per rank); else as it was
     (the divisor)."""
     if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
@@ -323,6 +324,13 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
         # fragmentation margin is retired where it runs.
         return dataclasses.replace(cost, reserved_bytes=reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes),
                                    reserved_by="replay")
+    from planner.cost import reserve_megatron  # it plays the layers' passes with _Step
+
+    if reserve_megatron.replays(setup):  # Megatron-LM's step: its buffers, optimizer and schedule
+        replayed = reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup)
+        if replayed is None:
+            return cost
+        return dataclasses.replace(cost, reserved_bytes=reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")
     if not runtimes.of(setup.training).step_replayed:
         return cost
     by_name = {layer.name: layer for layer in profile.layers}

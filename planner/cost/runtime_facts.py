@@ -147,6 +147,11 @@ class RuntimeFacts:
     expandable_segments_across_nodes: bool = False
     """Its launch of a job over several nodes sets them too (where False, a job larger than a node runs
     the default segments unless --expandable-segments says otherwise)."""
+    megatron_step_replayed: bool = False
+    """The allocator replay of Megatron-LM's step (planner/cost/reserve_megatron.py: the model's tensors freed
+    into DDP's buffers, the optimizer's main shards, FusedAdam's state at the first step, the schedule's receive
+    buffers, sent outputs and references) orders this runtime's step: one stage a rank, ZeRO 0 or 1
+    (reserve_megatron.replays); other setups keep the margin."""
     fsdp2_step_replayed: bool = False
     """The allocator replay of FSDP2's step (planner/cost/reserve_fsdp2.py: its all-gathers on the
     copy-in stream, its sharded gradients on the reduce-scatter stream) orders this runtime's step:

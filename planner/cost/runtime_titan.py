@@ -150,6 +150,7 @@ def torchtitan(version: str) -> RuntimeFacts:
                                    "run_train.sh 19, 2c8b5947; both one node (torchrun --nproc_per_node, rendezvous at localhost)",
             "expandable_segments_across_nodes": "multinode_trainer.slurm (srun torchrun --nnodes 4) sets no "
                                                 "PYTORCH_CUDA_ALLOC_CONF at 9dec370, e7c0cae, 2c8b5947 or b5bcd76c",
+            "megatron_step_replayed": "not Megatron-LM's step: FSDP2's (fsdp2_step_replayed)",
             "fsdp2_step_replayed": f"planner/cost/reserve_fsdp2.py replays FSDP2's streams as torch 2.6.0 (git 2236df17) "
                                    f"runs them: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py 68-89, 127-179, "
                                    f"220-229, 234-316, 371-383, _fsdp_param_group.py 271-307, 374-442, 469-500, "

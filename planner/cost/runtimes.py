@@ -93,6 +93,7 @@ def _ckplan() -> RuntimeFacts:
         sources={
             "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
             "fsdp2_step_replayed": "ckplan's runtime shards with its own data parallelism (planner/runtime), not FSDP2's step",
+            "megatron_step_replayed": "ckplan's runtime is not Megatron-LM: reserve.py replays its own step (step_replayed)",
             "expandable_segments": "ckplan's launch leaves PYTORCH_CUDA_ALLOC_CONF as the user set it: the default segments",
             "expandable_segments_across_nodes": "the same on every node",
             "keeps_last_reduce_scatter_input": f"planner/runtime/mesh.py 111-112 (FSDP2 under ZeRO 2/3) on {TORCH_V}: "
@@ -149,7 +150,7 @@ def _megatron() -> RuntimeFacts:
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
         step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
-        deterministic_attention="cudnn", host_calls_per_block=5,
+        deterministic_attention="cudnn", host_calls_per_block=5, megatron_step_replayed=True,
         sources={
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
                                    "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
@@ -202,9 +203,16 @@ def _megatron() -> RuntimeFacts:
             "cp_compiled_waits_at_issue": "Transformer Engine's ring runs in its own autograd functions on its own "
                                           "streams (context_parallel.py, d0067d0d), not traced by a compile: its "
                                           "p2p model holds",
-            "step_replayed": f"not replayed: Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py, p2p on their own ops, deallocate_output_tensor) and Transformer Engine's kernels allocate in an order the replay does not run, {_MEGATRON_V}",
+            "step_replayed": "ckplan's step replay does not order Megatron-LM's: its own replay does (megatron_step_replayed)",
+            "megatron_step_replayed": f"planner/cost/reserve_megatron.py: megatron/core/distributed/param_and_grad_buffer.py "
+                                      f"1181-1194, 1304-1310; optimizer/distrib_optimizer.py 445; optimizer/optimizer.py "
+                                      f"1012; pipeline_parallel/schedules.py 171-201, 506, 539-599, 814-860, 2277-2475; "
+                                      f"p2p_communication.py 335-349; tensor_parallel/cross_entropy.py 25, 62, 77, 181, "
+                                      f"{_MEGATRON_V}; TransformerEngine transformer_engine/pytorch/optimizers/"
+                                      f"fused_adam.py 452-460, 616, 4329ff84 (docs/framework-facts.md §43); the layers' "
+                                      f"own allocations are the profile's records, not Transformer Engine's kernels'",
             "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
-            "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
+            "expandable_segments": "not read from its launch scripts: its replay runs the default segments unless --expandable-segments says otherwise",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
             "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
@@ -291,6 +299,8 @@ def _deepspeed() -> RuntimeFacts:
         sources={
             "step_replayed": f"not replayed: ZeRO's contiguous buffers and its side streams (deepspeed/runtime/zero/stage_1_and_2.py), {_DS_V}",
             "fsdp2_step_replayed": "DeepSpeed shards with ZeRO, not FSDP2",
+            "megatron_step_replayed": f"not replayed: DeepSpeed's engine, not Megatron-LM's schedules and DDP (Megatron-DeepSpeed runs "
+                                      f"DeepSpeed's PipelineEngine and ZeRO: step_replayed), {_DS_V}",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
@@ -353,6 +363,7 @@ def _colossalai(version: str) -> RuntimeFacts:
         sources={
             "step_replayed": "not replayed: Gemini's chunk manager allocates and moves whole chunks (colossalai/zero/gemini/chunk)",
             "fsdp2_step_replayed": "ColossalAI shards with Gemini, not FSDP2",
+            "megatron_step_replayed": "not Megatron-LM's step: Gemini's chunks (step_replayed)",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
@@ -494,7 +505,8 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
                        f"of Transformer Engine's outputs); {training.runtime}'s was not read: drop it or choose "
                        "--runtime megatron")
     stated_segments = getattr(training, "expandable_segments", None)
-    if stated_segments is not None and not (of(training).fsdp2_step_replayed or of(training).step_replayed):
+    if stated_segments is not None and not (of(training).fsdp2_step_replayed or of(training).step_replayed
+                                            or of(training).megatron_step_replayed):
         flag = "--expandable-segments" if stated_segments else "--no-expandable-segments"
         refused.append(f"{flag} changes the caching allocator's replay, and {training.runtime}'s step is not replayed "
                        "(its reserve is the fragmentation margin's): drop it")

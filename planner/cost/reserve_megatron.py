@@ -1,0 +1,323 @@
+"""A rank's reserved peak under Megatron-LM (one pipeline stage a rank: forward_backward_no_pipelining, or
+forward_backward_pipelining_without_interleaving; DDP with or without the distributed optimizer), from the
+caching allocator's replay (allocator.replay) of its allocations in the order Megatron-LM makes them. Read at
+Megatron-LM d98e8a64 (2026-08-22) and the TransformerEngine its pyproject.toml pins (4329ff84); file and line
+for each in docs/framework-facts.md §43:
+
+- the model is built on the GPU, each parameter its own tensor in the weights' dtype (training.py get_model
+  2458-2465: model_module.cuda unless FSDP2 or the meta device);
+- DDP (param_and_grad_buffer.py _ParamAndGradBuffer.__init__) allocates the buffer's bf16 param_data (1181-1188,
+  only under the distributed optimizer) and then its fp32 grad_data (1190-1194), each whole, then points each
+  parameter into param_data and drops its own tensor (1304-1310: `param.data = new_param_data; ...; del
+  old_param_data`): the model's tensors are freed into the cache, where the optimizer and the activations
+  reuse them. main_grad is a view of grad_data (1365-1367); the bucketed reduce-scatter and all-gather run in
+  place on views of the two buffers (710-723, 508-523): no allocation;
+- the optimizer: under the distributed optimizer each parameter's fp32 main shard is
+  `shard_model_param.clone().float()` (distrib_optimizer.py 445: a bf16 clone, its fp32 copy, the clone
+  freed); without it `param.detach().clone().float()` whole (optimizer.py 1012). The shard's gradient is
+  main_grad's view (`.float()` of fp32, distrib_optimizer.py 2792: no copy). Adam is TransformerEngine's
+  FusedAdam (optimizer/__init__.py 14), which makes each parameter's exp_avg then exp_avg_sq at its first
+  step() (TE fused_adam.py 452-460, 616: `if len(state) == 0: self.initialize_state`), into what the first
+  step's activations left cached; its multi-tensor kernel updates in place: no step scratch;
+- the schedule (schedules.py): 1F1B's warm-up min(P - s - 1, M) forwards, then forward-backward pairs, then
+  the cool-down backwards (2277-2475); with one stage, each microbatch's forward then backward (814-860). A
+  received input or output gradient is a new torch.empty (p2p_communication.py 335-349). A stage's output is
+  freed once sent (deallocate_output_tensor 171-201: `.data` set to a 1-element tensor; on by
+  deallocate_pipeline_outputs, training/argument_utils.py 305); in the steady state the output gradient is
+  received before that (send_forward_recv_backward, 2416-2423) and the next input after the backward
+  (send_backward_recv_forward, 2446). The schedule's variables keep the last output gradient until the next
+  one is received, the last input gradient until the next backward returns (backward_step 539-599 returns
+  x.grad, retained on the input: 561), and the model keeps the last forward's input (set_input_tensor, 506)
+  past the step, to the next step's first forward (RuntimeFacts.keeps_last_input_and_grad);
+- the last stage's loss: vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py 25, 62, 77, 181) makes the
+  fp32 copy of the bf16 logits and works in place on it, saving it (the runtime's loss region, kept_x the
+  logits' bytes, here 2); the logits are dropped once the loss is made; its backward hands the fp32 gradient
+  (the same storage) to `.float()`'s backward, which makes the bf16 logits' gradient and drops the fp32 one;
+- the cuBLAS workspaces (torch's, Transformer Engine's: afterstep.workspace_bytes) are made at the first
+  forward and kept.
+
+The layers' own allocations are each layer's AllocRecord for its recompute option (as reserve.py plays
+them, planner/cost/reserve.py _Step), not Transformer Engine's kernels' own sequence; what the cost model's
+allocated peak holds beyond the replay's is added in 2 MiB segments (reserve.reserved_bytes). Not replayed:
+the distributed optimizer's per-rank ranges (each parameter's main shard is taken as 1/K of it; the rank's
+range cuts through parameters, so a rank holds some whole, some in part, some not at all), gradient
+clipping's and the NaN check's small norms, NCCL's buffers (outside the allocator, workspace_bytes), and the
+interleaved schedule (several chunks a rank: the divisor stays). The allocator runs expandable segments where the
+job states them (--expandable-segments; Megatron-LM's launch scripts were not read: the default segments).
+
+Nothing here reads a file or prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.cost import afterstep, allocator, dataparallel, runtimes
+from planner.cost.allocator import Alloc, Event, Free, Replayed
+from planner.cost.reserve import _Step as _LayerPasses
+from planner.cost.reserve import records_for
+from planner.cost.reserve_fsdp2 import expandable_segments, parameter_parts, tensor_split
+from planner.cost.rules import batch_bytes, profile_tp
+from planner.schema import AllocRecord, LayerProfile, Profile, StagePlan, TrainSetup
+
+STEPS = 2  # the first step makes Adam's state after its activations; the second runs as every later one
+
+
+@dataclass(frozen=True)
+class MegatronStatic:
+    """What the rank allocates before and beside its step, per parameter tensor in the weights' dtype
+    (`tensors`: each layer's), and the ratios Megatron-LM's buffers and optimizer hold them at."""
+
+    tensors: tuple[tuple[int, ...], ...]
+    distributed: bool  # the distributed optimizer (ZeRO 1): param_data, main params per shard
+    grad_ratio: float  # main_grad's bytes over the weights' (fp32 over bf16: 2)
+    main_ratio: float  # the fp32 main shard's bytes over the weights' (4 / 2 / K; without sharding 4 / 2)
+    moment_ratio: float  # one Adam moment's bytes over the weights' (4 / 2 / K)
+    clone_ratio: float  # the bf16 clone the main shard is made from (1 / K)
+    rest_bytes: int  # static beyond these, and the batch the schedule holds: one block after the optimizer
+    workspaces: tuple[int, ...] = ()  # the cuBLAS workspaces made at the first forward
+
+
+def replays(setup: TrainSetup) -> bool:
+    """Whether this replay orders the setup's step: a runtime whose record says Megatron-LM's step
+    (megatron_step_replayed), one stage a rank (not interleaved), DDP or the distributed optimizer (ZeRO
+    0 or 1; ZeRO 2/3 would be Megatron-FSDP, not read)."""
+    record = runtimes.of(setup.training)
+    return record.megatron_step_replayed and setup.pipeline.chunks == 1 and setup.data_parallel.zero <= 1
+
+
+def schedule_order(stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """Megatron-LM's 1F1B order for rank `stage` (schedules.py 2277-2475): min(P - s - 1, M) warm-up
+    forwards, forward-backward pairs, the cool-down backwards; one stage: forward, backward per microbatch."""
+    warmup = min(stages - stage - 1, num_microbatches)
+    order = [("F", mb) for mb in range(warmup)]
+    for i in range(num_microbatches - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    return order + [("B", mb) for mb in range(num_microbatches - warmup, num_microbatches)]
+
+
+def replayed_microbatches(stages: int, stage: int, num_microbatches: int) -> int:
+    """The warm-up and three steady pairs: each pair frees what the pair before made, so the cache is
+    where the rest of the step keeps it; the replay's cost is bounded by the stages, not M."""
+    return min(num_microbatches, min(stages - stage - 1, num_microbatches) + 3)
+
+
+def loss_record(logits_bytes: int, kept_x: float) -> AllocRecord:
+    """The vocab-parallel cross-entropy on `logits_bytes` of bf16 logits: forward, the fp32 copy it keeps
+    (kept_x the logits' bytes); backward, the bf16 logits' gradient made (handed back), the fp32 one freed."""
+    return AllocRecord(forward=[int(logits_bytes * kept_x)], backward=[logits_bytes, -1], output=0, input_grad=2)
+
+
+def static_events(static: MegatronStatic) -> list[Event]:
+    """The model's tensors, DDP's buffers (the tensors freed into them), the optimizer's main params."""
+    tensors = [(("param", i, j), size) for i, layer in enumerate(static.tensors) for j, size in enumerate(layer)]
+    total = sum(size for _, size in tensors)
+    events: list[Event] = [Alloc(key, size) for key, size in tensors]
+    if static.distributed:  # param_data, then grad_data; the model's own tensors freed into param_data
+        events += [Alloc(("param_data",), total), Alloc(("grad_data",), int(total * static.grad_ratio))]
+        events += [Free(key) for key, _ in tensors]
+    else:  # plain DDP: the tensors stay, grad_data beside them
+        events.append(Alloc(("grad_data",), int(total * static.grad_ratio)))
+    for key, size in tensors:  # clone().float(): the clone, the main shard, the clone freed
+        events += [Alloc(("clone", *key[1:]), int(size * static.clone_ratio)),
+                   Alloc(("main", *key[1:]), int(size * static.main_ratio)), Free(("clone", *key[1:]))]
+    events.append(Alloc(("rest",), static.rest_bytes))
+    return events
+
+
+def adam_state_events(static: MegatronStatic) -> list[Event]:
+    """FusedAdam's first step: exp_avg then exp_avg_sq, per parameter."""
+    return [Alloc(("moment", i, j, k), int(size * static.moment_ratio))
+            for i, layer in enumerate(static.tensors) for j, size in enumerate(layer) for k in (0, 1)]
+
+
+class _Holders:
+    """Which of the schedule's references keep a tensor: a key is freed when its last holder lets go."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events, self.held = events, {}
+
+    def hold(self, key, holder) -> None:
+        self.held.setdefault(key, set()).add(holder)
+
+    def drop(self, key, holder) -> None:
+        holders = self.held.get(key)
+        if holders is None:
+            return
+        holders.discard(holder)
+        if not holders:
+            del self.held[key]
+            self.events.append(Free(key))
+            for other in [k for k, hs in self.held.items() if ("on", key) in hs]:  # what it kept (x.grad)
+                self.drop(other, ("on", key))
+
+
+class _Step:
+    """One rank's step under Megatron-LM's schedule, appended to `events`: the layers' passes as reserve.py
+    plays them, the receive buffers, the sent outputs and the schedule's references as Megatron-LM keeps them."""
+
+    def __init__(self, layers, options, records, *, loss: AllocRecord | None, first: bool, input_bytes: int,
+                 events: list[Event], holders: _Holders, step: int) -> None:
+        self.records, self.loss, self.first, self.input_bytes = records, loss, first, input_bytes
+        self.events, self.holders, self.step = events, holders, step
+        self.passes = _LayerPasses(layers, options, records, loss, self.events)
+        self.last = len(records) - 1
+
+    def key(self, mb: int) -> int:
+        return self.step * 1_000_000 + mb  # the passes' keys: a microbatch of this step
+
+    def run(self, order: Sequence[tuple[str, int]]) -> None:
+        for at, (kind, mb) in enumerate(order):
+            if kind == "F":
+                steady = at + 1 < len(order) and order[at + 1][0] == "B"
+                self.forward(mb, receive_grad_for=order[at + 1][1] if steady else None)
+            else:
+                cooldown = at == 0 or order[at - 1][0] == "B"
+                self.backward(mb, receive_grad=cooldown)
+        for holder in ("input_var", "grad_var", "ograd_var"):  # the schedule function returns
+            for key in [k for k, hs in self.holders.held.items() if holder in hs]:
+                self.holders.drop(key, holder)
+
+    def forward(self, mb: int, *, receive_grad_for: int | None) -> None:
+        if not self.first:  # recv_forward: a new input, the previous one's variable let go
+            key = ("in", self.key(mb))
+            self.events.append(Alloc(key, self.input_bytes))
+            for old in [k for k, hs in self.holders.held.items() if "input_var" in hs]:
+                self.holders.drop(old, "input_var")
+            for holder in ("input_var", "list", "model"):
+                self.holders.hold(key, holder)
+            for old in [k for k, hs in self.holders.held.items() if "model" in hs and k != key]:
+                self.holders.drop(old, "model")  # set_input_tensor: the model's reference moves on
+        self.passes.forward(self.key(mb))
+        output = (self.key(mb), self.last, self.records[self.last].output)
+        if receive_grad_for is not None and self.loss is None:  # send_forward_recv_backward
+            self.receive_output_grad(receive_grad_for)
+        if self.records[self.last].output:
+            self.events.append(Free(output))  # the logits once the loss is made, else the output once sent
+        if self.loss is None:
+            self.events.append(Alloc(("stub", self.key(mb)), 1))  # deallocate_output_tensor's 1-element tensor
+
+    def receive_output_grad(self, mb: int) -> None:
+        key = ("ograd", self.key(mb))
+        self.events.append(Alloc(key, _output_bytes(self.records[self.last])))
+        for old in [k for k, hs in self.holders.held.items() if "ograd_var" in hs]:
+            self.holders.drop(old, "ograd_var")
+        self.holders.hold(key, "ograd_var")
+
+    def backward(self, mb: int, *, receive_grad: bool) -> None:
+        key = ("in", self.key(mb))
+        if not self.first:  # input_tensor = input_tensors.pop(0)
+            for old in [k for k, hs in self.holders.held.items() if "input_var" in hs and k != key]:
+                self.holders.drop(old, "input_var")
+            self.holders.hold(key, "input_var")
+            self.holders.drop(key, "list")
+        if receive_grad and self.loss is None:  # recv_backward (the cool-down)
+            self.receive_output_grad(mb)
+        sent = len(self.events)
+        self.passes.backward(self.key(mb))
+        grad = (self.key(mb), 0, self.records[0].input_grad)
+        at = next((n for n in range(len(self.events) - 1, sent - 1, -1) if self.events[n] == Free(grad)), None)
+        if self.records[0].input_grad and at is not None:
+            del self.events[at]  # sent, and kept by the schedule's variable and the input's .grad
+            for old in [k for k, hs in self.holders.held.items() if "grad_var" in hs]:
+                self.holders.drop(old, "grad_var")
+            self.holders.hold(grad, "grad_var")
+            self.holders.hold(grad, ("on", key))
+        if self.loss is None:
+            self.events.append(Free(("stub", self.key(mb))))
+
+
+def step_events(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
+                static: MegatronStatic, stage: int, stages: int, num_microbatches: int,
+                loss: AllocRecord | None, input_bytes: int, steps: int = STEPS) -> list[Event]:
+    """The rank's static allocations, then `steps` steps (the first making Adam's state after its
+    backwards), as allocator events; `loss`: the last stage's (loss_record), else None."""
+    events = static_events(static)
+    holders = _Holders(events)
+    order = schedule_order(stages, stage, replayed_microbatches(stages, stage, num_microbatches))
+    for step in range(steps):
+        if step == 0:
+            events += [Alloc(("workspace", n), size) for n, size in enumerate(static.workspaces)]
+        _Step(layers, options, records, loss=loss, first=stage == 0, input_bytes=input_bytes, events=events,
+              holders=holders, step=step).run(order)
+        if step == 0:
+            events += adam_state_events(static)
+    return events
+
+
+# ---------------------------------------------------------------- the stage from the cost model's terms
+
+
+def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup) -> Replayed | None:
+    """Rank `stage`'s replay (`cost`: its StageCost, for the static total and buffers); None where a layer
+    has no record for its option, or the last stage's logits are not known."""
+    by_name = {layer.name: layer for layer in profile.layers}
+    layers = [by_name[name] for name in plan.layers]
+    options = [plan.option(name) for name in plan.layers]
+    records = records_for(layers, options)
+    if records is None:
+        return None
+    pipeline, record = setup.pipeline, runtimes.of(setup.training)
+    last = stage == pipeline.stages - 1
+    loss = None
+    if last:
+        logits = _output_bytes(records[-1])
+        if not logits:
+            return None
+        region = runtimes.loss_region(record, tp=profile_tp(profile), compiled=False)
+        loss = loss_record(logits, region.kept_x)
+    static = static_of(layers, cost, stage=stage, profile=profile, setup=setup)
+    events = step_events(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
+                         num_microbatches=pipeline.microbatches, loss=loss,
+                         input_bytes=layers[0].input_bytes if stage > 0 else 0)
+    return allocator.replay(events, expandable=expandable_segments(profile, setup))
+
+
+def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None:
+    """The sentence refusing a stated --expandable-segments / --no-expandable-segments under Megatron-LM where
+    its replay does not run (reserve_fsdp2.allocator_setting_refused says it for a cpu profile or a stated
+    --fragmentation); None where the replay reads it, or nothing is stated."""
+    stated = getattr(setup.training, "expandable_segments", None)
+    if stated is None or not runtimes.of(setup.training).megatron_step_replayed or replays(setup):
+        return None
+    flag = "--expandable-segments" if stated else "--no-expandable-segments"
+    return (f"{flag} changes the caching allocator's replay, and the replay of Megatron-LM's step runs one stage a "
+            "rank under ZeRO 0 or 1; this setup's reserve is the fragmentation margin's: drop it")
+
+
+def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Profile,
+              setup: TrainSetup) -> MegatronStatic:
+    """The rank's tensors (each layer's parameters on this rank, its experts over EP, in the weights' dtype,
+    split as the layer's tensors: reserve_fsdp2.parameter_parts) and the ratios of dataparallel.param_bytes;
+    what the cost model's static holds beyond them and the batch the schedule holds (rules.batch_bytes), one
+    block. The receive buffers of the cost model's buffer bytes the replay makes itself."""
+    held, record = dataparallel.param_bytes(setup), runtimes.of(setup.training)
+    k = dataparallel.shard_size(setup)
+    ep = setup.data_parallel.ep
+    tensors = tuple(tensor_split((layer.param_count - layer.expert_param_count + layer.expert_param_count // ep)
+                                 * held.shard_weights, parameter_parts(layer, profile.assumptions)) for layer in layers)
+    master = record.master_bytes if setup.training.precision == "bf16-mixed" else 0
+    moment = (held.optim - master) / 2
+    weights = sum(map(sum, tensors))
+    made = weights * (1 + held.grads / held.shard_weights + (master + 2 * moment) / held.shard_weights / k)
+    return MegatronStatic(
+        tensors=tensors, distributed=setup.data_parallel.zero == 1, grad_ratio=held.grads / held.shard_weights,
+        main_ratio=master / held.shard_weights / k, moment_ratio=moment / held.shard_weights / k,
+        clone_ratio=1 / k if master else 0.0,
+        rest_bytes=int(max(0.0, cost.static_bytes - made) + batch_bytes(profile, stage, setup)),
+        workspaces=_workspaces(record, profile))
+
+
+def _workspaces(record, profile: Profile) -> tuple[int, ...]:
+    torch_side = record.cublas_workspace_bytes or 0
+    te = afterstep.workspace_bytes(record, profile.device) - torch_side if profile.device.type == "cuda" else 0
+    return tuple(size for size in (torch_side, te) if size > 0)
+
+
+def _output_bytes(record: AllocRecord) -> int:
+    if not record.output:
+        return 0
+    sizes = [code for code in record.forward if code > 0]
+    return sizes[record.output - 1] if record.output <= len(sizes) else 0
+
