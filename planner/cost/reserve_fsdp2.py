@@ -52,6 +52,7 @@ Nothing here reads a file or prints.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from planner.cost import allocator, dataparallel, fsdpunits, gradtiming, runtimes
 from planner.cost.allocator import Replayed
@@ -64,12 +65,18 @@ from planner.cost.fsdp2_events import (  # noqa: F401  (the event builders, re-e
     Fsdp2Stage,
     step_events,
 )
-from planner.cost.rules import in_flight
+from planner.cost.rules import fsdp_unit_layer_bytes, in_flight
 from planner.errors import UserError
 from planner.schema import OPTION_NONE, Profile, StagePlan, TrainSetup
 
 
-def replay(stage: Fsdp2Stage, *, expandable: bool = False) -> Replayed:
+def replay(stage, *, expandable: bool = False) -> Replayed:
+    """The allocator's peaks over the step of `stage`: an Fsdp2Stage, or a rank of several chunks
+    (fsdp2_chunks.Fsdp2Rank)."""
+    if not isinstance(stage, Fsdp2Stage):
+        from planner.cost import fsdp2_chunks
+
+        return fsdp2_chunks.replay(stage, expandable=expandable)
     return allocator.replay(step_events(stage), expandable=expandable)
 
 
@@ -108,7 +115,7 @@ def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None
         why = "--fragmentation states the reserve's margin, and no replay runs beside it"
     elif record.fsdp2_step_replayed and not replays(setup):
         why = ("the replay of torchtitan's FSDP2 step runs one stage under ZeRO 3, or one stage a rank of 1F1B or GPipe "
-               "under ZeRO 3; this setup's reserve is the fragmentation margin's")
+               "or several of interleaved 1F1B under ZeRO 3; this setup's reserve is the fragmentation margin's")
     elif record.step_replayed and setup.pipeline.chunks != 1:
         why = "the replay of ckplan's step runs one chunk a rank; this setup's reserve is the fragmentation margin's"
     else:
@@ -183,45 +190,97 @@ def replays(setup: TrainSetup) -> bool:
     """Whether this replay orders the setup's step, under a runtime whose record says it runs FSDP2's
     (fsdp2_step_replayed): one stage and one microbatch with its units charged per moment
     (fsdpunits.charged_per_moment: ZeRO 3 resharded after forward); or one stage a rank of 1F1B or
-    GPipe with the weights gathered and the gradients kept whole through the microbatches
-    (dataparallel.kept_whole: torchtitan beside a pipeline)."""
+    GPipe, or several of interleaved 1F1B (fsdp2_chunks.py), with the weights gathered and the gradients
+    kept whole through the microbatches (dataparallel.kept_whole: torchtitan beside a pipeline). Not the
+    schedules that split a backward in two (ZB, ZBV) or overlap a forward with a backward (DualPipeV)."""
+    from planner.cost.fsdp2_chunks import SCHEDULES
+
     pipeline, record = setup.pipeline, runtimes.of(setup.training)
-    if not record.fsdp2_step_replayed or pipeline.chunks != 1 or dataparallel.shard_size(setup) < 2:
+    if not record.fsdp2_step_replayed or dataparallel.shard_size(setup) < 2:
         return False
-    if pipeline.stages == 1 and pipeline.microbatches == 1:
+    if pipeline.chunks == 1 and pipeline.stages == 1 and pipeline.microbatches == 1:
         return fsdpunits.charged_per_moment(setup, record.fsdp_units)
-    return pipeline.schedule in ("1F1B", "GPipe") and dataparallel.kept_whole(setup) and setup.data_parallel.zero >= 3
+    schedules = ("1F1B", "GPipe") if pipeline.chunks == 1 else SCHEDULES
+    return pipeline.schedule in schedules and dataparallel.kept_whole(setup) and setup.data_parallel.zero >= 3
 
 
-def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup) -> Fsdp2Stage:
+def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup):
     """Rank `stage`'s replay input from the cost model's own terms (`cost`: its StageCost): each
     layer's kept bytes and its extra less FSDP2's moment (which the replay makes itself), the units
-    and the held parameters as fsdpunits and dataparallel count them."""
+    and the held parameters as fsdpunits and dataparallel count them. A rank of several chunks:
+    fsdp2_chunks.rank_of (an Fsdp2Rank)."""
     from planner.cost.assembly import option_indices
     from planner.cost.layers import layer_costs
-    from planner.cost.rules import (
-        fsdp_unit_layer_bytes,
-        fsdp_unit_loss_bytes,
-        kept_reduce_scatter_input_bytes,
-    )
+    from planner.cost.rules import fsdp_unit_loss_bytes, kept_reduce_scatter_input_bytes
     from planner.cost.schedules import build_schedule
-    from planner.cost.terms import Context, layer_value, stage_value
+    from planner.cost.terms import Context, stage_value
 
+    if setup.pipeline.chunks > 1:
+        from planner.cost.fsdp2_chunks import rank_of
+
+        return rank_of(plan, cost, rank=stage, profile=profile, setup=setup)
     by_name = {layer.name: layer for layer in layer_costs(profile)}
     costs = [by_name[name] for name in plan.layers]
-    options = option_indices(plan, costs)
-    ctx = Context(profile, setup)
     record, pipeline = runtimes.of(setup.training), setup.pipeline
     piped = pipeline.stages > 1 or pipeline.microbatches > 1
-    # beside a pipeline torchtitan fully_shards each block and the stage's root (its embedding or its
-    # norm and head, never both: 9dec370 parallelize_llama.py 324-339): a unit a layer
+    scratch_per_param = cost.step_scratch_bytes / max(1, sum(c.param_count for c in costs))
+    made = chunk_layers(costs, option_indices(plan, costs), profile=profile, setup=setup, piped=piped,
+                        scratch_per_param=scratch_per_param)
+    last = stage == pipeline.stages - 1
+    loss_extra = stage_value("extra", stage, Context(profile, setup)) - fsdp_unit_loss_bytes(profile, stage, setup) \
+        if last else 0.0
+    actions = ()
+    if piped:
+        order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
+                               num_microbatches=replayed_microbatches(pipeline, stage))
+        actions = tuple((a.kind, a.microbatch) for a in order.actions[stage])
+    kept_input = kept_reduce_scatter_input_bytes(profile, stage, setup)  # the replay makes it itself
+    units = [layer.unit for layer in made.layers]
+    built = Fsdp2Stage(
+        layers=made.layers,
+        kept_from_forward=frozenset(units) if piped else frozenset(
+            fsdpunits.gathered_from_forward(units, record.fsdp_gathered_from_forward)),
+        shard_group=dataparallel.shard_size(setup), reduce_ratio=made.reduce_ratio,
+        # what static holds beyond the shards, states and gradients (none where they are all)
+        buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - made.static_bytes)),
+        loss_kept_bytes=max(0, cost.kept_bytes - made.kept_bytes), loss_extra_bytes=int(max(0.0, loss_extra)),
+        actions=actions, root_units=made.root_units,
+        keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup))
+    if not piped:
+        return built
+    from planner.cost.fsdp2_chunks import (
+        one_stage_rank,  # beside a pipeline: torch's schedule drives it
+    )
+
+    return one_stage_rank(built, costs[-1], stage_index=stage, setup=setup)
+
+
+@dataclass(frozen=True)
+class ChunkLayers:
+    """A stage's layers as the replay runs them, and what the cost model charges for them."""
+
+    layers: tuple[Fsdp2Layer, ...]
+    root_units: frozenset[int]  # the units of the layers not of the stage's block kind (its root's)
+    kept_bytes: int  # the layers' kept bytes (the stage's kept less its ends')
+    static_bytes: float  # what static charges for their shards, states and gradients (and weights, piped)
+    reduce_ratio: float
+
+
+def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: bool,
+                 scratch_per_param: float) -> ChunkLayers:
+    """The stage's layers (`costs` under `options`) with their units: beside a pipeline torchtitan
+    fully_shards each block and the stage's root (its embedding or its norm and head, never both:
+    9dec370 parallelize_llama.py 324-339), a unit a layer; else the runtime's record's units."""
+    from planner.cost.terms import Context, layer_value
+
+    ctx = Context(profile, setup)
+    record = runtimes.of(setup.training)
     units = fsdpunits.unit_of_layers(len(costs), "per-layer" if piped else record.fsdp_units)
     held = dataparallel.param_bytes(setup)
     k = dataparallel.shard_size(setup)
     profiles = {layer.name: layer for layer in profile.layers}
     block_kind = max({c.kind for c in costs}, key=[c.kind for c in costs].count)
     ep = setup.data_parallel.ep
-    scratch_per_param = cost.step_scratch_bytes / max(1, sum(c.param_count for c in costs))
     layers, kept_sum, static_sum = [], 0, 0.0
     for layer, option, unit in zip(costs, options, units):
         known = profiles[layer.name]
@@ -242,24 +301,8 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         kept_sum += kept
         # what static charges for them: whole weights and gradients beside a pipeline, else the shards
         static_sum += sum(shard) + sum(state) + (sum(gathered) + params * held.grads if piped else params * held.grads / k)
-    last = stage == pipeline.stages - 1
-    loss_extra = stage_value("extra", stage, ctx) - fsdp_unit_loss_bytes(profile, stage, setup) if last else 0.0
-    actions = ()
-    if piped:
-        order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
-                               num_microbatches=replayed_microbatches(pipeline, stage))
-        actions = tuple((a.kind, a.microbatch) for a in order.actions[stage])
-    kept_input = kept_reduce_scatter_input_bytes(profile, stage, setup)  # the replay makes it itself
-    return Fsdp2Stage(
-        layers=tuple(layers),
-        kept_from_forward=frozenset(units) if piped else frozenset(
-            fsdpunits.gathered_from_forward(units, record.fsdp_gathered_from_forward)),
-        shard_group=k, reduce_ratio=held.grads / held.weights,
-        # what static holds beyond the shards, states and gradients (none where they are all)
-        buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - static_sum)),
-        loss_kept_bytes=max(0, cost.kept_bytes - kept_sum), loss_extra_bytes=int(max(0.0, loss_extra)),
-        actions=actions, root_units=frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
-        keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup))
+    return ChunkLayers(tuple(layers), frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
+                       kept_sum, static_sum, held.grads / held.weights)
 
 
 def loss_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
