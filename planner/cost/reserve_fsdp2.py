@@ -1,5 +1,6 @@
-"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or one stage a rank beside a 1F1B
-or GPipe pipeline, _PipelineStep), from the caching allocator's replay (allocator.replay) of the
+"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or beside a 1F1B, GPipe or
+interleaved 1F1B pipeline: fsdp2_chunks.py drives each of a rank's chunks, fsdp2_events.py builds the
+events), from the caching allocator's replay (allocator.replay) of the
 allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The bytes are the cost
 model's own (the layers' kept and extra terms, the units of fsdpunits.py, the static shards of
 dataparallel.py); this module adds their order and their streams. Read at torch 2.6.0 (git 2236df17;
@@ -44,7 +45,9 @@ The allocator runs expandable segments where the job's launch sets them (expanda
 --expandable-segments, else as the runtime's launch script does: torchtitan's on one node, not across nodes).
 Not replayed: gradient clipping's per-tensor norms (512 B blocks in the small pool), the NCCL buffers
 (outside the allocator, workspace_bytes), the activations tensor by tensor (a layer's kept bytes are
-one block, its backward's extra one block).
+one block, its backward's extra one block); beside 1F1B or GPipe, each microbatch's input gradient left
+on its receive buffer's `.grad` to the next step (torch 2.6.0 pipelining/_backward.py 350-360,
+stage.py 507-520): the cost model counts one, among the buffers, and so does the replay.
 
 Nothing here reads a file or prints.
 """
