@@ -133,6 +133,11 @@ def test_a_one_stage_pipeline_rank_runs_the_same_driver():
     assert all(isinstance(rank, Fsdp2Rank) and len(rank.chunks) == 1 for rank in made)
     assert made[0].merged_bytes == 0 and made[1].merged_bytes == 4 * profile.layers[-1].output_bytes
     assert made[0].output_bytes == (profile.layers[2].output_bytes,)
+    # every microbatch replayed (each leaves its output to the next step), not 1F1B's warm-up and two pairs
+    # (3 on the last stage: reserve_fsdp2.replayed_microbatches); past REPLAYED_MAX those, the rest among the buffers
+    assert [rank.num_microbatches for rank in made] == [4, 4]
+    assert fsdp2_chunks.replayed_microbatches(_titan(microbatches=200).pipeline, 1) == 3
+    assert fsdp2_chunks.replayed_microbatches(_titan(microbatches=200, schedule="interleaved-1F1B", chunks=2).pipeline) == 4
 
 
 def test_the_interleaved_first_rank_reserves_less_than_1f1bs_first_stage():

@@ -119,13 +119,28 @@ class _ChunkedStep:
 # ---------------------------------------------------------------- the rank from the cost model's terms
 
 
-def replayed_microbatches(pipeline) -> int:
-    """The microbatches the replay runs: interleaved 1F1B runs rounds of P microbatches (torch 2.6.0
-    schedules.py 1904-1915: max(1, M // P) rounds), whose warm-up, steady state and cool-down are alike
-    for every M a multiple of P, so past two rounds the replay runs two (each chunk still reduced after
-    its last backward); else all M."""
+# Each microbatch's output is made at its forward and kept to the next step, between the activations the
+# steady state frees, so the reserve grows with every microbatch replayed: the replay runs them all, up to this
+# many (its cost is linear in them). Past it, a 1F1B rank runs its warm-up and two steady pairs
+# (reserve_fsdp2.replayed_microbatches) and an interleaved one two rounds of P (replayed_microbatches), the
+# others' outputs among the buffers: an under-estimate, on a synthetic P = 2 (uniform_blocks(14)) by 10-21% on
+# 1F1B's last stage at M = 4-16 (3 replayed) and by 17% on an interleaved rank at M = 16 (4 replayed).
+REPLAYED_MAX = 64
+
+
+def replayed_microbatches(pipeline, stage: int | None = None) -> int:
+    """The microbatches the replay runs (`stage`: a rank of one stage's, else an interleaved rank's): all M up
+    to REPLAYED_MAX; past it, interleaved 1F1B two of its rounds of P microbatches (torch 2.6.0 schedules.py
+    1904-1915: max(1, M // P) rounds; its warm-up and cool-down alike for every M a multiple of P), each
+    chunk still reduced after its last backward; 1F1B and GPipe as reserve_fsdp2.replayed_microbatches."""
+    from planner.cost import reserve_fsdp2
+
     m, p = pipeline.microbatches, pipeline.stages
-    return 2 * p if m > 2 * p and m % p == 0 else m
+    if m <= REPLAYED_MAX:
+        return m
+    if stage is not None:
+        return reserve_fsdp2.replayed_microbatches(pipeline, stage)
+    return 2 * p if m % p == 0 else m
 
 
 def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: TrainSetup) -> Fsdp2Rank:
@@ -144,7 +159,7 @@ def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: Tr
     return Fsdp2Rank(
         chunks=(replace(stage, actions=(), buffer_bytes=0, loss_kept_bytes=max(0, stage.loss_kept_bytes - output)),),
         actions=tuple((0, kind, mb) for kind, mb in stage.actions), num_microbatches=microbatches,
-        # the microbatches not replayed (reserve_fsdp2.replayed_microbatches) keep theirs among the buffers
+        # the microbatches not replayed (replayed_microbatches) keep theirs among the buffers
         buffer_bytes=int(stage.buffer_bytes - held_outputs_bytes(last_layer, stage_index, setup)
                          + (pipeline.microbatches - microbatches) * output),
         output_bytes=(output,), input_grad_bytes=(0,), merged_bytes=pipeline.microbatches * output if last else 0)

@@ -234,8 +234,12 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         if last else 0.0
     actions = ()
     if piped:
+        from planner.cost.fsdp2_chunks import (
+            replayed_microbatches as replayed,  # outputs kept: all, up to a bound
+        )
+
         order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
-                               num_microbatches=replayed_microbatches(pipeline, stage))
+                               num_microbatches=replayed(pipeline, stage))
         actions = tuple((a.kind, a.microbatch) for a in order.actions[stage])
     kept_input = kept_reduce_scatter_input_bytes(profile, stage, setup)  # the replay makes it itself
     units = [layer.unit for layer in made.layers]
