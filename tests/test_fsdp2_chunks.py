@@ -160,3 +160,12 @@ def test_the_interleaved_first_rank_reserves_less_than_1f1bs_first_stage():
     first = costmodel.evaluate(ranks, profile, _titan(microbatches=2, schedule="interleaved-1F1B", chunks=2)).stages[0]
     assert (f1b.reserved_by, first.reserved_by) == ("replay", "replay")
     assert first.peak_bytes < f1b.peak_bytes and first.reserved_bytes < f1b.reserved_bytes
+
+
+def test_a_stage_input_its_receive_buffer_holds_is_not_kept_twice():
+    """A stage's kept bytes less its layers' and its output (the ends) are negative where the first layer saves
+    the stage input, which its receive buffer holds among the buffers: the layer keeps that much less."""
+    fewer = fsdp2_chunks.with_ends(CHUNK, -4 * MIB)
+    assert (fewer.layers[0].kept_bytes, fewer.loss_kept_bytes) == (6 * MIB, 0)
+    more = fsdp2_chunks.with_ends(CHUNK, 3 * MIB)
+    assert (more.layers, more.loss_kept_bytes) == (CHUNK.layers, 3 * MIB)

@@ -143,12 +143,26 @@ def replayed_microbatches(pipeline, stage: int | None = None) -> int:
     return 2 * p if m % p == 0 else m
 
 
-def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: TrainSetup) -> Fsdp2Rank:
+def with_ends(stage: Fsdp2Stage, ends: float) -> Fsdp2Stage:
+    """`stage` with its ends kept from a forward to its backward (`ends`: the stage's kept bytes less its
+    layers' and less its output, made apart). Where they are negative, the stage input its first layer saves
+    is its receive buffer's (rules.first_layer_kept_bytes: among the buffers already): taken off that
+    layer's kept bytes, so no microbatch's input is held twice."""
+    if ends >= 0:
+        return replace(stage, loss_kept_bytes=int(ends))
+    first = stage.layers[0]
+    layers = (replace(first, kept_bytes=max(0, first.kept_bytes + int(ends))), *stage.layers[1:])
+    return replace(stage, layers=layers, loss_kept_bytes=0)
+
+
+def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: TrainSetup,
+                   ends: float) -> Fsdp2Rank:
     """A rank of one stage beside torch's 1F1B or GPipe as the same driver runs it (`stage` built with its
     actions, `last_layer` the stage's last layer's cost): its outputs kept in output_chunks from each
     forward to the next step (rules.outputs_held), not among the buffers (the cost model's
-    held_outputs_bytes, M - k of them there) nor the stage's ends; the last stage's merge of them at the
-    step's end. The input gradient stays one block among the buffers, as the cost model counts it."""
+    held_outputs_bytes, M - k of them there) nor the stage's ends (`ends`: its kept bytes less its layers',
+    with_ends); the last stage's merge of them at the step's end. The input gradient stays one block among
+    the buffers, as the cost model counts it."""
     from planner.cost.rules import held_outputs_bytes, outputs_held
 
     pipeline = setup.pipeline
@@ -157,7 +171,7 @@ def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: Tr
     microbatches = max(mb for _, mb in stage.actions) + 1
     last = stage_index == pipeline.stages - 1
     return Fsdp2Rank(
-        chunks=(replace(stage, actions=(), buffer_bytes=0, loss_kept_bytes=max(0, stage.loss_kept_bytes - output)),),
+        chunks=(with_ends(replace(stage, actions=(), buffer_bytes=0), ends - output),),
         actions=tuple((0, kind, mb) for kind, mb in stage.actions), num_microbatches=microbatches,
         # the microbatches not replayed (replayed_microbatches) keep theirs among the buffers
         buffer_bytes=int(stage.buffer_bytes - held_outputs_bytes(last_layer, stage_index, setup)
@@ -198,13 +212,13 @@ def rank_of(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainS
         output, input_grad = sends_held_bytes(layers[0], layers[-1], stage=stage, order=order, training=setup.training)
         loss_extra = stage_value("extra", stage, Context(profile, view)) - fsdp_unit_loss_bytes(profile, stage, view) \
             if stage == last_stage else 0.0
-        chunks.append(Fsdp2Stage(
+        chunks.append(with_ends(Fsdp2Stage(
             layers=made.layers, kept_from_forward=frozenset(layer.unit for layer in made.layers),
             shard_group=dataparallel.shard_size(setup), reduce_ratio=made.reduce_ratio, buffer_bytes=0,
+            loss_kept_bytes=0, loss_extra_bytes=int(max(0.0, loss_extra)), root_units=made.root_units,
+            keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, view)),
             # the stage's ends less its output, which output_chunks keeps past the backward (Fsdp2Rank)
-            loss_kept_bytes=max(0, sums.kept_bytes - made.kept_bytes - output),
-            loss_extra_bytes=int(max(0.0, loss_extra)), root_units=made.root_units,
-            keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, view)))
+            sums.kept_bytes - made.kept_bytes - output))
         outputs.append(output)
         input_grads.append(input_grad)
         static_sum += made.static_bytes
