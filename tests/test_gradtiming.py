@@ -35,7 +35,7 @@ def test_a_layers_backward_holds_its_own_gradients_in_bf16_beside_a_pipeline():
     assert cost.stages[1].transient_bytes == 100 * MIB + 100_000_000
     # the replay makes each layer's gradients itself: its layers' scratch is the profile's alone
     for index, (stage, plan) in enumerate(zip(cost.stages, stages)):
-        replayed = reserve_fsdp2.stage_of(plan, stage, stage=index, profile=profile, setup=setup)
+        replayed = reserve_fsdp2.stage_of(plan, stage, stage=index, profile=profile, setup=setup).chunks[0]
         assert [layer.extra_bytes for layer in replayed.layers] == \
             [known.transient_bytes for known in layers if known.name in plan.layers]
 

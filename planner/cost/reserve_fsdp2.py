@@ -1,5 +1,6 @@
-"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or one stage a rank beside a 1F1B
-or GPipe pipeline, _PipelineStep), from the caching allocator's replay (allocator.replay) of the
+"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or beside a 1F1B, GPipe or
+interleaved 1F1B pipeline: fsdp2_chunks.py drives each of a rank's chunks, fsdp2_events.py builds the
+events), from the caching allocator's replay (allocator.replay) of the
 allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The bytes are the cost
 model's own (the layers' kept and extra terms, the units of fsdpunits.py, the static shards of
 dataparallel.py); this module adds their order and their streams. Read at torch 2.6.0 (git 2236df17;
@@ -44,7 +45,9 @@ The allocator runs expandable segments where the job's launch sets them (expanda
 --expandable-segments, else as the runtime's launch script does: torchtitan's on one node, not across nodes).
 Not replayed: gradient clipping's per-tensor norms (512 B blocks in the small pool), the NCCL buffers
 (outside the allocator, workspace_bytes), the activations tensor by tensor (a layer's kept bytes are
-one block, its backward's extra one block).
+one block, its backward's extra one block); beside 1F1B or GPipe, each microbatch's input gradient left
+on its receive buffer's `.grad` to the next step (torch 2.6.0 pipelining/_backward.py 350-360,
+stage.py 507-520): the cost model counts one, among the buffers, and so does the replay.
 
 Nothing here reads a file or prints.
 """
@@ -55,65 +58,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.cost import allocator, dataparallel, fsdpunits, gradtiming, runtimes
-from planner.cost.allocator import Alloc, Event, Free, Replayed
-from planner.cost.rules import in_flight
+from planner.cost.allocator import Replayed
+from planner.cost.fsdp2_events import (  # noqa: F401  (the event builders, re-exported)
+    COPY_IN,
+    DEFAULT,
+    REDUCE_SCATTER,
+    STEPS,
+    Fsdp2Layer,
+    Fsdp2Stage,
+    step_events,
+)
+from planner.cost.rules import fsdp_unit_layer_bytes, in_flight
 from planner.errors import UserError
 from planner.schema import OPTION_NONE, Profile, StagePlan, TrainSetup
 
-DEFAULT, COPY_IN, REDUCE_SCATTER = 0, 1, 2  # the streams: the compute stream, FSDP2's two that allocate
-STEPS = 2  # the first step fills the caches; the second reuses what the first left, as every later one
 
+def replay(stage, *, expandable: bool = False) -> Replayed:
+    """The allocator's peaks over the step of `stage`: an Fsdp2Stage, or a rank of several chunks
+    (fsdp2_chunks.Fsdp2Rank)."""
+    if not isinstance(stage, Fsdp2Stage):
+        from planner.cost import fsdp2_chunks
 
-@dataclass(frozen=True)
-class Fsdp2Layer:
-    """One layer of the stage as the replay runs it: its unit, its activations (kept: made in its
-    forward, freed in its backward; extra: its backward's scratch and recompute, made and freed
-    there), and per parameter tensor its gathered bytes (the weights' dtype, or float8), its fp32
-    shard, its optimizer state and step scratch on this rank."""
-
-    unit: int
-    kept_bytes: int
-    extra_bytes: int
-    gathered: tuple[int, ...]
-    grads: tuple[int, ...]  # the unsharded gradients autograd makes, the weights' dtype
-    shard: tuple[int, ...]
-    state: tuple[int, ...]
-    scratch: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Fsdp2Stage:
-    layers: tuple[Fsdp2Layer, ...]
-    kept_from_forward: frozenset[int]  # units not resharded after forward (kept gathered to their backward)
-    shard_group: int  # K
-    reduce_ratio: float  # the reduce dtype's bytes over the weights' (fp32 over bf16: 2)
-    buffer_bytes: int  # held all iteration besides the static state (the batch)
-    loss_kept_bytes: int  # what the loss and the stage's ends keep from a forward to its backward
-    loss_extra_bytes: int  # the loss's scratch
-    # beside a pipeline: the rank's actions in torch's order ((F|B, microbatch); empty: one stage, one
-    # microbatch), the units the root holds (reduced first by the stage's manual post-backward), and
-    # whether the last reduce-scatter input stays to the next step (RuntimeFacts.keeps_last_reduce_scatter_input)
-    actions: tuple[tuple[str, int], ...] = ()
-    root_units: frozenset[int] = frozenset()
-    keeps_last_input: bool = False
-    # the loss's largest tensor (its fp32 logits): the loss's scratch is made as tensors of at most this
-    # size, not one block (0: one block)
-    loss_tensor_bytes: int = 0
-
-
-def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
-    """The stage's static state, then `steps` steps (zero_grad, forward, loss, backward, optimizer
-    step) as allocator events on their streams."""
-    events: list[Event] = []
-    for i, layer in enumerate(stage.layers):
-        events += [Alloc(("shard", i, j), size, DEFAULT) for j, size in enumerate(layer.shard)]
-    events.append(Alloc(("buffers",), stage.buffer_bytes, DEFAULT))
-    for step in range(steps):
-        (_PipelineStep if stage.actions else _Step)(stage, events, makes_state=step == 0).run()
-    return events
-
-
-def replay(stage: Fsdp2Stage, *, expandable: bool = False) -> Replayed:
+        return fsdp2_chunks.replay(stage, expandable=expandable)
     return allocator.replay(step_events(stage), expandable=expandable)
 
 
@@ -152,7 +118,7 @@ def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None
         why = "--fragmentation states the reserve's margin, and no replay runs beside it"
     elif record.fsdp2_step_replayed and not replays(setup):
         why = ("the replay of torchtitan's FSDP2 step runs one stage under ZeRO 3, or one stage a rank of 1F1B or GPipe "
-               "under ZeRO 3; this setup's reserve is the fragmentation margin's")
+               "or several of interleaved 1F1B under ZeRO 3; this setup's reserve is the fragmentation margin's")
     elif record.step_replayed and setup.pipeline.chunks != 1:
         why = "the replay of ckplan's step runs one chunk a rank; this setup's reserve is the fragmentation margin's"
     else:
@@ -187,200 +153,6 @@ def replayed_microbatches(pipeline, stage: int) -> int:
         return pipeline.microbatches
     return min(pipeline.microbatches, max(pipeline.stages, in_flight(pipeline, stage) + 2))
 
-
-class _Step:
-    def __init__(self, stage: Fsdp2Stage, events: list[Event], *, makes_state: bool = False) -> None:
-        self.stage, self.events, self.makes_state = stage, events, makes_state
-        units = [layer.unit for layer in stage.layers]
-        self.first = {u: units.index(u) for u in units}
-        self.last = {u: len(units) - 1 - units[::-1].index(u) for u in units}
-        # post_forward_order: a unit's post-forward runs after its last layer's forward
-        self.post_forward = sorted(self.last, key=self.last.get)
-        self.members = {u: [i for i, v in enumerate(units) if v == u] for u in self.last}
-
-    def run(self) -> None:
-        add = self.events.append
-        for unit in self.last:  # zero_grad(set_to_none): last step's sharded gradients
-            add(Free(("sharded_grad", unit)))
-        self.forward()
-        add(Alloc(("loss_kept",), self.stage.loss_kept_bytes, DEFAULT))
-        self.loss_scratch()
-        add(Free(("loss_kept",)))
-        self.backward()
-        self.optimizer_step()
-
-    def optimizer_step(self) -> None:
-        """The first step's AdamW makes its state (_init_group: exp_avg, then exp_avg_sq, per parameter,
-        in the default stream), then every step's foreach scratch is made and freed."""
-        if self.makes_state:
-            for i, layer in enumerate(self.stage.layers):
-                n = len(layer.state) // 2
-                for j in range(n):
-                    self.events += [Alloc(("state", i, j), layer.state[j], DEFAULT),
-                                    Alloc(("state", i, n + j), layer.state[n + j], DEFAULT)]
-        scratch = [(("scratch", i, j), size) for i, layer in enumerate(self.stage.layers)
-                   for j, size in enumerate(layer.scratch)]
-        self.events += [Alloc(key, size, DEFAULT) for key, size in scratch]
-        self.events += [Free(key) for key, _ in scratch]
-
-    def loss_scratch(self) -> None:
-        """The loss's scratch, made and freed: tensors of the loss's largest size (every tensor of a
-        cross-entropy over the logits is the logits' shape, bf16 or fp32), the rest one more."""
-        total, piece = self.stage.loss_extra_bytes, self.stage.loss_tensor_bytes or self.stage.loss_extra_bytes
-        sizes = [piece] * (total // piece) + ([total % piece] if total % piece else []) if piece else []
-        self.events += [Alloc(("loss_extra", n), size, DEFAULT) for n, size in enumerate(sizes)]
-        self.events += [Free(("loss_extra", n)) for n in range(len(sizes))]
-
-    # ---------------------------------------------------------------- FSDP2's collectives
-
-    def all_gather(self, unit: int) -> None:
-        """foreach_all_gather on the copy-in stream: the staging buffer, the flat output."""
-        gathered = self.unit_gathered(unit)
-        k = self.stage.shard_group
-        self.events += [Alloc(("staging", unit), -(-gathered // k), COPY_IN), Alloc(("ag_out", unit), gathered, COPY_IN),
-                        Free(("staging", unit))]
-
-    def copy_out(self, unit: int) -> None:
-        """The unit's parameters' unsharded storages, on the default stream."""
-        self.events += [Alloc(("unsharded", i, j), size, DEFAULT) for i in self.members[unit]
-                        for j, size in enumerate(self.stage.layers[i].gathered)]
-
-    def reshard(self, unit: int) -> None:
-        self.events += [Free(("unsharded", i, j)) for i in self.members[unit]
-                        for j in range(len(self.stage.layers[i].gathered))]
-
-    def unit_gathered(self, unit: int) -> int:
-        return sum(sum(self.stage.layers[i].gathered) for i in self.members[unit])
-
-    # ---------------------------------------------------------------- the passes
-
-    def forward(self) -> None:
-        add, held_result = self.events.append, None
-        for i, layer in enumerate(self.stage.layers):
-            unit = layer.unit
-            if i == self.first[unit]:  # pre_forward: unshard, then wait_for_unshard
-                self.all_gather(unit)
-                if held_result is not None:  # the previous unit's all-gather result, kept until now
-                    add(Free(held_result))
-                self.copy_out(unit)
-                held_result = ("ag_out", unit)
-            add(Alloc(("kept", i), layer.kept_bytes, DEFAULT))
-            if i == self.last[unit] and unit not in self.stage.kept_from_forward:
-                self.reshard(unit)  # post_forward
-        if held_result is not None:  # the root's post-forward flushes the last result
-            add(Free(held_result))
-
-    def backward(self) -> None:
-        add = self.events.append
-        prefetched: set[int] = set()
-        gathered = set(self.stage.kept_from_forward)
-        reducing = None
-        for i in range(len(self.stage.layers) - 1, -1, -1):
-            layer, unit = self.stage.layers[i], self.stage.layers[i].unit
-            if i == self.last[unit]:  # pre_backward: unshard (no-op if gathered), copy out, prefetch
-                if unit not in gathered:
-                    if unit not in prefetched:
-                        self.all_gather(unit)
-                    self.copy_out(unit)
-                    add(Free(("ag_out", unit)))
-                    gathered.add(unit)
-                at = self.post_forward.index(unit)
-                target = self.post_forward[at - 1] if at > 0 else None
-                if target is not None and target not in gathered and target not in prefetched:
-                    self.all_gather(target)
-                    prefetched.add(target)
-            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
-            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
-            add(Free(("extra", i)))
-            add(Free(("kept", i)))
-            if i == self.first[unit]:  # post_backward: reshard, drop the previous input, reduce
-                self.reshard(unit)
-                gathered.discard(unit)
-                if reducing is not None:
-                    add(Free(("rs_in", reducing)))
-                reduced = int(sum(sum(self.stage.layers[m].grads) for m in self.members[unit]) * self.stage.reduce_ratio)
-                add(Alloc(("rs_in", unit), reduced, DEFAULT))
-                self.events += [Free(("grad", m, j)) for m in self.members[unit]
-                                for j in range(len(self.stage.layers[m].grads))]
-                # the reduce-scatter output, every parameter's sharded gradient a view of it
-                add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
-                reducing = unit
-        if reducing is not None:  # the root's final callback drops the last input
-            add(Free(("rs_in", reducing)))
-
-
-
-class _PipelineStep(_Step):
-    """A rank's step beside torch's pipelining (one stage a rank): FSDP2 gathers each unit at its
-    first forward and keeps it (reshard_after_forward False under PP: torchtitan 9dec370
-    parallelize_llama.py 324-339); every backward runs with gradient sync off, so each unit's
-    post-backward upcasts its gradients to the reduce dtype at the first backward (alloc fp32, free
-    the bf16: _fsdp_param.py 629-640) and adds into them after (642-648); after the stage's last
-    backward, the stage calls every unit's post-backward, the root first (all_states: root.modules()
-    order), which reshards and reduce-scatters (pipelining/stage.py 636-652, torch 2.6.0)."""
-
-    def run(self) -> None:
-        stage, add = self.stage, self.events.append
-        for unit in self.last:
-            add(Free(("sharded_grad", unit)))
-        self.gathered: set[int] = set()
-        self.upcast: set[int] = set()
-        for kind, mb in stage.actions:
-            self.forward_mb(mb) if kind == "F" else self.backward_mb(mb)
-        self.reduce_all()
-        self.optimizer_step()
-
-    def forward_mb(self, mb: int) -> None:
-        add, held_result = self.events.append, None
-        for i, layer in enumerate(self.stage.layers):
-            unit = layer.unit
-            if i == self.first[unit] and unit not in self.gathered:
-                self.all_gather(unit)
-                if held_result is not None:
-                    add(Free(held_result))
-                self.copy_out(unit)
-                held_result = ("ag_out", unit)
-                self.gathered.add(unit)
-            add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
-        if held_result is not None:
-            add(Free(held_result))
-        add(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
-
-    def backward_mb(self, mb: int) -> None:
-        add = self.events.append
-        self.loss_scratch()
-        add(Free(("rest", mb)))
-        for i in range(len(self.stage.layers) - 1, -1, -1):
-            layer = self.stage.layers[i]
-            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
-            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
-            add(Free(("extra", i)))
-            add(Free(("kept", mb, i)))
-            if i == self.first[layer.unit]:  # the hook's post-backward, gradient sync off
-                self.accumulate(layer.unit)
-
-    def accumulate(self, unit: int) -> None:
-        first = unit not in self.upcast
-        for m in self.members[unit]:
-            for j, size in enumerate(self.stage.layers[m].grads):
-                if first:  # to_accumulated_grad_if_needed: the reduce-dtype copy, then the gradient freed
-                    self.events.append(Alloc(("acc", m, j), int(size * self.stage.reduce_ratio), DEFAULT))
-                self.events.append(Free(("grad", m, j)))
-        self.upcast.add(unit)
-
-    def reduce_all(self) -> None:
-        add = self.events.append
-        order = sorted(self.last, key=lambda u: (u not in self.stage.root_units, self.first[u]))
-        for unit in order:
-            self.reshard(unit)
-            add(Free(("rs_in", "last")))  # the previous one (the last step's where the context kept it)
-            reduced = int(sum(sum(self.stage.layers[m].grads) for m in self.members[unit]) * self.stage.reduce_ratio)
-            add(Alloc(("rs_in", "last"), reduced, DEFAULT))
-            self.events += [Free(("acc", m, j)) for m in self.members[unit]
-                            for j in range(len(self.stage.layers[m].grads))]
-            add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
-        if not self.stage.keeps_last_input:
-            add(Free(("rs_in", "last")))
 
 
 def parameter_parts(layer, assumptions: dict) -> list[int]:
@@ -421,45 +193,101 @@ def replays(setup: TrainSetup) -> bool:
     """Whether this replay orders the setup's step, under a runtime whose record says it runs FSDP2's
     (fsdp2_step_replayed): one stage and one microbatch with its units charged per moment
     (fsdpunits.charged_per_moment: ZeRO 3 resharded after forward); or one stage a rank of 1F1B or
-    GPipe with the weights gathered and the gradients kept whole through the microbatches
-    (dataparallel.kept_whole: torchtitan beside a pipeline)."""
+    GPipe, or several of interleaved 1F1B (fsdp2_chunks.py), with the weights gathered and the gradients
+    kept whole through the microbatches (dataparallel.kept_whole: torchtitan beside a pipeline). Not the
+    schedules that split a backward in two (ZB, ZBV) or overlap a forward with a backward (DualPipeV)."""
+    from planner.cost.fsdp2_chunks import SCHEDULES
+
     pipeline, record = setup.pipeline, runtimes.of(setup.training)
-    if not record.fsdp2_step_replayed or pipeline.chunks != 1 or dataparallel.shard_size(setup) < 2:
+    if not record.fsdp2_step_replayed or dataparallel.shard_size(setup) < 2:
         return False
-    if pipeline.stages == 1 and pipeline.microbatches == 1:
+    if pipeline.chunks == 1 and pipeline.stages == 1 and pipeline.microbatches == 1:
         return fsdpunits.charged_per_moment(setup, record.fsdp_units)
-    return pipeline.schedule in ("1F1B", "GPipe") and dataparallel.kept_whole(setup) and setup.data_parallel.zero >= 3
+    schedules = ("1F1B", "GPipe") if pipeline.chunks == 1 else SCHEDULES
+    return pipeline.schedule in schedules and dataparallel.kept_whole(setup) and setup.data_parallel.zero >= 3
 
 
-def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup) -> Fsdp2Stage:
+def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup):
     """Rank `stage`'s replay input from the cost model's own terms (`cost`: its StageCost): each
     layer's kept bytes and its extra less FSDP2's moment (which the replay makes itself), the units
-    and the held parameters as fsdpunits and dataparallel count them."""
+    and the held parameters as fsdpunits and dataparallel count them. A rank of several chunks:
+    fsdp2_chunks.rank_of (an Fsdp2Rank)."""
     from planner.cost.assembly import option_indices
     from planner.cost.layers import layer_costs
-    from planner.cost.rules import (
-        fsdp_unit_layer_bytes,
-        fsdp_unit_loss_bytes,
-        kept_reduce_scatter_input_bytes,
-    )
+    from planner.cost.rules import fsdp_unit_loss_bytes, kept_reduce_scatter_input_bytes
     from planner.cost.schedules import build_schedule
-    from planner.cost.terms import Context, layer_value, stage_value
+    from planner.cost.terms import Context, stage_value
 
+    if setup.pipeline.chunks > 1:
+        from planner.cost.fsdp2_chunks import rank_of
+
+        return rank_of(plan, cost, rank=stage, profile=profile, setup=setup)
     by_name = {layer.name: layer for layer in layer_costs(profile)}
     costs = [by_name[name] for name in plan.layers]
-    options = option_indices(plan, costs)
-    ctx = Context(profile, setup)
     record, pipeline = runtimes.of(setup.training), setup.pipeline
     piped = pipeline.stages > 1 or pipeline.microbatches > 1
-    # beside a pipeline torchtitan fully_shards each block and the stage's root (its embedding or its
-    # norm and head, never both: 9dec370 parallelize_llama.py 324-339): a unit a layer
+    scratch_per_param = cost.step_scratch_bytes / max(1, sum(c.param_count for c in costs))
+    made = chunk_layers(costs, option_indices(plan, costs), profile=profile, setup=setup, piped=piped,
+                        scratch_per_param=scratch_per_param)
+    last = stage == pipeline.stages - 1
+    loss_extra = stage_value("extra", stage, Context(profile, setup)) - fsdp_unit_loss_bytes(profile, stage, setup) \
+        if last else 0.0
+    actions = ()
+    if piped:
+        from planner.cost.fsdp2_chunks import (
+            replayed_microbatches as replayed,  # outputs kept: all, up to a bound
+        )
+
+        order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
+                               num_microbatches=replayed(pipeline, stage))
+        actions = tuple((a.kind, a.microbatch) for a in order.actions[stage])
+    kept_input = kept_reduce_scatter_input_bytes(profile, stage, setup)  # the replay makes it itself
+    units = [layer.unit for layer in made.layers]
+    built = Fsdp2Stage(
+        layers=made.layers,
+        kept_from_forward=frozenset(units) if piped else frozenset(
+            fsdpunits.gathered_from_forward(units, record.fsdp_gathered_from_forward)),
+        shard_group=dataparallel.shard_size(setup), reduce_ratio=made.reduce_ratio,
+        # what static holds beyond the shards, states and gradients (none where they are all)
+        buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - made.static_bytes)),
+        loss_kept_bytes=max(0, cost.kept_bytes - made.kept_bytes), loss_extra_bytes=int(max(0.0, loss_extra)),
+        actions=actions, root_units=made.root_units,
+        keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup))
+    if not piped:
+        return built
+    from planner.cost.fsdp2_chunks import (
+        one_stage_rank,  # beside a pipeline: torch's schedule drives it
+    )
+
+    return one_stage_rank(built, costs[-1], stage_index=stage, setup=setup, ends=cost.kept_bytes - made.kept_bytes)
+
+
+@dataclass(frozen=True)
+class ChunkLayers:
+    """A stage's layers as the replay runs them, and what the cost model charges for them."""
+
+    layers: tuple[Fsdp2Layer, ...]
+    root_units: frozenset[int]  # the units of the layers not of the stage's block kind (its root's)
+    kept_bytes: int  # the layers' kept bytes (the stage's kept less its ends')
+    static_bytes: float  # what static charges for their shards, states and gradients (and weights, piped)
+    reduce_ratio: float
+
+
+def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: bool,
+                 scratch_per_param: float) -> ChunkLayers:
+    """The stage's layers (`costs` under `options`) with their units: beside a pipeline torchtitan
+    fully_shards each block and the stage's root (its embedding or its norm and head, never both:
+    9dec370 parallelize_llama.py 324-339), a unit a layer; else the runtime's record's units."""
+    from planner.cost.terms import Context, layer_value
+
+    ctx = Context(profile, setup)
+    record = runtimes.of(setup.training)
     units = fsdpunits.unit_of_layers(len(costs), "per-layer" if piped else record.fsdp_units)
     held = dataparallel.param_bytes(setup)
     k = dataparallel.shard_size(setup)
     profiles = {layer.name: layer for layer in profile.layers}
     block_kind = max({c.kind for c in costs}, key=[c.kind for c in costs].count)
     ep = setup.data_parallel.ep
-    scratch_per_param = cost.step_scratch_bytes / max(1, sum(c.param_count for c in costs))
     layers, kept_sum, static_sum = [], 0, 0.0
     for layer, option, unit in zip(costs, options, units):
         known = profiles[layer.name]
@@ -480,24 +308,8 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         kept_sum += kept
         # what static charges for them: whole weights and gradients beside a pipeline, else the shards
         static_sum += sum(shard) + sum(state) + (sum(gathered) + params * held.grads if piped else params * held.grads / k)
-    last = stage == pipeline.stages - 1
-    loss_extra = stage_value("extra", stage, ctx) - fsdp_unit_loss_bytes(profile, stage, setup) if last else 0.0
-    actions = ()
-    if piped:
-        order = build_schedule(pipeline.schedule, num_ranks=pipeline.stages,
-                               num_microbatches=replayed_microbatches(pipeline, stage))
-        actions = tuple((a.kind, a.microbatch) for a in order.actions[stage])
-    kept_input = kept_reduce_scatter_input_bytes(profile, stage, setup)  # the replay makes it itself
-    return Fsdp2Stage(
-        layers=tuple(layers),
-        kept_from_forward=frozenset(units) if piped else frozenset(
-            fsdpunits.gathered_from_forward(units, record.fsdp_gathered_from_forward)),
-        shard_group=k, reduce_ratio=held.grads / held.weights,
-        # what static holds beyond the shards, states and gradients (none where they are all)
-        buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - static_sum)),
-        loss_kept_bytes=max(0, cost.kept_bytes - kept_sum), loss_extra_bytes=int(max(0.0, loss_extra)),
-        actions=actions, root_units=frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
-        keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup))
+    return ChunkLayers(tuple(layers), frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
+                       kept_sum, static_sum, held.grads / held.weights)
 
 
 def loss_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:

@@ -155,8 +155,9 @@ class RuntimeFacts:
     fsdp2_step_replayed: bool = False
     """The allocator replay of FSDP2's step (planner/cost/reserve_fsdp2.py: its all-gathers on the
     copy-in stream, its sharded gradients on the reduce-scatter stream) orders this runtime's step:
-    one stage and one microbatch under ZeRO 3, or one stage a rank of 1F1B / GPipe with the weights
-    and gradients kept whole (reserve_fsdp2.replays); other setups keep the margin."""
+    one stage and one microbatch under ZeRO 3, or beside 1F1B / GPipe / interleaved 1F1B (several
+    chunks a rank: fsdp2_chunks.py) with the weights and gradients kept whole (reserve_fsdp2.replays);
+    other setups keep the margin."""
     # -- FSDP2 beside a pipeline (read by rules.kept_reduce_scatter_input_bytes)
     keeps_last_reduce_scatter_input: bool = False
     """Beside torch's pipelining, FSDP2's communication context keeps the reduce-scatter input of

@@ -158,8 +158,11 @@ def torchtitan(version: str) -> RuntimeFacts:
                                    f"pipelining/stage.py 636-652 (the stage's manual post-backward after its last "
                                    f"backward), torchtitan 9dec370 train.py 266-323 (docs/framework-facts.md §24); the "
                                    f"same structure at {TORCH_V} (_fsdp_collectives.py 325-370, 419, 597-612): one stage "
-                                   f"and one microbatch under ZeRO 3, or one stage a rank of 1F1B / GPipe with the "
-                                   f"weights kept whole; an interleaved schedule keeps the divisor",
+                                   f"and one microbatch under ZeRO 3, or beside 1F1B / GPipe / interleaved 1F1B with the "
+                                   f"weights kept whole, a rank's chunks each its own FSDP2 root (planner/cost/"
+                                   f"fsdp2_chunks.py: _fsdp_state.py 84, 190, _fsdp_param_group.py 52-81, "
+                                   f"pipelining/schedules.py 1168-1266, stage.py 507-520, 703; torchtitan 9dec370 "
+                                   f"train.py 154-163, torchtitan/optimizer.py 22-52); ZB, ZBV and DualPipeV keep the divisor",
             "step_replayed": f"not by reserve.py's replay of ckplan's step (fsdp2_step_replayed orders FSDP2's): FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {TORCH_V}",
             "keeps_last_reduce_scatter_input": (f"{RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
                                                 if version == "9dec370" else RS_INPUT_DROPPED),

@@ -59,9 +59,9 @@ def evaluate(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) ->
     view = stages_view(setup, order)
     sums = [stage_sums(layers, options, stage=k, profile=profile, setup=view) for k, (layers, options) in enumerate(chunks)]
     costs = [rank_cost(order, rank, chunks, sums, profile=profile, setup=setup) for rank in range(order.num_ranks)]
-    if order.num_chunks == 1:  # the allocator's replay of a rank's step (reserve.py): one stage a rank
-        costs = [with_replayed_reserve(cost, plan, rank, profile=profile, setup=setup)
-                 for rank, (cost, plan) in enumerate(zip(costs, ranks))]
+    # the allocator's replay of a rank's step where one runs (reserve.py; several chunks a rank: FSDP2's only)
+    costs = [with_replayed_reserve(cost, plan, rank, profile=profile, setup=setup)
+             for rank, (cost, plan) in enumerate(zip(costs, ranks))]
     reductions = [pipereduce.stage_reductions_ms(layers, setup) for layers, _ in chunks]
     return PlanCost(stages=costs, iteration_ms=plan_iteration_ms(order, sums, setup, reductions=reductions))
 

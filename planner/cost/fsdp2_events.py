@@ -1,0 +1,260 @@
+"""The events of FSDP2's step as the caching allocator's replay runs them (reserve_fsdp2.py, whose
+docstring holds each fact with its file and lines at torch 2.6.0): a stage's layers and units
+(Fsdp2Layer, Fsdp2Stage), and its step as allocator events on FSDP2's streams, one stage and one
+microbatch (_Step) or one stage beside torch's pipelining (_PipelineStep). Several stages a rank:
+fsdp2_chunks.py. Nothing here reads a file or prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost.allocator import Alloc, Event, Free
+
+DEFAULT, COPY_IN, REDUCE_SCATTER = 0, 1, 2  # the streams: the compute stream, FSDP2's two that allocate
+STEPS = 2  # the first step fills the caches; the second reuses what the first left, as every later one
+
+
+@dataclass(frozen=True)
+class Fsdp2Layer:
+    """One layer of the stage as the replay runs it: its unit, its activations (kept: made in its
+    forward, freed in its backward; extra: its backward's scratch and recompute, made and freed
+    there), and per parameter tensor its gathered bytes (the weights' dtype, or float8), its fp32
+    shard, its optimizer state and step scratch on this rank."""
+
+    unit: int
+    kept_bytes: int
+    extra_bytes: int
+    gathered: tuple[int, ...]
+    grads: tuple[int, ...]  # the unsharded gradients autograd makes, the weights' dtype
+    shard: tuple[int, ...]
+    state: tuple[int, ...]
+    scratch: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fsdp2Stage:
+    layers: tuple[Fsdp2Layer, ...]
+    kept_from_forward: frozenset[int]  # units not resharded after forward (kept gathered to their backward)
+    shard_group: int  # K
+    reduce_ratio: float  # the reduce dtype's bytes over the weights' (fp32 over bf16: 2)
+    buffer_bytes: int  # held all iteration besides the static state (the batch)
+    loss_kept_bytes: int  # what the loss and the stage's ends keep from a forward to its backward
+    loss_extra_bytes: int  # the loss's scratch
+    # beside a pipeline: the rank's actions in torch's order ((F|B, microbatch); empty: one stage, one
+    # microbatch), the units the root holds (reduced first by the stage's manual post-backward), and
+    # whether the last reduce-scatter input stays to the next step (RuntimeFacts.keeps_last_reduce_scatter_input)
+    actions: tuple[tuple[str, int], ...] = ()
+    root_units: frozenset[int] = frozenset()
+    keeps_last_input: bool = False
+    # the loss's largest tensor (its fp32 logits): the loss's scratch is made as tensors of at most this
+    # size, not one block (0: one block)
+    loss_tensor_bytes: int = 0
+
+
+def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
+    """The stage's static state, then `steps` steps (zero_grad, forward, loss, backward, optimizer
+    step) as allocator events on their streams."""
+    events: list[Event] = []
+    for i, layer in enumerate(stage.layers):
+        events += [Alloc(("shard", i, j), size, DEFAULT) for j, size in enumerate(layer.shard)]
+    events.append(Alloc(("buffers",), stage.buffer_bytes, DEFAULT))
+    for step in range(steps):
+        (_PipelineStep if stage.actions else _Step)(stage, events, makes_state=step == 0).run()
+    return events
+
+
+class _Step:
+    def __init__(self, stage: Fsdp2Stage, events: list[Event], *, makes_state: bool = False) -> None:
+        self.stage, self.events, self.makes_state = stage, events, makes_state
+        units = [layer.unit for layer in stage.layers]
+        self.first = {u: units.index(u) for u in units}
+        self.last = {u: len(units) - 1 - units[::-1].index(u) for u in units}
+        # post_forward_order: a unit's post-forward runs after its last layer's forward
+        self.post_forward = sorted(self.last, key=self.last.get)
+        self.members = {u: [i for i, v in enumerate(units) if v == u] for u in self.last}
+
+    def run(self) -> None:
+        add = self.events.append
+        for unit in self.last:  # zero_grad(set_to_none): last step's sharded gradients
+            add(Free(("sharded_grad", unit)))
+        self.forward()
+        add(Alloc(("loss_kept",), self.stage.loss_kept_bytes, DEFAULT))
+        self.loss_scratch()
+        add(Free(("loss_kept",)))
+        self.backward()
+        self.optimizer_step()
+
+    def optimizer_step(self) -> None:
+        """The first step's AdamW makes its state (_init_group: exp_avg, then exp_avg_sq, per parameter,
+        in the default stream), then every step's foreach scratch is made and freed."""
+        if self.makes_state:
+            for i, layer in enumerate(self.stage.layers):
+                n = len(layer.state) // 2
+                for j in range(n):
+                    self.events += [Alloc(("state", i, j), layer.state[j], DEFAULT),
+                                    Alloc(("state", i, n + j), layer.state[n + j], DEFAULT)]
+        scratch = [(("scratch", i, j), size) for i, layer in enumerate(self.stage.layers)
+                   for j, size in enumerate(layer.scratch)]
+        self.events += [Alloc(key, size, DEFAULT) for key, size in scratch]
+        self.events += [Free(key) for key, _ in scratch]
+
+    def loss_scratch(self) -> None:
+        """The loss's scratch, made and freed: tensors of the loss's largest size (every tensor of a
+        cross-entropy over the logits is the logits' shape, bf16 or fp32), the rest one more."""
+        total, piece = self.stage.loss_extra_bytes, self.stage.loss_tensor_bytes or self.stage.loss_extra_bytes
+        sizes = [piece] * (total // piece) + ([total % piece] if total % piece else []) if piece else []
+        self.events += [Alloc(("loss_extra", n), size, DEFAULT) for n, size in enumerate(sizes)]
+        self.events += [Free(("loss_extra", n)) for n in range(len(sizes))]
+
+    # ---------------------------------------------------------------- FSDP2's collectives
+
+    def all_gather(self, unit: int) -> None:
+        """foreach_all_gather on the copy-in stream: the staging buffer, the flat output."""
+        gathered = self.unit_gathered(unit)
+        k = self.stage.shard_group
+        self.events += [Alloc(("staging", unit), -(-gathered // k), COPY_IN), Alloc(("ag_out", unit), gathered, COPY_IN),
+                        Free(("staging", unit))]
+
+    def copy_out(self, unit: int) -> None:
+        """The unit's parameters' unsharded storages, on the default stream."""
+        self.events += [Alloc(("unsharded", i, j), size, DEFAULT) for i in self.members[unit]
+                        for j, size in enumerate(self.stage.layers[i].gathered)]
+
+    def reshard(self, unit: int) -> None:
+        self.events += [Free(("unsharded", i, j)) for i in self.members[unit]
+                        for j in range(len(self.stage.layers[i].gathered))]
+
+    def unit_gathered(self, unit: int) -> int:
+        return sum(sum(self.stage.layers[i].gathered) for i in self.members[unit])
+
+    # ---------------------------------------------------------------- the passes
+
+    def forward(self) -> None:
+        add, held_result = self.events.append, None
+        for i, layer in enumerate(self.stage.layers):
+            unit = layer.unit
+            if i == self.first[unit]:  # pre_forward: unshard, then wait_for_unshard
+                self.all_gather(unit)
+                if held_result is not None:  # the previous unit's all-gather result, kept until now
+                    add(Free(held_result))
+                self.copy_out(unit)
+                held_result = ("ag_out", unit)
+            add(Alloc(("kept", i), layer.kept_bytes, DEFAULT))
+            if i == self.last[unit] and unit not in self.stage.kept_from_forward:
+                self.reshard(unit)  # post_forward
+        if held_result is not None:  # the root's post-forward flushes the last result
+            add(Free(held_result))
+
+    def backward(self) -> None:
+        add = self.events.append
+        prefetched: set[int] = set()
+        gathered = set(self.stage.kept_from_forward)
+        reducing = None
+        for i in range(len(self.stage.layers) - 1, -1, -1):
+            layer, unit = self.stage.layers[i], self.stage.layers[i].unit
+            if i == self.last[unit]:  # pre_backward: unshard (no-op if gathered), copy out, prefetch
+                if unit not in gathered:
+                    if unit not in prefetched:
+                        self.all_gather(unit)
+                    self.copy_out(unit)
+                    add(Free(("ag_out", unit)))
+                    gathered.add(unit)
+                at = self.post_forward.index(unit)
+                target = self.post_forward[at - 1] if at > 0 else None
+                if target is not None and target not in gathered and target not in prefetched:
+                    self.all_gather(target)
+                    prefetched.add(target)
+            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
+            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
+            add(Free(("extra", i)))
+            add(Free(("kept", i)))
+            if i == self.first[unit]:  # post_backward: reshard, drop the previous input, reduce
+                self.reshard(unit)
+                gathered.discard(unit)
+                if reducing is not None:
+                    add(Free(("rs_in", reducing)))
+                reduced = int(sum(sum(self.stage.layers[m].grads) for m in self.members[unit]) * self.stage.reduce_ratio)
+                add(Alloc(("rs_in", unit), reduced, DEFAULT))
+                self.events += [Free(("grad", m, j)) for m in self.members[unit]
+                                for j in range(len(self.stage.layers[m].grads))]
+                # the reduce-scatter output, every parameter's sharded gradient a view of it
+                add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
+                reducing = unit
+        if reducing is not None:  # the root's final callback drops the last input
+            add(Free(("rs_in", reducing)))
+
+
+
+class _PipelineStep(_Step):
+    """A rank's step beside torch's pipelining (one stage a rank): FSDP2 gathers each unit at its
+    first forward and keeps it (reshard_after_forward False under PP: torchtitan 9dec370
+    parallelize_llama.py 324-339); every backward runs with gradient sync off, so each unit's
+    post-backward upcasts its gradients to the reduce dtype at the first backward (alloc fp32, free
+    the bf16: _fsdp_param.py 629-640) and adds into them after (642-648); after the stage's last
+    backward, the stage calls every unit's post-backward, the root first (all_states: root.modules()
+    order), which reshards and reduce-scatters (pipelining/stage.py 636-652, torch 2.6.0)."""
+
+    def run(self) -> None:
+        self.begin()
+        for kind, mb in self.stage.actions:
+            self.forward_mb(mb) if kind == "F" else self.backward_mb(mb)
+        self.reduce_all()
+        self.optimizer_step()
+
+    def begin(self) -> None:
+        """zero_grad (set_to_none): the last step's sharded gradients; nothing gathered or upcast yet."""
+        self.events += [Free(("sharded_grad", unit)) for unit in self.last]
+        self.gathered: set[int] = set()
+        self.upcast: set[int] = set()
+
+    def forward_mb(self, mb: int) -> None:
+        add, held_result = self.events.append, None
+        for i, layer in enumerate(self.stage.layers):
+            unit = layer.unit
+            if i == self.first[unit] and unit not in self.gathered:
+                self.all_gather(unit)
+                if held_result is not None:
+                    add(Free(held_result))
+                self.copy_out(unit)
+                held_result = ("ag_out", unit)
+                self.gathered.add(unit)
+            add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
+        if held_result is not None:
+            add(Free(held_result))
+        add(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
+
+    def backward_mb(self, mb: int) -> None:
+        add = self.events.append
+        self.loss_scratch()
+        add(Free(("rest", mb)))
+        for i in range(len(self.stage.layers) - 1, -1, -1):
+            layer = self.stage.layers[i]
+            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
+            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
+            add(Free(("extra", i)))
+            add(Free(("kept", mb, i)))
+            if i == self.first[layer.unit]:  # the hook's post-backward, gradient sync off
+                self.accumulate(layer.unit)
+
+    def accumulate(self, unit: int) -> None:
+        first = unit not in self.upcast
+        for m in self.members[unit]:
+            for j, size in enumerate(self.stage.layers[m].grads):
+                if first:  # to_accumulated_grad_if_needed: the reduce-dtype copy, then the gradient freed
+                    self.events.append(Alloc(("acc", m, j), int(size * self.stage.reduce_ratio), DEFAULT))
+                self.events.append(Free(("grad", m, j)))
+        self.upcast.add(unit)
+
+    def reduce_all(self) -> None:
+        add = self.events.append
+        order = sorted(self.last, key=lambda u: (u not in self.stage.root_units, self.first[u]))
+        for unit in order:
+            self.reshard(unit)
+            add(Free(("rs_in", "last")))  # the previous one (the last step's where the context kept it)
+            reduced = int(sum(sum(self.stage.layers[m].grads) for m in self.members[unit]) * self.stage.reduce_ratio)
+            add(Alloc(("rs_in", "last"), reduced, DEFAULT))
+            self.events += [Free(("acc", m, j)) for m in self.members[unit]
+                            for j in range(len(self.stage.layers[m].grads))]
+            add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
+        if not self.stage.keeps_last_input:
+            add(Free(("rs_in", "last")))
