@@ -143,8 +143,8 @@ def job_links(gpu, *, tp: int, cp: int, pp_stride: int, gpus_per_node: int, nics
 
 def edge_crosses_nodes(rank: int, to: int, *, stride: int, gpus_per_node: int) -> bool:
     """Whether pipeline rank `rank`'s sends to pipeline rank `to` cross nodes. The pipeline is placed
-    outermost (Megatron-LM's default order tp-cp-ep-dp-pp, megatron/core/parallel_state.py RankGenerator;
-    torchtitan's mesh ... pp first), so pipeline rank r holds the global ranks r·stride to (r+1)·stride - 1
+    outermost (Megatron-LM's default order tp-cp-ep-dp-pp, megatron/core/parallel_state.py 561 at 6e091e1b;
+    torchtitan's mesh, pp its first dimension), so pipeline rank r holds the global ranks r·stride to (r+1)·stride - 1
     (stride: tp x cp x dp) and each sends to its peer (to - rank)·stride away: the edge crosses where any
     such pair lies in two nodes. Two stages of tp 1 x dp 2 in nodes of 4 GPUs: ranks 0→1 and 2→3 stay in
     a node, 1→2 and 3→0 (an interleaved schedule's next chunk) cross."""
@@ -257,7 +257,8 @@ def stage_send_ms(num_bytes: int, setup: TrainSetup, *, stage: int | None = None
 
 def stage_crosses_nodes(stage: int, to: int, setup: TrainSetup) -> bool:
     """Whether a send from pipeline stage `stage` to stage `to` crosses nodes (edge_crosses_nodes on the ranks
-    the schedule places them on); False where the setup names no stride or no network link (one link for all)."""
+    the schedule places them on); False where the setup names no stride or no network link (one link for all),
+    and for a V schedule's turn, two stages on one rank (the in-node rate, where the schedule sends nothing)."""
     comm, pipeline = setup.comm, setup.pipeline
     if not comm.pp_stride or comm.pp_network_gb_per_s is None:
         return False

@@ -303,7 +303,8 @@ TERMS: tuple[Term, ...] = (
          lambda layer, stage, ctx: first_layer_comm_ms(layer, stage, ctx.setup),
          "calibrated send line: latency + bytes / bandwidth (ckplan calibrate)"),
     Term("input gradient sent back over the pipeline's link, uncalibrated", "comm", "open",
-         lambda layer, stage, ctx: comm.stage_send_ms(layer.input_bytes, ctx.setup, stage=stage, to=stage - 1) if stage > 0 else 0.0,
+         lambda layer, stage, ctx: (comm.stage_send_ms(layer.input_bytes, ctx.setup, stage=stage, to=stage - 1)
+                                    if stage > 0 else 0.0),
          "bytes / the link between neighbouring stages (NVLink where both ranks share a node, else the network: "
          "comm.stage_crosses_nodes) + NCCL's latency, where no calibrated send line is set (comm.stage_send_ms)"),
     # -- the layer that closes the stage
