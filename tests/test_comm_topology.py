@@ -147,8 +147,11 @@ def test_gpus_per_node_moves_the_pipeline_sends_onto_the_network(tmp_path):
     inside = CliRunner().invoke(cli, args)
     across = CliRunner().invoke(cli, args + ["--gpus-per-node", "4"])
     assert inside.exit_code == 0 and across.exit_code == 0, inside.output + across.output
-    assert "pipeline sends at 450 GB/s (in-node link)" in " ".join(inside.output.split())
-    assert "pipeline sends at 50 GB/s (network)" in " ".join(across.output.split())
+    said_inside, said_across = " ".join(inside.output.split()), " ".join(across.output.split())
+    assert "pipeline sends at 450 GB/s (in-node link) where both ranks share a node" in said_inside
+    assert "pipeline ranks" not in said_inside  # 2 stages of TP 4 in a node of 8: no edge crosses
+    assert ("at 50 GB/s (network) where they lie in two (pipeline ranks 0→1, ranks placed tp, cp, dp, pp)"
+            in said_across)
 
 
 def test_the_frameworks_flop_counts_by_hand():
@@ -265,3 +268,62 @@ def test_under_float8_the_tensor_parallel_all_gathers_move_float8_and_the_reduce
     setup = TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**40], runtime="torchtitan",
                        precision="bf16-mixed", float8=True, comm={"tp": 2, "tp_gb_per_s": 50.0})
     assert comm.layer_comm_ms(plain, 1, setup) == pytest.approx(3 * (5.0 + 5.0))
+
+
+def test_a_pipeline_send_crosses_nodes_where_its_two_ranks_lie_in_two():
+    # the pipeline outermost: pipeline rank r holds ranks r·stride .. (r+1)·stride - 1 (Megatron-LM's tp-cp-ep-dp-pp)
+    crosses = [comm.edge_crosses_nodes(r, to, stride=2, gpus_per_node=4) for r, to in [(0, 1), (1, 2), (2, 3), (3, 0)]]
+    assert crosses == [False, True, False, True]  # tp 1 x dp 2 a stage, 2 nodes of 4: the Megatron GB200 test
+    assert not any(comm.edge_crosses_nodes(r, r + 1, stride=2, gpus_per_node=8) for r in range(3))  # one node of 8
+    assert all(comm.edge_crosses_nodes(r, r + 1, stride=8, gpus_per_node=8) for r in range(3))  # a stage a node
+    assert comm.edge_crosses_nodes(0, 1, stride=3, gpus_per_node=4)  # ranks 2 → 5: one pair crosses
+
+
+def _sends_setup(schedule: str, chunks: int, **comm_fields) -> TrainSetup:
+    stages = 4 * chunks  # a stage's terms see the P·V stages (chunked.stages_view)
+    return TrainSetup(stages=stages, chunks=chunks, schedule=schedule, microbatches=4, micro_batch_size=1,
+                      mem_caps_bytes=[2**40] * stages,
+                      comm={"pp_gb_per_s": 900.0, "pp_latency_ms": 0.0118, "gpus_per_node": 4, **comm_fields})
+
+
+def test_each_send_is_timed_over_its_own_edges_link():
+    network = {"pp_stride": 2, "pp_network_gb_per_s": 50.0, "pp_network_latency_ms": 0.0224}
+    nvlink, ib = 0.0118 + GB / 900e9 * 1e3, 0.0224 + GB / 50e9 * 1e3  # 1 GB: one step of each link's latency
+    setup = _sends_setup("1F1B", 1, **network)
+    assert [comm.stage_send_ms(GB, setup, stage=s, to=s + 1) for s in range(3)] == \
+        pytest.approx([nvlink, ib, nvlink])
+    assert comm.stage_send_ms(GB, setup, stage=2, to=1) == pytest.approx(ib)  # the gradient back over the same edge
+    # interleaved, 2 chunks: stages 0-7 on ranks 0,1,2,3,0,1,2,3; stage 3 → 4 is rank 3 → 0, over the network
+    looped = _sends_setup("interleaved-1F1B", 2, **network)
+    assert [comm.stage_crosses_nodes(s, s + 1, looped) for s in range(7)] == [False, True, False, True, False, True,
+                                                                              False]
+    # no stride (a plan made before), or no stage named: the one link for every send
+    assert comm.stage_send_ms(GB, _sends_setup("1F1B", 1), stage=1, to=2) == pytest.approx(nvlink)
+    assert comm.stage_send_ms(GB, setup) == pytest.approx(nvlink)
+
+
+def test_evaluate_sends_the_stages_that_cross_nodes_over_the_network(tmp_path):
+    from planner import io
+
+    path = _tp_profile(tmp_path, 1, sp=False)
+    args = ["evaluate", "--profile", str(path), "--layers-per-stage", "9,8,8,9", "--ckpt-per-stage", "0,0,0,0",
+            "--microbatches", "4", "--mem", "80GB", "--dp", "2", "--zero", "1", "--precision", "bf16-mixed", "--json",
+            "--time-limit", "10", "--gpus-per-node", "4"]
+    said = CliRunner().invoke(cli, args)
+    assert said.exit_code == 0, said.output
+    assert "pipeline ranks 1→2, ranks placed tp, cp, dp, pp" in said.output
+    profile = io.load_profile(path)
+    names = [layer.name for layer in profile.layers]
+    stages = [StagePlan(index=k, layers=names[a:b], recompute={}) for k, (a, b) in
+              enumerate([(0, 9), (9, 17), (17, 25), (25, 34)])]
+    links = {"pp_gb_per_s": 450.0, "pp_latency_ms": 0.0118, "gpus_per_node": 4}
+    base = dict(stages=4, microbatches=4, micro_batch_size=1, mem_caps_bytes=[2**40] * 4)
+    inside = costmodel.evaluate(stages, profile, TrainSetup(**base, comm=links))
+    crossing = costmodel.evaluate(stages, profile, TrainSetup(**base, comm={
+        **links, "pp_stride": 2, "pp_network_gb_per_s": 50.0, "pp_network_latency_ms": 0.0224}))
+    # stage 1's output and stage 2's input gradient cross: each microbatch's 1024 x 4096 bf16 at 50 GB/s + NCCL's
+    # network latency (8.4 + 14.0 µs) in place of NVLink's 450 GB/s (8.4 + 3.4 µs)
+    one = 1024 * 4096 * 2
+    extra = (0.0224 + one / 50e9 * 1e3) - (0.0118 + one / 450e9 * 1e3)
+    moved = [c.comm_ms - i.comm_ms for c, i in zip(crossing.stages, inside.stages)]
+    assert moved == pytest.approx([0.0, extra, extra, 0.0])

@@ -110,6 +110,8 @@ def test_deterministic_mode_runs_cudnns_deterministic_attention_backward_at_its_
     arch = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=1, num_heads=4,
                       num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=32)
     on, off = _setup(deterministic=True), _setup()
+    # the A100 runs FlashAttention-2's deterministic backward: 2 x 2 (batch, head) pairs split 27 ways fill its
+    # 108 SMs in one wave, nothing beyond the non-deterministic kernel (flash2_deterministic_factor below)
     for gpu, expected in (("gb200", True), ("h100", False), ("b200", False), ("a100-80g", False)):
         profile = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2, tp=2), gpu=archs.gpu(gpu),
                                             model=FileRef(file="arch:test", sha256="0" * 64))
@@ -130,6 +132,25 @@ def test_deterministic_mode_runs_cudnns_deterministic_attention_backward_at_its_
                                       gpu=archs.gpu("gb200"), model=FileRef(file="arch:test", sha256="0" * 64))
     block = next(layer for layer in layer_costs(eager) if layer.kind == "decoder_block")
     assert jobsettings.deterministic_attention_ms(block, eager, on) == 0.0
+
+
+def test_flash2s_deterministic_backward_runs_its_split_blocks_in_waves_by_hand():
+    # blocks = ceil(108 / (b·h)) x b·h, one an SM: T16 (batch 1, 32 heads) 4 x 32 = 128 in 2 waves, T19 (batch 2,
+    # 8 heads) 7 x 16 = 112 in 2: time / the non-deterministic kernel's (the work over all 108) = waves x 108 / blocks
+    assert jobsettings.flash2_deterministic_factor(108, 32) == pytest.approx(2 * 108 / 128)
+    assert jobsettings.flash2_deterministic_factor(108, 16) == pytest.approx(2 * 108 / 112)
+    assert jobsettings.flash2_deterministic_factor(108, 4) == 1.0  # 27 x 4 = 108 blocks: one full wave
+    assert jobsettings.flash2_deterministic_factor(108, 200) == pytest.approx(2 * 108 / 200)  # a block a pair
+    arch = archs.Arch(name="tiny-gqa", hidden_size=1024, intermediate_size=2048, num_layers=1, num_heads=64,
+                      num_kv_heads=8, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=64)
+    on = _setup(deterministic=True)
+    profile = analytic.analytic_profile(arch, Shape(seq_len=64, micro_batch_size=1, tp=2), gpu=archs.gpu("a100-80g"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64))
+    block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
+    # 32 heads a device, head dim 16, 64 tokens, causal half: the backward at FlashAttention-2's 73% of 312 TFLOP/s
+    backward_ms = 2.5 * 4 * 64 * 64 * 16 * 32 / 2 / (312e12 * 0.73) * 1e3
+    assert jobsettings.deterministic_attention_ms(block, profile, on) == pytest.approx(backward_ms * (216 / 128 - 1))
+    assert jobsettings.deterministic_attention_ms(block, profile, _setup()) == 0.0
 
 
 def _rank(path, *extra) -> dict:

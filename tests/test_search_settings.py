@@ -230,7 +230,8 @@ def test_search_charges_the_tp_collectives_and_pipeline_sends_as_solve_does(tmp_
     searched = jobsearch.job_setup(profile, degrees, jobsearch.JobOptions(mem_cap_bytes=2**36, gpus_per_node=node))
     solved = comm_fields(profile, DataParallelOptions(dp=dp, gpus_per_node=node), runtime="ckplan")
     names = (["tp", "tp_gb_per_s", "tp_step_latency_ms", "collective_latency_ms"] if tp > 1 else []) + \
-        (["pp_gb_per_s", "pp_latency_ms"] if pp > 1 else [])
+        (["pp_gb_per_s", "pp_latency_ms", "pp_stride", "pp_network_gb_per_s", "pp_network_latency_ms"]
+         if pp > 1 else [])
     assert names
     assert {name: getattr(searched.comm, name) for name in names} == {name: solved[name] for name in names}
 

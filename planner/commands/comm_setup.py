@@ -7,10 +7,11 @@ from __future__ import annotations
 from planner.errors import UserError
 
 
-def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
+def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, chunks: int = 1) -> dict:
     """TrainSetup's communication part: the tensor-parallel group's and the pipeline's links from
-    the profile's GPU and the node size (planner/cost/comm.py), said; nothing on cpu, or for a
-    GPU ckplan has no links for."""
+    the profile's GPU and the node size (planner/cost/comm.py), said, with the edges between the pipeline's
+    `stages` ranks (and, `chunks` a rank, from the last to the first) whose sends cross nodes; nothing on cpu,
+    or for a GPU ckplan has no links for."""
     from planner.cost import comm, dataparallel, runtimes
 
     tp = int(profile.assumptions.get("tp", 1) or 1)
@@ -35,11 +36,18 @@ def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
         return {}
     node = options.gpus_per_node or gpu.gpus_per_node
     cp = int(profile.assumptions.get("cp", 1) or 1)
-    links = comm.job_links(gpu, tp=tp, cp=cp, pp_stride=tp * options.dp,  # options.dp counts the cp ranks
+    stride = tp * options.dp  # options.dp counts the cp ranks
+    links = comm.job_links(gpu, tp=tp, cp=cp, pp_stride=stride,
                            gpus_per_node=node, nics_per_gpu=options.nics_per_gpu or gpu.nics_per_gpu)
-    tp_link, pp_link, cp_link = links["tp"], links["pp"], links["cp"]
+    tp_link, cp_link = links["tp"], links["cp"]
+    pp_link, network = links["node"], links["network"]  # each send over its own edge's (comm.edge_crosses_nodes)
+    edges = [(r, r + 1) for r in range(stages - 1)] + ([(stages - 1, 0)] if chunks > 1 and stages > 1 else [])
+    crossing = [f"{r}→{to}" for r, to in edges if comm.edge_crosses_nodes(r, to, stride=stride, gpus_per_node=node)]
+    sends = (f"sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where}) where both ranks share a node, at "
+             f"{network.gb_per_s:g} GB/s ({network.where}) where they lie in two"
+             + (f" (pipeline ranks {', '.join(crossing)}, ranks placed tp, cp, dp, pp)" if crossing else ""))
     note = (f"{gpu.name}, {node} GPUs a node, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: pipeline "
-            f"sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where})"
+            + sends
             + (f", tensor-parallel {tp} collectives at {tp_link.gb_per_s:g} GB/s ({tp_link.where})" if tp > 1 else "")
             + (f", context-parallel {cp} K/V exchange at {cp_link.gb_per_s:g} GB/s ({cp_link.where})" if cp > 1 else "")
             + f"; latency {comm.NCCL_SOURCE}")
@@ -59,6 +67,8 @@ def comm_fields(profile, options, *, runtime: str, say=None) -> dict:
         say(note)
     return dict(tp=tp, tp_gb_per_s=tp_link.gb_per_s, tp_step_latency_ms=tp_link.step_latency_ms,
                 pp_gb_per_s=pp_link.gb_per_s, pp_latency_ms=pp_link.base_latency_ms + pp_link.step_latency_ms,
+                pp_stride=stride, pp_network_gb_per_s=network.gb_per_s,
+                pp_network_latency_ms=network.base_latency_ms + network.step_latency_ms,
                 collective_latency_ms=tp_link.base_latency_ms, gpus_per_node=node, tp_overlap=options.tp_overlap,
                 cp=cp, cp_gb_per_s=cp_link.gb_per_s if cp > 1 else None, cp_step_latency_ms=cp_link.step_latency_ms,
                 comm_notes=[note])

@@ -237,11 +237,15 @@ def _with_settings(options, job):
 
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):
     """--gpus-per-node: each group's link as dataparallel.default_links chooses it (in-node where
-    the group's ranks x TP fit in a node, else the network), for this node size. Under context
+    the group's ranks x TP fit in a node, else the network), for this node size, and the node size the
+    pipeline's sends and the tensor-parallel collectives are placed by (comm_setup). Under context
     parallelism the data-parallel groups take their replicas' cp ranks too (build_setup's dp x cp)."""
     from dataclasses import replace
 
-    if gpus_per_node is None or options.dp * job.cp == 1:
+    if gpus_per_node is None:
+        return options
+    options = replace(options, gpus_per_node=gpus_per_node)  # the sends' and TP's links too (comm_setup.comm_fields)
+    if options.dp * job.cp == 1:
         return options
     span = job.tp * job.cp  # the ranks inside each data-parallel step: tp, then cp
 

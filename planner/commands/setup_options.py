@@ -287,7 +287,8 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
             parallel_stages=parallel_stages or default_parallel_stages(profile, stages, data_parallel.dp),
             **dp_fields(profile, data_parallel, stages=stages, optimizer=optimizer, say=say,
                         activations_offloadable=may_offload_activations(profile, recompute, schedule)),
-            comm=comm_setup.comm_fields(profile, data_parallel, runtime=runtime, say=say),
+            comm=comm_setup.comm_fields(profile, data_parallel, runtime=runtime, say=say, stages=stages,
+                                        chunks=chunks),
         )
     except ValidationError as exc:
         from planner.io import describe_setup_error

@@ -18,7 +18,9 @@ SHARP reaches 460-480).
 Which link: ranks are placed tensor-parallel innermost, then data-parallel, then the pipeline
 (Megatron-LM's and torchtitan's order). A group whose ranks, times the ranks inside each of its
 steps, fit in one node runs at the node's link (NVLink); one that spans nodes runs at the
-network's rate (its NICs per GPU x each NIC's): the ring's slowest hop sets its pace.
+network's rate (its NICs per GPU x each NIC's): the ring's slowest hop sets its pace. A pipeline
+send crosses the link of its own edge: in a node where both stages' ranks share one, else the
+network (edge_crosses_nodes: 4 stages of tp 1 x dp 2 in nodes of 4 GPUs send 1→2 and 3→0 over it).
 
 Tensor parallelism (Megatron-LM's and torchtitan's layer plans; the profile lists each layer's
 collectives, LayerCollective): with sequence parallelism a block all-gathers its input before
@@ -136,7 +138,18 @@ def job_links(gpu, *, tp: int, cp: int, pp_stride: int, gpus_per_node: int, nics
         return measured if link is inside else link
 
     return {"tp": collective(tp, 1), "cp": collective(cp, tp),
-            "pp": group_link(2, pp_stride, gpus_per_node, inside, between)}
+            "pp": group_link(2, pp_stride, gpus_per_node, inside, between), "node": inside, "network": between}
+
+
+def edge_crosses_nodes(rank: int, to: int, *, stride: int, gpus_per_node: int) -> bool:
+    """Whether pipeline rank `rank`'s sends to pipeline rank `to` cross nodes. The pipeline is placed
+    outermost (Megatron-LM's default order tp-cp-ep-dp-pp, megatron/core/parallel_state.py 561 at 6e091e1b;
+    torchtitan's mesh, pp its first dimension), so pipeline rank r holds the global ranks r·stride to (r+1)·stride - 1
+    (stride: tp x cp x dp) and each sends to its peer (to - rank)·stride away: the edge crosses where any
+    such pair lies in two nodes. Two stages of tp 1 x dp 2 in nodes of 4 GPUs: ranks 0→1 and 2→3 stay in
+    a node, 1→2 and 3→0 (an interleaved schedule's next chunk) cross."""
+    offset = (to - rank) * stride
+    return any(x // gpus_per_node != (x + offset) // gpus_per_node for x in range(rank * stride, (rank + 1) * stride))
 
 
 # ---------------------------------------------------------------- what the runtimes overlap
@@ -229,10 +242,30 @@ def async_tp_pass_ms(layer, which: str, setup: TrainSetup) -> float:
     return total
 
 
-def stage_send_ms(num_bytes: int, setup: TrainSetup) -> float:
+def stage_send_ms(num_bytes: int, setup: TrainSetup, *, stage: int | None = None, to: int | None = None) -> float:
     """One send between neighbouring stages over the pipeline's link, where `ckplan calibrate`
-    measured no send line (TimeConstants.send_gb_per_s wins where it did)."""
+    measured no send line (TimeConstants.send_gb_per_s wins where it did): from pipeline stage `stage`
+    to stage `to` (of a stage's terms' P·V stages) over the network where their ranks lie in two nodes
+    (stage_crosses_nodes), else over the pipeline's one link."""
     comm = setup.comm
     if setup.time.send_gb_per_s is not None or comm.pp_gb_per_s is None:
         return 0.0
+    if stage is not None and to is not None and stage_crosses_nodes(stage, to, setup):
+        return send_ms(num_bytes, Link(comm.pp_network_gb_per_s, comm.pp_network_latency_ms))
     return send_ms(num_bytes, Link(comm.pp_gb_per_s, comm.pp_latency_ms))
+
+
+def stage_crosses_nodes(stage: int, to: int, setup: TrainSetup) -> bool:
+    """Whether a send from pipeline stage `stage` to stage `to` crosses nodes (edge_crosses_nodes on the ranks
+    the schedule places them on); False where the setup names no stride or no network link (one link for all),
+    and for a V schedule's turn, two stages on one rank (the in-node rate, where the schedule sends nothing)."""
+    comm, pipeline = setup.comm, setup.pipeline
+    if not comm.pp_stride or comm.pp_network_gb_per_s is None:
+        return False
+    from planner.cost import schedules  # torch's stage placement: imported where a send is placed
+
+    ranks = pipeline.stages // pipeline.chunks  # a stage's terms see the P·V stages (chunked.stages_view)
+    order = schedules.pipeline_schedule(pipeline.schedule, num_ranks=ranks, num_microbatches=pipeline.microbatches,
+                                        num_chunks=pipeline.chunks)
+    rank, peer = order.stage_to_rank[stage], order.stage_to_rank[to]
+    return rank != peer and edge_crosses_nodes(rank, peer, stride=comm.pp_stride, gpus_per_node=comm.gpus_per_node)

@@ -23,8 +23,11 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   later and asks it for its deterministic backward (the record's `deterministic_attention`); where that
   kernel's rate is published (GPU.te_attention_deterministic_bwd: GB200's, NVIDIA/cudnn-frontend's training
   SDPA benchmark, cuDNN 9.22) a dense block's attention backward is charged at it beyond the
-  non-deterministic rate the profile's record times. None is published for sm90 (H100) or B200; below sm90
-  (A100) TE runs FlashAttention-2's deterministic backward instead, unpublished: 0 there.
+  non-deterministic rate the profile's record times. None is published for sm90 (H100) or B200: 0 there.
+  Below sm90 (A100) TE runs FlashAttention-2's deterministic backward instead, whose grid holds a block an
+  SM for every (batch, head) split, run in waves (flash2_deterministic_factor, from its launch code and
+  shared memory): the non-deterministic backward the profile times x (that factor - 1). Its extra fp32 dQ
+  accumulators (splits - 1 of them, zero-filled and summed) are not charged (402 MB a layer at T16's shape).
 
 Memory is unchanged: the unfused bf16 gradient lives from its GEMM to the DDP hook that runs right
 after its AccumulateGrad, one linear's weight at a time, inside the backward transients the profile
@@ -128,11 +131,33 @@ def deterministic_attention_ms(layer: LayerCost, profile: Profile, setup: TrainS
     from planner.models import archs
 
     gpu = archs.gpu(found["gpu"])
-    if not gpu.te_attention_deterministic_bwd or len(gpu.te_attention_efficiency) < 2:
-        return 0.0
     heads, tp = int(model["num_heads"]), int(found.get("tp", 1))
     head = int(model.get("head_dim") or int(model["hidden_size"]) // heads)
     seq, cp = int(found.get("seq_len", 0)), max(int(found.get("cp", 1) or 1), 1)
     flops = 2.5 * 4 * seq * seq * head * (heads // tp) * profile.micro_batch_size / 2 / cp
     peak = gpu.bf16_tflops * 1e12
-    return (flops / (peak * gpu.te_attention_deterministic_bwd) - flops / (peak * gpu.te_attention_efficiency[1])) * 1e3
+    if gpu.te_attention_deterministic_bwd and len(gpu.te_attention_efficiency) >= 2:  # cuDNN's, sm90 and later
+        return (flops / (peak * gpu.te_attention_deterministic_bwd)
+                - flops / (peak * gpu.te_attention_efficiency[1])) * 1e3
+    if gpu.flash2_deterministic_sms and cp == 1:  # FlashAttention-2's, below sm90
+        from planner.profiler import roofline
+
+        backward_ms = flops / (peak * roofline.attention_efficiency(gpu, seq)[1]) * 1e3
+        batch_heads = profile.micro_batch_size * (heads // tp)
+        return backward_ms * (flash2_deterministic_factor(gpu.flash2_deterministic_sms, batch_heads) - 1)
+    return 0.0
+
+
+def flash2_deterministic_factor(sms: int, batch_heads: int) -> float:
+    """FlashAttention-2's deterministic backward against its non-deterministic one, on `sms` streaming
+    multiprocessors for `batch_heads` (batch x query heads a device). Deterministic, it launches
+    ceil(sms / batch_heads) blocks a (batch, head), each looping over its share of the key blocks and adding
+    into its own dQ accumulator (flash_bwd_launch_template.h 77-82, flash_bwd_kernel.h 834-838, Dao-AILab/
+    flash-attention 0251105a, in this form since 073afd59 of 2024-12-06), where the non-deterministic grid
+    has a block per key block (64 at 8,192 tokens). Head dim 128 on an A100 takes 144 KiB of shared memory a block (kSmemSize1colblock of
+    Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2>, kernel_traits.h 278-290; the A100 has 164 KiB an SM):
+    one block an SM, so the blocks run in ceil(blocks / sms) waves of 1/blocks of the work each, where the
+    non-deterministic kernel spreads the work over every SM: waves x sms / blocks. T16 (32 heads, batch 1):
+    128 blocks in 2 waves on 108 SMs, 1.69x; T19 (8 heads, batch 2): 112 blocks, 1.93x."""
+    blocks = -(-sms // batch_heads) * batch_heads
+    return -(-blocks // sms) * sms / blocks

@@ -303,9 +303,10 @@ TERMS: tuple[Term, ...] = (
          lambda layer, stage, ctx: first_layer_comm_ms(layer, stage, ctx.setup),
          "calibrated send line: latency + bytes / bandwidth (ckplan calibrate)"),
     Term("input gradient sent back over the pipeline's link, uncalibrated", "comm", "open",
-         lambda layer, stage, ctx: comm.stage_send_ms(layer.input_bytes, ctx.setup) if stage > 0 else 0.0,
-         "bytes / the link between neighbouring stages (NVLink in a node, else the network) + NCCL's latency, "
-         "where no calibrated send line is set (comm.stage_send_ms)"),
+         lambda layer, stage, ctx: (comm.stage_send_ms(layer.input_bytes, ctx.setup, stage=stage, to=stage - 1)
+                                    if stage > 0 else 0.0),
+         "bytes / the link between neighbouring stages (NVLink where both ranks share a node, else the network: "
+         "comm.stage_crosses_nodes) + NCCL's latency, where no calibrated send line is set (comm.stage_send_ms)"),
     # -- the layer that closes the stage
     Term("stage output waiting in fwd_cache", "kept", "close",
          lambda layer, stage, ctx: last_layer_kept_bytes(layer, stage, ctx.setup),
@@ -321,7 +322,7 @@ TERMS: tuple[Term, ...] = (
          lambda layer, stage, ctx: last_layer_comm_ms(layer, stage, ctx.setup),
          "calibrated send line (ckplan calibrate)"),
     Term("output sent forward over the pipeline's link, uncalibrated", "comm", "close",
-         lambda layer, stage, ctx: (comm.stage_send_ms(layer.output_bytes, ctx.setup)
+         lambda layer, stage, ctx: (comm.stage_send_ms(layer.output_bytes, ctx.setup, stage=stage, to=stage + 1)
                                     if stage < ctx.setup.pipeline.stages - 1 else 0.0),
          "bytes / the link between neighbouring stages + NCCL's latency, where no calibrated send line is set"),
     # -- the stage's position

@@ -118,6 +118,10 @@ class GPU:
     # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on sm90 and later) as a fraction of the BF16 peak; 0: none published,
     # the non-deterministic backward read (planner/cost/jobsettings.py deterministic_attention_ms)
     te_attention_deterministic_bwd: float = 0.0
+    # below sm90 Transformer Engine runs FlashAttention-2's deterministic backward instead (utils.py 810-845,
+    # TE 8382eed6), whose grid is split by the GPU's streaming multiprocessors (jobsettings.flash2_
+    # deterministic_factor): their count where that holds; 0: not such a GPU, or its count not read
+    flash2_deterministic_sms: int = 0
     # the host's CPU time to issue one framework module's forward (a Linear's) on the GPU's reference
     # system, in µs (planner/cost/hosttime.py); 0: none published for its host
     host_call_us: float = 0.0
@@ -288,6 +292,9 @@ _SDPA_BLACKWELL = (f"torch 2.9.0 SDPA flash backend on B200, causal, 8192 tokens
                    f"artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c)")
 _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forward and backward (Dao 2023, "
                "arXiv 2307.08691 §4.1)")
+# the A100's 108 streaming multiprocessors (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: "108 SMs"
+# in the A100 as shipped, of the GA100's 128), sm80: below sm90 (TE's deterministic FlashAttention-2 backward)
+_A100_SMS = 108
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 _MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
                         membound_class_efficiency=MEMBOUND_CLASSES_H100,
@@ -399,7 +406,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
         **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
-        **_MEMBOUND_AMPERE),
+        flash2_deterministic_sms=_A100_SMS, **_MEMBOUND_AMPERE),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
         300.0, 25.0, 32.0,
         link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
@@ -407,7 +414,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
         **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
-        **_MEMBOUND_AMPERE),
+        flash2_deterministic_sms=_A100_SMS, **_MEMBOUND_AMPERE),
     # NVIDIA DGX B200 datasheet (2024): 1,440 GB for 8 GPUs (180 GB each), 72 PFLOPS FP8 training
     # for 8 GPUs (sparse: 4.5 dense each); HGX B200: BF16 2.25 PFLOPS dense (4.5 with sparsity),
     # HBM3e 8 TB/s, NVLink 5 1.8 TB/s

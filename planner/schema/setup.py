@@ -194,6 +194,12 @@ class CommSetup(Strict):
     # (TimeConstants.send_gb_per_s wins where given); None: not charged
     pp_gb_per_s: GbPerS | None = None
     pp_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
+    # where pp_stride is set (the global ranks between a stage's rank and its peer on the next stage: tp x cp
+    # x dp), each send crosses the link of its own edge: pp_gb_per_s / pp_latency_ms where both ranks share a
+    # node, these where they lie in two (comm.edge_crosses_nodes); 0: every send over the one link above
+    pp_stride: int = Field(default=0, ge=0, le=MAX_RANKS)
+    pp_network_gb_per_s: GbPerS | None = None
+    pp_network_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     collective_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)  # NCCL's base
     gpus_per_node: int = Field(default=8, gt=0, le=1 << 12)
     # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime

@@ -159,8 +159,10 @@ def _links_of_comm(profile: Profile, degrees: Degrees, gpus_per_node: int) -> di
     if degrees.cp > 1:
         found.update(cp=degrees.cp, cp_gb_per_s=links["cp"].gb_per_s, cp_step_latency_ms=links["cp"].step_latency_ms)
     if degrees.pp > 1:
-        found.update(pp_gb_per_s=links["pp"].gb_per_s,
-                     pp_latency_ms=links["pp"].base_latency_ms + links["pp"].step_latency_ms)
+        node, network = links["node"], links["network"]  # each send over its own edge's (comm.edge_crosses_nodes)
+        found.update(pp_gb_per_s=node.gb_per_s, pp_latency_ms=node.base_latency_ms + node.step_latency_ms,
+                     pp_stride=degrees.tp * degrees.dp * degrees.cp, pp_network_gb_per_s=network.gb_per_s,
+                     pp_network_latency_ms=network.base_latency_ms + network.step_latency_ms)
     return found
 
 

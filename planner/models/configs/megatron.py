@@ -458,12 +458,14 @@ def _test_settings(flags: Flags, job: Job) -> None:
         "TE's deterministic "
         "attention backward (cuDNN's on sm90+, FlashAttention-2's below: dot_product_attention/utils.py 1293-1356, "
         "1436-1442, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) at cuDNN's published deterministic rate "
-        "where there is one (GB200), else timed as the non-deterministic kernel", bool, False))
+        "where there is one (GB200), FlashAttention-2's by its split grid's waves (A100), else timed as the "
+        "non-deterministic kernel", bool, False))
     if modelled.deterministic:
         flags.notes.append("--deterministic-mode: torch's NaN fill of Transformer Engine's outputs is charged; "
-                           "its deterministic attention backward at cuDNN's published rate on GB200 only (none "
-                           "published for H100, B200, nor FlashAttention-2's on A100: timed there as the "
-                           "non-deterministic kernel)")
+                           "its deterministic attention backward at cuDNN's published rate on GB200, and on A100 "
+                           "FlashAttention-2's as its split grid runs in waves of one block an SM "
+                           "(jobsettings.flash2_deterministic_factor); none published for H100 or B200: timed "
+                           "there as the non-deterministic kernel")
 
 
 def _float8(flags: Flags, job: Job) -> None:

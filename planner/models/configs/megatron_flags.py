@@ -282,8 +282,8 @@ ENV_VARS = {
                                 "(runtimes: megatron's cublas_workspace_bytes)"),
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("not modelled", None, "0: Transformer Engine's deterministic attention "
                                          "backward (as --deterministic-mode says): charged at cuDNN's published rate on "
-                                         "GB200 only; elsewhere none is published, timed as the non-deterministic "
-                                         "kernel"),
+                                         "GB200, and on A100 as FlashAttention-2's split grid runs (in waves); on "
+                                         "H100 and B200 none is published, timed as the non-deterministic kernel"),
     "CUDA_DEVICE_MAX_CONNECTIONS": ("not modelled", None, "1: one hardware queue, kernels started in the order "
                                     "launched (megatron/core/tensor_parallel/layers.py 684-692, 6e091e1b), so an "
                                     "asynchronous collective starts before the GEMM launched after it: the cost model "
