@@ -251,8 +251,8 @@ def _megatron() -> RuntimeFacts:
                       f"forward, input-grad and weight-grad GEMMs in FP8 (transformer_engine/pytorch/module/"
                       f"linear.py 164-266, 312, 620-640, {_TE_V}); megatron/core/extensions/transformer_engine.py, "
                       f"{_MEGATRON_V}",
-            "float8_memory": f"not read: TE's float8 weight workspaces (linear.py 240-266, get_weight_workspace, "
-                             f"{_TE_V}) and its float8-saved inputs (linear.py 362-429) are not charged",
+            "float8_memory": "torchao's rule not applied: TE's FP8 weight copies and saved inputs are the record's "
+                             "te_weight_workspace_bytes, fp8_param_*, te_float8_saved_inputs (TE v2.9)",
             "async_tp_workspace": "not AsyncTP: Transformer Engine's userbuffers under --tp-comm-overlap are not read here",
             "tp_gathers_float8": "not read: Megatron-LM's TP saves the sequence shard (tp_saves_gathered_input)",
             "float8_saves_input": "not read: Transformer Engine's record saves the quantized input itself "
