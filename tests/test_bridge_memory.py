@@ -156,3 +156,11 @@ def test_the_command_line_takes_them_under_megatron_and_refuses_them_elsewhere(t
     assert static(_evaluate(tiny_path, "--runtime", "megatron", "--grad-reduce-in-bf16")) == plain - 2 * params
     refused = _evaluate(tiny_path, "--runtime", "torchtitan", "--te-cross-entropy")
     assert refused.exit_code != 0 and "fused cross-entropy" in refused.output and "Traceback" not in refused.output
+
+
+def test_the_megatron_export_writes_the_flags_the_plan_was_scored_with():
+    from planner.emit.megatron import _test_settings
+
+    lines = _test_settings(setup(grad_reduce_bf16=True, te_cross_entropy=True).training)
+    assert lines == ["--grad-reduce-in-bf16", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
+    assert _test_settings(setup().training) == []

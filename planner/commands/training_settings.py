@@ -1,7 +1,7 @@
 """The options for the settings real jobs use (--runtime-version, --compile, --op-level-sac,
 --float8, --fp8-all-gather, --cp, --cp-comm, --optimizer-state-dtype, --chunked-cross-entropy,
 --mtp-layers, --expert-tp, and Megatron-LM's --no-gradient-accumulation-fusion, --log-params-norm,
---log-num-zeros-in-grad, --deterministic-mode): TrainingSetup's fields of the same names. planner/cost/runtimes.py
+--log-num-zeros-in-grad, --deterministic-mode, --grad-reduce-in-bf16, --te-cross-entropy): TrainingSetup's fields of the same names. planner/cost/runtimes.py
 models each or refuses it in one sentence; none is ignored."""
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ SETTING_OPTIONS = [
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "
                       "LLaMA profiles)."),
     click.option("--float8", is_flag=True,
-                 help="Float8 linears (torchtitan's torchao tensorwise; Megatron-LM's Transformer Engine, time only): "
+                 help="Float8 linears (torchtitan's torchao tensorwise; Megatron-LM's Transformer Engine, its FP8 "
+                      "saved inputs and weight copies as TE v2.9 keeps them): "
                       "the blocks' linears in FP8, from the profile's Float8 records (analytic dense blocks)."),
     click.option("--fp8-all-gather", is_flag=True,
-                 help="FSDP2's float8 all-gather of the Float8 linears' weights (torchtitan; with --float8)."),
+                 help="FSDP2's float8 all-gather of the Float8 linears' weights (torchtitan; with --float8); under "
+                      "--runtime megatron, Megatron-LM's --fp8-param-gather (the weights kept and gathered in FP8)."),
     click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=None,
                  help="Context-parallel degree: each rank holds seq/cp tokens, attention exchanges K/V in a ring "
                       "(Megatron-LM, torchtitan); the profile must be made at it (`ckplan profile --arch ... --cp N`) "
