@@ -48,8 +48,10 @@ def test_each_recipe_reads_to_the_setup_it_runs(name):
     assert job.modelled.float8  # FP8 current scaling: --fp8-format hybrid --fp8-recipe tensorwise
     assert job.precision == "bf16-mixed"
     assert job.arch.vocab_size % (128 * tp) == 0 and 0 <= job.arch.vocab_size - 128256 < 128 * tp
-    # what every recipe sets that the cost model does not model is named, never dropped
-    assert {"--fp8-param-gather", "--grad-reduce-in-bf16", "--cross-entropy-fusion-impl"} <= _listed(job, "not modelled")
+    # every recipe's memory settings are read (planner/cost/bridgesettings.py), none dropped
+    assert {"--fp8-param-gather", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
+            "--cross-entropy-fusion-impl"} <= _listed(job, "modelled")
+    assert (job.modelled.grad_reduce_bf16, job.modelled.fp8_all_gather, job.modelled.te_cross_entropy) == (True,) * 3
     assert not job.of("unknown")
 
 

@@ -1,7 +1,7 @@
 """The options for the settings real jobs use (--runtime-version, --compile, --op-level-sac,
 --float8, --fp8-all-gather, --cp, --cp-comm, --optimizer-state-dtype, --chunked-cross-entropy,
 --mtp-layers, --expert-tp, and Megatron-LM's --no-gradient-accumulation-fusion, --log-params-norm,
---log-num-zeros-in-grad, --deterministic-mode): TrainingSetup's fields of the same names. planner/cost/runtimes.py
+--log-num-zeros-in-grad, --deterministic-mode, --grad-reduce-in-bf16, --te-cross-entropy): TrainingSetup's fields of the same names. planner/cost/runtimes.py
 models each or refuses it in one sentence; none is ignored."""
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ SETTING_OPTIONS = [
                       "every second mm and the attention saved, and solve may choose it for a block (analytic "
                       "LLaMA profiles)."),
     click.option("--float8", is_flag=True,
-                 help="Float8 linears (torchtitan's torchao tensorwise; Megatron-LM's Transformer Engine, time only): "
+                 help="Float8 linears (torchtitan's torchao tensorwise; Megatron-LM's Transformer Engine, its FP8 "
+                      "saved inputs and weight copies as TE v2.9 keeps them): "
                       "the blocks' linears in FP8, from the profile's Float8 records (analytic dense blocks)."),
     click.option("--fp8-all-gather", is_flag=True,
-                 help="FSDP2's float8 all-gather of the Float8 linears' weights (torchtitan; with --float8)."),
+                 help="FSDP2's float8 all-gather of the Float8 linears' weights (torchtitan; with --float8); under "
+                      "--runtime megatron, Megatron-LM's --fp8-param-gather (the weights kept and gathered in FP8)."),
     click.option("--cp", "context_parallel", type=click.IntRange(min=1), default=None,
                  help="Context-parallel degree: each rank holds seq/cp tokens, attention exchanges K/V in a ring "
                       "(Megatron-LM, torchtitan); the profile must be made at it (`ckplan profile --arch ... --cp N`) "
@@ -63,6 +65,13 @@ SETTING_OPTIONS = [
                  help="Megatron-LM's flag: torch's deterministic algorithms, whose NaN fill writes each of "
                       "Transformer Engine's outputs once more; its deterministic attention backward has no "
                       "published rate and is timed as the other (--runtime megatron)."),
+    click.option("--grad-reduce-in-bf16", "grad_reduce_bf16", is_flag=True,
+                 help="Megatron-LM's flag: gradients accumulated and reduced in bf16 (2 B a parameter, not the fp32 "
+                      "main_grad's 4), the distributed optimizer's step copying its shard to fp32 (--runtime megatron)."),
+    click.option("--te-cross-entropy", is_flag=True,
+                 help="Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te: Transformer Engine's "
+                      "fused cross-entropy, its gradient written into the logits (kept and peak 1x the logits; "
+                      "--runtime megatron)."),
     click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
                  help="Whether the job's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching "
                       "allocator's replay (the reserve on cuda) runs its rules or the default segments (ROCm builds "
@@ -72,7 +81,7 @@ SETTING_OPTIONS = [
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
-                        "expandable_segments")
+                        "expandable_segments", "grad_reduce_bf16", "te_cross_entropy")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -113,6 +122,8 @@ class TrainingSettings:
     log_num_zeros_in_grad: bool = False
     deterministic: bool = False
     expandable_segments: bool | None = None  # None: as the runtime's launch script sets it
+    grad_reduce_bf16: bool = False
+    te_cross_entropy: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:
@@ -153,7 +164,11 @@ def setting_notes(profile, *, runtime: str, settings: dict, say) -> None:
     record = runtimes.facts(runtime, settings["runtime_version"])
     if record.fused_kernels:
         say(_fused_kernels_note(profile, record))
-    if settings["float8"] and not record.float8_memory:
+    if settings["float8"] and not record.float8_memory and record.te_float8_saved_inputs:
+        say(f"--float8: {runtime}'s Float8 ({record.float8}) is timed (its GEMMs in FP8, its casts); in memory its "
+            "linears' inputs are kept as Transformer Engine v2.9 saves them in FP8 and its weights' FP8 copies "
+            "charged (planner/cost/te_kept.py, bridgesettings.py), its casts' transients as the bf16 layers'")
+    elif settings["float8"] and not record.float8_memory:
         say(f"--float8: {runtime}'s Float8 ({record.float8}) is timed (its GEMMs in FP8, its casts); its memory "
             "is charged as the bf16 layers' (its float8 weight workspaces and saved inputs are not modelled)")
     loss = settings["compile"] if settings.get("compile_loss") is None else settings["compile_loss"]

@@ -39,7 +39,7 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
 
 from __future__ import annotations
 
-from planner.cost import runtimes
+from planner.cost import runtimes, te_kept
 from planner.errors import UserError
 from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
 
@@ -49,11 +49,13 @@ FP32_BYTES = 4
 def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     """The profile as the cost model charges it under setup.training.float8 (the module's
     docstring), its layers first timed on the runtime's fused kernels where the profile records them
-    (planner/cost/fusedkernels.py); without --float8 only that. Refuses, in one sentence, a profile
+    (planner/cost/fusedkernels.py) and kept as its fused SwiGLU keeps them (planner/cost/te_kept.py); without
+    --float8 only that. Refuses, in one sentence, a profile
     without Float8 records."""
     from planner.cost import fusedkernels
 
     profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels)
+    profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))
     if not setup.training.float8:
         return profile
     if not any(layer.float8 is not None for layer in profile.layers):
@@ -75,14 +77,16 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     # in the step time, which the cost model divides over the shard group, so taken times it (each rank
     # casts its whole weight)
     per_step = dataparallel.shard_size(setup) if record.float8 == "transformer-engine" and not gathered else 0
+    te_delta = te_kept.te_saved_inputs_delta(profile) if record.te_float8_saved_inputs else 0
     layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
-                     saves_input=record.float8_saves_input)
+                     saves_input=record.float8_saves_input,
+                     kept_delta=te_delta if layer.kind == "decoder_block" else 0)
               if layer.float8 is not None else layer for layer in profile.layers]
     return profile.model_copy(update={"layers": layers})
 
 
 def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float, per_step: int = 0,
-           saves_input: bool = False) -> LayerProfile:
+           saves_input: bool = False, kept_delta: int = 0) -> LayerProfile:
     fp8: Float8Linears = layer.float8
     if saves_input:  # the float8 input saved: its recast does not run (the record's part of bwd_ms)
         fp8 = fp8.model_copy(update={"bwd_ms": fp8.bwd_ms - fp8.bwd_input_recast_ms})
@@ -95,8 +99,8 @@ def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float,
         if option.name in fp8.recompute_ms:
             rerun_cast = 0.0 if gathered or per_step else fp8.rerun_weight_cast_ms.get(option.name, 0.0)
             update["recompute_ms"] = fp8.recompute_ms[option.name] + rerun_cast
-        if option.name == "none":
-            update["kept_bytes"] = option.kept_bytes + kept_weight
+        if option.name == "none":  # another option keeps what the bf16 block does (TE's inputs: the safe side)
+            update["kept_bytes"] = option.kept_bytes + kept_weight + kept_delta
         options.append(option.model_copy(update=update))
     full = fp8.recompute_ms.get("full")
     recompute = layer.recompute_ms if full is None else full + (0.0 if gathered or per_step else
@@ -106,7 +110,7 @@ def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float,
         "fwd_ms": fwd, "bwd_ms": fp8.bwd_ms, "recompute_ms": recompute,
         "fwd_ms_min": layer.fwd_ms_min * scale_fwd, "fwd_ms_max": layer.fwd_ms_max * scale_fwd,
         "bwd_ms_min": layer.bwd_ms_min * scale_bwd, "bwd_ms_max": layer.bwd_ms_max * scale_bwd,
-        "act_bytes": layer.act_bytes + kept_weight,
+        "act_bytes": layer.act_bytes + kept_weight + kept_delta,
         "transient_bytes": layer.transient_bytes + (fp8.transient_bytes if memory else 0),
         "recompute_options": options,
         "step_ms": {name: ms + step_ms * fp8.param_count + per_step * fp8.weight_cast_ms for name, ms in layer.step_ms.items()},

@@ -228,6 +228,37 @@ class RuntimeFacts:
     planner/cost/float8.py (Float8Linears.bwd_input_recast_ms)."""
 
     # -- the layers' kernels (read by planner/cost/fusedkernels.py; issue 35)
+    # -- Megatron-LM's DDP and TE's settings the Megatron-Bridge recipes run (planner/cost/fp8params.py)
+    bf16_grad_bytes: int = 0
+    """Bytes per parameter of the gradient buffer where the job reduces gradients in bf16 (Megatron-LM's
+    --grad-reduce-in-bf16: grad_reduce_in_fp32 False, main_grad in the parameter's dtype, bf16: 2); 0: not
+    read, the setting refused."""
+    bf16_grad_step_copy_bytes: int = 0
+    """Bytes per parameter of the optimizer's shard that the step allocates beside bf16 gradients: Megatron-LM's
+    distributed optimizer sets each fp32 main parameter's .grad to an fp32 copy of its bf16 shard (4), held
+    until the next zero_grad; 0: none."""
+    fp8_param_bytes: int = 0
+    """Bytes per Float8 linear's weight parameter a rank holds where the weights are kept in FP8 (Megatron-LM's
+    --fp8-param-gather: TE Float8Tensor parameters in a uint8 parameter buffer, 1); 0: not read, refused."""
+    fp8_param_transpose_bytes: int = 0
+    """Beside them, on a GPU whose FP8 GEMMs take only the TN layout (Hopper), the Float8Tensor's transpose TE
+    creates for the backward's GEMMs and keeps on the parameter (1); Blackwell uses the one copy for both."""
+    te_weight_workspace_bytes: int = 0
+    """Under Transformer Engine's Float8 without FP8 parameters, the FP8 copy of each Float8 linear's weight TE
+    caches across microbatches (its "weight" workspace), bytes per weight parameter beside the bf16 one (1; its
+    transpose on Hopper, fp8_param_transpose_bytes, beside it); 0: not read."""
+    te_float8_saved_inputs: bool = False
+    """Under Transformer Engine's Float8 (tensorwise) the linears save their inputs quantized, 1 B an element
+    (the column-parallel ones under sequence parallelism keep the row-wise copy for the backward's all-gather,
+    and on Hopper its transpose too), where a bf16 linear saves 2: planner/cost/float8.py te_saved_inputs_delta."""
+    fused_swiglu_saves_input_only: bool = False
+    """The runtime's SwiGLU is one fused function that saves only its input (the first linear's 2f-wide output)
+    and recomputes SiLU in its backward, so a dense block keeps no SiLU output (planner/cost/te_kept.py); False:
+    the eager ops' tensors, as the analytic profile counts them."""
+    te_cross_entropy: LossRegion | None = None
+    """The loss region of Transformer Engine's fused cross-entropy (Megatron-LM's --cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl te): the gradient written in place into the logits; None: not read, refused."""
+
     fused_kernels: str | None = None
     """Which fused kernels the runtime's layers run for their norms, rotary and activations:
     "transformer-engine" (Megatron-core on TE's layers: LayerNormLinear's norm, TE's fused rotary, the

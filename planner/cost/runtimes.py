@@ -31,7 +31,9 @@ from __future__ import annotations
 import functools
 from dataclasses import fields
 
-from planner.cost import runtime_titan
+from planner.cost import bridgesettings, runtime_titan
+from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
+from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES as _BRIDGE_SETTINGS_SOURCES
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
@@ -124,6 +126,7 @@ def _ckplan() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
             **_FLOAT8_NOT_READ,
+            **_BRIDGE_SETTINGS_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -151,7 +154,11 @@ def _megatron() -> RuntimeFacts:
         step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         deterministic_attention="cudnn", host_calls_per_block=5, megatron_step_replayed=True,
+        bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
+        te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
+        te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0),
         sources={
+            **_BRIDGE_SETTINGS_SOURCES,
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
                                    "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
                                    "pytorch/module/linear.py 1122-1136 at f8a01cd5, v2.16.0; Megatron's own linears "
@@ -252,8 +259,8 @@ def _megatron() -> RuntimeFacts:
                       f"forward, input-grad and weight-grad GEMMs in FP8 (transformer_engine/pytorch/module/"
                       f"linear.py 164-266, 312, 620-640, {_TE_V}); megatron/core/extensions/transformer_engine.py, "
                       f"{_MEGATRON_V}",
-            "float8_memory": f"not read: TE's float8 weight workspaces (linear.py 240-266, get_weight_workspace, "
-                             f"{_TE_V}) and its float8-saved inputs (linear.py 362-429) are not charged",
+            "float8_memory": "torchao's rule not applied: TE's FP8 weight copies and saved inputs are the record's "
+                             "te_weight_workspace_bytes, fp8_param_*, te_float8_saved_inputs (TE v2.9)",
             "async_tp_workspace": "not AsyncTP: Transformer Engine's userbuffers under --tp-comm-overlap are not read here",
             "tp_gathers_float8": "not read: Megatron-LM's TP saves the sequence shard (tp_saves_gathered_input)",
             "float8_saves_input": "not read: Transformer Engine's record saves the quantized input itself "
@@ -334,6 +341,7 @@ def _deepspeed() -> RuntimeFacts:
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
             "tp_overlap": "not in DeepSpeed",
             **_FLOAT8_NOT_READ,
+            **_BRIDGE_SETTINGS_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -402,6 +410,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
             "tp_overlap": "not read",
             **_FLOAT8_NOT_READ,
+            **_BRIDGE_SETTINGS_NOT_READ,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -446,7 +455,12 @@ def facts(runtime: str, version: str | None = None) -> RuntimeFacts:
 
 def of(training) -> RuntimeFacts:
     """The record for a setup's training part (its runtime and runtime_version)."""
-    return facts(training.runtime, getattr(training, "runtime_version", None))
+    return _of(training.runtime, getattr(training, "runtime_version", None), getattr(training, "grad_reduce_bf16", False))
+
+
+@functools.cache
+def _of(runtime: str, version: str | None, grad_reduce_bf16: bool) -> RuntimeFacts:
+    return bridgesettings.with_settings(facts(runtime, version), grad_reduce_bf16=grad_reduce_bf16)
 
 
 def fact_fields() -> list[str]:
@@ -454,9 +468,12 @@ def fact_fields() -> list[str]:
     return [f.name for f in fields(RuntimeFacts) if f.name not in ("name", "version", "sources")]
 
 
-def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool) -> LossRegion:
-    """The loss region the runtime runs: on vocab-parallel logits under TP; else compiled where the
+def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool = False) -> LossRegion:
+    """The loss region the runtime runs: Transformer Engine's fused cross-entropy where the setup asks for it
+    (te_fused) and the record reads it; on vocab-parallel logits under TP; else compiled where the
     setup compiles and the runtime compiles its loss; else the plain one."""
+    if te_fused and record.te_cross_entropy is not None:
+        return record.te_cross_entropy
     if tp > 1:
         return record.loss_vocab_parallel
     if compiled and record.loss_compiled is not None:
@@ -474,7 +491,7 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
                        "was not read (torchtitan's torchao and Megatron-LM's Transformer Engine are)")
     if training.fp8_all_gather and not training.float8:
         refused.append("the float8 all-gather (--fp8-all-gather) gathers Float8 linears' weights: give --float8 too")
-    elif training.fp8_all_gather and record.float8 != "torchao":
+    elif training.fp8_all_gather and record.float8 != "torchao" and not record.fp8_param_bytes:
         refused.append(f"the float8 all-gather (--fp8-all-gather) is modelled as FSDP2's under torchao (--runtime "
                        f"torchtitan); {training.runtime}'s float8 parameter gather was not read")
     if training.context_parallel > 1 and of(training).cp_comm is None:
@@ -484,6 +501,7 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
     if getattr(training, "cp_comm", None) is not None and training.context_parallel == 1:
         refused.append(f"--cp-comm {training.cp_comm} says how context-parallel ranks exchange K and V, and --cp is "
                        "1: give --cp N or drop --cp-comm")
+    refused += bridgesettings.refused(training, of(training))
     if training.chunked_cross_entropy:
         refused.append("chunked cross-entropy (--chunked-cross-entropy) is not modelled: the loss region is the "
                        "runtime's whole-logits one")

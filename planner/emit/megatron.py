@@ -82,8 +82,9 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     else:
         modules = ()
     scored = rounding.rescore(plan, profile, rounded)
-    cannot = CANNOT_EXPRESS + (["FP8 (scored with --float8): not written here; give --fp8-format hybrid "
-                                "--fp8-recipe tensorwise (or delayed)."] if plan.setup.training.float8 else [])
+    fp8_weights = " --fp8-param-gather (scored with --fp8-all-gather)" if plan.setup.training.fp8_all_gather else ""
+    cannot = CANNOT_EXPRESS + ([f"FP8 (scored with --float8): not written here; give --fp8-format hybrid "
+                                f"--fp8-recipe tensorwise (or delayed){fp8_weights}."] if plan.setup.training.float8 else [])
     header = rounding.header_lines(plan_file, TARGET, cannot, rounded, scored, plan_setup=plan.setup)
     text = rounding.comment(header) + "\n" + _arguments(rounded, roles, profile, 0 if modules else num, modules)
     return rounding.Export(TARGET, text, ".megatron.sh", rounded, scored, cannot)
@@ -450,7 +451,10 @@ def _test_settings(training) -> list[str]:
     (arguments.py 1528-1537, extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b)."""
     lines = [arg(flag) for flag, on in (("--no-gradient-accumulation-fusion", training.unfused_grad_accumulation),
                                         ("--log-params-norm", training.log_params_norm),
-                                        ("--log-num-zeros-in-grad", training.log_num_zeros_in_grad)) if on]
+                                        ("--log-num-zeros-in-grad", training.log_num_zeros_in_grad),
+                                        ("--grad-reduce-in-bf16", training.grad_reduce_bf16)) if on]
+    if training.te_cross_entropy:  # planner/cost/bridgesettings.py: Transformer Engine's fused loss
+        lines += [arg("--cross-entropy-loss-fusion"), arg("--cross-entropy-fusion-impl", "te")]
     if training.deterministic:
         lines += ["# --deterministic-mode needs NCCL_ALGO=Ring (or Tree) and NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 set",
                   arg("--deterministic-mode")]

@@ -161,6 +161,11 @@ class TrainingSetup(Strict):
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True at the launch (the allocator replay runs its rules);
     # None: as the runtime's own launch script sets it (its record's expandable_segments)
     expandable_segments: bool | None = None
+    # Megatron-LM's --grad-reduce-in-bf16: the gradient buffer in bf16 (the record's bf16_grad_bytes; refused where 0)
+    grad_reduce_bf16: bool = False
+    # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te: Transformer Engine's fused
+    # cross-entropy (the record's te_cross_entropy loss region; refused where None)
+    te_cross_entropy: bool = False
 
 
 class TimeConstants(Strict):

@@ -60,6 +60,8 @@ class JobSettings:
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
     deterministic: bool = False  # Megatron-LM's --deterministic-mode (its NaN fill; attention not charged)
+    grad_reduce_bf16: bool = False  # Megatron-LM's --grad-reduce-in-bf16
+    te_cross_entropy: bool = False  # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
     # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
     # dates itself; None: the newest read (Job.notes says which and why)
     runtime_version: str | None = None

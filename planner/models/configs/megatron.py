@@ -39,6 +39,7 @@ from planner.models.configs.megatron_flags import (
     TOKENIZER_VOCAB,
     yaml_extras,
 )
+from planner.models.configs.megatron_memflags import read_memory_settings
 
 
 def read(path: Path) -> Job:
@@ -424,6 +425,7 @@ def _settings(flags: Flags, job: Job) -> None:
         flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
                           "cuBLAS workspace after the step and times its fused kernels all the same")
     _float8(flags, job)
+    read_memory_settings(flags, job)  # --grad-reduce-in-bf16, --fp8-param-gather, TE's fused cross-entropy
     # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad
     flags.take("--accumulate-allreduce-grads-in-fp32", "gradients accumulated and reduced in fp32 (the runtime "
                "record's 4-byte main_grad)", bool)
@@ -471,13 +473,14 @@ def _test_settings(flags: Flags, job: Job) -> None:
 def _float8(flags: Flags, job: Job) -> None:
     """--fp8-format e4m3|hybrid with --fp8-recipe delayed (the default) or tensorwise
     (megatron/core/transformer/transformer_config.py 587-600 at d98e8a64ddf3): Transformer Engine's
-    layers run their GEMMs in FP8, timed as Float8 (--float8; the runtime record says its memory is
-    charged as bf16). mxfp8, blockwise and custom recipes, and --fp8-param-gather, stay listed."""
+    layers run their GEMMs in FP8, timed as Float8 (--float8; the runtime record's Transformer Engine facts
+    say what they keep: planner/cost/te_kept.py). mxfp8, blockwise and custom recipes stay listed; --fp8-param-gather is read after
+    (megatron_memflags.py)."""
     recipe = flags.given.get("--fp8-recipe", ["delayed"])
     if flags.given.get("--fp8-format") not in (["hybrid"], ["e4m3"]) or recipe not in (["delayed"], ["tensorwise"]):
         return
     flags.take("--fp8-format", "FP8 GEMMs through Transformer Engine: the blocks' linears timed in FP8 (--float8); "
-               "their memory charged as bf16")
+               "their inputs kept as TE saves them, their weights' FP8 copies charged (planner/cost/te_kept.py)")
     flags.take("--fp8-recipe", f"{recipe[0]} scaling: each cast's amax and scale charged with the cast")
     for flag in ("--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin"):
         flags.take(flag, "delayed scaling's amax history and margin: numerics, no bytes or time of their own")

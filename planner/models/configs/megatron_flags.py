@@ -108,7 +108,8 @@ NOT_MODELLED = {
     "--no-bias-gelu-fusion": "the GeLU and its bias as eager ops: timed as Megatron's fused bias-GeLU all the same "
                              "(the record's fused_kernels, planner/profiler/te_fused.py)",
     "--no-bias-swiglu-fusion": "SwiGLU as eager ops: timed as the fused bias-SwiGLU all the same (the record's "
-                               "fused_kernels)",
+                               "fused_kernels), and kept as it (its input alone: the eager ops keep SiLU's output "
+                               "too, planner/cost/te_kept.py)",
     "--no-rope-fusion": "rotary as eager ops: timed as TE's fused rotary all the same (the record's fused_kernels)",
     "--attention-softmax-in-fp32": "the unfused attention's softmax in fp32 (its scores are charged at 16 bits)",
     "--empty-unused-memory-level": "torch.cuda.empty_cache() calls during the step: lowers the reserved peak",
