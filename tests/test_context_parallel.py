@@ -187,12 +187,18 @@ def test_torchtitans_repeated_kv_heads_widen_what_its_ring_moves_and_holds():
 def test_torchs_ring_merge_and_fp32_gradients_by_hand():
     # cp 4, O 1 element (2 bytes), K with V 2 elements (4 bytes): the busiest rank runs 3 full merges
     ring = ExchangeCost(ranks=4, q_bytes=2, kv_bytes=4, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
-    # forward compiled: casts 6 + 6, 3 merges of 10 (read fp32 4 + bf16 2, write 4); the K/V concatenation 4 a K/V element
-    assert contextparallel.ring_bytes(ring, "forward", compiled=True) == 12 + 3 * 10 + 4 * 2
+    # compiled: inductor's count (COMPILED_RING_BYTES), per element of O, K and V over 3 (here 1): the forward
+    # 475/64 + 3 x 717/64 = 41.03125, inductor's CP 4 forward graph on its busiest rank (scripts/cp_ring_bytes.py)
+    assert contextparallel.ring_bytes(ring, "forward", compiled=True) == 41.03125
     # eager: each merge 38 (cast 6, out - block_out 12, x sigmoid 8, out - 12); .contiguous() 4 and 3 concatenations
     assert contextparallel.ring_bytes(ring, "forward", compiled=False) == 12 + 3 * 38 + (4 + 3 * 4) * 2
-    # backward compiled: dQ 6 + 3 x 10 + 6; dK/dV: concatenation 4, step 0's fp32 send buffer 6, 3 x (4 + 1 + 4), back 6
-    assert contextparallel.ring_bytes(ring, "backward", compiled=True) == (6 + 30 + 6) + (4 + 6 + 27 + 6) * 2
+    # backward compiled: the CP 4 backward graph's 224.3125 (the rerun forward's ring, then the backward's) less the forward
+    assert contextparallel.ring_bytes(ring, "backward", compiled=True) == 224.3125 - 41.03125
+    # per later step: forward 717/64, backward graph 4304/64 (CP 2 -> CP 4 adds two steps: 89.8125 -> 224.3125)
+    cp2 = ExchangeCost(ranks=2, q_bytes=2, kv_bytes=4, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
+    assert contextparallel.ring_bytes(cp2, "forward", compiled=True) == 18.625
+    assert contextparallel.ring_bytes(cp2, "forward", compiled=True) + \
+        contextparallel.ring_bytes(cp2, "backward", compiled=True) == 89.8125
     # eager: dQ zeros 4, += 10 x 4 steps, back 6; dK/dV zeros 4, .contiguous() 4, 3 concatenations 12,
     # step 0's += 10 and send 8, 3 x (half add 5 + whole 8 + send 8), back 6
     assert contextparallel.ring_bytes(ring, "backward", compiled=False) == (4 + 40 + 6) + (4 + 4 + 12 + 18 + 63 + 6) * 2
@@ -213,7 +219,7 @@ def test_the_rings_memory_bound_time_reads_the_profiles_rate_and_the_compile():
     assert contextparallel.ring_membound_ms(block, 0, profile, eager) == pytest.approx((fwd + bwd) / (rates["eager"] * 1e9))
     assert contextparallel.ring_membound_ms(block, 1, profile, eager) == \
         pytest.approx((2 * fwd + bwd) / (rates["eager"] * 1e9))  # the forward rerun
-    fwd, bwd = (12 + 30) * 10**9 + 4 * 2 * 10**9, 42 * 10**9 + 43 * 2 * 10**9
+    fwd, bwd = 41.03125 * 10**9, (224.3125 - 41.03125) * 10**9  # inductor's count a 1e9 O, K and V elements over 3
     assert contextparallel.ring_membound_ms(block, 0, profile, compiled) == pytest.approx((fwd + bwd) / (rates["fused"] * 1e9))
     # Transformer Engine's ring merges in its own kernels: nothing charged here
     assert contextparallel.ring_membound_ms(block, 0, profile, _cp_setup("megatron", 100.0)) == 0.0

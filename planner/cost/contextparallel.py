@@ -139,6 +139,19 @@ def exchange_ms(layer, option: int, setup: TrainSetup) -> float:
     return forward * (2 if option == 1 else 1) + pass_exposed_ms(exchange, "backward", kind, link, regather, waited)
 
 
+# What the compiled ring adds to the block's fused kernels, read off inductor itself (scripts/cp_ring_bytes.py: torch
+# 2.6.0's inductor on 9dec370's checkpointed, fullgraph-compiled block with and without context_parallel, LLaMA 3 8B's
+# head proportions at head dim 64, CP 2 and 4; inductor's own byte estimate per fused kernel, the busiest rank of each
+# graph): bytes per element of O, K and V as exchanged over 3 (O's elements where torchtitan's repeat_kv makes K and V
+# each as wide as Q, the one proportion counted), fixed and per later ring step. Forward graph: CP 2 18.625, CP 4
+# 41.03125 (rank 0, whose later steps all merge half its queries); backward graph (the rerun forward's ring, then the
+# backward's): CP 2 89.8125, CP 4 224.3125 (rank 2), of which the rerun's is charged as a forward (ring_membound_ms):
+# the backward is the graph's less the forward's. It moves less than the hand count in the forward (the step-0 casts
+# fuse into the merges, the K/V concatenation into repeat_kv's copy) and more in the backward (each in-place add into
+# a received fp32 dK/dV buffer is functionalised into a slice_scatter copy of it, and the sums are concatenated anew).
+COMPILED_RING_BYTES = {"forward": (475 / 64, 717 / 64), "backward": ((1444 - 475) / 64, (4304 - 717) / 64)}
+
+
 def ring_bytes(exchange, which: str, compiled: bool) -> float:
     """Bytes torch's all-gather ring moves around its attention calls in one pass on its busiest rank
     (rank cp - 1, whose every step after the first computes all its queries), beyond the kernels
@@ -160,15 +173,16 @@ def ring_bytes(exchange, which: str, compiled: bool) -> float:
       send (8); compiled, step 0 writes the fp32 send buffer from the bf16 gradients (6) and each
       later step reads the received buffer (4) and half a step's gradients (1) into the next (4), the
       K/V concatenation once (4); the last received dK/dV back to bf16 (646) 6.
-    The lse's own ops (a head's one float a token) are left out: 1 / head_dim of these."""
+    The lse's own ops (a head's one float a token) are left out: 1 / head_dim of these. The "compiled" counts
+    above were a hand count of what inductor would fuse; the compiled ring is charged inductor's own count
+    instead (COMPILED_RING_BYTES, on the busiest rank of each graph, lse included), the eager one by hand."""
     cp, o, kv = exchange.ranks, exchange.q_bytes / 2, exchange.kv_bytes / 2
     steps = cp - 1
-    if which == "forward":
-        if compiled:
-            return (12 + 10 * steps) * o + 4 * kv
-        return (12 + 38 * steps) * o + (4 + 4 * steps) * kv
     if compiled:
-        return (12 + 10 * steps) * o + (4 + 6 + 9 * steps + 6) * kv
+        fixed, per_step = COMPILED_RING_BYTES[which]
+        return (fixed + per_step * steps) * (o + kv) / 3
+    if which == "forward":
+        return (12 + 38 * steps) * o + (4 + 4 * steps) * kv
     return (4 + 10 + 10 * steps + 6) * o + (4 + 4 + 4 * steps + 10 + 8 + 21 * steps + 6) * kv
 
 
