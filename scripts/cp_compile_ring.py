@@ -152,21 +152,40 @@ class Model(nn.Module):
         return x
 
 
+def ring_ranks(tokens: int):
+    """(rank, world, mesh, model): gloo ranks on one CP mesh and this file's model of `tokens` a rank,
+    its layers in bf16 (the rotary table stays complex64, as torchtitan's); set the module's sizes first."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+    torch.manual_seed(0)
+    model = Model(tokens * world)
+    model.layers.to(torch.bfloat16)
+    return rank, world, mesh, model
+
+
+def train_step(model, mesh, x, labels, *, cp: bool = True) -> None:
+    """One step under 9dec370's utils.get_train_context: flash or efficient attention, a fresh
+    context_parallel over the inputs and the rotary table (unless not `cp`)."""
+    from torch.distributed.tensor.experimental import context_parallel
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]))
+        if cp:
+            stack.enter_context(context_parallel(mesh, buffers=[x, labels, model.freqs_cis],
+                                                 buffer_seq_dims=[1, 1, 0], no_restore_buffers={x, labels}))
+        F.mse_loss(model(x), labels).backward()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-cp", action="store_true", help="no context_parallel (the CP 1 rows)")
     parser.add_argument("--tokens", type=int, default=1024, help="tokens a rank")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
-    torch.manual_seed(0)
+    rank, world, mesh, model = ring_ranks(args.tokens)
     seq = args.tokens * world
-    model = Model(seq)
-    model.layers.to(torch.bfloat16)  # the rotary table stays complex64, as torchtitan's
     backend = aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))
     for name, block in list(model.layers.named_children()):  # 9dec370's apply_ac, then apply_compile
         block = torch.compile(checkpoint_wrapper(block, preserve_rng_state=False), fullgraph=True, backend=backend)
@@ -174,12 +193,7 @@ def main():
     set_rotate_method("allgather")  # 9dec370's default (config_manager.py)
     for _ in range(args.steps):
         x, labels = (torch.randn(1, seq, DIM, dtype=torch.bfloat16) for _ in range(2))
-        with contextlib.ExitStack() as stack:  # 9dec370's utils.get_train_context
-            stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]))
-            if not args.no_cp:
-                stack.enter_context(context_parallel(mesh, buffers=[x, labels, model.freqs_cis],
-                                                     buffer_seq_dims=[1, 1, 0], no_restore_buffers={x, labels}))
-            F.mse_loss(model(x), labels).backward()
+        train_step(model, mesh, x, labels, cp=not args.no_cp)
     shown = ("c10d", "flash", "run_with_rng", "run_and_save")
     for r in range(world):
         if r == rank and r in (0, world - 1):

@@ -16,7 +16,6 @@ wheel (the release nearest the runs' torch 1963fc8):
     PYTHONPATH=. torchrun --nproc-per-node N scripts/cp_ring_bytes.py [--tokens T]
 """
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -25,10 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cp_compile_ring as block_def  # noqa: E402  (registers CPU kernels for the CUDA flash ops, patches F.sdpa)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from planner.cost import contextparallel  # noqa: E402
 from planner.cost.layers import ExchangeCost  # noqa: E402
@@ -78,15 +74,9 @@ def main():
     args = parser.parse_args()
     block_def.HEADS, block_def.KV_HEADS, block_def.LAYERS = 32, 8, 1
     block_def.HEAD_DIM, block_def.DIM = args.head_dim, 32 * args.head_dim
-    from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
-    torch.manual_seed(0)
+    rank, world, mesh, model = block_def.ring_ranks(args.tokens)
     seq = args.tokens * world
-    model = block_def.Model(seq)
-    model.layers.to(torch.bfloat16)
     set_rotate_method("allgather")
     x, labels = (torch.randn(1, seq, block_def.DIM, dtype=torch.bfloat16) for _ in range(2))
     if args.kernels:
@@ -95,12 +85,7 @@ def main():
         for name, block in list(model.layers.named_children()):  # 9dec370's apply_ac, then apply_compile
             model.layers.register_module(name, torch.compile(checkpoint_wrapper(block, preserve_rng_state=False),
                                                              fullgraph=True))
-        with contextlib.ExitStack() as stack:  # 9dec370's utils.get_train_context
-            stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]))
-            if not args.no_cp:
-                stack.enter_context(context_parallel(mesh, buffers=[x, labels, model.freqs_cis],
-                                                     buffer_seq_dims=[1, 1, 0], no_restore_buffers={x, labels}))
-            F.mse_loss(model(x), labels).backward()
+        block_def.train_step(model, mesh, x, labels, cp=not args.no_cp)
     measured = [memory_bound_bytes(kernels) for kernels in graphs]
     kernels = [sum(k.memory_bound for k in g) for g in graphs]
     for r in range(world):

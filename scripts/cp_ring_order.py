@@ -21,7 +21,6 @@ wheel (the release nearest the runs' torch 1963fc8):
     torchrun --nproc-per-node N scripts/cp_ring_order.py [--tokens T] 2>/dev/null   (stderr: inductor's code log)
 """
 import argparse
-import contextlib
 import logging
 import os
 import re
@@ -31,10 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cp_compile_ring as block_def  # noqa: E402  (registers CPU kernels for the CUDA flash ops, patches F.sdpa)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 CODES = []
 
@@ -74,25 +70,15 @@ def main():
     torch._logging.set_logs(output_code=True)
     import torch._inductor.graph as inductor_graph
     inductor_graph.output_code_log.addHandler(_Capture())  # torch._inductor.codecache.__output_code in 2.6.0
-    from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
-    torch.manual_seed(0)
+    rank, world, mesh, model = block_def.ring_ranks(args.tokens)
     seq = args.tokens * world
-    model = block_def.Model(seq)
-    model.layers.to(torch.bfloat16)
     for name, block in list(model.layers.named_children()):  # 9dec370's apply_ac, then apply_compile
         model.layers.register_module(name, torch.compile(checkpoint_wrapper(block, preserve_rng_state=False),
                                                          fullgraph=True))
     set_rotate_method("allgather")
     x, labels = (torch.randn(1, seq, block_def.DIM, dtype=torch.bfloat16) for _ in range(2))
-    with contextlib.ExitStack() as stack:  # 9dec370's utils.get_train_context
-        stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]))
-        stack.enter_context(context_parallel(mesh, buffers=[x, labels, model.freqs_cis],
-                                             buffer_seq_dims=[1, 1, 0], no_restore_buffers={x, labels}))
-        F.mse_loss(model(x), labels).backward()
+    block_def.train_step(model, mesh, x, labels)
     graphs = [calls(code) for code in CODES if "def call(args):" in code]
     for r in range(world):
         if r == rank:
