@@ -246,7 +246,7 @@ def tied_profile(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("tied_profile")  # one worker profiles it once for both
+@pytest.mark.xdist_group("tied_profile")  # one worker profiles it once for the four tests that read it
 @pytest.mark.parametrize("schedule", ["interleaved-1F1B", "ZBV"])
 def test_a_chunked_plan_runs_like_one_process_at_its_predicted_peaks(tmp_path, tied_profile, schedule):
     """Solve on 2 ranks x 2 chunks under a cap that makes the solver recompute, launch it on
@@ -315,6 +315,7 @@ def test_validate_refuses_a_chunked_plan_in_one_sentence(tmp_path):
     assert "runs ZBV (2 stages a rank)" in result.output and "ckplan launch" in result.output
 
 
+@pytest.mark.xdist_group("tied_profile")
 @pytest.mark.parametrize("names, last", [(["blocks.1", "blocks.2", "blocks.3"], False),
                                          (["blocks.3", "head"], True)])
 def test_a_split_input_pass_peaks_as_torch_runs_it_over_several_layers(tied_profile, names, last):
