@@ -13,7 +13,7 @@ from fixtures.cli import run_ok
 
 from planner import io
 from planner.cli import cli
-from planner.cost import costmodel, dataparallel
+from planner.cost import costmodel, dataparallel, links
 from planner.models.synthetic import layer, profile_of
 from planner.schema import TrainSetup
 from planner.solve import search
@@ -341,13 +341,13 @@ def gpu_profile(tp: int):
 def test_default_links_follow_the_node_boundary():
     # H100 SXM, 8 GPUs a node. tp 1: a shard group of 8 stays in the node (NVLink 450 GB/s one way),
     # 16 replicas' all-reduce crosses nodes (400 Gb/s = 50 GB/s per GPU); host PCIe Gen5 64 GB/s
-    links = dataparallel.default_links(gpu_profile(1), stages=4, dp=16, shard_group=8)
-    assert (links.shard_gb_per_s, links.replica_gb_per_s, links.host_gb_per_s) == (450.0, 50.0, 64.0)
-    assert links.devices_per_node == 8
+    chosen = links.default_links(gpu_profile(1), stages=4, dp=16, shard_group=8)
+    assert (chosen.shard_gb_per_s, chosen.replica_gb_per_s, chosen.host_gb_per_s) == (450.0, 50.0, 64.0)
+    assert chosen.devices_per_node == 8
     # tp 8 fills the node: every data-parallel group crosses nodes
-    links = dataparallel.default_links(gpu_profile(8), stages=4, dp=8, shard_group=2)
-    assert (links.shard_gb_per_s, links.replica_gb_per_s) == (50.0, 50.0)
-    assert "h100-sxm" in links.notes[0]
+    chosen = links.default_links(gpu_profile(8), stages=4, dp=8, shard_group=2)
+    assert (chosen.shard_gb_per_s, chosen.replica_gb_per_s) == (50.0, 50.0)
+    assert "h100-sxm" in chosen.notes[0]
 
 
 def test_defaults_are_recorded_in_the_setup_and_options_override_them():

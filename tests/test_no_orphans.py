@@ -74,9 +74,11 @@ def _reached(phase: tuple, tmp: Path):
     return reached
 
 
-def kill_at(args: list[str], *, phase, sig: int, cwd: Path, env: dict | None = None, limit_s: float = 120.0):
+def kill_at(args: list[str], *, phase, sig: int, cwd: Path, env: dict | None = None, limit_s: float = 300.0):
     """Start `ckplan ARGS`, kill it by `sig` when it reaches `phase` (_after), and return the
-    processes it started that are still alive GRACE_S later (they are killed after)."""
+    processes it started that are still alive GRACE_S later (they are killed after). `limit_s`
+    guards a ckplan that never gets there, not its speed: on a loaded machine (load 22 on 2
+    cores) calibrate took over 120 s to start its send benchmark."""
     mark = uuid.uuid4().hex
     tmp = cwd / f"tmp-{mark}"
     tmp.mkdir()
@@ -115,7 +117,8 @@ def kill_at(args: list[str], *, phase, sig: int, cwd: Path, env: dict | None = N
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
     """rt_tiny.py profiled (measured) and solved into two stages: a plan launch, compare and
-    calibrate run."""
+    calibrate run. A second or so in this process, so the tests that read it are not held on
+    one xdist worker (an xdist_group): a worker that runs some of them makes its own."""
     tmp = tmp_path_factory.mktemp("orphans")
     model = tmp / "rt_tiny.py"
     model.write_text((FIXTURES / "rt_tiny.py").read_text())
@@ -166,7 +169,6 @@ def test_profile_leaves_no_copy_of_the_model_running(tmp_path, sig, phase):
 HANG = {"RT_FAULT": "hang"}  # the ranks stay in their forward until killed: every phase is reachable
 
 
-@pytest.mark.xdist_group("orphans_plan")  # one worker profiles and solves `plan` once for them all
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("phase", [
     pytest.param(_after(0.5, None), id="checking"),
@@ -179,7 +181,6 @@ def test_launch_leaves_no_rank_running(plan, sig, phase):
     assert left == {}
 
 
-@pytest.mark.xdist_group("orphans_plan")
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("phase", [
     pytest.param(_after(0.5, None), id="checking"),
@@ -192,15 +193,17 @@ def test_compare_leaves_no_rank_running(plan, sig, phase):
     assert left == {}
 
 
-@pytest.mark.xdist_group("orphans_plan")
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("phase", [
     pytest.param(_after(0.5, None), id="checking"),
     pytest.param(_after(0.0, SENDS), id="sends-starting"),
     pytest.param(_after(3.0, SENDS), id="sends-timed"),
-    pytest.param(TRAINING, id="ranks-training"),
 ])
 def test_calibrate_leaves_no_process_running(plan, sig, phase):
+    """calibrate's own processes: its send benchmark's two ranks (commbench.measure_sends). They
+    have ended before its pipeline run starts, and that run is launch's run_plan with a fork
+    server of its own: calibrate killed while its ranks train is launch killed while its ranks
+    train (test_launch_leaves_no_rank_running[ranks-training-*])."""
     left = kill_at(["calibrate", "plan.yaml", "--steps", "1", "--warmup-steps", "0", "--out", "cal.json"],
                    phase=phase, sig=sig, cwd=plan, env=HANG)
     assert left == {}

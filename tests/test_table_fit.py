@@ -54,6 +54,7 @@ def llm_plan(tmp_path_factory):
     return folder / "plan.yaml"
 
 
+@pytest.mark.xdist_group("llm_plan")  # one worker profiles and solves the 70B plan once for both
 @pytest.mark.parametrize("width", [80, 120])
 def test_an_llm_plan_and_its_export_keep_every_column_at(llm_plan, tmp_path, monkeypatch, width):
     monkeypatch.setattr(console.console, "width", width)

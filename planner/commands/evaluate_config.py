@@ -238,7 +238,7 @@ def _with_settings(options, job):
 
 
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):
-    """--gpus-per-node: each group's link as dataparallel.default_links chooses it (in-node where
+    """--gpus-per-node: each group's link as links.default_links chooses it (in-node where
     the group's ranks x TP fit in a node, else the network), for this node size, and the node size the
     pipeline's sends and the tensor-parallel collectives are placed by (comm_setup). Under context
     parallelism the data-parallel groups take their replicas' cp ranks too (build_setup's dp x cp)."""

@@ -342,7 +342,7 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
               activations_offloadable: bool = True) -> dict:
     """TrainSetup's data-parallel fields from the options, the bandwidths defaulted from the
     profile's GPU (and said), the host step speed from the profile's measurement."""
-    from planner.cost import dataparallel
+    from planner.cost.links import default_links
 
     dp, zero, shard_group, ep, host_mem = options.dp, options.zero, options.shard_group, options.ep, options.host_mem
     offload_optimizer, ep_bandwidth, host_step_ns = options.offload_optimizer, options.ep_bandwidth, options.host_step_ns
@@ -361,8 +361,8 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
                         "--host-mem")
     if dp == 1 and not offload_optimizer and host_mem is None:
         return fields
-    links = dataparallel.default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep,
-                                       gpus_per_node=options.gpus_per_node)
+    links = default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep,
+                          gpus_per_node=options.gpus_per_node)
     given = (shard_bandwidth, replica_bandwidth, host_bandwidth) + ((ep_bandwidth,) if ep > 1 else ())
     notes = list(links.notes) if None in given else []
     fields.update(shard_gb_per_s=shard_bandwidth or links.shard_gb_per_s,

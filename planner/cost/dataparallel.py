@@ -419,56 +419,6 @@ def step_term_ms(param_count: int, step_ms: float, setup: TrainSetup, *, fwd_ms:
 
 # ---------------------------------------------------------------- defaults and checks
 
-# gloo over loopback between processes of one machine: a rough figure, not a measurement;
-# pass --shard-bandwidth / --replica-bandwidth to use one
-CPU_GLOO_GB_PER_S = 2.0
-
-
-@dataclass(frozen=True)
-class Links:
-    """Bandwidths (GB/s per rank) and node size for a setup, with where they came from."""
-
-    shard_gb_per_s: float
-    replica_gb_per_s: float
-    host_gb_per_s: float | None  # None: the host is the device (cpu), copies are free
-    devices_per_node: int
-    notes: list[str]
-    ep_gb_per_s: float | None = None  # the tokens' all-to-all in an expert-parallel group; None: no ep
-
-
-def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, ep: int = 1,
-                  gpus_per_node: int | None = None) -> Links:
-    """The profile's GPU's links (analytic profiles name their GPU; a measured cuda profile is
-    matched by name) or, on cpu, gloo on one machine. Ranks are placed tensor-parallel
-    innermost, then the expert-parallel group (Megatron-LM's order: tp, ep, then the expert
-    data-parallel ranks), then the shard group, then the replicas: a group whose ranks x tp fit
-    in one node communicates over the node's link, a wider one over the network (an
-    expert-parallel group past a node: every token copy charged at the network's bandwidth, an
-    upper bound, as the node's own peers are reached over its faster link)."""
-    if profile.device.type == "cpu":
-        note = (f"data-parallel reductions at {CPU_GLOO_GB_PER_S:g} GB/s (gloo between processes of this "
-                "machine: a rough figure); no host copies (the host is the device)")
-        return Links(CPU_GLOO_GB_PER_S, CPU_GLOO_GB_PER_S, None, stages * dp, [note],
-                     CPU_GLOO_GB_PER_S if ep > 1 else None)
-    gpu = profile_gpu(profile)
-    tp = int(profile.assumptions.get("tp", 1))
-    node = gpus_per_node or gpu.gpus_per_node  # --gpus-per-node, else the GPU's reference system
-
-    def link(ranks: int) -> tuple[float, str]:
-        inside = ranks * tp <= node
-        return ((gpu.node_link_gb_per_s, "in-node link") if inside else (gpu.network_gb_per_s, "network"))
-
-    shard, shard_where = link(shard_group)
-    replica, replica_where = link(dp)
-    experts, experts_where = link(ep)
-    note = (f"{gpu.name}, {node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
-            f"({shard_where}), replicas at {replica:g} GB/s ({replica_where}), host copies at "
-            f"{gpu.host_link_gb_per_s:g} GB/s (PCIe)"
-            + (f", the experts' all-to-all over ep {ep} at {experts:g} GB/s ({experts_where})" if ep > 1 else "")
-            + f"; {gpu.link_source}")
-    return Links(shard, replica, gpu.host_link_gb_per_s, node, [note], experts if ep > 1 else None)
-
-
 def profile_gpu(profile: Profile):
     """The GPU spec a cuda profile was made for (analytic: recorded; measured: by name)."""
     from planner.models import archs

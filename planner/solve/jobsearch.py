@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from planner.cost import dataparallel
+from planner.cost import dataparallel, links
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
 from planner.solve import search
@@ -119,14 +119,14 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
 
 
 def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
-    """dataparallel.default_links' rule with the job's node size: a group whose ranks x tp fit
+    """links.default_links' rule with the job's node size: a group whose ranks x tp fit
     in a node reduces over the node's link, a wider one over the network."""
     if profile.device.type != "cuda":
-        links = dataparallel.default_links(profile, stages=degrees.pp, dp=degrees.dp,
-                                           shard_group=degrees.shard_group or degrees.dp, ep=degrees.ep)
-        return dict(shard_gb_per_s=links.shard_gb_per_s, replica_gb_per_s=links.replica_gb_per_s,
-                    host_gb_per_s=links.host_gb_per_s, devices_per_node=links.devices_per_node,
-                    ep_gb_per_s=links.ep_gb_per_s, dp_notes=links.notes)
+        chosen = links.default_links(profile, stages=degrees.pp, dp=degrees.dp,
+                                     shard_group=degrees.shard_group or degrees.dp, ep=degrees.ep)
+        return dict(shard_gb_per_s=chosen.shard_gb_per_s, replica_gb_per_s=chosen.replica_gb_per_s,
+                    host_gb_per_s=chosen.host_gb_per_s, devices_per_node=chosen.devices_per_node,
+                    ep_gb_per_s=chosen.ep_gb_per_s, dp_notes=chosen.notes)
     gpu = dataparallel.profile_gpu(profile)
 
     def link(ranks: int) -> float:
