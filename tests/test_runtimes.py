@@ -53,7 +53,7 @@ def test_no_cost_function_tests_a_runtime_name():
     `.runtime` (a term reads the record instead)."""
     offenders = []
     for path in COST.glob("*.py"):
-        if path.name in ("runtimes.py", "runtime_titan.py"):  # the records
+        if path.name in ("runtimes.py", "runtime_titan.py", "runtime_megatron.py"):  # the records
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in NAMES:

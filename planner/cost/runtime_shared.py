@@ -96,3 +96,5 @@ RS_INPUT_DROPPED = ("torch since pytorch#144535 (2025-01-10) calls the root's _r
                      f"1188-1191, {TORCH_V})")
 
 TORCHAO_V = "torchao v0.11.0 (f34b473e)"
+
+NO_FSDP2_PIPELINE = "no FSDP2 beside a torch pipelining stage: its own data parallelism reduces its gradients"

@@ -7,7 +7,7 @@ read from (`sources`), as megatron-core's TransformerConfig documents each field
 framework's behaviour changed across versions (torchtitan's loss, compiled since bbb1b616; the
 transformers loss ColossalAI's Hugging Face models run), the version is the setup's
 `training.runtime_version` (--runtime-version), defaulting to the newest read here.
-torchtitan's record, one per version, is planner/cost/runtime_titan.py; the facts of torch itself
+torchtitan's record, one per version, is planner/cost/runtime_titan.py, Megatron-LM's planner/cost/runtime_megatron.py; the facts of torch itself
 that the records share (its pipelining, FSDP2 beside it, the compiled loss) planner/cost/runtime_shared.py.
 
 Versions read (docs/framework-facts.md): Megatron-LM d98e8a64 (2026-08-22); torchtitan 9dec370
@@ -31,9 +31,8 @@ from __future__ import annotations
 import functools
 from dataclasses import fields
 
-from planner.cost import bridgesettings, runtime_titan
+from planner.cost import bridgesettings, runtime_megatron, runtime_titan
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
-from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES as _BRIDGE_SETTINGS_SOURCES
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
@@ -44,27 +43,21 @@ from planner.cost.runtime_shared import (
     TORCH_PIPELINING_SOURCES,
     TORCH_V,
 )
+from planner.cost.runtime_shared import NO_FSDP2_PIPELINE as _NO_FSDP2_PIPELINE
 from planner.errors import UserError
 
-_MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
 _DS_V = "DeepSpeed edaa7221 (2026-08-22)"
 _CAI_V = "ColossalAI 4f9953be; LLaMA-2 benchmark 068372a7"
 
 
-_NO_FSDP2_PIPELINE = "no FSDP2 beside a torch pipelining stage: its own data parallelism reduces its gradients"
 
 _FLOAT8_NOT_READ = {"float8": "not read: the runtime's Float8 (if any) is refused",
                     "float8_memory": "not read: the runtime's Float8 (if any) is refused"}
-_TE_V = "TransformerEngine v2.9"
 _NO_MODEL_COMPILE = {
     "ckplan": ("each stage's layers eager, as the model file builds them",
                "planner/runtime (stagemodule.py, worker.py, recompute.py): the stages run the model file's modules as "
                "built; nothing in planner/runtime calls torch.compile"),
-    "megatron": ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise functions "
-                 "of its jit_fuser)",
-                 f"megatron/training/arguments.py: no argument torch.compiles the model; megatron/core/jit.py 16-33 "
-                 f"(jit_fuser = torch.compile on torch >= 2.2) decorates only fused elementwise functions "
-                 f"(megatron/core/activations.py, megatron/core/fusions/fused_bias_*.py), {_MEGATRON_V}"),
+    "megatron": runtime_megatron.NO_MODEL_COMPILE,
     "deepspeed": ("the model eager (its config compiles nothing; torch.compile runs only where the training script "
                   "calls engine.compile())",
                   f"deepspeed/runtime/engine.py 5706-5756 (compile(): self.module.compile, run only when the script "
@@ -136,157 +129,6 @@ def _ckplan() -> RuntimeFacts:
             "cp_compiled_waits_at_issue": "planner/runtime runs no context parallelism (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
-        })
-
-
-def _megatron() -> RuntimeFacts:
-    return RuntimeFacts(
-        name="megatron", version=_MEGATRON_V,
-        grad_bytes=4, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
-        adam_step_scratch=False,
-        loss=LossRegion(kept_x=2.0, peak_x=3.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=3.0),
-        loss_compiled=None, tp_saves_gathered_input=False,
-        compiles_model=False, runs_instead=_NO_MODEL_COMPILE["megatron"][0],
-        stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
-        frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
-        recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
-        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
-        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
-        fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
-        deterministic_attention="cudnn", host_calls_per_block=5, megatron_step_replayed=True,
-        bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
-        te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
-        te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0),
-        sources={
-            **_BRIDGE_SETTINGS_SOURCES,
-            "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
-                                   "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
-                                   "pytorch/module/linear.py 1122-1136 at f8a01cd5, v2.16.0; Megatron's own linears "
-                                   "wgrad_gemm_accum_fp32, megatron/core/tensor_parallel/layers.py 596-600); "
-                                   "--no-gradient-accumulation-fusion (arguments.py 2591-2595; transformer_engine.py "
-                                   "901, 1117 pass it as fuse_wgrad_accumulation): the GEMM writes a bf16 gradient "
-                                   "(linear.py 1122-1136; layers.py 643) and the DDP hook on its AccumulateGrad adds it "
-                                   "into main_grad and drops it (distributed_data_parallel.py 371-372, 466-470): read "
-                                   "2 + 4, write 4 in a kernel of its own, 2 + 10 = 12 B against 8: +4 B a weight a "
-                                   "microbatch, Megatron-LM 6e091e1b",
-            "fills_te_outputs": "--deterministic-mode calls torch.use_deterministic_algorithms(True) (megatron/training/"
-                                  "arguments.py 1528-1537, Megatron-LM 6e091e1b), whose fill_uninitialized_memory "
-                                  "(default True; torch docs, torch.utils.deterministic) writes NaN into every "
-                                  "aten::empty (seen here on torch 2.13.0, git cf30153c); TE allocates its GEMM "
-                                  "outputs (transformer_engine/pytorch/csrc/extensions/gemm.cpp 178-180 -> "
-                                  "quantizer.cpp 162), its norms' outputs and input gradients (normalization.cpp "
-                                  "23-25, 140, 224-225, 377) and attention's output and dQ, dK, dV (attention.cpp "
-                                  "156-157, 376-450) through at::empty / torch::empty, TE f8a01cd5, v2.16.0",
-            "host_calls_per_block": "the TE layer spec's dense block: linear_qkv (TELayerNormColumnParallelLinear), "
-                                    "core_attention (TEDotProductAttention), linear_proj (TERowParallelLinear), "
-                                    "linear_fc1, linear_fc2 (megatron/core/models/gpt/gpt_layer_specs.py 140-160, "
-                                    "Megatron-LM 6e091e1b): five TE module forwards",
-            "deterministic_attention": "--deterministic-mode asks for NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (megatron/core/"
-                                       "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b); TE then keeps "
-                                       "FusedAttention's F16_arbitrary_seqlen backend on sm90+ (drops it below: "
-                                       "dot_product_attention/utils.py 1344-1356) and sets cuDNN's "
-                                       "set_deterministic_algorithm (fused_attn_f16_arbitrary_seqlen.cu 824-826), TE "
-                                       "f8a01cd5, v2.16.0",
-            "logged_read_shard_bytes": "--log-params-norm: calc_params_l2_norm every iteration (training.py 3653-3654) "
-                                       "over each parameter's main_param, the fp32 shard the distributed optimizer "
-                                       "sets (megatron/training/utils/common_utils.py 51-151; distrib_optimizer.py "
-                                       "434-435), multi_tensor_l2norm: 4 B; --log-num-zeros-in-grad: count_zeros in "
-                                       "every step (optimizer.py 1014) over the shard's fp32 main grads "
-                                       "(count_zeros_fp32, clip_grads.py 199-260; distrib_optimizer.py 2697): 4 B, "
-                                       "Megatron-LM 6e091e1b",
-            "fused_kernels": f"megatron/core/models/gpt/gpt_layer_specs.py (TELayerNormColumnParallelLinear: the norm "
-                             f"inside linear_qkv / linear_fc1), megatron/core/fusions/fused_bias_swiglu.py, "
-                             f"fused_bias_gelu.py (jit_fuser = torch.compile, megatron/core/jit.py), Megatron-LM "
-                             f"6e091e1b; rope_utils.py 21 (TE's fused rotary under apply_rope_fusion), {_MEGATRON_V}; "
-                             f"TE layernorm_linear.py 208, 955-966, {_TE_V} (planner/profiler/te_fused.py)",
-            "cp_comm": f"megatron/training/arguments.py 3221 (--cp-comm-type default p2p); megatron/core/extensions/"
-                       f"transformer_engine.py 2141-2153 (passed to TE), {_MEGATRON_V}; Transformer Engine "
-                       "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py "
-                       "AttnFuncWithCPAndKVP2P 1356-2150 (forward), 2340-2420 (backward buffers), d0067d0d (2026-08-22)",
-            "cp_repeats_kv": f"megatron/core/extensions/transformer_engine.py 2092 (TEDotProductAttention passes "
-                             f"num_gqa_groups: K and V reach TE's attention, and its ring, at their query groups' "
-                             f"heads); the repeat_interleave of dot_product_attention.py 169-175 is Megatron's unfused "
-                             f"attention only, {_MEGATRON_V}",
-            "cp_compiled_waits_at_issue": "Transformer Engine's ring runs in its own autograd functions on its own "
-                                          "streams (context_parallel.py, d0067d0d), not traced by a compile: its "
-                                          "p2p model holds",
-            "step_replayed": "ckplan's step replay does not order Megatron-LM's: its own replay does (megatron_step_replayed)",
-            "megatron_step_replayed": f"planner/cost/reserve_megatron.py: megatron/core/distributed/param_and_grad_buffer.py "
-                                      f"1181-1194, 1304-1310; optimizer/distrib_optimizer.py 445; optimizer/optimizer.py "
-                                      f"1012; pipeline_parallel/schedules.py 171-201, 506, 539-599, 814-860, 2277-2475; "
-                                      f"p2p_communication.py 335-349; tensor_parallel/cross_entropy.py 25, 62, 77, 181, "
-                                      f"{_MEGATRON_V}; TransformerEngine transformer_engine/pytorch/optimizers/"
-                                      f"fused_adam.py 452-460, 616, 4329ff84 (docs/framework-facts.md §43); the layers' "
-                                      f"own allocations are the profile's records, not Transformer Engine's kernels'",
-            "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
-            "expandable_segments": "not read from its launch scripts: its replay runs the default segments unless --expandable-segments says otherwise",
-            "expandable_segments_across_nodes": "not read from its launch scripts",
-            "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
-            "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {_MEGATRON_V})",
-            "multi_schedule_lockstep": f"not torch's pipelining: megatron/core/pipeline_parallel/schedules.py, {_MEGATRON_V}",
-            "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {_MEGATRON_V}",
-            "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
-                          f"megatron/training/arguments.py 1204-1217 (bf16 forces fp32 accumulation), {_MEGATRON_V}",
-            "shard_weight_bytes": f"megatron/core/distributed/param_and_grad_buffer.py (bf16 param buffer), {_MEGATRON_V}",
-            "master_bytes": f"megatron/core/optimizer/distrib_optimizer.py (fp32 main params), {_MEGATRON_V}",
-            "zero1_whole_tensors": f"megatron/core/optimizer/distrib_optimizer.py 200-243 (even flat bucket ranges), {_MEGATRON_V}",
-            "zero_as_fsdp2": "Megatron-LM's DDP and distributed optimizer",
-            "fsdp_units": "Megatron-LM's ZeRO is its distributed optimizer and Megatron-FSDP, not read as units: the largest-layer term kept",
-            "fsdp_gathered_from_forward": "not read (the largest-layer term)",
-            "adam_step_scratch": f"megatron/core/optimizer/__init__.py 14-20 (TE / apex FusedAdam), {_MEGATRON_V}",
-            "loss": f"megatron/core/tensor_parallel/cross_entropy.py 20-26, 61-79, 139-185 (in-place exp, div; "
-                    f"saves the fp32 softmax), {_MEGATRON_V}; {MEMTRACKER}: kept 2.00, peak 2.97",
-            "loss_vocab_parallel": "as loss (the same function over the vocab shard)",
-            "loss_compiled": "Megatron-LM does not torch.compile the loss",
-            "compiles_model": _NO_MODEL_COMPILE["megatron"][1],
-            "runs_instead": _NO_MODEL_COMPILE["megatron"][1],
-            "tp_saves_gathered_input": f"megatron/core/tensor_parallel/layers.py 604, 627-631, 667-682 "
-                                       f"(saves the sharded input, re-gathers in backward), {_MEGATRON_V}",
-            "stage_input_in_receive_buffer": f"megatron/core/pipeline_parallel/schedules.py (fresh input tensors), {_MEGATRON_V}",
-            "input_receive_buffers": f"megatron/core/pipeline_parallel/schedules.py, {_MEGATRON_V}",
-            "output_grad_buffers_per_microbatch": f"megatron/core/pipeline_parallel/schedules.py, {_MEGATRON_V}",
-            "frees_sent_output": f"megatron/core/pipeline_parallel/schedules.py 171-190 (deallocate_output_tensor), {_MEGATRON_V}",
-            "batch_held": f"megatron/core/pipeline_parallel/schedules.py (a microbatch per forward), {_MEGATRON_V}",
-            "sends_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py, {_MEGATRON_V}",
-            "outputs_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py 328-350 (the last stage keeps "
-                                        f"each microbatch's reduced loss, not its output), 171-190 (sent outputs "
-                                        f"deallocated), {_MEGATRON_V}",
-            "recompute_whole_forward": f"megatron/core/tensor_parallel/random.py CheckpointFunction, {_MEGATRON_V}",
-            "overlaps_grad_reduce": f"--overlap-grad-reduce, megatron/core/distributed/distributed_data_parallel.py, {_MEGATRON_V}",
-            "prefetches_zero3_gathers": f"--overlap-param-gather, {_MEGATRON_V}",
-            "tp_overlap": f"--tp-comm-overlap (Transformer Engine userbuffers), {_MEGATRON_V}",
-            "float8": f"--fp8-format hybrid with --fp8-recipe tensorwise|delayed: Transformer Engine's Linear runs the "
-                      f"forward, input-grad and weight-grad GEMMs in FP8 (transformer_engine/pytorch/module/"
-                      f"linear.py 164-266, 312, 620-640, {_TE_V}); megatron/core/extensions/transformer_engine.py, "
-                      f"{_MEGATRON_V}",
-            "float8_memory": "torchao's rule not applied: TE's FP8 weight copies and saved inputs are the record's "
-                             "te_weight_workspace_bytes, fp8_param_*, te_float8_saved_inputs (TE v2.9)",
-            "async_tp_workspace": "not AsyncTP: Transformer Engine's userbuffers under --tp-comm-overlap are not read here",
-            "tp_gathers_float8": "not read: Megatron-LM's TP saves the sequence shard (tp_saves_gathered_input)",
-            "float8_saves_input": "not read: Transformer Engine's record saves the quantized input itself "
-                                  "(planner/profiler/float8.py te_backward)",
-            "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
-                                      "CUBLAS_WORKSPACE_CONFIG :4096:8 (8 x 4 MiB); torch allocates it through the "
-                                      "caching allocator, one per handle and stream, the cuBLASLt one unified with it "
-                                      "(aten/src/ATen/cuda/CublasHandlePool.cpp, getCUDABlasLtWorkspaceSize)",
-            "keeps_last_input_and_grad": "megatron/core/pipeline_parallel/schedules.py 428-429 (forward_step: "
-                                         "set_input_tensor(input_tensor)), 478-483 and 505-513 (backward_step: "
-                                         "x.retain_grad(), input_tensor_grad = x.grad); megatron/core/transformer/"
-                                         "transformer_block.py 440-448, 573 (self.input_tensor kept, the chunk's "
-                                         "hidden states), Megatron-LM 6e091e1b (2026-05-30); the same at "
-                                         f"{_MEGATRON_V} (schedules.py 507, 561, 591; transformer_block.py 463, 588)",
-            "step_whole_bytes": "megatron/core/distributed/param_and_grad_buffer.py 313-349, 599-600 (check_grads: "
-                                "each bucket's grad_data.norm before its reduction), on by default: "
-                                "megatron/training/training.py 1910, arguments.py 2519-2521 "
-                                "(--no-check-for-nan-in-loss-and-grad turns it off), Megatron-LM 6e091e1b",
-            "step_shard_bytes": "--clip-grad defaults to 1.0 (arguments.py 2295-2296): the norm of the shard's fp32 "
-                                "gradients; distrib_optimizer.py 2707-2795 (_copy_main_params_to_model_params: fp32 "
-                                "main shard into the bf16 parameter buffer), Megatron-LM 6e091e1b",
-            "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
-                                   "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
-                                   "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "
-                                   "Megatron-LM 6e091e1b's pyproject.toml pins; the same at 4329ff84 (2026-08-04), "
-                                   f"pinned at {_MEGATRON_V}",
         })
 
 
@@ -450,7 +292,7 @@ def facts(runtime: str, version: str | None = None) -> RuntimeFacts:
         return runtime_titan.torchtitan(chosen)
     if runtime == "colossalai":
         return _colossalai(chosen)
-    return {"ckplan": _ckplan, "megatron": _megatron, "deepspeed": _deepspeed}[runtime]()
+    return {"ckplan": _ckplan, "megatron": runtime_megatron.megatron, "deepspeed": _deepspeed}[runtime]()
 
 
 def of(training) -> RuntimeFacts:
