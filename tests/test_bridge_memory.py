@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
-from planner.cost import bridgesettings, dataparallel, float8, runtimes, te_kept
+from planner.cost import bridgeterms, dataparallel, float8, runtimes, te_kept
 from planner.cost.layers import layer_costs
 from planner.cost.rules import (
     layer_step_scratch_bytes,
@@ -63,13 +63,13 @@ def test_fp8_weights_are_one_byte_with_a_transpose_on_hopper_and_te_caches_a_cop
     tiny, count = profile(gpu), 1000
     fp8 = dict(dp=2, zero=1, float8=True)
     # --fp8-param-gather: the bf16 weight (2) less the Float8Tensor's 1 B and, on Hopper, its transpose
-    assert bridgesettings.fp8_param_saving_bytes(count, setup(**fp8, fp8_all_gather=True), tiny) == count * primary
+    assert bridgeterms.fp8_param_saving_bytes(count, setup(**fp8, fp8_all_gather=True), tiny) == count * primary
     # without it, TE's cached FP8 weight workspace beside the bf16 weight (a negative saving)
-    assert bridgesettings.fp8_param_saving_bytes(count, setup(**fp8), tiny) == count * workspace
+    assert bridgeterms.fp8_param_saving_bytes(count, setup(**fp8), tiny) == count * workspace
     # ZeRO 3's shards and gathers are dataparallel's (gathered at 1 B); no Float8, nothing
-    assert bridgesettings.fp8_param_saving_bytes(count, setup(dp=2, zero=3, float8=True, fp8_all_gather=True),
+    assert bridgeterms.fp8_param_saving_bytes(count, setup(dp=2, zero=3, float8=True, fp8_all_gather=True),
                                                  tiny) == 0
-    assert bridgesettings.fp8_param_saving_bytes(count, setup(dp=2, zero=1), tiny) == 0
+    assert bridgeterms.fp8_param_saving_bytes(count, setup(dp=2, zero=1), tiny) == 0
 
 
 # ---------------------------------------------------------------- what the blocks keep

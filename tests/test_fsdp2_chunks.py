@@ -7,7 +7,7 @@ for interleaved 1F1B, as for 1F1B."""
 from planner.cost import allocator, costmodel, fsdp2_chunks, reserve_fsdp2
 from planner.cost.allocator import Alloc, Free
 from planner.cost.fsdp2_chunks import Fsdp2Rank
-from planner.cost.reserve_fsdp2 import Fsdp2Layer, Fsdp2Stage
+from planner.cost.fsdp2_events import Fsdp2Layer, Fsdp2Stage
 from planner.models.synthetic import layer, profile_of, uniform_blocks
 from planner.schema import TrainSetup
 
@@ -134,7 +134,7 @@ def test_a_one_stage_pipeline_rank_runs_the_same_driver():
     assert made[0].merged_bytes == 0 and made[1].merged_bytes == 4 * profile.layers[-1].output_bytes
     assert made[0].output_bytes == (profile.layers[2].output_bytes,)
     # every microbatch replayed (each leaves its output to the next step), not 1F1B's warm-up and two pairs
-    # (3 on the last stage: reserve_fsdp2.replayed_microbatches); past REPLAYED_MAX those, the rest among the buffers
+    # (3 on the last stage: fsdp2_layers.replayed_microbatches); past REPLAYED_MAX those, the rest among the buffers
     assert [rank.num_microbatches for rank in made] == [4, 4]
     assert fsdp2_chunks.replayed_microbatches(_titan(microbatches=200).pipeline, 1) == 3
     assert fsdp2_chunks.replayed_microbatches(_titan(microbatches=200, schedule="interleaved-1F1B", chunks=2).pipeline) == 4

@@ -6,7 +6,14 @@ one-node script's); and the plan's reserve taken from it under torchtitan (one s
 
 from planner.cost import allocator, costmodel, reserve_fsdp2
 from planner.cost.allocator import Alloc, Free
-from planner.cost.reserve_fsdp2 import COPY_IN, DEFAULT, REDUCE_SCATTER, Fsdp2Layer, Fsdp2Stage
+from planner.cost.fsdp2_events import (
+    COPY_IN,
+    DEFAULT,
+    REDUCE_SCATTER,
+    Fsdp2Layer,
+    Fsdp2Stage,
+    step_events,
+)
 from planner.models.synthetic import uniform_blocks
 from planner.schema import TrainSetup
 
@@ -28,7 +35,7 @@ def _allocs(events, stream):
 
 
 def test_each_allocation_on_the_stream_fsdp2_makes_it_on():
-    events = reserve_fsdp2.step_events(STAGE, steps=1)
+    events = step_events(STAGE, steps=1)
     # forward: each unit's staging (12 / K) and flat output; backward: unit 1 again, then unit 0 prefetched
     unit = {u: [(("staging", u), 6), (("ag_out", u), 12)] for u in (0, 1)}
     assert _allocs(events, COPY_IN) == unit[0] + unit[1] + unit[1] + unit[0]
@@ -58,11 +65,11 @@ def test_two_units_counted_by_hand():
     input were: unit 0's weight (12), unit 1's gradient (12) and the input (24) take new default segments:
     196 MiB; its allocated peak, in unit 0's backward, static 72, unit 0's weight 12 with its gradient 12,
     kept 0 10, unit 1's input 24 and sharded gradient 12: 142 MiB. A third step reuses every block."""
-    once = allocator.replay(reserve_fsdp2.step_events(STAGE, steps=1))
+    once = allocator.replay(step_events(STAGE, steps=1))
     assert (once.allocated_peak_bytes, once.reserved_peak_bytes) == (96 * MIB, 148 * MIB)
     steady = reserve_fsdp2.replay(STAGE)
     assert (steady.allocated_peak_bytes, steady.reserved_peak_bytes) == (142 * MIB, 196 * MIB)
-    third = allocator.replay(reserve_fsdp2.step_events(STAGE, steps=3))
+    third = allocator.replay(step_events(STAGE, steps=3))
     assert (third.allocated_peak_bytes, third.reserved_peak_bytes) == (142 * MIB, 196 * MIB)
 
 
@@ -70,7 +77,7 @@ def test_the_optimizer_state_is_made_at_the_first_steps_optimizer_step_per_param
     """torch 2.6.0 AdamW._init_group makes exp_avg then exp_avg_sq of each parameter at the first
     step(); torchtitan 9dec370 makes none before (no checkpoint loaded): after the first backward,
     before the foreach scratch, never again."""
-    events = reserve_fsdp2.step_events(STAGE)
+    events = step_events(STAGE)
     states = [i for i, e in enumerate(events) if isinstance(e, Alloc) and e.key[0] == "state"]
     assert [events[i].key for i in states] == [("state", 0, 0), ("state", 0, 1), ("state", 1, 0), ("state", 1, 1)]
     first_step_end = [i for i, e in enumerate(events) if e == Free(("sharded_grad", 0))][1]  # the second zero_grad
@@ -80,11 +87,11 @@ def test_the_optimizer_state_is_made_at_the_first_steps_optimizer_step_per_param
 
 def test_the_loss_scratch_is_made_as_tensors_of_the_loss_largest_size():
     loss = Fsdp2Stage(**{**STAGE.__dict__, "loss_extra_bytes": 30 * MIB, "loss_tensor_bytes": 12 * MIB})
-    made = [(e.key, e.nbytes // MIB) for e in reserve_fsdp2.step_events(loss, steps=1)
+    made = [(e.key, e.nbytes // MIB) for e in step_events(loss, steps=1)
             if isinstance(e, Alloc) and e.key[0] == "loss_extra"]
     assert made == [(("loss_extra", 0), 12), (("loss_extra", 1), 12), (("loss_extra", 2), 6)]
     whole = Fsdp2Stage(**{**loss.__dict__, "loss_tensor_bytes": 0})  # a measured loss: one block
-    assert [(e.key, e.nbytes // MIB) for e in reserve_fsdp2.step_events(whole, steps=1)
+    assert [(e.key, e.nbytes // MIB) for e in step_events(whole, steps=1)
             if isinstance(e, Alloc) and e.key[0] == "loss_extra"] == [(("loss_extra", 0), 30)]
 
 
@@ -104,7 +111,7 @@ def test_a_block_cached_on_the_copy_in_stream_is_not_the_default_streams():
     and the sharded gradients reuse freed 12 MiB blocks instead of two reduce-scatter segments:
     160 MiB, where FSDP2's streams take 196 (the copy-in stream's 12 MiB block lies free while unit 1's
     gradient takes a default segment; the reduce-scatter stream holds 24 MiB of its own)."""
-    events = reserve_fsdp2.step_events(STAGE)
+    events = step_events(STAGE)
     one_stream = [e._replace(stream=DEFAULT) if isinstance(e, Alloc) else e for e in events]
     assert allocator.replay(one_stream).reserved_peak_bytes == 160 * MIB
     assert reserve_fsdp2.replay(STAGE).reserved_peak_bytes == 196 * MIB
@@ -112,7 +119,7 @@ def test_a_block_cached_on_the_copy_in_stream_is_not_the_default_streams():
 
 def test_a_unit_kept_gathered_from_forward_is_not_gathered_again():
     kept = Fsdp2Stage(**{**STAGE.__dict__, "kept_from_forward": frozenset({1})})
-    events = reserve_fsdp2.step_events(kept, steps=1)
+    events = step_events(kept, steps=1)
     assert _allocs(events, COPY_IN) == [(("staging", 0), 6), (("ag_out", 0), 12), (("staging", 1), 6),
                                         (("ag_out", 1), 12), (("staging", 0), 6), (("ag_out", 0), 12)]
     assert allocator.replay(events).reserved_peak_bytes >= allocator.replay(events).allocated_peak_bytes
@@ -157,7 +164,7 @@ PIPED = Fsdp2Stage(**{**STAGE.__dict__, "kept_from_forward": frozenset({0, 1}), 
 
 
 def test_beside_a_pipeline_units_are_gathered_once_upcast_at_the_first_backward_and_reduced_root_first():
-    events = reserve_fsdp2.step_events(PIPED, steps=1)
+    events = step_events(PIPED, steps=1)
     unit = {u: [(("staging", u), 6), (("ag_out", u), 12)] for u in (0, 1)}
     assert _allocs(events, COPY_IN) == unit[0] + unit[1]  # the first forward alone gathers
     # the fp32 copies (24 MiB) made once, at the first backward; each later gradient is added into them
@@ -184,7 +191,7 @@ def test_beside_a_pipeline_the_peak_by_hand():
     beside its copy (24) once the weights and activations are gone. That is the second step's: the first
     has no optimizer state yet (48 less: 128 MiB), and the second also holds the first's last reduce-scatter
     input (24, keeps_last_input): 200 MiB."""
-    once = allocator.replay(reserve_fsdp2.step_events(PIPED, steps=1))
+    once = allocator.replay(step_events(PIPED, steps=1))
     assert once.allocated_peak_bytes == (176 - 48) * MIB
     assert reserve_fsdp2.replay(PIPED).allocated_peak_bytes == (176 + 24) * MIB
 

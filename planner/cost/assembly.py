@@ -66,7 +66,7 @@ class StageCost:
     limit_bytes: int | None = None  # None: the cap
     reserved_bytes: int | None = None  # None: the peak
     reserved_by: str | None = None  # cuda: "replay" (planner/cost/reserve.py) or "divisor"
-    # cuda, where the replay ran but the divisor's reserve is larger (reserve.with_replayed_reserve): the replay's
+    # cuda, where the replay ran but the divisor's reserve is larger (replayed_reserve.with_replayed_reserve): the replay's
     replayed_reserved_bytes: int | None = None
     workspace_bytes: int = 0
     # allocated after the optimizer step: static and what the runtime keeps past it

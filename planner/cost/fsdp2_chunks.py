@@ -20,7 +20,7 @@ each chunk its own FSDP2 root, in the order torch runs the rank's actions. Read 
   stage's step returns `merge_chunks(output_chunks)` (schedules.py 1195-1198), which train.py drops
   (9dec370 train.py 285-292).
 
-Each chunk's layers, units and ends are the cost model's own (reserve_fsdp2.chunk_layers, the stage's
+Each chunk's layers, units and ends are the cost model's own (fsdp2_layers.chunk_layers, the stage's
 sums); this module adds their order across chunks and each chunk's streams. Nothing here reads a file
 or prints.
 """
@@ -122,7 +122,7 @@ class _ChunkedStep:
 # Each microbatch's output is made at its forward and kept to the next step, between the activations the
 # steady state frees, so the reserve grows with every microbatch replayed: the replay runs them all, up to this
 # many (its cost is linear in them). Past it, a 1F1B rank runs its warm-up and two steady pairs
-# (reserve_fsdp2.replayed_microbatches) and an interleaved one two rounds of P (replayed_microbatches), the
+# (fsdp2_layers.replayed_microbatches) and an interleaved one two rounds of P (replayed_microbatches), the
 # others' outputs among the buffers: an under-estimate, on a synthetic P = 2 (uniform_blocks(14)) by 10-21% on
 # 1F1B's last stage at M = 4-16 (3 replayed) and by 17% on an interleaved rank at M = 16 (4 replayed).
 REPLAYED_MAX = 64
@@ -132,14 +132,14 @@ def replayed_microbatches(pipeline, stage: int | None = None) -> int:
     """The microbatches the replay runs (`stage`: a rank of one stage's, else an interleaved rank's): all M up
     to REPLAYED_MAX; past it, interleaved 1F1B two of its rounds of P microbatches (torch 2.6.0 schedules.py
     1904-1915: max(1, M // P) rounds; its warm-up and cool-down alike for every M a multiple of P), each
-    chunk still reduced after its last backward; 1F1B and GPipe as reserve_fsdp2.replayed_microbatches."""
-    from planner.cost import reserve_fsdp2
+    chunk still reduced after its last backward; 1F1B and GPipe as fsdp2_layers.replayed_microbatches."""
+    from planner.cost import fsdp2_layers
 
     m, p = pipeline.microbatches, pipeline.stages
     if m <= REPLAYED_MAX:
         return m
     if stage is not None:
-        return reserve_fsdp2.replayed_microbatches(pipeline, stage)
+        return fsdp2_layers.replayed_microbatches(pipeline, stage)
     return 2 * p if m % p == 0 else m
 
 
@@ -181,13 +181,13 @@ def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: Tr
 
 def rank_of(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainSetup) -> Fsdp2Rank:
     """Rank `rank`'s replay input (`plan` its StagePlan, chunks and all; `cost` its StageCost): each
-    chunk's layers as reserve_fsdp2.chunk_layers makes them, its ends from its stage's own sums, what
+    chunk's layers as fsdp2_layers.chunk_layers makes them, its ends from its stage's own sums, what
     the schedule holds per microbatch (chunked.sends_held_bytes), the rank's buffers less what the replay
     makes itself (each chunk's kept reduce-scatter input)."""
     from planner.cost.assembly import option_indices, stage_sums
     from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view
+    from planner.cost.fsdp2_layers import chunk_layers, loss_tensor_bytes
     from planner.cost.layers import layer_costs
-    from planner.cost.reserve_fsdp2 import chunk_layers, loss_tensor_bytes
     from planner.cost.rules import (
         fsdp_unit_loss_bytes,
         kept_reduce_scatter_input_bytes,

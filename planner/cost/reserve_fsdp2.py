@@ -54,23 +54,15 @@ Nothing here reads a file or prints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-from planner.cost import allocator, dataparallel, fsdpunits, gradtiming, runtimes
+from planner.cost import allocator, dataparallel, fsdpunits, runtimes
 from planner.cost.allocator import Replayed
-from planner.cost.fsdp2_events import (  # noqa: F401  (the event builders, re-exported)
-    COPY_IN,
-    DEFAULT,
-    REDUCE_SCATTER,
-    STEPS,
-    Fsdp2Layer,
+from planner.cost.fsdp2_events import (
     Fsdp2Stage,
     step_events,
 )
-from planner.cost.rules import fsdp_unit_layer_bytes, in_flight
+from planner.cost.fsdp2_layers import chunk_layers, loss_tensor_bytes
 from planner.errors import UserError
-from planner.schema import OPTION_NONE, Profile, StagePlan, TrainSetup
+from planner.schema import Profile, StagePlan, TrainSetup
 
 
 def replay(stage, *, expandable: bool = False) -> Replayed:
@@ -141,49 +133,6 @@ def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
     freed them): a segment for it would count those bytes twice."""
     floor = -(-peak_bytes // allocator.ROUND_LARGE) * allocator.ROUND_LARGE
     return max(replayed.reserved_peak_bytes, floor)
-
-
-def replayed_microbatches(pipeline, stage: int) -> int:
-    """The microbatches the replay runs: 1F1B's steady state repeats one backward and one forward
-    that free what the pair before made, so after its warm-up (min(P - s, M) forwards) two more
-    pairs bring the cache to where the rest of the step keeps it; the replay's cost is then
-    bounded by the stages (torch's schedule takes at least one microbatch a stage), not M.
-    GPipe holds every microbatch at once: all M."""
-    if pipeline.schedule == "GPipe":
-        return pipeline.microbatches
-    return min(pipeline.microbatches, max(pipeline.stages, in_flight(pipeline, stage) + 2))
-
-
-
-def parameter_parts(layer, assumptions: dict) -> list[int]:
-    """A layer's parameter tensors, in the order the module registers them (FSDP2 allocates, frees and
-    reduces each one's unsharded storage apart): the profile's record where it lists several; for an
-    analytic LLaMA-style block the tensors torchtitan's model makes, each of its elements on this
-    tensor-parallel rank (9dec370 torchtitan/models/llama/model.py 158-165 wq, wk, wv, wo; 248-250 w1,
-    w2, w3; 295-300 attention_norm, ffn_norm, replicated under TP; 374-378 norm, output); else one."""
-    record = layer.alloc_records.get(OPTION_NONE)
-    if record is not None and len(record.params) > 1:
-        return list(record.params)
-    model = assumptions.get("model")
-    if not isinstance(model, dict) or model.get("style") != "llama":
-        return list(record.params) if record is not None and record.params else [1]
-    h, f, heads, kv = model["hidden_size"], model["intermediate_size"], model["num_heads"], model["num_kv_heads"]
-    head_dim = model.get("head_dim") or h // heads
-    tp = assumptions.get("tp", 1) if isinstance(assumptions.get("tp", 1), int) else 1
-    if layer.kind == "decoder_block":
-        q, kv_width = heads * head_dim // tp, kv * head_dim // tp
-        return [h * q, h * kv_width, h * kv_width, q * h, h * f // tp, f // tp * h, h * f // tp, h, h]
-    if layer.kind == "norm+lm_head":
-        return [h, h * int(assumptions.get("vocab_per_device") or model["vocab_size"])]
-    return [1]
-
-
-def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
-    """`total` bytes split over tensors in proportion to `parts` (a layer's parameters' bytes)."""
-    whole = sum(parts)
-    if not whole:
-        return (int(round(total)),) if total else ()
-    return tuple(int(round(total * part / whole)) for part in parts)
 
 
 # ---------------------------------------------------------------- the stage from the cost model's terms
@@ -260,63 +209,3 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
     )
 
     return one_stage_rank(built, costs[-1], stage_index=stage, setup=setup, ends=cost.kept_bytes - made.kept_bytes)
-
-
-@dataclass(frozen=True)
-class ChunkLayers:
-    """A stage's layers as the replay runs them, and what the cost model charges for them."""
-
-    layers: tuple[Fsdp2Layer, ...]
-    root_units: frozenset[int]  # the units of the layers not of the stage's block kind (its root's)
-    kept_bytes: int  # the layers' kept bytes (the stage's kept less its ends')
-    static_bytes: float  # what static charges for their shards, states and gradients (and weights, piped)
-    reduce_ratio: float
-
-
-def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: bool,
-                 scratch_per_param: float) -> ChunkLayers:
-    """The stage's layers (`costs` under `options`) with their units: beside a pipeline torchtitan
-    fully_shards each block and the stage's root (its embedding or its norm and head, never both:
-    9dec370 parallelize_llama.py 324-339), a unit a layer; else the runtime's record's units."""
-    from planner.cost.terms import Context, layer_value
-
-    ctx = Context(profile, setup)
-    record = runtimes.of(setup.training)
-    units = fsdpunits.unit_of_layers(len(costs), "per-layer" if piped else record.fsdp_units)
-    held = dataparallel.param_bytes(setup)
-    k = dataparallel.shard_size(setup)
-    profiles = {layer.name: layer for layer in profile.layers}
-    block_kind = max({c.kind for c in costs}, key=[c.kind for c in costs].count)
-    ep = setup.data_parallel.ep
-    layers, kept_sum, static_sum = [], 0, 0.0
-    for layer, option, unit in zip(costs, options, units):
-        known = profiles[layer.name]
-        parts = parameter_parts(known, profile.assumptions)
-        params = layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
-        fp8 = known.float8.param_count if known.float8 is not None else 0
-        kept = int(round(layer_value("kept", layer, option, ctx)))
-        # less what the replay makes itself: FSDP2's moment, and beside a pipeline the layer's gradients
-        extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
-                          - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
-        shard = tensor_split(params * held.shard_weights / k, parts)
-        state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
-        gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
-        layers.append(Fsdp2Layer(
-            unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
-            grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
-            scratch=tensor_split(params * scratch_per_param, parts)))
-        kept_sum += kept
-        # what static charges for them: whole weights and gradients beside a pipeline, else the shards
-        static_sum += sum(shard) + sum(state) + (sum(gathered) + params * held.grads if piped else params * held.grads / k)
-    return ChunkLayers(tuple(layers), frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
-                       kept_sum, static_sum, held.grads / held.weights)
-
-
-def loss_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
-    """The loss region's largest tensor on an analytic bf16 profile: its logits in fp32 (torchtitan 9dec370
-    train.py's cross_entropy(pred.flatten(0, 1).float(), ...): the fp32 copy, log_softmax's output and both
-    backward gradients are each the logits' shape in fp32); 0 where the loss was measured (one block)."""
-    from planner.cost.rules import runtime_loss
-
-    known = runtime_loss(profile, setup)
-    return 0 if known is None else int(known[0]) * 2

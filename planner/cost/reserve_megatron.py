@@ -55,9 +55,10 @@ from dataclasses import dataclass
 
 from planner.cost import afterstep, allocator, dataparallel, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
+from planner.cost.fsdp2_layers import parameter_parts, tensor_split
 from planner.cost.reserve import _Step as _LayerPasses
 from planner.cost.reserve import records_for
-from planner.cost.reserve_fsdp2 import expandable_segments, parameter_parts, tensor_split
+from planner.cost.reserve_fsdp2 import expandable_segments
 from planner.cost.rules import batch_bytes, profile_tp
 from planner.schema import AllocRecord, LayerProfile, Profile, StagePlan, TrainSetup
 
@@ -289,7 +290,7 @@ def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None
 def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Profile,
               setup: TrainSetup) -> MegatronStatic:
     """The rank's tensors (each layer's parameters on this rank, its experts over EP, in the weights' dtype,
-    split as the layer's tensors: reserve_fsdp2.parameter_parts) and the ratios of dataparallel.param_bytes;
+    split as the layer's tensors: fsdp2_layers.parameter_parts) and the ratios of dataparallel.param_bytes;
     what the cost model's static holds beyond them and the batch the schedule holds (rules.batch_bytes), one
     block. The receive buffers of the cost model's buffer bytes the replay makes itself."""
     held, record = dataparallel.param_bytes(setup), runtimes.of(setup.training)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import bridgesettings, dataparallel, fsdpunits, runtimes, schedules
+from planner.cost import bridgeterms, dataparallel, fsdpunits, runtimes, schedules
 from planner.cost.layers import LayerCost
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
@@ -496,7 +496,7 @@ def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: s
     the host; none where the runtime's record says its Adam is fused and in place). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
     (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
     is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
-    copy = bridgesettings.step_grad_copy_bytes(layer.param_count, setup)  # bf16 gradients' fp32 copy (Megatron)
+    copy = bridgeterms.step_grad_copy_bytes(layer.param_count, setup)  # bf16 gradients' fp32 copy (Megatron)
     if setup.data_parallel.offload or not runtime_facts(setup).adam_step_scratch:
         return copy  # fused multi-tensor Adam (Megatron-LM's TE/apex FusedAdam) allocates none
     per_param = _STEP_SCRATCH_PER_PARAM[(setup.training.optimizer, setup.training.precision)]

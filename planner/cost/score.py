@@ -35,7 +35,7 @@ from planner.cost.assembly import (
 )
 from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view, step_end_bytes
 from planner.cost.layers import LayerCost, layer_costs
-from planner.cost.reserve import with_replayed_reserve
+from planner.cost.replayed_reserve import with_replayed_reserve
 from planner.cost.rules import in_flight, rank_tied_once_bytes
 from planner.cost.terms import Context
 from planner.schema import (

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.cost import (
-    bridgesettings,
+    bridgeterms,
     comm,
     contextparallel,
     dataparallel,
@@ -165,10 +165,10 @@ TERMS: tuple[Term, ...] = (
     # -- every layer of the stage
     Term("weights, gradients, optimizer state", "static", "layer",
          lambda layer, ckpt, ctx: static_bytes(layer, ctx.setup)
-         - bridgesettings.fp8_param_saving_bytes(layer.float8_param_count, ctx.setup, ctx.profile),
+         - bridgeterms.fp8_param_saving_bytes(layer.float8_param_count, ctx.setup, ctx.profile),
          "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param); FP8 "
          "primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on "
-         "Hopper: bridgesettings.fp8_param_saving_bytes)"),
+         "Hopper: bridgeterms.fp8_param_saving_bytes)"),
     Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
          lambda layer, ckpt, ctx: reduced_bytes(layer, ctx.setup),
          "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),

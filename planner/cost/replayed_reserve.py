@@ -1,0 +1,48 @@
+"""A stage's reserved peak from the replay that orders its runtime's step: FSDP2's
+(planner/cost/reserve_fsdp2.py), Megatron-LM's (planner/cost/reserve_megatron.py) or ckplan's own
+(planner/cost/reserve.py); else the cost model's (the divisor). Nothing here reads a file or prints."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from planner.cost import reserve, reserve_fsdp2, reserve_megatron, runtimes
+from planner.cost.assembly import StageCost
+from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
+
+
+def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile,
+                          setup: TrainSetup) -> StageCost:
+    """`cost` with its reserved peak from the replay where one runs (cuda, no --fragmentation stated:
+    FSDP2's step where reserve_fsdp2.replays says it orders the runtime's; Megatron-LM's where
+    reserve_megatron.replays does; else ckplan's step where the
+    runtime's record says so, records for every layer's option, one chunk per rank); else as it was
+    (the divisor)."""
+    if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
+        return cost
+    if reserve_fsdp2.replays(setup):  # FSDP2's step, on its streams
+        replayed = reserve_fsdp2.replay(reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup),
+                                        expandable=reserve_fsdp2.expandable_segments(profile, setup))
+        # The replay with the optimizer's state made at the first step and the loss's scratch as its tensors,
+        # under the allocator the launch ran, is within 10% of every published torchtitan reserve it orders
+        # but M17's, whose allocated peak is itself 26% short (docs/published-runs.md §15.ttalloc): the
+        # fragmentation margin is retired where it runs.
+        return dataclasses.replace(cost, reserved_bytes=reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes),
+                                   reserved_by="replay")
+    if reserve_megatron.replays(setup):  # Megatron-LM's step: its buffers, optimizer and schedule
+        replayed = reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup)
+        if replayed is None:
+            return cost
+        return dataclasses.replace(cost, reserved_bytes=reserve.reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")
+    if not runtimes.of(setup.training).step_replayed:
+        return cost
+    by_name = {layer.name: layer for layer in profile.layers}
+    memory = reserve.StageMemory(cost.static_bytes, cost.buffer_bytes, cost.step_scratch_bytes)
+    options = [plan.option(name) for name in plan.layers]
+    rate = reserve.host_copy_ms_per_byte(profile, setup) if OPTION_OFFLOAD in options else None
+    replayed = reserve.replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
+                            memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate,
+                            expandable=reserve_fsdp2.expandable_segments(profile, setup))
+    if replayed is None:
+        return cost
+    return dataclasses.replace(cost, reserved_bytes=reserve.reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")
