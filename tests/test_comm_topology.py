@@ -148,8 +148,8 @@ def test_gpus_per_node_moves_the_pipeline_sends_onto_the_network(tmp_path):
     across = CliRunner().invoke(cli, args + ["--gpus-per-node", "4"])
     assert inside.exit_code == 0 and across.exit_code == 0, inside.output + across.output
     said_inside, said_across = " ".join(inside.output.split()), " ".join(across.output.split())
-    assert "pipeline sends at 450 GB/s (in-node link) where both ranks share a node" in said_inside
-    assert "pipeline ranks" not in said_inside  # 2 stages of TP 4 in a node of 8: no edge crosses
+    assert "pipeline sends at 450 GB/s (in-node link), tensor-parallel 4" in said_inside
+    assert "pipeline ranks" not in said_inside and "network" not in said_inside  # 2 stages of TP 4 in a node of 8
     assert ("at 50 GB/s (network) where they lie in two (pipeline ranks 0→1, ranks placed tp, cp, dp, pp)"
             in said_across)
 

@@ -43,10 +43,12 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
     pp_link, network = links["node"], links["network"]  # each send over its own edge's (comm.edge_crosses_nodes)
     edges = [(r, r + 1) for r in range(stages - 1)] + ([(stages - 1, 0)] if chunks > 1 and stages > 1 else [])
     crossing = [f"{r}→{to}" for r, to in edges if comm.edge_crosses_nodes(r, to, stride=stride, gpus_per_node=node)]
-    sends = (f"sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where}) where both ranks share a node, at "
-             f"{network.gb_per_s:g} GB/s ({network.where}) where they lie in two"
-             + (f" (pipeline ranks {', '.join(crossing)}, ranks placed tp, cp, dp, pp)" if crossing else ""))
-    note = (f"{gpu.name}, {node} GPUs a node, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: pipeline "
+    # the links the job's sends take: none without a pipeline; the network only where an edge crosses nodes
+    sends = ("no pipeline sends (one stage)" if stages == 1 else
+             f"pipeline sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where})" + (
+                 f" where both ranks share a node, at {network.gb_per_s:g} GB/s ({network.where}) where they lie in two "
+                 f"(pipeline ranks {', '.join(crossing)}, ranks placed tp, cp, dp, pp)" if crossing else ""))
+    note = (f"{gpu.name}, {node} GPUs a node, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: "
             + sends
             + (f", tensor-parallel {tp} collectives at {tp_link.gb_per_s:g} GB/s ({tp_link.where})" if tp > 1 else "")
             + (f", context-parallel {cp} K/V exchange at {cp_link.gb_per_s:g} GB/s ({cp_link.where})" if cp > 1 else "")
