@@ -149,3 +149,23 @@ def test_opt_dropouts_inside_the_mlp_are_refused(tmp_path):
     config.write_text(json.dumps({**opt, "activation_dropout": 0.1}))
     result = run("profile", "--arch-config", config, "--seq-len", "64", "--micro-batch-size", "1")
     assert result.exit_code != 0 and "activation_dropout = 0.1 is not modelled" in result.output
+
+
+def test_a_llama_style_block_without_rotary_positions_moves_no_rotation_bytes():
+    """Arch.rotary False (Megatron-LM's --position-embedding-type none) is read by a LLaMA-style block too:
+    the eager rotation of Q and K (20 / 32 bytes an element, and its table) is not charged."""
+    import dataclasses
+
+    from planner.models import archs
+
+    llama = dataclasses.replace(archs.arch("llama3-8b"), num_layers=2)
+    shape = analytic.Shape(seq_len=1024, micro_batch_size=1)
+    rotated = 1024 * (4096 + 1024)
+    table = 1024 * 128 * analytic_time.ROTARY_TABLE
+
+    def attention(arch):
+        return [dict(work.classed).get("attention", 0) for work in analytic_time.block_work(arch, shape)[:2]]
+
+    with_rope, without = attention(llama), attention(dataclasses.replace(llama, rotary=False))
+    assert [a - b for a, b in zip(with_rope, without)] == [analytic_time.ROTARY_FWD * rotated + table,
+                                                         analytic_time.ROTARY_BWD * rotated + table]

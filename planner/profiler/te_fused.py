@@ -75,7 +75,7 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
         if arch.mlp_act not in ("gelu", "gelu_kernel"):
             return None
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
-        rope = _rope_saved(arch, shape) if arch.rotates else (0, 0)
+        rope = _rope_saved(arch, shape)
         return (act_fwd - GELU_FUSED_FWD) * T * f + rope[0], (act_bwd - GELU_FUSED_BWD) * T * f + rope[1]
     norm_fwd = 2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
                     + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
@@ -87,7 +87,10 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
 
 
 def _rope_saved(arch, shape) -> tuple[int, int]:
-    """(forward, backward) bytes TE's fused rotary moves less than the eager rotation of Q and K."""
+    """(forward, backward) bytes TE's fused rotary moves less than the eager rotation of Q and K (none
+    where the model has no rotary positions)."""
+    if not arch.rotates:
+        return 0, 0
     rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
     return ((analytic_time.ROTARY_FWD - ROPE_FUSED_FWD) * rotated, (analytic_time.ROTARY_BWD - ROPE_FUSED_BWD) * rotated)
 
@@ -98,14 +101,14 @@ def fused_kernel_bytes(arch, shape) -> tuple[int, int]:
     the block's memory-bound bytes are eager ops'. Only where fused_bytes_saved gives a record."""
     T, h = shape.tokens, arch.hidden_size
     rows, f = T // shape.sp_div, arch.intermediate_size // shape.tp
-    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
+    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape)) if arch.rotates else 0
+    rope = ROPE_FUSED_FWD * rotated, ROPE_FUSED_BWD * rotated
     if arch.style == "gpt":
-        rope = (ROPE_FUSED_FWD * rotated, ROPE_FUSED_BWD * rotated) if arch.rotates else (0, 0)
         return GELU_FUSED_FWD * T * f + rope[0], GELU_FUSED_BWD * T * f + rope[1]
     norm_fwd = 2 * (TE_NORM_FWD * rows * h + TE_RMSNORM_TOKEN * rows)
     norm_bwd = 2 * (TE_NORM_BWD * rows * h + TE_RMSNORM_TOKEN * rows)
-    return (norm_fwd + ROPE_FUSED_FWD * rotated + SWIGLU_FUSED_FWD * T * f,
-            norm_bwd + ROPE_FUSED_BWD * rotated + SWIGLU_FUSED_BWD * T * f)
+    return (norm_fwd + rope[0] + SWIGLU_FUSED_FWD * T * f,
+            norm_bwd + rope[1] + SWIGLU_FUSED_BWD * T * f)
 
 
 def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
