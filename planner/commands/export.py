@@ -69,12 +69,11 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     _refuse_experts(profile, target)
     _refuse_megatron_settings(plan, target)
     from planner.commands.training_settings import TrainingSettings, compiled_profile
-    from planner.cost.float8 import float8_profile
 
-    # a plan made under --float8 or --compile is re-scored under it (solve scored it so; its profile
-    # file holds the records unapplied)
-    profile = float8_profile(compiled_profile(profile, TrainingSettings(compile_model=plan.setup.training.compile)),
-                             plan.setup)
+    # a plan made under --compile is re-scored under it (solve scored it so; its profile file holds the
+    # records uncompiled); the exporter applies each runtime's kernels and --float8 where it scores
+    # (planner/emit/rounding.py evaluate): the framework it writes for may not be the plan's runtime
+    profile = compiled_profile(profile, TrainingSettings(compile_model=plan.setup.training.compile))
     result = _exporter(target, plan, profile, str(plan_path), torchtitan_version, torchtitan_base)
     if out is None:
         out = plan_path.with_name(_export_name(target, plan_path.stem, result.suffix, torchtitan_version))

@@ -32,7 +32,7 @@ import re
 import shlex
 from itertools import combinations
 
-from planner.cost import costmodel, dataparallel
+from planner.cost import dataparallel
 from planner.emit import dp_support, facts, rounding, scored_as
 from planner.errors import UserError
 from planner.models.configs.megatron_flags import RECOMPUTE_MODULES, recompute_modules_option
@@ -74,7 +74,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
         rounded, fits = rounding.scored_choice([candidate for candidate, _ in candidates], profile)
         modules = next(m for candidate, m in candidates if candidate is rounded)
         if modules:
-            block_ms = costmodel.evaluate(block.ranks(), profile, block.setup).iteration_ms
+            block_ms = rounding.evaluate(block.ranks(), profile, block.setup).iteration_ms
             instead = f"--recompute-num-layers {num}" if num else "no recompute"
             rounded.changes.append(f"chosen over block recompute ({instead}, {format_ms(block_ms)} per iteration) "
                                    "as the fastest setting that fits" if fits else
@@ -129,7 +129,7 @@ def _smallest_fitting(rounded, roles, profile, counts, num) -> tuple[int, float]
     for n in range(num):
         trial = rounding.Rounded(stages=list(rounded.stages), setup=rounded.setup)
         rounding.first_k(trial, roles, [min(n, count) for count in counts])
-        cost = costmodel.evaluate(trial.ranks(), profile, trial.setup)
+        cost = rounding.evaluate(trial.ranks(), profile, trial.setup)
         if cost.feasible:
             return n, cost.iteration_ms
     return None

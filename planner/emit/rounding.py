@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from planner.cost import costmodel
 from planner.cost.costmodel import PlanCost
+from planner.cost.float8 import float8_profile
 from planner.errors import UserError
 from planner.schema import OPTION_FULL, OPTION_OFFLOAD, Plan, Profile, StagePlan, TrainSetup
 
@@ -157,16 +158,24 @@ def whole_layers(stages: Sequence[StagePlan]) -> list[StagePlan]:
 def rescore(plan: Plan, profile: Profile, rounded: Rounded) -> Scored:
     """The plan as solved and as the framework runs it; where the framework's runtime alone
     changes the figures (its pipeline's buffers, its overlapped reductions), that is said."""
-    exact = costmodel.evaluate(plan.stages, profile, plan.setup)
+    exact = evaluate(plan.stages, profile, plan.setup)
     if rounded.setup.training.runtime != plan.setup.training.runtime:
-        same_plan = costmodel.evaluate(plan.stages, profile, plan.setup.model_copy(
+        same_plan = evaluate(plan.stages, profile, plan.setup.model_copy(
             update=as_runtime(rounded.setup.training.runtime)))
         if same_plan != exact:
             rounded.changes.insert(0, f"scored for {rounded.setup.training.runtime}'s runtime, not "
                                       f"{plan.setup.training.runtime}'s: its pipeline buffers and data-parallel "
                                       f"overlap (iteration {same_plan.iteration_ms / 1e3:.3g} s for the plan as "
                                       f"solved, peaks {_peaks(same_plan)})")
-    return Scored(exact=exact, rounded=costmodel.evaluate(rounded.ranks(), profile, rounded.setup))
+    return Scored(exact=exact, rounded=evaluate(rounded.ranks(), profile, rounded.setup))
+
+
+def evaluate(stages: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> PlanCost:
+    """THE cost model on `profile` as `setup`'s runtime runs it: its fused kernels, what its fused SwiGLU
+    keeps and, under --float8, the Float8 records (planner/cost/float8.py float8_profile). An exporter holds
+    the profile as recorded, since the framework it writes for may run another runtime than the plan was
+    solved for (a torchtitan plan exported to Megatron-LM runs Transformer Engine's kernels)."""
+    return costmodel.evaluate(stages, float8_profile(profile, setup), setup)
 
 
 def _peaks(cost: PlanCost) -> str:
@@ -322,7 +331,7 @@ def first_k(rounded: Rounded, roles: Roles, ks: Sequence[int] | None = None) -> 
 def scored_choice(candidates: Sequence[Rounded], profile: Profile) -> tuple[Rounded, bool]:
     """The fastest candidate that fits, else the one needing the least memory beyond its caps;
     True when it fits."""
-    scored = [(candidate, costmodel.evaluate(candidate.ranks(), profile, candidate.setup)) for candidate in candidates]
+    scored = [(candidate, evaluate(candidate.ranks(), profile, candidate.setup)) for candidate in candidates]
     fitting = [(c, cost) for c, cost in scored if cost.feasible]
     if fitting:
         return min(fitting, key=lambda item: item[1].iteration_ms)[0], True
