@@ -5,7 +5,12 @@ rules, and the hook choosing the replay for --runtime megatron's virtual pipelin
 from planner.cost import reserve_megatron
 from planner.cost.allocator import Alloc, Free, replay
 from planner.cost.reserve_megatron import MegatronStatic, static_events
-from planner.cost.reserve_megatron_chunks import interleaved_order, rank_events, replayed_microbatches, schedule_table
+from planner.cost.reserve_megatron_chunks import (
+    interleaved_order,
+    rank_events,
+    replayed_microbatches,
+    schedule_table,
+)
 from planner.schema import AllocRecord, TrainSetup
 
 MIB = 2**20

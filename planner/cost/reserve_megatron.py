@@ -37,7 +37,11 @@ for each in docs/framework-facts.md §43:
   forward and kept.
 
 The layers' own allocations are each layer's AllocRecord for its recompute option (as reserve.py plays
-them, planner/cost/reserve.py _Step), not Transformer Engine's kernels' own sequence; what the cost model's
+them, planner/cost/reserve.py _Step), holding what Transformer Engine's layers save where the cost model charges
+it (planner/cost/te_kept.py te_record: the fused SwiGLU's input, TE's FP8 saved inputs), not TE's kernels' own
+sequence; Float8 primary weights are held at their bytes, or TE's cached FP8 weight copies made at the first
+forward (bridgeterms.fp8_param_saving_bytes, as static charges them); TE's fused cross-entropy keeps the logits
+and makes no fp32 copy (te_loss_record); what the cost model's
 allocated peak holds beyond the replay's is added in 2 MiB segments (reserve.reserved_bytes). Not replayed:
 the distributed optimizer's per-rank ranges (each parameter's main shard is taken as 1/K of it; the rank's
 range cuts through parameters, so a rank holds some whole, some in part, some not at all), gradient
