@@ -78,15 +78,17 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     # casts its whole weight)
     per_step = dataparallel.shard_size(setup) if record.float8 == "transformer-engine" and not gathered else 0
     te_delta = te_kept.te_saved_inputs_delta(profile) if record.te_float8_saved_inputs else 0
+    te_inputs = te_kept.te_saved_inputs(profile) if te_delta else None  # the same tensors, for the records
     layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
                      saves_input=record.float8_saves_input,
-                     kept_delta=te_delta if layer.kind == "decoder_block" else 0)
+                     kept_delta=te_delta if layer.kind == "decoder_block" else 0,
+                     te_inputs=te_inputs if layer.kind == "decoder_block" else None)
               if layer.float8 is not None else layer for layer in profile.layers]
     return profile.model_copy(update={"layers": layers})
 
 
 def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float, per_step: int = 0,
-           saves_input: bool = False, kept_delta: int = 0) -> LayerProfile:
+           saves_input: bool = False, kept_delta: int = 0, te_inputs: dict | None = None) -> LayerProfile:
     fp8: Float8Linears = layer.float8
     if saves_input:  # the float8 input saved: its recast does not run (the record's part of bwd_ms)
         fp8 = fp8.model_copy(update={"bwd_ms": fp8.bwd_ms - fp8.bwd_input_recast_ms})
@@ -114,10 +116,16 @@ def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float,
         "transient_bytes": layer.transient_bytes + (fp8.transient_bytes if memory else 0),
         "recompute_options": options,
         "step_ms": {name: ms + step_ms * fp8.param_count + per_step * fp8.weight_cast_ms for name, ms in layer.step_ms.items()},
-        "alloc_records": {name: with_float8(record, kept=kept_weight if name == "none" else 0,
-                                            transient=fp8.transient_bytes if memory else 0)
+        "alloc_records": {name: _te_inputs(with_float8(record, kept=kept_weight if name == "none" else 0,
+                                                       transient=fp8.transient_bytes if memory else 0),
+                                           te_inputs if name == "none" else None)
                           for name, record in layer.alloc_records.items()},
     })
+
+
+def _te_inputs(record: AllocRecord, te_inputs: dict | None) -> AllocRecord:
+    """none's record holding Transformer Engine's FP8 saved inputs where the kept bytes charge them (kept_delta)."""
+    return te_kept.te_record(record, float8=te_inputs) if te_inputs else record
 
 
 def with_float8(record: AllocRecord, *, kept: int, transient: int) -> AllocRecord:

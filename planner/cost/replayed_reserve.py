@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner.cost import reserve, reserve_fsdp2, reserve_megatron, runtimes
+from planner.cost import reserve, reserve_fsdp2, reserve_megatron, reserve_megatron_chunks, runtimes
 from planner.cost.assembly import StageCost
 from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
 
@@ -30,7 +30,9 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
         return dataclasses.replace(cost, reserved_bytes=reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes),
                                    reserved_by="replay")
     if reserve_megatron.replays(setup):  # Megatron-LM's step: its buffers, optimizer and schedule
-        replayed = reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup)
+        replayed = (reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup)
+                    if setup.pipeline.chunks > 1 else
+                    reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup))
         if replayed is None:
             return cost
         return dataclasses.replace(cost, reserved_bytes=reserve.reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")

@@ -37,12 +37,16 @@ for each in docs/framework-facts.md §43:
   forward and kept.
 
 The layers' own allocations are each layer's AllocRecord for its recompute option (as reserve.py plays
-them, planner/cost/reserve.py _Step), not Transformer Engine's kernels' own sequence; what the cost model's
+them, planner/cost/reserve.py _Step), holding what Transformer Engine's layers save where the cost model charges
+it (planner/cost/te_kept.py te_record: the fused SwiGLU's input, TE's FP8 saved inputs), not TE's kernels' own
+sequence; Float8 primary weights are held at their bytes, or TE's cached FP8 weight copies made at the first
+forward (bridgeterms.fp8_param_saving_bytes, as static charges them); TE's fused cross-entropy keeps the logits
+and makes no fp32 copy (te_loss_record); what the cost model's
 allocated peak holds beyond the replay's is added in 2 MiB segments (reserve.reserved_bytes). Not replayed:
 the distributed optimizer's per-rank ranges (each parameter's main shard is taken as 1/K of it; the rank's
 range cuts through parameters, so a rank holds some whole, some in part, some not at all), gradient
-clipping's and the NaN check's small norms, NCCL's buffers (outside the allocator, workspace_bytes), and the
-interleaved schedule (several chunks a rank: the divisor stays). The allocator runs expandable segments where the
+clipping's and the NaN check's small norms, and NCCL's buffers (outside the allocator, workspace_bytes). The
+interleaved schedule (several chunks a rank) is reserve_megatron_chunks.py's, from this module's pieces. The allocator runs expandable segments where the
 job states them (--expandable-segments; Megatron-LM's launch scripts were not read: the default segments).
 
 Nothing here reads a file or prints.
@@ -53,7 +57,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import afterstep, allocator, dataparallel, runtimes
+from planner.cost import afterstep, allocator, bridgeterms, dataparallel, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_layers import parameter_parts, tensor_split
 from planner.cost.reserve import _Step as _LayerPasses
@@ -62,6 +66,7 @@ from planner.cost.reserve_fsdp2 import expandable_segments
 from planner.cost.rules import batch_bytes, profile_tp
 from planner.schema import AllocRecord, LayerProfile, Profile, StagePlan, TrainSetup
 
+INTERLEAVED = "interleaved-1F1B"  # Megatron-LM's virtual pipeline stages (reserve_megatron_chunks.py)
 STEPS = 2  # the first step makes Adam's state after its activations; the second runs as every later one
 
 
@@ -78,14 +83,20 @@ class MegatronStatic:
     clone_ratio: float  # the bf16 clone the main shard is made from (1 / K)
     rest_bytes: int  # static beyond these, and the batch the schedule holds: one block after the optimizer
     workspaces: tuple[int, ...] = ()  # the cuBLAS workspaces made at the first forward
+    # per layer, the weights' bytes the model holds over `tensors`' (Float8 primary weights at 1 B: under 1)
+    weight_scale: tuple[float, ...] = ()
+    te_weight_copies: tuple[int, ...] = ()  # per layer, TE's cached FP8 weight copy, made at the first forward
+    chunk_layers: tuple[int, ...] = ()  # layers a model chunk, chunk 0 first (each its own DDP); (): one chunk
 
 
 def replays(setup: TrainSetup) -> bool:
     """Whether this replay orders the setup's step: a runtime whose record says Megatron-LM's step
-    (megatron_step_replayed), one stage a rank (not interleaved), DDP or the distributed optimizer (ZeRO
-    0 or 1; ZeRO 2/3 would be Megatron-FSDP, not read)."""
-    record = runtimes.of(setup.training)
-    return record.megatron_step_replayed and setup.pipeline.chunks == 1 and setup.data_parallel.zero <= 1
+    (megatron_step_replayed), one stage a rank or Megatron-LM's interleaved schedule (several chunks a rank:
+    reserve_megatron_chunks.py), DDP or the distributed optimizer (ZeRO 0 or 1; ZeRO 2/3 would be Megatron-FSDP,
+    not read)."""
+    record, pipeline = runtimes.of(setup.training), setup.pipeline
+    schedule = pipeline.chunks == 1 or pipeline.schedule == INTERLEAVED
+    return record.megatron_step_replayed and schedule and setup.data_parallel.zero <= 1
 
 
 def schedule_order(stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
@@ -110,21 +121,58 @@ def loss_record(logits_bytes: int, kept_x: float) -> AllocRecord:
     return AllocRecord(forward=[int(logits_bytes * kept_x)], backward=[logits_bytes, -1], output=0, input_grad=2)
 
 
+def te_loss_record(tokens: int) -> AllocRecord:
+    """Transformer Engine's fused cross-entropy (docs/framework-facts.md §46: TE v2.9 cross_entropy.py 50-59, 76;
+    triton/cross_entropy.py 266-372): its forward makes the fp32 loss and three fp32 statistics a token, writes
+    the gradient into the logits' own storage and keeps them (the logits, not this record's); its backward scales
+    them in place and hands them back: nothing made, the loss freed. The statistics are its kernel's, freed once
+    the loss is made."""
+    per_token = 4 * tokens
+    return AllocRecord(forward=[per_token, per_token, per_token, per_token, -2, -3, -4], backward=[-1], output=0,
+                       input_grad=0)
+
+
+def last_stage_loss(profile: Profile, setup: TrainSetup, logits_bytes: int) -> tuple[AllocRecord, bool]:
+    """The last stage's loss record, and whether it keeps the logits to its backward (TE's fused cross-entropy,
+    where the setup runs it and the record reads it: rules.runtime_loss's region); else megatron-core's
+    vocab-parallel one on the logits' fp32 copy (loss_record)."""
+    record = runtimes.of(setup.training)
+    te_fused = getattr(setup.training, "te_cross_entropy", False) and record.te_cross_entropy is not None
+    shape = profile.assumptions
+    if te_fused and {"seq_len", "micro_batch_size"} <= set(shape):
+        return te_loss_record(shape["seq_len"] // shape.get("cp", 1) * shape["micro_batch_size"]), True
+    region = runtimes.loss_region(record, tp=profile_tp(profile), compiled=False)
+    return loss_record(logits_bytes, region.kept_x), False
+
+
 def static_events(static: MegatronStatic) -> list[Event]:
-    """The model's tensors, DDP's buffers (the tensors freed into them), the optimizer's main params."""
+    """The model's tensors, DDP's buffers (the tensors freed into them), chunk by chunk (each model chunk its own
+    DDP, wrapped in turn), the optimizer's main params."""
     tensors = [(("param", i, j), size) for i, layer in enumerate(static.tensors) for j, size in enumerate(layer)]
-    total = sum(size for _, size in tensors)
-    events: list[Event] = [Alloc(key, size) for key, size in tensors]
-    if static.distributed:  # param_data, then grad_data; the model's own tensors freed into param_data
-        events += [Alloc(("param_data",), total), Alloc(("grad_data",), int(total * static.grad_ratio))]
-        events += [Free(key) for key, _ in tensors]
-    else:  # plain DDP: the tensors stay, grad_data beside them
-        events.append(Alloc(("grad_data",), int(total * static.grad_ratio)))
+    scale = static.weight_scale or (1.0,) * len(static.tensors)
+    events: list[Event] = [Alloc(key, int(size * scale[key[1]])) for key, size in tensors]
+    start = 0
+    for c, count in enumerate(static.chunk_layers or (len(static.tensors),)):
+        mine = [(key, size) for key, size in tensors if start <= key[1] < start + count]
+        start += count
+        total = sum(size for _, size in mine)
+        held = sum(int(size * scale[key[1]]) for key, size in mine)
+        if static.distributed:  # param_data, then grad_data; the model's own tensors freed into param_data
+            events += [Alloc(("param_data", c), held), Alloc(("grad_data", c), int(total * static.grad_ratio))]
+            events += [Free(key) for key, _ in mine]
+        else:  # plain DDP: the tensors stay, grad_data beside them
+            events.append(Alloc(("grad_data", c), int(total * static.grad_ratio)))
     for key, size in tensors:  # clone().float(): the clone, the main shard, the clone freed
         events += [Alloc(("clone", *key[1:]), int(size * static.clone_ratio)),
                    Alloc(("main", *key[1:]), int(size * static.main_ratio)), Free(("clone", *key[1:]))]
     events.append(Alloc(("rest",), static.rest_bytes))
     return events
+
+
+def first_forward_events(static: MegatronStatic) -> list[Event]:
+    """What the first forward makes and keeps: the cuBLAS workspaces, TE's cached FP8 weight copies."""
+    return [*(Alloc(("workspace", n), size) for n, size in enumerate(static.workspaces)),
+            *(Alloc(("te_weight_copy", i), size) for i, size in enumerate(static.te_weight_copies) if size)]
 
 
 def adam_state_events(static: MegatronStatic) -> list[Event]:
@@ -155,18 +203,21 @@ class _Holders:
 
 
 class _Step:
-    """One rank's step under Megatron-LM's schedule, appended to `events`: the layers' passes as reserve.py
-    plays them, the receive buffers, the sent outputs and the schedule's references as Megatron-LM keeps them."""
+    """One model chunk's passes on a rank under Megatron-LM's schedule, appended to `events`: the layers' passes as
+    reserve.py plays them, the receive buffers, the sent outputs and the schedule's references as Megatron-LM
+    keeps them. `run` orders one chunk a rank (1F1B, or no pipeline); reserve_megatron_chunks.py orders several
+    from the same pieces (receive_input, run_forward, drop_output, receive_output_grad, run_backward)."""
 
     def __init__(self, layers, options, records, *, loss: AllocRecord | None, first: bool, input_bytes: int,
-                 events: list[Event], holders: _Holders, step: int) -> None:
+                 events: list[Event], holders: _Holders, step: int, chunk: int = 0, keeps_logits: bool = False) -> None:
         self.records, self.loss, self.first, self.input_bytes = records, loss, first, input_bytes
-        self.events, self.holders, self.step = events, holders, step
+        self.keeps_logits = keeps_logits  # the loss keeps the logits to the backward (freed after the last layer's)
+        self.events, self.holders, self.step, self.chunk = events, holders, step, chunk
         self.passes = _LayerPasses(layers, options, records, loss, self.events)
         self.last = len(records) - 1
 
-    def key(self, mb: int) -> int:
-        return self.step * 1_000_000 + mb  # the passes' keys: a microbatch of this step
+    def key(self, mb: int) -> tuple[int, int, int]:
+        return self.step, self.chunk, mb  # the passes' keys: a microbatch of this step and chunk
 
     def run(self, order: Sequence[tuple[str, int]]) -> None:
         for at, (kind, mb) in enumerate(order):
@@ -176,72 +227,118 @@ class _Step:
             else:
                 cooldown = at == 0 or order[at - 1][0] == "B"
                 self.backward(mb, receive_grad=cooldown)
-        for holder in ("input_var", "grad_var", "ograd_var"):  # the schedule function returns
+        self.release_variables()
+
+    def release_variables(self) -> None:
+        """The schedule function returns: its variables let go."""
+        for holder in ("input_var", "grad_var", "ograd_var"):
             for key in [k for k, hs in self.holders.held.items() if holder in hs]:
                 self.holders.drop(key, holder)
 
     def forward(self, mb: int, *, receive_grad_for: int | None) -> None:
-        if not self.first:  # recv_forward: a new input, the previous one's variable let go
-            key = ("in", self.key(mb))
-            self.events.append(Alloc(key, self.input_bytes))
-            for old in [k for k, hs in self.holders.held.items() if "input_var" in hs]:
-                self.holders.drop(old, "input_var")
-            for holder in ("input_var", "list", "model"):
-                self.holders.hold(key, holder)
-            for old in [k for k, hs in self.holders.held.items() if "model" in hs and k != key]:
-                self.holders.drop(old, "model")  # set_input_tensor: the model's reference moves on
-        self.passes.forward(self.key(mb))
-        output = (self.key(mb), self.last, self.records[self.last].output)
+        """1F1B's forward: recv_forward, the forward, send_forward_recv_backward in the steady state."""
+        if not self.first:
+            self.receive_input(mb, var=True)
+        self.run_forward(mb)
         if receive_grad_for is not None and self.loss is None:  # send_forward_recv_backward
             self.receive_output_grad(receive_grad_for)
-        if self.records[self.last].output:
-            self.events.append(Free(output))  # the logits once the loss is made, else the output once sent
-        if self.loss is None:
-            self.events.append(Alloc(("stub", self.key(mb)), 1))  # deallocate_output_tensor's 1-element tensor
-
-    def receive_output_grad(self, mb: int) -> None:
-        key = ("ograd", self.key(mb))
-        self.events.append(Alloc(key, _output_bytes(self.records[self.last])))
-        for old in [k for k, hs in self.holders.held.items() if "ograd_var" in hs]:
-            self.holders.drop(old, "ograd_var")
-        self.holders.hold(key, "ograd_var")
+        self.drop_output(mb)
 
     def backward(self, mb: int, *, receive_grad: bool) -> None:
+        """1F1B's backward: the input popped into the schedule's variable, recv_backward in the cool-down."""
+        self.pop_input(mb, var=True)
+        if receive_grad and self.loss is None:  # recv_backward (the cool-down)
+            self.receive_output_grad(mb)
+        self.run_backward(mb)
+
+    def receive_input(self, mb: int, *, var: bool) -> None:
+        """A received input (a new torch.empty), kept in the chunk's input list; `var`: the schedule's input
+        variable moves to it (the previous one let go)."""
         key = ("in", self.key(mb))
-        if not self.first:  # input_tensor = input_tensors.pop(0)
+        self.events.append(Alloc(key, self.input_bytes))
+        if var:
+            self._drop_all("input_var")
+            self.holders.hold(key, "input_var")
+        self.holders.hold(key, "list")
+
+    def run_forward(self, mb: int) -> None:
+        """set_input_tensor (the chunk's model keeps its last input), then the layers' forwards."""
+        if not self.first:
+            key = ("in", self.key(mb))
+            self.holders.hold(key, ("model", self.chunk))
+            for old in [k for k, hs in self.holders.held.items() if ("model", self.chunk) in hs and k != key]:
+                self.holders.drop(old, ("model", self.chunk))  # the model's reference moves on
+        self.passes.forward(self.key(mb))
+
+    def drop_output(self, mb: int) -> None:
+        """The logits once the loss is made; else the output once sent (deallocate_output_tensor's 1-element
+        tensor in its place)."""
+        if self.records[self.last].output and not (self.loss is not None and self.keeps_logits):
+            self.events.append(Free((self.key(mb), self.last, self.records[self.last].output)))
+        if self.loss is None:
+            self.events.append(Alloc(("stub", self.key(mb)), 1))
+
+    def receive_output_grad(self, mb: int, *, var: bool = True) -> None:
+        """A received output gradient; `var`: held by the schedule's variable until the next one is received,
+        else only by the chunk's list (freed after its backward: free_output_grad)."""
+        key = ("ograd", self.key(mb))
+        self.events.append(Alloc(key, _output_bytes(self.records[self.last])))
+        if var:
+            self._drop_all("ograd_var")
+            self.holders.hold(key, "ograd_var")
+        else:
+            self.holders.hold(key, "list")
+
+    def free_output_grad(self, mb: int) -> None:
+        self.holders.drop(("ograd", self.key(mb)), "list")
+
+    def pop_input(self, mb: int, *, var: bool) -> None:
+        """input_tensor = input_tensors.pop(0): out of the chunk's list; `var`: into the schedule's input variable
+        (1F1B's), the previous one let go."""
+        if self.first:
+            return
+        key = ("in", self.key(mb))
+        if var:
             for old in [k for k, hs in self.holders.held.items() if "input_var" in hs and k != key]:
                 self.holders.drop(old, "input_var")
             self.holders.hold(key, "input_var")
-            self.holders.drop(key, "list")
-        if receive_grad and self.loss is None:  # recv_backward (the cool-down)
-            self.receive_output_grad(mb)
+        self.holders.drop(key, "list")
+
+    def run_backward(self, mb: int) -> None:
+        """The layers' backwards, the input's gradient kept by the schedule's variable and the input's .grad,
+        the 1-element output freed."""
         sent = len(self.events)
         self.passes.backward(self.key(mb))
         grad = (self.key(mb), 0, self.records[0].input_grad)
         at = next((n for n in range(len(self.events) - 1, sent - 1, -1) if self.events[n] == Free(grad)), None)
         if self.records[0].input_grad and at is not None:
             del self.events[at]  # sent, and kept by the schedule's variable and the input's .grad
-            for old in [k for k, hs in self.holders.held.items() if "grad_var" in hs]:
-                self.holders.drop(old, "grad_var")
+            self._drop_all("grad_var")
             self.holders.hold(grad, "grad_var")
-            self.holders.hold(grad, ("on", key))
+            self.holders.hold(grad, ("on", ("in", self.key(mb))))
         if self.loss is None:
             self.events.append(Free(("stub", self.key(mb))))
+
+    def _drop_all(self, holder) -> None:
+        for old in [k for k, hs in self.holders.held.items() if holder in hs]:
+            self.holders.drop(old, holder)
 
 
 def step_events(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
                 static: MegatronStatic, stage: int, stages: int, num_microbatches: int,
-                loss: AllocRecord | None, input_bytes: int, steps: int = STEPS) -> list[Event]:
+                loss: AllocRecord | None, input_bytes: int, steps: int = STEPS,
+                keeps_logits: bool = False) -> list[Event]:
     """The rank's static allocations, then `steps` steps (the first making Adam's state after its
-    backwards), as allocator events; `loss`: the last stage's (loss_record), else None."""
+    backwards), as allocator events; `loss`: the last stage's (last_stage_loss), else None; `keeps_logits`: it
+    keeps the logits to its backward."""
     events = static_events(static)
     holders = _Holders(events)
     order = schedule_order(stages, stage, replayed_microbatches(stages, stage, num_microbatches))
     for step in range(steps):
         if step == 0:
-            events += [Alloc(("workspace", n), size) for n, size in enumerate(static.workspaces)]
+            events += first_forward_events(static)
         _Step(layers, options, records, loss=loss, first=stage == 0, input_bytes=input_bytes, events=events,
-              holders=holders, step=step).run(order)
+              holders=holders, step=step, keeps_logits=keeps_logits).run(order)
         if step == 0:
             events += adam_state_events(static)
     return events
@@ -259,19 +356,18 @@ def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: 
     records = records_for(layers, options)
     if records is None:
         return None
-    pipeline, record = setup.pipeline, runtimes.of(setup.training)
+    pipeline = setup.pipeline
     last = stage == pipeline.stages - 1
-    loss = None
+    loss, keeps_logits = None, False
     if last:
         logits = _output_bytes(records[-1])
         if not logits:
             return None
-        region = runtimes.loss_region(record, tp=profile_tp(profile), compiled=False)
-        loss = loss_record(logits, region.kept_x)
+        loss, keeps_logits = last_stage_loss(profile, setup, logits)
     static = static_of(layers, cost, stage=stage, profile=profile, setup=setup)
     events = step_events(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
                          num_microbatches=pipeline.microbatches, loss=loss,
-                         input_bytes=layers[0].input_bytes if stage > 0 else 0)
+                         input_bytes=layers[0].input_bytes if stage > 0 else 0, keeps_logits=keeps_logits)
     return allocator.replay(events, expandable=expandable_segments(profile, setup))
 
 
@@ -284,11 +380,11 @@ def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None
         return None
     flag = "--expandable-segments" if stated else "--no-expandable-segments"
     return (f"{flag} changes the caching allocator's replay, and the replay of Megatron-LM's step runs one stage a "
-            "rank under ZeRO 0 or 1; this setup's reserve is the fragmentation margin's: drop it")
+            "rank or its interleaved schedule, under ZeRO 0 or 1; this setup's reserve is the fragmentation margin's: drop it")
 
 
-def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Profile,
-              setup: TrainSetup) -> MegatronStatic:
+def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Profile, setup: TrainSetup,
+              chunk_layers: tuple[int, ...] = ()) -> MegatronStatic:
     """The rank's tensors (each layer's parameters on this rank, its experts over EP, in the weights' dtype,
     split as the layer's tensors: fsdp2_layers.parameter_parts) and the ratios of dataparallel.param_bytes;
     what the cost model's static holds beyond them and the batch the schedule holds (rules.batch_bytes), one
@@ -301,13 +397,21 @@ def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Prof
     master = record.master_bytes if setup.training.precision == "bf16-mixed" else 0
     moment = (held.optim - master) / 2
     weights = sum(map(sum, tensors))
-    made = weights * (1 + held.grads / held.shard_weights + (master + 2 * moment) / held.shard_weights / k)
+    # Transformer Engine's Float8 weights (bridgeterms.fp8_param_saving_bytes, as static charges them): FP8
+    # primary weights held at fewer bytes (a saving), else TE's cached FP8 copy beside each (a cost)
+    saving = [bridgeterms.fp8_param_saving_bytes(layer.float8.param_count if layer.float8 is not None else 0,
+                                                 setup, profile) for layer in layers]
+    scale = tuple(1 - max(0.0, cut) / sum(sizes) if sum(sizes) else 1.0 for cut, sizes in zip(saving, tensors))
+    copies = tuple(int(max(0.0, -cut)) for cut in saving)
+    made = weights * (1 + held.grads / held.shard_weights + (master + 2 * moment) / held.shard_weights / k) \
+        - sum(max(0.0, cut) for cut in saving) + sum(copies)
     return MegatronStatic(
         tensors=tensors, distributed=setup.data_parallel.zero == 1, grad_ratio=held.grads / held.shard_weights,
         main_ratio=master / held.shard_weights / k, moment_ratio=moment / held.shard_weights / k,
         clone_ratio=1 / k if master else 0.0,
         rest_bytes=int(max(0.0, cost.static_bytes - made) + batch_bytes(profile, stage, setup)),
-        workspaces=_workspaces(record, profile))
+        workspaces=_workspaces(record, profile), weight_scale=scale, te_weight_copies=copies,
+        chunk_layers=chunk_layers)
 
 
 def _workspaces(record, profile: Profile) -> tuple[int, ...]:

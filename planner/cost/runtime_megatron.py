@@ -94,8 +94,10 @@ def megatron() -> RuntimeFacts:
                                       f"1012; pipeline_parallel/schedules.py 171-201, 506, 539-599, 814-860, 2277-2475; "
                                       f"p2p_communication.py 335-349; tensor_parallel/cross_entropy.py 25, 62, 77, 181, "
                                       f"{MEGATRON_V}; TransformerEngine transformer_engine/pytorch/optimizers/"
-                                      f"fused_adam.py 452-460, 616, 4329ff84 (docs/framework-facts.md §43); the layers' "
-                                      f"own allocations are the profile's records, not Transformer Engine's kernels'",
+                                      f"fused_adam.py 452-460, 616, 4329ff84 (docs/framework-facts.md §43); the interleaved "
+                                      f"schedule schedules.py 929-1016, 1244-1332, 1544-2058 (reserve_megatron_chunks.py, "
+                                      f"§52); the layers' own allocations are the profile's records holding what TE's "
+                                      f"layers save (te_kept.te_record, §53), not Transformer Engine's kernels' order",
             "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
             "expandable_segments": "not read from its launch scripts: its replay runs the default segments unless --expandable-segments says otherwise",
             "expandable_segments_across_nodes": "not read from its launch scripts",
