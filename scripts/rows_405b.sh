@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The torchtitan 405B pipeline rows (docs/published-runs.md: M17, M18 as §8's rows.sh; C5-C8 as §7.cp's
 # commands on h100-96g with Float8 and its float8 all-gather, §14), each through scripts/stage_terms.py.
-# usage: bash scripts/rows_405b.sh TREE PROFILES OUT [profiles]
+# usage: bash scripts/rows_405b.sh TREE PROFILES OUT [profiles]   (TREE: any checkout's planner, e.g. a base to compare)
 #   with "profiles": make the analytic profiles in PROFILES first.
 set -u
 T=$1; P=$2; O=$3; mkdir -p "$O" "$P"
 PY=/work/main/.venv/bin/python
 CK="env PYTHONPATH=$T $PY -m planner.cli"
-R="env PYTHONPATH=$T $PY $T/scripts/stage_terms.py"
+R="env PYTHONPATH=$T $PY $(dirname "$(readlink -f "$0")")/stage_terms.py"  # this checkout's wrapper, on TREE's planner
 if [ "${4:-}" = profiles ]; then
   $CK profile --arch llama3.1-405b --seq-len 8192 --micro-batch-size 4 --tp 8 --sp --gpu h100-96g --out $P/l405_mbs4_96.json > $P/l405_mbs4_96.log 2>&1
   for pair in 1:32768 2:65536 4:131072 8:262144; do cp=${pair%%:*}; s=${pair##*:}
