@@ -8,9 +8,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from planner.cost import fsdp2_chunks  # noqa: E402
-
 import stage_terms  # noqa: E402
+
+from planner.cost import fsdp2_chunks  # noqa: E402
 
 _events = fsdp2_chunks.rank_events
 

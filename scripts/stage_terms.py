@@ -10,8 +10,8 @@ import sys
 
 from click.testing import CliRunner
 
-from planner.cost import costmodel
 from planner.cli import cli
+from planner.cost import costmodel
 
 GIB = 2**30
 

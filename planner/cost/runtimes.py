@@ -36,9 +36,9 @@ from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETT
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
+    INPUT_GRADS_CLEARED,
     MEMTRACKER,
     MODEL_CODE_KERNELS,
-    INPUT_GRADS_CLEARED,
     RS_INPUT_DROPPED,
     TORCH_PIPELINING,
     TORCH_PIPELINING_SOURCES,
