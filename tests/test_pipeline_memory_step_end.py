@@ -38,8 +38,10 @@ def test_the_last_1f1b_stage_peaks_at_the_merge_of_its_kept_logits(tiny):
     old, new = (stage_cost(layers[2:], [0, 0], stage=1, profile=tiny, setup=setup(v, **pipe))
                 for v in ("9dec370", "b5bcd76c"))
     # the last stage runs one microbatch in flight: M - 1 logits among its buffers (output_chunks), the last
-    # one's at the step's end, and the cat of all M: 2 M logits in all
-    assert old.buffer_bytes - new.buffer_bytes == (m - 1) * LOGITS
+    # one's at the step's end, and the cat of all M: 2 M logits in all; and at 9dec370's torch every input
+    # gradient stays on its receive buffer (M - 1 + 1 = M, b5bcd76c's torch the one being sent:
+    # tests/test_held_input_grads.py)
+    assert old.buffer_bytes - new.buffer_bytes == (m - 1) * LOGITS + (m - 1) * layers[2].input_bytes
     assert old.step_end_bytes == (1 + m) * LOGITS
     assert new.step_end_bytes == 0  # return_outputs=False: nothing kept, nothing merged
     # no data parallelism: no gradient made late, so the moment sits on static + buffers

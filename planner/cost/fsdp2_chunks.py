@@ -156,27 +156,33 @@ def with_ends(stage: Fsdp2Stage, ends: float) -> Fsdp2Stage:
 
 
 def one_stage_rank(stage: Fsdp2Stage, last_layer, *, stage_index: int, setup: TrainSetup,
-                   ends: float) -> Fsdp2Rank:
+                   ends: float, first_layer=None) -> Fsdp2Rank:
     """A rank of one stage beside torch's 1F1B or GPipe as the same driver runs it (`stage` built with its
     actions, `last_layer` the stage's last layer's cost): its outputs kept in output_chunks from each
     forward to the next step (rules.outputs_held), not among the buffers (the cost model's
     held_outputs_bytes, M - k of them there) nor the stage's ends (`ends`: its kept bytes less its layers',
-    with_ends); the last stage's merge of them at the step's end. The input gradient stays one block among
-    the buffers, as the cost model counts it."""
-    from planner.cost.rules import held_outputs_bytes, outputs_held
+    with_ends); the last stage's merge of them at the step's end. Where each microbatch's input gradient
+    stays on its receive buffer's `.grad` to the next step (the record's input_grads_held_to_step_end;
+    `first_layer` the stage's first layer's cost), each is made at its backward and kept, not among the
+    buffers (rules.held_input_grads of them there); else the one being sent stays one block there."""
+    from planner.cost.rules import held_input_grads, held_outputs_bytes, outputs_held
 
     pipeline = setup.pipeline
     kept = outputs_held(stage_index, pipeline.stages, setup.training, ranks=pipeline.stages)
     output = last_layer.output_bytes if kept else 0
+    grads_kept = first_layer is not None and stage_index > 0 and runtimes.of(setup.training).input_grads_held_to_step_end
+    input_grad = first_layer.input_bytes if grads_kept else 0
+    counted = held_input_grads(stage_index, setup) * input_grad  # what the buffers hold of them
     microbatches = max(mb for _, mb in stage.actions) + 1
     last = stage_index == pipeline.stages - 1
     return Fsdp2Rank(
         chunks=(with_ends(replace(stage, actions=(), buffer_bytes=0), ends - output),),
         actions=tuple((0, kind, mb) for kind, mb in stage.actions), num_microbatches=microbatches,
         # the microbatches not replayed (replayed_microbatches) keep theirs among the buffers
-        buffer_bytes=int(stage.buffer_bytes - held_outputs_bytes(last_layer, stage_index, setup)
-                         + (pipeline.microbatches - microbatches) * output),
-        output_bytes=(output,), input_grad_bytes=(0,), merged_bytes=pipeline.microbatches * output if last else 0)
+        buffer_bytes=int(stage.buffer_bytes - held_outputs_bytes(last_layer, stage_index, setup) - counted
+                         + (pipeline.microbatches - microbatches) * (output + input_grad)),
+        output_bytes=(output,), input_grad_bytes=(input_grad,),
+        merged_bytes=pipeline.microbatches * output if last else 0)
 
 
 def rank_of(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainSetup) -> Fsdp2Rank:

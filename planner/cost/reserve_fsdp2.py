@@ -208,4 +208,5 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         one_stage_rank,  # beside a pipeline: torch's schedule drives it
     )
 
-    return one_stage_rank(built, costs[-1], stage_index=stage, setup=setup, ends=cost.kept_bytes - made.kept_bytes)
+    return one_stage_rank(built, costs[-1], stage_index=stage, setup=setup, ends=cost.kept_bytes - made.kept_bytes,
+                          first_layer=costs[0])

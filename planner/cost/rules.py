@@ -267,8 +267,22 @@ def first_layer_buffer_bytes(layer: LayerCost, stage: int, setup: TrainSetup) ->
     elif held == "pipe-buffers":
         copies = pipe_buffers(stage, setup.pipeline) + 1
     else:
-        copies = setup.pipeline.microbatches + 1
+        copies = setup.pipeline.microbatches + held_input_grads(stage, setup)
     return copies * layer.input_bytes
+
+
+def held_input_grads(stage: int, setup: TrainSetup) -> int:
+    """Input gradients stage `stage` (past the first) holds at its peak under torch's pipelining: the
+    one being sent; where each stays on its receive buffer's `.grad` to the next step (the record's
+    input_grads_held_to_step_end), also every backward run before the peak. 1F1B's activations peak
+    at each steady backward with min(P - s, M) in flight, the most gradients at its last, after
+    M - min(P - s, M) backwards: that many held plus the one it makes. GPipe peaks at its first
+    backward (none held); a schedule of several stages a rank walks its own (chunked.sends_held_bytes)."""
+    pipeline = setup.pipeline
+    if stage == 0 or not runtime_facts(setup).input_grads_held_to_step_end or pipeline.schedule != "1F1B" \
+            or pipeline.chunks > 1:
+        return 1
+    return pipeline.microbatches - in_flight(pipeline, stage) + 1
 
 
 def first_layer_reduced_back_bytes(layer: LayerCost, setup: TrainSetup) -> float:

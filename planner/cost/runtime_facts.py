@@ -165,6 +165,11 @@ class RuntimeFacts:
     the last group a stage reduces (its whole gradients in the reduce dtype) from the stage's last
     backward to the next step's: the pipeline's manual post-backward did not call the root's final
     callback that drops it (torch before pytorch#144535, 2025-01-10)."""
+    input_grads_held_to_step_end: bool = False
+    """Beside torch's pipelining, each microbatch's input gradient stays on its receive buffer's `.grad`
+    from that microbatch's backward to the next step's clear_runtime_states (torch before pytorch#164329,
+    which drops it once handed to the send): a stage past the first holds one more per backward run
+    (rules.held_input_grads). Else one at a time, the one being sent."""
     reduces_after_last_backward: bool = False
     """Beside torch's pipelining, a stage's FSDP2 gradient reductions all run after its M-th backward,
     on the rank's compute stream's order: each group's post-backward waits for the previous group's

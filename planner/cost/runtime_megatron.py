@@ -101,6 +101,7 @@ def megatron() -> RuntimeFacts:
             "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
             "expandable_segments": "not read from its launch scripts: its replay runs the default segments unless --expandable-segments says otherwise",
             "expandable_segments_across_nodes": "not read from its launch scripts",
+            "input_grads_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py: one input gradient sent at a time (input_receive_buffers \"one\"), {MEGATRON_V}",
             "keeps_last_reduce_scatter_input": f"{NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {MEGATRON_V})",
             "reduces_after_last_backward": f"{NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {MEGATRON_V})",
             "multi_schedule_lockstep": f"not torch's pipelining: megatron/core/pipeline_parallel/schedules.py, {MEGATRON_V}",

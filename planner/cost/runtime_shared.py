@@ -95,6 +95,16 @@ RS_INPUT_DROPPED = ("torch since pytorch#144535 (2025-01-10) calls the root's _r
                      f"the pipeline's manual post-backward, which drops the reduce-scatter state (pipelining/stage.py "
                      f"1188-1191, {TORCH_V})")
 
+# Each microbatch's input gradient beside torch's pipelining (RuntimeFacts.input_grads_held_to_step_end)
+INPUT_GRADS_KEPT = ("torch 2.6.0 (git 2236df17, the release of torch 1963fc8's month): pipelining/_backward.py "
+                    "350-361 (stage_backward: torch.autograd.backward accumulates into each input's .grad, and "
+                    "grad_inputs reads val.grad without clearing it), stage.py 360-374 and 553 (the input is the "
+                    "microbatch's own receive buffer, a leaf), 507-525 (clear_runtime_states sets each buffer's "
+                    ".grad = None as the next step begins): every microbatch's input gradient stays from its "
+                    "backward to the next step; pytorch#164329 (opened 2025-10-01) drops it once read")
+INPUT_GRADS_CLEARED = (f"torch/distributed/pipelining/_backward.py 439-450 (stage_backward sets val.grad = None once "
+                       f"read, pytorch#164329: the send holds the one in flight), {TORCH_V}")
+
 TORCHAO_V = "torchao v0.11.0 (f34b473e)"
 
 NO_FSDP2_PIPELINE = "no FSDP2 beside a torch pipelining stage: its own data parallelism reduces its gradients"

@@ -9,6 +9,8 @@ from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     COMPILED_LOSS,
+    INPUT_GRADS_CLEARED,
+    INPUT_GRADS_KEPT,
     MEMTRACKER,
     MODEL_CODE_KERNELS,
     MULTI_LOCKSTEP,
@@ -27,6 +29,12 @@ _TITAN_NEW = "torchtitan bbb1b616 (2025-04-02) to b5bcd76c (2026-08-21)"
 # the torch each torchtitan version ran: 9dec370's benchmarks name torch 1963fc8 (2024-12-23;
 # benchmarks/llama3_h100_202412_torchtitan.md); bbb1b616 ran the nightly of its day (2025-04), both
 # before pytorch#153383 (2025-05-13) made output_chunks the last stage's only
+# the torch each version ran, where a torch fact turns on its date (input_grads_held_to_step_end)
+_TITAN_TORCH = {
+    "9dec370": "torchtitan 9dec370 ran torch 1963fc8 (2024-12-23; benchmarks/llama3_h100_202412_torchtitan.md)",
+    "bbb1b616": "torchtitan bbb1b616 (2025-04-02) ran the torch nightly of its day",
+    "2c8b5947": "torchtitan 2c8b5947 (2025-08-08) ran torch 2.9.0.dev20250811 (torchao/float8/README.md 853f87d1)",
+}
 _TITAN_OUTPUTS = {
     "9dec370": ("every-stage", f"train.py 287-292 (pp_schedule.step(...) returns the merged outputs), {_TITAN_OLD}, "
                 "with torch 1963fc8 (2024-12-23; benchmarks/llama3_h100_202412_torchtitan.md): "
@@ -120,7 +128,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
-        reduces_after_last_backward=version == "9dec370",
+        reduces_after_last_backward=version == "9dec370", input_grads_held_to_step_end=version != "b5bcd76c",
         multi_schedule_lockstep=version == "9dec370",
         float8_saves_input=version == "9dec370",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
@@ -168,6 +176,8 @@ def torchtitan(version: str) -> RuntimeFacts:
             "step_replayed": f"not by reserve.py's replay of ckplan's step (fsdp2_step_replayed orders FSDP2's): FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {TORCH_V}",
             "keeps_last_reduce_scatter_input": (f"{RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
                                                 if version == "9dec370" else RS_INPUT_DROPPED),
+            "input_grads_held_to_step_end": (f"{INPUT_GRADS_KEPT}; {_TITAN_TORCH[version]}" if version != "b5bcd76c"
+                                             else f"{INPUT_GRADS_CLEARED}; b5bcd76c (2026-08-21) runs a torch after it"),
             "multi_schedule_lockstep": (f"{MULTI_LOCKSTEP}; {_TITAN_OLD} runs torch 1963fc8" if version == "9dec370"
                                         else f"{TORCH_V}: interleaved schedules run on _PipelineScheduleRuntime "
                                              f"(schedules.py 2216, 2891), which waits a receive where it is needed"),

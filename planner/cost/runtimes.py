@@ -36,6 +36,7 @@ from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETT
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
+    INPUT_GRADS_CLEARED,
     MEMTRACKER,
     MODEL_CODE_KERNELS,
     RS_INPUT_DROPPED,
@@ -91,6 +92,7 @@ def _ckplan() -> RuntimeFacts:
             "megatron_step_replayed": "ckplan's runtime is not Megatron-LM: reserve.py replays its own step (step_replayed)",
             "expandable_segments": "ckplan's launch leaves PYTORCH_CUDA_ALLOC_CONF as the user set it: the default segments",
             "expandable_segments_across_nodes": "the same on every node",
+            "input_grads_held_to_step_end": INPUT_GRADS_CLEARED,
             "keeps_last_reduce_scatter_input": f"planner/runtime/mesh.py 111-112 (FSDP2 under ZeRO 2/3) on {TORCH_V}: "
                                                f"{RS_INPUT_DROPPED}",
             "reduces_after_last_backward": "planner/runtime/mesh.py: ZeRO 2/3 kept whole reduce once after the last "
@@ -152,6 +154,7 @@ def _deepspeed() -> RuntimeFacts:
                                       f"DeepSpeed's PipelineEngine and ZeRO: step_replayed), {_DS_V}",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
             "expandable_segments_across_nodes": "not read from its launch scripts",
+            "input_grads_held_to_step_end": "DeepSpeed's pipe engine takes one input gradient a pipe buffer (input_receive_buffers)",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
             "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
             "multi_schedule_lockstep": "not torch's pipelining: DeepSpeed's PipelineEngine runs one stage per rank",
@@ -216,6 +219,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "megatron_step_replayed": "not Megatron-LM's step: Gemini's chunks (step_replayed)",
             "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
             "expandable_segments_across_nodes": "not read from its launch scripts",
+            "input_grads_held_to_step_end": "ColossalAI's 1F1B sends each input gradient as it is made (input_receive_buffers one)",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
             "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
             "multi_schedule_lockstep": "not torch's pipelining: ColossalAI's own schedules",

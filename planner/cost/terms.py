@@ -294,9 +294,10 @@ TERMS: tuple[Term, ...] = (
     Term("stage input shared with its receive buffer or batch slice", "kept", "open",
          lambda layer, stage, ctx: first_layer_kept_bytes(layer, ctx.setup),
          "PipelineStage's receive buffers hold the input the first layer saves (measured on the runtime)"),
-    Term("receive buffers for the input, and its gradient being sent", "buffers", "open",
-         lambda layer, stage, ctx: first_layer_buffer_bytes(layer, stage, ctx.setup),
-         "PipelineStage allocates one receive buffer per microbatch (measured on the runtime)"),
+    Term("receive buffers for the input, and its gradient being sent (and those held to the step's end)", "buffers",
+         "open", lambda layer, stage, ctx: first_layer_buffer_bytes(layer, stage, ctx.setup),
+         "PipelineStage allocates one receive buffer per microbatch (measured on the runtime); the record's "
+         "input_grads_held_to_step_end (torch 2.6.0 _backward.py 350-361: each on its buffer's .grad)"),
     Term("first layer's reduced gradient shard, not yet made", "buffers", "open",
          lambda layer, stage, ctx: first_layer_reduced_back_bytes(layer, ctx.setup),
          "FSDP2 under HSDP ZeRO 3 (bench_dp_static.py)"),
