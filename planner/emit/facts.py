@@ -64,7 +64,7 @@ class ModelFacts(BaseModel):
     style: Literal["llama", "gpt"] = "llama"
     qkv_bias: StrictBool = False
     head_dim: Size | None = None
-    mlp_act: Literal["gelu", "relu", "gelu_kernel"] = "gelu"
+    mlp_act: Literal["gelu", "relu", "gelu_kernel", "gelu_new", "gelu_fast", "gelu_python"] = "gelu"
     sliding_window: Size | None = None
     qk_norm: StrictBool = False
     num_experts: Count = 0

@@ -50,12 +50,14 @@ class Arch:
     qkv_bias: bool = False  # Qwen2's attention has biases on q, k and v projections
     head_dim: int | None = None  # None: hidden_size // num_heads
     source: str = ""
-    # style "gpt": the MLP's activation. GELU keeps its input and its output (Korthikanti's two
-    # 8sbh); ReLU (OPT) keeps only its output, which is also the second matrix's input. "gelu" is
-    # GELU written out as eager ops (Hugging Face's gelu_new: pow, tanh and six more); "gelu_kernel"
-    # one torch kernel (F.gelu, exact or tanh-approximated: transformers' gelu and gelu_pytorch_tanh,
-    # StarCoder2's), the same bytes kept
-    mlp_act: Literal["gelu", "relu", "gelu_kernel"] = "gelu"
+    # style "gpt": the MLP's activation (what each keeps and moves: planner/profiler/activations.py).
+    # "gelu" is Megatron-LM's GELU as Korthikanti et al. count it, its input and its output kept (two
+    # 8sbh); "gelu_kernel" one torch kernel (F.gelu, exact or tanh-approximated: transformers' gelu and
+    # gelu_pytorch_tanh, StarCoder2's), the same bytes kept; ReLU (OPT) keeps only its output, which is
+    # also the second matrix's input. "gelu_new", "gelu_fast", "gelu_python": transformers' GELUs
+    # written out as eager ops (GPT-2's gelu_new: pow, tanh and six more), which keep their ops'
+    # saved tensors too
+    mlp_act: Literal["gelu", "relu", "gelu_kernel", "gelu_new", "gelu_fast", "gelu_python"] = "gelu"
     # attention to the last `sliding_window` tokens only (Mistral 7B v0.1): fewer attention
     # FLOPs past it; flash keeps the same bytes, and eager attention still builds all s² scores
     sliding_window: int | None = None
