@@ -114,3 +114,31 @@ def test_a_gpt2_embedding_moves_the_bytes_its_code_moves(micro_batch_size):
     arch = archconfig.from_hf_config({**GPT2, "n_embd": h, "n_positions": 256}, where="c", name="g")
     fwd, bwd, _ = analytic_time.embedding_work(arch, Shape(seq_len=s, micro_batch_size=micro_batch_size))
     assert (fwd.bytes, bwd.bytes) == (forward.bytes, backward.bytes)
+
+
+def test_gemmas_scaled_embedding_moves_its_output_once_more_each_way():
+    """transformers' GemmaTextScaledWordEmbedding multiplies the lookup by √hidden_size: the analytic
+    embedding charges that pass (read and write the output, forward and backward); the fake counts
+    the 0-dim scale's 2 bytes too."""
+    gemma = pytest.importorskip("transformers.models.gemma.modeling_gemma")
+    from planner.profiler import analytic_time
+    from planner.profiler.formulas import Shape
+
+    vocab, h, s = 512, 64, 128
+    emb = gemma.GemmaTextScaledWordEmbedding(vocab, h, 0, embed_scale=h ** 0.5).to(torch.bfloat16)
+    for param in emb.parameters():
+        param.grad = torch.zeros_like(param)
+    ids, grad = torch.randint(0, vocab, (1, s)), torch.zeros(1, s, h, dtype=torch.bfloat16)
+    with fake.counting() as done:
+        out = emb(ids)
+        forward = done()
+        out.backward(grad)
+        backward = done() - forward
+    config = {"model_type": "gemma", "hidden_size": h, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": vocab,
+              "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}
+    arch = archconfig.from_hf_config(config, where="c", name="g")
+    fwd, bwd, _ = analytic_time.embedding_work(arch, Shape(seq_len=s, micro_batch_size=1))
+    assert arch.scaled_embedding and (forward.bytes - fwd.bytes, backward.bytes - bwd.bytes) == (2, 2)
+    plain = archconfig.from_hf_config({**config, "model_type": "llama", "hidden_activation": None}, where="c", name="l")
+    assert fwd.bytes - analytic_time.embedding_work(plain, Shape(seq_len=s, micro_batch_size=1))[0].bytes == 2 * s * h * 2

@@ -92,6 +92,7 @@ def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
                 # transformers writes DeepSeek's qk_rope_head_dim as head_dim; MLA's widths are its own
                 head_dim=None if mla else _optional_int(config, "head_dim", where),
                 sliding_window=_sliding_window(config, where), qk_norm=model_type in ("qwen3", "qwen3_moe"),
+                scaled_embedding=model_type == "gemma",
                 source=where, **_experts(config, where, model_type, dims), **mla,
                 **_positions(config, where), norm_eps=_epsilon(config, where, "rms_norm_eps"))
 

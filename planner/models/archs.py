@@ -62,6 +62,9 @@ class Arch:
     # FLOPs past it; flash keeps the same bytes, and eager attention still builds all s² scores
     sliding_window: int | None = None
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k before rotary (q_norm, k_norm)
+    # Gemma: the token embedding's output multiplied by √hidden_size (transformers' GemmaTextScaledWordEmbedding),
+    # one more elementwise pass each way; no tensor kept
+    scaled_embedding: bool = False
     # Mixture of experts (num_experts 0: every MLP dense). A MoE layer's MLP is a router (a
     # hidden x experts linear, top-k of its probabilities), `num_experts` routed SwiGLU experts of
     # width moe_intermediate_size of which each token reaches `num_experts_per_tok`, and
@@ -180,7 +183,8 @@ _UNPINNED = ("rope_theta", "norm_eps", "rope_scaling")
 MAX_LAYERS = 1024
 
 
-_LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "num_experts": 0,
+_LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "scaled_embedding": False,
+                 "num_experts": 0,
                  "num_experts_per_tok": 0, "moe_intermediate_size": 0, "num_shared_experts": 0,
                  "shared_intermediate_size": 0, "shared_expert_gate": False, "dense_layers": (),
                  "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,

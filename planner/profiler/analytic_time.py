@@ -263,6 +263,8 @@ def embedding_work(arch, shape) -> tuple[Work, Work, Work]:
         summed = rows + positions if shape.micro_batch_size > 1 else 0
         fwd = fwd + 2 * positions + 2 * rows + positions + 2 * position_ids
         bwd = bwd + summed + positions + position_ids
+    if arch.scaled_embedding:  # Gemma's √hidden_size: its output read and written once more each way
+        fwd, bwd = fwd + 2 * rows, bwd + 2 * rows
     if arch.drops_embedding:  # the embedding's dropout over its output
         fwd, bwd = fwd + DROPOUT_FWD * shape.tokens * arch.hidden_size, bwd + DROPOUT_BWD * shape.tokens * arch.hidden_size
     return (work(0, fwd, [], classed={"elementwise": fwd}), work(0, bwd, [], classed={"elementwise": bwd}),
