@@ -503,8 +503,9 @@ def test_arch_config_counts_the_parameters_transformers_builds(model_type, field
 
 
 def test_opt_relu_keeps_one_mlp_tensor_where_gelu_keeps_two():
-    gpt = archconfig.from_hf_config({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
-                                "vocab_size": 50257, "n_positions": 1024}, where="c", name="gpt2")
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+    # GELU as one kernel (Megatron-LM's fused bias-GELU keeps the same): its input and its output
+    gpt = archconfig.from_hf_config({**gpt2, "activation_function": "gelu_pytorch_tanh"}, where="c", name="gpt2")
     opt = archconfig.from_hf_config({"model_type": "opt", "hidden_size": 768, "ffn_dim": 3072, "num_hidden_layers": 12,
                                 "num_attention_heads": 12, "vocab_size": 50272, "max_position_embeddings": 2048},
                                where="c", name="opt")
@@ -512,6 +513,9 @@ def test_opt_relu_keeps_one_mlp_tensor_where_gelu_keeps_two():
     gelu = sum(t.num_bytes for t in analytic.block_terms(gpt, shape))
     relu = sum(t.num_bytes for t in analytic.block_terms(opt, shape))
     assert gelu - relu == 512 * 2 * 3072 * 2  # one s·b·f tensor of 2 bytes
+    # GPT-2's own gelu_new, written out as eager ops, keeps three more: tanh's output, 0.5·x, 1 + tanh
+    eager_gelu = archconfig.from_hf_config(gpt2, where="c", name="gpt2")
+    assert sum(t.num_bytes for t in analytic.block_terms(eager_gelu, shape)) - gelu == 3 * 512 * 2 * 3072 * 2
     eager = Shape(seq_len=512, micro_batch_size=2, attention="eager")  # the paper's own setting
     assert sum(t.num_bytes for t in analytic.block_terms(gpt, eager)) == \
         analytic.korthikanti_block_bytes(gpt, eager) + 2 * 2 * 4 * 512 * 2  # + LayerNorm statistics

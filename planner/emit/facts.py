@@ -64,9 +64,10 @@ class ModelFacts(BaseModel):
     style: Literal["llama", "gpt"] = "llama"
     qkv_bias: StrictBool = False
     head_dim: Size | None = None
-    mlp_act: Literal["gelu", "relu", "gelu_kernel"] = "gelu"
+    mlp_act: Literal["gelu", "relu", "gelu_kernel", "gelu_new", "gelu_fast", "gelu_python"] = "gelu"
     sliding_window: Size | None = None
     qk_norm: StrictBool = False
+    scaled_embedding: StrictBool = False
     num_experts: Count = 0
     num_experts_per_tok: Count = 0
     moe_intermediate_size: Count = 0

@@ -92,6 +92,7 @@ def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
                 # transformers writes DeepSeek's qk_rope_head_dim as head_dim; MLA's widths are its own
                 head_dim=None if mla else _optional_int(config, "head_dim", where),
                 sliding_window=_sliding_window(config, where), qk_norm=model_type in ("qwen3", "qwen3_moe"),
+                scaled_embedding=model_type == "gemma",
                 source=where, **_experts(config, where, model_type, dims), **mla,
                 **_positions(config, where), norm_eps=_epsilon(config, where, "rms_norm_eps"))
 
@@ -318,23 +319,20 @@ def _opt(config: dict, where: str, name: str) -> Arch:
     return _checked_heads(arch, where)
 
 
-# transformers' ACT2FN (activations.py): GELU as one torch kernel (GELUActivation, PytorchGELUTanh), or
-# written out as eager ops (NewGELUActivation, FastGELUActivation, the python erf and accurate forms)
-_GELU_KERNEL = ("gelu", "gelu_pytorch_tanh")
-_GELU_EAGER = ("gelu_new", "gelu_fast", "gelu_python", "gelu_accurate")
+# transformers' ACT2FN (activations.py, 5.24) -> Arch.mlp_act: GELU as one torch kernel (GELUActivation,
+# GELUTanh), or written out as eager ops, each keeping its own ops' saved tensors (NewGELUActivation,
+# and AccurateGELUActivation, which runs the same ops; FastGELUActivation; the python erf form)
+_ACTIVATIONS = {"gelu": "gelu_kernel", "gelu_pytorch_tanh": "gelu_kernel", "relu": "relu", "gelu_new": "gelu_new",
+                "gelu_accurate": "gelu_new", "gelu_fast": "gelu_fast", "gelu_python": "gelu_python"}
 
 
 def _activation(config: dict, where: str, default: str, key: str = "activation_function"
-                ) -> Literal["gelu", "relu", "gelu_kernel"]:
+                ) -> Literal["relu", "gelu_kernel", "gelu_new", "gelu_fast", "gelu_python"]:
     act = config.get(key, default)
-    if act in _GELU_KERNEL:
-        return "gelu_kernel"
-    if act in _GELU_EAGER:
-        return "gelu"
-    if act == "relu":
-        return "relu"
+    if isinstance(act, str) and act in _ACTIVATIONS:
+        return _ACTIVATIONS[act]
     raise UserError(f"{where}: {key} {act!r} is not read; GPT-style configs use relu or GELU "
-                    f"({', '.join((*_GELU_KERNEL, *_GELU_EAGER))})")
+                    f"({', '.join(name for name in _ACTIVATIONS if name != 'relu')})")
 
 
 def _check_depth(layers: int, key: str, where: str) -> int:

@@ -50,16 +50,21 @@ class Arch:
     qkv_bias: bool = False  # Qwen2's attention has biases on q, k and v projections
     head_dim: int | None = None  # None: hidden_size // num_heads
     source: str = ""
-    # style "gpt": the MLP's activation. GELU keeps its input and its output (Korthikanti's two
-    # 8sbh); ReLU (OPT) keeps only its output, which is also the second matrix's input. "gelu" is
-    # GELU written out as eager ops (Hugging Face's gelu_new: pow, tanh and six more); "gelu_kernel"
-    # one torch kernel (F.gelu, exact or tanh-approximated: transformers' gelu and gelu_pytorch_tanh,
-    # StarCoder2's), the same bytes kept
-    mlp_act: Literal["gelu", "relu", "gelu_kernel"] = "gelu"
+    # style "gpt": the MLP's activation (what each keeps and moves: planner/profiler/activations.py).
+    # "gelu" is Megatron-LM's GELU as Korthikanti et al. count it, its input and its output kept (two
+    # 8sbh); "gelu_kernel" one torch kernel (F.gelu, exact or tanh-approximated: transformers' gelu and
+    # gelu_pytorch_tanh, StarCoder2's), the same bytes kept; ReLU (OPT) keeps only its output, which is
+    # also the second matrix's input. "gelu_new", "gelu_fast", "gelu_python": transformers' GELUs
+    # written out as eager ops (GPT-2's gelu_new: pow, tanh and six more), which keep their ops'
+    # saved tensors too
+    mlp_act: Literal["gelu", "relu", "gelu_kernel", "gelu_new", "gelu_fast", "gelu_python"] = "gelu"
     # attention to the last `sliding_window` tokens only (Mistral 7B v0.1): fewer attention
     # FLOPs past it; flash keeps the same bytes, and eager attention still builds all s² scores
     sliding_window: int | None = None
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k before rotary (q_norm, k_norm)
+    # Gemma: the token embedding's output multiplied by √hidden_size (transformers' GemmaTextScaledWordEmbedding),
+    # one more elementwise pass each way; no tensor kept
+    scaled_embedding: bool = False
     # Mixture of experts (num_experts 0: every MLP dense). A MoE layer's MLP is a router (a
     # hidden x experts linear, top-k of its probabilities), `num_experts` routed SwiGLU experts of
     # width moe_intermediate_size of which each token reaches `num_experts_per_tok`, and
@@ -178,7 +183,8 @@ _UNPINNED = ("rope_theta", "norm_eps", "rope_scaling")
 MAX_LAYERS = 1024
 
 
-_LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "num_experts": 0,
+_LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "scaled_embedding": False,
+                 "num_experts": 0,
                  "num_experts_per_tok": 0, "moe_intermediate_size": 0, "num_shared_experts": 0,
                  "shared_intermediate_size": 0, "shared_expert_gate": False, "dense_layers": (),
                  "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,

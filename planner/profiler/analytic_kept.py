@@ -12,13 +12,13 @@ from itertools import combinations
 
 from planner.models.archs import GPU, Arch
 from planner.profiler import analytic_time, opsac
+from planner.profiler.activations import ACTIVATIONS, freed_by_rerun
 from planner.profiler.formulas import INDEX_BYTES, Shape, _is_moe, expert_tokens, kv_width, q_width
 from planner.profiler.membound import membound_ms
 from planner.schema import OPTION_OFFLOAD, RecomputeOption
 
 FP32 = 4
 MASK_BYTES = 1  # dropout masks are bool
-GELUS = ("gelu", "gelu_kernel")  # Arch.mlp_act's GELUs: each keeps its input and its output
 
 KORTHIKANTI = "Korthikanti et al. 2022, §4"
 FLASH = "Dao 2023 (FlashAttention-2)"
@@ -205,13 +205,24 @@ def gpt_block_terms(arch: Arch, shape: Shape) -> list[Term]:
         *residual_dropout_terms(arch, shape, "attention"),
         *_norm_terms(arch, shape, "MLP"),
         Term("MLP input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: first linear input 2sbh"),
-        *([Term("GELU input", sb * f * d, f"{KORTHIKANTI}: GeLU input 8sbh"),
-           Term("GELU output (second linear input)", sb * f * d, f"{KORTHIKANTI}: second linear input 8sbh")]
-          if arch.mlp_act in GELUS else
-          [Term("ReLU output (its own backward's and the second linear's input)", sb * f * d,
-                f"{KORTHIKANTI}: second linear input 8sbh; ReLU needs only its output")]),
+        *_activation_terms(arch.mlp_act, sb * f * d),
         *residual_dropout_terms(arch, shape, "MLP"),
     ]
+
+
+def _activation_terms(act: str, tensor_bytes: int) -> list[Term]:
+    """What the MLP keeps between its linears (activations.py): GELU its input and its output
+    (Korthikanti's two 8sbh), ReLU only its output, an eager GELU its ops' saved tensors too."""
+    if act == "relu":
+        return [Term("ReLU output (its own backward's and the second linear's input)", tensor_bytes,
+                     f"{KORTHIKANTI}: second linear input 8sbh; ReLU needs only its output")]
+    kept = ACTIVATIONS[act].kept
+    terms = [Term("GELU output (second linear input)", tensor_bytes, f"{KORTHIKANTI}: second linear input 8sbh")]
+    if act in ("gelu", "gelu_kernel"):
+        return [Term("GELU input", tensor_bytes, f"{KORTHIKANTI}: GeLU input 8sbh"), *terms]
+    return [*(Term(f"{act} as eager ops: saved tensor {i + 1} of {kept - 1}", tensor_bytes,
+                   "planner/profiler/activations.py (transformers 5.24 activations.py, torch 2.13)")
+              for i in range(kept - 1)), *terms]
 
 
 def residual_dropout_terms(arch: Arch, shape: Shape, which: str) -> list[Term]:
@@ -305,16 +316,15 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
         tokens, f = sb, arch.intermediate_size // shape.tp
     if arch.style == "llama":
         mlp_saved, mlp_moved = 2 * tokens * f * d, 4 * tokens * f * d  # SiLU output and product; g, u in, both out
-    elif arch.mlp_act in GELUS:
-        mlp_saved, mlp_moved = tokens * f * d, 2 * tokens * f * d  # GELU output; its input in, output out
-    else:
-        mlp_saved = mlp_moved = 0
+    else:  # all the activation keeps but its input (activations.py), its ops rerun
+        act = ACTIVATIONS[arch.mlp_act]
+        mlp_saved, mlp_moved = freed_by_rerun(arch.mlp_act) * tokens * f * d, act.rerun_bytes * tokens * f * d // 2
     if mlp_saved:
         parts["mlp-act"] = (mlp_saved, membound_ms(mlp_moved, gpu, "eager", "activation"))
     if moe:
         parts["mlp"] = (sum(term.num_bytes for term in moe_terms(arch, shape)), rerun_ms("mlp"))
-    else:  # SwiGLU's four tensors, GELU's input and output, ReLU's output
-        width = 4 if arch.style == "llama" else 2 if arch.mlp_act in GELUS else 1
+    else:  # SwiGLU's four tensors, GELU's input and output (an eager GELU's saved tensors too), ReLU's output
+        width = 4 if arch.style == "llama" else ACTIVATIONS[arch.mlp_act].kept
         parts["mlp"] = (width * tokens * f * d, rerun_ms("mlp", moe=False))
     norms = norm_out_bytes(arch, shape, moe=moe)  # {"attn" / "mlp": the norm before that sub-block}
     if norms:

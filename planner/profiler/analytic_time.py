@@ -40,6 +40,7 @@ from collections import Counter
 
 from planner.models.archs import GPU
 from planner.profiler import formulas
+from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
 NORM_FWD, NORM_BWD, NORM_FWD_TOKEN, NORM_BWD_TOKEN = 36, 96, 28, 44
@@ -52,9 +53,8 @@ ATTENTION_BWD_FLOPS = 2.5  # torch's sdpa_backward_flop_count: five matmuls to t
 # Face's GPT-2 writes it (gelu_new: pow, tanh and six elementwise ops, their gradients), ReLU
 # (OPT); dropout with its mask; the fused Q/K/V gradient's cat, and each bias gradient's sum
 LAYERNORM_FWD, LAYERNORM_BWD = 4, 6
-# GELU as one torch kernel (F.gelu): reads its input, writes its output; backward reads the gradient
-# and the input, writes the input's gradient
-ACT_BYTES = {"gelu": (36, 56), "relu": (4, 6), "gelu_kernel": (4, 6)}
+# per Arch.mlp_act, (forward, backward) bytes an element (planner/profiler/activations.py)
+ACT_BYTES = {name: (act.fwd_bytes, act.bwd_bytes) for name, act in ACTIVATIONS.items()}
 DROPOUT_FWD, DROPOUT_BWD, QKV_CAT, BIAS_SUM = 5, 5, 4, 2
 EAGER_SCORES_FWD, EAGER_SCORES_BWD = 20, 30  # eager attention: mask add, fp32 softmax and back, per score
 
@@ -255,9 +255,16 @@ def embedding_work(arch, shape) -> tuple[Work, Work, Work]:
     ids = formulas.INDEX_BYTES * shape.tokens
     fwd, bwd = 2 * rows + ids, rows + ids + table + ACCUMULATE * table
     if arch.style == "gpt" and arch.max_position_embeddings:  # learned positions: one sequence's rows
-        # gathered and added to every sequence's
+        # gathered (by torch.arange's int64 positions, written and read) and added to every sequence's;
+        # backward, the add's gradient summed over the sequences (none for one: its shape is the
+        # positions'), and the lookup's backward reading it and the positions
         positions = shape.seq_len // shape.cp * arch.hidden_size * shape.d  # the rank's positions under CP
-        fwd, bwd = fwd + 2 * positions + 2 * rows + positions, bwd + rows + 2 * positions
+        position_ids = formulas.INDEX_BYTES * shape.seq_len // shape.cp
+        summed = rows + positions if shape.micro_batch_size > 1 else 0
+        fwd = fwd + 2 * positions + 2 * rows + positions + 2 * position_ids
+        bwd = bwd + summed + positions + position_ids
+    if arch.scaled_embedding:  # Gemma's √hidden_size: its output read and written once more each way
+        fwd, bwd = fwd + 2 * rows, bwd + 2 * rows
     if arch.drops_embedding:  # the embedding's dropout over its output
         fwd, bwd = fwd + DROPOUT_FWD * shape.tokens * arch.hidden_size, bwd + DROPOUT_BWD * shape.tokens * arch.hidden_size
     return (work(0, fwd, [], classed={"elementwise": fwd}), work(0, bwd, [], classed={"elementwise": bwd}),

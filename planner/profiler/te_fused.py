@@ -72,7 +72,7 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
     rows = T // shape.sp_div
     f = arch.intermediate_size // shape.tp
     if arch.style == "gpt":
-        if arch.mlp_act not in ("gelu", "gelu_kernel"):
+        if arch.mlp_act == "relu":  # Megatron-core's fused bias-activations are GELU's and SwiGLU's
             return None
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
         rope = _rope_saved(arch, shape)

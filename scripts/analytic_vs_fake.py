@@ -1,0 +1,152 @@
+"""The same architecture profiled two ways, side by side: `ckplan profile --arch-config CONFIG`
+(the analytic formulas, planner/profiler/analytic*.py) against `ckplan profile --hf-config CONFIG
+--fake` (transformers' own code for that config under FakeTensorMode, timed by the same roofline).
+
+Per layer (the embedding, each decoder block, the head): forward and backward ms, kept, transient
+and parameter bytes, and analytic / fake for each; then every recompute option both profiles offer
+by the same name, its kept bytes and rerun ms. The config's depth is cut to --layers (default 2)
+so the fake run is quick on a CPU; its widths stay as given (full-size hidden sizes are fine under
+FakeTensorMode). A config either reader refuses is reported with the refusal's sentence.
+
+    PYTHONPATH=$PWD python scripts/analytic_vs_fake.py CONFIG.json [--seq-len 256] [--micro-batch-size 1]
+        [--gpu h100] [--layers 2] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from planner import io
+from planner.cli import cli
+
+_DEPTH_KEYS = ("n_layer", "num_hidden_layers")
+
+
+def _cut(config: dict, layers: int) -> dict:
+    """The config at `layers` decoder layers (a MoE config's dense-layer lists are left as given)."""
+    key = next((k for k in _DEPTH_KEYS if k in config), None)
+    return {**config, key: layers} if key else config
+
+
+def _profile(*args: str):
+    result = CliRunner().invoke(cli, list(args))
+    if result.exit_code:
+        return None, result.output.strip().splitlines()[-1] if result.output.strip() else repr(result.exception)
+    return io.load_profile(args[args.index("--out") + 1]), None
+
+
+def profiles(config_path: Path, *, seq_len: int, micro_batch_size: int, gpu: str, layers: int, work: Path):
+    """((analytic profile or None, its refusal), (fake profile or None, its refusal))."""
+    config = _cut(json.loads(config_path.read_text()), layers)
+    folder = work / config_path.stem
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    shape = ("--seq-len", str(seq_len), "--micro-batch-size", str(micro_batch_size), "--gpu", gpu)
+    analytic = _profile("profile", "--arch-config", str(folder / "config.json"), *shape, "--out", str(folder / "a.json"))
+    fake = _profile("profile", "--hf-config", str(folder), "--fake", *shape, "--out", str(folder / "f.json"))
+    return analytic, fake
+
+
+def _ratio(mine: float, theirs: float) -> float | None:
+    return None if not theirs else mine / theirs
+
+
+def compare(analytic, fake) -> dict:
+    """Layer by layer (paired in order) and option by option (paired by name)."""
+    rows, options = [], []
+    for mine, theirs in zip(analytic.layers, fake.layers, strict=True):
+        row = {"analytic": mine.name, "fake": theirs.name}
+        for field in ("fwd_ms", "bwd_ms", "act_bytes", "transient_bytes", "param_bytes"):
+            a, f = getattr(mine, field), getattr(theirs, field)
+            row[field] = {"analytic": a, "fake": f, "ratio": _ratio(a, f)}
+        rows.append(row)
+        theirs_by_name = {option.name: option for option in theirs.recompute_options}
+        for option in mine.recompute_options:
+            other = theirs_by_name.get(option.name)
+            if other is not None:
+                options.append({"layer": mine.name, "option": option.name,
+                                "kept_bytes": {"analytic": option.kept_bytes, "fake": other.kept_bytes,
+                                               "ratio": _ratio(option.kept_bytes, other.kept_bytes)},
+                                "recompute_ms": {"analytic": option.recompute_ms, "fake": other.recompute_ms,
+                                                 "ratio": _ratio(option.recompute_ms, other.recompute_ms)}})
+    loss = {"loss_bytes": {"analytic": analytic.loss_bytes, "fake": fake.loss_bytes,
+                           "ratio": _ratio(analytic.loss_bytes, fake.loss_bytes)},
+            "loss_ms": {"analytic": analytic.loss_ms, "fake": fake.loss_ms, "ratio": _ratio(analytic.loss_ms, fake.loss_ms)}}
+    return {"layers": rows, "options": options, "loss": loss}
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_table(name: str, found: dict) -> None:
+    print(f"## {name}")
+    print("| layer (analytic / fake) | fwd ms a / f (ratio) | bwd ms a / f (ratio) | kept B a / f (ratio) "
+          "| transient B a / f (ratio) | param B ratio |")
+    print("|---|---|---|---|---|---|")
+    blocks = [row for row in found["layers"] if row["analytic"].startswith("layers.")]
+    shown = [row for row in found["layers"] if not row["analytic"].startswith("layers.")]
+    kinds = {}
+    for row in blocks:  # one block of each (analytic) kind: the rest repeat it
+        kinds.setdefault(json.dumps({k: row[k]["analytic"] for k in ("act_bytes", "param_bytes")}), row)
+    shown[1:1] = kinds.values()
+    for row in shown:
+        cells = [f"{row['analytic']} / {row['fake']}"]
+        for field, digits in (("fwd_ms", 4), ("bwd_ms", 4)):
+            v = row[field]
+            cells.append(f"{_fmt(v['analytic'], digits)} / {_fmt(v['fake'], digits)} ({_fmt(v['ratio'])})")
+        for field in ("act_bytes", "transient_bytes"):
+            v = row[field]
+            cells.append(f"{v['analytic']:,} / {v['fake']:,} ({_fmt(v['ratio'])})")
+        cells.append(_fmt(row["param_bytes"]["ratio"], 4))
+        print("| " + " | ".join(cells) + " |")
+    loss = found["loss"]
+    print(f"\nloss: kept {loss['loss_bytes']['analytic']:,} / {loss['loss_bytes']['fake']:,} "
+          f"({_fmt(loss['loss_bytes']['ratio'])}), ms {_fmt(loss['loss_ms']['analytic'], 4)} / "
+          f"{_fmt(loss['loss_ms']['fake'], 4)} ({_fmt(loss['loss_ms']['ratio'])})")
+    first_block = blocks[0]["analytic"] if blocks else None
+    rows = [o for o in found["options"] if o["layer"] == first_block and o["option"] not in ("none",)]
+    if rows:
+        print(f"\nrecompute options both offer ({first_block}): option: kept a / f (ratio), rerun ms a / f (ratio)")
+        for o in rows:
+            print(f"- {o['option']}: {o['kept_bytes']['analytic']:,} / {o['kept_bytes']['fake']:,} "
+                  f"({_fmt(o['kept_bytes']['ratio'])}), {_fmt(o['recompute_ms']['analytic'], 4)} / "
+                  f"{_fmt(o['recompute_ms']['fake'], 4)} ({_fmt(o['recompute_ms']['ratio'])})")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("configs", nargs="+", type=Path, help="Hugging Face config.json files")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers to profile (the config's depth is cut)")
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    args = parser.parse_args(argv)
+    everything = {}
+    with tempfile.TemporaryDirectory() as work:
+        for path in args.configs:
+            (analytic, refused_a), (fake, refused_f) = profiles(
+                path, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size, gpu=args.gpu,
+                layers=args.layers, work=Path(work))
+            if analytic is None or fake is None:
+                everything[path.stem] = {"refused": {"arch-config": refused_a, "hf-config --fake": refused_f}}
+                print(f"## {path.stem}\nrefused: --arch-config: {refused_a or 'read'}; "
+                      f"--hf-config --fake: {refused_f or 'read'}\n")
+                continue
+            everything[path.stem] = compare(analytic, fake)
+            print_table(path.stem, everything[path.stem])
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
