@@ -178,6 +178,7 @@ def make_profiles(table: Table, rows: list[Row], work: Path, *, remake: bool, jo
         if not remake and out.exists() and stamp_path.exists() and json.loads(stamp_path.read_text()) == stamp:
             return f"{name}: kept (made by this tree)"
         start = time.monotonic()
+        stamp_path.unlink(missing_ok=True)  # a making that fails leaves no profile to keep
         with open(work / f"{name}.log", "w") as log:
             done = subprocess.run(_ckplan("profile", *table.profiles[name], "--out", str(out)), cwd=ROOT, env=_env(),
                                   stdout=log, stderr=subprocess.STDOUT)
@@ -186,11 +187,14 @@ def make_profiles(table: Table, rows: list[Row], work: Path, *, remake: bool, jo
         stamp_path.write_text(json.dumps(stamp, indent=1))
         return f"{name}: made in {time.monotonic() - start:.0f} s"
 
-    start = time.monotonic()
+    start, failed = time.monotonic(), 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for line in pool.map(make, names):
+            failed += "FAILED" in line
             print(line, flush=True)
     print(f"{len(names)} profiles in {time.monotonic() - start:.0f} s ({work})")
+    if failed:
+        raise HarnessError(f"{failed} of {len(names)} profiles failed (above; each its .log)")
 
 
 def evaluate_args(row: Row, work: Path) -> list[str]:
@@ -199,8 +203,9 @@ def evaluate_args(row: Row, work: Path) -> list[str]:
         return list(row.args)
     path = work / f"{row.profile}.json"
     if not path.exists():
+        again = "" if work == WORK else f" --work {work}"
         raise HarnessError(f"row {row.id} reads profile {row.profile}, not made in {work}: run "
-                           f"`python scripts/published_rows.py profiles` first")
+                           f"`python scripts/published_rows.py profiles{again}` first")
     return ["--profile", str(path), *row.args]
 
 
@@ -316,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     table_parser = sub.add_parser("table")
     table_parser.add_argument("folders", type=Path, nargs="+", metavar="DIR", help="OUT, or BEFORE AFTER")
     args = parser.parse_args(argv)
+    for name in ("work", "out"):  # the rows run from the repository's root: paths as the user gave them
+        if getattr(args, name, None) is not None:
+            setattr(args, name, getattr(args, name).resolve())
     try:
         table = load_table()
         if args.command == "profiles":
