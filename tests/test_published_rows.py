@@ -1,0 +1,175 @@
+"""The published-runs harness (scripts/published_rows.py): its rows table parses, every row's arguments are
+ones `ckplan evaluate` (and each profile's `ckplan profile`) accepts, every row names its published figures
+and a source, and the tables it prints say the right ratios and verdicts on hand-made results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+from conftest import ROOT
+
+SCRIPTS = ROOT / "scripts"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+rows_mod = _load("published_rows")
+table_mod = _load("published_rows_table")
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def table():
+    return rows_mod.load_table()
+
+
+def test_the_table_holds_every_scored_row_of_section_18(table):
+    main = [r for r in table.rows if r.group == "main"]
+    assert len(main) == 35  # every row §18 scores on time
+    assert sum(r.memory_bytes is not None for r in main) == 29  # and on memory
+    assert [r.label for r in table.rows if r.group == "bridge"] == ["T22", "T23", "B1", "B2", "B3", "B4", "B5", "B6"]
+    assert [r.id for r in main if r.id.startswith("C")] == [f"C{i}" for i in range(1, 9)]
+
+
+def test_every_row_names_a_source_and_its_published_figures(table):
+    for row in table.rows:
+        assert row.source.strip() and "{" not in row.source, row.id
+        assert row.time_s > 0, row.id
+        assert (row.memory_bytes is None) == (row.memory_kind is None), row.id
+    by_id = {row.id: row for row in table.rows}
+    assert by_id["M19"].memory_kind == "allocated" and by_id["M8"].memory_kind == "reserved"
+    assert by_id["T15"].static_bytes == 24_808_996_864 and by_id["T15"].label == "M1/T15"
+    assert by_id["B2"].time_s == pytest.approx(128 * 8192 / (64 * 1602))  # tokens/s/GPU turned into seconds
+
+
+def test_every_rows_arguments_are_accepted_by_ckplan_evaluate(table):
+    from planner.cli import cli
+
+    evaluate, profile = cli.commands["evaluate"], cli.commands["profile"]
+    for row in table.rows:
+        args = row.args + (["--profile", str(rows_mod.TABLE)] if row.profile else [])
+        ctx = evaluate.make_context("evaluate", args)  # raises on an unknown option or a bad value
+        assert ctx.params["from_megatron"] is not None or ctx.params["layers_per_stage"], row.id
+        for given in (row.args[row.args.index(flag) + 1] for flag in ("--from-megatron",) if flag in row.args):
+            assert (ROOT / given).is_file(), f"{row.id} reads {given}, not in the repository"
+    for name, args in table.profiles.items():
+        profile.make_context("profile", [*args, "--out", "x.json"])
+        for given in args:
+            if given.endswith((".json", ".yaml")):
+                assert (ROOT / given).is_file(), f"profile {name} reads {given}, not in the repository"
+
+
+def test_macros_expand_and_a_missing_one_is_one_sentence():
+    macros = {"A": "--x {B}", "B": "{blocks:3}", "LOOP": "{LOOP}"}
+    assert rows_mod.expand("{A} --y", macros, "t") == "--x layers.0,layers.1,layers.2 --y"
+    with pytest.raises(rows_mod.HarnessError, match="does not define"):
+        rows_mod.expand("{C}", macros, "t")
+    with pytest.raises(rows_mod.HarnessError, match="loop"):
+        rows_mod.expand("{LOOP}", macros, "t")
+
+
+def test_a_row_without_a_published_time_or_source_is_refused(tmp_path):
+    path = tmp_path / "rows.toml"
+    path.write_text('[[row]]\nid = "Z1"\nsource = "s"\nargs = "--dp 8"\n')
+    with pytest.raises(rows_mod.HarnessError, match="names no published time"):
+        rows_mod.load_table(path)
+    path.write_text('[[row]]\nid = "Z1"\ntime_s = 1.0\nargs = "--dp 8"\n')
+    with pytest.raises(rows_mod.HarnessError, match="gives no source"):
+        rows_mod.load_table(path)
+    path.write_text('[[row]]\nid = "Z1"\nsource = "s"\ntime_s = 1.0\nargs = "--dp 8"\nmemory_gib = 80\n')
+    with pytest.raises(rows_mod.HarnessError, match="needs memory_kind"):
+        rows_mod.load_table(path)
+
+
+def test_only_picks_ids_before_labels(table):
+    assert [r.id for r in table.select("T22")] == ["T22"]  # the hand row, not the Bridge recipe labelled T22
+    assert [r.id for r in table.select("BT22,M1")] == ["T15", "BT22"]
+    with pytest.raises(rows_mod.HarnessError, match="not a row"):
+        table.select("Q9")
+
+
+def test_a_profile_made_by_this_tree_is_kept(tmp_path, monkeypatch, table):
+    name = "l8_mbs2_96"
+    (tmp_path / f"{name}.json").write_text("{}")
+    stamp = rows_mod._stamp(table.profiles[name], rows_mod.tree_id())
+    (tmp_path / f"{name}.stamp.json").write_text(json.dumps(stamp))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a kept profile was made again")
+
+    monkeypatch.setattr(rows_mod.subprocess, "run", never)
+    rows_mod.make_profiles(table, table.select("M8,M9"), tmp_path, remake=False, jobs=1)
+
+
+def _stage(peak_gib: float, reserved_gib: float, *, after_step_gib: float = 0.0, fits: bool = True,
+           cap_gib: float = 80.0) -> dict:
+    return {"peak_bytes": int(peak_gib * GIB), "reserved_bytes": int(reserved_gib * GIB),
+            "after_step_bytes": int(after_step_gib * GIB), "cap_bytes": int(cap_gib * GIB), "fits": fits}
+
+
+def _write(folder, results: dict) -> None:
+    folder.mkdir()
+    for row_id, (iteration_s, stages, args) in results.items():
+        (folder / f"{row_id}.json").write_text(json.dumps({"id": row_id, "iteration_s": iteration_s,
+                                                           "stages": stages, "args": args}))
+
+
+def _row(**fields):
+    base = dict(label=fields["id"], group="main", source="s", memory_bytes=None, memory_kind=None,
+                static_bytes=None, profile=None, args=[])
+    return rows_mod.Row(**{**base, **fields})
+
+
+def test_the_tables_ratios_and_verdicts_on_two_hand_made_folders(tmp_path):
+    rows = [
+        _row(id="A", time_s=2.0, memory_bytes=80 * GIB, memory_kind="reserved"),
+        _row(id="B", time_s=4.0),
+        _row(id="C", label="M1/C", time_s=1.0, memory_bytes=50 * GIB, memory_kind="allocated", static_bytes=20 * GIB),
+        _row(id="D", label="B9", group="bridge", time_s=2.0, tokens_per_s_per_gpu=1000.0, gpus=4),
+    ]
+    bridge_args = ["--from-megatron", "configs/x/h100_8b.yaml", "--gpus", "4", "--gpu", "h100"]
+    _write(tmp_path / "before", {
+        "A": (1.6, [_stage(60, 70), _stage(60, 68)], []),
+        "B": (4.4, [_stage(10, 12)], []),
+        "C": (0.8, [_stage(30, 35), _stage(49, 60, after_step_gib=20.4)], []),
+        "D": (2.5, [_stage(70, 90, fits=False)], bridge_args),
+    })
+    _write(tmp_path / "after", {
+        "A": (2.2, [_stage(60, 72), _stage(60, 76)], []),
+        "B": (4.4, [_stage(10, 12)], []),
+        "C": (0.9, [_stage(30, 35), _stage(56, 60, after_step_gib=21.0)], []),
+        "D": (2.0, [_stage(50, 64)], bridge_args),
+    })
+    text = table_mod.tables(rows, [tmp_path / "before", tmp_path / "after"])
+    assert text.splitlines() == [
+        "| row | published (GiB; s) | ckplan memory (ratio) | ckplan time, s (ratio) | memory goal | time within 15% |",
+        "|---|---|---|---|---|---|",
+        "| A | 80; 2 | 70.00 (0.875) → 76.00 (0.950) | 1.600 (0.800) → 2.200 (1.100) | yes | yes |",
+        "| B | —; 4 | — | 4.400 (1.100) | — | yes |",
+        "| M1/C | static 20.00, peak 50 allocated; 1 | static 20.40 (1.020), peak 49.00 (0.980) → "
+        "static 21.00 (1.050), peak 56.00 (1.120) | 0.800 (0.800) → 0.900 (0.900) | **no** | yes |",
+        "",
+        "Time: 3 of 3 rows within 15%. Memory: 1 of 2 rows meet the goals.",
+        "",
+        "| row | recipe | GPUs | published tok/s/GPU → s | ckplan s (tok/s/GPU) | ratio | within 15% | "
+        "fits (ckplan's allocated / reserved peak, GiB, worst rank, of the cap) |",
+        "|---|---|---|---|---|---|---|---|",
+        "| B9 | h100_8b | 4 x H100 | 1,000 → 2.000 | 2.500 → 2.000 (1,000) | 1.000 | yes | yes (50.0 / 64.0 of 80.0) |",
+        "",
+        "Time: 1 of 1 rows within 15%. Fit by ckplan's reckoning: 1 of 1.",
+    ]
+
+
+def test_table_says_what_is_wrong_in_one_sentence(tmp_path, capsys):
+    assert rows_mod.main(["table", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "is not a folder of results" in err and len(err.splitlines()) == 1
