@@ -344,8 +344,9 @@ def overlaps_comm(setup: TrainSetup) -> bool:
     (DDP's and FSDP's buckets, Megatron's overlap-grad-reduce, DeepSpeed's overlap_comm);
     ckplan's runtime does under FSDP2 (ZeRO 2/3 reduced per microbatch) and reduces ZeRO 0/1
     after the last backward, and ZeRO 2/3 kept whole once at the end (runtime/mesh.py): the
-    record's overlaps_grad_reduce."""
-    if runtimes.of(setup.training).overlaps_grad_reduce:
+    record's overlaps_grad_reduce, or the setup's overlap_grad_reduce where it says (Megatron-LM's flag)."""
+    given = setup.data_parallel.overlap_grad_reduce
+    if given if given is not None else runtimes.of(setup.training).overlaps_grad_reduce:
         return True
     return setup.data_parallel.zero >= 2 and not kept_whole(setup)
 
@@ -363,6 +364,8 @@ def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0,
     group, in the same window as the dense ones (the collectives run one after the other). Where a
     pipeline's runtime reduces after the stage's last backward, the schedule carries them (pipereduce.py)."""
     gather, reduce = collectives_ms(param_count, setup, expert_count=expert_count, fp8_count=fp8_count)
+    if ddp_buckets(setup):  # the schedule carries the reductions and overlapped gathers (megatron_dp.py)
+        return 0.0 if setup.data_parallel.zero == 1 and setup.data_parallel.overlap_param_gather else gather
     if not overlaps_comm(setup):
         return reduce + gather
     reductions = reductions_per_iteration(setup)
@@ -388,6 +391,13 @@ def collectives_ms(param_count: int, setup: TrainSetup, *, expert_count: int = 0
     gather = weight_gather_ms(dense, setup, fp8_count=fp8_count) + (weight_gather_ms(held, experts)
                                                                    if expert_count else 0.0)
     return gather, reduce
+
+
+def ddp_buckets(setup: TrainSetup) -> bool:
+    """Whether the runtime's record says its DDP issues the collectives by bucket and chunk where the
+    schedule places them (Megatron-LM, ZeRO 0 and 1 with data parallelism: planner/cost/megatron_dp.py)."""
+    return (setup.data_parallel.dp > 1 and setup.data_parallel.zero <= 1
+            and runtimes.of(setup.training).ddp_buckets)
 
 
 def reduced_after_last_backward(setup: TrainSetup) -> bool:

@@ -168,6 +168,7 @@ def torchtitan(version: str) -> RuntimeFacts:
             "step_replayed": f"not by reserve.py's replay of ckplan's step (fsdp2_step_replayed orders FSDP2's): FSDP2 allocates unsharded parameters and reduce-scatter inputs on its all-gather and reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext), whose pools the replay does not run, {TORCH_V}",
             "keeps_last_reduce_scatter_input": (f"{RS_INPUT_KEPT}; {_TITAN_OLD} runs torch 1963fc8 (2024-12-23)"
                                                 if version == "9dec370" else RS_INPUT_DROPPED),
+            "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
             "multi_schedule_lockstep": (f"{MULTI_LOCKSTEP}; {_TITAN_OLD} runs torch 1963fc8" if version == "9dec370"
                                         else f"{TORCH_V}: interleaved schedules run on _PipelineScheduleRuntime "
                                              f"(schedules.py 2216, 2891), which waits a receive where it is needed"),

@@ -268,7 +268,9 @@ TERMS: tuple[Term, ...] = (
          "rate (GPU.te_attention_deterministic_bwd: NVIDIA/cudnn-frontend's training SDPA benchmark)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
-         "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
+         "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms; Megatron-LM's "
+         "DDP issues its reductions and overlapped gathers where the schedule's simulation places them, "
+         "megatron_dp.py)"),
     Term("the runtime's gradient checks and parameter copy beside the optimizer step", "step", "layer",
          lambda layer, ckpt, ctx: step_checks_ms(layer, ctx.profile, ctx.setup),
          "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket, the "
