@@ -40,9 +40,9 @@ def main() -> None:
         times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2))
     bare = schedule_time.makespan_ms(order, stage_times=times)
     with_dp = bare
-    if ddp_buckets(setup):
+    if ddp_buckets(setup) and order.actions:
         windows = [sum(sums[k].step_ms for k in order.stages_of(r)[1:]) for r in range(order.num_ranks)]
-        with_dp = megatron_dp.makespan_ms(order, times, [layers for layers, _ in chunks], setup, closed_ms=bare,
+        with_dp = megatron_dp.makespan_ms(order, times, [layers for layers, _ in chunks], setup,
                                           step_window_ms=windows)
     steps = [sum(sums[k].step_ms for k in order.stages_of(r)) for r in range(order.num_ranks)]
     m = setup.pipeline.microbatches

@@ -35,10 +35,12 @@ def _setup(*, stages: int = 1, chunks: int = 1, microbatches: int = 2, **dp) -> 
 
 
 def _one_stage_makespan(setup: TrainSetup, layers: list[LayerCost]) -> float:
-    """Two microbatches on one rank: F 10 ms (2 x 5), B 20 ms (2 x 10): 60 ms of compute."""
-    order = schedules.pipeline_schedule("1F1B", num_ranks=1, num_microbatches=2, num_chunks=1)
+    """Two microbatches on one rank, 1F1B's order built (evaluate reads a one-stage schedule in closed form and
+    keeps dataparallel's per-layer form there; the side stream shows what that form leaves out): F 10 ms (2 x 5),
+    B 20 ms (2 x 10), 60 ms of compute."""
+    order = schedules.build_schedule("1F1B", num_ranks=1, num_microbatches=2, num_chunks=1)
     times = [StageTimes(10.0, 10.0, 10.0)]
-    return megatron_dp.makespan_ms(order, times, [layers], setup, closed_ms=60.0, step_window_ms=[0.0])
+    return megatron_dp.makespan_ms(order, times, [layers], setup, step_window_ms=[0.0])
 
 
 def test_a_chunk_is_cut_into_buckets_from_its_last_parameter_back():
@@ -79,11 +81,18 @@ def test_the_first_forward_waits_for_its_first_bucket_and_the_next_hides_behind_
     assert megatron_dp.chain_extension_ms([first, second], forward_ms=10.0) == 0.0
 
 
-def test_the_step_term_leaves_the_reductions_and_overlapped_gathers_to_the_schedule():
+def test_the_step_term_leaves_the_interleaved_collectives_to_the_schedule_and_keeps_1f1bs_per_layer():
     from planner.cost.dataparallel import exposed_comm_ms
 
-    assert exposed_comm_ms(PARAMS, _setup(overlap_grad_reduce=True), bwd_ms=100.0) == GATHER_MS  # gather in the step
-    assert exposed_comm_ms(PARAMS, _setup(overlap_grad_reduce=True, overlap_param_gather=True)) == 0.0
+    interleaved = {"stages": 2, "chunks": 2, "microbatches": 4}
+    assert exposed_comm_ms(PARAMS, _setup(**interleaved, overlap_grad_reduce=True), bwd_ms=100.0) == GATHER_MS
+    assert exposed_comm_ms(PARAMS, _setup(**interleaved, overlap_grad_reduce=True, overlap_param_gather=True)) == 0.0
+    # one stage a rank: the reduction behind the layer's own last backward (8 - 5 ms shows), the gather after the
+    # step whole, or under --overlap-param-gather behind the layer's own forward (4 - 3 ms shows)
+    assert exposed_comm_ms(PARAMS, _setup(overlap_grad_reduce=True), fwd_ms=3.0, bwd_ms=5.0) == 3.0 + GATHER_MS
+    assert exposed_comm_ms(PARAMS, _setup(overlap_grad_reduce=True, overlap_param_gather=True), fwd_ms=3.0,
+                           bwd_ms=5.0) == 3.0 + 1.0
+    assert exposed_comm_ms(PARAMS, _setup(overlap_grad_reduce=False), fwd_ms=3.0, bwd_ms=5.0) == REDUCE_MS + GATHER_MS
 
 
 def test_interleaved_reductions_are_issued_rank_backwards_after_a_chunks_last_and_gathers_a_chunk_ahead():
@@ -135,7 +144,7 @@ def test_a_config_without_overlap_grad_reduce_is_charged_its_reductions_exposed(
     path.write_text(MODEL)
     assert predict(megatron.read(path), gpus=2, gpu_name="h100").setup.data_parallel.overlap_grad_reduce is False
     bare = _evaluate(tmp_path, "")
-    # buckets of 100k parameters under --overlap-grad-reduce: all but the last hide behind the last backward
+    # under --overlap-grad-reduce each layer's reduction hides behind its last backward (one stage: per layer)
     overlapped = _evaluate(tmp_path, "  --overlap-grad-reduce: true\n  --ddp-bucket-size: 100000\n")
     assert overlapped["iteration_ms"] < bare["iteration_ms"]
     settings = {s["name"]: s["status"] for s in overlapped["settings"]}

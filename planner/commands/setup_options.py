@@ -312,6 +312,10 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
                 f"--runtime torchtitan: ZeRO-{setup.data_parallel.zero} runs as FSDP2 without a pipeline, "
                 "resharded after every forward (ZeRO 3, --zero-gather per-microbatch)")
         setup = ran
+    if runtimes.of(setup.training).ddp_buckets and setup.data_parallel.dp > 1 and say is not None:
+        from planner.cost.megatron_dp import described
+
+        say(described(setup))
     if setup.data_parallel.ep > 1 and say is not None:
         note = routing_note(profile, setup.data_parallel.ep)
         if note:

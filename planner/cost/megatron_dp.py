@@ -3,6 +3,14 @@ ddp_buckets), placed in the schedule's simulation on a stream beside each rank's
 (schedule_time.SideStream). Read at megatron-core 92c8482e (Megatron-Bridge 00b7660b's) and
 Megatron-LM d98e8a64, docs/framework-facts.md §50 (gradients) and §51 (parameters).
 
+Where: schedules of several chunks a rank (interleaved), whose time is their order's simulation
+(score.plan_iteration_ms). A schedule in closed form (1F1B, no pipeline), which the solvers' objective
+must equal term by term, keeps dataparallel.exposed_comm_ms's per-layer form of the same facts: each
+layer's reduction behind its own last backward, under --overlap-param-gather its gather behind its own
+forward, none of either without the flags (what it leaves out: the first pipeline rank's last bucket, and
+the later ranks' whole-chunk gathers in the pipeline's fill; side_stream below places those too, and
+tests/test_megatron_dp.py runs it on 1F1B's order to show them).
+
 Buckets. Each model chunk (a rank's stage) is one DDP module with its own buffer, cut into buckets
 of `bucket_params` parameters from its last parameter back (the backward's order), where the
 reduction overlaps: --ddp-bucket-size, default max(40M, 1M x the dp·cp ranks); one bucket without
@@ -40,10 +48,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.cost import schedule_time, schedules
-from planner.cost.dataparallel import collectives_ms, ddp_buckets, overlaps_comm
+from planner.cost.dataparallel import collectives_ms, gathers_in_forward, overlaps_comm
 from planner.cost.layers import LayerCost
 from planner.cost.schedule_time import Issue, SideStream, StageTimes
-from planner.errors import UserError
 from planner.schema import TrainSetup
 
 # megatron-core's default bucket: max(40M, 1M x the data-parallel ranks) parameters
@@ -65,7 +72,24 @@ class Bucket:
 
 def gathers_overlapped(setup: TrainSetup) -> bool:
     """--overlap-param-gather under the distributed optimizer (ZeRO 1): the gather waited for in the forward."""
-    return ddp_buckets(setup) and setup.data_parallel.zero == 1 and setup.data_parallel.overlap_param_gather
+    return gathers_in_forward(setup)
+
+
+def described(setup: TrainSetup) -> str:
+    """What the plan assumes of Megatron-LM's DDP, in a sentence."""
+    dp, chunked = setup.data_parallel, setup.pipeline.chunks > 1
+    said = "" if dp.overlap_grad_reduce is not None else " (the runtime record's default; --no-overlap-grad-reduce)"
+    buckets_of = f" in buckets of {bucket_params(setup):,} parameters" if chunked else ""
+    parts = [f"reductions overlapped{buckets_of}{said}" if overlaps_comm(setup) else
+             "reductions after the last backward, exposed (no --overlap-grad-reduce)"]
+    if dp.zero == 1 and gathers_overlapped(setup):
+        parts.append("the parameter all-gather waited for in the next forward"
+                     + (", the first chunk's beside the optimizer step" if dp.param_gather_with_step else ""))
+    elif dp.zero == 1:
+        parts.append("the parameter all-gather in the step, exposed (no --overlap-param-gather)")
+    parts.append("placed in the schedule's simulation where megatron-core issues them" if chunked else
+                 "overlapped ones hidden behind each layer's own compute (one stage a rank)")
+    return f"Megatron-LM's DDP: {'; '.join(parts)} (planner/cost/megatron_dp.py)"
 
 
 def bucket_params(setup: TrainSetup) -> int | None:
@@ -186,22 +210,8 @@ def _gathers(order: schedules.Schedule, rank: int, by_stage: dict, times: Sequen
 
 
 def makespan_ms(order: schedules.Schedule, times: Sequence[StageTimes], stage_layers: Sequence[Sequence[LayerCost]],
-                setup: TrainSetup, *, closed_ms: float, step_window_ms: Sequence[float]) -> float:
-    """The schedule's makespan with Megatron's data-parallel collectives beside the compute. A
-    schedule in closed form (1F1B) adds what they add to its simulation (`closed_ms`: its closed form);
-    where its order cannot be built (fewer microbatches than stages), each rank's reductions and
-    overlapped gathers are charged after its compute, the slowest rank's."""
-    if order.actions:
-        side = side_stream(order, stage_layers, times, setup, step_window_ms=step_window_ms)
-        return schedule_time.simulate_time(order, stage_times=times, side=side).makespan_ms
-    try:
-        built = schedules.build_schedule(order.name, num_ranks=order.num_ranks,
-                                         num_microbatches=order.num_microbatches, num_chunks=1)
-    except UserError:
-        overlapped = gathers_overlapped(setup)
-        return closed_ms + max(sum(b.reduce_ms + b.gather_ms * overlapped for b in buckets(layers, setup, size=None))
-                               for layers in stage_layers)
-    side = side_stream(built, stage_layers, times, setup, step_window_ms=step_window_ms)
-    added = (schedule_time.simulate_time(built, stage_times=times, side=side).makespan_ms
-             - schedule_time.simulate_time(built, stage_times=times).makespan_ms)
-    return closed_ms + added
+                setup: TrainSetup, *, step_window_ms: Sequence[float]) -> float:
+    """The schedule's makespan (its order's simulation) with Megatron's data-parallel collectives beside
+    the compute."""
+    side = side_stream(order, stage_layers, times, setup, step_window_ms=step_window_ms)
+    return schedule_time.simulate_time(order, stage_times=times, side=side).makespan_ms

@@ -36,8 +36,8 @@ def megatron() -> RuntimeFacts:
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0), ddp_buckets=True,
         sources={
-            "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 341-347, "
-                           "375-413, 488-520; param_and_grad_buffer.py 226-340, 500-515; pipeline_parallel/"
+            "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
+                           "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"
                            "schedules.py 1046-1048, 1161-1180, 1246-1283, 1880-1888, 2257-2289; optimizer/"
                            "__init__.py 516-521, optimizer.py 1243-1246; training/training.py 1112-1113, "
                            "2210-2226, megatron-core 92c8482e (docs/framework-facts.md §50, §51); the same "

@@ -223,9 +223,8 @@ def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setu
     steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
     lockstep = runtimes.of(setup.training).multi_schedule_lockstep
     makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep)
-    if stage_layers is not None and ddp_buckets(setup):
+    if stage_layers is not None and ddp_buckets(setup) and order.actions:
         windows = [sum(sums[k].step_ms for k in order.stages_of(rank)[1:]) for rank in range(order.num_ranks)]
-        makespan = megatron_dp.makespan_ms(order, times, stage_layers, setup, closed_ms=makespan,
-                                           step_window_ms=windows)
+        makespan = megatron_dp.makespan_ms(order, times, stage_layers, setup, step_window_ms=windows)
     makespan += max(steps)
     return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums), sum(steps), setup))
