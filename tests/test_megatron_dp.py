@@ -95,6 +95,22 @@ def test_the_step_term_leaves_the_interleaved_collectives_to_the_schedule_and_ke
     assert exposed_comm_ms(PARAMS, _setup(overlap_grad_reduce=False), fwd_ms=3.0, bwd_ms=5.0) == REDUCE_MS + GATHER_MS
 
 
+def test_one_stage_a_rank_exposes_the_first_layers_bucket_whole_where_the_per_layer_form_hid_part():
+    from types import SimpleNamespace
+
+    profile = SimpleNamespace(layers=[SimpleNamespace(name="l0"), SimpleNamespace(name="l1")])
+    both = _setup(overlap_grad_reduce=True, overlap_param_gather=True)
+    # l0: its reduction (8 ms) after the last backward, its gather (4 ms) before the first forward; exposed_comm_ms
+    # showed 8 - 5 and 4 - 3 of them: 5 + 3 ms more
+    assert megatron_dp.edge_exposed_ms(_layer("l0", fwd_ms=3.0, bwd_ms=5.0), profile, both) == 5.0 + 3.0
+    assert megatron_dp.edge_exposed_ms(_layer("l1", fwd_ms=3.0, bwd_ms=5.0), profile, both) == 0.0
+    # without the overlaps exposed_comm_ms charged them whole already; interleaved, the schedule places them
+    assert megatron_dp.edge_exposed_ms(_layer("l0", fwd_ms=3.0, bwd_ms=5.0), profile,
+                                       _setup(overlap_grad_reduce=False)) == 0.0
+    assert megatron_dp.edge_exposed_ms(_layer("l0"), profile, _setup(stages=2, chunks=2, microbatches=4,
+                                                                     overlap_grad_reduce=True)) == 0.0
+
+
 def test_interleaved_reductions_are_issued_rank_backwards_after_a_chunks_last_and_gathers_a_chunk_ahead():
     setup = _setup(stages=2, chunks=2, microbatches=4, overlap_grad_reduce=True, overlap_param_gather=True)
     order = schedules.build_schedule("interleaved-1F1B", num_ranks=2, num_microbatches=4, num_chunks=2)

@@ -47,11 +47,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import schedule_time, schedules
+from planner.cost import runtimes, schedule_time, schedules
 from planner.cost.dataparallel import collectives_ms, gathers_in_forward, overlaps_comm
 from planner.cost.layers import LayerCost
+from planner.cost.rules import compute_ms
 from planner.cost.schedule_time import Issue, SideStream, StageTimes
-from planner.schema import TrainSetup
+from planner.schema import Profile, TrainSetup
 
 # megatron-core's default bucket: max(40M, 1M x the data-parallel ranks) parameters
 # (distributed_data_parallel.py 54-60 at 92c8482e; training.py resolve_ddp_bucket_size at d98e8a64)
@@ -143,6 +144,26 @@ def chain_extension_ms(groups: Sequence[Bucket], forward_ms: float) -> float:
         wall = max(wall + (group.first_use - before.first_use) * forward_ms, comm)
     reached = groups[-1].first_use * forward_ms if groups else 0.0
     return wall - reached
+
+
+def edge_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """Under a schedule in closed form (dataparallel.exposed_comm_ms's per-layer form, which hides each layer's
+    reduction behind its own last backward and its overlapped gather behind its own forward): what the model's
+    first layer exposes beyond that. Its parameters are Megatron's last bucket of the first pipeline rank (cut from
+    the chunk's last parameter back), issued when the last backward ends and waited for by finalize, and its
+    first gathered bucket, waited for before the first forward (§50, §51): exposed whole. The bucket is taken as
+    the first layer (the embedding, one tensor above the default bucket at GPT's and LLaMA's sizes: the leftover
+    parameters Megatron adds to it are not)."""
+    dp = setup.data_parallel
+    if not (runtimes.of(setup.training).ddp_buckets and dp.dp > 1 and dp.zero <= 1 and setup.pipeline.chunks == 1
+            and layer.name == profile.layers[0].name):
+        return 0.0
+    gather, reduce = collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
+                                    fp8_count=layer.float8_param_count)
+    hidden = min(reduce, compute_ms(layer.bwd_ms, setup.time)) if overlaps_comm(setup) else 0.0
+    if gathers_overlapped(setup):
+        hidden += min(gather, compute_ms(layer.fwd_ms, setup.time))
+    return hidden
 
 
 def side_stream(order: schedules.Schedule, stage_layers: Sequence[Sequence[LayerCost]],
