@@ -1,5 +1,5 @@
-"""A config's iteration term by term (docs/published-runs.md §18.megtime): per rank, its compute, its
-tensor-parallel collectives and sends, and the bubble, from the schedule's simulation without the
+"""A config's iteration term by term (docs/published-runs.md §18.megtime): the busiest rank's compute (its
+tensor-parallel collectives, the "time" quantity's terms, in it), its sends and schedule actions, and the bubble, from the schedule's simulation without the
 data-parallel collectives; what Megatron-LM's DDP adds beside the schedule (planner/cost/megatron_dp.py,
 under runtime megatron); and the slowest rank's optimizer step (its exposed gathers included).
 usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K]"""
@@ -50,8 +50,8 @@ def main() -> None:
     rank = max(range(order.num_ranks), key=lambda r: busy[r])
     compute = m * sum(sums[k].time_ms for k in order.stages_of(rank))
     comm = m * sum(sums[k].comm_ms for k in order.stages_of(rank))
-    print(f"iteration {found.cost.iteration_ms / 1e3:.3f} s; busiest rank {rank}: compute {compute / 1e3:.3f}, "
-          f"TP collectives + sends {comm / 1e3:.3f}, bubble {(bare - busy[rank]) / 1e3:.3f}, DP beside the schedule "
+    print(f"iteration {found.cost.iteration_ms / 1e3:.3f} s; busiest rank {rank}: compute (TP collectives in it) {compute / 1e3:.3f}, "
+          f"sends and actions {comm / 1e3:.3f}, bubble {(bare - busy[rank]) / 1e3:.3f}, DP beside the schedule "
           f"{(with_dp - bare) / 1e3:.3f}, step (exposed gathers in it) {max(steps) / 1e3:.3f}")
 
 
