@@ -183,3 +183,25 @@ def test_the_ddp_options_belong_to_megatrons_runtime(runtime):
     with pytest.raises(UserError, match="Megatron-LM's DDP setting"):
         check_ddp({"overlap_param_gather": True}, runtime=runtime, zero=1, chunks=1)
     check_ddp({"overlap_param_gather": True, "overlap_grad_reduce": True}, runtime="megatron", zero=1, chunks=1)
+
+
+def test_the_megatron_export_writes_the_ddp_overlap_the_plan_was_scored_with():
+    from planner.emit.megatron import _ddp_arguments
+    from planner.models.configs import megatron
+
+    setup = _setup(stages=2, chunks=2, microbatches=4, overlap_grad_reduce=True, overlap_param_gather=True,
+                   bucket_params=PARAMS, param_gather_with_step=True)
+    lines = _ddp_arguments(setup)
+    assert lines == ["--overlap-grad-reduce", "--overlap-param-gather", "--overlap-param-gather-with-optimizer-step",
+                     "--ddp-bucket-size 100000000"]
+    assert _ddp_arguments(_setup()) == ["--overlap-grad-reduce"]  # the record's default, written out
+    assert _ddp_arguments(_setup(overlap_grad_reduce=False)) == []
+    # read back by --from-megatron as the same settings
+    flags = [("--num-layers", ["4"]), ("--hidden-size", ["256"]), ("--num-attention-heads", ["4"]),
+             ("--seq-length", ["128"]), ("--vocab-size", ["1024"]), ("--global-batch-size", ["8"]),
+             ("--pipeline-model-parallel-size", ["2"]), ("--num-virtual-stages-per-pipeline-rank", ["2"]),
+             ("--use-distributed-optimizer", [])] + [(line.split()[0], line.split()[1:]) for line in lines]
+    ddp = megatron.from_pairs(flags, "m.sh").modelled.ddp
+    assert {key: ddp[key] for key in ("overlap_grad_reduce", "overlap_param_gather", "bucket_params",
+                                      "param_gather_with_step")} == {
+        "overlap_grad_reduce": True, "overlap_param_gather": True, "bucket_params": PARAMS, "param_gather_with_step": True}
