@@ -16,6 +16,7 @@ from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, pending
 from planner.models.configs.megatron_args import Flags, positive
+from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_files import (
     check_trainer,
     script_pairs,
@@ -38,7 +39,6 @@ from planner.models.configs.megatron_flags import (
     TOKENIZER_VOCAB,
     yaml_extras,
 )
-from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_memflags import read_memory_settings
 
 
