@@ -12,9 +12,9 @@ row B3 configs/megatron-bridge/gb200_70b_fp8cs.yaml 64 gb200
 row B4 configs/megatron-bridge/h100_405b_fp8cs.yaml 1024 h100
 row B5 configs/megatron-bridge/b200_405b_fp8cs.yaml 128 b200
 row B6 configs/megatron-bridge/gb200_405b_fp8cs.yaml 256 gb200
-row T15 configs/megatron-tests/tp1pp4.yaml 8 h100
-row T16 configs/megatron-tests/tp1pp4.yaml 8 a100-80g
-row T17 configs/megatron-tests/tp1pp4.yaml 8 gb200 --gpus-per-node 4
-row T18 configs/megatron-tests/tp4pp1.yaml 8 h100
-row T19 configs/megatron-tests/tp4pp1.yaml 8 a100-80g
-row T20 configs/megatron-tests/tp4pp1.yaml 8 gb200 --gpus-per-node 4
+row T15 configs/megatron-lm/gpt3_7b_tp1_pp4.yaml 8 h100
+row T16 configs/megatron-lm/gpt3_7b_tp1_pp4.yaml 8 a100-80g
+row T17 configs/megatron-lm/gpt3_7b_tp1_pp4.yaml 8 gb200 --gpus-per-node 4
+row T18 configs/megatron-lm/gpt3_7b_tp4_pp1.yaml 8 h100
+row T19 configs/megatron-lm/gpt3_7b_tp4_pp1.yaml 8 a100-80g
+row T20 configs/megatron-lm/gpt3_7b_tp4_pp1.yaml 8 gb200 --gpus-per-node 4
