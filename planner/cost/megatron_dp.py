@@ -111,7 +111,7 @@ def buckets(layers: Sequence[LayerCost], setup: TrainSetup, *, size: int | None)
     total = sum(layer.param_count for layer in layers)
     if size is None or total <= size:
         return [Bucket(sum(c[1] for c in costs), sum(c[0] for c in costs), 1.0, 0.0)]
-    found, reduce, gather, params, done = [], 0.0, 0.0, 0, 0.0
+    found, reduce, gather, params, done, lowest = [], 0.0, 0.0, 0, 0.0, 0
     for index in reversed(range(len(layers))):
         left = layers[index].param_count
         done += bwd[index]
@@ -120,9 +120,12 @@ def buckets(layers: Sequence[LayerCost], setup: TrainSetup, *, size: int | None)
             share = take / layers[index].param_count
             reduce, gather, params, left = reduce + share * costs[index][1], gather + share * costs[index][0], \
                 params + take, left - take
-            if params >= size or (index == 0 and left == 0):
+            lowest = index
+            if params >= size:
                 found.append(Bucket(reduce, gather, min(done, 1.0), sum(fwd[:index])))
                 reduce, gather, params = 0.0, 0.0, 0
+    if params:  # the last bucket, the chunk's first parameters: ready when its backward ends
+        found.append(Bucket(reduce, gather, 1.0, sum(fwd[:lowest])))
     return found
 
 
