@@ -100,7 +100,7 @@ def test_a_split_megatron_refuses_is_refused(tmp_path):
 def test_the_ddp_overlap_of_every_recipe_is_read_as_bridge_sets_it():
     # _llama3_common: both overlaps; comm_overlap.py 539-546 (00b7660b): 128 Mi-parameter buckets where DP > 1;
     # set_post_overrides: the first chunk's gather in the optimizer step where DP, PP and VP > 1 (B2, B4-B6)
-    for name, (_, _, pp, chunks, *_rest) in RECIPES.items():
+    for name, (_, _, _, chunks, *_rest) in RECIPES.items():
         job = _read(name)
         assert {"--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size"} <= _listed(job, "modelled")
         ddp = job.modelled.ddp
