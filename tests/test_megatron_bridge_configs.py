@@ -61,7 +61,6 @@ def test_the_recipes_that_ckplan_cannot_express_say_so():
     offload = _read("gb200_70b_fp8cs")
     assert {"--cpu-offloading", "--cpu-offloading-num-layers", "--fsdp-double-buffer"} <= _listed(offload, "not modelled")
     assert offload.modelled.unfused_grad_accumulation  # llama3_70b_pretrain_config_gb200 turns the fusion off
-    assert "--overlap-param-gather-with-optimizer-step" in _listed(_read("h100_70b_fp8cs"), "not modelled")
 
 
 def test_the_405b_split_counts_the_embedding_and_the_loss_as_layers():
@@ -98,7 +97,14 @@ def test_a_split_megatron_refuses_is_refused(tmp_path):
                                 "--decoder-first-pipeline-num-layers": "1"})
 
 
-def test_the_distributed_optimizers_overlapped_gather_is_named_as_not_modelled():
-    # the cost model charges ZeRO 1's gather after the step, unhidden; Megatron-FSDP's (ZeRO 3) are prefetched
-    assert "--overlap-param-gather" in _listed(_read("h100_70b_fp8cs"), "not modelled")
-    assert "--overlap-param-gather" in _listed(_read("gb200_70b_fp8cs"), "modelled")
+def test_the_ddp_overlap_of_every_recipe_is_read_as_bridge_sets_it():
+    # _llama3_common: both overlaps; comm_overlap.py 539-546 (00b7660b): 128 Mi-parameter buckets where DP > 1;
+    # set_post_overrides: the first chunk's gather in the optimizer step where DP, PP and VP > 1 (B2, B4-B6)
+    for name, (_, _, _, chunks, *_rest) in RECIPES.items():
+        job = _read(name)
+        assert {"--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size"} <= _listed(job, "modelled")
+        ddp = job.modelled.ddp
+        assert (ddp["overlap_grad_reduce"], ddp["bucket_params"]) == (True, 128 << 20)
+        assert ddp["overlap_param_gather"] == (job.zero == 1)  # Megatron-FSDP's (ZeRO 3) are its own prefetches
+        assert ddp["param_gather_with_step"] == (chunks > 1)
+    assert "--overlap-param-gather-with-optimizer-step" in _listed(_read("h100_70b_fp8cs"), "modelled")

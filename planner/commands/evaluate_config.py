@@ -234,7 +234,7 @@ def _with_settings(options, job):
                                 deterministic=modelled.deterministic,
                                 grad_reduce_bf16=modelled.grad_reduce_bf16,
                                 te_cross_entropy=modelled.te_cross_entropy)
-    return replace(options, settings=settings, tp_overlap=modelled.tp_overlap)
+    return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ddp=dict(modelled.ddp))
 
 
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):

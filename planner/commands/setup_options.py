@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from planner.commands.ddp_options import DDP_OPTIONS, check_ddp, ddp_given
 from planner.commands.expert_options import check_ep, check_ep_runtime, routing_note
 from planner.commands.training_settings import (
     SETTING_OPTIONS,
@@ -136,6 +137,8 @@ class DataParallelOptions:
     tp_overlap: str = "none"
     # the training settings' options, carried with this group so every command passes them through
     settings: TrainingSettings = None  # type: ignore[assignment]  # None: the defaults
+    # Megatron-LM's DDP overlap as DataParallelSetup's fields (ddp_options.py; a config's JobSettings.ddp)
+    ddp: dict = None  # type: ignore[assignment]  # None: none given
 
 
 def setup_options(func):
@@ -152,10 +155,11 @@ def setup_options(func):
     def grouped(**kwargs):
         settings = TrainingSettings.from_options(kwargs)
         data_parallel = DataParallelOptions(**{name: kwargs[name] if name in own else kwargs.pop(name)
-                                               for name in DP_OPTION_NAMES}, settings=settings)
+                                               for name in DP_OPTION_NAMES}, settings=settings,
+                                            ddp=ddp_given(kwargs))
         return func(data_parallel=data_parallel, **kwargs)
 
-    for option in reversed(_OPTIONS + SETTING_OPTIONS):
+    for option in reversed(_OPTIONS + SETTING_OPTIONS + DDP_OPTIONS):
         if option_name(option) not in own:
             grouped = option(grouped)
     return grouped
@@ -276,6 +280,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         raise UserError(f"--chunks {chunks} needs a schedule with chunks ({', '.join(CHUNKED_SCHEDULES)}); "
                         f"{schedule} runs one stage per rank")
     check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
+    check_ddp(data_parallel.ddp or {}, runtime=runtime, zero=data_parallel.zero, chunks=chunks)
     settings = (data_parallel.settings or TrainingSettings()).fields()
     check_settings(profile, runtime=runtime, settings=settings, say=say)
     data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)  # dp x cp
@@ -307,6 +312,10 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
                 f"--runtime torchtitan: ZeRO-{setup.data_parallel.zero} runs as FSDP2 without a pipeline, "
                 "resharded after every forward (ZeRO 3, --zero-gather per-microbatch)")
         setup = ran
+    if runtimes.of(setup.training).ddp_buckets and setup.data_parallel.dp > 1 and say is not None:
+        from planner.cost.megatron_dp import described
+
+        say(described(setup))
     if setup.data_parallel.ep > 1 and say is not None:
         note = routing_note(profile, setup.data_parallel.ep)
         if note:
@@ -353,7 +362,7 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
     check_dp_options(dp=dp, zero=zero, shard_group=shard_group)
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
     fields = dict(dp=dp, zero=zero, shard_group=shard_group if zero else None, offload=offload_optimizer,
-                  offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather, ep=ep)
+                  offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather, ep=ep, **(options.ddp or {}))
     if host_mem is not None and not offload_optimizer and not activations_offloadable:
         raise UserError("--host-mem caps what goes to the host: the offloaded optimizer, and activations of layers "
                         "with the offload option, which this plan cannot have (a cpu profile, where the host is the "

@@ -344,8 +344,9 @@ def overlaps_comm(setup: TrainSetup) -> bool:
     (DDP's and FSDP's buckets, Megatron's overlap-grad-reduce, DeepSpeed's overlap_comm);
     ckplan's runtime does under FSDP2 (ZeRO 2/3 reduced per microbatch) and reduces ZeRO 0/1
     after the last backward, and ZeRO 2/3 kept whole once at the end (runtime/mesh.py): the
-    record's overlaps_grad_reduce."""
-    if runtimes.of(setup.training).overlaps_grad_reduce:
+    record's overlaps_grad_reduce, or the setup's overlap_grad_reduce where it says (Megatron-LM's flag)."""
+    given = setup.data_parallel.overlap_grad_reduce
+    if given if given is not None else runtimes.of(setup.training).overlaps_grad_reduce:
         return True
     return setup.data_parallel.zero >= 2 and not kept_whole(setup)
 
@@ -353,16 +354,22 @@ def overlaps_comm(setup: TrainSetup) -> bool:
 def exposed_comm_ms(param_count: int, setup: TrainSetup, *, fwd_ms: float = 0.0, bwd_ms: float = 0.0,
                     expert_count: int = 0, fp8_count: int = 0) -> float:
     """A layer's gradient reductions and weight gathers per iteration, as far as they are not
-    hidden behind compute. Overlapped, each reduction hides behind a backward as long as this
+    hidden behind compute (Megatron-LM's DDP under a schedule of several chunks a rank: none, the schedule's
+    simulation places them, megatron_dp.py). Overlapped, each reduction hides behind a backward as long as this
     layer's (the layers before it run while it reduces) and each ZeRO 3 gather behind a
     forward or that backward; what the collective takes beyond that is exposed. Exact for a
     stage of equal layers but for one layer's reduction (the first layer's, which nothing
     follows; under 0.1% of the step for LLaMA 70B), which it leaves out. ZeRO 1/2's gather
-    after the step waits for the step and is never hidden. Of param_count, `expert_count` are
+    after the step waits for the step and is never hidden, but under Megatron-LM's --overlap-param-gather,
+    where the next forward waits for it: each layer's behind its forward. Of param_count, `expert_count` are
     routed experts': the rank's 1/E of them reduce and gather in their expert-data-parallel
     group, in the same window as the dense ones (the collectives run one after the other). Where a
     pipeline's runtime reduces after the stage's last backward, the schedule carries them (pipereduce.py)."""
     gather, reduce = collectives_ms(param_count, setup, expert_count=expert_count, fp8_count=fp8_count)
+    if ddp_buckets(setup):  # the schedule carries the reductions and overlapped gathers (megatron_dp.py)
+        return 0.0 if gathers_in_forward(setup) else gather
+    if gathers_in_forward(setup):  # each layer's behind the first forward of the one before: as its own
+        gather = max(0.0, gather - fwd_ms)
     if not overlaps_comm(setup):
         return reduce + gather
     reductions = reductions_per_iteration(setup)
@@ -388,6 +395,22 @@ def collectives_ms(param_count: int, setup: TrainSetup, *, expert_count: int = 0
     gather = weight_gather_ms(dense, setup, fp8_count=fp8_count) + (weight_gather_ms(held, experts)
                                                                    if expert_count else 0.0)
     return gather, reduce
+
+
+def ddp_buckets(setup: TrainSetup) -> bool:
+    """Whether the runtime's record says its DDP issues the collectives by bucket and chunk where the
+    schedule places them (Megatron-LM, ZeRO 0 and 1 with data parallelism), and the schedule's
+    simulation places them (several chunks a rank: planner/cost/megatron_dp.py). A schedule in closed
+    form (1F1B, no pipeline), which the solvers' objective must equal, keeps exposed_comm_ms's per-layer form."""
+    return (setup.data_parallel.dp > 1 and setup.data_parallel.zero <= 1 and setup.pipeline.chunks > 1
+            and runtimes.of(setup.training).ddp_buckets)
+
+
+def gathers_in_forward(setup: TrainSetup) -> bool:
+    """Megatron-LM's --overlap-param-gather under its distributed optimizer (ZeRO 1): the gather after the step
+    waited for bucket by bucket in the next forward instead (the record's ddp_buckets)."""
+    return (setup.data_parallel.zero == 1 and setup.data_parallel.overlap_param_gather
+            and runtimes.of(setup.training).ddp_buckets)
 
 
 def reduced_after_last_backward(setup: TrainSetup) -> bool:

@@ -176,6 +176,11 @@ class RuntimeFacts:
     reduce-scatter before its own copy-in, and the stage's input gradient is sent only after them. So
     no reduction hides behind the stage's backward, and each delays what follows it on the rank and
     its send (planner/cost/pipereduce.py); the last group's reduce-scatter alone is not waited for."""
+    ddp_buckets: bool = False
+    """Megatron-LM's DDP: its data-parallel collectives issued by bucket and model chunk where its code
+    issues them, on one stream beside the compute, as the setup's overlap settings say (DataParallelSetup
+    overlap_grad_reduce, overlap_param_gather, ...): planner/cost/megatron_dp.py places them in the
+    schedule's simulation (ZeRO 0 and 1; its FSDP is not read so)."""
     multi_schedule_lockstep: bool = False
     """Torch's schedules of several stages a rank run by time steps, each step's sends and receives
     one batch waited before the next step (torch 2.6.0's PipelineScheduleMulti; the runtime of

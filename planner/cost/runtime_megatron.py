@@ -34,8 +34,15 @@ def megatron() -> RuntimeFacts:
         deterministic_attention="cudnn", host_calls_per_block=5, megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
-        te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0),
+        te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0), ddp_buckets=True,
         sources={
+            "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
+                           "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"
+                           "schedules.py 1046-1048, 1161-1180, 1246-1283, 1880-1888, 2257-2289; optimizer/"
+                           "__init__.py 516-521, optimizer.py 1243-1246; training/training.py 1112-1113, "
+                           "2210-2226, megatron-core 92c8482e (docs/framework-facts.md §50, §51); the same "
+                           f"at {MEGATRON_V} (distributed_data_parallel.py 131-137, 161-170; training.py "
+                           "2179-2194, 2504-2515)",
             **BRIDGE_SETTINGS_SOURCES,
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
                                    "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
@@ -133,7 +140,9 @@ def megatron() -> RuntimeFacts:
                                         f"each microbatch's reduced loss, not its output), 171-190 (sent outputs "
                                         f"deallocated), {MEGATRON_V}",
             "recompute_whole_forward": f"megatron/core/tensor_parallel/random.py CheckpointFunction, {MEGATRON_V}",
-            "overlaps_grad_reduce": f"--overlap-grad-reduce, megatron/core/distributed/distributed_data_parallel.py, {MEGATRON_V}",
+            "overlaps_grad_reduce": f"--overlap-grad-reduce, megatron/core/distributed/distributed_data_parallel.py, "
+                                    f"{MEGATRON_V}: the default where a setup does not say (DataParallelSetup."
+                                    f"overlap_grad_reduce; Megatron-LM's own default is off, arguments.py 3121)",
             "prefetches_zero3_gathers": f"--overlap-param-gather, {MEGATRON_V}",
             "tp_overlap": f"--tp-comm-overlap (Transformer Engine userbuffers), {MEGATRON_V}",
             "float8": f"--fp8-format hybrid with --fp8-recipe tensorwise|delayed: Transformer Engine's Linear runs the "

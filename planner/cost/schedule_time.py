@@ -23,7 +23,7 @@ starts its next step only when it and every rank it exchanges with that step are
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the orders' types, for the annotations only
@@ -53,6 +53,62 @@ class StageTimes:
 
 
 @dataclass(frozen=True)
+class Issue:
+    """A collective a rank issues on its side stream (one FIFO stream a rank, beside its compute):
+    `ms` long, issued when its action is due ("start", before the action waits), when the action
+    ends ("end"), or a fraction of the action's time after it starts; `key`, if an action waits for it."""
+
+    ms: float
+    when: str | float = "end"
+    key: object = None
+
+
+@dataclass(frozen=True)
+class SideStream:
+    """The collectives a runtime runs beside the compute (planner/cost/megatron_dp.py): per rank
+    those issued at the iteration's start (`opening`), per (rank, action index) those an action
+    issues (`issues`), the keys it waits for before it starts (`waits`) and the time it runs longer
+    (`extend_ms`, collectives waited for inside it). A rank ends when its compute and its stream do."""
+
+    opening: tuple[tuple[Issue, ...], ...]
+    issues: dict = field(default_factory=dict)
+    waits: dict = field(default_factory=dict)
+    extend_ms: dict = field(default_factory=dict)
+
+
+class _Stream:
+    """The side streams' clocks while a simulation runs."""
+
+    def __init__(self, side: SideStream | None, num_ranks: int):
+        self.side = side
+        self.free_ms = [0.0] * num_ranks
+        self.done: dict = {}
+        for rank in range(num_ranks if side else 0):
+            for issue in side.opening[rank]:
+                self.put(rank, issue, 0.0)
+
+    def put(self, rank: int, issue: Issue, at_ms: float) -> None:
+        self.free_ms[rank] = max(self.free_ms[rank], at_ms) + issue.ms
+        if issue.key is not None:
+            self.done[issue.key] = self.free_ms[rank]
+
+    def run(self, rank: int, index: int, due_ms: float, base_ms: float) -> tuple[float, float]:
+        """(start, duration) of the rank's action `index`, due at `due_ms`, `base_ms` long."""
+        if self.side is None:
+            return due_ms, base_ms
+        issues = self.side.issues.get((rank, index), ())
+        for issue in issues:
+            if issue.when == "start":
+                self.put(rank, issue, due_ms)
+        start = max([due_ms] + [self.done.get(key, 0.0) for key in self.side.waits.get((rank, index), ())])
+        duration = base_ms + self.side.extend_ms.get((rank, index), 0.0)
+        inside = sorted((i for i in issues if not isinstance(i.when, str)), key=lambda i: i.when)
+        for issue in inside + [i for i in issues if i.when == "end"]:
+            self.put(rank, issue, start + (duration if issue.when == "end" else issue.when * duration))
+        return start, duration
+
+
+@dataclass(frozen=True)
 class Timeline:
     """When every action ran, and what that makes of the iteration."""
 
@@ -71,12 +127,15 @@ class Timeline:
 
 
 def simulate_time(
-    schedule: Schedule, *, stage_times: Sequence[StageTimes], send_ms: float = 0.0
+    schedule: Schedule, *, stage_times: Sequence[StageTimes], send_ms: float = 0.0,
+    side: SideStream | None = None,
 ) -> Timeline:
     """Run every rank's list in order; each unit (an action, or DualPipeV's overlapped F+B
     pair) starts once its rank is free and its inputs have arrived (`send_ms` after the
     producer finished, when the producer is another rank). As torch's runtime does, a pair
-    receives both inputs before it starts, runs its halves back to back and sends after both."""
+    receives both inputs before it starts, runs its halves back to back and sends after both.
+    `side`: collectives on a stream beside each rank's compute, which an action may wait for."""
+    stream = _Stream(side, schedule.num_ranks)
     finished: dict[tuple[int, str, int], float] = {}  # (stage, F|I|W, microbatch) -> ms
     backwards = [0] * schedule.num_stages  # B or W actions run per stage: the M-th reduces
     next_action = [0] * schedule.num_ranks
@@ -93,9 +152,10 @@ def simulate_time(
                 if None in ready:
                     break
                 clock = max(free_ms[rank], *ready)
-                for a in unit:
-                    starts[rank].append(clock)
-                    clock += stage_times[a.stage].of(a.kind)
+                for offset, a in enumerate(unit):
+                    start, duration = stream.run(rank, first + offset, clock, stage_times[a.stage].of(a.kind))
+                    starts[rank].append(start)
+                    clock = start + duration
                     if a.kind in ("B", "W"):
                         backwards[a.stage] += 1
                         if backwards[a.stage] == schedule.num_microbatches:
@@ -109,7 +169,8 @@ def simulate_time(
                 progressed = True
         if not progressed:
             raise RuntimeError(f"{schedule.name}: no rank can run its next action (deadlock)")
-    return Timeline(max(free_ms), _busy(schedule, stage_times), tuple(tuple(s) for s in starts))
+    ends = [max(free, side_free) for free, side_free in zip(free_ms, stream.free_ms)]
+    return Timeline(max(ends), _busy(schedule, stage_times), tuple(tuple(s) for s in starts))
 
 
 def simulate_lockstep(

@@ -14,6 +14,7 @@ from planner.cost import (
     afterstep,
     allocator,
     gradtiming,
+    megatron_dp,
     pipereduce,
     runtimes,
     schedule_time,
@@ -34,6 +35,7 @@ from planner.cost.assembly import (
     workspace_bytes,
 )
 from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view, step_end_bytes
+from planner.cost.dataparallel import ddp_buckets
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.replayed_reserve import with_replayed_reserve
 from planner.cost.rules import in_flight, rank_tied_once_bytes
@@ -63,7 +65,8 @@ def evaluate(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) ->
     costs = [with_replayed_reserve(cost, plan, rank, profile=profile, setup=setup)
              for rank, (cost, plan) in enumerate(zip(costs, ranks))]
     reductions = [pipereduce.stage_reductions_ms(layers, setup) for layers, _ in chunks]
-    return PlanCost(stages=costs, iteration_ms=plan_iteration_ms(order, sums, setup, reductions=reductions))
+    return PlanCost(stages=costs, iteration_ms=plan_iteration_ms(order, sums, setup, reductions=reductions,
+                                                                 stage_layers=[layers for layers, _ in chunks]))
 
 
 def stage_cost(layers: Sequence[LayerCost], checkpointed: Sequence[int], *, stage: int, profile: Profile,
@@ -201,13 +204,16 @@ def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, ord
 
 
 def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setup: TrainSetup, *,
-                      reductions: Sequence[float] | None = None) -> float:
+                      reductions: Sequence[float] | None = None,
+                      stage_layers: Sequence[Sequence[LayerCost]] | None = None) -> float:
     """The schedule's makespan with each stage's forward and backward (its sends and actions
     with them: half each; a split backward's input and weight passes half of it each, as Qi et
     al. 2023 take T_B ≈ T_W for transformer layers), then the slowest rank's optimizer step; or,
     when fewer ranks than there are compute at once (capacity_ms), all the work spread over them.
     `reductions`, per stage (pipereduce.stage_reductions_ms): the gradient reductions a runtime runs
-    after the stage's last backward, placed there in the schedule (the step carries none of them)."""
+    after the stage's last backward, placed there in the schedule (the step carries none of them).
+    `stage_layers`, per stage: its layers, whose data-parallel collectives Megatron-LM's DDP issues
+    beside the schedule's compute (megatron_dp.py; without them its reductions are not charged)."""
     reductions = reductions or [0.0] * len(sums)
     times = []
     for stage, waited in zip(sums, reductions):
@@ -216,5 +222,9 @@ def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setu
         times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2, reduce_ms=waited))
     steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
     lockstep = runtimes.of(setup.training).multi_schedule_lockstep
-    makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep) + max(steps)
+    makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep)
+    if stage_layers is not None and ddp_buckets(setup) and order.actions:
+        windows = [sum(sums[k].step_ms for k in order.stages_of(rank)[1:]) for rank in range(order.num_ranks)]
+        makespan = megatron_dp.makespan_ms(order, times, stage_layers, setup, step_window_ms=windows)
+    makespan += max(steps)
     return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums), sum(steps), setup))

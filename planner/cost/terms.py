@@ -15,6 +15,7 @@ from planner.cost import (
     gradtiming,
     hosttime,
     jobsettings,
+    megatron_dp,
 )
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
@@ -268,7 +269,9 @@ TERMS: tuple[Term, ...] = (
          "rate (GPU.te_attention_deterministic_bwd: NVIDIA/cudnn-frontend's training SDPA benchmark)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
-         "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms)"),
+         "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms; Megatron-LM's "
+         "DDP issues its reductions and overlapped gathers where the schedule's simulation places them, "
+         "megatron_dp.py)"),
     Term("the runtime's gradient checks and parameter copy beside the optimizer step", "step", "layer",
          lambda layer, ckpt, ctx: step_checks_ms(layer, ctx.profile, ctx.setup),
          "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket, the "
@@ -290,6 +293,12 @@ TERMS: tuple[Term, ...] = (
          "the record's fsdp_units; FSDP2's stream order at torch 2.6.0 (_fsdp_state.py _root_pre_forward, "
          "_root_post_backward_final_callback; _fsdp_collectives.py foreach_all_gather, foreach_reduce): beyond "
          "dataparallel.exposed_comm_ms's hiding behind each layer's own compute"),
+    Term("Megatron-LM's first and last bucket: the model's first layer's gather waited before the first forward and "
+         "its reduction after the last backward (one stage a rank)", "step", "layer",
+         lambda layer, ckpt, ctx: megatron_dp.edge_exposed_ms(layer, ctx.profile, ctx.setup),
+         "the record's ddp_buckets; megatron-core 92c8482e param_and_grad_buffer.py 654-700 (buckets from the last "
+         "parameter back), distributed_data_parallel.py 405-468 (the forward pre-hook's wait, the backward hook's "
+         "issue): beyond dataparallel.exposed_comm_ms's hiding behind each layer's own compute"),
     # -- the layer that opens the stage
     Term("stage input shared with its receive buffer or batch slice", "kept", "open",
          lambda layer, stage, ctx: first_layer_kept_bytes(layer, ctx.setup),

@@ -420,7 +420,7 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
         lines.append(arg("--sequence-parallel"))
     if setup.training.precision == "bf16-mixed":
         lines.append(arg("--bf16"))
-    lines += _zero_arguments(setup)
+    lines += _zero_arguments(setup) + _ddp_arguments(setup)
     lines += _test_settings(setup.training)
     body = "\n".join(f"    {rounding.one_line(line)}" for line in lines)
     return f"CKPLAN_MEGATRON_ARGS=(\n{body}\n)\n# pretrain_gpt.py ... \"${{CKPLAN_MEGATRON_ARGS[@]}}\"\n"
@@ -443,6 +443,20 @@ def _zero_arguments(setup) -> list[str]:
     if replicas > 1:  # megatron-core: the DP domain split into this many distributed-optimizer copies
         lines.append(arg("--num-distributed-optimizer-instances", replicas))
     return lines
+
+
+def _ddp_arguments(setup) -> list[str]:
+    """Megatron-LM's DDP overlap as the plan was scored (planner/cost/megatron_dp.py): --overlap-grad-reduce where the
+    reductions were overlapped (the runtime record's default where the plan did not say), the others where set."""
+    dp = setup.data_parallel
+    if dp.dp == 1:
+        return []
+    lines = [arg("--overlap-grad-reduce")] if dataparallel.overlaps_comm(setup) else []
+    lines += [arg(flag) for flag, on in (("--overlap-param-gather", dp.overlap_param_gather and dp.zero == 1),
+                                        ("--no-align-grad-reduce", not dp.align_grad_reduce),
+                                        ("--no-align-param-gather", not dp.align_param_gather),
+                                        ("--overlap-param-gather-with-optimizer-step", dp.param_gather_with_step)) if on]
+    return lines + ([arg("--ddp-bucket-size", dp.bucket_params)] if dp.bucket_params else [])
 
 
 def _test_settings(training) -> list[str]:

@@ -90,6 +90,19 @@ class DataParallelSetup(Strict):
     ep: int = Field(default=1, gt=0, le=MAX_RANKS)
     # GB/s per rank of the tokens' all-to-all inside an expert-parallel group; None: not charged
     ep_gb_per_s: GbPerS | None = None
+    # Megatron-LM's data-parallel overlap (the runtime record's ddp_buckets; planner/cost/megatron_dp.py):
+    # the gradient reduction issued bucket by bucket beside the backward (--overlap-grad-reduce; None: as the
+    # runtime's record says, overlaps_grad_reduce), the distributed optimizer's parameter all-gather waited for
+    # bucket by bucket in the next forward (--overlap-param-gather; else after the step, exposed), the buckets'
+    # parameters (--ddp-bucket-size; None: megatron-core's max(40M, 1M x the dp·cp ranks)), the pipeline ranks'
+    # reductions and (interleaved) gathers issued at once (--no-align-grad-reduce, --no-align-param-gather
+    # turn them off), the first chunk's gather beside the optimizer step (--overlap-param-gather-with-optimizer-step)
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool = False
+    bucket_params: int | None = Field(default=None, gt=0, le=MAX_BYTES)
+    align_grad_reduce: bool = True
+    align_param_gather: bool = True
+    param_gather_with_step: bool = False
 
     @model_validator(mode="after")
     def _shard_group_divides_dp(self) -> DataParallelSetup:

@@ -62,6 +62,9 @@ class JobSettings:
     deterministic: bool = False  # Megatron-LM's --deterministic-mode (its NaN fill; attention not charged)
     grad_reduce_bf16: bool = False  # Megatron-LM's --grad-reduce-in-bf16
     te_cross_entropy: bool = False  # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
+    # Megatron-LM's DDP overlap, as DataParallelSetup's fields (overlap_grad_reduce, overlap_param_gather,
+    # bucket_params, align_grad_reduce, align_param_gather, param_gather_with_step); empty: the runtime's defaults
+    ddp: dict = field(default_factory=dict)
     # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
     # dates itself; None: the newest read (Job.notes says which and why)
     runtime_version: str | None = None

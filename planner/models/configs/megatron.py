@@ -16,6 +16,7 @@ from planner.errors import UserError
 from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, pending
 from planner.models.configs.megatron_args import Flags, positive
+from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_files import (
     check_trainer,
     script_pairs,
@@ -26,7 +27,6 @@ from planner.models.configs.megatron_files import (
 from planner.models.configs.megatron_flags import (
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
-    FSDP_ZERO,
     GPT2_VOCAB,
     NO_EFFECT,
     NO_EFFECT_FAMILIES,
@@ -265,27 +265,7 @@ def _parallel(flags: Flags, job: Job) -> None:
     job.layers_per_stage = _split(flags, job)
     job.ep = positive("--expert-model-parallel-size",
                        flags.take("--expert-model-parallel-size", "expert parallelism", int, 1))
-    if flags.take("--use-distributed-optimizer", "optimizer state sharded over data-parallel ranks (ZeRO 1)",
-                  bool, False):
-        job.zero = 1
-    if flags.take("--use-megatron-fsdp", "Megatron FSDP: sharded over data-parallel ranks as "
-                  "--data-parallel-sharding-strategy says (default optim_grads_params: ZeRO 3)", bool, False):
-        strategy = flags.take("--data-parallel-sharding-strategy", "what Megatron FSDP shards", str,
-                              "optim_grads_params")
-        if strategy not in FSDP_ZERO:
-            raise UserError(f"--data-parallel-sharding-strategy {strategy!r}: give one of {', '.join(FSDP_ZERO)}")
-        job.zero = FSDP_ZERO[strategy]
-    job.dp_replicate = positive("--num-distributed-optimizer-instances", flags.take(
-        "--num-distributed-optimizer-instances", "the distributed optimizer sharded within groups of the data-parallel "
-        "ranks, replicated across this many (megatron-core parallel_state.py 918-929)", int, 1))
-    flags.take("--overlap-grad-reduce", "gradient reduce-scatter overlapped with the backward (as the cost model "
-                                       "charges Megatron-LM's runtime)", bool)
-    if flags.take("--overlap-param-gather", "parameter all-gather overlapped with the forward", bool) and job.zero < 3:
-        # megatron-core 92c8482e distributed_data_parallel.py 405-438, param_and_grad_buffer.py 278-314: the
-        # distributed optimizer's gather after the step is waited for bucket by bucket in the next forward
-        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "the distributed optimizer's parameter all-gather "
-                          "overlapped with the next forward, bucket by bucket: charged after the step, unhidden "
-                          "(planner/cost/dataparallel.py exposed_comm_ms)")
+    read_data_parallel(flags, job)
     if flags.has("--expert-tensor-parallel-size") and flags.given["--expert-tensor-parallel-size"] == [str(job.tp)]:
         job.modelled.expert_tp = flags.take("--expert-tensor-parallel-size", "experts split over the TP group "
                                             "(megatron-core's default)", int)

@@ -95,7 +95,6 @@ NOT_MODELLED = {
     "--yaml-cfg": "more arguments in another YAML file, which is not read: give them in this file",
     "--fp16-lm-cross-entropy": "the cross-entropy on fp16 logits (fp16 runs): charged as the fp32 loss region",
     "--no-overlap-p2p-communication": "pipeline sends not overlapped with compute: time",
-    "--ddp-bucket-size": "gradient-reduction bucket size: how much of the reduction overlaps the backward (time)",
     "--ddp-num-buckets": "gradient-reduction bucket count: how much of the reduction overlaps the backward (time)",
     "--window-size": "sliding-window attention: scored as full causal attention",
     "--window-attn-skip-freq": "sliding-window attention on some layers: scored as full causal attention",
@@ -119,9 +118,6 @@ NOT_MODELLED = {
     "--optimizer-cpu-offload": "the optimizer on the host",
     "--use-torch-fsdp2": "PyTorch FSDP2 instead of the distributed optimizer",
     "--use-nccl-ub": "NCCL user buffers registered (more NCCL memory, faster collectives)",
-    # Megatron-LM 92c8482e (Megatron-Bridge 00b7660b's) arguments.py 2784-2785; Bridge's set_post_overrides sets it
-    "--overlap-param-gather-with-optimizer-step": "the first bucket's parameter all-gather overlapped with the "
-                                                  "optimizer step (interleaved schedules): time",
     "--fsdp-double-buffer": "Megatron FSDP's double-buffered all-gather (a second gathered copy)",
     "--fsdp-manual-registration": "Megatron FSDP's manual buffer registration with NCCL",
     "--outer-dp-sharding-strategy": "HSDP's optimizer sharding across replicas (scored as replicated)",

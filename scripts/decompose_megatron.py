@@ -1,0 +1,59 @@
+"""A config's iteration term by term (docs/published-runs.md §18.megtime): the busiest rank's compute (its
+tensor-parallel collectives, the "time" quantity's terms, in it), its sends and schedule actions, and the bubble, from the schedule's simulation without the
+data-parallel collectives; what Megatron-LM's DDP adds beside the schedule (planner/cost/megatron_dp.py,
+under runtime megatron); and the slowest rank's optimizer step (its exposed gathers included).
+usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K]"""
+
+import argparse
+from pathlib import Path
+
+from planner.commands.evaluate_config import predict, read_job
+from planner.cost import schedule_time
+from planner.cost.assembly import stage_sums
+from planner.cost.chunked import schedule_of, stages_view
+from planner.cost.score import placed_chunks
+
+try:  # a tree before megatron_dp.py (the "before" of §18.megtime): its DP terms are all in the step
+    from planner.cost import megatron_dp
+    from planner.cost.dataparallel import ddp_buckets
+except ImportError:
+    megatron_dp, ddp_buckets = None, lambda setup: False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--gpu", required=True)
+    parser.add_argument("--gpus-per-node", type=int, default=None)
+    args = parser.parse_args()
+    found = predict(read_job(args.config, None), gpus=args.gpus, gpu_name=args.gpu, gpus_per_node=args.gpus_per_node)
+    profile, setup = found.profile, found.setup
+    order = schedule_of(setup)
+    chunks = placed_chunks(found.stages, profile, order)
+    view = stages_view(setup, order)
+    sums = [stage_sums(layers, options, stage=k, profile=profile, setup=view) for k, (layers, options) in enumerate(chunks)]
+    times = []
+    for stage in sums:
+        forward = stage.forward_ms + stage.comm_ms / 2
+        backward = max(stage.busy_ms - forward, 0.0)
+        times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2))
+    bare = schedule_time.makespan_ms(order, stage_times=times)
+    with_dp = bare
+    if ddp_buckets(setup) and order.actions:
+        windows = [sum(sums[k].step_ms for k in order.stages_of(r)[1:]) for r in range(order.num_ranks)]
+        with_dp = megatron_dp.makespan_ms(order, times, [layers for layers, _ in chunks], setup,
+                                          step_window_ms=windows)
+    steps = [sum(sums[k].step_ms for k in order.stages_of(r)) for r in range(order.num_ranks)]
+    m = setup.pipeline.microbatches
+    busy = [m * sum(sums[k].busy_ms for k in order.stages_of(r)) for r in range(order.num_ranks)]
+    rank = max(range(order.num_ranks), key=lambda r: busy[r])
+    compute = m * sum(sums[k].time_ms for k in order.stages_of(rank))
+    comm = m * sum(sums[k].comm_ms for k in order.stages_of(rank))
+    print(f"iteration {found.cost.iteration_ms / 1e3:.3f} s; busiest rank {rank}: compute (TP collectives in it) {compute / 1e3:.3f}, "
+          f"sends and actions {comm / 1e3:.3f}, bubble {(bare - busy[rank]) / 1e3:.3f}, DP beside the schedule "
+          f"{(with_dp - bare) / 1e3:.3f}, step (exposed gathers in it) {max(steps) / 1e3:.3f}")
+
+
+if __name__ == "__main__":
+    main()
