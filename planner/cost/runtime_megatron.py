@@ -34,7 +34,7 @@ def megatron() -> RuntimeFacts:
         deterministic_attention="cudnn", host_calls_per_block=5, megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
-        te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0),
+        te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True),
         sources={
             **BRIDGE_SETTINGS_SOURCES,
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
