@@ -4,10 +4,12 @@
 # --from-megatron ... --json` into OUT/<row>.json; then scripts/megatron_reserve_table.py OUT [BEFORE] prints them.
 # usage: bash scripts/megatron_reserve_rows.sh TREE OUT
 set -u
-T=$(cd "$1" && pwd); O=$2; mkdir -p "$O"
+T=$(cd "$1" && pwd); mkdir -p "$2"; O=$(cd "$2" && pwd)
 PY=${PY:-/work/main/.venv/bin/python}
-row() { name=$1; shift; env PYTHONPATH="$T" "$PY" -m planner.cli evaluate "$@" --json > "$O/$name.json" 2> "$O/$name.err" \
-          || echo "$name failed: $(tail -1 "$O/$name.err")"; }
+# run inside TREE: `python -m` puts the working directory ahead of PYTHONPATH, so from another checkout it
+# would score that checkout's planner instead
+row() { name=$1; shift; (cd "$T" && env PYTHONPATH="$T" "$PY" -m planner.cli evaluate "$@" --json) > "$O/$name.json" \
+          2> "$O/$name.err" || echo "$name failed: $(tail -1 "$O/$name.err")"; }
 B=$T/configs/megatron-bridge; L=$T/configs/megatron-lm
 row T22 --from-megatron $B/b200_8b_fp8cs.yaml --gpus 8 --gpu b200
 row T23 --from-megatron $B/h100_8b_fp8cs.yaml --gpus 8 --gpu h100

@@ -1,5 +1,5 @@
-"""Print the Megatron rows' per-rank memory from scripts/megatron_reserve_rows.sh's output (GiB): static, allocated
-peak, reserved peak and what set it (replay or divisor), the usable cap, whether it fits; with BEFORE, each figure
+"""Print the Megatron rows' iteration and per-rank memory from scripts/megatron_reserve_rows.sh's output (GiB):
+static, allocated peak, reserved peak and what set it (replay or divisor), the usable cap, whether it fits; with BEFORE, each figure
 before → after. usage: python scripts/megatron_reserve_table.py OUT [BEFORE]"""
 
 import json
@@ -9,9 +9,17 @@ from pathlib import Path
 GIB = 1 << 30
 
 
-def ranks(folder: Path, name: str) -> list[dict]:
+def scored(folder: Path, name: str) -> dict:
     text = (folder / f"{name}.json").read_text()
-    return json.loads(text[text.index("{"):])["ranks"]
+    return json.loads(text[text.index("{"):])
+
+
+def ranks(folder: Path, name: str) -> list[dict]:
+    return scored(folder, name)["ranks"]
+
+
+def iteration(folder: Path, name: str) -> str:
+    return f"{scored(folder, name)['iteration_ms'] / 1000:.3f} s"
 
 
 def cell(rank: dict) -> str:
@@ -30,8 +38,9 @@ def main() -> None:
         new = ranks(after, name)
         old = ranks(before, name) if before and (before / path.name).exists() else None
         worst = max(new, key=lambda r: r["reserved_bytes"] / r["cap_bytes"])
+        was_ms = f"{iteration(before, name)} → " if old else ""
         print(f"{name}: worst rank {worst['index']} of {len(new)}, cap {worst['cap_bytes'] / GIB:.1f} GiB, "
-              f"fits {all(r['fits'] for r in new)}")
+              f"fits {all(r['fits'] for r in new)}, iteration {was_ms}{iteration(after, name)}")
         for i, rank in enumerate(new):
             was = f"{cell(old[i])} → " if old else ""
             print(f"  {rank['index']}: {was}{cell(rank)}{'' if rank['fits'] else ' ✗'}")

@@ -15,7 +15,8 @@ the runtime record (planner/cost/runtime_facts.py), read where the setup asks fo
   here against the bf16 weight bytes_per_param charges (fp8_param_saving_bytes).
 - Transformer Engine's fused cross-entropy (TrainingSetup.te_cross_entropy, Megatron-LM's
   --cross-entropy-loss-fusion --cross-entropy-fusion-impl te): the loss region the record's `te_cross_entropy`
-  says (the gradient written in place into the logits: kept and peak 1x the logits).
+  says (the gradient written in place into the logits: kept and peak 1x the logits, the logits the loss's own
+  saved tensor, held to the end of the output layer's backward: rules.loss_holds_logits).
 
 Each is refused in one sentence under a runtime whose record does not read it (refused).
 """
@@ -73,7 +74,10 @@ BRIDGE_SETTINGS_SOURCES = {
                         f"cross_entropy.py 50-59 (saves its input), 76 (backward returns it), triton/"
                         f"cross_entropy.py 266-342 (fp32 loss and three fp32 statistics a token; the kernel stores "
                         f"the gradient into the logits, 187), 345-372 (scaled in place), {_TE_BRIDGE}: kept and peak "
-                        f"the logits, 1x and 1x, by the code",
+                        f"the logits, 1x and 1x, by the code; the logits are the loss's saved tensor and the output "
+                        f"layer's received gradient (gpt_model.py 637, 666; tensor_parallel/layers.py 497-630, "
+                        f"{_MCORE_BRIDGE}: ColumnParallelLinear's backward reads grad_output, makes grad_input), freed "
+                        f"when that backward ends (grad_in_logits)",
 }
 BRIDGE_SETTINGS_NOT_READ = {name: "not read for this runtime: the setting is refused" for name in BRIDGE_SETTINGS_SOURCES}
 

@@ -224,10 +224,12 @@ def first_layer_kept_bytes(layer: LayerCost, setup: TrainSetup) -> int:
     return -layer.input_in_act_bytes if runtime_facts(setup).stage_input_in_receive_buffer else 0
 
 
-def last_layer_kept_bytes(layer: LayerCost, stage: int, setup: TrainSetup) -> int:
+def last_layer_kept_bytes(layer: LayerCost, stage: int, profile: Profile, setup: TrainSetup) -> int:
     """The stage output waits until its backward (fwd_cache, output_objs, DeepSpeed's buffers);
-    Megatron frees its storage once sent (the last stage's output, the logits, stays for the loss)."""
-    if runtime_facts(setup).frees_sent_output and stage < setup.pipeline.stages - 1:
+    Megatron frees its storage once sent (the last stage's output, the logits, stays for the loss);
+    where the loss saves the logits themselves (loss_holds_logits), they are the loss's kept bytes."""
+    last = stage == setup.pipeline.stages - 1
+    if (runtime_facts(setup).frees_sent_output and not last) or (last and loss_holds_logits(profile, setup)):
         return 0
     return layer.output_bytes
 
@@ -342,17 +344,28 @@ def runtime_loss(profile: Profile, setup: TrainSetup) -> tuple[float, runtimes.L
     return profile.layers[-1].output_bytes, region
 
 
+def loss_holds_logits(profile: Profile, setup: TrainSetup) -> bool:
+    """Whether the runtime's loss region saves the logits themselves and hands their storage back as their
+    gradient (LossRegion.grad_in_logits: Transformer Engine's fused cross-entropy). Then the loss keeps the
+    logits (not the stage output), and they stay to the end of the last layer's backward, whose transient
+    (its received gradient) is in their storage: every layer before it runs its backward without them
+    (stage_sums' transient credits the loss's kept bytes to the whole stage's backward)."""
+    known = runtime_loss(profile, setup)
+    return known is not None and known[1].grad_in_logits
+
+
 def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """What the loss keeps for backward, per microbatch, on the last stage: the profile's, or
     for an analytic profile the runtime's loss region (runtime_loss) less the logits the last
-    layer keeps as its output, plus the loss value (4 B)."""
+    layer keeps as its output (none where the loss holds them: loss_holds_logits), plus the loss
+    value (4 B)."""
     if stage != setup.pipeline.stages - 1:
         return 0
     known = runtime_loss(profile, setup)
     if known is None:
         return profile.loss_bytes
     logits, region = known
-    return int(round((region.kept_x - 1) * logits)) + 4
+    return int(round((region.kept_x - (0 if region.grad_in_logits else 1)) * logits)) + 4
 
 
 def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:

@@ -14,6 +14,10 @@ class LossRegion:
 
     kept_x: float  # from the loss's forward to its backward, the logits included where they stay
     peak_x: float  # the most at once during the loss's forward and backward
+    # the loss saves the logits themselves (kept_x counts them) and hands their storage back as their gradient
+    # (Transformer Engine's fused cross-entropy writes it there): rules.loss_holds_logits; False: the stage
+    # output holds 1x of kept_x, and the last layer receives a new gradient
+    grad_in_logits: bool = False
 
 
 @dataclass(frozen=True)
@@ -268,7 +272,8 @@ class RuntimeFacts:
     the eager ops' tensors, as the analytic profile counts them."""
     te_cross_entropy: LossRegion | None = None
     """The loss region of Transformer Engine's fused cross-entropy (Megatron-LM's --cross-entropy-loss-fusion
-    --cross-entropy-fusion-impl te): the gradient written in place into the logits; None: not read, refused."""
+    --cross-entropy-fusion-impl te): the gradient written in place into the logits, which the output layer's
+    backward receives (grad_in_logits); None: not read, refused."""
 
     fused_kernels: str | None = None
     """Which fused kernels the runtime's layers run for their norms, rotary and activations:

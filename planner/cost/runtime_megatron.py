@@ -34,7 +34,7 @@ def megatron() -> RuntimeFacts:
         deterministic_attention="cudnn", host_calls_per_block=5, megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
-        te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0), ddp_buckets=True,
+        te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         sources={
             "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
                            "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"

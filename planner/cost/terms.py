@@ -323,7 +323,7 @@ TERMS: tuple[Term, ...] = (
          "comm.stage_crosses_nodes) + NCCL's latency, where no calibrated send line is set (comm.stage_send_ms)"),
     # -- the layer that closes the stage
     Term("stage output waiting in fwd_cache", "kept", "close",
-         lambda layer, stage, ctx: last_layer_kept_bytes(layer, stage, ctx.setup),
+         lambda layer, stage, ctx: last_layer_kept_bytes(layer, stage, ctx.profile, ctx.setup),
          "PipelineStage keeps each forward's output until its backward (measured on the runtime)"),
     Term("receive buffers for the output's gradient", "buffers", "close",
          lambda layer, stage, ctx: last_layer_buffer_bytes(layer, stage, ctx.setup),
