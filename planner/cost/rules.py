@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import bridgeterms, dataparallel, fsdpunits, runtimes, schedules
+from planner.cost import bridgeterms, chunkedloss, dataparallel, fsdpunits, runtimes, schedules
 from planner.cost.layers import LayerCost
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
@@ -338,6 +338,9 @@ def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     if known is None:
         return profile.loss_bytes
     logits, region = known
+    chunked = chunkedloss.setup_loss_bytes(profile, setup, region)
+    if chunked is not None:  # no whole logits: the loss value alone (planner/cost/chunkedloss.py)
+        return chunked.kept_bytes - int(logits)
     return int(round((region.kept_x - 1) * logits)) + 4
 
 
@@ -418,6 +421,9 @@ def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSet
     if known is None:
         return profile.loss_transient_bytes
     logits, region = known
+    chunked = chunkedloss.setup_loss_bytes(profile, setup, region)
+    if chunked is not None:
+        return chunked.peak_bytes - chunked.kept_bytes
     return int(round((region.peak_x - region.kept_x) * logits))
 
 
@@ -428,7 +434,8 @@ def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
         return 0.0
     compiled = (loss_compiled(setup.training) and profile.compiled_loss_ms is not None
                 and runtime_facts(setup).loss_compiled is not None)
-    return compute_ms(profile.compiled_loss_ms if compiled else profile.loss_ms, setup.time)
+    chunked_ms = chunkedloss.setup_extra_ms(profile, setup) if runtime_loss(profile, setup) else 0.0
+    return compute_ms((profile.compiled_loss_ms if compiled else profile.loss_ms) + chunked_ms, setup.time)
 
 
 def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:

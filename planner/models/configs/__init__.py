@@ -62,6 +62,7 @@ class JobSettings:
     deterministic: bool = False  # Megatron-LM's --deterministic-mode (its NaN fill; attention not charged)
     grad_reduce_bf16: bool = False  # Megatron-LM's --grad-reduce-in-bf16
     te_cross_entropy: bool = False  # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
+    chunked_cross_entropy: int | None = None  # torchtitan's ChunkedLossWrapper: its num_chunks (None: whole logits)
     # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
     # dates itself; None: the newest read (Job.notes says which and why)
     runtime_version: str | None = None
