@@ -46,9 +46,9 @@ def measure(batch: int, seq: int, hidden: int, vocab: int, chunks: int) -> dict[
 
 
 if __name__ == "__main__":
-    b, l, d, v, n = (int(x) for x in sys.argv[1:6])
+    b, seq, d, v, n = (int(x) for x in sys.argv[1:6])
     from planner.cost.chunkedloss import chunked_loss_bytes
-    got = measure(b, l, d, v, n)
-    counted = chunked_loss_bytes(batch=b, seq=l, hidden=d, vocab=v, chunks=n)
-    print(f"B={b} L={l} D={d} V={v} N={n}: measured peak {got['peak']} B, kept {got['kept']} B; "
+    got = measure(b, seq, d, v, n)
+    counted = chunked_loss_bytes(batch=b, seq=seq, hidden=d, vocab=v, chunks=n)
+    print(f"B={b} L={seq} D={d} V={v} N={n}: measured peak {got['peak']} B, kept {got['kept']} B; "
           f"ckplan peak {counted.peak_bytes} B, kept {counted.kept_bytes} B")

@@ -22,6 +22,9 @@ BF16, FP32, INT64 = 2, 4, 8
 # fp32 scalars live at the moments below: the running total, the chunk's loss and its sum before the
 # division by the global token count (a chunk's loss forward); the total and the last chunk's loss at the end
 SCALARS_IN_CHUNK, SCALARS_AT_END = 3 * FP32, 2 * FP32
+# torchtitan's plain cross-entropy (its record's `loss`, planner/cost/runtime_titan.py): what the installed
+# ChunkedLossWrapper runs on each chunk by default (CrossEntropyLoss, eager)
+TITAN_PLAIN_LOSS = LossRegion(kept_x=2.0, peak_x=6.0)
 NO_CHUNKED_LOSS = "no loss over chunks of the sequence in this runtime's code: --chunked-cross-entropy refused"
 
 
@@ -35,7 +38,7 @@ class ChunkedLossBytes:
 
 
 def chunked_loss_bytes(*, batch: int, seq: int, hidden: int, vocab: int, chunks: int,
-                       inner: LossRegion = LossRegion(kept_x=2.0, peak_x=6.0),
+                       inner: LossRegion = TITAN_PLAIN_LOSS,
                        fsdp_fp32_grad: bool = False) -> ChunkedLossBytes:
     """The loss over `batch` x `seq` tokens (the rank's), `hidden` wide, `vocab` logits a rank computes
     (V/TP under loss parallel), in `chunks` chunks, `inner` the runtime's loss region on a chunk's logits

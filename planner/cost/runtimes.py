@@ -87,7 +87,6 @@ def _ckplan() -> RuntimeFacts:
         overlaps_grad_reduce=False, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         step_replayed=True,
         sources={
-            "chunked_loss": NO_CHUNKED_LOSS,
             "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
             "fsdp2_step_replayed": "ckplan's runtime shards with its own data parallelism (planner/runtime), not FSDP2's step",
             "megatron_step_replayed": "ckplan's runtime is not Megatron-LM: reserve.py replays its own step (step_replayed)",
