@@ -346,9 +346,10 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
                        "1: give --cp N or drop --cp-comm")
     refused += bridgesettings.refused(training, of(training))
     if training.chunked_cross_entropy and not of(training).chunked_loss:
+        which = (f"torchtitan {of(training).version} had none" if training.runtime == "torchtitan" else
+                 f"--runtime {training.runtime} runs no such loss")
         refused.append(f"chunked cross-entropy (--chunked-cross-entropy {training.chunked_cross_entropy}) is "
-                       f"torchtitan 0.3.0's ChunkedLossWrapper (--runtime torchtitan --runtime-version b5bcd76c); "
-                       f"--runtime {training.runtime} {of(training).version} runs no such loss")
+                       f"torchtitan 0.3.0's ChunkedLossWrapper (--runtime torchtitan, version b5bcd76c); {which}")
     if training.mtp_layers:
         refused.append(f"multi-token prediction (--mtp-layers {training.mtp_layers}) is not modelled: a profile "
                        "holds no MTP modules")
