@@ -156,3 +156,19 @@ def test_old_plans_read_false_as_no_chunks():
     setup = TrainSetup.model_validate({"stages": 1, "microbatches": 1, "micro_batch_size": 1, "mem_caps_bytes": [1],
                                        "chunked_cross_entropy": False})
     assert setup.training.chunked_cross_entropy == 0
+
+
+def test_fsdp2s_head_backward_no_longer_holds_the_lm_heads_gradient():
+    """ZeRO 3 over 8: at the head layer's backward the units still gather [norm, lm_head] for the norm's
+    backward, but the LM head's gradient (1024 x 64) was reduced in the loss: neither its bf16 unsharded
+    gradient (2 B) nor, in the post-backward, its fp32 reduce-scatter input (4 B) is there."""
+    from planner.cost.layers import layer_costs
+
+    profile = _profile()
+    head = layer_costs(profile)[-1]
+    plain = rules.fsdp_unit_layer_bytes(head, 0, profile, _setup(0, dp=8, zero=3))
+    chunked = rules.fsdp_unit_layer_bytes(head, 0, profile, _setup(4, dp=8, zero=3))
+    # the larger moment here is the computing one (the post-backward's, less the layer's scratch, is lower)
+    assert plain > 0 and plain - chunked == 1024 * 64 * 2
+    from planner.cost.chunkedloss import head_grads_reduced_in_loss
+    assert head_grads_reduced_in_loss(profile, _setup(4, dp=8, zero=3)) == (1024 * 64 * 2, 1024 * 64 * 6)

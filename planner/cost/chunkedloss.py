@@ -143,3 +143,20 @@ def chunked_head_profile(profile, setup):
                         f"equal chunks, and {chunks} does not divide {tokens}: torchtitan refuses it")
     *body, head = profile.layers
     return profile.model_copy(update={"layers": [*body, head.model_copy(update={"transient_bytes": head.input_bytes})]})
+
+
+def head_grads_reduced_in_loss(profile, setup) -> tuple[float, float]:
+    """What FSDP2's per-moment units (fsdpunits.layer_moment_bytes) charge at the head layer's backward for the
+    LM head's gradient, which the chunked loss already reduced on its last chunk: (while the norm's backward
+    computes: the head's unsharded bf16 gradient; in the unit's post-backward: that and its reduce-scatter
+    input in the reduce dtype). In the decoder's backward the [norm, lm_head] unit is gathered again for the
+    norm's backward (its pre-backward unshards the group), but post_backward finds no gradient on the LM head
+    (torch 2.13 _fsdp_param_group.py 618-628: neither an accumulated nor an unsharded one), so only the norm's
+    is reduced. (0, 0) without chunks."""
+    from planner.cost import dataparallel
+
+    if not setup.training.chunked_cross_entropy:
+        return 0.0, 0.0
+    head = profile.assumptions["vocab_per_device"] * profile.assumptions["model"]["hidden_size"]
+    held = dataparallel.param_bytes(setup)
+    return head * held.weights, head * (held.weights + held.grads)

@@ -397,6 +397,8 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
     params, fp8, units = _units_args(profile, setup)
     index = next(i for i, known in enumerate(profile.layers) if known.name == layer.name)
     computing, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
+    if index == len(profile.layers) - 1:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
+        computing, after = (a - b for a, b in zip((computing, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
     # the post-backward comes once the layer's own scratch and recompute are freed
     return int(round(max(computing, after - layer_extra_bytes(layer, option))))
 
