@@ -172,3 +172,16 @@ def test_fsdp2s_head_backward_no_longer_holds_the_lm_heads_gradient():
     assert plain > 0 and plain - chunked == 1024 * 64 * 2
     from planner.cost.chunkedloss import head_grads_reduced_in_loss
     assert head_grads_reduced_in_loss(profile, _setup(4, dp=8, zero=3)) == (1024 * 64 * 2, 1024 * 64 * 6)
+
+
+def test_beside_a_pipeline_the_stages_output_is_the_norms_and_stays():
+    """torch's PipelineStage keeps the last stage's output in fwd_cache to its backward: under the chunked loss
+    that output is the norm's [2, 128, 64] bf16, kept beside the bf16 gradient the loss saves; the peak is the
+    loop's, so the scratch beyond what is kept is that much less."""
+    profile = _profile()
+    setup = _setup(4, stages=2, microbatches=2, mem_caps_bytes=[1 << 40] * 2)
+    alone = _setup(4)
+    hidden = 2 * 128 * 64 * 2
+    assert rules.loss_kept_bytes(profile, 1, setup) - rules.loss_kept_bytes(profile, 0, alone) == hidden
+    assert rules.stage_constant_transient_bytes(profile, 0, alone) - \
+        rules.stage_constant_transient_bytes(profile, 1, setup) == hidden

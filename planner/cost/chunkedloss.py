@@ -33,7 +33,8 @@ class ChunkedLossBytes:
     """The chunked loss's bytes beyond the layers' kept (the module's docstring)."""
 
     peak_bytes: int  # the most at once while the loss runs
-    kept_bytes: int  # from the loss to the decoder's backward: the loss value (the bf16 gradient replaces the norm's output)
+    kept_bytes: int  # from the loss to the decoder's backward: the loss value (the bf16 gradient replaces the norm's
+    # output), and beside a pipeline the stage's output the schedule keeps (setup_loss_bytes)
     largest_tensor_bytes: int  # its largest tensor (the allocator's block rounding reads it)
 
 
@@ -104,8 +105,17 @@ def setup_loss_bytes(profile, setup, inner: LossRegion) -> ChunkedLossBytes | No
     chunks = setup.training.chunked_cross_entropy
     if not chunks:
         return None
-    return chunked_loss_bytes(**_dims(profile), vocab=profile.assumptions["vocab_per_device"], chunks=chunks,
-                              inner=inner, fsdp_fp32_grad=_fsdp_fp32_grad(setup))
+    dims = _dims(profile)
+    found = chunked_loss_bytes(**dims, vocab=profile.assumptions["vocab_per_device"], chunks=chunks, inner=inner,
+                               fsdp_fp32_grad=_fsdp_fp32_grad(setup))
+    if setup.pipeline.stages == 1:
+        return found
+    # beside a pipeline the last stage's output, now the norm's [B, L, D] rather than the logits, stays in
+    # torch's fwd_cache to the backward (torch 2.13 pipelining/stage.py 913, 966): the trainer's `del pred`
+    # frees nothing, and that output is kept beside the bf16 gradient the loss saves
+    held = dims["batch"] * dims["seq"] * dims["hidden"] * BF16
+    return ChunkedLossBytes(peak_bytes=found.peak_bytes, kept_bytes=found.kept_bytes + held,
+                            largest_tensor_bytes=found.largest_tensor_bytes)
 
 
 def setup_extra_ms(profile, setup) -> float:
