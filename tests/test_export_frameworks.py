@@ -124,11 +124,13 @@ class _TitanModel(torch.nn.Module):
 def _load_titan_export(tmp_path, text: str):
     (tmp_path / "ckplan_base.py").write_text(
         "from types import SimpleNamespace\n"
+        "from torchtitan.components.loss import ChunkedLossWrapper\n"
         "from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig\n"
         "def base():\n"
         "    model = SimpleNamespace(layers=[None] * 8)\n"
         "    return SimpleNamespace(model_spec=SimpleNamespace(model=model), parallelism=ParallelismConfig(),\n"
-        "                           training=TrainingConfig(), activation_checkpoint=None, compile=CompileConfig())\n")
+        "                           training=TrainingConfig(), activation_checkpoint=None, compile=CompileConfig(),\n"
+        "                           loss=ChunkedLossWrapper.Config())  # as torchtitan's llama3 configs\n")
     path = tmp_path / "ckplan_titan.py"
     path.write_text(text)
     sys.path.insert(0, str(tmp_path))

@@ -141,7 +141,8 @@ def test_cp_restricts_the_search_to_its_degree(tmp_path):
     (("--cp", "3"), "--cp 3 does not divide --gpus 8"),
     (("--cp", "8", "--cp-comm", "a2a"), "--cp 8 does not divide them (Transformer Engine refuses it)"),
     (("--runtime-version", "abc"), "--runtime-version abc is not one read for torchtitan"),
-    (("--chunked-cross-entropy",), "chunked cross-entropy (--chunked-cross-entropy) is not modelled"),
+    (("--runtime", "megatron", "--chunked-cross-entropy"), "chunked cross-entropy (--chunked-cross-entropy 8) is "
+                                                              "torchtitan 0.3.0's ChunkedLossWrapper"),
     (("--mtp-layers", "1"), "multi-token prediction (--mtp-layers 1) is not modelled"),
     (("--expert-tp", "3"), "--expert-tp 3: expert tensor parallelism is modelled equal to TP"),
     (("--compile", "optimizer"), "name what torch.compile compiles, model and/or loss"),

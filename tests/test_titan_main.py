@@ -137,6 +137,7 @@ from types import SimpleNamespace
 from typing import Annotated
 
 import tyro
+from torchtitan.components.loss import ChunkedLossWrapper
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
 
@@ -151,6 +152,7 @@ class Job:
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
     compile: CompileConfig = field(default_factory=CompileConfig)
+    loss: Annotated[object, tyro.conf.Suppress] = field(default_factory=ChunkedLossWrapper.Config)  # as llama3's
 
 
 def base():
@@ -182,6 +184,7 @@ def test_torchtitans_config_manager_parses_the_export_for_the_installed_version(
         importlib.invalidate_caches()
     assert config.training.steps == 7  # the command line over the loaded config, as torchtitan parses it
     assert config.training.disable_cuda_graphs is True  # 0.3.0 and main refuse a pipeline under CUDA graphs
+    assert type(config.loss).__qualname__ == "CrossEntropyLoss.Config"  # scored on whole logits: the base's unwrapped
     assert config.parallelism.pipeline_parallel_degree == 2
     assert config.parallelism.module_fqns_per_model_part[-1][-2:] == ["norm", "lm_head"]
     assert type(config.activation_checkpoint).__name__ == "Config" and config.activation_checkpoint.layers == ["layers.1"]
@@ -300,3 +303,34 @@ def test_a_base_function_is_refused_for_a_toml_version(tmp_path):
                                       "--torchtitan-base", "ckplan_base:base", "--out", str(tmp_path / "t.toml")])
     assert result.exit_code == 1 and "--torchtitan-base names the config function" in result.output
     assert not (tmp_path / "t.toml").exists()
+
+
+@pytest.mark.frameworks
+def test_the_chunked_loss_is_written_as_scored(tmp_path):
+    """A plan scored with --chunked-cross-entropy 4: 0.3.0's file wraps the base's loss in ChunkedLossWrapper
+    over 4 chunks (torchtitan's ConfigManager parses it); 0.2.x has none, so its export says so."""
+    pytest.importorskip("torchtitan.config")
+    pytest.importorskip("tyro")
+    from torchtitan.config import ConfigManager, TrainingConfig
+
+    plan_path = _plan(tmp_path, [3, 3])
+    plan = io.load_plan(plan_path)
+    training = plan.setup.training.model_copy(update={"chunked_cross_entropy": 4})
+    io.save_plan(plan.model_copy(update={"setup": plan.setup.model_copy(update={"training": training})}), plan_path)
+    version = "main" if "num_tokens_per_microbatch_per_dp_rank" in {f.name for f in fields(TrainingConfig)} else "0.3.0"
+    (tmp_path / "ckplan_base.py").write_text(_BASE)
+    path = _export(plan_path, version)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        config = ConfigManager().parse_args(["--module", path.stem, "--config", "ckplan_config"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("ckplan_base", path.stem):
+            sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+    assert type(config.loss).__qualname__ == "ChunkedLossWrapper.Config" and config.loss.num_chunks == 4
+    assert type(config.loss.loss_fn).__qualname__ == "CrossEntropyLoss.Config"  # the base's own, unwrapped once
+    toml = CliRunner().invoke(cli, ["export", str(plan_path), "--to", "torchtitan", "--torchtitan-version", "0.2.2",
+                                    "--out", str(tmp_path / "t.toml")])
+    assert toml.exit_code == 0, toml.output
+    assert "torchtitan 0.2.2 has no ChunkedLossWrapper" in (tmp_path / "t.toml").read_text()

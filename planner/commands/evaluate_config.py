@@ -233,7 +233,8 @@ def _with_settings(options, job):
                                 log_num_zeros_in_grad=modelled.log_num_zeros_in_grad,
                                 deterministic=modelled.deterministic,
                                 grad_reduce_bf16=modelled.grad_reduce_bf16,
-                                te_cross_entropy=modelled.te_cross_entropy)
+                                te_cross_entropy=modelled.te_cross_entropy,
+                                chunked_cross_entropy=modelled.chunked_cross_entropy)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ddp=dict(modelled.ddp))
 
 

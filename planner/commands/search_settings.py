@@ -119,7 +119,7 @@ def check_hand(settings: TrainingSettings, *, tp: int) -> None:
 
 
 DEFAULTS = {"runtime_version": None, "compile": False, "compile_loss": None, "op_level_sac": False, "float8": False,
-            "fp8_all_gather": False, "cp_comm": None, "optimizer_state_dtype": "fp32", "chunked_cross_entropy": False,
+            "fp8_all_gather": False, "cp_comm": None, "optimizer_state_dtype": "fp32", "chunked_cross_entropy": 0,
             "mtp_layers": 0, "expert_tp": None, "tp_overlap": "none", "expandable_segments": None}
 
 

@@ -47,7 +47,11 @@ SETTING_OPTIONS = [
                       "over the heads) [default: the runtime's: Megatron p2p, torchtitan allgather]."),
     click.option("--optimizer-state-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
                  help="Adam's moments in fp32 or bf16 (Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype)."),
-    click.option("--chunked-cross-entropy", is_flag=True, help="Chunked cross-entropy (refused: not modelled)."),
+    click.option("--chunked-cross-entropy", type=click.IntRange(min=1), is_flag=False, flag_value=8, default=None,
+                 metavar="[N]",
+                 help="torchtitan's chunked cross-entropy (ChunkedLossWrapper, 0.3.0): the LM head and the loss run "
+                      "over N chunks of each sequence, each chunk's backward at once [N: 8, its default] "
+                      "(--runtime torchtitan)."),
     click.option("--mtp-layers", type=click.IntRange(min=0, max=64), default=0, show_default=True,
                  help="Multi-token-prediction modules (refused above 0: not modelled)."),
     click.option("--expert-tp", type=click.IntRange(min=1), default=None,
@@ -114,7 +118,7 @@ class TrainingSettings:
     context_parallel: int | None = None  # None: the profile's degree
     cp_comm: str | None = None
     optimizer_state_dtype: str = "fp32"
-    chunked_cross_entropy: bool = False
+    chunked_cross_entropy: int | None = None  # N chunks; None (not given): the loss on whole logits
     mtp_layers: int = 0
     expert_tp: int | None = None
     unfused_grad_accumulation: bool = False
@@ -136,7 +140,8 @@ class TrainingSettings:
     def fields(self) -> dict:
         """TrainingSetup's fields."""
         found = {name: getattr(self, name) for name in SETTING_OPTION_NAMES if name != "compile_components"}
-        return found | {"compile": self.compile_model, "compile_loss": self.compile_loss}
+        return found | {"compile": self.compile_model, "compile_loss": self.compile_loss,
+                        "chunked_cross_entropy": self.chunked_cross_entropy or 0}
 
 
 def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:

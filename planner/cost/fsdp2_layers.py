@@ -109,8 +109,14 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
 def loss_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
     """The loss region's largest tensor on an analytic bf16 profile: its logits in fp32 (torchtitan 9dec370
     train.py's cross_entropy(pred.flatten(0, 1).float(), ...): the fp32 copy, log_softmax's output and both
-    backward gradients are each the logits' shape in fp32); 0 where the loss was measured (one block)."""
+    backward gradients are each the logits' shape in fp32); 0 where the loss was measured (one block).
+    Under chunked cross-entropy its largest tensor (planner/cost/chunkedloss.py): the fp32 hidden-gradient
+    buffer, a chunk's fp32 logits, or the LM head's fp32 unsharded gradient."""
+    from planner.cost.chunkedloss import setup_loss_bytes
     from planner.cost.rules import runtime_loss
 
     known = runtime_loss(profile, setup)
+    chunked = None if known is None else setup_loss_bytes(profile, setup, known[1])
+    if chunked is not None:
+        return chunked.largest_tensor_bytes
     return 0 if known is None else int(known[0]) * 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import bridgeterms, dataparallel, fsdpunits, runtimes, schedules
+from planner.cost import bridgeterms, chunkedloss, dataparallel, fsdpunits, runtimes, schedules
 from planner.cost.layers import LayerCost
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
@@ -365,6 +365,9 @@ def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     if known is None:
         return profile.loss_bytes
     logits, region = known
+    chunked = chunkedloss.setup_loss_bytes(profile, setup, region)
+    if chunked is not None:  # no whole logits: the loss value alone (planner/cost/chunkedloss.py)
+        return chunked.kept_bytes - int(logits)
     return int(round((region.kept_x - (0 if region.grad_in_logits else 1)) * logits)) + 4
 
 
@@ -421,6 +424,8 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
     params, fp8, units = _units_args(profile, setup)
     index = next(i for i, known in enumerate(profile.layers) if known.name == layer.name)
     computing, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
+    if index == len(profile.layers) - 1:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
+        computing, after = (a - b for a, b in zip((computing, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
     # the post-backward comes once the layer's own scratch and recompute are freed
     return int(round(max(computing, after - layer_extra_bytes(layer, option))))
 
@@ -445,6 +450,9 @@ def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSet
     if known is None:
         return profile.loss_transient_bytes
     logits, region = known
+    chunked = chunkedloss.setup_loss_bytes(profile, setup, region)
+    if chunked is not None:
+        return chunked.peak_bytes - chunked.kept_bytes
     return int(round((region.peak_x - region.kept_x) * logits))
 
 
@@ -455,7 +463,8 @@ def stage_constant_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
         return 0.0
     compiled = (loss_compiled(setup.training) and profile.compiled_loss_ms is not None
                 and runtime_facts(setup).loss_compiled is not None)
-    return compute_ms(profile.compiled_loss_ms if compiled else profile.loss_ms, setup.time)
+    chunked_ms = chunkedloss.setup_extra_ms(profile, setup) if runtime_loss(profile, setup) else 0.0
+    return compute_ms((profile.compiled_loss_ms if compiled else profile.loss_ms) + chunked_ms, setup.time)
 
 
 def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:

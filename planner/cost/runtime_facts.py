@@ -270,6 +270,10 @@ class RuntimeFacts:
     """The runtime's SwiGLU is one fused function that saves only its input (the first linear's 2f-wide output)
     and recomputes SiLU in its backward, so a dense block keeps no SiLU output (planner/cost/te_kept.py); False:
     the eager ops' tensors, as the analytic profile counts them."""
+    chunked_loss: bool = False
+    """The runtime's config can run the loss over chunks of each sequence, the LM head's forward and
+    backward per chunk inside the loss (torchtitan 0.3.0's ChunkedLossWrapper: planner/cost/chunkedloss.py);
+    False: it has no such loss (--chunked-cross-entropy refused)."""
     te_cross_entropy: LossRegion | None = None
     """The loss region of Transformer Engine's fused cross-entropy (Megatron-LM's --cross-entropy-loss-fusion
     --cross-entropy-fusion-impl te): the gradient written in place into the logits, which the output layer's

@@ -4,6 +4,7 @@ the file and version it was read from (RuntimeFacts.sources)."""
 from __future__ import annotations
 
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES
+from planner.cost.chunkedloss import NO_CHUNKED_LOSS
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import MEMTRACKER, NO_FSDP2_PIPELINE
 
@@ -44,6 +45,7 @@ def megatron() -> RuntimeFacts:
                            f"at {MEGATRON_V} (distributed_data_parallel.py 131-137, 161-170; training.py "
                            "2179-2194, 2504-2515)",
             **BRIDGE_SETTINGS_SOURCES,
+            "chunked_loss": NO_CHUNKED_LOSS + " (Megatron-LM's own fused cross-entropy is --cross-entropy-loss-fusion)",
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
                                    "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
                                    "pytorch/module/linear.py 1122-1136 at f8a01cd5, v2.16.0; Megatron's own linears "

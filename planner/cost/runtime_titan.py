@@ -130,7 +130,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
         reduces_after_last_backward=version == "9dec370", input_grads_held_to_step_end=version != "b5bcd76c",
         multi_schedule_lockstep=version == "9dec370",
-        float8_saves_input=version == "9dec370",
+        float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
             **BRIDGE_SETTINGS_NOT_READ,
@@ -220,6 +220,9 @@ def torchtitan(version: str) -> RuntimeFacts:
                                        f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {TORCH_V}",
             **TORCH_PIPELINING_SOURCES,
             "outputs_held_to_step_end": _TITAN_OUTPUTS[version][1],
+            "chunked_loss": ("torchtitan/components/loss.py 567-836 (ChunkedLossWrapper, GradAccumulator), trainer.py "
+                             "510-535 (_skip_lm_head), models/common/decoder.py 245, b5bcd76c (pip 0.3.0)"
+                             if version == "b5bcd76c" else f"no ChunkedLossWrapper read at {version}"),
             "recompute_whole_forward": "torchtitan/distributed/activation_checkpoint.py (early_stop=False), b5bcd76c",
             "overlaps_grad_reduce": f"FSDP2 reduce-scatter on its own stream, {TORCH_V}",
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {TORCH_V}",

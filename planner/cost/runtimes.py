@@ -33,6 +33,7 @@ from dataclasses import fields
 
 from planner.cost import bridgesettings, runtime_megatron, runtime_titan
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
+from planner.cost.chunkedloss import NO_CHUNKED_LOSS
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
@@ -122,7 +123,7 @@ def _ckplan() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
             **_FLOAT8_NOT_READ,
-            **_BRIDGE_SETTINGS_NOT_READ,
+            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -188,7 +189,7 @@ def _deepspeed() -> RuntimeFacts:
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
             "tp_overlap": "not in DeepSpeed",
             **_FLOAT8_NOT_READ,
-            **_BRIDGE_SETTINGS_NOT_READ,
+            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -259,7 +260,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
             "tp_overlap": "not read",
             **_FLOAT8_NOT_READ,
-            **_BRIDGE_SETTINGS_NOT_READ,
+            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -351,9 +352,11 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
         refused.append(f"--cp-comm {training.cp_comm} says how context-parallel ranks exchange K and V, and --cp is "
                        "1: give --cp N or drop --cp-comm")
     refused += bridgesettings.refused(training, of(training))
-    if training.chunked_cross_entropy:
-        refused.append("chunked cross-entropy (--chunked-cross-entropy) is not modelled: the loss region is the "
-                       "runtime's whole-logits one")
+    if training.chunked_cross_entropy and not of(training).chunked_loss:
+        which = (f"torchtitan {of(training).version} had none" if training.runtime == "torchtitan" else
+                 f"--runtime {training.runtime} runs no such loss")
+        refused.append(f"chunked cross-entropy (--chunked-cross-entropy {training.chunked_cross_entropy}) is "
+                       f"torchtitan 0.3.0's ChunkedLossWrapper (--runtime torchtitan, version b5bcd76c); {which}")
     if training.mtp_layers:
         refused.append(f"multi-token prediction (--mtp-layers {training.mtp_layers}) is not modelled: a profile "
                        "holds no MTP modules")

@@ -136,3 +136,27 @@ def float8_note(version: Version, fp8_all_gather: bool) -> str:
     return ("Float8 linears (scored with --float8" + (" --fp8-all-gather" if fp8_all_gather else "") + "): not "
             "written here; give the job model.converters = [\"float8\"] with quantize.linear.float8.filter_fqns = "
             "[\"output\"]" + (" and enable_fsdp_float8_all_gather = true" if fp8_all_gather else "") + ".")
+
+
+def loss_lines(version: Version, setup, prefix: str) -> str:
+    """The loss as the plan was scored, over the base config's (torchtitan 0.3.0's own llama3 / qwen3
+    configs run ChunkedLossWrapper, components/loss.py 567-836): its chunks (setup.training's
+    chunked_cross_entropy, planner/cost/chunkedloss.py) wrapped around the loss the base runs, or
+    without chunks the loss the base's wrapper wraps. 0.2.x's TOML has no such loss (loss_note)."""
+    if not version.python:
+        return ""
+    chunks = setup.training.chunked_cross_entropy
+    inner = 'getattr(config.loss, "loss_fn", config.loss)'
+    if not chunks:
+        return f"\n{prefix}config.loss = {inner}  # the loss as ckplan scored it: on whole logits"
+    return (f"\n{prefix}from torchtitan.components.loss import ChunkedLossWrapper\n"
+            f"{prefix}config.loss = ChunkedLossWrapper.Config(num_chunks={chunks}, loss_fn={inner})  # as scored")
+
+
+def loss_note(version: Version, setup) -> list[str]:
+    """What the export cannot say of the plan's chunked loss (0.2.x: no ChunkedLossWrapper)."""
+    chunks = setup.training.chunked_cross_entropy
+    if version.python or not chunks:
+        return []
+    return [f"chunked cross-entropy ({chunks} chunks, as scored): torchtitan {version.name} has no ChunkedLossWrapper "
+            "(0.3.0 does); this job runs the loss on whole logits, more memory than scored: export for 0.3.0 or main."]

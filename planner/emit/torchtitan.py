@@ -139,6 +139,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
                       "to the host too (FSDP2's CPUOffloadPolicy); left off here.")
     if plan.setup.training.float8:
         cannot.append(titan_keys.float8_note(chosen_version, plan.setup.training.fp8_all_gather))
+    cannot += titan_keys.loss_note(chosen_version, plan.setup)
     header = rounding.header_lines(plan_file, f"{TARGET} {_said(chosen_version)}", cannot, rounded, scored, plan_setup=plan.setup)
     return rounding.Export(TARGET, rounding.comment(header) + "\n" + body, suffix, rounded, scored, cannot)
 
@@ -350,7 +351,7 @@ def ckplan_config():
     config.parallelism.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
     config.parallelism.pipeline_parallel_schedule = "{SCHEDULE_NAMES[setup.pipeline.schedule]}"
 {titan_keys.microbatch_line(version, setup, "    config.parallelism.")}{_tp_line(tp, "    config.parallelism.", sp)}{_dp_lines(setup, "    config.parallelism.")}{_ep_line(setup, experts, "    config.parallelism.")}
-{titan_keys.batch_lines(version, setup, seq_len, "    config.training.")}{titan_keys.graphs_line(version, "    config.training.")}
+{titan_keys.batch_lines(version, setup, seq_len, "    config.training.")}{titan_keys.graphs_line(version, "    config.training.")}{titan_keys.loss_lines(version, setup, "    ")}
     config.activation_checkpoint = {ac}{_compile_lines(setup, "    config.compile.")}
     return config
 '''

@@ -155,8 +155,10 @@ class TrainingSetup(Strict):
     cp_comm: Literal["p2p", "allgather", "a2a"] | None = None
     # dtype of Adam's two moments (Megatron --exp-avg-dtype / --exp-avg-sq-dtype)
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
-    # the cross-entropy computed over chunks of the tokens (not modelled: refused)
-    chunked_cross_entropy: bool = False
+    # torchtitan's chunked cross-entropy (ChunkedLossWrapper's num_chunks; 0: the loss on whole logits):
+    # the LM head and the loss run per chunk of each sequence, each chunk's backward at once
+    # (planner/cost/chunkedloss.py); plans written before hold false, read as 0
+    chunked_cross_entropy: int = Field(default=0, ge=0, le=1 << 20)
     # multi-token-prediction modules (Megatron --mtp-num-layers) (not modelled: refused)
     mtp_layers: int = Field(default=0, ge=0, le=64)
     # expert tensor-parallel degree (Megatron --expert-tensor-parallel-size; None: the TP degree)

@@ -65,6 +65,7 @@ class JobSettings:
     # Megatron-LM's DDP overlap, as DataParallelSetup's fields (overlap_grad_reduce, overlap_param_gather,
     # bucket_params, align_grad_reduce, align_param_gather, param_gather_with_step); empty: the runtime's defaults
     ddp: dict = field(default_factory=dict)
+    chunked_cross_entropy: int | None = None  # torchtitan's ChunkedLossWrapper: its num_chunks (None: whole logits)
     # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
     # dates itself; None: the newest read (Job.notes says which and why)
     runtime_version: str | None = None

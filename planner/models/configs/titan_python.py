@@ -189,8 +189,9 @@ class _Reader:
         if name == "optimizer" and isinstance(value, Call):
             optimizer = {"name": "AdamW" if value.name.endswith("adamw") else value.name}
             return {"optimizer": optimizer | {k: _plain(v) for k, v in value.kwargs.items()}}
-        if name == "loss":
-            return {"loss": {"function": _text(value)}}
+        if name == "loss":  # ChunkedLossWrapper.Config(num_chunks=N, loss_fn=...): its chunks read
+            chunks = value.kwargs.get("num_chunks") if isinstance(value, Call) else None
+            return {"loss": {"function": _text(value)} | ({"num_chunks": _plain(chunks)} if chunks is not None else {})}
         if isinstance(value, Call) and value.name in SECTIONS:
             keys = {k: _plain(v) for k, v in value.kwargs.items()}
             section = {SECTIONS[value.name]: keys}

@@ -16,6 +16,7 @@ def read(keys, job: Job) -> None:
     compiled = keys.take("compile.enable", "torch.compile of what compile.components names (--compile)", bool, False)
     _compile_components(keys, job, compiled)
     _float8(keys, job)
+    _loss(keys, job)
     for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
         keys.pending(key, bool(keys.left.get(key)), "float8")
     if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
@@ -105,3 +106,20 @@ def _other_converters(keys, converters: list) -> None:
                 and not key.endswith(".fqns")]:  # the experts' fqns: listed with Float8 (_settings)
         converter = key.rsplit(".", 1)[0]
         keys.pending(key, converter in converters or converter == "quantize.linear.mx" and "mx" in converters, "mx")
+
+
+CHUNKED_LOSS_DEFAULT_CHUNKS = 8  # ChunkedLossWrapper.Config.num_chunks, components/loss.py 610, b5bcd76c (0.3.0)
+
+
+def _loss(keys, job: Job) -> None:
+    """The loss (Trainer.Config's `loss`, torchtitan 0.3.0's Python configs): CrossEntropyLoss, or
+    ChunkedLossWrapper over loss.num_chunks chunks (--chunked-cross-entropy N; its default 8)."""
+    function = keys.take("loss.function", "the loss: cross-entropy on whole logits, or ChunkedLossWrapper's "
+                         "over chunks of each sequence (--chunked-cross-entropy N)", str, None)
+    if function is not None and "Chunked" in function:
+        job.modelled.chunked_cross_entropy = keys.take(
+            "loss.num_chunks", "chunks of each sequence the chunked loss runs (--chunked-cross-entropy N)", int,
+            CHUNKED_LOSS_DEFAULT_CHUNKS)
+        if job.modelled.chunked_cross_entropy < 1:
+            raise UserError(f"{job.source}: loss.num_chunks = {job.modelled.chunked_cross_entropy}: give a whole number "
+                            "of chunks, 1 or more")

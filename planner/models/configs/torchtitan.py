@@ -447,9 +447,6 @@ def _status(key: str, value) -> tuple[str, str]:
     if key == "parallelism.fsdp_reshard_after_forward" and value == "default":
         return "modelled", ("torchtitan's default: resharded after forward without a pipeline, kept whole with one "
                             "(as the cost model's torchtitan runtime)")
-    if key == "loss.function":
-        chunked = "Chunked" in str(value)  # components/loss.py ChunkedLossWrapper (0.3.0, b5bcd76c)
-        return ("not modelled", pending("chunked-ce")) if chunked else ("modelled", "the plain cross-entropy loss")
     if key == "training.disable_cuda_graphs":  # since f84224af0 (planner/emit/titan_keys.py graphs_line)
         return ("no effect", "CUDA graphs off, as ckplan scores the step") if value is True else (
             "not modelled", "CUDA graph capture of the step (0.3.0 and main by default): its private memory pool, "
