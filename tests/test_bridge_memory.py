@@ -13,11 +13,8 @@ from click.testing import CliRunner
 from planner.cli import cli
 from planner.cost import bridgeterms, dataparallel, float8, runtimes, te_kept
 from planner.cost.layers import layer_costs
-from planner.cost.rules import (
-    layer_step_scratch_bytes,
-    loss_kept_bytes,
-    stage_constant_transient_bytes,
-)
+from planner.cost.rules import loss_kept_bytes, stage_constant_transient_bytes
+from planner.cost.stepscratch import layer_step_scratch_bytes
 from planner.models import archs
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape

@@ -13,11 +13,8 @@ from click.testing import CliRunner
 from planner.cli import cli
 from planner.cost import dataparallel, runtimes
 from planner.cost.layers import layer_costs
-from planner.cost.rules import (
-    layer_step_scratch_bytes,
-    loss_kept_bytes,
-    stage_constant_transient_bytes,
-)
+from planner.cost.rules import loss_kept_bytes, stage_constant_transient_bytes
+from planner.cost.stepscratch import layer_step_scratch_bytes
 from planner.errors import UserError
 from planner.models import archs
 from planner.profiler import analytic
@@ -201,7 +198,7 @@ def test_modelled_settings_change_the_prediction(tiny_path):
 def test_dtensor_tp_with_sp_saves_the_gathered_inputs_whole():
     # TP 2 + SP: a block's input is 1/2 of the residual stream; torchtitan's ColwiseParallel saves
     # the QKV and MLP inputs gathered, (2 - 1) x that input more each; the head's one input
-    from planner.cost.rules import tp_gathered_extra_bytes, tp_gathered_kept_bytes
+    from planner.cost.tpgathered import tp_gathered_extra_bytes, tp_gathered_kept_bytes
 
     profile = analytic.analytic_profile(TINY, Shape(seq_len=32, micro_batch_size=2, tp=2, sp=True), gpu=H100,
                                         model=REF)
@@ -221,7 +218,7 @@ def test_under_float8_the_gathered_inputs_are_float8_and_the_unconverted_head_s_
     # float8_tensor_parallel.py 49-60, 210-217), so each of a block's two gathered inputs is 4 shards
     # at 1 B = 2 bf16 shards, one beyond the shard the profile counts (bf16: 3 beyond); torchtitan
     # leaves the head (`output`) in bf16
-    from planner.cost.rules import tp_gathered_extra_bytes, tp_gathered_kept_bytes
+    from planner.cost.tpgathered import tp_gathered_extra_bytes, tp_gathered_kept_bytes
 
     profile = analytic.analytic_profile(TINY, Shape(seq_len=32, micro_batch_size=2, tp=4, sp=True), gpu=H100,
                                         model=REF)

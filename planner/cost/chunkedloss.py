@@ -25,7 +25,6 @@ SCALARS_IN_CHUNK, SCALARS_AT_END = 3 * FP32, 2 * FP32
 # torchtitan's plain cross-entropy (its record's `loss`, planner/cost/runtime_titan.py): what the installed
 # ChunkedLossWrapper runs on each chunk by default (CrossEntropyLoss, eager)
 TITAN_PLAIN_LOSS = LossRegion(kept_x=2.0, peak_x=6.0)
-NO_CHUNKED_LOSS = "no loss over chunks of the sequence in this runtime's code: --chunked-cross-entropy refused"
 
 
 @dataclass(frozen=True)

@@ -87,4 +87,5 @@ from planner.cost.chunked import *  # noqa: F401,F403
 from planner.cost.layers import *  # noqa: F401,F403
 from planner.cost.rules import *  # noqa: F401,F403
 from planner.cost.score import *  # noqa: F401,F403
+from planner.cost.stepscratch import *  # noqa: F401,F403
 from planner.cost.terms import *  # noqa: F401,F403

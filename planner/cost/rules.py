@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import bridgeterms, chunkedloss, dataparallel, fsdpunits, runtimes, schedules
+from planner.cost import chunkedloss, dataparallel, fsdpunits, runtimes, schedules
 from planner.cost.layers import LayerCost
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
@@ -474,70 +474,8 @@ def expert_parallel_transient_back(layer: LayerCost, setup: TrainSetup) -> int:
     return layer.expert_transient_bytes * (ep - 1) // ep
 
 
-# Inputs a layer's column-parallel linears all-gather under TP with sequence parallelism: a
-# block's QKV (or MLA down-projection) input and its MLP input; the LM head's input
-# (torchtitan's apply_tp, 9dec370 parallelize_llama.py 117-191).
-GATHERED_INPUTS = {"decoder_block": 2, "moe_block": 2, "norm+lm_head": 1}
-
-
-def tp_gathered_input_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
-    """Where the runtime's record says its column-parallel linears save the all-gathered input
-    whole (DTensor's ColwiseParallel, torchtitan), the bytes beyond the 1/TP sequence shard an
-    analytic TP + SP profile counts for them: (t - 1) x the layer's (sequence-sharded) input for
-    each gathered input. 0 elsewhere (Megatron-LM saves the shard and re-gathers in backward;
-    a measured profile ran no TP). Where the runtime gathers a Float8 linear's input in float8
-    (record.tp_gathers_float8) and the setup runs Float8, the whole is t x the shard at 1 B: (t/2 - 1)
-    x the bf16 shard beyond it."""
-    t = profile_tp(profile)
-    if t == 1 or profile.assumptions.get("sp") is not True or profile.source != "analytic":
-        return 0
-    record = runtime_facts(setup)
-    if not record.tp_saves_gathered_input:
-        return 0
-    gathered = t * layer.input_bytes
-    if setup.training.float8 and layer.float8_param_count and record.tp_gathers_float8:
-        gathered //= 2  # cast to float8 before the all-gather: 1 B an element (record.tp_gathers_float8)
-    return GATHERED_INPUTS.get(layer.kind, 0) * max(0, gathered - layer.input_bytes)
-
-
-def tp_gathered_kept_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
-    """tp_gathered_input_bytes kept to the backward by a layer that keeps its activations (none)."""
-    return tp_gathered_input_bytes(layer, profile, setup) if option == 0 else 0
-
-
-def tp_gathered_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
-    """tp_gathered_input_bytes held at once by a fully recomputed layer's rerun forward."""
-    return tp_gathered_input_bytes(layer, profile, setup) if option == 1 else 0
-
-
 def layer_extra_bytes(layer: LayerCost, option: int) -> int:
     """A layer's peak beyond what it keeps: its transient, plus what its option recomputes at once."""
     if option < 2:
         return layer.transient_bytes + (layer.recompute_peak_bytes if option else 0)
     return layer.transient_bytes + layer.options[option].peak_bytes
-
-
-# Bytes per parameter of the temporaries torch's optimizer step allocates: Adam computes
-# sqrt(v) / bias correction as a new tensor in the state's dtype (fp32 for fp32 and for
-# bf16-mixed's master, bf16 for bf16) and updates in place (torch/optim/adam.py at torch 2.13,
-# _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)); SGD with momentum
-# updates in place. Measured on an H100 with torch 2.11 (docs/gpu-check.md): a bf16 stage's step peak at
-# 2 B/param, where 4 predicted 2.6 GiB too many.
-_STEP_SCRATCH_PER_PARAM = {("adam", "fp32"): 4, ("adam", "bf16-mixed"): 4, ("adam", "bf16"): 2,
-                           ("sgd", "fp32"): 0, ("sgd", "bf16-mixed"): 0, ("sgd", "bf16"): 0}
-
-
-def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: str) -> float:
-    """The optimizer step's temporaries for this layer's parameters (offload: the step runs on
-    the host; none where the runtime's record says its Adam is fused and in place). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
-    (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
-    is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
-    copy = bridgeterms.step_grad_copy_bytes(layer.param_count, setup)  # bf16 gradients' fp32 copy (Megatron)
-    if setup.data_parallel.offload or not runtime_facts(setup).adam_step_scratch:
-        return copy  # fused multi-tensor Adam (Megatron-LM's TE/apex FusedAdam) allocates none
-    per_param = _STEP_SCRATCH_PER_PARAM[(setup.training.optimizer, setup.training.precision)]
-    if setup.training.optimizer_state_dtype == "bf16" and setup.training.precision != "bf16":
-        per_param /= 2  # sqrt(v) in v's dtype
-    if setup.data_parallel.zero == 1 and device_type != "cuda":
-        return per_param_bytes(layer, setup, lambda _: per_param)
-    return per_param_bytes(layer, setup, lambda part: per_param / dataparallel.shard_size(part))

@@ -4,9 +4,8 @@ the file and version it was read from (RuntimeFacts.sources)."""
 from __future__ import annotations
 
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES
-from planner.cost.chunkedloss import NO_CHUNKED_LOSS
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
-from planner.cost.runtime_shared import MEMTRACKER, NO_FSDP2_PIPELINE
+from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PIPELINE
 
 MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
 TE_V = "TransformerEngine v2.9"

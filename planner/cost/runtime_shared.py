@@ -10,6 +10,8 @@ TORCH_V = "torch 2.13.0 (cf30153c)"
 
 PIPELINING_OUTPUTS = "torch/distributed/pipelining/stage.py forward_one_chunk appends the output to output_chunks, schedules.py step() merges them (torch.cat) and returns them; clear_runtime_states empties them as the next step begins"
 
+NO_CHUNKED_LOSS = "no loss over chunks of the sequence in this runtime's code: --chunked-cross-entropy refused"
+
 MEMTRACKER = "measured: torch MemTracker on CPU, torch 2.13 (scripts/bench_loss_region.py)"
 
 TORCH_PIPELINING = dict(

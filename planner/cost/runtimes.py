@@ -33,13 +33,13 @@ from dataclasses import fields
 
 from planner.cost import bridgesettings, runtime_megatron, runtime_titan
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
-from planner.cost.chunkedloss import NO_CHUNKED_LOSS
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     INPUT_GRADS_CLEARED,
     MEMTRACKER,
     MODEL_CODE_KERNELS,
+    NO_CHUNKED_LOSS,
     RS_INPUT_DROPPED,
     TORCH_PIPELINING,
     TORCH_PIPELINING_SOURCES,

@@ -37,7 +37,6 @@ from planner.cost.rules import (
     last_layer_kept_bytes,
     layer_extra_bytes,
     layer_step_ms,
-    layer_step_scratch_bytes,
     layer_time_ms,
     loss_kept_bytes,
     passed_grad_bytes,
@@ -49,10 +48,10 @@ from planner.cost.rules import (
     static_bytes,
     step_checks_ms,
     tied_once_bytes,
-    tp_gathered_extra_bytes,
-    tp_gathered_kept_bytes,
     unsharded_bytes,
 )
+from planner.cost.stepscratch import layer_step_scratch_bytes
+from planner.cost.tpgathered import tp_gathered_extra_bytes, tp_gathered_kept_bytes
 from planner.schema import (
     CHUNKED_SCHEDULES,
     SPLIT_BACKWARD_SCHEDULES,
