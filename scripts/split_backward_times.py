@@ -5,7 +5,7 @@ and the zero-bubble schedules' input pass I (`stage_backward_input`) and weight 
 on the first stage I runs nothing and W the whole backward, as torch's PipelineStage does (stage.py 1018-1021,
 1085-1096). Medians of `--repeats` after 2.
 
-    python scripts/split_backward_times.py [--repeats 7]
+    python scripts/split_backward_times.py [--repeats 7] [--micro-batch-size 4]
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ def load_gpt():
     return module
 
 
-def chunk_times(gpt, layers: dict, names: list[str], *, first: bool, last: bool, repeats: int) -> dict[str, float]:
+def chunk_times(gpt, layers: dict, names: list[str], *, first: bool, last: bool, repeats: int,
+                micro_batch_size: int) -> dict[str, float]:
     chunk = nn.Sequential(*[layers[name] for name in names])
-    tokens, target = gpt.example_batch(1)
+    tokens, target = gpt.example_batch(micro_batch_size)
     got: dict[str, list[float]] = {"F": [], "B": [], "I": [], "W": []}
     for _ in range(repeats):
         for split in (False, True):
-            x = tokens if first else torch.randn(1, gpt.SEQ, gpt.DIM, requires_grad=True)
+            x = tokens if first else torch.randn(micro_batch_size, gpt.SEQ, gpt.DIM, requires_grad=True)
             inputs = [] if first else [x]
             start = time.thread_time()
             out = chunk(x)
@@ -67,6 +68,7 @@ def chunk_times(gpt, layers: dict, names: list[str], *, first: bool, last: bool,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--micro-batch-size", type=int, default=4, help="[default: 4, what `ckplan profile` takes]")
     a = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -78,7 +80,8 @@ def main() -> None:
               ([*blocks[6:], names[-1]], False, True)]
     print(f"{'chunk':34} {'F':>7} {'B':>7} {'I':>7} {'W':>7} {'(I+W)/B':>8} {'I/(I+W)':>8}  (ms of CPU, 1 thread)")
     for chunk, first, last in chunks:
-        t = chunk_times(gpt, layers, chunk, first=first, last=last, repeats=a.repeats)
+        t = chunk_times(gpt, layers, chunk, first=first, last=last, repeats=a.repeats,
+                        micro_batch_size=a.micro_batch_size)
         both = t["I"] + t["W"]
         print(f"{','.join(chunk):34} {t['F']:7.2f} {t['B']:7.2f} {t['I']:7.2f} {t['W']:7.2f} {both / t['B']:8.3f} "
               f"{t['I'] / both:8.3f}")
