@@ -13,7 +13,9 @@ launches one rank on NCCL (activation offload and optimizer offload, overlapped 
 against their predictions). The report is REPORT_DIR/gpu_check.json and gpu_check.md
 (default out/gpu_check/); every ckplan command's output is kept in REPORT_DIR/logs/, with its
 wall and CPU seconds. The dry run runs each command in a fork of the script with torch and
-ckplan imported once (--spawn: a new Python each, as on the GPU).
+ckplan imported once (--spawn: a new Python each, as on the GPU), and its launches fork their
+ranks from one server it starts (SharedRankServer; a launch's CPU seconds then leave out its
+ranks', which are the server's children).
 
 Set-up stays inside the script: a GPU machine without a package index has torch,
 transformers, click, rich and pyyaml but not pulp, highspy or pydantic; those are installed
@@ -153,6 +155,60 @@ def preload() -> None:
             importlib.import_module(name)
         except ImportError:  # the command imports it itself, and says what is missing
             pass
+
+
+class SharedRankServer:
+    """(dry run) One rank fork server for every launch the dry run forks, as the test suite shares
+    one (tests/conftest.py _one_rank_server): started here before the first fork, so each forked
+    `ckplan launch` borrows it (planner.runtime.launcher.RankServer is this) instead of starting a
+    Python of its own and importing torch in it, about 4.5 of a launch's 8 CPU seconds. The server
+    reads no thread of this process (select on its pipes), and the dry run's commands run one at a
+    time, each waiting for its ranks' ends, so each reads only its own ranks' answers."""
+
+    def __init__(self, server_class, env: dict):
+        self._class, self._env, self._server = server_class, env, None
+
+    def available(self) -> bool:
+        return self._class.available()
+
+    def start_here(self) -> None:
+        self._server = self._class(env=self._env)
+
+    def __call__(self, **kwargs):
+        if self._server is None or not _alive(self._server.pid):  # none, or it died: this launch's own
+            return self._class(**kwargs)
+        return _Borrowed(self._server)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process is there: in a fork the server is not this process's child, and
+    Popen.poll there takes waitpid's ECHILD for an exit (RankServer.running() would say ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class _Borrowed:
+    def __init__(self, server):
+        self.start = server.start
+
+    def close(self) -> None:  # the server outlives the launch: the dry run closes it at its end
+        pass
+
+
+def share_rank_server(env: dict) -> SharedRankServer:
+    import planner.runtime.launcher as launcher
+
+    shared = SharedRankServer(launcher.RankServer, env)
+    shared.start_here()
+    launcher.RankServer = shared
+    return shared
 
 
 def _forked(args: list[str], *, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
@@ -594,6 +650,7 @@ def main() -> None:
     fork = a.dry_run and not a.spawn and hasattr(os, "fork")
     if fork:
         preload()
+        shared = share_rank_server(env)
     check = Check(work, env, dry=a.dry_run, budget_s=a.budget_s, fork=fork)
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "dry_run": a.dry_run,
               "environment": {**facts, "gpu_kind": a.gpu},
@@ -613,6 +670,8 @@ def main() -> None:
         report["sections"][name] = result
         (work / "gpu_check.json").write_text(json.dumps(report, indent=1))
         (work / "gpu_check.md").write_text(markdown(report))
+    if fork:
+        shared.close()
     errors = [name for name, result in report["sections"].items() if "error" in result]
     print(f"[done] {time.monotonic() - started:.0f} s; report {work / 'gpu_check.md'}"
           + (f"; sections with errors: {', '.join(errors)}" if errors else ""), flush=True)

@@ -278,6 +278,15 @@ def test_a_chunked_plan_runs_like_one_process_at_its_predicted_peaks(tmp_path, t
     for stage in report.stages:
         measured, predicted = stage.measured.peak_bytes, stage.predicted.peak_bytes
         assert abs(measured - predicted) <= 0.02 * predicted, (stage.index, measured, predicted)
+    # each rank's chunks timed apart, in the schedule's placement: a split backward's weight pass
+    # (W) only under ZBV, and the rank's figures their sums
+    order = costmodel.schedule_of(plan.setup)
+    for stage in report.stages:
+        chunks = stage.measured.chunks
+        assert [chunk.stage for chunk in chunks] == list(order.stages_of(stage.index))
+        assert all((chunk.weight_grad_ms > 0) == (schedule == "ZBV") for chunk in chunks), chunks
+        assert sum(chunk.fwd_ms for chunk in chunks) == pytest.approx(stage.measured.fwd_ms)
+        assert sum(chunk.bwd_ms + chunk.weight_grad_ms for chunk in chunks) == pytest.approx(stage.measured.bwd_ms)
 
 
 def test_schedule_auto_solves_every_schedule_and_writes_the_fastest(tmp_path):

@@ -53,16 +53,41 @@ def test_a_fake_profile_of_a_model_file_equals_the_measured_one_byte_for_byte(tm
     assert "times are rooflines" in result.output and "per-kernel ceiling, not end to end" in result.output
 
 
-def test_a_fake_hugging_face_profile_equals_the_measured_one_with_its_tied_embedding(tmp_path):
-    pytest.importorskip("transformers")
-    config = tmp_path / "gpt2" / "config.json"
+def _gpt2_config(folder, attn_pdrop: float):
+    """A 2-layer GPT-2 config (tied embedding) at toy widths; its folder for --hf-config."""
+    config = folder / f"gpt2-{attn_pdrop}" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
-                                  "n_positions": 64, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}))
-    args = ("--hf-config", config.parent, "--seq-len", "32", "--micro-batch-size", "2")
-    run_ok("profile", *args, "--threads", "1", "--repeats", "1", "--warmup", "0", "--out", tmp_path / "m.json")
-    run_ok("profile", *args, "--fake", "--device", "cpu", "--out", tmp_path / "f.json")
-    measured, fake = io.load_profile(tmp_path / "m.json"), io.load_profile(tmp_path / "f.json")
+                                  "n_positions": 64, "attn_pdrop": attn_pdrop, "resid_pdrop": 0.0, "embd_pdrop": 0.0}))
+    return config.parent
+
+
+GPT2_ARGS = ("--seq-len", "32", "--micro-batch-size", "2")
+
+
+def _fake_gpt2(folder, attn_pdrop: float, device: str):
+    out = folder / f"{attn_pdrop}-{device}.json"
+    run_ok("profile", "--hf-config", folder / f"gpt2-{attn_pdrop}", *GPT2_ARGS, "--fake", "--device", device,
+           "--dtype", "float32", "--out", out)
+    return io.load_profile(out)
+
+
+@pytest.fixture(scope="module")
+def gpt2_fake_cpu(tmp_path_factory):
+    """The fake CPU profile of the GPT-2 config without dropout: the measured profile is held to it
+    and the dropout test compares against it (one fake run of the model's code, not one per test)."""
+    pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("gpt2")
+    _gpt2_config(folder, 0.0)
+    return folder, _fake_gpt2(folder, 0.0, "cpu")
+
+
+@pytest.mark.xdist_group("gpt2_fake_cpu")  # one worker: the fixture's fake profile once
+def test_a_fake_hugging_face_profile_equals_the_measured_one_with_its_tied_embedding(tmp_path, gpt2_fake_cpu):
+    folder, fake = gpt2_fake_cpu
+    run_ok("profile", "--hf-config", folder / "gpt2-0.0", *GPT2_ARGS, "--threads", "1", "--repeats", "1", "--warmup",
+           "0", "--out", tmp_path / "m.json")
+    measured = io.load_profile(tmp_path / "m.json")
     _same_bytes(fake, measured)
     assert [t.layers for t in fake.tied] == [["embed", "head"]]
     assert fake.assumptions["model"]["style"] == "gpt" and fake.assumptions["model"]["tie_word_embeddings"]
@@ -142,22 +167,15 @@ def test_a_plan_of_a_fake_profile_is_exported_not_launched(tmp_path):
         assert result.exit_code == 1 and "--fake profile" in result.output and "Traceback" not in result.output
 
 
-def test_attention_dropout_runs_in_the_gpus_fused_kernel(tmp_path):
+@pytest.mark.xdist_group("gpt2_fake_cpu")
+def test_attention_dropout_runs_in_the_gpus_fused_kernel(tmp_path, gpt2_fake_cpu):
     """With attention dropout, torch's CPU flash kernel refuses and the math path keeps the s x s
     probabilities and mask; a GPU's fused kernel takes dropout and keeps what it keeps without.
     A GPU's fake profile keeps the GPU's bytes and FLOPs and says so; a CPU's keeps the CPU's."""
-    pytest.importorskip("transformers")
-    profiles = {}
-    for pdrop in (0.0, 0.1):
-        config = tmp_path / f"gpt2-{pdrop}" / "config.json"
-        config.parent.mkdir()
-        config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
-                                      "n_positions": 64, "attn_pdrop": pdrop, "resid_pdrop": 0.0, "embd_pdrop": 0.0}))
-        for device in ("cuda", "cpu"):
-            out = tmp_path / f"{pdrop}-{device}.json"
-            run_ok("profile", "--hf-config", config.parent, "--seq-len", "32", "--micro-batch-size", "2", "--fake",
-                   "--device", device, "--dtype", "float32", "--out", out)
-            profiles[pdrop, device] = io.load_profile(out)
+    folder, plain_cpu = gpt2_fake_cpu
+    _gpt2_config(tmp_path, 0.1)
+    profiles = {(0.0, "cuda"): _fake_gpt2(folder, 0.0, "cuda"), (0.0, "cpu"): plain_cpu,
+                (0.1, "cuda"): _fake_gpt2(tmp_path, 0.1, "cuda"), (0.1, "cpu"): _fake_gpt2(tmp_path, 0.1, "cpu")}
     plain, dropped = profiles[0.0, "cuda"], profiles[0.1, "cuda"]
     assert [layer.act_bytes for layer in dropped.layers] == [layer.act_bytes for layer in plain.layers]
     assert dropped.assumptions["flops"] == plain.assumptions["flops"]

@@ -5,6 +5,7 @@ checkpoint subset, scored by costmodel.evaluate(); the MILP must find the same
 optimum. The solver gets mip_gap=0 here so "equal" means equal.
 """
 
+import functools
 import itertools
 import math
 
@@ -495,6 +496,7 @@ def test_min_cap_scale_from_caps_below_the_margin(method):
     assert found[0] == pytest.approx((26 * MIB + MARGIN) / 4096, rel=1e-4)  # test_min_cap_scale_by_hand
 
 
+@pytest.mark.xdist_group("min_cap_brute")  # one worker: the brute force (brute_min_cap_scale) once per case
 @pytest.mark.parametrize("method", ["dp", "milp"])
 @pytest.mark.parametrize("make, n, stages", [(heterogeneous, 7, 2), (uniform_blocks, 5, 3), (heterogeneous, 6, 3)])
 def test_min_cap_scale_is_tight(make, n, stages, method):
@@ -502,8 +504,17 @@ def test_min_cap_scale_is_tight(make, n, stages, method):
     profile = make(n, seed=7)
     s = interesting_caps(profile, stages, 2 * stages, 0.5)
     factor = check_min_cap_scale(profile, s, method)
-    brute = min(max((p + MARGIN) / c for p, c in zip(peaks, s.pipeline.mem_caps_bytes)) for _, peaks, _ in all_plans(profile, s))
-    assert factor == pytest.approx(brute, rel=1e-4)  # min_cap_scale solves with mip_gap 1e-4
+    assert factor == pytest.approx(brute_min_cap_scale(make, n, stages), rel=1e-4)  # min_cap_scale: mip_gap 1e-4
+
+
+@functools.cache
+def brute_min_cap_scale(make, n, stages):
+    """Brute force's smallest max((peak + margin) / cap) for test_min_cap_scale_is_tight's case:
+    enumerating every plan is nearly all of that test's time, and both solvers are held to the
+    same answer, so it is enumerated once per case, not once per solver."""
+    profile = make(n, seed=7)
+    s = interesting_caps(profile, stages, 2 * stages, 0.5)
+    return min(max((p + MARGIN) / c for p, c in zip(peaks, s.pipeline.mem_caps_bytes)) for _, peaks, _ in all_plans(profile, s))
 
 
 def test_solves_that_ask_for_other_threads_still_solve():

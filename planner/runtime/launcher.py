@@ -420,6 +420,7 @@ def _stage_report(plan: Plan, prepared: Prepared, results: list[RankResult]) -> 
         predicted=prepared.strategy.stages[first.stage].predicted,
         measured=StageMeasured(peak_bytes=max(result.peak_bytes for result in results), fwd_ms=first.fwd_ms,
                                bwd_ms=first.bwd_ms, time_ms=first.fwd_ms + first.bwd_ms, step_ms=first.optimizer_ms,
+                               chunks=first.chunks,
                                static_bytes=max(result.static_bytes for result in results),
                                host_bytes=max(result.host_bytes for result in results),
                                reserved_bytes=max((r.reserved_bytes for r in results if r.reserved_bytes is not None),

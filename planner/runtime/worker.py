@@ -51,7 +51,7 @@ from planner.runtime.stagemodule import (
 )
 from planner.runtime.tie import Tie, relink, sum_tied_grads, tie_groups
 from planner.runtime.timedstage import TimedStage, _sync
-from planner.schema import Plan, StagePlan
+from planner.schema import ChunkMeasured, Plan, StagePlan
 from planner.units import format_bytes
 
 
@@ -88,6 +88,7 @@ class RankResult(BaseModel):
     reserved_bytes: int | None = None  # cuda: the caching allocator's reserved peak
     fwd_ms: float  # median per microbatch; the last stage's includes the loss forward
     bwd_ms: float  # median per microbatch, recompute included
+    chunks: list[ChunkMeasured] = []  # the same per chunk, a split backward's passes apart
     step_ms: list[float]  # wall time of schedule.step + optimizer step, between barriers
     optimizer_ms: float  # median optimizer step
     losses: list[float]  # the last stage only: mean microbatch loss of every step, in order
@@ -230,6 +231,12 @@ class _Rank:
     def bwd_ms(self) -> float:
         """Median per microbatch of each chunk's backward (both halves where split), summed."""
         return sum(_median(stage.bwd_ms) + _median(stage.weight_grad_ms) for stage in self.stages)
+
+    def chunk_times(self) -> list[ChunkMeasured]:
+        """Each chunk's medians apart: the schedule's actions F, B or I, and W."""
+        return [ChunkMeasured(stage=stage.stage_index, fwd_ms=_median(stage.fwd_ms) + _median(stage.loss_ms),
+                              bwd_ms=_median(stage.bwd_ms), weight_grad_ms=_median(stage.weight_grad_ms))
+                for stage in self.stages]
 
 
 def rank_chunks(stage_plan: StagePlan) -> list[list[str]]:
@@ -387,6 +394,7 @@ def _train(job: Job, rank: int, world_size: int, device: torch.device, heartbeat
         reserved_bytes=reserved,
         fwd_ms=run.fwd_ms(),
         bwd_ms=run.bwd_ms(),
+        chunks=run.chunk_times(),
         step_ms=step_ms,
         optimizer_ms=_median(run.stage.optimizer_ms),
         losses=losses,

@@ -24,5 +24,5 @@ from planner.schema.plan import (
     PLAN_SCHEMA_VERSION, PLAN_SCHEMA_VERSIONS, BaselineResult, Plan, PlanPredicted, SolverInfo, StagePlan,
     StagePredicted)
 from planner.schema.report import (
-    Calibration, PlacementFit, RunReport, StageMeasured, StageReport)
+    Calibration, ChunkMeasured, PlacementFit, RunReport, StageMeasured, StageReport)
 

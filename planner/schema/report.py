@@ -27,6 +27,16 @@ from planner.schema.profile import DeviceInfo
 # ---------------------------------------------------------------- run report
 
 
+class ChunkMeasured(Strict):
+    """One pipeline stage of a rank (a chunk), per microbatch, medians: what the schedule's
+    simulation takes as an action's time (planner/cost/schedule_time.py StageTimes)."""
+
+    stage: int = Field(ge=0, le=MAX_STAGES)  # the pipeline stage (torch's stage_index)
+    fwd_ms: float  # F; the last stage's includes the loss
+    bwd_ms: float  # B, or I (the input-gradient pass) where the schedule splits the backward
+    weight_grad_ms: float = 0.0  # W, the weight-gradient pass of a split backward (0 where none)
+
+
 class StageMeasured(Strict):
     peak_bytes: int
     fwd_ms: float  # per microbatch, median
@@ -36,6 +46,7 @@ class StageMeasured(Strict):
     static_bytes: int | None = None  # weights + grads + optimizer state on the device, the most at once in a step, largest dp rank
     host_bytes: int | None = None  # the offloaded optimizer's host memory, largest dp rank
     reserved_bytes: int | None = None  # cuda: torch.cuda.max_memory_reserved, largest dp rank
+    chunks: list[ChunkMeasured] = []  # per stage the rank holds, chunk 0 first (reports before: none)
 
 
 class StageReport(Strict):
