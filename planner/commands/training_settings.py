@@ -17,7 +17,9 @@ from planner.errors import UserError
 SETTING_OPTIONS = [
     click.option("--runtime-version", default=None, metavar="VERSION",
                  help="The runtime's version whose facts apply (torchtitan: bbb1b616 compiles the loss under "
-                      "--compile, 9dec370 does not; colossalai: hf-4.46 or hf-4.3x, the transformers loss it runs) "
+                      "--compile, 9dec370 does not; colossalai: hf-4.46 or hf-4.3x, the transformers loss it runs; deepspeed: "
+                      "56c52238, BLOOM 176B's, adds bf16 gradients into fp32 ones every microbatch and all-reduces "
+                      "after the last) "
                       "[default: the newest read]."),
     click.option("--compile", "compile_components", is_flag=False, flag_value="model,loss", default=None,
                  metavar="[model,loss]", callback=lambda ctx, param, value: compile_components(value),

@@ -228,6 +228,16 @@ class RuntimeFacts:
     """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
     (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the
     fp32 main gradients); 0: not read, refused."""
+    zero1_all_reduces: bool = False
+    """Under ZeRO 1 the runtime all-reduces the whole gradients over the data-parallel group and each rank
+    steps its shard of them (DeepSpeed's PipelineEngine with its BF16_Optimizer: ReduceGrads runs
+    buffered_allreduce_fallback), where False reduce-scatters them: twice the bytes over the link."""
+    hp_grad_accumulate_bytes: int = 0
+    """Bytes per parameter the runtime's optimizer moves after every microbatch's backward to add the bf16
+    gradients into whole fp32 gradients of its own (DeepSpeed's BF16_Optimizer.update_hp_grads, called by
+    its PipelineEngine after each backward: `hp_grad.add_(lp.grad.to(float32))`, a cast into a new fp32
+    tensor, read 2 write 4, then the add, read 4 + 4 write 4: 18); 0: the backward accumulates where the
+    profile's gradient lives (planner/cost/hpgrads.py)."""
     # -- Float8 (--float8, --fp8-all-gather; planner/cost/float8.py)
     float8: str | None = None
     """The Float8 linears the runtime runs, whose GEMMs and casts the cost model times ("torchao":

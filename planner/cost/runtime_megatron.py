@@ -73,6 +73,9 @@ def megatron() -> RuntimeFacts:
                                        "dot_product_attention/utils.py 1344-1356) and sets cuDNN's "
                                        "set_deterministic_algorithm (fused_attn_f16_arbitrary_seqlen.cu 824-826), TE "
                                        "f8a01cd5, v2.16.0",
+            "zero1_all_reduces": "the distributed optimizer reduce-scatters its buckets (--use-distributed-optimizer)",
+            "hp_grad_accumulate_bytes": "the wgrad GEMM accumulates into main_grad (gradient_accumulation_fusion); "
+                                        "unfused_wgrad_bytes charges the path without it",
             "logged_read_shard_bytes": "--log-params-norm: calc_params_l2_norm every iteration (training.py 3653-3654) "
                                        "over each parameter's main_param, the fp32 shard the distributed optimizer "
                                        "sets (megatron/training/utils/common_utils.py 51-151; distrib_optimizer.py "

@@ -43,6 +43,8 @@ AFTER_STEP_NOT_READ = {
     "fills_te_outputs": "not read for this runtime (--deterministic-mode refused)",
     "deterministic_attention": "not read for this runtime (--deterministic-mode refused)",
     "host_calls_per_block": "not read for this runtime (no host floor charged)",
+    "zero1_all_reduces": "not read for this runtime: ZeRO 1 reduce-scatters (the gradients' shard reduced where stepped)",
+    "hp_grad_accumulate_bytes": "not read for this runtime: its backward accumulates into the gradient it reduces",
 }
 
 # The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are

@@ -28,6 +28,7 @@ vocab-parallel cross-entropy kept 2.00 peak 2.97.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import fields
 
@@ -136,7 +137,37 @@ def _ckplan() -> RuntimeFacts:
         })
 
 
-def _deepspeed() -> RuntimeFacts:
+# DeepSpeed as BLOOM 176B trained (bigscience tr11-176B-ml README: the olruwase/bf16-updates branch, merged as
+# pull request #1801 "bf16+pipeline parallelism", 56c52238, 2022-04-19): framework-facts §61
+_DS_BLOOM = "DeepSpeed 56c52238 (2022-04-19, #1801: the bf16-updates branch BLOOM 176B ran)"
+_DS_BLOOM_FACTS = {
+    "grad_bytes": f"reduced in bf16: deepspeed/runtime/engine.py 712-721 (communication_data_type: bfloat16 under bf16 "
+                  f"where the config names none, as tr11-176B-ml.slurm's ds_config does not), 2063-2088 "
+                  f"(allreduce_bucket casts the fp32 bucket to it); held: bf16_optimizer.py 164-166 (whole fp32 "
+                  f"gradients beside the bf16 ones, 4 + 2 B: not charged, framework-facts §61), {_DS_BLOOM}",
+    "overlaps_grad_reduce": f"deepspeed/runtime/pipe/engine.py 250-267 (ReduceGrads, the schedule's instruction after "
+                            f"the last microbatch: _bf16_reduce_grads, buffered_allreduce_fallback over the fp32 "
+                            f"gradients), pipe/schedule.py TrainSchedule (ReduceTiedGrads, ReduceGrads, OptimizerStep "
+                            f"after the last step's commands), {_DS_BLOOM}",
+    "zero1_all_reduces": f"deepspeed/runtime/pipe/engine.py 263-267 (_bf16_reduce_grads: buffered_allreduce_fallback "
+                         f"over the whole gradients), engine.py 2063-2088 (dist.all_reduce over the data-parallel "
+                         f"group); each rank then steps its partition (bf16_optimizer.py 146-160), {_DS_BLOOM}",
+    "hp_grad_accumulate_bytes": f"deepspeed/runtime/pipe/engine.py 754-760 (update_hp_grads after every backward), "
+                                f"bf16_optimizer.py 383-400 (hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))): "
+                                f"2 + 4 (the cast) + 4 + 4 + 4 (the add) B a parameter a microbatch, {_DS_BLOOM}",
+}
+
+
+def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
+    record = _deepspeed_newest()
+    if version == "edaa7221":
+        return record
+    sources = {**record.sources, **_DS_BLOOM_FACTS}
+    return dataclasses.replace(record, version=_DS_BLOOM, overlaps_grad_reduce=False, zero1_all_reduces=True,
+                               hp_grad_accumulate_bytes=18, sources=sources)
+
+
+def _deepspeed_newest() -> RuntimeFacts:
     return RuntimeFacts(
         name="deepspeed", version=_DS_V,
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
@@ -278,7 +309,7 @@ VERSIONS: dict[str, tuple[str, ...]] = {
     "ckplan": ("current",),
     "megatron": ("d98e8a64",),
     "torchtitan": ("b5bcd76c", "2c8b5947", "bbb1b616", "9dec370"),
-    "deepspeed": ("edaa7221",),
+    "deepspeed": ("edaa7221", "56c52238"),
     "colossalai": ("hf-4.46", "hf-4.3x"),
 }
 
@@ -300,7 +331,9 @@ def facts(runtime: str, version: str | None = None) -> RuntimeFacts:
         return runtime_titan.torchtitan(chosen)
     if runtime == "colossalai":
         return _colossalai(chosen)
-    return {"ckplan": _ckplan, "megatron": runtime_megatron.megatron, "deepspeed": _deepspeed}[runtime]()
+    if runtime == "deepspeed":
+        return _deepspeed(chosen)
+    return {"ckplan": _ckplan, "megatron": runtime_megatron.megatron}[runtime]()
 
 
 def of(training) -> RuntimeFacts:

@@ -14,6 +14,7 @@ from planner.cost import (
     fsdp2work,
     gradtiming,
     hosttime,
+    hpgrads,
     jobsettings,
     megatron_dp,
 )
@@ -251,6 +252,11 @@ TERMS: tuple[Term, ...] = (
          "the record's unfused_wgrad_bytes a weight a microbatch beyond the profile's accumulation (Megatron-LM's "
          "--no-gradient-accumulation-fusion: TE linear.py's bf16 wgrad, the DDP hook's main_grad.add_) at the "
          "profile's HBM bandwidth"),
+    Term("the optimizer's fp32 gradients added into after every microbatch's backward", "time", "layer",
+         lambda layer, ckpt, ctx: hpgrads.hp_grad_accumulate_ms(layer, ctx.profile, ctx.setup),
+         "the record's hp_grad_accumulate_bytes a parameter a microbatch (DeepSpeed 56c52238's BF16_Optimizer."
+         "update_hp_grads: the bf16 gradient cast to fp32, then added), less the profile's in-place .grad add that its "
+         "clear_lp_grads leaves unrun, at the profile's measured elementwise rate"),
     Term("Transformer Engine's outputs filled with NaN first under deterministic mode", "time", "layer",
          lambda layer, ckpt, ctx: jobsettings.deterministic_fill_ms(layer, ckpt, ctx.profile, ctx.setup),
          "the record's fills_te_outputs: torch.use_deterministic_algorithms' fill_uninitialized_memory writes each "

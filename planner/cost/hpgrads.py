@@ -1,0 +1,47 @@
+"""The optimizer's own fp32 gradients, added into after every microbatch's backward.
+
+DeepSpeed's BF16_Optimizer as BLOOM 176B ran it (56c52238, framework-facts §61) keeps whole fp32
+gradients beside the bf16 ones autograd writes. Its PipelineEngine calls update_hp_grads after each
+microbatch's backward, which for every parameter casts the bf16 gradient to a new fp32 tensor (read 2 B,
+write 4) and adds it into the fp32 gradient (read 4 + 4, write 4): the record's hp_grad_accumulate_bytes
+a parameter a microbatch, eager elementwise kernels at the profile's measured elementwise rate (its
+HBM bandwidth where it names none). The reduction after the last microbatch then reads these.
+
+It also calls clear_lp_grads (every .grad set to None) before each backward, so autograd stores each new
+bf16 gradient without a kernel: the profile's in-place accumulation (fsdp2work.PROFILE_ACCUMULATE x the
+weights' 2 B, read both and write one, charged in its backward at the same elementwise rate) is not run,
+and is taken off here, as fsdp2work does for FSDP2 (18 - 6 = 12 B a parameter a microbatch, net).
+"""
+
+from __future__ import annotations
+
+from planner.cost import runtimes
+from planner.cost.dataparallel import param_bytes
+from planner.cost.fsdp2work import PROFILE_ACCUMULATE
+from planner.cost.layers import LayerCost
+from planner.schema import Profile, TrainSetup
+
+
+def elementwise_tbps(profile: Profile) -> float | None:
+    """TB/s an eager elementwise kernel moves on the profile's GPU: its measured rate where the profile
+    carries one (membound_tbps), else the HBM bandwidth; None where it names neither (a measured profile)."""
+    rates = profile.assumptions.get("membound_tbps")
+    if isinstance(rates, dict):
+        rate = (rates.get("by_class") or {}).get("elementwise", rates.get("eager"))
+        if isinstance(rate, (int, float)) and rate > 0:
+            return float(rate)
+    tbps = profile.assumptions.get("gpu_hbm_tbps")
+    return float(tbps) if isinstance(tbps, (int, float)) and not isinstance(tbps, bool) and tbps > 0 else None
+
+
+def hp_grad_accumulate_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch the runtime's fp32 gradient accumulation adds after the layer's backward: every
+    parameter of the layer (its norms, biases and embedding tables too: update_hp_grads walks them all)
+    x the record's bytes, less the profile's .grad accumulation it does not run (the module's docstring),
+    under bf16-mixed; 0 where the record moves none or no rate is known."""
+    moved_per_param = runtimes.of(setup.training).hp_grad_accumulate_bytes
+    tbps = elementwise_tbps(profile)
+    if not moved_per_param or setup.training.precision != "bf16-mixed" or tbps is None:
+        return 0.0
+    unrun = PROFILE_ACCUMULATE * param_bytes(setup).weights
+    return layer.param_count * (moved_per_param - unrun) / (tbps * 1e12) * 1e3
