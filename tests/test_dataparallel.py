@@ -350,6 +350,18 @@ def test_default_links_follow_the_node_boundary():
     assert "h100-sxm" in chosen.notes[0]
 
 
+def test_a_given_bandwidth_replaces_the_default_and_the_note_says_the_figure_used():
+    # T24's Jean Zay: one 100 Gb/s Omni-Path port a data-parallel ring (--shard-bandwidth 12.5); the note
+    # printed the DGX's 25 GB/s while the cost used 12.5
+    chosen = links.default_links(gpu_profile(1), stages=4, dp=16, shard_group=16, given={"--shard-bandwidth": 12.5,
+                                                                                        "--host-bandwidth": None})
+    assert (chosen.shard_gb_per_s, chosen.replica_gb_per_s, chosen.host_gb_per_s) == (12.5, 50.0, 64.0)
+    assert "shard group reduces at 12.5 GB/s (--shard-bandwidth)" in chosen.notes[0]
+    assert "host copies at 64 GB/s (PCIe)" in chosen.notes[0]
+    cpu = links.default_links(llm_profile(8), stages=2, dp=2, shard_group=2, given={"--replica-bandwidth": 3.0})
+    assert (cpu.shard_gb_per_s, cpu.replica_gb_per_s) == (links.CPU_GLOO_GB_PER_S, 3.0)
+
+
 def test_defaults_are_recorded_in_the_setup_and_options_override_them():
     from planner.commands.setup_options import DataParallelOptions, build_setup
 

@@ -371,13 +371,14 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
     if dp == 1 and not offload_optimizer and host_mem is None:
         return fields
     links = default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep,
-                          gpus_per_node=options.gpus_per_node)
+                          gpus_per_node=options.gpus_per_node,
+                          given={"--shard-bandwidth": shard_bandwidth, "--replica-bandwidth": replica_bandwidth,
+                                 "--host-bandwidth": host_bandwidth, "--ep-bandwidth": ep_bandwidth})
     given = (shard_bandwidth, replica_bandwidth, host_bandwidth) + ((ep_bandwidth,) if ep > 1 else ())
-    notes = list(links.notes) if None in given else []
-    fields.update(shard_gb_per_s=shard_bandwidth or links.shard_gb_per_s,
-                  replica_gb_per_s=replica_bandwidth or links.replica_gb_per_s,
-                  host_gb_per_s=host_bandwidth or links.host_gb_per_s, devices_per_node=links.devices_per_node,
-                  ep_gb_per_s=(ep_bandwidth or links.ep_gb_per_s) if ep > 1 else None)
+    notes = list(links.notes) if None in given else []  # every figure given: nothing to say
+    fields.update(shard_gb_per_s=links.shard_gb_per_s, replica_gb_per_s=links.replica_gb_per_s,
+                  host_gb_per_s=links.host_gb_per_s, devices_per_node=links.devices_per_node,
+                  ep_gb_per_s=links.ep_gb_per_s if ep > 1 else None)
     if offload_optimizer:
         fields["host_step_ns_per_param"] = host_step_ns or profile_host_step_ns(profile, optimizer)
         notes.append(host_step_note(profile, optimizer, given=host_step_ns))

@@ -28,33 +28,41 @@ class Links:
 
 
 def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, ep: int = 1,
-                  gpus_per_node: int | None = None) -> Links:
+                  gpus_per_node: int | None = None, given: dict[str, float | None] | None = None) -> Links:
     """The profile's GPU's links (analytic profiles name their GPU; a measured cuda profile is
     matched by name) or, on cpu, gloo on one machine. Ranks are placed tensor-parallel
     innermost, then the expert-parallel group (Megatron-LM's order: tp, ep, then the expert
     data-parallel ranks), then the shard group, then the replicas: a group whose ranks x tp fit
     in one node communicates over the node's link, a wider one over the network (an
     expert-parallel group past a node: every token copy charged at the network's bandwidth, an
-    upper bound, as the node's own peers are reached over its faster link)."""
+    upper bound, as the node's own peers are reached over its faster link). A bandwidth in `given` (by its
+    option's name: --shard-bandwidth, --replica-bandwidth, --host-bandwidth, --ep-bandwidth) replaces the
+    default, and the note says so."""
+    given = {name: value for name, value in (given or {}).items() if value is not None}
     if profile.device.type == "cpu":
         note = (f"data-parallel reductions at {CPU_GLOO_GB_PER_S:g} GB/s (gloo between processes of this "
                 "machine: a rough figure); no host copies (the host is the device)")
-        return Links(CPU_GLOO_GB_PER_S, CPU_GLOO_GB_PER_S, None, stages * dp, [note],
-                     CPU_GLOO_GB_PER_S if ep > 1 else None)
+        return Links(given.get("--shard-bandwidth", CPU_GLOO_GB_PER_S), given.get("--replica-bandwidth", CPU_GLOO_GB_PER_S),
+                     given.get("--host-bandwidth"), stages * dp, [note],
+                     given.get("--ep-bandwidth", CPU_GLOO_GB_PER_S) if ep > 1 else None)
     gpu = dataparallel.profile_gpu(profile)
     tp = int(profile.assumptions.get("tp", 1))
     node = gpus_per_node or gpu.gpus_per_node  # --gpus-per-node, else the GPU's reference system
 
-    def link(ranks: int) -> tuple[float, str]:
+    def link(ranks: int, option: str) -> tuple[float, str]:
+        if option in given:
+            return given[option], option
         inside = ranks * tp <= node
         return ((gpu.node_link_gb_per_s, "in-node link") if inside else (gpu.network_gb_per_s, "network"))
 
-    shard, shard_where = link(shard_group)
-    replica, replica_where = link(dp)
-    experts, experts_where = link(ep)
+    shard, shard_where = link(shard_group, "--shard-bandwidth")
+    replica, replica_where = link(dp, "--replica-bandwidth")
+    experts, experts_where = link(ep, "--ep-bandwidth")
+    host, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s), (
+        "--host-bandwidth" if "--host-bandwidth" in given else "PCIe")
     note = (f"{gpu.name}, {node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
             f"({shard_where}), replicas at {replica:g} GB/s ({replica_where}), host copies at "
-            f"{gpu.host_link_gb_per_s:g} GB/s (PCIe)"
+            f"{host:g} GB/s ({host_where})"
             + (f", the experts' all-to-all over ep {ep} at {experts:g} GB/s ({experts_where})" if ep > 1 else "")
             + f"; {gpu.link_source}")
-    return Links(shard, replica, gpu.host_link_gb_per_s, node, [note], experts if ep > 1 else None)
+    return Links(shard, replica, host, node, [note], experts if ep > 1 else None)
