@@ -106,9 +106,10 @@ def test_a_step_that_stays_absurd_is_charged_its_kinds_median(monkeypatch):
                            warmup=0, repeats=1)
     assert [item.step_ms["adam"] for item in result.layers] == [0.8, 0.8, 0.8, 0.8]
     assert [item.step_ms["sgd"] for item in result.layers] == [0.6] * 4
-    assert result.warnings == ["layer blocks.2's adam step measured 200 ms, 250x its kind's median, even when "
-                               "measured again; it is charged that median, 0.8 ms (profile on a quieter machine to "
-                               "measure it)"]
+    # (the blocks' passes are timed for real: on a loaded machine one may warn of its own, not of a step)
+    assert [w for w in result.warnings if " step " in w] == [
+        "layer blocks.2's adam step measured 200 ms, 250x its kind's median, even when measured again; it is "
+        "charged that median, 0.8 ms (profile on a quieter machine to measure it)"]
 
 
 @pytest.mark.parametrize("factor", [sanity.STEP_SUSPECT, sanity.STEP_ABSURD])

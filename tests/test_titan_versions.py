@@ -68,7 +68,11 @@ def test_2c8b5947_keeps_the_last_stages_outputs_alone_to_the_steps_end(tiny):
     first = [cost(v, 0) for v in ("2c8b5947", "b5bcd76c")]
     assert first[0].buffer_bytes == first[1].buffer_bytes
     last = [cost(v, 1) for v in ("2c8b5947", "b5bcd76c")]
-    assert last[0].buffer_bytes - last[1].buffer_bytes == (5 - 1) * LOGITS
+    # and 2c8b5947's torch (2.9.0.dev20250811) leaves each received input's gradient on its buffer to the next
+    # step (RuntimeFacts.input_grads_held_to_step_end, rules.held_input_grads): at the last stage's last backward
+    # M - min(M, P - s) = 4 of them beside the one it makes, where b5bcd76c's torch (after pytorch#164329) holds none
+    held_grads = (5 - 1) * layers[2].input_bytes
+    assert last[0].buffer_bytes - last[1].buffer_bytes == (5 - 1) * LOGITS + held_grads
     # every stage's, as bbb1b616's torch kept them: stage 0 adds its M - k = 5 - 2 outputs
     assert cost("bbb1b616", 0).buffer_bytes - first[0].buffer_bytes == (5 - 2) * layers[1].output_bytes
 
