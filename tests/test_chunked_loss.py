@@ -13,6 +13,7 @@ import pytest
 
 from planner.cost import rules
 from planner.cost.chunkedloss import chunked_head_profile, chunked_loss_bytes
+from planner.cost.layers import layer_costs
 from planner.errors import UserError
 from planner.models import archs
 from planner.models.configs import torchtitan
@@ -78,11 +79,13 @@ def test_the_cost_models_loss_terms_are_the_chunked_ones():
     assert logits == 2 * 128 * 1024 * 2
     counted = chunked_loss_bytes(batch=2, seq=128, hidden=64, vocab=1024, chunks=4)
     setup = _setup(4)
-    # no whole logits stay: the head's output stands for none of them, the loss value alone
-    assert rules.loss_kept_bytes(profile, 0, setup) == 4 - logits
+    # no whole logits stay: the loss value alone (torchtitan without a pipeline drops the head's output: the
+    # stage output charges nothing, rules.logits_in_loss_kept)
+    assert rules.loss_kept_bytes(profile, 0, setup) == 4
+    assert rules.last_layer_kept_bytes(layer_costs(profile)[-1], 0, profile, setup) == 0
     assert rules.stage_constant_transient_bytes(profile, 0, setup) == counted.peak_bytes - 4
     plain = _setup(0)
-    assert rules.loss_kept_bytes(profile, 0, plain) == logits + 4  # torchtitan's plain loss: 2x kept
+    assert rules.loss_kept_bytes(profile, 0, plain) == 2 * logits + 4  # torchtitan's plain loss: 2x kept, all its own
     # the time: the plain loss's, plus the copies and the fp32 buffer's bytes (2 x 128 x 64 elements x
     # (4 + 4 + 14 + 6) B) at the eager memory-bound rate
     moved = 2 * 128 * 64 * (2 * 2 + 4 + 14 + 6)
@@ -182,6 +185,8 @@ def test_beside_a_pipeline_the_stages_output_is_the_norms_and_stays():
     setup = _setup(4, stages=2, microbatches=2, mem_caps_bytes=[1 << 40] * 2)
     alone = _setup(4)
     hidden = 2 * 128 * 64 * 2
-    assert rules.loss_kept_bytes(profile, 1, setup) - rules.loss_kept_bytes(profile, 0, alone) == hidden
+    # beside a pipeline the stage output keeps its 1x of the logits (torch's pipelining holds it), the loss the rest
+    assert rules.loss_kept_bytes(profile, 1, setup) + profile.layers[-1].output_bytes \
+        - rules.loss_kept_bytes(profile, 0, alone) == hidden
     assert rules.stage_constant_transient_bytes(profile, 0, alone) - \
         rules.stage_constant_transient_bytes(profile, 1, setup) == hidden

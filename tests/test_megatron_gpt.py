@@ -149,7 +149,8 @@ def test_the_tests_yaml_reads_directly_and_pins_its_last_ranks_prediction(tmp_pa
     assert last["static_bytes"] == 12 * 1_947_066_368  # 2 + 4 + 12 / DP 2 B a parameter
     # + 8 chunks' last input and its gradient (8192 x 4096 bf16 each) + torch's and TE's cuBLAS workspaces
     assert last["after_step_bytes"] == 12 * 1_947_066_368 + 8 * 2 * 8192 * 4096 * 2 + 64 * MIB + 1024
-    assert last["peak_bytes"] == 61_154_361_348  # the golden values' 60,720,852,992: 1.007
+    # with the cuBLAS workspaces (64 MiB + 1,024 B) since laststage: the golden values' 60,720,852,992: 1.008
+    assert last["peak_bytes"] == 61_154_361_348 + 64 * MIB + 1024
     # rank 0 holds the learned positions (8192 x 4096) beside the word embedding
     assert found["ranks"][0]["static_bytes"] == 12 * (8 * 176_207_872 + (131_200 + 8192) * 4096)
     settings = {s["name"]: s["status"] for s in found["settings"]}

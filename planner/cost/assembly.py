@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import allocator, asynctp, comm, dataparallel, runtimes
+from planner.cost import afterstep, allocator, asynctp, comm, dataparallel, runtimes
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
@@ -245,14 +245,25 @@ def async_tp_workspace_bytes(ctx: Context) -> int:
 
 
 def limit_bytes(stage: int, ctx: Context) -> int:
-    """The allocated peak stage `stage` may reach: its cap on cpu; on cuda what stays once the
-    communication buffers are taken, less the allocator's fragmentation margin and segment
-    rounding (allocator.allocated_limit: its reserved peak then stays within the cap)."""
+    """The allocated peak stage `stage`'s own tensors may reach: its cap on cpu; on cuda what stays
+    once the communication buffers are taken, less the allocator's fragmentation margin and segment
+    rounding (allocator.allocated_limit: its reserved peak then stays within the cap), less the cuBLAS
+    workspaces the rank keeps from its first matmul (cublas_workspaces_bytes: the allocated peak
+    rank_cost reports holds them, and its limit with them)."""
     cap = ctx.setup.pipeline.mem_caps_bytes[stage]
     if ctx.device_type != "cuda":
         return cap
     return int(allocator.allocated_limit(cap - workspace_bytes(stage, ctx),
-                                         fragmentation(ctx.setup.pipeline, device_type=ctx.device_type)))
+                                         fragmentation(ctx.setup.pipeline, device_type=ctx.device_type))) \
+        - cublas_workspaces_bytes(ctx)
+
+
+def cublas_workspaces_bytes(ctx: Context) -> int:
+    """The cuBLAS workspaces a rank's runtime keeps from its first matmul to the end (afterstep.workspace_bytes:
+    torch's, taken through the caching allocator, aten/src/ATen/cuda/CublasHandlePool.cpp getNewWorkspace, and
+    Transformer Engine's, a torch.empty): allocated bytes, so in what torch.cuda.max_memory_allocated reports and
+    Megatron-LM logs. 0 on cpu and where the runtime's record charges none."""
+    return afterstep.workspace_bytes(runtimes.of(ctx.setup.training), ctx.profile.device)
 
 
 def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:

@@ -227,9 +227,9 @@ def first_layer_kept_bytes(layer: LayerCost, setup: TrainSetup) -> int:
 def last_layer_kept_bytes(layer: LayerCost, stage: int, profile: Profile, setup: TrainSetup) -> int:
     """The stage output waits until its backward (fwd_cache, output_objs, DeepSpeed's buffers);
     Megatron frees its storage once sent (the last stage's output, the logits, stays for the loss);
-    where the loss saves the logits themselves (loss_holds_logits), they are the loss's kept bytes."""
+    where nothing but the loss keeps the logits' 1x (logits_in_loss_kept), it is the loss's kept bytes."""
     last = stage == setup.pipeline.stages - 1
-    if (runtime_facts(setup).frees_sent_output and not last) or (last and loss_holds_logits(profile, setup)):
+    if (runtime_facts(setup).frees_sent_output and not last) or (last and logits_in_loss_kept(profile, setup)):
         return 0
     return layer.output_bytes
 
@@ -354,10 +354,27 @@ def loss_holds_logits(profile: Profile, setup: TrainSetup) -> bool:
     return known is not None and known[1].grad_in_logits
 
 
+def logits_in_loss_kept(profile: Profile, setup: TrainSetup) -> bool:
+    """Whether the 1x of the loss region's kept bytes the last stage's output would carry is the loss's
+    (loss_kept_bytes, a stage term: stage_sums' transient credits it to every layer's backward, as the DP and
+    the MILP do): where the loss saves the logits themselves (loss_holds_logits), or where the runtime does
+    not hold the logits while the stage runs its backward (RuntimeFacts.logits_held_in_backward: Megatron-LM
+    drops them once the loss is made; torchtitan deletes them without a pipeline), so that all the region
+    keeps (the fp32 copy the vocab-parallel loss saves, the log-softmax torchtitan's saves) is freed by the
+    loss's backward, before the output layer's. Else (torch's pipelining, DeepSpeed) the stage output's 1x stays
+    to the stage's backward's end. Each microbatch's kept total is the same either way."""
+    if loss_holds_logits(profile, setup):
+        return True
+    if runtime_loss(profile, setup) is None:  # a measured loss: the stage output is the logits it measured
+        return False
+    held = runtime_facts(setup).logits_held_in_backward
+    return held == "never" or (held == "pipeline" and setup.pipeline.stages == 1)
+
+
 def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """What the loss keeps for backward, per microbatch, on the last stage: the profile's, or
     for an analytic profile the runtime's loss region (runtime_loss) less the logits the last
-    layer keeps as its output (none where the loss holds them: loss_holds_logits), plus the loss
+    layer keeps as its output (none where they are the loss's: logits_in_loss_kept), plus the loss
     value (4 B)."""
     if stage != setup.pipeline.stages - 1:
         return 0
@@ -367,8 +384,8 @@ def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     logits, region = known
     chunked = chunkedloss.setup_loss_bytes(profile, setup, region)
     if chunked is not None:  # no whole logits: the loss value alone (planner/cost/chunkedloss.py)
-        return chunked.kept_bytes - int(logits)
-    return int(round((region.kept_x - (0 if region.grad_in_logits else 1)) * logits)) + 4
+        return chunked.kept_bytes - (0 if logits_in_loss_kept(profile, setup) else int(logits))
+    return int(round((region.kept_x - (0 if logits_in_loss_kept(profile, setup) else 1)) * logits)) + 4
 
 
 def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:

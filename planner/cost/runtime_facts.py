@@ -304,6 +304,14 @@ class RuntimeFacts:
     returns its outputs), "none" (the runtime asks for none back: `return_outputs=False`, or its
     own schedules keep no outputs). A microbatch's output is among its activations until its
     backward; from then on only this keeps it (planner/cost/rules.py held_outputs_bytes)."""
+    logits_held_in_backward: str = "always"
+    """Whether the last stage's output, the logits, stays referenced while the stage's layers run their
+    backward: "always" (the schedule holds it: torch.distributed.pipelining's backward_one_chunk keeps the
+    stage output it pops from fwd_cache to the end of that backward; DeepSpeed's pipe buffers), "pipeline"
+    (only beside a pipeline: torchtitan's train step deletes `pred` before `loss.backward()` without one and
+    runs torch's pipelining with one), "never" (Megatron-LM: the GPT model returns the loss, the logits are
+    dropped once it is made). Where not held, the 1x of the loss region's kept bytes the stage output
+    carries is the loss's, freed with it before the output layer's backward (rules.logits_in_loss_kept)."""
     # -- FSDP2's units (planner/cost/fsdpunits.py; read by rules.unsharded_bytes and fsdp_unit_*_bytes)
     fsdp_units: str = "largest-layer"
     """How ZeRO 3's units group the model's layers, and so what is gathered when: "largest-layer" (the

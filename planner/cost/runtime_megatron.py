@@ -26,7 +26,7 @@ def megatron() -> RuntimeFacts:
         loss_compiled=None, tp_saves_gathered_input=False,
         compiles_model=False, runs_instead=NO_MODEL_COMPILE[0],
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
-        frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False,
+        frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False, logits_held_in_backward="never",
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
         step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
@@ -143,6 +143,9 @@ def megatron() -> RuntimeFacts:
             "outputs_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py 328-350 (the last stage keeps "
                                         f"each microbatch's reduced loss, not its output), 171-190 (sent outputs "
                                         f"deallocated), {MEGATRON_V}",
+            "logits_held_in_backward": f"megatron/core/models/gpt/gpt_model.py (forward: `loss = self."
+                                       f"compute_language_model_loss(labels, logits)`; `return loss`, the logits a local), "
+                                       f"tensor_parallel/cross_entropy.py (the loss saves its fp32 copy, not them), {MEGATRON_V}",
             "recompute_whole_forward": f"megatron/core/tensor_parallel/random.py CheckpointFunction, {MEGATRON_V}",
             "overlaps_grad_reduce": f"--overlap-grad-reduce, megatron/core/distributed/distributed_data_parallel.py, "
                                     f"{MEGATRON_V}: the default where a setup does not say (DataParallelSetup."

@@ -124,7 +124,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
         loss_compiled=COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         compiles_model=True, runs_instead="",
-        **TORCH_PIPELINING, recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
+        **TORCH_PIPELINING, logits_held_in_backward="pipeline", recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
@@ -220,6 +220,10 @@ def torchtitan(version: str) -> RuntimeFacts:
                                        f"tensor/parallel/style.py 95-117 (redistribute to Replicate), {TORCH_V}",
             **TORCH_PIPELINING_SOURCES,
             "outputs_held_to_step_end": _TITAN_OUTPUTS[version][1],
+            "logits_held_in_backward": ("torchtitan/train.py forward_backward_step: without PP `del pred` (\"need to free "
+                                        "pred before bwd to avoid peaking memory\") before `loss.backward()`; with PP "
+                                        "torch's pipelining holds the stage output (torch/distributed/pipelining/stage.py "
+                                        f"961-991, {TORCH_V})"),
             "chunked_loss": ("torchtitan/components/loss.py 567-836 (ChunkedLossWrapper, GradAccumulator), trainer.py "
                              "510-535 (_skip_lm_head), models/common/decoder.py 245, b5bcd76c (pip 0.3.0)"
                              if version == "b5bcd76c" else f"no ChunkedLossWrapper read at {version}"),

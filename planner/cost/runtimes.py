@@ -215,6 +215,8 @@ def _deepspeed_newest() -> RuntimeFacts:
             "batch_held": f"deepspeed/runtime/pipe/engine.py (microbatches loaded into the pipe buffers), {_DS_V}",
             "sends_held_to_step_end": "DeepSpeed runs one stage per rank",
             "outputs_held_to_step_end": "not read beyond its pipe buffers (charged there): none charged",
+            "logits_held_in_backward": f"deepspeed/runtime/pipe/engine.py (the last stage's outputs stay in its pipe "
+                                       f"buffers to their backward), {_DS_V}",
             "recompute_whole_forward": "deepspeed/runtime/activation_checkpointing/checkpointing.py (reentrant)",
             "overlaps_grad_reduce": "DeepSpeed overlap_comm",
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
@@ -285,6 +287,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "batch_held": "colossalai/pipeline/schedule/one_f_one_b.py 0.5 (load_batch on every stage)",
             "sends_held_to_step_end": "one stage per rank",
             "outputs_held_to_step_end": "not read: none charged",
+            "logits_held_in_backward": "not read: held (the stage output's 1x stays to the stage's backward's end)",
             "recompute_whole_forward": "examples/language/llama2/benchmark.py 162-163: HF gradient_checkpointing_enable "
                                        "(reentrant), 068372a7",
             "overlaps_grad_reduce": f"Gemini reduces chunks in the backward hooks, {_CAI_V}",

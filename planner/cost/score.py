@@ -25,6 +25,7 @@ from planner.cost.assembly import (
     StageCost,
     StageSums,
     capacity_ms,
+    cublas_workspaces_bytes,
     fragmentation,
     host_cap_bytes,
     limit_bytes,
@@ -141,6 +142,8 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     end = step_end_bytes(order, rank, held, last_output_bytes=logits, training=setup.training)
     total = max(total, int(round(step_end_peak_bytes(static + buffers, late_grad_bytes=sum(lazy), end_bytes=end))))
     ctx = Context(profile, setup)
+    cublas = cublas_workspaces_bytes(ctx)  # kept from the first matmul: at every moment, the peak's included
+    total += cublas
     cuda = ctx.device_type == "cuda"
     reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type="cuda")) if cuda else None
     in_flight = {c.stage: c.activations for c in peak.chunks}
@@ -153,7 +156,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         step_end_bytes=int(round(end)),
         comm_ms=sum(s.comm_ms for s in mine),
         host_bytes=int(round(sum(sums[k].host_bytes + in_flight[k] * sums[k].offloaded_bytes for k in stages))),
-        host_cap_bytes=host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline), limit_bytes=limit_bytes(rank, ctx),
+        host_cap_bytes=host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline), limit_bytes=limit_bytes(rank, ctx) + cublas,
         reserved_bytes=reserved,
         workspace_bytes=workspace_bytes(rank, ctx),
         after_step_bytes=afterstep.after_step_bytes(static, [chunks[k][0][0] for k in stages], stages,

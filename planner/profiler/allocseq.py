@@ -144,19 +144,21 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
-def synthesised(layer: LayerProfile, kept_terms: list[int]) -> LayerProfile:
+def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_transient: bool = False) -> LayerProfile:
     """An analytic layer with none's and full's records made from the tensors its formulas count
     (`kept_terms`, the bytes of each kept tensor; the one equal to its saved input, which the
     previous layer made, left out): none's forward makes each kept tensor and the output; its
     backward makes its scratch (the transient beyond the incoming gradient) and the input's
     gradient, then frees the scratch and the kept tensors, last first. Full's forward makes the
-    output alone, its backward the kept tensors again first. One block of all parameters."""
+    output alone, its backward the kept tensors again first. One block of all parameters.
+    `input_grad_in_transient`: the layer's transient counts the input's gradient (the analytic head's), so its
+    scratch is what is left beyond the incoming gradient and that."""
     terms = list(kept_terms)
     if layer.input_in_act_bytes and layer.input_in_act_bytes in terms:
         terms.remove(layer.input_in_act_bytes)
     terms = [size for size in terms if size > 0]
-    scratch = max(0, layer.transient_bytes - layer.output_bytes)
     grad = 0 if layer.kind == "embedding" else layer.input_bytes  # token ids have no gradient
+    scratch = max(0, layer.transient_bytes - layer.output_bytes - (grad if input_grad_in_transient else 0))
 
     def backward(next_id: int, saved: list[int]) -> tuple[list[int], int]:
         """Scratch and the input's gradient from id `next_id`, then the frees; and the gradient's id."""

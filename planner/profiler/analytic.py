@@ -259,6 +259,18 @@ def block_transient_bytes(arch: Arch, shape: Shape, *, moe: bool | None = None) 
     return boundary_bytes(arch, shape) + widest
 
 
+def head_input_grad_bytes(arch: Arch, shape: Shape) -> int:
+    """What the output layer's backward makes beside the logits' gradient it receives (both alive then): its
+    linear's input gradient [tokens, h], whole under TP (the column-parallel linear's grad_input before its
+    all-reduce or reduce-scatter), and under SP the reduce-scatter's output [tokens/t, h], made while that is
+    alive (megatron-core tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward:
+    `grad_input = grad_output.matmul(weight)`, then `sub_grad_input = torch.empty(...)` reduce-scattered into;
+    the same shapes under DTensor's ColwiseParallel). The final norm's backward runs after the logits' gradient
+    is freed, on tensors of [tokens, h] at most: smaller than these with it."""
+    whole = shape.tokens * arch.hidden_size * shape.d
+    return whole + (boundary_bytes(arch, shape) if shape.sp_div > 1 else 0)
+
+
 def logits_bytes(arch: Arch, shape: Shape, element_bytes: int) -> int:
     """s·b·V/t logits (vocab-parallel under TP)."""
     return shape.tokens * vocab_per_device(arch, shape) * element_bytes
@@ -281,11 +293,12 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
 
 def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, input_bytes: int, output_bytes: int,
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
-           selective: tuple[RecomputeOption, ...] = (),
+           selective: tuple[RecomputeOption, ...] = (), input_grad_in_transient: bool = False,
            expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = ()) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
-    parameters (of param_count) and what its dispatch sends (a2a_bytes)."""
+    parameters (of param_count) and what its dispatch sends (a2a_bytes); `input_grad_in_transient`: the
+    transient counts the input gradient its backward makes (allocseq.synthesised)."""
     fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
     options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
@@ -298,7 +311,7 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
         expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
-    ), list(kept_terms) or [act_bytes])
+    ), list(kept_terms) or [act_bytes], input_grad_in_transient=input_grad_in_transient)
 
 
 def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
@@ -352,15 +365,16 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
 
 def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
     """Final norm (keeps its input and statistics) and the LM head (keeps the norm output);
-    its output is the logits, its backward receives their gradient."""
+    its output is the logits, its backward receives their gradient and makes its input's beside it
+    (head_input_grad_bytes): the transient, both."""
     boundary = boundary_bytes(arch, shape)
     kept = sum(term.num_bytes for term in _norm_terms(arch, shape, "final")) + boundary
     times = analytic_time.times_ms(analytic_time.head_work(arch, shape), gpu, mfu)
     return _layer("output", "norm+lm_head", times=times, act_bytes=kept,
                   input_bytes=boundary, output_bytes=logits_bytes(arch, shape, shape.d),
                   input_in_act_bytes=boundary, param_count=head_params(arch, shape),
-                  transient_bytes=logits_bytes(arch, shape, shape.d), shape=shape, gpu=gpu,
-                  kept_terms=(*(term.num_bytes for term in _norm_terms(arch, shape, "final")), boundary))
+                  transient_bytes=logits_bytes(arch, shape, shape.d) + head_input_grad_bytes(arch, shape),
+                  input_grad_in_transient=True, shape=shape, gpu=gpu, kept_terms=(*(term.num_bytes for term in _norm_terms(arch, shape, "final")), boundary))
 
 
 def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = None,

@@ -79,9 +79,11 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
         time_ms = microbatches * work / stages
     else:
         time_ms = work + (microbatches - 1) * work / stages + step / stages
-    limit = max(costmodel.limit_bytes(s, ctx) for s in range(stages))
+    # both with the cuBLAS workspaces every rank keeps, as evaluate's allocated peak and its limit hold them
+    cublas = costmodel.cublas_workspaces_bytes(ctx)
+    limit = max(costmodel.limit_bytes(s, ctx) for s in range(stages)) + cublas
     held = static + (0.0 if setup.pipeline.schedule in CHUNKED_SCHEDULES else max(0.0, _activations(kept, layers, ctx)))
-    return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages, limit_bytes=limit)
+    return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages + cublas, limit_bytes=limit)
 
 
 def _activations(kept: float, layers: list[tuple[costmodel.LayerCost, int]], ctx) -> float:
