@@ -8,6 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from fixtures.tiny_gpt2 import tiny_gpt2_profile
 
 from planner import io
 from planner.cli import cli
@@ -15,7 +16,7 @@ from planner.cost import dataparallel, hpgrads, runtimes
 from planner.cost.layers import layer_costs
 from planner.schema import TrainSetup
 
-H, F, V, POS = 64, 256, 128, 32
+H, F, V, POS = 64, 256, 128, 32  # fixtures.tiny_gpt2's config
 # a GPT-2 block: c_attn 3h x h + 3h, c_proj h x h + h, c_fc f x h + f, c_proj h x f + h, two LayerNorms 2 x 2h
 BLOCK = 3 * H * H + 3 * H + H * H + H + F * H + F + H * F + H + 2 * 2 * H
 BLOOM = ("--runtime", "deepspeed", "--runtime-version", "56c52238")
@@ -23,15 +24,7 @@ BLOOM = ("--runtime", "deepspeed", "--runtime-version", "56c52238")
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("p")
-    config = folder / "tiny.json"
-    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": H, "n_layer": 2, "n_head": 4, "n_inner": F,
-                                  "vocab_size": V, "n_positions": POS, "tie_word_embeddings": False}))
-    path = folder / "tiny-profile.json"
-    made = CliRunner().invoke(cli, ["profile", "--arch-config", str(config), "--seq-len", str(POS),
-                                    "--micro-batch-size", "1", "--gpu", "a100-80g", "--out", str(path)])
-    assert made.exit_code == 0, made.output
-    return path
+    return tiny_gpt2_profile(tmp_path_factory.mktemp("p"), "a100-80g")
 
 
 def _setup(version=None, *, precision="bf16-mixed", zero=1) -> TrainSetup:

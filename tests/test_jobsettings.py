@@ -9,6 +9,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from fixtures.tiny_gpt2 import tiny_gpt2_profile
 
 from planner import io
 from planner.cli import cli
@@ -20,7 +21,7 @@ from planner.profiler.analytic import Shape
 from planner.schema import FileRef, TrainSetup
 
 HBM = 3.35e12  # the H100's bandwidth, as the analytic profile records it
-H, F, V, POS = 64, 256, 128, 32
+H, F, V, POS = 64, 256, 128, 32  # fixtures.tiny_gpt2's config
 # a GPT block (Megatron's default biases, LayerNorm with a bias, no GQA): Q/K/V 3h x h + 3h, the
 # projection h x h + h, fc1 f x h + f, fc2 h x f + h, two LayerNorms 2 x 2h
 BLOCK = 3 * H * H + 3 * H + H * H + H + F * H + F + H * F + H + 2 * 2 * H
@@ -30,15 +31,7 @@ HEAD = 2 * H + V * H
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("p")
-    config = folder / "tiny.json"
-    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": H, "n_layer": 2, "n_head": 4, "n_inner": F,
-                                  "vocab_size": V, "n_positions": POS, "tie_word_embeddings": False}))
-    path = folder / "tiny-profile.json"
-    made = CliRunner().invoke(cli, ["profile", "--arch-config", str(config), "--seq-len", str(POS),
-                                    "--micro-batch-size", "1", "--gpu", "h100", "--out", str(path)])
-    assert made.exit_code == 0, made.output
-    return path
+    return tiny_gpt2_profile(tmp_path_factory.mktemp("p"), "h100")
 
 
 def _setup(runtime="megatron", **training) -> TrainSetup:
