@@ -282,12 +282,16 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
 def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, input_bytes: int, output_bytes: int,
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
            selective: tuple[RecomputeOption, ...] = (),
-           expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = ()) -> LayerProfile:
+           expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = (),
+           weight_grad_ms: float | None = None) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
-    parameters (of param_count) and what its dispatch sends (a2a_bytes)."""
+    parameters (of param_count) and what its dispatch sends (a2a_bytes); `weight_grad_ms`: of the
+    backward, a split backward's weight pass (none's; its input pass the rest)."""
     fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
-    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes),
+    split = {} if weight_grad_ms is None else {"input_grad_ms": max(bwd_ms - weight_grad_ms, 0.0),
+                                               "weight_grad_ms": min(weight_grad_ms, bwd_ms)}
+    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **split),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
                                recompute_peak_bytes=max(act_bytes - input_bytes, 0)), *selective] if selective else []
     return allocseq.synthesised(LayerProfile(  # kept_terms: each kept tensor, for the allocator replay
@@ -334,7 +338,9 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
-                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0).model_copy(update={"float8": fp8})
+                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0,
+                  weight_grad_ms=analytic_time.times_ms((analytic_time.block_weight_grad_work(arch, shape, moe=moe),),
+                                                        gpu, mfu)[0]).model_copy(update={"float8": fp8})
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})
