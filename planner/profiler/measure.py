@@ -114,9 +114,11 @@ def measure_model(
         time_interleaved(option_jobs, warmup=min(warmup, 1), repeats=options.option_repeats(repeats),
                          on_round=lambda step, steps: work.done(f"timing the recompute options, round {step}/{steps}"))
     split_jobs = [t.split_job for t in timed if t.split_job is not None]
-    if split_jobs:  # a zero-bubble schedule's two backward passes, as often as an option's time
-        work.grow(min(warmup, 1) + options.option_repeats(repeats))
-        time_interleaved(split_jobs, warmup=min(warmup, 1), repeats=options.option_repeats(repeats),
+    if split_jobs:  # a zero-bubble schedule's two backward passes, as often as an option's time; no
+        # warm-up round: the same layers and options just ran theirs (a full option's W reruns its
+        # forward once per parameter group: this job can take as long as all the others)
+        work.grow(options.option_repeats(repeats))
+        time_interleaved(split_jobs, warmup=0, repeats=options.option_repeats(repeats),
                          on_round=lambda step, steps: work.done(f"timing the split backward, round {step}/{steps}"))
     for t in timed:
         t.measure_step(warmup=warmup, repeats=repeats)
