@@ -119,3 +119,19 @@ def test_an_analytic_block_splits_off_its_weight_gradient_gemms():
     assert none.weight_grad_ms == pytest.approx(weight_flops / (h100.bf16_tflops * 1e12 * 0.5) * 1e3)
     assert none.input_grad_ms + none.weight_grad_ms == pytest.approx(block.bwd_ms)
     assert block.recompute_options[1].input_grad_ms is None  # full's weight pass reruns the block per group: not split
+
+
+def test_a_fake_profile_counts_torchs_two_passes_weight_gemms_in_w():
+    """Linear(16, 32), GELU, Linear(32, 16) on 8 rows: W runs the two weight GEMMs (2·8·16·32 FLOPs
+    each), I the two input-gradient GEMMs (the first layer's too: the input needs its gradient), the
+    plain backward all four."""
+    from planner.profiler.fake import counting
+    from planner.profiler.fake_split import split_work
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    x = torch.randn(8, 16, requires_grad=True)
+    input_pass, weight_pass, plain = split_work(mlp, mlp, x, torch.ones(8, 16), counting)
+    gemm = 2 * 8 * 16 * 32
+    assert (input_pass.flops, weight_pass.flops, plain.flops) == (2 * gemm, 2 * gemm, 4 * gemm)
+    assert x.grad is None and all(p.grad is None for p in mlp.parameters())
