@@ -6,8 +6,8 @@ measured times, beside the measured iteration and the plan's prediction.
 
 For each run report of PLAN (`ckplan launch PLAN --report RUN.json`, which records every chunk's
 F, B or I, and W medians): per pipeline stage, the cost model's forward and backward (what the
-plan's iteration was simulated with: a split backward's input and weight passes half of it each)
-against the measured F, I and W; then the iteration three ways: measured, simulated from the
+plan's iteration was simulated with: a split backward's input and weight passes as
+score.plan_iteration_ms takes them, splittime.split_pass_ms) against the measured F, I and W; then the iteration three ways: measured, simulated from the
 measured actions (schedule_time.simulate_time on torch's order, plus the slowest rank's
 measured optimizer step), and predicted. Measured ≈ simulated-from-measured means the schedule's
 order and bubble are right and any miss is in the actions' predicted times; measured far below it
@@ -25,20 +25,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner import io  # noqa: E402
-from planner.cost import schedule_time  # noqa: E402
+from planner.cost import schedule_time, splittime  # noqa: E402
 from planner.cost.assembly import stage_sums  # noqa: E402
 from planner.cost.chunked import schedule_of, stages_view  # noqa: E402
 from planner.cost.score import placed_chunks  # noqa: E402
 
 
-def predicted_stage_times(plan) -> list[tuple[float, float]]:
-    """Per pipeline stage, (forward, backward) ms as score.plan_iteration_ms simulates them."""
+def predicted_stage_times(plan) -> list[tuple[float, float, float]]:
+    """Per pipeline stage, (forward, I, W) ms as score.plan_iteration_ms simulates them (a full
+    backward's halves where the schedule does not split it)."""
     profile = io.load_profile(plan.profile.file)
     order = schedule_of(plan.setup)
     view = stages_view(plan.setup, order)
     chunks = placed_chunks(plan.stages, profile, order)
     sums = [stage_sums(layers, options, stage=k, profile=profile, setup=view) for k, (layers, options) in enumerate(chunks)]
-    return [(s.forward_ms + s.comm_ms / 2, max(s.busy_ms - s.forward_ms - s.comm_ms / 2, 0.0)) for s in sums]
+    found = []
+    for k, (s, (layers, options)) in enumerate(zip(sums, chunks)):
+        forward = s.forward_ms + s.comm_ms / 2
+        backward = max(s.busy_ms - forward, 0.0)
+        halves = (backward / 2, backward / 2)
+        if order.splits_backward:
+            halves = splittime.split_pass_ms(backward, splittime.stage_split(layers, options, plan.setup), stage=k)
+        found.append((forward, *halves))
+    return found
 
 
 def measured_stage_times(report) -> dict[int, tuple[float, float, float]]:
@@ -64,11 +73,12 @@ def main() -> None:
         report = io.load_report(path)
         measured = measured_stage_times(report)
         print(f"\n{path} (median of {report.steps} steps: {', '.join(f'{t:.0f}' for t in report.iteration_ms_all)} ms)")
-        print(f"{'stage':>5} {'pred F':>9} {'pred B':>9} {'F':>9} {'B or I':>9} {'W':>9} {'F/pred F':>9} "
-              f"{'(I+W)/pred B':>13}")
-        for k, (fwd, bwd) in enumerate(predicted):
+        print(f"{'stage':>5} {'pred F':>9} {'pred I':>9} {'pred W':>9} {'F':>9} {'B or I':>9} {'W':>9} "
+              f"{'F/pred F':>9} {'(I+W)/pred B':>13}")
+        for k, (fwd, pred_i, pred_w) in enumerate(predicted):
             f, i, w = measured[k]
-            print(f"{k:>5} {fwd:9.1f} {bwd:9.1f} {f:9.1f} {i:9.1f} {w:9.1f} {f / fwd if fwd else 0:9.3f} "
+            bwd = pred_i + pred_w
+            print(f"{k:>5} {fwd:9.1f} {pred_i:9.1f} {pred_w:9.1f} {f:9.1f} {i:9.1f} {w:9.1f} {f / fwd if fwd else 0:9.3f} "
                   f"{(i + w) / bwd if bwd else 0:13.3f}")
         split = order.splits_backward
         times = [schedule_time.StageTimes(f, i if split else i / 2, w if split else i / 2)

@@ -3,7 +3,8 @@
 # thread, planned on 2 ranks under ZBV, interleaved-1F1B (2 chunks each) and 1F1B with the whole
 # layers kept (a roomy cap), each launched ROUNDS times round-robin on gloo; then, per run,
 # scripts/schedule_check.py: every chunk's measured F, I, W beside the cost model's, and the
-# iteration simulated from the measured actions beside the measured and the predicted one.
+# iteration simulated from the measured actions beside the measured and the predicted one; and
+# scripts/split_prediction.py: each plan predicted with the profile's split backward times and without.
 #   bash scripts/zbv_check.sh OUT_DIR [ROUNDS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +27,7 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 for s in "${SCHEDULES[@]}"; do
   $PY scripts/schedule_check.py "$OUT/$s.yaml" "$OUT"/run-"$s"-*.json
+done
+for s in "${SCHEDULES[@]}"; do
+  $PY scripts/split_prediction.py "$OUT/$s.yaml" "$OUT"/run-"$s"-*.json
 done

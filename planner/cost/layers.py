@@ -28,6 +28,10 @@ class OptionCost:
     split_input_peak_bytes: int = 0  # a split backward: its input pass's peak over what is live before it
     split_peak_bytes: int = 0  # a split backward: its weight pass's peak over what is live before it
     host_bytes: int = 0  # offload: what it keeps in host memory per microbatch until its backward
+    # a split backward's two passes (the profile's input_grad_ms, weight_grad_ms: torch's
+    # stage_backward_input and stage_backward_weight); None: not recorded (planner/cost/splittime.py)
+    input_grad_ms: float | None = None
+    weight_grad_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class LayerCost:
     a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
     # none's and full's split backward bytes: (held, input peak, weight peak)
     split_bytes: tuple[tuple[int, int, int], tuple[int, int, int]] = ((0, 0, 0), (0, 0, 0))
+    # none's and full's split backward times: (input pass, weight pass) ms, None where not recorded
+    split_ms: tuple[tuple[float, float] | None, tuple[float, float] | None] = (None, None)
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
     # its tensor-parallel collectives per microbatch: (kind, tensor bytes, forward, backward,
     # recompute counts, AsyncTP's fused matmuls: (whole, chunk, copy, fp8 whole, fp8 chunk) ms or
@@ -78,8 +84,10 @@ class LayerCost:
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
         none_split, full_split = self.split_bytes
-        return (OptionCost(OPTION_NONE, self.act_bytes, 0.0, 0, *none_split),
-                OptionCost(OPTION_FULL, self.input_bytes, self.recompute_ms, self.recompute_peak_bytes, *full_split),
+        none_ms, full_ms = (dict(zip(("input_grad_ms", "weight_grad_ms"), ms or (None, None))) for ms in self.split_ms)
+        return (OptionCost(OPTION_NONE, self.act_bytes, 0.0, 0, *none_split, **none_ms),
+                OptionCost(OPTION_FULL, self.input_bytes, self.recompute_ms, self.recompute_peak_bytes, *full_split,
+                           **full_ms),
                 *self.extra_options)
 
     def option_index(self, name: str) -> int:
@@ -142,6 +150,8 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             expert_param_count=max(item.expert_param_count for item in same),
             a2a_bytes=max(item.a2a_bytes for item in same),
             split_bytes=tuple(_kind_split(same, index) for index in (0, 1)),
+            split_ms=tuple(_kind_split_ms([item.recompute_options[index] for item in same
+                                           if len(item.recompute_options) > index], len(same)) for index in (0, 1)),
             expert_transient_bytes=max(item.expert_transient_bytes for item in same),
             largest_param_count=max(item.largest_param_count or 0 for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
@@ -178,6 +188,14 @@ def _kind_split(same: list, index: int) -> tuple[int, int, int]:
 SPLIT_FIELDS = ("split_held_bytes", "split_input_peak_bytes", "split_peak_bytes")
 
 
+def _kind_split_ms(listed: list, layers: int) -> tuple[float, float] | None:
+    """A kind's split backward times of one option, the mean like its other times; None unless
+    every layer of the kind recorded them."""
+    if len(listed) < layers or not listed or any(o.input_grad_ms is None for o in listed):
+        return None
+    return fmean(o.input_grad_ms for o in listed), fmean(o.weight_grad_ms for o in listed)
+
+
 def _kind_options(same: list) -> tuple[OptionCost, ...]:
     """The selective options every layer of a kind has, kind-normalised like the rest: bytes
     the most of any layer, times the mean."""
@@ -189,7 +207,8 @@ def _kind_options(same: list) -> tuple[OptionCost, ...]:
         found.append(OptionCost(name, max(o.kept_bytes for o in mine), fmean(o.recompute_ms for o in mine),
                                 max(o.recompute_peak_bytes for o in mine),
                                 *(max(getattr(o, field) for o in mine) for field in SPLIT_FIELDS),
-                                host_bytes=max(o.host_bytes for o in mine)))
+                                host_bytes=max(o.host_bytes for o in mine),
+                                **dict(zip(("input_grad_ms", "weight_grad_ms"), _kind_split_ms(mine, len(same)) or (None, None)))))
     return tuple(found)
 
 

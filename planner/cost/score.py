@@ -19,6 +19,7 @@ from planner.cost import (
     runtimes,
     schedule_time,
     schedules,
+    splittime,
 )
 from planner.cost.assembly import (
     PlanCost,
@@ -66,8 +67,10 @@ def evaluate(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) ->
     costs = [with_replayed_reserve(cost, plan, rank, profile=profile, setup=setup)
              for rank, (cost, plan) in enumerate(zip(costs, ranks))]
     reductions = [pipereduce.stage_reductions_ms(layers, setup) for layers, _ in chunks]
+    splits = [splittime.stage_split(layers, options, setup) for layers, options in chunks] if order.splits_backward else None
     return PlanCost(stages=costs, iteration_ms=plan_iteration_ms(order, sums, setup, reductions=reductions,
-                                                                 stage_layers=[layers for layers, _ in chunks]))
+                                                                 stage_layers=[layers for layers, _ in chunks],
+                                                                 splits=splits))
 
 
 def stage_cost(layers: Sequence[LayerCost], checkpointed: Sequence[int], *, stage: int, profile: Profile,
@@ -208,21 +211,27 @@ def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, ord
 
 def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setup: TrainSetup, *,
                       reductions: Sequence[float] | None = None,
-                      stage_layers: Sequence[Sequence[LayerCost]] | None = None) -> float:
+                      stage_layers: Sequence[Sequence[LayerCost]] | None = None,
+                      splits: Sequence[splittime.StageSplit] | None = None) -> float:
     """The schedule's makespan with each stage's forward and backward (its sends and actions
-    with them: half each; a split backward's input and weight passes half of it each, as Qi et
-    al. 2023 take T_B ≈ T_W for transformer layers), then the slowest rank's optimizer step; or,
+    with them: half each), a split backward's input and weight passes as the stage's layers
+    recorded them (`splits`, per stage: splittime.stage_split; the rest half each, the first
+    stage's I nothing: splittime.split_pass_ms), then the slowest rank's optimizer step; or,
     when fewer ranks than there are compute at once (capacity_ms), all the work spread over them.
     `reductions`, per stage (pipereduce.stage_reductions_ms): the gradient reductions a runtime runs
     after the stage's last backward, placed there in the schedule (the step carries none of them).
     `stage_layers`, per stage: its layers, whose data-parallel collectives Megatron-LM's DDP issues
     beside the schedule's compute (megatron_dp.py; without them its reductions are not charged)."""
     reductions = reductions or [0.0] * len(sums)
-    times = []
-    for stage, waited in zip(sums, reductions):
+    times, split_extra = [], 0.0  # what the split passes take beyond the full backwards
+    for index, (stage, waited) in enumerate(zip(sums, reductions)):
         forward = stage.forward_ms + stage.comm_ms / 2
         backward = max(stage.busy_ms - forward, 0.0)
-        times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2, reduce_ms=waited))
+        halves = (backward / 2, backward / 2)
+        if order.splits_backward:
+            halves = splittime.split_pass_ms(backward, splits[index] if splits else splittime.StageSplit(), stage=index)
+        times.append(schedule_time.StageTimes(forward, *halves, reduce_ms=waited))
+        split_extra += sum(halves) - backward
     steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
     lockstep = runtimes.of(setup.training).multi_schedule_lockstep
     makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep)
@@ -230,4 +239,4 @@ def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setu
         windows = [sum(sums[k].step_ms for k in order.stages_of(rank)[1:]) for rank in range(order.num_ranks)]
         makespan = megatron_dp.makespan_ms(order, times, stage_layers, setup, step_window_ms=windows)
     makespan += max(steps)
-    return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums), sum(steps), setup))
+    return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums) + split_extra, sum(steps), setup))

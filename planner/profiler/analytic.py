@@ -119,6 +119,7 @@ from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> b
     Attention,
     Shape,
     _is_moe,
+    active_params,
     attention_flops,
     attention_params,
     block_flops,
@@ -133,6 +134,7 @@ from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> b
     mlp_flops,
     mlp_params,
     q_width,
+    total_params,
     vocab_per_device,
 )
 from planner.profiler.membound import membound_facts, membound_ms
@@ -214,25 +216,6 @@ def tied_embedding(arch: Arch, shape: Shape, gpu: GPU) -> list[TiedSet]:
                     sum_ms=shared * FP32 / (gpu.network_gb_per_s * 1e9) * 1e3)]
 
 
-def total_params(arch: Arch) -> int:
-    """The model's parameter count as published (tied embeddings counted once)."""
-    one = Shape(seq_len=1, micro_batch_size=1)
-    head = head_params(arch, one) - (arch.vocab_size * arch.hidden_size if arch.tie_word_embeddings else 0)
-    blocks = sum(block_params(arch, one, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
-    return embedding_params(arch, one) + blocks + head
-
-
-def active_params(arch: Arch, *, input_embedding: bool = True) -> int:
-    """The parameters one token's forward uses: all but the routed experts it does not reach,
-    (experts − top-k)·3·h·f_e in every MoE layer. The token embedding counts whole, as in
-    total_params (how Mistral and Qwen count active parameters); input_embedding=False leaves it
-    out (a lookup reads one row of it), as DeepSeek counts its activated parameters."""
-    idle = arch.num_moe_layers * (arch.num_experts - arch.num_experts_per_tok) * 3 * arch.hidden_size * \
-        arch.moe_intermediate_size
-    embedding = 0 if input_embedding else embedding_params(arch, Shape(seq_len=1, micro_batch_size=1))
-    return total_params(arch) - idle - embedding
-
-
 def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:
     """One memory-bound optimizer step over these parameters at the HBM bandwidth."""
     return {name: param_count * num_bytes / (gpu.hbm_tbps * 1e12) * 1e3
@@ -294,13 +277,17 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
 def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, input_bytes: int, output_bytes: int,
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
            selective: tuple[RecomputeOption, ...] = (), input_grad_in_transient: bool = False,
-           expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = ()) -> LayerProfile:
+           expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = (),
+           weight_grad_ms: float | None = None) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes); `input_grad_in_transient`: the
-    transient counts the input gradient its backward makes (allocseq.synthesised)."""
+    transient counts the input gradient its backward makes (allocseq.synthesised); `weight_grad_ms`: of the
+    backward, a split backward's weight pass (none's; its input pass the rest)."""
     fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
-    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes),
+    split = {} if weight_grad_ms is None else {"input_grad_ms": max(bwd_ms - weight_grad_ms, 0.0),
+                                               "weight_grad_ms": min(weight_grad_ms, bwd_ms)}
+    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **split),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
                                recompute_peak_bytes=max(act_bytes - input_bytes, 0)), *selective] if selective else []
     return allocseq.synthesised(LayerProfile(  # kept_terms: each kept tensor, for the allocator replay
@@ -347,7 +334,9 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
-                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0).model_copy(update={"float8": fp8})
+                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0,
+                  weight_grad_ms=analytic_time.times_ms((analytic_time.block_weight_grad_work(arch, shape, moe=moe),),
+                                                        gpu, mfu)[0]).model_copy(update={"float8": fp8})
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})

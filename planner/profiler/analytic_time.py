@@ -187,6 +187,25 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     return fwd, bwd, _recompute(arch, shape, fwd, moe=moe)
 
 
+def block_weight_grad_work(arch, shape, *, moe: bool = False) -> Work:
+    """What torch 2.13's stage_backward_weight runs of one block's backward (a zero-bubble
+    schedule's W; its I, stage_backward_input, runs the rest): each weight's gradient GEMM, dW =
+    Xᵀ·dY at its forward GEMM's FLOPs (the attention core's eager matmuls have no weight: both
+    their backward GEMMs are I's), the GPT biases' gradient sums and the gradients' accumulation
+    into .grad. The norms' weight gradients stay with their fused kernel in I (not split off)."""
+    T, h = shape.tokens, arch.hidden_size
+    proj, _, _ = _projections(arch, shape)
+    mlp, _, _ = _mlp(arch, shape, moe)
+    kernels = proj + mlp
+    summed = 0
+    if arch.style == "gpt":  # QKV's, the attention output's, the two MLP linears' biases
+        q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
+        summed = BIAS_SUM * T * (q + 2 * kv) + 2 * BIAS_SUM * T * h + BIAS_SUM * T * (arch.intermediate_size // shape.tp)
+    accumulate = ACCUMULATE * formulas.block_params(arch, shape, moe=moe) * shape.d
+    moved = summed + accumulate
+    return work(sum(k.flops for k in kernels), moved, kernels, classed={"elementwise": moved})
+
+
 def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
     """torch's non-reentrant checkpoint reruns the forward up to the last tensor the backward
     needs (analytic.block_recompute_flops): a LLaMA block's forward but its last matmul (the

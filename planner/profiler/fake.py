@@ -51,6 +51,7 @@ from planner.cost.tied import tied_params
 from planner.errors import UserError
 from planner.models.archs import GPU
 from planner.profiler import allocseq, analytic, fake_moe, float8, measure, options, roofline
+from planner.profiler.fake_split import with_split_times
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.opclass import Tracker, op_class
 from planner.profiler.roofline import Kernel, Work
@@ -428,7 +429,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
         fwd_ms, bwd_ms = roofline_ms(fwd, gpu), roofline_ms(bwd, gpu)
         full_ms = roofline_ms(recompute, gpu) if run.has_backward else None
         act, input_bytes = saved.act_bytes[index], storage_nbytes(x)
-        profiles.append(LayerProfile(
+        profiles.append(with_split_times(LayerProfile(  # and the split backward's passes
             name=name, kind=kinds[index], fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
             bwd_ms_min=bwd_ms, bwd_ms_max=bwd_ms,
             recompute_ms=full_ms, act_bytes=act, input_bytes=input_bytes, output_bytes=storage_nbytes(output),
@@ -450,7 +451,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                            if name in (OPTION_NONE, OPTION_FULL, *chosen[index])},
             float8=float8.record(linear_calls[index], gpu, fwd, bwd,
                                  {OPTION_FULL: recompute, **{option: run.option_work[option] for option in chosen[index]}}),
-        ))
+        ), layer, x if index else None, output, gpu=gpu, counting=counting))  # the batch: no input gradient
         on_layer(name)
     with blame("loss_fn(output, target)"), data_free("loss_fn(output, target)"):
         loss_transient = measure._loss_transient_bytes(loss_fn, layer_outputs[-1], targets,

@@ -208,3 +208,22 @@ def head_flops(arch: Arch, shape: Shape) -> int:
 def flops_ms(flops: float, gpu: GPU, mfu: float) -> float:
     """FLOPs at the BF16 peak x an explicit MFU (--mfu, the roofline's override)."""
     return flops / (gpu.bf16_tflops * 1e12 * mfu) * 1e3
+
+
+def total_params(arch: Arch) -> int:
+    """The model's parameter count as published (tied embeddings counted once)."""
+    one = Shape(seq_len=1, micro_batch_size=1)
+    head = head_params(arch, one) - (arch.vocab_size * arch.hidden_size if arch.tie_word_embeddings else 0)
+    blocks = sum(block_params(arch, one, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    return embedding_params(arch, one) + blocks + head
+
+
+def active_params(arch: Arch, *, input_embedding: bool = True) -> int:
+    """The parameters one token's forward uses: all but the routed experts it does not reach,
+    (experts − top-k)·3·h·f_e in every MoE layer. The token embedding counts whole, as in
+    total_params (how Mistral and Qwen count active parameters); input_embedding=False leaves it
+    out (a lookup reads one row of it), as DeepSeek counts its activated parameters."""
+    idle = arch.num_moe_layers * (arch.num_experts - arch.num_experts_per_tok) * 3 * arch.hidden_size * \
+        arch.moe_intermediate_size
+    embedding = 0 if input_embedding else embedding_params(arch, Shape(seq_len=1, micro_batch_size=1))
+    return total_params(arch) - idle - embedding

@@ -39,7 +39,7 @@ from planner.errors import UserError
 from planner.profiler import allocseq, options, sanity
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.saved import Layers, LossFn, saved_bytes
-from planner.profiler.splitbackward import split_per_option
+from planner.profiler.splitbackward import SplitTimeJob, split_per_option, split_time_job
 from planner.profiler.storages import counted_bytes, memory_tracker, storage_nbytes
 from planner.profiler.timing import FwdBwdJob, time_call, time_fwd_bwd, time_interleaved
 from planner.profiler.userfault import blame
@@ -113,6 +113,13 @@ def measure_model(
         work.grow(rounds)
         time_interleaved(option_jobs, warmup=min(warmup, 1), repeats=options.option_repeats(repeats),
                          on_round=lambda step, steps: work.done(f"timing the recompute options, round {step}/{steps}"))
+    split_jobs = [t.split_job for t in timed if t.split_job is not None]
+    if split_jobs:  # a zero-bubble schedule's two backward passes, as often as an option's time; no
+        # warm-up round: the same layers and options just ran theirs (a full option's W reruns its
+        # forward once per parameter group: this job can take as long as all the others)
+        work.grow(options.option_repeats(repeats))
+        time_interleaved(split_jobs, warmup=0, repeats=options.option_repeats(repeats),
+                         on_round=lambda step, steps: work.done(f"timing the split backward, round {step}/{steps}"))
     for t in timed:
         t.measure_step(warmup=warmup, repeats=repeats)
         on_layer(t.name)
@@ -234,6 +241,8 @@ class _TimedLayer:
     option_job: FwdBwdJob | None = None
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' share
     split: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # option: splitbackward.split_backward_bytes
+    split_job: SplitTimeJob | None = None  # the listed options' split backward, timed (time_options)
+    grad: torch.Tensor | None = None  # the fixed gradient of the output every backward runs from
     # figures measured wrong (a busy machine) replaced by the kind's median: fwd_ms, bwd_ms, recompute_ms
     fixed: dict[str, float] = field(default_factory=dict)
 
@@ -262,7 +271,7 @@ class _TimedLayer:
             found, failed = options.option_transients(layer, options.runnable_options(layer, x.device.type), partial(_recomputed_transient, x, grad))
             reset_input_grad()
         return cls(name, layer, x, output, transient, job, has_backward, option_transients=found,
-                   option_failures=failed, expert_transient_bytes=expert_transient,
+                   option_failures=failed, expert_transient_bytes=expert_transient, grad=grad,
                    split=split_per_option(layer, x, grad, [OPTION_NONE, OPTION_FULL, *found]))
 
     def failed_options(self, kind: str) -> list[str]:
@@ -273,6 +282,9 @@ class _TimedLayer:
         """Set up the timing of the options the profile will list."""
         self.option_names = list(names)
         self.option_job = options.option_job(self.layer, self.x, names, plain=self.job) if names else None
+        listed = [OPTION_NONE, OPTION_FULL, *names]
+        self.split_job = split_time_job(self.layer, self.x, self.grad,
+                                        {name: found for name, found in self.split.items() if name in listed})
 
     def recompute_ms(self) -> float | None:
         """What checkpointing adds to the step (medians of forward + backward, at least
@@ -326,7 +338,7 @@ class _TimedLayer:
                 act_bytes=act_bytes, input_bytes=storage_nbytes(self.x),
                 full_ms=fwd_ms if recompute_ms is None else recompute_ms, transient_bytes=self.transient_bytes,
                 names=self.option_names, kept=option_bytes, transients=self.option_transients, job=self.option_job,
-                split=self.split),
+                split=self.split, split_ms=self.split_job.medians() if self.split_job else {}, bwd_ms=bwd_ms),
         )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from planner.profiler.splitbackward import recorded_split_ms
 from planner.profiler.timing import FwdBwdJob
 from planner.runtime.recompute import find_options, layer_runner
 from planner.schema import OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, RecomputeOption
@@ -83,20 +84,27 @@ def _forward(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Ca
 
 def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, transient_bytes: int,
                       names: Sequence[str], kept: dict[str, int], transients: dict[str, int],
-                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int]] | None = None
-                      ) -> list[RecomputeOption]:
+                      job: FwdBwdJob | None, split: dict[str, tuple[int, int, int]] | None = None,
+                      split_ms: dict[str, tuple[float, float, float]] | None = None,
+                      bwd_ms: float = 0.0) -> list[RecomputeOption]:
     """The profile's list: none and full from the layer's own numbers (full's recompute the
     measured one, or the whole forward the cost model charges where none was measured), then
-    each selective option. split: each option's split backward bytes (held, input peak, weight peak)."""
-    split = split or {}
+    each selective option. split: each option's split backward bytes (held, input peak, weight peak);
+    split_ms: its two passes' and its plain backward's times where they were timed (SplitTimeJob),
+    recorded against the option's backward, `bwd_ms` (the layer's) and its recompute."""
+    split, split_ms = split or {}, split_ms or {}
 
-    def split_fields(name: str) -> dict[str, int]:
+    def split_fields(name: str, recompute_ms: float = 0.0) -> dict[str, int | float | None]:
         held, input_peak, peak = split.get(name, (0, 0, 0))
-        return {"split_held_bytes": held, "split_input_peak_bytes": input_peak, "split_peak_bytes": peak}
+        input_ms = weight_ms = None
+        if name in split_ms:
+            input_ms, weight_ms = recorded_split_ms(split_ms[name], bwd_ms + recompute_ms)
+        return {"split_held_bytes": held, "split_input_peak_bytes": input_peak, "split_peak_bytes": peak,
+                "input_grad_ms": input_ms, "weight_grad_ms": weight_ms}
 
     listed = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **split_fields(OPTION_NONE)),
               RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=full_ms,
-                              recompute_peak_bytes=max(act_bytes - input_bytes, 0), **split_fields(OPTION_FULL))]
+                              recompute_peak_bytes=max(act_bytes - input_bytes, 0), **split_fields(OPTION_FULL, full_ms))]
     if job is None:
         return listed
     (fwd, bwd), *timed = job.stats()
@@ -105,5 +113,5 @@ def recompute_options(*, act_bytes: int, input_bytes: int, full_ms: float, trans
         listed.append(RecomputeOption(name=name, kept_bytes=kept[name], recompute_ms=max(extra_ms, 0.0),
                                       recompute_peak_bytes=max(transients[name] - transient_bytes, 0),
                                       host_bytes=max(act_bytes - kept[name], 0) if name == OPTION_OFFLOAD else 0,
-                                      **split_fields(name)))
+                                      **split_fields(name, max(extra_ms, 0.0))))
     return listed

@@ -1,14 +1,19 @@
 """What a zero-bubble schedule's split backward holds and peaks at, per layer and recompute option:
 torch's stage_backward_input, then stage_backward_weight, under the memory tracker
-(LayerProfile's split_held_bytes, split_input_peak_bytes, split_peak_bytes)."""
+(LayerProfile's split_held_bytes, split_input_peak_bytes, split_peak_bytes); and how long each
+of the two passes takes (SplitTimeJob: input_grad_ms, weight_grad_ms)."""
 
 from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from planner.profiler.storages import memory_tracker, storage_nbytes
+from planner.profiler.timing import Stopwatch
 from planner.runtime.recompute import layer_runner
 from planner.schema import runs_split_backward
 
@@ -59,3 +64,79 @@ def split_backward_bytes(run, layer: nn.Module, x: torch.Tensor, grad: torch.Ten
         peak = memory.peak_bytes - live
         del output, input_grads, groups
     return max(0, held), max(0, input_peak), max(0, peak)
+
+
+@dataclass
+class SplitTimeJob:
+    """The layer's split backward timed per option (those split_per_option found running): a
+    forward, then torch's stage_backward_input and stage_backward_weight as a zero-bubble
+    schedule's I and W run them, each pass on the device's own clock; and in the same turn a
+    forward and a plain backward of the same option, the split's own yardstick (the layer's
+    backward in the profile was timed in another job, at another moment of a shared machine's
+    load). A job for timing.time_interleaved, so a spell of load lands on one repeat of many layers."""
+
+    layer: nn.Module
+    x: torch.Tensor
+    grad: torch.Tensor
+    names: list[str]
+    input_ms: dict[str, list[float]] = field(default_factory=dict)
+    weight_ms: dict[str, list[float]] = field(default_factory=dict)
+    full_ms: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.runs = {name: layer_runner(self.layer, name) for name in self.names}
+        self.weights = [p for p in self.layer.parameters() if p.requires_grad]
+        self.input_ms = {name: [] for name in self.names}
+        self.weight_ms = {name: [] for name in self.names}
+        self.full_ms = {name: [] for name in self.names}
+
+    def run_once(self, *, keep: bool) -> None:
+        for name, run in self.runs.items():
+            self.x.grad = None
+            output = run(self.x)
+            watch = Stopwatch(self.x.device)
+            watch.mark()
+            input_grads, groups = stage_backward_input([output], [self.grad], [self.x], iter(self.weights))
+            watch.mark()
+            stage_backward_weight(iter(self.weights), groups)
+            watch.mark()
+            del output, input_grads, groups
+            self.x.grad = None
+            output = run(self.x)
+            watch.mark()
+            output.backward(self.grad)
+            watch.mark()
+            del output
+            if keep:
+                i, w, _, full = watch.laps_ms()
+                self.input_ms[name].append(i)
+                self.weight_ms[name].append(w)
+                self.full_ms[name].append(full)
+        self.x.grad = None
+
+    def medians(self) -> dict[str, tuple[float, float, float]]:
+        """Per option, the (input pass, weight pass, plain backward) medians in ms."""
+        return {name: (statistics.median(self.input_ms[name]), statistics.median(self.weight_ms[name]),
+                       statistics.median(self.full_ms[name]))
+                for name in self.names if self.input_ms[name]}
+
+
+def recorded_split_ms(medians: tuple[float, float, float], backward_ms: float) -> tuple[float, float]:
+    """An option's (input_grad_ms, weight_grad_ms) for the profile: its two passes' medians in
+    the proportion to its plain backward that the same job measured, against `backward_ms`, the
+    backward the profile charges the option (the layer's bwd_ms and what the option recomputes),
+    so the pair and the backward it splits come from one moment of the machine's load. A plain
+    backward timed at 0 (a clock's tick) records the medians as they are."""
+    input_ms, weight_ms, plain_ms = medians
+    scale = backward_ms / plain_ms if plain_ms > 0 else 1.0
+    return input_ms * scale, weight_ms * scale
+
+
+def split_time_job(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None,
+                   split: dict[str, tuple[int, int, int]]) -> SplitTimeJob | None:
+    """A SplitTimeJob for the options whose split ran (split_per_option) where there is a split to
+    time: an input gradient and a weight (split_backward_bytes' zeros otherwise); None if none."""
+    weights = [p for p in layer.parameters() if p.requires_grad]
+    if grad is None or not x.requires_grad or not x.is_floating_point() or not weights or not split:
+        return None
+    return SplitTimeJob(layer, x, grad, list(split))

@@ -57,9 +57,23 @@ class RecomputeOption(Strict):
     split_held_bytes: Bytes = 0
     split_input_peak_bytes: Bytes = 0
     split_peak_bytes: Bytes = 0
+    # a split backward's time per microbatch: torch's stage_backward_input (the input gradient, with
+    # every backward op but the weight-gradient matmuls) and stage_backward_weight (those matmuls, the
+    # gradients' accumulation); measured profiles time torch's two passes (their sum is not the full
+    # backward: two engine calls and the graph walks), analytic ones split the backward's own work.
+    # None: not recorded (profiles made before; an option that cannot split; a layer with no input
+    # gradient or no weight): the cost model then takes half the layer's backward each
+    input_grad_ms: Ms | None = None
+    weight_grad_ms: Ms | None = None
     # offload: the bytes per microbatch it keeps in host memory until its backward (its
     # recompute_ms is then the copies' time); 0 for every other option
     host_bytes: Bytes = 0
+
+    @model_validator(mode="after")
+    def _split_times_together(self) -> RecomputeOption:
+        if (self.input_grad_ms is None) != (self.weight_grad_ms is None):
+            raise ValueError(f"recompute option {self.name!r}: input_grad_ms and weight_grad_ms are recorded together or not at all")
+        return self
 
 
 class AllocRecord(Strict):

@@ -1,0 +1,73 @@
+"""A fake profile's split backward times (`ckplan profile --fake`, planner/profiler/fake.py): torch's
+own stage_backward_input and stage_backward_weight run on the layer under the fake mode's work
+counters, per recompute option that can split, each pass's work at the roofline (the fake profile's
+time model), as the measured profiler times them (planner/profiler/splitbackward.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+from planner.models.archs import GPU
+from planner.profiler.roofline import Work, roofline_ms
+from planner.profiler.splitbackward import recorded_split_ms
+from planner.runtime.recompute import layer_runner
+from planner.schema import LayerProfile, runs_split_backward
+
+
+def split_work(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, counting: Callable) -> tuple[Work, Work, Work]:
+    """(input pass, weight pass, plain backward) work of x -> run(x), the first two split as a
+    zero-bubble schedule runs it; `counting()`: the fake profile's counters (fake.counting), whose
+    `done()` is the work so far. Each forward runs outside the counters: their module hooks on the
+    output's graph are refused by torch's stage_backward_input (a leaf in `_will_engine_execute_node`
+    under autograd.grad), so every pass is counted without them, the plain backward the yardstick."""
+    weights = [p for p in layer.parameters() if p.requires_grad]
+    x.grad = None
+    output = run(x)
+    with counting() as done:
+        _, groups = stage_backward_input([output], [grad], [x], iter(weights))
+        input_pass = done()
+        stage_backward_weight(iter(weights), groups)
+        weight_pass = done() - input_pass
+    del output, groups
+    x.grad = None
+    output = run(x)
+    with counting() as done:
+        output.backward(grad)
+        plain = done()
+    del output
+    x.grad = None
+    layer.zero_grad(set_to_none=True)
+    return input_pass, weight_pass, plain
+
+
+def with_split_times(profile: LayerProfile, layer: nn.Module, x: torch.Tensor | None, output: torch.Tensor, *,
+                     gpu: GPU, counting: Callable) -> LayerProfile:
+    """The layer's profile with each splittable option's input_grad_ms and weight_grad_ms: the two
+    passes' work at the roofline, in the proportion to the same count's plain backward that they
+    hold, against the backward the profile charges the option (bwd_ms and its recompute), as the
+    measured profiler records them (splitbackward.recorded_split_ms). `x` the layer's input (None:
+    the batch, which has no gradient); the profile as it was where there is nothing to split (no
+    weight, no floating output), and each option's as it was where torch's split refuses the layer
+    (split_per_option's case) or the counters' module hooks on a region a checkpoint recomputes in
+    the backward are refused as above (full and the selective options under torch 2.13)."""
+    weights = [p for p in layer.parameters() if p.requires_grad]
+    if x is None or not (x.is_floating_point() and output.is_floating_point() and weights):
+        return profile
+    x = x.detach().requires_grad_(True)  # cut at the layer's input, as a pipeline stage's
+    grad = torch.zeros_like(output)
+    found = {}
+    for index, option in enumerate(profile.recompute_options):
+        if runs_split_backward(option.name):
+            try:
+                works = split_work(layer_runner(layer, option.name), layer, x, grad, counting)
+            except RuntimeError:  # torch's split refuses the layer, or (a recomputed region's) module hooks
+                continue
+            rerun = 0.0 if index == 0 else option.recompute_ms
+            input_ms, weight_ms = recorded_split_ms(tuple(roofline_ms(w, gpu) for w in works), profile.bwd_ms + rerun)
+            found[option.name] = {"input_grad_ms": input_ms, "weight_grad_ms": weight_ms}
+    options = [option.model_copy(update=found.get(option.name, {})) for option in profile.recompute_options]
+    return profile.model_copy(update={"recompute_options": options})
