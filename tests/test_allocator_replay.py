@@ -227,3 +227,18 @@ def test_expandable_best_fit_takes_a_larger_free_block_before_the_growing_end():
     state.malloc("c", 10 * mib)
     assert state.live["c"].address == state.live["b"].address - 24 * mib  # the front block, split 10 | 14
     assert state.reserved == 40 * mib
+
+
+@pytest.mark.parametrize("scratch_mib, reserved_mib", [(None, 160), (22, 102)])
+def test_a_cached_scratch_segment_takes_a_held_block_that_would_split_the_merges_segment(scratch_mib, reserved_mib):
+    """§18.replay17, M17's last rank in miniature: a layer's backward scratch (one block of 22 MiB, its own
+    segment) made and freed, the merge of the outputs (80 MiB, its own segment) made and freed at step 1's end,
+    then an output held over step 2's end (11 MiB) and the merge again. The output best-fits the smallest free block that serves it: without
+    the scratch's segment that is the merge's (split: 69 MiB left, > kSmallSize), so the second merge takes a new
+    80 MiB segment (80 + 80 = 160); with it, the scratch's (22 - 11 = 11 MiB left), the merge's stays whole and the
+    second merge reuses it (80 + 22 = 102)."""
+    events = [Alloc("scratch", scratch_mib * MIB), Free("scratch")] if scratch_mib else []
+    events += [Alloc("merged", 80 * MIB), Free("merged"), Alloc("output", 11 * MIB), Alloc("merged", 80 * MIB), Free("merged")]
+    result = replay(events)
+    assert result.reserved_peak_bytes == reserved_mib * MIB
+    assert result.allocated_peak_bytes == 91 * MIB

@@ -1,0 +1,114 @@
+"""Trace the caching allocator's replay of one rank: every new segment it reserves (the event, its key, the
+request, and the largest free blocks of that stream's pool at that moment, none of which fits), and the
+reserved / allocated figures, with the analytic head's backward extra as recorded and, where HEAD_LESS_MIB is
+set, with that many MiB taken off the extra of the rank's last layer (the head), as before §18.laststage.
+A diagnostic (docs/published-runs.md §18.replay17), not a cost term.
+usage: RANK=7 [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
+import os
+import sys
+
+OUT = sys.__stdout__  # the CLI runner captures sys.stdout
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import stage_terms  # noqa: E402
+
+from planner.cost import allocator  # noqa: E402
+from planner.cost.allocator import Alloc, CachingAllocator, Free, Ready  # noqa: E402
+
+MIB = 2**20
+RANK = int(os.environ.get("RANK", "-1"))
+WATCH = os.environ.get("WATCH", "")  # a key's repr, e.g. "('merged',)"
+PIECES = [int(b) for b in os.environ.get("HEAD_PIECES", "").split(",") if b]  # bytes, summing to the extra
+LESS = int(float(os.environ.get("HEAD_LESS_MIB", "0")) * MIB)
+calls: list[list] = []
+original = allocator.replay
+
+
+def head_index(events) -> object:
+    """The key of the rank's head extra: the extra Alloc of the highest layer index (the last chunk's)."""
+    extras = [e.key for e in events if isinstance(e, Alloc) and _inner(e.key)[0] == "extra"]
+    return max(extras, key=lambda k: (k[1] if k[0] == "chunk" else 0, _inner(k)[1]))
+
+
+def _inner(key):
+    return key[2] if isinstance(key, tuple) and key and key[0] == "chunk" else key
+
+
+def traced(events, **kwargs):
+    events = list(events)
+    if LESS and len(calls) == RANK:
+        head = head_index(events)
+        events = [Alloc(e.key, e.nbytes - LESS, e.stream) if isinstance(e, Alloc) and e.key == head else e
+                  for e in events]
+    if PIECES and len(calls) == RANK:  # the head's extra as these tensors, made in order, freed together
+        head = head_index(events)
+        cut = []
+        for e in events:
+            if isinstance(e, Alloc) and e.key == head:
+                assert sum(PIECES) == e.nbytes, (sum(PIECES), e.nbytes)
+                cut += [Alloc((*head, n), size, e.stream) for n, size in enumerate(PIECES)]
+            elif isinstance(e, Free) and e.key == head:
+                cut += [Free((*head, n)) for n in range(len(PIECES))]
+            else:
+                cut.append(e)
+        events = cut
+    if len(calls) == RANK:
+        head = head_index(events)
+        sizes = sorted({e.nbytes for e in events if isinstance(e, Alloc) and e.key == head})
+        print(f"rank {RANK}: the head's extra {head}: {[round(b / MIB, 1) for b in sizes]} MiB", file=OUT)
+        trace(events, **kwargs)
+    calls.append(events)
+    return original(events, **kwargs)
+
+
+def trace(events, **kwargs) -> None:
+    state = CachingAllocator(**kwargs)
+    new_segment = state._new_segment
+    at = {"i": 0, "key": None}
+
+    def logged(size, stream, small):
+        if not small:
+            free = sorted((b.size for k, b in state.pools[False].blocks.items() if k[0] == stream), reverse=True)
+            print(f"  #{at['i']:6d} new segment {size / MIB:9.1f} MiB stream {stream} for {at['key']}; "
+                  f"reserved {(state.reserved + size) / MIB / 1024:6.2f} GiB, allocated {state.allocated / MIB / 1024:6.2f}; "
+                  f"free here: {len(free)} blocks {sum(free) / MIB:8.1f} MiB, largest {[round(f / MIB, 1) for f in free[:4]]}", file=OUT)
+        return new_segment(size, stream, small)
+
+    state._new_segment = logged
+    watched: list[int] = []  # WATCH: the segment a key's block first lies in, [start, end)
+    for i, event in enumerate(events):
+        at["i"], at["key"] = i, getattr(event, "key", None)
+        if isinstance(event, Alloc):
+            state.malloc(*event)
+            block = state.live.get(event.key)
+            if watched and block is not None and watched[0] <= block.address < watched[1]:
+                print(f"  #{i:6d} {event.key} takes {block.size / MIB:.1f} MiB at +{(block.address - watched[0]) / MIB:.1f} "
+                      f"of the watched segment (request {event.nbytes / MIB:.1f})", file=OUT)
+            if WATCH and not watched and block is not None and repr(event.key) == WATCH:
+                first = block
+                while first.prev is not None:
+                    first = first.prev
+                last = block
+                while last.next is not None:
+                    last = last.next
+                watched += [first.address, last.address + last.size]
+                print(f"  #{i:6d} watching {event.key}'s segment, {(watched[1] - watched[0]) / MIB:.1f} MiB", file=OUT)
+        elif isinstance(event, Free):
+            block = state.live.get(event.key)
+            if watched and block is not None and watched[0] <= block.address < watched[1]:
+                print(f"  #{i:6d} {event.key} frees {block.size / MIB:.1f} MiB at +{(block.address - watched[0]) / MIB:.1f}",
+                      file=OUT)
+            state.free(event.key, deferred=event.deferred)
+        elif isinstance(event, Ready):
+            state.ready(event.key)
+        else:
+            state.sync()
+    print(f"rank {RANK}: {len(events)} events, reserved peak {state.reserved_peak / 2**30:.3f} GiB, allocated peak "
+          f"{state.allocated_peak / 2**30:.3f} GiB, {state.segments} segments", file=OUT)
+
+
+allocator.replay = traced
+
+if __name__ == "__main__":
+    sys.exit(stage_terms.main(sys.argv[1:]))
