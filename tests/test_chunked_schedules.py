@@ -289,7 +289,9 @@ def test_a_chunked_plan_runs_like_one_process_at_its_predicted_peaks(tmp_path, t
         assert sum(chunk.bwd_ms + chunk.weight_grad_ms for chunk in chunks) == pytest.approx(stage.measured.bwd_ms)
     if schedule == "ZBV":  # torch's first stage: I runs nothing, W the whole backward (splittime.split_pass_ms)
         first = next(chunk for stage in report.stages for chunk in stage.measured.chunks if chunk.stage == 0)
-        assert first.bwd_ms <= 0.02 * first.weight_grad_ms, first
+        # (an empty I still costs the schedule's call and its timer: 21 us beside W's 249 us on a loaded 2-core
+        # machine, where a real input pass is about as long as W)
+        assert first.bwd_ms <= 0.2 * first.weight_grad_ms, first
 
 
 def test_schedule_auto_solves_every_schedule_and_writes_the_fastest(tmp_path):
