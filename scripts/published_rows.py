@@ -187,14 +187,20 @@ def make_profiles(table: Table, rows: list[Row], work: Path, *, remake: bool, jo
         stamp_path.write_text(json.dumps(stamp, indent=1))
         return f"{name}: made in {time.monotonic() - start:.0f} s"
 
+    _each(make, names, jobs, f"profiles ({work})", "(above; each its .log)")
+
+
+def _each(work_on, items: list, jobs: int, what: str, where: str) -> None:
+    """`work_on` each item, `jobs` at a time, printing the line each returns and a count; one error for them
+    all where any line says FAILED."""
     start, failed = time.monotonic(), 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for line in pool.map(make, names):
+        for line in pool.map(work_on, items):
             failed += "FAILED" in line
             print(line, flush=True)
-    print(f"{len(names)} profiles in {time.monotonic() - start:.0f} s ({work})")
+    print(f"{len(items)} {what} in {time.monotonic() - start:.0f} s{f'; {failed} failed' if failed else ''}")
     if failed:
-        raise HarnessError(f"{failed} of {len(names)} profiles failed (above; each its .log)")
+        raise HarnessError(f"{failed} of {len(items)} {what.split()[0]} failed {where}")
 
 
 def evaluate_args(row: Row, work: Path) -> list[str]:
@@ -291,15 +297,7 @@ def run_rows(rows: list[Row], work: Path, out: Path, jobs: int) -> None:
             return f"{row.id}: FAILED in {took:.0f} s: {said[-1]}"
         return f"{row.id}: {took:.0f} s"
 
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        failed = 0
-        for line in pool.map(one, rows):
-            failed += "FAILED" in line
-            print(line, flush=True)
-    print(f"{len(rows)} rows in {time.monotonic() - start:.0f} s ({out}){f'; {failed} failed' if failed else ''}")
-    if failed:
-        raise HarnessError(f"{failed} of {len(rows)} rows failed (above)")
+    _each(one, rows, jobs, f"rows ({out})", "(above)")
 
 
 def main(argv: list[str] | None = None) -> int:
