@@ -10,7 +10,8 @@ s / cp tokens and, causally masked, the same attention work. Everything but atte
 token: a rank's activations, FLOPs and memory-bound bytes are the whole sequence's / cp
 (Shape.tokens). Attention reads every token's K and V: a rank's queries against all s keys,
 4·(s/cp)·s·a·hd FLOPs, half of it run (causal, balanced), which analytic_time already writes
-from Shape.tokens and Shape.seq_len. Without the load balancer (torchtitan's
+from Shape.tokens and Shape.seq_len: cp flash calls a pass (ring_calls), each over as many pairs as a
+causal call over the rank's s/cp tokens, so each at that length's published efficiency. Without the load balancer (torchtitan's
 context_parallel_load_balancer off; torch's _templated_ring_attention then skips the steps whose keys
 lie after its queries, _attention.py 424-427) rank r computes r + 1/2 of the cp blocks of its row,
 the last rank (2·cp - 1) / cp times the mean, and every step waits for it: not modelled (the
@@ -25,6 +26,8 @@ and K/V bytes and the attention core's time in each pass (`LayerContextParallel`
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from planner.errors import UserError
 from planner.models.archs import GPU, Arch
@@ -60,6 +63,37 @@ def widths(arch: Arch, shape: Shape) -> tuple[int, int]:
         qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
         return heads * qk, heads * (qk + arch.v_head_dim)
     return q_width(arch, shape), 2 * kv_width(arch, shape)
+
+
+@dataclass(frozen=True)
+class RingCall:
+    """One flash call of a ring step on a rank: its queries and keys per sequence, causal or not."""
+
+    step: int
+    queries: int
+    keys: int
+    causal: bool
+
+    @property
+    def pairs(self) -> int:
+        """The query-key pairs the call computes (a causal call its lower triangle, diagonal included
+        as flash's count halves it: queries x keys / 2)."""
+        return self.queries * self.keys // (2 if self.causal else 1)
+
+
+def ring_calls(seq_len: int, cp: int, rank: int) -> list[RingCall]:
+    """The flash calls rank `rank` of a causal, load-balanced ring makes, one a step: step 0 causal on
+    its own two chunks (s / cp queries and keys); a later step i <= rank all its queries against the
+    first half (s / 2cp) of the K/V received from rank - i, not causal; i > rank the second half of its
+    queries against all s / cp received keys, not causal. Every call covers 2 (s / 2cp)^2 pairs, a causal
+    call's over s / cp tokens, on every rank. torch 2.6.0 (`_is_causal_behavior` and
+    `_templated_ring_attention`, torch/distributed/tensor/experimental/_attention.py 65-82, 472-528,
+    docs/framework-facts.md §47) and Transformer Engine d0067d0d ("diagonal", "lower-triangle",
+    "upper-triangle": cp_p2p_fwd_prepare_qkv, attention/dot_product_attention/context_parallel.py
+    707-780, 1796-1870) split them alike; the backward makes the same calls' gradients."""
+    own, half = seq_len // cp, seq_len // (2 * cp)
+    return [RingCall(0, own, own, True)] + [
+        RingCall(i, own, half, False) if i <= rank else RingCall(i, half, own, False) for i in range(1, cp)]
 
 
 def exchange(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None) -> LayerContextParallel | None:

@@ -76,7 +76,11 @@ def _backward_kernels(kernels: list[Kernel]) -> list[Kernel]:
 
 def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
     """The attention core: flash as one kernel (causal), or eager as two batched matmuls and
-    the scores' softmax bytes (forward, backward)."""
+    the scores' softmax bytes (forward, backward).
+
+    Under context parallelism the rank's flash work is cp calls of its ring, each over as many
+    query-key pairs as a causal call over the rank's own s / cp tokens (analytic_cp.ring_calls), and
+    each runs at that length's efficiency, not the whole sequence's: the kernel's length is s / cp."""
     s, b = shape.seq_len, shape.micro_batch_size
     window = min(s, arch.sliding_window or s)
     heads = arch.num_heads // shape.tp
@@ -84,7 +88,7 @@ def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
         else formulas.q_width(arch, shape)
     flops = 4 * shape.tokens * window * width
     if shape.attention == "flash":
-        return [Kernel("attention-fwd", flops, 1 - window / (2 * s), s)], 0, 0
+        return [Kernel("attention-fwd", flops, 1 - window / (2 * s), s // shape.cp)], 0, 0
     scores = heads * s * s * b
     return _matmuls(flops // 2, flops // 2), EAGER_SCORES_FWD * scores, EAGER_SCORES_BWD * scores
 
