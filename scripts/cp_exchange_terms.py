@@ -1,6 +1,7 @@
 """Per block of torchtitan's CP rows (C2-C4, C6-C8): the K/V exchange's exposed time as the eager ring overlaps it
 and as 9dec370's compiled ring waits for it, and the ring's memory-bound time (planner/cost/contextparallel.py;
-docs/published-runs.md §16.cp8, docs/framework-facts.md §37).
+docs/published-runs.md §16.cp8, docs/framework-facts.md §37); then the block's passes split into the attention
+core, the rest, the exchange and the ring's memory-bound work (§19.cptime).
 
     PYTHONPATH=. python scripts/cp_exchange_terms.py PROFILE_DIR
 
@@ -48,6 +49,15 @@ def main(folder: str) -> None:
               f"step {exchange.attention_fwd_ms / cp:.1f} / {exchange.attention_bwd_ms / cp:.1f} ms; exposed "
               "forward / backward / block, overlapped %.2f / %.2f / %.2f, waited %.2f / %.2f / %.2f ms; ring "
               "memory-bound %.2f / %.2f ms" % (*block_ms(moved, link, False), *block_ms(moved, link, True), *ring))
+        layer = next(layer for layer in data["layers"] if layer.get("context_parallel"))
+        passes = (layer["float8"]["fwd_ms"], layer["float8"]["recompute_ms"]["full"], layer["float8"]["bwd_ms"])
+        attention = (exchange.attention_fwd_ms, exchange.attention_fwd_ms, exchange.attention_bwd_ms)
+        waited = block_ms(moved, link, True)[2]
+        total = sum(passes) + waited + 2 * ring[0] + ring[1]
+        print(f"    a block under full AC, Float8 (the rows' setting), forward / rerun / backward ms: attention "
+              + " / ".join(f"{a:.1f}" for a in attention) + ", the rest " +
+              " / ".join(f"{p - a:.1f}" for p, a in zip(passes, attention)) +
+              f"; exchange waited {waited:.1f}, ring memory-bound {2 * ring[0] + ring[1]:.1f}: {total:.1f} ms")
 
 
 if __name__ == "__main__":
