@@ -163,3 +163,15 @@ def test_the_cast_sets_the_peak_of_a_stage_whose_first_layer_holds_a_large_tenso
     # 4 Mi-element gradient is cast to fp32 (16 MiB), above the step's bf16 copy of the gradients (on this cpu
     # profile twice the largest layer's: 2 x 2 B x 4 Mi)
     assert peak("56c52238") == 4 * 2**22 + 1 * mib
+
+
+def test_another_zero_stage_than_the_bf16_optimizer_runs_is_refused_in_one_sentence(tiny_path):
+    for zero in ("0", "2"):
+        result = CliRunner().invoke(cli, ["evaluate", "--profile", str(tiny_path), "--layers-per-stage", "4",
+                                          "--ckpt-per-stage", "0", "--microbatches", "3", "--mem", "80GB",
+                                          "--precision", "bf16-mixed", *BLOOM, "--dp", "2", "--zero", zero])
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        assert f"--zero {zero} under --runtime deepspeed" in result.output and "give --zero 1" in result.output
+    # one data-parallel rank shards nothing, whatever the stage; the newest record takes the stage given
+    assert _rank(tiny_path, *BLOOM)["stages"][0]["static_bytes"] == EVERY * (2 + 2 + 4 + 12)
+    assert _rank(tiny_path, "--runtime", "deepspeed", "--dp", "2")["stages"][0]["static_bytes"] == EVERY * (2 + 2 + 12)

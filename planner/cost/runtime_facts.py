@@ -249,6 +249,11 @@ class RuntimeFacts:
     microbatch's backward to add its gradient into hp_grad_bytes' (BF16_Optimizer.update_hp_grads:
     `lp.grad.to(float32)`, a new fp32 tensor a parameter at a time: 4), beside the microbatches still in flight
     (hpgrads.cast_moment_bytes); 0: none."""
+    bf16_zero: int | None = None
+    """Under bf16-mixed with data parallelism, the one ZeRO stage (as ckplan counts them) the runtime's optimizer
+    runs whatever its config names: DeepSpeed 56c52238 beside its pipeline runs BF16_Optimizer at ZeRO 0, which
+    shards the fp32 master and Adam's states over the data-parallel ranks (ckplan's ZeRO 1), raises for bf16 at
+    ZeRO 1 and asserts against 2 and 3 (1); None: the stage the setup gives (runtimes.zero_refused)."""
     reduce_cast_bytes: int = 0
     """Bytes per parameter the runtime's data-parallel reduction allocates at the step beside the held state: a
     copy of each flat gradient group in the communication dtype, all-reduced and copied back (DeepSpeed

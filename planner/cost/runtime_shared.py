@@ -50,6 +50,7 @@ AFTER_STEP_NOT_READ = {
     "hp_grad_bytes": "not read for this runtime: the gradient it accumulates and reduces is the only one (grad_bytes)",
     "hp_grad_cast_bytes": "not read for this runtime: nothing cast after each backward (hp_grad_accumulate_bytes 0)",
     "reduce_cast_bytes": "not read for this runtime: its reduction's buffers are not charged beside the step",
+    "bf16_zero": "any ZeRO stage the setup gives, as the runtime's data-parallel settings name it",
 }
 
 # The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are

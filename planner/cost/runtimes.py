@@ -174,6 +174,11 @@ _DS_BLOOM_FACTS = {
                          f"Megatron-DeepSpeed's two groups (megatron/optimizer/__init__.py 26-47, bigscience-workshop "
                          f"0fef0705: weights; biases and LayerNorms) reduced one after the other: charged per parameter "
                          f"of every layer, the small group's too",
+    "bf16_zero": f"deepspeed/runtime/engine.py 1067-1100 (_configure_optimizer: bf16 without ZeRO -> BF16_Optimizer), "
+                 f"bf16_optimizer.py 146-160, 201-202 (the fp32 master an even 1/dp partition of the flat group, the "
+                 f"only parameter the wrapped optimizer steps, so its Adam states too), pipe/engine.py 250-261 (bf16 "
+                 f"at ZeRO 1 raises NotImplementedError in _exec_reduce_grads), dp_support (ZeRO 2/3 asserted "
+                 f"beside a pipeline), {_DS_BLOOM}; tr11-176B-ml.slurm's ds_config: ZERO_STAGE=0",
     "adam_step_scratch": "bigscience-workshop/Megatron-DeepSpeed megatron/optimizer/__init__.py 16, 57-72, 82-83 (0fef0705): "
                          "apex FusedAdam handed to deepspeed.initialize, which BF16_Optimizer wraps (engine.py 1280-1294, "
                          f"{_DS_BLOOM}): a fused multi-tensor step in place, no scratch",
@@ -186,7 +191,7 @@ def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
         return record
     sources = {**record.sources, **_DS_BLOOM_FACTS}
     return dataclasses.replace(record, version=_DS_BLOOM, overlaps_grad_reduce=False, zero1_all_reduces=True,
-                               hp_grad_accumulate_bytes=18, hp_grad_bytes=4, hp_grad_cast_bytes=4, reduce_cast_bytes=2,
+                               hp_grad_accumulate_bytes=18, hp_grad_bytes=4, hp_grad_cast_bytes=4, reduce_cast_bytes=2, bf16_zero=1,
                                sources=sources)
 
 
@@ -388,6 +393,18 @@ def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool
     if compiled and record.loss_compiled is not None:
         return record.loss_compiled
     return record.loss
+
+
+def zero_refused(runtime: str, version: str | None, *, precision: str, zero: int, dp: int) -> str | None:
+    """A sentence where the runtime's bf16-mixed optimizer runs another ZeRO stage than the one asked (its
+    record's bf16_zero) over more than one data-parallel rank; else None."""
+    record = facts(runtime, version)
+    if record.bf16_zero is None or precision != "bf16-mixed" or dp == 1 or zero == record.bf16_zero:
+        return None
+    return (f"--zero {zero} under --runtime {runtime} {record.version}: its bf16 optimizer (BF16_Optimizer) shards "
+            f"the fp32 master and Adam's states over the data-parallel ranks and keeps the weights and gradients "
+            f"whole, whatever its config says, which ckplan counts as ZeRO {record.bf16_zero}: give --zero "
+            f"{record.bf16_zero}")
 
 
 def refused_settings(training, *, tp: int = 1) -> list[str]:
