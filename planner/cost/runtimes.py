@@ -178,7 +178,8 @@ _DS_BLOOM_FACTS = {
                  f"bf16_optimizer.py 146-160, 201-202 (the fp32 master an even 1/dp partition of the flat group, the "
                  f"only parameter the wrapped optimizer steps, so its Adam states too), pipe/engine.py 250-261 (bf16 "
                  f"at ZeRO 1 raises NotImplementedError in _exec_reduce_grads), dp_support (ZeRO 2/3 asserted "
-                 f"beside a pipeline), {_DS_BLOOM}; tr11-176B-ml.slurm's ds_config: ZERO_STAGE=0",
+                 f"beside a pipeline), {_DS_BLOOM}; bigscience tr11-176B-ml.slurm 144 (9e64ede): 'ZERO_STAGE=0 # "
+                 "important: bf16 must use z0! it implements its own zero stage 1 equivalent'",
     "adam_step_scratch": "bigscience-workshop/Megatron-DeepSpeed megatron/optimizer/__init__.py 16, 57-72, 82-83 (0fef0705): "
                          "apex FusedAdam handed to deepspeed.initialize, which BF16_Optimizer wraps (engine.py 1280-1294, "
                          f"{_DS_BLOOM}): a fused multi-tensor step in place, no scratch",
