@@ -186,9 +186,9 @@ def newest_profile() -> Path:
 
 def default_parallel_stages(profile, stages: int, dp: int = 1) -> int | None:
     """On CPU the ranks share this machine's cores, each with the threads a launch gives it
-    (calibrate.placement_threads: never more than the cores): as many stages compute at
+    (placement.placement_threads: never more than the cores): as many stages compute at
     once as there are cores for."""
-    from planner.measure.calibrate import placement_threads, stages_at_once
+    from planner.placement import placement_threads, stages_at_once
 
     if profile.device.type != "cpu":
         return None
