@@ -12,7 +12,8 @@ that the records share (its pipelining, FSDP2 beside it, the compiled loss) plan
 
 Versions read (docs/framework-facts.md): Megatron-LM d98e8a64 (2026-08-22); torchtitan 9dec370
 (2024-12-26), bbb1b616 (2025-04-02), 2c8b5947 (2025-08-08), b5bcd76c (2026-08-21); torch 2.13.0 (cf30153c); DeepSpeed
-edaa7221 (2026-08-22); ColossalAI 4f9953be and its LLaMA-2 benchmark at 068372a7.
+edaa7221 (2026-08-22) and 56c52238 (2022-04-19, as BLOOM 176B ran it: §61, §69); ColossalAI 4f9953be and its LLaMA-2
+benchmark at 068372a7.
 
 The loss region is a multiple of the bf16 logits tensor (tokens x vocab shard x 2 B): `kept` what
 lives from the loss's forward to its backward (the logits themselves included where they stay),
