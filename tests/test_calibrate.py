@@ -6,6 +6,7 @@ from planner.cost import costmodel
 from planner.measure import calibrate
 from planner.measure.calibrate import PipelineSample, SendSample
 from planner.models.synthetic import heterogeneous
+from planner.placement import placement_threads
 from planner.schema import Calibration, DeviceInfo, FileRef, TrainSetup
 from planner.solve import baselines
 
@@ -117,7 +118,7 @@ def test_merged_keeps_other_placements_and_replaces_the_same_one():
     (2, 2, 8, (2, "plan")),
 ])
 def test_launch_threads_never_oversubscribe_by_default(profile_threads, ranks, cores, expected):
-    assert calibrate.placement_threads(profile_threads, ranks, cores) == expected
+    assert placement_threads(profile_threads, ranks, cores) == expected
 
 
 def test_solve_counts_the_stages_that_compute_at_once_with_the_launchs_threads(monkeypatch):

@@ -191,7 +191,7 @@ def costmodel_shares(setup) -> bool:
 def placed(setup, *, threads: int, cores: int, device: str = "cpu"):
     """The setup with the stages that compute at once for this placement (CPU ranks of
     `threads` threads sharing `cores`; on GPUs all of them)."""
-    from planner.measure.calibrate import stages_at_once
+    from planner.placement import stages_at_once
 
     if device == "cuda":
         return setup.model_copy(update={"parallel_stages": None})

@@ -30,11 +30,11 @@ def calibrated_setup(profile, profile_path: Path, setup) -> tuple:
     """(the setup `solve` plans with, sentences for the user): the calibration beside the
     profile applied for the placement a launch will use, and where its constants came
     from; or, with none, that there is none and what the prediction then assumes."""
-    from planner.measure import calibrate
+    from planner.placement import placement_threads
 
     cores = os.cpu_count() or 1
     ranks = setup.pipeline.stages * setup.data_parallel.dp
-    threads, _ = calibrate.placement_threads(profile.device.threads, ranks, cores)
+    threads, _ = placement_threads(profile.device.threads, ranks, cores)
     path = calibration_path(profile_path)
     if profile.source in ("analytic", "fake"):  # nothing ran to fit constants to: suggest nothing that cannot run
         sends = ("sends between stages at the topology's link (planner/cost/comm.py), the schedule's cost per action "

@@ -186,9 +186,9 @@ def newest_profile() -> Path:
 
 def default_parallel_stages(profile, stages: int, dp: int = 1) -> int | None:
     """On CPU the ranks share this machine's cores, each with the threads a launch gives it
-    (calibrate.placement_threads: never more than the cores): as many stages compute at
+    (placement.placement_threads: never more than the cores): as many stages compute at
     once as there are cores for."""
-    from planner.measure.calibrate import placement_threads, stages_at_once
+    from planner.placement import placement_threads, stages_at_once
 
     if profile.device.type != "cpu":
         return None
@@ -282,6 +282,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
     check_ddp(data_parallel.ddp or {}, runtime=runtime, zero=data_parallel.zero, chunks=chunks)
     settings = (data_parallel.settings or TrainingSettings()).fields()
+    check_zero_runtime(runtime, settings["runtime_version"], precision=precision, data_parallel=data_parallel)
     check_settings(profile, runtime=runtime, settings=settings, say=say)
     data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)  # dp x cp
     try:
@@ -396,6 +397,16 @@ def may_offload_activations(profile, recompute: str, schedule: str) -> bool:
     chunk a rank (costmodel.useful_options)."""
     return (recompute == "options" and schedule not in CHUNKED_SCHEDULES
             and any(option.host_bytes for layer in profile.layers for option in layer.recompute_options))
+
+
+def check_zero_runtime(runtime: str, version: str | None, *, precision: str, data_parallel) -> None:
+    """The ZeRO stage the runtime's bf16 optimizer runs, where it runs one only (runtimes.zero_refused)."""
+    from planner.cost import runtimes
+
+    refused = runtimes.zero_refused(runtime, version, precision=precision, zero=data_parallel.zero,
+                                    dp=data_parallel.dp)
+    if refused:
+        raise UserError(refused)
 
 
 def check_dp_options(*, dp: int, zero: int, shard_group: int | None) -> None:

@@ -8,6 +8,8 @@ gives shard groups [0,1] [2,3] and replica groups [0,2] [1,3].
 
 Memory per parameter (w, g, o: weights, gradients, optimizer state incl. an fp32 master):
     ZeRO 1: o / K     ZeRO 2: + g / K     ZeRO 3: + w / K     offload: o on the host
+    beside them, whole at every stage, the optimizer's own fp32 gradients where its record keeps
+    some (DeepSpeed 56c52238's BF16_Optimizer: + 4, hp_grad_bytes)
     ZeRO 1 on ckplan's runtime gives each rank whole tensors: a stage's largest, where it
     outweighs 1/K of the stage, is held whole (zero_one_excess_bytes)
     where weights stay gathered (ZeRO 2; ZeRO 3 with per-iteration gathers) FSDP2 keeps its
@@ -113,21 +115,24 @@ class ParamBytes:
     shard_weights: float  # the weights a rank's shard holds (fp32 where the parameter is the master)
     grads: float  # the gradient accumulated and reduced
     optim: float  # the optimizer's state, a separate fp32 master included
+    hp_grads: float = 0.0  # the optimizer's own whole gradients beside `grads`, never sharded (record's hp_grad_bytes)
 
 
 def param_bytes(setup: TrainSetup) -> ParamBytes:
     """BYTES_PER_PARAM for the precision and optimizer; under bf16-mixed the runtime's record says
     the gradient's dtype (Megatron-LM's fp32 main_grad, FSDP2's fp32 reduce_dtype), whether the
     shard is an fp32 parameter with no separate master (FSDP2's mixed precision), and the
-    moments' dtype follows training.optimizer_state_dtype (Megatron --exp-avg-dtype)."""
+    moments' dtype follows training.optimizer_state_dtype (Megatron --exp-avg-dtype), and the optimizer's
+    own fp32 gradients beside them where the record keeps some (DeepSpeed 56c52238's BF16_Optimizer)."""
     weights, grads, optim = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
-    shard, master = weights, 0
+    shard, master, hp_grads = weights, 0, 0
     if setup.training.precision == "bf16-mixed":
         record = runtimes.of(setup.training)
         shard, grads, master, optim = record.shard_weight_bytes, record.grad_bytes, record.master_bytes, optim - FP32_BYTES
+        hp_grads = record.hp_grad_bytes
     if setup.training.optimizer_state_dtype == "bf16" and setup.training.precision != "bf16":
         optim /= 2  # the moments in bf16 (2 B) where they were fp32 (4 B)
-    return ParamBytes(weights, shard, grads, optim + master)
+    return ParamBytes(weights, shard, grads, optim + master, hp_grads)
 
 
 def bytes_per_param(setup: TrainSetup) -> float:
@@ -147,7 +152,7 @@ def bytes_per_param(setup: TrainSetup) -> float:
         # FSDP2, the runtime's ZeRO 2/3, keeps its 1/K shard of the weights beside the
         # gathered weights while it holds them gathered (measured: w + w/K, not w)
         weights = held.weights + weights / k
-    return weights + grads + optim
+    return weights + grads + optim + held.hp_grads  # the optimizer's own gradients whole, whatever ZeRO shards
 
 
 def unsharded_bytes(largest_param_count: int, setup: TrainSetup, *, fp8_count: int = 0) -> float:

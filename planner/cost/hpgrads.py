@@ -11,6 +11,11 @@ It also calls clear_lp_grads (every .grad set to None) before each backward, so 
 bf16 gradient without a kernel: the profile's in-place accumulation (fsdp2work.PROFILE_ACCUMULATE x the
 weights' 2 B, read both and write one, charged in its backward at the same elementwise rate) is not run,
 and is taken off here, as fsdp2work does for FSDP2 (18 - 6 = 12 B a parameter a microbatch, net).
+
+In memory (framework-facts §69) the fp32 gradients are held all iteration, whole on every rank
+(dataparallel.bytes_per_param, the record's hp_grad_bytes); the cast is one parameter's fp32 tensor at a
+time, alive right after a microbatch's backward, when that microbatch's activations are gone and the
+others in flight remain (cast_extra_bytes, a layer's extra as the solvers and the evaluator read it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from planner.cost import runtimes
 from planner.cost.dataparallel import param_bytes
 from planner.cost.fsdp2work import PROFILE_ACCUMULATE
 from planner.cost.layers import LayerCost
+from planner.cost.rules import kept_bytes, layer_extra_bytes
 from planner.schema import Profile, TrainSetup
 
 
@@ -45,3 +51,21 @@ def hp_grad_accumulate_ms(layer: LayerCost, profile: Profile, setup: TrainSetup)
         return 0.0
     unrun = PROFILE_ACCUMULATE * param_bytes(setup).weights
     return layer.param_count * (moved_per_param - unrun) / (tbps * 1e12) * 1e3
+
+
+
+def cast_extra_bytes(layer: LayerCost, option: int, setup: TrainSetup) -> float:
+    """What update_hp_grads' fp32 cast of one of the layer's gradients adds to the layer's extra beyond its
+    backward's own (rules.layer_extra_bytes), so the two make the larger of them: the record's
+    hp_grad_cast_bytes x the layer's largest parameter tensor (its whole parameters where the profile names
+    none: an analytic profile), less what the layer keeps under `option`, under bf16-mixed; 0 where the
+    record casts none.
+
+    The cast runs after the stage's whole backward, when every layer's kept bytes of that microbatch are
+    freed; an extra is charged net of what the layers after it keep (assembly.net_extra_bytes), so this
+    is exact for a stage's first layer and over by the kept bytes of the layers before it elsewhere."""
+    per_param = runtimes.of(setup.training).hp_grad_cast_bytes
+    if not per_param or setup.training.precision != "bf16-mixed":
+        return 0.0
+    cast = per_param * (layer.largest_param_count or layer.param_count)
+    return max(0.0, cast - kept_bytes(layer, option) - layer_extra_bytes(layer, option))

@@ -140,9 +140,9 @@ def deterministic_attention_ms(layer: LayerCost, profile: Profile, setup: TrainS
         return (flops / (peak * gpu.te_attention_deterministic_bwd)
                 - flops / (peak * gpu.te_attention_efficiency[1])) * 1e3
     if gpu.flash2_deterministic_sms and cp == 1:  # FlashAttention-2's, below sm90
-        from planner.profiler import roofline
+        from planner.models.attention_rates import attention_efficiency
 
-        backward_ms = flops / (peak * roofline.attention_efficiency(gpu, seq)[1]) * 1e3
+        backward_ms = flops / (peak * attention_efficiency(gpu, seq)[1]) * 1e3
         batch_heads = profile.micro_batch_size * (heads // tp)
         return backward_ms * (flash2_deterministic_factor(gpu.flash2_deterministic_sms, batch_heads) - 1)
     return 0.0

@@ -238,6 +238,27 @@ class RuntimeFacts:
     its PipelineEngine after each backward: `hp_grad.add_(lp.grad.to(float32))`, a cast into a new fp32
     tensor, read 2 write 4, then the add, read 4 + 4 write 4: 18); 0: the backward accumulates where the
     profile's gradient lives (planner/cost/hpgrads.py)."""
+    hp_grad_bytes: int = 0
+    """Bytes per parameter of gradients the runtime's optimizer keeps beside the grad_bytes ones all iteration,
+    whole on every rank whatever it shards (DeepSpeed 56c52238's BF16_Optimizer: one flat fp32 gradient per
+    parameter group, `fp32_groups_gradients_flat`, which update_hp_grads adds each microbatch's bf16 .grad into
+    and the data-parallel all-reduce reduces: 4); 0: the gradient grad_bytes counts is the only one
+    (dataparallel.bytes_per_param)."""
+    hp_grad_cast_bytes: int = 0
+    """Bytes per parameter of the one parameter's temporary the runtime's optimizer allocates after each
+    microbatch's backward to add its gradient into hp_grad_bytes' (BF16_Optimizer.update_hp_grads:
+    `lp.grad.to(float32)`, a new fp32 tensor a parameter at a time: 4), beside the microbatches still in flight
+    (hpgrads.cast_moment_bytes); 0: none."""
+    bf16_zero: int | None = None
+    """Under bf16-mixed with data parallelism, the one ZeRO stage (as ckplan counts them) the runtime's optimizer
+    runs whatever its config names: DeepSpeed 56c52238 beside its pipeline runs BF16_Optimizer at ZeRO 0, which
+    shards the fp32 master and Adam's states over the data-parallel ranks (ckplan's ZeRO 1), raises for bf16 at
+    ZeRO 1 and asserts against 2 and 3 (1); None: the stage the setup gives (runtimes.zero_refused)."""
+    reduce_cast_bytes: int = 0
+    """Bytes per parameter the runtime's data-parallel reduction allocates at the step beside the held state: a
+    copy of each flat gradient group in the communication dtype, all-reduced and copied back (DeepSpeed
+    56c52238's allreduce_bucket: `tensor.to(communication_data_type)` of the whole fp32 group, bf16: 2;
+    stepscratch.layer_step_scratch_bytes); 0: reduced where held."""
     # -- Float8 (--float8, --fp8-all-gather; planner/cost/float8.py)
     float8: str | None = None
     """The Float8 linears the runtime runs, whose GEMMs and casts the cost model times ("torchao":

@@ -76,6 +76,10 @@ def megatron() -> RuntimeFacts:
             "zero1_all_reduces": "the distributed optimizer reduce-scatters its buckets (--use-distributed-optimizer)",
             "hp_grad_accumulate_bytes": "the wgrad GEMM accumulates into main_grad (gradient_accumulation_fusion); "
                                         "unfused_wgrad_bytes charges the path without it",
+            "hp_grad_bytes": "main_grad is the one gradient (grad_bytes 4): no second copy beside it",
+            "hp_grad_cast_bytes": "nothing cast after each backward: the wgrad GEMM writes into main_grad",
+            "reduce_cast_bytes": "DDP reduces its buckets in place in the grad buffer (ddp_buckets)",
+            "bf16_zero": "ZeRO 0 (DDP) or 1 (--use-distributed-optimizer), as the setup gives",
             "logged_read_shard_bytes": "--log-params-norm: calc_params_l2_norm every iteration (training.py 3653-3654) "
                                        "over each parameter's main_param, the fp32 shard the distributed optimizer "
                                        "sets (megatron/training/utils/common_utils.py 51-151; distrib_optimizer.py "

@@ -47,6 +47,10 @@ AFTER_STEP_NOT_READ = {
     "host_calls_per_block": "not read for this runtime (no host floor charged)",
     "zero1_all_reduces": "not read for this runtime: ZeRO 1 reduce-scatters (the gradients' shard reduced where stepped)",
     "hp_grad_accumulate_bytes": "not read for this runtime: its backward accumulates into the gradient it reduces",
+    "hp_grad_bytes": "not read for this runtime: the gradient it accumulates and reduces is the only one (grad_bytes)",
+    "hp_grad_cast_bytes": "not read for this runtime: nothing cast after each backward (hp_grad_accumulate_bytes 0)",
+    "reduce_cast_bytes": "not read for this runtime: its reduction's buffers are not charged beside the step",
+    "bf16_zero": "any ZeRO stage the setup gives, as the runtime's data-parallel settings name it",
 }
 
 # The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are

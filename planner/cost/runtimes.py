@@ -12,7 +12,8 @@ that the records share (its pipelining, FSDP2 beside it, the compiled loss) plan
 
 Versions read (docs/framework-facts.md): Megatron-LM d98e8a64 (2026-08-22); torchtitan 9dec370
 (2024-12-26), bbb1b616 (2025-04-02), 2c8b5947 (2025-08-08), b5bcd76c (2026-08-21); torch 2.13.0 (cf30153c); DeepSpeed
-edaa7221 (2026-08-22); ColossalAI 4f9953be and its LLaMA-2 benchmark at 068372a7.
+edaa7221 (2026-08-22) and 56c52238 (2022-04-19, as BLOOM 176B ran it: §61, §69); ColossalAI 4f9953be and its LLaMA-2
+benchmark at 068372a7.
 
 The loss region is a multiple of the bf16 logits tensor (tokens x vocab shard x 2 B): `kept` what
 lives from the loss's forward to its backward (the logits themselves included where they stay),
@@ -143,8 +144,10 @@ _DS_BLOOM = "DeepSpeed 56c52238 (2022-04-19, #1801: the bf16-updates branch BLOO
 _DS_BLOOM_FACTS = {
     "grad_bytes": f"reduced in bf16: deepspeed/runtime/engine.py 712-721 (communication_data_type: bfloat16 under bf16 "
                   f"where the config names none, as tr11-176B-ml.slurm's ds_config does not), 2063-2088 "
-                  f"(allreduce_bucket casts the fp32 bucket to it); held: bf16_optimizer.py 164-166 (whole fp32 "
-                  f"gradients beside the bf16 ones, 4 + 2 B: not charged, framework-facts §61), {_DS_BLOOM}",
+                  f"(allreduce_bucket casts the fp32 bucket to it); held: the bf16 .grad autograd makes each backward "
+                  f"(pipe/engine.py 746-760: clear_lp_grads before it, update_hp_grads(clear_lp_grads=False) after; "
+                  f"engine.py 1807-1811: no zero_grad under bf16 without ZeRO), whole, 2 B; the fp32 ones beside "
+                  f"them are hp_grad_bytes, {_DS_BLOOM}",
     "overlaps_grad_reduce": f"deepspeed/runtime/pipe/engine.py 250-267 (ReduceGrads, the schedule's instruction after "
                             f"the last microbatch: _bf16_reduce_grads, buffered_allreduce_fallback over the fp32 "
                             f"gradients), pipe/schedule.py TrainSchedule (ReduceTiedGrads, ReduceGrads, OptimizerStep "
@@ -155,6 +158,32 @@ _DS_BLOOM_FACTS = {
     "hp_grad_accumulate_bytes": f"deepspeed/runtime/pipe/engine.py 754-760 (update_hp_grads after every backward), "
                                 f"bf16_optimizer.py 383-400 (hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))): "
                                 f"2 + 4 (the cast) + 4 + 4 + 4 (the add) B a parameter a microbatch, {_DS_BLOOM}",
+    "hp_grad_bytes": f"deepspeed/runtime/bf16_optimizer.py 163-172 (fp32_groups_gradients_flat: torch.zeros_like of "
+                     f"the whole flat bf16 group in float32, split into per-parameter views), 182-187 (the rank's "
+                     f"partition only a narrow of it: not sharded), 431-433 (zeroed in place after the step, never "
+                     f"freed), {_DS_BLOOM}; bigscience tr11-176B-ml README 461 (9e64ede): \"It doesn't shard the static "
+                     f"fp32 buffer it reuses, which consumes `4 bytes * params` of additional memory\"",
+    "hp_grad_cast_bytes": f"deepspeed/runtime/bf16_optimizer.py 383-393 (update_hp_grads: "
+                          f"hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype)), a new fp32 tensor of one parameter, freed "
+                          f"after its add), called after each microbatch's backward (pipe/engine.py 758-760) before the "
+                          f"stage's output buffer is let go (763-764), {_DS_BLOOM}",
+    "reduce_cast_bytes": f"deepspeed/runtime/pipe/engine.py 263-267 (_bf16_reduce_grads: buffered_allreduce_fallback over "
+                         f"get_grads_for_reduction(), the flat fp32 groups, bf16_optimizer.py 401-403), engine.py 2095-2106 "
+                         f"(allreduce_no_retain: a group above 500M elements is its own bucket), 2063-2088 "
+                         f"(allreduce_bucket: flatten of one tensor is a view, then tensor.to(communication_data_type), "
+                         f"bf16 under bf16: a new 2 B copy of the group, all-reduced and copied back), {_DS_BLOOM}; "
+                         f"Megatron-DeepSpeed's two groups (megatron/optimizer/__init__.py 26-47, bigscience-workshop "
+                         f"0fef0705: weights; biases and LayerNorms) reduced one after the other: charged per parameter "
+                         f"of every layer, the small group's too",
+    "bf16_zero": f"deepspeed/runtime/engine.py 1067-1100 (_configure_optimizer: bf16 without ZeRO -> BF16_Optimizer), "
+                 f"bf16_optimizer.py 146-160, 201-202 (the fp32 master an even 1/dp partition of the flat group, the "
+                 f"only parameter the wrapped optimizer steps, so its Adam states too), pipe/engine.py 250-261 (bf16 "
+                 f"at ZeRO 1 raises NotImplementedError in _exec_reduce_grads), dp_support (ZeRO 2/3 asserted "
+                 f"beside a pipeline), {_DS_BLOOM}; bigscience tr11-176B-ml.slurm 144 (9e64ede): 'ZERO_STAGE=0 # "
+                 "important: bf16 must use z0! it implements its own zero stage 1 equivalent'",
+    "adam_step_scratch": "bigscience-workshop/Megatron-DeepSpeed megatron/optimizer/__init__.py 16, 57-72, 82-83 (0fef0705): "
+                         "apex FusedAdam handed to deepspeed.initialize, which BF16_Optimizer wraps (engine.py 1280-1294, "
+                         f"{_DS_BLOOM}): a fused multi-tensor step in place, no scratch",
 }
 
 
@@ -164,7 +193,8 @@ def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
         return record
     sources = {**record.sources, **_DS_BLOOM_FACTS}
     return dataclasses.replace(record, version=_DS_BLOOM, overlaps_grad_reduce=False, zero1_all_reduces=True,
-                               hp_grad_accumulate_bytes=18, sources=sources)
+                               hp_grad_accumulate_bytes=18, hp_grad_bytes=4, hp_grad_cast_bytes=4, reduce_cast_bytes=2, bf16_zero=1,
+                               sources=sources)
 
 
 def _deepspeed_newest() -> RuntimeFacts:
@@ -365,6 +395,18 @@ def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool
     if compiled and record.loss_compiled is not None:
         return record.loss_compiled
     return record.loss
+
+
+def zero_refused(runtime: str, version: str | None, *, precision: str, zero: int, dp: int) -> str | None:
+    """A sentence where the runtime's bf16-mixed optimizer runs another ZeRO stage than the one asked (its
+    record's bf16_zero) over more than one data-parallel rank; else None."""
+    record = facts(runtime, version)
+    if record.bf16_zero is None or precision != "bf16-mixed" or dp == 1 or zero == record.bf16_zero:
+        return None
+    return (f"--zero {zero} under --runtime {runtime} {record.version}: its bf16 optimizer (BF16_Optimizer) shards "
+            f"the fp32 master and Adam's states over the data-parallel ranks and keeps the weights and gradients "
+            f"whole, whatever its config says, which ckplan counts as ZeRO {record.bf16_zero}: give --zero "
+            f"{record.bf16_zero}")
 
 
 def refused_settings(training, *, tp: int = 1) -> list[str]:

@@ -1,6 +1,7 @@
 """The optimizer step's temporaries per layer (the term step_scratch, planner/cost/terms.py): what torch's
-Adam allocates beside its states, none where the runtime's Adam is fused and in place, and Megatron-LM's fp32
-copy of bf16 gradients."""
+Adam allocates beside its states, none where the runtime's Adam is fused and in place, Megatron-LM's fp32
+copy of bf16 gradients, and the copy in the communication dtype DeepSpeed 56c52238's reduction makes of each
+flat gradient group (the record's reduce_cast_bytes)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: s
     the host; none where the runtime's record says its Adam is fused and in place). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
     (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
     is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
-    copy = bridgeterms.step_grad_copy_bytes(layer.param_count, setup)  # bf16 gradients' fp32 copy (Megatron)
+    copy = bridgeterms.step_grad_copy_bytes(layer.param_count, setup) + reduce_cast_bytes(layer, setup)
     if setup.data_parallel.offload or not runtime_facts(setup).adam_step_scratch:
         return copy  # fused multi-tensor Adam (Megatron-LM's TE/apex FusedAdam) allocates none
     per_param = _STEP_SCRATCH_PER_PARAM[(setup.training.optimizer, setup.training.precision)]
@@ -33,3 +34,14 @@ def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: s
     if setup.data_parallel.zero == 1 and device_type != "cuda":
         return per_param_bytes(layer, setup, lambda _: per_param)
     return per_param_bytes(layer, setup, lambda part: per_param / dataparallel.shard_size(part))
+
+
+def reduce_cast_bytes(layer: LayerCost, setup: TrainSetup) -> float:
+    """The reduction's copy of the layer's whole gradients in the communication dtype, at the step beside the held
+    state (the record's reduce_cast_bytes, under bf16-mixed: DeepSpeed 56c52238 all-reduces each flat fp32 group
+    as a new bf16 tensor, copied back and freed before the next group's); every parameter of the layer, the
+    step's scratch of a stage summing its layers as the groups' copies, one after the other, would not exceed."""
+    per_param = runtime_facts(setup).reduce_cast_bytes
+    if not per_param or setup.training.precision != "bf16-mixed":
+        return 0.0
+    return per_param_bytes(layer, setup, lambda _: per_param)

@@ -167,7 +167,9 @@ TERMS: tuple[Term, ...] = (
     Term("weights, gradients, optimizer state", "static", "layer",
          lambda layer, ckpt, ctx: static_bytes(layer, ctx.setup)
          - bridgeterms.fp8_param_saving_bytes(layer.float8_param_count, ctx.setup, ctx.profile),
-         "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param); FP8 "
+         "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param), the "
+         "optimizer's own whole fp32 gradients where the record keeps them (hp_grad_bytes: DeepSpeed 56c52238's "
+         "BF16_Optimizer); FP8 "
          "primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on "
          "Hopper: bridgeterms.fp8_param_saving_bytes)"),
     Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
@@ -193,6 +195,12 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: layer_extra_bytes(layer, ckpt) - expert_parallel_transient_back(layer, ctx.setup),
          "allocator peak per layer beyond what it keeps (profiler); a rank's routed experts' weight-gradient "
          "temporaries are as large as the experts it holds (measured on the runtime with --ep)"),
+    Term("the optimizer's fp32 cast of the layer's largest gradient after the stage's backward, beyond the layer's "
+         "own scratch", "extra", "layer",
+         lambda layer, ckpt, ctx: hpgrads.cast_extra_bytes(layer, int(ckpt), ctx.setup),
+         "the record's hp_grad_cast_bytes (DeepSpeed 56c52238's BF16_Optimizer.update_hp_grads: lp.grad.to(float32), "
+         "one parameter at a time, after each microbatch's backward), net of what the layer keeps: the larger of it "
+         "and the layer's scratch (planner/cost/hpgrads.py)"),
     Term("TP + SP inputs the column-parallel linears save whole", "kept", "layer",
          lambda layer, ckpt, ctx: tp_gathered_kept_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "the runtime's record (tp_saves_gathered_input): DTensor's ColwiseParallel saves the all-gathered "
@@ -214,7 +222,8 @@ TERMS: tuple[Term, ...] = (
          "gradients at the unit's post-backward (torch 2.6.0 _fsdp_param.py 629-648; planner/cost/gradtiming.py)"),
     Term("optimizer step temporaries", "scratch", "layer",
          lambda layer, ckpt, ctx: layer_step_scratch_bytes(layer, ctx.setup, ctx.device_type),
-         "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime)"),
+         "Adam's sqrt(v) as a new tensor (torch.optim.Adam; measured on the runtime); the reduction's copy of the "
+         "gradients in the communication dtype (the record's reduce_cast_bytes: DeepSpeed 56c52238's allreduce_bucket)"),
     Term("offloaded optimizer state, master and gradient on the host", "host", "layer",
          lambda layer, ckpt, ctx: per_param_bytes(layer, ctx.setup, dataparallel.host_bytes_per_param),
          "the runtime's offload (runtime/offload.py): optimizer state, fp32 master, fp32 gradient"),

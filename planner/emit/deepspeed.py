@@ -67,6 +67,10 @@ def _module(rounded: rounding.Rounded, profile: Profile) -> str:
     setup = rounded.setup
     names = "\n".join(f"#   {i}: {rounding.one_line(layer.name)}" for i, layer in enumerate(profile.layers))
     precision = ', "bf16": {"enabled": True}' if setup.training.precision == "bf16-mixed" else ""
+    # the ZeRO stage the re-score charged (dp_support rounds it to 1 at most beside a pipeline): without the block
+    # DeepSpeed runs stage 0, whose bf16 path (BF16_Optimizer) holds whole fp32 gradients the plan never charged
+    zero = (f', "zero_optimization": {{"stage": {setup.data_parallel.zero}}}'
+            if setup.data_parallel.zero else "")
     return f'''from deepspeed.pipe import LayerSpec, PipelineModule
 
 # Your pipeline layers must be ckplan's profiled layers, in this order:
@@ -107,5 +111,5 @@ def ckplan_pipeline_module(layers, **kwargs):
 
 # {setup.pipeline.microbatches} microbatches of {setup.pipeline.micro_batch_size}: DeepSpeed's pipeline runs gradient_accumulation_steps
 # microbatches per step
-CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.pipeline.micro_batch_size}, "gradient_accumulation_steps": {setup.pipeline.microbatches}{precision}}}
+CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.pipeline.micro_batch_size}, "gradient_accumulation_steps": {setup.pipeline.microbatches}{precision}{zero}}}
 '''

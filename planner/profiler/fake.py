@@ -21,6 +21,9 @@ peak published for a matmul of its size, each attention kernel at its published 
 bandwidth. What that leaves out (kernel launches, communication, the pipeline's bubble) the
 cost model's other terms and `ckplan calibrate` carry.
 
+The fake mode itself (the model's parameters, buffers and batch as fake tensors, and the sentence
+for code that needs values) is planner/profiler/fake_mode.py.
+
 Kernels run as torch's CPU kernels under the fake mode, also for a profile made for a
 GPU (this machine's torch has no CUDA): their saved tensors are CPU's. For attention
 that is the same set (torch's CPU flash attention keeps the output and the log-sum-exp,
@@ -37,20 +40,15 @@ from functools import partial
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from planner.cost.tied import tied_params
-from planner.errors import UserError
 from planner.models.archs import GPU
 from planner.profiler import allocseq, analytic, fake_moe, float8, measure, options, roofline
+from planner.profiler.fake_mode import data_free, fake_module, fake_tensor, new_mode
 from planner.profiler.fake_split import with_split_times
 from planner.profiler.kinds import layer_kinds
 from planner.profiler.opclass import Tracker, op_class
@@ -69,115 +67,10 @@ from planner.schema import (
     TiedSet,
 )
 
+# what `ckplan profile --fake` and the scripts call here, the fake mode's entry points (fake_mode.py) among them
+__all__ = ["OpBytes", "counting", "data_free", "fake_measure", "fake_module", "fake_tensor", "new_mode", "roofline_ms"]
+
 FP32 = 4
-
-
-
-# ---------------------------------------------------------------- building fake
-
-
-def new_mode() -> FakeTensorMode:
-    """Real tensors made outside (a batch from example_batch()) are converted on entry."""
-    return FakeTensorMode(allow_non_fake_inputs=True)
-
-
-def fake_module(module: nn.Module, mode: FakeTensorMode) -> nn.Module:
-    """Replace every meta parameter and buffer of `module` by a fake tensor on the CPU, in
-    place; a tensor several modules share stays one (tied weights stay tied)."""
-    made: dict[int, torch.Tensor] = {}
-    device = torch.device("cpu")
-
-    def fake(tensor: torch.Tensor) -> torch.Tensor:
-        if id(tensor) not in made:
-            if tensor.device.type == "meta":
-                out = mode.fake_tensor_converter.from_meta_and_device(mode, tensor, device)
-            else:  # made on a real device despite the meta default: same shape, no data kept
-                out = mode.from_tensor(tensor)
-            made[id(tensor)] = nn.Parameter(out, requires_grad=tensor.requires_grad) \
-                if isinstance(tensor, nn.Parameter) else out
-        return made[id(tensor)]
-
-    for sub in module.modules():
-        for name, param in list(sub._parameters.items()):
-            if param is not None:
-                sub._parameters[name] = fake(param)
-        for name, buffer in list(sub._buffers.items()):
-            if buffer is not None:
-                sub._buffers[name] = fake(buffer)
-    return module
-
-
-def fake_tensor(tensor: torch.Tensor, mode: FakeTensorMode) -> torch.Tensor:
-    if tensor.device.type == "meta":
-        return mode.fake_tensor_converter.from_meta_and_device(mode, tensor, torch.device("cpu"))
-    return mode.from_tensor(tensor.cpu() if tensor.device.type != "cpu" else tensor)
-
-
-# What the ops that need a tensor's values are, in the user's words: the op a fake tensor
-# refuses (DataDependentOutputException, DynamicOutputShapeException) names the call.
-_VALUE_OPS = {
-    "_local_scalar_dense": "reads a tensor's value as a Python number (.item(), int(), float(), or an if on a tensor)",
-    "nonzero": "selects elements by their values (a boolean mask, nonzero(), or torch.where with one argument)",
-    "masked_select": "selects elements by a boolean mask",
-    "bincount": "counts by value (bincount(), as mixture-of-experts routing counts the tokens per expert)",
-    "unique": "keeps the unique values (torch.unique)",
-    "repeat_interleave": "repeats by counts held in a tensor (repeat_interleave)",
-}
-
-
-def value_dependence(exc: BaseException) -> tuple[str, str, str] | None:
-    """(op, what it does, ' at FILE:LINE' in the user's code or '') for an exception caused by
-    code that needs tensor values under FakeTensorMode, following its causes; None otherwise."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, DataDependentOutputException | DynamicOutputShapeException):
-            func = getattr(exc, "func", None)
-            op = str(getattr(func, "__name__", func) or str(exc)).split(".")[0].removeprefix("aten::")
-            phrase = _VALUE_OPS.get(op, "makes an output whose size or value depends on the tensor's values")
-            return f"aten.{op}", phrase, _user_line(exc)
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _user_line(exc: BaseException) -> str:
-    """' at file.py:LINE (code)' for the innermost frame of the exception outside torch and ckplan."""
-    import traceback
-
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
-              if "/torch/" not in frame.filename and "/planner/" not in frame.filename]
-    if not frames:
-        return ""
-    frame = frames[-1]
-    code = f" ({frame.line.strip()})" if frame.line else ""
-    return f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}{code}"
-
-
-@contextmanager
-def data_free(what: str, layers: Layers = ()):
-    """Code that asks a fake tensor for a value (`.item()`, a boolean mask, a branch on data,
-    MoE routing's counts) cannot run without the data: say which layer and which operation, and
-    what to do, in one sentence, however the error was wrapped on its way out. `layers`: the
-    pipeline layers whose forward may be running (the last one started is named)."""
-    started: list[str] = []
-    hooks = [layer.register_forward_pre_hook(partial(_started, started, name)) for name, layer in layers]
-    try:
-        yield
-    except (UserError, DataDependentOutputException, DynamicOutputShapeException) as exc:
-        found = value_dependence(exc)
-        if found is None:
-            raise
-        op, phrase, line = found
-        where = f"layer {started[-1]!r} of {what}" if started else what
-        raise UserError(f"{where} {phrase}: {op}{line}; a --fake profile has shapes, not values, so it cannot run "
-                        "that: profile without --fake where the model fits, or make that code shape-only") from exc
-    finally:
-        for hook in hooks:
-            hook.remove()
-
-
-def _started(started: list[str], name: str, module, args) -> None:
-    started.append(name)
 
 
 # ---------------------------------------------------------------- work per pass

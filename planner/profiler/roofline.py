@@ -6,7 +6,7 @@ matmul runs at a shape-dependent fraction of the GPU's peak, read off published 
 measurements (MATMUL_TABLE); each attention kernel at the published throughput of the
 kernel PyTorch's scaled_dot_product_attention runs, forward and backward, at its sequence
 length where the GPU's rates are published by length (archs.GPU.attention_efficiency,
-attention_by_seq);
+attention_by_seq; planner/models/attention_rates.py);
 memory-bound bytes at the bandwidth such kernels are measured to reach (membound.py: eager ops
 at their op class's rate, Work.classed, fused kernels, Work.fused_bytes, at another). Float8 matmuls (inputs in a float8 dtype) at
 the GPU's FP8 peak on the same curve. What this leaves out: kernel launches and host
@@ -27,6 +27,7 @@ from typing import Literal
 
 from planner.errors import UserError
 from planner.models.archs import GPU, GPUS
+from planner.models.attention_rates import attention_efficiency
 from planner.profiler.membound import membound_ms
 
 KernelKind = Literal["matmul", "matmul-fp8", "attention-fwd", "attention-bwd"]
@@ -116,22 +117,6 @@ def kernel_ms(kernel: Kernel, gpu: GPU) -> float:
         fp8 = kernel.kind == "matmul-fp8"
         rate = peak_tflops(gpu, fp8=fp8) * 1e12 * matmul_efficiency(flops, gpu, fp8=fp8)
     return flops / rate * 1e3
-
-
-def attention_efficiency(gpu: GPU, seq_len: int) -> tuple[float, float]:
-    """The attention kernel's (forward, backward) fraction of peak at `seq_len` tokens a sequence:
-    log-linear between the GPU's published lengths, the nearest one's outside them; the GPU's one
-    figure where no lengths are published or the length is not known."""
-    points = gpu.attention_by_seq
-    if not points or seq_len <= 0:
-        return gpu.attention_efficiency
-    if seq_len <= points[0][0]:
-        return points[0][1:]
-    for (sa, fa, ba), (sb, fb, bb) in zip(points, points[1:]):
-        if seq_len <= sb:
-            t = math.log(seq_len / sa) / math.log(sb / sa)
-            return fa + (fb - fa) * t, ba + (bb - ba) * t
-    return points[-1][1:]
 
 
 @dataclass(frozen=True)

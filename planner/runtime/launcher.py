@@ -32,8 +32,8 @@ import torch.distributed as dist
 import planner
 from planner.errors import UserError
 from planner.io import file_ref, plan_to_yaml, write_atomic
-from planner.measure.calibrate import placement_threads
 from planner.models.timelimit import time_limit
+from planner.placement import placement_threads
 from planner.runtime.checks import Prepared, check_runnable, prepare, resolve_model_file
 from planner.runtime.children import child_env, guarded
 from planner.runtime.forkserver import ForkedRank, RankServer
@@ -152,7 +152,7 @@ def in_torchrun() -> bool:
 
 def rank_threads(plan: Plan, threads: int | None = None) -> tuple[int, str]:
     """Torch threads per rank and where the number came from: `threads` when given (it may
-    oversubscribe the cores); else calibrate.placement_threads: the profile's threads when
+    oversubscribe the cores); else placement.placement_threads: the profile's threads when
     every rank (stages x dp) can have them, else the cores shared evenly among the ranks."""
     if threads:
         return threads, "option"
