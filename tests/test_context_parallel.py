@@ -465,5 +465,5 @@ def test_gpus_per_node_counts_the_cp_ranks_in_the_data_parallel_groups():
     # 4 replicas x 2 cp ranks = 8 ranks: past a node of 4, within a node of 8
     across = _with_node(DataParallelOptions(dp=4, zero=3), job, H100, 4, notes)
     inside = _with_node(DataParallelOptions(dp=4, zero=3), job, H100, 8, notes)
-    assert across.shard_bandwidth == H100.network_gb_per_s and inside.shard_bandwidth == H100.node_link_gb_per_s
+    assert across.shard_bandwidth == H100.network_gb_per_s and inside.shard_bandwidth == H100.node_collective_gb_per_s
     assert "x CP 2" in notes[0]

@@ -339,15 +339,28 @@ def gpu_profile(tp: int):
 
 
 def test_default_links_follow_the_node_boundary():
-    # H100 SXM, 8 GPUs a node. tp 1: a shard group of 8 stays in the node (NVLink 450 GB/s one way),
-    # 16 replicas' all-reduce crosses nodes (400 Gb/s = 50 GB/s per GPU); host PCIe Gen5 64 GB/s
+    # H100 SXM, 8 GPUs a node. tp 1: a shard group of 8 stays in the node, its all-gathers and reduce-scatters at
+    # nccl-tests' busbw on 8 H100 (354.9 GB/s, not NVLink's 450 one way), 16 replicas' all-reduce crosses nodes
+    # (400 Gb/s = 50 GB/s per GPU); host PCIe Gen5 64 GB/s
     chosen = links.default_links(gpu_profile(1), stages=4, dp=16, shard_group=8)
-    assert (chosen.shard_gb_per_s, chosen.replica_gb_per_s, chosen.host_gb_per_s) == (450.0, 50.0, 64.0)
-    assert chosen.devices_per_node == 8
+    assert (chosen.shard_gb_per_s, chosen.replica_gb_per_s, chosen.host_gb_per_s) == (354.9, 50.0, 64.0)
+    assert chosen.devices_per_node == 8 and "measured busbw" in chosen.notes[0] and "nccl#1281" in chosen.notes[0]
     # tp 8 fills the node: every data-parallel group crosses nodes
     chosen = links.default_links(gpu_profile(8), stages=4, dp=8, shard_group=2)
     assert (chosen.shard_gb_per_s, chosen.replica_gb_per_s) == (50.0, 50.0)
     assert "h100-sxm" in chosen.notes[0]
+
+
+def test_in_node_rings_run_at_the_measured_busbw_and_an_expert_all_to_all_at_the_link():
+    # MI300X: rccl-tests' all-reduce busbw on 8 GPUs (316.55 GB/s) for a shard group of 8, where the datasheet's
+    # Infinity Fabric gives 448 one way; an expert-parallel all-to-all has no busbw published: the link's 448
+    mi300x = gpu_profile(1).model_copy(update={"assumptions": {"gpu": "mi300x", "tp": 1}})
+    chosen = links.default_links(mi300x, stages=1, dp=8, shard_group=8, ep=8)
+    assert (chosen.shard_gb_per_s, chosen.replica_gb_per_s, chosen.ep_gb_per_s) == (316.55, 316.55, 448.0)
+    assert "rccl-tests" in chosen.notes[0]
+    # a GPU with no measured busbw (H200's record) keeps the link's datasheet rate
+    h200 = gpu_profile(1).model_copy(update={"assumptions": {"gpu": "h200", "tp": 1}})
+    assert links.default_links(h200, stages=1, dp=8, shard_group=8).shard_gb_per_s == 450.0
 
 
 def test_a_given_bandwidth_replaces_the_default_and_the_note_says_the_figure_used():
@@ -371,7 +384,7 @@ def test_defaults_are_recorded_in_the_setup_and_options_override_them():
                     precision="bf16-mixed", parallel_stages=None, say=notes.append,
                     data_parallel=DataParallelOptions(dp=16, zero=1, shard_group=8, offload_optimizer=True,
                                                       replica_bandwidth=20.0))
-    assert (s.data_parallel.shard_gb_per_s, s.data_parallel.replica_gb_per_s, s.data_parallel.host_gb_per_s, s.data_parallel.host_step_ns_per_param) == (450.0, 20.0, 64.0, 3.0)
+    assert (s.data_parallel.shard_gb_per_s, s.data_parallel.replica_gb_per_s, s.data_parallel.host_gb_per_s, s.data_parallel.host_step_ns_per_param) == (354.9, 20.0, 64.0, 3.0)
     assert s.data_parallel.dp_notes + s.comm.comm_notes == notes and len(notes) == 3 and "3 ns per parameter" in notes[1]
     assert "--host-step-ns" in notes[1]  # says how to give the training hosts' speed
 

@@ -384,7 +384,7 @@ def test_gpus_per_node_sets_the_links_and_the_node(tmp_path):
     wide = predict(job, gpus=16, gpu_name="h100", gpus_per_node=16).setup
     narrow = predict(job, gpus=16, gpu_name="h100", gpus_per_node=8).setup
     h100 = archs.gpu("h100")
-    assert (wide.data_parallel.shard_gb_per_s, wide.data_parallel.devices_per_node) == (h100.node_link_gb_per_s, 16)
+    assert (wide.data_parallel.shard_gb_per_s, wide.data_parallel.devices_per_node) == (h100.node_collective_gb_per_s, 16)
     assert narrow.data_parallel.shard_gb_per_s == h100.network_gb_per_s
 
 

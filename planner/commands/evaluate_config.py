@@ -252,14 +252,15 @@ def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]
         return options
     span = job.tp * job.cp  # the ranks inside each data-parallel step: tp, then cp
 
-    def link(ranks: int) -> float:
-        return device.node_link_gb_per_s if ranks * span <= gpus_per_node else device.network_gb_per_s
+    def link(ranks: int, *, ring: bool = True) -> float:  # as links.default_links: a ring at the measured busbw
+        inside = device.node_collective_rate if ring else device.node_link_gb_per_s
+        return inside if ranks * span <= gpus_per_node else device.network_gb_per_s
 
     shard = options.shard_group or options.dp
     notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard}{f' x CP {job.cp}' if job.cp > 1 else ''} "
                  f"x TP {job.tp} over {'the in-node link' if shard * span <= gpus_per_node else 'the network'}")
     return replace(options, shard_bandwidth=link(shard), replica_bandwidth=link(options.dp),
-                   ep_bandwidth=link(options.ep) if options.ep > 1 else None)
+                   ep_bandwidth=link(options.ep, ring=False) if options.ep > 1 else None)
 
 
 def _stages(job, profile, setup, notes: list[str]) -> list:

@@ -1,6 +1,9 @@
 """A data-parallel job's links: the bandwidths its shard group, replicas, host copies and
 expert-parallel all-to-all run at, chosen from the profile's GPU and where each group's ranks
-sit (one node or across nodes), with a note of where each figure came from. The setup's
+sit (one node or across nodes), with a note of where each figure came from. A shard or replica group
+inside a node runs its all-gathers and reduce-scatters at the bus bandwidth nccl-tests / rccl-tests measured
+for the GPU's node where one is published (the rate comm.job_links gives tensor parallelism), else at the
+link's datasheet rate; an expert all-to-all at the link's. The setup's
 data_parallel part takes them (--shard-bandwidth and the like override each)."""
 
 from __future__ import annotations
@@ -49,20 +52,24 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
     tp = int(profile.assumptions.get("tp", 1))
     node = gpus_per_node or gpu.gpus_per_node  # --gpus-per-node, else the GPU's reference system
 
-    def link(ranks: int, option: str) -> tuple[float, str]:
+    def link(ranks: int, option: str, *, ring: bool = True) -> tuple[float, str]:
         if option in given:
             return given[option], option
-        inside = ranks * tp <= node
-        return ((gpu.node_link_gb_per_s, "in-node link") if inside else (gpu.network_gb_per_s, "network"))
+        if ranks * tp > node:
+            return gpu.network_gb_per_s, "network"
+        if ring and gpu.node_collective_gb_per_s:
+            return gpu.node_collective_rate, "in-node, measured busbw"
+        return gpu.node_link_gb_per_s, "in-node link"
 
     shard, shard_where = link(shard_group, "--shard-bandwidth")
     replica, replica_where = link(dp, "--replica-bandwidth")
-    experts, experts_where = link(ep, "--ep-bandwidth")
+    experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: no busbw published, the link's
     host, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s), (
         "--host-bandwidth" if "--host-bandwidth" in given else "PCIe")
     note = (f"{gpu.name}, {node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
             f"({shard_where}), replicas at {replica:g} GB/s ({replica_where}), host copies at "
             f"{host:g} GB/s ({host_where})"
             + (f", the experts' all-to-all over ep {ep} at {experts:g} GB/s ({experts_where})" if ep > 1 else "")
-            + f"; {gpu.link_source}")
+            + f"; {gpu.link_source}" + (f"; {gpu.collective_source}" if "measured" in shard_where + replica_where
+                                        else ""))
     return Links(shard, replica, host, node, [note], experts if ep > 1 else None)

@@ -56,6 +56,12 @@ MEMBOUND_MI300X = (0.357, MEMBOUND_H100[1])
 BABELSTREAM_ADD_MI300X_TBPS = 3.956389991
 MEMBOUND_CLASSES_MI300X = (("attention", 0.475), ("elementwise", round(BABELSTREAM_ADD_MI300X_TBPS / 5.3, 3)),
                            ("layer_norm", 0.251), ("loss", 0.330), ("norm", 0.478))
+# MI300X's collectives in a node (AMD's acceptance guide's example output; pass mark 304 GB/s): the all-reduce's busbw,
+# its ring's per-link rate (a reduce-scatter then an all-gather), read for those too; 0.71 of the datasheet's 448
+RCCL_ALL_REDUCE_MI300X_GBPS = 316.55
+_RCCL_MI300X = ("rccl-tests all_reduce_perf on 8 x MI300X, 8 GiB in place: busbw 316.55 GB/s (ROCm/system-acceptance-docs "
+                "b754ce72 docs/mi300x/performance-bench.rst); the all-reduce's busbw read for all-gathers and "
+                "reduce-scatters (none published)")
 _LIGER = "Liger-Kernel benchmark/data (3534d44 h100_/a100_all_benchmark_data.csv, 2120862 all_benchmark_data.csv)"
 _LIGER_MI300X = ("Liger-Kernel benchmark/data/all_benchmark_data.csv at a054fafd (pull request #326's branch: the AMD "
                  "Instinct MI300X rows, liger 0.3.1)")
@@ -135,6 +141,12 @@ class GPU:
     # eager fractions per op class (membound.OP_CLASSES), where the architecture's sweeps measure one
     membound_class_efficiency: tuple[tuple[str, float], ...] = MEMBOUND_CLASSES_H100
     membound_source: str = ""
+
+    @property
+    def node_collective_rate(self) -> float:
+        """GB/s a ring all-gather or reduce-scatter inside a node runs at (tensor-, context- and data-parallel
+        groups alike): the measured bus bandwidth where one is published, else the link's datasheet rate."""
+        return self.node_collective_gb_per_s or self.node_link_gb_per_s
 
     @property
     def usable_bytes(self) -> int:
@@ -451,6 +463,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "AMD Instinct MI300X datasheet (BF16 1,307.4, FP8 2,614.9 dense; 5.3 TB/s)", 448.0, fp8_tflops=2614.9, rocm=True,
         link_source="MI300X datasheet: Infinity Fabric 896 GB/s peer to peer, PCIe Gen5 128 GB/s; "
                     "400 Gb/s NIC per GPU assumed",
+        node_collective_gb_per_s=RCCL_ALL_REDUCE_MI300X_GBPS, collective_source=_RCCL_MI300X,
         cuda_total_bytes=196592 * _MIB,
         total_source="hipGetDeviceProperties on MI300X: 196592 MB total global memory "
                      "(github.com/thamada/nvidia-smi, package/MI300X_deviceQuery.py)",
