@@ -447,6 +447,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         host_link_gb_per_s=450.0, gpus_per_node=72, fp8_tflops=5000.0,
         link_source=f"GB200 NVL72 datasheet: NVLink 1.8 TB/s per GPU across the 72, NVLink-C2C 900 GB/s to the "
                     f"CPU; {_NIC_ASSUMED}",
+        node_collective_gb_per_s=679.6,
+        collective_source="nccl-tests all_reduce_perf on one GB200 host's 4 GPUs, NCCL_ALGO=Ring, NCCL 2.25.1: busbw "
+                          "679.61 GB/s at 8 GB, 574.19 at 134 MB (Azure/AI-benchmarking-guide Azure_Results/"
+                          "ND_GB200_v6_results.md, 2a370be6; Benchmarks/NVIDIA/NCCLBandwidth.py runs Ring on 4 GPUs)",
         cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_B200,
