@@ -201,7 +201,8 @@ class RuntimeFacts:
     # -- the step beside the optimizer (read by rules.step_checks_ms; issue 35)
     step_whole_bytes: int = 0
     """Bytes per parameter of the stage the runtime reads once a step beside the optimizer, over
-    the whole (unsharded) gradients: Megatron-LM's NaN check of every bucket before the reduction."""
+    the whole (unsharded) gradients: Megatron-LM's NaN check of every bucket before the reduction, and the
+    gradient buffer zeroed at the step's start."""
     step_shard_bytes: int = 0
     """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
     (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""

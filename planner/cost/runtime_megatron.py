@@ -29,7 +29,7 @@ def megatron() -> RuntimeFacts:
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False, logits_held_in_backward="never",
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
-        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
+        step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         deterministic_attention="transformer-engine", host_calls_per_block=5, megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
@@ -178,9 +178,12 @@ def megatron() -> RuntimeFacts:
                                          "hidden states), Megatron-LM 6e091e1b (2026-05-30); the same at "
                                          f"{MEGATRON_V} (schedules.py 507, 561, 591; transformer_block.py 463, 588)",
             "step_whole_bytes": "megatron/core/distributed/param_and_grad_buffer.py 313-349, 599-600 (check_grads: "
-                                "each bucket's grad_data.norm before its reduction), on by default: "
+                                "each bucket's grad_data.norm before its reduction: 4 B read), on by default: "
                                 "megatron/training/training.py 1910, arguments.py 2519-2521 "
-                                "(--no-check-for-nan-in-loss-and-grad turns it off), Megatron-LM 6e091e1b",
+                                "(--no-check-for-nan-in-loss-and-grad turns it off); and every train_step first "
+                                "zeroes the whole fp32 gradient buffer, 4 B written (training.py 2179-2181 "
+                                "model_chunk.zero_grad_buffer(); distributed_data_parallel.py 566-580, "
+                                "param_and_grad_buffer.py 1471-1475 grad_data.zero_()), Megatron-LM 6e091e1b",
             "step_shard_bytes": "--clip-grad defaults to 1.0 (arguments.py 2295-2296): the norm of the shard's fp32 "
                                 "gradients; distrib_optimizer.py 2707-2795 (_copy_main_params_to_model_params: fp32 "
                                 "main shard into the bf16 parameter buffer), Megatron-LM 6e091e1b",

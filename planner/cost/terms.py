@@ -282,7 +282,8 @@ TERMS: tuple[Term, ...] = (
          "megatron_dp.py)"),
     Term("the runtime's gradient checks and parameter copy beside the optimizer step", "step", "layer",
          lambda layer, ckpt, ctx: step_checks_ms(layer, ctx.profile, ctx.setup),
-         "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket, the "
+         "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket and the "
+         "gradient buffer's zeroing, the "
          "clipping norm, the fp32 main parameters copied to bf16) at the profile's HBM bandwidth"),
     Term("the parameters' norm and the gradients' zeros logged each step", "step", "layer",
          lambda layer, ckpt, ctx: jobsettings.logged_reads_ms(layer, ctx.profile, ctx.setup),
