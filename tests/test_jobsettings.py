@@ -162,11 +162,11 @@ def test_gpt_on_gb200_under_deterministic_mode_is_timed_as_flash2_in_place_of_cu
                       num_heads=8, num_kv_heads=8, vocab_size=128, tie_word_embeddings=False,
                       max_position_embeddings=64)
     on = _setup(deterministic=True)
-    profile = analytic.analytic_profile(arch, Shape(seq_len=64, micro_batch_size=2, tp=2), gpu=archs.gpu("gb200"),
+    profile = analytic.analytic_profile(arch, Shape(seq_len=64, micro_batch_size=4, tp=2), gpu=archs.gpu("gb200"),
                                         model=FileRef(file="arch:test", sha256="0" * 64))
     block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
-    # per device: 4 heads, head dim 32, 64 tokens, 2 sequences; causal half; backward 2.5 x the forward
-    forward = 4 * 64 * 64 * 32 * 4 * 2 / 2
+    # per device: 4 heads, head dim 32, 64 tokens, 4 sequences; causal half; backward 2.5 x the forward
+    forward = 4 * 64 * 64 * 32 * 4 * 4 / 2
     backward = 2.5 * forward
     peak = 2500e12
     # the profile timed cuDNN 9.22 on GB200 (2 x 64 heads, 8192 tokens, head dim 128: forward 1.397 ms, backward
@@ -176,8 +176,9 @@ def test_gpt_on_gb200_under_deterministic_mode_is_timed_as_flash2_in_place_of_cu
     cudnn = (cudnn_flops / 1.397e-3 / peak, 2.5 * cudnn_flops / 4.127e-3 / peak)
     sdpa_flops = 4 * 512 * 512 * 128 * 128 / 2
     flash = (sdpa_flops / 0.115e-3 / 2250e12, 2.5 * sdpa_flops / 0.259e-3 / 2250e12)
-    # deterministic on 148 SMs: 2 x 4 = 8 (batch, head) pairs split ceil(148 / 8) = 19 ways: 152 blocks, 2 waves
-    factor = 2 * 148 / 152
+    # deterministic on GB200's 152 SMs: 4 x 4 = 16 (batch, head) pairs split ceil(152 / 16) = 10 ways: 160 blocks,
+    # 2 waves of 152
+    factor = 2 * 152 / 160
     expected = (forward / (peak * flash[0]) - forward / (peak * cudnn[0])
                 + backward / (peak * flash[1]) * factor - backward / (peak * cudnn[1])) * 1e3
     assert jobsettings.deterministic_attention_ms(block, 0, profile, on) == pytest.approx(expected, rel=1e-9)
@@ -188,7 +189,7 @@ def test_gpt_on_gb200_under_deterministic_mode_is_timed_as_flash2_in_place_of_cu
     assert jobsettings.deterministic_attention_ms(block, 0, profile, _setup()) == 0.0
     # the same block without its attention dropout keeps cuDNN's deterministic backward (4.754 ms at 8192)
     dry = archs.Arch(**{**arch.__dict__, "attention_dropout": False})
-    profile = analytic.analytic_profile(dry, Shape(seq_len=64, micro_batch_size=2, tp=2), gpu=archs.gpu("gb200"),
+    profile = analytic.analytic_profile(dry, Shape(seq_len=64, micro_batch_size=4, tp=2), gpu=archs.gpu("gb200"),
                                         model=FileRef(file="arch:test", sha256="0" * 64))
     block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
     det = 2.5 * cudnn_flops / 4.754e-3 / peak

@@ -301,9 +301,12 @@ _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forwa
 _A100_SMS = 108
 # the B200's 148, sm100 (torch.cuda.get_device_properties on a B200, torch 2.8.0+cu128: "_CudaDeviceProperties(
 # name='NVIDIA B200', major=10, minor=0, total_memory=182631MB, multi_processor_count=148", printed in a public
-# benchmark log; the same count in another B200's printed properties); GB200's is not read from a device query
-# (152 is asserted in a unit test's mocked properties and a blog, neither a measurement): the B200's assumed
+# benchmark log; the same count in another B200's printed properties). GB200's 152: no device query was found, but
+# profiling notes of GB200 runs in public kernel repositories count it so, consistently: an Nsight Systems analysis
+# "GPU: NVIDIA GB200 (152 SMs)" launching "228 (1.50 waves)" blocks, and cluster capacities "measured on GB200 (152
+# SMs)" beside "B300 (148 SMs)" (from cudaOccupancyMaxActiveClusters)
 _B200_SMS = 148
+_GB200_SMS = 152
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 _MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
                         membound_class_efficiency=MEMBOUND_CLASSES_H100,
@@ -456,7 +459,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_B200,
         attention_by_seq=_SDPA_B200_BY_SEQ,
         attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({_SDPA_BLACKWELL})",
-        **_CUDNN_GB200, **_HOST_GRACE_GB200, cuda_arch=100, num_sms=_B200_SMS,
+        **_CUDNN_GB200, **_HOST_GRACE_GB200, cuda_arch=100, num_sms=_GB200_SMS,
         **_MEMBOUND_BLACKWELL, membound_source=f"none published for GB200: the B200's fractions (the same chip, the "
                                                f"same 8 TB/s) assumed ({_LIGER_B200}; fused: the H100's, {_LIGER})"),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
