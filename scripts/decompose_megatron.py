@@ -1,14 +1,16 @@
 """A config's iteration term by term (docs/published-runs.md §18.megtime): the busiest rank's compute (its
 tensor-parallel collectives, the "time" quantity's terms, in it), its sends and schedule actions, and the bubble, from the schedule's simulation without the
 data-parallel collectives; what Megatron-LM's DDP adds beside the schedule (planner/cost/megatron_dp.py,
-under runtime megatron); and the slowest rank's optimizer step (its exposed gathers included).
-usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K]"""
+under runtime megatron); and the slowest rank's optimizer step (its exposed gathers included). With --terms, the
+busiest rank's "time" and "comm" per term (docs/published-runs.md §19.megfunc): each layer row of the cost model's
+TERMS summed over the rank's layers, x the microbatches, in seconds a step.
+usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K] [--terms]"""
 
 import argparse
 from pathlib import Path
 
 from planner.commands.evaluate_config import predict, read_job
-from planner.cost import schedule_time
+from planner.cost import schedule_time, terms
 from planner.cost.assembly import stage_sums
 from planner.cost.chunked import schedule_of, stages_view
 from planner.cost.score import placed_chunks
@@ -26,6 +28,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--gpus-per-node", type=int, default=None)
+    parser.add_argument("--terms", action="store_true", help="the busiest rank's time and comm, term by term")
     args = parser.parse_args()
     found = predict(read_job(args.config, None), gpus=args.gpus, gpu_name=args.gpu, gpus_per_node=args.gpus_per_node)
     profile, setup = found.profile, found.setup
@@ -53,6 +56,23 @@ def main() -> None:
     print(f"iteration {found.cost.iteration_ms / 1e3:.3f} s; busiest rank {rank}: compute (TP collectives in it) {compute / 1e3:.3f}, "
           f"sends and actions {comm / 1e3:.3f}, bubble {(bare - busy[rank]) / 1e3:.3f}, DP beside the schedule "
           f"{(with_dp - bare) / 1e3:.3f}, step (exposed gathers in it) {max(steps) / 1e3:.3f}")
+    if args.terms:
+        for name, seconds in rank_terms(chunks, order.stages_of(rank), profile, view, m):
+            print(f"  {seconds:8.4f}  {name}")
+
+
+def rank_terms(chunks, stages, profile, view, microbatches: int) -> list[tuple[str, float]]:
+    """(term, seconds a step) for the rank's chunks `stages`: each "time" and "comm" layer row of TERMS over
+    their layers and options, x the microbatches; rows that charge the rank nothing left out."""
+    ctx = terms.Context(profile, view)
+    found = []
+    for term in terms.TERMS:
+        if term.where != "layer" or term.quantity not in ("time", "comm"):
+            continue
+        total = sum(term.value(layer, ckpt, ctx) for k in stages for layer, ckpt in zip(*chunks[k]))
+        if total:
+            found.append((f"[{term.quantity}] {term.name}", microbatches * total / 1e3))
+    return found
 
 
 if __name__ == "__main__":

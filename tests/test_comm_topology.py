@@ -236,6 +236,17 @@ def test_a_measured_collective_figure_applies_inside_a_node_and_the_network_acro
     assert "NVIDIA/nccl#1281" in inside["comm_notes"][0]
 
 
+def test_gb200s_tensor_parallel_all_reduce_runs_at_its_measured_ring_busbw_by_hand():
+    # T20's TP 4 all-reduce (no SP): 2 x 8192 tokens x 4096 x 2 B inside one GB200 host's 4 GPUs, NCCL's Ring
+    # (the harness's NCCL_ALGO): the 679.6 GB/s nccl-tests measured there, not NVLink's datasheet 900
+    gb200 = archs.gpu("gb200")
+    link = comm.job_links(gb200, tp=4, cp=1, pp_stride=8, gpus_per_node=4, nics_per_gpu=1)["tp"]
+    assert link.gb_per_s == 679.6 and "Azure/AI-benchmarking-guide" in link.where
+    tensor = 2 * 8192 * 4096 * 2
+    # NCCL's 8.4 µs a collective and 3.4 µs a ring step (2 x 3 steps), 2 x 3/4 of the tensor over the link
+    assert comm.all_reduce_ms(tensor, 4, link) == pytest.approx((8.4 + 6 * 3.4) * 1e-3 + 1.5 * tensor / 679.6e9 * 1e3)
+
+
 def _float8_block(collectives, *, converted: bool):
     from planner.schema import Float8Linears
 

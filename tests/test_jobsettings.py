@@ -113,18 +113,18 @@ def test_deterministic_mode_runs_cudnns_deterministic_attention_backward_at_its_
         flops = 2.5 * 4 * 32 * 32 * 16 * 2 * 2 / 2
         if expected:  # cuDNN 9.22 on GB200, 8192 tokens: backward 4.127 ms, deterministic 4.754 ms (same FLOPs)
             rate, det = 1.0995116277760e12 * 2 * 2.5 / 4.127e-3, 1.0995116277760e12 * 2 * 2.5 / 4.754e-3
-            assert jobsettings.deterministic_attention_ms(block, profile, on) == pytest.approx(
+            assert jobsettings.deterministic_attention_ms(block, 0, profile, on) == pytest.approx(
                 (flops / det - flops / rate) * 1e3, rel=1e-9)
-            assert jobsettings.deterministic_attention_ms(block, profile, on) > 0
+            assert jobsettings.deterministic_attention_ms(block, 0, profile, on) > 0
         else:  # no deterministic rate published: the backward stays the profile's
-            assert jobsettings.deterministic_attention_ms(block, profile, on) == 0.0
-        assert jobsettings.deterministic_attention_ms(block, profile, off) == 0.0
-        assert jobsettings.deterministic_attention_ms(embedding, profile, on) == 0.0
+            assert jobsettings.deterministic_attention_ms(block, 0, profile, on) == 0.0
+        assert jobsettings.deterministic_attention_ms(block, 0, profile, off) == 0.0
+        assert jobsettings.deterministic_attention_ms(embedding, 0, profile, on) == 0.0
     # an unfused attention (the s x s scores kept) is not cuDNN's kernel: nothing
     eager = analytic.analytic_profile(arch, Shape(seq_len=32, micro_batch_size=2, tp=2, attention="eager"),
                                       gpu=archs.gpu("gb200"), model=FileRef(file="arch:test", sha256="0" * 64))
     block = next(layer for layer in layer_costs(eager) if layer.kind == "decoder_block")
-    assert jobsettings.deterministic_attention_ms(block, eager, on) == 0.0
+    assert jobsettings.deterministic_attention_ms(block, 0, eager, on) == 0.0
 
 
 def test_flash2s_deterministic_backward_runs_its_split_blocks_in_waves_by_hand():
@@ -142,8 +142,59 @@ def test_flash2s_deterministic_backward_runs_its_split_blocks_in_waves_by_hand()
     block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
     # 32 heads a device, head dim 16, 64 tokens, causal half: the backward at FlashAttention-2's 73% of 312 TFLOP/s
     backward_ms = 2.5 * 4 * 64 * 64 * 16 * 32 / 2 / (312e12 * 0.73) * 1e3
-    assert jobsettings.deterministic_attention_ms(block, profile, on) == pytest.approx(backward_ms * (216 / 128 - 1))
-    assert jobsettings.deterministic_attention_ms(block, profile, _setup()) == 0.0
+    assert jobsettings.deterministic_attention_ms(block, 0, profile, on) == pytest.approx(backward_ms * (216 / 128 - 1))
+    assert jobsettings.deterministic_attention_ms(block, 0, profile, _setup()) == 0.0
+
+
+def test_blackwell_runs_flash2_where_the_attention_drops_and_cudnn_where_it_does_not():
+    # TE v2.18's nvte_get_fused_attn_backend offers cuDNN's deterministic backward on sm100+ only without dropout:
+    # a GPT block (attention dropout, Megatron's default 0.1) runs FlashAttention-2 on B200 and GB200, a LLaMA
+    # block (no dropout) cuDNN; sm80 FlashAttention-2 either way, sm90 cuDNN either way
+    b200, gb200, a100, h100 = (archs.gpu(name) for name in ("b200", "gb200", "a100-80g", "h100"))
+    for gpu, drops, kernel in ((b200, True, "flash2"), (gb200, True, "flash2"), (b200, False, "cudnn"),
+                               (gb200, False, "cudnn"), (a100, False, "flash2"), (a100, True, "flash2"),
+                               (h100, True, "cudnn"), (h100, False, "cudnn")):
+        assert jobsettings.deterministic_attention_kernel(gpu, drops_attention=drops) == kernel
+
+
+def test_gpt_on_gb200_under_deterministic_mode_is_timed_as_flash2_in_place_of_cudnn_by_hand():
+    arch = archs.Arch(name="tiny-gpt", style="gpt", hidden_size=256, intermediate_size=1024, num_layers=1,
+                      num_heads=8, num_kv_heads=8, vocab_size=128, tie_word_embeddings=False,
+                      max_position_embeddings=64)
+    on = _setup(deterministic=True)
+    profile = analytic.analytic_profile(arch, Shape(seq_len=64, micro_batch_size=4, tp=2), gpu=archs.gpu("gb200"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64))
+    block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
+    # per device: 4 heads, head dim 32, 64 tokens, 4 sequences; causal half; backward 2.5 x the forward
+    forward = 4 * 64 * 64 * 32 * 4 * 4 / 2
+    backward = 2.5 * forward
+    peak = 2500e12
+    # the profile timed cuDNN 9.22 on GB200 (2 x 64 heads, 8192 tokens, head dim 128: forward 1.397 ms, backward
+    # 4.127 ms); FlashAttention-2 is torch SDPA's flash backend on B200 at 512 tokens (the nearest published:
+    # 1 x 128 heads, head dim 128, forward 0.115 ms, backward 0.259 ms), as fractions of each GPU's peak
+    cudnn_flops = 4 * 8192 * 8192 * 128 * 64 * 2 / 2
+    cudnn = (cudnn_flops / 1.397e-3 / peak, 2.5 * cudnn_flops / 4.127e-3 / peak)
+    sdpa_flops = 4 * 512 * 512 * 128 * 128 / 2
+    flash = (sdpa_flops / 0.115e-3 / 2250e12, 2.5 * sdpa_flops / 0.259e-3 / 2250e12)
+    # deterministic on GB200's 152 SMs: 4 x 4 = 16 (batch, head) pairs split ceil(152 / 16) = 10 ways: 160 blocks,
+    # 2 waves of 152
+    factor = 2 * 152 / 160
+    expected = (forward / (peak * flash[0]) - forward / (peak * cudnn[0])
+                + backward / (peak * flash[1]) * factor - backward / (peak * cudnn[1])) * 1e3
+    assert jobsettings.deterministic_attention_ms(block, 0, profile, on) == pytest.approx(expected, rel=1e-9)
+    assert expected > 0
+    # a full recompute reruns the forward: its difference once more
+    assert jobsettings.deterministic_attention_ms(block, 1, profile, on) == pytest.approx(
+        expected + (forward / (peak * flash[0]) - forward / (peak * cudnn[0])) * 1e3, rel=1e-9)
+    assert jobsettings.deterministic_attention_ms(block, 0, profile, _setup()) == 0.0
+    # the same block without its attention dropout keeps cuDNN's deterministic backward (4.754 ms at 8192)
+    dry = archs.Arch(**{**arch.__dict__, "attention_dropout": False})
+    profile = analytic.analytic_profile(dry, Shape(seq_len=64, micro_batch_size=4, tp=2), gpu=archs.gpu("gb200"),
+                                        model=FileRef(file="arch:test", sha256="0" * 64))
+    block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
+    det = 2.5 * cudnn_flops / 4.754e-3 / peak
+    assert jobsettings.deterministic_attention_ms(block, 0, profile, on) == pytest.approx(
+        (backward / (peak * det) - backward / (peak * cudnn[1])) * 1e3, rel=1e-9)
 
 
 def _rank(path, *extra) -> dict:

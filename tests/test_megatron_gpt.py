@@ -206,8 +206,9 @@ def test_megatrons_step_reads_its_gradients_for_the_nan_check_and_the_clipping_n
                           runtime=runtime, dp=2, zero=1)
 
     hbm = 3.35e12  # the H100's, as the profile records it
-    # the NaN check reads every bucket's fp32 gradients (4 B); the clipping norm the shard's (4 B) and the
+    # the NaN check reads every bucket's fp32 gradients (4 B) and the step's start zeroes them (4 B written);
+    # the clipping norm reads the shard's (4 B) and the
     # copy of the fp32 main shard into the bf16 parameter buffer reads 4 and writes 2: (4 + 2 + 4) / DP 2
-    assert step_checks_ms(block, profile, setup("megatron")) == pytest.approx(block.param_count * (4 + 10 / 2) / hbm * 1e3)
+    assert step_checks_ms(block, profile, setup("megatron")) == pytest.approx(block.param_count * (4 + 4 + 10 / 2) / hbm * 1e3)
     # torchtitan's gradient clipping reads the shard's fp32 gradients for the norm (4) and scales them (8)
     assert step_checks_ms(block, profile, setup("torchtitan")) == pytest.approx(block.param_count * 12 / 2 / hbm * 1e3)

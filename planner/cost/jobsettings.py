@@ -19,15 +19,25 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   norms' mu and rsigma, the softmax's), TE's workspaces (cuDNN's deterministic backward's among them:
   sizes not read) are left out. Read from the profile's model (an analytic or --hf-config profile's
   `assumptions.model`); MoE blocks and other layers are not read (0).
-- deterministic mode's attention backward: Transformer Engine keeps cuDNN's fused attention on sm90 and
-  later and asks it for its deterministic backward (the record's `deterministic_attention`); where that
-  kernel's rate is published (GPU.te_attention_deterministic_bwd: GB200's, NVIDIA/cudnn-frontend's training
-  SDPA benchmark, cuDNN 9.22) a dense block's attention backward is charged at it beyond the
-  non-deterministic rate the profile's record times. None is published for sm90 (H100) or B200: 0 there.
-  Below sm90 (A100) TE runs FlashAttention-2's deterministic backward instead, whose grid holds a block an
-  SM for every (batch, head) split, run in waves (flash2_deterministic_factor, from its launch code and
-  shared memory): the non-deterministic backward the profile times x (that factor - 1). Its extra fp32 dQ
-  accumulators (splits - 1 of them, zero-filled and summed) are not charged (402 MB a layer at T16's shape).
+- deterministic mode's attention: Transformer Engine picks its backend under determinism
+  (NVTE_ALLOW_NONDETERMINISTIC_ALGO=0; the record's `deterministic_attention`, "transformer-engine"):
+  on sm90 it keeps cuDNN's fused attention and asks it for its deterministic backward; on sm100 and later
+  cuDNN's deterministic backward is offered only without dropout (nvte_get_fused_attn_backend: "is_training
+  && deterministic && cudnn >= 9.18.1 && dropout == 0.0", transformer_engine/common/fused_attn/
+  fused_attn.cpp 461-470 at TE e7c550c5, v2.18, the GB200 golden files' image; the same at f8a01cd5,
+  v2.16), so under attention dropout (Megatron's default 0.1) FusedAttention has no backend there and TE
+  runs FlashAttention-2 (FlashAttention-3 is sm90's only, FlashAttention-4 refuses dropout: dot_product_
+  attention/utils.py 495-498, 1010-1015); below sm90 (A100) TE drops FusedAttention under determinism and
+  runs FlashAttention-2 too. cuDNN's deterministic backward is charged at its published rate (GPU.te_
+  attention_deterministic_bwd: GB200's, NVIDIA/cudnn-frontend's training SDPA benchmark, cuDNN 9.22) beyond
+  the non-deterministic one the profile's record times; none is published for sm90: 0 there.
+  FlashAttention-2's forward at the GPU's FlashAttention-2 figures (its attention figures: torch SDPA's
+  flash backend, FlashAttention-2's kernels), and its deterministic backward, whose grid holds a block an SM
+  for every (batch, head) split, run in waves (flash2_deterministic_factor, from its launch code and shared
+  memory), replace the kernels the profile timed (on GB200 and B200: cuDNN's). The extra fp32 dQ
+  accumulators (splits - 1 of them, zero-filled and summed) are not charged (402 MB a layer at T16's shape),
+  nor the dropout's cost inside FlashAttention-2 (no published rate for its kernels), nor TE's sbhd ->
+  bshd copies around it.
 
 Memory is unchanged: the unfused bf16 gradient lives from its GEMM to the DDP hook that runs right
 after its AccumulateGrad, one linear's weight at a time, inside the backward transients the profile
@@ -116,36 +126,60 @@ def deterministic_fill_ms(layer: LayerCost, ckpt, profile: Profile, setup: Train
     return moved / (tbps * 1e12) * 1e3
 
 
-def deterministic_attention_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
-    """ms per microbatch cuDNN's deterministic attention backward adds to a dense block's backward over the
-    non-deterministic kernel the profile's record times (the module's docstring): the block's causal
-    attention backward FLOPs (2.5 x 4·s²·d·heads, half run, per device: heads / TP, tokens / CP) at the GPU's
-    deterministic rate less at its rate; 0 off, or where the runtime, the GPU or the profile says nothing."""
+def deterministic_attention_kernel(gpu, *, drops_attention: bool) -> str:
+    """Which attention Transformer Engine runs for training under deterministic mode on `gpu` (the
+    module's docstring): "flash2" (FlashAttention-2's deterministic backward) below sm90, where TE drops
+    FusedAttention under determinism, and on sm100 and later where the attention drops, where cuDNN's
+    deterministic backward takes no dropout; else "cudnn" (its deterministic backward: sm90, and sm100+
+    without dropout). A GPU whose `cuda_arch` is not read (0: the Hopper records, MI300X) reads "cudnn"."""
+    if 0 < gpu.cuda_arch < 90 or (gpu.cuda_arch >= 100 and drops_attention):
+        return "flash2"
+    return "cudnn"
+
+
+def deterministic_attention_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch the attention Transformer Engine runs under deterministic mode adds to a dense
+    block over the kernels the profile's record times (TE's cuDNN attention where the GPU has its figures,
+    else the GPU's attention; the module's docstring). cuDNN's deterministic backward: the block's causal
+    attention backward FLOPs (2.5 x 4·s²·d·heads, half run, per device: heads / TP, tokens / CP) at the
+    GPU's deterministic rate less at its rate (GB200's; none published elsewhere: 0). FlashAttention-2's
+    (deterministic_attention_kernel): its forward at the GPU's FlashAttention-2 rate (the GPU's
+    attention figures, torch SDPA's flash backend) and its deterministic backward (that backward's rate x
+    flash2_deterministic_factor on the GPU's SMs), less the profile's two; a full recompute's rerun
+    forward again. 0 off, or where the runtime, the GPU or the profile says nothing."""
     training = setup.training
-    if not training.deterministic or runtimes.of(training).deterministic_attention != "cudnn":
+    if not training.deterministic or runtimes.of(training).deterministic_attention != "transformer-engine":
         return 0.0
     found, model = profile.assumptions, profile.assumptions.get("model")
     if not te_output_elements(profile, layer)[0] or not isinstance(found.get("gpu"), str) \
-            or found.get("attention", "flash") != "flash":  # an unfused kernel keeps the scores: not cuDNN's
+            or found.get("attention", "flash") != "flash":  # an unfused kernel keeps the scores: neither
         return 0.0
     from planner.models import archs
+    from planner.models.attention_rates import attention_efficiency
 
     gpu = archs.gpu(found["gpu"])
     heads, tp = int(model["num_heads"]), int(found.get("tp", 1))
     head = int(model.get("head_dim") or int(model["hidden_size"]) // heads)
     seq, cp = int(found.get("seq_len", 0)), max(int(found.get("cp", 1) or 1), 1)
-    flops = 2.5 * 4 * seq * seq * head * (heads // tp) * profile.micro_batch_size / 2 / cp
+    forward = 4 * seq * seq * head * (heads // tp) * profile.micro_batch_size / 2 / cp
+    flops = 2.5 * forward
     peak = gpu.bf16_tflops * 1e12
-    if gpu.te_attention_deterministic_bwd and len(gpu.te_attention_efficiency) >= 2:  # cuDNN's, sm90 and later
-        return (flops / (peak * gpu.te_attention_deterministic_bwd)
-                - flops / (peak * gpu.te_attention_efficiency[1])) * 1e3
-    if gpu.flash2_deterministic_sms and cp == 1:  # FlashAttention-2's, below sm90
-        from planner.models.attention_rates import attention_efficiency
-
-        backward_ms = flops / (peak * attention_efficiency(gpu, seq)[1]) * 1e3
-        batch_heads = profile.micro_batch_size * (heads // tp)
-        return backward_ms * (flash2_deterministic_factor(gpu.flash2_deterministic_sms, batch_heads) - 1)
-    return 0.0
+    drops = model.get("attention_dropout")
+    drops = model.get("style") == "gpt" if drops is None else bool(drops)
+    if deterministic_attention_kernel(gpu, drops_attention=drops) == "cudnn":
+        if gpu.te_attention_deterministic_bwd and len(gpu.te_attention_efficiency) >= 2:
+            return (flops / (peak * gpu.te_attention_deterministic_bwd)
+                    - flops / (peak * gpu.te_attention_efficiency[1])) * 1e3
+        return 0.0
+    if not gpu.num_sms or cp != 1:
+        return 0.0
+    timed = gpu.te_attention_efficiency or attention_efficiency(gpu, seq)  # what the profile read
+    flash = attention_efficiency(gpu, seq)
+    factor = flash2_deterministic_factor(gpu.num_sms, profile.micro_batch_size * (heads // tp))
+    forward_extra = forward / (peak * flash[0]) - forward / (peak * timed[0])
+    reruns = 1 if layer.options[int(ckpt)].name == OPTION_FULL else 0
+    backward_extra = flops / (peak * flash[1]) * factor - flops / (peak * timed[1])
+    return (forward_extra * (1 + reruns) + backward_extra) * 1e3
 
 
 def flash2_deterministic_factor(sms: int, batch_heads: int) -> float:
@@ -154,10 +188,12 @@ def flash2_deterministic_factor(sms: int, batch_heads: int) -> float:
     ceil(sms / batch_heads) blocks a (batch, head), each looping over its share of the key blocks and adding
     into its own dQ accumulator (flash_bwd_launch_template.h 77-82, flash_bwd_kernel.h 834-838, Dao-AILab/
     flash-attention 0251105a, in this form since 073afd59 of 2024-12-06), where the non-deterministic grid
-    has a block per key block (64 at 8,192 tokens). Head dim 128 on an A100 takes 144 KiB of shared memory a block (kSmemSize1colblock of
-    Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2>, kernel_traits.h 278-290; the A100 has 164 KiB an SM):
-    one block an SM, so the blocks run in ceil(blocks / sms) waves of 1/blocks of the work each, where the
-    non-deterministic kernel spreads the work over every SM: waves x sms / blocks. T16 (32 heads, batch 1):
+    has a block per key block (64 at 8,192 tokens). Head dim 128 takes 144 KiB of shared memory a block
+    (kSmemSize1colblock of Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2>, kernel_traits.h 278-290): one
+    block an SM on the A100 (164 KiB an SM) and on sm90 / sm100 (228 KiB an SM, the CUDA C++ Programming
+    Guide's table of compute capabilities), so the blocks run in ceil(blocks / sms) waves of 1/blocks of the
+    work each, where the non-deterministic kernel spreads the work over every SM: waves x sms / blocks. T16
+    (32 heads, batch 1):
     128 blocks in 2 waves on 108 SMs, 1.69x; T19 (8 heads, batch 2): 112 blocks, 1.93x."""
     blocks = -(-sms // batch_heads) * batch_heads
     return -(-blocks // sms) * sms / blocks

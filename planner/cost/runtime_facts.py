@@ -201,7 +201,8 @@ class RuntimeFacts:
     # -- the step beside the optimizer (read by rules.step_checks_ms; issue 35)
     step_whole_bytes: int = 0
     """Bytes per parameter of the stage the runtime reads once a step beside the optimizer, over
-    the whole (unsharded) gradients: Megatron-LM's NaN check of every bucket before the reduction."""
+    the whole (unsharded) gradients: Megatron-LM's NaN check of every bucket before the reduction, and the
+    gradient buffer zeroed at the step's start."""
     step_shard_bytes: int = 0
     """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
     (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""
@@ -216,10 +217,11 @@ class RuntimeFacts:
     GEMM, norm and attention outputs through aten::empty, which then writes NaN into each first
     (Transformer Engine); False: not read, --deterministic-mode refused."""
     deterministic_attention: str | None = None
-    """Which attention backward the runtime's layers run under deterministic mode, where a GPU's rate for it is
-    read (GPU.te_attention_deterministic_bwd; planner/cost/jobsettings.py): "cudnn" (Transformer Engine keeps
-    cuDNN's fused attention on sm90 and later and asks it for its deterministic backward); None: not read, the
-    backward timed as the profile's."""
+    """Which attention the runtime's layers run under deterministic mode (planner/cost/jobsettings.py
+    deterministic_attention_kernel): "transformer-engine" (Transformer Engine's choice: cuDNN's fused attention
+    with its deterministic backward on sm90, and on sm100+ without attention dropout; FlashAttention-2 with its
+    deterministic backward below sm90 and on sm100+ under attention dropout); None: not read, the attention
+    timed as the profile's."""
     host_calls_per_block: int = 0
     """Framework modules a dense block calls each forward, each costing the host one module call's CPU time
     (GPU.host_call_us; planner/cost/hosttime.py): Megatron-core's TE layer spec, 5 (linear_qkv, core_attention,

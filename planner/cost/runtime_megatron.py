@@ -29,9 +29,9 @@ def megatron() -> RuntimeFacts:
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False, logits_held_in_backward="never",
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
-        step_whole_bytes=4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
+        step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
-        deterministic_attention="cudnn", host_calls_per_block=5, megatron_step_replayed=True,
+        deterministic_attention="transformer-engine", host_calls_per_block=5, megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
@@ -68,11 +68,16 @@ def megatron() -> RuntimeFacts:
                                     "linear_fc1, linear_fc2 (megatron/core/models/gpt/gpt_layer_specs.py 140-160, "
                                     "Megatron-LM 6e091e1b): five TE module forwards",
             "deterministic_attention": "--deterministic-mode asks for NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (megatron/core/"
-                                       "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b); TE then keeps "
-                                       "FusedAttention's F16_arbitrary_seqlen backend on sm90+ (drops it below: "
-                                       "dot_product_attention/utils.py 1344-1356) and sets cuDNN's "
-                                       "set_deterministic_algorithm (fused_attn_f16_arbitrary_seqlen.cu 824-826), TE "
-                                       "f8a01cd5, v2.16.0",
+                                       "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b; 1697-1702 "
+                                       "at 7e6a045a) and passes config.attention_dropout (default 0.1, "
+                                       "transformer_config.py 184) to TE's DotProductAttention (1771-1772); TE then "
+                                       "keeps FusedAttention's F16_arbitrary_seqlen backend on sm90 and sets cuDNN's "
+                                       "set_deterministic_algorithm (fused_attn_f16_arbitrary_seqlen.cu 824-826), drops "
+                                       "FusedAttention below sm90 (dot_product_attention/utils.py 1344-1356), TE "
+                                       "f8a01cd5, v2.16.0; on sm100+ offers it for deterministic training only "
+                                       "without dropout (common/fused_attn/fused_attn.cpp 461-470, TE e7c550c5, "
+                                       "v2.18.0, since 27fc168e): FlashAttention-2 runs there (FlashAttention-3 "
+                                       "is sm90's, FlashAttention-4 refuses dropout: utils.py 495-498, 1010-1015)",
             "zero1_all_reduces": "the distributed optimizer reduce-scatters its buckets (--use-distributed-optimizer)",
             "hp_grad_accumulate_bytes": "the wgrad GEMM accumulates into main_grad (gradient_accumulation_fusion); "
                                         "unfused_wgrad_bytes charges the path without it",
@@ -177,9 +182,12 @@ def megatron() -> RuntimeFacts:
                                          "hidden states), Megatron-LM 6e091e1b (2026-05-30); the same at "
                                          f"{MEGATRON_V} (schedules.py 507, 561, 591; transformer_block.py 463, 588)",
             "step_whole_bytes": "megatron/core/distributed/param_and_grad_buffer.py 313-349, 599-600 (check_grads: "
-                                "each bucket's grad_data.norm before its reduction), on by default: "
+                                "each bucket's grad_data.norm before its reduction: 4 B read), on by default: "
                                 "megatron/training/training.py 1910, arguments.py 2519-2521 "
-                                "(--no-check-for-nan-in-loss-and-grad turns it off), Megatron-LM 6e091e1b",
+                                "(--no-check-for-nan-in-loss-and-grad turns it off); and every train_step first "
+                                "zeroes the whole fp32 gradient buffer, 4 B written (training.py 2179-2181 "
+                                "model_chunk.zero_grad_buffer(); distributed_data_parallel.py 566-580, "
+                                "param_and_grad_buffer.py 1471-1475 grad_data.zero_()), Megatron-LM 6e091e1b",
             "step_shard_bytes": "--clip-grad defaults to 1.0 (arguments.py 2295-2296): the norm of the shard's fp32 "
                                 "gradients; distrib_optimizer.py 2707-2795 (_copy_main_params_to_model_params: fp32 "
                                 "main shard into the bf16 parameter buffer), Megatron-LM 6e091e1b",

@@ -276,11 +276,14 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: hosttime.host_bound_ms(layer, ckpt, ctx.profile, ctx.setup),
          "max(device, host) per forward: the record's host_calls_per_block (Megatron-core's TE layer spec: 5 TE "
          "modules) at the host's published CPU time per module forward (GPU.host_call_us: TransformerEngine#2053)"),
-    Term("cuDNN's deterministic attention backward beyond the non-deterministic one (deterministic mode)", "time",
-         "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ctx.profile, ctx.setup),
-         "the record's deterministic_attention (TE keeps cuDNN's fused attention on sm90+ and sets its deterministic "
-         "algorithm, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) at the GPU's published deterministic "
-         "rate (GPU.te_attention_deterministic_bwd: NVIDIA/cudnn-frontend's training SDPA benchmark)"),
+    Term("Transformer Engine's attention under deterministic mode beyond the kernels the profile times", "time",
+         "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ckpt, ctx.profile, ctx.setup),
+         "the record's deterministic_attention: cuDNN's deterministic backward on sm90 and on sm100+ without dropout "
+         "(fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) at the GPU's published deterministic rate "
+         "(GPU.te_attention_deterministic_bwd: NVIDIA/cudnn-frontend's training SDPA benchmark); FlashAttention-2 "
+         "below sm90 and on sm100+ under attention dropout (fused_attn.cpp 461-470, TE v2.18.0): its forward at the "
+         "GPU's FlashAttention-2 figures and its deterministic backward's split grid in waves of one block an SM "
+         "(flash_bwd_launch_template.h, flash-attention 0251105a)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms; Megatron-LM's "
@@ -288,7 +291,8 @@ TERMS: tuple[Term, ...] = (
          "megatron_dp.py)"),
     Term("the runtime's gradient checks and parameter copy beside the optimizer step", "step", "layer",
          lambda layer, ckpt, ctx: step_checks_ms(layer, ctx.profile, ctx.setup),
-         "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket, the "
+         "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket and the "
+         "gradient buffer's zeroing, the "
          "clipping norm, the fp32 main parameters copied to bf16) at the profile's HBM bandwidth"),
     Term("the parameters' norm and the gradients' zeros logged each step", "step", "layer",
          lambda layer, ckpt, ctx: jobsettings.logged_reads_ms(layer, ctx.profile, ctx.setup),

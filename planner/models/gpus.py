@@ -124,10 +124,14 @@ class GPU:
     # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on sm90 and later) as a fraction of the BF16 peak; 0: none published,
     # the non-deterministic backward read (planner/cost/jobsettings.py deterministic_attention_ms)
     te_attention_deterministic_bwd: float = 0.0
-    # below sm90 Transformer Engine runs FlashAttention-2's deterministic backward instead (utils.py 810-845,
-    # TE 8382eed6), whose grid is split by the GPU's streaming multiprocessors (jobsettings.flash2_
-    # deterministic_factor): their count where that holds; 0: not such a GPU, or its count not read
-    flash2_deterministic_sms: int = 0
+    # the GPU's compute capability x 10 where a kernel choice reads it: Transformer Engine's attention under
+    # deterministic mode runs FlashAttention-2 below sm90, and on sm100+ where the attention drops
+    # (planner/cost/jobsettings.py deterministic_attention_kernel); 0: not read (the Hopper records: sm90,
+    # where TE keeps cuDNN's)
+    cuda_arch: int = 0
+    # its streaming multiprocessors, which FlashAttention-2's deterministic backward splits its grid by
+    # (jobsettings.flash2_deterministic_factor); 0: not read
+    num_sms: int = 0
     # the host's CPU time to issue one framework module's forward (a Linear's) on the GPU's reference
     # system, in µs (planner/cost/hosttime.py); 0: none published for its host
     host_call_us: float = 0.0
@@ -307,6 +311,14 @@ _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forwa
 # the A100's 108 streaming multiprocessors (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: "108 SMs"
 # in the A100 as shipped, of the GA100's 128), sm80: below sm90 (TE's deterministic FlashAttention-2 backward)
 _A100_SMS = 108
+# the B200's 148, sm100 (torch.cuda.get_device_properties on a B200, torch 2.8.0+cu128: "_CudaDeviceProperties(
+# name='NVIDIA B200', major=10, minor=0, total_memory=182631MB, multi_processor_count=148", printed in a public
+# benchmark log; the same count in another B200's printed properties). GB200's 152: no device query was found, but
+# profiling notes of GB200 runs in public kernel repositories count it so, consistently: an Nsight Systems analysis
+# "GPU: NVIDIA GB200 (152 SMs)" launching "228 (1.50 waves)" blocks, and cluster capacities "measured on GB200 (152
+# SMs)" beside "B300 (148 SMs)" (from cudaOccupancyMaxActiveClusters)
+_B200_SMS = 148
+_GB200_SMS = 152
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 _MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
                         membound_class_efficiency=MEMBOUND_CLASSES_H100,
@@ -418,7 +430,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
         **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
-        flash2_deterministic_sms=_A100_SMS, **_MEMBOUND_AMPERE),
+        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
         300.0, 25.0, 32.0,
         link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
@@ -426,7 +438,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
         **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
-        flash2_deterministic_sms=_A100_SMS, **_MEMBOUND_AMPERE),
+        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE),
     # NVIDIA DGX B200 datasheet (2024): 1,440 GB for 8 GPUs (180 GB each), 72 PFLOPS FP8 training
     # for 8 GPUs (sparse: 4.5 dense each); HGX B200: BF16 2.25 PFLOPS dense (4.5 with sparsity),
     # HBM3e 8 TB/s, NVLink 5 1.8 TB/s
@@ -438,8 +450,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                      "driver reservation (assumed)",
         **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=_SDPA_B200,
         attention_by_seq=_SDPA_B200_BY_SEQ, attention_source=_SDPA_BLACKWELL, **_CUDNN_B200,
-        **_MEMBOUND_BLACKWELL, membound_source=f"eager measured on B200 ({_LIGER_B200}); no torch.compile row: the "
-                                               f"H100's fused fraction assumed ({_LIGER})"),
+        cuda_arch=100, num_sms=_B200_SMS, **_MEMBOUND_BLACKWELL,
+        membound_source=f"eager measured on B200 ({_LIGER_B200}); no torch.compile row: the H100's fused fraction "
+                        f"assumed ({_LIGER})"),
     # NVIDIA GB200 NVL72 datasheet (2024), per rack of 72 GPUs: 360 PFLOPS BF16 and 720 PFLOPS FP8
     # (sparse: 2,500 and 5,000 dense per GPU), 13.4 TB HBM3e (186 GB per GPU), 576 TB/s (8 TB/s per
     # GPU), NVLink 130 TB/s (1.8 TB/s per GPU), all 72 in one NVLink domain; NVLink-C2C 900 GB/s to
@@ -449,12 +462,16 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         host_link_gb_per_s=450.0, gpus_per_node=72, fp8_tflops=5000.0,
         link_source=f"GB200 NVL72 datasheet: NVLink 1.8 TB/s per GPU across the 72, NVLink-C2C 900 GB/s to the "
                     f"CPU; {_NIC_ASSUMED}",
+        node_collective_gb_per_s=679.6,
+        collective_source="nccl-tests all_reduce_perf on one GB200 host's 4 GPUs, NCCL_ALGO=Ring, NCCL 2.25.1: busbw "
+                          "679.61 GB/s at 8 GB, 574.19 at 134 MB (Azure/AI-benchmarking-guide Azure_Results/"
+                          "ND_GB200_v6_results.md, 2a370be6; Benchmarks/NVIDIA/NCCLBandwidth.py runs Ring on 4 GPUs)",
         cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_B200,
         attention_by_seq=_SDPA_B200_BY_SEQ,
         attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({_SDPA_BLACKWELL})",
-        **_CUDNN_GB200, **_HOST_GRACE_GB200,
+        **_CUDNN_GB200, **_HOST_GRACE_GB200, cuda_arch=100, num_sms=_GB200_SMS,
         **_MEMBOUND_BLACKWELL, membound_source=f"none published for GB200: the B200's fractions (the same chip, the "
                                                f"same 8 TB/s) assumed ({_LIGER_B200}; fused: the H100's, {_LIGER})"),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense

@@ -29,10 +29,11 @@ dot_product_attention/utils.py get_attention_backend; common/fused_attn/fused_at
 at the GPU's published cuDNN figures (GPU.te_attention_efficiency: NVIDIA/cudnn-frontend's training SDPA
 benchmark on H200 for the H100's chip, on GB200 and on B200), else at the GPU's attention figures as the
 eager block (A100, where TE under deterministic mode runs FlashAttention-2). Under Megatron's
---deterministic-mode TE disables FusedAttention below sm90 and runs cuDNN's deterministic backward on sm90
-and later (utils.py 1293-1356, fused_attn.cpp 459-466, v2.16): this record times the non-deterministic
-backward; the cost model adds the deterministic kernel's extra time where its rate is published
-(planner/cost/jobsettings.py deterministic_attention_ms; the config reader says where it is not).
+--deterministic-mode TE disables FusedAttention below sm90, runs cuDNN's deterministic backward on sm90
+(utils.py 1293-1356, fused_attn.cpp 459-466, v2.16) and on sm100+ without attention dropout, and
+FlashAttention-2 on sm100+ under dropout (fused_attn.cpp 461-470, v2.18): this record times the
+non-deterministic kernels above; the cost model adds what the deterministic kernel TE picks takes beyond them
+(planner/cost/jobsettings.py deterministic_attention_ms; the config reader says where no rate is published).
 The linears: Megatron-core's TE spec builds one linear_qkv (Q, K and V in one weight) and, under
 SwiGLU, one linear_fc1 (gate and up, 2 x ffn_hidden_size wide; megatron/core/transformer/attention.py
 1406-1409, mlp.py 198-204, 6e091e1b): one GEMM each where the eager LLaMA block runs three and two,

@@ -437,17 +437,21 @@ def _test_settings(flags: Flags, job: Job) -> None:
     modelled.deterministic = bool(flags.take(
         "--deterministic-mode", "torch's deterministic algorithms (arguments.py 1528-1537): each of Transformer "
         "Engine's GEMM, norm and attention outputs filled with NaN before it is written (--deterministic-mode); "
-        "TE's deterministic "
-        "attention backward (cuDNN's on sm90+, FlashAttention-2's below: dot_product_attention/utils.py 1293-1356, "
-        "1436-1442, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0) at cuDNN's published deterministic rate "
-        "where there is one (GB200), FlashAttention-2's by its split grid's waves (A100), else timed as the "
-        "non-deterministic kernel", bool, False))
+        "TE's attention under determinism: cuDNN's deterministic backward on sm90, and on sm100+ without attention "
+        "dropout (dot_product_attention/utils.py 1293-1356, fused_attn_f16_arbitrary_seqlen.cu 824-826, TE v2.16.0), "
+        "at cuDNN's published deterministic rate where there is one (GB200), else timed as the non-deterministic "
+        "kernel; FlashAttention-2 below sm90 (A100) and on sm100+ under attention dropout (fused_attn.cpp 461-470, "
+        "TE v2.18.0): its forward at the GPU's FlashAttention-2 rate, its deterministic backward by its split "
+        "grid's waves", bool, False))
     if modelled.deterministic:
         flags.notes.append("--deterministic-mode: torch's NaN fill of Transformer Engine's outputs is charged; "
-                           "its deterministic attention backward at cuDNN's published rate on GB200, and on A100 "
-                           "FlashAttention-2's as its split grid runs in waves of one block an SM "
-                           "(jobsettings.flash2_deterministic_factor); none published for H100 or B200: timed "
-                           "there as the non-deterministic kernel")
+                           "TE's deterministic attention as it picks it: cuDNN's deterministic backward at its "
+                           "published rate on GB200 without attention dropout (none published for H100: timed there "
+                           "as the non-deterministic kernel); FlashAttention-2 on A100, and on B200 / GB200 under "
+                           "attention dropout (cuDNN's deterministic backward takes none on sm100+), its forward at "
+                           "the GPU's FlashAttention-2 rate and its backward as its split grid runs in waves of one "
+                           "block an SM (jobsettings.flash2_deterministic_factor); the dropout's own cost in the "
+                           "kernel is not charged")
 
 
 def _float8(flags: Flags, job: Job) -> None:
