@@ -12,6 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import UserError
+from planner.models.attention_published import (
+    CUDNN_B200,
+    CUDNN_GB200,
+    CUDNN_HOPPER_CHIP,
+    MI300X_FLASH_TFLOPS,
+    SDPA_B200,
+    SDPA_B200_BY_SEQ,
+    SDPA_BLACKWELL,
+    SDPA_H100,
+    SDPA_H100_BY_SEQ,
+    SDPA_HOPPER,
+)
 
 # Memory-bound kernels' achieved bandwidth as fractions of the datasheet's (eager, fused), derived by
 # scripts/membound_rates.py from Liger-Kernel's published benchmark medians (docs/gpus.md "Memory-bound
@@ -209,59 +221,6 @@ def _mamf(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, 
     return found
 
 
-def attention_tflops(batch: int, heads: int, seq_len: int, head_dim: int, latency_ms: float, *, causal: bool,
-                     backward: bool) -> float:
-    """A published attention timing as TFLOP/s, counted as FlashAttention's and tritonbench's benchmarks
-    count it: 4·s²·d·heads·batch forward, halved under a causal mask (the kernel skips the masked
-    blocks), x2.5 for the backward (five matmuls to the forward's two)."""
-    flops = 4 * seq_len**2 * head_dim * heads * batch / (2 if causal else 1) * (2.5 if backward else 1)
-    return flops / (latency_ms * 1e-3) / 1e12
-
-
-# torch's scaled_dot_product_attention on H100, flash backend (FlashAttention-2 as vendored in torch),
-# (batch 2, 16 heads, 8192 tokens, head dim 128), causal, BF16: forward 1.84317 ms, backward 5.28237 ms
-# (pytorch/benchmark c0409aaf, 2024-08-28, PR #2443 "Add FlexAttention", the `sdpa` rows, which run
-# `sdpa_kernel([SDPBackend.FLASH_ATTENTION])`; the GPU is not named there: the FlashAttention-2 package
-# in the same rows reaches 322 TFLOP/s, above any A100's 312 peak, and the operator is the H100 one of
-# 5cc1d010). Flash is first in torch's default order (ATen/Context.h 481-486, torch 2.13.0 as
-# installed); cuDNN attention is moved first only with a runtime cuDNN newer than 9.15 on sm_90/sm_100
-# (sdp_utils.cpp check_prefer_cudnn_attention, pytorch/pytorch 001f694)
-SDPA_H100_TFLOPS = (attention_tflops(2, 16, 8192, 128, 1.84317, causal=True, backward=False),
-                    attention_tflops(2, 16, 8192, 128, 5.28237, causal=True, backward=True))
-_SDPA_H100 = (SDPA_H100_TFLOPS[0] / 989.4, SDPA_H100_TFLOPS[1] / 989.4)
-# the same commit's other lengths (16384 tokens a batch, 16 heads, head dim 128, causal): forward and
-# backward ms at 512, 1024, 2048, 4096, 8192, 16384 tokens
-_SDPA_H100_MS = ((512, 0.199136, 1.14022), (1024, 0.298208, 1.41398), (2048, 0.51504, 1.97437),
-                 (4096, 0.9584, 3.08925), (8192, 1.84317, 5.28237), (16384, 3.62157, 9.27056))
-_SDPA_H100_BY_SEQ = tuple(
-    (seq, attention_tflops(16384 // seq, 16, seq, 128, fwd, causal=True, backward=False) / 989.4,
-     attention_tflops(16384 // seq, 16, seq, 128, bwd, causal=True, backward=True) / 989.4)
-    for seq, fwd, bwd in _SDPA_H100_MS)
-_SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim 128: forward "
-                f"{SDPA_H100_TFLOPS[0]:.1f}, backward {SDPA_H100_TFLOPS[1]:.1f} TFLOP/s (pytorch/benchmark c0409aaf)")
-# FlashAttention-2 on MI300X (ROCm's CK port, ROCm 6.3.2), non-causal, batch 1, 16384 tokens, head dim
-# 128: forward 353.22, backward 194.43 TFLOP/s (ROCm/flash-attention#142, 2025-05-18). torch's SDPA on
-# ROCm runs AOTriton's kernels instead, whose backward pytorch/pytorch#135431 measured at 19.9 TFLOP/s
-# on LLaMA 3 8B's shapes (torch 2.5.0.dev20240907+rocm6.2); no later absolute AOTriton figure was found
-# (ROCm/aotriton 0.9b and 0.10b release PRs #76, #97 give relative changes only): at 19.9 TFLOP/s the
-# M12/T5 step would take 2.94 s against 1.524 s published, at CK's 0.96 s (docs/published-runs.md §11.rocm).
-# M12's torch (2.9.0.dev20250811+rocm6.4) bundled AOTriton 0.10b (pytorch#156499, 2025-06-20, to #161754, 2025-08-29,
-# which moved to 0.11b and AITER's assembly kernels), AOTriton being ROCm's default SDPA library (torch/backends/cuda
-# preferred_rocm_fa_library: "Currently AOTriton"; CK only under TORCH_ROCM_FA_PREFER_CK=1, which neither torchtitan
-# 2c8b5947's run_train.sh nor torchao 853f87d1's llama3.sh sets); no absolute 0.10b figure on gfx942 was found
-MI300X_FLASH_TFLOPS = (353.22, 194.43)
-# cuDNN's fused attention as NVIDIA's cudnn-frontend training benchmark times it (benchmark/sdpa_benchmark_training,
-# NVIDIA/cudnn-frontend): BF16, head dim 128, 8 K/V heads, 8192 tokens, causal (top_left), ms forward / backward:
-# - H200 (the H100's chip), cuDNN 9.19, 64 query heads, batch 1: 1.708 / 5.083 (results/h200_919_only_cudnn/
-#   llama3.1_20260227_034703.csv, df73764, 2026-03-09);
-# - GB200, cuDNN 9.22.0 (frontend 1.21.1), 64 query heads, batch 2: 1.397 / 4.127, the deterministic backward 4.754
-#   (results/llama3.1/gb200/llama3.1_20260424_100750.csv, fb682ce, 2026-04-29); its cuDNN 9.19 run (batch 1, df73764)
-#   reads 1,598 / 1,311 TFLOP/s, within 2%;
-# - B200, cuDNN 9.13.1 through torch 2.9.0's cuDNN backend (NGC 25.09), 128 query heads, batch 1: 1.877 / 5.833
-#   (artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c, 2025-10-10).
-# The FlashAttention-3 paper's earlier H100 figures (529 causal forward, 518 no-mask backward, arXiv 2407.08608
-# Fig. 5-6) are an older cuDNN's and have no causal backward (docs/gpus.md §3).
-_CUDNN_FRONTEND = "NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training"
 # The CPU time of one Linear module's forward (BF16, hidden 2048, 8192 tokens) on each reference system's host,
 # torch's nn.Linear: DGX H100 (Xeon Platinum 8480C) 13.48 µs, GB200 (Grace) 37.08, GH200 (Grace) 33.17
 # (NVIDIA/TransformerEngine#2053, 2025-08-11, the issue's table; TE's Linear then 99.66 on GB200 and 90.53 on
@@ -270,42 +229,6 @@ _HOST_2053 = "NVIDIA/TransformerEngine#2053 (2025-08-11): torch nn.Linear forwar
 _HOST_XEON = dict(host_call_us=13.48, host_source=f"DGX H100's Xeon Platinum 8480C: 13.48 µs ({_HOST_2053})")
 _HOST_GRACE_GB200 = dict(host_call_us=37.08, host_source=f"GB200's Grace: 37.08 µs ({_HOST_2053})")
 _HOST_GRACE_GH200 = dict(host_call_us=33.17, host_source=f"GH200's Grace: 33.17 µs ({_HOST_2053})")
-CUDNN_H100_TFLOPS = (attention_tflops(1, 64, 8192, 128, 1.708, causal=True, backward=False),
-                     attention_tflops(1, 64, 8192, 128, 5.083, causal=True, backward=True))
-_CUDNN_H100 = (CUDNN_H100_TFLOPS[0] / 989.4, CUDNN_H100_TFLOPS[1] / 989.4)
-_CUDNN_HOPPER = (f"cuDNN 9.19 fused attention on H200 (the H100's chip), causal, 8192 tokens, head dim 128: forward "
-                 f"{CUDNN_H100_TFLOPS[0]:.1f}, backward {CUDNN_H100_TFLOPS[1]:.1f} TFLOP/s ({_CUDNN_FRONTEND}, "
-                 f"results/h200_919_only_cudnn, df73764); no deterministic backward published for sm90")
-_CUDNN_HOPPER_CHIP = dict(te_attention_efficiency=_CUDNN_H100, te_attention_source=_CUDNN_HOPPER)
-CUDNN_GB200_TFLOPS = (attention_tflops(2, 64, 8192, 128, 1.397, causal=True, backward=False),
-                      attention_tflops(2, 64, 8192, 128, 4.127, causal=True, backward=True),
-                      attention_tflops(2, 64, 8192, 128, 4.754, causal=True, backward=True))
-_CUDNN_GB200 = dict(
-    te_attention_efficiency=(CUDNN_GB200_TFLOPS[0] / 2500.0, CUDNN_GB200_TFLOPS[1] / 2500.0),
-    te_attention_deterministic_bwd=CUDNN_GB200_TFLOPS[2] / 2500.0,
-    te_attention_source=(f"cuDNN 9.22 fused attention on GB200, causal, 8192 tokens, head dim 128: forward "
-                         f"{CUDNN_GB200_TFLOPS[0]:.0f}, backward {CUDNN_GB200_TFLOPS[1]:.0f}, deterministic backward "
-                         f"{CUDNN_GB200_TFLOPS[2]:.0f} TFLOP/s ({_CUDNN_FRONTEND}, results/llama3.1/gb200, fb682ce)"))
-CUDNN_B200_TFLOPS = (attention_tflops(1, 128, 8192, 128, 1.877, causal=True, backward=False),
-                     attention_tflops(1, 128, 8192, 128, 5.833, causal=True, backward=True))
-_CUDNN_B200 = dict(
-    te_attention_efficiency=(CUDNN_B200_TFLOPS[0] / 2250.0, CUDNN_B200_TFLOPS[1] / 2250.0),
-    te_attention_source=(f"cuDNN 9.13.1 fused attention (torch 2.9.0's cuDNN backend) on B200, causal, 8192 tokens, "
-                         f"head dim 128: forward {CUDNN_B200_TFLOPS[0]:.0f}, backward {CUDNN_B200_TFLOPS[1]:.0f} TFLOP/s "
-                         f"({_CUDNN_FRONTEND}, artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c); no "
-                         f"deterministic backward published for B200"))
-# torch's SDPA flash backend on B200 (the same B200 file's pyt_flash_attention rows, torch 2.9.0, 128 query heads,
-# 8 K/V heads, head dim 128, batch 1, causal): forward and backward ms at 512 to 16384 tokens
-_SDPA_B200_MS = ((512, 0.115, 0.259), (1024, 0.208, 0.798), (2048, 0.567, 1.844), (4096, 1.692, 5.360),
-                 (8192, 5.889, 18.395), (16384, 22.297, 68.724))
-_SDPA_B200_BY_SEQ = tuple(
-    (seq, attention_tflops(1, 128, seq, 128, fwd, causal=True, backward=False) / 2250.0,
-     attention_tflops(1, 128, seq, 128, bwd, causal=True, backward=True) / 2250.0)
-    for seq, fwd, bwd in _SDPA_B200_MS)
-_SDPA_B200 = next((fwd, bwd) for seq, fwd, bwd in _SDPA_B200_BY_SEQ if seq == 8192)
-_SDPA_BLACKWELL = (f"torch 2.9.0 SDPA flash backend on B200, causal, 8192 tokens, head dim 128: forward "
-                   f"{_SDPA_B200[0] * 2250:.1f}, backward {_SDPA_B200[1] * 2250:.1f} TFLOP/s ({_CUDNN_FRONTEND}, "
-                   f"artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c)")
 _FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forward and backward (Dao 2023, "
                "arXiv 2307.08691 §4.1)")
 # the A100's 108 streaming multiprocessors (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: "108 SMs"
@@ -355,8 +278,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
-        **_mamf("h100-sxm", 989.4, fp8_key="h100-sxm", fp8_peak=1978.9), attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=_SDPA_HOPPER, **_CUDNN_HOPPER_CHIP, **_HOST_XEON,
+        **_mamf("h100-sxm", 989.4, fp8_key="h100-sxm", fp8_peak=1978.9), attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
+        attention_source=SDPA_HOPPER, **CUDNN_HOPPER_CHIP, **_HOST_XEON,
         **_MEMBOUND_HOPPER),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
         fp8_tflops=1513.0,
@@ -366,8 +289,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="nvidia-smi on H100 PCIe: 81559 MiB (Beomi/BitNet-Transformers README), less the SXM's "
                      "454 MiB driver reservation (assumed)",
         **_mamf("h100-sxm", 989.4, ": the SXM's fraction, none published for PCIe"),
-        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the SXM's fractions, none published for PCIe: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
+        attention_source=f"the SXM's fractions, none published for PCIe: {SDPA_HOPPER}", **CUDNN_HOPPER_CHIP,
         **_MEMBOUND_HOPPER),
     # The H100 of Meta's Grand Teton hosts, on which torchtitan's published benchmarks ran: "HBM2e-based SXM
     # H100 with lower TDP", "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power
@@ -385,8 +308,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("h100-sxm", 989.4, ": the 700 W SXM's; none measured at 500 W", fp8_key="h100-sxm", fp8_peak=1978.9),
-        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the 700 W SXM's: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
+        attention_source=f"the 700 W SXM's: {SDPA_HOPPER}", **CUDNN_HOPPER_CHIP,
         **_MEMBOUND_HOPPER),
     # NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM
     GPU("h200", 141 * 10**9, 989.4, 4.8, "NVIDIA H200 datasheet, SXM (BF16 989, FP8 1,979 dense; 4.8 TB/s)", 450.0,
@@ -397,8 +320,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                      "reservation (assumed)",
         **_mamf("h100-sxm", 989.4, ": the table's H100 row, whose note says \"H200 is the same\"", fp8_key="h200",
               fp8_peak=1978.9),
-        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP,
+        attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {SDPA_HOPPER}", **CUDNN_HOPPER_CHIP,
         **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 part with 96 GB HBM3 at 4 TB/s (or
     # 144 GB HBM3e at 4.9 TB/s), H100 SXM compute; NVLink 900 GB/s GPU to GPU, NVLink-C2C 900 GB/s
@@ -409,8 +332,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
-        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP, **_HOST_GRACE_GH200,
+        attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {SDPA_HOPPER}", **CUDNN_HOPPER_CHIP, **_HOST_GRACE_GH200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
         "NVIDIA GH200 datasheet, 144 GB HBM3e (BF16 989, FP8 1,979 dense; 4.9 TB/s)", 450.0,
@@ -419,8 +342,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=144 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("gh200", 989.4, ", measured on the 144 GB part", fp8_key="gh200", fp8_peak=1978.9),
-        attention_efficiency=_SDPA_H100, attention_by_seq=_SDPA_H100_BY_SEQ,
-        attention_source=f"the H100's chip: {_SDPA_HOPPER}", **_CUDNN_HOPPER_CHIP, **_HOST_GRACE_GH200,
+        attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
+        attention_source=f"the H100's chip: {SDPA_HOPPER}", **CUDNN_HOPPER_CHIP, **_HOST_GRACE_GH200,
         **_membound_assumed("H100", MEMBOUND_H100)),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, no FP8; 40 GB 1,555 GB/s,
     # 80 GB SXM 2,039 GB/s; NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 8x HDR 200 Gb/s
@@ -448,8 +371,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=183359 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
                      "driver reservation (assumed)",
-        **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=_SDPA_B200,
-        attention_by_seq=_SDPA_B200_BY_SEQ, attention_source=_SDPA_BLACKWELL, **_CUDNN_B200,
+        **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=SDPA_B200,
+        attention_by_seq=SDPA_B200_BY_SEQ, attention_source=SDPA_BLACKWELL, **CUDNN_B200,
         cuda_arch=100, num_sms=_B200_SMS, **_MEMBOUND_BLACKWELL,
         membound_source=f"eager measured on B200 ({_LIGER_B200}); no torch.compile row: the H100's fused fraction "
                         f"assumed ({_LIGER})"),
@@ -468,10 +391,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                           "ND_GB200_v6_results.md, 2a370be6; Benchmarks/NVIDIA/NCCLBandwidth.py runs Ring on 4 GPUs)",
         cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
-        **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=_SDPA_B200,
-        attention_by_seq=_SDPA_B200_BY_SEQ,
-        attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({_SDPA_BLACKWELL})",
-        **_CUDNN_GB200, **_HOST_GRACE_GB200, cuda_arch=100, num_sms=_GB200_SMS,
+        **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=SDPA_B200,
+        attention_by_seq=SDPA_B200_BY_SEQ,
+        attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({SDPA_BLACKWELL})",
+        **CUDNN_GB200, **_HOST_GRACE_GB200, cuda_arch=100, num_sms=_GB200_SMS,
         **_MEMBOUND_BLACKWELL, membound_source=f"none published for GB200: the B200's fractions (the same chip, the "
                                                f"same 8 TB/s) assumed ({_LIGER_B200}; fused: the H100's, {_LIGER})"),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense

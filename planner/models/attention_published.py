@@ -1,0 +1,97 @@
+"""Published attention-kernel timings, as fractions of each GPU's dense BF16 peak: torch's SDPA flash
+backend (pytorch/benchmark; the cudnn-frontend benchmark's torch rows on B200), cuDNN's fused attention
+(NVIDIA/cudnn-frontend's training benchmark) and FlashAttention-2 on MI300X, each with its source. The GPU
+records (planner/models/gpus.py) read them; attention_rates.py interpolates them by sequence length."""
+
+from __future__ import annotations
+
+
+def attention_tflops(batch: int, heads: int, seq_len: int, head_dim: int, latency_ms: float, *, causal: bool,
+                     backward: bool) -> float:
+    """A published attention timing as TFLOP/s, counted as FlashAttention's and tritonbench's benchmarks
+    count it: 4·s²·d·heads·batch forward, halved under a causal mask (the kernel skips the masked
+    blocks), x2.5 for the backward (five matmuls to the forward's two)."""
+    flops = 4 * seq_len**2 * head_dim * heads * batch / (2 if causal else 1) * (2.5 if backward else 1)
+    return flops / (latency_ms * 1e-3) / 1e12
+
+
+# torch's scaled_dot_product_attention on H100, flash backend (FlashAttention-2 as vendored in torch),
+# (batch 2, 16 heads, 8192 tokens, head dim 128), causal, BF16: forward 1.84317 ms, backward 5.28237 ms
+# (pytorch/benchmark c0409aaf, 2024-08-28, PR #2443 "Add FlexAttention", the `sdpa` rows, which run
+# `sdpa_kernel([SDPBackend.FLASH_ATTENTION])`; the GPU is not named there: the FlashAttention-2 package
+# in the same rows reaches 322 TFLOP/s, above any A100's 312 peak, and the operator is the H100 one of
+# 5cc1d010). Flash is first in torch's default order (ATen/Context.h 481-486, torch 2.13.0 as
+# installed); cuDNN attention is moved first only with a runtime cuDNN newer than 9.15 on sm_90/sm_100
+# (sdp_utils.cpp check_prefer_cudnn_attention, pytorch/pytorch 001f694)
+SDPA_H100_TFLOPS = (attention_tflops(2, 16, 8192, 128, 1.84317, causal=True, backward=False),
+                    attention_tflops(2, 16, 8192, 128, 5.28237, causal=True, backward=True))
+SDPA_H100 = (SDPA_H100_TFLOPS[0] / 989.4, SDPA_H100_TFLOPS[1] / 989.4)
+# the same commit's other lengths (16384 tokens a batch, 16 heads, head dim 128, causal): forward and
+# backward ms at 512, 1024, 2048, 4096, 8192, 16384 tokens
+_SDPA_H100_MS = ((512, 0.199136, 1.14022), (1024, 0.298208, 1.41398), (2048, 0.51504, 1.97437),
+                 (4096, 0.9584, 3.08925), (8192, 1.84317, 5.28237), (16384, 3.62157, 9.27056))
+SDPA_H100_BY_SEQ = tuple(
+    (seq, attention_tflops(16384 // seq, 16, seq, 128, fwd, causal=True, backward=False) / 989.4,
+     attention_tflops(16384 // seq, 16, seq, 128, bwd, causal=True, backward=True) / 989.4)
+    for seq, fwd, bwd in _SDPA_H100_MS)
+SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim 128: forward "
+                f"{SDPA_H100_TFLOPS[0]:.1f}, backward {SDPA_H100_TFLOPS[1]:.1f} TFLOP/s (pytorch/benchmark c0409aaf)")
+# FlashAttention-2 on MI300X (ROCm's CK port, ROCm 6.3.2), non-causal, batch 1, 16384 tokens, head dim
+# 128: forward 353.22, backward 194.43 TFLOP/s (ROCm/flash-attention#142, 2025-05-18). torch's SDPA on
+# ROCm runs AOTriton's kernels instead, whose backward pytorch/pytorch#135431 measured at 19.9 TFLOP/s
+# on LLaMA 3 8B's shapes (torch 2.5.0.dev20240907+rocm6.2); no later absolute AOTriton figure was found
+# (ROCm/aotriton 0.9b and 0.10b release PRs #76, #97 give relative changes only): at 19.9 TFLOP/s the
+# M12/T5 step would take 2.94 s against 1.524 s published, at CK's 0.96 s (docs/published-runs.md §11.rocm).
+# M12's torch (2.9.0.dev20250811+rocm6.4) bundled AOTriton 0.10b (pytorch#156499, 2025-06-20, to #161754, 2025-08-29,
+# which moved to 0.11b and AITER's assembly kernels), AOTriton being ROCm's default SDPA library (torch/backends/cuda
+# preferred_rocm_fa_library: "Currently AOTriton"; CK only under TORCH_ROCM_FA_PREFER_CK=1, which neither torchtitan
+# 2c8b5947's run_train.sh nor torchao 853f87d1's llama3.sh sets); no absolute 0.10b figure on gfx942 was found
+MI300X_FLASH_TFLOPS = (353.22, 194.43)
+# cuDNN's fused attention as NVIDIA's cudnn-frontend training benchmark times it (benchmark/sdpa_benchmark_training,
+# NVIDIA/cudnn-frontend): BF16, head dim 128, 8 K/V heads, 8192 tokens, causal (top_left), ms forward / backward:
+# - H200 (the H100's chip), cuDNN 9.19, 64 query heads, batch 1: 1.708 / 5.083 (results/h200_919_only_cudnn/
+#   llama3.1_20260227_034703.csv, df73764, 2026-03-09);
+# - GB200, cuDNN 9.22.0 (frontend 1.21.1), 64 query heads, batch 2: 1.397 / 4.127, the deterministic backward 4.754
+#   (results/llama3.1/gb200/llama3.1_20260424_100750.csv, fb682ce, 2026-04-29); its cuDNN 9.19 run (batch 1, df73764)
+#   reads 1,598 / 1,311 TFLOP/s, within 2%;
+# - B200, cuDNN 9.13.1 through torch 2.9.0's cuDNN backend (NGC 25.09), 128 query heads, batch 1: 1.877 / 5.833
+#   (artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c, 2025-10-10).
+# The FlashAttention-3 paper's earlier H100 figures (529 causal forward, 518 no-mask backward, arXiv 2407.08608
+# Fig. 5-6) are an older cuDNN's and have no causal backward (docs/gpus.md §3).
+_CUDNN_FRONTEND = "NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training"
+CUDNN_H100_TFLOPS = (attention_tflops(1, 64, 8192, 128, 1.708, causal=True, backward=False),
+                     attention_tflops(1, 64, 8192, 128, 5.083, causal=True, backward=True))
+_CUDNN_H100 = (CUDNN_H100_TFLOPS[0] / 989.4, CUDNN_H100_TFLOPS[1] / 989.4)
+_CUDNN_HOPPER = (f"cuDNN 9.19 fused attention on H200 (the H100's chip), causal, 8192 tokens, head dim 128: forward "
+                 f"{CUDNN_H100_TFLOPS[0]:.1f}, backward {CUDNN_H100_TFLOPS[1]:.1f} TFLOP/s ({_CUDNN_FRONTEND}, "
+                 f"results/h200_919_only_cudnn, df73764); no deterministic backward published for sm90")
+CUDNN_HOPPER_CHIP = dict(te_attention_efficiency=_CUDNN_H100, te_attention_source=_CUDNN_HOPPER)
+CUDNN_GB200_TFLOPS = (attention_tflops(2, 64, 8192, 128, 1.397, causal=True, backward=False),
+                      attention_tflops(2, 64, 8192, 128, 4.127, causal=True, backward=True),
+                      attention_tflops(2, 64, 8192, 128, 4.754, causal=True, backward=True))
+CUDNN_GB200 = dict(
+    te_attention_efficiency=(CUDNN_GB200_TFLOPS[0] / 2500.0, CUDNN_GB200_TFLOPS[1] / 2500.0),
+    te_attention_deterministic_bwd=CUDNN_GB200_TFLOPS[2] / 2500.0,
+    te_attention_source=(f"cuDNN 9.22 fused attention on GB200, causal, 8192 tokens, head dim 128: forward "
+                         f"{CUDNN_GB200_TFLOPS[0]:.0f}, backward {CUDNN_GB200_TFLOPS[1]:.0f}, deterministic backward "
+                         f"{CUDNN_GB200_TFLOPS[2]:.0f} TFLOP/s ({_CUDNN_FRONTEND}, results/llama3.1/gb200, fb682ce)"))
+CUDNN_B200_TFLOPS = (attention_tflops(1, 128, 8192, 128, 1.877, causal=True, backward=False),
+                     attention_tflops(1, 128, 8192, 128, 5.833, causal=True, backward=True))
+CUDNN_B200 = dict(
+    te_attention_efficiency=(CUDNN_B200_TFLOPS[0] / 2250.0, CUDNN_B200_TFLOPS[1] / 2250.0),
+    te_attention_source=(f"cuDNN 9.13.1 fused attention (torch 2.9.0's cuDNN backend) on B200, causal, 8192 tokens, "
+                         f"head dim 128: forward {CUDNN_B200_TFLOPS[0]:.0f}, backward {CUDNN_B200_TFLOPS[1]:.0f} TFLOP/s "
+                         f"({_CUDNN_FRONTEND}, artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c); no "
+                         f"deterministic backward published for B200"))
+# torch's SDPA flash backend on B200 (the same B200 file's pyt_flash_attention rows, torch 2.9.0, 128 query heads,
+# 8 K/V heads, head dim 128, batch 1, causal): forward and backward ms at 512 to 16384 tokens
+_SDPA_B200_MS = ((512, 0.115, 0.259), (1024, 0.208, 0.798), (2048, 0.567, 1.844), (4096, 1.692, 5.360),
+                 (8192, 5.889, 18.395), (16384, 22.297, 68.724))
+SDPA_B200_BY_SEQ = tuple(
+    (seq, attention_tflops(1, 128, seq, 128, fwd, causal=True, backward=False) / 2250.0,
+     attention_tflops(1, 128, seq, 128, bwd, causal=True, backward=True) / 2250.0)
+    for seq, fwd, bwd in _SDPA_B200_MS)
+SDPA_B200 = next((fwd, bwd) for seq, fwd, bwd in SDPA_B200_BY_SEQ if seq == 8192)
+SDPA_BLACKWELL = (f"torch 2.9.0 SDPA flash backend on B200, causal, 8192 tokens, head dim 128: forward "
+                   f"{SDPA_B200[0] * 2250:.1f}, backward {SDPA_B200[1] * 2250:.1f} TFLOP/s ({_CUDNN_FRONTEND}, "
+                   f"artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c)")
