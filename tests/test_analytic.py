@@ -347,7 +347,7 @@ def test_a_tied_embedding_is_counted_once_on_one_stage_and_twice_split():
     profile = analytic.analytic_profile(arch, Shape(seq_len=2048, micro_batch_size=1), gpu=gpu, model=REF)
     shared = 151936 * 896
     assert [(t.layers, t.param_count) for t in profile.tied] == [(["tok_embeddings", "output"], shared)]
-    assert profile.tied[0].sum_ms == pytest.approx(shared * 4 / 50e9 * 1e3)
+    assert profile.tied[0].sum_ms == pytest.approx(shared * 4 / 48e9 * 1e3)  # NCCL's busbw over a 400 Gb/s NIC
     names = [layer.name for layer in profile.layers]
     one = costmodel.evaluate([StagePlan(index=0, layers=names, checkpointed=[])], profile,
                              TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[10**12],

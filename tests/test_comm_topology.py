@@ -232,7 +232,8 @@ def test_a_measured_collective_figure_applies_inside_a_node_and_the_network_acro
     inside = comm_fields(profile, DataParallelOptions(), runtime="torchtitan")
     across = comm_fields(profile, DataParallelOptions(gpus_per_node=1), runtime="torchtitan")
     assert (inside["tp_gb_per_s"], inside["tp_step_latency_ms"]) == (354.9, pytest.approx(3.4e-3))
-    assert (across["tp_gb_per_s"], across["tp_step_latency_ms"]) == (50.0, pytest.approx(14.0e-3))
+    # a collective across nodes at NCCL's busbw over the 400 Gb/s NIC: 48 GB/s (nccl-tests#119), not the line's 50
+    assert (across["tp_gb_per_s"], across["tp_step_latency_ms"]) == (48.0, pytest.approx(14.0e-3))
     assert "NVIDIA/nccl#1281" in inside["comm_notes"][0]
 
 

@@ -234,9 +234,10 @@ def test_the_cp_link_is_nvlink_inside_a_node_and_the_network_across(tmp_path):
                                             gpu=H100, model=REF)
         return comm_setup.comm_fields(profile, DataParallelOptions(dp=cp), runtime="megatron")["cp_gb_per_s"]
 
-    # tp 4 x cp 2 fits a node of 8: nccl-tests' in-node figure; tp 8 x cp 2 spans two: one 400 Gb/s NIC a GPU
+    # tp 4 x cp 2 fits a node of 8: nccl-tests' in-node figure; tp 8 x cp 2 spans two: one 400 Gb/s NIC a GPU,
+    # at NCCL's bus bandwidth over it (48 of its 50 GB/s)
     assert link(4, 2) == pytest.approx(H100.node_collective_gb_per_s)
-    assert link(8, 2) == pytest.approx(H100.network_gb_per_s * H100.nics_per_gpu)
+    assert link(8, 2) == pytest.approx(48.0 * H100.nics_per_gpu) == pytest.approx(H100.network_collective_rate)
     # by hand over each: a 1e8-byte K/V send at 50 GB/s is 2 ms plus NCCL's latency
     network = comm.network_link(50.0, 1)
     assert comm.send_ms(10**8, network) == pytest.approx(8.4e-3 + 14.0e-3 + 2.0)
@@ -465,5 +466,5 @@ def test_gpus_per_node_counts_the_cp_ranks_in_the_data_parallel_groups():
     # 4 replicas x 2 cp ranks = 8 ranks: past a node of 4, within a node of 8
     across = _with_node(DataParallelOptions(dp=4, zero=3), job, H100, 4, notes)
     inside = _with_node(DataParallelOptions(dp=4, zero=3), job, H100, 8, notes)
-    assert across.shard_bandwidth == H100.network_gb_per_s and inside.shard_bandwidth == H100.node_collective_gb_per_s
+    assert across.shard_bandwidth == H100.network_collective_rate == 48.0 and inside.shard_bandwidth == H100.node_collective_gb_per_s
     assert "x CP 2" in notes[0]

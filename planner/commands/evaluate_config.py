@@ -254,7 +254,7 @@ def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]
 
     def link(ranks: int, *, ring: bool = True) -> float:  # as links.default_links: a ring at the measured busbw
         inside = device.node_collective_rate if ring else device.node_link_gb_per_s
-        return inside if ranks * span <= gpus_per_node else device.network_gb_per_s
+        return inside if ranks * span <= gpus_per_node else device.network_collective_rate
 
     shard = options.shard_group or options.dp
     notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard}{f' x CP {job.cp}' if job.cp > 1 else ''} "

@@ -127,14 +127,16 @@ def job_links(gpu, *, tp: int, cp: int, pp_stride: int, gpus_per_node: int, nics
     """The links of a job's groups on `gpu` (planner/models/gpus.py), ranks placed tp, cp, dp, pp:
     "tp" (its ranks adjacent), "cp" (tp apart), "pp" (a send between ranks `pp_stride` apart: tp x
     dp x cp). A collective group inside a node runs at the node's measured collective rate where
-    nccl-tests published one for the GPU, else the link's datasheet rate; the rest at the network's."""
+    nccl-tests published one for the GPU, else the link's datasheet rate; the rest at the network's: a
+    collective at NCCL's bus bandwidth over the NICs (GPU.network_collective_rate), a send at their line rate."""
     inside = node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
-    between = network_link(gpu.network_gb_per_s, nics_per_gpu)
+    between = network_link(gpu.network_gb_per_s, nics_per_gpu)  # a send: the NICs' line rate
+    collectives_between = network_link(gpu.network_collective_rate, nics_per_gpu)  # NCCL's busbw over them
     measured = (Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
                      f"in-node, measured: {gpu.collective_source}") if gpu.node_collective_gb_per_s else inside)
 
     def collective(ranks: int, stride: int) -> Link:
-        link = group_link(ranks, stride, gpus_per_node, inside, between)
+        link = group_link(ranks, stride, gpus_per_node, inside, collectives_between)
         return measured if link is inside else link
 
     return {"tp": collective(tp, 1), "cp": collective(cp, tp),

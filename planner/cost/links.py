@@ -56,7 +56,7 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
         if option in given:
             return given[option], option
         if ranks * tp > node:
-            return gpu.network_gb_per_s, "network"
+            return gpu.network_collective_rate, "network, NCCL's busbw"
         if ring and gpu.node_collective_gb_per_s:
             return gpu.node_collective_rate, "in-node, measured busbw"
         return gpu.node_link_gb_per_s, "in-node link"

@@ -165,6 +165,12 @@ class GPU:
         return self.node_collective_gb_per_s or self.node_link_gb_per_s
 
     @property
+    def network_collective_rate(self) -> float:
+        """GB/s a collective across nodes runs at a NIC: NCCL's bus bandwidth over one NIC, 0.96 of its
+        line rate (NCCL_NIC_BUSBW_FRACTION); a point-to-point send keeps the line rate."""
+        return self.network_gb_per_s * NCCL_NIC_BUSBW_FRACTION
+
+    @property
     def usable_bytes(self) -> int:
         """What one training process can allocate: the CUDA total less the context."""
         return self.cuda_total_bytes - CUDA_CONTEXT_BYTES
@@ -173,6 +179,10 @@ class GPU:
 # The CUDA context PyTorch creates on its first CUDA call (CUDA >= 11.7, lazy module loading):
 # "around 400MB" (pytorch/pytorch#109888, a PyTorch maintainer); ~287 MB measured in
 # pytorch/pytorch#86509. Taken as 400 MiB, the larger reading.
+# NCCL's collectives over InfiniBand reach 0.96 of a NIC's line rate: "We usually consider 24GB/s is the peak
+# performance per 200G NIC (12 GB/s for 100G NICs)" (an NCCL maintainer, NVIDIA/nccl-tests#119, 2022-11-17): 48 GB/s
+# bus bandwidth a 400 Gb/s NIC, the figure the same maintainers give for NDR in NVIDIA/nccl-tests#290
+NCCL_NIC_BUSBW_FRACTION = 24.0 / 25.0
 CUDA_CONTEXT_BYTES = 400 * 2**20
 CONTEXT_SOURCE = "CUDA context ~400 MB with lazy loading (pytorch/pytorch#109888)"
 _MIB = 2**20

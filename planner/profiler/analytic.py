@@ -213,7 +213,7 @@ def tied_embedding(arch: Arch, shape: Shape, gpu: GPU) -> list[TiedSet]:
         return []
     shared = vocab_per_device(arch, shape) * arch.hidden_size
     return [TiedSet(layers=["tok_embeddings", "output"], param_count=shared, param_bytes=shared * shape.d,
-                    sum_ms=shared * FP32 / (gpu.network_gb_per_s * 1e9) * 1e3)]
+                    sum_ms=shared * FP32 / (gpu.network_collective_rate * 1e9) * 1e3)]
 
 
 def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:

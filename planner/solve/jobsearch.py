@@ -131,14 +131,14 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
     gpu = dataparallel.profile_gpu(profile)
 
     def link(ranks: int) -> float:
-        return gpu.node_collective_rate if ranks * degrees.tp <= gpus_per_node else gpu.network_gb_per_s
+        return gpu.node_collective_rate if ranks * degrees.tp <= gpus_per_node else gpu.network_collective_rate
 
-    experts = (gpu.node_link_gb_per_s if degrees.ep * degrees.tp <= gpus_per_node else gpu.network_gb_per_s)
+    experts = (gpu.node_link_gb_per_s if degrees.ep * degrees.tp <= gpus_per_node else gpu.network_collective_rate)
     return dict(shard_gb_per_s=link(degrees.shard_group or degrees.dp), replica_gb_per_s=link(degrees.dp),
                 host_gb_per_s=gpu.host_link_gb_per_s, devices_per_node=gpus_per_node,
                 ep_gb_per_s=experts if degrees.ep > 1 else None,
                 dp_notes=[f"{gpu.name}, {gpus_per_node} GPUs a node, tp {degrees.tp}: groups within a node at "
-                          f"{gpu.node_collective_rate:g} GB/s, across nodes at {gpu.network_gb_per_s:g} GB/s; "
+                          f"{gpu.node_collective_rate:g} GB/s, across nodes at {gpu.network_collective_rate:g} GB/s; "
                           f"{gpu.link_source}"])
 
 
