@@ -222,16 +222,11 @@ def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setu
     after the stage's last backward, placed there in the schedule (the step carries none of them).
     `stage_layers`, per stage: its layers, whose data-parallel collectives Megatron-LM's DDP issues
     beside the schedule's compute (megatron_dp.py; without them its reductions are not charged)."""
-    reductions = reductions or [0.0] * len(sums)
-    times, split_extra = [], 0.0  # what the split passes take beyond the full backwards
-    for index, (stage, waited) in enumerate(zip(sums, reductions)):
-        forward = stage.forward_ms + stage.comm_ms / 2
-        backward = max(stage.busy_ms - forward, 0.0)
-        halves = (backward / 2, backward / 2)
-        if order.splits_backward:
-            halves = splittime.split_pass_ms(backward, splits[index] if splits else splittime.StageSplit(), stage=index)
-        times.append(schedule_time.StageTimes(forward, *halves, reduce_ms=waited))
-        split_extra += sum(halves) - backward
+    if order.splits_backward:
+        splits = splits or [splittime.StageSplit()] * len(sums)
+    times = splittime.stage_times(sums, splits=splits if order.splits_backward else None, reductions=reductions)
+    # what the split passes take beyond the full backwards (the busy time the stages' sums charge)
+    split_extra = sum(t.busy_ms for t in times) - sum(max(s.busy_ms, t.forward_ms) for s, t in zip(sums, times))
     steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
     lockstep = runtimes.of(setup.training).multi_schedule_lockstep
     makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep)

@@ -12,7 +12,12 @@ stage's backward (layers with nothing recorded, collectives, the loss) goes half
 
 On the pipeline's first stage torch's I runs nothing and its W the stage's whole backward as one
 plain autograd call (torch 2.13.0 pipelining/stage.py 1018-1021, 1098-1106): I = 0, W = the full
-backward, not the split's."""
+backward, not the split's.
+
+The evaluator (score.plan_iteration_ms) and the chunked solvers' linear time (chunked.chunked_linear_ms,
+the MILP's rows: milp._stage_time) read a stage's passes through one function, stage_times: its
+F + I + W is its full-backward busy time plus, past the first stage, each layer's layer_extra_ms
+under its option, a constant per (layer, option), so the MILP's time stays linear and exact."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 
 from planner.cost.layers import LayerCost
 from planner.cost.rules import compute_ms, option_recompute_ms
+from planner.cost.schedule_time import StageTimes
 from planner.schema import TrainSetup
 
 
@@ -49,6 +55,15 @@ def layer_split_ms(layer: LayerCost, option: int, setup: TrainSetup) -> tuple[fl
     return chosen.input_grad_ms * scale, chosen.weight_grad_ms * scale, charged
 
 
+def layer_extra_ms(layer: LayerCost, option: int, setup: TrainSetup) -> float:
+    """What one layer's split passes under option `option` take beyond the full backward the time
+    row charges it (layer_split_ms: I + W - charged), ms per microbatch, on any stage past the
+    pipeline's first (the first runs its full backward: nothing more); 0 where nothing is recorded.
+    Negative where the recorded pair came out under the backward it was recorded against."""
+    found = layer_split_ms(layer, option, setup)
+    return 0.0 if found is None else found[0] + found[1] - found[2]
+
+
 def stage_split(layers: Sequence[LayerCost], options: Sequence[int], setup: TrainSetup) -> StageSplit:
     """The sums of layer_split_ms over a stage's layers that recorded one."""
     found = [layer_split_ms(layer, option, setup) for layer, option in zip(layers, options, strict=True)]
@@ -65,3 +80,22 @@ def split_pass_ms(backward_ms: float, split: StageSplit, *, stage: int) -> tuple
         return 0.0, backward_ms
     rest = max(backward_ms - split.charged_ms, 0.0)
     return split.input_grad_ms + rest / 2, split.weight_grad_ms + rest / 2
+
+
+def stage_times(sums: Sequence, *, splits: Sequence[StageSplit] | None, reductions: Sequence[float] | None = None
+                ) -> list[StageTimes]:
+    """Each pipeline stage's F, I, W per microbatch from its sums (assembly.StageSums, by stage):
+    F its layers' forward and half its sends and actions, the rest its backward; a full backward
+    (`splits` None: 1F1B, GPipe, interleaved) half each, a split one as split_pass_ms gives it
+    (`splits`, per stage: stage_split). `reductions`, per stage: what its runtime reduces after its
+    last backward (pipereduce.stage_reductions_ms)."""
+    reductions = reductions or [0.0] * len(sums)
+    times = []
+    for index, (stage, waited) in enumerate(zip(sums, reductions, strict=True)):
+        forward = stage.forward_ms + stage.comm_ms / 2
+        backward = max(stage.busy_ms - forward, 0.0)
+        halves = (backward / 2, backward / 2)
+        if splits is not None:
+            halves = split_pass_ms(backward, splits[index], stage=index)
+        times.append(StageTimes(forward, *halves, reduce_ms=waited))
+    return times

@@ -17,6 +17,7 @@ from planner.cost import (
     hpgrads,
     jobsettings,
     megatron_dp,
+    splittime,
 )
 from planner.cost.layers import LayerCost
 from planner.cost.rules import (
@@ -428,7 +429,7 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     """The options past none a plan may choose for this layer: each keeps fewer bytes than
     none, and no other keeps no more, adds no more time and no more extra peak while better in
     one (a dominated option never lowers a peak or a time; host bytes count as one more
-    resource). Whole-layer plans (the setup's recompute): full alone. A chunked schedule's
+    resource, and so does a split backward's time past the first stage). Whole-layer plans (the setup's recompute): full alone. A chunked schedule's
     stages take no option that offloads (their host bytes per rank are not modelled yet)."""
     whole_layer = ctx.setup.training.recompute == "whole-layer"
     candidates = [1] if whole_layer else range(1, len(layer.options))
@@ -442,8 +443,12 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
         candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
     if ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:
         candidates = [o for o in candidates if not layer.options[o].host_bytes]
+    # under a split backward an option's time on a stage past the first has its passes' extra
+    # (splittime.layer_extra_ms) and on the first not: both, so no option is dropped on either
+    split = ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
     rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
-                layer_value("extra", layer, o, ctx), layer_value("offloaded", layer, o, ctx))
+                layer_value("extra", layer, o, ctx), layer_value("offloaded", layer, o, ctx),
+                layer_value("time", layer, o, ctx) + (splittime.layer_extra_ms(layer, o, ctx.setup) if split else 0.0))
             for o in range(len(layer.options))}
     found = []
     for o in candidates:

@@ -23,7 +23,8 @@ stage's own constant terms, the slowest stage at least the mean and the slowest 
 the mean step, so
     T >= W + (M - 1) W / P + sum_l step_l / P,   W = sum_l min_o time_l,o + sum_s const_s.
 Chunked schedules (simulated): each rank runs its share of M microbatches' work one action at a
-time, the busiest at least the mean: T >= M W / P.
+time, the busiest at least the mean: T >= M W / P; under a split backward a layer's time at least
+its cheapest option's with its passes' extra where that extra is below nothing (splittime).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from planner.cost import costmodel
-from planner.schema import CHUNKED_SCHEDULES, Profile, TrainSetup
+from planner.cost import costmodel, splittime
+from planner.schema import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Profile, TrainSetup
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
         options = range(len(layer.options))
         static += count * costmodel.layer_value("static", layer, 0, ctx)
         step += count * min(costmodel.layer_value("step", layer, o, ctx) for o in options)
-        compute += count * min(costmodel.layer_value("time", layer, o, ctx) for o in options)
+        compute += count * min(costmodel.layer_value("time", layer, o, ctx) + _split_extra_floor(layer, o, ctx)
+                               for o in options)
         kept += count * min(costmodel.layer_value("kept", layer, o, ctx) for o in options)
     constant = sum(costmodel.stage_value(q, s, ctx) for s in range(stages) for q in ("time", "comm"))
     work = compute + constant
@@ -84,6 +86,15 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
     limit = max(costmodel.limit_bytes(s, ctx) for s in range(stages)) + cublas
     held = static + (0.0 if setup.pipeline.schedule in CHUNKED_SCHEDULES else max(0.0, _activations(kept, layers, ctx)))
     return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages + cublas, limit_bytes=limit)
+
+
+def _split_extra_floor(layer: costmodel.LayerCost, option: int, ctx) -> float:
+    """The least a split backward (ZB, ZBV, DualPipeV) adds to the layer's time on any stage: its passes'
+    extra past the first stage (splittime.layer_extra_ms), nothing on the first; 0 where the extra is
+    above nothing, the extra where the recorded pair came out under the full backward."""
+    if ctx.setup.pipeline.schedule not in SPLIT_BACKWARD_SCHEDULES:
+        return 0.0
+    return min(0.0, splittime.layer_extra_ms(layer, option, ctx.setup))
 
 
 def _activations(kept: float, layers: list[tuple[costmodel.LayerCost, int]], ctx) -> float:

@@ -21,6 +21,9 @@ instead of many symmetric binaries:
     open[s,g]  = f[s-1,g-1] - f[s-1,g]                    stage s's first layer is of run g
     close[s,g] = t[s,g] - t[s,g+1]                        stage s's last layer is of run g
     busy_s = time_s + Σ_g send(input_g)·open[s,g] + send(output_g)·close[s,g] + 2·action
+             + [split backward, s > 0] Σ_g Σ_o x_g,o·r[s,g,o] (o = none: n - Σ_o r)   x: the passes'
+               extra over the full backward per layer and option (splittime.layer_extra_ms), a
+               constant: the stage's F + I + W as evaluate simulates it, linear and exact
     τ ≥ busy_s,  σ ≥ step_s                               the bottleneck stage, slowest step
     T ≥ Σ_s busy_s + (M-1)·τ + σ,
     T ≥ h·(M·Σ_s busy_s + Σ_s step_s) / C                 minimise T (costmodel.pipeline_ms)
@@ -44,7 +47,7 @@ from typing import Literal
 
 import pulp
 
-from planner.cost import costmodel, pipereduce
+from planner.cost import costmodel, pipereduce, splittime
 from planner.cost.costmodel import LayerCost
 from planner.schema import (
     Profile,
@@ -307,16 +310,28 @@ def _pipeline_time(problem: Problem, stage_times: list, tau, n):
 
 def _stage_time(problem: Problem, s: int, n, opens, closes):
     """busy_s = Σ_g n·time(plain) + Σ_o r_o·(time(o) - time(plain)) + what the first and last
-    layer and the stage's position add (costmodel.TERMS: time and comm)."""
+    layer and the stage's position add (costmodel.TERMS: time and comm); under a split backward
+    (ZB, ZBV, DualPipeV) past the pipeline's first stage, each layer's passes beyond its full
+    backward too (splittime.layer_extra_ms, a constant per layer and option: the stage's F + I + W
+    as evaluate simulates it, splittime.stage_times)."""
     terms = [_const(problem, _busy(), s)]
     for g, run in enumerate(problem.runs):
-        plain = _layer(problem, _busy(), run.layer)
+        plain = _layer_busy(problem, run.layer, 0, s)
         terms.append(plain * n(s, g))
         for o in problem.order[g]:
-            terms.append((_layer(problem, _busy(), run.layer, o) - plain) * problem.r[s, g, o])
+            terms.append((_layer_busy(problem, run.layer, o, s) - plain) * problem.r[s, g, o])
         terms += [_edge(problem, _busy(), "open", run.layer, s) * opens(s, g),
                   _edge(problem, _busy(), "close", run.layer, s) * closes(s, g)]
     return pulp.lpSum(terms)
+
+
+def _layer_busy(problem: Problem, layer: LayerCost, option: int, s: int) -> float:
+    """One layer's busy time on stage s under `option`: its rows, and its split passes' extra
+    where the schedule splits the backward and s is not the pipeline's first stage."""
+    busy = _layer(problem, _busy(), layer, option)
+    if problem.schedule.splits_backward and s > 0:
+        busy += splittime.layer_extra_ms(layer, option, problem.setup)
+    return busy
 
 
 def _stage_memory_mib(problem: Problem, s: int, n, opens, closes):
