@@ -51,19 +51,37 @@ def test_only_where_the_record_repeats():
     assert repeated_kv_bytes(block, profile, _setup("megatron", None)) == 0  # TE takes K/V at their heads
 
 
-def test_kept_eager_rerun_under_recompute_or_compile():
-    profile, eager, compiled = _profile(), _setup(), _setup(compile=True)
+def test_kept_or_rerun_by_the_option():
+    profile, eager = _profile(), _setup()
     block = layer_costs(profile)[1]
     assert (repeated_kv_kept_bytes(block, 0, profile, eager), repeated_kv_extra_bytes(block, 0, profile, eager)) \
         == (8192, 0)
     assert (repeated_kv_kept_bytes(block, 1, profile, eager), repeated_kv_extra_bytes(block, 1, profile, eager)) \
         == (0, 8192)  # full: the rerun forward makes them again
-    assert (repeated_kv_kept_bytes(block, 0, profile, compiled),
-            repeated_kv_extra_bytes(block, 0, profile, compiled)) == (0, 8192)  # the partition reruns the copy
     names = [option.name for option in block.options]
     if "op-sac" in names:  # torchtitan's op-level SAC saves SDPA's outputs, not repeat_kv's
         option = names.index("op-sac")
         assert repeated_kv_extra_bytes(block, option, profile, eager) == 8192
+
+
+def test_under_compile_the_partitions_figures_hold_them_already():
+    """The compiled partition of torchtitan's block saves sdpa's repeated K and V (tests/test_compiled.py):
+    a profile made with its compiled figures adds nothing; one without them is charged as eager."""
+    compiled = _setup(compile=True)
+    recorded = analytic.analytic_profile(TINY, Shape(seq_len=32, micro_batch_size=2), gpu=H100, model=REF,
+                                         compiled=True)
+    block = layer_costs(recorded)[1]
+    assert block_has_figures(recorded)
+    for option in (0, 1):
+        assert repeated_kv_kept_bytes(block, option, recorded, compiled) == 0
+        assert repeated_kv_extra_bytes(block, option, recorded, compiled) == 0
+    bare = _profile()
+    assert not block_has_figures(bare)
+    assert repeated_kv_kept_bytes(layer_costs(bare)[1], 0, bare, compiled) == 8192
+
+
+def block_has_figures(profile) -> bool:
+    return any(layer.compiled_kept_bytes for layer in profile.layers if layer.kind == "decoder_block")
 
 
 @pytest.mark.parametrize("checkpointed, more", [(False, 2 * 8192), (True, 8192)])

@@ -10,14 +10,15 @@ kv_local = max(kv_heads / tp, 1): 2 x tokens x (a_local - kv_local) x head_dim x
 profile's K and V (the 405B at TP 8: 16 against 1 head, 240 MiB a block at 32,768 tokens). The
 unrepeated xk, xv are not saved (the rotary's and the repeat's backwards need neither).
 
-Where they sit: kept with the layer's activations where the option keeps the attention's inputs and
-the block runs eager; rerun in the backward, beside the other rerun activations, where the option
-recomputes them (full, torchtitan's op-level SAC: repeat_kv's copy is not in its save list,
-9dec370 parallelize_llama.py 214-223) or where the block is compiled (the partitioner saves the
-cheaper unrepeated K/V and reruns the copy: AOTAutograd's min-cut); an offloaded option's saved
-tensors are on the host. 0 for a profile not analytic (a measured model's own repeat is in its
-records), for latent attention (its K/V are up-projected per head already) and where the record
-does not repeat."""
+Where they sit: kept with the layer's activations where the option keeps the attention's inputs;
+rerun in the backward, beside the other rerun activations, where the option recomputes them (full,
+torchtitan's op-level SAC: repeat_kv's copy is not in its save list, 9dec370 parallelize_llama.py
+214-223); an offloaded option's saved tensors are on the host. Under compile a layer whose profile
+recorded AOTAutograd's partition (compiled_kept_bytes, TP 1) already holds them: the partition of
+torchtitan's block saves sdpa's repeated K and V (tests/test_compiled.py's hand count), so nothing is
+added there; a layer charged as eager under compile (no figures: TP > 1) is charged as eager here too.
+0 for a profile not analytic (a measured model's own repeat is in its records), for latent attention
+(its K/V are up-projected per head already) and where the record does not repeat."""
 
 from __future__ import annotations
 
@@ -47,20 +48,22 @@ def repeated_kv_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup) -> 
     return 2 * tokens * max(0, q_local - kv_local) * head_dim * BF16_BYTES
 
 
-def _kept(layer: LayerCost, option: int, setup: TrainSetup) -> bool | None:
-    """True: kept with the activations; False: rerun in the backward; None: on the host."""
+def _kept(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> bool | None:
+    """True: kept with the activations; False: rerun in the backward; None: on the host, or already in
+    the compiled partition's figures."""
     name = layer.options[option].name
-    if name == "offload":
-        return None
     compiled = bool(setup.training.compile) and runtimes.of(setup.training).compiles_model
-    return name in KEEPS_ATTENTION_INPUTS and not compiled
+    if name == "offload" or compiled and any(item.compiled_kept_bytes for item in profile.layers
+                                             if item.kind == layer.kind):
+        return None
+    return name in KEEPS_ATTENTION_INPUTS
 
 
 def repeated_kv_kept_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
-    """repeated_kv_bytes kept to the backward by an eager layer whose option keeps the attention's inputs."""
-    return repeated_kv_bytes(layer, profile, setup) if _kept(layer, option, setup) is True else 0
+    """repeated_kv_bytes kept to the backward by a layer whose option keeps the attention's inputs."""
+    return repeated_kv_bytes(layer, profile, setup) if _kept(layer, option, profile, setup) is True else 0
 
 
 def repeated_kv_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
     """repeated_kv_bytes held by the layer's backward where it reruns them."""
-    return repeated_kv_bytes(layer, profile, setup) if _kept(layer, option, setup) is False else 0
+    return repeated_kv_bytes(layer, profile, setup) if _kept(layer, option, profile, setup) is False else 0
