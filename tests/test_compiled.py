@@ -141,8 +141,11 @@ def test_compile_charges_the_blocks_what_the_profile_recorded_under_compile(tmp_
     assert len(blocks) == 2
     eager, _ = _evaluate(path)
     compiled, said = _evaluate(path, "--compile")
-    # both blocks keep their activations (no recompute) to the backward: each keeps less by the difference
-    assert eager - compiled == sum(b.act_bytes - b.compiled_kept_bytes["none"] for b in blocks) > 0
+    # both blocks keep their activations (no recompute) to the backward: each keeps less by the difference,
+    # less the K and V repeated to 4 heads from 2 that the partition counts in its figures and eager charges
+    # beside the profile's (planner/cost/repeatedkv.py: 2 x 8,192 tokens x 2 heads x 16 x 2 B a block)
+    repeated = 2 * 8 * 1024 * 2 * 16 * 2
+    assert eager - compiled == sum(b.act_bytes - b.compiled_kept_bytes["none"] + repeated for b in blocks) > 0
     assert "2 of 4 layers keep what the profile recorded under compile" in said
 
 

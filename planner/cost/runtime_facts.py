@@ -131,7 +131,8 @@ class RuntimeFacts:
     cp_repeats_kv: bool = False
     """The runtime's model repeats each K/V head over its query heads before calling attention
     (torchtitan's repeat_kv), so the ring exchanges, and its buffers hold, K and V as many heads
-    wide as Q; False: K and V at their own (grouped) heads."""
+    wide as Q, and attention saves them so (planner/cost/repeatedkv.py); False: K and V at their own
+    (grouped) heads."""
     cp_compiled_waits_at_issue: bool = False
     """Where the setup compiles the block, the compiled all-gather ring waits for each exchange where it
     issues it: tracing puts torch's wait_tensor right after the functional collective and inductor leaves

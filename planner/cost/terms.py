@@ -52,6 +52,7 @@ from planner.cost.rules import (
     tied_once_bytes,
     unsharded_bytes,
 )
+from planner.cost.repeatedkv import repeated_kv_extra_bytes, repeated_kv_kept_bytes
 from planner.cost.stepscratch import layer_step_scratch_bytes
 from planner.cost.tpgathered import tp_gathered_extra_bytes, tp_gathered_kept_bytes
 from planner.schema import (
@@ -209,6 +210,13 @@ TERMS: tuple[Term, ...] = (
     Term("TP + SP inputs a recomputed layer gathers whole", "extra", "layer",
          lambda layer, ckpt, ctx: tp_gathered_extra_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "as above, during a fully recomputed layer's rerun forward"),
+    Term("K and V repeated to the query heads, saved by attention", "kept", "layer",
+         lambda layer, ckpt, ctx: repeated_kv_kept_bytes(layer, ckpt, ctx.profile, ctx.setup),
+         "the runtime's record (cp_repeats_kv): torchtitan's repeat_kv copies K/V to every query head before "
+         "SDPA, which saves them (9dec370 model.py 116-126, 201-209); planner/cost/repeatedkv.py"),
+    Term("K and V repeated to the query heads, rerun in the backward", "extra", "layer",
+         lambda layer, ckpt, ctx: repeated_kv_extra_bytes(layer, ckpt, ctx.profile, ctx.setup),
+         "as above, where the option or the compiled partition reruns repeat_kv beside the other rerun activations"),
     Term("context parallelism's K/V buffers while the attention runs", "extra", "layer",
          lambda layer, ckpt, ctx: contextparallel.extra_bytes(layer, ctx.setup),
          "the runtime's ring (planner/cost/contextparallel.py): received or gathered K/V, per-step outputs, "
