@@ -1,7 +1,9 @@
 """Trace the caching allocator's replay of one rank: every new segment it reserves (the event, its key, the
 request, and the largest free blocks of that stream's pool at that moment, none of which fits), and the
 reserved / allocated figures, with the analytic head's backward extra as recorded and, where HEAD_LESS_MIB is
-set, with that many MiB taken off the extra of the rank's last layer (the head), as before §18.laststage.
+set, with that many MiB taken off the extra of the rank's last layer (the head), as before §18.laststage
+(since §19.bwdblocks the head's extra is its tensors: HEAD_LESS_MIB and HEAD_PIECES act on its first, the received
+logits' gradient).
 A diagnostic (docs/published-runs.md §18.replay17), not a cost term.
 usage: RANK=7 [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
 import os
@@ -26,9 +28,20 @@ original = allocator.replay
 
 
 def head_index(events) -> object:
-    """The key of the rank's head extra: the extra Alloc of the highest layer index (the last chunk's)."""
+    """The key of the rank's head extra: the extra Alloc of the highest layer index (the last chunk's), its first
+    tensor (the received logits' gradient) where the replay plays it as its tensors (fsdp2_layers.backward_program)."""
     extras = [e.key for e in events if isinstance(e, Alloc) and _inner(e.key)[0] == "extra"]
-    return max(extras, key=lambda k: (k[1] if k[0] == "chunk" else 0, _inner(k)[1]))
+    return max(extras, key=lambda k: (k[1] if k[0] == "chunk" else 0, _inner(k)[1], -_inner(k)[2]))
+
+
+def head_pieces(events, head) -> list[float]:
+    """The MiB of each tensor of the head's extra, in the order made (the first backward's)."""
+    layer = lambda k: (k[1] if k[0] == "chunk" else 0, _inner(k)[1])  # noqa: E731
+    made = {}
+    for e in events:
+        if isinstance(e, Alloc) and _inner(e.key)[0] == "extra" and layer(e.key) == layer(head):
+            made.setdefault(_inner(e.key)[2], round(e.nbytes / MIB, 1))
+    return list(made.values())
 
 
 def _inner(key):
@@ -55,8 +68,7 @@ def traced(events, **kwargs):
         events = cut
     if len(calls) == RANK:
         head = head_index(events)
-        sizes = sorted({e.nbytes for e in events if isinstance(e, Alloc) and e.key == head})
-        print(f"rank {RANK}: the head's extra {head}: {[round(b / MIB, 1) for b in sizes]} MiB", file=OUT)
+        print(f"rank {RANK}: the head's extra {head}: {head_pieces(events, head)} MiB", file=OUT)
         trace(events, **kwargs)
     calls.append(events)
     return original(events, **kwargs)

@@ -58,3 +58,22 @@ def test_an_analytic_layer_is_given_records_from_the_tensors_its_formulas_count(
     none = block.alloc_records["none"]
     assert sum(none.forward[:-1]) == block.act_bytes - block.input_in_act_bytes
     assert none.forward[-1] == block.output_bytes and none.output == len(none.forward)
+
+
+def test_an_analytic_blocks_scratch_is_its_two_widest_gradients_and_survives_the_compiled_remake():
+    from planner.models.archs import arch, gpu
+    from planner.profiler import analytic
+    from planner.profiler.allocseq import synthesised
+    from planner.profiler.formulas import Shape
+
+    shape = Shape(seq_len=256, micro_batch_size=1)
+    block = analytic.block_layer(0, arch("llama3-8b"), shape, gpu("h100-sxm"))
+    wide = 256 * 14336 * 2  # [tokens, f] in bf16: SiLU's output gradient and the up projection's
+    assert analytic.block_scratch_terms(arch("llama3-8b"), shape) == [wide, wide]
+    none = block.alloc_records["none"]
+    made = len([code for code in none.forward if code > 0])
+    # the two, the input's gradient [tokens, h], then the two freed last first
+    assert none.backward[:5] == [wide, wide, 256 * 4096 * 2, -(made + 2), -(made + 1)]
+    # remade from other kept tensors (--compile's), the scratch keeps its cut
+    again = synthesised(block, [block.input_in_act_bytes, 1000]).alloc_records["none"]
+    assert again.backward[:3] == [wide, wide, 256 * 4096 * 2]

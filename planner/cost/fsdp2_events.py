@@ -29,6 +29,9 @@ class Fsdp2Layer:
     shard: tuple[int, ...]
     state: tuple[int, ...]
     scratch: tuple[int, ...]
+    # the extra as the tensors the backward makes, in order (fsdp2_layers.backward_program: n > 0 allocates n
+    # bytes, the next id from 1; -k frees id k; what is alive freed at the layer's end); (): one block
+    extra_program: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,22 @@ class _Step:
         self.events += [Alloc(("loss_extra", n), size, DEFAULT) for n, size in enumerate(sizes)]
         self.events += [Free(("loss_extra", n)) for n in range(len(sizes))]
 
+    def extra(self, i: int, layer: Fsdp2Layer) -> list[int]:
+        """Layer `i`'s backward extra made, as its program's tensors (one block without one), on the
+        compute stream; returns the ids still alive (freed at the layer's end)."""
+        program = layer.extra_program or ((layer.extra_bytes,) if layer.extra_bytes else ())
+        alive: list[int] = []
+        made = 0
+        for code in program:
+            if code > 0:
+                made += 1
+                self.events.append(Alloc(("extra", i, made), code, DEFAULT))
+                alive.append(made)
+            else:
+                self.events.append(Free(("extra", i, -code)))
+                alive.remove(-code)
+        return alive
+
     # ---------------------------------------------------------------- FSDP2's collectives
 
     def all_gather(self, unit: int) -> None:
@@ -164,9 +183,9 @@ class _Step:
                 if target is not None and target not in gathered and target not in prefetched:
                     self.all_gather(target)
                     prefetched.add(target)
-            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
+            alive = self.extra(i, layer)
             self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
-            add(Free(("extra", i)))
+            self.events += [Free(("extra", i, n)) for n in alive]
             add(Free(("kept", i)))
             if i == self.first[unit]:  # post_backward: reshard, drop the previous input, reduce
                 self.reshard(unit)
@@ -229,9 +248,9 @@ class _PipelineStep(_Step):
         add(Free(("rest", mb)))
         for i in range(len(self.stage.layers) - 1, -1, -1):
             layer = self.stage.layers[i]
-            add(Alloc(("extra", i), layer.extra_bytes, DEFAULT))
+            alive = self.extra(i, layer)
             self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
-            add(Free(("extra", i)))
+            self.events += [Free(("extra", i, n)) for n in alive]
             add(Free(("kept", mb, i)))
             if i == self.first[layer.unit]:  # the hook's post-backward, gradient sync off
                 self.accumulate(layer.unit)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from planner.cost import dataparallel, fsdpunits, gradtiming, runtimes
 from planner.cost.fsdp2_events import Fsdp2Layer
 from planner.cost.rules import fsdp_unit_layer_bytes, in_flight
-from planner.schema import OPTION_NONE, Profile, TrainSetup
+from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, Profile, TrainSetup
 
 
 def replayed_microbatches(pipeline, stage: int) -> int:
@@ -46,6 +46,51 @@ def parameter_parts(layer, assumptions: dict) -> list[int]:
     if layer.kind == "norm+lm_head":
         return [h, h * int(assumptions.get("vocab_per_device") or model["vocab_size"])]
     return [1]
+
+
+def option_name(layer, option: int) -> str:
+    """A LayerCost's option by its index (0 none, 1 full, then its selective options)."""
+    return [OPTION_NONE, OPTION_FULL, *(o.name for o in layer.extra_options)][option]
+
+
+def backward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, ...]:
+    """The layer's backward extra (`extra` bytes: the cost model's, less what the replay makes itself) as the
+    tensors its profile's record (`known`'s, for the option named `option`) makes, in order, coded as AllocRecord's events (n > 0
+    allocates n bytes, the next id from 1; -k frees id k), those still alive freed by the replay at the layer's
+    end; () where the layer has no record for the option (one block, as before):
+    - first the gradient of its output, received (its output's bytes): the transient counts it;
+    - then what the cost model's extra counts beyond the record's tensors (a recomputed layer's tensor-parallel
+      inputs gathered whole, Float8's, context parallelism's K/V buffers), one tensor alive to the end;
+    - then the record's backward, allocation by allocation, with its frees of what the backward made (an
+      analytic record: a full recompute's kept tensors again, the scratch's tensors, the input's gradient),
+      up to the first allocation that would take the whole past `extra` (a block's input gradient, which its
+      transient does not count: it is the previous layer's received gradient). Its peak is `extra`."""
+    record = known.alloc_records.get(option)
+    incoming = known.output_bytes
+    if record is None or extra <= 0 or incoming > extra:
+        return ()
+    made = sum(1 for code in record.forward if code > 0)  # the backward's ids start after these
+    part: list[int] = []  # the record's backward, renumbered from 1
+    ids: dict[int, int] = {}
+    live = peak = 0
+    sizes: dict[int, int] = {}
+    for code in record.backward:
+        if code > 0:
+            made += 1
+            if incoming + live + code > extra:
+                break
+            ids[made] = len(ids) + 1
+            sizes[ids[made]] = code
+            part.append(code)
+            live += code
+            peak = max(peak, live)
+        elif -code in ids and ids[-code] in sizes:
+            part.append(-ids[-code])
+            live -= sizes.pop(ids[-code])
+    residual = extra - incoming - peak
+    head = [size for size in (incoming, residual) if size > 0]
+    shift = len(head)
+    return (*head, *(code if code > 0 else code - shift for code in part))
 
 
 def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
@@ -97,6 +142,7 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
         layers.append(Fsdp2Layer(
             unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
+            extra_program=backward_program(known, option_name(layer, option), max(0, extra)),
             grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
             scratch=tensor_split(params * scratch_per_param, parts)))
         kept_sum += kept

@@ -144,7 +144,8 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
-def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_transient: bool = False) -> LayerProfile:
+def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_transient: bool = False,
+                scratch_terms: list[int] | None = None) -> LayerProfile:
     """An analytic layer with none's and full's records made from the tensors its formulas count
     (`kept_terms`, the bytes of each kept tensor; the one equal to its saved input, which the
     previous layer made, left out): none's forward makes each kept tensor and the output; its
@@ -152,20 +153,23 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
     gradient, then frees the scratch and the kept tensors, last first. Full's forward makes the
     output alone, its backward the kept tensors again first. One block of all parameters.
     `input_grad_in_transient`: the layer's transient counts the input's gradient (the analytic head's), so its
-    scratch is what is left beyond the incoming gradient and that."""
+    scratch is what is left beyond the incoming gradient and that. `scratch_terms`: the scratch's tensors in the
+    order the backward makes them (a block's two widest gradients, analytic.block_scratch_terms), summing to
+    it; None: as the layer's records already cut it (remade under --compile), else one tensor."""
     terms = list(kept_terms)
     if layer.input_in_act_bytes and layer.input_in_act_bytes in terms:
         terms.remove(layer.input_in_act_bytes)
     terms = [size for size in terms if size > 0]
     grad = 0 if layer.kind == "embedding" else layer.input_bytes  # token ids have no gradient
     scratch = max(0, layer.transient_bytes - layer.output_bytes - (grad if input_grad_in_transient else 0))
+    pieces = _scratch_pieces(layer, scratch, scratch_terms)
 
     def backward(next_id: int, saved: list[int]) -> tuple[list[int], int]:
         """Scratch and the input's gradient from id `next_id`, then the frees; and the gradient's id."""
         codes, frees, grad_id = [], [], 0
-        if scratch:
-            codes.append(scratch)
-            frees.append(-next_id)
+        for piece in pieces:
+            codes.append(piece)
+            frees.insert(0, -next_id)  # freed last first, as the kept tensors
             next_id += 1
         if grad:
             codes.append(grad)
@@ -183,3 +187,19 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
                                  input_grad=full_grad, params=params),
     }
     return layer.model_copy(update={"alloc_records": records})
+
+
+def _scratch_pieces(layer: LayerProfile, scratch: int, terms: list[int] | None) -> list[int]:
+    """The scratch's tensors: `terms` where given (they must sum to it), else none's record's scratch (its
+    backward's allocations before the input's gradient) where it sums to it, else one tensor."""
+    if not scratch:
+        return []
+    if terms is None:
+        record = layer.alloc_records.get(OPTION_NONE)
+        made = [code for code in record.backward if code > 0] if record is not None else []
+        terms = made[:-1] if made and record.input_grad else made
+        if sum(terms) != scratch:
+            terms = [scratch]
+    terms = [size for size in terms if size > 0]
+    assert sum(terms) == scratch, (layer.name, terms, scratch)
+    return terms

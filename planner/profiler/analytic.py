@@ -242,6 +242,15 @@ def block_transient_bytes(arch: Arch, shape: Shape, *, moe: bool | None = None) 
     return boundary_bytes(arch, shape) + widest
 
 
+def block_scratch_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> list[int]:
+    """The block's backward scratch as the tensors block_transient_bytes counts (beyond the output's
+    gradient): the two widest gradients it builds at once, each its own tensor, in the order the backward
+    makes them (the gate's, then the up projection's: SwiGLU's mul and SiLU backward; eager attention's
+    scores gradient, then softmax's input gradient)."""
+    widest = block_transient_bytes(arch, shape, moe=moe) - boundary_bytes(arch, shape)
+    return [widest // 2, widest - widest // 2]
+
+
 def head_input_grad_bytes(arch: Arch, shape: Shape) -> int:
     """What the output layer's backward makes beside the logits' gradient it receives (both alive then): its
     linear's input gradient [tokens, h], whole under TP (the column-parallel linear's grad_input before its
@@ -278,12 +287,12 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
            selective: tuple[RecomputeOption, ...] = (), input_grad_in_transient: bool = False,
            expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = (),
-           weight_grad_ms: float | None = None) -> LayerProfile:
+           weight_grad_ms: float | None = None, scratch_terms: list[int] | None = None) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes); `input_grad_in_transient`: the
-    transient counts the input gradient its backward makes (allocseq.synthesised); `weight_grad_ms`: of the
-    backward, a split backward's weight pass (none's; its input pass the rest)."""
+    transient counts the input gradient its backward makes, `scratch_terms` its scratch's tensors
+    (allocseq.synthesised); `weight_grad_ms`: of the backward, a split backward's weight pass (none's)."""
     fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
     split = {} if weight_grad_ms is None else {"input_grad_ms": max(bwd_ms - weight_grad_ms, 0.0),
                                                "weight_grad_ms": min(weight_grad_ms, bwd_ms)}
@@ -298,7 +307,7 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
         expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
-    ), list(kept_terms) or [act_bytes], input_grad_in_transient=input_grad_in_transient)
+    ), list(kept_terms) or [act_bytes], input_grad_in_transient=input_grad_in_transient, scratch_terms=scratch_terms)
 
 
 def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
@@ -332,6 +341,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   kept_terms=tuple(term.num_bytes for term in block_terms(arch, shape, moe=moe)),
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
+                  scratch_terms=block_scratch_terms(arch, shape, moe=moe),
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
                   a2a_bytes=dispatch_bytes(arch, shape) if moe else 0,

@@ -1,0 +1,143 @@
+"""A layer's backward extra in FSDP2's replay as the tensors its record makes (fsdp2_layers.backward_program,
+fsdp2_events._Step.extra): counted by hand on hand-made records, by the allocator's rules where the tensors reuse
+cached blocks one block would not, and carried from a record the profiler takes of a tiny LLaMA block."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from planner.cost import allocator
+from planner.cost.allocator import Alloc, Free
+from planner.cost.fsdp2_events import DEFAULT, Fsdp2Layer, Fsdp2Stage, _PipelineStep, step_events
+from planner.cost.fsdp2_layers import backward_program
+from planner.profiler.allocseq import layer_records, synthesised
+from planner.schema import AllocRecord, LayerProfile
+
+MIB = 2**20
+
+
+def _layer(**update) -> LayerProfile:
+    fields = dict(name="b", kind="block", fwd_ms=1, bwd_ms=2, fwd_ms_min=1, fwd_ms_max=1, bwd_ms_min=2, bwd_ms_max=2,
+                  act_bytes=700, input_bytes=100, output_bytes=100, input_in_act_bytes=100, param_count=10,
+                  param_bytes=20, transient_bytes=400)
+    return LayerProfile(**{**fields, **update})
+
+
+def test_an_analytic_blocks_program_by_hand():
+    # kept: the input (100, the previous layer's), 200, 400; output 100; transient 400 = the incoming
+    # gradient 100 + a scratch of two 150s; the input's gradient (100) is the previous layer's incoming one
+    layer = synthesised(_layer(), [100, 200, 400], scratch_terms=[150, 150])
+    assert layer.alloc_records["none"].backward == [150, 150, 100, -5, -4, -2, -1]
+    # none, extra = the transient: incoming, the two scratch tensors; the input's gradient would pass it
+    assert backward_program(layer, "none", 400) == (100, 150, 150)
+    # 50 more counted beyond the record (e.g. tensor parallelism's gathered inputs): one tensor after the incoming
+    assert backward_program(layer, "none", 450) == (100, 50, 150, 150)
+    # full, extra = transient + the recompute (700 - 100): the kept tensors again, then the scratch
+    assert backward_program(layer, "full", 1000) == (100, 200, 400, 150, 150)
+    # no record for the option, or an extra below the incoming gradient: one block
+    assert backward_program(layer, "attn", 1000) == () and backward_program(layer, "none", 99) == ()
+
+
+def test_a_records_frees_inside_the_backward_are_played_renumbered():
+    # forward: the output (id 1); backward: 30 (2), 20 (3), free 2, 40 (4), free 3, 10 (5): peak 60 after 40
+    record = AllocRecord(forward=[50], backward=[30, 20, -2, 40, -3, 10, -1], output=1, input_grad=5)
+    layer = _layer(output_bytes=50, alloc_records={"full": record})
+    # incoming 50 + residual 10 + the record's peak 60 = 120; its ids 2..5 become 3..6 after those two
+    assert backward_program(layer, "full", 120) == (50, 10, 30, 20, -3, 40, -4, 10)
+    # its events: the frees inside, the rest alive to the layer's end
+    step = _PipelineStep(_stage((Fsdp2Layer(**{**_empty().__dict__, "extra_bytes": 120,
+                                                "extra_program": backward_program(layer, "full", 120)}),)), [])
+    alive = step.extra(0, step.stage.layers[0])
+    keys = [(type(e).__name__, e.key[2]) for e in step.events]
+    assert keys == [("Alloc", 1), ("Alloc", 2), ("Alloc", 3), ("Alloc", 4), ("Free", 3), ("Alloc", 5), ("Free", 4),
+                    ("Alloc", 6)] and alive == [1, 2, 5, 6]
+
+
+def _empty() -> Fsdp2Layer:
+    return Fsdp2Layer(unit=0, kept_bytes=0, extra_bytes=0, gathered=(), grads=(), shard=(), state=(), scratch=())
+
+
+def _stage(layers, **update) -> Fsdp2Stage:
+    fields = dict(layers=layers, kept_from_forward=frozenset({0}), shard_group=2, reduce_ratio=2.0, buffer_bytes=0,
+                  loss_kept_bytes=0, loss_extra_bytes=0, actions=(("F", 0), ("B", 0)))
+    return Fsdp2Stage(**{**fields, **update})
+
+
+def test_the_backwards_tensors_reuse_the_losss_cached_blocks_where_one_block_takes_a_segment():
+    """One step, one layer beside a pipeline, nothing but the loss's scratch and the layer's extra. The loss makes
+    two 12 MiB tensors (its largest 12 MiB): each >= 10 MiB, a segment of its own (24 MiB reserved), both freed.
+    The layer's extra, 24 MiB: as one block no cached block fits it (two 12 MiB segments never merge), a third
+    segment: 48 MiB; as its two 12 MiB tensors each best-fits a cached segment whole: 24 MiB. Allocated: 24 both."""
+    one = Fsdp2Layer(**{**_empty().__dict__, "extra_bytes": 24 * MIB})
+    cut = Fsdp2Layer(**{**one.__dict__, "extra_program": (12 * MIB, 12 * MIB)})
+    got = {}
+    for name, layer in (("one", one), ("cut", cut)):
+        stage = _stage((layer,), loss_extra_bytes=24 * MIB, loss_tensor_bytes=12 * MIB)
+        replayed = allocator.replay(step_events(stage, steps=1))
+        got[name] = (replayed.reserved_peak_bytes // MIB, replayed.allocated_peak_bytes // MIB, replayed.segments)
+    assert got == {"one": (48, 24, 3), "cut": (24, 24, 2)}
+
+
+def _tiny_llama_block():
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    import llama_style
+
+    return llama_style
+
+
+def test_a_tiny_llama_blocks_record_is_carried_into_the_replay_tensor_by_tensor():
+    """The record the profiler takes of a LLaMA block's backward (allocseq.layer_records, the fake profiler's
+    recorder, under FakeTensorMode as `ckplan profile --fake` runs it) played as the layer's extra: its
+    allocations in the record's order and sizes after the incoming gradient, its frees inside the backward
+    where the record has them, and the replay's allocated peak the record's own."""
+    from planner.profiler.fake import fake_module, new_mode
+
+    llama = _tiny_llama_block()
+    with torch.device("meta"):
+        block = llama.DecoderBlock().to(torch.bfloat16)
+    mode = new_mode()
+    block = fake_module(block, mode)
+    with mode:
+        x = torch.empty(1, llama.SEQ, llama.DIM, dtype=torch.bfloat16, requires_grad=True)
+        record = layer_records(block, x, torch.empty_like(x), [])["none"]
+    incoming = llama.SEQ * llama.DIM * 2
+    made = [code for code in record.backward if code > 0]
+    # the record's running peak over what its backward makes (its frees of the forward's tensors aside)
+    first = sum(1 for code in record.forward if code > 0)
+    live, peak, sizes = 0, 0, {}
+    for code in record.backward:
+        if code > 0:
+            first += 1
+            sizes[first] = code
+            live += code
+            peak = max(peak, live)
+        elif -code in sizes:
+            live -= sizes.pop(-code)
+    layer = _layer(output_bytes=incoming, alloc_records={"none": record})
+    program = backward_program(layer, "none", incoming + peak)
+    assert [code for code in program if code > 0] == [incoming, *made]
+    assert any(code < 0 for code in program[: len(program) - 1])  # freed inside the backward
+    # SwiGLU's backward: the two gradients f wide (SiLU's and the up projection's) alive at once, as the
+    # analytic block's scratch counts them (analytic.block_scratch_terms)
+    wide = llama.SEQ * llama.HIDDEN * 2
+    assert [code for code in program if code > 0].count(wide) >= 2
+    step = _PipelineStep(_stage((Fsdp2Layer(**{**_empty().__dict__, "extra_bytes": incoming + peak,
+                                                "extra_program": program}),)), [])
+    alive = step.extra(0, step.stage.layers[0])
+    events = step.events + [Free(("extra", 0, n)) for n in alive]
+    assert allocator.replay(events).allocated_peak_bytes == allocator.replay(
+        [Alloc("in", incoming, DEFAULT), *_record_events(record)]).allocated_peak_bytes
+
+
+def _record_events(record: AllocRecord):
+    """The record's backward as allocator events, on its own ids (frees of the forward's tensors dropped)."""
+    ident, events, made = sum(1 for code in record.forward if code > 0), [], set()
+    for code in record.backward:
+        if code > 0:
+            ident += 1
+            made.add(ident)
+            events.append(Alloc(ident, code, DEFAULT))
+        elif -code in made:
+            events.append(Free(-code))
+    return events
