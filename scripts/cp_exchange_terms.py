@@ -54,7 +54,7 @@ def main(folder: str) -> None:
         attention = (exchange.attention_fwd_ms, exchange.attention_fwd_ms, exchange.attention_bwd_ms)
         waited = block_ms(moved, link, True)[2]
         total = sum(passes) + waited + 2 * ring[0] + ring[1]
-        print(f"    a block under full AC, Float8 (the rows' setting), forward / rerun / backward ms: attention "
+        print("    a block under full AC, Float8 (the rows' setting), forward / rerun / backward ms: attention "
               + " / ".join(f"{a:.1f}" for a in attention) + ", the rest " +
               " / ".join(f"{p - a:.1f}" for p, a in zip(passes, attention)) +
               f"; exchange waited {waited:.1f}, ring memory-bound {2 * ring[0] + ring[1]:.1f}: {total:.1f} ms")

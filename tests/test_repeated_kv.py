@@ -6,7 +6,11 @@ import pytest
 
 from planner.cost import costmodel, repeatedkv, runtimes
 from planner.cost.layers import layer_costs
-from planner.cost.repeatedkv import repeated_kv_bytes, repeated_kv_extra_bytes, repeated_kv_kept_bytes
+from planner.cost.repeatedkv import (
+    repeated_kv_bytes,
+    repeated_kv_extra_bytes,
+    repeated_kv_kept_bytes,
+)
 from planner.models import archs
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape

@@ -20,6 +20,7 @@ from planner.cost import (
     splittime,
 )
 from planner.cost.layers import LayerCost
+from planner.cost.repeatedkv import repeated_kv_extra_bytes, repeated_kv_kept_bytes
 from planner.cost.rules import (
     all_to_all_ms,
     batch_bytes,
@@ -52,7 +53,6 @@ from planner.cost.rules import (
     tied_once_bytes,
     unsharded_bytes,
 )
-from planner.cost.repeatedkv import repeated_kv_extra_bytes, repeated_kv_kept_bytes
 from planner.cost.stepscratch import layer_step_scratch_bytes
 from planner.cost.tpgathered import tp_gathered_extra_bytes, tp_gathered_kept_bytes
 from planner.schema import (
