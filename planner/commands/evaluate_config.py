@@ -119,6 +119,7 @@ def _check_ep(job, *, dp: int, gpus: int) -> None:
     ranks = dp * job.cp
     if job.ep <= 1 or ranks % job.ep == 0:
         return
+    _check_folding(job, gpus=gpus)
     flag = "--expert-model-parallel-size" if job.framework == "megatron" else "parallelism.expert_parallel_degree"
     fix = ("change one of the degrees the file gives" if job.dp_given is not None else
            f"give --gpus N, a multiple of TP {job.tp} x PP {job.pp} x "
@@ -127,6 +128,25 @@ def _check_ep(job, *, dp: int, gpus: int) -> None:
     raise UserError(f"{job.source}: {flag} {job.ep} does not divide the {ranks} data-parallel ranks that {gpus} GPUs "
                     f"over TP {job.tp} x PP {job.pp} leave (expert-parallel ranks are data-parallel ranks, in "
                     f"Megatron-LM and torchtitan); {fix}")
+
+
+def _check_folding(job, *, gpus: int) -> None:
+    """Megatron-LM with --expert-tensor-parallel-size below TP lays its experts out on their own mesh:
+    ETP x EP x PP dividing the world, the expert-parallel ranks taken from TP x CP x DP ("MoE parallel
+    folding", megatron/core/parallel_state.py 874-883 at d98e8a64). ckplan splits experts over TP and
+    places EP among the data-parallel ranks only: such a layout is refused as one it cannot score."""
+    given = [s.value for s in job.settings if s.name == "--expert-tensor-parallel-size"]
+    if job.framework != "megatron" or not given or not given[-1].isdigit() or int(given[-1]) >= job.tp:
+        return
+    etp = int(given[-1])
+    if gpus % (etp * job.ep * job.pp):
+        return
+    raise UserError(f"{job.source}: --expert-tensor-parallel-size {etp} below TP {job.tp} with "
+                    f"--expert-model-parallel-size {job.ep}: Megatron-LM takes its {job.ep} expert-parallel ranks "
+                    f"from TP x CP x DP (ETP {etp} x EP {job.ep} x PP {job.pp} of the {gpus} GPUs, parallel_state.py "
+                    f"874-883 at d98e8a64), which ckplan does not model (its experts are split over TP and placed "
+                    f"among the data-parallel ranks); give --gpus a multiple of TP {job.tp} x PP {job.pp} x EP "
+                    f"{job.ep} = {job.tp * job.pp * job.ep} to score the layout with ETP = TP")
 
 
 def _check_microbatches(job, microbatches: int, *, dp: int) -> None:
