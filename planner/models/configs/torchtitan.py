@@ -29,7 +29,8 @@ from planner.models import archs
 from planner.models.configs import Job, Recompute, pending, titan_python, titan_settings
 
 # (model.name, model.flavor) -> ckplan's built-in architecture (see the module docstring)
-FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
+FLAVORS = {("llama3", "debugmodel"): "titan-llama3-debugmodel", ("llama3", "1B"): "llama3.2-1b",
+           ("llama3", "3B"): "llama3.2-3b", ("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
            ("deepseek_v3", "671B"): "deepseek-v3", ("deepseek_v3", "16B"): "deepseek-v2-lite",
            ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
            **{("qwen3", size): f"qwen3-{size.lower()}" for size in ("0.6B", "1.7B", "4B", "8B", "14B", "32B")}}

@@ -1,0 +1,79 @@
+"""Configs users have today, as their projects ship them (configs/, docs/published-runs.md §19.userconfigs):
+what running ckplan on them broke, each fixed and pinned here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fixtures.cli import run, run_ok
+
+from planner.errors import UserError
+from planner.models.configs import megatron, megatron_files
+
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+BASE = """--num-layers: 8
+--hidden-size: 256
+--num-attention-heads: 8
+--seq-length: 128
+--vocab-size: 1024
+--swiglu: true
+--bf16: true"""
+MOE = BASE + "\n--num-experts: 8\n--moe-router-topk: 2\n--moe-ffn-hidden-size: 256"
+
+
+def _job(tmp_path, flags: str):
+    path = tmp_path / "args.yaml"
+    path.write_text("MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in flags.strip().splitlines()))
+    return megatron.read(path)
+
+
+def test_a_layout_sets_the_virtual_pipeline_size(tmp_path):
+    """arguments.py 941-951 (d98e8a64): the layout's stages / PP is the virtual pipeline size."""
+    job = _job(tmp_path, BASE + '\n--pipeline-model-parallel-size: 2\n--pipeline-model-parallel-layout: "Et|tt|tt|t|t|tL"')
+    assert (job.chunks, job.schedule, job.layers_per_stage) == (3, "interleaved-1F1B", [1, 2, 2, 1, 1, 1])
+    with pytest.raises(UserError, match="5 stages, not a multiple of --pipeline-model-parallel-size 2"):
+        _job(tmp_path, BASE + '\n--pipeline-model-parallel-size: 2\n--pipeline-model-parallel-layout: "Ett|tt|tt|t|tL"')
+
+
+def test_a_bracketed_value_is_its_words_as_the_functional_tests_pass_it():
+    pairs = dict(megatron_files.yaml_pairs('--recompute-modules: "[layernorm moe_act]"\n--num-layers: 4', "t.yaml"))
+    assert pairs == {"--recompute-modules": ["layernorm", "moe_act"], "--num-layers": ["4"]}
+
+
+def test_megatrons_expert_folding_is_refused_with_its_reason(tmp_path):
+    """ETP 1 < TP 2: Megatron-LM takes EP 4 from TP x DP on 8 GPUs (parallel_state.py 874-883); ckplan
+    places EP among the data-parallel ranks only."""
+    from planner.commands.evaluate_config import predict
+
+    flags = MOE + ("\n--tensor-model-parallel-size: 2\n--pipeline-model-parallel-size: 2\n"
+                   "--expert-model-parallel-size: 4\n--expert-tensor-parallel-size: 1\n--global-batch-size: 8")
+    job = _job(tmp_path, flags)
+    with pytest.raises(UserError, match="takes its 4 expert-parallel ranks from TP x CP x DP"):
+        predict(job, gpus=8, gpu_name="h100")
+    with pytest.raises(UserError, match="a multiple of TP 2 x PP 2 x EP 4 = 16") as refused:
+        predict(job, gpus=4, gpu_name="h100")  # ETP x EP x PP = 8 does not divide 4: Megatron refuses it too
+    assert "TP x CP x DP" not in str(refused.value)
+
+
+def test_nemo_overrides_are_refused_not_read_as_flags():
+    """The gpt-nemo functional tests' MODEL_ARGS are NeMo's (trainer.devices ...), not Megatron-LM's flags."""
+    result = run("evaluate", "--from-megatron", FIXTURES / "megatron_nemo_llama3_overrides.yaml", "--gpus", 8)
+    assert result.exit_code != 0
+    assert "gives NeMo's overrides (trainer.num_nodes, trainer.devices, trainer.max_steps, ...)" in result.output
+
+
+def test_the_shipped_moe_layout_test_is_scored_per_virtual_stage():
+    """Megatron-LM d98e8a64's moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading: its layout
+    'Et*3|(tt|)*6mL' is 8 stages on PP 2 (4 virtual a rank, the last holding only MTP and the loss), its
+    --recompute-modules "[layernorm mla_up_proj mlp moe_act]" four modules; scored (at 16 GPUs, where ETP
+    = TP places EP 4 among 4 data-parallel ranks) without --overlap-grad-reduce, whose description once
+    formatted None."""
+    result = run_ok("evaluate", "--from-megatron", FIXTURES / "megatron_moe_layout_offloading.yaml", "--gpus", 16,
+                    "--gpu", "h100", "--json")
+    import json
+
+    report = json.loads(result.output)
+    ranks = report["ranks"] if "ranks" in report else report["stages"]
+    assert len(ranks) == 2
+    assert "interleaved-1F1B" in result.output
