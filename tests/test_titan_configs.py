@@ -249,3 +249,13 @@ def test_the_1b_and_3b_flavors_are_llama_3_2s_tied_models(tmp_path):
         a = torchtitan.read(tmp_path / "t.toml").arch
         assert (a.hidden_size, a.intermediate_size, a.num_layers, a.num_heads, a.num_kv_heads) == dims
         assert a.tie_word_embeddings and a.vocab_size == 128256
+
+
+def test_each_converter_is_listed_once_with_what_it_does():
+    """main's llama3_debugmodel_float8_emulate_lora: LoRA (frozen base weights) is no quantized matmul, and
+    an NVFP4-only config lists no Float8 row (b5bcd76c's config_registry.py)."""
+    lora = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_debugmodel_float8_emulate_lora"))
+    rows = [(s.value, s.what.split(" (")[0]) for s in lora.settings if s.name == "model.converters"]
+    assert rows == [("LoRAConverter.Config", "LoRA adapters"), ("float8 LoRAConverter.Config", "Float8 matmuls")]
+    nvfp4 = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_8b_first_85_pct_layers_nvfp4"))
+    assert [(s.value, s.status) for s in nvfp4.settings if s.name == "model.converters"] == [("nvfp4", "not modelled")]
