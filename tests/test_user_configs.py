@@ -77,3 +77,23 @@ def test_the_shipped_moe_layout_test_is_scored_per_virtual_stage():
     ranks = report["ranks"] if "ranks" in report else report["stages"]
     assert len(ranks) == 2
     assert "interleaved-1F1B" in result.output
+
+
+def test_fp8_on_experts_is_scored_in_bf16_and_listed_not_refused(tmp_path):
+    """Megatron-LM d98e8a64's moe/deepseek_proxy_fsdp_ep2_fsdp2 asks FP8 (--fp8-format e4m3, tensorwise) of
+    MoE blocks, whose profile records no Float8 timing: scored in bf16, the FP8 flags listed, not refused."""
+    from planner.commands.evaluate_config import predict
+
+    job = _job(tmp_path, MOE + "\n--fp8-format: e4m3\n--fp8-recipe: tensorwise\n--global-batch-size: 2")
+    assert job.modelled.float8
+    prediction = predict(job, gpus=1, gpu_name="h100")
+    status = {s.name: s.status for s in prediction.job.settings}
+    assert status["--fp8-format"] == status["--fp8-recipe"] == "not modelled" and not prediction.job.modelled.float8
+    assert not prediction.setup.training.float8
+    assert any("scored in bf16" in note for note in prediction.notes)
+
+
+def test_yarns_rotary_flags_have_no_effect(tmp_path):
+    job = _job(tmp_path, BASE + "\n--rotary-scaling-factor: 40\n--mscale: 1.0\n--mscale-all-dim: 1.0")
+    assert {s.name: s.status for s in job.settings if s.name.startswith(("--rotary-s", "--mscale"))} == {
+        "--rotary-scaling-factor": "no effect", "--mscale": "no effect", "--mscale-all-dim": "no effect"}

@@ -92,6 +92,8 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                      "its environment")
     device = archs.gpu(gpu_name)
     profile = _profile(job, device)
+    if job.modelled.float8 and device.fp8_tflops and not any(layer.float8 is not None for layer in profile.layers):
+        _float8_unscored(job, notes)
     data_parallel = _with_settings(_with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes), job)
     setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
                         chunks=job.chunks, optimizer=job.optimizer, precision=job.precision, parallel_stages=None,
@@ -109,6 +111,24 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     sequences = microbatches * setup.pipeline.micro_batch_size * dp
     return Prediction(job=job, gpus=gpus, dp=dp, profile=profile, setup=setup, stages=stages, cost=cost,
                       tokens_per_iteration=sequences * job.seq_len, notes=[*job.notes, *notes])
+
+
+FP8_SETTINGS = ("--fp8-", "model.converters", "quantize.linear.float8.", "float8.")
+
+
+def _float8_unscored(job, notes: list[str]) -> None:
+    """FP8 GEMMs the file asks for, on blocks whose profile records no Float8 timing (ckplan's Float8
+    records are for dense LLaMA-style blocks: planner/profiler/float8.py): the job is scored in bf16 and its
+    FP8 settings listed as not modelled, rather than the job refused."""
+    from dataclasses import replace
+
+    job.modelled.float8 = job.modelled.fp8_all_gather = False
+    what = ("FP8 GEMMs on blocks ckplan records no Float8 timing for (mixture-of-experts or latent attention; "
+            "planner/profiler/float8.py times dense LLaMA-style blocks): scored in bf16")
+    job.settings[:] = [replace(s, status="not modelled", what=what)
+                       if s.status == "modelled" and s.name.startswith(FP8_SETTINGS) else s for s in job.settings]
+    notes.append(f"{job.source}: its FP8 GEMMs are scored in bf16: the {job.arch.name} profile records no Float8 "
+                 "timing for its blocks")
 
 
 def _check_ep(job, *, dp: int, gpus: int) -> None:
