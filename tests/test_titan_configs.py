@@ -259,3 +259,15 @@ def test_each_converter_is_listed_once_with_what_it_does():
     assert rows == [("LoRAConverter.Config", "LoRA adapters"), ("float8 LoRAConverter.Config", "Float8 matmuls")]
     nvfp4 = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_8b_first_85_pct_layers_nvfp4"))
     assert [(s.value, s.status) for s in nvfp4.settings if s.name == "model.converters"] == [("nvfp4", "not modelled")]
+
+
+def test_model_registrys_comm_backends_are_listed_not_unknown():
+    """deepseek_v3_16b_hybridep and llama3_debugmodel_dist_gemm (b5bcd76c) pass model_registry keyword
+    arguments the cost model does not time: listed with what they do; their defaults have no effect."""
+    hybrid = torchtitan.read(Path(f"{MAIN / 'deepseek_v3' / 'config_registry.py'}:deepseek_v3_16b_hybridep"))
+    status = {s.name: s.status for s in hybrid.settings}
+    assert status["model.moe_comm_backend"] == status["model.non_blocking_capacity_factor"] == "not modelled"
+    assert not hybrid.of("unknown")
+    default = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B", "tp_gemm_backend": "default"}},
+                                      "t.toml")
+    assert {s.name: s.status for s in default.settings}["model.tp_gemm_backend"] == "no effect"
