@@ -97,3 +97,17 @@ def test_yarns_rotary_flags_have_no_effect(tmp_path):
     job = _job(tmp_path, BASE + "\n--rotary-scaling-factor: 40\n--mscale: 1.0\n--mscale-all-dim: 1.0")
     assert {s.name: s.status for s in job.settings if s.name.startswith(("--rotary-s", "--mscale"))} == {
         "--rotary-scaling-factor": "no effect", "--mscale": "no effect", "--mscale-all-dim": "no effect"}
+
+
+def test_a_megatron_script_is_compared_with_the_built_in_it_describes():
+    """Megatron-LM d98e8a64's examples/mixtral/train_mixtral_8x7b_distributed.sh is Mixtral 8x7B: its reader
+    leaves the rotary base unset (--rotary-base has no effect on the plan), which once made `search
+    --from-megatron` call it another model than the built-in mixtral-8x7b (rope_theta 1e6)."""
+    from planner.commands.search_compare import from_framework_job
+    from planner.models import archs
+
+    job = megatron.read(FIXTURES / "megatron_mixtral_8x7b_distributed.sh")
+    record = from_framework_job(job, arch=archs.arch("mixtral-8x7b"), gpu="h100", seq_len=4096)
+    assert (record.arch, record.tp, record.pp, record.ep, record.micro_batch_size) == ("mixtral-8x7b", 1, 4, 8, 1)
+    with pytest.raises(UserError, match="describes another model than the one searched"):
+        from_framework_job(job, arch=archs.arch("llama3-8b"), gpu="h100", seq_len=4096)
