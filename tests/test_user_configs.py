@@ -74,9 +74,10 @@ def test_the_shipped_moe_layout_test_is_scored_per_virtual_stage():
     import json
 
     report = json.loads(result.output)
-    ranks = report["ranks"] if "ranks" in report else report["stages"]
-    assert len(ranks) == 2
-    assert "interleaved-1F1B" in result.output
+    assert (report["pp"], report["virtual_stages"], report["schedule"], report["ep"]) == (2, 4, "interleaved-1F1B", 4)
+    # stages 0, 2, 4, 6 on rank 0 (E + 3 layers, then 2, 2, 2), 1, 3, 5, 7 on rank 1 (2, 2, 2, then m L)
+    assert [len(rank["layers"]) for rank in report["ranks"]] == [10, 7]
+    assert report["ranks"][1]["layers"][-1] == "output"
 
 
 def test_fp8_on_experts_is_scored_in_bf16_and_listed_not_refused(tmp_path):
