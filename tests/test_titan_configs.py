@@ -141,9 +141,9 @@ def test_llama4_and_gpt_oss_are_said_to_be_unsupported_not_sent_to_another_refus
 
 
 def test_the_hint_for_another_llama3_flavor_works(tmp_path):
-    """llama3's debugmodel has no built-in: the hint's `profile --arch-config` reads a llama config and
-    its profile is scored by `evaluate --profile` under torchtitan's runtime."""
-    (tmp_path / "debug.toml").write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n')
+    """A llama3 flavor with no built-in (2025's debugmodel_flex_attn): the hint's `profile --arch-config`
+    reads a llama config and its profile is scored by `evaluate --profile` under torchtitan's runtime."""
+    (tmp_path / "debug.toml").write_text('[model]\nname = "llama3"\nflavor = "debugmodel_flex_attn"\n')
     said = " ".join(run("evaluate", "--from-torchtitan", tmp_path / "debug.toml", "--gpus", "8").output.split())
     assert "profile --arch-config config.json --seq-len N" in said and "evaluate --profile PROFILE" in said
     # torchtitan's llama3 debugmodel (models/llama3/__init__.py _debugmodel at b5bcd76c): dim 256, 6 layers,
@@ -228,3 +228,47 @@ def test_a_new_compile_config_replaces_the_old_one_asynctp_included(tmp_path):
     mx = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_8b_mxfp8"))
     status = {s.name: (s.value, s.status) for s in mx.settings}
     assert status["model.converters"] == ("mx", "not modelled") and not any(n.startswith("quantize") for n in status)
+
+
+@pytest.mark.parametrize("function, arch, dims", [
+    # torchtitan/models/llama3/__init__.py at b5bcd76c: (dim, ffn, layers, heads, kv heads, vocab, tied)
+    ("llama3_debugmodel", "titan-llama3-debugmodel", (256, 768, 6, 16, 16, 2048, False)),
+])
+def test_mains_llama3_debug_and_small_flavors_are_built_in(function, arch, dims):
+    """The quickstart's llama3_debugmodel (and the 1B / 3B flavors) read as built-ins, not refused."""
+    job = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:{function}"))
+    a = job.arch
+    assert job.arch.name == arch
+    assert (a.hidden_size, a.intermediate_size, a.num_layers, a.num_heads, a.num_kv_heads, a.vocab_size,
+            a.tie_word_embeddings) == dims
+
+
+def test_the_1b_and_3b_flavors_are_llama_3_2s_tied_models(tmp_path):
+    """model_registry("1B") / ("3B") (_1b, _3b at b5bcd76c): compute_ffn_hidden_dim(dim, 1024, 1.5 / 1.0) = 8192."""
+    for flavor, dims in (("1B", (2048, 8192, 16, 32, 8)), ("3B", (3072, 8192, 28, 24, 8))):
+        (tmp_path / "t.toml").write_text(f'[model]\nname = "llama3"\nflavor = "{flavor}"\n')
+        a = torchtitan.read(tmp_path / "t.toml").arch
+        assert (a.hidden_size, a.intermediate_size, a.num_layers, a.num_heads, a.num_kv_heads) == dims
+        assert a.tie_word_embeddings and a.vocab_size == 128256
+
+
+def test_each_converter_is_listed_once_with_what_it_does():
+    """main's llama3_debugmodel_float8_emulate_lora: LoRA (frozen base weights) is no quantized matmul, and
+    an NVFP4-only config lists no Float8 row (b5bcd76c's config_registry.py)."""
+    lora = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_debugmodel_float8_emulate_lora"))
+    rows = [(s.value, s.what.split(" (")[0]) for s in lora.settings if s.name == "model.converters"]
+    assert rows == [("LoRAConverter.Config", "LoRA adapters"), ("float8 LoRAConverter.Config", "Float8 matmuls")]
+    nvfp4 = torchtitan.read(Path(f"{MAIN / 'llama3' / 'config_registry.py'}:llama3_8b_first_85_pct_layers_nvfp4"))
+    assert [(s.value, s.status) for s in nvfp4.settings if s.name == "model.converters"] == [("nvfp4", "not modelled")]
+
+
+def test_model_registrys_comm_backends_are_listed_not_unknown():
+    """deepseek_v3_16b_hybridep and llama3_debugmodel_dist_gemm (b5bcd76c) pass model_registry keyword
+    arguments the cost model does not time: listed with what they do; their defaults have no effect."""
+    hybrid = torchtitan.read(Path(f"{MAIN / 'deepseek_v3' / 'config_registry.py'}:deepseek_v3_16b_hybridep"))
+    status = {s.name: s.status for s in hybrid.settings}
+    assert status["model.moe_comm_backend"] == status["model.non_blocking_capacity_factor"] == "not modelled"
+    assert not hybrid.of("unknown")
+    default = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B", "tp_gemm_backend": "default"}},
+                                      "t.toml")
+    assert {s.name: s.status for s in default.settings}["model.tp_gemm_backend"] == "no effect"

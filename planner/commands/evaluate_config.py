@@ -92,6 +92,8 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                      "its environment")
     device = archs.gpu(gpu_name)
     profile = _profile(job, device)
+    if job.modelled.float8 and device.fp8_tflops and not any(layer.float8 is not None for layer in profile.layers):
+        _float8_unscored(job, notes)
     data_parallel = _with_settings(_with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes), job)
     setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
                         chunks=job.chunks, optimizer=job.optimizer, precision=job.precision, parallel_stages=None,
@@ -111,6 +113,24 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                       tokens_per_iteration=sequences * job.seq_len, notes=[*job.notes, *notes])
 
 
+FP8_SETTINGS = ("--fp8-", "model.converters", "quantize.linear.float8.", "float8.")
+
+
+def _float8_unscored(job, notes: list[str]) -> None:
+    """FP8 GEMMs the file asks for, on blocks whose profile records no Float8 timing (ckplan's Float8
+    records are for dense LLaMA-style blocks: planner/profiler/float8.py): the job is scored in bf16 and its
+    FP8 settings listed as not modelled, rather than the job refused."""
+    from dataclasses import replace
+
+    job.modelled.float8 = job.modelled.fp8_all_gather = False
+    what = ("FP8 GEMMs on blocks ckplan records no Float8 timing for (mixture-of-experts or latent attention; "
+            "planner/profiler/float8.py times dense LLaMA-style blocks): scored in bf16")
+    job.settings[:] = [replace(s, status="not modelled", what=what)
+                       if s.status == "modelled" and s.name.startswith(FP8_SETTINGS) else s for s in job.settings]
+    notes.append(f"{job.source}: its FP8 GEMMs are scored in bf16: the {job.arch.name} profile records no Float8 "
+                 "timing for its blocks")
+
+
 def _check_ep(job, *, dp: int, gpus: int) -> None:
     """The file's expert parallelism against the data-parallel ranks (x CP) its experts take, said
     in the file's own terms (expert_options.check_ep says it in ckplan's options)."""
@@ -119,6 +139,7 @@ def _check_ep(job, *, dp: int, gpus: int) -> None:
     ranks = dp * job.cp
     if job.ep <= 1 or ranks % job.ep == 0:
         return
+    _check_folding(job, gpus=gpus)
     flag = "--expert-model-parallel-size" if job.framework == "megatron" else "parallelism.expert_parallel_degree"
     fix = ("change one of the degrees the file gives" if job.dp_given is not None else
            f"give --gpus N, a multiple of TP {job.tp} x PP {job.pp} x "
@@ -127,6 +148,25 @@ def _check_ep(job, *, dp: int, gpus: int) -> None:
     raise UserError(f"{job.source}: {flag} {job.ep} does not divide the {ranks} data-parallel ranks that {gpus} GPUs "
                     f"over TP {job.tp} x PP {job.pp} leave (expert-parallel ranks are data-parallel ranks, in "
                     f"Megatron-LM and torchtitan); {fix}")
+
+
+def _check_folding(job, *, gpus: int) -> None:
+    """Megatron-LM with --expert-tensor-parallel-size below TP lays its experts out on their own mesh:
+    ETP x EP x PP dividing the world, the expert-parallel ranks taken from TP x CP x DP ("MoE parallel
+    folding", megatron/core/parallel_state.py 874-883 at d98e8a64). ckplan splits experts over TP and
+    places EP among the data-parallel ranks only: such a layout is refused as one it cannot score."""
+    given = [s.value for s in job.settings if s.name == "--expert-tensor-parallel-size"]
+    if job.framework != "megatron" or not given or not given[-1].isdigit() or int(given[-1]) >= job.tp:
+        return
+    etp = int(given[-1])
+    if gpus % (etp * job.ep * job.pp):
+        return
+    raise UserError(f"{job.source}: --expert-tensor-parallel-size {etp} below TP {job.tp} with "
+                    f"--expert-model-parallel-size {job.ep}: Megatron-LM takes its {job.ep} expert-parallel ranks "
+                    f"from TP x CP x DP (ETP {etp} x EP {job.ep} x PP {job.pp} of the {gpus} GPUs, parallel_state.py "
+                    f"874-883 at d98e8a64), which ckplan does not model (its experts are split over TP and placed "
+                    f"among the data-parallel ranks); give --gpus a multiple of TP {job.tp} x PP {job.pp} x EP "
+                    f"{job.ep} = {job.tp * job.pp * job.ep} to score the layout with ETP = TP")
 
 
 def _check_microbatches(job, microbatches: int, *, dp: int) -> None:

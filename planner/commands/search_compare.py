@@ -206,8 +206,10 @@ def _said(value) -> str:
     return {True: "on", False: "off"}[value] if isinstance(value, bool) else str(value)
 
 
-# Arch fields that name or cite a model rather than shape it
-_ARCH_LABELS = ("name", "source", "max_position_embeddings")
+# Arch fields that name or cite a model rather than shape it, and its numerics (rotary base and scaling, norm
+# epsilon: no bytes, no FLOPs), which a Megatron-LM file's reader leaves unset (--rotary-base, --norm-epsilon
+# have no effect on the plan) while the built-in architectures carry their model cards' values
+_ARCH_LABELS = ("name", "source", "max_position_embeddings", "rope_theta", "norm_eps", "rope_scaling")
 
 
 def _framework_recompute(job, stages: int):

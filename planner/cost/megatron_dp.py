@@ -80,7 +80,7 @@ def described(setup: TrainSetup) -> str:
     """What the plan assumes of Megatron-LM's DDP, in a sentence."""
     dp, chunked = setup.data_parallel, setup.pipeline.chunks > 1
     said = "" if dp.overlap_grad_reduce is not None else " (the runtime record's default; --no-overlap-grad-reduce)"
-    buckets_of = f" in buckets of {bucket_params(setup):,} parameters" if chunked else ""
+    buckets_of = f" in buckets of {bucket_params(setup):,} parameters" if chunked and overlaps_comm(setup) else ""
     parts = [f"reductions overlapped{buckets_of}{said}" if overlaps_comm(setup) else
              "reductions after the last backward, exposed (no --overlap-grad-reduce)"]
     if dp.zero == 1 and gathers_overlapped(setup):

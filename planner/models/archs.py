@@ -223,6 +223,19 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     _llama("llama3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072,
            "meta-llama/Llama-3.1-405B config.json; Llama 3 Herd paper, Table 3",
            rope=500000.0, eps=1e-5, rope_scaling=("llama3", 8.0, 8192)),
+    # torchtitan main b5bcd76c torchtitan/models/llama3/__init__.py _1b, _3b (fuse_qkv; hidden
+    # compute_ffn_hidden_dim(dim, multiple_of=1024, ffn_dim_multiplier 1.5 / 1.0): 8192; weights tied), the
+    # dimensions of meta-llama/Llama-3.2-1B and Llama-3.2-3B config.json (rms_norm_eps 1e-5)
+    _llama("llama3.2-1b", 2048, 8192, 16, 32, 8, 128256, 131072,
+           "torchtitan/models/llama3/__init__.py _1b at b5bcd76c; meta-llama/Llama-3.2-1B config.json",
+           rope=500000.0, eps=1e-5, tied=True),
+    _llama("llama3.2-3b", 3072, 8192, 28, 24, 8, 128256, 131072,
+           "torchtitan/models/llama3/__init__.py _3b at b5bcd76c; meta-llama/Llama-3.2-3B config.json",
+           rope=500000.0, eps=1e-5, tied=True),
+    # torchtitan's debug flavor, its quickstart's model (_debugmodel at b5bcd76c): dim 256, 16 heads (as many
+    # KV heads), 6 layers, hidden compute_ffn_hidden_dim(256, multiple_of=256) = 768, vocab 2048, untied
+    _llama("titan-llama3-debugmodel", 256, 768, 6, 16, 16, 2048, 131072,
+           "torchtitan/models/llama3/__init__.py _debugmodel at b5bcd76c", rope=500000.0, eps=1e-5),
     # config.json of mistralai/Mistral-7B-v0.1; Jiang et al. 2023, "Mistral 7B", Table 1
     _llama("mistral-7b", 4096, 14336, 32, 32, 8, 32000, 32768, "mistralai/Mistral-7B-v0.1 config.json",
            sliding_window=4096, rope=10000.0, eps=1e-5),

@@ -25,6 +25,9 @@ Status = Literal["modelled", "not modelled", "no effect", "unknown"]
 PENDING: dict[str, str] = {
     "float8": "Float8 matmuls (torchao / Transformer Engine): faster matmuls, about the same memory",
     "mx": "MX (microscaling) matmuls or quantized grouped matmuls (torchao): scored in bf16",
+    "lora": "LoRA adapters (torchtitan components/lora.py at b5bcd76c): the base weights frozen, so neither their "
+            "gradients nor their optimizer state exist: scored as full training of every weight (memory and the "
+            "weight-gradient matmuls over-counted), the adapters' own matmuls left out",
     "cp": "context parallelism's hierarchical all-to-all and ring (a2a+p2p, hierarchical sizes, a type per layer): "
           "scored as the p2p ring",
     "cp-unbalanced": "context parallelism without the load balancer (the last rank computes the most): scored "

@@ -260,6 +260,13 @@ def _parallel(flags: Flags, job: Job) -> None:
         job.chunks = layers // (per_virtual * job.pp)
     elif virtual:
         job.chunks = virtual
+    layout = flags.given.get("--pipeline-model-parallel-layout")
+    if layout:  # arguments.py 941-951 at d98e8a64: the layout's stage count / PP is the virtual pipeline size
+        stages = len(_layout_counts(layout[0]))
+        if stages % job.pp:
+            raise UserError(f"--pipeline-model-parallel-layout lists {stages} stages, not a multiple of "
+                            f"--pipeline-model-parallel-size {job.pp}; Megatron-LM refuses it")
+        job.chunks = stages // job.pp
     if job.chunks > 1:
         job.schedule = "interleaved-1F1B"
     job.layers_per_stage = _split(flags, job)

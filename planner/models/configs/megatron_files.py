@@ -74,6 +74,7 @@ def yaml_pairs(text: str, where: str) -> list[tuple[str, list[str]]]:
     if not isinstance(data, dict) or not data:
         raise UserError(f"{where} is not a mapping of Megatron-LM flags to values (e.g. --num-layers: 32, or "
                         "MODEL_ARGS: with such a mapping)")
+    _refuse_nemo(data, where)
     pairs = []
     for key, value in _flatten(data):
         flag = key if key.startswith("--") else "--" + key.replace("_", "-")
@@ -84,8 +85,31 @@ def yaml_pairs(text: str, where: str) -> list[tuple[str, list[str]]]:
         elif isinstance(value, list):
             pairs.append((flag, [str(v) for v in value]))
         else:
-            pairs.append((flag, str(value).split() if isinstance(value, str) else [str(value)]))
+            pairs.append((flag, _words(value)))
     return pairs
+
+
+def _refuse_nemo(data: dict, where: str) -> None:
+    """A NeMo run's overrides (trainer.devices, model.config.num_layers: the gpt-nemo functional tests'
+    MODEL_ARGS, which _run_training.sh passes as key=value to NeMo's own trainer when IS_NEMO_TEST) are
+    not Megatron-LM's flags: refused, rather than read as flags that give no model."""
+    dotted = [str(key) for key in data if not str(key).startswith("-") and "." in str(key)]
+    if dotted:
+        raise UserError(f"{where} gives NeMo's overrides ({', '.join(dotted[:3])}{', ...' if len(dotted) > 3 else ''}"
+                        "), not Megatron-LM's flags: ckplan reads Megatron-LM's arguments (--num-layers: 32 ...); "
+                        "give the run's Megatron-LM flags")
+
+
+def _words(value: object) -> list[str]:
+    """A value's command-line words: a string in [ ] loses its brackets, as the functional tests'
+    tests/functional_tests/shell_test_utils/_run_training.sh 148-152 (d98e8a64) strips them
+    ("[layernorm moe_act]" -> --recompute-modules layernorm moe_act)."""
+    if not isinstance(value, str):
+        return [str(value)]
+    text = value.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    return text.split()
 
 
 def _flatten(data: dict, prefix: str = ""):

@@ -47,6 +47,9 @@ NO_EFFECT = {
     "--rotary-percent": "rotary share of head dims (no bytes)",
     "--norm-epsilon": "norm epsilon", "--rotary-base": "rotary base", "--use-rope-scaling": "rope scaling",
     "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
+    # YaRN's rotary scaling of MLA (arguments.py at d98e8a64: --rotary-scaling-factor, --mscale, --mscale-all-dim)
+    "--rotary-scaling-factor": "YaRN rotary scaling", "--mscale": "YaRN attention scale",
+    "--mscale-all-dim": "YaRN attention scale",
     "--use-flash-attn": "flash attention",
     "--te-rng-tracker": "Transformer Engine's random-number tracker (needed by CUDA graphs: arguments.py 1451-1453 at "
                         "92c8482e)",

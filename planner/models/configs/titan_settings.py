@@ -8,6 +8,8 @@ from planner.errors import UserError
 from planner.models.configs import Job, pending
 
 FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
+# converters other than Float8's linears that are no quantized matmul: their PENDING sentence
+OTHER_CONVERTERS = {"LoRAConverter.Config": "lora", "lora": "lora"}
 
 
 def read(keys, job: Job) -> None:
@@ -72,7 +74,7 @@ def _float8(keys, job: Job) -> None:
     modelled = float8 and recipe in (None, "tensorwise") and isinstance(filters, list) and set(filters) == {"output"} \
         and not keys.left.get("quantize.linear.float8.force_recompute_fp8_weight_in_bwd")
     if not modelled:
-        keys.pending("model.converters", bool(converters), "float8")
+        keys.pending("model.converters", float8, "float8")
         keys.pending("float8.enable_float8_linear", old, "float8")
         for key in ("quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns",
                     "quantize.linear.float8.enable_fsdp_float8_all_gather",
@@ -100,8 +102,10 @@ def _other_converters(keys, converters: list) -> None:
     quantization/mx.py 171-172, float8.py 239 at 238fa9953e4a) are not modelled: listed, and their
     keys with them; without them those keys have no effect."""
     others = [str(name) for name in converters if name not in FLOAT8_CONVERTERS]
-    if others:
-        keys.taken.append(("model.converters", " ".join(others), "not modelled", pending("mx")))
+    for name in others:  # one row each: a LoRA adapter is no quantized matmul
+        keys.taken.append(("model.converters", name, "not modelled", pending(OTHER_CONVERTERS.get(name, "mx"))))
+    if others and not any(name in FLOAT8_CONVERTERS for name in converters):
+        keys.left.pop("model.converters", None)  # listed above, one row a converter
     for key in [key for key in keys.left if key.startswith(("quantize.linear.mx.", "quantize.grouped_mm."))
                 and not key.endswith(".fqns")]:  # the experts' fqns: listed with Float8 (_settings)
         converter = key.rsplit(".", 1)[0]

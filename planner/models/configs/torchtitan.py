@@ -29,7 +29,8 @@ from planner.models import archs
 from planner.models.configs import Job, Recompute, pending, titan_python, titan_settings
 
 # (model.name, model.flavor) -> ckplan's built-in architecture (see the module docstring)
-FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
+FLAVORS = {("llama3", "debugmodel"): "titan-llama3-debugmodel", ("llama3", "1B"): "llama3.2-1b",
+           ("llama3", "3B"): "llama3.2-3b", ("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
            ("deepseek_v3", "671B"): "deepseek-v3", ("deepseek_v3", "16B"): "deepseek-v2-lite",
            ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
            **{("qwen3", size): f"qwen3-{size.lower()}" for size in ("0.6B", "1.7B", "4B", "8B", "14B", "32B")}}
@@ -73,6 +74,13 @@ NOT_MODELLED = {
     "parallelism.disable_loss_parallel": "the loss computed on gathered logits rather than vocab-parallel",
     "parallelism.fsdp_reshard_after_forward": "FSDP2 resharding other than torchtitan's default",
     "parallelism.pipeline_parallel_schedule_csv": "a schedule from a CSV file",
+    # model_registry's keyword arguments at b5bcd76c (models/deepseek_v3/__init__.py, common/config_utils.py 68)
+    "model.moe_comm_backend": "the experts' token exchange kernel (DeepEP's HybridEP, minimal async EP): timed as "
+                              "NCCL's all-to-all",
+    "model.non_blocking_capacity_factor": "HybridEP's token buffer capacity (distributed/deepep/hybridep.py): its "
+                                          "buffers not charged",
+    "model.tp_gemm_backend": "TP matmuls fused with their collectives (dist_gemm): timed as the matmul and the "
+                             "collective apart",
     "activation_checkpoint.memory_budget": "torch.compile's memory-budget recompute",
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": "op-level recompute of named matmuls",
     "training.dataloader.pin_memory": "pinned host buffers (host memory only)",
@@ -456,6 +464,8 @@ def _status(key: str, value) -> tuple[str, str]:
             "not modelled", "FSDP2's collectives on symmetric memory (its buffers outside the caching allocator)")
     if key == "parallelism.spmd_backend":  # spmd_types the default since 5ab3a0fd1 (0.3.0, main)
         return "not modelled", "the SPMD layer's own overheads (spmd_types or DTensor): scored as the collectives alone"
+    if (key, value) in (("model.moe_comm_backend", "standard"), ("model.tp_gemm_backend", "default")):
+        return "no effect", "torchtitan's default (b5bcd76c): NCCL's all-to-all, matmul and collective apart"
     if key == "model.attn_backend":
         return "not modelled", ("the attention kernel (FlexAttention, varlen): timed as SDPA's flash kernel; "
                                 "0.3.0 and main run flex unless told")
