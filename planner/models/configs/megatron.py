@@ -40,6 +40,7 @@ from planner.models.configs.megatron_flags import (
     yaml_extras,
 )
 from planner.models.configs.megatron_memflags import read_memory_settings
+from planner.models.configs.megatron_split import layout_counts, stage_layers
 
 
 def read(path: Path) -> Job:
@@ -262,90 +263,20 @@ def _parallel(flags: Flags, job: Job) -> None:
         job.chunks = virtual
     layout = flags.given.get("--pipeline-model-parallel-layout")
     if layout:  # arguments.py 941-951 at d98e8a64: the layout's stage count / PP is the virtual pipeline size
-        stages = len(_layout_counts(layout[0]))
+        stages = len(layout_counts(layout[0]))
         if stages % job.pp:
             raise UserError(f"--pipeline-model-parallel-layout lists {stages} stages, not a multiple of "
                             f"--pipeline-model-parallel-size {job.pp}; Megatron-LM refuses it")
         job.chunks = stages // job.pp
     if job.chunks > 1:
         job.schedule = "interleaved-1F1B"
-    job.layers_per_stage = _split(flags, job)
+    job.layers_per_stage = stage_layers(flags, job)
     job.ep = positive("--expert-model-parallel-size",
                        flags.take("--expert-model-parallel-size", "expert parallelism", int, 1))
     read_data_parallel(flags, job)
     if flags.has("--expert-tensor-parallel-size") and flags.given["--expert-tensor-parallel-size"] == [str(job.tp)]:
         job.modelled.expert_tp = flags.take("--expert-tensor-parallel-size", "experts split over the TP group "
                                             "(megatron-core's default)", int)
-
-
-def _split(flags: Flags, job: Job) -> list[int]:
-    """Decoder layers of each of the pp x chunks stages, in pipeline order."""
-    stages, layers = job.pp * job.chunks, job.arch.num_layers
-    layout = flags.take("--pipeline-model-parallel-layout", "the pipeline split", str)
-    if layout is not None:
-        counts = _layout_counts(layout)
-        if len(counts) != stages or sum(counts) != layers:
-            raise UserError(f"--pipeline-model-parallel-layout lists {len(counts)} stages of {sum(counts)} decoder "
-                            f"layers; the flags give {stages} stages of {layers}")
-        return counts
-    first = flags.take("--decoder-first-pipeline-num-layers", "layers of the first stage", int)
-    last = flags.take("--decoder-last-pipeline-num-layers", "layers of the last stage", int)
-    if flags.has("--account-for-embedding-in-pipeline-split") or flags.has("--account-for-loss-in-pipeline-split"):
-        if first is not None or last is not None:  # transformer_block.py 110-114 at 92c8482e asserts it
-            raise UserError("--account-for-embedding/loss-in-pipeline-split with --decoder-first/last-pipeline-num-"
-                            "layers: Megatron-LM refuses uneven stages with them; give one or the other")
-        return _split_accounting(flags, layers, stages)
-    if first is None and last is None:
-        if layers % stages:
-            raise UserError(f"--num-layers {layers} is not a multiple of the {stages} pipeline stages; give "
-                            "--decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout")
-        return [layers // stages] * stages
-    middle_stages = stages - (first is not None) - (last is not None)
-    rest = layers - (first or 0) - (last or 0)
-    if middle_stages <= 0 and rest or middle_stages > 0 and rest % middle_stages:
-        raise UserError(f"--decoder-first/last-pipeline-num-layers leave {rest} layers for {middle_stages} stages; "
-                        "give counts that split evenly")
-    middle = [rest // middle_stages] * middle_stages if middle_stages > 0 else []
-    return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
-
-
-def _split_accounting(flags: Flags, layers: int, stages: int) -> list[int]:
-    """--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the embedding
-    and the loss each counted as one layer, the sum split evenly over the (virtual) stages, and the
-    first stage builds one decoder layer fewer for the embedding, the last one fewer for the loss
-    (megatron/core/transformer/transformer_block.py get_num_layers_to_build 147-205 at 92c8482e, the
-    megatron-core of Megatron-Bridge 00b7660b; uneven first/last stages are refused with them there)."""
-    embedding = flags.take("--account-for-embedding-in-pipeline-split", "the embedding counted as a layer in the "
-                           "pipeline split (the first stage builds one decoder layer fewer)", bool, False)
-    loss = flags.take("--account-for-loss-in-pipeline-split", "the loss counted as a layer in the pipeline split "
-                      "(the last stage builds one decoder layer fewer)", bool, False)
-    counted = layers + bool(embedding) + bool(loss)
-    if counted % stages or counted // stages < 1:
-        raise UserError(f"--num-layers {layers} with the embedding and loss counted ({counted}) is not a multiple of "
-                        f"the {stages} pipeline stages; Megatron-LM refuses it")
-    counts = [counted // stages] * stages
-    counts[0] -= bool(embedding)
-    counts[-1] -= bool(loss)
-    return counts
-
-
-def _layout_counts(layout: str) -> list[int]:
-    """Decoder layers per stage of a --pipeline-model-parallel-layout ('Et*3|(t|)*4,tL'):
-    stages split by '|' (and ','), 't' a decoder layer, 'x*n' and '(...)*n' repeats, E/L/m other."""
-    import re
-
-    text = layout.strip().strip("\"'").replace(",", "|")
-    for _ in range(8):  # expand (...)*n, innermost first
-        expanded = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-        if expanded == text:
-            break
-        text = expanded
-    if not re.fullmatch(r"[EtmL|*0-9]*", text):
-        raise UserError(f"--pipeline-model-parallel-layout {layout!r}: give stages of E, t, m and L split by '|'")
-    counts = []
-    for stage in text.split("|"):
-        counts.append(sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", stage)))
-    return counts
 
 
 def _recompute(flags: Flags, job: Job) -> None:
