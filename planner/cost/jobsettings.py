@@ -36,8 +36,8 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   for every (batch, head) split, run in waves (flash2_deterministic_factor, from its launch code and shared
   memory), replace the kernels the profile timed (on GB200 and B200: cuDNN's). The extra fp32 dQ
   accumulators (splits - 1 of them, zero-filled and summed) are not charged (402 MB a layer at T16's shape),
-  nor the dropout's cost inside FlashAttention-2 (no published rate for its kernels), nor TE's sbhd ->
-  bshd copies around it.
+  nor TE's sbhd -> bshd copies around it. The attention dropout's draws inside either kernel are their own
+  term (planner/cost/attention_dropout.py), on the times te_attention_ms gives.
 
 Memory is unchanged: the unfused bf16 gradient lives from its GEMM to the DDP hook that runs right
 after its AccumulateGrad, one linear's weight at a time, inside the backward transients the profile
