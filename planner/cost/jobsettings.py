@@ -36,8 +36,8 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   for every (batch, head) split, run in waves (flash2_deterministic_factor, from its launch code and shared
   memory), replace the kernels the profile timed (on GB200 and B200: cuDNN's). The extra fp32 dQ
   accumulators (splits - 1 of them, zero-filled and summed) are not charged (402 MB a layer at T16's shape),
-  nor the dropout's cost inside FlashAttention-2 (no published rate for its kernels), nor TE's sbhd ->
-  bshd copies around it.
+  nor TE's sbhd -> bshd copies around it. The attention dropout's draws inside either kernel are their own
+  term (planner/cost/attention_dropout.py), on the times te_attention_ms gives.
 
 Memory is unchanged: the unfused bf16 gradient lives from its GEMM to the DDP hook that runs right
 after its AccumulateGrad, one linear's weight at a time, inside the backward transients the profile
@@ -49,6 +49,7 @@ from planner.cost import dataparallel, runtimes
 from planner.cost.layers import LayerCost
 from planner.schema import OPTION_FULL, Profile, TrainSetup
 
+ATTENTION_BWD_FLOPS = 2.5  # torch's sdpa_backward_flop_count: five matmuls to the forward's two
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -140,46 +141,80 @@ def deterministic_attention_kernel(gpu, *, drops_attention: bool) -> str:
 def deterministic_attention_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
     """ms per microbatch the attention Transformer Engine runs under deterministic mode adds to a dense
     block over the kernels the profile's record times (TE's cuDNN attention where the GPU has its figures,
-    else the GPU's attention; the module's docstring). cuDNN's deterministic backward: the block's causal
-    attention backward FLOPs (2.5 x 4·s²·d·heads, half run, per device: heads / TP, tokens / CP) at the
-    GPU's deterministic rate less at its rate (GB200's; none published elsewhere: 0). FlashAttention-2's
-    (deterministic_attention_kernel): its forward at the GPU's FlashAttention-2 rate (the GPU's
-    attention figures, torch SDPA's flash backend) and its deterministic backward (that backward's rate x
-    flash2_deterministic_factor on the GPU's SMs), less the profile's two; a full recompute's rerun
-    forward again. 0 off, or where the runtime, the GPU or the profile says nothing."""
+    else the GPU's attention; the module's docstring): te_attention_ms under deterministic mode less the
+    same without it, a full recompute's rerun forward again. cuDNN's deterministic backward at the GPU's
+    deterministic rate (GB200's; none published elsewhere: 0); FlashAttention-2's (deterministic_attention_
+    kernel) forward at the GPU's FlashAttention-2 rate and its deterministic backward (that backward's rate x
+    flash2_deterministic_factor on the GPU's SMs). 0 off, or where the runtime, the GPU or the profile says
+    nothing."""
     training = setup.training
     if not training.deterministic or runtimes.of(training).deterministic_attention != "transformer-engine":
         return 0.0
+    found = te_attention(profile, layer)
+    if found is None:
+        return 0.0
+    gpu, drops = found
+    kernel = deterministic_attention_kernel(gpu, drops_attention=drops)
+    if kernel == "flash2" and (not gpu.num_sms or max(int(profile.assumptions.get("cp", 1) or 1), 1) != 1):
+        return 0.0
+    det, timed = te_attention_ms(profile, gpu, kernel, deterministic=True), _timed_attention_ms(profile, gpu)
+    reruns = 1 if layer.options[int(ckpt)].name == OPTION_FULL else 0
+    return (det[0] - timed[0]) * (1 + reruns) + det[1] - timed[1]
+
+
+def te_attention(profile: Profile, layer: LayerCost):
+    """(the profile's GPU, whether the attention drops) for a dense block whose attention is TE's fused
+    kernel (flash: an unfused one keeps the scores), else None. A model that does not say drops where it is
+    GPT-style (Megatron-LM's default attention_dropout 0.1)."""
     found, model = profile.assumptions, profile.assumptions.get("model")
     if not te_output_elements(profile, layer)[0] or not isinstance(found.get("gpu"), str) \
-            or found.get("attention", "flash") != "flash":  # an unfused kernel keeps the scores: neither
-        return 0.0
+            or found.get("attention", "flash") != "flash":
+        return None
     from planner.models import archs
-    from planner.models.attention_rates import attention_efficiency
 
-    gpu = archs.gpu(found["gpu"])
+    drops = model.get("attention_dropout")
+    return archs.gpu(found["gpu"]), model.get("style") == "gpt" if drops is None else bool(drops)
+
+
+def _attention_forward_flops(profile: Profile) -> float:
+    """The block's causal attention forward FLOPs a microbatch on one device: 4·s²·d·heads / 2 (heads / TP,
+    tokens / CP), as FlashAttention's benchmarks count them."""
+    found, model = profile.assumptions, profile.assumptions["model"]
     heads, tp = int(model["num_heads"]), int(found.get("tp", 1))
     head = int(model.get("head_dim") or int(model["hidden_size"]) // heads)
     seq, cp = int(found.get("seq_len", 0)), max(int(found.get("cp", 1) or 1), 1)
-    forward = 4 * seq * seq * head * (heads // tp) * profile.micro_batch_size / 2 / cp
-    flops = 2.5 * forward
-    peak = gpu.bf16_tflops * 1e12
-    drops = model.get("attention_dropout")
-    drops = model.get("style") == "gpt" if drops is None else bool(drops)
-    if deterministic_attention_kernel(gpu, drops_attention=drops) == "cudnn":
-        if gpu.te_attention_deterministic_bwd and len(gpu.te_attention_efficiency) >= 2:
-            return (flops / (peak * gpu.te_attention_deterministic_bwd)
-                    - flops / (peak * gpu.te_attention_efficiency[1])) * 1e3
-        return 0.0
-    if not gpu.num_sms or cp != 1:
-        return 0.0
-    timed = gpu.te_attention_efficiency or attention_efficiency(gpu, seq)  # what the profile read
-    flash = attention_efficiency(gpu, seq)
-    factor = flash2_deterministic_factor(gpu.num_sms, profile.micro_batch_size * (heads // tp))
-    forward_extra = forward / (peak * flash[0]) - forward / (peak * timed[0])
-    reruns = 1 if layer.options[int(ckpt)].name == OPTION_FULL else 0
-    backward_extra = flops / (peak * flash[1]) * factor - flops / (peak * timed[1])
-    return (forward_extra * (1 + reruns) + backward_extra) * 1e3
+    return 4 * seq * seq * head * (heads // tp) * profile.micro_batch_size / 2 / cp
+
+
+def _timed_attention_ms(profile: Profile, gpu) -> tuple[float, float]:
+    """(forward, backward) ms the profile's record times the attention at: TE's cuDNN figures where the GPU
+    has them, else the GPU's attention figures at the profile's length."""
+    from planner.models.attention_rates import attention_efficiency
+
+    forward, peak = _attention_forward_flops(profile), gpu.bf16_tflops * 1e12
+    rates = gpu.te_attention_efficiency or attention_efficiency(gpu, int(profile.assumptions.get("seq_len", 0)))
+    return forward / (peak * rates[0]) * 1e3, ATTENTION_BWD_FLOPS * forward / (peak * rates[1]) * 1e3
+
+
+def te_attention_ms(profile: Profile, gpu, kernel: str, *, deterministic: bool) -> tuple[float, float]:
+    """(forward, backward) ms a microbatch of the attention kernel TE runs on `gpu`: "cudnn" as the profile
+    times it, its backward at the GPU's deterministic rate where deterministic and published; "flash2" at the
+    GPU's FlashAttention-2 figures (torch SDPA's flash backend), its backward x flash2_deterministic_factor on
+    the GPU's SMs where deterministic."""
+    from planner.models.attention_rates import attention_efficiency
+
+    forward, peak = _attention_forward_flops(profile), gpu.bf16_tflops * 1e12
+    if kernel == "cudnn":
+        fwd_ms, bwd_ms = _timed_attention_ms(profile, gpu)
+        if deterministic and gpu.te_attention_deterministic_bwd and len(gpu.te_attention_efficiency) >= 2:
+            bwd_ms = ATTENTION_BWD_FLOPS * forward / (peak * gpu.te_attention_deterministic_bwd) * 1e3
+        return fwd_ms, bwd_ms
+    flash = attention_efficiency(gpu, int(profile.assumptions.get("seq_len", 0)))
+    factor = 1.0
+    if deterministic and gpu.num_sms:
+        heads, tp = int(profile.assumptions["model"]["num_heads"]), int(profile.assumptions.get("tp", 1))
+        factor = flash2_deterministic_factor(gpu.num_sms, profile.micro_batch_size * (heads // tp))
+    return forward / (peak * flash[0]) * 1e3, ATTENTION_BWD_FLOPS * forward / (peak * flash[1]) * factor * 1e3
 
 
 def flash2_deterministic_factor(sms: int, batch_heads: int) -> float:

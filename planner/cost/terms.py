@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.cost import (
+    attention_dropout,
     bridgeterms,
     comm,
     contextparallel,
@@ -293,6 +294,12 @@ TERMS: tuple[Term, ...] = (
          "below sm90 and on sm100+ under attention dropout (fused_attn.cpp 461-470, TE v2.18.0): its forward at the "
          "GPU's FlashAttention-2 figures and its deterministic backward's split grid in waves of one block an SM "
          "(flash_bwd_launch_template.h, flash-attention 0251105a)"),
+    Term("the attention dropout's mask drawn inside Transformer Engine's attention kernels", "time", "layer",
+         lambda layer, ckpt, ctx: attention_dropout.attention_dropout_ms(layer, ckpt, ctx.profile, ctx.setup),
+         "a Philox draw per score element in the forward and again in the backward (flash-attention dropout.h; "
+         "cuDNN's SDPA from its seed and offset), no bytes: the kernel TE runs x its measured time with dropout "
+         "over without, forward + backward, p 0.1, head dim 128 (cuDNN on H200 1.034 and on B300 1.094, "
+         "TransformerEngine#3312; FlashAttention-2 on GB200 1.047, TransformerEngine#3313)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
          lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms; Megatron-LM's "

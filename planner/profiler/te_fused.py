@@ -39,8 +39,10 @@ SwiGLU, one linear_fc1 (gate and up, 2 x ffn_hidden_size wide; megatron/core/tra
 1406-1409, mlp.py 198-204, 6e091e1b): one GEMM each where the eager LLaMA block runs three and two,
 and under FP8 one input cast each, TE's way (te_linears; float8.te_forward, te_backward). A GPT block's
 Q/K/V and fc are one linear already.
-Unchanged: the residual adds and dropout (Megatron's fused bias-dropout-add moves what the eager add
-does), the weight gradients' accumulation, and the matmuls' FLOPs.
+Unchanged: the residual adds and dropout, the weight gradients' accumulation, and the matmuls' FLOPs.
+Megatron's fused bias-dropout-add (torch.compile'd) moves 7 B an element forward where the eager add and
+dropout move 11 (it keeps a bool mask), but draws a 10-round Philox per element, which on sm80 / sm90 takes
+about as long as the eager bytes (docs/framework-facts.md §72): left at the eager count, no measurement read.
 
 Where the recipe turns a fusion off (Megatron-LM `--no-bias-gelu-fusion`, `--no-bias-swiglu-fusion`,
 `--no-rope-fusion`, `--transformer-impl local`) the config readers say it; this record is the fused
