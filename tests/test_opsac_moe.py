@@ -94,3 +94,24 @@ def test_op_sac_is_offered_on_moe_and_latent_blocks_not_on_gpt_or_eager_ones():
     assert offers_op_sac(MOE, SHAPE, moe=True) and offers_op_sac(MLA, SHAPE, moe=False)
     assert not offers_op_sac(MOE, Shape(seq_len=32, micro_batch_size=2, attention="eager"), moe=True)
     assert not offers_op_sac(archs.arch("gpt3-175b"), SHAPE, moe=False)
+
+
+def test_under_expert_parallelism_op_sac_also_keeps_the_dispatch_and_combine_outputs():
+    """torchtitan saves all_to_all_single's outputs (planner/cost/opsacep.py): with ep > 1 a MoE block
+    under op-sac keeps 2 x a2a_bytes more (64 tokens x top-1 x 64 hidden x 2 B each); without ep, and
+    for any other option or a dense block, nothing."""
+    from planner.cost.layers import layer_costs
+    from planner.cost.opsacep import op_sac_ep_kept_bytes
+    from planner.schema import TrainSetup
+
+    costs = layer_costs(analytic.analytic_profile(MOE, SHAPE, gpu=H100, model=REF))
+    moe, dense = costs[2], costs[1]
+    op = next(i for i, o in enumerate(moe.options) if o.name == "op-sac")
+    base = dict(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**50], precision="bf16-mixed")
+    ep2, ep1 = TrainSetup(**base, dp=2, ep=2), TrainSetup(**base, dp=2)
+    assert moe.a2a_bytes == 64 * 1 * 64 * 2
+    assert op_sac_ep_kept_bytes(moe, op, ep2) == 2 * 64 * 64 * 2
+    assert op_sac_ep_kept_bytes(moe, op, ep1) == 0 and op_sac_ep_kept_bytes(moe, 0, ep2) == 0
+    assert op_sac_ep_kept_bytes(moe, 1, ep2) == 0
+    dense_op = next(i for i, o in enumerate(dense.options) if o.name == "op-sac")
+    assert op_sac_ep_kept_bytes(dense, dense_op, ep2) == 0
