@@ -96,22 +96,33 @@ def test_op_sac_is_offered_on_moe_and_latent_blocks_not_on_gpt_or_eager_ones():
     assert not offers_op_sac(archs.arch("gpt3-175b"), SHAPE, moe=False)
 
 
-def test_under_expert_parallelism_op_sac_also_keeps_the_dispatch_and_combine_outputs():
-    """torchtitan saves all_to_all_single's outputs (planner/cost/opsacep.py): with ep > 1 a MoE block
-    under op-sac keeps 2 x a2a_bytes more (64 tokens x top-1 x 64 hidden x 2 B each); without ep, and
-    for any other option or a dense block, nothing."""
+def test_under_expert_parallelism_op_sac_keeps_or_reruns_the_dispatch_and_combine_by_their_op():
+    """torchtitan saves _c10d_functional.all_to_all_single's outputs (planner/cost/opsacep.py): the
+    exchanges of a compiled model, or of a version before spmd_types became the default, are kept
+    (2 x a2a_bytes, 64 tokens x top-1 x 64 hidden x 2 B each); b5bcd76c's eager spmd_types exchange is
+    no save op, so it is rerun: two more all-to-alls in the backward, as under full recompute. Nothing
+    without ep, for another option or for a dense block."""
     from planner.cost.layers import layer_costs
-    from planner.cost.opsacep import op_sac_ep_kept_bytes
+    from planner.cost.opsacep import op_sac_ep_kept_bytes, op_sac_reruns_exchanges
+    from planner.cost.rules import all_to_all_ms
     from planner.schema import TrainSetup
 
     costs = layer_costs(analytic.analytic_profile(MOE, SHAPE, gpu=H100, model=REF))
     moe, dense = costs[2], costs[1]
     op = next(i for i, o in enumerate(moe.options) if o.name == "op-sac")
-    base = dict(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**50], precision="bf16-mixed")
-    ep2, ep1 = TrainSetup(**base, dp=2, ep=2), TrainSetup(**base, dp=2)
+    base = dict(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**50], precision="bf16-mixed",
+                runtime="torchtitan", dp=2)
+    link = dict(ep=2, ep_gb_per_s=450.0)
+    eager, ep1 = TrainSetup(**base, **link), TrainSetup(**base)
+    compiled, older = TrainSetup(**base, **link, compile=True), TrainSetup(**base, **link, runtime_version="9dec370")
     assert moe.a2a_bytes == 64 * 1 * 64 * 2
-    assert op_sac_ep_kept_bytes(moe, op, ep2) == 2 * 64 * 64 * 2
-    assert op_sac_ep_kept_bytes(moe, op, ep1) == 0 and op_sac_ep_kept_bytes(moe, 0, ep2) == 0
-    assert op_sac_ep_kept_bytes(moe, 1, ep2) == 0
+    assert op_sac_ep_kept_bytes(moe, op, compiled) == op_sac_ep_kept_bytes(moe, op, older) == 2 * 64 * 64 * 2
+    assert not op_sac_reruns_exchanges(moe, op, compiled) and not op_sac_reruns_exchanges(moe, op, older)
+    assert op_sac_ep_kept_bytes(moe, op, eager) == 0 and op_sac_reruns_exchanges(moe, op, eager)
+    assert all_to_all_ms(moe, op, compiled) > 0  # 4: the forward's two and their gradients'
+    assert all_to_all_ms(moe, op, eager) == pytest.approx(all_to_all_ms(moe, 1, eager))  # 6, as full
+    assert all_to_all_ms(moe, op, eager) == pytest.approx(1.5 * all_to_all_ms(moe, op, compiled))
+    assert op_sac_ep_kept_bytes(moe, op, TrainSetup(**base, compile=True)) == 0
+    assert op_sac_ep_kept_bytes(moe, 0, compiled) == op_sac_ep_kept_bytes(moe, 1, compiled) == 0
     dense_op = next(i for i, o in enumerate(dense.options) if o.name == "op-sac")
-    assert op_sac_ep_kept_bytes(dense, dense_op, ep2) == 0
+    assert op_sac_ep_kept_bytes(dense, dense_op, compiled) == 0 and not op_sac_reruns_exchanges(dense, dense_op, eager)

@@ -214,7 +214,8 @@ TERMS: tuple[Term, ...] = (
     Term("the all-to-all outputs op-level SAC saves under expert parallelism", "kept", "layer",
          lambda layer, ckpt, ctx: op_sac_ep_kept_bytes(layer, int(ckpt), ctx.setup),
          "torchtitan b5bcd76c activation_checkpoint.py 60-70 saves all_to_all_single's outputs: a MoE block's "
-         "dispatch and combine, 2 x a2a_bytes (planner/cost/opsacep.py)"),
+         "dispatch and combine, 2 x a2a_bytes, where the exchange is that op: a compiled model, or a version before "
+         "spmd_types became the default (5ab3a0fd1); else rerun, timed by all_to_all (planner/cost/opsacep.py)"),
     Term("K and V repeated to the query heads, saved by attention", "kept", "layer",
          lambda layer, ckpt, ctx: repeated_kv_kept_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "the runtime's record (cp_repeats_kv): torchtitan's repeat_kv copies K/V to every query head before "
