@@ -113,7 +113,7 @@ def test_under_expert_parallelism_op_sac_keeps_or_reruns_the_dispatch_and_combin
     base = dict(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**50], precision="bf16-mixed",
                 runtime="torchtitan", dp=2)
     link = dict(ep=2, ep_gb_per_s=450.0)
-    eager, ep1 = TrainSetup(**base, **link), TrainSetup(**base)
+    eager, ep1 = TrainSetup(**base, **link), TrainSetup(**base, compile=True)
     compiled, older = TrainSetup(**base, **link, compile=True), TrainSetup(**base, **link, runtime_version="9dec370")
     assert moe.a2a_bytes == 64 * 1 * 64 * 2
     assert op_sac_ep_kept_bytes(moe, op, compiled) == op_sac_ep_kept_bytes(moe, op, older) == 2 * 64 * 64 * 2
@@ -122,7 +122,7 @@ def test_under_expert_parallelism_op_sac_keeps_or_reruns_the_dispatch_and_combin
     assert all_to_all_ms(moe, op, compiled) > 0  # 4: the forward's two and their gradients'
     assert all_to_all_ms(moe, op, eager) == pytest.approx(all_to_all_ms(moe, 1, eager))  # 6, as full
     assert all_to_all_ms(moe, op, eager) == pytest.approx(1.5 * all_to_all_ms(moe, op, compiled))
-    assert op_sac_ep_kept_bytes(moe, op, TrainSetup(**base, compile=True)) == 0
+    assert op_sac_ep_kept_bytes(moe, op, ep1) == 0 and all_to_all_ms(moe, op, ep1) == 0
     assert op_sac_ep_kept_bytes(moe, 0, compiled) == op_sac_ep_kept_bytes(moe, 1, compiled) == 0
     dense_op = next(i for i, o in enumerate(dense.options) if o.name == "op-sac")
     assert op_sac_ep_kept_bytes(dense, dense_op, compiled) == 0 and not op_sac_reruns_exchanges(dense, dense_op, eager)
