@@ -474,11 +474,12 @@ def test_torchtitan_op_level_sac_checkpoints_every_block_under_its_policy():
     # op-SAC keeps more than whole-block recompute and less than none; recomputes less than full
     assert full.cost.stages[0].peak_bytes < op.cost.stages[0].peak_bytes < none.cost.stages[0].peak_bytes
     assert none.cost.iteration_ms < op.cost.iteration_ms < full.cost.iteration_ms
-    # blocks without the op-level option (MoE) stay not modelled, scored as no recompute
-    moe = torchtitan.from_mapping({"model": {"name": "qwen3", "flavor": "30B-A3B"},
-                                   "activation_checkpoint": {"mode": "selective", "selective_ac_option": "op"}}, "q.toml")
-    assert (moe.recompute.mode, moe.modelled.op_level_sac) == ("none", False)
-    assert {s.name: s.status for s in moe.settings}["activation_checkpoint.selective_ac_option"] == "not modelled"
+    # MoE and latent-attention blocks run it too (opsac.py, framework-facts §74): scored, not left out
+    for name, flavor in (("qwen3", "30B-A3B"), ("deepseek_v3", "16B")):
+        moe = torchtitan.from_mapping({"model": {"name": name, "flavor": flavor}, "activation_checkpoint": {
+            "mode": "selective", "selective_ac_option": "op"}}, "q.toml")
+        assert (moe.recompute.mode, moe.modelled.op_level_sac) == ("op", True)
+        assert {s.name: s.status for s in moe.settings}["activation_checkpoint.selective_ac_option"] == "modelled"
 
 
 def test_torchtitan_async_tp_overlaps_the_tp_collectives():

@@ -158,9 +158,9 @@ def test_what_is_not_modelled_is_refused_in_one_sentence(tmp_path, flags, said):
 
 
 def test_op_level_sac_needs_blocks_that_offer_it(tmp_path):
-    """--op-level-sac on a model whose blocks offer no op-level policy (a mixture of experts: opsac.py
-    offers it for dense LLaMA blocks with flash attention) would change nothing: refused."""
-    result = run("search", "--arch", "qwen3-30b-a3b", *JOB, "--top", "1", "--out", tmp_path / "p.yaml",
+    """--op-level-sac on a model whose blocks offer no op-level policy (a GPT block: opsac.py offers it
+    for LLaMA-style blocks with flash attention, dense or MoE, GQA or latent) would change nothing: refused."""
+    result = run("search", "--arch", "gpt3-175b", *JOB, "--top", "1", "--out", tmp_path / "p.yaml",
                  "--op-level-sac")
     assert result.exit_code != 0 and "--op-level-sac needs a profile whose blocks offer" in result.output
 

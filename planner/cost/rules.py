@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from planner.cost import chunkedloss, dataparallel, fsdpunits, runtimes, schedules
 from planner.cost.layers import LayerCost
+from planner.cost.opsacep import op_sac_reruns_exchanges
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
 
 # (weights, grads, optimizer state) bytes per parameter before sharding.
@@ -60,7 +61,8 @@ def all_to_all_ms(layer: LayerCost, option: int, setup: TrainSetup) -> float:
     ep = setup.data_parallel.ep
     if ep == 1 or not layer.a2a_bytes:
         return 0.0
-    count = 4 + 2 * (option == 1)
+    # torchtitan's op-level SAC reruns them too where they are not save ops (planner/cost/opsacep.py)
+    count = 4 + 2 * (option == 1 or op_sac_reruns_exchanges(layer, option, setup))
     return count * dataparallel.all_to_all_ms(layer.a2a_bytes, ep, setup.data_parallel.ep_gb_per_s)
 
 

@@ -21,6 +21,7 @@ from planner.cost import (
     splittime,
 )
 from planner.cost.layers import LayerCost
+from planner.cost.opsacep import op_sac_ep_kept_bytes
 from planner.cost.repeatedkv import repeated_kv_extra_bytes, repeated_kv_kept_bytes
 from planner.cost.rules import (
     all_to_all_ms,
@@ -211,6 +212,11 @@ TERMS: tuple[Term, ...] = (
     Term("TP + SP inputs a recomputed layer gathers whole", "extra", "layer",
          lambda layer, ckpt, ctx: tp_gathered_extra_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "as above, during a fully recomputed layer's rerun forward"),
+    Term("the all-to-all outputs op-level SAC saves under expert parallelism", "kept", "layer",
+         lambda layer, ckpt, ctx: op_sac_ep_kept_bytes(layer, int(ckpt), ctx.setup),
+         "torchtitan b5bcd76c activation_checkpoint.py 60-70 saves all_to_all_single's outputs: a MoE block's "
+         "dispatch and combine, 2 x a2a_bytes, where the exchange is that op: a compiled model, or a version before "
+         "spmd_types became the default (5ab3a0fd1); else rerun, timed by all_to_all (planner/cost/opsacep.py)"),
     Term("K and V repeated to the query heads, saved by attention", "kept", "layer",
          lambda layer, ckpt, ctx: repeated_kv_kept_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "the runtime's record (cp_repeats_kv): torchtitan's repeat_kv copies K/V to every query head before "

@@ -343,7 +343,7 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     if fwd_ms is None or bwd_ms is None:
         fwd_ms, bwd_ms, _ = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)
     # torchtitan's op-level selective AC (planner/profiler/opsac.py)
-    op_sac = (opsac.op_sac_option(arch, shape, gpu, mfu, boundary=boundary, kept_without=kept),) \
+    op_sac = (opsac.op_sac_option(arch, shape, gpu, mfu, boundary=boundary, kept_without=kept, moe=moe),) \
         if opsac.offers_op_sac(arch, shape, moe=moe) else ()
     return (*found, *op_sac, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
                                             first_bytes=terms[-1].num_bytes))

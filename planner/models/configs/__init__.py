@@ -39,8 +39,8 @@ PENDING: dict[str, str] = {
     "etp": "an expert tensor-parallel size other than TP (experts split over another group)",
     "fp8-all-gather": "fp8 weights in the data-parallel all-gather (less traffic and gathered bytes)",
     "bf16-grad-reduce": "gradients reduced (and bucketed) in bf16 rather than fp32",
-    "op-sac": "op-level selective activation checkpointing, which ckplan offers only for dense LLaMA blocks with "
-              "flash attention (planner/profiler/opsac.py): scored as no recompute",
+    "op-sac": "op-level selective activation checkpointing, which ckplan offers only for LLaMA-style blocks with "
+              "flash attention and no shared-expert gate (planner/profiler/opsac.py): scored as no recompute",
 }
 
 

@@ -419,7 +419,7 @@ def _recompute(keys: _Keys, job: Job) -> None:
         job.recompute = Recompute(mode="every", num_layers=int(option))
     elif mode == "selective" and option == "op":
         arch = job.arch
-        if arch.style == "llama" and not arch.mla and not arch.num_moe_layers:  # opsac.offers_op_sac's blocks
+        if arch.style == "llama" and not arch.shared_expert_gate:  # opsac.offers_op_sac's blocks (MoE, MLA: §74)
             job.recompute = Recompute(mode="op")
             job.modelled.op_level_sac = True
             keys.taken[-1] = (*keys.taken[-1][:3], "op-level selective AC: every block checkpointed under "
