@@ -186,3 +186,43 @@ def test_one_gradient_goes_from_a_layer_to_the_one_before_and_is_freed_at_its_en
     # allocated, by hand: at layer 0's extra's peak, layer 1's upcast 200, the received 100 and the three 150s, each
     # request rounded up to 512 B (the caching allocator's smallest block): five
     assert allocator.replay(step.events).allocated_peak_bytes == 5 * 512
+
+
+def test_the_losss_requests_are_torchs_cross_entropys_at_the_forward_and_the_backward():
+    """torchtitan 9dec370's loss, F its fp32 logits: on vocab-parallel logits (TP 2) the backward's scratch is
+    loss_parallel's zeros, exp, sum, product (peak 3F), the forward's the copy, the shifted logits and exp; on whole
+    ones aten's zeros and log_softmax's gradient (peak 2F) and the copy. What the cost model's scratch holds beyond
+    the peak comes first, one tensor; where it holds less, no program (tensors of the largest size, as before)."""
+    from test_bridge_memory import profile, setup
+
+    from planner.cost.fsdp2_layers import loss_forward_program, loss_program
+
+    for tp in (2, 1):
+        tiny, run = profile(tp=tp, sp=tp > 1), setup(runtime="torchtitan", runtime_version="9dec370", tp=tp)
+        f = tiny.layers[-1].output_bytes * 2  # the bf16 logits' bytes, twice
+        if tp == 2:
+            assert loss_program(tiny, run, 3 * f) == (f, f, f, -2, f, -1, -3, -4)
+            assert loss_program(tiny, run, 3 * f + 10) == (10, f, f, f, -3, f, -2, -4, -5, -1)
+            assert loss_forward_program(tiny, run) == (f, f, f, -3, -2, -1)
+        else:
+            assert loss_program(tiny, run, 2 * f) == (f, f, -1, -2)
+            assert loss_forward_program(tiny, run) == (f, -1)
+        assert loss_program(tiny, run, f) == ()
+    megatron = setup(tp=2)
+    assert loss_program(profile(tp=2, sp=True), megatron, 10**9) == () == loss_forward_program(profile(), setup())
+
+
+def test_the_losss_product_reuses_exps_freed_block():
+    """Played: the loss's backward scratch as loss_parallel makes it, 12 MiB tensors (each >= 10 MiB: a segment of its
+    own); its product best-fits exp's freed segment: three segments, 36 MiB reserved, not four."""
+    f = 12 * MIB
+    program = (f, f, f, -2, f, -1, -3, -4)
+    stage = _stage((_empty(),), loss_extra_bytes=3 * f, loss_tensor_bytes=f, loss_program=program)
+    step = _PipelineStep(stage, [])
+    step.loss_scratch()
+    keys = [(type(e).__name__, e.key) for e in step.events]
+    assert keys == [("Alloc", ("loss_extra", 1)), ("Alloc", ("loss_extra", 2)), ("Alloc", ("loss_extra", 3)),
+                    ("Free", ("loss_extra", 2)), ("Alloc", ("loss_extra", 4)), ("Free", ("loss_extra", 1)),
+                    ("Free", ("loss_extra", 3)), ("Free", ("loss_extra", 4))]
+    replayed = allocator.replay(step.events)
+    assert (replayed.allocated_peak_bytes, replayed.reserved_peak_bytes) == (3 * f, 3 * f) and replayed.segments == 3

@@ -55,6 +55,11 @@ class Fsdp2Stage:
     # the loss's largest tensor (its fp32 logits): the loss's scratch is made as tensors of at most this
     # size, not one block (0: one block)
     loss_tensor_bytes: int = 0
+    # the loss's scratch as torch's cross-entropy requests it (fsdp2_layers.loss_program, coded as the layers'
+    # extra programs; (): tensors of loss_tensor_bytes), and what its forward makes and frees at the last stage's
+    # forward (fsdp2_layers.loss_forward_program; (): nothing played there)
+    loss_program: tuple[int, ...] = ()
+    loss_forward: tuple[int, ...] = ()
 
 
 def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
@@ -84,6 +89,7 @@ class _Step:
         for unit in self.last:  # zero_grad(set_to_none): last step's sharded gradients
             add(Free(("sharded_grad", unit)))
         self.forward()
+        self.loss_forward()
         add(Alloc(("loss_kept",), self.stage.loss_kept_bytes, DEFAULT))
         self.loss_scratch()
         add(Free(("loss_kept",)))
@@ -107,10 +113,31 @@ class _Step:
     def loss_scratch(self) -> None:
         """The loss's scratch, made and freed: tensors of the loss's largest size (every tensor of a
         cross-entropy over the logits is the logits' shape, bf16 or fp32), the rest one more."""
+        if self.stage.loss_program:
+            self.events += [Free(key) for key in self.play(self.stage.loss_program, "loss_extra")]
+            return
         total, piece = self.stage.loss_extra_bytes, self.stage.loss_tensor_bytes or self.stage.loss_extra_bytes
         sizes = [piece] * (total // piece) + ([total % piece] if total % piece else []) if piece else []
         self.events += [Alloc(("loss_extra", n), size, DEFAULT) for n, size in enumerate(sizes)]
         self.events += [Free(("loss_extra", n)) for n in range(len(sizes))]
+
+    def play(self, program: tuple[int, ...], tag: str) -> list[object]:
+        """A coded program (n > 0 allocates n bytes, the next id from 1; -k frees id k) on the compute stream,
+        keyed (tag, id); returns the keys still alive."""
+        keys: dict[int, object] = {}
+        made = 0
+        for code in program:
+            if code > 0:
+                made += 1
+                keys[made] = (tag, made)
+                self.events.append(Alloc(keys[made], code, DEFAULT))
+            else:
+                self.events.append(Free(keys.pop(-code)))
+        return list(keys.values())
+
+    def loss_forward(self) -> None:
+        """The loss's forward's requests, made and freed (what it keeps is among the stage's ends)."""
+        self.events += [Free(key) for key in self.play(self.stage.loss_forward, "loss_forward")]
 
     def extra(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None = None) -> list[object]:
         """Layer `i`'s backward extra made, as its program's tensors (one block without one), on the
@@ -265,6 +292,7 @@ class _PipelineStep(_Step):
             add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
         if held_result is not None:
             add(Free(held_result))
+        self.loss_forward()
         add(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
 
     def backward_mb(self, mb: int) -> None:

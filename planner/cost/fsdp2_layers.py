@@ -176,3 +176,62 @@ def loss_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
     if chunked is not None:
         return chunked.largest_tensor_bytes
     return 0 if known is None else int(known[0]) * 2
+
+
+def loss_program(profile: Profile, setup: TrainSetup, extra: int) -> tuple[int, ...]:
+    """The loss's scratch (`extra` bytes: the cost model's, made at the last stage's backward) as the requests
+    torch's cross-entropy makes on torchtitan 9dec370's loss (train.py: `cross_entropy(pred.flatten(0, 1).float(),
+    labels.flatten(0, 1))`), coded as backward_hand's programs (n > 0 allocates, -k frees id k), each tensor the
+    fp32 logits' shape F (framework-facts §71): under tensor parallelism's loss_parallel (torch
+    distributed/tensor/parallel/loss.py `_nll_loss_and_log_softmax_backward`: `grad_input = torch.zeros_like(x)`,
+    then `(grad_input + torch.exp(x)) * grad_output`: the zeros, exp's, the sum's while both are alive, exp's
+    freed once summed, the product's, then the zeros' and the sum's freed with the function's locals; the
+    log_softmax backward handler only casts, fp32 to fp32, no copy): F, F, F, -2, F, -1, -3, -4; without (aten's
+    nll_loss_backward makes the zero-filled gradient, _log_softmax_backward_data its output while that is
+    alive): F, F, -1, -2. What `extra` holds beyond the program's peak first, one tensor alive to the end;
+    () where the runtime's loss is another, or the program's peak passes `extra` (then its largest tensor,
+    repeated: loss_tensor_bytes)."""
+    kind = _titan_loss(profile, setup)
+    if kind is None:
+        return ()
+    fp32 = kind[1]
+    if kind[0] == "parallel":
+        program, peak = (fp32, fp32, fp32, -2, fp32, -1, -3, -4), 3 * fp32
+    else:
+        program, peak = (fp32, fp32, -1, -2), 2 * fp32
+    if peak > extra:
+        return ()
+    if extra == peak:
+        return program
+    return (extra - peak, *(code if code > 0 else code - 1 for code in program), -1)
+
+
+def loss_forward_program(profile: Profile, setup: TrainSetup) -> tuple[int, ...]:
+    """What the loss's forward makes and frees beyond what it keeps, at the last stage's forward (torch's
+    pipelining computes the loss there: stage.py forward_one_chunk's _maybe_compute_loss), on torchtitan 9dec370's
+    loss (§71): the fp32 copy (`.float()`), then under loss_parallel (`_log_softmax`: `shifted = x - x_max`,
+    `torch.exp(shifted)` summed, then `result = shifted - shifted_logsumexp`) the shifted logits and exp's, exp's
+    freed once summed, the shifted freed once the result is made (kept to the backward: among the stage's ends),
+    the copy freed when cross_entropy returns: F, F, F, -3, -2, -1; without (aten's log_softmax writes its output
+    from the copy): F, -1. () where the runtime's loss is another."""
+    kind = _titan_loss(profile, setup)
+    if kind is None:
+        return ()
+    fp32 = kind[1]
+    return (fp32, fp32, fp32, -3, -2, -1) if kind[0] == "parallel" else (fp32, -1)
+
+
+def _titan_loss(profile: Profile, setup: TrainSetup) -> tuple[str, int] | None:
+    """("parallel" or "plain", the fp32 logits' bytes) where the runtime's loss is torchtitan 9dec370's plain
+    cross-entropy on an analytic bf16 profile (under TP on vocab-parallel logits, loss_parallel's); else None."""
+    from planner.cost.rules import profile_tp, runtime_facts, runtime_loss
+
+    known, record = runtime_loss(profile, setup), runtime_facts(setup)
+    if known is None or record.name != "torchtitan" or record.version != "9dec370" or record.chunked_loss:
+        return None
+    fp32 = int(known[0]) * 2
+    if profile_tp(profile) > 1 and known[1] == record.loss_vocab_parallel:
+        return "parallel", fp32
+    if profile_tp(profile) == 1 and known[1] == record.loss:
+        return "plain", fp32
+    return None
