@@ -60,7 +60,7 @@ def test_an_analytic_layer_is_given_records_from_the_tensors_its_formulas_count(
     assert none.forward[-1] == block.output_bytes and none.output == len(none.forward)
 
 
-def test_an_analytic_blocks_scratch_is_its_two_widest_gradients_and_survives_the_compiled_remake():
+def test_an_analytic_blocks_scratch_is_swiglus_three_gradients_and_survives_the_compiled_remake():
     from planner.models.archs import arch, gpu
     from planner.profiler import analytic
     from planner.profiler.allocseq import synthesised
@@ -68,12 +68,26 @@ def test_an_analytic_blocks_scratch_is_its_two_widest_gradients_and_survives_the
 
     shape = Shape(seq_len=256, micro_batch_size=1)
     block = analytic.block_layer(0, arch("llama3-8b"), shape, gpu("h100-sxm"))
-    wide = 256 * 14336 * 2  # [tokens, f] in bf16: SiLU's output gradient and the up projection's
-    assert analytic.block_scratch_terms(arch("llama3-8b"), shape) == [wide, wide]
+    # [tokens, f] in bf16: w2's input gradient (the product's), then the mul's two (SiLU's output's, w3's output's)
+    wide = 256 * 14336 * 2
+    assert analytic.block_scratch_terms(arch("llama3-8b"), shape) == [wide, wide, wide]
+    assert block.transient_bytes == 256 * 4096 * 2 + 3 * wide  # the output's gradient and the three
     none = block.alloc_records["none"]
     made = len([code for code in none.forward if code > 0])
-    # the two, the input's gradient [tokens, h], then the two freed last first
-    assert none.backward[:5] == [wide, wide, 256 * 4096 * 2, -(made + 2), -(made + 1)]
-    # remade from other kept tensors (--compile's), the scratch keeps its cut
+    # the three, the product's freed, the input's gradient [tokens, h], then the mul's two freed last first
+    assert none.backward[:7] == [wide, wide, wide, -(made + 1), 256 * 4096 * 2, -(made + 3), -(made + 2)]
+    # remade from other kept tensors (--compile's), the scratch keeps its cut and its early free
     again = synthesised(block, [block.input_in_act_bytes, 1000]).alloc_records["none"]
-    assert again.backward[:3] == [wide, wide, 256 * 4096 * 2]
+    assert again.backward[:6] == [wide, wide, wide, -3, 256 * 4096 * 2, -5]
+
+
+def test_a_gelu_blocks_scratch_is_two_gradients():
+    from planner.models.archs import arch
+    from planner.profiler import analytic
+    from planner.profiler.formulas import Shape
+
+    gpt = arch("gpt3-175b")
+    shape = Shape(seq_len=128, micro_batch_size=1, tp=8)
+    wide = 128 * (gpt.intermediate_size // 8) * 2  # fc2's input gradient, GELU's backward output
+    assert analytic.block_scratch_terms(gpt, shape) == [wide, wide]
+    assert analytic.block_scratch(gpt, shape).freed_early == 0

@@ -86,7 +86,7 @@ PINNED = [
     ("--from-torchtitan", "torchtitan_llama3_70b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
      dict(tp=8, pp=1, dp=8, zero=3, microbatches=1), [(17640734720, 46660648964, 51547996160)]),
     ("--from-torchtitan", "torchtitan_llama3_405b.toml", ("--gpus", "128", "--gpu", "h100"),
-     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 64813039616, 70722256896)]),
+     dict(tp=8, pp=1, dp=16, zero=3, microbatches=1), [(50735300608, 65031143424, 70722256896)]),
 ]
 
 

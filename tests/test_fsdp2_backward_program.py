@@ -10,7 +10,7 @@ import torch
 from planner.cost import allocator
 from planner.cost.allocator import Alloc, Free
 from planner.cost.fsdp2_events import DEFAULT, Fsdp2Layer, Fsdp2Stage, _PipelineStep, step_events
-from planner.cost.fsdp2_layers import backward_program
+from planner.cost.fsdp2_layers import backward_hand, backward_program
 from planner.profiler.allocseq import layer_records, synthesised
 from planner.schema import AllocRecord, LayerProfile
 
@@ -51,7 +51,7 @@ def test_a_records_frees_inside_the_backward_are_played_renumbered():
     alive = step.extra(0, step.stage.layers[0])
     keys = [(type(e).__name__, e.key[2]) for e in step.events]
     assert keys == [("Alloc", 1), ("Alloc", 2), ("Alloc", 3), ("Alloc", 4), ("Free", 3), ("Alloc", 5), ("Free", 4),
-                    ("Alloc", 6)] and alive == [1, 2, 5, 6]
+                    ("Alloc", 6)] and alive == [("extra", 0, n) for n in (1, 2, 5, 6)]
 
 
 def _empty() -> Fsdp2Layer:
@@ -141,3 +141,88 @@ def _record_events(record: AllocRecord):
         elif -code in made:
             events.append(Free(-code))
     return events
+
+
+def _swiglu_like() -> LayerProfile:
+    # kept: the input (100), 200; output 100; transient 550 = the incoming 100 + SwiGLU-like scratch 3 x 150, the
+    # first freed once the other two are made; then the input's gradient (100)
+    return synthesised(_layer(transient_bytes=550), [100, 200], scratch_terms=[150, 150, 150], scratch_freed_early=1)
+
+
+def test_the_input_gradient_made_within_the_extra_is_handed_on():
+    layer = _swiglu_like()
+    # forward: 200 (id 1), the output (2); backward: 150 (3), 150 (4), 150 (5), free 3, the gradient (6), ...
+    assert layer.alloc_records["none"].backward == [150, 150, 150, -3, 100, -5, -4, -1]
+    # incoming 100 + 450 = 550; after the first's free, 100 + 300 + the gradient 100 = 500: it fits, id 5; the
+    # mul's two freed after it; the incoming and the gradient alive at the end
+    assert backward_hand(layer, "none", 550) == ((100, 150, 150, 150, -2, 100, -4, -3), 5)
+    # where the extra holds less than the record's peak, the cut comes first: nothing handed
+    assert backward_hand(layer, "none", 400) == ((100, 150, 150), 0)
+
+
+def test_one_gradient_goes_from_a_layer_to_the_one_before_and_is_freed_at_its_end():
+    """Two layers beside a pipeline (units 0 and 1), one microbatch. Layer 1 makes its input's gradient (100) and
+    keeps it through its weights' gradient (200) and its post-backward's upcast (200, reduce ratio 1); layer 0 takes
+    it as its received gradient (no 100 made for it) and frees it at its end; layer 0's own input gradient is freed
+    at the stage's end, after its post-backward."""
+    layer = _swiglu_like()
+    program, hands = backward_hand(layer, "none", 550)
+    fsdp = [Fsdp2Layer(**{**_empty().__dict__, "unit": u, "extra_bytes": 550, "extra_program": program,
+                          "hands": hands, "grads": (200,)}) for u in (0, 1)]
+    stage = _stage(tuple(fsdp), reduce_ratio=1.0)
+    step = _PipelineStep(stage, [])
+    step.begin()
+    step.forward_mb(0)
+    step.backward_mb(0)
+    made = [(e.key, e.nbytes) for e in step.events if isinstance(e, Alloc) and e.key[0] == "extra"]
+    # layer 1: 100 (received from the loss), 150 x 3, its input gradient 100; layer 0: the 150s and its gradient
+    assert [size for _, size in made] == [100, 150, 150, 150, 100, 150, 150, 150, 100]
+    order = [(type(e).__name__, e.key) for e in step.events]
+    handed = ("Free", ("extra", 1, 5))
+    # layer 1's gradient outlives its post-backward's upcast and is freed at layer 0's end, before layer 0's upcast
+    assert order.index(("Alloc", ("acc", 1, 0))) < order.index(("Alloc", ("extra", 0, 2))) < order.index(handed) \
+        < order.index(("Alloc", ("acc", 0, 0))) < order.index(("Free", ("extra", 0, 5))) == len(order) - 1
+    assert ("Alloc", ("extra", 0, 1)) not in order and order.count(handed) == 1
+    # allocated, by hand: at layer 0's extra's peak, layer 1's upcast 200, the received 100 and the three 150s, each
+    # request rounded up to 512 B (the caching allocator's smallest block): five
+    assert allocator.replay(step.events).allocated_peak_bytes == 5 * 512
+
+
+def test_the_losss_requests_are_torchs_cross_entropys_at_the_forward_and_the_backward():
+    """torchtitan 9dec370's loss, F its fp32 logits: on vocab-parallel logits (TP 2) the backward's scratch is
+    loss_parallel's zeros, exp, sum, product (peak 3F), the forward's the copy, the shifted logits and exp; on whole
+    ones aten's zeros and log_softmax's gradient (peak 2F) and the copy. What the cost model's scratch holds beyond
+    the peak comes first, one tensor; where it holds less, no program (tensors of the largest size, as before)."""
+    from test_bridge_memory import profile, setup
+
+    from planner.cost.fsdp2_layers import loss_forward_program, loss_program
+
+    for tp in (2, 1):
+        tiny, run = profile(tp=tp, sp=tp > 1), setup(runtime="torchtitan", runtime_version="9dec370", tp=tp)
+        f = tiny.layers[-1].output_bytes * 2  # the bf16 logits' bytes, twice
+        if tp == 2:
+            assert loss_program(tiny, run, 3 * f) == (f, f, f, -2, f, -1, -3, -4)
+            assert loss_program(tiny, run, 3 * f + 10) == (10, f, f, f, -3, f, -2, -4, -5, -1)
+            assert loss_forward_program(tiny, run) == (f, f, f, -3, -2, -1)
+        else:
+            assert loss_program(tiny, run, 2 * f) == (f, f, -1, -2)
+            assert loss_forward_program(tiny, run) == (f, -1)
+        assert loss_program(tiny, run, f) == ()
+    megatron = setup(tp=2)
+    assert loss_program(profile(tp=2, sp=True), megatron, 10**9) == () == loss_forward_program(profile(), setup())
+
+
+def test_the_losss_product_reuses_exps_freed_block():
+    """Played: the loss's backward scratch as loss_parallel makes it, 12 MiB tensors (each >= 10 MiB: a segment of its
+    own); its product best-fits exp's freed segment: three segments, 36 MiB reserved, not four."""
+    f = 12 * MIB
+    program = (f, f, f, -2, f, -1, -3, -4)
+    stage = _stage((_empty(),), loss_extra_bytes=3 * f, loss_tensor_bytes=f, loss_program=program)
+    step = _PipelineStep(stage, [])
+    step.loss_scratch()
+    keys = [(type(e).__name__, e.key) for e in step.events]
+    assert keys == [("Alloc", ("loss_extra", 1)), ("Alloc", ("loss_extra", 2)), ("Alloc", ("loss_extra", 3)),
+                    ("Free", ("loss_extra", 2)), ("Alloc", ("loss_extra", 4)), ("Free", ("loss_extra", 1)),
+                    ("Free", ("loss_extra", 3)), ("Free", ("loss_extra", 4))]
+    replayed = allocator.replay(step.events)
+    assert (replayed.allocated_peak_bytes, replayed.reserved_peak_bytes) == (3 * f, 3 * f) and replayed.segments == 3

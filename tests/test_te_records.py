@@ -14,8 +14,9 @@ from planner.schema import AllocRecord
 # 64 tokens, h 64, q 64 (4 heads of 16), K/V 32, f 160, TP 1, bf16: the block's record as the analytic profile
 # synthesises it (its input, the attention norm's, left out): the attention norm's 1/rms (4 B a token), the QKV
 # input, Q, K, V, the logsumexp (4 heads x 4 B), the attention output, the MLP norm's input and 1/rms, the MLP
-# input, gate, SiLU output, up, product (64 x 160 x 2 each), the output; backward its scratch (the two f-wide
-# gradients, analytic.block_scratch_terms, freed last first) and input gradient
+# input, gate, SiLU output, up, product (64 x 160 x 2 each), the output; backward its scratch (SwiGLU's three f-wide
+# gradients, analytic.block_scratch_terms: the product's freed once the mul's two are made, they last first after)
+# and input gradient
 BF16_FORWARD = [256, 8192, 8192, 4096, 4096, 1024, 8192, 8192, 256, 8192, 20480, 20480, 20480, 20480, 8192]
 
 
@@ -32,8 +33,8 @@ def test_the_fused_swiglu_record_keeps_fc1s_one_output_and_no_silu():
     # gate and up one 2f-wide tensor (linear_fc1's output, the SwiGLU's saved input), the product; ids renumbered
     assert record == AllocRecord(
         forward=[256, 8192, 8192, 4096, 4096, 1024, 8192, 8192, 256, 8192, 40960, 20480, 8192],
-        backward=[20480, 20480, 8192, -15, -14, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1], output=13,
-        input_grad=16,
+        backward=[20480, 20480, 20480, -14, 8192, -16, -15, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1],
+        output=13, input_grad=17,
         params=record.params)
     kept = {option.name: option.kept_bytes for option in fused.recompute_options}
     assert _kept(record) == kept["none"] - fused.input_in_act_bytes  # the option's kept bytes, its input aside
@@ -48,8 +49,9 @@ def test_te_float8_records_save_the_linears_fp8_inputs():
     # linear_fc2's input made in bf16 (id 13), quantized (14) and freed
     assert record.forward == [256, 4096, 8192, 4096, 4096, 1024, 8192, 4096, 8192, 256, 4096, 40960, 20480, 10240,
                               -13, 8192]
-    assert record.backward == [20480, 20480, 8192, -17, -16, -14, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1]
-    assert (record.output, record.input_grad) == (15, 18)
+    assert record.backward == [20480, 20480, 20480, -16, 8192, -18, -17, -14, -12, -11, -10, -9, -8, -7, -6, -5, -4,
+                               -3, -2, -1]
+    assert (record.output, record.input_grad) == (15, 19)
     none = next(option.kept_bytes for option in block.recompute_options if option.name == "none")
     assert _kept(record) == none - block.input_in_act_bytes
     assert _kept(record) - _kept(float8.float8_profile(tiny, setup()).layers[1].alloc_records["none"]) == \

@@ -192,7 +192,12 @@ def rank_of(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainS
     makes itself (each chunk's kept reduce-scatter input)."""
     from planner.cost.assembly import option_indices, stage_sums
     from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view
-    from planner.cost.fsdp2_layers import chunk_layers, loss_tensor_bytes
+    from planner.cost.fsdp2_layers import (
+        chunk_layers,
+        loss_forward_program,
+        loss_program,
+        loss_tensor_bytes,
+    )
     from planner.cost.layers import layer_costs
     from planner.cost.rules import (
         fsdp_unit_loss_bytes,
@@ -222,7 +227,9 @@ def rank_of(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainS
             layers=made.layers, kept_from_forward=frozenset(layer.unit for layer in made.layers),
             shard_group=dataparallel.shard_size(setup), reduce_ratio=made.reduce_ratio, buffer_bytes=0,
             loss_kept_bytes=0, loss_extra_bytes=int(max(0.0, loss_extra)), root_units=made.root_units,
-            keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, view)),
+            keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, view),
+            loss_program=loss_program(profile, view, int(max(0.0, loss_extra))) if stage == last_stage else (),
+            loss_forward=loss_forward_program(profile, view) if stage == last_stage else ()),
             # the stage's ends less its output, which output_chunks keeps past the backward (Fsdp2Rank)
             sums.kept_bytes - made.kept_bytes - output))
         outputs.append(output)

@@ -32,6 +32,9 @@ class Fsdp2Layer:
     # the extra as the tensors the backward makes, in order (fsdp2_layers.backward_program: n > 0 allocates n
     # bytes, the next id from 1; -k frees id k; what is alive freed at the layer's end); (): one block
     extra_program: tuple[int, ...] = ()
+    # the program's id of the gradient of the layer's input (0: none made), kept past the layer's end and taken
+    # by the previous layer as its received gradient (its program's first tensor), freed at that layer's end
+    hands: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class Fsdp2Stage:
     # the loss's largest tensor (its fp32 logits): the loss's scratch is made as tensors of at most this
     # size, not one block (0: one block)
     loss_tensor_bytes: int = 0
+    # the loss's scratch as torch's cross-entropy requests it (fsdp2_layers.loss_program, coded as the layers'
+    # extra programs; (): tensors of loss_tensor_bytes), and what its forward makes and frees at the last stage's
+    # forward (fsdp2_layers.loss_forward_program; (): nothing played there)
+    loss_program: tuple[int, ...] = ()
+    loss_forward: tuple[int, ...] = ()
 
 
 def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
@@ -81,6 +89,7 @@ class _Step:
         for unit in self.last:  # zero_grad(set_to_none): last step's sharded gradients
             add(Free(("sharded_grad", unit)))
         self.forward()
+        self.loss_forward()
         add(Alloc(("loss_kept",), self.stage.loss_kept_bytes, DEFAULT))
         self.loss_scratch()
         add(Free(("loss_kept",)))
@@ -104,26 +113,65 @@ class _Step:
     def loss_scratch(self) -> None:
         """The loss's scratch, made and freed: tensors of the loss's largest size (every tensor of a
         cross-entropy over the logits is the logits' shape, bf16 or fp32), the rest one more."""
+        if self.stage.loss_program:
+            self.events += [Free(key) for key in self.play(self.stage.loss_program, "loss_extra")]
+            return
         total, piece = self.stage.loss_extra_bytes, self.stage.loss_tensor_bytes or self.stage.loss_extra_bytes
         sizes = [piece] * (total // piece) + ([total % piece] if total % piece else []) if piece else []
         self.events += [Alloc(("loss_extra", n), size, DEFAULT) for n, size in enumerate(sizes)]
         self.events += [Free(("loss_extra", n)) for n in range(len(sizes))]
 
-    def extra(self, i: int, layer: Fsdp2Layer) -> list[int]:
-        """Layer `i`'s backward extra made, as its program's tensors (one block without one), on the
-        compute stream; returns the ids still alive (freed at the layer's end)."""
-        program = layer.extra_program or ((layer.extra_bytes,) if layer.extra_bytes else ())
-        alive: list[int] = []
+    def play(self, program: tuple[int, ...], tag: str) -> list[object]:
+        """A coded program (n > 0 allocates n bytes, the next id from 1; -k frees id k) on the compute stream,
+        keyed (tag, id); returns the keys still alive."""
+        keys: dict[int, object] = {}
         made = 0
         for code in program:
             if code > 0:
                 made += 1
-                self.events.append(Alloc(("extra", i, made), code, DEFAULT))
-                alive.append(made)
+                keys[made] = (tag, made)
+                self.events.append(Alloc(keys[made], code, DEFAULT))
             else:
-                self.events.append(Free(("extra", i, -code)))
-                alive.remove(-code)
-        return alive
+                self.events.append(Free(keys.pop(-code)))
+        return list(keys.values())
+
+    def loss_forward(self) -> None:
+        """The loss's forward's requests, made and freed (what it keeps is among the stage's ends)."""
+        self.events += [Free(key) for key in self.play(self.stage.loss_forward, "loss_forward")]
+
+    def extra(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None = None) -> list[object]:
+        """Layer `i`'s backward extra made, as its program's tensors (one block without one), on the
+        compute stream; returns the keys still alive (freed at the layer's end). `handed`: the gradient the
+        layer after it handed on (its key and bytes): the program's first tensor, the received gradient, is it
+        where the sizes agree (autograd makes it once), not made again; else it is freed here and one made."""
+        program = layer.extra_program or ((layer.extra_bytes,) if layer.extra_bytes else ())
+        keys: dict[int, object] = {}
+        if handed is not None and (not layer.extra_program or program[0] != handed[1]):
+            self.events.append(Free(handed[0]))  # not this layer's received gradient: as before, made anew
+            handed = None
+        made = 0
+        for code in program:
+            if code > 0:
+                made += 1
+                if made == 1 and handed is not None:
+                    keys[made] = handed[0]
+                    continue
+                keys[made] = ("extra", i, made)
+                self.events.append(Alloc(keys[made], code, DEFAULT))
+            else:
+                self.events.append(Free(keys.pop(-code)))
+        return list(keys.values())
+
+    def backward_layer(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None,
+                       kept: object) -> tuple[object, int] | None:
+        """Layer `i`'s backward: its extra, its weights' gradients, the extra freed but the gradient it hands on,
+        its kept tensors freed; returns what it hands on (key, bytes), or None."""
+        alive = self.extra(i, layer, handed)
+        self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
+        hands = ("extra", i, layer.hands) if layer.hands and ("extra", i, layer.hands) in alive else None
+        self.events += [Free(key) for key in alive if key != hands]
+        self.events.append(Free(kept))
+        return None if hands is None else (hands, _made_bytes(layer.extra_program, layer.hands))
 
     # ---------------------------------------------------------------- FSDP2's collectives
 
@@ -168,7 +216,7 @@ class _Step:
         add = self.events.append
         prefetched: set[int] = set()
         gathered = set(self.stage.kept_from_forward)
-        reducing = None
+        reducing, handed = None, None
         for i in range(len(self.stage.layers) - 1, -1, -1):
             layer, unit = self.stage.layers[i], self.stage.layers[i].unit
             if i == self.last[unit]:  # pre_backward: unshard (no-op if gathered), copy out, prefetch
@@ -183,10 +231,7 @@ class _Step:
                 if target is not None and target not in gathered and target not in prefetched:
                     self.all_gather(target)
                     prefetched.add(target)
-            alive = self.extra(i, layer)
-            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
-            self.events += [Free(("extra", i, n)) for n in alive]
-            add(Free(("kept", i)))
+            handed = self.backward_layer(i, layer, handed, ("kept", i))
             if i == self.first[unit]:  # post_backward: reshard, drop the previous input, reduce
                 self.reshard(unit)
                 gathered.discard(unit)
@@ -199,9 +244,16 @@ class _Step:
                 # the reduce-scatter output, every parameter's sharded gradient a view of it
                 add(Alloc(("sharded_grad", unit), -(-reduced // self.stage.shard_group), REDUCE_SCATTER))
                 reducing = unit
+        if handed is not None:  # the stage's input gradient (an embedding's, none: token ids)
+            add(Free(handed[0]))
         if reducing is not None:  # the root's final callback drops the last input
             add(Free(("rs_in", reducing)))
 
+
+
+def _made_bytes(program: tuple[int, ...], ident: int) -> int:
+    """The bytes of the program's tensor `ident` (its ident-th allocation)."""
+    return [code for code in program if code > 0][ident - 1]
 
 
 class _PipelineStep(_Step):
@@ -240,20 +292,21 @@ class _PipelineStep(_Step):
             add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
         if held_result is not None:
             add(Free(held_result))
+        self.loss_forward()
         add(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
 
     def backward_mb(self, mb: int) -> None:
         add = self.events.append
         self.loss_scratch()
         add(Free(("rest", mb)))
+        handed = None
         for i in range(len(self.stage.layers) - 1, -1, -1):
             layer = self.stage.layers[i]
-            alive = self.extra(i, layer)
-            self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
-            self.events += [Free(("extra", i, n)) for n in alive]
-            add(Free(("kept", mb, i)))
+            handed = self.backward_layer(i, layer, handed, ("kept", mb, i))
             if i == self.first[layer.unit]:  # the hook's post-backward, gradient sync off
                 self.accumulate(layer.unit)
+        if handed is not None:  # the stage's input gradient, sent to the stage before (freed here, as before)
+            add(Free(handed[0]))
 
     def accumulate(self, unit: int) -> None:
         first = unit not in self.upcast

@@ -54,21 +54,28 @@ def option_name(layer, option: int) -> str:
 
 
 def backward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, ...]:
+    """The layer's backward extra as its record's tensors (backward_hand's program, without what it hands on)."""
+    return backward_hand(known, option, extra)[0]
+
+
+def backward_hand(known: LayerProfile, option: str, extra: int) -> tuple[tuple[int, ...], int]:
     """The layer's backward extra (`extra` bytes: the cost model's, less what the replay makes itself) as the
     tensors its profile's record (`known`'s, for the option named `option`) makes, in order, coded as AllocRecord's events (n > 0
     allocates n bytes, the next id from 1; -k frees id k), those still alive freed by the replay at the layer's
-    end; () where the layer has no record for the option (one block, as before):
+    end; () where the layer has no record for the option (one block, as before); and the program's id of the
+    gradient of the layer's input where the program makes it (0: it does not), which the replay hands on to the
+    previous layer as its received gradient (autograd makes it once: fsdp2_events._Step.extra):
     - first the gradient of its output, received (its output's bytes): the transient counts it;
     - then what the cost model's extra counts beyond the record's tensors (a recomputed layer's tensor-parallel
       inputs gathered whole, Float8's, context parallelism's K/V buffers), one tensor alive to the end;
     - then the record's backward, allocation by allocation, with its frees of what the backward made (an
       analytic record: a full recompute's kept tensors again, the scratch's tensors, the input's gradient),
-      up to the first allocation that would take the whole past `extra` (a block's input gradient, which its
-      transient does not count: it is the previous layer's received gradient). Its peak is `extra`."""
+      up to the first allocation that would take the whole past `extra` (a block's input gradient where its
+      scratch is alive to its end: its transient does not count it). Its peak is `extra`."""
     record = known.alloc_records.get(option)
     incoming = known.output_bytes
     if record is None or extra <= 0 or incoming > extra:
-        return ()
+        return (), 0
     made = sum(1 for code in record.forward if code > 0)  # the backward's ids start after these
     part: list[int] = []  # the record's backward, renumbered from 1
     ids: dict[int, int] = {}
@@ -90,7 +97,9 @@ def backward_program(known: LayerProfile, option: str, extra: int) -> tuple[int,
     residual = extra - incoming - peak
     head = [size for size in (incoming, residual) if size > 0]
     shift = len(head)
-    return (*head, *(code if code > 0 else code - shift for code in part))
+    grad = ids.get(record.input_grad, 0) if record.input_grad else 0
+    hands = grad + shift if grad and grad in sizes else 0  # made, and alive at the program's end
+    return (*head, *(code if code > 0 else code - shift for code in part)), hands
 
 
 def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
@@ -137,12 +146,13 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         # less what the replay makes itself: FSDP2's moment, and beside a pipeline the layer's gradients
         extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
                           - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
+        program, hands = backward_hand(known, option_name(layer, option), max(0, extra))
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
         gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
         layers.append(Fsdp2Layer(
             unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
-            extra_program=backward_program(known, option_name(layer, option), max(0, extra)),
+            extra_program=program, hands=hands,
             grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
             scratch=tensor_split(params * scratch_per_param, parts)))
         kept_sum += kept
@@ -166,3 +176,62 @@ def loss_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
     if chunked is not None:
         return chunked.largest_tensor_bytes
     return 0 if known is None else int(known[0]) * 2
+
+
+def loss_program(profile: Profile, setup: TrainSetup, extra: int) -> tuple[int, ...]:
+    """The loss's scratch (`extra` bytes: the cost model's, made at the last stage's backward) as the requests
+    torch's cross-entropy makes on torchtitan 9dec370's loss (train.py: `cross_entropy(pred.flatten(0, 1).float(),
+    labels.flatten(0, 1))`), coded as backward_hand's programs (n > 0 allocates, -k frees id k), each tensor the
+    fp32 logits' shape F (framework-facts §71): under tensor parallelism's loss_parallel (torch
+    distributed/tensor/parallel/loss.py `_nll_loss_and_log_softmax_backward`: `grad_input = torch.zeros_like(x)`,
+    then `(grad_input + torch.exp(x)) * grad_output`: the zeros, exp's, the sum's while both are alive, exp's
+    freed once summed, the product's, then the zeros' and the sum's freed with the function's locals; the
+    log_softmax backward handler only casts, fp32 to fp32, no copy): F, F, F, -2, F, -1, -3, -4; without (aten's
+    nll_loss_backward makes the zero-filled gradient, _log_softmax_backward_data its output while that is
+    alive): F, F, -1, -2. What `extra` holds beyond the program's peak first, one tensor alive to the end;
+    () where the runtime's loss is another, or the program's peak passes `extra` (then its largest tensor,
+    repeated: loss_tensor_bytes)."""
+    kind = _titan_loss(profile, setup)
+    if kind is None:
+        return ()
+    fp32 = kind[1]
+    if kind[0] == "parallel":
+        program, peak = (fp32, fp32, fp32, -2, fp32, -1, -3, -4), 3 * fp32
+    else:
+        program, peak = (fp32, fp32, -1, -2), 2 * fp32
+    if peak > extra:
+        return ()
+    if extra == peak:
+        return program
+    return (extra - peak, *(code if code > 0 else code - 1 for code in program), -1)
+
+
+def loss_forward_program(profile: Profile, setup: TrainSetup) -> tuple[int, ...]:
+    """What the loss's forward makes and frees beyond what it keeps, at the last stage's forward (torch's
+    pipelining computes the loss there: stage.py forward_one_chunk's _maybe_compute_loss), on torchtitan 9dec370's
+    loss (§71): the fp32 copy (`.float()`), then under loss_parallel (`_log_softmax`: `shifted = x - x_max`,
+    `torch.exp(shifted)` summed, then `result = shifted - shifted_logsumexp`) the shifted logits and exp's, exp's
+    freed once summed, the shifted freed once the result is made (kept to the backward: among the stage's ends),
+    the copy freed when cross_entropy returns: F, F, F, -3, -2, -1; without (aten's log_softmax writes its output
+    from the copy): F, -1. () where the runtime's loss is another."""
+    kind = _titan_loss(profile, setup)
+    if kind is None:
+        return ()
+    fp32 = kind[1]
+    return (fp32, fp32, fp32, -3, -2, -1) if kind[0] == "parallel" else (fp32, -1)
+
+
+def _titan_loss(profile: Profile, setup: TrainSetup) -> tuple[str, int] | None:
+    """("parallel" or "plain", the fp32 logits' bytes) where the runtime's loss is torchtitan 9dec370's plain
+    cross-entropy on an analytic bf16 profile (under TP on vocab-parallel logits, loss_parallel's); else None."""
+    from planner.cost.rules import profile_tp, runtime_facts, runtime_loss
+
+    known, record = runtime_loss(profile, setup), runtime_facts(setup)
+    if known is None or record.name != "torchtitan" or record.version != "9dec370" or record.chunked_loss:
+        return None
+    fp32 = int(known[0]) * 2
+    if profile_tp(profile) > 1 and known[1] == record.loss_vocab_parallel:
+        return "parallel", fp32
+    if profile_tp(profile) == 1 and known[1] == record.loss:
+        return "plain", fp32
+    return None

@@ -60,7 +60,12 @@ from planner.cost.fsdp2_events import (
     Fsdp2Stage,
     step_events,
 )
-from planner.cost.fsdp2_layers import chunk_layers, loss_tensor_bytes
+from planner.cost.fsdp2_layers import (
+    chunk_layers,
+    loss_forward_program,
+    loss_program,
+    loss_tensor_bytes,
+)
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
 
@@ -201,7 +206,9 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - made.static_bytes)),
         loss_kept_bytes=max(0, cost.kept_bytes - made.kept_bytes), loss_extra_bytes=int(max(0.0, loss_extra)),
         actions=actions, root_units=made.root_units,
-        keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup))
+        keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup),
+        loss_program=loss_program(profile, setup, int(max(0.0, loss_extra))) if last else (),
+        loss_forward=loss_forward_program(profile, setup) if last else ())
     if not piped:
         return built
     from planner.cost.fsdp2_chunks import (

@@ -145,7 +145,7 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 
 def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_transient: bool = False,
-                scratch_terms: list[int] | None = None) -> LayerProfile:
+                scratch_terms: list[int] | None = None, scratch_freed_early: int = 0) -> LayerProfile:
     """An analytic layer with none's and full's records made from the tensors its formulas count
     (`kept_terms`, the bytes of each kept tensor; the one equal to its saved input, which the
     previous layer made, left out): none's forward makes each kept tensor and the output; its
@@ -154,15 +154,20 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
     output alone, its backward the kept tensors again first. One block of all parameters.
     `input_grad_in_transient`: the layer's transient counts the input's gradient (the analytic head's), so its
     scratch is what is left beyond the incoming gradient and that. `scratch_terms`: the scratch's tensors in the
-    order the backward makes them (a block's two widest gradients, analytic.block_scratch_terms), summing to
-    it; None: as the layer's records already cut it (remade under --compile), else one tensor."""
+    order the backward makes them (a gated block's three f-wide gradients, analytic_scratch.block_scratch),
+    summing to it, the first `scratch_freed_early` freed once the rest are made (before the input's gradient:
+    SwiGLU's product gradient after the `mul`'s node); None: as the layer's records already cut it (remade under
+    --compile), else one tensor."""
     terms = list(kept_terms)
     if layer.input_in_act_bytes and layer.input_in_act_bytes in terms:
         terms.remove(layer.input_in_act_bytes)
     terms = [size for size in terms if size > 0]
     grad = 0 if layer.kind == "embedding" else layer.input_bytes  # token ids have no gradient
     scratch = max(0, layer.transient_bytes - layer.output_bytes - (grad if input_grad_in_transient else 0))
-    pieces = _scratch_pieces(layer, scratch, scratch_terms)
+    if scratch_terms is None:
+        pieces, early = _scratch_pieces(layer, scratch)
+    else:
+        pieces, early = _given_pieces(layer, scratch, scratch_terms), scratch_freed_early
 
     def backward(next_id: int, saved: list[int]) -> tuple[list[int], int]:
         """Scratch and the input's gradient from id `next_id`, then the frees; and the gradient's id."""
@@ -171,6 +176,8 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
             codes.append(piece)
             frees.insert(0, -next_id)  # freed last first, as the kept tensors
             next_id += 1
+        codes += frees[len(frees) - early:] if early else []  # the first ones, freed before the gradient
+        frees = frees[:len(frees) - early]
         if grad:
             codes.append(grad)
             grad_id = next_id
@@ -189,17 +196,36 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
     return layer.model_copy(update={"alloc_records": records})
 
 
-def _scratch_pieces(layer: LayerProfile, scratch: int, terms: list[int] | None) -> list[int]:
-    """The scratch's tensors: `terms` where given (they must sum to it), else none's record's scratch (its
-    backward's allocations before the input's gradient) where it sums to it, else one tensor."""
+def _scratch_pieces(layer: LayerProfile, scratch: int) -> tuple[list[int], int]:
+    """The scratch's tensors as none's record made them (its backward's allocations before the input's gradient),
+    and how many of them it freed before that gradient, where they sum to `scratch`; else one tensor."""
+    if not scratch:
+        return [], 0
+    record = layer.alloc_records.get(OPTION_NONE)
+    if record is None:
+        return [scratch], 0
+    made = sum(1 for code in record.forward if code > 0)
+    terms, early, grad_at = [], 0, None
+    for code in record.backward:
+        if code > 0:
+            made += 1
+            if made == record.input_grad:
+                grad_at = made
+                break
+            terms.append(code)
+        elif terms:
+            early += 1
+    if grad_at is None and record.input_grad:
+        terms, early = [], 0
+    if sum(terms) != scratch or not all(size > 0 for size in terms):
+        return [scratch], 0
+    return terms, early
+
+
+def _given_pieces(layer: LayerProfile, scratch: int, terms: list[int]) -> list[int]:
+    """`terms` less zeros; they must sum to the scratch."""
     if not scratch:
         return []
-    if terms is None:
-        record = layer.alloc_records.get(OPTION_NONE)
-        made = [code for code in record.backward if code > 0] if record is not None else []
-        terms = made[:-1] if made and record.input_grad else made
-        if sum(terms) != scratch:
-            terms = [scratch]
     terms = [size for size in terms if size > 0]
     assert sum(terms) == scratch, (layer.name, terms, scratch)
     return terms

@@ -113,6 +113,11 @@ from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<na
     offload_option,
     selective_options,
 )
+from planner.profiler.analytic_scratch import (  # noqa: F401  read as analytic.<name> by callers
+    block_scratch,
+    block_scratch_terms,
+    block_transient_bytes,
+)
 from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> by callers
     DTYPE_BYTES,
     INDEX_BYTES,
@@ -225,32 +230,6 @@ def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:
 # ---------------------------------------------------------------- transients
 
 
-def block_transient_bytes(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
-    """An estimate, not from the paper: during the block's backward, the gradient of its
-    output plus the two largest gradients built at once — two f-wide ones in the MLP (in a MoE
-    block, every routed expert's two at once, as a grouped matmul builds them, or the shared
-    experts' two), or (eager) the gradient of the scores and softmax's input gradient."""
-    s, b, d, t = shape.seq_len, shape.micro_batch_size, shape.d, shape.tp
-    if _is_moe(arch, moe) and arch.style == "llama":
-        routed = arch.num_experts * expert_tokens(arch, shape) * (arch.moe_intermediate_size // t)
-        shared = shape.tokens * (arch.num_shared_experts * arch.shared_intermediate_size // t)
-        widest = 2 * max(routed, shared) * d
-    else:
-        widest = 2 * shape.tokens * (arch.intermediate_size // t) * d
-    if shape.attention == "eager":
-        widest = max(widest, 2 * d * (arch.num_heads // t) * s * s * b)
-    return boundary_bytes(arch, shape) + widest
-
-
-def block_scratch_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> list[int]:
-    """The block's backward scratch as the tensors block_transient_bytes counts (beyond the output's
-    gradient): the two widest gradients it builds at once, each its own tensor, in the order the backward
-    makes them (the gate's, then the up projection's: SwiGLU's mul and SiLU backward; eager attention's
-    scores gradient, then softmax's input gradient)."""
-    widest = block_transient_bytes(arch, shape, moe=moe) - boundary_bytes(arch, shape)
-    return [widest // 2, widest - widest // 2]
-
-
 def head_input_grad_bytes(arch: Arch, shape: Shape) -> int:
     """What the output layer's backward makes beside the logits' gradient it receives (both alive then): its
     linear's input gradient [tokens, h], whole under TP (the column-parallel linear's grad_input before its
@@ -287,12 +266,13 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
            selective: tuple[RecomputeOption, ...] = (), input_grad_in_transient: bool = False,
            expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = (),
-           weight_grad_ms: float | None = None, scratch_terms: list[int] | None = None) -> LayerProfile:
+           weight_grad_ms: float | None = None, scratch_terms: list[int] | None = None,
+           scratch_freed_early: int = 0) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes); `input_grad_in_transient`: the
-    transient counts the input gradient its backward makes, `scratch_terms` its scratch's tensors
-    (allocseq.synthesised); `weight_grad_ms`: of the backward, a split backward's weight pass (none's)."""
+    transient counts the input gradient its backward makes, `scratch_terms` its scratch's tensors, the first
+    `scratch_freed_early` of them freed before its input gradient (allocseq.synthesised); `weight_grad_ms`: of the backward, a split backward's weight pass (none's)."""
     fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
     split = {} if weight_grad_ms is None else {"input_grad_ms": max(bwd_ms - weight_grad_ms, 0.0),
                                                "weight_grad_ms": min(weight_grad_ms, bwd_ms)}
@@ -307,7 +287,8 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
         input_bytes=input_bytes, output_bytes=output_bytes, input_in_act_bytes=input_in_act_bytes,
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
         expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
-    ), list(kept_terms) or [act_bytes], input_grad_in_transient=input_grad_in_transient, scratch_terms=scratch_terms)
+    ), list(kept_terms) or [act_bytes], input_grad_in_transient=input_grad_in_transient, scratch_terms=scratch_terms,
+       scratch_freed_early=scratch_freed_early)
 
 
 def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
@@ -331,6 +312,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
     `compiled`: record its kept bytes and its passes' times under torch.compile too (compiled_kept.py,
     compiled_time.py)."""
     boundary, moe = boundary_bytes(arch, shape), arch.is_moe_layer(index)
+    scratch = block_scratch(arch, shape, moe=moe)
     passes = analytic_time.block_work(arch, shape, moe=moe)
     times = analytic_time.times_ms(passes, gpu, mfu)
     # Float8's record (planner/profiler/float8.py): dense blocks, timed by the roofline (not under --mfu)
@@ -341,7 +323,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   kept_terms=tuple(term.num_bytes for term in block_terms(arch, shape, moe=moe)),
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
-                  scratch_terms=block_scratch_terms(arch, shape, moe=moe),
+                  scratch_terms=list(scratch.terms), scratch_freed_early=scratch.freed_early,
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
                   a2a_bytes=dispatch_bytes(arch, shape) if moe else 0,
