@@ -5,6 +5,8 @@ graph task, stopping after the last tensor the forward saved). Counted on fake t
 `profile --fake` counts it, against hand counts; the reruns counted by torch itself, without the
 counters; and recorded in a fake profile made by the CLI (docs/framework-facts.md §62, §73)."""
 
+import inspect
+
 import pytest
 import torch
 from fixtures.cli import run_ok
@@ -23,10 +25,10 @@ UP = DOWN = 2 * ROWS * WIDTH * HIDDEN  # Linear(16, 32) and Linear(32, 16): 8,19
 GROUPS = 4  # LayerNorm, the three Linears: each its weight and bias, met at its own op
 
 
-# A pre-norm block in miniature: norm, a Linear for attention, a residual, a two-Linear MLP; the model
-# file the CLI test profiles holds the same source
-BLOCK = '''
 class Block(nn.Module):
+    """A pre-norm block in miniature: norm, a Linear for attention, a residual, a two-Linear MLP
+    (the CLI test's model file holds this source)."""
+
     def __init__(self):
         super().__init__()
         self.norm = nn.LayerNorm(16)
@@ -36,8 +38,6 @@ class Block(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.norm(x))
         return x + self.mlp(x)
-'''
-exec(BLOCK)
 
 
 def _fake_block():
@@ -91,7 +91,7 @@ def test_torch_reruns_the_checkpointed_forward_once_in_i_and_once_a_group_in_w()
 MODEL = f'''
 import torch
 from torch import nn
-{BLOCK}
+{inspect.getsource(Block)}
 
 def build_model():
     return nn.Sequential(nn.Linear(16, 16), Block(), Block())
