@@ -71,6 +71,20 @@ def test_full_recompute_splits_on_fake_tensors_by_hand_count():
     assert x.grad is None and all(p.grad is None for p in block.parameters())
 
 
+def test_the_weight_pass_adds_into_grad_as_the_profiles_backward_does():
+    """Linear(16, 32) without bias on 8 rows: W is the weight GEMM (2·8·16·32 FLOPs) and torch's
+    `weight.grad += dw` (read both, write one: 3 x 512 floats), as from a step's second microbatch
+    on; the plain backward the same add (AccumulateGrad), as the profile's bwd_ms counts it. Before,
+    W made the .grad (no add) and the plain backward after it added: the pair came out under the
+    yardstick, and a fake profile's none recorded I + W at 0.93 x its bwd_ms on Qwen2-1.5B."""
+    linear = nn.Linear(16, 32, bias=False)
+    x = torch.randn(8, 16, requires_grad=True)
+    input_pass, weight_pass, plain = split_work(linear, linear, x, torch.ones(8, 32), counting)
+    assert (input_pass.flops, weight_pass.flops, plain.flops) == (8192, 8192, 16384)
+    assert (input_pass.bytes, weight_pass.bytes, plain.bytes) == (0, 3 * 512 * 4, 3 * 512 * 4)
+    assert linear.weight.grad is None
+
+
 def test_torch_reruns_the_checkpointed_forward_once_in_i_and_once_a_group_in_w():
     """Real tensors, no counters: the layer's forward calls, counted by a hook, in each pass."""
     torch.manual_seed(0)

@@ -30,6 +30,9 @@ def split_work(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, count
     trick), so the counters' hooks meet a node, not a leaf, and torch's passes run as they would in
     the pipeline (docs/framework-facts.md §73)."""
     weights = [p for p in layer.parameters() if p.requires_grad]
+    for weight in weights:  # W adds into .grad (`weight.grad += dw`), as from a step's second microbatch on
+        if weight.grad is None:  # and as the profile's bwd_ms was counted (fake.fake_measure)
+            weight.grad = torch.zeros_like(weight)
     x.grad = None
     cut = x.view_as(x)  # no data moved; its backward a view of the gradient, which the counters skip
     output = run(cut)
