@@ -5,10 +5,11 @@ one number (the profile with its split times removed: what the MILP read before 
 Both plans are scored on the recorded profile (evaluate: the simulated schedule).
 
     python scripts/split_pricing.py PROFILE.json --schedule ZBV --stages 2 --microbatches 8
-        [--cap-fraction 0.4 | --mem 12GiB] [--time-limit 120]
+        [--cap-fraction 0.4 | --mem 12GiB] [--time-limit 120] [--priced-on OTHER.json]
 
 --cap-fraction puts every rank's cap that far from what full checkpointing needs to what no
-checkpointing needs (the baselines, evaluated); --mem gives it.
+checkpointing needs (the baselines, evaluated); --mem gives it. --priced-on adds the plan solved on
+another profile of the same layers (e.g. one made before a profiler change), scored on PROFILE.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--cap-fraction", type=float, default=0.4)
     parser.add_argument("--mem", help="every rank's cap, e.g. 12GiB (instead of --cap-fraction)")
     parser.add_argument("--time-limit", type=float, default=120.0)
+    parser.add_argument("--priced-on", type=Path, help="also solve on this profile, score its plan on PROFILE")
     a = parser.parse_args()
     profile = io.load_profile(a.profile)
     roomy = TrainSetup(stages=a.stages, microbatches=a.microbatches, micro_batch_size=profile.micro_batch_size,
@@ -65,7 +67,10 @@ def main() -> None:
     cap = parse_size(a.mem) if a.mem else cap_between(profile, roomy, a.cap_fraction)
     setup = roomy.model_copy(update={"mem_caps_bytes": [cap] * a.stages})
     print(f"{a.profile}: {a.schedule}, {a.stages} ranks, M {a.microbatches}, cap {cap / 2**20:.0f} MiB a rank")
-    for name, priced in (("one backward (before)", without_split_times(profile)), ("split passes (after)", profile)):
+    pricings = [("one backward (before)", without_split_times(profile)), ("split passes (after)", profile)]
+    if a.priced_on:
+        pricings.append((f"split passes, solved on {a.priced_on}", io.load_profile(a.priced_on)))
+    for name, priced in pricings:
         found, ranks = one_solve(priced, profile, setup, a.time_limit)
         if ranks is None:
             print(f"{name}: no plan ({found['status']})")

@@ -5,6 +5,7 @@ time model), as the measured profiler times them (planner/profiler/splitbackward
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -21,20 +22,29 @@ from planner.schema import LayerProfile, runs_split_backward
 def split_work(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, counting: Callable) -> tuple[Work, Work, Work]:
     """(input pass, weight pass, plain backward) work of x -> run(x), the first two split as a
     zero-bubble schedule runs it; `counting()`: the fake profile's counters (fake.counting), whose
-    `done()` is the work so far. Each forward runs outside the counters: their module hooks on the
-    output's graph are refused by torch's stage_backward_input (a leaf in `_will_engine_execute_node`
-    under autograd.grad), so every pass is counted without them, the plain backward the yardstick."""
+    `done()` is the work so far. Each forward runs outside the counters (their module hooks on the
+    output's graph are refused by torch's stage_backward_input: a leaf in `_will_engine_execute_node`
+    under autograd.grad), the plain backward the yardstick. A region checkpointed whole (full,
+    save-matmuls) reruns the layer's forward inside each backward pass, under the counters, on the
+    tensor the stage cut at: that is `x` seen through a view (torch's own `_get_grad_fn_or_grad_acc`
+    trick), so the counters' hooks meet a node, not a leaf, and torch's passes run as they would in
+    the pipeline (docs/framework-facts.md §73)."""
     weights = [p for p in layer.parameters() if p.requires_grad]
+    for weight in weights:  # W adds into .grad (`weight.grad += dw`), as from a step's second microbatch on
+        if weight.grad is None:  # and as the profile's bwd_ms was counted (fake.fake_measure)
+            weight.grad = torch.zeros_like(weight)
     x.grad = None
-    output = run(x)
-    with counting() as done:
-        _, groups = stage_backward_input([output], [grad], [x], iter(weights))
+    cut = x.view_as(x)  # no data moved; its backward a view of the gradient, which the counters skip
+    output = run(cut)
+    with counting() as done, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+        _, groups = stage_backward_input([output], [grad], [cut], iter(weights))  # sets cut.grad: no op
         input_pass = done()
         stage_backward_weight(iter(weights), groups)
         weight_pass = done() - input_pass
-    del output, groups
+    del output, groups, cut
     x.grad = None
-    output = run(x)
+    output = run(x.view_as(x))
     with counting() as done:
         output.backward(grad)
         plain = done()
@@ -52,8 +62,9 @@ def with_split_times(profile: LayerProfile, layer: nn.Module, x: torch.Tensor | 
     measured profiler records them (splitbackward.recorded_split_ms). `x` the layer's input (None:
     the batch, which has no gradient); the profile as it was where there is nothing to split (no
     weight, no floating output), and each option's as it was where torch's split refuses the layer
-    (split_per_option's case) or the counters' module hooks on a region a checkpoint recomputes in
-    the backward are refused as above (full and the selective options under torch 2.13)."""
+    (split_per_option's case: a zero-bubble schedule cannot run it either). Full's pair counts its
+    rerun as torch runs it: once in the input pass and once in each parameter group's call of the
+    weight pass (§62, §73)."""
     weights = [p for p in layer.parameters() if p.requires_grad]
     if x is None or not (x.is_floating_point() and output.is_floating_point() and weights):
         return profile
@@ -64,7 +75,7 @@ def with_split_times(profile: LayerProfile, layer: nn.Module, x: torch.Tensor | 
         if runs_split_backward(option.name):
             try:
                 works = split_work(layer_runner(layer, option.name), layer, x, grad, counting)
-            except RuntimeError:  # torch's split refuses the layer, or (a recomputed region's) module hooks
+            except RuntimeError:  # torch's split refuses the layer (an output that is a view)
                 continue
             rerun = 0.0 if index == 0 else option.recompute_ms
             input_ms, weight_ms = recorded_split_ms(tuple(roofline_ms(w, gpu) for w in works), profile.bwd_ms + rerun)
