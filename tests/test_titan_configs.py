@@ -1,7 +1,8 @@
 """`evaluate --from-torchtitan` on the configs torchtitan ships today: Python config functions
 (0.3.0 and main, read without running them: planner/models/configs/titan_python.py), main's token
 counts (73aed7f6c), every key accounted for, and the hint for a model ckplan has no built-in for.
-The config files are torchtitan's own (tests/fixtures/configs/torchtitan_main/README.md)."""
+The config files are torchtitan's own: main's as the repository ships them to users (configs/torchtitan/README.md),
+0.3.0's a fixture (tests/fixtures/configs/torchtitan_0_3_0)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from planner.errors import UserError
 from planner.models.configs import torchtitan
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
-MAIN = CONFIGS / "torchtitan_main"
+MAIN = Path(__file__).parents[1] / "configs" / "torchtitan"
 RELEASE = CONFIGS / "torchtitan_0_3_0"
 
 
