@@ -872,7 +872,7 @@ def test_torchtitan_deepseek_v3_16b_flavor_is_read_as_deepseek_v2_lite():
         ("deepseek-v2-lite", 8, 3, 4)
     said = {s["name"]: s["status"] for s in summary["settings"]}
     assert said["parallelism.expert_parallel_degree"] == "modelled"
-    assert said["activation_checkpoint.selective_ac_option"] == "not modelled"  # op SAC: dense blocks only
+    assert said["activation_checkpoint.selective_ac_option"] == "modelled"  # op SAC on MoE and MLA blocks too (opsac.py)
     vocab, dim, inter, moe_inter, layers, dense, heads, experts, shared = 102400, 2048, 10944, 1408, 27, 1, 16, 64, 2
     kv_lora, nope, rope, v_dim = 512, 128, 64, 128
     attention = (dim * heads * (nope + rope) + dim * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)

@@ -491,8 +491,9 @@ def test_selective_options_of_moe_and_latent_blocks_by_hand():
         + 4 * 64 * 48 * 2  # router, dispatch, routed experts, their outputs, shared expert (by hand above)
     act = 2 * 128 * 32 * 2  # SiLU output and product over the routed slots
     core = 4 * 4 * 32 * 2  # flash's logsumexp
+    # and torchtitan's op-level SAC (planner/profiler/opsac.py; its MoE counts by hand in tests/test_opsac_moe.py)
     assert set(options) == {"attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act", "offload", "norm-out", "attn,norm-out",
-                            "mlp,norm-out", "mlp-act,norm-out", "attn,mlp,norm-out", "attn,mlp-act,norm-out"}
+                            "mlp,norm-out", "mlp-act,norm-out", "attn,mlp,norm-out", "attn,mlp-act,norm-out", "op-sac"}
     assert options["mlp"].kept_bytes == kept - mixture and options["mlp"].recompute_peak_bytes == mixture
     assert options["mlp-act"].kept_bytes == kept - act
     assert options["attn,mlp"].kept_bytes == kept - core - mixture

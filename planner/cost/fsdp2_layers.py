@@ -222,12 +222,12 @@ def loss_forward_program(profile: Profile, setup: TrainSetup) -> tuple[int, ...]
 
 
 def _titan_loss(profile: Profile, setup: TrainSetup) -> tuple[str, int] | None:
-    """("parallel" or "plain", the fp32 logits' bytes) where the runtime's loss is torchtitan 9dec370's plain
-    cross-entropy on an analytic bf16 profile (under TP on vocab-parallel logits, loss_parallel's); else None."""
+    """("parallel" or "plain", the fp32 logits' bytes) where the record's loss is eager cross-entropy (torchtitan 9dec370's plain
+    one, RuntimeFacts.loss_requests_eager_ce) on an analytic bf16 profile (under TP on vocab-parallel logits, loss_parallel's); else None."""
     from planner.cost.rules import profile_tp, runtime_facts, runtime_loss
 
     known, record = runtime_loss(profile, setup), runtime_facts(setup)
-    if known is None or record.name != "torchtitan" or record.version != "9dec370" or record.chunked_loss:
+    if known is None or not record.loss_requests_eager_ce or record.chunked_loss:
         return None
     fp32 = int(known[0]) * 2
     if profile_tp(profile) > 1 and known[1] == record.loss_vocab_parallel:

@@ -170,6 +170,10 @@ class RuntimeFacts:
     the last group a stage reduces (its whole gradients in the reduce dtype) from the stage's last
     backward to the next step's: the pipeline's manual post-backward did not call the root's final
     callback that drops it (torch before pytorch#144535, 2025-01-10)."""
+    loss_requests_eager_ce: bool = False
+    """The runtime's loss is torch's eager cross-entropy on the fp32 logits (under TP, loss_parallel's), so
+    the FSDP2 replay plays its tensors as torch requests them (fsdp2_layers.loss_program, framework-facts
+    §71); else the loss's scratch as its largest tensor repeated (a compiled or chunked loss)."""
     input_grads_held_to_step_end: bool = False
     """Beside torch's pipelining, each microbatch's input gradient stays on its receive buffer's `.grad`
     from that microbatch's backward to the next step's clear_runtime_states (torch before pytorch#164329,

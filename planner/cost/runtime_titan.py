@@ -131,6 +131,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         reduces_after_last_backward=version == "9dec370", input_grads_held_to_step_end=version != "b5bcd76c",
         multi_schedule_lockstep=version == "9dec370",
         float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
+        loss_requests_eager_ce=version == "9dec370",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
             **BRIDGE_SETTINGS_NOT_READ,
@@ -260,6 +261,12 @@ def torchtitan(version: str) -> RuntimeFacts:
                                   f"mapped by cuMemCreate outside the caching allocator (torch/csrc/distributed/c10d/"
                                   f"CUDASymmetricMemory.cu, pytorch 07506d39)",
             **AFTER_STEP_NOT_READ,
+            "loss_requests_eager_ce": ("torchtitan/train.py 9dec370: loss_fn = cross_entropy(pred.flatten(0, 1).float(), "
+                                       "labels.flatten(0, 1)), eager, under loss_parallel with TP; its requests as "
+                                       "torch/distributed/tensor/parallel/loss.py and derivatives.yaml make them "
+                                       "(framework-facts §71)" if version == "9dec370" else
+                                       "not played as eager cross-entropy's requests: a compiled or chunked loss, or a "
+                                       "version whose loss requests were not read"),
             "step_shard_bytes": "gradient clipping's foreach norm and multiply (12 B), torch/nn/utils/clip_grad.py 95, "
                                 f"173, {TORCH_V}; torchtitan/utils.py 348-404, train.py 311-316, {_TITAN_OLD}"
                                 + ("; foreach AdamW's 52 B beyond the fused step (optimizer.py 132-138; torch/optim/"
