@@ -14,10 +14,16 @@ from planner.models.configs import megatron, megatron_files, torchtitan
 from planner.models.configs.bashargs import read_script
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+# configs the repository ships to users (configs/), read from there rather than kept twice
+SHIPPED = {"megatron_llama3_8b_h100_fp8.sh": Path(__file__).parents[1] / "configs" / "megatron-lm" / "llama3_8b_h100_fp8.sh"}
+
+
+def config(name: str) -> Path:
+    return SHIPPED.get(name, CONFIGS / name)
 
 
 def evaluated(option: str, name: str, *extra) -> dict:
-    return json.loads(run_ok("evaluate", option, CONFIGS / name, *extra, "--json").stdout)
+    return json.loads(run_ok("evaluate", option, config(name), *extra, "--json").stdout)
 
 
 def per_rank(summary: dict) -> list[tuple[int, int, int]]:
@@ -117,7 +123,7 @@ def test_a_megatron_config_reserves_by_the_replay_of_megatrons_step():
 
 
 def test_the_megatron_script_is_followed_as_bash_would_expand_it():
-    job = megatron.read(CONFIGS / "megatron_llama3_8b_h100_fp8.sh")
+    job = megatron.read(config("megatron_llama3_8b_h100_fp8.sh"))
     assert (job.arch.num_layers, job.arch.hidden_size, job.arch.num_kv_heads, job.arch.vocab_size) == (32, 4096, 8, 128256)
     assert not job.arch.tie_word_embeddings and job.arch.style == "llama"
     assert job.world_size == 8  # torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NUM_NODES
@@ -133,8 +139,8 @@ def test_the_megatron_script_is_followed_as_bash_would_expand_it():
 
 
 def test_every_flag_of_the_file_is_accounted_for_once():
-    job = megatron.read(CONFIGS / "megatron_llama3_8b_h100_fp8.sh")
-    script = read_script((CONFIGS / "megatron_llama3_8b_h100_fp8.sh").read_text(), "x")
+    job = megatron.read(config("megatron_llama3_8b_h100_fp8.sh"))
+    script = read_script(config("megatron_llama3_8b_h100_fp8.sh").read_text(), "x")
     flags = [w for w in script.args if w.startswith("--")]
     assert sorted(s.name for s in job.settings) == sorted(flags)
 
@@ -853,7 +859,7 @@ def test_a_float8_jobs_mfu_says_its_peak():
     summary = evaluated("--from-megatron", "megatron_llama3_8b_h100_fp8.sh")
     gpu = archs.gpu("h100")
     share = summary["mfu"] * gpu.bf16_tflops / gpu.fp8_tflops
-    said = " ".join(run_ok("evaluate", "--from-megatron", CONFIGS / "megatron_llama3_8b_h100_fp8.sh").output.split())
+    said = " ".join(run_ok("evaluate", "--from-megatron", config("megatron_llama3_8b_h100_fp8.sh")).output.split())
     assert f"MFU {summary['mfu']:.1%} of the dense BF16 peak ({share:.1%} of the dense FP8 peak" in said
     bf16 = " ".join(run_ok("evaluate", "--from-torchtitan", CONFIGS / "torchtitan_llama3_8b.toml", "--gpus", "8")
                     .output.split())

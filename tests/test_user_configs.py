@@ -11,7 +11,7 @@ from fixtures.cli import run, run_ok
 from planner.errors import UserError
 from planner.models.configs import megatron, megatron_files
 
-FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+SHIPPED = Path(__file__).parents[1] / "configs" / "megatron-lm"  # the configs users are pointed to, read from there
 BASE = """--num-layers: 8
 --hidden-size: 256
 --num-attention-heads: 8
@@ -58,7 +58,7 @@ def test_megatrons_expert_folding_is_refused_with_its_reason(tmp_path):
 
 def test_nemo_overrides_are_refused_not_read_as_flags():
     """The gpt-nemo functional tests' MODEL_ARGS are NeMo's (trainer.devices ...), not Megatron-LM's flags."""
-    result = run("evaluate", "--from-megatron", FIXTURES / "megatron_nemo_llama3_overrides.yaml", "--gpus", 8)
+    result = run("evaluate", "--from-megatron", SHIPPED / "llama3-nemo_8b_mr_mbs4_gbs64_mcore_te_tp1_pp1_cp2_dgx_a100_1N8G.yaml", "--gpus", 8)
     assert result.exit_code != 0
     assert "gives NeMo's overrides (trainer.num_nodes, trainer.devices, trainer.max_steps, ...)" in result.output
 
@@ -69,7 +69,7 @@ def test_the_shipped_moe_layout_test_is_scored_per_virtual_stage():
     --recompute-modules "[layernorm mla_up_proj mlp moe_act]" four modules; scored (at 16 GPUs, where ETP
     = TP places EP 4 among 4 data-parallel ranks) without --overlap-grad-reduce, whose description once
     formatted None."""
-    result = run_ok("evaluate", "--from-megatron", FIXTURES / "megatron_moe_layout_offloading.yaml", "--gpus", 16,
+    result = run_ok("evaluate", "--from-megatron", SHIPPED / "gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading.yaml", "--gpus", 16,
                     "--gpu", "h100", "--json")
     import json
 
@@ -107,7 +107,7 @@ def test_a_megatron_script_is_compared_with_the_built_in_it_describes():
     from planner.commands.search_compare import from_framework_job
     from planner.models import archs
 
-    job = megatron.read(FIXTURES / "megatron_mixtral_8x7b_distributed.sh")
+    job = megatron.read(SHIPPED / "mixtral_8x7b_distributed.sh")
     record = from_framework_job(job, arch=archs.arch("mixtral-8x7b"), gpu="h100", seq_len=4096)
     assert (record.arch, record.tp, record.pp, record.ep, record.micro_batch_size) == ("mixtral-8x7b", 1, 4, 8, 1)
     with pytest.raises(UserError, match="describes another model than the one searched"):

@@ -1,4 +1,4 @@
-# NVIDIA/Megatron-LM d98e8a64 (2026-08-22), examples/gpt3/train_gpt3_175b_distributed.sh, copied unchanged below this line (Apache-2.0); read by ckplan, never run
+# NVIDIA/Megatron-LM d98e8a64 (2026-08-22), examples/gpt3/train_gpt3_175b_distributed.sh, copied unchanged below this line (BSD-3-Clause, Megatron-LM's LICENSE for NVIDIA's own files); read by ckplan, never run
 #!/bin/bash
 
 # Runs the "175B" parameter model
