@@ -282,7 +282,8 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
     check_ddp(data_parallel.ddp or {}, runtime=runtime, zero=data_parallel.zero, chunks=chunks)
     settings = (data_parallel.settings or TrainingSettings()).fields()
-    check_zero_runtime(runtime, settings["runtime_version"], precision=precision, data_parallel=data_parallel)
+    check_zero_runtime(runtime, settings["runtime_version"], precision=precision, data_parallel=data_parallel,
+                       stages=stages)
     check_settings(profile, runtime=runtime, settings=settings, say=say)
     data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)  # dp x cp
     try:
@@ -399,12 +400,13 @@ def may_offload_activations(profile, recompute: str, schedule: str) -> bool:
             and any(option.host_bytes for layer in profile.layers for option in layer.recompute_options))
 
 
-def check_zero_runtime(runtime: str, version: str | None, *, precision: str, data_parallel) -> None:
-    """The ZeRO stage the runtime's bf16 optimizer runs, where it runs one only (runtimes.zero_refused)."""
-    from planner.cost import runtimes
+def check_zero_runtime(runtime: str, version: str | None, *, precision: str, data_parallel, stages: int) -> None:
+    """A ZeRO stage the runtime runs: its bf16 optimizer's only one, the highest beside a pipeline, the stages it
+    shards over a smaller group at (zero_support.data_parallel_refused)."""
+    from planner.cost import zero_support
 
-    refused = runtimes.zero_refused(runtime, version, precision=precision, zero=data_parallel.zero,
-                                    dp=data_parallel.dp)
+    refused = zero_support.data_parallel_refused(runtime, version, precision=precision, zero=data_parallel.zero,
+                                             dp=data_parallel.dp, shard_group=data_parallel.shard_group, stages=stages)
     if refused:
         raise UserError(refused)
 

@@ -181,6 +181,10 @@ _DS_BLOOM_FACTS = {
                  f"at ZeRO 1 raises NotImplementedError in _exec_reduce_grads), dp_support (ZeRO 2/3 asserted "
                  f"beside a pipeline), {_DS_BLOOM}; bigscience tr11-176B-ml.slurm 144 (9e64ede): 'ZERO_STAGE=0 # "
                  "important: bf16 must use z0! it implements its own zero stage 1 equivalent'",
+    "pipeline_max_zero": f"deepspeed/runtime/pipe/engine.py 72 (PipelineEngine.__init__: assert zero_optimization_stage() "
+                         f"< 2, 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'), {_DS_BLOOM}",
+    "shard_group_zero": f"none: every ZeRO stage partitions over the whole data-parallel group at {_DS_BLOOM}; MiCS "
+                        f"(deepspeed/runtime/zero/mics.py) came a year later (2e99f6ed, 2023-04-25)",
     "adam_step_scratch": "bigscience-workshop/Megatron-DeepSpeed megatron/optimizer/__init__.py 16, 57-72, 82-83 (0fef0705): "
                          "apex FusedAdam handed to deepspeed.initialize, which BF16_Optimizer wraps (engine.py 1280-1294, "
                          f"{_DS_BLOOM}): a fused multi-tensor step in place, no scratch",
@@ -194,6 +198,7 @@ def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
     sources = {**record.sources, **_DS_BLOOM_FACTS}
     return dataclasses.replace(record, version=_DS_BLOOM, overlaps_grad_reduce=False, zero1_all_reduces=True,
                                hp_grad_accumulate_bytes=18, hp_grad_bytes=4, hp_grad_cast_bytes=4, reduce_cast_bytes=2, bf16_zero=1,
+                               shard_group_zero=(),
                                sources=sources)
 
 
@@ -210,6 +215,7 @@ def _deepspeed_newest() -> RuntimeFacts:
         output_grad_buffers_per_microbatch=False, frees_sent_output=False, batch_held="pipe-buffers",
         sends_held_to_step_end=False, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
+        pipeline_max_zero=1, shard_group_zero=(),
         sources={
             "step_replayed": f"not replayed: ZeRO's contiguous buffers and its side streams (deepspeed/runtime/zero/stage_1_and_2.py), {_DS_V}",
             "fsdp2_step_replayed": "DeepSpeed shards with ZeRO, not FSDP2",
@@ -262,6 +268,14 @@ def _deepspeed_newest() -> RuntimeFacts:
             "cp_compiled_waits_at_issue": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
+            "pipeline_max_zero": f"deepspeed/runtime/pipe/engine.py 76-78 (PipelineEngine.__init__: assert "
+                                 f"zero_optimization_stage() < ZeroStageEnum.gradients, 'ZeRO-2 and ZeRO-3 are "
+                                 f"incompatible with pipeline parallelism'), {_DS_V}",
+            "shard_group_zero": f"none: ZeRO 1 and 2 partition over the whole data-parallel group (stage_1_and_2.py) "
+                                f"and a smaller ZeRO 3 group is MiCS only (engine.py 2359-2470, _configure_zero_optimizer "
+                                f"reads mics_shard_size in its ZeRO 3 branch, {_DS_V}), which DeepSpeed 0.19.8, the "
+                                f"release after it, removed: runtime/config.py 119-141 (_REMOVED_ZERO_CONFIG_KEYS raises "
+                                f"for mics_shard_size; deepspeedai/DeepSpeed#8489)",
         })
 
 
@@ -278,7 +292,7 @@ def _colossalai(version: str) -> RuntimeFacts:
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=False, batch_held="every-stage", sends_held_to_step_end=False,
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None,
-        cublas_workspace_bytes=None,
+        cublas_workspace_bytes=None, pipeline_max_zero=1,
         sources={
             "step_replayed": "not replayed: Gemini's chunk manager allocates and moves whole chunks (colossalai/zero/gemini/chunk)",
             "fsdp2_step_replayed": "ColossalAI shards with Gemini, not FSDP2",
@@ -334,6 +348,8 @@ def _colossalai(version: str) -> RuntimeFacts:
             "cp_compiled_waits_at_issue": "not read (refused)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
+            "pipeline_max_zero": f"colossalai/booster/plugin/hybrid_parallel_plugin.py HybridParallelPlugin.__init__ (its "
+                                 f"pipelines: if pp_size > 1: assert zero_stage <= 1), {_CAI_V}",
         })
 
 
@@ -395,18 +411,6 @@ def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool
     if compiled and record.loss_compiled is not None:
         return record.loss_compiled
     return record.loss
-
-
-def zero_refused(runtime: str, version: str | None, *, precision: str, zero: int, dp: int) -> str | None:
-    """A sentence where the runtime's bf16-mixed optimizer runs another ZeRO stage than the one asked (its
-    record's bf16_zero) over more than one data-parallel rank; else None."""
-    record = facts(runtime, version)
-    if record.bf16_zero is None or precision != "bf16-mixed" or dp == 1 or zero == record.bf16_zero:
-        return None
-    return (f"--zero {zero} under --runtime {runtime} {record.version}: its bf16 optimizer (BF16_Optimizer) shards "
-            f"the fp32 master and Adam's states over the data-parallel ranks and keeps the weights and gradients "
-            f"whole, whatever its config says, which ckplan counts as ZeRO {record.bf16_zero}: give --zero "
-            f"{record.bf16_zero}")
 
 
 def refused_settings(training, *, tp: int = 1) -> list[str]:

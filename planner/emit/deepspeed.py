@@ -1,4 +1,5 @@
-"""A plan as DeepSpeed's PipelineModule: the closest it can say is marker classes.
+"""A plan as DeepSpeed's PipelineModule: the closest it can say is marker classes. A plan of one
+stage is a torch.nn.Sequential for DeepSpeed's plain engine, which runs every ZeRO stage.
 
 Facts from DeepSpeed 0.19 (runtime/pipe/module.py, runtime/utils.py): partition_method is
 'uniform', 'parameters' or 'type:REGEX', never a list of stage sizes; 'type:REGEX' gives
@@ -69,8 +70,9 @@ def _module(rounded: rounding.Rounded, profile: Profile) -> str:
     precision = ', "bf16": {"enabled": True}' if setup.training.precision == "bf16-mixed" else ""
     # the ZeRO stage the re-score charged (dp_support rounds it to 1 at most beside a pipeline): without the block
     # DeepSpeed runs stage 0, whose bf16 path (BF16_Optimizer) holds whole fp32 gradients the plan never charged
-    zero = (f', "zero_optimization": {{"stage": {setup.data_parallel.zero}}}'
-            if setup.data_parallel.zero else "")
+    zero = _zero_block(setup)
+    if setup.pipeline.stages == 1:
+        return _one_stage_module(rounded, profile, names, precision + zero)
     return f'''from deepspeed.pipe import LayerSpec, PipelineModule
 
 # Your pipeline layers must be ckplan's profiled layers, in this order:
@@ -112,4 +114,50 @@ def ckplan_pipeline_module(layers, **kwargs):
 # {setup.pipeline.microbatches} microbatches of {setup.pipeline.micro_batch_size}: DeepSpeed's pipeline runs gradient_accumulation_steps
 # microbatches per step
 CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.pipeline.micro_batch_size}, "gradient_accumulation_steps": {setup.pipeline.microbatches}{precision}{zero}}}
+'''
+
+
+def _zero_block(setup) -> str:
+    """The config's ZeRO block: the stage the re-score charged. DeepSpeed shards over the whole data-parallel
+    group (a smaller group, MiCS, was removed in 0.19.8; solve and search refuse one: zero_support)."""
+    return f', "zero_optimization": {{"stage": {setup.data_parallel.zero}}}' if setup.data_parallel.zero else ""
+
+
+def _one_stage_module(rounded: rounding.Rounded, profile: Profile, names: str, config: str) -> str:
+    """One stage: the layers as a torch.nn.Sequential for DeepSpeed's engine. A PipelineModule, even of one
+    stage, runs under PipelineEngine, which asserts ZeRO below 2 (pipe/engine.py 76-78, edaa7221); the plain
+    engine runs every stage. Each checkpointed layer runs under DeepSpeed's own (reentrant) checkpoint."""
+    setup = rounded.setup
+    return f'''import torch
+from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint
+
+# Your model's layers must be ckplan's profiled layers, in this order:
+{names}
+NUM_LAYERS = {len(profile.layers)}
+CHECKPOINTED = {checkpointed_indices(rounded, profile)}
+
+
+class CkplanCheckpointed(torch.nn.Module):
+    """A layer whose forward is recomputed in the backward (DeepSpeed's reentrant checkpoint)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *inputs):
+        return checkpoint(self.layer, *inputs)
+
+
+def ckplan_model(layers):
+    """The layers in order as one torch.nn.Sequential, each checkpointed one wrapped: pass it to
+    deepspeed.initialize(model=..., config=CKPLAN_DS_CONFIG)."""
+    layers = list(layers)
+    if len(layers) != NUM_LAYERS:
+        raise ValueError(f"this ckplan plan is for {{NUM_LAYERS}} layers, got {{len(layers)}}")
+    return torch.nn.Sequential(*(CkplanCheckpointed(layer) if index in CHECKPOINTED else layer
+                                 for index, layer in enumerate(layers)))
+
+
+# {setup.pipeline.microbatches} microbatches of {setup.pipeline.micro_batch_size}: gradient_accumulation_steps microbatches per step
+CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.pipeline.micro_batch_size}, "gradient_accumulation_steps": {setup.pipeline.microbatches}{config}}}
 '''

@@ -228,6 +228,9 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
         if not _a2a_splits_heads(written, degrees, options):
             outcome.refused += 1
             continue
+        if _runtime_refuses(setup):
+            outcome.refused += 1
+            continue
         profile, layers = profiles.for_setup(written, layers, setup)
         # the degrees as the runtime runs them (torchtitan: every ZeRO stage as FSDP2's ZeRO 3)
         degrees = dataclasses.replace(degrees, zero=setup.data_parallel.zero,
@@ -248,6 +251,17 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
         kept.append(candidate)
     outcome.profiles = len(profiles)
     return kept
+
+
+def _runtime_refuses(setup: TrainSetup) -> bool:
+    """The framework cannot run this ZeRO stage here (zero_support.data_parallel_refused: DeepSpeed's pipeline
+    engine past ZeRO 1, its shard groups below ZeRO 3), as `ckplan solve` would refuse it."""
+    from planner.cost import zero_support
+
+    training, data_parallel = setup.training, setup.data_parallel
+    return zero_support.data_parallel_refused(
+        training.runtime, training.runtime_version, precision=training.precision, zero=data_parallel.zero,
+        dp=data_parallel.dp, shard_group=data_parallel.shard_group, stages=setup.pipeline.stages) is not None
 
 
 def _ratio(candidate: Candidate) -> float:

@@ -1,0 +1,42 @@
+"""Which ZeRO stages a runtime runs, from its record (runtimes.facts): its bf16 optimizer's only one
+(bf16_zero), the highest beside a pipeline (pipeline_max_zero), the stages it shards over a group smaller
+than the data-parallel ranks at (shard_group_zero). The single-setup commands refuse the rest in one
+sentence (commands/setup_options.check_zero_runtime); the whole-job search skips them (solve/jobsearch)."""
+
+from __future__ import annotations
+
+from planner.cost.runtimes import facts
+
+
+def zero_refused(runtime: str, version: str | None, *, precision: str, zero: int, dp: int) -> str | None:
+    """A sentence where the runtime's bf16-mixed optimizer runs another ZeRO stage than the one asked (its
+    record's bf16_zero) over more than one data-parallel rank; else None."""
+    record = facts(runtime, version)
+    if record.bf16_zero is None or precision != "bf16-mixed" or dp == 1 or zero == record.bf16_zero:
+        return None
+    return (f"--zero {zero} under --runtime {runtime} {record.version}: its bf16 optimizer (BF16_Optimizer) shards "
+            f"the fp32 master and Adam's states over the data-parallel ranks and keeps the weights and gradients "
+            f"whole, whatever its config says, which ckplan counts as ZeRO {record.bf16_zero}: give --zero "
+            f"{record.bf16_zero}")
+
+
+def data_parallel_refused(runtime: str, version: str | None, *, precision: str, zero: int, dp: int,
+                          shard_group: int | None, stages: int) -> str | None:
+    """A sentence where the runtime cannot run this ZeRO stage: under its bf16 optimizer (zero_refused), beside
+    a pipeline of `stages` (its record's pipeline_max_zero), or over a shard group of fewer ranks than `dp`
+    (shard_group_zero); else None. The single-setup commands refuse it, the whole-job search skips it."""
+    refused = zero_refused(runtime, version, precision=precision, zero=zero, dp=dp)
+    if refused:
+        return refused
+    record = facts(runtime, version)
+    if record.pipeline_max_zero is not None and stages > 1 and zero > record.pipeline_max_zero:
+        return (f"--zero {zero} with {stages} pipeline stages under --runtime {runtime} {record.version}: its pipeline "
+                f"runs ZeRO {record.pipeline_max_zero} at most ({record.sources['pipeline_max_zero'].split(' (')[0]}); "
+                f"give --zero {record.pipeline_max_zero} or one stage")
+    if (record.shard_group_zero is not None and shard_group is not None and shard_group < dp
+            and zero not in record.shard_group_zero):
+        stages_ok = " or ".join(str(z) for z in record.shard_group_zero)
+        where = f"only at ZeRO {stages_ok}" if stages_ok else "at no ZeRO stage"
+        return (f"--shard-group {shard_group} at --zero {zero} under --runtime {runtime} {record.version}: it shards "
+                f"over a group smaller than the {dp} data-parallel ranks {where}; drop --shard-group")
+    return None
