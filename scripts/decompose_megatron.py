@@ -3,7 +3,8 @@ tensor-parallel collectives, the "time" quantity's terms, in it), its sends and 
 data-parallel collectives; what Megatron-LM's DDP adds beside the schedule (planner/cost/megatron_dp.py,
 under runtime megatron); and the slowest rank's optimizer step (its exposed gathers included). With --terms, the
 busiest rank's "time" and "comm" per term (docs/published-runs.md §19.megfunc): each layer row of the cost model's
-TERMS summed over the rank's layers, x the microbatches, in seconds a step.
+TERMS summed over the rank's layers, and each stage row over its stages (the loss's on the last stage's rank),
+x the microbatches, in seconds a step.
 usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K] [--terms]"""
 
 import argparse
@@ -63,7 +64,8 @@ def main() -> None:
 
 def rank_terms(chunks, stages, profile, view, microbatches: int) -> list[tuple[str, float]]:
     """(term, seconds a step) for the rank's chunks `stages`: each "time" and "comm" layer row of TERMS over
-    their layers and options, x the microbatches; rows that charge the rank nothing left out."""
+    their layers and options, and each such stage row over the stages, x the microbatches; rows that charge the
+    rank nothing left out."""
     ctx = terms.Context(profile, view)
     found = []
     for term in terms.TERMS:
@@ -72,6 +74,12 @@ def rank_terms(chunks, stages, profile, view, microbatches: int) -> list[tuple[s
         total = sum(term.value(layer, ckpt, ctx) for k in stages for layer, ckpt in zip(*chunks[k]))
         if total:
             found.append((f"[{term.quantity}] {term.name}", microbatches * total / 1e3))
+    for term in terms.TERMS:  # the stage rows (the loss's, on the last stage's rank)
+        if term.where != "stage" or term.quantity not in ("time", "comm"):
+            continue
+        total = sum(term.value(k, ctx) for k in stages)
+        if total:
+            found.append((f"[{term.quantity}, stage] {term.name}", microbatches * total / 1e3))
     return found
 
 

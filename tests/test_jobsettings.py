@@ -213,6 +213,9 @@ def test_evaluate_charges_them_per_microbatch_and_per_step(tiny_path):
                   "--deterministic-mode")
     weights = 2 * BLOCK + HEAD  # the two blocks and the head; the embedding's gradient is not a GEMM's
     fill = 2 * ((3 * H + H + F + H + 3 * H) + (H + H + H + F + 5 * H)) * POS * 2 + 2 * BLOCK * 2  # two blocks' TE outputs
+    # and Megatron's own cross-entropy's fp32 copy of the logits and the gradient's cast back (4 + 2 B a logit,
+    # planner/cost/megatron_loss.py), NaN-filled first
+    fill += POS * V * (4 + 2)
     per_microbatch = (weights * 4 + fill) / HBM * 1e3
     per_step = (weights + (V * H + POS * H)) * 2 * 4 / 2 / HBM * 1e3  # the logging reads cover every parameter
     grown = given["iteration_ms"] - plain["iteration_ms"]

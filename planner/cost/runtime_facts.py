@@ -231,6 +231,13 @@ class RuntimeFacts:
     """Framework modules a dense block calls each forward, each costing the host one module call's CPU time
     (GPU.host_call_us; planner/cost/hosttime.py): Megatron-core's TE layer spec, 5 (linear_qkv, core_attention,
     linear_proj, linear_fc1, linear_fc2); 0: not read, no host floor."""
+    vocab_parallel_ce_bytes: int = 0
+    """Bytes a bf16 logit moves through the runtime's own unfused cross-entropy, forward and backward, which the
+    cost model charges in place of an analytic profile's eager loss (planner/cost/megatron_loss.py): Megatron-LM's
+    vocab-parallel cross-entropy, 52; 0: not read, the profile's loss as timed."""
+    ce_fill_bytes: int = 0
+    """Bytes a logit of that loss's tensors allocated through aten::empty (its fp32 copy of the logits, the
+    gradient's cast back to bf16), which deterministic mode fills with NaN first; 0: none, or not read."""
     logged_read_shard_bytes: int = 0
     """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
     (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the

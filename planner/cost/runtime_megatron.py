@@ -31,6 +31,7 @@ def megatron() -> RuntimeFacts:
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
+        vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
         deterministic_attention="transformer-engine", host_calls_per_block=5, megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
@@ -63,6 +64,18 @@ def megatron() -> RuntimeFacts:
                                   "quantizer.cpp 162), its norms' outputs and input gradients (normalization.cpp "
                                   "23-25, 140, 224-225, 377) and attention's output and dQ, dK, dV (attention.cpp "
                                   "156-157, 376-450) through at::empty / torch::empty, TE f8a01cd5, v2.16.0",
+            "vocab_parallel_ce_bytes": "without --cross-entropy-loss-fusion, compute_language_model_loss runs "
+                                       "tensor_parallel.vocab_parallel_cross_entropy on the logits (megatron/core/models/"
+                                       "common/language_module/language_module.py 156-183): forward .float() (read 2, "
+                                       "write 4), max (4), -= max (4 + 4), exp in place (4 + 4), sum (4), div_ in place "
+                                       "(4 + 4), the softmax saved; backward mul_ in place (4 + 4), the rest per token "
+                                       "(megatron/core/tensor_parallel/cross_entropy.py 22-117, 181-214), and autograd's "
+                                       "cast of the fp32 gradient to the logits' bf16 (4 + 2): 52 B a logit, Megatron-LM "
+                                       "6e091e1b (docs/framework-facts.md §77)",
+            "ce_fill_bytes": "the fp32 copy (.float(), cross_entropy.py 28) and the gradient's cast back are _to_copy's "
+                             "aten::empty_strided outputs, NaN-filled under --deterministic-mode's "
+                             "use_deterministic_algorithms (aten/src/ATen/native/cuda/TensorFactories.cu "
+                             "empty_strided_cuda; seen on torch 2.13.0: tests/test_megatron_loss.py): 4 + 2 B a logit",
             "host_calls_per_block": "the TE layer spec's dense block: linear_qkv (TELayerNormColumnParallelLinear), "
                                     "core_attention (TEDotProductAttention), linear_proj (TERowParallelLinear), "
                                     "linear_fc1, linear_fc2 (megatron/core/models/gpt/gpt_layer_specs.py 140-160, "

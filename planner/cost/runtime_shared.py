@@ -43,6 +43,9 @@ AFTER_STEP_NOT_READ = {
                            "off: --no-gradient-accumulation-fusion refused)",
     "logged_read_shard_bytes": "not read for this runtime (--log-params-norm, --log-num-zeros-in-grad refused)",
     "fills_te_outputs": "not read for this runtime (--deterministic-mode refused)",
+    "vocab_parallel_ce_bytes": "not read for this runtime: its loss is the profile's (the model's own or the eager "
+                               "cross-entropy the analytic profile times)",
+    "ce_fill_bytes": "not read for this runtime (no loss of its own charged: vocab_parallel_ce_bytes)",
     "deterministic_attention": "not read for this runtime (--deterministic-mode refused)",
     "host_calls_per_block": "not read for this runtime (no host floor charged)",
     "zero1_all_reduces": "not read for this runtime: ZeRO 1 reduce-scatters (the gradients' shard reduced where stepped)",

@@ -18,6 +18,7 @@ from planner.cost import (
     hpgrads,
     jobsettings,
     megatron_dp,
+    megatron_loss,
     splittime,
 )
 from planner.cost.layers import LayerCost
@@ -403,6 +404,10 @@ TERMS: tuple[Term, ...] = (
          "allocator peak of the loss beyond what it keeps (profiler)"),
     Term("the loss's forward and backward", "time", "stage",
          lambda stage, ctx: stage_constant_ms(ctx.profile, stage, ctx.setup), "timed (profiler)"),
+    Term("the runtime's own vocab-parallel cross-entropy beyond the profile's eager loss", "time", "stage",
+         lambda stage, ctx: megatron_loss.vocab_parallel_ce_ms(ctx.profile, stage, ctx.setup),
+         "the runtime record's vocab_parallel_ce_bytes and ce_fill_bytes (Megatron-LM 6e091e1b tensor_parallel/"
+         "cross_entropy.py: 52 B a bf16 logit, 6 more NaN-filled under deterministic mode) at the profile's loss rate"),
     Term("two schedule actions per microbatch", "comm", "stage",
          lambda stage, ctx: stage_constant_comm_ms(stage, ctx.setup.time), "calibrated action cost (ckplan calibrate)"),
 )

@@ -1,0 +1,86 @@
+"""The runtime's own unfused cross-entropy, in place of the profile's eager loss (issue 35: the Megatron-LM
+functional tests T15-T20; docs/framework-facts.md §77).
+
+The analytic profile times the loss as an eager Hugging Face / torchtitan cross-entropy moves it (planner/
+profiler/analytic.py loss_ms: the cast to fp32, log_softmax, nll_loss's zero-filled gradient, log_softmax's
+backward, the cast back: 2d + 32 B a logit). Megatron-LM without --cross-entropy-loss-fusion runs its own
+vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, Megatron-LM 6e091e1b; the same
+code at any TP, the statistics all-reduced per token), an autograd.Function whose ops each pass over every logit
+of the device (N of them, bf16 in):
+
+    forward   logits.float()                     read 2, write 4    (calculate_logits_max)
+              torch.max(dim=-1)                  read 4
+              logits -= max                      read 4, write 4    (calculate_predicted_logits, in place)
+              torch.exp(logits, out=logits)      read 4, write 4
+              exp.sum(dim=-1)                    read 4
+              exp.div_(sum)                      read 4, write 4    (calculate_cross_entropy_loss: the softmax saved)
+    backward  grad_2d[arange, target] -= 1       a token each       (calculate_gradients)
+              grad.mul_(grad_output)             read 4, write 4
+              the fp32 gradient cast to the      read 4, write 2    (autograd's engine casts a Function's gradient
+              logits' bf16                                           to its input's dtype)
+
+52 B a bf16 logit (the record's `vocab_parallel_ce_bytes`), against the profile's 36. Under deterministic mode
+the two casts allocate their outputs through aten::empty_strided (_to_copy), which torch.use_deterministic_
+algorithms fills with NaN first (TensorFactories.cu empty_strided_cuda, fill_uninitialized_memory): 4 + 2 B more
+(the record's `ce_fill_bytes`, written at the HBM bandwidth as jobsettings' fills are; tests/test_megatron_loss.py
+watches torch 2.13 make those two fills and no other of the logits' size).
+
+The cross-entropy's bytes run at the profile's measured `loss` class rate (the rate its own loss is timed at:
+planner/profiler/membound.py), so the term is the difference of two times at one rate: (52 - 36) B a logit,
+plus the fills. Only where the profile's loss is the formula (an analytic bf16 profile: rules.runtime_loss) and
+the runtime runs its own loss: not under Transformer Engine's fused cross-entropy (te_cross_entropy), nor a
+chunked or compiled loss.
+"""
+
+from __future__ import annotations
+
+from planner.cost import runtimes
+from planner.cost.rules import compute_ms, loss_compiled, runtime_loss
+from planner.schema import Profile, TrainSetup
+
+PROFILE_LOSS_FP32_BYTES = 32  # the analytic profile's eager loss: 2 x d (the casts) + 32 a logit (analytic.loss_ms)
+LOGIT_BYTES = 2  # the records' loss bytes are of bf16 logits (runtime_loss reads bf16 profiles only)
+
+
+def _positive(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def _loss_tbps(profile: Profile) -> float | None:
+    """TB/s the profile's loss kernels reach: its measured `loss` class rate, else its eager mean, else the HBM
+    bandwidth; None where it names none (a measured profile)."""
+    rates = profile.assumptions.get("membound_tbps")
+    if isinstance(rates, dict):
+        found = _positive((rates.get("by_class") or {}).get("loss", rates.get("eager")))
+        if found:
+            return found
+    return _positive(profile.assumptions.get("gpu_hbm_tbps"))
+
+
+def runs_own_ce(profile: Profile, setup: TrainSetup) -> int:
+    """The logits a microbatch on the device where the runtime's own unfused cross-entropy replaces the
+    profile's loss (the module's docstring), else 0."""
+    record, training = runtimes.of(setup.training), setup.training
+    if not record.vocab_parallel_ce_bytes or getattr(training, "te_cross_entropy", False) \
+            or loss_compiled(training) or training.chunked_cross_entropy:
+        return 0
+    found = runtime_loss(profile, setup)
+    return int(found[0]) // LOGIT_BYTES if found else 0
+
+
+def vocab_parallel_ce_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
+    """ms a microbatch the runtime's own cross-entropy takes on the last stage beyond the profile's loss: its
+    bytes beyond the profile's at the profile's loss rate, and under deterministic mode its NaN fills at the
+    HBM bandwidth (scaled like the layers' compute); 0 on other stages and where it does not run."""
+    if stage != setup.pipeline.stages - 1:
+        return 0.0
+    logits = runs_own_ce(profile, setup)
+    rate, hbm = _loss_tbps(profile), _positive(profile.assumptions.get("gpu_hbm_tbps"))
+    if not logits or rate is None:
+        return 0.0
+    record = runtimes.of(setup.training)
+    beyond = record.vocab_parallel_ce_bytes - (2 * LOGIT_BYTES + PROFILE_LOSS_FP32_BYTES)
+    ms = logits * beyond / (rate * 1e12) * 1e3
+    if setup.training.deterministic and record.ce_fill_bytes and hbm:
+        ms += logits * record.ce_fill_bytes / (hbm * 1e12) * 1e3
+    return compute_ms(ms, setup.time)
