@@ -1,7 +1,8 @@
 """Per block of torchtitan's CP rows (C2-C4, C6-C8): the K/V exchange's exposed time as the eager ring overlaps it
 and as 9dec370's compiled ring waits for it, and the ring's memory-bound time (planner/cost/contextparallel.py;
 docs/published-runs.md §16.cp8, docs/framework-facts.md §37); then the block's passes split into the attention
-core, the rest, the exchange and the ring's memory-bound work (§19.cptime).
+core, the rest, the exchange and the ring's memory-bound work (§19.cptime), and the rest as --compile times it
+where the profile recorded compiled times (the 8B's, made --compiled: §21.cprows).
 
     PYTHONPATH=. python scripts/cp_exchange_terms.py PROFILE_DIR
 
@@ -54,10 +55,28 @@ def main(folder: str) -> None:
         attention = (exchange.attention_fwd_ms, exchange.attention_fwd_ms, exchange.attention_bwd_ms)
         waited = block_ms(moved, link, True)[2]
         total = sum(passes) + waited + 2 * ring[0] + ring[1]
-        print("    a block under full AC, Float8 (the rows' setting), forward / rerun / backward ms: attention "
+        print("    a block under full AC, Float8 (the rows' setting), eager, forward / rerun / backward ms: attention "
               + " / ".join(f"{a:.1f}" for a in attention) + ", the rest " +
               " / ".join(f"{p - a:.1f}" for p, a in zip(passes, attention)) +
               f"; exchange waited {waited:.1f}, ring memory-bound {2 * ring[0] + ring[1]:.1f}: {total:.1f} ms")
+        compiled = compiled_passes(data)
+        if compiled is not None:  # the profile's compiled record, as --compile times the block (§21.cprows)
+            print("    compiled (--compile: the rest of the block at the rank's tokens), the rest " +
+                  " / ".join(f"{p - a:.1f}" for p, a in zip(compiled, attention)) +
+                  f": {sum(compiled) + waited + 2 * ring[0] + ring[1]:.1f} ms")
+
+
+def compiled_passes(data: dict) -> tuple[float, float, float] | None:
+    """The first CP block's Float8 forward, full rerun and backward as --compile times them
+    (compiled_time.timed_layers); None where the profile recorded no compiled time."""
+    from planner.profiler.compiled_time import timed_layers
+    from planner.schema import Profile
+
+    profile, changed = timed_layers(Profile.model_validate(data))
+    if not changed:
+        return None
+    fp8 = next(layer for layer in profile.layers if layer.context_parallel is not None).float8
+    return fp8.fwd_ms, fp8.recompute_ms["full"], fp8.bwd_ms
 
 
 if __name__ == "__main__":

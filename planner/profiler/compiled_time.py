@@ -48,9 +48,20 @@ Recorded for grouped-query attention only (1 < K/V heads < heads, LLaMA 3's): wi
 (multi-query) the repeat of K and V to every head is a view (the repeated dimension merges with the
 size-1 head dimension), and inductor then moves 2 T·kv·d more forward and 2 T·h·d + 2 T·kv·d more
 backward without recompute (the script's second shape, 7 heads over 1); with K/V heads = heads there
-is no repeat at all; neither is the formula's. Not checked, so not recorded either: tensor and
-context parallelism, MoE, latent attention, q/k norms, eager attention, and Q wider than hidden
+is no repeat at all; neither is the formula's. Not checked, so not recorded either: tensor
+parallelism, MoE, latent attention, q/k norms, eager attention, and Q wider than hidden
 (heads x head_dim != hidden), as compiled_kept.py.
+
+Context parallelism (cp > 1) is recorded: a rank's compiled block is the block at its own s / cp tokens
+plus the ring's own kernels. torchtitan 9dec370 compiles each block with fullgraph=True and the ring is
+traced into its one graph, no graph break (torch 2.6.0, docs/framework-facts.md §30), so the rest of the
+block runs compiled at every CP. What the ring adds to inductor's kernels was read as the difference of
+the same checkpointed block compiled with and without `context_parallel` at the same tokens a rank
+(scripts/cp_ring_bytes.py, §47) and is charged by the cost model (contextparallel.COMPILED_RING_BYTES,
+ring_membound_ms); the remainder, by that construction, is this formula at T = s / cp tokens, the
+rotary table as `context_parallel` shards it, s / cp rows (`_units`; §30). The ring's flash calls are
+eager's (`passes`: analytic_cp.ring_calls, one a step at s / cp's rate), its exchanges the cost model's.
+docs/framework-facts.md §79.
 """
 
 from __future__ import annotations
@@ -216,7 +227,7 @@ def _units(arch: Arch, shape: Shape) -> dict[str, int]:
     kv, f, heads = kv_width(arch, shape), arch.intermediate_size, arch.num_heads
     return {"Thd": tokens * h * d, "Tkvd": tokens * kv * d, "Tfd": tokens * f * d, "Th4": 4 * tokens * h,
             "Tkv4": 4 * tokens * kv, "T4": 4 * tokens, "Ta4": 4 * tokens * heads, "hd": h * d,
-            "R": 4 * shape.seq_len * arch.head_size}
+            "R": 4 * shape.seq_len // shape.cp * arch.head_size}  # the table context_parallel shards: s / cp rows
 
 
 # Per policy, (forward, backward): how many accesses of each unit inductor's memory-bound kernels
@@ -241,7 +252,7 @@ BYTES: dict[str, tuple[dict[str, int], dict[str, int]]] = {
 def offers_compiled_time(arch: Arch, shape: Shape, *, moe: bool) -> bool:
     """Where the formula was checked against inductor (the module's docstring)."""
     return (arch.style == "llama" and not moe and not arch.mla and not arch.qk_norm and not arch.sliding_window
-            and shape.attention == "flash" and shape.tp == 1 and shape.cp == 1 and q_width(arch, shape) == arch.hidden_size
+            and shape.attention == "flash" and shape.tp == 1 and q_width(arch, shape) == arch.hidden_size
             and 1 < arch.num_kv_heads < arch.num_heads)
 
 
