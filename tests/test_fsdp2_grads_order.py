@@ -4,7 +4,7 @@ the LM head's program, and played as events on a two-linear block."""
 
 from planner.cost import allocator
 from planner.cost.allocator import Alloc, Free
-from planner.cost.fsdp2_events import Fsdp2Layer, Fsdp2Stage, _PipelineStep, step_events
+from planner.cost.fsdp2_events import Fsdp2Layer, Fsdp2Stage, _PipelineStep
 from planner.cost.fsdp2_layers import backward_hand, grads_order
 from planner.profiler.allocseq import synthesised
 from planner.schema import LayerProfile
