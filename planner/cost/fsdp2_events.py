@@ -35,6 +35,10 @@ class Fsdp2Layer:
     # the program's id of the gradient of the layer's input (0: none made), kept past the layer's end and taken
     # by the previous layer as its received gradient (its program's first tensor), freed at that layer's end
     hands: int = 0
+    # where autograd makes each weight's gradient inside the program (fsdp2_layers.grads_order): (the program's
+    # index of the code it is made before, the gradient's index in `grads`), in the order made; the gradients
+    # not listed are made after the program, in the parameters' order
+    grads_at: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,16 +145,20 @@ class _Step:
 
     def extra(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None = None) -> list[object]:
         """Layer `i`'s backward extra made, as its program's tensors (one block without one), on the
-        compute stream; returns the keys still alive (freed at the layer's end). `handed`: the gradient the
-        layer after it handed on (its key and bytes): the program's first tensor, the received gradient, is it
-        where the sizes agree (autograd makes it once), not made again; else it is freed here and one made."""
+        compute stream, with the weights' gradients the layer's `grads_at` places inside it (each made before
+        the program's code at its index; those at its end after it); returns the keys still alive (freed at the
+        layer's end). `handed`: the gradient the layer after it handed on (its key and bytes): the program's
+        first tensor, the received gradient, is it where the sizes agree (autograd makes it once), not made
+        again; else it is freed here and one made."""
         program = layer.extra_program or ((layer.extra_bytes,) if layer.extra_bytes else ())
         keys: dict[int, object] = {}
         if handed is not None and (not layer.extra_program or program[0] != handed[1]):
             self.events.append(Free(handed[0]))  # not this layer's received gradient: as before, made anew
             handed = None
+        grads_at = layer.grads_at if layer.extra_program else ()
         made = 0
-        for code in program:
+        for at, code in enumerate(program):
+            self.make_grads(i, layer, [j for p, j in grads_at if p == at])
             if code > 0:
                 made += 1
                 if made == 1 and handed is not None:
@@ -160,14 +168,21 @@ class _Step:
                 self.events.append(Alloc(keys[made], code, DEFAULT))
             else:
                 self.events.append(Free(keys.pop(-code)))
+        self.make_grads(i, layer, [j for p, j in grads_at if p >= len(program)])
         return list(keys.values())
+
+    def make_grads(self, i: int, layer: Fsdp2Layer, which: list[int]) -> None:
+        """Layer `i`'s weights' gradients `which` (indices into its grads), in that order, on the compute stream."""
+        self.events += [Alloc(("grad", i, j), layer.grads[j], DEFAULT) for j in which]
 
     def backward_layer(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None,
                        kept: object) -> tuple[object, int] | None:
-        """Layer `i`'s backward: its extra, its weights' gradients, the extra freed but the gradient it hands on,
-        its kept tensors freed; returns what it hands on (key, bytes), or None."""
+        """Layer `i`'s backward: its extra (with the weights' gradients it places), its other weights' gradients,
+        the extra freed but the gradient it hands on, its kept tensors freed; returns what it hands on (key,
+        bytes), or None."""
         alive = self.extra(i, layer, handed)
-        self.events += [Alloc(("grad", i, j), size, DEFAULT) for j, size in enumerate(layer.grads)]
+        placed = {j for _, j in layer.grads_at} if layer.extra_program else set()
+        self.make_grads(i, layer, [j for j in range(len(layer.grads)) if j not in placed])
         hands = ("extra", i, layer.hands) if layer.hands and ("extra", i, layer.hands) in alive else None
         self.events += [Free(key) for key in alive if key != hands]
         self.events.append(Free(kept))

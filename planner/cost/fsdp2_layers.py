@@ -102,6 +102,46 @@ def backward_hand(known: LayerProfile, option: str, extra: int) -> tuple[tuple[i
     return (*head, *(code if code > 0 else code - shift for code in part)), hands
 
 
+# a LLaMA block's parameter tensors (parameter_parts' order: wq, wk, wv, wo, w1, w2, w3, attention_norm, ffn_norm) by
+# the order its backward makes their gradients after SwiGLU's `mul`: w3's linear, then w1's (SiLU's node between),
+# ffn_norm's, wo's, then wv's, wk's, wq's, attention_norm's (the engine runs the ready node made last in the forward first)
+_BLOCK_W2, _BLOCK_AFTER_MUL = 5, (6, 4, 8, 3, 2, 1, 0, 7)
+_HEAD_OUTPUT = 1  # the head's tensors: norm, output
+
+
+def grads_order(kind: str, parts: int, program: tuple[int, ...], hands: int, *,
+                input_grad_first: bool) -> tuple[tuple[int, int], ...]:
+    """Where autograd makes a layer's weights' gradients inside its backward program (backward_hand's, coded as
+    there; `hands`: the id of the input gradient it makes): (the program's index of the code each is made before,
+    its index among the layer's parameter tensors), in the order made; () where the program does not say (the
+    gradients made after it, as before). Each linear's backward makes its weight's gradient and its input's:
+    aten's `mm` the weight's first (framework-facts §63, measured), torchao's Float8 linear the input's first
+    (`input_grad_first`: `matmul_with_hp_or_float8_args.backward` returns `grad_input` computed before
+    `grad_weight`, §76); the gradient is the tensor the parameter's `.grad` then holds (AccumulateGrad takes it).
+    - a LLaMA decoder block (9 tensors): w2's where its input's gradient is made (the first tensor the program
+      frees before the block's input gradient: SwiGLU's product's gradient, which the `mul` consumes), the
+      rest, in _BLOCK_AFTER_MUL's order, before the block's input gradient (the record counts none of the
+      [tokens, h] gradients between, so they fall there);
+    - the head (norm, output; the output linear never Float8: torchtitan converts all but `output`): the
+      output's before the linear's input gradient (the tensor the program frees right after making the
+      reduce-scatter's shard it hands on; without one, the handed tensor itself), the norm's after the program."""
+    allocs = [at for at, code in enumerate(program) if code > 0]  # allocs[n - 1]: the code that makes id n
+    if not hands or hands > len(allocs):
+        return ()
+    grad_at = allocs[hands - 1]
+    if kind == "decoder_block" and parts == 9:
+        freed = next((code for code in program[:grad_at] if code < 0), None)
+        if freed is None:
+            return ()
+        w2 = allocs[-freed - 1] + (1 if input_grad_first else 0)
+        return ((w2, _BLOCK_W2), *((grad_at, j) for j in _BLOCK_AFTER_MUL))
+    if kind == "norm+lm_head" and parts == 2:
+        after = program[grad_at + 1] if grad_at + 1 < len(program) else 0
+        whole = allocs[-after - 1] if after < 0 and -after < hands else grad_at
+        return ((whole, _HEAD_OUTPUT),)
+    return ()
+
+
 def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
     """`total` bytes split over tensors in proportion to `parts` (a layer's parameters' bytes)."""
     whole = sum(parts)
@@ -147,12 +187,13 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
                           - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
         program, hands = backward_hand(known, option_name(layer, option), max(0, extra))
+        grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup))
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
         gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
         layers.append(Fsdp2Layer(
             unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
-            extra_program=program, hands=hands,
+            extra_program=program, hands=hands, grads_at=grads_at,
             grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
             scratch=tensor_split(params * scratch_per_param, parts)))
         kept_sum += kept
@@ -160,6 +201,13 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         static_sum += sum(shard) + sum(state) + (sum(gathered) + params * held.grads if piped else params * held.grads / k)
     return ChunkLayers(tuple(layers), frozenset(u for u, c in zip(units, costs) if c.kind != block_kind),
                        kept_sum, static_sum, held.grads / held.weights)
+
+
+def _float8_linears(known: LayerProfile, setup: TrainSetup) -> bool:
+    """The layer's linears run as torchao's Float8 linear (--float8 under a torchao runtime, the layer converted)."""
+    float8 = known.float8
+    return bool(setup.training.float8) and runtimes.of(setup.training).float8 == "torchao" \
+        and float8 is not None and float8.param_count > 0
 
 
 def loss_tensor_bytes(profile: Profile, setup: TrainSetup) -> int:
