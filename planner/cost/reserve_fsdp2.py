@@ -1,6 +1,6 @@
-"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or beside a 1F1B, GPipe or
-interleaved 1F1B pipeline: fsdp2_chunks.py drives each of a rank's chunks, fsdp2_events.py builds the
-events), from the caching allocator's replay (allocator.replay) of the
+"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, one microbatch or several accumulated
+(fsdp2_accum.py), or beside a 1F1B, GPipe or interleaved 1F1B pipeline: fsdp2_chunks.py drives each of a
+rank's chunks, fsdp2_events.py builds the events), from the caching allocator's replay (allocator.replay) of the
 allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The bytes are the cost
 model's own (the layers' kept and extra terms, the units of fsdpunits.py, the static shards of
 dataparallel.py); this module adds their order and their streams. Read at torch 2.6.0 (git 2236df17;
