@@ -84,9 +84,13 @@ def test_the_replay_plays_steps_until_the_cache_settles():
     profile = _cuda(uniform_blocks(4))
     setup = _titan(microbatches=2, runtime_version="b5bcd76c")
     built = _stage(profile, setup)
-    by_steps = [allocator.replay(accumulated_events(built, steps=k)).reserved_peak_bytes for k in (2, 3, 4)]
+    by_steps = [allocator.replay(accumulated_events(built, steps=k)).reserved_peak_bytes for k in (2, 3, 6)]
     assert by_steps[0] < by_steps[1] == by_steps[2]
     assert reserve_fsdp2.replay(built).reserved_peak_bytes == by_steps[1]
+    for stage in (STAGE, UNEVEN):  # settled at two steps: the replay stops there, as six steps give
+        six = allocator.replay(accumulated_events(Fsdp2Accumulated(stage, 2), steps=6))
+        got = reserve_fsdp2.replay(Fsdp2Accumulated(stage, 2))
+        assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (six.allocated_peak_bytes, six.reserved_peak_bytes)
 
 
 def _cuda(profile):

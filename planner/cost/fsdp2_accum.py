@@ -41,7 +41,8 @@ from planner.cost.fsdp2_events import STEPS, Fsdp2Stage, _Step, step_events
 # peak (tests/test_fsdp2_accum.py checks 3 against 4-8). The replay's cost is linear in them.
 REPLAYED_MICROBATCHES = 3
 # The steps the replay plays at most. It plays at least fsdp2_events.STEPS, and stops at the first step that
-# raises neither peak: every step makes the same requests, so the cache has settled. Two steps are not always
+# raises neither peak (every step makes the same requests; one that takes no new segment is taken as the cache
+# settled, checked against longer replays in tests/test_fsdp2_accum.py). Two steps are not always
 # enough: on uniform_blocks(4) under torchtitan b5bcd76c, ZeRO 3 over 4 ranks, the default segments, one
 # microbatch's replay reserves 1812, 1908, 2100, 2100 MiB after 2, 3, 4, 5 steps, two microbatches' 1956, 2148,
 # 2148: torchtitan's max_reserved is over the whole run, so the settled figure is the one it logs.
