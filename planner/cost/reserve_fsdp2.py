@@ -1,6 +1,6 @@
-"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, or beside a 1F1B, GPipe or
-interleaved 1F1B pipeline: fsdp2_chunks.py drives each of a rank's chunks, fsdp2_events.py builds the
-events), from the caching allocator's replay (allocator.replay) of the
+"""A rank's reserved peak under FSDP2 (torchtitan's step: one stage, one microbatch or several accumulated
+(fsdp2_accum.py), or beside a 1F1B, GPipe or interleaved 1F1B pipeline: fsdp2_chunks.py drives each of a
+rank's chunks, fsdp2_events.py builds the events), from the caching allocator's replay (allocator.replay) of the
 allocations FSDP2 and the layers make, each on the stream FSDP2 makes it on. The bytes are the cost
 model's own (the layers' kept and extra terms, the units of fsdpunits.py, the static shards of
 dataparallel.py); this module adds their order and their streams. Read at torch 2.6.0 (git 2236df17;
@@ -54,8 +54,9 @@ Nothing here reads a file or prints.
 
 from __future__ import annotations
 
-from planner.cost import allocator, dataparallel, fsdpunits, runtimes
+from planner.cost import allocator, dataparallel, fsdp2_accum, fsdpunits, runtimes
 from planner.cost.allocator import Replayed
+from planner.cost.fsdp2_accum import Fsdp2Accumulated
 from planner.cost.fsdp2_events import (
     Fsdp2Stage,
     step_events,
@@ -71,8 +72,11 @@ from planner.schema import Profile, StagePlan, TrainSetup
 
 
 def replay(stage, *, expandable: bool = False) -> Replayed:
-    """The allocator's peaks over the step of `stage`: an Fsdp2Stage, or a rank of several chunks
+    """The allocator's peaks over the step of `stage`: an Fsdp2Stage, one stage's step over several
+    microbatches without a pipeline (fsdp2_accum.Fsdp2Accumulated), or a rank of several chunks
     (fsdp2_chunks.Fsdp2Rank)."""
+    if isinstance(stage, Fsdp2Accumulated):
+        return fsdp2_accum.replay(stage, expandable=expandable)
     if not isinstance(stage, Fsdp2Stage):
         from planner.cost import fsdp2_chunks
 
@@ -145,8 +149,9 @@ def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
 
 def replays(setup: TrainSetup) -> bool:
     """Whether this replay orders the setup's step, under a runtime whose record says it runs FSDP2's
-    (fsdp2_step_replayed): one stage and one microbatch with its units charged per moment
-    (fsdpunits.charged_per_moment: ZeRO 3 resharded after forward); or one stage a rank of 1F1B or
+    (fsdp2_step_replayed): one stage and one microbatch, or several accumulated without a pipeline
+    (fsdp2_accum.py), with its units charged per moment (fsdpunits.charged_per_moment: ZeRO 3 resharded
+    after forward, reduced every microbatch); or one stage a rank of 1F1B or
     GPipe, or several of interleaved 1F1B (fsdp2_chunks.py), with the weights gathered and the gradients
     kept whole through the microbatches (dataparallel.kept_whole: torchtitan beside a pipeline). Not the
     schedules that split a backward in two (ZB, ZBV) or overlap a forward with a backward (DualPipeV)."""
@@ -155,17 +160,27 @@ def replays(setup: TrainSetup) -> bool:
     pipeline, record = setup.pipeline, runtimes.of(setup.training)
     if not record.fsdp2_step_replayed or dataparallel.shard_size(setup) < 2:
         return False
-    if pipeline.chunks == 1 and pipeline.stages == 1 and pipeline.microbatches == 1:
+    if pipeline.chunks == 1 and pipeline.stages == 1 and (pipeline.microbatches == 1 or accumulates(setup)):
         return fsdpunits.charged_per_moment(setup, record.fsdp_units)
     schedules = ("1F1B", "GPipe") if pipeline.chunks == 1 else SCHEDULES
     return pipeline.schedule in schedules and dataparallel.kept_whole(setup) and setup.data_parallel.zero >= 3
 
 
+def accumulates(setup: TrainSetup) -> bool:
+    """Whether one stage accumulates gradients over several microbatches with no pipeline schedule driving
+    it: FSDP2 resharding and reducing every microbatch (torchtitan's train loop at PP 1: fsdp2_accum.py), not
+    kept whole through them (dataparallel.kept_whole: torch's pipelining at one stage)."""
+    pipeline = setup.pipeline
+    return (pipeline.stages == 1 and pipeline.chunks == 1 and pipeline.microbatches > 1
+            and not dataparallel.kept_whole(setup))
+
+
 def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup):
     """Rank `stage`'s replay input from the cost model's own terms (`cost`: its StageCost): each
     layer's kept bytes and its extra less FSDP2's moment (which the replay makes itself), the units
-    and the held parameters as fsdpunits and dataparallel count them. A rank of several chunks:
-    fsdp2_chunks.rank_of (an Fsdp2Rank)."""
+    and the held parameters as fsdpunits and dataparallel count them. Several microbatches accumulated
+    without a pipeline: that stage in an Fsdp2Accumulated. A rank of several chunks: fsdp2_chunks.rank_of
+    (an Fsdp2Rank)."""
     from planner.cost.assembly import option_indices
     from planner.cost.layers import layer_costs
     from planner.cost.rules import fsdp_unit_loss_bytes, kept_reduce_scatter_input_bytes
@@ -179,7 +194,7 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
     by_name = {layer.name: layer for layer in layer_costs(profile)}
     costs = [by_name[name] for name in plan.layers]
     record, pipeline = runtimes.of(setup.training), setup.pipeline
-    piped = pipeline.stages > 1 or pipeline.microbatches > 1
+    piped = (pipeline.stages > 1 or pipeline.microbatches > 1) and not accumulates(setup)
     scratch_per_param = cost.step_scratch_bytes / max(1, sum(c.param_count for c in costs))
     made = chunk_layers(costs, option_indices(plan, costs), profile=profile, setup=setup, piped=piped,
                         scratch_per_param=scratch_per_param)
@@ -209,6 +224,8 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup),
         loss_program=loss_program(profile, setup, int(max(0.0, loss_extra))) if last else (),
         loss_forward=loss_forward_program(profile, setup) if last else ())
+    if accumulates(setup):  # torchtitan's train loop: the one-microbatch step, once a microbatch
+        return Fsdp2Accumulated(built, microbatches=pipeline.microbatches)
     if not piped:
         return built
     from planner.cost.fsdp2_chunks import (
