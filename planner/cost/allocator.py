@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -368,6 +368,12 @@ def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expan
     """The allocated and reserved peaks of the caching allocator over `events`, from an empty
     cache (a pure function of the sequence); `expandable`: under expandable segments."""
     state = CachingAllocator(max_split_bytes=max_split_bytes, expandable=expandable)
+    play(state, events)
+    return Replayed(state.allocated_peak, state.reserved_peak, state.segments)
+
+
+def play(state: CachingAllocator, events: Iterable[Event]) -> None:
+    """`events` on the allocator's `state`, in order."""
     for event in events:
         kind = type(event)
         if kind is Alloc:
@@ -378,4 +384,19 @@ def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expan
             state.ready(event[0])
         else:
             state.sync()
+
+
+def settled_replay(static: Iterable[Event], step: Callable[[int], list[Event]], *, min_steps: int, max_steps: int,
+                   expandable: bool = False) -> Replayed:
+    """The peaks over `static`, then step(0), step(1), ... until a step raises neither peak (at least
+    `min_steps`, at most `max_steps`): every step makes the same requests, so one that takes no new segment
+    leaves the cache as the next finds it. A run's logged max_memory_reserved is over every step before it,
+    and the reserve only grows (nothing empties the cache), so the settled figure is what a later step logs."""
+    state = CachingAllocator(expandable=expandable)
+    play(state, static)
+    for index in range(max_steps):
+        peaks = (state.allocated_peak, state.reserved_peak)
+        play(state, step(index))
+        if index >= min_steps - 1 and (state.allocated_peak, state.reserved_peak) == peaks:
+            break
     return Replayed(state.allocated_peak, state.reserved_peak, state.segments)

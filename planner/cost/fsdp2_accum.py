@@ -32,21 +32,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import allocator
-from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed
-from planner.cost.fsdp2_events import STEPS, Fsdp2Stage, _Step, step_events
+from planner.cost.allocator import Alloc, Event, Free, Replayed
+from planner.cost.fsdp2_events import MAX_STEPS, STEPS, Fsdp2Stage, _Step, step_events
 
 # The microbatches the replay plays a step: the first makes the sharded gradients, the second the reduce-scatter
 # outputs it adds into them (new blocks of the reduce-scatter stream, freed at once), the third reuses what the
 # second left cached; every later one plays from the state the one before it left, so replaying more moves no
 # peak (tests/test_fsdp2_accum.py checks 3 against 4-8). The replay's cost is linear in them.
 REPLAYED_MICROBATCHES = 3
-# The steps the replay plays at most. It plays at least fsdp2_events.STEPS, and stops at the first step that
-# raises neither peak (every step makes the same requests; one that takes no new segment is taken as the cache
-# settled, checked against longer replays in tests/test_fsdp2_accum.py). Two steps are not always
-# enough: on uniform_blocks(4) under torchtitan b5bcd76c, ZeRO 3 over 4 ranks, the default segments, one
-# microbatch's replay reserves 1812, 1908, 2100, 2100 MiB after 2, 3, 4, 5 steps, two microbatches' 1956, 2148,
-# 2148: torchtitan's max_reserved is over the whole run, so the settled figure is the one it logs.
-MAX_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -76,28 +69,10 @@ def accumulated_events(accumulated: Fsdp2Accumulated, *, steps: int = STEPS) -> 
 
 def replay(accumulated: Fsdp2Accumulated, *, expandable: bool = False) -> Replayed:
     """The allocator's peaks over the static state and the steps, played until a step raises neither peak
-    (at least STEPS, at most MAX_STEPS)."""
-    state = allocator.CachingAllocator(expandable=expandable)
-    _play(state, step_events(accumulated.stage, steps=0))
-    for step in range(MAX_STEPS):
-        peaks = (state.allocated_peak, state.reserved_peak)
-        _play(state, step_of(accumulated, first=step == 0))
-        if step >= STEPS - 1 and (state.allocated_peak, state.reserved_peak) == peaks:
-            break
-    return Replayed(state.allocated_peak, state.reserved_peak, state.segments)
-
-
-def _play(state: allocator.CachingAllocator, events: list[Event]) -> None:
-    """`events` on the allocator's state, as allocator.replay plays them."""
-    for event in events:
-        if isinstance(event, Alloc):
-            state.malloc(*event)
-        elif isinstance(event, Free):
-            state.free(event.key, deferred=event.deferred)
-        elif isinstance(event, Ready):
-            state.ready(event.key)
-        else:
-            state.sync()
+    (at least STEPS, at most MAX_STEPS: allocator.settled_replay)."""
+    return allocator.settled_replay(step_events(accumulated.stage, steps=0),
+                                    lambda index: step_of(accumulated, first=index == 0),
+                                    min_steps=STEPS, max_steps=MAX_STEPS, expandable=expandable)
 
 
 class _AccumulatedStep(_Step):

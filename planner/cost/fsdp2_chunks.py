@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from planner.cost import allocator, dataparallel, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
-from planner.cost.fsdp2_events import DEFAULT, STEPS, Fsdp2Stage, _PipelineStep
+from planner.cost.fsdp2_events import DEFAULT, MAX_STEPS, STEPS, Fsdp2Stage, _PipelineStep
 from planner.schema import Profile, StagePlan, TrainSetup
 
 SCHEDULES = ("interleaved-1F1B",)  # several chunks a rank, every backward whole (B): the replay's schedules
@@ -65,7 +65,14 @@ def rank_events(rank: Fsdp2Rank, *, steps: int = STEPS) -> list[Event]:
 
 
 def replay(rank: Fsdp2Rank, *, expandable: bool = False) -> Replayed:
-    return allocator.replay(rank_events(rank), expandable=expandable)
+    """The rank's peaks, its steps played until one raises neither (allocator.settled_replay)."""
+    def step(index: int) -> list[Event]:
+        events: list[Event] = []
+        _ChunkedStep(rank, events, makes_state=index == 0).run()
+        return events
+
+    return allocator.settled_replay(rank_events(rank, steps=0), step, min_steps=STEPS, max_steps=MAX_STEPS,
+                                    expandable=expandable)
 
 
 def placed(event: Event, chunk: int) -> Event:

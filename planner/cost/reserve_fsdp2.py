@@ -58,7 +58,10 @@ from planner.cost import allocator, dataparallel, fsdp2_accum, fsdpunits, runtim
 from planner.cost.allocator import Replayed
 from planner.cost.fsdp2_accum import Fsdp2Accumulated
 from planner.cost.fsdp2_events import (
+    MAX_STEPS,
+    STEPS,
     Fsdp2Stage,
+    one_step,
     step_events,
 )
 from planner.cost.fsdp2_layers import (
@@ -81,7 +84,8 @@ def replay(stage, *, expandable: bool = False) -> Replayed:
         from planner.cost import fsdp2_chunks
 
         return fsdp2_chunks.replay(stage, expandable=expandable)
-    return allocator.replay(step_events(stage), expandable=expandable)
+    return allocator.settled_replay(step_events(stage, steps=0), lambda index: one_step(stage, index),
+                                    min_steps=STEPS, max_steps=MAX_STEPS, expandable=expandable)
 
 
 def launch_sets_expandable(setup: TrainSetup, *, job_gpus: int, gpus_per_node: int) -> bool:
