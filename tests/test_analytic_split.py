@@ -105,21 +105,31 @@ def test_analytic_weight_pass_is_the_fake_counts_on_a_tiny_llama_block():
     _, _, rerun = analytic_time.block_work(arch, shape)
     assert full_weight.flops - none_weight.flops == 9 * rerun.flops
     assert full_input.flops - none_input.flops == rerun.flops
+    # the MLP checkpointed: torch reruns gate and up (its early stop: not down), once in I, in W once per
+    # group of gate, up, down
+    mlp_input, mlp_weight, _ = _works(config, "mlp")
+    gate_up = 2 * (2 * SEQ * 64 * 128)
+    assert (mlp_input.flops - none_input.flops, mlp_weight.flops - none_weight.flops) == (gate_up, 3 * gate_up)
 
 
 def test_the_analytic_profile_records_full_and_selective_splits():
     """Small Llama under --mfu 0.5 (times are FLOPs at half the peak): full's I = none's I + its rerun,
-    W = none's W + 9 reruns; mlp's W reruns the MLP in its 3 groups; attn (the attention core: no
+    W = none's W + 9 reruns; mlp's rerun under torch is gate and up (early stop before down: 2 x 2·T·h·f
+    FLOPs, T = 32 tokens), once in I and in W once per group of its 3; attn (the attention core: no
     parameter) reruns in I only; an option under torch's selective checkpoint (mlp-act) is not split."""
     config = _config("llama-3.2-1b")
     arch = from_hf_config(config, where="llama", name="llama")
-    profile = analytic.analytic_profile(arch, Shape(seq_len=SEQ, micro_batch_size=2), gpu=gpu("h100"), mfu=0.5,
+    h100 = gpu("h100")
+    profile = analytic.analytic_profile(arch, Shape(seq_len=SEQ, micro_batch_size=2), gpu=h100, mfu=0.5,
                                         model=FileRef(file="arch:test", sha256="0" * 64))
     options = {option.name: option for option in profile.layers[1].recompute_options}
     none = options["none"]
-    for name, groups in (("full", 9), ("mlp", 3), ("attn", 0), ("attn,mlp", 3)):
+    mlp_rerun = 2 * (2 * 32 * 64 * 128) / (h100.bf16_tflops * 1e12 * 0.5) * 1e3
+    for name, in_input, in_weight in (("full", options["full"].recompute_ms, 9 * options["full"].recompute_ms),
+                                      ("mlp", mlp_rerun, 3 * mlp_rerun), ("attn", options["attn"].recompute_ms, 0.0),
+                                      ("attn,mlp", options["attn"].recompute_ms + mlp_rerun, 3 * mlp_rerun)):
         option = options[name]
-        assert option.input_grad_ms == pytest.approx(none.input_grad_ms + option.recompute_ms), name
-        reruns = option.recompute_ms if name != "attn,mlp" else options["mlp"].recompute_ms
-        assert option.weight_grad_ms == pytest.approx(none.weight_grad_ms + groups * reruns), name
+        assert option.input_grad_ms == pytest.approx(none.input_grad_ms + in_input), name
+        assert option.weight_grad_ms == pytest.approx(none.weight_grad_ms + in_weight), name
+    assert options["mlp"].recompute_ms == pytest.approx(1.5 * mlp_rerun)  # the option's own: the whole MLP (reentrant)
     assert options["mlp-act"].input_grad_ms is None and options["mlp-act"].weight_grad_ms is None

@@ -267,19 +267,17 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
            selective: tuple[RecomputeOption, ...] = (), input_grad_in_transient: bool = False,
            expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = (),
-           split: tuple[float, float] | None = None, full_split: dict | None = None,
-           scratch_terms: list[int] | None = None, scratch_freed_early: int = 0) -> LayerProfile:
+           splits: dict | None = None, scratch_terms: list[int] | None = None,
+           scratch_freed_early: int = 0) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes); `input_grad_in_transient`: the
     transient counts the input gradient its backward makes, `scratch_terms` its scratch's tensors, the first
-    `scratch_freed_early` of them freed before its input gradient (allocseq.synthesised); `split`: none's split backward
-    (input pass, weight pass: analytic_split.none_split), `full_split` full's (analytic_split.full_split)."""
+    `scratch_freed_early` of them freed before its input gradient (allocseq.synthesised); `splits`: none's and full's split backward (analytic_split.splits)."""
     fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
-    none = {} if split is None else dict(zip(("input_grad_ms", "weight_grad_ms"), split, strict=True))
-    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **none),
+    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **(splits or {}).get(OPTION_NONE, {})),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
-                               recompute_peak_bytes=max(act_bytes - input_bytes, 0), **(full_split or {})),
+                               recompute_peak_bytes=max(act_bytes - input_bytes, 0), **(splits or {}).get(OPTION_FULL, {})),
                *selective] if selective else []
     return allocseq.synthesised(LayerProfile(  # kept_terms: each kept tensor, for the allocator replay
         recompute_options=options,
@@ -328,8 +326,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   scratch_terms=list(scratch.terms), scratch_freed_early=scratch.freed_early,
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1],
-                                              none_split=split),
-                  split=split, full_split=analytic_split.full_split(arch, split, times[2], moe=moe),
+                                              none_split=split), splits=analytic_split.splits(arch, split, times[2], moe=moe),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
                   a2a_bytes=dispatch_bytes(arch, shape) if moe else 0).model_copy(update={"float8": fp8})
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)

@@ -334,7 +334,8 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
         parts["norm-out"] = (sum(norms.values()), len(norms) * rerun_ms("norm"))
     order = ("attn", "mla-up", "mlp", "mlp-act", "norm-out")  # how combinations are named (planner/emit/megatron.py)
     names = [name for name in order if name in parts]
-    rerun_by_part = {name: ms for name, (_, ms) in parts.items()}
+    rerun_by_part = {name: analytic_split.torch_rerun_ms(arch, shape, gpu, mfu, name, ms, moe=moe)  # a split's reruns
+                     for name, (_, ms) in parts.items()}
     found = []
     for size in range(1, len(names) + 1):
         for combo in combinations(names, size):

@@ -29,8 +29,8 @@ from __future__ import annotations
 from planner.models.archs import GPU, Arch
 from planner.profiler import analytic_time
 from planner.profiler.formulas import Shape
-from planner.profiler.roofline import Work, work
-from planner.schema import OPTION_FULL, runs_split_backward
+from planner.profiler.roofline import Kernel, Work, work
+from planner.schema import OPTION_FULL, OPTION_NONE, runs_split_backward
 
 # Hugging Face's modules, per part of a block: the parameter groups each part's parameters make
 NORMS = 2  # the attention's and the MLP's norm (input_layernorm, post_attention_layernorm; GPT-2's ln_1, ln_2)
@@ -95,6 +95,21 @@ def none_split(arch: Arch, shape: Shape, bwd: Work, gpu: GPU, mfu: float | None,
     return analytic_time.times_ms((bwd - as_in_backward, weight), gpu, mfu)
 
 
+def torch_rerun_ms(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, part: str, part_ms: float, *,
+                   moe: bool) -> float:
+    """What torch's non-reentrant checkpoint reruns of a part a selective option checkpoints, in ms, where
+    it differs from the option's recompute (`part_ms`, analytic_time.rerun_work: the whole part's forward,
+    as a reentrant checkpoint reruns it, Megatron-LM's): a dense MLP's rerun stops before its last GEMM
+    (the down projection, GPT's second matrix), whose input is the last tensor the forward saved, packed
+    before the GEMM runs (torch's early stop, torch/utils/checkpoint.py `_StopRecomputationError`). A split
+    backward runs only under torch's pipelining, so its reruns are these. A MoE block's mixture: as recorded."""
+    if part != "mlp" or moe:
+        return part_ms
+    rerun = analytic_time.rerun_work(arch, shape, part, moe=False)
+    last = 2 * shape.tokens * arch.hidden_size * (arch.intermediate_size // shape.tp)  # down (c_proj) GEMM's FLOPs
+    return analytic_time.times_ms((rerun - work(last, 0, [Kernel("matmul", last)]),), gpu, mfu)[0]
+
+
 def split_ms(none_split: tuple[float, float], recompute_ms: float, weight_reruns: float) -> dict[str, float]:
     """An option's input_grad_ms and weight_grad_ms: none's pair, its rerun once in I, and
     `weight_reruns` (a sum of each rerun's ms x the groups that rerun it) in W."""
@@ -106,6 +121,12 @@ def full_split(arch: Arch, none_split: tuple[float, float], recompute_ms: float,
     """Full recompute's pair: the block rerun once in I and once per parameter group in W."""
     groups = sum(block_param_groups(arch, moe=moe).values())
     return split_ms(none_split, recompute_ms, groups * recompute_ms)
+
+
+def splits(arch: Arch, none_pair: tuple[float, float], recompute_ms: float, *, moe: bool) -> dict[str, dict[str, float]]:
+    """None's and full's pairs, by option name (what analytic._layer records on those two options)."""
+    return {OPTION_NONE: dict(zip(("input_grad_ms", "weight_grad_ms"), none_pair, strict=True)),
+            OPTION_FULL: full_split(arch, none_pair, recompute_ms, moe=moe)}
 
 
 def selective_split(arch: Arch, name: str, none_split: tuple[float, float] | None,

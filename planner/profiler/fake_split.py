@@ -10,7 +10,11 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc, stage_backward_input, stage_backward_weight
+from torch.distributed.pipelining._backward import (
+    _get_grad_fn_or_grad_acc,
+    stage_backward_input,
+    stage_backward_weight,
+)
 
 from planner.models.archs import GPU
 from planner.profiler.roofline import Work, roofline_ms
