@@ -133,3 +133,19 @@ def test_the_analytic_profile_records_full_and_selective_splits():
         assert option.weight_grad_ms == pytest.approx(none.weight_grad_ms + in_weight), name
     assert options["mlp"].recompute_ms == pytest.approx(1.5 * mlp_rerun)  # the option's own: the whole MLP (reentrant)
     assert options["mlp-act"].input_grad_ms is None and options["mlp-act"].weight_grad_ms is None
+
+
+def test_a_gpt2_mlp_rerun_runs_its_second_matrix_for_the_dropout_after_it():
+    """GPT-2's MLP ends in its residual dropout, whose mask is the last tensor it saves (after c_proj):
+    torch's rerun runs c_fc and c_proj both (2 x 2·T·h·4h FLOPs), once in I and in W once per group of its
+    2, as analytic_split.torch_rerun_ms times it (the whole MLP and the dropout)."""
+    config = _config("gpt2-medium", ("n_embd=64", "n_inner=256", "n_head=4"))  # the reader's fields for GPT-2's widths
+    none_input, none_weight, _ = _works(config, "none")
+    mlp_input, mlp_weight, _ = _works(config, "mlp")
+    both = 2 * (2 * SEQ * 64 * 256)
+    assert (mlp_input.flops - none_input.flops, mlp_weight.flops - none_weight.flops) == (both, 2 * both)
+    arch = from_hf_config(config, where="gpt2", name="gpt2")
+    shape = Shape(seq_len=SEQ, micro_batch_size=1)
+    assert arch.drops_residual and (arch.hidden_size, arch.intermediate_size) == (64, 256)
+    rerun = analytic_split.torch_rerun_ms(arch, shape, gpu("h100"), 0.5, "mlp", 0.0, moe=False)
+    assert rerun == pytest.approx(both / (gpu("h100").bf16_tflops * 1e12 * 0.5) * 1e3)

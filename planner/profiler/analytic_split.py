@@ -102,10 +102,15 @@ def torch_rerun_ms(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, part: 
     as a reentrant checkpoint reruns it, Megatron-LM's): a dense MLP's rerun stops before its last GEMM
     (the down projection, GPT's second matrix), whose input is the last tensor the forward saved, packed
     before the GEMM runs (torch's early stop, torch/utils/checkpoint.py `_StopRecomputationError`). A split
-    backward runs only under torch's pipelining, so its reruns are these. A MoE block's mixture: as recorded."""
+    backward runs only under torch's pipelining, so its reruns are these. A GPT block that drops its residual
+    (transformers' GPT-2 and StarCoder2 MLPs end in that dropout, whose mask is saved after c_proj runs): the whole
+    MLP and the dropout. A MoE block's mixture: as recorded."""
     if part != "mlp" or moe:
         return part_ms
     rerun = analytic_time.rerun_work(arch, shape, part, moe=False)
+    if arch.style == "gpt" and arch.drops_residual:
+        dropout = analytic_time.DROPOUT_FWD * shape.tokens * arch.hidden_size
+        return analytic_time.times_ms((rerun + work(0, dropout, [], classed={"elementwise": dropout}),), gpu, mfu)[0]
     last = 2 * shape.tokens * arch.hidden_size * (arch.intermediate_size // shape.tp)  # down (c_proj) GEMM's FLOPs
     return analytic_time.times_ms((rerun - work(last, 0, [Kernel("matmul", last)]),), gpu, mfu)[0]
 
