@@ -9,7 +9,10 @@ so the fake run is quick on a CPU; its widths stay as given (full-size hidden si
 FakeTensorMode). A config either reader refuses is reported with the refusal's sentence.
 
     PYTHONPATH=$PWD python scripts/analytic_vs_fake.py CONFIG.json [--seq-len 256] [--micro-batch-size 1]
-        [--gpu h100] [--layers 2] [--json OUT.json]
+        [--gpu h100] [--layers 2] [--set KEY=VALUE ...] [--json OUT.json]
+
+Then each option's split backward (a zero-bubble schedule's I and W, input_grad_ms and weight_grad_ms) on the
+first block, analytic / fake, for the options both record ("-": not recorded).
 """
 
 from __future__ import annotations
@@ -41,9 +44,25 @@ def _profile(*args: str):
     return io.load_profile(args[args.index("--out") + 1]), None
 
 
-def profiles(config_path: Path, *, seq_len: int, micro_batch_size: int, gpu: str, layers: int, work: Path):
-    """((analytic profile or None, its refusal), (fake profile or None, its refusal))."""
-    config = _cut(json.loads(config_path.read_text()), layers)
+def _value(text: str):
+    """A --set value as JSON reads it (numbers, true, null), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def profiles(config_path: Path, *, seq_len: int, micro_batch_size: int, gpu: str, layers: int, work: Path,
+             settings: tuple[str, ...] = ()):
+    """((analytic profile or None, its refusal), (fake profile or None, its refusal)); `settings`:
+    KEY=VALUE over the config's fields (e.g. LLaMA 3 8B's widths over a LLaMA config)."""
+    given = json.loads(config_path.read_text())
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {setting!r} is not KEY=VALUE")
+        given[key] = _value(value)
+    config = _cut(given, layers)
     folder = work / config_path.stem
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
@@ -74,7 +93,12 @@ def compare(analytic, fake) -> dict:
                                 "kept_bytes": {"analytic": option.kept_bytes, "fake": other.kept_bytes,
                                                "ratio": _ratio(option.kept_bytes, other.kept_bytes)},
                                 "recompute_ms": {"analytic": option.recompute_ms, "fake": other.recompute_ms,
-                                                 "ratio": _ratio(option.recompute_ms, other.recompute_ms)}})
+                                                 "ratio": _ratio(option.recompute_ms, other.recompute_ms)},
+                                **{field: {"analytic": getattr(option, field), "fake": getattr(other, field),
+                                           "ratio": _ratio(getattr(option, field) or 0.0, getattr(other, field) or 0.0)
+                                           if getattr(option, field) is not None and getattr(other, field) is not None
+                                           else None}
+                                   for field in ("input_grad_ms", "weight_grad_ms")}})
     loss = {"loss_bytes": {"analytic": analytic.loss_bytes, "fake": fake.loss_bytes,
                            "ratio": _ratio(analytic.loss_bytes, fake.loss_bytes)},
             "loss_ms": {"analytic": analytic.loss_ms, "fake": fake.loss_ms, "ratio": _ratio(analytic.loss_ms, fake.loss_ms)}}
@@ -118,6 +142,14 @@ def print_table(name: str, found: dict) -> None:
             print(f"- {o['option']}: {o['kept_bytes']['analytic']:,} / {o['kept_bytes']['fake']:,} "
                   f"({_fmt(o['kept_bytes']['ratio'])}), {_fmt(o['recompute_ms']['analytic'], 4)} / "
                   f"{_fmt(o['recompute_ms']['fake'], 4)} ({_fmt(o['recompute_ms']['ratio'])})")
+    split = [o for o in found["options"] if o["layer"] == first_block]
+    if split:
+        print(f"\nsplit backward ({first_block}): | option | I ms a / f (ratio) | W ms a / f (ratio) |")
+        print("|---|---|---|")
+        for o in split:
+            i, w = o["input_grad_ms"], o["weight_grad_ms"]
+            print(f"| {o['option']} | {_fmt(i['analytic'], 4)} / {_fmt(i['fake'], 4)} ({_fmt(i['ratio'])}) "
+                  f"| {_fmt(w['analytic'], 4)} / {_fmt(w['fake'], 4)} ({_fmt(w['ratio'])}) |")
     print()
 
 
@@ -128,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch-size", type=int, default=1)
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers to profile (the config's depth is cut)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config field over each config's own (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
     everything = {}
@@ -135,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.configs:
             (analytic, refused_a), (fake, refused_f) = profiles(
                 path, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size, gpu=args.gpu,
-                layers=args.layers, work=Path(work))
+                layers=args.layers, work=Path(work), settings=tuple(args.set))
             if analytic is None or fake is None:
                 everything[path.stem] = {"refused": {"arch-config": refused_a, "hf-config --fake": refused_f}}
                 print(f"## {path.stem}\nrefused: --arch-config: {refused_a or 'read'}; "

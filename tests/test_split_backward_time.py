@@ -118,7 +118,9 @@ def test_an_analytic_block_splits_off_its_weight_gradient_gemms():
     none = block.recompute_options[0]
     assert none.weight_grad_ms == pytest.approx(weight_flops / (h100.bf16_tflops * 1e12 * 0.5) * 1e3)
     assert none.input_grad_ms + none.weight_grad_ms == pytest.approx(block.bwd_ms)
-    assert block.recompute_options[1].input_grad_ms is None  # full's weight pass reruns the block per group: not split
+    full = block.recompute_options[1]  # full's I reruns the block once, its W once per parameter group (9: §78)
+    assert full.input_grad_ms == pytest.approx(none.input_grad_ms + full.recompute_ms)
+    assert full.weight_grad_ms == pytest.approx(none.weight_grad_ms + 9 * full.recompute_ms)
 
 
 def test_a_fake_profile_counts_torchs_two_passes_weight_gemms_in_w():

@@ -94,6 +94,7 @@ from planner.profiler import (
     allocseq,
     analytic_comm,
     analytic_cp,
+    analytic_split,
     analytic_time,
     compiled_kept,
     compiled_time,
@@ -266,19 +267,18 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
            input_in_act_bytes: int, param_count: int, transient_bytes: int, shape: Shape, gpu: GPU,
            selective: tuple[RecomputeOption, ...] = (), input_grad_in_transient: bool = False,
            expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = (),
-           weight_grad_ms: float | None = None, scratch_terms: list[int] | None = None,
+           splits: dict | None = None, scratch_terms: list[int] | None = None,
            scratch_freed_early: int = 0) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes); `input_grad_in_transient`: the
     transient counts the input gradient its backward makes, `scratch_terms` its scratch's tensors, the first
-    `scratch_freed_early` of them freed before its input gradient (allocseq.synthesised); `weight_grad_ms`: of the backward, a split backward's weight pass (none's)."""
+    `scratch_freed_early` of them freed before its input gradient (allocseq.synthesised); `splits`: none's and full's split backward (analytic_split.splits)."""
     fwd_ms, bwd_ms, recompute = (*times, times[0]) if len(times) == 2 else times
-    split = {} if weight_grad_ms is None else {"input_grad_ms": max(bwd_ms - weight_grad_ms, 0.0),
-                                               "weight_grad_ms": min(weight_grad_ms, bwd_ms)}
-    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **split),
+    options = [RecomputeOption(name=OPTION_NONE, kept_bytes=act_bytes, **(splits or {}).get(OPTION_NONE, {})),
                RecomputeOption(name=OPTION_FULL, kept_bytes=input_bytes, recompute_ms=recompute,
-                               recompute_peak_bytes=max(act_bytes - input_bytes, 0)), *selective] if selective else []
+                               recompute_peak_bytes=max(act_bytes - input_bytes, 0), **(splits or {}).get(OPTION_FULL, {})),
+               *selective] if selective else []
     return allocseq.synthesised(LayerProfile(  # kept_terms: each kept tensor, for the allocator replay
         recompute_options=options,
         name=name, kind=kind, fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_ms_min=fwd_ms, fwd_ms_max=fwd_ms,
@@ -315,6 +315,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
     scratch = block_scratch(arch, shape, moe=moe)
     passes = analytic_time.block_work(arch, shape, moe=moe)
     times = analytic_time.times_ms(passes, gpu, mfu)
+    split = analytic_split.none_split(arch, shape, passes[1], gpu, mfu, moe=moe)  # a split backward's I, W
     # Float8's record (planner/profiler/float8.py): dense blocks, timed by the roofline (not under --mfu)
     fp8 = None if moe or arch.mla or mfu is not None else float8.block_record(
         arch, shape, gpu, passes, prefix=f"layers.{index}", op_sac=opsac.offers_op_sac(arch, shape, moe=moe))
@@ -324,11 +325,10 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   scratch_terms=list(scratch.terms), scratch_freed_early=scratch.freed_early,
-                  selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1]),
+                  selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1],
+                                              none_split=split), splits=analytic_split.splits(arch, split, times[2], moe=moe),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
-                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0,
-                  weight_grad_ms=analytic_time.times_ms((analytic_time.block_weight_grad_work(arch, shape, moe=moe),),
-                                                        gpu, mfu)[0]).model_copy(update={"float8": fp8})
+                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0).model_copy(update={"float8": fp8})
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})

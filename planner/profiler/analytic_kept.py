@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from planner.models.archs import GPU, Arch
-from planner.profiler import analytic_time, opsac
+from planner.profiler import analytic_split, analytic_time, opsac
 from planner.profiler.activations import ACTIVATIONS, freed_by_rerun
 from planner.profiler.formulas import INDEX_BYTES, Shape, _is_moe, expert_tokens, kv_width, q_width
 from planner.profiler.membound import membound_ms
@@ -257,7 +257,8 @@ def boundary_bytes(arch: Arch, shape: Shape) -> int:
 
 
 def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None, *, moe: bool = False,
-                      fwd_ms: float | None = None, bwd_ms: float | None = None) -> tuple[RecomputeOption, ...]:
+                      fwd_ms: float | None = None, bwd_ms: float | None = None,
+                      none_split: tuple[float, float] | None = None) -> tuple[RecomputeOption, ...]:
     """A block's selective recompute options, from its terms: each part below, then every
     combination of them (they recompute at different points of the backward, so a combination's
     extra peak is the largest of its parts', a norm-out norm's output adding to its sub-block's part;
@@ -294,7 +295,9 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
       nothing: offered where it frees something. Each norm's output and statistics are back from
       the start of its sub-block's backward to the norm's backward, while that sub-block's own
       recompute runs: its extra peak adds to theirs. It reruns the norms' forward.
-    Each part's rerun is timed by the block's roofline (analytic_time.rerun_work)."""
+    Each part's rerun is timed by the block's roofline (analytic_time.rerun_work). With `none_split`
+    (option none's split backward: input pass, weight pass), each option torch's split can run records
+    its own pair: its reruns once in I and once per parameter group inside in W (analytic_split)."""
     d, sb = shape.d, shape.tokens
     out_width = arch.num_heads // shape.tp * arch.v_head_dim if arch.mla else q_width(arch, shape)
     core = sum(term.num_bytes for term in _attention_core_terms(arch, shape, out_width)[:-1])
@@ -331,6 +334,8 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
         parts["norm-out"] = (sum(norms.values()), len(norms) * rerun_ms("norm"))
     order = ("attn", "mla-up", "mlp", "mlp-act", "norm-out")  # how combinations are named (planner/emit/megatron.py)
     names = [name for name in order if name in parts]
+    rerun_by_part = {name: analytic_split.torch_rerun_ms(arch, shape, gpu, mfu, name, ms, moe=moe)  # a split's reruns
+                     for name, (_, ms) in parts.items()}
     found = []
     for size in range(1, len(names) + 1):
         for combo in combinations(names, size):
@@ -338,7 +343,9 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
                 continue
             found.append(RecomputeOption(name=",".join(combo), kept_bytes=kept - sum(parts[p][0] for p in combo),
                                          recompute_ms=sum(parts[p][1] for p in combo),
-                                         recompute_peak_bytes=_combined_peak(combo, parts, norms)))
+                                         recompute_peak_bytes=_combined_peak(combo, parts, norms),
+                                         **analytic_split.selective_split(arch, ",".join(combo), none_split,
+                                                                          rerun_by_part, moe=moe)))
     boundary = boundary_bytes(arch, shape)
     if fwd_ms is None or bwd_ms is None:
         fwd_ms, bwd_ms, _ = analytic_time.times_ms(analytic_time.block_work(arch, shape, moe=moe), gpu, mfu)

@@ -44,6 +44,7 @@ from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
 NORM_FWD, NORM_BWD, NORM_FWD_TOKEN, NORM_BWD_TOKEN = 36, 96, 28, 44
+NORM_WEIGHT_GRAD, NORM_WEIGHT_OUT = 8, 2  # of NORM_BWD: the weight's gradient (grad x hidden, summed), its write
 ROTARY_FWD, ROTARY_BWD, ROTARY_TABLE = 20, 32, 8
 SWIGLU_FWD, SWIGLU_BWD = 10, 18
 ADD = 6  # a + b in 16 bits: read 2 + 2, write 2
@@ -196,7 +197,8 @@ def block_weight_grad_work(arch, shape, *, moe: bool = False) -> Work:
     schedule's W; its I, stage_backward_input, runs the rest): each weight's gradient GEMM, dW =
     Xᵀ·dY at its forward GEMM's FLOPs (the attention core's eager matmuls have no weight: both
     their backward GEMMs are I's), the GPT biases' gradient sums and the gradients' accumulation
-    into .grad. The norms' weight gradients stay with their fused kernel in I (not split off)."""
+    into .grad; on RMSNorm blocks each norm weight's gradient (norm_weight_grad_bytes: Hugging Face's
+    `weight * hidden` is an op of its own, its weight's gradient a group of torch's, run in W)."""
     T, h = shape.tokens, arch.hidden_size
     proj, _, _ = _projections(arch, shape)
     mlp, _, _ = _mlp(arch, shape, moe)
@@ -206,8 +208,29 @@ def block_weight_grad_work(arch, shape, *, moe: bool = False) -> Work:
         q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
         summed = BIAS_SUM * T * (q + 2 * kv) + 2 * BIAS_SUM * T * h + BIAS_SUM * T * (arch.intermediate_size // shape.tp)
     accumulate = ACCUMULATE * formulas.block_params(arch, shape, moe=moe) * shape.d
-    moved = summed + accumulate
+    moved = summed + accumulate + norm_weight_grad_bytes(arch, shape)
     return work(sum(k.flops for k in kernels), moved, kernels, classed={"elementwise": moved})
+
+
+def norm_weight_grad_bytes(arch, shape) -> int:
+    """What a block's RMSNorm weights' gradients move (transformers' LlamaRMSNorm and kin end in
+    `self.weight * hidden_states.to(input_dtype)`: the weight's gradient is grad x hidden, 6 B an element,
+    summed over the tokens, 2 B an element read and the weight's width written), over the elements each
+    norm runs on: the block's two norms (this device's rows), Qwen3's q_norm and k_norm, a latent
+    attention's latent norms. Part of the norms' backward bytes (NORM_BWD); W runs it (torch 2.13's
+    split backward: each norm weight is a parameter group of its own). GPT's LayerNorm: 0 (its weight
+    and bias gradients come from native_layer_norm_backward itself: not split off here)."""
+    if arch.style == "gpt":
+        return 0
+    T, h = shape.tokens, arch.hidden_size
+    rows = T // shape.sp_div
+    norms = [(rows * h, h), (rows * h, h)]  # each norm module: (elements it runs on, its weight's width)
+    if arch.mla:
+        norms += [(T * arch.kv_lora_rank, arch.kv_lora_rank)] + ([(T * arch.q_lora_rank, arch.q_lora_rank)]
+                                                                 if arch.q_lora_rank else [])
+    elif arch.qk_norm:
+        norms += [(T * formulas.q_width(arch, shape), arch.head_size), (T * formulas.kv_width(arch, shape), arch.head_size)]
+    return sum(NORM_WEIGHT_GRAD * elements + NORM_WEIGHT_OUT * width for elements, width in norms)
 
 
 def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:

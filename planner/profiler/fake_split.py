@@ -10,7 +10,11 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.distributed.pipelining._backward import (
+    _get_grad_fn_or_grad_acc,
+    stage_backward_input,
+    stage_backward_weight,
+)
 
 from planner.models.archs import GPU
 from planner.profiler.roofline import Work, roofline_ms
@@ -34,24 +38,41 @@ def split_work(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, count
         if weight.grad is None:  # and as the profile's bwd_ms was counted (fake.fake_measure)
             weight.grad = torch.zeros_like(weight)
     x.grad = None
-    cut = x.view_as(x)  # no data moved; its backward a view of the gradient, which the counters skip
-    output = run(cut)
     with counting() as done, warnings.catch_warnings():
+        cut = x.view_as(x)  # no data moved; its backward a view of the gradient, which the counters skip
+        output = run(cut)  # under the counters, so the passes' ops are classed by the module running them
+        forward = done()
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
         _, groups = stage_backward_input([output], [grad], [cut], iter(weights))  # sets cut.grad: no op
-        input_pass = done()
+        input_pass = done() - forward
         stage_backward_weight(iter(weights), groups)
-        weight_pass = done() - input_pass
+        weight_pass = done() - forward - input_pass
     del output, groups, cut
     x.grad = None
-    output = run(x.view_as(x))
     with counting() as done:
+        output = run(x.view_as(x))
+        forward = done()
         output.backward(grad)
-        plain = done()
+        plain = done() - forward
     del output
     x.grad = None
     layer.zero_grad(set_to_none=True)
     return input_pass, weight_pass, plain
+
+
+def torch_param_groups(layer: nn.Module, x: torch.Tensor) -> list[list[str]]:
+    """The parameter groups torch 2.13's stage_backward_input makes of `layer` on input `x` (one
+    torch.autograd.grad call of stage_backward_weight each), each as its parameters' names, sorted:
+    torch's own grouping (_backward.get_param_groups), which analytic_split counts from a block's
+    structure. Runs the layer once forward and the input pass (real or fake tensors)."""
+    weights = [p for p in layer.parameters() if p.requires_grad]
+    x = x.detach().requires_grad_(True)
+    output = layer(x)
+    _, groups = stage_backward_input([output], [torch.ones_like(output)], [x], iter(weights))
+    names = {_get_grad_fn_or_grad_acc(p): name for name, p in layer.named_parameters() if p.requires_grad}
+    found = sorted(sorted(names[node] for node in group["params"]) for group in groups)
+    layer.zero_grad(set_to_none=True)
+    return found
 
 
 def with_split_times(profile: LayerProfile, layer: nn.Module, x: torch.Tensor | None, output: torch.Tensor, *,
