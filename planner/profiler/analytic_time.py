@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.models.archs import GPU
+from planner.models.gptoss import window_pairs
 from planner.profiler import formulas
 from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
@@ -88,7 +89,9 @@ def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
         else formulas.q_width(arch, shape)
     flops = 4 * shape.tokens * window * width
     if shape.attention == "flash":
-        return [Kernel("attention-fwd", flops, 1 - window / (2 * s), s // shape.cp)], 0, 0
+        # causal: half the s² blocks; within a window w < s, the exact pairs over the s·w counted (gptoss.py)
+        run = window_pairs(s, window) / (s * window) if window < s else 0.5
+        return [Kernel("attention-fwd", flops, run, s // shape.cp)], 0, 0
     scores = heads * s * s * b
     return _matmuls(flops // 2, flops // 2), EAGER_SCORES_FWD * scores, EAGER_SCORES_BWD * scores
 
