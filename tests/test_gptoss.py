@@ -135,3 +135,16 @@ def test_the_fake_route_refuses_gpt_oss_in_one_sentence():
                                   "--seq-len", "128"])
     assert result.exit_code != 0
     assert "no SDPA attention" in result.output and "Traceback" not in result.output
+
+
+def test_the_extra_bytes_are_gpt_oss_own_and_counted_by_hand():
+    from planner.profiler import gptoss_time
+
+    shape = formulas.Shape(seq_len=4096, micro_batch_size=1, tp=2)
+    assert gptoss_time.extra_bytes(archs.arch("mixtral-8x7b"), shape, moe=True) == ({}, {})
+    arch = archs.arch("gpt-oss-20b").layer(0)
+    fwd, bwd = gptoss_time.extra_bytes(arch, shape, moe=True)
+    T, heads, f, h, slots = 4096, 32, 1440, 2880, 32 * 512  # 4096 x 4 / 32 = 512 tokens an expert
+    assert fwd == {"attention": 280 * T * heads, "activation": 20 * slots * f, "elementwise": 8 * slots * (2 * f + h)}
+    assert bwd == {"attention": 802 * T * heads, "activation": 82 * slots * f,
+                   "elementwise": 2 * T * (2048 + 2 * 256 + h) + 14 * slots * (2 * f + h) + 2 * T * 32}

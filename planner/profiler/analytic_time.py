@@ -40,7 +40,7 @@ from collections import Counter
 
 from planner.models.archs import GPU
 from planner.models.gptoss import window_pairs
-from planner.profiler import formulas
+from planner.profiler import formulas, gptoss_time
 from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
@@ -187,6 +187,8 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     # the residual stream's gradient sums land in the norms' backward (where autograd adds them: fake.op_class)
     bwd_classes = norms[1] + proj_bwd + Counter(attention=core_bwd) + mlp_bwd + Counter(
         elementwise=dropouts[1] + ACCUMULATE * param_bytes)
+    extra_fwd, extra_bwd = gptoss_time.extra_bytes(arch, shape, moe=moe)  # GPT-OSS's sinks, biases, clamped SwiGLU
+    fwd_classes, bwd_classes = fwd_classes + extra_fwd, bwd_classes + extra_bwd
     flops = formulas.block_flops(arch, shape, moe=moe)
     fwd = work(flops, sum(fwd_classes.values()), fwd_kernels, classed=fwd_classes)
     # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's 2.5x
