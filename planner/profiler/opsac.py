@@ -48,8 +48,11 @@ FP32 = 4
 def offers_op_sac(arch: Arch, shape: Shape, *, moe: bool) -> bool:
     """A LLaMA-style block with flash attention (timed so under flex too): GQA or latent attention,
     a dense SwiGLU MLP or the mixture of experts, the blocks torchtitan's models run (none has
-    Qwen2-MoE's shared-expert gate, an mm more to count)."""
-    return arch.style == "llama" and not arch.shared_expert_gate and shape.attention == "flash"
+    Qwen2-MoE's shared-expert gate, an mm more to count). Not GPT-OSS's (sinks): torchtitan b5bcd76c builds its
+    Q, K and V as one fused linear (gpt_oss/__init__.py fuse_qkv=True, FusedQKVLinear), which block_mms does not
+    count, and its sinks' rescale after the attention op."""
+    return arch.style == "llama" and not arch.shared_expert_gate and shape.attention == "flash" \
+        and not arch.attention_sinks
 
 
 def block_mms(arch: Arch, shape: Shape, *, moe: bool) -> list[tuple[str, int, int]]:
