@@ -148,3 +148,19 @@ def test_the_extra_bytes_are_gpt_oss_own_and_counted_by_hand():
     assert fwd == {"attention": 280 * T * heads, "activation": 20 * slots * f, "elementwise": 8 * slots * (2 * f + h)}
     assert bwd == {"attention": 802 * T * heads, "activation": 82 * slots * f,
                    "elementwise": 2 * T * (2048 + 2 * 256 + h) + 14 * slots * (2 * f + h) + 2 * T * 32}
+
+
+def test_op_level_sac_saves_the_biased_linears_and_reruns_only_the_experts():
+    from planner.profiler import opsac
+
+    arch = archs.arch("gpt-oss-20b").layer(1)
+    shape = formulas.Shape(seq_len=4096, micro_batch_size=1)
+    T, h, d, boundary = 4096, 2880, 2, 4096 * 2880 * 2
+    assert opsac.offers_op_sac(arch, shape, moe=True)
+    assert [name for name, _, _ in opsac.block_mms(arch, shape, moe=True)] == ["wqkv", "wo"]
+    # the input, wqkv's and wo's outputs (addmm: saved), the attention's output and logsumexp, the router's logits
+    # (its biased gate: an addmm) and top-k values and indices
+    expected = boundary + T * (4096 + 2 * 512) * d + T * h * d + T * 4096 * d + 4 * 64 * T + T * 32 * d + 12 * T * 4
+    assert opsac.op_sac_kept_bytes(arch, shape, boundary, moe=True) == expected
+    held = formulas.expert_tokens(arch, shape)
+    assert sorted(k.flops for k in opsac.rerun_kernels(arch, shape, moe=True)) == [2 * held * h * 2880] * 96
