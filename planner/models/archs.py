@@ -323,10 +323,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
         ("qwen3-0.6b", 1024, 3072, 28, 16, True), ("qwen3-1.7b", 2048, 6144, 28, 16, True),
         ("qwen3-4b", 2560, 9728, 36, 32, True), ("qwen3-8b", 4096, 12288, 36, 32, False),
         ("qwen3-14b", 5120, 17408, 40, 40, False), ("qwen3-32b", 5120, 25600, 64, 64, False))),
-    # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1 (d_model 12288, 96 layers,
-    # 96 heads, context 2048), GPT-2's BPE vocabulary of 50257, tied embeddings, 4h MLP with GELU
     # GPT-OSS (planner/models/gptoss.py: sources, what each field is)
     _gpt_oss("20b", 24, 32), _gpt_oss("120b", 36, 128),
+    # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1 (d_model 12288, 96 layers,
+    # 96 heads, context 2048), GPT-2's BPE vocabulary of 50257, tied embeddings, 4h MLP with GELU
     Arch(name="gpt3-175b", hidden_size=12288, intermediate_size=4 * 12288, num_layers=96, num_heads=96,
          num_kv_heads=96, vocab_size=50257, tie_word_embeddings=True, max_position_embeddings=2048,
          style="gpt", norm_eps=1e-5, source="Brown et al. 2020, Table 2.1"),

@@ -5,6 +5,8 @@ with TOML train configs): 8B dim 4096 x 32 layers, 70B 8192 x 80, 405B 16384 x 1
 vocab 128256, rope_theta 500000 = ckplan's llama3-8b, llama3-70b, llama3.1-405b; qwen3's dense
 flavors are ckplan's qwen3-* built-ins, read from torchtitan/models/qwen3/__init__.py at the same commit;
 deepseek_v3's 16B flavor (deepseek_v3/__init__.py) has DeepSeek-V2-Lite's dimensions: ckplan's deepseek-v2-lite.
+gpt_oss's 20b and 120b flavors (main b5bcd76c gpt_oss/__init__.py _20b, _120b) are ckplan's gpt-oss-20b and
+gpt-oss-120b (planner/models/gptoss.py).
 `parallelism.data_parallel_shard_degree = -1` takes the GPUs the other degrees leave; FSDP2
 shards over dp_shard (ZeRO 3) and replicates over dp_replicate (HSDP); without a pipeline
 `training.local_batch_size` is one microbatch a rank, with one it is split into
