@@ -386,7 +386,7 @@ def test_measured_profile_needs_mem(tmp_path):
     # a family --arch-config does not read but --hf-config builds: the refusal says the way that works
     ({"model_type": "phi3"}, "model_type 'phi3' is not read; --arch-config reads"),
     ({"model_type": "granite"}, "`ckplan profile --hf-config CONFIG --fake` runs transformers' own granite code"),
-    ({"model_type": "phimoe", "num_local_experts": 16}, "for model_type mixtral, qwen3_moe; `ckplan profile "
+    ({"model_type": "phimoe", "num_local_experts": 16}, "for model_type mixtral, qwen3_moe, gpt_oss; `ckplan profile "
                                                         "--hf-config CONFIG --fake` runs transformers' own phimoe"),
     ({"attention_dropout": 0.1}, "attention_dropout = 0.1; dropout is not modelled"),
     ({"mlp_bias": True}, "mlp_bias is true"),

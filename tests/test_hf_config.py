@@ -133,7 +133,9 @@ def test_a_default_pad_token_past_a_small_vocabulary_is_refused_in_one_sentence(
 
 
 def test_configs_ckplan_cannot_build_are_refused_in_one_sentence(tmp_path):
-    with pytest.raises(UserError, match="model_type 'gpt_oss' is not one ckplan builds"):
+    with pytest.raises(UserError, match="model_type 'llama4' is not one ckplan builds"):
+        hfmodels.check_config({"model_type": "llama4"}, seq_len=16)
+    with pytest.raises(UserError, match="GptOss has no SDPA attention"):  # GPT-OSS: --arch-config reads it
         hfmodels.check_config({"model_type": "gpt_oss"}, seq_len=16)
     # DeepSeek's shared experts and dense layers are counts given, 0 or more (transformers fills 1 and 3)
     given = {k: v for k, v in CONFIGS["deepseek_v3"].items() if k != "first_k_dense_replace"}
@@ -165,7 +167,7 @@ def test_profile_refuses_what_it_cannot_train_here_and_writes_nothing(tmp_path, 
     for args, fragment in [(["--hf-config", "mine", "--arch", "llama3-8b"], "give one model"),
                            (["--hf-config", "mine", "--tp", "2"], "--tp applies to --arch"),
                            (["--hf-set", "num_hidden_layers=1", "--arch", "llama3-8b"], "--hf-set applies to --hf-config"),
-                           (["--hf-config", "mine", "--hf-set", "model_type=gpt_oss"], "'gpt_oss' is not one")]:
+                           (["--hf-config", "mine", "--hf-set", "model_type=llama4"], "'llama4' is not one")]:
         result = run("profile", *args)
         assert result.exit_code != 0 and fragment in result.output, result.output
     with monkeypatch.context() as patch:

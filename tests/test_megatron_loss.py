@@ -9,7 +9,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from planner.cost import megatron_loss, runtimes
 from planner.cost.chunked import schedule_of, stages_view
-from planner.cost.terms import stage_value, Context
+from planner.cost.terms import Context, stage_value
 from planner.models import archs
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape

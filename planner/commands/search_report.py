@@ -20,7 +20,7 @@ def model_flops_per_sequence(arch, seq_len: int) -> float | None:
     from planner.profiler.formulas import Shape, block_flops, head_flops
 
     shape = Shape(seq_len=seq_len, micro_batch_size=1)
-    blocks = sum(block_flops(arch, shape, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    blocks = sum(block_flops(arch.layer(i), shape, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
     return 3.0 * (blocks + head_flops(arch, shape))
 
 

@@ -8,13 +8,14 @@ from typing import Literal
 
 from planner.errors import UserError
 from planner.models.archs import MAX_LAYERS, Arch
+from planner.models.gptoss import gpt_oss_fields
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 # families whose MLP is gated (gate and up projections, then down): SiLU-gated (SwiGLU) or, in
 # Gemma, GELU-gated (GeGLU), which keeps the same four f-wide tensors
 GATED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 # gated-MLP families with a mixture of experts (and DeepSeek's latent attention)
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 _GATED_ACTS = ("silu", "swish")
 GPT_TYPES = ("gpt2", "opt", "starcoder2")  # LayerNorm, a two-matrix MLP, biases, dropout; learned positions
 # (StarCoder2: rotary, grouped-query attention)
@@ -41,7 +42,8 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
         raise UserError(f"{where}: model_type {model_type!r} is not read; --arch-config reads "
                         f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
                         f"is read as LLaMA-style){_built_from_code(model_type)}")
-    return _checked_heads(_gated(config, where, name, model_type), where)
+    arch = _gated(config, where, name, model_type)
+    return _checked_heads(gpt_oss_fields(config, where, arch) if model_type == "gpt_oss" else arch, where)
 
 
 def _built_from_code(model_type: str) -> str:
@@ -79,7 +81,7 @@ def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
     tied = _bool(config, "tie_word_embeddings", where, default=model_type == "gemma")
     # Qwen2-MoE names its q/k/v biases qkv_bias (on unless told, as in Qwen1.5-MoE's configs)
     qkv_bias = (_bool(config, "qkv_bias", where, default=True) if model_type == "qwen2_moe" else
-                _bool(config, "attention_bias", where, default=model_type == "qwen2"))
+                _bool(config, "attention_bias", where, default=model_type in ("qwen2", "gpt_oss")))
     mla = _latent_attention(config, where) if model_type in _DEEPSEEK else {}
     if mla and qkv_bias:
         raise UserError(f"{where}: attention_bias is true; latent attention is read without biases on its "
@@ -109,7 +111,7 @@ def _experts(config: dict, where: str, model_type: str, dims: dict) -> dict:
     top_k = _need(config, "num_experts_per_tok", where)
     if top_k > experts:
         raise UserError(f"{where}: num_experts_per_tok {top_k} exceeds the {experts} experts; fix the config")
-    if model_type == "mixtral":  # every layer: experts of the dense width
+    if model_type in ("mixtral", "gpt_oss"):  # every layer: experts of the dense width
         if config.get("router_jitter_noise"):
             raise UserError(f"{where}: router_jitter_noise = {config['router_jitter_noise']!r} multiplies the "
                             "router's input by noise it keeps for backward, which is not modelled: set it to 0")
@@ -138,7 +140,7 @@ def _experts(config: dict, where: str, model_type: str, dims: dict) -> dict:
 
 # the routed-expert count's name in each family's config.json; Qwen3-MoE's published configs say
 # num_experts, transformers 5 writes num_local_experts (its attribute map)
-_EXPERTS = {"mixtral": ("num_local_experts",), "qwen2_moe": ("num_experts",),
+_EXPERTS = {"mixtral": ("num_local_experts",), "gpt_oss": ("num_local_experts",), "qwen2_moe": ("num_experts",),
             "qwen3_moe": ("num_experts", "num_local_experts"), "deepseek_v2": ("n_routed_experts",),
             "deepseek_v3": ("n_routed_experts",)}
 
@@ -171,7 +173,7 @@ def _latent_attention(config: dict, where: str) -> dict:
 # tokens x top-k routing weights. The load-balancing loss (router_aux_loss_coef, aux_loss_alpha,
 # seq_aux) is computed from the kept probabilities.
 _MOE_FIELDS = {
-    "num_local_experts": ("mixtral", "qwen3_moe"), "num_experts": _QWEN_MOE, "n_routed_experts": _DEEPSEEK,
+    "num_local_experts": ("mixtral", "qwen3_moe", "gpt_oss"), "num_experts": _QWEN_MOE, "n_routed_experts": _DEEPSEEK,
     "num_experts_per_tok": MOE_TYPES, "moe_intermediate_size": (*_QWEN_MOE, *_DEEPSEEK),
     "shared_expert_intermediate_size": ("qwen2_moe",), "n_shared_experts": _DEEPSEEK,
     "decoder_sparse_step": _QWEN_MOE, "mlp_only_layers": _QWEN_MOE, "first_k_dense_replace": _DEEPSEEK,

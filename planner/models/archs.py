@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from planner.errors import UserError
@@ -108,6 +108,16 @@ class Arch:
     residual_dropout: bool | None = None
     embedding_dropout: bool | None = None
     attention_dropout: bool | None = None
+    # GPT-OSS (planner/models/gptoss.py has the sources). layer_windows: each layer's own sliding window (None:
+    # full attention), as the config's layer_types says (empty: every layer at `sliding_window`); a layer's
+    # figures are read off `layer(i)`. attention_sinks: one learned logit per head (its `sinks`);
+    # o_bias: the output projection's bias (attention_bias sets it beside qkv_bias); expert_bias: the
+    # router's bias and each expert's two projections' biases; swiglu_limit: the experts' clamped SwiGLU
+    layer_windows: tuple[int | None, ...] = ()
+    attention_sinks: bool = False
+    o_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("residual_dropout", "embedding_dropout", "attention_dropout"):
@@ -141,6 +151,13 @@ class Arch:
     @property
     def mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    def layer(self, index: int) -> Arch:
+        """Decoder layer `index` as a model of its own kind: its own sliding window where the layers
+        differ (GPT-OSS's alternating sliding and full attention), else this model."""
+        if not self.layer_windows:
+            return self
+        return replace(self, sliding_window=self.layer_windows[index], layer_windows=())
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` has the mixture of experts as its MLP."""
@@ -189,7 +206,8 @@ _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "s
                  "shared_intermediate_size": 0, "shared_expert_gate": False, "dense_layers": (),
                  "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,
                  "qk_nope_head_dim": 0, "v_head_dim": 0, "rotary": None, "residual_dropout": None, "embedding_dropout": None,
-                 "attention_dropout": None}
+                 "attention_dropout": None, "layer_windows": (), "attention_sinks": False, "o_bias": False,
+                 "expert_bias": False, "swiglu_limit": None}
 
 
 def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, rope, eps, tied=False,
@@ -205,6 +223,20 @@ def _qwen3(name, hidden, inter, layers, heads, tied) -> Arch:
                 num_kv_heads=8, vocab_size=151936, tie_word_embeddings=tied, max_position_embeddings=None,
                 head_dim=128, qk_norm=True, rope_theta=1000000.0, norm_eps=1e-6,
                 source="torchtitan/models/qwen3/__init__.py qwen3_args at 238fa9953e4a")
+
+
+def _gpt_oss(size: str, layers: int, experts: int) -> Arch:
+    """openai/gpt-oss-20b and gpt-oss-120b config.json (torchtitan b5bcd76c gpt_oss/__init__.py _20b, _120b): the
+    shared dimensions, GQA with biases and sinks, even layers in a 128-token window, top-4 biased experts of
+    2880 with the SwiGLU clamped at 7 (planner/models/gptoss.py says where each is read)."""
+    return Arch(name=f"gpt-oss-{size}", hidden_size=2880, intermediate_size=2880, num_layers=layers,
+                num_heads=64, num_kv_heads=8, head_dim=64, vocab_size=201088, tie_word_embeddings=False,
+                max_position_embeddings=131072, qkv_bias=True, o_bias=True, attention_sinks=True,
+                layer_windows=tuple(128 if i % 2 == 0 else None for i in range(layers)),
+                num_experts=experts, num_experts_per_tok=4, moe_intermediate_size=2880, expert_bias=True,
+                swiglu_limit=7.0, rope_theta=150000.0, norm_eps=1e-5, rope_scaling=("yarn", 32.0, 4096),
+                source=f"openai/gpt-oss-{size} config.json; torchtitan b5bcd76c torchtitan/models/gpt_oss/__init__.py "
+                       f"_{size}; transformers 5.24.0 models/gpt_oss/modeling_gpt_oss.py")
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
@@ -291,6 +323,8 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
         ("qwen3-0.6b", 1024, 3072, 28, 16, True), ("qwen3-1.7b", 2048, 6144, 28, 16, True),
         ("qwen3-4b", 2560, 9728, 36, 32, True), ("qwen3-8b", 4096, 12288, 36, 32, False),
         ("qwen3-14b", 5120, 17408, 40, 40, False), ("qwen3-32b", 5120, 25600, 64, 64, False))),
+    # GPT-OSS (planner/models/gptoss.py: sources, what each field is)
+    _gpt_oss("20b", 24, 32), _gpt_oss("120b", 36, 128),
     # Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1 (d_model 12288, 96 layers,
     # 96 heads, context 2048), GPT-2's BPE vocabulary of 50257, tied embeddings, 4h MLP with GELU
     Arch(name="gpt3-175b", hidden_size=12288, intermediate_size=4 * 12288, num_layers=96, num_heads=96,

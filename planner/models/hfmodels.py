@@ -164,6 +164,10 @@ def check_fields(config: dict) -> None:
     """The family, no code of the config's own, and every size given as a positive whole number:
     checked on the dict, before transformers builds anything from it."""
     family = config.get("model_type")
+    if family == "gpt_oss":
+        raise UserError("transformers' GptOss has no SDPA attention (_supports_sdpa False in 5.24.0; its sinks join the "
+                        "softmax), which ckplan builds these models on, and its sliding-window layers need masks "
+                        "ckplan's adapter does not pass: profile it with `ckplan profile --arch-config CONFIG`")
     if family not in FAMILIES:
         raise UserError(f"model_type {family!r} is not one ckplan builds from a config ({', '.join(FAMILIES)}); "
                         "write a model file for it (see the README's model-file contract)")

@@ -133,6 +133,7 @@ from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> b
     block_recompute_flops,
     embedding_params,
     expert_tokens,
+    expert_width_params,
     flops_ms,
     head_flops,
     head_params,
@@ -199,7 +200,7 @@ def expert_params(arch: Arch, shape: Shape) -> int:
     expert parallelism splits over its ranks. The router, the shared experts and Qwen2-MoE's
     shared-expert gate are dense, replicated like attention (Megatron-LM's SharedExpertMLP and
     TopKRouter sit outside its expert-parallel GroupedMLP; torchtitan's likewise)."""
-    return arch.num_experts * 3 * arch.hidden_size * (arch.moe_intermediate_size // shape.tp)
+    return arch.num_experts * expert_width_params(arch, shape)  # with GPT-OSS's expert biases
 
 
 def dispatch_bytes(arch: Arch, shape: Shape) -> int:
@@ -366,7 +367,7 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
     record their kept bytes under torch.compile too (compiled_kept.py)."""
     check_fits(arch, shape)
     layers = [embedding_layer(arch, shape, gpu, mfu),
-              *(block_layer(i, arch, shape, gpu, mfu, compiled=compiled) for i in range(arch.num_layers)),
+              *(block_layer(i, arch.layer(i), shape, gpu, mfu, compiled=compiled) for i in range(arch.num_layers)),
               head_layer(arch, shape, gpu, mfu)]
     layers = analytic_comm.with_collectives(layers, arch, shape, gpu, mfu)  # tensor-parallel, per microbatch
     return Profile(
@@ -393,7 +394,7 @@ def implied(arch: Arch, shape: Shape, gpu: GPU, layers: list[LayerProfile]) -> f
     """The model-FLOPs utilisation the layers' times imply: 3 x the forward's matmul FLOPs
     (forward and backward, no recompute, as frameworks log MFU) over their forward and backward
     time at the BF16 peak."""
-    flops = 3 * (sum(block_flops(arch, shape, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    flops = 3 * (sum(block_flops(arch.layer(i), shape, moe=arch.is_moe_layer(i)) for i in range(arch.num_layers))
                  + head_flops(arch, shape))
     return implied_mfu(flops, sum(layer.fwd_ms + layer.bwd_ms for layer in layers), gpu)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from planner.models.archs import GPU, Arch
-from planner.profiler import analytic_split, analytic_time, opsac
+from planner.profiler import analytic_split, analytic_time, gptoss_kept, opsac
 from planner.profiler.activations import ACTIVATIONS, freed_by_rerun
 from planner.profiler.formulas import INDEX_BYTES, Shape, _is_moe, expert_tokens, kv_width, q_width
 from planner.profiler.membound import membound_ms
@@ -77,6 +77,8 @@ def gqa_terms(arch: Arch, shape: Shape) -> list[Term]:
         Term("K after rotary (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: K of QK^T 2sbh, GQA width"),
         Term("V (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
         *_attention_core_terms(arch, shape, q),
+        *(Term(*term) for term in gptoss_kept.sink_terms(sb, arch.num_heads // shape.tp, q, d)
+          if arch.attention_sinks and shape.attention == "flash"),
     ]
 
 
@@ -159,7 +161,8 @@ def moe_terms(arch: Arch, shape: Shape) -> list[Term]:
         Term("top-k routing weights (fp32)", FP32 * sb * k // r, router),
         Term("dispatched tokens (each expert's gate and up input)", slots * h * d, experts),
         Term("dispatch and combine token indices (int64 per routed slot)", INDEX_BYTES * slots, experts),
-        *_swiglu_terms(slots, width, d, "routed experts' "),
+        *((Term(*term) for term in gptoss_kept.clamped_swiglu_terms(slots, width, d, "routed experts' "))
+          if arch.swiglu_limit else _swiglu_terms(slots, width, d, "routed experts' ")),
         Term("routed experts' outputs (the routing weights' product keeps them)", slots * h * d, experts),
         *(_swiglu_terms(sb, shared, d, "shared experts' ") if shared else []),
         *([Term("shared-expert gate sigmoid output", sb * d, "Qwen2-MoE shared_expert_gate"),

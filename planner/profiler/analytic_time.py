@@ -39,7 +39,8 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.models.archs import GPU
-from planner.profiler import formulas
+from planner.models.gptoss import window_pairs
+from planner.profiler import formulas, gptoss_time
 from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
@@ -89,7 +90,9 @@ def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
         else formulas.q_width(arch, shape)
     flops = 4 * shape.tokens * window * width
     if shape.attention == "flash":
-        return [Kernel("attention-fwd", flops, 1 - window / (2 * s), s // shape.cp)], 0, 0
+        # causal: half the s² blocks; within a window w < s, the exact pairs over the s·w counted (gptoss.py)
+        run = window_pairs(s, window) / (s * window) if window < s else 0.5
+        return [Kernel("attention-fwd", flops, run, s // shape.cp)], 0, 0
     scores = heads * s * s * b
     return _matmuls(flops // 2, flops // 2), EAGER_SCORES_FWD * scores, EAGER_SCORES_BWD * scores
 
@@ -185,6 +188,8 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     # the residual stream's gradient sums land in the norms' backward (where autograd adds them: fake.op_class)
     bwd_classes = norms[1] + proj_bwd + Counter(attention=core_bwd) + mlp_bwd + Counter(
         elementwise=dropouts[1] + ACCUMULATE * param_bytes)
+    extra_fwd, extra_bwd = gptoss_time.extra_bytes(arch, shape, moe=moe)  # GPT-OSS's sinks, biases, clamped SwiGLU
+    fwd_classes, bwd_classes = fwd_classes + extra_fwd, bwd_classes + extra_bwd
     flops = formulas.block_flops(arch, shape, moe=moe)
     fwd = work(flops, sum(fwd_classes.values()), fwd_kernels, classed=fwd_classes)
     # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's 2.5x

@@ -109,7 +109,9 @@ def attention_params(arch: Arch, shape: Shape) -> int:
     qkv_out = q_width(arch, shape) + 2 * kv_width(arch, shape)
     bias = qkv_out if arch.qkv_bias else 0
     qk_norm = 2 * arch.head_size if arch.qk_norm else 0
-    return h * qkv_out + q_width(arch, shape) * h + bias + qk_norm
+    # GPT-OSS: the output projection's bias (row-parallel: replicated) and one sink per head (split with them)
+    extra = (h if arch.o_bias else 0) + (arch.num_heads // shape.tp if arch.attention_sinks else 0)
+    return h * qkv_out + q_width(arch, shape) * h + bias + qk_norm + extra
 
 
 def mlp_params(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
@@ -121,7 +123,16 @@ def mlp_params(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
         return 3 * h * (arch.intermediate_size // t)
     shared = arch.num_shared_experts * arch.shared_intermediate_size // t
     gate = h if arch.shared_expert_gate else 0
-    return h * arch.num_experts + arch.num_experts * 3 * h * (arch.moe_intermediate_size // t) + 3 * h * shared + gate
+    router = h * arch.num_experts + (arch.num_experts if arch.expert_bias else 0)  # GPT-OSS's router has a bias
+    return router + arch.num_experts * expert_width_params(arch, shape) + 3 * h * shared + gate
+
+
+def expert_width_params(arch: Arch, shape: Shape) -> int:
+    """One routed expert on one device: gate, up and down, 3·h·f_e/t; GPT-OSS's biases beside them, the fused
+    gate/up projection's 2·f_e/t (split with it) and the down projection's h (replicated: torchtitan's
+    ScaleBiasForward divides it by t in the forward, gpt_oss/moe.py at b5bcd76c)."""
+    f = arch.moe_intermediate_size // shape.tp
+    return 3 * arch.hidden_size * f + (2 * f + arch.hidden_size if arch.expert_bias else 0)
 
 
 def embedding_params(arch: Arch, shape: Shape) -> int:
@@ -223,7 +234,7 @@ def active_params(arch: Arch, *, input_embedding: bool = True) -> int:
     (experts − top-k)·3·h·f_e in every MoE layer. The token embedding counts whole, as in
     total_params (how Mistral and Qwen count active parameters); input_embedding=False leaves it
     out (a lookup reads one row of it), as DeepSeek counts its activated parameters."""
-    idle = arch.num_moe_layers * (arch.num_experts - arch.num_experts_per_tok) * 3 * arch.hidden_size * \
-        arch.moe_intermediate_size
+    idle = arch.num_moe_layers * (arch.num_experts - arch.num_experts_per_tok) * \
+        expert_width_params(arch, Shape(seq_len=1, micro_batch_size=1))
     embedding = 0 if input_embedding else embedding_params(arch, Shape(seq_len=1, micro_batch_size=1))
     return total_params(arch) - idle - embedding

@@ -28,6 +28,13 @@ backward reruns the rest: the other mms, the router's gate, the routed experts' 
 every memory-bound op (torchtitan sets no early stop: the whole forward reruns), the rerun holding
 what the block keeps without checkpointing, less what it keeps here.
 
+GPT-OSS (torchtitan b5bcd76c models/gpt_oss): Q, K and V one fused linear (wqkv), and every linear but the
+experts' has a bias, so on its [tokens, dim] activations F.linear runs as aten.addmm: a compute-intensive op the
+policy saves always, outside the mm count (which counts aten.mm and aten.linear) and outside the forced
+recompute of the router's gate (checked for those two only). So its block keeps wqkv's and wo's outputs and the
+router's logits, and its backward reruns only the routed experts' grouped mms and the memory-bound ops (the
+sinks' rescale among them).
+
 Left out: under expert parallelism the two all_to_all_single outputs (the dispatched tokens and the
 combined outputs) are saved too; the per-layer profile knows no expert parallelism (analytic.py), so
 they are not in the kept bytes. The routing's device-to-host copies are saved on the host.
@@ -48,7 +55,7 @@ FP32 = 4
 def offers_op_sac(arch: Arch, shape: Shape, *, moe: bool) -> bool:
     """A LLaMA-style block with flash attention (timed so under flex too): GQA or latent attention,
     a dense SwiGLU MLP or the mixture of experts, the blocks torchtitan's models run (none has
-    Qwen2-MoE's shared-expert gate, an mm more to count)."""
+    Qwen2-MoE's shared-expert gate, an mm more to count), GPT-OSS's included (its biased linears: _saved_mms)."""
     return arch.style == "llama" and not arch.shared_expert_gate and shape.attention == "flash"
 
 
@@ -65,12 +72,30 @@ def block_mms(arch: Arch, shape: Shape, *, moe: bool) -> list[tuple[str, int, in
         attention = [*query, ("wkv_a", h, latent),
                      ("wkv_b", arch.kv_lora_rank, heads * (arch.qk_nope_head_dim + arch.v_head_dim)),
                      ("wo", heads * arch.v_head_dim, h)]
+    elif arch.attention_sinks:  # GPT-OSS: torchtitan b5bcd76c fuses Q, K and V (gpt_oss/__init__.py fuse_qkv=True)
+        q, kv = q_width(arch, shape), kv_width(arch, shape)
+        attention = [("wqkv", h, q + 2 * kv), ("wo", q, h)]
     else:
         q, kv = q_width(arch, shape), kv_width(arch, shape)
         attention = [("wq", h, q), ("wk", h, kv), ("wv", h, kv), ("wo", q, h)]
     f = (arch.num_shared_experts * arch.shared_intermediate_size if moe else arch.intermediate_size) // t
     mlp = [("w1", h, f), ("w3", h, f), ("w2", f, h)] if f else []
     return attention + mlp
+
+
+def _biased(arch: Arch, name: str) -> bool:
+    """Whether the linear `name` has a bias: then it runs as aten.addmm on torchtitan's [tokens, dim]
+    activations, one of torch's compute-intensive ops the policy saves always, outside its mm count (which
+    counts aten.mm and aten.linear only: activation_checkpoint.py 241, 270-279 at b5bcd76c)."""
+    return (name in ("wq", "wk", "wv", "wqkv") and arch.qkv_bias) or (name == "wo" and arch.o_bias)
+
+
+def _saved_and_rerun(arch: Arch, shape: Shape, *, moe: bool) -> tuple[list, list]:
+    """The block's mms the policy saves and those its backward reruns: a biased linear saved; of the
+    others, counted in order, the odd saved and the even rerun."""
+    mms = block_mms(arch, shape, moe=moe)
+    counted = [mm for mm in mms if not _biased(arch, mm[0])]
+    return [mm for mm in mms if _biased(arch, mm[0])] + counted[::2], counted[1::2]
 
 
 def _attention_out(arch: Arch, shape: Shape) -> int:
@@ -82,8 +107,10 @@ def op_sac_kept_bytes(arch: Arch, shape: Shape, boundary: int, *, moe: bool = Fa
     """What the block keeps per microbatch under the policy (the module docstring), its input
     (`boundary`) included."""
     tokens, d = shape.tokens, shape.d
-    saved = block_mms(arch, shape, moe=moe)[::2]  # counts 1, 3, 5, ...
+    saved, _ = _saved_and_rerun(arch, shape, moe=moe)  # the biased, and counts 1, 3, 5, ...
     kept = boundary + sum(tokens * out * d for _, _, out in saved)
+    if moe and arch.expert_bias:  # GPT-OSS's router gate has a bias: an addmm, saved (not force-recomputed)
+        kept += tokens // shape.sp_div * arch.num_experts * d
     kept += tokens * _attention_out(arch, shape) * d + FP32 * (arch.num_heads // shape.tp) * tokens
     if moe:  # the router's top-k: fp32 values and int64 indices per token and choice
         kept += (FP32 + INDEX_BYTES) * tokens * arch.num_experts_per_tok // shape.sp_div
@@ -96,10 +123,11 @@ def rerun_kernels(arch: Arch, shape: Shape, *, moe: bool) -> list[Kernel]:
     """The mms the backward reruns: the even-counted ones, and in a MoE block the router's gate and
     the routed experts' grouped mms (per expert, as analytic_time times the experts)."""
     tokens = shape.tokens
-    kernels = [Kernel("matmul", 2 * tokens * a * b) for _, a, b in block_mms(arch, shape, moe=moe)[1::2]]
+    kernels = [Kernel("matmul", 2 * tokens * a * b) for _, a, b in _saved_and_rerun(arch, shape, moe=moe)[1]]
     if moe:
         h, width, held = arch.hidden_size, arch.moe_intermediate_size // shape.tp, expert_tokens(arch, shape)
-        kernels.append(Kernel("matmul", 2 * (tokens // shape.sp_div) * h * arch.num_experts))
+        if not arch.expert_bias:  # a biased gate (GPT-OSS's) is saved, not rerun
+            kernels.append(Kernel("matmul", 2 * (tokens // shape.sp_div) * h * arch.num_experts))
         kernels += [Kernel("matmul", 2 * held * h * width)] * (3 * arch.num_experts)
     return kernels
 

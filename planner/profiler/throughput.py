@@ -47,8 +47,11 @@ class Throughput:
 
 
 def _routed_active(arch: Arch) -> tuple[int, int]:
-    """(parameters of one layer's routed experts, of the top-k a token reaches)."""
-    one = 3 * arch.hidden_size * arch.moe_intermediate_size
+    """(parameters of one layer's routed experts, of the top-k a token reaches), GPT-OSS's expert biases with
+    them (torchtitan b5bcd76c get_moe_model_nparams_and_flops counts every `moe.routed_experts` parameter)."""
+    from planner.profiler.formulas import Shape, expert_width_params
+
+    one = expert_width_params(arch, Shape(seq_len=1, micro_batch_size=1))
     return arch.num_experts * one, arch.num_experts_per_tok * one
 
 

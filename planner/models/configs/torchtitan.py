@@ -5,6 +5,8 @@ with TOML train configs): 8B dim 4096 x 32 layers, 70B 8192 x 80, 405B 16384 x 1
 vocab 128256, rope_theta 500000 = ckplan's llama3-8b, llama3-70b, llama3.1-405b; qwen3's dense
 flavors are ckplan's qwen3-* built-ins, read from torchtitan/models/qwen3/__init__.py at the same commit;
 deepseek_v3's 16B flavor (deepseek_v3/__init__.py) has DeepSeek-V2-Lite's dimensions: ckplan's deepseek-v2-lite.
+gpt_oss's 20b and 120b flavors (main b5bcd76c gpt_oss/__init__.py _20b, _120b) are ckplan's gpt-oss-20b and
+gpt-oss-120b (planner/models/gptoss.py).
 `parallelism.data_parallel_shard_degree = -1` takes the GPUs the other degrees leave; FSDP2
 shards over dp_shard (ZeRO 3) and replicates over dp_replicate (HSDP); without a pipeline
 `training.local_batch_size` is one microbatch a rank, with one it is split into
@@ -32,14 +34,14 @@ from planner.models.configs import Job, Recompute, pending, titan_python, titan_
 FLAVORS = {("llama3", "debugmodel"): "titan-llama3-debugmodel", ("llama3", "1B"): "llama3.2-1b",
            ("llama3", "3B"): "llama3.2-3b", ("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3.1-405b",
            ("deepseek_v3", "671B"): "deepseek-v3", ("deepseek_v3", "16B"): "deepseek-v2-lite",
-           ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+           ("qwen3", "30B-A3B"): "qwen3-30b-a3b", ("gpt_oss", "20b"): "gpt-oss-20b", ("gpt_oss", "120b"): "gpt-oss-120b",
            **{("qwen3", size): f"qwen3-{size.lower()}" for size in ("0.6B", "1.7B", "4B", "8B", "14B", "32B")}}
 # torchtitan's families whose Hugging Face config.json `profile --arch-config` reads (archconfig.py's model_type)
-ARCH_CONFIG_FAMILIES = {"llama3": "llama", "qwen3": "qwen3 and qwen3_moe", "deepseek_v3": "deepseek_v3"}
+ARCH_CONFIG_FAMILIES = {"llama3": "llama", "qwen3": "qwen3 and qwen3_moe", "deepseek_v3": "deepseek_v3",
+                        "gpt_oss": "gpt_oss"}
 # why ckplan reads no config of these families (docs/framework-facts.md §26, transformers 5.24.0)
 UNMODELLED_FAMILIES = {"llama4": " (Llama 4's experts each run on their own stacked input, which routing.py's "
-                                 "contract does not take)",
-                       "gpt_oss": " (GPT-OSS's attention has sinks and no SDPA kernel)"}
+                                 "contract does not take)"}
 # whole sections that change neither memory nor time
 NO_EFFECT_SECTIONS = {"job": "job name and output folder", "profiling": "profiler traces", "metrics": "logging",
                       "checkpoint": "checkpoints (written between steps)", "validation": "evaluation",
