@@ -15,6 +15,8 @@ from planner.cost.fsdp2_accum import Fsdp2Accumulated, accumulated_events
 from planner.cost.fsdp2_events import DEFAULT, REDUCE_SCATTER, Fsdp2Stage, step_events
 from planner.models.synthetic import uniform_blocks
 
+ACCUM = "2c8b5947"  # a torchtitan that accumulates at PP 1 (9dec370 runs one batch a step: runnable)
+
 
 def test_one_microbatch_is_the_one_microbatch_step():
     assert accumulated_events(Fsdp2Accumulated(STAGE, 1)) == step_events(STAGE)
@@ -109,18 +111,18 @@ def test_torchtitan_accumulating_at_one_stage_is_replayed():
     replay runs, the stage in an Fsdp2Accumulated; one microbatch the one-microbatch stage as before; kept whole
     through the microbatches (per-iteration: torch's pipelining at one stage) the pipeline's driver as before."""
     profile = _cuda(uniform_blocks(4))
-    setup = _titan(microbatches=2)
+    setup = _titan(microbatches=2, runtime_version=ACCUM)
     assert setup.data_parallel.zero_gather == "per-microbatch" and reserve_fsdp2.replays(setup)
     built = _stage(profile, setup)
     assert isinstance(built, Fsdp2Accumulated) and built.microbatches == 2 and built.stage.actions == ()
-    assert built.stage == _stage(profile, _titan())  # the same stage as one microbatch's
+    assert built.stage == _stage(profile, _titan(runtime_version=ACCUM))  # the same stage as one microbatch's
     stages = costmodel.split_to_stages([0], [False] * len(profile.layers), profile)
     cost = costmodel.evaluate(stages, profile, setup).stages[0]
     replayed = reserve_fsdp2.replay(built, expandable=reserve_fsdp2.expandable_segments(profile, setup))
     assert (cost.reserved_by, cost.reserved_bytes) == ("replay", reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes))
-    kept_whole = _titan(microbatches=2, zero_gather="per-iteration")
+    kept_whole = _titan(microbatches=2, zero_gather="per-iteration", runtime_version=ACCUM)
     assert not isinstance(_stage(profile, kept_whole), Fsdp2Accumulated)
-    assert not reserve_fsdp2.replays(_titan(microbatches=2, zero=1))  # no sharding: the divisor, as before
+    assert not reserve_fsdp2.replays(_titan(microbatches=2, zero=1, runtime_version=ACCUM))  # no sharding: the divisor, as before
 
 
 def test_evaluate_prints_the_replayed_reserve_for_two_microbatches(tmp_path):
@@ -135,11 +137,11 @@ def test_evaluate_prints_the_replayed_reserve_for_two_microbatches(tmp_path):
     io.save_profile(profile, path)
     out = run_ok("evaluate", "--profile", path, "--layers-per-stage", str(len(profile.layers)), "--ckpt-per-stage", "0",
                  "--dp", "4", "--zero", "3", "--microbatches", "2", "--mem", "80GB", "--precision", "bf16-mixed",
-                 "--runtime", "torchtitan", "--runtime-version", "9dec370", "--json")
+                 "--runtime", "torchtitan", "--runtime-version", ACCUM, "--json")
     stage = json.loads(out.stdout)["hand"]["stages"][0]
     stages = costmodel.split_to_stages([0], [False] * len(profile.layers), profile)
-    cost = costmodel.evaluate(stages, profile, _titan(microbatches=2)).stages[0]
+    cost = costmodel.evaluate(stages, profile, _titan(microbatches=2, runtime_version=ACCUM)).stages[0]
     assert (stage["reserved_by"], stage["reserved_bytes"]) == ("replay", cost.reserved_bytes)
     assert stage["reserved_bytes"] >= stage["peak_bytes"]
-    assert stage["reserved_bytes"] > costmodel.evaluate(stages, profile, _titan()).stages[0].reserved_bytes
+    assert stage["reserved_bytes"] > costmodel.evaluate(stages, profile, _titan(runtime_version=ACCUM)).stages[0].reserved_bytes
     assert GIB > stage["reserved_bytes"] - cost.peak_bytes  # the replay's, not the margin's

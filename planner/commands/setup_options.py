@@ -283,7 +283,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     check_ddp(data_parallel.ddp or {}, runtime=runtime, zero=data_parallel.zero, chunks=chunks)
     settings = (data_parallel.settings or TrainingSettings()).fields()
     check_zero_runtime(runtime, settings["runtime_version"], precision=precision, data_parallel=data_parallel,
-                       stages=stages)
+                       stages=stages, microbatches=microbatches or 2 * stages)
     check_settings(profile, runtime=runtime, settings=settings, say=say)
     data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)  # dp x cp
     try:
@@ -400,13 +400,15 @@ def may_offload_activations(profile, recompute: str, schedule: str) -> bool:
             and any(option.host_bytes for layer in profile.layers for option in layer.recompute_options))
 
 
-def check_zero_runtime(runtime: str, version: str | None, *, precision: str, data_parallel, stages: int) -> None:
+def check_zero_runtime(runtime: str, version: str | None, *, precision: str, data_parallel, stages: int,
+                       microbatches: int) -> None:
     """A ZeRO stage the runtime runs: its bf16 optimizer's only one, the highest beside a pipeline, the stages it
-    shards over a smaller group at (zero_support.data_parallel_refused)."""
-    from planner.cost import zero_support
+    shards over a smaller group at (runnable.data_parallel_refused)."""
+    from planner.cost import runnable
 
-    refused = zero_support.data_parallel_refused(runtime, version, precision=precision, zero=data_parallel.zero,
+    refused = runnable.data_parallel_refused(runtime, version, precision=precision, zero=data_parallel.zero,
                                              dp=data_parallel.dp, shard_group=data_parallel.shard_group, stages=stages)
+    refused = refused or runnable.accumulation_refused(runtime, version, stages=stages, microbatches=microbatches)
     if refused:
         raise UserError(refused)
 

@@ -267,14 +267,17 @@ class RuntimeFacts:
     """Under bf16-mixed with data parallelism, the one ZeRO stage (as ckplan counts them) the runtime's optimizer
     runs whatever its config names: DeepSpeed 56c52238 beside its pipeline runs BF16_Optimizer at ZeRO 0, which
     shards the fp32 master and Adam's states over the data-parallel ranks (ckplan's ZeRO 1), raises for bf16 at
-    ZeRO 1 and asserts against 2 and 3 (1); None: the stage the setup gives (zero_support.zero_refused)."""
+    ZeRO 1 and asserts against 2 and 3 (1); None: the stage the setup gives (runnable.zero_refused)."""
+    accumulates_without_pipeline: bool = True
+    """Several microbatches a step on one stage (gradient accumulation) are run: torchtitan 9dec370 and bbb1b616
+    take one batch a step without a pipeline (runnable.accumulation_refused)."""
     pipeline_max_zero: int | None = None
     """The highest ZeRO stage the runtime runs beside a pipeline of more than one stage (DeepSpeed edaa7221's
-    PipelineEngine asserts stage < 2: 1); None: any (zero_support.data_parallel_refused)."""
+    PipelineEngine asserts stage < 2: 1); None: any (runnable.data_parallel_refused)."""
     shard_group_zero: tuple[int, ...] | None = None
     """The ZeRO stages at which the runtime shards over a group of fewer ranks than the data-parallel ones
     (DeepSpeed: none, (): MiCS, its ZeRO 3 group, was removed in 0.19.8); None: any stage
-    (zero_support.data_parallel_refused)."""
+    (runnable.data_parallel_refused)."""
     reduce_cast_bytes: int = 0
     """Bytes per parameter the runtime's data-parallel reduction allocates at the step beside the held state: a
     copy of each flat gradient group in the communication dtype, all-reduced and copied back (DeepSpeed

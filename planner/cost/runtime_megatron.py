@@ -98,6 +98,9 @@ def megatron() -> RuntimeFacts:
             "hp_grad_cast_bytes": "nothing cast after each backward: the wgrad GEMM writes into main_grad",
             "reduce_cast_bytes": "DDP reduces its buckets in place in the grad buffer (ddp_buckets)",
             "bf16_zero": "ZeRO 0 (DDP) or 1 (--use-distributed-optimizer), as the setup gives",
+            "accumulates_without_pipeline": "megatron/core/pipeline_parallel/schedules.py "
+                                            "forward_backward_no_pipelining: num_microbatches forwards and backwards "
+                                            "a step",
             "pipeline_max_zero": "not read: the ZeRO stage the setup gives beside a pipeline",
             "shard_group_zero": "not read: a shard group at the stage the setup gives",
             "loss_requests_eager_ce": "not played: TE's or Megatron's vocab-parallel cross-entropy, no FSDP2 replay "

@@ -54,6 +54,9 @@ AFTER_STEP_NOT_READ = {
     "hp_grad_cast_bytes": "not read for this runtime: nothing cast after each backward (hp_grad_accumulate_bytes 0)",
     "reduce_cast_bytes": "not read for this runtime: its reduction's buffers are not charged beside the step",
     "bf16_zero": "any ZeRO stage the setup gives, as the runtime's data-parallel settings name it",
+    "accumulates_without_pipeline": "microbatches on one stage accumulated, as the runtime's own loop runs them "
+                                    "(ckplan's runtime: its schedule over one stage; DeepSpeed: "
+                                    "gradient_accumulation_steps; ColossalAI: the booster's accumulation)",
     "pipeline_max_zero": "any ZeRO stage beside a pipeline, as the runtime's data-parallel settings name it",
     "shard_group_zero": "a shard group at any ZeRO stage, as the runtime's data-parallel settings name it",
     "loss_requests_eager_ce": "not read for this runtime: where a replay runs, the loss's scratch is played as its "

@@ -131,6 +131,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         reduces_after_last_backward=version == "9dec370", input_grads_held_to_step_end=version != "b5bcd76c",
         multi_schedule_lockstep=version == "9dec370",
         float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
+        accumulates_without_pipeline=version not in ("9dec370", "bbb1b616"),
         loss_requests_eager_ce=version == "9dec370",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
@@ -274,4 +275,10 @@ def torchtitan(version: str) -> RuntimeFacts:
                                    "; AdamW fused by default (b5bcd76c torchtitan/components/optimizer/optimizer.py "
                                    "110-111): the profile's step"),
             **MODEL_CODE_KERNELS,
+            "accumulates_without_pipeline": (
+                "9dec370 train.py 253-323, bbb1b616 torchtitan/train.py 311-370: train_step takes one batch, one "
+                "forward and backward, the optimizer step (gradient accumulation came in 8570415c, #1238)"
+                if version in ("9dec370", "bbb1b616") else
+                "torchtitan/train.py train_step: zero_grad once, a forward and backward a microbatch over "
+                "gradient_accumulation_steps, one optimizer step (8570415c, #1238; 2c8b5947 198-218, 457-490)"),
         })

@@ -119,7 +119,7 @@ CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.pipeline.micro_bat
 
 def _zero_block(setup) -> str:
     """The config's ZeRO block: the stage the re-score charged. DeepSpeed shards over the whole data-parallel
-    group (a smaller group, MiCS, was removed in 0.19.8; solve and search refuse one: zero_support)."""
+    group (a smaller group, MiCS, was removed in 0.19.8; solve and search refuse one: runnable)."""
     return f', "zero_optimization": {{"stage": {setup.data_parallel.zero}}}' if setup.data_parallel.zero else ""
 
 

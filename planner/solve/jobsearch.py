@@ -254,14 +254,17 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
 
 
 def _runtime_refuses(setup: TrainSetup) -> bool:
-    """The framework cannot run this ZeRO stage here (zero_support.data_parallel_refused: DeepSpeed's pipeline
-    engine past ZeRO 1, its shard groups below ZeRO 3), as `ckplan solve` would refuse it."""
-    from planner.cost import zero_support
+    """The framework cannot run this ZeRO stage here (runnable.data_parallel_refused: DeepSpeed's pipeline
+    engine past ZeRO 1, its shard groups; microbatches on one stage where the runtime accumulates none), as
+    `ckplan solve` would refuse it."""
+    from planner.cost import runnable
 
-    training, data_parallel = setup.training, setup.data_parallel
-    return zero_support.data_parallel_refused(
+    training, data_parallel, pipeline = setup.training, setup.data_parallel, setup.pipeline
+    return bool(runnable.data_parallel_refused(
         training.runtime, training.runtime_version, precision=training.precision, zero=data_parallel.zero,
-        dp=data_parallel.dp, shard_group=data_parallel.shard_group, stages=setup.pipeline.stages) is not None
+        dp=data_parallel.dp, shard_group=data_parallel.shard_group, stages=pipeline.stages)
+        or runnable.accumulation_refused(training.runtime, training.runtime_version, stages=pipeline.stages,
+                                         microbatches=pipeline.microbatches))
 
 
 def _ratio(candidate: Candidate) -> float:

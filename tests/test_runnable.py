@@ -1,4 +1,4 @@
-"""The ZeRO stages a runtime runs (planner/cost/zero_support.py): DeepSpeed's PipelineEngine asserts ZeRO below 2
+"""The ZeRO stages a runtime runs (planner/cost/runnable.py): DeepSpeed's PipelineEngine asserts ZeRO below 2
 beside a pipeline and shards over no group smaller than the data-parallel ranks (MiCS removed in 0.19.8), ColossalAI's
 HybridParallelPlugin asserts ZeRO 0 or 1 beside a pipeline; the single-setup commands refuse the rest in one
 sentence, the whole-job search skips them, and the DeepSpeed export of one stage runs the plain engine."""
@@ -15,7 +15,7 @@ from fixtures.tiny_gpt2 import tiny_gpt2_profile
 
 from planner import io
 from planner.cli import cli
-from planner.cost.zero_support import data_parallel_refused
+from planner.cost.runnable import data_parallel_refused
 from planner.emit import deepspeed
 
 
@@ -101,3 +101,17 @@ def test_one_stage_exports_the_plain_engine_which_runs_zero_3(tmp_path):
     assert all(layer.weight.grad is not None for layer in model.modules() if isinstance(layer, torch.nn.Linear))
     with pytest.raises(ValueError, match="for 10 layers, got 3"):
         namespace["ckplan_model"]([torch.nn.Linear(2, 2)] * 3)
+
+
+def test_torchtitan_before_its_accumulation_runs_one_microbatch_a_step_on_one_stage():
+    from planner.cost.runnable import accumulation_refused
+
+    for version in ("9dec370", "bbb1b616"):
+        sentence = accumulation_refused("torchtitan", version, stages=1, microbatches=2)
+        assert sentence.startswith("--microbatches 2 on one stage under --runtime torchtitan")
+        assert "no gradient accumulation" in sentence and "train.py" in sentence
+        assert accumulation_refused("torchtitan", version, stages=1, microbatches=1) is None
+        assert accumulation_refused("torchtitan", version, stages=2, microbatches=8) is None  # its pipeline's
+    for runtime, version in (("torchtitan", "2c8b5947"), ("torchtitan", "b5bcd76c"), ("megatron", None),
+                             ("deepspeed", None), ("colossalai", None), ("ckplan", None)):
+        assert accumulation_refused(runtime, version, stages=1, microbatches=4) is None

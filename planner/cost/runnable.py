@@ -1,7 +1,8 @@
-"""Which ZeRO stages a runtime runs, from its record (runtimes.facts): its bf16 optimizer's only one
-(bf16_zero), the highest beside a pipeline (pipeline_max_zero), the stages it shards over a group smaller
-than the data-parallel ranks at (shard_group_zero). The single-setup commands refuse the rest in one
-sentence (commands/setup_options.check_zero_runtime); the whole-job search skips them (solve/jobsearch)."""
+"""What a runtime runs, from its record (runtimes.facts): the ZeRO stages (its bf16 optimizer's only one,
+bf16_zero; the highest beside a pipeline, pipeline_max_zero; those it shards over a group smaller than the
+data-parallel ranks at, shard_group_zero) and microbatches without a pipeline (accumulates_without_pipeline).
+The single-setup commands refuse the rest in one sentence (commands/setup_options.check_zero_runtime); the
+whole-job search skips them (solve/jobsearch)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,14 @@ def data_parallel_refused(runtime: str, version: str | None, *, precision: str, 
         return (f"--shard-group {shard_group} at --zero {zero} under --runtime {runtime} {record.version}: it shards "
                 f"over a group smaller than the {dp} data-parallel ranks {where}; drop --shard-group")
     return None
+
+
+def accumulation_refused(runtime: str, version: str | None, *, stages: int, microbatches: int) -> str | None:
+    """A sentence where the runtime runs one batch a step without a pipeline and the setup asks for several
+    microbatches on one stage (its record's accumulates_without_pipeline); else None."""
+    record = facts(runtime, version)
+    if record.accumulates_without_pipeline or stages > 1 or microbatches == 1:
+        return None
+    return (f"--microbatches {microbatches} on one stage under --runtime {runtime} {record.version}: it runs one "
+            f"batch a step without a pipeline, no gradient accumulation "
+            f"({record.sources['accumulates_without_pipeline']}); give --microbatches 1 or a later --runtime-version")
