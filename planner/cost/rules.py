@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import chunkedloss, dataparallel, fsdpunits, runtimes, schedules
+from planner.cost import chunkedloss, compiledrerun, dataparallel, fsdpunits, runtimes, schedules
 from planner.cost.layers import LayerCost
 from planner.cost.opsacep import op_sac_reruns_exchanges
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
@@ -130,8 +130,11 @@ def recompute_ms(layer: LayerCost, setup: TrainSetup | None = None) -> float:
     from FLOPs), which stops once the last saved tensor is back; a whole forward where it was
     not measured, or where the setup's runtime reruns whole forwards (its record's
     recompute_whole_forward: Megatron-LM's and DeepSpeed's reentrant checkpoints, Hugging Face's,
-    torchtitan's early_stop=False; ckplan's runtime stops early, torch's default)."""
-    whole = setup is not None and runtime_facts(setup).recompute_whole_forward
+    torchtitan's early_stop=False at b5bcd76c; ckplan's runtime stops early, torch's default) and
+    the block is not compiled: a compiled block reruns what the partitioner puts in its backward,
+    the profile's recompute again (compiledrerun.py)."""
+    whole = setup is not None and runtime_facts(setup).recompute_whole_forward and \
+        not compiledrerun.rerun_partitioned(layer.kind, setup.training)
     return layer.fwd_ms if layer.recompute_ms is None or whole else layer.recompute_ms
 
 

@@ -111,6 +111,18 @@ _TITAN_COMPILES = {
 # of exp_avg_sq (8 + 12), sqrt into a new tensor (8), div_ and add_ on it (8 + 8), addcdiv_ into the
 # parameters (16): 80 B, 52 beyond the fused kernel's 28. bbb1b616 and b5bcd76c default to fused
 # (optimizer.implementation, b5bcd76c torchtitan/components/optimizer/optimizer.py 110-111).
+# An eager checkpoint's rerun: whole at b5bcd76c (early_stop=False); earlier, checkpoint_wrapper(module,
+# preserve_rng_state=False) with torch's default early stop (torch 2.6.0 utils/checkpoint.py 735, 1084). A
+# compiled block's rerun is the partitioner's at every version (planner/cost/compiledrerun.py, §81).
+_EARLY_STOP = ("checkpoint_wrapper(module, preserve_rng_state=False): torch's default early_stop=True "
+               "(torch/utils/checkpoint.py 735, 1084, torch 2.6.0), so the rerun stops after the last saved tensor")
+_TITAN_EARLY_STOP = {
+    "9dec370": f"torchtitan/parallelisms/parallelize_llama.py 233-234 {_EARLY_STOP}, 9dec370",
+    "bbb1b616": f"torchtitan/models/llama/parallelize_llama.py 245, 294 {_EARLY_STOP}, bbb1b616",
+    "2c8b5947": f"torchtitan/models/llama3/infra/parallelize.py 256, 329 {_EARLY_STOP}, 2c8b5947",
+    "b5bcd76c": "torchtitan/distributed/activation_checkpoint.py 180, 285 (early_stop=False), b5bcd76c; a compiled "
+                "block's rerun is the partitioner's whatever early_stop says (planner/cost/compiledrerun.py)",
+}
 _TITAN_CLIP_BYTES = 12
 _TITAN_FOREACH_ADAMW_EXTRA_BYTES = 80 - 28
 
@@ -124,7 +136,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         loss=LossRegion(kept_x=2.0, peak_x=6.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=8.0),
         loss_compiled=COMPILED_LOSS if compiles_loss else None, tp_saves_gathered_input=True,
         compiles_model=True, runs_instead="",
-        **TORCH_PIPELINING, logits_held_in_backward="pipeline", recompute_whole_forward=True, outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
+        **TORCH_PIPELINING, logits_held_in_backward="pipeline", recompute_whole_forward=version == "b5bcd76c", outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
         cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
@@ -229,7 +241,7 @@ def torchtitan(version: str) -> RuntimeFacts:
             "chunked_loss": ("torchtitan/components/loss.py 567-836 (ChunkedLossWrapper, GradAccumulator), trainer.py "
                              "510-535 (_skip_lm_head), models/common/decoder.py 245, b5bcd76c (pip 0.3.0)"
                              if version == "b5bcd76c" else f"no ChunkedLossWrapper read at {version}"),
-            "recompute_whole_forward": "torchtitan/distributed/activation_checkpoint.py (early_stop=False), b5bcd76c",
+            "recompute_whole_forward": _TITAN_EARLY_STOP[version],
             "overlaps_grad_reduce": f"FSDP2 reduce-scatter on its own stream, {TORCH_V}",
             "prefetches_zero3_gathers": f"FSDP2 implicit forward / backward prefetch, {TORCH_V}",
             "tp_overlap": f"--experimental.enable_async_tensor_parallel (torch._inductor micro-pipeline TP), {read_at}; "
