@@ -15,8 +15,7 @@ _BYTES_PER_PARAM = dataparallel.BYTES_PER_PARAM
 
 
 def bytes_per_param(setup: TrainSetup) -> float:
-    """Weights + grads + optimizer state per parameter on one device, after ZeRO (over the
-    shard group) and offload (planner/cost/dataparallel.py)."""
+    """Weights + grads + optimizer state per parameter on one device (dataparallel.bytes_per_param)."""
     return dataparallel.bytes_per_param(setup)
 
 
@@ -126,13 +125,11 @@ def kept_bytes(layer: LayerCost, option: int) -> int:
 
 
 def recompute_ms(layer: LayerCost, setup: TrainSetup | None = None) -> float:
-    """What checkpointing adds to the layer's backward: the profile's recompute (measured, or
-    from FLOPs), which stops once the last saved tensor is back; a whole forward where it was
-    not measured, or where the setup's runtime reruns whole forwards (its record's
-    recompute_whole_forward: Megatron-LM's and DeepSpeed's reentrant checkpoints, Hugging Face's,
-    torchtitan's early_stop=False at b5bcd76c; ckplan's runtime stops early, torch's default) and
-    the block is not compiled: a compiled block reruns what the partitioner puts in its backward,
-    the profile's recompute again (compiledrerun.py)."""
+    """What checkpointing adds to the layer's backward: the profile's recompute (measured, or from FLOPs),
+    which stops once the last saved tensor is back; a whole forward where it was not measured, or where the
+    runtime reruns whole forwards (recompute_whole_forward: Megatron-LM's, DeepSpeed's and Hugging Face's
+    reentrant checkpoints, torchtitan's early_stop=False at b5bcd76c) and the block is not compiled (a compiled
+    block reruns what the partitioner puts in its backward, the profile's recompute: compiledrerun.py)."""
     whole = setup is not None and runtime_facts(setup).recompute_whole_forward and \
         not compiledrerun.rerun_partitioned(layer.kind, setup.training)
     return layer.fwd_ms if layer.recompute_ms is None or whole else layer.recompute_ms
