@@ -34,7 +34,8 @@ def per_rank(source: str, *extra: str) -> list[tuple[int, int, int]]:
 # (reserved since §19.bwdblocks: each block's backward replayed as its record's tensors; the 405B's peak since
 # §19.bwdterms: SwiGLU's third [tokens, f/t] gradient, 16,384 x 6,656 x 2 B = 208 MiB)
 PINNED = {"llama3_8b": [(2007565312, 24477148172, 28837937152)],
-          "llama3_70b": [(17640734720, 35960979468, 37306236928)],
+          # the 70B's reserve settles at the third step (allocator.settled_replay): 37,306,236,928 after two
+          "llama3_70b": [(17640734720, 35960979468, 39124467712)],
           "llama3_405b": [(101470601216, 116722745344, 121276203008)]}
 
 
