@@ -261,6 +261,16 @@ def test_a_pending_setting_is_not_modelled_unless_at_its_default(tmp_path):
     assert {s.name: s.status for s in job.settings}["--mtp-num-layers"] == "not modelled"
 
 
+def test_the_local_spec_keeps_the_attention_scores(tmp_path):
+    # get_gpt_layer_local_spec's core attention is DotProductAttention (backends.py 129-131 at d98e8a64): s x s kept
+    assert _job(tmp_path, BASE).attention == "flash"
+    local = _job(tmp_path, BASE + "\n--transformer-impl: local")
+    assert local.attention == "eager"
+    assert {s.name: s.status for s in local.settings}["--transformer-impl"] == "not modelled"  # TE's workspace
+    assert _job(tmp_path, BASE + "\n--transformer-impl: transformer_engine").attention == "flash"
+    assert _job(tmp_path, BASE + "\n--attention-backend: unfused").attention == "eager"
+
+
 def test_megatrons_context_parallel_flags_are_modelled(tmp_path):
     job = _job(tmp_path, BASE + "\n--context-parallel-size: 2\n--cp-comm-type: allgather")
     status = {s.name: s.status for s in job.settings}

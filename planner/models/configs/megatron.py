@@ -72,9 +72,13 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     flags = Flags(pairs, sink)
     arch, seq_len = _arch(flags, where)
     backend = flags.take("--attention-backend", "attention kernel (unfused, local: the s x s scores kept)", str, "auto")
+    # --transformer-impl local builds get_gpt_layer_local_spec, whose core attention is LocalSpecProvider's
+    # DotProductAttention (gpt_builders.py 109-147, megatron/core/models/backends.py 129-131 at d98e8a64): the
+    # s x s scores kept whatever --attention-backend says (the flag itself taken and listed in _settings)
+    local = flags.given.get("--transformer-impl") == ["local"]
     mbs = positive("--micro-batch-size", flags.take("--micro-batch-size", "sequences per microbatch", int, 1))
     job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs,
-              attention="eager" if backend in EAGER_BACKENDS else "flash")
+              attention="eager" if backend in EAGER_BACKENDS or local else "flash")
     job.global_batch_size = positive("--global-batch-size",
                                       flags.take("--global-batch-size", "sequences per iteration", int))
     _parallel(flags, job)
@@ -340,8 +344,9 @@ def _settings(flags: Flags, job: Job) -> None:
     impl = flags.take("--transformer-impl", "Transformer Engine's layers (the record's te_cublas_workspace, held after "
                       "the step; the same tensors kept as the local layers)", str, "transformer_engine")
     if impl != "transformer_engine":
-        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
-                          "cuBLAS workspace after the step and times its fused kernels all the same")
+        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: their attention keeps the s x s scores "
+                          "(DotProductAttention, modelled), but the record charges Transformer Engine's cuBLAS "
+                          "workspace after the step and times its fused kernels all the same")
     _float8(flags, job)
     read_memory_settings(flags, job)  # --grad-reduce-in-bf16, --fp8-param-gather, TE's fused cross-entropy
     # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad
