@@ -273,6 +273,15 @@ def test_the_local_spec_keeps_the_attention_scores(tmp_path):
     assert _job(tmp_path, BASE + "\n--attention-backend: unfused").attention == "eager"
 
 
+def test_the_mlp_width_defaults_as_megatron_sets_it(tmp_path):
+    # arguments.py 1320-1329 at d98e8a64: 4h, or with --swiglu int(4h x 2/3 / 64) x 64; experts take it (1650-1651)
+    assert _job(tmp_path, BASE).arch.intermediate_size == 640  # h 256, SwiGLU: int(682.67 / 64) x 64
+    assert _job(tmp_path, BASE.replace("--swiglu: true", "--swiglu: false")).arch.intermediate_size == 1024
+    assert _job(tmp_path, BASE + "\n--ffn-hidden-size: 512").arch.intermediate_size == 512
+    moe = _job(tmp_path, BASE + "\n--num-experts: 4\n--moe-router-topk: 1")
+    assert moe.arch.moe_intermediate_size == 640
+
+
 def test_megatrons_context_parallel_flags_are_modelled(tmp_path):
     job = _job(tmp_path, BASE + "\n--context-parallel-size: 2\n--cp-comm-type: allgather")
     status = {s.name: s.status for s in job.settings}

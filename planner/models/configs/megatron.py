@@ -1,7 +1,7 @@
 """Megatron-LM's arguments (a launch script of flags, or a YAML mapping of flags to values) as
 a Job. The flags are the inverse of planner/emit/megatron.py's export and are read as
 megatron/training/arguments.py (NVIDIA/Megatron-LM d98e8a64ddf3, 2026-08-22) defines them:
---ffn-hidden-size defaults to 4 x --hidden-size, --num-query-groups to the heads,
+--ffn-hidden-size defaults to 4 x --hidden-size (with --swiglu int(8h / 3 / 64) x 64), --num-query-groups to the heads,
 --kv-channels to hidden / heads, the vocabulary is padded to a multiple of
 --make-vocab-size-divisible-by (128) x TP; --recompute-activations is selective recompute of
 core_attn; --recompute-method block recomputes the first N decoder layers of every (virtual)
@@ -103,7 +103,10 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
 
     layers, hidden = need("--num-layers", "decoder layers"), need("--hidden-size", "hidden size")
     heads, seq_len = need("--num-attention-heads", "attention heads"), need("--seq-length", "tokens per sequence")
-    ffn = positive("--ffn-hidden-size", flags.take("--ffn-hidden-size", "MLP width", int, 4 * hidden))
+    # the default width: 4 x hidden, or with --swiglu two thirds of it rounded down to a multiple of 64
+    # (arguments.py 1320-1329 at d98e8a64); --moe-ffn-hidden-size defaults to it (1650-1651)
+    default_ffn = int((4 * hidden * 2 / 3) / 64) * 64 if flags.has("--swiglu") else 4 * hidden
+    ffn = positive("--ffn-hidden-size", flags.take("--ffn-hidden-size", "MLP width", int, default_ffn))
     gqa = flags.take("--group-query-attention", "grouped-query attention", bool, False)
     groups = flags.take("--num-query-groups", "key/value heads (with --group-query-attention)", int, heads)
     kv = groups if gqa else heads
