@@ -78,15 +78,17 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # Branch megrec: the replayed layers' records hold what TE's layers save (the fused SwiGLU's one fc1 output, no
 # SiLU output; TE's FP8 saved inputs: planner/cost/te_kept.py te_record), as the allocated peak already charged
 # them: the 8B fp8 script's reserve 96,720,650,240 -> 83,332,431,872 (1.012 its allocated peak, was 1.175).
+# Branch newrows: torch's cuBLAS workspace twice, the forward's thread's and autograd's (planner/cost/afterstep.py
+# TORCH_BLAS_THREADS): each Megatron rank's peak and reserve + 33,554,432 B.
 PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      # --grad-reduce-in-bf16: 2 B a parameter fewer in static (8.03 G parameters); the fused SwiGLU's and TE's FP8
      # saved inputs in the activations (planner/cost/te_kept.py); the FP8 weights on Hopper as the bf16 (1 + 1 B);
      # the reserve from the replay of Megatron-LM's step (branch megreplay)
-     [(44166436864, 82383002628, 83334529024)]),
+     [(44166436864, 82416557060, 83368083456)]),
     ("--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
      dict(tp=2, pp=2, dp=2, zero=0, microbatches=4),
-     [(412222464, 2120173568, 2160066560), (402803712, 1882804228, 2132803584)]),
+     [(412222464, 2153728000, 2193620992), (402803712, 1916358660, 2166358016)]),
     ("--from-torchtitan", "torchtitan_llama3_8b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
      dict(tp=1, pp=1, dp=64, zero=3, microbatches=1), [(2007565312, 32477258756, 38935724032)]),
     ("--from-torchtitan", "torchtitan_llama3_70b.toml", ("--gpus", "64", "--gpu", "a100-80g"),
@@ -259,6 +261,25 @@ def test_a_pending_setting_is_not_modelled_unless_at_its_default(tmp_path):
     assert {s.name: s.status for s in job.settings}["--mtp-num-layers"] == "modelled"
     job = _job(tmp_path, BASE + "\n--mtp-num-layers: 1")  # multi-token prediction: not modelled
     assert {s.name: s.status for s in job.settings}["--mtp-num-layers"] == "not modelled"
+
+
+def test_the_local_spec_keeps_the_attention_scores(tmp_path):
+    # get_gpt_layer_local_spec's core attention is DotProductAttention (backends.py 129-131 at d98e8a64): s x s kept
+    assert _job(tmp_path, BASE).attention == "flash"
+    local = _job(tmp_path, BASE + "\n--transformer-impl: local")
+    assert local.attention == "eager"
+    assert {s.name: s.status for s in local.settings}["--transformer-impl"] == "not modelled"  # TE's workspace
+    assert _job(tmp_path, BASE + "\n--transformer-impl: transformer_engine").attention == "flash"
+    assert _job(tmp_path, BASE + "\n--attention-backend: unfused").attention == "eager"
+
+
+def test_the_mlp_width_defaults_as_megatron_sets_it(tmp_path):
+    # arguments.py 1320-1329 at d98e8a64: 4h, or with --swiglu int(4h x 2/3 / 64) x 64; experts take it (1650-1651)
+    assert _job(tmp_path, BASE).arch.intermediate_size == 640  # h 256, SwiGLU: int(682.67 / 64) x 64
+    assert _job(tmp_path, BASE.replace("--swiglu: true", "--swiglu: false")).arch.intermediate_size == 1024
+    assert _job(tmp_path, BASE + "\n--ffn-hidden-size: 512").arch.intermediate_size == 512
+    moe = _job(tmp_path, BASE + "\n--num-experts: 4\n--moe-router-topk: 1")
+    assert moe.arch.moe_intermediate_size == 640
 
 
 def test_megatrons_context_parallel_flags_are_modelled(tmp_path):

@@ -87,7 +87,7 @@ def test_a_megatron_rank_holds_its_chunks_last_inputs_and_grads_and_the_workspac
     assert ranks[0]["static_bytes"] == 18 * (params["embedding"] + params["block"])
     assert ranks[1]["static_bytes"] == 18 * (params["block"] + params["head"])
     stage_input = 2 * 32 * h * 2  # a microbatch's hidden states, bf16
-    workspaces = 32 * MIB + 32 * MIB + 1024  # CUBLAS_WORKSPACE_CONFIG :4096:8, and TE's on an H100
+    workspaces = 2 * 32 * MIB + 32 * MIB + 1024  # CUBLAS_WORKSPACE_CONFIG :4096:8 twice (two threads), TE's on an H100
     # each chunk past the pipeline's first keeps its last input and that input's gradient
     assert ranks[0]["after_step_bytes"] - ranks[0]["static_bytes"] == 1 * 2 * stage_input + workspaces
     assert ranks[1]["after_step_bytes"] - ranks[1]["static_bytes"] == 2 * 2 * stage_input + workspaces
@@ -147,10 +147,10 @@ def test_the_tests_yaml_reads_directly_and_pins_its_last_ranks_prediction(tmp_pa
     assert (found["tp"], found["pp"], found["virtual_stages"], found["dp"], found["microbatches"]) == (1, 4, 8, 2, 4)
     last = found["ranks"][3]
     assert last["static_bytes"] == 12 * 1_947_066_368  # 2 + 4 + 12 / DP 2 B a parameter
-    # + 8 chunks' last input and its gradient (8192 x 4096 bf16 each) + torch's and TE's cuBLAS workspaces
-    assert last["after_step_bytes"] == 12 * 1_947_066_368 + 8 * 2 * 8192 * 4096 * 2 + 64 * MIB + 1024
-    # with the cuBLAS workspaces (64 MiB + 1,024 B) since laststage: the golden values' 60,720,852,992: 1.008
-    assert last["peak_bytes"] == 61_154_361_348 + 64 * MIB + 1024
+    # + 8 chunks' last input and its gradient (8192 x 4096 bf16 each) + torch's two and TE's cuBLAS workspaces
+    assert last["after_step_bytes"] == 12 * 1_947_066_368 + 8 * 2 * 8192 * 4096 * 2 + 96 * MIB + 1024
+    # with the cuBLAS workspaces (96 MiB + 1,024 B: torch's two since newrows): the golden values' 60,720,852,992: 1.009
+    assert last["peak_bytes"] == 61_154_361_348 + 96 * MIB + 1024
     # rank 0 holds the learned positions (8192 x 4096) beside the word embedding
     assert found["ranks"][0]["static_bytes"] == 12 * (8 * 176_207_872 + (131_200 + 8192) * 4096)
     settings = {s["name"]: s["status"] for s in found["settings"]}
@@ -176,7 +176,7 @@ def test_calibrate_from_log_sets_megatrons_static_line_against_what_the_rank_hol
     assert result.exit_code == 0, result.output
     report = json.loads(result.output[result.output.index("{"):])
     static = next(r for r in report["residuals"] if r["term"] == "static" and r["rank"] == 3)
-    assert static["predicted"] == 12 * 1_947_066_368 + 8 * 2 * 8192 * 4096 * 2 + 64 * MIB + 1024
+    assert static["predicted"] == 12 * 1_947_066_368 + 8 * 2 * 8192 * 4096 * 2 + 96 * MIB + 1024
     assert static["logged"] == round(23659.70 * MIB)
 
 
@@ -187,7 +187,7 @@ def test_transformer_engines_workspace_follows_the_compute_capability(name, te_b
     from planner.schema import DeviceInfo
 
     record = runtimes.facts("megatron")
-    assert afterstep.workspace_bytes(record, DeviceInfo(type="cuda", name=name)) == 32 * MIB + te_bytes
+    assert afterstep.workspace_bytes(record, DeviceInfo(type="cuda", name=name)) == 2 * 32 * MIB + te_bytes
     assert afterstep.workspace_bytes(record, DeviceInfo(type="cpu", name="cpu")) == 0
     assert afterstep.workspace_bytes(runtimes.facts("torchtitan"), DeviceInfo(type="cuda", name=name)) == 0
 

@@ -21,8 +21,9 @@ TINY = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_
                   num_kv_heads=2, vocab_size=4096, tie_word_embeddings=False, max_position_embeddings=32)
 LOGITS = 64 * 4096 * 2
 HEAD_INPUT_GRAD = 64 * 64 * 2  # the output layer's input gradient [tokens, h], bf16, made beside the logits' one
-# kept from the first matmul, allocated: torch's cuBLAS workspace at CUBLAS_WORKSPACE_CONFIG :4096:8 and TE's on a B200
-CUBLAS = 8 * 4096 * 1024 + 32 * 1024 * 1024 + 1024
+# kept from the first matmul, allocated: torch's two cuBLAS workspaces (the forward's thread's and autograd's) at
+# CUBLAS_WORKSPACE_CONFIG :4096:8 and TE's on a B200
+CUBLAS = 2 * 8 * 4096 * 1024 + 32 * 1024 * 1024 + 1024
 
 
 def setup(stages: int = 1, **fields) -> TrainSetup:

@@ -8,8 +8,9 @@ runtime keeps past the step, each from its record (planner/cost/runtimes.py):
 - `keeps_last_input_and_grad`: each model chunk past the pipeline's first keeps its last
   microbatch's input and that input's gradient until its next forward (two stage inputs);
 - the cuBLAS workspaces allocated once through torch's caching allocator: torch's own
-  (`cublas_workspace_bytes`, CUBLAS_WORKSPACE_CONFIG) and Transformer Engine's
-  (`te_cublas_workspace`: 32 MiB on compute capability 9 and later, 4 MiB before).
+  (`cublas_workspace_bytes`, CUBLAS_WORKSPACE_CONFIG), one for the forward's thread and one for
+  autograd's (TORCH_BLAS_THREADS), and Transformer Engine's (`te_cublas_workspace`: 32 MiB on
+  compute capability 9 and later, 4 MiB before).
 
 The activations, the pipeline's receive buffers and the loss are gone by then. The peak does not
 read this: during the step the chunks' inputs are the ones the schedule already holds.
@@ -30,6 +31,13 @@ MIB = 1 << 20
 # the revision Megatron-LM 6e091e1b's pyproject.toml pins)
 TE_WORKSPACE_SM90_BYTES = 32 * MIB + 1024
 TE_WORKSPACE_BEFORE_SM90_BYTES = 4 * MIB
+# torch's cuBLAS handles are per thread (a thread_local PoolWindow reserves each thread its own) and each
+# (handle, stream) pair gets a workspace of its own from the caching allocator (aten/src/ATen/cuda/
+# CublasHandlePool.cpp getCurrentCUDABlasHandle, setWorkspaceForHandle, pytorch 26a39059); the forward's matmuls
+# run on the thread that calls the model, the backward's on autograd's thread for the device (torch/csrc/autograd/
+# engine.cpp thread_init, "Note [Allocating GPUs to autograd threads]": one thread for CPU work and one per CUDA
+# device). Megatron-LM's output layer (ColumnParallelLinear, torch.matmul) runs in both on the last rank: two.
+TORCH_BLAS_THREADS = 2
 # ckplan's GPUs of compute capability 9.0 or later (H100, H200, GH200: 9.0; B200, GB200: 10.0;
 # NVIDIA's CUDA GPUs compute capability table)
 _SM90_PLUS = ("h100", "h200", "gh200", "b200", "gb200")
@@ -44,11 +52,16 @@ def kept_inputs_bytes(first_layers: Sequence[LayerCost], stages: Sequence[int],
     return sum(2 * layer.input_bytes for layer, stage in zip(first_layers, stages) if stage > 0)
 
 
+def torch_workspaces(record: runtimes.RuntimeFacts) -> tuple[int, ...]:
+    """torch's own cuBLAS workspaces, each `cublas_workspace_bytes`: one per thread that runs matmuls."""
+    return (record.cublas_workspace_bytes,) * TORCH_BLAS_THREADS if record.cublas_workspace_bytes else ()
+
+
 def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo) -> int:
     """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda)."""
     if device.type != "cuda":
         return 0
-    torch_side = record.cublas_workspace_bytes or 0
+    torch_side = sum(torch_workspaces(record))
     if not record.te_cublas_workspace:
         return torch_side
     sm90 = any(kind in device.name.lower() for kind in _SM90_PLUS)  # "h100-sxm (analytic)", "NVIDIA H100 80GB HBM3"

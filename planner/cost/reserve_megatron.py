@@ -415,9 +415,9 @@ def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Prof
 
 
 def _workspaces(record, profile: Profile) -> tuple[int, ...]:
-    torch_side = record.cublas_workspace_bytes or 0
-    te = afterstep.workspace_bytes(record, profile.device) - torch_side if profile.device.type == "cuda" else 0
-    return tuple(size for size in (torch_side, te) if size > 0)
+    torch_side = afterstep.torch_workspaces(record)  # the forward's thread's and autograd's
+    te = afterstep.workspace_bytes(record, profile.device) - sum(torch_side) if profile.device.type == "cuda" else 0
+    return tuple(size for size in (*torch_side, te) if size > 0)
 
 
 def _output_bytes(record: AllocRecord) -> int:

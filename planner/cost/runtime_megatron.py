@@ -194,7 +194,9 @@ def megatron() -> RuntimeFacts:
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "
                                       "CUBLAS_WORKSPACE_CONFIG :4096:8 (8 x 4 MiB); torch allocates it through the "
                                       "caching allocator, one per handle and stream, the cuBLASLt one unified with it "
-                                      "(aten/src/ATen/cuda/CublasHandlePool.cpp, getCUDABlasLtWorkspaceSize)",
+                                      "(aten/src/ATen/cuda/CublasHandlePool.cpp, getCUDABlasLtWorkspaceSize); two "
+                                      "of them, the forward's thread's and autograd's (planner/cost/afterstep.py "
+                                      "TORCH_BLAS_THREADS)",
             "keeps_last_input_and_grad": "megatron/core/pipeline_parallel/schedules.py 428-429 (forward_step: "
                                          "set_input_tensor(input_tensor)), 478-483 and 505-513 (backward_step: "
                                          "x.retain_grad(), input_tensor_grad = x.grad); megatron/core/transformer/"

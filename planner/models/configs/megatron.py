@@ -1,7 +1,7 @@
 """Megatron-LM's arguments (a launch script of flags, or a YAML mapping of flags to values) as
 a Job. The flags are the inverse of planner/emit/megatron.py's export and are read as
 megatron/training/arguments.py (NVIDIA/Megatron-LM d98e8a64ddf3, 2026-08-22) defines them:
---ffn-hidden-size defaults to 4 x --hidden-size, --num-query-groups to the heads,
+--ffn-hidden-size defaults to 4 x --hidden-size (with --swiglu int(8h / 3 / 64) x 64), --num-query-groups to the heads,
 --kv-channels to hidden / heads, the vocabulary is padded to a multiple of
 --make-vocab-size-divisible-by (128) x TP; --recompute-activations is selective recompute of
 core_attn; --recompute-method block recomputes the first N decoder layers of every (virtual)
@@ -72,9 +72,13 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     flags = Flags(pairs, sink)
     arch, seq_len = _arch(flags, where)
     backend = flags.take("--attention-backend", "attention kernel (unfused, local: the s x s scores kept)", str, "auto")
+    # --transformer-impl local builds get_gpt_layer_local_spec, whose core attention is LocalSpecProvider's
+    # DotProductAttention (gpt_builders.py 109-147, megatron/core/models/backends.py 129-131 at d98e8a64): the
+    # s x s scores kept whatever --attention-backend says (the flag itself taken and listed in _settings)
+    local = flags.given.get("--transformer-impl") == ["local"]
     mbs = positive("--micro-batch-size", flags.take("--micro-batch-size", "sequences per microbatch", int, 1))
     job = Job(framework="megatron", source=where, arch=arch, seq_len=seq_len, micro_batch_size=mbs,
-              attention="eager" if backend in EAGER_BACKENDS else "flash")
+              attention="eager" if backend in EAGER_BACKENDS or local else "flash")
     job.global_batch_size = positive("--global-batch-size",
                                       flags.take("--global-batch-size", "sequences per iteration", int))
     _parallel(flags, job)
@@ -99,7 +103,10 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
 
     layers, hidden = need("--num-layers", "decoder layers"), need("--hidden-size", "hidden size")
     heads, seq_len = need("--num-attention-heads", "attention heads"), need("--seq-length", "tokens per sequence")
-    ffn = positive("--ffn-hidden-size", flags.take("--ffn-hidden-size", "MLP width", int, 4 * hidden))
+    # the default width: 4 x hidden, or with --swiglu two thirds of it rounded down to a multiple of 64
+    # (arguments.py 1320-1329 at d98e8a64); --moe-ffn-hidden-size defaults to it (1650-1651)
+    default_ffn = int((4 * hidden * 2 / 3) / 64) * 64 if flags.has("--swiglu") else 4 * hidden
+    ffn = positive("--ffn-hidden-size", flags.take("--ffn-hidden-size", "MLP width", int, default_ffn))
     gqa = flags.take("--group-query-attention", "grouped-query attention", bool, False)
     groups = flags.take("--num-query-groups", "key/value heads (with --group-query-attention)", int, heads)
     kv = groups if gqa else heads
@@ -340,8 +347,9 @@ def _settings(flags: Flags, job: Job) -> None:
     impl = flags.take("--transformer-impl", "Transformer Engine's layers (the record's te_cublas_workspace, held after "
                       "the step; the same tensors kept as the local layers)", str, "transformer_engine")
     if impl != "transformer_engine":
-        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: the record charges Transformer Engine's "
-                          "cuBLAS workspace after the step and times its fused kernels all the same")
+        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: their attention keeps the s x s scores "
+                          "(DotProductAttention, modelled), but the record charges Transformer Engine's cuBLAS "
+                          "workspace after the step and times its fused kernels all the same")
     _float8(flags, job)
     read_memory_settings(flags, job)  # --grad-reduce-in-bf16, --fp8-param-gather, TE's fused cross-entropy
     # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad

@@ -278,7 +278,7 @@ def layer_option(parts: list[str], offered: set[str]) -> tuple[str, list[str]]:
 # prediction (Megatron-LM 6e091e1b tests/functional_tests/test_cases/gpt/gpt3_7b_*_memory_speed), and the
 # test harness's own keys (TEST_TYPE, METRICS, LAUNCHER, ...), which change no memory or time.
 ENV_VARS = {
-    "CUBLAS_WORKSPACE_CONFIG": ("modelled", ":4096:8", "torch's cuBLAS workspace, 8 x 4 MiB, held after the step "
+    "CUBLAS_WORKSPACE_CONFIG": ("modelled", ":4096:8", "torch's cuBLAS workspaces, 8 x 4 MiB each, held after the step "
                                 "(runtimes: megatron's cublas_workspace_bytes)"),
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("not modelled", None, "0: Transformer Engine's deterministic attention "
                                          "backward (as --deterministic-mode says): charged at cuDNN's published rate on "
