@@ -5,10 +5,11 @@
     python scripts/gpu_whatif.py --gpu h100-96g --set bf16_tflops=835.5 --set fp8_tflops=1670.5 \\
         -- run --only M8,C1 --work .published-rows/whatif-nvl --out /tmp/x/nvl
 
-Everything after `--` is scripts/published_rows.py's command line. The replacement is made in every Python
-process the harness starts (its `ckplan profile` and `ckplan evaluate` children too) by a `sitecustomize`
-module this script writes to a temporary folder put first on PYTHONPATH: it replaces the record in
-planner.models.gpus.GPUS (dataclasses.replace) before any command reads it. A profile is stamped by planner/'s
+Everything after `--` is scripts/published_rows.py's command line, run in this process. The replacement is made
+here and in every Python process the harness starts (its `ckplan profile` children and the `one` processes that
+evaluate the rows) by a `sitecustomize` module this script writes to a temporary folder: the harness's environment
+for its children (`published_rows._env`, PYTHONPATH the repository) gets that folder first, and the module replaces
+the record in planner.models.gpus.GPUS (dataclasses.replace) before any command reads it. A profile is stamped by planner/'s
 sources, not by the table's figures, so a what-if must name a --work folder of its own (refused otherwise), or
 it would reuse (or overwrite) the shipped figures' profiles.
 
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,11 +68,25 @@ def parse_changes(gpu_name: str, pairs: list[str]) -> tuple[str, dict[str, float
 
 
 def shim_env(shim_dir: str, key: str, changes: dict[str, float]) -> dict[str, str]:
-    """This process's environment with the shim written to `shim_dir` and put first on PYTHONPATH."""
+    """This process's environment with the shim written to `shim_dir`, PYTHONPATH that folder then the repository
+    (what the harness gives its children, with the shim first)."""
     Path(shim_dir, "sitecustomize.py").write_text(SHIM.format(payload=json.dumps([key, changes])))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([shim_dir, str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return env
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([shim_dir, str(ROOT)])}
+
+
+def load_harness(shim_dir: str, key: str, changes: dict[str, float]):
+    """scripts/published_rows.py loaded here, its children's environment carrying the shim, the record replaced
+    in this process too."""
+    env = shim_env(shim_dir, key, changes)
+    spec = importlib.util.spec_from_file_location("published_rows", HARNESS)
+    harness = importlib.util.module_from_spec(spec)
+    sys.modules["published_rows"] = harness  # its dataclasses look their module up
+    spec.loader.exec_module(harness)
+    harness._env = lambda: dict(env)
+    from planner.models import gpus
+
+    gpus.GPUS[key] = dataclasses.replace(gpus.GPUS[key], **changes)
+    return harness
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     key, changes = parse_changes(args.gpu, args.set)
     with tempfile.TemporaryDirectory(prefix="gpu-whatif-") as shim_dir:
         print(f"what-if: {key} with {changes}", file=sys.stderr)
-        return subprocess.run([sys.executable, str(HARNESS), *harness], cwd=ROOT,
-                              env=shim_env(shim_dir, key, changes)).returncode
+        return load_harness(shim_dir, key, changes).main(harness)
 
 
 if __name__ == "__main__":

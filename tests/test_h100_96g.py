@@ -5,12 +5,14 @@ scripts/gpu_whatif.py scores rows at another figure without shipping it."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
 
+from planner.models import gpus
 from planner.models.gpus import (
     H100_NVL_BF16_TFLOPS,
     H100_NVL_FP8_TFLOPS,
@@ -55,15 +57,24 @@ def test_the_500w_part_reads_the_upper_end_of_its_range():
     assert "835.5 (1545 MHz at 400 W)" in part.source and "989.4 (1830 MHz)" in part.source
 
 
-def test_the_whatif_replaces_the_record_in_every_child_process(tmp_path):
+def test_the_whatif_replaces_the_record_here_and_in_the_harness_children(tmp_path):
     whatif = _whatif()
     key, changes = whatif.parse_changes("h100-96g", ["bf16_tflops=835.5", "fp8_tflops=1670.5"])
     assert (key, changes) == ("h100-96g", {"bf16_tflops": 835.5, "fp8_tflops": 1670.5})
+    shipped = gpus.GPUS[key]
+    try:
+        harness = whatif.load_harness(str(tmp_path), key, changes)
+        assert gpu("h100-96g").bf16_tflops == 835.5  # this process: `one` and `split` evaluate in it
+        env = harness._env()  # what the harness gives its `ckplan profile` and `one` children
+        assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), str(ROOT)]
+    finally:
+        gpus.GPUS[key] = shipped
+        sys.modules.pop("published_rows", None)
     code = ("from planner.models.gpus import gpu; a = gpu('h100-96g'); b = gpu('h100-sxm'); "
             "print(a.bf16_tflops, a.fp8_tflops, a.matmul_efficiency == b.matmul_efficiency, b.bf16_tflops)")
-    done = subprocess.run([sys.executable, "-c", code], env=whatif.shim_env(str(tmp_path), key, changes),
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["835.5", "1670.5", "True", "989.4"]  # only that record, only those fields
+    assert gpu("h100-96g").bf16_tflops == 989.4  # the shipped record back
 
 
 def test_the_whatif_refuses_what_it_cannot_do():
