@@ -220,6 +220,22 @@ MAMF_TFLOPS = {
 MAMF_FP8_TFLOPS = {"h100-sxm": 1402.6, "h200": 1453.4, "gh200": 1535.0, "b200": 3432.5, "gb200": 3615.6}
 
 
+# Hopper's dense 16-bit tensor-core work per SM and clock: 4 tensor cores x 512 FMA x 2 FLOP (NVIDIA H100 Tensor Core
+# GPU Architecture whitepaper; glennklockwood.com/garden/peak-FLOPS: 540,672 FLOP a clock on the SXM's 132 SMs, x 1.83
+# GHz = 989.4 TFLOP/s). A datasheet's dense peak over it is the clock the peak is rated at.
+HOPPER_BF16_FLOP_PER_SM_CLOCK = 4 * 512 * 2
+# NVIDIA H100 NVL (94 GB HBM3, 3.9 TB/s, 350-400 W, 132 SMs): BF16 1,671 and FP8 3,341 TFLOPS with sparsity (NVIDIA H100
+# Tensor Core GPU datasheet, NVL column), halved: dense. SMs: vllm-project/vllm#53446's device query on an H100 NVL
+# ("NVIDIA H100 NVL | SM: 9.0 | SMs: 132")
+H100_NVL_BF16_TFLOPS = 1671 / 2
+H100_NVL_FP8_TFLOPS = 3341 / 2
+
+
+def rated_clock_mhz(bf16_tflops: float, sms: int) -> float:
+    """The clock (MHz) a Hopper part's dense BF16 peak is rated at: the peak over its SMs' FLOP a clock."""
+    return bf16_tflops * 1e12 / (sms * HOPPER_BF16_FLOP_PER_SM_CLOCK) / 1e6
+
+
 def _mamf(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, fp8_peak: float = 0.0) -> dict:
     """The GPU record's matmul ceilings: MAMF over the datasheet peak ckplan reads, with its source;
     the FP8 one where the table has the GPU's FP8 row (`fp8_key`) and the GPU an FP8 peak."""
@@ -307,10 +323,15 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # limit", 8 per host "fully connected with NVLink", "400 Gb/s per GPU" RDMA (torchtitan 820504e,
     # benchmarks/llama3_h100_202412_torchtitan.md lines 12-15 and footnote 2). Its BF16 peak "is between
     # SXM and NVL, and we don't know its exact value": the SXM's 989.4 is read, an upper bound (and the
-    # figure torchtitan's own MFU divides by); its matmul and attention fractions are the 700 W SXM's
+    # figure torchtitan's own MFU divides by); its matmul and attention fractions are the 700 W SXM's.
+    # The range's ends as clocks: the NVL's 835.5 is 1,545 MHz on its 132 SMs at 400 W, the SXM's 989.4 is
+    # 1,830 MHz at 700 W (rated_clock_mhz); no source gives the clock this part holds at 500 W under
+    # matmul (docs/gpus.md §1; docs/published-runs.md §21.h100g500 scores the rows at both ends)
     GPU("h100-96g", 96 * 10**9, 989.4, 2.4,
         "torchtitan 820504e benchmarks/llama3_h100_202412_torchtitan.md: SXM H100, 96 GB HBM2e at 2.4 TB/s, 500 W; "
-        "BF16 peak unpublished (between NVL and SXM): the SXM's 989.4, an upper bound", 450.0, fp8_tflops=1978.9,
+        f"BF16 peak unpublished (between NVL and SXM): the SXM's 989.4 ({rated_clock_mhz(989.4, 132):.0f} MHz), an "
+        f"upper bound; the NVL's {H100_NVL_BF16_TFLOPS:g} ({rated_clock_mhz(H100_NVL_BF16_TFLOPS, 132):.0f} MHz at "
+        "400 W) the lower", 450.0, fp8_tflops=1978.9,
         link_source="torchtitan's benchmark hosts: 8 H100 fully connected with NVLink (the SXM's 900 GB/s assumed), "
                     "400 Gb/s RDMA per GPU",
         node_collective_gb_per_s=354.9,
