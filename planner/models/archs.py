@@ -48,6 +48,9 @@ class Arch:
     max_position_embeddings: int | None = None
     style: Style = "llama"
     qkv_bias: bool = False  # Qwen2's attention has biases on q, k and v projections
+    # a GPT block's Q, K and V as three Linears (transformers' OPT and StarCoder2: q_proj, k_proj, v_proj),
+    # not GPT-2's one fused c_attn (or Megatron-LM's linear_qkv): three parameter groups of torch's split
+    separate_qkv: bool = False
     head_dim: int | None = None  # None: hidden_size // num_heads
     source: str = ""
     # style "gpt": the MLP's activation (what each keeps and moves: planner/profiler/activations.py).
@@ -77,6 +80,10 @@ class Arch:
     shared_intermediate_size: int = 0
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(hidden -> 1 linear) scales the shared output
     dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (intermediate_size) in a MoE model
+    # Mixtral's router returns its renormalized top-k probabilities in fp32 (transformers 5.24
+    # modeling_mixtral.py 104-111), so its experts weight, reorder and sum their outputs in fp32:
+    # the analytic profile counts that mixture op by op (planner/profiler/analytic_moe.py)
+    router_fp32_weights: bool = False
     # DeepSeek-V3's multi-token-prediction modules: recorded, not planned (see from_hf_config)
     num_mtp_layers: int = 0
     # Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none). K and V are projected up
