@@ -8,7 +8,6 @@ them (torch/utils/module_tracker.py, torch 2.13).
 
 from __future__ import annotations
 
-from torch.nn.modules.module import register_module_forward_hook
 from torch.utils.module_tracker import ModuleTracker
 
 
@@ -50,16 +49,6 @@ class Tracker(ModuleTracker):
             self._entered.append(name)
 
         return entered
-
-    def __enter__(self):
-        """torch's own hooks, its forward post-hook always called: a module whose forward raised (torch's
-        checkpoint stops its rerun by raising _StopRecomputationError once the last saved tensor is packed
-        again, torch/utils/checkpoint.py) is left, not kept as running, so the ops after an early-stopped
-        rerun (a split backward's `.grad` accumulation) are classed by the module that runs them."""
-        super().__enter__()
-        self._fw_post_handle.remove()
-        self._fw_post_handle = register_module_forward_hook(self._fw_post_hook, always_call=True)
-        return self
 
     def innermost(self) -> str:
         """The module running now; in backward with none entered, the outermost module the region ran
