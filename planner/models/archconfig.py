@@ -116,7 +116,7 @@ def _experts(config: dict, where: str, model_type: str, dims: dict) -> dict:
             raise UserError(f"{where}: router_jitter_noise = {config['router_jitter_noise']!r} multiplies the "
                             "router's input by noise it keeps for backward, which is not modelled: set it to 0")
         return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=dims["intermediate_size"],
-                    router_fp32_weights=model_type == "mixtral")
+                    **(dict(routing_weight_bytes=4, renormalizes_top_k=True) if model_type == "mixtral" else {}))
     width = _need(config, "moe_intermediate_size", where)
     if model_type in _QWEN_MOE:
         step = _optional_int(config, "decoder_sparse_step", where) or 1
@@ -124,8 +124,10 @@ def _experts(config: dict, where: str, model_type: str, dims: dict) -> dict:
         shared = (dict(num_shared_experts=1, shared_expert_gate=True,
                        shared_intermediate_size=_need(config, "shared_expert_intermediate_size", where))
                   if model_type == "qwen2_moe" else {})
+        routing = dict(routing_weight_bytes=2, renormalizes_top_k=_bool(config, "norm_topk_prob", where, default=False)) \
+            if model_type == "qwen3_moe" else {}  # Qwen3MoeConfig's default: False
         return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
-                    dense_layers=tuple(i for i in range(layers) if i in only or (i + 1) % step), **shared)
+                    dense_layers=tuple(i for i in range(layers) if i in only or (i + 1) % step), **shared, **routing)
     first = _count(config, "first_k_dense_replace", where)
     every = _optional_int(config, "moe_layer_freq", where) or 1
     shared = _count(config, "n_shared_experts", where)

@@ -1,4 +1,4 @@
-"""A Mixtral block's mixture as transformers 5.24 runs it, op by op: the router (MixtralTopKRouter) and the
+"""A Mixtral (or Qwen3-MoE) block's mixture as transformers 5.24 runs it, op by op: the router (MixtralTopKRouter) and the
 routed experts through `grouped_mm_experts_forward` (transformers/integrations/moe.py 424-537, the experts
 implementation the fake profile runs), their memory-bound bytes forward and backward as the fake profile
 counts them (fake.OpBytes: every tensor an op reads and writes, whole; docs/framework-facts.md §82).
@@ -39,37 +39,44 @@ from planner.profiler.formulas import Shape
 from planner.profiler.roofline import Kernel
 
 
-def mixture_bytes(tokens: int, hidden: int, width: int, experts: int, top_k: int) -> tuple[Counter, Counter]:
+def mixture_bytes(tokens: int, hidden: int, width: int, experts: int, top_k: int, *, weight_bytes: int = 4,
+                  renormalizes: bool = True) -> tuple[Counter, Counter]:
     """(forward, backward) bytes by op class (membound.OP_CLASSES) of the router and routed experts of
-    one Mixtral block over `tokens` tokens (the module docstring has each term); the matmuls are kernels,
-    counted elsewhere (analytic_time._mlp)."""
-    T, h, f, E = tokens, hidden, width, experts
+    one block over `tokens` tokens (the module docstring has each term for Mixtral's fp32 weights, w = 4;
+    under bf16 weights, w = 2, Qwen3-MoE's, the router adds the cast (6 S each way), the weighted rows stay
+    bf16, o = 2, and the final cast is gone); `renormalizes`: the top-k weights divided by their sum; the
+    matmuls are kernels (expert_kernels)."""
+    T, h, f, E, w = tokens, hidden, width, experts, weight_bytes
     S = T * top_k
-    router_fwd = 6 * T * E + 8 * T * E + (4 * T * E + 12 * S) + (4 * S + 4 * T) + 8 * S + (8 * S + 4 * T)
-    experts_fwd = (24 * S + 16 * S + (2 * T * h + 8 * S + 2 * S * h) + 16 * S + 12 * S + (4 * S + 4 * E) + 8 * E
-                   + 10 * S * f + (6 * S * h + 4 * S) + (16 * S + 8 * S + 32 * S) + (8 * S * h + 8 * S)
-                   + (4 * S * h + 4 * T * h) + 6 * T * h)
-    experts_bwd = (6 * T * h + 8 * S * h + (8 * S * h + 12 * S * h + 8 * S) + 10 * S * h + (8 * S * h + 4 * S)
-                   + 6 * S * h + (4 * S * h + 4 * S) + 26 * S * f + (8 * S + 20 * S)
-                   + (2 * S * h + 2 * T * h) + (4 * T * h + 2 * S * h + 8 * S))
-    router_bwd = (24 * S + 12 * T) + 8 * S + 12 * S + (4 * S + 4 * T) + 12 * S + (4 * S + 4 * T * E) \
-        + (8 * T * E + 12 * S) + 12 * T * E + 6 * T * E
+    o = 4 if w == 4 else 2  # the weighted rows' element size: bf16 x fp32 promotes
+    cast_out = 6 * T * h if o == 4 else 0  # the sum's fp32 result cast back to bf16
+    norm_fwd = (4 * S + 4 * T) + 8 * S + (8 * S + 4 * T) if renormalizes else 0
+    norm_bwd = (24 * S + 12 * T) + 8 * S + 12 * S + (4 * S + 4 * T) + 12 * S if renormalizes else 0
+    cast_weights = 6 * S if w == 2 else 0
+    router_fwd = 6 * T * E + 8 * T * E + (4 * T * E + 12 * S) + norm_fwd + cast_weights
+    experts_fwd = (24 * S + 16 * S + (2 * T * h + 8 * S + 2 * S * h) + (2 * w + 8) * S + 12 * S + (4 * S + 4 * E)
+                   + 8 * E + 10 * S * f + (2 * S * h + w * S + o * S * h) + (16 * S + 8 * S + 32 * S)
+                   + (2 * o * S * h + 8 * S) + (o * S * h + o * T * h) + cast_out)
+    experts_bwd = (cast_out + 2 * o * S * h + (2 * o * S * h + 3 * o * S * h + 8 * S) + (2 * o + 2) * S * h
+                   + (2 * o * S * h + w * S) + (6 * S * h if o == 4 else 0) + (o * S * h + o * S) + 26 * S * f
+                   + (2 * w * S + (3 * w + 8) * S) + (2 * S * h + 2 * T * h) + (4 * T * h + 2 * S * h + 8 * S))
+    router_bwd = cast_weights + norm_bwd + (4 * S + 4 * T * E) + (8 * T * E + 12 * S) + 12 * T * E + 6 * T * E
     return (Counter(elementwise=router_fwd, activation=experts_fwd),
             Counter(activation=experts_bwd + router_bwd, elementwise=6 * T * h))
 
 
 def counts_mixture(arch) -> bool:
-    """Whether a MoE block's mixture is counted op by op here: Mixtral's (Arch.router_fp32_weights, the
-    fields transformers' MixtralSparseMoeBlock has and no other family's does: no shared expert, no
-    expert bias, no latent attention)."""
-    return arch.router_fp32_weights and not (arch.num_shared_experts or arch.expert_bias or arch.mla)
+    """Whether a MoE block's mixture is counted op by op here: Mixtral's and Qwen3-MoE's
+    (Arch.routing_weight_bytes; no shared expert, no expert bias, no latent attention)."""
+    return bool(arch.routing_weight_bytes) and not (arch.num_shared_experts or arch.expert_bias or arch.mla)
 
 
 def block_mixture_bytes(arch, shape: Shape) -> tuple[Counter, Counter]:
-    """mixture_bytes of a Mixtral block at `shape`: the router and the experts over the device's tokens,
-    the experts' width split by TP."""
+    """mixture_bytes of a block at `shape`: the router and the experts over the device's tokens, the
+    experts' width split by TP."""
     return mixture_bytes(shape.tokens, arch.hidden_size, arch.moe_intermediate_size // shape.tp, arch.num_experts,
-                         arch.num_experts_per_tok)
+                         arch.num_experts_per_tok, weight_bytes=arch.routing_weight_bytes,
+                         renormalizes=arch.renormalizes_top_k)
 
 
 def expert_kernels(tokens: int, hidden: int, width: int) -> list[Kernel]:
@@ -80,10 +87,11 @@ def expert_kernels(tokens: int, hidden: int, width: int) -> list[Kernel]:
 
 
 def early_stop_bytes(arch, shape: Shape) -> int:
-    """What torch's non-reentrant checkpoint does not rerun of a Mixtral mixture (`activation` bytes): the
+    """What torch's non-reentrant checkpoint does not rerun of a mixture (`activation` bytes): the
     rerun stops once the last tensor the forward saved is packed again, the weighting's (`proj_out *
     sample_weights_g` saves both), so the fp32 rows' reorder (8 S h + 8 S), their sum over k (4 S h + 4 T h)
-    and its cast (6 T h) are not rerun (counted on a tiny block by tests/test_analytic_moe.py)."""
+    and its cast (6 T h; under bf16 weights the rows are bf16: 4 S h + 8 S, 2 S h + 2 T h, no cast) are not rerun (counted on a tiny block by tests/test_analytic_moe.py)."""
     T, h = shape.tokens, arch.hidden_size
     S = T * arch.num_experts_per_tok
-    return 8 * S * h + 8 * S + 4 * S * h + 4 * T * h + 6 * T * h
+    o = 4 if arch.routing_weight_bytes == 4 else 2
+    return 2 * o * S * h + 8 * S + o * S * h + o * T * h + (6 * T * h if o == 4 else 0)
