@@ -11,7 +11,8 @@ Kernels, per device and microbatch (T tokens; widths /t under TP, as in analytic
   torch.utils.flop_counter counts flash attention), causal: it runs half its blocks (within a
   sliding window w, a fraction 1 - w/2s);
 - a MoE block's router, every routed expert's three matmuls over its C tokens (Hugging Face
-  loops over experts, one kernel each), and the shared experts.
+  loops over experts, one kernel each), and the shared experts; Mixtral's and Qwen3-MoE's experts two
+  (gate and up fused in gate_up_proj), their router's and experts' bytes op by op (analytic_moe.py).
 
 Memory-bound bytes, per element of the tensor named, for 16-bit activations as eager
 PyTorch moves them (the ops and their autograd formulas, counted op by op under
