@@ -115,7 +115,8 @@ def _experts(config: dict, where: str, model_type: str, dims: dict) -> dict:
         if config.get("router_jitter_noise"):
             raise UserError(f"{where}: router_jitter_noise = {config['router_jitter_noise']!r} multiplies the "
                             "router's input by noise it keeps for backward, which is not modelled: set it to 0")
-        return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=dims["intermediate_size"])
+        return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=dims["intermediate_size"],
+                    **(dict(routing_weight_bytes=4, renormalizes_top_k=True) if model_type == "mixtral" else {}))
     width = _need(config, "moe_intermediate_size", where)
     if model_type in _QWEN_MOE:
         step = _optional_int(config, "decoder_sparse_step", where) or 1
@@ -123,8 +124,10 @@ def _experts(config: dict, where: str, model_type: str, dims: dict) -> dict:
         shared = (dict(num_shared_experts=1, shared_expert_gate=True,
                        shared_intermediate_size=_need(config, "shared_expert_intermediate_size", where))
                   if model_type == "qwen2_moe" else {})
+        routing = dict(routing_weight_bytes=2, renormalizes_top_k=_bool(config, "norm_topk_prob", where, default=False)) \
+            if model_type == "qwen3_moe" else {}  # Qwen3MoeConfig's default: False
         return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
-                    dense_layers=tuple(i for i in range(layers) if i in only or (i + 1) % step), **shared)
+                    dense_layers=tuple(i for i in range(layers) if i in only or (i + 1) % step), **shared, **routing)
     first = _count(config, "first_k_dense_replace", where)
     every = _optional_int(config, "moe_layer_freq", where) or 1
     shared = _count(config, "n_shared_experts", where)
@@ -268,7 +271,7 @@ def _starcoder2(config: dict, where: str, name: str) -> Arch:
                 num_kv_heads=_optional_int(config, "num_key_value_heads", where) or dims["num_attention_heads"],
                 vocab_size=dims["vocab_size"], tie_word_embeddings=_bool(config, "tie_word_embeddings", where,
                                                                          default=True),
-                max_position_embeddings=None, style="gpt", mlp_act=act,
+                max_position_embeddings=None, style="gpt", mlp_act=act, separate_qkv=True,
                 sliding_window=_sliding_window(config, where), **_positions(config, where),
                 norm_eps=_epsilon(config, where, "norm_epsilon", default=1e-5), source=where,
                 residual_dropout=_drops(config, "residual_dropout", where, 0.0),
@@ -312,7 +315,7 @@ def _opt(config: dict, where: str, name: str) -> Arch:
                 tie_word_embeddings=_bool(config, "tie_word_embeddings", where, default=True),
                 max_position_embeddings=_positive_int(config, "max_position_embeddings", where) + 2,
                 # OPT's LayerNorms take torch's default epsilon (modeling_opt.py names none)
-                style="gpt", mlp_act=_activation(config, where, "relu"), norm_eps=1e-5, source=where,
+                style="gpt", mlp_act=_activation(config, where, "relu"), norm_eps=1e-5, source=where, separate_qkv=True,
                 # OPTConfig's defaults: dropout 0.1 (after the embedding and both output projections),
                 # attention_dropout 0.0 (transformers' configuration_opt.py)
                 residual_dropout=_drops(config, "dropout", where, 0.1),

@@ -48,6 +48,9 @@ class Arch:
     max_position_embeddings: int | None = None
     style: Style = "llama"
     qkv_bias: bool = False  # Qwen2's attention has biases on q, k and v projections
+    # a GPT block's Q, K and V as three Linears (transformers' OPT and StarCoder2: q_proj, k_proj, v_proj),
+    # not GPT-2's one fused c_attn (or Megatron-LM's linear_qkv): three parameter groups of torch's split
+    separate_qkv: bool = False
     head_dim: int | None = None  # None: hidden_size // num_heads
     source: str = ""
     # style "gpt": the MLP's activation (what each keeps and moves: planner/profiler/activations.py).
@@ -77,6 +80,14 @@ class Arch:
     shared_intermediate_size: int = 0
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(hidden -> 1 linear) scales the shared output
     dense_layers: tuple[int, ...] = ()  # layers whose MLP is dense (intermediate_size) in a MoE model
+    # The router and experts as transformers 5.24 runs them, counted op by op by the analytic profile
+    # (planner/profiler/analytic_moe.py): routing_weight_bytes, the top-k weights' element size as the
+    # experts get them (4: Mixtral's router returns them in fp32, modeling_mixtral.py 104-111, so its experts
+    # weight, reorder and sum in fp32; 2: Qwen3-MoE's casts them to the logits' dtype, modeling_qwen3_moe.py
+    # 266; 0: the mixture not counted so); renormalizes_top_k: the top-k weights divided by their sum
+    # (Mixtral always, Qwen3-MoE under norm_topk_prob)
+    routing_weight_bytes: int = 0
+    renormalizes_top_k: bool = False
     # DeepSeek-V3's multi-token-prediction modules: recorded, not planned (see from_hf_config)
     num_mtp_layers: int = 0
     # Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none). K and V are projected up

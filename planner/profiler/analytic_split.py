@@ -27,7 +27,7 @@ torch's own grouping on the same family's transformers block.
 from __future__ import annotations
 
 from planner.models.archs import GPU, Arch
-from planner.profiler import analytic_time
+from planner.profiler import analytic_moe, analytic_time
 from planner.profiler.formulas import Shape
 from planner.profiler.roofline import Kernel, Work, work
 from planner.schema import OPTION_FULL, OPTION_NONE, runs_split_backward
@@ -39,13 +39,13 @@ NORMS = 2  # the attention's and the MLP's norm (input_layernorm, post_attention
 def attention_groups(arch: Arch) -> int:
     """The attention module's parameter groups: q, k, v and o projections (a bias joins its
     projection's group: Qwen2's q/k/v biases add none), Qwen3's q_norm and k_norm; GPT-2's one
-    c_attn (Q, K and V fused, as analytic_time times it) and c_proj; latent attention (DeepSeek-V2/V3):
+    c_attn (Q, K and V fused, as analytic_time times it) and c_proj, OPT's and StarCoder2's four (Arch.separate_qkv); latent attention (DeepSeek-V2/V3):
     q_proj, or q_a_proj, q_a_layernorm and q_b_proj with a Q latent; kv_a_proj_with_mqa, kv_a_layernorm,
     kv_b_proj; o_proj."""
     if arch.mla:
         return (3 if arch.q_lora_rank else 1) + 3 + 1
-    if arch.style == "gpt":
-        return 2
+    if arch.style == "gpt":  # OPT's and StarCoder2's q_proj, k_proj, v_proj, out_proj (o_proj): 4
+        return 4 if arch.separate_qkv else 2
     return 4 + (2 if arch.qk_norm else 0)
 
 
@@ -104,7 +104,12 @@ def torch_rerun_ms(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, part: 
     before the GEMM runs (torch's early stop, torch/utils/checkpoint.py `_StopRecomputationError`). A split
     backward runs only under torch's pipelining, so its reruns are these. A GPT block that drops its residual
     (transformers' GPT-2 and StarCoder2 MLPs end in that dropout, whose mask is saved after c_proj runs): the whole
-    MLP and the dropout. A MoE block's mixture: as recorded."""
+    MLP and the dropout. Mixtral's mixture: all but what follows its weighting (analytic_moe.early_stop_bytes);
+    another MoE block's mixture: as recorded."""
+    if part == "mlp" and moe and analytic_moe.counts_mixture(arch):  # Mixtral's: all but the mixture's tail
+        rerun = analytic_time.rerun_work(arch, shape, part, moe=True)
+        tail = analytic_moe.early_stop_bytes(arch, shape)
+        return analytic_time.times_ms((rerun - work(0, tail, [], classed={"activation": tail}),), gpu, mfu)[0]
     if part != "mlp" or moe:
         return part_ms
     rerun = analytic_time.rerun_work(arch, shape, part, moe=False)

@@ -11,7 +11,8 @@ Kernels, per device and microbatch (T tokens; widths /t under TP, as in analytic
   torch.utils.flop_counter counts flash attention), causal: it runs half its blocks (within a
   sliding window w, a fraction 1 - w/2s);
 - a MoE block's router, every routed expert's three matmuls over its C tokens (Hugging Face
-  loops over experts, one kernel each), and the shared experts.
+  loops over experts, one kernel each), and the shared experts; Mixtral's and Qwen3-MoE's experts two
+  (gate and up fused in gate_up_proj), their router's and experts' bytes op by op (analytic_moe.py).
 
 Memory-bound bytes, per element of the tensor named, for 16-bit activations as eager
 PyTorch moves them (the ops and their autograd formulas, counted op by op under
@@ -40,7 +41,7 @@ from collections import Counter
 
 from planner.models.archs import GPU
 from planner.models.gptoss import window_pairs
-from planner.profiler import formulas, gptoss_time
+from planner.profiler import analytic_moe, formulas, gptoss_time
 from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
@@ -58,6 +59,7 @@ LAYERNORM_FWD, LAYERNORM_BWD = 4, 6
 # per Arch.mlp_act, (forward, backward) bytes an element (planner/profiler/activations.py)
 ACT_BYTES = {name: (act.fwd_bytes, act.bwd_bytes) for name, act in ACTIVATIONS.items()}
 DROPOUT_FWD, DROPOUT_BWD, QKV_CAT, BIAS_SUM = 5, 5, 4, 2
+BIAS_WRITE = 2  # a bias's gradient written by its sum over the tokens, 16 bits an element
 EAGER_SCORES_FWD, EAGER_SCORES_BWD = 20, 30  # eager attention: mask add, fp32 softmax and back, per score
 
 
@@ -153,6 +155,9 @@ def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], Counter, Counter]:
     moved = 4 * slots * h + 8 * slots * h  # dispatch gather; combine's weighting and scatter-add
     fwd = Counter({name: experts * num for name, num in one_fwd.items()}) + Counter(elementwise=routing + moved)
     bwd = Counter({name: experts * num for name, num in one_bwd.items()}) + Counter(elementwise=2 * routing + 2 * moved)
+    if analytic_moe.counts_mixture(arch):  # Mixtral's router and grouped experts, op by op as transformers runs them
+        fwd, bwd = analytic_moe.block_mixture_bytes(arch, shape)
+        kernels = kernels[:1] + analytic_moe.expert_kernels(tokens, h, arch.moe_intermediate_size // t) * experts
     shared = arch.num_shared_experts * arch.shared_intermediate_size // t
     if shared:
         shared_kernels, shared_fwd, shared_bwd = _swiglu(T, h, shared)
@@ -189,6 +194,7 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     bwd_classes = norms[1] + proj_bwd + Counter(attention=core_bwd) + mlp_bwd + Counter(
         elementwise=dropouts[1] + ACCUMULATE * param_bytes)
     extra_fwd, extra_bwd = gptoss_time.extra_bytes(arch, shape, moe=moe)  # GPT-OSS's sinks, biases, clamped SwiGLU
+    extra_bwd = extra_bwd + Counter(elementwise=BIAS_WRITE * _bias_widths(arch, shape))  # the sums: gptoss_time's
     fwd_classes, bwd_classes = fwd_classes + extra_fwd, bwd_classes + extra_bwd
     flops = formulas.block_flops(arch, shape, moe=moe)
     fwd = work(flops, sum(fwd_classes.values()), fwd_kernels, classed=fwd_classes)
@@ -213,8 +219,25 @@ def block_weight_grad_work(arch, shape, *, moe: bool = False) -> Work:
         q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
         summed = BIAS_SUM * T * (q + 2 * kv) + 2 * BIAS_SUM * T * h + BIAS_SUM * T * (arch.intermediate_size // shape.tp)
     accumulate = ACCUMULATE * formulas.block_params(arch, shape, moe=moe) * shape.d
-    moved = summed + accumulate + norm_weight_grad_bytes(arch, shape)
+    moved = summed + accumulate + norm_weight_grad_bytes(arch, shape) + linear_bias_grad_bytes(arch, shape)
     return work(sum(k.flops for k in kernels), moved, kernels, classed={"elementwise": moved})
+
+
+def linear_bias_grad_bytes(arch, shape) -> int:
+    """A LLaMA-style block's attention biases' gradients (Qwen2's q, k and v; GPT-OSS's o too): each the
+    output's gradient summed over the tokens (aten.sum: 2 B an element read, gptoss_time.BIAS_GRAD_SUM, which
+    block_work's backward charges) and the bias's gradient written (2 B an element, BIAS_WRITE). W runs
+    them (torch 2.13's split: a bias's gradient needs no input gradient, and its group is its projection's);
+    GPT blocks' bias sums are block_weight_grad_work's own."""
+    return (gptoss_time.BIAS_GRAD_SUM * shape.tokens + BIAS_WRITE) * _bias_widths(arch, shape)
+
+
+def _bias_widths(arch, shape) -> int:
+    """The summed widths of a LLaMA-style block's attention biases (none in a GPT block: its own terms)."""
+    if arch.style == "gpt":
+        return 0
+    return (formulas.q_width(arch, shape) + 2 * formulas.kv_width(arch, shape) if arch.qkv_bias else 0) \
+        + (arch.hidden_size if arch.o_bias else 0)
 
 
 def norm_weight_grad_bytes(arch, shape) -> int:
@@ -244,6 +267,10 @@ def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
     down projection, or the shared experts' where they come last) and the residual add after, on
     this device's rows as block_work counts it (T/t under sequence parallelism)."""
     skipped = formulas.block_flops(arch, shape, moe=moe) - formulas.block_recompute_flops(arch, shape, moe=moe)
+    if moe and not skipped and analytic_moe.counts_mixture(arch):  # Mixtral: the mixture's tail and the residual add
+        residual, tail = ADD * (shape.tokens // shape.sp_div) * arch.hidden_size, analytic_moe.early_stop_bytes(arch, shape)
+        return work(fwd.flops, fwd.bytes - residual - tail, [k for k, n in fwd.kernels for _ in range(n)],
+                    classed=Counter(dict(fwd.classed)) - Counter(elementwise=residual, activation=tail))
     if not skipped:
         return fwd
     last = Kernel("matmul", skipped)
