@@ -373,3 +373,11 @@ def test_a_mixture_of_experts_familys_norms_and_attention_are_not_its_mlp():
     head = nn.Module()
     head.norm, head.lm_head = Qwen2MoeRMSNorm(), nn.Linear(4, 8)
     assert find_parts(head)["mlp"] == [] and "mlp" not in find_options(head)
+    # the decoder layer wrapped whole, as the Hugging Face adapter's Decoder holds it (`.layer`): its class
+    # (Qwen3MoeDecoderLayer) says "moe" but it holds the attention, so `mlp` is still its mixture, not itself
+    Qwen3MoeDecoderLayer = type("Qwen3MoeDecoderLayer", (nn.Module,), {})
+    layer = Qwen3MoeDecoderLayer()
+    layer.self_attn, layer.mlp = Qwen2MoeAttention(4, 4), Qwen2MoeSparseMoeBlock(4, 4)
+    wrapper = nn.Module()
+    wrapper.layer = layer
+    assert find_parts(wrapper)["mlp"] == [layer.mlp] and find_parts(wrapper)["attn"] == [layer.self_attn]

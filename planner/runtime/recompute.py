@@ -89,10 +89,13 @@ def _is_attention(name: str, module: nn.Module) -> bool:
 
 
 def _is_mlp(name: str, module: nn.Module) -> bool:
-    """An MLP by its attribute name or class word, never a norm or an attention: a mixture-of-experts
-    family names every class after itself (Qwen2MoeRMSNorm, Qwen2MoeAttention, OlmoeRMSNorm), so "moe"
-    in a class name alone does not make an MLP."""
+    """An MLP by its attribute name or class word, never a norm, an attention or a module holding one: a
+    mixture-of-experts family names every class after itself (Qwen2MoeRMSNorm, Qwen2MoeAttention,
+    Qwen3MoeDecoderLayer), so "moe" in a class name alone does not make an MLP; a decoder layer wrapped
+    whole (the Hugging Face adapter's Decoder.layer) holds its attention."""
     if _is_norm(module) or _is_attention(name, module):
+        return False
+    if any(_is_attention(sub_name.rsplit(".", 1)[-1], sub) for sub_name, sub in module.named_modules() if sub_name):
         return False
     cls = type(module).__name__.lower()
     return any(word in cls for word in MLP_CLASS_WORDS) or name in MLP_NAMES
