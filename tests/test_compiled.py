@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch.nn.functional as F
 from click.testing import CliRunner
+from fixtures.aot_graphs import graph_keeping_backend
 
 from planner.profiler import inductor_buffers
 from planner.profiler.compiled import partition_llama_block
@@ -204,10 +205,6 @@ def test_torch_compile_of_torchtitans_checkpoint_wrappers_saves_what_the_tagged_
     from collections import defaultdict
 
     import torch
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-    from torch._inductor.decomposition import select_decomp_table
     from torch.utils.checkpoint import (
         CheckpointPolicy,
         checkpoint,
@@ -216,16 +213,7 @@ def test_torch_compile_of_torchtitans_checkpoint_wrappers_saves_what_the_tagged_
 
     from planner.profiler import compiled
 
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, _inputs):
-            graphs[name] = gm
-            return make_boxed_func(gm)
-        return compiler
-
-    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), decompositions=select_decomp_table(),
-                           partition_fn=min_cut_rematerialization_partition)
+    backend, graphs = graph_keeping_backend()
     block = functools.partial(compiled.llama_block, heads=HEADS, kv_heads=2)
     saved_ops = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
 

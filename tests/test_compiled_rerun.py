@@ -9,6 +9,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from fixtures.aot_graphs import graph_keeping_backend
 from fixtures.tiny_compiled import TINY, tiny_profile
 
 from planner.cli import cli
@@ -26,24 +27,11 @@ def _backward_matmuls(policy: str) -> tuple[collections.Counter, collections.Cou
     tiny LLaMA block compiled as torchtitan compiles it (the checkpoint inside torch.compile, fullgraph):
     dynamo and AOTAutograd's min-cut partitioner as inductor runs them, the graphs kept before inductor."""
     import torch
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-    from torch._inductor.decomposition import select_decomp_table
     from torch.utils.checkpoint import checkpoint
 
     from planner.profiler.compiled import llama_block, llama_block_inputs
 
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, _inputs):
-            graphs[name] = gm
-            return make_boxed_func(gm)
-        return compiler
-
-    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), decompositions=select_decomp_table(),
-                           partition_fn=min_cut_rematerialization_partition)
+    backend, graphs = graph_keeping_backend()
     block = functools.partial(llama_block, heads=4, kv_heads=2)
     fn = block if policy == "none" else functools.partial(checkpoint, block, use_reentrant=False)
     torch._dynamo.reset()
