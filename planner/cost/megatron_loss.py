@@ -26,7 +26,7 @@ algorithms fills with NaN first (TensorFactories.cu empty_strided_cuda, fill_uni
 watches torch 2.13 make those two fills and no other of the logits' size).
 
 The cross-entropy's bytes run at the profile's measured `loss` class rate (the rate its own loss is timed at:
-planner/profiler/membound.py), so the term is the difference of two times at one rate: (52 - 36) B a logit,
+planner/profiler/membound.py), so the term is the difference of two times at one rate: (52 less the profile's own loss_bytes_per_logit, 36 at bf16) B a logit,
 plus the fills. Only where the profile's loss is the formula (an analytic bf16 profile: rules.runtime_loss) and
 the runtime runs its own loss: not under Transformer Engine's fused cross-entropy (te_cross_entropy), nor a
 chunked or compiled loss.
@@ -38,7 +38,6 @@ from planner.cost import runtimes
 from planner.cost.rules import compute_ms, loss_compiled, runtime_loss
 from planner.schema import Profile, TrainSetup
 
-PROFILE_LOSS_FP32_BYTES = 32  # the analytic profile's eager loss: 2 x d (the casts) + 32 a logit (analytic.loss_ms)
 LOGIT_BYTES = 2  # the records' loss bytes are of bf16 logits (runtime_loss reads bf16 profiles only)
 
 
@@ -78,8 +77,11 @@ def vocab_parallel_ce_ms(profile: Profile, stage: int, setup: TrainSetup) -> flo
     rate, hbm = _loss_tbps(profile), _positive(profile.assumptions.get("gpu_hbm_tbps"))
     if not logits or rate is None:
         return 0.0
+    profiled = _positive(profile.assumptions.get("loss_bytes_per_logit"))  # the analytic profile's own (loss_ms)
+    if profiled is None:
+        return 0.0
     record = runtimes.of(setup.training)
-    beyond = record.vocab_parallel_ce_bytes - (2 * LOGIT_BYTES + PROFILE_LOSS_FP32_BYTES)
+    beyond = record.vocab_parallel_ce_bytes - profiled
     ms = logits * beyond / (rate * 1e12) * 1e3
     if setup.training.deterministic and record.ce_fill_bytes and hbm:
         ms += logits * record.ce_fill_bytes / (hbm * 1e12) * 1e3

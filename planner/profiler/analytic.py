@@ -257,8 +257,12 @@ def loss_ms(arch: Arch, shape: Shape, gpu: GPU) -> float:
     it and its output and writes (12), the cast back reads 4 and writes d. nll_loss itself
     gathers one entry per token. All at the `loss` class's rate (membound.OP_CLASSES), casts included,
     as the fake profile classes everything its loss_fn runs."""
-    moved = logits_bytes(arch, shape, 2 * shape.d + 8 * FP32)
-    return membound_ms(moved, gpu, "eager", "loss")
+    return membound_ms(logits_bytes(arch, shape, loss_bytes_per_logit(shape)), gpu, "eager", "loss")
+
+
+def loss_bytes_per_logit(shape: Shape) -> int:
+    """The bytes loss_ms moves per logit (recorded in the profile's assumptions: cost/megatron_loss.py)."""
+    return 2 * shape.d + 8 * FP32
 
 
 # ---------------------------------------------------------------- layers and profile
@@ -412,6 +416,7 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, layers: l
         "gpu_hbm_tbps": gpu.hbm_tbps, "gpu_source": gpu.source,
         # the bandwidth memory-bound kernels are measured to reach (eager ops, fused kernels; membound.py)
         "membound_tbps": membound_facts(gpu),
+        "loss_bytes_per_logit": loss_bytes_per_logit(shape),  # the eager loss loss_ms times
         # --mfu, an explicit override of the roofline (None: not given), and the MFU the times imply
         "mfu": mfu, "mfu_implied": implied(arch, shape, gpu, layers),
         "matmul_efficiency": gpu.matmul_efficiency, "matmul_source": f"{gpu.matmul_source}; by size: "
