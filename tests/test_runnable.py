@@ -115,3 +115,15 @@ def test_torchtitan_before_its_accumulation_runs_one_microbatch_a_step_on_one_st
     for runtime, version in (("torchtitan", "2c8b5947"), ("torchtitan", "b5bcd76c"), ("megatron", None),
                              ("deepspeed", None), ("colossalai", None), ("ckplan", None)):
         assert accumulation_refused(runtime, version, stages=1, microbatches=4) is None
+
+
+def test_a_deepspeed_export_of_a_shard_group_plan_is_rounded_to_the_whole_group_and_says_so(tmp_path):
+    """A plan solved elsewhere with ZeRO 3 in groups of 4 of 8 ranks: DeepSpeed's config has no smaller group, so the
+    export shards over all 8 and its re-score charges that, not the plan's groups."""
+    _, plan, _ = write(tmp_path, [10], set())
+    profile = io.load_profile(tmp_path / "llm.json")
+    grouped = plan.model_copy(update={"setup": plan.setup.model_copy(update={"dp": 8, "zero": 3, "shard_group": 4})})
+    exported = deepspeed.export(grouped, profile, plan_file="plan.yaml")
+    assert exported.rounded.setup.data_parallel.shard_group is None
+    assert any("not in groups of 4" in change and "all 8 ranks" in change for change in exported.rounded.changes)
+    assert _config(grouped, profile)[1]["zero_optimization"] == {"stage": 3}

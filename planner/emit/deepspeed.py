@@ -43,6 +43,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     rounded = rounding.start(plan, TARGET)
     rounding.one_f_one_b(rounded, TARGET)
     dp_support.round_zero(rounded, TARGET)
+    dp_support.round_shard_group(rounded, TARGET)
     first = profile.layers[0].name
     if first in rounded.stages[0].checkpointed:
         rounded.stages[0] = rounded.stages[0].with_checkpointed(

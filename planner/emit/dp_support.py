@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost import runtimes
 from planner.schema import TrainSetup
 
 
@@ -24,10 +25,18 @@ class ZeroLimit:
     why: str
 
 
+# the runtime whose record says what each target runs (cost/runtimes.py: pipeline_max_zero, shard_group_zero)
+RUNTIMES = {"ColossalAI": "colossalai", "DeepSpeed": "deepspeed"}
+
+
+def _record_limit(target: str) -> ZeroLimit:
+    record = runtimes.facts(RUNTIMES[target], None)
+    return ZeroLimit(target, record.pipeline_max_zero, record.sources["pipeline_max_zero"])
+
+
 LIMITS = {limit.target: limit for limit in (
-    ZeroLimit("ColossalAI", 1, "HybridParallelPlugin asserts zero_stage <= 1 when pp_size > 1"),
-    ZeroLimit("DeepSpeed", 1, "its PipelineEngine asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline "
-                              "parallelism"),
+    _record_limit("ColossalAI"),
+    _record_limit("DeepSpeed"),
     ZeroLimit("Megatron-LM", 1, "--use-distributed-optimizer shards the optimizer state only (ZeRO-1)"),
 )}
 
@@ -54,3 +63,19 @@ def round_zero(rounded, target: str) -> None:
     stage = LIMITS[target].max_zero
     rounded.setup = rounded.setup.model_copy(update={"zero": stage})
     rounded.changes.append(f"{sentence}; exported with ZeRO-{stage}")
+
+
+def round_shard_group(rounded, target: str) -> None:
+    """Export over the whole data-parallel group where the target shards over no smaller one at the plan's
+    ZeRO stage (its runtime record's shard_group_zero: DeepSpeed since MiCS was removed), saying so, so the
+    re-score charges what its config runs."""
+    record = runtimes.facts(RUNTIMES[target], None)
+    data_parallel = rounded.setup.data_parallel
+    group = data_parallel.shard_group
+    if record.shard_group_zero is None or not group or group >= data_parallel.dp \
+            or data_parallel.zero in record.shard_group_zero:
+        return
+    rounded.setup = rounded.setup.model_copy(update={"shard_group": None})
+    rounded.changes.append(f"{target} shards ZeRO-{data_parallel.zero} over the whole data-parallel group, not in "
+                           f"groups of {group} (the {record.name} record's shard_group_zero); exported over all "
+                           f"{data_parallel.dp} ranks")
