@@ -79,7 +79,7 @@ def step_events(stage: Fsdp2Stage, *, steps: int = STEPS) -> list[Event]:
         events += [Alloc(("shard", i, j), size, DEFAULT) for j, size in enumerate(layer.shard)]
     events.append(Alloc(("buffers",), stage.buffer_bytes, DEFAULT))
     for step in range(steps):
-        (_PipelineStep if stage.actions else _Step)(stage, events, makes_state=step == 0).run()
+        events += one_step(stage, step)
     return events
 
 
