@@ -21,7 +21,8 @@ b5bcd76c (2026-08-21); torch 2.6.0 (git 2236df17) and 2.13.0 (docs/framework-fac
   backward's end, and every unit is resharded in its post-backward.
 
 torchtitan 9dec370 and bbb1b616 run one microbatch a step without a pipeline (no accumulation loop: 9dec370
-train.py 253-323; bbb1b616 torchtitan/train.py 311-370); the replay plays FSDP2's accumulation all the same (torch's, not torchtitan's). Not
+train.py 253-323; bbb1b616 torchtitan/train.py 311-370): several microbatches on one stage under them are
+refused (runnable.accumulation_refused), so the replay plays the versions that accumulate. Not
 replayed: b5bcd76c holding every microbatch's input ids on the device to the step's end (trainer.py 880-887:
 `input_dict[key] = value.to(device)` into the step's list; 8 B a token), among the buffers as one batch.
 Nothing here reads a file or prints.
