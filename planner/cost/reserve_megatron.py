@@ -54,7 +54,7 @@ Nothing here reads a file or prints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.cost import afterstep, allocator, bridgeterms, dataparallel, runtimes
@@ -68,6 +68,10 @@ from planner.schema import AllocRecord, LayerProfile, Profile, StagePlan, TrainS
 
 INTERLEAVED = "interleaved-1F1B"  # Megatron-LM's virtual pipeline stages (reserve_megatron_chunks.py)
 STEPS = 2  # the first step makes Adam's state after its activations; the second runs as every later one
+# The steps a replay plays at most: as FSDP2's (fsdp2_events.MAX_STEPS), it stops at the first step past STEPS that
+# raises neither peak (allocator.settled_replay); Megatron-LM logs max_memory_allocated / reserved over the run
+# (training.py's report_memory), so the settled figure is what a later step logs
+MAX_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,8 @@ def adam_state_events(static: MegatronStatic) -> list[Event]:
 
 
 class _Holders:
-    """Which of the schedule's references keep a tensor: a key is freed when its last holder lets go."""
+    """Which of the schedule's references keep a tensor: a key is freed, into `events` (the step being made), when
+    its last holder lets go."""
 
     def __init__(self, events: list[Event]) -> None:
         self.events, self.held = events, {}
@@ -324,23 +329,37 @@ class _Step:
             self.holders.drop(old, holder)
 
 
+def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
+                static: MegatronStatic, stage: int, stages: int, num_microbatches: int, loss: AllocRecord | None,
+                input_bytes: int, keeps_logits: bool = False) -> tuple[list[Event], Callable[[int], list[Event]]]:
+    """The rank's static allocations, and the function making step `index`'s events (step 0 makes the cuBLAS
+    workspaces at its first forward and Adam's state after its backwards); the steps share the schedule's
+    references (the model's last input is let go at the next step's first forward). `loss`: the last stage's
+    (last_stage_loss), else None; `keeps_logits`: it keeps the logits to its backward."""
+    holders = _Holders([])
+    order = schedule_order(stages, stage, replayed_microbatches(stages, stage, num_microbatches))
+
+    def one_step(index: int) -> list[Event]:
+        events = holders.events = first_forward_events(static) if index == 0 else []
+        _Step(layers, options, records, loss=loss, first=stage == 0, input_bytes=input_bytes, events=events,
+              holders=holders, step=index, keeps_logits=keeps_logits).run(order)
+        if index == 0:
+            events += adam_state_events(static)
+        return events
+
+    return static_events(static), one_step
+
+
 def step_events(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
                 static: MegatronStatic, stage: int, stages: int, num_microbatches: int,
                 loss: AllocRecord | None, input_bytes: int, steps: int = STEPS,
                 keeps_logits: bool = False) -> list[Event]:
-    """The rank's static allocations, then `steps` steps (the first making Adam's state after its
-    backwards), as allocator events; `loss`: the last stage's (last_stage_loss), else None; `keeps_logits`: it
-    keeps the logits to its backward."""
-    events = static_events(static)
-    holders = _Holders(events)
-    order = schedule_order(stages, stage, replayed_microbatches(stages, stage, num_microbatches))
-    for step in range(steps):
-        if step == 0:
-            events += first_forward_events(static)
-        _Step(layers, options, records, loss=loss, first=stage == 0, input_bytes=input_bytes, events=events,
-              holders=holders, step=step, keeps_logits=keeps_logits).run(order)
-        if step == 0:
-            events += adam_state_events(static)
+    """The rank's static allocations, then `steps` steps (step_player's), as allocator events."""
+    events, one_step = step_player(layers, options, records, static=static, stage=stage, stages=stages,
+                                   num_microbatches=num_microbatches, loss=loss, input_bytes=input_bytes,
+                                   keeps_logits=keeps_logits)
+    for index in range(steps):
+        events += one_step(index)
     return events
 
 
@@ -365,10 +384,11 @@ def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: 
             return None
         loss, keeps_logits = last_stage_loss(profile, setup, logits)
     static = static_of(layers, cost, stage=stage, profile=profile, setup=setup)
-    events = step_events(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
-                         num_microbatches=pipeline.microbatches, loss=loss,
-                         input_bytes=layers[0].input_bytes if stage > 0 else 0, keeps_logits=keeps_logits)
-    return allocator.replay(events, expandable=expandable_segments(profile, setup))
+    events, one_step = step_player(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
+                                   num_microbatches=pipeline.microbatches, loss=loss,
+                                   input_bytes=layers[0].input_bytes if stage > 0 else 0, keeps_logits=keeps_logits)
+    return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
+                                    expandable=expandable_segments(profile, setup))
 
 
 def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None:
