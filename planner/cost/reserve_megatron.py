@@ -69,8 +69,9 @@ from planner.schema import AllocRecord, LayerProfile, Profile, StagePlan, TrainS
 INTERLEAVED = "interleaved-1F1B"  # Megatron-LM's virtual pipeline stages (reserve_megatron_chunks.py)
 STEPS = 2  # the first step makes Adam's state after its activations; the second runs as every later one
 # The steps a replay plays at most: as FSDP2's (fsdp2_events.MAX_STEPS), it stops at the first step past STEPS that
-# raises neither peak (allocator.settled_replay); Megatron-LM logs max_memory_allocated / reserved over the run
-# (training.py's report_memory), so the settled figure is what a later step logs
+# raises neither peak (allocator.settled_replay). Megatron-LM logs the peaks over the run, never reset (d98e8a64
+# training.py 3445 allocated_bytes.all.peak; training/utils/common_utils.py 323-325 max_memory_allocated /
+# max_memory_reserved; no reset_peak_memory_stats in megatron/training), so the settled figure is what a later step logs
 MAX_STEPS = 8
 
 
