@@ -33,8 +33,8 @@ for each in docs/framework-facts.md §43:
   fp32 copy of the bf16 logits and works in place on it, saving it (the runtime's loss region, kept_x the
   logits' bytes, here 2); the logits are dropped once the loss is made; its backward hands the fp32 gradient
   (the same storage) to `.float()`'s backward, which makes the bf16 logits' gradient and drops the fp32 one;
-- the cuBLAS workspaces (torch's, Transformer Engine's: afterstep.workspace_bytes) are made at the first
-  forward and kept.
+- the cuBLAS workspaces (torch's, Transformer Engine's: afterstep.workspace_bytes) and, under Megatron-core's
+  local spec, its global buffer (afterstep.global_buffer_bytes) are made at the first forward and kept.
 
 The layers' own allocations are each layer's AllocRecord for its recompute option (as reserve.py plays
 them, planner/cost/reserve.py _Step), holding what Transformer Engine's layers save where the cost model charges
@@ -92,6 +92,7 @@ class MegatronStatic:
     weight_scale: tuple[float, ...] = ()
     te_weight_copies: tuple[int, ...] = ()  # per layer, TE's cached FP8 weight copy, made at the first forward
     chunk_layers: tuple[int, ...] = ()  # layers a model chunk, chunk 0 first (each its own DDP); (): one chunk
+    global_buffer: int = 0  # Megatron-core's global buffer under its local spec, made at the first forward
 
 
 def replays(setup: TrainSetup) -> bool:
@@ -175,8 +176,10 @@ def static_events(static: MegatronStatic) -> list[Event]:
 
 
 def first_forward_events(static: MegatronStatic) -> list[Event]:
-    """What the first forward makes and keeps: the cuBLAS workspaces, TE's cached FP8 weight copies."""
+    """What the first forward makes and keeps: the cuBLAS workspaces, the local spec's global buffer, TE's cached
+    FP8 weight copies."""
     return [*(Alloc(("workspace", n), size) for n, size in enumerate(static.workspaces)),
+            *([Alloc(("global_buffer",), static.global_buffer)] if static.global_buffer else []),
             *(Alloc(("te_weight_copy", i), size) for i, size in enumerate(static.te_weight_copies) if size)]
 
 
@@ -431,13 +434,15 @@ def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Prof
         main_ratio=master / held.shard_weights / k, moment_ratio=moment / held.shard_weights / k,
         clone_ratio=1 / k if master else 0.0,
         rest_bytes=int(max(0.0, cost.static_bytes - made) + batch_bytes(profile, stage, setup)),
-        workspaces=_workspaces(record, profile), weight_scale=scale, te_weight_copies=copies,
-        chunk_layers=chunk_layers)
+        workspaces=_workspaces(setup.training, profile), weight_scale=scale, te_weight_copies=copies,
+        chunk_layers=chunk_layers, global_buffer=afterstep.global_buffer_bytes(setup.training, profile))
 
 
-def _workspaces(record, profile: Profile) -> tuple[int, ...]:
+def _workspaces(training, profile: Profile) -> tuple[int, ...]:
+    record = runtimes.of(training)
     torch_side = afterstep.torch_workspaces(record)  # the forward's thread's and autograd's
-    te = afterstep.workspace_bytes(record, profile.device) - sum(torch_side) if profile.device.type == "cuda" else 0
+    te = afterstep.workspace_bytes(record, profile.device, local_layers=afterstep.local_spec(training)) \
+        - sum(torch_side) if profile.device.type == "cuda" else 0
     return tuple(size for size in (*torch_side, te) if size > 0)
 
 
