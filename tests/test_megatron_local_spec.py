@@ -55,6 +55,10 @@ def test_the_local_spec_makes_torchs_two_workspaces_and_not_transformer_engines(
 def test_a_profile_without_its_shape_is_refused_not_charged_nothing():
     with pytest.raises(UserError, match="does not record"):
         afterstep.global_buffer_bytes(LOCAL, SimpleNamespace(assumptions={}, device=H100))
+    flash = _profile()
+    flash.assumptions["attention"] = "flash"  # the scores the local spec keeps would not be in its activations
+    with pytest.raises(UserError, match="--attention eager"):
+        afterstep.global_buffer_bytes(LOCAL, flash)
 
 
 def test_the_replay_makes_the_buffer_at_the_first_forward_beside_the_workspaces():

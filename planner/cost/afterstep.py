@@ -93,6 +93,10 @@ def global_buffer_bytes(training: TrainingSetup, profile: Profile) -> int:
         raise UserError("--local-layers sizes the local spec's attention buffer from the profile's heads, sequence "
                         "and micro-batch, which this profile does not record: profile the model with --arch or "
                         "read it with --from-megatron")
+    if shape.get("attention", "eager") != "eager":  # DotProductAttention makes and keeps the s x s scores
+        raise UserError("--local-layers runs the local spec's DotProductAttention, which keeps the s x s scores, and "
+                        "this profile's attention is flash: profile it with --attention eager (--from-megatron "
+                        "reads --transformer-impl local so)")
     tp, seq, mbs = int(shape.get("tp", 1)), int(shape["seq_len"]), int(shape["micro_batch_size"])
     scores = mbs * int(model["num_heads"]) // tp * seq * seq
     gathered = seq * mbs * int(model["hidden_size"]) if tp > 1 and shape.get("sp") else 0
