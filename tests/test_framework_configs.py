@@ -268,7 +268,9 @@ def test_the_local_spec_keeps_the_attention_scores(tmp_path):
     assert _job(tmp_path, BASE).attention == "flash"
     local = _job(tmp_path, BASE + "\n--transformer-impl: local")
     assert local.attention == "eager"
-    assert {s.name: s.status for s in local.settings}["--transformer-impl"] == "not modelled"  # TE's workspace
+    # no TE workspace, DotProductAttention's global buffer (the record's local_spec_buffer: test_megatron_local_spec.py)
+    assert {s.name: s.status for s in local.settings}["--transformer-impl"] == "modelled"
+    assert local.modelled.local_layers
     assert _job(tmp_path, BASE + "\n--transformer-impl: transformer_engine").attention == "flash"
     assert _job(tmp_path, BASE + "\n--attention-backend: unfused").attention == "eager"
 

@@ -8,13 +8,14 @@ from fixtures.cli import run, run_ok
 
 from planner import io
 from planner.cost import costmodel, reserve_megatron
-from planner.cost.allocator import Alloc, Free, replay
+from planner.cost.allocator import Alloc, Free, replay, settled_replay
 from planner.cost.reserve_megatron import (
     MegatronStatic,
     loss_record,
     schedule_order,
     static_events,
     step_events,
+    step_player,
 )
 from planner.models.synthetic import uniform_blocks
 from planner.schema import AllocRecord, DeviceInfo, TrainSetup
@@ -176,3 +177,30 @@ def test_three_steady_pairs_reserve_what_every_microbatch_does(monkeypatch):
     assert reserve_megatron.replayed_microbatches(3, 1, 12) == 4  # one warm-up forward and three pairs
     monkeypatch.setattr(reserve_megatron, "replayed_microbatches", lambda stages, stage, m: m)
     assert replay(step_events([_Layer()], ["none"], [MIDDLE], **kwargs)) == short
+
+
+def test_the_replay_plays_steps_until_the_cache_settles(monkeypatch):
+    # a middle stage of 3, two microbatches: the layer keeps 10 MiB, a 30 MiB scratch freed, its 24 MiB output;
+    # backward the input's 14 MiB gradient. Two steps reserve 170 MiB; the third step's 24 MiB output finds no
+    # free block of its size in what the second left (a new 24 MiB segment), the fourth adds none: 194 MiB, the
+    # figure a later step logs (max_memory_reserved over the run), where two steps said 170
+    record = AllocRecord(forward=[10 * MIB, 30 * MIB, -2, 24 * MIB], backward=[14 * MIB, -1], output=3, input_grad=4,
+                         params=[])
+    static = MegatronStatic(tensors=((8 * MIB,),), distributed=True, grad_ratio=2.0, main_ratio=1.0, moment_ratio=1.0,
+                            clone_ratio=0.5, rest_bytes=0)
+    kwargs = dict(static=static, stage=1, stages=3, num_microbatches=2, loss=None, input_bytes=14 * MIB)
+    reserved = [replay(step_events([_Layer()], ["none"], [record], steps=n, **kwargs)).reserved_peak_bytes // MIB
+                for n in (2, 3, 4, 8)]
+    assert reserved == [170, 194, 194, 194]
+    events, one_step = step_player([_Layer()], ["none"], [record], **kwargs)
+    played = []
+    settled = settled_replay(events, lambda index: played.append(index) or one_step(index), min_steps=2,
+                             max_steps=reserve_megatron.MAX_STEPS)
+    assert settled.reserved_peak_bytes == 194 * MIB and played == [0, 1, 2, 3]  # the fourth raised neither peak
+    # the hook plays the settled replay (not a fixed count of steps)
+    calls = []
+    monkeypatch.setattr(reserve_megatron.allocator, "settled_replay",
+                        lambda *a, **k: calls.append(k) or settled_replay(*a, **k))
+    profile = _megatron_profile(record)
+    costmodel.evaluate(costmodel.split_to_stages([0, 2], [False] * 4, profile), profile, _setup())
+    assert [(k["min_steps"], k["max_steps"]) for k in calls] == [(2, 8), (2, 8)]

@@ -3,11 +3,12 @@ schedules.py's own table and warm-up count, a rank of two chunks counted by hand
 rules, and the hook choosing the replay for --runtime megatron's virtual pipeline stages."""
 
 from planner.cost import reserve_megatron
-from planner.cost.allocator import Alloc, Free, replay
+from planner.cost.allocator import Alloc, Free, replay, settled_replay
 from planner.cost.reserve_megatron import MegatronStatic, static_events
 from planner.cost.reserve_megatron_chunks import (
     interleaved_order,
     rank_events,
+    rank_player,
     replayed_microbatches,
     schedule_table,
 )
@@ -83,6 +84,16 @@ def test_a_rank_of_two_chunks_replayed_by_hand():
     # kept 16, the two inputs 4, the output gradient 2, the input gradient 2, and the four stubs
     got = replay(events)
     assert (got.reserved_peak_bytes, got.allocated_peak_bytes, got.segments) == (42 * MIB, 24 * MIB + 4 * 512, 3)
+
+
+def test_the_interleaved_replay_settles_as_a_fixed_count_of_steps_would():
+    # the steps rank_player makes are rank_events' own, and once the cache settles further steps move no peak
+    chunks = [([_Layer()], ["none"], [FIRST]), ([_Layer()], ["none"], [LATER])]
+    kwargs = dict(static=EMPTY, stage=0, stages=2, num_microbatches=2, loss=None)
+    events, one_step = rank_player(chunks, **kwargs)
+    assert events + one_step(0) + one_step(1) == rank_events(chunks, steps=2, **kwargs)
+    settled = settled_replay(*rank_player(chunks, **kwargs), min_steps=2, max_steps=reserve_megatron.MAX_STEPS)
+    assert settled == replay(rank_events(chunks, steps=reserve_megatron.MAX_STEPS, **kwargs))
 
 
 def test_the_hook_replays_megatrons_interleaved_schedule():

@@ -1,7 +1,7 @@
 """The options for the settings real jobs use (--runtime-version, --compile, --op-level-sac,
 --float8, --fp8-all-gather, --cp, --cp-comm, --optimizer-state-dtype, --chunked-cross-entropy,
 --mtp-layers, --expert-tp, and Megatron-LM's --no-gradient-accumulation-fusion, --log-params-norm,
---log-num-zeros-in-grad, --deterministic-mode, --grad-reduce-in-bf16, --te-cross-entropy): TrainingSetup's fields of the same names. planner/cost/runtimes.py
+--log-num-zeros-in-grad, --deterministic-mode, --grad-reduce-in-bf16, --te-cross-entropy, --local-layers): TrainingSetup's fields of the same names. planner/cost/runtimes.py
 models each or refuses it in one sentence; none is ignored."""
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ SETTING_OPTIONS = [
                  help="Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te: Transformer Engine's "
                       "fused cross-entropy, its gradient written into the logits (kept and peak 1x the logits; "
                       "--runtime megatron)."),
+    click.option("--local-layers", is_flag=True,
+                 help="Megatron-LM's --transformer-impl local: Megatron-core's own layers, no Transformer Engine (no "
+                      "TE cuBLAS workspace; DotProductAttention's global buffer at the attention scores' size, kept; "
+                      "the profile's attention eager, as --from-megatron reads it; --runtime megatron)."),
     click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
                  help="Whether the job's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching "
                       "allocator's replay (the reserve on cuda) runs its rules or the default segments (ROCm builds "
@@ -87,7 +91,8 @@ SETTING_OPTIONS = [
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
-                        "expandable_segments", "grad_reduce_bf16", "te_cross_entropy")
+                        "expandable_segments", "grad_reduce_bf16", "te_cross_entropy",
+                        "local_layers")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -130,6 +135,7 @@ class TrainingSettings:
     expandable_segments: bool | None = None  # None: as the runtime's launch script sets it
     grad_reduce_bf16: bool = False
     te_cross_entropy: bool = False
+    local_layers: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:

@@ -10,7 +10,9 @@ runtime keeps past the step, each from its record (planner/cost/runtimes.py):
 - the cuBLAS workspaces allocated once through torch's caching allocator: torch's own
   (`cublas_workspace_bytes`, CUBLAS_WORKSPACE_CONFIG), one for the forward's thread and one for
   autograd's (TORCH_BLAS_THREADS), and Transformer Engine's (`te_cublas_workspace`: 32 MiB on
-  compute capability 9 and later, 4 MiB before).
+  compute capability 9 and later, 4 MiB before), which Megatron-core's local spec never makes;
+- under the local spec (`local_spec_buffer`, TrainingSetup.local_layers), Megatron-core's global
+  memory buffer: DotProductAttention's baddbmm input, made at the first forward and never freed.
 
 The activations, the pipeline's receive buffers and the loss are gone by then. The peak does not
 read this: during the step the chunks' inputs are the ones the schedule already holds.
@@ -22,7 +24,9 @@ from collections.abc import Sequence
 
 from planner.cost import runtimes
 from planner.cost.layers import LayerCost
-from planner.schema import DeviceInfo, TrainingSetup
+from planner.errors import UserError
+from planner.schema import DeviceInfo, Profile, TrainingSetup
+from planner.units import DTYPE_BYTES
 
 MIB = 1 << 20
 # Transformer Engine's get_cublas_workspace_size_bytes: 32 MiB + 1,024 B where the device's compute
@@ -57,20 +61,59 @@ def torch_workspaces(record: runtimes.RuntimeFacts) -> tuple[int, ...]:
     return (record.cublas_workspace_bytes,) * TORCH_BLAS_THREADS if record.cublas_workspace_bytes else ()
 
 
-def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo) -> int:
-    """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda)."""
+def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo, *, local_layers: bool = False) -> int:
+    """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda); `local_layers`:
+    the setup runs Megatron-core's local spec, whose layers make no Transformer Engine GEMM."""
     if device.type != "cuda":
         return 0
     torch_side = sum(torch_workspaces(record))
-    if not record.te_cublas_workspace:
+    if not record.te_cublas_workspace or (local_layers and record.local_spec_buffer):
         return torch_side
     sm90 = any(kind in device.name.lower() for kind in _SM90_PLUS)  # "h100-sxm (analytic)", "NVIDIA H100 80GB HBM3"
     return torch_side + (TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES)
 
 
+def local_spec(training: TrainingSetup) -> bool:
+    """Whether the setup runs Megatron-core's local spec (--local-layers, where the record reads it)."""
+    return getattr(training, "local_layers", False) and runtimes.of(training).local_spec_buffer
+
+
+def global_buffer_bytes(training: TrainingSetup, profile: Profile) -> int:
+    """Megatron-core's global memory buffer under its local spec (the record's local_spec_buffer: one tensor a
+    name and dtype, made again only larger, never freed): DotProductAttention's baddbmm input, micro-batch x
+    heads / TP x s x s, and under sequence parallelism at TP > 1 the linears' all-gathered input, s x
+    micro-batch x hidden, share the name "mpu": the larger, in the activations' dtype. Every rank's blocks
+    make it (a rank without a decoder block would not: not told apart). 0 where the setup runs no local spec,
+    or the profile is not of a cuda device (torch.empty on torch.cuda.current_device(), utils.py 746-751)."""
+    if not local_spec(training) or profile.device.type != "cuda":
+        return 0
+    shape = profile.assumptions
+    model = shape.get("model") or {}
+    if not {"seq_len", "micro_batch_size", "dtype"} <= set(shape) or not {"num_heads", "hidden_size"} <= set(model):
+        raise UserError("--local-layers sizes the local spec's attention buffer from the profile's heads, sequence "
+                        "and micro-batch, which this profile does not record: profile the model with --arch or "
+                        "read it with --from-megatron")
+    if shape.get("attention", "eager") != "eager":  # DotProductAttention makes and keeps the s x s scores
+        raise UserError("--local-layers runs the local spec's DotProductAttention, which keeps the s x s scores, and "
+                        "this profile's attention is flash: profile it with --attention eager (--from-megatron "
+                        "reads --transformer-impl local so)")
+    tp, seq, mbs = int(shape.get("tp", 1)), int(shape["seq_len"]), int(shape["micro_batch_size"])
+    scores = mbs * int(model["num_heads"]) // tp * seq * seq
+    gathered = seq * mbs * int(model["hidden_size"]) if tp > 1 and shape.get("sp") else 0
+    return max(scores, gathered) * DTYPE_BYTES[shape["dtype"]]
+
+
+def first_forward_bytes(training: TrainingSetup, profile: Profile) -> int:
+    """What the runtime makes at its first forward and keeps to the end: the cuBLAS workspaces
+    (workspace_bytes) and, under Megatron-core's local spec, its global buffer (global_buffer_bytes)."""
+    record = runtimes.of(training)
+    return workspace_bytes(record, profile.device, local_layers=local_spec(training)) \
+        + global_buffer_bytes(training, profile)
+
+
 def after_step_bytes(static: float, first_layers: Sequence[LayerCost], stages: Sequence[int], *,
-                     training: TrainingSetup, device: DeviceInfo) -> int:
+                     training: TrainingSetup, profile: Profile) -> int:
     """Allocated after the optimizer step on a rank holding pipeline `stages` (their first layers
     `first_layers`): its static bytes and what its runtime keeps past the step."""
     record = runtimes.of(training)
-    return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) + workspace_bytes(record, device)
+    return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) + first_forward_bytes(training, profile)

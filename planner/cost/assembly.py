@@ -261,9 +261,10 @@ def limit_bytes(stage: int, ctx: Context) -> int:
 def cublas_workspaces_bytes(ctx: Context) -> int:
     """The cuBLAS workspaces a rank's runtime keeps from its first matmul to the end (afterstep.workspace_bytes:
     torch's, taken through the caching allocator, aten/src/ATen/cuda/CublasHandlePool.cpp getNewWorkspace, and
-    Transformer Engine's, a torch.empty): allocated bytes, so in what torch.cuda.max_memory_allocated reports and
-    Megatron-LM logs. 0 on cpu and where the runtime's record charges none."""
-    return afterstep.workspace_bytes(runtimes.of(ctx.setup.training), ctx.profile.device)
+    Transformer Engine's, a torch.empty), and under Megatron-core's local spec its global buffer, kept from the
+    first forward (afterstep.global_buffer_bytes): allocated bytes, so in what torch.cuda.max_memory_allocated
+    reports and Megatron-LM logs. 0 on cpu and where the runtime's record charges none."""
+    return afterstep.first_forward_bytes(ctx.setup.training, ctx.profile)
 
 
 def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:

@@ -33,8 +33,8 @@ for each in docs/framework-facts.md §43:
   fp32 copy of the bf16 logits and works in place on it, saving it (the runtime's loss region, kept_x the
   logits' bytes, here 2); the logits are dropped once the loss is made; its backward hands the fp32 gradient
   (the same storage) to `.float()`'s backward, which makes the bf16 logits' gradient and drops the fp32 one;
-- the cuBLAS workspaces (torch's, Transformer Engine's: afterstep.workspace_bytes) are made at the first
-  forward and kept.
+- the cuBLAS workspaces (torch's, Transformer Engine's: afterstep.workspace_bytes) and, under Megatron-core's
+  local spec, its global buffer (afterstep.global_buffer_bytes) are made at the first forward and kept.
 
 The layers' own allocations are each layer's AllocRecord for its recompute option (as reserve.py plays
 them, planner/cost/reserve.py _Step), holding what Transformer Engine's layers save where the cost model charges
@@ -54,7 +54,7 @@ Nothing here reads a file or prints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.cost import afterstep, allocator, bridgeterms, dataparallel, runtimes
@@ -68,6 +68,11 @@ from planner.schema import AllocRecord, LayerProfile, Profile, StagePlan, TrainS
 
 INTERLEAVED = "interleaved-1F1B"  # Megatron-LM's virtual pipeline stages (reserve_megatron_chunks.py)
 STEPS = 2  # the first step makes Adam's state after its activations; the second runs as every later one
+# The steps a replay plays at most: as FSDP2's (fsdp2_events.MAX_STEPS), it stops at the first step past STEPS that
+# raises neither peak (allocator.settled_replay). Megatron-LM logs the peaks over the run, never reset (d98e8a64
+# training.py 3445 allocated_bytes.all.peak; training/utils/common_utils.py 323-325 max_memory_allocated /
+# max_memory_reserved; no reset_peak_memory_stats in megatron/training), so the settled figure is what a later step logs
+MAX_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class MegatronStatic:
     weight_scale: tuple[float, ...] = ()
     te_weight_copies: tuple[int, ...] = ()  # per layer, TE's cached FP8 weight copy, made at the first forward
     chunk_layers: tuple[int, ...] = ()  # layers a model chunk, chunk 0 first (each its own DDP); (): one chunk
+    global_buffer: int = 0  # Megatron-core's global buffer under its local spec, made at the first forward
 
 
 def replays(setup: TrainSetup) -> bool:
@@ -170,8 +176,10 @@ def static_events(static: MegatronStatic) -> list[Event]:
 
 
 def first_forward_events(static: MegatronStatic) -> list[Event]:
-    """What the first forward makes and keeps: the cuBLAS workspaces, TE's cached FP8 weight copies."""
+    """What the first forward makes and keeps: the cuBLAS workspaces, the local spec's global buffer, TE's cached
+    FP8 weight copies."""
     return [*(Alloc(("workspace", n), size) for n, size in enumerate(static.workspaces)),
+            *([Alloc(("global_buffer",), static.global_buffer)] if static.global_buffer else []),
             *(Alloc(("te_weight_copy", i), size) for i, size in enumerate(static.te_weight_copies) if size)]
 
 
@@ -182,7 +190,8 @@ def adam_state_events(static: MegatronStatic) -> list[Event]:
 
 
 class _Holders:
-    """Which of the schedule's references keep a tensor: a key is freed when its last holder lets go."""
+    """Which of the schedule's references keep a tensor: a key is freed, into `events` (the step being made), when
+    its last holder lets go."""
 
     def __init__(self, events: list[Event]) -> None:
         self.events, self.held = events, {}
@@ -324,23 +333,37 @@ class _Step:
             self.holders.drop(old, holder)
 
 
+def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
+                static: MegatronStatic, stage: int, stages: int, num_microbatches: int, loss: AllocRecord | None,
+                input_bytes: int, keeps_logits: bool = False) -> tuple[list[Event], Callable[[int], list[Event]]]:
+    """The rank's static allocations, and the function making step `index`'s events (step 0 makes the cuBLAS
+    workspaces at its first forward and Adam's state after its backwards); the steps share the schedule's
+    references (the model's last input is let go at the next step's first forward). `loss`: the last stage's
+    (last_stage_loss), else None; `keeps_logits`: it keeps the logits to its backward."""
+    holders = _Holders([])
+    order = schedule_order(stages, stage, replayed_microbatches(stages, stage, num_microbatches))
+
+    def one_step(index: int) -> list[Event]:
+        events = holders.events = first_forward_events(static) if index == 0 else []
+        _Step(layers, options, records, loss=loss, first=stage == 0, input_bytes=input_bytes, events=events,
+              holders=holders, step=index, keeps_logits=keeps_logits).run(order)
+        if index == 0:
+            events += adam_state_events(static)
+        return events
+
+    return static_events(static), one_step
+
+
 def step_events(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
                 static: MegatronStatic, stage: int, stages: int, num_microbatches: int,
                 loss: AllocRecord | None, input_bytes: int, steps: int = STEPS,
                 keeps_logits: bool = False) -> list[Event]:
-    """The rank's static allocations, then `steps` steps (the first making Adam's state after its
-    backwards), as allocator events; `loss`: the last stage's (last_stage_loss), else None; `keeps_logits`: it
-    keeps the logits to its backward."""
-    events = static_events(static)
-    holders = _Holders(events)
-    order = schedule_order(stages, stage, replayed_microbatches(stages, stage, num_microbatches))
-    for step in range(steps):
-        if step == 0:
-            events += first_forward_events(static)
-        _Step(layers, options, records, loss=loss, first=stage == 0, input_bytes=input_bytes, events=events,
-              holders=holders, step=step, keeps_logits=keeps_logits).run(order)
-        if step == 0:
-            events += adam_state_events(static)
+    """The rank's static allocations, then `steps` steps (step_player's), as allocator events."""
+    events, one_step = step_player(layers, options, records, static=static, stage=stage, stages=stages,
+                                   num_microbatches=num_microbatches, loss=loss, input_bytes=input_bytes,
+                                   keeps_logits=keeps_logits)
+    for index in range(steps):
+        events += one_step(index)
     return events
 
 
@@ -365,10 +388,11 @@ def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: 
             return None
         loss, keeps_logits = last_stage_loss(profile, setup, logits)
     static = static_of(layers, cost, stage=stage, profile=profile, setup=setup)
-    events = step_events(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
-                         num_microbatches=pipeline.microbatches, loss=loss,
-                         input_bytes=layers[0].input_bytes if stage > 0 else 0, keeps_logits=keeps_logits)
-    return allocator.replay(events, expandable=expandable_segments(profile, setup))
+    events, one_step = step_player(layers, options, records, static=static, stage=stage, stages=pipeline.stages,
+                                   num_microbatches=pipeline.microbatches, loss=loss,
+                                   input_bytes=layers[0].input_bytes if stage > 0 else 0, keeps_logits=keeps_logits)
+    return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
+                                    expandable=expandable_segments(profile, setup))
 
 
 def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None:
@@ -410,13 +434,15 @@ def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Prof
         main_ratio=master / held.shard_weights / k, moment_ratio=moment / held.shard_weights / k,
         clone_ratio=1 / k if master else 0.0,
         rest_bytes=int(max(0.0, cost.static_bytes - made) + batch_bytes(profile, stage, setup)),
-        workspaces=_workspaces(record, profile), weight_scale=scale, te_weight_copies=copies,
-        chunk_layers=chunk_layers)
+        workspaces=_workspaces(setup.training, profile), weight_scale=scale, te_weight_copies=copies,
+        chunk_layers=chunk_layers, global_buffer=afterstep.global_buffer_bytes(setup.training, profile))
 
 
-def _workspaces(record, profile: Profile) -> tuple[int, ...]:
+def _workspaces(training, profile: Profile) -> tuple[int, ...]:
+    record = runtimes.of(training)
     torch_side = afterstep.torch_workspaces(record)  # the forward's thread's and autograd's
-    te = afterstep.workspace_bytes(record, profile.device) - sum(torch_side) if profile.device.type == "cuda" else 0
+    te = afterstep.workspace_bytes(record, profile.device, local_layers=afterstep.local_spec(training)) \
+        - sum(torch_side) if profile.device.type == "cuda" else 0
     return tuple(size for size in (*torch_side, te) if size > 0)
 
 

@@ -34,13 +34,14 @@ Nothing here reads a file or prints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from planner.cost import allocator
 from planner.cost.allocator import Event, Replayed
 from planner.cost.reserve import records_for
 from planner.cost.reserve_fsdp2 import expandable_segments
 from planner.cost.reserve_megatron import (
+    MAX_STEPS,
     STEPS,
     MegatronStatic,
     _Holders,
@@ -162,27 +163,40 @@ class _Rank:
             self.chunks[0]._drop_all("ograd_var")
 
 
-def rank_events(chunks: Sequence[tuple[Sequence[LayerProfile], Sequence[str], Sequence[AllocRecord]]], *,
-                static: MegatronStatic, stage: int, stages: int, num_microbatches: int,
-                loss: AllocRecord | None, steps: int = STEPS, keeps_logits: bool = False) -> list[Event]:
-    """The rank's static allocations (each chunk's DDP buffers in turn), then `steps` interleaved steps (the first
-    making Adam's state after its backwards); `chunks`: each chunk's layers, options and records, chunk 0 first;
-    `loss`: the last rank's (last_stage_loss), on its last chunk; `keeps_logits`: it keeps the logits."""
-    events = static_events(static)
-    holders = _Holders(events)
+def rank_player(chunks: Sequence[tuple[Sequence[LayerProfile], Sequence[str], Sequence[AllocRecord]]], *,
+                static: MegatronStatic, stage: int, stages: int, num_microbatches: int, loss: AllocRecord | None,
+                keeps_logits: bool = False) -> tuple[list[Event], Callable[[int], list[Event]]]:
+    """The rank's static allocations (each chunk's DDP buffers in turn), and the function making interleaved step
+    `index`'s events (step 0 makes the workspaces at its first forward and Adam's state after its backwards);
+    `chunks`: each chunk's layers, options and records, chunk 0 first; `loss`: the last rank's (last_stage_loss),
+    on its last chunk; `keeps_logits`: it keeps the logits."""
+    holders = _Holders([])
     forwards, backwards, warmup = interleaved_order(stages, stage, len(chunks),
                                                     replayed_microbatches(num_microbatches, stages))
     last = len(chunks) - 1
-    for step in range(steps):
-        if step == 0:
-            events += first_forward_events(static)
+
+    def one_step(index: int) -> list[Event]:
+        events = holders.events = first_forward_events(static) if index == 0 else []
         made = [_Step(layers, options, records, loss=loss if c == last and stage == stages - 1 else None,
                       first=stage == 0 and c == 0, input_bytes=layers[0].input_bytes, events=events,
-                      holders=holders, step=step, chunk=c, keeps_logits=keeps_logits)
+                      holders=holders, step=index, chunk=c, keeps_logits=keeps_logits)
                 for c, (layers, options, records) in enumerate(chunks)]
         _Rank(made).run(forwards, backwards, warmup)
-        if step == 0:
+        if index == 0:
             events += adam_state_events(static)
+        return events
+
+    return static_events(static), one_step
+
+
+def rank_events(chunks: Sequence[tuple[Sequence[LayerProfile], Sequence[str], Sequence[AllocRecord]]], *,
+                static: MegatronStatic, stage: int, stages: int, num_microbatches: int,
+                loss: AllocRecord | None, steps: int = STEPS, keeps_logits: bool = False) -> list[Event]:
+    """The rank's static allocations, then `steps` interleaved steps (rank_player's)."""
+    events, one_step = rank_player(chunks, static=static, stage=stage, stages=stages,
+                                   num_microbatches=num_microbatches, loss=loss, keeps_logits=keeps_logits)
+    for index in range(steps):
+        events += one_step(index)
     return events
 
 
@@ -208,6 +222,7 @@ def replay_rank(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: Tr
     flat = [layer for layers, _, _ in chunks for layer in layers]
     static = static_of(flat, cost, stage=rank, profile=profile, setup=setup,
                        chunk_layers=tuple(len(layers) for layers, _, _ in chunks))
-    events = rank_events(chunks, static=static, stage=rank, stages=pipeline.stages,
-                         num_microbatches=pipeline.microbatches, loss=loss, keeps_logits=keeps_logits)
-    return allocator.replay(events, expandable=expandable_segments(profile, setup))
+    events, one_step = rank_player(chunks, static=static, stage=rank, stages=pipeline.stages,
+                                   num_microbatches=pipeline.microbatches, loss=loss, keeps_logits=keeps_logits)
+    return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
+                                    expandable=expandable_segments(profile, setup))

@@ -202,6 +202,12 @@ class RuntimeFacts:
     te_cublas_workspace: bool = False
     """The runtime's layers are Transformer Engine's, whose cuBLAS workspace is allocated once
     through torch's caching allocator (afterstep.TE_WORKSPACE_*)."""
+    local_spec_buffer: bool = False
+    """The runtime has Megatron-core's local spec (Megatron-LM's --transformer-impl local, TrainingSetup.local_layers):
+    no Transformer Engine layer, so none of TE's cuBLAS workspace; its DotProductAttention takes baddbmm's input
+    from the global memory buffer, made at the first forward at the attention scores' size and kept, which the
+    sequence-parallel linears' gathered input shares (afterstep.global_buffer_bytes). False: not read,
+    --transformer-impl local refused."""
 
     # -- the step beside the optimizer (read by rules.step_checks_ms; issue 35)
     step_whole_bytes: int = 0

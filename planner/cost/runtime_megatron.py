@@ -28,7 +28,7 @@ def megatron() -> RuntimeFacts:
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False, logits_held_in_backward="never",
         recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
-        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True,
+        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True,
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
@@ -213,6 +213,18 @@ def megatron() -> RuntimeFacts:
             "step_shard_bytes": "--clip-grad defaults to 1.0 (arguments.py 2295-2296): the norm of the shard's fp32 "
                                 "gradients; distrib_optimizer.py 2707-2795 (_copy_main_params_to_model_params: fp32 "
                                 "main shard into the bf16 parameter buffer), Megatron-LM 6e091e1b",
+            "local_spec_buffer": "--transformer-impl local builds get_gpt_layer_local_spec (gpt_builders.py 109-147; "
+                                 "megatron/core/models/gpt/gpt_layer_specs.py 359-471, LocalSpecProvider in "
+                                 "megatron/core/models/backends.py 99-146: ColumnParallelLinear, RowParallelLinear, "
+                                 "DotProductAttention, no TE module); DotProductAttention.forward takes baddbmm's input "
+                                 "(beta 0) from parallel_state.get_global_memory_buffer().get_tensor((b x np, sq, sk), "
+                                 "query.dtype, 'mpu') (megatron/core/transformer/dot_product_attention.py 189-191; "
+                                 "context parallelism asserted 1, 57-58); GlobalMemoryBuffer.get_tensor keeps one "
+                                 "tensor per (name, dtype), made again only larger, never freed (megatron/core/utils.py "
+                                 "727-753); the sequence-parallel linear's all-gathered input takes the same 'mpu' "
+                                 "buffer (megatron/core/tensor_parallel/layers.py 623-629, 667-673); the local linear is "
+                                 "torch.matmul (layers.py 451-462, 683, 782): no TE GEMM, so no TE workspace; "
+                                 f"{MEGATRON_V}",
             "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
                                    "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
                                    "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "

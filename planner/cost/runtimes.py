@@ -456,6 +456,10 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
         refused.append(f"--deterministic-mode is Megatron-LM's, read for --runtime megatron only (torch's NaN fill "
                        f"of Transformer Engine's outputs); {training.runtime}'s was not read: drop it or choose "
                        "--runtime megatron")
+    if getattr(training, "local_layers", False) and not of(training).local_spec_buffer:
+        refused.append(f"--local-layers is Megatron-LM's --transformer-impl local (Megatron-core's local spec), read "
+                       f"for --runtime megatron only; {training.runtime}'s layers are its own: drop it or choose "
+                       "--runtime megatron")
     stated_segments = getattr(training, "expandable_segments", None)
     if stated_segments is not None and not (of(training).fsdp2_step_replayed or of(training).step_replayed
                                             or of(training).megatron_step_replayed):

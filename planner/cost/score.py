@@ -163,7 +163,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         reserved_bytes=reserved,
         workspace_bytes=workspace_bytes(rank, ctx),
         after_step_bytes=afterstep.after_step_bytes(static, [chunks[k][0][0] for k in stages], stages,
-                                                    training=setup.training, device=profile.device))
+                                                    training=setup.training, profile=profile))
 
 
 def late_gradients(order: schedules.Schedule, rank: int, chunks, setup: TrainSetup) -> list[float]:

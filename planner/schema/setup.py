@@ -181,6 +181,9 @@ class TrainingSetup(Strict):
     # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te: Transformer Engine's fused
     # cross-entropy (the record's te_cross_entropy loss region; refused where None)
     te_cross_entropy: bool = False
+    # Megatron-LM's --transformer-impl local: Megatron-core's local spec, no Transformer Engine layer (the
+    # record's local_spec_buffer: no TE workspace, DotProductAttention's global buffer kept; refused where False)
+    local_layers: bool = False
 
 
 class TimeConstants(Strict):

@@ -346,10 +346,18 @@ def _settings(flags: Flags, job: Job) -> None:
             flags.sink[-1] = (*flags.sink[-1][:2], "no effect", "TP 1: no collectives to overlap")
     impl = flags.take("--transformer-impl", "Transformer Engine's layers (the record's te_cublas_workspace, held after "
                       "the step; the same tensors kept as the local layers)", str, "transformer_engine")
-    if impl != "transformer_engine":
-        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", "local layers: their attention keeps the s x s scores "
-                          "(DotProductAttention, modelled), but the record charges Transformer Engine's cuBLAS "
-                          "workspace after the step and times its fused kernels all the same")
+    if impl == "local":  # the record's local_spec_buffer (TrainingSetup.local_layers)
+        if job.cp > 1:  # DotProductAttention asserts it (dot_product_attention.py 57-58 at d98e8a64)
+            raise UserError(f"--transformer-impl local with --context-parallel-size {job.cp}: the local spec's "
+                            "DotProductAttention runs context parallelism 1 only (Megatron-LM asserts it); drop one")
+        job.modelled.local_layers = True
+        flags.sink[-1] = (*flags.sink[-1][:2], "modelled", "Megatron-core's local spec, in memory: DotProductAttention "
+                          "keeps the s x s scores and its global buffer for baddbmm's input, no Transformer Engine "
+                          "workspace (the record's local_spec_buffer); in time not: its layers are timed as "
+                          "Transformer Engine's fused kernels")
+    elif impl != "transformer_engine":
+        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", f"--transformer-impl {impl}: ckplan reads "
+                          "transformer_engine and local")
     _float8(flags, job)
     read_memory_settings(flags, job)  # --grad-reduce-in-bf16, --fp8-param-gather, TE's fused cross-entropy
     # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad
