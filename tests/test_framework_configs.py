@@ -132,10 +132,10 @@ def test_the_megatron_script_is_followed_as_bash_would_expand_it():
     assert job.global_batch_size == 128 and job.seq_len == 8192 and job.zero == 1
     status = {s.name: s.status for s in job.settings}
     # DTYPE_ARGS+=( "--fp8-format hybrid" ... ) inside `if [[ "$DTYPE" == "fp8" ]]`: read; FP8 GEMMs modelled
-    # (delayed scaling, Megatron's default recipe), the FP8 weights too; the native fused loss not
+    # (delayed scaling, Megatron's default recipe), the FP8 weights too, and the native fused loss
     assert status["--fp8-format"] == status["--fp8-amax-history-len"] == "modelled" and job.modelled.float8
     assert status["--fp8-param-gather"] == status["--grad-reduce-in-bf16"] == "modelled"
-    assert status["--cross-entropy-loss-fusion"] == "not modelled"
+    assert status["--cross-entropy-loss-fusion"] == "modelled" and job.modelled.fused_cross_entropy
     assert status["--lr"] == status["--save"] == "no effect"
     assert status["--data-cache-path"] == "no effect"  # from the `then` branch of the MOCK test
 

@@ -78,6 +78,13 @@ SETTING_OPTIONS = [
                  help="Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te: Transformer Engine's "
                       "fused cross-entropy, its gradient written into the logits (kept and peak 1x the logits; "
                       "--runtime megatron)."),
+    click.option("--fused-cross-entropy", "fused_cross_entropy", is_flag=True,
+                 help="Megatron-LM's --cross-entropy-loss-fusion (native): its own cross-entropy in torch.compile'd "
+                      "steps, the fp32 softmax saved and a second fp32 copy in the backward (peak 5x the bf16 logits; "
+                      "--runtime megatron)."),
+    click.option("--te-grouped-gemm", "te_grouped_gemm", is_flag=True,
+                 help="Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers: TE's grouped GEMM over the "
+                      "experts, four more cuBLAS workspaces of 32 MiB on Hopper (--runtime megatron)."),
     click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
                  help="Whether the job's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching "
                       "allocator's replay (the reserve on cuda) runs its rules or the default segments (ROCm builds "
@@ -87,7 +94,8 @@ SETTING_OPTIONS = [
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
-                        "expandable_segments", "grad_reduce_bf16", "te_cross_entropy")
+                        "expandable_segments", "grad_reduce_bf16", "te_cross_entropy", "fused_cross_entropy",
+                        "te_grouped_gemm")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -130,6 +138,8 @@ class TrainingSettings:
     expandable_segments: bool | None = None  # None: as the runtime's launch script sets it
     grad_reduce_bf16: bool = False
     te_cross_entropy: bool = False
+    fused_cross_entropy: bool = False
+    te_grouped_gemm: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:

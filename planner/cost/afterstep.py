@@ -10,7 +10,9 @@ runtime keeps past the step, each from its record (planner/cost/runtimes.py):
 - the cuBLAS workspaces allocated once through torch's caching allocator: torch's own
   (`cublas_workspace_bytes`, CUBLAS_WORKSPACE_CONFIG), one for the forward's thread and one for
   autograd's (TORCH_BLAS_THREADS), and Transformer Engine's (`te_cublas_workspace`: 32 MiB on
-  compute capability 9 and later, 4 MiB before).
+  compute capability 9 and later, 4 MiB before), and where the experts run TE's grouped GEMM
+  (`te_grouped_gemm_workspaces`: Megatron-LM's --moe-grouped-gemm) one more of that size per compute
+  stream it spreads their GEMMs over.
 
 The activations, the pipeline's receive buffers and the loss are gone by then. The peak does not
 read this: during the step the chunks' inputs are the ones the schedule already holds.
@@ -57,15 +59,18 @@ def torch_workspaces(record: runtimes.RuntimeFacts) -> tuple[int, ...]:
     return (record.cublas_workspace_bytes,) * TORCH_BLAS_THREADS if record.cublas_workspace_bytes else ()
 
 
-def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo) -> int:
-    """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda)."""
+def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo, training: TrainingSetup | None = None) -> int:
+    """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda); with the
+    setup's `training` part, Transformer Engine's grouped-GEMM workspaces too where it runs that GEMM."""
     if device.type != "cuda":
         return 0
     torch_side = sum(torch_workspaces(record))
     if not record.te_cublas_workspace:
         return torch_side
     sm90 = any(kind in device.name.lower() for kind in _SM90_PLUS)  # "h100-sxm (analytic)", "NVIDIA H100 80GB HBM3"
-    return torch_side + (TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES)
+    te = TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES
+    grouped = record.te_grouped_gemm_workspaces if getattr(training, "te_grouped_gemm", False) else 0
+    return torch_side + te * (1 + grouped)
 
 
 def after_step_bytes(static: float, first_layers: Sequence[LayerCost], stages: Sequence[int], *,
@@ -73,4 +78,4 @@ def after_step_bytes(static: float, first_layers: Sequence[LayerCost], stages: S
     """Allocated after the optimizer step on a rank holding pipeline `stages` (their first layers
     `first_layers`): its static bytes and what its runtime keeps past the step."""
     record = runtimes.of(training)
-    return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) + workspace_bytes(record, device)
+    return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) + workspace_bytes(record, device, training)

@@ -263,7 +263,7 @@ def cublas_workspaces_bytes(ctx: Context) -> int:
     torch's, taken through the caching allocator, aten/src/ATen/cuda/CublasHandlePool.cpp getNewWorkspace, and
     Transformer Engine's, a torch.empty): allocated bytes, so in what torch.cuda.max_memory_allocated reports and
     Megatron-LM logs. 0 on cpu and where the runtime's record charges none."""
-    return afterstep.workspace_bytes(runtimes.of(ctx.setup.training), ctx.profile.device)
+    return afterstep.workspace_bytes(runtimes.of(ctx.setup.training), ctx.profile.device, ctx.setup.training)
 
 
 def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:

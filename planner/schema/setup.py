@@ -181,6 +181,12 @@ class TrainingSetup(Strict):
     # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te: Transformer Engine's fused
     # cross-entropy (the record's te_cross_entropy loss region; refused where None)
     te_cross_entropy: bool = False
+    # Megatron-LM's --cross-entropy-loss-fusion (the native implementation): its own compiled cross-entropy (the
+    # record's fused_cross_entropy loss region and fused_ce_bytes; refused where None)
+    fused_cross_entropy: bool = False
+    # Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers: TE's grouped GEMM over a rank's experts,
+    # which allocates the record's te_grouped_gemm_workspaces beside its plain workspace (refused where 0)
+    te_grouped_gemm: bool = False
 
 
 class TimeConstants(Strict):
