@@ -80,12 +80,15 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # them: the 8B fp8 script's reserve 96,720,650,240 -> 83,332,431,872 (1.012 its allocated peak, was 1.175).
 # Branch newrows: torch's cuBLAS workspace twice, the forward's thread's and autograd's (planner/cost/afterstep.py
 # TORCH_BLAS_THREADS): each Megatron rank's peak and reserve + 33,554,432 B.
+# Branch megmem: the 8B fp8 script's --cross-entropy-loss-fusion (native) is Megatron's compiled cross-entropy, whose
+# backward copies the fp32 softmax into a second buffer: peak and reserve + 2x the bf16 logits (8,192 x 128,256 x 2 x
+# 2 = 4,202,692,608 B).
 PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      # --grad-reduce-in-bf16: 2 B a parameter fewer in static (8.03 G parameters); the fused SwiGLU's and TE's FP8
      # saved inputs in the activations (planner/cost/te_kept.py); the FP8 weights on Hopper as the bf16 (1 + 1 B);
      # the reserve from the replay of Megatron-LM's step (branch megreplay)
-     [(44166436864, 82416557060, 83368083456)]),
+     [(44166436864, 86619249668, 87570776064)]),
     ("--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
      dict(tp=2, pp=2, dp=2, zero=0, microbatches=4),
      [(412222464, 2153728000, 2193620992), (402803712, 1916358660, 2166358016)]),
