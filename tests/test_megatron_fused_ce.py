@@ -26,8 +26,8 @@ H100_LOSS_TBPS = 1.30985  # the analytic profile's loss class rate on H100 (Lige
 
 
 def _calculate_gradients(softmax, grad_output, target_mask, masked_target_1d):
-    """The ops of Megatron-LM's compiled calculate_gradients (megatron/core/fusions/fused_cross_entropy.py 76-97
-    calling tensor_parallel/cross_entropy.py 83-115, ad2ab2ca), rewritten as they run."""
+    """The ops of Megatron-LM's compiled calculate_gradients (megatron/core/fusions/fused_cross_entropy.py 64-84
+    calling tensor_parallel/cross_entropy.py 85-120, ad2ab2ca), rewritten as they run."""
     grad_2d = softmax.view(-1, softmax.size()[-1])
     arange_1d = torch.arange(start=0, end=grad_2d.size()[0], device=grad_2d.device)
     softmax_update = 1.0 - target_mask.view(-1).float()

@@ -19,9 +19,9 @@ NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only
 # Megatron-LM's --cross-entropy-loss-fusion (native) and --moe-grouped-gemm on TE's layers, read at the versions the
 # functional tests' golden values ran (docs/framework-facts.md §89)
 FUSED_LOSS_AND_GROUPED_GEMM_SOURCES = {
-    "fused_cross_entropy": "megatron/core/fusions/fused_cross_entropy.py 12-119 (the four steps under jit_fuser, "
+    "fused_cross_entropy": "megatron/core/fusions/fused_cross_entropy.py 12-133 (the four steps under jit_fuser, "
                            "megatron/core/jit.py 7-33: torch.compile on torch >= 2.2), tensor_parallel/cross_entropy.py "
-                           "19-115 (the ops they call), language_module.py 164-165 (cross_entropy_fusion_impl native), "
+                           "16-120 (the ops they call), language_module.py 164-165 (cross_entropy_fusion_impl native), "
                            "Megatron-LM ad2ab2ca (2026-01-15, the golden values of gpt3_mcore_te_tp2_pp2_cross_entropy_"
                            "loss_fusion; the same code at d98e8a64): the fp32 copy of the logits (2x the bf16 logits) "
                            "saved as the softmax; in the backward the compiled calculate_gradients writes the index_put "
