@@ -90,9 +90,9 @@ def test_the_rewritten_backward_is_the_cross_entropys_gradient():
     assert torch.allclose(grad.double(), expected, atol=1e-2)
 
 
-def _profile():
+def _profile(vocab: int = 384):
     arch = archs.Arch(name="tiny-gpt", style="gpt", hidden_size=256, intermediate_size=1024, num_layers=2, num_heads=8,
-                      num_kv_heads=8, vocab_size=384, tie_word_embeddings=False, max_position_embeddings=64)
+                      num_kv_heads=8, vocab_size=vocab, tie_word_embeddings=False, max_position_embeddings=64)
     return analytic.analytic_profile(arch, Shape(seq_len=64, micro_batch_size=4, tp=2), gpu=archs.gpu("h100"),
                                      model=FileRef(file="arch:test", sha256="0" * 64))
 
@@ -173,3 +173,42 @@ def test_the_reader_takes_the_native_fusion_and_refuses_another_impl(tmp_path):
     alone = _read(tmp_path, ("--moe-grouped-gemm: true", "--moe-grouped-gemm: true\n  --cross-entropy-fusion-impl: native"))
     assert {s.name: s.status for s in alone.settings}["--cross-entropy-fusion-impl"] == "no effect"
     assert not alone.modelled.fused_cross_entropy
+
+
+BIG_VOCAB = 16384  # the logits (256 tokens x 8,192 a rank, 4 MiB in bf16) above every layer's transient: the peak is the loss's
+
+
+def _evaluate(tmp_path, *extra):
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    path = tmp_path / "tiny.json"
+    path.write_text(_profile(BIG_VOCAB).model_dump_json())
+    return CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4", "--ckpt-per-stage",
+                                    "0", "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed", "--dp", "2",
+                                    "--zero", "1", "--json", *extra])
+
+
+def test_the_command_line_takes_them_under_megatron_and_refuses_them_elsewhere(tmp_path):
+    import json
+
+    def peak(result) -> int:
+        assert result.exit_code == 0, result.output
+        found, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+        return found["hand"]["stages"][0]["peak_bytes"]
+
+    plain = peak(_evaluate(tmp_path, "--runtime", "megatron"))
+    # the analytic profile is on an H100: + 2x the bf16 logits at the loss, + 4 TE workspaces of 32 MiB + 1 KiB
+    logits_bytes = 64 * 4 * BIG_VOCAB // 2 * 2
+    assert peak(_evaluate(tmp_path, "--runtime", "megatron", "--fused-cross-entropy")) == plain + 2 * logits_bytes
+    assert peak(_evaluate(tmp_path, "--runtime", "megatron", "--te-grouped-gemm")) == plain + 4 * (32 * MIB + 1024)
+    for flag in ("--fused-cross-entropy", "--te-grouped-gemm"):
+        refused = _evaluate(tmp_path, "--runtime", "torchtitan", flag)
+        assert refused.exit_code != 0 and "--runtime megatron" in refused.output and "Traceback" not in refused.output
+
+
+def test_the_export_writes_the_native_fusion():
+    from planner.emit.megatron import _test_settings
+
+    assert _test_settings(_setup(fused_cross_entropy=True).training) == ["--cross-entropy-loss-fusion"]

@@ -469,6 +469,8 @@ def _test_settings(training) -> list[str]:
                                         ("--grad-reduce-in-bf16", training.grad_reduce_bf16)) if on]
     if training.te_cross_entropy:  # planner/cost/bridgesettings.py: Transformer Engine's fused loss
         lines += [arg("--cross-entropy-loss-fusion"), arg("--cross-entropy-fusion-impl", "te")]
+    elif training.fused_cross_entropy:  # Megatron's own fused (compiled) loss, the native implementation
+        lines.append(arg("--cross-entropy-loss-fusion"))
     if training.deterministic:
         lines += ["# --deterministic-mode needs NCCL_ALGO=Ring (or Tree) and NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 set",
                   arg("--deterministic-mode")]
