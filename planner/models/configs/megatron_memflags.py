@@ -41,6 +41,9 @@ def read_memory_settings(flags: Flags, job, *, te_layers: bool = True) -> None:
         flags.take("--cross-entropy-fusion-impl", "Transformer Engine's fused cross-entropy: the gradient written "
                    "into the logits, kept and peak 1x the logits (the record's te_cross_entropy)")
         modelled.te_cross_entropy = True
+        flags.notes.append("--cross-entropy-fusion-impl te: Megatron-LM's own training script refuses it since 168cb15d "
+                           "(arguments.py 1697-1702 at d98e8a64, \"stability issues\"); megatron-core and Megatron-Bridge "
+                           "run it, and it is scored as they do")
     elif flags.has("--cross-entropy-loss-fusion"):
         impl = flags.take("--cross-entropy-fusion-impl", "the native fused cross-entropy", str, "native")
         if impl != "native":
