@@ -80,12 +80,15 @@ def per_rank(summary: dict) -> list[tuple[int, int, int]]:
 # them: the 8B fp8 script's reserve 96,720,650,240 -> 83,332,431,872 (1.012 its allocated peak, was 1.175).
 # Branch newrows: torch's cuBLAS workspace twice, the forward's thread's and autograd's (planner/cost/afterstep.py
 # TORCH_BLAS_THREADS): each Megatron rank's peak and reserve + 33,554,432 B.
+# Branch megmem: the 8B fp8 script's --cross-entropy-loss-fusion (native) is Megatron's compiled cross-entropy, whose
+# backward copies the fp32 softmax into a second buffer: peak and reserve + 2x the bf16 logits (8,192 x 128,256 x 2 x
+# 2 = 4,202,692,608 B).
 PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      # --grad-reduce-in-bf16: 2 B a parameter fewer in static (8.03 G parameters); the fused SwiGLU's and TE's FP8
      # saved inputs in the activations (planner/cost/te_kept.py); the FP8 weights on Hopper as the bf16 (1 + 1 B);
      # the reserve from the replay of Megatron-LM's step (branch megreplay)
-     [(44166436864, 82416557060, 83368083456)]),
+     [(44166436864, 86619249668, 87570776064)]),
     ("--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
      dict(tp=2, pp=2, dp=2, zero=0, microbatches=4),
      [(412222464, 2153728000, 2193620992), (402803712, 1916358660, 2166358016)]),
@@ -132,10 +135,10 @@ def test_the_megatron_script_is_followed_as_bash_would_expand_it():
     assert job.global_batch_size == 128 and job.seq_len == 8192 and job.zero == 1
     status = {s.name: s.status for s in job.settings}
     # DTYPE_ARGS+=( "--fp8-format hybrid" ... ) inside `if [[ "$DTYPE" == "fp8" ]]`: read; FP8 GEMMs modelled
-    # (delayed scaling, Megatron's default recipe), the FP8 weights too; the native fused loss not
+    # (delayed scaling, Megatron's default recipe), the FP8 weights too, and the native fused loss
     assert status["--fp8-format"] == status["--fp8-amax-history-len"] == "modelled" and job.modelled.float8
     assert status["--fp8-param-gather"] == status["--grad-reduce-in-bf16"] == "modelled"
-    assert status["--cross-entropy-loss-fusion"] == "not modelled"
+    assert status["--cross-entropy-loss-fusion"] == "modelled" and job.modelled.fused_cross_entropy
     assert status["--lr"] == status["--save"] == "no effect"
     assert status["--data-cache-path"] == "no effect"  # from the `then` branch of the MOCK test
 

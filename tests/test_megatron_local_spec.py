@@ -45,7 +45,7 @@ def test_the_buffer_is_the_attention_scores_or_the_gathered_input_whichever_is_l
 
 def test_the_local_spec_makes_torchs_two_workspaces_and_not_transformer_engines():
     record = runtimes.facts("megatron")
-    assert afterstep.workspace_bytes(record, H100, local_layers=True) == 2 * 32 * MIB
+    assert afterstep.workspace_bytes(record, H100, LOCAL) == 2 * 32 * MIB
     assert afterstep.workspace_bytes(record, H100) == 2 * 32 * MIB + 32 * MIB + 1024
     # what the first forward keeps: the two workspaces and the 64 MiB buffer, against TE's three workspaces
     assert afterstep.first_forward_bytes(LOCAL, _profile()) == 2 * 32 * MIB + 64 * MIB

@@ -73,9 +73,11 @@ def test_the_deepseek_v3_example_recomputes_what_its_modules_say_on_each_layer()
     # 182,806,035,068 before dense mlp and layernorm were offered, less: 3 dense MLPs, 4 x 16,384 tokens x 18,432
     # x 2 B each (2,415,919,104), and 119 norms (2 a MoE layer, 1 a dense one), each its output 16,384 x 7,168 x
     # 2 B and its 1/rms 16,384 x 4 B (234,946,560); both peaks since with the cuBLAS workspaces (torch's two of 32 MiB
-    # at :4096:8, the forward's thread's and autograd's, and TE's 32 MiB + 1,024 B on Hopper: 100,664,320 B)
-    assert 182_806_035_068 + 100_664_320 - rank.peak_bytes == 3 * 2_415_919_104 + 119 * 234_946_560
-    assert (rank.static_bytes, rank.peak_bytes) == (47_181_544_056, 147_599_637_116 + 100_664_320)  # none: 673,020,557,948
+    # at :4096:8, the forward's thread's and autograd's, and TE's 32 MiB + 1,024 B on Hopper: 100,664,320 B), and
+    # since branch megmem TE's four grouped-GEMM workspaces of 32 MiB + 1,024 B (--moe-grouped-gemm: 134,221,824 B)
+    workspaces = 100_664_320 + 134_221_824
+    assert 182_806_035_068 + workspaces - rank.peak_bytes == 3 * 2_415_919_104 + 119 * 234_946_560
+    assert (rank.static_bytes, rank.peak_bytes) == (47_181_544_056, 147_599_637_116 + workspaces)  # none: 673,020,557,948
 
 
 @pytest.mark.parametrize("flags, sentence", [

@@ -275,6 +275,8 @@ def _with_settings(options, job):
                                 grad_reduce_bf16=modelled.grad_reduce_bf16,
                                 te_cross_entropy=modelled.te_cross_entropy,
                                 local_layers=modelled.local_layers,
+                                fused_cross_entropy=modelled.fused_cross_entropy,
+                                te_grouped_gemm=modelled.te_grouped_gemm,
                                 chunked_cross_entropy=modelled.chunked_cross_entropy)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ddp=dict(modelled.ddp))
 

@@ -82,6 +82,13 @@ SETTING_OPTIONS = [
                  help="Megatron-LM's --transformer-impl local: Megatron-core's own layers, no Transformer Engine (no "
                       "TE cuBLAS workspace; DotProductAttention's global buffer at the attention scores' size, kept; "
                       "the profile's attention eager, as --from-megatron reads it; --runtime megatron)."),
+    click.option("--fused-cross-entropy", "fused_cross_entropy", is_flag=True,
+                 help="Megatron-LM's --cross-entropy-loss-fusion (native): its own cross-entropy in torch.compile'd "
+                      "steps, the fp32 softmax saved and a second fp32 copy in the backward (peak 5x the bf16 logits; "
+                      "--runtime megatron)."),
+    click.option("--te-grouped-gemm", "te_grouped_gemm", is_flag=True,
+                 help="Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers: TE's grouped GEMM over the "
+                      "experts, four more cuBLAS workspaces of 32 MiB on Hopper (--runtime megatron)."),
     click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
                  help="Whether the job's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching "
                       "allocator's replay (the reserve on cuda) runs its rules or the default segments (ROCm builds "
@@ -91,8 +98,8 @@ SETTING_OPTIONS = [
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
-                        "expandable_segments", "grad_reduce_bf16", "te_cross_entropy",
-                        "local_layers")
+                        "expandable_segments", "grad_reduce_bf16", "te_cross_entropy", "fused_cross_entropy",
+                        "te_grouped_gemm", "local_layers")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -136,6 +143,8 @@ class TrainingSettings:
     grad_reduce_bf16: bool = False
     te_cross_entropy: bool = False
     local_layers: bool = False
+    fused_cross_entropy: bool = False
+    te_grouped_gemm: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:

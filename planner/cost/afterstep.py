@@ -10,7 +10,9 @@ runtime keeps past the step, each from its record (planner/cost/runtimes.py):
 - the cuBLAS workspaces allocated once through torch's caching allocator: torch's own
   (`cublas_workspace_bytes`, CUBLAS_WORKSPACE_CONFIG), one for the forward's thread and one for
   autograd's (TORCH_BLAS_THREADS), and Transformer Engine's (`te_cublas_workspace`: 32 MiB on
-  compute capability 9 and later, 4 MiB before), which Megatron-core's local spec never makes;
+  compute capability 9 and later, 4 MiB before), which Megatron-core's local spec never makes, and
+  where the experts run TE's grouped GEMM (`te_grouped_gemm_workspaces`: Megatron-LM's
+  --moe-grouped-gemm) one more of that size per compute stream it spreads their GEMMs over;
 - under the local spec (`local_spec_buffer`, TrainingSetup.local_layers), Megatron-core's global
   memory buffer: DotProductAttention's baddbmm input, made at the first forward and never freed.
 
@@ -61,16 +63,26 @@ def torch_workspaces(record: runtimes.RuntimeFacts) -> tuple[int, ...]:
     return (record.cublas_workspace_bytes,) * TORCH_BLAS_THREADS if record.cublas_workspace_bytes else ()
 
 
-def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo, *, local_layers: bool = False) -> int:
-    """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda); `local_layers`:
-    the setup runs Megatron-core's local spec, whose layers make no Transformer Engine GEMM."""
+def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo, training: TrainingSetup | None = None) -> int:
+    """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda); with the
+    setup's `training` part, none of Transformer Engine's where it runs Megatron-core's local spec (whose
+    layers make no TE GEMM), and TE's grouped-GEMM workspaces too where it runs that GEMM."""
     if device.type != "cuda":
         return 0
-    torch_side = sum(torch_workspaces(record))
-    if not record.te_cublas_workspace or (local_layers and record.local_spec_buffer):
-        return torch_side
+    return sum(torch_workspaces(record)) + sum(te_workspaces(record, device, training))
+
+
+def te_workspaces(record: runtimes.RuntimeFacts, device: DeviceInfo, training: TrainingSetup | None = None,
+                  ) -> tuple[int, ...]:
+    """Transformer Engine's cuBLAS workspaces, each its own allocation: the plain one and, where the setup runs
+    TE's grouped GEMM, one per compute stream it spreads the experts' GEMMs over; none where the record has no
+    TE workspace or the setup runs Megatron-core's local spec."""
+    if not record.te_cublas_workspace or (training is not None and local_spec(training)):
+        return ()
     sm90 = any(kind in device.name.lower() for kind in _SM90_PLUS)  # "h100-sxm (analytic)", "NVIDIA H100 80GB HBM3"
-    return torch_side + (TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES)
+    te = TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES
+    grouped = record.te_grouped_gemm_workspaces if getattr(training, "te_grouped_gemm", False) else 0
+    return (te,) * (1 + grouped)
 
 
 def local_spec(training: TrainingSetup) -> bool:
@@ -107,7 +119,7 @@ def first_forward_bytes(training: TrainingSetup, profile: Profile) -> int:
     """What the runtime makes at its first forward and keeps to the end: the cuBLAS workspaces
     (workspace_bytes) and, under Megatron-core's local spec, its global buffer (global_buffer_bytes)."""
     record = runtimes.of(training)
-    return workspace_bytes(record, profile.device, local_layers=local_spec(training)) \
+    return workspace_bytes(record, profile.device, training) \
         + global_buffer_bytes(training, profile)
 
 

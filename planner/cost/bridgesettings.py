@@ -106,4 +106,14 @@ def refused(training, record) -> list[str]:
     if getattr(training, "te_cross_entropy", False) and record.te_cross_entropy is None:
         found.append(f"Transformer Engine's fused cross-entropy is read for --runtime megatron only; "
                      f"{record.name}'s loss is its record's: drop it or choose --runtime megatron")
+    if getattr(training, "fused_cross_entropy", False):
+        if record.fused_cross_entropy is None:
+            found.append(f"Megatron-LM's own fused cross-entropy is read for --runtime megatron only; {record.name}'s "
+                         f"loss is its record's: drop it or choose --runtime megatron")
+        elif getattr(training, "te_cross_entropy", False):
+            found.append("the loss is either Megatron-LM's own fused cross-entropy or Transformer Engine's "
+                         "(--cross-entropy-fusion-impl native or te): give one")
+    if getattr(training, "te_grouped_gemm", False) and not record.te_grouped_gemm_workspaces:
+        found.append(f"Transformer Engine's grouped GEMM over the experts is read for --runtime megatron only; "
+                     f"{record.name}'s experts run its own code: drop it or choose --runtime megatron")
     return found

@@ -30,6 +30,20 @@ planner/profiler/membound.py), so the term is the difference of two times at one
 plus the fills. Only where the profile's loss is the formula (an analytic bf16 profile: rules.runtime_loss) and
 the runtime runs its own loss: not under Transformer Engine's fused cross-entropy (te_cross_entropy), nor a
 chunked or compiled loss.
+
+Under --cross-entropy-loss-fusion (the native implementation, TrainingSetup.fused_cross_entropy) Megatron-LM runs
+the same ops in four torch.compile'd steps (megatron/core/fusions/fused_cross_entropy.py; megatron/core/jit.py:
+jit_fuser is torch.compile on torch >= 2.2), one kernel each as torch 2.13's inductor writes them
+(tests/test_megatron_fused_ce.py):
+
+    forward   the cast to fp32 and the max          read 2, write 4
+              subtract, exp (into the copy), sum    read 4, write 4
+              divide (the softmax saved)            read 4, write 4
+    backward  index_put's copy of the softmax,      read 4, write 4, read 4, write 4 + 2
+              the multiply into it, the bf16 cast
+
+40 B a logit (the record's `fused_ce_bytes`); the fills are not charged there (inductor's own buffers, not
+aten::empty's: not read).
 """
 
 from __future__ import annotations
@@ -56,11 +70,19 @@ def _loss_tbps(profile: Profile) -> float | None:
     return _positive(profile.assumptions.get("gpu_hbm_tbps"))
 
 
+def ce_bytes(record: runtimes.RuntimeFacts, training) -> tuple[int, int]:
+    """(bytes a bf16 logit, of which NaN-filled under deterministic mode) of the runtime's own cross-entropy
+    the setup runs: the fused one (fused_ce_bytes; its fills not read) or the unfused one."""
+    if getattr(training, "fused_cross_entropy", False):
+        return record.fused_ce_bytes, 0
+    return record.vocab_parallel_ce_bytes, record.ce_fill_bytes
+
+
 def runs_own_ce(profile: Profile, setup: TrainSetup) -> int:
-    """The logits a microbatch on the device where the runtime's own unfused cross-entropy replaces the
-    profile's loss (the module's docstring), else 0."""
+    """The logits a microbatch on the device where the runtime's own cross-entropy (unfused, or its own fused
+    one) replaces the profile's loss (the module's docstring), else 0."""
     record, training = runtimes.of(setup.training), setup.training
-    if not record.vocab_parallel_ce_bytes or getattr(training, "te_cross_entropy", False) \
+    if not ce_bytes(record, training)[0] or getattr(training, "te_cross_entropy", False) \
             or loss_compiled(training) or training.chunked_cross_entropy:
         return 0
     found = runtime_loss(profile, setup)
@@ -80,9 +102,8 @@ def vocab_parallel_ce_ms(profile: Profile, stage: int, setup: TrainSetup) -> flo
     profiled = _positive(profile.assumptions.get("loss_bytes_per_logit"))  # the analytic profile's own (loss_ms)
     if profiled is None:
         return 0.0
-    record = runtimes.of(setup.training)
-    beyond = record.vocab_parallel_ce_bytes - profiled
-    ms = logits * beyond / (rate * 1e12) * 1e3
-    if setup.training.deterministic and record.ce_fill_bytes and hbm:
-        ms += logits * record.ce_fill_bytes / (hbm * 1e12) * 1e3
+    moved, filled = ce_bytes(runtimes.of(setup.training), setup.training)
+    ms = logits * (moved - profiled) / (rate * 1e12) * 1e3
+    if setup.training.deterministic and filled and hbm:
+        ms += logits * filled / (hbm * 1e12) * 1e3
     return compute_ms(ms, setup.time)

@@ -147,7 +147,8 @@ def last_stage_loss(profile: Profile, setup: TrainSetup, logits_bytes: int) -> t
     shape = profile.assumptions
     if te_fused and {"seq_len", "micro_batch_size"} <= set(shape):
         return te_loss_record(shape["seq_len"] // shape.get("cp", 1) * shape["micro_batch_size"]), True
-    region = runtimes.loss_region(record, tp=profile_tp(profile), compiled=False)
+    region = runtimes.loss_region(record, tp=profile_tp(profile), compiled=False,
+                                  native_fused=getattr(setup.training, "fused_cross_entropy", False))
     return loss_record(logits_bytes, region.kept_x), False
 
 
@@ -440,10 +441,10 @@ def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Prof
 
 def _workspaces(training, profile: Profile) -> tuple[int, ...]:
     record = runtimes.of(training)
-    torch_side = afterstep.torch_workspaces(record)  # the forward's thread's and autograd's
-    te = afterstep.workspace_bytes(record, profile.device, local_layers=afterstep.local_spec(training)) \
-        - sum(torch_side) if profile.device.type == "cuda" else 0
-    return tuple(size for size in (*torch_side, te) if size > 0)
+    if profile.device.type != "cuda":
+        return ()
+    # the forward's thread's and autograd's, then Transformer Engine's, each its own allocation
+    return (*afterstep.torch_workspaces(record), *afterstep.te_workspaces(record, profile.device, training))
 
 
 def _output_bytes(record: AllocRecord) -> int:

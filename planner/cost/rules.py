@@ -342,7 +342,8 @@ def runtime_loss(profile: Profile, setup: TrainSetup) -> tuple[float, runtimes.L
         return None
     tp = profile_tp(profile)
     region = runtimes.loss_region(runtime_facts(setup), tp=tp, compiled=loss_compiled(setup.training),
-                                  te_fused=getattr(setup.training, "te_cross_entropy", False))
+                                  te_fused=getattr(setup.training, "te_cross_entropy", False),
+                                  native_fused=getattr(setup.training, "fused_cross_entropy", False))
     return profile.layers[-1].output_bytes, region
 
 

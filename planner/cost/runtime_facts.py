@@ -208,6 +208,10 @@ class RuntimeFacts:
     from the global memory buffer, made at the first forward at the attention scores' size and kept, which the
     sequence-parallel linears' gathered input shares (afterstep.global_buffer_bytes). False: not read,
     --transformer-impl local refused."""
+    te_grouped_gemm_workspaces: int = 0
+    """Where the setup runs Transformer Engine's grouped GEMM over the experts (TrainingSetup.te_grouped_gemm:
+    Megatron-LM's --moe-grouped-gemm on TE's layers), the workspaces of TE's size it allocates once beside the
+    plain one, one per compute stream its grouped GEMM spreads the experts' GEMMs over; 0: not read, refused."""
 
     # -- the step beside the optimizer (read by rules.step_checks_ms; issue 35)
     step_whole_bytes: int = 0
@@ -244,6 +248,9 @@ class RuntimeFacts:
     ce_fill_bytes: int = 0
     """Bytes a logit of that loss's tensors allocated through aten::empty (its fp32 copy of the logits, the
     gradient's cast back to bf16), which deterministic mode fills with NaN first; 0: none, or not read."""
+    fused_ce_bytes: int = 0
+    """Bytes a bf16 logit the runtime's own fused (compiled) cross-entropy moves, forward and backward
+    (Megatron-LM's --cross-entropy-loss-fusion, native: planner/cost/megatron_loss.py); 0: not read."""
     logged_read_shard_bytes: int = 0
     """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
     (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the
@@ -339,6 +346,10 @@ class RuntimeFacts:
     """The loss region of Transformer Engine's fused cross-entropy (Megatron-LM's --cross-entropy-loss-fusion
     --cross-entropy-fusion-impl te): the gradient written in place into the logits, which the output layer's
     backward receives (grad_in_logits); None: not read, refused."""
+    fused_cross_entropy: LossRegion | None = None
+    """The loss region of the runtime's own fused cross-entropy (Megatron-LM's --cross-entropy-loss-fusion with
+    the native implementation: megatron/core/fusions/fused_cross_entropy.py, its functions torch.compile'd);
+    None: not read, refused."""
 
     fused_kernels: str | None = None
     """Which fused kernels the runtime's layers run for their norms, rotary and activations:

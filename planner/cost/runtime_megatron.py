@@ -16,6 +16,32 @@ NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only
                     f"(jit_fuser = torch.compile on torch >= 2.2) decorates only fused elementwise functions "
                     f"(megatron/core/activations.py, megatron/core/fusions/fused_bias_*.py), {MEGATRON_V}")
 
+# Megatron-LM's --cross-entropy-loss-fusion (native) and --moe-grouped-gemm on TE's layers, read at the versions the
+# functional tests' golden values ran (docs/framework-facts.md §89)
+FUSED_LOSS_AND_GROUPED_GEMM_SOURCES = {
+    "fused_cross_entropy": "megatron/core/fusions/fused_cross_entropy.py 12-133 (the four steps under jit_fuser, "
+                           "megatron/core/jit.py 7-33: torch.compile on torch >= 2.2), tensor_parallel/cross_entropy.py "
+                           "16-120 (the ops they call), language_module.py 164-165 (cross_entropy_fusion_impl native), "
+                           "Megatron-LM ad2ab2ca (2026-01-15, the golden values of gpt3_mcore_te_tp2_pp2_cross_entropy_"
+                           "loss_fusion; the same code at d98e8a64): the fp32 copy of the logits (2x the bf16 logits) "
+                           "saved as the softmax; in the backward the compiled calculate_gradients writes the index_put "
+                           "of the target's -1 into a new fp32 buffer before the multiply and the cast to bf16 (seen on "
+                           "torch 2.13.0's inductor: tests/test_megatron_fused_ce.py), 2 + 2 + 1 = 5x at its peak",
+    "fused_ce_bytes": "the compiled steps' kernels as torch 2.13.0's inductor writes them (one kernel each, "
+                      "tests/test_megatron_fused_ce.py): the cast and max (read 2, write 4), subtract, exp and sum (4 + "
+                      "4), divide (4 + 4), and in the backward the index_put's copy, the multiply and the cast (read 4, "
+                      "write 4, read 4, write 4 + 2): 40 B a logit, fused_cross_entropy.py at Megatron-LM ad2ab2ca",
+    "te_grouped_gemm_workspaces": "megatron/core/transformer/moe/experts.py 299-338, 474-505 (the op fuser's "
+                                  "te.pytorch.ops.GroupedLinear, Megatron-LM 6815c0fe, the golden values of "
+                                  "gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser); TransformerEngine "
+                                  "transformer_engine/pytorch/ops/basic/grouped_linear.py 17, 824-1040 "
+                                  "(general_grouped_gemm), cpp_extensions/gemm.py 42-60 (get_cublas_workspace(..., "
+                                  "grouped_gemm=True): tex.get_num_cublas_streams() workspaces of 32 MiB + 1 KiB on sm90+, "
+                                  "lru-cached), common/util/multi_stream.cpp 52-54 (num_compute_streams = 4), TE "
+                                  "42b84005 (v2.15.0, pinned at 6815c0fe); the same at 4329ff84 (pinned at d98e8a64); "
+                                  "the fused cuDSL grouped MLP (ops/fused/forward_grouped_mlp.py 73-80) needs sm 10",
+}
+
 
 def megatron() -> RuntimeFacts:
     return RuntimeFacts(
@@ -36,6 +62,7 @@ def megatron() -> RuntimeFacts:
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
+        te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
         sources={
             "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
                            "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"
@@ -225,6 +252,7 @@ def megatron() -> RuntimeFacts:
                                  "buffer (megatron/core/tensor_parallel/layers.py 623-629, 667-673); the local linear is "
                                  "torch.matmul (layers.py 451-462, 683, 782): no TE GEMM, so no TE workspace; "
                                  f"{MEGATRON_V}",
+            **FUSED_LOSS_AND_GROUPED_GEMM_SOURCES,
             "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
                                    "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
                                    "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "

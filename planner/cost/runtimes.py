@@ -400,12 +400,16 @@ def fact_fields() -> list[str]:
     return [f.name for f in fields(RuntimeFacts) if f.name not in ("name", "version", "sources")]
 
 
-def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool = False) -> LossRegion:
+def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool = False,
+                native_fused: bool = False) -> LossRegion:
     """The loss region the runtime runs: Transformer Engine's fused cross-entropy where the setup asks for it
-    (te_fused) and the record reads it; on vocab-parallel logits under TP; else compiled where the
+    (te_fused) and the record reads it; the runtime's own fused one likewise (native_fused: Megatron-LM's
+    --cross-entropy-loss-fusion, at any TP); on vocab-parallel logits under TP; else compiled where the
     setup compiles and the runtime compiles its loss; else the plain one."""
     if te_fused and record.te_cross_entropy is not None:
         return record.te_cross_entropy
+    if native_fused and record.fused_cross_entropy is not None:
+        return record.fused_cross_entropy
     if tp > 1:
         return record.loss_vocab_parallel
     if compiled and record.loss_compiled is not None:

@@ -469,6 +469,8 @@ def _test_settings(training) -> list[str]:
                                         ("--grad-reduce-in-bf16", training.grad_reduce_bf16)) if on]
     if training.te_cross_entropy:  # planner/cost/bridgesettings.py: Transformer Engine's fused loss
         lines += [arg("--cross-entropy-loss-fusion"), arg("--cross-entropy-fusion-impl", "te")]
+    elif training.fused_cross_entropy:  # Megatron's own fused (compiled) loss, the native implementation
+        lines.append(arg("--cross-entropy-loss-fusion"))
     if training.local_layers:  # the record's local_spec_buffer: Megatron-core's local spec
         lines.append(arg("--transformer-impl", "local"))
     if training.deterministic:

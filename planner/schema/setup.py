@@ -184,6 +184,12 @@ class TrainingSetup(Strict):
     # Megatron-LM's --transformer-impl local: Megatron-core's local spec, no Transformer Engine layer (the
     # record's local_spec_buffer: no TE workspace, DotProductAttention's global buffer kept; refused where False)
     local_layers: bool = False
+    # Megatron-LM's --cross-entropy-loss-fusion (the native implementation): its own compiled cross-entropy (the
+    # record's fused_cross_entropy loss region and fused_ce_bytes; refused where None)
+    fused_cross_entropy: bool = False
+    # Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers: TE's grouped GEMM over a rank's experts,
+    # which allocates the record's te_grouped_gemm_workspaces beside its plain workspace (refused where 0)
+    te_grouped_gemm: bool = False
 
 
 class TimeConstants(Strict):

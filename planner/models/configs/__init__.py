@@ -66,6 +66,8 @@ class JobSettings:
     grad_reduce_bf16: bool = False  # Megatron-LM's --grad-reduce-in-bf16
     te_cross_entropy: bool = False  # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te
     local_layers: bool = False  # Megatron-LM's --transformer-impl local (Megatron-core's local spec)
+    fused_cross_entropy: bool = False  # Megatron-LM's --cross-entropy-loss-fusion, native (its own, compiled)
+    te_grouped_gemm: bool = False  # Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers
     # Megatron-LM's DDP overlap, as DataParallelSetup's fields (overlap_grad_reduce, overlap_param_gather,
     # bucket_params, align_grad_reduce, align_param_gather, param_gather_with_step); empty: the runtime's defaults
     ddp: dict = field(default_factory=dict)

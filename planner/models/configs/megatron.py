@@ -359,7 +359,8 @@ def _settings(flags: Flags, job: Job) -> None:
         flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", f"--transformer-impl {impl}: ckplan reads "
                           "transformer_engine and local")
     _float8(flags, job)
-    read_memory_settings(flags, job)  # --grad-reduce-in-bf16, --fp8-param-gather, TE's fused cross-entropy
+    # --grad-reduce-in-bf16, --fp8-param-gather, the fused cross-entropies, TE's grouped GEMM
+    read_memory_settings(flags, job, te_layers=impl == "transformer_engine")
     # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad
     flags.take("--accumulate-allreduce-grads-in-fp32", "gradients accumulated and reduced in fp32 (the runtime "
                "record's 4-byte main_grad)", bool)

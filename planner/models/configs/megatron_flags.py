@@ -71,7 +71,6 @@ NO_EFFECT = {
     "--moe-router-enable-expert-bias": "router", "--moe-router-bias-update-rate": "router",
     "--moe-router-num-groups": "router", "--moe-router-group-topk": "router", "--moe-token-drop-policy": "router",
     "--moe-z-loss": "router loss", "--moe-per-layer-logging": "logging", "--moe-permute-fusion": "kernel fusion",
-    "--moe-grouped-gemm": "one grouped GEMM over the experts (the profile charges the experts so)",
     "--moe-token-dispatcher-type": "token dispatcher (the all-to-all is charged)",
     "--position-embedding-type": "position embedding (rope: no parameters)",
 }
@@ -144,8 +143,7 @@ PENDING_FLAGS = {
     "--fp8-amax-compute-algo": "float8", "--fp8-margin": "float8", "--fp8-param-gather": "fp8-all-gather",
     "--cp-comm-type": "cp", "--hierarchical-context-parallel-sizes": "cp",
     "--expert-tensor-parallel-size": "etp", "--mtp-num-layers": "mtp",
-    "--mtp-loss-scaling-factor": "mtp", "--cross-entropy-loss-fusion": "chunked-ce",
-    "--cross-entropy-fusion-impl": "chunked-ce",
+    "--mtp-loss-scaling-factor": "mtp",
     "--main-grads-dtype": "bf16-optimizer-states", "--main-params-dtype": "bf16-optimizer-states",
     "--exp-avg-dtype": "bf16-optimizer-states", "--exp-avg-sq-dtype": "bf16-optimizer-states",
     "--grad-reduce-in-bf16": "bf16-grad-reduce",
