@@ -117,7 +117,8 @@ class GPU:
     matmul_source: str = ""
     # dense FP8 tensor-core peak (0: no FP8 tensor cores), from the same datasheet as bf16_tflops
     fp8_tflops: float = 0.0
-    # the best FP8 matmul measured against fp8_tflops (its MAMF); 0: none published, the BF16 fraction
+    # the best FP8 matmul measured against fp8_tflops (its MAMF, or the vendor's MAF: the MI300X); 0: none
+    # published, the BF16 fraction
     fp8_matmul_efficiency: float = 0.0
     # the attention kernel PyTorch's scaled_dot_product_attention runs (its flash backend), forward and
     # backward, as fractions of the BF16 peak: its published throughput at 8192 (or the nearest published)
