@@ -135,6 +135,35 @@ def test_the_analytic_profile_records_every_block_linear_and_not_the_head():
     assert all(layer.float8 is None for layer in a100.layers)
 
 
+def test_the_op_sac_rerun_is_the_bf16_options_with_wk_wo_w3_in_float8_and_their_inputs_cast():
+    """torchtitan's op-SAC reruns wk, wo and w3 and every memory-bound op of the forward
+    (opsac.op_sac_option); under Float8 those three GEMMs run in float8 and their three distinct
+    inputs (attention_norm's output, wo's input, ffn_norm's output) are cast again. MID's block at
+    8,192 tokens: wk 4096 -> 1024, wo 4096 -> 4096, w3 4096 -> 14336."""
+    from planner.profiler import analytic_time, opsac
+    from planner.profiler.membound import membound_ms
+    from planner.profiler.roofline import roofline_ms
+
+    T, mi300x = 8 * 1024, archs.gpu("mi300x")
+    passes = analytic_time.block_work(MID, SHAPE, moe=False)
+    record = float8.block_record(MID, SHAPE, mi300x, passes, prefix="layers.0", op_sac=True)
+    bf16 = opsac.op_sac_option(MID, SHAPE, mi300x, None, boundary=0, kept_without=0).recompute_ms
+    gemms = [2 * T * 4096 * 1024, 2 * T * 4096 * 4096, 2 * T * 4096 * 14336]
+    by_hand = (bf16 - sum(kernel_ms(Kernel("matmul", flops), mi300x) for flops in gemms)
+               + sum(kernel_ms(Kernel("matmul-fp8", flops), mi300x) for flops in gemms)
+               + membound_ms(5 * T * (4096 + 4096 + 4096), mi300x, "fused"))
+    assert record.recompute_ms["op-sac"] == pytest.approx(by_hand, rel=1e-9)
+    # it is the float8 GEMMs and casts plus the forward's memory-bound ops at their eager rates, as the bf16
+    # option is: so a compiled block's saving on those ops (compiled_time) leaves the GEMMs' time, not nothing
+    alone = roofline_ms(work(0, 5 * T * 3 * 4096, [Kernel("matmul-fp8", flops) for flops in gemms],
+                             fused_bytes=5 * T * 3 * 4096), mi300x)
+    forward_ops = roofline_ms(work(0, passes[0].bytes, [], classed=passes[0].classed), mi300x)
+    assert record.recompute_ms["op-sac"] == pytest.approx(alone + forward_ops, rel=1e-9)
+    # the weights it would cast (not under the float8 all-gather): wk's, wo's and w3's
+    assert record.rerun_weight_cast_ms["op-sac"] == pytest.approx(
+        membound_ms(5 * (4096 * 1024 + 4096 * 4096 + 4096 * 14336), mi300x, "fused"))
+
+
 # ---------------------------------------------------------------- the float8 all-gather
 
 

@@ -117,7 +117,8 @@ class GPU:
     matmul_source: str = ""
     # dense FP8 tensor-core peak (0: no FP8 tensor cores), from the same datasheet as bf16_tflops
     fp8_tflops: float = 0.0
-    # the best FP8 matmul measured against fp8_tflops (its MAMF); 0: none published, the BF16 fraction
+    # the best FP8 matmul measured against fp8_tflops (its MAMF, or the vendor's MAF: the MI300X); 0: none
+    # published, the BF16 fraction
     fp8_matmul_efficiency: float = 0.0
     # the attention kernel PyTorch's scaled_dot_product_attention runs (its flash backend), forward and
     # backward, as fractions of the BF16 peak: its published throughput at 8192 (or the nearest published)
@@ -216,8 +217,20 @@ MAMF_TFLOPS = {
 
 
 # The same table's FP8 rows (e4m3, TFLOP/s): the float8 matmuls' ceiling (planner/profiler/float8.py's
-# GEMMs under --float8). The H200 has its own FP8 row; no FP8 row is published for the MI300X or L4.
+# GEMMs under --float8). The H200 has its own FP8 row; no FP8 row is published for the MI300X (AMD's own
+# figure below) or L4.
 MAMF_FP8_TFLOPS = {"h100-sxm": 1402.6, "h200": 1453.4, "gh200": 1535.0, "b200": 3432.5, "gb200": 3615.6}
+
+# The MI300X's FP8 ceiling, AMD's own: "Measuring Max-Achievable FLOPs - Part 2" (ROCm/rocm-blogs 8e011952,
+# blogs/software-tools-optimization/measuring-max-achievable-flops-part2/README.md, 2025-02-28), Table 1: MAF FP8
+# 1,273 TFLOP/s at a median clock of 1,230 MHz on the 750 W MI300X (hipblaslt-bench 4096 x 3648 x 32896,
+# f8_fnuz_r in and out, f32 compute, trig_float data, cold caches by a 512 MB rotating buffer, hipBLASLt db8e93b4,
+# ROCm 6.3.0). Its footnote 4 prints "1223.6 TFLOPs ... at 1273MHz" for the same run; the table's pair is read: at
+# 304 CUs x 4,096 FP8 FLOP a clock, 1,273 at 1,230 MHz is 83.1% of the clock's peak, the MI325X's row beside it
+# (1,519 at 1,464 MHz) 83.3%; the footnote's pair would be 77.2% (docs/framework-facts.md §90)
+MAF_FP8_MI300X_TFLOPS = 1273.0
+_MAF_MI300X = ("AMD MAF FP8 1273 of 2614.9 (ROCm/rocm-blogs 8e011952 measuring-max-achievable-flops-part2, Table 1: "
+               "hipblaslt-bench f8_fnuz, hipBLASLt db8e93b4, 1,230 MHz median)")
 
 
 # Hopper's dense 16-bit tensor-core work per SM and clock: 4 tensor cores x 512 FMA x 2 FLOP (NVIDIA H100 Tensor Core
@@ -236,14 +249,19 @@ def rated_clock_mhz(bf16_tflops: float, sms: int) -> float:
     return bf16_tflops * 1e12 / (sms * HOPPER_BF16_FLOP_PER_SM_CLOCK) / 1e6
 
 
-def _mamf(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, fp8_peak: float = 0.0) -> dict:
+def _mamf(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, fp8_peak: float = 0.0,
+          fp8_maf: tuple[float, str] | None = None) -> dict:
     """The GPU record's matmul ceilings: MAMF over the datasheet peak ckplan reads, with its source;
-    the FP8 one where the table has the GPU's FP8 row (`fp8_key`) and the GPU an FP8 peak."""
+    the FP8 one where the table has the GPU's FP8 row (`fp8_key`) and the GPU an FP8 peak, or where
+    another measurement gives it (`fp8_maf`: the fraction of the FP8 peak, its source)."""
     found = {"matmul_efficiency": MAMF_TFLOPS[key] / peak,
              "matmul_source": f"MAMF {MAMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MAMF})"}
     if fp8_key is not None and fp8_peak:
         found["fp8_matmul_efficiency"] = MAMF_FP8_TFLOPS[fp8_key] / fp8_peak
         found["matmul_source"] += f"; FP8 MAMF {MAMF_FP8_TFLOPS[fp8_key]:g} of {fp8_peak:g} ({fp8_key}'s FP8 row)"
+    elif fp8_maf is not None:
+        found["fp8_matmul_efficiency"], source = fp8_maf
+        found["matmul_source"] += f"; FP8: {source}"
     return found
 
 
@@ -438,7 +456,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=196592 * _MIB,
         total_source="hipGetDeviceProperties on MI300X: 196592 MB total global memory "
                      "(github.com/thamada/nvidia-smi, package/MI300X_deviceQuery.py)",
-        **_mamf("mi300x", 1307.4),
+        **_mamf("mi300x", 1307.4, fp8_maf=(MAF_FP8_MI300X_TFLOPS / 2614.9, _MAF_MI300X)),
         attention_efficiency=(MI300X_FLASH_TFLOPS[0] / 1307.4, MI300X_FLASH_TFLOPS[1] / 1307.4),
         attention_source="FlashAttention-2 (CK) on MI300X, ROCm 6.3.2, 16384 tokens, head dim 128: forward 353.22, "
                          "backward 194.43 TFLOP/s (ROCm/flash-attention#142); torch's SDPA runs AOTriton there (0.10b "

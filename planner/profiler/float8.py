@@ -69,6 +69,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from planner.profiler.formulas import Shape, kv_width, q_width
+from planner.profiler import opsac
 from planner.profiler.opsac import OPTION_OP_SAC
 from planner.profiler.roofline import Kernel, Work, work
 from planner.schema import OPTION_FULL, Float8Linears
@@ -233,21 +234,29 @@ OP_SAC_RERUN = ("attention.wk", "attention.wo", "feed_forward.w3")
 def block_record(arch, shape: Shape, gpu, passes: tuple[Work, Work, Work], *, prefix: str,
                  op_sac: bool) -> Float8Linears | None:
     """A dense block's Float8 record from its bf16 (forward, backward, full-recompute) work; None
-    where no linear converts or the GPU has no FP8 tensor cores."""
+    where no linear converts or the GPU has no FP8 tensor cores. The op-SAC rerun is the bf16 one as
+    opsac.op_sac_option times it (its mms and every memory-bound op of the forward) with wk's, wo's and
+    w3's GEMMs in float8 and their inputs cast: the same work less the GEMMs' difference, so that
+    compiled_time's eager-to-compiled saving of the option (its memory-bound bytes) applies to it as to
+    the bf16 rerun."""
     linears = converted(block_linears(arch, shape, prefix))
-    reruns = {OPTION_FULL: passes[2]}
-    if op_sac:  # its rerun as opsac.op_sac_option times it: wk, wo and w3, no memory-bound bytes
-        sac = [linear for linear in linears if linear.fqn.endswith(OP_SAC_RERUN)]
-        reruns[OPTION_OP_SAC] = work(0, 0, [Kernel("matmul", linear.flops) for linear in sac])
-    return record(linears, gpu, passes[0], passes[1], reruns)
+    reruns, rerun_linears = {OPTION_FULL: passes[2]}, {}
+    if op_sac:
+        kernels = opsac.rerun_kernels(arch, shape, moe=False)
+        reruns[OPTION_OP_SAC] = work(sum(kernel.flops for kernel in kernels), passes[0].bytes, kernels,
+                                     classed=passes[0].classed)
+        rerun_linears[OPTION_OP_SAC] = [linear for linear in linears if linear.fqn.endswith(OP_SAC_RERUN)]
+    return record(linears, gpu, passes[0], passes[1], reruns, rerun_linears=rerun_linears)
 
 
 def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, Work], *,
-           te: bool = False) -> Float8Linears | None:
+           te: bool = False, rerun_linears: dict[str, list[Linear]] | None = None) -> Float8Linears | None:
     """A layer's Float8 record from its bf16 work: forward and backward, and each recompute
     option's rerun by name, with the converted `linears`' GEMMs in float8 (the module's docstring;
-    `te`: their casts as Transformer Engine runs them, te_forward and te_backward); None where none
-    converts or the GPU has no FP8 tensor cores."""
+    `te`: their casts as Transformer Engine runs them, te_forward and te_backward); `rerun_linears`
+    names, for a rerun that runs only some of them (op-SAC's), those it runs (a GEMM is matched by its
+    FLOPs: wq's equal wo's, w1's w3's and w2's). None where none converts or the GPU has no FP8 tensor
+    cores."""
     from planner.profiler.roofline import roofline_ms
 
     if not linears or not gpu.fp8_tflops:
@@ -256,7 +265,7 @@ def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, W
     fwd8, cast = forward_of(fwd, linears)
     recompute, weight_ms = {}, {}
     for name, rerun in reruns.items():
-        rerun8, rerun_cast = forward_of(rerun, linears)
+        rerun8, rerun_cast = forward_of(rerun, (rerun_linears or {}).get(name, linears))
         if rerun_cast:  # an option that reruns no converted linear keeps its time
             recompute[name] = roofline_ms(rerun8, gpu)
             weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)

@@ -70,7 +70,8 @@ def matmul_efficiency(flops: float, gpu: GPU, *, fp8: bool = False) -> float:
     """The fraction of the GPU's peak a matmul of `flops` reaches. The H100 table read by the
     kernel's time at the GPU's own peak (a small kernel is latency-bound whatever the chip: a
     B200's 1x256x4096x4096 at 29% of its peak, published beside these, reads 32% here), scaled
-    to the GPU's measured plateau (its MAMF; under fp8 its FP8 MAMF where published, else the
+    to the GPU's measured plateau (its MAMF; under fp8 its measured FP8 ceiling where one is
+    published, GPU.fp8_matmul_efficiency: an FP8 MAMF row, or AMD's FP8 MAF on the MI300X; else the
     BF16 fraction); log-linear between points, the plateau past the largest, a constant time below
     the smallest."""
     ideal_us = flops / (peak_tflops(gpu, fp8=fp8) * 1e12) * 1e6
