@@ -68,8 +68,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from planner.profiler.formulas import Shape, kv_width, q_width
 from planner.profiler import opsac
+from planner.profiler.formulas import Shape, kv_width, q_width
 from planner.profiler.opsac import OPTION_OP_SAC
 from planner.profiler.roofline import Kernel, Work, work
 from planner.schema import OPTION_FULL, Float8Linears
