@@ -179,6 +179,15 @@ def test_profile_solve_ep_8_export_megatron_writes_the_expert_flags(mixtral):
     assert flags["--num-experts"] == "8" and flags["--moe-router-topk"] == "2"
     assert flags["--expert-model-parallel-size"] == "8" and flags["--moe-ffn-hidden-size"] == "14336"
     assert "--moe-grouped-gemm" in flags and flags["--moe-token-dispatcher-type"] == "alltoall"
+    # --moe-grouped-gemm on TE's layers allocates TE's grouped-GEMM workspaces: the plan, scored without, is
+    # re-scored with them and the export says so; a plan scored with them (--te-grouped-gemm) is exported as it is
+    grouped = "Rounded: --moe-grouped-gemm runs Transformer Engine's grouped GEMM over the experts"
+    assert grouped in (mixtral / "plan.sh").read_text()
+    run_ok("solve", "--profile", mixtral / "p.json", "--stages", "4", "--dp", "8", "--ep", "8", "--zero", "1",
+           "--precision", "bf16-mixed", "--runtime", "megatron", "--te-grouped-gemm", "--out", mixtral / "gg.yaml")
+    run_ok("export", mixtral / "gg.yaml", "--to", "megatron", "--out", mixtral / "gg.sh")
+    assert grouped not in (mixtral / "gg.sh").read_text() and "--moe-grouped-gemm" in _megatron_flags(
+        (mixtral / "gg.sh").read_text())
     assert "--moe-layer-freq" not in flags and "--multi-latent-attention" not in flags  # every layer MoE, GQA
     # ep 8 keeps one expert a rank: each MoE block's static bytes far below ep 1's
     profile = io.load_profile(mixtral / "p.json")

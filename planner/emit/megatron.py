@@ -33,7 +33,7 @@ import shlex
 from itertools import combinations
 
 from planner.cost import dataparallel
-from planner.emit import dp_support, facts, rounding, scored_as
+from planner.emit import dp_support, facts, megatron_rounding, rounding, scored_as
 from planner.errors import UserError
 from planner.models.configs.megatron_flags import RECOMPUTE_MODULES, recompute_modules_option
 from planner.schema import Plan, Profile
@@ -67,6 +67,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     _check_microbatches(plan)
     roles, exact = rounding.decoder_start(plan, profile, TARGET, runs_as=RUNS_AS, selective=True,
                                           round_zero=lambda r: dp_support.round_zero(r, TARGET))
+    megatron_rounding.grouped_gemm(exact, profile)
     rounded, num = _block(exact, roles, profile)
     candidates = [(rounded, ()), *_selective(exact, roles, profile, plan.profile_source == "analytic")]
     if len(candidates) > 1:  # the plan recomputes some layers selectively: block or one module list
