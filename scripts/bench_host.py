@@ -80,11 +80,47 @@ class Attention(nn.Module):  # TEDotProductAttention's stand-in, sbhd in and out
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
+class _CausalSoftmax(torch.autograd.Function):  # TE's ScaledUpperTriangMaskedSoftmax: one fused kernel each way
+    @staticmethod
+    def forward(ctx, scores, scale: float):
+        sq, sk = scores.shape[-2:]
+        mask = torch.ones(sq, sk, dtype=torch.bool).triu(1)
+        probs = torch.softmax((scores * scale).masked_fill(mask, float("-inf")), dim=-1)
+        ctx.save_for_backward(probs)
+        ctx.scale = scale
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad):
+        (probs,) = ctx.saved_tensors
+        return torch._softmax_backward_data(grad, probs, -1, probs.dtype) * ctx.scale, None
+
+
+class UnfusedAttention(nn.Module):
+    """TE's UnfusedDotProductAttention, sbhd (--attention-backend unfused; TransformerEngine f8a01cd5
+    attention/dot_product_attention/backends.py 366-640): torch.empty for the scores, q/k reshaped, baddbmm (beta 0,
+    alpha 1/sqrt(d)), view, FusedScaleMaskSoftmax's causal kernel (one autograd Function here), attention dropout,
+    v reshaped, probs viewed, bmm, view, permute + contiguous, view. Not replicated: the dropout's RNG tracker fork
+    (Megatron's get_cuda_rng_tracker().fork(), CUDA RNG state swaps)."""
+
+    def forward(self, q, k, v):
+        sq, b, heads, hn = q.shape
+        sk = k.shape[0]
+        out = torch.empty(b * heads, sq, sk)
+        q2, k2 = q.reshape(sq, b * heads, -1), k.reshape(sk, b * heads, -1)
+        scores = torch.baddbmm(out, q2.transpose(0, 1), k2.transpose(0, 1).transpose(1, 2), beta=0.0,
+                               alpha=hn ** -0.5).view(b, heads, sq, sk)
+        probs = F.dropout(_CausalSoftmax.apply(scores, 1.0), p=0.1, training=True)
+        v2 = v.reshape(sk, b * heads, -1)
+        ctx = torch.bmm(probs.view(b * heads, sq, -1), v2.transpose(0, 1)).view(b, heads, sq, hn)
+        return ctx.permute(2, 0, 1, 3).contiguous().view(sq, b, -1)
+
+
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, attention: nn.Module | None = None):
         super().__init__()
         self.linear_qkv = nn.Linear(H, 3 * H)
-        self.core_attention = Attention()
+        self.core_attention = attention or Attention()
         self.linear_proj = nn.Linear(H, H, bias=False)
         self.proj_bias = nn.Parameter(torch.zeros(H))
         self.linear_fc1 = nn.Linear(H, FFN, bias=False)
@@ -122,6 +158,7 @@ def parts():
     """(name, forward(x) -> out, input maker): each part's forward on fresh inputs that need a gradient."""
     torch.manual_seed(0)
     block = Block()
+    unfused = Block(UnfusedAttention())
     lin = nn.Linear(H, H)
     hn = H // HEADS
 
@@ -146,6 +183,8 @@ def parts():
         ("bias-gelu (GeLUFunction)", lambda t: GeLUFunction.apply(t, block.fc1_bias), ffn_in),
         ("linear_qkv + view/split/reshape", glue, x_in),
         ("dense block (TE spec replica)", block, x_in),
+        ("unfused attention (TE's UnfusedDotProductAttention)", lambda t: unfused.core_attention(*t), qkv_in),
+        ("dense block, unfused attention", unfused, x_in),
     ]
 
 

@@ -29,14 +29,25 @@ def _layers(arch, gpu: str, seq: int = 32):
 
 
 def test_megatrons_record_reads_the_benchmarks_block():
-    # scripts/bench_host.py's dense block: forward 36.1, backward 49.7 torch Linear forwards
-    assert runtimes.of(_setup().training).host_block_linears == (36.1, 49.7)
+    # scripts/bench_host.py's dense block in torch Linear forwards: forward, backward; with TE's fused attention and
+    # with its unfused one
+    assert runtimes.of(_setup().training).host_block_linears == (("flash", 36.72, 47.29), ("eager", 49.72, 52.76))
+
+
+def test_the_profiles_attention_picks_the_block():
+    profile, _ = _layers(TINY, "h100")
+    assert profile.assumptions["attention"] == "flash"
+    assert hosttime.host_block_ms(profile, _setup()) == pytest.approx((36.72 * 13.48e-3, 47.29 * 13.48e-3))
+    eager = profile.model_copy(update={"assumptions": {**profile.assumptions, "attention": "eager"}})
+    assert hosttime.host_block_ms(eager, _setup()) == pytest.approx((49.72 * 13.48e-3, 52.76 * 13.48e-3))
+    other = profile.model_copy(update={"assumptions": {**profile.assumptions, "attention": "sliding"}})
+    assert hosttime.host_block_ms(other, _setup()) == (0.0, 0.0)  # a kind the record does not list: nothing
 
 
 @pytest.mark.parametrize("gpu, call_us", [("gb200", 37.08), ("h100", 13.48), ("gh200", 33.17)])
 def test_a_tiny_blocks_passes_take_the_hosts_time(gpu, call_us):
     profile, (embedding, block, *rest) = _layers(TINY, gpu)
-    fwd, bwd = 36.1 * call_us / 1e3, 49.7 * call_us / 1e3
+    fwd, bwd = 36.72 * call_us / 1e3, 47.29 * call_us / 1e3
     assert hosttime.host_block_ms(profile, _setup()) == pytest.approx((fwd, bwd))
     assert hosttime.host_forward_ms(profile, _setup()) == pytest.approx(fwd)
     assert block.fwd_ms < fwd and block.bwd_ms < bwd  # a 32-token block runs in a few µs on the device

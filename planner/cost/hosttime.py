@@ -13,7 +13,8 @@ The host time is a floor, from a published absolute and a measured ratio:
   Grace, 33.17 µs on GH200's). No figure is published for the other hosts (DGX A100's EPYC, DGX
   B200's): those charge nothing;
 - what a dense block's forward and its backward cost in such Linears: the runtime record's
-  `host_block_linears`, measured by scripts/bench_host.py (docs/framework-facts.md §85) on a torch
+  `host_block_linears` for the profile's attention kind (flash: TE's fused attention, one call; eager:
+  TE's UnfusedDotProductAttention, --attention-backend unfused), measured by scripts/bench_host.py (docs/framework-facts.md §85) on a torch
   replica of Megatron-core's TE layer spec block (Megatron-LM 6e091e1b): its five TE modules (each a
   torch Linear or SDPA call: a TE maintainer reads the BF16 TE Linear's CPU overhead as "nearly the same
   with vanilla torch linear", TransformerEngine#2126, 2026-01-03), the q/k/v view and split, the two
@@ -21,7 +22,8 @@ The host time is a floor, from a published absolute and a measured ratio:
   backward over all of them. The ratio is the replica's on the machine that ran the script, carried to
   the GPU's host as a multiple of its published Linear: a measured ratio, not a figure of that host.
   Not in it: the embedding, the output layer and loss, the optimizer's per-tensor work, CP's ring
-  steps, the local spec's and the unfused softmax's extra ops, a MoE block's router and dispatch.
+  steps, the local spec's own modules (read as the TE spec's, as its kernels are), the attention
+  dropout's RNG-tracker fork, a MoE block's router and dispatch.
 
 A pass takes max(device, host): the forward against the layer's forward time, the backward against
 its backward; a full recompute's rerun against the recompute's device time, at the forward's host time.
@@ -44,9 +46,11 @@ DENSE_BLOCK = "decoder_block"
 
 
 def host_block_ms(profile: Profile, setup: TrainSetup) -> tuple[float, float]:
-    """ms the host takes to issue one dense block's forward and its backward (the module's docstring);
-    (0, 0) where the runtime's record or the profile's GPU has no figure."""
-    fwd, bwd = runtimes.of(setup.training).host_block_linears
+    """ms the host takes to issue one dense block's forward and its backward (the module's docstring), the
+    record's figure for the profile's attention kind; (0, 0) where the record or the profile's GPU has none."""
+    kind = profile.assumptions.get("attention")
+    linears = {name: (fwd, bwd) for name, fwd, bwd in runtimes.of(setup.training).host_block_linears}
+    fwd, bwd = linears.get(kind, (0.0, 0.0))
     named = profile.assumptions.get("gpu")
     if not (fwd or bwd) or not isinstance(named, str):
         return 0.0, 0.0

@@ -9,10 +9,11 @@ from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PI
 
 MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
 TE_V = "TransformerEngine v2.9"
-# the host's time for a Megatron-core TE-spec dense block's forward and backward, in torch Linear forwards:
-# scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU; the least of the repeats' medians over the
-# Linear's), docs/framework-facts.md §85 and docs/published-runs.md §23.hostcall for the table and its noise
-HOST_BLOCK_LINEARS = (36.1, 49.7)
+# the host's time for a Megatron-core TE-spec dense block's forward and backward, in torch Linear forwards, by the
+# profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
+# --attention-backend unfused and local-spec rows): scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU;
+# the least of the repeats' medians over the Linear's), docs/framework-facts.md §85, docs/published-runs.md §23.hostcall
+HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76))
 # what runs instead of torch.compile, and where that is read (runtimes._NO_MODEL_COMPILE's entry)
 NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise "
                     "functions of its jit_fuser)",

@@ -291,9 +291,9 @@ TERMS: tuple[Term, ...] = (
          "(and unfused bf16 weight gradients) at the profile's HBM bandwidth"),
     Term("the host's issue time beyond a dense block's forward and backward (host-bound passes)", "time", "layer",
          lambda layer, ckpt, ctx: hosttime.host_bound_ms(layer, ckpt, ctx.profile, ctx.setup),
-         "max(device, host) per forward and per backward: the record's host_block_linears (Megatron-core's TE layer "
-         "spec block, its forward and backward in torch Linear forwards: scripts/bench_host.py) at the host's "
-         "published CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053)"),
+         "max(device, host) per forward and per backward: the record's host_block_linears (Megatron-core's TE spec "
+         "block in torch Linear forwards by the profile's attention, scripts/bench_host.py) at the host's published "
+         "CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053)"),
     Term("Transformer Engine's attention under deterministic mode beyond the kernels the profile times", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ckpt, ctx.profile, ctx.setup),
          "the record's deterministic_attention: cuDNN's deterministic backward on sm90 and on sm100+ without dropout "
