@@ -14,8 +14,8 @@ The host time is a floor, from a published absolute and a measured ratio:
   B200's): those charge nothing;
 - what a dense block's forward and its backward cost in such Linears: the runtime record's
   `host_block_linears` for the profile's attention kind (flash: TE's fused attention, one call; eager:
-  TE's UnfusedDotProductAttention, --attention-backend unfused), measured by scripts/bench_host.py (docs/framework-facts.md §85) on a torch
-  replica of Megatron-core's TE layer spec block (Megatron-LM 6e091e1b): its five TE modules (each a
+  TE's UnfusedDotProductAttention, --attention-backend unfused), measured by scripts/bench_host.py
+  (docs/framework-facts.md §85) on a torch replica of Megatron-core's TE layer spec block (Megatron-LM 6e091e1b): its five TE modules (each a
   torch Linear or SDPA call: a TE maintainer reads the BF16 TE Linear's CPU overhead as "nearly the same
   with vanilla torch linear", TransformerEngine#2126, 2026-01-03), the q/k/v view and split, the two
   torch.compile'd bias-dropout-adds, the bias-GeLU autograd Function, and the autograd engine's
