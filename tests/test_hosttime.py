@@ -1,11 +1,12 @@
-"""The host's floor under a dense block's forward (planner/cost/hosttime.py): five TE module calls at
-the host's published CPU time per module forward, charged only where it exceeds the device's time."""
+"""The host's floor under a dense block's passes (planner/cost/hosttime.py): the record's measured forward and
+backward in torch Linear forwards, at the host's published CPU time per Linear forward, charged only where it
+exceeds the device's time of that pass."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.cost import hosttime
+from planner.cost import hosttime, runtimes
 from planner.cost.layers import layer_costs
 from planner.models import archs
 from planner.profiler import analytic
@@ -27,29 +28,61 @@ def _layers(arch, gpu: str, seq: int = 32):
     return profile, layer_costs(profile)
 
 
+def test_megatrons_record_reads_the_benchmarks_block():
+    # scripts/bench_host.py's dense block in torch Linear forwards: forward, backward; with TE's fused attention and
+    # with its unfused one
+    assert runtimes.of(_setup().training).host_block_linears == (("flash", 36.72, 47.29), ("eager", 49.72, 52.76))
+
+
+def test_the_profiles_attention_picks_the_block():
+    profile, _ = _layers(TINY, "h100")
+    assert profile.assumptions["attention"] == "flash"
+    assert hosttime.host_block_ms(profile, _setup()) == pytest.approx((36.72 * 13.48e-3, 47.29 * 13.48e-3))
+    eager = profile.model_copy(update={"assumptions": {**profile.assumptions, "attention": "eager"}})
+    assert hosttime.host_block_ms(eager, _setup()) == pytest.approx((49.72 * 13.48e-3, 52.76 * 13.48e-3))
+    other = profile.model_copy(update={"assumptions": {**profile.assumptions, "attention": "sliding"}})
+    assert hosttime.host_block_ms(other, _setup()) == (0.0, 0.0)  # a kind the record does not list: nothing
+
+
 @pytest.mark.parametrize("gpu, call_us", [("gb200", 37.08), ("h100", 13.48), ("gh200", 33.17)])
-def test_a_tiny_blocks_forward_takes_the_hosts_five_module_calls(gpu, call_us):
+def test_a_tiny_blocks_passes_take_the_hosts_time(gpu, call_us):
     profile, (embedding, block, *rest) = _layers(TINY, gpu)
-    host = 5 * call_us / 1e3  # linear_qkv, core_attention, linear_proj, linear_fc1, linear_fc2
-    assert hosttime.host_forward_ms(profile, _setup()) == pytest.approx(host)
-    assert block.fwd_ms < host  # a 32-token block runs in a few µs on the device
-    assert hosttime.host_bound_ms(block, 0, profile, _setup()) == pytest.approx(host - block.fwd_ms)
+    fwd, bwd = 36.72 * call_us / 1e3, 47.29 * call_us / 1e3
+    assert hosttime.host_block_ms(profile, _setup()) == pytest.approx((fwd, bwd))
+    assert hosttime.host_forward_ms(profile, _setup()) == pytest.approx(fwd)
+    assert block.fwd_ms < fwd and block.bwd_ms < bwd  # a 32-token block runs in a few µs on the device
+    none = (fwd - block.fwd_ms) + (bwd - block.bwd_ms)
+    assert hosttime.host_bound_ms(block, 0, profile, _setup()) == pytest.approx(none)
     # a fully recomputed block issues its forward again (Megatron reruns the whole forward)
-    assert hosttime.host_bound_ms(block, 1, profile, _setup()) == pytest.approx(2 * (host - block.fwd_ms))
+    from planner.cost import rules
+    rerun = fwd - rules.recompute_ms(block, _setup())
+    assert hosttime.host_bound_ms(block, 1, profile, _setup()) == pytest.approx(none + rerun)
     assert hosttime.host_bound_ms(embedding, 0, profile, _setup()) == 0.0  # not a block: not counted
     assert hosttime.host_bound_ms(rest[-1], 0, profile, _setup()) == 0.0
+
+
+def test_each_pass_is_its_own_max():
+    # a device whose forward outlasts the host's but whose backward does not: only the backward's excess is charged
+    profile, (_, block, *_) = _layers(TINY, "h100")
+    fwd, bwd = hosttime.host_block_ms(profile, _setup())
+    from dataclasses import replace
+    slow_fwd = replace(block, fwd_ms=fwd * 2, bwd_ms=bwd / 2)
+    assert hosttime.host_bound_ms(slow_fwd, 0, profile, _setup()) == pytest.approx(bwd / 2)
+    slow_bwd = replace(block, fwd_ms=fwd / 4, bwd_ms=bwd * 2)
+    assert hosttime.host_bound_ms(slow_bwd, 0, profile, _setup()) == pytest.approx(fwd * 3 / 4)
 
 
 def test_no_floor_where_nothing_is_published_or_read():
     profile, (_, block, *_) = _layers(TINY, "a100-80g")  # DGX A100's host: no published figure
     assert hosttime.host_bound_ms(block, 0, profile, _setup()) == 0.0
     profile, (_, block, *_) = _layers(TINY, "gb200")
-    assert hosttime.host_bound_ms(block, 0, profile, _setup("torchtitan")) == 0.0  # the record reads no host calls
+    assert hosttime.host_bound_ms(block, 0, profile, _setup("torchtitan")) == 0.0  # the record reads no host time
 
 
 def test_long_kernels_are_not_host_bound():
-    # LLaMA 3 8B's block at 8192 tokens on GB200: the device's forward (ms) is far above 5 x 37 µs
+    # LLaMA 3 8B's block at 8192 tokens on GB200: each pass on the device (ms) is over three times the host's
     profile, layers = _layers(archs.arch("llama3-8b"), "gb200", seq=8192)
     block = next(layer for layer in layers if layer.kind == "decoder_block")
-    assert block.fwd_ms > 10 * hosttime.host_forward_ms(profile, _setup())
+    fwd, bwd = hosttime.host_block_ms(profile, _setup())
+    assert block.fwd_ms > 3 * fwd and block.bwd_ms > 3 * bwd
     assert hosttime.host_bound_ms(block, 1, profile, _setup()) == 0.0

@@ -1,4 +1,4 @@
-"""The host's floor under a layer's forward: a pass cannot finish before the host has issued it.
+"""The host's floor under a dense block's passes: a pass cannot finish before the host has issued it.
 
 Without CUDA graphs the host issues every kernel of a pass through the framework's Python; where it
 issues them more slowly than the device runs them, the pass takes the host's time, on any GPU
@@ -6,20 +6,27 @@ issues them more slowly than the device runs them, the pass takes the host's tim
 and 1.31x, is below the GPUs' matmul ratio). A pass is max(device time, host time); the cost model
 charges the difference where the host's is larger (`host_bound_ms`), nothing elsewhere.
 
-The host time is a floor, from published figures only:
-- what a dense block's forward issues: the runtime record's `host_calls_per_block`, the framework
-  modules a dense block calls each forward (Megatron-core on Transformer Engine: linear_qkv,
-  core_attention, linear_proj, linear_fc1, linear_fc2, the TE layer spec's five TE modules,
-  megatron/core/models/gpt/gpt_layer_specs.py 140-160, Megatron-LM 6e091e1b); the bias-dropout-adds,
-  rotary and activation functions between them are not counted (no published per-call time);
-- what one such call costs the host: GPU.host_call_us, the published CPU time of one Linear
+The host time is a floor, from a published absolute and a measured ratio:
+- what one torch Linear forward costs the host: GPU.host_call_us, the published CPU time of one Linear
   module's forward on the GPU's reference system (TransformerEngine#2053, 2025-08-11: BF16, hidden
   2048, 8192 tokens; torch's Linear 13.48 µs on a DGX H100's Xeon Platinum 8480C, 37.08 µs on GB200's
-  Grace, 33.17 µs on GH200's; TE's Linear then 99.66 µs on GB200, since brought to "nearly the same
-  with vanilla torch linear" for BF16, a TE maintainer in TransformerEngine#2126, 2026-01-03, before
-  the tests' TE v2.16): torch's figure is read for each TE module, a lower bound for LayerNormLinear
-  and DotProductAttention, which do more. No figure is published for the other hosts (DGX A100's
-  EPYC, DGX B200's), nor for a module's backward: those charge nothing.
+  Grace, 33.17 µs on GH200's). No figure is published for the other hosts (DGX A100's EPYC, DGX
+  B200's): those charge nothing;
+- what a dense block's forward and its backward cost in such Linears: the runtime record's
+  `host_block_linears` for the profile's attention kind (flash: TE's fused attention, one call; eager:
+  TE's UnfusedDotProductAttention, --attention-backend unfused), measured by scripts/bench_host.py
+  (docs/framework-facts.md §85) on a torch replica of Megatron-core's TE layer spec block (Megatron-LM 6e091e1b): its five TE modules (each a
+  torch Linear or SDPA call: a TE maintainer reads the BF16 TE Linear's CPU overhead as "nearly the same
+  with vanilla torch linear", TransformerEngine#2126, 2026-01-03), the q/k/v view and split, the two
+  torch.compile'd bias-dropout-adds, the bias-GeLU autograd Function, and the autograd engine's
+  backward over all of them. The ratio is the replica's on the machine that ran the script, carried to
+  the GPU's host as a multiple of its published Linear: a measured ratio, not a figure of that host.
+  Not in it: the embedding, the output layer and loss, the optimizer's per-tensor work, CP's ring
+  steps, the local spec's own modules (read as the TE spec's, as its kernels are), the attention
+  dropout's RNG-tracker fork, a MoE block's router and dispatch.
+
+A pass takes max(device, host): the forward against the layer's forward time, the backward against
+its backward; a full recompute's rerun against the recompute's device time, at the forward's host time.
 
 Syncs, where the host cannot run ahead of the device: Megatron-LM's interleaved schedule with
 overlap_p2p_comm (the default; batch_p2p_comm off, so no torch.cuda.synchronize after its p2p ops:
@@ -38,29 +45,37 @@ from planner.schema import Profile, TrainSetup
 DENSE_BLOCK = "decoder_block"
 
 
-def host_forward_ms(profile: Profile, setup: TrainSetup) -> float:
-    """ms the host takes to issue one dense block's forward (the module's docstring); 0 where the
-    runtime's record or the profile's GPU has no figure."""
-    calls = runtimes.of(setup.training).host_calls_per_block
+def host_block_ms(profile: Profile, setup: TrainSetup) -> tuple[float, float]:
+    """ms the host takes to issue one dense block's forward and its backward (the module's docstring), the
+    record's figure for the profile's attention kind; (0, 0) where the record or the profile's GPU has none."""
+    kind = profile.assumptions.get("attention")
+    linears = {name: (fwd, bwd) for name, fwd, bwd in runtimes.of(setup.training).host_block_linears}
+    fwd, bwd = linears.get(kind, (0.0, 0.0))
     named = profile.assumptions.get("gpu")
-    if not calls or not isinstance(named, str):
-        return 0.0
+    if not (fwd or bwd) or not isinstance(named, str):
+        return 0.0, 0.0
     from planner.models import archs
 
-    return calls * archs.gpu(named).host_call_us / 1e3
+    call_ms = archs.gpu(named).host_call_us / 1e3
+    return fwd * call_ms, bwd * call_ms
+
+
+def host_forward_ms(profile: Profile, setup: TrainSetup) -> float:
+    """ms the host takes to issue one dense block's forward."""
+    return host_block_ms(profile, setup)[0]
 
 
 def host_bound_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
-    """ms per microbatch a dense block's forward (and a full recompute's rerun) takes beyond its device
-    time where the host issues it more slowly: max(device, host) less device; 0 for other layers (as
-    jobsettings' terms, an analytic profile's dense blocks: a fake profile's, kinds named by the model's
-    class, are not read)."""
+    """ms per microbatch a dense block's passes take beyond their device time where the host issues them
+    more slowly: max(device, host) less device for the forward, the backward, and a full recompute's
+    rerun of the forward; 0 for other layers (as jobsettings' terms, an analytic profile's dense blocks:
+    a fake profile's, kinds named by the model's class, are not read)."""
     if layer.kind != DENSE_BLOCK:
         return 0.0
-    host = host_forward_ms(profile, setup)
-    if not host:
+    fwd, bwd = host_block_ms(profile, setup)
+    if not (fwd or bwd):
         return 0.0
-    extra = max(0.0, host - layer.fwd_ms)
+    extra = max(0.0, fwd - layer.fwd_ms) + max(0.0, bwd - layer.bwd_ms)
     if int(ckpt) == 1:  # full recompute: the forward issued again
-        extra += max(0.0, host - rules.recompute_ms(layer, setup))
+        extra += max(0.0, fwd - rules.recompute_ms(layer, setup))
     return extra

@@ -237,10 +237,11 @@ class RuntimeFacts:
     with its deterministic backward on sm90, and on sm100+ without attention dropout; FlashAttention-2 with its
     deterministic backward below sm90 and on sm100+ under attention dropout); None: not read, the attention
     timed as the profile's."""
-    host_calls_per_block: int = 0
-    """Framework modules a dense block calls each forward, each costing the host one module call's CPU time
-    (GPU.host_call_us; planner/cost/hosttime.py): Megatron-core's TE layer spec, 5 (linear_qkv, core_attention,
-    linear_proj, linear_fc1, linear_fc2); 0: not read, no host floor."""
+    host_block_linears: tuple[tuple[str, float, float], ...] = ()
+    """The host's time to issue a dense block's forward and its backward, each in torch Linear forwards (the unit
+    GPU.host_call_us publishes; planner/cost/hosttime.py), by the profile's attention kind ("flash": the fused
+    kernel; "eager": the s x s scores through torch ops): Megatron-core's TE layer spec block as measured by
+    scripts/bench_host.py; a kind not listed (or none): not read, no host floor."""
     vocab_parallel_ce_bytes: int = 0
     """Bytes a bf16 logit moves through the runtime's own unfused cross-entropy, forward and backward, which the
     cost model charges in place of an analytic profile's eager loss (planner/cost/megatron_loss.py): Megatron-LM's

@@ -9,6 +9,11 @@ from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PI
 
 MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
 TE_V = "TransformerEngine v2.9"
+# the host's time for a Megatron-core TE-spec dense block's forward and backward, in torch Linear forwards, by the
+# profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
+# --attention-backend unfused and local-spec rows): scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU;
+# the least of the repeats' medians over the Linear's), docs/framework-facts.md §85, docs/published-runs.md §23.hostcall
+HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76))
 # what runs instead of torch.compile, and where that is read (runtimes._NO_MODEL_COMPILE's entry)
 NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise "
                     "functions of its jit_fuser)",
@@ -58,7 +63,7 @@ def megatron() -> RuntimeFacts:
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
-        deterministic_attention="transformer-engine", host_calls_per_block=5, megatron_step_replayed=True,
+        deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
@@ -103,10 +108,12 @@ def megatron() -> RuntimeFacts:
                              "aten::empty_strided outputs, NaN-filled under --deterministic-mode's "
                              "use_deterministic_algorithms (aten/src/ATen/native/cuda/TensorFactories.cu "
                              "empty_strided_cuda; seen on torch 2.13.0: tests/test_megatron_loss.py): 4 + 2 B a logit",
-            "host_calls_per_block": "the TE layer spec's dense block: linear_qkv (TELayerNormColumnParallelLinear), "
-                                    "core_attention (TEDotProductAttention), linear_proj (TERowParallelLinear), "
-                                    "linear_fc1, linear_fc2 (megatron/core/models/gpt/gpt_layer_specs.py 140-160, "
-                                    "Megatron-LM 6e091e1b): five TE module forwards",
+            "host_block_linears": "the TE layer spec's dense block (gpt_layer_specs.py 140-160; transformer_layer.py "
+                                  "_forward_attention, _forward_mlp; attention.py get_query_key_value_tensors; "
+                                  "fused_bias_dropout.py, fused_bias_gelu.py under jit.py's torch.compile, Megatron-LM "
+                                  "6e091e1b), its forward and its backward timed on the host against one torch Linear "
+                                  "forward, each TE module a torch Linear (TransformerEngine#2126): scripts/bench_host.py, "
+                                  "docs/framework-facts.md §85",
             "deterministic_attention": "--deterministic-mode asks for NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (megatron/core/"
                                        "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b; 1697-1702 "
                                        "at 7e6a045a) and passes config.attention_dropout (default 0.1, "

@@ -1,0 +1,50 @@
+"""scripts/bench_host.py, the measurement behind the Megatron record's host_block_linears: the replica block
+dispatches exactly its parts' ops (counted by hand from Megatron-core's forward), and the script prints its table."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_host", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _forward_ops(bench) -> dict[str, int]:
+    return {name: bench.count_ops(fwd, make)[0] for name, fwd, make in bench.parts()}
+
+
+def test_the_linear_unit_and_the_blocks_forward_are_their_parts(bench):
+    ops = _forward_ops(bench)
+    assert ops["torch Linear (the unit)"] == 4  # view, t, addmm, view: a Linear over [s, b, h]
+    assert ops["bias-dropout-add"] == 6  # add, then dropout's empty_like, bernoulli_, div_, mul; add
+    assert ops["bias-gelu (GeLUFunction)"] == 10  # fused_bias_gelu.py's bias_gelu, op by op
+    linear_no_bias = 4  # linear_proj, linear_fc1, linear_fc2 return their bias apart: view, t, mm, view
+    parts = (ops["linear_qkv + view/split/reshape"] + ops["core_attention stand-in"] + 2 * ops["bias-dropout-add"]
+             + ops["bias-gelu (GeLUFunction)"] + 3 * linear_no_bias)
+    assert ops["dense block (TE spec replica)"] == parts == 48
+    unfused = parts - ops["core_attention stand-in"] + ops["unfused attention (TE's UnfusedDotProductAttention)"]
+    assert ops["dense block, unfused attention"] == unfused == 67
+
+
+def test_the_script_prints_each_part_against_the_linear(bench, capsys):
+    threads = torch.get_num_threads()
+    try:
+        bench.main(["--repeats", "1", "--calls", "2", "--eager"])  # sets one thread, as it measures
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| part")]
+    assert len(rows) == 8
+    assert rows[0].startswith("| torch Linear (the unit) | 4 / 14 |") and "| 1.00 |" in rows[0]
+    assert rows[5].startswith("| dense block (TE spec replica) | 48 / 83 |")
