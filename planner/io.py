@@ -14,7 +14,6 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.errors import UserError
-from planner.schema import renames
 from planner.schema import (
     PLAN_CORE_ATTN_VERSION,
     PLAN_SCHEMA_VERSION,
@@ -26,6 +25,7 @@ from planner.schema import (
     Plan,
     Profile,
     RunReport,
+    renames,
 )
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
