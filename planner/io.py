@@ -15,13 +15,17 @@ from pydantic import BaseModel, ValidationError
 
 from planner.errors import UserError
 from planner.schema import (
+    PLAN_CORE_ATTN_VERSION,
     PLAN_SCHEMA_VERSION,
     PLAN_SCHEMA_VERSIONS,
+    PROFILE_SCHEMA_VERSION,
+    PROFILE_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
     FileRef,
     Plan,
     Profile,
     RunReport,
+    renames,
 )
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -264,7 +268,11 @@ def _validate(model: type[ModelT], data: object, path: str | Path, what: str, re
             f"{' or '.join(map(str, versions))}; {remedy}"
         )
     if model is Plan and version != PLAN_SCHEMA_VERSION:
+        data = renames.plan_in_current_names(data, version, PLAN_CORE_ATTN_VERSION)
         data = {**data, "schema_version": PLAN_SCHEMA_VERSION}  # the setup's parts are nested on validation
+    if model is Profile and version != PROFILE_SCHEMA_VERSION:
+        data = renames.profile_in_current_names(data, version, PROFILE_SCHEMA_VERSION)
+        data = {**data, "schema_version": PROFILE_SCHEMA_VERSION}
     try:
         if not strict:
             return model.model_validate(data)
@@ -337,7 +345,7 @@ def load_model(model: type[ModelT], path: str | Path, what: str, remedy: str) ->
 def load_profile(path: str | Path) -> Profile:
     text = _read_text(path, "profile")
     remedy = "re-create it with `ckplan profile MODEL.py`"
-    return _validate(Profile, parse_json(text, path, remedy), path, "profile", remedy)
+    return _validate(Profile, parse_json(text, path, remedy), path, "profile", remedy, versions=PROFILE_SCHEMA_VERSIONS)
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

@@ -20,10 +20,11 @@ MIB = 2**20
 
 
 # A decoder block's selective options (kept MiB, recompute ms) beside none (10 MiB) and full (1 MiB,
-# a 10 ms forward): attn the attention core, mlp-act the MLP's activation, as the analytic profiles
-# offer them (planner/profiler/analytic.py), and the module-level ones a measured profile has.
-BLOCK_OPTIONS = {"attn": (7, 1.0), "mlp": (6, 4.0), "mlp-act": (8, 0.5), "norm": (9.5, 0.2),
-                 "save-matmuls": (5, 3.0), "attn,mlp-act": (5, 1.5)}
+# a 10 ms forward): core-attn the attention core, mlp-act the MLP's activation, as the analytic profiles
+# offer them (planner/profiler/analytic.py), attn the attention module whole, and the module-level ones a
+# measured profile has.
+BLOCK_OPTIONS = {"core-attn": (7, 1.0), "attn": (6.5, 1.8), "mlp": (6, 4.0), "mlp-act": (8, 0.5),
+                 "norm": (9.5, 0.2), "save-matmuls": (5, 3.0), "core-attn,mlp-act": (5, 1.5)}
 
 
 def llm_profile(num_blocks: int = 8, *, options: bool = False, kind: str = "Block"):

@@ -50,7 +50,7 @@ def test_norm_out_combines_and_its_restored_output_adds_to_its_sub_blocks_recomp
     core = 4 * 4 * 32 * 2  # flash's logsumexp, 4 heads x 64 tokens x fp32
     assert moe["mlp,norm-out"].kept_bytes == kept - mixture - NORM
     assert moe["mlp,norm-out"].recompute_peak_bytes == mixture + NORM  # the MLP norm is back while the MoE reruns
-    assert moe["attn,norm-out"].recompute_peak_bytes == max(core, NORM)  # at different points of the backward
+    assert moe["core-attn,norm-out"].recompute_peak_bytes == max(core, NORM)  # at different points of the backward
     latent = _options(TINY_MLA)
     up = latent["mla-up"].recompute_peak_bytes
     assert latent["mla-up,norm-out"].recompute_peak_bytes == up + NORM
@@ -61,7 +61,7 @@ def test_dense_mlp_frees_the_whole_mlp_and_reruns_its_forward():
     dense, kept = _options(TINY_MOE, moe=False), _kept(TINY_MOE, SHAPE, moe=False)
     swiglu = 4 * 64 * 160 * 2  # gate out, SiLU out, up out, product: 64 tokens x 160 x 2 B each
     assert dense["mlp"].kept_bytes == kept - swiglu and dense["mlp"].recompute_peak_bytes == swiglu
-    assert "mlp,mlp-act" not in dense and dense["attn,mlp"].kept_bytes == kept - swiglu - 4 * 4 * 32 * 2
+    assert "mlp,mlp-act" not in dense and dense["core-attn,mlp"].kept_bytes == kept - swiglu - 4 * 4 * 32 * 2
     rerun = analytic_time.rerun_work(TINY_MOE, SHAPE, "mlp", moe=False)
     assert rerun.flops == 3 * 2 * 64 * 64 * 160  # gate, up and down
     gpt = archs.Arch(name="tiny-gpt", style="gpt", hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4,

@@ -115,8 +115,9 @@ def test_analytic_weight_pass_is_the_fake_counts_on_a_tiny_llama_block():
 def test_the_analytic_profile_records_full_and_selective_splits():
     """Small Llama under --mfu 0.5 (times are FLOPs at half the peak): full's I = none's I + its rerun,
     W = none's W + 9 reruns; mlp's rerun under torch is gate and up (early stop before down: 2 x 2·T·h·f
-    FLOPs, T = 32 tokens), once in I and in W once per group of its 3; attn (the attention core: no
-    parameter) reruns in I only; an option under torch's selective checkpoint (mlp-act) is not split."""
+    FLOPs, T = 32 tokens), once in I and in W once per group of its 3; core-attn (the attention core: no
+    parameter) reruns in I only, attn (the attention module) in I and in W once per group of its 4 (q, k, v,
+    o); an option under torch's selective checkpoint (mlp-act) is not split."""
     config = _config("llama-3.2-1b")
     arch = from_hf_config(config, where="llama", name="llama")
     h100 = gpu("h100")
@@ -126,8 +127,12 @@ def test_the_analytic_profile_records_full_and_selective_splits():
     none = options["none"]
     mlp_rerun = 2 * (2 * 32 * 64 * 128) / (h100.bf16_tflops * 1e12 * 0.5) * 1e3
     for name, in_input, in_weight in (("full", options["full"].recompute_ms, 9 * options["full"].recompute_ms),
-                                      ("mlp", mlp_rerun, 3 * mlp_rerun), ("attn", options["attn"].recompute_ms, 0.0),
-                                      ("attn,mlp", options["attn"].recompute_ms + mlp_rerun, 3 * mlp_rerun)):
+                                      ("mlp", mlp_rerun, 3 * mlp_rerun),
+                                      ("core-attn", options["core-attn"].recompute_ms, 0.0),
+                                      ("core-attn,mlp", options["core-attn"].recompute_ms + mlp_rerun, 3 * mlp_rerun),
+                                      ("attn", options["attn"].recompute_ms, 4 * options["attn"].recompute_ms),
+                                      ("attn,mlp", options["attn"].recompute_ms + mlp_rerun,
+                                       4 * options["attn"].recompute_ms + 3 * mlp_rerun)):
         option = options[name]
         assert option.input_grad_ms == pytest.approx(none.input_grad_ms + in_input), name
         assert option.weight_grad_ms == pytest.approx(none.weight_grad_ms + in_weight), name

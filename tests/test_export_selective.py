@@ -22,8 +22,8 @@ from planner.cost import costmodel
 from planner.emit import colossalai, deepspeed, megatron, rounding, torchtitan
 from planner.models.configs.megatron_flags import recompute_modules_option
 
-ATTN_EVERYWHERE = {f"layers.{i}": "attn" for i in range(8)}
-MIXED = {**ATTN_EVERYWHERE, "layers.3": "attn,mlp-act", "layers.5": "full", "layers.6": "save-matmuls"}
+ATTN_EVERYWHERE = {f"layers.{i}": "core-attn" for i in range(8)}
+MIXED = {**ATTN_EVERYWHERE, "layers.3": "core-attn,mlp-act", "layers.5": "full", "layers.6": "save-matmuls"}
 
 
 def _write(tmp_path, recompute, *, source="analytic", kind="Block", **kwargs):
@@ -39,14 +39,15 @@ def _flags(text: str) -> dict:
 
 
 def test_megatron_module_lists_as_ckplan_options():
-    assert megatron._said("attn,mlp-act", moe=False, analytic=True) == {"core_attn"}  # a dense MLP's activation: none
-    assert megatron._said("attn,mlp-act", moe=True, analytic=True) == {"core_attn", "moe_act"}
-    assert megatron._said("attn", moe=False, analytic=False) == set()  # a measured attn: the whole submodule
-    assert megatron._said("mlp", moe=False, analytic=False) == {"mlp"}
-    assert megatron._said("mlp", moe=True, analytic=False) == {"moe"}
-    assert megatron._said("save-matmuls", moe=False, analytic=True) == set()
-    assert recompute_modules_option(("core_attn", "moe_act", "layernorm"), moe=True) == "attn,mlp-act,norm-out"
-    assert recompute_modules_option(("core_attn", "moe_act"), moe=False) == "attn"
+    assert megatron._said("core-attn,mlp-act", moe=False) == {"core_attn"}  # a dense MLP's activation: none
+    assert megatron._said("core-attn,mlp-act", moe=True) == {"core_attn", "moe_act"}
+    assert megatron._said("attn", moe=False) == set()  # the whole attention module: no module list says it
+    assert megatron._said("attn,mlp", moe=False) == {"mlp"}
+    assert megatron._said("mlp", moe=False) == {"mlp"}
+    assert megatron._said("mlp", moe=True) == {"moe"}
+    assert megatron._said("save-matmuls", moe=False) == set()
+    assert recompute_modules_option(("core_attn", "moe_act", "layernorm"), moe=True) == "core-attn,mlp-act,norm-out"
+    assert recompute_modules_option(("core_attn", "moe_act"), moe=False) == "core-attn"
     assert recompute_modules_option(("moe",), moe=False) == "none"
 
 
@@ -67,13 +68,14 @@ def test_megatron_rounds_a_mixed_plan_to_the_fastest_setting_that_fits(tmp_path)
     result = megatron.export(plan, profile, plan_file=str(path))
     # the candidates: block recompute of whole layers (N = 2, the largest count) or core_attn everywhere
     roles = rounding.llm_roles(profile)
-    attn = [s.with_recompute({n: "attn" for n in rounding.decoder_layers(s, roles)})
+    attn = [s.with_recompute({n: "core-attn" for n in rounding.decoder_layers(s, roles)})
             for s in costmodel.pipeline_stages(plan.stages, plan.setup)]
     setup = result.rounded.setup
     selective_ms = costmodel.evaluate(costmodel.ranks_of(attn, setup), profile, setup).iteration_ms
     assert result.scored.rounded.iteration_ms == selective_ms
     assert "--recompute-modules core_attn" in result.text
-    assert any("options attn, attn,mlp-act, full, save-matmuls become attn" in c for c in result.rounded.changes)
+    assert any("options core-attn, core-attn,mlp-act, full, save-matmuls become core-attn" in c
+               for c in result.rounded.changes)
 
 
 def test_megatron_keeps_block_recompute_when_selective_does_not_fit(tmp_path):
@@ -84,12 +86,12 @@ def test_megatron_keeps_block_recompute_when_selective_does_not_fit(tmp_path):
     block_mib = max(megatron.export(plan, profile, plan_file=str(path)).scored.rounded.peak_bytes_per_stage) / 2**20
     assert block_mib < attn_mib
     # a cap between: core_attn everywhere no longer fits, block recompute of every layer does
-    profile, plan, path = _write(tmp_path, every | {"layers.0": "attn"}, cap_mib=(block_mib + attn_mib) / 2)
+    profile, plan, path = _write(tmp_path, every | {"layers.0": "core-attn"}, cap_mib=(block_mib + attn_mib) / 2)
     result = megatron.export(plan, profile, plan_file=str(path))
     flags = _flags(result.text)
     assert flags["--recompute-granularity"] == "full" and flags["--recompute-num-layers"] == "2"
     assert result.scored.rounded.feasible and "--recompute-modules" not in flags
-    assert any("the 1 layers the plan recomputes selectively (attn) recompute whole layers" in c
+    assert any("the 1 layers the plan recomputes selectively (core-attn) recompute whole layers" in c
                for c in result.rounded.changes)
 
 
@@ -182,7 +184,7 @@ def test_torchtitan_checkpoints_each_layers_parts_as_the_plan_says(tmp_path):
     pytest.importorskip("tyro")
     from test_export_frameworks import _load_titan_export
 
-    recompute = {name: option for name, option in (MIXED | {"layers.7": "norm", "layers.1": "mlp"}).items()
+    recompute = {name: option for name, option in (MIXED | {"layers.7": "norm", "layers.1": "mlp", "layers.2": "attn"}).items()
                  if name != "layers.4"}
     profile, plan, path = _write(tmp_path, recompute, runtime="torchtitan")
     result = torchtitan.export(plan, profile, plan_file=str(path), base="ckplan_base:base")
@@ -195,7 +197,7 @@ def test_torchtitan_checkpoints_each_layers_parts_as_the_plan_says(tmp_path):
     reference.load_state_dict(model.state_dict())
     ac.build().apply(model)
     assert _wrapped(model) == {
-        "0": ["attention.inner_attention"], "1": ["feed_forward"], "2": ["attention.inner_attention"],
+        "0": ["attention.inner_attention"], "1": ["feed_forward"], "2": ["attention"],
         "3": ["attention.inner_attention", "feed_forward"], "4": [], "5": ["(block)"], "6": ["(block)"],
         "7": ["attention_norm", "ffn_norm"]}
     x = torch.randn(2, 4, 8)
@@ -205,10 +207,14 @@ def test_torchtitan_checkpoints_each_layers_parts_as_the_plan_says(tmp_path):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
 
 
-def test_torchtitan_measured_attn_is_the_attention_submodule(tmp_path):
-    profile, plan, path = _write(tmp_path, ATTN_EVERYWHERE, source="measured")
-    text = torchtitan.export(plan, profile, plan_file=str(path), base="m:f").text
-    assert 'PARTS = {"attn": ["attention"]' in text
+def test_torchtitan_writes_core_attn_as_the_kernel_and_attn_as_the_attention_submodule(tmp_path):
+    """The policy's parts by name, whatever profile the plan was made from: core-attn the kernel
+    (inner_attention), attn the attention module whole."""
+    for source in ("analytic", "measured"):
+        profile, plan, path = _write(tmp_path, ATTN_EVERYWHERE | {"layers.1": "attn"}, source=source)
+        text = torchtitan.export(plan, profile, plan_file=str(path), base="m:f").text
+        assert 'PARTS = {"core-attn": ["attention.inner_attention"], "attn": ["attention"]' in text
+        assert "'layers.0': 'core-attn'" in text and "'layers.1': 'attn'" in text
 
 
 def test_torchtitan_cli_keeps_the_selective_policy(tmp_path, monkeypatch):

@@ -249,7 +249,7 @@ def test_recompute_flags_become_the_layers_megatron_recomputes(tmp_path):
     assert len(predict(uniform, gpus=1, gpu_name="h100").stages[0].checkpointed) == 8
     selective = _job(tmp_path, BASE + "\n--recompute-activations: true")
     stage = predict(selective, gpus=1, gpu_name="h100").stages[0]
-    assert set(stage.recompute.values()) == {"attn"} and len(stage.recompute) == 8
+    assert set(stage.recompute.values()) == {"core-attn"} and len(stage.recompute) == 8
 
 
 def test_virtual_stages_and_the_layout(tmp_path):

@@ -36,7 +36,7 @@ def test_an_analytic_blocks_program_by_hand():
     # full, extra = transient + the recompute (700 - 100): the kept tensors again, then the scratch
     assert backward_program(layer, "full", 1000) == (100, 200, 400, 150, 150)
     # no record for the option, or an extra below the incoming gradient: one block
-    assert backward_program(layer, "attn", 1000) == () and backward_program(layer, "none", 99) == ()
+    assert backward_program(layer, "core-attn", 1000) == () and backward_program(layer, "none", 99) == ()
 
 
 def test_a_records_frees_inside_the_backward_are_played_renumbered():

@@ -19,7 +19,7 @@ from planner.models.configs.megatron_flags import (
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 DEEPSEEK_V3 = CONFIGS / "megatron_mfsdp_deepseek_v3.sh"  # examples/megatron_fsdp at d98e8a64
-MOE_OFFERED = {"attn", "mla-up", "mlp", "mlp-act", "attn,mla-up", "mla-up,mlp", "mla-up,mlp-act"}
+MOE_OFFERED = {"core-attn", "mla-up", "mlp", "mlp-act", "core-attn,mla-up", "mla-up,mlp", "mla-up,mlp-act"}
 
 
 def test_each_module_is_the_part_megatron_recomputes_in_that_layer():
@@ -36,17 +36,17 @@ def test_each_module_is_the_part_megatron_recomputes_in_that_layer():
 def test_a_layer_takes_the_parts_it_offers_and_names_the_rest():
     assert layer_option(["mla-up", "mlp", "norm"], MOE_OFFERED) == ("mla-up,mlp", ["norm"])
     assert layer_option(["mla-up", "mlp", "norm"], {"mla-up", "mlp-act"}) == ("mla-up", ["mlp", "norm"])
-    assert layer_option(["attn", "mlp-act"], {"attn", "mlp-act"}) == ("attn", ["mlp-act"])  # no combination
+    assert layer_option(["core-attn", "mlp-act"], {"core-attn", "mlp-act"}) == ("core-attn", ["mlp-act"])  # no combination
     assert layer_option(["norm"], MOE_OFFERED) == ("none", ["norm"])
     assert layer_option(["mla-up", "mlp", "norm-out"], MOE_OFFERED | {"mla-up,mlp,norm-out"}) == ("mla-up,mlp,norm-out", [])
 
 
 def test_layernorm_is_norm_out_unless_the_layer_offers_only_norm():
-    assert norm_alternative({"attn", "norm-out", "attn,norm-out"}) == "norm"
+    assert norm_alternative({"core-attn", "norm-out", "core-attn,norm-out"}) == "norm"
     assert norm_alternative({"attn", "attn,norm"}) == "norm-out"  # a measured profile: ckplan's norm
-    assert norm_alternative({"attn"}) == "norm"  # neither: an analytic block whose norms Megatron fuses
-    assert recompute_modules_option(("core_attn", "layernorm"), moe=True) == "attn,norm-out"
-    assert recompute_modules_option(("core_attn", "layernorm"), moe=True, offered={"attn,norm"}) == "attn,norm"
+    assert norm_alternative({"core-attn"}) == "norm"  # neither: an analytic block whose norms Megatron fuses
+    assert recompute_modules_option(("core_attn", "layernorm"), moe=True) == "core-attn,norm-out"
+    assert recompute_modules_option(("core_attn", "layernorm"), moe=True, offered={"core-attn,norm"}) == "core-attn,norm"
 
 
 def test_the_deepseek_v3_example_recomputes_what_its_modules_say_on_each_layer():
@@ -109,7 +109,7 @@ def test_layernorm_on_dense_gqa_layers_frees_nothing_and_says_so(tmp_path):
         return predict(megatron.read(path), gpus=1, gpu_name="h100")
 
     both, attn = scored("core_attn layernorm"), scored("core_attn")
-    assert set(both.stages[0].recompute.values()) == {"attn"}
+    assert set(both.stages[0].recompute.values()) == {"core-attn"}
     assert both.cost.stages[0].peak_bytes == attn.cost.stages[0].peak_bytes
     said = [note for note in both.notes if note.startswith("selective recompute of core_attn layernorm")]
     assert len(said) == 1 and "layernorm frees nothing on the profile's decoder_block layers" in said[0]

@@ -492,22 +492,25 @@ def test_selective_options_of_moe_and_latent_blocks_by_hand():
     act = 2 * 128 * 32 * 2  # SiLU output and product over the routed slots
     core = 4 * 4 * 32 * 2  # flash's logsumexp
     # and torchtitan's op-level SAC (planner/profiler/opsac.py; its MoE counts by hand in tests/test_opsac_moe.py)
-    assert set(options) == {"attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act", "offload", "norm-out", "attn,norm-out",
-                            "mlp,norm-out", "mlp-act,norm-out", "attn,mlp,norm-out", "attn,mlp-act,norm-out", "op-sac"}
+    pairs = {"mlp", "mlp-act", "norm-out", "mlp,norm-out", "mlp-act,norm-out"}  # what each attention option joins
+    assert set(options) == {"core-attn", "attn", *pairs, *(f"{attention},{part}" for attention in ("core-attn", "attn")
+                                                          for part in pairs), "offload", "op-sac"}
     assert options["mlp"].kept_bytes == kept - mixture and options["mlp"].recompute_peak_bytes == mixture
     assert options["mlp-act"].kept_bytes == kept - act
-    assert options["attn,mlp"].kept_bytes == kept - core - mixture
-    assert options["attn,mlp"].recompute_peak_bytes == max(core, mixture)
+    assert options["core-attn,mlp"].kept_bytes == kept - core - mixture
+    assert options["core-attn,mlp"].recompute_peak_bytes == max(core, mixture)
     assert options["mlp"].recompute_ms == pytest.approx(
         analytic.flops_ms(analytic.mlp_flops(TINY_MOE, shape, moe=True), H100, 0.4))
     # the dense block of the same model keeps its dense options
     dense = {o.name for o in analytic.selective_options(TINY_MOE, shape, H100, 0.4)}
     # op-sac: torchtitan's op-level SAC; no norm-out: megatron-core fuses a dense GQA block's norms
-    assert dense == {"attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act", "op-sac", "offload"}
+    assert dense == {"core-attn", "attn", "mlp", "mlp-act", "core-attn,mlp", "core-attn,mlp-act", "attn,mlp", "attn,mlp-act",
+                     "op-sac", "offload"}
     # latent attention: Q (from its latent), K and V up-projected, 64 tokens x 4 heads
     latent = {o.name: o for o in analytic.selective_options(TINY_MLA, shape, H100, 0.4)}
     up = 64 * 4 * (16 + 8) * 2 * 2 + 64 * 4 * 16 * 2
     assert latent["mla-up"].kept_bytes == _kept(TINY_MLA, shape) - up
     assert latent["mla-up"].recompute_ms == pytest.approx(
         analytic.flops_ms(2 * 64 * (24 * 4 * 24 + 16 * 4 * (16 + 16)), H100, 0.4))
-    assert {"attn,mla-up", "mla-up,mlp-act", "attn,mla-up,mlp-act"} <= set(latent)
+    assert {"core-attn,mla-up", "mla-up,mlp-act", "core-attn,mla-up,mlp-act"} <= set(latent)
+    assert not any("attn" in name.split(",") for name in latent)  # no whole-module attn on latent attention

@@ -190,11 +190,11 @@ def test_a_plan_names_each_layers_option_and_evaluate_refuses_one_the_layer_lack
 
 
 def test_analytic_blocks_carry_the_selective_options_of_their_terms():
-    """LLaMA 3 8B at 1024 tokens, eager attention: `attn` frees the softmax output, 32 heads x
+    """LLaMA 3 8B at 1024 tokens, eager attention: `core-attn` frees the softmax output, 32 heads x
     1024² x 2 bytes, and reruns QK^T and scores·V (4·s²·h FLOPs); `mlp-act` frees SiLU's output
     and the product, 2 x 1024 x 14336 x 2 bytes; a MoE block has its own (tests/test_moe_arch.py):
-    the whole mixture, the routed experts' activation, and their combinations with attn; every
-    block offload."""
+    the whole mixture, the routed experts' activation, and their combinations with core-attn and attn
+    (the attention module whole: tests/test_core_attn_names.py); every block offload."""
     from planner.models import archs
     from planner.profiler import analytic
 
@@ -203,15 +203,16 @@ def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     block = analytic.block_layer(0, archs.arch("llama3-8b"), shape, gpu, 0.4)
     options = {o.name: o for o in block.recompute_options}
     # mlp: the whole SwiGLU (gate, SiLU and up outputs, product), 4 x 1024 x 14336 x 2 bytes
-    assert list(options) == ["none", "full", "attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act", "offload"]
+    assert list(options) == ["none", "full", "core-attn", "attn", "mlp", "mlp-act", "core-attn,mlp", "core-attn,mlp-act",
+                             "attn,mlp", "attn,mlp-act", "offload"]
     assert block.act_bytes - options["mlp"].kept_bytes == 4 * 1024 * 14336 * 2 == options["mlp"].recompute_peak_bytes
-    assert block.act_bytes - options["attn"].kept_bytes == 32 * 1024 * 1024 * 2 == options["attn"].recompute_peak_bytes
+    assert block.act_bytes - options["core-attn"].kept_bytes == 32 * 1024 * 1024 * 2 == options["core-attn"].recompute_peak_bytes
     assert block.act_bytes - options["mlp-act"].kept_bytes == 2 * 1024 * 14336 * 2
-    assert options["attn"].recompute_ms == pytest.approx(analytic.flops_ms(4 * 1024 * 1024 * 4096, gpu, 0.4))
+    assert options["core-attn"].recompute_ms == pytest.approx(analytic.flops_ms(4 * 1024 * 1024 * 4096, gpu, 0.4))
     # SiLU and the product rerun: the activation class's measured rate (planner/profiler/membound.py)
     assert options["mlp-act"].recompute_ms == pytest.approx(
         4 * 1024 * 14336 * 2 / (gpu.hbm_tbps * dict(gpu.membound_class_efficiency)["activation"] * 1e12) * 1e3)
-    both = options["attn,mlp-act"]
+    both = options["core-attn,mlp-act"]
     assert both.kept_bytes == block.act_bytes - 32 * 1024 * 1024 * 2 - 2 * 1024 * 14336 * 2
     # offload keeps the block's input (1024 x 4096 bf16) and copies the rest out and back over
     # PCIe (64 GB/s a direction) beside the compute: the backward first waits for the down
@@ -225,10 +226,10 @@ def test_analytic_blocks_carry_the_selective_options_of_their_terms():
     assert offload.recompute_ms == pytest.approx((copy_ms - block.fwd_ms) + first_ms + (copy_ms - first_ms - block.bwd_ms))
     moe = analytic.block_layer(0, archs.arch("mixtral-8x7b"), shape, gpu, 0.4)
     # and norm-out, its MLP norm's output (the one megatron-core's TE layer builds as a module of its own)
-    assert [o.name for o in moe.recompute_options] == ["none", "full", "attn", "mlp", "mlp-act", "norm-out", "attn,mlp",
-                                                       "attn,mlp-act", "attn,norm-out", "mlp,norm-out",
-                                                       "mlp-act,norm-out", "attn,mlp,norm-out", "attn,mlp-act,norm-out",
-                                                       "offload"]
+    assert [o.name for o in moe.recompute_options] == [
+        "none", "full", "core-attn", "attn", "mlp", "mlp-act", "norm-out", "core-attn,mlp", "core-attn,mlp-act",
+        "core-attn,norm-out", "attn,mlp", "attn,mlp-act", "attn,norm-out", "mlp,norm-out", "mlp-act,norm-out",
+        "core-attn,mlp,norm-out", "core-attn,mlp-act,norm-out", "attn,mlp,norm-out", "attn,mlp-act,norm-out", "offload"]
 
 
 def test_a_plan_with_selective_options_is_exported_as_whole_layers_and_rescored(tmp_path):

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from planner import io
 from planner.errors import UserError
-from planner.schema import SCHEMA_VERSION, DeviceInfo, FileRef, LayerProfile, Profile
+from planner.schema import PROFILE_SCHEMA_VERSION, DeviceInfo, FileRef, LayerProfile, Profile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -38,7 +38,7 @@ def test_profile_round_trips_through_json(tmp_path):
     path = tmp_path / "p.json"
     io.save_profile(profile, path)
     assert io.load_profile(path) == profile
-    assert json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION
+    assert json.loads(path.read_text())["schema_version"] == PROFILE_SCHEMA_VERSION
 
 
 def test_unknown_fields_are_rejected_by_name():
@@ -71,7 +71,7 @@ def test_load_profile_errors_are_one_sentence(tmp_path):
     path.write_text("{not json")
     with pytest.raises(UserError, match="not valid JSON"):
         io.load_profile(path)
-    path.write_text(json.dumps(data | {"schema_version": SCHEMA_VERSION + 1}))
+    path.write_text(json.dumps(data | {"schema_version": PROFILE_SCHEMA_VERSION + 1}))
     with pytest.raises(UserError, match="schema version"):
         io.load_profile(path)
     with pytest.raises(UserError, match="does not exist"):

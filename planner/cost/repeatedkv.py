@@ -30,8 +30,9 @@ from planner.schema import Profile, TrainSetup
 BF16_BYTES = 2
 BLOCKS = ("decoder_block", "moe_block")
 # options that keep the attention's inputs (q, k, v) as the forward made them (analytic_kept's
-# selective options: attn reruns the core from the kept q, k, v; mlp and mlp-act the MLP alone)
-KEEPS_ATTENTION_INPUTS = frozenset({"none", "attn", "mlp", "mlp-act", "attn,mlp", "attn,mlp-act"})
+# selective options: core-attn reruns the core from the kept q, k, v; mlp and mlp-act the MLP alone;
+# attn reruns the whole attention module, the repeat with it)
+KEEPS_ATTENTION_INPUTS = frozenset({"none", "core-attn", "mlp", "mlp-act", "core-attn,mlp", "core-attn,mlp-act"})
 
 
 def repeated_kv_bytes(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:

@@ -47,8 +47,8 @@ CANNOT_EXPRESS = [
     "recomputing the embedding or the loss layer (decoder layers only).",
     "a selective recompute choice per layer: --recompute-modules is one list for every decoder layer, and "
     "not beside block recompute of whole layers; nor save-matmuls (op-level checkpointing), a dense MLP's "
-    "activation alone (moe_act is the MoE layers') or a measured profile's attn (the whole attention "
-    "submodule; core_attn is the attention kernel alone, Q, K and V kept: the analytic profiles' attn).",
+    "activation alone (moe_act is the MoE layers') or attn (the whole attention module; core_attn is the "
+    "attention kernel alone, Q, K and V kept: ckplan's core-attn).",
     "activation offload per layer: megatron-core 0.16's --cpu-offloading refuses pipeline parallelism and "
     "recompute (TransformerConfig), and its fine-grained offloading (--offload-modules) moves module inputs "
     "of every decoder layer: offloaded layers are exported as whole-layer recompute.",
@@ -69,7 +69,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
                                           round_zero=lambda r: dp_support.round_zero(r, TARGET))
     megatron_rounding.grouped_gemm(exact, profile)
     rounded, num = _block(exact, roles, profile)
-    candidates = [(rounded, ()), *_selective(exact, roles, profile, plan.profile_source == "analytic")]
+    candidates = [(rounded, ()), *_selective(exact, roles, profile)]
     if len(candidates) > 1:  # the plan recomputes some layers selectively: block or one module list
         block = rounded
         rounded, fits = rounding.scored_choice([candidate for candidate, _ in candidates], profile)
@@ -136,21 +136,21 @@ def _smallest_fitting(rounded, roles, profile, counts, num) -> tuple[int, float]
     return None
 
 
-def _said(option: str, moe: bool, analytic: bool) -> set[str]:
-    """The modules that say (part of) a layer's option."""
+def _said(option: str, moe: bool) -> set[str]:
+    """The modules that say (part of) a layer's option (none says attn, the whole attention module)."""
     parts = option.split(",")
     return {module for module, part, dense_ok, moe_ok in RECOMPUTE_MODULES
-            if part in parts and (moe_ok if moe else dense_ok) and (part != "attn" or analytic)}
+            if part in parts and (moe_ok if moe else dense_ok)}
 
 
-def _selective(exact: rounding.Rounded, roles: rounding.Roles, profile: Profile,
-               analytic: bool) -> list[tuple[rounding.Rounded, tuple[str, ...]]]:
+def _selective(exact: rounding.Rounded, roles: rounding.Roles,
+               profile: Profile) -> list[tuple[rounding.Rounded, tuple[str, ...]]]:
     """Every module list made of what the plan's selective options say, as the rounding that
     gives every decoder layer the option it means; none where the plan recomputes no layer
     selectively, or the profile has no option for a layer that a list gives it."""
     layers = {layer.name: layer for layer in profile.layers}
     moe = {name: layers[name].kind == "moe_block" for name in roles.decoder}
-    said = set().union(*(_said(option, moe[name], analytic) for s in exact.stages
+    said = set().union(*(_said(option, moe[name]) for s in exact.stages
                          for name, option in s.recompute.items() if option != "full" and name in moe))
     candidates = []
     for size in range(1, len(said) + 1):

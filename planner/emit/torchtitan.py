@@ -91,7 +91,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
     # torchtitan runs every schedule ckplan plans: only the ZeRO stage is rounded (and selective
     # recompute, in the TOML of 0.2)
     roles, rounded = rounding.decoder_start(plan, profile, TARGET, round_zero=_round_zero, selective=python_config)
-    rounding.unwritable_as_full(rounded, TARGET, frozenset({"attn", "mlp", "mlp-act", "norm"}))  # the policy's PARTS
+    rounding.unwritable_as_full(rounded, TARGET, frozenset({"core-attn", "attn", "mlp", "mlp-act", "norm"}))  # the policy's PARTS
     head = chosen_version.head
     known = facts.read(profile)
     tp = known.tp
@@ -107,7 +107,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
         selective = {f"layers.{roles.decoder_index(n)}": option for s in rounded.stages
                      for n, option in s.recompute.items() if option != "full"}
         body = _python_config(rounded, parts, checkpointed, chosen, len(roles.decoder), tp, experts,
-                              selective=selective, core_attention=plan.profile_source == "analytic",
+                              selective=selective,
                               seq_len=known.seq_len, version=chosen_version, sp=known.sp)
         suffix = ".torchtitan.py"
     else:
@@ -300,7 +300,7 @@ SCHEDULE_NAMES = {"1F1B": "1F1B", "GPipe": "GPipe", "interleaved-1F1B": "Interle
 
 
 def _python_config(rounded, parts, checkpointed, base: str, num_layers: int, tp: int, experts: bool = False, *,
-                   sp: bool = True, selective: dict[str, str] | None = None, core_attention: bool = False,
+                   sp: bool = True, selective: dict[str, str] | None = None,
                    seq_len: int | None = None, version: titan_keys.Version | None = None) -> str:
     module, function = base.split(":", 1)
     version = version or titan_keys.parse(NEWEST_RELEASE)
@@ -317,7 +317,7 @@ import torch.nn as nn
 {_SELECTIVE_IMPORTS if selective else ""}
 from torchtitan.distributed.activation_checkpoint import FullAC
 from {module} import {function} as base_config
-{_selective_parts(core_attention) if selective else ""}
+{_SELECTIVE_PARTS if selective else ""}
 
 class CkplanAC(FullAC):
     """Activation checkpointing of the decoder layers named in `layers` (whole layers) and in
@@ -363,24 +363,23 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 """
 
 
-def _selective_parts(core_attention: bool) -> str:
-    """The policy's selective half: ckplan's options (planner/runtime/recompute.py) on torchtitan's block
-    submodules. `attn` is the attention kernel alone (attention.inner_attention) where the plan's
-    profile is analytic (its attn keeps Q, K, V), the attention submodule where it was measured."""
-    attention = "attention.inner_attention" if core_attention else "attention"
-    return f'''
+# The policy's selective half: ckplan's options (planner/runtime/recompute.py) on torchtitan's block
+# submodules: core-attn the attention kernel alone (attention.inner_attention: Q, K and V kept), attn the
+# attention submodule whole
+_SELECTIVE_PARTS = '''
 
 # ckplan's recompute options on torchtitan's blocks (planner/runtime/recompute.py): the submodules each
 # part checkpoints; mlp-act saves the MLP's matmul outputs and recomputes its activation,
 # save-matmuls the whole block saving every matmul and attention output
 _aten = torch.ops.aten
-MATMULS = {{_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten.linear, _aten.matmul, _aten._scaled_mm,
-           *(getattr(_aten, name) for name in ("_grouped_mm",) if hasattr(_aten, name))}}
-ATTENTION = {{_aten._scaled_dot_product_flash_attention, _aten._scaled_dot_product_efficient_attention,
+MATMULS = {_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten.linear, _aten.matmul, _aten._scaled_mm,
+           *(getattr(_aten, name) for name in ("_grouped_mm",) if hasattr(_aten, name))}
+ATTENTION = {_aten._scaled_dot_product_flash_attention, _aten._scaled_dot_product_efficient_attention,
              _aten._scaled_dot_product_cudnn_attention, _aten._flash_attention_forward,
              _aten._efficient_attention_forward, _aten._scaled_dot_product_flash_attention_for_cpu,
-             torch._higher_order_ops.flex_attention}}
-PARTS = {{"attn": ["{attention}"], "mlp": ["feed_forward", "moe"], "mlp-act": ["feed_forward", "moe"]}}
+             torch._higher_order_ops.flex_attention}
+PARTS = {"core-attn": ["attention.inner_attention"], "attn": ["attention"], "mlp": ["feed_forward", "moe"],
+         "mlp-act": ["feed_forward", "moe"]}
 
 
 def saving(ops):
@@ -405,22 +404,22 @@ def _submodules(block: nn.Module, part: str) -> list[str]:
 
 def checkpoint_parts(block: nn.Module, option: str, config) -> nn.Module:
     """`block` with the parts the ckplan option names (comma-joined) checkpointed, none inside another."""
-    kwargs = {{"preserve_rng_state": config.preserve_rng_state, "determinism_check": config.determinism_check,
-              "early_stop": False, "debug": config.debug}}
+    kwargs = {"preserve_rng_state": config.preserve_rng_state, "determinism_check": config.determinism_check,
+              "early_stop": False, "debug": config.debug}
     if option == "save-matmuls":
         return checkpoint_wrapper(block, context_fn=saving(MATMULS | ATTENTION), **kwargs)
-    chosen = {{}}
+    chosen = {}
     for part in option.split(","):
         found = _submodules(block, part)
         if not found:
-            raise ValueError(f"ckplan's {{part!r}} names no submodule of {{type(block).__name__}}")
+            raise ValueError(f"ckplan's {part!r} names no submodule of {type(block).__name__}")
         chosen.update(dict.fromkeys(found, part))
     for name, part in chosen.items():
         if any(name.startswith(other + ".") for other in chosen):
             continue  # inside another checkpointed part: recomputed with it
         owner_name, _, child = name.rpartition(".")
         owner = block.get_submodule(owner_name)
-        context = {{"context_fn": saving(MATMULS)}} if part == "mlp-act" else {{}}
+        context = {"context_fn": saving(MATMULS)} if part == "mlp-act" else {}
         owner.register_module(child, checkpoint_wrapper(getattr(owner, child), **context, **kwargs))
     return block
 '''

@@ -266,11 +266,17 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     combination of them (they recompute at different points of the backward, so a combination's
     extra peak is the largest of its parts', a norm-out norm's output adding to its sub-block's part;
     `mlp` and `mlp-act` do not combine):
-    - `attn`: the attention core recomputed (Korthikanti et al.'s selective recompute, Megatron-LM's
+    - `core-attn`: the attention core recomputed (Korthikanti et al.'s selective recompute, Megatron-LM's
       --recompute-modules core_attn): its scores, softmax and dropout (eager) or flash's
       logsumexp are not kept; Q, K, V and the output stay (the projections' own tensors). It
       reruns QK^T and scores·V, 4·sb·w·a·hd FLOPs (sliding window w), and holds what it frees
       while it does. Offered where it frees something.
+    - `attn`: the attention module checkpointed whole (ckplan's runtime and the fake profile's `attn`, a
+      torchtitan export's `attention` submodule; Megatron-LM has no such module option): everything
+      the module saves (Q, K, V, the core's tensors and output, Qwen3's q/k norms' inputs and
+      statistics) but its input, the norm output, which the checkpoint keeps. It reruns what torch's
+      early stop reruns (analytic_time.rerun_work): the projections but the output one, rotary, the core.
+      Offered on a GQA block without attention sinks at TP 1 and CP 1 (offers_whole_attention).
     - `mla-up` (latent attention, Megatron-LM's mla_up_proj): the up-projected K and V (and Q
       where it comes from a latent) recomputed from the latents, which stay; it reruns the up
       projections, 2·sb·(r_q·a·(nope + rope) + r_kv·a·(nope + v)) FLOPs.
@@ -311,7 +317,9 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
         return analytic_time.times_ms((analytic_time.rerun_work(arch, shape, part, moe=moe),), gpu, mfu)[0]
 
     if core:
-        parts["attn"] = (core, rerun_ms("attn"))
+        parts["core-attn"] = (core, rerun_ms("core-attn"))
+    if offers_whole_attention(arch, shape):
+        parts["attn"] = (sum(term.num_bytes for term in gqa_terms(arch, shape)[1:]), rerun_ms("attn"))
     if arch.mla:
         heads, qk = arch.num_heads // shape.tp, arch.qk_nope_head_dim + arch.qk_rope_head_dim
         freed = sb * heads * (qk + arch.v_head_dim) * d + (sb * heads * qk * d if arch.q_lora_rank else 0)
@@ -335,14 +343,14 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     norms = norm_out_bytes(arch, shape, moe=moe)  # {"attn" / "mlp": the norm before that sub-block}
     if norms:
         parts["norm-out"] = (sum(norms.values()), len(norms) * rerun_ms("norm"))
-    order = ("attn", "mla-up", "mlp", "mlp-act", "norm-out")  # how combinations are named (planner/emit/megatron.py)
+    order = ("core-attn", "attn", "mla-up", "mlp", "mlp-act", "norm-out")  # how combinations are named (planner/emit/megatron.py)
     names = [name for name in order if name in parts]
     rerun_by_part = {name: analytic_split.torch_rerun_ms(arch, shape, gpu, mfu, name, ms, moe=moe)  # a split's reruns
                      for name, (_, ms) in parts.items()}
     found = []
     for size in range(1, len(names) + 1):
         for combo in combinations(names, size):
-            if "mlp" in combo and "mlp-act" in combo:
+            if "mlp" in combo and "mlp-act" in combo or "attn" in combo and "core-attn" in combo:
                 continue
             found.append(RecomputeOption(name=",".join(combo), kept_bytes=kept - sum(parts[p][0] for p in combo),
                                          recompute_ms=sum(parts[p][1] for p in combo),
@@ -359,6 +367,15 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
                                             first_bytes=terms[-1].num_bytes))
 
 
+def offers_whole_attention(arch: Arch, shape: Shape) -> bool:
+    """Whether a block offers `attn`, its attention module checkpointed whole: a GQA block (LLaMA
+    style), at TP 1 and CP 1. Not a latent-attention block (its module's tensors are not counted
+    region by region here), nor GPT-OSS's (its sinks), nor GPT's (GPT-2's attention module ends in its
+    residual dropout, whose mask it saves last: another rerun); under TP or CP the module's rerun
+    would run its all-gathers and ring exchange again, which rerun_work does not charge."""
+    return arch.style == "llama" and not arch.mla and not arch.attention_sinks and shape.tp == 1 and shape.cp == 1
+
+
 def norm_out_bytes(arch: Arch, shape: Shape, *, moe: bool) -> dict[str, int]:
     """What `norm-out` frees per norm (its output and statistics), keyed by the sub-block after it:
     "attn" for a latent-attention block's attention norm, "mlp" for a MoE block's MLP norm, the
@@ -371,7 +388,7 @@ def norm_out_bytes(arch: Arch, shape: Shape, *, moe: bool) -> dict[str, int]:
 def _combined_peak(combo: tuple[str, ...], parts: dict[str, tuple[int, float]], norms: dict[str, int]) -> int:
     """A combination's extra peak: the largest of its parts' (they recompute at different points of the
     backward), where a norm's restored output adds to what its sub-block's recompute holds."""
-    side = {"attn": "attn", "mla-up": "attn", "mlp": "mlp", "mlp-act": "mlp"}
+    side = {"core-attn": "attn", "attn": "attn", "mla-up": "attn", "mlp": "mlp", "mlp-act": "mlp"}
     held = [parts[p][0] for p in combo if p != "norm-out"]
     if "norm-out" in combo:
         held += [norm + max([parts[p][0] for p in combo if side.get(p) == where], default=0)

@@ -69,15 +69,18 @@ def block_param_groups(arch: Arch, *, moe: bool) -> dict[str, int]:
 
 def region_groups(arch: Arch, part: str, *, moe: bool) -> int:
     """The parameter groups inside a part an analytic option checkpoints (analytic_kept.selective_options):
-    W's calls that rerun it. `attn` is the attention core (no parameter: its rerun is I's alone); `mla-up`
+    W's calls that rerun it. `core-attn` is the attention core (no parameter: its rerun is I's alone); `attn`
+    the attention module (attention_groups); `mla-up`
     the up projections (q_b_proj where Q has a latent, kv_b_proj); `mlp` the MLP module; `norm-out`
     Megatron-LM's norms recomputed by a hook on their sub-block's output gradient (CheckpointWithoutOutput,
     not torch's checkpoint): once, in I, none in W."""
     if part == "mlp":
         return mlp_groups(arch, moe=moe)
+    if part == "attn":  # the attention module whole: every projection's weight needs its saved tensors
+        return attention_groups(arch)
     if part == "mla-up":
         return 2 if arch.q_lora_rank else 1
-    if part in ("attn", "norm-out"):
+    if part in ("core-attn", "norm-out"):
         return 0
     raise ValueError(f"no region for part {part!r}")
 

@@ -282,9 +282,12 @@ def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
 
 
 def rerun_work(arch, shape, part: str, *, moe: bool = True) -> Work:
-    """What a selective option reruns in the backward (analytic.selective_options): `attn` the
-    attention core, `mla-up` latent attention's up projections, `mlp` a MoE block's mixture (a dense
-    block's MLP where not `moe`), `norm` one of the block's norms (its forward, as block_work's)."""
+    """What a selective option reruns in the backward (analytic.selective_options): `core-attn` the
+    attention core; `attn` the attention module (a GQA block's) as torch's non-reentrant checkpoint
+    reruns it, its early stop at the last tensor the module saves (the output projection's input, the
+    core's output): the Q, K and V projections, rotary (and Qwen3's q/k norms), the core, not the
+    output projection's GEMM; `mla-up` latent attention's up projections, `mlp` a MoE block's mixture
+    (a dense block's MLP where not `moe`), `norm` one of the block's norms (its forward, as block_work's)."""
     if part == "norm":
         rows = shape.tokens // shape.sp_div
         if arch.style == "gpt":
@@ -292,10 +295,16 @@ def rerun_work(arch, shape, part: str, *, moe: bool = True) -> Work:
             return work(0, num_bytes, [], classed={"layer_norm": num_bytes})
         num_bytes = NORM_FWD * rows * arch.hidden_size + NORM_FWD_TOKEN * rows
         return work(0, num_bytes, [], classed={"norm": num_bytes})
-    if part == "attn":
+    if part == "core-attn":
         core, fwd_bytes, _ = _attention(arch, shape)
         flops = sum(kernel.flops for kernel in core)
         return work(flops, fwd_bytes, core, classed={"attention": fwd_bytes})
+    if part == "attn":
+        proj, proj_fwd, _ = _projections(arch, shape)
+        core, core_fwd, _ = _attention(arch, shape)
+        kernels = proj[:-1] + core  # _projections' last GEMM is the output projection
+        classed = proj_fwd + Counter(attention=core_fwd)
+        return work(sum(kernel.flops for kernel in kernels), sum(classed.values()), kernels, classed=classed)
     if part == "mla-up":
         heads, T = arch.num_heads // shape.tp, shape.tokens
         kernels = _matmuls(2 * T * arch.q_lora_rank * heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim),

@@ -5,8 +5,11 @@ A layer's option decides what it keeps for its backward and what the backward re
 (torch.utils.checkpoint). The selective ones recompute parts of the layer, the way
 Megatron-LM's `--recompute-modules` and torchtitan's selective activation checkpointing do:
 
-    attn          the attention submodule(s) under checkpoint: their inner activations are
-                  recomputed, their inputs kept
+    attn          the attention submodule(s) under checkpoint, whole (projections, rotary, the
+                  kernel): their inner activations are recomputed, their inputs kept. Not
+                  Megatron-LM's core_attn: that is `core-attn` (the kernel alone, Q, K and V
+                  kept), which analytic profiles offer and this runtime does not (a Hugging Face
+                  model's core attention is a function call, not a module to checkpoint)
     mlp           the MLP submodule under checkpoint
     mlp-act       the MLP under selective checkpoint that saves every matmul output and
                   recomputes the rest: SwiGLU keeps w1(x) and w3(x), recomputes silu(g) * u

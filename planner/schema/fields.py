@@ -7,7 +7,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # run reports
+# profiles: 2 names the attention core `core-attn` (analytic profiles named it `attn` before, which is
+# the whole attention module in every profile now); version 1 analytic profiles load with their
+# `attn` read as `core-attn` (planner/schema/renames.py)
+PROFILE_SCHEMA_VERSION = 2
+PROFILE_SCHEMA_VERSIONS = (1, 2)
 
 Schedule = Literal["1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"]
 # schedules whose ranks hold several stages (chunks) each: planner/cost/schedules.py simulates them

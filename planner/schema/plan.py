@@ -18,9 +18,11 @@ from planner.schema.profile import OPTION_FULL, OPTION_NONE, DeviceInfo, OptionN
 from planner.schema.setup import TrainSetup
 
 # plans: 2 gives the setup in parts (TrainSetup); version 1 plans, with the setup flat, load
-# as they are (TrainSetup nests their fields)
-PLAN_SCHEMA_VERSION = 2
-PLAN_SCHEMA_VERSIONS = (1, 2)
+# as they are (TrainSetup nests their fields). 3 names the attention core `core-attn`: a version 1 or 2
+# plan made from an analytic profile loads with its `attn` read as `core-attn` (planner/schema/renames.py)
+PLAN_SCHEMA_VERSION = 3
+PLAN_SCHEMA_VERSIONS = (1, 2, 3)
+PLAN_CORE_ATTN_VERSION = 3  # the first plan version whose analytic `attn` is the whole attention module
 
 
 class StagePredicted(Strict):

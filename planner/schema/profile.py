@@ -10,7 +10,7 @@ from pydantic import Field, JsonValue, model_validator
 from planner.schema.fields import (
     MAX_SAMPLES,
     MAX_STEPS,
-    SCHEMA_VERSION,
+    PROFILE_SCHEMA_VERSION,
     Bytes,
     Count,
     Dtype,
@@ -22,7 +22,8 @@ from planner.schema.fields import (
 
 # The recompute options a layer may have besides keeping everything ("none") and keeping only
 # its input ("full"): selective recompute of its parts (planner/runtime/recompute.py says what each
-# does). A name is one option or several joined by commas ("attn,mlp-act").
+# does). A name is one option or several joined by commas ("attn,mlp-act"). `attn` checkpoints the
+# attention module whole; `core-attn` the attention core alone (Megatron-LM's core_attn, analytic profiles).
 OPTION_NONE, OPTION_FULL = "none", "full"
 # keep the layer's input, copy every other tensor it saves to host memory in forward and back
 # in backward (planner/runtime/recompute.py): device bytes of full, no recompute, PCIe copies and host memory
@@ -291,7 +292,7 @@ class TiedSet(Strict):
 
 
 class Profile(Strict):
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = PROFILE_SCHEMA_VERSION
     name: str
     created_at: str
     torch_version: str

@@ -175,16 +175,16 @@ FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 
 # outputs freed too): the analytic blocks' norm-out (the norms megatron-core's TE layer builds as modules
 # of their own, analytic_kept.selective_options), on a measured profile ckplan's norm (which keeps the
 # outputs: the safe side); the two are alternatives (norm_alternative).
-# "core_attn" is the attention kernel alone, Q, K and V kept: the analytic profiles' attn; a
-# measured profile's attn checkpoints the whole attention submodule, which no module list says.
+# "core_attn" is the attention kernel alone, Q, K and V kept: ckplan's core-attn (analytic profiles); ckplan's
+# attn checkpoints the whole attention module, which no module list says (framework-facts §82).
 # "shared_experts" (Megatron-LM d98e8a64 transformer_config.py 560-584: the MoE layer's shared experts,
 # normal checkpointing) is a part no ckplan profile offers alone; "moe" checkpoints the whole MoE layer,
 # shared experts with it (moe_layer.py), so with "moe" it adds nothing, as "moe_act" adds nothing inside it.
-RECOMPUTE_MODULES = (("core_attn", "attn", True, True), ("mla_up_proj", "mla-up", True, True), ("mlp", "mlp", True, False),
+RECOMPUTE_MODULES = (("core_attn", "core-attn", True, True), ("mla_up_proj", "mla-up", True, True), ("mlp", "mlp", True, False),
             ("moe", "mlp", False, True), ("moe_act", "mlp-act", False, True), ("layernorm", "norm-out", True, True),
             ("layernorm", "norm", True, True),
             ("shared_experts", "shared-experts", False, True))
-OPTION_PARTS = ("attn", "mla-up", "mlp", "mlp-act", "norm", "norm-out")  # the order ckplan's option names join them in
+OPTION_PARTS = ("core-attn", "mla-up", "mlp", "mlp-act", "norm", "norm-out")  # the order ckplan's option names join them in
 # --recompute-modules' choices at Megatron-LM d98e8a64 (transformer_config.py 1944-1962; anything else is
 # an assertion there), and those for attention and connections ckplan does not build (GatedDeltaNet,
 # GatedDeltaProduct, hyper-connections: transformer_config.py 560-584)
