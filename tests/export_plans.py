@@ -75,16 +75,17 @@ def write(tmp_path, sizes, checkpointed, **kwargs):
 
 def make_chunked_plan(profile, profile_path, sizes: list[int], recompute: dict[str, str], *, schedule: str,
                       chunks: int = 2, microbatches: int = 4, cap_mib: float = 1000,
-                      profile_source: str = "measured", runtime: str = "ckplan") -> Plan:
+                      profile_source: str = "measured", runtime: str = "ckplan", **settings) -> Plan:
     """A plan of P·V pipeline stages of `sizes` layers (pipeline order, all layers counted) on
-    len(sizes) // chunks ranks as `schedule` places them, layers recomputing as `recompute` says."""
+    len(sizes) // chunks ranks as `schedule` places them, layers recomputing as `recompute` says;
+    `settings`: the setup's other fields (TrainSetup's flat names)."""
     num_ranks = len(sizes) // chunks
     bounds = [sum(sizes[:s]) for s in range(len(sizes))]
     stages = [StagePlan(index=k, layers=s.layers, recompute={n: recompute[n] for n in s.layers if n in recompute})
               for k, s in enumerate(costmodel.split_to_stages(bounds, [0] * len(profile.layers), profile))]
     setup = TrainSetup(stages=num_ranks, microbatches=microbatches, micro_batch_size=1, schedule=schedule,
                        chunks=chunks, mem_caps_bytes=[int(cap_mib * MIB)] * num_ranks, precision="bf16-mixed",
-                       runtime=runtime)
+                       runtime=runtime, **settings)
     ranks = costmodel.ranks_of(stages, setup)
     cost = costmodel.evaluate(ranks, profile, setup)
     return Plan(created_at="1970-01-01T00:00:00Z", model=FileRef(file="m.py", sha256="0" * 64),

@@ -92,7 +92,8 @@ def test_megatron_export_of_norm_out_and_dense_mlp_reads_back_as_the_plan(tmp_pa
 
     def plan_at(cap_mib):
         return make_chunked_plan(profile, tmp_path / "p.json", [len(profile.layers)], every, schedule="1F1B", chunks=1,
-                                 microbatches=4, cap_mib=cap_mib, runtime="megatron")
+                                 microbatches=4, cap_mib=cap_mib, runtime="megatron",
+                                 te_grouped_gemm=True)  # as the export's --moe-grouped-gemm runs it
 
     plan = plan_at(plan_at(10**7).stages[0].predicted.reserved_bytes / 2**20)  # what it reserves: nothing keeping more fits
     io.save_plan(plan, tmp_path / "plan.yaml")
