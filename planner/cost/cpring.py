@@ -2,9 +2,9 @@
 replay (planner/cost/fsdp2_layers.py plays them inside a block's backward).
 
 Read in torch 2.6.0 (git 2236df17, the release nearest the CP rows' torch 1963fc8, docs/framework-facts.md §28,
-§91): `torch/distributed/tensor/experimental/_attention.py`, `_templated_ring_attention` 470-528 (the forward,
-which a full recompute reruns inside the backward), `_SDPAMerger` 120-193, `_AllGatherRotater` 322-344,
-`_AllToAllRotater` 306-319, `_templated_ring_attention_backward` 606-772. Sizes on the busiest rank, cp - 1 (every
+§91): `torch/distributed/tensor/experimental/_attention.py`, `_templated_ring_attention` 358-528 (the forward,
+which a full recompute reruns inside the backward), `_partial_update` 95-117, `_SDPAMerger` 120-193,
+`_AllToAllRotater` 282-298, `_AllGatherRotater` 301-330, `_templated_ring_attention_backward` 606-772. Sizes on the busiest rank, cp - 1 (every
 step after the first is `i <= rank`: all its queries against the first half of the received K/V, never the
 `partial` branch), from the exchange as the runtime hands it to attention (contextparallel.as_exchanged): Q (and
 the output O) `q` bytes, K with V `kv` bytes, bf16. Programs are coded as fsdp2_layers' (n > 0 allocates n bytes,
@@ -13,7 +13,7 @@ the next id from 1; -k frees id k); every tensor is freed by the program's end, 
 gradients in the backward). The lse (one fp32 a head and token: 1 / head_dim of O) and flash's own scratch
 inside its kernels are left out.
 
-- forward (470-528, 120-193): K and V `.contiguous()` (torchtitan's repeated K/V are transposed views: copies);
+- forward (462-528, 120-193): K and V `.contiguous()` (torchtitan's repeated K/V are transposed views: copies);
   step 0 concatenates them (`torch.cat`) and all-gathers the concatenation once (`ft_c.all_gather_tensor`, a
   cp x kv output; the input is held until the collective is waited, at step 1); step 0's output (O), cast to
   fp32 as the merger's running output (2 O). At step 1 the wait frees the concatenation and the K/V views
