@@ -26,19 +26,20 @@ def test_the_eager_forward_at_cp_2_request_by_request():
 
 def test_the_compiled_backward_after_its_rerun_at_cp_2_request_by_request():
     program = cpring.backward_program(2, Q, KV, compiled=True, rerun=True, reuse_gather=True)
-    # the rerun: the concatenation (1), the gathered K/V (2), step 0's output (3); step 1's output (4), the merge
-    # kernel's fp32 output (5), step 0's output freed; the concatenation freed at the wait... (compiled: before
-    # step 1's flash call); the rerun's output (4) and running output (5) freed, the gathered K/V kept (reused)
-    rerun = (100, 200, 10, -1, 10, 20, -3, -4, -5)
-    # the backward: step 0's dq, dk, dv (6, 7, 8), its kernels' fp32 dQ (9), the send buffer (10), the received
-    # (11); step 1's dq, dk, dv on half the keys (12, 13, 14), step 0's freed, the gathered K/V's last use; the
-    # sent buffer freed at the wait, the next send buffer (15) from the received one (freed), the received (16),
-    # dQ's new fp32 (17), the old freed; the end: dQ in bf16 (18), fp32 freed, the last sent freed, dK/dV in bf16
-    # (19), the received freed; the step's gradients and the bf16 outputs freed
-    backward = (10, 50, 50, 20, 200, 200, 10, 25, 25, -6, -7, -8, -2, -10, 200, -11, 200, 20, -9,
-                10, -17, -15, 100, -16, -12, -13, -14, -18, -19)
+    # the rerun: the concatenation (1, repeat_kv's copy), the gathered K/V (2), step 0's output (3); the wait frees
+    # the concatenation; step 1's output (4), the merge kernel's fp32 output (5), both outputs dead after it; the
+    # merged output freed at the end (the bf16 cast is the record's); the gathered K/V kept: the backward reuses it
+    rerun = (100, 200, 10, -1, 10, 20, -4, -3, -5)
+    # the backward, each buffer freed after its last use: step 0's dq, dk, dv (6, 7, 8); fp32 dQ (9) from dq; the
+    # send buffer (10) from dk, dv; the received (11); step 1's dq, dk, dv on half the keys (12, 13, 14), the
+    # gathered K/V's last use; the sent buffer freed at the wait, the next (15) from the received one and dk, dv,
+    # all three freed; the received (16); a new fp32 dQ (17), the old and dq freed; the end: dQ in bf16 (18), the
+    # fp32 freed, the last sent freed at the wait, dK/dV in bf16 (19), the received freed; the bf16 outputs freed
+    backward = (10, 50, 50, 20, -6, 200, -7, -8, 200, 10, 25, 25, -2, -10, 200, -11, -13, -14, 200, 20, -9, -12,
+                10, -17, -15, 100, -16, -18, -19)
     assert program == rerun + backward
-    assert cpring.peak(program) == 200 + 20 + 10 + 50 + 50 + 200 + 200 + 10 + 25 + 25  # step 1's flash call
+    # at step 1's flash call: the gathered K/V, fp32 dQ, the sent and the received buffers, the step's gradients
+    assert cpring.peak(program) == 200 + 20 + 200 + 200 + 10 + 25 + 25
 
 
 def test_the_eager_backwards_peak_at_cp_8_by_hand():

@@ -102,9 +102,9 @@ def _forward(p: _Program, cp: int, q: int, kv: int, *, compiled: bool) -> None:
             p.alloc("cat", kv)
             p.free("cat")
         p.alloc("step_out", q)
-        if compiled:  # one kernel: the new running output from the old (step 0's output at step 1) and this one
-            p.alloc("merged", 2 * q)
-            p.free("out", *(("running",) if p.has("running") else ()))
+        if compiled:  # one kernel: the new running output from the old (step 0's output at step 1) and this one,
+            p.alloc("merged", 2 * q)  # both dead after it
+            p.free("step_out", "out" if i == 1 else "running")
         else:
             p.free("out")
             p.alloc("cast", 2 * q)
@@ -113,7 +113,7 @@ def _forward(p: _Program, cp: int, q: int, kv: int, *, compiled: bool) -> None:
             p.free("diff")
             p.alloc("merged", 2 * q)
             p.free("prod", "running", "cast")
-        _rename(p, "step_out", "out")
+            _rename(p, "step_out", "out")
         _rename(p, "merged", "running")
 
 
@@ -161,29 +161,20 @@ def _backward(p: _Program, cp: int, q: int, kv: int, *, compiled: bool) -> None:
                 p.free("cat")
             _rename(p, "cat_new", "cat")
         width = kv // 2 if i == 0 else kv // 4  # dK, dV: the local keys at step 0, half the received after
-        for name, size in (("g_q", q), ("g_k", width), ("g_v", width)):
+        if compiled:
+            _compiled_step(p, i, cp, q, kv, width)
+            continue
+        for name, size in (("g_q", q), ("g_k", width), ("g_v", width)):  # bound until the next step's replace them
             p.alloc(name + "_new", size)
         for name in ("g_q", "g_k", "g_v"):
             if p.has(name):
                 p.free(name)
             _rename(p, name + "_new", name)
-        if compiled and i == cp - 1:  # the gathered K/V's last use
-            p.free("gathered")
-        if i == 0:
-            if compiled:  # step 0's kernels write fp32 dQ and the send buffer from the step's gradients
-                p.alloc("dq", 2 * q)
-            p.alloc("send", 2 * kv)  # eager: the fp32 concatenation of dK, dV after the in-place adds
-            p.alloc("recv", 2 * kv)  # permute_tensor's output
+        if i == 0:  # in-place adds into the zeros; the fp32 concatenation sent, permute_tensor's output
+            p.alloc("send", 2 * kv)
+            p.alloc("recv", 2 * kv)
             continue
         p.free("send")  # the received buffer waited: the sent one freed
-        if compiled:  # one kernel: the next send buffer from the received one and the step's dK, dV
-            p.alloc("send", 2 * kv)
-            p.free("recv")
-            p.alloc("recv", 2 * kv)
-            p.alloc("dq_new", 2 * q)  # dQ's += out of place
-            p.free("dq")
-            _rename(p, "dq_new", "dq")
-            continue
         p.free("dk", "dv")  # dK, dV now views of the received buffer
         p.alloc("dk", kv)  # _partial_update's concatenations
         p.alloc("dv", kv)
@@ -196,6 +187,31 @@ def _backward(p: _Program, cp: int, q: int, kv: int, *, compiled: bool) -> None:
     p.free("send")  # the last pass waited
     p.alloc("dkv_bf16", kv)
     p.free("recv")
+
+
+def _compiled_step(p: _Program, i: int, cp: int, q: int, kv: int, width: int) -> None:
+    """Step i of the compiled backward ring: the flash call's dq, dk, dv (the gathered K/V's last use at the last
+    step), each dead after the step's kernels that read it: step 0's write fp32 dQ and the send buffer, a later
+    step's the next send buffer from the received one (after the sent one's wait) and a new fp32 dQ."""
+    p.alloc("g_q", q)
+    p.alloc("g_k", width)
+    p.alloc("g_v", width)
+    if i == cp - 1:
+        p.free("gathered")
+    if i == 0:
+        p.alloc("dq", 2 * q)
+        p.free("g_q")
+        p.alloc("send", 2 * kv)
+        p.free("g_k", "g_v")
+        p.alloc("recv", 2 * kv)
+        return
+    p.free("send")
+    p.alloc("send", 2 * kv)
+    p.free("recv", "g_k", "g_v")
+    p.alloc("recv", 2 * kv)
+    p.alloc("dq_new", 2 * q)
+    p.free("dq", "g_q")
+    _rename(p, "dq_new", "dq")
 
 
 def peak(program: tuple[int, ...]) -> int:
