@@ -31,8 +31,9 @@ inside its kernels are left out.
   concatenates dK, dV in fp32 (2 kv) and passes it on (`_AllToAllRotater`: `permute_tensor`, a 2 kv output,
   the input held until its wait); a later step waits for the received buffer (the sent one freed; dK, dV become
   views of it, the previous dK, dV freed), `_partial_update` adds into its first half in place and concatenates
-  each whole (kv, kv), concatenates both to send (2 kv; the received buffer freed) and passes it on; dQ `+=` in
-  place. The end: dQ to bf16 (Q; the fp32 freed), the last received dK/dV waited (the last sent freed) and cast
+  each whole (kv, kv), concatenates both to send (2 kv) and passes it on (the rotater drops the received buffer
+  when it holds the next, `self._buffer`, 294); the K/V concatenation of every step but the last is held by
+  `next_kv` until the next (654); dQ `+=` in place. The end: dQ to bf16 (Q; the fp32 freed), the last received dK/dV waited (the last sent freed) and cast
   to bf16 (kv), every local freed at the return; the bf16 gradients are the block's (freed here: its record
   counts what its backward makes).
 - compiled (torchtitan 9dec370 compiles each block whole, fullgraph: the ring is traced into the block's graph):
@@ -43,7 +44,7 @@ inside its kernels are left out.
   the backward's zeros and step 0's in-place adds are step 0's kernels writing fp32 dQ and the fp32 send buffer;
   each later step's partial update and concatenation one kernel writing the next send buffer from the received
   one and the step's dK, dV; dQ's `+=` a kernel writing a new fp32 dQ (functionalised: out of place); the casts
-  to bf16 fused into the last kernels. Each buffer freed after its last use in the graph's order. Inductor's
+  to bf16 at the end write the bf16 outputs. Each buffer freed after its last use in the graph's order. Inductor's
   in-place reuse of a dying input's buffer (config.inplace_buffers) is not applied: not read in a generated graph
   here (no torch 2.6.0 for Linux on this machine).
 """
