@@ -177,8 +177,10 @@ def test_torchtitans_repeated_kv_heads_widen_what_its_ring_moves_and_holds():
     assert contextparallel.extra_bytes(setup, old) == \
         max(0, forward - setup.transient_bytes, backward + setup.output_bytes - setup.transient_bytes)
     new = _cp_setup("torchtitan", 100.0)
-    # the backward's buffers set it: (cp + 1) + 2 + 1 + 4 = 12 K/V, each 1e6 wider
-    assert contextparallel.extra_bytes(setup, old) - contextparallel.extra_bytes(setup, new) == 12 * 10**6
+    # the backward's buffers set it (planner/cost/cpring.py's eager ring at a middle step's received buffer): the
+    # gathered cp, the concatenation 1, a step's dK, dV 1/2, their fp32 partial updates 2, the fp32 buffers sent 2
+    # and received, old and new, 4: 13.5 K/V, each 1e6 wider
+    assert contextparallel.extra_bytes(setup, old) - contextparallel.extra_bytes(setup, new) == 13.5 * 10**6
     # wider K/V than Q (latent attention's up-projected K and V, or MHA): no repeat
     wide = ExchangeCost(ranks=4, q_bytes=10, kv_bytes=25, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
     assert contextparallel.as_exchanged(wide, old.training) == wide
@@ -251,9 +253,12 @@ def test_the_rings_buffers_by_hand():
     ring = ExchangeCost(ranks=4, q_bytes=q, kv_bytes=kv, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
     # TE p2p: forward 3 received K/V + 4 steps' outputs + the fp32 output; backward dq, [kv, dkv] x 2, a step's grads
     assert contextparallel.buffer_bytes(ring, "p2p") == (3 * kv + 4 * q + 2 * q, q + 4 * kv + q + kv)
-    # torch all-gather: the concatenation and the gathered K/V, the fp32 merger and a step's output; backward
-    # the gathered K/V and its concatenation, fp32 dQ and dK/dV, a step's grads, fp32 dK/dV sent and received
-    assert contextparallel.buffer_bytes(ring, "allgather") == (5 * kv + 3 * q, 5 * kv + 2 * q + 2 * kv + q + kv + 4 * kv)
+    # torch all-gather, eager (planner/cost/cpring.py's programs' peaks): forward before step 1's wait, the K, V
+    # copies, their concatenation, the gathered K/V, step 0's output and its fp32 cast; backward at a middle step's
+    # new received buffer: fp32 dQ, the gathered K/V, the concatenation, a step's dQ and half-width dK, dV, the fp32
+    # partial updates of dK, dV, the fp32 buffer sent, the received one and the next
+    assert contextparallel.buffer_bytes(ring, "allgather") == (
+        kv + kv + 4 * kv + q + 2 * q, 2 * q + 4 * kv + kv + q + kv // 2 + 2 * kv + 2 * kv + 2 * kv + 2 * kv)
 
 
 def test_the_buffers_count_only_beyond_the_layers_own_transient():

@@ -29,10 +29,11 @@ experimental/_context_parallel/_attention.py, torch 2.13.0 cf30153c):
   fp32 (convert_to_f32, line 75) and passed rank to rank by all-to-all (_AllToAllRotater: a send of
   2 KV bytes) after every step, each waited after the next step's compute: (cp - 1) x max(0,
   send(2 KV) - c) + send(2 KV) for the last;
-- buffers: forward the concatenated K/V (KV), the gathered K/V (cp KV), the merger's fp32 output
-  (_SDPAMerger, 2 O) and a step's output (O); backward the gathered K/V and its concatenation
-  ((cp + 1) KV), fp32 dQ (2 Q) and dK/dV (2 KV), a step's gradients (Q + KV), the fp32 dK/dV sent and
-  received (4 KV).
+- buffers: the largest bytes of the allocations the ring makes, in order, on its busiest rank
+  (planner/cost/cpring.py, torch 2.6.0's code request by request, eager or as the compiled block fuses it):
+  forward the K/V copies, their concatenation and the gathered K/V, the steps' outputs and the merger's fp32
+  running output with its intermediates; backward the fp32 dQ, dK, dV, the gathered K/V, a step's gradients,
+  dK/dV's partial updates and the fp32 buffers sent and received.
   Compiled (torchtitan 9dec370's fullgraph block compile on torch 1963fc8, read at 2.6.0; the record's
   cp_compiled_waits_at_issue), none of this overlaps: tracing waits for each functional collective on the
   next line and inductor does not move the wait, so the all-gather (cp KV) and each of the cp fp32 dK/dV
@@ -57,7 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner.cost import runtimes
+from planner.cost import cpring, runtimes
 from planner.cost.comm import Link, collective_ms, send_ms
 from planner.schema import TrainSetup
 
@@ -207,14 +208,22 @@ def ring_membound_ms(layer, option: int, profile, setup: TrainSetup) -> float:
     return moved / (tbps * 1e12) * 1e3
 
 
-def buffer_bytes(exchange, kind: str) -> tuple[int, int]:
-    """(forward, backward) bytes the exchange's buffers hold while the attention runs, on the busiest rank."""
+def buffer_bytes(exchange, kind: str, *, compiled: bool = False) -> tuple[int, int]:
+    """(forward, backward) bytes the exchange's buffers hold while the attention runs, on the busiest rank;
+    torch's all-gather ring: the peaks of its programs (cpring), eager or compiled."""
     cp, q, kv = exchange.ranks, exchange.q_bytes, exchange.kv_bytes
     if kind == "a2a":
         return 2 * (q + kv) + 2 * q, 2 * q + 3 * (q + kv)
     if kind == "p2p":
         return (cp - 1) * kv + cp * q + 2 * q, q + 4 * kv + q + kv
-    return (cp + 1) * kv + 2 * q + q, (cp + 1) * kv + 2 * q + 2 * kv + q + kv + 4 * kv
+    return (cpring.peak(cpring.forward_program(cp, q, kv, compiled=compiled)),
+            cpring.peak(cpring.backward_program(cp, q, kv, compiled=compiled, rerun=False, reuse_gather=False)))
+
+
+def compiled_ring(training) -> bool:
+    """Whether the ring runs traced into a compiled block (the setup compiles the model, the runtime compiles
+    each block whole: torchtitan 9dec370's fullgraph block compile, parallelize_llama.py 297-306)."""
+    return bool(training.compile) and runtimes.of(training).compiles_model
 
 
 def extra_bytes(layer, setup: TrainSetup) -> int:
@@ -225,5 +234,19 @@ def extra_bytes(layer, setup: TrainSetup) -> int:
     exchange = layer.context_parallel
     if exchange is None or setup.training.context_parallel <= 1:
         return 0
-    forward, backward = buffer_bytes(as_exchanged(exchange, setup.training), comm_type(setup.training))
+    forward, backward = buffer_bytes(as_exchanged(exchange, setup.training), comm_type(setup.training),
+                                     compiled=compiled_ring(setup.training))
     return max(0, forward - layer.transient_bytes, backward + layer.output_bytes - layer.transient_bytes)
+
+
+def ring_program(layer, option: int, setup: TrainSetup) -> tuple[int, ...]:
+    """The all-gather ring's allocations in a layer's backward under `option` (1, "full": the rerun's
+    forward ring first), as cpring codes them, on the busiest rank; () for the other exchanges (played as
+    the bytes extra_bytes charges) or without context parallelism."""
+    exchange = layer.context_parallel
+    if exchange is None or setup.training.context_parallel <= 1 or comm_type(setup.training) != "allgather":
+        return ()
+    exchange = as_exchanged(exchange, setup.training)
+    return cpring.backward_program(exchange.ranks, exchange.q_bytes, exchange.kv_bytes,
+                                   compiled=compiled_ring(setup.training), rerun=option == 1,
+                                   reuse_gather=reuses_recomputed_gather(option, setup.training))

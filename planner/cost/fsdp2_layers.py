@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import dataparallel, fsdpunits, gradtiming, runtimes
+from planner.cost import contextparallel, dataparallel, fsdpunits, gradtiming, runtimes
+from planner.cost.cpring import peak as ring_peak
 from planner.cost.fsdp2_events import Fsdp2Layer
 from planner.cost.rules import fsdp_unit_layer_bytes, in_flight
 from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, Profile, TrainSetup
@@ -72,10 +73,25 @@ def backward_hand(known: LayerProfile, option: str, extra: int) -> tuple[tuple[i
       analytic record: a full recompute's kept tensors again, the scratch's tensors, the input's gradient),
       up to the first allocation that would take the whole past `extra` (a block's input gradient where its
       scratch is alive to its end: its transient does not count it). Its peak is `extra`."""
+    made = _record_part(known, option, extra)
+    if made is None:
+        return (), 0
+    part, peak, grad, alive = made
+    incoming = known.output_bytes
+    residual = extra - incoming - peak
+    head = [size for size in (incoming, residual) if size > 0]
+    shift = len(head)
+    hands = grad + shift if grad and alive else 0  # made, and alive at the program's end
+    return (*head, *(code if code > 0 else code - shift for code in part)), hands
+
+
+def _record_part(known: LayerProfile, option: str, extra: int) -> tuple[list[int], int, int, bool] | None:
+    """backward_hand's record part: (its codes renumbered from 1, its peak, the id of the input's gradient
+    in it (0: none), whether that is alive at its end); None where backward_hand plays one block."""
     record = known.alloc_records.get(option)
     incoming = known.output_bytes
     if record is None or extra <= 0 or incoming > extra:
-        return (), 0
+        return None
     made = sum(1 for code in record.forward if code > 0)  # the backward's ids start after these
     part: list[int] = []  # the record's backward, renumbered from 1
     ids: dict[int, int] = {}
@@ -94,12 +110,59 @@ def backward_hand(known: LayerProfile, option: str, extra: int) -> tuple[tuple[i
         elif -code in ids and ids[-code] in sizes:
             part.append(-ids[-code])
             live -= sizes.pop(ids[-code])
-    residual = extra - incoming - peak
-    head = [size for size in (incoming, residual) if size > 0]
-    shift = len(head)
     grad = ids.get(record.input_grad, 0) if record.input_grad else 0
-    hands = grad + shift if grad and grad in sizes else 0  # made, and alive at the program's end
-    return (*head, *(code if code > 0 else code - shift for code in part)), hands
+    return part, peak, grad, bool(grad) and grad in sizes
+
+
+def backward_hand_ring(known: LayerProfile, option: str, extra: int, ring: tuple[int, ...],
+                       ring_extra: int) -> tuple[tuple[int, ...], int, frozenset[int]]:
+    """backward_hand with context parallelism's ring played as the allocations it makes (`ring`: its program,
+    contextparallel.ring_program; `ring_extra`: what the cost model's extra charges for it,
+    contextparallel.extra_bytes) instead of inside the one tensor of what the record does not make: the rest of
+    that tensor first as before, then the record's backward with the ring inserted where the record has
+    rerun the layer's forward (the bytes its option does not keep: a full recompute's kept tensors again;
+    none without a recompute), before its own scratch, beside one tensor of what the charge holds beyond the
+    ring's own peak (0 where the ring's peak is the charge's). The cost model charges the ring beside the whole
+    rerun and the received gradient (`extra_bytes`' backward + output over the transient), so the program's
+    peak is `extra`, as backward_hand's. Returns the program, the id of the gradient it hands on, and the ids
+    of the ring's tensors; backward_hand's (with no ids) where the record or the ring does not say."""
+    made = _record_part(known, option, extra - ring_extra) if ring else None
+    if made is None:
+        return (*backward_hand(known, option, extra), frozenset())
+    part, peak, grad, alive = made
+    incoming = known.output_bytes
+    residual = extra - ring_extra - incoming - peak
+    at, live = _rerun_point(known, option, part)
+    pad = max(0, peak + ring_extra - live - ring_peak(ring)) if ring_extra > 0 else 0
+    piece = [pad, *(code if code > 0 else code - 1 for code in ring), -1] if pad else list(ring)
+    head = [size for size in (incoming, residual) if size > 0]
+    before = sum(1 for code in part[:at] if code > 0)
+    inserted = sum(1 for code in piece if code > 0)
+
+    def shifted(code: int) -> int:
+        return code if code > 0 or -code <= before else code - inserted
+
+    body = [*part[:at], *(code if code > 0 else code - before for code in piece), *(shifted(c) for c in part[at:])]
+    shift = len(head)
+    hands = (grad + (inserted if grad > before else 0) + shift) if grad and alive else 0
+    ring_ids = frozenset(range(before + 1 + shift, before + inserted + 1 + shift))
+    return (*head, *(code if code > 0 else code - shift for code in body)), hands, ring_ids
+
+
+def _rerun_point(known: LayerProfile, option: str, part: list[int]) -> tuple[int, int]:
+    """Where in the record's part the layer's forward has been rerun: after the allocations, before any free,
+    that first reach the bytes the option does not keep of what no recompute keeps (the record's forwards);
+    (the index, the bytes then alive)."""
+    none, this = known.alloc_records.get(OPTION_NONE), known.alloc_records.get(option)
+    rerun = 0
+    if none is not None and this is not None and option != OPTION_NONE:
+        rerun = sum(c for c in none.forward if c > 0) - sum(c for c in this.forward if c > 0)
+    live = 0
+    for at, code in enumerate(part):
+        if live >= rerun or code < 0:
+            return at, live
+        live += code
+    return len(part), live
 
 
 # a LLaMA block's parameter tensors (parameter_parts' order: wq, wk, wv, wo, w1, w2, w3, attention_norm, ffn_norm) by
@@ -110,7 +173,7 @@ _HEAD_OUTPUT = 1  # the head's tensors: norm, output
 
 
 def grads_order(kind: str, parts: int, program: tuple[int, ...], hands: int, *,
-                input_grad_first: bool) -> tuple[tuple[int, int], ...]:
+                input_grad_first: bool, skip: frozenset[int] = frozenset()) -> tuple[tuple[int, int], ...]:
     """Where autograd makes a layer's weights' gradients inside its backward program (backward_hand's, coded as
     there; `hands`: the id of the input gradient it makes): (the program's index of the code each is made before,
     its index among the layer's parameter tensors), in the order made; () where the program does not say (the
@@ -124,13 +187,14 @@ def grads_order(kind: str, parts: int, program: tuple[int, ...], hands: int, *,
       [tokens, h] gradients between, so they fall there);
     - the head (norm, output; the output linear never Float8: torchtitan converts all but `output`): the
       output's before the linear's input gradient (the tensor the program frees right after making the
-      reduce-scatter's shard it hands on; without one, the handed tensor itself), the norm's after the program."""
+      reduce-scatter's shard it hands on; without one, the handed tensor itself), the norm's after the program.
+    `skip`: the ids of tensors not the record's (context parallelism's ring, backward_hand_ring), passed over."""
     allocs = [at for at, code in enumerate(program) if code > 0]  # allocs[n - 1]: the code that makes id n
     if not hands or hands > len(allocs):
         return ()
     grad_at = allocs[hands - 1]
     if kind == "decoder_block" and parts == 9:
-        freed = next((code for code in program[:grad_at] if code < 0), None)
+        freed = next((code for code in program[:grad_at] if code < 0 and -code not in skip), None)
         if freed is None:
             return ()
         w2 = allocs[-freed - 1] + (1 if input_grad_first else 0)
@@ -186,8 +250,11 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         # less what the replay makes itself: FSDP2's moment, and beside a pipeline the layer's gradients
         extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
                           - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
-        program, hands = backward_hand(known, option_name(layer, option), max(0, extra))
-        grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup))
+        program, hands, ring_ids = backward_hand_ring(
+            known, option_name(layer, option), max(0, extra), contextparallel.ring_program(layer, option, setup),
+            contextparallel.extra_bytes(layer, setup))
+        grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
+                               skip=ring_ids)
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
         gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
