@@ -205,7 +205,8 @@ def _microbatches(job, dp: int) -> tuple[int, list[str]]:
 
 
 def _profile(job, device):
-    """The analytic profile of the job's model at its microbatch, TP, SP and CP, on the GPU."""
+    """The analytic profile of the job's model at its microbatch, TP, SP, CP and EP (the experts' GEMMs as a rank
+    runs them: formulas.Shape.ep), on the GPU; an EP that does not divide the experts is check_ep's sentence."""
     from pydantic import ValidationError
 
     from planner import io
@@ -213,7 +214,8 @@ def _profile(job, device):
     from planner.schema import FileRef
 
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
-                  attention=job.attention, dtype="bfloat16", cp=job.cp)
+                  attention=job.attention, dtype="bfloat16", cp=job.cp,
+                  ep=job.ep if job.arch.num_experts and job.arch.num_experts % job.ep == 0 else 1)
     try:
         return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()),
                                 compiled=job.modelled.compile)

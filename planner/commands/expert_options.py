@@ -11,6 +11,12 @@ def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth
     """One sentence for each --ep the profile or the data parallelism cannot take."""
     if ep_bandwidth is not None and ep == 1:
         raise UserError("--ep-bandwidth is the experts' all-to-all bandwidth; it needs --ep 2 or more")
+    # the experts' GEMMs' shape the profile's times were made at (formulas.Shape.ep: evaluate --from-* makes it
+    # at the job's EP; `ckplan profile` at 1, where --ep E keeps the smaller GEMMs' time, an over-estimate)
+    made = profile.assumptions.get("ep", 1)
+    if made > 1 and made != ep:
+        raise UserError(f"the profile times its experts' GEMMs as expert parallelism {made} runs them and --ep is "
+                        f"{ep}; profile the model for --ep {ep}")
     if ep == 1:
         return
     if not any(layer.expert_param_count for layer in profile.layers) and profile.source == "fake":

@@ -132,6 +132,7 @@ from planner.profiler.formulas import (  # noqa: F401  read as analytic.<name> b
     block_params,
     block_recompute_flops,
     embedding_params,
+    expert_gemm_shape,
     expert_tokens,
     expert_width_params,
     flops_ms,
@@ -376,7 +377,7 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
     layers = analytic_comm.with_collectives(layers, arch, shape, gpu, mfu)  # tensor-parallel, per microbatch
     return Profile(
         name=f"{arch.name}-s{shape.seq_len}-mbs{shape.micro_batch_size}-tp{shape.tp}{'-sp' if shape.sp else ''}"
-             f"{f'-cp{shape.cp}' if shape.cp > 1 else ''}"
+             f"{f'-cp{shape.cp}' if shape.cp > 1 else ''}{f'-ep{shape.ep}' if shape.ep > 1 else ''}"
              f"{f'-cf{shape.capacity_factor:g}' if shape.capacity_factor != 1.0 else ''}",
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         torch_version="none (analytic)",
@@ -411,6 +412,8 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, layers: l
         "seq_len": shape.seq_len, "micro_batch_size": shape.micro_batch_size, "tp": shape.tp, "sp": shape.sp,
         # context parallelism: every per-token figure is the rank's seq_len / cp tokens' (analytic_cp.py)
         "cp": shape.cp,
+        # expert parallelism the experts' GEMMs are timed at (formulas.Shape.ep); --ep must match it
+        **({"ep": shape.ep} if shape.ep > 1 else {}),
         "attention": shape.attention, "dtype": shape.dtype,
         "gpu": gpu.name, "gpu_memory_bytes": gpu.memory_bytes, "gpu_bf16_tflops": gpu.bf16_tflops,
         "gpu_hbm_tbps": gpu.hbm_tbps, "gpu_source": gpu.source,
@@ -466,7 +469,12 @@ def _moe_assumptions(arch: Arch, shape: Shape) -> dict:
                         "worst case, every token on one expert), all experts at that capacity as capacity-padded "
                         "dispatch allocates; FLOPs the same",
         "moe_parallelism": "experts tensor-parallel like the dense MLP (expert widths /t, every routed token on every "
-                           "device), router replicated; no expert parallelism in these per-layer numbers: `solve --ep E` "
+                           "device), router replicated; "
+                           + ("no expert parallelism in these per-layer numbers" if shape.ep == 1 else
+                              f"expert parallelism {shape.ep} in these per-layer numbers only as the rank runs its "
+                              f"GEMMs ({expert_gemm_shape(arch, shape)[0]} local experts of "
+                              f"{expert_gemm_shape(arch, shape)[1]} tokens each) and accumulates its experts' gradients")
+                           + ": `solve --ep E` "
                            "splits the routed experts' parameters (expert_param_count) over E data-parallel ranks and "
                            "charges the tokens' all-to-all (a2a_bytes per dispatch: routed token copies x hidden x "
                            "dtype bytes); each rank's kept activations and FLOPs stay these (its E ranks' tokens reach "

@@ -150,14 +150,16 @@ def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], Counter, Counter]:
     experts, tokens = arch.num_experts, formulas.expert_tokens(arch, shape)
     slots = experts * tokens
     one_kernels, one_fwd, one_bwd = _swiglu(tokens, h, arch.moe_intermediate_size // t)
-    kernels = _matmuls(2 * (T // shape.sp_div) * h * experts) + one_kernels * experts
+    # the GEMMs as the rank runs them: its experts / ep local experts over ep x tokens each (Shape.ep)
+    local, rows = formulas.expert_gemm_shape(arch, shape)
+    kernels = _matmuls(2 * (T // shape.sp_div) * h * experts) + _swiglu(rows, h, arch.moe_intermediate_size // t)[0] * local
     routing = 10 * T * experts  # the router's fp32 softmax (or sigmoid) over its logits
     moved = 4 * slots * h + 8 * slots * h  # dispatch gather; combine's weighting and scatter-add
     fwd = Counter({name: experts * num for name, num in one_fwd.items()}) + Counter(elementwise=routing + moved)
     bwd = Counter({name: experts * num for name, num in one_bwd.items()}) + Counter(elementwise=2 * routing + 2 * moved)
     if analytic_moe.counts_mixture(arch):  # Mixtral's router and grouped experts, op by op as transformers runs them
         fwd, bwd = analytic_moe.block_mixture_bytes(arch, shape)
-        kernels = kernels[:1] + analytic_moe.expert_kernels(tokens, h, arch.moe_intermediate_size // t) * experts
+        kernels = kernels[:1] + analytic_moe.expert_kernels(rows, h, arch.moe_intermediate_size // t) * local
     shared = arch.num_shared_experts * arch.shared_intermediate_size // t
     if shared:
         shared_kernels, shared_fwd, shared_bwd = _swiglu(T, h, shared)
@@ -186,7 +188,11 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     # the two residual dropouts where the model drops (the attention probabilities' under eager: _attention)
     dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h) if arch.drops_residual else (0, 0)
     dropouts = (dropouts[0], dropouts[1] + biases)
-    param_bytes = formulas.block_params(arch, shape, moe=moe) * shape.d
+    # the gradients this rank accumulates: under expert parallelism its experts / ep routed experts' only
+    held = formulas.block_params(arch, shape, moe=moe)
+    if formulas._is_moe(arch, moe) and shape.ep > 1:
+        held -= arch.num_experts * formulas.expert_width_params(arch, shape) // shape.ep * (shape.ep - 1)
+    param_bytes = held * shape.d
     fwd_kernels = proj + core + mlp
     fwd_classes = norms[0] + proj_fwd + Counter(attention=core_fwd) + mlp_fwd + Counter(
         elementwise=residual + dropouts[0])

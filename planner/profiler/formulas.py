@@ -39,6 +39,13 @@ class Shape:
     # (two chunks of seq_len / 2cp under the load balancer, Megatron-LM's and torch's); attention
     # reads the whole sequence's K and V through the ring (planner/profiler/analytic_cp.py)
     cp: int = 1
+    # expert parallelism: the rank holds experts / ep of the routed experts, and the all-to-all brings
+    # each of them its tokens from all ep ranks, ep x capacity tokens an expert (Megatron-LM's
+    # MoEAlltoAllTokenDispatcher: num_local_experts = experts / ep, the grouped GEMM over what the
+    # rank received; torchtitan's the same). Only the time model reads it (expert_gemm_shape): the
+    # FLOPs, the per-token bytes and the kept activations are the same under any ep, and the cost
+    # model splits the routed experts' parameters itself (layers.py expert_param_count)
+    ep: int = 1
 
     @property
     def d(self) -> int:
@@ -75,6 +82,15 @@ def expert_tokens(arch: Arch, shape: Shape) -> int:
     experts, rounded up: the tokens·top_k routed copies spread over the experts (Shape.capacity_factor)."""
     routed = shape.capacity_factor * shape.tokens * arch.num_experts_per_tok / arch.num_experts
     return math.ceil(round(routed, 6))  # round first: 1.0 x 64 x 6 / 64 is 6, not 6.000000000000001
+
+
+def expert_gemm_shape(arch: Arch, shape: Shape) -> tuple[int, int]:
+    """(experts, tokens each) of a MoE block's grouped GEMM on one rank: experts / ep local experts, each
+    over ep x expert_tokens rows (dispatch brings every ep rank's copies for them); experts x tokens
+    either way, but fewer, larger GEMMs, each at the efficiency its size reaches (roofline.py)."""
+    if arch.num_experts % shape.ep:
+        raise ValueError(f"expert parallelism {shape.ep} does not divide the {arch.num_experts} routed experts")
+    return arch.num_experts // shape.ep, expert_tokens(arch, shape) * shape.ep
 
 
 def _is_moe(arch: Arch, moe: bool | None) -> bool:

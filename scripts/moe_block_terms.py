@@ -1,0 +1,49 @@
+"""Print one MoE decoder block's analytic time, term by term, for a Megatron-LM flags file (docs/published-runs.md
+§23.moerows): the matmuls by size and count, attention, and the memory-bound bytes by op class, forward and backward,
+as the analytic profile times them at the job's microbatch, TP, SP, CP and EP on the GPU.
+
+usage: PYTHONPATH=<checkout> python scripts/moe_block_terms.py configs/megatron-bridge/FILE.yaml GPU
+"""
+import sys
+from collections import Counter
+from pathlib import Path
+
+from planner.errors import UserError
+from planner.models import archs
+from planner.models.configs import megatron
+from planner.profiler import analytic_time
+from planner.profiler.formulas import Shape
+from planner.profiler.membound import achieved_tbps
+from planner.profiler.roofline import kernel_ms, roofline_ms
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        sys.stderr.write("usage: moe_block_terms.py FLAGS.yaml GPU\n")
+        return 2
+    try:
+        job, gpu = megatron.read(Path(argv[0])), archs.gpu(argv[1])
+    except UserError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    if not job.arch.num_experts:
+        sys.stderr.write(f"{argv[0]}: no --num-experts: not a mixture of experts\n")
+        return 2
+    shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, cp=job.cp,
+                  ep=job.ep)
+    fwd, bwd, _ = analytic_time.block_work(job.arch, shape, moe=True)
+    print(f"{argv[0]} on {gpu.name}: {shape.tokens} tokens a microbatch, tp {shape.tp}, ep {shape.ep}")
+    for name, done in (("forward", fwd), ("backward", bwd)):
+        print(f"{name}: {roofline_ms(done, gpu):.2f} ms")
+        counts = Counter()
+        for kernel, n in done.kernels:
+            counts[kernel] += n
+        for kernel, n in sorted(counts.items(), key=lambda item: -item[0].flops * item[1]):
+            print(f"  {kernel.kind} {kernel.flops:.3g} FLOPs x {n}: {n * kernel_ms(kernel, gpu):.3f} ms")
+        for op_class, num in done.classed:
+            print(f"  {op_class} {num / 1e9:.2f} GB at {achieved_tbps(gpu, 'eager', op_class):.2f} TB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
