@@ -4,7 +4,8 @@ reserved / allocated figures, with the analytic head's backward extra as recorde
 set, with that many MiB taken off the extra of the rank's last layer (the head), as before §18.laststage
 (since §19.bwdblocks the head's extra is its tensors: HEAD_LESS_MIB and HEAD_PIECES act on its first, the received
 logits' gradient).
-A diagnostic (docs/published-runs.md §18.replay17), not a cost term.
+A diagnostic (docs/published-runs.md §18.replay17), not a cost term; a settled replay (allocator.settled_replay)
+is traced as the one sequence it plays.
 usage: RANK=7 [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
 import os
 import sys
@@ -31,6 +32,8 @@ def head_index(events) -> object:
     """The key of the rank's head extra: the extra Alloc of the highest layer index (the last chunk's), its first
     tensor (the received logits' gradient) where the replay plays it as its tensors (fsdp2_layers.backward_program)."""
     extras = [e.key for e in events if isinstance(e, Alloc) and _inner(e.key)[0] == "extra"]
+    if not extras:  # a replay without FSDP2's layer extras (Megatron-LM's): no head to name
+        return None
     return max(extras, key=lambda k: (k[1] if k[0] == "chunk" else 0, _inner(k)[1], -_inner(k)[2]))
 
 
@@ -68,7 +71,8 @@ def traced(events, **kwargs):
         events = cut
     if len(calls) == RANK:
         head = head_index(events)
-        print(f"rank {RANK}: the head's extra {head}: {head_pieces(events, head)} MiB", file=OUT)
+        if head is not None:
+            print(f"rank {RANK}: the head's extra {head}: {head_pieces(events, head)} MiB", file=OUT)
         trace(events, **kwargs)
     calls.append(events)
     return original(events, **kwargs)
@@ -120,7 +124,24 @@ def trace(events, **kwargs) -> None:
           f"{state.allocated_peak / 2**30:.3f} GiB, {state.segments} segments", file=OUT)
 
 
+def traced_settled(static, step, *, min_steps, max_steps, expandable=False):
+    """allocator.settled_replay as one sequence: the static events and every step it plays (the same rule, played
+    here to find the steps), handed to `traced` so a settled replay (FSDP2's, Megatron-LM's) is traced as one."""
+    events = list(static)
+    state = CachingAllocator(expandable=expandable)
+    allocator.play(state, events)
+    for index in range(max_steps):
+        peaks = (state.allocated_peak, state.reserved_peak)
+        played = list(step(index))
+        allocator.play(state, played)
+        events += played
+        if index >= min_steps - 1 and (state.allocated_peak, state.reserved_peak) == peaks:
+            break
+    return traced(events, expandable=expandable)
+
+
 allocator.replay = traced
+allocator.settled_replay = traced_settled
 
 if __name__ == "__main__":
     sys.exit(stage_terms.main(sys.argv[1:]))

@@ -25,9 +25,15 @@ def main(argv: list[str]) -> int:
         return cost
 
     costmodel.evaluate = spy
-    result = CliRunner().invoke(cli, ["evaluate", *argv, "--json", "--time-limit", "20"])
+    from_config = any(arg in ("--from-megatron", "--from-torchtitan") for arg in argv)  # they read their own limit
+    limit = [] if from_config else ["--time-limit", "20"]
+    result = CliRunner().invoke(cli, ["evaluate", *argv, "--json", *limit])
     if result.exit_code:
         sys.stderr.write(result.output)
+        if result.exc_info and not isinstance(result.exception, SystemExit):  # a fault, not a refusal: its trace
+            import traceback
+
+            traceback.print_exception(*result.exc_info, file=sys.stderr)
         return 1
     cost = captured[0]
     print(json.dumps({"iteration_s": cost.iteration_ms / 1000, "stages": [
