@@ -339,6 +339,10 @@ class RuntimeFacts:
     """The runtime's SwiGLU is one fused function that saves only its input (the first linear's 2f-wide output)
     and recomputes SiLU in its backward, so a dense block keeps no SiLU output (planner/cost/te_kept.py); False:
     the eager ops' tensors, as the analytic profile counts them."""
+    te_moe_experts_kept: bool = False
+    """A MoE layer keeps what megatron-core's TEGroupedMLP under the alltoall dispatcher keeps: the experts' input,
+    linear_fc1's output and the activation's output, the fused router's fp32 scores and routing map, no copy of the
+    dispatched or combined tokens (planner/cost/te_moe_kept.py); False: the analytic profile's eager mixture."""
     chunked_loss: bool = False
     """The runtime's config can run the loss over chunks of each sequence, the LM head's forward and
     backward per chunk inside the loss (torchtitan 0.3.0's ChunkedLossWrapper: planner/cost/chunkedloss.py);
