@@ -12,12 +12,6 @@ from planner.cost import runtimes, te_moe_kept
 from planner.models import archs
 
 MIB = 2**20
-GENERIC = ("router fp32 probabilities T·E", "top-k indices int64 T·k", "top-k weights fp32 T·k",
-           "dispatched tokens S·h", "dispatch/combine indices int64 S", "SwiGLU (or clamped) S·f tensors ...",
-           "weighted outputs S·h")
-MEGATRON = ("fused router fp32 scores T·E", "routing map bool T·E", "permuted probs fp32 S",
-            "linear_fc1 input S·h", "linear_fc1 output S·2f", "(clamped) the cat S·2f / linear_fc2 input S·f",
-            "linear_fc2 input S·f")
 
 
 def main(argv: list[str]) -> int:
@@ -29,10 +23,10 @@ def main(argv: list[str]) -> int:
         return 1
     print("analytic (eager) mixture, MiB:", [round(b / MIB, 1) for b in found["generic"]],
           f"= {sum(found['generic']) / MIB:.1f}")
-    print("Megatron-core MoE layer, MiB:", [round(b / MIB, 1) for b in found["megatron"]],
-          f"= {sum(found['megatron']) / MIB:.1f}")
+    print("Megatron-core MoE layer, MiB:", [round(b / MIB, 1) for b in found["mcore"]],
+          f"= {sum(found['mcore']) / MIB:.1f}")
     print(f"activation recompute frees: analytic {found['act_generic'] / MIB:.1f}, "
-          f"Megatron moe_act {found['act_megatron'] / MIB:.1f} MiB")
+          f"Megatron moe_act {found['act_mcore'] / MIB:.1f} MiB")
     after = te_moe_kept.megatron_moe_profile(profile, runtimes._of("megatron", None, False))
     old = next(layer for layer in profile.layers if layer.kind == "moe_block")
     new = next(layer for layer in after.layers if layer.name == old.name)

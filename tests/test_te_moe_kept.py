@@ -30,16 +30,16 @@ def _profile(arch=TINY):
 
 def test_the_two_mixtures_by_hand():
     found = te_moe_kept.mixtures(_profile())
-    assert found["generic"] == GENERIC and found["megatron"] == MEGATRON
-    assert found["act_generic"] == 2 * 128 * 32 * 2 and found["act_megatron"] == 128 * 32 * 2
+    assert found["generic"] == GENERIC and found["mcore"] == MEGATRON
+    assert found["act_generic"] == 2 * 128 * 32 * 2 and found["act_mcore"] == 128 * 32 * 2
     # the generic run is what the analytic profile charges for the mixture
     assert sum(GENERIC) == sum(term.num_bytes for term in analytic_kept.moe_terms(TINY, SHAPE))
 
 
 def test_the_clamped_glu_keeps_the_cat_unless_moe_act_recomputes_it():
     found = te_moe_kept.mixtures(_profile(replace(TINY, name="tiny-clamped", swiglu_limit=7.0)))
-    assert found["megatron"] == [*MEGATRON[:5], 128 * 64 * 2, 128 * 32 * 2]  # the cat of the clamped halves, 2f
-    assert found["act_megatron"] == 3 * 128 * 32 * 2
+    assert found["mcore"] == [*MEGATRON[:5], 128 * 64 * 2, 128 * 32 * 2]  # the cat of the clamped halves, 2f
+    assert found["act_mcore"] == 3 * 128 * 32 * 2
 
 
 def test_megatrons_moe_blocks_keep_its_tensors_and_moe_act_frees_fc2s_input():

@@ -405,3 +405,8 @@ def compile_refused(training, record: RuntimeFacts) -> list[str]:
         return []
     return [f"--compile {said} asks for torch.compile, and {record.name}'s runtime ({record.version}) does not "
             f"compile the model: it runs {record.runs_instead}; drop --compile, or score with --runtime torchtitan"]
+
+
+# the te_moe_experts_kept source of a record whose MoE layers keep what eager PyTorch keeps
+EAGER_MOE_KEPT = ("the analytic profile's eager mixture as transformers / torchtitan run it (planner/profiler/"
+                  "analytic_kept.py moe_terms: gathered rows, SwiGLU's tensors, the weighted outputs)")

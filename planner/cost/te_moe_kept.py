@@ -38,8 +38,8 @@ FP32, INDEX, BOOL = 4, 8, 1
 
 def mixtures(profile: Profile) -> dict | None:
     """The profile's MoE block mixture as the analytic profile keeps it (`generic`: each tensor's bytes in
-    analytic_kept.moe_terms's order) and as Megatron-core keeps it (`megatron`, without moe_act), and what the
-    activation's recompute frees in each (`act_generic`: the SiLU output and the product; `act_megatron`:
+    analytic_kept.moe_terms's order) and as Megatron-core keeps it (`mcore`, without moe_act), and what the
+    activation's recompute frees in each (`act_generic`: the SiLU output and the product; `act_mcore`:
     linear_fc2's input, and the clamp's cat); None where the profile is not analytic or its MoE blocks have
     shared experts or latent attention."""
     dims = te_kept._dims(profile)
@@ -59,10 +59,10 @@ def mixtures(profile: Profile) -> dict | None:
     clamped = bool(model.get("swiglu_limit"))
     act = [2 * S * f * d] + [S * f * d] * 5 if clamped else [S * f * d] * 4
     generic = [FP32 * T * E // r, INDEX * T * k // r, FP32 * T * k // r, S * h * d, INDEX * S, *act, S * h * d]
-    megatron = [FP32 * T * E // r, BOOL * T * E // r, FP32 * S, S * h * d, 2 * S * f * d,
+    mcore = [FP32 * T * E // r, BOOL * T * E // r, FP32 * S, S * h * d, 2 * S * f * d,
                 *([2 * S * f * d] if clamped else []), S * f * d]
-    return {"generic": generic, "megatron": megatron, "act_generic": 2 * S * f * d,
-            "act_megatron": S * f * d + (2 * S * f * d if clamped else 0)}
+    return {"generic": generic, "mcore": mcore, "act_generic": 2 * S * f * d,
+            "act_mcore": S * f * d + (2 * S * f * d if clamped else 0)}
 
 
 def megatron_moe_profile(profile: Profile, record) -> Profile:
@@ -82,9 +82,9 @@ def option_delta(name: str, found: dict) -> int:
     parts = name.split(",")
     if name in ("full", "offload") or "mlp" in parts or "op-sac" in name:
         return 0
-    delta = sum(found["megatron"]) - sum(found["generic"])
+    delta = sum(found["mcore"]) - sum(found["generic"])
     if "mlp-act" in parts:
-        delta += found["act_generic"] - found["act_megatron"]
+        delta += found["act_generic"] - found["act_mcore"]
     return delta
 
 
@@ -104,7 +104,7 @@ def _megatron_record(record, found: dict):
     generic = [size for size in found["generic"] if size > 0]
     for at in range(len(sizes) - len(generic) + 1):
         if sizes[at:at + len(generic)] == generic:
-            edits = {at + 1: ([size for size in found["megatron"] if size > 0], 0)}
+            edits = {at + 1: ([size for size in found["mcore"] if size > 0], 0)}
             edits.update({at + 1 + i: ([], 0) for i in range(1, len(generic))})
             return te_kept._rewritten(record, edits)
     return record
