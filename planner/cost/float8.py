@@ -39,7 +39,7 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
 
 from __future__ import annotations
 
-from planner.cost import chunkedloss, runtimes, te_kept
+from planner.cost import chunkedloss, runtimes, te_kept, te_moe_kept
 from planner.errors import UserError
 from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
 
@@ -56,6 +56,7 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
 
     profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels)
     profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))
+    profile = te_moe_kept.megatron_moe_profile(profile, runtimes.of(setup.training))  # Megatron-core's MoE layers' tensors
     profile = chunkedloss.chunked_head_profile(profile, setup)  # --chunked-cross-entropy N: the head's backward
     if not setup.training.float8:
         return profile

@@ -339,6 +339,10 @@ class RuntimeFacts:
     """The runtime's SwiGLU is one fused function that saves only its input (the first linear's 2f-wide output)
     and recomputes SiLU in its backward, so a dense block keeps no SiLU output (planner/cost/te_kept.py); False:
     the eager ops' tensors, as the analytic profile counts them."""
+    te_moe_experts_kept: bool = False
+    """A MoE layer keeps what megatron-core's TEGroupedMLP under the alltoall dispatcher keeps: the experts' input,
+    linear_fc1's output and the activation's output, the fused router's fp32 scores and routing map, no copy of the
+    dispatched or combined tokens (planner/cost/te_moe_kept.py); False: the analytic profile's eager mixture."""
     chunked_loss: bool = False
     """The runtime's config can run the loss over chunks of each sequence, the LM head's forward and
     backward per chunk inside the loss (torchtitan 0.3.0's ChunkedLossWrapper: planner/cost/chunkedloss.py);
@@ -401,3 +405,8 @@ def compile_refused(training, record: RuntimeFacts) -> list[str]:
         return []
     return [f"--compile {said} asks for torch.compile, and {record.name}'s runtime ({record.version}) does not "
             f"compile the model: it runs {record.runs_instead}; drop --compile, or score with --runtime torchtitan"]
+
+
+# the te_moe_experts_kept source of a record whose MoE layers keep what eager PyTorch keeps
+EAGER_MOE_KEPT = ("the analytic profile's eager mixture as transformers / torchtitan run it (planner/profiler/"
+                  "analytic_kept.py moe_terms: gathered rows, SwiGLU's tensors, the weighted outputs)")

@@ -65,7 +65,7 @@ def megatron() -> RuntimeFacts:
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
-        te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True,
+        te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
         sources={
@@ -76,6 +76,12 @@ def megatron() -> RuntimeFacts:
                            "2210-2226, megatron-core 92c8482e (docs/framework-facts.md §50, §51); the same "
                            f"at {MEGATRON_V} (distributed_data_parallel.py 131-137, 161-170; training.py "
                            "2179-2194, 2504-2515)",
+            "te_moe_experts_kept": f"megatron/core/transformer/moe/experts.py 840-1046 (TEGroupedMLP.forward: "
+                                   f"linear_fc1 saves the permuted tokens, the fused weighted GLU its input, "
+                                   f"linear_fc2 its input; moe_act's CheckpointWithoutOutput 1019-1030), "
+                                   f"fusions/fused_bias_geglu.py 350-445, token_dispatcher.py 660-900 (no tokens kept "
+                                   f"by permute, all-to-all, sort or unpermute), {MEGATRON_V}; TransformerEngine "
+                                   f"pytorch/router.py FusedTopkScoreFunction (routing map and fp32 scores saved)",
             **BRIDGE_SETTINGS_SOURCES,
             "chunked_loss": NO_CHUNKED_LOSS + " (Megatron-LM's own fused cross-entropy is --cross-entropy-loss-fusion)",
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "

@@ -5,7 +5,7 @@ in which dtype and when it frees, each fact with the file, lines and commit it w
 from __future__ import annotations
 
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ
-from planner.cost.runtime_facts import LossRegion, RuntimeFacts
+from planner.cost.runtime_facts import EAGER_MOE_KEPT, LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     COMPILED_LOSS,
@@ -147,7 +147,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         loss_requests_eager_ce=version == "9dec370",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
-            **BRIDGE_SETTINGS_NOT_READ,
+            **BRIDGE_SETTINGS_NOT_READ, "te_moe_experts_kept": EAGER_MOE_KEPT,
             "fsdp_units": _TITAN_UNITS[version][2],
             "fsdp_gathered_from_forward": _TITAN_UNITS[version][2],
             "cp_comm": f"torch/distributed/tensor/experimental/_context_parallel/_attention.py 77 (_cp_options."

@@ -35,7 +35,7 @@ from dataclasses import fields
 
 from planner.cost import bridgesettings, runtime_megatron, runtime_titan
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
-from planner.cost.runtime_facts import LossRegion, RuntimeFacts, compile_refused
+from planner.cost.runtime_facts import EAGER_MOE_KEPT, LossRegion, RuntimeFacts, compile_refused
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     INPUT_GRADS_CLEARED,
@@ -125,7 +125,7 @@ def _ckplan() -> RuntimeFacts:
             "prefetches_zero3_gathers": f"FSDP2 implicit prefetch, torch/distributed/fsdp/_fully_shard, {TORCH_V}",
             "tp_overlap": "ckplan's runtime runs no TP",
             **_FLOAT8_NOT_READ,
-            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS,
+            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -258,7 +258,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
             "tp_overlap": "not in DeepSpeed",
             **_FLOAT8_NOT_READ,
-            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS,
+            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
@@ -338,7 +338,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "prefetches_zero3_gathers": f"Gemini chunk prefetch, {_CAI_V}",
             "tp_overlap": "not read",
             **_FLOAT8_NOT_READ,
-            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS,
+            **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,
             "async_tp_workspace": "the runtime runs no AsyncTP (tp_overlap)",
             "tp_gathers_float8": "the runtime's TP linears are not torchao's Float8 ones",
             "float8_saves_input": "the runtime's linears are not torchao's Float8 ones",
