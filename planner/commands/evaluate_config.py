@@ -215,7 +215,7 @@ def _profile(job, device):
 
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
                   attention=job.attention, dtype="bfloat16", cp=job.cp,
-                  ep=job.ep if job.arch.num_experts and job.arch.num_experts % job.ep == 0 else 1)
+                  ep=job.ep if job.arch.num_experts and job.arch.num_experts % job.ep == 0 else 1, mtp=job.mtp_layers)
     try:
         return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()),
                                 compiled=job.modelled.compile)
