@@ -371,7 +371,7 @@ def mtp_layers(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None) -> list[La
     parts = shape.mtp and dict(embedding=embedding_layer(arch, shape, gpu, mfu), block=block_layer(last, arch.layer(last), shape, gpu, mfu),
                  head=head_layer(arch, shape, gpu, mfu), loss_ms=loss_ms(arch, shape, gpu),
                  loss_bytes=logits_bytes(arch, shape, FP32) + FP32, make=_layer)
-    return [analytic_mtp.mtp_layer(i, arch, shape, gpu, mfu, **parts) for i in range(shape.mtp)]  # type: ignore[arg-type]
+    return [layer for i in range(shape.mtp) for layer in analytic_mtp.mtp_layers(i, arch, shape, gpu, mfu, **parts)]  # type: ignore[arg-type]
 
 
 def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = None,

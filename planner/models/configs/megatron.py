@@ -304,6 +304,9 @@ def _recompute(flags: Flags, job: Job) -> None:
             job.recompute = Recompute(mode="block", num_layers=num)
         elif method == "uniform":
             job.recompute = Recompute(mode="full")
+            if num > 1 and job.mtp_layers:  # multi_token_prediction.py 1621-1627 at d98e8a64
+                raise UserError(f"--recompute-method uniform --recompute-num-layers {num} with --mtp-num-layers: "
+                                "Megatron-core asserts recompute_num_layers 1 for MTP recompute; give 1")
             if num > 1:
                 job.notes.append(f"--recompute-method uniform --recompute-num-layers {num}: every layer recomputes, "
                                  f"scored as each layer checkpointed alone (Megatron keeps one input per {num} "

@@ -237,7 +237,7 @@ def selective_stages(stages: list, profile, decoder: set[str], modules, notes: l
     chosen, left, fused = {}, {}, set()
     for layer in profile.layers:
         if layer.name in decoder:
-            moe = layer.kind == "moe_block"
+            moe = layer.kind == "moe_block" or layer.kind == "mtp" and layer.expert_param_count > 0  # an MTP layer's block
             offered = {option.name for option in layer.recompute_options}
             parts = [part for part in module_parts(modules, moe) if part != norm_alternative(offered)]
             chosen[layer.name], dropped = layer_option(parts, offered)

@@ -102,6 +102,10 @@ def check_layout(layout: str, mtp_layers: int) -> None:
                         "Megatron-LM asserts they match")
     if "m" in flat and "t" in flat[flat.index("m"):]:
         raise UserError(f"{where}: a decoder layer (t) after an MTP layer (m); Megatron-LM places MTP layers last")
+    if stages[-1].startswith("m"):
+        raise UserError(f"{where}: a last stage that begins with an MTP layer is not expressible: ckplan's MTP layer "
+                        "keeps its checkpoint's inputs, which a stage's first layer receives as one; give it a "
+                        "decoder layer before the MTP layers")
     if "m" in "".join(stages[:-1]):
         raise UserError(f"{where}: MTP layers in a stage before the last (Megatron-LM's standalone MTP stage) are not "
                         "expressible: ckplan runs them on the last stage, with the head")
