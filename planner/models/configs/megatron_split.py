@@ -17,7 +17,7 @@ def stage_layers(flags: Flags, job: Job) -> list[int]:
     stages, layers = job.pp * job.chunks, job.arch.num_layers
     layout = flags.take("--pipeline-model-parallel-layout", "the pipeline split", str)
     if layout is not None:
-        check_layout(layout, job.mtp_layers)
+        job.notes.extend(check_layout(layout, job.mtp_layers))
         counts = layout_counts(layout)
         if len(counts) != stages or sum(counts) != layers:
             raise UserError(f"--pipeline-model-parallel-layout lists {len(counts)} stages of {sum(counts)} decoder "
@@ -85,7 +85,7 @@ def layout_counts(layout: str) -> list[int]:
     return [stage.count("t") for stage in layout_stages(layout)]
 
 
-def check_layout(layout: str, mtp_layers: int) -> None:
+def check_layout(layout: str, mtp_layers: int) -> list[str]:
     """What Megatron-core's PipelineParallelLayerLayout.validate_layer_layout asserts (d98e8a64, 86-151), and
     what ckplan's stages cannot say: the embedding first on the first stage, the loss last on the last, the MTP
     layers after every decoder layer, all in the last stage (Megatron also runs them as a stage of their own
@@ -102,10 +102,11 @@ def check_layout(layout: str, mtp_layers: int) -> None:
                         "Megatron-LM asserts they match")
     if "m" in flat and "t" in flat[flat.index("m"):]:
         raise UserError(f"{where}: a decoder layer (t) after an MTP layer (m); Megatron-LM places MTP layers last")
-    if stages[-1].startswith("m"):
-        raise UserError(f"{where}: a last stage that begins with an MTP layer is not expressible: ckplan's MTP layer "
-                        "keeps its checkpoint's inputs, which a stage's first layer receives as one; give it a "
-                        "decoder layer before the MTP layers")
     if "m" in "".join(stages[:-1]):
         raise UserError(f"{where}: MTP layers in a stage before the last (Megatron-LM's standalone MTP stage) are not "
                         "expressible: ckplan runs them on the last stage, with the head")
+    if stages[-1].startswith("m"):  # the stage's first layer's input_bytes are what its send charges
+        return [f"{where}: the last stage begins with its MTP layer, whose input ckplan counts as its checkpoint's "
+                "inputs (the ids, the hidden states and the rolled embedding): the stage's received activation is "
+                "charged that, where Megatron-LM sends the hidden states alone"]
+    return []
