@@ -260,10 +260,10 @@ def test_virtual_stages_and_the_layout(tmp_path):
 
 
 def test_a_pending_setting_is_not_modelled_unless_at_its_default(tmp_path):
-    job = _job(tmp_path, BASE + "\n--mtp-num-layers: 0")
-    assert {s.name: s.status for s in job.settings}["--mtp-num-layers"] == "modelled"
-    job = _job(tmp_path, BASE + "\n--mtp-num-layers: 1")  # multi-token prediction: not modelled
-    assert {s.name: s.status for s in job.settings}["--mtp-num-layers"] == "not modelled"
+    job = _job(tmp_path, BASE + "\n--main-grads-dtype: fp32")
+    assert {s.name: s.status for s in job.settings}["--main-grads-dtype"] == "modelled"
+    job = _job(tmp_path, BASE + "\n--main-grads-dtype: bf16")  # bf16 main gradients: not modelled
+    assert {s.name: s.status for s in job.settings}["--main-grads-dtype"] == "not modelled"
 
 
 def test_the_local_spec_keeps_the_attention_scores(tmp_path):

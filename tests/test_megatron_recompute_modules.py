@@ -56,8 +56,16 @@ def test_the_deepseek_v3_example_recomputes_what_its_modules_say_on_each_layer()
     norm's output (layernorm: the MLP norm is fused into linear_fc1), its 58 MoE layers the up-projections,
     the whole MoE layer (moe) and both norms' outputs (layernorm)."""
     job = read_job(DEEPSEEK_V3, None)
-    assert job.recompute.modules == ("mlp", "moe", "mla_up_proj", "layernorm")
+    assert job.recompute.modules == ("mlp", "moe", "mla_up_proj", "layernorm") and job.mtp_layers == 1
+    # its MTP layer (--mtp-num-layers 1, modelled since branch dsv3rows): its transformer layer recomputes the
+    # modules a MoE layer does, and the rank keeps exactly what mtp.0 keeps under that option and mtp.0.head more
+    with_mtp = predict(job, gpus=256, gpu_name="h100-sxm")
+    job = dataclasses.replace(job, mtp_layers=0)  # the pins below are the 61 decoder layers'
     found = predict(job, gpus=256, gpu_name="h100-sxm")
+    mtp = {layer.name: layer for layer in with_mtp.profile.layers if layer.name.startswith("mtp.")}
+    assert with_mtp.stages[0].recompute["mtp.0"] == "mla-up,mlp,norm-out"
+    kept = next(o.kept_bytes for o in mtp["mtp.0"].recompute_options if o.name == "mla-up,mlp,norm-out")
+    assert with_mtp.cost.stages[0].kept_bytes - found.cost.stages[0].kept_bytes == kept + mtp["mtp.0.head"].act_bytes
     recompute = found.stages[0].recompute
     assert [recompute[f"layers.{i}"] for i in range(3)] == ["mla-up,mlp,norm-out"] * 3
     assert {recompute[f"layers.{i}"] for i in range(3, 61)} == {"mla-up,mlp,norm-out"}

@@ -39,7 +39,7 @@ def test_the_table_holds_every_scored_row_of_section_18(table):
     assert [r.id for r in main if r.id[0] in "AFG"] == ["F1", "F2"] + [f"A{i}" for i in range(1, 6)] + \
         [f"G{i}" for i in range(1, 10)]
     assert [r.label for r in table.rows if r.group == "bridge"] == ["T22", "T23", "B1", "B2", "B3", "B4", "B5", "B6",
-                                                                    "E1", "E2", "E3", "E4", "E5"]  # §23.moerows' MoE rows
+                                                                    "E1", "E2", "E3", "E4", "E5", "D1"]  # §23.moerows' MoE rows, §23.dsv3rows' DeepSeek-V3
     assert [r.id for r in main if r.id.startswith("C")] == [f"C{i}" for i in range(1, 9)]
 
 

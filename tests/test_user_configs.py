@@ -75,8 +75,10 @@ def test_the_shipped_moe_layout_test_is_scored_per_virtual_stage():
 
     report = json.loads(result.output)
     assert (report["pp"], report["virtual_stages"], report["schedule"], report["ep"]) == (2, 4, "interleaved-1F1B", 4)
-    # stages 0, 2, 4, 6 on rank 0 (E + 3 layers, then 2, 2, 2), 1, 3, 5, 7 on rank 1 (2, 2, 2, then m L)
-    assert [len(rank["layers"]) for rank in report["ranks"]] == [10, 7]
+    # stages 0, 2, 4, 6 on rank 0 (E + 3 layers, then 2, 2, 2), 1, 3, 5, 7 on rank 1 (2, 2, 2, then m L: the MTP
+    # layer's two, mtp.0 and mtp.0.head, and the head, since branch dsv3rows)
+    assert [len(rank["layers"]) for rank in report["ranks"]] == [10, 9]
+    assert report["ranks"][1]["layers"][-3:] == ["mtp.0", "mtp.0.head", "output"]
     assert report["ranks"][1]["layers"][-1] == "output"
 
 

@@ -215,7 +215,7 @@ def _profile(job, device):
 
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
                   attention=job.attention, dtype="bfloat16", cp=job.cp,
-                  ep=job.ep if job.arch.num_experts and job.arch.num_experts % job.ep == 0 else 1)
+                  ep=job.ep if job.arch.num_experts and job.arch.num_experts % job.ep == 0 else 1, mtp=job.mtp_layers)
     try:
         return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()),
                                 compiled=job.modelled.compile)
@@ -317,10 +317,13 @@ def _stages(job, profile, setup, notes: list[str]) -> list:
     counts = job.layers_per_stage or [job.arch.num_layers]
     stages = hand_stages(profile, counts, [0] * len(counts), "first")
     decoder = set(llm_roles(profile).decoder)
+    # Megatron-core's MTP layers recompute with the decoder's, but for method block (analytic_mtp.recompute_options)
+    mtp = {layer.name for layer in profile.layers if layer.kind == "mtp"}
     rec = job.recompute
     if rec.mode in ("full", "block"):
         stages = [s.with_checkpointed([n for n in s.layers if n in decoder][:rec.num_layers if rec.mode == "block"
-                                                                            else None]) for s in stages]
+                                                                            else None]
+                                      + [n for n in s.layers if n in mtp and rec.mode == "full"]) for s in stages]
     elif rec.mode == "every":
         chosen = set()
         for rank in range(job.pp):  # the stages a rank builds, in order: a loop, or a V (torchtitan's placement)
@@ -336,7 +339,7 @@ def _stages(job, profile, setup, notes: list[str]) -> list:
     elif rec.mode == "selective" and rec.modules:
         from planner.models.configs.megatron_flags import selective_stages
 
-        stages = selective_stages(stages, profile, decoder, rec.modules, notes)
+        stages = selective_stages(stages, profile, decoder | mtp, rec.modules, notes)
     elif rec.mode == "selective":
         layers = {layer.name: layer for layer in profile.layers}
         able = {n for n in decoder if rec.option in {o.name for o in layers[n].recompute_options}}

@@ -94,6 +94,7 @@ from planner.profiler import (
     allocseq,
     analytic_comm,
     analytic_cp,
+    analytic_mtp,
     analytic_split,
     analytic_time,
     compiled_kept,
@@ -364,6 +365,15 @@ def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> 
                   input_grad_in_transient=True, shape=shape, gpu=gpu, kept_terms=(*(term.num_bytes for term in _norm_terms(arch, shape, "final")), boundary))
 
 
+def mtp_layers(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None) -> list[LayerProfile]:
+    """Megatron-core's MTP layers (shape.mtp of them; analytic_mtp.py), each with the decoder's last layer's kind."""
+    last = arch.num_layers - 1
+    parts = shape.mtp and dict(embedding=embedding_layer(arch, shape, gpu, mfu), block=block_layer(last, arch.layer(last), shape, gpu, mfu),
+                 head=head_layer(arch, shape, gpu, mfu), loss_ms=loss_ms(arch, shape, gpu),
+                 loss_bytes=logits_bytes(arch, shape, FP32) + FP32, make=_layer)
+    return [layer for i in range(shape.mtp) for layer in analytic_mtp.mtp_layers(i, arch, shape, gpu, mfu, **parts)]  # type: ignore[arg-type]
+
+
 def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = None,
                      model: FileRef, compiled: bool = False) -> Profile:
     """A Profile with the measured schema, marked analytic, every assumption recorded. Times
@@ -373,12 +383,13 @@ def analytic_profile(arch: Arch, shape: Shape, *, gpu: GPU, mfu: float | None = 
     check_fits(arch, shape)
     layers = [embedding_layer(arch, shape, gpu, mfu),
               *(block_layer(i, arch.layer(i), shape, gpu, mfu, compiled=compiled) for i in range(arch.num_layers)),
+              *mtp_layers(arch, shape, gpu, mfu),
               head_layer(arch, shape, gpu, mfu)]
     layers = analytic_comm.with_collectives(layers, arch, shape, gpu, mfu)  # tensor-parallel, per microbatch
     return Profile(
         name=f"{arch.name}-s{shape.seq_len}-mbs{shape.micro_batch_size}-tp{shape.tp}{'-sp' if shape.sp else ''}"
              f"{f'-cp{shape.cp}' if shape.cp > 1 else ''}{f'-ep{shape.ep}' if shape.ep > 1 else ''}"
-             f"{f'-cf{shape.capacity_factor:g}' if shape.capacity_factor != 1.0 else ''}",
+             f"{f'-cf{shape.capacity_factor:g}' if shape.capacity_factor != 1.0 else ''}{f'-mtp{shape.mtp}' if shape.mtp else ''}",
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         torch_version="none (analytic)",
         device=DeviceInfo(type="cuda", name=f"{gpu.name} (analytic)"),
@@ -482,7 +493,8 @@ def _moe_assumptions(arch: Arch, shape: Shape) -> dict:
         "moe_activations": "router: fp32 probabilities, top-k indices and weights; dispatched tokens, each expert's "
                            "SwiGLU over its tokens, the experts' outputs the routing weights multiply, int64 token "
                            "indices; shared experts as one dense SwiGLU (planner/profiler/analytic.py moe_terms)",
-        **({"mtp": f"{arch.num_mtp_layers} multi-token-prediction module(s) in the config are not planned (Hugging "
+        **({"mtp": analytic_mtp.assumption(shape.mtp)} if shape.mtp else
+           {"mtp": f"{arch.num_mtp_layers} multi-token-prediction module(s) in the config are not planned (Hugging "
                    "Face's model does not build them; training with them adds a MoE block and a 2h x h projection "
                    "per module beside the head)"} if arch.num_mtp_layers else {}),
     }

@@ -66,8 +66,13 @@ def head_collectives(hidden: int, shape: Shape) -> list[LayerCollective]:
     return [LayerCollective(kind="all-reduce", tensor_bytes=whole, bwd=1)]
 
 
+def mtp_collectives(hidden: int, shape: Shape) -> list[LayerCollective]:
+    """An MTP layer's body (analytic_mtp.py): its embedding's and its block's (eh_proj's own not charged)."""
+    return embedding_collectives(hidden, shape) + block_collectives(hidden, shape)
+
+
 BY_KIND = {"embedding": embedding_collectives, "decoder_block": block_collectives, "moe_block": block_collectives,
-           "norm+lm_head": head_collectives}
+           "norm+lm_head": head_collectives, "mtp": mtp_collectives, "mtp_head": head_collectives}
 
 
 def with_collectives(layers: list[LayerProfile], arch, shape: Shape, gpu, mfu: float | None = None) -> list[LayerProfile]:

@@ -46,6 +46,10 @@ class Shape:
     # FLOPs, the per-token bytes and the kept activations are the same under any ep, and the cost
     # model splits the routed experts' parameters itself (layers.py expert_param_count)
     ep: int = 1
+    # Megatron-core's multi-token-prediction layers (--mtp-num-layers): the profile builds them as layers
+    # `mtp.N` on the last stage (planner/profiler/analytic_mtp.py); 0 for every other source, which plans
+    # the main model only (a Hugging Face config's num_nextn_predict_layers is not built by transformers)
+    mtp: int = 0
 
     @property
     def d(self) -> int:

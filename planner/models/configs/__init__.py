@@ -35,7 +35,6 @@ PENDING: dict[str, str] = {
     "bf16-optimizer-states": "master weights or gradients below fp32, or moments in fp16/fp8 (precision-aware "
                              "optimizer): only bf16 moments (--exp-avg-dtype and --exp-avg-sq-dtype bf16) are modelled",
     "chunked-ce": "a fused or chunked cross-entropy (a smaller loss region)",
-    "mtp": "multi-token-prediction modules (more layers on the last stage)",
     "etp": "an expert tensor-parallel size other than TP (experts split over another group)",
     "fp8-all-gather": "fp8 weights in the data-parallel all-gather (less traffic and gathered bytes)",
     "bf16-grad-reduce": "gradients reduced (and bucketed) in bf16 rather than fp32",
@@ -118,6 +117,7 @@ class Job:
     layers_per_stage: list[int] | None = None  # decoder layers of each of the pp * chunks stages
     cp: int = 1
     ep: int = 1
+    mtp_layers: int = 0  # Megatron-core's multi-token-prediction layers (--mtp-num-layers), on the last stage
     dp_given: int | None = None  # a data-parallel degree the file states (-1 / None: the rest of the GPUs)
     dp_replicate: int = 1  # torchtitan: HSDP replicas (FSDP2 shards over the dp / replicate others)
     world_size: int | None = None  # GPUs the launcher line starts (torchrun's --nproc_per_node x --nnodes)

@@ -268,6 +268,11 @@ def _parallel(flags: Flags, job: Job) -> None:
         job.chunks = layers // (per_virtual * job.pp)
     elif virtual:
         job.chunks = virtual
+    job.mtp_layers = flags.take("--mtp-num-layers", "multi-token-prediction layers on the last stage (each an "
+                                "embedding lookup, eh_proj, a transformer layer, the shared head and its own loss: "
+                                "planner/profiler/analytic_mtp.py)", int, 0) or 0
+    if job.mtp_layers < 0:
+        raise UserError(f"--mtp-num-layers {job.mtp_layers}: give 0 or more multi-token-prediction layers")
     layout = flags.given.get("--pipeline-model-parallel-layout")
     if layout:  # arguments.py 941-951 at d98e8a64: the layout's stage count / PP is the virtual pipeline size
         stages = len(layout_counts(layout[0]))
@@ -299,6 +304,9 @@ def _recompute(flags: Flags, job: Job) -> None:
             job.recompute = Recompute(mode="block", num_layers=num)
         elif method == "uniform":
             job.recompute = Recompute(mode="full")
+            if num > 1 and job.mtp_layers:  # multi_token_prediction.py 1621-1627 at d98e8a64
+                raise UserError(f"--recompute-method uniform --recompute-num-layers {num} with --mtp-num-layers: "
+                                "Megatron-core asserts recompute_num_layers 1 for MTP recompute; give 1")
             if num > 1:
                 job.notes.append(f"--recompute-method uniform --recompute-num-layers {num}: every layer recomputes, "
                                  f"scored as each layer checkpointed alone (Megatron keeps one input per {num} "

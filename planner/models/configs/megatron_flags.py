@@ -12,6 +12,7 @@ from planner.errors import UserError
 # Flags that change neither memory nor time: recognised and listed as "no effect on the plan".
 NO_EFFECT = {
     "--use-mcore-models": "megatron-core model classes (the only ones in current Megatron-LM)",
+    "--mtp-loss-scaling-factor": "the MTP losses' weight (a scalar; the MTP layers: --mtp-num-layers)",
     "--hysteresis": "fp16 loss scaling (a scalar)", "--loss-scale": "fp16 loss scaling (a scalar)",
     "--initial-loss-scale": "fp16 loss scaling (a scalar)", "--min-loss-scale": "fp16 loss scaling (a scalar)",
     "--loss-scale-window": "fp16 loss scaling (a scalar)", "--init-method-xavier-uniform": "initialisation",
@@ -142,14 +143,13 @@ PENDING_FLAGS = {
     "--fp8-format": "float8", "--fp8": "float8", "--fp8-recipe": "float8", "--fp8-amax-history-len": "float8",
     "--fp8-amax-compute-algo": "float8", "--fp8-margin": "float8", "--fp8-param-gather": "fp8-all-gather",
     "--cp-comm-type": "cp", "--hierarchical-context-parallel-sizes": "cp",
-    "--expert-tensor-parallel-size": "etp", "--mtp-num-layers": "mtp",
-    "--mtp-loss-scaling-factor": "mtp",
+    "--expert-tensor-parallel-size": "etp",
     "--main-grads-dtype": "bf16-optimizer-states", "--main-params-dtype": "bf16-optimizer-states",
     "--exp-avg-dtype": "bf16-optimizer-states", "--exp-avg-sq-dtype": "bf16-optimizer-states",
     "--grad-reduce-in-bf16": "bf16-grad-reduce",
 }
 # when the value makes them a no-op (the default), they are modelled exactly
-PENDING_DEFAULTS = {"--mtp-num-layers": "0", "--main-grads-dtype": "fp32",
+PENDING_DEFAULTS = {"--main-grads-dtype": "fp32",
                     "--main-params-dtype": "fp32", "--exp-avg-dtype": "fp32", "--exp-avg-sq-dtype": "fp32"}
 # GPT-2's BPE vocabulary (Radford et al. 2019; encoder.json of openai/gpt-2), which a --vocab-file with
 # --merge-file gives Megatron-LM's GPT2BPETokenizer
@@ -237,7 +237,7 @@ def selective_stages(stages: list, profile, decoder: set[str], modules, notes: l
     chosen, left, fused = {}, {}, set()
     for layer in profile.layers:
         if layer.name in decoder:
-            moe = layer.kind == "moe_block"
+            moe = layer.kind == "moe_block" or layer.kind == "mtp" and layer.expert_param_count > 0  # an MTP layer's block
             offered = {option.name for option in layer.recompute_options}
             parts = [part for part in module_parts(modules, moe) if part != norm_alternative(offered)]
             chosen[layer.name], dropped = layer_option(parts, offered)

@@ -17,6 +17,7 @@ def stage_layers(flags: Flags, job: Job) -> list[int]:
     stages, layers = job.pp * job.chunks, job.arch.num_layers
     layout = flags.take("--pipeline-model-parallel-layout", "the pipeline split", str)
     if layout is not None:
+        job.notes.extend(check_layout(layout, job.mtp_layers))
         counts = layout_counts(layout)
         if len(counts) != stages or sum(counts) != layers:
             raise UserError(f"--pipeline-model-parallel-layout lists {len(counts)} stages of {sum(counts)} decoder "
@@ -63,9 +64,10 @@ def split_accounting(flags: Flags, layers: int, stages: int) -> list[int]:
     return counts
 
 
-def layout_counts(layout: str) -> list[int]:
-    """Decoder layers per stage of a --pipeline-model-parallel-layout ('Et*3|(t|)*4,tL'):
-    stages split by '|' (and ','), 't' a decoder layer, 'x*n' and '(...)*n' repeats, E/L/m other."""
+def layout_stages(layout: str) -> list[str]:
+    """A --pipeline-model-parallel-layout ('Et*3|(t|)*4,tmL') as one string per stage, every repeat expanded:
+    stages split by '|' (and ','), 'x*n' and '(...)*n' repeats (pipeline_parallel_layer_layout.py
+    parse_str_to_list at Megatron-LM d98e8a64); E the embedding, t a decoder layer, m an MTP layer, L the loss."""
     text = layout.strip().strip("\"'").replace(",", "|")
     for _ in range(8):  # expand (...)*n, innermost first
         expanded = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
@@ -74,7 +76,37 @@ def layout_counts(layout: str) -> list[int]:
         text = expanded
     if not re.fullmatch(r"[EtmL|*0-9]*", text):
         raise UserError(f"--pipeline-model-parallel-layout {layout!r}: give stages of E, t, m and L split by '|'")
-    counts = []
-    for stage in text.split("|"):
-        counts.append(sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", stage)))
-    return counts
+    return ["".join(kind * int(n or 1) for kind, n in re.findall(r"([EtmL])(?:\*(\d+))?", stage))
+            for stage in text.split("|")]
+
+
+def layout_counts(layout: str) -> list[int]:
+    """Decoder layers per stage of a --pipeline-model-parallel-layout (layout_stages)."""
+    return [stage.count("t") for stage in layout_stages(layout)]
+
+
+def check_layout(layout: str, mtp_layers: int) -> list[str]:
+    """What Megatron-core's PipelineParallelLayerLayout.validate_layer_layout asserts (d98e8a64, 86-151), and
+    what ckplan's stages cannot say: the embedding first on the first stage, the loss last on the last, the MTP
+    layers after every decoder layer, all in the last stage (Megatron also runs them as a stage of their own
+    on another rank, "MTP standalone": ckplan places them with the head, on the last stage, only)."""
+    stages = layout_stages(layout)
+    flat = "".join(stages)
+    where = f"--pipeline-model-parallel-layout {layout!r}"
+    if flat[:1] != "E" or flat.count("E") != 1:
+        raise UserError(f"{where}: the embedding (E) must come once, first in the first stage, as Megatron-LM asserts")
+    if flat[-1:] != "L" or flat.count("L") != 1:
+        raise UserError(f"{where}: the loss (L) must come once, last in the last stage, as Megatron-LM asserts")
+    if flat.count("m") != mtp_layers:
+        raise UserError(f"{where} places {flat.count('m')} MTP layer(s) (m) and --mtp-num-layers is {mtp_layers}; "
+                        "Megatron-LM asserts they match")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        raise UserError(f"{where}: a decoder layer (t) after an MTP layer (m); Megatron-LM places MTP layers last")
+    if "m" in "".join(stages[:-1]):
+        raise UserError(f"{where}: MTP layers in a stage before the last (Megatron-LM's standalone MTP stage) are not "
+                        "expressible: ckplan runs them on the last stage, with the head")
+    if stages[-1].startswith("m"):  # the stage's first layer's input_bytes are what its send charges
+        return [f"{where}: the last stage begins with its MTP layer, whose input ckplan counts as its checkpoint's "
+                "inputs (the ids, the hidden states and the rolled embedding): the stage's received activation is "
+                "charged that, where Megatron-LM sends the hidden states alone"]
+    return []
