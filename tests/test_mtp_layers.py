@@ -11,7 +11,7 @@ from planner.errors import UserError
 from planner.models import archs
 from planner.models.configs import megatron
 from planner.models.configs.megatron_split import check_layout, layout_counts, layout_stages
-from planner.profiler import analytic, analytic_mtp, analytic_time, formulas
+from planner.profiler import analytic, analytic_mtp, analytic_time
 from planner.profiler.analytic import Shape
 from planner.schema import FileRef
 

@@ -20,7 +20,7 @@ embedding's, the block's and the head's)."""
 
 from __future__ import annotations
 
-from planner.profiler import analytic_time, formulas
+from planner.profiler import analytic_time
 from planner.profiler.analytic_kept import _norm_terms
 from planner.profiler.formulas import Shape
 from planner.profiler.roofline import work
