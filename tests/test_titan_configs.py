@@ -284,3 +284,18 @@ def test_model_registrys_comm_backends_are_listed_not_unknown():
     default = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B", "tp_gemm_backend": "default"}},
                                       "t.toml")
     assert {s.name: s.status for s in default.settings}["model.tp_gemm_backend"] == "no effect"
+
+
+def test_a_converted_config_names_the_config_function_it_converts(tmp_path):
+    """graph_trainer's registry (torchtitan b5bcd76c) returns to_graph_trainer_config(qwen3_14b(), ...): the
+    reader names qwen3_14b's own registry as the file to give, not the converter's."""
+    registry = tmp_path / "config_registry.py"
+    registry.write_text("from torchtitan.experiments.graph_trainer.configs import to_graph_trainer_config\n"
+                        "from torchtitan.models.qwen3.config_registry import qwen3_14b\n"
+                        "from . import model_registry\n\n\n"
+                        "def graph_trainer_qwen3_14b():\n"
+                        "    config = to_graph_trainer_config(qwen3_14b(), model_registry)\n"
+                        "    return config\n")
+    result = run("evaluate", "--from-torchtitan", f"{registry}:graph_trainer_qwen3_14b", "--gpus", "8")
+    assert result.exit_code != 0 and result.output.strip().count("\n") == 0, result.output
+    assert "--from-torchtitan torchtitan/models/qwen3/config_registry.py:qwen3_14b" in result.output

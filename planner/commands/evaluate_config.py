@@ -228,6 +228,10 @@ def _data_parallel(job, dp: int, notes: list[str]):
     from planner.commands.setup_options import DataParallelOptions
 
     if dp == 1:
+        if job.modelled.ddp.get("overlap_param_gather"):  # one rank holds the whole shard: its gather moves nothing
+            job.modelled.ddp["overlap_param_gather"] = False
+            notes.append("one data-parallel rank: the distributed optimizer shards nothing, and --overlap-param-gather "
+                         "gathers nothing")
         return DataParallelOptions(ep=job.ep)
     if job.framework == "megatron":
         return DataParallelOptions(dp=dp, zero=job.zero, shard_group=_optimizer_group(job, dp, notes), ep=job.ep)

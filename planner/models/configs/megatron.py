@@ -131,6 +131,17 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
         flags.notes.append(f"vocabulary {vocab} padded to {padded}, a multiple of --make-vocab-size-divisible-by "
                            f"{divisor} x TP, as Megatron-LM pads it")
     swiglu = flags.take("--swiglu", "SwiGLU MLP", bool, False)
+    # --quick-geglu is gated as --swiglu is (gated_linear_unit=True: fc1 twice --ffn-hidden-size wide),
+    # with quick_gelu for SiLU (megatron/training/argument_utils.py 314-326 at d98e8a64); the default
+    # width stays 4 x hidden, which arguments.py narrows for --swiglu only
+    quick_geglu = flags.take("--quick-geglu", "a quick-GeGLU MLP (gated, as SwiGLU)", bool, False)
+    if swiglu and quick_geglu:
+        raise UserError(f"{where} gives both --swiglu and --quick-geglu, which Megatron-LM refuses (an assert in "
+                        "argument_utils.py); give one")
+    if quick_geglu:
+        flags.notes.append("--quick-geglu: a gated MLP of SwiGLU's weights, FLOPs and kept tensors; its quick-GeLU "
+                           "timed as SwiGLU's fused kernel")
+    swiglu = swiglu or quick_geglu
     flags.take("--normalization", "norm kind (RMSNorm or LayerNorm: the same bytes)", str, "LayerNorm")
     untied = flags.take("--untie-embeddings-and-output-weights", "separate output weights", bool, False)
     no_bias = flags.take("--disable-bias-linear", "no linear biases", bool, False)

@@ -103,7 +103,6 @@ NOT_MODELLED = {
     "--window-attn-skip-freq": "sliding-window attention on some layers: scored as full causal attention",
     "--squared-relu": "a squared-ReLU MLP: scored as the MLP the other flags give (SwiGLU or GeLU)",
     "--openai-gelu": "OpenAI's GeLU approximation: the same tensors, another kernel (time)",
-    "--quick-geglu": "a quick-GeGLU MLP: scored as the MLP the other flags give (SwiGLU or GeLU)",
     "--no-check-for-nan-in-loss-and-grad": "the NaN check of every gradient bucket turned off: the runtime record's "
                                            "step_whole_bytes (4 B a parameter read once a step, planner/cost/runtimes.py) "
                                            "is timed all the same",

@@ -157,12 +157,21 @@ class _Reader:
             section = "parallelism"
         data.setdefault(section, {})[key] = _plain(value)
 
+    def _converted(self, call: Call) -> str:
+        """What to give instead: the config function a converter is handed, where the file imports it from
+        another config registry (graph_trainer's to_graph_trainer_config(qwen3_14b(), ...) at b5bcd76c)."""
+        base = call.args[0] if call.args else None
+        source = self.imports.get(base.name.split(".")[0], "") if isinstance(base, Call) else ""
+        if not source.endswith("config_registry"):
+            return f"give the file and function {call.name} is defined in"
+        return (f"it converts {base.name}() from {source}; give that one, --from-torchtitan "
+                f"{source.replace('.', '/')}.py:{base.name} (what {call.name} changes beside it is not read)")
+
     def _trainer(self, call: Call) -> dict:
         origin = self.imports.get(call.name.split(".")[0])
         if origin is not None and not call.name.endswith("Config"):
             raise UserError(f"{self.where} builds its config with {call.name}() from {origin}, which this reader "
-                            "does not open (it reads one file, never importing it): give the file and function "
-                            f"{call.name} is defined in")
+                            f"does not open (it reads one file, never importing it): {self._converted(call)}")
         if not call.name.endswith("Config"):
             raise UserError(f"{self.where} returns {call.name}(...), not a Trainer.Config this reader can follow")
         data: dict = {}
