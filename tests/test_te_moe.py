@@ -70,3 +70,15 @@ def test_an_analytic_profiles_moe_blocks_carry_the_record():
     assert len(blocks) == 2 and all(layer.te_time is not None for layer in blocks)
     mla = archs.arch("deepseek-v2-lite")  # latent attention: its fused kernels not read, no record
     assert not te_moe.counts_moe(mla, SHAPE)
+
+
+def test_the_reader_knows_the_moe_fusion_flags():
+    # Megatron-Bridge's GB200 Qwen3-235B flags set both: the router's fusion was "unknown" to the reader
+    from pathlib import Path
+
+    from planner.models.configs import megatron
+
+    job = megatron.read(Path(__file__).resolve().parent.parent / "configs/megatron-bridge/gb200_qwen3_235b_bf16.yaml")
+    said = {setting.name: setting for setting in job.settings}
+    for flag in ("--moe-router-fusion", "--moe-permute-fusion"):
+        assert said[flag].status == "no effect" and "te_moe.py" in said[flag].what

@@ -36,8 +36,6 @@ split sizes' reductions; the all-to-all is the cost model's term.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from planner.profiler import analytic_time, formulas, gptoss_time
 
 ROUTER_FWD = ROUTER_BWD = 9  # per (token, expert): fused top-k's logits, probs, map and fp32 intermediate
