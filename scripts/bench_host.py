@@ -16,6 +16,11 @@ fused_bias_gelu.py; jit.py: `jit_fuser = torch.compile` on torch >= 2.2):
   linear_fc1 (TE LayerNormColumnParallelLinear, skip_bias_add), bias_gelu_impl (GeLUFunction, an
   autograd.Function around the compiled bias_gelu / bias_gelu_back), linear_fc2, mlp_bda (compiled)
 
+A third replica is a MoE block (MoEBlock: the dense block's attention half, then Megatron-core's MoELayer with the
+alltoall dispatcher, `--moe-router-fusion`, `--moe-permute-fusion` and TE's GroupedLinear, Megatron-LM 0014f137;
+docs/framework-facts.md §94): each TE fused kernel one op each way (_OneKernel), the split sizes' host copy
+(`.tolist()`), the all-to-alls left out (collectives: not run here).
+
 Each TE module stands for one torch Linear (or SDPA) call: TransformerEngine#2126 (2026-01-03) reads the BF16
 TE Linear's CPU overhead as "nearly the same with vanilla torch linear"; a stand-in, not TE's own code.
 
@@ -139,6 +144,76 @@ class Block(nn.Module):
         return FUSED["bda"](self.linear_fc2(inter), self.fc2_bias, x, 0.1)
 
 
+EXPERTS, TOPK, LOCAL = 8, 2, 4  # a MoE block's router width, top-k, and the rank's local experts (EP 2)
+
+
+def _weighted_swiglu(y, probs):  # fused_bias_swiglu.py weighted_bias_swiglu_impl's function (jit_fuser)
+    gate, up = torch.chunk(y, 2, -1)
+    return (F.silu(gate) * up * probs).to(y.dtype)
+
+
+FUSED["wswiglu"] = _weighted_swiglu
+
+
+class _OneKernel(torch.autograd.Function):
+    """A TE fused kernel each way (the top-k router, the permute / sort / unpermute): one op forward and one
+    backward, as TE's autograd Functions call one tex / Triton kernel each (router.py FusedTopkScoreFunction,
+    permutation.py _moe_permute_mask_map / _moe_unpermute_mask_map / _moe_chunk_sort)."""
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.save_for_backward(index)
+        ctx.rows = x.size(0)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.rows, grad.size(1)).index_add_(0, index, grad), None
+
+
+class MoEBlock(Block):
+    """The dense block's attention half, then Megatron-core's MoELayer with the alltoall dispatcher and
+    TEGroupedMLP, fused router and permute (megatron/core/transformer/moe/moe_layer.py, router.py TopKRouter,
+    token_dispatcher.py MoEAlltoAllTokenDispatcher, experts.py TEGroupedMLP, Megatron-LM 0014f137): the router
+    Linear, the fused top-k, the split sizes (routing_map.sum, the host copy of tokens_per_expert / input and
+    output splits: `.tolist()`), permutation 1, the all-to-all (a collective: not run here, its issue left out),
+    permutation 2 (sort by local expert), linear_fc1 (TE GroupedLinear: torch.split by m_splits and one grouped
+    GEMM, here the split and one Linear), the weighted SwiGLU (compiled), linear_fc2 the same, the unsort,
+    unpermutation 1 and the mlp_bda (compiled)."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(H, EXPERTS, bias=False)
+        self.fc1 = nn.Linear(H, 2 * FFN, bias=False)
+        self.fc2 = nn.Linear(FFN, H, bias=False)
+
+    def forward(self, x):
+        hn = H // HEADS
+        mixed = self.linear_qkv(x).view(S, B, HEADS, 3 * hn)
+        q, k, v = torch.split(mixed, [hn, hn, hn], dim=3)
+        q = q.reshape(q.size(0), q.size(1), -1, hn)
+        ctx = self.core_attention(q, k, v)
+        x = FUSED["bda"](self.linear_proj(ctx), self.proj_bias, x, 0.1)
+        tokens = x.view(-1, H)
+        logits = self.router(tokens)
+        probs, top = torch.topk(logits, TOPK)  # TE's fused top-k with its score function: one kernel
+        routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
+        tokens_per_expert = routing_map.sum(0)
+        splits = tokens_per_expert.tolist()  # the dispatcher's device-to-host copy (its sync on a GPU)
+        index = top.reshape(-1)
+        permuted = _OneKernel.apply(tokens, index % tokens.size(0))
+        weights = probs.reshape(-1, 1)
+        local = _OneKernel.apply(permuted, torch.arange(permuted.size(0)))  # permutation 2
+        chunks = torch.split(local, [local.size(0) // LOCAL] * LOCAL)  # TE GroupedLinear's split by m_splits
+        inter = FUSED["wswiglu"](self.fc1(torch.cat(chunks)), weights)
+        out = self.fc2(torch.cat(torch.split(inter, [inter.size(0) // LOCAL] * LOCAL)))
+        out = _OneKernel.apply(out, torch.arange(out.size(0)))  # unsort
+        merged = _OneKernel.apply(out, torch.arange(out.size(0)))[: tokens.size(0)]  # unpermutation 1
+        del splits
+        return FUSED["bda"](merged.view(S, B, H), self.fc2_bias, x, 0.1)
+
+
 class _Count(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -185,6 +260,7 @@ def parts():
         ("dense block (TE spec replica)", block, x_in),
         ("unfused attention (TE's UnfusedDotProductAttention)", lambda t: unfused.core_attention(*t), qkv_in),
         ("dense block, unfused attention", unfused, x_in),
+        ("MoE block (alltoall dispatcher, fused router and permute)", MoEBlock(), x_in),
     ]
 
 

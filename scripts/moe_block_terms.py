@@ -11,7 +11,7 @@ from pathlib import Path
 from planner.errors import UserError
 from planner.models import archs
 from planner.models.configs import megatron
-from planner.profiler import analytic_time
+from planner.profiler import analytic_time, te_fused
 from planner.profiler.formulas import Shape
 from planner.profiler.membound import achieved_tbps
 from planner.profiler.roofline import kernel_ms, roofline_ms
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         return 2
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, cp=job.cp,
                   ep=job.ep)
-    fwd, bwd, _ = analytic_time.block_work(job.arch, shape, moe=True)
+    fwd, bwd, _rerun = analytic_time.block_work(job.arch, shape, moe=True)
     print(f"{argv[0]} on {gpu.name}: {shape.tokens} tokens a microbatch, tp {shape.tp}, ep {shape.ep}")
     for name, done in (("forward", fwd), ("backward", bwd)):
         print(f"{name}: {roofline_ms(done, gpu):.2f} ms")
@@ -42,6 +42,9 @@ def main(argv: list[str]) -> int:
             print(f"  {kernel.kind} {kernel.flops:.3g} FLOPs x {n}: {n * kernel_ms(kernel, gpu):.3f} ms")
         for op_class, num in done.classed:
             print(f"  {op_class} {num / 1e9:.2f} GB at {achieved_tbps(gpu, 'eager', op_class):.2f} TB/s")
+    timed = te_fused.te_time(job.arch, shape, gpu, (fwd, bwd, _rerun), moe=True)
+    if timed is not None:  # the block on Megatron's fused kernels (te_fused.py, te_moe.py): --runtime megatron's
+        print(f"on Megatron's fused kernels (te_time): forward {timed.fwd_ms:.2f} ms, backward {timed.bwd_ms:.2f} ms")
     return 0
 
 

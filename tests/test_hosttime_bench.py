@@ -37,6 +37,19 @@ def test_the_linear_unit_and_the_blocks_forward_are_their_parts(bench):
     assert ops["dense block, unfused attention"] == unfused == 67
 
 
+def test_the_moe_blocks_forward_is_its_parts(bench):
+    ops = _forward_ops(bench)
+    attention_half = (ops["linear_qkv + view/split/reshape"] + ops["core_attention stand-in"] + 4
+                      + ops["bias-dropout-add"])  # linear_proj without its bias: view, t, mm, view
+    assert attention_half == 24
+    router = 3 + 1 + 2 + 1  # view + t, mm; the fused top-k (one op); the routing map (zeros_like, scatter_); sum
+    dispatch = 2 + 1 + 1 + 2  # the copies' token index (view, remainder); permutation 1; the weights' view; sort
+    experts = 2 * (2 + 2) + 4  # each GroupedLinear: split by m_splits, cat, t, mm; the weighted SwiGLU, eager
+    combine = 2 + 3 + 1 + ops["bias-dropout-add"]  # unsort; unpermutation 1 (arange, index_select, slice); view; bda
+    assert ops["MoE block (alltoall dispatcher, fused router and permute)"] == \
+        attention_half + router + dispatch + experts + combine == 61
+
+
 def test_the_script_prints_each_part_against_the_linear(bench, capsys):
     threads = torch.get_num_threads()
     try:
@@ -45,6 +58,6 @@ def test_the_script_prints_each_part_against_the_linear(bench, capsys):
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| part")]
-    assert len(rows) == 8
+    assert len(rows) == 9
     assert rows[0].startswith("| torch Linear (the unit) | 4 / 14 |") and "| 1.00 |" in rows[0]
     assert rows[5].startswith("| dense block (TE spec replica) | 48 / 83 |")

@@ -23,7 +23,16 @@ The host time is a floor, from a published absolute and a measured ratio:
   the GPU's host as a multiple of its published Linear: a measured ratio, not a figure of that host.
   Not in it: the embedding, the output layer and loss, the optimizer's per-tensor work, CP's ring
   steps, the local spec's own modules (read as the TE spec's, as its kernels are), the attention
-  dropout's RNG-tracker fork, a MoE block's router and dispatch.
+  dropout's RNG-tracker fork.
+- what a MoE block's passes cost in such Linears (the record's "moe" entry): scripts/bench_host.py's MoE
+  replica (the dense block's attention half, then Megatron-core's MoELayer with the alltoall dispatcher,
+  fused router and permute, TE's GroupedLinear, the compiled weighted SwiGLU; docs/framework-facts.md §94).
+  Megatron's dispatcher copies the split sizes to the host each MoE layer (token_dispatcher.py
+  `_maybe_dtoh_and_synchronize`, TEGroupedMLP's `tokens_per_expert.tolist()`): the host waits for the
+  device there, so it cannot have issued the rest of the layer ahead; per pass, max(device, host) is the
+  floor either way. Not in it: the all-to-all's own issue (four collectives a layer), the flex dispatcher's
+  (HybridEP / DeepEP) kernels, and CUDA graphs (`--cuda-graph-impl`), under which the graphed scope issues no
+  per-op host work: read as not modelled, the whole block's host time charged.
 
 A pass takes max(device, host): the forward against the layer's forward time, the backward against
 its backward; a full recompute's rerun against the recompute's device time, at the forward's host time.
@@ -43,12 +52,17 @@ from planner.cost.layers import LayerCost
 from planner.schema import Profile, TrainSetup
 
 DENSE_BLOCK = "decoder_block"
+MOE_BLOCK = "moe_block"
+MOE = "moe"  # the record's host_block_linears entry of a MoE block (the alltoall dispatcher's; flash attention)
 
 
-def host_block_ms(profile: Profile, setup: TrainSetup) -> tuple[float, float]:
+def host_block_ms(profile: Profile, setup: TrainSetup, *, moe: bool = False) -> tuple[float, float]:
     """ms the host takes to issue one dense block's forward and its backward (the module's docstring), the
-    record's figure for the profile's attention kind; (0, 0) where the record or the profile's GPU has none."""
+    record's figure for the profile's attention kind; `moe`: a MoE block's (the record's "moe" entry, measured
+    with flash attention: none under another kind); (0, 0) where the record or the profile's GPU has none."""
     kind = profile.assumptions.get("attention")
+    if moe:
+        kind = MOE if kind == "flash" else None
     linears = {name: (fwd, bwd) for name, fwd, bwd in runtimes.of(setup.training).host_block_linears}
     fwd, bwd = linears.get(kind, (0.0, 0.0))
     named = profile.assumptions.get("gpu")
@@ -68,11 +82,11 @@ def host_forward_ms(profile: Profile, setup: TrainSetup) -> float:
 def host_bound_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
     """ms per microbatch a dense block's passes take beyond their device time where the host issues them
     more slowly: max(device, host) less device for the forward, the backward, and a full recompute's
-    rerun of the forward; 0 for other layers (as jobsettings' terms, an analytic profile's dense blocks:
-    a fake profile's, kinds named by the model's class, are not read)."""
-    if layer.kind != DENSE_BLOCK:
+    rerun of the forward; 0 for other layers (as jobsettings' terms, an analytic profile's dense and MoE
+    blocks: a fake profile's, kinds named by the model's class, are not read)."""
+    if layer.kind not in (DENSE_BLOCK, MOE_BLOCK):
         return 0.0
-    fwd, bwd = host_block_ms(profile, setup)
+    fwd, bwd = host_block_ms(profile, setup, moe=layer.kind == MOE_BLOCK)
     if not (fwd or bwd):
         return 0.0
     extra = max(0.0, fwd - layer.fwd_ms) + max(0.0, bwd - layer.bwd_ms)

@@ -240,8 +240,9 @@ class RuntimeFacts:
     host_block_linears: tuple[tuple[str, float, float], ...] = ()
     """The host's time to issue a dense block's forward and its backward, each in torch Linear forwards (the unit
     GPU.host_call_us publishes; planner/cost/hosttime.py), by the profile's attention kind ("flash": the fused
-    kernel; "eager": the s x s scores through torch ops): Megatron-core's TE layer spec block as measured by
-    scripts/bench_host.py; a kind not listed (or none): not read, no host floor."""
+    kernel; "eager": the s x s scores through torch ops), and a MoE block's ("moe", read for flash attention):
+    Megatron-core's TE layer spec blocks as measured by scripts/bench_host.py; a kind not listed (or none): not
+    read, no host floor."""
     vocab_parallel_ce_bytes: int = 0
     """Bytes a bf16 logit moves through the runtime's own unfused cross-entropy, forward and backward, which the
     cost model charges in place of an analytic profile's eager loss (planner/cost/megatron_loss.py): Megatron-LM's

@@ -13,7 +13,7 @@ TE_V = "TransformerEngine v2.9"
 # profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
 # --attention-backend unfused and local-spec rows): scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU;
 # the least of the repeats' medians over the Linear's), docs/framework-facts.md §85, docs/published-runs.md §23.hostcall
-HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76))
+HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 77.10, 86.41))
 # what runs instead of torch.compile, and where that is read (runtimes._NO_MODEL_COMPILE's entry)
 NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise "
                     "functions of its jit_fuser)",
@@ -119,7 +119,9 @@ def megatron() -> RuntimeFacts:
                                   "fused_bias_dropout.py, fused_bias_gelu.py under jit.py's torch.compile, Megatron-LM "
                                   "6e091e1b), its forward and its backward timed on the host against one torch Linear "
                                   "forward, each TE module a torch Linear (TransformerEngine#2126): scripts/bench_host.py, "
-                                  "docs/framework-facts.md §85",
+                                  "docs/framework-facts.md §85; \"moe\": the MoE block with the alltoall dispatcher, "
+                                  "fused router and permute and TE's GroupedLinear (moe_layer.py, token_dispatcher.py, "
+                                  "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94",
             "deterministic_attention": "--deterministic-mode asks for NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (megatron/core/"
                                        "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b; 1697-1702 "
                                        "at 7e6a045a) and passes config.attention_dropout (default 0.1, "

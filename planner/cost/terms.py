@@ -289,10 +289,11 @@ TERMS: tuple[Term, ...] = (
          "aten::empty, and TE allocates its GEMM, norm and attention outputs so (gemm.cpp, quantizer.cpp, "
          "normalization.cpp, attention.cpp, TE v2.16.0): a dense block's bf16 forward outputs and input gradients "
          "(and unfused bf16 weight gradients) at the profile's HBM bandwidth"),
-    Term("the host's issue time beyond a dense block's forward and backward (host-bound passes)", "time", "layer",
+    Term("the host's issue time beyond a dense or MoE block's forward and backward (host-bound passes)", "time", "layer",
          lambda layer, ckpt, ctx: hosttime.host_bound_ms(layer, ckpt, ctx.profile, ctx.setup),
          "max(device, host) per forward and per backward: the record's host_block_linears (Megatron-core's TE spec "
-         "block in torch Linear forwards by the profile's attention, scripts/bench_host.py) at the host's published "
+         "block in torch Linear forwards by the profile's attention, and its MoE block with the alltoall dispatcher, "
+         "scripts/bench_host.py) at the host's published "
          "CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053)"),
     Term("Transformer Engine's attention under deterministic mode beyond the kernels the profile times", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ckpt, ctx.profile, ctx.setup),

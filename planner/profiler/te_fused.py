@@ -46,7 +46,9 @@ about as long as the eager bytes (docs/framework-facts.md §72): left at the eag
 
 Where the recipe turns a fusion off (Megatron-LM `--no-bias-gelu-fusion`, `--no-bias-swiglu-fusion`,
 `--no-rope-fusion`, `--transformer-impl local`) the config readers say it; this record is the fused
-block. MoE, latent-attention and q/k-norm blocks get no record (their fused kernels were not read).
+block. A MoE block's record (gated experts, flash attention, no latent attention) adds Megatron's fused
+router, permutations, weighted activation and TE's q/k norms (planner/profiler/te_moe.py); latent-attention
+blocks and dense q/k-norm blocks get no record.
 """
 
 from __future__ import annotations
@@ -119,8 +121,10 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
     """The block's forward, backward and full-recompute rerun (`passes`: analytic_time.block_work's)
     with the fused kernels' bytes, TE's fused linears (te_linears) and attention at TE's rate
     (te_attention_gpu), and its Float8 record on those linears (planner/profiler/float8.py's, with TE's
-    linears: one input cast per fused linear); None where no record is made (MoE, see fused_bytes_saved)."""
-    saved = None if moe else fused_bytes_saved(arch, shape)
+    linears: one input cast per fused linear); None where no record is made (fused_bytes_saved, te_moe.counts_moe)."""
+    if moe:
+        return _moe_time(arch, shape, gpu, passes)
+    saved = fused_bytes_saved(arch, shape)
     if saved is None:
         return None
     kernels_gpu = te_attention_gpu(gpu)
@@ -133,6 +137,35 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
                         te=True)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
+
+
+def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work]) -> FusedKernelTime | None:
+    """A MoE block's passes on Megatron-core's fused kernels: the two norms and rotary as a dense block's
+    (fused_bytes_saved's LLaMA terms, the MLP's SwiGLU left out), the router, permutations, experts'
+    activation and q/k norms as te_moe.py counts them; Q/K/V as one GEMM. No Float8 record (a MoE block has
+    none: analytic.block_layer)."""
+    from planner.profiler import te_moe
+
+    if not te_moe.counts_moe(arch, shape):
+        return None
+    rows, h = shape.tokens // shape.sp_div, arch.hidden_size
+    norm_saved = (2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
+                       + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows),
+                  2 * ((analytic_time.NORM_BWD - TE_NORM_BWD) * rows * h
+                       + (analytic_time.NORM_BWD_TOKEN - TE_RMSNORM_TOKEN) * rows))
+    norm_fused = 2 * (TE_NORM_FWD * rows * h + TE_RMSNORM_TOKEN * rows), 2 * (TE_NORM_BWD * rows * h + TE_RMSNORM_TOKEN * rows)
+    rope = _rope_saved(arch, shape)
+    rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape)) if arch.rotates else 0
+    moe_saved, moe_fused = te_moe.moe_saved(arch, shape), te_moe.moe_fused_bytes(arch, shape)
+    saved = tuple(norm_saved[i] + rope[i] + moe_saved[i] for i in (0, 1))
+    fused = (norm_fused[0] + ROPE_FUSED_FWD * rotated + moe_fused[0], norm_fused[1] + ROPE_FUSED_BWD * rotated + moe_fused[1])
+    kernels_gpu = te_attention_gpu(gpu)
+    fwd, bwd, rerun = (_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels,
+                                         min(moved, max(done.bytes - cut, 0))), arch, shape, times)
+                       for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
+                                                          (fused[0], fused[1], fused[0]), (1, 2, 1)))
+    return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
+                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=None)
 
 
 def te_linears(arch, shape, prefix: str) -> list[float8.Linear]:

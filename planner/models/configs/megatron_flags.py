@@ -71,7 +71,8 @@ NO_EFFECT = {
     "--moe-router-pre-softmax": "router", "--moe-router-dtype": "router", "--moe-router-topk-scaling-factor": "router",
     "--moe-router-enable-expert-bias": "router", "--moe-router-bias-update-rate": "router",
     "--moe-router-num-groups": "router", "--moe-router-group-topk": "router", "--moe-token-drop-policy": "router",
-    "--moe-z-loss": "router loss", "--moe-per-layer-logging": "logging", "--moe-permute-fusion": "kernel fusion",
+    "--moe-z-loss": "router loss", "--moe-per-layer-logging": "logging", "--moe-permute-fusion": "kernel fusion (TE's fused permute, planner/profiler/te_moe.py; without it timed the same)",
+    "--moe-router-fusion": "kernel fusion (TE's fused top-k router, planner/profiler/te_moe.py; without it timed the same)",
     "--moe-token-dispatcher-type": "token dispatcher (the all-to-all is charged)",
     "--position-embedding-type": "position embedding (rope: no parameters)",
 }

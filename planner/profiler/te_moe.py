@@ -1,0 +1,114 @@
+"""A MoE block's memory-bound bytes as Megatron-core runs it on Transformer Engine with
+`--moe-router-fusion` and `--moe-permute-fusion` (te_fused.te_time's record for a MoE block): the
+block's norms, q/k norms and rotary on TE's fused kernels, the router's top-k in TE's fused kernel, the
+token permute / sort / unpermute in TE's fused permutation kernels, and the experts' activation with the
+routing weights in Megatron's fused weighted GLU. docs/framework-facts.md §94 has each source.
+
+Symbols: T tokens on the device, h hidden, E experts, k top-k, S = T·k token copies (under balanced,
+dropless routing a rank's local experts receive S copies whatever the EP: E/ep experts x ep·T·k/E),
+f the experts' width (/TP); bf16 activations, logits and routing weights (2 B: Megatron's router runs in
+the input's dtype unless `--moe-router-dtype`), TE's row map int32 (4 B).
+
+- the router (TE `fused_topk_with_score_function`, transformer_engine/pytorch/router.py): forward reads
+  the logits (2 TE) and writes the probabilities (2 TE), the routing map (bool, 1 TE) and its fp32
+  intermediate (4 TE); backward reads the map, the intermediate and the probabilities' gradient and writes
+  the logits' gradient: 9 TE each way;
+- permutation 1 (megatron/core/transformer/moe/moe_utils.py `permute(fused=True, probs=...)` ->
+  TE `moe_permute_with_probs`, permutation.py `_moe_permute_mask_map`): the row map made from the routing
+  map (1 TE read, 4 TE written), each token's row read once and written to its k slots (2 T h + 2 S h),
+  the probabilities read (2 TE) and the permuted ones written (2 S), the row map read (4 TE); backward
+  `unpermute_with_mask_map` of the gradient: 2 S h read, 2 T h written, the row map read, the
+  probabilities' gradient 2 S read and 2 TE written;
+- permutation 2 (token_dispatcher.py `dispatch_postprocess` / `combine_preprocess`, only where a rank
+  holds more than one local expert under EP > 1): TE `moe_sort_chunks_by_index` with the probabilities,
+  2 S h read and written and 2 S + 2 S, each way; its inverse on the experts' output the same;
+- the experts' activation: `weighted_bias_swiglu_impl` / `weighted_bias_quick_geglu_impl` (the routing
+  weight multiplied inside, jit_fuser: torch.compile; megatron/core/transformer/moe/experts.py
+  TEGroupedMLP.forward), reading gate and up (4 S f) and the weight (2 S), writing 2 S f; backward the
+  gradient (2 S f), both inputs and the weight read, both gradients (4 S f) and the weight's (2 S) written;
+  GPT-OSS's clamp runs inside the same compiled function;
+- unpermutation 1 (`unpermute(fused=True)` without probabilities, the weight was applied in the
+  activation): 2 S h read, 2 T h written; backward its permute: 2 T h read, 2 S h written, the row map
+  read each way.
+Not counted (T·E-sized or smaller): the aux-loss scores' fused kernel and sum (Qwen3's aux_loss), the
+split sizes' reductions; the all-to-all is the cost model's term.
+"""
+
+from __future__ import annotations
+
+from planner.profiler import analytic_time, formulas, gptoss_time
+
+ROUTER_FWD = ROUTER_BWD = 9  # per (token, expert): fused top-k's logits, probs, map and fp32 intermediate
+ROW_MAP_MAKE, ROW_MAP = 5, 4  # per (token, expert): routing map read + int32 row map written; row map read
+WEIGHTED_GLU_FWD, WEIGHTED_GLU_BWD = 6, 10  # per element of the width-f output (SWIGLU_FUSED's)
+WEIGHT_FWD, WEIGHT_BWD = 2, 4  # per token copy: the routing weight read; read and its gradient written
+
+
+def routed_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) memory-bound bytes of a MoE block's router, permutations and experts'
+    activation as Megatron-core runs them fused (the module docstring)."""
+    T, h, E, k = shape.tokens, arch.hidden_size, arch.num_experts, arch.num_experts_per_tok
+    S, f = T * k, arch.moe_intermediate_size // shape.tp
+    local = formulas.expert_gemm_shape(arch, shape)[0]
+    sort = 2 * (4 * S * h + 4 * S) if shape.ep > 1 and local > 1 else 0  # sort + unsort, one way each
+    fwd = (ROUTER_FWD * T * E + ROW_MAP_MAKE * T * E + (2 * T * h + 2 * S * h) + 2 * T * E + 2 * S + ROW_MAP * T * E
+           + sort + WEIGHTED_GLU_FWD * S * f + WEIGHT_FWD * S + (2 * S * h + 2 * T * h) + ROW_MAP * T * E)
+    bwd = (ROUTER_BWD * T * E + (2 * S * h + 2 * T * h) + ROW_MAP * T * E + 2 * S + 2 * T * E
+           + sort + WEIGHTED_GLU_BWD * S * f + WEIGHT_BWD * S + (2 * T * h + 2 * S * h) + ROW_MAP * T * E)
+    return fwd, bwd
+
+
+def eager_routed_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes the eager profile charges the same work: the block's MLP memory-bound
+    bytes (analytic_time._mlp: the router, dispatch and experts; Mixtral's and Qwen3's op by op) less the
+    shared experts', and GPT-OSS's clamped activation beyond SwiGLU (gptoss_time)."""
+    _, fwd, bwd = analytic_time._mlp(arch, shape, True)
+    fwd, bwd = sum(fwd.values()), sum(bwd.values())
+    shared = arch.num_shared_experts * arch.shared_intermediate_size // shape.tp
+    if shared:
+        _, s_fwd, s_bwd = analytic_time._swiglu(shape.tokens, arch.hidden_size, shared)
+        add = analytic_time.ADD * shape.tokens * arch.hidden_size
+        fwd, bwd = fwd - sum(s_fwd.values()) - add, bwd - sum(s_bwd.values()) - add
+    if arch.swiglu_limit:
+        slots = arch.num_experts * formulas.expert_tokens(arch, shape)
+        f = arch.moe_intermediate_size // shape.tp
+        fwd += (gptoss_time.CLAMPED_SWIGLU_FWD - gptoss_time.SILU_SWIGLU_FWD) * slots * f
+        bwd += (gptoss_time.CLAMPED_SWIGLU_BWD - gptoss_time.SILU_SWIGLU_BWD) * slots * f
+    return fwd, bwd
+
+
+def qk_norm_bytes(arch, shape, *, fused: bool) -> tuple[int, int]:
+    """(forward, backward) bytes of the q/k norms over the device's Q and K heads: eager as
+    analytic_time._projections counts them, or TE's RMSNorm (Megatron-core's `q_layernorm` /
+    `k_layernorm`, TENorm, per head): x read and y written (4 B an element) and 1/rms per row (4 B)
+    forward, 6 B an element and the statistics backward (te_fused's TE_NORM_*)."""
+    if not arch.qk_norm:
+        return 0, 0
+    from planner.profiler import te_fused
+
+    rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
+    if not fused:
+        return analytic_time.NORM_FWD * rotated, analytic_time.NORM_BWD * rotated
+    rows = rotated // arch.head_size * te_fused.TE_RMSNORM_TOKEN
+    return te_fused.TE_NORM_FWD * rotated + rows, te_fused.TE_NORM_BWD * rotated + rows
+
+
+def moe_saved(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes Megatron's fused MoE block moves less than the eager count of its
+    router, dispatch, experts' activation and q/k norms (the block's own norms and rotary: te_fused's)."""
+    eager, fused = eager_routed_bytes(arch, shape), routed_bytes(arch, shape)
+    qk_eager, qk_fused = qk_norm_bytes(arch, shape, fused=False), qk_norm_bytes(arch, shape, fused=True)
+    return (eager[0] - fused[0] + qk_eager[0] - qk_fused[0], eager[1] - fused[1] + qk_eager[1] - qk_fused[1])
+
+
+def moe_fused_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes the fused MoE kernels themselves move (Work.fused_bytes)."""
+    fused, qk = routed_bytes(arch, shape), qk_norm_bytes(arch, shape, fused=True)
+    return fused[0] + qk[0], fused[1] + qk[1]
+
+
+def counts_moe(arch, shape) -> bool:
+    """Whether the MoE record is made: a routed-experts block of gated experts (SwiGLU or GPT-OSS's
+    quick-GeGLU, the two Megatron fuses with the weight), flash attention, no latent attention."""
+    return (bool(arch.num_experts) and not arch.mla and shape.attention == "flash" and arch.style != "gpt"
+            and arch.num_experts % shape.ep == 0)
