@@ -189,3 +189,15 @@ def test_a_hand_configuration_is_timed_at_its_own_ep(ep, gpus, message):
         assert scored.why_not.startswith(message)
         return
     assert not scored.why_not and scored.profile.assumptions["ep"] == 4
+
+
+def test_search_on_a_measured_moe_profile_says_its_experts_times_are_one_devices(tmp_path):
+    from planner.models.synthetic import layer, profile_of
+
+    blocks = [layer(f"moe{i}", "MoE", fwd_ms=1.0, act_mib=1, input_mib=1, param_count=1000).model_copy(
+        update={"routed_tokens": [8, 8, 8, 8], "expert_param_count": 800}) for i in range(2)]
+    io.save_profile(profile_of(blocks).model_copy(update={"source": "measured"}), tmp_path / "moe.json")
+    result = run_ok("search", "--profile", tmp_path / "moe.json", "--gpus", "4", "--global-batch", "8",
+                    "--mem", "1GiB", "--json", "--out", tmp_path / "plan.yaml")
+    assert {r["degrees"]["ep"] for r in json.loads(result.stdout)["ranked"]} >= {2}
+    assert "the measured profile's experts' times are one device's" in " ".join(result.stderr.split())

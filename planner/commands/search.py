@@ -130,6 +130,9 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     if model.profile is not None and job.num_experts and job.ep_ok is not None:
         say(f"the profile times its experts' GEMMs at expert parallelism {job.ep_ok[0]}: the search tries ep "
             f"{job.ep_ok[0]} only; search --arch or --arch-config to try every ep, each timed at its own")
+    elif model.profile is not None and job.num_experts:
+        say(f"the {model.profile.source} profile's experts' times are one device's, running every expert over its "
+            "share of the tokens: every ep is scored with them (an ep rank's fewer, larger GEMMs not timed)")
     loss_compiled = settings.compile_model if settings.compile_loss is None else settings.compile_loss
     profile_for = model.profile_for(device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled)
     sample = model.profile or profile_for(min(job.tp_ok), False, 1)
