@@ -65,7 +65,11 @@ def test_the_profile_records_its_ep_and_check_ep_holds_it_to_the_setup():
         check_ep(profile, ep=4, dp=4, shard_group=None, ep_bandwidth=None)
     whole = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
     assert "ep" not in whole.assumptions
-    check_ep(whole, ep=2, dp=4, shard_group=None, ep_bandwidth=None)  # `ckplan profile`'s ep 1 takes any --ep
+    check_ep(whole, ep=1, dp=4, shard_group=None, ep_bandwidth=None)
+    # made at ep 1, its experts' times are one device's: refused under --ep 2, naming the profile to make
+    # (tests/test_search_ep.py: `ckplan profile ... --ep E`, and the search's own per-EP profiles)
+    with pytest.raises(UserError, match=r"as one device runs them all \(expert parallelism 1\) and --ep is 2"):
+        check_ep(whole, ep=2, dp=4, shard_group=None, ep_bandwidth=None)
 
 
 def test_a_megatron_job_is_profiled_at_its_expert_parallelism():

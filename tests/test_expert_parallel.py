@@ -132,7 +132,7 @@ def mixtral(tmp_path_factory):
     from fixtures.cli import run_ok
 
     where = tmp_path_factory.mktemp("mixtral")
-    run_ok("profile", "--arch", "mixtral-8x7b", "--seq-len", "4096", "--micro-batch-size", "1", "--out",
+    run_ok("profile", "--arch", "mixtral-8x7b", "--seq-len", "4096", "--micro-batch-size", "1", "--ep", "8", "--out",
            where / "p.json")
     return where
 
@@ -203,7 +203,7 @@ def test_megatron_core_takes_the_exported_moe_and_mla_config(tmp_path):
     from fixtures.cli import run_ok
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
-    run_ok("profile", "--arch", "deepseek-v3", "--seq-len", "4096", "--micro-batch-size", "1", "--out",
+    run_ok("profile", "--arch", "deepseek-v3", "--seq-len", "4096", "--micro-batch-size", "1", "--ep", "64", "--out",
            tmp_path / "p.json")
     run_ok("solve", "--profile", tmp_path / "p.json", "--stages", "16", "--dp", "128", "--ep", "64", "--zero", "1",
            "--precision", "bf16-mixed", "--runtime", "megatron", "--microbatches", "32", "--out",
@@ -241,7 +241,7 @@ def test_torchtitan_export_sets_expert_parallel_degree(tmp_path):
     takes expert_parallel_degree; ZeRO 0 (no FSDP ranks for EP to borrow) is refused."""
     from fixtures.cli import run, run_ok
 
-    run_ok("profile", "--arch", "qwen3-30b-a3b", "--seq-len", "4096", "--micro-batch-size", "1", "--out",
+    run_ok("profile", "--arch", "qwen3-30b-a3b", "--seq-len", "4096", "--micro-batch-size", "1", "--ep", "8", "--out",
            tmp_path / "p.json")
     solve = ["solve", "--profile", tmp_path / "p.json", "--stages", "2", "--dp", "8", "--ep", "8",
              "--precision", "bf16-mixed", "--runtime", "torchtitan"]
@@ -267,8 +267,8 @@ def test_torchtitan_export_of_deepseek_v2_lite_refines_torchtitans_16b_config(tm
     deepseek_v3_16b is its config function: the export names it rather than asking for --torchtitan-base."""
     from fixtures.cli import run_ok
 
-    run_ok("profile", "--arch", "deepseek-v2-lite", "--seq-len", "1024", "--micro-batch-size", "1", "--out",
-           tmp_path / "p.json")
+    run_ok("profile", "--arch", "deepseek-v2-lite", "--seq-len", "1024", "--micro-batch-size", "1", "--ep", "8",
+           "--out", tmp_path / "p.json")
     run_ok("solve", "--profile", tmp_path / "p.json", "--stages", "1", "--dp", "8", "--ep", "8", "--zero", "3",
            "--microbatches", "2", "--precision", "bf16-mixed", "--runtime", "torchtitan", "--out", tmp_path / "plan.yaml")
     run_ok("export", tmp_path / "plan.yaml", "--to", "torchtitan", "--out", tmp_path / "titan.py")

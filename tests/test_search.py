@@ -26,12 +26,12 @@ H100 = archs.gpu("h100")
 def profile_for(arch, seq_len=2048):
     cache = {}
 
-    def build(tp, sp, mbs):
-        if (tp, sp, mbs) not in cache:
-            cache[(tp, sp, mbs)] = analytic_profile(arch, Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp),
-                                                    gpu=H100, model=FileRef(file=f"arch:{arch.name}",
-                                                                            sha256=arch.sha256()))
-        return cache[(tp, sp, mbs)]
+    def build(tp, sp, mbs, ep=1):
+        if (tp, sp, mbs, ep) not in cache:
+            cache[(tp, sp, mbs, ep)] = analytic_profile(
+                arch, Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp, ep=ep), gpu=H100,
+                model=FileRef(file=f"arch:{arch.name}", sha256=arch.sha256()))
+        return cache[(tp, sp, mbs, ep)]
 
     return build
 
@@ -41,7 +41,7 @@ def brute_force(job, options, build) -> tuple[list[float], list[Degrees]]:
     first, and the configurations the memory bound prunes (each must have no plan)."""
     times, pruned = [], []
     for degrees in enumerate_degrees(job):
-        profile = build(degrees.tp, degrees.sp, degrees.micro_batch_size)
+        profile = build(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.ep)  # experts at its own ep
         setup = jobsearch.job_setup(profile, degrees, options)
         result = search.plan(profile, setup)
         bound = jobsearch.bounds_mod.setup_bounds(profile, setup)

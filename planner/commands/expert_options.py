@@ -11,13 +11,8 @@ def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth
     """One sentence for each --ep the profile or the data parallelism cannot take."""
     if ep_bandwidth is not None and ep == 1:
         raise UserError("--ep-bandwidth is the experts' all-to-all bandwidth; it needs --ep 2 or more")
-    # the experts' GEMMs' shape the profile's times were made at (formulas.Shape.ep: evaluate --from-* makes it
-    # at the job's EP; `ckplan profile` at 1, where --ep E keeps the smaller GEMMs' time, an over-estimate)
-    made = profile.assumptions.get("ep", 1)
-    if made > 1 and made != ep:
-        raise UserError(f"the profile times its experts' GEMMs as expert parallelism {made} runs them and --ep is "
-                        f"{ep}; profile the model for --ep {ep}")
     if ep == 1:
+        _check_made_at(profile, ep)
         return
     if not any(layer.expert_param_count for layer in profile.layers) and profile.source == "fake":
         raise UserError(f"--ep {ep} splits routed experts, and this --fake profile records none: a dense model, "
@@ -40,6 +35,56 @@ def check_ep(profile, *, ep: int, dp: int, shard_group: int | None, ep_bandwidth
     if shard_group is not None and shard_group % ep:
         raise UserError(f"--ep {ep} does not divide --shard-group {shard_group}: the experts' state is sharded over "
                         "shard group / ep ranks; choose a shard group that is a multiple of --ep")
+    _check_made_at(profile, ep)
+
+
+def _check_made_at(profile, ep: int) -> None:
+    """An analytic profile's experts' times hold at the expert parallelism they were made at only
+    (formulas.Shape.ep: experts / ep grouped GEMMs of ep x the tokens each, larger and faster than one
+    device's), so --ep must be that one. It is refused, not re-made here: the plan names the profile
+    file, and export and evaluate read its times again (`ckplan search` makes one profile per EP itself)."""
+    made = profile.assumptions.get("ep", 1)
+    if made == ep or profile.source != "analytic" and made == 1:
+        return  # a measured or --fake profile: expert_time_note says what its times assume
+    at = (f"times its experts' GEMMs as expert parallelism {made} runs them" if made > 1 else
+          "times its experts' GEMMs as one device runs them all (expert parallelism 1)")
+    raise UserError(f"the profile {at} and --ep is {ep}; profile the model for it: {remake_command(profile, ep)}")
+
+
+def remake_command(profile, ep: int) -> str:
+    """The `ckplan profile` line that makes this analytic profile again at expert parallelism `ep`:
+    its model and the options it records (--mfu, --capacity-factor, --compiled where not the default)."""
+    facts = profile.assumptions
+    ref = profile.model.file if profile.model is not None else ""
+    model = f"--arch {ref[len('arch:'):]}" if ref.startswith("arch:") else f"--arch-config {ref or 'CONFIG'}"
+    parts = [f"ckplan profile {model}", f"--seq-len {facts.get('seq_len')}",
+             f"--micro-batch-size {profile.micro_batch_size}"]
+    parts += [f"--tp {facts['tp']}"] if facts.get("tp", 1) > 1 else []
+    parts += ["--sp"] if facts.get("sp") else []
+    parts += [f"--cp {facts['cp']}"] if facts.get("cp", 1) > 1 else []
+    parts += [f"--attention {facts['attention']}"] if facts.get("attention", "flash") != "flash" else []
+    parts += [f"--gpu {facts['gpu']}"] if facts.get("gpu") else []
+    parts += [f"--dtype {profile.dtype}"] if profile.dtype != "bfloat16" else []
+    parts += [f"--mfu {facts['mfu']:g}"] if facts.get("mfu") is not None else []
+    parts += [f"--capacity-factor {facts['capacity_factor']:g}"] if facts.get("capacity_factor", 1) != 1 else []
+    parts += ["--compiled"] if any(layer.compiled_kept_bytes for layer in profile.layers) else []
+    parts += [f"--ep {ep}"] if ep > 1 else []
+    return " ".join(parts)
+
+
+def expert_time_note(profile, ep: int) -> str | None:
+    """What a measured or --fake profile's experts' times assume under --ep E: one device ran every expert
+    over its share of the tokens; an expert-parallel rank runs experts / E of them over E x those tokens,
+    larger GEMMs no profile here re-made (an over-estimate where the small ones ran below the GPU's rate).
+    None where the profile was made at this EP (an analytic one always is: _check_made_at)."""
+    if ep == 1 or profile.source == "analytic" or profile.assumptions.get("ep", 1) == ep:
+        return None
+    experts = routed_experts(profile)
+    many = f"its {experts} routed experts" if experts else "its routed experts"
+    return (f"--ep {ep}: the experts' times are this {profile.source} profile's, one device running {many} each "
+            f"over its share of the tokens; an --ep {ep} rank runs 1/{ep} of them over {ep} x the tokens each, "
+            "larger GEMMs the profile did not time (their time is over-stated where the small ones ran below the "
+            "device's rate)")
 
 
 def routed_experts(profile) -> int | None:

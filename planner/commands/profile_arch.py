@@ -11,7 +11,7 @@ from planner.errors import UserError
 
 # options that only the measured profiler reads, and those only the analytic one reads
 MEASURED_ONLY = ("device", "warmup", "repeats", "threads", "timeout_s")
-ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "attention", "gpu", "mfu", "capacity_factor", "compiled")
+ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "ep", "attention", "gpu", "mfu", "capacity_factor", "compiled")
 
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -41,6 +41,10 @@ def options(command):
         click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="With --arch: context-parallel degree; each device holds --seq-len / cp tokens of every "
                           "sequence (2 x cp load-balanced chunks), its attention exchanging K/V with the others."),
+        click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="With a mixture-of-experts --arch: the expert-parallel degree the job runs; each rank's "
+                          "experts / ep experts are timed as one grouped GEMM over ep x their tokens (Megatron-LM's "
+                          "and torchtitan's dispatch), which `ckplan solve --ep` needs to match."),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True,
                      help="With --arch: flash keeps no s² attention scores, eager keeps them."),
         click.option("--gpu", default="h100-sxm", show_default=True,
@@ -131,7 +135,7 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
         seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float | None,
-        capacity_factor: float = 1.0, compiled: bool = False, cp: int = 1) -> None:
+        capacity_factor: float = 1.0, compiled: bool = False, cp: int = 1, ep: int = 1) -> None:
     from pydantic import ValidationError
 
     from planner import io
@@ -144,9 +148,10 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
         raise UserError("--dtype float32 with --arch: the GPU table holds 16-bit tensor-core peaks only; "
                         "use --dtype bf16 or fp16")
     spec, model_ref = _arch(arch, arch_config)
+    check_ep(spec, ep)
     device = archs.gpu(gpu)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
-                  dtype=dtype, capacity_factor=capacity_factor, cp=cp)
+                  dtype=dtype, capacity_factor=capacity_factor, cp=cp, ep=ep)
     try:
         profile = analytic_profile(spec, shape, gpu=device, mfu=mfu, model=model_ref, compiled=compiled)
     except ValidationError as exc:  # e.g. a layer's bytes past an exbibyte: no device holds that
@@ -170,6 +175,19 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
     io.check_writable(out)
     io.save_profile(profile, out)
     _report(profile, spec, shape, out)
+
+
+def check_ep(spec, ep: int) -> None:
+    """--ep where the model has routed experts that it divides, in one sentence otherwise."""
+    if ep == 1:
+        return
+    if not spec.num_experts:
+        raise UserError(f"--ep {ep} times routed experts as expert parallelism runs them; {spec.name} has none: "
+                        "drop --ep")
+    if spec.num_experts % ep:
+        fits = ", ".join(str(k) for k in range(2, spec.num_experts + 1) if spec.num_experts % k == 0)
+        raise UserError(f"--ep {ep} does not divide {spec.name}'s {spec.num_experts} routed experts; every "
+                        f"expert-parallel rank holds the same number of them (one of {fits})")
 
 
 # What `ckplan solve` plans unless told (--precision): fp32 weights, gradients and Adam state.
@@ -241,7 +259,8 @@ def _report(profile, spec, shape, out: Path) -> None:
     if spec.num_experts:
         info(f"{spec.name}: {total_params(spec):,} parameters, {active_params(spec):,} active per token; each expert "
              f"charged {facts['expert_tokens']:,} tokens per microbatch at --capacity-factor "
-             f"{facts['capacity_factor']:g} (worst case {spec.num_experts / spec.num_experts_per_tok:g})")
+             f"{facts['capacity_factor']:g} (worst case {spec.num_experts / spec.num_experts_per_tok:g}); "
+             f"{_expert_gemms(spec, shape)}")
     if spec.num_mtp_layers:
         warn(f"{spec.name}'s {spec.num_mtp_layers} multi-token-prediction module(s) are not planned: the profile is "
              "the main model's")
@@ -256,6 +275,18 @@ def _report(profile, spec, shape, out: Path) -> None:
              f"LLM trains as {LLM_PRECISION}: pass --precision {LLM_PRECISION} to solve (or --precision fp32 to plan "
              "fp32 on purpose)")
     info(f"wrote {out}")
+
+
+def _expert_gemms(spec, shape) -> str:
+    """How the experts' GEMMs are timed: at the profile's expert parallelism, and what `solve --ep` takes."""
+    from planner.profiler.formulas import expert_gemm_shape
+
+    local, rows = expert_gemm_shape(spec, shape)
+    if shape.ep == 1:
+        return (f"the experts timed as one device runs them all ({local} GEMM{'s' if local > 1 else ''} of {rows:,} rows); for a job with "
+                "expert parallelism E profile with --ep E (`ckplan solve --ep E` refuses this profile)")
+    return (f"the experts timed as an --ep {shape.ep} rank runs them ({local} GEMM{'s' if local > 1 else ''} of {rows:,} rows); "
+            f"`ckplan solve` takes this profile with --ep {shape.ep} only")
 
 
 def _membound(facts: dict) -> str:

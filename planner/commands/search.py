@@ -127,6 +127,12 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     job = _job(model, gpus=gpus, per_node=min(per_node, gpus), global_batch=global_batch, seq_len=seq_len,
                schedules=_schedules(schedule_list), chunks=_ints(chunk_counts, "--chunk-counts"),
                micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"), runtime=runtime, settings=settings)
+    if model.profile is not None and job.num_experts and job.ep_ok is not None:
+        say(f"the profile times its experts' GEMMs at expert parallelism {job.ep_ok[0]}: the search tries ep "
+            f"{job.ep_ok[0]} only; search --arch or --arch-config to try every ep, each timed at its own")
+    elif model.profile is not None and job.num_experts:
+        say(f"the {model.profile.source} profile's experts' times are one device's, running every expert over its "
+            "share of the tokens: every ep is scored with them (an ep rank's fewer, larger GEMMs not timed)")
     loss_compiled = settings.compile_model if settings.compile_loss is None else settings.compile_loss
     profile_for = model.profile_for(device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled)
     sample = model.profile or profile_for(min(job.tp_ok), False, 1)
@@ -215,21 +221,23 @@ class _Model:
         return self.arch.name if self.arch is not None else None
 
     def profile_for(self, device, seq_len: int, *, compiled: bool = False, compiled_loss: bool = False):
-        """(tp, sp, micro-batch size, cp) -> the profile scored; `compiled` (--compile model): each
+        """(tp, sp, micro-batch size, cp, ep) -> the profile scored, its experts' GEMMs timed as an
+        expert-parallel rank of ep runs them (formulas.Shape.ep); `compiled` (--compile model): each
         block keeps what it keeps and runs the passes it runs under torch.compile where the analytic
         profiler records them; `compiled_loss` (--compile loss): the profile records the compiled
         loss's time (the runtime's record says whether it compiles it)."""
         if self.profile is not None:
             return self._given
-        from planner.commands.profile_arch import _with_host_step, _with_model_facts
+        from planner.commands.profile_arch import _with_host_step, _with_model_facts, check_ep
         from planner.profiler.analytic import Shape, analytic_profile
         from planner.profiler.compiled_kept import compiled_layers
         from planner.profiler.compiled_time import timed_layers
 
         host: dict = {}  # the host's optimizer step, timed once (profile_arch times it per profile)
 
-        def build(tp: int, sp: bool, mbs: int, cp: int = 1):
-            shape = Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp, cp=cp)
+        def build(tp: int, sp: bool, mbs: int, cp: int = 1, ep: int = 1):
+            check_ep(self.arch, ep)  # a hand or published configuration's ep the experts do not divide
+            shape = Shape(seq_len=seq_len, micro_batch_size=mbs, tp=tp, sp=sp, cp=cp, ep=ep)
             profile = _with_model_facts(analytic_profile(self.arch, shape, gpu=device, model=self.ref,
                                                          compiled=compiled or compiled_loss), self.arch, "bfloat16")
             if compiled:
@@ -243,8 +251,10 @@ class _Model:
         return build
 
 
-    def _given(self, tp: int, sp: bool, mbs: int, cp: int = 1):
-        """The given profile, for the tp, sp, micro-batch size and cp it was made at only."""
+    def _given(self, tp: int, sp: bool, mbs: int, cp: int = 1, ep: int = 1):
+        """The given profile, for the tp, sp, micro-batch size and cp it was made at only; an analytic
+        one for the ep it was made at only too (a measured or --fake one's experts' times are one
+        device's at any ep: expert_options.expert_time_note)."""
         from planner.commands.training_settings import profile_cp
 
         facts = self.profile.assumptions
@@ -253,7 +263,18 @@ class _Model:
         if (tp, sp, mbs, cp) != made:
             raise UserError(f"the profile was made at tp {made[0]}, sp {made[1]}, micro-batch {made[2]}, cp {made[3]}, "
                             f"not tp {tp}, sp {sp}, micro-batch {mbs}, cp {cp}")
+        allowed = _given_ep(self.profile)
+        if allowed is not None and ep not in allowed:
+            raise UserError(f"the profile times its experts at ep {facts.get('ep', 1)}, not ep {ep}")
         return self.profile
+
+
+def _given_ep(profile) -> tuple[int, ...] | None:
+    """The expert-parallel degrees a given profile's times hold at: an analytic profile's own
+    (formulas.Shape.ep, 1 where it records none); None, any, for a measured or --fake one."""
+    if profile.source != "analytic":
+        return None
+    return (int(profile.assumptions.get("ep", 1)),)
 
 
 def _model(arch, config, profile_path, *, both: bool, settings=None) -> _Model:
@@ -321,7 +342,7 @@ def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chu
         return JobShape(gpus=gpus, gpus_per_node=per_node, global_batch=global_batch, seq_len=seq_len,
                         num_layers=len(profile.layers), tp_ok=(tp,), schedules=schedules, chunks=chunks,
                         fixed_tp=fixed, fixed_micro_batch_size=profile.micro_batch_size,
-                        num_experts=_experts(profile), cp_ok=(cp,))
+                        num_experts=_experts(profile), cp_ok=(cp,), ep_ok=_given_ep(profile))
     from planner.profiler.analytic import Shape, check_fits
 
     spec = model.arch

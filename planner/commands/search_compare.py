@@ -77,7 +77,9 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
     scored = Scored(config)
     try:
         scored.degrees, scored.note = for_job(config, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=gpu)
-        scored.profile = profile_for(config.tp, config.sp, config.micro_batch_size)
+        # its experts timed at its own expert parallelism (formulas.Shape.ep), as the search times its own
+        scored.profile = profile_for(config.tp, config.sp, config.micro_batch_size,
+                                     **({"ep": config.ep} if config.ep > 1 else {}))
         scored.setup = jobsearch.job_setup(scored.profile, scored.degrees, options)
         scored.profile = float8_profile(scored.profile, scored.setup)  # --float8: its records applied
     except (UserError, ValidationError) as exc:

@@ -14,7 +14,12 @@ from pathlib import Path
 import click
 
 from planner.commands.ddp_options import DDP_OPTIONS, check_ddp, ddp_given
-from planner.commands.expert_options import check_ep, check_ep_runtime, routing_note
+from planner.commands.expert_options import (
+    check_ep,
+    check_ep_runtime,
+    expert_time_note,
+    routing_note,
+)
 from planner.commands.training_settings import (
     SETTING_OPTIONS,
     TrainingSettings,
@@ -319,9 +324,9 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
 
         say(described(setup))
     if setup.data_parallel.ep > 1 and say is not None:
-        note = routing_note(profile, setup.data_parallel.ep)
-        if note:
-            say(note)
+        for note in (routing_note(profile, setup.data_parallel.ep), expert_time_note(profile, setup.data_parallel.ep)):
+            if note:
+                say(note)
     from planner.cost import reserve_megatron
     from planner.cost.reserve_fsdp2 import allocator_setting_refused
 

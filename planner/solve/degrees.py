@@ -86,6 +86,9 @@ class JobShape:
     # context-parallel degrees to try ((1,): none, where the runtime runs no context parallelism);
     # each is kept where it divides the GPUs left by tp and its 2·cp chunks divide the sequence
     cp_ok: tuple[int, ...] = (1,)
+    # expert-parallel degrees to try (None: every one dividing the dp ranks and the experts); a given
+    # analytic profile's times hold at the ep it was made at only (formulas.Shape.ep)
+    ep_ok: tuple[int, ...] | None = None
 
 
 def tensor_choices(job: JobShape) -> list[tuple[int, bool]]:
@@ -184,7 +187,7 @@ def _micro_batch_sizes(job: JobShape, per_replica: int) -> list[int]:
 def _expert_choices(job: JobShape, dp: int) -> list[int]:
     if not job.num_experts:
         return [1]
-    return [e for e in divisors(dp) if job.num_experts % e == 0]
+    return [e for e in divisors(dp) if job.num_experts % e == 0 and (job.ep_ok is None or e in job.ep_ok)]
 
 
 def _schedule_takes(schedule: str, pp: int, microbatches: int) -> bool:

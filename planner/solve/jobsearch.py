@@ -2,8 +2,9 @@
 that fit, each with the exact plan ckplan solves today.
 
 Every configuration of planner/solve/degrees.py is considered. Profiles are built once per
-(tp, sp, micro-batch size) by the caller's `profile_for` (the analytic profiler, or a given
-profile) and reused. Each configuration's setup gets the proven bounds of bounds.py: one whose
+(tp, sp, micro-batch size, cp, ep) by the caller's `profile_for` (the analytic profiler, or a given
+profile) and reused: a MoE model's experts are timed at each configuration's own expert
+parallelism. Each configuration's setup gets the proven bounds of bounds.py: one whose
 memory bound exceeds the card is pruned without a solve; the rest are solved in the order of
 their time bound with today's route (search.plan: the exact DP where its structure holds, the
 MILP elsewhere), each bounded by the `top`-th best time found so far, and the search stops
@@ -30,7 +31,8 @@ from planner.solve.deadline import Deadline
 from planner.solve.degrees import Degrees, JobShape, enumerate_degrees
 
 # (tp, sp, micro_batch_size) -> profile; called with cp=N as a keyword where a configuration has
-# context parallelism N > 1
+# context parallelism N > 1, and ep=E where it has expert parallelism E > 1 (the experts' GEMMs
+# timed as an EP rank runs them: formulas.Shape.ep)
 ProfileFor = Callable[..., Profile]
 
 
@@ -180,17 +182,18 @@ def _a2a_splits_heads(profile: Profile, degrees: Degrees, options: JobOptions) -
 
 
 class Profiles:
-    """Profiles per (tp, sp, micro-batch size), built once, with their distinct layers."""
+    """Profiles per (tp, sp, micro-batch size, cp, ep), built once, with their distinct layers."""
 
     def __init__(self, profile_for: ProfileFor):
         self._profile_for = profile_for
-        self._cache: dict[tuple[int, bool, int, int], tuple[Profile, list]] = {}
+        self._cache: dict[tuple[int, bool, int, int, int], tuple[Profile, list]] = {}
         self._float8: dict[tuple[int, bool], tuple[Profile, list]] = {}
 
-    def get(self, tp: int, sp: bool, mbs: int, cp: int = 1) -> tuple[Profile, list]:
-        key = (tp, sp, mbs, cp)
+    def get(self, tp: int, sp: bool, mbs: int, cp: int = 1, ep: int = 1) -> tuple[Profile, list]:
+        key = (tp, sp, mbs, cp, ep)
         if key not in self._cache:
-            profile = self._profile_for(tp, sp, mbs) if cp == 1 else self._profile_for(tp, sp, mbs, cp=cp)
+            keywords = ({"cp": cp} if cp > 1 else {}) | ({"ep": ep} if ep > 1 else {})
+            profile = self._profile_for(tp, sp, mbs, **keywords)
             self._cache[key] = (profile, bounds_mod.kinds(profile))
         return self._cache[key]
 
@@ -219,7 +222,11 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
     kept, seen = [], set()
     for degrees in enumerate_degrees(job):
         outcome.considered += 1
-        written, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp)
+        # the memory bound from the profile at ep 1 (a given analytic profile: its own ep): an EP profile differs
+        # from it in times only (formulas.Shape.ep), so it is built only for a configuration that passes
+        # (tests/test_search_ep.py holds the bounds equal)
+        first_ep = degrees.ep if job.ep_ok is not None else 1
+        written, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp, first_ep)
         try:
             setup = job_setup(written, degrees, options)
         except ValidationError:
@@ -248,6 +255,11 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
             if outcome.nearest is None or _ratio(candidate) < _ratio(outcome.nearest):
                 outcome.nearest = candidate
             continue
+        if degrees.ep != first_ep:  # its experts timed at its own expert parallelism
+            written, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp, degrees.ep)
+            profile, layers = profiles.for_setup(written, layers, setup)
+            candidate = Candidate(degrees, setup, profile, bounds_mod.setup_bounds(profile, setup, layers),
+                                  plan_profile=written if profile is not written else None)
         kept.append(candidate)
     outcome.profiles = len(profiles)
     return kept
