@@ -59,6 +59,7 @@ from planner.schema import (
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")
 POLL_S = 0.05
 WATCH_S = 0.5  # how often the launcher reads the ranks' heartbeats
+CAUSE_GRACE_S = 5.0  # how long a broken connection waits for the failure it echoes to be seen
 START_TIMEOUT_S = 120.0  # from launch until every rank trains: imports, build_model, rendezvous
 PROGRESS_TIMEOUT_S = 20.0  # a forward, backward, loss or optimizer step longer than this is a hang
 # A rank's first act, before importing torch takes seconds: die with the launcher however it
@@ -264,7 +265,7 @@ def _supervise(procs: list[subprocess.Popen | ForkedRank], out_dir: Path, watch:
         codes = [proc.poll() for proc in procs]
         if any(code not in (None, 0) or (code == 0 and not _finished(rank, out_dir))
                for rank, code in enumerate(codes)):
-            raise UserError(_failure_message(codes, out_dir, watch.dp))
+            raise UserError(_failure_message(_await_cause(procs, codes, out_dir, watch.dp), out_dir, watch.dp))
         finished = all(code == 0 for code in codes)
         look = finished or time.monotonic() >= next_watch  # a short run may end before the first look
         if look:
@@ -304,9 +305,8 @@ def _finished(rank: int, out_dir: Path) -> bool:
     return (out_dir / f"rank{rank}.json").is_file()
 
 
-def _failure_message(codes: list[int | None], out_dir: Path, dp: int = 1) -> str:
-    """The cause, not the echoes: a rank whose error is not a broken connection to a
-    failed peer, earliest first."""
+def _failures(codes: list[int | None], out_dir: Path, dp: int = 1) -> list[Failure]:
+    """Each failed rank's failure: the one it reported, or its death (exit code, signal)."""
     failures = []
     for rank, code in enumerate(codes):
         error_file = out_dir / f"rank{rank}.error.json"
@@ -314,7 +314,25 @@ def _failure_message(codes: list[int | None], out_dir: Path, dp: int = 1) -> str
             failures.append(Failure.model_validate_json(error_file.read_text()))
         elif code not in (None, 0) or (code == 0 and not _finished(rank, out_dir)):
             failures.append(Failure(rank=rank, message=_death(rank, code, out_dir, dp), peer=False, time=time.time()))
-    cause = min(failures, key=lambda failure: (failure.peer, failure.time))
+    return failures
+
+
+def _await_cause(procs: list[subprocess.Popen | ForkedRank], codes: list[int | None], out_dir: Path,
+                 dp: int = 1) -> list[int | None]:
+    """The ranks' exit codes once a failure of a rank's own is among them, or CAUSE_GRACE_S on: a rank that sees
+    its peer's connection close can report it before the peer's death is reaped (a killed rank's exit is seen
+    later than its neighbour's error), and the message names the cause, not the echo."""
+    deadline = time.monotonic() + CAUSE_GRACE_S
+    while not any(not failure.peer for failure in _failures(codes, out_dir, dp)) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        codes = [proc.poll() for proc in procs]
+    return codes
+
+
+def _failure_message(codes: list[int | None], out_dir: Path, dp: int = 1) -> str:
+    """The cause, not the echoes: a rank whose error is not a broken connection to a
+    failed peer, earliest first."""
+    cause = min(_failures(codes, out_dir, dp), key=lambda failure: (failure.peer, failure.time))
     running = {rank: read_beat(out_dir / f"rank{rank}.beat") for rank, code in enumerate(codes) if code is None}
     busy = working_rank(running, now=time.time()) if cause.peer else None
     if busy is not None:
