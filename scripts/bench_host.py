@@ -133,13 +133,17 @@ class Block(nn.Module):
         self.linear_fc2 = nn.Linear(FFN, H, bias=False)
         self.fc2_bias = nn.Parameter(torch.zeros(H))
 
-    def forward(self, x):
+    def attention_half(self, x):
+        """linear_qkv, the q/k/v views, core attention, linear_proj and its bias-dropout-add."""
         hn = H // HEADS
         mixed = self.linear_qkv(x).view(S, B, HEADS, 3 * hn)
         q, k, v = torch.split(mixed, [hn, hn, hn], dim=3)
         q = q.reshape(q.size(0), q.size(1), -1, hn)
         ctx = self.core_attention(q, k, v)
-        x = FUSED["bda"](self.linear_proj(ctx), self.proj_bias, x, 0.1)
+        return FUSED["bda"](self.linear_proj(ctx), self.proj_bias, x, 0.1)
+
+    def forward(self, x):
+        x = self.attention_half(x)
         inter = GeLUFunction.apply(self.linear_fc1(x), self.fc1_bias)
         return FUSED["bda"](self.linear_fc2(inter), self.fc2_bias, x, 0.1)
 
@@ -189,12 +193,7 @@ class MoEBlock(Block):
         self.fc2 = nn.Linear(FFN, H, bias=False)
 
     def forward(self, x):
-        hn = H // HEADS
-        mixed = self.linear_qkv(x).view(S, B, HEADS, 3 * hn)
-        q, k, v = torch.split(mixed, [hn, hn, hn], dim=3)
-        q = q.reshape(q.size(0), q.size(1), -1, hn)
-        ctx = self.core_attention(q, k, v)
-        x = FUSED["bda"](self.linear_proj(ctx), self.proj_bias, x, 0.1)
+        x = self.attention_half(x)
         tokens = x.view(-1, H)
         logits = self.router(tokens)
         probs, top = torch.topk(logits, TOPK)  # TE's fused top-k with its score function: one kernel
