@@ -58,14 +58,18 @@ from collections import Counter
 
 from planner.profiler import analytic_time, float8, formulas
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
+from planner.profiler.te_bytes import (
+    GELU_FUSED_BWD,
+    GELU_FUSED_FWD,
+    ROPE_FUSED_BWD,
+    ROPE_FUSED_FWD,
+    SWIGLU_FUSED_BWD,
+    SWIGLU_FUSED_FWD,
+    TE_NORM_BWD,
+    TE_NORM_FWD,
+    TE_RMSNORM_TOKEN,
+)
 from planner.schema import OPTION_FULL, FusedKernelTime
-
-# per element of the normalised tensor, and per token (the statistics), forward and backward
-TE_NORM_FWD, TE_NORM_BWD = 4, 6
-TE_RMSNORM_TOKEN = 4  # 1/rms (fp32)
-ROPE_FUSED_FWD, ROPE_FUSED_BWD = 4, 4
-SWIGLU_FUSED_FWD, SWIGLU_FUSED_BWD = 6, 10
-GELU_FUSED_FWD, GELU_FUSED_BWD = 4, 6
 
 
 def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:

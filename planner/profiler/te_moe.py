@@ -36,7 +36,7 @@ split sizes' reductions; the all-to-all is the cost model's term.
 
 from __future__ import annotations
 
-from planner.profiler import analytic_time, formulas, gptoss_time
+from planner.profiler import analytic_time, formulas, gptoss_time, te_bytes
 
 ROUTER_FWD = ROUTER_BWD = 9  # per (token, expert): fused top-k's logits, probs, map and fp32 intermediate
 ROW_MAP_MAKE, ROW_MAP = 5, 4  # per (token, expert): routing map read + int32 row map written; row map read
@@ -81,16 +81,14 @@ def qk_norm_bytes(arch, shape, *, fused: bool) -> tuple[int, int]:
     """(forward, backward) bytes of the q/k norms over the device's Q and K heads: eager as
     analytic_time._projections counts them, or TE's RMSNorm (Megatron-core's `q_layernorm` /
     `k_layernorm`, TENorm, per head): x read and y written (4 B an element) and 1/rms per row (4 B)
-    forward, 6 B an element and the statistics backward (te_fused's TE_NORM_*)."""
+    forward, 6 B an element and the statistics backward (te_bytes.TE_NORM_*)."""
     if not arch.qk_norm:
         return 0, 0
-    from planner.profiler import te_fused
-
     rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
     if not fused:
         return analytic_time.NORM_FWD * rotated, analytic_time.NORM_BWD * rotated
-    rows = rotated // arch.head_size * te_fused.TE_RMSNORM_TOKEN
-    return te_fused.TE_NORM_FWD * rotated + rows, te_fused.TE_NORM_BWD * rotated + rows
+    rows = rotated // arch.head_size * te_bytes.TE_RMSNORM_TOKEN
+    return te_bytes.TE_NORM_FWD * rotated + rows, te_bytes.TE_NORM_BWD * rotated + rows
 
 
 def moe_saved(arch, shape) -> tuple[int, int]:
