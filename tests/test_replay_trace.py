@@ -1,24 +1,41 @@
 """scripts/replay_trace.py traces a settled replay (allocator.settled_replay: FSDP2's, Megatron-LM's) as the one
-sequence it plays: the traced rank's peaks are the replay's."""
-import json
-import os
-import re
-import subprocess
+sequence it plays: the traced rank's peaks are the settled replay's, over the same steps."""
+import importlib
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from planner.cost import allocator
+from planner.cost.allocator import Alloc, Free
+
+MIB = 2**20
 
 
-def test_a_megatron_ranks_settled_replay_is_traced_to_the_figure_the_cost_model_replays():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0"}
-    args = ["--from-megatron", "configs/megatron-lm/gpt3_mcore_tp1_pp2.yaml", "--gpus", "8", "--gpu", "h100"]
-    run = subprocess.run([sys.executable, "scripts/replay_trace.py", *args], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    line = re.search(r"^rank 0: (\d+) events, reserved peak ([\d.]+) GiB, allocated peak ([\d.]+) GiB", run.stdout,
-                     flags=re.M)
-    assert line and int(line[1]) > 0
-    stage = json.loads(run.stdout.strip().splitlines()[-1])["stages"][0]
-    assert abs(float(line[3]) - stage["peak"]) < 0.001  # the allocated peak the replay plays is the cost model's
-    assert float(line[2]) <= stage["reserved"] < float(line[2]) + 0.01  # the replay's reserve, and the rank's extras
+def _trace_module(monkeypatch):
+    """The script, imported with the allocator's functions it replaces restored after the test."""
+    monkeypatch.setattr(allocator, "replay", allocator.replay)
+    monkeypatch.setattr(allocator, "settled_replay", allocator.settled_replay)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    monkeypatch.delitem(sys.modules, "replay_trace", raising=False)
+    return importlib.import_module("replay_trace")
+
+
+def _step(index):
+    """A step whose requests grow the cache on its first two plays only: a 6 MiB block held across a 10 MiB one
+    that the next step's 14 MiB cannot reuse until the third play finds the segments it left."""
+    return [Alloc(("a", index), 6 * MIB), Alloc(("b", index), 10 * MIB), Free(("a", index)),
+            Alloc(("c", index), 14 * MIB), Free(("b", index)), Free(("c", index))]
+
+
+def test_a_settled_replay_is_traced_as_the_steps_it_plays(monkeypatch, capsys):
+    settled = allocator.settled_replay
+    static = [Alloc("weights", 20 * MIB)]
+    expected = settled(static, _step, min_steps=2, max_steps=8)
+    trace = _trace_module(monkeypatch)
+    monkeypatch.setattr(trace, "RANK", 0)
+    monkeypatch.setattr(trace, "OUT", sys.stdout)
+    got = allocator.settled_replay(static, _step, min_steps=2, max_steps=8)  # the script's, patched in
+    assert (got.allocated_peak_bytes, got.reserved_peak_bytes) == (expected.allocated_peak_bytes, expected.reserved_peak_bytes)
+    played = trace.calls[0]
+    assert played[:1] == static and len(played) % len(_step(0)) == 1 and len(played) >= 1 + 2 * len(_step(0))
+    line = [text for text in capsys.readouterr().out.splitlines() if text.startswith("rank 0:")][0]
+    assert f"{len(played)} events" in line and f"reserved peak {expected.reserved_peak_bytes / 2**30:.3f} GiB" in line
