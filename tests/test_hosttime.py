@@ -50,7 +50,6 @@ def test_a_tiny_blocks_passes_take_the_hosts_time(gpu, call_us):
     profile, (embedding, block, *rest) = _layers(TINY, gpu)
     fwd, bwd = 36.72 * call_us / 1e3, 47.29 * call_us / 1e3
     assert hosttime.host_block_ms(profile, _setup()) == pytest.approx((fwd, bwd))
-    assert hosttime.host_forward_ms(profile, _setup()) == pytest.approx(fwd)
     assert block.fwd_ms < fwd and block.bwd_ms < bwd  # a 32-token block runs in a few µs on the device
     none = (fwd - block.fwd_ms) + (bwd - block.bwd_ms)
     assert hosttime.host_bound_ms(block, 0, profile, _setup()) == pytest.approx(none)

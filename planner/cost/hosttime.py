@@ -74,11 +74,6 @@ def host_block_ms(profile: Profile, setup: TrainSetup, *, moe: bool = False) -> 
     return fwd * call_ms, bwd * call_ms
 
 
-def host_forward_ms(profile: Profile, setup: TrainSetup) -> float:
-    """ms the host takes to issue one dense block's forward."""
-    return host_block_ms(profile, setup)[0]
-
-
 def host_bound_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
     """ms per microbatch a dense block's passes take beyond their device time where the host issues them
     more slowly: max(device, host) less device for the forward, the backward, and a full recompute's
