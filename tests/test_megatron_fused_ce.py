@@ -90,9 +90,10 @@ def test_the_rewritten_backward_is_the_cross_entropys_gradient():
     assert torch.allclose(grad.double(), expected, atol=1e-2)
 
 
-def _profile(vocab: int = 384):
-    arch = archs.Arch(name="tiny-gpt", style="gpt", hidden_size=256, intermediate_size=1024, num_layers=2, num_heads=8,
-                      num_kv_heads=8, vocab_size=vocab, tie_word_embeddings=False, max_position_embeddings=64)
+def _profile(vocab: int = 384, **moe):
+    style = "llama" if moe else "gpt"  # ckplan's experts are SwiGLU (megatron.py refuses GeLU experts)
+    arch = archs.Arch(name="tiny-gpt", style=style, hidden_size=256, intermediate_size=1024, num_layers=2, num_heads=8,
+                      num_kv_heads=8, vocab_size=vocab, tie_word_embeddings=False, max_position_embeddings=64, **moe)
     return analytic.analytic_profile(arch, Shape(seq_len=64, micro_batch_size=4, tp=2), gpu=archs.gpu("h100"),
                                      model=FileRef(file="arch:test", sha256="0" * 64))
 
@@ -178,13 +179,13 @@ def test_the_reader_takes_the_native_fusion_and_refuses_another_impl(tmp_path):
 BIG_VOCAB = 16384  # the logits (256 tokens x 8,192 a rank, 4 MiB in bf16) above every layer's transient: the peak is the loss's
 
 
-def _evaluate(tmp_path, *extra):
+def _evaluate(tmp_path, *extra, **moe):
     from click.testing import CliRunner
 
     from planner.cli import cli
 
     path = tmp_path / "tiny.json"
-    path.write_text(_profile(BIG_VOCAB).model_dump_json())
+    path.write_text(_profile(BIG_VOCAB, **moe).model_dump_json())
     return CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4", "--ckpt-per-stage",
                                     "0", "--microbatches", "1", "--mem", "80GB", "--precision", "bf16-mixed", "--dp", "2",
                                     "--zero", "1", "--json", *extra])
@@ -202,10 +203,18 @@ def test_the_command_line_takes_them_under_megatron_and_refuses_them_elsewhere(t
     # the analytic profile is on an H100: + 2x the bf16 logits at the loss, + 4 TE workspaces of 32 MiB + 1 KiB
     logits_bytes = 64 * 4 * BIG_VOCAB // 2 * 2
     assert peak(_evaluate(tmp_path, "--runtime", "megatron", "--fused-cross-entropy")) == plain + 2 * logits_bytes
-    assert peak(_evaluate(tmp_path, "--runtime", "megatron", "--te-grouped-gemm")) == plain + 4 * (32 * MIB + 1024)
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 512}
+    plain_moe = peak(_evaluate(tmp_path, "--runtime", "megatron", **moe))
+    grouped = peak(_evaluate(tmp_path, "--runtime", "megatron", "--te-grouped-gemm", **moe))
+    assert grouped == plain_moe + 4 * (32 * MIB + 1024)
     for flag in ("--fused-cross-entropy", "--te-grouped-gemm"):
-        refused = _evaluate(tmp_path, "--runtime", "torchtitan", flag)
+        refused = _evaluate(tmp_path, "--runtime", "torchtitan", flag, **moe)
         assert refused.exit_code != 0 and "--runtime megatron" in refused.output and "Traceback" not in refused.output
+    # a dense model makes no grouped GEMM, and the local layers run none: each refused in one sentence
+    dense = _evaluate(tmp_path, "--runtime", "megatron", "--te-grouped-gemm")
+    assert dense.exit_code != 0 and "hold none" in dense.output and "Traceback" not in dense.output
+    local = _evaluate(tmp_path, "--runtime", "megatron", "--te-grouped-gemm", "--local-layers", **moe)
+    assert local.exit_code != 0 and "give one" in local.output and "Traceback" not in local.output
 
 
 def test_the_export_writes_the_native_fusion():

@@ -173,6 +173,10 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     settings["context_parallel"] = context_parallel(profile, settings["context_parallel"])
     refused = runtimes.refused_settings(SimpleNamespace(runtime=runtime, **settings), tp=profile_tp(profile))
     refused += _a2a_heads(profile, settings["cp_comm"], settings["context_parallel"])
+    if settings.get("te_grouped_gemm") and not any(layer.expert_param_count for layer in profile.layers):
+        refused.append("--te-grouped-gemm runs Transformer Engine's grouped GEMM over a mixture-of-experts model's "
+                       f"experts; the profile's {len(profile.layers)} layers hold none (a dense model makes no grouped "
+                       "GEMM): drop it")
     if refused:
         raise UserError(refused[0])
     if say is not None:

@@ -116,4 +116,7 @@ def refused(training, record) -> list[str]:
     if getattr(training, "te_grouped_gemm", False) and not record.te_grouped_gemm_workspaces:
         found.append(f"Transformer Engine's grouped GEMM over the experts is read for --runtime megatron only; "
                      f"{record.name}'s experts run its own code: drop it or choose --runtime megatron")
+    elif getattr(training, "te_grouped_gemm", False) and getattr(training, "local_layers", False):
+        found.append("--te-grouped-gemm is Transformer Engine's grouped GEMM and --local-layers runs Megatron-core's "
+                     "own layers, which have none (their experts' GEMMs make no TE workspace): give one")
     return found
