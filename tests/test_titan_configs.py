@@ -299,3 +299,46 @@ def test_a_converted_config_names_the_config_function_it_converts(tmp_path):
     result = run("evaluate", "--from-torchtitan", f"{registry}:graph_trainer_qwen3_14b", "--gpus", "8")
     assert result.exit_code != 0 and result.output.strip().count("\n") == 0, result.output
     assert "--from-torchtitan torchtitan/models/qwen3/config_registry.py:qwen3_14b" in result.output
+
+
+def _torchft_config(tmp_path, fault_tolerance: str) -> Path:
+    """torchtitan 0.3.0's experiments/torchft/llama3/config_registry.py in its parts that matter here: the
+    container of default_adamw's groups, and the fault-tolerance section."""
+    (tmp_path / "llama3").mkdir(exist_ok=True)
+    path = tmp_path / "llama3" / "config_registry.py"
+    path.write_text("from torchtitan.experiments.torchft.optimizer import TorchFTOptimizersContainer\n"
+                    "from torchtitan.experiments.torchft.config.job_config import FaultTolerance\n"
+                    "from . import model_registry\n"
+                    "def llama3_torchft_debugmodel():\n"
+                    "    return FaultTolerantTrainer.Config(model_spec=model_registry('debugmodel'),\n"
+                    "        optimizer=TorchFTOptimizersContainer.Config(param_groups=default_adamw(lr=8e-4).param_groups),\n"
+                    "        training=TrainingConfig(local_batch_size=8, seq_len=2048),\n"
+                    f"        fault_tolerance={fault_tolerance})\n")
+    return path
+
+
+def test_torchfts_optimizer_container_reads_as_the_adamw_its_groups_are_and_its_fault_tolerance_is_listed(tmp_path):
+    path = _torchft_config(tmp_path, "FaultTolerance(enable=True, semi_sync_method='diloco', "
+                                     "process_group_timeout_ms=10000)")
+    job = torchtitan.read(Path(f"{path}:llama3_torchft_debugmodel"))
+    said = {s.name: (s.status, s.value) for s in job.settings}
+    assert said["optimizer.name"] == ("modelled", "AdamW") and float(said["optimizer.lr"][1]) == 0.0008
+    assert said["fault_tolerance.enable"] == ("not modelled", "true")
+    assert said["fault_tolerance.semi_sync_method"] == ("not modelled", "diloco")
+    assert said["fault_tolerance.process_group_timeout_ms"][0] == "no effect"
+    off = torchtitan.read(Path(f"{_torchft_config(tmp_path, 'FaultTolerance(enable=False)')}:llama3_torchft_debugmodel"))
+    assert {s.name: s.status for s in off.settings}["fault_tolerance.enable"] == "no effect"
+
+
+def test_the_transformers_backend_is_pointed_to_its_hub_models_config(tmp_path):
+    (tmp_path / "transformers_modeling_backend").mkdir()
+    path = tmp_path / "transformers_modeling_backend" / "config_registry.py"
+    path.write_text("from . import model_registry\n"
+                    "def transformers_modeling_backend_debugmodel():\n"
+                    "    return TransformersBackendConfig(model_spec=model_registry('debugmodel'),\n"
+                    "        hf_model='Qwen/Qwen3-4B-Instruct-2507')\n")
+    result = run("evaluate", "--from-torchtitan", f"{path}:transformers_modeling_backend_debugmodel", "--gpus", "8")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "Hugging Face's Qwen/Qwen3-4B-Instruct-2507" in said and "--hf-config config.json" in said
+    assert "flavor debugmodel overrides" in said

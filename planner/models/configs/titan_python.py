@@ -31,7 +31,8 @@ from planner.errors import UserError
 
 # config dataclass -> its section (config/configs.py); policy configs -> the TOML's mode/option
 SECTIONS = {"TrainingConfig": "training", "ParallelismConfig": "parallelism", "CompileConfig": "compile",
-            "CommConfig": "comm", "DebugConfig": "debug"}
+            "CommConfig": "comm", "DebugConfig": "debug",
+            "FaultTolerance": "fault_tolerance"}  # 0.3.0 experiments/torchft/config/job_config.py
 AC_POLICIES = {"FullAC.Config": {"mode": "full"}, "SelectiveAC.Config": {"mode": "selective", "selective_ac_option": "op"},
                "MemoryBudgetAC.Config": {"mode": "memory_budget"}}
 AC_KEYS = {"force_recompute_mm_shapes_by_fqns": "per_op_sac_force_recompute_mm_shapes_by_fqns"}
@@ -54,9 +55,11 @@ class Call:
 
 @dataclass(frozen=True)
 class Opaque:
-    """A value this reader does not compute (a lookup, an attribute, a call's result), as written."""
+    """A value this reader does not compute (a lookup, an attribute, a call's result), as written; `of`: the
+    call whose attribute it is (`default_adamw(lr=...).param_groups`), where it is one."""
 
     text: str
+    of: Call | None = None
 
 
 def split(text: str) -> tuple[Path, str] | None:
@@ -196,6 +199,14 @@ class _Reader:
                 keys = {AC_KEYS.get(k, k): _plain(v) for k, v in value.kwargs.items()}
                 return {"activation_checkpoint": {**AC_POLICIES[value.name], **keys}}
         if name == "optimizer" and isinstance(value, Call):
+            groups = value.kwargs.get("param_groups")
+            if value.name.endswith("OptimizersContainer.Config") and isinstance(groups, Opaque) and groups.of \
+                    and groups.text.endswith(".param_groups"):
+                # a container of another config's groups (torchft's TorchFTOptimizersContainer.Config, 0.3.0
+                # experiments/torchft/optimizer.py 26-29: OptimizersContainer.Config, nothing added; its step is
+                # OptimizersContainer's, its cached state dict the same tensors): that config's optimizer
+                rest = {k: v for k, v in value.kwargs.items() if k != "param_groups"}
+                value = Call(groups.of.name, groups.of.args, groups.of.kwargs | rest)
             optimizer = {"name": "AdamW" if value.name.endswith("adamw") else value.name}
             return {"optimizer": optimizer | {k: _plain(v) for k, v in value.kwargs.items()}}
         if name == "loss":  # ChunkedLossWrapper.Config(num_chunks=N, loss_fn=...): its chunks read
@@ -248,6 +259,8 @@ class _Reader:
         if isinstance(node, ast.Call) and _chain(node.func):
             return Call(name=".".join(_chain(node.func)), args=tuple(self._value(a, env) for a in node.args),
                         kwargs={k.arg: self._value(k.value, env) for k in node.keywords if k.arg})
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Call) and _chain(node.value.func):
+            return Opaque(ast.unparse(node), of=self._value(node.value, env))
         return Opaque(ast.unparse(node))
 
 

@@ -195,7 +195,7 @@ def from_mapping(data: dict, where: str) -> Job:
     flavor = keys.take("model.flavor", "model size", str, "debugmodel")
     arch_name = FLAVORS.get((name, flavor))
     if arch_name is None:
-        raise UserError(_unknown_model(where, name, flavor))
+        raise UserError(_unknown_model(where, name, flavor, flat.get("hf_model", flat.get("model.hf_model"))))
     seq_len, local, per_microbatch = _batch(keys, where)
     job = Job(framework="torchtitan", source=where, arch=archs.arch(arch_name), seq_len=seq_len, micro_batch_size=local,
               local_batch_size=local)
@@ -280,11 +280,21 @@ def _batch(keys: _Keys, where: str) -> tuple[int, int, int | None]:
     return seq_len, tokens // seq_len, tokens // seq_len
 
 
-def _unknown_model(where: str, name: str, flavor: str) -> str:
+def _unknown_model(where: str, name: str, flavor: str, hf_model=None) -> str:
     """What works for a model the reader has no built-in for: --arch-config where ckplan reads the
-    family's config.json (planner/models/archconfig.py), else that ckplan does not model it."""
+    family's config.json (planner/models/archconfig.py), or where the job builds a Hugging Face model by
+    its hub name (the transformers backend's hf_model); else that ckplan does not model it."""
     known = ", ".join(f"{n} {f}" for n, f in FLAVORS)
     said = f"{where}: model {name} flavor {flavor} is not one ckplan has built in ({known})"
+    if name == "transformers_modeling_backend":
+        # 0.3.0 experiments/transformers_modeling_backend/__init__.py: the model is transformers' build of
+        # hf_model's config (AutoConfig.from_pretrained), which a flavor other than full overrides in part
+        model = f"Hugging Face's {hf_model}" if hf_model else "the Hugging Face model its hf_model names"
+        override = "" if flavor == "full" else f" (flavor {flavor} overrides some of that config's sizes: set them in it)"
+        return (f"{where}: model {name} builds {model} with transformers from its hub config, which ckplan never "
+                f"downloads: profile that model's config.json with `ckplan profile --hf-config config.json --fake` "
+                f"(or --arch-config, where ckplan reads the family){override}, then score the job with `ckplan "
+                "evaluate --profile PROFILE --layers-per-stage ...`")
     if name in ARCH_CONFIG_FAMILIES:
         return (f"{said}; profile its Hugging Face config.json with `ckplan profile --arch-config config.json "
                 f"--seq-len N` (it reads {ARCH_CONFIG_FAMILIES[name]} configs) and score the job with `ckplan "
@@ -471,6 +481,16 @@ def _status(key: str, value) -> tuple[str, str]:
     if key == "model.attn_backend":
         return "not modelled", ("the attention kernel (FlexAttention, varlen): timed as SDPA's flash kernel; "
                                 "0.3.0 and main run flex unless told")
+    if section == "fault_tolerance" and key != "fault_tolerance.enable" and not key.endswith("timeout_ms") \
+            and value not in (False, None):
+        # torchft (0.3.0 experiments/torchft/manager.py 196-223): the semi-sync methods' outer SGD (momentum 0.9,
+        # nesterov: a buffer the size of the parameters) and torchft's copy of the parameters, its replica groups
+        return "not modelled", ("torchft's fault tolerance: DiLoCo's or LocalSGD's outer optimizer and parameter "
+                                "backup, and its replica groups, are not charged")
+    if key == "fault_tolerance.enable":
+        return ("no effect", "off") if value is False else (
+            "not modelled", "torchft's fault tolerance (replica groups managed by its lighthouse): scored as the "
+                            "job's own data parallelism")
     if section == "python":
         return "unknown", "a statement this reader does not follow: if it changes the job, the prediction leaves it out"
     if key in NOT_MODELLED:
