@@ -41,6 +41,7 @@ from planner.models.configs.megatron_flags import (
 )
 from planner.models.configs.megatron_memflags import read_memory_settings
 from planner.models.configs.megatron_split import layout_counts, stage_layers
+from planner.models.configs.megatron_windows import layer_windows
 
 
 def read(path: Path) -> Job:
@@ -168,6 +169,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
                         "model (its GPT-style block has one dense MLP: the experts' weights, FLOPs and kept bytes "
                         "would be wrong); ckplan scores mixtures of SwiGLU experts")
     mla = _mla(flags)
+    windows = layer_windows(flags, layers)  # --window-size, --window-attn-skip-freq (megatron_windows.py)
     try:
         arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
                     num_heads=heads, num_kv_heads=kv, vocab_size=padded, tie_word_embeddings=not untied, style=style,
@@ -179,7 +181,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
                     rotary=kind in ("rope", "yarn", "mrope") if style == "gpt" else None,
                     residual_dropout=hidden_dropout > 0, embedding_dropout=hidden_dropout > 0,
                     attention_dropout=attention_dropout > 0,
-                    source=f"{where} (Megatron-LM arguments)", **moe, **mla)
+                    layer_windows=windows, source=f"{where} (Megatron-LM arguments)", **moe, **mla)
     except (TypeError, ValueError) as exc:
         raise UserError(f"{where}: the model flags do not describe a model ({exc})") from None
     if heads % kv:

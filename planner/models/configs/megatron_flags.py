@@ -100,8 +100,6 @@ NOT_MODELLED = {
     "--fp16-lm-cross-entropy": "the cross-entropy on fp16 logits (fp16 runs): charged as the fp32 loss region",
     "--no-overlap-p2p-communication": "pipeline sends not overlapped with compute: time",
     "--ddp-num-buckets": "gradient-reduction bucket count: how much of the reduction overlaps the backward (time)",
-    "--window-size": "sliding-window attention: scored as full causal attention",
-    "--window-attn-skip-freq": "sliding-window attention on some layers: scored as full causal attention",
     "--squared-relu": "a squared-ReLU MLP: scored as the MLP the other flags give (SwiGLU or GeLU)",
     "--openai-gelu": "OpenAI's GeLU approximation: the same tensors, another kernel (time)",
     "--no-check-for-nan-in-loss-and-grad": "the NaN check of every gradient bucket turned off: the runtime record's "
