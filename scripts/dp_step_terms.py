@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from planner.cost import costmodel, dataparallel as dpm, rules
+from planner.cost import costmodel, rules
+from planner.cost import dataparallel as dpm
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 import published_rows  # noqa: E402
