@@ -92,7 +92,7 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                      "its environment")
     device = archs.gpu(gpu_name)
     profile = _profile(job, device)
-    if job.modelled.float8 and device.fp8_tflops and not any(layer.float8 is not None for layer in profile.layers):
+    if job.modelled.float8 and device.fp8_tflops and not _records_float8(profile, job):
         _float8_unscored(job, notes)
     data_parallel = _with_settings(_with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes), job)
     setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
@@ -114,6 +114,14 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
 
 
 FP8_SETTINGS = ("--fp8-", "model.converters", "quantize.linear.float8.", "float8.")
+
+
+def _records_float8(profile, job) -> bool:
+    """Whether the profile's layers carry Float8 records under the job's runtime (a MoE block's is its Transformer
+    Engine record's, read under Megatron-LM's: planner/cost/te_moe_float8.py)."""
+    from planner.cost import runtimes, te_moe_float8
+
+    return te_moe_float8.records_float8(profile, runtimes.facts(job.framework))
 
 
 def _float8_unscored(job, notes: list[str]) -> None:

@@ -39,7 +39,7 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
 
 from __future__ import annotations
 
-from planner.cost import chunkedloss, runtimes, te_kept, te_moe_kept
+from planner.cost import chunkedloss, runtimes, te_kept, te_moe_float8, te_moe_kept
 from planner.errors import UserError
 from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
 
@@ -54,6 +54,8 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     without Float8 records."""
     from planner.cost import fusedkernels
 
+    if setup.training.float8:  # a MoE block's Float8 record is its TE record's (te_moe_float8.py)
+        profile = te_moe_float8.with_records(profile, runtimes.of(setup.training))
     profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels)
     profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))
     profile = te_moe_kept.megatron_moe_profile(profile, runtimes.of(setup.training))  # Megatron-core's MoE layers' tensors
@@ -81,6 +83,13 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     per_step = dataparallel.shard_size(setup) if record.float8 == "transformer-engine" and not gathered else 0
     te_delta = te_kept.te_saved_inputs_delta(profile) if record.te_float8_saved_inputs else 0
     te_inputs = te_kept.te_saved_inputs(profile) if te_delta else None  # the same tensors, for the records
+    # a Megatron-core MoE block's FP8 saved inputs (te_moe_float8.py), where its tensors are Megatron's
+    moe_inputs = te_moe_float8.saved_inputs(profile) if record.te_float8_saved_inputs and record.te_moe_experts_kept \
+        else None
+    if moe_inputs:
+        profile = profile.model_copy(update={"layers": [
+            te_moe_float8.with_saved_inputs(layer, moe_inputs) if layer.kind == "moe_block" and layer.float8 is not None
+            else layer for layer in profile.layers]})
     layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
                      saves_input=record.float8_saves_input,
                      kept_delta=te_delta if layer.kind == "decoder_block" else 0,
