@@ -131,8 +131,9 @@ def _float8_unscored(job, notes: list[str]) -> None:
     from dataclasses import replace
 
     job.modelled.float8 = job.modelled.fp8_all_gather = False
-    what = ("FP8 GEMMs on blocks ckplan records no Float8 timing for (mixture-of-experts or latent attention; "
-            "planner/profiler/float8.py times dense LLaMA-style blocks): scored in bf16")
+    what = ("FP8 GEMMs on blocks ckplan records no Float8 timing for under this runtime (latent attention; "
+            "mixture-of-experts but Megatron-LM's TE experts: planner/profiler/float8.py, te_moe_float8.py): "
+            "scored in bf16")
     job.settings[:] = [replace(s, status="not modelled", what=what)
                        if s.status == "modelled" and s.name.startswith(FP8_SETTINGS) else s for s in job.settings]
     notes.append(f"{job.source}: its FP8 GEMMs are scored in bf16: the {job.arch.name} profile records no Float8 "

@@ -70,7 +70,8 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
             if layer.float8 is None and layer.kind in ("decoder_block", "moe_block") and profile.source == "analytic"]
     if bare:
         raise UserError(f"--float8 on {bare[0].name} ({bare[0].kind}) is not modelled: the analytic profile records "
-                        "Float8 for dense blocks only (not MoE or latent-attention blocks)")
+                        "Float8 for dense blocks, and for MoE blocks under --runtime megatron only (Transformer Engine's "
+                        "grouped experts), not latent-attention blocks")
     record = runtimes.of(setup.training)
     from planner.cost import dataparallel
 
