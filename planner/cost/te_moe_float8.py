@@ -8,7 +8,7 @@ what its FP8 linears save for the backward in place of the bf16 tensors te_moe_k
 - linear_proj (TE Linear): its FP8 input, 1 B, beside the attention output the attention keeps in bf16;
 - the experts' linear_fc1 (TE GroupedLinear): `split_quantize` of the permuted tokens, then
   `inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)` and `save_for_backward(*inputmats,
-  *weights_fp8, *weights, ...)` (transformer_engine/pytorch/module/grouped_linear.py 118-123, 186-211 at v2.9):
+  *weights_fp8, *weights, ...)` (transformer_engine/pytorch/module/grouped_linear.py 127, 199-230 at v2.9):
   S x h at 1 B (the column-wise copy: on Hopper the transpose, the row-wise data freed; on Blackwell the data)
   in place of the bf16 permuted tokens, which nothing else keeps (the dispatcher's permute, all-to-all and sort
   save maps only: §95);

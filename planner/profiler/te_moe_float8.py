@@ -10,24 +10,24 @@ over its rows, linear_fc1 gate and up in one 2f-wide weight). The router's gatin
 not fuse it, gpt_layer_specs.py `fuse_pre_mlp_layernorm = False` for experts): both stay bf16.
 
 What each FP8 GEMM costs beyond its matmul at the FP8 rate (roofline "matmul-fp8"):
-- a GroupedLinear's input: `tex.split_quantize(inp, m_splits, input_quantizers)` (grouped_linear.py 118-123 at
+- a GroupedLinear's input: `tex.split_quantize(inp, m_splits, input_quantizers)` (grouped_linear.py 127 at
   v2.9), which for current-scaling quantizers quantizes split by split (cast.cpp `multi_tensor_quantize_impl`:
   the fused multi cast-transpose is for delayed scaling only), each `Float8CurrentScalingQuantizer::quantize_impl`
   (quantizer.cpp 497-536): `nvte_compute_amax` (the bf16 input read, 2 B), the scale from the amax, then
   `nvte_quantize_v2` (read 2 B, the row-wise FP8 written 1 B and, where the column-wise usage is asked for and the
   GPU runs only TN FP8 GEMMs (Hopper), the transpose written 1 B): 5 B an element, 6 B on Hopper. The input asks
   for column-wise usage where the weight needs a gradient (`columnwise=is_grad_enabled and weight_requires_grad`,
-  grouped_linear.py 98-104): every training forward;
+  grouped_linear.py 96-104): every training forward;
 - linear_proj's input the same; linear_qkv's from the norm with its amax: 3 B (+1 B the Hopper transpose);
-- each linear's grad_output in the backward: `split_quantize` (GroupedLinear, no bias: grouped_linear.py 296-301)
+- each linear's grad_output in the backward: `split_quantize` (GroupedLinear, no bias: grouped_linear.py 316-326)
   or the Linear's quantize, row-wise for the dgrad GEMM and column-wise for the wgrad GEMM: 5 B, 6 B on Hopper;
 - the saved FP8 inputs are used as they are in the backward (no recast): the forward keeps the column-wise copy
-  (`inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)`, grouped_linear.py 193-196).
+  (`inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)`, grouped_linear.py 199-204).
 Megatron pads each expert's rows to a multiple of 16 under FP8 (experts.py 860-866, TE Fp8Padding); under
-balanced routing the rows are already aligned and Fp8Padding returns its input (fp8_padding.py 124-125): no copy.
+balanced routing the rows are already aligned and Fp8Padding returns its input (fp8_padding.py 121-122): no copy.
 The weights: under `--fp8-param-gather` they are FP8 already (no cast, the cost model's weight_cast_ms is not
 charged, planner/cost/float8.py); else TE caches each weight's cast once a step (`get_weight_workspace`,
-grouped_linear.py 129-140), weight_cast_ms over the rank's held weights (the attention's and its local experts').
+grouped_linear.py 131-145), weight_cast_ms over the rank's held weights (the attention's and its local experts').
 
 Not charged: the amax's scale kernels and the per-split launches' host time (16 local experts: three kernels each
 way each, which the host replica of hosttime.py did not time), the router's aux-loss scores.
