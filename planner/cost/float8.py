@@ -32,6 +32,8 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
   checkpointed layer keeps only its input (the cast is rerun);
 - transient: the float8 copies of grad_output and the input at the largest linear's weight-grad
   GEMM (Float8Linears.transient_bytes), added to the layer's;
+- a Megatron-core MoE block (no Float8 record of its own): its TE record's, the experts' grouped GEMMs in FP8, and
+  for option none the FP8 inputs TE's linears save in place of the bf16 ones (planner/cost/te_moe_float8.py);
 - the gathered weights: planner/cost/dataparallel.py charges the converted ones at 1 B under the
   float8 all-gather (the gather buffers and, under a pipeline, the weights kept whole); the sharded
   parameter stays fp32.
