@@ -82,12 +82,20 @@ def test_the_shipped_moe_layout_test_is_scored_per_virtual_stage():
     assert report["ranks"][1]["layers"][-1] == "output"
 
 
-def test_fp8_on_experts_is_scored_in_bf16_and_listed_not_refused(tmp_path):
-    """Megatron-LM d98e8a64's moe/deepseek_proxy_fsdp_ep2_fsdp2 asks FP8 (--fp8-format e4m3, tensorwise) of
-    MoE blocks, whose profile records no Float8 timing: scored in bf16, the FP8 flags listed, not refused."""
+def test_fp8_on_experts_is_scored_as_te_runs_it_and_on_latent_attention_in_bf16(tmp_path):
+    """Megatron-LM d98e8a64's moe/deepseek_proxy_fsdp_ep2_fsdp2 asks FP8 (--fp8-format e4m3, tensorwise) of MoE
+    blocks: a MoE block's Float8 record is TE's grouped GEMMs' (planner/profiler/te_moe_float8.py), so the FP8 is
+    scored; with latent attention the profile records no Float8 timing: scored in bf16, the FP8 flags listed, not
+    refused."""
     from planner.commands.evaluate_config import predict
 
-    job = _job(tmp_path, MOE + "\n--fp8-format: e4m3\n--fp8-recipe: tensorwise\n--global-batch-size: 2")
+    fp8 = "\n--fp8-format: e4m3\n--fp8-recipe: tensorwise\n--global-batch-size: 2"
+    prediction = predict(_job(tmp_path, MOE + fp8), gpus=1, gpu_name="h100")
+    status = {s.name: s.status for s in prediction.job.settings}
+    assert status["--fp8-format"] == status["--fp8-recipe"] == "modelled" and prediction.setup.training.float8
+    assert not any("scored in bf16" in note for note in prediction.notes)
+    mla = "\n--multi-latent-attention: true\n--kv-lora-rank: 64\n--qk-head-dim: 32\n--qk-pos-emb-head-dim: 16\n--v-head-dim: 32"
+    job = _job(tmp_path, MOE + mla + fp8)
     assert job.modelled.float8
     prediction = predict(job, gpus=1, gpu_name="h100")
     status = {s.name: s.status for s in prediction.job.settings}

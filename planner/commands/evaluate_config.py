@@ -92,7 +92,7 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                      "its environment")
     device = archs.gpu(gpu_name)
     profile = _profile(job, device)
-    if job.modelled.float8 and device.fp8_tflops and not any(layer.float8 is not None for layer in profile.layers):
+    if job.modelled.float8 and device.fp8_tflops and not _records_float8(profile, job):
         _float8_unscored(job, notes)
     data_parallel = _with_settings(_with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes), job)
     setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
@@ -116,6 +116,14 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
 FP8_SETTINGS = ("--fp8-", "model.converters", "quantize.linear.float8.", "float8.")
 
 
+def _records_float8(profile, job) -> bool:
+    """Whether the profile's layers carry Float8 records under the job's runtime (a MoE block's is its Transformer
+    Engine record's, read under Megatron-LM's: planner/cost/te_moe_float8.py)."""
+    from planner.cost import runtimes, te_moe_float8
+
+    return te_moe_float8.records_float8(profile, runtimes.facts(job.framework))
+
+
 def _float8_unscored(job, notes: list[str]) -> None:
     """FP8 GEMMs the file asks for, on blocks whose profile records no Float8 timing (ckplan's Float8
     records are for dense LLaMA-style blocks: planner/profiler/float8.py): the job is scored in bf16 and its
@@ -123,8 +131,9 @@ def _float8_unscored(job, notes: list[str]) -> None:
     from dataclasses import replace
 
     job.modelled.float8 = job.modelled.fp8_all_gather = False
-    what = ("FP8 GEMMs on blocks ckplan records no Float8 timing for (mixture-of-experts or latent attention; "
-            "planner/profiler/float8.py times dense LLaMA-style blocks): scored in bf16")
+    what = ("FP8 GEMMs on blocks ckplan records no Float8 timing for under this runtime (latent attention; "
+            "mixture-of-experts but Megatron-LM's TE experts: planner/profiler/float8.py, te_moe_float8.py): "
+            "scored in bf16")
     job.settings[:] = [replace(s, status="not modelled", what=what)
                        if s.status == "modelled" and s.name.startswith(FP8_SETTINGS) else s for s in job.settings]
     notes.append(f"{job.source}: its FP8 GEMMs are scored in bf16: the {job.arch.name} profile records no Float8 "

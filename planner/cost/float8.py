@@ -32,6 +32,8 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
   checkpointed layer keeps only its input (the cast is rerun);
 - transient: the float8 copies of grad_output and the input at the largest linear's weight-grad
   GEMM (Float8Linears.transient_bytes), added to the layer's;
+- a Megatron-core MoE block (no Float8 record of its own): its TE record's, the experts' grouped GEMMs in FP8, and
+  for option none the FP8 inputs TE's linears save in place of the bf16 ones (planner/cost/te_moe_float8.py);
 - the gathered weights: planner/cost/dataparallel.py charges the converted ones at 1 B under the
   float8 all-gather (the gather buffers and, under a pipeline, the weights kept whole); the sharded
   parameter stays fp32.
@@ -39,7 +41,7 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
 
 from __future__ import annotations
 
-from planner.cost import chunkedloss, runtimes, te_kept, te_moe_kept
+from planner.cost import chunkedloss, runtimes, te_kept, te_moe_float8, te_moe_kept
 from planner.errors import UserError
 from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
 
@@ -54,6 +56,8 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     without Float8 records."""
     from planner.cost import fusedkernels
 
+    if setup.training.float8:  # a MoE block's Float8 record is its TE record's (te_moe_float8.py)
+        profile = te_moe_float8.with_records(profile, runtimes.of(setup.training))
     profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels)
     profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))
     profile = te_moe_kept.megatron_moe_profile(profile, runtimes.of(setup.training))  # Megatron-core's MoE layers' tensors
@@ -68,7 +72,8 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
             if layer.float8 is None and layer.kind in ("decoder_block", "moe_block") and profile.source == "analytic"]
     if bare:
         raise UserError(f"--float8 on {bare[0].name} ({bare[0].kind}) is not modelled: the analytic profile records "
-                        "Float8 for dense blocks only (not MoE or latent-attention blocks)")
+                        "Float8 for dense blocks, and for MoE blocks under --runtime megatron only (Transformer Engine's "
+                        "grouped experts), not latent-attention blocks")
     record = runtimes.of(setup.training)
     from planner.cost import dataparallel
 
@@ -81,6 +86,13 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
     per_step = dataparallel.shard_size(setup) if record.float8 == "transformer-engine" and not gathered else 0
     te_delta = te_kept.te_saved_inputs_delta(profile) if record.te_float8_saved_inputs else 0
     te_inputs = te_kept.te_saved_inputs(profile) if te_delta else None  # the same tensors, for the records
+    # a Megatron-core MoE block's FP8 saved inputs (te_moe_float8.py), where its tensors are Megatron's
+    moe_inputs = te_moe_float8.saved_inputs(profile) if record.te_float8_saved_inputs and record.te_moe_experts_kept \
+        else None
+    if moe_inputs:
+        profile = profile.model_copy(update={"layers": [
+            te_moe_float8.with_saved_inputs(layer, moe_inputs) if layer.kind == "moe_block" and layer.float8 is not None
+            else layer for layer in profile.layers]})
     layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
                      saves_input=record.float8_saves_input,
                      kept_delta=te_delta if layer.kind == "decoder_block" else 0,

@@ -127,7 +127,7 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
     (te_attention_gpu), and its Float8 record on those linears (planner/profiler/float8.py's, with TE's
     linears: one input cast per fused linear); None where no record is made (fused_bytes_saved, te_moe.counts_moe)."""
     if moe:
-        return _moe_time(arch, shape, gpu, passes)
+        return _moe_time(arch, shape, gpu, passes, prefix)
     saved = fused_bytes_saved(arch, shape)
     if saved is None:
         return None
@@ -143,12 +143,12 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
 
 
-def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work]) -> FusedKernelTime | None:
+def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) -> FusedKernelTime | None:
     """A MoE block's passes on Megatron-core's fused kernels: the two norms and rotary as a dense block's
     (fused_bytes_saved's LLaMA terms, the MLP's SwiGLU left out), the router, permutations, experts'
-    activation and q/k norms as te_moe.py counts them; Q/K/V as one GEMM. No Float8 record (a MoE block has
-    none: analytic.block_layer)."""
-    from planner.profiler import te_moe
+    activation and q/k norms as te_moe.py counts them; Q/K/V as one GEMM, each local expert's gate and up as
+    linear_fc1's one GEMM (TE GroupedLinear); its Float8 record under TE's current scaling (te_moe_float8.py)."""
+    from planner.profiler import te_moe, te_moe_float8
 
     if not te_moe.counts_moe(arch, shape):
         return None
@@ -164,12 +164,14 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work]) -> FusedKernelT
     saved = tuple(norm_saved[i] + rope[i] + moe_saved[i] for i in (0, 1))
     fused = (norm_fused[0] + ROPE_FUSED_FWD * rotated + moe_fused[0], norm_fused[1] + ROPE_FUSED_BWD * rotated + moe_fused[1])
     kernels_gpu = te_attention_gpu(gpu)
-    fwd, bwd, rerun = (_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels,
-                                         min(moved, max(done.bytes - cut, 0))), arch, shape, times)
+    fwd, bwd, rerun = (te_moe_float8.grouped_fc1(_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels,
+                                                                  min(moved, max(done.bytes - cut, 0))), arch, shape,
+                                                             times), arch, shape, times)
                        for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
                                                           (fused[0], fused[1], fused[0]), (1, 2, 1)))
+    fp8 = te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
-                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=None)
+                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
 
 
 def te_linears(arch, shape, prefix: str) -> list[float8.Linear]:
