@@ -19,8 +19,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpu", required=True)
     args = parser.parse_args(argv)
     from planner.commands import evaluate_config
-    from planner.models import archs
     from planner.cost import dataparallel, hosttime
+    from planner.models import archs
     from planner.profiler import analytic_time, te_fused, te_moe_float8
     from planner.profiler.formulas import Shape
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
@@ -18,7 +17,6 @@ from planner.models import archs
 from planner.profiler import analytic, analytic_time, te_fused
 from planner.profiler import te_moe_float8 as fp8
 from planner.profiler.analytic import Shape
-from planner.profiler.roofline import roofline_ms
 from planner.schema import FileRef
 
 H100, B200 = archs.gpu("h100"), archs.gpu("b200")
