@@ -16,7 +16,7 @@ from planner.cost import runtimes
 from planner.cost.float8 import float8_profile
 from planner.cost.fusedkernels import fused_profile, untimed_layers
 from planner.models import archs
-from planner.profiler import analytic, analytic_time, te_fused
+from planner.profiler import analytic, analytic_time, float8, te_fused
 from planner.profiler.analytic import Shape
 from planner.profiler.roofline import Kernel, Work, kernel_ms, roofline_ms
 from planner.schema import FileRef, TrainSetup
@@ -98,7 +98,7 @@ def test_te_runs_q_k_v_as_one_gemm_and_gate_up_as_one():
             if kernel.kind == "matmul"} == {qkv, proj, fc1}
     # Float8 on TE's linears: one input cast for Q/K/V and one for gate/up (5 B an element each)
     timed = te_fused.te_time(TINY, SHAPE, H100, (fwd, bwd, rerun), moe=False)
-    assert [linear.fqn.split(".")[-1] for linear in te_fused.te_linears(TINY, SHAPE, "layers.0")] == [
+    assert [linear.fqn.split(".")[-1] for linear in float8.te_linears(TINY, SHAPE, "layers.0")] == [
         "linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
     assert timed.float8 is not None and timed.float8.param_count == h * 128 + 64 * h + h * 2 * f + f * h
 
@@ -238,12 +238,12 @@ def test_a_fake_profiles_blocks_are_its_repeated_class_and_named_when_untimed():
 
 def test_te_fp8_casts_by_hand():
     # TINY's block on TE's linears, 256 tokens: linear_qkv 64 -> 64 + 2 x 32, linear_proj 64 -> 64,
-    # linear_fc1 64 -> 2 x 160, linear_fc2 160 -> 64 (te_fused.te_linears)
+    # linear_fc1 64 -> 2 x 160, linear_fc2 160 -> 64 (float8.te_linears)
     from planner.profiler import float8
     from planner.profiler.roofline import work
 
     T = 256
-    linears = te_fused.te_linears(TINY, SHAPE, "layers.0")
+    linears = float8.te_linears(TINY, SHAPE, "layers.0")
     gemms = [Kernel("matmul", item.flops) for item in linears]
     fwd, weights = float8.te_forward(work(0, 0, gemms), linears)
     # qkv's and fc1's inputs from the norm with its amax: read 2 + write 1; proj's and fc2's: amax read,

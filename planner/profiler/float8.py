@@ -309,3 +309,18 @@ def _bytes_ms(num_bytes: int, gpu) -> float:
     from planner.profiler.membound import membound_ms
 
     return membound_ms(num_bytes, gpu, "fused")
+
+
+def te_linears(arch, shape, prefix: str) -> list[Linear]:
+    """The block's linears as Megatron-core's TE layer spec builds them: linear_qkv (Q, K and V in one
+    weight), linear_proj, linear_fc1 (gate and up in one weight under SwiGLU), linear_fc2 (the
+    module's docstring)."""
+    if arch.style == "gpt":
+        return block_linears(arch, shape, prefix)  # already one Q/K/V linear and one fc
+    T, h, t = shape.tokens, arch.hidden_size, shape.tp
+    q, kv, f = q_width(arch, shape), kv_width(arch, shape), arch.intermediate_size // t
+    fq, fkv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
+    return [Linear(f"{prefix}.self_attention.linear_qkv", T, h, q + 2 * kv, h, fq + 2 * fkv),
+            Linear(f"{prefix}.self_attention.linear_proj", T, q, h, fq, h),
+            Linear(f"{prefix}.mlp.linear_fc1", T, h, 2 * f, h, 2 * arch.intermediate_size),
+            Linear(f"{prefix}.mlp.linear_fc2", T, f, h, arch.intermediate_size, h)]

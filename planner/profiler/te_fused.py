@@ -37,7 +37,7 @@ non-deterministic kernels above; the cost model adds what the deterministic kern
 The linears: Megatron-core's TE spec builds one linear_qkv (Q, K and V in one weight) and, under
 SwiGLU, one linear_fc1 (gate and up, 2 x ffn_hidden_size wide; megatron/core/transformer/attention.py
 1406-1409, mlp.py 198-204, 6e091e1b): one GEMM each where the eager LLaMA block runs three and two,
-and under FP8 one input cast each, TE's way (te_linears; float8.te_forward, te_backward). A GPT block's
+and under FP8 one input cast each, TE's way (float8.te_linears; float8.te_forward, te_backward). A GPT block's
 Q/K/V and fc are one linear already.
 Unchanged: the residual adds and dropout, the weight gradients' accumulation, and the matmuls' FLOPs.
 Megatron's fused bias-dropout-add (torch.compile'd) moves 7 B an element forward where the eager add and
@@ -123,7 +123,7 @@ def fused_kernel_bytes(arch, shape) -> tuple[int, int]:
 def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
             prefix: str = "layers.0") -> FusedKernelTime | None:
     """The block's forward, backward and full-recompute rerun (`passes`: analytic_time.block_work's)
-    with the fused kernels' bytes, TE's fused linears (te_linears) and attention at TE's rate
+    with the fused kernels' bytes, TE's fused linears (float8.te_linears) and attention at TE's rate
     (te_attention_gpu), and its Float8 record on those linears (planner/profiler/float8.py's, with TE's
     linears: one input cast per fused linear); None where no record is made (fused_bytes_saved, te_moe.counts_moe)."""
     if moe:
@@ -137,7 +137,7 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
                                          min(moved, max(done.bytes - cut, 0))), arch, shape, times)
                        for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
                                                           (fused[0], fused[1], fused[0]), (1, 2, 1)))
-    fp8 = float8.record(float8.converted(te_linears(arch, shape, prefix)), kernels_gpu, fwd, bwd, {OPTION_FULL: rerun},
+    fp8 = float8.record(float8.converted(float8.te_linears(arch, shape, prefix)), kernels_gpu, fwd, bwd, {OPTION_FULL: rerun},
                         te=True)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
@@ -172,21 +172,6 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
     fp8 = te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
-
-
-def te_linears(arch, shape, prefix: str) -> list[float8.Linear]:
-    """The block's linears as Megatron-core's TE layer spec builds them: linear_qkv (Q, K and V in one
-    weight), linear_proj, linear_fc1 (gate and up in one weight under SwiGLU), linear_fc2 (the
-    module's docstring)."""
-    if arch.style == "gpt":
-        return float8.block_linears(arch, shape, prefix)  # already one Q/K/V linear and one fc
-    T, h, t = shape.tokens, arch.hidden_size, shape.tp
-    q, kv, f = formulas.q_width(arch, shape), formulas.kv_width(arch, shape), arch.intermediate_size // t
-    fq, fkv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
-    return [float8.Linear(f"{prefix}.self_attention.linear_qkv", T, h, q + 2 * kv, h, fq + 2 * fkv),
-            float8.Linear(f"{prefix}.self_attention.linear_proj", T, q, h, fq, h),
-            float8.Linear(f"{prefix}.mlp.linear_fc1", T, h, 2 * f, h, 2 * arch.intermediate_size),
-            float8.Linear(f"{prefix}.mlp.linear_fc2", T, f, h, arch.intermediate_size, h)]
 
 
 def _fused_gemms(done: Work, arch, shape, times: int) -> Work:
