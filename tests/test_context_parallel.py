@@ -177,10 +177,11 @@ def test_torchtitans_repeated_kv_heads_widen_what_its_ring_moves_and_holds():
     assert contextparallel.extra_bytes(setup, old) == \
         max(0, forward - setup.transient_bytes, backward + setup.output_bytes - setup.transient_bytes)
     new = _cp_setup("torchtitan", 100.0)
-    # the backward's buffers set it (planner/cost/cpring.py's eager ring at a middle step's received buffer): the
-    # gathered cp, the concatenation 1, a step's dK, dV 1/2, their fp32 partial updates 2, the fp32 buffers sent 2
-    # and received, old and new, 4: 13.5 K/V, each 1e6 wider
-    assert contextparallel.extra_bytes(setup, old) - contextparallel.extra_bytes(setup, new) == 13.5 * 10**6
+    # the backward's buffers set it (planner/cost/cpring.py's eager ring at step 1's flash call, where Q is as wide
+    # as K or half K with V): the gathered cp, the concatenation 1, step 0's dK, dV 1 and step 1's 1/2, the fp32 dK,
+    # dV 2, the fp32 buffers sent and received 4 (Q's part, flash's fp32 dQ accumulator among it, is the same): 12.5
+    # K/V, each 1e6 wider
+    assert contextparallel.extra_bytes(setup, old) - contextparallel.extra_bytes(setup, new) == 12.5 * 10**6
     # wider K/V than Q (latent attention's up-projected K and V, or MHA): no repeat
     wide = ExchangeCost(ranks=4, q_bytes=10, kv_bytes=25, attention_fwd_ms=1.0, attention_bwd_ms=1.0)
     assert contextparallel.as_exchanged(wide, old.training) == wide

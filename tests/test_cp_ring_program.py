@@ -30,16 +30,18 @@ def test_the_compiled_backward_after_its_rerun_at_cp_2_request_by_request():
     # the concatenation; step 1's output (4), the merge kernel's fp32 output (5), both outputs dead after it; the
     # merged output freed at the end (the bf16 cast is the record's); the gathered K/V kept: the backward reuses it
     rerun = (100, 200, 10, -1, 10, 20, -4, -3, -5)
-    # the backward, each buffer freed after its last use: step 0's dq, dk, dv (6, 7, 8); fp32 dQ (9) from dq; the
-    # send buffer (10) from dk, dv; the received (11); step 1's dq, dk, dv on half the keys (12, 13, 14), the
-    # gathered K/V's last use; the sent buffer freed at the wait, the next (15) from the received one and dk, dv,
-    # all three freed; the received (16); a new fp32 dQ (17), the old and dq freed; the end: dQ in bf16 (18), the
-    # fp32 freed, the last sent freed at the wait, dK/dV in bf16 (19), the received freed; the bf16 outputs freed
-    backward = (10, 50, 50, 20, -6, 200, -7, -8, 200, 10, 25, 25, -2, -10, 200, -11, -13, -14, 200, 20, -9, -12,
-                10, -17, -15, 100, -16, -18, -19)
+    # the backward, each buffer freed after its last use: step 0's dq, dk, dv (6, 7, 8) and, inside the call,
+    # flash's fp32 dQ accumulator (9, 2 Q, freed when it returns); fp32 dQ (10) from dq; the send buffer (11) from
+    # dk, dv; the received (12); step 1's dq, dk, dv on half the keys (13, 14, 15), its accumulator (16); the
+    # gathered K/V's last use; the sent buffer freed at the wait, the next (17) from the received one and dk, dv,
+    # all three freed; the received (18); a new fp32 dQ (19), the old and dq freed; the end: dQ in bf16 (20), the
+    # fp32 freed, the last sent freed at the wait, dK/dV in bf16 (21), the received freed; the bf16 outputs freed
+    backward = (10, 50, 50, 20, -9, 20, -6, 200, -7, -8, 200, 10, 25, 25, 20, -16, -2, -11, 200, -12, -14, -15,
+                200, 20, -10, -13, 10, -19, -17, 100, -18, -20, -21)
     assert program == rerun + backward
     # at step 1's flash call: the gathered K/V, fp32 dQ, the sent and the received buffers, the step's gradients
-    assert cpring.peak(program) == 200 + 20 + 200 + 200 + 10 + 25 + 25
+    # and flash's accumulator
+    assert cpring.peak(program) == 200 + 20 + 200 + 200 + 10 + 25 + 25 + 20
 
 
 def test_the_eager_backwards_peak_at_cp_8_by_hand():
@@ -50,6 +52,21 @@ def test_the_eager_backwards_peak_at_cp_8_by_hand():
     assert cpring.peak(program) == 2 * Q + 8 * KV + KV + Q + KV // 2 + 2 * KV + 6 * KV
     # every tensor freed by the end
     assert sum(1 for code in program if code > 0) == sum(1 for code in program if code < 0)
+    # where Q is half of K with V (torchtitan's repeated K/V: C8's 128 and 256 MiB) the peak is step 1's flash call
+    # instead: fp32 dQ, the gathered K/V, the concatenation, step 0's gradients (Q + KV) beside step 1's (Q +
+    # KV / 2), the fp32 dK, dV, the sent and received buffers (4 KV) and flash's fp32 dQ accumulator (2 Q)
+    q, kv = 128, 256
+    program = cpring.backward_program(8, q, kv, compiled=False, rerun=False, reuse_gather=False)
+    assert cpring.peak(program) == 2 * q + 8 * kv + kv + q + kv + q + kv // 2 + 2 * kv + 4 * kv + 2 * q == 4992
+
+
+def test_flashs_accumulator_is_the_compiled_backwards_peak_at_c8s_shape():
+    # C8: Q 128 MiB, K with V 256 MiB (repeated to the 16 query heads a TP rank holds), CP 8: at a later step's
+    # flash call the gathered K/V (8 KV), fp32 dQ (2 Q), sent and received (4 KV), the step's dq (Q) and half-width
+    # dK, dV (KV / 2), the accumulator (2 Q): (cp + 4.5) KV + 5 Q, 128 MiB over the (cp + 4) KV + 5 Q before it
+    q, kv = 128, 256
+    program = cpring.backward_program(8, q, kv, compiled=True, rerun=True, reuse_gather=True)
+    assert cpring.peak(program) == 8 * kv + 2 * q + 4 * kv + q + kv // 2 + 2 * q == 3840
 
 
 def test_the_cost_models_charge_is_the_programs_peak():

@@ -17,6 +17,9 @@ from planner.schema import FileRef, StagePlan, TrainSetup
 TINY = archs.Arch(name="tiny-llama", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
                   num_kv_heads=2, vocab_size=128, tie_word_embeddings=False, max_position_embeddings=32)
 LOGITS = 2 * 32 * 128 * 2  # micro-batch x seq x vocab x bf16
+# 9dec370's rotary table on every model chunk, which the later records do not read: seq x head_dim / 2 x
+# complex64 (planner/cost/rotarytable.py; tests/test_cp_rotary_table.py)
+ROTARY = 32 * 8 * 8
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +43,8 @@ def test_the_last_1f1b_stage_peaks_at_the_merge_of_its_kept_logits(tiny):
     # the last stage runs one microbatch in flight: M - 1 logits among its buffers (output_chunks), the last
     # one's at the step's end, and the cat of all M: 2 M logits in all; and at 9dec370's torch every input
     # gradient stays on its receive buffer (M - 1 + 1 = M, b5bcd76c's torch the one being sent:
-    # tests/test_held_input_grads.py)
-    assert old.buffer_bytes - new.buffer_bytes == (m - 1) * LOGITS + (m - 1) * layers[2].input_bytes
+    # tests/test_held_input_grads.py); and 9dec370's rotary table
+    assert old.buffer_bytes - new.buffer_bytes == (m - 1) * LOGITS + (m - 1) * layers[2].input_bytes + ROTARY
     assert old.step_end_bytes == (1 + m) * LOGITS
     assert new.step_end_bytes == 0  # return_outputs=False: nothing kept, nothing merged
     # no data parallelism: no gradient made late, so the moment sits on static + buffers
@@ -96,21 +99,21 @@ def test_torch_1963fc8s_pipeline_keeps_each_stages_last_reduce_scatter_input(tin
     for stage, mine in ((0, layers[:2]), (1, layers[2:])):
         old, new = (stage_cost(mine, [0] * len(mine), stage=stage, profile=tiny, setup=setup(v, **pipe))
                     for v in ("9dec370", "bbb1b616"))
-        assert old.buffer_bytes - new.buffer_bytes == kept
+        assert old.buffer_bytes - new.buffer_bytes == kept + ROTARY
     # interleaved: each of a rank's two stages is its own FSDP2 root, each keeps its own
     chunked = dict(pipe, schedule="interleaved-1F1B", chunks=2)
     names = [layer.name for layer in layers]
     ranks = [StagePlan(index=0, layers=[names[0], names[2]], chunks=[[names[0]], [names[2]]]),
              StagePlan(index=1, layers=[names[1], names[3]], chunks=[[names[1]], [names[3]]])]
     old, new = (evaluate(ranks, tiny, setup(v, **chunked)).stages[0] for v in ("9dec370", "bbb1b616"))
-    assert old.buffer_bytes - new.buffer_bytes == 2 * kept
+    assert old.buffer_bytes - new.buffer_bytes == 2 * kept + 2 * ROTARY  # and a table on each model chunk
     # without a pipeline FSDP2's own final callback drops it; without sharding nothing is reduce-scattered
     alone = dict(sharded, stages=1, microbatches=4, mem_caps_bytes=[2**50])
     unsharded = dict(pipe, dp=1, zero=0, zero_gather="per-microbatch")
     for fields, mine in ((alone, layers), (unsharded, layers[:2])):
         costs = [stage_cost(mine, [0] * len(mine), stage=0, profile=tiny, setup=setup(v, **fields))
                  for v in ("9dec370", "bbb1b616")]
-        assert costs[0].buffer_bytes == costs[1].buffer_bytes
+        assert costs[0].buffer_bytes == costs[1].buffer_bytes + ROTARY
 
 
 def test_evaluate_json_carries_each_stages_step_end_bytes(tiny, tmp_path):

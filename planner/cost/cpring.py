@@ -10,8 +10,8 @@ step after the first is `i <= rank`: all its queries against the first half of t
 the output O) `q` bytes, K with V `kv` bytes, bf16. Programs are coded as fsdp2_layers' (n > 0 allocates n bytes,
 the next id from 1; -k frees id k); every tensor is freed by the program's end, so the ring leaves nothing behind
 (its outputs become the tensors the block's record counts: the attention's output in the forward, its input
-gradients in the backward). The lse (one fp32 a head and token: 1 / head_dim of O) and flash's own scratch
-inside its kernels are left out.
+gradients in the backward). The lse (one fp32 a head and token: 1 / head_dim of O) is left out; flash's
+backward's fp32 dQ accumulator is played (_flash_scratch), its softmax_d (one fp32 a head and query) is not.
 
 - forward (462-528, 120-193): K and V `.contiguous()` (torchtitan's repeated K/V are transposed views: copies);
   step 0 concatenates them (`torch.cat`) and all-gathers the concatenation once (`ft_c.all_gather_tensor`, a
@@ -27,7 +27,8 @@ inside its kernels are left out.
   concatenates and all-gathers as the forward (not where a compiled, fully recomputed block's backward reuses
   its rerun's gather, contextparallel.reuses_recomputed_gather: the rerun's gathered buffer is held to here);
   each step's flash backward makes dq, dk, dv (Q, and K's shape twice: kv / 2 at step 0, kv / 4 at later steps
-  on half the received keys) while the previous step's are alive; step 0 adds into the zeros in place,
+  on half the received keys) while the previous step's are alive, and inside the call its fp32 dQ accumulator
+  (2 Q, FlashAttention-2's mha_bwd dq_accum, freed when it returns: _flash_scratch); step 0 adds into the zeros in place,
   concatenates dK, dV in fp32 (2 kv) and passes it on (`_AllToAllRotater`: `permute_tensor`, a 2 kv output,
   the input held until its wait); a later step waits for the received buffer (the sent one freed; dK, dV become
   views of it, the previous dK, dV freed), `_partial_update` adds into its first half in place and concatenates
@@ -167,6 +168,7 @@ def _backward(p: _Program, cp: int, q: int, kv: int, *, compiled: bool) -> None:
             continue
         for name, size in (("g_q", q), ("g_k", width), ("g_v", width)):  # bound until the next step's replace them
             p.alloc(name + "_new", size)
+        _flash_scratch(p, q)
         for name in ("g_q", "g_k", "g_v"):
             if p.has(name):
                 p.free(name)
@@ -197,6 +199,7 @@ def _compiled_step(p: _Program, i: int, cp: int, q: int, kv: int, width: int) ->
     p.alloc("g_q", q)
     p.alloc("g_k", width)
     p.alloc("g_v", width)
+    _flash_scratch(p, q)
     if i == cp - 1:
         p.free("gathered")
     if i == 0:
@@ -213,6 +216,17 @@ def _compiled_step(p: _Program, i: int, cp: int, q: int, kv: int, width: int) ->
     p.alloc("dq_new", 2 * q)
     p.free("dq", "g_q")
     _rename(p, "dq_new", "dq")
+
+
+def _flash_scratch(p: _Program, q: int) -> None:
+    """The flash backward's own fp32 dQ accumulator, made after its dq, dk, dv and dropped when the call returns:
+    FlashAttention-2's `mha_bwd` (as torch vendors it, aten/src/ATen/native/transformers/cuda/flash_attn/
+    flash_api.cpp, read at pytorch/pytorch 03b7c19; `loop = true` always) allocates `dq_accum` [batch,
+    seqlen_q rounded up to 128, heads, head_dim rounded up to 32] fp32 outside deterministic mode: twice the
+    call's Q bytes (every call on rank cp - 1 takes all its queries; the sequence lengths and head dims here are
+    multiples of the roundings)."""
+    p.alloc("dq_accum", 2 * q)
+    p.free("dq_accum")
 
 
 def peak(program: tuple[int, ...]) -> int:

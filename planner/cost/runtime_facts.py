@@ -139,6 +139,11 @@ class RuntimeFacts:
     it there (no compute-communication reordering by default), so the K/V all-gather and every fp32 dK/dV
     pass are exposed whole; False: each overlaps the attention as the eager ring runs it (the all-gather
     waited at step 1, each dK/dV pass after the next step's compute)."""
+    rotary_table: str = ""
+    """What the runtime's model holds of its rotary table, beside its weights (planner/cost/rotarytable.py):
+    "model-chunk" (every model chunk a [seq_len, head_dim / 2] complex64 buffer, and under context parallelism
+    without a pipeline torch's context_parallel's whole clone of it and its shards: torchtitan 9dec370); "": not
+    read for this runtime (nothing charged)."""
     # -- the allocator's reserve
     step_replayed: bool = False
     """The allocator replay (planner/cost/reserve.py) orders this runtime's own step: its static

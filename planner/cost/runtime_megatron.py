@@ -167,6 +167,7 @@ def megatron() -> RuntimeFacts:
                              f"num_gqa_groups: K and V reach TE's attention, and its ring, at their query groups' "
                              f"heads); the repeat_interleave of dot_product_attention.py 169-175 is Megatron's unfused "
                              f"attention only, {MEGATRON_V}",
+            "rotary_table": "Megatron-core's RotaryEmbedding (its cached frequencies) not read (nothing charged)",
             "cp_compiled_waits_at_issue": "Transformer Engine's ring runs in its own autograd functions on its own "
                                           "streams (context_parallel.py, d0067d0d), not traced by a compile: its "
                                           "p2p model holds",

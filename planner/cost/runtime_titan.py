@@ -139,7 +139,8 @@ def torchtitan(version: str) -> RuntimeFacts:
         **TORCH_PIPELINING, logits_held_in_backward="pipeline", recompute_whole_forward=version == "b5bcd76c", outputs_held_to_step_end=_TITAN_OUTPUTS[version][0],
         step_shard_bytes=_TITAN_CLIP_BYTES + (_TITAN_FOREACH_ADAMW_EXTRA_BYTES if version == "9dec370" else 0),
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="async-tp", cublas_workspace_bytes=None, async_tp_workspace=True, tp_gathers_float8=True,
-        cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
+        cp_comm="allgather", cp_repeats_kv=version != "b5bcd76c", cp_compiled_waits_at_issue=version == "9dec370",
+        rotary_table="model-chunk" if version == "9dec370" else "", float8="torchao", float8_memory=True, keeps_last_reduce_scatter_input=version == "9dec370",
         reduces_after_last_backward=version == "9dec370", input_grads_held_to_step_end=version != "b5bcd76c",
         multi_schedule_lockstep=version == "9dec370",
         float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
@@ -154,6 +155,14 @@ def torchtitan(version: str) -> RuntimeFacts:
                        f"rotate_method = ALL_GATHER), 273-300, 317-486 (forward), 488-655 (backward: dK/dV by "
                        f"all-to-all in fp32), {TORCH_V}; torchtitan's experimental.context_parallel_rotate_method "
                        f"defaults to allgather at {_TITAN_OLD}; b5bcd76c keeps torch's default",
+            "rotary_table": (
+                "torchtitan/models/llama/model.py 365-368, 417-425 (freqs_cis, a buffer of every model chunk: "
+                "[max_seq_len, head_dim / 2] complex64), train.py 107 (max_seq_len = training.seq_len), 152-163 (every "
+                "pipeline part its own), 262-275 (cp_buffers=[input_ids, labels, model.freqs_cis]: under a pipeline "
+                "the meta model's), 9dec370; torch 2.6.0 (2236df17) experimental/_attention.py 1157-1169, 1263-1276 "
+                "(context_parallel clones the table whole, shards and clones the shard, resize_s in place); "
+                "docs/framework-facts.md §67, §98" if version == "9dec370" else
+                "not read at this version (its model's rope buffer and its CP buffers' handling): nothing charged"),
             "cp_compiled_waits_at_issue": (
                 "9dec370 on torch 1963fc8, read at torch 2.6.0 (2236df17): torch/distributed/_functional_collectives.py "
                 "807-820 (_maybe_wrap_tensor: while tracing, wait_tensor at once after the collective), "

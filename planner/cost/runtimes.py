@@ -133,6 +133,8 @@ def _ckplan() -> RuntimeFacts:
             "cp_comm": "planner/runtime runs no context parallelism (refused)",
             "cp_repeats_kv": "planner/runtime runs no context parallelism (refused)",
             "cp_compiled_waits_at_issue": "planner/runtime runs no context parallelism (refused)",
+            "rotary_table": "a model file's buffers are its own (a measured profile counts them); not read for "
+                            "analytic profiles on this runtime (nothing charged)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
         })
@@ -266,6 +268,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "cp_comm": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             "cp_repeats_kv": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             "cp_compiled_waits_at_issue": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
+            "rotary_table": "the model's rotary table (Hugging Face's rotary embedding) not read (nothing charged)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
             "pipeline_max_zero": f"deepspeed/runtime/pipe/engine.py 76-78 (PipelineEngine.__init__: assert "
@@ -346,6 +349,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "cp_comm": "not read (refused)",
             "cp_repeats_kv": "not read (refused)",
             "cp_compiled_waits_at_issue": "not read (refused)",
+            "rotary_table": "the model's rotary table (Hugging Face's rotary embedding) not read (nothing charged)",
             **AFTER_STEP_NOT_READ,
             **MODEL_CODE_KERNELS,
             "pipeline_max_zero": f"colossalai/booster/plugin/hybrid_parallel_plugin.py HybridParallelPlugin.__init__ (its "

@@ -24,6 +24,7 @@ from planner.cost import (
 from planner.cost.layers import LayerCost
 from planner.cost.opsacep import op_sac_ep_kept_bytes
 from planner.cost.repeatedkv import repeated_kv_extra_bytes, repeated_kv_kept_bytes
+from planner.cost.rotarytable import rotary_table_bytes
 from planner.cost.rules import (
     all_to_all_ms,
     batch_bytes,
@@ -391,6 +392,10 @@ TERMS: tuple[Term, ...] = (
     Term("the whole batch of inputs or targets", "buffers", "stage",
          lambda stage, ctx: batch_bytes(ctx.profile, stage, ctx.setup),
          "the schedule splits the whole batch it holds (measured on the runtime)"),
+    Term("the rotary table the model holds, and context parallelism's copies of it", "buffers", "stage",
+         lambda stage, ctx: rotary_table_bytes(ctx.profile, stage, ctx.setup),
+         "the runtime record's rotary_table (torchtitan 9dec370's freqs_cis on every model chunk; torch 2.6.0's "
+         "context_parallel clone and shards of it: planner/cost/rotarytable.py)"),
     Term("FSDP2's gathered weights and unsharded gradient of the largest layer", "buffers", "stage",
          lambda stage, ctx: unsharded_bytes(ctx.profile, stage, ctx.setup),
          "live tensors at the measured peak under ZeRO 2/3 (dataparallel.unsharded_bytes)"),
