@@ -72,3 +72,22 @@ def test_the_deepseek_v3_block_on_gb200_by_part():
     assert kernel_ms(core, mla_gpu) == pytest.approx(0.977 / 2, rel=1e-3)
     bwd = analytic_time._backward_kernels([core])[0]
     assert kernel_ms(bwd, mla_gpu) == pytest.approx(3.383 / 2, rel=1e-3)
+
+
+def test_a_gpt_style_latent_attention_block_gets_the_record_under_flash_only():
+    # Megatron-LM's MLA functional test (row G6): LayerNorm, GELU, learned positions, no --qk-layernorm; it runs
+    # --attention-backend unfused, so the reader gives eager attention and no record is made
+    from pathlib import Path
+
+    from planner.models.configs import megatron
+
+    job = megatron.read(Path("configs/megatron-lm/gpt3_mcore_te_tp2_pp2_mla.yaml"))
+    assert job.attention == "eager" and job.arch.style == "gpt" and job.arch.mla
+    for attention, recorded in (("eager", False), ("flash", True)):
+        shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp,
+                      attention=attention)
+        passes = analytic_time.block_work(job.arch, shape)
+        timed = te_fused.te_time(job.arch, shape, H100, passes, moe=False)
+        assert (timed is not None) == recorded
+        if recorded:  # GELU fused, the latent norms and MLA rotary on TE's and Megatron's kernels
+            assert timed.fwd_ms < roofline_ms(passes[0], H100) and timed.float8 is None

@@ -76,7 +76,7 @@ from planner.schema import OPTION_FULL, FusedKernelTime
 def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
     """(forward, backward) bytes the fused kernels move less than the eager block's memory-bound ops
     (analytic_time.block_work); None for a block whose fused kernels were not read."""
-    if (arch.qk_norm and not arch.mla) or shape.attention != "flash" or (arch.mla and arch.style == "gpt"):
+    if (arch.qk_norm and not arch.mla) or shape.attention != "flash":
         return None
     T, h = shape.tokens, arch.hidden_size
     rows = T // shape.sp_div
@@ -85,7 +85,7 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
         if arch.mlp_act == "relu":  # Megatron-core's fused bias-activations are GELU's and SwiGLU's
             return None
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
-        rope = _rope_saved(arch, shape)
+        rope = te_mla.saved_bytes(arch, shape) if arch.mla else _rope_saved(arch, shape)
         return (act_fwd - GELU_FUSED_FWD) * T * f + rope[0], (act_bwd - GELU_FUSED_BWD) * T * f + rope[1]
     norm_fwd = 2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
                     + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
