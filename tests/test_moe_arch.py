@@ -509,6 +509,8 @@ def test_selective_options_of_moe_and_latent_blocks_by_hand():
     # latent attention: Q (from its latent), K and V up-projected, 64 tokens x 4 heads
     latent = {o.name: o for o in analytic.selective_options(TINY_MLA, shape, H100, 0.4)}
     up = 64 * 4 * (16 + 8) * 2 * 2 + 64 * 4 * 16 * 2
+    # and (branch d1) the latent norms' outputs and fp32 1/rms, made inside the checkpoint under TE's spec
+    up += sum(64 * rank * 2 + 4 * 64 for rank in (TINY_MLA.q_lora_rank, TINY_MLA.kv_lora_rank))
     assert latent["mla-up"].kept_bytes == _kept(TINY_MLA, shape) - up
     assert latent["mla-up"].recompute_ms == pytest.approx(
         analytic.flops_ms(2 * 64 * (24 * 4 * 24 + 16 * 4 * (16 + 16)), H100, 0.4))

@@ -68,8 +68,8 @@ def test_an_analytic_profiles_moe_blocks_carry_the_record():
     profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
     blocks = [layer for layer in profile.layers if layer.kind == "moe_block"]
     assert len(blocks) == 2 and all(layer.te_time is not None for layer in blocks)
-    mla = archs.arch("deepseek-v2-lite")  # latent attention: its fused kernels not read, no record
-    assert not te_moe.counts_moe(mla, SHAPE)
+    mla = archs.arch("deepseek-v2-lite")  # latent attention: its MoE record too, the latent parts te_mla.py's
+    assert te_moe.counts_moe(mla, SHAPE) and te_moe.qk_norm_bytes(mla, SHAPE, fused=True) == (0, 0)
 
 
 def test_the_reader_knows_the_moe_fusion_flags():

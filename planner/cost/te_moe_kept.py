@@ -22,8 +22,9 @@ Megatron-LM d98e8a64 (the nearest stored to Megatron-Bridge 00b7660b's pin):
   linear_fc1's output, which the checkpoint keeps: it frees the f-wide output and the clamp's cat.
 
 The int32 maps (permute's row_id_map, the sort's) are not charged: a few bytes a token (E3: about 17 MB a layer
-beside 1.6 GB). Applied to an analytic profile's MoE blocks without shared experts or latent attention (the
-mixtures moe_terms counts as one run of tensors), their options' kept bytes and none's allocation record.
+beside 1.6 GB). Applied to an analytic profile's MoE blocks, with their shared experts (shared_mcore: Megatron's
+SharedExpertMLP) and whatever their attention (the mixture's tensors are the MLP's alone); not to a shared-expert
+gate (Qwen2-MoE's: its saved tensors not read). Their options' kept bytes and none's allocation record.
 """
 
 from __future__ import annotations
@@ -40,14 +41,13 @@ def mixtures(profile: Profile) -> dict | None:
     """The profile's MoE block mixture as the analytic profile keeps it (`generic`: each tensor's bytes in
     analytic_kept.moe_terms's order) and as Megatron-core keeps it (`mcore`, without moe_act), and what the
     activation's recompute frees in each (`act_generic`: the SiLU output and the product; `act_mcore`:
-    linear_fc2's input, and the clamp's cat); None where the profile is not analytic or its MoE blocks have
-    shared experts or latent attention."""
+    linear_fc2's input, and the clamp's cat); None where the profile is not analytic, has no MoE blocks, or
+    their shared experts are gated (not read). Shared experts follow the routed ones in both runs."""
     dims = te_kept._dims(profile)
     if dims is None:
         return None
     shape, model = dims
-    if not model.get("num_experts") or model.get("num_shared_experts") or model.get("mla") \
-            or model.get("style", "llama") != "llama":
+    if not model.get("num_experts") or model.get("shared_expert_gate") or model.get("style", "llama") != "llama":
         return None
     tp, cp, d = shape.get("tp", 1), shape.get("cp", 1), 2
     r = tp if shape.get("sp", False) else 1
@@ -61,8 +61,27 @@ def mixtures(profile: Profile) -> dict | None:
     generic = [FP32 * T * E // r, INDEX * T * k // r, FP32 * T * k // r, S * h * d, INDEX * S, *act, S * h * d]
     mcore = [FP32 * T * E // r, BOOL * T * E // r, FP32 * S, S * h * d, 2 * S * f * d,
                 *([2 * S * f * d] if clamped else []), S * f * d]
+    shared = model.get("num_shared_experts", 0) * model.get("shared_intermediate_size", 0) // tp
+    if shared:  # the shared experts after the routed ones, as analytic_kept.moe_terms counts them
+        generic += shared_generic(T, shared, d)
+        mcore += shared_mcore(T, shared, d)
     return {"generic": generic, "mcore": mcore, "act_generic": 2 * S * f * d,
             "act_mcore": S * f * d + (2 * S * f * d if clamped else 0)}
+
+
+def shared_generic(tokens: int, width: int, d: int) -> list[int]:
+    """The shared experts' SwiGLU as the analytic profile keeps it (analytic_kept._swiglu_terms): the gate output,
+    SiLU's output, the up output and the product, each tokens x width."""
+    return [tokens * width * d] * 4
+
+
+def shared_mcore(tokens: int, width: int, d: int) -> list[int]:
+    """The shared experts as Megatron-core keeps them (framework-facts §101): SharedExpertMLP is an MLP
+    (moe/shared_experts.py 102-206, d98e8a64) whose linear_fc1 saves its input (the MLP norm's output, which the
+    block counts once), whose fused SwiGLU (`bias_swiglu_impl`, mlp.py 275-309) saves linear_fc1's 2·width output,
+    and whose linear_fc2 saves its input, the SwiGLU's width output. MLP has no activation recompute of its own
+    (moe_act is the routed experts'), so every option that keeps the mixture keeps these."""
+    return [2 * tokens * width * d, tokens * width * d]
 
 
 def megatron_moe_profile(profile: Profile, record) -> Profile:

@@ -69,12 +69,30 @@ CUDNN_HOPPER_CHIP = dict(te_attention_efficiency=_CUDNN_H100, te_attention_sourc
 CUDNN_GB200_TFLOPS = (attention_tflops(2, 64, 8192, 128, 1.397, causal=True, backward=False),
                       attention_tflops(2, 64, 8192, 128, 4.127, causal=True, backward=True),
                       attention_tflops(2, 64, 8192, 128, 4.754, causal=True, backward=True))
+# cuDNN's fused attention at DeepSeek-V3's latent-attention shape (q/k head dim 192, v head dim 128, 128 query and 128
+# K/V heads, batch 2, causal top_left, BF16, non-deterministic backward) on GB200, cuDNN 9.22.0 (frontend 1.21.1):
+# forward / backward ms at 2048 to 32768 tokens (the same benchmark, configs/dsv3.py; results/dsv3/gb200/
+# dsv3_20260424_101009.csv, 60e572b, the run beside the head-128 figures above). Counted as attention_tflops
+# counts them with d the mean of the two head dims (4·s²·((192 + 128) / 2)·heads·batch forward, halved causal:
+# the benchmark's own 2·s²·(d_qk + d_v)·heads·batch / 2), which is how the analytic profile counts a latent
+# attention's FLOPs (analytic_time._attention)
+_CUDNN_GB200_MLA_MS = ((2048, 0.321, 1.056), (4096, 0.977, 3.383), (8192, 3.470, 11.984), (16384, 13.103, 50.424),
+                       (32768, 50.456, 212.546))
+CUDNN_GB200_MLA_BY_SEQ = tuple(
+    (seq, attention_tflops(2, 128, seq, 160, fwd, causal=True, backward=False) / 2500.0,
+     attention_tflops(2, 128, seq, 160, bwd, causal=True, backward=True) / 2500.0)
+    for seq, fwd, bwd in _CUDNN_GB200_MLA_MS)
 CUDNN_GB200 = dict(
     te_attention_efficiency=(CUDNN_GB200_TFLOPS[0] / 2500.0, CUDNN_GB200_TFLOPS[1] / 2500.0),
     te_attention_deterministic_bwd=CUDNN_GB200_TFLOPS[2] / 2500.0,
     te_attention_source=(f"cuDNN 9.22 fused attention on GB200, causal, 8192 tokens, head dim 128: forward "
                          f"{CUDNN_GB200_TFLOPS[0]:.0f}, backward {CUDNN_GB200_TFLOPS[1]:.0f}, deterministic backward "
-                         f"{CUDNN_GB200_TFLOPS[2]:.0f} TFLOP/s ({_CUDNN_FRONTEND}, results/llama3.1/gb200, fb682ce)"))
+                         f"{CUDNN_GB200_TFLOPS[2]:.0f} TFLOP/s ({_CUDNN_FRONTEND}, results/llama3.1/gb200, fb682ce)"),
+    te_mla_attention_by_seq=CUDNN_GB200_MLA_BY_SEQ,
+    te_mla_attention_source=(f"cuDNN 9.22 fused attention on GB200 at DeepSeek-V3's shape (q/k head 192, v head 128, 128 "
+                             f"heads), causal, 2048-32768 tokens: at 4096 forward {CUDNN_GB200_MLA_BY_SEQ[1][1] * 2500:.0f}, "
+                             f"backward {CUDNN_GB200_MLA_BY_SEQ[1][2] * 2500:.0f} TFLOP/s ({_CUDNN_FRONTEND}, "
+                             f"results/dsv3/gb200/dsv3_20260424_101009.csv, 60e572b)"))
 CUDNN_B200_TFLOPS = (attention_tflops(1, 128, 8192, 128, 1.877, causal=True, backward=False),
                      attention_tflops(1, 128, 8192, 128, 5.833, causal=True, backward=True))
 CUDNN_B200 = dict(

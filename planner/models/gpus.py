@@ -133,6 +133,10 @@ class GPU:
     # as attention_efficiency is; empty: none published, attention_efficiency read (planner/profiler/te_fused.py)
     te_attention_efficiency: tuple[float, ...] = ()
     te_attention_source: str = ""
+    # the same kernel at a latent attention's shape (q/k head dim 192, v head dim 128: DeepSeek-V3's), by tokens per
+    # sequence as attention_by_seq; empty: none published, te_attention_efficiency read (planner/profiler/te_mla.py)
+    te_mla_attention_by_seq: tuple[tuple[int, float, float], ...] = ()
+    te_mla_attention_source: str = ""
     # the same kernel's deterministic backward (cuDNN's, which Transformer Engine asks for under
     # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on sm90 and later) as a fraction of the BF16 peak; 0: none published,
     # the non-deterministic backward read (planner/cost/jobsettings.py deterministic_attention_ms)

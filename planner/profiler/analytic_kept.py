@@ -278,8 +278,11 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
       early stop reruns (analytic_time.rerun_work): the projections but the output one, rotary, the core.
       Offered on a GQA block without attention sinks at TP 1 and CP 1 (offers_whole_attention).
     - `mla-up` (latent attention, Megatron-LM's mla_up_proj): the up-projected K and V (and Q
-      where it comes from a latent) recomputed from the latents, which stay; it reruns the up
-      projections, 2·sb·(r_q·a·(nope + rope) + r_kv·a·(nope + v)) FLOPs.
+      where it comes from a latent) recomputed from the latents, which stay; under Megatron-core's
+      Transformer Engine spec the latent norms run inside the up projections (TELayerNormColumnParallelLinear,
+      q_layernorm / kv_layernorm IdentityOp), so the checkpoint frees their outputs and statistics too
+      (mla_up_norm_bytes); it reruns the up projections, 2·sb·(r_q·a·(nope + rope) + r_kv·a·(nope + v))
+      FLOPs, the latent norms and rotary.
     - `mlp-act`: the MLP's activation recomputed from the matmul outputs it keeps (Megatron-LM's
       activation recompute, moe_act on a MoE block's routed experts; torchtitan's op-level
       checkpointing of the MLP): SwiGLU keeps the gate and up outputs but not SiLU's output nor
@@ -323,7 +326,7 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
     if arch.mla:
         heads, qk = arch.num_heads // shape.tp, arch.qk_nope_head_dim + arch.qk_rope_head_dim
         freed = sb * heads * (qk + arch.v_head_dim) * d + (sb * heads * qk * d if arch.q_lora_rank else 0)
-        parts["mla-up"] = (freed, rerun_ms("mla-up"))
+        parts["mla-up"] = (freed + mla_up_norm_bytes(arch, shape), rerun_ms("mla-up"))
     if moe:
         tokens, f = arch.num_experts * expert_tokens(arch, shape), arch.moe_intermediate_size // shape.tp
     else:
@@ -365,6 +368,16 @@ def selective_options(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = No
         if opsac.offers_op_sac(arch, shape, moe=moe) else ()
     return (*found, *op_sac, offload_option(boundary, kept - boundary, gpu, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
                                             first_bytes=terms[-1].num_bytes))
+
+
+def mla_up_norm_bytes(arch: Arch, shape: Shape) -> int:
+    """What Megatron-LM's mla_up_proj frees beyond Q, K and V under the Transformer Engine spec: each latent
+    norm's output and its fp32 statistics (mla_terms's), which the up projection's TELayerNormColumnParallelLinear
+    computes inside the CheckpointWithoutOutput (megatron/core/transformer/multi_latent_attention.py 855-1003,
+    gpt_layer_specs.py 244-318, Megatron-LM d98e8a64). The local spec's separate q/kv norms run before the
+    checkpoint and keep theirs: not this count."""
+    latents = [arch.q_lora_rank, arch.kv_lora_rank] if arch.q_lora_rank else [arch.kv_lora_rank]
+    return sum(shape.tokens * rank * shape.d + FP32 * shape.tokens for rank in latents)
 
 
 def offers_whole_attention(arch: Arch, shape: Shape) -> bool:

@@ -24,7 +24,7 @@ from planner.profiler import analytic_time
 from planner.profiler.analytic_kept import _norm_terms
 from planner.profiler.formulas import Shape
 from planner.profiler.roofline import work
-from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, RecomputeOption
+from planner.schema import OPTION_FULL, OPTION_NONE, FusedKernelTime, LayerProfile, RecomputeOption
 
 SOURCE = ("megatron/core/transformer/multi_token_prediction.py (MultiTokenPredictionLayer, process_mtp_loss) and "
           "megatron/core/models/gpt/gpt_model.py (the MTP stage's own LanguageModelEmbedding) at Megatron-LM d98e8a64")
@@ -98,11 +98,26 @@ def mtp_layers(index: int, arch, shape: Shape, gpu, mfu, *, embedding: LayerProf
                 param_count=embedding.param_count + proj_params(arch, shape) + block.param_count + final_norm,
                 transient_bytes=block.transient_bytes, shape=shape, gpu=gpu, kept_terms=kept,
                 expert_param_count=block.expert_param_count, a2a_bytes=block.a2a_bytes)
-    body = body.model_copy(update={"recompute_options": recompute_options(body, block)})
+    body = body.model_copy(update={"recompute_options": recompute_options(body, block),
+                                   "te_time": _te_time(block, embedding, proj, norm)})
     gemm = (head.fwd_ms - norm[0] + loss_fwd, head.bwd_ms - norm[1] + loss_bwd, head.recompute_ms - norm[2] + loss_fwd)
     return [body, make(f"mtp.{index}.head", "mtp_head", times=gemm, act_bytes=boundary + loss_bytes,
                        input_bytes=boundary, output_bytes=head.output_bytes, input_in_act_bytes=boundary, param_count=0,
                        transient_bytes=head.transient_bytes, shape=shape, gpu=gpu, kept_terms=(boundary, loss_bytes))]
+
+
+def _te_time(block: LayerProfile, embedding: LayerProfile, proj: tuple, norm: tuple) -> FusedKernelTime | None:
+    """The MTP layer's passes where its transformer layer runs on Transformer Engine's fused kernels (the
+    block's own record, te_fused.te_time: Megatron-core builds `mtp_model_layer` from the decoder's layer
+    spec, multi_token_prediction.py 1157-1250 at d98e8a64): the lookup, enorm, hnorm, eh_proj and the final
+    norm as the layer's eager passes time them, the block's passes the record's; None without a record."""
+    timed = block.te_time
+    if timed is None:
+        return None
+    full = timed.recompute_ms.get(OPTION_FULL, block.recompute_ms)
+    return FusedKernelTime(fwd_ms=embedding.fwd_ms + proj[0] + timed.fwd_ms + norm[0],
+                           bwd_ms=embedding.bwd_ms + proj[1] + timed.bwd_ms + norm[1],
+                           recompute_ms={OPTION_FULL: proj[2] + full + norm[2]}, float8=None)
 
 
 def recompute_options(layer: LayerProfile, block: LayerProfile) -> list[RecomputeOption]:

@@ -311,11 +311,13 @@ def rerun_work(arch, shape, part: str, *, moe: bool = True) -> Work:
         kernels = proj[:-1] + core  # _projections' last GEMM is the output projection
         classed = proj_fwd + Counter(attention=core_fwd)
         return work(sum(kernel.flops for kernel in kernels), sum(classed.values()), kernels, classed=classed)
-    if part == "mla-up":
+    if part == "mla-up":  # the up projections, with the latent norms inside them (TE's spec) and rotary
         heads, T = arch.num_heads // shape.tp, shape.tokens
         kernels = _matmuls(2 * T * arch.q_lora_rank * heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim),
                            2 * T * arch.kv_lora_rank * heads * (arch.qk_nope_head_dim + arch.v_head_dim))
-        return work(sum(kernel.flops for kernel in kernels), 0, kernels)
+        _, proj_fwd, _ = _projections(arch, shape)
+        classed = Counter(norm=proj_fwd["norm"], attention=proj_fwd["attention"])
+        return work(sum(kernel.flops for kernel in kernels), sum(classed.values()), kernels, classed=+classed)
     kernels, fwd_bytes, _ = _mlp(arch, shape, moe=moe)
     flops = formulas.mlp_flops(arch, shape, moe=True) if moe else sum(kernel.flops for kernel in kernels)
     return work(flops, sum(fwd_bytes.values()), kernels, classed=fwd_bytes)

@@ -46,9 +46,10 @@ about as long as the eager bytes (docs/framework-facts.md §72): left at the eag
 
 Where the recipe turns a fusion off (Megatron-LM `--no-bias-gelu-fusion`, `--no-bias-swiglu-fusion`,
 `--no-rope-fusion`, `--transformer-impl local`) the config readers say it; this record is the fused
-block. A MoE block's record (gated experts, flash attention, no latent attention) adds Megatron's fused
-router, permutations, weighted activation and TE's q/k norms (planner/profiler/te_moe.py); latent-attention
-blocks and dense q/k-norm blocks get no record.
+block. A MoE block's record (gated experts, flash attention) adds Megatron's fused router, permutations,
+weighted activation and TE's q/k norms (planner/profiler/te_moe.py); a latent-attention block (dense or MoE)
+has its latent norms, fused MLA rotary and its attention at cuDNN's rate at that shape (te_mla.py). Dense
+q/k-norm blocks get no record.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from planner.profiler import analytic_time, float8, formulas
+from planner.profiler import analytic_time, float8, formulas, te_mla
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.profiler.te_bytes import (
     GELU_FUSED_BWD,
@@ -75,7 +76,7 @@ from planner.schema import OPTION_FULL, FusedKernelTime
 def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
     """(forward, backward) bytes the fused kernels move less than the eager block's memory-bound ops
     (analytic_time.block_work); None for a block whose fused kernels were not read."""
-    if arch.mla or arch.qk_norm or shape.attention != "flash":
+    if (arch.qk_norm and not arch.mla) or shape.attention != "flash":
         return None
     T, h = shape.tokens, arch.hidden_size
     rows = T // shape.sp_div
@@ -84,13 +85,13 @@ def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
         if arch.mlp_act == "relu":  # Megatron-core's fused bias-activations are GELU's and SwiGLU's
             return None
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
-        rope = _rope_saved(arch, shape)
+        rope = te_mla.saved_bytes(arch, shape) if arch.mla else _rope_saved(arch, shape)
         return (act_fwd - GELU_FUSED_FWD) * T * f + rope[0], (act_bwd - GELU_FUSED_BWD) * T * f + rope[1]
     norm_fwd = 2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
                     + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
     norm_bwd = 2 * ((analytic_time.NORM_BWD - TE_NORM_BWD) * rows * h
                     + (analytic_time.NORM_BWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
-    rope = _rope_saved(arch, shape)
+    rope = te_mla.saved_bytes(arch, shape) if arch.mla else _rope_saved(arch, shape)
     swiglu = ((analytic_time.SWIGLU_FWD - SWIGLU_FUSED_FWD) * T * f, (analytic_time.SWIGLU_BWD - SWIGLU_FUSED_BWD) * T * f)
     return norm_fwd + rope[0] + swiglu[0], norm_bwd + rope[1] + swiglu[1]
 
@@ -112,6 +113,8 @@ def fused_kernel_bytes(arch, shape) -> tuple[int, int]:
     rows, f = T // shape.sp_div, arch.intermediate_size // shape.tp
     rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape)) if arch.rotates else 0
     rope = ROPE_FUSED_FWD * rotated, ROPE_FUSED_BWD * rotated
+    if arch.mla:  # the latent norms on TE's RMSNorm and Megatron's fused MLA rotary (te_mla.py)
+        rope = te_mla.fused_bytes(arch, shape)
     if arch.style == "gpt":
         return GELU_FUSED_FWD * T * f + rope[0], GELU_FUSED_BWD * T * f + rope[1]
     norm_fwd = 2 * (TE_NORM_FWD * rows * h + TE_RMSNORM_TOKEN * rows)
@@ -131,14 +134,14 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
     saved = fused_bytes_saved(arch, shape)
     if saved is None:
         return None
-    kernels_gpu = te_attention_gpu(gpu)
+    kernels_gpu = te_mla.attention_gpu(gpu) if arch.mla else te_attention_gpu(gpu)
     fused = fused_kernel_bytes(arch, shape)
     fwd, bwd, rerun = (_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels,
                                          min(moved, max(done.bytes - cut, 0))), arch, shape, times)
                        for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
                                                           (fused[0], fused[1], fused[0]), (1, 2, 1)))
-    fp8 = float8.record(float8.converted(float8.te_linears(arch, shape, prefix)), kernels_gpu, fwd, bwd, {OPTION_FULL: rerun},
-                        te=True)
+    fp8 = None if arch.mla else float8.record(float8.converted(float8.te_linears(arch, shape, prefix)), kernels_gpu, fwd,
+                                              bwd, {OPTION_FULL: rerun}, te=True)  # an MLA block has no Float8 record
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
 
@@ -158,18 +161,20 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
                   2 * ((analytic_time.NORM_BWD - TE_NORM_BWD) * rows * h
                        + (analytic_time.NORM_BWD_TOKEN - TE_RMSNORM_TOKEN) * rows))
     norm_fused = 2 * (TE_NORM_FWD * rows * h + TE_RMSNORM_TOKEN * rows), 2 * (TE_NORM_BWD * rows * h + TE_RMSNORM_TOKEN * rows)
-    rope = _rope_saved(arch, shape)
     rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape)) if arch.rotates else 0
+    rope, rope_fused = _rope_saved(arch, shape), (ROPE_FUSED_FWD * rotated, ROPE_FUSED_BWD * rotated)
+    if arch.mla:  # the latent norms and Megatron's fused MLA rotary (te_mla.py)
+        rope, rope_fused = te_mla.saved_bytes(arch, shape), te_mla.fused_bytes(arch, shape)
     moe_saved, moe_fused = te_moe.moe_saved(arch, shape), te_moe.moe_fused_bytes(arch, shape)
     saved = tuple(norm_saved[i] + rope[i] + moe_saved[i] for i in (0, 1))
-    fused = (norm_fused[0] + ROPE_FUSED_FWD * rotated + moe_fused[0], norm_fused[1] + ROPE_FUSED_BWD * rotated + moe_fused[1])
-    kernels_gpu = te_attention_gpu(gpu)
+    fused = (norm_fused[0] + rope_fused[0] + moe_fused[0], norm_fused[1] + rope_fused[1] + moe_fused[1])
+    kernels_gpu = te_mla.attention_gpu(gpu) if arch.mla else te_attention_gpu(gpu)
     fwd, bwd, rerun = (te_moe_float8.grouped_fc1(_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels,
                                                                   min(moved, max(done.bytes - cut, 0))), arch, shape,
                                                              times), arch, shape, times)
                        for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
                                                           (fused[0], fused[1], fused[0]), (1, 2, 1)))
-    fp8 = te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
+    fp8 = None if arch.mla else te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
 
@@ -182,7 +187,9 @@ def _fused_gemms(done: Work, arch, shape, times: int) -> Work:
     T, h = shape.tokens, arch.hidden_size
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
     f = arch.intermediate_size // shape.tp
-    for parts in ((2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv), (2 * T * h * f, 2 * T * h * f)):
+    groups = ((2 * T * h * f, 2 * T * h * f),) if arch.mla else ((2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv),
+                                                                 (2 * T * h * f, 2 * T * h * f))
+    for parts in groups:  # an MLA block's latent projections are separate TE linears (te_mla.py)
         kernels = Counter(dict(done.kernels))
         needed = Counter({Kernel("matmul", part): 0 for part in parts})
         for part in parts:

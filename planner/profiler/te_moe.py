@@ -82,7 +82,7 @@ def qk_norm_bytes(arch, shape, *, fused: bool) -> tuple[int, int]:
     analytic_time._projections counts them, or TE's RMSNorm (Megatron-core's `q_layernorm` /
     `k_layernorm`, TENorm, per head): x read and y written (4 B an element) and 1/rms per row (4 B)
     forward, 6 B an element and the statistics backward (te_bytes.TE_NORM_*)."""
-    if not arch.qk_norm:
+    if not arch.qk_norm or arch.mla:  # a latent attention's norms are its latents' (te_mla.py)
         return 0, 0
     rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
     if not fused:
@@ -91,22 +91,37 @@ def qk_norm_bytes(arch, shape, *, fused: bool) -> tuple[int, int]:
     return te_bytes.TE_NORM_FWD * rotated + rows, te_bytes.TE_NORM_BWD * rotated + rows
 
 
+def shared_swiglu_elements(arch, shape) -> int:
+    """Elements of the shared experts' SwiGLU output on the device (T x the shared width / TP): Megatron-core's
+    SharedExpertMLP is an MLP (megatron/core/transformer/moe/shared_experts.py 102-206, Megatron-LM d98e8a64),
+    whose activation under bias_activation_fusion is `bias_swiglu_impl` (mlp.py 275-309): the fused SwiGLU
+    (te_bytes.SWIGLU_FUSED_*) where the eager count charges SiLU and the product (analytic_time.SWIGLU_*)."""
+    return shape.tokens * (arch.num_shared_experts * arch.shared_intermediate_size // shape.tp)
+
+
 def moe_saved(arch, shape) -> tuple[int, int]:
     """(forward, backward) bytes Megatron's fused MoE block moves less than the eager count of its
-    router, dispatch, experts' activation and q/k norms (the block's own norms and rotary: te_fused's)."""
+    router, dispatch, experts' activation, shared experts' activation and q/k norms (the block's own norms
+    and rotary: te_fused's)."""
     eager, fused = eager_routed_bytes(arch, shape), routed_bytes(arch, shape)
     qk_eager, qk_fused = qk_norm_bytes(arch, shape, fused=False), qk_norm_bytes(arch, shape, fused=True)
-    return (eager[0] - fused[0] + qk_eager[0] - qk_fused[0], eager[1] - fused[1] + qk_eager[1] - qk_fused[1])
+    shared = shared_swiglu_elements(arch, shape)
+    shared_saved = ((analytic_time.SWIGLU_FWD - te_bytes.SWIGLU_FUSED_FWD) * shared,
+                    (analytic_time.SWIGLU_BWD - te_bytes.SWIGLU_FUSED_BWD) * shared)
+    return (eager[0] - fused[0] + qk_eager[0] - qk_fused[0] + shared_saved[0],
+            eager[1] - fused[1] + qk_eager[1] - qk_fused[1] + shared_saved[1])
 
 
 def moe_fused_bytes(arch, shape) -> tuple[int, int]:
     """(forward, backward) bytes the fused MoE kernels themselves move (Work.fused_bytes)."""
     fused, qk = routed_bytes(arch, shape), qk_norm_bytes(arch, shape, fused=True)
-    return fused[0] + qk[0], fused[1] + qk[1]
+    shared = shared_swiglu_elements(arch, shape)
+    return (fused[0] + qk[0] + te_bytes.SWIGLU_FUSED_FWD * shared, fused[1] + qk[1] + te_bytes.SWIGLU_FUSED_BWD * shared)
 
 
 def counts_moe(arch, shape) -> bool:
     """Whether the MoE record is made: a routed-experts block of gated experts (SwiGLU or GPT-OSS's
-    quick-GeGLU, the two Megatron fuses with the weight), flash attention, no latent attention."""
-    return (bool(arch.num_experts) and not arch.mla and shape.attention == "flash" and arch.style != "gpt"
+    quick-GeGLU, the two Megatron fuses with the weight), flash attention (a latent attention's parts:
+    te_mla.py)."""
+    return (bool(arch.num_experts) and shape.attention == "flash" and arch.style != "gpt"
             and arch.num_experts % shape.ep == 0)

@@ -84,7 +84,6 @@ def grouped_fc1(done: Work, arch, shape, times: int) -> Work:
 
 def moe_linears(arch, shape, prefix: str) -> list[float8.Linear]:
     """The block's FP8 linears in the order it runs them: linear_qkv, linear_proj, then the experts'."""
-
     return float8.te_linears(arch, shape, prefix)[:2] + expert_linears(arch, shape, prefix)
 
 
