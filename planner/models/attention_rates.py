@@ -1,10 +1,12 @@
 """The attention kernel's rate on a GPU at a sequence length, from the GPU's published figures
 (planner/models/gpus.py GPU.attention_efficiency, attention_by_seq). The profilers' roofline
 (planner/profiler/roofline.py) times attention kernels with it, and the cost model's deterministic
-backward (planner/cost/jobsettings.py) reads the same rate."""
+backward (planner/cost/jobsettings.py) reads the same rate; Transformer Engine's attention reads the GPU's cuDNN
+figures where published (te_attention_gpu: planner/profiler/te_fused.py, te_mla.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from planner.models.gpus import GPU
@@ -24,3 +26,11 @@ def attention_efficiency(gpu: GPU, seq_len: int) -> tuple[float, float]:
             t = math.log(seq_len / sa) / math.log(sb / sa)
             return fa + (fb - fa) * t, ba + (bb - ba) * t
     return points[-1][1:]
+
+
+def te_attention_gpu(gpu):
+    """The GPU as TE's attention runs on it: its cuDNN figures in place of its attention figures where
+    published (GPU.te_attention_efficiency), else the GPU as it is."""
+    if not gpu.te_attention_efficiency:
+        return gpu
+    return dataclasses.replace(gpu, attention_efficiency=gpu.te_attention_efficiency, attention_by_seq=())

@@ -54,9 +54,9 @@ q/k-norm blocks get no record.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 
+from planner.models.attention_rates import te_attention_gpu
 from planner.profiler import analytic_time, float8, formulas, te_mla
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.profiler.te_bytes import (
@@ -201,14 +201,6 @@ def _fused_gemms(done: Work, arch, shape, times: int) -> Work:
         done = work(done.flops, done.bytes, list((+kernels).elements()), fused_bytes=done.fused_bytes,
                     classed=done.classed)
     return done
-
-
-def te_attention_gpu(gpu):
-    """The GPU as TE's attention runs on it: its cuDNN figures in place of its attention figures where
-    published (GPU.te_attention_efficiency), else the GPU as it is."""
-    if not gpu.te_attention_efficiency:
-        return gpu
-    return dataclasses.replace(gpu, attention_efficiency=gpu.te_attention_efficiency, attention_by_seq=())
 
 
 def fake_blocks_on_te(layers: list, arch, shape, gpu) -> list:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from planner.models.attention_rates import te_attention_gpu
 from planner.profiler import analytic_time, te_bytes
 
 
@@ -85,7 +86,6 @@ def saved_bytes(arch, shape) -> tuple[int, int]:
 def attention_gpu(gpu):
     """The GPU as TE's attention runs a latent attention on it: its cuDNN figures at the MLA shape by length
     where published, else te_fused.te_attention_gpu's."""
-    from planner.profiler.te_fused import te_attention_gpu
 
     if not gpu.te_mla_attention_by_seq:
         return te_attention_gpu(gpu)
