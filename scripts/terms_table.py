@@ -13,10 +13,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.cost.terms import terms_markdown  # noqa: E402
+from planner.cost.terms import COMBINE, QUANTITY_DECLARATIONS, TERMS  # noqa: E402
 
 DOC = ROOT / "docs" / "cost-model.md"
 BEGIN, END = "<!-- terms:begin -->\n", "<!-- terms:end -->"
+
+
+def terms_markdown() -> str:
+    """The quantities and every term of planner/cost/terms.py as Markdown tables (docs/cost-model.md holds this
+    text; tests/test_docs.py holds the two to each other)."""
+    out = ["| quantity | combines as | what |", "|---|---|---|"]
+    out += [f"| `{q.name}` | {q.combine}: {COMBINE[q.combine]} | {q.meaning} |" for q in QUANTITY_DECLARATIONS]
+    out += ["", "| term | quantity | applies to | source |", "|---|---|---|---|"]
+    places = {"layer": "each layer", "open": "the stage's first layer", "close": "the stage's last layer",
+              "stage": "the stage's position"}
+    out += [f"| {t.name} | `{t.quantity}` | {places[t.where]} | {t.source.replace('|', '/')} |" for t in TERMS]
+    return "\n".join(out) + "\n"
 
 
 def with_table(text: str) -> str:

@@ -492,15 +492,3 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
             continue
         found.append(o)
     return found
-
-
-def terms_markdown() -> str:
-    """The quantities and every term as Markdown tables (docs/cost-model.md holds this text,
-    written by scripts/terms_table.py; a test holds the two to each other)."""
-    out = ["| quantity | combines as | what |", "|---|---|---|"]
-    out += [f"| `{q.name}` | {q.combine}: {COMBINE[q.combine]} | {q.meaning} |" for q in QUANTITY_DECLARATIONS]
-    out += ["", "| term | quantity | applies to | source |", "|---|---|---|---|"]
-    places = {"layer": "each layer", "open": "the stage's first layer", "close": "the stage's last layer",
-              "stage": "the stage's position"}
-    out += [f"| {t.name} | `{t.quantity}` | {places[t.where]} | {t.source.replace('|', '/')} |" for t in TERMS]
-    return "\n".join(out) + "\n"
