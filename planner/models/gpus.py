@@ -105,6 +105,11 @@ class GPU:
     # none published, the datasheet's
     node_collective_gb_per_s: float = 0.0
     collective_source: str = ""
+    # the rate NCCL's point-to-point transfers (an all-to-all's sends and receives: Megatron's alltoall token
+    # dispatcher) reach per GPU inside a node: NCCL's own effective NVLink figure per link times the GPU's links
+    # (docs/framework-facts.md §102); 0: none read, the link's datasheet rate
+    node_alltoall_gb_per_s: float = 0.0
+    alltoall_source: str = ""
     # what cudaGetDeviceProperties().totalGlobalMem (torch's total_memory) reports, and its source
     cuda_total_bytes: int = 0
     total_source: str = ""
@@ -166,6 +171,12 @@ class GPU:
         return self.node_collective_gb_per_s or self.node_link_gb_per_s
 
     @property
+    def node_alltoall_rate(self) -> float:
+        """GB/s one way a rank's all-to-all inside a node runs at: NCCL's effective NVLink rate where it is
+        read (node_alltoall_gb_per_s), else the link's datasheet rate."""
+        return self.node_alltoall_gb_per_s or self.node_link_gb_per_s
+
+    @property
     def network_collective_rate(self) -> float:
         """GB/s a collective across nodes runs at a NIC: NCCL's bus bandwidth over one NIC, 0.96 of its
         line rate (NCCL_NIC_BUSBW_FRACTION); a point-to-point send keeps the line rate."""
@@ -184,6 +195,26 @@ class GPU:
 # performance per 200G NIC (12 GB/s for 100G NICs)" (an NCCL maintainer, NVIDIA/nccl-tests#119, 2022-11-17): 48 GB/s
 # bus bandwidth a 400 Gb/s NIC, the figure the same maintainers give for NDR in NVIDIA/nccl-tests#290
 NCCL_NIC_BUSBW_FRACTION = 24.0 / 25.0
+# NCCL's effective bandwidth of one NVLink, GB/s one way, by the GPU's compute capability (src/graph/topo.h
+# SM90_NVLINK_BW 20.6 since 2.20.3-1, SM100_NVLINK_BW 40.1 since 2.27.5-1, read at NVIDIA/nccl 5067397c), which
+# topo.cc multiplies by the GPU's NVLink count (count * nvlBw) for its link to the NVSwitch; against the line rate of
+# one link (NVLink 4: 25 GB/s, 18 on an H100 SXM for its 450; NVLink 5: 50 GB/s, 18 on a B200 for its 900): an SM's
+# 128-byte payloads and NCCL's protocol (an NCCL maintainer, NVIDIA/nccl-tests#212: "450GB/s is the line rate. With
+# the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you can observe as
+# 'BusBw' when running non-allreduce operations")
+NCCL_NVLINK_LINK_GB_PER_S = {90: (20.6, 25.0), 100: (40.1, 50.0)}  # compute capability x 10: (NCCL's, line rate)
+NCCL_NVLINK_SOURCE = ("NCCL src/graph/topo.h: SM90_NVLINK_BW 20.6, SM100_NVLINK_BW 40.1 GB/s a link (NVIDIA/nccl "
+                      "5067397c; 2.20.3-1 and 2.27.5-1 on), x the GPU's NVLinks (topo.cc count * nvlBw); an NCCL "
+                      "maintainer: \"an effective NVLink bandwidth of 370GB/s\" on H100 for non-allreduce operations "
+                      "(NVIDIA/nccl-tests#212); alltoall_perf on 4 H100 in a node, 524 MB: busbw 334.9 / 338.0 GB/s "
+                      "(NVIDIA/nccl#2169); NCCL's maxBw 721.8 on B200 (NVIDIA/nccl#1807)")
+
+
+def nccl_nvlink_rate(link_gb_per_s: float, capability: int) -> float:
+    """GB/s one way NCCL's transfers reach over a GPU's NVLinks to its NVSwitch: the datasheet's one-way rate over
+    one link's line rate (its NVLink count) times NCCL's effective rate a link (NCCL_NVLINK_LINK_GB_PER_S)."""
+    nccl, line = NCCL_NVLINK_LINK_GB_PER_S[capability]
+    return round(round(link_gb_per_s / line) * nccl, 1)
 CUDA_CONTEXT_BYTES = 400 * 2**20
 CONTEXT_SOURCE = "CUDA context ~400 MB with lazy loading (pytorch/pytorch#109888)"
 _MIB = 2**20
@@ -319,6 +350,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         node_collective_gb_per_s=354.9,
         collective_source="nccl-tests on 8 x H100: reduce_scatter busbw 360, all_gather 350 GB/s (NVIDIA/nccl#1281, "
                           "2024-05-10); 354.9 their harmonic mean, a tensor-parallel layer moving equal bytes in each",
+        node_alltoall_gb_per_s=nccl_nvlink_rate(450.0, 90), alltoall_source=NCCL_NVLINK_SOURCE,
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
@@ -364,6 +396,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("h200", 141 * 10**9, 989.4, 4.8, "NVIDIA H200 datasheet, SXM (BF16 989, FP8 1,979 dense; 4.8 TB/s)", 450.0,
         fp8_tflops=1978.9,
         link_source="H200 datasheet: NVLink 900 GB/s, PCIe Gen5 128 GB/s; DGX H200: 400 Gb/s NIC per GPU",
+        node_alltoall_gb_per_s=nccl_nvlink_rate(450.0, 90), alltoall_source=NCCL_NVLINK_SOURCE,
         cuda_total_bytes=143771 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on H200: 143771 MiB (sgl-project/sglang#3196), less the H100's 454 MiB driver "
                      "reservation (assumed)",
@@ -417,6 +450,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("b200", 180 * 10**9, 2250.0, 8.0,
         "NVIDIA DGX B200 / HGX B200 datasheets (BF16 2,250, FP8 4,500 dense; 8 TB/s)", 900.0, fp8_tflops=4500.0,
         link_source="HGX B200 datasheet: NVLink 1.8 TB/s per GPU; DGX B200: 400 Gb/s per GPU; PCIe Gen5",
+        node_alltoall_gb_per_s=nccl_nvlink_rate(900.0, 100), alltoall_source=NCCL_NVLINK_SOURCE,
         cuda_total_bytes=183359 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
                      "driver reservation (assumed)",
@@ -435,6 +469,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source=f"GB200 NVL72 datasheet: NVLink 1.8 TB/s per GPU across the 72, NVLink-C2C 900 GB/s to the "
                     f"CPU; {_NIC_ASSUMED}",
         node_collective_gb_per_s=679.6,
+        node_alltoall_gb_per_s=nccl_nvlink_rate(900.0, 100), alltoall_source=NCCL_NVLINK_SOURCE,
         collective_source="nccl-tests all_reduce_perf on one GB200 host's 4 GPUs, NCCL_ALGO=Ring, NCCL 2.25.1: busbw "
                           "679.61 GB/s at 8 GB, 574.19 at 134 MB (Azure/AI-benchmarking-guide Azure_Results/"
                           "ND_GB200_v6_results.md, 2a370be6; Benchmarks/NVIDIA/NCCLBandwidth.py runs Ring on 4 GPUs)",
