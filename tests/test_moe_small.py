@@ -1,11 +1,11 @@
 """An expert-parallel all-to-all inside a node runs at NCCL's effective NVLink rate, not the datasheet's line rate
-(planner/models/gpus.py NCCL_NVLINK_LINK_GB_PER_S, docs/framework-facts.md §102, docs/published-runs.md §25.moesmall)."""
+(planner/models/nvlink_rates.py, docs/framework-facts.md §102, docs/published-runs.md §25.moesmall)."""
 
 import pytest
-
 from export_plans import llm_profile
+
 from planner.cost import dataparallel, links
-from planner.models import gpus
+from planner.models import gpus, nvlink_rates
 
 
 def _profile(gpu: str, tp: int = 1):
@@ -16,11 +16,11 @@ def _profile(gpu: str, tp: int = 1):
 
 def test_nccls_nvlink_rate_is_its_per_link_figure_times_the_links():
     # H100 SXM: 450 GB/s one way is 18 NVLink 4 links of 25; NCCL's topo.h gives an sm_90 link 20.6: 18 x 20.6
-    assert gpus.nccl_nvlink_rate(450.0, 90) == pytest.approx(370.8)
+    assert nvlink_rates.nccl_nvlink_rate(450.0, 90) == pytest.approx(370.8)
     # B200 / GB200: 900 GB/s one way is 18 NVLink 5 links of 50; sm_100's link 40.1: 18 x 40.1 (NCCL's maxBw 721.8)
-    assert gpus.nccl_nvlink_rate(900.0, 100) == pytest.approx(721.8)
+    assert nvlink_rates.nccl_nvlink_rate(900.0, 100) == pytest.approx(721.8)
     # a part with fewer links scales with its count: 8 NVLink 4 links (200 GB/s one way) x 20.6
-    assert gpus.nccl_nvlink_rate(200.0, 90) == pytest.approx(164.8)
+    assert nvlink_rates.nccl_nvlink_rate(200.0, 90) == pytest.approx(164.8)
 
 
 def test_the_gpu_records_read_it_and_others_keep_the_link():

@@ -24,6 +24,7 @@ from planner.models.attention_published import (
     SDPA_H100_BY_SEQ,
     SDPA_HOPPER,
 )
+from planner.models.nvlink_rates import NCCL_NVLINK_SOURCE, nccl_nvlink_rate
 
 # Memory-bound kernels' achieved bandwidth as fractions of the datasheet's (eager, fused), derived by
 # scripts/membound_rates.py from Liger-Kernel's published benchmark medians (docs/gpus.md "Memory-bound
@@ -105,9 +106,7 @@ class GPU:
     # none published, the datasheet's
     node_collective_gb_per_s: float = 0.0
     collective_source: str = ""
-    # the rate NCCL's point-to-point transfers (an all-to-all's sends and receives: Megatron's alltoall token
-    # dispatcher) reach per GPU inside a node: NCCL's own effective NVLink figure per link times the GPU's links
-    # (docs/framework-facts.md §102); 0: none read, the link's datasheet rate
+    # NCCL's sends and receives (an all-to-all's) inside a node: its effective NVLink rate (nvlink_rates.py); 0: the link's
     node_alltoall_gb_per_s: float = 0.0
     alltoall_source: str = ""
     # what cudaGetDeviceProperties().totalGlobalMem (torch's total_memory) reports, and its source
@@ -172,8 +171,7 @@ class GPU:
 
     @property
     def node_alltoall_rate(self) -> float:
-        """GB/s one way a rank's all-to-all inside a node runs at: NCCL's effective NVLink rate where it is
-        read (node_alltoall_gb_per_s), else the link's datasheet rate."""
+        """GB/s one way an all-to-all inside a node runs at: NCCL's NVLink rate where read, else the link's."""
         return self.node_alltoall_gb_per_s or self.node_link_gb_per_s
 
     @property
@@ -195,26 +193,6 @@ class GPU:
 # performance per 200G NIC (12 GB/s for 100G NICs)" (an NCCL maintainer, NVIDIA/nccl-tests#119, 2022-11-17): 48 GB/s
 # bus bandwidth a 400 Gb/s NIC, the figure the same maintainers give for NDR in NVIDIA/nccl-tests#290
 NCCL_NIC_BUSBW_FRACTION = 24.0 / 25.0
-# NCCL's effective bandwidth of one NVLink, GB/s one way, by the GPU's compute capability (src/graph/topo.h
-# SM90_NVLINK_BW 20.6 since 2.20.3-1, SM100_NVLINK_BW 40.1 since 2.27.5-1, read at NVIDIA/nccl 5067397c), which
-# topo.cc multiplies by the GPU's NVLink count (count * nvlBw) for its link to the NVSwitch; against the line rate of
-# one link (NVLink 4: 25 GB/s, 18 on an H100 SXM for its 450; NVLink 5: 50 GB/s, 18 on a B200 for its 900): an SM's
-# 128-byte payloads and NCCL's protocol (an NCCL maintainer, NVIDIA/nccl-tests#212: "450GB/s is the line rate. With
-# the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you can observe as
-# 'BusBw' when running non-allreduce operations")
-NCCL_NVLINK_LINK_GB_PER_S = {90: (20.6, 25.0), 100: (40.1, 50.0)}  # compute capability x 10: (NCCL's, line rate)
-NCCL_NVLINK_SOURCE = ("NCCL src/graph/topo.h: SM90_NVLINK_BW 20.6, SM100_NVLINK_BW 40.1 GB/s a link (NVIDIA/nccl "
-                      "5067397c; 2.20.3-1 and 2.27.5-1 on), x the GPU's NVLinks (topo.cc count * nvlBw); an NCCL "
-                      "maintainer: \"an effective NVLink bandwidth of 370GB/s\" on H100 for non-allreduce operations "
-                      "(NVIDIA/nccl-tests#212); alltoall_perf on 4 H100 in a node, 524 MB: busbw 334.9 / 338.0 GB/s "
-                      "(NVIDIA/nccl#2169); NCCL's maxBw 721.8 on B200 (NVIDIA/nccl#1807)")
-
-
-def nccl_nvlink_rate(link_gb_per_s: float, capability: int) -> float:
-    """GB/s one way NCCL's transfers reach over a GPU's NVLinks to its NVSwitch: the datasheet's one-way rate over
-    one link's line rate (its NVLink count) times NCCL's effective rate a link (NCCL_NVLINK_LINK_GB_PER_S)."""
-    nccl, line = NCCL_NVLINK_LINK_GB_PER_S[capability]
-    return round(round(link_gb_per_s / line) * nccl, 1)
 CUDA_CONTEXT_BYTES = 400 * 2**20
 CONTEXT_SOURCE = "CUDA context ~400 MB with lazy loading (pytorch/pytorch#109888)"
 _MIB = 2**20
