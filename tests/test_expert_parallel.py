@@ -173,7 +173,7 @@ def test_profile_solve_ep_8_export_megatron_writes_the_expert_flags(mixtral):
     run_ok("solve", "--profile", mixtral / "p.json", "--stages", "4", "--dp", "8", "--ep", "8", "--zero", "1",
            "--precision", "bf16-mixed", "--runtime", "megatron", "--out", mixtral / "plan.yaml")
     plan = io.load_plan(mixtral / "plan.yaml")
-    assert plan.setup.data_parallel.ep == 8 and plan.setup.data_parallel.ep_gb_per_s == 450.0  # NVLink, in a node
+    assert plan.setup.data_parallel.ep == 8 and plan.setup.data_parallel.ep_gb_per_s == 370.8  # NCCL's NVLink rate, in a node
     run_ok("export", mixtral / "plan.yaml", "--to", "megatron", "--out", mixtral / "plan.sh")
     flags = _megatron_flags((mixtral / "plan.sh").read_text())
     assert flags["--num-experts"] == "8" and flags["--moe-router-topk"] == "2"

@@ -311,7 +311,7 @@ def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]
     span = job.tp * job.cp  # the ranks inside each data-parallel step: tp, then cp
 
     def link(ranks: int, *, ring: bool = True) -> float:  # as links.default_links: a ring at the measured busbw
-        inside = device.node_collective_rate if ring else device.node_link_gb_per_s
+        inside = device.node_collective_rate if ring else device.node_alltoall_rate
         return inside if ranks * span <= gpus_per_node else device.network_collective_rate
 
     shard = options.shard_group or options.dp

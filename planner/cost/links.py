@@ -3,7 +3,8 @@ expert-parallel all-to-all run at, chosen from the profile's GPU and where each 
 sit (one node or across nodes), with a note of where each figure came from. A shard or replica group
 inside a node runs its all-gathers and reduce-scatters at the bus bandwidth nccl-tests / rccl-tests measured
 for the GPU's node where one is published (the rate comm.job_links gives tensor parallelism), else at the
-link's datasheet rate; an expert all-to-all at the link's. The setup's
+link's datasheet rate; an expert all-to-all at NCCL's effective NVLink rate where it is read (GPU.node_alltoall_rate),
+else the link's. The setup's
 data_parallel part takes them (--shard-bandwidth and the like override each)."""
 
 from __future__ import annotations
@@ -59,11 +60,13 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
             return gpu.network_collective_rate, "network, NCCL's busbw"
         if ring and gpu.node_collective_gb_per_s:
             return gpu.node_collective_rate, "in-node, measured busbw"
+        if not ring and gpu.node_alltoall_gb_per_s:
+            return gpu.node_alltoall_rate, "in-node, NCCL's effective NVLink rate"
         return gpu.node_link_gb_per_s, "in-node link"
 
     shard, shard_where = link(shard_group, "--shard-bandwidth")
     replica, replica_where = link(dp, "--replica-bandwidth")
-    experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: no busbw published, the link's
+    experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: NCCL's NVLink rate, else the link's
     host, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s), (
         "--host-bandwidth" if "--host-bandwidth" in given else "PCIe")
     note = (f"{gpu.name}, {node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
@@ -71,5 +74,6 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
             f"{host:g} GB/s ({host_where})"
             + (f", the experts' all-to-all over ep {ep} at {experts:g} GB/s ({experts_where})" if ep > 1 else "")
             + f"; {gpu.link_source}" + (f"; {gpu.collective_source}" if "measured" in shard_where + replica_where
-                                        else ""))
+                                        else "")
+            + (f"; all-to-all: {gpu.alltoall_source}" if ep > 1 and "NCCL's" in experts_where else ""))
     return Links(shard, replica, host, node, [note], experts if ep > 1 else None)

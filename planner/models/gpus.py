@@ -24,6 +24,7 @@ from planner.models.attention_published import (
     SDPA_H100_BY_SEQ,
     SDPA_HOPPER,
 )
+from planner.models.nvlink_rates import NCCL_NVLINK_SOURCE, nccl_nvlink_rate
 
 # Memory-bound kernels' achieved bandwidth as fractions of the datasheet's (eager, fused), derived by
 # scripts/membound_rates.py from Liger-Kernel's published benchmark medians (docs/gpus.md "Memory-bound
@@ -105,6 +106,9 @@ class GPU:
     # none published, the datasheet's
     node_collective_gb_per_s: float = 0.0
     collective_source: str = ""
+    # NCCL's sends and receives (an all-to-all's) inside a node: its effective NVLink rate (nvlink_rates.py); 0: the link's
+    node_alltoall_gb_per_s: float = 0.0
+    alltoall_source: str = ""
     # what cudaGetDeviceProperties().totalGlobalMem (torch's total_memory) reports, and its source
     cuda_total_bytes: int = 0
     total_source: str = ""
@@ -168,6 +172,11 @@ class GPU:
         """GB/s a ring all-gather or reduce-scatter inside a node runs at (tensor-, context- and data-parallel
         groups alike): the measured bus bandwidth where one is published, else the link's datasheet rate."""
         return self.node_collective_gb_per_s or self.node_link_gb_per_s
+
+    @property
+    def node_alltoall_rate(self) -> float:
+        """GB/s one way an all-to-all inside a node runs at: NCCL's NVLink rate where read, else the link's."""
+        return self.node_alltoall_gb_per_s or self.node_link_gb_per_s
 
     @property
     def network_collective_rate(self) -> float:
@@ -323,6 +332,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         node_collective_gb_per_s=354.9,
         collective_source="nccl-tests on 8 x H100: reduce_scatter busbw 360, all_gather 350 GB/s (NVIDIA/nccl#1281, "
                           "2024-05-10); 354.9 their harmonic mean, a tensor-parallel layer moving equal bytes in each",
+        node_alltoall_gb_per_s=nccl_nvlink_rate(450.0, 90), alltoall_source=NCCL_NVLINK_SOURCE,
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
@@ -368,6 +378,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("h200", 141 * 10**9, 989.4, 4.8, "NVIDIA H200 datasheet, SXM (BF16 989, FP8 1,979 dense; 4.8 TB/s)", 450.0,
         fp8_tflops=1978.9,
         link_source="H200 datasheet: NVLink 900 GB/s, PCIe Gen5 128 GB/s; DGX H200: 400 Gb/s NIC per GPU",
+        node_alltoall_gb_per_s=nccl_nvlink_rate(450.0, 90), alltoall_source=NCCL_NVLINK_SOURCE,
         cuda_total_bytes=143771 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on H200: 143771 MiB (sgl-project/sglang#3196), less the H100's 454 MiB driver "
                      "reservation (assumed)",
@@ -421,6 +432,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("b200", 180 * 10**9, 2250.0, 8.0,
         "NVIDIA DGX B200 / HGX B200 datasheets (BF16 2,250, FP8 4,500 dense; 8 TB/s)", 900.0, fp8_tflops=4500.0,
         link_source="HGX B200 datasheet: NVLink 1.8 TB/s per GPU; DGX B200: 400 Gb/s per GPU; PCIe Gen5",
+        node_alltoall_gb_per_s=nccl_nvlink_rate(900.0, 100), alltoall_source=NCCL_NVLINK_SOURCE,
         cuda_total_bytes=183359 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on B200: 183359 MiB (NVIDIA/TensorRT-LLM#10278), less the H100's 454 MiB "
                      "driver reservation (assumed)",
@@ -439,6 +451,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source=f"GB200 NVL72 datasheet: NVLink 1.8 TB/s per GPU across the 72, NVLink-C2C 900 GB/s to the "
                     f"CPU; {_NIC_ASSUMED}",
         node_collective_gb_per_s=679.6,
+        node_alltoall_gb_per_s=nccl_nvlink_rate(900.0, 100), alltoall_source=NCCL_NVLINK_SOURCE,
         collective_source="nccl-tests all_reduce_perf on one GB200 host's 4 GPUs, NCCL_ALGO=Ring, NCCL 2.25.1: busbw "
                           "679.61 GB/s at 8 GB, 574.19 at 134 MB (Azure/AI-benchmarking-guide Azure_Results/"
                           "ND_GB200_v6_results.md, 2a370be6; Benchmarks/NVIDIA/NCCLBandwidth.py runs Ring on 4 GPUs)",

@@ -123,7 +123,7 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
 def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
     """links.default_links' rule with the job's node size: a group whose ranks x tp fit
     in a node reduces at the node's collective rate (measured busbw, else the link's), a wider one over
-    the network; an expert all-to-all in a node at the link's."""
+    the network; an expert all-to-all in a node at NCCL's NVLink rate (GPU.node_alltoall_rate)."""
     if profile.device.type != "cuda":
         chosen = links.default_links(profile, stages=degrees.pp, dp=degrees.dp,
                                      shard_group=degrees.shard_group or degrees.dp, ep=degrees.ep)
@@ -135,7 +135,7 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
     def link(ranks: int) -> float:
         return gpu.node_collective_rate if ranks * degrees.tp <= gpus_per_node else gpu.network_collective_rate
 
-    experts = (gpu.node_link_gb_per_s if degrees.ep * degrees.tp <= gpus_per_node else gpu.network_collective_rate)
+    experts = (gpu.node_alltoall_rate if degrees.ep * degrees.tp <= gpus_per_node else gpu.network_collective_rate)
     return dict(shard_gb_per_s=link(degrees.shard_group or degrees.dp), replica_gb_per_s=link(degrees.dp),
                 host_gb_per_s=gpu.host_link_gb_per_s, devices_per_node=gpus_per_node,
                 ep_gb_per_s=experts if degrees.ep > 1 else None,
