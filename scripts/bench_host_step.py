@@ -178,11 +178,10 @@ def _not_shared(p):  # transformer/module.py 26
 
 
 def step_loops(model: Model):
-    """The optimizer step's per-tensor loops that run every step (optimizer.py 816-845, distrib_optimizer.py
-    2756-2850, d98e8a64): zero_grad's .grad = None, get_parameters, _copy_model_grads_to_main_grads (range map,
+    """The optimizer step's per-tensor loops before its inner step (optimizer.py 743-845, distrib_optimizer.py
+    2756-2800, d98e8a64): zero_grad's .grad = None, get_parameters, _copy_model_grads_to_main_grads (range map,
     view, slice, .float()), _filter_grads_for_norm (the filter, not shared, not a TP duplicate), clip_grad_by_total
-    _norm_fp32's list (the grad's type() string asserted, detach), TE FusedAdam.step's lists (state lookup, four
-    appends), _copy_main_params_to_model_params (view, slice, copy_ into the bf16 parameter)."""
+    _norm_fp32's list (the grad's type() string asserted, detach)."""
     for m in model.mains:  # zero_grad(set_to_none=True)
         m.grad = None
     params = [p for p in model.params]  # get_parameters
@@ -200,6 +199,13 @@ def step_loops(model: Model):
             assert m.grad.type() == "torch.FloatTensor"  # 'torch.cuda.FloatTensor' on a GPU
             clip[0].append(m)
             clip[1].append(m.grad.detach())
+    return grads, clip
+
+
+def adam_loops(model: Model):
+    """The loops of step_with_ready_grads (optimizer.py 777-813, distrib_optimizer.py 2802-2850): TE FusedAdam.step's
+    lists (state lookup, four appends), _copy_main_params_to_model_params (view, slice, copy_ into the bf16
+    parameter). Under --log-num-zeros-in-grad they run after count_zeros' .item()."""
     lists = ([], [], [], [])
     for m in model.mains:
         if m.grad is None:
@@ -209,10 +215,10 @@ def step_loops(model: Model):
         lists[1].append(m)
         lists[2].append(state["exp_avg"])
         lists[3].append(state["exp_avg_sq"])
-    for p, m in zip(params, model.mains):
+    for p, m in zip(model.params, model.mains):
         rng = model.ranges[p]["param"]
         p.data.view(-1)[rng.start:rng.end].copy_(m)
-    return grads, clip, lists
+    return lists
 
 
 def count_zeros_loop(model: Model):
@@ -323,7 +329,8 @@ def parts(tensors: int):
         ("loss (vocab-parallel CE + loss_func, its NaN/Inf checks)", loss, loss_in, True),
         ("DDP grad hook with main_grad.add_" + per, lambda: grad_hook(model, True), tuple, False),
         ("DDP grad hook, gradient accumulated by the GEMM" + per, lambda: grad_hook(model, False), tuple, False),
-        ("optimizer step's loops" + per, lambda: step_loops(model), tuple, False),
+        ("optimizer step's loops before its inner step" + per, lambda: step_loops(model), tuple, False),
+        ("inner step's and copy-back loops" + per, lambda: adam_loops(model), tuple, False),
         ("count_zeros loop" + per, lambda: count_zeros_loop(model), tuple, False),
         ("params norm loop" + per, lambda: params_norm_loop(model), tuple, False),
         ("step's fixed calls", lambda: fixed_step(flat_g, flat_p, report, False, False), tuple, False),

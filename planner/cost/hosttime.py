@@ -49,9 +49,10 @@ Megatron-LM d98e8a64:
 - the optimizer step (`host_step_ms`, once a step): its per-tensor loops (optimizer.py, distrib_optimizer.py,
   clip_grads.py count_zeros_fp32, TE FusedAdam.step, calc_params_l2_norm) over the layer's parameter tensors, and
   on the embedding's stage its fixed calls. count_zeros' and the params norm's `.item()` wait for the device
-  (--log-num-zeros-in-grad, --log-params-norm; the loss's in training_log): the host cannot issue the step ahead
-  past them, so its time is charged whole, not under the device's (an upper bound by the step's device time
-  between two syncs, the Adam kernel's, which runs while the host copies the shards back).
+  (--log-num-zeros-in-grad, --log-params-norm; the loss's in training_log): the host cannot run ahead past them.
+  What runs before the first one may hide in the host's lead at the last backward (each layer's by its own
+  backward's lead); what runs after it is charged whole (an upper bound by the Adam kernel's device time, which
+  runs while the host copies the shards back).
 Not in it: the all-reduces' and broadcasts' issue, get_batch's data loader, the tensorboard writer, the timers'
 barrier, a MoE or MLA block's tensors (0 counted).
 
@@ -153,17 +154,42 @@ def grad_hook_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float
     return added * (tensors - skip) + fused * skip
 
 
-def host_step_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
-    """ms the host takes once a step for the optimizer's work on this layer's tensors (its loops, count_zeros'
-    under --log-num-zeros-in-grad, the params norm's under --log-params-norm), and on the embedding's stage the
-    step's fixed calls (the module's docstring)."""
-    parts = ["step"] + ["zeros"] * setup.training.log_num_zeros_in_grad + ["params_norm"] * setup.training.log_params_norm
+def _backward_lead_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
+    """ms the device's backward of this layer runs beyond the host's issue of it (its rerun's with it under full
+    recompute): the lead the host gains over the device in the layer's last backward; 0 where host-bound."""
+    if layer.kind == EMBEDDING:
+        _, host = rest_ms(profile, setup, "embedding")
+        return max(0.0, layer.bwd_ms - host - grad_hook_ms(layer, profile, setup))
+    if layer.kind not in (DENSE_BLOCK, MOE_BLOCK):
+        return 0.0
+    fwd, bwd = host_block_ms(profile, setup, moe=layer.kind == MOE_BLOCK)
+    device, host = layer.bwd_ms, bwd + grad_hook_ms(layer, profile, setup)
+    if int(ckpt) == 1:
+        device, host = device + rules.recompute_ms(layer, setup), host + fwd
+    return max(0.0, device - host)
+
+
+def host_step_ms(layer: LayerCost, profile: Profile, setup: TrainSetup, ckpt=0) -> float:
+    """ms the host's optimizer step adds once a step for this layer's tensors, and on the embedding's stage the
+    step's fixed calls (the module's docstring). The loops before the first sync (the copy to the main grads, the
+    norm's filter, the clip's list, count_zeros' loop; with no count_zeros, the inner step's and the params norm's
+    loops too) run while the device still finishes the last backward where the host issued it ahead: each layer's
+    share hidden by up to its own backward's lead (_backward_lead_ms, a lower bound of the stage's lead); the loops
+    after count_zeros' .item() and the fixed calls are charged whole."""
+    training = setup.training
     tensors = param_tensors(layer, profile, setup)
-    total = 0.0
-    for part in parts:
-        per_tensor, fixed = rest_ms(profile, setup, part)
-        total += per_tensor * tensors + (fixed if layer.kind == EMBEDDING else 0.0)
-    return total
+    before, fixed = rest_ms(profile, setup, "step")
+    after, _ = rest_ms(profile, setup, "inner_step")
+    before, after = before * tensors, after * tensors
+    for part, on in (("zeros", training.log_num_zeros_in_grad), ("params_norm", training.log_params_norm)):
+        per_tensor, once = rest_ms(profile, setup, part) if on else (0.0, 0.0)
+        before += per_tensor * tensors if part == "zeros" else 0.0
+        after += per_tensor * tensors if part == "params_norm" else 0.0
+        fixed += once
+    if not training.log_num_zeros_in_grad:  # no .item() before the inner step: its loops run inside the lead too
+        before, after = before + after, 0.0
+    before -= min(before, _backward_lead_ms(layer, ckpt, profile, setup))
+    return before + after + (fixed if layer.kind == EMBEDDING else 0.0)
 
 
 def _head_and_loss_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:

@@ -16,11 +16,12 @@ TE_V = "TransformerEngine v2.9"
 HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 77.10, 86.41))
 # the host's time for the step outside the blocks, in torch Linear forwards: per microbatch the embedding's, the
 # output layer's and the loss's forward and backward, the DDP hook per tensor (with main_grad.add_, without); per
-# step a tensor's share of the optimizer's loops and the fixed calls, of count_zeros' and of the params norm's:
+# step a tensor's share of the optimizer's loops before its inner step and the fixed calls, of the inner step's and
+# copy-back loops, of count_zeros' and of the params norm's (loop, fixed):
 # scripts/bench_host_step.py (9 repeats x 200 calls, torch 2.13.0 CPU), docs/framework-facts.md §97
-HOST_REST_LINEARS = (("embedding", 3.76, 5.42), ("output", 2.33, 5.67), ("loss", 13.02, 10.19),
-                     ("grad_hook", 0.18, 0.04), ("step", 0.91, 2.18), ("zeros", 0.67, 0.13),
-                     ("params_norm", 0.03, 2.25))
+HOST_REST_LINEARS = (("embedding", 3.81, 5.63), ("output", 2.34, 5.90), ("loss", 12.76, 9.70),
+                     ("grad_hook", 0.18, 0.04), ("step", 0.48, 2.16), ("inner_step", 0.41, 0.0),
+                     ("zeros", 0.67, 0.08), ("params_norm", 0.03, 2.40))
 # what runs instead of torch.compile, and where that is read (runtimes._NO_MODEL_COMPILE's entry)
 NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise "
                     "functions of its jit_fuser)",

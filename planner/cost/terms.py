@@ -319,9 +319,9 @@ TERMS: tuple[Term, ...] = (
          "gradient buffer's zeroing, the "
          "clipping norm, the fp32 main parameters copied to bf16) at the profile's HBM bandwidth"),
     Term("the host's optimizer step: its per-tensor loops and, on the embedding's stage, its fixed calls", "step",
-         "layer", lambda layer, ckpt, ctx: hosttime.host_step_ms(layer, ctx.profile, ctx.setup),
+         "layer", lambda layer, ckpt, ctx: hosttime.host_step_ms(layer, ctx.profile, ctx.setup, ckpt),
          "the record's host_rest_linears \"step\" (Megatron-LM's optimizer step, count_zeros, params norm, "
-         "scripts/bench_host_step.py) x the layer's parameter tensors, at GPU.host_call_us; whole: syncs gate it"),
+         "scripts/bench_host_step.py) x the layer's parameter tensors, at GPU.host_call_us; after the first sync whole"),
     Term("the parameters' norm and the gradients' zeros logged each step", "step", "layer",
          lambda layer, ckpt, ctx: jobsettings.logged_reads_ms(layer, ctx.profile, ctx.setup),
          "the record's logged_read_shard_bytes over the rank's shard per read (Megatron-LM's --log-params-norm, "
