@@ -105,8 +105,9 @@ def _call_ms(profile: Profile) -> float:
 
 
 def rest_ms(profile: Profile, setup: TrainSetup, part: str) -> tuple[float, float]:
-    """ms the host takes for one part outside the blocks (the record's host_rest_linears: "embedding",
-    "output", "loss" forward and backward; "step" per parameter tensor and fixed); (0, 0) where none."""
+    """ms the host takes for one part outside the blocks (the record's host_rest_linears): "embedding", "output",
+    "loss" (forward, backward); "grad_hook" (a tensor with main_grad.add_, without); "step", "inner_step", "zeros",
+    "params_norm" (a tensor, the fixed calls). (0, 0) where the record or the GPU's host has none."""
     rest = {name: (a, b) for name, a, b in runtimes.of(setup.training).host_rest_linears}
     a, b = rest.get(part, (0.0, 0.0))
     call_ms = _call_ms(profile) if (a or b) else 0.0
