@@ -32,7 +32,22 @@ def test_megatrons_record_reads_the_benchmarks_block():
     # scripts/bench_host.py's dense block in torch Linear forwards: forward, backward; with TE's fused attention and
     # with its unfused one
     assert runtimes.of(_setup().training).host_block_linears == (("flash", 36.72, 47.29), ("eager", 49.72, 52.76),
-                                                                  ("moe", 77.10, 86.41))
+                                                                  ("moe", 77.10, 86.41), ("flash_cp2", 68.85, 74.27))
+
+
+def test_context_parallelism_2_takes_the_ring_blocks_host_time():
+    # scripts/bench_host_cp.py: the block with TE's AttnFuncWithCPAndKVP2P at CP 2 (the slower rank's)
+    profile, _ = _layers(TINY, "h100")
+    cp2 = profile.model_copy(update={"assumptions": {**profile.assumptions, "cp": 2}})
+    assert hosttime.host_block_ms(cp2, _setup()) == pytest.approx((68.85 * 13.48e-3, 74.27 * 13.48e-3))
+    # CP 4 is not measured, nor TE's all-to-all exchange: the block without the ring
+    cp4 = profile.model_copy(update={"assumptions": {**profile.assumptions, "cp": 4}})
+    assert hosttime.host_block_ms(cp4, _setup()) == pytest.approx((36.72 * 13.48e-3, 47.29 * 13.48e-3))
+    a2a = TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**40], precision="bf16-mixed",
+                     runtime="megatron", cp_comm="a2a")
+    assert hosttime.host_block_ms(cp2, a2a) == pytest.approx((36.72 * 13.48e-3, 47.29 * 13.48e-3))
+    eager = cp2.model_copy(update={"assumptions": {**cp2.assumptions, "attention": "eager"}})
+    assert hosttime.host_block_ms(eager, _setup()) == pytest.approx((49.72 * 13.48e-3, 52.76 * 13.48e-3))
 
 
 def test_the_profiles_attention_picks_the_block():

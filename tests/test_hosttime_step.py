@@ -159,3 +159,32 @@ def test_the_bench_prints_every_part(capsys):
     names = [line.split(" | ")[0].lstrip("| ") for line in table[3:]]
     assert names[0] == "torch Linear (the unit)" and len(names) == 13
     assert sum(name.endswith("x 4 tensors") for name in names) == 6
+
+
+def test_the_ring_replica_calls_the_attention_once_a_step_each_way():
+    # AttnFuncWithCPAndKVP2P at CP 2: two ring steps, one fused-attention call each, forward and backward
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from scripts import bench_host as bh
+    from scripts import bench_host_cp as cp
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    for rank in range(cp.CP):
+        block = bh.Block(cp.RingAttention(rank))
+        x = torch.randn(bh.S, bh.B, bh.H, requires_grad=True)
+        with Calls() as fwd:
+            out = block(x)
+        with Calls() as bwd:
+            out.backward(torch.ones_like(out))
+        assert sum("flash_attention_for_cpu.default" in n for n in fwd.names) == 2
+        assert sum("flash_attention_for_cpu_backward" in n for n in bwd.names) == 2
+        plain = bh.count_ops(bh.Block(), lambda: torch.randn(bh.S, bh.B, bh.H, requires_grad=True))
+        assert len(fwd.names) > plain[0] and len(bwd.names) > plain[1]  # the ring's slices, corrections, copies

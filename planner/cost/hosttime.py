@@ -21,9 +21,10 @@ The host time is a floor, from a published absolute and a measured ratio:
   torch.compile'd bias-dropout-adds, the bias-GeLU autograd Function, and the autograd engine's
   backward over all of them. The ratio is the replica's on the machine that ran the script, carried to
   the GPU's host as a multiple of its published Linear: a measured ratio, not a figure of that host.
-  Not in it: the embedding, the output layer and loss, the optimizer's per-tensor work, CP's ring
-  steps, the local spec's own modules (read as the TE spec's, as its kernels are), the attention
-  dropout's RNG-tracker fork.
+  Under context parallelism 2 with TE's p2p ring, the record's "flash_cp2": the same block with
+  AttnFuncWithCPAndKVP2P's two ring steps a pass (scripts/bench_host_cp.py, §97; other CP sizes: the block
+  without the ring, not measured). Not in it: the local spec's own modules (read as the TE spec's, as its
+  kernels are), the attention dropout's RNG-tracker fork, the ring's sends, receives, CUDA streams and events.
 - what a MoE block's passes cost in such Linears (the record's "moe" entry): scripts/bench_host.py's MoE
   replica (the dense block's attention half, then Megatron-core's MoELayer with the alltoall dispatcher,
   fused router and permute, TE's GroupedLinear, the compiled weighted SwiGLU; docs/framework-facts.md §94).
@@ -66,7 +67,7 @@ the host's lead restarts from nothing: the floor applies per pass, as charged he
 
 from __future__ import annotations
 
-from planner.cost import rules, runtimes
+from planner.cost import contextparallel, rules, runtimes
 from planner.cost.layers import LayerCost
 from planner.schema import Profile, TrainSetup
 
@@ -79,12 +80,17 @@ MOE = "moe"  # the record's host_block_linears entry of a MoE block (the alltoal
 
 def host_block_ms(profile: Profile, setup: TrainSetup, *, moe: bool = False) -> tuple[float, float]:
     """ms the host takes to issue one dense block's forward and its backward (the module's docstring), the
-    record's figure for the profile's attention kind; `moe`: a MoE block's (the record's "moe" entry, measured
+    record's figure for the profile's attention kind (under context parallelism with TE's p2p ring, the kind's
+    "_cp<N>" entry where the record measured one); `moe`: a MoE block's (the record's "moe" entry, measured
     with flash attention: none under another kind); (0, 0) where the record or the profile's GPU has none."""
     kind = profile.assumptions.get("attention")
     if moe:
         kind = MOE if kind == "flash" else None
     linears = {name: (fwd, bwd) for name, fwd, bwd in runtimes.of(setup.training).host_block_linears}
+    cp = int(profile.assumptions.get("cp", 1) or 1)
+    ring = f"{kind}_cp{cp}"  # TE's p2p ring at this CP size, where measured; else the block without it
+    if cp > 1 and ring in linears and contextparallel.comm_type(setup.training) == "p2p" and not moe:
+        kind = ring
     fwd, bwd = linears.get(kind, (0.0, 0.0))
     named = profile.assumptions.get("gpu")
     if not (fwd or bwd) or not isinstance(named, str):

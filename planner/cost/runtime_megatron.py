@@ -13,7 +13,10 @@ TE_V = "TransformerEngine v2.9"
 # profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
 # --attention-backend unfused and local-spec rows): scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU;
 # the least of the repeats' medians over the Linear's), docs/framework-facts.md §85, docs/published-runs.md §23.hostcall
-HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 77.10, 86.41))
+# "flash_cp2": the block under context parallelism 2, TE's AttnFuncWithCPAndKVP2P (the slower rank's; the same run's
+# block without CP: 36.89, 44.18): scripts/bench_host_cp.py, docs/framework-facts.md §97
+HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 77.10, 86.41),
+                      ("flash_cp2", 68.85, 74.27))
 # the host's time for the step outside the blocks, in torch Linear forwards: per microbatch the embedding's, the
 # output layer's and the loss's forward and backward, the DDP hook per tensor (with main_grad.add_, without); per
 # step a tensor's share of the optimizer's loops before its inner step and the fixed calls, of the inner step's and
@@ -130,7 +133,9 @@ def megatron() -> RuntimeFacts:
                                   "forward, each TE module a torch Linear (TransformerEngine#2126): scripts/bench_host.py, "
                                   "docs/framework-facts.md §85; \"moe\": the MoE block with the alltoall dispatcher, "
                                   "fused router and permute and TE's GroupedLinear (moe_layer.py, token_dispatcher.py, "
-                                  "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94",
+                                  "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94; \"flash_cp2\": the "
+                                  "block with TE's AttnFuncWithCPAndKVP2P at CP 2 (context_parallel.py 1407-2990, "
+                                  "TE f8a01cd5), scripts/bench_host_cp.py, §97",
             "host_rest_linears": "the step outside the blocks, Megatron-LM d98e8a64: language_model_embedding.py "
                                  "forward; gpt_model.py _postprocess; language_module.py compute_language_model_loss, "
                                  "tensor_parallel/cross_entropy.py; pretrain_gpt.py loss_func 254-277 (validate_result's "
