@@ -21,9 +21,10 @@ The host time is a floor, from a published absolute and a measured ratio:
   torch.compile'd bias-dropout-adds, the bias-GeLU autograd Function, and the autograd engine's
   backward over all of them. The ratio is the replica's on the machine that ran the script, carried to
   the GPU's host as a multiple of its published Linear: a measured ratio, not a figure of that host.
-  Not in it: the embedding, the output layer and loss, the optimizer's per-tensor work, CP's ring
-  steps, the local spec's own modules (read as the TE spec's, as its kernels are), the attention
-  dropout's RNG-tracker fork.
+  Under context parallelism 2 with TE's p2p ring, the record's "flash_cp2": the same block with
+  AttnFuncWithCPAndKVP2P's two ring steps a pass (scripts/bench_host_cp.py, §97; other CP sizes: the block
+  without the ring, not measured). Not in it: the local spec's own modules (read as the TE spec's, as its
+  kernels are), the attention dropout's RNG-tracker fork, the ring's sends, receives, CUDA streams and events.
 - what a MoE block's passes cost in such Linears (the record's "moe" entry): scripts/bench_host.py's MoE
   replica (the dense block's attention half, then Megatron-core's MoELayer with the alltoall dispatcher,
   fused router and permute, TE's GroupedLinear, the compiled weighted SwiGLU; docs/framework-facts.md §94).
@@ -37,6 +38,25 @@ The host time is a floor, from a published absolute and a measured ratio:
 A pass takes max(device, host): the forward against the layer's forward time, the backward against
 its backward; a full recompute's rerun against the recompute's device time, at the forward's host time.
 
+The rest of the step (the record's `host_rest_linears`, scripts/bench_host_step.py, docs/framework-facts.md §97),
+Megatron-LM d98e8a64:
+- the embedding's forward and backward: per pass max(device, host), as a block's;
+- the output layer (final norm and output linear) and the loss (the vocab-parallel cross-entropy, loss_func and
+  its two validate_result checks, which read the loss on the host: a sync): on the last stage a microbatch's
+  forward reaches the loss and its backward starts there (schedules.py forward_step, backward_step), so the
+  output layer's and the loss's passes are one span, max(device, host) over it;
+- the DDP's backward post-hook on each parameter tensor (`grad_hook_ms`, distributed_data_parallel.py 560-584:
+  main_grad.add_ unless the GEMM accumulated into it), in the backward of the layer holding the tensor;
+- the optimizer step (`host_step_ms`, once a step): its per-tensor loops (optimizer.py, distrib_optimizer.py,
+  clip_grads.py count_zeros_fp32, TE FusedAdam.step, calc_params_l2_norm) over the layer's parameter tensors, and
+  on the embedding's stage its fixed calls. count_zeros' and the params norm's `.item()` wait for the device
+  (--log-num-zeros-in-grad, --log-params-norm; the loss's in training_log): the host cannot run ahead past them.
+  What runs before the first one may hide in the host's lead at the last backward (each layer's by its own
+  backward's lead); what runs after it is charged whole (an upper bound by the Adam kernel's device time, which
+  runs while the host copies the shards back).
+Not in it: the all-reduces' and broadcasts' issue, get_batch's data loader, the tensorboard writer, the timers'
+barrier, a MoE or MLA block's tensors (0 counted).
+
 Syncs, where the host cannot run ahead of the device: Megatron-LM's interleaved schedule with
 overlap_p2p_comm (the default; batch_p2p_comm off, so no torch.cuda.synchronize after its p2p ops:
 p2p_communication.py 416-419, arguments.py 979-996, 6e091e1b) waits on its receives on the device,
@@ -47,23 +67,30 @@ the host's lead restarts from nothing: the floor applies per pass, as charged he
 
 from __future__ import annotations
 
-from planner.cost import rules, runtimes
+from planner.cost import contextparallel, rules, runtimes
 from planner.cost.layers import LayerCost
 from planner.schema import Profile, TrainSetup
 
 DENSE_BLOCK = "decoder_block"
+EMBEDDING = "embedding"
+HEAD = "norm+lm_head"
 MOE_BLOCK = "moe_block"
 MOE = "moe"  # the record's host_block_linears entry of a MoE block (the alltoall dispatcher's; flash attention)
 
 
 def host_block_ms(profile: Profile, setup: TrainSetup, *, moe: bool = False) -> tuple[float, float]:
     """ms the host takes to issue one dense block's forward and its backward (the module's docstring), the
-    record's figure for the profile's attention kind; `moe`: a MoE block's (the record's "moe" entry, measured
+    record's figure for the profile's attention kind (under context parallelism with TE's p2p ring, the kind's
+    "_cp<N>" entry where the record measured one); `moe`: a MoE block's (the record's "moe" entry, measured
     with flash attention: none under another kind); (0, 0) where the record or the profile's GPU has none."""
     kind = profile.assumptions.get("attention")
     if moe:
         kind = MOE if kind == "flash" else None
     linears = {name: (fwd, bwd) for name, fwd, bwd in runtimes.of(setup.training).host_block_linears}
+    cp = int(profile.assumptions.get("cp", 1) or 1)
+    ring = f"{kind}_cp{cp}"  # TE's p2p ring at this CP size, where measured; else the block without it
+    if cp > 1 and ring in linears and contextparallel.comm_type(setup.training) == "p2p" and not moe:
+        kind = ring
     fwd, bwd = linears.get(kind, (0.0, 0.0))
     named = profile.assumptions.get("gpu")
     if not (fwd or bwd) or not isinstance(named, str):
@@ -74,16 +101,135 @@ def host_block_ms(profile: Profile, setup: TrainSetup, *, moe: bool = False) -> 
     return fwd * call_ms, bwd * call_ms
 
 
+def _call_ms(profile: Profile) -> float:
+    named = profile.assumptions.get("gpu")
+    if not isinstance(named, str):
+        return 0.0
+    from planner.models import archs
+
+    return archs.gpu(named).host_call_us / 1e3
+
+
+def rest_ms(profile: Profile, setup: TrainSetup, part: str) -> tuple[float, float]:
+    """ms the host takes for one part outside the blocks (the record's host_rest_linears): "embedding", "output",
+    "loss" (forward, backward); "grad_hook" (a tensor with main_grad.add_, without); "step", "inner_step", "zeros",
+    "params_norm" (a tensor, the fixed calls). (0, 0) where the record or the GPU's host has none."""
+    rest = {name: (a, b) for name, a, b in runtimes.of(setup.training).host_rest_linears}
+    a, b = rest.get(part, (0.0, 0.0))
+    call_ms = _call_ms(profile) if (a or b) else 0.0
+    return a * call_ms, b * call_ms
+
+
+def param_tensors(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
+    """The parameter tensors a layer holds as Megatron-core builds it from the profile's model: a GPT-style block
+    LayerNorm's weight and bias twice (TE's LayerNormColumnParallelLinear holds them) and four linears with
+    biases, 12; a LLaMA-style block RMSNorm's weight twice and four linears, 6 (+1 a q/k/v bias, +2 or 4 q/k
+    norms); the embedding its word table and a learned position table; the head the final norm and, where it
+    is not the embedding's own tensor (untied, or a pipeline's last stage: a copy), the output weight. A MoE or
+    MLA block: 0 (not counted)."""
+    model = profile.assumptions.get("model") or {}
+    gpt = model.get("style") == "gpt"
+    norm = 2 if gpt else 1
+    if layer.kind == DENSE_BLOCK and not model.get("kv_lora_rank"):
+        return 2 * norm + 4 * (2 if gpt else 1) + (1 if model.get("qkv_bias") and not gpt else 0) \
+            + (2 * norm if model.get("qk_norm") else 0)
+    if layer.kind == EMBEDDING:
+        return 1 + (1 if gpt and not model.get("rotary") and model.get("max_position_embeddings") else 0)
+    if layer.kind == HEAD:
+        return norm + (1 if not model.get("tie_word_embeddings") or setup.pipeline.stages > 1 else 0)
+    return 0
+
+
+def _linear_weights(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
+    """Of param_tensors, the weights whose gradient a GEMM accumulates into main_grad under gradient-accumulation
+    fusion (TE's linears; Megatron's output layer): a block's four, the head's output weight where counted."""
+    if layer.kind == DENSE_BLOCK:
+        return 4 if param_tensors(layer, profile, setup) else 0
+    if layer.kind == HEAD:
+        norm = 2 if (profile.assumptions.get("model") or {}).get("style") == "gpt" else 1
+        return param_tensors(layer, profile, setup) - norm
+    return 0
+
+
+def grad_hook_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch the DDP's backward post-hooks take on the layer's tensors (the record's "grad_hook":
+    with main_grad.add_, and without where the GEMM accumulated: fused weights unless
+    --no-gradient-accumulation-fusion)."""
+    added, fused = rest_ms(profile, setup, "grad_hook")
+    tensors = param_tensors(layer, profile, setup)
+    skip = 0 if setup.training.unfused_grad_accumulation else _linear_weights(layer, profile, setup)
+    return added * (tensors - skip) + fused * skip
+
+
+def _backward_lead_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
+    """ms the device's backward of this layer runs beyond the host's issue of it (its rerun's with it under full
+    recompute): the lead the host gains over the device in the layer's last backward; 0 where host-bound."""
+    if layer.kind == EMBEDDING:
+        _, host = rest_ms(profile, setup, "embedding")
+        return max(0.0, layer.bwd_ms - host - grad_hook_ms(layer, profile, setup))
+    if layer.kind not in (DENSE_BLOCK, MOE_BLOCK):
+        return 0.0
+    fwd, bwd = host_block_ms(profile, setup, moe=layer.kind == MOE_BLOCK)
+    device, host = layer.bwd_ms, bwd + grad_hook_ms(layer, profile, setup)
+    if int(ckpt) == 1:
+        device, host = device + rules.recompute_ms(layer, setup), host + fwd
+    return max(0.0, device - host)
+
+
+def host_step_ms(layer: LayerCost, profile: Profile, setup: TrainSetup, ckpt=0) -> float:
+    """ms the host's optimizer step adds once a step for this layer's tensors, and on the embedding's stage the
+    step's fixed calls (the module's docstring). The loops before the first sync (the copy to the main grads, the
+    norm's filter, the clip's list, count_zeros' loop; with no count_zeros, the inner step's and the params norm's
+    loops too) run while the device still finishes the last backward where the host issued it ahead: each layer's
+    share hidden by up to its own backward's lead (_backward_lead_ms, a lower bound of the stage's lead); the loops
+    after count_zeros' .item() and the fixed calls are charged whole."""
+    training = setup.training
+    tensors = param_tensors(layer, profile, setup)
+    before, fixed = rest_ms(profile, setup, "step")
+    after, _ = rest_ms(profile, setup, "inner_step")
+    before, after = before * tensors, after * tensors
+    for part, on in (("zeros", training.log_num_zeros_in_grad), ("params_norm", training.log_params_norm)):
+        per_tensor, once = rest_ms(profile, setup, part) if on else (0.0, 0.0)
+        before += per_tensor * tensors if part == "zeros" else 0.0
+        after += per_tensor * tensors if part == "params_norm" else 0.0
+        fixed += once
+    if not training.log_num_zeros_in_grad:  # no .item() before the inner step: its loops run inside the lead too
+        before, after = before + after, 0.0
+    before -= min(before, _backward_lead_ms(layer, ckpt, profile, setup))
+    return before + after + (fixed if layer.kind == EMBEDDING else 0.0)
+
+
+def _head_and_loss_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """The output layer's and the loss's host time beyond their device time, one span on the last stage."""
+    from planner.cost import megatron_loss
+
+    host = sum(rest_ms(profile, setup, "output")) + sum(rest_ms(profile, setup, "loss"))
+    if not host:
+        return 0.0
+    host += grad_hook_ms(layer, profile, setup)
+    last = setup.pipeline.stages - 1
+    device = layer.fwd_ms + layer.bwd_ms + rules.stage_constant_ms(profile, last, setup) \
+        + megatron_loss.vocab_parallel_ce_ms(profile, last, setup)
+    return max(0.0, host - device)
+
+
 def host_bound_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -> float:
     """ms per microbatch a dense block's passes take beyond their device time where the host issues them
     more slowly: max(device, host) less device for the forward, the backward, and a full recompute's
-    rerun of the forward; 0 for other layers (as jobsettings' terms, an analytic profile's dense and MoE
+    rerun of the forward, the DDP hooks in the backward; the embedding's passes the same, the head's with the
+    loss one span (rest_ms); 0 for other layers (as jobsettings' terms, an analytic profile's dense and MoE
     blocks: a fake profile's, kinds named by the model's class, are not read)."""
+    if layer.kind == EMBEDDING:
+        fwd, bwd = rest_ms(profile, setup, "embedding")
+        return max(0.0, fwd - layer.fwd_ms) + max(0.0, bwd + grad_hook_ms(layer, profile, setup) - layer.bwd_ms)
+    if layer.kind == HEAD:
+        return _head_and_loss_ms(layer, profile, setup)
     if layer.kind not in (DENSE_BLOCK, MOE_BLOCK):
         return 0.0
     fwd, bwd = host_block_ms(profile, setup, moe=layer.kind == MOE_BLOCK)
     if not (fwd or bwd):
         return 0.0
+    bwd += grad_hook_ms(layer, profile, setup)
     extra = max(0.0, fwd - layer.fwd_ms) + max(0.0, bwd - layer.bwd_ms)
     if int(ckpt) == 1:  # full recompute: the forward issued again
         extra += max(0.0, fwd - rules.recompute_ms(layer, setup))

@@ -248,6 +248,11 @@ class RuntimeFacts:
     kernel; "eager": the s x s scores through torch ops), and a MoE block's ("moe", read for flash attention):
     Megatron-core's TE layer spec blocks as measured by scripts/bench_host.py; a kind not listed (or none): not
     read, no host floor."""
+    host_rest_linears: tuple[tuple[str, float, float], ...] = ()
+    """The host's time for the step outside the blocks, in torch Linear forwards (planner/cost/hosttime.py): per
+    microbatch "embedding", "output" (final norm and output layer) and "loss" (the runtime's loss and its checks),
+    each (forward, backward); per step "step" (per parameter tensor, fixed): the optimizer step's and the logged
+    norms' host work as scripts/bench_host_step.py measures Megatron-LM's; none: not read, nothing charged."""
     vocab_parallel_ce_bytes: int = 0
     """Bytes a bf16 logit moves through the runtime's own unfused cross-entropy, forward and backward, which the
     cost model charges in place of an analytic profile's eager loss (planner/cost/megatron_loss.py): Megatron-LM's

@@ -13,7 +13,18 @@ TE_V = "TransformerEngine v2.9"
 # profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
 # --attention-backend unfused and local-spec rows): scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU;
 # the least of the repeats' medians over the Linear's), docs/framework-facts.md §85, docs/published-runs.md §23.hostcall
-HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 77.10, 86.41))
+# "flash_cp2": the block under context parallelism 2, TE's AttnFuncWithCPAndKVP2P (the slower rank's; the same run's
+# block without CP: 36.89, 44.18): scripts/bench_host_cp.py, docs/framework-facts.md §97
+HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 77.10, 86.41),
+                      ("flash_cp2", 68.85, 74.27))
+# the host's time for the step outside the blocks, in torch Linear forwards: per microbatch the embedding's, the
+# output layer's and the loss's forward and backward, the DDP hook per tensor (with main_grad.add_, without); per
+# step a tensor's share of the optimizer's loops before its inner step and the fixed calls, of the inner step's and
+# copy-back loops, of count_zeros' and of the params norm's (loop, fixed):
+# scripts/bench_host_step.py (9 repeats x 200 calls, torch 2.13.0 CPU), docs/framework-facts.md §97
+HOST_REST_LINEARS = (("embedding", 3.81, 5.63), ("output", 2.34, 5.90), ("loss", 12.76, 9.70),
+                     ("grad_hook", 0.18, 0.04), ("step", 0.48, 2.16), ("inner_step", 0.41, 0.0),
+                     ("zeros", 0.67, 0.08), ("params_norm", 0.03, 2.40))
 # what runs instead of torch.compile, and where that is read (runtimes._NO_MODEL_COMPILE's entry)
 NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise "
                     "functions of its jit_fuser)",
@@ -63,7 +74,8 @@ def megatron() -> RuntimeFacts:
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
-        deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, megatron_step_replayed=True,
+        deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
+        megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
@@ -121,7 +133,17 @@ def megatron() -> RuntimeFacts:
                                   "forward, each TE module a torch Linear (TransformerEngine#2126): scripts/bench_host.py, "
                                   "docs/framework-facts.md §85; \"moe\": the MoE block with the alltoall dispatcher, "
                                   "fused router and permute and TE's GroupedLinear (moe_layer.py, token_dispatcher.py, "
-                                  "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94",
+                                  "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94; \"flash_cp2\": the "
+                                  "block with TE's AttnFuncWithCPAndKVP2P at CP 2 (context_parallel.py 1407-2990, "
+                                  "TE f8a01cd5), scripts/bench_host_cp.py, §97",
+            "host_rest_linears": "the step outside the blocks, Megatron-LM d98e8a64: language_model_embedding.py "
+                                 "forward; gpt_model.py _postprocess; language_module.py compute_language_model_loss, "
+                                 "tensor_parallel/cross_entropy.py; pretrain_gpt.py loss_func 254-277 (validate_result's "
+                                 "NaN/Inf reads); distributed_data_parallel.py 560-584 (the backward post-hook); "
+                                 "optimizer/optimizer.py 216-292, 816-845, distrib_optimizer.py 2756-2850, "
+                                 "clip_grads.py 55-258 (TE's multi_tensor_scale_tensor: no .item() in the norm), "
+                                 "training/utils/common_utils.py 52-208 (calc_params_l2_norm), training.py 3312 "
+                                 "(training_log's loss .item()): scripts/bench_host_step.py, docs/framework-facts.md §97",
             "deterministic_attention": "--deterministic-mode asks for NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (megatron/core/"
                                        "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b; 1697-1702 "
                                        "at 7e6a045a) and passes config.attention_dropout (default 0.1, "

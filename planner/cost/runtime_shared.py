@@ -52,6 +52,7 @@ AFTER_STEP_NOT_READ = {
     "ce_fill_bytes": "not read for this runtime (no loss of its own charged: vocab_parallel_ce_bytes)",
     "deterministic_attention": "not read for this runtime (--deterministic-mode refused)",
     "host_block_linears": "not read for this runtime (no host floor charged)",
+    "host_rest_linears": "not read for this runtime (no host time charged outside the blocks)",
     "zero1_all_reduces": "not read for this runtime: ZeRO 1 reduce-scatters (the gradients' shard reduced where stepped)",
     "hp_grad_accumulate_bytes": "not read for this runtime: its backward accumulates into the gradient it reduces",
     "hp_grad_bytes": "not read for this runtime: the gradient it accumulates and reduces is the only one (grad_bytes)",

@@ -290,11 +290,10 @@ TERMS: tuple[Term, ...] = (
          "aten::empty, and TE allocates its GEMM, norm and attention outputs so (gemm.cpp, quantizer.cpp, "
          "normalization.cpp, attention.cpp, TE v2.16.0): a dense block's bf16 forward outputs and input gradients "
          "(and unfused bf16 weight gradients) at the profile's HBM bandwidth"),
-    Term("the host's issue time beyond a dense or MoE block's forward and backward (host-bound passes)", "time", "layer",
-         lambda layer, ckpt, ctx: hosttime.host_bound_ms(layer, ckpt, ctx.profile, ctx.setup),
-         "max(device, host) per forward and per backward: the record's host_block_linears (Megatron-core's TE spec "
-         "block in torch Linear forwards by the profile's attention, and its MoE block with the alltoall dispatcher, "
-         "scripts/bench_host.py) at the host's published "
+    Term("the host's issue time beyond a block's, the embedding's, the head's and loss's passes (host-bound)", "time",
+         "layer", lambda layer, ckpt, ctx: hosttime.host_bound_ms(layer, ckpt, ctx.profile, ctx.setup),
+         "max(device, host) per pass: the record's host_block_linears (Megatron-core's TE spec and MoE blocks, "
+         "scripts/bench_host.py) and host_rest_linears (bench_host_step.py) at the host's published "
          "CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053)"),
     Term("Transformer Engine's attention under deterministic mode beyond the kernels the profile times", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ckpt, ctx.profile, ctx.setup),
@@ -320,6 +319,10 @@ TERMS: tuple[Term, ...] = (
          "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket and the "
          "gradient buffer's zeroing, the "
          "clipping norm, the fp32 main parameters copied to bf16) at the profile's HBM bandwidth"),
+    Term("the host's optimizer step: its per-tensor loops and, on the embedding's stage, its fixed calls", "step",
+         "layer", lambda layer, ckpt, ctx: hosttime.host_step_ms(layer, ctx.profile, ctx.setup, ckpt),
+         "the record's host_rest_linears \"step\" (Megatron-LM's optimizer step, count_zeros, params norm, "
+         "scripts/bench_host_step.py) x the layer's parameter tensors, at GPU.host_call_us; after the first sync whole"),
     Term("the parameters' norm and the gradients' zeros logged each step", "step", "layer",
          lambda layer, ckpt, ctx: jobsettings.logged_reads_ms(layer, ctx.profile, ctx.setup),
          "the record's logged_read_shard_bytes over the rank's shard per read (Megatron-LM's --log-params-norm, "
