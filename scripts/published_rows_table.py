@@ -170,11 +170,14 @@ def bridge_table(rows, before: dict | None, after: dict) -> list[str]:
 
 
 def tables(rows, folders: list[Path]) -> str:
-    """The markdown the `table` command prints: the main rows, then the Megatron-Bridge rows."""
+    """The markdown the `table` command prints: the main rows, then the Megatron-Bridge rows, then DeepSpeed's."""
     *first, last = [load_results(folder) for folder in folders]
     before = first[0] if first else None
     out = main_table([r for r in rows if r.group == "main"], before, last)
     bridge = [r for r in rows if r.group == "bridge"]
     if any(r.id in last for r in bridge):
         out += ["", *bridge_table(bridge, before, last)]
+    deepspeed = [r for r in rows if r.group == "deepspeed"]
+    if any(r.id in last for r in deepspeed):
+        out += ["", *main_table(deepspeed, before, last)]
     return "\n".join(out) + "\n"
