@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -92,3 +93,29 @@ def test_the_deepspeed_rows_are_the_blogs_tflops_turned_into_seconds():
     assert rows["DS4"].time_s == pytest.approx(seconds(1024 * 8, 1024, 128, 25600, 1024, 165.36), abs=1e-3)
     for row in rows.values():
         assert "--runtime deepspeed" in " ".join(row.args) and "--zero 3" in " ".join(row.args)
+
+
+def test_the_deepspeed_table_says_time_and_fit_after_the_other_tables(tmp_path):
+    rows_mod, table_mod = _load("published_rows"), _load("published_rows_table")
+    gib = 2**30
+    row = rows_mod.Row(id="DSX", label="DSX", group="deepspeed", source="s", time_s=100.0, memory_bytes=None,
+                       memory_kind=None, static_bytes=None, profile=None, args=[])
+
+    def write(folder, seconds, peak, reserved, fits):
+        folder.mkdir()
+        stage = {"peak_bytes": peak * gib, "reserved_bytes": reserved * gib, "after_step_bytes": 0,
+                 "cap_bytes": 78 * gib, "fits": fits}
+        (folder / "DSX.json").write_text(json.dumps({"id": "DSX", "iteration_s": seconds, "stages": [stage],
+                                                     "args": []}))
+
+    write(tmp_path / "before", 80.0, 70, 90, False)
+    write(tmp_path / "after", 90.0, 60, 70, True)
+    text = table_mod.tables([row], [tmp_path / "before", tmp_path / "after"])
+    assert text.splitlines()[-5:] == [
+        "| row | published s | ckplan s (ratio) | within 15% | fits (ckplan's allocated / reserved peak, GiB, "
+        "worst rank, of the cap) |",
+        "|---|---|---|---|---|",
+        "| DSX | 100.000 | 80.000 (0.800) → 90.000 (0.900) | yes | yes (60.0 / 70.0 of 78.0) |",
+        "",
+        "Time: 1 of 1 rows within 15%. Fit by ckplan's reckoning: 1 of 1 (all ran).",
+    ]
