@@ -50,7 +50,7 @@ def row_estimate(row, profile_args: list[str], result: dict, *, max_reuse: int, 
     params = layers * sum(m.numel for m in block)
     one_gather_s = 2 * params * (k - 1) / k / (link_gb_s * 1e9)
     share = third / ((gathered - third) / 2)  # of one whole gather (forward's)
-    compute = sum(stage["time_ms"] for stage in result["stages"]) / 1e3 - sum(s["step_ms"] for s in result["stages"]) / 1e3
+    compute = sum(stage["time_ms"] for stage in result["stages"]) / 1e3  # the step (step_ms) apart
     fwd, bwd = compute / 4, 3 * compute / 4
     exposed_two = max(0.0, one_gather_s - fwd) + max(0.0, 2 * one_gather_s - bwd)
     exposed_three = max(0.0, one_gather_s - fwd) + max(0.0, (2 + share) * one_gather_s - bwd)
