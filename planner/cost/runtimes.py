@@ -257,7 +257,10 @@ def _deepspeed_newest() -> RuntimeFacts:
             "logits_held_in_backward": f"deepspeed/runtime/pipe/engine.py (the last stage's outputs stay in its pipe "
                                        f"buffers to their backward), {_DS_V}",
             "recompute_whole_forward": "deepspeed/runtime/activation_checkpointing/checkpointing.py (reentrant)",
-            "overlaps_grad_reduce": "DeepSpeed overlap_comm",
+            "overlaps_grad_reduce": f"DeepSpeed with `overlap_comm` on: ZeRO 3's default, not ZeRO 0-2's (deepspeed/runtime/"
+                                    f"zero/config.py 138, 383-386: None -> stage == 3), {_DS_V}; with it off ZeRO 0 and 1 "
+                                    f"reduce after the backward (engine.py 2891-2913, stage_1_and_2.py 861-881) and ZeRO 2 "
+                                    f"in its hooks on the compute stream (1349-1367), which no ckplan option selects (§103, §25.dsrows)",
             "prefetches_zero3_gathers": f"deepspeed/runtime/zero/partitioned_param_coordinator.py 453-485 "
                                         f"(fetch_sub_module: the trace's next parameters, at least one, up to "
                                         f"stage3_prefetch_bucket_size elements, gathered on the all-gather stream "
