@@ -37,7 +37,7 @@ GIB = 2**30
 MEMORY_KINDS = ("reserved", "allocated")
 ROW_KEYS = {"id", "label", "group", "source", "time_s", "tokens_per_s_per_gpu", "tokens", "gpus", "memory_gib",
             "memory_bytes", "memory_kind", "static_bytes", "profile", "args"}
-GROUPS = ("main", "bridge")
+GROUPS = ("main", "bridge", "deepspeed")  # deepspeed: DeepSpeed's own runs (§25.dsrows), their own table
 
 
 class HarnessError(Exception):

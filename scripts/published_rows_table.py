@@ -169,12 +169,34 @@ def bridge_table(rows, before: dict | None, after: dict) -> list[str]:
     return lines
 
 
+def deepspeed_table(rows, before: dict | None, after: dict) -> list[str]:
+    """§25.dsrows' table: DeepSpeed's own runs, time against the published TFLOPs turned into seconds, and whether
+    ckplan finds the job fits (every one ran on its GPUs, so a "no" is ckplan's error)."""
+    lines = ["| row | published s | ckplan s (ratio) | within 15% | fits (ckplan's allocated / reserved peak, GiB, "
+             "worst rank, of the cap) |", "|---|---|---|---|---|"]
+    time_in = fit = count = 0
+    for row in rows:
+        result = after.get(row.id)
+        if result is None:
+            continue
+        old = None if before is None else before.get(row.id)
+        fast = time_met(row, result)
+        count, time_in, fit = count + 1, time_in + fast, fit + all(s["fits"] for s in result["stages"])
+        ckplan = _change(None if old is None else time_text(row, old), time_text(row, result))
+        lines.append(f"| {row.label} | {row.time_s:.3f} | {ckplan} | {_verdict(fast)} | {fits_text(result)} |")
+    lines += ["", f"Time: {time_in} of {count} rows within 15%. Fit by ckplan's reckoning: {fit} of {count} (all ran)."]
+    return lines
+
+
 def tables(rows, folders: list[Path]) -> str:
-    """The markdown the `table` command prints: the main rows, then the Megatron-Bridge rows."""
+    """The markdown the `table` command prints: the main rows, then the Megatron-Bridge rows, then DeepSpeed's."""
     *first, last = [load_results(folder) for folder in folders]
     before = first[0] if first else None
     out = main_table([r for r in rows if r.group == "main"], before, last)
     bridge = [r for r in rows if r.group == "bridge"]
     if any(r.id in last for r in bridge):
         out += ["", *bridge_table(bridge, before, last)]
+    deepspeed = [r for r in rows if r.group == "deepspeed"]
+    if any(r.id in last for r in deepspeed):
+        out += ["", *deepspeed_table(deepspeed, before, last)]
     return "\n".join(out) + "\n"

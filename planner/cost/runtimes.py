@@ -236,7 +236,10 @@ def _deepspeed_newest() -> RuntimeFacts:
             "master_bytes": f"deepspeed/runtime/bf16_optimizer.py 175-186 (fp32 partitions), {_DS_V}",
             "zero1_whole_tensors": f"deepspeed/runtime/bf16_optimizer.py (flat partition, even), {_DS_V}",
             "zero_as_fsdp2": "DeepSpeed's own ZeRO",
-            "fsdp_units": "DeepSpeed ZeRO 3 gathers per submodule with its own prefetch bucket, not read as units: the largest-layer term kept",
+            "fsdp_units": f"DeepSpeed ZeRO 3 gathers each submodule's own parameters as it runs and releases them by "
+                          f"reuse distance in numel (deepspeed/runtime/zero/partitioned_param_coordinator.py 310-494, "
+                          f"634-664, {_DS_V}; framework-facts §103, planner/cost/deepspeed_zero3.py): no units; the "
+                          f"largest-layer term kept (what stays gathered is the ds_config's, which no option carries)",
             "fsdp_gathered_from_forward": "not read (the largest-layer term)",
             "adam_step_scratch": "deepspeed/runtime/engine.py _configure_basic_optimizer: FusedAdam for type Adam "
                                  "(multi-tensor, in place) unless torch_adam",
@@ -256,8 +259,14 @@ def _deepspeed_newest() -> RuntimeFacts:
             "logits_held_in_backward": f"deepspeed/runtime/pipe/engine.py (the last stage's outputs stay in its pipe "
                                        f"buffers to their backward), {_DS_V}",
             "recompute_whole_forward": "deepspeed/runtime/activation_checkpointing/checkpointing.py (reentrant)",
-            "overlaps_grad_reduce": "DeepSpeed overlap_comm",
-            "prefetches_zero3_gathers": "DeepSpeed ZeRO 3 prefetch bucket",
+            "overlaps_grad_reduce": f"DeepSpeed with `overlap_comm` on: ZeRO 3's default, not ZeRO 0-2's (deepspeed/runtime/"
+                                    f"zero/config.py 138, 383-386: None -> stage == 3), {_DS_V}; with it off ZeRO 0 and 1 "
+                                    f"reduce after the backward (engine.py 2891-2913, stage_1_and_2.py 861-881) and ZeRO 2 "
+                                    f"in its hooks on the compute stream (1349-1367), which no ckplan option selects (§103, §25.dsrows)",
+            "prefetches_zero3_gathers": f"deepspeed/runtime/zero/partitioned_param_coordinator.py 453-485 "
+                                        f"(fetch_sub_module: the trace's next parameters, at least one, up to "
+                                        f"stage3_prefetch_bucket_size elements, gathered on the all-gather stream "
+                                        f"beside the current submodule), {_DS_V}",
             "tp_overlap": "not in DeepSpeed",
             **_FLOAT8_NOT_READ,
             **_BRIDGE_SETTINGS_NOT_READ, "chunked_loss": NO_CHUNKED_LOSS, "te_moe_experts_kept": EAGER_MOE_KEPT,

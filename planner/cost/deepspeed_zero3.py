@@ -1,0 +1,81 @@
+"""DeepSpeed ZeRO 3's parameter coordinator, read as a rule over its module trace (framework-facts §103).
+
+ZeRO 3 gathers each submodule's own parameters (recurse=False) when the submodule runs, forward and
+backward, and after it runs releases each one whose next use in the recorded trace of the step lies
+further than `stage3_max_reuse_distance` parameters' elements away (deepspeed/runtime/zero/
+partitioned_param_coordinator.py at v0.6.2, 32d97976: fetch_sub_module 205-300, release_sub_module
+302-315, __params_to_release 358-378: the trace walked from the module after the one released, each
+module's parameters counted, the walk stopping before a module once more than the distance was
+counted; at edaa7221 the same walk stops at `>=`, 653-662). Parameters of at most
+`stage3_param_persistence_threshold` elements are never partitioned (ds_persist) and never gathered,
+but count in the walk.
+
+Under reentrant activation checkpointing a block's backward re-runs its forward, then its backward:
+each submodule's parameters are used at its recompute and again at its backward. Between the two
+uses the trace holds the submodules after it twice (their recompute, then their backward), so a
+submodule's parameters stay gathered to their backward only where the block's parameters after it,
+counted twice, fit within the distance; every other submodule is gathered a third time in the step
+(forward, recompute, backward), where FSDP2 gathers a unit twice (forward; recompute and backward).
+
+Nothing here reads a setup: the cost model does not charge the third gather (the distance is the
+job's ds_config, which no ckplan option carries: docs/published-runs.md §25.dsrows).
+scripts/deepspeed_zero3_trace.py prints it for a published row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# deepspeed/runtime/zero/constants.py at v0.6.2 (32d97976) 99-112
+MAX_REUSE_DISTANCE_DEFAULT = 1_000_000_000
+PARAM_PERSISTENCE_THRESHOLD_DEFAULT = 100_000
+
+
+@dataclass(frozen=True)
+class Submodule:
+    """One module of the trace: its name and its own parameters' element counts (weight, bias)."""
+    name: str
+    param_numels: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(self.param_numels)
+
+
+def gpt_block(hidden: int, intermediate: int) -> list[Submodule]:
+    """Megatron-DeepSpeed's GPT block in forward order (megatron/model/transformer.py: input
+    LayerNorm, the fused QKV ColumnParallelLinear, the output RowParallelLinear, the post-attention
+    LayerNorm, the MLP's two linears; each with its bias)."""
+    h, i = hidden, intermediate
+    return [Submodule("input_layernorm", (h, h)), Submodule("query_key_value", (3 * h * h, 3 * h)),
+            Submodule("dense", (h * h, h)), Submodule("post_attention_layernorm", (h, h)),
+            Submodule("dense_h_to_4h", (h * i, i)), Submodule("dense_4h_to_h", (i * h, h))]
+
+
+def kept_to_backward(block: Sequence[Submodule], *, max_reuse_numel: int, stop_at_equal: bool = False) -> list[bool]:
+    """Per submodule of a checkpointed block: whether its parameters stay gathered from their
+    recompute to their backward. After submodule j's recompute the walk counts the submodules
+    after it (recompute), then the same in reverse (backward), then reaches j's backward: kept
+    iff the walk has not stopped by then, i.e. twice the elements after j are within the distance
+    (more than it stops at v0.6.2; `stop_at_equal`: at it or more, as at edaa7221)."""
+    kept = []
+    for j in range(len(block)):
+        after = 2 * sum(m.numel for m in block[j + 1:])
+        kept.append(after < max_reuse_numel if stop_at_equal else after <= max_reuse_numel)
+    return kept
+
+
+def gathered_numel(block: Sequence[Submodule], *, max_reuse_numel: int,
+                   persistence_threshold: int = PARAM_PERSISTENCE_THRESHOLD_DEFAULT,
+                   stop_at_equal: bool = False) -> tuple[int, int]:
+    """(elements a checkpointed block gathers per microbatch, of them the third gathers): every
+    partitioned parameter in forward and in its recompute, and again for its backward where its
+    submodule is not kept to it. Persistent parameters (at most the threshold) are not gathered."""
+    kept = kept_to_backward(block, max_reuse_numel=max_reuse_numel, stop_at_equal=stop_at_equal)
+    twice = third = 0
+    for module, stays in zip(block, kept):
+        partitioned = sum(n for n in module.param_numels if n > persistence_threshold)
+        twice += 2 * partitioned
+        third += 0 if stays else partitioned
+    return twice + third, third
