@@ -24,63 +24,28 @@ from planner.models.attention_published import (
     SDPA_H100_BY_SEQ,
     SDPA_HOPPER,
 )
+from planner.models.membound_published import (  # noqa: F401  read as gpus.<name> too
+    BABELSTREAM_ADD_MI300X_TBPS,
+    LIGER,
+    LIGER_B200,
+    LIGER_MI300X,
+    MEMBOUND_A100,
+    MEMBOUND_B200,
+    MEMBOUND_CLASSES_A100,
+    MEMBOUND_CLASSES_B200,
+    MEMBOUND_CLASSES_H100,
+    MEMBOUND_CLASSES_MI300X,
+    MEMBOUND_H100,
+    MEMBOUND_MI300X,
+)
 from planner.models.nvlink_rates import NCCL_NVLINK_SOURCE, nccl_nvlink_rate
 
-# Memory-bound kernels' achieved bandwidth as fractions of the datasheet's (eager, fused), derived by
-# scripts/membound_rates.py from Liger-Kernel's published benchmark medians (docs/gpus.md "Memory-bound
-# kernels"): per architecture, the harmonic mean over its benchmark sweeps of the forward+backward rate between
-# the two largest sizes, over each row's own GPU's datasheet bandwidth. Eager: Hugging Face's RMSNorm, torch's
-# LayerNorm and cross entropy, HF's rotary, eager SwiGLU, counted by the fake profiler (H100 NVL and SXM: 0.633,
-# 0.422, 0.464, 0.391, 0.429, 0.633; A100 SXM and PCIe: 0.733, 0.416, 0.583, 0.426, 0.757, 0.432, 0.589, 0.446).
-# Fused: the same ops under torch.compile, counted by inductor (H100 NVL: 0.426, 0.598, 0.400, 0.418; A100 PCIe:
-# 0.433, 0.536, 0.502, 0.344); Transformer Engine's kernels are not in the data and take this rate (assumed)
-MEMBOUND_H100 = (0.477, 0.449)
-MEMBOUND_A100 = (0.519, 0.441)
-# The eager fraction per op class (planner/profiler/membound.py OP_CLASSES), each the harmonic mean of that
-# class's own full sweeps as above (scripts/membound_rates.py's per-class summary): norm Hugging Face's
-# RMSNorm; layer_norm torch's LayerNorm; attention HF's rotary; activation eager SwiGLU (`megatron_swiglu`'s
-# torch row, H100 SXM); loss cross entropy; elementwise torch's relu then square (`relu_squared`'s torch row,
-# H100 SXM, all_benchmark_data.csv at 2120862b: 28 B an element, 0.940 GB more at 16,384 columns than at 8,192
-# in 0.304 ms). A class the architecture has no sweep of (the A100's activation and elementwise) reads the
-# eager mean above.
-MEMBOUND_CLASSES_H100 = (("activation", 0.633), ("attention", 0.464), ("elementwise", 0.922), ("layer_norm", 0.425),
-                         ("loss", 0.391), ("norm", 0.633))
-MEMBOUND_CLASSES_A100 = (("attention", 0.586), ("layer_norm", 0.424), ("loss", 0.436), ("norm", 0.745))
-# B200: Liger-Kernel's all_benchmark_data_cutile.csv and _cutedsl.csv at 7a12e092 (benchmark/scripts at that
-# commit: a LLaMA-3-8B-wide op over 1,024-8,192 tokens), of the HGX B200's 8 TB/s, the same way: torch's LayerNorm
-# (bf16) 0.165, HF's rotary 0.224, cross entropy 0.557 / 0.555 (the two files), the benchmark's NaiveAddRMSNorm
-# (an fp32 residual add, then HF's RMSNorm chain) 0.471 for norm, and TorchDyT (gamma * tanh(alpha * x) [+ beta],
-# without and with beta) 0.454 / 0.453 for elementwise, read for its class only as relu_squared is; no SwiGLU
-# alone (activation reads the eager mean) and no torch.compile row of an op ckplan counts (fused: the H100's,
-# assumed)
-MEMBOUND_B200 = (0.308, MEMBOUND_H100[1])
-MEMBOUND_CLASSES_B200 = (("attention", 0.224), ("elementwise", 0.453), ("layer_norm", 0.165), ("loss", 0.556),
-                         ("norm", 0.471))
-# MI300X: Liger-Kernel's all_benchmark_data.csv at a054fafd (2024-10-27, "add MI300X benchmark data",
-# liger 0.3.1; a commit of pull request #326's branch, never in main's file), of the MI300X's 5.3 TB/s, the
-# same way: HF's RMSNorm 0.478, torch's LayerNorm (fp32) 0.251, HF's rotary 0.475, cross entropy 0.330
-# (scripts/membound_rates.py --eager-only); no SwiGLU alone (its `swiglu` rows time LLaMA's whole MLP,
-# matmuls included: activation reads the eager mean), no torch.compile row of an op ckplan counts (fused:
-# the H100's, assumed). No elementwise row either: that class reads BabelStream's Add on MI300X (a[i] =
-# b[i] + c[i], HIP, 2^28 doubles: 3,956,389.991 MB/s; AMD's acceptance guide, ROCm/system-acceptance-docs
-# b754ce72 docs/mi300x/performance-bench.rst, its expected output), a HIP kernel taken for torch's
-# elementwise ops (assumed), for its class only as relu_squared is on the H100
-MEMBOUND_MI300X = (0.357, MEMBOUND_H100[1])
-BABELSTREAM_ADD_MI300X_TBPS = 3.956389991
-MEMBOUND_CLASSES_MI300X = (("attention", 0.475), ("elementwise", round(BABELSTREAM_ADD_MI300X_TBPS / 5.3, 3)),
-                           ("layer_norm", 0.251), ("loss", 0.330), ("norm", 0.478))
 # MI300X's collectives in a node (AMD's acceptance guide's example output; pass mark 304 GB/s): the all-reduce's busbw,
 # its ring's per-link rate (a reduce-scatter then an all-gather), read for those too; 0.71 of the datasheet's 448
 RCCL_ALL_REDUCE_MI300X_GBPS = 316.55
 _RCCL_MI300X = ("rccl-tests all_reduce_perf on 8 x MI300X, 8 GiB in place: busbw 316.55 GB/s (ROCm/system-acceptance-docs "
                 "b754ce72 docs/mi300x/performance-bench.rst); the all-reduce's busbw read for all-gathers and "
                 "reduce-scatters (none published)")
-_LIGER = "Liger-Kernel benchmark/data (3534d44 h100_/a100_all_benchmark_data.csv, 2120862 all_benchmark_data.csv)"
-_LIGER_MI300X = ("Liger-Kernel benchmark/data/all_benchmark_data.csv at a054fafd (pull request #326's branch: the AMD "
-                 "Instinct MI300X rows, liger 0.3.1)")
-_LIGER_B200 = "Liger-Kernel benchmark/data at 7a12e092 (all_benchmark_data_cutile.csv, all_benchmark_data_cutedsl.csv)"
-
-
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -302,11 +267,11 @@ _GB200_SMS = 152
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 _MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
                         membound_class_efficiency=MEMBOUND_CLASSES_H100,
-                        membound_source=f"measured on H100 NVL and H100 SXM: {_LIGER}")
+                        membound_source=f"measured on H100 NVL and H100 SXM: {LIGER}")
 _MEMBOUND_AMPERE = dict(membound_eager_efficiency=MEMBOUND_A100[0], membound_fused_efficiency=MEMBOUND_A100[1],
                         membound_class_efficiency=MEMBOUND_CLASSES_A100,
                         membound_source=f"measured on A100 SXM 80 GB and A100 PCIe 80 GB (no A100 sweep of SwiGLU "
-                                        f"or an elementwise op alone: those classes read the eager mean): {_LIGER}")
+                                        f"or an elementwise op alone: those classes read the eager mean): {LIGER}")
 
 
 _MEMBOUND_BLACKWELL = dict(membound_eager_efficiency=MEMBOUND_B200[0], membound_fused_efficiency=MEMBOUND_B200[1],
@@ -318,7 +283,7 @@ def _membound_assumed(nearest: str, fractions: tuple[float, float]) -> dict:
     return dict(membound_eager_efficiency=fractions[0], membound_fused_efficiency=fractions[1],
                 membound_class_efficiency=classes,
                 membound_source=f"no memory-bound kernel benchmark published for this GPU: the {nearest}'s fractions "
-                                f"assumed ({_LIGER})")
+                                f"assumed ({LIGER})")
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
     # NVIDIA H100 Tensor Core GPU datasheet (2023): SXM 80 GB, BF16 1,979 TFLOPS with sparsity
@@ -439,8 +404,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         **_mamf("b200", 2250.0, fp8_key="b200", fp8_peak=4500.0), attention_efficiency=SDPA_B200,
         attention_by_seq=SDPA_B200_BY_SEQ, attention_source=SDPA_BLACKWELL, **CUDNN_B200,
         cuda_arch=100, num_sms=_B200_SMS, **_MEMBOUND_BLACKWELL,
-        membound_source=f"eager measured on B200 ({_LIGER_B200}); no torch.compile row: the H100's fused fraction "
-                        f"assumed ({_LIGER})"),
+        membound_source=f"eager measured on B200 ({LIGER_B200}); no torch.compile row: the H100's fused fraction "
+                        f"assumed ({LIGER})"),
     # NVIDIA GB200 NVL72 datasheet (2024), per rack of 72 GPUs: 360 PFLOPS BF16 and 720 PFLOPS FP8
     # (sparse: 2,500 and 5,000 dense per GPU), 13.4 TB HBM3e (186 GB per GPU), 576 TB/s (8 TB/s per
     # GPU), NVLink 130 TB/s (1.8 TB/s per GPU), all 72 in one NVLink domain; NVLink-C2C 900 GB/s to
@@ -462,7 +427,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({SDPA_BLACKWELL})",
         **CUDNN_GB200, **_HOST_GRACE_GB200, cuda_arch=100, num_sms=_GB200_SMS,
         **_MEMBOUND_BLACKWELL, membound_source=f"none published for GB200: the B200's fractions (the same chip, the "
-                                               f"same 8 TB/s) assumed ({_LIGER_B200}; fused: the H100's, {_LIGER})"),
+                                               f"same 8 TB/s) assumed ({LIGER_B200}; fused: the H100's, {LIGER})"),
     # AMD Instinct MI300X datasheet (2023): 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS dense
     # (2,614.9 with sparsity), FP8 2,614.9 dense (5,229.8 with sparsity)
     GPU("mi300x", 192 * 10**9, 1307.4, 5.3,
@@ -480,9 +445,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
                          "in 2025-08 nightlies), no absolute figure published for it",
         membound_eager_efficiency=MEMBOUND_MI300X[0], membound_fused_efficiency=MEMBOUND_MI300X[1],
         membound_class_efficiency=MEMBOUND_CLASSES_MI300X,
-        membound_source=f"eager measured on MI300X ({_LIGER_MI300X}; SwiGLU alone: none, the eager mean; elementwise: "
+        membound_source=f"eager measured on MI300X ({LIGER_MI300X}; SwiGLU alone: none, the eager mean; elementwise: "
                         f"BabelStream's Add, ROCm/system-acceptance-docs b754ce72); no torch.compile row: the H100's "
-                        f"fused fraction assumed ({_LIGER})"),
+                        f"fused fraction assumed ({LIGER})"),
     # NVIDIA L4 Tensor Core GPU datasheet (2023): 24 GB GDDR6 at 300 GB/s, BF16 121 TFLOPS dense
     # (242 with sparsity), FP8 242.5 dense (485 with sparsity), PCIe Gen4 x16 64 GB/s, no NVLink
     GPU("l4", 24 * 10**9, 121.0, 0.300, "NVIDIA L4 datasheet (BF16 121, FP8 242.5 dense; 300 GB/s GDDR6)", 32.0,
