@@ -3,7 +3,8 @@
 Under Megatron-LM (Transformer Engine's layers) a dense block's norms, rotary and activation run as
 fused kernels, not as the model code's eager ops the profile's passes time: an analytic profile
 records the block's passes on those kernels (LayerProfile.te_time, planner/profiler/te_fused.py).
-`fused_profile` puts them in place of the layer's forward, backward and full rerun, and the record's
+`fused_profile` puts them in place of the layer's forward, backward and reruns (the full one and each
+selective option's, a combination the sum of its parts': te_rerun.py), and the record's
 Float8 times (TE's fused linears: one input cast each) in place of the layer's; where the record has
 none, the layer's Float8 record moves by the same differences (its times are the eager passes' with the
 linears in FP8, and Float8 changes no norm or activation). A layer without a record keeps its times (measured profiles,
@@ -43,13 +44,32 @@ def untimed_layers(profile: Profile) -> list[str]:
     return [layer.name for layer in blocks(profile) if layer.te_time is None]
 
 
+def rerun_on_te(name: str, reruns: dict[str, float]) -> float | None:
+    """An option's rerun on TE's kernels from the record's (`reruns`: the full rerun and each selective part's,
+    te_rerun.part_reruns): the full one by name, a selective combination the sum of its parts' (as
+    analytic_kept.selective_options sums the eager ones); None where a part has none (offload, op-level AC,
+    whole-attention `attn`, a record made before)."""
+    if name == OPTION_FULL:
+        return reruns.get(OPTION_FULL)
+    parts = name.split(",")
+    if OPTION_FULL in parts or not all(part in reruns for part in parts):
+        return None
+    return sum(reruns[part] for part in parts)
+
+
 def _timed(layer: LayerProfile) -> LayerProfile:
     timed = layer.te_time
     full = timed.recompute_ms.get(OPTION_FULL)
     saved_fwd, saved_bwd = layer.fwd_ms - timed.fwd_ms, layer.bwd_ms - timed.bwd_ms
     saved_rerun = (layer.recompute_ms - full) if full is not None and layer.recompute_ms is not None else 0.0
-    options = [option.model_copy(update={"recompute_ms": full}) if option.name == OPTION_FULL and full is not None
-               else option for option in layer.recompute_options]
+    options, saved_by_option = [], {}  # each option's rerun on TE's kernels; how much less than its eager one
+    for option in layer.recompute_options:
+        rerun = rerun_on_te(option.name, timed.recompute_ms)
+        if rerun is None or option.name == OPTION_FULL and full is None:
+            options.append(option)
+            continue
+        saved_by_option[option.name] = option.recompute_ms - rerun
+        options.append(option.model_copy(update={"recompute_ms": rerun}))
     update = {"fwd_ms": timed.fwd_ms, "bwd_ms": timed.bwd_ms, "fwd_ms_min": timed.fwd_ms, "fwd_ms_max": timed.fwd_ms,
               "bwd_ms_min": timed.bwd_ms, "bwd_ms_max": timed.bwd_ms, "recompute_options": options, "te_time": None}
     if full is not None:
@@ -58,8 +78,8 @@ def _timed(layer: LayerProfile) -> LayerProfile:
         update["float8"] = timed.float8
     elif layer.float8 is not None:
         fp8 = layer.float8
-        reruns = {name: max(0.0, ms - saved_rerun) if name == OPTION_FULL else ms
-                  for name, ms in fp8.recompute_ms.items()}
+        saved_by_option[OPTION_FULL] = saved_rerun
+        reruns = {name: max(0.0, ms - saved_by_option.get(name, 0.0)) for name, ms in fp8.recompute_ms.items()}
         update["float8"] = fp8.model_copy(update={"fwd_ms": max(0.0, fp8.fwd_ms - saved_fwd),
                                                   "bwd_ms": max(0.0, fp8.bwd_ms - saved_bwd),
                                                   "recompute_ms": reruns})

@@ -110,14 +110,15 @@ def _te_time(block: LayerProfile, embedding: LayerProfile, proj: tuple, norm: tu
     """The MTP layer's passes where its transformer layer runs on Transformer Engine's fused kernels (the
     block's own record, te_fused.te_time: Megatron-core builds `mtp_model_layer` from the decoder's layer
     spec, multi_token_prediction.py 1157-1250 at d98e8a64): the lookup, enorm, hnorm, eh_proj and the final
-    norm as the layer's eager passes time them, the block's passes the record's; None without a record."""
+    norm as the layer's eager passes time them, the block's passes the record's (its selective parts' reruns
+    too: the layer's selective options are the block's); None without a record."""
     timed = block.te_time
     if timed is None:
         return None
     full = timed.recompute_ms.get(OPTION_FULL, block.recompute_ms)
     return FusedKernelTime(fwd_ms=embedding.fwd_ms + proj[0] + timed.fwd_ms + norm[0],
                            bwd_ms=embedding.bwd_ms + proj[1] + timed.bwd_ms + norm[1],
-                           recompute_ms={OPTION_FULL: proj[2] + full + norm[2]}, float8=None)
+                           recompute_ms={**timed.recompute_ms, OPTION_FULL: proj[2] + full + norm[2]}, float8=None)
 
 
 def recompute_options(layer: LayerProfile, block: LayerProfile) -> list[RecomputeOption]:

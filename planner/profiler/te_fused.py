@@ -57,7 +57,7 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.models.attention_rates import te_attention_gpu
-from planner.profiler import analytic_time, float8, formulas, te_mla
+from planner.profiler import analytic_time, float8, formulas, te_mla, te_rerun
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.profiler.te_bytes import (
     GELU_FUSED_BWD,
@@ -125,7 +125,8 @@ def fused_kernel_bytes(arch, shape) -> tuple[int, int]:
 
 def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
             prefix: str = "layers.0") -> FusedKernelTime | None:
-    """The block's forward, backward and full-recompute rerun (`passes`: analytic_time.block_work's)
+    """The block's forward, backward and full-recompute rerun (`passes`: analytic_time.block_work's), and
+    each selective recompute part's rerun by part name (te_rerun.part_reruns),
     with the fused kernels' bytes, TE's fused linears (float8.te_linears) and attention at TE's rate
     (te_attention_gpu), and its Float8 record on those linears (planner/profiler/float8.py's, with TE's
     linears: one input cast per fused linear); None where no record is made (fused_bytes_saved, te_moe.counts_moe)."""
@@ -143,7 +144,9 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
     fp8 = None if arch.mla else float8.record(float8.converted(float8.te_linears(arch, shape, prefix)), kernels_gpu, fwd,
                                               bwd, {OPTION_FULL: rerun}, te=True)  # an MLA block has no Float8 record
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
-                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
+                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
+                                         **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=False,
+                                                                fused_gemms=_fused_gemms)}, float8=fp8)
 
 
 def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) -> FusedKernelTime | None:
@@ -176,7 +179,9 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
                                                           (fused[0], fused[1], fused[0]), (1, 2, 1)))
     fp8 = None if arch.mla else te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
-                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu)}, float8=fp8)
+                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
+                                         **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=True,
+                                                                fused_gemms=_fused_gemms)}, float8=fp8)
 
 
 def _fused_gemms(done: Work, arch, shape, times: int) -> Work:

@@ -1,0 +1,91 @@
+"""Each selective recompute part's rerun on Transformer Engine's fused kernels, as Megatron-core reruns the
+module (te_fused.te_time's record carries them beside the full rerun; planner/cost/fusedkernels.py puts
+them in place of the eager reruns analytic_kept.selective_options records, a combination's being the sum of
+its parts' as there).
+
+What each of ckplan's parts reruns under Megatron-LM's `--recompute-modules` (Megatron-LM d98e8a64,
+docs/framework-facts.md §33, §104), on the kernels te_fused.py and te_moe.py / te_mla.py count:
+- `core-attn` (core_attn, a normal checkpoint of `core_attention`): the attention forward, at the rate TE's
+  DotProductAttention runs it (cuDNN's fused attention: te_attention_gpu, te_mla.attention_gpu);
+- `mla-up` (mla_up_proj, `qkv_up_proj_and_rope_apply` in a CheckpointWithoutOutput): the up projections
+  with the latent norms inside them (TE's RMSNorm) and Megatron's fused MLA rotary (te_mla.fused_bytes);
+- `mlp` on a dense block (mlp, a normal checkpoint of `self.mlp` from the MLP norm's output): linear_fc1,
+  a TELayerNormColumnParallelLinear under the TE spec, so the MLP norm on TE's kernel (a GPT block's
+  LayerNorm at the eager count te_fused keeps for it), gate and up as one GEMM, the fused bias-SwiGLU /
+  bias-GELU, linear_fc2;
+- `mlp` on a MoE block (moe, the MoELayer checkpointed from its input): the router, permutations and the
+  experts' weighted activation as te_moe.routed_bytes fused, each local expert's linear_fc1 as one GEMM,
+  the shared experts' fused SwiGLU;
+- `mlp-act`: the activation alone (moe_act on a MoE block's experts: Megatron's weighted GLU, te_moe's
+  WEIGHTED_GLU_FWD and the routing weight; on a dense block, which Megatron cannot express, the same fused
+  kernel as its forward runs);
+- `norm-out` (layernorm: the norms that are modules of their own, a latent-attention block's
+  input_layernorm and a MoE block's pre_mlp_layernorm, TENorm): each norm's forward on TE's kernel.
+Whole-attention `attn` (no Megatron module) keeps its eager rerun. The bytes no fused kernel moves stay
+at the eager count, uncategorised, as te_fused.te_time's passes have them.
+"""
+
+from __future__ import annotations
+
+from planner.profiler import analytic_time, te_mla, te_moe, te_moe_float8
+from planner.profiler.roofline import Work, roofline_ms
+from planner.profiler.te_bytes import (
+    GELU_FUSED_FWD,
+    SWIGLU_FUSED_FWD,
+    TE_NORM_FWD,
+    TE_RMSNORM_TOKEN,
+)
+
+PARTS = ("core-attn", "mla-up", "mlp", "mlp-act", "norm-out")
+
+
+def _replaced(done: Work, eager: int, fused: int) -> Work:
+    """`done` with `eager` of its memory-bound bytes moved as `fused` bytes by fused kernels."""
+    moved = max(done.bytes - eager, 0) + fused
+    return Work(done.flops, moved, done.kernels, min(fused, moved))
+
+
+def te_norm_fwd_bytes(arch, shape) -> int:
+    """One of the block's norms forward on TE's RMSNorm: x read, y written, 1/rms per row (te_bytes)."""
+    rows = shape.tokens // shape.sp_div
+    return TE_NORM_FWD * rows * arch.hidden_size + TE_RMSNORM_TOKEN * rows
+
+
+def part_works(arch, shape, *, moe: bool, fused_gemms) -> dict[str, Work]:
+    """Each part's rerun Work on TE's kernels (the module docstring); `fused_gemms(work, arch, shape, times)`
+    is te_fused's merging of Q/K/V and gate/up into one GEMM each."""
+    T, f = shape.tokens, arch.intermediate_size // shape.tp
+    works = {"core-attn": analytic_time.rerun_work(arch, shape, "core-attn")}
+    if arch.mla:
+        up = analytic_time.rerun_work(arch, shape, "mla-up")
+        works["mla-up"] = _replaced(up, te_mla.eager_bytes(arch, shape)[0], te_mla.fused_bytes(arch, shape)[0])
+    if moe:
+        mixture = analytic_time.rerun_work(arch, shape, "mlp", moe=True)
+        shared = te_moe.shared_swiglu_elements(arch, shape)
+        eager = te_moe.eager_routed_bytes(arch, shape)[0] + analytic_time.SWIGLU_FWD * shared
+        fused = te_moe.routed_bytes(arch, shape)[0] + SWIGLU_FUSED_FWD * shared
+        works["mlp"] = te_moe_float8.grouped_fc1(fused_gemms(_replaced(mixture, eager, fused), arch, shape, 1),
+                                                 arch, shape, 1)
+        S, width = T * arch.num_experts_per_tok, arch.moe_intermediate_size // shape.tp
+        act = te_moe.WEIGHTED_GLU_FWD * S * width + te_moe.WEIGHT_FWD * S
+        works["mlp-act"] = Work(0, act, (), act)
+    else:
+        dense = analytic_time.rerun_work(arch, shape, "mlp", moe=False)
+        if arch.style == "gpt":  # the fused bias-GELU; LayerNormLinear's LayerNorm as te_fused counts it (eager)
+            eager, act = analytic_time.ACT_BYTES[arch.mlp_act][0] * T * f, GELU_FUSED_FWD * T * f
+            norm = analytic_time.rerun_work(arch, shape, "norm")
+            works["mlp"] = _replaced(dense, eager, act) + Work(0, norm.bytes, ())
+        else:
+            eager, act = analytic_time.SWIGLU_FWD * T * f, SWIGLU_FUSED_FWD * T * f
+            norm = te_norm_fwd_bytes(arch, shape)
+            works["mlp"] = fused_gemms(_replaced(dense, eager, act + norm), arch, shape, 1)
+        works["mlp-act"] = Work(0, act, (), act)
+    norms = int(arch.mla) + int(moe)  # analytic_kept.norm_out_bytes's: the norms that are modules of their own
+    if norms:
+        works["norm-out"] = Work(0, norms * te_norm_fwd_bytes(arch, shape), (), norms * te_norm_fwd_bytes(arch, shape))
+    return works
+
+
+def part_reruns(arch, shape, kernels_gpu, *, moe: bool, fused_gemms) -> dict[str, float]:
+    """Each part's rerun in ms on `kernels_gpu` (the GPU as TE's attention runs on it), by part name."""
+    return {name: roofline_ms(done, kernels_gpu) for name, done in part_works(arch, shape, moe=moe, fused_gemms=fused_gemms).items()}
