@@ -37,7 +37,7 @@ def _layers(arch, gpu="h100", seq=32):
 
 
 def test_megatrons_record_reads_the_step_benchmark():
-    assert runtimes.of(_setup().training).host_rest_linears == (
+    assert runtimes.of(_setup().training).host_rest_linears[:8] == (  # the rest: tests/test_hosttime_calls.py
         ("embedding", 3.81, 5.63), ("output", 2.34, 5.90), ("loss", 12.76, 9.70), ("grad_hook", 0.18, 0.04),
         ("step", 0.48, 2.16), ("inner_step", 0.41, 0.0), ("zeros", 0.67, 0.08), ("params_norm", 0.03, 2.40))
     profile, _ = _layers(GPT)
@@ -71,7 +71,7 @@ def test_the_grad_hook_adds_where_the_gemm_did_not():
 
 def test_the_embedding_pass_is_its_own_max():
     profile, (embedding, *_) = _layers(GPT)
-    fwd, bwd = 3.81 * CALL, (5.63 + 2 * 0.18) * CALL
+    fwd, bwd = (3.81 + 5 * (0.14 + 0.40)) * CALL, (5.63 + 2 * 0.18) * CALL  # get_batch's five keys at one stage
     assert embedding.fwd_ms < fwd and embedding.bwd_ms < bwd  # 32 tokens' lookups: µs on the device
     assert hosttime.host_bound_ms(embedding, 0, profile, _setup()) == pytest.approx(
         fwd - embedding.fwd_ms + bwd - embedding.bwd_ms)

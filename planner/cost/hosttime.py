@@ -54,8 +54,12 @@ Megatron-LM d98e8a64:
   What runs before the first one may hide in the host's lead at the last backward (each layer's by its own
   backward's lead); what runs after it is charged whole (an upper bound by the Adam kernel's device time, which
   runs while the host copies the shards back).
-Not in it: the all-reduces' and broadcasts' issue, get_batch's data loader, the tensorboard writer, the timers'
-barrier, a MoE or MLA block's tensors (0 counted).
+- in each pass, the host calls beside the layers' ops (planner/cost/hostcalls.py, docs/framework-facts.md §106):
+  the tensor-parallel collectives' issue (the profile's, and the loss's all-reduces in the head's span), under
+  --overlap-param-gather the forward pre-hook on each module a forward calls, and get_batch's copies and
+  broadcasts in the first stage's embedding forward and the last stage's span.
+Not in it: NCCL's own enqueue of a collective, the data loader's next(), the tensorboard writer and training_log,
+the timers' barrier, a MoE or MLA block's tensors and modules (0 counted).
 
 Syncs, where the host cannot run ahead of the device: Megatron-LM's interleaved schedule with
 overlap_p2p_comm (the default; batch_p2p_comm off, so no torch.cuda.synchronize after its p2p ops:
@@ -67,7 +71,7 @@ the host's lead restarts from nothing: the floor applies per pass, as charged he
 
 from __future__ import annotations
 
-from planner.cost import contextparallel, rules, runtimes
+from planner.cost import contextparallel, hostcalls, rules, runtimes
 from planner.cost.layers import LayerCost
 from planner.schema import Profile, TrainSetup
 
@@ -165,15 +169,41 @@ def _backward_lead_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetu
     """ms the device's backward of this layer runs beyond the host's issue of it (its rerun's with it under full
     recompute): the lead the host gains over the device in the layer's last backward; 0 where host-bound."""
     if layer.kind == EMBEDDING:
-        _, host = rest_ms(profile, setup, "embedding")
-        return max(0.0, layer.bwd_ms - host - grad_hook_ms(layer, profile, setup))
+        return max(0.0, layer.bwd_ms - _embedding_host(layer, profile, setup)[1])
     if layer.kind not in (DENSE_BLOCK, MOE_BLOCK):
         return 0.0
-    fwd, bwd = host_block_ms(profile, setup, moe=layer.kind == MOE_BLOCK)
-    device, host = layer.bwd_ms, bwd + grad_hook_ms(layer, profile, setup)
+    _, bwd, rerun = _block_host(layer, profile, setup)
+    device, host = layer.bwd_ms, bwd
     if int(ckpt) == 1:
-        device, host = device + rules.recompute_ms(layer, setup), host + fwd
+        device, host = device + rules.recompute_ms(layer, setup), host + rerun
     return max(0.0, device - host)
+
+
+def _block_host(layer: LayerCost, profile: Profile, setup: TrainSetup) -> tuple[float, float, float]:
+    """ms the host takes for a block's forward, its backward (with the DDP hooks) and a full recompute's rerun:
+    the record's block, its tensor-parallel collectives' issue and (forward, rerun) the forward pre-hooks
+    (planner/cost/hostcalls.py); (0, 0, 0) where the record or the GPU's host has no block figure."""
+    fwd, bwd = host_block_ms(profile, setup, moe=layer.kind == MOE_BLOCK)
+    if not (fwd or bwd):
+        return 0.0, 0.0, 0.0
+    tensors = param_tensors(layer, profile, setup)
+    hooks = hostcalls.pre_hooks_ms(hostcalls.block_modules(profile) if tensors else 0, tensors, setup, profile)
+    return (fwd + hooks + hostcalls.collectives_ms(layer, "fwd", profile, setup),
+            bwd + grad_hook_ms(layer, profile, setup) + hostcalls.collectives_ms(layer, "bwd", profile, setup),
+            fwd + hooks + hostcalls.collectives_ms(layer, "recompute", profile, setup))
+
+
+def _embedding_host(layer: LayerCost, profile: Profile, setup: TrainSetup) -> tuple[float, float]:
+    """ms the host takes for the embedding's forward (with get_batch on the first stage and the embedding stage's
+    pre-hooks) and its backward (with its DDP hooks), each with its collectives' issue; (0, 0) where the record
+    has no embedding figure."""
+    fwd, bwd = rest_ms(profile, setup, "embedding")
+    if not (fwd or bwd):
+        return 0.0, 0.0
+    hooks = hostcalls.pre_hooks_ms(hostcalls.EMBEDDING_MODULES, param_tensors(layer, profile, setup), setup, profile)
+    return (fwd + hooks + hostcalls.get_batch_ms(0, profile, setup)
+            + hostcalls.collectives_ms(layer, "fwd", profile, setup),
+            bwd + grad_hook_ms(layer, profile, setup) + hostcalls.collectives_ms(layer, "bwd", profile, setup))
 
 
 def host_step_ms(layer: LayerCost, profile: Profile, setup: TrainSetup, ckpt=0) -> float:
@@ -206,8 +236,11 @@ def _head_and_loss_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> 
     host = sum(rest_ms(profile, setup, "output")) + sum(rest_ms(profile, setup, "loss"))
     if not host:
         return 0.0
-    host += grad_hook_ms(layer, profile, setup)
     last = setup.pipeline.stages - 1
+    host += grad_hook_ms(layer, profile, setup) + hostcalls.collectives_ms(layer, "fwd", profile, setup) \
+        + hostcalls.collectives_ms(layer, "bwd", profile, setup) \
+        + hostcalls.pre_hooks_ms(hostcalls.HEAD_MODULES, param_tensors(layer, profile, setup), setup, profile) \
+        + (hostcalls.get_batch_ms(last, profile, setup) if last else 0.0) + hostcalls.loss_collectives_ms(profile, setup)
     device = layer.fwd_ms + layer.bwd_ms + rules.stage_constant_ms(profile, last, setup) \
         + megatron_loss.vocab_parallel_ce_ms(profile, last, setup)
     return max(0.0, host - device)
@@ -220,17 +253,16 @@ def host_bound_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -
     loss one span (rest_ms); 0 for other layers (as jobsettings' terms, an analytic profile's dense and MoE
     blocks: a fake profile's, kinds named by the model's class, are not read)."""
     if layer.kind == EMBEDDING:
-        fwd, bwd = rest_ms(profile, setup, "embedding")
-        return max(0.0, fwd - layer.fwd_ms) + max(0.0, bwd + grad_hook_ms(layer, profile, setup) - layer.bwd_ms)
+        fwd, bwd = _embedding_host(layer, profile, setup)
+        return max(0.0, fwd - layer.fwd_ms) + max(0.0, bwd - layer.bwd_ms)
     if layer.kind == HEAD:
         return _head_and_loss_ms(layer, profile, setup)
     if layer.kind not in (DENSE_BLOCK, MOE_BLOCK):
         return 0.0
-    fwd, bwd = host_block_ms(profile, setup, moe=layer.kind == MOE_BLOCK)
+    fwd, bwd, rerun = _block_host(layer, profile, setup)
     if not (fwd or bwd):
         return 0.0
-    bwd += grad_hook_ms(layer, profile, setup)
     extra = max(0.0, fwd - layer.fwd_ms) + max(0.0, bwd - layer.bwd_ms)
     if int(ckpt) == 1:  # full recompute: the forward issued again
-        extra += max(0.0, fwd - rules.recompute_ms(layer, setup))
+        extra += max(0.0, rerun - rules.recompute_ms(layer, setup))
     return extra

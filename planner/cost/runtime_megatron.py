@@ -21,10 +21,15 @@ HOST_BLOCK_LINEARS = (("flash", 36.72, 47.29), ("eager", 49.72, 52.76), ("moe", 
 # output layer's and the loss's forward and backward, the DDP hook per tensor (with main_grad.add_, without); per
 # step a tensor's share of the optimizer's loops before its inner step and the fixed calls, of the inner step's and
 # copy-back loops, of count_zeros' and of the params norm's (loop, fixed):
-# scripts/bench_host_step.py (9 repeats x 200 calls, torch 2.13.0 CPU), docs/framework-facts.md §97
+# scripts/bench_host_step.py (9 repeats x 200 calls, torch 2.13.0 CPU), docs/framework-facts.md §97; and the calls beside
+# the layers' ops (planner/cost/hostcalls.py): a collective's issue by kind (per call, torch's fake backend), the
+# --overlap-param-gather forward pre-hook (a module, a parameter it holds), get_batch's copy (a key):
+# scripts/bench_host_comm.py (15 repeats x 200 calls, torch 2.13.0 CPU), docs/framework-facts.md §106
 HOST_REST_LINEARS = (("embedding", 3.81, 5.63), ("output", 2.34, 5.90), ("loss", 12.76, 9.70),
                      ("grad_hook", 0.18, 0.04), ("step", 0.48, 2.16), ("inner_step", 0.41, 0.0),
-                     ("zeros", 0.67, 0.08), ("params_norm", 0.03, 2.40))
+                     ("zeros", 0.67, 0.08), ("params_norm", 0.03, 2.40),
+                     ("all-reduce", 0.40, 0.0), ("all-gather", 0.85, 0.0), ("reduce-scatter", 0.82, 0.0),
+                     ("broadcast", 0.40, 0.0), ("pre_hook", 0.22, 0.07), ("get_batch", 0.14, 0.0))
 # what runs instead of torch.compile, and where that is read (runtimes._NO_MODEL_COMPILE's entry)
 NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise "
                     "functions of its jit_fuser)",
@@ -143,7 +148,11 @@ def megatron() -> RuntimeFacts:
                                  "optimizer/optimizer.py 216-292, 816-845, distrib_optimizer.py 2756-2850, "
                                  "clip_grads.py 55-258 (TE's multi_tensor_scale_tensor: no .item() in the norm), "
                                  "training/utils/common_utils.py 52-208 (calc_params_l2_norm), training.py 3312 "
-                                 "(training_log's loss .item()): scripts/bench_host_step.py, docs/framework-facts.md §97",
+                                 "(training_log's loss .item()): scripts/bench_host_step.py, docs/framework-facts.md §97; "
+                                 "the collectives' issue (torch.distributed's wrapper and c10d's dispatch, torch 2.13.0's "
+                                 "fake backend), distributed_data_parallel.py 485-536 and param_and_grad_buffer.py 538-560 "
+                                 "(the forward pre-hook), pretrain_gpt.py 110-150 and core/utils.py 2167-2320 "
+                                 "(get_batch): scripts/bench_host_comm.py, docs/framework-facts.md §106",
             "deterministic_attention": "--deterministic-mode asks for NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (megatron/core/"
                                        "extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b; 1697-1702 "
                                        "at 7e6a045a) and passes config.attention_dropout (default 0.1, "

@@ -293,8 +293,9 @@ TERMS: tuple[Term, ...] = (
     Term("the host's issue time beyond a block's, the embedding's, the head's and loss's passes (host-bound)", "time",
          "layer", lambda layer, ckpt, ctx: hosttime.host_bound_ms(layer, ckpt, ctx.profile, ctx.setup),
          "max(device, host) per pass: the record's host_block_linears (Megatron-core's TE spec and MoE blocks, "
-         "scripts/bench_host.py) and host_rest_linears (bench_host_step.py) at the host's published "
-         "CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053)"),
+         "scripts/bench_host.py) and host_rest_linears (bench_host_step.py; the collectives' issue, "
+         "--overlap-param-gather's pre-hooks and get_batch: bench_host_comm.py, hostcalls.py) at the host's "
+         "published CPU time per Linear forward (GPU.host_call_us: TransformerEngine#2053)"),
     Term("Transformer Engine's attention under deterministic mode beyond the kernels the profile times", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.deterministic_attention_ms(layer, ckpt, ctx.profile, ctx.setup),
          "the record's deterministic_attention: cuDNN's deterministic backward on sm90 and on sm100+ without dropout "
