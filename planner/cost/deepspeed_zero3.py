@@ -79,3 +79,84 @@ def gathered_numel(block: Sequence[Submodule], *, max_reuse_numel: int,
         twice += 2 * partitioned
         third += 0 if stays else partitioned
     return twice + third, third
+
+
+# deepspeed/runtime/zero/config.py DeepSpeedZeroConfig (the same at v0.6.2's constants.py 51-112 and at
+# edaa7221): stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9 (and the reuse distance above)
+PREFETCH_BUCKET_DEFAULT = 50_000_000
+MAX_LIVE_DEFAULT = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One submodule's run in the simulated trace: which layer, "forward" / "recompute" / "backward",
+    the submodule, the partitioned elements gathered (available or in flight) while it computes, the
+    gradient elements held (backward: its own and the previous submodule's, not yet reduced), and the
+    elements this run gathered (its own fetch and its prefetch)."""
+    layer: int
+    phase: str
+    name: str
+    gathered: int
+    grads: int
+    fetched: int
+
+
+def trace(block: Sequence[Submodule], *, layers: int, checkpointed: bool) -> list[tuple[int, str, int]]:
+    """(layer, phase, submodule index) of every submodule run of a step of `layers` equal blocks:
+    every forward, then each layer from the last: its recompute (checkpointed), then its backward."""
+    runs = [(layer, "forward", j) for layer in range(layers) for j in range(len(block))]
+    for layer in reversed(range(layers)):
+        if checkpointed:
+            runs += [(layer, "recompute", j) for j in range(len(block))]
+        runs += [(layer, "backward", j) for j in reversed(range(len(block)))]
+    return runs
+
+
+def simulate(block: Sequence[Submodule], *, layers: int = 3, checkpointed: bool, max_reuse_numel: int,
+             prefetch_bucket: int = PREFETCH_BUCKET_DEFAULT, max_live: int = MAX_LIVE_DEFAULT,
+             persistence_threshold: int = PARAM_PERSISTENCE_THRESHOLD_DEFAULT) -> list[Moment]:
+    """The coordinator at edaa7221 (partitioned_param_coordinator.py) run over a step's trace of equal
+    blocks, a parameter a tensor (weight, bias). fetch_sub_module (~400-485): the submodule's parameters not
+    already fetched are popped from the trace's queue and gathered; then, while fewer than min(max_live -
+    gathered, prefetch_bucket) elements are being prefetched, the queue's next entry is popped and gathered
+    if it is not already (its use marked fetched either way). release_sub_module / __params_to_release
+    (~510-664): its partitioned parameters are released but those a prefetch marked for a later use and those
+    seen walking the trace from the next run until at least max_reuse elements were counted. Persistent
+    parameters (at most the threshold) are never gathered nor released but count in the walk."""
+    runs = trace(block, layers=layers, checkpointed=checkpointed)
+    params = [[(layer, j, t) for t in range(len(block[j].param_numels))] for layer, _, j in runs]
+    numel = {p: block[p[1]].param_numels[p[2]] for ps in params for p in ps}
+    persist = {p for p, n in numel.items() if n <= persistence_threshold}
+    queue = [(p, step) for step, ps in enumerate(params) for p in ps]
+    head, available, fetched_for, moments = 0, set(), {p: -1 for p in numel}, []
+    previous_grad = 0
+    for step, (layer, phase, j) in enumerate(runs):
+        wanted = [p for p in params[step] if fetched_for[p] < step]
+        for _ in wanted:  # the trace's next entries are this run's own
+            fetched_for[queue[head][0]] = queue[head][1]
+            head += 1
+        fetched = sum(numel[p] for p in params[step] if p not in available and p not in persist)
+        available |= {p for p in params[step] if p not in persist}
+        gathered = sum(numel[p] for p in available)
+        limit, prefetching, chosen = min(max_live - gathered, prefetch_bucket), 0, set()
+        while head < len(queue) and prefetching < limit:
+            p, use = queue[head]
+            head += 1
+            fetched_for[p] = max(fetched_for[p], use)
+            if p not in available and p not in persist and p not in chosen:
+                chosen.add(p)
+                prefetching += numel[p]
+        available |= chosen
+        own_grad = block[j].numel if phase == "backward" else 0
+        moments.append(Moment(layer, phase, block[j].name, gathered + prefetching, own_grad + previous_grad,
+                              fetched + prefetching))
+        previous_grad = own_grad if phase == "backward" else previous_grad
+        release = {p for p in params[step] if p not in persist and fetched_for[p] <= step}
+        traversed = 0
+        for later in params[step + 1:]:
+            if traversed >= max_reuse_numel or not release:
+                break
+            release -= set(later)
+            traversed += sum(numel[p] for p in later)
+        available -= release
+    return moments
