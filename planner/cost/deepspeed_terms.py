@@ -6,7 +6,7 @@ gpt_block, its parameters equal to the layer's), two terms replace FSDP2's:
 
 - memory: the largest-layer term (dataparallel.unsharded_bytes: 8 B a parameter of the largest layer, FSDP2's
   two gathered layers and two gradients) gives way to what the coordinator holds at the layer's backward
-  (deepspeed_zero3.simulate over a step of equal blocks at the setup's stage3 knobs): the partitioned
+  (deepspeed_zero3.simulate over a step of the profile's blocks at the setup's stage3 knobs): the partitioned
   parameters gathered or being prefetched, in the weights' dtype, and the gradients of the submodule computing
   and of the one before it, which stays in its own .grad until a later hook reduces it (stage3.py 1469-1540
   at v0.6.2), in the gradients' dtype; the peak over the block's recompute and backward;
@@ -65,16 +65,21 @@ def profile_block(profile: Profile, layer) -> tuple[deepspeed_zero3.Submodule, .
     return block if sum(m.numel for m in block) == layer.param_count else None
 
 
-@lru_cache(maxsize=256)
-def _moments(block, checkpointed: bool, knob: tuple[int, int, int]) -> tuple[deepspeed_zero3.Moment, ...]:
+@lru_cache(maxsize=64)
+def _moments(block, layers: int, checkpointed: bool, knob: tuple[int, int, int]) -> tuple[deepspeed_zero3.Moment, ...]:
     reuse, bucket, live = knob
-    return tuple(deepspeed_zero3.simulate(block, layers=3, checkpointed=checkpointed, max_reuse_numel=reuse,
+    return tuple(deepspeed_zero3.simulate(block, layers=layers, checkpointed=checkpointed, max_reuse_numel=reuse,
                                           prefetch_bucket=bucket, max_live=live))
 
 
-def _middle(block, checkpointed: bool, setup: TrainSetup) -> list[deepspeed_zero3.Moment]:
-    """The middle layer's recompute and backward runs: a layer with layers before and after it."""
-    return [m for m in _moments(block, checkpointed, knobs(setup)) if m.layer == 1 and m.phase != "forward"]
+def _layer_runs(profile: Profile, layer: LayerCost, checkpointed: bool, setup: TrainSetup):
+    """(the layer's block, its recompute and backward runs) in the step's trace of the profile's blocks, every
+    block checkpointed alike (DeepSpeed runs no pipeline at ZeRO 3: one stage holds them all)."""
+    names = [known.name for known in profile.layers if known.kind == "decoder_block"]
+    block = profile_block(profile, layer)
+    moments = _moments(block, len(names), checkpointed, knobs(setup))
+    index = names.index(layer.name)
+    return block, [m for m in moments if m.layer == index and m.phase != "forward"]
 
 
 def charged(profile: Profile, setup: TrainSetup) -> bool:
@@ -90,34 +95,28 @@ def working_set_bytes(layer: LayerCost, option: int, profile: Profile, setup: Tr
     (the module docstring); 0 where these terms are not charged."""
     if not charged(profile, setup):
         return 0
-    block = profile_block(profile, layer)
-    if block is None:
+    if layer.kind != "decoder_block":
         return 0
     held = dataparallel.param_bytes(setup)
-    return int(max(m.gathered * held.weights + m.grads * held.grads
-                   for m in _middle(block, option == 1, setup)))
+    _, runs = _layer_runs(profile, layer, option == 1, setup)
+    return int(max(m.gathered * held.weights + m.grads * held.grads for m in runs))
 
 
-def third_gather_share(block, setup: TrainSetup) -> float:
-    """Elements a checkpointed layer's backward gathers beyond its recompute's, a share of the layer's
-    partitioned parameters (0: all kept from recompute to backward)."""
-    runs = _middle(block, True, setup)
-    backward = sum(m.fetched for m in runs if m.phase == "backward")
-    recompute = sum(m.fetched for m in runs if m.phase == "recompute")
+def third_gather_share(profile: Profile, layer: LayerCost, setup: TrainSetup) -> float:
+    """Elements gathered for a checkpointed layer's recompute and backward beyond one gather of its
+    partitioned parameters, a share of them (0: all kept from recompute to backward)."""
+    block, runs = _layer_runs(profile, layer, True, setup)
     partitioned = sum(n for m in block for n in m.param_numels
                       if n > deepspeed_zero3.PARAM_PERSISTENCE_THRESHOLD_DEFAULT)
-    return max(0, backward + recompute - partitioned) / partitioned if partitioned else 0.0
+    return max(0, sum(m.fetched for m in runs) - partitioned) / partitioned if partitioned else 0.0
 
 
 def third_gather_ms(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> float:
     """The third gather's exposed time a layer adds per iteration under full recompute (the module
     docstring); 0 for other options and where these terms are not charged."""
-    if option != 1 or not charged(profile, setup):
+    if option != 1 or layer.kind != "decoder_block" or not charged(profile, setup):
         return 0.0
-    block = profile_block(profile, layer)
-    if block is None:
-        return 0.0
-    share = third_gather_share(block, setup)
+    share = third_gather_share(profile, layer, setup)
     if not share:
         return 0.0
     gather, reduce = dataparallel.collectives_ms(layer.param_count, setup)

@@ -92,7 +92,7 @@ class Moment:
     """One submodule's run in the simulated trace: which layer, "forward" / "recompute" / "backward",
     the submodule, the partitioned elements gathered (available or in flight) while it computes, the
     gradient elements held (backward: its own and the previous submodule's, not yet reduced), and the
-    elements this run gathered (its own fetch and its prefetch)."""
+    elements gathered for this run (by its own fetch or by an earlier run's prefetch)."""
     layer: int
     phase: str
     name: str
@@ -112,51 +112,51 @@ def trace(block: Sequence[Submodule], *, layers: int, checkpointed: bool) -> lis
     return runs
 
 
-def simulate(block: Sequence[Submodule], *, layers: int = 3, checkpointed: bool, max_reuse_numel: int,
+def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max_reuse_numel: int,
              prefetch_bucket: int = PREFETCH_BUCKET_DEFAULT, max_live: int = MAX_LIVE_DEFAULT,
              persistence_threshold: int = PARAM_PERSISTENCE_THRESHOLD_DEFAULT) -> list[Moment]:
-    """The coordinator at edaa7221 (partitioned_param_coordinator.py) run over a step's trace of equal
-    blocks, a parameter a tensor (weight, bias). fetch_sub_module (~400-485): the submodule's parameters not
-    already fetched are popped from the trace's queue and gathered; then, while fewer than min(max_live -
-    gathered, prefetch_bucket) elements are being prefetched, the queue's next entry is popped and gathered
-    if it is not already (its use marked fetched either way). release_sub_module / __params_to_release
-    (~510-664): its partitioned parameters are released but those a prefetch marked for a later use and those
-    seen walking the trace from the next run until at least max_reuse elements were counted. Persistent
-    parameters (at most the threshold) are never gathered nor released but count in the walk."""
+    """The coordinator at edaa7221 (partitioned_param_coordinator.py) run over a step's trace of `layers`
+    equal blocks, a parameter a tensor (weight, bias), the embedding and head left out. fetch_sub_module
+    (~400-485): the run's parameters not already fetched are popped from the trace's queue and gathered;
+    then, while fewer than min(max_live - gathered, prefetch_bucket) elements are being prefetched, the
+    queue's next entry is popped and gathered if it is not already (its use marked fetched either way).
+    release_sub_module / __params_to_release (~510-664): the run's partitioned parameters are released but
+    those a prefetch marked for a later use and those seen walking the trace from the next run until at
+    least max_reuse elements were counted. Persistent parameters (at most the threshold) are never gathered
+    nor released but count in the walk."""
     runs = trace(block, layers=layers, checkpointed=checkpointed)
     params = [[(layer, j, t) for t in range(len(block[j].param_numels))] for layer, _, j in runs]
     numel = {p: block[p[1]].param_numels[p[2]] for ps in params for p in ps}
     persist = {p for p, n in numel.items() if n <= persistence_threshold}
     queue = [(p, step) for step, ps in enumerate(params) for p in ps]
-    head, available, fetched_for, moments = 0, set(), {p: -1 for p in numel}, []
-    previous_grad = 0
+    head, available, fetched_for = 0, set(), {p: -1 for p in numel}
+    gathered_for = [0] * len(runs)
+    states, previous_grad = [], 0
     for step, (layer, phase, j) in enumerate(runs):
-        wanted = [p for p in params[step] if fetched_for[p] < step]
-        for _ in wanted:  # the trace's next entries are this run's own
+        for _ in [p for p in params[step] if fetched_for[p] < step]:  # the queue's next entries: this run's
             fetched_for[queue[head][0]] = queue[head][1]
             head += 1
-        fetched = sum(numel[p] for p in params[step] if p not in available and p not in persist)
+        gathered_for[step] += sum(numel[p] for p in params[step] if p not in available and p not in persist)
         available |= {p for p in params[step] if p not in persist}
         gathered = sum(numel[p] for p in available)
-        limit, prefetching, chosen = min(max_live - gathered, prefetch_bucket), 0, set()
+        limit, prefetching = min(max_live - gathered, prefetch_bucket), 0
         while head < len(queue) and prefetching < limit:
             p, use = queue[head]
             head += 1
             fetched_for[p] = max(fetched_for[p], use)
-            if p not in available and p not in persist and p not in chosen:
-                chosen.add(p)
+            if p not in available and p not in persist:
+                available.add(p)
+                gathered_for[use] += numel[p]
                 prefetching += numel[p]
-        available |= chosen
         own_grad = block[j].numel if phase == "backward" else 0
-        moments.append(Moment(layer, phase, block[j].name, gathered + prefetching, own_grad + previous_grad,
-                              fetched + prefetching))
+        states.append((gathered + prefetching, own_grad + previous_grad))
         previous_grad = own_grad if phase == "backward" else previous_grad
-        release = {p for p in params[step] if p not in persist and fetched_for[p] <= step}
-        traversed = 0
-        for later in params[step + 1:]:
-            if traversed >= max_reuse_numel or not release:
+        release, traversed = {p for p in params[step] if p not in persist and fetched_for[p] <= step}, 0
+        for later in params[step + 1:] if release else ():
+            if traversed >= max_reuse_numel:
                 break
             release -= set(later)
             traversed += sum(numel[p] for p in later)
         available -= release
-    return moments
+    return [Moment(layer, phase, block[j].name, held, grads, gathered_for[step])
+            for step, ((layer, phase, j), (held, grads)) in enumerate(zip(runs, states))]
