@@ -44,8 +44,9 @@ def knobs(setup: TrainSetup) -> tuple[int, int, int]:
 
 
 def runs_zero3(setup: TrainSetup) -> bool:
-    """DeepSpeed's ZeRO 3 partitioning, gathering per microbatch over more than one rank."""
-    return (runtimes.of(setup.training).name == "deepspeed" and setup.data_parallel.zero == 3
+    """A runtime whose record gathers by submodule (fsdp_units "submodules": DeepSpeed's coordinator) at ZeRO 3,
+    gathering per microbatch over more than one rank."""
+    return (runtimes.of(setup.training).fsdp_units == "submodules" and setup.data_parallel.zero == 3
             and not dataparallel.kept_whole(setup) and dataparallel.shard_size(setup) > 1)
 
 
