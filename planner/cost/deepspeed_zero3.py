@@ -17,9 +17,9 @@ submodule's parameters stay gathered to their backward only where the block's pa
 counted twice, fit within the distance; every other submodule is gathered a third time in the step
 (forward, recompute, backward), where FSDP2 gathers a unit twice (forward; recompute and backward).
 
-Nothing here reads a setup: the cost model does not charge the third gather (the distance is the
-job's ds_config, which no ckplan option carries: docs/published-runs.md §25.dsrows).
-scripts/deepspeed_zero3_trace.py prints it for a published row.
+Nothing here reads a setup: planner/cost/deepspeed_terms.py charges what `simulate` finds at the setup's
+stage3 knobs (the --stage3-* options, docs/published-runs.md §25.dszero3); scripts/deepspeed_zero3_trace.py
+and scripts/deepspeed_working_set.py print it for the published rows.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max
     head, available, fetched_for = 0, set(), {p: -1 for p in numel}
     gathered_for = [0] * len(runs)
     states, previous_grad = [], 0
-    for step, (layer, phase, j) in enumerate(runs):
+    for step, (_, phase, j) in enumerate(runs):
         for _ in [p for p in params[step] if fetched_for[p] < step]:  # the queue's next entries: this run's
             fetched_for[queue[head][0]] = queue[head][1]
             head += 1

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import chunkedloss, compiledrerun, dataparallel, deepspeed_terms, fsdpunits, runtimes, schedules
+from planner.cost import chunkedloss, compiledrerun, dataparallel, fsdpunits, runtimes, schedules
+from planner.cost.deepspeed_terms import charged as deepspeed_charged
 from planner.cost.layers import LayerCost
 from planner.cost.opsacep import op_sac_reruns_exchanges
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
@@ -396,7 +397,7 @@ def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     model's largest layer (dataparallel.unsharded_bytes): counted with the buffers, a
     constant per stage; 0 where the runtime's FSDP2 units are charged per moment instead
     (fsdp_unit_layer_bytes, fsdp_unit_loss_bytes), or DeepSpeed's submodules' (deepspeed_terms)."""
-    if fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units) or deepspeed_terms.charged(profile, setup):
+    if fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units) or deepspeed_charged(profile, setup):
         return 0
     largest, fp8 = max(_held_params(profile, setup))
     return int(round(dataparallel.unsharded_bytes(largest, setup, fp8_count=fp8)))
