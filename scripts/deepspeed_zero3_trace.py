@@ -9,7 +9,8 @@ parameters gathered from recompute to backward at the run's stage3_max_reuse_dis
 third gather would expose on the row: one gather of the model is G = 2 B x params x (K-1)/K over the link,
 the reduce-scatter as much; the forward hides its gather behind the forward (a quarter of the row's compute:
 forward, recompute and twice the forward in backward), the backward hides (1 + f) G + G behind the other
-three quarters, f the share gathered a third time. An estimate beside the row, not a cost term.
+three quarters, f the share gathered a third time. §25.dsrows' estimate beside the row; the cost model now charges
+the third gather itself (planner/cost/deepspeed_terms.py, §25.dszero3).
 """
 
 from __future__ import annotations

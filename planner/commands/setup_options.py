@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from planner.commands.ddp_options import DDP_OPTIONS, check_ddp, ddp_given
+from planner.commands.deepspeed_options import DEEPSPEED_OPTIONS, check_deepspeed, deepspeed_given
 from planner.commands.expert_options import (
     check_ep,
     check_ep_runtime,
@@ -144,6 +145,7 @@ class DataParallelOptions:
     settings: TrainingSettings = None  # type: ignore[assignment]  # None: the defaults
     # Megatron-LM's DDP overlap as DataParallelSetup's fields (ddp_options.py; a config's JobSettings.ddp)
     ddp: dict = None  # type: ignore[assignment]  # None: none given
+    deepspeed: dict = None  # type: ignore[assignment]  # DeepSpeed's stage3 knobs (deepspeed_options.py); None: none
 
 
 def setup_options(func):
@@ -161,10 +163,10 @@ def setup_options(func):
         settings = TrainingSettings.from_options(kwargs)
         data_parallel = DataParallelOptions(**{name: kwargs[name] if name in own else kwargs.pop(name)
                                                for name in DP_OPTION_NAMES}, settings=settings,
-                                            ddp=ddp_given(kwargs))
+                                            ddp=ddp_given(kwargs), deepspeed=deepspeed_given(kwargs))
         return func(data_parallel=data_parallel, **kwargs)
 
-    for option in reversed(_OPTIONS + SETTING_OPTIONS + DDP_OPTIONS):
+    for option in reversed(_OPTIONS + SETTING_OPTIONS + DDP_OPTIONS + DEEPSPEED_OPTIONS):
         if option_name(option) not in own:
             grouped = option(grouped)
     return grouped
@@ -330,6 +332,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     from planner.cost import reserve_megatron
     from planner.cost.reserve_fsdp2 import allocator_setting_refused
 
+    check_deepspeed(data_parallel.deepspeed or {}, profile, setup)
     refused = allocator_setting_refused(profile, setup) or reserve_megatron.allocator_setting_refused(profile, setup)
     if refused:
         raise UserError(refused)
@@ -369,7 +372,8 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
     check_dp_options(dp=dp, zero=zero, shard_group=shard_group)
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
     fields = dict(dp=dp, zero=zero, shard_group=shard_group if zero else None, offload=offload_optimizer,
-                  offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather, ep=ep, **(options.ddp or {}))
+                  offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather, ep=ep, **(options.ddp or {}),
+                  **(options.deepspeed or {}))
     if host_mem is not None and not offload_optimizer and not activations_offloadable:
         raise UserError("--host-mem caps what goes to the host: the offloaded optimizer, and activations of layers "
                         "with the offload option, which this plan cannot have (a cpu profile, where the host is the "

@@ -17,9 +17,9 @@ submodule's parameters stay gathered to their backward only where the block's pa
 counted twice, fit within the distance; every other submodule is gathered a third time in the step
 (forward, recompute, backward), where FSDP2 gathers a unit twice (forward; recompute and backward).
 
-Nothing here reads a setup: the cost model does not charge the third gather (the distance is the
-job's ds_config, which no ckplan option carries: docs/published-runs.md §25.dsrows).
-scripts/deepspeed_zero3_trace.py prints it for a published row.
+Nothing here reads a setup: planner/cost/deepspeed_terms.py charges what `simulate` finds at the setup's
+stage3 knobs (the --stage3-* options, docs/published-runs.md §25.dszero3); scripts/deepspeed_zero3_trace.py
+and scripts/deepspeed_working_set.py print it for the published rows.
 """
 
 from __future__ import annotations
@@ -79,3 +79,84 @@ def gathered_numel(block: Sequence[Submodule], *, max_reuse_numel: int,
         twice += 2 * partitioned
         third += 0 if stays else partitioned
     return twice + third, third
+
+
+# deepspeed/runtime/zero/config.py DeepSpeedZeroConfig (the same at v0.6.2's constants.py 51-112 and at
+# edaa7221): stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9 (and the reuse distance above)
+PREFETCH_BUCKET_DEFAULT = 50_000_000
+MAX_LIVE_DEFAULT = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One submodule's run in the simulated trace: which layer, "forward" / "recompute" / "backward",
+    the submodule, the partitioned elements gathered (available or in flight) while it computes, the
+    gradient elements held (backward: its own and the previous submodule's, not yet reduced), and the
+    elements gathered for this run (by its own fetch or by an earlier run's prefetch)."""
+    layer: int
+    phase: str
+    name: str
+    gathered: int
+    grads: int
+    fetched: int
+
+
+def trace(block: Sequence[Submodule], *, layers: int, checkpointed: bool) -> list[tuple[int, str, int]]:
+    """(layer, phase, submodule index) of every submodule run of a step of `layers` equal blocks:
+    every forward, then each layer from the last: its recompute (checkpointed), then its backward."""
+    runs = [(layer, "forward", j) for layer in range(layers) for j in range(len(block))]
+    for layer in reversed(range(layers)):
+        if checkpointed:
+            runs += [(layer, "recompute", j) for j in range(len(block))]
+        runs += [(layer, "backward", j) for j in reversed(range(len(block)))]
+    return runs
+
+
+def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max_reuse_numel: int,
+             prefetch_bucket: int = PREFETCH_BUCKET_DEFAULT, max_live: int = MAX_LIVE_DEFAULT,
+             persistence_threshold: int = PARAM_PERSISTENCE_THRESHOLD_DEFAULT) -> list[Moment]:
+    """The coordinator at edaa7221 (partitioned_param_coordinator.py) run over a step's trace of `layers`
+    equal blocks, a parameter a tensor (weight, bias), the embedding and head left out. fetch_sub_module
+    (~400-485): the run's parameters not already fetched are popped from the trace's queue and gathered;
+    then, while fewer than min(max_live - gathered, prefetch_bucket) elements are being prefetched, the
+    queue's next entry is popped and gathered if it is not already (its use marked fetched either way).
+    release_sub_module / __params_to_release (~510-664): the run's partitioned parameters are released but
+    those a prefetch marked for a later use and those seen walking the trace from the next run until at
+    least max_reuse elements were counted. Persistent parameters (at most the threshold) are never gathered
+    nor released but count in the walk."""
+    runs = trace(block, layers=layers, checkpointed=checkpointed)
+    params = [[(layer, j, t) for t in range(len(block[j].param_numels))] for layer, _, j in runs]
+    numel = {p: block[p[1]].param_numels[p[2]] for ps in params for p in ps}
+    persist = {p for p, n in numel.items() if n <= persistence_threshold}
+    queue = [(p, step) for step, ps in enumerate(params) for p in ps]
+    head, available, fetched_for = 0, set(), {p: -1 for p in numel}
+    gathered_for = [0] * len(runs)
+    states, previous_grad = [], 0
+    for step, (_, phase, j) in enumerate(runs):
+        for _ in [p for p in params[step] if fetched_for[p] < step]:  # the queue's next entries: this run's
+            fetched_for[queue[head][0]] = queue[head][1]
+            head += 1
+        gathered_for[step] += sum(numel[p] for p in params[step] if p not in available and p not in persist)
+        available |= {p for p in params[step] if p not in persist}
+        gathered = sum(numel[p] for p in available)
+        limit, prefetching = min(max_live - gathered, prefetch_bucket), 0
+        while head < len(queue) and prefetching < limit:
+            p, use = queue[head]
+            head += 1
+            fetched_for[p] = max(fetched_for[p], use)
+            if p not in available and p not in persist:
+                available.add(p)
+                gathered_for[use] += numel[p]
+                prefetching += numel[p]
+        own_grad = block[j].numel if phase == "backward" else 0
+        states.append((gathered + prefetching, own_grad + previous_grad))
+        previous_grad = own_grad if phase == "backward" else previous_grad
+        release, traversed = {p for p in params[step] if p not in persist and fetched_for[p] <= step}, 0
+        for later in params[step + 1:] if release else ():
+            if traversed >= max_reuse_numel:
+                break
+            release -= set(later)
+            traversed += sum(numel[p] for p in later)
+        available -= release
+    return [Moment(layer, phase, block[j].name, held, grads, gathered_for[step])
+            for step, ((layer, phase, j), (held, grads)) in enumerate(zip(runs, states))]

@@ -396,7 +396,9 @@ class RuntimeFacts:
     buffer term measured on ckplan's runtime, where every layer is its own unit: the model's largest
     layer's, charged at every moment; kept by the runtimes whose ZeRO was not read as units),
     "per-layer" (every layer its own unit, charged per moment), "root-ends" (the model's first and
-    last layers one root unit, every other layer its own, charged per moment)."""
+    last layers one root unit, every other layer its own, charged per moment), "submodules" (DeepSpeed's
+    coordinator: each submodule gathered as it runs, released by reuse distance; planner/cost/deepspeed_terms.py
+    where the block's submodules are known, the largest-layer term elsewhere)."""
     fsdp_gathered_from_forward: tuple[str, ...] = ()
     """The units kept gathered from their forward to the end of their backward without a pipeline,
     each named by a layer it holds: "first", "last", "before-last" (fsdpunits.gathered_from_forward)."""

@@ -217,7 +217,7 @@ def _deepspeed_newest() -> RuntimeFacts:
         output_grad_buffers_per_microbatch=False, frees_sent_output=False, batch_held="pipe-buffers",
         sends_held_to_step_end=False, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
-        pipeline_max_zero=1, shard_group_zero=(),
+        pipeline_max_zero=1, shard_group_zero=(), fsdp_units="submodules",
         sources={
             "step_replayed": f"not replayed: ZeRO's contiguous buffers and its side streams (deepspeed/runtime/zero/stage_1_and_2.py), {_DS_V}",
             "fsdp2_step_replayed": "DeepSpeed shards with ZeRO, not FSDP2",
@@ -238,8 +238,9 @@ def _deepspeed_newest() -> RuntimeFacts:
             "zero_as_fsdp2": "DeepSpeed's own ZeRO",
             "fsdp_units": f"DeepSpeed ZeRO 3 gathers each submodule's own parameters as it runs and releases them by "
                           f"reuse distance in numel (deepspeed/runtime/zero/partitioned_param_coordinator.py 310-494, "
-                          f"634-664, {_DS_V}; framework-facts §103, planner/cost/deepspeed_zero3.py): no units; the "
-                          f"largest-layer term kept (what stays gathered is the ds_config's, which no option carries)",
+                          f"634-664, {_DS_V}; framework-facts §103, §105): no units, its coordinator simulated over the "
+                          f"block's submodules at the setup's stage3 knobs (planner/cost/deepspeed_terms.py) where "
+                          f"ckplan knows them (an analytic GPT block), the largest-layer term elsewhere",
             "fsdp_gathered_from_forward": "not read (the largest-layer term)",
             "adam_step_scratch": "deepspeed/runtime/engine.py _configure_basic_optimizer: FusedAdam for type Adam "
                                  "(multi-tensor, in place) unless torch_adam",

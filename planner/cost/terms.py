@@ -12,6 +12,7 @@ from planner.cost import (
     comm,
     contextparallel,
     dataparallel,
+    deepspeed_terms,
     fsdp2work,
     gradtiming,
     hosttime,
@@ -234,6 +235,10 @@ TERMS: tuple[Term, ...] = (
          "layer", lambda layer, ckpt, ctx: fsdp_unit_layer_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "the runtime record's fsdp_units and fsdp_gathered_from_forward (planner/cost/fsdpunits.py); FSDP2's "
          "backward prefetch and one reduce-scatter input at a time (torch 2.13 _fsdp_param_group.py)"),
+    Term("DeepSpeed ZeRO 3's gathered and prefetched submodules and two gradients in the layer's backward", "extra",
+         "layer", lambda layer, ckpt, ctx: deepspeed_terms.working_set_bytes(layer, int(ckpt), ctx.profile, ctx.setup),
+         "the coordinator's fetch, prefetch and reuse-distance release run over the block's trace at the setup's "
+         "stage3 knobs (partitioned_param_coordinator.py edaa7221; planner/cost/deepspeed_terms.py, §105)"),
     Term("FSDP2's gradients of the layer in the weights' dtype, beside a pipeline, until its post-backward", "extra",
          "layer", lambda layer, ckpt, ctx: gradtiming.layer_grad_in_flight_bytes(layer, ctx.setup),
          "the runtime record's grads_allocated_at_first_backward: gradient sync off, FSDP2 adds them into the kept "
@@ -252,6 +257,9 @@ TERMS: tuple[Term, ...] = (
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),
+    Term("DeepSpeed ZeRO 3's third gather of a checkpointed block (released after its recompute)", "time", "layer",
+         lambda layer, ckpt, ctx: deepspeed_terms.third_gather_ms(layer, int(ckpt), ctx.profile, ctx.setup),
+         "stage3_max_reuse_distance's release (planner/cost/deepspeed_terms.py, §103, §105) beyond the window"),
     Term("the tokens' all-to-all of a MoE block under expert parallelism", "time", "layer",
          lambda layer, ckpt, ctx: all_to_all_ms(layer, ckpt, ctx.setup),
          "dispatch + combine, forward and backward (Megatron-LM's alltoall token dispatcher, torchtitan's "

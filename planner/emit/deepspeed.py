@@ -120,8 +120,12 @@ CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.pipeline.micro_bat
 
 def _zero_block(setup) -> str:
     """The config's ZeRO block: the stage the re-score charged. DeepSpeed shards over the whole data-parallel
-    group (a smaller group, MiCS, was removed in 0.19.8; solve and search refuse one: runnable)."""
-    return f', "zero_optimization": {{"stage": {setup.data_parallel.zero}}}' if setup.data_parallel.zero else ""
+    group (a smaller group, MiCS, was removed in 0.19.8; solve and search refuse one: runnable). The stage3 knobs
+    the re-score was given go with it under their ds_config keys (the others stay DeepSpeed's defaults, as charged)."""
+    dp = setup.data_parallel
+    knobs = "".join(f', "{name}": {getattr(dp, name)}' for name in ("stage3_max_reuse_distance",
+                    "stage3_prefetch_bucket_size", "stage3_max_live_parameters") if getattr(dp, name) is not None)
+    return f', "zero_optimization": {{"stage": {dp.zero}{knobs}}}' if dp.zero else ""
 
 
 def _one_stage_module(rounded: rounding.Rounded, profile: Profile, names: str, config: str) -> str:

@@ -103,6 +103,11 @@ class DataParallelSetup(Strict):
     align_grad_reduce: bool = True
     align_param_gather: bool = True
     param_gather_with_step: bool = False
+    # DeepSpeed ZeRO 3's ds_config knobs that set what stays gathered (planner/cost/deepspeed_zero3.py,
+    # framework-facts §103, §105), elements; None: DeepSpeed's defaults (1e9, 5e7, 1e9)
+    stage3_max_reuse_distance: int | None = Field(default=None, ge=0, le=1 << 62)
+    stage3_prefetch_bucket_size: int | None = Field(default=None, ge=0, le=1 << 62)
+    stage3_max_live_parameters: int | None = Field(default=None, ge=0, le=1 << 62)
 
     @model_validator(mode="after")
     def _shard_group_divides_dp(self) -> DataParallelSetup:

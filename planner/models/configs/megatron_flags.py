@@ -95,7 +95,23 @@ NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "-
 # Flags that change memory or time and the prediction leaves out, with what they are. Those that
 # ask for a setting the cost model does not model go through configs.PENDING (PENDING_FLAGS below);
 # those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
+# Megatron-DeepSpeed's flags for DeepSpeed's engine (its megatron/arguments.py and deepspeed.add_config_arguments):
+# the script is scored for Megatron-LM's runtime; the ds_config it names is not read (docs/published-runs.md
+# §25.dszero3: what is left). Said, so a user sees which runtime the prediction is not.
+_SEE_DEEPSPEED = ("score it for DeepSpeed's engine with `ckplan evaluate --runtime deepspeed --zero N` on a profile of "
+                  "the same model, with the ds_config's stage3 knobs (--stage3-max-reuse-distance, "
+                  "--stage3-prefetch-bucket-size, --stage3-max-live-parameters)")
+DEEPSPEED_NOT_MODELLED = {
+    "--deepspeed": f"Megatron-DeepSpeed's DeepSpeed engine, not Megatron-LM's, which this reading scores: {_SEE_DEEPSPEED}",
+    "--deepspeed_config": f"the ds_config (ZeRO stage, offload, stage3 knobs) is not read: {_SEE_DEEPSPEED}",
+    "--zero-stage": f"DeepSpeed's ZeRO stage (Megatron-DeepSpeed): {_SEE_DEEPSPEED}",
+    "--deepspeed-activation-checkpointing": "DeepSpeed's activation checkpointing (deepspeed.checkpointing, reentrant) "
+                                            "for the layers Megatron-DeepSpeed checkpoints: see --deepspeed",
+    "--no-pipeline-parallel": "Megatron-DeepSpeed's GPT without DeepSpeed's PipelineEngine (ZeRO 2 and 3 allowed): "
+                              "see --deepspeed",
+}
 NOT_MODELLED = {
+    **DEEPSPEED_NOT_MODELLED,
     "--yaml-cfg": "more arguments in another YAML file, which is not read: give them in this file",
     "--fp16-lm-cross-entropy": "the cross-entropy on fp16 logits (fp16 runs): charged as the fp32 loss region",
     "--no-overlap-p2p-communication": "pipeline sends not overlapped with compute: time",
