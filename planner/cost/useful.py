@@ -1,0 +1,45 @@
+"""The options a plan may choose for a layer (useful_options): the undominated ones among those the setup
+allows, read by the solvers through costmodel."""
+
+from __future__ import annotations
+
+from planner.cost import splittime
+from planner.cost.layers import LayerCost
+from planner.cost.terms import Context, layer_value
+from planner.schema import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, runs_split_backward
+
+
+def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
+    """The options past none a plan may choose for this layer: each keeps fewer bytes than
+    none, and no other keeps no more, adds no more time and no more extra peak while better in
+    one (a dominated option never lowers a peak or a time; host bytes count as one more
+    resource, and so does a split backward's time past the first stage). Whole-layer plans (the setup's recompute): full alone. A chunked schedule's
+    stages take no option that offloads (their host bytes per rank are not modelled yet)."""
+    whole_layer = ctx.setup.training.recompute == "whole-layer"
+    candidates = [1] if whole_layer else range(1, len(layer.options))
+    # torchtitan's op-level policy (profiler/opsac.py): among the options where the setup asks for
+    # it and the layer offers it, never otherwise (no other framework's export can say it)
+    op_sac = [o for o in range(len(layer.options)) if layer.options[o].name == "op-sac"]
+    candidates = [o for o in candidates if o not in op_sac]
+    if ctx.setup.training.op_level_sac:
+        candidates += op_sac
+    if ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES:
+        candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
+    if ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:
+        candidates = [o for o in candidates if not layer.options[o].host_bytes]
+    # under a split backward an option's time on a stage past the first has its passes' extra
+    # (splittime.layer_extra_ms) and on the first not: both, so no option is dropped on either
+    split = ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
+    rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
+                layer_value("extra", layer, o, ctx), layer_value("offloaded", layer, o, ctx),
+                layer_value("time", layer, o, ctx) + (splittime.layer_extra_ms(layer, o, ctx.setup) if split else 0.0))
+            for o in range(len(layer.options))}
+    found = []
+    for o in candidates:
+        if rows[o][0] >= rows[0][0]:
+            continue
+        if any(p != o and all(a <= b for a, b in zip(rows[p], rows[o])) and rows[p] != rows[o]
+               for p in candidates):
+            continue
+        found.append(o)
+    return found
