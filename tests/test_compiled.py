@@ -185,7 +185,7 @@ def test_a_fake_profile_compiled_records_each_layers_partition(tmp_path):
 
     out = tmp_path / "f.json"
     # llama_style.py with one decoder block, not two: the partition is taken once per layer kind
-    # (profile_fake._with_compiled), so a second block adds only its fake run (about 40% of the
+    # (profile_fake._with_compiled), so a second block adds only its fake run (about a third of the
     # test's CPU time), nothing read here
     source = (Path(__file__).parent / "fixtures" / "llama_style.py").read_text()
     assert "\nLAYERS = 2\n" in source
