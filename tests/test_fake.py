@@ -54,10 +54,12 @@ def test_a_fake_profile_of_a_model_file_equals_the_measured_one_byte_for_byte(tm
 
 
 def _gpt2_config(folder, attn_pdrop: float):
-    """A 2-layer GPT-2 config (tied embedding) at toy widths; its folder for --hf-config."""
+    """A 1-layer GPT-2 config (tied embedding) at toy widths; its folder for --hf-config. One block:
+    a fake profile's time grows with the blocks (about 5 CPU-s at one, 12-15 at two), and a block fed
+    by a block is held to its measured bytes by llama_style.py's two (the first test here)."""
     config = folder / f"gpt2-{attn_pdrop}" / "config.json"
     config.parent.mkdir()
-    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 1, "n_head": 4, "vocab_size": 256,
                                   "n_positions": 64, "attn_pdrop": attn_pdrop, "resid_pdrop": 0.0, "embd_pdrop": 0.0}))
     return config.parent
 
@@ -117,21 +119,23 @@ def test_fake_flops_and_rooflines_of_a_linear_chain(tmp_path):
 
 
 def test_a_full_width_llama_3_8b_layer_against_the_analytic_formulas(tmp_path):
-    """Two of LLaMA 3 8B's decoder layers at full width and 8192 tokens, built on meta: the
-    parameters and FLOPs equal the formulas; the kept bytes exceed them by what Hugging
+    """One of LLaMA 3 8B's decoder layers at full width and 8192 tokens, built on meta (one: a fake
+    profile's time grows with its layers, and a second is the first's kind): the parameters and FLOPs
+    equal the formulas; the kept bytes exceed them by what Hugging
     Face's code keeps and a fused kernel does not."""
     pytest.importorskip("transformers")
     config = tmp_path / "llama3-8b" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-                                  "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                  "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
                                   "vocab_size": 128256, "max_position_embeddings": 8192}))
     run_ok("profile", "--hf-config", config.parent, "--fake", "--seq-len", "8192", "--micro-batch-size", "1",
            "--out", tmp_path / "f.json")
     fake = io.load_profile(tmp_path / "f.json")
     assert fake.device.type == "cuda" and fake.dtype == "bfloat16" and fake.device.name == "h100-sxm (fake)"
-    arch = archs.Arch(**{**archs.arch("llama3-8b").__dict__, "num_layers": 2})
+    arch = archs.Arch(**{**archs.arch("llama3-8b").__dict__, "num_layers": 1})
     shape = analytic.Shape(seq_len=8192, micro_batch_size=1)
+    assert [layer.name for layer in fake.layers][1:-1] == ["layers.0"]
     block = fake.layers[1]
     assert block.param_count == analytic.block_params(arch, shape) == 218_112_000
     assert fake.layers[0].param_count + fake.layers[-1].param_count == \
@@ -181,7 +185,7 @@ def test_attention_dropout_runs_in_the_gpus_fused_kernel(tmp_path, gpt2_fake_cpu
     assert dropped.assumptions["flops"] == plain.assumptions["flops"]
     assert "dropout 0.1 in the fused kernel" in dropped.assumptions["attention_dropout"]
     assert "attention_dropout" not in plain.assumptions
-    # on the CPU the math path: each block keeps at least the 2 x 4 x 32 x 32 fp32 probabilities more
+    # on the CPU the math path: the block keeps at least the 2 x 4 x 32 x 32 fp32 probabilities more
     cpu_plain, cpu_dropped = profiles[0.0, "cpu"], profiles[0.1, "cpu"]
     assert cpu_dropped.layers[1].act_bytes >= cpu_plain.layers[1].act_bytes + 2 * 4 * 32 * 32 * 4
     assert "attention_dropout" not in cpu_dropped.assumptions

@@ -124,7 +124,9 @@ def test_a_fake_mixtral_profile_carries_its_experts_and_plans_expert_parallelism
     (byte for byte where routing does not enter), routing charged balanced and said so, the experts'
     matmuls counted, and `solve --ep` plans it and says what balanced routing leaves unweighed."""
     config = tmp_path / "mixtral.json"
-    config.write_text(json.dumps(FAMILIES["mixtral"]))
+    # one decoder layer, not two: both profiles' time grows with the layers, and a second MoE layer
+    # is the first's kind, held to the same figures
+    config.write_text(json.dumps({**FAMILIES["mixtral"], "num_hidden_layers": 1}))
     args = ("--hf-config", config, "--seq-len", "16", "--micro-batch-size", "2", "--dtype", "bfloat16")
     run_ok("profile", *args, "--threads", "1", "--repeats", "1", "--warmup", "0", "--out", tmp_path / "m.json")
     run_ok("profile", *args, "--fake", "--device", "cpu", "--out", tmp_path / "f.json")
@@ -136,6 +138,7 @@ def test_a_fake_mixtral_profile_carries_its_experts_and_plans_expert_parallelism
         assert {o.name: o.kept_bytes for o in mine.recompute_options} == \
             {o.name: o.kept_bytes for o in theirs.recompute_options}, mine.name
         assert sum(mine.routed_tokens) == sum(theirs.routed_tokens)
+    assert [layer.name for layer in faked.layers][1:-1] == ["layers.0"]
     moe = faked.layers[1]
     assert moe.expert_param_count == 4 * 3 * 64 * 128 and moe.routed_tokens == [16] * 4
     assert "charged balanced" in faked.assumptions["routing"]
