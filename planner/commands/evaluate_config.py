@@ -321,6 +321,18 @@ def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]
                    ep_bandwidth=link(options.ep, ring=False) if options.ep > 1 else None)
 
 
+def _block_option_stages(stages, profile, decoder: set, rec) -> list:
+    """The first rec.num_layers decoder layers of each stage take rec.option (offload), refused where the
+    profile does not offer it (a CPU-measured profile has no offload option)."""
+    offered = {layer.name: {o.name for o in layer.recompute_options} for layer in profile.layers}
+    chosen = [[n for n in s.layers if n in decoder][:rec.num_layers] for s in stages]
+    missing = [n for names in chosen for n in names if rec.option not in offered.get(n, ())]
+    if missing:
+        raise UserError(f"layer {missing[0]} of the profile offers no {rec.option} option, which the config's "
+                        f"--cpu-offloading needs: profile the model on the GPU, or drop --cpu-offloading")
+    return [s.with_recompute(dict.fromkeys(names, rec.option)) for s, names in zip(stages, chosen)]
+
+
 def _stages(job, profile, setup, notes: list[str]) -> list:
     """One stage per pipeline stage (P x V), the job's recompute applied; ranks for chunked schedules."""
     from planner.commands.handplan import hand_stages
@@ -333,7 +345,9 @@ def _stages(job, profile, setup, notes: list[str]) -> list:
     # Megatron-core's MTP layers recompute with the decoder's, but for method block (analytic_mtp.recompute_options)
     mtp = {layer.name for layer in profile.layers if layer.kind == "mtp"}
     rec = job.recompute
-    if rec.mode in ("full", "block"):
+    if rec.mode == "block" and rec.option != "full":  # Megatron-LM's --cpu-offloading-num-layers (megatron_offload.py)
+        stages = _block_option_stages(stages, profile, decoder, rec)
+    elif rec.mode in ("full", "block"):
         stages = [s.with_checkpointed([n for n in s.layers if n in decoder][:rec.num_layers if rec.mode == "block"
                                                                             else None]
                                       + [n for n in s.layers if n in mtp and rec.mode == "full"]) for s in stages]

@@ -40,6 +40,7 @@ from planner.models.configs.megatron_flags import (
     yaml_extras,
 )
 from planner.models.configs.megatron_memflags import read_memory_settings
+from planner.models.configs.megatron_offload import read_cpu_offloading
 from planner.models.configs.megatron_split import layout_counts, stage_layers
 from planner.models.configs.megatron_windows import layer_windows
 
@@ -84,6 +85,7 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
                                       flags.take("--global-batch-size", "sequences per iteration", int))
     _parallel(flags, job)
     _recompute(flags, job)
+    read_cpu_offloading(flags, job)  # after the pipeline and recompute it refuses
     _precision(flags, job)
     _settings(flags, job)
     for flag, value, status, what in sink:

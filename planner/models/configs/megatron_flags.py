@@ -130,8 +130,6 @@ NOT_MODELLED = {
     "--attention-softmax-in-fp32": "the unfused attention's softmax in fp32 (its scores are charged at 16 bits)",
     "--empty-unused-memory-level": "torch.cuda.empty_cache() calls during the step: lowers the reserved peak",
     "--distribute-saved-activations": "recomputed layers' inputs split over the TP group",
-    "--cpu-offloading": "activation and weight offload to the host",
-    "--cpu-offloading-num-layers": "activation offload to the host",
     "--optimizer-cpu-offload": "the optimizer on the host",
     "--use-torch-fsdp2": "PyTorch FSDP2 instead of the distributed optimizer",
     "--use-nccl-ub": "NCCL user buffers registered (more NCCL memory, faster collectives)",
