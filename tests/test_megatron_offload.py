@@ -83,3 +83,29 @@ def test_the_cli_refuses_in_one_sentence(tmp_path):
     result = run("evaluate", "--from-megatron", path, "--gpus", 2, "--gpu", "gb200")
     assert result.exit_code != 0
     assert "Traceback" not in result.output and "megatron-core refuses CPU offloading" in result.output
+
+
+def test_the_fused_swiglu_takes_its_silu_output_off_what_offload_moves_not_off_what_it_keeps():
+    """te_kept: the fused SwiGLU keeps no SiLU output (tokens x f x 2 B); an offloaded block keeps its input
+    alone (tokens x h x 2 B) and moves the rest, so the SiLU output comes off its host bytes. It came off its
+    kept bytes, which went below zero: the 70B GB200 recipe's offloaded blocks kept -640 MiB each."""
+    from types import SimpleNamespace
+
+    from test_bridge_memory import TINY as ARCH
+    from test_bridge_memory import profile
+
+    from planner.cost import te_kept
+
+    eager = profile()
+    fused = te_kept.fused_swiglu_profile(eager, SimpleNamespace(fused_swiglu_saves_input_only=True))
+    tokens = 2 * 32  # micro-batch 2 x 32 tokens
+    silu, block_input = tokens * ARCH.intermediate_size * 2, tokens * ARCH.hidden_size * 2
+    for before, after in zip(eager.layers, fused.layers):
+        if before.kind != "decoder_block":
+            continue
+        was = {o.name: o for o in before.recompute_options}["offload"]
+        now = {o.name: o for o in after.recompute_options}["offload"]
+        assert now.kept_bytes == was.kept_bytes == block_input
+        assert was.host_bytes - now.host_bytes == was.recompute_peak_bytes - now.recompute_peak_bytes == silu
+        none = {o.name: o for o in after.recompute_options}["none"]
+        assert now.kept_bytes + now.host_bytes == none.kept_bytes  # what none keeps: the input here, the rest there

@@ -8,7 +8,7 @@ fact of the runtime record read here (docs/framework-facts.md §46):
 - under Float8, the linears' inputs as Transformer Engine saves them (te_saved_inputs_delta).
 
 Applied to the profile's dense decoder blocks for the option that recomputes nothing, and, for the SwiGLU,
-every option that keeps the MLP; an analytic profile's only (a measured profile's kept bytes are its own). The
+every option that keeps the MLP (offload: fewer bytes to the host, its input alone kept); an analytic profile's only (a measured profile's kept bytes are its own). The
 blocks' allocation records (what the caching allocator's replays play: planner/profiler/allocseq.synthesised's, one
 allocation a kept tensor) are rewritten to hold the same tensors (te_record), so the replayed reserve and the
 allocated peak count the same bytes.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.cost.bridgesettings import TN_ONLY_GPUS
-from planner.schema import AllocRecord, LayerProfile, Profile
+from planner.schema import OPTION_OFFLOAD, AllocRecord, LayerProfile, Profile
 
 BF16_BYTES = 2
 
@@ -56,7 +56,12 @@ def _less_kept(layer: LayerProfile, less: int) -> LayerProfile:
     def keeps_mlp(name: str) -> bool:
         return name != "full" and "mlp" not in name.split(",")
 
-    options = [option.model_copy(update={"kept_bytes": option.kept_bytes - less}) if keeps_mlp(option.name)
+    def less_of(option):  # offload keeps its input alone: the SiLU output is one it no longer moves to the host
+        if option.name == OPTION_OFFLOAD:
+            return {"host_bytes": option.host_bytes - less, "recompute_peak_bytes": option.recompute_peak_bytes - less}
+        return {"kept_bytes": option.kept_bytes - less}
+
+    options = [option.model_copy(update=less_of(option)) if keeps_mlp(option.name)
                else option for option in layer.recompute_options]
     records = {name: te_record(record, fused_swiglu=less) if keeps_mlp(name) else record
                for name, record in layer.alloc_records.items()}
