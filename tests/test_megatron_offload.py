@@ -109,3 +109,12 @@ def test_the_fused_swiglu_takes_its_silu_output_off_what_offload_moves_not_off_w
         assert was.host_bytes - now.host_bytes == was.recompute_peak_bytes - now.recompute_peak_bytes == silu
         none = {o.name: o for o in after.recompute_options}["none"]
         assert now.kept_bytes + now.host_bytes == none.kept_bytes  # what none keeps: the input here, the rest there
+
+
+def test_a_search_compared_with_the_file_says_its_offload_is_scored_as_recompute():
+    from planner.commands.search_compare import from_framework_job
+
+    job = megatron.read(BRIDGE / "gb200_70b_fp8cs.yaml")
+    record = from_framework_job(job, arch=job.arch, gpu="gb200", seq_len=8192)
+    assert (record.recompute, record.ckpt_per_stage) == ("full", (40,))
+    assert "offload of the first 40 layers (scored as whole-layer recompute)" in record.not_expressible

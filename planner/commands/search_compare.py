@@ -222,9 +222,11 @@ def _framework_recompute(job, stages: int):
     if mode in ("none", "full"):
         return mode, None, []
     if mode == "block":
+        said = [] if job.recompute.option == "full" else [  # Megatron-LM's --cpu-offloading-num-layers
+            f"{job.recompute.option} of the first {job.recompute.num_layers} layers (scored as whole-layer recompute)"]
         if job.layers_per_stage:
-            return "full", tuple(min(job.recompute.num_layers, n) for n in job.layers_per_stage), []
-        return "full", (job.recompute.num_layers,) * stages, []
+            return "full", tuple(min(job.recompute.num_layers, n) for n in job.layers_per_stage), said
+        return "full", (job.recompute.num_layers,) * stages, said
     if mode == "op":  # torchtitan's selective_ac_option "op": evaluate runs it; a Published record cannot say it
         return "full", None, ["op-level SAC, activation_checkpoint.selective_ac_option op (scored as full recompute)"]
     return "full", None, [f"{mode} recompute (scored as full recompute)"]
