@@ -371,6 +371,8 @@ def test_a_given_bandwidth_replaces_the_default_and_the_note_says_the_figure_use
     assert (chosen.shard_gb_per_s, chosen.replica_gb_per_s, chosen.host_gb_per_s) == (12.5, 48.0, 64.0)
     assert "shard group reduces at 12.5 GB/s (--shard-bandwidth)" in chosen.notes[0]
     assert "host copies at 64 GB/s (PCIe)" in chosen.notes[0]
+    gb200 = gpu_profile(1).model_copy(update={"assumptions": {"gpu": "gb200", "tp": 1}})  # Grace's NVLink-C2C, not PCIe
+    assert "host copies at 450 GB/s (NVLink-C2C)" in links.default_links(gb200, stages=1, dp=8, shard_group=8).notes[0]
     cpu = links.default_links(llm_profile(8), stages=2, dp=2, shard_group=2, given={"--replica-bandwidth": 3.0})
     assert (cpu.shard_gb_per_s, cpu.replica_gb_per_s) == (links.CPU_GLOO_GB_PER_S, 3.0)
 

@@ -68,7 +68,7 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
     replica, replica_where = link(dp, "--replica-bandwidth")
     experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: NCCL's NVLink rate, else the link's
     host, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s), (
-        "--host-bandwidth" if "--host-bandwidth" in given else "PCIe")
+        "--host-bandwidth" if "--host-bandwidth" in given else gpu.host_link_kind)
     note = (f"{gpu.name}, {node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
             f"({shard_where}), replicas at {replica:g} GB/s ({replica_where}), host copies at "
             f"{host:g} GB/s ({host_where})"

@@ -59,6 +59,7 @@ class GPU:
     node_link_gb_per_s: float = 0.0
     network_gb_per_s: float = 50.0  # 400 Gb/s InfiniBand NDR / ConnectX-7 per GPU (DGX H100, DGX B200)
     host_link_gb_per_s: float = 64.0  # PCIe Gen5 x16
+    host_link_kind: str = "PCIe"  # what the host link is: PCIe, or NVLink-C2C on a Grace superchip
     gpus_per_node: int = 8
     link_source: str = ""
     # NICs per GPU, each at network_gb_per_s (DGX H100 / B200 / A100: one ConnectX per GPU), and
@@ -356,7 +357,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # 144 GB HBM3e at 4.9 TB/s), H100 SXM compute; NVLink 900 GB/s GPU to GPU, NVLink-C2C 900 GB/s
     # to the Grace CPU (the host link an offload crosses)
     GPU("gh200", 96 * 10**9, 989.4, 4.0, "NVIDIA GH200 datasheet, 96 GB HBM3 (BF16 989, FP8 1,979 dense; 4 TB/s)",
-        450.0, host_link_gb_per_s=450.0, fp8_tflops=1978.9,
+        450.0, host_link_gb_per_s=450.0, host_link_kind="NVLink-C2C", fp8_tflops=1978.9,
         link_source=f"GH200 datasheet: NVLink 900 GB/s, NVLink-C2C 900 GB/s to the CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=96 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
@@ -366,7 +367,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         **_membound_assumed("H100", MEMBOUND_H100)),
     GPU("gh200-144g", 144 * 10**9, 989.4, 4.9,
         "NVIDIA GH200 datasheet, 144 GB HBM3e (BF16 989, FP8 1,979 dense; 4.9 TB/s)", 450.0,
-        host_link_gb_per_s=450.0, fp8_tflops=1978.9,
+        host_link_gb_per_s=450.0, host_link_kind="NVLink-C2C", fp8_tflops=1978.9,
         link_source=f"GH200 datasheet: NVLink 900 GB/s, NVLink-C2C 900 GB/s to the CPU; {_NIC_ASSUMED}",
         cuda_total_bytes=144 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
@@ -412,7 +413,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # the Grace CPU
     GPU("gb200", 186 * 10**9, 2500.0, 8.0,
         "NVIDIA GB200 NVL72 datasheet (BF16 2,500, FP8 5,000 dense per GPU; 8 TB/s)", 900.0,
-        host_link_gb_per_s=450.0, gpus_per_node=72, fp8_tflops=5000.0,
+        host_link_gb_per_s=450.0, host_link_kind="NVLink-C2C", gpus_per_node=72, fp8_tflops=5000.0,
         link_source=f"GB200 NVL72 datasheet: NVLink 1.8 TB/s per GPU across the 72, NVLink-C2C 900 GB/s to the "
                     f"CPU; {_NIC_ASSUMED}",
         node_collective_gb_per_s=679.6,
