@@ -33,9 +33,8 @@ def main(argv: list[str]) -> int:
         moments = z3.simulate(block, layers=layers, checkpointed=True, max_reuse_numel=int(opts.max_reuse),
                               max_live=int(opts.max_live), prefetch_bucket=int(opts.bucket))
         middle = [m for m in moments if m.layer == layers // 2 and m.phase != "forward"]
-        peak = max(middle, key=lambda m: m.gathered + m.grads)
-        partitioned = sum(n for m in block for n in m.param_numels if n > z3.PARAM_PERSISTENCE_THRESHOLD_DEFAULT)
-        third = (sum(m.fetched for m in middle) - partitioned) / partitioned
+        peak = z3.peak_held(middle, weight_bytes=2, grad_bytes=2)  # both in 2 B, as the rows' fp16 run holds them
+        third = z3.third_gather_share(block, middle)
         print(f"{name}: peak at the {peak.phase} of {peak.name}: {peak.gathered / 1e9:.3f}e9 gathered + "
               f"{peak.grads / 1e9:.3f}e9 gradients = {2 * (peak.gathered + peak.grads) / 2**30:.2f} GiB; "
               f"third gather {third:.3f} of the block; FSDP2's term was "

@@ -100,16 +100,15 @@ def working_set_bytes(layer: LayerCost, option: int, profile: Profile, setup: Tr
         return 0
     held = dataparallel.param_bytes(setup)
     _, runs = _layer_runs(profile, layer, option == 1, setup)
-    return int(max(m.gathered * held.weights + m.grads * held.grads for m in runs))
+    peak = deepspeed_zero3.peak_held(runs, weight_bytes=held.weights, grad_bytes=held.grads)
+    return int(peak.gathered * held.weights + peak.grads * held.grads)
 
 
 def third_gather_share(profile: Profile, layer: LayerCost, setup: TrainSetup) -> float:
     """Elements gathered for a checkpointed layer's recompute and backward beyond one gather of its
     partitioned parameters, a share of them (0: all kept from recompute to backward)."""
     block, runs = _layer_runs(profile, layer, True, setup)
-    partitioned = sum(n for m in block for n in m.param_numels
-                      if n > deepspeed_zero3.PARAM_PERSISTENCE_THRESHOLD_DEFAULT)
-    return max(0, sum(m.fetched for m in runs) - partitioned) / partitioned if partitioned else 0.0
+    return deepspeed_zero3.third_gather_share(block, runs)
 
 
 def third_gather_ms(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> float:

@@ -160,3 +160,16 @@ def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max
         available -= release
     return [Moment(layer, phase, block[j].name, held, grads, gathered_for[step])
             for step, ((layer, phase, j), (held, grads)) in enumerate(zip(runs, states))]
+
+
+def peak_held(moments: Sequence[Moment], *, weight_bytes: float, grad_bytes: float) -> Moment:
+    """The moment of `moments` at which the coordinator holds the most bytes: its gathered (or in-flight)
+    elements at `weight_bytes` and its held gradients at `grad_bytes` each."""
+    return max(moments, key=lambda m: m.gathered * weight_bytes + m.grads * grad_bytes)
+
+
+def third_gather_share(block: Sequence[Submodule], moments: Sequence[Moment]) -> float:
+    """Elements `moments` (a checkpointed layer's recompute and backward) gather beyond one gather of the
+    block's partitioned parameters, a share of them (0: all kept from the recompute to the backward)."""
+    partitioned = sum(n for m in block for n in m.param_numels if n > PARAM_PERSISTENCE_THRESHOLD_DEFAULT)
+    return max(0, sum(m.fetched for m in moments) - partitioned) / partitioned if partitioned else 0.0
