@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
+from planner.cost.te_offload import SOURCE as TE_OFFLOAD_SOURCE
 from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PIPELINE
 
 MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
@@ -82,7 +83,7 @@ def megatron() -> RuntimeFacts:
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
         megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
-        te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True,
+        te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
         sources={
@@ -99,6 +100,9 @@ def megatron() -> RuntimeFacts:
                                    f"fusions/fused_bias_geglu.py 350-445, token_dispatcher.py 660-900 (no tokens kept "
                                    f"by permute, all-to-all, sort or unpermute), {MEGATRON_V}; TransformerEngine "
                                    f"pytorch/router.py FusedTopkScoreFunction (routing map and fp32 scores saved)",
+            "te_window_offload": f"--cpu-offloading-num-layers N: megatron/core/transformer/transformer_block.py "
+                                 f"306-327, 749-755 (TE's get_cpu_offload_context, a group a layer), megatron-core "
+                                 f"92c8482e; {TE_OFFLOAD_SOURCE} (docs/framework-facts.md §107, §112)",
             **BRIDGE_SETTINGS_SOURCES,
             "chunked_loss": NO_CHUNKED_LOSS + " (Megatron-LM's own fused cross-entropy is --cross-entropy-loss-fusion)",
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
