@@ -74,9 +74,10 @@ def extra_bytes(saved: Sequence[int], num_offload: int) -> list[int]:
 
 def exposed_ms(saved: Sequence[int], fwd_ms: Sequence[float], bwd_ms: Sequence[float], num_offload: int, *,
                ms_per_byte: float) -> list[tuple[float, float]]:
-    """Each offloaded group's (forward, backward) time the compute waits for: its copy at `ms_per_byte`
-    (the host link, one copy stream each way) past the layers' compute it runs beside."""
-    spans = copy_windows(len(saved), num_offload)
+    """Each offloaded group's (forward, backward) time the compute waits for: its copy (`saved[i]` bytes at
+    `ms_per_byte`, the host link, one copy stream each way) past the compute of the layers it runs beside
+    (`fwd_ms`, `bwd_ms`: every layer of the block's)."""
+    spans = copy_windows(len(fwd_ms), num_offload)
     return [(max(0.0, saved[i] * ms_per_byte - sum(fwd_ms[k] for k in span)),
              max(0.0, saved[i] * ms_per_byte - sum(bwd_ms[k] for k in span)))
             for i, span in enumerate(spans)]
