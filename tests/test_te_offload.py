@@ -1,5 +1,5 @@
 """Transformer Engine v2.9's layer-window activation offload (planner/cost/te_offload.py), by hand on toys: the
-window map as cpu_offload.py 341-350 writes it, the groups held beside each layer, the copies' exposed time, a
+window map as cpu_offload.py 343-350 writes it, the groups held beside each layer, the copies' exposed time, a
 4-layer block's per-layer quantities, and the megatron record's use of it (docs/framework-facts.md §112)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from planner.cost.assembly import net_extra_bytes
 
 
 def _te_loop(num_layers: int, num_offload: int) -> list[int]:
-    """cpu_offload.py 341-350 at v2.9, line for line."""
+    """cpu_offload.py 343-350 at v2.9, line for line."""
     window, constant = {}, 0
     for i in range(num_offload):
         window[i] = ((num_layers // num_offload) * (i + 1)) - 1

@@ -3,9 +3,9 @@
 the TE Megatron-Bridge 25.11 pins, >=2.9.0a0,<2.10.0), transformer_engine/pytorch/cpu_offload.py
 (docs/framework-facts.md §107, §112):
 
-- one handler a TransformerBlock, one group a layer; the first N groups are offloaded (tensor_push 369-413: the
+- one handler a TransformerBlock, one group a layer; the first N groups are offloaded (tensor_push 356-424: the
   saved tensors TE's modules mark, the layer's input among them, so the whole saved set);
-- the window map (341-350): window[i] = (L // N)(i + 1) - 1, + i + 1 for the first L mod N groups, + L mod N after;
+- the window map (343-350): window[i] = (L // N)(i + 1) - 1, + i + 1 for the first L mod N groups, + L mod N after;
 - forward (synchronize_on_group_commit_forward 490-551): group 0's copy to the host starts on the d2h stream
   when layer 0's forward ends; when layer window[k]'s forward ends the compute stream waits for the d2h stream,
   group k's device tensors are dropped and group k + 1's copy starts. So group i's copy runs beside layers
@@ -31,15 +31,15 @@ from planner.cost import reserve, runtimes
 from planner.cost.rules import compute_ms
 from planner.schema import OPTION_OFFLOAD
 
-SOURCE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/cpu_offload.py 341-350 (window map), "
-          "369-413 (tensor_push), 451-551 (bulk_offload_group, synchronize_on_group_commit_forward), 560-657 "
+SOURCE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/cpu_offload.py 343-350 (window map), "
+          "356-424 (tensor_push), 451-551 (bulk_offload_group, synchronize_on_group_commit_forward), 560-657 "
           "(bulk_reload_group, on_group_commit_backward); megatron-core 92c8482e transformer_block.py 306-327, "
           "749-755 (a group a layer, the first N of the block)")
 
 
 def window_map(num_layers: int, num_offload: int) -> list[int]:
     """The layer after whose forward group i is dropped (and before whose backward it is reloaded), for
-    i < num_offload: cpu_offload.py 341-350 as written."""
+    i < num_offload: cpu_offload.py 343-350 as written."""
     if not 0 < num_offload < num_layers:
         raise ValueError(f"{num_offload} groups offloaded of {num_layers}: Transformer Engine's window needs 0 < N < L")
     window, constant = [], 0
