@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
-from planner.cost.te_offload import SOURCE as TE_OFFLOAD_SOURCE
 from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PIPELINE
 
 MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
 TE_V = "TransformerEngine v2.9"
+# Transformer Engine's offload handler as planner/cost/te_offload.py charges it (docs/framework-facts.md §107, §112)
+TE_OFFLOAD_SOURCE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/cpu_offload.py 343-350 (window "
+                     "map), 356-424 (tensor_push), 451-551 (bulk_offload_group, synchronize_on_group_commit_forward), "
+                     "560-657 (bulk_reload_group, on_group_commit_backward)")
 # the host's time for a Megatron-core TE-spec dense block's forward and backward, in torch Linear forwards, by the
 # profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
 # --attention-backend unfused and local-spec rows): scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU;

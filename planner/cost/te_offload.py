@@ -31,11 +31,6 @@ from planner.cost import reserve, runtimes
 from planner.cost.rules import compute_ms
 from planner.schema import OPTION_OFFLOAD
 
-SOURCE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/cpu_offload.py 343-350 (window map), "
-          "356-424 (tensor_push), 451-551 (bulk_offload_group, synchronize_on_group_commit_forward), 560-657 "
-          "(bulk_reload_group, on_group_commit_backward); megatron-core 92c8482e transformer_block.py 306-327, "
-          "749-755 (a group a layer, the first N of the block)")
-
 
 def window_map(num_layers: int, num_offload: int) -> list[int]:
     """The layer after whose forward group i is dropped (and before whose backward it is reloaded), for
