@@ -112,10 +112,10 @@ def test_the_deepspeed_table_says_time_and_fit_after_the_other_tables(tmp_path):
     write(tmp_path / "after", 90.0, 60, 70, True)
     text = table_mod.tables([row], [tmp_path / "before", tmp_path / "after"])
     assert text.splitlines()[-5:] == [
-        "| row | published s | ckplan s (ratio) | within 15% | fits (ckplan's allocated / reserved peak, GiB, "
-        "worst rank, of the cap) |",
+        "| row | published s | ckplan s (ratio) | within 15% | fits (ckplan's allocated / reserved peak + NCCL "
+        "buffers, GiB, worst rank, of the cap) |",
         "|---|---|---|---|---|",
-        "| DSX | 100.000 | 80.000 (0.800) → 90.000 (0.900) | yes | yes (60.0 / 70.0 of 78.0) |",
+        "| DSX | 100.000 | 80.000 (0.800) → 90.000 (0.900) | yes | yes (60.0 / 70.0 + 0.0 of 78.0) |",
         "",
         "Time: 1 of 1 rows within 15%. Fit by ckplan's reckoning: 1 of 1 (all ran).",
     ]

@@ -167,12 +167,22 @@ def test_the_tables_ratios_and_verdicts_on_two_hand_made_folders(tmp_path):
         "Time: 3 of 3 rows within 15%. Memory: 1 of 2 rows meet the goals.",
         "",
         "| row | recipe | GPUs | published tok/s/GPU → s | ckplan s (tok/s/GPU) | ratio | within 15% | "
-        "fits (ckplan's allocated / reserved peak, GiB, worst rank, of the cap) |",
+        "fits (ckplan's allocated / reserved peak + NCCL buffers, GiB, worst rank, of the cap) |",
         "|---|---|---|---|---|---|---|---|",
-        "| B9 | h100_8b | 4 x H100 | 1,000 → 2.000 | 2.500 → 2.000 (1,000) | 1.000 | yes | yes (50.0 / 64.0 of 80.0) |",
+        "| B9 | h100_8b | 4 x H100 | 1,000 → 2.000 | 2.500 → 2.000 (1,000) | 1.000 | yes | yes (50.0 / 64.0 + 0.0 of 80.0) |",
         "",
         "Time: 1 of 1 rows within 15%. Fit by ckplan's reckoning: 1 of 1.",
     ]
+
+
+def test_the_fit_column_says_what_ckplan_sets_against_the_cap_nccl_s_buffers_too():
+    """ckplan's fit test takes the reserved peak and the communication buffers (StageCost.device_need_bytes): the
+    column shows both, for the rank nearest its cap with them (B6: 169.4 / 171.3 of 172.4 read as a near fit
+    while ckplan's "no" was its 2.41 GiB of NCCL buffers)."""
+    inner = {**_stage(160, 161, fits=False, cap_gib=172), "workspace_bytes": int(2.5 * GIB)}
+    outer = {**_stage(160, 162, cap_gib=172), "workspace_bytes": int(1.0 * GIB)}
+    assert table_mod.fits_text({"stages": [outer, inner]}) == "**no** (160.0 / 161.0 + 2.5 of 172.0)"
+    assert table_mod.fits_text({"stages": [_stage(50, 64)]}) == "yes (50.0 / 64.0 + 0.0 of 80.0)"  # older results
 
 
 def test_table_says_what_is_wrong_in_one_sentence(tmp_path, capsys):

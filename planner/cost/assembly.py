@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import afterstep, allocator, asynctp, comm, dataparallel, runtimes
+from planner.cost import afterstep, allocator, asynctp, comm, dataparallel, runtimes, te_offload
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
@@ -409,6 +409,8 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         for term in rows:
             values[term.quantity] += term.value(layer, ckpt, ctx)
         per_layer.append(values)
+    per_layer = te_offload.stage_window(layers, options, per_layer, rows, ctx) or per_layer
+    for values in per_layer:
         for quantity, value in values.items():
             totals[quantity] += value
     for term in _rows_at("open"):

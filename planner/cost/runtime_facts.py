@@ -350,6 +350,12 @@ class RuntimeFacts:
     """The runtime's SwiGLU is one fused function that saves only its input (the first linear's 2f-wide output)
     and recomputes SiLU in its backward, so a dense block keeps no SiLU output (planner/cost/te_kept.py); False:
     the eager ops' tensors, as the analytic profile counts them."""
+    te_window_offload: bool = False
+    """The layers' activation offload (the `offload` option on a block's first N layers) is Transformer Engine's
+    window handler, as megatron-core runs it under --cpu-offloading: each layer's whole saved set (its input too)
+    moves, group i held on the device from layer i to layer window[i], each copy beside its window's compute
+    (planner/cost/te_offload.py); False: ckplan's per-layer option (the input kept, each layer's copies beside
+    its own passes: planner/profiler/analytic_kept.offload_option)."""
     te_moe_experts_kept: bool = False
     """A MoE layer keeps what megatron-core's TEGroupedMLP under the alltoall dispatcher keeps: the experts' input,
     linear_fc1's output and the activation's output, the fused router's fp32 scores and routing map, no copy of the

@@ -9,6 +9,10 @@ from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PI
 
 MEGATRON_V = "Megatron-LM d98e8a64 (2026-08-22)"
 TE_V = "TransformerEngine v2.9"
+# Transformer Engine's offload handler as planner/cost/te_offload.py charges it (docs/framework-facts.md §107, §112)
+TE_OFFLOAD_SOURCE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/cpu_offload.py 343-350 (window "
+                     "map), 356-424 (tensor_push), 451-551 (bulk_offload_group, synchronize_on_group_commit_forward), "
+                     "560-657 (bulk_reload_group, on_group_commit_backward)")
 # the host's time for a Megatron-core TE-spec dense block's forward and backward, in torch Linear forwards, by the
 # profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
 # --attention-backend unfused and local-spec rows): scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU;
@@ -82,7 +86,7 @@ def megatron() -> RuntimeFacts:
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
         megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
-        te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True,
+        te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
         sources={
@@ -99,6 +103,9 @@ def megatron() -> RuntimeFacts:
                                    f"fusions/fused_bias_geglu.py 350-445, token_dispatcher.py 660-900 (no tokens kept "
                                    f"by permute, all-to-all, sort or unpermute), {MEGATRON_V}; TransformerEngine "
                                    f"pytorch/router.py FusedTopkScoreFunction (routing map and fp32 scores saved)",
+            "te_window_offload": f"--cpu-offloading-num-layers N: megatron/core/transformer/transformer_block.py "
+                                 f"306-327, 749-755 (TE's get_cpu_offload_context, a group a layer), megatron-core "
+                                 f"92c8482e; {TE_OFFLOAD_SOURCE} (docs/framework-facts.md §107, §112)",
             **BRIDGE_SETTINGS_SOURCES,
             "chunked_loss": NO_CHUNKED_LOSS + " (Megatron-LM's own fused cross-entropy is --cross-entropy-loss-fusion)",
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "

@@ -38,6 +38,8 @@ AFTER_STEP_NOT_READ = {
     "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
     "local_spec_buffer": "no Megatron-core local spec in this runtime (--transformer-impl local refused)",
     "te_grouped_gemm_workspaces": "the runtime's experts do not run Transformer Engine's grouped GEMM (refused)",
+    "te_window_offload": "the runtime's activation offload is ckplan's per-layer option (no Transformer Engine "
+                         "offload handler)",
     "fused_ce_bytes": "not read for this runtime: no fused cross-entropy of its own (refused)",
     "fused_cross_entropy": "not read for this runtime: no fused cross-entropy of its own (refused)",
     "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",

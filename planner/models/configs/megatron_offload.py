@@ -13,9 +13,11 @@ the Transformer Engine v2.9 it calls (docs/framework-facts.md §107):
 - megatron-core refuses it with pipeline parallelism, with recompute, with N outside [0, num_layers) and with
   CUDA graphs (transformer_config.py 1053-1068, 1631-1632).
 
-ckplan charges it as its own per-layer `offload` option on the first N decoder layers (Recompute mode "block",
-option "offload": each layer's saved activations on the host, its input kept, the copies over the GPU's host
-link beside the layer's forward and backward; planner/profiler/analytic_kept.offload_option).
+The job carries it as the `offload` option on the first N decoder layers (Recompute mode "block", option
+"offload"); under the megatron record (te_window_offload) the cost model charges those layers as TE's window
+runs them (planner/cost/te_offload.py: each layer's whole saved set moved, its input too; group i held from
+layer i to layer window[i]; each copy beside its window's compute). ckplan's per-layer option
+(planner/profiler/analytic_kept.offload_option) charges them under the other runtimes.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ def read_cpu_offloading(flags: Flags, job) -> None:
                         "offloading; drop one")
     flags.take("--cpu-offloading", "Transformer Engine's activation offload: the first "
                f"{count} decoder layers' saved activations on pinned host memory, copied on streams of their own "
-               "beside the compute (ckplan's per-layer offload option)", bool)
+               "beside the compute (Transformer Engine's window handler, planner/cost/te_offload.py)", bool)
     job.recompute = Recompute(mode="block", num_layers=count, option=OPTION_OFFLOAD)
-    flags.notes.append(f"--cpu-offloading-num-layers {count}: charged as ckplan's offload option on decoder layers "
-                       f"1-{count}, which keeps each layer's input on the device (Transformer Engine moves it too) "
-                       "and copies a layer's activations during its own forward (Transformer Engine's window "
-                       f"spreads each copy over {layers // count} layers' compute)")
+    flags.notes.append(f"--cpu-offloading-num-layers {count}: decoder layers 1-{count} offloaded as Transformer "
+                       "Engine's window handler runs them under --runtime megatron (each layer's whole saved set, "
+                       f"its input too; each copy spread over {layers // count} layers' compute); under another "
+                       "runtime ckplan's per-layer offload option, which keeps each layer's input on the device")

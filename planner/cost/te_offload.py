@@ -1,0 +1,141 @@
+"""Transformer Engine's layer-window activation offload, as megatron-core runs it under --cpu-offloading
+(planner/models/configs/megatron_offload.py reads the flags), read at TransformerEngine v2.9 (git 70f53666,
+the TE Megatron-Bridge 25.11 pins, >=2.9.0a0,<2.10.0), transformer_engine/pytorch/cpu_offload.py
+(docs/framework-facts.md §107, §112):
+
+- one handler a TransformerBlock, one group a layer; the first N groups are offloaded (tensor_push 356-424: the
+  saved tensors TE's modules mark, the layer's input among them, so the whole saved set);
+- the window map (343-350): window[i] = (L // N)(i + 1) - 1, + i + 1 for the first L mod N groups, + L mod N after;
+- forward (synchronize_on_group_commit_forward 490-551): group 0's copy to the host starts on the d2h stream
+  when layer 0's forward ends; when layer window[k]'s forward ends the compute stream waits for the d2h stream,
+  group k's device tensors are dropped and group k + 1's copy starts. So group i's copy runs beside layers
+  window[i-1] + 1 .. window[i]'s forwards (group 0's: 1 .. window[0]), and group i is on the device from its
+  own forward to the end of layer window[i]'s;
+- backward (on_group_commit_backward 633-657, bulk_reload_group 560-631): before layer window[j]'s backward the
+  compute waits for the h2d stream, then group j's reload is issued into fresh torch.empty_like buffers made on
+  the compute stream (no double buffering: megatron-core's default); the compute waits for it before layer
+  window[j-1]'s backward (group 0: before layer 0's). So group j's reload runs beside layers window[j-1] + 1 ..
+  window[j]'s backwards (group 0's: 1 .. window[0]), and group j is on the device from layer window[j]'s
+  backward to the end of its own.
+
+Held while layer k runs (forward or backward): the layers not offloaded up to k, and the offloaded groups j
+with j <= k <= window[j]. Time exposed: each copy past the compute it runs beside (the compute waits for it).
+Pure functions; nothing here reads a file or prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.cost import reserve, runtimes
+from planner.cost.rules import compute_ms
+from planner.schema import OPTION_OFFLOAD
+
+
+def window_map(num_layers: int, num_offload: int) -> list[int]:
+    """The layer after whose forward group i is dropped (and before whose backward it is reloaded), for
+    i < num_offload: cpu_offload.py 343-350 as written."""
+    if not 0 < num_offload < num_layers:
+        raise ValueError(f"{num_offload} groups offloaded of {num_layers}: Transformer Engine's window needs 0 < N < L")
+    window, constant = [], 0
+    for i in range(num_offload):
+        at = (num_layers // num_offload) * (i + 1) - 1
+        if i < num_layers % num_offload:
+            at += i + 1
+            constant = i + 1
+        else:
+            at += constant
+        window.append(at)
+    return window
+
+
+def held_groups(num_layers: int, num_offload: int, layer: int) -> list[int]:
+    """The offloaded groups on the device while `layer` runs its forward or its backward."""
+    window = window_map(num_layers, num_offload)
+    return [j for j in range(num_offload) if j <= layer <= window[j]]
+
+
+def copy_windows(num_layers: int, num_offload: int) -> list[range]:
+    """The layers whose compute group i's copy (forward: to the host; backward: back) runs beside."""
+    window = window_map(num_layers, num_offload)
+    return [range(1 if i == 0 else window[i - 1] + 1, window[i] + 1) for i in range(num_offload)]
+
+
+def extra_bytes(saved: Sequence[int], num_offload: int) -> list[int]:
+    """Each layer's offloaded groups held beside it (`saved`: every layer's saved bytes, in block order; the
+    first num_offload are offloaded): the bytes layer k holds beyond the layers not offloaded."""
+    return [sum(saved[j] for j in held_groups(len(saved), num_offload, k)) for k in range(len(saved))]
+
+
+def exposed_ms(saved: Sequence[int], fwd_ms: Sequence[float], bwd_ms: Sequence[float], num_offload: int, *,
+               ms_per_byte: float) -> list[tuple[float, float]]:
+    """Each offloaded group's (forward, backward) time the compute waits for: its copy (`saved[i]` bytes at
+    `ms_per_byte`, the host link, one copy stream each way) past the compute of the layers it runs beside
+    (`fwd_ms`, `bwd_ms`: every layer of the block's)."""
+    spans = copy_windows(len(fwd_ms), num_offload)
+    return [(max(0.0, saved[i] * ms_per_byte - sum(fwd_ms[k] for k in span)),
+             max(0.0, saved[i] * ms_per_byte - sum(bwd_ms[k] for k in span)))
+            for i, span in enumerate(spans)]
+
+
+def window_layers(kinds: Sequence[str], offloaded: Sequence[bool]) -> tuple[list[int], int] | None:
+    """The stage's block (the indices of the layers of the offloaded layers' kind, in order) and N, where the
+    offloaded layers are the block's first N and N < its length: the layers Transformer Engine's handler
+    windows. None where they are not (ckplan's per-layer option then charges them)."""
+    if not any(offloaded):
+        return None
+    kind = {k for k, off in zip(kinds, offloaded) if off}
+    block = [i for i, k in enumerate(kinds) if k in kind]
+    count = sum(offloaded)
+    if len(kind) != 1 or any(not offloaded[i] for i in block[:count]) or count >= len(block):
+        return None
+    return block, count
+
+
+def window_per_layer(per_layer: Sequence[dict[str, float]], none: Sequence[dict[str, float] | None],
+                     kinds: Sequence[str], fwd_ms: Sequence[float], bwd_ms: Sequence[float], *,
+                     ms_per_byte: float | None) -> list[dict[str, float]] | None:
+    """The stage's per-layer quantities (assembly.stage_sums': kept, extra, offloaded, time...) with its
+    offloaded layers (none[i] not None: their values under `none`) charged as Transformer Engine's window
+    runs them: each offloaded layer keeps nothing past its window (its whole saved set, `none`'s kept, on the
+    host: offloaded), every layer of the block holds the offloaded groups held beside it on top of its own
+    extra (net_extra_bytes nets the layers after it), and each group's exposed copy time (`ms_per_byte`: the
+    host link; None: not timed) adds to its layer's time. None where the window does not apply."""
+    found = window_layers(kinds, [v is not None for v in none])
+    if found is None:
+        return None
+    block, count = found
+    out = [dict(values) for values in per_layer]
+    saved = [int(none[i]["kept"]) if i in block[:count] else int(per_layer[i]["kept"]) for i in block]
+    for g, i in enumerate(block[:count]):
+        out[i] = dict(none[i])
+        out[i]["offloaded"] = out[i].get("offloaded", 0.0) + saved[g]
+        out[i]["kept"] = 0.0
+    for at, i in enumerate(block):
+        out[i]["extra"] += sum(saved[j] for j in held_groups(len(block), count, at))
+    if ms_per_byte is not None:
+        exposed = exposed_ms(saved, [fwd_ms[i] for i in block], [bwd_ms[i] for i in block], count,
+                             ms_per_byte=ms_per_byte)
+        for (fwd, bwd), i in zip(exposed, block[:count]):
+            out[i]["time"] += fwd + bwd
+    return out
+
+
+def stage_window(layers: Sequence, options: Sequence[int], per_layer: list[dict[str, float]], rows,
+                 ctx) -> list[dict[str, float]] | None:
+    """The stage's per-layer values with its offloaded layers as Transformer Engine's window handler runs them
+    (window_per_layer), where the runtime's record says its offload is that handler
+    (te_window_offload), the pipeline has one stage (megatron-core refuses --cpu-offloading with PP) and the
+    offloaded layers are the block's first N; else None (ckplan's per-layer option stands)."""
+    setup = ctx.setup
+    if setup.pipeline.stages * setup.pipeline.chunks != 1 or not runtimes.of(setup.training).te_window_offload:
+        return None
+    offloaded = [layer.options[int(ckpt)].name == OPTION_OFFLOAD for layer, ckpt in zip(layers, options)]
+    if not any(offloaded):
+        return None
+    none = [{q: sum(term.value(layer, 0, ctx) for term in rows if term.quantity == q) for q in per_layer[0]}
+            if off else None for layer, off in zip(layers, offloaded)]
+    return window_per_layer(per_layer, none, [layer.kind for layer in layers],
+                            [compute_ms(layer.fwd_ms, setup.time) for layer in layers],
+                            [compute_ms(layer.bwd_ms, setup.time) for layer in layers],
+                            ms_per_byte=reserve.host_copy_ms_per_byte(ctx.profile, setup))
