@@ -100,3 +100,40 @@ def test_selective_options_under_megatrons_fp8_are_the_sum_of_their_parts():
         # rerun on TE's kernels, whole-attention `attn`, offload, op-level AC: they keep their own, as in bf16)
         moves = name == "full" or "mlp" in name.split(",") and rerun_on_te(name, timed.recompute_ms) is not None
         assert (ms != bf16[name]) == moves, name
+
+
+def test_selective_options_keep_the_fp8_inputs_outside_their_rerun_by_hand():
+    # TINY on H100, no TP: T 256, h 64, q 64, f 160. Without recompute TE keeps linear_qkv's and linear_fc1's norm
+    # outputs at 1 B (bf16 2: -16,384 each), linear_proj's FP8 input beside the bf16 attention output (+16,384) and
+    # linear_fc2's at 1 B (-40,960): -57,344 (te_kept's)
+    T, h, q, f = 256, 64, 64, 160
+    profile = analytic.analytic_profile(TINY, SHAPE, gpu=H100, model=REF)
+    bf16 = {option.name: option.kept_bytes
+            for option in float8_profile(profile, _setup(float8=False)).layers[1].recompute_options}
+    fp8 = {option.name: option.kept_bytes for option in float8_profile(profile, _setup()).layers[1].recompute_options}
+    norm = T * h - 2 * T * h
+    assert fp8["none"] - bf16["none"] == 2 * norm + T * q - T * f == -57_344
+    # core-attn: the core saves nothing, so the bf16 attention output is kept by nothing: linear_proj's FP8 copy
+    # (1 B) in its place (2 B); the MLP's inputs as without recompute
+    assert fp8["core-attn"] - bf16["core-attn"] == 2 * norm + (T * q - 2 * T * q) - T * f == -90_112
+    # mlp: linear_fc1's and linear_fc2's inputs rerun: only the attention's FP8 inputs differ
+    assert fp8["mlp"] - bf16["mlp"] == norm + T * q == 0
+    assert fp8["core-attn,mlp"] - bf16["core-attn,mlp"] == norm - T * q == -32_768
+    for name in ("full", "attn", "mlp-act", "attn,mlp", "core-attn,mlp-act", "offload", "op-sac"):
+        assert fp8[name] == bf16[name], name  # not read here: the bf16 count (the safe side)
+
+
+def test_a_moe_blocks_selective_options_keep_their_fp8_inputs_by_hand():
+    from planner.cost import te_float8_kept
+
+    # te_moe_float8.saved_inputs' tensors at tests/test_te_moe_float8.py's shape: T 64, h 64, q 64, S 128, f 16
+    T, h, q, S, f = 64, 64, 64, 128, 16
+    tensors = {"norm_bf16": 2 * T * h, "norm": T * h, "attn_out": 2 * T * q, "proj": T * q, "fc1_bf16": 2 * S * h,
+               "fc1": S * h, "fc2_bf16": 2 * S * f, "fc2": S * f}
+    none = -T * h + T * q - S * h - S * f
+    assert te_float8_kept.moe_delta("norm-out", tensors) == none == -10_240  # test_te_moe_float8's count
+    assert te_float8_kept.moe_delta("core-attn", tensors) == none - 2 * T * q
+    assert te_float8_kept.moe_delta("mlp", tensors) == -T * h + T * q == 0  # the experts' inputs rerun
+    assert te_float8_kept.moe_delta("mlp-act", tensors) == -T * h + T * q - S * h  # fc2 saves its bf16 input, discarded
+    assert te_float8_kept.moe_delta("core-attn,mlp-act,norm-out", tensors) == -T * h - T * q - S * h
+    assert te_float8_kept.moe_delta("mla-up", tensors) is None and te_float8_kept.dense_delta("mlp-act", tensors) is None
