@@ -5,7 +5,8 @@ fused kernels, not as the model code's eager ops the profile's passes time: an a
 records the block's passes on those kernels (LayerProfile.te_time, planner/profiler/te_fused.py).
 `fused_profile` puts them in place of the layer's forward, backward and reruns (the full one and each
 selective option's, a combination the sum of its parts': te_rerun.py), and the record's
-Float8 times (TE's fused linears: one input cast each) in place of the layer's; where the record has
+Float8 times (TE's fused linears: one input cast each; a selective combination holding a part the Float8
+record reruns in FP8 summed from its parts, float8_options) in place of the layer's; where the record has
 none, the layer's Float8 record moves by the same differences (its times are the eager passes' with the
 linears in FP8, and Float8 changes no norm or activation). A layer without a record keeps its times (measured profiles,
 fake profiles of a model file or of a config the architecture reader does not read, MoE blocks, profiles
