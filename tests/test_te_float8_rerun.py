@@ -15,8 +15,8 @@ from planner.cost.float8 import float8_profile
 from planner.cost.fusedkernels import fused_profile, rerun_on_te
 from planner.models import archs
 from planner.profiler import analytic, analytic_time, te_fused
-from planner.profiler.membound import membound_ms
 from planner.profiler.analytic import Shape
+from planner.profiler.membound import membound_ms
 from planner.profiler.roofline import Kernel, roofline_ms, work
 from planner.schema import FileRef, TrainSetup
 
@@ -55,7 +55,7 @@ def test_a_dense_mlp_reruns_its_linears_in_fp8_with_their_quantizes_by_hand():
 
 
 def test_a_moe_blocks_mlp_and_mlp_act_under_fp8_by_hand():
-    T, h, S, f = 256, 64, 512, 16  # S: 256 tokens x top 2; 8 local experts of 64 rows
+    h, S, f = 64, 512, 16  # S: 256 tokens x top 2; 8 local experts of 64 rows
     for gpu, transpose in ((H100, 1), (B200, 0)):
         timed = _record(TINY_MOE, gpu, moe=True)
         te_gpu = te_fused.te_attention_gpu(gpu)
