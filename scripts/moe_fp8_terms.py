@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     from planner.commands import evaluate_config
     from planner.cost import dataparallel, hosttime
     from planner.models import archs
-    from planner.profiler import analytic_time, te_fused, te_moe_float8
+    from planner.profiler import analytic_time, float8, te_fused, te_moe_float8
     from planner.profiler.formulas import Shape
 
     try:
@@ -51,8 +51,8 @@ def main(argv: list[str]) -> int:
     transpose = te_moe_float8.transpose_bytes(gpu)
     for linear in te_moe_float8.moe_linears(arch, shape, block.name)[:4]:
         print(f"  {linear.fqn}: {linear.tokens} rows x {linear.k} -> {linear.n}; input quantize "
-              f"{te_moe_float8._input_bytes(linear, gpu) / 1e6:.1f} MB, grad_output quantize "
-              f"{te_moe_float8._grad_bytes(linear, gpu) / 1e6:.1f} MB (transpose {transpose} B an element)")
+              f"{float8.te_input_bytes(linear, gpu) / 1e6:.1f} MB, grad_output quantize "
+              f"{float8.te_grad_bytes(linear, gpu) / 1e6:.1f} MB (transpose {transpose} B an element)")
     dp = setup.data_parallel
     a2a = 4 * dataparallel.all_to_all_ms(block.a2a_bytes, dp.ep, dp.ep_gb_per_s) if dp.ep > 1 and dp.ep_gb_per_s else 0.0
     host = hosttime.host_block_ms(profile, setup, moe=True)

@@ -34,6 +34,8 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
   GEMM (Float8Linears.transient_bytes), added to the layer's;
 - a Megatron-core MoE block (no Float8 record of its own): its TE record's, the experts' grouped GEMMs in FP8, and
   for option none the FP8 inputs TE's linears save in place of the bf16 ones (planner/cost/te_moe_float8.py);
+- under TE, each selective option's kept bytes with the FP8 inputs the linears outside its rerun save
+  (planner/cost/te_float8_kept.py);
 - the gathered weights: planner/cost/dataparallel.py charges the converted ones at 1 B under the
   float8 all-gather (the gather buffers and, under a pipeline, the weights kept whole); the sharded
   parameter stays fp32.
@@ -41,7 +43,7 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
 
 from __future__ import annotations
 
-from planner.cost import chunkedloss, runtimes, te_kept, te_moe_float8, te_moe_kept
+from planner.cost import chunkedloss, runtimes, te_float8_kept, te_kept, te_moe_float8, te_moe_kept
 from planner.errors import UserError
 from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
 
@@ -93,6 +95,8 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
         profile = profile.model_copy(update={"layers": [
             te_moe_float8.with_saved_inputs(layer, moe_inputs) if layer.kind == "moe_block" and layer.float8 is not None
             else layer for layer in profile.layers]})
+    if te_inputs or moe_inputs:  # the selective options' FP8 saved inputs (te_float8_kept.py)
+        profile = te_float8_kept.selective_kept(profile, dense=te_inputs, moe=moe_inputs)
     layers = [_layer(layer, gathered=gathered, memory=record.float8_memory, step_ms=step_ms, per_step=per_step,
                      saves_input=record.float8_saves_input,
                      kept_delta=te_delta if layer.kind == "decoder_block" else 0,
@@ -115,7 +119,7 @@ def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float,
         if option.name in fp8.recompute_ms:
             rerun_cast = 0.0 if gathered or per_step else fp8.rerun_weight_cast_ms.get(option.name, 0.0)
             update["recompute_ms"] = fp8.recompute_ms[option.name] + rerun_cast
-        if option.name == "none":  # another option keeps what the bf16 block does (TE's inputs: the safe side)
+        if option.name == "none":  # a selective option's TE inputs: te_float8_kept.selective_kept
             update["kept_bytes"] = option.kept_bytes + kept_weight + kept_delta
         options.append(option.model_copy(update=update))
     full = fp8.recompute_ms.get("full")

@@ -5,7 +5,8 @@ fused kernels, not as the model code's eager ops the profile's passes time: an a
 records the block's passes on those kernels (LayerProfile.te_time, planner/profiler/te_fused.py).
 `fused_profile` puts them in place of the layer's forward, backward and reruns (the full one and each
 selective option's, a combination the sum of its parts': te_rerun.py), and the record's
-Float8 times (TE's fused linears: one input cast each) in place of the layer's; where the record has
+Float8 times (TE's fused linears: one input cast each; a selective combination holding a part the Float8
+record reruns in FP8 summed from its parts, float8_options) in place of the layer's; where the record has
 none, the layer's Float8 record moves by the same differences (its times are the eager passes' with the
 linears in FP8, and Float8 changes no norm or activation). A layer without a record keeps its times (measured profiles,
 fake profiles of a model file or of a config the architecture reader does not read, MoE blocks, profiles
@@ -57,6 +58,26 @@ def rerun_on_te(name: str, reruns: dict[str, float]) -> float | None:
     return sum(reruns[part] for part in parts)
 
 
+def float8_options(fp8, reruns: dict[str, float], names: list[str]):
+    """The TE record's Float8 record (`fp8`) with each selective combination among `names` that holds a part the
+    Float8 record reruns in FP8 (te_rerun.float8_parts: `mlp`, a MoE block's `mlp-act`): its rerun the sum of its
+    parts', the FP8 ones' from `fp8` and the rest's from `reruns` (the bf16 record's: no FP8 linear), and its weights'
+    casts the FP8 parts'. As it is where no name combines such a part."""
+    combined, casts = {}, {}
+    for name in names:
+        parts = name.split(",")
+        if name in fp8.recompute_ms or not any(part in fp8.recompute_ms for part in parts):
+            continue
+        rerun = rerun_on_te(name, {**reruns, **fp8.recompute_ms})
+        if rerun is not None:
+            combined[name] = rerun
+            casts[name] = sum(fp8.rerun_weight_cast_ms.get(part, 0.0) for part in parts)
+    if not combined:
+        return fp8
+    return fp8.model_copy(update={"recompute_ms": {**fp8.recompute_ms, **combined},
+                                  "rerun_weight_cast_ms": {**fp8.rerun_weight_cast_ms, **casts}})
+
+
 def _timed(layer: LayerProfile) -> LayerProfile:
     timed = layer.te_time
     full = timed.recompute_ms.get(OPTION_FULL)
@@ -75,7 +96,7 @@ def _timed(layer: LayerProfile) -> LayerProfile:
     if full is not None:
         update["recompute_ms"] = full
     if layer.float8 is not None and timed.float8 is not None:  # the record's own, on TE's fused linears
-        update["float8"] = timed.float8
+        update["float8"] = float8_options(timed.float8, timed.recompute_ms, [option.name for option in options])
     elif layer.float8 is not None:
         fp8 = layer.float8
         saved_by_option[OPTION_FULL] = saved_rerun

@@ -18,8 +18,8 @@ what its FP8 linears save for the backward in place of the bf16 tensors te_moe_k
   weighted GLU saves linear_fc1's bf16 output as without FP8 (`activation_func_fp8_input_store` off: the
   Megatron-Bridge 25.11 recipes do not set it). The weights saved are the FP8 weights the step holds anyway.
 The router (bf16 gating linear, its fp32 scores and bool map) and the pre-MLP TENorm are unchanged under FP8.
-Charged for the option that recomputes nothing, as a dense block's FP8 inputs are (another option keeps the bf16
-tensors: the safe side); the per-tensor scales (4 B a tensor) are not.
+Charged here for the option that recomputes nothing, as a dense block's FP8 inputs are; the selective options'
+from the same tensors in planner/cost/te_float8_kept.py; the per-tensor scales (4 B a tensor) are not.
 """
 
 from __future__ import annotations

@@ -187,31 +187,65 @@ def backward(done: Work, linears: list[Linear], *, saved_float8: bool = False) -
 
 
 # Transformer Engine's FP8 linears (Megatron-core's TE spec; Megatron-Bridge 25.11's recipe: tensorwise
-# current scaling, docs/framework-facts.md §17), read from TransformerEngine c38e4ba1 (as stored; the
-# v2.9 lines not checked one by one):
+# current scaling, docs/framework-facts.md §17), read from TransformerEngine v2.9 (70f53666, the version the 25.11
+# recipes pin: §46, §99, §113):
 # - LayerNormLinear (linear_qkv, linear_fc1): the norm's kernel writes its bf16 output and its amax at
 #   once (`rmsnorm_fwd`/`layernorm_fwd`, Impl::FUSED_NORM_AMAX_FP8, transformer_engine/pytorch/csrc/
 #   extensions/normalization.cpp), then `quantize_with_amax` reads it and writes float8: TE_NORM_CAST_BYTES
 #   = 2 + 1, no amax pass;
 # - every linear quantizes its input once in the forward, for both GEMMs that read it
-#   (`input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input)`, module/linear.py and
-#   module/layernorm_linear.py `forward`) and saves the float8 input: the backward does not cast it again;
-# - grad_output: one cast per linear (CAST_BYTES), as torchao's. The columnwise (transposed) copies that
-#   FP8 GEMMs need on Hopper (1 B an element more) are not charged, nor their absence on Blackwell.
+#   (`input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input)`, module/linear.py 216-227 and
+#   module/layernorm_linear.py `forward`; backward_needs_input = is_grad_enabled and weight.requires_grad, 135)
+#   and saves the float8 input, its row-wise data dropped (`update_usage(rowwise_usage=False,
+#   columnwise_usage=True)`, 376-385): the backward does not cast it again;
+# - grad_output: one cast per linear (CAST_BYTES), as torchao's, row-wise for the dgrad GEMM and column-wise for
+#   the wgrad GEMM (`grad_output_quantizer.set_usage(rowwise=True, columnwise=True)`, linear.py 566-570);
+# - the column-wise copy (transpose_bytes): on Hopper, whose FP8 GEMMs take only the TN layout
+#   (`is_non_tn_fp8_gemm_supported()` false below compute capability 10, utils.py 490-495), the quantize writes a
+#   transposed FP8 copy beside the row-wise one (cast-transpose), 1 B an element more, for every input quantized
+#   with column-wise usage and every grad_output; on Blackwell (sm100) the column-wise usage reads the row-wise
+#   data itself (the GEMM takes the other layout): nothing more is written. What the forward keeps is 1 B an
+#   element either way (the transpose on Hopper, the data on Blackwell): planner/cost/te_kept.py.
 TE_NORM_CAST_BYTES = 3
 TE_NORM_LINEARS = ("linear_qkv", "linear_fc1", "attention.qkv", "feed_forward.fc")  # a GPT block's (te_linears)
+# the GPUs whose FP8 GEMMs take only the TN layout (Hopper: TE v2.9 utils.py 490-495 `is_non_tn_fp8_gemm_supported`
+# true on sm 10.x, 11.x, 13+ only): planner/cost/bridgesettings.py TN_ONLY_GPUS, which the profiler may not import
+# (tests/test_te_moe_float8.py holds them equal)
+TN_ONLY_GPUS = ("h100-sxm", "h100-pcie", "h100-96g", "h200", "gh200", "gh200-144g")
 
 
-def te_forward(done: Work, linears: list[Linear]) -> tuple[Work, int]:
-    """A TE forward (or rerun): linear_qkv's and linear_fc1's inputs cast from the norm's output with
-    its amax (TE_NORM_CAST_BYTES), the others' at CAST_BYTES; one float8 GEMM each."""
-    return in_float8(done, linears, gemms=1, own=lambda linear: 0, shared=lambda linear: linear.tokens * linear.k * (
-        TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES))
+def transpose_bytes(gpu) -> int:
+    """The column-wise copy a TE quantize writes beside the row-wise one, per element: 1 B where the GPU's FP8
+    GEMMs take only TN layouts (Hopper), else 0 (Blackwell: the column-wise usage reads the row-wise data). Shared
+    by the dense record (te_forward, te_backward) and the MoE record (te_moe_float8.py)."""
+    return 1 if gpu.name in TN_ONLY_GPUS else 0
 
 
-def te_backward(done: Work, linears: list[Linear]) -> Work:
-    """A TE backward: each grad_output cast once; the saved float8 input is not cast again."""
-    return in_float8(done, linears, gemms=2, own=lambda linear: CAST_BYTES * linear.tokens * linear.n,
+def te_input_bytes(linear: Linear, gpu, *, columnwise: bool = True) -> int:
+    """A TE linear's input quantize, bytes: from the norm with its amax (LayerNormLinear: TE_NORM_CAST_BYTES) or
+    an amax pass and a cast (CAST_BYTES), each element, plus the Hopper transpose where the column-wise usage is
+    asked for (`columnwise`: a forward under grad; not in a checkpoint's first forward, run under no_grad)."""
+    per = TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES
+    return (per + (transpose_bytes(gpu) if columnwise else 0)) * linear.tokens * linear.k
+
+
+def te_grad_bytes(linear: Linear, gpu) -> int:
+    """A TE linear's grad_output quantize, bytes: amax and cast (CAST_BYTES), row-wise and, on Hopper, the
+    transpose for the wgrad GEMM."""
+    return (CAST_BYTES + transpose_bytes(gpu)) * linear.tokens * linear.n
+
+
+def te_forward(done: Work, linears: list[Linear], gpu) -> tuple[Work, int]:
+    """A TE forward (or rerun, which runs under grad): linear_qkv's and linear_fc1's inputs cast from the norm's
+    output with its amax (TE_NORM_CAST_BYTES), the others' at CAST_BYTES, each with its Hopper transpose; one
+    float8 GEMM each (an expert's split its own rows)."""
+    return in_float8(done, linears, gemms=1, own=lambda linear: 0, shared=lambda linear: te_input_bytes(linear, gpu))
+
+
+def te_backward(done: Work, linears: list[Linear], gpu) -> Work:
+    """A TE backward: each grad_output cast once for both GEMMs (te_grad_bytes); the saved float8 input is not
+    cast again."""
+    return in_float8(done, linears, gemms=2, own=lambda linear: te_grad_bytes(linear, gpu),
                      shared=lambda linear: 0)[0]
 
 
@@ -261,7 +295,14 @@ def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, W
 
     if not linears or not gpu.fp8_tflops:
         return None
-    forward_of, backward_of = (te_forward, te_backward) if te else (forward, backward)
+    if te:
+        def forward_of(done, items):
+            return te_forward(done, items, gpu)
+
+        def backward_of(done, items):
+            return te_backward(done, items, gpu)
+    else:
+        forward_of, backward_of = forward, backward
     fwd8, cast = forward_of(fwd, linears)
     recompute, weight_ms = {}, {}
     for name, rerun in reruns.items():

@@ -143,6 +143,7 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
                                                           (fused[0], fused[1], fused[0]), (1, 2, 1)))
     fp8 = None if arch.mla else float8.record(float8.converted(float8.te_linears(arch, shape, prefix)), kernels_gpu, fwd,
                                               bwd, {OPTION_FULL: rerun}, te=True)  # an MLA block has no Float8 record
+    fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=False, fused_gemms=_fused_gemms, prefix=prefix)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
                                          **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=False,
@@ -178,6 +179,7 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
                        for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
                                                           (fused[0], fused[1], fused[0]), (1, 2, 1)))
     fp8 = None if arch.mla else te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
+    fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=True, fused_gemms=_fused_gemms, prefix=prefix)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
                                          **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=True,

@@ -41,18 +41,9 @@ from planner.profiler import float8, formulas
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.schema import Float8Linears
 
-# Hopper, whose FP8 GEMMs take only the TN layout (TE v2.9 utils.py 490-496 `is_non_tn_fp8_gemm_supported`: sm 10.x,
-# 11.x, 13+ only): planner/cost/bridgesettings.py TN_ONLY_GPUS, which the profiler may not import (a test holds them equal)
-TN_ONLY_GPUS = ("h100-sxm", "h100-pcie", "h100-96g", "h200", "gh200", "gh200-144g")
-AMAX_BYTES, CAST_BYTES = 2, 3  # the amax pass reads the bf16 input; the cast reads it and writes FP8 row-wise
-NORM_CAST_BYTES = float8.TE_NORM_CAST_BYTES  # linear_qkv: the norm wrote its amax, the cast reads and writes
-
-
-def transpose_bytes(gpu) -> int:
-    """The column-wise copy a quantize writes beside the row-wise one: 1 B an element where the GPU's FP8 GEMMs
-    take only TN layouts (Hopper: TE `is_non_tn_fp8_gemm_supported()` false below compute capability 10), else 0
-    (the column-wise usage reads the row-wise data)."""
-    return 1 if gpu.name in TN_ONLY_GPUS else 0
+# the Hopper transpose and the quantizes' bytes are the dense TE record's (planner/profiler/float8.py: one count for
+# both records): TN_ONLY_GPUS, transpose_bytes, te_input_bytes, te_grad_bytes, te_forward, te_backward
+TN_ONLY_GPUS, transpose_bytes = float8.TN_ONLY_GPUS, float8.transpose_bytes
 
 
 def expert_linears(arch, shape, prefix: str) -> list[float8.Linear]:
@@ -87,26 +78,16 @@ def moe_linears(arch, shape, prefix: str) -> list[float8.Linear]:
     return float8.te_linears(arch, shape, prefix)[:2] + expert_linears(arch, shape, prefix)
 
 
-def _input_bytes(linear: float8.Linear, gpu) -> int:
-    per = (NORM_CAST_BYTES if linear.fqn.endswith("linear_qkv") else AMAX_BYTES + CAST_BYTES) + transpose_bytes(gpu)
-    return per * linear.tokens * linear.k
-
-
-def _grad_bytes(linear: float8.Linear, gpu) -> int:
-    return (AMAX_BYTES + CAST_BYTES + transpose_bytes(gpu)) * linear.tokens * linear.n
-
-
 def forward_work(done: Work, linears: list[float8.Linear], gpu) -> tuple[Work, int]:
-    """A forward (or rerun): each linear's GEMM in FP8 and its input quantized (each expert's split its own rows);
-    the weight elements of the linears it runs."""
-    return float8.in_float8(done, linears, gemms=1, own=lambda linear: 0, shared=lambda linear: _input_bytes(linear, gpu))
+    """A forward (or rerun): each linear's GEMM in FP8 and its input quantized (each expert's split its own rows:
+    float8.te_input_bytes, linear_qkv's from the norm's amax); the weight elements of the linears it runs."""
+    return float8.te_forward(done, linears, gpu)
 
 
 def backward_work(done: Work, linears: list[float8.Linear], gpu) -> Work:
-    """A backward: each linear's dgrad and wgrad GEMMs in FP8 and its grad_output quantized once for both; the
-    saved FP8 input used as it is."""
-    return float8.in_float8(done, linears, gemms=2, own=lambda linear: _grad_bytes(linear, gpu),
-                            shared=lambda linear: 0)[0]
+    """A backward: each linear's dgrad and wgrad GEMMs in FP8 and its grad_output quantized once for both
+    (float8.te_grad_bytes); the saved FP8 input used as it is."""
+    return float8.te_backward(done, linears, gpu)
 
 
 def record(arch, shape, gpu, fwd: Work, bwd: Work, rerun: Work, *, prefix: str) -> Float8Linears | None:

@@ -23,11 +23,31 @@ docs/framework-facts.md §33, §104), on the kernels te_fused.py and te_moe.py /
   input_layernorm and a MoE block's pre_mlp_layernorm, TENorm): each norm's forward on TE's kernel.
 Whole-attention `attn` (no Megatron module) keeps its eager rerun. The bytes no fused kernel moves stay
 at the eager count, uncategorised, as te_fused.te_time's passes have them.
+
+Under FP8 (Transformer Engine's current scaling, Megatron-Bridge 25.11's FP8-CS; TE v2.9, megatron-core 92c8482e,
+docs/framework-facts.md §113) `float8_parts` gives the block's Float8 record each part's FP8 rerun beside `full`'s:
+- `mlp` (dense: `te_checkpoint(self.mlp, ...)`, transformer_layer.py 648-663; MoE: the MoE layer's `te_checkpoint`,
+  §104): TE's `checkpoint` (reentrant by default) runs the module's first forward under `torch.no_grad()` and
+  reruns it whole in the backward under `torch.enable_grad()` and `autocast(enabled=ctx.fp8, recipe=ctx.fp8_recipe)`
+  (transformer_engine/pytorch/distributed.py 316-430 at v2.9): the rerun's linears are FP8 GEMMs, each input
+  quantized again with its column-wise usage (grad on: the Hopper transpose, float8.te_input_bytes); the weights'
+  FP8 copies are the step's cached workspace (`get_weight_workspace`, not cast again: the record's weight cast is
+  once a step under TE). Dense: linear_fc1 (its norm with the amax) and linear_fc2; MoE: each local expert's
+  linear_fc1 and linear_fc2 (the router's gating linear and the shared experts stay bf16, as the record's forward);
+- `mlp-act` on a MoE block (moe_act): the weighted GLU rerun in a `CheckpointWithoutOutput(fp8=...)`, and under FP8
+  Megatron sets `set_save_original_input(linear_fc2)` (experts.py 99-105), so linear_fc2 saves its bf16 input (the
+  GLU's output, the checkpoint's discarded output) and its backward quantizes it again, row-wise and column-wise
+  (grouped_linear.py 392-407: `split_quantize` with `set_usage(rowwise=True, columnwise=True)` for current
+  scaling): 5 B (+1 B Hopper) an element of S x f, after the rerun;
+- `core-attn`, `norm-out` and a dense `mlp-act` rerun no FP8 linear: their bf16 reruns stand. (layernorm under FP8
+  sets `save_original_input` on a MoE block's shared experts' linear_fc1, which the record does not run in FP8.)
+Not charged: the first forward of a checkpointed module runs under no_grad, so its quantizes write no column-wise
+copy (the Hopper transpose, 1 B an element of the module's inputs, not written in the forward; as for `full`).
 """
 
 from __future__ import annotations
 
-from planner.profiler import analytic_time, te_mla, te_moe, te_moe_float8
+from planner.profiler import analytic_time, float8, te_mla, te_moe, te_moe_float8
 from planner.profiler.roofline import Work, roofline_ms
 from planner.profiler.te_bytes import (
     GELU_FUSED_FWD,
@@ -89,3 +109,35 @@ def part_works(arch, shape, *, moe: bool, fused_gemms) -> dict[str, Work]:
 def part_reruns(arch, shape, kernels_gpu, *, moe: bool, fused_gemms) -> dict[str, float]:
     """Each part's rerun in ms on `kernels_gpu` (the GPU as TE's attention runs on it), by part name."""
     return {name: roofline_ms(done, kernels_gpu) for name, done in part_works(arch, shape, moe=moe, fused_gemms=fused_gemms).items()}
+
+
+def float8_parts(arch, shape, kernels_gpu, *, moe: bool, fused_gemms, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Under TE's FP8 current scaling, each part whose rerun runs FP8 linears or quantizes (the module's docstring),
+    in ms: (the rerun, its weights' cast as the record's rerun_weight_cast_ms has it), by part name."""
+    works = part_works(arch, shape, moe=moe, fused_gemms=fused_gemms)
+    reruns, casts = {}, {}
+    if "mlp" in works:
+        linears = te_moe_float8.expert_linears(arch, shape, prefix) if moe else \
+            float8.converted(float8.te_linears(arch, shape, prefix))[2:]  # linear_fc1, linear_fc2
+        rerun, weights = float8.te_forward(works["mlp"], linears, kernels_gpu)
+        if weights:
+            reruns["mlp"] = roofline_ms(rerun, kernels_gpu)
+            casts["mlp"] = float8._bytes_ms(float8.weight_cast_bytes(weights), kernels_gpu)
+    if moe and "mlp-act" in works:  # linear_fc2's bf16 input quantized again in its backward (save_original_input)
+        fc2 = [linear for linear in te_moe_float8.expert_linears(arch, shape, prefix) if ".linear_fc2." in linear.fqn]
+        quantize = sum(float8.te_input_bytes(linear, kernels_gpu) for linear in fc2)
+        act = works["mlp-act"]
+        reruns["mlp-act"] = roofline_ms(Work(act.flops, act.bytes + quantize, act.kernels, act.fused_bytes + quantize),
+                                        kernels_gpu)
+        casts["mlp-act"] = 0.0
+    return reruns, casts
+
+
+def with_float8_parts(record, arch, shape, kernels_gpu, *, moe: bool, fused_gemms, prefix: str):
+    """The block's Float8 record (float8.record's, te_moe_float8.record's) with float8_parts' reruns beside its full
+    one; None stays None."""
+    if record is None:
+        return None
+    reruns, casts = float8_parts(arch, shape, kernels_gpu, moe=moe, fused_gemms=fused_gemms, prefix=prefix)
+    return record.model_copy(update={"recompute_ms": {**record.recompute_ms, **reruns},
+                                     "rerun_weight_cast_ms": {**record.rerun_weight_cast_ms, **casts}})
