@@ -53,9 +53,11 @@ def runs_zero3(setup: TrainSetup) -> bool:
             and not dataparallel.kept_whole(setup) and dataparallel.shard_size(setup) > 1)
 
 
-def _block_of(model: dict, layer) -> tuple[deepspeed_zero3.Submodule, ...] | None:
+def _block_of(model: dict, layer, modules: str | None) -> tuple[deepspeed_zero3.Submodule, ...] | None:
     """The submodules of an analytic arch's dense block (its `assumptions["model"]`): a GPT block with fused
-    QKV (Megatron-DeepSpeed's), or a LLaMA-style one as transformers builds it; None for others."""
+    QKV (Megatron-DeepSpeed's), or a LLaMA-style one as transformers builds it, or as Megatron-DeepSpeed does
+    (`modules` "megatron": the profile of a Megatron-DeepSpeed script, its assumptions["modules"]); None for
+    others."""
     hidden, intermediate = model.get("hidden_size"), model.get("intermediate_size")
     if not isinstance(hidden, int) or not isinstance(intermediate, int) or layer.expert_param_count:
         return None
@@ -65,6 +67,10 @@ def _block_of(model: dict, layer) -> tuple[deepspeed_zero3.Submodule, ...] | Non
     if model.get("style") != "llama" or not isinstance(heads, int) or model.get("kv_lora_rank"):
         return None
     head_dim = model.get("head_dim") or hidden // heads
+    if modules == "megatron":
+        return tuple(deepspeed_zero3.megatron_llama_block(hidden, intermediate, heads=heads,
+                                                          kv_heads=kv_heads or heads, head_dim=head_dim,
+                                                          qkv_bias=bool(model.get("qkv_bias"))))
     return tuple(deepspeed_zero3.llama_block(hidden, intermediate, heads=heads, kv_heads=kv_heads or heads,
                                              head_dim=head_dim, qkv_bias=bool(model.get("qkv_bias")),
                                              qk_norm=bool(model.get("qk_norm"))))
@@ -77,7 +83,7 @@ def profile_block(profile: Profile, layer) -> tuple[deepspeed_zero3.Submodule, .
     model, tp = profile.assumptions.get("model"), profile.assumptions.get("tp", 1)
     if layer.kind != "decoder_block" or not isinstance(model, dict) or tp != 1:
         return None
-    block = _block_of(model, layer)
+    block = _block_of(model, layer, profile.assumptions.get("modules"))
     return block if block is not None and sum(m.numel for m in block) == layer.param_count else None
 
 

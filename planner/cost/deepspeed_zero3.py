@@ -79,6 +79,20 @@ def llama_block(hidden: int, intermediate: int, *, heads: int, kv_heads: int, he
             Submodule("up_proj", (h * i,), "mlp"), Submodule("down_proj", (i * h,), "mlp")]
 
 
+def megatron_llama_block(hidden: int, intermediate: int, *, heads: int, kv_heads: int, head_dim: int,
+                         qkv_bias: bool = False) -> list[Submodule]:
+    """Megatron-DeepSpeed's LLaMA block (--swiglu --normalization rmsnorm --disable-bias-linear
+    --num-key-value-heads: megatron/model/transformer.py ParallelTransformerLayer at 73029edf) in forward order:
+    input_layernorm; self_attention's query_key_value (Q, K and V fused: (heads + 2 kv_heads) x head_dim
+    rows) and dense; post_attention_layernorm; the MLP's dense_h_to_4h (gate and up fused: 2 x intermediate
+    rows) and dense_4h_to_h. No biases but Q/K/V's where given (--add-qkv-bias)."""
+    h, i, qkv = hidden, intermediate, (heads + 2 * kv_heads) * head_dim
+    return [Submodule("input_layernorm", (h,), "norm"),
+            Submodule("query_key_value", (h * qkv, qkv) if qkv_bias else (h * qkv,), "attn"),
+            Submodule("dense", (heads * head_dim * h,), "attn"), Submodule("post_attention_layernorm", (h,), "norm"),
+            Submodule("dense_h_to_4h", (h * 2 * i,), "mlp"), Submodule("dense_4h_to_h", (i * h,), "mlp")]
+
+
 def rerun_ranges(block: Sequence[Submodule], option: str) -> tuple[tuple[int, int], ...]:
     """The (start, stop) submodule ranges a ckplan recompute option reruns, each its own checkpoint: "full"
     the whole block; "op-sac" too (torch's checkpoint reruns the block's forward whole, its policy only
