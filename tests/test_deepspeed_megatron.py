@@ -89,7 +89,7 @@ def test_the_knobs_reach_the_cost_model(tmp_path):
     found = predict(read_job(_script(tmp_path, Z3), None), gpus=None, gpu_name="a100-80g")
     dp = found.setup.data_parallel
     assert (dp.stage3_max_reuse_distance, dp.stage3_prefetch_bucket_size, dp.stage3_max_live_parameters) == (0, 0, None)
-    assert found.profile.assumptions["modules"] == "megatron" and deepspeed_terms.charged(found.profile, found.setup)
+    assert found.profile.assumptions["modules"] == "fused" and deepspeed_terms.charged(found.profile, found.setup)
     block = next(layer for layer in layer_costs(found.profile) if layer.kind == "decoder_block")
     assert deepspeed_terms.third_gather_share(found.profile, block, found.setup) == pytest.approx(1.0)
 
@@ -171,3 +171,17 @@ def test_a_megatron_deepspeed_llama_block_is_replayed_with_its_fused_linears(tmp
         ("input_layernorm", h), ("query_key_value", h * 6 * 64), ("dense", h * h), ("post_attention_layernorm", h),
         ("dense_h_to_4h", h * 2 * 704), ("dense_4h_to_h", 704 * h)]
     assert deepspeed_terms.charged(found.profile, found.setup)
+
+
+def test_run_175b_at_the_blogs_shape_is_row_ds1(tmp_path):
+    """run-175b.sh with the blog's 175B settings (32 nodes, micro-batch 32, sequence 512: §25.dsrows) read through the
+    script scores as row DS1's hand configuration does (scripts/published_rows.toml: 94.222 s; 68.9 / 81.0 GiB)."""
+    text = (EXAMPLES / "run-175b.sh").read_text()
+    for old, new in (("MICRO_BATCH=4", "MICRO_BATCH=32"), ("NODES=1", "NODES=32"), ("SEQ=1024", "SEQ=512")):
+        text = text.replace(f"\n{old}\n", f"\n{new}\n")
+    path = tmp_path / "run-175b.sh"
+    path.write_text(text)
+    found = _evaluate(path)
+    assert (found["gpus"], found["dp"], found["micro_batch_size"], found["seq_len"]) == (256, 256, 32, 512)
+    assert found["iteration_ms"] == pytest.approx(94221.965, rel=1e-6)
+    assert found["ranks"][0]["peak_bytes"] == 73965639168

@@ -234,7 +234,7 @@ def _profile(job, device):
         raise UserError(f"{job.source}: the model at --seq-length {job.seq_len} gives numbers no device holds "
                         f"({io.describe_error(exc)})") from exc
     if job.runtime == "deepspeed":  # the blocks' modules as Megatron-DeepSpeed builds them (fused QKV, gate/up)
-        profile.assumptions["modules"] = "megatron"
+        profile.assumptions["modules"] = "fused"
     if job.modelled.offload_optimizer:  # the ds_config's offload_optimizer: Adam on the host at the published rate
         from planner.commands.profile_arch import _with_host_step
 

@@ -56,7 +56,7 @@ def runs_zero3(setup: TrainSetup) -> bool:
 def _block_of(model: dict, layer, modules: str | None) -> tuple[deepspeed_zero3.Submodule, ...] | None:
     """The submodules of an analytic arch's dense block (its `assumptions["model"]`): a GPT block with fused
     QKV (Megatron-DeepSpeed's), or a LLaMA-style one as transformers builds it, or as Megatron-DeepSpeed does
-    (`modules` "megatron": the profile of a Megatron-DeepSpeed script, its assumptions["modules"]); None for
+    (`modules` "fused": the profile of a Megatron-DeepSpeed script, its assumptions["modules"]); None for
     others."""
     hidden, intermediate = model.get("hidden_size"), model.get("intermediate_size")
     if not isinstance(hidden, int) or not isinstance(intermediate, int) or layer.expert_param_count:
@@ -67,7 +67,7 @@ def _block_of(model: dict, layer, modules: str | None) -> tuple[deepspeed_zero3.
     if model.get("style") != "llama" or not isinstance(heads, int) or model.get("kv_lora_rank"):
         return None
     head_dim = model.get("head_dim") or hidden // heads
-    if modules == "megatron":
+    if modules == "fused":
         return tuple(deepspeed_zero3.megatron_llama_block(hidden, intermediate, heads=heads,
                                                           kv_heads=kv_heads or heads, head_dim=head_dim,
                                                           qkv_bias=bool(model.get("qkv_bias"))))

@@ -95,6 +95,7 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, 
     _precision(flags, job)
     if flags.has("--deepspeed"):  # Megatron-DeepSpeed's engine: its ds_config read (megatron_deepspeed.py)
         read_deepspeed(flags, job, files or {}, where)
+    flags.take("--deepspeed", "DeepSpeed's engine", bool)  # given false: off
     _settings(flags, job)
     for flag, value, status, what in sink:
         job.said(flag, value, status, what)
