@@ -109,6 +109,8 @@ def test_a_ds_config_beside_the_script_is_read(tmp_path):
     (dict(Z3, zero_optimization={"stage": 3, "offload_optimizer": {"device": "nvme"}}), "", "'nvme'"),
     (dict(Z3, zero_optimization={"stage": 3, "stage3_max_reuse_distance": 2.5}), "", "not a whole number"),
     (Z3, "--overlap-grad-reduce", "Megatron-LM's DDP setting"),
+    (dict(Z3, zero_optimization={"stage": 1}), "--no-pipeline-parallel --pipeline-model-parallel-size 2",
+     "asserts one pipeline stage"),
 ])
 def test_contradictions_are_refused_in_one_sentence(tmp_path, config, flags, says):
     result = run("evaluate", "--from-megatron", _script(tmp_path, config, flags), "--gpu", "a100-80g")

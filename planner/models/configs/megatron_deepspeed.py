@@ -233,7 +233,10 @@ def _recompute(flags: Flags, job: Job) -> None:
                          f"keeps one input per {chunk} layers: fewer bytes than scored)")
     flags.take("--deepspeed-activation-checkpointing", "DeepSpeed's reentrant checkpoint (the deepspeed record's "
                "whole-forward rerun)", bool)
-    flags.take("--no-pipeline-parallel", "the model without DeepSpeed's PipelineEngine (one stage)", bool)
+    if flags.take("--no-pipeline-parallel", "the model without DeepSpeed's PipelineEngine (one stage)", bool) and \
+            job.pp > 1:  # Megatron-DeepSpeed 62bc4562 megatron/arguments.py 79-81 asserts it
+        raise UserError(f"--no-pipeline-parallel with --pipeline-model-parallel-size {job.pp}: Megatron-DeepSpeed "
+                        "asserts one pipeline stage without DeepSpeed's pipeline; drop one of them")
     flags.take("--cpu-optimizer", "DeepSpeed's CPU Adam, the offloaded optimizer's", bool)
 
 
