@@ -161,16 +161,17 @@ def test_the_export_carries_the_knobs_given():
     assert _zero_block(setup) == ', "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 3000000000}'
 
 
-def test_megatron_deepspeeds_engine_flags_are_said_not_modelled_not_unknown():
-    """A Megatron-DeepSpeed script's DeepSpeed flags (examples/azure/run-175b.sh at 62bc4562): the reader scores
-    Megatron-LM's runtime and says so for each, pointing at --runtime deepspeed and the stage3 options."""
+def test_megatron_deepspeeds_engine_flags_without_deepspeed_are_said_not_modelled_not_unknown():
+    """Megatron-DeepSpeed's DeepSpeed flags (examples/azure/run-175b.sh at 62bc4562) without --deepspeed: the reader
+    scores Megatron-LM's runtime and says so for each, pointing at --runtime deepspeed and the stage3 options (with
+    --deepspeed the ds_config is read: tests/test_deepspeed_megatron.py)."""
     from planner.models.configs import megatron
 
     base = [("--num-layers", ["2"]), ("--hidden-size", ["64"]), ("--num-attention-heads", ["4"]),
             ("--seq-length", ["128"]), ("--max-position-embeddings", ["128"]), ("--vocab-size", ["1000"]),
             ("--micro-batch-size", ["1"])]
-    flags = [("--deepspeed", []), ("--deepspeed_config", ["ds_config.json"]), ("--zero-stage", ["3"]),
+    flags = [("--deepspeed_config", ["ds_config.json"]), ("--zero-stage", ["3"]),
              ("--deepspeed-activation-checkpointing", []), ("--no-pipeline-parallel", [])]
     said = {s.name: (s.status, s.what) for s in megatron.from_pairs(base + flags, "t.sh").settings}
     assert all(said[name][0] == "not modelled" for name, _ in flags)
-    assert "--runtime deepspeed" in said["--deepspeed"][1] and "--stage3-max-reuse-distance" in said["--zero-stage"][1]
+    assert "--runtime deepspeed" in said["--deepspeed_config"][1] and "--stage3-max-reuse-distance" in said["--zero-stage"][1]

@@ -73,5 +73,13 @@ def check_deepspeed(fields: dict, profile, setup) -> None:
         raise UserError(f"{flag} changes nothing where ZeRO 3 partitions over one rank or keeps weights whole "
                         "through the iteration (--zero-gather per-iteration); drop it")
     if not deepspeed_terms.charged(profile, setup):
-        raise UserError(f"{flag} needs the block's submodules, which ckplan knows only for a GPT block at "
-                        "tensor parallelism 1 (`ckplan profile --arch` of a gpt-style config); drop it")
+        raise UserError(f"{flag} needs the block's submodules, which ckplan knows only for an analytic profile's "
+                        "dense GPT or LLaMA-style block at tensor parallelism 1 (`ckplan profile --arch`); drop it")
+
+
+def deepspeed_note(profile, setup) -> str | None:
+    """The sentence saying DeepSpeed ZeRO 3's working set and third gather are not charged on this plan, and
+    why (deepspeed_terms.not_charged); None where they are, or ZeRO 3's coordinator does not run."""
+    from planner.cost import deepspeed_terms
+
+    return deepspeed_terms.not_charged(profile, setup)

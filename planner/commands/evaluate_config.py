@@ -69,8 +69,10 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     gpus = gpus or job.world_size
     if gpus is None and job.dp_given is not None:  # every degree stated: their product is the world size
         gpus = job.dp_given * model_parallel  # (torchtitan/distributed/parallel_dims.py _validate at 238fa9953e4a)
+        requires = ("DeepSpeed's _batch_assertion requires of the ds_config's batch keys" if job.runtime == "deepspeed"
+                    else "torchtitan requires of the world size")
         stated.append(f"{gpus} GPUs: the product of the degrees the file gives (data parallelism {job.dp_given} x "
-                      f"TP {job.tp} x PP {job.pp} x CP {job.cp}), which torchtitan requires of the world size")
+                      f"TP {job.tp} x PP {job.pp} x CP {job.cp}), which {requires}")
     if gpus is None:
         raise UserError(f"{job.source} does not say how many GPUs the job runs on; give --gpus N")
     override = job.world_size is not None and gpus != job.world_size
@@ -97,7 +99,7 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     data_parallel = _with_settings(_with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes), job)
     setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
                         chunks=job.chunks, optimizer=job.optimizer, precision=job.precision, parallel_stages=None,
-                        runtime=job.framework, fragmentation=fragmentation, data_parallel=data_parallel,
+                        runtime=job.runtime or job.framework, fragmentation=fragmentation, data_parallel=data_parallel,
                         say=notes.append)
     if gpus_per_node is not None:
         setup = setup.model_copy(update={"devices_per_node": gpus_per_node})
@@ -121,7 +123,7 @@ def _records_float8(profile, job) -> bool:
     Engine record's, read under Megatron-LM's: planner/cost/te_moe_float8.py)."""
     from planner.cost import runtimes, te_moe_float8
 
-    return te_moe_float8.records_float8(profile, runtimes.facts(job.framework))
+    return te_moe_float8.records_float8(profile, runtimes.facts(job.runtime or job.framework))
 
 
 def _float8_unscored(job, notes: list[str]) -> None:
@@ -226,11 +228,18 @@ def _profile(job, device):
                   attention=job.attention, dtype="bfloat16", cp=job.cp,
                   ep=job.ep if job.arch.num_experts and job.arch.num_experts % job.ep == 0 else 1, mtp=job.mtp_layers)
     try:
-        return analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source, sha256=job.arch.sha256()),
-                                compiled=job.modelled.compile)
+        profile = analytic_profile(job.arch, shape, gpu=device, model=FileRef(file=job.source,
+                                   sha256=job.arch.sha256()), compiled=job.modelled.compile)
     except ValidationError as exc:
         raise UserError(f"{job.source}: the model at --seq-length {job.seq_len} gives numbers no device holds "
                         f"({io.describe_error(exc)})") from exc
+    if job.runtime == "deepspeed":  # the blocks' modules as Megatron-DeepSpeed builds them (fused QKV, gate/up)
+        profile.assumptions["modules"] = "fused"
+    if job.modelled.offload_optimizer:  # the ds_config's offload_optimizer: Adam on the host at the published rate
+        from planner.commands.profile_arch import _with_host_step
+
+        profile = _with_host_step(profile)
+    return profile
 
 
 def _data_parallel(job, dp: int, notes: list[str]):
@@ -242,6 +251,9 @@ def _data_parallel(job, dp: int, notes: list[str]):
             notes.append("one data-parallel rank: the distributed optimizer shards nothing, and --overlap-param-gather "
                          "gathers nothing")
         return DataParallelOptions(ep=job.ep)
+    if job.runtime == "deepspeed":  # Megatron-DeepSpeed's engine: the ds_config's ZeRO, offload and knobs
+        return DataParallelOptions(dp=dp, zero=job.zero, ep=job.ep, offload_optimizer=job.modelled.offload_optimizer,
+                                   deepspeed=dict(job.modelled.deepspeed))
     if job.framework == "megatron":
         return DataParallelOptions(dp=dp, zero=job.zero, shard_group=_optimizer_group(job, dp, notes), ep=job.ep)
     if dp % job.dp_replicate:
@@ -416,7 +428,7 @@ def rank_rows(prediction) -> list[dict]:
 def summary(prediction, device) -> dict:
     job, setup = prediction.job, prediction.setup
     return {
-        "source": job.source, "framework": job.framework, "model": job.arch.name, "gpus": prediction.gpus,
+        "source": job.source, "framework": job.framework, "runtime": job.runtime or job.framework, "model": job.arch.name, "gpus": prediction.gpus,
         "gpu": device.name, "tp": job.tp, "sp": job.sp, "pp": job.pp, "virtual_stages": job.chunks, "cp": job.cp,
         "ep": job.ep, "dp": prediction.dp, "zero": setup.data_parallel.zero, "schedule": setup.pipeline.schedule,
         "micro_batch_size": setup.pipeline.micro_batch_size, "microbatches": setup.pipeline.microbatches,
@@ -440,7 +452,7 @@ def _print(prediction, device) -> None:
              format_bytes(c.reserved_bytes) if c.reserved_bytes is not None else "-", format_bytes(c.cap_bytes),
              "yes" if c.fits else "[bold red]NO[/]", format_ms(c.time_ms)]
             for s, c in zip(prediction.stages, prediction.cost.stages)]
-    title = (f"{job.source} ({job.framework}): {job.arch.name} on {prediction.gpus} x {device.name}, TP {job.tp}"
+    title = (f"{job.source} ({job.runtime or job.framework}): {job.arch.name} on {prediction.gpus} x {device.name}, TP {job.tp}"
              f"{' SP' if job.sp else ''}, PP {job.pp}{f' x {job.chunks} virtual' if job.chunks > 1 else ''}, "
              f"{f'CP {job.cp}, ' if job.cp > 1 else ''}DP {prediction.dp} (ZeRO {setup.data_parallel.zero}), {setup.pipeline.microbatches} microbatches x "
              f"{setup.pipeline.micro_batch_size} x {job.seq_len} tokens, {setup.pipeline.schedule}, {job.precision}")

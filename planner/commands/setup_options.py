@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from planner.commands.ddp_options import DDP_OPTIONS, check_ddp, ddp_given
-from planner.commands.deepspeed_options import DEEPSPEED_OPTIONS, check_deepspeed, deepspeed_given
+from planner.commands.deepspeed_options import DEEPSPEED_OPTIONS, check_deepspeed, deepspeed_given, deepspeed_note
 from planner.commands.expert_options import (
     check_ep,
     check_ep_runtime,
@@ -333,6 +333,9 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     from planner.cost.reserve_fsdp2 import allocator_setting_refused
 
     check_deepspeed(data_parallel.deepspeed or {}, profile, setup)
+    uncharged = deepspeed_note(profile, setup)
+    if uncharged and say is not None:
+        say(uncharged)
     refused = allocator_setting_refused(profile, setup) or reserve_megatron.allocator_setting_refused(profile, setup)
     if refused:
         raise UserError(refused)

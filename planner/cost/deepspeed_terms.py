@@ -16,10 +16,13 @@ gpt_block, its parameters equal to the layer's), two terms replace FSDP2's:
   beside the second gather and the reduce-scatter: max(0, (1 + f) g + r - W) - max(0, g + r - W). The
   second gather itself stays where dataparallel.exposed_comm_ms charges it (behind the backward).
 
-Selective options rerun no linear (Megatron-DeepSpeed's selective checkpoint is the core attention, which
-has no parameters; ckplan's selective options rerun norms, activations and attention), so they gather no
-third time. Elsewhere (other runtimes, other ZeRO stages, measured or non-GPT profiles) both are 0 and the
-existing terms stand.
+A selective option that reruns linears (`attn`, `mlp`, `attn,mlp`: torch's checkpoint of that module, its
+forward rerun when the backward first needs it) gathers its rerun submodules a third time by the same
+reuse-distance rule, the distance counted over the rerun range only (deepspeed_zero3.rerun_ranges); options
+rerunning no linear (core-attn, mlp-act, norm-out, op-sac) gather nothing again. The blocks known: GPT with fused
+QKV (Megatron-DeepSpeed's) and LLaMA-style as transformers builds them (deepspeed_zero3.llama_block). Elsewhere
+(other runtimes, other ZeRO stages, measured or fake profiles, TP > 1, MoE blocks) both are 0, the existing terms
+stand, and `not_charged` gives the sentence the commands print.
 """
 
 from __future__ import annotations
@@ -50,35 +53,79 @@ def runs_zero3(setup: TrainSetup) -> bool:
             and not dataparallel.kept_whole(setup) and dataparallel.shard_size(setup) > 1)
 
 
+def _block_of(model: dict, layer, modules: str | None) -> tuple[deepspeed_zero3.Submodule, ...] | None:
+    """The submodules of an analytic arch's dense block (its `assumptions["model"]`): a GPT block with fused
+    QKV (Megatron-DeepSpeed's), or a LLaMA-style one as transformers builds it, or as Megatron-DeepSpeed does
+    (`modules` "fused": the profile of a Megatron-DeepSpeed script, its assumptions["modules"]); None for
+    others."""
+    hidden, intermediate = model.get("hidden_size"), model.get("intermediate_size")
+    if not isinstance(hidden, int) or not isinstance(intermediate, int) or layer.expert_param_count:
+        return None
+    if model.get("style") == "gpt" and not model.get("separate_qkv"):
+        return tuple(deepspeed_zero3.gpt_block(hidden, intermediate))
+    heads, kv_heads = model.get("num_heads"), model.get("num_kv_heads")
+    if model.get("style") != "llama" or not isinstance(heads, int) or model.get("kv_lora_rank"):
+        return None
+    head_dim = model.get("head_dim") or hidden // heads
+    if modules == "fused":
+        return tuple(deepspeed_zero3.megatron_llama_block(hidden, intermediate, heads=heads,
+                                                          kv_heads=kv_heads or heads, head_dim=head_dim,
+                                                          qkv_bias=bool(model.get("qkv_bias"))))
+    return tuple(deepspeed_zero3.llama_block(hidden, intermediate, heads=heads, kv_heads=kv_heads or heads,
+                                             head_dim=head_dim, qkv_bias=bool(model.get("qkv_bias")),
+                                             qk_norm=bool(model.get("qk_norm"))))
+
+
 def profile_block(profile: Profile, layer) -> tuple[deepspeed_zero3.Submodule, ...] | None:
-    """The layer's DeepSpeed submodules where ckplan knows them: an analytic profile's GPT block (its arch
-    `assumptions["model"]`, style "gpt", fused QKV) at tensor parallelism 1, whose parameters are the
-    layer's (a profile's layer or its LayerCost); None otherwise."""
+    """The layer's DeepSpeed submodules where ckplan knows them: an analytic profile's dense decoder block
+    (a GPT block with fused QKV, or a LLaMA-style block: `_block_of`) at tensor parallelism 1, whose
+    parameters are the layer's (a profile's layer or its LayerCost); None otherwise (`not_charged` says why)."""
     model, tp = profile.assumptions.get("model"), profile.assumptions.get("tp", 1)
     if layer.kind != "decoder_block" or not isinstance(model, dict) or tp != 1:
         return None
-    if model.get("style") != "gpt" or model.get("separate_qkv") or layer.expert_param_count:
+    block = _block_of(model, layer, profile.assumptions.get("modules"))
+    return block if block is not None and sum(m.numel for m in block) == layer.param_count else None
+
+
+def not_charged(profile: Profile, setup: TrainSetup) -> str | None:
+    """One sentence where DeepSpeed's ZeRO 3 runs but its working set and third gather cannot be charged
+    (the plan keeps the largest-layer term and no third gather), saying why; None where they are charged
+    or ZeRO 3's coordinator does not run."""
+    if not runs_zero3(setup) or charged(profile, setup):
         return None
-    hidden, intermediate = model.get("hidden_size"), model.get("intermediate_size")
-    if not isinstance(hidden, int) or not isinstance(intermediate, int):
-        return None
-    block = tuple(deepspeed_zero3.gpt_block(hidden, intermediate))
-    return block if sum(m.numel for m in block) == layer.param_count else None
+    model, tp = profile.assumptions.get("model"), profile.assumptions.get("tp", 1)
+    blocks = [layer for layer in profile.layers if layer.kind == "decoder_block"]
+    if not blocks:
+        why = "the profile has no decoder block"
+    elif not isinstance(model, dict):
+        why = "a measured or fake profile does not record its blocks' submodules (an analytic profile does)"
+    elif tp != 1:
+        why = f"under tensor parallelism ({tp}) ckplan does not know the coordinator's order of the split linears"
+    elif any(layer.expert_param_count for layer in blocks):
+        why = ("a mixture-of-experts block runs its experts in the order the tokens route them, which changes "
+               "DeepSpeed's trace every step")
+    else:
+        why = (f"ckplan knows the submodules of GPT (fused QKV) and LLaMA-style dense blocks only, not "
+               f"this arch's {model.get('style')!r} blocks")
+    return (f"DeepSpeed ZeRO 3: the coordinator's working set and the third gather of rerun submodules are not "
+            f"charged ({why}); memory keeps 8 B a parameter of the largest layer, as FSDP2's, and no third gather")
 
 
 @lru_cache(maxsize=64)
-def _moments(block, layers: int, checkpointed: bool, knob: tuple[int, int, int]) -> tuple[deepspeed_zero3.Moment, ...]:
+def _moments(block, layers: int, reruns: tuple, knob: tuple[int, int, int]) -> tuple[deepspeed_zero3.Moment, ...]:
     reuse, bucket, live = knob
-    return tuple(deepspeed_zero3.simulate(block, layers=layers, checkpointed=checkpointed, max_reuse_numel=reuse,
-                                          prefetch_bucket=bucket, max_live=live))
+    return tuple(deepspeed_zero3.simulate(block, layers=layers, checkpointed=False, reruns=reruns,
+                                          max_reuse_numel=reuse, prefetch_bucket=bucket, max_live=live))
 
 
-def _layer_runs(profile: Profile, layer: LayerCost, checkpointed: bool, setup: TrainSetup):
+def _layer_runs(profile: Profile, layer: LayerCost, option: int, setup: TrainSetup):
     """(the layer's block, its recompute and backward runs) in the step's trace of the profile's blocks, every
-    block checkpointed alike (DeepSpeed runs no pipeline at ZeRO 3: one stage holds them all)."""
+    block at the layer's option (DeepSpeed runs no pipeline at ZeRO 3: one stage holds them all); the option's
+    reruns are the submodules it names (deepspeed_zero3.rerun_ranges)."""
     names = [known.name for known in profile.layers if known.kind == "decoder_block"]
     block = profile_block(profile, layer)
-    moments = _moments(block, len(names), checkpointed, knobs(setup))
+    reruns = deepspeed_zero3.rerun_ranges(block, layer.options[option].name)
+    moments = _moments(block, len(names), reruns, knobs(setup))
     index = names.index(layer.name)
     return block, [m for m in moments if m.layer == index and m.phase != "forward"]
 
@@ -99,31 +146,33 @@ def working_set_bytes(layer: LayerCost, option: int, profile: Profile, setup: Tr
     if layer.kind != "decoder_block":
         return 0
     held = dataparallel.param_bytes(setup)
-    _, runs = _layer_runs(profile, layer, option == 1, setup)
+    _, runs = _layer_runs(profile, layer, option, setup)
     peak = deepspeed_zero3.peak_held(runs, weight_bytes=held.weights, grad_bytes=held.grads)
     return int(peak.gathered * held.weights + peak.grads * held.grads)
 
 
-def third_gather_share(profile: Profile, layer: LayerCost, setup: TrainSetup) -> float:
-    """Elements gathered for a checkpointed layer's recompute and backward beyond one gather of its
-    partitioned parameters, a share of them (0: all kept from recompute to backward)."""
-    block, runs = _layer_runs(profile, layer, True, setup)
+def third_gather_share(profile: Profile, layer: LayerCost, setup: TrainSetup, option: int = 1) -> float:
+    """Elements gathered for a layer's recompute and backward under `option` beyond one gather of its
+    partitioned parameters, a share of them (0: every rerun submodule kept from recompute to backward)."""
+    block, runs = _layer_runs(profile, layer, option, setup)
     return deepspeed_zero3.third_gather_share(block, runs)
 
 
 def third_gather_ms(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> float:
-    """The third gather's exposed time a layer adds per iteration under full recompute (the module
-    docstring); 0 for other options and where these terms are not charged."""
-    if option != 1 or layer.kind != "decoder_block" or not charged(profile, setup):
+    """The third gather's exposed time a layer adds per iteration under an option that reruns linears (the
+    module docstring); 0 for other options and where these terms are not charged."""
+    if option == 0 or layer.kind != "decoder_block" or not charged(profile, setup):
         return 0.0
-    share = third_gather_share(profile, layer, setup)
+    share = third_gather_share(profile, layer, setup, option)
     if not share:
         return 0.0
     gather, reduce = dataparallel.collectives_ms(layer.param_count, setup)
     microbatches = setup.pipeline.microbatches
     gather_once, reduce_once = gather / (2 * microbatches), reduce / dataparallel.reductions_per_iteration(setup)
-    # the record reruns whole forwards (recompute_whole_forward: DeepSpeed's reentrant checkpoint)
-    window = (layer.bwd_ms + layer.fwd_ms) * setup.time.compute_scale
+    # full: the record reruns whole forwards (recompute_whole_forward: DeepSpeed's reentrant checkpoint);
+    # a selective option its own recompute
+    rerun_ms = layer.fwd_ms if option == 1 else (layer.options[option].recompute_ms or 0.0)
+    window = (layer.bwd_ms + rerun_ms) * setup.time.compute_scale
     with_third = max(0.0, (1 + share) * gather_once + reduce_once - window)
     without = max(0.0, gather_once + reduce_once - window)
     return microbatches * (with_third - without)

@@ -34,9 +34,11 @@ PARAM_PERSISTENCE_THRESHOLD_DEFAULT = 100_000
 
 @dataclass(frozen=True)
 class Submodule:
-    """One module of the trace: its name and its own parameters' element counts (weight, bias)."""
+    """One module of the trace: its name, its own parameters' element counts (weight, bias), and the part of
+    the block a ckplan recompute option names for it ("attn", "mlp", "norm": the options that rerun it)."""
     name: str
     param_numels: tuple[int, ...]
+    part: str = ""
 
     @property
     def numel(self) -> int:
@@ -48,9 +50,64 @@ def gpt_block(hidden: int, intermediate: int) -> list[Submodule]:
     LayerNorm, the fused QKV ColumnParallelLinear, the output RowParallelLinear, the post-attention
     LayerNorm, the MLP's two linears; each with its bias)."""
     h, i = hidden, intermediate
-    return [Submodule("input_layernorm", (h, h)), Submodule("query_key_value", (3 * h * h, 3 * h)),
-            Submodule("dense", (h * h, h)), Submodule("post_attention_layernorm", (h, h)),
-            Submodule("dense_h_to_4h", (h * i, i)), Submodule("dense_4h_to_h", (i * h, h))]
+    return [Submodule("input_layernorm", (h, h), "norm"), Submodule("query_key_value", (3 * h * h, 3 * h), "attn"),
+            Submodule("dense", (h * h, h), "attn"), Submodule("post_attention_layernorm", (h, h), "norm"),
+            Submodule("dense_h_to_4h", (h * i, i), "mlp"), Submodule("dense_4h_to_h", (i * h, h), "mlp")]
+
+
+def llama_block(hidden: int, intermediate: int, *, heads: int, kv_heads: int, head_dim: int,
+                qkv_bias: bool = False, qk_norm: bool = False) -> list[Submodule]:
+    """transformers' LlamaDecoderLayer (and Qwen2's, Qwen3's, Mistral's) in the order its forward first
+    uses its modules, which is the order DeepSpeed's trace records them (modeling_llama.py: input_layernorm;
+    self_attn's q_proj, k_proj, v_proj, o_proj; post_attention_layernorm; mlp's
+    down_proj(act_fn(gate_proj(x)) * up_proj(x)): gate_proj, up_proj, down_proj). Grouped-query attention:
+    k_proj and v_proj kv_heads x head_dim wide. Qwen2: biases on q, k and v; Qwen3: q_norm after q_proj and
+    k_norm after k_proj (modeling_qwen3.py). RMSNorms have a weight only. Modules without parameters
+    (rotary_emb, act_fn, the containers) are hooked too but gather and count nothing, so they are left out.
+    Their backward runs in the reverse order (autograd takes the latest-made node first: v_proj's, k_proj's,
+    q_proj's; up_proj's before gate_proj's), which `trace` assumes."""
+    h, i, q, kv = hidden, intermediate, heads * head_dim, kv_heads * head_dim
+
+    def proj(name: str, out: int) -> Submodule:
+        return Submodule(name, (h * out, out) if qkv_bias else (h * out,), "attn")
+
+    norm = [Submodule("q_norm", (head_dim,), "attn")] if qk_norm else []
+    knorm = [Submodule("k_norm", (head_dim,), "attn")] if qk_norm else []
+    return [Submodule("input_layernorm", (h,), "norm"), proj("q_proj", q), *norm, proj("k_proj", kv), *knorm,
+            proj("v_proj", kv), Submodule("o_proj", (q * h,), "attn"),
+            Submodule("post_attention_layernorm", (h,), "norm"), Submodule("gate_proj", (h * i,), "mlp"),
+            Submodule("up_proj", (h * i,), "mlp"), Submodule("down_proj", (i * h,), "mlp")]
+
+
+def megatron_llama_block(hidden: int, intermediate: int, *, heads: int, kv_heads: int, head_dim: int,
+                         qkv_bias: bool = False) -> list[Submodule]:
+    """Megatron-DeepSpeed's LLaMA block (--swiglu --normalization rmsnorm --disable-bias-linear
+    --num-key-value-heads: megatron/model/transformer.py ParallelTransformerLayer at 73029edf) in forward order:
+    input_layernorm; self_attention's query_key_value (Q, K and V fused: (heads + 2 kv_heads) x head_dim
+    rows) and dense; post_attention_layernorm; the MLP's dense_h_to_4h (gate and up fused: 2 x intermediate
+    rows) and dense_4h_to_h. No biases but Q/K/V's where given (--add-qkv-bias)."""
+    h, i, qkv = hidden, intermediate, (heads + 2 * kv_heads) * head_dim
+    return [Submodule("input_layernorm", (h,), "norm"),
+            Submodule("query_key_value", (h * qkv, qkv) if qkv_bias else (h * qkv,), "attn"),
+            Submodule("dense", (heads * head_dim * h,), "attn"), Submodule("post_attention_layernorm", (h,), "norm"),
+            Submodule("dense_h_to_4h", (h * 2 * i,), "mlp"), Submodule("dense_4h_to_h", (i * h,), "mlp")]
+
+
+def rerun_ranges(block: Sequence[Submodule], option: str) -> tuple[tuple[int, int], ...]:
+    """The (start, stop) submodule ranges a ckplan recompute option reruns, each its own checkpoint: "full"
+    the whole block; "op-sac" too (torch's checkpoint reruns the block's forward whole, its policy only
+    serving the saved ops' outputs from the cache: torch/utils/checkpoint.py, so every submodule's
+    pre-forward hook fires, and DeepSpeed's fetch with it); a selective option ("attn", "mlp", "attn,mlp")
+    the block's submodules of each part it names; parts with no parameter here (core-attn, mlp-act: a
+    function inside a module; norm-out: persistent norms) none; "none" and "offload" none."""
+    if option in ("full", "op-sac"):
+        return ((0, len(block)),)
+    ranges = []
+    for part in option.split(","):
+        indices = [j for j, module in enumerate(block) if module.part == part and part != "norm"]
+        if indices:
+            ranges.append((indices[0], indices[-1] + 1))
+    return tuple(sorted(ranges))
 
 
 def kept_to_backward(block: Sequence[Submodule], *, max_reuse_numel: int, stop_at_equal: bool = False) -> list[bool]:
@@ -101,20 +158,28 @@ class Moment:
     fetched: int
 
 
-def trace(block: Sequence[Submodule], *, layers: int, checkpointed: bool) -> list[tuple[int, str, int]]:
+def trace(block: Sequence[Submodule], *, layers: int, checkpointed: bool,
+          reruns: tuple[tuple[int, int], ...] | None = None) -> list[tuple[int, str, int]]:
     """(layer, phase, submodule index) of every submodule run of a step of `layers` equal blocks:
-    every forward, then each layer from the last: its recompute (checkpointed), then its backward."""
+    every forward, then each layer from the last: its backward, from its last submodule, where each rerun
+    range (`reruns`; `checkpointed`: the whole block) is recomputed when the backward reaches its last
+    submodule (a checkpoint reruns when its first saved tensor is unpacked), then run backward."""
+    if reruns is None:
+        reruns = ((0, len(block)),) if checkpointed else ()
+    ends = {stop - 1: (start, stop) for start, stop in reruns}
     runs = [(layer, "forward", j) for layer in range(layers) for j in range(len(block))]
     for layer in reversed(range(layers)):
-        if checkpointed:
-            runs += [(layer, "recompute", j) for j in range(len(block))]
-        runs += [(layer, "backward", j) for j in reversed(range(len(block)))]
+        for j in reversed(range(len(block))):
+            if j in ends:
+                runs += [(layer, "recompute", k) for k in range(*ends[j])]
+            runs.append((layer, "backward", j))
     return runs
 
 
 def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max_reuse_numel: int,
              prefetch_bucket: int = PREFETCH_BUCKET_DEFAULT, max_live: int = MAX_LIVE_DEFAULT,
-             persistence_threshold: int = PARAM_PERSISTENCE_THRESHOLD_DEFAULT) -> list[Moment]:
+             persistence_threshold: int = PARAM_PERSISTENCE_THRESHOLD_DEFAULT,
+             reruns: tuple[tuple[int, int], ...] | None = None) -> list[Moment]:
     """The coordinator at edaa7221 (partitioned_param_coordinator.py) run over a step's trace of `layers`
     equal blocks, a parameter a tensor (weight, bias), the embedding and head left out. fetch_sub_module
     (~400-485): the run's parameters not already fetched are popped from the trace's queue and gathered;
@@ -123,8 +188,9 @@ def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max
     release_sub_module / __params_to_release (~510-664): the run's partitioned parameters are released but
     those a prefetch marked for a later use and those seen walking the trace from the next run until at
     least max_reuse elements were counted. Persistent parameters (at most the threshold) are never gathered
-    nor released but count in the walk."""
-    runs = trace(block, layers=layers, checkpointed=checkpointed)
+    nor released but count in the walk. `reruns`: the ranges each block recomputes (trace), where not the
+    whole block (`checkpointed`) or nothing."""
+    runs = trace(block, layers=layers, checkpointed=checkpointed, reruns=reruns)
     params = [[(layer, j, t) for t in range(len(block[j].param_numels))] for layer, _, j in runs]
     numel = {p: block[p[1]].param_numels[p[2]] for ps in params for p in ps}
     persist = {p for p, n in numel.items() if n <= persistence_threshold}
@@ -169,7 +235,7 @@ def peak_held(moments: Sequence[Moment], *, weight_bytes: float, grad_bytes: flo
 
 
 def third_gather_share(block: Sequence[Submodule], moments: Sequence[Moment]) -> float:
-    """Elements `moments` (a checkpointed layer's recompute and backward) gather beyond one gather of the
+    """Elements `moments` (a layer's recompute and backward, whole or selective) gather beyond one gather of the
     block's partitioned parameters, a share of them (0: all kept from the recompute to the backward)."""
     partitioned = sum(n for m in block for n in m.param_numels if n > PARAM_PERSISTENCE_THRESHOLD_DEFAULT)
     return max(0, sum(m.fetched for m in moments) - partitioned) / partitioned if partitioned else 0.0

@@ -253,9 +253,10 @@ TERMS: tuple[Term, ...] = (
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),
-    Term("DeepSpeed ZeRO 3's third gather of a checkpointed block (released after its recompute)", "time", "layer",
-         lambda layer, ckpt, ctx: deepspeed_terms.third_gather_ms(layer, int(ckpt), ctx.profile, ctx.setup),
-         "stage3_max_reuse_distance's release (planner/cost/deepspeed_terms.py, §103, §105) beyond the window"),
+    Term("DeepSpeed ZeRO 3's third gather of a block's rerun submodules (released after their recompute)", "time",
+         "layer", lambda layer, ckpt, ctx: deepspeed_terms.third_gather_ms(layer, int(ckpt), ctx.profile, ctx.setup),
+         "stage3_max_reuse_distance's release (planner/cost/deepspeed_terms.py, §103, §105, §111): the whole block "
+         "under full recompute, the linears a selective option reruns, beyond the window"),
     Term("the tokens' all-to-all of a MoE block under expert parallelism", "time", "layer",
          lambda layer, ckpt, ctx: all_to_all_ms(layer, ckpt, ctx.setup),
          "dispatch + combine, forward and backward (Megatron-LM's alltoall token dispatcher, torchtitan's "

@@ -74,6 +74,10 @@ class JobSettings:
     # the runtime's version whose record applies (planner/cost/runtimes.py VERSIONS) where the file
     # dates itself; None: the newest read (Job.notes says which and why)
     runtime_version: str | None = None
+    # DeepSpeed's engine (Megatron-DeepSpeed's --deepspeed, planner/models/configs/megatron_deepspeed.py): the
+    # ds_config's optimizer offload, and its stage3 knobs as DataParallelSetup's stage3_* fields
+    offload_optimizer: bool = False
+    deepspeed: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class Job:
     modelled: JobSettings = field(default_factory=JobSettings)
     settings: list[Setting] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    runtime: str | None = None  # the runtime scored where not the framework's own (Megatron-DeepSpeed: "deepspeed")
 
     def said(self, name: str, value: object, status: Status, what: str) -> None:
         self.settings.append(Setting(name=name, value=_text(value), status=status, what=what))

@@ -2,7 +2,9 @@
 (`ARGS=( ... )`, `ARGS+=( ... )`), `${VAR}` / `$VAR` / `${VAR:-default}` / `$((arithmetic))`
 expansions and simple `if [[ "$X" == "y" ]]` tests are followed within the file, and the line
 that starts `pretrain_*.py` gives the arguments (the words before it, torchrun's, give the
-world size). A `$(command)` is never run: its value is a marker the reader reports."""
+world size). A `$(command)` is never run: its value is a marker the reader reports. A here-document
+written to a file (`cat <<EOT > $DS_CONFIG ... EOT`, as Megatron-DeepSpeed's examples write their
+ds_config) is kept as text, expanded as bash would (not with a quoted delimiter), by the path it names."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class Script:
     launcher_args: list[str]
     trainer: str
     notes: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # here-documents the script writes, by path as written
 
 
 def read_script(text: str, where: str) -> Script:
@@ -61,6 +64,7 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)(\+?=)(.*)$", re.S)
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
            ast.Div: operator.floordiv, ast.Mod: operator.mod}
@@ -74,6 +78,7 @@ class _Shell:
         self.vars: dict[str, list[str] | str] = {}
         self.launch: Script | None = None
         self.notes: list[str] = []
+        self.files: dict[str, str] = {}
 
     # ------------------------------------------------------------ statements
 
@@ -108,10 +113,42 @@ class _Shell:
             if head in ("then", "do", "done") or head.startswith("#"):
                 i += 1
                 continue
-            if all(taking):
+            heredoc = _HEREDOC.search(stripped)
+            if heredoc:
+                i = self._heredoc(lines, i, heredoc, write=all(taking))
+            elif all(taking):
                 i = self._statement(lines, i)
             else:
                 i = self._skip(lines, i)
+
+    def _heredoc(self, lines, i: int, heredoc, *, write: bool) -> int:
+        """Past the here-document starting at line i; its text kept by the path after `>` where it is written."""
+        number, delimiter = lines[i][0], heredoc.group(2)
+        end = next((j for j in range(i + 1, len(lines)) if lines[j][1].strip() == delimiter), None)
+        if end is None:
+            raise UserError(f"{self.where}, line {number}: the here-document <<{delimiter} is never closed by a "
+                            f"line `{delimiter}`; give a script bash can read")
+        target = re.search(r">\s*(\S+)", lines[i][1][heredoc.end():])
+        if write and target:
+            body = "\n".join(line for _, line in lines[i + 1:end])
+            path = " ".join(w for w, _ in self._words(target.group(1), number))
+            self.files[path] = body if heredoc.group(1) else self._expand(body, number)
+        return end + 1
+
+    def _expand(self, text: str, number: int) -> str:
+        """`text` with its `$` expansions made, as an unquoted here-document's body (no word splitting)."""
+        out, i = [], 0
+        while i < len(text):
+            if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "$`\\":
+                out.append(text[i + 1])
+                i += 2
+            elif text[i] == "$":
+                value, i, _ = self._dollar(text, i, number)
+                out.append(" ".join(value) if isinstance(value, list) else value)
+            else:
+                out.append(text[i])
+                i += 1
+        return "".join(out)
 
     def _skip(self, lines, i: int) -> int:
         """Past the statement at i (an array literal may span lines)."""
@@ -166,7 +203,7 @@ class _Shell:
             else:
                 self.launch = Script(args=_split_flags([w for w, _ in words[trainer + 1:]]),
                                      launcher_args=[w for w, _ in words[:trainer]], trainer=words[trainer][0],
-                                     notes=self.notes)
+                                     notes=self.notes, files=self.files)
         return i + 1
 
     # ------------------------------------------------------------ conditions

@@ -39,6 +39,7 @@ from planner.models.configs.megatron_flags import (
     TOKENIZER_VOCAB,
     yaml_extras,
 )
+from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_memflags import read_memory_settings
 from planner.models.configs.megatron_offload import read_cpu_offloading
 from planner.models.configs.megatron_split import layout_counts, stage_layers
@@ -51,7 +52,7 @@ def read(path: Path) -> Job:
 
     text = text_of(path)
     where = str(path)
-    extras = []
+    extras, files = [], {}
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
@@ -61,7 +62,8 @@ def read(path: Path) -> Job:
         script = read_script(text, where)
         check_trainer(script.trainer, where)
         pairs, world, notes = script_pairs(script.args, where), torchrun_world(script.launcher_args), script.notes
-    job = from_pairs(pairs, where)
+        files = script.files
+    job = from_pairs(pairs, where, files)
     for name, value, status, what in extras:
         job.said(name, value, status, what)
     job.world_size = world
@@ -69,8 +71,12 @@ def read(path: Path) -> Job:
     return job
 
 
-def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
+def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, str] | None = None) -> Job:
+    """The job the flags describe; `files`: what the script writes in here-documents (a ds_config), by path."""
     sink: list = []
+    translated: list[str] = []
+    if any(flag == "--deepspeed" for flag, _ in pairs):  # Megatron-DeepSpeed's own model flags
+        pairs, translated = megatron_lm_flags(pairs)
     flags = Flags(pairs, sink)
     arch, seq_len = _arch(flags, where)
     backend = flags.take("--attention-backend", "attention kernel (unfused, local: the s x s scores kept)", str, "auto")
@@ -87,12 +93,16 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str) -> Job:
     _recompute(flags, job)
     read_cpu_offloading(flags, job)  # after the pipeline and recompute it refuses
     _precision(flags, job)
+    if flags.has("--deepspeed"):  # Megatron-DeepSpeed's engine: its ds_config read (megatron_deepspeed.py)
+        read_deepspeed(flags, job, files or {}, where)
+    flags.take("--deepspeed", "DeepSpeed's engine", bool)  # given false: off
     _settings(flags, job)
     for flag, value, status, what in sink:
         job.said(flag, value, status, what)
-    job.notes += flags.notes
-    job.notes.append("runtime version: Megatron-LM d98e8a64 (2026-08-22), the one record read "
-                     "(planner/cost/runtimes.py); the flags are read as that version takes them")
+    job.notes += flags.notes + translated
+    if job.runtime is None:
+        job.notes.append("runtime version: Megatron-LM d98e8a64 (2026-08-22), the one record read "
+                         "(planner/cost/runtimes.py); the flags are read as that version takes them")
     _rest(flags, job)
     return job
 

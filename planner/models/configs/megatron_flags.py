@@ -95,13 +95,22 @@ NO_EFFECT_PREFIXES = ("--dist-ckpt-", "--log-", "--wandb-", "--tensorboard-", "-
 # Flags that change memory or time and the prediction leaves out, with what they are. Those that
 # ask for a setting the cost model does not model go through configs.PENDING (PENDING_FLAGS below);
 # those it models (--tp-comm-overlap, bf16 moments, --expert-tensor-parallel-size = TP) megatron.py reads.
-# Megatron-DeepSpeed's flags for DeepSpeed's engine (its megatron/arguments.py and deepspeed.add_config_arguments):
-# the script is scored for Megatron-LM's runtime; the ds_config it names is not read (docs/published-runs.md
-# §25.dszero3: what is left). Said, so a user sees which runtime the prediction is not.
-_SEE_DEEPSPEED = ("score it for DeepSpeed's engine with `ckplan evaluate --runtime deepspeed --zero N` on a profile of "
-                  "the same model, with the ds_config's stage3 knobs (--stage3-max-reuse-distance, "
-                  "--stage3-prefetch-bucket-size, --stage3-max-live-parameters)")
+# Megatron-DeepSpeed's flags for DeepSpeed's engine (its megatron/arguments.py and deepspeed.add_config_arguments)
+# given without --deepspeed: Megatron-DeepSpeed then runs no DeepSpeed engine and the script is scored for
+# Megatron-LM's runtime. With --deepspeed they are read with the ds_config (megatron_deepspeed.py, §27.dsllama).
+_SEE_DEEPSPEED = ("without --deepspeed no DeepSpeed engine runs; add --deepspeed (the ds_config is then read and the "
+                  "job scored under --runtime deepspeed), or score a profile with `ckplan evaluate --runtime deepspeed "
+                  "--zero N` and the stage3 options (--stage3-max-reuse-distance, --stage3-prefetch-bucket-size, "
+                  "--stage3-max-live-parameters)")
 DEEPSPEED_NOT_MODELLED = {
+    "--deepspeed_config": f"the ds_config (ZeRO stage, offload, stage3 knobs): {_SEE_DEEPSPEED}",
+    "--zero-stage": f"DeepSpeed's ZeRO stage (Megatron-DeepSpeed): {_SEE_DEEPSPEED}",
+    "--deepspeed-activation-checkpointing": "DeepSpeed's activation checkpointing (deepspeed.checkpointing, reentrant) "
+                                            f"for the layers Megatron-DeepSpeed checkpoints: {_SEE_DEEPSPEED}",
+    "--no-pipeline-parallel": "Megatron-DeepSpeed's GPT without DeepSpeed's PipelineEngine (ZeRO 2 and 3 allowed): "
+                              f"{_SEE_DEEPSPEED}",
+}
+NOT_MODELLED = {
     "--deepspeed": f"Megatron-DeepSpeed's DeepSpeed engine, not Megatron-LM's, which this reading scores: {_SEE_DEEPSPEED}",
     "--deepspeed_config": f"the ds_config (ZeRO stage, offload, stage3 knobs) is not read: {_SEE_DEEPSPEED}",
     "--zero-stage": f"DeepSpeed's ZeRO stage (Megatron-DeepSpeed): {_SEE_DEEPSPEED}",
