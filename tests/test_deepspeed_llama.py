@@ -15,18 +15,18 @@ from planner.cost import deepspeed_zero3 as z3
 from planner.cost.deepspeed_zero3 import Submodule
 from planner.cost.layers import layer_costs
 
-H, I, HEADS, KV = 1024, 2816, 8, 2  # the tiny GQA LLaMA below: head_dim 128, k and v 256 wide
+H, FF, HEADS, KV = 1024, 2816, 8, 2  # the tiny GQA LLaMA below: head_dim 128, k and v 256 wide
 ATTN = H * H + 2 * (KV * 128 * H) + H * H  # q, k, v, o: 2,621,440
-MLP = 3 * H * I  # gate, up, down: 8,650,752
+MLP = 3 * H * FF  # gate, up, down: 8,650,752
 
 
 def test_a_llama_block_in_the_order_its_forward_first_uses_its_modules():
-    block = z3.llama_block(H, I, heads=HEADS, kv_heads=KV, head_dim=128)
+    block = z3.llama_block(H, FF, heads=HEADS, kv_heads=KV, head_dim=128)
     assert [(m.name, m.param_numels, m.part) for m in block] == [
         ("input_layernorm", (H,), "norm"), ("q_proj", (H * H,), "attn"), ("k_proj", (256 * H,), "attn"),
         ("v_proj", (256 * H,), "attn"), ("o_proj", (H * H,), "attn"), ("post_attention_layernorm", (H,), "norm"),
-        ("gate_proj", (H * I,), "mlp"), ("up_proj", (H * I,), "mlp"), ("down_proj", (I * H,), "mlp")]
-    qwen3 = z3.llama_block(H, I, heads=HEADS, kv_heads=KV, head_dim=128, qkv_bias=True, qk_norm=True)
+        ("gate_proj", (H * FF,), "mlp"), ("up_proj", (H * FF,), "mlp"), ("down_proj", (FF * H,), "mlp")]
+    qwen3 = z3.llama_block(H, FF, heads=HEADS, kv_heads=KV, head_dim=128, qkv_bias=True, qk_norm=True)
     assert [m.name for m in qwen3[1:6]] == ["q_proj", "q_norm", "k_proj", "k_norm", "v_proj"]
     assert qwen3[1].param_numels == (H * H, H) and qwen3[3].param_numels == (256 * H, 256)
 
@@ -36,7 +36,7 @@ def test_a_llama_block_in_the_order_its_forward_first_uses_its_modules():
     ("attn,mlp", ((1, 5), (6, 9))), ("core-attn,mlp", ((6, 9),)), ("core-attn", ()), ("mlp-act", ()),
     ("norm-out", ()), ("none", ()), ("offload", ())])
 def test_each_option_reruns_the_submodules_of_the_parts_it_names(option, ranges):
-    assert z3.rerun_ranges(z3.llama_block(H, I, heads=HEADS, kv_heads=KV, head_dim=128), option) == ranges
+    assert z3.rerun_ranges(z3.llama_block(H, FF, heads=HEADS, kv_heads=KV, head_dim=128), option) == ranges
 
 
 ABCD = [Submodule("n", (1,), "norm"), Submodule("a", (4,), "attn"), Submodule("g", (3,), "mlp"),
@@ -72,7 +72,7 @@ def test_an_mlp_rerun_gathers_its_submodules_a_third_time_by_the_reuse_distance(
 def llama_profile(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dsllama")
     config = folder / "llama.json"
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": H, "intermediate_size": I,
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": H, "intermediate_size": FF,
                                   "num_hidden_layers": 4, "num_attention_heads": HEADS, "num_key_value_heads": KV,
                                   "vocab_size": 1024, "max_position_embeddings": 256, "tie_word_embeddings": False}))
     run_ok("profile", "--arch-config", config, "--seq-len", 256, "--micro-batch-size", 2, "--gpu", "a100-80g",
@@ -123,7 +123,7 @@ def test_where_the_coordinator_cannot_be_replayed_the_plan_says_so(llama_profile
             "--precision", "bf16-mixed", "--runtime", "deepspeed")
     assert "DeepSpeed ZeRO 3:" not in run_ok("evaluate", "--profile", llama_profile, *base).output
     config = tmp_path / "llama.json"
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": H, "intermediate_size": I,
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": H, "intermediate_size": FF,
                                   "num_hidden_layers": 4, "num_attention_heads": HEADS, "num_key_value_heads": KV,
                                   "vocab_size": 1024, "max_position_embeddings": 256}))
     run_ok("profile", "--arch-config", config, "--seq-len", 256, "--micro-batch-size", 2, "--gpu", "a100-80g",

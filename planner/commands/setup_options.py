@@ -14,7 +14,12 @@ from pathlib import Path
 import click
 
 from planner.commands.ddp_options import DDP_OPTIONS, check_ddp, ddp_given
-from planner.commands.deepspeed_options import DEEPSPEED_OPTIONS, check_deepspeed, deepspeed_given, deepspeed_note
+from planner.commands.deepspeed_options import (
+    DEEPSPEED_OPTIONS,
+    check_deepspeed,
+    deepspeed_given,
+    deepspeed_note,
+)
 from planner.commands.expert_options import (
     check_ep,
     check_ep_runtime,

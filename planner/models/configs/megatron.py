@@ -17,6 +17,7 @@ from planner.models.archs import Arch
 from planner.models.configs import Job, Recompute, pending
 from planner.models.configs.megatron_args import Flags, positive
 from planner.models.configs.megatron_ddp import read_data_parallel
+from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_files import (
     check_trainer,
     script_pairs,
@@ -39,7 +40,6 @@ from planner.models.configs.megatron_flags import (
     TOKENIZER_VOCAB,
     yaml_extras,
 )
-from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_memflags import read_memory_settings
 from planner.models.configs.megatron_offload import read_cpu_offloading
 from planner.models.configs.megatron_split import layout_counts, stage_layers
