@@ -23,7 +23,10 @@ efficient, math, cuDNN), `select_sdp_backend`, dense bf16/fp16 inputs:
   capability 8.0-12.1; on 8.6-8.9 and 12.x with a gradient, head dim at most 192 or (no dropout) above 224;
   causal only with as many queries as keys; fp16/bf16; GQA accepted.
 - efficient (`can_use_mem_efficient_attention`): capability 5.0-12.1; Q and K of one head dim, V's may
-  differ; both multiples of the GEMM alignment (8 for fp16/bf16 on 8.0+); a mask allowed; GQA accepted.
+  differ; both multiples of the GEMM alignment (8 for fp16/bf16 on 8.0+); a mask allowed; GQA accepted since
+  pytorch#191085 (2026-07-25), whose presence in 2.13.0 is not checked here: without it a grouped call this
+  kernel would take (a mask, or V's head dim differing, with fewer K/V heads) falls to math. No model profiled
+  here takes that path (transformers passes enable_gqa only with no mask and equal head dims).
 - math otherwise: the s x s scores, as the CPU's math path.
 """
 
