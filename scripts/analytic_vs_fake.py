@@ -72,18 +72,39 @@ def profiles(config_path: Path, *, seq_len: int, micro_batch_size: int, gpu: str
     return analytic, fake
 
 
+def eager_terms(config_path: Path, *, seq_len: int, micro_batch_size: int, settings: tuple[str, ...] = ()):
+    """hf_kept.extra_terms of the config: what transformers' eager block keeps beyond the analytic terms."""
+    from planner.models import archconfig
+    from planner.profiler import hf_kept
+    from planner.profiler.formulas import Shape
+
+    given = json.loads(config_path.read_text())
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        given[key] = _value(value)
+    arch = archconfig.from_hf_config(given, where=str(config_path), name=config_path.stem)
+    return hf_kept.extra_terms(arch, Shape(seq_len=seq_len, micro_batch_size=micro_batch_size))
+
+
 def _ratio(mine: float, theirs: float) -> float | None:
     return None if not theirs else mine / theirs
 
 
-def compare(analytic, fake) -> dict:
-    """Layer by layer (paired in order) and option by option (paired by name)."""
+def compare(analytic, fake, extra=()) -> dict:
+    """Layer by layer (paired in order) and option by option (paired by name); `extra`: hf_kept's terms,
+    each block's kept bytes the fake profile has beyond the analytic count ("explained")."""
     rows, options = [], []
+    kernels = fake.assumptions.get("attention_kernels", {})
     for mine, theirs in zip(analytic.layers, fake.layers, strict=True):
         row = {"analytic": mine.name, "fake": theirs.name}
         for field in ("fwd_ms", "bwd_ms", "act_bytes", "transient_bytes", "param_bytes"):
             a, f = getattr(mine, field), getattr(theirs, field)
             row[field] = {"analytic": a, "fake": f, "ratio": _ratio(a, f)}
+        if theirs.name in kernels:
+            row["attention_kernel"] = {"analytic": _analytic_kernel(analytic), "fake": kernels[theirs.name]}
+            explained = sum(term.num_bytes for term in extra)
+            row["kept_gap"] = {"fake_minus_analytic": theirs.act_bytes - mine.act_bytes, "explained": explained,
+                               "terms": {term.what: term.num_bytes for term in extra}}
         rows.append(row)
         theirs_by_name = {option.name: option for option in theirs.recompute_options}
         for option in mine.recompute_options:
@@ -103,6 +124,12 @@ def compare(analytic, fake) -> dict:
                            "ratio": _ratio(analytic.loss_bytes, fake.loss_bytes)},
             "loss_ms": {"analytic": analytic.loss_ms, "fake": fake.loss_ms, "ratio": _ratio(analytic.loss_ms, fake.loss_ms)}}
     return {"layers": rows, "options": options, "loss": loss}
+
+
+def _analytic_kernel(profile) -> str:
+    """The analytic profile's attention: one fused kernel at the GPU's attention rate, or eager's matmuls."""
+    attention = profile.assumptions.get("attention", "flash")
+    return "fused (flash-style)" if "flash" in str(attention) else str(attention)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -130,6 +157,12 @@ def print_table(name: str, found: dict) -> None:
             cells.append(f"{v['analytic']:,} / {v['fake']:,} ({_fmt(v['ratio'])})")
         cells.append(_fmt(row["param_bytes"]["ratio"], 4))
         print("| " + " | ".join(cells) + " |")
+    for row in blocks:
+        if "attention_kernel" in row and row in kinds.values():
+            gap, k = row["kept_gap"], row["attention_kernel"]
+            print(f"\n{row['fake']}: attention kernel analytic {k['analytic']} / fake {k['fake']}; kept fake - analytic "
+                  f"{gap['fake_minus_analytic']:,} B, of which transformers' eager terms (planner/profiler/hf_kept.py) "
+                  f"{gap['explained']:,}: " + "; ".join(f"{name} {n:,}" for name, n in gap["terms"].items()))
     loss = found["loss"]
     print(f"\nloss: kept {loss['loss_bytes']['analytic']:,} / {loss['loss_bytes']['fake']:,} "
           f"({_fmt(loss['loss_bytes']['ratio'])}), ms {_fmt(loss['loss_ms']['analytic'], 4)} / "
@@ -175,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"## {path.stem}\nrefused: --arch-config: {refused_a or 'read'}; "
                       f"--hf-config --fake: {refused_f or 'read'}\n")
                 continue
-            everything[path.stem] = compare(analytic, fake)
+            extra = eager_terms(path, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
+                                settings=tuple(args.set))
+            everything[path.stem] = compare(analytic, fake, extra)
             print_table(path.stem, everything[path.stem])
     if args.json:
         args.json.write_text(json.dumps(everything, indent=1))

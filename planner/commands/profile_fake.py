@@ -28,12 +28,16 @@ def run(model_file: str, *, device: str, dtype: str, micro_batch_size: int, gpu:
     from planner.profiler.storages import counted_as
 
     # for a GPU: its allocator's blocks and its attention kernels, though CPU kernels run
-    with mode, counted_as(device), attention.device_attention(device) as dropouts:
+    with mode, counted_as(device), attention.device_attention(device, spec, chain.layers) as ran:
         measurement, flops = _measure(chain, spec, device)
         if compiled:
             measurement.layers[:] = _with_compiled(chain, measurement.layers)
     profile = _profile(measurement, flops, model_file=model_file, model_ref=model_ref, device=device, dtype=dtype,
                        micro_batch_size=micro_batch_size, gpu=spec, arch_config=arch_config)
+    dropouts = ran.dropouts
+    if ran.by_layer():
+        profile = profile.model_copy(update={"assumptions": {**profile.assumptions,
+                                                             **attention.kernels_note(ran, spec.name)}})
     if dropouts:
         note = (f"dropout {', '.join(f'{p:g}' for p in sorted(dropouts))} in the fused kernel, as {spec.name} runs it "
                 f"({attention.CUDA_ATTENTION_CHECKS}; on the CPU {attention.CPU_ATTENTION_CHECKS}): kept as without dropout, its "

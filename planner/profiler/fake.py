@@ -114,8 +114,12 @@ ATTENTION_OPS = {
     torch.ops.aten._scaled_dot_product_cudnn_attention: "attention-fwd",
     torch.ops.aten._scaled_dot_product_cudnn_attention_backward: "attention-bwd",
 }
-# ops whose output is a view in all but name (their schemas declare no alias): they move nothing
-NO_TRAFFIC = {torch.ops.aten._unsafe_view}
+# ops whose output is a view in all but name (their schemas declare no alias), and allocations that write
+# nothing (empty's family: uninitialised memory, aten/src/ATen/native/TensorFactories.cpp; transformers'
+# DeepseekV3Attention.expand_kv fills a new_empty key by slices, autograd's CopySlices backward a
+# new_empty_strided gradient): they move nothing
+NO_TRAFFIC = {torch.ops.aten._unsafe_view, torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided,
+              torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided}
 FLOAT8 = {getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
           if hasattr(torch, name)}
 
