@@ -27,9 +27,10 @@ from pathlib import Path
 LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
              "max_position_embeddings": 8192}  # meta-llama/Meta-Llama-3-8B's config.json, shape-setting fields
-# what two profiles of one model may differ in: when each was made, and the host step's rate, timed on this
-# host at each run (planner/commands/profile_arch.py's _with_host_step), not by the fake run
-IGNORED = {"created_at", "host_step_ns_per_param"}
+# what two profiles of one model may differ in: when each was made, the host step's rate, timed on this
+# host at each run (planner/commands/profile_arch.py's _with_host_step), not by the fake run, and the model
+# file written beside each (its first line names the config's temporary folder, so its path and hash differ)
+IGNORED = {"created_at", "host_step_ns_per_param", "model"}
 
 
 def one_run(tree: Path, config_dir: Path, out: Path, seq_len: int) -> tuple[float, float]:
