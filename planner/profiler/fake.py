@@ -48,7 +48,16 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from planner.cost.tied import tied_params
 from planner.models.archs import GPU
-from planner.profiler import allocseq, analytic, fake_moe, fake_same, float8, measure, options, roofline
+from planner.profiler import (
+    allocseq,
+    analytic,
+    fake_moe,
+    fake_same,
+    float8,
+    measure,
+    options,
+    roofline,
+)
 from planner.profiler.fake_mode import data_free, fake_module, fake_tensor, new_mode
 from planner.profiler.fake_split import with_split_times
 from planner.profiler.kinds import layer_kinds
