@@ -21,6 +21,10 @@ peak published for a matmul of its size, each attention kernel at its published 
 bandwidth. What that leaves out (kernel launches, communication, the pipeline's bubble) the
 cost model's other terms and `ckplan calibrate` carry.
 
+A layer equal to an earlier one in everything its fake run can see (planner/profiler/fake_same.py:
+its modules' classes and plain attributes, its tensors' metadata, its input and output) is not run
+again: it carries that layer's figures under its own name (32 decoder blocks of one kind run once).
+
 The fake mode itself (the model's parameters, buffers and batch as fake tensors, and the sentence
 for code that needs values) is planner/profiler/fake_mode.py.
 
