@@ -21,6 +21,10 @@ peak published for a matmul of its size, each attention kernel at its published 
 bandwidth. What that leaves out (kernel launches, communication, the pipeline's bubble) the
 cost model's other terms and `ckplan calibrate` carry.
 
+A layer equal to an earlier one in everything its fake run can see (planner/profiler/fake_same.py:
+its modules' classes and plain attributes, its tensors' metadata, its input and output) is not run
+again: it carries that layer's figures under its own name (32 decoder blocks of one kind run once).
+
 The fake mode itself (the model's parameters, buffers and batch as fake tensors, and the sentence
 for code that needs values) is planner/profiler/fake_mode.py.
 
@@ -32,6 +36,7 @@ as CUDA's does; with dropout, planner/profiler/device_attention.py keeps it so).
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -47,7 +52,16 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from planner.cost.tied import tied_params
 from planner.models.archs import GPU
-from planner.profiler import allocseq, analytic, fake_moe, float8, measure, options, roofline
+from planner.profiler import (
+    allocseq,
+    analytic,
+    fake_moe,
+    fake_same,
+    float8,
+    measure,
+    options,
+    roofline,
+)
 from planner.profiler.fake_mode import data_free, fake_module, fake_tensor, new_mode
 from planner.profiler.fake_split import with_split_times
 from planner.profiler.kinds import layer_kinds
@@ -286,16 +300,33 @@ def _run_options(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor | None, p
 
 def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn, *,
                  layer_outputs: list[torch.Tensor], gpu: GPU, device_type: str = "cuda",
-                 on_layer: Callable[[str], None] = lambda name: None) -> tuple[measure.Measurement, dict]:
+                 on_layer: Callable[[str], None] = lambda name: None,
+                 once: bool = True) -> tuple[measure.Measurement, dict]:
     """measure.measure_model's Measurement, from one fake run (no timing: rooflines), and
-    the FLOPs per layer and pass (forward, backward, recompute) it rests on."""
+    the FLOPs per layer and pass (forward, backward, recompute) it rests on. `once`: a layer whose
+    signature (fake_same.py) an earlier layer has carries that layer's figures under its own name,
+    unrun (False: every layer runs). The whole-model pass of kept bytes runs every layer: what a
+    layer is charged depends on what the layers before it saved (saved.py)."""
     kinds = layer_kinds(layers)
     layer_inputs = [inputs, *layer_outputs[:-1]]
     runs, records = [], []  # records: each layer's allocations and frees per option (allocseq)
-    linear_calls = []  # each layer's converted nn.Linear calls (Float8's record, planner/profiler/float8.py)
+    linears = []  # each layer's nn.Linear calls (Float8's record, planner/profiler/float8.py)
+    # the layer each one's figures come from: itself, or the first of its signature (fake_same.py)
+    sources, first_of, shared = [], {}, fake_same.shared_parameters([layer for _, layer in layers])
     for index, (name, layer) in enumerate(layers):
         x = layer_inputs[index].detach().requires_grad_(index > 0 and layer_inputs[index].is_floating_point())
         output = layer_outputs[index]
+        key = fake_same.signature(layer, x, output, shared) if once else None
+        if key is not None and key in first_of:  # a layer like one measured: its figures, its own name
+            source = first_of[key]
+            sources.append(source)
+            runs.append(copy.deepcopy(runs[source]))
+            records.append(copy.deepcopy(records[source]))
+            linears.append(fake_same.renamed(linears[source], layers[source][0], name))
+            continue
+        if key is not None:
+            first_of[key] = index
+        sources.append(index)
         grad = torch.zeros_like(output) if output.is_floating_point() else None
         for param in layer.parameters():
             if param.requires_grad and param.grad is None:
@@ -304,18 +335,20 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
         with blame(f"layer {name!r}"), data_free(f"layer {name!r}"):
             transient = measure._transient_bytes(layer, x, grad, tracker=lambda device: StorageTracker())
             fwd, bwd, recompute = _layer_work(layer, x, grad)
-            linear_calls.append(float8.converted(float8.module_linears(layer, x, name)) if has_backward else [])
+            linears.append(float8.module_linears(layer, x, name) if has_backward else [])
             runs.append(_LayerRun(fwd, bwd, recompute, transient, has_backward,
                                   *_run_options(layer, x, grad, fwd + bwd, has_backward),
                                   fake_moe.fake_routing(layer, x),
                                   fake_moe.expert_transient_bytes(layer, x, grad, transient)))
             records.append(allocseq.layer_records(layer, x, grad, list(runs[-1].option_transients)))
         layer.zero_grad(set_to_none=True)
+    linear_calls = [float8.converted(calls) for calls in linears]
     chosen = options.common_per_kind(kinds, [list(run.option_transients) for run in runs])
     with blame("the model under FakeTensorMode"), data_free("the model's forward or backward"):
         saved = saved_bytes(layers, inputs, targets, loss_fn, options=chosen)
     chosen = options.saving_per_kind(kinds, chosen, saved.act_bytes, saved.option_bytes)
     profiles, flops = [], {}
+    split_works: dict[int, dict] = {}  # per measured layer, its split backward's work by option (fake_split.py)
     for index, ((name, layer), run) in enumerate(zip(layers, runs, strict=True)):
         x, output = layer_inputs[index], layer_outputs[index]
         fwd, bwd, recompute, transient = run.fwd, run.bwd, run.recompute, run.transient
@@ -348,7 +381,8 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
                            if name in (OPTION_NONE, OPTION_FULL, *chosen[index])},
             float8=float8.record(linear_calls[index], gpu, fwd, bwd,
                                  {OPTION_FULL: recompute, **{option: run.option_work[option] for option in chosen[index]}}),
-        ), layer, x if index else None, output, gpu=gpu, counting=counting))  # the batch: no input gradient
+        ), layer, x if index else None, output, gpu=gpu, counting=counting,  # the batch: no input gradient
+            works=split_works.setdefault(sources[index], {})))
         on_layer(name)
     with blame("loss_fn(output, target)"), data_free("loss_fn(output, target)"):
         loss_transient = measure._loss_transient_bytes(loss_fn, layer_outputs[-1], targets,

@@ -76,7 +76,7 @@ def torch_param_groups(layer: nn.Module, x: torch.Tensor) -> list[list[str]]:
 
 
 def with_split_times(profile: LayerProfile, layer: nn.Module, x: torch.Tensor | None, output: torch.Tensor, *,
-                     gpu: GPU, counting: Callable) -> LayerProfile:
+                     gpu: GPU, counting: Callable, works: dict | None = None) -> LayerProfile:
     """The layer's profile with each splittable option's input_grad_ms and weight_grad_ms: the two
     passes' work at the roofline, in the proportion to the same count's plain backward that they
     hold, against the backward the profile charges the option (bwd_ms and its recompute), as the
@@ -85,21 +85,26 @@ def with_split_times(profile: LayerProfile, layer: nn.Module, x: torch.Tensor | 
     weight, no floating output), and each option's as it was where torch's split refuses the layer
     (split_per_option's case: a zero-bubble schedule cannot run it either). Full's pair counts its
     rerun as torch runs it: once in the input pass and once in each parameter group's call of the
-    weight pass (§62, §73)."""
+    weight pass (§62, §73). `works`: the passes' work by option already counted on a layer this one is
+    like (fake_same.py), None where torch refused it; what is counted here is added to it."""
     weights = [p for p in layer.parameters() if p.requires_grad]
     if x is None or not (x.is_floating_point() and output.is_floating_point() and weights):
         return profile
     x = x.detach().requires_grad_(True)  # cut at the layer's input, as a pipeline stage's
     grad = torch.zeros_like(output)
-    found = {}
+    found, works = {}, {} if works is None else works
     for index, option in enumerate(profile.recompute_options):
         if runs_split_backward(option.name):
-            try:
-                works = split_work(layer_runner(layer, option.name), layer, x, grad, counting)
-            except RuntimeError:  # torch's split refuses the layer (an output that is a view)
+            if option.name not in works:
+                try:
+                    works[option.name] = split_work(layer_runner(layer, option.name), layer, x, grad, counting)
+                except RuntimeError:  # torch's split refuses the layer (an output that is a view)
+                    works[option.name] = None
+            if works[option.name] is None:
                 continue
             rerun = 0.0 if index == 0 else option.recompute_ms
-            input_ms, weight_ms = recorded_split_ms(tuple(roofline_ms(w, gpu) for w in works), profile.bwd_ms + rerun)
+            input_ms, weight_ms = recorded_split_ms(tuple(roofline_ms(w, gpu) for w in works[option.name]),
+                                                    profile.bwd_ms + rerun)
             found[option.name] = {"input_grad_ms": input_ms, "weight_grad_ms": weight_ms}
     options = [option.model_copy(update=found.get(option.name, {})) for option in profile.recompute_options]
     return profile.model_copy(update={"recompute_options": options})
