@@ -17,7 +17,7 @@ from functools import partial
 
 import torch
 
-from planner.profiler import cuda_sdpa
+from planner.profiler import cuda_sdpa, fake_same
 
 # where torch decides which kernel attention runs, for the two devices a fake profile can mean
 CUDA_ATTENTION_CHECKS = ("aten/src/ATen/native/transformers/cuda/sdp_utils.cpp can_use_flash_attention and "
@@ -123,6 +123,13 @@ def _entered(ran: Ran, name: str, module, args) -> None:
     ran.layer = name
 
 
+def _noting(hook):
+    """`hook` marked as only noting which layer runs (fake_same.NOTES_ONLY): a fake profile's layers
+    equal in all else are still run once."""
+    setattr(hook, fake_same.NOTES_ONLY, True)
+    return hook
+
+
 @contextmanager
 def device_attention(device_type: str, gpu=None, layers=()):
     """Attention's dropout and F.dropout as `device_type` runs them; yields a Ran: the dropout probabilities
@@ -140,7 +147,7 @@ def device_attention(device_type: str, gpu=None, layers=()):
     own, own_dropout = functional.scaled_dot_product_attention, functional.dropout
     functional.scaled_dot_product_attention = _fused(own, ran)
     functional.dropout = _native(own_dropout)
-    hooks = [module.register_forward_pre_hook(partial(_entered, ran, name)) for name, module in layers]
+    hooks = [module.register_forward_pre_hook(_noting(partial(_entered, ran, name))) for name, module in layers]
     try:
         yield ran
     finally:

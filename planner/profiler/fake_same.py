@@ -51,6 +51,9 @@ BOOKKEEPING = {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forwar
                "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
                "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"}
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+# a hook that only notes which layer is running (planner/profiler/device_attention.py: its attention kernels by
+# layer) changes nothing a run computes; it carries this attribute, and no other hook is passed over
+NOTES_ONLY = "ckplan_notes_only"
 PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
          torch.memory_format, torch.Size)
 
@@ -106,7 +109,7 @@ def shared_parameters(modules: list[nn.Module]) -> set[int]:
 
 
 def _module_facts(path: str, module: nn.Module, paths: dict[int, str], shared: set[int]) -> tuple:
-    if any(getattr(module, name, None) for name in HOOKS):
+    if any(not getattr(hook, NOTES_ONLY, False) for name in HOOKS for hook in (getattr(module, name, None) or {}).values()):
         raise _Own
     params = []
     for name, param in module._parameters.items():
