@@ -64,8 +64,9 @@ def test_the_logits_share_moves_to_the_loss_and_the_kept_total_stays():
     # megatron-core's vocab-parallel loss keeps its fp32 copy, 2x, all the loss's; before, 1x of it was the stage output
     assert loss_kept_bytes(tiny, 0, setup()) == 2 * LOGITS + 4
     assert last_layer_kept_bytes(head, 0, tiny, setup()) == 0
-    # torchtitan beside a pipeline: its log-softmax (2x), 1x as the stage output torch's pipelining holds
-    assert loss_kept_bytes(tiny, 1, setup(2, runtime="torchtitan")) == LOGITS + 4
+    # torchtitan beside a pipeline: its log-softmax's fp32 result (2x) is the loss's own tensor, beside the bf16
+    # stage output (1x) torch's pipelining holds (docs/published-runs.md §27.c8last; it was LOGITS + 4)
+    assert loss_kept_bytes(tiny, 1, setup(2, runtime="torchtitan")) == 2 * LOGITS + 4
     assert last_layer_kept_bytes(head, 1, tiny, setup(2, runtime="torchtitan")) == LOGITS
 
 
