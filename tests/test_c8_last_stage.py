@@ -1,22 +1,15 @@
 """The last pipeline stage of torchtitan 9dec370 (row C8's worst rank, docs/published-runs.md §27.c8last): what its
-eager loss keeps beside the stage output torch's pipelining holds, and where the output is made in the replay's
-step. By hand on a tiny LLaMA (32 tokens x micro-batch 2 = 64 tokens, V 256, bf16 logits 64 x 256 x 2 = 32,768 B)
-and on a one-layer rank with a loss."""
+eager loss keeps beside the stage output torch's pipelining holds. By hand on a tiny LLaMA (32 tokens x micro-batch
+2 = 64 tokens, V 256, bf16 logits 64 x 256 x 2 = 32,768 B)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from planner.cost import fsdp2_chunks
-from planner.cost.allocator import Alloc
-from planner.cost.fsdp2_chunks import Fsdp2Rank
-from planner.cost.fsdp2_events import Fsdp2Layer, Fsdp2Stage
 from planner.cost.rules import last_layer_kept_bytes, loss_kept_bytes, runtime_facts
 from planner.cost.layers import layer_costs
 from tests.test_last_stage_backward import LOGITS, profile, setup
-
-MIB = 2**20
 
 
 def saved_bytes(loss_fn, pred: torch.Tensor, labels: torch.Tensor) -> int:
@@ -65,24 +58,3 @@ def test_a_loss_whose_kept_bytes_count_the_logits_takes_the_stage_outputs_share_
     region = runtime_facts(compiled).loss_compiled
     assert region.kept_counts_logits and region.kept_x == 1.0  # the compiled graph saves its input, the logits
     assert loss_kept_bytes(tiny, 1, compiled) == 4  # its 1x is the stage output's
-
-
-# One layer, its own unit (as tests/test_fsdp2_chunks.py), on a last stage with a loss: its forward program makes a
-# 2 MiB fp32 copy and frees it; the stage keeps 1 MiB (its ends); the output 1 MiB a microbatch.
-LAYER = Fsdp2Layer(unit=0, kept_bytes=3 * MIB, extra_bytes=0, gathered=(4 * MIB,), grads=(4 * MIB,),
-                   shard=(4 * MIB,), state=(4 * MIB, 4 * MIB), scratch=())
-LAST = Fsdp2Stage(layers=(LAYER,), kept_from_forward=frozenset({0}), shard_group=2, reduce_ratio=2.0,
-                  buffer_bytes=0, loss_kept_bytes=1 * MIB, loss_extra_bytes=0, loss_forward=(2 * MIB, -1))
-
-
-def test_the_output_is_made_by_the_last_layer_before_the_loss_runs_on_it():
-    """torch 2.6.0: forward_one_chunk appends the output to output_chunks (stage.py 703) and returns it; the
-    schedule then computes the loss on it (schedules.py 712, 753: _maybe_compute_loss). Each microbatch's
-    requests: the layer's kept, the output, the loss's fp32 copy, what the ends keep."""
-    rank = Fsdp2Rank(chunks=(LAST,), actions=((0, "F", 0), (0, "B", 0), (0, "F", 1), (0, "B", 1)),
-                     num_microbatches=2, buffer_bytes=0, output_bytes=(1 * MIB,), merged_bytes=2 * MIB)
-    events = fsdp2_chunks.rank_events(rank, steps=1)
-    made = [e.key if e.key[0] != "chunk" else e.key[2][0] for e in events if isinstance(e, Alloc)]
-    forward = [k for k in made if k in ("kept", "loss_forward", "rest") or k[0] in ("output", "merged")]
-    assert forward == ["kept", ("output", 0, 0), "loss_forward", "rest",
-                       "kept", ("output", 0, 1), "loss_forward", "rest", ("merged",)]
