@@ -158,7 +158,7 @@ def snapshot(state) -> dict:
         entry[0] += block.size
         entry[1] += 1
     segments, owner = {}, {id(block): key for key, block in state.live.items()}
-    for key, block in state.live.items():
+    for block in state.live.values():
         first = block
         while first.prev is not None:
             first = first.prev

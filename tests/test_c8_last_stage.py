@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from planner.cost.rules import last_layer_kept_bytes, loss_kept_bytes, runtime_facts
 from planner.cost.layers import layer_costs
+from planner.cost.rules import last_layer_kept_bytes, loss_kept_bytes, runtime_facts
 from tests.test_last_stage_backward import LOGITS, profile, setup
 
 
