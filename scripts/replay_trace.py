@@ -6,7 +6,11 @@ set, with that many MiB taken off the extra of the rank's last layer (the head),
 logits' gradient).
 A diagnostic (docs/published-runs.md §18.replay17), not a cost term; a settled replay (allocator.settled_replay)
 is traced as the one sequence it plays.
-usage: RANK=7 [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
+LIVE=1 lists every tensor alive at the rank's allocated peak and at its reserved peak (the moment the last new
+segment took the reserve to its peak), grouped by what made it (the key's name, its chunk and the step's
+microbatch dropped), with their bytes, and each segment alive then with what holds it (docs/published-runs.md
+§27.c8last).
+usage: RANK=7 [LIVE=1] [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
 import os
 import sys
 
@@ -24,6 +28,7 @@ RANK = int(os.environ.get("RANK", "-1"))
 WATCH = os.environ.get("WATCH", "")  # a key's repr, e.g. "('merged',)"
 PIECES = [int(b) for b in os.environ.get("HEAD_PIECES", "").split(",") if b]  # bytes, summing to the extra
 LESS = int(float(os.environ.get("HEAD_LESS_MIB", "0")) * MIB)
+LIVE = os.environ.get("LIVE", "") not in ("", "0")
 calls: list[list] = []
 original = allocator.replay
 
@@ -92,6 +97,7 @@ def trace(events, **kwargs) -> None:
         return new_segment(size, stream, small)
 
     state._new_segment = logged
+    peaks = {"allocated": (-1, None, None), "reserved": (-1, None, None)}  # (bytes, event, live snapshot)
     watched: list[int] = []  # WATCH: the segment a key's block first lies in, [start, end)
     for i, event in enumerate(events):
         at["i"], at["key"] = i, getattr(event, "key", None)
@@ -120,8 +126,68 @@ def trace(events, **kwargs) -> None:
             state.ready(event.key)
         else:
             state.sync()
+        if LIVE:
+            for kind, now in (("allocated", state.allocated), ("reserved", state.reserved)):
+                if now > peaks[kind][0]:
+                    peaks[kind] = (now, i, snapshot(state))
+    if LIVE:
+        for kind, (now, i, live) in peaks.items():
+            print_live(kind, now, i, live)
     print(f"rank {RANK}: {len(events)} events, reserved peak {state.reserved_peak / 2**30:.3f} GiB, allocated peak "
           f"{state.allocated_peak / 2**30:.3f} GiB, {state.segments} segments", file=OUT)
+
+
+def group(key) -> str:
+    """A live tensor's group: its key's name and, for the layers' tensors, the layer's index (the last layers:
+    the head and the final norm), the chunk, microbatch and program ids dropped."""
+    inner = _inner(key)
+    if not isinstance(inner, tuple):
+        return repr(inner)
+    name = inner[0]
+    if name in ("kept", "extra", "grad", "acc", "scratch", "state", "shard") and len(inner) >= 3:
+        layer = inner[2] if name == "kept" else inner[1]
+        return f"{name} layer {layer}"
+    return str(name)
+
+
+def snapshot(state) -> dict:
+    """The live tensors (block bytes by group and count) and each segment's live and free bytes."""
+    live: dict[str, list[int]] = {}
+    for key, block in state.live.items():
+        entry = live.setdefault(group(key), [0, 0])
+        entry[0] += block.size
+        entry[1] += 1
+    segments, owner = {}, {id(block): key for key, block in state.live.items()}
+    for block in state.live.values():
+        first = block
+        while first.prev is not None:
+            first = first.prev
+        if first.address in segments:
+            continue
+        held, free, b = [], 0, first
+        while b is not None:
+            if b.allocated:
+                held.append(group(owner[id(b)]))
+            else:
+                free += b.size
+            end, b = b.address + b.size, b.next
+        segments[first.address] = (end - first.address, free, sorted(set(held)))
+    return {"live": live, "segments": segments}
+
+
+def print_live(kind: str, now: int, i: int, live: dict) -> None:
+    print(f"rank {RANK}: at the {kind} peak (event {i}): {now / 2**30:.3f} GiB {kind}; live tensors by group "
+          f"(MiB, count):", file=OUT)
+    for name, (size, count) in sorted(live["live"].items(), key=lambda kv: -kv[1][0]):
+        print(f"    {size / MIB:10.1f} MiB  x{count:<4d} {name}", file=OUT)
+    total = sum(s for s, _ in live["live"].values())
+    print(f"    {total / MIB:10.1f} MiB  in all", file=OUT)
+    segs = sorted(live["segments"].values(), key=lambda s: -s[0])
+    print(f"  segments holding a live tensor: {len(segs)}, {sum(s[0] for s in segs) / MIB:.1f} MiB, of them free "
+          f"{sum(s[1] for s in segs) / MIB:.1f} MiB; the largest (MiB size, free, held by):", file=OUT)
+    for size, free, held in segs[:12]:
+        print(f"    {size / MIB:9.1f} {free / MIB:9.1f}  {', '.join(held[:6])}{' ...' if len(held) > 6 else ''}",
+              file=OUT)
 
 
 def traced_settled(static, step, *, min_steps, max_steps, expandable=False):

@@ -64,8 +64,9 @@ def test_the_logits_share_moves_to_the_loss_and_the_kept_total_stays():
     # megatron-core's vocab-parallel loss keeps its fp32 copy, 2x, all the loss's; before, 1x of it was the stage output
     assert loss_kept_bytes(tiny, 0, setup()) == 2 * LOGITS + 4
     assert last_layer_kept_bytes(head, 0, tiny, setup()) == 0
-    # torchtitan beside a pipeline: its log-softmax (2x), 1x as the stage output torch's pipelining holds
-    assert loss_kept_bytes(tiny, 1, setup(2, runtime="torchtitan")) == LOGITS + 4
+    # torchtitan beside a pipeline: its log-softmax's fp32 result (2x) is the loss's own tensor, beside the bf16
+    # stage output (1x) torch's pipelining holds (docs/published-runs.md §27.c8last; it was LOGITS + 4)
+    assert loss_kept_bytes(tiny, 1, setup(2, runtime="torchtitan")) == 2 * LOGITS + 4
     assert last_layer_kept_bytes(head, 1, tiny, setup(2, runtime="torchtitan")) == LOGITS
 
 
@@ -80,10 +81,13 @@ def test_no_layer_before_the_head_is_charged_the_logits_where_the_runtime_drops_
 
     monkeypatch.setattr(rules, "runtime_facts", holding)
     held = last_stage(view, [0])
-    # the same bytes kept a microbatch; the last block's backward (its MLP's two f-wide gradients) sets the transient,
-    # credited all the loss keeps where the logits are dropped, all but their 1x where held
-    assert dropped.kept_bytes == held.kept_bytes
-    assert held.transient_bytes - dropped.transient_bytes == LOGITS
+    # the last block's backward (its MLP's two f-wide gradients) sets the transient, credited all the loss keeps where
+    # the logits are dropped. Megatron-LM's loss region counts the logits' 1x in its kept bytes: held, that 1x is the
+    # stage output's, the same bytes kept, the transient credited all but it. torchtitan's eager loss keeps its fp32
+    # log-softmax alone (LossRegion.kept_counts_logits, §27.c8last): held, the logits are kept beside it.
+    beside = LOGITS if runtime == "torchtitan" else 0
+    assert held.kept_bytes - dropped.kept_bytes == beside
+    assert held.transient_bytes - dropped.transient_bytes == LOGITS - beside
     assert held.peak_bytes - dropped.peak_bytes == LOGITS
 
 

@@ -378,8 +378,10 @@ def logits_in_loss_kept(profile: Profile, setup: TrainSetup) -> bool:
 def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """What the loss keeps for backward, per microbatch, on the last stage: the profile's, or
     for an analytic profile the runtime's loss region (runtime_loss) less the logits the last
-    layer keeps as its output (none where they are the loss's: logits_in_loss_kept), plus the loss
-    value (4 B)."""
+    layer keeps as its output (none where they are the loss's: logits_in_loss_kept, or where the region's
+    kept_x does not count them: LossRegion.kept_counts_logits, torchtitan's eager loss, whose log_softmax saves
+    its fp32 result beside the bf16 logits torch's pipelining keeps in output_chunks), plus the loss value
+    (4 B)."""
     if stage != setup.pipeline.stages - 1:
         return 0
     known = runtime_loss(profile, setup)
@@ -389,7 +391,8 @@ def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     chunked = chunkedloss.setup_loss_bytes(profile, setup, region)
     if chunked is not None:  # no whole logits: the loss value alone (planner/cost/chunkedloss.py)
         return chunked.kept_bytes - (0 if logits_in_loss_kept(profile, setup) else int(logits))
-    return int(round((region.kept_x - (0 if logits_in_loss_kept(profile, setup) else 1)) * logits)) + 4
+    held_apart = region.kept_counts_logits and not logits_in_loss_kept(profile, setup)
+    return int(round((region.kept_x - (1 if held_apart else 0)) * logits)) + 4
 
 
 def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:

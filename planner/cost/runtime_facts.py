@@ -18,6 +18,11 @@ class LossRegion:
     # (Transformer Engine's fused cross-entropy writes it there): rules.loss_holds_logits; False: the stage
     # output holds 1x of kept_x, and the last layer receives a new gradient
     grad_in_logits: bool = False
+    # kept_x counts the logits the loss is handed (the region saves them, or its caller keeps them: a compiled
+    # loss's saved input, transformers' output object); False: kept_x is what the loss makes and saves alone
+    # (torchtitan's eager cross_entropy(pred.float()): log_softmax's fp32 result, 2x, measured with `pred`
+    # deleted, scripts/bench_loss_region.py), so a stage output that holds the logits holds them beside it
+    kept_counts_logits: bool = True
 
 
 @dataclass(frozen=True)
