@@ -130,3 +130,26 @@ def test_the_cli_refuses_an_unknown_backend_in_one_sentence(tmp_path):
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "--moe-flex-dispatcher-backend nvshmem: Megatron-LM takes deepep, hybridep, ncclep" in result.output
 
+
+
+def test_the_host_floor_counts_the_passs_exchanges_as_device_time():
+    # hosttime.host_bound_ms: a MoE block's pass takes max(device, host); its dispatch and combine run on the device
+    # inside the pass, so the host is charged only past the experts' compute and the pass's two exchanges
+    from dataclasses import replace
+
+    from planner.cost import hosttime
+    from planner.cost.layers import layer_costs
+
+    job = _job(**{"--moe-token-dispatcher-type": "flex", "--moe-flex-dispatcher-backend": "hybridep"})
+    prediction = evaluate_config.predict(job, gpus=8, gpu_name="gb200")
+    profile, setup = prediction.profile, prediction.setup
+    block = next(layer for layer in layer_costs(profile) if layer.kind == "moe_block")
+    fwd_host, bwd_host, _ = hosttime._block_host(block, profile, setup)
+    exchange = rules.all_to_all_ms(block, 0, setup) / 2
+    assert fwd_host > 0 and exchange > 0
+    # device passes shorter than the host's issue by less than a pass's exchanges: no host time charged
+    short = replace(block, fwd_ms=fwd_host - exchange / 2, bwd_ms=bwd_host - exchange / 2)
+    assert hosttime.host_bound_ms(short, 0, profile, setup) == 0.0
+    # shorter still: the host's issue beyond the compute and the exchanges together
+    shorter = replace(block, fwd_ms=fwd_host - 2 * exchange, bwd_ms=bwd_host - 3 * exchange)
+    assert hosttime.host_bound_ms(shorter, 0, profile, setup) == pytest.approx(exchange + 2 * exchange)
