@@ -66,8 +66,8 @@ def backend_setup(job, device, gpus_per_node: int | None, notes: list[str]):
     from planner.schema.setup import EpDispatchSetup
 
     backend = getattr(job, "ep_backend", None)
-    if backend is None or job.ep <= 1 or not job.arch.num_experts:
-        return None
+    if backend is None or job.ep <= 1 or not job.arch.num_experts or job.arch.num_experts % job.ep:
+        return None  # no expert parallelism (Megatron-core asserts the experts divide over EP)
     name, sms = backend
     node = gpus_per_node or device.gpus_per_node
     if job.ep * job.tp > node:
