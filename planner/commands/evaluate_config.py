@@ -63,6 +63,7 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     from planner.commands.setup_options import build_setup
     from planner.cost import costmodel
     from planner.models import archs
+    from planner.models.configs.megatron_moe_dispatch import backend_setup
 
     model_parallel = job.tp * job.pp * job.cp
     given, stated = gpus, []
@@ -103,6 +104,10 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
                         say=notes.append)
     if gpus_per_node is not None:
         setup = setup.model_copy(update={"devices_per_node": gpus_per_node})
+    backend = backend_setup(job, device, gpus_per_node, notes)  # the flex dispatcher's DeepEP / HybridEP
+    if backend is not None:
+        setup = setup.model_copy(update={"data_parallel": setup.data_parallel.model_copy(
+            update={"ep_dispatch": backend})})
     from planner.commands.training_settings import compiled_profile
     from planner.cost.float8 import float8_profile
 

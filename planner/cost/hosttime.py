@@ -33,7 +33,10 @@ The host time is a floor, from a published absolute and a measured ratio:
   device there, so it cannot have issued the rest of the layer ahead; per pass, max(device, host) is the
   floor either way. Not in it: the all-to-all's own issue (four collectives a layer), the flex dispatcher's
   (HybridEP / DeepEP) kernels, and CUDA graphs (`--cuda-graph-impl`), under which the graphed scope issues no
-  per-op host work: read as not modelled, the whole block's host time charged.
+  per-op host work: read as not modelled, the whole block's host time charged. The pass's device time the host is
+  measured against includes its dispatch and combine (_exchange_pass_ms): they run on the device inside
+  the pass (NCCL's all_to_all_single, or the flex backend's kernels on the compute stream) while the host issues
+  on, so the host is charged only where its issue outlasts the experts' compute and the exchanges together.
 
 A pass takes max(device, host): the forward against the layer's forward time, the backward against
 its backward; a full recompute's rerun against the recompute's device time, at the forward's host time.
@@ -173,9 +176,10 @@ def _backward_lead_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetu
     if layer.kind not in (DENSE_BLOCK, MOE_BLOCK):
         return 0.0
     _, bwd, rerun = _block_host(layer, profile, setup)
-    device, host = layer.bwd_ms, bwd
+    exchange = _exchange_pass_ms(layer, setup)  # the backward's dispatch and combine: device time (host_bound_ms)
+    device, host = layer.bwd_ms + exchange, bwd
     if int(ckpt) == 1:
-        device, host = device + rules.recompute_ms(layer, setup), host + rerun
+        device, host = device + rules.recompute_ms(layer, setup) + exchange, host + rerun
     return max(0.0, device - host)
 
 
@@ -191,6 +195,12 @@ def _block_host(layer: LayerCost, profile: Profile, setup: TrainSetup) -> tuple[
     return (fwd + hooks + hostcalls.collectives_ms(layer, "fwd", profile, setup),
             bwd + grad_hook_ms(layer, profile, setup) + hostcalls.collectives_ms(layer, "bwd", profile, setup),
             fwd + hooks + hostcalls.collectives_ms(layer, "recompute", profile, setup))
+
+
+def _exchange_pass_ms(layer: LayerCost, setup: TrainSetup) -> float:
+    """One pass's share of rules.all_to_all_ms: a dispatch and a combine (the forward's, the backward's gradients,
+    or a full recompute's rerun), device time inside that pass."""
+    return rules.all_to_all_ms(layer, 0, setup) / 2
 
 
 def _embedding_host(layer: LayerCost, profile: Profile, setup: TrainSetup) -> tuple[float, float]:
@@ -262,7 +272,10 @@ def host_bound_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -
     fwd, bwd, rerun = _block_host(layer, profile, setup)
     if not (fwd or bwd):
         return 0.0
-    extra = max(0.0, fwd - layer.fwd_ms) + max(0.0, bwd - layer.bwd_ms)
+    # the pass's tokens' dispatch and combine run on the device within it (rules.all_to_all_ms charges them apart):
+    # the host issues ahead while they run, so they are device time the host's issue is measured against
+    exchange = _exchange_pass_ms(layer, setup)
+    extra = max(0.0, fwd - layer.fwd_ms - exchange) + max(0.0, bwd - layer.bwd_ms - exchange)
     if int(ckpt) == 1:  # full recompute: the forward issued again
-        extra += max(0.0, rerun - rules.recompute_ms(layer, setup))
+        extra += max(0.0, rerun - rules.recompute_ms(layer, setup) - exchange)
     return extra

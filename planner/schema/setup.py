@@ -59,6 +59,18 @@ class PipelineSetup(Strict):
         return self
 
 
+class EpDispatchSetup(Strict):
+    """A MoE block's dispatch and combine by DeepEP's or HybridEP's kernels (Megatron-core's flex dispatcher,
+    fused_a2a.py): each token sent once to every EP rank holding one of its experts, `rank_copies` of its top-k
+    copies (ep_dispatch_rates.ranks_per_token / k), the rank's own included, at the backend's published rates."""
+
+    backend: Literal["hybridep", "deepep"]
+    dispatch_gb_per_s: GbPerS
+    combine_gb_per_s: GbPerS
+    rank_copies: float = Field(gt=0, le=1)
+    source: str = ""
+
+
 class DataParallelSetup(Strict):
     """Data parallelism: replicas, ZeRO over shard groups (HSDP), optimizer offload, and the
     links and host they use."""
@@ -90,6 +102,9 @@ class DataParallelSetup(Strict):
     ep: int = Field(default=1, gt=0, le=MAX_RANKS)
     # GB/s per rank of the tokens' all-to-all inside an expert-parallel group; None: not charged
     ep_gb_per_s: GbPerS | None = None
+    # the flex dispatcher's backend (DeepEP / HybridEP) where it replaces the all-to-all: its own published rates
+    # (planner/models/ep_dispatch_rates.py); None: NCCL's all_to_all_single at ep_gb_per_s
+    ep_dispatch: EpDispatchSetup | None = None
     # Megatron-LM's data-parallel overlap (the runtime record's ddp_buckets; planner/cost/megatron_dp.py):
     # the gradient reduction issued bucket by bucket beside the backward (--overlap-grad-reduce; None: as the
     # runtime's record says, overlaps_grad_reduce), the distributed optimizer's parameter all-gather waited for

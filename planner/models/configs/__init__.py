@@ -122,6 +122,7 @@ class Job:
     cp: int = 1
     ep: int = 1
     mtp_layers: int = 0  # Megatron-core's multi-token-prediction layers (--mtp-num-layers), on the last stage
+    ep_backend: tuple[str, int] | None = None  # Megatron's flex dispatcher on DeepEP / HybridEP: (backend, SMs)
     dp_given: int | None = None  # a data-parallel degree the file states (-1 / None: the rest of the GPUs)
     dp_replicate: int = 1  # torchtitan: HSDP replicas (FSDP2 shards over the dp / replicate others)
     world_size: int | None = None  # GPUs the launcher line starts (torchrun's --nproc_per_node x --nnodes)

@@ -41,6 +41,7 @@ from planner.models.configs.megatron_flags import (
     yaml_extras,
 )
 from planner.models.configs.megatron_memflags import read_memory_settings
+from planner.models.configs.megatron_moe_dispatch import read as read_dispatcher
 from planner.models.configs.megatron_offload import read_cpu_offloading
 from planner.models.configs.megatron_split import layout_counts, stage_layers
 from planner.models.configs.megatron_windows import layer_windows
@@ -311,6 +312,7 @@ def _parallel(flags: Flags, job: Job) -> None:
     job.ep = positive("--expert-model-parallel-size",
                        flags.take("--expert-model-parallel-size", "expert parallelism", int, 1))
     read_data_parallel(flags, job)
+    read_dispatcher(flags, job)
     if flags.has("--expert-tensor-parallel-size") and flags.given["--expert-tensor-parallel-size"] == [str(job.tp)]:
         job.modelled.expert_tp = flags.take("--expert-tensor-parallel-size", "experts split over the TP group "
                                             "(megatron-core's default)", int)

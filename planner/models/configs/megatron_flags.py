@@ -73,7 +73,6 @@ NO_EFFECT = {
     "--moe-router-num-groups": "router", "--moe-router-group-topk": "router", "--moe-token-drop-policy": "router",
     "--moe-z-loss": "router loss", "--moe-per-layer-logging": "logging", "--moe-permute-fusion": "kernel fusion (TE's fused permute, planner/profiler/te_moe.py; without it timed the same)",
     "--moe-router-fusion": "kernel fusion (TE's fused top-k router, planner/profiler/te_moe.py; without it timed the same)",
-    "--moe-token-dispatcher-type": "token dispatcher (the all-to-all is charged)",
     "--position-embedding-type": "position embedding (rope: no parameters)",
 }
 # Flag families of megatron/training/arguments.py at d98e8a64ddf3 a pretraining step does not run:
