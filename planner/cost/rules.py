@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import chunkedloss, compiledrerun, dataparallel, fsdpunits, megatron_fsdp, runtimes, schedules
+from planner.cost import (
+    chunkedloss,
+    compiledrerun,
+    dataparallel,
+    fsdpunits,
+    megatron_fsdp,
+    runtimes,
+    schedules,
+)
 from planner.cost.deepspeed_terms import charged as deepspeed_charged
 from planner.cost.layers import LayerCost
 from planner.cost.opsacep import op_sac_reruns_exchanges
