@@ -59,7 +59,8 @@ def test_the_recipes_that_ckplan_cannot_express_say_so():
     assert {"--cuda-graph-impl", "--cuda-graph-scope"} <= _listed(_read("gb200_8b_fp8cs"), "not modelled")
     assert "--te-rng-tracker" in _listed(_read("gb200_8b_fp8cs"), "no effect")
     offload = _read("gb200_70b_fp8cs")
-    assert "--fsdp-double-buffer" in _listed(offload, "not modelled")
+    # Megatron-FSDP's double buffers are read under optim_grads_params (planner/cost/megatron_fsdp.py)
+    assert "--fsdp-double-buffer" in _listed(offload, "modelled") and offload.modelled.ddp["fsdp_double_buffer"]
     # its 40 layers' activation offload is read (tests/test_megatron_offload.py)
     assert {"--cpu-offloading", "--cpu-offloading-num-layers"} <= _listed(offload, "modelled")
     assert offload.modelled.unfused_grad_accumulation  # llama3_70b_pretrain_config_gb200 turns the fusion off

@@ -1,5 +1,6 @@
 """Megatron-LM's data-parallel overlap as options of the commands that score a plan (DataParallelSetup's
-overlap_grad_reduce ... param_gather_with_step; planner/cost/megatron_dp.py), named as Megatron-LM's flags."""
+overlap_grad_reduce ... param_gather_with_step; planner/cost/megatron_dp.py) and Megatron-FSDP's double buffers and
+communication unit (planner/cost/megatron_fsdp.py), named as Megatron-LM's flags."""
 
 from __future__ import annotations
 
@@ -24,9 +25,17 @@ DDP_OPTIONS = [
     click.option("--overlap-param-gather-with-optimizer-step", "param_gather_with_step", is_flag=True, default=False,
                  help="--runtime megatron, interleaved, with --overlap-param-gather: the first chunk's gather issued "
                       "inside the optimizer step."),
+    click.option("--fsdp-double-buffer", is_flag=True, default=False,
+                 help="--runtime megatron --zero 3 (Megatron-FSDP): two units' gathered weights and gradient buckets "
+                      "in fixed slots held for the run."),
+    click.option("--suggested-communication-unit-size", "suggested_communication_unit_size",
+                 type=click.IntRange(min=1), default=None, metavar="ELEMENTS",
+                 help="--runtime megatron --zero 3 (Megatron-FSDP): elements its reduce queue holds, half of them its "
+                      "gather prefetch [default: max(1e9, 2 x the mean block's parameters)]."),
 ]
 DDP_OPTION_NAMES = ("overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size", "no_align_grad_reduce",
-                    "no_align_param_gather", "param_gather_with_step")
+                    "no_align_param_gather", "param_gather_with_step", "fsdp_double_buffer",
+                    "suggested_communication_unit_size")
 
 
 def ddp_given(kwargs: dict) -> dict:
@@ -39,7 +48,9 @@ def ddp_given(kwargs: dict) -> dict:
                             ("ddp_bucket_size", "bucket_params", None),
                             ("no_align_grad_reduce", "align_grad_reduce", False),
                             ("no_align_param_gather", "align_param_gather", False),
-                            ("param_gather_with_step", "param_gather_with_step", True)):
+                            ("param_gather_with_step", "param_gather_with_step", True),
+                            ("fsdp_double_buffer", "fsdp_double_buffer", True),
+                            ("suggested_communication_unit_size", "suggested_communication_unit_size", None)):
         if values[name]:
             fields[field] = values[name] if on is None else on
     return fields
@@ -55,6 +66,10 @@ def check_ddp(fields: dict, *, runtime: str, zero: int, chunks: int) -> None:
     if not runtimes.facts(runtime).ddp_buckets:
         raise UserError(f"{flag} is Megatron-LM's DDP setting, and the plan is scored for {runtime}'s runtime; drop it "
                         "or give --runtime megatron")
+    fsdp = [name for name in ("fsdp_double_buffer", "suggested_communication_unit_size") if name in fields]
+    if fsdp and zero != 3:
+        raise UserError(f"--{fsdp[0].replace('_', '-')} is Megatron-FSDP's setting under ZeRO 3 (its units); give "
+                        "--zero 3 or drop it")
     if fields.get("overlap_param_gather") and zero != 1:
         raise UserError("--overlap-param-gather is the distributed optimizer's (--zero 1) gather; give --zero 1 or "
                         "drop it")

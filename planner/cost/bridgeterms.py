@@ -4,7 +4,7 @@ and the optimizer step's fp32 copy of bf16 gradients."""
 
 from __future__ import annotations
 
-from planner.cost import dataparallel, runtimes
+from planner.cost import dataparallel, megatron_fsdp, runtimes
 from planner.cost.bridgesettings import TN_ONLY_GPUS
 
 
@@ -19,7 +19,10 @@ def fp8_param_saving_bytes(fp8_count: float, setup, profile) -> float:
     fp8_param_bytes and, on Hopper (the profile's GPU), the transpose beside it; without them, less TE's cached FP8
     copy of the weight beside the bf16 one (te_weight_workspace_bytes and the Hopper transpose: negative).
     0 under ZeRO 2/3 (the shard and its gathers: dataparallel.gathered_bytes; TE's workspaces there not read)
-    and without Float8 under a record that reads them."""
+    but Megatron-FSDP's ZeRO 3, whose shard of them is FP8 (megatron_fsdp.fp8_shard_saving_bytes), and without
+    Float8 under a record that reads them."""
+    if megatron_fsdp.runs(setup):
+        return megatron_fsdp.fp8_shard_saving_bytes(fp8_count, setup)
     record = runtimes.of(setup.training)
     if not (fp8_count and setup.training.float8 and record.fp8_param_bytes) or setup.data_parallel.zero >= 2:
         return 0.0

@@ -56,8 +56,8 @@ def gathered_from_forward(units: Sequence[int], held: Sequence[str]) -> set[int]
 def charged_per_moment(setup: TrainSetup, grouping: str) -> bool:
     """Whether the units are charged per moment: ZeRO 3 resharded after forward over a shard group
     of 2 or more, under a record whose units were read (not "largest-layer", nor "submodules": DeepSpeed's
-    coordinator, planner/cost/deepspeed_terms.py)."""
-    return (grouping not in ("largest-layer", "submodules") and setup.data_parallel.zero >= 3
+    coordinator, planner/cost/deepspeed_terms.py; nor "megatron-fsdp": planner/cost/megatron_fsdp.py)."""
+    return (grouping not in ("largest-layer", "submodules", "megatron-fsdp") and setup.data_parallel.zero >= 3
             and dataparallel.shard_size(setup) > 1 and not dataparallel.kept_whole(setup))
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner.cost import chunkedloss, compiledrerun, dataparallel, fsdpunits, runtimes, schedules
+from planner.cost import (
+    chunkedloss,
+    compiledrerun,
+    dataparallel,
+    fsdpunits,
+    megatron_fsdp,
+    runtimes,
+    schedules,
+)
 from planner.cost.deepspeed_terms import charged as deepspeed_charged
 from planner.cost.layers import LayerCost
 from planner.cost.opsacep import op_sac_reruns_exchanges
@@ -398,7 +406,10 @@ def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
     """ZeRO 3's gathered weights in flight and ZeRO 2/3's one unsharded gradient, for the
     model's largest layer (dataparallel.unsharded_bytes): counted with the buffers, a
     constant per stage; 0 where the runtime's FSDP2 units are charged per moment instead
-    (fsdp_unit_layer_bytes, fsdp_unit_loss_bytes), or DeepSpeed's submodules' (deepspeed_terms)."""
+    (fsdp_unit_layer_bytes, fsdp_unit_loss_bytes), or DeepSpeed's submodules' (deepspeed_terms); Megatron-FSDP's
+    own buffers where it runs (planner/cost/megatron_fsdp.py)."""
+    if megatron_fsdp.runs(setup):
+        return int(round(megatron_fsdp.buffer_bytes(profile, stage, setup)))
     if fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units) or deepspeed_charged(profile, setup):
         return 0
     largest, fp8 = max(_held_params(profile, setup))

@@ -13,6 +13,7 @@ TE_V = "TransformerEngine v2.9"
 TE_OFFLOAD_SOURCE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/cpu_offload.py 343-350 (window "
                      "map), 356-424 (tensor_push), 451-551 (bulk_offload_group, synchronize_on_group_commit_forward), "
                      "560-657 (bulk_reload_group, on_group_commit_backward)")
+MEGATRON_FSDP_V = "megatron-core 92c8482e (2025-12-01)"  # Megatron-FSDP as Megatron-Bridge 25.11 pins it (planner/cost/megatron_fsdp.py)
 # the host's time for a Megatron-core TE-spec dense block's forward and backward, in torch Linear forwards, by the
 # profile's attention kind (flash: TE's fused DotProductAttention; eager: its UnfusedDotProductAttention, the
 # --attention-backend unfused and local-spec rows): scripts/bench_host.py (9 repeats x 200 calls, torch 2.13.0 CPU;
@@ -78,7 +79,7 @@ def megatron() -> RuntimeFacts:
         compiles_model=False, runs_instead=NO_MODEL_COMPILE[0],
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False, logits_held_in_backward="never",
-        recompute_whole_forward=True, overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
+        recompute_whole_forward=True, overlaps_grad_reduce=True, fsdp_units="megatron-fsdp", prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True,
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
@@ -219,7 +220,8 @@ def megatron() -> RuntimeFacts:
                                       f"schedule schedules.py 929-1016, 1244-1332, 1544-2058 (reserve_megatron_chunks.py, "
                                       f"§52); the layers' own allocations are the profile's records holding what TE's "
                                       f"layers save (te_kept.te_record, §53), not Transformer Engine's kernels' order",
-            "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer, not FSDP2 (Megatron-FSDP not modelled)",
+            "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer or Megatron-FSDP, not FSDP2 "
+                                   "(Megatron-FSDP's buffers: fsdp_units)",
             "expandable_segments": "not read from its launch scripts: its replay runs the default segments unless --expandable-segments says otherwise",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "input_grads_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py: one input gradient sent at a time (input_receive_buffers \"one\"), {MEGATRON_V}",
@@ -233,8 +235,14 @@ def megatron() -> RuntimeFacts:
             "master_bytes": f"megatron/core/optimizer/distrib_optimizer.py (fp32 main params), {MEGATRON_V}",
             "zero1_whole_tensors": f"megatron/core/optimizer/distrib_optimizer.py 200-243 (even flat bucket ranges), {MEGATRON_V}",
             "zero_as_fsdp2": "Megatron-LM's DDP and distributed optimizer",
-            "fsdp_units": "Megatron-LM's ZeRO is its distributed optimizer and Megatron-FSDP, not read as units: the largest-layer term kept",
-            "fsdp_gathered_from_forward": "not read (the largest-layer term)",
+            "fsdp_units": f"ZeRO 3 is Megatron-FSDP (--use-megatron-fsdp, optim_grads_params): every TransformerLayer "
+                          f"a unit (megatron/core/distributed/fsdp/mcore_fsdp_adapter.py 95-97), the other modules "
+                          f"gathered to the step, double buffers, prefetch and gradient buckets as "
+                          f"planner/cost/megatron_fsdp.py reads them from megatron_fsdp/megatron_fsdp.py and "
+                          f"param_and_grad_buffer.py at {MEGATRON_FSDP_V} (docs/framework-facts.md §114); ZeRO 2 "
+                          f"(optim_grads) keeps the largest-layer term (its gradient buckets not read)",
+            "fsdp_gathered_from_forward": "Megatron-FSDP's non-unit modules, gathered from their first forward to the "
+                                          "step (planner/cost/megatron_fsdp.py), not FSDP2's units",
             "adam_step_scratch": f"megatron/core/optimizer/__init__.py 14-20 (TE / apex FusedAdam), {MEGATRON_V}",
             "loss": f"megatron/core/tensor_parallel/cross_entropy.py 20-26, 61-79, 139-185 (in-place exp, div; "
                     f"saves the fp32 softmax), {MEGATRON_V}; {MEMTRACKER}: kept 2.00, peak 2.97",

@@ -407,7 +407,8 @@ TERMS: tuple[Term, ...] = (
          "context_parallel clone and shards of it: planner/cost/rotarytable.py)"),
     Term("FSDP2's gathered weights and unsharded gradient of the largest layer", "buffers", "stage",
          lambda stage, ctx: unsharded_bytes(ctx.profile, stage, ctx.setup),
-         "live tensors at the measured peak under ZeRO 2/3 (dataparallel.unsharded_bytes)"),
+         "live tensors at the measured peak under ZeRO 2/3 (dataparallel.unsharded_bytes); under Megatron-LM's ZeRO 3, "
+         "Megatron-FSDP's own buffers as megatron-core 92c8482e holds them (planner/cost/megatron_fsdp.py)"),
     Term("FSDP2's last reduce-scatter input, kept to the next step beside a pipeline", "buffers", "stage",
          lambda stage, ctx: kept_reduce_scatter_input_bytes(ctx.profile, stage, ctx.setup),
          "the runtime record's keeps_last_reduce_scatter_input (torch before pytorch#144535: the pipeline's manual "

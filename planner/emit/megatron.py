@@ -456,7 +456,10 @@ def _ddp_arguments(setup) -> list[str]:
     lines += [arg(flag) for flag, on in (("--overlap-param-gather", dp.overlap_param_gather and dp.zero == 1),
                                         ("--no-align-grad-reduce", not dp.align_grad_reduce),
                                         ("--no-align-param-gather", not dp.align_param_gather),
-                                        ("--overlap-param-gather-with-optimizer-step", dp.param_gather_with_step)) if on]
+                                        ("--overlap-param-gather-with-optimizer-step", dp.param_gather_with_step),
+                                        ("--fsdp-double-buffer", dp.fsdp_double_buffer)) if on]
+    if dp.suggested_communication_unit_size:  # Megatron-FSDP's (planner/cost/megatron_fsdp.py)
+        lines.append(arg("--suggested-communication-unit-size", dp.suggested_communication_unit_size))
     return lines + ([arg("--ddp-bucket-size", dp.bucket_params)] if dp.bucket_params else [])
 
 

@@ -123,6 +123,11 @@ class DataParallelSetup(Strict):
     stage3_max_reuse_distance: int | None = Field(default=None, ge=0, le=1 << 62)
     stage3_prefetch_bucket_size: int | None = Field(default=None, ge=0, le=1 << 62)
     stage3_max_live_parameters: int | None = Field(default=None, ge=0, le=1 << 62)
+    # Megatron-FSDP's (ZeRO 3 under --runtime megatron; planner/cost/megatron_fsdp.py, framework-facts §114):
+    # --fsdp-double-buffer (two units' weights and gradient buckets in fixed slots for the run) and
+    # --suggested-communication-unit-size (elements; None: max(1e9, 2 x the mean unit's parameters))
+    fsdp_double_buffer: bool = False
+    suggested_communication_unit_size: int | None = Field(default=None, gt=0, le=1 << 62)
 
     @model_validator(mode="after")
     def _shard_group_divides_dp(self) -> DataParallelSetup:

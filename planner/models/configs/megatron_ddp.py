@@ -23,10 +23,43 @@ def read_data_parallel(flags: Flags, job: Job) -> None:
         if strategy not in FSDP_ZERO:
             raise UserError(f"--data-parallel-sharding-strategy {strategy!r}: give one of {', '.join(FSDP_ZERO)}")
         job.zero = FSDP_ZERO[strategy]
+        read_megatron_fsdp(flags, job, strategy)
     job.dp_replicate = positive("--num-distributed-optimizer-instances", flags.take(
         "--num-distributed-optimizer-instances", "the distributed optimizer sharded within groups of the data-parallel "
         "ranks, replicated across this many (megatron-core parallel_state.py 918-929)", int, 1))
     read_overlap(flags, job)
+
+
+# What ckplan reads of each Megatron-FSDP strategy (megatron_fsdp/param_and_grad_buffer.py 1761-1790 at
+# megatron-core 92c8482e: which of the weight, main-weight and gradient buffers it shards)
+FSDP_STRATEGY_NOTES = {
+    "optim_grads_params": "ZeRO 3: Megatron-FSDP's units, double buffers, prefetch and gradient buckets "
+                          "(planner/cost/megatron_fsdp.py)",
+    "optim_grads": "ZeRO 2: weights whole, gradients and optimizer sharded; Megatron-FSDP's gradient buckets are "
+                   "not read (FSDP2's largest-layer term charged in their place)",
+    "optim": "ZeRO 1: the optimizer's fp32 state sharded, as the distributed optimizer's (its buckets charged)",
+    "no_shard": "ZeRO 0: nothing sharded, as Megatron-LM's DDP",
+}
+
+
+def read_megatron_fsdp(flags: Flags, job: Job, strategy: str) -> None:
+    """Megatron-FSDP's strategy note and, under optim_grads_params (the strategy that forms units), its double
+    buffers and communication unit (JobSettings.ddp; planner/cost/megatron_fsdp.py). Under another strategy they
+    are left to the flags not modelled: double buffers need units (param_and_grad_buffer.py 1791 at 92c8482e)."""
+    if flags.sink and flags.sink[-1][0] == "--data-parallel-sharding-strategy":
+        flags.sink[-1] = (*flags.sink[-1][:3], FSDP_STRATEGY_NOTES[strategy])
+    else:
+        job.notes.append(f"Megatron-FSDP's default strategy {strategy}: {FSDP_STRATEGY_NOTES[strategy]}")
+    if strategy != "optim_grads_params":
+        return
+    ddp = job.modelled.ddp
+    if flags.take("--fsdp-double-buffer", "two units' gathered weights and gradient buckets in fixed slots held "
+                  "for the run (planner/cost/megatron_fsdp.py)", bool, False):
+        ddp["fsdp_double_buffer"] = True
+    size = flags.take("--suggested-communication-unit-size", "elements Megatron-FSDP's reduce queue holds, half of "
+                      "them its gather prefetch (default max(1e9, 2 x the mean unit))", int)
+    if size is not None:
+        ddp["suggested_communication_unit_size"] = positive("--suggested-communication-unit-size", size)
 
 
 def read_overlap(flags: Flags, job: Job) -> None:

@@ -141,7 +141,10 @@ NOT_MODELLED = {
     "--optimizer-cpu-offload": "the optimizer on the host",
     "--use-torch-fsdp2": "PyTorch FSDP2 instead of the distributed optimizer",
     "--use-nccl-ub": "NCCL user buffers registered (more NCCL memory, faster collectives)",
-    "--fsdp-double-buffer": "Megatron FSDP's double-buffered all-gather (a second gathered copy)",
+    "--fsdp-double-buffer": "Megatron FSDP's double buffers, read under optim_grads_params only (they need its "
+                            "units)",
+    "--suggested-communication-unit-size": "Megatron FSDP's communication unit, read under optim_grads_params "
+                                           "only",
     "--fsdp-manual-registration": "Megatron FSDP's manual buffer registration with NCCL",
     "--outer-dp-sharding-strategy": "HSDP's optimizer sharding across replicas (scored as replicated)",
     "--overlap-moe-expert-parallel-comm": "the all-to-all overlapped with compute (charged on the critical path)",
