@@ -8,7 +8,8 @@ Kernels, per device and microbatch (T tokens; widths /t under TP, as in analytic
   its own kernel, at the efficiency its size reaches. Backward: each matmul twice (the input
   and the weight gradient, each as large as the forward's);
 - attention as one kernel of torch's FLOP count (4·T·w·a·hd forward, 2.5x that backward, as
-  torch.utils.flop_counter counts flash attention), causal: it runs half its blocks (within a
+  torch.utils.flop_counter counts flash attention; a latent attention's (3·d_qk + 2·d_v) / (d_qk + d_v),
+  formulas.attention_bwd_flops), causal: it runs half its blocks (within a
   sliding window w, a fraction 1 - w/2s);
 - a MoE block's router, every routed expert's three matmuls over its C tokens (Hugging Face
   loops over experts, one kernel each), and the shared experts; Mixtral's and Qwen3-MoE's experts two
@@ -51,7 +52,6 @@ ROTARY_FWD, ROTARY_BWD, ROTARY_TABLE = 20, 32, 8
 SWIGLU_FWD, SWIGLU_BWD = 10, 18
 ADD = 6  # a + b in 16 bits: read 2 + 2, write 2
 ACCUMULATE = 3  # grad += new: read both, write one
-ATTENTION_BWD_FLOPS = 2.5  # torch's sdpa_backward_flop_count: five matmuls to the forward's two
 # GPT-style blocks, per element: torch's native_layer_norm (one kernel each way); GELU as Hugging
 # Face's GPT-2 writes it (gelu_new: pow, tanh and six elementwise ops, their gradients), ReLU
 # (OPT); dropout with its mask; the fused Q/K/V gradient's cat, and each bias gradient's sum
@@ -67,12 +67,14 @@ def _matmuls(*flops: int) -> list[Kernel]:
     return [Kernel("matmul", int(f)) for f in flops if f > 0]
 
 
-def _backward_kernels(kernels: list[Kernel]) -> list[Kernel]:
+def _backward_kernels(kernels: list[Kernel], arch=None) -> list[Kernel]:
+    """Each matmul's two gradient GEMMs; an attention kernel's backward at formulas.attention_bwd_flops
+    (`arch`: its head dims; None, equal ones)."""
     out = []
     for kernel in kernels:
         if kernel.kind == "attention-fwd":
-            out.append(Kernel("attention-bwd", int(ATTENTION_BWD_FLOPS * kernel.flops), kernel.run_fraction,
-                              kernel.seq_len))
+            flops = formulas.attention_bwd_flops(arch, kernel.flops) if arch is not None else kernel.flops * 5 // 2
+            out.append(Kernel("attention-bwd", flops, kernel.run_fraction, kernel.seq_len))
         else:
             out += [kernel, kernel]
     return out
@@ -204,8 +206,8 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     fwd_classes, bwd_classes = fwd_classes + extra_fwd, bwd_classes + extra_bwd
     flops = formulas.block_flops(arch, shape, moe=moe)
     fwd = work(flops, sum(fwd_classes.values()), fwd_kernels, classed=fwd_classes)
-    # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's 2.5x
-    bwd = work(2 * flops, sum(bwd_classes.values()), _backward_kernels(fwd_kernels), classed=bwd_classes)
+    # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's own (2.5x at equal head dims)
+    bwd = work(2 * flops, sum(bwd_classes.values()), _backward_kernels(fwd_kernels, arch), classed=bwd_classes)
     return fwd, bwd, _recompute(arch, shape, fwd, moe=moe)
 
 
