@@ -10,7 +10,7 @@ import pytest
 from planner.models import archs
 from planner.models.attention_published import attention_tflops
 from planner.models.attention_rates import attention_efficiency
-from planner.profiler import analytic_time, te_fused, te_mla, te_moe
+from planner.profiler import analytic_time, hf_mla, te_fused, te_mla, te_moe
 from planner.profiler.analytic import Shape
 from planner.profiler.roofline import roofline_ms
 
@@ -31,7 +31,9 @@ def test_the_fused_mla_rotary_and_latent_norms_bytes_by_hand():
     latents, rows = T * (24 + 16), T * 2
     assert te_mla.fused_bytes(TINY, SHAPE) == (4 * latents + 4 * rows + 23040, 6 * latents + 4 * rows + 23040)
     eager_rotated = T * (n * 4 + 4)  # the eager count: rotary on Q's rotary part and the shared key part
-    assert te_mla.eager_bytes(TINY, SHAPE) == (36 * latents + 20 * eager_rotated, 96 * latents + 32 * eager_rotated)
+    copies = hf_mla.forward_bytes(TINY, SHAPE).total(), hf_mla.backward_bytes(TINY, SHAPE).total()  # transformers'
+    assert te_mla.eager_bytes(TINY, SHAPE) == (36 * latents + 20 * eager_rotated + copies[0],
+                                               96 * latents + 32 * eager_rotated + copies[1])
 
 
 def test_cudnn_at_the_deepseek_v3_shape_is_read_from_its_milliseconds():

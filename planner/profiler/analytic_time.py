@@ -21,7 +21,8 @@ FakeTensorMode on Hugging Face's LLaMA modules, OpBytes in planner/profiler/fake
 - RMSNorm with its fp32 upcast (to fp32, pow, mean, rsqrt, mul, to bf16, weight):
   36 B forward and 96 B backward per element, 28 and 44 B per token;
 - rotary on Q and K (two multiplies, rotate_half's neg and cat, an add): 20 B forward per
-  element of Q and K plus 8 per token·head_dim (cos and sin read), 32 and 8 backward;
+  element of Q and K plus 8 per token·head_dim (cos and sin read), 32 and 8 backward; a latent
+  attention's query cat, key build and output copy as transformers makes them (hf_mla.py);
 - SwiGLU's SiLU and product: 10 B forward, 18 backward per element of the width-f tensors;
 - residual adds: 6 B per element forward; backward, each place where two gradients meet
   (two residual branches, Q/K/V's shared input, gate and up's shared input): 6 B per element;
@@ -42,7 +43,7 @@ from collections import Counter
 
 from planner.models.archs import GPU
 from planner.models.gptoss import window_pairs
-from planner.profiler import analytic_moe, formulas, gptoss_time
+from planner.profiler import analytic_moe, formulas, gptoss_time, hf_mla
 from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
@@ -116,9 +117,10 @@ def _projections(arch, shape) -> tuple[list[Kernel], Counter, Counter]:
                            2 * T * heads * v * h)
         latents = T * (q_rank + kv_rank)
         rotated = T * (heads * rope + rope)
-        return (kernels, Counter(norm=NORM_FWD * latents, attention=ROTARY_FWD * rotated),
+        # transformers' query cat, key build and output copy, and their gradients' copies (hf_mla.py)
+        return (kernels, Counter(norm=NORM_FWD * latents, attention=ROTARY_FWD * rotated) + hf_mla.forward_bytes(arch, shape),
                 Counter(norm=NORM_BWD * latents, attention=ROTARY_BWD * rotated,
-                        elementwise=ADD * T * h * (1 + bool(q_rank))))
+                        elementwise=ADD * T * h * (1 + bool(q_rank))) + hf_mla.backward_bytes(arch, shape))
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
     rotated, table = T * (q + kv), T * arch.head_size * ROTARY_TABLE
     rotary = (ROTARY_FWD * rotated + table, ROTARY_BWD * rotated + table) if arch.rotates else (0, 0)
@@ -317,8 +319,9 @@ def rerun_work(arch, shape, part: str, *, moe: bool = True) -> Work:
         heads, T = arch.num_heads // shape.tp, shape.tokens
         kernels = _matmuls(2 * T * arch.q_lora_rank * heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim),
                            2 * T * arch.kv_lora_rank * heads * (arch.qk_nope_head_dim + arch.v_head_dim))
-        _, proj_fwd, _ = _projections(arch, shape)
-        classed = Counter(norm=proj_fwd["norm"], attention=proj_fwd["attention"])
+        _, proj_fwd, _ = _projections(arch, shape)  # but the output's copy (hf_mla: after the kernel)
+        classed = Counter(norm=proj_fwd["norm"], attention=proj_fwd["attention"] - hf_mla.forward_bytes(arch, shape)["attention"]
+                          + hf_mla.up_bytes(arch, shape))
         return work(sum(kernel.flops for kernel in kernels), sum(classed.values()), kernels, classed=+classed)
     kernels, fwd_bytes, _ = _mlp(arch, shape, moe=moe)
     flops = formulas.mlp_flops(arch, shape, moe=True) if moe else sum(kernel.flops for kernel in kernels)
