@@ -12,8 +12,9 @@ Kernels, per device and microbatch (T tokens; widths /t under TP, as in analytic
   formulas.attention_bwd_flops), causal: it runs half its blocks (within a
   sliding window w, a fraction 1 - w/2s);
 - a MoE block's router, every routed expert's three matmuls over its C tokens (Hugging Face
-  loops over experts, one kernel each), and the shared experts; Mixtral's and Qwen3-MoE's experts two
-  (gate and up fused in gate_up_proj), their router's and experts' bytes op by op (analytic_moe.py).
+  loops over experts, one kernel each), and the shared experts; Mixtral's, Qwen3-MoE's and DeepSeek's
+  (V2, V3: a latent attention's) experts two (gate and up fused in gate_up_proj), Mixtral's and
+  Qwen3-MoE's router's and experts' bytes op by op (analytic_moe.py).
 
 Memory-bound bytes, per element of the tensor named, for 16-bit activations as eager
 PyTorch moves them (the ops and their autograd formulas, counted op by op under
@@ -156,7 +157,11 @@ def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], Counter, Counter]:
     one_kernels, one_fwd, one_bwd = _swiglu(tokens, h, arch.moe_intermediate_size // t)
     # the GEMMs as the rank runs them: its experts / ep local experts over ep x tokens each (Shape.ep)
     local, rows = formulas.expert_gemm_shape(arch, shape)
-    kernels = _matmuls(2 * (T // shape.sp_div) * h * experts) + _swiglu(rows, h, arch.moe_intermediate_size // t)[0] * local
+    # transformers' DeepseekV2Experts / DeepseekV3Experts hold gate and up as one gate_up_proj and run them as one
+    # GEMM an expert (docs/framework-facts.md §117), as MixtralExperts does (analytic_moe.expert_kernels)
+    expert = analytic_moe.expert_kernels(rows, h, arch.moe_intermediate_size // t) if arch.mla \
+        else _swiglu(rows, h, arch.moe_intermediate_size // t)[0]
+    kernels = _matmuls(2 * (T // shape.sp_div) * h * experts) + expert * local
     routing = 10 * T * experts  # the router's fp32 softmax (or sigmoid) over its logits
     moved = 4 * slots * h + 8 * slots * h  # dispatch gather; combine's weighting and scatter-add
     fwd = Counter({name: experts * num for name, num in one_fwd.items()}) + Counter(elementwise=routing + moved)
