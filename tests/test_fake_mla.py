@@ -6,7 +6,6 @@ analytic count (planner/profiler/hf_kept.py), by hand at toy widths."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 
 import pytest
