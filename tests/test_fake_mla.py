@@ -6,7 +6,6 @@ analytic count (planner/profiler/hf_kept.py), by hand at toy widths."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 
 import pytest
@@ -126,20 +125,51 @@ def test_qwen2_block_kept_by_hand():
     assert sum(row["bytes"] for row in rows) == analytic + extra
 
 
+NARROW_V = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    """4 heads, q/k head dim 24, v 16: a latent attention's unequal head dims, over 64 tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.qk, self.v, self.out = nn.Linear(64, 2 * 4 * 24), nn.Linear(64, 4 * 16), nn.Linear(4 * 16, 64)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k = self.qk(x).view(b, s, 2, 4, 24).permute(2, 0, 3, 1, 4)
+        v = self.v(x).view(b, s, 4, 16).transpose(1, 2)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(o.transpose(1, 2).reshape(b, s, 64))
+
+
+def build_model():
+    return nn.Sequential(Attention(), nn.Linear(64, 32))
+
+
+def example_batch(micro_batch_size):
+    return torch.randn(micro_batch_size, 64, 64), torch.randn(micro_batch_size, 64, 32)
+'''
+
+
 def test_profile_records_kernels(tmp_path):
-    """`ckplan profile --hf-config --fake` names each layer's attention kernel in its assumptions."""
+    """`ckplan profile --fake` names each layer's attention kernel in its assumptions: a bf16 call with V narrower
+    than Q and K runs the efficient kernel on an A100 (cuDNN on H100: test_mla_block_kept_by_hand traces
+    transformers' DeepseekV3 block itself). A two-layer MODEL.py: the same path as --hf-config's (profile_fake.run),
+    without a decoder block's many recompute options to run."""
     from click.testing import CliRunner
 
     from planner import io
     from planner.cli import cli
 
-    folder = tmp_path / "mla"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(MLA))
+    model = tmp_path / "narrow_v.py"
+    model.write_text(NARROW_V)
     out = tmp_path / "f.json"
-    result = CliRunner().invoke(cli, ["profile", "--hf-config", str(folder), "--fake", "--seq-len", "64",
-                                      "--gpu", "a100-80g", "--out", str(out)])
+    result = CliRunner().invoke(cli, ["profile", str(model), "--fake", "--dtype", "bfloat16", "--gpu", "a100-80g",
+                                      "--out", str(out)])
     assert result.exit_code == 0, result.output
     facts = io.load_profile(out).assumptions
-    assert facts["attention_kernels"] == {"layers.0": "efficient"}
+    assert facts["attention_kernels"] == {"0": "efficient"}
     assert "compute capability 8.0" in facts["attention_kernels_source"]

@@ -10,7 +10,7 @@ import pytest
 from planner.models import archs
 from planner.models.attention_published import attention_tflops
 from planner.models.attention_rates import attention_efficiency
-from planner.profiler import analytic_time, te_fused, te_mla, te_moe
+from planner.profiler import analytic_time, hf_mla, te_fused, te_mla, te_moe
 from planner.profiler.analytic import Shape
 from planner.profiler.roofline import roofline_ms
 
@@ -31,7 +31,9 @@ def test_the_fused_mla_rotary_and_latent_norms_bytes_by_hand():
     latents, rows = T * (24 + 16), T * 2
     assert te_mla.fused_bytes(TINY, SHAPE) == (4 * latents + 4 * rows + 23040, 6 * latents + 4 * rows + 23040)
     eager_rotated = T * (n * 4 + 4)  # the eager count: rotary on Q's rotary part and the shared key part
-    assert te_mla.eager_bytes(TINY, SHAPE) == (36 * latents + 20 * eager_rotated, 96 * latents + 32 * eager_rotated)
+    copies = hf_mla.forward_bytes(TINY, SHAPE).total(), hf_mla.backward_bytes(TINY, SHAPE).total()  # transformers'
+    assert te_mla.eager_bytes(TINY, SHAPE) == (36 * latents + 20 * eager_rotated + copies[0],
+                                               96 * latents + 32 * eager_rotated + copies[1])
 
 
 def test_cudnn_at_the_deepseek_v3_shape_is_read_from_its_milliseconds():
@@ -39,7 +41,11 @@ def test_cudnn_at_the_deepseek_v3_shape_is_read_from_its_milliseconds():
     fwd = 2 * 128 * (2 * 4096**2 * 192 + 2 * 4096**2 * 128) / 2 / 0.977e-3 / 1e12  # the benchmark's own count
     assert attention_tflops(2, 128, 4096, 160, 0.977, causal=True, backward=False) == pytest.approx(fwd)
     mla_gpu = te_mla.attention_gpu(GB200)
-    assert attention_efficiency(mla_gpu, 4096) == pytest.approx((fwd / 2500, 2.5 * fwd * 0.977 / 3.383 / 2500))
+    # the backward's own count at (192, 128): 2·s²·(3·192 + 2·128) a head, 2.6x the forward's (flash's 2.5x at equal dims)
+    bwd = 2 * 128 * 2 * 4096**2 * (3 * 192 + 2 * 128) / 2 / 3.383e-3 / 1e12
+    assert bwd == pytest.approx(2.6 * fwd * 0.977 / 3.383)
+    assert attention_tflops(2, 128, 4096, 192, 3.383, causal=True, backward=True, v_head_dim=128) == pytest.approx(bwd)
+    assert attention_efficiency(mla_gpu, 4096) == pytest.approx((fwd / 2500, bwd / 2500))
     assert 1406 <= fwd < 1407.5  # the file's tflops column, 1406 (its time rounded to the µs)
     # H100 has no MLA-shape record published beside a non-deterministic backward: TE's head-128 figures
     assert te_mla.attention_gpu(H100).attention_efficiency == H100.te_attention_efficiency
@@ -70,7 +76,7 @@ def test_the_deepseek_v3_block_on_gb200_by_part():
     core = analytic_time._attention(arch, shape)[0][0]
     from planner.profiler.roofline import kernel_ms
     assert kernel_ms(core, mla_gpu) == pytest.approx(0.977 / 2, rel=1e-3)
-    bwd = analytic_time._backward_kernels([core])[0]
+    bwd = analytic_time._backward_kernels([core], arch)[0]  # 2.6x the forward at (192, 128)
     assert kernel_ms(bwd, mla_gpu) == pytest.approx(3.383 / 2, rel=1e-3)
 
 

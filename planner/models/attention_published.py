@@ -7,11 +7,15 @@ from __future__ import annotations
 
 
 def attention_tflops(batch: int, heads: int, seq_len: int, head_dim: int, latency_ms: float, *, causal: bool,
-                     backward: bool) -> float:
+                     backward: bool, v_head_dim: int | None = None) -> float:
     """A published attention timing as TFLOP/s, counted as FlashAttention's and tritonbench's benchmarks
     count it: 4·s²·d·heads·batch forward, halved under a causal mask (the kernel skips the masked
-    blocks), x2.5 for the backward (five matmuls to the forward's two)."""
-    flops = 4 * seq_len**2 * head_dim * heads * batch / (2 if causal else 1) * (2.5 if backward else 1)
+    blocks), x2.5 for the backward (five matmuls to the forward's two). With a value head dim of its own
+    (a latent attention's), each GEMM at its own width, as torch's flop counter and the analytic profile
+    count them (formulas.attention_bwd_flops): forward 2·s²·(d + d_v), backward 2·s²·(3·d + 2·d_v)."""
+    d_v = head_dim if v_head_dim is None else v_head_dim
+    per_pair = 2 * (3 * head_dim + 2 * d_v) if backward else 2 * (head_dim + d_v)
+    flops = seq_len**2 * per_pair * heads * batch / (2 if causal else 1)
     return flops / (latency_ms * 1e-3) / 1e12
 
 
@@ -73,14 +77,16 @@ CUDNN_GB200_TFLOPS = (attention_tflops(2, 64, 8192, 128, 1.397, causal=True, bac
 # K/V heads, batch 2, causal top_left, BF16, non-deterministic backward) on GB200, cuDNN 9.22.0 (frontend 1.21.1):
 # forward / backward ms at 2048 to 32768 tokens (the same benchmark, configs/dsv3.py; results/dsv3/gb200/
 # dsv3_20260424_101009.csv, 60e572b, the run beside the head-128 figures above). Counted as attention_tflops
-# counts them with d the mean of the two head dims (4·s²·((192 + 128) / 2)·heads·batch forward, halved causal:
-# the benchmark's own 2·s²·(d_qk + d_v)·heads·batch / 2), which is how the analytic profile counts a latent
-# attention's FLOPs (analytic_time._attention)
+# counts them with each head dim its own (forward 2·s²·(192 + 128)·heads·batch, halved causal: the benchmark's own
+# forward count, its tflops column; backward 2·s²·(3·192 + 2·128), torch's sdpa_backward_flop_count, 2.6x the
+# forward, not flash's 2.5x), which is how the analytic profile counts a latent attention's FLOPs
+# (analytic_time._attention, formulas.attention_bwd_flops): the rates are the kernel's time per pass, each pass's
+# own (forward alone, backward alone), so a kernel so counted runs in the published milliseconds
 _CUDNN_GB200_MLA_MS = ((2048, 0.321, 1.056), (4096, 0.977, 3.383), (8192, 3.470, 11.984), (16384, 13.103, 50.424),
                        (32768, 50.456, 212.546))
 CUDNN_GB200_MLA_BY_SEQ = tuple(
-    (seq, attention_tflops(2, 128, seq, 160, fwd, causal=True, backward=False) / 2500.0,
-     attention_tflops(2, 128, seq, 160, bwd, causal=True, backward=True) / 2500.0)
+    (seq, attention_tflops(2, 128, seq, 192, fwd, causal=True, backward=False, v_head_dim=128) / 2500.0,
+     attention_tflops(2, 128, seq, 192, bwd, causal=True, backward=True, v_head_dim=128) / 2500.0)
     for seq, fwd, bwd in _CUDNN_GB200_MLA_MS)
 CUDNN_GB200 = dict(
     te_attention_efficiency=(CUDNN_GB200_TFLOPS[0] / 2500.0, CUDNN_GB200_TFLOPS[1] / 2500.0),

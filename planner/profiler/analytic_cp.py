@@ -105,7 +105,7 @@ def exchange(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None) -> LayerCont
     q, kv = widths(arch, shape)
     core, fwd_bytes, bwd_bytes = analytic_time._attention(arch, shape)
     fwd = work(sum(kernel.flops for kernel in core), fwd_bytes, core)
-    backward = analytic_time._backward_kernels(core)
+    backward = analytic_time._backward_kernels(core, arch)
     bwd = work(sum(kernel.flops for kernel in backward), bwd_bytes, backward)
     fwd_ms, bwd_ms = analytic_time.times_ms((fwd, bwd), gpu, mfu)
     return LayerContextParallel(ranks=shape.cp, q_bytes=shape.tokens * q * shape.d,

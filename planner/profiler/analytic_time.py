@@ -8,11 +8,13 @@ Kernels, per device and microbatch (T tokens; widths /t under TP, as in analytic
   its own kernel, at the efficiency its size reaches. Backward: each matmul twice (the input
   and the weight gradient, each as large as the forward's);
 - attention as one kernel of torch's FLOP count (4·T·w·a·hd forward, 2.5x that backward, as
-  torch.utils.flop_counter counts flash attention), causal: it runs half its blocks (within a
+  torch.utils.flop_counter counts flash attention; a latent attention's (3·d_qk + 2·d_v) / (d_qk + d_v),
+  formulas.attention_bwd_flops), causal: it runs half its blocks (within a
   sliding window w, a fraction 1 - w/2s);
 - a MoE block's router, every routed expert's three matmuls over its C tokens (Hugging Face
-  loops over experts, one kernel each), and the shared experts; Mixtral's and Qwen3-MoE's experts two
-  (gate and up fused in gate_up_proj), their router's and experts' bytes op by op (analytic_moe.py).
+  loops over experts, one kernel each), and the shared experts; Mixtral's, Qwen3-MoE's and DeepSeek's
+  (V2, V3: a latent attention's) experts two (gate and up fused in gate_up_proj), Mixtral's and
+  Qwen3-MoE's router's and experts' bytes op by op (analytic_moe.py).
 
 Memory-bound bytes, per element of the tensor named, for 16-bit activations as eager
 PyTorch moves them (the ops and their autograd formulas, counted op by op under
@@ -20,7 +22,8 @@ FakeTensorMode on Hugging Face's LLaMA modules, OpBytes in planner/profiler/fake
 - RMSNorm with its fp32 upcast (to fp32, pow, mean, rsqrt, mul, to bf16, weight):
   36 B forward and 96 B backward per element, 28 and 44 B per token;
 - rotary on Q and K (two multiplies, rotate_half's neg and cat, an add): 20 B forward per
-  element of Q and K plus 8 per token·head_dim (cos and sin read), 32 and 8 backward;
+  element of Q and K plus 8 per token·head_dim (cos and sin read), 32 and 8 backward; a latent
+  attention's query cat, key build and output copy as transformers makes them (hf_mla.py);
 - SwiGLU's SiLU and product: 10 B forward, 18 backward per element of the width-f tensors;
 - residual adds: 6 B per element forward; backward, each place where two gradients meet
   (two residual branches, Q/K/V's shared input, gate and up's shared input): 6 B per element;
@@ -41,7 +44,7 @@ from collections import Counter
 
 from planner.models.archs import GPU
 from planner.models.gptoss import window_pairs
-from planner.profiler import analytic_moe, formulas, gptoss_time
+from planner.profiler import analytic_moe, formulas, gptoss_time, hf_mla
 from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
@@ -51,7 +54,6 @@ ROTARY_FWD, ROTARY_BWD, ROTARY_TABLE = 20, 32, 8
 SWIGLU_FWD, SWIGLU_BWD = 10, 18
 ADD = 6  # a + b in 16 bits: read 2 + 2, write 2
 ACCUMULATE = 3  # grad += new: read both, write one
-ATTENTION_BWD_FLOPS = 2.5  # torch's sdpa_backward_flop_count: five matmuls to the forward's two
 # GPT-style blocks, per element: torch's native_layer_norm (one kernel each way); GELU as Hugging
 # Face's GPT-2 writes it (gelu_new: pow, tanh and six elementwise ops, their gradients), ReLU
 # (OPT); dropout with its mask; the fused Q/K/V gradient's cat, and each bias gradient's sum
@@ -67,12 +69,14 @@ def _matmuls(*flops: int) -> list[Kernel]:
     return [Kernel("matmul", int(f)) for f in flops if f > 0]
 
 
-def _backward_kernels(kernels: list[Kernel]) -> list[Kernel]:
+def _backward_kernels(kernels: list[Kernel], arch=None) -> list[Kernel]:
+    """Each matmul's two gradient GEMMs; an attention kernel's backward at formulas.attention_bwd_flops
+    (`arch`: its head dims; None, equal ones)."""
     out = []
     for kernel in kernels:
         if kernel.kind == "attention-fwd":
-            out.append(Kernel("attention-bwd", int(ATTENTION_BWD_FLOPS * kernel.flops), kernel.run_fraction,
-                              kernel.seq_len))
+            flops = formulas.attention_bwd_flops(arch, kernel.flops) if arch is not None else kernel.flops * 5 // 2
+            out.append(Kernel("attention-bwd", flops, kernel.run_fraction, kernel.seq_len))
         else:
             out += [kernel, kernel]
     return out
@@ -114,9 +118,10 @@ def _projections(arch, shape) -> tuple[list[Kernel], Counter, Counter]:
                            2 * T * heads * v * h)
         latents = T * (q_rank + kv_rank)
         rotated = T * (heads * rope + rope)
-        return (kernels, Counter(norm=NORM_FWD * latents, attention=ROTARY_FWD * rotated),
+        # transformers' query cat, key build and output copy, and their gradients' copies (hf_mla.py)
+        return (kernels, Counter(norm=NORM_FWD * latents, attention=ROTARY_FWD * rotated) + hf_mla.forward_bytes(arch, shape),
                 Counter(norm=NORM_BWD * latents, attention=ROTARY_BWD * rotated,
-                        elementwise=ADD * T * h * (1 + bool(q_rank))))
+                        elementwise=ADD * T * h * (1 + bool(q_rank))) + hf_mla.backward_bytes(arch, shape))
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
     rotated, table = T * (q + kv), T * arch.head_size * ROTARY_TABLE
     rotary = (ROTARY_FWD * rotated + table, ROTARY_BWD * rotated + table) if arch.rotates else (0, 0)
@@ -152,7 +157,11 @@ def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], Counter, Counter]:
     one_kernels, one_fwd, one_bwd = _swiglu(tokens, h, arch.moe_intermediate_size // t)
     # the GEMMs as the rank runs them: its experts / ep local experts over ep x tokens each (Shape.ep)
     local, rows = formulas.expert_gemm_shape(arch, shape)
-    kernels = _matmuls(2 * (T // shape.sp_div) * h * experts) + _swiglu(rows, h, arch.moe_intermediate_size // t)[0] * local
+    # transformers' DeepseekV2Experts / DeepseekV3Experts hold gate and up as one gate_up_proj and run them as one
+    # GEMM an expert (docs/framework-facts.md §117), as MixtralExperts does (analytic_moe.expert_kernels)
+    expert = analytic_moe.expert_kernels(rows, h, arch.moe_intermediate_size // t) if arch.mla \
+        else _swiglu(rows, h, arch.moe_intermediate_size // t)[0]
+    kernels = _matmuls(2 * (T // shape.sp_div) * h * experts) + expert * local
     routing = 10 * T * experts  # the router's fp32 softmax (or sigmoid) over its logits
     moved = 4 * slots * h + 8 * slots * h  # dispatch gather; combine's weighting and scatter-add
     fwd = Counter({name: experts * num for name, num in one_fwd.items()}) + Counter(elementwise=routing + moved)
@@ -204,8 +213,8 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     fwd_classes, bwd_classes = fwd_classes + extra_fwd, bwd_classes + extra_bwd
     flops = formulas.block_flops(arch, shape, moe=moe)
     fwd = work(flops, sum(fwd_classes.values()), fwd_kernels, classed=fwd_classes)
-    # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's 2.5x
-    bwd = work(2 * flops, sum(bwd_classes.values()), _backward_kernels(fwd_kernels), classed=bwd_classes)
+    # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's own (2.5x at equal head dims)
+    bwd = work(2 * flops, sum(bwd_classes.values()), _backward_kernels(fwd_kernels, arch), classed=bwd_classes)
     return fwd, bwd, _recompute(arch, shape, fwd, moe=moe)
 
 
@@ -315,8 +324,9 @@ def rerun_work(arch, shape, part: str, *, moe: bool = True) -> Work:
         heads, T = arch.num_heads // shape.tp, shape.tokens
         kernels = _matmuls(2 * T * arch.q_lora_rank * heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim),
                            2 * T * arch.kv_lora_rank * heads * (arch.qk_nope_head_dim + arch.v_head_dim))
-        _, proj_fwd, _ = _projections(arch, shape)
-        classed = Counter(norm=proj_fwd["norm"], attention=proj_fwd["attention"])
+        _, proj_fwd, _ = _projections(arch, shape)  # but the output's copy (hf_mla: after the kernel)
+        classed = Counter(norm=proj_fwd["norm"], attention=proj_fwd["attention"] - hf_mla.forward_bytes(arch, shape)["attention"]
+                          + hf_mla.up_bytes(arch, shape))
         return work(sum(kernel.flops for kernel in kernels), sum(classed.values()), kernels, classed=+classed)
     kernels, fwd_bytes, _ = _mlp(arch, shape, moe=moe)
     flops = formulas.mlp_flops(arch, shape, moe=True) if moe else sum(kernel.flops for kernel in kernels)

@@ -196,6 +196,19 @@ def attention_flops(arch: Arch, shape: Shape) -> int:
     return down + up + 2 * sb * window * heads * (nope + rope + v)
 
 
+def attention_bwd_flops(arch: Arch, forward: int) -> int:
+    """The attention core's backward FLOPs from its forward's, as torch's flop counter counts an SDPA call and
+    its backward (torch/utils/flop_counter.py sdpa_flop_count, sdpa_backward_flop_count, torch 2.13.0): forward
+    S = QKᵀ over the q/k head dim and O = PV over the value's, 2·s²·(d_qk + d_v) a head; backward S recomputed
+    (d_qk), dP = dO·Vᵀ and dV = Pᵀ·dO (d_v each), dQ = dS·K and dK = dSᵀ·Q (d_qk each): 2·s²·(3·d_qk + 2·d_v).
+    Equal head dims: 2.5x the forward; a latent attention's (q/k nope + rope, v): (3·d_qk + 2·d_v) / (d_qk + d_v),
+    2.6x at DeepSeek-V3's (192, 128). FlashAttention-2's and cuDNN's backward kernels run these five GEMMs."""
+    if not arch.mla:
+        return forward * 5 // 2
+    d_qk, d_v = arch.qk_nope_head_dim + arch.qk_rope_head_dim, arch.v_head_dim
+    return forward * (3 * d_qk + 2 * d_v) // (d_qk + d_v)
+
+
 def mlp_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
     """Dense: 2·sb·h·3f. Experts: the router 2·sb·h·E (replicated, /t under SP); the routed
     experts over their E·C dispatched tokens, 2·E·C·h·3f_e: top-k copies of each token at a

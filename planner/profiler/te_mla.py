@@ -18,8 +18,8 @@ Transformer Engine (te_fused.te_time's record for an MLA block, dense or MoE). R
   and the shared k_pos_emb (qk_pos_emb_head_dim), writes the key (heads x (qk_head_dim + qk_pos_emb_head_dim),
   the rotated k_pos_emb broadcast to every head) and the value (heads x v_head_dim); its backward
   (`_mla_rope_bwd_kv_split_kernel`) reads dK and dV and writes dKV and dk_pos_emb. The eager count
-  (analytic_time._projections) charges rotary's 20 / 32 B on Q's and the shared K's rotary parts and no
-  split or concatenation.
+  (analytic_time._projections) charges rotary's 20 / 32 B on Q's and the shared K's rotary parts and
+  transformers' query cat, key build and output copy (hf_mla.py), which these kernels replace.
 - the core runs cuDNN's fused attention (TE picks FusedAttention F16_arbitrary_seqlen where q/k and v head
   dims differ: FlashAttention-2 requires them equal): timed at the GPU's published cuDNN figures at that
   shape where published (GPU.te_mla_attention_by_seq: NVIDIA/cudnn-frontend's DeepSeek-V3 configuration),
@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.models.attention_rates import te_attention_gpu
-from planner.profiler import analytic_time, te_bytes
+from planner.profiler import analytic_time, hf_mla, te_bytes
 
 
 def _rope_elements(arch, shape) -> tuple[int, int]:
@@ -61,11 +61,14 @@ def latent_norm_elements(arch, shape) -> tuple[int, int]:
 
 def eager_bytes(arch, shape) -> tuple[int, int]:
     """(forward, backward) bytes the eager count gives what these kernels replace: the latent norms and
-    rotary as analytic_time._projections counts them."""
+    rotary as analytic_time._projections counts them, and transformers' query cat, key build and output copy
+    with their gradients' copies (hf_mla.py: the fused rotary writes the key and value and rotates the query in
+    place; TE's attention takes and gives sbhd tensors)."""
     elements, _ = latent_norm_elements(arch, shape)
     rotated = shape.tokens * (arch.num_heads // shape.tp * arch.qk_rope_head_dim + arch.qk_rope_head_dim)
-    return (analytic_time.NORM_FWD * elements + analytic_time.ROTARY_FWD * rotated,
-            analytic_time.NORM_BWD * elements + analytic_time.ROTARY_BWD * rotated)
+    copies = sum(hf_mla.forward_bytes(arch, shape).values()), sum(hf_mla.backward_bytes(arch, shape).values())
+    return (analytic_time.NORM_FWD * elements + analytic_time.ROTARY_FWD * rotated + copies[0],
+            analytic_time.NORM_BWD * elements + analytic_time.ROTARY_BWD * rotated + copies[1])
 
 
 def fused_bytes(arch, shape) -> tuple[int, int]:
