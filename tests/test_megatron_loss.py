@@ -47,8 +47,10 @@ def test_only_the_last_stage_and_only_megatrons_own_loss():
     profile = _profile()
     assert megatron_loss.vocab_parallel_ce_ms(profile, 0, _setup(stages=2)) == 0.0
     assert megatron_loss.vocab_parallel_ce_ms(profile, 1, _setup(stages=2)) > 0.0
-    # Transformer Engine's fused cross-entropy, or another runtime's loss: the profile's as timed
-    assert megatron_loss.vocab_parallel_ce_ms(profile, 0, _setup(te_cross_entropy=True)) == 0.0
+    # Transformer Engine's fused cross-entropy: its own 10 B a logit (tests/test_te_cross_entropy.py); another
+    # runtime's loss: the profile's as timed
+    assert megatron_loss.vocab_parallel_ce_ms(profile, 0, _setup(te_cross_entropy=True)) == pytest.approx(
+        LOGITS * (10 - 36) / (H100_LOSS_TBPS * 1e12) * 1e3, rel=1e-9)
     assert megatron_loss.vocab_parallel_ce_ms(profile, 0, _setup(runtime="torchtitan")) == 0.0
     assert runtimes.of(_setup(runtime="torchtitan").training).vocab_parallel_ce_bytes == 0
 
@@ -57,8 +59,10 @@ def test_the_stage_sums_carry_it_as_a_time_row():
     profile, setup = _profile(), _setup(deterministic=True)
     view = stages_view(setup, schedule_of(setup))
     with_ce = stage_value("time", 0, Context(profile, view))
-    without = stage_value("time", 0, Context(profile, _setup(deterministic=True, te_cross_entropy=True)))
-    assert with_ce - without == pytest.approx(megatron_loss.vocab_parallel_ce_ms(profile, 0, setup), rel=1e-9)
+    te = _setup(deterministic=True, te_cross_entropy=True)  # TE's loss in place of Megatron's own (10 B a logit)
+    without = stage_value("time", 0, Context(profile, te))
+    assert with_ce - without == pytest.approx(megatron_loss.vocab_parallel_ce_ms(profile, 0, setup)
+                                              - megatron_loss.vocab_parallel_ce_ms(profile, 0, te), rel=1e-9)
 
 
 class _VocabCE(torch.autograd.Function):

@@ -268,6 +268,9 @@ class RuntimeFacts:
     fused_ce_bytes: int = 0
     """Bytes a bf16 logit the runtime's own fused (compiled) cross-entropy moves, forward and backward
     (Megatron-LM's --cross-entropy-loss-fusion, native: planner/cost/megatron_loss.py); 0: not read."""
+    te_ce_bytes: int = 0
+    """Bytes a bf16 logit Transformer Engine's fused cross-entropy moves, forward and backward (Megatron-LM's
+    --cross-entropy-fusion-impl te, the te_cross_entropy region: planner/cost/megatron_loss.py); 0: not read."""
     logged_read_shard_bytes: int = 0
     """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
     (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the

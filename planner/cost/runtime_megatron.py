@@ -57,6 +57,16 @@ FUSED_LOSS_AND_GROUPED_GEMM_SOURCES = {
                       "tests/test_megatron_fused_ce.py): the cast and max (read 2, write 4), subtract, exp and sum (4 + "
                       "4), divide (4 + 4), and in the backward the index_put's copy, the multiply and the cast (read 4, "
                       "write 4, read 4, write 4 + 2): 40 B a logit, fused_cross_entropy.py at Megatron-LM ad2ab2ca",
+    "te_ce_bytes": "--cross-entropy-fusion-impl te: te_parallel_cross_entropy(logits, labels, tp_group, False) on the "
+                   "bf16 vocab-parallel logits as the output layer made them, contiguous (megatron/core/models/common/"
+                   "language_module/language_module.py 128-171, extensions/transformer_engine.py 2093-2106, "
+                   "megatron-core 92c8482e; reduce_loss False: a loss a token); TransformerEngine v2.9 (70f53666) "
+                   "transformer_engine/pytorch/triton/cross_entropy.py: online_softmax_kernel reads each logit "
+                   "(72: 2), cross_entropy_kernel reads it again and stores the gradient in the logit's own dtype "
+                   "into its storage (174, 187: 2 + 2), the backward's element_mul_kernel scales it in place "
+                   "(262-263: 2 + 2; run because Megatron's grad_output is a tensor a token, not the scalar 1.0 "
+                   "torch.equal skips, 352-369), cross_entropy.py 76-80 returns it in the input's bf16 (no "
+                   "autograd cast): 10 B a logit; per token a few fp32 scalars more (not charged, under 0.1%)",
     "te_grouped_gemm_workspaces": "megatron/core/transformer/moe/experts.py 299-338, 474-505 (the op fuser's "
                                   "te.pytorch.ops.GroupedLinear, Megatron-LM 6815c0fe, the golden values of "
                                   "gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser); TransformerEngine "
@@ -90,6 +100,7 @@ def megatron() -> RuntimeFacts:
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
+        te_ce_bytes=2 + (2 + 2) + (2 + 2),
         sources={
             "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
                            "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"
