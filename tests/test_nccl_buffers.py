@@ -1,0 +1,81 @@
+"""NCCL's buffers per communicator (planner/cost/nccl_buffers.py): hand counts from NCCL v2.27.7's constants."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from planner.cost import nccl_buffers as nb
+
+MIB = 1 << 20
+A100, H100, GB200 = nb.NCCL_GPUS["a100-80g"], nb.NCCL_GPUS["h100-sxm"], nb.NCCL_GPUS["gb200"]
+
+
+def test_the_protocols_buffers_are_nccls_defaults():
+    assert nb.LL_BYTES == 512 * 1024  # 8 lines x 512 threads x 8 steps x 16 B
+    assert nb.LL128_BYTES == 4_915_200  # 120 x 640 x 8 x 8 B = 4.6875 MiB
+    assert nb.SIMPLE_BYTES == 4 * MIB
+
+
+def test_a_channels_connection_is_12_mib_written_or_read():
+    # write (H100): receive LL + LL128 + Simple + head = 9.19 MiB -> 10 MiB, send head -> 2 MiB (nccl#1685's log)
+    assert nb.connection_bytes(H100) == 10 * MIB + 2 * MIB
+    # read (A100 over NVLink): receive LL + LL128 + head -> 6 MiB, send Simple + head -> 6 MiB
+    assert nb.connection_bytes(A100) == 6 * MIB + 6 * MIB
+
+
+@pytest.mark.parametrize("gpu, rings", [(A100, 12), (H100, 12), (GB200, 16)])
+def test_ring_channels_by_gpu(gpu, rings):
+    # A100 240 GB/s / 40 = 6, H100 370.8 / 60 = 6, GB200 721.8 / 90 = 8; each doubled (speed >= 50)
+    assert nb.ring_channels(gpu) == rings
+
+
+def test_nvls_only_where_multicast_and_more_than_two_gpus():
+    assert nb.nvls_bytes(A100, 8, 8) == 0
+    assert nb.nvls_bytes(H100, 2, 8) == 0
+    assert nb.nvls_bytes(H100, 8, 8) == 16 * 2 * MIB * 8  # 16 channels x 2 x (128 KiB x 8 steps) x 8 heads
+    assert nb.nvls_bytes(GB200, 8, 72) == 24 * 2 * MIB * 8  # one NVLink domain: 24 channels
+    assert nb.nvls_bytes(GB200, 144, 72) == 32 * 2 * MIB * 32  # across domains: 32 channels, heads at most 32
+
+
+def test_communicator_bytes_by_kind():
+    assert nb.communicator_bytes(nb.Communicator("tp", 1), H100, domain=8) == 0
+    assert nb.communicator_bytes(nb.Communicator("pp", 2, "p2p"), GB200, domain=72) == 16 * 12 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 2), H100, domain=8) == 12 * 12 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 8), GB200, domain=72) == 16 * 12 * MIB + 384 * MIB
+    # no NCCL GPU known: NVIDIA/nccl#964's measurement
+    assert nb.communicator_bytes(nb.Communicator("dp", 2), None, domain=8) == 544 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 4), None, domain=8) == 688 * MIB
+
+
+def test_nccl_964s_setup_the_difference_is_the_trees_and_400_mib_is_not_ncclbuffers():
+    """nccl#964 (4 A100s over NVLink, NCCL 2.18 connecting ring and tree at init): 544 MiB a pair, 688 MiB a group
+    of four. The buffers read from the code give 144 and 288 MiB: the measured difference (144 MiB) is the tree's
+    connections a pair does not need; the 400 MiB both carry is no connection buffer (docs/framework-facts.md §115)."""
+    pair, four = nb.eager_ring_tree_bytes(A100, 2), nb.eager_ring_tree_bytes(A100, 4)
+    assert (pair, four) == (144 * MIB, 288 * MIB)
+    assert four - pair == nb.MEASURED_GROUP_BYTES - nb.MEASURED_PAIR_BYTES
+    assert nb.MEASURED_PAIR_BYTES - pair == nb.MEASURED_GROUP_BYTES - four == 400 * MIB
+
+
+def _setup(stages, dp=1, shard=None, ep=1, chunks=1, node=8):
+    return SimpleNamespace(pipeline=SimpleNamespace(stages=stages, chunks=chunks),
+                           data_parallel=SimpleNamespace(dp=dp, shard_group=shard, ep=ep),
+                           comm=SimpleNamespace(gpus_per_node=node))
+
+
+def _profile(gpu="h100-sxm", tp=1, experts=False):
+    return SimpleNamespace(assumptions={"gpu": gpu, "tp": tp},
+                           layers=[SimpleNamespace(expert_param_count=10 if experts else 0)],
+                           device=SimpleNamespace(type="cuda", name=gpu))
+
+
+def test_a_ranks_communicators():
+    names = [c.name for c in nb.rank_communicators(1, _setup(4, dp=8, shard=4, ep=2), _profile(tp=2, experts=True))]
+    assert names == ["pp-peer-0", "pp-peer-1", "dp-shard", "dp-replica", "ep", "expert-dp", "tp"]
+    assert [c.name for c in nb.rank_communicators(0, _setup(1), _profile())] == []  # one rank: no NCCL
+    assert len(nb.rank_communicators(0, _setup(4, chunks=2), _profile())) == 2  # chunks: both neighbours
+
+
+def test_rank_buffers_on_gb200():
+    got = nb.rank_buffers(0, _setup(2, dp=8, node=72), _profile("gb200", tp=4))
+    assert got == {"pp-peer-0": 16 * 12 * MIB, "dp": 16 * 12 * MIB + 384 * MIB, "tp": 16 * 12 * MIB + 24 * 2 * MIB * 4}
