@@ -79,3 +79,14 @@ def test_a_ranks_communicators():
 def test_rank_buffers_on_gb200():
     got = nb.rank_buffers(0, _setup(2, dp=8, node=72), _profile("gb200", tp=4))
     assert got == {"pp-peer-0": 16 * 12 * MIB, "dp": 16 * 12 * MIB + 384 * MIB, "tp": 16 * 12 * MIB + 24 * 2 * MIB * 4}
+
+
+def test_megatrons_further_communicators():
+    setup = _setup(4, dp=2)
+    setup.training, setup.comm.cp = SimpleNamespace(runtime="megatron"), 2
+    comms = nb.rank_communicators(0, setup, _profile(tp=2))
+    assert [(c.name, c.ranks, c.kind) for c in comms] == [
+        ("pp-peer-0", 2, "p2p"), ("dp", 2, "collective"), ("tp", 2, "collective"), ("world", 32, "collective"),
+        ("model-parallel", 8, "collective"), ("cp-peer-0", 2, "p2p")]
+    setup.training = SimpleNamespace(runtime="torchtitan")
+    assert [c.name for c in nb.rank_communicators(0, setup, _profile(tp=2))] == ["pp-peer-0", "dp", "tp"]

@@ -170,7 +170,8 @@ def profile_nccl_gpu(profile) -> NcclGpu | None:
 def rank_communicators(stage: int, setup, profile) -> list[Communicator]:
     """The communicators the rank holding `stage` runs NCCL in: a point-to-point peer per pipeline neighbour
     (ProcessGroupNCCL's sends), its data-parallel group (HSDP: its shard and its replica group), the experts' groups
-    where the profile has experts, and the tensor-parallel group of an analytic profile."""
+    where the profile has experts, the tensor-parallel group of an analytic profile, and under Megatron-LM the groups
+    megatron_communicators names."""
     comms = []
     stages = setup.pipeline.stages
     neighbours = (stage > 0) + (stage < stages - 1)
@@ -185,8 +186,26 @@ def rank_communicators(stage: int, setup, profile) -> list[Communicator]:
     if ep > 1 and any(layer.expert_param_count for layer in profile.layers):
         comms += [Communicator("ep", ep), Communicator("expert-dp", dp // ep)]
     tp = profile.assumptions.get("tp", 1)
-    comms.append(Communicator("tp", tp if isinstance(tp, int) else 1))
+    tp = tp if isinstance(tp, int) else 1
+    comms.append(Communicator("tp", tp))
+    if getattr(getattr(setup, "training", None), "runtime", None) == "megatron":
+        comms += megatron_communicators(setup, tp)
     return [c for c in comms if c.ranks > 1]
+
+
+def megatron_communicators(setup, tp: int) -> list[Communicator]:
+    """The further communicators a Megatron-LM rank runs collectives in (megatron-core 92c8482e; each a process group
+    of its own, so an NCCL communicator of its own, created by ProcessGroupNCCL at its first collective:
+    initialize.py 342-355 passes no device_id): the default group's barriers (megatron/training/initialize.py 221-229,
+    399-401: a one-element all-reduce over every rank), the model-parallel group (TP x PP) the gradients' norm and
+    zeros are summed over (megatron/core/optimizer/clip_grads.py 96-132, optimizer.py 161-177), and TE's
+    context-parallel ring, point to point with its two neighbours (one where CP is 2)."""
+    cp = getattr(setup.comm, "cp", 1)
+    stages, dp = setup.pipeline.stages, setup.data_parallel.dp
+    comms = [Communicator("world", stages * dp * tp * cp), Communicator("model-parallel", tp * stages)]
+    if cp > 1:
+        comms += [Communicator(f"cp-peer-{i}", 2, "p2p") for i in range(min(2, cp - 1))]
+    return comms
 
 
 def rank_buffers(stage: int, setup, profile) -> dict[str, int]:
