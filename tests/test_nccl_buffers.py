@@ -60,7 +60,7 @@ def test_nccl_964s_setup_the_difference_is_the_trees_and_400_mib_is_not_ncclbuff
 def _setup(stages, dp=1, shard=None, ep=1, chunks=1, node=8):
     return SimpleNamespace(pipeline=SimpleNamespace(stages=stages, chunks=chunks),
                            data_parallel=SimpleNamespace(dp=dp, shard_group=shard, ep=ep),
-                           comm=SimpleNamespace(gpus_per_node=node))
+                           comm=SimpleNamespace(gpus_per_node=node, pp_stride=0))
 
 
 def _profile(gpu="h100-sxm", tp=1, experts=False):
@@ -90,3 +90,13 @@ def test_megatrons_further_communicators():
         ("model-parallel", 8, "collective"), ("cp-peer-0", 2, "p2p")]
     setup.training = SimpleNamespace(runtime="torchtitan")
     assert [c.name for c in nb.rank_communicators(0, setup, _profile(tp=2))] == ["pp-peer-0", "dp", "tp"]
+
+
+def test_a_pipeline_peer_in_another_node_takes_two_channels():
+    setup = _setup(2, dp=8, node=8)
+    setup.comm.pp_stride = 8  # stage 0 on GPUs 0-7, stage 1 on 8-15: the edge crosses
+    comms = nb.rank_communicators(0, setup, _profile())
+    assert comms[0] == nb.Communicator("pp-peer-0", 2, "p2p-net")
+    assert nb.communicator_bytes(comms[0], H100, domain=8) == 2 * 12 * MIB
+    setup.comm.pp_stride = 4  # GPUs 0-3 send to 4-7: one node
+    assert nb.rank_communicators(0, setup, _profile())[0].kind == "p2p"

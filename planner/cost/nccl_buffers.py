@@ -58,6 +58,7 @@ NVLS_CHUNK_BYTES = 128 * KIB  # nvls.cc NCCL_NVLS_CHUNKSIZE
 NVLS_MAX_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY
 NVLS_CHANNELS = {90: 16, 100: 24}  # nvls.cc NVLS_NCHANNELS_SM90, NVLS_NCHANNELS_SM100_NVL (one NVLink domain)
 NVLS_CHANNELS_MULTI_NODE = {90: 16, 100: 32}  # NVLS_NCHANNELS_SM100 across nodes
+NET_PEER_CHANNELS = 2  # src/graph/paths.cc ncclTopoGetNchannels: a remote peer, NCCL_NCHANNELS_PER_NET_PEER unset
 NVLINK_BW = {80: 20.0, 90: 20.6, 100: 40.1}  # src/graph/topo.h SM80/SM90/SM100_NVLINK_BW, GB/s a link
 SPEEDS_INTRA = {80: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),  # search.cc 952-962
                 90: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
@@ -130,7 +131,8 @@ def nvls_bytes(gpu: NcclGpu, ranks: int, domain: int) -> int:
 @dataclass(frozen=True)
 class Communicator:
     """One communicator a rank uses: its name (the group), its ranks, and what it runs: "collective" (ring, and
-    NVLS where it applies) or "p2p" (sends to and receives from one peer)."""
+    NVLS where it applies), "p2p" (sends to and receives from one peer in its NVLink domain) or "p2p-net" (a peer
+    in another node)."""
     name: str
     ranks: int
     kind: str = "collective"
@@ -145,6 +147,8 @@ def communicator_bytes(comm: Communicator, gpu: NcclGpu | None, *, domain: int) 
         return MEASURED_PAIR_BYTES if comm.ranks == 2 else MEASURED_GROUP_BYTES
     if comm.kind == "p2p":
         return p2p_channels_per_peer(gpu) * connection_bytes(gpu)
+    if comm.kind == "p2p-net":  # paths.cc 816-823: a peer over the network starts from 2 channels a NIC
+        return min(NET_PEER_CHANNELS, p2p_channels_per_peer(gpu)) * connection_bytes(gpu)
     return ring_channels(gpu) * connection_bytes(gpu) + nvls_bytes(gpu, comm.ranks, domain)
 
 
@@ -177,7 +181,11 @@ def rank_communicators(stage: int, setup, profile) -> list[Communicator]:
     neighbours = (stage > 0) + (stage < stages - 1)
     if setup.pipeline.chunks > 1:  # a rank's chunks talk to both its neighbours
         neighbours = min(2, stages - 1)
-    comms += [Communicator(f"pp-peer-{i}", 2, "p2p") for i in range(neighbours)]
+    peers = [stage - 1] * (stage > 0) + [stage + 1] * (stage < stages - 1)
+    if setup.pipeline.chunks > 1:  # a rank's chunks talk to both its neighbours (the ring: last to first)
+        peers = [(stage - 1) % stages, (stage + 1) % stages][:neighbours]
+    comms += [Communicator(f"pp-peer-{i}", 2, "p2p-net" if _crosses(stage, peer, setup) else "p2p")
+              for i, peer in enumerate(peers)]
     dp, shard, ep = setup.data_parallel.dp, setup.data_parallel.shard_group, setup.data_parallel.ep
     if shard is not None:
         comms += [Communicator("dp-shard", shard), Communicator("dp-replica", dp // shard)]
@@ -206,6 +214,15 @@ def megatron_communicators(setup, tp: int) -> list[Communicator]:
     if cp > 1:
         comms += [Communicator(f"cp-peer-{i}", 2, "p2p") for i in range(min(2, cp - 1))]
     return comms
+
+
+def _crosses(rank: int, peer: int, setup) -> bool:
+    """Whether pipeline rank `rank`'s peer lies in another node (comm.edge_crosses_nodes; False where the setup
+    names no pp_stride)."""
+    from planner.cost.comm import edge_crosses_nodes
+
+    stride = getattr(setup.comm, "pp_stride", 0)
+    return bool(stride) and edge_crosses_nodes(rank, peer, stride=stride, gpus_per_node=setup.comm.gpus_per_node)
 
 
 def rank_buffers(stage: int, setup, profile) -> dict[str, int]:
