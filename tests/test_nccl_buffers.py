@@ -42,6 +42,7 @@ def test_communicator_bytes_by_kind():
     assert nb.communicator_bytes(nb.Communicator("pp", 2, "p2p"), GB200, domain=72) == 16 * 12 * MIB
     assert nb.communicator_bytes(nb.Communicator("dp", 2), H100, domain=8) == 12 * 12 * MIB
     assert nb.communicator_bytes(nb.Communicator("dp", 8), GB200, domain=72) == 16 * 12 * MIB + 384 * MIB
+    assert nb.communicator_bytes(nb.Communicator("world", 256, "small"), GB200, domain=72) == 16 * 12 * MIB
     # no NCCL GPU known: NVIDIA/nccl#964's measurement
     assert nb.communicator_bytes(nb.Communicator("dp", 2), None, domain=8) == 544 * MIB
     assert nb.communicator_bytes(nb.Communicator("dp", 4), None, domain=8) == 688 * MIB
@@ -86,8 +87,8 @@ def test_megatrons_further_communicators():
     setup.training, setup.comm.cp = SimpleNamespace(runtime="megatron"), 2
     comms = nb.rank_communicators(0, setup, _profile(tp=2))
     assert [(c.name, c.ranks, c.kind) for c in comms] == [
-        ("pp-peer-0", 2, "p2p"), ("dp", 2, "collective"), ("tp", 2, "collective"), ("world", 32, "collective"),
-        ("model-parallel", 8, "collective"), ("cp-peer-0", 2, "p2p")]
+        ("pp-peer-0", 2, "p2p"), ("dp", 2, "collective"), ("tp", 2, "collective"), ("world", 32, "small"),
+        ("model-parallel", 8, "small"), ("cp-peer-0", 2, "p2p")]
     setup.training = SimpleNamespace(runtime="torchtitan")
     assert [c.name for c in nb.rank_communicators(0, setup, _profile(tp=2))] == ["pp-peer-0", "dp", "tp"]
 

@@ -131,7 +131,8 @@ def nvls_bytes(gpu: NcclGpu, ranks: int, domain: int) -> int:
 @dataclass(frozen=True)
 class Communicator:
     """One communicator a rank uses: its name (the group), its ranks, and what it runs: "collective" (ring, and
-    NVLS where it applies), "p2p" (sends to and receives from one peer in its NVLink domain) or "p2p-net" (a peer
+    NVLS where it applies), "small" (one-element all-reduces only: the ring; NCCL runs NVLS only under its Simple
+    protocol (src/graph/tuning.cc 262), which its tuner does not pick for a few bytes), "p2p" (sends to and receives from one peer in its NVLink domain) or "p2p-net" (a peer
     in another node)."""
     name: str
     ranks: int
@@ -149,7 +150,8 @@ def communicator_bytes(comm: Communicator, gpu: NcclGpu | None, *, domain: int) 
         return p2p_channels_per_peer(gpu) * connection_bytes(gpu)
     if comm.kind == "p2p-net":  # paths.cc 816-823: a peer over the network starts from 2 channels a NIC
         return min(NET_PEER_CHANNELS, p2p_channels_per_peer(gpu)) * connection_bytes(gpu)
-    return ring_channels(gpu) * connection_bytes(gpu) + nvls_bytes(gpu, comm.ranks, domain)
+    ring = ring_channels(gpu) * connection_bytes(gpu)
+    return ring if comm.kind == "small" else ring + nvls_bytes(gpu, comm.ranks, domain)
 
 
 def eager_ring_tree_bytes(gpu: NcclGpu, ranks: int) -> int:
@@ -210,7 +212,8 @@ def megatron_communicators(setup, tp: int) -> list[Communicator]:
     context-parallel ring, point to point with its two neighbours (one where CP is 2)."""
     cp = getattr(setup.comm, "cp", 1)
     stages, dp = setup.pipeline.stages, setup.data_parallel.dp
-    comms = [Communicator("world", stages * dp * tp * cp), Communicator("model-parallel", tp * stages)]
+    comms = [Communicator("world", stages * dp * tp * cp, "small"),
+             Communicator("model-parallel", tp * stages, "small")]
     if cp > 1:
         comms += [Communicator(f"cp-peer-{i}", 2, "p2p") for i in range(min(2, cp - 1))]
     return comms
