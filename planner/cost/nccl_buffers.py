@@ -132,8 +132,8 @@ def nvls_bytes(gpu: NcclGpu, ranks: int, domain: int) -> int:
 class Communicator:
     """One communicator a rank uses: its name (the group), its ranks, and what it runs: "collective" (ring, and
     NVLS where it applies), "small" (one-element all-reduces only: the ring; NCCL runs NVLS only under its Simple
-    protocol (src/graph/tuning.cc 262), which its tuner does not pick for a few bytes), "p2p" (sends to and receives from one peer in its NVLink domain) or "p2p-net" (a peer
-    in another node)."""
+    protocol, src/graph/tuning.cc 262, which its tuner does not pick for a few bytes), "p2p" (sends to and receives
+    from one peer in its NVLink domain) or "p2p-net" (a peer in another node)."""
     name: str
     ranks: int
     kind: str = "collective"
