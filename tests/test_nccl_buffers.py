@@ -23,10 +23,12 @@ def test_a_channels_connection_is_12_mib_written_or_read():
     assert nb.connection_bytes(A100) == 6 * MIB + 6 * MIB
 
 
-@pytest.mark.parametrize("gpu, rings", [(A100, 12), (H100, 12), (GB200, 16)])
+@pytest.mark.parametrize("gpu, rings", [(A100, 24), (H100, 24), (GB200, 32)])
 def test_ring_channels_by_gpu(gpu, rings):
-    # A100 240 GB/s / 40 = 6, H100 370.8 / 60 = 6, GB200 721.8 / 90 = 8; each doubled (speed >= 50)
+    # A100 240 GB/s / 40 = 6, H100 370.8 / 60 = 6, GB200 721.8 / 90 = 8; doubled by the search (speed >= 50) and
+    # again by ncclTopoPostset
     assert nb.ring_channels(gpu) == rings
+    assert nb.p2p_channels_per_peer(gpu) == 32  # pow2Up(min(rings, 2 x NVLinks)); nccl#1685: 32 on H100
 
 
 def test_nvls_only_where_multicast_and_more_than_two_gpus():
@@ -39,23 +41,24 @@ def test_nvls_only_where_multicast_and_more_than_two_gpus():
 
 def test_communicator_bytes_by_kind():
     assert nb.communicator_bytes(nb.Communicator("tp", 1), H100, domain=8) == 0
-    assert nb.communicator_bytes(nb.Communicator("pp", 2, "p2p"), GB200, domain=72) == 16 * 12 * MIB
-    assert nb.communicator_bytes(nb.Communicator("dp", 2), H100, domain=8) == 12 * 12 * MIB
-    assert nb.communicator_bytes(nb.Communicator("dp", 8), GB200, domain=72) == 16 * 12 * MIB + 384 * MIB
-    assert nb.communicator_bytes(nb.Communicator("world", 256, "small"), GB200, domain=72) == 16 * 12 * MIB
+    assert nb.communicator_bytes(nb.Communicator("pp", 2, "p2p"), GB200, domain=72) == 32 * 12 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 2), H100, domain=8) == 24 * 12 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 8), GB200, domain=72) == 32 * 12 * MIB + 384 * MIB
+    assert nb.communicator_bytes(nb.Communicator("world", 256, "small"), GB200, domain=72) == 32 * 12 * MIB
     # no NCCL GPU known: NVIDIA/nccl#964's measurement
     assert nb.communicator_bytes(nb.Communicator("dp", 2), None, domain=8) == 544 * MIB
     assert nb.communicator_bytes(nb.Communicator("dp", 4), None, domain=8) == 688 * MIB
 
 
-def test_nccl_964s_setup_the_difference_is_the_trees_and_400_mib_is_not_ncclbuffers():
+def test_nccl_964s_setup_the_difference_is_the_trees_and_256_mib_is_not_ncclbuffers():
     """nccl#964 (4 A100s over NVLink, NCCL 2.18 connecting ring and tree at init): 544 MiB a pair, 688 MiB a group
-    of four. The buffers read from the code give 144 and 288 MiB: the measured difference (144 MiB) is the tree's
-    connections a pair does not need; the 400 MiB both carry is no connection buffer (docs/framework-facts.md §115)."""
+    of four. The buffers read from the code give 288 MiB (24 channels x 12 MiB) and 432 MiB (+ the tree's receive
+    end, 24 x 6 MiB): the measured difference (144 MiB) is exactly the tree's; the 256 MiB both carry is no
+    connection buffer (docs/framework-facts.md §115)."""
     pair, four = nb.eager_ring_tree_bytes(A100, 2), nb.eager_ring_tree_bytes(A100, 4)
-    assert (pair, four) == (144 * MIB, 288 * MIB)
+    assert (pair, four) == (288 * MIB, 432 * MIB)
     assert four - pair == nb.MEASURED_GROUP_BYTES - nb.MEASURED_PAIR_BYTES
-    assert nb.MEASURED_PAIR_BYTES - pair == nb.MEASURED_GROUP_BYTES - four == 400 * MIB
+    assert nb.MEASURED_PAIR_BYTES - pair == nb.MEASURED_GROUP_BYTES - four == 256 * MIB
 
 
 def _setup(stages, dp=1, shard=None, ep=1, chunks=1, node=8):
@@ -79,7 +82,7 @@ def test_a_ranks_communicators():
 
 def test_rank_buffers_on_gb200():
     got = nb.rank_buffers(0, _setup(2, dp=8, node=72), _profile("gb200", tp=4))
-    assert got == {"pp-peer-0": 16 * 12 * MIB, "dp": 16 * 12 * MIB + 384 * MIB, "tp": 16 * 12 * MIB + 24 * 2 * MIB * 4}
+    assert got == {"pp-peer-0": 32 * 12 * MIB, "dp": 32 * 12 * MIB + 384 * MIB, "tp": 32 * 12 * MIB + 24 * 2 * MIB * 4}
 
 
 def test_megatrons_further_communicators():
@@ -98,6 +101,6 @@ def test_a_pipeline_peer_in_another_node_takes_two_channels():
     setup.comm.pp_stride = 8  # stage 0 on GPUs 0-7, stage 1 on 8-15: the edge crosses
     comms = nb.rank_communicators(0, setup, _profile())
     assert comms[0] == nb.Communicator("pp-peer-0", 2, "p2p-net")
-    assert nb.communicator_bytes(comms[0], H100, domain=8) == 2 * 12 * MIB
+    assert nb.communicator_bytes(comms[0], H100, domain=8) == 2 * 12 * MIB  # min(2, 32) channels
     setup.comm.pp_stride = 4  # GPUs 0-3 send to 4-7: one node
     assert nb.rank_communicators(0, setup, _profile())[0].kind == "p2p"

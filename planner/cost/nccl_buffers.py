@@ -21,9 +21,10 @@ torchtitan's rows is of the same line: the terms below are the same from 2.22, w
   array (`speedArrayIntra` 40 GB/s from SM80, `sm90SpeedArrayIntra` 60, `sm100SpeedArrayIntra` 90) that fits the
   GPU's NVLink bandwidth (links x `SMxx_NVLINK_BW`, src/graph/topo.h) and lays as many rings as that bandwidth holds;
   `ncclTopoDupChannels` (search.cc 937-949) doubles them where the speed is >= 25 (and, past SM80, >= 50 or <= 4
-  rings). A100 (12 links x 20): 240 / 40 = 6 rings, doubled 12; H100 (18 x 20.6 = 370.8): 6 at 60, doubled 12;
-  B200 / GB200 (18 x 40.1 = 721.8): 8 at 90, doubled 16. P2P: `p2pnChannelsPerPeer` = pow2Up(min(ring channels,
-  2 x NVLinks)) (paths.cc 841-866; ncclTopoGetNchannels).
+  rings), and `ncclTopoPostset` doubles the result again (src/graph/connect.cc 452). A100 (12 links x 20): 240 / 40
+  = 6 rings, 12, 24; H100 (18 x 20.6 = 370.8): 6 at 60, 12, 24 (the "24 coll channels" of H100 logs); B200 / GB200
+  (18 x 40.1 = 721.8): 8 at 90, 16, 32. P2P: `p2pnChannelsPerPeer` = pow2Up(min(ring channels, 2 x NVLinks))
+  (paths.cc 841-866; ncclTopoGetNchannels): 32 on all three (NVIDIA/nccl#1685: 32 channels a pair of H100s).
 - **NVLink SHARP.** `NCCL_NVLS_ENABLE` 2: on where the GPU reports multicast (H100 / B200 NVSwitch systems, GB200
   NVL72) and the communicator has more than two GPUs in its NVLink domain (src/transport/nvls.cc 151-200); its buffer
   on each rank `nvlsChannels x 2 x (NCCL_NVLS_CHUNKSIZE 128 KiB x NCCL_STEPS) x nHeads` (ncclNvlsBufferSetup,
@@ -106,9 +107,9 @@ def ring_channels(gpu: NcclGpu) -> int:
     bandwidth = gpu.nvlinks * NVLINK_BW[gpu.capability]
     speed = next(s for s in SPEEDS_INTRA[gpu.capability] if s <= bandwidth)
     rings = min(int(bandwidth // speed + 1e-9), MAXCHANNELS // 2)
-    if speed < 25.0 or (gpu.capability > 80 and speed < 50.0 and rings > 4):
-        return rings
-    return min(2 * rings, MAXCHANNELS)
+    if not (speed < 25.0 or (gpu.capability > 80 and speed < 50.0 and rings > 4)):
+        rings = min(2 * rings, MAXCHANNELS // 2)  # ncclTopoDupChannels (graph->maxChannels: MAXCHANNELS / 2)
+    return min(2 * rings, MAXCHANNELS)  # ncclTopoPostset: "Duplication should be complete now"
 
 
 def p2p_channels_per_peer(gpu: NcclGpu) -> int:
@@ -155,11 +156,15 @@ def communicator_bytes(comm: Communicator, gpu: NcclGpu | None, *, domain: int) 
 
 
 def eager_ring_tree_bytes(gpu: NcclGpu, ranks: int) -> int:
-    """What NCCL before 2.22 connected at init on a rank of a communicator inside one node: the ring, and the tree's
-    connections the ring does not already hold (a chain through the node: a middle rank sends to its parent and
-    receives from its child besides the ring's next and previous; two ranks: none). NVIDIA/nccl#964's setup."""
+    """What NCCL before 2.22 connected at init on rank 0 of a communicator inside one node: the ring, and the tree's
+    connections the ring does not already hold. The tree is a chain through the node from rank 0: rank 0 sends to
+    and receives from its child, the ring's next, to which it already sends; so a receive end more a channel (the
+    receiver's buffer: P2P read's 6 MiB on A100, write's 10 MiB elsewhere); two ranks: the ring's peer both ways,
+    nothing more. NVIDIA/nccl#964's setup."""
     ring = ring_channels(gpu) * connection_bytes(gpu)
-    return ring if ranks == 2 else 2 * ring
+    read = gpu.capability == 80
+    receive = _align(CONN_HEAD_BYTES + LL_BYTES + LL128_BYTES + (0 if read else SIMPLE_BYTES), CUDA_IPC_MIN)
+    return ring if ranks == 2 else ring + ring_channels(gpu) * receive
 
 
 def profile_nccl_gpu(profile) -> NcclGpu | None:
