@@ -32,11 +32,12 @@ torchtitan's rows is of the same line: the terms below are the same from 2.22, w
   nHeads the NVLS graph's channels, `min(NCCL_MAX_NVLS_ARITY 32, GPUs)` (search.cc 1014). Made at the first NVLS
   collective (a large all-reduce, reduce-scatter or all-gather).
 
-What is not read here (ckplan charges the P2P figure for them): the NET transport's buffers where a ring crosses
-nodes (src/transport/net.cc: its send side in host memory, shared buffers for point to point), the tree's extra
-connections under 2.22+ (the tuner's choice of tree for small all-reduces), CollNet, RCCL (MI300X: NVIDIA/nccl#964's
-measurement stays, `MEASURED_*`), and GPUs without NVLink (the same).
-"""
+What is not read here: the NET transport's buffers where a ring crosses nodes (src/transport/net.cc: its send side
+in host memory, shared buffers for point to point; ckplan charges the P2P figure a channel), the tree's extra
+connections under 2.22+ (the tuner's choice of tree for small all-reduces), an expert-parallel all-to-all's
+point-to-point connections to every peer (the EP group is charged as a collective group; NVIDIA/nccl#1685: 32
+channels a peer on H100) and HybridEP / DeepEP's own buffers, TE's userbuffers, CollNet, RCCL (MI300X:
+NVIDIA/nccl#964's measurement stays, `MEASURED_*`), and GPUs without NVLink (the same)."""
 
 from __future__ import annotations
 
