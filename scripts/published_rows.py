@@ -249,6 +249,7 @@ def stage_terms(index: int, s) -> dict:
     return {"index": index, "static_bytes": s.static_bytes, "activation_bytes": s.activation_bytes,
             "in_flight": s.in_flight, "buffer_bytes": s.buffer_bytes, "transient_bytes": s.transient_bytes,
             "step_scratch_bytes": s.step_scratch_bytes, "workspace_bytes": s.workspace_bytes,
+            "nccl_buffers": dict(s.nccl_buffers or {}),
             "peak_bytes": s.peak_bytes, "reserved_bytes": s.reserved_bytes or s.peak_bytes,
             "reserved_by": s.reserved_by, "replayed_reserved_bytes": s.replayed_reserved_bytes,
             "after_step_bytes": s.after_step_bytes, "step_end_bytes": s.step_end_bytes, "cap_bytes": s.cap_bytes,

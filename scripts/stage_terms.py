@@ -40,7 +40,8 @@ def main(argv: list[str]) -> int:
         {"static": s.static_bytes / GIB, "activations": s.activation_bytes / GIB,
          "in_flight": s.in_flight, "buffers": s.buffer_bytes / GIB,
          "transient": s.transient_bytes / GIB, "step_scratch": s.step_scratch_bytes / GIB,
-         "workspace": s.workspace_bytes / GIB, "peak": s.peak_bytes / GIB,
+         "workspace": s.workspace_bytes / GIB,
+         "nccl_by_communicator": {name: n / GIB for name, n in (s.nccl_buffers or {}).items()}, "peak": s.peak_bytes / GIB,
          "reserved": (s.reserved_bytes or s.peak_bytes) / GIB}
         for s in cost.stages]}))
     return 0

@@ -145,7 +145,10 @@ def test_solve_on_a_gpu_profile_states_the_reserved_peak_beside_the_allocated(tm
         last = stage["index"] == 3
         assert predicted["reserved_by"] == ("divisor" if last else "replay")
         assert predicted["reserved_bytes"] >= predicted["peak_bytes"] / (0.85 if last else 1)
-        assert predicted["workspace_bytes"] == (1 if stage["index"] in (0, 3) else 2) * 544 * MIB
+        # H100: a point-to-point peer per neighbour, 32 channels x 12 MiB (planner/cost/nccl_buffers.py)
+        assert predicted["workspace_bytes"] == (1 if stage["index"] in (0, 3) else 2) * 32 * 12 * MIB
+        mine = next(s for s in summary["stages"] if s["index"] == stage["index"])
+        assert sum(mine["nccl_buffers"].values()) == predicted["workspace_bytes"]
     assert summary["stages"][0]["reserved_bytes"] == plan["stages"][0]["predicted"]["reserved_bytes"]
     assert summary["stages"][0]["reserved_by"] == "replay"
     table = run_ok("evaluate", "--profile", tmp_path / "p.json", "--precision", "bf16-mixed",

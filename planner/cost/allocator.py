@@ -38,12 +38,7 @@ each with its source:
   --expandable-segments, else as the runtime's launch script does (RuntimeFacts.expandable_segments; torchtitan's
   multi-node multinode_trainer.slurm sets nothing, so a job over several nodes runs the default segments:
   expandable_segments_across_nodes; planner/cost/reserve_fsdp2.py, docs/framework-facts.md §31).
-- **NCCL.** Each NCCL communicator a rank uses holds buffers outside the caching allocator:
-  measured with PyTorch on 4 A100s over NVLink, 544 MiB for a two-rank group and 688 MiB for
-  larger ones (NVIDIA/nccl issue 964, the reporter's per-group figures; NCCL 2.18, default
-  NCCL_BUFFSIZE). A pipeline rank sends to each neighbour over a two-rank communicator
-  (ProcessGroupNCCL's point-to-point communicators), and joins one communicator per
-  data-parallel group it reduces in.
+- **NCCL.** Each NCCL communicator's buffers sit outside the caching allocator: planner/cost/nccl_buffers.py.
 - **The replay.** `replay` runs the allocator's own rules (below) on a stage's allocations and
   frees, so the reserved peak is the segments that sequence takes, not a margin.
 """
@@ -68,11 +63,6 @@ ROUND_LARGE = 2 * MIB  # kRoundLarge: a large segment's size is a multiple of th
 
 # GMLake (Guo et al. 2024): PyTorch's caching allocator on eight LLM training jobs, A100 80GB
 DEFAULT_FRAGMENTATION = 0.15
-
-# NVIDIA/nccl issue 964: GPU memory per NCCL communicator, PyTorch on 4 A100s over NVLink
-NCCL_PAIR_BYTES = 544 * MIB
-NCCL_GROUP_BYTES = 688 * MIB
-
 
 def block_bytes(nbytes: int) -> int:
     """The bytes the caching allocator counts for a request of `nbytes` (round_size)."""
@@ -106,13 +96,6 @@ def allocated_limit(reservable: float, fragmentation: float) -> float:
     if reservable <= 0:
         return 0.0
     return (reservable // ROUND_LARGE) * ROUND_LARGE * (1 - fragmentation)
-
-
-def communicator_bytes(group_size: int) -> int:
-    """NCCL's buffers for one communicator of `group_size` ranks; a group of one has none."""
-    if group_size <= 1:
-        return 0
-    return NCCL_PAIR_BYTES if group_size == 2 else NCCL_GROUP_BYTES
 
 
 # ---------------------------------------------------------------- the replay

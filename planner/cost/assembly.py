@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import afterstep, allocator, asynctp, comm, dataparallel, runtimes, te_offload
+from planner.cost import afterstep, allocator, asynctp, comm, dataparallel, nccl_buffers, runtimes, te_offload
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
@@ -69,6 +69,7 @@ class StageCost:
     # cuda, where the replay ran but the divisor's reserve is larger (replayed_reserve.with_replayed_reserve): the replay's
     replayed_reserved_bytes: int | None = None
     workspace_bytes: int = 0
+    nccl_buffers: dict[str, int] | None = None  # cuda: workspace_bytes' NCCL part by communicator (communicator_bytes)
     # allocated after the optimizer step: static and what the runtime keeps past it
     # (planner/cost/afterstep.py; what Megatron-LM logs as mem-allocated-bytes)
     after_step_bytes: int = 0
@@ -211,24 +212,19 @@ def fragmentation(pipeline: PipelineSetup, *, device_type: str) -> float:
 
 
 def workspace_bytes(stage: int, ctx: Context) -> int:
-    """The communication library's buffers on the rank holding `stage` (cuda): a two-rank
-    communicator per pipeline neighbour; one per data-parallel group it reduces in (HSDP: its
-    shard group and its replica group); one for the tensor-parallel group of an analytic
-    profile. gloo on cpu allocates in the tensors' memory: nothing."""
+    """The communication library's buffers on the rank holding `stage` (cuda): NCCL's, per communicator the rank
+    uses (nccl_buffers.rank_buffers), and AsyncTP's symmetric workspace. gloo on cpu allocates in the tensors'
+    memory: nothing."""
     if ctx.device_type != "cuda":
         return 0
-    setup = ctx.setup
-    neighbours = (stage > 0) + (stage < setup.pipeline.stages - 1)
-    if setup.pipeline.chunks > 1:  # a rank's chunks talk to both its neighbours
-        neighbours = min(2, setup.pipeline.stages - 1)
-    groups = [2] * neighbours
-    dp, shard, ep = setup.data_parallel.dp, setup.data_parallel.shard_group, setup.data_parallel.ep
-    groups += [shard, dp // shard] if shard is not None else [dp]
-    if ep > 1 and any(layer.expert_param_count for layer in ctx.profile.layers):
-        groups += [ep, dp // ep]  # the expert-parallel group and the experts' data-parallel group
-    tp = ctx.profile.assumptions.get("tp", 1)
-    groups.append(tp if isinstance(tp, int) else 1)
-    return sum(allocator.communicator_bytes(size) for size in groups) + async_tp_workspace_bytes(ctx)
+    return sum(communicator_bytes(stage, ctx).values()) + async_tp_workspace_bytes(ctx)
+
+
+def communicator_bytes(stage: int, ctx: Context) -> dict[str, int]:
+    """NCCL's buffers on the rank holding `stage`, by communicator (cuda; {} on cpu)."""
+    if ctx.device_type != "cuda":
+        return {}
+    return nccl_buffers.rank_buffers(stage, ctx.setup, ctx.profile)
 
 
 def async_tp_workspace_bytes(ctx: Context) -> int:

@@ -26,6 +26,7 @@ from planner.cost.assembly import (
     StageCost,
     StageSums,
     capacity_ms,
+    communicator_bytes,
     cublas_workspaces_bytes,
     fragmentation,
     host_cap_bytes,
@@ -161,7 +162,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         host_bytes=int(round(sum(sums[k].host_bytes + in_flight[k] * sums[k].offloaded_bytes for k in stages))),
         host_cap_bytes=host_cap_bytes(setup.data_parallel, pipeline=setup.pipeline), limit_bytes=limit_bytes(rank, ctx) + cublas,
         reserved_bytes=reserved,
-        workspace_bytes=workspace_bytes(rank, ctx),
+        workspace_bytes=workspace_bytes(rank, ctx), nccl_buffers=communicator_bytes(rank, ctx),
         after_step_bytes=afterstep.after_step_bytes(static, [chunks[k][0][0] for k in stages], stages,
                                                     training=setup.training, profile=profile))
 

@@ -29,6 +29,7 @@ class StageSummary(Strict):
     reserved_by: Literal["replay", "divisor"] | None  # how reserved_bytes was found (StagePredicted.reserved_by)
     replayed_reserved_bytes: Bytes | None  # null: the replay is the reserve itself where it runs (reserve.py); kept for parsers
     workspace_bytes: Bytes  # the communication library's buffers beside the reserve
+    nccl_buffers: dict[str, Bytes] = {}  # workspace_bytes' NCCL part by communicator (planner/cost/nccl_buffers.py)
     cap_bytes: Bytes  # the cap: reserved + workspace (cuda), or the peak (cpu) must fit it
     fits: bool  # the device's and the host's verdict (planner/cost/assembly.py StageCost.fits)
     time_ms: float  # per microbatch: forward, backward, recompute
