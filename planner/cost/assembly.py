@@ -6,7 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import afterstep, allocator, asynctp, comm, dataparallel, nccl_buffers, runtimes, te_offload
+from planner.cost import (
+    afterstep,
+    allocator,
+    asynctp,
+    comm,
+    dataparallel,
+    nccl_buffers,
+    runtimes,
+    te_offload,
+)
 from planner.cost.layers import (
     LayerCost,
     layer_costs,
