@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cost import rules
+from planner.cost import gathered, rules
 from planner.cost.chunkedloss import chunked_head_profile, chunked_loss_bytes
 from planner.cost.layers import layer_costs
 from planner.errors import UserError
@@ -169,8 +169,8 @@ def test_fsdp2s_head_backward_no_longer_holds_the_lm_heads_gradient():
 
     profile = _profile()
     head = layer_costs(profile)[-1]
-    plain = rules.fsdp_unit_layer_bytes(head, 0, profile, _setup(0, dp=8, zero=3))
-    chunked = rules.fsdp_unit_layer_bytes(head, 0, profile, _setup(4, dp=8, zero=3))
+    plain = gathered.fsdp_unit_layer_bytes(head, 0, profile, _setup(0, dp=8, zero=3))
+    chunked = gathered.fsdp_unit_layer_bytes(head, 0, profile, _setup(4, dp=8, zero=3))
     # the larger moment here is the computing one (the post-backward's, less the layer's scratch, is lower)
     assert plain > 0 and plain - chunked == 1024 * 64 * 2
     from planner.cost.chunkedloss import head_grads_reduced_in_loss

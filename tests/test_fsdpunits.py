@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cost import costmodel, dataparallel, fsdpunits, rules
+from planner.cost import costmodel, dataparallel, fsdpunits, gathered
 from planner.models.synthetic import layer, profile_of
 from planner.schema import TrainSetup
 
@@ -96,25 +96,25 @@ def four_layers():
 def test_rules_charge_the_units_per_moment_and_the_largest_layer_elsewhere():
     p = four_layers()
     titan = setup()
-    assert rules.unsharded_bytes(p, 0, titan) == 0
-    assert rules.fsdp_unit_loss_bytes(p, 0, titan) == 36 * MI
+    assert gathered.unsharded_bytes(p, 0, titan) == 0
+    assert gathered.fsdp_unit_loss_bytes(p, 0, titan) == 36 * MI
     # the larger of each layer's computing and post-backward moments (the layers have no scratch)
-    assert [rules.fsdp_unit_layer_bytes(x, 0, p, titan) for x in costmodel.layer_costs(p)] == \
+    assert [gathered.fsdp_unit_layer_bytes(x, 0, p, titan) for x in costmodel.layer_costs(p)] == \
         [96 * MI, 64 * MI, 64 * MI, 52 * MI]
     # ckplan's runtime: the largest layer's measured term, held; no per-moment term
     ours = setup(runtime="ckplan", runtime_version=None)
-    assert rules.unsharded_bytes(p, 0, ours) == (2 * 2 + 2 + 2) * 8 * MI
-    assert rules.fsdp_unit_loss_bytes(p, 0, ours) == 0
-    assert rules.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, ours) == 0
+    assert gathered.unsharded_bytes(p, 0, ours) == (2 * 2 + 2 + 2) * 8 * MI
+    assert gathered.fsdp_unit_loss_bytes(p, 0, ours) == 0
+    assert gathered.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, ours) == 0
 
 
 def test_weights_kept_whole_beside_a_pipeline_are_not_charged_again():
     # every unit stays gathered beside a pipeline, already whole bf16 weights in static
     p = four_layers()
     whole = setup(zero_gather="per-iteration")
-    assert rules.unsharded_bytes(p, 0, whole) == 0
-    assert rules.fsdp_unit_loss_bytes(p, 0, whole) == 0
-    assert all(rules.fsdp_unit_layer_bytes(x, 0, p, whole) == 0 for x in costmodel.layer_costs(p))
+    assert gathered.unsharded_bytes(p, 0, whole) == 0
+    assert gathered.fsdp_unit_loss_bytes(p, 0, whole) == 0
+    assert all(gathered.fsdp_unit_layer_bytes(x, 0, p, whole) == 0 for x in costmodel.layer_costs(p))
 
 
 def test_the_stage_peaks_at_the_largest_moment():

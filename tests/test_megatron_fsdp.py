@@ -4,7 +4,7 @@ model: an embedding and a head of 50M parameters, three blocks of 12.6M of which
 
 from fixtures.cli import run
 
-from planner.cost import dataparallel, megatron_fsdp, rules
+from planner.cost import dataparallel, gathered, megatron_fsdp
 from planner.models.configs import megatron
 from planner.models.synthetic import uniform_blocks
 from planner.schema import Float8Linears, TrainSetup
@@ -42,7 +42,7 @@ def test_double_buffered_slots_the_edges_gathered_and_the_output_layers_bucket_b
     # bucket in a slot, Blackwell: no transpose)
     slots = 2 * (12 * M + 0.6 * M * 2 + 12.6 * M * 4)
     assert megatron_fsdp.buffer_bytes(profile, 0, setup) == 200 * M + slots + 200 * M
-    assert rules.unsharded_bytes(profile, 0, setup) == int(200 * M + slots + 200 * M)  # FSDP2's term replaced
+    assert gathered.unsharded_bytes(profile, 0, setup) == int(200 * M + slots + 200 * M)  # FSDP2's term replaced
 
 
 def test_without_double_buffers_the_prefetched_units_and_the_unfused_gradients_on_hopper():
@@ -79,7 +79,7 @@ def test_zero_2_keeps_fsdp2s_largest_layer_term_and_one_rank_runs_nothing():
     profile, setup = _profile("gb200"), _setup(zero=2)
     assert not megatron_fsdp.runs(setup)
     largest = 50 * M
-    assert rules.unsharded_bytes(profile, 0, setup) == int(dataparallel.unsharded_bytes(largest, setup))
+    assert gathered.unsharded_bytes(profile, 0, setup) == int(dataparallel.unsharded_bytes(largest, setup))
     one = setup.model_copy(update={"data_parallel": setup.data_parallel.model_copy(update={"dp": 1, "zero": 3})})
     assert not megatron_fsdp.runs(one) and megatron_fsdp.buffer_bytes(profile, 0, one) == 0.0
 
@@ -139,4 +139,4 @@ def test_the_cli_refuses_megatron_fsdps_settings_off_zero_3_and_scores_them_on_i
                                                                                        "fp8_all_gather": False})})
     double = plain.model_copy(update={"data_parallel": plain.data_parallel.model_copy(
         update={"fsdp_double_buffer": True})})
-    assert peaks[1] != peaks[0] and peaks[1] - peaks[0] == (rules.unsharded_bytes(profile, 0, double) - rules.unsharded_bytes(profile, 0, plain))
+    assert peaks[1] != peaks[0] and peaks[1] - peaks[0] == (gathered.unsharded_bytes(profile, 0, double) - gathered.unsharded_bytes(profile, 0, plain))

@@ -205,12 +205,9 @@ def rank_of(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainS
         loss_program,
         loss_tensor_bytes,
     )
+    from planner.cost.gathered import fsdp_unit_loss_bytes, kept_reduce_scatter_input_bytes
     from planner.cost.layers import layer_costs
-    from planner.cost.rules import (
-        fsdp_unit_loss_bytes,
-        kept_reduce_scatter_input_bytes,
-        outputs_held,
-    )
+    from planner.cost.rules import outputs_held
     from planner.cost.schedules import build_schedule
     from planner.cost.terms import Context, stage_value
 

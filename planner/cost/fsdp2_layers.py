@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from planner.cost import contextparallel, dataparallel, fsdpunits, gradtiming, runtimes
 from planner.cost.cpring import peak as ring_peak
 from planner.cost.fsdp2_events import Fsdp2Layer
-from planner.cost.rules import fsdp_unit_layer_bytes, in_flight
+from planner.cost.gathered import fsdp_unit_layer_bytes
+from planner.cost.rules import in_flight
 from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, Profile, TrainSetup
 
 

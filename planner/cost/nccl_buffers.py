@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost import runtimes
+
 MIB = 1 << 20
 KIB = 1 << 10
 
@@ -204,7 +206,8 @@ def rank_communicators(stage: int, setup, profile) -> list[Communicator]:
     tp = profile.assumptions.get("tp", 1)
     tp = tp if isinstance(tp, int) else 1
     comms.append(Communicator("tp", tp))
-    if getattr(getattr(setup, "training", None), "runtime", None) == "megatron":
+    training = getattr(setup, "training", None)
+    if training is not None and runtimes.of(training).side_communicators:
         comms += megatron_communicators(setup, tp)
     return [c for c in comms if c.ranks > 1]
 

@@ -186,8 +186,8 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
     without a pipeline: that stage in an Fsdp2Accumulated. A rank of several chunks: fsdp2_chunks.rank_of
     (an Fsdp2Rank)."""
     from planner.cost.assembly import option_indices
+    from planner.cost.gathered import fsdp_unit_loss_bytes, kept_reduce_scatter_input_bytes
     from planner.cost.layers import layer_costs
-    from planner.cost.rules import fsdp_unit_loss_bytes, kept_reduce_scatter_input_bytes
     from planner.cost.schedules import build_schedule
     from planner.cost.terms import Context, stage_value
 

@@ -9,12 +9,9 @@ from planner.cost import (
     chunkedloss,
     compiledrerun,
     dataparallel,
-    fsdpunits,
-    megatron_fsdp,
     runtimes,
     schedules,
 )
-from planner.cost.deepspeed_terms import charged as deepspeed_charged
 from planner.cost.layers import LayerCost
 from planner.cost.opsacep import op_sac_reruns_exchanges
 from planner.schema import PipelineSetup, Profile, TimeConstants, TrainSetup
@@ -400,77 +397,6 @@ def loss_kept_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
         return chunked.kept_bytes - (0 if logits_in_loss_kept(profile, setup) else int(logits))
     held_apart = region.kept_counts_logits and not logits_in_loss_kept(profile, setup)
     return int(round((region.kept_x - (1 if held_apart else 0)) * logits)) + 4
-
-
-def unsharded_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
-    """ZeRO 3's gathered weights in flight and ZeRO 2/3's one unsharded gradient, for the
-    model's largest layer (dataparallel.unsharded_bytes): counted with the buffers, a
-    constant per stage; 0 where the runtime's FSDP2 units are charged per moment instead
-    (fsdp_unit_layer_bytes, fsdp_unit_loss_bytes), or DeepSpeed's submodules' (deepspeed_terms); Megatron-FSDP's
-    own buffers where it runs (planner/cost/megatron_fsdp.py)."""
-    if megatron_fsdp.runs(setup):
-        return int(round(megatron_fsdp.buffer_bytes(profile, stage, setup)))
-    if fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units) or deepspeed_charged(profile, setup):
-        return 0
-    largest, fp8 = max(_held_params(profile, setup))
-    return int(round(dataparallel.unsharded_bytes(largest, setup, fp8_count=fp8)))
-
-
-def kept_reduce_scatter_input_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
-    """The reduce-scatter input FSDP2 keeps beside a pipeline from a stage's last backward to the
-    next step's (its record's keeps_last_reduce_scatter_input): the whole gradients, in the reduce
-    dtype, of the last FSDP2 group the stage reduces (torchtitan fully_shards each block and the
-    root, and reduces them root first: a stage's last block), taken for the model's largest layer
-    as unsharded_bytes takes it. 0 without a pipeline (FSDP2's own final callback drops it), without
-    sharding, or where gradients are not kept whole through the microbatches."""
-    if setup.pipeline.stages == 1 or not dataparallel.kept_whole(setup) or dataparallel.shard_size(setup) == 1:
-        return 0.0
-    if not runtime_facts(setup).keeps_last_reduce_scatter_input:
-        return 0.0
-    ep = setup.data_parallel.ep
-    largest = max(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
-                  for layer in profile.layers)
-    return largest * dataparallel.param_bytes(setup).grads
-
-
-def _held_params(profile: Profile, setup: TrainSetup) -> list[tuple[int, int]]:
-    """Each layer's (parameters a rank holds, Float8 weights among them): under expert parallelism
-    a layer holds 1/E of its routed experts."""
-    ep = setup.data_parallel.ep
-    return [(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep,
-             layer.float8.param_count if layer.float8 is not None else 0) for layer in profile.layers]
-
-
-def _units_args(profile: Profile, setup: TrainSetup):
-    held = _held_params(profile, setup)
-    record = runtime_facts(setup)
-    return ([p for p, _ in held], [f for _, f in held],
-            dict(grouping=record.fsdp_units, held=record.fsdp_gathered_from_forward))
-
-
-def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
-    """What FSDP2 holds beyond the sharded state while `layer` (under `option`) runs its backward, by
-    the runtime's units (fsdpunits.layer_moment_bytes), as an extra of the layer: the larger of its
-    computing moment and its unit's post-backward less the layer's own extra (freed by then). 0 where
-    they are not charged per moment (unsharded_bytes holds the largest layer's instead)."""
-    if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
-        return 0
-    params, fp8, units = _units_args(profile, setup)
-    index = next(i for i, known in enumerate(profile.layers) if known.name == layer.name)
-    computing, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
-    if index == len(profile.layers) - 1:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
-        computing, after = (a - b for a, b in zip((computing, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
-    # the post-backward comes once the layer's own scratch and recompute are freed
-    return int(round(max(computing, after - layer_extra_bytes(layer, option))))
-
-
-def fsdp_unit_loss_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
-    """What FSDP2 holds gathered at the loss, on the last stage, by the runtime's units
-    (fsdpunits.loss_moment_bytes): an extra of the stage beside the loss's scratch."""
-    if stage != setup.pipeline.stages - 1 or not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
-        return 0
-    params, fp8, units = _units_args(profile, setup)
-    return int(round(fsdpunits.loss_moment_bytes(params, fp8, setup, **units)))
 
 
 def stage_constant_transient_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:

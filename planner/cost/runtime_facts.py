@@ -174,7 +174,7 @@ class RuntimeFacts:
     one stage and one microbatch under ZeRO 3, or beside 1F1B / GPipe / interleaved 1F1B (several
     chunks a rank: fsdp2_chunks.py) with the weights and gradients kept whole (reserve_fsdp2.replays);
     other setups keep the margin."""
-    # -- FSDP2 beside a pipeline (read by rules.kept_reduce_scatter_input_bytes)
+    # -- FSDP2 beside a pipeline (read by gathered.kept_reduce_scatter_input_bytes)
     keeps_last_reduce_scatter_input: bool = False
     """Beside torch's pipelining, FSDP2's communication context keeps the reduce-scatter input of
     the last group a stage reduces (its whole gradients in the reduce dtype) from the stage's last
@@ -268,6 +268,10 @@ class RuntimeFacts:
     fused_ce_bytes: int = 0
     """Bytes a bf16 logit the runtime's own fused (compiled) cross-entropy moves, forward and backward
     (Megatron-LM's --cross-entropy-loss-fusion, native: planner/cost/megatron_loss.py); 0: not read."""
+    side_communicators: bool = False
+    """Whether a rank also runs collectives in communicators of its own beyond its PP/DP/EP/TP groups: Megatron-LM's
+    world group (barriers), its model-parallel group (the gradients' norm) and TE's context-parallel ring peers
+    (planner/cost/nccl_buffers.py megatron_communicators); False: none read."""
     te_ce_bytes: int = 0
     """Bytes a bf16 logit Transformer Engine's fused cross-entropy moves, forward and backward (Megatron-LM's
     --cross-entropy-fusion-impl te, the te_cross_entropy region: planner/cost/megatron_loss.py); 0: not read."""
@@ -404,7 +408,7 @@ class RuntimeFacts:
     runs torch's pipelining with one), "never" (Megatron-LM: the GPT model returns the loss, the logits are
     dropped once it is made). Where not held, the 1x of the loss region's kept bytes the stage output
     carries is the loss's, freed with it before the output layer's backward (rules.logits_in_loss_kept)."""
-    # -- FSDP2's units (planner/cost/fsdpunits.py; read by rules.unsharded_bytes and fsdp_unit_*_bytes)
+    # -- FSDP2's units (planner/cost/fsdpunits.py; read by gathered.unsharded_bytes and fsdp_unit_*_bytes)
     fsdp_units: str = "largest-layer"
     """How ZeRO 3's units group the model's layers, and so what is gathered when: "largest-layer" (the
     buffer term measured on ckplan's runtime, where every layer is its own unit: the model's largest

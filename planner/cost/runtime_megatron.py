@@ -57,6 +57,11 @@ FUSED_LOSS_AND_GROUPED_GEMM_SOURCES = {
                       "tests/test_megatron_fused_ce.py): the cast and max (read 2, write 4), subtract, exp and sum (4 + "
                       "4), divide (4 + 4), and in the backward the index_put's copy, the multiply and the cast (read 4, "
                       "write 4, read 4, write 4 + 2): 40 B a logit, fused_cross_entropy.py at Megatron-LM ad2ab2ca",
+    "side_communicators": "megatron-core 92c8482e: each process group its own NCCL communicator, made at its first "
+                          "collective (initialize.py 342-355 passes no device_id); the default group's barriers "
+                          "(megatron/training/initialize.py 221-229, 399-401), the model-parallel group's norm and "
+                          "zeros (megatron/core/optimizer/clip_grads.py 96-132, optimizer.py 161-177), TE's CP ring "
+                          "(docs/framework-facts.md §115)",
     "te_ce_bytes": "--cross-entropy-fusion-impl te: te_parallel_cross_entropy(logits, labels, tp_group, False) on the "
                    "bf16 vocab-parallel logits as the output layer made them, contiguous (megatron/core/models/common/"
                    "language_module/language_module.py 128-171, extensions/transformer_engine.py 2093-2106, "
@@ -100,7 +105,7 @@ def megatron() -> RuntimeFacts:
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
-        te_ce_bytes=2 + (2 + 2) + (2 + 2),
+        te_ce_bytes=2 + (2 + 2) + (2 + 2), side_communicators=True,
         sources={
             "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
                            "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"

@@ -42,6 +42,7 @@ AFTER_STEP_NOT_READ = {
                          "offload handler)",
     "fused_ce_bytes": "not read for this runtime: no fused cross-entropy of its own (refused)",
     "fused_cross_entropy": "not read for this runtime: no fused cross-entropy of its own (refused)",
+    "side_communicators": "not read for this runtime: only its PP, DP, EP and TP groups' communicators are counted",
     "te_ce_bytes": "not read for this runtime: no Transformer Engine cross-entropy (--te-cross-entropy refused)",
     "step_whole_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",
     "step_shard_bytes": "not read for this runtime (nothing charged beside the optimizer's step)",

@@ -21,6 +21,12 @@ from planner.cost import (
     megatron_dp,
     megatron_loss,
 )
+from planner.cost.gathered import (
+    fsdp_unit_layer_bytes,
+    fsdp_unit_loss_bytes,
+    kept_reduce_scatter_input_bytes,
+    unsharded_bytes,
+)
 from planner.cost.layers import LayerCost
 from planner.cost.opsacep import op_sac_ep_kept_bytes
 from planner.cost.repeatedkv import repeated_kv_extra_bytes, repeated_kv_kept_bytes
@@ -34,11 +40,8 @@ from planner.cost.rules import (
     first_layer_comm_ms,
     first_layer_kept_bytes,
     first_layer_reduced_back_bytes,
-    fsdp_unit_layer_bytes,
-    fsdp_unit_loss_bytes,
     held_outputs_bytes,
     kept_bytes,
-    kept_reduce_scatter_input_bytes,
     last_layer_buffer_bytes,
     last_layer_comm_ms,
     last_layer_kept_bytes,
@@ -55,7 +58,6 @@ from planner.cost.rules import (
     static_bytes,
     step_checks_ms,
     tied_once_bytes,
-    unsharded_bytes,
 )
 from planner.cost.stepscratch import layer_step_scratch_bytes
 from planner.cost.tpgathered import tp_gathered_extra_bytes, tp_gathered_kept_bytes
