@@ -53,8 +53,8 @@ def test_router_bytes_by_hand():
 def test_the_mixture_is_the_fake_count_of_transformers_code():
     """The experts' module (with the shared expert's SwiGLU and the experts' input-gradient add): the
     analytic block's `activation` to the byte both ways; the router: the MoE block's `elementwise` less a
-    dense block's (same attention, a SwiGLU MLP as wide as nothing matters: its gate/up sum is T h either
-    way) is the router's bytes and one add (6 T h: the shared experts' output forward, where their input
+    dense block's (the same attention; its SwiGLU's gate/up gradient sum is 6 T h whatever its width, as the
+    shared expert's) is the router's bytes and one add (6 T h: the shared experts' output forward, where their input
     gradient meets the routed path's backward); two groups alike, with the mask's copy."""
     arch = archconfig.from_hf_config(MOE, where="test", name="test")
     assert hf_moe.counts_deepseek(arch) and not analytic_moe.counts_mixture(arch)

@@ -1,7 +1,8 @@
 """A Mixtral (or Qwen3-MoE) block's mixture as transformers 5.24 runs it, op by op: the router (MixtralTopKRouter) and the
 routed experts through `grouped_mm_experts_forward` (transformers/integrations/moe.py 424-537, the experts
 implementation the fake profile runs), their memory-bound bytes forward and backward as the fake profile
-counts them (fake.OpBytes: every tensor an op reads and writes, whole; docs/framework-facts.md §82).
+counts them (fake.OpBytes: every tensor an op reads and writes, whole; docs/framework-facts.md §82). DeepSeek-V3's
+experts run the same path (experts_bytes; its router: hf_moe.py, §120).
 
 Symbols: T tokens, k top-k, S = T·k token copies (the dropless experts compute every copy), E experts,
 h hidden, f the experts' width (/TP); bf16 activations (2 B), int64 indices (8 B), fp32 routing weights (4 B:
