@@ -28,12 +28,12 @@ def _split(config: dict, option: str):
 
 def test_mixture_bytes_by_hand():
     """Mixtral's (fp32 weights, renormalized): T = 16 tokens, k = 2 (S = 32 copies), E = 4, h = 64, f = 128: the router's forward 2,304 B (6·64 +
-    8·64 + 4·64 + 12·32 + 4·32 + 4·16 + 8·32 + 8·32 + 4·16), the experts' 98,992 (20 S h + 10 S f + 12 T h
-    + 148 S + 12 E); backward 247,936 (the experts' 12 T h + 60 S h + 26 S f + 52 S, the router's 76 S + 16 T +
+    8·64 + 4·64 + 12·32 + 4·32 + 4·16 + 8·32 + 8·32 + 4·16), the experts' 98,480 (20 S h + 10 S f + 12 T h
+    + 132 S + 12 E: the inverse permutation's empty_like writes nothing, fake.NO_TRAFFIC); backward 247,936 (the experts' 12 T h + 60 S h + 26 S f + 52 S, the router's 76 S + 16 T +
     30 T E) and the inputs' add 6 T h."""
     fwd, bwd = analytic_moe.mixture_bytes(16, 64, 128, 4, 2)
-    assert fwd == {"elementwise": 2304, "activation": 20 * 32 * 64 + 10 * 32 * 128 + 12 * 16 * 64 + 148 * 32 + 12 * 4}
-    assert fwd["activation"] == 98992
+    assert fwd == {"elementwise": 2304, "activation": 20 * 32 * 64 + 10 * 32 * 128 + 12 * 16 * 64 + 132 * 32 + 12 * 4}
+    assert fwd["activation"] == 98480
     assert bwd == {"activation": 247936, "elementwise": 6 * 16 * 64}
     assert 12 * 16 * 64 + 60 * 32 * 64 + 26 * 32 * 128 + 52 * 32 + 76 * 32 + 16 * 16 + 30 * 16 * 4 == 247936
 

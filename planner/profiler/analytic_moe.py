@@ -1,7 +1,8 @@
 """A Mixtral (or Qwen3-MoE) block's mixture as transformers 5.24 runs it, op by op: the router (MixtralTopKRouter) and the
 routed experts through `grouped_mm_experts_forward` (transformers/integrations/moe.py 424-537, the experts
 implementation the fake profile runs), their memory-bound bytes forward and backward as the fake profile
-counts them (fake.OpBytes: every tensor an op reads and writes, whole; docs/framework-facts.md §82).
+counts them (fake.OpBytes: every tensor an op reads and writes, whole; docs/framework-facts.md §82). DeepSeek-V3's
+experts run the same path (experts_bytes; its router: hf_moe.py, §120).
 
 Symbols: T tokens, k top-k, S = T·k token copies (the dropless experts compute every copy), E experts,
 h hidden, f the experts' width (/TP); bf16 activations (2 B), int64 indices (8 B), fp32 routing weights (4 B:
@@ -15,8 +16,8 @@ values 4 S and indices 8 S), the top-k's sum (4 S + 4 T), the in-place divide's 
 token index `perm // k` (16 S), the hidden rows gathered (the whole input read, 2 T h, the index 8 S, 2 S h
 written), the weights gathered (16 S), histc's float input (12 S), histc (4 S + 4 E) and the offsets' cumsum
 (8 E); SiLU and the product (4 S f + 6 S f); the weighting (2 S h + 4 S read, 4 S h written), the inverse
-permutation (empty_like 16 S, arange 8 S, index_put_ 32 S), the fp32 rows reordered (8 S h + 8 S), summed
-over k (4 S h + 4 T h) and cast (6 T h).
+permutation (arange 8 S, index_put_ 32 S; its empty_like writes nothing: fake.NO_TRAFFIC), the fp32 rows
+reordered (8 S h + 8 S), summed over k (4 S h + 4 T h) and cast (6 T h).
 
 Backward, the experts (`activation`): the cast's (6 T h), the sum's expand cloned (8 S h), the reorder's
 index backward into zeros (new_zeros 8 S h, index_put 12 S h + 8 S), the weighting's two gradients (10 S h;
@@ -46,23 +47,35 @@ def mixture_bytes(tokens: int, hidden: int, width: int, experts: int, top_k: int
     under bf16 weights, w = 2, Qwen3-MoE's, the router adds the cast (6 S each way), the weighted rows stay
     bf16, o = 2, and the final cast is gone); `renormalizes`: the top-k weights divided by their sum; the
     matmuls are kernels (expert_kernels)."""
-    T, h, f, E, w = tokens, hidden, width, experts, weight_bytes
+    T, h, E, w = tokens, hidden, experts, weight_bytes
     S = T * top_k
-    o = 4 if w == 4 else 2  # the weighted rows' element size: bf16 x fp32 promotes
-    cast_out = 6 * T * h if o == 4 else 0  # the sum's fp32 result cast back to bf16
     norm_fwd = (4 * S + 4 * T) + 8 * S + (8 * S + 4 * T) if renormalizes else 0
     norm_bwd = (24 * S + 12 * T) + 8 * S + 12 * S + (4 * S + 4 * T) + 12 * S if renormalizes else 0
     cast_weights = 6 * S if w == 2 else 0
     router_fwd = 6 * T * E + 8 * T * E + (4 * T * E + 12 * S) + norm_fwd + cast_weights
-    experts_fwd = (24 * S + 16 * S + (2 * T * h + 8 * S + 2 * S * h) + (2 * w + 8) * S + 12 * S + (4 * S + 4 * E)
-                   + 8 * E + 10 * S * f + (2 * S * h + w * S + o * S * h) + (16 * S + 8 * S + 32 * S)
-                   + (2 * o * S * h + 8 * S) + (o * S * h + o * T * h) + cast_out)
-    experts_bwd = (cast_out + 2 * o * S * h + (2 * o * S * h + 3 * o * S * h + 8 * S) + (2 * o + 2) * S * h
-                   + (2 * o * S * h + w * S) + (6 * S * h if o == 4 else 0) + (o * S * h + o * S) + 26 * S * f
-                   + (2 * w * S + (3 * w + 8) * S) + (2 * S * h + 2 * T * h) + (4 * T * h + 2 * S * h + 8 * S))
+    experts_fwd, experts_bwd = experts_bytes(tokens, hidden, width, experts, top_k, weight_bytes=w)
     router_bwd = cast_weights + norm_bwd + (4 * S + 4 * T * E) + (8 * T * E + 12 * S) + 12 * T * E + 6 * T * E
     return (Counter(elementwise=router_fwd, activation=experts_fwd),
             Counter(activation=experts_bwd + router_bwd, elementwise=6 * T * h))
+
+
+def experts_bytes(tokens: int, hidden: int, width: int, experts: int, top_k: int, *,
+                  weight_bytes: int = 4) -> tuple[int, int]:
+    """(forward, backward) bytes of `grouped_mm_experts_forward` over `tokens` tokens given the router's top-k
+    (the module docstring's experts' terms; `weight_bytes` the top-k weights' element size as the router returns
+    them: 4 for fp32, Mixtral's and DeepSeek's, 2 for Qwen3-MoE's). The router's backward, which the fake
+    profile classes by the module it runs under, is not in it (mixture_bytes, hf_moe.py)."""
+    T, h, f, E, w = tokens, hidden, width, experts, weight_bytes
+    S = T * top_k
+    o = 4 if w == 4 else 2  # the weighted rows' element size: bf16 x fp32 promotes
+    cast_out = 6 * T * h if o == 4 else 0  # the sum's fp32 result cast back to bf16
+    forward = (24 * S + 16 * S + (2 * T * h + 8 * S + 2 * S * h) + (2 * w + 8) * S + 12 * S + (4 * S + 4 * E)
+               + 8 * E + 10 * S * f + (2 * S * h + w * S + o * S * h) + (8 * S + 32 * S)
+               + (2 * o * S * h + 8 * S) + (o * S * h + o * T * h) + cast_out)
+    backward = (cast_out + 2 * o * S * h + (2 * o * S * h + 3 * o * S * h + 8 * S) + (2 * o + 2) * S * h
+                + (2 * o * S * h + w * S) + (6 * S * h if o == 4 else 0) + (o * S * h + o * S) + 26 * S * f
+                + (2 * w * S + (3 * w + 8) * S) + (2 * S * h + 2 * T * h) + (4 * T * h + 2 * S * h + 8 * S))
+    return forward, backward
 
 
 def counts_mixture(arch) -> bool:

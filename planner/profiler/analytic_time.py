@@ -14,7 +14,7 @@ Kernels, per device and microbatch (T tokens; widths /t under TP, as in analytic
 - a MoE block's router, every routed expert's three matmuls over its C tokens (Hugging Face
   loops over experts, one kernel each), and the shared experts; Mixtral's, Qwen3-MoE's and DeepSeek's
   (V2, V3: a latent attention's) experts two (gate and up fused in gate_up_proj), Mixtral's and
-  Qwen3-MoE's router's and experts' bytes op by op (analytic_moe.py).
+  Qwen3-MoE's router's and experts' bytes op by op (analytic_moe.py), DeepSeek-V3's (hf_moe.py).
 
 Memory-bound bytes, per element of the tensor named, for 16-bit activations as eager
 PyTorch moves them (the ops and their autograd formulas, counted op by op under
@@ -44,7 +44,7 @@ from collections import Counter
 
 from planner.models.archs import GPU
 from planner.models.gptoss import window_pairs
-from planner.profiler import analytic_moe, formulas, gptoss_time, hf_mla
+from planner.profiler import analytic_moe, formulas, gptoss_time, hf_mla, hf_moe
 from planner.profiler.activations import ACTIVATIONS
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
@@ -169,6 +169,8 @@ def _mlp(arch, shape, moe: bool) -> tuple[list[Kernel], Counter, Counter]:
     if analytic_moe.counts_mixture(arch):  # Mixtral's router and grouped experts, op by op as transformers runs them
         fwd, bwd = analytic_moe.block_mixture_bytes(arch, shape)
         kernels = kernels[:1] + analytic_moe.expert_kernels(rows, h, arch.moe_intermediate_size // t) * local
+    elif hf_moe.counts_deepseek(arch):  # DeepSeek-V3's router and the same grouped experts, op by op (hf_moe.py)
+        fwd, bwd = hf_moe.mixture_bytes(arch, shape)
     shared = arch.num_shared_experts * arch.shared_intermediate_size // t
     if shared:
         shared_kernels, shared_fwd, shared_bwd = _swiglu(T, h, shared)
