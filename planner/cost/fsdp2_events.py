@@ -306,6 +306,11 @@ class _PipelineStep(_Step):
         self.upcast: set[int] = set()
 
     def forward_mb(self, mb: int) -> None:
+        self.forward_layers(mb)
+        self.forward_loss(mb)
+
+    def forward_layers(self, mb: int) -> None:
+        """The stage's layers' forward: FSDP2's gathers at each unit's first, every layer's kept bytes."""
         add, held_result = self.events.append, None
         for i, layer in enumerate(self.stage.layers):
             unit = layer.unit
@@ -319,8 +324,13 @@ class _PipelineStep(_Step):
             add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
         if held_result is not None:
             add(Free(held_result))
+
+    def forward_loss(self, mb: int) -> None:
+        """What follows the layers on the stage's forward: the last stage's loss (torch's pipelining computes it
+        once forward_one_chunk has returned the output: schedules.py _maybe_compute_loss), then what the stage's
+        ends keep."""
         self.loss_forward()
-        add(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
+        self.events.append(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
 
     def backward_mb(self, mb: int) -> None:
         add = self.events.append
