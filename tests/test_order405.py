@@ -78,3 +78,36 @@ def test_a_stage_without_a_pipeline_frees_the_result_after_the_losss_scratch():
                     ("Free", ("loss_forward", 3)), ("Alloc", ("loss_forward", 4)), ("Free", ("loss_forward", 2)),
                     ("Free", ("loss_forward", 1)), ("Alloc", ("loss_kept",)), ("Alloc", ("loss_extra", 1)),
                     ("Free", ("loss_extra", 1)), ("Free", ("loss_kept",)), ("Free", ("loss_forward", 4))]
+
+
+def torch_260_interleaved(pp: int, v: int, m: int, rank: int) -> list[tuple[int, str, int]]:
+    """ScheduleInterleaved1F1B's pipeline_order for `rank`, no-ops dropped, transcribed from torch 2.6.0
+    schedules.py 1889-1990 (_calculate_single_rank_operations) and 1752-1850 (_get_1f1b_rank_ops)."""
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
+    fwd_bwd = v * m - warmup
+    fwd = lambda s: ((s // per_round) % v) * pp + rank  # noqa: E731
+    bwd = lambda s: (v - 1 - ((s - warmup) // per_round) % v) * pp + rank  # noqa: E731
+    f_mb, b_mb, ops = {}, {}, []
+    for op in range(warmup + fwd_bwd + warmup):
+        if op < warmup + fwd_bwd:
+            s = fwd(op)
+            ops.append((s, "F", f_mb.setdefault(s, 0)))
+            f_mb[s] += 1
+        if op >= warmup:
+            s = bwd(op)
+            ops.append((s, "B", b_mb.setdefault(s, 0)))
+            b_mb[s] += 1
+    return ops
+
+
+def test_the_interleaved_ranks_actions_are_torchs():
+    """M18's last rank (PP 8, 2 chunks, 8 microbatches) and a few others: the replay's actions, stage by stage."""
+    from planner.cost.schedules import build_schedule
+
+    for pp, v, m in ((8, 2, 8), (4, 2, 8), (4, 3, 4), (2, 2, 6)):
+        walked = build_schedule("interleaved-1F1B", num_ranks=pp, num_microbatches=m, num_chunks=v)
+        for rank in range(pp):
+            ours = [(a.chunk * pp + rank, a.kind, a.microbatch) for a in walked.actions[rank]]
+            assert ours == torch_260_interleaved(pp, v, m, rank), (pp, v, m, rank)
