@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.cost import fsdp2_chunks
-from planner.cost.allocator import Alloc, Free
+from planner.cost.allocator import Alloc
 from planner.cost.fsdp2_chunks import Fsdp2Rank, with_ends
 from planner.cost.fsdp2_events import Fsdp2Layer, Fsdp2Stage
 from planner.cost.fsdp2_layers import program_kept_bytes
