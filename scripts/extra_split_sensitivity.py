@@ -21,6 +21,7 @@ def backward_mb(self, mb: int) -> None:
     add = self.events.append
     self.loss_scratch()
     add(Free(("rest", mb)))
+    self.events += [Free(key) for key in self.loss_kept.pop(mb, ())]  # the loss's result (§27.order405)
     for i in range(len(self.stage.layers) - 1, -1, -1):
         layer = self.stage.layers[i]
         whole, rest = divmod(layer.extra_bytes, PIECE)

@@ -10,7 +10,9 @@ LIVE=1 lists every tensor alive at the rank's allocated peak and at its reserved
 segment took the reserve to its peak), grouped by what made it (the key's name, its chunk and the step's
 microbatch dropped), with their bytes, and each segment alive then with what holds it (docs/published-runs.md
 §27.c8last).
-usage: RANK=7 [LIVE=1] [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
+MIN_STEPS=n plays at least n steps on the traced rank (does a later step take a segment the settled replay's last
+step did not? docs/published-runs.md §27.order405).
+usage: RANK=7 [LIVE=1] [MIN_STEPS=8] [HEAD_LESS_MIB=1152] [WATCH="('merged',)"] [HEAD_PIECES=b1,b2,..] PYTHONPATH=<checkout> python scripts/replay_trace.py <ckplan evaluate arguments>"""
 import os
 import sys
 
@@ -29,6 +31,7 @@ WATCH = os.environ.get("WATCH", "")  # a key's repr, e.g. "('merged',)"
 PIECES = [int(b) for b in os.environ.get("HEAD_PIECES", "").split(",") if b]  # bytes, summing to the extra
 LESS = int(float(os.environ.get("HEAD_LESS_MIB", "0")) * MIB)
 LIVE = os.environ.get("LIVE", "") not in ("", "0")
+MIN_STEPS = int(os.environ.get("MIN_STEPS", "0"))  # play at least this many steps on the traced rank (§27.order405)
 calls: list[list] = []
 original = allocator.replay
 
@@ -193,6 +196,8 @@ def print_live(kind: str, now: int, i: int, live: dict) -> None:
 def traced_settled(static, step, *, min_steps, max_steps, expandable=False):
     """allocator.settled_replay as one sequence: the static events and every step it plays (the same rule, played
     here to find the steps), handed to `traced` so a settled replay (FSDP2's, Megatron-LM's) is traced as one."""
+    if len(calls) == RANK and MIN_STEPS:  # at least MIN_STEPS steps on the traced rank, whatever the settling
+        min_steps, max_steps = MIN_STEPS, max(max_steps, MIN_STEPS)
     events = list(static)
     state = CachingAllocator(expandable=expandable)
     allocator.play(state, events)

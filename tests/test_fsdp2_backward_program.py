@@ -191,7 +191,7 @@ def test_one_gradient_goes_from_a_layer_to_the_one_before_and_is_freed_at_its_en
 def test_the_losss_requests_are_torchs_cross_entropys_at_the_forward_and_the_backward():
     """torchtitan 9dec370's loss, F its fp32 logits: on vocab-parallel logits (TP 2) the backward's scratch is
     loss_parallel's zeros, exp, sum, product (peak 3F), the forward's the copy, the shifted logits and exp; on whole
-    ones aten's zeros and log_softmax's gradient (peak 2F) and the copy. What the cost model's scratch holds beyond
+    ones aten's zeros and log_softmax's gradient (peak 2F) and the copy; each forward leaves its result alive. What the cost model's scratch holds beyond
     the peak comes first, one tensor; where it holds less, no program (tensors of the largest size, as before)."""
     from test_bridge_memory import profile, setup
 
@@ -203,10 +203,10 @@ def test_the_losss_requests_are_torchs_cross_entropys_at_the_forward_and_the_bac
         if tp == 2:
             assert loss_program(tiny, run, 3 * f) == (f, f, f, -2, f, -1, -3, -4)
             assert loss_program(tiny, run, 3 * f + 10) == (10, f, f, f, -3, f, -2, -4, -5, -1)
-            assert loss_forward_program(tiny, run) == (f, f, f, -3, -2, -1)
+            assert loss_forward_program(tiny, run) == (f, f, f, -3, f, -2, -1)  # the result (id 4) kept
         else:
             assert loss_program(tiny, run, 2 * f) == (f, f, -1, -2)
-            assert loss_forward_program(tiny, run) == (f, -1)
+            assert loss_forward_program(tiny, run) == (f, f, -1)  # the result (id 2) kept
         assert loss_program(tiny, run, f) == ()
     megatron = setup(tp=2)
     assert loss_program(profile(tp=2, sp=True), megatron, 10**9) == () == loss_forward_program(profile(), setup())

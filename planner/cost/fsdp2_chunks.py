@@ -152,9 +152,13 @@ def replayed_microbatches(pipeline, stage: int | None = None) -> int:
 
 def with_ends(stage: Fsdp2Stage, ends: float) -> Fsdp2Stage:
     """`stage` with its ends kept from a forward to its backward (`ends`: the stage's kept bytes less its
-    layers' and less its output, made apart). Where they are negative, the stage input its first layer saves
-    is its receive buffer's (rules.first_layer_kept_bytes: among the buffers already): taken off that
-    layer's kept bytes, so no microbatch's input is held twice."""
+    layers' and less its output, made apart), less what its loss's forward program keeps itself (the
+    log-softmax result, made in torch's place: fsdp2_layers.program_kept_bytes). Where they are negative, the
+    stage input its first layer saves is its receive buffer's (rules.first_layer_kept_bytes: among the
+    buffers already): taken off that layer's kept bytes, so no microbatch's input is held twice."""
+    from planner.cost.fsdp2_layers import program_kept_bytes
+
+    ends -= program_kept_bytes(stage.loss_forward)
     if ends >= 0:
         return replace(stage, loss_kept_bytes=int(ends))
     first = stage.layers[0]

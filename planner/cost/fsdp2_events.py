@@ -53,7 +53,8 @@ class Fsdp2Stage:
     shard_group: int  # K
     reduce_ratio: float  # the reduce dtype's bytes over the weights' (fp32 over bf16: 2)
     buffer_bytes: int  # held all iteration besides the static state (the batch)
-    loss_kept_bytes: int  # what the loss and the stage's ends keep from a forward to its backward
+    loss_kept_bytes: int  # what the loss and the stage's ends keep from a forward to its backward, beyond what
+    # the loss's forward program leaves alive (its log-softmax result, fsdp2_layers.program_kept_bytes)
     loss_extra_bytes: int  # the loss's scratch
     # beside a pipeline: the rank's actions in torch's order ((F|B, microbatch); empty: one stage, one
     # microbatch), the units the root holds (reduced first by the stage's manual post-backward), and
@@ -66,7 +67,8 @@ class Fsdp2Stage:
     loss_tensor_bytes: int = 0
     # the loss's scratch as torch's cross-entropy requests it (fsdp2_layers.loss_program, coded as the layers'
     # extra programs; (): tensors of loss_tensor_bytes), and what its forward makes and frees at the last stage's
-    # forward (fsdp2_layers.loss_forward_program; (): nothing played there)
+    # forward (fsdp2_layers.loss_forward_program, what it leaves alive kept to the loss's backward; (): nothing
+    # played there)
     loss_program: tuple[int, ...] = ()
     loss_forward: tuple[int, ...] = ()
 
@@ -105,10 +107,11 @@ class _Step:
         for unit in self.last:  # zero_grad(set_to_none): last step's sharded gradients
             add(Free(("sharded_grad", unit)))
         self.forward()
-        self.loss_forward()
+        result = self.loss_forward()
         add(Alloc(("loss_kept",), self.stage.loss_kept_bytes, DEFAULT))
         self.loss_scratch()
         add(Free(("loss_kept",)))
+        self.events += [Free(key) for key in result]
         self.backward()
         self.optimizer_step()
 
@@ -137,23 +140,26 @@ class _Step:
         self.events += [Alloc(("loss_extra", n), size, DEFAULT) for n, size in enumerate(sizes)]
         self.events += [Free(("loss_extra", n)) for n in range(len(sizes))]
 
-    def play(self, program: tuple[int, ...], tag: str) -> list[object]:
+    def play(self, program: tuple[int, ...], tag: str | tuple) -> list[object]:
         """A coded program (n > 0 allocates n bytes, the next id from 1; -k frees id k) on the compute stream,
-        keyed (tag, id); returns the keys still alive."""
+        keyed (tag, id) (a tuple tag: (*tag, id)); returns the keys still alive."""
         keys: dict[int, object] = {}
         made = 0
         for code in program:
             if code > 0:
                 made += 1
-                keys[made] = (tag, made)
+                keys[made] = (tag, made) if isinstance(tag, str) else (*tag, made)
                 self.events.append(Alloc(keys[made], code, DEFAULT))
             else:
                 self.events.append(Free(keys.pop(-code)))
         return list(keys.values())
 
-    def loss_forward(self) -> None:
-        """The loss's forward's requests, made and freed (what it keeps is among the stage's ends)."""
-        self.events += [Free(key) for key in self.play(self.stage.loss_forward, "loss_forward")]
+    def loss_forward(self, mb: int | None = None) -> list[object]:
+        """The loss's forward's requests in torch's order (keyed by `mb` beside a pipeline); returns the keys of
+        what it keeps to its backward (its log-softmax result, made while the copy and the shifted logits are
+        alive), which the caller frees once the loss's backward scratch is done (autograd releases the saved
+        `result` after its node runs)."""
+        return self.play(self.stage.loss_forward, "loss_forward" if mb is None else ("loss_forward", mb))
 
     def extra(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None = None) -> list[object]:
         """Layer `i`'s backward extra made, as its program's tensors (one block without one), on the
@@ -304,8 +310,14 @@ class _PipelineStep(_Step):
         self.events += [Free(("sharded_grad", unit)) for unit in self.last]
         self.gathered: set[int] = set()
         self.upcast: set[int] = set()
+        self.loss_kept: dict[int, list[object]] = {}  # each microbatch's loss result, its forward to its backward
 
     def forward_mb(self, mb: int) -> None:
+        self.forward_layers(mb)
+        self.forward_loss(mb)
+
+    def forward_layers(self, mb: int) -> None:
+        """The stage's layers' forward: FSDP2's gathers at each unit's first, every layer's kept bytes."""
         add, held_result = self.events.append, None
         for i, layer in enumerate(self.stage.layers):
             unit = layer.unit
@@ -319,13 +331,19 @@ class _PipelineStep(_Step):
             add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
         if held_result is not None:
             add(Free(held_result))
-        self.loss_forward()
-        add(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
+
+    def forward_loss(self, mb: int) -> None:
+        """What follows the layers on the stage's forward: the last stage's loss (torch's pipelining computes it
+        once forward_one_chunk has returned the output: schedules.py _maybe_compute_loss), its result kept to the
+        microbatch's backward, then what the stage's ends keep beyond it."""
+        self.loss_kept[mb] = self.loss_forward(mb)
+        self.events.append(Alloc(("rest", mb), self.stage.loss_kept_bytes, DEFAULT))
 
     def backward_mb(self, mb: int) -> None:
         add = self.events.append
         self.loss_scratch()
         add(Free(("rest", mb)))
+        self.events += [Free(key) for key in self.loss_kept.pop(mb, ())]
         handed = None
         for i in range(len(self.stage.layers) - 1, -1, -1):
             layer = self.stage.layers[i]

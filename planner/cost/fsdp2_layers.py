@@ -323,18 +323,27 @@ def loss_program(profile: Profile, setup: TrainSetup, extra: int) -> tuple[int, 
 
 
 def loss_forward_program(profile: Profile, setup: TrainSetup) -> tuple[int, ...]:
-    """What the loss's forward makes and frees beyond what it keeps, at the last stage's forward (torch's
-    pipelining computes the loss there: stage.py forward_one_chunk's _maybe_compute_loss), on torchtitan 9dec370's
-    loss (§71): the fp32 copy (`.float()`), then under loss_parallel (`_log_softmax`: `shifted = x - x_max`,
-    `torch.exp(shifted)` summed, then `result = shifted - shifted_logsumexp`) the shifted logits and exp's, exp's
-    freed once summed, the shifted freed once the result is made (kept to the backward: among the stage's ends),
-    the copy freed when cross_entropy returns: F, F, F, -3, -2, -1; without (aten's log_softmax writes its output
-    from the copy): F, -1. () where the runtime's loss is another."""
+    """What the loss's forward makes at the last stage's forward (torch's pipelining computes the loss there, once
+    forward_one_chunk has made the output: schedules.py _maybe_compute_loss), on torchtitan 9dec370's loss (§71,
+    §118): the fp32 copy (`.float()`), then under loss_parallel (torch 2.6.0 distributed/tensor/parallel/loss.py
+    127-151 `_log_softmax`: `shifted = x - x_max`, `torch.exp(shifted)` summed, then `result = shifted -
+    shifted_logsumexp`) the shifted logits and exp's, exp's freed once summed, the result made while the copy and
+    the shifted logits are alive, the shifted freed as `_log_softmax` returns, the copy when cross_entropy
+    returns: F, F, F, -3, F, -2, -1; without (aten's log_softmax writes its result from the copy): F, F, -1. The
+    result (log_softmax's saved `result`, nll_loss's `self`) is left alive: the loss keeps it to its backward
+    (program_kept_bytes). () where the runtime's loss is another."""
     kind = _titan_loss(profile, setup)
     if kind is None:
         return ()
     fp32 = kind[1]
-    return (fp32, fp32, fp32, -3, -2, -1) if kind[0] == "parallel" else (fp32, -1)
+    return (fp32, fp32, fp32, -3, fp32, -2, -1) if kind[0] == "parallel" else (fp32, fp32, -1)
+
+
+def program_kept_bytes(program: tuple[int, ...]) -> int:
+    """The bytes a coded program (n > 0 allocates n bytes, the next id from 1; -k frees id k) leaves alive."""
+    made = [code for code in program if code > 0]
+    freed = {-code for code in program if code < 0}
+    return sum(size for ident, size in enumerate(made, 1) if ident not in freed)
 
 
 def _titan_loss(profile: Profile, setup: TrainSetup) -> tuple[str, int] | None:

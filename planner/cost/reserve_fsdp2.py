@@ -69,6 +69,7 @@ from planner.cost.fsdp2_layers import (
     loss_forward_program,
     loss_program,
     loss_tensor_bytes,
+    program_kept_bytes,
 )
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
@@ -215,6 +216,7 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
                                num_microbatches=replayed(pipeline, stage))
         actions = tuple((a.kind, a.microbatch) for a in order.actions[stage])
     kept_input = kept_reduce_scatter_input_bytes(profile, stage, setup)  # the replay makes it itself
+    forward = loss_forward_program(profile, setup) if last else ()
     units = [layer.unit for layer in made.layers]
     built = Fsdp2Stage(
         layers=made.layers,
@@ -223,11 +225,13 @@ def stage_of(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: Trai
         shard_group=dataparallel.shard_size(setup), reduce_ratio=made.reduce_ratio,
         # what static holds beyond the shards, states and gradients (none where they are all)
         buffer_bytes=int(cost.buffer_bytes - kept_input + max(0.0, cost.static_bytes - made.static_bytes)),
-        loss_kept_bytes=max(0, cost.kept_bytes - made.kept_bytes), loss_extra_bytes=int(max(0.0, loss_extra)),
+        # beyond the loss's result, which its forward program keeps (with_ends alike beside a pipeline)
+        loss_kept_bytes=max(0, cost.kept_bytes - made.kept_bytes - program_kept_bytes(forward)),
+        loss_extra_bytes=int(max(0.0, loss_extra)),
         actions=actions, root_units=made.root_units,
         keeps_last_input=record.keeps_last_reduce_scatter_input, loss_tensor_bytes=loss_tensor_bytes(profile, setup),
         loss_program=loss_program(profile, setup, int(max(0.0, loss_extra))) if last else (),
-        loss_forward=loss_forward_program(profile, setup) if last else ())
+        loss_forward=forward)
     if accumulates(setup):  # torchtitan's train loop: the one-microbatch step, once a microbatch
         return Fsdp2Accumulated(built, microbatches=pipeline.microbatches)
     if not piped:
