@@ -16,6 +16,7 @@ scratch, workspace, the allocated and reserved peaks, the replayed reserve, afte
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -145,8 +146,9 @@ def load_table(path: Path = TABLE) -> Table:
     return Table(profiles=profiles, rows=rows)
 
 
+@functools.cache
 def tree_id() -> str:
-    """What a profile is made by: planner/'s sources, hashed."""
+    """What a profile is made by: planner/'s sources, hashed (once a process: the harness never edits them)."""
     digest = hashlib.sha256()
     for path in sorted((ROOT / "planner").rglob("*.py")):
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
@@ -212,6 +214,11 @@ def evaluate_args(row: Row, work: Path) -> list[str]:
         again = "" if work == WORK else f" --work {work}"
         raise HarnessError(f"row {row.id} reads profile {row.profile}, not made in {work}: run "
                            f"`python scripts/published_rows.py profiles{again}` first")
+    stamp = work / f"{row.profile}.stamp.json"
+    if not stamp.exists() or json.loads(stamp.read_text()).get("tree") != tree_id():
+        again = "" if work == WORK else f" --work {work}"
+        raise HarnessError(f"row {row.id} reads profile {row.profile}, made by another planner/ than this tree's (or "
+                           f"not by the harness): run `python scripts/published_rows.py profiles{again}` first")
     return ["--profile", str(path), *row.args]
 
 

@@ -189,3 +189,19 @@ def test_table_says_what_is_wrong_in_one_sentence(tmp_path, capsys):
     assert rows_mod.main(["table", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "is not a folder of results" in err and len(err.splitlines()) == 1
+
+
+def test_a_row_refuses_a_profile_another_tree_made(tmp_path, table):
+    """`run` reads a row's profile only where this tree's planner/ made it: one copied from another tree (or
+    made before a change) would score the old code under the new one's name."""
+    row = next(r for r in table.rows if r.profile)
+    (tmp_path / f"{row.profile}.json").write_text("{}")
+    with pytest.raises(rows_mod.HarnessError, match="another planner/"):
+        rows_mod.evaluate_args(row, tmp_path)
+    stamp = rows_mod._stamp(table.profiles[row.profile], "0" * 16)
+    (tmp_path / f"{row.profile}.stamp.json").write_text(json.dumps(stamp))
+    with pytest.raises(rows_mod.HarnessError, match="another planner/"):
+        rows_mod.evaluate_args(row, tmp_path)
+    stamp["tree"] = rows_mod.tree_id()
+    (tmp_path / f"{row.profile}.stamp.json").write_text(json.dumps(stamp))
+    assert rows_mod.evaluate_args(row, tmp_path)[:2] == ["--profile", str(tmp_path / f"{row.profile}.json")]
