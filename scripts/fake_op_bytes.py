@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.models import archs, hfmodels
+from planner.models import archs
 from planner.profiler import device_attention, fake, fake_mode
 from planner.profiler.storages import counted_as
 
@@ -39,12 +39,7 @@ class _PerOp(TorchDispatchMode):
 
 def op_bytes(config: dict, *, seq_len: int, layer: int, gpu: str) -> tuple[Counter, Counter]:
     """(forward, backward) bytes by aten op of layers.`layer`."""
-    build, batch = hfmodels.model_file(config, seq_len=seq_len)
-    with torch.device("meta"):
-        model = build()
-    model.to(dtype=torch.bfloat16).train()
-    layers = model.pipeline_layers()
-    mode = fake_mode.new_mode()
+    model, layers, batch, mode = fake_mode.hf_model_on_meta(config, seq_len=seq_len)
     with mode, counted_as("cuda"), device_attention.device_attention("cuda", archs.gpu(gpu), layers):
         fake_mode.fake_module(model, mode)
         x = fake_mode.fake_tensor(batch(1)[0], mode)

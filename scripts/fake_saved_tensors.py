@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from planner.models import archs, hfmodels
+from planner.models import archs
 from planner.profiler import device_attention, fake_mode
 from planner.profiler.storages import counted_as
 
@@ -35,12 +35,7 @@ def _origin() -> str:
 
 def saved_tensors(config: dict, *, seq_len: int, layer: int, gpu: str) -> tuple[list[dict], dict]:
     """([{bytes, shape, dtype, origin}] of what layers.`layer` keeps, the Ran of its attention calls)."""
-    build, batch = hfmodels.model_file(config, seq_len=seq_len)
-    with torch.device("meta"):
-        model = build()
-    model.to(dtype=torch.bfloat16).train()
-    layers = model.pipeline_layers()
-    mode = fake_mode.new_mode()
+    model, layers, batch, mode = fake_mode.hf_model_on_meta(config, seq_len=seq_len)
     with mode, counted_as("cuda"):
         fake_mode.fake_module(model, mode)
         tokens = fake_mode.fake_tensor(batch(1)[0], mode)

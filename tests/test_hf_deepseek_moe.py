@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from test_fake_mla import MLA
 
-from planner.models import archconfig, archs, hfmodels
+from planner.models import archconfig, archs
 from planner.profiler import analytic_moe, analytic_time, device_attention, fake, fake_mode, hf_moe
 from planner.profiler.formulas import Shape
 from planner.profiler.opclass import Tracker
@@ -19,12 +19,7 @@ MOE = dict(MLA, first_k_dense_replace=0, routed_scaling_factor=2.5)
 
 
 def _trace(config: dict) -> tuple[fake.OpBytes, fake.OpBytes]:
-    build, batch = hfmodels.model_file(config, seq_len=T)
-    with torch.device("meta"):
-        model = build()
-    model.to(dtype=torch.bfloat16).train()
-    layers = model.pipeline_layers()
-    mode = fake_mode.new_mode()
+    model, layers, batch, mode = fake_mode.hf_model_on_meta(config, seq_len=T)
     with mode, counted_as("cuda"), device_attention.device_attention("cuda", archs.gpu("h100"), layers):
         fake_mode.fake_module(model, mode)
         x = layers[0][1](fake_mode.fake_tensor(batch(1)[0], mode)).detach().requires_grad_(True)

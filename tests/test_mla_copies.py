@@ -9,7 +9,7 @@ from collections import Counter
 import torch
 from test_fake_mla import MLA
 
-from planner.models import archconfig, archs, hfmodels
+from planner.models import archconfig, archs
 from planner.profiler import analytic_time, device_attention, fake, fake_mode, hf_mla, te_mla
 from planner.profiler.formulas import Shape
 from planner.profiler.opclass import Tracker
@@ -42,12 +42,7 @@ class _Copies(fake.OpBytes):
 
 
 def _trace(config: dict, seq_len: int) -> tuple[Counter, Counter]:
-    build, batch = hfmodels.model_file(config, seq_len=seq_len)
-    with torch.device("meta"):
-        model = build()
-    model.to(dtype=torch.bfloat16).train()
-    layers = model.pipeline_layers()
-    mode = fake_mode.new_mode()
+    model, layers, batch, mode = fake_mode.hf_model_on_meta(config, seq_len=seq_len)
     with mode, counted_as("cuda"), device_attention.device_attention("cuda", archs.gpu("h100"), layers):
         fake_mode.fake_module(model, mode)
         x = layers[0][1](fake_mode.fake_tensor(batch(1)[0], mode)).detach().requires_grad_(True)

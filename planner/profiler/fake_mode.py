@@ -122,3 +122,16 @@ def data_free(what: str, layers: Layers = ()):
 
 def _started(started: list[str], name: str, module, args) -> None:
     started.append(name)
+
+
+def hf_model_on_meta(config: dict, *, seq_len: int):
+    """A transformers model from `config` (planner/models/hfmodels.py) built on meta in bfloat16 for training:
+    (the model, its pipeline layers, its batch function, a new FakeTensorMode to make it fake in with
+    fake_module). For the scripts and tests that trace one layer's ops."""
+    from planner.models import hfmodels
+
+    build, batch = hfmodels.model_file(config, seq_len=seq_len)
+    with torch.device("meta"):
+        model = build()
+    model.to(dtype=torch.bfloat16).train()
+    return model, model.pipeline_layers(), batch, new_mode()
