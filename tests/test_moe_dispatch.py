@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from planner.cli import cli
 from planner.commands import evaluate_config
-from planner.cost import dataparallel, rules
+from planner.cost import dataparallel, ep_exchange, rules
 from planner.cost.layers import LayerCost
 from planner.errors import UserError
 from planner.models import ep_dispatch_rates
@@ -88,7 +88,7 @@ def test_bad_dispatcher_flags_are_refused(extra, match):
 def test_a_pair_is_the_received_bytes_at_each_rate():
     backend = EpDispatchSetup(backend="hybridep", dispatch_gb_per_s=500.0, combine_gb_per_s=400.0, rank_copies=0.75)
     # 1 GB of routed copies, 3/4 of them a rank's distinct receipts: 0.75 GB at 500 then at 400 GB/s
-    assert dataparallel.ep_dispatch_pair_ms(1e9, backend) == pytest.approx(0.75 / 500 * 1e3 + 0.75 / 400 * 1e3)
+    assert ep_exchange.ep_dispatch_pair_ms(1e9, backend) == pytest.approx(0.75 / 500 * 1e3 + 0.75 / 400 * 1e3)
 
 
 def test_the_block_term_charges_two_pairs_and_three_under_full_recompute():

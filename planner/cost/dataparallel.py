@@ -254,23 +254,6 @@ def all_to_all_ms(num_bytes: float, ranks: int, gb_per_s: float | None) -> float
     return _ms((ranks - 1) / ranks * num_bytes, gb_per_s)
 
 
-def ep_dispatch_pair_ms(a2a_bytes: float, backend) -> float:
-    """One dispatch and one combine by DeepEP's or HybridEP's kernels (an EpDispatchSetup): each moves the
-    routed copies' bytes a rank receives once a rank (a2a_bytes x rank_copies, its own tokens included, as the
-    backends' benchmark counts them) at its own published rate."""
-    received = a2a_bytes * backend.rank_copies
-    return _ms(received, backend.dispatch_gb_per_s) + _ms(received, backend.combine_gb_per_s)
-
-
-def exchange_ms(a2a_bytes: float, data_parallel) -> float:
-    """One token exchange of a MoE block (a dispatch or a combine, a2a_bytes of routed copies): NCCL's all-to-all at
-    the EP link, or under the flex dispatcher's DeepEP / HybridEP (data_parallel.ep_dispatch) half a pair at its
-    rates (every pass runs one of each)."""
-    if data_parallel.ep_dispatch is not None:
-        return ep_dispatch_pair_ms(a2a_bytes, data_parallel.ep_dispatch) / 2
-    return all_to_all_ms(a2a_bytes, data_parallel.ep, data_parallel.ep_gb_per_s)
-
-
 def reductions_per_iteration(setup: TrainSetup) -> int:
     """ZeRO 2/3 reduce every microbatch's gradients; ZeRO 0/1 (and 2/3 kept whole) accumulate,
     then reduce once."""

@@ -9,6 +9,7 @@ from planner.cost import (
     chunkedloss,
     compiledrerun,
     dataparallel,
+    ep_exchange,
     runtimes,
     schedules,
 )
@@ -59,7 +60,7 @@ def all_to_all_ms(layer: LayerCost, option: int, setup: TrainSetup) -> float:
     """A MoE block's token all-to-all per microbatch under expert parallelism E: the dispatch
     before the experts and the combine after them in forward, both again (their gradients) in
     backward, and the forward's two once more when the option recomputes the whole layer; each
-    a2a_bytes · (E-1)/E over the EP link, or at the flex dispatcher's backend's rates (dataparallel.exchange_ms). On the
+    a2a_bytes · (E-1)/E over the EP link, or at the flex dispatcher's backend's rates (ep_exchange.exchange_ms). On the
     critical path: the experts wait for their tokens, and Megatron-LM hides the all-to-all only
     with its 1F1B A2A overlap (--overlap-moe-expert-parallel-comm, off by default), torchtitan
     not at all. 0 without ep, for a dense layer, and where the link is not known."""
@@ -67,7 +68,7 @@ def all_to_all_ms(layer: LayerCost, option: int, setup: TrainSetup) -> float:
         return 0.0
     # torchtitan's op-level SAC reruns them too where they are not save ops (planner/cost/opsacep.py)
     count = 4 + 2 * (option == 1 or op_sac_reruns_exchanges(layer, option, setup))
-    return count * dataparallel.exchange_ms(layer.a2a_bytes, setup.data_parallel)
+    return count * ep_exchange.exchange_ms(layer.a2a_bytes, setup.data_parallel)
 
 
 def tied_once_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
