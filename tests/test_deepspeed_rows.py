@@ -3,23 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
-from conftest import ROOT
+from fixtures.scripts import load_script
 
 from planner.cost import deepspeed_zero3 as z3
 from planner.cost.deepspeed_zero3 import Submodule
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _walk_keeps(block: list[Submodule], j: int, max_reuse: int, *, stop_at_equal: bool) -> bool:
@@ -79,7 +69,7 @@ def test_the_azure_rows_keep_what_their_distance_allows():
 
 
 def test_the_deepspeed_rows_are_the_blogs_tflops_turned_into_seconds():
-    table = _load("published_rows").load_table()
+    table = load_script("published_rows").load_table()
     rows = {r.id: r for r in table.rows if r.group == "deepspeed"}
     assert sorted(rows) == ["DS1", "DS2", "DS3", "DS4"]
 
@@ -96,7 +86,7 @@ def test_the_deepspeed_rows_are_the_blogs_tflops_turned_into_seconds():
 
 
 def test_the_deepspeed_table_says_time_and_fit_after_the_other_tables(tmp_path):
-    rows_mod, table_mod = _load("published_rows"), _load("published_rows_table")
+    rows_mod, table_mod = load_script("published_rows"), load_script("published_rows_table")
     gib = 2**30
     row = rows_mod.Row(id="DSX", label="DSX", group="deepspeed", source="s", time_s=100.0, memory_bytes=None,
                        memory_kind=None, static_bytes=None, profile=None, args=[])

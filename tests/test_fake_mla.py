@@ -5,12 +5,9 @@ analytic count (planner/profiler/hf_kept.py), by hand at toy widths."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import torch
-from conftest import ROOT
+from fixtures.scripts import load_script
 
 from planner.models import archconfig, archs
 from planner.profiler import analytic_kept, cuda_sdpa, device_attention, fake_mode, hf_kept
@@ -77,13 +74,6 @@ def test_narrow_v_runs_the_fused_kernel_not_math(gpu, kernel, lse):
     assert sum(t.numel() * t.element_size() for t in saved) == 2 * rows * (24 + 24 + 16 + 16) + 4 * rows + 16
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def _arch(config: dict):
     return archconfig.from_hf_config(config, where="test", name="test")
@@ -103,7 +93,7 @@ def test_mla_block_kept_by_hand():
     arch, shape = _arch(MLA), Shape(seq_len=T, micro_batch_size=1)
     assert sum(t.num_bytes for t in analytic_kept.block_terms(arch, shape, moe=False)) == analytic
     assert sum(t.num_bytes for t in hf_kept.extra_terms(arch, shape)) == extra
-    rows, kernels = _load("fake_saved_tensors").saved_tensors(MLA, seq_len=T, layer=0, gpu="h100")
+    rows, kernels = load_script("fake_saved_tensors").saved_tensors(MLA, seq_len=T, layer=0, gpu="h100")
     assert kernels == {"layers.0": "cudnn"}
     assert sum(row["bytes"] for row in rows) == analytic + extra
     assert max(row["bytes"] for row in rows) < 2 * heads * T * T  # no scores (bf16, heads x T x T)
@@ -120,7 +110,7 @@ def test_qwen2_block_kept_by_hand():
     arch, shape = _arch(QWEN2), Shape(seq_len=T, micro_batch_size=1)
     assert sum(t.num_bytes for t in analytic_kept.block_terms(arch, shape, moe=False)) == analytic == 124_416
     assert sum(t.num_bytes for t in hf_kept.extra_terms(arch, shape)) == extra == 36_864
-    rows, kernels = _load("fake_saved_tensors").saved_tensors(QWEN2, seq_len=T, layer=0, gpu="h100")
+    rows, kernels = load_script("fake_saved_tensors").saved_tensors(QWEN2, seq_len=T, layer=0, gpu="h100")
     assert kernels == {"layers.0": "cudnn"}
     assert sum(row["bytes"] for row in rows) == analytic + extra
 
