@@ -5,10 +5,11 @@ usage:
       each vanilla-TP / AsyncTP pair of torchtitan's asyncTP benchmark (820504e) the harness holds:
       the published iterations and their ratio beside ckplan's (RESULTS: a `published_rows.py run
       --out` folder holding both rows of a pair; pairs it lacks are left out, and named).
-  PYTHONPATH=<checkout> python scripts/asynctp_credit.py block PROFILE LAYER TP GB_PER_S [GB_PER_S ...]
+  PYTHONPATH=<checkout> python scripts/asynctp_credit.py block PROFILE LAYER TP GB_PER_S [COPY_GB_PER_S]
       one block's tensor-parallel collectives as ckplan charges them: each collective NCCL's ring time
       (vanilla TP) beside what its fused pipeline adds beyond its matmuls under AsyncTP
-      (planner/cost/asynctp.py), per pass, at each link rate given (GB/s one way).
+      (planner/cost/asynctp.py), per pass, at the link rate given (GB/s one way); COPY_GB_PER_S, a
+      what-if: the fused pipelines' peer copies at that rate instead (ckplan charges them at the link's).
 
 Reads only: the harness's table (published figures), its result JSONs, a profile. Nothing is fitted.
 """
@@ -45,9 +46,12 @@ def pair_rows(published: dict[str, float], ckplan: dict[str, float]) -> tuple[li
     return rows, missing
 
 
-def block_terms(collectives: list[dict], tp: int, gb_per_s: float) -> dict[str, tuple[float, float]]:
+def block_terms(collectives: list[dict], tp: int, gb_per_s: float,
+                copy_gb_per_s: float | None = None) -> dict[str, tuple[float, float]]:
     """Per pass, (NCCL's ring time of the pass's collectives, what they add under AsyncTP): a fused
-    collective its pipeline's extra (asynctp.fused_extra_ms), an unfused one its ring time."""
+    collective its pipeline's extra (asynctp.fused_extra_ms, its peer copies at copy_gb_per_s where
+    given, else the link's), an unfused one its ring time."""
+    copy_rate = gb_per_s if copy_gb_per_s is None else copy_gb_per_s
     link = Link(gb_per_s, 0.0, 0.0)  # bandwidth only: latency is microseconds beside these milliseconds
     out = {}
     for which in PASSES:
@@ -60,7 +64,7 @@ def block_terms(collectives: list[dict], tp: int, gb_per_s: float) -> dict[str, 
             vanilla += count * ring
             f = c.get("fused")
             fused_total += count * (ring if f is None else asynctp.fused_extra_ms(
-                c["kind"], c["tensor_bytes"], tp, gb_per_s, (f["whole_ms"], f["chunk_ms"], f["copy_ms"], None, None)))
+                c["kind"], c["tensor_bytes"], tp, copy_rate, (f["whole_ms"], f["chunk_ms"], f["copy_ms"], None, None)))
         out[which] = (vanilla, fused_total)
     return out
 
@@ -92,20 +96,30 @@ def main(argv: list[str]) -> int:
             print(f"not in {results}: {', '.join(missing)}")
         return 0
     if len(argv) >= 5 and argv[0] == "block":
-        profile, name = json.loads(Path(argv[1]).read_text()), argv[2]
+        if len(argv) > 6:
+            sys.stderr.write("block takes one link rate and at most one copy rate.\n")
+            return 2
         try:
             tp, rates = int(argv[3]), [float(x) for x in argv[4:]]
         except ValueError:
             sys.stderr.write("TP is a whole number and each GB_PER_S a number.\n")
             return 2
-        layers = [layer for layer in profile["layers"] if layer["name"] == name]
+        if tp < 2 or min(rates) <= 0:
+            sys.stderr.write("TP is at least 2 and each GB_PER_S above 0.\n")
+            return 2
+        try:
+            profile, name = json.loads(Path(argv[1]).read_text()), argv[2]
+        except (OSError, ValueError):
+            sys.stderr.write(f"{argv[1]} is not a readable profile (JSON).\n")
+            return 2
+        layers = [layer for layer in profile.get("layers", []) if layer.get("name") == name]
         if not layers or not layers[0].get("collectives"):
             sys.stderr.write(f"{argv[1]} has no layer {name} with tensor-parallel collectives.\n")
             return 2
-        for rate in rates:
-            terms = block_terms(layers[0]["collectives"], tp, rate)
-            print(f"{name} at {rate:g} GB/s: " + "; ".join(
-                f"{which} NCCL {v:.2f} ms, AsyncTP {f:.2f} ms" for which, (v, f) in terms.items()))
+        terms = block_terms(layers[0]["collectives"], tp, *rates)
+        copies = f", peer copies at {rates[1]:g}" if len(rates) > 1 else ""
+        print(f"{name} at {rates[0]:g} GB/s{copies}: " + "; ".join(
+            f"{which} NCCL {v:.2f} ms, AsyncTP {f:.2f} ms" for which, (v, f) in terms.items()))
         return 0
     sys.stderr.write(__doc__.split("\n\n")[1] + "\n")
     return 2

@@ -47,3 +47,20 @@ def test_main_refuses_bad_input(tmp_path, capsys):
     assert credit.main([]) == 2
     err = capsys.readouterr().err
     assert "not a folder" in err and "no layer layers.0" in err and "whole number" in err
+
+
+def test_block_terms_copy_rate_moves_only_the_fused_copies():
+    # the peer copies at 200 GB/s: 1 ms each; the ring (NCCL) stays at the link's 100 GB/s
+    fused = {"whole_ms": 2.0, "chunk_ms": 1.0, "copy_ms": 0.5}
+    collectives = [{"kind": "all-gather", "tensor_bytes": 4e8, "fwd": 1, "bwd": 0, "recompute": 0, "fused": fused}]
+    # own chunk 1 ms beside the 1 ms copy, then the peer's chunk: 2 ms, + 0.5 - 2
+    assert credit.block_terms(collectives, 2, 100.0, 200.0)["fwd"] == pytest.approx((2.0, 0.5))
+    assert credit.main(["block", "p.json", "layers.0", "8", "1", "2", "3"]) == 2  # one link rate, one copy rate
+
+
+def test_block_refuses_a_missing_profile_and_bad_rates(tmp_path, capsys):
+    assert credit.main(["block", str(tmp_path / "none.json"), "layers.0", "8", "354.9"]) == 2
+    assert credit.main(["block", str(tmp_path / "none.json"), "layers.0", "1", "354.9"]) == 2
+    assert credit.main(["block", str(tmp_path / "none.json"), "layers.0", "8", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable profile" in err and "at least 2" in err
