@@ -2,7 +2,7 @@
 
 usage:
   PYTHONPATH=<checkout> python scripts/asynctp_credit.py pairs RESULTS
-      each vanilla-TP / AsyncTP pair of torchtitan's asyncTP benchmark (820504e) the harness holds:
+      each vanilla-TP / AsyncTP pair of torchtitan's published runs (PAIRS) the harness holds:
       the published iterations and their ratio beside ckplan's (RESULTS: a `published_rows.py run
       --out` folder holding both rows of a pair; pairs it lacks are left out, and named).
   PYTHONPATH=<checkout> python scripts/asynctp_credit.py block PROFILE LAYER TP GB_PER_S [COPY_GB_PER_S]
@@ -23,10 +23,10 @@ from pathlib import Path
 from planner.cost import asynctp
 from planner.cost.comm import Link, collective_ms
 
-# (vanilla TP, AsyncTP): torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (820504e), as
-# scripts/published_rows.toml names them
+# (vanilla TP, AsyncTP) as scripts/published_rows.toml names them: torchtitan benchmarks/asyncTP_llama3_h100_2025-06_
+# torchtitan.md (820504e), and Table 4's 2D rows of benchmarks/llama3_h100_202412_torchtitan.md (9dec370)
 PAIRS = (("T9", "T10", "70B bf16"), ("A4", "A5", "70B float8 tensorwise"), ("T11", "A1", "8B bf16"),
-         ("A2", "A3", "8B float8 tensorwise"))
+         ("A2", "A3", "8B float8 tensorwise"), ("M15", "M16", "70B float8 + float8 all-gather, 2024-12"))
 PASSES = ("fwd", "bwd", "recompute")
 
 
