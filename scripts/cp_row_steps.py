@@ -66,6 +66,11 @@ def main(argv: list[str]) -> int:
         print("usage: cp_row_steps.py RESULTS_DIR (a published_rows.py run --out folder)", file=sys.stderr)
         return 2
     for title, ids in TABLES.items():
+        missing = [name for name, _ in ids if not (Path(argv[0]) / f"{name}.json").is_file()]
+        if missing:
+            print(f"{argv[0]} has no result for {', '.join(missing)}: run published_rows.py run --only "
+                  f"{','.join(name for name, _ in ids)} --out {argv[0]}", file=sys.stderr)
+            return 2
         rows = load(Path(argv[0]), ids)
         print(f"{title}: " + ", ".join(f"{r.id} {r.ckplan_s:.3f} / {r.published_s:g} s ({r.ckplan_s / r.published_s:.3f})"
                                        for r in rows))

@@ -37,3 +37,6 @@ def test_main_reads_a_results_folder_and_refuses_a_missing_one(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "C1->C2: +1 ring steps, published +4.48 s, ckplan +0.00 s" in out
     assert steps.main([str(tmp_path / "absent")]) == 2
+    (tmp_path / "C7.json").unlink()
+    assert steps.main([str(tmp_path)]) == 2
+    assert "has no result for C7" in capsys.readouterr().err
