@@ -421,8 +421,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         collective_source="nccl-tests all_reduce_perf on one GB200 host's 4 GPUs, NCCL_ALGO=Ring, NCCL 2.25.1: busbw "
                           "679.61 GB/s at 8 GB, 574.19 at 134 MB (Azure/AI-benchmarking-guide Azure_Results/"
                           "ND_GB200_v6_results.md, 2a370be6; Benchmarks/NVIDIA/NCCLBandwidth.py runs Ring on 4 GPUs)",
-        cuda_total_bytes=186 * 10**9 - _H100_RESERVED,
-        total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
+        cuda_total_bytes=int(184.31 * 2**30),
+        total_source="torch's CUDA total on GB200: 'GPU 3 has a total capacity of 184.31 GiB' (vllm-project/vllm#43951, "
+                     "4x GB200); nvidia-smi shows 189471 MiB, 738 MiB above it (B200: 183359 MiB against 178.35 GiB)",
         **_mamf("gb200", 2500.0, fp8_key="gb200", fp8_peak=5000.0), attention_efficiency=SDPA_B200,
         attention_by_seq=SDPA_B200_BY_SEQ,
         attention_source=f"none published for GB200: the B200's fractions (the same chip) assumed ({SDPA_BLACKWELL})",
