@@ -11,16 +11,16 @@ routing weights (te_moe.py: the router runs in the input's dtype).
   .logical_and_(self <= max), grad, 0)`, 3 + 3 + 3 + 5 = 14 B) and the chunk's (`split_backward`: a cat of the two
   gradients, 4 B over 2f): 30 B per S·f. Inside `bias_act_func`, so `--recompute-modules moe_act` reruns its forward.
 - the experts' biases (`--add-bias-linear`): linear_fc1's is TE GroupedLinear's own (`skip_bias_add=False`,
-  experts.py 770-783): added in the grouped GEMM's epilogue and its gradient made in the wgrad GEMM's (bf16:
+  experts.py 757-790): added in the grouped GEMM's epilogue and its gradient made in the wgrad GEMM's (bf16:
   grouped_linear.py 150-180, 415-437 at TE v2.9): no pass of its own. linear_fc2's is returned
-  (`skip_bias_add=True`) and `TEGroupedMLP._apply_bias` adds it weighted, expert by expert (experts.py 820-838):
+  (`skip_bias_add=True`) and `TEGroupedMLP._apply_bias` adds it weighted, expert by expert (experts.py 822-840):
   `cat([t + b * p for each expert's split])`: forward b·p written (2 B), the add (2 + 2 read, 2 written), the cat
   (2 + 2): 12 B per S·h; backward (autograd) the product's two gradients, `grad * p` summed to the bias and
   `grad * b` summed to the weight (2 + 2 + 2 B each), and the split's cat of the rows' gradient (2 + 2): 16 B per
   S·h. After linear_fc2: no recompute option reruns it but full.
 - FP8's padding (`config.fp8`): TEGroupedMLP pads each local expert's rows to a multiple of 16 (`Fp8Padding`,
   experts.py 858-868) and unpads linear_fc2's output (`Fp8Unpadding`), TE's `fused_multi_row_padding` /
-  `_unpadding` (a row read, 2 B, and written, 2 B; fp8_padding.py 20-66 at v2.9); backward each the other: 8 B
+  `_unpadding` (a row read, 2 B, and written, 2 B; fp8_padding.py 20-68 at v2.9); backward each the other: 8 B
   per S·h each way. The padding is skipped only where every split is a multiple of 16 already (fp8_padding.py
   121-122); `--moe-router-force-load-balancing` routes by random logits (`RandomSTE`, moe_utils.py 908-935: a
   normal sample per token and expert, then the top-k), so a rank's E / EP splits are random counts, all multiples
