@@ -3,7 +3,9 @@ op by op by ckplan's fake profiler (planner/profiler/fake.py OpBytes) on megatro
 25.11's pin), copied here as it reads (planner/profiler/te_moe_eager.py has each figure's source):
 - GPT-OSS's clamp: fusions/fused_bias_geglu.py `weighted_bias_quick_geglu_impl`'s chunk, two clamps and cat (the
   compiled weighted GLU after them is te_moe.py's), per element of the f-wide GLU half;
-- linear_fc2's bias: transformer/moe/experts.py `TEGroupedMLP._apply_bias`, per element of the h-wide output.
+- linear_fc2's bias: transformer/moe/experts.py `TEGroupedMLP._apply_bias`, per element of the h-wide output;
+- the unfused rotary Megatron-core runs where the YaRN concentration factor is not 1 (GPT-OSS's):
+  models/common/embeddings/rope_utils.py `_apply_rotary_pos_emb_bshd` with `_rotate_half`, per element of Q or K.
 
     PYTHONPATH=$PWD python scripts/megatron_moe_opbytes.py
 """
@@ -29,6 +31,20 @@ def apply_bias(intermediate_parallel, bias_parallel, tokens_per_expert, permuted
         .view(shape).to(intermediate_parallel.dtype))
 
 
+def rotate_half(x):  # rope_utils.py _rotate_half, rotary_interleaved False, 92c8482e
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotary_bshd(t, freqs, mscale: float = 1.3466):  # rope_utils.py _apply_rotary_pos_emb_bshd, 92c8482e
+    rot_dim = freqs.shape[-1]
+    t, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+    cos_ = (torch.cos(freqs) * mscale).to(t.dtype)
+    sin_ = (torch.sin(freqs) * mscale).to(t.dtype)
+    t = (t * cos_) + (rotate_half(t) * sin_)
+    return torch.cat((t, t_pass), dim=-1)
+
+
 def counted(fn, *inputs):
     with OpBytes() as forward:
         out = fn(*inputs)
@@ -48,6 +64,12 @@ def main() -> None:
     fwd, bwd = counted(lambda o, p, *b: apply_bias(o, list(b), [ROWS // EXPERTS] * EXPERTS, p), out, probs, *biases)
     print(f"linear_fc2's weighted bias: {fwd / out.numel():g} B forward, {bwd / out.numel():g} B backward per element "
           f"of the output ({EXPERTS} experts of {ROWS // EXPERTS} rows, h {HIDDEN})")
+    seq, heads, dim = 512, 256, 64  # [s, b, heads, d] as Megatron's attention holds Q and K; freqs [s, 1, 1, d] fp32
+    q = torch.randn(seq, 1, heads, dim, **bf16)
+    freqs = torch.randn(seq, 1, 1, dim, dtype=torch.float32)
+    fwd, bwd = counted(rotary_bshd, q, freqs)
+    print(f"unfused rotary: {fwd / q.numel():g} B forward, {bwd / q.numel():g} B backward per element of Q or K "
+          f"({heads} heads: the cos/sin tables per position are 1/{heads} of it)")
 
 
 if __name__ == "__main__":

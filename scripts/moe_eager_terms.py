@@ -1,6 +1,6 @@
 """One MoE block's Transformer Engine record (te_fused.te_time) for a Megatron-LM flags file with and without the
 eager pieces Megatron-core runs around TE's kernels (planner/profiler/te_moe_eager.py: GPT-OSS's clamp, linear_fc2's
-weighted bias, FP8's row padding), their bytes, and the block-microbatch difference (docs/published-runs.md
+weighted bias, FP8's row padding, YaRN's unfused rotary), their bytes, and the block-microbatch difference (docs/published-runs.md
 §29.moegemm).
 
 usage: PYTHONPATH=<checkout> python scripts/moe_eager_terms.py configs/megatron-bridge/FILE.yaml GPU
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, cp=job.cp,
                   ep=job.ep)
     fp8 = job.modelled.float8  # --fp8-format: the record's Float8 passes are the block's
-    plain = dataclasses.replace(job.arch, swiglu_limit=None, expert_bias=False)
+    plain = dataclasses.replace(job.arch, swiglu_limit=None, expert_bias=False, rope_scaling=None)
     before, after = _passes(_record(plain, shape, gpu, False), fp8), _passes(_record(job.arch, shape, gpu, True), fp8)
     eager, pad = te_moe_eager.eager_bytes(job.arch, shape), te_moe_eager.fp8_padding_bytes(job.arch, shape)
     print(f"{argv[0]} on {gpu.name}: {shape.tokens} tokens a microbatch x top-{job.arch.num_experts_per_tok}, ep "

@@ -125,3 +125,39 @@ def test_no_padding_without_local_experts_and_no_eager_bytes_on_qwen3():
     assert te_moe_eager.eager_expert_bias_bytes(job.arch, _shape(job)) == (0, 0)
     dense = dataclasses.replace(job.arch, num_experts=0)
     assert te_moe_eager.fp8_padding_bytes(dense, _shape(job)) == (0, 0)
+
+
+def test_the_unfused_rotary_figures_are_the_op_by_op_count():
+    script = load_script("megatron_moe_opbytes")
+    seq, heads, dim = 64, 64, 64
+    q = torch.randn(seq, 1, heads, dim, dtype=torch.bfloat16, requires_grad=True)
+    fwd, bwd = script.counted(script.rotary_bshd, q, torch.randn(seq, 1, 1, dim, dtype=torch.float32))
+    tables = 48 * seq * dim  # cos and sin per position, their mscale and cast: not charged (1/heads of Q's)
+    assert 0 <= fwd - te_moe_eager.UNFUSED_ROPE_FWD * q.numel() <= tables
+    assert 0 <= bwd - te_moe_eager.UNFUSED_ROPE_BWD * q.numel() <= 4 * seq * dim
+
+
+def test_yarn_above_one_on_gpt_oss_runs_the_unfused_rotary_and_not_on_a_latent_attention():
+    gpt_oss = _job("b200_gptoss_120b_bf16").arch
+    assert gpt_oss.rope_scaling == ("yarn", 32.0, None) and te_moe_eager.unfused_rotary(gpt_oss)
+    assert not te_moe_eager.unfused_rotary(_job("gb200_dsv3_bf16").arch)  # MLA: te_mla's rotary
+    assert not te_moe_eager.unfused_rotary(_job("h100_qwen3_30b_fp8cs").arch)
+    rope = [("--position-embedding-type", ["yarn"])]
+    assert megatron.from_pairs(TINY + rope + [("--rotary-scaling-factor", ["1.0"])], "t.sh").arch.rope_scaling is None
+    with pytest.raises(UserError, match="not a positive number"):
+        megatron.from_pairs(TINY + rope + [("--rotary-scaling-factor", ["0"])], "t.sh")
+
+
+def test_e3s_unfused_rotary_by_hand():
+    job = _job("b200_gptoss_120b_bf16")
+    shape, gpu = _shape(job), archs.gpu("b200")
+    fused = dataclasses.replace(job.arch, rope_scaling=None)
+
+    def fwd_ms(arch):
+        return te_fused.te_time(arch, shape, gpu, analytic_time.block_work(arch, shape, moe=True), moe=True).fwd_ms
+
+    rotated = 16384 * (64 * 64 + 8 * 64)  # Q's 64 heads and K's 8, head dim 64
+    # the eager remainder gains Megatron's 24 B an element of Q and K; the fused bytes lose TE's rotary (4 B)
+    expected = (membound_ms(te_moe_eager.UNFUSED_ROPE_FWD * rotated, gpu, "eager")
+                - membound_ms(4 * rotated, te_fused.te_attention_gpu(gpu), "fused"))
+    assert fwd_ms(job.arch) - fwd_ms(fused) == pytest.approx(expected, rel=1e-9)

@@ -26,6 +26,13 @@ routing weights (te_moe.py: the router runs in the input's dtype).
   normal sample per token and expert, then the top-k), so a rank's E / EP splits are random counts, all multiples
   of 16 with probability about 16^(-E/EP): charged whenever a rank holds experts under FP8. TE's own kernels:
   the fused rate. The routing weights' padding (S x 1) is not charged (1/h of it).
+- the rotary under YaRN (a non-latent attention, `Arch.rope_scaling` yarn with a factor F > 1: GPT-OSS's 32):
+  attention.py 880-901 passes `mscale = _yarn_get_concentration_factor_from_config(config)`, 0.1·ln F + 1 without a
+  yarn_mscale pair (yarn_rotary_pos_embedding.py 223-252), and `apply_rotary_pos_emb` takes the unfused
+  `_apply_rotary_pos_emb_bshd` wherever mscale != 1.0, even under apply_rope_fusion (rope_utils.py 268-312): Q and
+  K each `t * cos + rotate_half(t) * sin` (rotate_half a negation and a cat) and a cat with the empty unrotated
+  part, eagerly: 24 B forward and 28 B backward per element of Q or K (the cos/sin tables per position beside it,
+  1/heads of it, not charged), in place of TE's fused rotary (te_bytes.ROPE_FUSED_*).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from planner.profiler import formulas, gptoss_time
 CLAMP_FWD, CLAMP_BWD = 16, 30  # per element of each copy's f-wide GLU half (the module docstring)
 APPLY_BIAS_FWD, APPLY_BIAS_BWD = 12, 16  # per element of each copy's h-wide linear_fc2 output
 FP8_PAD_FWD, FP8_PAD_BWD = 8, 8  # per element of each copy's h-wide input and output (pad + unpad)
+UNFUSED_ROPE_FWD, UNFUSED_ROPE_BWD = 24, 28  # per element of Q or K (scripts/megatron_moe_opbytes.py's count)
 
 
 def _copies(arch, shape) -> int:
@@ -72,3 +80,10 @@ def fp8_padding_bytes(arch, shape) -> tuple[int, int]:
         return 0, 0
     S, h = _copies(arch, shape), arch.hidden_size
     return FP8_PAD_FWD * S * h, FP8_PAD_BWD * S * h
+
+
+def unfused_rotary(arch) -> bool:
+    """Whether Megatron-core rotates Q and K with its unfused rotary (YaRN above factor 1 on a non-latent
+    attention: the module docstring)."""
+    scaling = arch.rope_scaling
+    return bool(scaling) and scaling[0] == "yarn" and scaling[1] > 1 and not arch.mla and arch.rotates
