@@ -155,7 +155,7 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
     (fused_bytes_saved's LLaMA terms, the MLP's SwiGLU left out), the router, permutations, experts'
     activation and q/k norms as te_moe.py counts them; Q/K/V as one GEMM, each local expert's gate and up as
     linear_fc1's one GEMM (TE GroupedLinear); its Float8 record under TE's current scaling (te_moe_float8.py)."""
-    from planner.profiler import te_moe, te_moe_float8
+    from planner.profiler import te_moe, te_moe_eager, te_moe_float8
 
     if not te_moe.counts_moe(arch, shape):
         return None
@@ -169,6 +169,10 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
     rope, rope_fused = _rope_saved(arch, shape), (ROPE_FUSED_FWD * rotated, ROPE_FUSED_BWD * rotated)
     if arch.mla:  # the latent norms and Megatron's fused MLA rotary (te_mla.py)
         rope, rope_fused = te_mla.saved_bytes(arch, shape), te_mla.fused_bytes(arch, shape)
+    elif te_moe_eager.unfused_rotary(arch):  # YaRN's mscale != 1: Megatron-core's unfused rotary, eager bytes
+        rope = ((analytic_time.ROTARY_FWD - te_moe_eager.UNFUSED_ROPE_FWD) * rotated,
+                (analytic_time.ROTARY_BWD - te_moe_eager.UNFUSED_ROPE_BWD) * rotated)
+        rope_fused = (0, 0)
     moe_saved, moe_fused = te_moe.moe_saved(arch, shape), te_moe.moe_fused_bytes(arch, shape)
     saved = tuple(norm_saved[i] + rope[i] + moe_saved[i] for i in (0, 1))
     fused = (norm_fused[0] + rope_fused[0] + moe_fused[0], norm_fused[1] + rope_fused[1] + moe_fused[1])

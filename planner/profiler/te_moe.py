@@ -26,17 +26,20 @@ the input's dtype unless `--moe-router-dtype`), TE's row map int32 (4 B).
   weight multiplied inside, jit_fuser: torch.compile; megatron/core/transformer/moe/experts.py
   TEGroupedMLP.forward), reading gate and up (4 S f) and the weight (2 S), writing 2 S f; backward the
   gradient (2 S f), both inputs and the weight read, both gradients (4 S f) and the weight's (2 S) written;
-  GPT-OSS's clamp runs inside the same compiled function;
+  GPT-OSS's clamp is not inside it (te_moe_eager.py);
 - unpermutation 1 (`unpermute(fused=True)` without probabilities, the weight was applied in the
   activation): 2 S h read, 2 T h written; backward its permute: 2 T h read, 2 S h written, the row map
   read each way.
+GPT-OSS's clamp runs before the compiled function, eagerly, and linear_fc2's bias is added expert by expert
+(te_moe_eager.py): their bytes stay eager ops' in the record (moe_saved keeps them, and takes out the eager
+profile's repeated biases).
 Not counted (T·E-sized or smaller): the aux-loss scores' fused kernel and sum (Qwen3's aux_loss), the
 split sizes' reductions; the all-to-all is the cost model's term.
 """
 
 from __future__ import annotations
 
-from planner.profiler import analytic_time, formulas, gptoss_time, te_bytes
+from planner.profiler import analytic_time, formulas, gptoss_time, te_bytes, te_moe_eager
 
 ROUTER_FWD = ROUTER_BWD = 9  # per (token, expert): fused top-k's logits, probs, map and fp32 intermediate
 ROW_MAP_MAKE, ROW_MAP = 5, 4  # per (token, expert): routing map read + int32 row map written; row map read
@@ -108,8 +111,10 @@ def moe_saved(arch, shape) -> tuple[int, int]:
     shared = shared_swiglu_elements(arch, shape)
     shared_saved = ((analytic_time.SWIGLU_FWD - te_bytes.SWIGLU_FUSED_FWD) * shared,
                     (analytic_time.SWIGLU_BWD - te_bytes.SWIGLU_FUSED_BWD) * shared)
-    return (eager[0] - fused[0] + qk_eager[0] - qk_fused[0] + shared_saved[0],
-            eager[1] - fused[1] + qk_eager[1] - qk_fused[1] + shared_saved[1])
+    # GPT-OSS's experts: the eager profile's repeated biases out, Megatron's eager clamp and weighted fc2 bias kept
+    biases, kept = te_moe_eager.eager_expert_bias_bytes(arch, shape), te_moe_eager.eager_bytes(arch, shape)
+    return tuple(eager[i] - fused[i] + qk_eager[i] - qk_fused[i] + shared_saved[i] + biases[i] - kept[i]
+                 for i in (0, 1))
 
 
 def moe_fused_bytes(arch, shape) -> tuple[int, int]:

@@ -23,8 +23,10 @@ What each FP8 GEMM costs beyond its matmul at the FP8 rate (roofline "matmul-fp8
   or the Linear's quantize, row-wise for the dgrad GEMM and column-wise for the wgrad GEMM: 5 B, 6 B on Hopper;
 - the saved FP8 inputs are used as they are in the backward (no recast): the forward keeps the column-wise copy
   (`inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)`, grouped_linear.py 199-204).
-Megatron pads each expert's rows to a multiple of 16 under FP8 (experts.py 860-866, TE Fp8Padding); under
-balanced routing the rows are already aligned and Fp8Padding returns its input (fp8_padding.py 121-122): no copy.
+Megatron pads each expert's rows to a multiple of 16 under FP8 (experts.py 860-866, TE Fp8Padding) and unpads
+linear_fc2's output: Fp8Padding returns its input only where every split is aligned already (fp8_padding.py
+121-122), which the rows' random routing (--moe-router-force-load-balancing: RandomSTE) almost never gives: the
+copies charged each way (te_moe_eager.fp8_padding_bytes, at the fused rate).
 The weights: under `--fp8-param-gather` they are FP8 already (no cast, the cost model's weight_cast_ms is not
 charged, planner/cost/float8.py); else TE caches each weight's cast once a step (`get_weight_workspace`,
 grouped_linear.py 131-145), weight_cast_ms over the rank's held weights (the attention's and its local experts').
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from planner.profiler import float8, formulas
+from planner.profiler import float8, formulas, te_moe_eager
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.schema import Float8Linears
 
@@ -100,6 +102,8 @@ def record(arch, shape, gpu, fwd: Work, bwd: Work, rerun: Work, *, prefix: str) 
         return None
     (fwd8, weights), (rerun8, rerun_weights) = forward_work(fwd, linears, gpu), forward_work(rerun, linears, gpu)
     bwd8 = backward_work(bwd, linears, gpu)
+    pad = te_moe_eager.fp8_padding_bytes(arch, shape)  # TE's row padding around the grouped GEMMs
+    fwd8, bwd8, rerun8 = _with_fused(fwd8, pad[0]), _with_fused(bwd8, pad[1]), _with_fused(rerun8, pad[0])
     attention = linears[:2]
     return Float8Linears(
         # the dense (non-expert) FP8 weights: the cost model holds the experts' apart (expert_param_count)
@@ -110,6 +114,12 @@ def record(arch, shape, gpu, fwd: Work, bwd: Work, rerun: Work, *, prefix: str) 
         rerun_weight_cast_ms={"full": float8._bytes_ms(float8.weight_cast_bytes(rerun_weights), gpu)}
         if rerun_weights else {},
         transient_bytes=grad_output_copies(arch, shape, gpu, attention))
+
+
+def _with_fused(done: Work, extra: int) -> Work:
+    """`done` with `extra` bytes more moved by fused (TE) kernels."""
+    return work(done.flops, done.bytes + extra, list(Counter(dict(done.kernels)).elements()),
+                fused_bytes=done.fused_bytes + extra, classed=done.classed)
 
 
 def grad_output_copies(arch, shape, gpu, attention: list[float8.Linear]) -> int:

@@ -47,7 +47,7 @@ copy (the Hopper transpose, 1 B an element of the module's inputs, not written i
 
 from __future__ import annotations
 
-from planner.profiler import analytic_time, float8, te_mla, te_moe, te_moe_float8
+from planner.profiler import analytic_time, float8, te_mla, te_moe, te_moe_eager, te_moe_float8
 from planner.profiler.roofline import Work, roofline_ms
 from planner.profiler.te_bytes import (
     GELU_FUSED_FWD,
@@ -88,7 +88,7 @@ def part_works(arch, shape, *, moe: bool, fused_gemms) -> dict[str, Work]:
                                                  arch, shape, 1)
         S, width = T * arch.num_experts_per_tok, arch.moe_intermediate_size // shape.tp
         act = te_moe.WEIGHTED_GLU_FWD * S * width + te_moe.WEIGHT_FWD * S
-        works["mlp-act"] = Work(0, act, (), act)
+        works["mlp-act"] = Work(0, act + te_moe_eager.act_rerun_bytes(arch, shape), (), act)  # + the eager clamp
     else:
         dense = analytic_time.rerun_work(arch, shape, "mlp", moe=False)
         if arch.style == "gpt":  # the fused bias-GELU; LayerNormLinear's LayerNorm as te_fused counts it (eager)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from planner.errors import UserError
 from planner.models.archs import Arch
-from planner.models.configs import Job, Recompute, pending
+from planner.models.configs import Job, Recompute, megatron_gptoss, pending
 from planner.models.configs.megatron_args import Flags, positive
 from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
@@ -173,15 +173,18 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
     for flag, value in (("--hidden-dropout", hidden_dropout), ("--attention-dropout", attention_dropout)):
         if not 0 <= value < 1:
             raise UserError(f"{flag} {value!r} is not a probability from 0 up to 1; give one")
-    if swiglu and not no_bias:
-        flags.notes.append("linear biases (Megatron-LM's default without --disable-bias-linear) are not modelled "
-                           "on a SwiGLU model: a hidden-size vector per linear, kilobytes")
     moe = _moe(flags, layers, ffn)
+    experts, biased = megatron_gptoss.expert_facts(flags, moe=bool(moe), no_bias=no_bias)  # GPT-OSS's, if any
+    if swiglu and biased:
+        flags.notes.append("linear biases (Megatron-LM's default without --disable-bias-linear) are not modelled "
+                           "on a SwiGLU model's dense linears: a hidden-size vector per linear, kilobytes; a MoE "
+                           "block's experts' are (te_moe_eager.py)")
     if moe and style == "gpt":  # formulas.py and analytic_kept.py build a GPT-style block's MLP dense
         raise UserError(f"{where}: --num-experts without --swiglu is a mixture of GeLU experts, which ckplan does not "
                         "model (its GPT-style block has one dense MLP: the experts' weights, FLOPs and kept bytes "
                         "would be wrong); ckplan scores mixtures of SwiGLU experts")
     mla = _mla(flags)
+    moe.update(experts, **megatron_gptoss.yarn_scaling(flags, kind, mla=bool(mla)))  # the Arch's GPT-OSS fields
     windows = layer_windows(flags, layers)  # --window-size, --window-attn-skip-freq (megatron_windows.py)
     try:
         arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
