@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-
 from fixtures.scripts import load_script
+
 from planner.cli import cli
 from planner.errors import UserError
 from planner.models import archs
