@@ -89,3 +89,36 @@ def test_evaluate_charges_the_rank_two_bytes_less_a_partitioned_parameter(gpt_pr
     assert terms.stage_value("static", 0, ctx) - terms.stage_value("static", 0, terms.Context(
         *_setup(gpt_profile, offload=False))) == pytest.approx(-copies * (2 / 8 - 16 / 8))
     assert deepspeed_terms.tied_offloaded_grad_partition_bytes(setup_profile, setup) == pytest.approx(copies * 2 / 8)
+
+
+def test_the_gradient_bucket_by_hand_at_deepspeeds_default_and_as_given(gpt_profile):
+    from planner.commands.setup_options import DataParallelOptions, build_setup
+
+    profile = io.load_profile(gpt_profile)
+
+    def bucket(runtime="deepspeed", zero=3, **knobs):
+        options = DataParallelOptions(dp=8, zero=zero, deepspeed=knobs)
+        setup = build_setup(profile, stages=1, mem="80GB", microbatches=1, schedule="1F1B", optimizer="adam",
+                            precision="bf16-mixed", parallel_stages=None, runtime=runtime, data_parallel=options)
+        return deepspeed_terms.gradient_bucket_bytes(setup), terms.stage_value("buffers", 0, terms.Context(profile,
+                                                                                                          setup))
+
+    default, default_buffers = bucket()
+    assert default == 500_000_000 * 2  # DeepSpeed's reduce_bucket_size, 2 B elements
+    given, given_buffers = bucket(reduce_bucket_size=90_000_000)  # the Azure recipes' 9e7
+    assert given == 180_000_000 and default_buffers - given_buffers == pytest.approx(default - given)
+    assert bucket(runtime="torchtitan")[0] == 0.0 and bucket(zero=2)[0] == 0.0
+
+
+def test_the_bucket_option_needs_deepspeeds_zero_3_not_the_blocks_submodules(gpt_profile, tmp_path):
+    from fixtures.cli import run
+
+    args = ("evaluate", "--profile", gpt_profile, "--layers-per-stage", 6, "--ckpt-per-stage", 4, "--dp", 8,
+            "--microbatches", 1, "--precision", "bf16-mixed", "--json")
+    refused = run(*args, "--zero", 3, "--runtime", "torchtitan", "--reduce-bucket-size", "9e7")
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert "--reduce-bucket-size is DeepSpeed's ZeRO 3 setting" in refused.output
+    small = json.loads(run_ok(*args, "--zero", 3, "--runtime", "deepspeed", "--reduce-bucket-size", "9e7").stdout)
+    large = json.loads(run_ok(*args, "--zero", 3, "--runtime", "deepspeed").stdout)
+    assert large["hand"]["stages"][0]["peak_bytes"] - small["hand"]["stages"][0]["peak_bytes"] == \
+        (500_000_000 - 90_000_000) * 2

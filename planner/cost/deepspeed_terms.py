@@ -69,6 +69,20 @@ def offloaded_grad_partition_bytes(layer, setup: TrainSetup) -> float:
     return rules.per_param_bytes(layer, setup, lambda _: grads)
 
 
+# DeepSpeed's reduce_bucket_size default (deepspeed/runtime/zero/constants.py at v0.6.2; config.py at edaa7221): 5e8
+REDUCE_BUCKET_DEFAULT = 500_000_000
+
+
+def gradient_bucket_bytes(setup: TrainSetup) -> float:
+    """ZeRO 3's contiguous gradient bucket: `reduce_bucket_size` elements in the training dtype (the weights'),
+    allocated on the GPU at init under contiguous_gradients, DeepSpeed's default (stage3.py 524-529 at v0.6.2:
+    `__ipg_bucket_flat_buffer`); 0 where the coordinator does not run."""
+    if not runs_zero3(setup):
+        return 0.0
+    size = setup.data_parallel.reduce_bucket_size
+    return (REDUCE_BUCKET_DEFAULT if size is None else size) * dataparallel.param_bytes(setup).weights
+
+
 def tied_offloaded_grad_partition_bytes(profile: Profile, setup: TrainSetup) -> float:
     """The gradient partitions of a tied parameter's copies beyond the first (rules.tied_once_bytes takes them off the
     device's static bytes at the device's bytes a parameter, which hold these too): the device gets them back, the
