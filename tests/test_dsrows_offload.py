@@ -122,3 +122,12 @@ def test_the_bucket_option_needs_deepspeeds_zero_3_not_the_blocks_submodules(gpt
     large = json.loads(run_ok(*args, "--zero", 3, "--runtime", "deepspeed").stdout)
     assert large["hand"]["stages"][0]["peak_bytes"] - small["hand"]["stages"][0]["peak_bytes"] == \
         (500_000_000 - 90_000_000) * 2
+
+
+def test_the_export_writes_the_bucket_given():
+    from planner.emit.deepspeed import _zero_block
+    from planner.schema import TrainSetup
+
+    setup = TrainSetup(stages=1, microbatches=1, micro_batch_size=1, schedule="1F1B", mem_caps_bytes=[1 << 30],
+                       dp=8, zero=3, runtime="deepspeed", reduce_bucket_size=90_000_000)
+    assert _zero_block(setup) == ', "zero_optimization": {"stage": 3, "reduce_bucket_size": 90000000}'
