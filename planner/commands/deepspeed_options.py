@@ -1,7 +1,8 @@
-"""DeepSpeed ZeRO 3's ds_config knobs that set what its coordinator keeps gathered, as options of the commands
-that score a plan (DataParallelSetup's stage3_*; planner/cost/deepspeed_terms.py), named as the ds_config's
-`zero_optimization` keys. Each defaults to DeepSpeed's own (deepspeed/runtime/zero/config.py
-DeepSpeedZeroConfig, the same from v0.6.2 to edaa7221): framework-facts §103, §105."""
+"""DeepSpeed ZeRO 3's ds_config knobs that set what its coordinator keeps gathered, and its gradient bucket's size,
+as options of the commands that score a plan (DataParallelSetup's stage3_* and reduce_bucket_size;
+planner/cost/deepspeed_terms.py), named as the ds_config's `zero_optimization` keys. Each defaults to DeepSpeed's
+own (deepspeed/runtime/zero/config.py DeepSpeedZeroConfig, the same from v0.6.2 to edaa7221): framework-facts §103,
+§105, §124."""
 
 from __future__ import annotations
 
@@ -44,8 +45,15 @@ DEEPSPEED_OPTIONS = [
     click.option("--stage3-max-live-parameters", "stage3_max_live_parameters", type=_Elements(), default=None,
                  help="--runtime deepspeed --zero 3: no prefetch once this many elements are gathered "
                       "[default: DeepSpeed's, 1e9]."),
+    click.option("--reduce-bucket-size", "reduce_bucket_size", type=_Elements(), default=None,
+                 help="--runtime deepspeed --zero 3: the gradients' bucket, a flat buffer of this many elements "
+                      "in the training dtype on the GPU from the start (contiguous_gradients) [default: DeepSpeed's, "
+                      "5e8]."),
 ]
-DEEPSPEED_OPTION_NAMES = ("stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_max_live_parameters")
+DEEPSPEED_OPTION_NAMES = ("stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+                          "reduce_bucket_size")
+# the knobs that set what the coordinator keeps gathered: they need the block's submodules (deepspeed_terms.charged)
+SUBMODULE_KNOBS = ("stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_max_live_parameters")
 
 
 def deepspeed_given(kwargs: dict) -> dict:
@@ -72,7 +80,9 @@ def check_deepspeed(fields: dict, profile, setup) -> None:
     if not deepspeed_terms.runs_zero3(setup):
         raise UserError(f"{flag} changes nothing where ZeRO 3 partitions over one rank or keeps weights whole "
                         "through the iteration (--zero-gather per-iteration); drop it")
-    if not deepspeed_terms.charged(profile, setup):
+    knobs = [name for name in fields if name in SUBMODULE_KNOBS]
+    if knobs and not deepspeed_terms.charged(profile, setup):
+        flag = "--" + knobs[0].replace("_", "-")
         raise UserError(f"{flag} needs the block's submodules, which ckplan knows only for an analytic profile's "
                         "dense GPT or LLaMA-style block at tensor parallelism 1 (`ckplan profile --arch`); drop it")
 

@@ -23,13 +23,18 @@ rerunning no linear (core-attn, mlp-act, norm-out, op-sac) gather nothing again.
 QKV (Megatron-DeepSpeed's) and LLaMA-style as transformers builds them (deepspeed_zero3.llama_block). Elsewhere
 (other runtimes, other ZeRO stages, measured or fake profiles, TP > 1, MoE blocks) both are 0, the existing terms
 stand, and `not_charged` gives the sentence the commands print.
+
+Under the optimizer's offload (`offload_optimizer.device` cpu) ZeRO 3 allocates its flat buffer of fp16 gradient
+partitions on the host, pinned, not on the GPU (stage3.py 312-313, 532-545 at v0.6.2: `self.device` is the
+offload device): `offloaded_grad_partition_bytes` moves them from the device's static bytes to the host's. That
+holds for any profile (it needs no submodules), wherever the coordinator runs (`runs_zero3`).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from planner.cost import dataparallel, deepspeed_zero3, runtimes
+from planner.cost import dataparallel, deepspeed_zero3, rules, runtimes
 from planner.cost.layers import LayerCost
 from planner.schema import Profile, TrainSetup
 
@@ -51,6 +56,41 @@ def runs_zero3(setup: TrainSetup) -> bool:
     gathering per microbatch over more than one rank."""
     return (runtimes.of(setup.training).fsdp_units == "submodules" and setup.data_parallel.zero == 3
             and not dataparallel.kept_whole(setup) and dataparallel.shard_size(setup) > 1)
+
+
+def offloaded_grad_partition_bytes(layer, setup: TrainSetup) -> float:
+    """The layer's fp16 gradient partitions (the rank's 1/K, in the gradients' dtype) that DeepSpeed's ZeRO 3 keeps
+    in pinned host memory when the optimizer is offloaded, where dataparallel.bytes_per_param charges them to the
+    device (stage3.py 532-545 at v0.6.2: `grad_partitions_flat_buffer` on `self.device`, the offload device);
+    0 without offload or where the coordinator does not run."""
+    if not (runs_zero3(setup) and setup.data_parallel.offload):
+        return 0.0
+    grads = dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup)
+    return rules.per_param_bytes(layer, setup, lambda _: grads)
+
+
+# DeepSpeed's reduce_bucket_size default (deepspeed/runtime/zero/constants.py at v0.6.2; config.py at edaa7221): 5e8
+REDUCE_BUCKET_DEFAULT = 500_000_000
+
+
+def gradient_bucket_bytes(setup: TrainSetup) -> float:
+    """ZeRO 3's contiguous gradient bucket: `reduce_bucket_size` elements in the training dtype (the weights'),
+    allocated on the GPU at init under contiguous_gradients, DeepSpeed's default (stage3.py 524-529 at v0.6.2:
+    `__ipg_bucket_flat_buffer`); 0 where the coordinator does not run."""
+    if not runs_zero3(setup):
+        return 0.0
+    size = setup.data_parallel.reduce_bucket_size
+    return (REDUCE_BUCKET_DEFAULT if size is None else size) * dataparallel.param_bytes(setup).weights
+
+
+def tied_offloaded_grad_partition_bytes(profile: Profile, setup: TrainSetup) -> float:
+    """The gradient partitions of a tied parameter's copies beyond the first (rules.tied_once_bytes takes them off the
+    device's static bytes at the device's bytes a parameter, which hold these too): the device gets them back, the
+    host holds them once. 0 where offloaded_grad_partition_bytes is, or with more than one stage (no copy taken)."""
+    if setup.pipeline.stages != 1 or not (runs_zero3(setup) and setup.data_parallel.offload):
+        return 0.0
+    copies = sum((len(item.layers) - 1) * item.param_count for item in profile.tied)
+    return copies * dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup)
 
 
 def _block_of(model: dict, layer, modules: str | None) -> tuple[deepspeed_zero3.Submodule, ...] | None:

@@ -124,7 +124,8 @@ def _zero_block(setup) -> str:
     the re-score was given go with it under their ds_config keys (the others stay DeepSpeed's defaults, as charged)."""
     dp = setup.data_parallel
     knobs = "".join(f', "{name}": {getattr(dp, name)}' for name in ("stage3_max_reuse_distance",
-                    "stage3_prefetch_bucket_size", "stage3_max_live_parameters") if getattr(dp, name) is not None)
+                    "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "reduce_bucket_size")
+                    if getattr(dp, name) is not None)
     return f', "zero_optimization": {{"stage": {dp.zero}{knobs}}}' if dp.zero else ""
 
 

@@ -123,6 +123,8 @@ class DataParallelSetup(Strict):
     stage3_max_reuse_distance: int | None = Field(default=None, ge=0, le=1 << 62)
     stage3_prefetch_bucket_size: int | None = Field(default=None, ge=0, le=1 << 62)
     stage3_max_live_parameters: int | None = Field(default=None, ge=0, le=1 << 62)
+    # ZeRO 3's contiguous gradient bucket, elements (framework-facts §124); None: DeepSpeed's default 5e8
+    reduce_bucket_size: int | None = Field(default=None, ge=0, le=1 << 62)
     # Megatron-FSDP's (ZeRO 3 under --runtime megatron; planner/cost/megatron_fsdp.py, framework-facts §114):
     # --fsdp-double-buffer (two units' weights and gradient buckets in fixed slots for the run) and
     # --suggested-communication-unit-size (elements; None: max(1e9, 2 x the mean unit's parameters))

@@ -33,9 +33,9 @@ NO_EFFECT = {
 }
 # keys DeepSpeed reads that change memory or time and ckplan does not model
 NOT_MODELLED = {
-    "zero_optimization.reduce_bucket_size": "the gradients' reduce bucket (allocated at start; ckplan charges none)",
     "zero_optimization.allgather_bucket_size": "ZeRO 1/2's all-gather bucket",
-    "zero_optimization.contiguous_gradients": "the gradients copied into one flat buffer as they are reduced",
+    "zero_optimization.contiguous_gradients": "the gradients copied into one flat buffer as they are reduced (ckplan "
+    "charges ZeRO 3's buffer as DeepSpeed's default, on)",
     "zero_optimization.sub_group_size": "the optimizer step's parameter groups (its fp32 scratch)",
     "zero_optimization.reduce_scatter": "reduce-scatter rather than all-reduce (ZeRO 1/2)",
     "zero_optimization.allgather_partitions": "ZeRO 1/2's all-gather of the updated partitions",
@@ -50,7 +50,7 @@ NOT_MODELLED = {
     "gradient_predivide_factor": "scaling before the reduction", "optimizer": "DeepSpeed's own optimizer (the script "
     "hands Megatron's to deepspeed.initialize)", "scheduler": "learning-rate schedule",
 }
-ZERO_KEYS = {"stage", *KNOBS, "offload_optimizer", "offload_param", "overlap_comm", "cpu_offload"}
+ZERO_KEYS = {"stage", *KNOBS, "reduce_bucket_size", "offload_optimizer", "offload_param", "overlap_comm", "cpu_offload"}
 
 
 def megatron_lm_flags(pairs: list[tuple[str, list[str]]]) -> tuple[list[tuple[str, list[str]]], list[str]]:
@@ -213,6 +213,15 @@ def _knobs(job: Job, zero: dict, stage: int, where: str) -> None:
             job.said(f"ds_config zero_optimization.{key}", zero[key], "modelled", f"--{key.replace('_', '-')}")
         else:
             job.said(f"ds_config zero_optimization.{key}", zero[key], "no effect", f"a ZeRO 3 setting, at ZeRO {stage}")
+    if "reduce_bucket_size" in zero:
+        value = _int(zero["reduce_bucket_size"], "zero_optimization.reduce_bucket_size", where)
+        if stage == 3:
+            job.modelled.deepspeed["reduce_bucket_size"] = value
+            job.said("ds_config zero_optimization.reduce_bucket_size", zero["reduce_bucket_size"], "modelled",
+                     "--reduce-bucket-size: ZeRO 3's gradient bucket on the GPU")
+        else:
+            job.said("ds_config zero_optimization.reduce_bucket_size", zero["reduce_bucket_size"], "not modelled",
+                     f"ZeRO {stage}'s gradient buckets")
     overlap = zero.get("overlap_comm")
     if overlap is not None:
         job.said("ds_config zero_optimization.overlap_comm", overlap, "modelled" if overlap else "not modelled",
