@@ -63,6 +63,16 @@ def test_without_the_distributed_optimizer_the_norm_runs_over_the_model_parallel
     assert _ms(_setup(tp=1, dp=8)) == {"gradient norm": 0.0}  # a model-parallel group of one rank: nothing
 
 
+def test_context_parallel_ranks_are_in_the_setups_dp():
+    """TP 2 x CP 2 x PP 2 on 8 GPUs (row G7): the setup's dp is Megatron's dp x cp = 2 (with_context_parallel), the
+    world 8, the model-parallel group 4 ranks spanning ranks 0-5 of one node."""
+    found = _ms(_setup(tp=2, cp=2, dp=2, stages=2, log_params_norm=True, log_num_zeros_in_grad=True))
+    assert found["gradient norm"] == pytest.approx(_us(4), rel=1e-6)  # 28.8 µs
+    assert found["params norm, sharded"] == pytest.approx(_us(2), rel=1e-6)
+    assert sum(found.values()) == pytest.approx(3 * 28.8 + 4 * 15.2, rel=1e-6)  # 147.2 µs
+    assert stepcomm.group_ranks("world", _setup(tp=2, cp=2, dp=2, stages=2)) == (8, 8)
+
+
 def test_a_group_spanning_nodes_pays_the_networks_step():
     found = _ms(_setup(tp=4, dp=2, zero=1, gpus_per_node=4))
     assert found["gradient norm"] == pytest.approx(_us(8, 14.0), rel=1e-6)  # 204.4 µs

@@ -8,12 +8,14 @@ protocol (tests/functional_tests/shell_test_utils/_run_training.sh at 93ebf8d7 e
 NCCL_ALGO=Ring and NCCL_NVLS_ENABLE=0). None is hidden: the gradients' norm runs after the last backward's
 reduction and before the inner step, which scales by it; count_zeros and the parameters' norm are read on the host
 (`.item()`) before anything else is issued. Which the runtime makes, over which group, and under which flag: the
-runtime record's `step_collectives`. The groups, ranks placed tp, cp, (ep,) dp, pp (Megatron-core's order):
+runtime record's `step_collectives`. The groups, ranks placed tp, cp, (ep,) dp, pp (Megatron-core's order), where
+the setup's dp already counts the cp ranks of a replica (training_settings.with_context_parallel: Megatron reduces
+and shards over its dp_cp group):
 
-    grad_stats       the whole world under a distributed optimizer (ZeRO >= 1), else the model-parallel group
-    model_parallel   tp x pp ranks (tp adjacent, pp tp·cp·dp apart)
-    dp_cp            dp x cp ranks (tp apart)
-    expert_dp        the expert-data-parallel group: dp·cp / ep ranks (tp·ep apart)
+    grad_stats       the whole world (tp x dp x pp) under a distributed optimizer (ZeRO >= 1), else model_parallel
+    model_parallel   tp x pp ranks (tp adjacent, pp tp·dp apart)
+    dp_cp            the setup's dp ranks (tp apart)
+    expert_dp        the expert-data-parallel group: dp / ep ranks (tp·ep apart)
 
 A group crosses NCCL's network latency where its ranks span more than one node (the first rank to the last),
 else NVLink's. Charged once a step on the embedding's stage, as the optimizer's fixed host calls are
@@ -33,20 +35,20 @@ EMBEDDING = "embedding"
 
 def group_ranks(group: str, setup: TrainSetup) -> tuple[int, int]:
     """(ranks, span): how many ranks `group` holds and how far its first rank lies from its last, plus one."""
-    comm, data = setup.comm, setup.data_parallel
-    tp, cp, dp, ep = comm.tp, comm.cp, data.dp, max(1, data.ep)
-    pp = max(1, setup.pipeline.stages // max(1, setup.pipeline.chunks))
-    world = tp * cp * dp * pp
+    data = setup.data_parallel
+    tp, dp, ep = setup.comm.tp, data.dp, max(1, data.ep)  # dp: the dp x cp ranks of the parameters' replicas
+    pp = max(1, setup.pipeline.stages // max(1, setup.pipeline.chunks))  # a stage's terms see the P·V stages
+    world = tp * dp * pp
     if group == "grad_stats":
         group = "world" if data.zero >= 1 else "model_parallel"
     if group == "world":
         return world, world
     if group == "model_parallel":
-        return tp * pp, (pp - 1) * tp * cp * dp + tp
+        return tp * pp, (pp - 1) * tp * dp + tp
     if group == "dp_cp":
-        return dp * cp, (dp * cp - 1) * tp + 1
+        return dp, (dp - 1) * tp + 1
     if group == "expert_dp":
-        ranks = max(1, dp * cp // ep)
+        ranks = max(1, dp // ep)
         return ranks, (ranks - 1) * tp * ep + 1
     raise ValueError(f"unknown group {group!r}")
 
