@@ -4,8 +4,10 @@ data-parallel collectives; what Megatron-LM's DDP adds beside the schedule (plan
 under runtime megatron); and the slowest rank's optimizer step (its exposed gathers included). With --terms, the
 busiest rank's "time" and "comm" per term (docs/published-runs.md §19.megfunc): each layer row of the cost model's
 TERMS summed over the rank's layers, and each stage row over its stages (the loss's on the last stage's rank),
-x the microbatches, in seconds a step.
-usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K] [--terms]"""
+x the microbatches, and the "step" rows once, in seconds a step. With --published S, the gap to a published step
+and its share a block-microbatch on the critical path (docs/published-runs.md §29.grows).
+usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K] [--terms]
+       [--published S]"""
 
 import argparse
 from pathlib import Path
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--gpus-per-node", type=int, default=None)
     parser.add_argument("--terms", action="store_true", help="the busiest rank's time and comm, term by term")
+    parser.add_argument("--published", type=float, default=None,
+                        help="the published step (s): print the gap and its share a block pass on the critical path")
     args = parser.parse_args()
     found = predict(read_job(args.config, None), gpus=args.gpus, gpu_name=args.gpu, gpus_per_node=args.gpus_per_node)
     profile, setup = found.profile, found.setup
@@ -60,12 +64,29 @@ def main() -> None:
     if args.terms:
         for name, seconds in rank_terms(chunks, order.stages_of(rank), profile, view, m):
             print(f"  {seconds:8.4f}  {name}")
+    if args.published is not None:
+        gap_s = args.published - found.cost.iteration_ms / 1e3
+        passes = critical_block_passes(chunks, order, m)
+        print(f"published {args.published:.4f} s: gap {gap_s:.4f} s a step over {passes} block-microbatches on the "
+              f"critical path, {gap_s / passes * 1e3:.2f} ms each" if passes else f"gap {gap_s:.4f} s (no blocks)")
+
+
+BLOCKS = ("decoder_block", "moe_block")
+
+
+def critical_block_passes(chunks, order, microbatches: int) -> int:
+    """Block-microbatches on a pipeline's critical path, as a one-chunk 1F1B or an interleaved schedule's closed form
+    counts them: (m x V + P - 1) x the blocks of the fullest chunk (P ranks, V chunks a rank); m x blocks with no
+    pipeline."""
+    blocks = [sum(layer.kind in BLOCKS for layer in layers) for layers, _ in chunks]
+    per_rank = max(len(order.stages_of(r)) for r in range(order.num_ranks))
+    return (microbatches * per_rank + order.num_ranks - 1) * max(blocks, default=0)
 
 
 def rank_terms(chunks, stages, profile, view, microbatches: int) -> list[tuple[str, float]]:
     """(term, seconds a step) for the rank's chunks `stages`: each "time" and "comm" layer row of TERMS over
-    their layers and options, and each such stage row over the stages, x the microbatches; rows that charge the
-    rank nothing left out."""
+    their layers and options, and each such stage row over the stages, x the microbatches; each "step" layer row
+    once; rows that charge the rank nothing left out."""
     ctx = terms.Context(profile, view)
     found = []
     for term in terms.TERMS:
@@ -74,6 +95,12 @@ def rank_terms(chunks, stages, profile, view, microbatches: int) -> list[tuple[s
         total = sum(term.value(layer, ckpt, ctx) for k in stages for layer, ckpt in zip(*chunks[k]))
         if total:
             found.append((f"[{term.quantity}] {term.name}", microbatches * total / 1e3))
+    for term in terms.TERMS:  # the step's rows, once a step
+        if term.where != "layer" or term.quantity != "step":
+            continue
+        total = sum(term.value(layer, ckpt, ctx) for k in stages for layer, ckpt in zip(*chunks[k]))
+        if total:
+            found.append((f"[step] {term.name}", total / 1e3))
     for term in terms.TERMS:  # the stage rows (the loss's, on the last stage's rank)
         if term.where != "stage" or term.quantity not in ("time", "comm"):
             continue

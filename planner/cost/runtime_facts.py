@@ -258,6 +258,11 @@ class RuntimeFacts:
     microbatch "embedding", "output" (final norm and output layer) and "loss" (the runtime's loss and its checks),
     each (forward, backward); per step "step" (per parameter tensor, fixed): the optimizer step's and the logged
     norms' host work as scripts/bench_host_step.py measures Megatron-LM's; none: not read, nothing charged."""
+    step_collectives: tuple[tuple[str, str, str], ...] = ()
+    """The scalar all-reduces the runtime's optimizer step and its logging make once a step, each latency-bound
+    (planner/cost/stepcomm.py): (what, its group, the TrainingSetup flag that turns it on, "" for every step); the
+    groups "grad_stats" (the whole world under a distributed optimizer, else the model-parallel group),
+    "model_parallel" (tp x pp), "dp_cp" (dp x cp), "expert_dp" (the expert-data-parallel group); none: not read."""
     vocab_parallel_ce_bytes: int = 0
     """Bytes a bf16 logit moves through the runtime's own unfused cross-entropy, forward and backward, which the
     cost model charges in place of an analytic profile's eager loss (planner/cost/megatron_loss.py): Megatron-LM's

@@ -35,6 +35,15 @@ HOST_REST_LINEARS = (("embedding", 3.81, 5.63), ("output", 2.34, 5.90), ("loss",
                      ("zeros", 0.67, 0.08), ("params_norm", 0.03, 2.40),
                      ("all-reduce", 0.40, 0.0), ("all-gather", 0.85, 0.0), ("reduce-scatter", 0.82, 0.0),
                      ("broadcast", 0.40, 0.0), ("pre_hook", 0.22, 0.07), ("get_batch", 0.14, 0.0))
+# the scalar all-reduces of a step (planner/cost/stepcomm.py, docs/framework-facts.md §121), Megatron-LM 93ebf8d7: the
+# gradients' norm (clip_grads.py get_grad_norm_fp32 132), count_zeros (clip_grads.py 271), calc_params_l2_norm's
+# sharded, expert-sharded and model-parallel sums (megatron/training/utils/common_utils.py 171-213)
+STEP_COLLECTIVES = (("gradient norm", "grad_stats", ""), ("count_zeros", "grad_stats", "log_num_zeros_in_grad"),
+                    ("params norm, sharded", "dp_cp", "log_params_norm"),
+                    ("params norm, sharded (GTP)", "dp_cp", "log_params_norm"),
+                    ("params norm, expert sharded", "expert_dp", "log_params_norm"),
+                    ("params norm, expert sharded (GTP)", "expert_dp", "log_params_norm"),
+                    ("params norm, model parallel", "model_parallel", "log_params_norm"))
 # what runs instead of torch.compile, and where that is read (runtimes._NO_MODEL_COMPILE's entry)
 NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise "
                     "functions of its jit_fuser)",
@@ -100,6 +109,7 @@ def megatron() -> RuntimeFacts:
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
+        step_collectives=STEP_COLLECTIVES,
         megatron_step_replayed=True,
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
@@ -165,6 +175,13 @@ def megatron() -> RuntimeFacts:
                                   "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94; \"flash_cp2\": the "
                                   "block with TE's AttnFuncWithCPAndKVP2P at CP 2 (context_parallel.py 1407-2990, "
                                   "TE f8a01cd5), scripts/bench_host_cp.py, §97",
+            "step_collectives": "Megatron-LM 93ebf8d7: megatron/core/optimizer/clip_grads.py 55-141 "
+                                "(get_grad_norm_fp32: one all-reduce over grad_stats_parallel_group, whole world "
+                                "under the distributed optimizer, distrib_optimizer.py 796-802; optimizer.py 322-340 "
+                                "the model-parallel group otherwise), 195-276 (count_zeros_fp32, the same group, "
+                                "then .item()); megatron/training/utils/common_utils.py 80-213 (calc_params_l2_norm: "
+                                "two sums over the data-parallel group with CP, two over the expert-data-parallel "
+                                "group, whatever they hold, one over the model-parallel group, then .item())",
             "host_rest_linears": "the step outside the blocks, Megatron-LM d98e8a64: language_model_embedding.py "
                                  "forward; gpt_model.py _postprocess; language_module.py compute_language_model_loss, "
                                  "tensor_parallel/cross_entropy.py; pretrain_gpt.py loss_func 254-277 (validate_result's "

@@ -57,6 +57,7 @@ AFTER_STEP_NOT_READ = {
     "deterministic_attention": "not read for this runtime (--deterministic-mode refused)",
     "host_block_linears": "not read for this runtime (no host floor charged)",
     "host_rest_linears": "not read for this runtime (no host time charged outside the blocks)",
+    "step_collectives": "not read for this runtime (its step's scalar all-reduces not charged)",
     "zero1_all_reduces": "not read for this runtime: ZeRO 1 reduce-scatters (the gradients' shard reduced where stepped)",
     "hp_grad_accumulate_bytes": "not read for this runtime: its backward accumulates into the gradient it reduces",
     "hp_grad_bytes": "not read for this runtime: the gradient it accumulates and reduces is the only one (grad_bytes)",

@@ -20,6 +20,7 @@ from planner.cost import (
     jobsettings,
     megatron_dp,
     megatron_loss,
+    stepcomm,
 )
 from planner.cost.gathered import (
     fsdp_unit_layer_bytes,
@@ -337,6 +338,10 @@ TERMS: tuple[Term, ...] = (
          "layer", lambda layer, ckpt, ctx: hosttime.host_step_ms(layer, ctx.profile, ctx.setup, ckpt),
          "the record's host_rest_linears \"step\" (Megatron-LM's optimizer step, count_zeros, params norm, "
          "scripts/bench_host_step.py) x the layer's parameter tensors, at GPU.host_call_us; after the first sync whole"),
+    Term("the step's scalar all-reduces: the gradients' norm, count_zeros, the parameters' norm", "step", "layer",
+         lambda layer, ckpt, ctx: stepcomm.step_collectives_ms(layer, ctx.setup),
+         "the record's step_collectives (Megatron-LM's clip_grads.py, common_utils.py calc_params_l2_norm), each at "
+         "NCCL's Ring/Simple latency over its group (stepcomm.py); once a step on the embedding's stage"),
     Term("the parameters' norm and the gradients' zeros logged each step", "step", "layer",
          lambda layer, ckpt, ctx: jobsettings.logged_reads_ms(layer, ctx.profile, ctx.setup),
          "the record's logged_read_shard_bytes over the rank's shard per read (Megatron-LM's --log-params-norm, "

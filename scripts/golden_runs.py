@@ -1,0 +1,100 @@
+"""What Megatron-LM's functional tests log as `iteration-time`, read from their golden values at a commit
+(docs/published-runs.md §29.grows): the same test case's steady step on each platform it has golden values for,
+and for the checkpoint-resume tests the first run's steady step beside the second's (the same configuration,
+resumed from the first run's checkpoint on the same platform).
+
+The steady step is the median of the logged steps from the fourth on (steps 2-3 hold the warm-up, step 1 is not
+logged), the harness's reading (scripts/published_rows.toml, the G rows); NaN and missing steps are skipped.
+
+usage: python scripts/golden_runs.py MEGATRON_GIT_DIR [--commit 93ebf8d7] [--platforms TEST ...] [--pairs]
+       (MEGATRON_GIT_DIR: a clone or a bare mirror of NVIDIA/Megatron-LM holding the commit)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+from pathlib import Path
+
+CASES = "tests/functional_tests/test_cases"
+FIRST_STEADY = 4
+# the G rows' test cases (scripts/published_rows.toml)
+G_ROWS = {"G1": "gpt/gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline", "G2": "gpt/gpt3_mcore_te_tp1_pp4_vp1",
+          "G3": "gpt/gpt3_mcore_tp1_pp2", "G4": "gpt/gpt3_mcore_tp1_pp4",
+          "G5": "gpt/gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion", "G6": "gpt/gpt3_mcore_te_tp2_pp2_mla",
+          "G7": "gpt/gpt3_mcore_te_tp2_pp2_cp2",
+          "G8": "gpt/gpt3_mcore_te_tp4_pp1_dist_optimizer_overlap_grad_reduce_param_gather",
+          "G9": "moe/gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser"}
+
+
+def steady_step_s(golden: dict, *, skip_first: int = 0) -> float | None:
+    """The median `iteration-time` of the steps from the fourth on (and past the first `skip_first` logged steps,
+    for a resumed run whose first steps are its own warm-up); None where none is logged."""
+    values = golden.get("iteration-time", {}).get("values", {})
+    steps = sorted((int(k), v) for k, v in values.items()
+                   if isinstance(v, (int, float)) and not math.isnan(v) and int(k) >= FIRST_STEADY)
+    kept = [v for _, v in steps[skip_first:]]
+    return statistics.median(kept) if kept else None
+
+
+def _show(git_dir: Path, commit: str, path: str) -> str | None:
+    done = subprocess.run(["git", "-C", str(git_dir), "show", f"{commit}:{path}"], capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
+def _files(git_dir: Path, commit: str, folder: str) -> list[str]:
+    done = subprocess.run(["git", "-C", str(git_dir), "ls-tree", "-r", "--name-only", commit, folder],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def platforms(git_dir: Path, commit: str, case: str) -> dict[str, float | None]:
+    """Each golden-values file of a test case: its steady step."""
+    found = {}
+    for path in _files(git_dir, commit, f"{CASES}/{case}"):
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith("golden_values") and name.endswith(".json"):
+            found[name[len("golden_values_"):-len(".json")]] = steady_step_s(json.loads(_show(git_dir, commit, path)))
+    return found
+
+
+def resume_pairs(git_dir: Path, commit: str, platform: str = "dev_dgx_h100") -> list[tuple[str, float, float]]:
+    """(case, first run, second run) steady steps of every test with both runs' golden values on `platform`; the
+    second run's first two logged steps are its warm-up."""
+    pairs = []
+    for path in _files(git_dir, commit, CASES):
+        if not path.endswith(f"golden_values_{platform}_2nd.json"):
+            continue
+        first = _show(git_dir, commit, path.replace("_2nd.json", ".json"))
+        if first is None:
+            continue
+        one = steady_step_s(json.loads(first))
+        two = steady_step_s(json.loads(_show(git_dir, commit, path)), skip_first=2)
+        if one and two:
+            pairs.append((path[len(CASES) + 1:].rsplit("/", 1)[0], one, two))
+    return pairs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("git_dir", type=Path)
+    parser.add_argument("--commit", default="93ebf8d7")
+    parser.add_argument("--pairs", action="store_true", help="every checkpoint-resume test's two runs on DGX H100")
+    args = parser.parse_args()
+    print("| row | test case | " + "steady step s by golden-values file |")
+    print("|---|---|---|")
+    for row, case in G_ROWS.items():
+        found = platforms(args.git_dir, args.commit, case)
+        text = ", ".join(f"{name} {s:.4f}" for name, s in sorted(found.items()) if s)
+        print(f"| {row} | {case} | {text} |")
+    if args.pairs:
+        print("\n| test case | first run s | second run s | second / first |")
+        print("|---|---|---|---|")
+        for case, one, two in resume_pairs(args.git_dir, args.commit):
+            print(f"| {case} | {one:.4f} | {two:.4f} | {two / one:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
