@@ -57,7 +57,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import afterstep, allocator, bridgeterms, dataparallel, runtimes
+from planner.cost import afterstep, allocator, bridgeterms, dataparallel, megatron_fsdp, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_layers import parameter_parts, tensor_split
 from planner.cost.reserve import _Step as _LayerPasses
@@ -401,11 +401,13 @@ def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None
     its replay does not run (reserve_fsdp2.allocator_setting_refused says it for a cpu profile or a stated
     --fragmentation); None where the replay reads it, or nothing is stated."""
     stated = getattr(setup.training, "expandable_segments", None)
-    if stated is None or not runtimes.of(setup.training).megatron_step_replayed or replays(setup):
+    record = runtimes.of(setup.training)
+    if stated is None or not record.megatron_step_replayed or replays(setup) or megatron_fsdp.step_replayed(setup):
         return None
     flag = "--expandable-segments" if stated else "--no-expandable-segments"
     return (f"{flag} changes the caching allocator's replay, and the replay of Megatron-LM's step runs one stage a "
-            "rank or its interleaved schedule, under ZeRO 0 or 1; this setup's reserve is the fragmentation margin's: drop it")
+            "rank or its interleaved schedule, under ZeRO 0 or 1, or Megatron-FSDP's double buffer on one stage; "
+            "this setup's reserve is the fragmentation margin's: drop it")
 
 
 def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Profile, setup: TrainSetup,

@@ -39,9 +39,11 @@ unless it keeps it, else after its backward; the last stage's loss and its logit
 unit's bf16 weight gradients are made at the point its recorded backward makes its last tensor (the record orders
 a layer's allocations then its frees; autograd makes the four linears' gradients across the layer's backward, the
 last when most saved tensors are gone): an upper bound on that moment. Not replayed: the non-double-buffer path
-(buckets made and freed per unit, the reduce-scatter's own stream: reserve_megatron.replays' divisor stays), several
-pipeline stages, the buckets' padding, the quantize scratch of copy_main_weights_to_model_weights, NCCL's buffers
-(outside the allocator). Nothing here reads a file or prints.
+(buckets made and freed per unit, the reduce-scatter's own stream: the divisor stays), several pipeline stages,
+Hopper's FP8 transposes of the computing unit (megatron_fsdp.transpose_bytes: none on Blackwell; where the cost
+model's allocated peak holds them beyond the replay's, reserve.reserved_bytes adds them), the buckets' padding, the
+quantize scratch of copy_main_weights_to_model_weights, torch's out-of-memory retry (no cap: as every replay here),
+NCCL's buffers (outside the allocator). Nothing here reads a file or prints.
 """
 
 from __future__ import annotations
@@ -91,11 +93,8 @@ class FsdpStatic:
 
 
 def replays(setup: TrainSetup) -> bool:
-    """Whether this replay orders the setup's step: Megatron-LM's step replayed by its record, Megatron-FSDP
-    running (megatron_fsdp.runs) with --fsdp-double-buffer, one pipeline stage and one chunk."""
-    record, pipeline = runtimes.of(setup.training), setup.pipeline
-    return (record.megatron_step_replayed and megatron_fsdp.runs(setup) and setup.data_parallel.fsdp_double_buffer
-            and pipeline.stages == 1 and pipeline.chunks == 1)
+    """Whether this replay orders the setup's step (megatron_fsdp.step_replayed)."""
+    return megatron_fsdp.step_replayed(setup)
 
 
 def fsdp_layers(layers: Sequence[LayerProfile], profile: Profile, setup: TrainSetup) -> tuple[FsdpLayer, ...]:
