@@ -46,7 +46,8 @@ allocated peak holds beyond the replay's is added in 2 MiB segments (reserve.res
 the distributed optimizer's per-rank ranges (each parameter's main shard is taken as 1/K of it; the rank's
 range cuts through parameters, so a rank holds some whole, some in part, some not at all), gradient
 clipping's and the NaN check's small norms, and NCCL's buffers (outside the allocator, workspace_bytes). The
-interleaved schedule (several chunks a rank) is reserve_megatron_chunks.py's, from this module's pieces. The allocator runs expandable segments where the
+interleaved schedule (several chunks a rank) is reserve_megatron_chunks.py's, from this module's pieces; Megatron-FSDP's
+(ZeRO 3 under its double buffer, one stage) reserve_megatron_fsdp.py's. The allocator runs expandable segments where the
 job states them (--expandable-segments; Megatron-LM's launch scripts were not read: the default segments).
 
 Nothing here reads a file or prints.
@@ -98,8 +99,8 @@ class MegatronStatic:
 def replays(setup: TrainSetup) -> bool:
     """Whether this replay orders the setup's step: a runtime whose record says Megatron-LM's step
     (megatron_step_replayed), one stage a rank or Megatron-LM's interleaved schedule (several chunks a rank:
-    reserve_megatron_chunks.py), DDP or the distributed optimizer (ZeRO 0 or 1; ZeRO 2/3 would be Megatron-FSDP,
-    not read)."""
+    reserve_megatron_chunks.py), DDP or the distributed optimizer (ZeRO 0 or 1; ZeRO 3 under Megatron-FSDP's
+    double buffer is reserve_megatron_fsdp.py's, ZeRO 2 not read)."""
     record, pipeline = runtimes.of(setup.training), setup.pipeline
     schedule = pipeline.chunks == 1 or pipeline.schedule == INTERLEAVED
     return record.megatron_step_replayed and schedule and setup.data_parallel.zero <= 1
