@@ -5,17 +5,36 @@ out-of-memory retry (c10/cuda/CUDACachingAllocator.cpp malloc: when cudaMalloc f
 every cached segment no live block is in, and the request is retried; num_alloc_retries counts it): the reserved
 peak such a run would log, the retries it would make, and the requests no release makes room for (an
 OutOfMemoryError in torch). GiB.
-usage: python scripts/fsdp_replay_terms.py --from-megatron FILE --gpus N --gpu KIND"""
+--wgrads-late: each layer's unfused bf16 gradients made at its post-backward, after its recorded backward's frees (the
+replay makes them as its record makes its last tensor, an upper bound): the other end of where autograd makes them.
+usage: python scripts/fsdp_replay_terms.py --from-megatron FILE --gpus N --gpu KIND [--wgrads-late]"""
 
 import argparse
 from pathlib import Path
 
 from planner.commands.evaluate_config import predict, read_job
 from planner.cost import allocator, reserve_megatron_fsdp
+from planner.cost.allocator import Alloc, Free
 from planner.cost.reserve import records_for
 from planner.cost.reserve_megatron import MAX_STEPS, _output_bytes, last_stage_loss
 
 GIB = 1 << 30
+
+
+def wgrads_late(events: list) -> list:
+    """The events with each layer's ("wgrad", ...) allocations moved to its post-backward: just before its bucket's
+    request where it has one of its own (an edge module), else just before the first of them is freed."""
+    made = {}
+    for event in events:
+        if isinstance(event, Alloc) and event.key[0] == "wgrad":
+            made.setdefault(event.key[1:3], []).append(event)
+    out = [e for e in events if not (isinstance(e, Alloc) and e.key[0] == "wgrad")]
+    for layer, allocs in made.items():
+        at = out.index(Free(("wgrad", *layer, 0)))
+        if isinstance(out[at - 1], Alloc) and out[at - 1].key == ("gbucket", *layer):
+            at -= 1
+        out[at:at] = allocs
+    return out
 
 
 class _CappedAllocator(allocator.CachingAllocator):
@@ -43,6 +62,7 @@ def main() -> None:
     parser.add_argument("--from-megatron", type=Path, required=True)
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--gpu", required=True)
+    parser.add_argument("--wgrads-late", action="store_true")
     args = parser.parse_args()
     prediction = predict(read_job(args.from_megatron, None), gpus=args.gpus, gpu_name=args.gpu)
     profile, setup, plan, cost = prediction.profile, prediction.setup, prediction.stages[0], prediction.cost.stages[0]
@@ -64,7 +84,7 @@ def main() -> None:
     for target in (state, capped):
         allocator.play(target, events)
     for index in range(MAX_STEPS):
-        step = one_step(index)
+        step = wgrads_late(one_step(index)) if args.wgrads_late else one_step(index)
         before = (state.allocated_peak, state.reserved_peak)
         grew = None
         for event in step:
