@@ -55,6 +55,14 @@ def runs(setup: TrainSetup) -> bool:
             and dataparallel.shard_size(setup) > 1 and not dataparallel.kept_whole(setup))
 
 
+def step_replayed(setup: TrainSetup) -> bool:
+    """Whether the caching allocator's replay orders this Megatron-FSDP step (reserve_megatron_fsdp.py): the record
+    replays Megatron-LM's step, Megatron-FSDP runs with --fsdp-double-buffer, one pipeline stage and one chunk."""
+    pipeline = setup.pipeline
+    return (runtimes.of(setup.training).megatron_step_replayed and runs(setup)
+            and setup.data_parallel.fsdp_double_buffer and pipeline.stages == 1 and pipeline.chunks == 1)
+
+
 def held(profile: Profile, setup: TrainSetup) -> list[tuple[int, int, bool]]:
     """Each layer's (parameters a rank holds, Float8 weights among them, whether it is a unit): 1/E of the
     routed experts; every layer a unit where the profile has no blocks."""

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner.cost import reserve, reserve_fsdp2, reserve_megatron, reserve_megatron_chunks, runtimes
+from planner.cost import (
+    reserve,
+    reserve_fsdp2,
+    reserve_megatron,
+    reserve_megatron_chunks,
+    reserve_megatron_fsdp,
+    runtimes,
+)
 from planner.cost.assembly import StageCost
 from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
 
@@ -15,7 +22,7 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
                           setup: TrainSetup) -> StageCost:
     """`cost` with its reserved peak from the replay where one runs (cuda, no --fragmentation stated:
     FSDP2's step where reserve_fsdp2.replays says it orders the runtime's; Megatron-LM's where
-    reserve_megatron.replays does; else ckplan's step where the
+    reserve_megatron.replays does, or Megatron-FSDP's where reserve_megatron_fsdp.replays does; else ckplan's step where the
     runtime's record says so, records for every layer's option, one chunk per rank); else as it was
     (the divisor)."""
     if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
@@ -29,10 +36,13 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
         # fragmentation margin is retired where it runs.
         return dataclasses.replace(cost, reserved_bytes=reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes),
                                    reserved_by="replay")
-    if reserve_megatron.replays(setup):  # Megatron-LM's step: its buffers, optimizer and schedule
-        replayed = (reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup)
-                    if setup.pipeline.chunks > 1 else
-                    reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup))
+    if reserve_megatron.replays(setup) or reserve_megatron_fsdp.replays(setup):  # Megatron-LM's step
+        if reserve_megatron_fsdp.replays(setup):  # under Megatron-FSDP's double buffer, one stage
+            replayed = reserve_megatron_fsdp.replay_stage(plan, cost, profile=profile, setup=setup)
+        else:  # DDP or the distributed optimizer: its buffers, optimizer and schedule
+            replayed = (reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup)
+                        if setup.pipeline.chunks > 1 else
+                        reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup))
         if replayed is None:
             return cost
         return dataclasses.replace(cost, reserved_bytes=reserve.reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")

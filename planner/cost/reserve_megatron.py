@@ -46,7 +46,8 @@ allocated peak holds beyond the replay's is added in 2 MiB segments (reserve.res
 the distributed optimizer's per-rank ranges (each parameter's main shard is taken as 1/K of it; the rank's
 range cuts through parameters, so a rank holds some whole, some in part, some not at all), gradient
 clipping's and the NaN check's small norms, and NCCL's buffers (outside the allocator, workspace_bytes). The
-interleaved schedule (several chunks a rank) is reserve_megatron_chunks.py's, from this module's pieces. The allocator runs expandable segments where the
+interleaved schedule (several chunks a rank) is reserve_megatron_chunks.py's, from this module's pieces; Megatron-FSDP's
+(ZeRO 3 under its double buffer, one stage) reserve_megatron_fsdp.py's. The allocator runs expandable segments where the
 job states them (--expandable-segments; Megatron-LM's launch scripts were not read: the default segments).
 
 Nothing here reads a file or prints.
@@ -57,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import afterstep, allocator, bridgeterms, dataparallel, runtimes
+from planner.cost import afterstep, allocator, bridgeterms, dataparallel, megatron_fsdp, runtimes
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_layers import parameter_parts, tensor_split
 from planner.cost.reserve import _Step as _LayerPasses
@@ -98,8 +99,8 @@ class MegatronStatic:
 def replays(setup: TrainSetup) -> bool:
     """Whether this replay orders the setup's step: a runtime whose record says Megatron-LM's step
     (megatron_step_replayed), one stage a rank or Megatron-LM's interleaved schedule (several chunks a rank:
-    reserve_megatron_chunks.py), DDP or the distributed optimizer (ZeRO 0 or 1; ZeRO 2/3 would be Megatron-FSDP,
-    not read)."""
+    reserve_megatron_chunks.py), DDP or the distributed optimizer (ZeRO 0 or 1; ZeRO 3 under Megatron-FSDP's
+    double buffer is reserve_megatron_fsdp.py's, ZeRO 2 not read)."""
     record, pipeline = runtimes.of(setup.training), setup.pipeline
     schedule = pipeline.chunks == 1 or pipeline.schedule == INTERLEAVED
     return record.megatron_step_replayed and schedule and setup.data_parallel.zero <= 1
@@ -401,11 +402,13 @@ def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None
     its replay does not run (reserve_fsdp2.allocator_setting_refused says it for a cpu profile or a stated
     --fragmentation); None where the replay reads it, or nothing is stated."""
     stated = getattr(setup.training, "expandable_segments", None)
-    if stated is None or not runtimes.of(setup.training).megatron_step_replayed or replays(setup):
+    record = runtimes.of(setup.training)
+    if stated is None or not record.megatron_step_replayed or replays(setup) or megatron_fsdp.step_replayed(setup):
         return None
     flag = "--expandable-segments" if stated else "--no-expandable-segments"
     return (f"{flag} changes the caching allocator's replay, and the replay of Megatron-LM's step runs one stage a "
-            "rank or its interleaved schedule, under ZeRO 0 or 1; this setup's reserve is the fragmentation margin's: drop it")
+            "rank or its interleaved schedule, under ZeRO 0 or 1, or Megatron-FSDP's double buffer on one stage; "
+            "this setup's reserve is the fragmentation margin's: drop it")
 
 
 def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Profile, setup: TrainSetup,
