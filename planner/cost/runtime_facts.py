@@ -166,7 +166,8 @@ class RuntimeFacts:
     """The allocator replay of Megatron-LM's step (planner/cost/reserve_megatron.py: the model's tensors freed
     into DDP's buffers, the optimizer's main shards, FusedAdam's state at the first step, the schedule's receive
     buffers, sent outputs and references) orders this runtime's step: one stage a rank, or several under its
-    interleaved schedule (reserve_megatron_chunks.py), ZeRO 0 or 1 (reserve_megatron.replays); other setups keep
+    interleaved schedule (reserve_megatron_chunks.py), ZeRO 0 or 1 (reserve_megatron.replays), or
+    Megatron-FSDP's step with its double buffer on one stage (reserve_megatron_fsdp.py); other setups keep
     the margin."""
     fsdp2_step_replayed: bool = False
     """The allocator replay of FSDP2's step (planner/cost/reserve_fsdp2.py: its all-gathers on the

@@ -252,7 +252,8 @@ def megatron() -> RuntimeFacts:
                                       f"fused_adam.py 452-460, 616, 4329ff84 (docs/framework-facts.md §43); the interleaved "
                                       f"schedule schedules.py 929-1016, 1244-1332, 1544-2058 (reserve_megatron_chunks.py, "
                                       f"§52); the layers' own allocations are the profile's records holding what TE's "
-                                      f"layers save (te_kept.te_record, §53), not Transformer Engine's kernels' order",
+                                      f"layers save (te_kept.te_record, §53), not Transformer Engine's kernels' order; "
+                                      f"Megatron-FSDP's step with --fsdp-double-buffer: reserve_megatron_fsdp.py (§129)",
             "fsdp2_step_replayed": "Megatron-LM shards with its distributed optimizer or Megatron-FSDP, not FSDP2 "
                                    "(Megatron-FSDP's buffers: fsdp_units)",
             "expandable_segments": "not read from its launch scripts: its replay runs the default segments unless --expandable-segments says otherwise",
