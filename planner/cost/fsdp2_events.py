@@ -44,6 +44,10 @@ class Fsdp2Layer:
     # index of the code it is made before, the gradient's index in `grads`), in the order made; the gradients
     # not listed are made after the program, in the parameters' order
     grads_at: tuple[tuple[int, int], ...] = ()
+    # the layer's forward's requests beyond its kept block, coded as extra_program, made after it and freed by the
+    # forward's end (fsdp2_layers.forward_program: a record's own transients, or a checkpointed block's forward as
+    # its rerun makes it); (): its kept block alone
+    forward_program: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,13 @@ class _Step:
                 self.events.append(Free(keys.pop(-code)))
         return list(keys.values())
 
+    def forward_scratch(self, layer: Fsdp2Layer, tag: tuple) -> None:
+        """The layer's forward's requests beyond its kept block (its forward_program), made after the block on the
+        compute stream; what the program leaves alive freed at the layer's forward end (nothing of it outlives the
+        forward: the kept block holds what the layer keeps)."""
+        if layer.forward_program:
+            self.events += [Free(key) for key in self.play(layer.forward_program, tag)]
+
     def loss_forward(self, mb: int | None = None) -> list[object]:
         """The loss's forward's requests in torch's order (keyed by `mb` beside a pipeline); returns the keys of
         what it keeps to its backward (its log-softmax result, made while the copy and the shifted logits are
@@ -240,6 +251,7 @@ class _Step:
                 self.copy_out(unit)
                 held_result = ("ag_out", unit)
             add(Alloc(("kept", i), layer.kept_bytes, DEFAULT))
+            self.forward_scratch(layer, ("forward", i))
             if i == self.last[unit] and unit not in self.stage.kept_from_forward:
                 self.reshard(unit)  # post_forward
         if held_result is not None:  # the root's post-forward flushes the last result
@@ -329,6 +341,7 @@ class _PipelineStep(_Step):
                 held_result = ("ag_out", unit)
                 self.gathered.add(unit)
             add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
+            self.forward_scratch(layer, ("forward", mb, i))
         if held_result is not None:
             add(Free(held_result))
 

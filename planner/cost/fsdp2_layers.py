@@ -115,6 +115,40 @@ def _record_part(known: LayerProfile, option: str, extra: int) -> tuple[list[int
     return part, peak, grad, bool(grad) and grad in sizes
 
 
+def forward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, ...]:
+    """The layer's forward's requests beyond the block the replay keeps for it (its kept bytes), coded as
+    backward_hand's programs (n > 0 allocates, -k frees id k), the replay freeing what is left alive at the
+    forward's end (fsdp2_events._Step.forward_scratch); () where nothing says them:
+    - a record whose forward frees what it made (the measured and --fake profiles' records: allocseq.record_pass's
+      recorder sees every storage and its free): its forward with the tensors alive at its end left out (its saved
+      tensors and its output, which the kept block and the next layer's hold), in the record's order, renumbered;
+    `extra`: the cost model's extra as backward_hand takes it."""
+    record = known.alloc_records.get(option)
+    if record is None:
+        return ()
+    if any(code < 0 for code in record.forward):
+        alive, made = set(), 0
+        for code in record.forward:
+            if code > 0:
+                made += 1
+                alive.add(made)
+            else:
+                alive.discard(-code)
+        ids: dict[int, int] = {}
+        program: list[int] = []
+        made = 0
+        for code in record.forward:
+            if code > 0:
+                made += 1
+                if made not in alive:
+                    ids[made] = len(ids) + 1
+                    program.append(code)
+            elif -code in ids:
+                program.append(-ids[-code])
+        return tuple(program)
+    return ()
+
+
 def backward_hand_ring(known: LayerProfile, option: str, extra: int, ring: tuple[int, ...],
                        ring_extra: int) -> tuple[tuple[int, ...], int, frozenset[int]]:
     """backward_hand with context parallelism's ring played as the allocations it makes (`ring`: its program,
@@ -256,12 +290,13 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
             contextparallel.extra_bytes(layer, setup))
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
                                skip=ring_ids)
+        forward = forward_program(known, option_name(layer, option), max(0, extra))
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
         gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
         layers.append(Fsdp2Layer(
             unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
-            extra_program=program, hands=hands, grads_at=grads_at,
+            extra_program=program, hands=hands, grads_at=grads_at, forward_program=forward,
             grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
             scratch=tensor_split(params * scratch_per_param, parts)))
         kept_sum += kept
