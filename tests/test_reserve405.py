@@ -1,0 +1,97 @@
+"""Each layer's forward requests in FSDP2's replay (fsdp2_layers.forward_program, fsdp2_events._Step.forward_scratch),
+where the layer's record holds them (measured and --fake records): by hand on hand-made records, and on the record
+the fake profiler's recorder takes of a tiny LLaMA block under full checkpointing."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from planner.cost import allocator
+from planner.cost.allocator import Alloc, Free
+from planner.cost.fsdp2_events import DEFAULT, Fsdp2Layer, Fsdp2Stage, _PipelineStep, _Step
+from planner.cost.fsdp2_layers import forward_program, program_kept_bytes
+from planner.profiler.allocseq import layer_records
+from planner.schema import AllocRecord, LayerProfile
+
+MIB = 2**20
+
+
+def _layer(**update) -> LayerProfile:
+    fields = dict(name="b", kind="block", fwd_ms=1, bwd_ms=2, fwd_ms_min=1, fwd_ms_max=1, bwd_ms_min=2, bwd_ms_max=2,
+                  act_bytes=700, input_bytes=100, output_bytes=100, input_in_act_bytes=100, param_count=10,
+                  param_bytes=20, transient_bytes=400)
+    return LayerProfile(**{**fields, **update})
+
+
+def _empty(**update) -> Fsdp2Layer:
+    fields = dict(unit=0, kept_bytes=0, extra_bytes=0, gathered=(), grads=(), shard=(), state=(), scratch=())
+    return Fsdp2Layer(**{**fields, **update})
+
+
+def test_a_records_own_forward_transients_are_played_renumbered_without_what_it_keeps():
+    # 10 (id 1) freed, 20 (2) kept, 30 (3) freed, 40 (4) the output: the transients 10 and 30, renumbered 1, 2
+    record = AllocRecord(forward=[10, 20, -1, 30, 40, -3], backward=[], output=4)
+    layer = _layer(alloc_records={"full": record})
+    assert forward_program(layer, "full", 0) == (10, -1, 30, -2)
+
+
+def test_the_forward_program_is_played_after_the_kept_block_and_freed_by_the_forwards_end():
+    layer = _empty(kept_bytes=100 * MIB, forward_program=(50 * MIB, 60 * MIB, -1, 70 * MIB))
+    stage = Fsdp2Stage(layers=(layer,), kept_from_forward=frozenset({0}), shard_group=1, reduce_ratio=2.0,
+                       buffer_bytes=0, loss_kept_bytes=0, loss_extra_bytes=0, actions=(("F", 0), ("B", 0)))
+    step = _PipelineStep(stage, [])
+    step.begin()
+    step.forward_layers(3)
+    assert [(type(e).__name__, e.key) for e in step.events if e.key[0] in ("kept", "forward")] == [
+        ("Alloc", ("kept", 3, 0)), ("Alloc", ("forward", 3, 0, 1)), ("Alloc", ("forward", 3, 0, 2)),
+        ("Free", ("forward", 3, 0, 1)), ("Alloc", ("forward", 3, 0, 3)),
+        ("Free", ("forward", 3, 0, 2)), ("Free", ("forward", 3, 0, 3))]
+    # peak: the kept 100 + 60 + 70 MiB (the 50 freed before the 70)
+    assert allocator.replay(step.events).allocated_peak_bytes == 230 * MIB
+    # the same without a pipeline, keyed by the layer alone
+    one = _Step(stage, [])
+    one.forward()
+    assert [e.key for e in one.events if e.key[0] == "forward"] == [("forward", 0, n) for n in (1, 2, 1, 3, 2, 3)]
+
+
+def test_a_tiny_llama_blocks_checkpointed_forward_is_its_records_transients():
+    """The fake profiler's recorder (allocseq.layer_records under FakeTensorMode, as `ckplan profile --fake` runs it)
+    on a tiny LLaMA block under torch.utils.checkpoint: its forward frees what no saved tensor holds; the program
+    is every request of it but the output (alive at its end), in order, each freed inside the program; its peak
+    above what the forward keeps is the record's."""
+    from planner.profiler.fake import fake_module, new_mode
+
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    import llama_style as llama
+
+    with torch.device("meta"):
+        block = llama.DecoderBlock().to(torch.bfloat16)
+    mode = new_mode()
+    block = fake_module(block, mode)
+    with mode:
+        x = torch.empty(1, llama.SEQ, llama.DIM, dtype=torch.bfloat16, requires_grad=True)
+        record = layer_records(block, x, torch.empty_like(x), [])["full"]
+    program = forward_program(_layer(output_bytes=llama.SEQ * llama.DIM * 2, alloc_records={"full": record}),
+                              "full", 0)
+    made = [code for code in record.forward if code > 0]
+    output = made[record.output - 1]
+    assert [code for code in program if code > 0] == made[:record.output - 1] + made[record.output:]
+    assert program_kept_bytes(program) == 0 and program_kept_bytes(tuple(record.forward)) == output
+    assert any(code < 0 for code in program[:-1])  # freed as it goes, not at the end
+
+    def peak(codes):
+        return allocator.replay(_events(codes)).allocated_peak_bytes
+
+    assert peak(program) + output >= peak(tuple(record.forward)) >= peak(program)
+
+
+def _events(program):
+    events, made = [], 0
+    for code in program:
+        if code > 0:
+            made += 1
+            events.append(Alloc(made, code, DEFAULT))
+        else:
+            events.append(Free(-code))
+    return events
