@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from planner.profiler import analytic
 from planner.profiler.analytic import Shape
 from planner.schema import FileRef, TrainSetup
 from tests.fixtures.cli import run, run_ok
+from tests.fixtures.scripts import load_script
 
 ROOT = Path(__file__).parent.parent
 RELEASE = Path(__file__).parent / "fixtures" / "configs" / "torchtitan_0_3_0" / "llama3" / "config_registry.py"
@@ -55,8 +55,7 @@ def test_the_count_is_memtrackers_on_torchtitans_own_wrapper(case):
     """Each of the loop's moments: the inner loss's peak (6, 7), the head's backward (1, 16, 512, 64, 4),
     the buffer's cast at the end (2, 64, 512, 64, 4); with and without chunk copies; one chunk."""
     pytest.importorskip("torchtitan.components.loss")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_chunked_loss import measure
+    measure = load_script("bench_chunked_loss").measure
 
     batch, seq, hidden, vocab, chunks = case
     counted = chunked_loss_bytes(batch=batch, seq=seq, hidden=hidden, vocab=vocab, chunks=chunks)

@@ -1,6 +1,7 @@
 """Schedules whose ranks hold several stages (interleaved 1F1B, ZB, ZBV, DualPipeV), scored by
 the cost model from the simulated order of torch's own schedules (planner/cost/schedules.py)."""
 
+import functools
 import itertools
 from pathlib import Path
 
@@ -166,16 +167,12 @@ def _chunked_linear(stages, profile, setup):
     return work + (order.num_ranks - 1) * max(busy) + max(steps)
 
 
-@pytest.mark.parametrize("schedule", ["interleaved-1F1B", "ZBV"])
-@pytest.mark.parametrize("fraction", [0.3, 0.7])
-def test_the_chunked_milp_equals_brute_force_on_its_time_and_fits_under_the_simulation(schedule, fraction):
-    """Every split of 6 heterogeneous layers into P·V = 4 stages and every checkpoint choice:
-    the MILP's plan fits each rank's cap under evaluate() (the simulated schedule) and its
-    linear time is the least of every plan that fits."""
-    import itertools
-
+@functools.cache
+def _every_chunked_plan(schedule: str) -> tuple:
+    """Every split of heterogeneous(6, seed=3) into P·V = 4 stages with every checkpoint choice, each
+    with its peaks under evaluate() at no cap: (profile, roomy setup, ((stages, peaks), ...)). Made once
+    a schedule for both caps of the test below (the peaks do not depend on the cap)."""
     from planner.models.synthetic import heterogeneous
-    from planner.solve import search
 
     profile = heterogeneous(6, seed=3)
     roomy = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule=schedule, chunks=2,
@@ -186,7 +183,19 @@ def test_the_chunked_milp_equals_brute_force_on_its_time_and_fits_under_the_simu
             stages = costmodel.split_to_stages([0, *cuts], [mask >> i & 1 for i in range(6)], profile)
             ranks = costmodel.ranks_of(stages, roomy)
             cost = costmodel.evaluate(ranks, profile, roomy)
-            plans.append((stages, cost.peak_bytes_per_stage))
+            plans.append((stages, tuple(cost.peak_bytes_per_stage)))
+    return profile, roomy, tuple(plans)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1F1B", "ZBV"])
+@pytest.mark.parametrize("fraction", [0.3, 0.7])
+def test_the_chunked_milp_equals_brute_force_on_its_time_and_fits_under_the_simulation(schedule, fraction):
+    """Every split of 6 heterogeneous layers into P·V = 4 stages and every checkpoint choice:
+    the MILP's plan fits each rank's cap under evaluate() (the simulated schedule) and its
+    linear time is the least of every plan that fits."""
+    from planner.solve import search
+
+    profile, roomy, plans = _every_chunked_plan(schedule)
     lo = min(max(p) for _, p in plans)
     hi = max(max(p) for _, p in plans)
     cap = int(lo + fraction * (hi - lo))

@@ -1,20 +1,14 @@
 """The README stays a page a newcomer reads, and the docs' table of cost terms is the code's."""
 
-import importlib.util
 from pathlib import Path
+
+from fixtures.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _terms_table():
-    spec = importlib.util.spec_from_file_location("terms_table", ROOT / "scripts" / "terms_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_docs_table_of_terms_is_generated_from_the_code():
-    table = _terms_table()
+    table = load_script("terms_table")
     text = table.DOC.read_text()
     assert table.with_table(text) == text, "run: python scripts/terms_table.py --write"
     from planner.cost import costmodel

@@ -63,47 +63,51 @@ def comm_terms(choice) -> dict:
                 cpu_sharing=choice([1.0, 1.25]))
 
 
-@pytest.mark.parametrize("vector_from", [1, 10**9])  # numpy scores the sets, or Python does
 @pytest.mark.parametrize("seed", range(40))
-def test_each_range_gets_its_least_recompute_and_least_peak(seed, vector_from, monkeypatch):
+def test_each_range_gets_its_least_recompute_and_least_peak(seed, monkeypatch):
     """For every (stage, range), the segment is the cheapest checkpoint subset that fits
-    (and, for "memory", the smallest peak of all), both found by trying every subset."""
-    monkeypatch.setattr(dpsegments, "VECTOR_FROM", vector_from)
+    (and, for "memory", the smallest peak of all), both found by trying every subset: whether
+    numpy scores the sets or Python does (dpsegments.VECTOR_FROM), each held to the one brute
+    force (trying every subset costs more than both solves, so it is made once a case)."""
     profile, roomy, rng = random_case(seed)
     layers = costmodel.layer_costs(profile)
     n, P = len(layers), roomy.pipeline.stages
+    ranges = [(s, i, j) for s in range(P) for i in range(n) for j in range(i + 1, n + 1)]
 
     def scored(s, i, j, caps):
         setup = roomy.model_copy(update={"mem_caps_bytes": caps})
-        for flags in itertools.product([False, True], repeat=j - i):
-            yield costmodel.stage_cost(layers[i:j], list(flags), stage=s, profile=profile, setup=setup)
+        return [costmodel.stage_cost(layers[i:j], list(flags), stage=s, profile=profile, setup=setup)
+                for flags in itertools.product([False, True], repeat=j - i)]
 
-    peaks = [c.peak_bytes for s in range(P) for i in range(n) for j in range(i + 1, n + 1)
-             for c in scored(s, i, j, [HUGE] * P)]
+    peaks = [c.peak_bytes for s, i, j in ranges for c in scored(s, i, j, [HUGE] * P)]
     caps = [rng.choice(peaks) + costmodel.FIT_MARGIN_BYTES + rng.choice([0, MIB]) for _ in range(P)]
     setup = roomy.model_copy(update={"mem_caps_bytes": caps})
-    chain = dpsolve.Chain(profile, setup)
-    windows = [(1, n)] * P  # every range for every stage
-    for objective, i in itertools.product(("time", "memory"), range(n)):
-        found = {(seg.stage, seg.start, seg.end): seg
-                 for seg in dpsolve._segments_from(chain, i, list(range(P)), windows, _closing(chain, P, n),
-                                                   max_time_ms=dpsolve.INF, objective=objective, cap_scale=1.0)}
-        for s in range(P):
-            for j in range(i + 1, n + 1):
-                costs = list(scored(s, i, j, caps))
-                fitting = [c for c in costs if c.fits]
-                seg = found.get((s, i, j))
-                if objective == "time":
-                    if not fitting:
-                        assert seg is None
-                        continue
-                    assert seg.time_ms == pytest.approx(min(c.busy_ms for c in fitting), rel=1e-12)
-                else:
-                    assert seg.peak_bytes == min(c.peak_bytes for c in costs)
-                flags = [bool(seg.mask >> b & 1) for b in range(j - i)]
-                again = costmodel.stage_cost(layers[i:j], flags, stage=s, profile=profile, setup=setup)
-                assert again.peak_bytes == seg.peak_bytes
-                assert again.busy_ms == pytest.approx(seg.time_ms, rel=1e-12) or objective == "memory"
+    every = {(s, i, j): scored(s, i, j, caps) for s, i, j in ranges}
+    for vector_from in (1, 10**9):  # numpy scores the sets, or Python does
+        monkeypatch.setattr(dpsegments, "VECTOR_FROM", vector_from)
+        chain = dpsolve.Chain(profile, setup)
+        windows = [(1, n)] * P  # every range for every stage
+        for objective, i in itertools.product(("time", "memory"), range(n)):
+            found = {(seg.stage, seg.start, seg.end): seg
+                     for seg in dpsolve._segments_from(chain, i, list(range(P)), windows, _closing(chain, P, n),
+                                                       max_time_ms=dpsolve.INF, objective=objective, cap_scale=1.0)}
+            for s in range(P):
+                for j in range(i + 1, n + 1):
+                    where = (vector_from, objective, s, i, j)
+                    costs = every[s, i, j]
+                    fitting = [c for c in costs if c.fits]
+                    seg = found.get((s, i, j))
+                    if objective == "time":
+                        if not fitting:
+                            assert seg is None, where
+                            continue
+                        assert seg.time_ms == pytest.approx(min(c.busy_ms for c in fitting), rel=1e-12), where
+                    else:
+                        assert seg.peak_bytes == min(c.peak_bytes for c in costs), where
+                    flags = [bool(seg.mask >> b & 1) for b in range(j - i)]
+                    again = costmodel.stage_cost(layers[i:j], flags, stage=s, profile=profile, setup=setup)
+                    assert again.peak_bytes == seg.peak_bytes, where
+                    assert again.busy_ms == pytest.approx(seg.time_ms, rel=1e-12) or objective == "memory", where
 
 
 def _closing(chain, P, n):

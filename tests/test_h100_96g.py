@@ -4,13 +4,13 @@ scripts/gpu_whatif.py scores rows at another figure without shipping it."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
+from fixtures.scripts import load_script
 
 from planner.models import gpus
 from planner.models.gpus import (
@@ -20,13 +20,6 @@ from planner.models.gpus import (
     gpu,
     rated_clock_mhz,
 )
-
-
-def _whatif():
-    spec = importlib.util.spec_from_file_location("gpu_whatif", ROOT / "scripts" / "gpu_whatif.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_hopper_sm_does_4096_dense_bf16_flop_a_clock():
@@ -58,7 +51,7 @@ def test_the_500w_part_reads_the_upper_end_of_its_range():
 
 
 def test_the_whatif_replaces_the_record_here_and_in_the_harness_children(tmp_path):
-    whatif = _whatif()
+    whatif = load_script("gpu_whatif")
     key, changes = whatif.parse_changes("h100-96g", ["bf16_tflops=835.5", "fp8_tflops=1670.5"])
     assert (key, changes) == ("h100-96g", {"bf16_tflops": 835.5, "fp8_tflops": 1670.5})
     shipped = gpus.GPUS[key]
@@ -78,7 +71,7 @@ def test_the_whatif_replaces_the_record_here_and_in_the_harness_children(tmp_pat
 
 
 def test_the_whatif_refuses_what_it_cannot_do():
-    whatif = _whatif()
+    whatif = load_script("gpu_whatif")
     with pytest.raises(SystemExit, match="FIELD=NUMBER"):
         whatif.parse_changes("h100-96g", ["source=x"])
     with pytest.raises(SystemExit, match="not a number"):

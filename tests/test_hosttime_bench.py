@@ -3,21 +3,14 @@ dispatches exactly its parts' ops (counted by hand from Megatron-core's forward)
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
+from fixtures.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_host", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_host")
 
 
 def _forward_ops(bench) -> dict[str, int]:

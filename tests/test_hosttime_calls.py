@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from fixtures.scripts import load_script
 
 from planner.cost import hostcalls, hosttime, rules, runtimes
 from planner.cost.layers import layer_costs
@@ -16,8 +17,8 @@ from planner.models import archs
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape
 from planner.schema import FileRef, TrainSetup
-from scripts import bench_host_comm as bench
 
+bench = load_script("bench_host_comm")
 MODEL = FileRef(file="arch:test", sha256="0" * 64)
 GPT = archs.Arch(name="tiny-gpt", hidden_size=64, intermediate_size=256, num_layers=1, num_heads=4, num_kv_heads=4,
                  vocab_size=128, style="gpt", tie_word_embeddings=True, max_position_embeddings=32)

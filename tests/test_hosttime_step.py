@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from fixtures.scripts import load_script
 
 from planner.cost import hosttime, megatron_loss, rules, runtimes
 from planner.cost.layers import layer_costs
@@ -16,8 +17,8 @@ from planner.models import archs
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape
 from planner.schema import FileRef, TrainSetup
-from scripts import bench_host_step as bench
 
+bench = load_script("bench_host_step")
 MODEL = FileRef(file="arch:test", sha256="0" * 64)
 GPT = archs.Arch(name="tiny-gpt", hidden_size=64, intermediate_size=256, num_layers=1, num_heads=4, num_kv_heads=4,
                  vocab_size=128, style="gpt", tie_word_embeddings=True, max_position_embeddings=32)
@@ -165,8 +166,7 @@ def test_the_ring_replica_calls_the_attention_once_a_step_each_way():
     # AttnFuncWithCPAndKVP2P at CP 2: two ring steps, one fused-attention call each, forward and backward
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from scripts import bench_host as bh
-    from scripts import bench_host_cp as cp
+    bh, cp = load_script("bench_host"), load_script("bench_host_cp")
 
     class Calls(TorchDispatchMode):
         def __init__(self):

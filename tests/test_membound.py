@@ -2,11 +2,9 @@
 Liger-Kernel's benchmark ops as ckplan counts them, by hand, and the time charged for them; the
 eager/fused split of a pass; GPUs without published kernel data."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from fixtures.scripts import load_script
 
 from planner.models import archs
 from planner.models.gpus import (
@@ -30,11 +28,7 @@ from planner.profiler.roofline import Work, roofline_ms, work
 
 def _benchmark_script():
     """scripts/membound_rates.py, whose LlamaRMSNorm is the module Liger-Kernel's benchmark times."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / "membound_rates.py"
-    spec = importlib.util.spec_from_file_location("membound_rates", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("membound_rates")
 
 
 LlamaRMSNorm = _benchmark_script().LlamaRMSNorm

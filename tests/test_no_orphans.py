@@ -159,10 +159,12 @@ SENDS = "planner.profiler.commbench|multiprocessing.spawn"  # calibrate's send b
     pytest.param(_after(0.0, "run_copy", ready="ckplan-copies-*/ready0"), id="copy-running"),
 ])
 def test_profile_leaves_no_copy_of_the_model_running(tmp_path, sig, phase):
-    """The copy waited for a stop file and never checked its parent: it ran at 100% forever."""
+    """The copy waited for a stop file and never checked its parent: it ran at 100% forever.
+    --threads 1: profile times the whole model at 1 thread only before it starts the copies (at
+    every core's count as well otherwise: 6 more steps of a second here, and nothing of the copies)."""
     (tmp_path / "m.py").write_text(SLOW_MODEL)
-    left = kill_at(["profile", "m.py", "--repeats", "1", "--warmup", "0", "--out", "p.json"], phase=phase, sig=sig,
-                   cwd=tmp_path)
+    left = kill_at(["profile", "m.py", "--repeats", "1", "--warmup", "0", "--threads", "1", "--out", "p.json"],
+                   phase=phase, sig=sig, cwd=tmp_path)
     assert left == {}
 
 

@@ -4,26 +4,14 @@ and a source, and the tables it prints say the right ratios and verdicts on hand
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 from conftest import ROOT
+from fixtures.scripts import load_script
 
-SCRIPTS = ROOT / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-rows_mod = _load("published_rows")
-table_mod = _load("published_rows_table")
+rows_mod = load_script("published_rows")
+table_mod = load_script("published_rows_table")
 GIB = 2**30
 
 

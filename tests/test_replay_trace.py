@@ -1,8 +1,8 @@
 """scripts/replay_trace.py traces a settled replay (allocator.settled_replay: FSDP2's, Megatron-LM's) as the one
 sequence it plays: the traced rank's peaks are the settled replay's, over the same steps."""
-import importlib
 import sys
-from pathlib import Path
+
+from fixtures.scripts import load_script
 
 from planner.cost import allocator
 from planner.cost.allocator import Alloc, Free
@@ -14,9 +14,7 @@ def _trace_module(monkeypatch):
     """The script, imported with the allocator's functions it replaces restored after the test."""
     monkeypatch.setattr(allocator, "replay", allocator.replay)
     monkeypatch.setattr(allocator, "settled_replay", allocator.settled_replay)
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
-    monkeypatch.delitem(sys.modules, "replay_trace", raising=False)
-    return importlib.import_module("replay_trace")
+    return load_script("replay_trace")  # run afresh: its import patches the functions in
 
 
 def _step(index):
