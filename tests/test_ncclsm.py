@@ -22,7 +22,7 @@ GB = 10**9
 
 @pytest.mark.parametrize("gpu, kind, ranks, local, ctas", [
     ("h100-96g", "all-gather", 8, 8, 24),  # 6 rings at 60 GB/s, doubled twice (nccl_buffers.ring_channels)
-    ("h200", "reduce-scatter", 32, 8, 24),  # the ring, across nodes too (NVLS off for it without CollNet)
+    ("h200", "reduce-scatter", 32, 8, 16),  # across nodes: a ring a NIC, doubled (NVLS off without CollNet)
     ("a100-80g", "all-reduce", 8, 8, 24),  # no multicast: the ring
     ("h100-sxm", "all-reduce", 8, 8, 16),  # NVLS_NCHANNELS_SM90
     ("h100-sxm", "all-reduce", 2, 2, 24),  # two GPUs: no NVLS
@@ -36,6 +36,12 @@ GB = 10**9
 ])
 def test_ctas_a_large_collective_launches(gpu, kind, ranks, local, ctas):
     assert nccl_sms.collective_ctas(gpu, kind, 1 * GB, ranks=ranks, local_ranks=local) == ctas
+
+
+@pytest.mark.parametrize("nics, capability, channels", [(8, 90, 16), (8, 100, 16), (4, 90, 16), (2, 90, 8),
+                                                        (4, 80, 8), (8, 80, 16)])
+def test_a_ring_across_nodes_takes_a_ring_a_nic_and_the_postsets_doubling(nics, capability, channels):
+    assert nccl_sms.network_ring_channels(nics, capability) == channels
 
 
 def test_a_small_collective_drops_channels_below_32_kib_each():
@@ -96,6 +102,12 @@ def test_other_gpus_take_their_own_ctas_over_their_own_sms():
     assert _charged(setup(), "a100-80g")[1] == pytest.approx(30 * 24 / 108)
     assert _charged(setup(), "b200")[1] == pytest.approx(30 * 32 / 148)
     assert _charged(setup(), "h100-pcie") == [0.0] * 4
+
+
+def test_a_shard_group_across_nodes_takes_the_network_rings_channels():
+    # 16 ranks of 8 a node, one NIC a GPU: 16 CTAs; the collectives' times at the same 100 GB/s scale as 15/16
+    s = setup(dp=16)
+    assert _charged(s)[1] == pytest.approx((7.5 + 7.5 + 15) * (15 / 16) / (3 / 4) * 16 / 132)
 
 
 def test_two_microbatches_gather_twice_each_and_reduce_each_beside_the_backward():

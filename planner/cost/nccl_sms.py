@@ -19,13 +19,14 @@ The CTAs (`collective_ctas`), read at NCCL v2.27.7-1 (the record's NCCL, nccl_bu
   - NVLink SHARP (all-reduces where the GPU has multicast and the group has more than two GPUs in the NVLink domain;
     NVLS_TREE across nodes): comm->nvlsChannels, 16 on SM90, 24 on SM100 inside one NVLink domain, 32 across
     (src/transport/nvls.cc 147-198: "NVLS should not need more than 16 channels", enqueue.cc 1828-1830);
+  - a ring across nodes: one ring a NIC, doubled once (network_ring_channels: 16 on an 8-NIC node);
   - all-gathers and reduce-scatters run the ring: NCCL's tuner prices NVLS below it on one node (NVIDIA/nccl#1083: NVLS
     sends S where the ring sends (N-1)S/N) and turns NVLS off for them across nodes without CollNet (tuning.cc 301-304);
   - RCCL on an 8-GPU MI300X node: 28 rings of its MI300X model (src/graph/rome_models.cc rome_model_79, 8 GPUs on 7
     xGMI links each, no NIC: NCCL trims the NICs of a one-node job), doubled to 56 (src/graph/connect.cc: up to
     MAXCHANNELS 128 on gfx94), a workgroup a channel, of the MI300X's 304 compute units (ROCm/rccl 0cbce2a7).
-  Not read, so not charged: a GPU without NVLink (PCIe H100, L4), GH200, MI300X across nodes, the ring channels of a
-  communicator spanning nodes where the network graph sets them (charged here at the NVLink graph's count).
+  Not read, so not charged: a GPU without NVLink (PCIe H100, L4), GH200, MI300X across nodes. The NICs are the GPU
+  record's (nics_per_gpu x gpus_per_node); a GB200 NVL72 domain larger than the setup's node is not seen.
 
 What the frameworks set: torchtitan and DeepSpeed set no NCCL_MAX_CTAS / NCCL_MIN_CTAS (nor pass a ProcessGroupNCCL
 config with max_ctas); Megatron-LM passes one only under --nccl-communicator-config-path (none in the rows).
@@ -59,9 +60,11 @@ SIMPLE_THREAD_THRESHOLD = 64  # src/include/comm.h NCCL_SIMPLE_THREAD_THRESHOLD,
 RCCL_MI300X_NODE_CHANNELS = 56  # rome_model_79's 28 rings, doubled (connect.cc), ROCm/rccl 0cbce2a7
 
 
-def collective_ctas(gpu_name: str, kind: str, nbytes: float, *, ranks: int, local_ranks: int) -> int:
+def collective_ctas(gpu_name: str, kind: str, nbytes: float, *, ranks: int, local_ranks: int,
+                    nics_per_node: int = 8) -> int:
     """CTAs (channels) NCCL launches for one collective of `nbytes` (its whole buffer) of `kind` "all-gather",
-    "reduce-scatter" or "all-reduce" among `ranks`, `local_ranks` of them in one NVLink domain; 0 where not read."""
+    "reduce-scatter" or "all-reduce" among `ranks`, `local_ranks` of them in one NVLink domain whose node has
+    `nics_per_node` NICs; 0 where not read."""
     if ranks <= 1 or nbytes <= 0:
         return 0
     if gpu_name == "mi300x":
@@ -71,7 +74,19 @@ def collective_ctas(gpu_name: str, kind: str, nbytes: float, *, ranks: int, loca
         return 0
     if kind == "all-reduce" and gpu.multicast and local_ranks > 2:
         return (NVLS_CHANNELS_MULTI_NODE if ranks > local_ranks else NVLS_CHANNELS)[gpu.capability]
-    return _fewer_for_size(ring_channels(gpu), nbytes)
+    rings = ring_channels(gpu) if ranks == local_ranks else network_ring_channels(nics_per_node, gpu.capability)
+    return _fewer_for_size(min(rings, ring_channels(gpu)), nbytes)
+
+
+def network_ring_channels(nics_per_node: int, capability: int) -> int:
+    """A ring across nodes: the search (src/graph/search.cc 1036-1160) lays one ring a NIC at the first speed of
+    the inter-node array a NIC carries (400 Gb/s: 48 GB/s on SM90 / SM100, sm90SpeedArrayInter,
+    sm100SpeedArrayInter; 200 Gb/s: 24 on A100, speedArrayInter); ncclTopoDupChannels does not double them (under
+    50 GB/s with more than 4 rings past SM80; under 25 on A100: search.cc 937-949; past SM80 with 4 NICs or fewer
+    it does), and ncclTopoPostset doubles: 2 a NIC, 16 on an 8-NIC node (NVIDIA/nccl#1453's
+    log of 3 H100 nodes: "Channel 05/16")."""
+    doubled = capability > 80 and nics_per_node <= 4  # A100's 24 GB/s rings stay single (under 25)
+    return (4 if doubled else 2) * nics_per_node
 
 
 def _fewer_for_size(channels: int, nbytes: float) -> int:
@@ -98,7 +113,7 @@ def layer_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
     sms = sm_count(gpu)
     gather, reduce = dp.collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
                                        fp8_count=layer.float8_param_count)
-    gather_share, reduce_share = (_share(gpu.name, kind, layer, setup, sms) for kind in ("gather", "reduce"))
+    gather_share, reduce_share = (_share(gpu, kind, layer, setup, sms) for kind in ("gather", "reduce"))
     fwd, bwd = compute_ms(layer.fwd_ms, setup.time), compute_ms(layer.bwd_ms, setup.time)
     return sum(n * slowed_ms(t, w, lost) for n, t, w, lost in _windows(gather, reduce, fwd, bwd, setup,
                                                                        gather_share, reduce_share))
@@ -132,7 +147,7 @@ def _windows(gather: float, reduce: float, fwd: float, bwd: float, setup: TrainS
     return [(reductions, reduce_once, bwd, reduce_once * reduce_share)] + gathers
 
 
-def _share(gpu_name: str, which: str, layer: LayerCost, setup: TrainSetup, sms: int) -> float:
+def _share(gpu, which: str, layer: LayerCost, setup: TrainSetup, sms: int) -> float:
     """The share of the GPU's SMs one of the layer's gathers ("gather") or reductions ("reduce") takes: its CTAs
     over the SMs, in the shard group (a reduction with no shard group, or ZeRO 1 on a record that all-reduces: an
     all-reduce over the data-parallel group)."""
@@ -148,5 +163,6 @@ def _share(gpu_name: str, which: str, layer: LayerCost, setup: TrainSetup, sms: 
         kind = "reduce-scatter"
         if group == 1 or (setup.data_parallel.zero == 1 and runtimes.of(setup.training).zero1_all_reduces):
             kind, group = "all-reduce", setup.data_parallel.dp
-    ctas = collective_ctas(gpu_name, kind, nbytes, ranks=group, local_ranks=min(group, per_node))
+    nics = max(1, round(per_node * gpu.nics_per_gpu))  # the record's NICs (not a --nics-per-gpu, which the setup drops)
+    ctas = collective_ctas(gpu.name, kind, nbytes, ranks=group, local_ranks=min(group, per_node), nics_per_node=nics)
     return min(ctas, sms) / sms
