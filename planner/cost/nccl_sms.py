@@ -52,7 +52,6 @@ from planner.cost.layers import LayerCost
 from planner.cost.nccl_buffers import NCCL_GPUS, NVLS_CHANNELS, NVLS_CHANNELS_MULTI_NODE, ring_channels
 from planner.cost.rules import compute_ms
 from planner.errors import UserError
-from planner.models.gpu_sms import sm_count
 from planner.schema import Profile, TrainSetup
 
 SIMPLE_THREADS = 512  # device.h NCCL_SIMPLE_MAX_NTHREADS, the ring's Simple threads over NVLink (tuning.cc 214)
@@ -104,6 +103,8 @@ def slowed_ms(collective_ms: float, compute_ms_: float, lost_ms: float) -> float
 def layer_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
     """Per iteration, what NCCL's CTAs add to the compute the layer's hidden gathers and reductions run beside,
     window by window as dataparallel.exposed_comm_ms hides them; 0 where nothing is hidden or no CTA count is read."""
+    from planner.models.gpu_sms import sm_count  # GPU data, read where the profile's GPU is (as profile_gpu does)
+
     if not _hidden_here(layer, profile, setup):
         return 0.0
     try:
