@@ -13,12 +13,12 @@ The CTAs (`collective_ctas`), read at NCCL v2.27.7-1 (the record's NCCL, nccl_bu
   - ring (and tree) collectives: comm->nChannels, the ring channels NCCL lays on the GPU's NVLinks
     (nccl_buffers.ring_channels: 24 on A100 and H100 / H200, 32 on B200 / GB200); NCCL_MAX_CTAS unset: maxCTAs
     defaults to MAXCHANNELS (src/init.cc 1731), which caps nothing. Fewer for a small collective: topoGetAlgoInfo
-    (src/enqueue.cc 1832-1837) drops a channel while nBytes < nc x nt x threadThreshold (Simple:
+    (src/enqueue.cc 1831, 1850-1853) drops a channel while nBytes < nc x nt x threadThreshold (Simple:
     NCCL_SIMPLE_MAX_NTHREADS 512 over NVLink, NCCL_SIMPLE_THREAD_THRESHOLD 64: 32 KiB a channel, src/graph/tuning.cc
     214, 522), nBytes the whole buffer (ncclFuncMaxSendRecvCount);
   - NVLink SHARP (all-reduces where the GPU has multicast and the group has more than two GPUs in the NVLink domain;
     NVLS_TREE across nodes): comm->nvlsChannels, 16 on SM90, 24 on SM100 inside one NVLink domain, 32 across
-    (src/transport/nvls.cc 147-198: "NVLS should not need more than 16 channels", enqueue.cc 1828-1830);
+    (src/transport/nvls.cc 147-198; enqueue.cc 1846-1847: "NVLS should not need more than 16 channels");
   - a ring across nodes: one ring a NIC, doubled once (network_ring_channels: 16 on an 8-NIC node);
   - all-gathers and reduce-scatters run the ring: NCCL's tuner prices NVLS below it on one node (NVIDIA/nccl#1083: NVLS
     sends S where the ring sends (N-1)S/N) and turns NVLS off for them across nodes without CollNet (tuning.cc 301-304);
