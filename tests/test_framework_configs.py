@@ -359,7 +359,16 @@ def test_the_2024_spelling_of_a_torchtitan_job_gives_the_same_prediction():
     # network's 48 GB/s (NCCL's busbw over a 400 Gb/s NIC), 15/16 of the bytes each way
     head = formulas.head_params(arch, shape)
     root_ms = 15 / 16 * head * (2 + 4) / 48e9 * 1e3
-    assert old["iteration_ms"] - new["iteration_ms"] == pytest.approx(foreach_ms + root_ms, rel=1e-3)
+    # branch ncclsm: hidden under b5bcd76c, the head's collectives run beside its compute and NCCL's CTAs slow it
+    # (planner/cost/nccl_sms.py); exposed under 9dec370, they slow nothing
+    from planner.commands.evaluate_config import predict
+    from planner.cost import nccl_sms
+    from planner.cost.layers import layer_costs
+
+    job = predict(torchtitan.read(config("torchtitan_llama3_405b.toml")), gpus=128, gpu_name="h100")
+    beside_ms = nccl_sms.layer_ms(layer_costs(job.profile)[-1], job.profile, job.setup)
+    assert beside_ms > 0
+    assert old["iteration_ms"] - new["iteration_ms"] == pytest.approx(foreach_ms + root_ms - beside_ms, rel=1e-3)
     assert old["ranks"][0]["time_ms"] == new["ranks"][0]["time_ms"]
     # the same job and time; the 2024 spelling dates to torchtitan 9dec370, whose root unit (tok_embeddings,
     # norm, output) and last block stay gathered from their forward (runtime_titan._TITAN_UNITS), b5bcd76c's
@@ -554,8 +563,10 @@ def test_torchtitan_async_tp_overlaps_the_tp_collectives():
     # busbw over a NIC (48 of 400 Gb/s's 50 GB/s, gpus.NCCL_NIC_BUSBW_FRACTION); 8,504.145 before
     # branch ttrerun: 8,132.034 with each compiled, fully checkpointed block rerunning the partitioner's set (its
     # forward but the down projection, planner/cost/compiledrerun.py), not the whole forward; 8,506.933 before
+    # branch ncclsm: 8,850.238 with NCCL's CTAs (16 a ring across nodes, of the H100's 132 SMs) taken from the
+    # compute each hidden FSDP2 gather and reduce-scatter runs beside (planner/cost/nccl_sms.py); 8,132.034 before
     assert evaluated("--from-torchtitan", "torchtitan_llama3_405b.toml", "--gpus", "128")["iteration_ms"] == \
-        pytest.approx(8132.034, abs=1e-3)
+        pytest.approx(8850.238, abs=1e-3)
 
 
 def test_megatron_tp_comm_overlap_overlaps_the_tp_collectives(tmp_path):
