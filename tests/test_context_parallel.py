@@ -469,8 +469,9 @@ def test_gpus_per_node_counts_the_cp_ranks_in_the_data_parallel_groups():
 
     job = SimpleNamespace(tp=1, cp=2)
     notes: list[str] = []
-    # 4 replicas x 2 cp ranks = 8 ranks: past a node of 4, within a node of 8
+    # 4 replicas x 2 cp ranks = 8 ranks: past a node of 4 (two data-parallel ranks a node, two NICs' busbw: 2 x 48,
+    # planner/models/network_rate.py), within a node of 8
     across = _with_node(DataParallelOptions(dp=4, zero=3), job, H100, 4, notes)
     inside = _with_node(DataParallelOptions(dp=4, zero=3), job, H100, 8, notes)
-    assert across.shard_bandwidth == H100.network_collective_rate == 48.0 and inside.shard_bandwidth == H100.node_collective_gb_per_s
+    assert across.shard_bandwidth == 2 * H100.network_collective_rate == 96.0 and inside.shard_bandwidth == H100.node_collective_gb_per_s
     assert "x CP 2" in notes[0]

@@ -426,7 +426,9 @@ def test_gpus_per_node_sets_the_links_and_the_node(tmp_path):
     narrow = predict(job, gpus=16, gpu_name="h100", gpus_per_node=8).setup
     h100 = archs.gpu("h100")
     assert (wide.data_parallel.shard_gb_per_s, wide.data_parallel.devices_per_node) == (h100.node_collective_gb_per_s, 16)
-    assert narrow.data_parallel.shard_gb_per_s == h100.network_collective_rate
+    # FSDP over 16 in nodes of 8: 8 NICs a node (8 x 48 GB/s), capped by the in-node ring nccl-tests measured
+    assert narrow.data_parallel.shard_gb_per_s == min(8 * h100.network_collective_rate, h100.node_collective_rate)
+    assert narrow.data_parallel.devices_per_node == 8
 
 
 def test_megatron_fsdp_shards_as_its_strategy_says(tmp_path):

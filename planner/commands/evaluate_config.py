@@ -320,6 +320,8 @@ def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]
     parallelism the data-parallel groups take their replicas' cp ranks too (build_setup's dp x cp)."""
     from dataclasses import replace
 
+    from planner.models import network_rate
+
     if gpus_per_node is None:
         return options
     options = replace(options, gpus_per_node=gpus_per_node)  # the sends' and TP's links too (comm_setup.comm_fields)
@@ -327,14 +329,15 @@ def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]
         return options
     span = job.tp * job.cp  # the ranks inside each data-parallel step: tp, then cp
 
-    def link(ranks: int, *, ring: bool = True) -> float:  # as links.default_links: a ring at the measured busbw
-        inside = device.node_collective_rate if ring else device.node_alltoall_rate
-        return inside if ranks * span <= gpus_per_node else device.network_collective_rate
+    def link(ranks: int, stride: int = span, *, ring: bool = True) -> float:  # as links.default_links
+        rate = network_rate.collective_rate if ring else network_rate.alltoall_rate  # in a node, or k ranks' NICs
+        return rate(device, ranks, stride, gpus_per_node, options.nics_per_gpu)
 
     shard = options.shard_group or options.dp
+    k = network_rate.ranks_per_node(shard, span, gpus_per_node)
     notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard}{f' x CP {job.cp}' if job.cp > 1 else ''} "
-                 f"x TP {job.tp} over {'the in-node link' if shard * span <= gpus_per_node else 'the network'}")
-    return replace(options, shard_bandwidth=link(shard), replica_bandwidth=link(options.dp),
+                 f"x TP {job.tp} over {'the in-node link' if shard * span <= gpus_per_node else f'the network, {k} NIC(s) a node'}")
+    return replace(options, shard_bandwidth=link(shard), replica_bandwidth=link(max(1, options.dp // shard), span * shard),
                    ep_bandwidth=link(options.ep, ring=False) if options.ep > 1 else None)
 
 

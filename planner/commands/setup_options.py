@@ -390,7 +390,7 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
     if dp == 1 and not offload_optimizer and host_mem is None:
         return fields
     links = default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep,
-                          gpus_per_node=options.gpus_per_node,
+                          gpus_per_node=options.gpus_per_node, nics_per_gpu=options.nics_per_gpu,
                           given={"--shard-bandwidth": shard_bandwidth, "--replica-bandwidth": replica_bandwidth,
                                  "--host-bandwidth": host_bandwidth, "--ep-bandwidth": ep_bandwidth})
     given = (shard_bandwidth, replica_bandwidth, host_bandwidth) + ((ep_bandwidth,) if ep > 1 else ())

@@ -128,14 +128,18 @@ def job_links(gpu, *, tp: int, cp: int, pp_stride: int, gpus_per_node: int, nics
     "tp" (its ranks adjacent), "cp" (tp apart), "pp" (a send between ranks `pp_stride` apart: tp x
     dp x cp). A collective group inside a node runs at the node's measured collective rate where
     nccl-tests published one for the GPU, else the link's datasheet rate; the rest at the network's: a
-    collective at NCCL's bus bandwidth over the NICs (GPU.network_collective_rate), a send at their line rate."""
+    collective at NCCL's bus bandwidth over the NICs of its ranks in each node
+    (planner/models/network_rate.py), a send at one rank's NICs' line rate."""
+    from planner.models import network_rate
+
     inside = node_link(gpu.node_link_gb_per_s, pcie=gpu.node_link_kind == "pcie")
     between = network_link(gpu.network_gb_per_s, nics_per_gpu)  # a send: the NICs' line rate
-    collectives_between = network_link(gpu.network_collective_rate, nics_per_gpu)  # NCCL's busbw over them
     measured = (Link(gpu.node_collective_gb_per_s, inside.step_latency_ms, inside.base_latency_ms,
                      f"in-node, measured: {gpu.collective_source}") if gpu.node_collective_gb_per_s else inside)
 
     def collective(ranks: int, stride: int) -> Link:
+        k = network_rate.ranks_per_node(ranks, stride, gpus_per_node)  # NCCL's busbw over k ranks' NICs
+        collectives_between = network_link(network_rate.ring_rate_across_nodes(gpu, k, nics_per_gpu), 1.0)
         link = group_link(ranks, stride, gpus_per_node, inside, collectives_between)
         return measured if link is inside else link
 

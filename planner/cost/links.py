@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import dataparallel
+from planner.models import network_rate
 from planner.schema import Profile
 
 # gloo over loopback between processes of one machine: a rough figure, not a measurement;
@@ -32,14 +33,16 @@ class Links:
 
 
 def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, ep: int = 1,
-                  gpus_per_node: int | None = None, given: dict[str, float | None] | None = None) -> Links:
+                  gpus_per_node: int | None = None, given: dict[str, float | None] | None = None,
+                  nics_per_gpu: float | None = None) -> Links:
     """The profile's GPU's links (analytic profiles name their GPU; a measured cuda profile is
     matched by name) or, on cpu, gloo on one machine. Ranks are placed tensor-parallel
     innermost, then the expert-parallel group (Megatron-LM's order: tp, ep, then the expert
     data-parallel ranks), then the shard group, then the replicas: a group whose ranks x tp fit
-    in one node communicates over the node's link, a wider one over the network (an
-    expert-parallel group past a node: every token copy charged at the network's bandwidth, an
-    upper bound, as the node's own peers are reached over its faster link). A bandwidth in `given` (by its
+    in one node communicates over the node's link, a wider one over the network at the bus bandwidth of the
+    NICs its ranks in each node bring (planner/models/network_rate.py: a shard group of k ranks a node, k
+    NICs; the replicas, shard_group x tp apart; an expert all-to-all over its ranks' own NICs while the node's
+    own peers are reached over NVLink). nics_per_gpu: --nics-per-gpu, else the GPU's. A bandwidth in `given` (by its
     option's name: --shard-bandwidth, --replica-bandwidth, --host-bandwidth, --ep-bandwidth) replaces the
     default, and the note says so."""
     given = {name: value for name, value in (given or {}).items() if value is not None}
@@ -53,11 +56,14 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
     tp = int(profile.assumptions.get("tp", 1))
     node = gpus_per_node or gpu.gpus_per_node  # --gpus-per-node, else the GPU's reference system
 
-    def link(ranks: int, option: str, *, ring: bool = True) -> tuple[float, str]:
+    def link(ranks: int, option: str, *, ring: bool = True, stride: int = tp) -> tuple[float, str]:
         if option in given:
             return given[option], option
-        if ranks * tp > node:
-            return gpu.network_collective_rate, "network, NCCL's busbw"
+        if ranks * stride > node:
+            k = network_rate.ranks_per_node(ranks, stride, node)
+            rate = (network_rate.collective_rate if ring else network_rate.alltoall_rate)(
+                gpu, ranks, stride, node, nics_per_gpu)
+            return rate, f"network, NCCL's busbw over {k} rank(s) a node's NICs"
         if ring and gpu.node_collective_gb_per_s:
             return gpu.node_collective_rate, "in-node, measured busbw"
         if not ring and gpu.node_alltoall_gb_per_s:
@@ -65,7 +71,8 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
         return gpu.node_link_gb_per_s, "in-node link"
 
     shard, shard_where = link(shard_group, "--shard-bandwidth")
-    replica, replica_where = link(dp, "--replica-bandwidth")
+    shards = min(shard_group, dp) or 1  # the replicas' all-reduce: dp / shard_group ranks, shard_group x tp apart
+    replica, replica_where = link(max(1, dp // shards), "--replica-bandwidth", stride=tp * shards)
     experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: NCCL's NVLink rate, else the link's
     host, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s), (
         "--host-bandwidth" if "--host-bandwidth" in given else gpu.host_link_kind)

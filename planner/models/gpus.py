@@ -146,8 +146,9 @@ class GPU:
 
     @property
     def network_collective_rate(self) -> float:
-        """GB/s a collective across nodes runs at a NIC: NCCL's bus bandwidth over one NIC, 0.96 of its
-        line rate (NCCL_NIC_BUSBW_FRACTION); a point-to-point send keeps the line rate."""
+        """GB/s NCCL's collectives reach over one NIC: 0.96 of its line rate (NCCL_NIC_BUSBW_FRACTION); a
+        point-to-point send keeps the line rate. A ring whose group has k ranks a node runs over k GPUs' NICs
+        (planner/models/network_rate.py ring_rate_across_nodes), an all-to-all over each rank's own."""
         return self.network_gb_per_s * NCCL_NIC_BUSBW_FRACTION
 
     @property

@@ -89,6 +89,7 @@ import datetime
 import json
 
 from planner.errors import UserError
+from planner.models import network_rate
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
 from planner.profiler import (
     allocseq,
@@ -218,12 +219,13 @@ def tied_embedding(arch: Arch, shape: Shape, gpu: GPU) -> list[TiedSet]:
     """The token embedding and the LM head share one matrix in a tied config. Split across
     stages each end keeps a copy, and their gradients are all-reduced between the first and
     the last stage before every step (Megatron's embedding group): the fp32 gradient once over
-    the network between nodes, where pipeline stages usually sit."""
+    the network between nodes, where pipeline stages usually sit: one rank of the group a node, one NIC's NCCL rate
+    (planner/models/network_rate.py)."""
     if not arch.tie_word_embeddings:
         return []
     shared = vocab_per_device(arch, shape) * arch.hidden_size
     return [TiedSet(layers=["tok_embeddings", "output"], param_count=shared, param_bytes=shared * shape.d,
-                    sum_ms=shared * FP32 / (gpu.network_collective_rate * 1e9) * 1e3)]
+                    sum_ms=shared * FP32 / (network_rate.ring_rate_across_nodes(gpu, 1) * 1e9) * 1e3)]
 
 
 def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from planner.cost import dataparallel, links
+from planner.models import network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
 from planner.solve import search
@@ -123,7 +124,8 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
 def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
     """links.default_links' rule with the job's node size: a group whose ranks x tp fit
     in a node reduces at the node's collective rate (measured busbw, else the link's), a wider one over
-    the network; an expert all-to-all in a node at NCCL's NVLink rate (GPU.node_alltoall_rate)."""
+    the network at the bus bandwidth of its ranks' NICs in each node (planner/models/network_rate.py); an expert
+    all-to-all in a node at NCCL's NVLink rate (GPU.node_alltoall_rate), across nodes over its ranks' own NICs."""
     if profile.device.type != "cuda":
         chosen = links.default_links(profile, stages=degrees.pp, dp=degrees.dp,
                                      shard_group=degrees.shard_group or degrees.dp, ep=degrees.ep)
@@ -132,15 +134,16 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
                     ep_gb_per_s=chosen.ep_gb_per_s, dp_notes=chosen.notes)
     gpu = dataparallel.profile_gpu(profile)
 
-    def link(ranks: int) -> float:
-        return gpu.node_collective_rate if ranks * degrees.tp <= gpus_per_node else gpu.network_collective_rate
-
-    experts = (gpu.node_alltoall_rate if degrees.ep * degrees.tp <= gpus_per_node else gpu.network_collective_rate)
-    return dict(shard_gb_per_s=link(degrees.shard_group or degrees.dp), replica_gb_per_s=link(degrees.dp),
+    shards = degrees.shard_group or degrees.dp  # the replicas: dp / shards ranks, shards x tp apart
+    experts = network_rate.alltoall_rate(gpu, degrees.ep, degrees.tp, gpus_per_node)
+    return dict(shard_gb_per_s=network_rate.collective_rate(gpu, shards, degrees.tp, gpus_per_node),
+                replica_gb_per_s=network_rate.collective_rate(gpu, max(1, degrees.dp // shards), degrees.tp * shards,
+                                                              gpus_per_node),
                 host_gb_per_s=gpu.host_link_gb_per_s, devices_per_node=gpus_per_node,
                 ep_gb_per_s=experts if degrees.ep > 1 else None,
                 dp_notes=[f"{gpu.name}, {gpus_per_node} GPUs a node, tp {degrees.tp}: groups within a node at "
-                          f"{gpu.node_collective_rate:g} GB/s, across nodes at {gpu.network_collective_rate:g} GB/s; "
+                          f"{gpu.node_collective_rate:g} GB/s, across nodes at {gpu.network_collective_rate:g} GB/s "
+                          "a NIC of their ranks in each node (planner/models/network_rate.py); "
                           f"{gpu.link_source}"])
 
 
