@@ -106,3 +106,15 @@ def test_other_runtimes_refuse_the_setting(tmp_path):
     assert result.exit_code != 0
     assert "--nccl-ring-simple" in result.output and "--runtime megatron" in result.output
     assert "Traceback" not in result.output
+
+
+def test_search_compare_says_a_forced_protocol_the_search_did_not_score():
+    from planner.commands.search_compare import _settings_unsaid
+
+    job = megatron.read(ROOT / "configs/megatron-lm/gpt3_mcore_tp1_pp2.yaml")
+    said = _settings_unsaid(job.modelled, {"log_params_norm": job.modelled.log_params_norm,
+                                           "log_num_zeros_in_grad": job.modelled.log_num_zeros_in_grad,
+                                           "deterministic": job.modelled.deterministic,
+                                           "unfused_grad_accumulation": job.modelled.unfused_grad_accumulation,
+                                           "runtime_version": job.modelled.runtime_version})
+    assert "NCCL's Ring / Simple forced on (scored off, as the search)" in said
