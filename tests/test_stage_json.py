@@ -27,7 +27,7 @@ KEYS = set(StageSummary.model_fields)
 # the setup GPT3's file gives (evaluate_config.predict), as evaluate's and solve's options say it
 GPT3_OPTIONS = ("--microbatches", "8", "--precision", "bf16-mixed", "--runtime", "megatron",
                 "--no-gradient-accumulation-fusion", "--log-params-norm", "--log-num-zeros-in-grad",
-                "--deterministic-mode")
+                "--deterministic-mode", "--nccl-ring-simple")  # its ENV_VARS: the functional tests' launcher's Ring/Simple
 LLAMA8B_OPTIONS = ("--layers-per-stage", "32", "--checkpoint", ",".join(f"layers.{i}" for i in range(32)),
                    "--op-level-sac", "--dp", "8", "--zero", "3", "--microbatches", "1", "--precision", "bf16-mixed",
                    "--runtime", "torchtitan")

@@ -197,7 +197,8 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
               searched.get("unfused_grad_accumulation", False)),
              ("the parameters' norm logged", modelled.log_params_norm, searched.get("log_params_norm", False)),
              ("the gradients' zeros logged", modelled.log_num_zeros_in_grad, searched.get("log_num_zeros_in_grad", False)),
-             ("deterministic mode", modelled.deterministic, searched.get("deterministic", False))]
+             ("deterministic mode", modelled.deterministic, searched.get("deterministic", False)),
+             ("NCCL's Ring / Simple forced", modelled.nccl_ring_simple, searched.get("nccl_ring_simple", False))]
     return [f"{what} {_said(mine)} (scored {_said(theirs)}, as the search)" for what, mine, theirs in found
             if mine != theirs]
 

@@ -67,6 +67,10 @@ SETTING_OPTIONS = [
     click.option("--log-num-zeros-in-grad", is_flag=True,
                  help="Megatron-LM's flag: the gradients' zeros counted once a step over the rank's fp32 shard "
                       "(--runtime megatron)."),
+    click.option("--nccl-ring-simple", "nccl_ring_simple", is_flag=True,
+                 help="The job's launch forces NCCL_ALGO=Ring and NCCL_PROTO=simple (Megatron-LM's functional tests' "
+                      "_run_training.sh): the step's scalar all-reduces charged at Ring/Simple's latency, not at "
+                      "the protocol NCCL's tuner picks (--runtime megatron)."),
     click.option("--deterministic-mode", "deterministic", is_flag=True,
                  help="Megatron-LM's flag: torch's deterministic algorithms, whose NaN fill writes each of "
                       "Transformer Engine's outputs once more; its deterministic attention backward has no "
@@ -99,7 +103,7 @@ SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
                         "expandable_segments", "grad_reduce_bf16", "te_cross_entropy", "fused_cross_entropy",
-                        "te_grouped_gemm", "local_layers")
+                        "te_grouped_gemm", "local_layers", "nccl_ring_simple")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -145,6 +149,7 @@ class TrainingSettings:
     local_layers: bool = False
     fused_cross_entropy: bool = False
     te_grouped_gemm: bool = False
+    nccl_ring_simple: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:

@@ -457,6 +457,9 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
                  f"--runtime {training.runtime} runs no such loss")
         refused.append(f"chunked cross-entropy (--chunked-cross-entropy {training.chunked_cross_entropy}) is "
                        f"torchtitan 0.3.0's ChunkedLossWrapper (--runtime torchtitan, version b5bcd76c); {which}")
+    if getattr(training, "nccl_ring_simple", False) and not of(training).step_collectives:
+        refused.append(f"--nccl-ring-simple says how NCCL runs a Megatron-LM step's scalar all-reduces; "
+                       f"{training.runtime}'s record charges none: drop it or choose --runtime megatron")
     if training.mtp_layers:
         refused.append(f"multi-token prediction (--mtp-layers {training.mtp_layers}) is not modelled: a profile "
                        "holds no MTP modules")

@@ -2,11 +2,14 @@
 on the device beyond their arithmetic (docs/framework-facts.md §121).
 
 Each is an all-reduce of one fp32 scalar (4 B), so its time is NCCL's latency, not bytes over a link: NCCL's own
-model of its Ring / Simple protocol (planner/cost/comm.py: the base 8.4 µs, then 3.4 µs a step over NVLink, 14.0
-over the network; 2(n-1) steps an all-reduce of n ranks). The Megatron-LM functional tests run exactly that
-protocol (tests/functional_tests/shell_test_utils/_run_training.sh at 93ebf8d7 exports NCCL_PROTO=simple,
-NCCL_ALGO=Ring and NCCL_NVLS_ENABLE=0). None is hidden: the gradients' norm runs after the last backward's
-reduction and before the inner step, which scales by it; count_zeros and the parameters' norm are read on the host
+latency model (planner/cost/nccltuner.py, NVIDIA/nccl v2.27.7-1 src/graph/tuning.cc), under the algorithm and
+protocol the job runs. Megatron-LM's functional tests force Ring / Simple (tests/functional_tests/shell_test_utils/
+_run_training.sh 58-61 at 93ebf8d7 exports NCCL_PROTO=simple, NCCL_ALGO=Ring and NCCL_NVLS_ENABLE=0 unless the
+test's ENV_VARS say otherwise: the setting `nccl_ring_simple`, which the Megatron reader sets on such a file); any
+other job runs what NCCL's tuner picks, the least latency of its model over Ring and Tree under LL, LL128 and
+Simple (Tree / LL across nodes: 85 µs on 1,024 ranks of 8 a node, where Ring / Simple's model gives 9.7 ms). None
+is hidden: the gradients' norm runs after the last backward's reduction and before the inner step, which scales by
+it; count_zeros and the parameters' norm are read on the host
 (`.item()`) before anything else is issued. Which the runtime makes, over which group, and under which flag: the
 runtime record's `step_collectives`. The groups, ranks placed tp, cp, (ep,) dp, pp (Megatron-core's order), where
 the setup's dp already counts the cp ranks of a replica (training_settings.with_context_parallel: Megatron reduces
@@ -17,48 +20,70 @@ and shards over its dp_cp group):
     dp_cp            the setup's dp ranks (tp apart)
     expert_dp        the expert-data-parallel group: dp / ep ranks (tp·ep apart)
 
-A group crosses NCCL's network latency where its ranks span more than one node (the first rank to the last),
-else NVLink's. Charged once a step on the embedding's stage, as the optimizer's fixed host calls are
-(hosttime.host_step_ms): every rank waits on the same collectives.
+A group's nodes are those its ranks lie on (nodes of the setup's gpus_per_node); in a node NVLink's figures, or
+PCI's where the setup's in-node step is NCCL's PCI one. Charged once a step on the embedding's stage, as the
+optimizer's fixed host calls are (hosttime.host_step_ms): every rank waits on the same collectives.
 """
 
 from __future__ import annotations
 
-from planner.cost import runtimes
-from planner.cost.comm import MS_PER_US, NCCL_STEP_LATENCY_US, Link, all_reduce_ms
+import math
+
+from planner.cost import nccltuner, runtimes
+from planner.cost.comm import MS_PER_US, NCCL_STEP_LATENCY_US
 from planner.cost.layers import LayerCost
 from planner.schema import TrainSetup
 
-SCALAR_BYTES = 4  # one fp32 norm or count
 EMBEDDING = "embedding"
+
+
+def group_positions(group: str, setup: TrainSetup) -> list[int]:
+    """The global ranks of `group`'s first instance (the one holding rank 0), in Megatron-core's order."""
+    data = setup.data_parallel
+    tp, dp, ep = setup.comm.tp, data.dp, max(1, data.ep)  # dp: the dp x cp ranks of the parameters' replicas
+    pp = max(1, setup.pipeline.stages // max(1, setup.pipeline.chunks))  # a stage's terms see the P·V stages
+    if group == "grad_stats":
+        group = "world" if data.zero >= 1 else "model_parallel"
+    if group == "world":
+        return list(range(tp * dp * pp))
+    if group == "model_parallel":
+        return [stage * tp * dp + rank for stage in range(pp) for rank in range(tp)]
+    if group == "dp_cp":
+        return [replica * tp for replica in range(dp)]
+    if group == "expert_dp":
+        return [replica * tp * ep for replica in range(max(1, dp // ep))]
+    raise ValueError(f"unknown group {group!r}")
 
 
 def group_ranks(group: str, setup: TrainSetup) -> tuple[int, int]:
     """(ranks, span): how many ranks `group` holds and how far its first rank lies from its last, plus one."""
-    data = setup.data_parallel
-    tp, dp, ep = setup.comm.tp, data.dp, max(1, data.ep)  # dp: the dp x cp ranks of the parameters' replicas
-    pp = max(1, setup.pipeline.stages // max(1, setup.pipeline.chunks))  # a stage's terms see the P·V stages
-    world = tp * dp * pp
-    if group == "grad_stats":
-        group = "world" if data.zero >= 1 else "model_parallel"
-    if group == "world":
-        return world, world
-    if group == "model_parallel":
-        return tp * pp, (pp - 1) * tp * dp + tp
-    if group == "dp_cp":
-        return dp, (dp - 1) * tp + 1
-    if group == "expert_dp":
-        ranks = max(1, dp // ep)
-        return ranks, (ranks - 1) * tp * ep + 1
-    raise ValueError(f"unknown group {group!r}")
+    positions = group_positions(group, setup)
+    return len(positions), positions[-1] - positions[0] + 1
 
 
-def scalar_all_reduce_ms(ranks: int, span: int, setup: TrainSetup) -> float:
-    """ms of one all-reduce of a 4 B scalar over `ranks` ranks spanning `span` ranks: NCCL's latency (comm.py)."""
-    comm = setup.comm
-    where = "nvlink" if span <= comm.gpus_per_node else "network"
-    step_ms = comm.tp_step_latency_ms if where == "nvlink" else NCCL_STEP_LATENCY_US["network"] * MS_PER_US
-    return all_reduce_ms(SCALAR_BYTES, ranks, Link(comm.tp_gb_per_s, step_ms, comm.collective_latency_ms, where))
+def group_nodes(group: str, setup: TrainSetup) -> int:
+    """The nodes (of the setup's gpus_per_node) `group`'s ranks lie on."""
+    per_node = setup.comm.gpus_per_node
+    return len({rank // per_node for rank in group_positions(group, setup)})
+
+
+def _intra(setup: TrainSetup) -> str:
+    """NCCL's in-node hardware: PCI where the setup's in-node step is NCCL's PCI figure (comm.node_link), else
+    NVLink."""
+    pcie = math.isclose(setup.comm.tp_step_latency_ms, NCCL_STEP_LATENCY_US["pcie"] * MS_PER_US)
+    return "pcie" if pcie else "nvlink"
+
+
+def scalar_all_reduce(ranks: int, nodes: int, setup: TrainSetup) -> tuple[str, str, float]:
+    """(algorithm, protocol, ms) of one all-reduce of a 4 B scalar over `ranks` ranks on `nodes` nodes: Ring /
+    Simple where the launch forces it (the setting nccl_ring_simple), else NCCL's tuner's pick (nccltuner.py)."""
+    intra = _intra(setup)
+    if setup.training.nccl_ring_simple:
+        algorithm, protocol = "Ring", "Simple"
+        us = nccltuner.all_reduce_latency_us(algorithm, protocol, ranks, nodes, intra)
+    else:
+        algorithm, protocol, us = nccltuner.tuned_all_reduce(ranks, nodes, intra)
+    return algorithm, protocol, us * MS_PER_US
 
 
 def step_collectives(setup: TrainSetup) -> list[tuple[str, int, float]]:
@@ -70,8 +95,8 @@ def step_collectives(setup: TrainSetup) -> list[tuple[str, int, float]]:
     for what, group, flag in runtimes.of(training).step_collectives:
         if flag and not getattr(training, flag, False):
             continue
-        ranks, span = group_ranks(group, setup)
-        found.append((what, ranks, scalar_all_reduce_ms(ranks, span, setup)))
+        ranks = len(group_positions(group, setup))
+        found.append((what, ranks, scalar_all_reduce(ranks, group_nodes(group, setup), setup)[2]))
     return found
 
 

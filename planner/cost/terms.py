@@ -342,7 +342,8 @@ TERMS: tuple[Term, ...] = (
     Term("the step's scalar all-reduces: the gradients' norm, count_zeros, the parameters' norm", "step", "layer",
          lambda layer, ckpt, ctx: stepcomm.step_collectives_ms(layer, ctx.setup),
          "the record's step_collectives (Megatron-LM's clip_grads.py, common_utils.py calc_params_l2_norm), each at "
-         "NCCL's Ring/Simple latency over its group (stepcomm.py); once a step on the embedding's stage"),
+         "NCCL's latency over its group: Ring/Simple where the launch forces it (the functional tests'), else the "
+         "tuner's least (nccltuner.py, NCCL v2.27.7-1 tuning.cc; stepcomm.py); once a step on the embedding's stage"),
     Term("the parameters' norm and the gradients' zeros logged each step", "step", "layer",
          lambda layer, ckpt, ctx: jobsettings.logged_reads_ms(layer, ctx.profile, ctx.setup),
          "the record's logged_read_shard_bytes over the rank's shard per read (Megatron-LM's --log-params-norm, "

@@ -217,6 +217,10 @@ class TrainingSetup(Strict):
     # Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers: TE's grouped GEMM over a rank's experts,
     # which allocates the record's te_grouped_gemm_workspaces beside its plain workspace (refused where 0)
     te_grouped_gemm: bool = False
+    # NCCL_ALGO=Ring and NCCL_PROTO=simple at the launch (Megatron-LM's functional tests' _run_training.sh): the
+    # step's scalar all-reduces at Ring/Simple's latency, else at NCCL's tuner's pick (planner/cost/stepcomm.py;
+    # refused where the runtime's record lists no step collectives)
+    nccl_ring_simple: bool = False
 
 
 class TimeConstants(Strict):

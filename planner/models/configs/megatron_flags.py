@@ -310,11 +310,32 @@ ENV_VARS = {
                                     "asynchronous collective starts before the GEMM launched after it: the cost model "
                                     "already charges every TP collective and pipeline send on the critical path and "
                                     "hides only the data-parallel reduction, as this ordering lets it"),
-    "NCCL_ALGO": ("modelled", "Ring", "collectives charged as rings (planner/cost/comm.py)"),
+    "NCCL_ALGO": ("modelled", "Ring", "collectives charged as rings (planner/cost/comm.py); with the launcher's "
+                  "NCCL_PROTO=simple the step's scalar all-reduces at Ring/Simple's latency (planner/cost/stepcomm.py)"),
+    "NCCL_PROTO": ("modelled", "simple", "the step's scalar all-reduces at Ring/Simple's latency under NCCL_ALGO=Ring "
+                   "(planner/cost/stepcomm.py)"),
     "NVTE_FWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "SMs the LayerNorm kernels leave to communication: time "
                                      "only, not charged"),
     "NVTE_BWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "as NVTE_FWD_LAYERNORM_SM_MARGIN"),
 }
+
+
+# What Megatron-LM's functional tests' launcher exports before a test's ENV_VARS (which override it):
+# tests/functional_tests/shell_test_utils/_run_training.sh 58-59 at 93ebf8d7, NCCL_PROTO=simple and NCCL_ALGO=Ring.
+LAUNCHER_NCCL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "simple"}
+
+
+def launch_forces_ring_simple(data: object) -> bool:
+    """Whether a model_config.yaml runs under NCCL_ALGO=Ring and NCCL_PROTO=simple: a functional test's (one with
+    ENV_VARS beside MODEL_ARGS, which _run_training.sh reads) under its launcher's exports as its ENV_VARS leave
+    them; a file without ENV_VARS (Megatron-Bridge's runs as configs/megatron-bridge writes them) names no launch."""
+    if not isinstance(data, dict) or not isinstance(data.get("MODEL_ARGS"), dict):
+        return False
+    env = data.get("ENV_VARS")
+    if not isinstance(env, dict):
+        return False
+    said = {name: str(env.get(name, value)).lower() for name, value in LAUNCHER_NCCL.items()}
+    return said == {"NCCL_ALGO": "ring", "NCCL_PROTO": "simple"}
 
 
 def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
