@@ -13,6 +13,7 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
     `stages` ranks (and, `chunks` a rank, from the last to the first) whose sends cross nodes; nothing on cpu,
     or for a GPU ckplan has no links for."""
     from planner.cost import comm, dataparallel, runtimes
+    from planner.models import copy_engines
 
     tp = int(profile.assumptions.get("tp", 1) or 1)
     if options.tp_overlap != "none" and runtimes.facts(runtime).tp_overlap != options.tp_overlap:
@@ -57,12 +58,14 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
         note += (f"; this profile lists no tensor-parallel collectives (a {profile.source} profile, or one made "
                  "before they were recorded): not charged")
     listed = [c for layer in profile.layers for c in layer.collectives]
+    copies, said = ({}, "") if options.tp_overlap != "async-tp" else \
+        copy_engines.tp_copy_fields(gpu.name, tp=tp, gpus_per_node=node)
     if options.tp_overlap == "async-tp" and listed:  # what torch's micro-pipeline TP pass fuses (planner/cost/asynctp.py)
         fused = sum(c.fused is not None for c in listed)
         note += (f"; AsyncTP overlaps {fused} of the profile's {len(listed)} collectives, those torch fuses with "
                  "matmuls, as their chunked pipeline; the rest charged whole; where the runtime's record says so, its "
                  "symmetric-memory workspace (outside the caching allocator, planner/cost/asynctp.py) is in the nccl "
-                 "column" if fused else
+                 f"column; {said}" if fused else
                  "; AsyncTP: this profile names no collective torch fuses with a matmul (made without --sp, or "
                  "before they were recorded): every one charged whole")
     if say is not None:
@@ -73,4 +76,4 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
                 pp_network_latency_ms=network.base_latency_ms + network.step_latency_ms,
                 collective_latency_ms=tp_link.base_latency_ms, gpus_per_node=node, tp_overlap=options.tp_overlap,
                 cp=cp, cp_gb_per_s=cp_link.gb_per_s if cp > 1 else None, cp_step_latency_ms=cp_link.step_latency_ms,
-                comm_notes=[note])
+                comm_notes=[note], **copies)

@@ -20,8 +20,9 @@ torch/distributed/_symmetric_memory/__init__.py:
 Each chunk's matmul runs at its own size's efficiency (the profile's chunk_ms, the roofline's shape
 curve at 1/tp of the FLOPs); matmuls on the two streams share the SMs, taken here as one after the
 other (their co-running, which the code's comment says reduces the small chunks' quantization
-loss, is not credited). Each copy moves 1/tp of the tensor at the link's rate (the TP group's
-bus bandwidth, comm.tp_link): over the tp-1 copies, the ring's (tp-1)/tp of the tensor. Left out:
+loss, is not credited). Each copy moves 1/tp of the tensor at a copy engine's rate from one peer
+(CommSetup.tp_copy_gb_per_s, planner/models/copy_engines.py; the TP group's NCCL bus bandwidth, comm.tp_link,
+where none is published): over the tp-1 copies, the ring's (tp-1)/tp of the tensor. Left out:
 the barriers' and launches' latency (microseconds beside milliseconds here).
 
 What a fused op adds to its pass: its pipeline's end, plus its copies (the profile's copy_ms),

@@ -230,18 +230,20 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
 
 def async_tp_pass_ms(layer, which: str, setup: TrainSetup) -> float:
     """A pass's tensor-parallel collectives under AsyncTP: those torch fuses with matmuls as their
-    pipeline adds beyond the matmuls (planner/cost/asynctp.py), the rest whole."""
+    pipeline adds beyond the matmuls (planner/cost/asynctp.py), their peer copies at the copy engines' rate
+    (CommSetup.tp_copy_gb_per_s) where published, else the ring's; the rest whole, at the ring's."""
     comm = setup.comm
     link = tp_link(comm)
     if link is None:
         return 0.0
+    copy_rate = comm.tp_copy_gb_per_s or link.gb_per_s
     at, total, gathered8 = 2 + PASSES.index(which), 0.0, gathers_float8(layer, setup)
     for c in layer.collectives:
         fused = c[5] if len(c) > 5 else None
         if fused is None:
             total += c[at] * collective_ms(c[0], collective_bytes(c[0], c[1], float8=gathered8), comm.tp, link)
         else:
-            total += c[at] * asynctp.fused_extra_ms(c[0], c[1], comm.tp, link.gb_per_s, fused,
+            total += c[at] * asynctp.fused_extra_ms(c[0], c[1], comm.tp, copy_rate, fused,
                                                     float8=setup.training.float8,
                                                     compute_scale=setup.time.compute_scale,
                                                     gathers_float8=gathered8)

@@ -119,3 +119,64 @@ SDPA_B200 = next((fwd, bwd) for seq, fwd, bwd in SDPA_B200_BY_SEQ if seq == 8192
 SDPA_BLACKWELL = (f"torch 2.9.0 SDPA flash backend on B200, causal, 8192 tokens, head dim 128: forward "
                    f"{SDPA_B200[0] * 2250:.1f}, backward {SDPA_B200[1] * 2250:.1f} TFLOP/s ({_CUDNN_FRONTEND}, "
                    f"artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 0b1577c)")
+
+
+# cuDNN's sliding-window attention (the kernel Transformer Engine's FusedAttention runs for a window, GPT-OSS's
+# 128 tokens and others) as the same cudnn-frontend benchmark times it (configs/gpt_oss.py): BF16, head dim 64,
+# causal top_left with `sliding_window_size` w (each query sees itself and the w - 1 tokens before it), batch 2,
+# forward / backward ms at 2048 to 32768 tokens. The benchmark counts FLOPs over the exact pairs the window keeps
+# (its tflops column equals windowed_tflops below at every row), so each rate is a fraction of the kernel's own work:
+# a windowed kernel runs at about a tenth of the full causal kernel's rate at w 128 (a query block meets one or two
+# key blocks, half masked, and the per-block work outside the matmuls dominates).
+def windowed_tflops(batch: int, heads: int, seq_len: int, window: int, head_dim: int, latency_ms: float, *,
+                    backward: bool) -> float:
+    """A published sliding-window timing as TFLOP/s over the exact (query, key) pairs the causal window keeps
+    (gptoss.window_pairs: w(w + 1)/2 + (s - w)·w): 4·pairs·d·heads·batch forward, x2.5 backward, as
+    attention_tflops counts the full causal kernel."""
+    w = min(seq_len, window)
+    pairs = w * (w + 1) // 2 + (seq_len - w) * w
+    return 4 * pairs * head_dim * heads * batch * (2.5 if backward else 1.0) / (latency_ms * 1e-3) / 1e12
+
+
+def _windowed(window: int, heads: int, peak: float, rows) -> tuple[tuple[int, int, float, float], ...]:
+    return tuple((window, seq, windowed_tflops(2, heads, seq, window, 64, fwd, backward=False) / peak,
+                  windowed_tflops(2, heads, seq, window, 64, bwd, backward=True) / peak) for seq, fwd, bwd in rows)
+
+
+# GB200, window 128 (GPT-OSS's), 128 query and 128 K/V heads, cuDNN 9.22.0 (frontend 1.21.1): results/gpt_oss/gb200/
+# gpt_oss_20260424_100011.csv (60e572b, the run beside the head-128 figures above); 32768's forward (104 TFLOP/s) as
+# published
+_SWA128_GB200_MS = ((2048, 0.109, 0.237), (4096, 0.210, 0.465), (8192, 0.414, 0.911), (16384, 0.822, 1.818),
+                    (32768, 2.634, 3.692))
+# GB200, window 1024, GPT-OSS's 64 query and 8 K/V heads, cuDNN 9.19: results/gb200_919_only_cudnn/
+# gpt_oss_20260226_175022.csv (afa9f7c)
+_SWA1024_GB200_MS = ((2048, 0.104, 0.230), (4096, 0.209, 0.487), (8192, 0.423, 0.998), (16384, 0.853, 2.024),
+                     (32768, 1.711, 4.099))
+# H200 (the H100's chip), window 1024, 64 query and 8 K/V heads, cuDNN 9.19: results/h200_919_only_cudnn/
+# gpt_oss_20260227_034819.csv (afa9f7c); no window-128 run published for sm90
+_SWA1024_H200_MS = ((2048, 0.166, 0.488), (4096, 0.358, 1.042), (8192, 0.738, 2.149), (16384, 1.499, 4.392),
+                    (32768, 3.021, 9.045))
+CUDNN_SWA_GB200 = _windowed(128, 128, 2500.0, _SWA128_GB200_MS) + _windowed(1024, 64, 2500.0, _SWA1024_GB200_MS)
+CUDNN_SWA_H200 = _windowed(1024, 64, 989.4, _SWA1024_H200_MS)
+_SWA_GB200_SOURCE = (f"cuDNN's sliding-window attention on GB200, head dim 64: window 128 (cuDNN 9.22) at 4096 tokens "
+                     f"forward {CUDNN_SWA_GB200[1][2] * 2500:.0f}, backward {CUDNN_SWA_GB200[1][3] * 2500:.0f} TFLOP/s "
+                     f"(results/gpt_oss/gb200/gpt_oss_20260424_100011.csv, 60e572b); window 1024 (cuDNN 9.19) "
+                     f"{CUDNN_SWA_GB200[6][2] * 2500:.0f} / {CUDNN_SWA_GB200[6][3] * 2500:.0f} "
+                     f"(results/gb200_919_only_cudnn/gpt_oss_20260226_175022.csv, afa9f7c) ({_CUDNN_FRONTEND})")
+CUDNN_SWA_HOPPER = dict(
+    te_attention_windowed=CUDNN_SWA_H200,
+    te_attention_windowed_source=(
+        f"cuDNN 9.19's sliding-window attention on H200 (the H100's chip), window 1024, head dim 64, at 4096 tokens "
+        f"forward {CUDNN_SWA_H200[1][2] * 989.4:.0f}, backward {CUDNN_SWA_H200[1][3] * 989.4:.0f} TFLOP/s "
+        f"({_CUDNN_FRONTEND}, results/h200_919_only_cudnn/gpt_oss_20260227_034819.csv, afa9f7c); no smaller window "
+        f"published for sm90: a smaller window read at 1024's rate, an upper bound (GB200's 128 runs at "
+        f"{CUDNN_SWA_GB200[1][2] / CUDNN_SWA_GB200[6][2]:.2f}x its 1024's forward rate)"))
+CUDNN_SWA_GB200_CHIP = dict(te_attention_windowed=CUDNN_SWA_GB200, te_attention_windowed_source=_SWA_GB200_SOURCE)
+CUDNN_SWA_B200_CHIP = dict(
+    te_attention_windowed=CUDNN_SWA_GB200,
+    te_attention_windowed_source=f"GB200's fractions of peak, the same Blackwell chip; none published for B200: "
+                                 f"{_SWA_GB200_SOURCE}")
+# the GPU records take these with the chip's other cuDNN figures
+CUDNN_HOPPER_CHIP = {**CUDNN_HOPPER_CHIP, **CUDNN_SWA_HOPPER}
+CUDNN_GB200 = {**CUDNN_GB200, **CUDNN_SWA_GB200_CHIP}
+CUDNN_B200 = {**CUDNN_B200, **CUDNN_SWA_B200_CHIP}

@@ -111,6 +111,12 @@ class GPU:
     # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on sm90 and later) as a fraction of the BF16 peak; 0: none published,
     # the non-deterministic backward read (planner/cost/jobsettings.py deterministic_attention_ms)
     te_attention_deterministic_bwd: float = 0.0
+    # cuDNN's sliding-window kernel: (window, tokens, forward, backward fractions of the BF16 peak) where published
+    # (attention_published.py CUDNN_SWA_*); attention_windowed: the windowed figures of the kernel the record's
+    # attention runs (te_attention_gpu sets cuDNN's; empty: a window at the full kernel's rate, attention_rates.py)
+    te_attention_windowed: tuple[tuple[int, int, float, float], ...] = ()
+    te_attention_windowed_source: str = ""
+    attention_windowed: tuple[tuple[int, int, float, float], ...] = ()
     # the GPU's compute capability x 10 where a kernel choice reads it: Transformer Engine's attention under
     # deterministic mode runs FlashAttention-2 below sm90, and on sm100+ where the attention drops
     # (planner/cost/jobsettings.py deterministic_attention_kernel); 0: not read (the Hopper records: sm90,

@@ -76,7 +76,7 @@ def _backward_kernels(kernels: list[Kernel], arch=None) -> list[Kernel]:
     for kernel in kernels:
         if kernel.kind == "attention-fwd":
             flops = formulas.attention_bwd_flops(arch, kernel.flops) if arch is not None else kernel.flops * 5 // 2
-            out.append(Kernel("attention-bwd", flops, kernel.run_fraction, kernel.seq_len))
+            out.append(Kernel("attention-bwd", flops, kernel.run_fraction, kernel.seq_len, kernel.window))
         else:
             out += [kernel, kernel]
     return out
@@ -98,7 +98,7 @@ def _attention(arch, shape) -> tuple[list[Kernel], int, int]:
     if shape.attention == "flash":
         # causal: half the s² blocks; within a window w < s, the exact pairs over the s·w counted (gptoss.py)
         run = window_pairs(s, window) / (s * window) if window < s else 0.5
-        return [Kernel("attention-fwd", flops, run, s // shape.cp)], 0, 0
+        return [Kernel("attention-fwd", flops, run, s // shape.cp, window if window < s else 0)], 0, 0
     scores = heads * s * s * b
     return _matmuls(flops // 2, flops // 2), EAGER_SCORES_FWD * scores, EAGER_SCORES_BWD * scores
 

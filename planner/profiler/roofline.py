@@ -6,7 +6,8 @@ matmul runs at a shape-dependent fraction of the GPU's peak, read off published 
 measurements (MATMUL_TABLE); each attention kernel at the published throughput of the
 kernel PyTorch's scaled_dot_product_attention runs, forward and backward, at its sequence
 length where the GPU's rates are published by length (archs.GPU.attention_efficiency,
-attention_by_seq; planner/models/attention_rates.py);
+attention_by_seq; planner/models/attention_rates.py), a sliding window's at the windowed kernel's rate where
+published (GPU.attention_windowed: cuDNN's, under Transformer Engine);
 memory-bound bytes at the bandwidth such kernels are measured to reach (membound.py: eager ops
 at their op class's rate, Work.classed, fused kernels, Work.fused_bytes, at another). Float8 matmuls (inputs in a float8 dtype) at
 the GPU's FP8 peak on the same curve. What this leaves out: kernel launches and host
@@ -107,12 +108,13 @@ class Kernel:
     flops: int
     run_fraction: float = 1.0
     seq_len: int = 0  # an attention kernel's tokens per sequence (0: not known)
+    window: int = 0  # an attention kernel's causal sliding window, below seq_len (0: none; attention_rates.py)
 
 
 def kernel_ms(kernel: Kernel, gpu: GPU) -> float:
     flops = kernel.flops * kernel.run_fraction
     if kernel.kind.startswith("attention"):
-        fwd, bwd = attention_efficiency(gpu, kernel.seq_len)
+        fwd, bwd = attention_efficiency(gpu, kernel.seq_len, kernel.window)
         rate = gpu.bf16_tflops * 1e12 * (fwd if kernel.kind == "attention-fwd" else bwd)
     else:
         fp8 = kernel.kind == "matmul-fp8"

@@ -265,6 +265,9 @@ class CommSetup(Strict):
     # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime
     # record's tp_overlap, planner/cost/runtimes.py, says which runtime has which); "none": every collective on the critical path
     tp_overlap: TpOverlap = "none"
+    # AsyncTP's peer copies (copy-engine copies from one peer, planner/models/copy_engines.py): GB/s a direction;
+    # None: charged at tp_gb_per_s, NCCL's ring (no copy rate published for the GPU, or a group across nodes)
+    tp_copy_gb_per_s: GbPerS | None = None
     # the context-parallel group the profile's attention exchange runs in (its ranks lie tp apart:
     # Megatron-LM's order tp-cp-ep-dp-pp, torchtitan's mesh ... cp, tp), its bandwidth per rank and
     # NCCL's latency per step; None: not charged (planner/cost/contextparallel.py)

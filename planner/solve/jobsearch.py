@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from planner.cost import dataparallel, links
-from planner.models import network_rate
+from planner.models import copy_engines, network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
 from planner.solve import search
@@ -115,6 +115,10 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
     fields.update(_links_of_comm(profile, degrees, options.gpus_per_node))
     if degrees.tp > 1:
         fields.update(tp_overlap=options.tp_overlap)
+    if degrees.tp > 1 and options.tp_overlap == "async-tp" and profile.device.type == "cuda":
+        # AsyncTP's peer copies at the copy engines' rate, as comm_setup.comm_fields sets it
+        fields.update(copy_engines.tp_copy_fields(dataparallel.profile_gpu(profile).name, tp=degrees.tp,
+                                                  gpus_per_node=options.gpus_per_node)[0])
     setup = TrainSetup(**fields)
     if options.runtime == "torchtitan":
         setup = dataparallel.as_torchtitan_runs(setup)
