@@ -118,3 +118,13 @@ def test_search_compare_says_a_forced_protocol_the_search_did_not_score():
                                            "unfused_grad_accumulation": job.modelled.unfused_grad_accumulation,
                                            "runtime_version": job.modelled.runtime_version})
     assert "NCCL's Ring / Simple forced on (scored off, as the search)" in said
+
+
+def test_the_megatron_export_says_the_forced_ring_simple_it_was_scored_with():
+    from planner.emit import megatron as emit_megatron
+
+    forced = _setup(tp=8, dp=2, zero=1, nccl_ring_simple=True)
+    tuned = _setup(tp=8, dp=2, zero=1)
+    said = [line for line in emit_megatron._test_settings(forced.training) if "NCCL_ALGO=Ring NCCL_PROTO=simple" in line]
+    assert len(said) == 1 and said[0].startswith("#")
+    assert not any("NCCL_ALGO" in line for line in emit_megatron._test_settings(tuned.training))

@@ -61,7 +61,6 @@ RUNS_AS = {**rounding.ONLY_1F1B, "ZB": "interleaved-1F1B", "ZBV": "interleaved-1
            "DualPipeV": "interleaved-1F1B"}
 
 
-
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     scored_as.refuse_uncompiled_target(plan.setup, TARGET)
     _check_microbatches(plan)
@@ -480,6 +479,7 @@ def _test_settings(training) -> list[str]:
     if training.deterministic:
         lines += ["# --deterministic-mode needs NCCL_ALGO=Ring (or Tree) and NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 set",
                   arg("--deterministic-mode")]
+    lines += ["# scored with NCCL_ALGO=Ring NCCL_PROTO=simple in the launch's environment"] if training.nccl_ring_simple else []
     return lines
 
 
