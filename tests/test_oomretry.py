@@ -6,7 +6,16 @@ import random
 
 import pytest
 
-from planner.cost.allocator import Alloc, CachingAllocator, Free, OutOfMemory, capped, play, replay, settled_replay
+from planner.cost.allocator import (
+    Alloc,
+    CachingAllocator,
+    Free,
+    OutOfMemory,
+    capped,
+    play,
+    replay,
+    settled_replay,
+)
 
 MIB = 1 << 20
 
