@@ -31,8 +31,8 @@ class StageSummary(Strict):
     # where the replay ran (planner/cost/capped_reserve.py): "fits" (its reserve without a cap fits), "retried" (torch's
     # release-and-retry keeps it under the cap: reserved_bytes is the capped replay's) or "oom" (a request fails even
     # then: reserved_bytes is the uncapped one); and the uncapped replay's reserved peak
-    cap_replay: Literal["fits", "retried", "oom"] | None = None
-    uncapped_reserved_bytes: Bytes | None = None
+    cap_replay: Literal["fits", "retried", "oom"] | None
+    uncapped_reserved_bytes: Bytes | None
     workspace_bytes: Bytes  # the communication library's buffers beside the reserve
     nccl_buffers: dict[str, Bytes] = {}  # workspace_bytes' NCCL part by communicator (planner/cost/nccl_buffers.py)
     cap_bytes: Bytes  # the cap: reserved + workspace (cuda), or the peak (cpu) must fit it
