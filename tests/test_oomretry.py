@@ -5,6 +5,7 @@ hand, where the release-and-retry keeps the job under it and where it does not."
 import random
 
 import pytest
+import torch
 
 from planner.cost.allocator import (
     Alloc,
@@ -158,3 +159,58 @@ def test_under_a_cap_the_reserve_stays_within_it_until_a_request_fails(expandabl
         if state.oom is None:
             assert state.reserved <= cap
     assert state.retries > 0
+
+
+_ON_THE_DEVICE = """
+import json, random, sys
+import torch
+from planner.cost.allocator import Alloc, CachingAllocator, Free, play
+rng, events, live, tensors = random.Random(int(sys.argv[1])), [], [], {}
+total = torch.cuda.mem_get_info()[1]
+fraction = (1 << 30) / total  # allowed_memory_maximum: 1 GiB, what alloc_block checks under set_fraction
+torch.cuda.set_per_process_memory_fraction(fraction)
+cap = int(fraction * total)
+failed = None
+for step in range(3000):
+    if live and rng.random() < 0.45:
+        key = live.pop(rng.randrange(len(live)))
+        del tensors[key]
+        events.append(Free(key))
+    else:
+        nbytes = rng.choice([rng.randrange(1, 4096), rng.randrange(1, 4 << 20), rng.randrange(1, 96 << 20)])
+        events.append(Alloc(step, nbytes))
+        try:
+            tensors[step] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        except torch.cuda.OutOfMemoryError:
+            failed = step
+            break
+        live.append(step)
+stats = torch.cuda.memory_stats()
+state = CachingAllocator(cap_bytes=cap)
+play(state, events[:-1] if failed is not None else events)
+peak, retries = state.reserved_peak, state.retries
+play(state, events[-1:] if failed is not None else [])
+print(json.dumps([torch.cuda.max_memory_reserved(), peak, stats["num_alloc_retries"], retries, failed,
+                  None if state.oom is None else state.oom.key]))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_capped_replay_retries_and_fails_where_torch_does_on_a_gpu(seed):
+    """A random sequence through torch's allocator under set_per_process_memory_fraction (1 GiB: alloc_block's
+    check is then the cap, default segments, no garbage collection threshold) in a fresh process, and through the
+    capped replay: the same reserved peak, the same retries, the same first failing request. Not run where this was
+    written (no GPU): a check for a GPU session."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", _ON_THE_DEVICE, str(seed)], capture_output=True, text=True, cwd=ROOT,
+                          check=True, env={**{k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"},
+                                           "PYTHONPATH": str(ROOT)})
+    reserved, replayed, retries, replayed_retries, failed, replayed_failed = json.loads(done.stdout.splitlines()[-1])
+    assert (reserved, retries, failed) == (replayed, replayed_retries, replayed_failed)
