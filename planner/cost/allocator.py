@@ -93,7 +93,8 @@ def allocated_limit(reservable: float, fragmentation: float) -> float:
 # c10/cuda/CUDACachingAllocator.cpp at pytorch/pytorch commit 001074d25084 (DeviceCachingAllocator:
 # malloc, get_free_block, should_split, alloc_found_block, free_block, try_merge_blocks), with the
 # defaults a job runs under: no expandable segments, max_split_size unlimited, no garbage
-# collection threshold, no empty_cache during the step (segments are never returned).
+# collection threshold, no empty_cache during the step (segments are returned only by the out-of-memory path
+# under a cap: planner/cost/allocator_segments.py, docs/framework-facts.md §132).
 #
 # - A request is rounded by round_size (block_bytes) and served from the small pool (<= 1 MiB) or
 #   the large one. Each pool's free blocks are ordered by (stream, size, address)
