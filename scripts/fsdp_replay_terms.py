@@ -1,10 +1,10 @@
 """A Megatron-FSDP job's caching-allocator replay (planner/cost/reserve_megatron_fsdp.py), step by step: each step's
 allocated and reserved peaks, the request that took the last new segment and what was allocated then; and, as a
-diagnostic outside the cost model, the same events under the card's cap less NCCL's buffers with torch's
-out-of-memory retry (c10/cuda/CUDACachingAllocator.cpp malloc: when cudaMalloc fails, release_cached_blocks frees
-every cached segment no live block is in, and the request is retried; num_alloc_retries counts it): the reserved
-peak such a run would log, the retries it would make, and the requests no release makes room for (an
-OutOfMemoryError in torch). GiB.
+the same events under the card's cap less NCCL's buffers with torch's out-of-memory path
+(CachingAllocator(cap_bytes=...), planner/cost/allocator_segments.py: release_cached_blocks frees every cached
+segment no live block is in, and the request is retried; num_alloc_retries counts it): the reserved peak such a run
+would log, the retries it would make, and the first request no release makes room for (an OutOfMemoryError in
+torch; the cost model's fit, planner/cost/capped_reserve.py, plays the same path). GiB.
 --wgrads-late: each layer's unfused bf16 gradients made at its post-backward, after its recorded backward's frees (the
 replay makes them as its record makes its last tensor, an upper bound): the other end of where autograd makes them.
 usage: python scripts/fsdp_replay_terms.py --from-megatron FILE --gpus N --gpu KIND [--wgrads-late]"""
@@ -37,26 +37,6 @@ def wgrads_late(events: list) -> list:
     return out
 
 
-class _CappedAllocator(allocator.CachingAllocator):
-    """The allocator with a cap: a new segment past it first releases every whole cached segment (a retry)."""
-
-    def __init__(self, cap: int) -> None:
-        super().__init__()
-        self.cap, self.retries, self.failures, self.over = cap, 0, 0, 0
-
-    def _new_segment(self, size, stream, small):
-        if self.reserved + size > self.cap:
-            self.retries += 1
-            for pool in self.pools.values():
-                for key in [k for k, block in pool.blocks.items() if block.prev is None and block.next is None]:
-                    self.reserved -= pool.blocks[key].size
-                    pool.remove(pool.blocks[key])
-            if self.reserved + size > self.cap:  # torch raises OutOfMemoryError here; the replay goes on
-                self.failures += 1
-                self.over = max(self.over, self.reserved + size - self.cap)
-        return super()._new_segment(size, stream, small)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--from-megatron", type=Path, required=True)
@@ -80,7 +60,7 @@ def main() -> None:
     nccl = sum(cost.nccl_buffers.values())
     print(f"{args.from_megatron.name}: cost model allocated peak {cost.peak_bytes / GIB:.2f}, reserved "
           f"{cost.reserved_bytes / GIB:.2f} ({cost.reserved_by}), NCCL {nccl / GIB:.2f}, cap {cost.cap_bytes / GIB:.2f}")
-    state, capped = allocator.CachingAllocator(), _CappedAllocator(int(cost.cap_bytes - nccl))
+    state, capped = allocator.CachingAllocator(), allocator.CachingAllocator(cap_bytes=int(cost.cap_bytes - nccl))
     for target in (state, capped):
         allocator.play(target, events)
     for index in range(MAX_STEPS):
@@ -98,10 +78,12 @@ def main() -> None:
                                                    f" allocated then {grew[1] / GIB:.2f}" if grew else ""))
         if index >= 1 and (state.allocated_peak, state.reserved_peak) == before:
             break
+    oom = capped.oom
     print(f"  under the cap less NCCL ({capped.cap / GIB:.2f}) with torch's retry: reserved peak "
           f"{capped.reserved_peak / GIB:.2f}, retries {capped.retries}, allocated peak {capped.allocated_peak / GIB:.2f}; "
-          f"requests past the cap after the release (torch's OutOfMemoryError): {capped.failures}, at most "
-          f"{capped.over / GIB:.2f} over")
+          "the first request past the cap after the release (torch's OutOfMemoryError): " +
+          (f"{oom.key} ({oom.nbytes / GIB:.2f}; reserved then {oom.reserved / GIB:.2f}, allocated "
+           f"{oom.allocated / GIB:.2f})" if oom else "none"))
 
 
 if __name__ == "__main__":

@@ -259,6 +259,7 @@ def stage_terms(index: int, s) -> dict:
             "nccl_buffers": dict(s.nccl_buffers or {}),
             "peak_bytes": s.peak_bytes, "reserved_bytes": s.reserved_bytes or s.peak_bytes,
             "reserved_by": s.reserved_by, "replayed_reserved_bytes": s.replayed_reserved_bytes,
+            "cap_replay": s.cap_replay, "uncapped_reserved_bytes": s.uncapped_reserved_bytes,
             "after_step_bytes": s.after_step_bytes, "step_end_bytes": s.step_end_bytes, "cap_bytes": s.cap_bytes,
             "fits": s.fits, "time_ms": s.time_ms, "step_ms": s.step_ms, "comm_ms": s.comm_ms}
 

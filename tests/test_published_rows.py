@@ -145,12 +145,15 @@ def test_the_tables_ratios_and_verdicts_on_two_hand_made_folders(tmp_path):
     })
     text = table_mod.tables(rows, [tmp_path / "before", tmp_path / "after"])
     assert text.splitlines() == [
-        "| row | published (GiB; s) | ckplan memory (ratio) | ckplan time, s (ratio) | memory goal | time within 15% |",
-        "|---|---|---|---|---|---|",
-        "| A | 80; 2 | 70.00 (0.875) → 76.00 (0.950) | 1.600 (0.800) → 2.200 (1.100) | yes | yes |",
-        "| B | —; 4 | — | 4.400 (1.100) | — | yes |",
+        "| row | published (GiB; s) | ckplan memory (ratio) | ckplan time, s (ratio) | memory goal | time within 15% | "
+        "fits (allocated / reserved peak + NCCL buffers, GiB, worst rank, of the cap) |",
+        "|---|---|---|---|---|---|---|",
+        "| A | 80; 2 | 70.00 (0.875) → 76.00 (0.950) | 1.600 (0.800) → 2.200 (1.100) | yes | yes | "
+        "yes (60.0 / 70.0 + 0.0 of 80.0) → yes (60.0 / 76.0 + 0.0 of 80.0) |",
+        "| B | —; 4 | — | 4.400 (1.100) | — | yes | yes (10.0 / 12.0 + 0.0 of 80.0) |",
         "| M1/C | static 20.00, peak 50 allocated; 1 | static 20.40 (1.020), peak 49.00 (0.980) → "
-        "static 21.00 (1.050), peak 56.00 (1.120) | 0.800 (0.800) → 0.900 (0.900) | **no** | yes |",
+        "static 21.00 (1.050), peak 56.00 (1.120) | 0.800 (0.800) → 0.900 (0.900) | **no** | yes | "
+        "yes (49.0 / 60.0 + 0.0 of 80.0) → yes (56.0 / 60.0 + 0.0 of 80.0) |",
         "",
         "Time: 3 of 3 rows within 15%. Memory: 1 of 2 rows meet the goals.",
         "",

@@ -18,6 +18,7 @@ def stage_json(stage, cost) -> dict:
         recompute=dict(stage.recompute), static_bytes=cost.static_bytes, after_step_bytes=cost.after_step_bytes,
         step_end_bytes=cost.step_end_bytes, peak_bytes=cost.peak_bytes, reserved_bytes=cost.reserved_bytes,
         reserved_by=predicted.reserved_by, replayed_reserved_bytes=cost.replayed_reserved_bytes,
+        cap_replay=cost.cap_replay, uncapped_reserved_bytes=cost.uncapped_reserved_bytes,
         workspace_bytes=cost.workspace_bytes, nccl_buffers=cost.nccl_buffers or {}, cap_bytes=cost.cap_bytes, fits=cost.fits, time_ms=cost.time_ms,
         step_ms=cost.step_ms,
     ).model_dump()

@@ -45,42 +45,31 @@ each with its source:
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NamedTuple
 
-MIB = 1 << 20
-
-# c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x): the allocator's size classes
-MIN_BLOCK_BYTES = 512  # kMinBlockSize: every allocation is a multiple of this
-SMALL_SIZE = 1 * MIB  # kSmallSize: largest "small" request
-SMALL_BUFFER = 2 * MIB  # kSmallBuffer: segment size for small requests
-LARGE_BUFFER = 20 * MIB  # kLargeBuffer: segment size for requests between 1 MiB and 10 MiB
-MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc: from here a request gets its own segment
-ROUND_LARGE = 2 * MIB  # kRoundLarge: a large segment's size is a multiple of this
+from planner.cost.allocator_segments import (  # noqa: F401 (the size classes, named from here too)
+    LARGE_BUFFER,
+    MIB,
+    MIN_BLOCK_BYTES,
+    MIN_LARGE_ALLOC,
+    ROUND_LARGE,
+    SMALL_BUFFER,
+    SMALL_SIZE,
+    OutOfMemory,
+    SegmentPools,
+    _Block,
+    _Pool,
+    block_bytes,
+    segment_bytes,
+)
 
 # GMLake (Guo et al. 2024): PyTorch's caching allocator on eight LLM training jobs, A100 80GB
 DEFAULT_FRAGMENTATION = 0.15
-
-def block_bytes(nbytes: int) -> int:
-    """The bytes the caching allocator counts for a request of `nbytes` (round_size)."""
-    if nbytes <= 0:
-        return 0
-    return max(MIN_BLOCK_BYTES, -(-nbytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES)
-
-
-def segment_bytes(nbytes: int) -> int:
-    """The segment the caching allocator reserves from the driver when no cached block can
-    serve a request of `nbytes` (get_allocation_size)."""
-    size = block_bytes(nbytes)
-    if size <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if size < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return -(-size // ROUND_LARGE) * ROUND_LARGE
-
 
 def reserved_bytes(allocated: float, fragmentation: float) -> int:
     """The reserved peak for an allocated peak: allocated / (1 - fragmentation), rounded up to
@@ -104,7 +93,8 @@ def allocated_limit(reservable: float, fragmentation: float) -> float:
 # c10/cuda/CUDACachingAllocator.cpp at pytorch/pytorch commit 001074d25084 (DeviceCachingAllocator:
 # malloc, get_free_block, should_split, alloc_found_block, free_block, try_merge_blocks), with the
 # defaults a job runs under: no expandable segments, max_split_size unlimited, no garbage
-# collection threshold, no empty_cache during the step (segments are never returned).
+# collection threshold, no empty_cache during the step (segments are returned only by the out-of-memory path
+# under a cap: planner/cost/allocator_segments.py, docs/framework-facts.md §132).
 #
 # - A request is rounded by round_size (block_bytes) and served from the small pool (<= 1 MiB) or
 #   the large one. Each pool's free blocks are ordered by (stream, size, address)
@@ -154,75 +144,29 @@ class Replayed:
     allocated_peak_bytes: int  # max_memory_allocated: the blocks handed out, whole
     reserved_peak_bytes: int  # max_memory_reserved: the segments taken from the driver
     segments: int
+    # under a cap (CachingAllocator(cap_bytes=...)): the requests that released cached segments and retried
+    # (num_alloc_retries), and the first that failed even then (None: the replay ran under the cap)
+    retries: int = 0
+    oom: OutOfMemory | None = None
 
 
-@dataclass(eq=False)
-class _Block:
-    address: int
-    size: int
-    stream: int
-    small: bool
-    allocated: bool = False
-    waiting: bool = False  # freed, its other stream's event not yet complete
-    prev: _Block | None = None
-    next: _Block | None = None
-
-    def sort_key(self) -> tuple[int, int, int]:
-        return self.stream, self.size, self.address
-
-
-class _Pool:
-    """Free blocks ordered as BlockComparatorSize orders them."""
-
-    def __init__(self) -> None:
-        self.keys: list[tuple[int, int, int]] = []
-        self.blocks: dict[tuple[int, int, int], _Block] = {}
-
-    def insert(self, block: _Block) -> None:
-        key = block.sort_key()
-        bisect.insort(self.keys, key)
-        self.blocks[key] = block
-
-    def remove(self, block: _Block) -> None:
-        key = block.sort_key()
-        del self.keys[bisect.bisect_left(self.keys, key)]
-        del self.blocks[key]
-
-    def next_of(self, block: _Block) -> _Block | None:
-        """The next larger free block of `block`'s stream, in BlockComparatorSize's order."""
-        at = bisect.bisect_right(self.keys, block.sort_key())
-        if at == len(self.keys) or self.keys[at][0] != block.stream:
-            return None
-        return self.blocks[self.keys[at]]
-
-    def best_fit(self, stream: int, size: int) -> _Block | None:
-        at = bisect.bisect_left(self.keys, (stream, size, -1))
-        if at == len(self.keys) or self.keys[at][0] != stream:
-            return None
-        return self.blocks[self.keys[at]]
-
-
-class CachingAllocator:
+class CachingAllocator(SegmentPools):
     """The DeviceCachingAllocator's bookkeeping (no memory): malloc, free, process_events.
     `expandable`: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read at 001074d25084 (Note
     [Expandable Segments]; alloc_block, find_expandable_block, map_block,
     try_allocate_expandable_block, should_split, get_free_block): one segment per stream and pool,
-    grown at its end by pages of 2 MiB (small pool) or 20 MiB (large) for the rounded request (not
-    get_allocation_size's), a free block at its end taken into the growth; best fit counts that end
-    block as the size it can grow to, so a larger free block that fits is taken before it; any split
-    whose remainder is >= 512 B. Segments are never unmapped here (no empty_cache, no out-of-memory
-    retry)."""
+    its pages 2 MiB (small pool) or 20 MiB (large) mapped for the rounded request (not
+    get_allocation_size's) at the lowest-address unmapped range that, with the free block before it,
+    holds it; best fit counts a free block followed by unmapped space as the size it can grow to, so a
+    larger free block that fits is taken before it; any split whose remainder is >= 512 B.
+    `cap_bytes`: the bytes the process may reserve; past them malloc's out-of-memory path runs as the code
+    does (planner/cost/allocator_segments.py `_alloc_block`). None: no cap, no segment ever released."""
 
-    def __init__(self, *, max_split_bytes: int | None = None, expandable: bool = False) -> None:
-        self.max_split = max_split_bytes if max_split_bytes is not None else 1 << 62
-        self.expandable = expandable
-        self.tails: dict[tuple[int, bool], _Block] = {}  # expandable: each segment's last block
-        self.pools = {True: _Pool(), False: _Pool()}  # small, large
+    def __init__(self, *, max_split_bytes: int | None = None, expandable: bool = False,
+                 cap_bytes: int | None = None) -> None:
+        super().__init__(max_split_bytes=max_split_bytes, expandable=expandable, cap_bytes=cap_bytes)
         self.live: dict[Hashable, _Block] = {}
-        self.pending: dict[Hashable, _Block] = {}
-        self.allocated = self.reserved = self.allocated_peak = self.reserved_peak = 0
-        self.segments = 0
-        self._next_address = 0
+        self.allocated_peak = 0
 
     def malloc(self, key: Hashable, nbytes: int, stream: int = 0) -> None:
         if key in self.live:
@@ -233,24 +177,20 @@ class CachingAllocator:
         small = size <= SMALL_SIZE
         pool = self.pools[small]
         block = pool.best_fit(stream, size)
-        if block is not None and self.expandable and self.tails.get((stream, small)) is block:
-            block = pool.next_of(block) or block  # the end's block can grow: a fitting one that cannot first
+        if block is not None and self.expandable:
+            block = self._growable_fit(pool, block)
         if block is not None and self._oversize_refuses(size, block):
             block = None
         if block is not None:
             pool.remove(block)
-        elif self.expandable:
-            block = self._expand(size, stream, small)
         else:
-            block = self._new_segment(segment_bytes(size), stream, small)
+            block = self._alloc_block(key, size, stream, small)
         if self._should_split(block, size):
             rest = _Block(block.address + size, block.size - size, stream, small, prev=block, next=block.next)
             if block.next is not None:
                 block.next.prev = rest
             block.next, block.size = rest, size
             pool.insert(rest)
-            if self.tails.get((stream, small)) is block:
-                self.tails[stream, small] = rest
         block.allocated = True
         self.live[key] = block
         self.allocated += block.size
@@ -268,15 +208,15 @@ class CachingAllocator:
         else:
             self._free_block(block)
 
-    def ready(self, key: Hashable) -> None:
-        block = self.pending.pop(key, None)
-        if block is not None:
-            block.waiting = False
-            self._free_block(block)
-
-    def sync(self) -> None:
-        for key in list(self.pending):
-            self.ready(key)
+    @staticmethod
+    def _growable_fit(pool: _Pool, block: _Block) -> _Block:
+        """get_free_block under expandable segments: while the next larger free block of the stream can grow to
+        less than this one (its size, and the unmapped range after it), that one."""
+        def grows(b: _Block) -> int:
+            return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+        while (larger := pool.next_of(block)) is not None and grows(larger) < grows(block):
+            block = larger
+        return block
 
     def _oversize_refuses(self, size: int, block: _Block) -> bool:
         if block.small:
@@ -291,68 +231,34 @@ class CachingAllocator:
             return remaining >= MIN_BLOCK_BYTES
         return size < self.max_split and remaining > SMALL_SIZE
 
-    def _new_segment(self, size: int, stream: int, small: bool) -> _Block:
-        block = _Block(self._next_address, size, stream, small)
-        self._next_address += size + ROUND_LARGE  # segments never touch: only split blocks merge
-        self.reserved += size
-        self.reserved_peak = max(self.reserved_peak, self.reserved)
-        self.segments += 1
-        return block
 
-    def _expand(self, size: int, stream: int, small: bool) -> _Block:
-        """Expandable segments: the stream's segment for this pool grown at its end by whole pages, a
-        free block at the end taken in (find_expandable_block: the lowest address where free and
-        unmapped space hold the request; nothing is unmapped here, so the end)."""
-        page = SMALL_BUFFER if small else LARGE_BUFFER
-        tail = self.tails.get((stream, small))
-        if tail is not None and not tail.allocated and not tail.waiting:
-            self.pools[small].remove(tail)
-            block, need = tail, size - tail.size
-        else:
-            address = tail.address + tail.size if tail is not None else self._next_segment_address()
-            block, need = _Block(address, 0, stream, small, prev=tail), size
-            if tail is not None:
-                tail.next = block
-            else:
-                self.segments += 1
-        mapped = -(-need // page) * page
-        block.size += mapped
-        self.reserved += mapped
-        self.reserved_peak = max(self.reserved_peak, self.reserved)
-        self.tails[stream, small] = block
-        return block
+# The cap the replays below run under where the caller states none: planner/cost/replayed_reserve.py sets it (capped)
+# around a runtime's replay, so each runtime's step builder (reserve_fsdp2, reserve_megatron, reserve, ...) plays its
+# events under the cap without carrying it. None: no cap.
+_CAP: ContextVar[int | None] = ContextVar("allocator_cap", default=None)
 
-    def _next_segment_address(self) -> int:
-        address = self._next_address
-        self._next_address += 1 << 50  # a segment's address space: room to grow, never touching the next
-        return address
 
-    def _free_block(self, block: _Block) -> None:
-        pool = self.pools[block.small]
-        for neighbour in (block.prev, block.next):
-            if neighbour is None or neighbour.allocated or neighbour.waiting:
-                continue
-            pool.remove(neighbour)
-            if self.tails.get((block.stream, block.small)) is neighbour:
-                self.tails[block.stream, block.small] = block
-            if neighbour is block.prev:  # [neighbour block]
-                block.address, block.prev = neighbour.address, neighbour.prev
-                if block.prev is not None:
-                    block.prev.next = block
-            else:  # [block neighbour]
-                block.next = neighbour.next
-                if block.next is not None:
-                    block.next.prev = block
-            block.size += neighbour.size
-        pool.insert(block)
+@contextmanager
+def capped(cap_bytes: int | None) -> Iterator[None]:
+    """Every replay (replay, settled_replay) inside the block runs under `cap_bytes`: torch's out-of-memory path."""
+    token = _CAP.set(cap_bytes)
+    try:
+        yield
+    finally:
+        _CAP.reset(token)
+
+
+def _replayed(state: CachingAllocator) -> Replayed:
+    return Replayed(state.allocated_peak, state.reserved_peak, state.segments, state.retries, state.oom)
 
 
 def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expandable: bool = False) -> Replayed:
     """The allocated and reserved peaks of the caching allocator over `events`, from an empty
-    cache (a pure function of the sequence); `expandable`: under expandable segments."""
-    state = CachingAllocator(max_split_bytes=max_split_bytes, expandable=expandable)
+    cache (a pure function of the sequence); `expandable`: under expandable segments; under the cap
+    `capped` sets, if any."""
+    state = CachingAllocator(max_split_bytes=max_split_bytes, expandable=expandable, cap_bytes=_CAP.get())
     play(state, events)
-    return Replayed(state.allocated_peak, state.reserved_peak, state.segments)
+    return _replayed(state)
 
 
 def play(state: CachingAllocator, events: Iterable[Event]) -> None:
@@ -374,12 +280,15 @@ def settled_replay(static: Iterable[Event], step: Callable[[int], list[Event]], 
     """The peaks over `static`, then step(0), step(1), ... until a step raises neither peak (at least
     `min_steps`, at most `max_steps`): every step makes the same requests, so one that takes no new segment
     leaves the cache as the next finds it. A run's logged max_memory_reserved is over every step before it,
-    and the reserve only grows (nothing empties the cache), so the settled figure is what a later step logs."""
-    state = CachingAllocator(expandable=expandable)
+    and without a cap the reserve only grows (nothing empties the cache), so the settled figure is what a later
+    step logs. Under the cap `capped` sets: a release can leave the next step to take its segments again, and
+    the peak (never past the cap) still only grows; the replay stops at the first request no release makes room
+    for (torch's OutOfMemoryError ends the run)."""
+    state = CachingAllocator(expandable=expandable, cap_bytes=_CAP.get())
     play(state, static)
     for index in range(max_steps):
         peaks = (state.allocated_peak, state.reserved_peak)
         play(state, step(index))
-        if index >= min_steps - 1 and (state.allocated_peak, state.reserved_peak) == peaks:
+        if state.oom is not None or index >= min_steps - 1 and (state.allocated_peak, state.reserved_peak) == peaks:
             break
-    return Replayed(state.allocated_peak, state.reserved_peak, state.segments)
+    return _replayed(state)

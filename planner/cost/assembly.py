@@ -77,6 +77,8 @@ class StageCost:
     reserved_by: str | None = None  # cuda: "replay" (planner/cost/reserve.py) or "divisor"
     # cuda, where the replay ran but the divisor's reserve is larger (replayed_reserve.with_replayed_reserve): the replay's
     replayed_reserved_bytes: int | None = None
+    cap_replay: str | None = None  # where the replay ran: its fit under the cap (capped_reserve: fits, retried, oom)
+    uncapped_reserved_bytes: int | None = None  # where the replay ran: its reserved peak without a cap
     workspace_bytes: int = 0
     nccl_buffers: dict[str, int] | None = None  # cuda: workspace_bytes' NCCL part by communicator (communicator_bytes)
     # allocated after the optimizer step: static and what the runtime keeps past it

@@ -1,12 +1,14 @@
 """A stage's reserved peak from the replay that orders its runtime's step: FSDP2's
 (planner/cost/reserve_fsdp2.py), Megatron-LM's (planner/cost/reserve_megatron.py) or ckplan's own
-(planner/cost/reserve.py); else the cost model's (the divisor). Nothing here reads a file or prints."""
+(planner/cost/reserve.py); else the cost model's (the divisor). The fit is that replay's under the cap,
+with torch's out-of-memory path (planner/cost/capped_reserve.py). Nothing here reads a file or prints."""
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 
 from planner.cost import (
+    capped_reserve,
     reserve,
     reserve_fsdp2,
     reserve_megatron,
@@ -14,6 +16,7 @@ from planner.cost import (
     reserve_megatron_fsdp,
     runtimes,
 )
+from planner.cost.allocator import Replayed
 from planner.cost.assembly import StageCost
 from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
 
@@ -23,38 +26,46 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
     """`cost` with its reserved peak from the replay where one runs (cuda, no --fragmentation stated:
     FSDP2's step where reserve_fsdp2.replays says it orders the runtime's; Megatron-LM's where
     reserve_megatron.replays does, or Megatron-FSDP's where reserve_megatron_fsdp.replays does; else ckplan's step where the
-    runtime's record says so, records for every layer's option, one chunk per rank); else as it was
-    (the divisor)."""
+    runtime's record says so, records for every layer's option, one chunk per rank), under the cap
+    (capped_reserve.under_cap); else as it was (the divisor)."""
     if cost.reserved_bytes is None or setup.pipeline.fragmentation is not None:
         return cost
+    found = _replay_of(cost, plan, index, profile=profile, setup=setup)
+    if found is None:
+        return cost
+    play, reserved_of = found
+    replayed = play()
+    if replayed is None:
+        return cost
+    return capped_reserve.under_cap(cost, replayed, play=play, reserved_of=reserved_of)
+
+
+def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup
+               ) -> tuple[Callable[[], Replayed | None], Callable[[Replayed], int]] | None:
+    """The replay that orders the stage's step (None where none does) and how a replay makes its reserved peak."""
     if reserve_fsdp2.replays(setup):  # FSDP2's step, on its streams
-        replayed = reserve_fsdp2.replay(reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup),
-                                        expandable=reserve_fsdp2.expandable_segments(profile, setup))
         # The replay with the optimizer's state made at the first step and the loss's scratch as its tensors,
         # under the allocator the launch ran, is within 10% of every published torchtitan reserve it orders
         # but M17's, whose allocated peak is itself 26% short (docs/published-runs.md §15.ttalloc): the
         # fragmentation margin is retired where it runs.
-        return dataclasses.replace(cost, reserved_bytes=reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes),
-                                   reserved_by="replay")
-    if reserve_megatron.replays(setup) or reserve_megatron_fsdp.replays(setup):  # Megatron-LM's step
-        if reserve_megatron_fsdp.replays(setup):  # under Megatron-FSDP's double buffer, one stage
-            replayed = reserve_megatron_fsdp.replay_stage(plan, cost, profile=profile, setup=setup)
-        else:  # DDP or the distributed optimizer: its buffers, optimizer and schedule
-            replayed = (reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup)
-                        if setup.pipeline.chunks > 1 else
-                        reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup))
-        if replayed is None:
-            return cost
-        return dataclasses.replace(cost, reserved_bytes=reserve.reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")
+        stage = reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup)
+        expandable = reserve_fsdp2.expandable_segments(profile, setup)
+        return (lambda: reserve_fsdp2.replay(stage, expandable=expandable),
+                lambda replayed: reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes))
+    by_peak: Callable[[Replayed], int] = lambda replayed: reserve.reserved_bytes(replayed, cost.peak_bytes)  # noqa: E731
+    if reserve_megatron_fsdp.replays(setup):  # Megatron-LM's step under Megatron-FSDP's double buffer, one stage
+        return lambda: reserve_megatron_fsdp.replay_stage(plan, cost, profile=profile, setup=setup), by_peak
+    if reserve_megatron.replays(setup):  # DDP or the distributed optimizer: its buffers, optimizer and schedule
+        if setup.pipeline.chunks > 1:
+            return lambda: reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup), by_peak
+        return lambda: reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup), by_peak
     if not runtimes.of(setup.training).step_replayed:
-        return cost
+        return None
     by_name = {layer.name: layer for layer in profile.layers}
     memory = reserve.StageMemory(cost.static_bytes, cost.buffer_bytes, cost.step_scratch_bytes)
     options = [plan.option(name) for name in plan.layers]
     rate = reserve.host_copy_ms_per_byte(profile, setup) if OPTION_OFFLOAD in options else None
-    replayed = reserve.replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
-                            memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate,
-                            expandable=reserve_fsdp2.expandable_segments(profile, setup))
-    if replayed is None:
-        return cost
-    return dataclasses.replace(cost, reserved_bytes=reserve.reserved_bytes(replayed, cost.peak_bytes), reserved_by="replay")
+    expandable = reserve_fsdp2.expandable_segments(profile, setup)
+    return (lambda: reserve.replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
+                                         memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate,
+                                         expandable=expandable), by_peak)

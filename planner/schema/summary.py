@@ -28,6 +28,11 @@ class StageSummary(Strict):
     reserved_bytes: Bytes | None  # cuda: the caching allocator's reserved peak; None on cpu
     reserved_by: Literal["replay", "divisor"] | None  # how reserved_bytes was found (StagePredicted.reserved_by)
     replayed_reserved_bytes: Bytes | None  # null: the replay is the reserve itself where it runs (reserve.py); kept for parsers
+    # where the replay ran (planner/cost/capped_reserve.py): "fits" (its reserve without a cap fits), "retried" (torch's
+    # release-and-retry keeps it under the cap: reserved_bytes is the capped replay's) or "oom" (a request fails even
+    # then: reserved_bytes is the uncapped one); and the uncapped replay's reserved peak
+    cap_replay: Literal["fits", "retried", "oom"] | None
+    uncapped_reserved_bytes: Bytes | None
     workspace_bytes: Bytes  # the communication library's buffers beside the reserve
     nccl_buffers: dict[str, Bytes] = {}  # workspace_bytes' NCCL part by communicator (planner/cost/nccl_buffers.py)
     cap_bytes: Bytes  # the cap: reserved + workspace (cuda), or the peak (cpu) must fit it
