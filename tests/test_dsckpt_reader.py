@@ -12,7 +12,8 @@ from fixtures.cli import run_ok
 
 MODEL = ("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
          "--vocab-size 1024 --micro-batch-size 2 --global-batch-size 16 --fp16 --checkpoint-activations")
-Z3 = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True},
+Z3 = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "fp16": {"enabled": True},
       "zero_optimization": {"stage": 3}, "activation_checkpointing": {"cpu_checkpointing": True}}
 
 
