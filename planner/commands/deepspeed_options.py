@@ -49,9 +49,24 @@ DEEPSPEED_OPTIONS = [
                  help="--runtime deepspeed --zero 3: the gradients' bucket, a flat buffer of this many elements "
                       "in the training dtype on the GPU from the start (contiguous_gradients) [default: DeepSpeed's, "
                       "5e8]."),
+    click.option("--checkpoint-in-cpu", "checkpoint_in_cpu", is_flag=True, default=None,
+                 help="--runtime deepspeed: each whole-layer checkpoint's input copied to the host in the forward and "
+                      "back before its rerun, blocking the compute stream (DeepSpeed's cpu_checkpointing; "
+                      "Megatron-DeepSpeed's flag)."),
+    click.option("--partition-activations", "partition_activations", is_flag=True, default=None,
+                 help="--runtime deepspeed: each checkpoint split over the tensor-parallel group (at tensor "
+                      "parallelism 1, as ckplan scores DeepSpeed, nothing to split: no change)."),
+    click.option("--contiguous-checkpointing", "contiguous_checkpointing", is_flag=True, default=None,
+                 help="--runtime deepspeed --partition-activations: the checkpoints in preallocated buffers, one a "
+                      "layer (DeepSpeed's contiguous_memory_optimization; the same bytes at the backward's peak)."),
+    click.option("--synchronize-each-layer", "synchronize_each_layer", is_flag=True, default=None,
+                 help="--runtime deepspeed: torch.cuda.synchronize() at each checkpoint's boundaries (the host "
+                      "waits; the GPU's time is not charged more)."),
 ]
+# DeepSpeed's activation-checkpointing settings (deepspeed.checkpointing.configure; planner/cost/deepspeed_ckpt.py)
+CHECKPOINTING = ("checkpoint_in_cpu", "partition_activations", "contiguous_checkpointing", "synchronize_each_layer")
 DEEPSPEED_OPTION_NAMES = ("stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
-                          "reduce_bucket_size")
+                          "reduce_bucket_size", *CHECKPOINTING)
 # the knobs that set what the coordinator keeps gathered: they need the block's submodules (deepspeed_terms.charged)
 SUBMODULE_KNOBS = ("stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_max_live_parameters")
 
@@ -59,7 +74,7 @@ SUBMODULE_KNOBS = ("stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "
 def deepspeed_given(kwargs: dict) -> dict:
     """The options given (popped from `kwargs`), as DataParallelSetup's fields; empty where none is."""
     values = {name: kwargs.pop(name, None) for name in DEEPSPEED_OPTION_NAMES}
-    return {name: value for name, value in values.items() if value is not None}
+    return {name: value for name, value in values.items() if value is not None and value is not False}
 
 
 def check_deepspeed(fields: dict, profile, setup) -> None:
@@ -72,8 +87,14 @@ def check_deepspeed(fields: dict, profile, setup) -> None:
     flag = "--" + next(iter(fields)).replace("_", "-")
     runtime, zero = setup.training.runtime, setup.data_parallel.zero
     if runtime != "deepspeed":
-        raise UserError(f"{flag} is DeepSpeed's ZeRO 3 setting, and the plan is scored for {runtime}'s runtime; "
+        what = "activation-checkpointing" if flag[2:].replace("-", "_") in CHECKPOINTING else "ZeRO 3"
+        raise UserError(f"{flag} is DeepSpeed's {what} setting, and the plan is scored for {runtime}'s runtime; "
                         "drop it or give --runtime deepspeed")
+    check_checkpointing(fields, profile)
+    fields = {name: value for name, value in fields.items() if name not in CHECKPOINTING}
+    if not fields:
+        return
+    flag = "--" + next(iter(fields)).replace("_", "-")
     if zero != 3:
         raise UserError(f"{flag} sets what DeepSpeed's ZeRO 3 keeps gathered, and the plan runs ZeRO {zero}; "
                         "give --zero 3 or drop it")
@@ -85,6 +106,39 @@ def check_deepspeed(fields: dict, profile, setup) -> None:
         flag = "--" + knobs[0].replace("_", "-")
         raise UserError(f"{flag} needs the block's submodules, which ckplan knows only for an analytic profile's "
                         "dense GPT or LLaMA-style block at tensor parallelism 1 (`ckplan profile --arch`); drop it")
+
+
+def check_checkpointing(fields: dict, profile) -> None:
+    """DeepSpeed's own checks of its checkpointing settings (checkpointing.py configure, v0.6.2), and ckplan's:
+    partitioning is modelled where it splits nothing (tensor parallelism 1, as ckplan scores DeepSpeed)."""
+    if fields.get("contiguous_checkpointing") and not fields.get("partition_activations"):
+        raise UserError("--contiguous-checkpointing needs --partition-activations (DeepSpeed asserts \"Contiguous "
+                        "Checkpointing is only available with partitioned activations\"); give both or drop it")
+    tp = int(profile.assumptions.get("tp", 1))
+    if fields.get("partition_activations") and tp != 1:
+        raise UserError(f"--partition-activations splits each checkpoint over the {tp} tensor-parallel ranks and "
+                        "all-gathers it before the rerun, which ckplan does not model (it does at tensor parallelism "
+                        "1, where nothing is split); drop it")
+
+
+def checkpointing_note(setup) -> str | None:
+    """The sentence saying what DeepSpeed's checkpointing settings do to the plan; None where none is given."""
+    dp = setup.data_parallel
+    if setup.training.runtime != "deepspeed" or not any(getattr(dp, name) for name in CHECKPOINTING):
+        return None
+    said = []
+    if dp.checkpoint_in_cpu:
+        said.append("--checkpoint-in-cpu: each whole-layer checkpoint on the host, copied out and back blocking the "
+                    f"compute stream at {dp.host_gb_per_s or 0:g} GB/s (planner/cost/deepspeed_ckpt.py)")
+    if dp.partition_activations:
+        said.append("--partition-activations at tensor parallelism 1: nothing split (its device copies of each "
+                    "checkpoint not charged)")
+    if dp.contiguous_checkpointing:
+        said.append("--contiguous-checkpointing: one preallocated buffer a checkpoint, the same bytes at the "
+                    "backward's peak")
+    if dp.synchronize_each_layer:
+        said.append("--synchronize-each-layer: the host waits at each checkpoint's boundaries, not charged")
+    return "DeepSpeed's activation checkpointing: " + "; ".join(said)
 
 
 def deepspeed_note(profile, setup) -> str | None:

@@ -17,6 +17,7 @@ from planner.commands.ddp_options import DDP_OPTIONS, check_ddp, ddp_given
 from planner.commands.deepspeed_options import (
     DEEPSPEED_OPTIONS,
     check_deepspeed,
+    checkpointing_note,
     deepspeed_given,
     deepspeed_note,
 )
@@ -338,9 +339,9 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
     from planner.cost.reserve_fsdp2 import allocator_setting_refused
 
     check_deepspeed(data_parallel.deepspeed or {}, profile, setup)
-    uncharged = deepspeed_note(profile, setup)
-    if uncharged and say is not None:
-        say(uncharged)
+    for uncharged in (deepspeed_note(profile, setup), checkpointing_note(setup)):
+        if uncharged and say is not None:
+            say(uncharged)
     refused = allocator_setting_refused(profile, setup) or reserve_megatron.allocator_setting_refused(profile, setup)
     if refused:
         raise UserError(refused)
@@ -379,15 +380,16 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
 
     check_dp_options(dp=dp, zero=zero, shard_group=shard_group)
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)
+    in_cpu = bool((options.deepspeed or {}).get("checkpoint_in_cpu"))  # DeepSpeed's checkpoints on the host
     fields = dict(dp=dp, zero=zero, shard_group=shard_group if zero else None, offload=offload_optimizer,
                   offload_overlap=offload_copies == "overlapped", zero_gather=zero_gather, ep=ep, **(options.ddp or {}),
                   **(options.deepspeed or {}))
-    if host_mem is not None and not offload_optimizer and not activations_offloadable:
+    if host_mem is not None and not offload_optimizer and not activations_offloadable and not in_cpu:
         raise UserError("--host-mem caps what goes to the host: the offloaded optimizer, and activations of layers "
                         "with the offload option, which this plan cannot have (a cpu profile, where the host is the "
                         "device, --recompute whole-layer or a chunked schedule); add --offload-optimizer or drop "
                         "--host-mem")
-    if dp == 1 and not offload_optimizer and host_mem is None:
+    if dp == 1 and not offload_optimizer and host_mem is None and not in_cpu:
         return fields
     links = default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep,
                           gpus_per_node=options.gpus_per_node, nics_per_gpu=options.nics_per_gpu,

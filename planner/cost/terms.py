@@ -12,6 +12,7 @@ from planner.cost import (
     comm,
     contextparallel,
     dataparallel,
+    deepspeed_ckpt,
     deepspeed_terms,
     fsdp2work,
     gradtiming,
@@ -260,6 +261,7 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: layer.options[int(ckpt)].host_bytes,
          "saved-tensor hooks under recompute.offloaded_activations: the bytes it copies out (profiler); "
          "analytic: a block's saved bytes less its input"),
+    *(Term(*row) for row in deepspeed_ckpt.ROWS),  # DeepSpeed's cpu_checkpointing (planner/cost/deepspeed_ckpt.py)
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),

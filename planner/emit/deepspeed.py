@@ -71,9 +71,9 @@ def _module(rounded: rounding.Rounded, profile: Profile) -> str:
     precision = ', "bf16": {"enabled": True}' if setup.training.precision == "bf16-mixed" else ""
     # the ZeRO stage the re-score charged (dp_support rounds it to 1 at most beside a pipeline): without the block
     # DeepSpeed runs stage 0, whose bf16 path (BF16_Optimizer) holds whole fp32 gradients the plan never charged
-    zero = _zero_block(setup)
+    zero = _zero_block(setup) + _checkpointing_block(setup, len(checkpointed_indices(rounded, profile)))
     if setup.pipeline.stages == 1:
-        return _one_stage_module(rounded, profile, names, precision + zero)
+        return _one_stage_module(rounded, profile, names, precision + zero) + _configure_line(setup)
     return f'''from deepspeed.pipe import LayerSpec, PipelineModule
 
 # Your pipeline layers must be ckplan's profiled layers, in this order:
@@ -115,6 +115,37 @@ def ckplan_pipeline_module(layers, **kwargs):
 # {setup.pipeline.microbatches} microbatches of {setup.pipeline.micro_batch_size}: DeepSpeed's pipeline runs gradient_accumulation_steps
 # microbatches per step
 CKPLAN_DS_CONFIG = {{"train_micro_batch_size_per_gpu": {setup.pipeline.micro_batch_size}, "gradient_accumulation_steps": {setup.pipeline.microbatches}{precision}{zero}}}
+''' + _configure_line(setup)
+
+
+# DeepSpeed's activation_checkpointing keys, as the setup's fields name them (deepspeed_ckpt.py, §133)
+_CHECKPOINTING_KEYS = (("partition_activations", "partition_activations"), ("cpu_checkpointing", "checkpoint_in_cpu"),
+                       ("contiguous_memory_optimization", "contiguous_checkpointing"),
+                       ("synchronize_checkpoint_boundary", "synchronize_each_layer"))
+
+
+def _checkpointing_block(setup, checkpointed: int) -> str:
+    """The config's activation_checkpointing block where the re-score was given DeepSpeed's checkpointing
+    settings: the keys set, and number_checkpoints (the checkpointed layers) with contiguous buffers."""
+    dp = setup.data_parallel
+    keys = [f'"{key}": True' for key, field in _CHECKPOINTING_KEYS if getattr(dp, field)]
+    if not keys:
+        return ""
+    if dp.contiguous_checkpointing:
+        keys.append(f'"number_checkpoints": {checkpointed}')
+    return ', "activation_checkpointing": {' + ", ".join(keys) + "}"
+
+
+def _configure_line(setup) -> str:
+    """DeepSpeed's engine never reads activation_checkpointing: deepspeed.checkpointing.configure does
+    (checkpointing.py _configure_using_config_file), so the export calls it where the block is written."""
+    if not any(getattr(setup.data_parallel, field) for _, field in _CHECKPOINTING_KEYS):
+        return ""
+    return '''
+# DeepSpeed's engine does not read "activation_checkpointing"; its checkpoint module does, when configured:
+import deepspeed  # noqa: E402
+
+deepspeed.checkpointing.configure(None, deepspeed_config=CKPLAN_DS_CONFIG)
 '''
 
 

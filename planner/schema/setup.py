@@ -125,6 +125,13 @@ class DataParallelSetup(Strict):
     stage3_max_live_parameters: int | None = Field(default=None, ge=0, le=1 << 62)
     # ZeRO 3's contiguous gradient bucket, elements (framework-facts §124); None: DeepSpeed's default 5e8
     reduce_bucket_size: int | None = Field(default=None, ge=0, le=1 << 62)
+    # DeepSpeed's activation checkpointing (deepspeed.checkpointing.configure; planner/cost/deepspeed_ckpt.py,
+    # framework-facts §133): a whole-layer checkpoint's input copied to the host (cpu_checkpointing), split over the
+    # tensor-parallel group (partition_activations), into preallocated buffers, and a synchronize at each boundary
+    checkpoint_in_cpu: bool = False
+    partition_activations: bool = False
+    contiguous_checkpointing: bool = False
+    synchronize_each_layer: bool = False
     # Megatron-FSDP's (ZeRO 3 under --runtime megatron; planner/cost/megatron_fsdp.py, framework-facts §114):
     # --fsdp-double-buffer (two units' weights and gradient buckets in fixed slots for the run) and
     # --suggested-communication-unit-size (elements; None: max(1e9, 2 x the mean unit's parameters))

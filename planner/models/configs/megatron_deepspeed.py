@@ -30,6 +30,9 @@ NO_EFFECT = {
     "zero_optimization.stage3_gather_fp16_weights_on_model_save": "checkpoint saving",
     "zero_optimization.elastic_checkpoint": "checkpoint saving", "zero_optimization.ignore_unused_parameters": "a check",
     "aio": "NVMe offload's I/O (no NVMe offload here)",
+    "activation_checkpointing": "Megatron-DeepSpeed configures DeepSpeed's checkpointing from its flags "
+    "(--checkpoint-in-cpu, --partition-activations, ...) and passes no deepspeed_config (initialize.py 170-177 at "
+    "62bc4562), and the engine never reads this block (DeepSpeed v0.6.2): give the flags",
 }
 # keys DeepSpeed reads that change memory or time and ckplan does not model
 NOT_MODELLED = {
@@ -45,7 +48,7 @@ NOT_MODELLED = {
     "buffer_count": "NVMe buffers", "zero_optimization.offload_optimizer.pipeline_read": "NVMe reads",
     "zero_optimization.offload_optimizer.pipeline_write": "NVMe writes",
     "zero_optimization.offload_optimizer.fast_init": "NVMe init", "zero_optimization.offload_optimizer.ratio":
-    "a share of the optimizer on the host", "activation_checkpointing": "DeepSpeed's checkpointing settings",
+    "a share of the optimizer on the host",
     "communication_data_type": "the reductions' dtype", "prescale_gradients": "scaling before the reduction",
     "gradient_predivide_factor": "scaling before the reduction", "optimizer": "DeepSpeed's own optimizer (the script "
     "hands Megatron's to deepspeed.initialize)", "scheduler": "learning-rate schedule",
@@ -240,13 +243,47 @@ def _recompute(flags: Flags, job: Job) -> None:
     if chunk and chunk > 1:
         job.notes.append(f"--checkpoint-num-layers {chunk}: scored as each layer checkpointed alone (Megatron-DeepSpeed "
                          f"keeps one input per {chunk} layers: fewer bytes than scored)")
-    flags.take("--deepspeed-activation-checkpointing", "DeepSpeed's reentrant checkpoint (the deepspeed record's "
-               "whole-forward rerun)", bool)
+    deepspeed_ckpt = flags.take("--deepspeed-activation-checkpointing", "DeepSpeed's reentrant checkpoint (the "
+                                "deepspeed record's whole-forward rerun)", bool)
+    _checkpointing(flags, job, bool(deepspeed_ckpt))
     if flags.take("--no-pipeline-parallel", "the model without DeepSpeed's PipelineEngine (one stage)", bool) and \
             job.pp > 1:  # Megatron-DeepSpeed 62bc4562 megatron/arguments.py 79-81 asserts it
         raise UserError(f"--no-pipeline-parallel with --pipeline-model-parallel-size {job.pp}: Megatron-DeepSpeed "
                         "asserts one pipeline stage without DeepSpeed's pipeline; drop one of them")
     flags.take("--cpu-optimizer", "DeepSpeed's CPU Adam, the offloaded optimizer's", bool)
+
+
+# Megatron-DeepSpeed 62bc4562's flags for deepspeed.checkpointing.configure (megatron/arguments.py 866-877,
+# megatron/initialize.py 153-180; its spelling --contigious-checkpointing): setup field and what each does
+CHECKPOINTING_FLAGS = {
+    "--checkpoint-in-cpu": ("checkpoint_in_cpu", "each checkpoint on the host, copied out and back (--checkpoint-in-cpu)"),
+    "--partition-activations": ("partition_activations", "each checkpoint split over the tensor-parallel group "
+                                "(--partition-activations)"),
+    "--contigious-checkpointing": ("contiguous_checkpointing", "the checkpoints in preallocated buffers "
+                                   "(--contiguous-checkpointing)"),
+    "--synchronize-each-layer": ("synchronize_each_layer", "torch.cuda.synchronize() at each checkpoint's boundaries "
+                                 "(--synchronize-each-layer)"),
+}
+
+
+def _checkpointing(flags: Flags, job: Job, deepspeed_ckpt: bool) -> None:
+    """DeepSpeed's checkpointing flags: read where --deepspeed-activation-checkpointing hands Megatron-DeepSpeed's
+    checkpoints to DeepSpeed (initialize.py 233-234); without it Megatron's own checkpoint runs and they do nothing.
+    --profile-backward only times the checkpoints."""
+    for flag, (name, what) in CHECKPOINTING_FLAGS.items():
+        if not flags.has(flag):
+            flags.take(flag, what, bool)  # a "false" value: said as off
+            continue
+        if deepspeed_ckpt:
+            flags.take(flag, what, bool)
+            job.modelled.deepspeed[name] = True
+        else:
+            values = flags.given.pop(flag)
+            flags.sink.append((flag, " ".join(values), "no effect", "without --deepspeed-activation-checkpointing "
+                               "Megatron's own checkpoint runs, which does not read it (initialize.py 233-234)"))
+    if flags.has("--profile-backward"):
+        values = flags.given.pop("--profile-backward")
+        flags.sink.append(("--profile-backward", " ".join(values), "no effect", "timers around each checkpoint"))
 
 
 def _attention(flags: Flags, job: Job) -> None:
