@@ -174,3 +174,12 @@ def _share(gpu, which: str, layer: LayerCost, setup: TrainSetup, sms: int) -> fl
     nics = max(1, round(per_node * gpu.nics_per_gpu))  # the record's NICs (not a --nics-per-gpu, which the setup drops)
     ctas = collective_ctas(gpu.name, kind, nbytes, ranks=group, local_ranks=min(group, per_node), nics_per_node=nics)
     return min(ctas, sms) / sms
+
+
+# the cost model's row (planner/cost/terms.py splices it into TERMS)
+ROWS = (
+    ("NCCL's CTAs beside the compute a hidden gather or reduction runs with", "step", "layer",
+     lambda layer, ckpt, ctx: layer_ms(layer, ctx.profile, ctx.setup),
+     "a CTA a channel for the collective's time (NCCL v2.27.7-1 enqueue.cc, tuning.cc; RCCL's MI300X rings), "
+     "over the GPU's SMs (models/gpu_sms.py), x the time dataparallel.exposed_comm_ms hides it (nccl_sms.py)"),
+)

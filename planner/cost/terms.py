@@ -364,10 +364,7 @@ TERMS: tuple[Term, ...] = (
          "the record's fsdp_units; FSDP2's stream order at torch 2.6.0 (_fsdp_state.py _root_pre_forward, "
          "_root_post_backward_final_callback; _fsdp_collectives.py foreach_all_gather, foreach_reduce): beyond "
          "dataparallel.exposed_comm_ms's hiding behind each layer's own compute"),
-    Term("NCCL's CTAs beside the compute a hidden gather or reduction runs with", "step", "layer",
-         lambda layer, ckpt, ctx: nccl_sms.layer_ms(layer, ctx.profile, ctx.setup),
-         "a CTA a channel for the collective's time (NCCL v2.27.7-1 enqueue.cc, tuning.cc; RCCL's MI300X rings), "
-         "over the GPU's SMs (models/gpu_sms.py), x the time dataparallel.exposed_comm_ms hides it (nccl_sms.py)"),
+    *(Term(*row) for row in nccl_sms.ROWS),  # NCCL's CTAs beside hidden collectives (planner/cost/nccl_sms.py)
     Term("Megatron-LM's first and last bucket: the model's first layer's gather waited before the first forward and "
          "its reduction after the last backward (one stage a rank)", "step", "layer",
          lambda layer, ckpt, ctx: megatron_dp.edge_exposed_ms(layer, ctx.profile, ctx.setup),
