@@ -34,11 +34,12 @@ from planner.schema import TrainSetup
 
 
 def in_cpu(layer: LayerCost, option: int, setup: TrainSetup) -> bool:
-    """Whether the layer's checkpoint goes to the host: DeepSpeed's runtime, cpu_checkpointing, the layer under
-    DeepSpeed's whole-layer checkpoint (`full`), its input floating point (not an embedding's token ids, which
-    `is_activation_to_checkpoint` leaves where they are)."""
-    return (setup.training.runtime == "deepspeed" and setup.data_parallel.checkpoint_in_cpu
-            and layer.options[option].name == "full" and layer.kind != "embedding")
+    """Whether the layer's checkpoint goes to the host: cpu_checkpointing (a DeepSpeed setting: the CLI refuses it
+    under any other runtime, planner/commands/deepspeed_options.py), the layer under DeepSpeed's whole-layer
+    checkpoint (`full`), its input floating point (not an embedding's token ids, which `is_activation_to_checkpoint`
+    leaves where they are)."""
+    return (setup.data_parallel.checkpoint_in_cpu and layer.options[option].name == "full"
+            and layer.kind != "embedding")
 
 
 def host_checkpoint_bytes(layer: LayerCost, option: int, setup: TrainSetup) -> int:
