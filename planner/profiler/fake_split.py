@@ -26,13 +26,16 @@ from planner.schema import LayerProfile, runs_split_backward
 def split_work(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, counting: Callable) -> tuple[Work, Work, Work]:
     """(input pass, weight pass, plain backward) work of x -> run(x), the first two split as a
     zero-bubble schedule runs it; `counting()`: the fake profile's counters (fake.counting), whose
-    `done()` is the work so far. Each forward runs outside the counters (their module hooks on the
-    output's graph are refused by torch's stage_backward_input: a leaf in `_will_engine_execute_node`
-    under autograd.grad), the plain backward the yardstick. A region checkpointed whole (full,
-    save-matmuls) reruns the layer's forward inside each backward pass, under the counters, on the
-    tensor the stage cut at: that is `x` seen through a view (torch's own `_get_grad_fn_or_grad_acc`
-    trick), so the counters' hooks meet a node, not a leaf, and torch's passes run as they would in
-    the pipeline (docs/framework-facts.md §73)."""
+    `done()` is the work so far. One forward serves both: the plain backward first, keeping the graph
+    (`retain_graph`: no op of its own; a checkpoint recomputes per backward call, its selective
+    policy's saved outputs found again by their index, torch/utils/checkpoint.py), the yardstick;
+    then torch's stage_backward_input and stage_backward_weight on the same graph. The forward runs
+    under the counters, so the passes' ops are classed by the module running them, on the tensor the
+    stage cut at: that is `x` seen through a view (torch's own `_get_grad_fn_or_grad_acc` trick), so
+    the counters' hooks meet a node, not a leaf (torch's stage_backward_input refuses a leaf in
+    `_will_engine_execute_node` under autograd.grad), and torch's passes run as they would in the
+    pipeline (docs/framework-facts.md §73); a region checkpointed whole (full, save-matmuls) reruns
+    the layer's forward inside each backward pass, under the counters."""
     weights = [p for p in layer.parameters() if p.requires_grad]
     for weight in weights:  # W adds into .grad (`weight.grad += dw`), as from a step's second microbatch on
         if weight.grad is None:  # and as the profile's bwd_ms was counted (fake.fake_measure)
@@ -40,21 +43,18 @@ def split_work(run, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, count
     x.grad = None
     with counting() as done, warnings.catch_warnings():
         cut = x.view_as(x)  # no data moved; its backward a view of the gradient, which the counters skip
-        output = run(cut)  # under the counters, so the passes' ops are classed by the module running them
+        output = run(cut)
         forward = done()
+        output.backward(grad, retain_graph=True)
+        before_split = done()
+        plain = before_split - forward
+        x.grad = None  # the plain backward's, through the view; the input pass sets cut.grad alone
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
         _, groups = stage_backward_input([output], [grad], [cut], iter(weights))  # sets cut.grad: no op
-        input_pass = done() - forward
+        input_pass = done() - before_split
         stage_backward_weight(iter(weights), groups)
-        weight_pass = done() - forward - input_pass
+        weight_pass = done() - before_split - input_pass
     del output, groups, cut
-    x.grad = None
-    with counting() as done:
-        output = run(x.view_as(x))
-        forward = done()
-        output.backward(grad)
-        plain = done() - forward
-    del output
     x.grad = None
     layer.zero_grad(set_to_none=True)
     return input_pass, weight_pass, plain
