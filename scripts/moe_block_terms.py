@@ -8,29 +8,19 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from planner.errors import UserError
-from planner.models import archs
-from planner.models.configs import megatron
 from planner.profiler import analytic_time, te_fused
-from planner.profiler.formulas import Shape
 from planner.profiler.membound import achieved_tbps
 from planner.profiler.roofline import kernel_ms, roofline_ms
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import moe_job  # noqa: E402
+
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        sys.stderr.write("usage: moe_block_terms.py FLAGS.yaml GPU\n")
+    found = moe_job.read(argv, "moe_block_terms.py")
+    if found is None:
         return 2
-    try:
-        job, gpu = megatron.read(Path(argv[0])), archs.gpu(argv[1])
-    except UserError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    if not job.arch.num_experts:
-        sys.stderr.write(f"{argv[0]}: no --num-experts: not a mixture of experts\n")
-        return 2
-    shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, cp=job.cp,
-                  ep=job.ep)
+    job, gpu, shape = found
     fwd, bwd, _rerun = analytic_time.block_work(job.arch, shape, moe=True)
     print(f"{argv[0]} on {gpu.name}: {shape.tokens} tokens a microbatch, tp {shape.tp}, ep {shape.ep}")
     for name, done in (("forward", fwd), ("backward", bwd)):

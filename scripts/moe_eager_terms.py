@@ -9,11 +9,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from planner.errors import UserError
-from planner.models import archs
-from planner.models.configs import megatron
 from planner.profiler import analytic_time, te_fused, te_moe_eager
-from planner.profiler.formulas import Shape
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import moe_job  # noqa: E402
 
 
 def _record(arch, shape, gpu, padding: bool):
@@ -33,19 +32,10 @@ def _passes(record, fp8: bool) -> tuple[float, float, float]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        sys.stderr.write("usage: moe_eager_terms.py FLAGS.yaml GPU\n")
+    found = moe_job.read(argv, "moe_eager_terms.py")
+    if found is None:
         return 2
-    try:
-        job, gpu = megatron.read(Path(argv[0])), archs.gpu(argv[1])
-    except UserError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    if not job.arch.num_experts:
-        sys.stderr.write(f"{argv[0]}: no --num-experts: not a mixture of experts\n")
-        return 2
-    shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, cp=job.cp,
-                  ep=job.ep)
+    job, gpu, shape = found
     fp8 = job.modelled.float8  # --fp8-format: the record's Float8 passes are the block's
     plain = dataclasses.replace(job.arch, swiglu_limit=None, expert_bias=False, rope_scaling=None)
     before, after = _passes(_record(plain, shape, gpu, False), fp8), _passes(_record(job.arch, shape, gpu, True), fp8)

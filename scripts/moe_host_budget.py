@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 from planner.cost.runtime_megatron import HOST_BLOCK_LINEARS
-from planner.errors import UserError
-from planner.models import archs
-from planner.models.configs import megatron
 from planner.profiler import analytic_time, te_fused
-from planner.profiler.formulas import Shape
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import moe_job  # noqa: E402
 
 GROUPED_LINEARS = 2  # linear_fc1 and linear_fc2 (TEGroupedMLP, experts.py at megatron-core 92c8482e)
 # per local expert (one split) and GroupedLinear, TE v2.9 grouped_linear.py and csrc/extensions/cast.cpp
@@ -40,19 +39,10 @@ def fp8_calls(local_experts: int) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        sys.stderr.write("usage: moe_host_budget.py FLAGS.yaml GPU\n")
+    found = moe_job.read(argv, "moe_host_budget.py")
+    if found is None:
         return 2
-    try:
-        job, gpu = megatron.read(Path(argv[0])), archs.gpu(argv[1])
-    except UserError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    if not job.arch.num_experts:
-        sys.stderr.write(f"{argv[0]}: no --num-experts: not a mixture of experts\n")
-        return 2
-    shape = Shape(seq_len=job.seq_len, micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, cp=job.cp,
-                  ep=job.ep)
+    job, gpu, shape = found
     record = te_fused.te_time(job.arch, shape, gpu, analytic_time.block_work(job.arch, shape, moe=True), moe=True)
     fp8 = job.modelled.float8 and record.float8 is not None
     device = (record.float8.fwd_ms, record.float8.bwd_ms) if fp8 else (record.fwd_ms, record.bwd_ms)
