@@ -59,6 +59,16 @@ class StageMemory:
     scratch_bytes: int
 
 
+def plan_records(plan, profile, names: Sequence[str] | None = None):
+    """(layers, options, records) of the plan's layers (or `names`, a chunk's) in `profile`: each layer's profile, its
+    option and its record for it (records None where a layer has none: records_for)."""
+    by_name = {layer.name: layer for layer in profile.layers}
+    names = plan.layers if names is None else names
+    layers = [by_name[name] for name in names]
+    options = [plan.option(name) for name in names]
+    return layers, options, records_for(layers, options)
+
+
 def records_for(layers: Sequence[LayerProfile], options: Sequence[str]) -> list[AllocRecord] | None:
     """Each layer's record for its option (offload: none's, its copies added by the replay);
     None where a layer has none for it (profiles without records: the divisor stays)."""

@@ -62,7 +62,7 @@ from planner.cost import afterstep, allocator, bridgeterms, dataparallel, megatr
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_layers import parameter_parts, tensor_split
 from planner.cost.reserve import _Step as _LayerPasses
-from planner.cost.reserve import records_for
+from planner.cost.reserve import plan_records
 from planner.cost.reserve_fsdp2 import expandable_segments
 from planner.cost.rules import batch_bytes, profile_tp
 from planner.schema import AllocRecord, LayerProfile, Profile, StagePlan, TrainSetup
@@ -375,10 +375,7 @@ def step_events(layers: Sequence[LayerProfile], options: Sequence[str], records:
 def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup) -> Replayed | None:
     """Rank `stage`'s replay (`cost`: its StageCost, for the static total and buffers); None where a layer
     has no record for its option, or the last stage's logits are not known."""
-    by_name = {layer.name: layer for layer in profile.layers}
-    layers = [by_name[name] for name in plan.layers]
-    options = [plan.option(name) for name in plan.layers]
-    records = records_for(layers, options)
+    layers, options, records = plan_records(plan, profile)
     if records is None:
         return None
     pipeline = setup.pipeline

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 
 from planner.cost import allocator
 from planner.cost.allocator import Event, Replayed
-from planner.cost.reserve import records_for
+from planner.cost.reserve import plan_records
 from planner.cost.reserve_fsdp2 import expandable_segments
 from planner.cost.reserve_megatron import (
     MAX_STEPS,
@@ -203,12 +203,9 @@ def rank_events(chunks: Sequence[tuple[Sequence[LayerProfile], Sequence[str], Se
 def replay_rank(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainSetup) -> Replayed | None:
     """Rank `rank`'s replay (`plan`: its StagePlan, chunk by chunk; `cost`: its StageCost); None where a layer has
     no record for its option, or the last rank's logits are not known."""
-    by_name = {layer.name: layer for layer in profile.layers}
     chunks = []
     for names in plan.chunks:
-        layers = [by_name[name] for name in names]
-        options = [plan.option(name) for name in names]
-        records = records_for(layers, options)
+        layers, options, records = plan_records(plan, profile, names)
         if records is None:
             return None
         chunks.append((layers, options, records))

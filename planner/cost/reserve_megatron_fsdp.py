@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from planner.cost import afterstep, allocator, dataparallel, megatron_fsdp, runtimes, te_offload
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_layers import parameter_parts, tensor_split
-from planner.cost.reserve import _alive, _count, _keeps_input, _sizes, records_for
+from planner.cost.reserve import _alive, _count, _keeps_input, _sizes, plan_records
 from planner.cost.reserve_fsdp2 import expandable_segments
 from planner.cost.reserve_megatron import (
     MAX_STEPS,
@@ -308,10 +308,7 @@ def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records:
 def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> Replayed | None:
     """The rank's replay (`cost`: its StageCost, for the static total); None where a layer has no record for its
     option, the logits are not known, or offloaded layers are not the block's first N (TE's window)."""
-    by_name = {layer.name: layer for layer in profile.layers}
-    layers = [by_name[name] for name in plan.layers]
-    options = [plan.option(name) for name in plan.layers]
-    records = records_for(layers, options)
+    layers, options, records = plan_records(plan, profile)
     if records is None:
         return None
     if OPTION_OFFLOAD in options and (not runtimes.of(setup.training).te_window_offload
