@@ -50,7 +50,7 @@ def main() -> None:
     with_dp = bare
     if ddp_buckets(setup) and order.actions:
         windows = [sum(sums[k].step_ms for k in order.stages_of(r)[1:]) for r in range(order.num_ranks)]
-        with_dp = megatron_dp.makespan_ms(order, times, [layers for layers, _ in chunks], setup,
+        with_dp = megatron_dp.makespan_ms(order, times, [layers for layers, _ in chunks], setup, profile=profile,
                                           step_window_ms=windows)
     steps = [sum(sums[k].step_ms for k in order.stages_of(r)) for r in range(order.num_ranks)]
     m = setup.pipeline.microbatches

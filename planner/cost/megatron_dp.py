@@ -39,6 +39,14 @@ there). With it:
     step, after chunk 0's own step, beside the other chunks' steps.
 The data-parallel group's collectives share one stream, in the order issued; a rank ends when its
 compute and that stream do (finalize waits for every reduction).
+
+NCCL's CTAs (nccl_sms.py, docs/framework-facts.md §128): each collective on the stream takes
+nccl_sms.collective_share of the GPU's SMs while it runs (its kind and group as nccl_sms charges them
+elsewhere, its bytes the chunk's), and the rank's compute beside it runs at 1 - that share of its rate
+(schedule_time.Issue.share): the first order nccl_sms.layer_ms charges where exposed_comm_ms hides the
+collectives, here where the simulation overlaps them. A chunk's first bucket on the first rank (the
+only one cut in buckets) is taken at the chunk's bytes too: over 40M parameters a bucket holds every
+channel either way.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import runtimes, schedule_time, schedules
+from planner.cost import nccl_sms, runtimes, schedule_time, schedules
 from planner.cost.dataparallel import collectives_ms, gathers_in_forward, overlaps_comm
 from planner.cost.layers import LayerCost
 from planner.cost.rules import compute_ms
@@ -170,22 +178,33 @@ def edge_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> fl
 
 
 def side_stream(order: schedules.Schedule, stage_layers: Sequence[Sequence[LayerCost]],
-                times: Sequence[StageTimes], setup: TrainSetup, *, step_window_ms: Sequence[float]) -> SideStream:
+                times: Sequence[StageTimes], setup: TrainSetup, *, step_window_ms: Sequence[float],
+                profile: Profile | None = None) -> SideStream:
     """Every rank's reductions and gathers where Megatron issues them (module docstring);
     `step_window_ms`, per rank: its optimizer step past chunk 0's (what chunk 0's gather hides behind
-    under --overlap-param-gather-with-optimizer-step)."""
+    under --overlap-param-gather-with-optimizer-step); `profile`, whose GPU's SMs NCCL's CTAs take
+    (None: the compute beside the stream is not slowed)."""
     dp, size = setup.data_parallel, bucket_params(setup)
+    shares = {stage: stage_shares(layers, profile, setup) for stage, layers in enumerate(stage_layers)}
     opening: list[list[Issue]] = [[] for _ in range(order.num_ranks)]
     issues, waits, extend = defaultdict(list), defaultdict(list), {}
     for rank in range(order.num_ranks):
         stages = order.stages_of(rank)
         by_stage = {s: buckets(stage_layers[s], setup, size=size if chunk == 0 and rank == 0
                                and not dp.param_gather_with_step else None) for chunk, s in enumerate(stages)}
-        _reductions(order, rank, by_stage, setup, issues)
+        _reductions(order, rank, by_stage, setup, issues, shares)
         if gathers_overlapped(setup):
             _gathers(order, rank, by_stage, times, setup, step_window_ms[rank],
-                     opening=opening[rank], issues=issues, waits=waits, extend=extend)
+                     opening=opening[rank], issues=issues, waits=waits, extend=extend, shares=shares)
     return SideStream(tuple(tuple(o) for o in opening), dict(issues), dict(waits), extend)
+
+
+def stage_shares(layers: Sequence[LayerCost], profile: Profile | None, setup: TrainSetup) -> tuple[float, float]:
+    """(gather, reduce): the share of the GPU's SMs a chunk's all-gather and its reduction take while they run
+    (nccl_sms.collective_share at the chunk's parameters, its experts' left out as nccl_sms leaves them)."""
+    count = sum(layer.param_count - layer.expert_param_count for layer in layers)
+    fp8 = sum(layer.float8_param_count for layer in layers)
+    return tuple(nccl_sms.collective_share(profile, setup, which, count, fp8_count=fp8) for which in ("gather", "reduce"))
 
 
 def _last_backward(actions, stage: int, microbatches: int) -> int:
@@ -193,23 +212,23 @@ def _last_backward(actions, stage: int, microbatches: int) -> int:
                and a.microbatch == microbatches - 1)
 
 
-def _reductions(order: schedules.Schedule, rank: int, by_stage: dict, setup: TrainSetup, issues) -> None:
+def _reductions(order: schedules.Schedule, rank: int, by_stage: dict, setup: TrainSetup, issues, shares) -> None:
     actions, last = order.actions[rank], len(order.actions[rank]) - 1
     backs = [i for i, a in enumerate(actions) if a.kind in ("B", "W")]
     for stage, found in by_stage.items():
-        total = sum(b.reduce_ms for b in found)
+        total, share = sum(b.reduce_ms for b in found), shares[stage][1]
         if not overlaps_comm(setup):
-            issues[(rank, last)].append(Issue(total, "end"))  # finalize_model_grads, synchronous
+            issues[(rank, last)].append(Issue(total, "end", share=share))  # finalize_model_grads, synchronous
         elif order.num_chunks > 1 and setup.data_parallel.align_grad_reduce:
             j = backs.index(_last_backward(actions, stage, order.num_microbatches)) + rank
-            issues[(rank, backs[j] if j < len(backs) else last)].append(Issue(total, "end"))
+            issues[(rank, backs[j] if j < len(backs) else last)].append(Issue(total, "end", share=share))
         else:
             at = _last_backward(actions, stage, order.num_microbatches)
-            issues[(rank, at)] += [Issue(b.reduce_ms, b.ready if b.ready < 1 else "end") for b in found]
+            issues[(rank, at)] += [Issue(b.reduce_ms, b.ready if b.ready < 1 else "end", share=share) for b in found]
 
 
 def _gathers(order: schedules.Schedule, rank: int, by_stage: dict, times: Sequence[StageTimes],
-             setup: TrainSetup, window_ms: float, *, opening: list, issues, waits, extend) -> None:
+             setup: TrainSetup, window_ms: float, *, opening: list, issues, waits, extend, shares) -> None:
     actions = order.actions[rank]
     forwards = [i for i, a in enumerate(actions) if a.kind == "F"]
     first = {}
@@ -217,25 +236,25 @@ def _gathers(order: schedules.Schedule, rank: int, by_stage: dict, times: Sequen
         first.setdefault(actions[i].stage, i)
     aligned = order.num_chunks > 1 and setup.data_parallel.align_param_gather
     for chunk, (stage, found) in enumerate(by_stage.items()):
-        total, key = sum(b.gather_ms for b in found), ("AG", stage)
+        total, key, share = sum(b.gather_ms for b in found), ("AG", stage), shares[stage][0]
         waits[(rank, first[stage])].append(key)
         if chunk == 0 and setup.data_parallel.param_gather_with_step:
-            opening.append(Issue(max(0.0, total - window_ms), key=key))
+            opening.append(Issue(max(0.0, total - window_ms), key=key, share=share))
         elif aligned and chunk <= 1:
-            opening.append(Issue(total, key=key))
+            opening.append(Issue(total, key=key, share=share))
         elif aligned:
             previous = forwards.index(first[order.stages_of(rank)[chunk - 1]]) - rank
-            issues[(rank, forwards[max(previous, 0)])].append(Issue(total, "start", key))
+            issues[(rank, forwards[max(previous, 0)])].append(Issue(total, "start", key, share))
         else:  # the chunk's first forward issues its buckets one by one (forward order: the last first)
             groups = list(reversed(found))
-            issues[(rank, first[stage])] += [Issue(groups[0].gather_ms, "start", key)] + [
-                Issue(g.gather_ms, "start") for g in groups[1:]]
+            issues[(rank, first[stage])] += [Issue(groups[0].gather_ms, "start", key, share)] + [
+                Issue(g.gather_ms, "start", share=share) for g in groups[1:]]
             extend[(rank, first[stage])] = chain_extension_ms(groups, times[stage].forward_ms)
 
 
 def makespan_ms(order: schedules.Schedule, times: Sequence[StageTimes], stage_layers: Sequence[Sequence[LayerCost]],
-                setup: TrainSetup, *, step_window_ms: Sequence[float]) -> float:
+                setup: TrainSetup, *, step_window_ms: Sequence[float], profile: Profile | None = None) -> float:
     """The schedule's makespan (its order's simulation) with Megatron's data-parallel collectives beside
-    the compute."""
-    side = side_stream(order, stage_layers, times, setup, step_window_ms=step_window_ms)
+    the compute, slowing it by NCCL's CTAs on `profile`'s GPU (side_stream)."""
+    side = side_stream(order, stage_layers, times, setup, step_window_ms=step_window_ms, profile=profile)
     return schedule_time.simulate_time(order, stage_times=times, side=side).makespan_ms

@@ -156,16 +156,21 @@ def _windows(gather: float, reduce: float, fwd: float, bwd: float, setup: TrainS
 
 
 def _share(gpu, which: str, layer: LayerCost, setup: TrainSetup, sms: int) -> float:
-    """The share of the GPU's SMs one of the layer's gathers ("gather") or reductions ("reduce") takes: its CTAs
-    over the SMs, in the shard group (a reduction with no shard group, or ZeRO 1 on a record that all-reduces: an
+    """The share of the GPU's SMs one of the layer's gathers ("gather") or reductions ("reduce") takes."""
+    return gpu_share(gpu, sms, setup, which, layer.param_count - layer.expert_param_count,
+                     fp8_count=layer.float8_param_count)
+
+
+def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_count: int = 0) -> float:
+    """The share of the GPU's `sms` SMs one gather ("gather") or reduction ("reduce") of `count` parameters takes: its
+    CTAs over the SMs, in the shard group (a reduction with no shard group, or ZeRO 1 on a record that all-reduces: an
     all-reduce over the data-parallel group)."""
     if not sms:
         return 0.0
     group, per_node = dp.shard_size(setup), setup.comm.gpus_per_node
-    count = layer.param_count - layer.expert_param_count
     kind = "all-gather"
     if which == "gather":
-        nbytes = dp.gathered_bytes(count, setup, fp8_count=layer.float8_param_count)
+        nbytes = dp.gathered_bytes(count, setup, fp8_count=fp8_count)
     else:
         nbytes = count * dp.param_bytes(setup).grads
         kind = "reduce-scatter"
@@ -174,6 +179,20 @@ def _share(gpu, which: str, layer: LayerCost, setup: TrainSetup, sms: int) -> fl
     nics = max(1, round(per_node * gpu.nics_per_gpu))  # the record's NICs (not a --nics-per-gpu, which the setup drops)
     ctas = collective_ctas(gpu.name, kind, nbytes, ranks=group, local_ranks=min(group, per_node), nics_per_node=nics)
     return min(ctas, sms) / sms
+
+
+def collective_share(profile: Profile | None, setup: TrainSetup, which: str, count: int, *, fp8_count: int = 0) -> float:
+    """gpu_share on the profile's GPU (0 without a profile, or where its GPU or SMs are not known): for a simulation's
+    side stream (megatron_dp.py), whose collectives take the share while they run."""
+    from planner.models.gpu_sms import sm_count  # GPU data, read where the profile's GPU is (as layer_ms does)
+
+    if profile is None or setup.data_parallel.dp == 1:
+        return 0.0
+    try:
+        gpu = dp.profile_gpu(profile)
+    except UserError:
+        return 0.0
+    return gpu_share(gpu, sm_count(gpu), setup, which, count, fp8_count=fp8_count)
 
 
 # the cost model's row (planner/cost/terms.py splices it into TERMS)

@@ -56,11 +56,14 @@ class StageTimes:
 class Issue:
     """A collective a rank issues on its side stream (one FIFO stream a rank, beside its compute):
     `ms` long, issued when its action is due ("start", before the action waits), when the action
-    ends ("end"), or a fraction of the action's time after it starts; `key`, if an action waits for it."""
+    ends ("end"), or a fraction of the action's time after it starts; `key`, if an action waits for it;
+    `share`, the share of the GPU's SMs its CTAs hold while it runs (nccl_sms.collective_share): the
+    rank's compute beside it runs at 1 - share of its rate (nccl_sms.py's first order, §128)."""
 
     ms: float
     when: str | float = "end"
     key: object = None
+    share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -83,12 +86,16 @@ class _Stream:
         self.side = side
         self.free_ms = [0.0] * num_ranks
         self.done: dict = {}
+        self.slowing: list[list[tuple[float, float, float]]] = [[] for _ in range(num_ranks)]  # (from, to, share)
         for rank in range(num_ranks if side else 0):
             for issue in side.opening[rank]:
                 self.put(rank, issue, 0.0)
 
     def put(self, rank: int, issue: Issue, at_ms: float) -> None:
-        self.free_ms[rank] = max(self.free_ms[rank], at_ms) + issue.ms
+        begin = max(self.free_ms[rank], at_ms)
+        self.free_ms[rank] = begin + issue.ms
+        if issue.share > 0 and issue.ms > 0:
+            self.slowing[rank].append((begin, self.free_ms[rank], min(issue.share, 1.0)))
         if issue.key is not None:
             self.done[issue.key] = self.free_ms[rank]
 
@@ -101,11 +108,34 @@ class _Stream:
             if issue.when == "start":
                 self.put(rank, issue, due_ms)
         start = max([due_ms] + [self.done.get(key, 0.0) for key in self.side.waits.get((rank, index), ())])
-        duration = base_ms + self.side.extend_ms.get((rank, index), 0.0)
-        inside = sorted((i for i in issues if not isinstance(i.when, str)), key=lambda i: i.when)
-        for issue in inside + [i for i in issues if i.when == "end"]:
-            self.put(rank, issue, start + (duration if issue.when == "end" else issue.when * duration))
-        return start, duration
+        work = base_ms + self.side.extend_ms.get((rank, index), 0.0)
+        clock, done = start, 0.0
+        for issue in sorted((i for i in issues if not isinstance(i.when, str)), key=lambda i: i.when):
+            clock, done = self.advance(rank, clock, issue.when * work - done), issue.when * work
+            self.put(rank, issue, clock)  # issued once that share of the action's work is done
+        clock = self.advance(rank, clock, work - done)
+        for issue in issues:
+            if issue.when == "end":
+                self.put(rank, issue, clock)
+        return start, clock - start
+
+    def advance(self, rank: int, at_ms: float, work_ms: float) -> float:
+        """When the rank's compute, from `at_ms`, has done `work_ms` of work: at 1 - share of its rate while a
+        collective of the rank's stream that takes a share of the SMs runs (the stream is FIFO: one at a time),
+        at full rate otherwise; idle time costs nothing."""
+        clock, work = at_ms, work_ms
+        for begin, end, share in self.slowing[rank]:
+            if end <= clock:
+                continue
+            if begin > clock:
+                if clock + work <= begin:
+                    return clock + work
+                work, clock = work - (begin - clock), begin
+            rate = 1.0 - share
+            if rate > 0 and clock + work / rate <= end:
+                return clock + work / rate
+            work, clock = work - (end - clock) * rate, end
+        return clock + work
 
 
 @dataclass(frozen=True)

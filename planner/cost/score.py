@@ -71,7 +71,7 @@ def evaluate(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) ->
     splits = [splittime.stage_split(layers, options, setup) for layers, options in chunks] if order.splits_backward else None
     return PlanCost(stages=costs, iteration_ms=plan_iteration_ms(order, sums, setup, reductions=reductions,
                                                                  stage_layers=[layers for layers, _ in chunks],
-                                                                 splits=splits))
+                                                                 splits=splits, profile=profile))
 
 
 def stage_cost(layers: Sequence[LayerCost], checkpointed: Sequence[int], *, stage: int, profile: Profile,
@@ -213,7 +213,8 @@ def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, ord
 def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setup: TrainSetup, *,
                       reductions: Sequence[float] | None = None,
                       stage_layers: Sequence[Sequence[LayerCost]] | None = None,
-                      splits: Sequence[splittime.StageSplit] | None = None) -> float:
+                      splits: Sequence[splittime.StageSplit] | None = None,
+                      profile: Profile | None = None) -> float:
     """The schedule's makespan with each stage's forward and backward (its sends and actions
     with them: half each), a split backward's input and weight passes as the stage's layers
     recorded them (`splits`, per stage: splittime.stage_split; the rest half each, the first
@@ -222,7 +223,8 @@ def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setu
     `reductions`, per stage (pipereduce.stage_reductions_ms): the gradient reductions a runtime runs
     after the stage's last backward, placed there in the schedule (the step carries none of them).
     `stage_layers`, per stage: its layers, whose data-parallel collectives Megatron-LM's DDP issues
-    beside the schedule's compute (megatron_dp.py; without them its reductions are not charged)."""
+    beside the schedule's compute (megatron_dp.py; without them its reductions are not charged), slowing it by
+    NCCL's CTAs on `profile`'s GPU (None: not slowed)."""
     if order.splits_backward:
         splits = splits or [splittime.StageSplit()] * len(sums)
     times = splittime.stage_times(sums, splits=splits if order.splits_backward else None, reductions=reductions)
@@ -233,6 +235,6 @@ def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setu
     makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep)
     if stage_layers is not None and ddp_buckets(setup) and order.actions:
         windows = [sum(sums[k].step_ms for k in order.stages_of(rank)[1:]) for rank in range(order.num_ranks)]
-        makespan = megatron_dp.makespan_ms(order, times, stage_layers, setup, step_window_ms=windows)
+        makespan = megatron_dp.makespan_ms(order, times, stage_layers, setup, step_window_ms=windows, profile=profile)
     makespan += max(steps)
     return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums) + split_extra, sum(steps), setup))
