@@ -40,8 +40,10 @@ its time, NVIDIA's developer forum, 2025) and the HBM both read, so it is a floo
 
 Where: the layers whose collectives dataparallel.exposed_comm_ms hides (FSDP2 and DeepSpeed's ZeRO 3 prefetches
 and reductions, DDP's overlapped reductions, Megatron-LM's --overlap-param-gather under a schedule in closed form),
-window by window as it hides them. Not here: Megatron-LM's DDP under interleaving (megatron_dp.py's simulation),
-reductions a pipeline runs after its last backward (pipereduce.py), FSDP2's first unit (exposed whole,
+window by window as it hides them; and Megatron-LM's DDP under interleaving, where megatron_dp.py's simulation
+places the collectives on a side stream: each takes `collective_share` of the SMs while it runs, and the rank's compute
+beside it runs at 1 - that share of its rate (schedule_time.Issue.share). Not here: reductions a pipeline runs after
+its last backward (pipereduce.py), FSDP2's first unit (exposed whole,
 fsdp2work.edge_units_exposed_ms), AsyncTP's copies (copy engines, no SMs: framework-facts §126)."""
 
 from __future__ import annotations
