@@ -12,16 +12,16 @@ import pytest
 from planner.cost import megatron_dp, nccl_sms, schedules
 from planner.cost.schedule_time import Issue, SideStream, StageTimes, simulate_time
 from planner.schema import TrainSetup
-
 from tests.test_megatron_dp import GATHER_MS, REDUCE_MS, _layer, _setup
 
 H100 = SimpleNamespace(assumptions={"gpu": "h100-sxm"})  # what dataparallel.profile_gpu reads of a profile
 SHARE = 24 / 132  # an H100's 24 NVLink ring channels (a CTA each) of its 132 SMs, 2 ranks in one node
 
 
-def _one_rank(**side) -> tuple[schedules.Schedule, list[StageTimes]]:
+def _one_rank() -> tuple[schedules.Schedule, list[StageTimes]]:
     """1F1B's order on one rank, two microbatches: F0 B0 F1 B1, F 10 ms, B 20 ms (I 10 + W 10)."""
-    return schedules.build_schedule("1F1B", num_ranks=1, num_microbatches=2, num_chunks=1), [StageTimes(10.0, 10.0, 10.0)]
+    order = schedules.build_schedule("1F1B", num_ranks=1, num_microbatches=2, num_chunks=1)
+    return order, [StageTimes(10.0, 10.0, 10.0)]
 
 
 def test_a_collective_slows_the_compute_it_overlaps_by_its_share_of_the_overlap():

@@ -204,7 +204,8 @@ def stage_shares(layers: Sequence[LayerCost], profile: Profile | None, setup: Tr
     (nccl_sms.collective_share at the chunk's parameters, its experts' left out as nccl_sms leaves them)."""
     count = sum(layer.param_count - layer.expert_param_count for layer in layers)
     fp8 = sum(layer.float8_param_count for layer in layers)
-    return tuple(nccl_sms.collective_share(profile, setup, which, count, fp8_count=fp8) for which in ("gather", "reduce"))
+    return tuple(nccl_sms.collective_share(profile, setup, which, count, fp8_count=fp8)
+                 for which in ("gather", "reduce"))
 
 
 def _last_backward(actions, stage: int, microbatches: int) -> int:

@@ -183,10 +183,13 @@ def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_c
     return min(ctas, sms) / sms
 
 
-def collective_share(profile: Profile | None, setup: TrainSetup, which: str, count: int, *, fp8_count: int = 0) -> float:
+def collective_share(profile: Profile | None, setup: TrainSetup, which: str, count: int, *,
+                     fp8_count: int = 0) -> float:
     """gpu_share on the profile's GPU (0 without a profile, or where its GPU or SMs are not known): for a simulation's
     side stream (megatron_dp.py), whose collectives take the share while they run."""
-    from planner.models.gpu_sms import sm_count  # GPU data, read where the profile's GPU is (as layer_ms does)
+    from planner.models.gpu_sms import (
+        sm_count,  # GPU data, read where the profile's GPU is (as layer_ms does)
+    )
 
     if profile is None or setup.data_parallel.dp == 1:
         return 0.0
