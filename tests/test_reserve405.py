@@ -1,6 +1,7 @@
-"""Each layer's forward requests in FSDP2's replay (fsdp2_layers.forward_program, fsdp2_events._Step.forward_scratch),
-where the layer's record holds them (measured and --fake records): by hand on hand-made records, and on the record
-the fake profiler's recorder takes of a tiny LLaMA block under full checkpointing."""
+"""Each layer's forward requests in FSDP2's replay (fsdp2_layers.forward_program, fsdp2_events._Step.forward_scratch)
+and each microbatch's output made before its loss on a pipeline's last stage (fsdp2_chunks._ChunkedStep.run, torch
+2.6.0 stage.py 703 then schedules.py _maybe_compute_loss): by hand on hand-made records, and on the record the fake
+profiler's recorder takes of a tiny LLaMA block under full checkpointing."""
 
 import sys
 from pathlib import Path
@@ -9,9 +10,10 @@ import torch
 
 from planner.cost import allocator
 from planner.cost.allocator import Alloc, Free
+from planner.cost.fsdp2_chunks import Fsdp2Rank, _ChunkedStep
 from planner.cost.fsdp2_events import DEFAULT, Fsdp2Layer, Fsdp2Stage, _PipelineStep, _Step
-from planner.cost.fsdp2_layers import forward_program, program_kept_bytes
-from planner.profiler.allocseq import layer_records
+from planner.cost.fsdp2_layers import backward_program, forward_program, program_kept_bytes
+from planner.profiler.allocseq import layer_records, synthesised
 from planner.schema import AllocRecord, LayerProfile
 
 MIB = 2**20
@@ -27,6 +29,20 @@ def _layer(**update) -> LayerProfile:
 def _empty(**update) -> Fsdp2Layer:
     fields = dict(unit=0, kept_bytes=0, extra_bytes=0, gathered=(), grads=(), shard=(), state=(), scratch=())
     return Fsdp2Layer(**{**fields, **update})
+
+
+def test_a_checkpointed_analytic_blocks_forward_is_its_rerun_by_hand():
+    # kept under none: the input (100, the previous layer's), 200, 400; output 100; transient 400 = the incoming
+    # gradient 100 + two 150s. Full's backward reruns 200 then 400 before its scratch (extra 1000 = 400 + 600).
+    layer = synthesised(_layer(), [100, 200, 400], scratch_terms=[150, 150])
+    assert backward_program(layer, "full", 1000) == (100, 200, 400, 150, 150)
+    assert forward_program(layer, "full", 1000) == (200, 400)
+    # 50 the extra counts beyond the record (tensor parallelism's gathered inputs, Float8's casts): made in the
+    # forward as in its rerun, first
+    assert backward_program(layer, "full", 1050) == (100, 50, 200, 400, 150, 150)
+    assert forward_program(layer, "full", 1050) == (50, 200, 400)
+    # none keeps what its forward makes: nothing beyond the kept block; no record for the option: nothing
+    assert forward_program(layer, "none", 400) == () and forward_program(layer, "core-attn", 1000) == ()
 
 
 def test_a_records_own_forward_transients_are_played_renumbered_without_what_it_keeps():
@@ -53,6 +69,20 @@ def test_the_forward_program_is_played_after_the_kept_block_and_freed_by_the_for
     one = _Step(stage, [])
     one.forward()
     assert [e.key for e in one.events if e.key[0] == "forward"] == [("forward", 0, n) for n in (1, 2, 1, 3, 2, 3)]
+
+
+def test_the_last_stages_output_is_made_between_its_layers_and_its_loss():
+    layer = _empty(kept_bytes=100)
+    stage = Fsdp2Stage(layers=(layer,), kept_from_forward=frozenset({0}), shard_group=1, reduce_ratio=2.0,
+                       buffer_bytes=0, loss_kept_bytes=0, loss_extra_bytes=0, loss_forward=(40, 40, -1))
+    rank = Fsdp2Rank(chunks=(stage,), actions=((0, "F", 0), (0, "B", 0)), num_microbatches=1, buffer_bytes=0,
+                     output_bytes=(20,), merged_bytes=20)
+    events: list = []
+    _ChunkedStep(rank, events, makes_state=True).run()
+    keys = [e.key[2] if e.key[0] == "chunk" else e.key for e in events if isinstance(e, Alloc)]
+    made = [key for key in keys if key[0] in ("kept", "output", "loss_forward")]
+    assert made[:4] == [("kept", 0, 0), ("output", 0, 0), ("loss_forward", 0, 1), ("loss_forward", 0, 2)]
+    assert Alloc(("merged",), 20, DEFAULT) in events and Free(("merged",)) in events
 
 
 def test_a_tiny_llama_blocks_checkpointed_forward_is_its_records_transients():

@@ -1,0 +1,76 @@
+"""FSDP2's replayed reserve under other lifetimes of a checkpointed analytic block's forward requests than
+fsdp2_layers.forward_program's (each alive to the block's forward end: the analytic record holds no lifetimes).
+A diagnostic of that choice (docs/published-runs.md §29.reserve405), not a cost term: the requests, their sizes and
+their order are forward_program's; only when each is freed changes.
+FORWARD=chain: each freed once the next one is made (an op consumes the tensor before it: at most two alive);
+FORWARD=once: each freed as soon as it is made (one alive at a time);
+FORWARD=off: no forward requests beyond the kept block (the replay before §29.reserve405);
+FORWARD=alive (default): forward_program's own.
+ORDER=loss_first puts each microbatch's output after the loss's forward (the order before §29.reserve405).
+usage: FORWARD=chain [ORDER=loss_first] PYTHONPATH=<checkout> python scripts/forward_lifetime_sensitivity.py
+       <ckplan evaluate arguments>"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import stage_terms  # noqa: E402
+
+from planner.cost import fsdp2_chunks, fsdp2_layers  # noqa: E402
+from planner.cost.allocator import Alloc  # noqa: E402
+from planner.cost.fsdp2_events import DEFAULT  # noqa: E402
+
+MODE = os.environ.get("FORWARD", "alive")
+ORDER = os.environ.get("ORDER", "")
+original = fsdp2_layers.forward_program
+
+
+def forward_program(known, option, extra):
+    program = original(known, option, extra)
+    record = known.alloc_records.get(option)
+    if MODE == "off":
+        return ()
+    if MODE == "alive" or not program or record is None or any(code < 0 for code in record.forward):
+        return program  # a record's own lifetimes are never changed
+    if MODE == "once":
+        return tuple(code for n, size in enumerate(program, 1) for code in (size, -n))
+    chained = [program[0]]  # chain: each freed once the next is made
+    for n, size in enumerate(program[1:], 2):
+        chained += [size, -(n - 1)]
+    return tuple(chained)
+
+
+def run(self):
+    """fsdp2_chunks._ChunkedStep.run with each output made after the loss's forward (ORDER=loss_first)."""
+    rank = self.rank
+    original_play, outputs = self.play, rank.output_bytes
+
+    def play(chunk, pass_, *args):
+        if pass_ == self.parts[chunk].forward_layers:
+            original_play(chunk, pass_, *args)
+            original_play(chunk, self.parts[chunk].forward_loss, *args)
+            if outputs and outputs[chunk]:
+                self.events.append(Alloc(("output", chunk, args[0]), outputs[chunk], DEFAULT))
+            return
+        if pass_ == self.parts[chunk].forward_loss:
+            return
+        if pass_ == self.parts[chunk].forward_mb:
+            raise AssertionError("fsdp2_chunks plays forward_layers and forward_loss apart")
+        original_play(chunk, pass_, *args)
+
+    self.play = play
+    # the output's own Alloc in run() is then skipped: output_bytes read as zero there
+    object.__setattr__(rank, "output_bytes", ())
+    try:
+        original_run(self)
+    finally:
+        object.__setattr__(rank, "output_bytes", outputs)
+
+
+fsdp2_layers.forward_program = forward_program
+original_run = fsdp2_chunks._ChunkedStep.run
+if ORDER == "loss_first":
+    fsdp2_chunks._ChunkedStep.run = run
+
+if __name__ == "__main__":
+    sys.exit(stage_terms.main(sys.argv[1:]))
