@@ -31,18 +31,76 @@ def _empty(**update) -> Fsdp2Layer:
     return Fsdp2Layer(**{**fields, **update})
 
 
-def test_a_checkpointed_analytic_blocks_forward_is_its_rerun_by_hand():
-    # kept under none: the input (100, the previous layer's), 200, 400; output 100; transient 400 = the incoming
-    # gradient 100 + two 150s. Full's backward reruns 200 then 400 before its scratch (extra 1000 = 400 + 600).
-    layer = synthesised(_layer(), [100, 200, 400], scratch_terms=[150, 150])
-    assert backward_program(layer, "full", 1000) == (100, 200, 400, 150, 150)
-    assert forward_program(layer, "full", 1000) == (200, 400)
-    # 50 the extra counts beyond the record (tensor parallelism's gathered inputs, Float8's casts): made in the
-    # forward as in its rerun, first
-    assert backward_program(layer, "full", 1050) == (100, 50, 200, 400, 150, 150)
-    assert forward_program(layer, "full", 1050) == (50, 200, 400)
+def test_a_checkpointed_analytic_blocks_forward_is_its_rerun_freed_at_each_last_use_by_hand():
+    # kept under none: the input (100, the previous layer's), 200, 400, 300; output 100; transient 400 = the
+    # incoming gradient 100 + two 150s. Full's backward reruns 200, 400, 300 before its scratch (extra 1000 + 300).
+    # Last uses: the input to the end, 200 once 400 is made, 400 as made, 300 to the end
+    layer = synthesised(_layer(act_bytes=1000), [100, 200, 400, 300], scratch_terms=[150, 150],
+                        last_uses=(None, 2, 2, None))
+    assert layer.alloc_records["full"].rerun_forward == [200, 400, -1, -2, 300]
+    assert backward_program(layer, "full", 1300) == (100, 200, 400, 300, 150, 150)
+    assert forward_program(layer, "full", 1300) == (200, 400, -1, -2, 300)
+    # 50 the extra counts beyond the record (tensor parallelism's gathered inputs, Float8's casts, repeat_kv's
+    # copies): made first, alive to the forward's end, the record's ids after it
+    assert backward_program(layer, "full", 1350) == (100, 50, 200, 400, 300, 150, 150)
+    assert forward_program(layer, "full", 1350) == (50, 200, 400, -2, -3, 300)
     # none keeps what its forward makes: nothing beyond the kept block; no record for the option: nothing
-    assert forward_program(layer, "none", 400) == () and forward_program(layer, "core-attn", 1000) == ()
+    assert forward_program(layer, "none", 400) == () and forward_program(layer, "core-attn", 1300) == ()
+    # no lifetimes read (a family analytic_kept.forward_last_uses does not name): nothing, not a bound
+    bare = synthesised(_layer(act_bytes=1000), [100, 200, 400, 300], scratch_terms=[150, 150])
+    assert bare.alloc_records["full"].rerun_forward == [] and forward_program(bare, "full", 1350) == ()
+
+
+def test_an_analytic_tiny_llama_blocks_checkpointed_forward_peaks_where_its_fake_record_does():
+    """The analytic block of tests/fixtures/llama_style.py's shapes (flash attention): its checkpointed forward,
+    each term freed at the last use analytic_kept.forward_last_uses reads from torchtitan's code, peaks at the
+    fake recorder's record of the real block under torch.utils.checkpoint to the byte (10.25x the block's input,
+    the allocator's 512-byte rounding in both: the residual stream, the MLP's input, SiLU's output, the up
+    projection's and the product); held to the forward's end, the same tensors would take 16.9x."""
+    from planner.models import archs
+    from planner.profiler import analytic
+    from planner.profiler.formulas import Shape
+
+    llama = _tiny_llama()
+    arch = archs.Arch(name="tiny", hidden_size=llama.DIM, intermediate_size=llama.HIDDEN, num_layers=2,
+                      num_heads=llama.HEADS, num_kv_heads=llama.KV_HEADS, vocab_size=llama.VOCAB,
+                      tie_word_embeddings=False, max_position_embeddings=llama.SEQ)
+    layer = analytic.block_layer(0, arch, Shape(seq_len=llama.SEQ, micro_batch_size=1), archs.gpu("h100"))
+    analytic_forward = layer.alloc_records["full"].rerun_forward
+    fake = _fake_record(llama)["full"]
+    x_bytes = llama.SEQ * llama.DIM * 2
+    assert _peak(analytic_forward) == _peak(fake.forward) == 41 * x_bytes // 4
+    assert sum(code for code in analytic_forward if code > 0) == 271 * x_bytes // 16
+    # SwiGLU's gate dies once SiLU has made its output; the MLP's input once the product is made (w2 runs after)
+    gate = 11008
+    assert analytic_forward[-9:] == [gate, gate, -11, gate, gate, -10, -12, -13, -14]
+    # eager attention (its scores' lifetimes not read): none held
+    eager = analytic.block_layer(0, arch, Shape(seq_len=llama.SEQ, micro_batch_size=1, attention="eager"),
+                                 archs.gpu("h100"))
+    assert eager.alloc_records["full"].rerun_forward == []
+
+
+def _tiny_llama():
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    import llama_style
+
+    return llama_style
+
+
+def _fake_record(llama):
+    from planner.profiler.fake import fake_module, new_mode
+
+    with torch.device("meta"):
+        block = llama.DecoderBlock().to(torch.bfloat16)
+    mode = new_mode()
+    block = fake_module(block, mode)
+    with mode:
+        x = torch.empty(1, llama.SEQ, llama.DIM, dtype=torch.bfloat16, requires_grad=True)
+        return layer_records(block, x, torch.empty_like(x), [])
+
+
+def _peak(codes):
+    return allocator.replay(_events(codes)).allocated_peak_bytes
 
 
 def test_a_records_own_forward_transients_are_played_renumbered_without_what_it_keeps():

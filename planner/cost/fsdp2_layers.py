@@ -122,16 +122,16 @@ def forward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, 
     - a record whose forward frees what it made (the measured and --fake profiles' records: allocseq.record_pass's
       recorder sees every storage and its free): its forward with the tensors alive at its end left out (its saved
       tensors and its output, which the kept block and the next layer's hold), in the record's order, renumbered;
-    - an analytic record (its forward makes only what it keeps) under a recompute option: the forward as the
-      record's backward reruns it (torch.utils.checkpoint reruns the layer's own forward function, so its rerun
-      makes the forward's requests in the forward's order: torch 2.6.0 utils/checkpoint.py
-      `_checkpoint_hook.__init__.unpack_hook` calls `recompute_fn`, the function `checkpoint` was given): what the
-      backward program holds beyond the record's tensors and the received gradient (a recomputed layer's
-      tensor-parallel inputs gathered whole, Float8's, context parallelism's K/V buffers: made in the forward as
-      in its rerun) and the record's rerun tensors (_rerun_point), each alive to the forward's end. The analytic
-      record holds no lifetimes: in torch a checkpointed forward frees each of them once its last consumer has
-      run (the checkpoint's pack hook keeps none), so this holds them longer than torch (an upper bound on its
-      requests' overlap, at most the rerun's own peak, which the backward holds beside more).
+    - an analytic record (its forward makes only what it keeps) under a recompute option, where it holds its
+      checkpointed forward's lifetimes (`rerun_forward`: allocseq.synthesised from analytic_kept.forward_last_uses,
+      the block's code read term by term): torch.utils.checkpoint reruns the layer's own forward function (torch
+      2.6.0 utils/checkpoint.py `_checkpoint_hook.__init__.unpack_hook` calls `recompute_fn`), so the forward
+      makes the rerun's tensors (the record's backward up to _rerun_point) in its order, and its pack hook keeps
+      none, so each is freed at its last use: those, first what the backward program holds beyond the record's
+      tensors and the received gradient (a recomputed layer's tensor-parallel inputs gathered whole, Float8's,
+      context parallelism's K/V buffers, repeat_kv's copies: one tensor, whose parts the record does not name),
+      alive to the forward's end (an upper bound on that one's overlap: each part dies with its sub-block);
+      nothing where the record holds no lifetimes (a family not read) or its rerun is not the lifetimes' tensors.
     `extra`: the cost model's extra as backward_hand takes it."""
     record = known.alloc_records.get(option)
     if record is None:
@@ -159,12 +159,16 @@ def forward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, 
     if option == OPTION_NONE:
         return ()
     found = _record_part(known, option, extra)
-    if found is None:
+    if found is None or not record.rerun_forward:
         return ()
     part, peak, _, _ = found
     at, _ = _rerun_point(known, option, part)
+    if [code for code in record.rerun_forward if code > 0] != [code for code in part[:at] if code > 0]:
+        return ()
     residual = extra - known.output_bytes - peak
-    return tuple(size for size in (residual, *(code for code in part[:at] if code > 0)) if size > 0)
+    if residual <= 0:
+        return tuple(record.rerun_forward)
+    return (residual, *(code if code > 0 else code - 1 for code in record.rerun_forward))
 
 
 def backward_hand_ring(known: LayerProfile, option: str, extra: int, ring: tuple[int, ...],

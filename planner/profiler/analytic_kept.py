@@ -241,6 +241,59 @@ def block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> list[Te
     return gpt_block_terms(arch, shape) if arch.style == "gpt" else llama_block_terms(arch, shape, moe=moe)
 
 
+# ---------------------------------------------------------------- forward lifetimes
+
+
+_ATTN_OUT, _PRODUCT = "attention output (output projection input)", "product (down projection input)"
+# A LLaMA-style block with grouped-query attention under flash (no q/k norms, sinks or dropout) and a dense SwiGLU
+# MLP, as torchtitan runs it (9dec370 torchtitan/models/llama/model.py): each kept term by the term after whose
+# making the eager forward frees it where no saved tensor holds it (under torch.utils.checkpoint: framework-facts
+# §127, §131), by Python's reference counts in that code; None: alive to the block's end.
+# - 323 `h = x + self.attention(self.attention_norm(x), freqs_cis)`: the norm's output is the caller's argument,
+#   alive until attention returns (after wo, 214); the norm's statistics die inside the norm;
+# - 189-214: xq, xk, xv are locals to the return (xq rebound to its rotated view's storage); SDPA's logsumexp is
+#   none of its results (F.scaled_dot_product_attention returns the output alone): freed as made; the output
+#   projection's input (`output`, 210-213) until wo has run;
+# - 324 `out = h + self.feed_forward(self.ffn_norm(h))`: h to the block's end; the MLP norm's output, the
+#   argument, until feed_forward returns; 253 `self.w2(F.silu(self.w1(x)) * self.w3(x))`: w1's output dies once
+#   SiLU has made its own, SiLU's and w3's once `*` has made the product, the product once w2 has run.
+# Not terms, so not played: the pre-rotary Q and K, repeat_kv's copies (201-202; K and V are held here at their
+# own width to attention's end), SDPA's raw output, wo's and w2's outputs and the residual sums.
+LLAMA_FORWARD_LAST_USE: dict[str, str | None] = {
+    "attention norm input": None,
+    "attention norm statistics (fp32 per token)": "Q/K/V projection input (norm output)",
+    "Q/K/V projection input (norm output)": _ATTN_OUT,
+    "Q after rotary": _ATTN_OUT,
+    "K after rotary (K/V heads only)": _ATTN_OUT,
+    "V (K/V heads only)": _ATTN_OUT,
+    "softmax statistics, logsumexp (fp32 per head and token)": "softmax statistics, logsumexp (fp32 per head and token)",
+    _ATTN_OUT: _ATTN_OUT,
+    "MLP norm input": None,
+    "MLP norm statistics (fp32 per token)": "MLP input (norm output), shared by gate and up",
+    "MLP input (norm output), shared by gate and up": _PRODUCT,
+    "gate projection output (SiLU input)": "SiLU output (first factor)",
+    "SiLU output (first factor)": _PRODUCT,
+    "up projection output (second factor)": _PRODUCT,
+    _PRODUCT: _PRODUCT,
+}
+
+
+def forward_last_uses(terms: list[Term]) -> tuple[int | None, ...] | None:
+    """For each of a block's kept terms, the index of the term after whose making its eager forward frees it
+    (None: alive to the block's end), where the block's family has been read (LLAMA_FORWARD_LAST_USE); None
+    where it has not (another family, or a term the table does not name)."""
+    names = [term.what for term in terms]
+    if len(set(names)) != len(names) or any(name not in LLAMA_FORWARD_LAST_USE for name in names):
+        return None
+    deaths = []
+    for at, name in enumerate(names):
+        last = LLAMA_FORWARD_LAST_USE[name]
+        if last is not None and (last not in names or names.index(last) < at):
+            return None
+        deaths.append(None if last is None else names.index(last))
+    return tuple(deaths)
+
+
 def korthikanti_block_bytes(arch: Arch, shape: Shape) -> float:
     """The paper's closed formulas (16-bit, GELU 4h, dropout, eager), for checking."""
     s, b, h, a, t = shape.seq_len, shape.micro_batch_size, arch.hidden_size, arch.num_heads, shape.tp
