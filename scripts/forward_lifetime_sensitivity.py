@@ -1,14 +1,17 @@
 """FSDP2's replayed reserve under other lifetimes of a checkpointed analytic block's forward requests than
-fsdp2_layers.forward_program's (each alive to the block's forward end: the analytic record holds no lifetimes).
-A diagnostic of that choice (docs/published-runs.md §29.reserve405), not a cost term: the requests, their sizes and
-their order are forward_program's; only when each is freed changes.
+fsdp2_layers.forward_program's (each of the record's terms freed at its last use in the block's code,
+analytic_kept.forward_last_uses; what the extra counts beyond the record, one tensor, alive to the forward's end).
+A diagnostic of those lifetimes (docs/published-runs.md §29.reserve405, §29.fwdlife), not a cost term: the
+requests, their sizes and their order are forward_program's; only when each is freed changes.
+FORWARD=read (default): forward_program's own;
+FORWARD=alive: each alive to the forward's end (branch reserve405's upper bound);
 FORWARD=chain: each freed once the next one is made (an op consumes the tensor before it: at most two alive);
 FORWARD=once: each freed as soon as it is made (one alive at a time);
-FORWARD=off: no forward requests beyond the kept block (the replay before §29.reserve405);
-FORWARD=alive (default): forward_program's own.
+FORWARD=off: no forward requests beyond the kept block (main before §29.fwdlife).
+RESIDUAL=off leaves out the one tensor of what the extra counts beyond the record (its lower side).
 ORDER=loss_first puts each microbatch's output after the loss's forward (the order before §29.reserve405).
-usage: FORWARD=chain [ORDER=loss_first] PYTHONPATH=<checkout> python scripts/forward_lifetime_sensitivity.py
-       <ckplan evaluate arguments>"""
+usage: FORWARD=chain [RESIDUAL=off] [ORDER=loss_first] PYTHONPATH=<checkout> python
+       scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
 import os
 import sys
 
@@ -20,7 +23,8 @@ from planner.cost import fsdp2_chunks, fsdp2_layers  # noqa: E402
 from planner.cost.allocator import Alloc  # noqa: E402
 from planner.cost.fsdp2_events import DEFAULT  # noqa: E402
 
-MODE = os.environ.get("FORWARD", "alive")
+MODE = os.environ.get("FORWARD", "read")
+RESIDUAL = os.environ.get("RESIDUAL", "")
 ORDER = os.environ.get("ORDER", "")
 original = fsdp2_layers.forward_program
 
@@ -30,12 +34,20 @@ def forward_program(known, option, extra):
     record = known.alloc_records.get(option)
     if MODE == "off":
         return ()
-    if MODE == "alive" or not program or record is None or any(code < 0 for code in record.forward):
-        return program  # a record's own lifetimes are never changed
+    if not program or record is None or not record.rerun_forward:
+        return program  # a measured or fake record's own lifetimes are never changed
+    sizes = [code for code in program if code > 0]
+    if RESIDUAL == "off" and len(sizes) > sum(1 for code in record.rerun_forward if code > 0):
+        program = tuple(code if code > 0 else code + 1 for code in program[1:])
+        sizes = sizes[1:]
+    if MODE == "read":
+        return program
+    if MODE == "alive":
+        return tuple(sizes)
     if MODE == "once":
-        return tuple(code for n, size in enumerate(program, 1) for code in (size, -n))
-    chained = [program[0]]  # chain: each freed once the next is made
-    for n, size in enumerate(program[1:], 2):
+        return tuple(code for n, size in enumerate(sizes, 1) for code in (size, -n))
+    chained = [sizes[0]]  # chain: each freed once the next is made
+    for n, size in enumerate(sizes[1:], 2):
         chained += [size, -(n - 1)]
     return tuple(chained)
 
