@@ -10,6 +10,7 @@ import torch
 
 from planner.cost import allocator
 from planner.cost.allocator import Alloc, Free
+from planner.cost.float8 import with_float8
 from planner.cost.fsdp2_chunks import Fsdp2Rank, _ChunkedStep
 from planner.cost.fsdp2_events import DEFAULT, Fsdp2Layer, Fsdp2Stage, _PipelineStep, _Step
 from planner.cost.fsdp2_layers import backward_program, forward_program, program_kept_bytes
@@ -46,6 +47,12 @@ def test_a_checkpointed_analytic_blocks_forward_is_its_rerun_freed_at_each_last_
     assert forward_program(layer, "full", 1350) == (50, 200, 400, -2, -3, 300)
     # none keeps what its forward makes: nothing beyond the kept block; no record for the option: nothing
     assert forward_program(layer, "none", 400) == () and forward_program(layer, "core-attn", 1300) == ()
+    # Float8's casts, made first in the record's backward (float8.with_float8): not the rerun's terms, so in the
+    # one tensor with what the extra counts beyond the record
+    cast = layer.model_copy(update={"alloc_records": {
+        name: with_float8(record, kept=0, transient=70) for name, record in layer.alloc_records.items()}})
+    assert backward_program(cast, "full", 1420) == (100, 50, 70, 200, 400, 300, 150, 150)
+    assert forward_program(cast, "full", 1420) == (120, 200, 400, -2, -3, 300)
     # no lifetimes read (a family analytic_kept.forward_last_uses does not name): nothing, not a bound
     bare = synthesised(_layer(act_bytes=1000), [100, 200, 400, 300], scratch_terms=[150, 150])
     assert bare.alloc_records["full"].rerun_forward == [] and forward_program(bare, "full", 1350) == ()

@@ -126,10 +126,11 @@ def forward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, 
       checkpointed forward's lifetimes (`rerun_forward`: allocseq.synthesised from analytic_kept.forward_last_uses,
       the block's code read term by term): torch.utils.checkpoint reruns the layer's own forward function (torch
       2.6.0 utils/checkpoint.py `_checkpoint_hook.__init__.unpack_hook` calls `recompute_fn`), so the forward
-      makes the rerun's tensors (the record's backward up to _rerun_point) in its order, and its pack hook keeps
+      makes the rerun's tensors (the record's backward where its terms are rerun) in its order, and its pack hook keeps
       none, so each is freed at its last use: those, first what the backward program holds beyond the record's
       tensors and the received gradient (a recomputed layer's tensor-parallel inputs gathered whole, Float8's,
-      context parallelism's K/V buffers, repeat_kv's copies: one tensor, whose parts the record does not name),
+      context parallelism's K/V buffers, repeat_kv's copies, and the record's own allocations before the rerun:
+      Float8's casts; one tensor, whose parts the record does not name),
       alive to the forward's end (an upper bound on that one's overlap: each part dies with its sub-block);
       nothing where the record holds no lifetimes (a family not read) or its rerun is not the lifetimes' tensors.
     `extra`: the cost model's extra as backward_hand takes it."""
@@ -162,10 +163,13 @@ def forward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, 
     if found is None or not record.rerun_forward:
         return ()
     part, peak, _, _ = found
-    at, _ = _rerun_point(known, option, part)
-    if [code for code in record.rerun_forward if code > 0] != [code for code in part[:at] if code > 0]:
+    sizes = [code for code in record.rerun_forward if code > 0]
+    at = next((at for at in range(len(part) - len(sizes) + 1) if part[at:at + len(sizes)] == sizes), None)
+    if at is None or any(code < 0 for code in part[:at]):
         return ()
-    residual = extra - known.output_bytes - peak
+    # the record's allocations before its rerun (Float8's casts, float8.with_float8) are not the rerun's terms:
+    # with the extra beyond the record, the one tensor
+    residual = extra - known.output_bytes - peak + sum(part[:at])
     if residual <= 0:
         return tuple(record.rerun_forward)
     return (residual, *(code if code > 0 else code - 1 for code in record.rerun_forward))
