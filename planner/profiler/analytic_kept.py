@@ -278,6 +278,35 @@ LLAMA_FORWARD_LAST_USE: dict[str, str | None] = {
 }
 
 
+# where in that forward each part of what the record does not name is made and freed (fsdp2_layers.forward_program):
+# the point's term and whether it falls before its making ("before"), right after it ("made": before the frees that
+# follow it) or after those frees ("after"). torchtitan 9dec370 parallelize_llama.py 158-173: `attention` and
+# `feed_forward` take their input through PrepareModuleInput (Shard(1) -> Replicate()), so TP + SP's gathered
+# input is made when the norm has returned and is the module's argument until it returns (model.py 323-324);
+# model.py 201-202 `keys = repeat_kv(xk, ...)`, `values` likewise, Attention.forward's locals from before SDPA
+# to its return; context parallelism's K/V buffers live for the SDPA call; a Float8 linear's casts for its matmul,
+# the largest (the MLP's, w2's input beside the product) where the product is alive.
+LLAMA_FORWARD_POINTS: dict[str, tuple[str, str]] = {
+    "attention": ("Q/K/V projection input (norm output)", "after"),
+    "sdpa": ("softmax statistics, logsumexp (fp32 per head and token)", "before"),
+    "sdpa_end": ("softmax statistics, logsumexp (fp32 per head and token)", "after"),
+    "attention_end": (_ATTN_OUT, "after"),
+    "mlp": ("MLP input (norm output), shared by gate and up", "after"),
+    "w2": (_PRODUCT, "made"),
+    "mlp_end": (_PRODUCT, "after"),
+}
+
+
+def forward_points(terms: list[Term]) -> dict[str, tuple[int, str]] | None:
+    """LLAMA_FORWARD_POINTS by index into `terms`, where forward_last_uses reads the block; None elsewhere."""
+    if forward_last_uses(terms) is None:
+        return None
+    names = [term.what for term in terms]
+    if any(name not in names for name, _ in LLAMA_FORWARD_POINTS.values()):
+        return None
+    return {point: (names.index(name), where) for point, (name, where) in LLAMA_FORWARD_POINTS.items()}
+
+
 def forward_last_uses(terms: list[Term]) -> tuple[int | None, ...] | None:
     """For each of a block's kept terms, the index of the term after whose making its eager forward frees it
     (None: alive to the block's end), where the block's family has been read (LLAMA_FORWARD_LAST_USE); None
