@@ -73,3 +73,26 @@ def test_synthesised_holds_the_points_and_forward_program_plays_the_parts():
     assert forward_program(layer, "full", 1350, parts) == (25, 200, 10, 5, 400, -2, -5, -3, -4, 10, 300, -6)
     # without parts: the one tensor, as before
     assert forward_program(layer, "full", 1350) == (50, 200, 400, -2, -3, 300)
+
+
+def test_the_tiny_llama_blocks_points_fall_at_its_terms():
+    """A tiny LLaMA block (GQA under flash, SwiGLU): its record's points fall where LLAMA_FORWARD_POINTS reads them
+    (hidden 64, 4 heads, 2 K/V heads, 128 tokens at 2 B: the norm's output 16 KiB; logsumexp 4 x 4 x 128 B)."""
+    from planner.models import archs
+    from planner.profiler import analytic
+    from planner.profiler.formulas import Shape
+
+    arch = archs.Arch(name="tiny", hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4, num_kv_heads=2,
+                      vocab_size=256, tie_word_embeddings=False, max_position_embeddings=128)
+    record = analytic.block_layer(0, arch, Shape(seq_len=128, micro_batch_size=1), archs.gpu("h100")).alloc_records["full"]
+    codes, points = record.rerun_forward, record.rerun_points
+    x, lse, f = 128 * 64 * 2, 4 * 4 * 128, 128 * 160 * 2
+    # the attention's gathered input after the norm's output is made and its statistics freed
+    assert codes[points["attention"] - 1] < 0 and x in codes[:points["attention"]]
+    # SDPA: just before logsumexp is made; its end after logsumexp is freed as made
+    assert codes[points["sdpa"]] == lse and points["sdpa_end"] == points["sdpa"] + 2
+    # the attention returns: its frees end there and the MLP norm's input (the residual stream) comes next
+    assert codes[points["attention_end"] - 1] < 0 and codes[points["attention_end"]] == x
+    # w2: after the product is made (f wide), before its frees; the MLP's end is the rerun's end
+    assert codes[points["w2"] - 1] == f and codes[points["w2"]] < 0
+    assert points["mlp_end"] == len(codes) and points["mlp"] < points["w2"]
