@@ -8,9 +8,10 @@ FORWARD=alive: each alive to the forward's end (branch reserve405's upper bound)
 FORWARD=chain: each freed once the next one is made (an op consumes the tensor before it: at most two alive);
 FORWARD=once: each freed as soon as it is made (one alive at a time);
 FORWARD=off: no forward requests beyond the kept block (main before §29.fwdlife).
-RESIDUAL=off leaves out the one tensor of what the extra counts beyond the record (its lower side).
+RESIDUAL=off leaves out the one tensor of what the extra counts beyond the record (its lower side), unsplit;
+SPLIT=off plays that tensor unsplit, alive to the forward's end (branch fwdlife, before fsdp2_split).
 ORDER=loss_first puts each microbatch's output after the loss's forward (the order before §29.reserve405).
-usage: FORWARD=chain [RESIDUAL=off] [ORDER=loss_first] PYTHONPATH=<checkout> python
+usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [ORDER=loss_first] PYTHONPATH=<checkout> python
        scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
 import os
 import sys
@@ -29,8 +30,12 @@ ORDER = os.environ.get("ORDER", "")
 original = fsdp2_layers.forward_program
 
 
-def forward_program(known, option, extra):
-    program = original(known, option, extra)
+SPLIT = os.environ.get("SPLIT", "")
+
+
+def forward_program(known, option, extra, parts=None):
+    unsplit = RESIDUAL == "off" or SPLIT == "off"
+    program = original(known, option, extra, None if unsplit else parts)
     record = known.alloc_records.get(option)
     if MODE == "off":
         return ()
