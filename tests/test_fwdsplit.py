@@ -1,5 +1,5 @@
 """The checkpointed forward's parts beyond the record (fsdp2_split.split_forward, fsdp2_layers.forward_program): each
-made and freed at the point torchtitan 9dec370's block code makes and frees it (analytic_kept.LLAMA_FORWARD_POINTS,
+made and freed at the point torchtitan 9dec370's block code makes and frees it (analytic_lifetimes.LLAMA_FORWARD_POINTS,
 held by allocseq.synthesised as `rerun_points`), by hand on hand-made records and on the tiny LLaMA block's
 analytic record."""
 

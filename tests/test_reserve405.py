@@ -53,14 +53,14 @@ def test_a_checkpointed_analytic_blocks_forward_is_its_rerun_freed_at_each_last_
         name: with_float8(record, kept=0, transient=70) for name, record in layer.alloc_records.items()}})
     assert backward_program(cast, "full", 1420) == (100, 50, 70, 200, 400, 300, 150, 150)
     assert forward_program(cast, "full", 1420) == (120, 200, 400, -2, -3, 300)
-    # no lifetimes read (a family analytic_kept.forward_last_uses does not name): nothing, not a bound
+    # no lifetimes read (a family analytic_lifetimes.forward_last_uses does not name): nothing, not a bound
     bare = synthesised(_layer(act_bytes=1000), [100, 200, 400, 300], scratch_terms=[150, 150])
     assert bare.alloc_records["full"].rerun_forward == [] and forward_program(bare, "full", 1350) == ()
 
 
 def test_an_analytic_tiny_llama_blocks_checkpointed_forward_peaks_where_its_fake_record_does():
     """The analytic block of tests/fixtures/llama_style.py's shapes (flash attention): its checkpointed forward,
-    each term freed at the last use analytic_kept.forward_last_uses reads from torchtitan's code, peaks at the
+    each term freed at the last use analytic_lifetimes.forward_last_uses reads from torchtitan's code, peaks at the
     fake recorder's record of the real block under torch.utils.checkpoint to the byte (10.25x the block's input,
     the allocator's 512-byte rounding in both: the residual stream, the MLP's input, SiLU's output, the up
     projection's and the product); held to the forward's end, the same tensors would take 16.9x."""

@@ -124,7 +124,7 @@ def forward_program(known: LayerProfile, option: str, extra: int, parts: dict[st
       recorder sees every storage and its free): its forward with the tensors alive at its end left out (its saved
       tensors and its output, which the kept block and the next layer's hold), in the record's order, renumbered;
     - an analytic record (its forward makes only what it keeps) under a recompute option, where it holds its
-      checkpointed forward's lifetimes (`rerun_forward`: allocseq.synthesised from analytic_kept.forward_last_uses,
+      checkpointed forward's lifetimes (`rerun_forward`: allocseq.synthesised from analytic_lifetimes.forward_last_uses,
       the block's code read term by term): torch.utils.checkpoint reruns the layer's own forward function (torch
       2.6.0 utils/checkpoint.py `_checkpoint_hook.__init__.unpack_hook` calls `recompute_fn`), so the forward
       makes the rerun's tensors (the record's backward where its terms are rerun) in its order, and its pack hook keeps
@@ -136,7 +136,7 @@ def forward_program(known: LayerProfile, option: str, extra: int, parts: dict[st
       nothing where the record holds no lifetimes (a family not read) or its rerun is not the lifetimes' tensors.
     `extra`: the cost model's extra as backward_hand takes it. `parts` (forward_parts): that one tensor's parts
     the cost model names, each played on its own where the record holds the points its code makes and frees it
-    at (`rerun_points`, analytic_kept.LLAMA_FORWARD_POINTS): fsdp2_split.split_forward."""
+    at (`rerun_points`, analytic_lifetimes.LLAMA_FORWARD_POINTS): fsdp2_split.split_forward."""
     record = known.alloc_records.get(option)
     if record is None:
         return ()

@@ -1,7 +1,7 @@
 """A checkpointed analytic block's forward with what its record does not name split into the parts the cost model
 counts, each made and freed where torchtitan's block code makes and frees it (fsdp2_layers.forward_program):
 TP + SP's gathered inputs, repeat_kv's copies, context parallelism's K/V buffers, Float8's casts. The points are the
-record's (`rerun_points`, analytic_kept.LLAMA_FORWARD_POINTS, read from torchtitan 9dec370, docs/framework-facts.md
+record's (`rerun_points`, analytic_lifetimes.LLAMA_FORWARD_POINTS, read from torchtitan 9dec370, docs/framework-facts.md
 §136). Nothing here reads a file or prints."""
 
 from __future__ import annotations

@@ -159,10 +159,10 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
     order the backward makes them (a gated block's three f-wide gradients, analytic_scratch.block_scratch),
     summing to it, the first `scratch_freed_early` freed once the rest are made (before the input's gradient:
     SwiGLU's product gradient after the `mul`'s node); None: as the layer's records already cut it (remade under
-    --compile), else one tensor. `last_uses` (analytic_kept.forward_last_uses, one per kept term): the index of
+    --compile), else one tensor. `last_uses` (analytic_lifetimes.forward_last_uses, one per kept term): the index of
     the term after whose making the block's eager forward frees each (None: alive to its end), from which full's
     record holds its checkpointed forward (`rerun_forward`: torch's checkpoint keeps none of them, so each is
-    freed at its last use); None: no lifetimes read, none held. `points` (analytic_kept.forward_points): named
+    freed at its last use); None: no lifetimes read, none held. `points` (analytic_lifetimes.forward_points): named
     points of that forward by term, held as indices into it (`rerun_points`)."""
     keep = list(range(len(kept_terms)))
     if layer.input_in_act_bytes and layer.input_in_act_bytes in kept_terms:

@@ -104,6 +104,7 @@ from planner.profiler import (
     opsac,
     te_fused,
 )
+from planner.profiler.analytic_lifetimes import forward_last_uses, forward_points
 from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<name> by callers
     FLASH,
     FP32,
@@ -112,8 +113,6 @@ from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<na
     _norm_terms,
     block_terms,
     boundary_bytes,
-    forward_last_uses,
-    forward_points,
     korthikanti_block_bytes,
     offload_option,
     selective_options,

@@ -93,7 +93,7 @@ class AllocRecord(Strict):
     # frees them (codes as `forward`'s, ids from 1 over these; one still alive at the end lives to the forward's
     # end); [] where no lifetimes were read
     rerun_forward: list[int] = []
-    # named points of that rerun (analytic_kept.LLAMA_FORWARD_POINTS): the index into rerun_forward before which
+    # named points of that rerun (analytic_lifetimes.LLAMA_FORWARD_POINTS): the index into rerun_forward before which
     # each falls; {} where none were read
     rerun_points: dict[str, int] = {}
 CollectiveKind = Literal["all-gather", "reduce-scatter", "all-reduce"]
