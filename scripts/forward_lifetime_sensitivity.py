@@ -11,7 +11,7 @@ FORWARD=off: no forward requests beyond the kept block (main before §29.fwdlife
 RESIDUAL=off leaves out the one tensor of what the extra counts beyond the record (its lower side), unsplit;
 SPLIT=off plays that tensor unsplit, alive to the forward's end (branch fwdlife, before fsdp2_split).
 ORDER=loss_first puts each microbatch's output after the loss's forward (the order before §29.reserve405).
-usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [ORDER=loss_first] PYTHONPATH=<checkout> python
+usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8_SCALE=x] [ORDER=loss_first] PYTHONPATH=<checkout> python
        scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
 import os
 import sys
@@ -31,6 +31,21 @@ original = fsdp2_layers.forward_program
 
 
 SPLIT = os.environ.get("SPLIT", "")
+# F8_SCALE=x: the Float8 casts played at w2 scaled by x (the forward casts w2's input alone, tokens x f/t at 1 B, where
+# the record's casts are its backward's two: x = (f/t) / (f/t + h), 0.289 at the 405B at TP 8)
+F8_SCALE = os.environ.get("F8_SCALE", "")
+original_split = fsdp2_layers.split_forward
+
+
+def split_forward(codes, points, residual, parts):
+    if F8_SCALE and parts.get("float8"):
+        cast = parts["float8"]
+        parts = {**parts, "float8": int(cast * float(F8_SCALE))}
+        residual -= cast - parts["float8"]
+    return original_split(codes, points, residual, parts)
+
+
+fsdp2_layers.split_forward = split_forward
 
 
 def forward_program(known, option, extra, parts=None):
