@@ -34,13 +34,13 @@ def test_what_a_program_leaves_alive():
     assert program_kept_bytes(()) == 0
 
 
-def test_the_loss_its_result_made_in_place_and_kept_to_the_backward_then_the_output():
+def test_the_output_then_the_loss_its_result_made_in_place_and_kept_to_the_backward():
     """torch 2.6.0's `_log_softmax` (distributed/tensor/parallel/loss.py 127-151) frees exp's once summed, makes the
     result while the copy and the shifted logits live, returns (shifted freed), cross_entropy returns (the copy
     freed). The result is freed at the microbatch's backward after the loss's scratch, beside the ends. The output
-    (output_chunks) is made after the loss's requests: torch makes it before them (forward_one_chunk, stage.py 703,
-    then _maybe_compute_loss), but the replay plays none of the forward's other requests around it, so the one
-    request is left where it was (docs/published-runs.md §27.order405)."""
+    (output_chunks) is made before the loss's requests, as torch makes it (forward_one_chunk, stage.py 703, then
+    _maybe_compute_loss), now that the replay plays the layers' forward requests around it (docs/published-runs.md
+    §29.reserve405)."""
     rank = Fsdp2Rank(chunks=(LAST,), actions=((0, "F", 0), (0, "B", 0)), num_microbatches=1, buffer_bytes=0,
                      output_bytes=(1 * MIB,), merged_bytes=1 * MIB)
     events = fsdp2_chunks.rank_events(rank, steps=1)
@@ -49,9 +49,9 @@ def test_the_loss_its_result_made_in_place_and_kept_to_the_backward_then_the_out
     lf = lambda n: ("loss_forward", 0, n)  # noqa: E731
     assert seq == [
         ("F", ("output", 0, 0)),  # clear_runtime_states (nothing yet)
-        ("A", "kept"),
+        ("A", "kept"), ("A", ("output", 0, 0)),
         ("A", lf(1)), ("A", lf(2)), ("A", lf(3)), ("F", lf(3)), ("A", lf(4)), ("F", lf(2)), ("F", lf(1)),
-        ("A", "rest"), ("A", ("output", 0, 0)), ("F", "rest"), ("F", lf(4)), ("F", "kept"),
+        ("A", "rest"), ("F", "rest"), ("F", lf(4)), ("F", "kept"),
         ("A", ("merged",)), ("F", ("merged",)),
     ]
     sizes = {name(e.key): e.nbytes for e in events if isinstance(e, Alloc)}

@@ -1,6 +1,7 @@
-"""Each layer's forward requests in FSDP2's replay (fsdp2_layers.forward_program, fsdp2_events._Step.forward_scratch),
-where the layer's record holds them (measured and --fake records): by hand on hand-made records, and on the record
-the fake profiler's recorder takes of a tiny LLaMA block under full checkpointing."""
+"""Each layer's forward requests in FSDP2's replay (fsdp2_layers.forward_program, fsdp2_events._Step.forward_scratch)
+and each microbatch's output made before its loss on a pipeline's last stage (fsdp2_chunks._ChunkedStep.run, torch
+2.6.0 stage.py 703 then schedules.py _maybe_compute_loss): by hand on hand-made records, and on the record the fake
+profiler's recorder takes of a tiny LLaMA block under full checkpointing."""
 
 import sys
 from pathlib import Path
@@ -9,9 +10,11 @@ import torch
 
 from planner.cost import allocator
 from planner.cost.allocator import Alloc, Free
+from planner.cost.float8 import with_float8
+from planner.cost.fsdp2_chunks import Fsdp2Rank, _ChunkedStep
 from planner.cost.fsdp2_events import DEFAULT, Fsdp2Layer, Fsdp2Stage, _PipelineStep, _Step
-from planner.cost.fsdp2_layers import forward_program, program_kept_bytes
-from planner.profiler.allocseq import layer_records
+from planner.cost.fsdp2_layers import backward_program, forward_program, program_kept_bytes
+from planner.profiler.allocseq import layer_records, synthesised
 from planner.schema import AllocRecord, LayerProfile
 
 MIB = 2**20
@@ -27,6 +30,84 @@ def _layer(**update) -> LayerProfile:
 def _empty(**update) -> Fsdp2Layer:
     fields = dict(unit=0, kept_bytes=0, extra_bytes=0, gathered=(), grads=(), shard=(), state=(), scratch=())
     return Fsdp2Layer(**{**fields, **update})
+
+
+def test_a_checkpointed_analytic_blocks_forward_is_its_rerun_freed_at_each_last_use_by_hand():
+    # kept under none: the input (100, the previous layer's), 200, 400, 300; output 100; transient 400 = the
+    # incoming gradient 100 + two 150s. Full's backward reruns 200, 400, 300 before its scratch (extra 1000 + 300).
+    # Last uses: the input to the end, 200 once 400 is made, 400 as made, 300 to the end
+    layer = synthesised(_layer(act_bytes=1000), [100, 200, 400, 300], scratch_terms=[150, 150],
+                        last_uses=(None, 2, 2, None))
+    assert layer.alloc_records["full"].rerun_forward == [200, 400, -1, -2, 300]
+    assert backward_program(layer, "full", 1300) == (100, 200, 400, 300, 150, 150)
+    assert forward_program(layer, "full", 1300) == (200, 400, -1, -2, 300)
+    # 50 the extra counts beyond the record (tensor parallelism's gathered inputs, Float8's casts, repeat_kv's
+    # copies): made first, alive to the forward's end, the record's ids after it
+    assert backward_program(layer, "full", 1350) == (100, 50, 200, 400, 300, 150, 150)
+    assert forward_program(layer, "full", 1350) == (50, 200, 400, -2, -3, 300)
+    # none keeps what its forward makes: nothing beyond the kept block; no record for the option: nothing
+    assert forward_program(layer, "none", 400) == () and forward_program(layer, "core-attn", 1300) == ()
+    # Float8's casts, made first in the record's backward (float8.with_float8): not the rerun's terms, so in the
+    # one tensor with what the extra counts beyond the record
+    cast = layer.model_copy(update={"alloc_records": {
+        name: with_float8(record, kept=0, transient=70) for name, record in layer.alloc_records.items()}})
+    assert backward_program(cast, "full", 1420) == (100, 50, 70, 200, 400, 300, 150, 150)
+    assert forward_program(cast, "full", 1420) == (120, 200, 400, -2, -3, 300)
+    # no lifetimes read (a family analytic_lifetimes.forward_last_uses does not name): nothing, not a bound
+    bare = synthesised(_layer(act_bytes=1000), [100, 200, 400, 300], scratch_terms=[150, 150])
+    assert bare.alloc_records["full"].rerun_forward == [] and forward_program(bare, "full", 1350) == ()
+
+
+def test_an_analytic_tiny_llama_blocks_checkpointed_forward_peaks_where_its_fake_record_does():
+    """The analytic block of tests/fixtures/llama_style.py's shapes (flash attention): its checkpointed forward,
+    each term freed at the last use analytic_lifetimes.forward_last_uses reads from torchtitan's code, peaks at the
+    fake recorder's record of the real block under torch.utils.checkpoint to the byte (10.25x the block's input,
+    the allocator's 512-byte rounding in both: the residual stream, the MLP's input, SiLU's output, the up
+    projection's and the product); held to the forward's end, the same tensors would take 16.9x."""
+    from planner.models import archs
+    from planner.profiler import analytic
+    from planner.profiler.formulas import Shape
+
+    llama = _tiny_llama()
+    arch = archs.Arch(name="tiny", hidden_size=llama.DIM, intermediate_size=llama.HIDDEN, num_layers=2,
+                      num_heads=llama.HEADS, num_kv_heads=llama.KV_HEADS, vocab_size=llama.VOCAB,
+                      tie_word_embeddings=False, max_position_embeddings=llama.SEQ)
+    layer = analytic.block_layer(0, arch, Shape(seq_len=llama.SEQ, micro_batch_size=1), archs.gpu("h100"))
+    analytic_forward = layer.alloc_records["full"].rerun_forward
+    fake = _fake_record(llama)["full"]
+    x_bytes = llama.SEQ * llama.DIM * 2
+    assert _peak(analytic_forward) == _peak(fake.forward) == 41 * x_bytes // 4
+    assert sum(code for code in analytic_forward if code > 0) == 271 * x_bytes // 16
+    # SwiGLU's gate dies once SiLU has made its output; the MLP's input once the product is made (w2 runs after)
+    gate = 11008
+    assert analytic_forward[-9:] == [gate, gate, -11, gate, gate, -10, -12, -13, -14]
+    # eager attention (its scores' lifetimes not read): none held
+    eager = analytic.block_layer(0, arch, Shape(seq_len=llama.SEQ, micro_batch_size=1, attention="eager"),
+                                 archs.gpu("h100"))
+    assert eager.alloc_records["full"].rerun_forward == []
+
+
+def _tiny_llama():
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    import llama_style
+
+    return llama_style
+
+
+def _fake_record(llama):
+    from planner.profiler.fake import fake_module, new_mode
+
+    with torch.device("meta"):
+        block = llama.DecoderBlock().to(torch.bfloat16)
+    mode = new_mode()
+    block = fake_module(block, mode)
+    with mode:
+        x = torch.empty(1, llama.SEQ, llama.DIM, dtype=torch.bfloat16, requires_grad=True)
+        return layer_records(block, x, torch.empty_like(x), [])
+
+
+def _peak(codes):
+    return allocator.replay(_events(codes)).allocated_peak_bytes
 
 
 def test_a_records_own_forward_transients_are_played_renumbered_without_what_it_keeps():
@@ -53,6 +134,20 @@ def test_the_forward_program_is_played_after_the_kept_block_and_freed_by_the_for
     one = _Step(stage, [])
     one.forward()
     assert [e.key for e in one.events if e.key[0] == "forward"] == [("forward", 0, n) for n in (1, 2, 1, 3, 2, 3)]
+
+
+def test_the_last_stages_output_is_made_between_its_layers_and_its_loss():
+    layer = _empty(kept_bytes=100)
+    stage = Fsdp2Stage(layers=(layer,), kept_from_forward=frozenset({0}), shard_group=1, reduce_ratio=2.0,
+                       buffer_bytes=0, loss_kept_bytes=0, loss_extra_bytes=0, loss_forward=(40, 40, -1))
+    rank = Fsdp2Rank(chunks=(stage,), actions=((0, "F", 0), (0, "B", 0)), num_microbatches=1, buffer_bytes=0,
+                     output_bytes=(20,), merged_bytes=20)
+    events: list = []
+    _ChunkedStep(rank, events, makes_state=True).run()
+    keys = [e.key[2] if e.key[0] == "chunk" else e.key for e in events if isinstance(e, Alloc)]
+    made = [key for key in keys if key[0] in ("kept", "output", "loss_forward")]
+    assert made[:4] == [("kept", 0, 0), ("output", 0, 0), ("loss_forward", 0, 1), ("loss_forward", 0, 2)]
+    assert Alloc(("merged",), 20, DEFAULT) in events and Free(("merged",)) in events
 
 
 def test_a_tiny_llama_blocks_checkpointed_forward_is_its_records_transients():

@@ -32,11 +32,16 @@ def per_rank(source: str, *extra: str) -> list[tuple[int, int, int]]:
 # TP 8, full AC; 405B: 2 x 8192, TP 8, full AC, compiled with AsyncTP, Float8 rowwise not modelled); each
 # runs ChunkedLossWrapper's 8 chunks (planner/cost/chunkedloss.py; the 405B's peak is not at its loss)
 # (reserved since §19.bwdblocks: each block's backward replayed as its record's tensors; the 405B's peak since
-# §19.bwdterms: SwiGLU's third [tokens, f/t] gradient, 16,384 x 6,656 x 2 B = 208 MiB)
+# §19.bwdterms: SwiGLU's third [tokens, f/t] gradient, 16,384 x 6,656 x 2 B = 208 MiB; the 70B's and 405B's reserve
+# since §29.reserve405: each checkpointed block's forward requests played, as its rerun makes them; since
+# §29.fwdlife each freed at its last use in the block's code, the 70B's reserve 1,080,033,280 higher, the 405B's
+# 620,756,992 lower: where the freed blocks fall, not how much is alive; since §29.fwdsplit the extra's one tensor
+# split into its parts, each freed with its sub-block or matmul: the 70B's 809,500,672 lower, the 405B's 75,497,472
+# higher, again where the freed blocks fall)
 PINNED = {"llama3_8b": [(2007565312, 24477148172, 28837937152)],
           # the 70B's reserve settles at the third step (allocator.settled_replay): 37,306,236,928 after two
-          "llama3_70b": [(17640734720, 35960979468, 39124467712)],
-          "llama3_405b": [(101470601216, 116722745344, 121276203008)]}
+          "llama3_70b": [(17640734720, 35960979468, 39657144320)],
+          "llama3_405b": [(101470601216, 116722745344, 122211532800)]}
 
 
 @pytest.mark.parametrize("function", sorted(PINNED))
@@ -90,9 +95,13 @@ def test_a_toml_in_mains_keys_predicts_as_the_same_toml_in_0_3_0s(tmp_path):
     # §19.bwdterms with SwiGLU's third gradient, 8,192 x 7,168 x 2 B = 112 MiB, and the replay's input gradients
     # made once and torchtitan's loss as its requests; rank 0's reserve 20 MiB lower since §21.order405 made each
     # weight's gradient where its linear's backward makes it; rank 1's peak +1x the bf16 logits, 2 x 4,096 x 64,128 x 2 B
-    # = 1,050,673,152, and its reserve +2x since §27.c8last: the eager loss's fp32 log-softmax kept beside the output)
+    # = 1,050,673,152, and its reserve +2x since §27.c8last: the eager loss's fp32 log-softmax kept beside the output;
+    # since §29.reserve405 both reserves moved: the blocks' forward requests played, each output made before its loss;
+    # since §29.fwdlife rank 1's again, those requests freed at their last uses; since §29.fwdsplit rank 0's 8,388,608
+    # and rank 1's 33,554,432 lower:
+    # the extra's parts freed with their sub-blocks or matmuls)
     assert per_rank(str(tmp_path / "main.toml")) == per_rank(str(tmp_path / "release.toml")) == [
-        (13551501312, 16152805376, 17674797056), (13551528960, 23779617796, 27862761472)]
+        (13551501312, 16152805376, 17993564160), (13551528960, 23779617796, 28296871936)]
 
 
 def test_tokens_that_are_not_whole_sequences_are_refused():

@@ -106,10 +106,12 @@ class _ChunkedStep:
         backwards: Counter[int] = Counter()
         for c, kind, mb in rank.actions:
             part = self.parts[c]
-            if kind == "F":
-                self.play(c, part.forward_mb, mb)
+            if kind == "F":  # the last layer makes the output (kept in output_chunks) before the loss runs on it:
+                # torch 2.6.0 stage.py 703 in forward_one_chunk, then schedules.py 712 / 753 / 1254 _maybe_compute_loss
+                self.play(c, part.forward_layers, mb)
                 if rank.output_bytes and rank.output_bytes[c]:
                     add(Alloc(("output", c, mb), rank.output_bytes[c], DEFAULT))
+                self.play(c, part.forward_loss, mb)
                 continue
             self.play(c, part.backward_mb, mb)
             if rank.input_grad_bytes and rank.input_grad_bytes[c]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from planner.cost import contextparallel, dataparallel, fsdpunits, gradtiming, runtimes
 from planner.cost.cpring import peak as ring_peak
 from planner.cost.fsdp2_events import Fsdp2Layer
+from planner.cost.fsdp2_split import forward_parts, split_forward
 from planner.cost.gathered import fsdp_unit_layer_bytes
 from planner.cost.rules import in_flight
 from planner.schema import OPTION_FULL, OPTION_NONE, LayerProfile, Profile, TrainSetup
@@ -115,14 +116,27 @@ def _record_part(known: LayerProfile, option: str, extra: int) -> tuple[list[int
     return part, peak, grad, bool(grad) and grad in sizes
 
 
-def forward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, ...]:
+def forward_program(known: LayerProfile, option: str, extra: int, parts: dict[str, int] | None = None) -> tuple[int, ...]:
     """The layer's forward's requests beyond the block the replay keeps for it (its kept bytes), coded as
     backward_hand's programs (n > 0 allocates, -k frees id k), the replay freeing what is left alive at the
     forward's end (fsdp2_events._Step.forward_scratch); () where nothing says them:
     - a record whose forward frees what it made (the measured and --fake profiles' records: allocseq.record_pass's
       recorder sees every storage and its free): its forward with the tensors alive at its end left out (its saved
       tensors and its output, which the kept block and the next layer's hold), in the record's order, renumbered;
-    `extra`: the cost model's extra as backward_hand takes it."""
+    - an analytic record (its forward makes only what it keeps) under a recompute option, where it holds its
+      checkpointed forward's lifetimes (`rerun_forward`: allocseq.synthesised from analytic_lifetimes.forward_last_uses,
+      the block's code read term by term): torch.utils.checkpoint reruns the layer's own forward function (torch
+      2.6.0 utils/checkpoint.py `_checkpoint_hook.__init__.unpack_hook` calls `recompute_fn`), so the forward
+      makes the rerun's tensors (the record's backward where its terms are rerun) in its order, and its pack hook keeps
+      none, so each is freed at its last use: those, first what the backward program holds beyond the record's
+      tensors and the received gradient (a recomputed layer's tensor-parallel inputs gathered whole, Float8's,
+      context parallelism's K/V buffers, repeat_kv's copies, and the record's own allocations before the rerun:
+      Float8's casts; one tensor, whose parts the record does not name),
+      alive to the forward's end (an upper bound on that one's overlap: each part dies with its sub-block);
+      nothing where the record holds no lifetimes (a family not read) or its rerun is not the lifetimes' tensors.
+    `extra`: the cost model's extra as backward_hand takes it. `parts` (forward_parts): that one tensor's parts
+    the cost model names, each played on its own where the record holds the points its code makes and frees it
+    at (`rerun_points`, analytic_lifetimes.LLAMA_FORWARD_POINTS): fsdp2_split.split_forward."""
     record = known.alloc_records.get(option)
     if record is None:
         return ()
@@ -146,7 +160,24 @@ def forward_program(known: LayerProfile, option: str, extra: int) -> tuple[int, 
             elif -code in ids:
                 program.append(-ids[-code])
         return tuple(program)
-    return ()
+    if option == OPTION_NONE:
+        return ()
+    found = _record_part(known, option, extra)
+    if found is None or not record.rerun_forward:
+        return ()
+    part, peak, _, _ = found
+    sizes = [code for code in record.rerun_forward if code > 0]
+    at = next((at for at in range(len(part) - len(sizes) + 1) if part[at:at + len(sizes)] == sizes), None)
+    if at is None or any(code < 0 for code in part[:at]):
+        return ()
+    # the record's allocations before its rerun (Float8's casts, float8.with_float8) are not the rerun's terms:
+    # with the extra beyond the record, the one tensor
+    residual = extra - known.output_bytes - peak + sum(part[:at])
+    if parts and record.rerun_points:
+        return split_forward(record.rerun_forward, record.rerun_points, residual, {**parts, "float8": sum(part[:at])})
+    if residual <= 0:
+        return tuple(record.rerun_forward)
+    return (residual, *(code if code > 0 else code - 1 for code in record.rerun_forward))
 
 
 def backward_hand_ring(known: LayerProfile, option: str, extra: int, ring: tuple[int, ...],
@@ -290,7 +321,8 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
             contextparallel.extra_bytes(layer, setup))
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
                                skip=ring_ids)
-        forward = forward_program(known, option_name(layer, option), max(0, extra))
+        forward = forward_program(known, option_name(layer, option), max(0, extra),
+                                  forward_parts(layer, option, profile, setup))
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
         gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)

@@ -45,7 +45,8 @@ The allocator runs expandable segments where the job's launch sets them (expanda
 --expandable-segments, else as the runtime's launch script does: torchtitan's on one node, not across nodes).
 Not replayed: gradient clipping's per-tensor norms (512 B blocks in the small pool), the NCCL buffers
 (outside the allocator, workspace_bytes), the activations tensor by tensor (a layer's kept bytes are
-one block, its backward's extra one block); beside 1F1B or GPipe, each microbatch's input gradient left
+one block; its forward's other requests and its backward's extra are its record's tensors where it has one,
+fsdp2_layers.forward_program and backward_program, an analytic checkpointed forward's alive to its end); beside 1F1B or GPipe, each microbatch's input gradient left
 on its receive buffer's `.grad` to the next step (torch 2.6.0 pipelining/_backward.py 350-360,
 stage.py 507-520): the cost model counts one, among the buffers, and so does the replay.
 

@@ -145,7 +145,9 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 
 def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_transient: bool = False,
-                scratch_terms: list[int] | None = None, scratch_freed_early: int = 0) -> LayerProfile:
+                scratch_terms: list[int] | None = None, scratch_freed_early: int = 0,
+                last_uses: tuple[int | None, ...] | None = None,
+                points: dict[str, tuple[int, str]] | None = None) -> LayerProfile:
     """An analytic layer with none's and full's records made from the tensors its formulas count
     (`kept_terms`, the bytes of each kept tensor; the one equal to its saved input, which the
     previous layer made, left out): none's forward makes each kept tensor and the output; its
@@ -157,11 +159,16 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
     order the backward makes them (a gated block's three f-wide gradients, analytic_scratch.block_scratch),
     summing to it, the first `scratch_freed_early` freed once the rest are made (before the input's gradient:
     SwiGLU's product gradient after the `mul`'s node); None: as the layer's records already cut it (remade under
-    --compile), else one tensor."""
-    terms = list(kept_terms)
-    if layer.input_in_act_bytes and layer.input_in_act_bytes in terms:
-        terms.remove(layer.input_in_act_bytes)
-    terms = [size for size in terms if size > 0]
+    --compile), else one tensor. `last_uses` (analytic_lifetimes.forward_last_uses, one per kept term): the index of
+    the term after whose making the block's eager forward frees each (None: alive to its end), from which full's
+    record holds its checkpointed forward (`rerun_forward`: torch's checkpoint keeps none of them, so each is
+    freed at its last use); None: no lifetimes read, none held. `points` (analytic_lifetimes.forward_points): named
+    points of that forward by term, held as indices into it (`rerun_points`)."""
+    keep = list(range(len(kept_terms)))
+    if layer.input_in_act_bytes and layer.input_in_act_bytes in kept_terms:
+        keep.remove(list(kept_terms).index(layer.input_in_act_bytes))
+    keep = [at for at in keep if kept_terms[at] > 0]
+    terms = [kept_terms[at] for at in keep]
     grad = 0 if layer.kind == "embedding" else layer.input_bytes  # token ids have no gradient
     scratch = max(0, layer.transient_bytes - layer.output_bytes - (grad if input_grad_in_transient else 0))
     if scratch_terms is None:
@@ -191,9 +198,29 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
         OPTION_NONE: AllocRecord(forward=[*terms, layer.output_bytes], backward=none_backward, output=kept + 1,
                                  input_grad=none_grad, params=params),
         OPTION_FULL: AllocRecord(forward=[layer.output_bytes], backward=[*terms, *full_backward], output=1,
-                                 input_grad=full_grad, params=params),
+                                 input_grad=full_grad, params=params,
+                                 **_checkpointed_forward(kept_terms, keep, last_uses, points)),
     }
     return layer.model_copy(update={"alloc_records": records})
+
+
+def _checkpointed_forward(kept_terms, keep: list[int], last_uses, points=None) -> dict:
+    """The kept terms `keep` (indices into kept_terms) made in order, each freed once the term its last use names
+    (last_uses, by index into kept_terms) is made (`rerun_forward`; [] without last_uses), and `points` (by term:
+    before its making, right after it, after the frees that follow) as indices into those codes (`rerun_points`)."""
+    if last_uses is None or len(last_uses) != len(kept_terms):
+        return {"rerun_forward": []}
+    ids = {at: n for n, at in enumerate(keep, 1)}
+    codes: list[int] = []
+    marks: dict[tuple[int, str], int] = {}
+    for at in range(len(kept_terms)):
+        marks[at, "before"] = len(codes)
+        if at in ids:
+            codes.append(kept_terms[at])
+        marks[at, "made"] = len(codes)
+        codes += [-ids[dead] for dead in keep if last_uses[dead] == at]
+        marks[at, "after"] = len(codes)
+    return {"rerun_forward": codes, "rerun_points": {name: marks[mark] for name, mark in (points or {}).items()}}
 
 
 def _scratch_pieces(layer: LayerProfile, scratch: int) -> tuple[list[int], int]:

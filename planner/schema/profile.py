@@ -88,6 +88,14 @@ class AllocRecord(Strict):
     output: int = Field(default=0, ge=0)  # id of the forward's output storage; 0: none made
     input_grad: int = Field(default=0, ge=0)  # id of the gradient the backward hands back; 0: none
     params: list[Bytes] = []  # bytes of each parameter, in the order the module lists them
+    # a record whose forward makes only what it keeps while its backward reruns the rest first (an analytic block
+    # under full recompute, allocseq.synthesised): that rerun's tensors as torch's checkpointed forward makes and
+    # frees them (codes as `forward`'s, ids from 1 over these; one still alive at the end lives to the forward's
+    # end); [] where no lifetimes were read
+    rerun_forward: list[int] = []
+    # named points of that rerun (analytic_lifetimes.LLAMA_FORWARD_POINTS): the index into rerun_forward before which
+    # each falls; {} where none were read
+    rerun_points: dict[str, int] = {}
 CollectiveKind = Literal["all-gather", "reduce-scatter", "all-reduce"]
 
 
