@@ -3,6 +3,7 @@ made and freed at the point torchtitan 9dec370's block code makes and frees it (
 held by allocseq.synthesised as `rerun_points`), by hand on hand-made records and on the tiny LLaMA block's
 analytic record."""
 
+from planner.cost.cpring import peak
 from planner.cost.fsdp2_layers import forward_program
 from planner.cost.fsdp2_split import split_forward
 from planner.profiler.allocseq import synthesised
@@ -12,19 +13,6 @@ from planner.schema import LayerProfile
 # attention's return), then 5 freed as made (the MLP)
 CODES = [10, 20, -1, 30, 40, -2, -3, -4, 5, -5]
 POINTS = {"attention": 3, "sdpa": 3, "sdpa_end": 5, "attention_end": 8, "mlp": 8, "w2": 9, "mlp_end": 10}
-
-
-def _peak(program) -> int:
-    sizes, live, top, made = {}, 0, 0, 0
-    for code in program:
-        if code > 0:
-            made += 1
-            sizes[made] = code
-            live += code
-            top = max(top, live)
-        else:
-            live -= sizes.pop(-code)
-    return top
 
 
 def test_each_part_is_made_and_freed_at_its_points_by_hand():
@@ -42,7 +30,7 @@ def test_each_part_is_made_and_freed_at_its_points_by_hand():
                        -12, -11)                 # the MLP returns
     # peak in the ring once 50 is freed and 70 made: 80 + 20 + 7 + 3 + 60 + 70 = 240 (above 80 + 20 + 7 + 3 + 30
     # + 40 = 180 after it)
-    assert _peak(program) == 240
+    assert peak(program) == 240
     # the parts beyond the residual: no rest tensor
     assert split_forward(CODES, POINTS, 10, parts)[:3] == (10, 20, -1)
     # a point missing (a family not read): nothing
