@@ -7,9 +7,14 @@ would log, the retries it would make, and the first request no release makes roo
 torch; the cost model's fit, planner/cost/capped_reserve.py, plays the same path). GiB.
 --wgrads-late: each layer's unfused bf16 gradients made at its post-backward, after its recorded backward's frees (the
 replay makes them as its record makes its last tensor, an upper bound): the other end of where autograd makes them.
-usage: python scripts/fsdp_replay_terms.py --from-megatron FILE --gpus N --gpu KIND [--wgrads-late]"""
+--record-order: each layer's backward in its record's own order (every saved tensor held to the layer's last gradient,
+the unfused gradients made together) in place of Transformer Engine's nodes (planner/cost/te_block_backward.py);
+--no-queue-capacity: the reduce queue's element capacity (wait_for_previous_grad_reduce) not applied.
+usage: python scripts/fsdp_replay_terms.py --from-megatron FILE --gpus N --gpu KIND [--wgrads-late] [--record-order]
+       [--no-queue-capacity]"""
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from planner.commands.evaluate_config import predict, read_job
@@ -43,6 +48,10 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--wgrads-late", action="store_true")
+    parser.add_argument("--record-order", action="store_true",
+                        help="each layer's record's own backward order (every saved tensor to its last gradient)")
+    parser.add_argument("--no-queue-capacity", action="store_true",
+                        help="the reduce queue's element capacity not applied (two buckets queued alone)")
     args = parser.parse_args()
     prediction = predict(read_job(args.from_megatron, None), gpus=args.gpus, gpu_name=args.gpu)
     profile, setup, plan, cost = prediction.profile, prediction.setup, prediction.stages[0], prediction.cost.stages[0]
@@ -54,9 +63,12 @@ def main() -> None:
     records = records_for(layers, options)
     loss, keeps_logits = last_stage_loss(profile, setup, _output_bytes(records[-1]))
     static = reserve_megatron_fsdp.static_of(layers, cost, profile=profile, setup=setup)
+    if args.no_queue_capacity:
+        static = dataclasses.replace(static, queue_capacity=None)
+    programs = None if args.record_order else reserve_megatron_fsdp.backward_programs(layers, records, profile)
     events, one_step = reserve_megatron_fsdp.step_player(layers, options, records, static=static,
                                                          num_microbatches=setup.pipeline.microbatches, loss=loss,
-                                                         keeps_logits=keeps_logits)
+                                                         keeps_logits=keeps_logits, programs=programs)
     nccl = sum(cost.nccl_buffers.values())
     print(f"{args.from_megatron.name}: cost model allocated peak {cost.peak_bytes / GIB:.2f}, reserved "
           f"{cost.reserved_bytes / GIB:.2f} ({cost.reserved_by}), NCCL {nccl / GIB:.2f}, cap {cost.cap_bytes / GIB:.2f}")

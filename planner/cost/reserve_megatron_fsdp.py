@@ -23,7 +23,10 @@ docs/framework-facts.md §114, §125, §107, §112 and §129:
   makes each weight's bf16 .grad in the module's backward and the post-backward copies it into the bucket and
   drops it (F 526-532); an edge module's gradient bucket is a TemporaryBucketAllocator tensor made in its
   post-backward, counted by `_enforce_double_buffer_limit` as a unit: when a third bucket is requested the oldest
-  queued one's reduce is waited for and, an edge bucket, freed (B 2815-2875); what is still queued at the
+  queued one's reduce is waited for and, an edge bucket, freed (B 2850-2870; F 520-532); then `reduce_gradients`
+  waits for and frees the oldest queued buckets while their elements pass suggested_RS_queue_capacity (the
+  --suggested-communication-unit-size: B 2771-2838, F 382, 589-592; at B3 800M elements, below the output
+  layer's 1.05G, so the output layer's bucket goes at the last unit's post-backward); what is still queued at the
   microbatch's backward end is freed there (reset); the reduce-scatter writes into the bucket's own shard under
   the double buffer (B 2935-2975: no request);
 - the optimizer step: `update_main_grads` hands the optimizer each shard's gradient `.to(fp32)` (a copy where the
@@ -36,9 +39,11 @@ docs/framework-facts.md §114, §125, §107, §112 and §129:
 The layers' own allocations are each layer's AllocRecord for its option (the offloaded layers' none record, as
 reserve.records_for gives it), played as reserve.py's passes play them (a layer's input freed after its forward
 unless it keeps it, else after its backward; the last stage's loss and its logits as reserve_megatron's). A
-unit's bf16 weight gradients are made at the point its recorded backward makes its last tensor (the record orders
-a layer's allocations then its frees; autograd makes the four linears' gradients across the layer's backward, the
-last when most saved tensors are gone): an upper bound on that moment. Not replayed: the non-double-buffer path
+decoder block whose record is Transformer Engine's FP8 dense block plays its backward node by node
+(te_block_backward.program: each saved tensor freed when the node that saved it returns or TE clears it, each
+bf16 weight gradient made in its node, Megatron-core's six parameter tensors); another layer's bf16 weight
+gradients are made at the point its recorded backward makes its last tensor (the record orders a layer's
+allocations then its frees): an upper bound on that moment. Not replayed: the non-double-buffer path
 (buckets made and freed per unit, the reduce-scatter's own stream: the divisor stays), several pipeline stages,
 Hopper's FP8 transposes of the computing unit (megatron_fsdp.transpose_bytes: none on Blackwell; where the cost
 model's allocated peak holds them beyond the replay's, reserve.reserved_bytes adds them), the buckets' padding, the
@@ -51,7 +56,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.cost import afterstep, allocator, dataparallel, megatron_fsdp, runtimes, te_offload
+from planner.cost import (
+    afterstep,
+    allocator,
+    dataparallel,
+    megatron_fsdp,
+    runtimes,
+    te_block_backward,
+    te_offload,
+)
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_layers import parameter_parts, tensor_split
 from planner.cost.reserve import _alive, _count, _keeps_input, _sizes, plan_records
@@ -65,6 +78,7 @@ from planner.cost.reserve_megatron import (
     replayed_microbatches,
 )
 from planner.cost.rules import batch_bytes
+from planner.cost.te_kept import te_saved_inputs
 from planner.schema import OPTION_OFFLOAD, AllocRecord, LayerProfile, Profile, StagePlan, TrainSetup
 
 QUEUED_BUCKETS = 2  # _enforce_double_buffer_limit: two buckets queued under the double buffer (B 2850-2870)
@@ -82,6 +96,7 @@ class FsdpLayer:
     gathered: tuple[int, ...]  # per weight dtype
     bucket: int  # its gradient bucket, whole
     unfused: tuple[int, ...] = ()  # its weights' bf16 .grad under --no-gradient-accumulation-fusion
+    elements: int = 0  # its gradient bucket's elements (the reduce queue's capacity counts them)
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,7 @@ class FsdpStatic:
     rest_bytes: int  # the cost model's static beyond the buffers, and the batch: one block
     workspaces: tuple[int, ...] = ()  # the cuBLAS workspaces, made at the first forward
     global_buffer: int = 0
+    queue_capacity: int | None = None  # suggested_RS_queue_capacity, elements (None: not applied)
 
 
 def replays(setup: TrainSetup) -> bool:
@@ -114,8 +130,9 @@ def fsdp_layers(layers: Sequence[LayerProfile], profile: Profile, setup: TrainSe
         out.append(FsdpLayer(
             shards=(int(whole / k), int(count * master / k), int(count * params.grads / k)),
             moment=int(count * moment / k), step_grad=int(count * 4 / k) if params.grads < 4 else 0, unit=unit,
-            gathered=gathered, bucket=int(count * params.grads),
-            unfused=tensor_split(count * params.weights, parameter_parts(layer, profile.assumptions)) if unfused else ()))
+            gathered=gathered, bucket=int(count * params.grads), elements=int(count),
+            unfused=tensor_split(count * params.weights, te_block_backward.megatron_parts(
+                parameter_parts(layer, profile.assumptions))) if unfused else ()))
     return tuple(out)
 
 
@@ -123,9 +140,11 @@ def static_of(layers: Sequence[LayerProfile], cost, *, profile: Profile, setup: 
     """The buffers, and what the cost model's static holds beyond them with the batch (rules.batch_bytes)."""
     made = fsdp_layers(layers, profile, setup)
     held = sum(sum(layer.shards) + 2 * layer.moment for layer in made)
+    units = [layer.elements for layer in made if layer.unit]
     return FsdpStatic(layers=made, rest_bytes=int(max(0, cost.static_bytes - held) + batch_bytes(profile, 0, setup)),
                       workspaces=_workspaces(setup.training, profile),
-                      global_buffer=afterstep.global_buffer_bytes(setup.training, profile))
+                      global_buffer=afterstep.global_buffer_bytes(setup.training, profile),
+                      queue_capacity=megatron_fsdp.comm_unit_elements(units, setup) if units else None)
 
 
 def static_events(static: FsdpStatic) -> list[Event]:
@@ -157,8 +176,9 @@ class _StepPlayer:
     """One step's passes on the rank, appended to `events`."""
 
     def __init__(self, layers, options, records, static: FsdpStatic, *, loss: AllocRecord, keeps_logits: bool,
-                 events: list[Event], step: int) -> None:
+                 events: list[Event], step: int, programs: Sequence | None = None) -> None:
         self.layers, self.options, self.records, self.static = layers, options, records, static
+        self.programs = list(programs) if programs is not None else [None] * len(records)
         self.loss, self.keeps_logits, self.events, self.step = loss, keeps_logits, events, step
         self.window = _Window(layers, options)
         self.keeps = [_keeps_input(layer, option, record) for layer, option, record in zip(layers, options, records)]
@@ -229,11 +249,14 @@ class _StepPlayer:
             for j in self.window.dropped_after(i):  # reloaded into fresh empty_like buffers before this backward
                 self.events += [Alloc(("back", *k), size) for k, size in self.groups[(key, j)].items()]
             reloaded = {k: ("back", *k) for k in self.groups.pop((key, i), {})}
-            codes = record.backward
-            cut = max((n + 1 for n, code in enumerate(codes) if code > 0), default=0)
-            self._play(codes[:cut], (key, i), start=_count(record.forward), rename=reloaded)
-            self.events += [Alloc(("wgrad", key, i, n), size) for n, size in enumerate(fsdp.unfused)]
-            self._play(codes[cut:], (key, i), start=_count(record.forward) + _count(codes[:cut]), rename=reloaded)
+            if self.programs[i] is not None:  # node by node (te_block_backward.program)
+                self._play_program(self.programs[i], key, i, start=_count(record.forward), rename=reloaded)
+            else:
+                codes = record.backward
+                cut = max((n + 1 for n, code in enumerate(codes) if code > 0), default=0)
+                self._play(codes[:cut], (key, i), start=_count(record.forward), rename=reloaded)
+                self.events += [Alloc(("wgrad", key, i, n), size) for n, size in enumerate(fsdp.unfused)]
+                self._play(codes[cut:], (key, i), start=_count(record.forward) + _count(codes[:cut]), rename=reloaded)
             if grad is not None:
                 self.events.append(Free(grad))
             self._free_left(record, (key, i), keep=(record.output, record.input_grad), skip=set(reloaded))
@@ -246,27 +269,45 @@ class _StepPlayer:
             grad = (key, i, record.input_grad) if record.input_grad else None
         if grad is not None:
             self.events.append(Free(grad))
-        self.events += [Free(bucket) for bucket in self.queue if bucket[0] == "gbucket"]  # reset at the end
+        self.events += [Free(bucket) for bucket, _ in self.queue if bucket[0] == "gbucket"]  # reset at the end
         self.queue = []
 
     def _post_backward(self, key: tuple, i: int) -> None:
-        """The gradient bucket requested (the oldest queued one waited for and, an edge module's, freed, past
-        two), the bf16 gradients copied into it and dropped."""
+        """`_grad_acc`: the gradient bucket requested (the oldest queued one waited for and, an edge module's,
+        freed, past two: `_enforce_double_buffer_limit`), the bf16 gradients copied into it and dropped; then
+        `reduce_gradients`: while the queued buckets' elements pass the queue's capacity the oldest is waited for
+        and, an edge module's, freed (`wait_for_previous_grad_reduce`, B 2815-2838), and the bucket is queued."""
         fsdp = self.static.layers[i]
         if len(self.queue) >= QUEUED_BUCKETS:
-            oldest = self.queue.pop(0)
-            if oldest[0] == "gbucket":
-                self.events.append(Free(oldest))
+            self._dequeue()
         if fsdp.unit:
-            slot = ("gslot", self.units[::-1].index(i) % 2)
+            bucket = ("gslot", self.units[::-1].index(i) % 2)
             if self.step == 0 and key[1] == 0 and self.units[::-1].index(i) < 2:
-                self.events.append(Alloc(slot, fsdp.bucket))
-            self.queue.append(slot)
+                self.events.append(Alloc(bucket, fsdp.bucket))
         else:
             bucket = ("gbucket", key, i)
             self.events.append(Alloc(bucket, fsdp.bucket))
-            self.queue.append(bucket)
         self.events += [Free(("wgrad", key, i, n)) for n in range(len(fsdp.unfused))]
+        capacity = self.static.queue_capacity
+        while capacity is not None and self.queue and sum(elements for _, elements in self.queue) > capacity:
+            self._dequeue()
+        self.queue.append((bucket, fsdp.elements))
+
+    def _dequeue(self) -> None:
+        oldest, _ = self.queue.pop(0)
+        if oldest[0] == "gbucket":
+            self.events.append(Free(oldest))
+
+    def _play_program(self, program: Sequence, key: tuple, i: int, *, start: int, rename: dict) -> None:
+        """te_block_backward.program's codes, its ("wgrad", n) the layer's n-th unfused bf16 gradient."""
+        unfused = self.static.layers[i].unfused
+        for item in program:
+            if isinstance(item, tuple):
+                if item[1] < len(unfused):
+                    self.events.append(Alloc(("wgrad", key, i, item[1]), unfused[item[1]]))
+            else:
+                self._play([item], (key, i), start=start, rename=rename)
+                start += 1 if item > 0 else 0
 
     # ------------------------------------------------------------ reserve.py's pass helpers
 
@@ -291,18 +332,27 @@ class _StepPlayer:
 
 
 def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
-                static: FsdpStatic, num_microbatches: int, loss: AllocRecord,
-                keeps_logits: bool) -> tuple[list[Event], Callable[[int], list[Event]]]:
-    """The rank's static allocations, and the function making step `index`'s events."""
+                static: FsdpStatic, num_microbatches: int, loss: AllocRecord, keeps_logits: bool,
+                programs: Sequence | None = None) -> tuple[list[Event], Callable[[int], list[Event]]]:
+    """The rank's static allocations, and the function making step `index`'s events (`programs`: each layer's
+    backward node by node, backward_programs; None: every record's own order)."""
     microbatches = replayed_microbatches(1, 0, num_microbatches)
 
     def one_step(index: int) -> list[Event]:
         events: list[Event] = []
         _StepPlayer(layers, options, records, static, loss=loss, keeps_logits=keeps_logits, events=events,
-                    step=index).run(microbatches)
+                    step=index, programs=programs).run(microbatches)
         return events
 
     return static_events(static), one_step
+
+
+def backward_programs(layers: Sequence[LayerProfile], records: Sequence[AllocRecord], profile: Profile) -> list:
+    """Each decoder block's backward as Transformer Engine's nodes free what they saved (te_block_backward.program,
+    where its record is the FP8 dense block te_kept writes); None for the other layers."""
+    saved = te_saved_inputs(profile)
+    return [te_block_backward.program(record, saved) if layer.kind == "decoder_block" else None
+            for layer, record in zip(layers, records)]
 
 
 def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> Replayed | None:
@@ -320,6 +370,7 @@ def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) 
     loss, keeps_logits = last_stage_loss(profile, setup, logits)
     static = static_of(layers, cost, profile=profile, setup=setup)
     events, one_step = step_player(layers, options, records, static=static, num_microbatches=setup.pipeline.microbatches,
-                                   loss=loss, keeps_logits=keeps_logits)
+                                   loss=loss, keeps_logits=keeps_logits,
+                                   programs=backward_programs(layers, records, profile))
     return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
                                     expandable=expandable_segments(profile, setup))
