@@ -5,7 +5,8 @@ the profile's GPU's HBM bandwidth (cost/terms.py's "FSDP2's copies" row)."""
 
 from __future__ import annotations
 
-from planner.cost import fsdpunits, runtimes
+from planner.cost import fsdpunits, links, runtimes, stepcomm
+from planner.cost.comm import MS_PER_US
 from planner.cost.dataparallel import (
     collectives_ms,
     expert_setup,
@@ -15,6 +16,7 @@ from planner.cost.dataparallel import (
     kept_whole,
     param_bytes,
     reductions_per_iteration,
+    replicas,
     shard_size,
 )
 from planner.cost.layers import LayerCost, layer_costs
@@ -97,10 +99,24 @@ _ORDERED_UNITS = ("root-ends", "per-layer")
 
 def _collectives_once_ms(layer: LayerCost, setup: TrainSetup) -> tuple[float, float]:
     """(one all-gather, one reduction) of the layer's parameters, ms: dataparallel's per-iteration
-    gathers and reductions over their counts."""
+    gathers and reductions over their counts (their bytes over the link; no latency)."""
     gather, reduce = collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
                                     fp8_count=layer.float8_param_count)
     return gather / (2 * setup.pipeline.microbatches), reduce / reductions_per_iteration(setup)
+
+
+def unit_latency_ms(setup: TrainSetup) -> tuple[float, float]:
+    """(one all-gather, one reduction) of an FSDP2 unit: NCCL's ring latency (links.ring_latency_us, Ring /
+    Simple) over the shard group, whose ranks lie tp apart, and for HSDP the replicas' all-reduce over their
+    group (shard group x tp apart) after the reduce-scatter; the groups' nodes of the setup's gpus_per_node. One
+    collective a unit (FSDP2's foreach_all_gather and foreach_reduce, _fsdp_collectives.py), whatever it holds."""
+    k, r, tp = shard_size(setup), replicas(setup), setup.comm.tp
+    per_node, intra = setup.comm.gpus_per_node, stepcomm.in_node_hardware(setup)
+    gather = links.ring_latency_us("all-gather", k, links.group_nodes(k, tp, per_node), intra)
+    reduce = links.ring_latency_us("reduce-scatter", k, links.group_nodes(k, tp, per_node), intra)
+    if r > 1:
+        reduce += links.ring_latency_us("all-reduce", r, links.group_nodes(r, tp * k, per_node), intra)
+    return gather * MS_PER_US, reduce * MS_PER_US
 
 
 def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
@@ -125,7 +141,11 @@ def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup)
     clamp), it is gathered once and has no backward gather. A unit "per-layer" (2c8b5947, b5bcd76c)
     holds the first layer alone, and the last unit is hidden as every other. Beside a pipeline
     (weights kept whole) nothing changes here. The second layer's part is charged on the first, so
-    that the blocks stay alike (the solvers' bounds count a kind's layers as one, solve/bounds.py)."""
+    that the blocks stay alike (the solvers' bounds count a kind's layers as one, solve/bounds.py).
+    Each of these collectives takes NCCL's ring latency beside its bytes (unit_latency_ms: 32 µs over 8
+    ranks of one node, 599 µs over 128 of 16, docs/framework-facts.md §141); the first unit's once, on the
+    first layer, however many layers it holds. The collectives dataparallel.exposed_comm_ms hides carry
+    none (their bytes alone)."""
     record = runtimes.of(setup.training)
     if record.fsdp_units not in _ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, record.fsdp_units):
         return 0.0
@@ -138,10 +158,13 @@ def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup)
     m = setup.pipeline.microbatches
     extra = m * sum(_collectives_once_ms(layer, setup)) - _charged_ms(layer, setup)
     if layer.name == layers[0].name and len(layers) > 1:
+        latency_gather, latency_reduce = unit_latency_ms(setup)
+        extra += m * (latency_gather + latency_reduce)  # the first unit's one all-gather and one reduction
         second = layer_costs(profile)[1]
         gather, reduce = _collectives_once_ms(second, setup)
-        extra += m * (max(0.0, gather - compute_ms(layer.fwd_ms, setup.time))
-                      + max(0.0, reduce - compute_ms(layer.bwd_ms, setup.time))) - _charged_ms(second, setup)
+        extra += m * (max(0.0, gather + latency_gather - compute_ms(layer.fwd_ms, setup.time))
+                      + max(0.0, reduce + latency_reduce - compute_ms(layer.bwd_ms, setup.time))) \
+            - _charged_ms(second, setup)
     return extra
 
 

@@ -19,6 +19,50 @@ from planner.schema import Profile
 # pass --shard-bandwidth / --replica-bandwidth to use one
 CPU_GLOO_GB_PER_S = 2.0
 
+# NCCL's latency model of a ring collective (docs/framework-facts.md §141), read at NVIDIA/nccl v2.21.5-1
+# (ab2b89c4; the NCCL torch 2.6.0's wheels pin, nvidia-nccl-cu12==2.21.5: torch 1963fc8, torchtitan 9dec370's runs)
+# src/graph/tuning.cc: baseLat Ring {LL, LL128, Simple} (56-59), hwLat Ring by hardware (65-78), getNetOverhead
+# (109-118: 1 µs on an Intel x86 or another host, 2 on AMD; x3 under Simple, 242-246); the same figures at v2.27.7-1.
+RING_LATENCY_NCCL = "NVIDIA/nccl v2.21.5-1 src/graph/tuning.cc ncclTopoTuneModel 56-78, 109-118, 158-163, 225-248"
+RING_PROTOCOLS = ("LL", "LL128", "Simple")
+RING_BASE_US = (6.6, 14.0, 8.4)
+RING_HW_US = {"nvlink": (0.6, 1.9, 3.4), "pcie": (1.0, 2.5, 5.7), "network": (2.7, 4.0, 14.0)}
+RING_NET_OVERHEAD_US = 1.0  # an Intel x86 host (Grand Teton's, DGX H100's); AMD's 2.0 not charged
+RING_SIMPLE_OVERHEAD_FACTOR = 3
+
+
+def ring_latency_us(kind: str, ranks: int, nodes: int, intra: str = "nvlink", protocol: str = "Simple") -> float:
+    """µs of NCCL's latency model for one ring `kind` ("all-gather", "reduce-scatter" or "all-reduce") over `ranks`
+    ranks on `nodes` nodes (tuning.cc 158-163, 225-248):
+
+        base + (nsteps - inter) * max(intra, overhead) + inter * network
+
+    nsteps n-1 (all-gather, reduce-scatter) or 2(n-1) (all-reduce); inter, the steps that cross the network,
+    nodes-1 (all-gather, reduce-scatter) or, at v2.21.5, 2 x nodes for an all-reduce across nodes (2(nodes-1) from
+    v2.23 on); overhead the network post overhead of an inter-node ring (0 on one node), the network's figure plus
+    the graph's latencyInter, which InfiniBand's transport leaves 0 (net_ib.cc 620: `props->latency = 0`).
+    `intra`: "nvlink" or "pcie". Simple is the protocol NCCL's tuner takes for the hundreds of MB an FSDP unit moves
+    (its bandwidth term, the least there); 0 for one rank."""
+    if ranks <= 1:
+        return 0.0
+    if kind not in ("all-gather", "reduce-scatter", "all-reduce") or protocol not in RING_PROTOCOLS:
+        raise ValueError(f"no ring latency for {kind!r} under {protocol!r}")
+    nodes = max(1, min(nodes, ranks))
+    p = RING_PROTOCOLS.index(protocol)
+    all_reduce = kind == "all-reduce"
+    steps = 2 * (ranks - 1) if all_reduce else ranks - 1
+    inter = 0 if nodes == 1 else (2 * nodes if all_reduce else nodes - 1)
+    step_us = RING_HW_US[intra][p]
+    if nodes > 1:
+        step_us = max(step_us, RING_NET_OVERHEAD_US * (RING_SIMPLE_OVERHEAD_FACTOR if protocol == "Simple" else 1))
+    return RING_BASE_US[p] + (steps - inter) * step_us + inter * RING_HW_US["network"][p]
+
+
+def group_nodes(ranks: int, stride: int, gpus_per_node: int) -> int:
+    """Nodes a group of `ranks` ranks `stride` apart spans: one where ranks x stride fit a node, else ranks over
+    its ranks a node (network_rate.ranks_per_node), rounded up."""
+    return -(-ranks // network_rate.ranks_per_node(ranks, stride, gpus_per_node))
+
 
 @dataclass(frozen=True)
 class Links:

@@ -67,7 +67,7 @@ def group_nodes(group: str, setup: TrainSetup) -> int:
     return len({rank // per_node for rank in group_positions(group, setup)})
 
 
-def _intra(setup: TrainSetup) -> str:
+def in_node_hardware(setup: TrainSetup) -> str:
     """NCCL's in-node hardware: PCI where the setup's in-node step is NCCL's PCI figure (comm.node_link), else
     NVLink."""
     pcie = math.isclose(setup.comm.tp_step_latency_ms, NCCL_STEP_LATENCY_US["pcie"] * MS_PER_US)
@@ -77,7 +77,7 @@ def _intra(setup: TrainSetup) -> str:
 def scalar_all_reduce(ranks: int, nodes: int, setup: TrainSetup) -> tuple[str, str, float]:
     """(algorithm, protocol, ms) of one all-reduce of a 4 B scalar over `ranks` ranks on `nodes` nodes: Ring /
     Simple where the launch forces it (the setting nccl_ring_simple), else NCCL's tuner's pick (nccltuner.py)."""
-    intra = _intra(setup)
+    intra = in_node_hardware(setup)
     if setup.training.nccl_ring_simple:
         algorithm, protocol = "Ring", "Simple"
         us = nccltuner.all_reduce_latency_us(algorithm, protocol, ranks, nodes, intra)
