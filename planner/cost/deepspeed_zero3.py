@@ -159,16 +159,18 @@ class Moment:
 
 
 def trace(block: Sequence[Submodule], *, layers: int, checkpointed: bool,
-          reruns: tuple[tuple[int, int], ...] | None = None) -> list[tuple[int, str, int]]:
+          reruns: tuple[tuple[int, int], ...] | None = None,
+          per_layer: Sequence[tuple[tuple[int, int], ...]] | None = None) -> list[tuple[int, str, int]]:
     """(layer, phase, submodule index) of every submodule run of a step of `layers` equal blocks:
     every forward, then each layer from the last: its backward, from its last submodule, where each rerun
-    range (`reruns`; `checkpointed`: the whole block) is recomputed when the backward reaches its last
-    submodule (a checkpoint reruns when its first saved tensor is unpacked), then run backward."""
+    range (`reruns`; `checkpointed`: the whole block; `per_layer`: each layer's own) is recomputed when the
+    backward reaches its last submodule (a checkpoint reruns when its first saved tensor is unpacked), then run
+    backward."""
     if reruns is None:
         reruns = ((0, len(block)),) if checkpointed else ()
-    ends = {stop - 1: (start, stop) for start, stop in reruns}
     runs = [(layer, "forward", j) for layer in range(layers) for j in range(len(block))]
     for layer in reversed(range(layers)):
+        ends = {stop - 1: (start, stop) for start, stop in (reruns if per_layer is None else per_layer[layer])}
         for j in reversed(range(len(block))):
             if j in ends:
                 runs += [(layer, "recompute", k) for k in range(*ends[j])]
@@ -210,19 +212,22 @@ def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max
 def calls(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max_reuse_numel: int,
           prefetch_bucket: int = PREFETCH_BUCKET_DEFAULT, max_live: int = MAX_LIVE_DEFAULT,
           persistence_threshold: int = PARAM_PERSISTENCE_THRESHOLD_DEFAULT,
-          reruns: tuple[tuple[int, int], ...] | None = None) -> tuple[list[tuple[int, str, int]], list[Call]]:
-    """`simulate`'s walk as the runs (`trace`) and each run's gathers and releases (Call), parameter by parameter."""
-    runs, _, _, made = _walk(block, layers=layers, checkpointed=checkpointed, reruns=reruns,
+          reruns: tuple[tuple[int, int], ...] | None = None,
+          per_layer: Sequence[tuple[tuple[int, int], ...]] | None = None
+          ) -> tuple[list[tuple[int, str, int]], list[Call]]:
+    """`simulate`'s walk as the runs (`trace`; `per_layer`: each layer's rerun ranges) and each run's gathers and
+    releases (Call), parameter by parameter."""
+    runs, _, _, made = _walk(block, layers=layers, checkpointed=checkpointed, reruns=reruns, per_layer=per_layer,
                              max_reuse_numel=max_reuse_numel, prefetch_bucket=prefetch_bucket, max_live=max_live,
                              persistence_threshold=persistence_threshold)
     return runs, made
 
 
 def _walk(block: Sequence[Submodule], *, layers: int, checkpointed: bool, reruns, max_reuse_numel: int,
-          prefetch_bucket: int, max_live: int, persistence_threshold: int):
+          prefetch_bucket: int, max_live: int, persistence_threshold: int, per_layer=None):
     """simulate's and calls' walk: the runs, each run's (held, grads) state, the elements gathered for each run,
     and each run's Call."""
-    runs = trace(block, layers=layers, checkpointed=checkpointed, reruns=reruns)
+    runs = trace(block, layers=layers, checkpointed=checkpointed, reruns=reruns, per_layer=per_layer)
     params = [[(layer, j, t) for t in range(len(block[j].param_numels))] for layer, _, j in runs]
     numel = {p: block[p[1]].param_numels[p[2]] for ps in params for p in ps}
     persist = {p for p, n in numel.items() if n <= persistence_threshold}

@@ -128,12 +128,12 @@ def static_events(static: DsStatic) -> list[Event]:
 class Coordinator:
     """The blocks' runs and each run's gathers and releases (deepspeed_zero3.calls), by (block, pass)."""
 
-    def __init__(self, block: Sequence[deepspeed_zero3.Submodule], *, blocks: int, option: str,
+    def __init__(self, block: Sequence[deepspeed_zero3.Submodule], *, options: Sequence[str],
                  setup: TrainSetup) -> None:
         reuse, bucket, live = deepspeed_terms.knobs(setup)
-        runs, made = deepspeed_zero3.calls(block, layers=blocks, checkpointed=False, max_reuse_numel=reuse,
+        runs, made = deepspeed_zero3.calls(block, layers=len(options), checkpointed=False, max_reuse_numel=reuse,
                                            prefetch_bucket=bucket, max_live=live,
-                                           reruns=deepspeed_zero3.rerun_ranges(block, option))
+                                           per_layer=[deepspeed_zero3.rerun_ranges(block, o) for o in options])
         self.block, self.runs, self.calls = block, runs, made
         self.by_pass: dict[tuple[int, bool], list[int]] = {}
         for step, (layer, phase, _) in enumerate(runs):
@@ -154,7 +154,8 @@ class _StepPlayer:
         # cpu_checkpointing: the checkpoint (the layer's input) copied to the host in the forward, the GPU's freed
         # with the previous layer's output; brought back (a new tensor) before the rerun, freed with the backward
         self.in_cpu = {i: _kept(layer, option) for i, (layer, option) in enumerate(zip(layers, options))
-                       if static.checkpoint_in_cpu and option == OPTION_FULL and layer.kind != "embedding"}
+                       if static.checkpoint_in_cpu and option == OPTION_FULL and layer.kind != "embedding"
+                       and _kept(layer, option)}
         self.keeps = [keeps and i not in self.in_cpu for i, keeps in enumerate(self.keeps)]
         self.block_of = {}  # layer index -> its block's index in the coordinator's trace
         for i, layer in enumerate(layers):
@@ -355,13 +356,13 @@ def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records:
 
 def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> Replayed | None:
     """The rank's replay (`cost`: its StageCost, for the static total); None where a layer has no record for its
-    option, a block is not one whose submodules ckplan knows, the blocks run different options or offload (the
-    coordinator's trace is one option's), or the logits are not known."""
+    option, a layer offloads (ckplan's own offload, not DeepSpeed's), the blocks are not all one whose submodules
+    ckplan knows, or the logits are not known."""
     layers, options, records = plan_records(plan, profile)
     if records is None or OPTION_OFFLOAD in options:
         return None
     blocks = [(layer, option) for layer, option in zip(layers, options) if layer.kind == "decoder_block"]
-    if not blocks or len({option for _, option in blocks}) != 1:
+    if not blocks:
         return None
     submodules = {deepspeed_terms.profile_block(profile, layer) for layer, _ in blocks}
     if None in submodules or len(submodules) != 1:
@@ -370,7 +371,7 @@ def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) 
     if not logits:
         return None
     loss, keeps_logits = last_stage_loss(profile, setup, logits)
-    coordinator = Coordinator(submodules.pop(), blocks=len(blocks), option=blocks[0][1], setup=setup)
+    coordinator = Coordinator(submodules.pop(), options=[option for _, option in blocks], setup=setup)
     static = static_of(layers, cost, profile=profile, setup=setup)
     events, one_step = step_player(layers, options, records, static=static, coordinator=coordinator,
                                    num_microbatches=setup.pipeline.microbatches, loss=loss, keeps_logits=keeps_logits)
