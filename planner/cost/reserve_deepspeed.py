@@ -4,7 +4,7 @@ makes them (the Azure runs' version, 32d97976; S = deepspeed/runtime/zero/stage3
 C = partitioned_param_coordinator.py; docs/framework-facts.md §140, §103, §105, §124, §133):
 
 - init (DeepSpeedZeroOptimizer_Stage3.__init__): the parameters' partitions are moved to the host one by one, the
-  cache emptied, and brought back as one flat fp16 buffer (S 500-540 `defragment`, 776-793); then, where the
+  cache emptied, and brought back as one flat fp16 buffer (S 553-590 `defragment`, 776-793); then, where the
   optimizer is on the GPU, each sub-group's fp32 partition (`sub_group_size` elements, 1e9 by default: S 893-960),
   initialize_optimizer_states' fp32 gradient buffer of the largest sub-group, Adam's two moments made by a first
   optimizer step per sub-group, the buffer dropped (S 1279-1347); then the contiguous gradients' bucket of
@@ -21,7 +21,7 @@ C = partitioned_param_coordinator.py; docs/framework-facts.md §140, §103, §10
 - the layers' own allocations: each layer's AllocRecord for its option, as reserve.py plays it (the input freed
   after the forward unless the layer keeps it, else after its backward), a block's forward and backward records cut
   evenly into its submodules' runs (forward; recompute and backward), the gathers and releases between them;
-- the gradients (S 1440-1545, 1556-1680): autograd makes each parameter's whole .grad in the weights' dtype as its
+- the gradients (S 1465-1545, 1640-1710): autograd makes each parameter's whole .grad in the weights' dtype as its
   submodule's backward ends; its hook reduces the bucket first if the gradient would pass `reduce_bucket_size`,
   copies a gradient that fits into the contiguous bucket (its .grad freed, record_stream on the reduce stream) and
   leaves a larger one in its own .grad; the bucket's reduce-scatter (on the reduce stream, in place for one
