@@ -3,6 +3,10 @@ the replay's allocated and reserved peaks, the cost model's allocated peak, the 
 the divisor would have given (docs/published-runs.md §31.dsreplay).
 
     PYTHONPATH=$PWD python scripts/deepspeed_replay.py DS1 [--also "--reduce-bucket-size 5e8"]
+        [--cached-at-once gathers|grads|both]
+
+`--cached-at-once` plays a what-if against the replay's two assumptions (§31.dsreplay point 3): a released gather's
+block, or a reduced gradient's, or both, cached again at once rather than after the next submodule / the next bucket.
 """
 
 from __future__ import annotations
@@ -17,8 +21,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import published_rows  # noqa: E402  (the harness beside this file)
 
 from planner.cost import allocator, reserve_deepspeed  # noqa: E402
+from planner.cost.allocator import Ready  # noqa: E402
 
 GIB = 2**30
+
+
+def _cached_at_once(what: str) -> None:
+    """The step player with released gathers (`gathers`), reduced gradients (`grads`) or both cached at once."""
+    player = reserve_deepspeed._StepPlayer
+    if what in ("gathers", "both"):
+        release = player._release
+
+        def _release(self, param):
+            buffer = self.gathered.get(param)
+            release(self, param)
+            if buffer is not None:
+                self.events.append(Ready(buffer))
+                self.released.remove(buffer)
+
+        player._release = _release
+    if what in ("grads", "both"):
+        reduce = player._reduce
+
+        def _reduce(self):
+            reduce(self)
+            self.events += [Ready(key) for key in self.reducing]
+            self.reducing = []
+
+        player._reduce = _reduce
 
 
 def main(argv: list[str]) -> int:
@@ -26,7 +56,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("row")
     parser.add_argument("--work", type=Path, default=published_rows.WORK)
     parser.add_argument("--also", default="", help="ckplan evaluate arguments appended to the row's")
+    parser.add_argument("--cached-at-once", choices=("gathers", "grads", "both"), default=None)
     args = parser.parse_args(argv)
+    if args.cached_at_once:
+        _cached_at_once(args.cached_at_once)
     rows = {row.id: row for row in published_rows.load_table().rows}
     if args.row not in rows:
         parser.error(f"no row {args.row} in scripts/published_rows.toml")

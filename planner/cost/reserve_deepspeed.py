@@ -46,9 +46,23 @@ from planner.cost import allocator, dataparallel, deepspeed_terms, deepspeed_zer
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed, Sync
 from planner.cost.reserve import _alive, _count, _keeps_input, plan_records
 from planner.cost.reserve_fsdp2 import expandable_segments
-from planner.cost.reserve_megatron import MAX_STEPS, STEPS, _output_bytes, _workspaces, last_stage_loss
+from planner.cost.reserve_megatron import (
+    MAX_STEPS,
+    STEPS,
+    _output_bytes,
+    _workspaces,
+    last_stage_loss,
+)
 from planner.cost.rules import batch_bytes
-from planner.schema import OPTION_FULL, OPTION_OFFLOAD, AllocRecord, LayerProfile, Profile, StagePlan, TrainSetup
+from planner.schema import (
+    OPTION_FULL,
+    OPTION_OFFLOAD,
+    AllocRecord,
+    LayerProfile,
+    Profile,
+    StagePlan,
+    TrainSetup,
+)
 
 COMPUTE, GATHER, REDUCE = 0, 1, 2  # the streams: default, the all-gather stream, the reduce-and-partition stream
 SUB_GROUP_DEFAULT = 1_000_000_000  # deepspeed/runtime/zero/constants.py 95 (v0.6.2): sub_group_size
