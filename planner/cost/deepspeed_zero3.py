@@ -159,21 +159,33 @@ class Moment:
 
 
 def trace(block: Sequence[Submodule], *, layers: int, checkpointed: bool,
-          reruns: tuple[tuple[int, int], ...] | None = None) -> list[tuple[int, str, int]]:
+          reruns: tuple[tuple[int, int], ...] | None = None,
+          per_layer: Sequence[tuple[tuple[int, int], ...]] | None = None) -> list[tuple[int, str, int]]:
     """(layer, phase, submodule index) of every submodule run of a step of `layers` equal blocks:
     every forward, then each layer from the last: its backward, from its last submodule, where each rerun
-    range (`reruns`; `checkpointed`: the whole block) is recomputed when the backward reaches its last
-    submodule (a checkpoint reruns when its first saved tensor is unpacked), then run backward."""
+    range (`reruns`; `checkpointed`: the whole block; `per_layer`: each layer's own) is recomputed when the
+    backward reaches its last submodule (a checkpoint reruns when its first saved tensor is unpacked), then run
+    backward."""
     if reruns is None:
         reruns = ((0, len(block)),) if checkpointed else ()
-    ends = {stop - 1: (start, stop) for start, stop in reruns}
     runs = [(layer, "forward", j) for layer in range(layers) for j in range(len(block))]
     for layer in reversed(range(layers)):
+        ends = {stop - 1: (start, stop) for start, stop in (reruns if per_layer is None else per_layer[layer])}
         for j in reversed(range(len(block))):
             if j in ends:
                 runs += [(layer, "recompute", k) for k in range(*ends[j])]
             runs.append((layer, "backward", j))
     return runs
+
+
+@dataclass(frozen=True)
+class Call:
+    """One run's coordinator actions, for the allocator's replay (planner/cost/reserve_deepspeed.py): the
+    parameters (layer, submodule, tensor) its own fetch gathers in one all_gather_coalesced call, those its
+    prefetch gathers in another, and those released after it runs."""
+    fetched: tuple[tuple[int, int, int], ...]
+    prefetched: tuple[tuple[int, int, int], ...]
+    released: tuple[tuple[int, int, int], ...]
 
 
 def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max_reuse_numel: int,
@@ -190,28 +202,55 @@ def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max
     least max_reuse elements were counted. Persistent parameters (at most the threshold) are never gathered
     nor released but count in the walk. `reruns`: the ranges each block recomputes (trace), where not the
     whole block (`checkpointed`) or nothing."""
-    runs = trace(block, layers=layers, checkpointed=checkpointed, reruns=reruns)
+    runs, states, gathered_for, _ = _walk(block, layers=layers, checkpointed=checkpointed, reruns=reruns,
+                                          max_reuse_numel=max_reuse_numel, prefetch_bucket=prefetch_bucket,
+                                          max_live=max_live, persistence_threshold=persistence_threshold)
+    return [Moment(layer, phase, block[j].name, held, grads, gathered_for[step])
+            for step, ((layer, phase, j), (held, grads)) in enumerate(zip(runs, states))]
+
+
+def calls(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max_reuse_numel: int,
+          prefetch_bucket: int = PREFETCH_BUCKET_DEFAULT, max_live: int = MAX_LIVE_DEFAULT,
+          persistence_threshold: int = PARAM_PERSISTENCE_THRESHOLD_DEFAULT,
+          reruns: tuple[tuple[int, int], ...] | None = None,
+          per_layer: Sequence[tuple[tuple[int, int], ...]] | None = None
+          ) -> tuple[list[tuple[int, str, int]], list[Call]]:
+    """`simulate`'s walk as the runs (`trace`; `per_layer`: each layer's rerun ranges) and each run's gathers and
+    releases (Call), parameter by parameter."""
+    runs, _, _, made = _walk(block, layers=layers, checkpointed=checkpointed, reruns=reruns, per_layer=per_layer,
+                             max_reuse_numel=max_reuse_numel, prefetch_bucket=prefetch_bucket, max_live=max_live,
+                             persistence_threshold=persistence_threshold)
+    return runs, made
+
+
+def _walk(block: Sequence[Submodule], *, layers: int, checkpointed: bool, reruns, max_reuse_numel: int,
+          prefetch_bucket: int, max_live: int, persistence_threshold: int, per_layer=None):
+    """simulate's and calls' walk: the runs, each run's (held, grads) state, the elements gathered for each run,
+    and each run's Call."""
+    runs = trace(block, layers=layers, checkpointed=checkpointed, reruns=reruns, per_layer=per_layer)
     params = [[(layer, j, t) for t in range(len(block[j].param_numels))] for layer, _, j in runs]
     numel = {p: block[p[1]].param_numels[p[2]] for ps in params for p in ps}
     persist = {p for p, n in numel.items() if n <= persistence_threshold}
     queue = [(p, step) for step, ps in enumerate(params) for p in ps]
     head, available, fetched_for = 0, set(), {p: -1 for p in numel}
     gathered_for = [0] * len(runs)
-    states, previous_grad = [], 0
+    states, made, previous_grad = [], [], 0
     for step, (_, phase, j) in enumerate(runs):
         for _ in [p for p in params[step] if fetched_for[p] < step]:  # the queue's next entries: this run's
             fetched_for[queue[head][0]] = queue[head][1]
             head += 1
-        gathered_for[step] += sum(numel[p] for p in params[step] if p not in available and p not in persist)
-        available |= {p for p in params[step] if p not in persist}
+        own = tuple(p for p in params[step] if p not in available and p not in persist)
+        gathered_for[step] += sum(numel[p] for p in own)
+        available |= set(own)
         gathered = sum(numel[p] for p in available)
-        limit, prefetching = min(max_live - gathered, prefetch_bucket), 0
+        limit, prefetching, ahead = min(max_live - gathered, prefetch_bucket), 0, []
         while head < len(queue) and prefetching < limit:
             p, use = queue[head]
             head += 1
             fetched_for[p] = max(fetched_for[p], use)
             if p not in available and p not in persist:
                 available.add(p)
+                ahead.append(p)
                 gathered_for[use] += numel[p]
                 prefetching += numel[p]
         own_grad = block[j].numel if phase == "backward" else 0
@@ -224,8 +263,8 @@ def simulate(block: Sequence[Submodule], *, layers: int, checkpointed: bool, max
             release -= set(later)
             traversed += sum(numel[p] for p in later)
         available -= release
-    return [Moment(layer, phase, block[j].name, held, grads, gathered_for[step])
-            for step, ((layer, phase, j), (held, grads)) in enumerate(zip(runs, states))]
+        made.append(Call(own, tuple(ahead), tuple(p for p in params[step] if p in release)))
+    return runs, states, gathered_for, made
 
 
 def peak_held(moments: Sequence[Moment], *, weight_bytes: float, grad_bytes: float) -> Moment:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from planner.cost import (
     capped_reserve,
     reserve,
+    reserve_deepspeed,
     reserve_fsdp2,
     reserve_megatron,
     reserve_megatron_chunks,
@@ -55,6 +56,8 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
     by_peak: Callable[[Replayed], int] = lambda replayed: reserve.reserved_bytes(replayed, cost.peak_bytes)  # noqa: E731
     if reserve_megatron_fsdp.replays(setup):  # Megatron-LM's step under Megatron-FSDP's double buffer, one stage
         return lambda: reserve_megatron_fsdp.replay_stage(plan, cost, profile=profile, setup=setup), by_peak
+    if reserve_deepspeed.replays(setup):  # DeepSpeed's ZeRO 3: its coordinator's gathers, buckets and partitions
+        return lambda: reserve_deepspeed.replay_stage(plan, cost, profile=profile, setup=setup), by_peak
     if reserve_megatron.replays(setup):  # DDP or the distributed optimizer: its buffers, optimizer and schedule
         if setup.pipeline.chunks > 1:
             return lambda: reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup), by_peak

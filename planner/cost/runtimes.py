@@ -219,11 +219,13 @@ def _deepspeed_newest() -> RuntimeFacts:
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
         pipeline_max_zero=1, shard_group_zero=(), fsdp_units="submodules",
         sources={
-            "step_replayed": f"not replayed: ZeRO's contiguous buffers and its side streams (deepspeed/runtime/zero/stage_1_and_2.py), {_DS_V}",
+            "step_replayed": f"not by reserve.py's replay of ckplan's step: ZeRO 3's own on one stage (planner/cost/reserve_deepspeed.py, "
+                             f"v0.6.2's stage3.py); ZeRO 1/2's contiguous buffers and side streams (stage_1_and_2.py) not replayed, {_DS_V}",
             "fsdp2_step_replayed": "DeepSpeed shards with ZeRO, not FSDP2",
             "megatron_step_replayed": f"not replayed: DeepSpeed's engine, not Megatron-LM's schedules and DDP (Megatron-DeepSpeed runs "
                                       f"DeepSpeed's PipelineEngine and ZeRO: step_replayed), {_DS_V}",
-            "expandable_segments": "not read from its launch scripts: the default segments (its reserve is the divisor's)",
+            "expandable_segments": "not read from its launch scripts: the default segments (ZeRO 3's replay runs them; ZeRO 1/2's "
+                                   "reserve is the divisor's)",
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "input_grads_held_to_step_end": "DeepSpeed's pipe engine takes one input gradient a pipe buffer (input_receive_buffers)",
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
