@@ -129,3 +129,26 @@ def test_stepcomm_charges_nvls_tree_on_gb200_unless_the_launch_turns_it_off():
     assert stepcomm.step_collectives(off, _profile("gb200", 4))[0][2] == pytest.approx(102.4e-3)
     assert stepcomm.step_collectives(on, _profile("a100-80g", 4))[0][2] == pytest.approx(102.4e-3)
     assert stepcomm.step_collectives(on)[0][2] == pytest.approx(102.4e-3)  # no profile: no GPU, no NVLS
+
+
+def test_the_cli_setting_drops_the_nvls_buffers(tmp_path):
+    """`ckplan evaluate` on 8 H100s (FSDP over one node): the data-parallel group's NVLS buffer (16 channels x 2 x
+    1 MiB x 8 heads + 2 MiB of credits) beside its ring's 24 x 12 MiB, gone under --nccl-nvls-off."""
+    import json
+
+    from click.testing import CliRunner
+    from fixtures.tiny_gpt2 import tiny_gpt2_profile
+
+    from planner.cli import cli
+
+    path = tiny_gpt2_profile(tmp_path, "h100")
+    args = ["evaluate", "--profile", str(path), "--layers-per-stage", "4", "--ckpt-per-stage", "0", "--microbatches",
+            "3", "--mem", "80GB", "--precision", "bf16-mixed", "--runtime", "torchtitan", "--dp", "8", "--zero", "3",
+            "--json"]
+    buffers = []
+    for extra in ([], ["--nccl-nvls-off"]):
+        result = CliRunner().invoke(cli, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        data, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{\n"):])
+        buffers.append(data["hand"]["stages"][0]["nccl_buffers"])
+    assert buffers == [{"dp": 24 * 12 * MIB + 258 * MIB}, {"dp": 24 * 12 * MIB}]
