@@ -152,3 +152,19 @@ def test_the_cli_setting_drops_the_nvls_buffers(tmp_path):
         data, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{\n"):])
         buffers.append(data["hand"]["stages"][0]["nccl_buffers"])
     assert buffers == [{"dp": 24 * 12 * MIB + 258 * MIB}, {"dp": 24 * 12 * MIB}]
+
+
+def test_a_sharded_group_across_nodes_holds_nvls_only_for_its_scalars():
+    """ZeRO >= 1: reduce-scatters and gathers, for which NCCL runs no NVLS across nodes without CollNet (tuning.cc
+    301-304). FSDP over 16 H100s on 2 nodes (8 a node): its norm's scalar takes Tree / LL, so no NVLS; the same
+    group inside one node keeps it; on 256 GB200 in 4 domains the tuner picks NVLS Tree for the scalar, so NVLS."""
+    ring_h100, ring_gb200 = 24 * 12 * MIB, 32 * 12 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 16, "sharded", 8), H100, domain=8) == ring_h100
+    assert nb.communicator_bytes(nb.Communicator("dp", 16, "collective", 8), H100, domain=8) == ring_h100 + 258 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 8, "sharded", 8), H100, domain=8) == ring_h100 + 258 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 256, "sharded", 64), GB200, domain=64) == ring_gb200 + 2050 * MIB
+    setup = _setup(dp=16)
+    setup.data_parallel.zero = 3
+    assert nb.rank_communicators(0, setup, _profile("h100-sxm", 1))[0] == nb.Communicator("dp", 16, "sharded", 8)
+    setup.data_parallel.zero = 0  # DDP all-reduces: NVLS Tree may run it
+    assert nb.rank_communicators(0, setup, _profile("h100-sxm", 1))[0].kind == "collective"

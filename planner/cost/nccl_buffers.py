@@ -144,9 +144,12 @@ def nvls_bytes(gpu: NcclGpu, ranks: int, domain: int, local: int = 0) -> int:
 @dataclass(frozen=True)
 class Communicator:
     """One communicator a rank uses: its name (the group), its ranks, and what it runs: "collective" (ring, and
-    NVLS where it applies), "small" (one-element all-reduces only: the ring, or NVLS where NCCL's tuner picks it for
-    4 B, nccltuner.tuned_all_reduce), "p2p" (sends to and receives from one peer in its NVLink domain) or "p2p-net" (a
-    peer in another node); `local`: its ranks in the rank's NVLink domain (0: min(ranks, domain))."""
+    NVLS where it applies), "sharded" (reduce-scatters, all-gathers or reduces of a sharded data-parallel group, and
+    one-element all-reduces: as "collective" inside one node or domain; across them NCCL runs no NVLS for the sized
+    ones, src/graph/tuning.cc 301-304 without CollNet, so NVLS only where its tuner picks it for the scalars), "small"
+    (one-element all-reduces only: the ring, or NVLS where NCCL's tuner picks it for 4 B, nccltuner.tuned_all_reduce),
+    "p2p" (sends to and receives from one peer in its NVLink domain) or "p2p-net" (a peer in another node); `local`:
+    its ranks in the rank's NVLink domain (0: min(ranks, domain))."""
     name: str
     ranks: int
     kind: str = "collective"
@@ -166,7 +169,8 @@ def communicator_bytes(comm: Communicator, gpu: NcclGpu | None, *, domain: int, 
         return min(NET_PEER_CHANNELS, p2p_channels_per_peer(gpu)) * connection_bytes(gpu)
     ring = ring_channels(gpu) * connection_bytes(gpu)
     local = comm.local or min(comm.ranks, domain)
-    if not nvls or (comm.kind == "small" and not _scalar_runs_nvls(gpu, comm.ranks, local)):
+    scalars_only = comm.kind == "small" or (comm.kind == "sharded" and comm.ranks > local)
+    if not nvls or (scalars_only and not _scalar_runs_nvls(gpu, comm.ranks, local)):
         return ring
     return ring + nvls_bytes(gpu, comm.ranks, domain, local)
 
@@ -224,12 +228,15 @@ def rank_communicators(stage: int, setup, profile) -> list[Communicator]:
         """A group of `ranks` lying `stride` ranks apart, with its ranks in the rank's NVLink domain."""
         return Communicator(name, ranks, kind, ranks_per_node(ranks, stride, domain))
 
+    # ZeRO >= 1 shards: reduce-scatters and gathers (torchtitan's FSDP2, Megatron's distributed optimizer), or
+    # DeepSpeed's ZeRO 1 / 2 reduces to each partition's owner; ZeRO 0 (DDP) and HSDP's replicas all-reduce
+    sharded = "sharded" if getattr(setup.data_parallel, "zero", 0) >= 1 else "collective"
     if shard is not None:
-        comms += [group("dp-shard", shard, tp), group("dp-replica", dp // shard, tp * shard)]
+        comms += [group("dp-shard", shard, tp, "sharded"), group("dp-replica", dp // shard, tp * shard)]
     else:
-        comms.append(group("dp", dp, tp))
+        comms.append(group("dp", dp, tp, sharded))
     if ep > 1 and any(layer.expert_param_count for layer in profile.layers):
-        comms += [group("ep", ep, tp), group("expert-dp", dp // ep, tp * ep)]
+        comms += [group("ep", ep, tp), group("expert-dp", dp // ep, tp * ep, sharded)]
     comms.append(group("tp", tp, 1))
     training = getattr(setup, "training", None)
     if training is not None and runtimes.of(training).side_communicators:
