@@ -57,8 +57,8 @@ def test_one_rank_a_node_takes_the_trees_network_figure():
 
 
 def test_unknown_algorithm_refused():
-    with pytest.raises(ValueError, match="NVLS"):
-        nccltuner.all_reduce_latency_us("NVLS", "Simple", 8, 1)
+    with pytest.raises(ValueError, match="CollNetDirect"):
+        nccltuner.all_reduce_latency_us("CollNetDirect", "Simple", 8, 1)
 
 
 def test_stepcomm_charges_the_tuners_pick_unless_forced():

@@ -34,17 +34,18 @@ def test_ring_channels_by_gpu(gpu, rings):
 def test_nvls_only_where_multicast_and_more_than_two_gpus():
     assert nb.nvls_bytes(A100, 8, 8) == 0
     assert nb.nvls_bytes(H100, 2, 8) == 0
-    assert nb.nvls_bytes(H100, 8, 8) == 16 * 2 * MIB * 8  # 16 channels x 2 x (128 KiB x 8 steps) x 8 heads
-    assert nb.nvls_bytes(GB200, 8, 72) == 24 * 2 * MIB * 8  # one NVLink domain: 24 channels
-    assert nb.nvls_bytes(GB200, 144, 72) == 32 * 2 * MIB * 32  # across domains: 32 channels, heads at most 32
+    # 16 channels x 2 x (128 KiB x 8 steps) x 8 heads, and the credits (16 x 2 x 64 B x 8) in one 2 MiB granule
+    assert nb.nvls_bytes(H100, 8, 8) == 16 * 2 * MIB * 8 + 2 * MIB
+    assert nb.nvls_bytes(GB200, 8, 72) == 24 * 2 * MIB * 8 + 2 * MIB  # one NVLink domain: 24 channels
+    assert nb.nvls_bytes(GB200, 144, 72) == 32 * 2 * MIB * 32 + 2 * MIB  # across domains: 32 channels, heads <= 32
+    assert nb.nvls_bytes(H100, 16, 8, local=2) == 0  # two of the group a node (TP 4 on nodes of 8): no NVLS
 
 
 def test_communicator_bytes_by_kind():
     assert nb.communicator_bytes(nb.Communicator("tp", 1), H100, domain=8) == 0
     assert nb.communicator_bytes(nb.Communicator("pp", 2, "p2p"), GB200, domain=72) == 32 * 12 * MIB
     assert nb.communicator_bytes(nb.Communicator("dp", 2), H100, domain=8) == 24 * 12 * MIB
-    assert nb.communicator_bytes(nb.Communicator("dp", 8), GB200, domain=72) == 32 * 12 * MIB + 384 * MIB
-    assert nb.communicator_bytes(nb.Communicator("world", 256, "small"), GB200, domain=72) == 32 * 12 * MIB
+    assert nb.communicator_bytes(nb.Communicator("dp", 8), GB200, domain=72) == 32 * 12 * MIB + 386 * MIB
     # no NCCL GPU known: NVIDIA/nccl#964's measurement
     assert nb.communicator_bytes(nb.Communicator("dp", 2), None, domain=8) == 544 * MIB
     assert nb.communicator_bytes(nb.Communicator("dp", 4), None, domain=8) == 688 * MIB
@@ -82,7 +83,8 @@ def test_a_ranks_communicators():
 
 def test_rank_buffers_on_gb200():
     got = nb.rank_buffers(0, _setup(2, dp=8, node=72), _profile("gb200", tp=4))
-    assert got == {"pp-peer-0": 32 * 12 * MIB, "dp": 32 * 12 * MIB + 384 * MIB, "tp": 32 * 12 * MIB + 24 * 2 * MIB * 4}
+    assert got == {"pp-peer-0": 32 * 12 * MIB, "dp": 32 * 12 * MIB + 386 * MIB,
+                   "tp": 32 * 12 * MIB + 24 * 2 * MIB * 4 + 2 * MIB}
 
 
 def test_megatrons_further_communicators():

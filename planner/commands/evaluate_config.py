@@ -309,7 +309,7 @@ def _with_settings(options, job):
                                 local_layers=modelled.local_layers,
                                 fused_cross_entropy=modelled.fused_cross_entropy,
                                 te_grouped_gemm=modelled.te_grouped_gemm,
-                                nccl_ring_simple=modelled.nccl_ring_simple,
+                                nccl_ring_simple=modelled.nccl_ring_simple, nccl_nvls_off=modelled.nccl_nvls_off,
                                 chunked_cross_entropy=modelled.chunked_cross_entropy)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ddp=dict(modelled.ddp))
 

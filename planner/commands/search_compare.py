@@ -198,7 +198,9 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
              ("the parameters' norm logged", modelled.log_params_norm, searched.get("log_params_norm", False)),
              ("the gradients' zeros logged", modelled.log_num_zeros_in_grad, searched.get("log_num_zeros_in_grad", False)),
              ("deterministic mode", modelled.deterministic, searched.get("deterministic", False)),
-             ("NCCL's Ring / Simple forced", modelled.nccl_ring_simple, searched.get("nccl_ring_simple", False))]
+             ("NCCL's Ring / Simple forced", modelled.nccl_ring_simple, searched.get("nccl_ring_simple", False)),
+             ("NVLink SHARP turned off (NCCL_NVLS_ENABLE=0)", modelled.nccl_nvls_off,
+              searched.get("nccl_nvls_off", False))]
     return [f"{what} {_said(mine)} (scored {_said(theirs)}, as the search)" for what, mine, theirs in found
             if mine != theirs]
 

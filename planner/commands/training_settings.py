@@ -71,6 +71,10 @@ SETTING_OPTIONS = [
                  help="The job's launch forces NCCL_ALGO=Ring and NCCL_PROTO=simple (Megatron-LM's functional tests' "
                       "_run_training.sh): the step's scalar all-reduces charged at Ring/Simple's latency, not at "
                       "the protocol NCCL's tuner picks (--runtime megatron)."),
+    click.option("--nccl-nvls-off", "nccl_nvls_off", is_flag=True,
+                 help="The job's launch sets NCCL_NVLS_ENABLE=0 (Megatron-Bridge's performance runs, Megatron-LM's "
+                      "functional tests): no NVLink SHARP on multicast GPUs (H100 / H200 / B200 NVSwitch nodes, GB200 "
+                      "NVL72), so neither its buffers nor its algorithms in NCCL's tuner."),
     click.option("--deterministic-mode", "deterministic", is_flag=True,
                  help="Megatron-LM's flag: torch's deterministic algorithms, whose NaN fill writes each of "
                       "Transformer Engine's outputs once more; its deterministic attention backward has no "
@@ -103,7 +107,7 @@ SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
                         "expandable_segments", "grad_reduce_bf16", "te_cross_entropy", "fused_cross_entropy",
-                        "te_grouped_gemm", "local_layers", "nccl_ring_simple")
+                        "te_grouped_gemm", "local_layers", "nccl_ring_simple", "nccl_nvls_off")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -150,6 +154,7 @@ class TrainingSettings:
     fused_cross_entropy: bool = False
     te_grouped_gemm: bool = False
     nccl_ring_simple: bool = False
+    nccl_nvls_off: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:

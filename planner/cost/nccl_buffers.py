@@ -29,8 +29,13 @@ torchtitan's rows is of the same line: the terms below are the same from 2.22, w
   NVL72) and the communicator has more than two GPUs in its NVLink domain (src/transport/nvls.cc 151-200); its buffer
   on each rank `nvlsChannels x 2 x (NCCL_NVLS_CHUNKSIZE 128 KiB x NCCL_STEPS) x nHeads` (ncclNvlsBufferSetup,
   nvls.cc 316-340), nvlsChannels 16 on SM90, 24 on SM100 inside one NVLink domain, 32 across (nvls.cc 147-149, 193),
-  nHeads the NVLS graph's channels, `min(NCCL_MAX_NVLS_ARITY 32, GPUs)` (search.cc 1014). Made at the first NVLS
-  collective (a large all-reduce, reduce-scatter or all-gather).
+  nHeads the NVLS graph's channels, `min(NCCL_MAX_NVLS_ARITY 32, GPUs)` (search.cc 1014), GPUs those of the
+  communicator in the rank's node or NVLink domain (a data-parallel group at TP 8 on nodes of 8: one, no NVLS); and its
+  credits, `nChannels x 2 x 64 B x nHeads` (nvls.cc 402-433), one 2 MiB granule. Made at the first NVLS collective (a
+  large all-reduce, reduce-scatter or all-gather; a one-element all-reduce where NCCL's tuner picks NVLS or NVLS
+  Tree for it, planner/cost/nccltuner.py: more than 16 ranks of one NVLink domain, GB200 NVL72's). None where the
+  launch sets NCCL_NVLS_ENABLE=0 (the setting nccl_nvls_off: Megatron-Bridge's performance runs, "Disable NVLink SHARP
+  to save memory", scripts/performance/utils/executors.py 42 at 00b7660b; Megatron-LM's functional tests).
 
 What is not read here: the NET transport's buffers where a ring crosses nodes (src/transport/net.cc: its send side
 in host memory, shared buffers for point to point; ckplan charges the P2P figure a channel), the tree's extra
@@ -43,7 +48,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import runtimes
+from planner.cost import nccltuner, runtimes
+from planner.models.network_rate import ranks_per_node
 
 MIB = 1 << 20
 KIB = 1 << 10
@@ -60,6 +66,7 @@ CONN_HEAD_BYTES = 4 * KIB
 MAXCHANNELS = 64  # device.h
 NVLS_CHUNK_BYTES = 128 * KIB  # nvls.cc NCCL_NVLS_CHUNKSIZE
 NVLS_MAX_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY
+NVLS_CREDIT_BYTES = 64  # nvls.cc 404: memSize of a credit, nChannels x 2 x nHeads of them
 NVLS_CHANNELS = {90: 16, 100: 24}  # nvls.cc NVLS_NCHANNELS_SM90, NVLS_NCHANNELS_SM100_NVL (one NVLink domain)
 NVLS_CHANNELS_MULTI_NODE = {90: 16, 100: 32}  # NVLS_NCHANNELS_SM100 across nodes
 NET_PEER_CHANNELS = 2  # src/graph/paths.cc ncclTopoGetNchannels: a remote peer, NCCL_NCHANNELS_PER_NET_PEER unset
@@ -121,31 +128,37 @@ def p2p_channels_per_peer(gpu: NcclGpu) -> int:
     return 1 << (fewest - 1).bit_length()
 
 
-def nvls_bytes(gpu: NcclGpu, ranks: int, domain: int) -> int:
-    """NVLink SHARP's buffer on a rank of a communicator of `ranks` in NVLink domains of `domain` GPUs; 0 where NCCL
-    does not run NVLS (no multicast, or two GPUs or fewer of the communicator in the domain)."""
-    local = min(ranks, domain)
-    if not gpu.multicast or local <= 2:
+def nvls_bytes(gpu: NcclGpu, ranks: int, domain: int, local: int = 0) -> int:
+    """NVLink SHARP's buffer and credits on a rank of a communicator of `ranks` in NVLink domains of `domain` GPUs,
+    `local` of them in the rank's domain (0: as many as fit, min(ranks, domain)); 0 where NCCL does not run NVLS (no
+    multicast, or two GPUs or fewer of the communicator in the domain: nccltuner.nvls_supported)."""
+    local = local or min(ranks, domain)
+    if not nccltuner.nvls_supported(multicast=gpu.multicast, local_gpus=local):
         return 0
-    channels = (NVLS_CHANNELS_MULTI_NODE if ranks > domain else NVLS_CHANNELS)[gpu.capability]
+    channels = (NVLS_CHANNELS_MULTI_NODE if ranks > local else NVLS_CHANNELS)[gpu.capability]
     heads = min(NVLS_MAX_ARITY, local)
-    return _align(channels * 2 * NVLS_CHUNK_BYTES * NCCL_STEPS * heads, CUDA_IPC_MIN)
+    buffer = _align(channels * 2 * NVLS_CHUNK_BYTES * NCCL_STEPS * heads, CUDA_IPC_MIN)
+    return buffer + _align(channels * 2 * NVLS_CREDIT_BYTES * heads, CUDA_IPC_MIN)
 
 
 @dataclass(frozen=True)
 class Communicator:
     """One communicator a rank uses: its name (the group), its ranks, and what it runs: "collective" (ring, and
-    NVLS where it applies), "small" (one-element all-reduces only: the ring; NCCL runs NVLS only under its Simple
-    protocol, src/graph/tuning.cc 262, which its tuner does not pick for a few bytes), "p2p" (sends to and receives
-    from one peer in its NVLink domain) or "p2p-net" (a peer in another node)."""
+    NVLS where it applies), "sharded" (reduce-scatters, all-gathers or reduces of a sharded data-parallel group, and
+    one-element all-reduces: as "collective" inside one node or domain; across them NCCL runs no NVLS for the sized
+    ones, src/graph/tuning.cc 301-304 without CollNet, so NVLS only where its tuner picks it for the scalars), "small"
+    (one-element all-reduces only: the ring, or NVLS where NCCL's tuner picks it for 4 B, nccltuner.tuned_all_reduce),
+    "p2p" (sends to and receives from one peer in its NVLink domain) or "p2p-net" (a peer in another node); `local`:
+    its ranks in the rank's NVLink domain (0: min(ranks, domain))."""
     name: str
     ranks: int
     kind: str = "collective"
+    local: int = 0
 
 
-def communicator_bytes(comm: Communicator, gpu: NcclGpu | None, *, domain: int) -> int:
+def communicator_bytes(comm: Communicator, gpu: NcclGpu | None, *, domain: int, nvls: bool = True) -> int:
     """NCCL's device buffers on one rank for `comm` (NCCL 2.22+: the connections its use makes); a group of one has
-    none; `gpu` None (no NCCL GPU known): NVIDIA/nccl#964's measured figures."""
+    none; `gpu` None (no NCCL GPU known): NVIDIA/nccl#964's measured figures; `nvls` False: NCCL_NVLS_ENABLE=0."""
     if comm.ranks <= 1:
         return 0
     if gpu is None:
@@ -155,7 +168,17 @@ def communicator_bytes(comm: Communicator, gpu: NcclGpu | None, *, domain: int) 
     if comm.kind == "p2p-net":  # paths.cc 816-823: a peer over the network starts from 2 channels a NIC
         return min(NET_PEER_CHANNELS, p2p_channels_per_peer(gpu)) * connection_bytes(gpu)
     ring = ring_channels(gpu) * connection_bytes(gpu)
-    return ring if comm.kind == "small" else ring + nvls_bytes(gpu, comm.ranks, domain)
+    local = comm.local or min(comm.ranks, domain)
+    scalars_only = comm.kind == "small" or (comm.kind == "sharded" and comm.ranks > local)
+    if not nvls or (scalars_only and not _scalar_runs_nvls(gpu, comm.ranks, local)):
+        return ring
+    return ring + nvls_bytes(gpu, comm.ranks, domain, local)
+
+
+def _scalar_runs_nvls(gpu: NcclGpu, ranks: int, local: int) -> bool:
+    """Whether NCCL's tuner picks NVLS or NVLS Tree for a 4 B all-reduce of `ranks`, `local` a domain (NVLink)."""
+    supported = nccltuner.nvls_supported(multicast=gpu.multicast, local_gpus=local)
+    return nccltuner.tuned_all_reduce(ranks, -(-ranks // local), nvls=supported)[0] in nccltuner.NVLS_ALGORITHMS
 
 
 def eager_ring_tree_bytes(gpu: NcclGpu, ranks: int) -> int:
@@ -197,15 +220,24 @@ def rank_communicators(stage: int, setup, profile) -> list[Communicator]:
     comms += [Communicator(f"pp-peer-{i}", 2, "p2p-net" if _crosses(stage, peer, setup) else "p2p")
               for i, peer in enumerate(peers)]
     dp, shard, ep = setup.data_parallel.dp, setup.data_parallel.shard_group, setup.data_parallel.ep
-    if shard is not None:
-        comms += [Communicator("dp-shard", shard), Communicator("dp-replica", dp // shard)]
-    else:
-        comms.append(Communicator("dp", dp))
-    if ep > 1 and any(layer.expert_param_count for layer in profile.layers):
-        comms += [Communicator("ep", ep), Communicator("expert-dp", dp // ep)]
     tp = profile.assumptions.get("tp", 1)
     tp = tp if isinstance(tp, int) else 1
-    comms.append(Communicator("tp", tp))
+    domain = setup.comm.gpus_per_node
+
+    def group(name: str, ranks: int, stride: int, kind: str = "collective") -> Communicator:
+        """A group of `ranks` lying `stride` ranks apart, with its ranks in the rank's NVLink domain."""
+        return Communicator(name, ranks, kind, ranks_per_node(ranks, stride, domain))
+
+    # ZeRO >= 1 shards: reduce-scatters and gathers (torchtitan's FSDP2, Megatron's distributed optimizer), or
+    # DeepSpeed's ZeRO 1 / 2 reduces to each partition's owner; ZeRO 0 (DDP) and HSDP's replicas all-reduce
+    sharded = "sharded" if getattr(setup.data_parallel, "zero", 0) >= 1 else "collective"
+    if shard is not None:
+        comms += [group("dp-shard", shard, tp, "sharded"), group("dp-replica", dp // shard, tp * shard)]
+    else:
+        comms.append(group("dp", dp, tp, sharded))
+    if ep > 1 and any(layer.expert_param_count for layer in profile.layers):
+        comms += [group("ep", ep, tp), group("expert-dp", dp // ep, tp * ep, sharded)]
+    comms.append(group("tp", tp, 1))
     training = getattr(setup, "training", None)
     if training is not None and runtimes.of(training).side_communicators:
         comms += megatron_communicators(setup, tp)
@@ -221,8 +253,10 @@ def megatron_communicators(setup, tp: int) -> list[Communicator]:
     context-parallel ring, point to point with its two neighbours (one where CP is 2)."""
     cp = getattr(setup.comm, "cp", 1)
     stages, dp = setup.pipeline.stages, setup.data_parallel.dp
-    comms = [Communicator("world", stages * dp * tp * cp, "small"),
-             Communicator("model-parallel", tp * stages, "small")]
+    world, domain = stages * dp * tp * cp, setup.comm.gpus_per_node
+    stages_local = ranks_per_node(stages, tp * dp * cp, domain)  # the pipeline's ranks tp x dp x cp apart
+    comms = [Communicator("world", world, "small", min(world, domain)),
+             Communicator("model-parallel", tp * stages, "small", min(tp * stages_local, domain))]
     if cp > 1:
         comms += [Communicator(f"cp-peer-{i}", 2, "p2p") for i in range(min(2, cp - 1))]
     return comms
@@ -241,4 +275,6 @@ def rank_buffers(stage: int, setup, profile) -> dict[str, int]:
     """Each communicator's NCCL buffers on the rank holding `stage` (communicator_bytes), by name."""
     gpu = profile_nccl_gpu(profile)
     domain = setup.comm.gpus_per_node
-    return {c.name: communicator_bytes(c, gpu, domain=domain) for c in rank_communicators(stage, setup, profile)}
+    nvls = not getattr(getattr(setup, "training", None), "nccl_nvls_off", False)
+    return {c.name: communicator_bytes(c, gpu, domain=domain, nvls=nvls)
+            for c in rank_communicators(stage, setup, profile)}

@@ -7,7 +7,9 @@ protocol the job runs. Megatron-LM's functional tests force Ring / Simple (tests
 _run_training.sh 58-61 at 93ebf8d7 exports NCCL_PROTO=simple, NCCL_ALGO=Ring and NCCL_NVLS_ENABLE=0 unless the
 test's ENV_VARS say otherwise: the setting `nccl_ring_simple`, which the Megatron reader sets on such a file); any
 other job runs what NCCL's tuner picks, the least latency of its model over Ring and Tree under LL, LL128 and
-Simple (Tree / LL across nodes: 85 µs on 1,024 ranks of 8 a node, where Ring / Simple's model gives 9.7 ms). None
+Simple (Tree / LL across nodes: 85 µs on 1,024 ranks of 8 a node, where Ring / Simple's model gives 9.7 ms), and NVLS
+/ NVLS Tree where the group runs NVLink SHARP (a multicast GPU, more than two of the group's GPUs a node, the launch
+not setting NCCL_NVLS_ENABLE=0, the setting nccl_nvls_off: Megatron-Bridge's and the functional tests' launches do). None
 is hidden: the gradients' norm runs after the last backward's reduction and before the inner step, which scales by
 it; count_zeros and the parameters' norm are read on the host
 (`.item()`) before anything else is issued. Which the runtime makes, over which group, and under which flag: the
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from planner.cost import nccltuner, runtimes
+from planner.cost import nccl_buffers, nccltuner, runtimes
 from planner.cost.comm import MS_PER_US, NCCL_STEP_LATENCY_US
 from planner.cost.layers import LayerCost
 from planner.schema import TrainSetup
@@ -74,21 +76,34 @@ def in_node_hardware(setup: TrainSetup) -> str:
     return "pcie" if pcie else "nvlink"
 
 
-def scalar_all_reduce(ranks: int, nodes: int, setup: TrainSetup) -> tuple[str, str, float]:
+def group_runs_nvls(group: str, setup: TrainSetup, profile) -> bool:
+    """Whether NCCL runs NVLink SHARP in `group`: the profile's GPU has multicast, more than two of the group's ranks
+    share a node, and the launch leaves NCCL_NVLS_ENABLE on (nccltuner.nvls_supported)."""
+    gpu = nccl_buffers.profile_nccl_gpu(profile) if profile is not None else None
+    if gpu is None:
+        return False
+    per_node = setup.comm.gpus_per_node
+    nodes = [rank // per_node for rank in group_positions(group, setup)]
+    return nccltuner.nvls_supported(multicast=gpu.multicast, local_gpus=max(nodes.count(n) for n in set(nodes)),
+                                    enabled=not setup.training.nccl_nvls_off)
+
+
+def scalar_all_reduce(ranks: int, nodes: int, setup: TrainSetup, *, nvls: bool = False) -> tuple[str, str, float]:
     """(algorithm, protocol, ms) of one all-reduce of a 4 B scalar over `ranks` ranks on `nodes` nodes: Ring /
-    Simple where the launch forces it (the setting nccl_ring_simple), else NCCL's tuner's pick (nccltuner.py)."""
+    Simple where the launch forces it (the setting nccl_ring_simple), else NCCL's tuner's pick (nccltuner.py; `nvls`:
+    the group runs NVLink SHARP, group_runs_nvls)."""
     intra = in_node_hardware(setup)
     if setup.training.nccl_ring_simple:
         algorithm, protocol = "Ring", "Simple"
         us = nccltuner.all_reduce_latency_us(algorithm, protocol, ranks, nodes, intra)
     else:
-        algorithm, protocol, us = nccltuner.tuned_all_reduce(ranks, nodes, intra)
+        algorithm, protocol, us = nccltuner.tuned_all_reduce(ranks, nodes, intra, nvls=nvls)
     return algorithm, protocol, us * MS_PER_US
 
 
-def step_collectives(setup: TrainSetup) -> list[tuple[str, int, float]]:
+def step_collectives(setup: TrainSetup, profile=None) -> list[tuple[str, int, float]]:
     """The step's scalar all-reduces the setup's runtime makes: (what, ranks, ms) each; [] where the runtime's
-    record lists none or the setup charges no collectives (no link rate)."""
+    record lists none or the setup charges no collectives (no link rate); `profile`: its GPU's NVLS (None: none)."""
     if setup.comm.tp_gb_per_s is None:
         return []
     training, found = setup.training, []
@@ -96,12 +111,13 @@ def step_collectives(setup: TrainSetup) -> list[tuple[str, int, float]]:
         if flag and not getattr(training, flag, False):
             continue
         ranks = len(group_positions(group, setup))
-        found.append((what, ranks, scalar_all_reduce(ranks, group_nodes(group, setup), setup)[2]))
+        nvls = group_runs_nvls(group, setup, profile)
+        found.append((what, ranks, scalar_all_reduce(ranks, group_nodes(group, setup), setup, nvls=nvls)[2]))
     return found
 
 
-def step_collectives_ms(layer: LayerCost, setup: TrainSetup) -> float:
+def step_collectives_ms(layer: LayerCost, setup: TrainSetup, profile=None) -> float:
     """ms once a step the step's scalar all-reduces take, on the embedding's layer (0 on every other)."""
     if layer.kind != EMBEDDING:
         return 0.0
-    return sum(ms for _, _, ms in step_collectives(setup))
+    return sum(ms for _, _, ms in step_collectives(setup, profile))

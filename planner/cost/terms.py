@@ -343,7 +343,7 @@ TERMS: tuple[Term, ...] = (
          "the record's host_rest_linears \"step\" (Megatron-LM's optimizer step, count_zeros, params norm, "
          "scripts/bench_host_step.py) x the layer's parameter tensors, at GPU.host_call_us; after the first sync whole"),
     Term("the step's scalar all-reduces: the gradients' norm, count_zeros, the parameters' norm", "step", "layer",
-         lambda layer, ckpt, ctx: stepcomm.step_collectives_ms(layer, ctx.setup),
+         lambda layer, ckpt, ctx: stepcomm.step_collectives_ms(layer, ctx.setup, ctx.profile),
          "the record's step_collectives (Megatron-LM's clip_grads.py, common_utils.py calc_params_l2_norm), each at "
          "NCCL's latency over its group: Ring/Simple where the launch forces it (the functional tests'), else the "
          "tuner's least (nccltuner.py, NCCL v2.27.7-1 tuning.cc; stepcomm.py); once a step on the embedding's stage"),

@@ -228,6 +228,9 @@ class TrainingSetup(Strict):
     # step's scalar all-reduces at Ring/Simple's latency, else at NCCL's tuner's pick (planner/cost/stepcomm.py;
     # refused where the runtime's record lists no step collectives)
     nccl_ring_simple: bool = False
+    # NCCL_NVLS_ENABLE=0 at the launch (Megatron-Bridge's performance executor, Megatron-LM's functional tests): no
+    # NVLink SHARP, neither its buffers (planner/cost/nccl_buffers.py) nor the tuner's NVLS (planner/cost/nccltuner.py)
+    nccl_nvls_off: bool = False
 
 
 class TimeConstants(Strict):

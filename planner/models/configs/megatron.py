@@ -38,6 +38,7 @@ from planner.models.configs.megatron_flags import (
     PENDING_FLAGS,
     TOKENIZER_SOURCE,
     TOKENIZER_VOCAB,
+    launch_disables_nvls,
     launch_forces_ring_simple,
     yaml_extras,
 )
@@ -54,20 +55,20 @@ def read(path: Path) -> Job:
 
     text = text_of(path)
     where = str(path)
-    extras, files, ring_simple = [], {}, False
+    extras, files, ring_simple, nvls_off = [], {}, False, False
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
         pairs, world, notes = yaml_pairs(text, where), None, []
         data = yaml.safe_load(text)  # valid: yaml_pairs parsed it
-        extras, ring_simple = yaml_extras(data), launch_forces_ring_simple(data)
+        extras, ring_simple, nvls_off = yaml_extras(data), launch_forces_ring_simple(data), launch_disables_nvls(data)
     else:
         script = read_script(text, where)
         check_trainer(script.trainer, where)
         pairs, world, notes = script_pairs(script.args, where), torchrun_world(script.launcher_args), script.notes
         files = script.files
     job = from_pairs(pairs, where, files)
-    job.modelled.nccl_ring_simple = ring_simple
+    job.modelled.nccl_ring_simple, job.modelled.nccl_nvls_off = ring_simple, nvls_off
     for name, value, status, what in extras:
         job.said(name, value, status, what)
     job.world_size = world

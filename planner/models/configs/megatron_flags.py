@@ -314,6 +314,8 @@ ENV_VARS = {
                   "NCCL_PROTO=simple the step's scalar all-reduces at Ring/Simple's latency (planner/cost/stepcomm.py)"),
     "NCCL_PROTO": ("modelled", "simple", "the step's scalar all-reduces at Ring/Simple's latency under NCCL_ALGO=Ring "
                    "(planner/cost/stepcomm.py)"),
+    "NCCL_NVLS_ENABLE": ("modelled", "0", "no NVLink SHARP (the setting nccl_nvls_off): neither its buffers "
+                         "(planner/cost/nccl_buffers.py) nor NVLS / NVLS Tree in NCCL's tuner (planner/cost/nccltuner.py)"),
     "NVTE_FWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "SMs the LayerNorm kernels leave to communication: time "
                                      "only, not charged"),
     "NVTE_BWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "as NVTE_FWD_LAYERNORM_SM_MARGIN"),
@@ -338,6 +340,25 @@ def launch_forces_ring_simple(data: object) -> bool:
     return said == {"NCCL_ALGO": "ring", "NCCL_PROTO": "simple"}
 
 
+# The launch's NCCL_NVLS_ENABLE: the functional tests' _run_training.sh exports 0 unless the test's ENV_VARS say
+# otherwise (docs/framework-facts.md §45); Megatron-Bridge's Slurm executor exports PERF_ENV_VARS to every performance
+# run, NCCL_NVLS_ENABLE 0 "to save memory" (scripts/performance/utils/executors.py 38-47 at 00b7660b), which the
+# configs/megatron-bridge files copy under that key
+LAUNCHER_NVLS = "0"
+PERF_ENV_VARS = "PERF_ENV_VARS"
+
+
+def launch_disables_nvls(data: object) -> bool:
+    """Whether a model_config.yaml's launch sets NCCL_NVLS_ENABLE=0: a functional test's (ENV_VARS beside MODEL_ARGS)
+    unless its ENV_VARS set it otherwise, or a Megatron-Bridge run whose PERF_ENV_VARS set it to 0."""
+    if not isinstance(data, dict) or not isinstance(data.get("MODEL_ARGS"), dict):
+        return False
+    env, perf = data.get("ENV_VARS"), data.get(PERF_ENV_VARS)
+    if isinstance(env, dict):
+        return str(env.get("NCCL_NVLS_ENABLE", LAUNCHER_NVLS)) == "0"
+    return isinstance(perf, dict) and str(perf.get("NCCL_NVLS_ENABLE")) == "0"
+
+
 def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
     """(name, value, status, what) for what a model_config.yaml holds beside MODEL_ARGS: each of its
     ENV_VARS as ENV_VARS says (a value other than the modelled one: not modelled; an unknown
@@ -348,7 +369,7 @@ def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
     for key, value in data.items():
         if key == "MODEL_ARGS":
             continue
-        if key != "ENV_VARS" or not isinstance(value, dict):
+        if key not in ("ENV_VARS", PERF_ENV_VARS) or not isinstance(value, dict):
             found.append((str(key), str(value), "no effect", "the functional test harness's setting"))
             continue
         for name, setting in value.items():
@@ -356,5 +377,5 @@ def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
                                                                     "reader does not know"))
             if modelled_value is not None and str(setting) != modelled_value:
                 status, what = "not modelled", f"{what}; the prediction assumes {modelled_value}"
-            found.append((f"ENV_VARS.{name}", str(setting), status, what))
+            found.append((f"{key}.{name}", str(setting), status, what))
     return found
