@@ -168,3 +168,15 @@ def test_a_sharded_group_across_nodes_holds_nvls_only_for_its_scalars():
     assert nb.rank_communicators(0, setup, _profile("h100-sxm", 1))[0] == nb.Communicator("dp", 16, "sharded", 8)
     setup.data_parallel.zero = 0  # DDP all-reduces: NVLS Tree may run it
     assert nb.rank_communicators(0, setup, _profile("h100-sxm", 1))[0].kind == "collective"
+
+
+def test_the_megatron_export_says_nvls_was_scored_off():
+    """A plan scored with NVLS off says so in its Megatron-LM export (the environment the launch needs), as it says
+    a forced Ring / Simple; a plan scored with NVLS on says nothing of it."""
+    from planner.emit import megatron as emit_megatron
+    from planner.schema.setup import TrainingSetup
+
+    off = emit_megatron._test_settings(TrainingSetup(nccl_nvls_off=True))
+    assert [line for line in off if "NCCL_NVLS_ENABLE" in line] == [
+        "# scored with NCCL_NVLS_ENABLE=0 in the launch's environment"]
+    assert not any("NCCL_NVLS_ENABLE" in line for line in emit_megatron._test_settings(TrainingSetup()))

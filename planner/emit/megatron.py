@@ -479,8 +479,8 @@ def _test_settings(training) -> list[str]:
     if training.deterministic:
         lines += ["# --deterministic-mode needs NCCL_ALGO=Ring (or Tree) and NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 set",
                   arg("--deterministic-mode")]
-    lines += ["# scored with NCCL_ALGO=Ring NCCL_PROTO=simple in the launch's environment"] if training.nccl_ring_simple else []
-    return lines
+    return lines + [f"# scored with {env} in the launch's environment" for env, on in (
+        ("NCCL_ALGO=Ring NCCL_PROTO=simple", training.nccl_ring_simple), ("NCCL_NVLS_ENABLE=0", training.nccl_nvls_off)) if on]
 
 
 def _split_arguments(counts: list[int], num_ranks: int, chunks: int) -> list[str]:
