@@ -305,7 +305,8 @@ def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records:
     return static_events(static), one_step
 
 
-def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> Replayed | None:
+def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup,
+                 cap_bytes: int | None = None) -> Replayed | None:
     """The rank's replay (`cost`: its StageCost, for the static total); None where a layer has no record for its
     option, the logits are not known, or offloaded layers are not the block's first N (TE's window)."""
     layers, options, records = plan_records(plan, profile)
@@ -322,4 +323,4 @@ def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) 
     events, one_step = step_player(layers, options, records, static=static, num_microbatches=setup.pipeline.microbatches,
                                    loss=loss, keeps_logits=keeps_logits)
     return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
-                                    expandable=expandable_segments(profile, setup))
+                                    expandable=expandable_segments(profile, setup), cap_bytes=cap_bytes)
