@@ -151,6 +151,21 @@ class DataParallelSetup(Strict):
 
 Runtime = Literal["ckplan", "megatron", "torchtitan", "colossalai", "deepspeed"]
 
+# DeepSpeed's activation-checkpointing settings (deepspeed.checkpointing.configure, DataParallelSetup's fields): only
+# DeepSpeed's runtime runs them (planner/cost/deepspeed_ckpt.py reads them under it alone)
+DEEPSPEED_CHECKPOINTING = ("checkpoint_in_cpu", "partition_activations", "contiguous_checkpointing",
+                           "synchronize_each_layer")
+
+
+def deepspeed_checkpointing_refused(given, runtime: str) -> str | None:
+    """The sentence refusing DeepSpeed's checkpointing settings `given` (field names, in order) where the plan is
+    scored for another runtime, which would ignore them; None where none is given or the runtime is DeepSpeed's."""
+    names = [name for name in given if name in DEEPSPEED_CHECKPOINTING]
+    if not names or runtime == "deepspeed":
+        return None
+    return (f"--{names[0].replace('_', '-')} is DeepSpeed's activation-checkpointing setting, and the plan is scored "
+            f"for {runtime}'s runtime; drop it or give --runtime deepspeed")
+
 
 class TrainingSetup(Strict):
     """What each parameter costs: the optimizer and the precision; and the runtime whose way of
@@ -329,6 +344,14 @@ class TrainSetup(Strict):
                     nested[part] = {**parts.pop(part), **fields}
             return {**parts, **nested}
         return data
+
+    @model_validator(mode="after")
+    def _deepspeed_checkpointing_under_deepspeed(self) -> TrainSetup:
+        given = [name for name in DEEPSPEED_CHECKPOINTING if getattr(self.data_parallel, name)]
+        refused = deepspeed_checkpointing_refused(given, self.training.runtime)
+        if refused:
+            raise ValueError(refused)
+        return self
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False) -> TrainSetup:
         """A copy with `update` (fields by their own names or by part) validated, never set blindly."""
