@@ -314,7 +314,8 @@ def _with_settings(options, job):
                                 te_grouped_gemm=modelled.te_grouped_gemm,
                                 nccl_ring_simple=modelled.nccl_ring_simple,
                                 chunked_cross_entropy=modelled.chunked_cross_entropy)
-    return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ddp=dict(modelled.ddp))
+    return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ub_cfg=modelled.ub_cfg,
+                   ddp=dict(modelled.ddp))
 
 
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):

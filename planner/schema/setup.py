@@ -287,6 +287,10 @@ class CommSetup(Strict):
     # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime
     # record's tp_overlap, planner/cost/runtimes.py, says which runtime has which); "none": every collective on the critical path
     tp_overlap: TpOverlap = "none"
+    # under tp-comm-overlap: the userbuffers config TE runs (planner/cost/ub_sms.py CONFIGS; None: TE's defaults) and
+    # the GPU's SMs its communication takes from the GEMMs (0: not charged)
+    ub_cfg: str | None = None
+    gpu_sms: int = Field(default=0, ge=0, le=1 << 16)
     # AsyncTP's peer copies (copy-engine copies from one peer, planner/models/copy_engines.py): GB/s a direction;
     # None: charged at tp_gb_per_s, NCCL's ring (no copy rate published for the GPU, or a group across nodes)
     tp_copy_gb_per_s: GbPerS | None = None
