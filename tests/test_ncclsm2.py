@@ -1,5 +1,5 @@
 """NCCL's CTAs beside the compute under Megatron-LM's interleaved side stream (planner/cost/schedule_time.py's
-Issue.share, megatron_dp.stage_shares, nccl_sms.collective_share), by hand on tiny simulated schedules: while a
+Issue.share, megatron_dp.stage_shares, nccl_sms.collective_shares), by hand on tiny simulated schedules: while a
 collective taking a share s of the SMs runs, the rank's compute beside it runs at 1 - s of its rate, so an action
 it overlaps for T ms of wall time ends s x T ms of work later (nccl_sms.py's first order)."""
 
@@ -55,11 +55,11 @@ def test_a_collective_issued_inside_an_action_slows_the_rest_of_its_work():
 
 def test_collective_share_is_the_rings_ctas_over_the_sms_and_nothing_without_a_gpu():
     setup = _setup(stages=2, chunks=2, microbatches=4, overlap_grad_reduce=True)
-    assert nccl_sms.collective_share(H100, setup, "reduce", 100_000_000) == SHARE
-    assert nccl_sms.collective_share(H100, setup, "gather", 100_000_000) == SHARE
-    assert nccl_sms.collective_share(None, setup, "reduce", 100_000_000) == 0.0
+    layers = [_layer("l0")]  # 100M parameters, no experts
+    assert nccl_sms.collective_shares(H100, setup, layers) == (SHARE, SHARE)
+    assert nccl_sms.collective_shares(None, setup, layers) == (0.0, 0.0)
     unknown = SimpleNamespace(assumptions={}, device=SimpleNamespace(name="Some Accelerator"))
-    assert nccl_sms.collective_share(unknown, setup, "reduce", 100_000_000) == 0.0
+    assert nccl_sms.collective_shares(unknown, setup, layers) == (0.0, 0.0)
     assert megatron_dp.stage_shares([_layer("l0")], H100, setup) == (SHARE, SHARE)
 
 

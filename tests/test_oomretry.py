@@ -12,7 +12,6 @@ from planner.cost.allocator import (
     CachingAllocator,
     Free,
     OutOfMemory,
-    capped,
     play,
     replay,
     settled_replay,
@@ -127,13 +126,13 @@ def test_expandable_segments_release_a_segment_left_with_no_page():
         (40 * MIB, 20 * MIB, 1, 1, None)
 
 
-def test_the_cap_context_caps_replay_and_settled_replay():
-    with capped(60 * MIB):
-        assert (replay(WHOLE).reserved_peak_bytes, replay(WHOLE).retries) == (54 * MIB, 1)
-        settled = settled_replay(WHOLE[:2], lambda i: [Free("a" if i == 0 else ("c", i - 1)), Alloc(("c", i), 24 * MIB)],
-                                 min_steps=2, max_steps=5)
+def test_cap_bytes_caps_replay_and_settled_replay():
+    capped = replay(WHOLE, cap_bytes=60 * MIB)
+    assert (capped.reserved_peak_bytes, capped.retries) == (54 * MIB, 1)
+    settled = settled_replay(WHOLE[:2], lambda i: [Free("a" if i == 0 else ("c", i - 1)), Alloc(("c", i), 24 * MIB)],
+                             min_steps=2, max_steps=5, cap_bytes=60 * MIB)
     assert (settled.reserved_peak_bytes, settled.oom) == (54 * MIB, None)
-    assert replay(WHOLE).reserved_peak_bytes == 74 * MIB  # outside: no cap
+    assert replay(WHOLE).reserved_peak_bytes == 74 * MIB  # cap_bytes None: no cap
 
 
 @pytest.mark.parametrize("expandable", [False, True])
@@ -149,8 +148,8 @@ def test_under_a_cap_the_reserve_stays_within_it_until_a_request_fails(expandabl
                                                   rng.randrange(1, 64 * MIB)]), rng.randrange(2)))
     uncapped = replay(events, expandable=expandable)
     assert replay(events, expandable=expandable) == uncapped  # no cap: nothing released
-    with capped(uncapped.reserved_peak_bytes):  # a cap the uncapped replay never reaches past: the same replay
-        assert replay(events, expandable=expandable) == uncapped
+    # a cap the uncapped replay never reaches past: the same replay
+    assert replay(events, expandable=expandable, cap_bytes=uncapped.reserved_peak_bytes) == uncapped
     cap = uncapped.reserved_peak_bytes * 3 // 4
     state = CachingAllocator(expandable=expandable, cap_bytes=cap)
     for event in events:

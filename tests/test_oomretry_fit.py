@@ -27,9 +27,9 @@ def _stage(cap_mib: int, peak_mib: int = 54) -> StageCost:
 
 
 def _under_cap(stage: StageCost) -> StageCost:
-    def play():
-        return allocator.replay(WHOLE)
-    return capped_reserve.under_cap(stage, play(), play=play,
+    def play(cap_bytes):
+        return allocator.replay(WHOLE, cap_bytes=cap_bytes)
+    return capped_reserve.under_cap(stage, play(None), play=play,
                                     reserved_of=lambda replayed: reserve.reserved_bytes(replayed, stage.peak_bytes))
 
 
@@ -82,8 +82,8 @@ def test_fsdp2s_replay_under_a_cap_below_its_uncapped_reserve_is_the_capped_repl
     assert tight.uncapped_reserved_bytes == free.reserved_bytes
     setup = _titan(cap)
     stage = reserve_fsdp2.stage_of(stages[0], tight, stage=0, profile=profile, setup=setup)
-    with allocator.capped(cap - tight.workspace_bytes - FIT_MARGIN_BYTES):
-        capped = reserve_fsdp2.replay(stage, expandable=reserve_fsdp2.expandable_segments(profile, setup))
+    capped = reserve_fsdp2.replay(stage, expandable=reserve_fsdp2.expandable_segments(profile, setup),
+                                  cap_bytes=cap - tight.workspace_bytes - FIT_MARGIN_BYTES)
     # uniform_blocks(4): the release of the cached segments makes room (1842 MiB uncapped, 1742 under the cap)
     assert capped.oom is None and capped.retries > 0
     assert (tight.cap_replay, tight.reserved_bytes, tight.fits) == \

@@ -7,6 +7,23 @@ from __future__ import annotations
 from planner.errors import UserError
 
 
+def _userbuffers(gpu, options) -> dict:
+    """Under --tp-overlap tp-comm-overlap: the userbuffers config and the GPU's SMs (planner/cost/ub_sms.py)."""
+    from planner.cost import ub_sms
+    from planner.models.gpu_sms import sm_count
+
+    if options.ub_cfg is not None and options.tp_overlap != "tp-comm-overlap":
+        raise UserError(f"--tp-comm-overlap-cfg {options.ub_cfg} configures TE's userbuffers, which run only under "
+                        "--tp-comm-overlap; give it or drop the config")
+    if options.tp_overlap != "tp-comm-overlap":
+        return {}
+    if options.ub_cfg is not None and options.ub_cfg not in ub_sms.CONFIGS:
+        raise UserError(f"--tp-comm-overlap-cfg {options.ub_cfg}: ckplan reads Megatron-Bridge 00b7660b's userbuffers "
+                        f"configs by name ({', '.join(ub_sms.CONFIGS)}), not a YAML file's entries; give one of them")
+
+    return dict(ub_cfg=options.ub_cfg, gpu_sms=sm_count(gpu) or 0)
+
+
 def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, chunks: int = 1) -> dict:
     """TrainSetup's communication part: the tensor-parallel group's and the pipeline's links from
     the profile's GPU and the node size (planner/cost/comm.py), said, with the edges between the pipeline's
@@ -75,5 +92,6 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
                 pp_stride=stride, pp_network_gb_per_s=network.gb_per_s,
                 pp_network_latency_ms=network.base_latency_ms + network.step_latency_ms,
                 collective_latency_ms=tp_link.base_latency_ms, gpus_per_node=node, tp_overlap=options.tp_overlap,
+                **_userbuffers(gpu, options),
                 cp=cp, cp_gb_per_s=cp_link.gb_per_s if cp > 1 else None, cp_step_latency_ms=cp_link.step_latency_ms,
                 comm_notes=[note], **copies)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from planner.errors import UserError
+from planner.schema.setup import DEEPSPEED_CHECKPOINTING
 
 
 def _elements(text: str) -> int:
@@ -64,7 +65,7 @@ DEEPSPEED_OPTIONS = [
                       "waits; the GPU's time is not charged more)."),
 ]
 # DeepSpeed's activation-checkpointing settings (deepspeed.checkpointing.configure; planner/cost/deepspeed_ckpt.py)
-CHECKPOINTING = ("checkpoint_in_cpu", "partition_activations", "contiguous_checkpointing", "synchronize_each_layer")
+CHECKPOINTING = DEEPSPEED_CHECKPOINTING
 DEEPSPEED_OPTION_NAMES = ("stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                           "reduce_bucket_size", *CHECKPOINTING)
 # the knobs that set what the coordinator keeps gathered: they need the block's submodules (deepspeed_terms.charged)
@@ -86,9 +87,8 @@ def check_deepspeed(fields: dict, profile, setup) -> None:
 
     flag = "--" + next(iter(fields)).replace("_", "-")
     runtime, zero = setup.training.runtime, setup.data_parallel.zero
-    if runtime != "deepspeed":
-        what = "activation-checkpointing" if flag[2:].replace("-", "_") in CHECKPOINTING else "ZeRO 3"
-        raise UserError(f"{flag} is DeepSpeed's {what} setting, and the plan is scored for {runtime}'s runtime; "
+    if runtime != "deepspeed":  # the checkpointing settings off DeepSpeed: TrainSetup's own check refused them
+        raise UserError(f"{flag} is DeepSpeed's ZeRO 3 setting, and the plan is scored for {runtime}'s runtime; "
                         "drop it or give --runtime deepspeed")
     check_checkpointing(fields, profile)
     fields = {name: value for name, value in fields.items() if name not in CHECKPOINTING}

@@ -249,13 +249,16 @@ def _profile(job, device):
 
 def _data_parallel(job, dp: int, notes: list[str]):
     from planner.commands.setup_options import DataParallelOptions
+    from planner.schema.setup import DEEPSPEED_CHECKPOINTING
 
     if dp == 1:
         if job.modelled.ddp.get("overlap_param_gather"):  # one rank holds the whole shard: its gather moves nothing
             job.modelled.ddp["overlap_param_gather"] = False
             notes.append("one data-parallel rank: the distributed optimizer shards nothing, and --overlap-param-gather "
                          "gathers nothing")
-        return DataParallelOptions(ep=job.ep)
+        # DeepSpeed's checkpointing settings act on one rank too (its checkpoints' copies to the host)
+        checkpointing = {name: value for name, value in job.modelled.deepspeed.items() if name in DEEPSPEED_CHECKPOINTING}
+        return DataParallelOptions(ep=job.ep, deepspeed=checkpointing if job.runtime == "deepspeed" else None)
     if job.runtime == "deepspeed":  # Megatron-DeepSpeed's engine: the ds_config's ZeRO, offload and knobs
         return DataParallelOptions(dp=dp, zero=job.zero, ep=job.ep, offload_optimizer=job.modelled.offload_optimizer,
                                    deepspeed=dict(job.modelled.deepspeed))
@@ -311,7 +314,8 @@ def _with_settings(options, job):
                                 te_grouped_gemm=modelled.te_grouped_gemm,
                                 nccl_ring_simple=modelled.nccl_ring_simple, nccl_nvls_off=modelled.nccl_nvls_off,
                                 chunked_cross_entropy=modelled.chunked_cross_entropy)
-    return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ddp=dict(modelled.ddp))
+    return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ub_cfg=modelled.ub_cfg,
+                   ddp=dict(modelled.ddp))
 
 
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):

@@ -35,6 +35,7 @@ from planner.commands.training_settings import (
 )
 from planner.errors import UserError
 from planner.schema import CHUNKED_SCHEDULES
+from planner.schema.setup import deepspeed_checkpointing_refused
 from planner.units import format_bytes
 
 _OPTIONS = [
@@ -147,6 +148,7 @@ class DataParallelOptions:
     gpus_per_node: int | None = None
     nics_per_gpu: float | None = None
     tp_overlap: str = "none"
+    ub_cfg: str | None = None  # a config's userbuffers config under tp-comm-overlap (planner/cost/ub_sms.py)
     # the training settings' options, carried with this group so every command passes them through
     settings: TrainingSettings = None  # type: ignore[assignment]  # None: the defaults
     # Megatron-LM's DDP overlap as DataParallelSetup's fields (ddp_options.py; a config's JobSettings.ddp)
@@ -294,6 +296,9 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
                         f"{schedule} runs one stage per rank")
     check_ep_runtime(profile, ep=data_parallel.ep, zero=data_parallel.zero, runtime=runtime)
     check_ddp(data_parallel.ddp or {}, runtime=runtime, zero=data_parallel.zero, chunks=chunks)
+    refused = deepspeed_checkpointing_refused(data_parallel.deepspeed or {}, runtime)  # the setup's own check, said first
+    if refused:
+        raise UserError(refused)
     settings = (data_parallel.settings or TrainingSettings()).fields()
     check_zero_runtime(runtime, settings["runtime_version"], precision=precision, data_parallel=data_parallel,
                        stages=stages, microbatches=microbatches or 2 * stages)

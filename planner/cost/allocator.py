@@ -46,9 +46,7 @@ each with its source:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -232,31 +230,16 @@ class CachingAllocator(SegmentPools):
         return size < self.max_split and remaining > SMALL_SIZE
 
 
-# The cap the replays below run under where the caller states none: planner/cost/replayed_reserve.py sets it (capped)
-# around a runtime's replay, so each runtime's step builder (reserve_fsdp2, reserve_megatron, reserve, ...) plays its
-# events under the cap without carrying it. None: no cap.
-_CAP: ContextVar[int | None] = ContextVar("allocator_cap", default=None)
-
-
-@contextmanager
-def capped(cap_bytes: int | None) -> Iterator[None]:
-    """Every replay (replay, settled_replay) inside the block runs under `cap_bytes`: torch's out-of-memory path."""
-    token = _CAP.set(cap_bytes)
-    try:
-        yield
-    finally:
-        _CAP.reset(token)
-
-
 def _replayed(state: CachingAllocator) -> Replayed:
     return Replayed(state.allocated_peak, state.reserved_peak, state.segments, state.retries, state.oom)
 
 
-def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expandable: bool = False) -> Replayed:
+def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expandable: bool = False,
+           cap_bytes: int | None = None) -> Replayed:
     """The allocated and reserved peaks of the caching allocator over `events`, from an empty
-    cache (a pure function of the sequence); `expandable`: under expandable segments; under the cap
-    `capped` sets, if any."""
-    state = CachingAllocator(max_split_bytes=max_split_bytes, expandable=expandable, cap_bytes=_CAP.get())
+    cache (a pure function of the sequence); `expandable`: under expandable segments; `cap_bytes`: the bytes
+    the allocator may reserve (torch's out-of-memory path past them; None: no cap)."""
+    state = CachingAllocator(max_split_bytes=max_split_bytes, expandable=expandable, cap_bytes=cap_bytes)
     play(state, events)
     return _replayed(state)
 
@@ -276,15 +259,15 @@ def play(state: CachingAllocator, events: Iterable[Event]) -> None:
 
 
 def settled_replay(static: Iterable[Event], step: Callable[[int], list[Event]], *, min_steps: int, max_steps: int,
-                   expandable: bool = False) -> Replayed:
+                   expandable: bool = False, cap_bytes: int | None = None) -> Replayed:
     """The peaks over `static`, then step(0), step(1), ... until a step raises neither peak (at least
     `min_steps`, at most `max_steps`): every step makes the same requests, so one that takes no new segment
     leaves the cache as the next finds it. A run's logged max_memory_reserved is over every step before it,
     and without a cap the reserve only grows (nothing empties the cache), so the settled figure is what a later
-    step logs. Under the cap `capped` sets: a release can leave the next step to take its segments again, and
+    step logs. Under `cap_bytes` (None: no cap): a release can leave the next step to take its segments again, and
     the peak (never past the cap) still only grows; the replay stops at the first request no release makes room
     for (torch's OutOfMemoryError ends the run)."""
-    state = CachingAllocator(expandable=expandable, cap_bytes=_CAP.get())
+    state = CachingAllocator(expandable=expandable, cap_bytes=cap_bytes)
     play(state, static)
     for index in range(max_steps):
         peaks = (state.allocated_peak, state.reserved_peak)

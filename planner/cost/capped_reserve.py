@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from planner.cost import allocator
 from planner.cost.allocator import Replayed
 from planner.cost.assembly import FIT_MARGIN_BYTES, StageCost
 
@@ -29,10 +28,11 @@ OOM = "oom"  # a request fails even after the release (torch's OutOfMemoryError)
 # cap: the reserved peak reported is the replay's without a cap
 
 
-def under_cap(cost: StageCost, replayed: Replayed, *, play: Callable[[], Replayed | None],
+def under_cap(cost: StageCost, replayed: Replayed, *, play: Callable[[int | None], Replayed | None],
               reserved_of: Callable[[Replayed], int]) -> StageCost:
     """`cost` with the reserve of its replay `replayed` (run without a cap; `reserved_of` makes the stage's reserved
-    peak of a replay) where that fits the cap; else with the reserve of `play()` (the same replay) under the cap,
+    peak of a replay) where that fits the cap; else with the reserve of `play(room)` (the same replay under `room`
+    bytes the allocator may reserve: play(None) is the replay without a cap) under the cap,
     where no request fails there; else with the uncapped reserve. The uncapped reserve is kept
     (uncapped_reserved_bytes) and cap_replay says which it is."""
     reserved = reserved_of(replayed)
@@ -44,8 +44,7 @@ def under_cap(cost: StageCost, replayed: Replayed, *, play: Callable[[], Replaye
     room = stage.cap_bytes - stage.workspace_bytes - FIT_MARGIN_BYTES - beside
     if room <= 0:
         return dataclasses.replace(stage, cap_replay=OOM)
-    with allocator.capped(room):
-        capped = play()
+    capped = play(room)
     if capped is None or capped.oom is not None:
         return dataclasses.replace(stage, cap_replay=OOM)
     retried = dataclasses.replace(stage, reserved_bytes=reserved_of(capped), cap_replay=RETRIED)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import asynctp, runtimes
+from planner.cost import asynctp, runtimes, ub_sms
 from planner.schema import CommSetup, TrainSetup
 
 MS_PER_US = 1e-3
@@ -224,8 +224,18 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
     total, float8 = 0.0, gathers_float8(layer, setup)
     for which, compute in passes:
         ms = pass_comm_ms(layer, which, comm, float8=float8)
-        total += max(0.0, ms - compute) if hidden else ms
+        total += max(0.0, ms - compute, userbuffers_lost_ms(layer, which, comm, float8=float8)) if hidden else ms
     return total
+
+
+def userbuffers_lost_ms(layer, which: str, comm: CommSetup, *, float8: bool = False) -> float:
+    """Under tp-comm-overlap, the GEMM work a dense block's pass loses to TE's userbuffers' SMs (planner/cost/ub_sms.py:
+    the pass ends at compute + this where that is past its collectives); 0 elsewhere."""
+    link = tp_link(comm)
+    if comm.tp_overlap != "tp-comm-overlap" or not comm.gpu_sms or link is None or layer.kind != "decoder_block":
+        return 0.0
+    each = [collective_ms(c[0], collective_bytes(c[0], c[1], float8=float8), comm.tp, link) for c in layer.collectives]
+    return ub_sms.lost_sm_ms(each, which, config=comm.ub_cfg, sms=comm.gpu_sms)
 
 
 def async_tp_pass_ms(layer, which: str, setup: TrainSetup) -> float:

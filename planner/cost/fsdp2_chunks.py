@@ -64,7 +64,7 @@ def rank_events(rank: Fsdp2Rank, *, steps: int = STEPS) -> list[Event]:
     return events
 
 
-def replay(rank: Fsdp2Rank, *, expandable: bool = False) -> Replayed:
+def replay(rank: Fsdp2Rank, *, expandable: bool = False, cap_bytes: int | None = None) -> Replayed:
     """The rank's peaks, its steps played until one raises neither (allocator.settled_replay)."""
     def step(index: int) -> list[Event]:
         events: list[Event] = []
@@ -72,7 +72,7 @@ def replay(rank: Fsdp2Rank, *, expandable: bool = False) -> Replayed:
         return events
 
     return allocator.settled_replay(rank_events(rank, steps=0), step, min_steps=STEPS, max_steps=MAX_STEPS,
-                                    expandable=expandable)
+                                    expandable=expandable, cap_bytes=cap_bytes)
 
 
 def placed(event: Event, chunk: int) -> Event:

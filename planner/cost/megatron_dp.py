@@ -41,7 +41,7 @@ The data-parallel group's collectives share one stream, in the order issued; a r
 compute and that stream do (finalize waits for every reduction).
 
 NCCL's CTAs (nccl_sms.py, docs/framework-facts.md §128): each collective on the stream takes
-nccl_sms.collective_share of the GPU's SMs while it runs (its kind and group as nccl_sms charges them
+nccl_sms.collective_shares of the GPU's SMs while it runs (its kind and group as nccl_sms charges them
 elsewhere, its bytes the chunk's), and the rank's compute beside it runs at 1 - that share of its rate
 (schedule_time.Issue.share): the first order nccl_sms.layer_ms charges where exposed_comm_ms hides the
 collectives, here where the simulation overlaps them. A chunk's first bucket on the first rank (the
@@ -201,11 +201,9 @@ def side_stream(order: schedules.Schedule, stage_layers: Sequence[Sequence[Layer
 
 def stage_shares(layers: Sequence[LayerCost], profile: Profile | None, setup: TrainSetup) -> tuple[float, float]:
     """(gather, reduce): the share of the GPU's SMs a chunk's all-gather and its reduction take while they run
-    (nccl_sms.collective_share at the chunk's parameters, its experts' left out as nccl_sms leaves them)."""
-    count = sum(layer.param_count - layer.expert_param_count for layer in layers)
-    fp8 = sum(layer.float8_param_count for layer in layers)
-    return tuple(nccl_sms.collective_share(profile, setup, which, count, fp8_count=fp8)
-                 for which in ("gather", "reduce"))
+    (nccl_sms.collective_shares: the dense parameters' collectives at the data-parallel group's CTAs, the experts' at
+    the expert-data-parallel group's, weighted by their times)."""
+    return nccl_sms.collective_shares(profile, setup, layers)
 
 
 def _last_backward(actions, stage: int, microbatches: int) -> int:

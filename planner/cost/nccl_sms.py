@@ -41,7 +41,7 @@ its time, NVIDIA's developer forum, 2025) and the HBM both read, so it is a floo
 Where: the layers whose collectives dataparallel.exposed_comm_ms hides (FSDP2 and DeepSpeed's ZeRO 3 prefetches
 and reductions, DDP's overlapped reductions, Megatron-LM's --overlap-param-gather under a schedule in closed form),
 window by window as it hides them; and Megatron-LM's DDP under interleaving, where megatron_dp.py's simulation
-places the collectives on a side stream: each takes `collective_share` of the SMs while it runs, and the rank's compute
+places the collectives on a side stream: each takes its share (`collective_shares`) of the SMs while it runs, and the rank's compute
 beside it runs at 1 - that share of its rate (schedule_time.Issue.share). Not here: reductions a pipeline runs after
 its last backward (pipereduce.py), FSDP2's first unit (exposed whole,
 fsdp2work.edge_units_exposed_ms), AsyncTP's copies (copy engines, no SMs: framework-facts §126)."""
@@ -120,10 +120,9 @@ def layer_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
         gpu = dp.profile_gpu(profile)
     except UserError:
         return 0.0
-    sms = sm_count(gpu)
     gather, reduce = dp.collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
                                        fp8_count=layer.float8_param_count)
-    gather_share, reduce_share = (_share(gpu, kind, layer, setup, sms) for kind in ("gather", "reduce"))
+    gather_share, reduce_share = layers_shares(gpu, sm_count(gpu), setup, [layer])
     fwd, bwd = compute_ms(layer.fwd_ms, setup.time), compute_ms(layer.bwd_ms, setup.time)
     return sum(n * slowed_ms(t, w, lost) for n, t, w, lost in _windows(gather, reduce, fwd, bwd, setup,
                                                                        gather_share, reduce_share))
@@ -157,16 +156,36 @@ def _windows(gather: float, reduce: float, fwd: float, bwd: float, setup: TrainS
     return [(reductions, reduce_once, bwd, reduce_once * reduce_share)] + gathers
 
 
-def _share(gpu, which: str, layer: LayerCost, setup: TrainSetup, sms: int) -> float:
-    """The share of the GPU's SMs one of the layer's gathers ("gather") or reductions ("reduce") takes."""
-    return gpu_share(gpu, sms, setup, which, layer.param_count - layer.expert_param_count,
-                     fp8_count=layer.float8_param_count)
+def layers_shares(gpu, sms: int, setup: TrainSetup, layers) -> tuple[float, float]:
+    """(gather, reduce): the share of the GPU's SMs the layers' gathers and reductions take over their time, each
+    collective at its own group's CTAs: the dense parameters' in the data-parallel group, the routed experts' (the
+    rank's 1/E) in the expert-data-parallel group (dataparallel.expert_setup: dp / E ranks, E ranks apart in
+    Megatron-LM's order tp-cp-ep-dp), weighted by the time each runs (dataparallel.collectives_ms's two parts)."""
+    dense = sum(layer.param_count - layer.expert_param_count for layer in layers)
+    fp8 = sum(layer.float8_param_count for layer in layers)
+    held = sum(dp.held_expert_params(layer.expert_param_count, setup) for layer in layers)
+    dense_ms = dp.collectives_ms(dense, setup, fp8_count=fp8)
+    if not held:
+        return tuple(gpu_share(gpu, sms, setup, which, dense, fp8_count=fp8) for which in ("gather", "reduce"))
+    experts = dp.expert_setup(setup)
+    expert_ms = dp.collectives_ms(int(held), experts)
+    shares = []
+    for index, which in enumerate(("gather", "reduce")):
+        total = dense_ms[index] + expert_ms[index]
+        lost = (dense_ms[index] * gpu_share(gpu, sms, setup, which, dense, fp8_count=fp8)
+                + expert_ms[index] * gpu_share(gpu, sms, experts, which, int(held), stride=setup.data_parallel.ep))
+        shares.append(lost / total if total else 0.0)
+    return shares[0], shares[1]
 
 
-def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_count: int = 0) -> float:
+def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_count: int = 0,
+              stride: int = 1) -> float:
     """The share of the GPU's `sms` SMs one gather ("gather") or reduction ("reduce") of `count` parameters takes: its
     CTAs over the SMs, in the shard group (a reduction with no shard group, or ZeRO 1 on a record that all-reduces: an
-    all-reduce over the data-parallel group)."""
+    all-reduce over the data-parallel group), whose ranks lie `stride` apart (a node holds per_node / stride of them
+    where the group spans nodes: network_rate.ranks_per_node)."""
+    from planner.models.network_rate import ranks_per_node
+
     if not sms:
         return 0.0
     group, per_node = dp.shard_size(setup), setup.comm.gpus_per_node
@@ -179,25 +198,25 @@ def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_c
         if group == 1 or (setup.data_parallel.zero == 1 and runtimes.of(setup.training).zero1_all_reduces):
             kind, group = "all-reduce", setup.data_parallel.dp
     nics = max(1, round(per_node * gpu.nics_per_gpu))  # the record's NICs (not a --nics-per-gpu, which the setup drops)
-    ctas = collective_ctas(gpu.name, kind, nbytes, ranks=group, local_ranks=min(group, per_node), nics_per_node=nics)
+    ctas = collective_ctas(gpu.name, kind, nbytes, ranks=group, local_ranks=ranks_per_node(group, stride, per_node)
+                           if stride > 1 else min(group, per_node), nics_per_node=nics)
     return min(ctas, sms) / sms
 
 
-def collective_share(profile: Profile | None, setup: TrainSetup, which: str, count: int, *,
-                     fp8_count: int = 0) -> float:
-    """gpu_share on the profile's GPU (0 without a profile, or where its GPU or SMs are not known): for a simulation's
-    side stream (megatron_dp.py), whose collectives take the share while they run."""
+def collective_shares(profile: Profile | None, setup: TrainSetup, layers) -> tuple[float, float]:
+    """layers_shares on the profile's GPU ((0, 0) without a profile, or where its GPU or SMs are not known): for a
+    simulation's side stream (megatron_dp.py), whose collectives take the share while they run."""
     from planner.models.gpu_sms import (
         sm_count,  # GPU data, read where the profile's GPU is (as layer_ms does)
     )
 
     if profile is None or setup.data_parallel.dp == 1:
-        return 0.0
+        return 0.0, 0.0
     try:
         gpu = dp.profile_gpu(profile)
     except UserError:
-        return 0.0
-    return gpu_share(gpu, sm_count(gpu), setup, which, count, fp8_count=fp8_count)
+        return 0.0, 0.0
+    return layers_shares(gpu, sm_count(gpu), setup, layers)
 
 
 # the cost model's row (planner/cost/terms.py splices it into TERMS)

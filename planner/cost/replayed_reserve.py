@@ -35,15 +35,16 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
     if found is None:
         return cost
     play, reserved_of = found
-    replayed = play()
+    replayed = play(None)
     if replayed is None:
         return cost
     return capped_reserve.under_cap(cost, replayed, play=play, reserved_of=reserved_of)
 
 
 def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup
-               ) -> tuple[Callable[[], Replayed | None], Callable[[Replayed], int]] | None:
-    """The replay that orders the stage's step (None where none does) and how a replay makes its reserved peak."""
+               ) -> tuple[Callable[[int | None], Replayed | None], Callable[[Replayed], int]] | None:
+    """The replay that orders the stage's step, as a function of the bytes the allocator may reserve (None: no
+    cap), and how a replay makes its reserved peak; None where no replay orders it."""
     if reserve_fsdp2.replays(setup):  # FSDP2's step, on its streams
         # The replay with the optimizer's state made at the first step and the loss's scratch as its tensors,
         # under the allocator the launch ran, is within 10% of every published torchtitan reserve it orders
@@ -51,17 +52,21 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
         # fragmentation margin is retired where it runs.
         stage = reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup)
         expandable = reserve_fsdp2.expandable_segments(profile, setup)
-        return (lambda: reserve_fsdp2.replay(stage, expandable=expandable),
+        return (lambda cap: reserve_fsdp2.replay(stage, expandable=expandable, cap_bytes=cap),
                 lambda replayed: reserve_fsdp2.reserved_bytes(replayed, cost.peak_bytes))
     by_peak: Callable[[Replayed], int] = lambda replayed: reserve.reserved_bytes(replayed, cost.peak_bytes)  # noqa: E731
     if reserve_megatron_fsdp.replays(setup):  # Megatron-LM's step under Megatron-FSDP's double buffer, one stage
-        return lambda: reserve_megatron_fsdp.replay_stage(plan, cost, profile=profile, setup=setup), by_peak
+        return (lambda cap: reserve_megatron_fsdp.replay_stage(plan, cost, profile=profile, setup=setup, cap_bytes=cap),
+                by_peak)
     if reserve_deepspeed.replays(setup):  # DeepSpeed's ZeRO 3: its coordinator's gathers, buckets and partitions
-        return lambda: reserve_deepspeed.replay_stage(plan, cost, profile=profile, setup=setup), by_peak
+        return (lambda cap: reserve_deepspeed.replay_stage(plan, cost, profile=profile, setup=setup, cap_bytes=cap),
+                by_peak)
     if reserve_megatron.replays(setup):  # DDP or the distributed optimizer: its buffers, optimizer and schedule
         if setup.pipeline.chunks > 1:
-            return lambda: reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup), by_peak
-        return lambda: reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup), by_peak
+            return (lambda cap: reserve_megatron_chunks.replay_rank(plan, cost, rank=index, profile=profile, setup=setup,
+                                                                 cap_bytes=cap), by_peak)
+        return (lambda cap: reserve_megatron.replay_stage(plan, cost, stage=index, profile=profile, setup=setup,
+                                                         cap_bytes=cap), by_peak)
     if not runtimes.of(setup.training).step_replayed:
         return None
     by_name = {layer.name: layer for layer in profile.layers}
@@ -69,6 +74,6 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
     options = [plan.option(name) for name in plan.layers]
     rate = reserve.host_copy_ms_per_byte(profile, setup) if OPTION_OFFLOAD in options else None
     expandable = reserve_fsdp2.expandable_segments(profile, setup)
-    return (lambda: reserve.replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
-                                         memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate,
-                                         expandable=expandable), by_peak)
+    return (lambda cap: reserve.replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
+                                             memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate,
+                                             expandable=expandable, cap_bytes=cap), by_peak)

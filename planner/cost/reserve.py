@@ -98,8 +98,9 @@ def stage_events(layers: Sequence[LayerProfile], options: Sequence[str], records
 
 def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stage: int, setup: TrainSetup,
                  memory: StageMemory, loss: AllocRecord | None, copy_ms_per_byte: float | None = None,
-                 expandable: bool = False) -> Replayed | None:
-    """The caching allocator's peaks over the stage's step (`expandable`: under expandable segments); None
+                 expandable: bool = False, cap_bytes: int | None = None) -> Replayed | None:
+    """The caching allocator's peaks over the stage's step (`expandable`: under expandable segments; `cap_bytes`:
+    the bytes it may reserve, None: no cap); None
     where the layers carry no records or the schedule runs several chunks per rank (not replayed yet)."""
     from planner.cost.schedules import build_schedule  # torch's pipelining: only when replaying
 
@@ -113,7 +114,7 @@ def replay_stage(layers: Sequence[LayerProfile], options: Sequence[str], *, stag
     events = stage_events(layers, options, records, actions=actions, memory=memory,
                           num_microbatches=pipeline.microbatches, loss=loss if stage == pipeline.stages - 1 else None,
                           copy_ms_per_byte=copy_ms_per_byte)
-    return allocator.replay(events, expandable=expandable)
+    return allocator.replay(events, expandable=expandable, cap_bytes=cap_bytes)
 
 
 def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:

@@ -368,7 +368,8 @@ def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records:
     return static_events(static), one_step
 
 
-def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> Replayed | None:
+def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup,
+                 cap_bytes: int | None = None) -> Replayed | None:
     """The rank's replay (`cost`: its StageCost, for the static total); None where a layer has no record for its
     option, a layer offloads (ckplan's own offload, not DeepSpeed's), the blocks are not all one whose submodules
     ckplan knows, or the logits are not known."""
@@ -390,4 +391,4 @@ def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) 
     events, one_step = step_player(layers, options, records, static=static, coordinator=coordinator,
                                    num_microbatches=setup.pipeline.microbatches, loss=loss, keeps_logits=keeps_logits)
     return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
-                                    expandable=expandable_segments(profile, setup))
+                                    expandable=expandable_segments(profile, setup), cap_bytes=cap_bytes)

@@ -372,7 +372,8 @@ def step_events(layers: Sequence[LayerProfile], options: Sequence[str], records:
 # ---------------------------------------------------------------- the stage from the cost model's terms
 
 
-def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup) -> Replayed | None:
+def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: TrainSetup,
+                 cap_bytes: int | None = None) -> Replayed | None:
     """Rank `stage`'s replay (`cost`: its StageCost, for the static total and buffers); None where a layer
     has no record for its option, or the last stage's logits are not known."""
     layers, options, records = plan_records(plan, profile)
@@ -391,7 +392,7 @@ def replay_stage(plan: StagePlan, cost, *, stage: int, profile: Profile, setup: 
                                    num_microbatches=pipeline.microbatches, loss=loss,
                                    input_bytes=layers[0].input_bytes if stage > 0 else 0, keeps_logits=keeps_logits)
     return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
-                                    expandable=expandable_segments(profile, setup))
+                                    expandable=expandable_segments(profile, setup), cap_bytes=cap_bytes)
 
 
 def allocator_setting_refused(profile: Profile, setup: TrainSetup) -> str | None:

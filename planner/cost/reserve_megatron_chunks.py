@@ -200,7 +200,8 @@ def rank_events(chunks: Sequence[tuple[Sequence[LayerProfile], Sequence[str], Se
     return events
 
 
-def replay_rank(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainSetup) -> Replayed | None:
+def replay_rank(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: TrainSetup,
+                cap_bytes: int | None = None) -> Replayed | None:
     """Rank `rank`'s replay (`plan`: its StagePlan, chunk by chunk; `cost`: its StageCost); None where a layer has
     no record for its option, or the last rank's logits are not known."""
     chunks = []
@@ -222,4 +223,4 @@ def replay_rank(plan: StagePlan, cost, *, rank: int, profile: Profile, setup: Tr
     events, one_step = rank_player(chunks, static=static, stage=rank, stages=pipeline.stages,
                                    num_microbatches=pipeline.microbatches, loss=loss, keeps_logits=keeps_logits)
     return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
-                                    expandable=expandable_segments(profile, setup))
+                                    expandable=expandable_segments(profile, setup), cap_bytes=cap_bytes)

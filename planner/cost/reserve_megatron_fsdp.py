@@ -355,7 +355,8 @@ def backward_programs(layers: Sequence[LayerProfile], records: Sequence[AllocRec
             for layer, record in zip(layers, records)]
 
 
-def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) -> Replayed | None:
+def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup,
+                 cap_bytes: int | None = None) -> Replayed | None:
     """The rank's replay (`cost`: its StageCost, for the static total); None where a layer has no record for its
     option, the logits are not known, or offloaded layers are not the block's first N (TE's window)."""
     layers, options, records = plan_records(plan, profile)
@@ -373,4 +374,4 @@ def replay_stage(plan: StagePlan, cost, *, profile: Profile, setup: TrainSetup) 
                                    loss=loss, keeps_logits=keeps_logits,
                                    programs=backward_programs(layers, records, profile))
     return allocator.settled_replay(events, one_step, min_steps=STEPS, max_steps=MAX_STEPS,
-                                    expandable=expandable_segments(profile, setup))
+                                    expandable=expandable_segments(profile, setup), cap_bytes=cap_bytes)

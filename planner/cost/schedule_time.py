@@ -57,7 +57,7 @@ class Issue:
     """A collective a rank issues on its side stream (one FIFO stream a rank, beside its compute):
     `ms` long, issued when its action is due ("start", before the action waits), when the action
     ends ("end"), or a fraction of the action's time after it starts; `key`, if an action waits for it;
-    `share`, the share of the GPU's SMs its CTAs hold while it runs (nccl_sms.collective_share): the
+    `share`, the share of the GPU's SMs its CTAs hold while it runs (nccl_sms.collective_shares): the
     rank's compute beside it runs at 1 - share of its rate (nccl_sms.py's first order, §128)."""
 
     ms: float

@@ -151,6 +151,21 @@ class DataParallelSetup(Strict):
 
 Runtime = Literal["ckplan", "megatron", "torchtitan", "colossalai", "deepspeed"]
 
+# DeepSpeed's activation-checkpointing settings (deepspeed.checkpointing.configure, DataParallelSetup's fields): only
+# DeepSpeed's runtime runs them (planner/cost/deepspeed_ckpt.py reads them under it alone)
+DEEPSPEED_CHECKPOINTING = ("checkpoint_in_cpu", "partition_activations", "contiguous_checkpointing",
+                           "synchronize_each_layer")
+
+
+def deepspeed_checkpointing_refused(given, runtime: str) -> str | None:
+    """The sentence refusing DeepSpeed's checkpointing settings `given` (field names, in order) where the plan is
+    scored for another runtime, which would ignore them; None where none is given or the runtime is DeepSpeed's."""
+    names = [name for name in given if name in DEEPSPEED_CHECKPOINTING]
+    if not names or runtime == "deepspeed":
+        return None
+    return (f"--{names[0].replace('_', '-')} is DeepSpeed's activation-checkpointing setting, and the plan is scored "
+            f"for {runtime}'s runtime; drop it or give --runtime deepspeed")
+
 
 class TrainingSetup(Strict):
     """What each parameter costs: the optimizer and the precision; and the runtime whose way of
@@ -275,6 +290,10 @@ class CommSetup(Strict):
     # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime
     # record's tp_overlap, planner/cost/runtimes.py, says which runtime has which); "none": every collective on the critical path
     tp_overlap: TpOverlap = "none"
+    # under tp-comm-overlap: the userbuffers config TE runs (planner/cost/ub_sms.py CONFIGS; None: TE's defaults) and
+    # the GPU's SMs its communication takes from the GEMMs (0: not charged)
+    ub_cfg: str | None = None
+    gpu_sms: int = Field(default=0, ge=0, le=1 << 16)
     # AsyncTP's peer copies (copy-engine copies from one peer, planner/models/copy_engines.py): GB/s a direction;
     # None: charged at tp_gb_per_s, NCCL's ring (no copy rate published for the GPU, or a group across nodes)
     tp_copy_gb_per_s: GbPerS | None = None
@@ -332,6 +351,14 @@ class TrainSetup(Strict):
                     nested[part] = {**parts.pop(part), **fields}
             return {**parts, **nested}
         return data
+
+    @model_validator(mode="after")
+    def _deepspeed_checkpointing_under_deepspeed(self) -> TrainSetup:
+        given = [name for name in DEEPSPEED_CHECKPOINTING if getattr(self.data_parallel, name)]
+        refused = deepspeed_checkpointing_refused(given, self.training.runtime)
+        if refused:
+            raise ValueError(refused)
+        return self
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False) -> TrainSetup:
         """A copy with `update` (fields by their own names or by part) validated, never set blindly."""

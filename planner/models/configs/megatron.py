@@ -386,6 +386,8 @@ def _settings(flags: Flags, job: Job) -> None:
             job.modelled.tp_overlap = "tp-comm-overlap"
         else:
             flags.sink[-1] = (*flags.sink[-1][:2], "no effect", "TP 1: no collectives to overlap")
+    job.modelled.ub_cfg = flags.take("--tp-comm-overlap-cfg", "TE's userbuffers config by name (Megatron-Bridge's "
+                                     "TransformerLayerTPOverlapCfg; planner/cost/ub_sms.py)", str)
     impl = flags.take("--transformer-impl", "Transformer Engine's layers (the record's te_cublas_workspace, held after "
                       "the step; the same tensors kept as the local layers)", str, "transformer_engine")
     if impl == "local":  # the record's local_spec_buffer (TrainingSetup.local_layers)

@@ -1,0 +1,103 @@
+"""The SMs Transformer Engine's userbuffers take from the GEMMs a tensor-parallel block's collectives overlap
+(Megatron-LM's --tp-comm-overlap; framework-facts §137).
+
+Under --tp-comm-overlap TE's initialize_ub (transformer_engine/pytorch/module/base.py, TransformerEngine v2.9, the
+TE Megatron-Bridge 25.11 runs) makes one userbuffers communicator per GEMM it overlaps, each with a method:
+  - "ring_exchange" (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad by default): the GEMM in tp chunks, each chunk's
+    peer exchange a copy-engine copy (use_ce True, the default: cudaMemcpyAsync between peers, no SM); where its
+    config sets set_sm_margin the GEMM runs on num_sm fewer SMs (Bridge's proj_fprop and fc2_fprop: 1);
+  - "pipeline" (proj_fprop, fc2_fprop by default): the GEMM in num_splits chunks, each chunk's reduce-scatter a
+    userbuffers kernel on num_sm SMs (16 by default), the GEMM with set_sm_margin on the SMs left;
+  - "bulk" (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad): one userbuffers kernel on num_sm SMs (16 by default) beside
+    the whole GEMM: qkv_dgrad / fc1_dgrad all-gather the layer norm's output for the weight gradient beside the
+    input-gradient GEMM, qkv_wgrad / fc1_wgrad reduce-scatter the input gradient beside the weight-gradient GEMM.
+get_default_config (base.py 327-348): num_sm 1 for ring_exchange else 16, set_sm_margin for every method but
+ring_exchange, use_ce True; a user's ub_cfgs entry updates the default (base.py 470-480). Megatron-LM passes its
+--tp-comm-overlap-cfg file's entries (none: TE's defaults); Megatron-Bridge passes its recipe's
+TransformerLayerTPOverlapCfg (src/megatron/bridge/training/comm_overlap.py at 00b7660b: RingExchangeOverlapCfg
+num_sm 1, cga_size 1, set_sm_margin False unless given; BulkOverlapCfg and PipelineOverlapCfg as given).
+
+Charged at first order, as nccl_sms.py charges NCCL's CTAs: while a collective of T ms runs on c SMs of the GPU's
+S, the GEMM beside it loses c x T / S ms of work (a margin'd GEMM runs on S - c for at least T: a floor). The
+pass's compute ends at W + lost where that is past the collectives (comm.layer_comm_ms). The two bulk all-gathers
+the profile does not list (analytic_comm.py leaves out the weight gradient's second all-gather) take the bytes of
+the forward's all-gather at its site."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_TE = "TransformerEngine v2.9 transformer_engine/pytorch/module/base.py 302-348 (methods, get_default_config)"
+_BRIDGE = "Megatron-Bridge 00b7660b src/megatron/bridge/training/comm_overlap.py"
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """One GEMM's userbuffers overlap: its method and the SMs its communication takes from the GEMM."""
+
+    method: str  # "ring_exchange", "pipeline" or "bulk"
+    num_sm: int
+    set_sm_margin: bool
+
+    @property
+    def sms(self) -> int:
+        """SMs the GEMM loses while the collective runs: a ring exchange's copies run on copy engines (use_ce) and
+        take none unless its GEMM keeps a margin; a pipeline's or a bulk's kernel takes num_sm."""
+        if self.method == "ring_exchange":
+            return self.num_sm if self.set_sm_margin else 0
+        return self.num_sm
+
+
+_RING, _RING_MARGIN_1 = Overlap("ring_exchange", 1, False), Overlap("ring_exchange", 1, True)
+
+
+def _bulk(num_sm: int) -> Overlap:
+    return Overlap("bulk", num_sm, False)
+
+
+# TE's defaults (get_default_config): what Megatron-LM runs under --tp-comm-overlap without --tp-comm-overlap-cfg
+TE_DEFAULT = {"qkv_fprop": _RING, "fc1_fprop": _RING, "proj_dgrad": _RING, "fc2_dgrad": _RING,
+              "proj_fprop": Overlap("pipeline", 16, True), "fc2_fprop": Overlap("pipeline", 16, True),
+              "qkv_dgrad": Overlap("bulk", 16, True), "qkv_wgrad": Overlap("bulk", 16, True),
+              "fc1_dgrad": Overlap("bulk", 16, True), "fc1_wgrad": Overlap("bulk", 16, True)}
+
+
+def _bridge(qkv_dgrad: int, qkv_wgrad: int, fc1_dgrad: int, fc1_wgrad: int) -> dict[str, Overlap]:
+    """Bridge 00b7660b's FP8 configs: ring exchanges everywhere but the four bulk GEMMs (set_sm_margin False), the
+    fprops' reduce-scatters ring exchanges with a one-SM margin."""
+    return {"qkv_fprop": _RING, "fc1_fprop": _RING, "proj_dgrad": _RING, "fc2_dgrad": _RING,
+            "proj_fprop": _RING_MARGIN_1, "fc2_fprop": _RING_MARGIN_1, "qkv_dgrad": _bulk(qkv_dgrad),
+            "qkv_wgrad": _bulk(qkv_wgrad), "fc1_dgrad": _bulk(fc1_dgrad), "fc1_wgrad": _bulk(fc1_wgrad)}
+
+
+CONFIGS = {  # name -> per GEMM; None (no config named): TE's defaults
+    "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192": _bridge(4, 24, 2, 4),  # comm_overlap.py 108-119
+    "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192": _bridge(2, 24, 2, 2),  # 161-172
+    "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192": _bridge(8, 32, 2, 8),  # 187-198
+}
+SOURCES = {None: _TE, **{name: f"{_BRIDGE} {name}" for name in CONFIGS}}
+
+# a block's listed collectives under sequence parallelism, in analytic_asynctp's site order: the GEMM each overlaps
+FORWARD_GEMMS = ("qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop")
+BACKWARD_GEMMS = ("proj_dgrad", "qkv_wgrad", "fc2_dgrad", "fc1_wgrad")
+UNLISTED_BULK_GATHERS = (("qkv_dgrad", 0), ("fc1_dgrad", 2))  # (GEMM, the forward site whose bytes it gathers)
+
+
+def overlaps(config: str | None) -> dict[str, Overlap]:
+    return TE_DEFAULT if config is None else CONFIGS[config]
+
+
+def lost_sm_ms(collective_ms: list[float], which: str, *, config: str | None, sms: int) -> float:
+    """The GEMM work a dense block's pass ("fwd", "bwd", "recompute") loses to the userbuffers' SMs: each of the pass's
+    collectives (`collective_ms`: the block's eight in site order, each's ms once) x the SMs its overlap takes /
+    `sms`, and in the backward the two bulk all-gathers of the forward's gathered bytes. 0 where the block does not
+    list eight."""
+    if not sms or len(collective_ms) != 8:
+        return 0.0
+    table = overlaps(config)
+    if which == "bwd":
+        lost = sum(table[gemm].sms * ms for gemm, ms in zip(BACKWARD_GEMMS, collective_ms[4:], strict=True))
+        lost += sum(table[gemm].sms * collective_ms[site] for gemm, site in UNLISTED_BULK_GATHERS)
+    else:
+        lost = sum(table[gemm].sms * ms for gemm, ms in zip(FORWARD_GEMMS, collective_ms[:4], strict=True))
+    return lost / sms
