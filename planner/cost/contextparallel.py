@@ -226,17 +226,33 @@ def compiled_ring(training) -> bool:
     return bool(training.compile) and runtimes.of(training).compiles_model
 
 
-def extra_bytes(layer, setup: TrainSetup) -> int:
+def extra_bytes(layer, setup: TrainSetup, option: int = 0) -> int:
     """What the exchange's buffers add to a layer's peak beyond its own transient (its MLP's
     backward, planner/profiler/analytic.py block_transient_bytes): the attention's forward buffers,
     or its backward ones beside the gradient flowing back (as large as the block's output), where
-    either outgrows that transient."""
+    either outgrows that transient; or, where the backward reuses the rerun's gathered K/V (`option` 1 in a
+    compiled block: held_through_mlp_bytes), that buffer on top of the whole transient."""
     exchange = layer.context_parallel
     if exchange is None or setup.training.context_parallel <= 1:
         return 0
-    forward, backward = buffer_bytes(as_exchanged(exchange, setup.training), comm_type(setup.training),
-                                     compiled=compiled_ring(setup.training))
-    return max(0, forward - layer.transient_bytes, backward + layer.output_bytes - layer.transient_bytes)
+    exchanged = as_exchanged(exchange, setup.training)
+    kind = comm_type(setup.training)
+    forward, backward = buffer_bytes(exchanged, kind, compiled=compiled_ring(setup.training))
+    held = held_through_mlp_bytes(exchanged, kind, option, setup.training)
+    return max(0, forward - layer.transient_bytes, backward + layer.output_bytes - layer.transient_bytes, held)
+
+
+def held_through_mlp_bytes(exchange, kind: str, option: int, training) -> int:
+    """The gathered K/V (cp x the rank's K/V as exchanged) a compiled, fully recomputed block holds through its
+    MLP's backward: the backward graph reruns the forward (attention, whose ring all-gathers K/V, then the MLP),
+    runs the MLP's backward, then the attention's backward ring, and its one all-gather (the rerun's and the
+    ring's merged, reuses_recomputed_gather) has its last use in that ring, so the buffer is alive beside the
+    MLP's backward transient (torch 2.6.0, torchtitan 9dec370's block compiled whole on CPU: the backward graph's
+    peak is reached in the MLP's backward with the gathered K/V held, docs/framework-facts.md §30). Eager, or
+    without the rerun, the backward gathers its own inside the attention's backward: 0."""
+    if kind != "allgather" or not reuses_recomputed_gather(option, training):
+        return 0
+    return exchange.ranks * exchange.kv_bytes
 
 
 def ring_program(layer, option: int, setup: TrainSetup) -> tuple[int, ...]:

@@ -318,7 +318,7 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
                           - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
         program, hands, ring_ids = backward_hand_ring(
             known, option_name(layer, option), max(0, extra), contextparallel.ring_program(layer, option, setup),
-            contextparallel.extra_bytes(layer, setup))
+            contextparallel.extra_bytes(layer, setup, option))
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
                                skip=ring_ids)
         forward = forward_program(known, option_name(layer, option), max(0, extra),

@@ -37,7 +37,7 @@ def forward_parts(layer, option: int, profile: Profile, setup: TrainSetup) -> di
         compiled = contextparallel.compiled_ring(setup.training)
         parts["cp"] = cpring.forward_program(exchange.ranks, exchange.q_bytes, exchange.kv_bytes, compiled=compiled) \
             if kind == "allgather" else (contextparallel.buffer_bytes(exchange, kind, compiled=compiled)[0],)
-        parts["cp_charge"] = contextparallel.extra_bytes(layer, setup)
+        parts["cp_charge"] = contextparallel.extra_bytes(layer, setup, option)
     return parts
 
 

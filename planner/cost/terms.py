@@ -229,9 +229,9 @@ TERMS: tuple[Term, ...] = (
          lambda layer, ckpt, ctx: repeated_kv_extra_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "as above, where the option or the compiled partition reruns repeat_kv beside the other rerun activations"),
     Term("context parallelism's K/V buffers while the attention runs", "extra", "layer",
-         lambda layer, ckpt, ctx: contextparallel.extra_bytes(layer, ctx.setup),
-         "the runtime's ring (planner/cost/contextparallel.py): received or gathered K/V, per-step outputs, "
-         "fp32 accumulators, beyond the layer's own backward transient"),
+         lambda layer, ckpt, ctx: contextparallel.extra_bytes(layer, ctx.setup, int(ckpt)),
+         "the runtime's ring (planner/cost/contextparallel.py): received or gathered K/V, per-step outputs, fp32 "
+         "accumulators, beyond the layer's own backward transient; a compiled rerun's gathered K/V beside it (§30)"),
     Term("FSDP2's units gathered, the unsharded gradients and a reduce-scatter input while the layer runs", "extra",
          "layer", lambda layer, ckpt, ctx: fsdp_unit_layer_bytes(layer, ckpt, ctx.profile, ctx.setup),
          "the runtime record's fsdp_units and fsdp_gathered_from_forward (planner/cost/fsdpunits.py); FSDP2's "
