@@ -112,15 +112,12 @@ def buffer_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
     edge_weights = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f, _ in first + last)
     out_bucket = sum(p for p, _, _ in last) * params.grads
     out_grads = sum(p for p, _, _ in last) * params.weights if unfused else 0.0
-    if setup.data_parallel.fsdp_double_buffer:
-        slots = DOUBLE_BUFFER_SLOTS * (unit_weights + unit_bucket)
-        in_flight = 0.0
-    else:
-        slots = 0.0
-        in_flight = gathered_units([p for p, _ in units], setup) * unit_weights + unit_bucket
+    if setup.data_parallel.fsdp_double_buffer:  # the moments are the layers' extras (megatron_fsdp_moments.py)
+        return edge_weights + DOUBLE_BUFFER_SLOTS * (unit_weights + unit_bucket)
+    in_flight = gathered_units([p for p, _ in units], setup) * unit_weights + unit_bucket
     unit_moment = out_bucket + in_flight + (unit_params * params.weights if unfused else 0.0)
     unit_moment += transpose_bytes(unit_fp8, profile, setup)
-    return edge_weights + slots + max(out_bucket + out_grads, unit_moment)
+    return edge_weights + max(out_bucket + out_grads, unit_moment)
 
 
 def transpose_bytes(fp8_count: int, profile: Profile, setup: TrainSetup) -> float:
