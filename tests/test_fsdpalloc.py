@@ -10,11 +10,25 @@ from __future__ import annotations
 import pytest
 from test_bridge_memory import profile, setup
 
-from planner.cost import costmodel, float8, megatron_fsdp, megatron_fsdp_moments, te_block_backward, te_kept
+from planner.cost import (
+    costmodel,
+    float8,
+    megatron_fsdp,
+    megatron_fsdp_moments,
+    te_block_backward,
+    te_kept,
+)
 from planner.cost.allocator import Alloc
+from planner.cost.layers import layer_costs
 from planner.cost.reserve import plan_records
 from planner.cost.reserve_megatron import _output_bytes, last_stage_loss
-from planner.cost.reserve_megatron_fsdp import backward_programs, replay_stage, static_of, step_player
+from planner.cost.reserve_megatron_fsdp import (
+    backward_programs,
+    replay_stage,
+    static_of,
+    step_player,
+)
+from planner.cost.terms import Context
 from planner.schema import StagePlan
 
 SIX = (128, 16384, 8192, 128, 40960, 20480)  # Megatron's six bf16 gradients of the tiny block (tests/test_b3replay.py)
@@ -94,3 +108,27 @@ def test_the_cost_models_allocated_peak_is_the_replays(unfused):
     # the allocator's rounding (the 256 B statistics at 512) lifts the replay's own figure alike either way
     replayed = replay_stage(plan, cost, profile=tiny, setup=job)
     assert replayed.allocated_peak_bytes - cost.peak_bytes == 8704
+
+
+def test_each_moment_goes_to_its_layer_and_only_under_the_double_buffer():
+    tiny, job, _ = _job()
+    layers = layer_costs(tiny)
+    ctx = Context(tiny, job)
+    zero = [{"extra": 0.0, "kept": 0.0} for _ in layers]
+    head_input = layers[3].input_bytes
+    got = megatron_fsdp_moments.stage_moments(layers, [0] * 4, zero, stage=0, ctx=ctx)
+    # the embedding: nothing of its own here; block 1: its shift 10240, or its post-backward (its six bf16 gradients
+    # 86,272 and its input's gradient, nothing kept here) where larger; block 2, the last: the head's bucket (8256 x
+    # 2 B) queued beside either; the head: its post-backward, its bucket and its bf16 gradient beside its input's
+    # gradient (its extra 0 + its gradient is the smaller arm)
+    assert [values["extra"] for values in got] == [
+        0.0, max(10240, 86272 + layers[1].input_bytes), 16512 + max(10240, 86272 + layers[2].input_bytes),
+        16512 + 16512 + head_input]
+    # a large profiled extra: the moments ride on it; the head's gradient beside its own backward's scratch
+    big = [{"extra": 10**6, "kept": 0.0} for _ in layers]
+    got = megatron_fsdp_moments.stage_moments(layers, [0] * 4, big, stage=0, ctx=ctx)
+    assert [values["extra"] for values in got] == [10**6, 10**6 + 10240, 10**6 + 16512 + 10240, 10**6 + 16512]
+    # without the double buffer the stage constant keeps them (megatron_fsdp.buffer_bytes): nothing moves here
+    single = setup(float8=True, fp8_all_gather=True, dp=4, zero=3, microbatches=2, unfused_grad_accumulation=True,
+                   grad_reduce_bf16=True)
+    assert megatron_fsdp_moments.stage_moments(layers, [0] * 4, big, stage=0, ctx=Context(tiny, single)) is big
