@@ -90,9 +90,11 @@ def test_the_deepseek_v3_example_recomputes_what_its_modules_say_on_each_layer()
     # --use-megatron-fsdp, optim_grads_params, --fsdp-double-buffer, unfused gradients) in place of FSDP2's
     # largest-layer term (16,422,830,080): the embedding and output layer gathered whole ((926,679,040 +
     # 926,686,208) x 2 B = 3,706,730,496), two weight and two gradient slots of the largest unit (2 x 1,642,283,008
-    # x (2 + 4) B = 19,707,396,096), and at the backward's start the output layer's fp32 bucket still queued beside
-    # the unit's unfused bf16 gradient (926,686,208 x 4 + 1,642,283,008 x 2 = 6,991,310,848): 30,405,437,440
-    mfsdp = 30_405_437_440 - 16_422_830_080
+    # x (2 + 4) B = 19,707,396,096): 23,414,126,592. Since branch fsdpalloc the output layer's fp32 bucket and the
+    # unit's unfused bf16 gradients (926,686,208 x 4 + 1,642,283,008 x 2 = 6,991,310,848) are charged at their own
+    # moments (the head's post-backward, the last unit's backward: megatron_fsdp_moments.py), not at the loss's,
+    # where the rank's peak is (its scratch before the head's backward makes any of them)
+    mfsdp = 23_414_126_592 - 16_422_830_080
     assert 182_806_035_068 + workspaces + mfsdp - rank.peak_bytes == \
         3 * 2_415_919_104 + 119 * 234_946_560 + 61 * 67_239_936
     # 147,599,637,116 + workspaces before branch d1, less 61 x 67,239,936 (the latent norms, above); the option none's

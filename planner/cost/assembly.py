@@ -12,14 +12,12 @@ from planner.cost import (
     asynctp,
     comm,
     dataparallel,
+    megatron_fsdp_moments,
     nccl_buffers,
     runtimes,
     te_offload,
 )
-from planner.cost.layers import (
-    LayerCost,
-    layer_costs,
-)
+from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.rules import (
     compute_ms,
     input_pass_peak_bytes,
@@ -416,7 +414,8 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
         for term in rows:
             values[term.quantity] += term.value(layer, ckpt, ctx)
         per_layer.append(values)
-    per_layer = te_offload.stage_window(layers, options, per_layer, rows, ctx) or per_layer
+    per_layer = megatron_fsdp_moments.stage_moments(  # Megatron-FSDP's buffers at their moments, as extras
+        layers, options, te_offload.stage_window(layers, options, per_layer, rows, ctx) or per_layer, stage=stage, ctx=ctx)
     for values in per_layer:
         for quantity, value in values.items():
             totals[quantity] += value

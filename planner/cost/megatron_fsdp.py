@@ -25,11 +25,13 @@ F = megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py, B = its p
 - Transformer Engine's FP8 transpose (Hopper, TN-only GEMMs: bridgesettings.TN_ONLY_GPUS): made in the unit's
   forward and backward and dropped after (F 498-504, keep_fp8_transpose_cache off): the computing unit's.
 
-Charged (buffer_bytes) as a stage constant for the model's largest unit, at the stage's backward start where its
-activations peak: the edge modules the stage holds gathered; the double buffers' slots; and the larger of two
-moments: the output layer's post-backward (its bucket, and its bf16 gradient unfused) and the first unit's
-post-backward (the output's bucket still queued, the unit's weights gathered with its prefetch and its bucket
-where not in slots, its bf16 gradients unfused, its transpose on Hopper). The sharded state is bytes_per_param's,
+Charged (buffer_bytes) as a stage constant for the model's largest unit: the edge modules the stage holds gathered
+and, under the double buffer, its slots — what is held all iteration; the moments (the output layer's bucket and
+bf16 gradient, a unit's bf16 gradients and transpose) are then the layers' extras, each at its own instant of the
+backward (megatron_fsdp_moments.py; docs/framework-facts.md §146). Without the double buffer (not replayed) the
+constant keeps the larger of two moments: the output layer's post-backward (its bucket, and its bf16 gradient
+unfused) and the first unit's post-backward (the output's bucket still queued, the unit's weights gathered with
+its prefetch and its bucket, its bf16 gradients unfused, its transpose on Hopper). The sharded state is bytes_per_param's,
 its Float8 weights' shard at 1 B (fp8_shard_saving_bytes). Not read: the buckets' padding to a multiple of the
 ranks x the group's row length (B 249-378: under 0.5% at the Bridge rows' shapes), modules between the units
 (none in a GPT model), HSDP's outer buffers. ZeRO 2 (optim_grads) and 1 (optim) are not read here
@@ -97,8 +99,8 @@ def _edges(layers: list[tuple[int, int, bool]], stage: int, setup: TrainSetup) -
 
 
 def buffer_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
-    """What Megatron-FSDP holds on the stage beyond the sharded state at its backward's start (the module's
-    docstring); 0 where it does not run."""
+    """What Megatron-FSDP holds on the stage beyond the sharded state all iteration (the double buffer) or at its
+    backward's start (without it; the module's docstring); 0 where it does not run."""
     if not runs(setup):
         return 0.0
     layers = held(profile, setup)
@@ -112,15 +114,12 @@ def buffer_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
     edge_weights = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f, _ in first + last)
     out_bucket = sum(p for p, _, _ in last) * params.grads
     out_grads = sum(p for p, _, _ in last) * params.weights if unfused else 0.0
-    if setup.data_parallel.fsdp_double_buffer:
-        slots = DOUBLE_BUFFER_SLOTS * (unit_weights + unit_bucket)
-        in_flight = 0.0
-    else:
-        slots = 0.0
-        in_flight = gathered_units([p for p, _ in units], setup) * unit_weights + unit_bucket
+    if setup.data_parallel.fsdp_double_buffer:  # the moments are the layers' extras (megatron_fsdp_moments.py)
+        return edge_weights + DOUBLE_BUFFER_SLOTS * (unit_weights + unit_bucket)
+    in_flight = gathered_units([p for p, _ in units], setup) * unit_weights + unit_bucket
     unit_moment = out_bucket + in_flight + (unit_params * params.weights if unfused else 0.0)
     unit_moment += transpose_bytes(unit_fp8, profile, setup)
-    return edge_weights + slots + max(out_bucket + out_grads, unit_moment)
+    return edge_weights + max(out_bucket + out_grads, unit_moment)
 
 
 def transpose_bytes(fp8_count: int, profile: Profile, setup: TrainSetup) -> float:
