@@ -91,28 +91,32 @@ def _charged(s: TrainSetup, gpu: str = "h100-sxm") -> list[float]:
 def test_fsdp2_blocks_lose_their_gathers_and_reduction_times_24_of_132_and_the_root_unit_nothing():
     # a block: forward gather 7.5 behind 40, backward gather 7.5 behind 80, the reduction 15 behind 80, each
     # whole inside its compute: (7.5 + 7.5 + 15) x 24 / 132. The root unit (embedding, head at 9dec370) is
-    # gathered and reduced exposed (fsdp2work.edge_units_exposed_ms): nothing runs beside compute
-    block = 30 * 24 / 132
+    # gathered and reduced exposed (fsdp2work.edge_units_exposed_ms): nothing runs beside compute. Each of the
+    # three collectives also holds its CTAs through NCCL's ring latency, 4 ranks of one node: 8.4 + 3 x 3.4 = 18.6 µs
+    block = (30 + 3 * 0.0186) * 24 / 132
     assert _charged(setup()) == pytest.approx([0.0, block, block, 0.0])
     # per-layer units (2c8b5947): the head hidden as any other, 15 + 15 + 30 behind 30, 60, 60
-    assert _charged(setup(runtime_version="2c8b5947")) == pytest.approx([0.0, block, block, 60 * 24 / 132])
+    assert _charged(setup(runtime_version="2c8b5947")) == pytest.approx([0.0, block, block,
+                                                                          (60 + 3 * 0.0186) * 24 / 132])
 
 
 def test_other_gpus_take_their_own_ctas_over_their_own_sms():
-    assert _charged(setup(), "a100-80g")[1] == pytest.approx(30 * 24 / 108)
-    assert _charged(setup(), "b200")[1] == pytest.approx(30 * 32 / 148)
+    assert _charged(setup(), "a100-80g")[1] == pytest.approx((30 + 3 * 0.0186) * 24 / 108)
+    assert _charged(setup(), "b200")[1] == pytest.approx((30 + 3 * 0.0186) * 32 / 148)
     assert _charged(setup(), "h100-pcie") == [0.0] * 4
 
 
 def test_a_shard_group_across_nodes_takes_the_network_rings_channels():
-    # 16 ranks of 8 a node, one NIC a GPU: 16 CTAs; the collectives' times at the same 100 GB/s scale as 15/16
+    # 16 ranks of 8 a node, one NIC a GPU: 16 CTAs; the collectives' times at the same 100 GB/s scale as 15/16,
+    # each's ring latency over 2 nodes 8.4 + 14 x 3.4 + 1 x 14 = 70 µs
     s = setup(dp=16)
-    assert _charged(s)[1] == pytest.approx((7.5 + 7.5 + 15) * (15 / 16) / (3 / 4) * 16 / 132)
+    assert _charged(s)[1] == pytest.approx(((7.5 + 7.5 + 15) * (15 / 16) / (3 / 4) + 3 * 0.070) * 16 / 132)
 
 
 def test_two_microbatches_gather_twice_each_and_reduce_each_beside_the_backward():
-    # per microbatch: gather 7.5 behind 40; gather 7.5 + reduction 15 behind 80 (reduced every microbatch)
-    assert _charged(setup(microbatches=2))[1] == pytest.approx(2 * 30 * 24 / 132)
+    # per microbatch: gather 7.5 behind 40; gather 7.5 + reduction 15 behind 80 (reduced every microbatch), each
+    # with its 18.6 µs of ring latency
+    assert _charged(setup(microbatches=2))[1] == pytest.approx(2 * (30 + 3 * 0.0186) * 24 / 132)
 
 
 def test_an_all_reduce_beside_the_backward_takes_nvls_channels():

@@ -16,9 +16,12 @@ The CTAs (`collective_ctas`), read at NCCL v2.27.7-1 (the record's NCCL, nccl_bu
     (src/enqueue.cc 1831, 1850-1853) drops a channel while nBytes < nc x nt x threadThreshold (Simple:
     NCCL_SIMPLE_MAX_NTHREADS 512 over NVLink, NCCL_SIMPLE_THREAD_THRESHOLD 64: 32 KiB a channel, src/graph/tuning.cc
     214, 522), nBytes the whole buffer (ncclFuncMaxSendRecvCount);
-  - NVLink SHARP (all-reduces where the GPU has multicast and the group has more than two GPUs in the NVLink domain;
-    NVLS_TREE across nodes): comm->nvlsChannels, 16 on SM90, 24 on SM100 inside one NVLink domain, 32 across
-    (src/transport/nvls.cc 147-198; enqueue.cc 1846-1847: "NVLS should not need more than 16 channels");
+  - NVLink SHARP (all-reduces where the GPU has multicast, the group has more than two GPUs in the NVLink domain and
+    the launch leaves NCCL_NVLS_ENABLE on: nccltuner.nvls_supported, nvls.cc 151-175; NVLS_TREE across nodes):
+    comm->nvlsChannels, 16 on SM90, 24 on SM100 inside one NVLink domain, 32 across (src/transport/nvls.cc
+    147-198; enqueue.cc 1846-1847: "NVLS should not need more than 16 channels"). Under NCCL_NVLS_ENABLE=0 (the
+    setting nccl_nvls_off: Megatron-Bridge's executor, Megatron-LM's functional tests) the all-reduce runs the
+    ring's channels as any other (framework-facts §147);
   - a ring across nodes: one ring a NIC, doubled once (network_ring_channels: 16 on an 8-NIC node);
   - all-gathers and reduce-scatters run the ring: NCCL's tuner prices NVLS below it on one node (NVIDIA/nccl#1083: NVLS
     sends S where the ring sends (N-1)S/N) and turns NVLS off for them across nodes without CollNet (tuning.cc 301-304);
@@ -38,6 +41,10 @@ first order slows it by 132 / 108 - 1 = 22.2%, at 24 of 108 (A100) by 28.6%. The
 wave quantisation (an H100 GEMM of exactly 132 CTAs beside a 24-CTA all-gather runs a second wave: nearly twice
 its time, NVIDIA's developer forum, 2025) and the HBM both read, so it is a floor where the GEMMs are wave-bound.
 
+A collective's time here is its bytes at the link (dataparallel.collectives_ms) and, for FSDP2's units, NCCL's ring
+latency (fsdp2work.unit_latency_ms, `fsdp2_latency_ms`): the CTAs are resident from the kernel's launch to its end,
+through the ring's steps' waits as through its copies. DeepSpeed's and Megatron-FSDP's carry their bytes alone.
+
 Where: the layers whose collectives dataparallel.exposed_comm_ms hides (FSDP2 and DeepSpeed's ZeRO 3 prefetches
 and reductions, DDP's overlapped reductions, Megatron-LM's --overlap-param-gather under a schedule in closed form),
 window by window as it hides them; and Megatron-LM's DDP under interleaving, where megatron_dp.py's simulation
@@ -49,7 +56,7 @@ fsdp2work.edge_units_exposed_ms), AsyncTP's copies (copy engines, no SMs: framew
 from __future__ import annotations
 
 from planner.cost import dataparallel as dp
-from planner.cost import fsdp2work, runtimes
+from planner.cost import fsdp2work, fsdpunits, nccltuner, runtimes
 from planner.cost.layers import LayerCost
 from planner.cost.nccl_buffers import (
     NCCL_GPUS,
@@ -67,10 +74,11 @@ RCCL_MI300X_NODE_CHANNELS = 56  # rome_model_79's 28 rings, doubled (connect.cc)
 
 
 def collective_ctas(gpu_name: str, kind: str, nbytes: float, *, ranks: int, local_ranks: int,
-                    nics_per_node: int = 8) -> int:
+                    nics_per_node: int = 8, nvls: bool = True) -> int:
     """CTAs (channels) NCCL launches for one collective of `nbytes` (its whole buffer) of `kind` "all-gather",
     "reduce-scatter" or "all-reduce" among `ranks`, `local_ranks` of them in one NVLink domain whose node has
-    `nics_per_node` NICs; 0 where not read."""
+    `nics_per_node` NICs; `nvls` False: the launch sets NCCL_NVLS_ENABLE=0 (an all-reduce then runs the ring's
+    channels); 0 where not read."""
     if ranks <= 1 or nbytes <= 0:
         return 0
     if gpu_name == "mi300x":
@@ -78,7 +86,8 @@ def collective_ctas(gpu_name: str, kind: str, nbytes: float, *, ranks: int, loca
     gpu = NCCL_GPUS.get(gpu_name)
     if gpu is None:
         return 0
-    if kind == "all-reduce" and gpu.multicast and local_ranks > 2:
+    if kind == "all-reduce" and nccltuner.nvls_supported(multicast=gpu.multicast, local_gpus=local_ranks,
+                                                         enabled=nvls):
         return (NVLS_CHANNELS_MULTI_NODE if ranks > local_ranks else NVLS_CHANNELS)[gpu.capability]
     rings = ring_channels(gpu) if ranks == local_ranks else network_ring_channels(nics_per_node, gpu.capability)
     return _fewer_for_size(min(rings, ring_channels(gpu)), nbytes)
@@ -145,7 +154,9 @@ def _windows(gather: float, reduce: float, fwd: float, bwd: float, setup: TrainS
     if not dp.overlaps_comm(setup):  # only --overlap-param-gather's gathers, each behind its forward
         return [(1, gather, fwd, gather * gather_share)]
     if setup.data_parallel.zero >= 3 and not dp.kept_whole(setup):
-        gather_once = gather / (2 * m)
+        latency_gather, latency_reduce = fsdp2_latency_ms(setup)
+        gather_once = gather / (2 * m) + latency_gather
+        reduce_once += latency_reduce if reductions else 0.0
         each = reduce_once * (reductions > 1)
         windows = [(m, gather_once, fwd, gather_once * gather_share),
                    (m, gather_once + each, bwd, gather_once * gather_share + each * reduce_share)]
@@ -154,6 +165,17 @@ def _windows(gather: float, reduce: float, fwd: float, bwd: float, setup: TrainS
     if dp.reduced_after_last_backward(setup):  # the schedule carries the reductions (pipereduce.py)
         return gathers
     return [(reductions, reduce_once, bwd, reduce_once * reduce_share)] + gathers
+
+
+def fsdp2_latency_ms(setup: TrainSetup) -> tuple[float, float]:
+    """(one all-gather, one reduction): NCCL's ring latency of an FSDP2 unit's collectives
+    (fsdp2work.unit_latency_ms), which its CTAs hold the SMs through beside the bytes, where FSDP2's units are
+    charged per moment (a record whose units were read, ZeRO 3 resharded after forward: fsdpunits); (0, 0) elsewhere
+    (DeepSpeed's and Megatron-FSDP's collectives: their bytes alone, as dataparallel.exposed_comm_ms charges them)."""
+    units = runtimes.of(setup.training).fsdp_units
+    if units not in fsdp2work._ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, units):
+        return 0.0, 0.0
+    return fsdp2work.unit_latency_ms(setup)
 
 
 def layers_shares(gpu, sms: int, setup: TrainSetup, layers) -> tuple[float, float]:
@@ -199,7 +221,8 @@ def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_c
             kind, group = "all-reduce", setup.data_parallel.dp
     nics = max(1, round(per_node * gpu.nics_per_gpu))  # the record's NICs (not a --nics-per-gpu, which the setup drops)
     ctas = collective_ctas(gpu.name, kind, nbytes, ranks=group, local_ranks=ranks_per_node(group, stride, per_node)
-                           if stride > 1 else min(group, per_node), nics_per_node=nics)
+                           if stride > 1 else min(group, per_node), nics_per_node=nics,
+                           nvls=not setup.training.nccl_nvls_off)
     return min(ctas, sms) / sms
 
 
