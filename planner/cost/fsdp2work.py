@@ -94,7 +94,7 @@ def unrun_accumulate_bytes(param_count: float, setup: TrainSetup) -> float:
 
 # The torchtitan records' FSDP2 units (RuntimeFacts.fsdp_units) whose order is read from code:
 # "largest-layer" (ckplan's own runtime, measured) keeps dataparallel.exposed_comm_ms as it is.
-_ORDERED_UNITS = ("root-ends", "per-layer")
+ORDERED_UNITS = ("root-ends", "per-layer")
 
 
 def _collectives_once_ms(layer: LayerCost, setup: TrainSetup) -> tuple[float, float]:
@@ -147,7 +147,7 @@ def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup)
     first layer, however many layers it holds. The collectives dataparallel.exposed_comm_ms hides carry
     none (their bytes alone)."""
     record = runtimes.of(setup.training)
-    if record.fsdp_units not in _ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, record.fsdp_units):
+    if record.fsdp_units not in ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, record.fsdp_units):
         return 0.0
     layers = profile.layers
     # the first unit: the first layer, and under "root-ends" the last (fsdpunits.unit_of_layers), read by
