@@ -129,3 +129,23 @@ def test_grad_reduce_uses_the_tuner_across_nodes():
 def test_torchtitan_runs_v2_21():
     assert sizedreduce.nccl_version(_setup(runtime="torchtitan")) == nccltuner.V2_21
     assert sizedreduce.nccl_version(_setup()) == nccltuner.V2_27
+
+
+class _Device:
+    def __init__(self, kind):
+        self.type = kind
+
+
+class _Profile:
+    def __init__(self, kind="cuda"):
+        self.device = _Device(kind)
+
+
+def test_gpu_fields_from_the_gpu_record():
+    from planner.models import archs
+
+    h100 = archs.gpu("h100-sxm")
+    assert sizedreduce.gpu_fields(_Profile(), h100) == {"nccl_capability": 90, "nccl_nics_per_gpu": h100.nics_per_gpu}
+    assert sizedreduce.gpu_fields(_Profile(), h100, 2.0)["nccl_nics_per_gpu"] == 2.0  # --nics-per-gpu
+    assert sizedreduce.gpu_fields(_Profile(), archs.gpu("mi300x")) == {}  # RCCL: not read
+    assert sizedreduce.gpu_fields(_Profile("cpu"), h100) == {}
