@@ -38,7 +38,8 @@ def main() -> None:
                                                                        version=args.version)
             ring_us = 2 * (ranks - 1) / ranks * size / (rate * 1e3)
             if (algorithm, protocol) != previous or exponent in (20, 30):
-                print(f"  {size:>13,} B  {algorithm}/{protocol:<6} {us:10.1f} µs  (the ring's rate alone {ring_us:9.1f})")
+                print(f"  {size:>13,} B  {algorithm}/{protocol:<6} {us:10.1f} µs  "
+                      f"(the ring's rate alone {ring_us:9.1f})")
             previous = algorithm, protocol
 
 

@@ -34,6 +34,11 @@ Ring, CollNet Direct, CollNet Chain, NVLS, NVLS Tree, the first least kept): Rin
 NVIDIA/nccl v2.21.5-1 (torch's bundled NCCL for torchtitan's rows) holds the same figures (tuning.cc 69-77,
 258-262); v2.28 raises NVLS Tree's network figure to 20.9 µs (tuning.cc 165 at v2.28.9-1), not read here. Not in the
 choice: CollNet, PAT (all-gather and reduce-scatter only), NCCL_TUNER_PLUGIN's own tables.
+
+A sized all-reduce (tuned_sized_all_reduce, docs/framework-facts.md §148): the same latencies (by version: v2.21.5's
+Tree / Simple and ring steps differ) plus tuning.cc's bandwidths on the ring graph's channels, the least latency +
+bytes / bandwidth over Tree and Ring under LL, LL128 and Simple; planner/cost/sizedreduce.py runs it for the
+data-parallel all-reduce across nodes.
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ def all_reduce_latency_us(algorithm: str, protocol: str, ranks: int, nodes: int,
     p = PROTOCOLS.index(protocol)
     old = version == V2_21 and algorithm == "Tree" and protocol == "Simple"
     intra_us = V2_21_TREE_SIMPLE_US if old else HW_US[intra][algorithm][p]
-    ppn_one = ranks == nodes and version == V2_27  # "with ppn=1 latencies are fully exposed, use the Tree network latency"
+    # "with ppn=1 latencies are fully exposed, use the Tree network latency" (v2.27 only)
+    ppn_one = ranks == nodes and version == V2_27
     inter_us = V2_21_TREE_SIMPLE_US if old else HW_US["network"]["Tree" if ppn_one else algorithm][p]
     latency = 0.0 if old else BASE_US[algorithm][p]
     log_nodes = int(math.floor(math.log2(nodes)))
@@ -143,7 +149,8 @@ TREE_CORRECTION = {
     "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
     "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9)}
-RING_PLATEAU = 1.4  # ncclTopoGetAlgoTime: Ring / Simple's latency x1.4 across nodes once bytes / (channels x ranks) >= 64
+# ncclTopoGetAlgoTime: Ring / Simple's latency x1.4 across nodes once bytes / (channels x ranks) >= 64
+RING_PLATEAU = 1.4
 # src/graph/search.cc ncclTopoDupChannels (834-848 at v2.21.5-1): a graph at 25 GB/s a channel or more doubles its
 # channels at half the speed, but on cc > 80 where under 50 GB/s with more than 4 channels; a ring's maxChannels
 # MAXCHANNELS / 2 = 16 (src/init.cc 1051), the tree's the ring's channels (1059)
@@ -193,7 +200,8 @@ def all_reduce_bandwidth_gbps(algorithm: str, protocol: str, ranks: int, nodes: 
     if protocol == "LL":
         bus = min(bus / 3.8, ll_max)
     elif protocol == "LL128":
-        bus = min(bus * (7.0 / 9.0 if nodes <= 1 else 120.0 / 128.0), channels * TREE_LL128_PER_CHANNEL_GBPS[arch][index])
+        bus = min(bus * (7.0 / 9.0 if nodes <= 1 else 120.0 / 128.0),
+                  channels * TREE_LL128_PER_CHANNEL_GBPS[arch][index])
     return bus * .5
 
 
