@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import runtimes
+from planner.cost import runtimes, sizedreduce
 from planner.errors import UserError
 from planner.schema import Profile, TrainSetup
 
@@ -267,7 +267,7 @@ def grad_reduce_ms(param_count: int, setup: TrainSetup) -> float:
     grads = param_bytes(setup).grads  # reduced in the dtype accumulated (fp32 main_grad, FSDP2's reduce_dtype)
     num_bytes, k, r = param_count * grads, shard_size(setup), replicas(setup)
     if k == 1 or (setup.data_parallel.zero == 1 and runtimes.of(setup.training).zero1_all_reduces):
-        return all_reduce_ms(num_bytes, setup.data_parallel.dp, setup.data_parallel.shard_gb_per_s)
+        return sizedreduce.all_reduce_ms(num_bytes, setup.data_parallel.dp, setup, setup.data_parallel.shard_gb_per_s)
     once = reduce_scatter_ms(num_bytes, k, setup.data_parallel.shard_gb_per_s) + all_reduce_ms(num_bytes / k, r,
                                                                                  setup.data_parallel.replica_gb_per_s)
     return once * reductions_per_iteration(setup)

@@ -34,6 +34,11 @@ Ring, CollNet Direct, CollNet Chain, NVLS, NVLS Tree, the first least kept): Rin
 NVIDIA/nccl v2.21.5-1 (torch's bundled NCCL for torchtitan's rows) holds the same figures (tuning.cc 69-77,
 258-262); v2.28 raises NVLS Tree's network figure to 20.9 µs (tuning.cc 165 at v2.28.9-1), not read here. Not in the
 choice: CollNet, PAT (all-gather and reduce-scatter only), NCCL_TUNER_PLUGIN's own tables.
+
+A sized all-reduce (tuned_sized_all_reduce, docs/framework-facts.md §148): the same latencies (by version: v2.21.5's
+Tree / Simple and ring steps differ) plus tuning.cc's bandwidths on the ring graph's channels, the least latency +
+bytes / bandwidth over Tree and Ring under LL, LL128 and Simple; planner/cost/sizedreduce.py runs it for the
+data-parallel all-reduce across nodes.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ HW_US = {"nvlink": {"Tree": (0.6, 1.25, 4.0), "Ring": (0.6, 1.9, 3.4), "NVLS": (
          "pcie": {"Tree": (1.0, 1.9, 4.0), "Ring": (1.0, 2.5, 5.7), "NVLS": (0, 0, 0.0), "NVLSTree": (0, 0, 0.0)},
          "network": {"Tree": (5.0, 8.5, 14.0), "Ring": (2.7, 4.0, 14.0), "NVLS": (0, 0, 18.0),
                      "NVLSTree": (0, 0, 14.0)}}
+V2_27, V2_21 = "2.27.7", "2.21.5"
+# v2.21.5-1 tuning.cc 56-77: Tree / Simple's baseLat 0 and hwLat 28 µs on NVLink, PCI and the network alike
+V2_21_TREE_SIMPLE_US = 28.0
 NET_OVERHEAD_US = 1.0  # getNetOverhead on an Intel x86 or an ARM host (tuning.cc 201-209; AMD's 2.0 not read)
 SIMPLE_OVERHEAD_FACTOR = 3
 NVLS_ALGORITHMS = ("NVLS", "NVLSTree")
@@ -62,9 +70,11 @@ def nvls_supported(*, multicast: bool, local_gpus: int, enabled: bool = True) ->
     return enabled and multicast and local_gpus >= NVLS_MIN_GPUS
 
 
-def all_reduce_latency_us(algorithm: str, protocol: str, ranks: int, nodes: int, intra: str = "nvlink") -> float:
+def all_reduce_latency_us(algorithm: str, protocol: str, ranks: int, nodes: int, intra: str = "nvlink",
+                          version: str = V2_27) -> float:
     """µs NCCL's model gives an all-reduce of `ranks` ranks over `nodes` nodes under `algorithm` and `protocol`;
-    `intra`: the in-node hardware ("nvlink" or "pcie"). 0 for one rank (the tuner returns at once)."""
+    `intra`: the in-node hardware ("nvlink" or "pcie"); `version`: V2_27 (the tables above) or V2_21 (torch 2.6's
+    NCCL: Tree / Simple's 0 + 28 µs a hop, no ppn = 1 rule, 2 x nodes network steps in the ring). 0 for one rank."""
     if ranks <= 1:
         return 0.0
     if algorithm not in ALGORITHMS or protocol not in PROTOCOLS:
@@ -72,11 +82,15 @@ def all_reduce_latency_us(algorithm: str, protocol: str, ranks: int, nodes: int,
     if algorithm in NVLS_ALGORITHMS and (protocol != "Simple" or intra != "nvlink"):
         raise ValueError(f"NCCL runs {algorithm} only under Simple over NVLink, not {protocol} over {intra}")
     nodes = max(1, min(nodes, ranks))
+    if version not in (V2_21, V2_27):
+        raise ValueError(f"no NCCL tuner tables for version {version!r}")
     p = PROTOCOLS.index(protocol)
-    intra_us = HW_US[intra][algorithm][p]
-    ppn_one = ranks == nodes  # "with ppn=1 latencies are fully exposed, use the Tree network latency"
-    inter_us = HW_US["network"]["Tree" if ppn_one else algorithm][p]
-    latency = BASE_US[algorithm][p]
+    old = version == V2_21 and algorithm == "Tree" and protocol == "Simple"
+    intra_us = V2_21_TREE_SIMPLE_US if old else HW_US[intra][algorithm][p]
+    # "with ppn=1 latencies are fully exposed, use the Tree network latency" (v2.27 only)
+    ppn_one = ranks == nodes and version == V2_27
+    inter_us = V2_21_TREE_SIMPLE_US if old else HW_US["network"]["Tree" if ppn_one else algorithm][p]
+    latency = 0.0 if old else BASE_US[algorithm][p]
     log_nodes = int(math.floor(math.log2(nodes)))
     if algorithm == "NVLS":
         return intra_us + (inter_us if nodes > 1 else 0.0)
@@ -84,7 +98,7 @@ def all_reduce_latency_us(algorithm: str, protocol: str, ranks: int, nodes: int,
         return latency + intra_us + 2 * log_nodes * inter_us
     if algorithm == "Ring":
         steps = 2 * (ranks - 1)
-        crossing = 2 * (nodes - 1) if nodes > 1 else 0
+        crossing = (2 * nodes if version == V2_21 else 2 * (nodes - 1)) if nodes > 1 else 0
         if nodes > 1:
             overhead = NET_OVERHEAD_US * (SIMPLE_OVERHEAD_FACTOR if protocol == "Simple" else 1)
             intra_us = max(intra_us, overhead)
@@ -111,5 +125,120 @@ def tuned_all_reduce(ranks: int, nodes: int, intra: str = "nvlink", *, nvls: boo
                 continue
             us = all_reduce_latency_us(algorithm, protocol, ranks, nodes, intra)
             if best is None or us < best[2]:
+                best = (algorithm, protocol, us)
+    return best
+
+
+# ---------------------------------------------------------------- a sized all-reduce: NCCL's bandwidth model
+# tuning.cc (v2.27.7-1 165-189; v2.21.5-1 86-106, no Blackwell row: its compCapIndex stops at Hopper), by arch
+# (compCapIndex) and nodes (index2: one node, two, more): llMaxBws (across nodes indexed by the host's CPU, an
+# Intel / ARM host's row 0, the one getNetOverhead's 1 µs assumes above), perChMaxRingLL128Bws,
+# perChMaxTreeLL128Bws, perChMaxTreeBws, GB/s
+ARCHS = ("volta", "ampere", "hopper", "blackwell")
+LL_MAX_GBPS = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0),
+               "blackwell": (282.0, 90.0, 70.0)}
+RING_LL128_PER_CHANNEL_GBPS = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36.7,) * 3,
+                               "blackwell": (73.4,) * 3}
+TREE_LL128_PER_CHANNEL_GBPS = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36.7, 36.7, 29.0),
+                               "blackwell": (73.4, 73.4, 58.0)}
+TREE_PER_CHANNEL_GBPS = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
+                         "blackwell": (77.4, 82.8, 72.0)}
+# treeCorrectionFactor[protocol][log2(bytes / 64)], powers of two from 64 B to 256 MB (tuning.cc 555-560 at
+# v2.27.7-1, 398-402 at v2.21.5-1: the same); 1.0 beyond
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9)}
+# ncclTopoGetAlgoTime: Ring / Simple's latency x1.4 across nodes once bytes / (channels x ranks) >= 64
+RING_PLATEAU = 1.4
+# src/graph/search.cc ncclTopoDupChannels (834-848 at v2.21.5-1): a graph at 25 GB/s a channel or more doubles its
+# channels at half the speed, but on cc > 80 where under 50 GB/s with more than 4 channels; a ring's maxChannels
+# MAXCHANNELS / 2 = 16 (src/init.cc 1051), the tree's the ring's channels (1059)
+DUP_MIN_GBPS, DUP_SM90_GBPS, DUP_SM90_CHANNELS, RING_MAX_CHANNELS = 25.0, 50.0, 4, 16
+
+
+def arch_of(capability: int, version: str = V2_27) -> str:
+    """tuning.cc's compCapIndex of a compute capability x 10: Blackwell from 100 (v2.27; Hopper's row at v2.21)."""
+    if capability >= 100 and version == V2_27:
+        return "blackwell"
+    return "hopper" if capability >= 90 else "ampere" if capability >= 80 else "volta"
+
+
+def graph_channels(bus_gb_per_s: float, nics: int, capability: int) -> tuple[int, float]:
+    """(channels, GB/s a channel) of the ring graph NCCL's search finds across nodes, the tree's taken the same: one
+    channel a NIC the group's GPUs in a node bring (search.cc ncclTopoSearchRecNet takes each channel's bandwidth off
+    one NIC), together the ring's bus rate `bus_gb_per_s` (what ckplan measures a ring at: planner/models/
+    network_rate.py), then ncclTopoDupChannels' doubling (DUP_*)."""
+    channels = max(1, int(nics))
+    speed = bus_gb_per_s / channels
+    if speed >= DUP_MIN_GBPS and not (capability > 80 and speed < DUP_SM90_GBPS and channels > DUP_SM90_CHANNELS):
+        doubled = min(2 * channels, RING_MAX_CHANNELS)
+        speed /= -(-doubled // channels)
+        channels = doubled
+    return channels, speed
+
+
+def all_reduce_bandwidth_gbps(algorithm: str, protocol: str, ranks: int, nodes: int, channels: int, speed: float,
+                              arch: str, *, version: str = V2_27, ll128: bool = True) -> float:
+    """The algorithm bandwidth (GB/s) tuning.cc's ncclTopoTuneModel gives an all-reduce under (algorithm, protocol)
+    on a graph of `channels` channels at `speed` GB/s each (Ring and Tree alike); 0 where not run (LL128 off)."""
+    if protocol == "LL128" and not ll128:
+        return 0.0
+    index = 0 if nodes <= 1 else 1 if nodes == 2 else 2
+    ll_max = LL_MAX_GBPS[arch if nodes <= 1 else "volta"][index]  # across nodes: row 0, an Intel / ARM host
+    bus = channels * speed
+    if algorithm == "Ring":
+        if protocol == "LL":
+            bus = min(ll_max, bus * .5)
+        elif protocol == "LL128":
+            ppn_factor = 0.7 if version == V2_21 and ranks / max(1, nodes) < 2 else 0.92
+            bus = min(bus * ppn_factor, channels * RING_LL128_PER_CHANNEL_GBPS[arch][index])
+        return bus * ranks / (2 * (ranks - 1))
+    if algorithm != "Tree":
+        raise ValueError(f"no sized all-reduce model for {algorithm}")
+    bus = min(bus * .92, channels * TREE_PER_CHANNEL_GBPS[arch][index])
+    if protocol == "LL":
+        bus = min(bus / 3.8, ll_max)
+    elif protocol == "LL128":
+        bus = min(bus * (7.0 / 9.0 if nodes <= 1 else 120.0 / 128.0),
+                  channels * TREE_LL128_PER_CHANNEL_GBPS[arch][index])
+    return bus * .5
+
+
+def all_reduce_time_us(algorithm: str, protocol: str, num_bytes: float, ranks: int, nodes: int, channels: int,
+                       speed: float, arch: str, *, intra: str = "nvlink", version: str = V2_27,
+                       ll128: bool = True) -> float | None:
+    """ncclTopoGetAlgoTime: latency + bytes / (1000 x bandwidth) µs, the tree's bandwidth scaled by
+    treeCorrectionFactor at its size and Ring / Simple's latency by the plateau factor across nodes; None where
+    the pair is not run."""
+    bw = all_reduce_bandwidth_gbps(algorithm, protocol, ranks, nodes, channels, speed, arch, version=version,
+                                   ll128=ll128)
+    if bw <= 0:
+        return None
+    latency = all_reduce_latency_us(algorithm, protocol, ranks, nodes, intra, version)
+    log_size = int(num_bytes) >> 6
+    log_size = log_size.bit_length() - 1 if log_size > 0 else -1
+    if algorithm == "Tree" and 0 <= log_size < len(TREE_CORRECTION[protocol]):
+        bw *= TREE_CORRECTION[protocol][log_size]
+    if algorithm == "Ring" and protocol == "Simple" and nodes > 1 and num_bytes / (channels * ranks) >= 64:
+        latency *= RING_PLATEAU
+    return latency + num_bytes / (1000 * bw)
+
+
+def tuned_sized_all_reduce(num_bytes: float, ranks: int, nodes: int, channels: int, speed: float, arch: str, *,
+                           intra: str = "nvlink", version: str = V2_27) -> tuple[str, str, float]:
+    """(algorithm, protocol, µs) NCCL's tuner picks for an all-reduce of `num_bytes` bytes (topoGetAlgoInfo: the
+    least ncclTopoGetAlgoTime over Tree and Ring under LL, LL128 and Simple, the first on a tie in NCCL's order);
+    LL128 where the GPUs' NVLink carries it (tuning.cc's pEnable: typeIntra NVLink, NICs at PIX / PXN). NVLS and
+    NVLS Tree are not weighed: their graph's channels are not read here (nccltuner's scalar choice weighs them)."""
+    if ranks <= 1:
+        return "Ring", "Simple", 0.0
+    nodes = max(1, min(nodes, ranks))
+    best = None
+    for algorithm in ("Tree", "Ring"):
+        for protocol in PROTOCOLS:
+            us = all_reduce_time_us(algorithm, protocol, num_bytes, ranks, nodes, channels, speed, arch, intra=intra,
+                                    version=version, ll128=intra == "nvlink")
+            if us is not None and (best is None or us < best[2]):
                 best = (algorithm, protocol, us)
     return best

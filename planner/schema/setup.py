@@ -95,6 +95,10 @@ class DataParallelSetup(Strict):
     host_step_ns_per_param: float | None = Field(default=None, ge=0, le=MAX_MS, allow_inf_nan=False)  # the host's optimizer
     host_mem_bytes: int | None = Field(default=None, gt=0, le=MAX_BYTES)  # host memory of a node, shared by its ranks
     devices_per_node: int = Field(default=1, gt=0, le=1 << 12)  # ranks sharing one host's memory
+    # the GPU NCCL's tuner sizes an all-reduce across nodes for (planner/cost/sizedreduce.py): its compute
+    # capability x 10 and its NICs; 0: not known, the ring's bus rate alone
+    nccl_capability: int = Field(default=0, ge=0, le=1000)
+    nccl_nics_per_gpu: float = Field(default=0.0, ge=0, le=64, allow_inf_nan=False)
     dp_notes: list[str] = []  # where the bandwidths and the host step speed came from
     # expert parallelism: the routed experts split over groups of `ep` of the dp ranks (Megatron-LM's
     # --expert-model-parallel-size, torchtitan's expert_parallel_degree), each expert's state
