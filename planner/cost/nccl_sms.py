@@ -169,7 +169,7 @@ def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_c
     all-reduce over the data-parallel group)."""
     if not sms:
         return 0.0
-    group, per_node = dp.shard_size(setup), setup.comm.gpus_per_node
+    group, per_node = dp.shard_size(setup), setup.comm.domain
     kind = "all-gather"
     if which == "gather":
         nbytes = dp.gathered_bytes(count, setup, fp8_count=fp8_count)
