@@ -122,3 +122,14 @@ def test_solve_refuses_a_domain_of_part_hosts(tmp_path, extra, said):
                  tmp_path / "plan.yaml", *extra)
     assert result.exit_code == 1 and said in " ".join(result.output.split())
     assert not (tmp_path / "plan.yaml").exists()
+
+
+def test_a_domain_for_a_cpu_profile_is_refused(tmp_path):
+    from export_plans import llm_profile
+
+    profile = llm_profile(2)
+    assert profile.device.type == "cpu"
+    io.save_profile(profile, tmp_path / "cpu.json")
+    result = run("solve", "--profile", tmp_path / "cpu.json", "--stages", "2", "--mem", "1GB", "--nvlink-domain", "8",
+                 "--out", tmp_path / "plan.yaml")
+    assert result.exit_code == 1 and "--nvlink-domain places collectives on GPUs' NVLink" in result.output

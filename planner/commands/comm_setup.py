@@ -28,6 +28,9 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
                         "blocks (torchtitan 9dec370 parallelize_llama.py 55-58 raises 'Async TP requires "
                         "--training.compile'): give --compile too (in a torchtitan config, compile.enable)")
     if profile.device.type != "cuda":
+        if getattr(options, "nvlink_domain", None) is not None:
+            raise UserError(f"--nvlink-domain places collectives on GPUs' NVLink, and the profile runs on "
+                            f"{profile.device.type}; drop it or profile for a GPU")
         return {}
     try:
         gpu = dataparallel.profile_gpu(profile)
