@@ -6,7 +6,7 @@ busiest rank's "time" and "comm" per term (docs/published-runs.md §19.megfunc):
 TERMS summed over the rank's layers, and each stage row over its stages (the loss's on the last stage's rank),
 x the microbatches, and the "step" rows once, in seconds a step. With --published S, the gap to a published step
 and its share a block-microbatch on the critical path (docs/published-runs.md §29.grows).
-usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K] [--terms]
+usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K] [--nvlink-domain D] [--terms]
        [--published S]"""
 
 import argparse
@@ -31,11 +31,13 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--gpus-per-node", type=int, default=None)
+    parser.add_argument("--nvlink-domain", type=int, default=None)
     parser.add_argument("--terms", action="store_true", help="the busiest rank's time and comm, term by term")
     parser.add_argument("--published", type=float, default=None,
                         help="the published step (s): print the gap and its share a block pass on the critical path")
     args = parser.parse_args()
-    found = predict(read_job(args.config, None), gpus=args.gpus, gpu_name=args.gpu, gpus_per_node=args.gpus_per_node)
+    found = predict(read_job(args.config, None), gpus=args.gpus, gpu_name=args.gpu, gpus_per_node=args.gpus_per_node,
+                    nvlink_domain=args.nvlink_domain)
     profile, setup = found.profile, found.setup
     order = schedule_of(setup)
     chunks = placed_chunks(found.stages, profile, order)

@@ -2,7 +2,7 @@
 the in-flight microbatches' kept bytes, the transient and the layer that sets it, the loss region's kept and
 scratch, each layer's extra at its backward beyond what later layers keep; the cost model's allocated peak beside
 the caching allocator replay's own (reserve_megatron). GiB; MiB for the loss terms.
-usage: python scripts/megatron_last_stage_terms.py --from-megatron FILE --gpus N --gpu KIND [--gpus-per-node N]"""
+usage: python scripts/megatron_last_stage_terms.py --from-megatron FILE --gpus N --gpu KIND [--gpus-per-node N] [--nvlink-domain D]"""
 
 import argparse
 from pathlib import Path
@@ -22,9 +22,10 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--gpus-per-node", type=int)
+    parser.add_argument("--nvlink-domain", type=int)
     args = parser.parse_args()
     prediction = predict(read_job(args.from_megatron, None), gpus=args.gpus, gpu_name=args.gpu,
-                         gpus_per_node=args.gpus_per_node)
+                         gpus_per_node=args.gpus_per_node, nvlink_domain=args.nvlink_domain)
     profile, setup, stages, cost = prediction.profile, prediction.setup, prediction.stages, prediction.cost
     rank = len(stages) - 1
     plan, stage = stages[rank], cost.stages[rank]

@@ -7,7 +7,7 @@ Megatron-LM 6e091e1b's forward_backward_pipelining_with_interleaving: virtual mi
 microbatch_group_size_per_vp_stage = P, the default); a rank runs min((P - r - 1)·2 + (V - 1)·P, M·V) forwards
 first, and all M·V where M == P (all_warmup_microbatches); then one forward and one backward in turn; then the
 remaining backwards.
-usage: PYTHONPATH=. python scripts/megatron_order.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K]"""
+usage: PYTHONPATH=. python scripts/megatron_order.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K] [--nvlink-domain D]"""
 
 import argparse
 from pathlib import Path
@@ -51,8 +51,10 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--gpu", required=True)
     parser.add_argument("--gpus-per-node", type=int, default=None)
+    parser.add_argument("--nvlink-domain", type=int, default=None)
     args = parser.parse_args()
-    found = predict(read_job(args.config, None), gpus=args.gpus, gpu_name=args.gpu, gpus_per_node=args.gpus_per_node)
+    found = predict(read_job(args.config, None), gpus=args.gpus, gpu_name=args.gpu, gpus_per_node=args.gpus_per_node,
+                    nvlink_domain=args.nvlink_domain)
     profile, setup = found.profile, found.setup
     order = schedule_of(setup)
     if not order.actions or order.num_chunks == 1:

@@ -20,6 +20,6 @@ row B4 --from-megatron $B/h100_405b_fp8cs.yaml --gpus 1024 --gpu h100
 row B5 --from-megatron $B/b200_405b_fp8cs.yaml --gpus 128 --gpu b200
 row B6 --from-megatron $B/gb200_405b_fp8cs.yaml --gpus 256 --gpu gb200
 for y in tp1_pp4 tp4_pp1; do for g in h100 a100-80g gb200; do
-  extra=""; [ $g = gb200 ] && extra="--gpus-per-node 4"
+  extra=""; [ $g = gb200 ] && extra="--gpus-per-node 4 --nvlink-domain 4"
   row meg_${y}_$g --from-megatron $L/gpt3_7b_${y}_memory_speed.yaml --gpus 8 --gpu $g $extra
 done; done

@@ -116,7 +116,7 @@ def test_no_published_figure_or_past_the_domain_falls_back_to_nccl_and_says_so()
     on_h100 = evaluate_config.predict(job, gpus=8, gpu_name="h100")
     assert on_h100.setup.data_parallel.ep_dispatch is None
     assert any("no published figure on h100" in note for note in on_h100.notes)
-    across = evaluate_config.predict(job, gpus=8, gpu_name="gb200", gpus_per_node=2)
+    across = evaluate_config.predict(job, gpus=8, gpu_name="gb200", gpus_per_node=2, nvlink_domain=2)
     assert across.setup.data_parallel.ep_dispatch is None
     assert any("past the 2-GPU NVLink domain" in note for note in across.notes)
 

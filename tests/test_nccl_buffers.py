@@ -65,7 +65,7 @@ def test_nccl_964s_setup_the_difference_is_the_trees_and_256_mib_is_not_ncclbuff
 def _setup(stages, dp=1, shard=None, ep=1, chunks=1, node=8):
     return SimpleNamespace(pipeline=SimpleNamespace(stages=stages, chunks=chunks),
                            data_parallel=SimpleNamespace(dp=dp, shard_group=shard, ep=ep),
-                           comm=SimpleNamespace(gpus_per_node=node, pp_stride=0))
+                           comm=SimpleNamespace(gpus_per_node=node, domain=node, pp_stride=0))
 
 
 def _profile(gpu="h100-sxm", tp=1, experts=False):

@@ -70,7 +70,7 @@ def test_a_small_communicators_nvls_buffers_where_the_tuner_picks_it():
 def _setup(*, dp, tp_stride_node=8, nvls_off=False, stages=1):
     return SimpleNamespace(pipeline=SimpleNamespace(stages=stages, chunks=1),
                            data_parallel=SimpleNamespace(dp=dp, shard_group=None, ep=1),
-                           comm=SimpleNamespace(gpus_per_node=tp_stride_node, pp_stride=0, cp=1),
+                           comm=SimpleNamespace(gpus_per_node=tp_stride_node, domain=tp_stride_node, pp_stride=0, cp=1),
                            training=SimpleNamespace(runtime="megatron", nccl_nvls_off=nvls_off))
 
 

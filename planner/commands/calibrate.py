@@ -33,7 +33,10 @@ from planner.errors import UserError
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="With --from-log and a config: its GPUs.")
 @click.option("--gpu", default="h100-sxm", show_default=True, help="With --from-log and a config: the GPU kind.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
-              help="With --from-log and a config: GPUs sharing a node.")
+              help="With --from-log and a config: GPUs one host runs.")
+@click.option("--nvlink-domain", type=click.IntRange(min=1), default=None, metavar="GPUS",
+              help="With --from-log and a config: GPUs that reach each other over NVLink, whole hosts [default: "
+                   "the GPU kind's].")
 @click.option("--json", "as_json", is_flag=True, help="With --from-log: a machine-readable report.")
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed training steps of the plan's pipeline.")
@@ -48,7 +51,7 @@ from planner.errors import UserError
 @click.option("--force", is_flag=True, help="Run even if the model file changed since the plan was made.")
 @click.option("--accept", is_flag=True,
               help="Write the fit even if it looks suspect (taken under load, or far from the last fit).")
-def command(plan_path, log_path, from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, as_json, steps,
+def command(plan_path, log_path, from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, nvlink_domain, as_json, steps,
             warmup_steps, threads, device, out, force, accept) -> None:
     """Time point-to-point sends (a ping-pong micro-benchmark on the plan's backend), run
     PLAN's pipeline briefly, and fit the send latency and bandwidth, the compute scale,
@@ -70,8 +73,10 @@ def command(plan_path, log_path, from_megatron, from_torchtitan, gpus, gpu, gpus
 
         calibrate_log.run(log_path=log_path, plan_path=plan_path, from_megatron=from_megatron,
                           from_torchtitan=from_torchtitan, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
-                          as_json=as_json)
+                          nvlink_domain=nvlink_domain, as_json=as_json)
         return
+    if nvlink_domain is not None:
+        raise UserError("--nvlink-domain places a config's collectives with --from-log; a run of PLAN measures its own")
     if plan_path is None or from_megatron or from_torchtitan:
         raise UserError("give PLAN to run and calibrate; --from-megatron/--from-torchtitan go with --from-log LOG")
     plan = io.load_plan(plan_path)

@@ -14,7 +14,7 @@ from planner.errors import UserError
 
 
 def run(*, log_path: Path, plan_path: Path | None, from_megatron: Path | None, from_torchtitan: Path | None,
-        gpus: int | None, gpu: str, gpus_per_node: int | None, as_json: bool) -> None:
+        gpus: int | None, gpu: str, gpus_per_node: int | None, as_json: bool, nvlink_domain: int | None = None) -> None:
     from planner.measure import fromlog
 
     text = _read(log_path)
@@ -24,7 +24,7 @@ def run(*, log_path: Path, plan_path: Path | None, from_megatron: Path | None, f
                         "| ...`, `iteration I/ T | ... elapsed time per iteration (ms): ...`) or torchtitan's "
                         "(`step: N  loss: ...  memory: X GiB(Y%)  tps: ...`); give the training's log")
     prediction, source, left_out = _prediction(plan_path, from_megatron, from_torchtitan, gpus=gpus, gpu=gpu,
-                                               gpus_per_node=gpus_per_node)
+                                               gpus_per_node=gpus_per_node, nvlink_domain=nvlink_domain)
     found = fromlog.residuals(log, prediction)
     fitted = fromlog.fit(log, found)
     if as_json:
@@ -47,19 +47,21 @@ def _read(path: Path) -> str:
         raise UserError(f"{path} cannot be read ({exc.__class__.__name__}); give the training's log") from None
 
 
-def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_per_node):
+def _prediction(plan_path, from_megatron, from_torchtitan, *, gpus, gpu, gpus_per_node, nvlink_domain=None):
     from planner.measure import fromlog
 
     configs = [p for p in (plan_path, from_megatron, from_torchtitan) if p is not None]
     if len(configs) != 1:
         raise UserError("give what the log ran: one of PLAN, --from-megatron FILE or --from-torchtitan FILE.toml")
+    if plan_path is not None and nvlink_domain is not None:
+        raise UserError("--nvlink-domain goes with --from-megatron / --from-torchtitan: PLAN's setup holds its own links")
     if plan_path is not None:
         return _plan_prediction(plan_path), str(plan_path), []
     from planner.commands.evaluate_config import predict, read_job
     from planner.models import archs
 
     job = read_job(from_megatron, from_torchtitan)
-    p = predict(job, gpus=gpus, gpu_name=gpu, gpus_per_node=gpus_per_node)
+    p = predict(job, gpus=gpus, gpu_name=gpu, gpus_per_node=gpus_per_node, nvlink_domain=nvlink_domain)
     costs = p.cost.stages
     # Megatron's static line is allocated after the step: compared with what the rank holds then
     return fromlog.Prediction(static_bytes=[c.after_step_bytes for c in costs], peak_bytes=[c.peak_bytes for c in costs],

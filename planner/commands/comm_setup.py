@@ -1,6 +1,6 @@
 """The communication part of the training setup (CommSetup): the links the tensor-parallel
 collectives and the pipeline's sends cross, from the profile's GPU and the topology options
-(`--gpus-per-node`, `--nics-per-gpu`, `--tp-overlap`)."""
+(`--gpus-per-node`, `--nvlink-domain`, `--nics-per-gpu`, `--tp-overlap`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
     `stages` ranks (and, `chunks` a rank, from the last to the first) whose sends cross nodes; nothing on cpu,
     or for a GPU ckplan has no links for."""
     from planner.cost import comm, dataparallel, runtimes
-    from planner.models import copy_engines
+    from planner.models import copy_engines, topology
 
     tp = int(profile.assumptions.get("tp", 1) or 1)
     if options.tp_overlap != "none" and runtimes.facts(runtime).tp_overlap != options.tp_overlap:
@@ -45,6 +45,9 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
                         "blocks (torchtitan 9dec370 parallelize_llama.py 55-58 raises 'Async TP requires "
                         "--training.compile'): give --compile too (in a torchtitan config, compile.enable)")
     if profile.device.type != "cuda":
+        if getattr(options, "nvlink_domain", None) is not None:
+            raise UserError(f"--nvlink-domain places collectives on GPUs' NVLink, and the profile runs on "
+                            f"{profile.device.type}; drop it or profile for a GPU")
         return {}
     try:
         gpu = dataparallel.profile_gpu(profile)
@@ -52,7 +55,8 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
         if say is not None:
             say(f"no links known for {profile.device.name}: tensor-parallel collectives and pipeline sends not charged")
         return {}
-    node = options.gpus_per_node or gpu.gpus_per_node
+    host = topology.host_gpus(gpu, options.gpus_per_node)  # the links by the NVLink domain, not the host
+    node = topology.nvlink_domain(gpu, options.gpus_per_node, options.nvlink_domain)
     cp = int(profile.assumptions.get("cp", 1) or 1)
     stride = tp * options.dp  # options.dp counts the cp ranks
     links = comm.job_links(gpu, tp=tp, cp=cp, pp_stride=stride,
@@ -66,7 +70,8 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
              f"pipeline sends at {pp_link.gb_per_s:g} GB/s ({pp_link.where})" + (
                  f" where both ranks share a node, at {network.gb_per_s:g} GB/s ({network.where}) where they lie in two "
                  f"(pipeline ranks {', '.join(crossing)}, ranks placed tp, cp, dp, pp)" if crossing else ""))
-    note = (f"{gpu.name}, {node} GPUs a node, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: "
+    where = f"{node} GPUs a node" if host == node else f"{node} GPUs an NVLink domain, {host} a host"
+    note = (f"{gpu.name}, {where}, {options.nics_per_gpu or gpu.nics_per_gpu:g} NIC(s) a GPU: "
             + sends
             + (f", tensor-parallel {tp} collectives at {tp_link.gb_per_s:g} GB/s ({tp_link.where})" if tp > 1 else "")
             + (f", context-parallel {cp} K/V exchange at {cp_link.gb_per_s:g} GB/s ({cp_link.where})" if cp > 1 else "")
@@ -91,7 +96,7 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
                 pp_gb_per_s=pp_link.gb_per_s, pp_latency_ms=pp_link.base_latency_ms + pp_link.step_latency_ms,
                 pp_stride=stride, pp_network_gb_per_s=network.gb_per_s,
                 pp_network_latency_ms=network.base_latency_ms + network.step_latency_ms,
-                collective_latency_ms=tp_link.base_latency_ms, gpus_per_node=node, tp_overlap=options.tp_overlap,
-                **_userbuffers(gpu, options),
+                collective_latency_ms=tp_link.base_latency_ms, gpus_per_node=host, nvlink_domain=node,
+                tp_overlap=options.tp_overlap, **_userbuffers(gpu, options),
                 cp=cp, cp_gb_per_s=cp_link.gb_per_s if cp > 1 else None, cp_step_latency_ms=cp_link.step_latency_ms,
                 comm_notes=[note], **copies)

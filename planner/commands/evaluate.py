@@ -42,7 +42,7 @@ def named_checkpoints(stages, text: str):
               help="With --from-*: GPUs of the job [default: torchrun's --nproc_per_node x --nnodes in the script].")
 @click.option("--gpu", default="h100-sxm", show_default=True, help="With --from-*: the GPU kind.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
-              help="With --from-*: GPUs sharing a node [default: the GPU kind's].")
+              help="With --from-*: GPUs one host runs [default: the GPU kind's; a GB200 tray: 4].")
 @click.option("--layers-per-stage", default=None, metavar="N,N,...",
               help="Layers of each stage, e.g. 19,20,20,21: all the profile's layers, or its decoder "
                    "layers only (the embedding then on the first stage, the head on the last).")
@@ -80,7 +80,7 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
 
         check_config_only(click.get_current_context())
         evaluate_config.run(from_megatron=from_megatron, from_torchtitan=from_torchtitan, gpus=gpus, gpu=gpu,
-                            gpus_per_node=gpus_per_node, mem=mem, fragmentation=fragmentation, as_json=as_json)
+                            gpus_per_node=gpus_per_node, nvlink_domain=data_parallel.nvlink_domain, mem=mem, fragmentation=fragmentation, as_json=as_json)
         return
     if layers_per_stage is None:
         raise UserError("give --layers-per-stage N,N,... (your configuration), or --from-megatron FILE / "
@@ -125,7 +125,8 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
 
 
 # what --from-megatron / --from-torchtitan take beside the file: the rest comes from the file
-CONFIG_OPTIONS = ("from_megatron", "from_torchtitan", "gpus", "gpu", "gpus_per_node", "mem", "fragmentation", "as_json")
+CONFIG_OPTIONS = ("from_megatron", "from_torchtitan", "gpus", "gpu", "gpus_per_node", "nvlink_domain", "mem", "fragmentation",
+                  "as_json")
 
 
 def check_config_only(ctx: click.Context) -> None:
@@ -134,7 +135,8 @@ def check_config_only(ctx: click.Context) -> None:
              and ctx.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT]
     if given:
         raise UserError(f"{given[0].opts[0]} is read from the config file with --from-megatron/--from-torchtitan; "
-                        "drop it (only --gpus, --gpu, --gpus-per-node, --mem, --fragmentation and --json go beside)")
+                        "drop it (only --gpus, --gpu, --gpus-per-node, --nvlink-domain, --mem, --fragmentation and --json go "
+                        "beside)")
 
 
 def _ckplan_plan(profile, setup, hand, *, time_limit_s: float, solver: str):

@@ -58,11 +58,11 @@ def read_job(from_megatron: Path | None, from_torchtitan: Path | None):
 
 
 def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None = None, mem: str | None = None,
-            fragmentation: float | None = None) -> Prediction:
+            fragmentation: float | None = None, nvlink_domain: int | None = None) -> Prediction:
     """The job on `gpus` GPUs of `gpu_name`, scored by the cost model."""
     from planner.commands.setup_options import build_setup
     from planner.cost import costmodel
-    from planner.models import archs
+    from planner.models import archs, topology
     from planner.models.configs.megatron_moe_dispatch import backend_setup
 
     model_parallel = job.tp * job.pp * job.cp
@@ -97,14 +97,16 @@ def predict(job, *, gpus: int | None, gpu_name: str, gpus_per_node: int | None =
     profile = _profile(job, device)
     if job.modelled.float8 and device.fp8_tflops and not _records_float8(profile, job):
         _float8_unscored(job, notes)
-    data_parallel = _with_settings(_with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes), job)
+    data_parallel = _with_settings(_with_node(_data_parallel(job, dp, notes), job, device, gpus_per_node, notes,
+                                              nvlink_domain), job)
     setup = build_setup(profile, stages=job.pp, mem=mem, microbatches=microbatches, schedule=job.schedule,
                         chunks=job.chunks, optimizer=job.optimizer, precision=job.precision, parallel_stages=None,
                         runtime=job.runtime or job.framework, fragmentation=fragmentation, data_parallel=data_parallel,
                         say=notes.append)
     if gpus_per_node is not None:
         setup = setup.model_copy(update={"devices_per_node": gpus_per_node})
-    backend = backend_setup(job, device, gpus_per_node, notes)  # the flex dispatcher's DeepEP / HybridEP
+    domain = topology.nvlink_domain(device, gpus_per_node, nvlink_domain)  # DeepEP's / HybridEP's NVLink reach
+    backend = backend_setup(job, device, domain, notes)  # the flex dispatcher's DeepEP / HybridEP
     if backend is not None:
         setup = setup.model_copy(update={"data_parallel": setup.data_parallel.model_copy(
             update={"ep_dispatch": backend})})
@@ -318,30 +320,33 @@ def _with_settings(options, job):
                    ddp=dict(modelled.ddp))
 
 
-def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str]):
-    """--gpus-per-node: each group's link as links.default_links chooses it (in-node where
-    the group's ranks x TP fit in a node, else the network), for this node size, and the node size the
+def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str], nvlink_domain: int | None = None):
+    """--gpus-per-node / --nvlink-domain: each group's link as links.default_links chooses it (in-node where
+    the group's ranks x TP fit in the NVLink domain, else the network), for this domain, and the domain the
     pipeline's sends and the tensor-parallel collectives are placed by (comm_setup). Under context
     parallelism the data-parallel groups take their replicas' cp ranks too (build_setup's dp x cp)."""
     from dataclasses import replace
 
-    from planner.models import network_rate
+    from planner.models import network_rate, topology
 
-    if gpus_per_node is None:
+    if gpus_per_node is None and nvlink_domain is None:
         return options
-    options = replace(options, gpus_per_node=gpus_per_node)  # the sends' and TP's links too (comm_setup.comm_fields)
+    given = f"--nvlink-domain {nvlink_domain}" if nvlink_domain else f"--gpus-per-node {gpus_per_node}"
+    domain = topology.nvlink_domain(device, gpus_per_node, nvlink_domain)  # the links by the domain, not the host
+    # the sends' and TP's links too (comm_setup.comm_fields)
+    options = replace(options, gpus_per_node=gpus_per_node, nvlink_domain=nvlink_domain)
     if options.dp * job.cp == 1:
         return options
     span = job.tp * job.cp  # the ranks inside each data-parallel step: tp, then cp
 
     def link(ranks: int, stride: int = span, *, ring: bool = True) -> float:  # as links.default_links
         rate = network_rate.collective_rate if ring else network_rate.alltoall_rate  # in a node, or k ranks' NICs
-        return rate(device, ranks, stride, gpus_per_node, options.nics_per_gpu)
+        return rate(device, ranks, stride, domain, options.nics_per_gpu)
 
     shard = options.shard_group or options.dp
-    k = network_rate.ranks_per_node(shard, span, gpus_per_node)
-    notes.append(f"--gpus-per-node {gpus_per_node}: shard group of {shard}{f' x CP {job.cp}' if job.cp > 1 else ''} "
-                 f"x TP {job.tp} over {'the in-node link' if shard * span <= gpus_per_node else f'the network, {k} NIC(s) a node'}")
+    k = network_rate.ranks_per_node(shard, span, domain)
+    notes.append(f"{given}: shard group of {shard}{f' x CP {job.cp}' if job.cp > 1 else ''} "
+                 f"x TP {job.tp} over {'the in-node link' if shard * span <= domain else f'the network, {k} NIC(s) a node'}")
     return replace(options, shard_bandwidth=link(shard), replica_bandwidth=link(max(1, options.dp // shard), span * shard),
                    ep_bandwidth=link(options.ep, ring=False) if options.ep > 1 else None)
 
@@ -405,7 +410,8 @@ def _stages(job, profile, setup, notes: list[str]) -> list:
 
 
 def run(*, from_megatron: Path | None, from_torchtitan: Path | None, gpus: int | None, gpu: str,
-        gpus_per_node: int | None, mem: str | None, fragmentation: float | None, as_json: bool) -> None:
+        gpus_per_node: int | None, mem: str | None, fragmentation: float | None, as_json: bool,
+        nvlink_domain: int | None = None) -> None:
     import json
 
     import click
@@ -414,7 +420,7 @@ def run(*, from_megatron: Path | None, from_torchtitan: Path | None, gpus: int |
 
     job = read_job(from_megatron, from_torchtitan)
     prediction = predict(job, gpus=gpus, gpu_name=gpu, gpus_per_node=gpus_per_node, mem=mem,
-                         fragmentation=fragmentation)
+                         fragmentation=fragmentation, nvlink_domain=nvlink_domain)
     device = archs.gpu(gpu)
     if as_json:
         click.echo(json.dumps(summary(prediction, device), indent=2))

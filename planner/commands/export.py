@@ -29,8 +29,9 @@ LAUNCHERS = ("torchrun", "slurm", "kubernetes")  # how to start it: planner/emit
 @click.option("--torchtitan-base", default=None, metavar="MODULE:FUNCTION",
               help="torchtitan (0.3+) config function the export refines [default: torchtitan's own config "
                    "for the profile's architecture, e.g. ...llama3.config_registry:llama3_70b].")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
-              help="With torchrun, slurm, kubernetes: GPUs a node.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="With torchrun, slurm, kubernetes: GPUs (processes) a host [default: the host the plan was "
+                   "scored for, else its GPU's: 8 on a DGX, 4 on a GB200 tray; 8 on cpu].")
 @click.option("--entry", default=None, metavar="'PROGRAM ARGS'",
               help="With torchrun, slurm, kubernetes: what each process runs [default: `ckplan launch PLAN` for "
                    "ckplan's runtime; for torchtitan's, torchtitan.train on the export of --torchtitan-version: "
@@ -108,6 +109,7 @@ def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: 
     except ValueError as exc:
         raise UserError(f"--entry {entry!r}: {exc}") from exc
     tp = profile.assumptions.get("tp", 1)
+    gpus_per_node = gpus_per_node or _host_gpus(plan, profile)
     launch = launchers.launch_for(plan, plan_path, tp=tp if isinstance(tp, int) else 1, gpus_per_node=gpus_per_node,
                                   entry=argv, image=image, gpu_name=plan.device.name,
                                   torchtitan_version=torchtitan_version)
@@ -120,6 +122,23 @@ def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: 
         from planner.console import warn
 
         warn(note)
+
+
+def _host_gpus(plan, profile) -> int:
+    """The GPUs a host runs where --gpus-per-node is not given: the plan's host where it was scored with hosts and
+    NVLink domains apart (CommSetup.nvlink_domain set), else its GPU's (planner/models/topology.py: a GB200 tray's 4,
+    not the NVL72 rack's 72), else 8 (a cpu profile)."""
+    from planner.cost import dataparallel
+    from planner.models import topology
+
+    if plan.setup.comm.nvlink_domain is not None:
+        return plan.setup.comm.gpus_per_node
+    if profile.device.type != "cuda":
+        return 8
+    try:
+        return topology.host_gpus(dataparallel.profile_gpu(profile), None)
+    except UserError:
+        return 8
 
 
 def _refuse_torchtitan_options(ctx, target: str) -> None:

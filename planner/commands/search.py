@@ -44,7 +44,11 @@ def _schedules(text: str) -> tuple[str, ...]:
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs the job has.")
 @click.option("--gpu", default="h100", show_default=True, help="The GPU (ckplan profile --gpu's names).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
-              help="GPUs a node [default: the GPU's reference system, 8 for H100]; tensor parallelism stays inside one.")
+              help="GPUs one host runs [default: the GPU's reference system, 8 for H100, 4 for a GB200 tray]; the "
+                   "launch files start this many processes a host.")
+@click.option("--nvlink-domain", type=click.IntRange(min=1), default=None, metavar="GPUS",
+              help="GPUs that reach each other over NVLink, whole hosts [default: GB200 NVL72's 72, else the host]; "
+                   "tensor parallelism stays inside one.")
 @click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences per iteration.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Tokens per sequence (required with a model).")
 @click.option("--runtime", type=click.Choice(["ckplan", "megatron", "torchtitan", "colossalai", "deepspeed"]),
@@ -94,7 +98,8 @@ def _schedules(text: str) -> tuple[str, ...]:
                    "the launch files run, on that version's export [default: 0.3.0].")
 @click.option("--json", "as_json", is_flag=True, help="The whole ranking as JSON on stdout.")
 @search_settings.settings_options
-def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node, global_batch, seq_len, runtime,
+def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node, nvlink_domain, global_batch, seq_len,
+            runtime,
             optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
             compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, from_megatron, from_torchtitan, hand_recompute, out,
             launch_files, entry, torchtitan_version, as_json, settings, tp_overlap) -> None:
@@ -112,6 +117,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     from planner import io
     from planner.commands import search_report
     from planner.console import err_console, info
+    from planner.models import topology
     from planner.solve import jobsearch
     from planner.solve.deadline import Deadline
 
@@ -119,12 +125,13 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     model = _model(arch, arch_config or hf_config, profile_path, both=arch_config is not None and hf_config is not None,
                    settings=settings)
     device = _gpu(gpu, model)
-    per_node = gpus_per_node or device.gpus_per_node
+    per_node = topology.host_gpus(device, gpus_per_node)  # the launch's processes a host
+    domain = min(topology.nvlink_domain(device, gpus_per_node, nvlink_domain), gpus)  # the links' placement, TP's reach
     if gpus > per_node and gpus % per_node:
         raise UserError(f"--gpus {gpus} is not a whole number of nodes of {per_node} (--gpus-per-node)")
     seq_len = _seq_len(seq_len, model)
     io.check_outputs({"--out": out, "--out's profile": _profile_out(out)}, inputs={"--profile": profile_path})
-    job = _job(model, gpus=gpus, per_node=min(per_node, gpus), global_batch=global_batch, seq_len=seq_len,
+    job = _job(model, gpus=gpus, per_node=domain, global_batch=global_batch, seq_len=seq_len,
                schedules=_schedules(schedule_list), chunks=_ints(chunk_counts, "--chunk-counts"),
                micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"), runtime=runtime, settings=settings)
     if model.profile is not None and job.num_experts and job.ep_ok is not None:
@@ -139,6 +146,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     training = search_settings.checked(settings, tp_overlap=tp_overlap, runtime=runtime, job=job, sample=sample,
                                        arch_given=model.arch is not None, say=say)
     options = jobsearch.JobOptions(mem_cap_bytes=_cap(mem, device), gpus_per_node=min(per_node, gpus),
+                                   nvlink_domain=domain,
                                    optimizer=optimizer, precision=precision, runtime=runtime, recompute=recompute,
                                    training=training, tp_overlap=tp_overlap)
     if entry is not None and launch_files is None:

@@ -108,9 +108,11 @@ _OPTIONS = [
     click.option("--host-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
                  metavar="GB/s", help="Host<->device copy bandwidth per rank [default: the GPU's PCIe link]."),
     click.option("--gpus-per-node", type=click.IntRange(min=1, max=4096), default=None,
-                 help="GPUs in one node (one NVLink domain): a group that fits runs its collectives over the node's "
-                      "link, one that spans nodes at the network's rate [default: the GPU's reference system, "
-                      "8; GB200 NVL72: 72]."),
+                 help="GPUs one host runs: its processes, its host memory, its NICs [default: the GPU's reference "
+                      "system, 8; a GB200 tray: 4]."),
+    click.option("--nvlink-domain", type=click.IntRange(min=1, max=4096), default=None, metavar="GPUS",
+                 help="GPUs that reach each other over NVLink, whole hosts: a group inside runs its collectives "
+                      "over NVLink, one past it at the network's rate [default: GB200 NVL72's 72, else the host]."),
     click.option("--nics-per-gpu", type=click.FloatRange(min=0, min_open=True, max=64), default=None,
                  help="Network cards per GPU, each at the GPU's reference NIC rate [default: 1, as DGX systems]."),
     click.option("--tp-overlap", type=click.Choice(["none", "async-tp", "tp-comm-overlap"]), default="none",
@@ -124,7 +126,7 @@ _OPTIONS = [
 ]
 DP_OPTION_NAMES = ("dp", "zero", "shard_group", "ep", "zero_gather", "offload_optimizer", "offload_copies", "host_mem",
                    "shard_bandwidth", "replica_bandwidth", "ep_bandwidth", "host_bandwidth", "host_step_ns",
-                   "gpus_per_node", "nics_per_gpu", "tp_overlap")
+                   "gpus_per_node", "nvlink_domain", "nics_per_gpu", "tp_overlap")
 
 @dataclass(frozen=True)
 class DataParallelOptions:
@@ -146,6 +148,7 @@ class DataParallelOptions:
     host_step_ns: float | None = None  # None: the profile's measurement
     # the topology (comm_fields): None, the GPU's reference system
     gpus_per_node: int | None = None
+    nvlink_domain: int | None = None  # None: the GPU record's, else the host's (planner/models/topology.py)
     nics_per_gpu: float | None = None
     tp_overlap: str = "none"
     ub_cfg: str | None = None  # a config's userbuffers config under tp-comm-overlap (planner/cost/ub_sms.py)
@@ -399,7 +402,8 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
     if dp == 1 and not offload_optimizer and host_mem is None and not in_cpu:
         return fields
     links = default_links(profile, stages=stages, dp=dp, shard_group=shard_group or dp, ep=ep,
-                          gpus_per_node=options.gpus_per_node, nics_per_gpu=options.nics_per_gpu,
+                          gpus_per_node=options.gpus_per_node, nvlink_domain=options.nvlink_domain,
+                          nics_per_gpu=options.nics_per_gpu,
                           given={"--shard-bandwidth": shard_bandwidth, "--replica-bandwidth": replica_bandwidth,
                                  "--host-bandwidth": host_bandwidth, "--ep-bandwidth": ep_bandwidth})
     given = (shard_bandwidth, replica_bandwidth, host_bandwidth) + ((ep_bandwidth,) if ep > 1 else ())

@@ -286,4 +286,4 @@ def stage_crosses_nodes(stage: int, to: int, setup: TrainSetup) -> bool:
     order = schedules.pipeline_schedule(pipeline.schedule, num_ranks=ranks, num_microbatches=pipeline.microbatches,
                                         num_chunks=pipeline.chunks)
     rank, peer = order.stage_to_rank[stage], order.stage_to_rank[to]
-    return rank != peer and edge_crosses_nodes(rank, peer, stride=comm.pp_stride, gpus_per_node=comm.gpus_per_node)
+    return rank != peer and edge_crosses_nodes(rank, peer, stride=comm.pp_stride, gpus_per_node=comm.domain)

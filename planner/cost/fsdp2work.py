@@ -111,7 +111,7 @@ def unit_latency_ms(setup: TrainSetup) -> tuple[float, float]:
     group (shard group x tp apart) after the reduce-scatter; the groups' nodes of the setup's gpus_per_node. One
     collective a unit (FSDP2's foreach_all_gather and foreach_reduce, _fsdp_collectives.py), whatever it holds."""
     k, r, tp = shard_size(setup), replicas(setup), setup.comm.tp
-    per_node, intra = setup.comm.gpus_per_node, stepcomm.in_node_hardware(setup)
+    per_node, intra = setup.comm.domain, stepcomm.in_node_hardware(setup)
     gather = links.ring_latency_us("all-gather", k, links.group_nodes(k, tp, per_node), intra)
     reduce = links.ring_latency_us("reduce-scatter", k, links.group_nodes(k, tp, per_node), intra)
     if r > 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import dataparallel
-from planner.models import network_rate
+from planner.models import network_rate, topology
 from planner.schema import Profile
 
 # gloo over loopback between processes of one machine: a rough figure, not a measurement;
@@ -78,7 +78,7 @@ class Links:
 
 def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, ep: int = 1,
                   gpus_per_node: int | None = None, given: dict[str, float | None] | None = None,
-                  nics_per_gpu: float | None = None) -> Links:
+                  nics_per_gpu: float | None = None, nvlink_domain: int | None = None) -> Links:
     """The profile's GPU's links (analytic profiles name their GPU; a measured cuda profile is
     matched by name) or, on cpu, gloo on one machine. Ranks are placed tensor-parallel
     innermost, then the expert-parallel group (Megatron-LM's order: tp, ep, then the expert
@@ -98,7 +98,8 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
                      given.get("--ep-bandwidth", CPU_GLOO_GB_PER_S) if ep > 1 else None)
     gpu = dataparallel.profile_gpu(profile)
     tp = int(profile.assumptions.get("tp", 1))
-    node = gpus_per_node or gpu.gpus_per_node  # --gpus-per-node, else the GPU's reference system
+    host = topology.host_gpus(gpu, gpus_per_node)  # the ranks sharing a host's memory (devices_per_node)
+    node = topology.nvlink_domain(gpu, gpus_per_node, nvlink_domain)  # a group's link: inside the NVLink domain or not
 
     def link(ranks: int, option: str, *, ring: bool = True, stride: int = tp) -> tuple[float, str]:
         if option in given:
@@ -118,13 +119,14 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
     shards = min(shard_group, dp) or 1  # the replicas' all-reduce: dp / shard_group ranks, shard_group x tp apart
     replica, replica_where = link(max(1, dp // shards), "--replica-bandwidth", stride=tp * shards)
     experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: NCCL's NVLink rate, else the link's
-    host, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s), (
+    host_rate, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s), (
         "--host-bandwidth" if "--host-bandwidth" in given else gpu.host_link_kind)
-    note = (f"{gpu.name}, {node} GPUs a node, tp {tp}: shard group reduces at {shard:g} GB/s "
+    where = f"{node} GPUs a node" if host == node else f"{node} GPUs an NVLink domain, {host} a host"
+    note = (f"{gpu.name}, {where}, tp {tp}: shard group reduces at {shard:g} GB/s "
             f"({shard_where}), replicas at {replica:g} GB/s ({replica_where}), host copies at "
-            f"{host:g} GB/s ({host_where})"
+            f"{host_rate:g} GB/s ({host_where})"
             + (f", the experts' all-to-all over ep {ep} at {experts:g} GB/s ({experts_where})" if ep > 1 else "")
             + f"; {gpu.link_source}" + (f"; {gpu.collective_source}" if "measured" in shard_where + replica_where
                                         else "")
             + (f"; all-to-all: {gpu.alltoall_source}" if ep > 1 and "NCCL's" in experts_where else ""))
-    return Links(shard, replica, host, node, [note], experts if ep > 1 else None)
+    return Links(shard, replica, host_rate, host, [note], experts if ep > 1 else None)

@@ -222,7 +222,7 @@ def rank_communicators(stage: int, setup, profile) -> list[Communicator]:
     dp, shard, ep = setup.data_parallel.dp, setup.data_parallel.shard_group, setup.data_parallel.ep
     tp = profile.assumptions.get("tp", 1)
     tp = tp if isinstance(tp, int) else 1
-    domain = setup.comm.gpus_per_node
+    domain = setup.comm.domain
 
     def group(name: str, ranks: int, stride: int, kind: str = "collective") -> Communicator:
         """A group of `ranks` lying `stride` ranks apart, with its ranks in the rank's NVLink domain."""
@@ -253,7 +253,7 @@ def megatron_communicators(setup, tp: int) -> list[Communicator]:
     context-parallel ring, point to point with its two neighbours (one where CP is 2)."""
     cp = getattr(setup.comm, "cp", 1)
     stages, dp = setup.pipeline.stages, setup.data_parallel.dp
-    world, domain = stages * dp * tp * cp, setup.comm.gpus_per_node
+    world, domain = stages * dp * tp * cp, setup.comm.domain
     stages_local = ranks_per_node(stages, tp * dp * cp, domain)  # the pipeline's ranks tp x dp x cp apart
     comms = [Communicator("world", world, "small", min(world, domain)),
              Communicator("model-parallel", tp * stages, "small", min(tp * stages_local, domain))]
@@ -268,13 +268,13 @@ def _crosses(rank: int, peer: int, setup) -> bool:
     from planner.cost.comm import edge_crosses_nodes
 
     stride = getattr(setup.comm, "pp_stride", 0)
-    return bool(stride) and edge_crosses_nodes(rank, peer, stride=stride, gpus_per_node=setup.comm.gpus_per_node)
+    return bool(stride) and edge_crosses_nodes(rank, peer, stride=stride, gpus_per_node=setup.comm.domain)
 
 
 def rank_buffers(stage: int, setup, profile) -> dict[str, int]:
     """Each communicator's NCCL buffers on the rank holding `stage` (communicator_bytes), by name."""
     gpu = profile_nccl_gpu(profile)
-    domain = setup.comm.gpus_per_node
+    domain = setup.comm.domain
     nvls = not getattr(getattr(setup, "training", None), "nccl_nvls_off", False)
     return {c.name: communicator_bytes(c, gpu, domain=domain, nvls=nvls)
             for c in rank_communicators(stage, setup, profile)}

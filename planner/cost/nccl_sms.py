@@ -29,7 +29,7 @@ The CTAs (`collective_ctas`), read at NCCL v2.27.7-1 (the record's NCCL, nccl_bu
     xGMI links each, no NIC: NCCL trims the NICs of a one-node job), doubled to 56 (src/graph/connect.cc: up to
     MAXCHANNELS 128 on gfx94), a workgroup a channel, of the MI300X's 304 compute units (ROCm/rccl 0cbce2a7).
   Not read, so not charged: a GPU without NVLink (PCIe H100, L4), GH200, MI300X across nodes. The NICs are the GPU
-  record's (nics_per_gpu x gpus_per_node); a GB200 NVL72 domain larger than the setup's node is not seen.
+  record's (nics_per_gpu x the ranks of a group in one NVLink domain: setup.comm.domain, GB200's 72 where no block is given).
 
 What the frameworks set: torchtitan and DeepSpeed set no NCCL_MAX_CTAS / NCCL_MIN_CTAS (nor pass a ProcessGroupNCCL
 config with max_ctas); Megatron-LM passes one only under --nccl-communicator-config-path (none in the rows).
@@ -210,7 +210,7 @@ def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_c
 
     if not sms:
         return 0.0
-    group, per_node = dp.shard_size(setup), setup.comm.gpus_per_node
+    group, per_node = dp.shard_size(setup), setup.comm.domain
     kind = "all-gather"
     if which == "gather":
         nbytes = dp.gathered_bytes(count, setup, fp8_count=fp8_count)

@@ -49,7 +49,7 @@ def tuned_all_reduce(num_bytes: float, ranks: int, setup: TrainSetup, gb_per_s: 
     if gb_per_s is None or ranks <= 1:
         return "Ring", "Simple", 0.0
     ring_ms = 2 * (ranks - 1) / ranks * num_bytes / (gb_per_s * GB) * 1e3
-    data, per_node = setup.data_parallel, setup.comm.gpus_per_node
+    data, per_node = setup.data_parallel, setup.comm.domain  # the NVLink domain (planner/models/topology.py)
     stride = setup.comm.tp if stride is None else stride
     local = network_rate.ranks_per_node(ranks, stride, per_node)
     nodes = -(-ranks // local)

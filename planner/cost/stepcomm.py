@@ -65,7 +65,7 @@ def group_ranks(group: str, setup: TrainSetup) -> tuple[int, int]:
 
 def group_nodes(group: str, setup: TrainSetup) -> int:
     """The nodes (of the setup's gpus_per_node) `group`'s ranks lie on."""
-    per_node = setup.comm.gpus_per_node
+    per_node = setup.comm.domain  # the NVLink domain (planner/models/topology.py)
     return len({rank // per_node for rank in group_positions(group, setup)})
 
 
@@ -82,7 +82,7 @@ def group_runs_nvls(group: str, setup: TrainSetup, profile) -> bool:
     gpu = nccl_buffers.profile_nccl_gpu(profile) if profile is not None else None
     if gpu is None:
         return False
-    per_node = setup.comm.gpus_per_node
+    per_node = setup.comm.domain
     nodes = [rank // per_node for rank in group_positions(group, setup)]
     return nccltuner.nvls_supported(multicast=gpu.multicast, local_gpus=max(nodes.count(n) for n in set(nodes)),
                                     enabled=not setup.training.nccl_nvls_off)

@@ -60,7 +60,9 @@ class GPU:
     network_gb_per_s: float = 50.0  # 400 Gb/s InfiniBand NDR / ConnectX-7 per GPU (DGX H100, DGX B200)
     host_link_gb_per_s: float = 64.0  # PCIe Gen5 x16
     host_link_kind: str = "PCIe"  # what the host link is: PCIe, or NVLink-C2C on a Grace superchip
-    gpus_per_node: int = 8
+    gpus_per_node: int = 8  # GPUs one host runs (its processes, host memory, NICs): a DGX's 8, a GB200 tray's 4
+    # GPUs that reach each other over NVLink, where more than one host's (a GB200 NVL72 rack's 72); 0: the host's
+    nvlink_domain: int = 0
     link_source: str = ""
     # NICs per GPU, each at network_gb_per_s (DGX H100 / B200 / A100: one ConnectX per GPU), and
     # what the GPU-to-GPU link inside a node is: NVLink / Infinity Fabric, or PCIe where there is
@@ -272,6 +274,11 @@ _A100_SMS = 108
 # SMs)" beside "B300 (148 SMs)" (from cudaOccupancyMaxActiveClusters)
 _B200_SMS = 148
 _GB200_SMS = 152
+# a GB200 NVL72 rack's hosts: 18 compute trays of 4 GPUs (2 Grace + 4 Blackwell, one CX7 NIC a GPU), all 72 GPUs in one
+# NVLink domain through 9 NVLink switch trays (NVIDIA Multi-Node NVLink Tuning Guide, "Understanding Your Grace-Blackwell
+# Systems", docs.nvidia.com/multi-node-nvlink-systems/multi-node-tuning-guide/system.html, the 72x1 configuration)
+_GB200_TRAY = ("a host (compute tray) runs 4 GPUs, 18 trays a rack in one NVLink domain of 72 (NVIDIA Multi-Node NVLink "
+               "Tuning Guide, system.html, 72x1)")
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 _MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
                         membound_class_efficiency=MEMBOUND_CLASSES_H100,
@@ -420,9 +427,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # the Grace CPU
     GPU("gb200", 186 * 10**9, 2500.0, 8.0,
         "NVIDIA GB200 NVL72 datasheet (BF16 2,500, FP8 5,000 dense per GPU; 8 TB/s)", 900.0,
-        host_link_gb_per_s=450.0, host_link_kind="NVLink-C2C", gpus_per_node=72, fp8_tflops=5000.0,
+        host_link_gb_per_s=450.0, host_link_kind="NVLink-C2C", gpus_per_node=4, nvlink_domain=72,
+        fp8_tflops=5000.0,
         link_source=f"GB200 NVL72 datasheet: NVLink 1.8 TB/s per GPU across the 72, NVLink-C2C 900 GB/s to the "
-                    f"CPU; {_NIC_ASSUMED}",
+                    f"CPU; {_GB200_TRAY}; {_NIC_ASSUMED}",
         node_collective_gb_per_s=679.6,
         node_alltoall_gb_per_s=nccl_nvlink_rate(900.0, 100), alltoall_source=NCCL_NVLINK_SOURCE,
         collective_source="nccl-tests all_reduce_perf on one GB200 host's 4 GPUs, NCCL_ALGO=Ring, NCCL 2.25.1: busbw "

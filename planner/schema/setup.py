@@ -273,7 +273,7 @@ TpOverlap = Literal["none", "async-tp", "tp-comm-overlap"]
 class CommSetup(Strict):
     """The links the layers' tensor-parallel collectives and the pipeline's sends cross
     (planner/cost/comm.py): bandwidth per rank (GB/s, the collective's bus bandwidth) and NCCL's
-    latency per collective and per ring step. Filled from the GPU's links and --gpus-per-node by
+    latency per collective and per ring step. Filled from the GPU's links, --gpus-per-node and --nvlink-domain by
     the commands (comm.default_comm); the defaults charge nothing (plans made before)."""
 
     tp: int = Field(default=1, gt=0, le=MAX_RANKS)  # the tensor-parallel group the profile's collectives run in
@@ -290,7 +290,10 @@ class CommSetup(Strict):
     pp_network_gb_per_s: GbPerS | None = None
     pp_network_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     collective_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)  # NCCL's base
-    gpus_per_node: int = Field(default=8, gt=0, le=1 << 12)
+    gpus_per_node: int = Field(default=8, gt=0, le=1 << 12)  # GPUs a host runs (--gpus-per-node)
+    # GPUs in one NVLink domain, which the links are placed by (planner/models/topology.py); None: the host's (plans
+    # made before, whose gpus_per_node was the domain)
+    nvlink_domain: int | None = Field(default=None, gt=0, le=1 << 12)
     # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime
     # record's tp_overlap, planner/cost/runtimes.py, says which runtime has which); "none": every collective on the critical path
     tp_overlap: TpOverlap = "none"
@@ -308,6 +311,11 @@ class CommSetup(Strict):
     cp_gb_per_s: GbPerS | None = None
     cp_step_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     comm_notes: list[str] = []  # where the links came from
+
+    @property
+    def domain(self) -> int:
+        """GPUs one NVLink domain holds: a collective inside it runs over NVLink, one past it over the NICs."""
+        return self.nvlink_domain or self.gpus_per_node
 
 
 SETUP_PARTS: dict[str, type[Strict]] = {

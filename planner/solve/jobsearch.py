@@ -42,7 +42,8 @@ class JobOptions:
     """What every configuration's setup shares."""
 
     mem_cap_bytes: int  # per GPU
-    gpus_per_node: int
+    gpus_per_node: int  # GPUs a host runs (its memory, its processes)
+    nvlink_domain: int | None = None  # GPUs the links are placed by (planner/models/topology.py); None: the host's
     optimizer: str = "adam"
     precision: str = "bf16-mixed"
     runtime: str = "ckplan"
@@ -110,23 +111,25 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
                   ep=degrees.ep, context_parallel=degrees.cp)
     fields.update(options.training)
     fields["cp_comm"] = options.training.get("cp_comm") if degrees.cp > 1 else None
+    domain = options.nvlink_domain or options.gpus_per_node
     if dp > 1:
-        fields.update(_links(profile, dataclasses.replace(degrees, dp=dp), options.gpus_per_node))
-    fields.update(_links_of_comm(profile, degrees, options.gpus_per_node))
+        fields.update(_links(profile, dataclasses.replace(degrees, dp=dp), domain, host=options.gpus_per_node))
+    fields.update(_links_of_comm(profile, degrees, domain, host=options.gpus_per_node))
     if degrees.tp > 1:
         fields.update(tp_overlap=options.tp_overlap)
     if degrees.tp > 1 and options.tp_overlap == "async-tp" and profile.device.type == "cuda":
         # AsyncTP's peer copies at the copy engines' rate, as comm_setup.comm_fields sets it
         fields.update(copy_engines.tp_copy_fields(dataparallel.profile_gpu(profile).name, tp=degrees.tp,
-                                                  gpus_per_node=options.gpus_per_node)[0])
+                                                  gpus_per_node=domain)[0])
     setup = TrainSetup(**fields)
     if options.runtime == "torchtitan":
         setup = dataparallel.as_torchtitan_runs(setup)
     return setup
 
 
-def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
-    """links.default_links' rule with the job's node size: a group whose ranks x tp fit
+def _links(profile: Profile, degrees: Degrees, gpus_per_node: int, *, host: int) -> dict:
+    """links.default_links' rule with the job's NVLink domain (`gpus_per_node`; `host`: the ranks sharing a host's
+    memory): a group whose ranks x tp fit
     in a node reduces at the node's collective rate (measured busbw, else the link's), a wider one over
     the network at the bus bandwidth of its ranks' NICs in each node (planner/models/network_rate.py); an expert
     all-to-all in a node at NCCL's NVLink rate (GPU.node_alltoall_rate), across nodes over its ranks' own NICs."""
@@ -143,7 +146,7 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
     return dict(shard_gb_per_s=network_rate.collective_rate(gpu, shards, degrees.tp, gpus_per_node),
                 replica_gb_per_s=network_rate.collective_rate(gpu, max(1, degrees.dp // shards), degrees.tp * shards,
                                                               gpus_per_node),
-                host_gb_per_s=gpu.host_link_gb_per_s, devices_per_node=gpus_per_node,
+                host_gb_per_s=gpu.host_link_gb_per_s, devices_per_node=host,
                 **sizedreduce.gpu_fields(profile, gpu),
                 ep_gb_per_s=experts if degrees.ep > 1 else None,
                 dp_notes=[f"{gpu.name}, {gpus_per_node} GPUs a node, tp {degrees.tp}: groups within a node at "
@@ -152,7 +155,7 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
                           f"{gpu.link_source}"])
 
 
-def _links_of_comm(profile: Profile, degrees: Degrees, gpus_per_node: int) -> dict:
+def _links_of_comm(profile: Profile, degrees: Degrees, gpus_per_node: int, *, host: int) -> dict:
     """The tensor-parallel, context-parallel and pipeline links of one configuration, chosen by the
     rule `ckplan solve`'s comm_setup.comm_fields applies (comm.job_links) with the job's node size;
     nothing on cpu."""
@@ -163,7 +166,7 @@ def _links_of_comm(profile: Profile, degrees: Degrees, gpus_per_node: int) -> di
     gpu = dataparallel.profile_gpu(profile)
     links = comm.job_links(gpu, tp=degrees.tp, cp=degrees.cp, pp_stride=degrees.tp * degrees.dp * degrees.cp,
                            gpus_per_node=gpus_per_node, nics_per_gpu=gpu.nics_per_gpu)
-    found: dict = {"gpus_per_node": gpus_per_node}
+    found: dict = {"gpus_per_node": host, "nvlink_domain": gpus_per_node}
     if degrees.tp > 1 or degrees.cp > 1:
         found.update(collective_latency_ms=links["tp" if degrees.tp > 1 else "cp"].base_latency_ms)
     if degrees.tp > 1:
