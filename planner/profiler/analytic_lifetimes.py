@@ -47,10 +47,20 @@ LLAMA_FORWARD_LAST_USE: dict[str, str | None] = {
 # `feed_forward` take their input through PrepareModuleInput (Shard(1) -> Replicate()), so TP + SP's gathered
 # input is made when the norm has returned and is the module's argument until it returns (model.py 323-324);
 # model.py 201-202 `keys = repeat_kv(xk, ...)`, `values` likewise, Attention.forward's locals from before SDPA
-# to its return; context parallelism's K/V buffers live for the SDPA call; a Float8 linear's casts for its matmul,
-# the largest (the MLP's, w2's input beside the product) where the product is alive.
+# to its return; context parallelism's K/V buffers live for the SDPA call; a Float8 linear's casts for its matmul
+# (fsdp2_split: torchao eab345c `Float8Linear.forward` casts its input, then its weight, before the matmul, and
+# torch's checkpoint keeps neither): wq's, wk's and wv's before Q, K and V are made (model.py 190: the three matmuls
+# run before rotary, whose outputs are the terms), w1's before the gate's output, w3's before the up projection's,
+# their shared input's cast (compiled, CSE) until w3's output is made, wo's once the output projection's input is
+# made until attention returns; the largest, the fallback where no linear's casts are recorded (`w2`: w2's input
+# beside the product), and w2's own from where the product is w2's argument (fsdp2_split) until feed_forward returns.
 LLAMA_FORWARD_POINTS: dict[str, tuple[str, str]] = {
     "attention": ("Q/K/V projection input (norm output)", "after"),
+    "qkv": ("Q after rotary", "before"),
+    "wo": (_ATTN_OUT, "made"),
+    "w1": ("gate projection output (SiLU input)", "before"),
+    "w3": ("up projection output (second factor)", "before"),
+    "w13_end": ("up projection output (second factor)", "made"),
     "sdpa": ("softmax statistics, logsumexp (fp32 per head and token)", "before"),
     "sdpa_end": ("softmax statistics, logsumexp (fp32 per head and token)", "after"),
     "attention_end": (_ATTN_OUT, "after"),
