@@ -11,7 +11,8 @@ FORWARD=off: no forward requests beyond the kept block (main before §29.fwdlife
 RESIDUAL=off leaves out the one tensor of what the extra counts beyond the record (its lower side), unsplit;
 SPLIT=off plays that tensor unsplit, alive to the forward's end (branch fwdlife, before fsdp2_split).
 ORDER=loss_first puts each microbatch's output after the loss's forward (the order before §29.reserve405).
-usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8_SCALE=x] [ORDER=loss_first] PYTHONPATH=<checkout> python
+F8=charge plays Float8's casts as the record's charge at w2 (before §31.f8cast; F8_SCALE=x scales that charge).
+usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [ORDER=loss_first] PYTHONPATH=<checkout> python
        scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
 import os
 import sys
@@ -37,7 +38,13 @@ F8_SCALE = os.environ.get("F8_SCALE", "")
 original_split = fsdp2_layers.split_forward
 
 
+# F8=charge: Float8's casts played as the record's charge at w2 (before §31.f8cast), not each linear's at its matmul
+F8 = os.environ.get("F8", "")
+
+
 def split_forward(codes, points, residual, parts):
+    if F8 == "charge":
+        parts = {**parts, "float8_casts": ()}
     if F8_SCALE and parts.get("float8"):
         cast = parts["float8"]
         parts = {**parts, "float8": int(cast * float(F8_SCALE))}
