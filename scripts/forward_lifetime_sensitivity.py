@@ -11,7 +11,9 @@ FORWARD=off: no forward requests beyond the kept block (main before §29.fwdlife
 RESIDUAL=off leaves out the one tensor of what the extra counts beyond the record (its lower side), unsplit;
 SPLIT=off plays that tensor unsplit, alive to the forward's end (branch fwdlife, before fsdp2_split).
 ORDER=loss_first puts each microbatch's output after the loss's forward (the order before §29.reserve405).
-F8=charge plays Float8's casts as the record's charge at w2 (before §31.f8cast; F8_SCALE=x scales that charge).
+F8=charge plays Float8's casts as the record's charge at w2 (before §31.f8cast; F8_SCALE=x scales that charge);
+F8=nopre leaves out the sequence shards' float8 copies made before TP's gathers; F8=made plays w2's casts at the
+charge's point (beside SiLU's and w3's outputs) instead of once `*` has released them.
 usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [ORDER=loss_first] PYTHONPATH=<checkout> python
        scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
 import os
@@ -45,6 +47,12 @@ F8 = os.environ.get("F8", "")
 def split_forward(codes, points, residual, parts):
     if F8 == "charge":
         parts = {**parts, "float8_casts": ()}
+    if F8 == "made":  # w2's casts beside SiLU's and w3's outputs (the charge's point), not after `*` released them
+        parts = {**parts, "float8_casts": tuple((name, "w2" if start == "w2_input" else start, end, program)
+                                                for name, start, end, program in parts.get("float8_casts", ()))}
+    if F8 == "nopre":  # the sequence shards' copies before TP's gathers left out
+        parts = {**parts, "float8_casts": tuple(place for place in parts.get("float8_casts", ())
+                                                if not place[0].startswith("pre:"))}
     if F8_SCALE and parts.get("float8"):
         cast = parts["float8"]
         parts = {**parts, "float8": int(cast * float(F8_SCALE))}
