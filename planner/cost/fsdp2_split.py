@@ -1,8 +1,8 @@
 """A checkpointed analytic block's forward with what its record does not name split into the parts the cost model
 counts, each made and freed where torchtitan's block code makes and frees it (fsdp2_layers.forward_program):
-TP + SP's gathered inputs, repeat_kv's copies, context parallelism's K/V buffers, Float8's casts. The points are the
-record's (`rerun_points`, analytic_lifetimes.LLAMA_FORWARD_POINTS, read from torchtitan 9dec370, docs/framework-facts.md
-§136). Nothing here reads a file or prints."""
+TP + SP's gathered inputs, repeat_kv's copies, context parallelism's K/V buffers, Float8's casts (each linear's at its
+matmul, torchao eab345c, §138). The points are the record's (`rerun_points`, analytic_lifetimes.LLAMA_FORWARD_POINTS,
+read from torchtitan 9dec370, docs/framework-facts.md §136). Nothing here reads a file or prints."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ def forward_parts(layer, option: int, profile: Profile, setup: TrainSetup) -> di
     each gathered input (tpgathered: one per sub-block, equal), repeat_kv's copies (repeatedkv), context
     parallelism's forward buffers as its ring makes them (`cp`: cpring's forward program under the all-gather
     exchange, else one tensor of buffer_bytes' forward) with what the extra charges for them (`cp_charge`,
-    contextparallel.extra_bytes). Float8's casts come from the record (fsdp2_layers.forward_program)."""
+    contextparallel.extra_bytes), Float8's forward casts linear by linear under a full recompute (`float8_casts`:
+    cast_places of float8.forward_casts, docs/framework-facts.md §138). What the extra charges for Float8's casts
+    comes from the record (`float8`, fsdp2_layers.forward_program)."""
     inputs = tpgathered.GATHERED_INPUTS.get(layer.kind, 0)
     gathered = tpgathered.tp_gathered_extra_bytes(layer, option, profile, setup)
     parts: dict[str, object] = {"gathered": gathered // inputs if inputs == 2 else 0,
