@@ -53,20 +53,21 @@ def test_each_cast_is_played_at_its_matmul_by_hand():
         16384, 8192, 8192, 2048, -14,             # 11-14: Q, K, V, logsumexp (freed as made)
         16384,                                    # 15: the output projection's input
         T * H, s, H * H, s, -18, -19,             # 16-19: wo's input and weight casts; the weight's freed
-        -2, -11, -12, -13, -15,                   # the attention returns ...
+        -11, -12, -13, -15, -2,                   # the attention returns (its argument, the norm's output, last) ...
         -16, -17,                                 # ... with wo's input cast
         16384, 512, 16384, -21,                   # 20-22: h, the MLP norm's statistics and output
         T * H, s, H * F, s, -25, -26,             # 23-26: w1/w3's shared input cast; w1's weight cast
         T * F * 2, T * F * 2, -27,                # 27, 28: w1's output, SiLU's; w1's freed
         H * F, s, -29, -30,                       # 29, 30: w3's weight cast
         T * F * 2, -23, -24,                      # 31: w3's output; the shared input's cast freed
-        T * F * 2, -22, -28, -31,                 # 32: the product; the MLP input, SiLU's and w3's outputs freed
+        T * F * 2, -28, -31,                      # 32: the product; SiLU's and w3's outputs freed (`*`'s operands)
         T * F, s, F * H, s, -35, -36,             # 33-36: w2's input and weight casts with the product alive
-        -32, -33, -34)                            # the product, then w2's input cast at the MLP's return
-    # once w2's weight cast is made, its casts are alive beside h and the product alone: 16,384 + 40,960 + 20,480
-    # + 4 + 10,240
+        -32, -22, -33, -34)                       # the product, the MLP input (feed_forward's argument), then w2's
+    #                                               input cast at the MLP's return
+    # once w2's weight cast is made, its casts are alive beside h, the MLP's input and the product: 2 x 16,384
+    # + 40,960 + 20,480 + 4 + 10,240
     alive = _alive(program)
-    assert alive[program.index(F * H, program.index(T * F))] == 16384 + 2 * T * F + T * F + s + F * H
+    assert alive[program.index(F * H, program.index(T * F))] == 2 * 16384 + 2 * T * F + T * F + s + F * H
     # the block's peak stays the product's making (h, the MLP input, SiLU's, w3's and the product: 155,648 B);
     # the record's charge (the largest linear's backward casts, w2's: T x (64 + 160) = 28,672 B) played at w2's
     # point instead would have stood on it

@@ -19,9 +19,17 @@ _ATTN_OUT, _PRODUCT = "attention output (output projection input)", "product (do
 #   projection's input (`output`, 210-213) until wo has run;
 # - 324 `out = h + self.feed_forward(self.ffn_norm(h))`: h to the block's end; the MLP norm's output, the
 #   argument, until feed_forward returns; 253 `self.w2(F.silu(self.w1(x)) * self.w3(x))`: w1's output dies once
-#   SiLU has made its own, SiLU's and w3's once `*` has made the product, the product once w2 has run.
+#   SiLU has made its own, SiLU's and w3's once `*` has made the product (CPython 3.11's BINARY_OP drops both
+#   operands before w2's CALL: `dis` of that line), the product once w2 has run.
+# A sub-module's argument (LLAMA_FORWARD_ARGUMENTS) dies after that sub-module's own tensors freed at the same term:
+# the caller's call holds it until the sub-module returns (and PrepareModuleInput's hook hands the module a new
+# tuple, torch 1963fc8 tensor/parallel/style.py `_prepare_input_fn`, without releasing the caller's), so the MLP's
+# input outlives the product and w2's casts; tests/test_f8cast2.py checks this order in the fake recorder's record
+# of the real block under torch.utils.checkpoint.
 # Not terms, so not played: the pre-rotary Q and K, repeat_kv's copies (201-202; K and V are held here at their
 # own width to attention's end), SDPA's raw output, wo's and w2's outputs and the residual sums.
+LLAMA_FORWARD_ARGUMENTS = frozenset({"Q/K/V projection input (norm output)",
+                                     "MLP input (norm output), shared by gate and up"})
 LLAMA_FORWARD_LAST_USE: dict[str, str | None] = {
     "attention norm input": None,
     "attention norm statistics (fp32 per token)": "Q/K/V projection input (norm output)",
@@ -94,3 +102,11 @@ def forward_last_uses(terms: list[Term]) -> tuple[int | None, ...] | None:
             return None
         deaths.append(None if last is None else names.index(last))
     return tuple(deaths)
+
+
+def forward_freed_last(terms: list[Term]) -> frozenset[int]:
+    """The indices of the kept terms that are a sub-module's argument (LLAMA_FORWARD_ARGUMENTS), freed after the
+    other terms freed at the same point; empty where forward_last_uses does not read the block."""
+    if forward_last_uses(terms) is None:
+        return frozenset()
+    return frozenset(at for at, term in enumerate(terms) if term.what in LLAMA_FORWARD_ARGUMENTS)
