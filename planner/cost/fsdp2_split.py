@@ -32,7 +32,9 @@ _PLACES = {
 
 def forward_parts(layer, option: int, profile: Profile, setup: TrainSetup) -> dict[str, object]:
     """What the cost model's extra counts for a layer's rerun forward beyond its record, by the term it comes from:
-    each gathered input (tpgathered: one per sub-block, equal), repeat_kv's copies (repeatedkv), context
+    each gathered input (tpgathered: one per sub-block, equal, beyond the sequence shard; `shard`: that shard, the
+    record's norm output, which the caller holds beside the gathered tensor until the sub-module returns, so the
+    forward plays the gathered tensor whole, docs/framework-facts.md §144), repeat_kv's copies (repeatedkv), context
     parallelism's forward buffers as its ring makes them (`cp`: cpring's forward program under the all-gather
     exchange, else one tensor of buffer_bytes' forward) with what the extra charges for them (`cp_charge`,
     contextparallel.extra_bytes), Float8's forward casts linear by linear under a full recompute (`float8_casts`:
@@ -41,6 +43,7 @@ def forward_parts(layer, option: int, profile: Profile, setup: TrainSetup) -> di
     inputs = tpgathered.GATHERED_INPUTS.get(layer.kind, 0)
     gathered = tpgathered.tp_gathered_extra_bytes(layer, option, profile, setup)
     parts: dict[str, object] = {"gathered": gathered // inputs if inputs == 2 else 0,
+                                "shard": layer.input_bytes if gathered and inputs == 2 else 0,
                                 "repeated_kv": repeatedkv.repeated_kv_extra_bytes(layer, option, profile, setup),
                                 "cp": (), "cp_charge": 0}
     exchange = layer.context_parallel
@@ -88,7 +91,9 @@ def split_forward(codes: list[int], points: dict[str, int], residual: int, parts
     each linear's at its matmul where `float8_casts` (cast_places) holds them, else the record's charge
     (`float8`: the largest linear's backward casts) at w2's, an upper bound. `w2_input`: the index where the
     product's own free falls after the point `w2` (the frees before it are SiLU's and w3's outputs, which `*`
-    consumed, and the MLP input the record frees there too), that is where w2 takes the product as its argument."""
+    consumed; the MLP's input, feed_forward's argument, the record frees after it), that is where w2 takes the
+    product as its argument. A gathered input is played whole (`gathered` + `shard`), what the extra charges for it
+    (`gathered`) taken out of `residual`."""
     casts = tuple(parts.get("float8_casts", ()))
     if "w2" not in points or any(start not in points and start != "w2_input" or end is not None and end not in points
                                  for _, start, end, _ in casts):
@@ -100,14 +105,15 @@ def split_forward(codes: list[int], points: dict[str, int], residual: int, parts
         return ()
     points = {**points, "w2_input": _input_free(codes, points["w2"]) if "w2" in points else 0}
     gathered = parts.get("gathered", 0)
-    programs = {"attention_gathered": (gathered,), "mlp_gathered": (gathered,),
+    whole = gathered + parts.get("shard", 0) if gathered else 0  # the gathered tensor, beside the record's shard
+    programs = {"attention_gathered": (whole,), "mlp_gathered": (whole,),
                 "repeated_kv": (parts.get("repeated_kv", 0),), "cp": tuple(parts.get("cp", ())),
                 "float8": (parts.get("float8", 0), -1)}
     for name, _, _, program in casts:
         if name.startswith("pre:"):  # the shard's copy and its scale, the gathered part, the copy freed
             target = name[len("pre:"):]
             shard = program[0]
-            programs[target] = (shard, SCALE_BYTES, gathered, -1) if gathered else (shard, SCALE_BYTES, -1, -2)
+            programs[target] = (shard, SCALE_BYTES, whole, -1) if whole else (shard, SCALE_BYTES, -1, -2)
         else:
             programs[name] = program
     rest = residual - 2 * gathered - parts.get("repeated_kv", 0) - parts.get("cp_charge", 0) - parts.get("float8", 0)
