@@ -14,7 +14,10 @@ ORDER=loss_first puts each microbatch's output after the loss's forward (the ord
 F8=charge plays Float8's casts as the record's charge at w2 (before §31.f8cast; F8_SCALE=x scales that charge);
 F8=nopre leaves out the sequence shards' float8 copies made before TP's gathers; F8=made plays w2's casts at the
 charge's point (beside SiLU's and w3's outputs) instead of once `*` has released them.
-usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [ORDER=loss_first] PYTHONPATH=<checkout> python
+GATHERED=beyond plays each TP + SP gathered input at tpgathered's figure beyond the caller's shard (before §31.f8cast's
+second round), not whole beside the shard.
+usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [GATHERED=beyond] [ORDER=loss_first]
+       PYTHONPATH=<checkout> python
        scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
 import os
 import sys
@@ -42,9 +45,12 @@ original_split = fsdp2_layers.split_forward
 
 # F8=charge: Float8's casts played as the record's charge at w2 (before §31.f8cast), not each linear's at its matmul
 F8 = os.environ.get("F8", "")
+GATHERED = os.environ.get("GATHERED", "")
 
 
 def split_forward(codes, points, residual, parts):
+    if GATHERED == "beyond":
+        parts = {**parts, "shard": 0}
     if F8 == "charge":
         parts = {**parts, "float8_casts": ()}
     if F8 == "made":  # w2's casts beside SiLU's and w3's outputs (the charge's point), not after `*` released them
