@@ -91,8 +91,13 @@ def test_prepare_module_input_keeps_the_callers_shard_beside_the_gathered_input(
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     class FeedForward(nn.Module):

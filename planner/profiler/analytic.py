@@ -117,7 +117,11 @@ from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<na
     offload_option,
     selective_options,
 )
-from planner.profiler.analytic_lifetimes import forward_freed_last, forward_last_uses, forward_points
+from planner.profiler.analytic_lifetimes import (
+    forward_freed_last,
+    forward_last_uses,
+    forward_points,
+)
 from planner.profiler.analytic_scratch import (  # noqa: F401  read as analytic.<name> by callers
     block_scratch,
     block_scratch_terms,
