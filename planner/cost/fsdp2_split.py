@@ -7,6 +7,7 @@ read from torchtitan 9dec370, docs/framework-facts.md §136). Nothing here reads
 from __future__ import annotations
 
 from planner.cost import contextparallel, cpring, float8, repeatedkv, tpgathered
+from planner.cost.rules import profile_tp
 from planner.schema import Profile, TrainSetup
 
 SCALE_BYTES = 4  # a tensorwise cast's scale: one fp32 (torchao eab345c float8_utils.py 36-50 `amax_to_scale`)
@@ -28,6 +29,11 @@ _PLACES = {
     "mlp_gathered": ("mlp", "mlp_end"),
     "float8": ("w2", None),
 }
+# TP + SP's row-parallel linears (wo, w2: torchtitan 9dec370 parallelize_llama.py `RowwiseParallel(output_layouts=
+# Shard(1))`): each matmul's whole partial sum, then its reduce-scattered sequence shard, the partial freed as the
+# shard is made (docs/framework-facts.md §149); made after the linear's casts, the shard alive until the residual
+# sum that reads it is made (`attention_sum`; w2's: the block's output, made at the forward's end)
+_ROW_PARALLEL = {"wo_scatter": ("wo", "attention_sum"), "w2_scatter": ("w2_input", "mlp_end")}
 
 
 def forward_parts(layer, option: int, profile: Profile, setup: TrainSetup) -> dict[str, object]:
@@ -38,12 +44,16 @@ def forward_parts(layer, option: int, profile: Profile, setup: TrainSetup) -> di
     parallelism's forward buffers as its ring makes them (`cp`: cpring's forward program under the all-gather
     exchange, else one tensor of buffer_bytes' forward) with what the extra charges for them (`cp_charge`,
     contextparallel.extra_bytes), Float8's forward casts linear by linear under a full recompute (`float8_casts`:
-    cast_places of float8.forward_casts, docs/framework-facts.md §138). What the extra charges for Float8's casts
-    comes from the record (`float8`, fsdp2_layers.forward_program)."""
+    cast_places of float8.forward_casts, docs/framework-facts.md §138), and under TP + SP each row-parallel
+    linear's whole partial sum before its reduce-scatter (`row_partial`: t x the sequence shard, in the activations'
+    dtype, Float8's scaled matmul's output too; its output is a new shard, `shard` bytes; §149): neither is a term
+    of the cost model's extra. What the extra charges for Float8's casts comes from the record (`float8`,
+    fsdp2_layers.forward_program)."""
     inputs = tpgathered.GATHERED_INPUTS.get(layer.kind, 0)
     gathered = tpgathered.tp_gathered_extra_bytes(layer, option, profile, setup)
     parts: dict[str, object] = {"gathered": gathered // inputs if inputs == 2 else 0,
                                 "shard": layer.input_bytes if gathered and inputs == 2 else 0,
+                                "row_partial": profile_tp(profile) * layer.input_bytes if gathered and inputs == 2 else 0,
                                 "repeated_kv": repeatedkv.repeated_kv_extra_bytes(layer, option, profile, setup),
                                 "cp": (), "cp_charge": 0}
     exchange = layer.context_parallel
@@ -93,13 +103,18 @@ def split_forward(codes: list[int], points: dict[str, int], residual: int, parts
     product's own free falls after the point `w2` (the frees before it are SiLU's and w3's outputs, which `*`
     consumed; the MLP's input, feed_forward's argument, the record frees after it), that is where w2 takes the
     product as its argument. A gathered input is played whole (`gathered` + `shard`), what the extra charges for it
-    (`gathered`) taken out of `residual`."""
+    (`gathered`) taken out of `residual`. A row-parallel linear's partial sum (`row_partial`, where the record holds
+    `attention_sum`) beside its reduce-scattered shard, after the linear's casts, the shard freed at its residual
+    sum (wo's) or at the MLP's end (w2's); the extra holds neither."""
     casts = tuple(parts.get("float8_casts", ()))
     if "w2" not in points or any(start not in points and start != "w2_input" or end is not None and end not in points
                                  for _, start, end, _ in casts):
         casts = ()  # a record without the linears' points: the charge at w2
     places = {name: (start, end) for name, (start, end) in _PLACES.items() if not (casts and name == "float8")}
     places.update({name: (start, end) for name, start, end, _ in casts if not name.startswith("pre:")})
+    partial = parts.get("row_partial", 0)
+    if partial and all(point in points for point in ("wo", "attention_sum", "w2", "mlp_end")):
+        places.update(_ROW_PARALLEL)  # after the casts: each linear's matmul reads them
     if any(start not in points and start != "w2_input" or (end is not None and end not in points)
            for start, end in places.values()):
         return ()
@@ -109,6 +124,8 @@ def split_forward(codes: list[int], points: dict[str, int], residual: int, parts
     programs = {"attention_gathered": (whole,), "mlp_gathered": (whole,),
                 "repeated_kv": (parts.get("repeated_kv", 0),), "cp": tuple(parts.get("cp", ())),
                 "float8": (parts.get("float8", 0), -1)}
+    if partial:  # the partial sum, the reduce-scattered shard beside it, the partial freed
+        programs.update({name: (partial, parts.get("shard", 0), -1) for name in _ROW_PARALLEL})
     for name, _, _, program in casts:
         if name.startswith("pre:"):  # the shard's copy and its scale, the gathered part, the copy freed
             target = name[len("pre:"):]

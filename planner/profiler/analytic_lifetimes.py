@@ -62,6 +62,8 @@ LLAMA_FORWARD_LAST_USE: dict[str, str | None] = {
 # their shared input's cast (compiled, CSE) until w3's output is made, wo's once the output projection's input is
 # made until attention returns; the largest, the fallback where no linear's casts are recorded (`w2`: w2's input
 # beside the product), and w2's own from where the product is w2's argument (fsdp2_split) until feed_forward returns.
+# `attention_sum`: model.py 323's `h = x + ...` made, the last reader of wo's reduce-scattered output (fsdp2_split's
+# row-parallel partial sums, docs/framework-facts.md §149).
 LLAMA_FORWARD_POINTS: dict[str, tuple[str, str]] = {
     "attention": ("Q/K/V projection input (norm output)", "after"),
     "qkv": ("Q after rotary", "before"),
@@ -72,6 +74,7 @@ LLAMA_FORWARD_POINTS: dict[str, tuple[str, str]] = {
     "sdpa": ("softmax statistics, logsumexp (fp32 per head and token)", "before"),
     "sdpa_end": ("softmax statistics, logsumexp (fp32 per head and token)", "after"),
     "attention_end": (_ATTN_OUT, "after"),
+    "attention_sum": ("MLP norm input", "made"),
     "mlp": ("MLP input (norm output), shared by gate and up", "after"),
     "w2": (_PRODUCT, "made"),
     "mlp_end": (_PRODUCT, "after"),
