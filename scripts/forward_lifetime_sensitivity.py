@@ -16,7 +16,10 @@ F8=nopre leaves out the sequence shards' float8 copies made before TP's gathers;
 charge's point (beside SiLU's and w3's outputs) instead of once `*` has released them.
 GATHERED=beyond plays each TP + SP gathered input at tpgathered's figure beyond the caller's shard (before §31.f8cast's
 second round), not whole beside the shard.
-usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [GATHERED=beyond] [ORDER=loss_first]
+ROWPARTIAL=off leaves out TP + SP's row-parallel partial sums and their reduce-scattered shards (before §31.f8cast's
+third round).
+usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [GATHERED=beyond] [ROWPARTIAL=off]
+       [ORDER=loss_first]
        PYTHONPATH=<checkout> python
        scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
 import os
@@ -46,11 +49,14 @@ original_split = fsdp2_layers.split_forward
 # F8=charge: Float8's casts played as the record's charge at w2 (before §31.f8cast), not each linear's at its matmul
 F8 = os.environ.get("F8", "")
 GATHERED = os.environ.get("GATHERED", "")
+ROWPARTIAL = os.environ.get("ROWPARTIAL", "")
 
 
 def split_forward(codes, points, residual, parts):
     if GATHERED == "beyond":
         parts = {**parts, "shard": 0}
+    if ROWPARTIAL == "off":
+        parts = {**parts, "row_partial": 0}
     if F8 == "charge":
         parts = {**parts, "float8_casts": ()}
     if F8 == "made":  # w2's casts beside SiLU's and w3's outputs (the charge's point), not after `*` released them
