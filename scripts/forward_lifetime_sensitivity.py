@@ -17,8 +17,8 @@ charge's point (beside SiLU's and w3's outputs) instead of once `*` has released
 GATHERED=beyond plays each TP + SP gathered input at tpgathered's figure beyond the caller's shard (before §31.f8cast's
 second round), not whole beside the shard.
 ROWPARTIAL=off leaves out TP + SP's row-parallel partial sums and their reduce-scattered shards (before §31.f8cast's
-third round).
-usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [GATHERED=beyond] [ROWPARTIAL=off]
+third round); ROWPARTIAL=wo (=w2) plays that linear's alone.
+usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [GATHERED=beyond] [ROWPARTIAL=off|wo|w2]
        [ORDER=loss_first]
        PYTHONPATH=<checkout> python
        scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import stage_terms  # noqa: E402
 
-from planner.cost import fsdp2_chunks, fsdp2_layers  # noqa: E402
+from planner.cost import fsdp2_chunks, fsdp2_layers, fsdp2_split  # noqa: E402
 from planner.cost.allocator import Alloc  # noqa: E402
 from planner.cost.fsdp2_events import DEFAULT  # noqa: E402
 
@@ -50,6 +50,9 @@ original_split = fsdp2_layers.split_forward
 F8 = os.environ.get("F8", "")
 GATHERED = os.environ.get("GATHERED", "")
 ROWPARTIAL = os.environ.get("ROWPARTIAL", "")
+if ROWPARTIAL in ("wo", "w2"):  # that linear's partial sum and shard alone
+    fsdp2_split._ROW_PARALLEL = {name: place for name, place in fsdp2_split._ROW_PARALLEL.items()
+                                 if name.startswith(ROWPARTIAL)}
 
 
 def split_forward(codes, points, residual, parts):
