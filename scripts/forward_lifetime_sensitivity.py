@@ -11,7 +11,16 @@ FORWARD=off: no forward requests beyond the kept block (main before §29.fwdlife
 RESIDUAL=off leaves out the one tensor of what the extra counts beyond the record (its lower side), unsplit;
 SPLIT=off plays that tensor unsplit, alive to the forward's end (branch fwdlife, before fsdp2_split).
 ORDER=loss_first puts each microbatch's output after the loss's forward (the order before §29.reserve405).
-usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8_SCALE=x] [ORDER=loss_first] PYTHONPATH=<checkout> python
+F8=charge plays Float8's casts as the record's charge at w2 (before §31.f8cast; F8_SCALE=x scales that charge);
+F8=nopre leaves out the sequence shards' float8 copies made before TP's gathers; F8=made plays w2's casts at the
+charge's point (beside SiLU's and w3's outputs) instead of once `*` has released them.
+GATHERED=beyond plays each TP + SP gathered input at tpgathered's figure beyond the caller's shard (before §31.f8cast's
+second round), not whole beside the shard.
+ROWPARTIAL=off leaves out TP + SP's row-parallel partial sums and their reduce-scattered shards (before §31.f8cast's
+third round); ROWPARTIAL=wo (=w2) plays that linear's alone.
+usage: FORWARD=chain [RESIDUAL=off] [SPLIT=off] [F8=charge] [F8_SCALE=x] [GATHERED=beyond] [ROWPARTIAL=off|wo|w2]
+       [ORDER=loss_first]
+       PYTHONPATH=<checkout> python
        scripts/forward_lifetime_sensitivity.py <ckplan evaluate arguments>"""
 import os
 import sys
@@ -20,7 +29,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import stage_terms  # noqa: E402
 
-from planner.cost import fsdp2_chunks, fsdp2_layers  # noqa: E402
+from planner.cost import fsdp2_chunks, fsdp2_layers, fsdp2_split  # noqa: E402
 from planner.cost.allocator import Alloc  # noqa: E402
 from planner.cost.fsdp2_events import DEFAULT  # noqa: E402
 
@@ -37,7 +46,28 @@ F8_SCALE = os.environ.get("F8_SCALE", "")
 original_split = fsdp2_layers.split_forward
 
 
+# F8=charge: Float8's casts played as the record's charge at w2 (before §31.f8cast), not each linear's at its matmul
+F8 = os.environ.get("F8", "")
+GATHERED = os.environ.get("GATHERED", "")
+ROWPARTIAL = os.environ.get("ROWPARTIAL", "")
+if ROWPARTIAL in ("wo", "w2"):  # that linear's partial sum and shard alone
+    fsdp2_split._ROW_PARALLEL = {name: place for name, place in fsdp2_split._ROW_PARALLEL.items()
+                                 if name.startswith(ROWPARTIAL)}
+
+
 def split_forward(codes, points, residual, parts):
+    if GATHERED == "beyond":
+        parts = {**parts, "shard": 0}
+    if ROWPARTIAL == "off":
+        parts = {**parts, "row_partial": 0}
+    if F8 == "charge":
+        parts = {**parts, "float8_casts": ()}
+    if F8 == "made":  # w2's casts beside SiLU's and w3's outputs (the charge's point), not after `*` released them
+        parts = {**parts, "float8_casts": tuple((name, "w2" if start == "w2_input" else start, end, program)
+                                                for name, start, end, program in parts.get("float8_casts", ()))}
+    if F8 == "nopre":  # the sequence shards' copies before TP's gathers left out
+        parts = {**parts, "float8_casts": tuple(place for place in parts.get("float8_casts", ())
+                                                if not place[0].startswith("pre:"))}
     if F8_SCALE and parts.get("float8"):
         cast = parts["float8"]
         parts = {**parts, "float8": int(cast * float(F8_SCALE))}

@@ -37,11 +37,14 @@ def per_rank(source: str, *extra: str) -> list[tuple[int, int, int]]:
 # §29.fwdlife each freed at its last use in the block's code, the 70B's reserve 1,080,033,280 higher, the 405B's
 # 620,756,992 lower: where the freed blocks fall, not how much is alive; since §29.fwdsplit the extra's one tensor
 # split into its parts, each freed with its sub-block or matmul: the 70B's 809,500,672 lower, the 405B's 75,497,472
-# higher, again where the freed blocks fall)
+# higher, again where the freed blocks fall; since §31.f8cast's second round the sub-modules' arguments freed after
+# their tensors and TP + SP's gathered input whole beside the caller's shard: the 70B's 134,217,728 higher, the
+# 405B's 452,984,832 lower, where the freed blocks fall; since its third round TP + SP's row-parallel partial sums
+# beside their reduce-scattered shards: the 70B's 2,147,483,648 lower, the 405B's 75,497,472 higher, likewise)
 PINNED = {"llama3_8b": [(2007565312, 24477148172, 28837937152)],
           # the 70B's reserve settles at the third step (allocator.settled_replay): 37,306,236,928 after two
-          "llama3_70b": [(17640734720, 35960979468, 39657144320)],
-          "llama3_405b": [(101470601216, 116722745344, 122211532800)]}
+          "llama3_70b": [(17640734720, 35960979468, 37643878400)],
+          "llama3_405b": [(101470601216, 116722745344, 121834045440)]}
 
 
 @pytest.mark.parametrize("function", sorted(PINNED))
@@ -99,9 +102,12 @@ def test_a_toml_in_mains_keys_predicts_as_the_same_toml_in_0_3_0s(tmp_path):
     # since §29.reserve405 both reserves moved: the blocks' forward requests played, each output made before its loss;
     # since §29.fwdlife rank 1's again, those requests freed at their last uses; since §29.fwdsplit rank 0's 8,388,608
     # and rank 1's 33,554,432 lower:
-    # the extra's parts freed with their sub-blocks or matmuls)
+    # the extra's parts freed with their sub-blocks or matmuls; since §31.f8cast's second round, the gathered input
+    # whole beside the caller's shard and the sub-modules' arguments freed after their tensors, rank 0's 8,388,608
+    # and rank 1's 33,554,432 higher again, where the freed blocks fall; since its third round, TP + SP's row-parallel
+    # partial sums beside their shards, rank 0's 33,554,432 lower)
     assert per_rank(str(tmp_path / "main.toml")) == per_rank(str(tmp_path / "release.toml")) == [
-        (13551501312, 16152805376, 17993564160), (13551528960, 23779617796, 28296871936)]
+        (13551501312, 16152805376, 17968398336), (13551528960, 23779617796, 28330426368)]
 
 
 def test_tokens_that_are_not_whole_sequences_are_refused():

@@ -31,7 +31,8 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
   is FSDP2's gathered float8 buffer, freed after the forward and gathered again: nothing kept. A
   checkpointed layer keeps only its input (the cast is rerun);
 - transient: the float8 copies of grad_output and the input at the largest linear's weight-grad
-  GEMM (Float8Linears.transient_bytes), added to the layer's;
+  GEMM (Float8Linears.transient_bytes), added to the layer's; in a checkpointed forward's replay each linear's
+  own forward casts instead, at its matmul (`forward_casts`, planner/cost/fsdp2_split.py);
 - a Megatron-core MoE block (no Float8 record of its own): its TE record's, the experts' grouped GEMMs in FP8, and
   for option none the FP8 inputs TE's linears save in place of the bf16 ones (planner/cost/te_moe_float8.py);
 - under TE, each selective option's kept bytes with the FP8 inputs the linears outside its rerun save
@@ -46,6 +47,7 @@ from __future__ import annotations
 from planner.cost import chunkedloss, runtimes, te_float8_kept, te_kept, te_moe_float8, te_moe_kept
 from planner.errors import UserError
 from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
+from planner.schema.profile import Float8Cast
 
 FP32_BYTES = 4
 
@@ -172,6 +174,31 @@ def with_float8(record: AllocRecord, *, kept: int, transient: int) -> AllocRecor
         input_grad = input_grad + 1 if input_grad >= cast_id else input_grad
         frees.insert(0, -cast_id)
     return record.model_copy(update={"forward": forward, "backward": backward + frees, "input_grad": input_grad})
+
+
+def forward_casts(layer: LayerProfile, setup: TrainSetup) -> list[Float8Cast]:
+    """The layer's converted linears' forward casts as this setup's forward makes them (Float8Linears.forward_casts):
+    each input's float8 copy, none where TP + SP's Float8 plan gathers it already cast (the runtime's
+    `tp_gathers_float8`: then the module's sequence shard's copy, `shard_bytes`, made before the gather); each
+    weight's, none where FSDP2 gathers the weights in float8 (`--fp8-all-gather` where FSDP shards: torchao eab345c
+    `Float8Linear.cast_weight_to_float8_t` returns the gathered float8 weight transposed, a view). [] unless the
+    layer runs torchao's Float8 linears with their memory charged (RuntimeFacts.float8_memory) and its record
+    holds the casts. torch.compile fuses each cast (`float8_tensor.py` 150-154: the fp32 upcast, the scaling and
+    the clamp are one pointwise kernel writing the float8 copy), so a cast makes its 1-byte copy and its fp32
+    scale; eager's fp32 intermediates (4 B an element) are not modelled, as the record's times are compiled."""
+    from planner.cost import dataparallel
+
+    record = runtimes.of(setup.training)
+    fp8 = layer.float8
+    if not (setup.training.float8 and fp8 is not None and fp8.forward_casts and record.float8 == "torchao"
+            and record.float8_memory):
+        return []
+    gathered = setup.training.fp8_all_gather and dataparallel.shard_size(setup) > 1
+    pre_cast = record.tp_gathers_float8
+    return [cast.model_copy(update={"input_bytes": 0 if pre_cast and cast.shard_bytes else cast.input_bytes,
+                                    "shard_bytes": cast.shard_bytes if pre_cast else 0,
+                                    "weight_bytes": 0 if gathered else cast.weight_bytes})
+            for cast in fp8.forward_casts]
 
 
 def _precompute_ms(profile: Profile) -> float:

@@ -147,7 +147,8 @@ def _tensors(tree) -> list[torch.Tensor]:
 def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_transient: bool = False,
                 scratch_terms: list[int] | None = None, scratch_freed_early: int = 0,
                 last_uses: tuple[int | None, ...] | None = None,
-                points: dict[str, tuple[int, str]] | None = None) -> LayerProfile:
+                points: dict[str, tuple[int, str]] | None = None,
+                freed_last: frozenset[int] = frozenset()) -> LayerProfile:
     """An analytic layer with none's and full's records made from the tensors its formulas count
     (`kept_terms`, the bytes of each kept tensor; the one equal to its saved input, which the
     previous layer made, left out): none's forward makes each kept tensor and the output; its
@@ -163,7 +164,8 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
     the term after whose making the block's eager forward frees each (None: alive to its end), from which full's
     record holds its checkpointed forward (`rerun_forward`: torch's checkpoint keeps none of them, so each is
     freed at its last use); None: no lifetimes read, none held. `points` (analytic_lifetimes.forward_points): named
-    points of that forward by term, held as indices into it (`rerun_points`)."""
+    points of that forward by term, held as indices into it (`rerun_points`); `freed_last`
+    (analytic_lifetimes.forward_freed_last): terms freed after the others freed at the same point."""
     keep = list(range(len(kept_terms)))
     if layer.input_in_act_bytes and layer.input_in_act_bytes in kept_terms:
         keep.remove(list(kept_terms).index(layer.input_in_act_bytes))
@@ -199,14 +201,15 @@ def synthesised(layer: LayerProfile, kept_terms: list[int], *, input_grad_in_tra
                                  input_grad=none_grad, params=params),
         OPTION_FULL: AllocRecord(forward=[layer.output_bytes], backward=[*terms, *full_backward], output=1,
                                  input_grad=full_grad, params=params,
-                                 **_checkpointed_forward(kept_terms, keep, last_uses, points)),
+                                 **_checkpointed_forward(kept_terms, keep, last_uses, points, freed_last)),
     }
     return layer.model_copy(update={"alloc_records": records})
 
 
-def _checkpointed_forward(kept_terms, keep: list[int], last_uses, points=None) -> dict:
+def _checkpointed_forward(kept_terms, keep: list[int], last_uses, points=None, freed_last=frozenset()) -> dict:
     """The kept terms `keep` (indices into kept_terms) made in order, each freed once the term its last use names
-    (last_uses, by index into kept_terms) is made (`rerun_forward`; [] without last_uses), and `points` (by term:
+    (last_uses, by index into kept_terms) is made, in their order, those of `freed_last` after the rest
+    (`rerun_forward`; [] without last_uses), and `points` (by term:
     before its making, right after it, after the frees that follow) as indices into those codes (`rerun_points`)."""
     if last_uses is None or len(last_uses) != len(kept_terms):
         return {"rerun_forward": []}
@@ -218,7 +221,8 @@ def _checkpointed_forward(kept_terms, keep: list[int], last_uses, points=None) -
         if at in ids:
             codes.append(kept_terms[at])
         marks[at, "made"] = len(codes)
-        codes += [-ids[dead] for dead in keep if last_uses[dead] == at]
+        dying = [dead for dead in keep if last_uses[dead] == at]
+        codes += [-ids[dead] for dead in sorted(dying, key=lambda dead: dead in freed_last)]
         marks[at, "after"] = len(codes)
     return {"rerun_forward": codes, "rerun_points": {name: marks[mark] for name, mark in (points or {}).items()}}
 

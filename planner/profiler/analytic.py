@@ -117,7 +117,11 @@ from planner.profiler.analytic_kept import (  # noqa: F401  read as analytic.<na
     offload_option,
     selective_options,
 )
-from planner.profiler.analytic_lifetimes import forward_last_uses, forward_points
+from planner.profiler.analytic_lifetimes import (
+    forward_freed_last,
+    forward_last_uses,
+    forward_points,
+)
 from planner.profiler.analytic_scratch import (  # noqa: F401  read as analytic.<name> by callers
     block_scratch,
     block_scratch_terms,
@@ -280,7 +284,7 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
            expert_param_count: int = 0, a2a_bytes: int = 0, kept_terms: tuple[int, ...] = (),
            splits: dict | None = None, scratch_terms: list[int] | None = None,
            scratch_freed_early: int = 0, last_uses: tuple[int | None, ...] | None = None,
-           points: dict | None = None) -> LayerProfile:
+           points: dict | None = None, freed_last: frozenset[int] = frozenset()) -> LayerProfile:
     """`times`: forward, backward and (optional, default one forward) what checkpointing reruns,
     in ms; `selective`: the layer's options beyond none and full; a MoE block's routed-expert
     parameters (of param_count) and what its dispatch sends (a2a_bytes); `input_grad_in_transient`: the
@@ -300,7 +304,7 @@ def _layer(name: str, kind: str, *, times: tuple[float, ...], act_bytes: int, in
         param_count=param_count, param_bytes=param_count * shape.d, transient_bytes=transient_bytes,
         expert_param_count=expert_param_count, a2a_bytes=a2a_bytes, step_ms=step_ms(param_count, gpu),
     ), list(kept_terms) or [act_bytes], input_grad_in_transient=input_grad_in_transient, scratch_terms=scratch_terms,
-       scratch_freed_early=scratch_freed_early, last_uses=last_uses, points=points)
+       scratch_freed_early=scratch_freed_early, last_uses=last_uses, points=points, freed_last=freed_last)
 
 
 def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> LayerProfile:
@@ -336,6 +340,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   kept_terms=tuple(term.num_bytes for term in block_terms(arch, shape, moe=moe)),
                   last_uses=forward_last_uses(block_terms(arch, shape, moe=moe)),
                   points=forward_points(block_terms(arch, shape, moe=moe)),
+                  freed_last=forward_freed_last(block_terms(arch, shape, moe=moe)),
                   output_bytes=boundary, input_in_act_bytes=boundary, param_count=block_params(arch, shape, moe=moe),
                   transient_bytes=block_transient_bytes(arch, shape, moe=moe), shape=shape, gpu=gpu,
                   scratch_terms=list(scratch.terms), scratch_freed_early=scratch.freed_early,

@@ -73,6 +73,7 @@ from planner.profiler.formulas import Shape, kv_width, q_width
 from planner.profiler.opsac import OPTION_OP_SAC
 from planner.profiler.roofline import Kernel, Work, work
 from planner.schema import OPTION_FULL, Float8Linears
+from planner.schema.profile import Float8Cast
 
 CAST_BYTES = 5  # amax read (2) + cast read (2) + float8 write (1), per bf16 element, fused
 FP8_ALIGN = 16  # torchtitan converts a linear whose weight's dims are multiples of 16 (tensor cores)
@@ -316,7 +317,28 @@ def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, W
     return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
                          fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=bwd_ms, bwd_input_recast_ms=recast,
                          recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
-                         rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears))
+                         rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears),
+                         forward_casts=[] if te else forward_casts(linears))
+
+
+def _local(fqn: str) -> str:
+    """A linear's name in its block: the FQN's last two parts ("attention.wq")."""
+    return ".".join(fqn.split(".")[-2:]) if "." in fqn else fqn
+
+
+def forward_casts(linears: list[Linear]) -> list[Float8Cast]:
+    """Each converted linear's forward casts, in the order the block runs them (torchao eab345c
+    `float8_linear.py` 355-385 `Float8Linear.forward`: `cast_input_to_float8`, then `cast_weight_to_float8_t`
+    unless the weight arrived in float8; `float8_tensor.py` 153-154: the float8 copy, 1 B an element, with its fp32
+    scale): the input, tokens x in-features; under TP + SP's Float8 plan a column-parallel linear's input arrives
+    cast (`PrepareFloat8ModuleInput` cast the norm's sequence shard before its all-gather: Linear.shard_rows, the
+    shard's copy recorded) and a row-parallel one's is cast in `Float8RowwiseParallel._prepare_input_fn`, its own
+    tokens x local width; the weight, in x out features as the device holds them (not made where FSDP2 gathers
+    it in float8: planner/cost/float8.py decides)."""
+    return [Float8Cast(linear=_local(linear.fqn), source=linear.reads.split(".")[-1] if linear.reads else
+                       _local(linear.fqn), input_bytes=linear.tokens * linear.k,
+                       shard_bytes=linear.shard_rows * linear.k, weight_bytes=linear.weight_elements)
+            for linear in linears]
 
 
 def module_linears(layer, x, prefix: str) -> list[Linear]:

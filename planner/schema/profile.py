@@ -143,6 +143,21 @@ class LayerContextParallel(Strict):
     kv_bytes: Bytes  # the rank's K and V together per microbatch
     attention_fwd_ms: Ms
     attention_bwd_ms: Ms
+class Float8Cast(Strict):
+    """One converted linear's forward casts as torchao's tensorwise Float8Linear makes them (planner/profiler/float8.py
+    `forward_casts`), bytes at 1 B an element, each with its fp32 scale: its input's float8 copy (`input_bytes`:
+    tokens x in-features as the device holds them), or, where TP + SP's Float8 plan casts the module's sequence shard
+    before gathering it (PrepareFloat8ModuleInput), that shard's copy (`shard_bytes`; 0: no such plan here); its
+    weight's float8 copy (`weight_bytes`: in x out features), made unless FSDP2 gathers the weight in float8.
+    `source`: the tensor its input is (linears that read one tensor share one cast: compiled, CSE)."""
+
+    linear: str  # the linear's name in its block, e.g. "attention.wq"
+    source: str
+    input_bytes: Bytes
+    shard_bytes: Bytes = 0
+    weight_bytes: Bytes
+
+
 class Float8Linears(Strict):
     """What Float8 training (torchao's Float8Linear, dynamic tensorwise scaling, as torchtitan's
     float8 converter swaps it in; planner/profiler/float8.py) changes in one layer: the converted
@@ -164,6 +179,9 @@ class Float8Linears(Strict):
     # the float8 casts alive at once beyond the bf16 layer's transient (the largest converted
     # linear's backward: grad_output's and the input's casts)
     transient_bytes: Bytes = 0
+    # each converted linear's forward casts, in the order the block runs them (torchao's Float8 record only; []
+    # where not recorded: the cost model then plays transient_bytes at the down projection, an upper bound)
+    forward_casts: list[Float8Cast] = []
 
 
 class CompiledTime(Strict):
