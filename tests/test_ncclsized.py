@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from planner.cost import dataparallel, nccltuner, sizedreduce
+from planner.cost import dataparallel, nccl_buffers, nccltuner, sizedreduce
 from planner.schema import TrainSetup
 
 # an H100 node of 8 GPUs and 8 NICs: the ring's bus rate min(8 x 46.08, 354.9) = 354.9 GB/s over 8 NICs
@@ -145,7 +145,7 @@ def test_gpu_fields_from_the_gpu_record():
     from planner.models import archs
 
     h100 = archs.gpu("h100-sxm")
-    assert sizedreduce.gpu_fields(_Profile(), h100) == {"nccl_capability": 90, "nccl_nics_per_gpu": h100.nics_per_gpu}
-    assert sizedreduce.gpu_fields(_Profile(), h100, 2.0)["nccl_nics_per_gpu"] == 2.0  # --nics-per-gpu
-    assert sizedreduce.gpu_fields(_Profile(), archs.gpu("mi300x")) == {}  # RCCL: not read
-    assert sizedreduce.gpu_fields(_Profile("cpu"), h100) == {}
+    assert nccl_buffers.gpu_fields(_Profile(), h100) == {"nccl_capability": 90, "nccl_nics_per_gpu": h100.nics_per_gpu}
+    assert nccl_buffers.gpu_fields(_Profile(), h100, 2.0)["nccl_nics_per_gpu"] == 2.0  # --nics-per-gpu
+    assert nccl_buffers.gpu_fields(_Profile(), archs.gpu("mi300x")) == {}  # RCCL: not read
+    assert nccl_buffers.gpu_fields(_Profile("cpu"), h100) == {}

@@ -378,7 +378,7 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
               activations_offloadable: bool = True) -> dict:
     """TrainSetup's data-parallel fields from the options, the bandwidths defaulted from the
     profile's GPU (and said), the host step speed from the profile's measurement."""
-    from planner.cost import sizedreduce
+    from planner.cost import nccl_buffers
     from planner.cost.dataparallel import profile_gpu
     from planner.cost.links import default_links
 
@@ -412,7 +412,7 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
                   host_gb_per_s=links.host_gb_per_s, devices_per_node=links.devices_per_node,
                   ep_gb_per_s=links.ep_gb_per_s if ep > 1 else None)
     if profile.device.type == "cuda":  # the GPU NCCL's tuner sizes an all-reduce across nodes for
-        fields.update(sizedreduce.gpu_fields(profile, profile_gpu(profile), options.nics_per_gpu))
+        fields.update(nccl_buffers.gpu_fields(profile, profile_gpu(profile), options.nics_per_gpu))
     if offload_optimizer:
         fields["host_step_ns_per_param"] = host_step_ns or profile_host_step_ns(profile, optimizer)
         notes.append(host_step_note(profile, optimizer, given=host_step_ns))

@@ -278,3 +278,14 @@ def rank_buffers(stage: int, setup, profile) -> dict[str, int]:
     nvls = not getattr(getattr(setup, "training", None), "nccl_nvls_off", False)
     return {c.name: communicator_bytes(c, gpu, domain=domain, nvls=nvls)
             for c in rank_communicators(stage, setup, profile)}
+
+
+def gpu_fields(profile, gpu, nics_per_gpu: float | None = None) -> dict:
+    """The setup's nccl_capability and nccl_nics_per_gpu, which NCCL's tuner on a sized all-reduce reads
+    (planner/cost/sizedreduce.py), for a cuda profile's GPU record `gpu` (planner/models/gpus.py; its NICs, or
+    --nics-per-gpu), where NCCL_GPUS knows its capability; {} elsewhere (a CPU, an AMD GPU under RCCL: the ring's
+    rate alone)."""
+    known = NCCL_GPUS.get(getattr(gpu, "name", None)) if profile.device.type == "cuda" else None
+    if known is None:
+        return {}
+    return {"nccl_capability": known.capability, "nccl_nics_per_gpu": nics_per_gpu or gpu.nics_per_gpu}

@@ -74,14 +74,3 @@ def all_reduce_ms(num_bytes: float, ranks: int, setup: TrainSetup, gb_per_s: flo
     """ms of one all-reduce of `num_bytes` over the data-parallel group's `ranks` (tuned_all_reduce)."""
     return tuned_all_reduce(num_bytes, ranks, setup, gb_per_s)[2]
 
-
-def gpu_fields(profile, gpu, nics_per_gpu: float | None = None) -> dict:
-    """The setup's nccl_capability and nccl_nics_per_gpu for a cuda profile's GPU record `gpu`
-    (planner/models/gpus.py; its NICs, or --nics-per-gpu), where NCCL's buffers know its capability
-    (nccl_buffers.NCCL_GPUS); {} elsewhere (a CPU, an AMD GPU under RCCL: the ring's rate alone)."""
-    from planner.cost.nccl_buffers import NCCL_GPUS
-
-    known = NCCL_GPUS.get(getattr(gpu, "name", None)) if profile.device.type == "cuda" else None
-    if known is None:
-        return {}
-    return {"nccl_capability": known.capability, "nccl_nics_per_gpu": nics_per_gpu or gpu.nics_per_gpu}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from planner.cost import dataparallel, links, sizedreduce
+from planner.cost import dataparallel, links, nccl_buffers
 from planner.models import copy_engines, network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
@@ -147,7 +147,7 @@ def _links(profile: Profile, degrees: Degrees, gpus_per_node: int, *, host: int)
                 replica_gb_per_s=network_rate.collective_rate(gpu, max(1, degrees.dp // shards), degrees.tp * shards,
                                                               gpus_per_node),
                 host_gb_per_s=gpu.host_link_gb_per_s, devices_per_node=host,
-                **sizedreduce.gpu_fields(profile, gpu),
+                **nccl_buffers.gpu_fields(profile, gpu),
                 ep_gb_per_s=experts if degrees.ep > 1 else None,
                 dp_notes=[f"{gpu.name}, {gpus_per_node} GPUs a node, tp {degrees.tp}: groups within a node at "
                           f"{gpu.node_collective_rate:g} GB/s, across nodes at {gpu.network_collective_rate:g} GB/s "
