@@ -4,18 +4,16 @@ real block under torch.utils.checkpoint frees it; under TP + SP, PrepareModuleIn
 shard alive beside the gathered input the module runs on (torch's fake process group), so the split forward plays
 the gathered tensor whole beside the record's shard (docs/framework-facts.md §144)."""
 
-import sys
 import weakref
-from pathlib import Path
 
 import torch
+from fixtures import (
+    llama_style as llama,  # the package path: tests/fixtures on sys.path would hide scripts/
+)
 
 from planner.cost.cpring import peak
 from planner.cost.fsdp2_split import split_forward
 from planner.profiler.allocseq import layer_records
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-import llama_style as llama  # noqa: E402
 
 X = llama.SEQ * llama.DIM * 2  # a block's input, bf16: 4,096 B
 GATE = llama.SEQ * llama.HIDDEN * 2  # an f-wide tensor: 11,008 B

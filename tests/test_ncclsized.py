@@ -127,7 +127,8 @@ def test_grad_reduce_uses_the_tuner_across_nodes():
 
 
 def test_torchtitan_runs_v2_21():
-    assert sizedreduce.nccl_version(_setup(runtime="torchtitan")) == nccltuner.V2_21
+    assert sizedreduce.nccl_version(_setup(runtime="torchtitan", runtime_version="9dec370")) == nccltuner.V2_21
+    assert sizedreduce.nccl_version(_setup(runtime="torchtitan")) == nccltuner.V2_27  # the newest: not read
     assert sizedreduce.nccl_version(_setup()) == nccltuner.V2_27
 
 

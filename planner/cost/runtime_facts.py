@@ -285,6 +285,8 @@ class RuntimeFacts:
     """Bytes per parameter of the rank's optimizer shard each logging read moves once a step
     (Megatron-LM's --log-params-norm over the fp32 main parameters, --log-num-zeros-in-grad over the
     fp32 main gradients); 0: not read, refused."""
+    nccl_version: str = "2.27.7"
+    """The NCCL whose tuning tables the job's tuner runs (planner/cost/sizedreduce.py: "2.21.5" or "2.27.7")."""
     zero1_all_reduces: bool = False
     """Under ZeRO 1 the runtime all-reduces the whole gradients over the data-parallel group and each rank
     steps its shard of them (DeepSpeed's PipelineEngine with its BF16_Optimizer: ReduceGrads runs

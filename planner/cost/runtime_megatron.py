@@ -66,6 +66,8 @@ FUSED_LOSS_AND_GROUPED_GEMM_SOURCES = {
                       "tests/test_megatron_fused_ce.py): the cast and max (read 2, write 4), subtract, exp and sum (4 + "
                       "4), divide (4 + 4), and in the backward the index_put's copy, the multiply and the cast (read 4, "
                       "write 4, read 4, write 4 + 2): 40 B a logit, fused_cross_entropy.py at Megatron-LM ad2ab2ca",
+    "nccl_version": "NCCL 2.27.7, Megatron-Bridge 25.11's container (framework-facts §142, §148); the functional "
+                    "tests' runs read at the same tables",
     "side_communicators": "megatron-core 92c8482e: each process group its own NCCL communicator, made at its first "
                           "collective (initialize.py 342-355 passes no device_id); the default group's barriers "
                           "(megatron/training/initialize.py 221-229, 399-401), the model-parallel group's norm and "

@@ -59,6 +59,7 @@ AFTER_STEP_NOT_READ = {
     "host_rest_linears": "not read for this runtime (no host time charged outside the blocks)",
     "step_collectives": "not read for this runtime (its step's scalar all-reduces not charged)",
     "zero1_all_reduces": "not read for this runtime: ZeRO 1 reduce-scatters (the gradients' shard reduced where stepped)",
+    "nccl_version": "not read for this runtime: NCCL v2.27.7-1's tuning tables, the newest read (nccltuner.py)",
     "hp_grad_accumulate_bytes": "not read for this runtime: its backward accumulates into the gradient it reduces",
     "hp_grad_bytes": "not read for this runtime: the gradient it accumulates and reduces is the only one (grad_bytes)",
     "hp_grad_cast_bytes": "not read for this runtime: nothing cast after each backward (hp_grad_accumulate_bytes 0)",

@@ -147,6 +147,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
         accumulates_without_pipeline=version not in ("9dec370", "bbb1b616"),
         loss_requests_eager_ce=version == "9dec370",
+        nccl_version="2.21.5" if version == "9dec370" else "2.27.7",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
             **BRIDGE_SETTINGS_NOT_READ, "te_moe_experts_kept": EAGER_MOE_KEPT,
@@ -284,6 +285,9 @@ def torchtitan(version: str) -> RuntimeFacts:
                                   f"mapped by cuMemCreate outside the caching allocator (torch/csrc/distributed/c10d/"
                                   f"CUDASymmetricMemory.cu, pytorch 07506d39)",
             **AFTER_STEP_NOT_READ,
+            "nccl_version": ("torch 1963fc8's NCCL as torch 2.6.0 pins it (nvidia-nccl-cu12 2.21.5: framework-facts "
+                             "§141, §148)" if version == "9dec370" else
+                             "not read at this version: NCCL v2.27.7-1's tuning tables, the newest read"),
             "loss_requests_eager_ce": ("torchtitan/train.py 9dec370: loss_fn = cross_entropy(pred.flatten(0, 1).float(), "
                                        "labels.flatten(0, 1)), eager, under loss_parallel with TP; its requests as "
                                        "torch/distributed/tensor/parallel/loss.py and derivatives.yaml make them "

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from planner.cost import nccltuner
+from planner.cost import nccltuner, runtimes
 from planner.cost.comm import MS_PER_US, NCCL_STEP_LATENCY_US
 from planner.models import network_rate
 from planner.schema import TrainSetup
@@ -35,9 +35,10 @@ GB = 1e9
 
 
 def nccl_version(setup: TrainSetup) -> str:
-    """The NCCL whose tables the job's tuner runs: torch 2.6.0's nvidia-nccl-cu12 2.21.5 under torchtitan, else
-    v2.27.7 (Megatron-Bridge 25.11's container, and the tables nccltuner's scalar choice reads)."""
-    return nccltuner.V2_21 if setup.training.runtime == "torchtitan" else nccltuner.V2_27
+    """The NCCL whose tables the job's tuner runs, as the runtime's record reads it (RuntimeFacts.nccl_version:
+    torch 2.6.0's nvidia-nccl-cu12 2.21.5 under torchtitan 9dec370; else v2.27.7, Megatron-Bridge 25.11's container
+    and the tables nccltuner's scalar choice reads)."""
+    return runtimes.of(setup.training).nccl_version
 
 
 def tuned_all_reduce(num_bytes: float, ranks: int, setup: TrainSetup, gb_per_s: float | None, *,
