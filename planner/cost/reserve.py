@@ -157,7 +157,41 @@ def _scratch_events(records: Sequence[AllocRecord], scratch_bytes: int) -> list[
 # ---------------------------------------------------------------- the passes
 
 
-class _Step:
+class RecordPlayer:
+    """What every step player does with a layer's record (its `records` and `events`): play a pass, free what the
+    backward left alive, free a layer's output. Keys: (*scope, id) for a recorded allocation."""
+
+    events: list
+    records: Sequence[AllocRecord]
+
+    def _play(self, codes: Sequence[int], scope: tuple, *, start: int, rename: dict | None = None) -> int:
+        """A recorded pass whose first allocation is id start + 1; a free of a key in `rename`
+        frees what stands for it. Returns the last id made."""
+        count, add = start, self.events.append
+        for code in codes:
+            if code > 0:
+                count += 1
+                add(Alloc((*scope, count), code))
+            else:
+                key = (*scope, -code)
+                add(Free(rename.get(key, key) if rename else key))
+        return count
+
+    def _free_left(self, record: AllocRecord, scope: tuple, *, keep: tuple, skip: set = frozenset()) -> None:
+        """After the backward: whatever of the forward and backward is still alive, but the ids in
+        `keep` (the forward's output, its consumer frees it; the gradient handed back)."""
+        for ident in _alive([*record.forward, *record.backward]):
+            if ident not in keep and (*scope, ident) not in skip:
+                self.events.append(Free((*scope, ident)))
+
+    def _free_output(self, key, i: int) -> None:
+        """Layer i's output of microbatch (or step key) `key`, freed where its consumer is done with it."""
+        output = self.records[i].output
+        if output:
+            self.events.append(Free((key, i, output)))
+
+
+class _Step(RecordPlayer):
     """Appends a stage's forward and backward passes of one microbatch to `events`. Keys: a
     recorded allocation is (mb, layer index or "loss", id); a copy back ("back", mb, i, id)."""
 
@@ -217,26 +251,6 @@ class _Step:
         if grad is not None:  # the stage's input gradient, sent
             self.events.append(Free(grad))
 
-    def _play(self, codes: Sequence[int], scope: tuple, *, start: int, rename: dict | None = None) -> None:
-        """A recorded pass whose first allocation is id start + 1; a free of a key in `rename`
-        frees what stands for it."""
-        mb, where = scope
-        count, add = start, self.events.append
-        for code in codes:
-            if code > 0:
-                count += 1
-                add(Alloc((mb, where, count), code, 0))
-            else:
-                key = (mb, where, -code)
-                add(Free(rename.get(key, key) if rename else key, False))
-
-    def _free_left(self, record: AllocRecord, scope: tuple, *, keep: tuple, skip: set = frozenset()) -> None:
-        """After the backward: whatever of the forward and backward is still alive, but the ids in
-        `keep` (the forward's output, its consumer frees it; the gradient handed back)."""
-        for ident in _alive([*record.forward, *record.backward]):
-            if ident not in keep and (*scope, ident) not in skip:
-                self.events.append(Free((*scope, ident)))
-
     def _copies_back(self, record: AllocRecord, mb: int, i: int) -> dict[tuple, tuple]:
         """The layer's saved blocks come back: the copies back are allocated (prefetch, on the
         compute stream), each starts once its copy out is done, and the compute waits for them;
@@ -268,11 +282,6 @@ class _Step:
             done += 1
         self.events += [Ready(key) for key in self.offloaded[:done]]
         self.offloaded = self.offloaded[done:]
-
-    def _free_output(self, mb: int, i: int) -> None:
-        output = self.records[i].output
-        if output:
-            self.events.append(Free((mb, i, output)))
 
 
 def _keeps_input(layer: LayerProfile, option: str, record: AllocRecord) -> bool:

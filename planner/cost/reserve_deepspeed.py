@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from planner.cost import allocator, dataparallel, deepspeed_terms, deepspeed_zero3
 from planner.cost.allocator import Alloc, Event, Free, Ready, Replayed, Sync
-from planner.cost.reserve import _alive, _count, _keeps_input, plan_records
+from planner.cost.reserve import RecordPlayer, _count, _keeps_input, plan_records
 from planner.cost.reserve_fsdp2 import expandable_segments
 from planner.cost.reserve_megatron import (
     MAX_STEPS,
@@ -157,7 +157,7 @@ class Coordinator:
         return self.block[param[1]].param_numels[param[2]]
 
 
-class _StepPlayer:
+class _StepPlayer(RecordPlayer):
     """One step's passes on the rank, appended to `events`."""
 
     def __init__(self, layers, options, records, static: DsStatic, coordinator: Coordinator, *,
@@ -326,25 +326,6 @@ class _StepPlayer:
         self.bucket, self.bucket_numel = [], 0
 
     # ------------------------------------------------------------ reserve.py's pass helpers
-
-    def _play(self, codes: Sequence[int], scope: tuple, *, start: int) -> int:
-        count = start
-        for code in codes:
-            if code > 0:
-                count += 1
-                self.events.append(Alloc((*scope, count), code))
-            else:
-                self.events.append(Free((*scope, -code)))
-        return count
-
-    def _free_left(self, record: AllocRecord, scope: tuple, *, keep: tuple) -> None:
-        for ident in _alive([*record.forward, *record.backward]):
-            if ident not in keep:
-                self.events.append(Free((*scope, ident)))
-
-    def _free_output(self, key: tuple, i: int) -> None:
-        if self.records[i].output:
-            self.events.append(Free((key, i, self.records[i].output)))
 
 
 def _kept(layer: LayerProfile, option: str) -> int:

@@ -67,7 +67,7 @@ from planner.cost import (
 )
 from planner.cost.allocator import Alloc, Event, Free, Replayed
 from planner.cost.fsdp2_layers import parameter_parts, tensor_split
-from planner.cost.reserve import _alive, _count, _keeps_input, _sizes, plan_records
+from planner.cost.reserve import RecordPlayer, _alive, _count, _keeps_input, _sizes, plan_records
 from planner.cost.reserve_fsdp2 import expandable_segments
 from planner.cost.reserve_megatron import (
     MAX_STEPS,
@@ -172,7 +172,7 @@ class _Window:
         return [j for j, at in self.groups.items() if at == i]
 
 
-class _StepPlayer:
+class _StepPlayer(RecordPlayer):
     """One step's passes on the rank, appended to `events`."""
 
     def __init__(self, layers, options, records, static: FsdpStatic, *, loss: AllocRecord, keeps_logits: bool,
@@ -310,25 +310,6 @@ class _StepPlayer:
                 start += 1 if item > 0 else 0
 
     # ------------------------------------------------------------ reserve.py's pass helpers
-
-    def _play(self, codes: Sequence[int], scope: tuple, *, start: int, rename: dict | None = None) -> None:
-        count = start
-        for code in codes:
-            if code > 0:
-                count += 1
-                self.events.append(Alloc((*scope, count), code))
-            else:
-                k = (*scope, -code)
-                self.events.append(Free(rename.get(k, k) if rename else k))
-
-    def _free_left(self, record: AllocRecord, scope: tuple, *, keep: tuple, skip: set = frozenset()) -> None:
-        for ident in _alive([*record.forward, *record.backward]):
-            if ident not in keep and (*scope, ident) not in skip:
-                self.events.append(Free((*scope, ident)))
-
-    def _free_output(self, key: tuple, i: int) -> None:
-        if self.records[i].output:
-            self.events.append(Free((key, i, self.records[i].output)))
 
 
 def step_player(layers: Sequence[LayerProfile], options: Sequence[str], records: Sequence[AllocRecord], *,
