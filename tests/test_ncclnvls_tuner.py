@@ -180,3 +180,27 @@ def test_the_megatron_export_says_nvls_was_scored_off():
     assert [line for line in off if "NCCL_NVLS_ENABLE" in line] == [
         "# scored with NCCL_NVLS_ENABLE=0 in the launch's environment"]
     assert not any("NCCL_NVLS_ENABLE" in line for line in emit_megatron._test_settings(TrainingSetup()))
+
+
+def test_the_launch_files_set_the_nccl_environment_the_plan_was_scored_with(tmp_path):
+    """A plan scored with NVLS off (or Ring / Simple forced) sets it in every exported launch's environment, whatever
+    the framework; a plan scored without them sets neither."""
+    from fixtures.cli import run_ok
+
+    from planner import io
+    from planner.models import archs
+    from planner.profiler.analytic import Shape, analytic_profile
+    from planner.schema import FileRef
+
+    tiny = archs.Arch(name="tiny-llama", hidden_size=256, intermediate_size=704, num_layers=4, num_heads=4,
+                      num_kv_heads=2, vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=1024)
+    io.save_profile(analytic_profile(tiny, Shape(seq_len=256, micro_batch_size=1), gpu=archs.gpu("h100"),
+                                     model=FileRef(file="arch:tiny-llama", sha256="0" * 64)), tmp_path / "tiny.json")
+    base = ("solve", "--profile", tmp_path / "tiny.json", "--stages", "2", "--dp", "4", "--microbatches", "4",
+            "--mem", "80GB", "--runtime", "torchtitan", "--precision", "bf16-mixed")
+    run_ok(*base, "--nccl-nvls-off", "--out", tmp_path / "off.yaml")
+    run_ok(*base, "--out", tmp_path / "on.yaml")
+    for name in ("off", "on"):
+        run_ok("export", tmp_path / f"{name}.yaml", "--to", "torchrun")
+    assert "export NCCL_NVLS_ENABLE=0" in (tmp_path / "off.torchrun.sh").read_text()
+    assert "NCCL_NVLS_ENABLE" not in (tmp_path / "on.torchrun.sh").read_text()

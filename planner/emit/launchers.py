@@ -98,6 +98,9 @@ def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tup
     if framework == "torchtitan" and not reserve_fsdp2.launch_sets_expandable(plan.setup, job_gpus=world,
                                                                                gpus_per_node=gpus_per_node):
         env = tuple((name, value) for name, value in env if name != "PYTORCH_ALLOC_CONF")
+    training = plan.setup.training  # NCCL's settings the plan was scored with, in every process's environment
+    env += (("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "simple")) if training.nccl_ring_simple else ()
+    env += (("NCCL_NVLS_ENABLE", "0"),) if training.nccl_nvls_off else ()
     resource = "amd.com/gpu" if gpu_name.lower().startswith("mi") else "nvidia.com/gpu"
     return Launch(name=job_name(plan_path.stem), num_nodes=world // per_node, gpus_per_node=per_node,
                   entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER, env=env)
