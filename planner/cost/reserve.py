@@ -184,6 +184,13 @@ class RecordPlayer:
             if ident not in keep and (*scope, ident) not in skip:
                 self.events.append(Free((*scope, ident)))
 
+    def _loss_backward(self, key) -> tuple | None:
+        """The loss's backward of microbatch (or step key) `key` (its record: `self.loss`), what it leaves freed; the
+        key of the gradient it hands the last layer (None: none recorded)."""
+        self._play(self.loss.backward, (key, "loss"), start=_count(self.loss.forward))
+        self._free_left(self.loss, (key, "loss"), keep=(self.loss.input_grad, self.loss.output))
+        return (key, "loss", self.loss.input_grad) if self.loss.input_grad else None
+
     def _free_output(self, key, i: int) -> None:
         """Layer i's output of microbatch (or step key) `key`, freed where its consumer is done with it."""
         output = self.records[i].output
@@ -230,9 +237,7 @@ class _Step(RecordPlayer):
         last = len(self.layers) - 1
         grad = None  # the key of the gradient the next pass receives; None: a receive buffer
         if self.loss is not None:
-            self._play(self.loss.backward, (mb, "loss"), start=_count(self.loss.forward))
-            self._free_left(self.loss, (mb, "loss"), keep=(self.loss.input_grad, self.loss.output))
-            grad = (mb, "loss", self.loss.input_grad) if self.loss.input_grad else None
+            grad = self._loss_backward(mb)
         for i in range(last, -1, -1):
             layer, option, record = self.layers[i], self.options[i], self.records[i]
             self._ready_by(self.now)

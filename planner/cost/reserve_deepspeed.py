@@ -214,9 +214,7 @@ class _StepPlayer(RecordPlayer):
             self._free_output(key, last)
 
     def backward(self, key: tuple) -> None:
-        self._play(self.loss.backward, (key, "loss"), start=_count(self.loss.forward))
-        self._free_left(self.loss, (key, "loss"), keep=(self.loss.input_grad, self.loss.output))
-        grad = (key, "loss", self.loss.input_grad) if self.loss.input_grad else None
+        grad = self._loss_backward(key)
         last = len(self.records) - 1
         for i in range(last, -1, -1):
             record, start = self.records[i], _count(self.records[i].forward)
