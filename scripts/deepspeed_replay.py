@@ -12,7 +12,6 @@ block, or a reduced gradient's, or both, cached again at once rather than after 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -60,12 +59,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.cached_at_once:
         _cached_at_once(args.cached_at_once)
-    rows = {row.id: row for row in published_rows.load_table().rows}
-    if args.row not in rows:
-        parser.error(f"no row {args.row} in scripts/published_rows.toml")
     try:
-        argv = published_rows.evaluate_args(rows[args.row], args.work) + shlex.split(args.also)
-        stages, profile, setup, cost = published_rows.capture(argv)
+        stages, profile, setup, cost = published_rows.capture_row(args.row, args.work, args.also)
     except published_rows.HarnessError as exc:
         parser.error(str(exc))
     for index, (stage, rank) in enumerate(zip(stages, cost.stages)):

@@ -11,7 +11,6 @@ iteration. `--also` appends `ckplan evaluate` arguments to the row's (a what-if:
 """
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -52,12 +51,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--work", type=Path, default=published_rows.WORK)
     parser.add_argument("--also", default="", help="ckplan evaluate arguments appended to the row's")
     args = parser.parse_args(argv)
-    rows = {row.id: row for row in published_rows.load_table().rows}
-    if args.row not in rows:
-        parser.error(f"no row {args.row} in scripts/published_rows.toml")
     try:
-        argv = published_rows.evaluate_args(rows[args.row], args.work) + shlex.split(args.also)
-        stages, profile, setup, cost = published_rows.capture(argv)
+        stages, profile, setup, cost = published_rows.capture_row(args.row, args.work, args.also)
     except published_rows.HarnessError as exc:
         parser.error(str(exc))
     found = decompose(stages, profile, setup)

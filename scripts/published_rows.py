@@ -226,6 +226,15 @@ class _Captured(Exception):
     """Raised by the spy once the hand configuration is costed: nothing after it is needed."""
 
 
+def capture_row(row_id: str, work: Path, also: str = ""):
+    """capture() of a row of the table by its id, with `also` (ckplan evaluate arguments) after the row's; an
+    unknown id is a HarnessError."""
+    rows = {row.id: row for row in load_table().rows}
+    if row_id not in rows:
+        raise HarnessError(f"no row {row_id} in scripts/published_rows.toml")
+    return capture(evaluate_args(rows[row_id], work) + shlex.split(also))
+
+
 def capture(argv: list[str]):
     """`ckplan evaluate ARGV`'s hand configuration: (stages, profile, setup, cost) as the cost model
     was given and returned them (the first `costmodel.evaluate` call, §5's terms.py)."""
