@@ -62,14 +62,15 @@ def te_default(name: str, tp: int | None = None) -> dict:
 def read_tp_overlap(flags, job, *, where: str, files: dict[str, str] | None) -> None:
     """--tp-comm-overlap (the runtime's tp_overlap) and --tp-comm-overlap-cfg: a file read here, per GEMM, into
     JobSettings.ub_gemms; a Bridge config name left in JobSettings.ub_cfg."""
-    if flags.take("--tp-comm-overlap", "TE's TP communication overlapped with the GEMMs (the runtime's tp_overlap, "
-                  "--tp-overlap tp-comm-overlap)", bool, False):
-        if job.tp > 1 and not job.sp:  # arguments.py 1441-1442 at d98e8a64ddf3 asserts it
-            raise UserError("--tp-comm-overlap needs --sequence-parallel; Megatron-LM refuses it without")
-        if job.tp > 1:
-            job.modelled.tp_overlap = "tp-comm-overlap"
-        else:
-            flags.sink[-1] = (*flags.sink[-1][:2], "no effect", "TP 1: no collectives to overlap")
+    overlap = flags.take("--tp-comm-overlap", "TE's TP communication overlapped with the GEMMs (the runtime's "
+                         "tp_overlap, --tp-overlap tp-comm-overlap)", bool, False)
+    if overlap and job.tp == 1:  # arguments.py 1433-1442 at d98e8a64ddf3: SP turned off at TP 1, then asserted
+        raise UserError("--tp-comm-overlap at tensor-parallel size 1: Megatron-LM turns sequence parallelism off at "
+                        "TP 1 and then refuses the overlap without it; drop --tp-comm-overlap or give TP 2 or more")
+    if overlap and not job.sp:  # arguments.py 1441-1442 at d98e8a64ddf3 asserts it
+        raise UserError("--tp-comm-overlap needs --sequence-parallel; Megatron-LM refuses it without")
+    if overlap:
+        job.modelled.tp_overlap = "tp-comm-overlap"
     given = flags.given.get("--tp-comm-overlap-cfg")
     found = None if given is None or len(given) != 1 else find(given[0], where=where, files=files or {})
     if found is None:
