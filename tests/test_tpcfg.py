@@ -165,3 +165,10 @@ def test_a_hidden_pass_costs_the_files_sms(tmp_path):
     assert one == comm.collective_ms("reduce-scatter", 64 << 20, 2, comm.tp_link(setup.comm))
     # each collective `one` ms: forward 0 + 4 + 1 + 16 = 21 SMs, backward 0 + 2 + 3 + 16 + 16 + 16 = 53
     assert comm.layer_comm_ms(layer, 0, setup) == pytest.approx(one * (21 + 53) / 100, rel=1e-12)
+
+
+def test_without_the_overlap_the_file_is_never_opened(tmp_path):
+    # Megatron-LM makes TE's communicators only under --tp-comm-overlap (initialize.py 164-166 at d98e8a64)
+    job = from_pairs([*BASE[:-1], ("--tp-comm-overlap-cfg", ["missing.yaml"])], str(tmp_path / "run.sh"))
+    assert (job.modelled.tp_overlap, job.modelled.ub_cfg, job.modelled.ub_gemms) == ("none", None, None)
+    assert {s.name: s.status for s in job.settings}["--tp-comm-overlap-cfg"] == "no effect"

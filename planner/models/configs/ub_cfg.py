@@ -72,6 +72,11 @@ def read_tp_overlap(flags, job, *, where: str, files: dict[str, str] | None) -> 
     if overlap:
         job.modelled.tp_overlap = "tp-comm-overlap"
     given = flags.given.get("--tp-comm-overlap-cfg")
+    if given is not None and not overlap:  # initialize.py 164-166: the communicators only under --tp-comm-overlap
+        flags.take("--tp-comm-overlap-cfg", "TE's userbuffers config", str)
+        flags.sink[-1] = (*flags.sink[-1][:2], "no effect", "Megatron-LM opens it only under --tp-comm-overlap "
+                          "(initialize.py 164-166 at d98e8a64), not given: never read")
+        return
     found = None if given is None or len(given) != 1 else find(given[0], where=where, files=files or {})
     if found is None:
         job.modelled.ub_cfg = flags.take("--tp-comm-overlap-cfg", "TE's userbuffers config by name (Megatron-Bridge's "
