@@ -85,7 +85,7 @@ def test_the_config_is_read_by_name_and_refused_otherwise():
     h100 = gpu("h100-sxm")
     assert _userbuffers(h100, SimpleNamespace(tp_overlap="tp-comm-overlap", ub_cfg=H100_70B)) == \
         {"ub_cfg": H100_70B, "gpu_sms": 132}
-    with pytest.raises(UserError, match="not a YAML file's entries"):
+    with pytest.raises(UserError, match="is neither a YAML file nor one of Megatron-Bridge"):
         _userbuffers(h100, SimpleNamespace(tp_overlap="tp-comm-overlap", ub_cfg="ub.yaml"))
     with pytest.raises(UserError, match="run only under --tp-comm-overlap"):
         _userbuffers(h100, SimpleNamespace(tp_overlap="none", ub_cfg=H100_70B))

@@ -17,11 +17,11 @@ def _userbuffers(gpu, options) -> dict:
                         "--tp-comm-overlap; give it or drop the config")
     if options.tp_overlap != "tp-comm-overlap":
         return {}
-    if options.ub_cfg is not None and options.ub_cfg not in ub_sms.CONFIGS:
-        raise UserError(f"--tp-comm-overlap-cfg {options.ub_cfg}: ckplan reads Megatron-Bridge 00b7660b's userbuffers "
-                        f"configs by name ({', '.join(ub_sms.CONFIGS)}), not a YAML file's entries; give one of them")
-
-    return dict(ub_cfg=options.ub_cfg, gpu_sms=sm_count(gpu) or 0)
+    gemms = getattr(options, "ub_gemms", None)  # a file's, read by planner/models/configs/ub_cfg.py
+    if options.ub_cfg is not None and gemms is None and options.ub_cfg not in ub_sms.CONFIGS:
+        raise UserError(f"--tp-comm-overlap-cfg {options.ub_cfg} is neither a YAML file nor one of Megatron-Bridge "
+                        f"00b7660b's userbuffers configs ({', '.join(ub_sms.CONFIGS)}); give the file or a name")
+    return dict(ub_cfg=options.ub_cfg, gpu_sms=sm_count(gpu) or 0, **({} if gemms is None else {"ub_gemms": gemms}))
 
 
 def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, chunks: int = 1) -> dict:

@@ -317,7 +317,7 @@ def _with_settings(options, job):
                                 nccl_ring_simple=modelled.nccl_ring_simple, nccl_nvls_off=modelled.nccl_nvls_off,
                                 chunked_cross_entropy=modelled.chunked_cross_entropy)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ub_cfg=modelled.ub_cfg,
-                   ddp=dict(modelled.ddp))
+                   ddp=dict(modelled.ddp), ub_gemms=modelled.ub_gemms)
 
 
 def _with_node(options, job, device, gpus_per_node: int | None, notes: list[str], nvlink_domain: int | None = None):

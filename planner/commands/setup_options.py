@@ -152,6 +152,7 @@ class DataParallelOptions:
     nics_per_gpu: float | None = None
     tp_overlap: str = "none"
     ub_cfg: str | None = None  # a config's userbuffers config under tp-comm-overlap (planner/cost/ub_sms.py)
+    ub_gemms: dict | None = None  # a --tp-comm-overlap-cfg file's, per GEMM (planner/models/configs/ub_cfg.py)
     # the training settings' options, carried with this group so every command passes them through
     settings: TrainingSettings = None  # type: ignore[assignment]  # None: the defaults
     # Megatron-LM's DDP overlap as DataParallelSetup's fields (ddp_options.py; a config's JobSettings.ddp)

@@ -235,7 +235,7 @@ def userbuffers_lost_ms(layer, which: str, comm: CommSetup, *, float8: bool = Fa
     if comm.tp_overlap != "tp-comm-overlap" or not comm.gpu_sms or link is None or layer.kind != "decoder_block":
         return 0.0
     each = [collective_ms(c[0], collective_bytes(c[0], c[1], float8=float8), comm.tp, link) for c in layer.collectives]
-    return ub_sms.lost_sm_ms(each, which, config=comm.ub_cfg, sms=comm.gpu_sms)
+    return ub_sms.lost_sm_ms(each, which, config=comm.ub_cfg, sms=comm.gpu_sms, gemms=comm.ub_gemms)
 
 
 def async_tp_pass_ms(layer, which: str, setup: TrainSetup) -> float:

@@ -13,7 +13,8 @@ TE Megatron-Bridge 25.11 runs) makes one userbuffers communicator per GEMM it ov
     input-gradient GEMM, qkv_wgrad / fc1_wgrad reduce-scatter the input gradient beside the weight-gradient GEMM.
 get_default_config (base.py 327-348): num_sm 1 for ring_exchange else 16, set_sm_margin for every method but
 ring_exchange, use_ce True; a user's ub_cfgs entry updates the default (base.py 470-480). Megatron-LM passes its
---tp-comm-overlap-cfg file's entries (none: TE's defaults); Megatron-Bridge passes its recipe's
+--tp-comm-overlap-cfg file's entries (none: TE's defaults; read by planner/models/configs/ub_cfg.py, §154);
+Megatron-Bridge passes its recipe's
 TransformerLayerTPOverlapCfg (src/megatron/bridge/training/comm_overlap.py at 00b7660b: RingExchangeOverlapCfg
 num_sm 1, cga_size 1, set_sm_margin False unless given; BulkOverlapCfg and PipelineOverlapCfg as given).
 
@@ -38,13 +39,15 @@ class Overlap:
     method: str  # "ring_exchange", "pipeline" or "bulk"
     num_sm: int
     set_sm_margin: bool
+    use_ce: bool = True  # a ring exchange's peer copies on the copy engines (TE's default)
 
     @property
     def sms(self) -> int:
         """SMs the GEMM loses while the collective runs: a ring exchange's copies run on copy engines (use_ce) and
-        take none unless its GEMM keeps a margin; a pipeline's or a bulk's kernel takes num_sm."""
+        take none unless its GEMM keeps a margin; without use_ce its copies are num_sm CTAs (userbuffers.cu
+        2314-2340, framework-facts §137); a pipeline's or a bulk's kernel takes num_sm (TE passes them no use_ce)."""
         if self.method == "ring_exchange":
-            return self.num_sm if self.set_sm_margin else 0
+            return self.num_sm if self.set_sm_margin or not self.use_ce else 0
         return self.num_sm
 
 
@@ -83,18 +86,23 @@ BACKWARD_GEMMS = ("proj_dgrad", "qkv_wgrad", "fc2_dgrad", "fc1_wgrad")
 UNLISTED_BULK_GATHERS = (("qkv_dgrad", 0), ("fc1_dgrad", 2))  # (GEMM, the forward site whose bytes it gathers)
 
 
-def overlaps(config: str | None) -> dict[str, Overlap]:
+def overlaps(config: str | None, gemms: dict | None = None) -> dict[str, Overlap]:
+    """Per GEMM: a --tp-comm-overlap-cfg file's (`gemms`, CommSetup.ub_gemms: TE's defaults updated with the file's
+    entries, planner/models/configs/ub_cfg.py), else Bridge's config by name, else TE's defaults."""
+    if gemms is not None:
+        return {name: Overlap(g.method, g.num_sm, g.set_sm_margin, g.use_ce) for name, g in gemms.items()}
     return TE_DEFAULT if config is None else CONFIGS[config]
 
 
-def lost_sm_ms(collective_ms: list[float], which: str, *, config: str | None, sms: int) -> float:
+def lost_sm_ms(collective_ms: list[float], which: str, *, config: str | None, sms: int,
+               gemms: dict | None = None) -> float:
     """The GEMM work a dense block's pass ("fwd", "bwd", "recompute") loses to the userbuffers' SMs: each of the pass's
     collectives (`collective_ms`: the block's eight in site order, each's ms once) x the SMs its overlap takes /
     `sms`, and in the backward the two bulk all-gathers of the forward's gathered bytes. 0 where the block does not
-    list eight."""
+    list eight. `gemms`: a file's overlaps (overlaps)."""
     if not sms or len(collective_ms) != 8:
         return 0.0
-    table = overlaps(config)
+    table = overlaps(config, gemms)
     if which == "bwd":
         lost = sum(table[gemm].sms * ms for gemm, ms in zip(BACKWARD_GEMMS, collective_ms[4:], strict=True))
         lost += sum(table[gemm].sms * collective_ms[site] for gemm, site in UNLISTED_BULK_GATHERS)

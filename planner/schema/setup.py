@@ -270,6 +270,16 @@ class TimeConstants(Strict):
 TpOverlap = Literal["none", "async-tp", "tp-comm-overlap"]
 
 
+class UbGemm(Strict):
+    """One GEMM's userbuffers overlap as TE's initialize_ub makes it from a --tp-comm-overlap-cfg file
+    (planner/models/configs/ub_cfg.py reads it; planner/cost/ub_sms.py charges the SMs it takes)."""
+
+    method: Literal["ring_exchange", "pipeline", "bulk"]
+    num_sm: int = Field(ge=1, le=1 << 16)
+    set_sm_margin: bool
+    use_ce: bool = True  # a ring exchange's peer copies on the copy engines (else on num_sm SMs)
+
+
 class CommSetup(Strict):
     """The links the layers' tensor-parallel collectives and the pipeline's sends cross
     (planner/cost/comm.py): bandwidth per rank (GB/s, the collective's bus bandwidth) and NCCL's
@@ -297,9 +307,11 @@ class CommSetup(Strict):
     # a runtime setting that overlaps the tensor-parallel collectives with the matmuls (the runtime
     # record's tp_overlap, planner/cost/runtimes.py, says which runtime has which); "none": every collective on the critical path
     tp_overlap: TpOverlap = "none"
-    # under tp-comm-overlap: the userbuffers config TE runs (planner/cost/ub_sms.py CONFIGS; None: TE's defaults) and
-    # the GPU's SMs its communication takes from the GEMMs (0: not charged)
+    # under tp-comm-overlap: the userbuffers config TE runs (planner/cost/ub_sms.py CONFIGS by name, or a file's path
+    # with its GEMMs in ub_gemms; None: TE's defaults) and the GPU's SMs its communication takes from the GEMMs (0: not
+    # charged)
     ub_cfg: str | None = None
+    ub_gemms: dict[str, UbGemm] | None = None  # a --tp-comm-overlap-cfg file's, per GEMM (None: ub_cfg's by name)
     gpu_sms: int = Field(default=0, ge=0, le=1 << 16)
     # AsyncTP's peer copies (copy-engine copies from one peer, planner/models/copy_engines.py): GB/s a direction;
     # None: charged at tp_gb_per_s, NCCL's ring (no copy rate published for the GPU, or a group across nodes)

@@ -54,7 +54,8 @@ class JobSettings:
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"  # Adam's moments
     expert_tp: int | None = None  # the expert tensor-parallel size where the file gives it (= TP)
     tp_overlap: Literal["none", "async-tp", "tp-comm-overlap"] = "none"
-    ub_cfg: str | None = None  # Megatron-Bridge's userbuffers config under tp-comm-overlap (cost/ub_sms.py CONFIGS)
+    ub_cfg: str | None = None  # Megatron-Bridge's userbuffers config name, or the file read (cost/ub_sms.py CONFIGS)
+    ub_gemms: dict | None = None  # the file's, per GEMM: method, num_sm, set_sm_margin, use_ce (ub_cfg.py)
     cp_comm: Literal["p2p", "allgather", "a2a"] | None = None  # context parallelism's K/V exchange (None: the runtime's)
     float8: bool = False  # Float8 linears (torchtitan's float8 converter; Megatron-LM's --fp8-format)
     fp8_all_gather: bool = False  # FSDP2's float8 all-gather of their weights (torchtitan)

@@ -47,6 +47,7 @@ from planner.models.configs.megatron_moe_dispatch import read as read_dispatcher
 from planner.models.configs.megatron_offload import read_cpu_offloading
 from planner.models.configs.megatron_split import layout_counts, stage_layers
 from planner.models.configs.megatron_windows import layer_windows
+from planner.models.configs.ub_cfg import read_tp_overlap
 
 
 def read(path: Path) -> Job:
@@ -101,6 +102,7 @@ def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, 
     if flags.has("--deepspeed"):  # Megatron-DeepSpeed's engine: its ds_config read (megatron_deepspeed.py)
         read_deepspeed(flags, job, files or {}, where)
     flags.take("--deepspeed", "DeepSpeed's engine", bool)  # given false: off
+    read_tp_overlap(flags, job, where=where, files=files)  # --tp-comm-overlap and its cfg file (ub_cfg.py)
     _settings(flags, job)
     for flag, value, status, what in sink:
         job.said(flag, value, status, what)
@@ -376,18 +378,8 @@ def _precision(flags: Flags, job: Job) -> None:
 
 
 def _settings(flags: Flags, job: Job) -> None:
-    """--tp-comm-overlap and bf16 moments (Job.modelled); arguments.py at d98e8a64ddf3: --exp-avg-dtype and
+    """bf16 moments and the rest (Job.modelled); arguments.py at d98e8a64ddf3: --exp-avg-dtype and
     --exp-avg-sq-dtype (3675-3684, default fp32) take effect with --use-precision-aware-optimizer."""
-    if flags.take("--tp-comm-overlap", "TE's TP communication overlapped with the GEMMs (the runtime's tp_overlap, "
-                  "--tp-overlap tp-comm-overlap)", bool, False):
-        if job.tp > 1 and not job.sp:  # arguments.py 1441-1442 at d98e8a64ddf3 asserts it
-            raise UserError("--tp-comm-overlap needs --sequence-parallel; Megatron-LM refuses it without")
-        if job.tp > 1:
-            job.modelled.tp_overlap = "tp-comm-overlap"
-        else:
-            flags.sink[-1] = (*flags.sink[-1][:2], "no effect", "TP 1: no collectives to overlap")
-    job.modelled.ub_cfg = flags.take("--tp-comm-overlap-cfg", "TE's userbuffers config by name (Megatron-Bridge's "
-                                     "TransformerLayerTPOverlapCfg; planner/cost/ub_sms.py)", str)
     impl = flags.take("--transformer-impl", "Transformer Engine's layers (the record's te_cublas_workspace, held after "
                       "the step; the same tensors kept as the local layers)", str, "transformer_engine")
     if impl == "local":  # the record's local_spec_buffer (TrainingSetup.local_layers)
