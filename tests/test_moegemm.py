@@ -91,7 +91,7 @@ def test_e3s_block_gains_the_clamp_and_the_weighted_bias_at_the_eager_rate():
     def timed(arch):
         return te_fused.te_time(arch, shape, gpu, analytic_time.block_work(arch, shape, moe=True), moe=True)
 
-    S = job.micro_batch_size * job.seq_len * 4  # 16,384 tokens x top-4: 65,536 copies on the rank's 16 experts
+    S = job.micro_batch_size * job.seq_len * 4  # 16,384 tokens x top-4: 65,536 copies on the rank's 2 experts (EP 64, framework-facts §157)
     f = h = 2880
     assert S == 65536 and te_moe_eager.eager_bytes(job.arch, shape) == (16 * S * f + 12 * S * h, 30 * S * f + 16 * S * h)
     before, after = timed(plain), timed(job.arch)
