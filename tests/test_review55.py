@@ -1,0 +1,22 @@
+"""Defects found reviewing what stop 54 merged (docs/published-runs.md §33.review), each pinned where it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.models.configs.megatron_flags import launch_disables_nvls, yaml_extras
+
+
+@pytest.mark.parametrize("value, disabled, status", [
+    ("0", True, "modelled"), (0, True, "modelled"),
+    ("1", False, "modelled"), (2, False, "modelled"),  # NVLS on (1) or where the GPU has it (2, NCCL's default)
+    ("7", False, "not modelled"),  # no value NCCL documents
+])
+def test_a_yamls_nvls_setting_is_said_as_the_prediction_reads_it(value, disabled, status):
+    """NCCL_NVLS_ENABLE 1 or 2 in a Bridge run's PERF_ENV_VARS is scored with NVLS on (launch_disables_nvls), which
+    the cost model charges: the listing says modelled, not 'not modelled; the prediction assumes 0'."""
+    data = {"MODEL_ARGS": {"--num-layers": 2}, "PERF_ENV_VARS": {"NCCL_NVLS_ENABLE": value}}
+    assert launch_disables_nvls(data) is disabled
+    [(name, said, got, what)] = yaml_extras(data)
+    assert (name, said, got) == ("PERF_ENV_VARS.NCCL_NVLS_ENABLE", str(value), status)
+    assert ("the prediction assumes" in what) is (status != "modelled")
