@@ -20,3 +20,23 @@ def test_a_yamls_nvls_setting_is_said_as_the_prediction_reads_it(value, disabled
     [(name, said, got, what)] = yaml_extras(data)
     assert (name, said, got) == ("PERF_ENV_VARS.NCCL_NVLS_ENABLE", str(value), status)
     assert ("the prediction assumes" in what) is (status != "modelled")
+
+
+@pytest.mark.parametrize("flag", ["--nccl-nvls-off", "--nccl-ring-simple"])
+def test_nccls_launch_settings_on_a_cpu_profile_are_refused(tmp_path, flag):
+    """A cpu profile's collectives run on gloo: NCCL's launch settings reach no term there (the plan was written, the
+    launch files then exported NCCL_* for a gloo job); refused in one sentence, as --nvlink-domain is."""
+    from click.testing import CliRunner
+    from export_plans import llm_profile
+
+    from planner import io
+    from planner.cli import cli
+
+    io.save_profile(llm_profile(2), tmp_path / "cpu.json")
+    args = ["solve", "--profile", str(tmp_path / "cpu.json"), "--stages", "2", "--mem", "1GB", "--runtime", "megatron",
+            "--out", str(tmp_path / "plan.yaml")]
+    result = CliRunner().invoke(cli, [*args, flag])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert f"{flag} says how NCCL runs a GPU job's collectives, and the profile runs on cpu" in \
+        " ".join(result.output.split())
+    assert "Traceback" not in result.output and not (tmp_path / "plan.yaml").exists()
