@@ -40,3 +40,24 @@ def test_nccls_launch_settings_on_a_cpu_profile_are_refused(tmp_path, flag):
     assert f"{flag} says how NCCL runs a GPU job's collectives, and the profile runs on cpu" in \
         " ".join(result.output.split())
     assert "Traceback" not in result.output and not (tmp_path / "plan.yaml").exists()
+
+
+def test_a_launch_on_other_hosts_than_the_plan_was_scored_for_is_said(tmp_path):
+    """A GB200 plan scored for trays of 4 (comm.gpus_per_node 4) exported with --gpus-per-node 8: the launch runs
+    8 processes a host, which the plan's host memory and allocator settings were not scored for; said, not silent.
+    The host the plan was scored for, given again, says nothing."""
+    from fixtures.cli import run_ok
+    from test_gb200tray import _profile
+
+    from planner import io
+
+    io.save_profile(_profile(), tmp_path / "tiny.json")
+    plan = tmp_path / "plan.yaml"
+    run_ok("solve", "--profile", tmp_path / "tiny.json", "--stages", "2", "--dp", "4", "--microbatches", "4",
+           "--mem", "100GB", "--runtime", "torchtitan", "--precision", "bf16-mixed", "--out", plan)
+    other = run_ok("export", plan, "--to", "torchrun", "--gpus-per-node", "8", "--out", tmp_path / "x.sh")
+    said = " ".join(other.output.split())
+    assert "--gpus-per-node 8: the plan was scored for hosts of 4 GPUs" in said and "--gpus-per-node 8 to score it" in said
+    assert "--nnodes 1 --nproc-per-node 8" in (tmp_path / "x.sh").read_text()  # the given host still wins
+    same = run_ok("export", plan, "--to", "torchrun", "--gpus-per-node", "4", "--out", tmp_path / "y.sh")
+    assert "scored for hosts" not in same.output
