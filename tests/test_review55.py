@@ -61,3 +61,33 @@ def test_a_launch_on_other_hosts_than_the_plan_was_scored_for_is_said(tmp_path):
     assert "--nnodes 1 --nproc-per-node 8" in (tmp_path / "x.sh").read_text()  # the given host still wins
     same = run_ok("export", plan, "--to", "torchrun", "--gpus-per-node", "4", "--out", tmp_path / "y.sh")
     assert "scored for hosts" not in same.output
+
+
+def test_a_plan_scored_under_ring_simple_launches_under_it(tmp_path):
+    """--nccl-ring-simple (Megatron-LM's functional tests' NCCL_ALGO=Ring NCCL_PROTO=simple) reaches every launch
+    file's environment, as strings in the Kubernetes manifest; a plan scored without it sets neither."""
+    import yaml
+    from fixtures.cli import run_ok
+    from test_gb200tray import TINY
+
+    from planner import io
+    from planner.models import archs
+    from planner.profiler.analytic import Shape, analytic_profile
+    from planner.schema import FileRef
+
+    io.save_profile(analytic_profile(TINY, Shape(seq_len=256, micro_batch_size=1), gpu=archs.gpu("h100"),
+                                     model=FileRef(file="arch:tiny-llama", sha256="0" * 64)), tmp_path / "tiny.json")
+    base = ("solve", "--profile", tmp_path / "tiny.json", "--stages", "2", "--dp", "4", "--microbatches", "4",
+            "--mem", "80GB", "--runtime", "megatron", "--precision", "bf16-mixed")
+    run_ok(*base, "--nccl-ring-simple", "--nccl-nvls-off", "--out", tmp_path / "ring.yaml")
+    run_ok(*base, "--out", tmp_path / "plain.yaml")
+    for name in ("ring", "plain"):
+        for target in ("slurm", "kubernetes"):
+            run_ok("export", tmp_path / f"{name}.yaml", "--to", target, "--entry", "train.py")
+    slurm = (tmp_path / "ring.slurm.sh").read_text()
+    assert "export NCCL_ALGO=Ring\nexport NCCL_PROTO=simple\nexport NCCL_NVLS_ENABLE=0\n" in slurm
+    env = yaml.safe_load((tmp_path / "ring.trainjob.yaml").read_text())["spec"]["trainer"]["env"]
+    assert env == [{"name": "NCCL_ALGO", "value": "Ring"}, {"name": "NCCL_PROTO", "value": "simple"},
+                   {"name": "NCCL_NVLS_ENABLE", "value": "0"}]
+    assert "NCCL_" not in (tmp_path / "plain.slurm.sh").read_text()
+    assert "env" not in yaml.safe_load((tmp_path / "plain.trainjob.yaml").read_text())["spec"]["trainer"]
