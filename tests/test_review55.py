@@ -91,3 +91,46 @@ def test_a_plan_scored_under_ring_simple_launches_under_it(tmp_path):
                    {"name": "NCCL_NVLS_ENABLE", "value": "0"}]
     assert "NCCL_" not in (tmp_path / "plain.slurm.sh").read_text()
     assert "env" not in yaml.safe_load((tmp_path / "plain.trainjob.yaml").read_text())["spec"]["trainer"]
+
+
+def test_a_dp_all_reduce_across_pcie_nodes_takes_pcis_latencies():
+    """sizedreduce reads the in-node hardware off the setup's step latency (NCCL's PCI 5.7 µs): 4 B over 16 ranks on
+    2 nodes of 8 PCIe GPUs is Tree / LL at 6.8 + 2 ((8 - 1) x 1.0 + 1 x 5.0) = 30.8 µs (tuning.cc's PCI hwLat), not
+    NVLink's 25.2; LL128 is not run over PCI."""
+    from planner.cost import nccltuner, sizedreduce
+    from planner.schema import TrainSetup
+
+    setup = TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**50], precision="bf16-mixed",
+                       dp=16, zero=0, shard_gb_per_s=48.0, gpus_per_node=8, tp_step_latency_ms=5.7e-3,
+                       nccl_capability=90, nccl_nics_per_gpu=1)
+    algorithm, protocol, ms = sizedreduce.tuned_all_reduce(4, 16, setup, 48.0)
+    channels, speed = nccltuner.graph_channels(48.0, 8, 90)
+    assert (algorithm, protocol) == ("Tree", "LL")
+    assert ms == pytest.approx(nccltuner.all_reduce_time_us("Tree", "LL", 4, 16, 2, channels, speed, "hopper",
+                                                            intra="pcie", ll128=False) / 1e3)
+    assert 30.8e-3 < ms < 30.9e-3
+
+
+def test_the_setups_carry_the_gpu_ncclsized_tunes_for(tmp_path):
+    """The sized all-reduce's tuner runs only where the setup names the GPU (nccl_capability, nccl_nics_per_gpu):
+    solve's setup takes it from the profile's GPU and --nics-per-gpu, search's (jobsearch.job_setup) from the GPU."""
+    from fixtures.cli import run_ok
+    from test_gb200tray import TINY
+
+    from planner import io
+    from planner.models import archs
+    from planner.profiler.analytic import Shape, analytic_profile
+    from planner.schema import FileRef
+    from planner.solve import jobsearch
+    from planner.solve.degrees import Degrees
+
+    profile = analytic_profile(TINY, Shape(seq_len=256, micro_batch_size=1), gpu=archs.gpu("h100"),
+                               model=FileRef(file="arch:tiny-llama", sha256="0" * 64))
+    io.save_profile(profile, tmp_path / "tiny.json")
+    run_ok("solve", "--profile", tmp_path / "tiny.json", "--stages", "1", "--dp", "16", "--microbatches", "1",
+           "--mem", "80GB", "--precision", "bf16-mixed", "--nics-per-gpu", "2", "--out", tmp_path / "plan.yaml")
+    data = io.load_plan(tmp_path / "plan.yaml").setup.data_parallel
+    assert (data.nccl_capability, data.nccl_nics_per_gpu) == (90, 2.0)
+    degrees = Degrees(tp=1, sp=False, pp=1, dp=16, micro_batch_size=1, microbatches=1)
+    searched = jobsearch.job_setup(profile, degrees, jobsearch.JobOptions(mem_cap_bytes=2**36, gpus_per_node=8))
+    assert (searched.data_parallel.nccl_capability, searched.data_parallel.nccl_nics_per_gpu) == (90, 1.0)
