@@ -134,3 +134,33 @@ def test_the_setups_carry_the_gpu_ncclsized_tunes_for(tmp_path):
     degrees = Degrees(tp=1, sp=False, pp=1, dp=16, micro_batch_size=1, microbatches=1)
     searched = jobsearch.job_setup(profile, degrees, jobsearch.JobOptions(mem_cap_bytes=2**36, gpus_per_node=8))
     assert (searched.data_parallel.nccl_capability, searched.data_parallel.nccl_nics_per_gpu) == (90, 1.0)
+
+
+def _mesh(**fields):
+    from planner.schema import TrainSetup
+
+    base = dict(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**50], precision="bf16-mixed",
+                runtime="megatron", shard_gb_per_s=100.0, replica_gb_per_s=100.0, ep_gb_per_s=100.0, gpus_per_node=8)
+    return TrainSetup(**(base | fields))
+
+
+def test_nccls_ctas_place_the_data_parallel_group_tp_apart():
+    """The data-parallel group's ranks lie tp apart (the expert-data-parallel group's tp x ep), as
+    nccl_buffers.rank_communicators places them: ZeRO 3 over dp 4 at tp 4 on H100 nodes of 8 spans 2 nodes, so its
+    gathers and reductions run the network ring's 2 x 8 NICs = 16 CTAs (nccl_sms.network_ring_channels), not the
+    in-node ring's 24 a group of 4 ranks side by side would; MoE at dp 8, ep 2, tp 2: the dense group (8 ranks, 2
+    apart) and the experts' (4 ranks, 4 apart) both span 2 nodes, 16 each. Of the H100's 132 SMs."""
+    from types import SimpleNamespace
+
+    from planner.cost import nccl_buffers, nccl_sms
+    from planner.models import archs
+
+    gpu, sms = archs.gpu("h100-sxm"), 132
+    assert nccl_buffers.ring_channels(nccl_buffers.NCCL_GPUS["h100-sxm"]) == 24  # inside a node
+    assert nccl_sms.network_ring_channels(8, 90) == 16
+    dense = _mesh(dp=4, zero=3, tp=4)
+    assert [nccl_sms.gpu_share(gpu, sms, dense, which, 10**8) for which in ("gather", "reduce")] == [16 / 132] * 2
+    assert nccl_sms.gpu_share(gpu, sms, _mesh(dp=4, zero=3, tp=2), "gather", 10**8) == 24 / 132  # 8 GPUs: one node
+    layer = SimpleNamespace(param_count=3 * 10**8, expert_param_count=2 * 10**8, float8_param_count=0)
+    moe = _mesh(dp=8, ep=2, zero=3, tp=2)
+    assert nccl_sms.layers_shares(gpu, sms, moe, [layer]) == pytest.approx((16 / 132, 16 / 132))
