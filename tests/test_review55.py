@@ -164,3 +164,20 @@ def test_nccls_ctas_place_the_data_parallel_group_tp_apart():
     layer = SimpleNamespace(param_count=3 * 10**8, expert_param_count=2 * 10**8, float8_param_count=0)
     moe = _mesh(dp=8, ep=2, zero=3, tp=2)
     assert nccl_sms.layers_shares(gpu, sms, moe, [layer]) == pytest.approx((16 / 132, 16 / 132))
+
+
+def test_the_experts_all_reduce_is_tuned_over_the_nodes_its_group_spans():
+    """DDP's reduction of the routed experts' gradients runs in the expert-data-parallel group, whose ranks lie
+    tp x ep apart: at dp 16, ep 8 on H100 nodes of 8 its 2 ranks lie in 2 nodes, so NCCL's tuner times it
+    (sizedreduce, across nodes), not the ring's bandwidth term of a group inside one node."""
+    from planner.cost import dataparallel, sizedreduce
+
+    setup = _mesh(dp=16, ep=8, zero=0, nccl_capability=90, nccl_nics_per_gpu=1, shard_gb_per_s=46.08)
+    experts = dataparallel.expert_setup(setup)
+    held = dataparallel.held_expert_params(8 * 10**6, setup)
+    grads = held * dataparallel.param_bytes(experts).grads
+    dense = dataparallel.grad_reduce_ms(10**6, setup)
+    _, reduce = dataparallel.collectives_ms(9 * 10**6, setup, expert_count=8 * 10**6)
+    tuned = sizedreduce.tuned_all_reduce(grads, 2, experts, 46.08, stride=8)
+    assert tuned[0] != "Ring" or tuned[1] != "Simple" or tuned[2] > 2 * 1 / 2 * grads / 46.08e9 * 1e3
+    assert reduce == pytest.approx(dense + tuned[2])
