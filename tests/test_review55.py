@@ -181,3 +181,28 @@ def test_the_experts_all_reduce_is_tuned_over_the_nodes_its_group_spans():
     tuned = sizedreduce.tuned_all_reduce(grads, 2, experts, 46.08, stride=8)
     assert tuned[0] != "Ring" or tuned[1] != "Simple" or tuned[2] > 2 * 1 / 2 * grads / 46.08e9 * 1e3
     assert reduce == pytest.approx(dense + tuned[2])
+
+
+def test_a_slurm_launch_places_its_nodes_in_the_nvlink_domain_the_plan_was_scored_with(tmp_path):
+    """A GB200 plan on 2 trays was scored with both in one NVLink domain (72): the Slurm script asks for them in one
+    segment (#SBATCH --segment=2, as Megatron-Bridge's executor does on 4-GPU hosts); an H100 plan, each host its own
+    domain, asks nothing."""
+    from fixtures.cli import run_ok
+    from test_gb200tray import TINY, _profile
+
+    from planner import io
+    from planner.models import archs
+    from planner.profiler.analytic import Shape, analytic_profile
+    from planner.schema import FileRef
+
+    h100 = analytic_profile(TINY, Shape(seq_len=256, micro_batch_size=1), gpu=archs.gpu("h100"),
+                            model=FileRef(file="arch:tiny-llama", sha256="0" * 64))
+    for name, profile in (("gb200", _profile()), ("h100", h100)):
+        io.save_profile(profile, tmp_path / f"{name}.json")
+        run_ok("solve", "--profile", tmp_path / f"{name}.json", "--stages", "2", "--dp", "8", "--microbatches", "4",
+               "--mem", "70GB", "--runtime", "torchtitan", "--precision", "bf16-mixed", "--out", tmp_path / f"{name}.yaml")
+        run_ok("export", tmp_path / f"{name}.yaml", "--to", "slurm")
+    gb200 = (tmp_path / "gb200.slurm.sh").read_text()
+    assert "#SBATCH --nodes=4\n" in gb200 and "domains of 4 hosts: its nodes in blocks of one\n#SBATCH --segment=4\n" in gb200
+    assert gb200.index("#SBATCH --segment") < gb200.index("set -euo pipefail")  # sbatch reads directives first
+    assert "--segment" not in (tmp_path / "h100.slurm.sh").read_text()
