@@ -65,6 +65,7 @@ from planner.solve.milp_rows import (  # noqa: F401
     _cap_mib,
     _const,
     _edge,
+    _extra,
     _held,
     _late_grad_mib,
     _layer,
@@ -277,7 +278,7 @@ def _option_counts(problem: Problem, n) -> None:
     lp, r = problem.lp, problem.r
     for g, run in enumerate(problem.runs):
         options = costmodel.useful_options(run.layer, problem.ctx)
-        problem.order[g] = sorted(options, key=lambda o, layer=run.layer: -_layer(problem, ("extra",), layer, o))
+        problem.order[g] = sorted(options, key=lambda o, layer=run.layer: -_extra(problem, layer, o))
     for s in range(problem.setup.pipeline.stages):
         for g, run in enumerate(problem.runs):
             for o in problem.order[g]:
