@@ -212,3 +212,26 @@ def test_a_last_stage_of_output_layers_alone_holds_their_moment():
     assert got == [{"extra": 16512 + 16512 + layers[-1].input_bytes, "kept": 0.0}]
     # a first stage of the same layer (not the pipeline's last): nothing of the head's
     assert megatron_fsdp_moments.stage_moments(layers[-1:], [0], zero, stage=0, ctx=ctx) == zero
+
+
+def test_the_milp_and_the_dp_agree_over_every_option():
+    """Every recompute option of two blocks: at caps at each stage range's least peak, the MILP's optimum is the
+    DP's (held to brute force above), and its plan fits under evaluate()."""
+    tiny = _profile(_job(2**40, recompute="options"), TINY)
+    _, found = _segment_peaks(tiny, _job(2**40, recompute="options"))
+    needs = sorted({seg.peak_bytes + costmodel.FIT_MARGIN_BYTES for seg in found})
+    solved = 0
+    for cap in needs[len(needs) // 2:]:
+        job = _job(cap, recompute="options")
+        by_dp = dpsolve.fastest_plan(tiny, job, upper_bound_ms=None, deadline=Deadline(None))
+        problem = milp.build_problem(tiny, job)
+        result = milp.solve(problem, mip_gap=0.0, time_limit_s=60)
+        if by_dp is None:
+            assert result.status == "infeasible", cap
+            continue
+        assert result.status == "optimal", cap
+        stages = milp.extract_plan(problem)
+        assert costmodel.evaluate(stages, tiny, job).iteration_ms == pytest.approx(by_dp[1], rel=1e-9), cap
+        assert _fits(stages, tiny, job), cap
+        solved += 1
+    assert solved
