@@ -106,9 +106,9 @@ def last_unit(held: dict[str, Held]) -> str | None:
 
 def after_last_unit(held: dict[str, Held], names: Sequence[str]) -> list[str]:
     """Those of `names` (a stage's layers) that come after the model's last unit: the output layers."""
-    order = list(held)
-    first = order.index(last_unit(held)) + 1
-    return [name for name in names if order.index(name) >= first]
+    position = {name: at for at, name in enumerate(held)}
+    first = position[last_unit(held)] + 1
+    return [name for name in names if position[name] >= first]
 
 
 def output_params(held: dict[str, Held], names: Sequence[str]) -> int:
@@ -118,10 +118,10 @@ def output_params(held: dict[str, Held], names: Sequence[str]) -> int:
 
 def unit_extra(layer, option: int, extra: float, kept: float, held: dict[str, Held], ctx, *,
                queued: float = 0.0) -> float:
-    """A layer's extra under the moments: a unit's, at least its post-backward (`queued`, the output layer's
-    bucket still queued where it is the model's last unit on the last stage; its bf16 gradients unfused; its
-    input's gradient; less its kept) and else its profiled extra moved by unit_shift and the FP8 transpose,
-    with `queued` beside it; any other layer's as given."""
+    """A unit's extra under the moments: its profiled extra moved by unit_shift and the FP8 transpose, or its
+    post-backward (its bf16 gradients unfused and its input's gradient, less its kept) where larger, each with
+    `queued` beside it (the output layers' bucket, at the model's last unit on the last stage: queued_bytes);
+    any other layer's extra as given."""
     row = held[layer.name]
     if not row.unit:
         return extra
@@ -137,7 +137,7 @@ def output_arms(layer, extra: float, kept: float, out_params: int, ctx) -> tuple
     """The last stage's last layer where it comes after the model's last unit (the output layer): its backward
     makes the output layers' bf16 gradients (unfused) beside its own scratch, and its post-backward requests
     their bucket beside them and its input's gradient, less its kept. Each arm is affine in `out_params` (the
-    MILP reads them so, planner/solve/milp_moments.py)."""
+    MILP reads them so: planner/solve/milp_rows.py _tail_rows)."""
     params = dataparallel.param_bytes(ctx.setup)
     grads = out_params * params.weights if ctx.setup.training.unfused_grad_accumulation else 0.0
     return extra + grads, out_params * params.grads + grads + layer.input_bytes - kept

@@ -2,7 +2,10 @@
 the cost model's per-layer values (Chain), and for every stage and layer range it may hold the
 least recompute that fits its cap, grown a layer at a time at the range's end with the stage
 accumulator's sums (costmodel.StageRun) and the evaluator's peak (costmodel.peak_bytes), only the
-Pareto front of (recompute ms, kept bytes, extra bytes) kept."""
+Pareto front of (recompute ms, kept bytes, extra bytes) kept. Under Megatron-FSDP's double buffer a
+layer's extra holds its moments as evaluate places them (megatron_fsdp_moments.stage_moments): a unit's
+everywhere, and on the pipeline's last stage the model's last unit's and the output layer's own, from
+which on the last stage's sets grow apart from the other stages' (Chain.tail_layers)."""
 
 from __future__ import annotations
 

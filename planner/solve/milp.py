@@ -35,6 +35,9 @@ stages after s the rest), which fixes most prefix counts before HiGHS starts. Me
 rows are in MiB, so HiGHS's row tolerance (highs.MIP_FEASIBILITY_TOLERANCE) is ~0.1 byte; its
 integrality tolerance, times a layer's bytes, can be more, which solve_within_caps takes back.
 
+Under Megatron-FSDP's double buffer a layer's extra holds its moments (milp_rows._extra), and the last
+stage's last unit and output layer their own rows (milp_rows._tail_rows), as evaluate places them.
+
 Every coefficient comes from planner.costmodel; after the solve the plan is
 re-scored by costmodel.evaluate() and must agree with the objective.
 """
