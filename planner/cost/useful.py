@@ -3,7 +3,7 @@ allows, read by the solvers through costmodel."""
 
 from __future__ import annotations
 
-from planner.cost import splittime
+from planner.cost import megatron_fsdp_moments, splittime
 from planner.cost.layers import LayerCost
 from planner.cost.terms import Context, layer_value
 from planner.schema import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, runs_split_backward
@@ -30,8 +30,9 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     # under a split backward an option's time on a stage past the first has its passes' extra
     # (splittime.layer_extra_ms) and on the first not: both, so no option is dropped on either
     split = ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
+    held = megatron_fsdp_moments.held_layers(ctx)
     rows = {o: (layer_value("kept", layer, o, ctx), layer_value("time", layer, o, ctx),
-                layer_value("extra", layer, o, ctx), layer_value("offloaded", layer, o, ctx),
+                _extra(layer, o, ctx, held), layer_value("offloaded", layer, o, ctx),
                 layer_value("time", layer, o, ctx) + (splittime.layer_extra_ms(layer, o, ctx.setup) if split else 0.0))
             for o in range(len(layer.options))}
     found = []
@@ -43,3 +44,12 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
             continue
         found.append(o)
     return found
+
+
+def _extra(layer: LayerCost, option: int, ctx: Context, held: dict) -> float:
+    """The option's extra peak as the solvers place it: with a unit's Megatron-FSDP moments
+    (megatron_fsdp_moments.unit_extra; `held`: held_layers, {} where they do not apply)."""
+    extra = layer_value("extra", layer, option, ctx)
+    if not held:
+        return extra
+    return megatron_fsdp_moments.unit_extra(layer, option, extra, layer_value("kept", layer, option, ctx), held, ctx)

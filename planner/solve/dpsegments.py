@@ -2,7 +2,10 @@
 the cost model's per-layer values (Chain), and for every stage and layer range it may hold the
 least recompute that fits its cap, grown a layer at a time at the range's end with the stage
 accumulator's sums (costmodel.StageRun) and the evaluator's peak (costmodel.peak_bytes), only the
-Pareto front of (recompute ms, kept bytes, extra bytes) kept."""
+Pareto front of (recompute ms, kept bytes, extra bytes) kept. Under Megatron-FSDP's double buffer a
+layer's extra holds its moments as evaluate places them (megatron_fsdp_moments.stage_moments): a unit's
+everywhere, and on the pipeline's last stage the model's last unit's and the output layer's own, from
+which on the last stage's sets grow apart from the other stages' (Chain.tail_layers)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from functools import cached_property
 
 import numpy as np
 
-from planner.cost import costmodel, gradtiming
+from planner.cost import costmodel, gradtiming, megatron_fsdp_moments
 from planner.schema import PipelineSetup, Profile, TrainSetup
 from planner.solve.deadline import Deadline
 
@@ -66,14 +69,23 @@ class Chain:
 
         # compute as the run takes it; the sends and actions at the stage's edges
         self.plain_ms = per_layer(("time",), False)
-        self.kept_plain, self.extra_plain = per_layer(("kept",), False), per_layer(("extra",), False)
+        self.kept_plain, self.raw_extra = per_layer(("kept",), False), per_layer(("extra",), False)
+        # Megatron-FSDP's moments (megatron_fsdp_moments): a unit's in its extra on every stage; on the
+        # pipeline's last stage the model's last unit and the output layer after it have their own
+        # (tail_options); {} where they do not apply
+        self.moments = megatron_fsdp_moments.held_layers(ctx)
+        self.extra_plain = [self._extra(m, 0, extra, kept)
+                            for m, (extra, kept) in enumerate(zip(self.raw_extra, self.kept_plain))]
         # each layer's other choices, (option, recompute ms, kept, extra): the undominated
         # options that keep fewer bytes (one that frees nothing never lowers a peak and always
-        # costs time), full alone for whole-layer plans
-        self.alternatives = [
+        # costs time), full alone for whole-layer plans; and their extras before the moments
+        self.raw_alternatives = [
             [(o, costmodel.layer_value("time", layer, o, ctx) - plain, costmodel.layer_value("kept", layer, o, ctx),
               costmodel.layer_value("extra", layer, o, ctx)) for o in costmodel.useful_options(layer, ctx)]
             for layer, plain in zip(layers, self.plain_ms)]
+        self.alternatives = [[(o, ms, kept, self._extra(m, o, extra, kept)) for o, ms, kept, extra in options]
+                             for m, options in enumerate(self.raw_alternatives)]
+        self.tail_layers = self._tail_layers()
         self.bits = max(len(layer.options) - 1 for layer in layers).bit_length()  # per layer in a mask
         self.step_scratch = per_layer(("scratch",), False)
         self.static = per_layer(held, False)  # held all step long
@@ -100,6 +112,35 @@ class Chain:
 
     def __len__(self) -> int:
         return len(self.layers)
+
+    def _extra(self, m: int, option: int, extra: float, kept: float) -> float:
+        """Layer m's extra under `option` anywhere but the tail (megatron_fsdp_moments.unit_extra)."""
+        if not self.moments:
+            return extra
+        return megatron_fsdp_moments.unit_extra(self.layers[m], option, extra, kept, self.moments, self.ctx)
+
+    def _tail_layers(self) -> frozenset[int]:
+        """The layers whose moments on the pipeline's last stage are their own: the model's last unit (the output
+        layers' bucket queued through its backward) and the last layer, where output layers follow that unit."""
+        names = [layer.name for layer in self.layers]
+        if not self.moments or not megatron_fsdp_moments.after_last_unit(self.moments, names):
+            return frozenset()
+        return frozenset((names.index(megatron_fsdp_moments.last_unit(self.moments)), len(names) - 1))
+
+    def tail_options(self, m: int, start: int) -> tuple[float, list[tuple]]:
+        """Layer m of tail_layers on the last stage starting at layer `start`: (its extra under none, its
+        alternatives), as megatron_fsdp_moments.stage_moments places them."""
+        held, ctx, layer = self.moments, self.ctx, self.layers[m]
+        out_params = megatron_fsdp_moments.output_params(held, [other.name for other in self.layers[start:]])
+        if layer.name == megatron_fsdp_moments.last_unit(held):
+            queued = megatron_fsdp_moments.queued_bytes(out_params, ctx)
+            def extra_of(o, extra, kept):
+                return megatron_fsdp_moments.unit_extra(layer, o, extra, kept, held, ctx, queued=queued)
+        else:
+            def extra_of(o, extra, kept):
+                return megatron_fsdp_moments.output_extra(layer, extra, kept, out_params, ctx)
+        return (extra_of(0, self.raw_extra[m], self.kept_plain[m]),
+                [(o, ms, kept, extra_of(o, extra, kept)) for o, ms, kept, extra in self.raw_alternatives[m]])
 
     def _edge(self, quantities, where: str, layer: int, s: int) -> float:
         """Memoised: the segments ask for the same edges for every range."""
@@ -162,13 +203,16 @@ def front(items: list[tuple]) -> list[tuple]:
     return kept
 
 
-def _grow(states: list[tuple], chain: Chain, m: int, shift: int, max_recompute_ms: float) -> list[tuple]:
+def _grow(states: list[tuple], chain: Chain, m: int, shift: int, max_recompute_ms: float,
+          options: tuple[float, list] | None = None) -> list[tuple]:
     """Option vectors of a range extended by layer m (its option at bit `shift` of the mask),
-    each (recompute ms, kept, extra, mask)."""
+    each (recompute ms, kept, extra, mask); `options`: layer m's (extra under none, alternatives)
+    where they are not the chain's (Chain.tail_options)."""
     plain = chain.kept_plain[m]
-    grown = [(ms, kept + plain, max(extra - plain, chain.extra_plain[m]), mask) for ms, kept, extra, mask in states
+    extra_plain, alternatives = options or (chain.extra_plain[m], chain.alternatives[m])
+    grown = [(ms, kept + plain, max(extra - plain, extra_plain), mask) for ms, kept, extra, mask in states
              if ms <= max_recompute_ms]
-    for option, cost, option_kept, option_extra in chain.alternatives[m]:
+    for option, cost, option_kept, option_extra in alternatives:
         code = option << shift
         grown += [(ms + cost, kept + option_kept, max(extra - option_kept, option_extra), mask | code)
                   for ms, kept, extra, mask in states if ms + cost <= max_recompute_ms]
@@ -216,9 +260,12 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
     pipeline = chain.setup.pipeline
     discounts = chain.late_grad_any and any(
         costmodel.one_chunk_gradients_above(1.0, stage=s, kept=1.0, pipeline=pipeline) < 1.0 for s in stages)
-    states = [(0.0, 0, 0, 0)]
     late_grad = 0.0  # the range's whole gradients allocated at the stage's first backward
     run = costmodel.StageRun(chain.setup, chain.profile.device.type)  # the accumulator's sums, grown a layer at a time
+    # the stages that read one list of sets: all of them, until a layer whose moments on the last stage are its
+    # own (Chain.tail_layers) parts the last stage's sets from the others'
+    last = len(chain.stages) - 1
+    groups = [(stages, [(0.0, 0, 0, 0)])]
     for j in range(i + 1, max(windows[s][1] for s in stages) + 1):
         m = j - 1
         run.add(time_ms=chain.plain_ms[m], held_bytes=chain.static[m], step_ms=chain.step_ms[m],
@@ -230,31 +277,51 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
             break
         if timed and plain > max_time_ms:
             break
-        states = _grow(states, chain, m, (m - i) * chain.bits, min(max_time_ms - plain, max_recompute_ms) if timed else INF)
+        tail = m in chain.tail_layers
+        if tail:
+            groups = [part for group in groups for part in _part_last(group, last)]
+        budget = min(max_time_ms - plain, max_recompute_ms) if timed else INF
         # static and kept only grow with the range: drop sets that no later end can fit (a
         # byte of room for the peak's rounding to whole bytes); the whole gradients allocated
         # at the first backward may be out of the peak (gradtiming.one_chunk), and grow too
         floor = held - late_grad if late_grad and discounts else held
-        states = [st for st in states
-                  if floor + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept)
-                  <= cap_high + 1]
-        if not states:
+        grown = []
+        for members, states in groups:
+            options = chain.tail_options(m, i) if tail and members == [last] else None
+            states = _grow(states, chain, m, (m - i) * chain.bits, budget, options)
+            states = [st for st in states
+                      if floor + first_held + (k_low if st[1] + first_kept >= 0 else k_high) * (st[1] + first_kept)
+                      <= cap_high + 1]
+            if not states:
+                continue
+            # for the least peak, recompute time plays no part: a front over (kept, extra) alone
+            states = front(states if timed else [(0.0, *st[1:]) for st in states])
+            grown.append((members, states))
+            columns = None
+            if len(states) >= VECTOR_FROM:  # many sets: score them all at once
+                columns = (np.array([st[1] for st in states], dtype=np.int64),
+                           np.array([st[2] for st in states], dtype=np.int64))
+            for s in members:
+                if windows[s][0] <= j <= windows[s][1]:
+                    kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
+                    sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
+                    edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad)
+                    segment = _best_set(chain.stages[s], s, i, j, states, sums, edge, objective, columns,
+                                        pipeline=chain.setup.pipeline)
+                    if segment is not None and (not timed or segment.time_ms <= max_time_ms):
+                        found.append(segment)
+        groups = grown
+        if not groups:
             break
-        # for the least peak, recompute time plays no part: a front over (kept, extra) alone
-        states = front(states if timed else [(0.0, *st[1:]) for st in states])
-        columns = None
-        if len(states) >= VECTOR_FROM:  # many sets: score them all at once
-            columns = (np.array([st[1] for st in states], dtype=np.int64), np.array([st[2] for st in states], dtype=np.int64))
-        for s in stages:
-            if windows[s][0] <= j <= windows[s][1]:
-                kept, edge_held = (a + b for a, b in zip(opening[s], closing[s][j]))
-                sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
-                edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad)
-                segment = _best_set(chain.stages[s], s, i, j, states, sums, edge, objective, columns,
-                                    pipeline=chain.setup.pipeline)
-                if segment is not None and (not timed or segment.time_ms <= max_time_ms):
-                    found.append(segment)
     return found
+
+
+def _part_last(group: tuple[list[int], list[tuple]], last: int) -> list[tuple[list[int], list[tuple]]]:
+    """A group of stages and their sets, the last stage parted from the others (the same sets, grown apart)."""
+    members, states = group
+    if last not in members or members == [last]:
+        return [group]
+    return [([s for s in members if s != last], states), ([last], states)]
 
 
 def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: tuple, objective: str,

@@ -35,6 +35,9 @@ stages after s the rest), which fixes most prefix counts before HiGHS starts. Me
 rows are in MiB, so HiGHS's row tolerance (highs.MIP_FEASIBILITY_TOLERANCE) is ~0.1 byte; its
 integrality tolerance, times a layer's bytes, can be more, which solve_within_caps takes back.
 
+Under Megatron-FSDP's double buffer a layer's extra holds its moments (milp_rows._extra), and the last
+stage's last unit and output layer their own rows (milp_rows._tail_rows), as evaluate places them.
+
 Every coefficient comes from planner.costmodel; after the solve the plan is
 re-scored by costmodel.evaluate() and must agree with the objective.
 """
@@ -65,6 +68,7 @@ from planner.solve.milp_rows import (  # noqa: F401
     _cap_mib,
     _const,
     _edge,
+    _extra,
     _held,
     _late_grad_mib,
     _layer,
@@ -277,7 +281,7 @@ def _option_counts(problem: Problem, n) -> None:
     lp, r = problem.lp, problem.r
     for g, run in enumerate(problem.runs):
         options = costmodel.useful_options(run.layer, problem.ctx)
-        problem.order[g] = sorted(options, key=lambda o, layer=run.layer: -_layer(problem, ("extra",), layer, o))
+        problem.order[g] = sorted(options, key=lambda o, layer=run.layer: -_extra(problem, layer, o))
     for s in range(problem.setup.pipeline.stages):
         for g, run in enumerate(problem.runs):
             for o in problem.order[g]:

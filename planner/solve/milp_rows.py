@@ -9,7 +9,7 @@ from typing import Literal
 
 import pulp
 
-from planner.cost import costmodel, dataparallel, gradtiming
+from planner.cost import costmodel, dataparallel, gradtiming, megatron_fsdp_moments
 from planner.cost.costmodel import LayerCost
 from planner.schema import Profile, TrainSetup
 from planner.solve.deadline import Deadline
@@ -48,10 +48,17 @@ class Problem:
     outer: TrainSetup | None = None
     schedule: object = None
     deadline: Deadline | None = None  # building a chunked schedule's rows looks at it per rank
+    _moments: dict | None = None  # megatron_fsdp_moments.held_layers, read once (moments())
 
     @property
     def ctx(self) -> costmodel.Context:
         return costmodel.Context(self.profile, self.setup)
+
+    def moments(self) -> dict:
+        """Megatron-FSDP's layers as its moments read them ({} where they do not apply)."""
+        if self._moments is None:
+            self._moments = megatron_fsdp_moments.held_layers(self.ctx)
+        return self._moments
 
 
 def _held() -> tuple[str, ...]:
@@ -64,6 +71,16 @@ def _busy() -> tuple[str, ...]:
 
 def _layer(problem: Problem, quantities, layer: LayerCost, option: int = 0) -> float:
     return sum(costmodel.layer_value(q, layer, option, problem.ctx) for q in quantities)
+
+
+def _extra(problem: Problem, layer: LayerCost, option: int = 0) -> float:
+    """A layer's extra peak under `option` as evaluate places it on any stage but at the last stage's tail
+    (_tail_rows): with a unit's Megatron-FSDP moments (megatron_fsdp_moments.unit_extra)."""
+    extra, held = _layer(problem, ("extra",), layer, option), problem.moments()
+    if not held:
+        return extra
+    kept = _layer(problem, ("kept",), layer, option)
+    return megatron_fsdp_moments.unit_extra(layer, option, extra, kept, held, problem.ctx)
 
 
 def _edge(problem: Problem, quantities, where: str, layer: LayerCost, s: int) -> float:
@@ -127,7 +144,7 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
     step_scratch = []  # per run: (bytes of one layer's step scratch, presence, count)
     for g, run in enumerate(problem.runs):
         layer = run.layer
-        extra, step_bytes = _layer(problem, ("extra",), layer), _layer(problem, ("scratch",), layer)
+        extra, step_bytes = _extra(problem, layer), _layer(problem, ("scratch",), layer)
         held.append(_layer(problem, _held(), layer) * n(s, g) / MIB)
         total.append(_run_kept_bytes(problem, s, g, n) / MIB)
         present = None
@@ -145,13 +162,15 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
             after = (pulp.lpSum(problem.r[s, g, p] * _layer(problem, ("kept",), layer, p) for p in order[place + 1:])
                      + (n(s, g) - pulp.lpSum(problem.r[s, g, p] for p in order)) * _layer(problem, ("kept",), layer)
                      ) / MIB + later[g + 1]
-            lp += scratch >= _layer(problem, ("extra",), layer, o) / MIB * used - after, f"recompute_{s}_{g}_{o}"
+            lp += scratch >= _extra(problem, layer, o) / MIB * used - after, f"recompute_{s}_{g}_{o}"
         total += [_edge(problem, ("kept",), "open", layer, s) / MIB * opens(s, g),
                   _edge(problem, ("kept",), "close", layer, s) / MIB * closes(s, g)]
         held += [_edge(problem, _held(), "open", layer, s) / MIB * opens(s, g),
                  _edge(problem, _held(), "close", layer, s) / MIB * closes(s, g)]
         if present is not None and step_bytes > 0:
             step_scratch.append((step_bytes, present, n(s, g)))
+    if s == problem.setup.pipeline.stages - 1:
+        _tail_rows(problem, s, n, scratch, later)
     held += _zero_one_excess_mib(problem, s, n)
     k = costmodel.in_flight(problem.setup.pipeline, s)
     host = [_layer(problem, ("host",), run.layer) * n(s, g) / MIB for g, run in enumerate(problem.runs)]
@@ -160,6 +179,59 @@ def _stage_memory_parts(problem: Problem, s: int, n, opens, closes) -> _Memory:
              for g, run in enumerate(problem.runs) for o in problem.order[g]
              if _layer(problem, ("offloaded",), run.layer, o)]
     return _Memory(held, total, scratch, step_scratch, host)
+
+
+def _tail_rows(problem: Problem, s: int, n, transient, later: dict) -> None:
+    """[Constraint] the pipeline's last stage's own Megatron-FSDP moments (megatron_fsdp_moments.stage_moments),
+    where output layers follow the model's last unit: T_s ≥ the last unit's extra with the output layers'
+    bucket queued beside it, and T_s ≥ each arm of the output layer's (the stage's last layer), each less what
+    the runs after it keep (`later`, MiB). The last layer of a run in the stage is the model's last of it, under
+    the last option of problem.order the stage uses (_last_option). The output layers' parameters on the stage
+    are linear in its counts, and each arm of megatron_fsdp_moments.output_arms affine in them."""
+    held, runs, ctx = problem.moments(), problem.runs, problem.ctx
+    names = [layer.name for layer in problem.profile.layers]
+    after = megatron_fsdp_moments.after_last_unit(held, names) if held else []
+    if not after:
+        return
+    unit = next(g for g, run in enumerate(runs) if run.start <= names.index(megatron_fsdp_moments.last_unit(held))
+                < run.start + run.size)
+    queued = megatron_fsdp_moments.queued_bytes(megatron_fsdp_moments.output_params(held, after), ctx)
+    last = _last_option(problem, s, unit, n)
+    layer = runs[unit].layer
+    row = [megatron_fsdp_moments.unit_extra(layer, o, _layer(problem, ("extra",), layer, o),
+                                            _layer(problem, ("kept",), layer, o), held, ctx, queued=queued) / MIB * w
+           for o, w in last.items()]
+    problem.lp += transient >= pulp.lpSum(row) - later[unit + 1], f"tail_unit_{s}"
+    out = len(runs) - 1
+    out_params = pulp.lpSum(held[run.layer.name].count * n(s, g) for g, run in enumerate(runs) if g > unit)
+    last, layer = _last_option(problem, s, out, n), runs[out].layer
+    for arm in range(2):
+        def at(o, count, layer=layer, arm=arm):
+            return megatron_fsdp_moments.output_arms(layer, _layer(problem, ("extra",), layer, o),
+                                                     _layer(problem, ("kept",), layer, o), count, ctx)[arm]
+        slope = at(0, 1) - at(0, 0)  # per parameter, whatever the option
+        row = [at(o, 0) / MIB * w for o, w in last.items()] + [slope / MIB * out_params]
+        problem.lp += transient >= pulp.lpSum(row) - later[out + 1], f"tail_output_{s}_{arm}"
+
+
+def _last_option(problem: Problem, s: int, g: int, n) -> dict:
+    """w_o (o: problem.order[g], then none, 0): 1 where stage s's last layer of run g is under option o, 0
+    elsewhere and where the stage holds none of the run. A run of one layer: its counts. Else binaries, one
+    on where the run is present, each on only where its option is used and no option after it in the order."""
+    run, order = problem.runs[g], problem.order[g]
+    counts = {o: problem.r[s, g, o] for o in order}
+    counts[0] = n(s, g) - pulp.lpSum(counts[o] for o in order)
+    if run.size == 1:
+        return counts
+    lp = problem.lp
+    w = {o: pulp.LpVariable(f"w_{s}_{g}_{o}", cat="Binary") for o in counts}
+    lp += pulp.lpSum(w.values()) == _presence(problem, f"wp_{s}_{g}", n(s, g), run.size), f"last_option_{s}_{g}"
+    sequence = [*order, 0]
+    for place, o in enumerate(sequence):
+        lp += w[o] <= counts[o], f"last_used_{s}_{g}_{o}"
+        for p in sequence[place + 1:]:
+            lp += counts[p] <= run.size * (1 - w[o]), f"last_after_{s}_{g}_{o}_{p}"
+    return w
 
 
 def _step_end_row(problem: Problem, name: str, stages, held: list, n, opens, closes, cap_mib) -> None:
