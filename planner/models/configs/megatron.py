@@ -29,6 +29,8 @@ from planner.models.configs.megatron_flags import (
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
     GPT2_VOCAB,
+    MODELLED,
+    NEGATED,
     NO_EFFECT,
     NO_EFFECT_FAMILIES,
     NO_EFFECT_PREFIXES,
@@ -161,6 +163,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
     if quick_geglu:
         flags.notes.append("--quick-geglu: a gated MLP of SwiGLU's weights, FLOPs and kept tensors; its quick-GeLU "
                            "timed as SwiGLU's fused kernel")
+    megatron_gptoss.glu_offset(flags, quick_geglu=quick_geglu)
     swiglu = swiglu or quick_geglu
     flags.take("--normalization", "norm kind (RMSNorm or LayerNorm: the same bytes)", str, "LayerNorm")
     untied = flags.take("--untie-embeddings-and-output-weights", "separate output weights", bool, False)
@@ -190,7 +193,8 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
                         "model (its GPT-style block has one dense MLP: the experts' weights, FLOPs and kept bytes "
                         "would be wrong); ckplan scores mixtures of SwiGLU experts")
     mla = _mla(flags)
-    moe.update(experts, **megatron_gptoss.yarn_scaling(flags, kind, mla=bool(mla)))  # the Arch's GPT-OSS fields
+    moe.update(experts, **megatron_gptoss.yarn_scaling(flags, kind, mla=bool(mla)),  # the Arch's GPT-OSS fields
+               **megatron_gptoss.sink_fields(flags))
     windows = layer_windows(flags, layers)  # --window-size, --window-attn-skip-freq (megatron_windows.py)
     try:
         arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
@@ -471,6 +475,10 @@ def _rest(flags: Flags, job: Job) -> None:
                 job.said(flag, value, "modelled", "at its default: nothing to add")
             else:
                 job.said(flag, value, "not modelled", pending(PENDING_FLAGS[flag]))
+        elif flag in MODELLED:
+            job.said(flag, value, "no effect" if values == ["false"] else "modelled", MODELLED[flag])
+        elif flag in NEGATED and values == ["false"]:
+            job.said(flag, value, "not modelled", NOT_MODELLED[NEGATED[flag]])
         elif flag in NOT_MODELLED:
             job.said(flag, value, "no effect" if values == ["false"] else "not modelled", NOT_MODELLED[flag])
         elif flag in NO_EFFECT:
