@@ -8,7 +8,8 @@ fused kernels (planner/profiler/te_moe_eager.py times them; docs/framework-facts
   passes the YaRN concentration factor 0.1·ln F + 1 as `mscale` to `apply_rotary_pos_emb`, which takes the unfused
   rotary wherever it is not 1.0 (rope_utils.py 268-312; attention.py 880-901; yarn_rotary_pos_embedding.py
   223-252): `Arch.rope_scaling = ("yarn", F, None)` where F > 1;
-- `--softmax-type learnable` (GPT-OSS's sinks): one learned logit per head and layer (TE's `softmax_offset`, fp32),
+- `--softmax-type learnable` (GPT-OSS's sinks): one learned logit per head and layer (TE's `softmax_offset`, a
+  parameter of the rank's heads),
   applied inside Transformer Engine's cuDNN fused attention (TE >= 2.8 with cuDNN >= 9.13.1; FlashAttention is
   disabled for it): `Arch.attention_sinks` with `sinks_in_kernel` (the parameters counted, no eager rescale);
   `off-by-one` a fixed zero logit in the same kernel, no parameters (docs/framework-facts.md §159);
@@ -53,8 +54,8 @@ SOFTMAX_TYPES = {
     "vanilla": ("modelled", "the softmax of every attention kernel (Megatron-LM's default)"),
     "off-by-one": ("no effect", "a fixed zero sink logit inside TE's cuDNN fused attention: no parameter, the kernel's "
                    "softmax denominator one term longer per row (timed as vanilla: no published rate of its own)"),
-    "learnable": ("modelled", "GPT-OSS's sinks: one fp32 logit per head and layer (TE's softmax_offset: counted in "
-                  "the parameters, their gradients and Adam's state), applied inside TE's cuDNN fused attention, "
+    "learnable": ("modelled", "GPT-OSS's sinks: one learned logit per head and layer (TE's softmax_offset: counted "
+                  "in the parameters, their gradients and Adam's state), applied inside TE's cuDNN fused attention, "
                   "which keeps what it keeps without them (O, the softmax statistics) and is timed at the GPU's "
                   "cuDNN figures as vanilla (no published sink-kernel rate); no eager rescale as torchtitan's"),
 }
