@@ -34,3 +34,18 @@ def test_the_generic_unknown_sentence_is_what_makes_a_flag_unclassified():
     assert not FlagRow("--x", "unknown", "not a flag this reader knows: if it changes memory or time, ...").classified
     assert FlagRow("ds_config k", "unknown", "not a key of DeepSpeed's zero_optimization: v0.6.2 ignores it").classified
     assert FlagRow("--x", "not modelled", "anything").classified
+
+
+def test_a_flag_the_reader_does_not_know_is_unclassified_and_the_script_fails(tmp_path, capsys):
+    import importlib.util
+
+    path = tmp_path / "new.yaml"
+    path.write_text("MODEL_ARGS:\n  --num-layers: 2\n  --hidden-size: 64\n  --num-attention-heads: 4\n"
+                    "  --seq-length: 128\n  --vocab-size: 512\n  --frobnicate-kv: 3\n")
+    rows, refused = audit([path], ROOT)
+    assert not refused and [r.name for r in rows if not r.classified] == ["--frobnicate-kv"]
+    spec = importlib.util.spec_from_file_location("megatron_flag_audit", ROOT / "scripts/megatron_flag_audit.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(path)]) == 1
+    assert "| `--frobnicate-kv` | UNCLASSIFIED | 1: new |" in capsys.readouterr().out

@@ -221,8 +221,8 @@ _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "s
                  "shared_intermediate_size": 0, "shared_expert_gate": False, "dense_layers": (),
                  "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,
                  "qk_nope_head_dim": 0, "v_head_dim": 0, "rotary": None, "residual_dropout": None, "embedding_dropout": None,
-                 "attention_dropout": None, "layer_windows": (), "attention_sinks": False, "sinks_in_kernel": False, "o_bias": False,
-                 "expert_bias": False, "swiglu_limit": None}
+                 "attention_dropout": None, "layer_windows": (), "attention_sinks": False, "o_bias": False,
+                 "expert_bias": False, "swiglu_limit": None, "sinks_in_kernel": False}
 
 
 def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, rope, eps, tied=False,
