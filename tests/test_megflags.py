@@ -13,7 +13,7 @@ import yaml
 from fixtures.cli import run, run_ok
 
 from planner.errors import UserError
-from planner.models.configs import megatron
+from planner.models.configs import megatron, megatron_flags
 
 # a two-layer MoE of four experts, GPT-OSS's way (quick-GeGLU): 8 heads, 2 layers, so 16 sinks
 BASE = {"--num-layers": 2, "--hidden-size": 256, "--num-attention-heads": 8, "--group-query-attention": True,
@@ -52,6 +52,7 @@ def runs(tmp_path_factory):
                                             "--fine-grained-activation-offloading": True,
                                             "--offload-modules": "[expert_fc1 moe_act]"},
                             env={"NCCL_DEBUG": "VERSION", "NVTE_CPU_OFFLOAD_V1": 1}),
+        "expandable": _evaluate(tmp, "expandable", {}, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
     }
 
 
@@ -132,3 +133,24 @@ def test_a_bad_softmax_type_is_one_sentence(tmp_path):
     path.write_text(yaml.safe_dump({"MODEL_ARGS": {**BASE, "--softmax-type": "sinks"}}))
     result = run("evaluate", "--from-megatron", path, "--gpus", "1", "--gpu", "h100")
     assert result.exit_code != 0 and "--softmax-type 'sinks' is not one of Megatron-LM's" in result.output
+
+
+def test_the_launchs_expandable_segments_reach_the_allocator_replay(runs):
+    """ENV_VARS' PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (six of the functional tests') is the setup's
+    expandable_segments: the same allocated bytes, the replay's reserve under expandable segments (lower here)."""
+    base, expandable = runs["base"]["ranks"][0], runs["expandable"]["ranks"][0]
+    assert _status(runs["expandable"])["ENV_VARS.PYTORCH_CUDA_ALLOC_CONF"] == "modelled"
+    assert expandable["peak_bytes"] == base["peak_bytes"] and expandable["time_ms"] == base["time_ms"]
+    assert expandable["reserved_by"] == base["reserved_by"] == "replay"
+    assert expandable["reserved_bytes"] < base["reserved_bytes"]
+
+
+def test_alloc_conf_options_other_than_expandable_segments_are_listed():
+    assert megatron_flags.alloc_conf("expandable_segments:True") == (True, [])
+    assert megatron_flags.alloc_conf("max_split_size_mb:512, expandable_segments:False") == (False,
+                                                                                             ["max_split_size_mb:512"])
+    data = {"MODEL_ARGS": {}, "ENV_VARS": {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"}}
+    assert megatron_flags.launch_expandable_segments(data) is None
+    [(name, _, status, what)] = megatron_flags.yaml_extras(data)
+    assert (name, status) == ("ENV_VARS.PYTORCH_CUDA_ALLOC_CONF", "not modelled") and "garbage_collection" in what
+    assert megatron_flags.launch_expandable_segments({"MODEL_ARGS": {}}) is None

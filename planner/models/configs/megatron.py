@@ -40,8 +40,7 @@ from planner.models.configs.megatron_flags import (
     PENDING_FLAGS,
     TOKENIZER_SOURCE,
     TOKENIZER_VOCAB,
-    launch_disables_nvls,
-    launch_forces_ring_simple,
+    launch_settings,
     yaml_extras,
 )
 from planner.models.configs.megatron_memflags import read_memory_settings
@@ -58,20 +57,21 @@ def read(path: Path) -> Job:
 
     text = text_of(path)
     where = str(path)
-    extras, files, ring_simple, nvls_off = [], {}, False, False
+    extras, files, launch = [], {}, {}
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
         pairs, world, notes = yaml_pairs(text, where), None, []
         data = yaml.safe_load(text)  # valid: yaml_pairs parsed it
-        extras, ring_simple, nvls_off = yaml_extras(data), launch_forces_ring_simple(data), launch_disables_nvls(data)
+        extras, launch = yaml_extras(data), launch_settings(data)  # ENV_VARS (and the launcher's exports)
     else:
         script = read_script(text, where)
         check_trainer(script.trainer, where)
         pairs, world, notes = script_pairs(script.args, where), torchrun_world(script.launcher_args), script.notes
         files = script.files
     job = from_pairs(pairs, where, files)
-    job.modelled.nccl_ring_simple, job.modelled.nccl_nvls_off = ring_simple, nvls_off
+    for key, value in launch.items():
+        setattr(job.modelled, key, value)
     for name, value, status, what in extras:
         job.said(name, value, status, what)
     job.world_size = world

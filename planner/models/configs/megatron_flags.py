@@ -340,9 +340,6 @@ ENV_VARS = {
     "NCCL_DEBUG": ("no effect", None, "NCCL's log level"),
     "PYTHONWARNINGS": ("no effect", None, "Python's warning filter"),
     "NON_DETERMINSTIC_RESULTS": ("no effect", None, "the functional test harness's comparison of results"),
-    "PYTORCH_CUDA_ALLOC_CONF": ("not modelled", None, "the caching allocator's settings (expandable_segments:True: one "
-                                "growing segment, a lower reserved peak): scored with the runtime record's own "
-                                "segments"),
     "TORCH_NCCL_AVOID_RECORD_STREAMS": ("not modelled", None, "1: ProcessGroupNCCL keeps a collective's tensors until "
                                         "wait() instead of recordStream, so the allocator may reuse them earlier: "
                                         "the reserved peak, not charged"),
@@ -392,6 +389,46 @@ def launch_disables_nvls(data: object) -> bool:
     return isinstance(perf, dict) and str(perf.get("NCCL_NVLS_ENABLE")) == "0"
 
 
+# torch's caching allocator reads PYTORCH_CUDA_ALLOC_CONF as comma-separated option:value pairs
+# (c10/cuda/CUDAAllocatorConfig.cpp parseArgs); the cost model's replay runs expandable_segments either way
+# (planner/cost/allocator.py), the others (max_split_size_mb, garbage_collection_threshold, ...) it does not read
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def alloc_conf(value: object) -> tuple[bool | None, list[str]]:
+    """(expandable_segments as the setting says it, None where it does not; the other options given)."""
+    expandable, others = None, []
+    for part in str(value).split(","):
+        option, _, setting = part.strip().partition(":")
+        if option == "expandable_segments" and setting.strip() in ("True", "False"):
+            expandable = setting.strip() == "True"
+        elif part.strip():
+            others.append(part.strip())
+    return expandable, others
+
+
+def launch_expandable_segments(data: object) -> bool | None:
+    """Whether a model_config.yaml's ENV_VARS set PYTORCH_CUDA_ALLOC_CONF's expandable_segments (None: not said)."""
+    env = data.get("ENV_VARS") if isinstance(data, dict) and isinstance(data.get("MODEL_ARGS"), dict) else None
+    return alloc_conf(env[ALLOC_CONF])[0] if isinstance(env, dict) and ALLOC_CONF in env else None
+
+
+def launch_settings(data: object) -> dict:
+    """The JobSettings a model_config.yaml's launch sets (ENV_VARS over the functional tests' launcher)."""
+    return {"nccl_ring_simple": launch_forces_ring_simple(data), "nccl_nvls_off": launch_disables_nvls(data),
+            "expandable_segments": launch_expandable_segments(data)}
+
+
+def _alloc_conf_said(setting: object) -> tuple[str, str]:
+    expandable, others = alloc_conf(setting)
+    if others:
+        return "not modelled", (f"the caching allocator's {', '.join(others)}: not read (the replay runs torch's "
+                                "defaults for them)" + ("; expandable_segments read" if expandable is not None else ""))
+    segments = "expandable segments" if expandable else "the default segments"
+    return "modelled", (f"expandable_segments {expandable}: the allocator replay (planner/cost/allocator.py) runs "
+                        f"{segments}, as `ckplan evaluate --expandable-segments` says it of a plan")
+
+
 def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
     """(name, value, status, what) for what a model_config.yaml holds beside MODEL_ARGS: each of its
     ENV_VARS as ENV_VARS says (a value other than the modelled one: not modelled; an unknown
@@ -410,5 +447,7 @@ def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
                                                                     "reader does not know"))
             if modelled_value is not None and str(setting) != modelled_value:
                 status, what = "not modelled", f"{what}; the prediction assumes {modelled_value}"
+            if name == ALLOC_CONF:
+                status, what = _alloc_conf_said(setting)
             found.append((f"{key}.{name}", str(setting), status, what))
     return found
