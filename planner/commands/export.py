@@ -109,7 +109,15 @@ def _launcher(target, plan, profile, plan_path: Path, out: Path | None, inputs: 
     except ValueError as exc:
         raise UserError(f"--entry {entry!r}: {exc}") from exc
     tp = profile.assumptions.get("tp", 1)
-    gpus_per_node = gpus_per_node or _host_gpus(plan, profile)
+    scored = _host_gpus(plan, profile)
+    if gpus_per_node is not None and gpus_per_node != scored and plan.setup.comm.nvlink_domain is not None:
+        from planner.console import warn
+
+        warn(f"--gpus-per-node {gpus_per_node}: the plan was scored for hosts of {scored} GPUs (the ranks sharing a "
+             f"host's memory, where its NVLink domain's links stop, the launch's allocator settings); this launch runs "
+             f"{gpus_per_node} a host, which the plan's figures do not hold for: solve again with --gpus-per-node "
+             f"{gpus_per_node} to score it")
+    gpus_per_node = gpus_per_node or scored
     launch = launchers.launch_for(plan, plan_path, tp=tp if isinstance(tp, int) else 1, gpus_per_node=gpus_per_node,
                                   entry=argv, image=image, gpu_name=plan.device.name,
                                   torchtitan_version=torchtitan_version)

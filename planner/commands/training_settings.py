@@ -187,10 +187,22 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
         refused.append("--te-grouped-gemm runs Transformer Engine's grouped GEMM over a mixture-of-experts model's "
                        f"experts; the profile's {len(profile.layers)} layers hold none (a dense model makes no grouped "
                        "GEMM): drop it")
+    refused += _nccl_off_gpu(profile, settings)
     if refused:
         raise UserError(refused[0])
     if say is not None:
         setting_notes(profile, runtime=runtime, settings=settings, say=say)
+
+
+def _nccl_off_gpu(profile, settings: dict) -> list[str]:
+    """NCCL's launch settings on a profile that runs no NCCL (a cpu profile: gloo's collectives), which the plan
+    would carry into its launch files and no term reads: refused, as --nvlink-domain is (comm_setup.comm_fields)."""
+    given = [flag for flag, name in (("--nccl-nvls-off", "nccl_nvls_off"), ("--nccl-ring-simple", "nccl_ring_simple"))
+             if settings.get(name)]
+    if not given or profile.device.type == "cuda":
+        return []
+    return [f"{given[0]} says how NCCL runs a GPU job's collectives, and the profile runs on {profile.device.type} "
+            "(gloo's collectives, no NCCL): drop it or profile for a GPU"]
 
 
 def setting_notes(profile, *, runtime: str, settings: dict, say) -> None:

@@ -260,14 +260,15 @@ def reductions_per_iteration(setup: TrainSetup) -> int:
     return setup.pipeline.microbatches if setup.data_parallel.zero >= 2 and not kept_whole(setup) else 1
 
 
-def grad_reduce_ms(param_count: int, setup: TrainSetup) -> float:
-    """Gradient reduction of these parameters per iteration."""
+def grad_reduce_ms(param_count: int, setup: TrainSetup, *, stride: int | None = None) -> float:
+    """Gradient reduction of these parameters per iteration; `stride`: its group's ranks apart (sizedreduce)."""
     if setup.data_parallel.dp == 1:
         return 0.0
     grads = param_bytes(setup).grads  # reduced in the dtype accumulated (fp32 main_grad, FSDP2's reduce_dtype)
     num_bytes, k, r = param_count * grads, shard_size(setup), replicas(setup)
     if k == 1 or (setup.data_parallel.zero == 1 and runtimes.of(setup.training).zero1_all_reduces):
-        return sizedreduce.all_reduce_ms(num_bytes, setup.data_parallel.dp, setup, setup.data_parallel.shard_gb_per_s)
+        return sizedreduce.all_reduce_ms(num_bytes, setup.data_parallel.dp, setup, setup.data_parallel.shard_gb_per_s,
+                                         stride=stride)
     once = reduce_scatter_ms(num_bytes, k, setup.data_parallel.shard_gb_per_s) + all_reduce_ms(num_bytes / k, r,
                                                                                  setup.data_parallel.replica_gb_per_s)
     return once * reductions_per_iteration(setup)
@@ -396,7 +397,8 @@ def collectives_ms(param_count: int, setup: TrainSetup, *, expert_count: int = 0
     routed experts' (`expert_count` of them, the rank's 1/E held) in their own group."""
     dense, experts = param_count - expert_count, expert_setup(setup)
     held = held_expert_params(expert_count, setup)
-    reduce = grad_reduce_ms(dense, setup) + (grad_reduce_ms(held, experts) if expert_count else 0.0)
+    apart = setup.comm.tp * setup.data_parallel.ep  # the expert-data-parallel group's ranks (Megatron-LM's order)
+    reduce = grad_reduce_ms(dense, setup) + (grad_reduce_ms(held, experts, stride=apart) if expert_count else 0.0)
     gather = weight_gather_ms(dense, setup, fp8_count=fp8_count) + (weight_gather_ms(held, experts)
                                                                    if expert_count else 0.0)
     return gather, reduce

@@ -181,8 +181,9 @@ def fsdp2_latency_ms(setup: TrainSetup) -> tuple[float, float]:
 def layers_shares(gpu, sms: int, setup: TrainSetup, layers) -> tuple[float, float]:
     """(gather, reduce): the share of the GPU's SMs the layers' gathers and reductions take over their time, each
     collective at its own group's CTAs: the dense parameters' in the data-parallel group, the routed experts' (the
-    rank's 1/E) in the expert-data-parallel group (dataparallel.expert_setup: dp / E ranks, E ranks apart in
-    Megatron-LM's order tp-cp-ep-dp), weighted by the time each runs (dataparallel.collectives_ms's two parts)."""
+    rank's 1/E) in the expert-data-parallel group (dataparallel.expert_setup: dp / E ranks, tp x E ranks apart
+    in Megatron-LM's order tp-cp-ep-dp, as nccl_buffers.rank_communicators places them), weighted by the time each
+    runs (dataparallel.collectives_ms's two parts)."""
     dense = sum(layer.param_count - layer.expert_param_count for layer in layers)
     fp8 = sum(layer.float8_param_count for layer in layers)
     held = sum(dp.held_expert_params(layer.expert_param_count, setup) for layer in layers)
@@ -195,16 +196,18 @@ def layers_shares(gpu, sms: int, setup: TrainSetup, layers) -> tuple[float, floa
     for index, which in enumerate(("gather", "reduce")):
         total = dense_ms[index] + expert_ms[index]
         lost = (dense_ms[index] * gpu_share(gpu, sms, setup, which, dense, fp8_count=fp8)
-                + expert_ms[index] * gpu_share(gpu, sms, experts, which, int(held), stride=setup.data_parallel.ep))
+                + expert_ms[index] * gpu_share(gpu, sms, experts, which, int(held),
+                                               stride=setup.comm.tp * setup.data_parallel.ep))
         shares.append(lost / total if total else 0.0)
     return shares[0], shares[1]
 
 
 def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_count: int = 0,
-              stride: int = 1) -> float:
+              stride: int | None = None) -> float:
     """The share of the GPU's `sms` SMs one gather ("gather") or reduction ("reduce") of `count` parameters takes: its
     CTAs over the SMs, in the shard group (a reduction with no shard group, or ZeRO 1 on a record that all-reduces: an
-    all-reduce over the data-parallel group), whose ranks lie `stride` apart (a node holds per_node / stride of them
+    all-reduce over the data-parallel group), whose ranks lie `stride` apart (default the setup's tp, the
+    data-parallel group's, as nccl_buffers.rank_communicators places it; a node holds per_node / stride of them
     where the group spans nodes: network_rate.ranks_per_node)."""
     from planner.models.network_rate import ranks_per_node
 
@@ -220,8 +223,9 @@ def gpu_share(gpu, sms: int, setup: TrainSetup, which: str, count: int, *, fp8_c
         if group == 1 or (setup.data_parallel.zero == 1 and runtimes.of(setup.training).zero1_all_reduces):
             kind, group = "all-reduce", setup.data_parallel.dp
     nics = max(1, round(per_node * gpu.nics_per_gpu))  # the record's NICs (not a --nics-per-gpu, which the setup drops)
-    ctas = collective_ctas(gpu.name, kind, nbytes, ranks=group, local_ranks=ranks_per_node(group, stride, per_node)
-                           if stride > 1 else min(group, per_node), nics_per_node=nics,
+    stride = setup.comm.tp if stride is None else stride
+    ctas = collective_ctas(gpu.name, kind, nbytes, ranks=group, local_ranks=ranks_per_node(group, stride, per_node),
+                           nics_per_node=nics,
                            nvls=not setup.training.nccl_nvls_off)
     return min(ctas, sms) / sms
 

@@ -71,7 +71,8 @@ def tuned_all_reduce(num_bytes: float, ranks: int, setup: TrainSetup, gb_per_s: 
     return algorithm, protocol, us * MS_PER_US
 
 
-def all_reduce_ms(num_bytes: float, ranks: int, setup: TrainSetup, gb_per_s: float | None) -> float:
-    """ms of one all-reduce of `num_bytes` over the data-parallel group's `ranks` (tuned_all_reduce)."""
-    return tuned_all_reduce(num_bytes, ranks, setup, gb_per_s)[2]
+def all_reduce_ms(num_bytes: float, ranks: int, setup: TrainSetup, gb_per_s: float | None, *,
+                  stride: int | None = None) -> float:
+    """ms of one all-reduce of `num_bytes` over the data-parallel group's `ranks`, `stride` apart (tuned_all_reduce)."""
+    return tuned_all_reduce(num_bytes, ranks, setup, gb_per_s, stride=stride)[2]
 

@@ -62,6 +62,9 @@ class Launch:
     gpu_resource: str = "nvidia.com/gpu"  # the device plugin's resource name
     image: str = IMAGE_PLACEHOLDER
     env: tuple[tuple[str, str], ...] = ()  # set for every process; PYTHONPATH goes before the caller's
+    # hosts a block of one NVLink domain holds as the plan was scored (CommSetup.nvlink_domain over the host): Slurm's
+    # --segment places the job's nodes so; 1: each host its own domain, nothing to place
+    domain_hosts: int = 1
 
     def __post_init__(self):
         if self.num_nodes < 1 or self.gpus_per_node < 1:
@@ -102,8 +105,25 @@ def launch_for(plan, plan_path: Path, *, tp: int, gpus_per_node: int, entry: tup
     env += (("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "simple")) if training.nccl_ring_simple else ()
     env += (("NCCL_NVLS_ENABLE", "0"),) if training.nccl_nvls_off else ()
     resource = "amd.com/gpu" if gpu_name.lower().startswith("mi") else "nvidia.com/gpu"
+    domain = plan.setup.comm.nvlink_domain or per_node  # the NVLink domain the links were placed by
+    hosts = min(domain, world) // per_node if domain % per_node == 0 else 1
     return Launch(name=job_name(plan_path.stem), num_nodes=world // per_node, gpus_per_node=per_node,
-                  entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER, env=env)
+                  entry=tuple(entry), gpu_resource=resource, image=image or IMAGE_PLACEHOLDER, env=env,
+                  domain_hosts=hosts)
+
+
+def _segment(launch: Launch) -> list[str]:
+    """The job's nodes in blocks of one NVLink domain, as the plan was scored: Slurm's --segment (the block topology
+    plugin), as Megatron-Bridge's executor asks it of 4-GPU GB200 hosts (scripts/performance/utils/executors.py
+    slurm_executor, 023219ed: `segment`); said, not set, where the domain's hosts do not divide the job's."""
+    hosts = launch.domain_hosts
+    if hosts <= 1:
+        return []
+    if launch.num_nodes % hosts:
+        return [f"# scored with NVLink domains of {hosts} hosts, which do not divide the job's {launch.num_nodes}: "
+                "place its nodes so they lie in as few domains as that"]
+    return [f"# the plan was scored with NVLink domains of {hosts} hosts: its nodes in blocks of one",
+            f"#SBATCH --segment={hosts}"]
 
 
 def check_torchtitan_version(version: str | None, *, framework: str, entry: tuple[str, ...] | None) -> None:
@@ -199,6 +219,7 @@ def slurm_script(launch: Launch) -> str:
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={launch.gpus_per_node}",
         "#SBATCH --exclusive",
+        *_segment(launch),
         "set -euo pipefail",
         *_exports(launch),  # srun passes the environment on (--export=ALL, its default)
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',

@@ -314,7 +314,8 @@ def layer_option(parts: list[str], offered: set[str]) -> tuple[str, list[str]]:
 
 # The functional tests' model_config.yaml beside MODEL_ARGS: its ENV_VARS, each what it does to the
 # prediction (Megatron-LM 6e091e1b tests/functional_tests/test_cases/gpt/gpt3_7b_*_memory_speed), and the
-# test harness's own keys (TEST_TYPE, METRICS, LAUNCHER, ...), which change no memory or time.
+# test harness's own keys (TEST_TYPE, METRICS, LAUNCHER, ...), which change no memory or time. Each: (status, the
+# value or values the prediction reads as they are, what it does); another value is said as not modelled.
 ENV_VARS = {
     "CUBLAS_WORKSPACE_CONFIG": ("modelled", ":4096:8", "torch's cuBLAS workspaces, 8 x 4 MiB each, held after the step "
                                 "(runtimes: megatron's cublas_workspace_bytes)"),
@@ -331,8 +332,10 @@ ENV_VARS = {
                   "NCCL_PROTO=simple the step's scalar all-reduces at Ring/Simple's latency (planner/cost/stepcomm.py)"),
     "NCCL_PROTO": ("modelled", "simple", "the step's scalar all-reduces at Ring/Simple's latency under NCCL_ALGO=Ring "
                    "(planner/cost/stepcomm.py)"),
-    "NCCL_NVLS_ENABLE": ("modelled", "0", "no NVLink SHARP (the setting nccl_nvls_off): neither its buffers "
-                         "(planner/cost/nccl_buffers.py) nor NVLS / NVLS Tree in NCCL's tuner (planner/cost/nccltuner.py)"),
+    # 0 scored as nccl_nvls_off, 1 and 2 (NCCL's default: on where the GPUs have multicast) as NVLS where it runs
+    "NCCL_NVLS_ENABLE": ("modelled", ("0", "1", "2"), "0: no NVLink SHARP (the setting nccl_nvls_off), neither its "
+                         "buffers (planner/cost/nccl_buffers.py) nor NVLS / NVLS Tree in NCCL's tuner "
+                         "(planner/cost/nccltuner.py); 1 or 2: both where the GPUs and the group run NVLS"),
     "NVTE_FWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "SMs the LayerNorm kernels leave to communication: time "
                                      "only, not charged"),
     "NVTE_BWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "as NVTE_FWD_LAYERNORM_SM_MARGIN"),
@@ -445,8 +448,9 @@ def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
         for name, setting in value.items():
             status, modelled_value, what = ENV_VARS.get(str(name), ("unknown", None, "an environment variable this "
                                                                     "reader does not know"))
-            if modelled_value is not None and str(setting) != modelled_value:
-                status, what = "not modelled", f"{what}; the prediction assumes {modelled_value}"
+            modelled_values = (modelled_value,) if isinstance(modelled_value, str) else modelled_value or ()
+            if modelled_values and str(setting) not in modelled_values:
+                status, what = "not modelled", f"{what}; the prediction assumes {' or '.join(modelled_values)}"
             if name == ALLOC_CONF:
                 status, what = _alloc_conf_said(setting)
             found.append((f"{key}.{name}", str(setting), status, what))
