@@ -123,9 +123,13 @@ class Arch:
     # full attention), as the config's layer_types says (empty: every layer at `sliding_window`); a layer's
     # figures are read off `layer(i)`. attention_sinks: one learned logit per head (its `sinks`);
     # o_bias: the output projection's bias (attention_bias sets it beside qkv_bias); expert_bias: the
-    # router's bias and each expert's two projections' biases; swiglu_limit: the experts' clamped SwiGLU
+    # router's bias and each expert's two projections' biases; swiglu_limit: the experts' clamped SwiGLU.
+    # sinks_in_kernel: the sinks applied inside the attention kernel (Megatron-core's --softmax-type learnable on
+    # Transformer Engine's cuDNN fused attention: its softmax_offset), not by torchtitan's eager rescale of flash's
+    # output: their parameters counted, no rescale's time or kept tensors (framework-facts §159)
     layer_windows: tuple[int | None, ...] = ()
     attention_sinks: bool = False
+    sinks_in_kernel: bool = False
     o_bias: bool = False
     expert_bias: bool = False
     swiglu_limit: float | None = None
@@ -218,7 +222,7 @@ _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "s
                  "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,
                  "qk_nope_head_dim": 0, "v_head_dim": 0, "rotary": None, "residual_dropout": None, "embedding_dropout": None,
                  "attention_dropout": None, "layer_windows": (), "attention_sinks": False, "o_bias": False,
-                 "expert_bias": False, "swiglu_limit": None}
+                 "expert_bias": False, "swiglu_limit": None, "sinks_in_kernel": False}
 
 
 def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, rope, eps, tied=False,

@@ -78,7 +78,7 @@ def gqa_terms(arch: Arch, shape: Shape) -> list[Term]:
         Term("V (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
         *_attention_core_terms(arch, shape, q),
         *(Term(*term) for term in gptoss_kept.sink_terms(sb, arch.num_heads // shape.tp, q, d)
-          if arch.attention_sinks and shape.attention == "flash"),
+          if arch.attention_sinks and not arch.sinks_in_kernel and shape.attention == "flash"),
     ]
 
 
@@ -386,7 +386,8 @@ def offers_whole_attention(arch: Arch, shape: Shape) -> bool:
     region by region here), nor GPT-OSS's (its sinks), nor GPT's (GPT-2's attention module ends in its
     residual dropout, whose mask it saves last: another rerun); under TP or CP the module's rerun
     would run its all-gathers and ring exchange again, which rerun_work does not charge."""
-    return arch.style == "llama" and not arch.mla and not arch.attention_sinks and shape.tp == 1 and shape.cp == 1
+    eager_sinks = arch.attention_sinks and not arch.sinks_in_kernel  # a kernel's own sinks: its attention as vanilla
+    return arch.style == "llama" and not arch.mla and not eager_sinks and shape.tp == 1 and shape.cp == 1
 
 
 def norm_out_bytes(arch: Arch, shape: Shape, *, moe: bool) -> dict[str, int]:

@@ -33,7 +33,7 @@ def extra_bytes(arch: Arch, shape: formulas.Shape, *, moe: bool) -> tuple[Counte
     for another model."""
     fwd, bwd = Counter(), Counter()
     T, h = shape.tokens, arch.hidden_size
-    if arch.attention_sinks and shape.attention == "flash":
+    if arch.attention_sinks and not arch.sinks_in_kernel and shape.attention == "flash":  # torchtitan's eager rescale
         heads = arch.num_heads // shape.tp
         fwd["attention"] += SINKS_FWD * T * heads
         bwd["attention"] += SINKS_BWD * T * heads

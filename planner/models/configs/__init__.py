@@ -71,6 +71,8 @@ class JobSettings:
     te_grouped_gemm: bool = False  # Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers
     nccl_ring_simple: bool = False  # the launch forces NCCL_ALGO=Ring, NCCL_PROTO=simple (the functional tests')
     nccl_nvls_off: bool = False  # the launch sets NCCL_NVLS_ENABLE=0 (Bridge's executor, the functional tests')
+    # the launch's PYTORCH_CUDA_ALLOC_CONF expandable_segments (a functional test's ENV_VARS); None: not said
+    expandable_segments: bool | None = None
     # Megatron-LM's DDP overlap, as DataParallelSetup's fields (overlap_grad_reduce, overlap_param_gather,
     # bucket_params, align_grad_reduce, align_param_gather, param_gather_with_step); empty: the runtime's defaults
     ddp: dict = field(default_factory=dict)

@@ -29,6 +29,8 @@ from planner.models.configs.megatron_flags import (
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
     GPT2_VOCAB,
+    MODELLED,
+    NEGATED,
     NO_EFFECT,
     NO_EFFECT_FAMILIES,
     NO_EFFECT_PREFIXES,
@@ -38,8 +40,7 @@ from planner.models.configs.megatron_flags import (
     PENDING_FLAGS,
     TOKENIZER_SOURCE,
     TOKENIZER_VOCAB,
-    launch_disables_nvls,
-    launch_forces_ring_simple,
+    launch_settings,
     yaml_extras,
 )
 from planner.models.configs.megatron_memflags import read_memory_settings
@@ -56,20 +57,21 @@ def read(path: Path) -> Job:
 
     text = text_of(path)
     where = str(path)
-    extras, files, ring_simple, nvls_off = [], {}, False, False
+    extras, files, launch = [], {}, {}
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
         pairs, world, notes = yaml_pairs(text, where), None, []
         data = yaml.safe_load(text)  # valid: yaml_pairs parsed it
-        extras, ring_simple, nvls_off = yaml_extras(data), launch_forces_ring_simple(data), launch_disables_nvls(data)
+        extras, launch = yaml_extras(data), launch_settings(data)  # ENV_VARS (and the launcher's exports)
     else:
         script = read_script(text, where)
         check_trainer(script.trainer, where)
         pairs, world, notes = script_pairs(script.args, where), torchrun_world(script.launcher_args), script.notes
         files = script.files
     job = from_pairs(pairs, where, files)
-    job.modelled.nccl_ring_simple, job.modelled.nccl_nvls_off = ring_simple, nvls_off
+    for key, value in launch.items():
+        setattr(job.modelled, key, value)
     for name, value, status, what in extras:
         job.said(name, value, status, what)
     job.world_size = world
@@ -161,6 +163,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
     if quick_geglu:
         flags.notes.append("--quick-geglu: a gated MLP of SwiGLU's weights, FLOPs and kept tensors; its quick-GeLU "
                            "timed as SwiGLU's fused kernel")
+    megatron_gptoss.glu_offset(flags, quick_geglu=quick_geglu)
     swiglu = swiglu or quick_geglu
     flags.take("--normalization", "norm kind (RMSNorm or LayerNorm: the same bytes)", str, "LayerNorm")
     untied = flags.take("--untie-embeddings-and-output-weights", "separate output weights", bool, False)
@@ -190,7 +193,8 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
                         "model (its GPT-style block has one dense MLP: the experts' weights, FLOPs and kept bytes "
                         "would be wrong); ckplan scores mixtures of SwiGLU experts")
     mla = _mla(flags)
-    moe.update(experts, **megatron_gptoss.yarn_scaling(flags, kind, mla=bool(mla)))  # the Arch's GPT-OSS fields
+    moe.update(experts, **megatron_gptoss.yarn_scaling(flags, kind, mla=bool(mla)),  # the Arch's GPT-OSS fields
+               **megatron_gptoss.sink_fields(flags))
     windows = layer_windows(flags, layers)  # --window-size, --window-attn-skip-freq (megatron_windows.py)
     try:
         arch = Arch(name=Path(where).stem, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
@@ -471,6 +475,10 @@ def _rest(flags: Flags, job: Job) -> None:
                 job.said(flag, value, "modelled", "at its default: nothing to add")
             else:
                 job.said(flag, value, "not modelled", pending(PENDING_FLAGS[flag]))
+        elif flag in MODELLED:
+            job.said(flag, value, "no effect" if values == ["false"] else "modelled", MODELLED[flag])
+        elif flag in NEGATED and values == ["false"]:
+            job.said(flag, value, "not modelled", NOT_MODELLED[NEGATED[flag]])
         elif flag in NOT_MODELLED:
             job.said(flag, value, "no effect" if values == ["false"] else "not modelled", NOT_MODELLED[flag])
         elif flag in NO_EFFECT:

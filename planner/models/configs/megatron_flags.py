@@ -74,7 +74,21 @@ NO_EFFECT = {
     "--moe-z-loss": "router loss", "--moe-per-layer-logging": "logging", "--moe-permute-fusion": "kernel fusion (TE's fused permute, planner/profiler/te_moe.py; without it timed the same)",
     "--moe-router-fusion": "kernel fusion (TE's fused top-k router, planner/profiler/te_moe.py; without it timed the same)",
     "--position-embedding-type": "position embedding (rope: no parameters)",
+    # framework-facts §159
+    "--auto-detect-ckpt-format": "checkpointing (the format of the checkpoint loaded)",
+    "--no-ckpt-fully-parallel-save": "checkpointing (each rank's shard saved without the fully parallel split)",
+    "--apply-rope-fusion": "TE's fused rotary, on by default (Megatron-LM's apply_rope_fusion; --no-rope-fusion turns it "
+                           "off): what the record's fused_kernels time",
 }
+# Flags whose effect is what ckplan charges whatever the file says (framework-facts §159)
+MODELLED = {
+    "--moe-router-force-load-balancing": "random routing (RandomSTE: normal logits, then the top-k; router.py, "
+                                         "moe_utils.py): each expert's expected load equal, the balanced routing "
+                                         "ckplan charges every router; the random splits' FP8 padding charged "
+                                         "(te_moe_eager.py)",
+}
+# Flags Megatron-LM has in both forms: given false, read as the other form (framework-facts §159)
+NEGATED = {"--apply-rope-fusion": "--no-rope-fusion"}
 # Flag families of megatron/training/arguments.py at d98e8a64ddf3 a pretraining step does not run:
 # inference serving, the in-process restart wrapper, job tags, autoresume
 NO_EFFECT_FAMILIES = {"--inference-": "inference serving (not the training step)", "--fim-": "data (fill-in-the-middle)",
@@ -108,15 +122,6 @@ DEEPSPEED_NOT_MODELLED = {
                                             f"for the layers Megatron-DeepSpeed checkpoints: {_SEE_DEEPSPEED}",
     "--no-pipeline-parallel": "Megatron-DeepSpeed's GPT without DeepSpeed's PipelineEngine (ZeRO 2 and 3 allowed): "
                               f"{_SEE_DEEPSPEED}",
-}
-NOT_MODELLED = {
-    "--deepspeed": f"Megatron-DeepSpeed's DeepSpeed engine, not Megatron-LM's, which this reading scores: {_SEE_DEEPSPEED}",
-    "--deepspeed_config": f"the ds_config (ZeRO stage, offload, stage3 knobs) is not read: {_SEE_DEEPSPEED}",
-    "--zero-stage": f"DeepSpeed's ZeRO stage (Megatron-DeepSpeed): {_SEE_DEEPSPEED}",
-    "--deepspeed-activation-checkpointing": "DeepSpeed's activation checkpointing (deepspeed.checkpointing, reentrant) "
-                                            "for the layers Megatron-DeepSpeed checkpoints: see --deepspeed",
-    "--no-pipeline-parallel": "Megatron-DeepSpeed's GPT without DeepSpeed's PipelineEngine (ZeRO 2 and 3 allowed): "
-                              "see --deepspeed",
 }
 NOT_MODELLED = {
     **DEEPSPEED_NOT_MODELLED,
@@ -158,6 +163,18 @@ NOT_MODELLED = {
     "--moe-layer-recompute": "recompute of MoE layers",
     "--delay-wgrad-compute": "weight-gradient computation delayed",
     "--use-distributed-optimizer-instances": "distributed-optimizer instances",
+    "--apply-query-key-layer-scaling": "the scores divided by the layer number and, as Megatron-core's "
+                                       "TransformerConfig then sets attention_softmax_in_fp32, the unfused "
+                                       "attention's softmax in fp32 (its scores charged at 16 bits); a scalar under "
+                                       "fused attention",
+    "--fine-grained-activation-offloading": "the activations of the --offload-modules copied to the host in the "
+                                            "forward and back in the backward on a side stream: fewer kept bytes "
+                                            "on the device, PCIe copies beside compute; scored keeping them on the "
+                                            "device, no copy timed",
+    "--offload-modules": "the modules --fine-grained-activation-offloading moves to the host (see it)",
+    "--use-transformer-engine-op-fuser": "the MLP built from TE's fusible ops (te.ops.Sequential: its own fused "
+                                         "kernels and saved tensors; with NVTE_CUTEDSL_FUSED_GROUPED_MLP a CuTe DSL "
+                                         "grouped MLP): timed and kept as TE's modules",
     "--use-precision-aware-optimizer": "TE's FusedAdam keeps the fp32 master as the 16 bits the bf16 weights lack "
                                        "(store_param_remainders, megatron/core/optimizer/optimizer_config.py 192 at "
                                        "d98e8a64ddf3): charged as a whole fp32 master",
@@ -322,6 +339,19 @@ ENV_VARS = {
     "NVTE_FWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "SMs the LayerNorm kernels leave to communication: time "
                                      "only, not charged"),
     "NVTE_BWD_LAYERNORM_SM_MARGIN": ("not modelled", None, "as NVTE_FWD_LAYERNORM_SM_MARGIN"),
+    # framework-facts §159
+    "NCCL_DEBUG": ("no effect", None, "NCCL's log level"),
+    "PYTHONWARNINGS": ("no effect", None, "Python's warning filter"),
+    "NON_DETERMINSTIC_RESULTS": ("no effect", None, "the functional test harness's comparison of results"),
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": ("not modelled", None, "1: ProcessGroupNCCL keeps a collective's tensors until "
+                                        "wait() instead of recordStream, so the allocator may reuse them earlier: "
+                                        "the reserved peak, not charged"),
+    "NVTE_CPU_OFFLOAD_V1": ("not modelled", None, "TE's first activation-offloading implementation, used by "
+                            "--fine-grained-activation-offloading (not modelled)"),
+    "NVTE_CUTEDSL_FUSED_GROUPED_MLP": ("not modelled", None, "TE's CuTe DSL fused grouped MLP under the op fuser: "
+                                       "another kernel, timed as TE's grouped GEMMs"),
+    "NVTE_FUSED_ATTN": ("modelled", "1", "TE's cuDNN fused attention allowed (TE's default), as the attention is timed "
+                        "and kept; 0 turns it off: FlashAttention or the unfused softmax instead"),
 }
 
 
@@ -362,6 +392,46 @@ def launch_disables_nvls(data: object) -> bool:
     return isinstance(perf, dict) and str(perf.get("NCCL_NVLS_ENABLE")) == "0"
 
 
+# torch's caching allocator reads PYTORCH_CUDA_ALLOC_CONF as comma-separated option:value pairs
+# (c10/cuda/CUDAAllocatorConfig.cpp parseArgs); the cost model's replay runs expandable_segments either way
+# (planner/cost/allocator.py), the others (max_split_size_mb, garbage_collection_threshold, ...) it does not read
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def alloc_conf(value: object) -> tuple[bool | None, list[str]]:
+    """(expandable_segments as the setting says it, None where it does not; the other options given)."""
+    expandable, others = None, []
+    for part in str(value).split(","):
+        option, _, setting = part.strip().partition(":")
+        if option == "expandable_segments" and setting.strip() in ("True", "False"):
+            expandable = setting.strip() == "True"
+        elif part.strip():
+            others.append(part.strip())
+    return expandable, others
+
+
+def launch_expandable_segments(data: object) -> bool | None:
+    """Whether a model_config.yaml's ENV_VARS set PYTORCH_CUDA_ALLOC_CONF's expandable_segments (None: not said)."""
+    env = data.get("ENV_VARS") if isinstance(data, dict) and isinstance(data.get("MODEL_ARGS"), dict) else None
+    return alloc_conf(env[ALLOC_CONF])[0] if isinstance(env, dict) and ALLOC_CONF in env else None
+
+
+def launch_settings(data: object) -> dict:
+    """The JobSettings a model_config.yaml's launch sets (ENV_VARS over the functional tests' launcher)."""
+    return {"nccl_ring_simple": launch_forces_ring_simple(data), "nccl_nvls_off": launch_disables_nvls(data),
+            "expandable_segments": launch_expandable_segments(data)}
+
+
+def _alloc_conf_said(setting: object) -> tuple[str, str]:
+    expandable, others = alloc_conf(setting)
+    if others:
+        return "not modelled", (f"the caching allocator's {', '.join(others)}: not read (the replay runs torch's "
+                                "defaults for them)" + ("; expandable_segments read" if expandable is not None else ""))
+    segments = "expandable segments" if expandable else "the default segments"
+    return "modelled", (f"expandable_segments {expandable}: the allocator replay (planner/cost/allocator.py) runs "
+                        f"{segments}, as `ckplan evaluate --expandable-segments` says it of a plan")
+
+
 def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
     """(name, value, status, what) for what a model_config.yaml holds beside MODEL_ARGS: each of its
     ENV_VARS as ENV_VARS says (a value other than the modelled one: not modelled; an unknown
@@ -381,5 +451,7 @@ def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
             modelled_values = (modelled_value,) if isinstance(modelled_value, str) else modelled_value or ()
             if modelled_values and str(setting) not in modelled_values:
                 status, what = "not modelled", f"{what}; the prediction assumes {' or '.join(modelled_values)}"
+            if name == ALLOC_CONF:
+                status, what = _alloc_conf_said(setting)
             found.append((f"{key}.{name}", str(setting), status, what))
     return found
