@@ -22,10 +22,10 @@ def table():
 
 def test_the_table_holds_every_scored_row_of_section_18(table):
     main = [r for r in table.rows if r.group == "main"]
-    assert len(main) == 51  # every row §18 scores on time, and §21.newrows' 16
-    assert sum(r.memory_bytes is not None for r in main) == 40  # and on memory (§21.newrows: F1, F2, G1-G9)
+    assert len(main) == 52  # every row §18 scores on time, §21.newrows' 16, and §33.ubmem's G10
+    assert sum(r.memory_bytes is not None for r in main) == 41  # and on memory (§21.newrows: F1, F2, G1-G9; G10)
     assert [r.id for r in main if r.id[0] in "AFG"] == ["F1", "F2"] + [f"A{i}" for i in range(1, 6)] + \
-        [f"G{i}" for i in range(1, 10)]
+        [f"G{i}" for i in range(1, 11)]
     assert [r.label for r in table.rows if r.group == "bridge"] == ["T22", "T23", "B1", "B2", "B3", "B4", "B5", "B6",
                                                                     "E1", "E2", "E3", "E4", "E5", "D1"]  # §23.moerows' MoE rows, §23.dsv3rows' DeepSeek-V3
     assert [r.id for r in main if r.id.startswith("C")] == [f"C{i}" for i in range(1, 9)]
@@ -43,6 +43,7 @@ def test_every_row_names_a_source_and_its_published_figures(table):
     assert by_id["A4"].time_s == pytest.approx(16 * 32 * 8192 / (256 * 809.8))  # local batch 16 x FSDP 32
     assert by_id["F1"].time_s == pytest.approx(8192 / 7689.5)  # batch 1 a GPU
     assert (by_id["G1"].static_bytes, by_id["G1"].memory_bytes) == (688_128_512, 2_415_566_336)
+    assert (by_id["G10"].static_bytes, by_id["G10"].memory_bytes) == (476_258_816, 883_747_328)  # rank 7's, §158
 
 
 def test_every_rows_arguments_are_accepted_by_ckplan_evaluate(table):

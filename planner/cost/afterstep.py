@@ -12,7 +12,9 @@ runtime keeps past the step, each from its record (planner/cost/runtimes.py):
   autograd's (TORCH_BLAS_THREADS), and Transformer Engine's (`te_cublas_workspace`: 32 MiB on
   compute capability 9 and later, 4 MiB before), which Megatron-core's local spec never makes, and
   where the experts run TE's grouped GEMM (`te_grouped_gemm_workspaces`: Megatron-LM's
-  --moe-grouped-gemm) one more of that size per compute stream it spreads their GEMMs over;
+  --moe-grouped-gemm) one more of that size per compute stream it spreads their GEMMs over; under
+  TE's userbuffers (--tp-comm-overlap, `te_ub_workspaces`) one allocation of three of that size
+  for the overlapped GEMMs beside the plain one (te_userbuffers.py);
 - under the local spec (`local_spec_buffer`, TrainingSetup.local_layers), Megatron-core's global
   memory buffer: DotProductAttention's baddbmm input, made at the first forward and never freed.
 
@@ -24,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost import runtimes
+from planner.cost import runtimes, te_userbuffers
 from planner.cost.layers import LayerCost
 from planner.errors import UserError
-from planner.schema import DeviceInfo, Profile, TrainingSetup
+from planner.schema import CommSetup, DeviceInfo, Profile, TrainingSetup
 from planner.units import DTYPE_BYTES
 
 MIB = 1 << 20
@@ -63,26 +65,30 @@ def torch_workspaces(record: runtimes.RuntimeFacts) -> tuple[int, ...]:
     return (record.cublas_workspace_bytes,) * TORCH_BLAS_THREADS if record.cublas_workspace_bytes else ()
 
 
-def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo, training: TrainingSetup | None = None) -> int:
+def workspace_bytes(record: runtimes.RuntimeFacts, device: DeviceInfo, training: TrainingSetup | None = None,
+                    comm: CommSetup | None = None) -> int:
     """The cuBLAS workspaces the runtime allocates once through the caching allocator (cuda); with the
     setup's `training` part, none of Transformer Engine's where it runs Megatron-core's local spec (whose
-    layers make no TE GEMM), and TE's grouped-GEMM workspaces too where it runs that GEMM."""
+    layers make no TE GEMM), and TE's grouped-GEMM workspaces too where it runs that GEMM; with its `comm`
+    part too, TE's userbuffers' workspace where it runs them."""
     if device.type != "cuda":
         return 0
-    return sum(torch_workspaces(record)) + sum(te_workspaces(record, device, training))
+    return sum(torch_workspaces(record)) + sum(te_workspaces(record, device, training, comm))
 
 
 def te_workspaces(record: runtimes.RuntimeFacts, device: DeviceInfo, training: TrainingSetup | None = None,
-                  ) -> tuple[int, ...]:
-    """Transformer Engine's cuBLAS workspaces, each its own allocation: the plain one and, where the setup runs
-    TE's grouped GEMM, one per compute stream it spreads the experts' GEMMs over; none where the record has no
-    TE workspace or the setup runs Megatron-core's local spec."""
+                  comm: CommSetup | None = None) -> tuple[int, ...]:
+    """Transformer Engine's cuBLAS workspaces, each its own allocation: the plain one, where the setup runs TE's
+    grouped GEMM one per compute stream it spreads the experts' GEMMs over, and where it runs TE's userbuffers
+    (`comm`'s tp_overlap) the overlapped GEMMs' one (te_userbuffers.workspace_bytes); none where the record has
+    no TE workspace or the setup runs Megatron-core's local spec."""
     if not record.te_cublas_workspace or (training is not None and local_spec(training)):
         return ()
     sm90 = any(kind in device.name.lower() for kind in _SM90_PLUS)  # "h100-sxm (analytic)", "NVIDIA H100 80GB HBM3"
     te = TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES
     grouped = record.te_grouped_gemm_workspaces if getattr(training, "te_grouped_gemm", False) else 0
-    return (te,) * (1 + grouped)
+    overlapped = te_userbuffers.workspace_bytes(te, comm, training) if training is not None else 0
+    return (te,) * (1 + grouped) + ((overlapped,) if overlapped else ())
 
 
 def local_spec(training: TrainingSetup) -> bool:
@@ -115,17 +121,20 @@ def global_buffer_bytes(training: TrainingSetup, profile: Profile) -> int:
     return max(scores, gathered) * DTYPE_BYTES[shape["dtype"]]
 
 
-def first_forward_bytes(training: TrainingSetup, profile: Profile) -> int:
+def first_forward_bytes(training: TrainingSetup, profile: Profile, comm: CommSetup | None = None) -> int:
     """What the runtime makes at its first forward and keeps to the end: the cuBLAS workspaces
-    (workspace_bytes) and, under Megatron-core's local spec, its global buffer (global_buffer_bytes)."""
+    (workspace_bytes; with `comm`, TE's userbuffers' too) and, under Megatron-core's local spec, its global
+    buffer (global_buffer_bytes)."""
     record = runtimes.of(training)
-    return workspace_bytes(record, profile.device, training) \
+    return workspace_bytes(record, profile.device, training, comm) \
         + global_buffer_bytes(training, profile)
 
 
 def after_step_bytes(static: float, first_layers: Sequence[LayerCost], stages: Sequence[int], *,
-                     training: TrainingSetup, profile: Profile) -> int:
+                     training: TrainingSetup, profile: Profile, comm: CommSetup | None = None) -> int:
     """Allocated after the optimizer step on a rank holding pipeline `stages` (their first layers
-    `first_layers`): its static bytes and what its runtime keeps past the step."""
+    `first_layers`): its static bytes and what its runtime keeps past the step (`comm`: the setup's, for TE's
+    userbuffers' workspace)."""
     record = runtimes.of(training)
-    return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) + first_forward_bytes(training, profile)
+    return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) \
+        + first_forward_bytes(training, profile, comm)

@@ -269,7 +269,7 @@ def cublas_workspaces_bytes(ctx: Context) -> int:
     Transformer Engine's, a torch.empty), and under Megatron-core's local spec its global buffer, kept from the
     first forward (afterstep.global_buffer_bytes): allocated bytes, so in what torch.cuda.max_memory_allocated
     reports and Megatron-LM logs. 0 on cpu and where the runtime's record charges none."""
-    return afterstep.first_forward_bytes(ctx.setup.training, ctx.profile)
+    return afterstep.first_forward_bytes(ctx.setup.training, ctx.profile, ctx.setup.comm)
 
 
 def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:

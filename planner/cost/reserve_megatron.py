@@ -436,16 +436,17 @@ def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Prof
         main_ratio=master / held.shard_weights / k, moment_ratio=moment / held.shard_weights / k,
         clone_ratio=1 / k if master else 0.0,
         rest_bytes=int(max(0.0, cost.static_bytes - made) + batch_bytes(profile, stage, setup)),
-        workspaces=_workspaces(setup.training, profile), weight_scale=scale, te_weight_copies=copies,
+        workspaces=_workspaces(setup.training, profile, setup.comm), weight_scale=scale, te_weight_copies=copies,
         chunk_layers=chunk_layers, global_buffer=afterstep.global_buffer_bytes(setup.training, profile))
 
 
-def _workspaces(training, profile: Profile) -> tuple[int, ...]:
+def _workspaces(training, profile: Profile, comm=None) -> tuple[int, ...]:
     record = runtimes.of(training)
     if profile.device.type != "cuda":
         return ()
-    # the forward's thread's and autograd's, then Transformer Engine's, each its own allocation
-    return (*afterstep.torch_workspaces(record), *afterstep.te_workspaces(record, profile.device, training))
+    # the forward's thread's and autograd's, then Transformer Engine's (its userbuffers' too with `comm`), each its
+    # own allocation
+    return (*afterstep.torch_workspaces(record), *afterstep.te_workspaces(record, profile.device, training, comm))
 
 
 def _output_bytes(record: AllocRecord) -> int:

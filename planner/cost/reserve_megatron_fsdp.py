@@ -142,7 +142,7 @@ def static_of(layers: Sequence[LayerProfile], cost, *, profile: Profile, setup: 
     held = sum(sum(layer.shards) + 2 * layer.moment for layer in made)
     units = [layer.elements for layer in made if layer.unit]
     return FsdpStatic(layers=made, rest_bytes=int(max(0, cost.static_bytes - held) + batch_bytes(profile, 0, setup)),
-                      workspaces=_workspaces(setup.training, profile),
+                      workspaces=_workspaces(setup.training, profile, setup.comm),
                       global_buffer=afterstep.global_buffer_bytes(setup.training, profile),
                       queue_capacity=megatron_fsdp.comm_unit_elements(units, setup) if units else None)
 

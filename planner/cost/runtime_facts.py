@@ -219,6 +219,10 @@ class RuntimeFacts:
     from the global memory buffer, made at the first forward at the attention scores' size and kept, which the
     sequence-parallel linears' gathered input shares (afterstep.global_buffer_bytes). False: not read,
     --transformer-impl local refused."""
+    te_ub_workspaces: int = 0
+    """Under Transformer Engine's userbuffers (the setup's tp_overlap "tp-comm-overlap" at TP > 1), the workspaces
+    of TE's size its overlapped GEMMs take in one allocation kept beside the plain one (te_userbuffers.py); 0: none
+    charged."""
     te_grouped_gemm_workspaces: int = 0
     """Where the setup runs Transformer Engine's grouped GEMM over the experts (TrainingSetup.te_grouped_gemm:
     Megatron-LM's --moe-grouped-gemm on TE's layers), the workspaces of TE's size it allocates once beside the

@@ -117,7 +117,7 @@ def megatron() -> RuntimeFacts:
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
-        te_ce_bytes=2 + (2 + 2) + (2 + 2), side_communicators=True,
+        te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, side_communicators=True,
         sources={
             "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
                            "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"
@@ -351,6 +351,15 @@ def megatron() -> RuntimeFacts:
                                  "torch.matmul (layers.py 451-462, 683, 782): no TE GEMM, so no TE workspace; "
                                  f"{MEGATRON_V}",
             **FUSED_LOSS_AND_GROUPED_GEMM_SOURCES,
+            "te_ub_workspaces": "transformer_engine/pytorch/cpp_extensions/gemm.py 31 (_NUM_MAX_UB_STREAMS = 3), "
+                                "43-52 (get_cublas_workspace(device, ub=True, ...): one torch.empty of 3 x TE's "
+                                "workspace, lru-cached apart from the plain one), 133 (general_gemm passes ub is not "
+                                "None); module/linear.py 771-797, 1130-1160 (a row-parallel linear's weight-gradient "
+                                "GEMM runs with no communicator: the plain workspace is made too), TransformerEngine "
+                                "4220403e (the revision Megatron-LM 4828d651, which wrote G10's golden memory, pins) "
+                                "and 4329ff84 (pinned at d98e8a64), the same lines; v2.9 made the 3 x workspace in "
+                                "initialize_ub in place of the plain one (module/base.py 278-286): one fewer there "
+                                "(docs/framework-facts.md §158)",
             "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
                                    "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
                                    "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "

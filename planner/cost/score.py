@@ -164,7 +164,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         reserved_bytes=reserved,
         workspace_bytes=workspace_bytes(rank, ctx), nccl_buffers=communicator_bytes(rank, ctx),
         after_step_bytes=afterstep.after_step_bytes(static, [chunks[k][0][0] for k in stages], stages,
-                                                    training=setup.training, profile=profile))
+                                                    training=setup.training, profile=profile, comm=setup.comm))
 
 
 def late_gradients(order: schedules.Schedule, rank: int, chunks, setup: TrainSetup) -> list[float]:
