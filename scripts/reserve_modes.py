@@ -1,0 +1,141 @@
+"""The caching allocator's modes on each rank of a replayed row: the same requests replayed under orders and sizes
+that differ where the sequence is not fixed, and the reserve each variant lands in (docs/published-runs.md §33.modes).
+
+A diagnostic, not a cost term. Each rank's settled replay (allocator.settled_replay, or allocator.replay) is played
+again with one perturbation applied to its static events and to every step it plays (settled the same way):
+
+  read        the sequence as the cost model plays it (must equal the harness's figure)
+  frees       every run of consecutive frees reversed: which of two tensors freed at the same instant goes first
+              (the allocator's free_block / try_merge_blocks coalesce a block with its free neighbours, so the
+              free blocks after a run are the same in either order: this variant checks that)
+  free_first  every allocation that directly precedes a run of frees moved after them: the request served after the
+              frees of the same point rather than before (an op's output is allocated before its inputs' last
+              reference drops, so this is NOT torch's order where the frees are the op's inputs: it bounds ckplan's
+              grouping of a point's frees, not the code)
+  alloc_first every allocation that directly follows a run of frees moved before them (the other side)
+  grow, shrink every request of at least BIG_MIB (default 512) MiB one kRoundLarge (2 MiB) larger / smaller: how far
+              a large transient's size decides the mode (ckplan's byte counts, not the code's order)
+
+usage: [RANKS=7] [VARIANTS=read,frees,...] [BIG_MIB=512] PYTHONPATH=<checkout> python scripts/reserve_modes.py
+       <ckplan evaluate arguments>
+prints one line per rank and variant (reserved GiB), then per rank the range [low, high] over the variants."""
+import os
+import sys
+
+OUT = sys.__stdout__  # the CLI runner captures sys.stdout
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import stage_terms  # noqa: E402
+
+from planner.cost import allocator  # noqa: E402
+from planner.cost.allocator import Alloc, Free  # noqa: E402
+
+GIB, MIB = 2**30, 2**20
+RANKS = {int(r) for r in os.environ.get("RANKS", "").split(",") if r}
+BIG = int(float(os.environ.get("BIG_MIB", "512")) * MIB)
+
+
+def frees_reversed(events):
+    out, run = [], []
+    for event in events:
+        if type(event) is Free:
+            run.append(event)
+            continue
+        out += run[::-1]
+        run = []
+        out.append(event)
+    return out + run[::-1]
+
+
+def free_first(events):
+    """An Alloc followed by a run of Frees (of other keys): the Frees first."""
+    out, i, n = [], 0, len(events)
+    while i < n:
+        event = events[i]
+        if type(event) is Alloc:
+            j = i + 1
+            while j < n and type(events[j]) is Free and events[j].key != event.key:
+                j += 1
+            out += events[i + 1:j]
+            out.append(event)
+            i = j
+            continue
+        out.append(event)
+        i += 1
+    return out
+
+
+def alloc_first(events):
+    """A run of Frees followed by an Alloc (of another key): the Alloc first."""
+    out, run = [], []
+    for event in events:
+        if type(event) is Free:
+            run.append(event)
+            continue
+        if type(event) is Alloc and run and all(f.key != event.key for f in run):
+            out.append(event)
+            out += run
+        else:
+            out += run
+            out.append(event)
+        run = []
+    return out + run
+
+
+def resized(delta):
+    def change(events):
+        return [Alloc(e.key, e.nbytes + delta, e.stream) if type(e) is Alloc and e.nbytes >= BIG else e
+                for e in events]
+    return change
+
+
+VARIANTS = {"read": list, "frees": frees_reversed, "free_first": free_first, "alloc_first": alloc_first,
+            "grow": resized(2 * MIB), "shrink": resized(-2 * MIB)}
+CHOSEN = [v for v in os.environ.get("VARIANTS", ",".join(VARIANTS)).split(",") if v]
+original_settled, original_replay = allocator.settled_replay, allocator.replay
+ranks: list[dict[str, float]] = []
+
+
+def settled(static, step, *, min_steps, max_steps, expandable=False, cap_bytes=None, perturb=None):
+    if perturb is not None:  # evaluate's own range (planner/cost/reserve_range.py), not a rank's replay
+        return original_settled(static, step, min_steps=min_steps, max_steps=max_steps, expandable=expandable,
+                                cap_bytes=cap_bytes, perturb=perturb)
+    rank = len(ranks)
+    static = list(static)
+    figures = {}
+    if not RANKS or rank in RANKS:
+        for name in CHOSEN:
+            change = VARIANTS[name]
+            played = original_settled(change(static), lambda index, change=change: change(list(step(index))),
+                                      min_steps=min_steps, max_steps=max_steps, expandable=expandable)
+            figures[name] = played.reserved_peak_bytes / GIB
+            print(f"rank {rank} {name:11s} reserved {figures[name]:7.2f} GiB", file=OUT, flush=True)
+    ranks.append(figures)
+    return original_settled(static, step, min_steps=min_steps, max_steps=max_steps, expandable=expandable,
+                            cap_bytes=cap_bytes)
+
+
+def replay(events, *, expandable=False, cap_bytes=None, perturb=None, **kwargs):
+    return settled(list(events), lambda index: [], min_steps=1, max_steps=1, expandable=expandable,
+                   cap_bytes=cap_bytes) if not kwargs else original_replay(events, expandable=expandable,
+                                                                            cap_bytes=cap_bytes, **kwargs)
+
+
+allocator.settled_replay = settled
+allocator.replay = replay
+
+
+def summary() -> None:
+    for rank, figures in enumerate(ranks):
+        if figures:
+            low, high = min(figures.values()), max(figures.values())
+            moved = [name for name, value in figures.items() if abs(value - figures.get("read", value)) >= 0.005]
+            print(f"rank {rank}: range [{low:.2f}, {high:.2f}] GiB, read {figures.get('read', float('nan')):.2f}; "
+                  f"moved by: {', '.join(moved) or 'none'}", file=OUT)
+
+
+if __name__ == "__main__":
+    code = stage_terms.main(sys.argv[1:])
+    summary()
+    sys.exit(code)
