@@ -18,7 +18,13 @@ again with one perturbation applied to its static events and to every step it pl
 
 usage: [RANKS=7] [VARIANTS=read,frees,...] [BIG_MIB=512] PYTHONPATH=<checkout> python scripts/reserve_modes.py
        <ckplan evaluate arguments>
-prints one line per rank and variant (reserved GiB), then per rank the range [low, high] over the variants."""
+prints one line per rank and variant (reserved GiB), then per rank the range [low, high] over the variants.
+
+       PYTHONPATH=<checkout> python scripts/reserve_modes.py rows M17,M18 [--work DIR]
+the harness's rows (scripts/published_rows.toml, their profiles made by `published_rows.py profiles`): each rank's
+reserve and its range as evaluate --json gives it (planner/cost/replayed_reserve.py reserved_range: grow and
+shrink above), and per row which verdicts the range decides: within 10% of the published reserve (the row's
+maximum over ranks at both ends), and where both M17 and M18 are given, their order."""
 import os
 import sys
 
@@ -135,7 +141,46 @@ def summary() -> None:
                   f"moved by: {', '.join(moved) or 'none'}", file=OUT)
 
 
+def rows(only: str, work: str | None) -> int:
+    """Each named row's ranks: reserved, low, high (GiB); the row's maximum at each end against the published."""
+    import published_rows  # noqa: E402  (the harness beside this file)
+
+    from planner.commands.stage_json import reserve_ranges
+
+    allocator.settled_replay, allocator.replay = original_settled, original_replay  # the cost model's own
+    table = {row.id: row for row in published_rows.load_table().rows}
+    folder = published_rows.Path(work) if work else published_rows.WORK
+    ends = {}
+    for name in only.split(","):
+        row = table[name]
+        stages, profile, setup, cost = published_rows.capture(published_rows.evaluate_args(row, folder))
+        found = reserve_ranges(stages, cost, profile=profile, setup=setup)
+        for rank, (stage, span) in enumerate(zip(cost.stages, found)):
+            low, high = span or (stage.reserved_bytes, stage.reserved_bytes)
+            print(f"{name} rank {rank}: reserved {stage.reserved_bytes / GIB:6.2f} GiB in [{low / GIB:6.2f}, "
+                  f"{high / GIB:6.2f}]", file=OUT, flush=True)
+        read = max(stage.reserved_bytes for stage in cost.stages)
+        low = max((span or (s.reserved_bytes,) * 2)[0] for span, s in zip(found, cost.stages))
+        high = max((span or (s.reserved_bytes,) * 2)[1] for span, s in zip(found, cost.stages))
+        ends[name] = (low, read, high)
+        published = row.memory_bytes
+        verdict = ""
+        if published and row.memory_kind == "reserved":
+            ok = [0.9 <= end / published <= 1.1 for end in (low, high)]
+            verdict = (f"; published {published / GIB:.2f}: ratios {low / published:.3f}-{high / published:.3f}, "
+                       f"within 10% {'at both ends' if all(ok) else 'at neither end' if not any(ok) else 'at one end only'}")
+        print(f"{name}: row {read / GIB:.2f} GiB in [{low / GIB:.2f}, {high / GIB:.2f}]{verdict}", file=OUT, flush=True)
+    if "M17" in ends and "M18" in ends:
+        (l17, r17, h17), (l18, r18, h18) = ends["M17"], ends["M18"]
+        decided = "held at every end" if l17 > h18 else "lost at every end" if h17 < l18 else "not decided by the range"
+        print(f"order (1F1B M17 above interleaved M18, as measured): read {'held' if r17 > r18 else 'lost'}; {decided}",
+              file=OUT)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["rows"]:
+        sys.exit(rows(sys.argv[2], sys.argv[4] if sys.argv[3:4] == ["--work"] else None))
     code = stage_terms.main(sys.argv[1:])
     summary()
     sys.exit(code)

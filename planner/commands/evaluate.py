@@ -119,7 +119,7 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
         click.echo(json.dumps(_summary(profile_path, hand, hand_cost, best, profile=profile, setup=setup), indent=2))
     else:
         _print(setup, hand, hand_cost, best, ckpt_rule)
-        _print_ranges(profile, setup, hand, hand_cost, best)
+        _print_ranges(profile, setup, hand, hand_cost)
         _print_throughput(profile, setup, hand_cost, best)
     for note in time_notes:
         say(note)
@@ -212,16 +212,15 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
     console.print(verdict)
 
 
-def _print_ranges(profile, setup, hand, hand_cost, best) -> None:
-    """One line for each plan whose replayed reserve turns on its large requests' last pages (stage_json.range_line)."""
+def _print_ranges(profile, setup, hand, hand_cost) -> None:
+    """One line where the configuration's replayed reserve turns on its large requests' last pages
+    (stage_json.range_line; ckplan's plan is solve's to say)."""
     from planner.commands.stage_json import range_line, reserve_ranges
     from planner.console import console
 
-    for name, stages, cost in (("your configuration", hand, hand_cost),
-                               *((("ckplan's plan", best.stages, best.cost),) if best is not None else ())):
-        line = range_line(reserve_ranges(stages, cost, profile=profile, setup=setup), cost)
-        if line is not None:
-            console.print(f"{name}: {line}")
+    line = range_line(reserve_ranges(hand, hand_cost, profile=profile, setup=setup), hand_cost)
+    if line is not None:
+        console.print(f"your configuration: {line}")
 
 
 def _print_throughput(profile, setup, hand_cost, best) -> None:
@@ -237,14 +236,16 @@ def _summary(profile_path: Path, hand, hand_cost, best, *, profile, setup) -> di
     from planner.commands.solve_report import throughput_json, throughput_of
     from planner.commands.stage_json import reserve_ranges, stages_json
 
-    def describe(stages, cost) -> dict:
+    def describe(stages, cost, ranges=None) -> dict:
         return {
             "feasible": cost.feasible,
             "iteration_ms": cost.iteration_ms,
             "throughput": throughput_json(throughput_of(profile, setup, cost.iteration_ms)),
-            "stages": stages_json(stages, cost, reserve_ranges(stages, cost, profile=profile, setup=setup)),
+            "stages": stages_json(stages, cost, ranges),
         }
 
-    return {"profile": str(profile_path), "hand": describe(hand, hand_cost),
+    # the reserve's range for the configuration given (its replay three times); ckplan's plan's is solve's to give
+    return {"profile": str(profile_path),
+            "hand": describe(hand, hand_cost, reserve_ranges(hand, hand_cost, profile=profile, setup=setup)),
             "ckplan": describe(best.stages, best.cost) | {"status": best.solve.status, "solver": best.solve.solver}
             if best else None}
