@@ -145,7 +145,7 @@ def rows(only: str, work: str | None) -> int:
     """Each named row's ranks: reserved, low, high (GiB); the row's maximum at each end against the published."""
     import published_rows  # noqa: E402  (the harness beside this file)
 
-    from planner.commands.stage_json import reserve_ranges
+    from planner.cost.replayed_reserve import reserved_variants
 
     allocator.settled_replay, allocator.replay = original_settled, original_replay  # the cost model's own
     table = {row.id: row for row in published_rows.load_table().rows}
@@ -154,11 +154,12 @@ def rows(only: str, work: str | None) -> int:
     for name in only.split(","):
         row = table[name]
         stages, profile, setup, cost = published_rows.capture(published_rows.evaluate_args(row, folder))
-        found = reserve_ranges(stages, cost, profile=profile, setup=setup)
-        for rank, (stage, span) in enumerate(zip(cost.stages, found)):
-            low, high = span or (stage.reserved_bytes, stage.reserved_bytes)
-            print(f"{name} rank {rank}: reserved {stage.reserved_bytes / GIB:6.2f} GiB in [{low / GIB:6.2f}, "
-                  f"{high / GIB:6.2f}]", file=OUT, flush=True)
+        found = []
+        for rank, (plan, stage) in enumerate(zip(stages, cost.stages)):
+            figures = reserved_variants(stage, plan, rank, profile=profile, setup=setup) or []
+            found.append((min(stage.reserved_bytes, *figures), max(stage.reserved_bytes, *figures)) if figures else None)
+            print(f"{name} rank {rank}: reserved {stage.reserved_bytes / GIB:6.2f} GiB; a page larger, smaller: "
+                  f"{', '.join(f'{f / GIB:6.2f}' for f in figures) or '-'}", file=OUT, flush=True)
         read = max(stage.reserved_bytes for stage in cost.stages)
         low = max((span or (s.reserved_bytes,) * 2)[0] for span, s in zip(found, cost.stages))
         high = max((span or (s.reserved_bytes,) * 2)[1] for span, s in zip(found, cost.stages))
