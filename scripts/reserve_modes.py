@@ -154,9 +154,10 @@ def rows(only: str, work: str | None) -> int:
     for name in only.split(","):
         row = table[name]
         stages, profile, setup, cost = published_rows.capture(published_rows.evaluate_args(row, folder))
-        found = []
+        found, by_variant = [], []
         for rank, (plan, stage) in enumerate(zip(stages, cost.stages)):
             figures = reserved_variants(stage, plan, rank, profile=profile, setup=setup) or []
+            by_variant.append(figures or None)
             found.append((min(stage.reserved_bytes, *figures), max(stage.reserved_bytes, *figures)) if figures else None)
             print(f"{name} rank {rank}: reserved {stage.reserved_bytes / GIB:6.2f} GiB; a page larger, smaller: "
                   f"{', '.join(f'{f / GIB:6.2f}' for f in figures) or '-'}", file=OUT, flush=True)
@@ -164,6 +165,10 @@ def rows(only: str, work: str | None) -> int:
         low = max((span or (s.reserved_bytes,) * 2)[0] for span, s in zip(found, cost.stages))
         high = max((span or (s.reserved_bytes,) * 2)[1] for span, s in zip(found, cost.stages))
         ends[name] = (low, read, high)
+        if all(by_variant):  # every rank under the same change: the row's reserve a page larger, a page smaller
+            rows_of = [max(figures[v] for figures in by_variant) for v in range(len(by_variant[0]))]
+            print(f"{name}: the row (max over ranks) a page larger, smaller: "
+                  f"{', '.join(f'{r / GIB:.2f}' for r in rows_of)}", file=OUT, flush=True)
         published = row.memory_bytes
         verdict = ""
         if published and row.memory_kind == "reserved":
