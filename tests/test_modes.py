@@ -72,3 +72,17 @@ def test_evaluate_writes_the_range_where_fsdp2s_replay_ran():
         assert low <= rank["reserved_bytes"] <= high
     ranks = json.loads(run_ok("evaluate", "--from-megatron", GPT3, "--gpus", "4", "--json").stdout)["ranks"]
     assert all(rank["reserved_range_bytes"] is None for rank in ranks)
+
+
+def test_evaluate_says_the_range_in_its_text_where_a_rank_moves(tmp_path):
+    """evaluate --profile on torchtitan's 8B: the configuration's ranks carry the range in --json, and the text's
+    line is there exactly where a rank's range is not one figure."""
+    from test_stage_json import LLAMA8B_OPTIONS, _profile_of
+
+    profile = _profile_of(LLAMA8B, tmp_path, megatron=False, gpus=8)
+    options = ("--profile", profile, *LLAMA8B_OPTIONS, "--time-limit", "20")
+    hand = json.loads(run_ok("evaluate", *options, "--json").stdout)["hand"]["stages"]
+    spans = [stage["reserved_range_bytes"] for stage in hand]
+    assert all(span is not None and span[0] <= stage["reserved_bytes"] <= span[1] for span, stage in zip(spans, hand))
+    text = run_ok("evaluate", *options).stdout
+    assert ("lands in another mode" in text) == any(low != high for low, high in spans)

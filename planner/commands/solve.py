@@ -117,7 +117,6 @@ def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer
         throughput_line,
         throughput_of,
     )
-
     from planner.commands.stage_json import range_line, reserve_ranges
     from planner.cost import costmodel
 
