@@ -150,7 +150,7 @@ def rows(only: str, work: str | None) -> int:
     allocator.settled_replay, allocator.replay = original_settled, original_replay  # the cost model's own
     table = {row.id: row for row in published_rows.load_table().rows}
     folder = published_rows.Path(work) if work else published_rows.WORK
-    ends = {}
+    ends, same = {}, {}  # same: the row as read, then under each change applied to every rank
     for name in only.split(","):
         row = table[name]
         stages, profile, setup, cost = published_rows.capture(published_rows.evaluate_args(row, folder))
@@ -167,6 +167,7 @@ def rows(only: str, work: str | None) -> int:
         ends[name] = (low, read, high)
         if all(by_variant):  # every rank under the same change: the row's reserve a page larger, a page smaller
             rows_of = [max(figures[v] for figures in by_variant) for v in range(len(by_variant[0]))]
+            same[name] = [read, *rows_of]
             print(f"{name}: the row (max over ranks) a page larger, smaller: "
                   f"{', '.join(f'{r / GIB:.2f}' for r in rows_of)}", file=OUT, flush=True)
         published = row.memory_bytes
@@ -181,6 +182,10 @@ def rows(only: str, work: str | None) -> int:
         decided = "held at every end" if l17 > h18 else "lost at every end" if h17 < l18 else "not decided by the range"
         print(f"order (1F1B M17 above interleaved M18, as measured): read {'held' if r17 > r18 else 'lost'}; {decided}",
               file=OUT)
+        if "M17" in same and "M18" in same:  # the same change of ckplan's sizes in both rows (one profile, one block)
+            print("order under each change applied to both rows (read, a page larger, smaller): " + ", ".join(
+                f"{'held' if a > b else 'lost'} by {abs(a - b) / GIB:.2f}" for a, b in zip(same["M17"], same["M18"])),
+                file=OUT)
     return 0
 
 
