@@ -193,9 +193,14 @@ def print_live(kind: str, now: int, i: int, live: dict) -> None:
               file=OUT)
 
 
-def traced_settled(static, step, *, min_steps, max_steps, expandable=False):
+def traced_settled(static, step, *, min_steps, max_steps, expandable=False, cap_bytes=None, perturb=None):
     """allocator.settled_replay as one sequence: the static events and every step it plays (the same rule, played
-    here to find the steps), handed to `traced` so a settled replay (FSDP2's, Megatron-LM's) is traced as one."""
+    here to find the steps), handed to `traced` so a settled replay (FSDP2's, Megatron-LM's) is traced as one.
+    A replay under a cap or changed by `perturb` (evaluate's range, planner/cost/reserve_range.py) is not a rank's own:
+    played as it is, untraced."""
+    if cap_bytes is not None or perturb is not None:
+        return settled(static, step, min_steps=min_steps, max_steps=max_steps, expandable=expandable,
+                       cap_bytes=cap_bytes, perturb=perturb)
     if len(calls) == RANK and MIN_STEPS:  # at least MIN_STEPS steps on the traced rank, whatever the settling
         min_steps, max_steps = MIN_STEPS, max(max_steps, MIN_STEPS)
     events = list(static)
@@ -211,6 +216,7 @@ def traced_settled(static, step, *, min_steps, max_steps, expandable=False):
     return traced(events, expandable=expandable)
 
 
+settled = allocator.settled_replay
 allocator.replay = traced
 allocator.settled_replay = traced_settled
 

@@ -107,7 +107,8 @@ def test_a_stage_dictionary_with_a_key_missing_or_unknown_is_refused():
     from pydantic import ValidationError
 
     stage = dict.fromkeys(KEYS, 0) | {"layers": ["a"], "checkpointed": [], "recompute": {}, "reserved_by": None,
-                                      "cap_replay": None, "fits": True, "nccl_buffers": {"dp": 1}}
+                                      "cap_replay": None, "fits": True, "nccl_buffers": {"dp": 1},
+                                      "reserved_range_bytes": None}
     assert StageSummary(**stage).model_dump() == stage
     for broken in ({k: v for k, v in stage.items() if k != "replayed_reserved_bytes"}, stage | {"peak": 0},
                    stage | {"rank": 1}):

@@ -119,6 +119,7 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
         click.echo(json.dumps(_summary(profile_path, hand, hand_cost, best, profile=profile, setup=setup), indent=2))
     else:
         _print(setup, hand, hand_cost, best, ckpt_rule)
+        _print_ranges(profile, setup, hand, hand_cost)
         _print_throughput(profile, setup, hand_cost, best)
     for note in time_notes:
         say(note)
@@ -211,6 +212,17 @@ def _print(setup, hand, hand_cost, best, rule: str) -> None:
     console.print(verdict)
 
 
+def _print_ranges(profile, setup, hand, hand_cost) -> None:
+    """One line where the configuration's replayed reserve turns on its large requests' last pages
+    (stage_json.range_line; ckplan's plan is solve's to say)."""
+    from planner.commands.stage_json import range_line, reserve_ranges
+    from planner.console import console
+
+    line = range_line(reserve_ranges(hand, hand_cost, profile=profile, setup=setup), hand_cost)
+    if line is not None:
+        console.print(f"your configuration: {line}")
+
+
 def _print_throughput(profile, setup, hand_cost, best) -> None:
     from planner.commands.solve_report import throughput_line, throughput_of
     from planner.console import console
@@ -222,16 +234,18 @@ def _print_throughput(profile, setup, hand_cost, best) -> None:
 
 def _summary(profile_path: Path, hand, hand_cost, best, *, profile, setup) -> dict:
     from planner.commands.solve_report import throughput_json, throughput_of
-    from planner.commands.stage_json import stages_json
+    from planner.commands.stage_json import reserve_ranges, stages_json
 
-    def describe(stages, cost) -> dict:
+    def describe(stages, cost, ranges=None) -> dict:
         return {
             "feasible": cost.feasible,
             "iteration_ms": cost.iteration_ms,
             "throughput": throughput_json(throughput_of(profile, setup, cost.iteration_ms)),
-            "stages": stages_json(stages, cost),
+            "stages": stages_json(stages, cost, ranges),
         }
 
-    return {"profile": str(profile_path), "hand": describe(hand, hand_cost),
+    # the reserve's range for the configuration given (its replay three times); ckplan's plan's is solve's to give
+    return {"profile": str(profile_path),
+            "hand": describe(hand, hand_cost, reserve_ranges(hand, hand_cost, profile=profile, setup=setup)),
             "ckplan": describe(best.stages, best.cost) | {"status": best.solve.status, "solver": best.solve.solver}
             if best else None}

@@ -440,9 +440,10 @@ def _fp8_share(prediction, device) -> str:
 def rank_rows(prediction) -> list[dict]:
     """Per pipeline rank: static, allocated peak and reserved peak (what every --json carries:
     planner/commands/stage_json.py)."""
-    from planner.commands.stage_json import stages_json
+    from planner.commands.stage_json import reserve_ranges, stages_json
 
-    return stages_json(prediction.stages, prediction.cost)
+    return stages_json(prediction.stages, prediction.cost, reserve_ranges(
+        prediction.stages, prediction.cost, profile=prediction.profile, setup=prediction.setup))
 
 
 def summary(prediction, device) -> dict:
@@ -462,6 +463,7 @@ def summary(prediction, device) -> dict:
 
 def _print(prediction, device) -> None:
     from planner.commands.solve_report import _layer_range
+    from planner.commands.stage_json import range_line, reserve_ranges
     from planner.console import console, info, table
     from planner.units import format_bytes, format_ms
 
@@ -483,6 +485,9 @@ def _print(prediction, device) -> None:
     console.print(f"iteration {format_ms(prediction.cost.iteration_ms)}; "
                   f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {prediction.mfu(device):.1%} "
                   f"of the dense BF16 peak{_fp8_share(prediction, device)} ({MFU_SOURCE})")
+    if (line := range_line(reserve_ranges(prediction.stages, prediction.cost, profile=prediction.profile,
+                                          setup=prediction.setup), prediction.cost)) is not None:
+        console.print(line)
     for status in ("not modelled", "unknown"):
         found = job.of(status)
         if found:

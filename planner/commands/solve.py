@@ -117,23 +117,26 @@ def command(stages, profile_path, mem, microbatches, schedule, chunks, optimizer
         throughput_line,
         throughput_of,
     )
+    from planner.commands.stage_json import range_line, reserve_ranges
+    from planner.cost import costmodel
 
     found = throughput_of(profile, plan.setup, plan.predicted.iteration_ms)
+    # each rank's dictionary reads its StageCost (stage_json: the keys every --json shares), which
+    # the plan keeps only in part (StagePredicted): the plan scored again, as the solver scored it
+    cost = costmodel.evaluate(plan.stages, profile, plan.setup)
+    ranges = reserve_ranges(plan.stages, cost, profile=profile, setup=plan.setup)
     if as_json:
-        from planner.cost import costmodel
-
-        # each rank's dictionary reads its StageCost (stage_json: the keys every --json shares), which
-        # the plan keeps only in part (StagePredicted): the plan scored again, as the solver scored it
-        cost = costmodel.evaluate(plan.stages, profile, plan.setup)
-        click.echo(json.dumps(_summary(plan, cost, out) | {"throughput": throughput_json(found)}, indent=2))
+        click.echo(json.dumps(_summary(plan, cost, out, ranges) | {"throughput": throughput_json(found)}, indent=2))
     else:
         print_plan(plan, out)
+        if (line := range_line(ranges, cost)) is not None:
+            say(line)
         say(throughput_line(found))
     for note in time_notes:
         say(note)
 
 
-def _summary(plan, cost, out: Path) -> dict:
+def _summary(plan, cost, out: Path, ranges) -> dict:
     from planner.commands.stage_json import stages_json
 
     return {
@@ -145,7 +148,7 @@ def _summary(plan, cost, out: Path) -> dict:
         "gap": plan.solver.gap,
         "solve_s": plan.solver.wall_s,
         "iteration_ms": plan.predicted.iteration_ms,
-        "stages": stages_json(plan.stages, cost),
+        "stages": stages_json(plan.stages, cost, ranges),
         "baselines": [
             {"name": b.name, "feasible": b.feasible, "iteration_ms": b.iteration_ms} for b in plan.baselines
         ],

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def stage_json(stage, cost) -> dict:
-    """`stage` (a StagePlan: one pipeline rank) with `cost` (its StageCost), validated."""
+def stage_json(stage, cost, reserved_range: tuple[int, int] | None = None) -> dict:
+    """`stage` (a StagePlan: one pipeline rank) with `cost` (its StageCost) and its replay's range (reserve_ranges),
+    validated."""
     from planner.schema.summary import StageSummary
 
     predicted = cost.predicted()  # reserved_by as a plan records it ("divisor" where none was said)
@@ -19,13 +20,36 @@ def stage_json(stage, cost) -> dict:
         step_end_bytes=cost.step_end_bytes, peak_bytes=cost.peak_bytes, reserved_bytes=cost.reserved_bytes,
         reserved_by=predicted.reserved_by, replayed_reserved_bytes=cost.replayed_reserved_bytes,
         cap_replay=cost.cap_replay, uncapped_reserved_bytes=cost.uncapped_reserved_bytes,
+        reserved_range_bytes=reserved_range,
         workspace_bytes=cost.workspace_bytes, nccl_buffers=cost.nccl_buffers or {}, cap_bytes=cost.cap_bytes, fits=cost.fits, time_ms=cost.time_ms,
         step_ms=cost.step_ms,
     ).model_dump()
 
 
-def stages_json(stages: Sequence, plan_cost) -> list[dict]:
-    """Every rank of a plan: `stages` (one StagePlan a rank) scored as `plan_cost` (a PlanCost)."""
+def stages_json(stages: Sequence, plan_cost, ranges: Sequence[tuple[int, int] | None] | None = None) -> list[dict]:
+    """Every rank of a plan: `stages` (one StagePlan a rank) scored as `plan_cost` (a PlanCost), with each rank's
+    replayed reserve's range where `ranges` (reserve_ranges) gives one."""
     if len(stages) != len(plan_cost.stages):
         raise ValueError(f"{len(stages)} stages but {len(plan_cost.stages)} costs")
-    return [stage_json(stage, cost) for stage, cost in zip(stages, plan_cost.stages)]
+    ranges = ranges or [None] * len(stages)
+    return [stage_json(stage, cost, found) for stage, cost, found in zip(stages, plan_cost.stages, ranges)]
+
+
+def reserve_ranges(stages: Sequence, plan_cost, *, profile, setup) -> list[tuple[int, int] | None]:
+    """Each rank's replayed reserve's range (planner/cost/replayed_reserve.py reserved_range; None where none)."""
+    from planner.cost.replayed_reserve import reserved_range
+
+    return [reserved_range(cost, stage, rank, profile=profile, setup=setup)
+            for rank, (stage, cost) in enumerate(zip(stages, plan_cost.stages))]
+
+
+def range_line(ranges: Sequence[tuple[int, int] | None], plan_cost) -> str | None:
+    """One line on the ranks whose replayed reserve moves with its large requests a page off; None where none does."""
+    gib = 2**30
+    moved = [f"rank {rank} {cost.reserved_bytes / gib:.1f} GiB in [{low / gib:.1f}, {high / gib:.1f}]"
+             for rank, (found, cost) in enumerate(zip(ranges, plan_cost.stages))
+             if found is not None and (low := found[0]) != (high := found[1])]
+    if not moved:
+        return None
+    return ("the caching allocator's replay lands in another mode with each request of 512 MiB or more 2 MiB larger "
+            "or smaller: reserved " + "; ".join(moved))

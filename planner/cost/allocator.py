@@ -234,13 +234,18 @@ def _replayed(state: CachingAllocator) -> Replayed:
     return Replayed(state.allocated_peak, state.reserved_peak, state.segments, state.retries, state.oom)
 
 
+# A change of a replayed sequence (planner/cost/reserve_range.py: its large requests a page larger or smaller)
+Perturb = Callable[[list[Event]], list[Event]]
+
+
 def replay(events: Iterable[Event], *, max_split_bytes: int | None = None, expandable: bool = False,
-           cap_bytes: int | None = None) -> Replayed:
+           cap_bytes: int | None = None, perturb: Perturb | None = None) -> Replayed:
     """The allocated and reserved peaks of the caching allocator over `events`, from an empty
     cache (a pure function of the sequence); `expandable`: under expandable segments; `cap_bytes`: the bytes
-    the allocator may reserve (torch's out-of-memory path past them; None: no cap)."""
+    the allocator may reserve (torch's out-of-memory path past them; None: no cap); `perturb`: the sequence
+    changed by it first (None: as given)."""
     state = CachingAllocator(max_split_bytes=max_split_bytes, expandable=expandable, cap_bytes=cap_bytes)
-    play(state, events)
+    play(state, events if perturb is None else perturb(list(events)))
     return _replayed(state)
 
 
@@ -259,19 +264,21 @@ def play(state: CachingAllocator, events: Iterable[Event]) -> None:
 
 
 def settled_replay(static: Iterable[Event], step: Callable[[int], list[Event]], *, min_steps: int, max_steps: int,
-                   expandable: bool = False, cap_bytes: int | None = None) -> Replayed:
+                   expandable: bool = False, cap_bytes: int | None = None, perturb: Perturb | None = None) -> Replayed:
     """The peaks over `static`, then step(0), step(1), ... until a step raises neither peak (at least
     `min_steps`, at most `max_steps`): every step makes the same requests, so one that takes no new segment
     leaves the cache as the next finds it. A run's logged max_memory_reserved is over every step before it,
     and without a cap the reserve only grows (nothing empties the cache), so the settled figure is what a later
     step logs. Under `cap_bytes` (None: no cap): a release can leave the next step to take its segments again, and
     the peak (never past the cap) still only grows; the replay stops at the first request no release makes room
-    for (torch's OutOfMemoryError ends the run)."""
+    for (torch's OutOfMemoryError ends the run). `perturb`: the static events and each step changed by it (None:
+    as given)."""
+    change: Perturb = (lambda events: events) if perturb is None else (lambda events: perturb(list(events)))
     state = CachingAllocator(expandable=expandable, cap_bytes=cap_bytes)
-    play(state, static)
+    play(state, change(static))
     for index in range(max_steps):
         peaks = (state.allocated_peak, state.reserved_peak)
-        play(state, step(index))
+        play(state, change(step(index)))
         if state.oom is not None or index >= min_steps - 1 and (state.allocated_peak, state.reserved_peak) == peaks:
             break
     return _replayed(state)

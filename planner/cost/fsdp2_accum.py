@@ -68,13 +68,14 @@ def accumulated_events(accumulated: Fsdp2Accumulated, *, steps: int = STEPS) -> 
     return events
 
 
-def replay(accumulated: Fsdp2Accumulated, *, expandable: bool = False, cap_bytes: int | None = None) -> Replayed:
+def replay(accumulated: Fsdp2Accumulated, *, expandable: bool = False, cap_bytes: int | None = None,
+           perturb: allocator.Perturb | None = None) -> Replayed:
     """The allocator's peaks over the static state and the steps, played until a step raises neither peak
-    (at least STEPS, at most MAX_STEPS: allocator.settled_replay)."""
+    (at least STEPS, at most MAX_STEPS: allocator.settled_replay; `perturb` its)."""
     return allocator.settled_replay(step_events(accumulated.stage, steps=0),
                                     lambda index: step_of(accumulated, first=index == 0),
                                     min_steps=STEPS, max_steps=MAX_STEPS, expandable=expandable,
-                                    cap_bytes=cap_bytes)
+                                    cap_bytes=cap_bytes, perturb=perturb)
 
 
 class _AccumulatedStep(_Step):

@@ -64,15 +64,16 @@ def rank_events(rank: Fsdp2Rank, *, steps: int = STEPS) -> list[Event]:
     return events
 
 
-def replay(rank: Fsdp2Rank, *, expandable: bool = False, cap_bytes: int | None = None) -> Replayed:
-    """The rank's peaks, its steps played until one raises neither (allocator.settled_replay)."""
+def replay(rank: Fsdp2Rank, *, expandable: bool = False, cap_bytes: int | None = None,
+           perturb: allocator.Perturb | None = None) -> Replayed:
+    """The rank's peaks, its steps played until one raises neither (allocator.settled_replay; `perturb` its)."""
     def step(index: int) -> list[Event]:
         events: list[Event] = []
         _ChunkedStep(rank, events, makes_state=index == 0).run()
         return events
 
     return allocator.settled_replay(rank_events(rank, steps=0), step, min_steps=STEPS, max_steps=MAX_STEPS,
-                                    expandable=expandable, cap_bytes=cap_bytes)
+                                    expandable=expandable, cap_bytes=cap_bytes, perturb=perturb)
 
 
 def placed(event: Event, chunk: int) -> Event:

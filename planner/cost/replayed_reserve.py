@@ -77,3 +77,27 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
     return (lambda cap: reserve.replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
                                              memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate,
                                              expandable=expandable, cap_bytes=cap), by_peak)
+
+
+def reserved_range(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup
+                   ) -> tuple[int, int] | None:
+    """The lowest and highest reserved peak of the stage's replay and of its variants (reserved_variants), where
+    FSDP2's replay set `cost`'s reserve within the cap; None elsewhere."""
+    figures = reserved_variants(cost, plan, index, profile=profile, setup=setup)
+    return None if figures is None else (min(cost.reserved_bytes, *figures), max(cost.reserved_bytes, *figures))
+
+
+def reserved_variants(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup
+                      ) -> list[int] | None:
+    """The stage's reserved peak under each of reserve_range.VARIANTS (its large requests a page larger, a page
+    smaller), in their order, where FSDP2's replay set `cost`'s reserve (with_replayed_reserve) within the cap; None
+    elsewhere (another runtime's replay, the divisor, a capped replay)."""
+    from planner.cost.capped_reserve import FITS
+    from planner.cost.reserve_range import VARIANTS
+
+    if cost.reserved_by != "replay" or cost.cap_replay != FITS or not reserve_fsdp2.replays(setup):
+        return None
+    stage = reserve_fsdp2.stage_of(plan, cost, stage=index, profile=profile, setup=setup)
+    expandable = reserve_fsdp2.expandable_segments(profile, setup)
+    return [reserve_fsdp2.reserved_bytes(reserve_fsdp2.replay(stage, expandable=expandable, perturb=change),
+                                         cost.peak_bytes) for change in VARIANTS]

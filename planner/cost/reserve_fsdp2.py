@@ -76,19 +76,21 @@ from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
 
 
-def replay(stage, *, expandable: bool = False, cap_bytes: int | None = None) -> Replayed:
+def replay(stage, *, expandable: bool = False, cap_bytes: int | None = None,
+           perturb: allocator.Perturb | None = None) -> Replayed:
     """The allocator's peaks over the step of `stage`: an Fsdp2Stage, one stage's step over several
     microbatches without a pipeline (fsdp2_accum.Fsdp2Accumulated), or a rank of several chunks
-    (fsdp2_chunks.Fsdp2Rank); under `cap_bytes` (allocator.settled_replay; None: no cap)."""
+    (fsdp2_chunks.Fsdp2Rank); under `cap_bytes` (allocator.settled_replay; None: no cap); its sequence changed by
+    `perturb` (None: as the step makes it; planner/cost/reserve_range.py)."""
     if isinstance(stage, Fsdp2Accumulated):
-        return fsdp2_accum.replay(stage, expandable=expandable, cap_bytes=cap_bytes)
+        return fsdp2_accum.replay(stage, expandable=expandable, cap_bytes=cap_bytes, perturb=perturb)
     if not isinstance(stage, Fsdp2Stage):
         from planner.cost import fsdp2_chunks
 
-        return fsdp2_chunks.replay(stage, expandable=expandable, cap_bytes=cap_bytes)
+        return fsdp2_chunks.replay(stage, expandable=expandable, cap_bytes=cap_bytes, perturb=perturb)
     return allocator.settled_replay(step_events(stage, steps=0), lambda index: one_step(stage, index),
                                     min_steps=STEPS, max_steps=MAX_STEPS, expandable=expandable,
-                                    cap_bytes=cap_bytes)
+                                    cap_bytes=cap_bytes, perturb=perturb)
 
 
 def launch_sets_expandable(setup: TrainSetup, *, job_gpus: int, gpus_per_node: int) -> bool:

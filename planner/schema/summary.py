@@ -33,6 +33,11 @@ class StageSummary(Strict):
     # then: reserved_bytes is the uncapped one); and the uncapped replay's reserved peak
     cap_replay: Literal["fits", "retried", "oom"] | None
     uncapped_reserved_bytes: Bytes | None
+    # where FSDP2's replay set reserved_bytes within the cap: the lowest and highest reserved peak of that replay and
+    # of it with every request of 512 MiB or more 2 MiB larger, and smaller (planner/cost/reserve_range.py: the
+    # caching allocator's mode turns on a few MiB there); null elsewhere, and in evaluate's "ckplan" plan and search's
+    # ranks (solve gives its plan's). reserved_bytes stays the replay's own
+    reserved_range_bytes: tuple[Bytes, Bytes] | None = None
     workspace_bytes: Bytes  # the communication library's buffers beside the reserve
     nccl_buffers: dict[str, Bytes] = {}  # workspace_bytes' NCCL part by communicator (planner/cost/nccl_buffers.py)
     cap_bytes: Bytes  # the cap: reserved + workspace (cuda), or the peak (cpu) must fit it
