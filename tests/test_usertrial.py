@@ -26,3 +26,29 @@ def test_an_analytic_profile_counts_a_tied_table_once(tmp_path):
     assert by_hand == 172_416
     printed = re.search(r"per device: ([0-9,]+) parameters", " ".join(out.output.split()))
     assert printed and int(printed.group(1).replace(",", "")) == by_hand
+
+
+def test_a_memory_without_a_unit_is_refused_before_anything_runs(tmp_path):
+    """`solve --mem 24` (24 GB meant) ran the solver against a 24-byte cap and answered "no plan fits ... its cap
+    of 24 B, 69118651633% over"; `search --mem 24` pruned 108 configurations first. A unitless memory under a MiB is
+    refused in one sentence naming the units; with a unit, or as many bytes as a memory can hold, it still reads."""
+    config = tmp_path / "opt.json"
+    config.write_text(json.dumps(OPT))
+    profile = tmp_path / "p.json"
+    run_ok("profile", "--arch-config", config, "--seq-len", "32", "--gpu", "h100", "--out", profile)
+    plan = tmp_path / "plan.yaml"
+    tries = [("solve", "--profile", profile, "--stages", "2", "--out", plan, "--mem", "24"),
+             ("solve", "--profile", profile, "--stages", "2", "--out", plan, "--mem", "80GB,24"),
+             ("evaluate", "--profile", profile, "--layers-per-stage", "2,2", "--ckpt-per-stage", "0,0", "--mem", "24"),
+             ("search", "--arch-config", config, "--gpus", "2", "--global-batch", "4", "--seq-len", "32", "--mem", "24")]
+    for args in tries:
+        result = run(*args)
+        assert result.exit_code != 0, result.output
+        assert "size '24' has no unit, so it reads as 24 bytes" in result.output, result.output
+        assert "e.g. 24GB or 24GiB" in result.output
+    assert not plan.exists()
+    result = run("solve", "--profile", profile, "--stages", "1", "--mem", "1GB", "--dp", "2", "--offload-optimizer",
+                 "--host-mem", "64", "--out", plan)
+    assert result.exit_code != 0 and "--host-mem: size '64' has no unit" in result.output, result.output
+    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", str(80 * 10**9), "--out", plan)
+    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "24GB", "--out", plan)
