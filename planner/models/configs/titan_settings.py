@@ -55,6 +55,11 @@ def _compile_components(keys, job: Job, compiled: bool) -> None:
     job.modelled.compile_loss = None if {"model", "loss"} <= set(components) else "loss" in components
 
 
+# [float8]'s experts to convert beside the linears, read by the float8 converter alone (Float8Converter's
+# moe_fqns from float8_config.moe_fqns_prototype, components/float8.py before 5b5d4685; the file's moe_fqns)
+OLD_EXPERT_KEYS = ("float8.moe_fqns", "float8.moe_fqns_prototype")
+
+
 def _float8(keys, job: Job) -> None:
     """Float8 linears (model.converters ["float8"]; 2024: float8.enable_float8_linear) as torchao's
     tensorwise Float8Linear on every linear but the head (planner/profiler/float8.py), and FSDP2's
@@ -78,9 +83,12 @@ def _float8(keys, job: Job) -> None:
         keys.pending("float8.enable_float8_linear", old, "float8")
         for key in ("quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns",
                     "quantize.linear.float8.enable_fsdp_float8_all_gather",
-                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"):
+                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+                    "quantize.linear.float8.force_recompute_fp8_weight_in_bwd", *OLD_EXPERT_KEYS):
             keys.pending(key, float8 and bool(keys.left.get(key)), "float8")
         return
+    for key in OLD_EXPERT_KEYS:  # Float8 grouped GEMMs on the experts: not modelled
+        keys.pending(key, bool(keys.left.get(key)), "float8")
     what = "Float8 linears: torchao's tensorwise Float8Linear on every block linear, the head in bf16 (--float8)"
     for key in ("model.converters", "float8.enable_float8_linear"):
         if key in keys.left:
