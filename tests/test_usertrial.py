@@ -72,3 +72,21 @@ def test_a_torchtitan_float8_section_before_quantize_is_read_as_its_later_keys(t
     said = {s["name"]: s["status"] for s in summary["settings"]}
     assert said["model.converters"] == said["float8.filter_fqns"] == said["float8.moe_fqns"] == "not modelled"
     assert "unknown" not in said.values(), said
+
+
+def test_the_experts_float8_fqns_without_their_converter_convert_nothing(tmp_path):
+    """quantize.grouped_mm.float8.fqns = ["experts"] (torchtitan's deepseek_v3_16b.toml at 238fa9953e4a, whose
+    converters line is commented out) was listed "not modelled" and calibrate said the residuals included its
+    effect; torchtitan builds only the converters model.converters names, so it converts nothing."""
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "configs" / "torchtitan_deepseek_v3_16b.toml"
+    summary = json.loads(run_ok("evaluate", "--from-torchtitan", fixture, "--gpus", "8", "--json").stdout)
+    said = {s["name"]: s["status"] for s in summary["settings"]}
+    assert said["quantize.grouped_mm.float8.fqns"] == "no effect"
+    converted = tmp_path / "converted.toml"
+    converted.write_text(fixture.read_text().replace('# converters = ["float8"]',
+                                                     'converters = ["quantize.grouped_mm.float8"]'))
+    summary = json.loads(run_ok("evaluate", "--from-torchtitan", converted, "--gpus", "8", "--json").stdout)
+    said = {s["name"]: s["status"] for s in summary["settings"]}
+    assert said["quantize.grouped_mm.float8.fqns"] == said["model.converters"] == "not modelled"

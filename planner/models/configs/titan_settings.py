@@ -17,10 +17,14 @@ def read(keys, job: Job) -> None:
     does not model (configs.PENDING), listed "not modelled"."""
     compiled = keys.take("compile.enable", "torch.compile of what compile.components names (--compile)", bool, False)
     _compile_components(keys, job, compiled)
+    converters = keys.left.get("model.converters", [])  # before _float8 takes it
     _float8(keys, job)
     _loss(keys, job)
     for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
-        keys.pending(key, bool(keys.left.get(key)), "float8")
+        # only where model.converters names that converter: ModelConvertersContainer builds those it names
+        # (components/quantization/__init__.py, float8.py 239 at 238fa9953e4a), the fqns alone convert nothing
+        keys.pending(key, bool(keys.left.get(key)) and isinstance(converters, list)
+                     and key.rsplit(".", 1)[0] in converters, "float8")
     if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
                  "the matmuls (the runtime's tp_overlap, --tp-overlap async-tp)", bool, False):
         # distributed/tensor_parallel.py 20-23 at 238fa9953e4a; parallelisms/parallelize_llama.py 55 at b19456a987be
