@@ -90,3 +90,14 @@ def test_the_experts_float8_fqns_without_their_converter_convert_nothing(tmp_pat
     summary = json.loads(run_ok("evaluate", "--from-torchtitan", converted, "--gpus", "8", "--json").stdout)
     said = {s["name"]: s["status"] for s in summary["settings"]}
     assert said["quantize.grouped_mm.float8.fqns"] == said["model.converters"] == "not modelled"
+
+
+def test_calibrates_step_time_row_is_named_without_a_unit_its_values_carry():
+    """calibrate --from-log printed a row "step time ms" whose values read "10.40 s" and "11.01 s"."""
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures"
+    out = run_ok("calibrate", "--from-log", fixtures / "logs" / "torchtitan_405b.log", "--from-torchtitan",
+                 fixtures / "configs" / "torchtitan_llama3_405b.toml", "--gpus", "128").output
+    row = next(line for line in out.splitlines() if "step time" in line)
+    assert "step time ms" not in row and re.search(r"step time\s.*\d s ", row), row
