@@ -101,3 +101,19 @@ def test_calibrates_step_time_row_is_named_without_a_unit_its_values_carry():
                  fixtures / "configs" / "torchtitan_llama3_405b.toml", "--gpus", "128").output
     row = next(line for line in out.splitlines() if "step time" in line)
     assert "step time ms" not in row and re.search(r"step time\s.*\d s ", row), row
+
+
+def test_an_opt_config_given_to_hf_config_is_pointed_to_the_reader_that_takes_it(tmp_path):
+    """profile --hf-config configs/hf/opt-1.3b.json said only "write a model file for it", where --arch-config
+    reads OPT (its analytic profile, search): the refusal names it, as --arch-config's names --hf-config."""
+    config = tmp_path / "opt.json"
+    config.write_text(json.dumps(OPT))
+    result = run("profile", "--hf-config", config, "--seq-len", "32", "--out", tmp_path / "p.json")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "model_type 'opt' is not one ckplan builds from a config" in said
+    assert "`ckplan profile --arch-config CONFIG` reads it" in said and not (tmp_path / "p.json").exists()
+    falcon = tmp_path / "falcon.json"
+    falcon.write_text(json.dumps({"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "vocab_size": 100}))
+    said = " ".join(run("profile", "--hf-config", falcon, "--seq-len", "32", "--out", tmp_path / "f.json").output.split())
+    assert "write a model file for it" in said and "--arch-config" not in said  # neither reader takes Falcon

@@ -169,8 +169,14 @@ def check_fields(config: dict) -> None:
                         "softmax), which ckplan builds these models on, and its sliding-window layers need masks "
                         "ckplan's adapter does not pass: profile it with `ckplan profile --arch-config CONFIG`")
     if family not in FAMILIES:
+        from planner.models.archconfig import GATED_TYPES, GPT_TYPES, MOE_TYPES
+
+        read = family in (*GATED_TYPES, *MOE_TYPES, *GPT_TYPES)  # OPT: the analytic reader's, not built here
         raise UserError(f"model_type {family!r} is not one ckplan builds from a config ({', '.join(FAMILIES)}); "
-                        "write a model file for it (see the README's model-file contract)")
+                        + ("`ckplan profile --arch-config CONFIG` reads it (the architecture's formulas, no model "
+                           "code run), and `ckplan search --arch-config CONFIG` plans it; to train it here, "
+                           if read else "")
+                        + "write a model file for it (see the README's model-file contract)")
     if config.get("auto_map") is not None:
         raise UserError("the config names its own code (auto_map), and ckplan never runs code that comes with a "
                         "config: remove auto_map to build it as transformers' own "
