@@ -117,3 +117,18 @@ def test_an_opt_config_given_to_hf_config_is_pointed_to_the_reader_that_takes_it
                                   "num_attention_heads": 4, "vocab_size": 100}))
     said = " ".join(run("profile", "--hf-config", falcon, "--seq-len", "32", "--out", tmp_path / "f.json").output.split())
     assert "write a model file for it" in said and "--arch-config" not in said  # neither reader takes Falcon
+
+
+def test_a_misspelled_hf_set_key_is_refused_not_kept_and_ignored(tmp_path):
+    """`profile --hf-config configs/hf/qwen3-0.6b.json --hf-set num_hiden_layers=2 --fake` profiled all 28 layers:
+    transformers keeps an unknown key as an attribute and builds the model without it."""
+    from pathlib import Path
+
+    config = Path(__file__).parents[1] / "configs" / "hf" / "qwen3-0.6b.json"
+    out = tmp_path / "p.json"
+    result = run("profile", "--hf-config", config, "--hf-set", "num_hiden_layers=2", "--fake", "--seq-len", "32",
+                 "--out", out)
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and not out.exists(), said
+    assert "--hf-set num_hiden_layers: neither the config nor transformers' Qwen3Config has num_hiden_layers" in said
+    assert "did you mean num_hidden_layers?" in said
