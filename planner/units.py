@@ -46,12 +46,25 @@ def parse_size(text: str) -> int:
     return int(round(num_bytes))
 
 
-def parse_size_list(text: str) -> list[int]:
-    """'24GB' -> [24e9]; '80GB,80GB,40GB' -> one size per stage."""
+def parse_memory(text: str) -> int:
+    """A memory's size (a device's cap, a host's): as parse_size, but a number without a unit under a
+    MiB is refused, where parse_size reads it as bytes: '--mem 24' meant 24 GB, and read as 24 bytes
+    it fits nothing and the refusal came after a solve, as a cap '69118651633% over'."""
+    num_bytes = parse_size(text)
+    match = _SIZE_RE.match(str(text))
+    if not match.group(2) and num_bytes < 2**20:
+        number = match.group(1)
+        raise ValueError(f"size {str(text).strip()!r} has no unit, so it reads as {num_bytes} bytes, less than any "
+                         f"memory holds; give one, e.g. {number}GB or {number}GiB ({number}B if bytes are meant)")
+    return num_bytes
+
+
+def parse_size_list(text: str, *, memory: bool = False) -> list[int]:
+    """'24GB' -> [24e9]; '80GB,80GB,40GB' -> one size per stage (each read by parse_memory if `memory`)."""
     parts = [part for part in str(text).split(",")]
     if any(not part.strip() for part in parts):
         raise ValueError(f"cannot read size list {text!r}: separate sizes by commas, e.g. 80GB,80GB,40GB")
-    return [parse_size(part) for part in parts]
+    return [(parse_memory if memory else parse_size)(part) for part in parts]
 
 
 def format_bytes(num_bytes: float, *, round_up: bool = False) -> str:

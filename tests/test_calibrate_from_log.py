@@ -87,16 +87,25 @@ def test_calibrate_from_log_reports_per_term_residuals(log, option, config, extr
 
 
 def test_calibrate_from_log_says_what_the_prediction_leaves_out(tmp_path):
-    """torchtitan's deepseek_v3_16b.toml runs Float8 grouped matmuls, which the prediction leaves out
-    (evaluate lists them): calibrate set its residuals and fitted a compute scale without a word of them,
-    so a -52% reserved-peak residual read as the cost model's error. (Its op-level SAC on MoE blocks is
-    scored since docs/published-runs.md §19.moesac.)"""
-    config = FIXTURES / "configs" / "torchtitan_deepseek_v3_16b.toml"
+    """torchtitan's deepseek_v3_16b.toml with its grouped-matmul converter on runs Float8 grouped matmuls,
+    which the prediction leaves out (evaluate lists them): calibrate set its residuals and fitted a compute scale
+    without a word of them, so a -52% reserved-peak residual read as the cost model's error. (Its op-level SAC on
+    MoE blocks is scored since docs/published-runs.md §19.moesac.) As shipped, its converters line is commented
+    out, so its quantize.grouped_mm.float8.fqns convert nothing (§33.usertrial) and nothing is left out."""
+    shipped = FIXTURES / "configs" / "torchtitan_deepseek_v3_16b.toml"
+    config = tmp_path / "converted.toml"
+    config.write_text(shipped.read_text().replace('# converters = ["float8"]',
+                                                  'converters = ["quantize.grouped_mm.float8"]'))
     args = ("calibrate", "--from-log", LOGS / "torchtitan_405b.log", "--from-torchtitan", config, "--gpus", "8")
     said = " ".join(run_ok(*args).output.split())
-    assert (f"the prediction leaves out 1 setting(s) {config} gives, not modelled or unknown (`ckplan evaluate` "
-            "lists them): quantize.grouped_mm.float8.fqns experts; the residuals include their effect") in said
-    assert json.loads(run_ok(*args, "--json").stdout)["left_out"] == ["quantize.grouped_mm.float8.fqns experts"]
+    assert (f"the prediction leaves out 2 setting(s) {config} gives, not modelled or unknown (`ckplan evaluate` "
+            "lists them): model.converters quantize.grouped_mm.float8, quantize.grouped_mm.float8.fqns experts; "
+            "the residuals include their effect") in said
+    assert json.loads(run_ok(*args, "--json").stdout)["left_out"] == [
+        "model.converters quantize.grouped_mm.float8", "quantize.grouped_mm.float8.fqns experts"]
+    as_shipped = run_ok("calibrate", "--from-log", LOGS / "torchtitan_405b.log", "--from-torchtitan", shipped,
+                        "--gpus", "8", "--json")
+    assert json.loads(as_shipped.stdout)["left_out"] == []
     plain = run_ok("calibrate", "--from-log", LOGS / "torchtitan_405b.log", "--from-torchtitan",
                    FIXTURES / "configs" / "torchtitan_llama3_405b.toml", "--gpus", "128", "--json")
     assert json.loads(plain.stdout)["left_out"] == []

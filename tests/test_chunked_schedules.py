@@ -277,7 +277,7 @@ def test_a_chunked_plan_runs_like_one_process_at_its_predicted_peaks(tmp_path, t
     free = io.load_plan(plan_path)
     cap = min(int(max(stage.predicted.peak_bytes for stage in free.stages) * fraction),
               _least_peak_recomputing_nothing(io.load_profile(tied_profile), free.setup) - 1)
-    run_ok("solve", "--profile", tied_profile, "--stages", "2", "--schedule", schedule, "--mem", str(cap),
+    run_ok("solve", "--profile", tied_profile, "--stages", "2", "--schedule", schedule, "--mem", f"{cap}B",
            "--microbatches", "4", "--out", plan_path)
     plan = io.load_plan(plan_path)
     assert any(stage.recompute for stage in plan.stages)

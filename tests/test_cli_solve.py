@@ -119,7 +119,7 @@ def test_sweep_runs_without_mem_and_takes_it_as_its_top(profile_path, tmp_path):
     free = json.loads(run(*args).stdout)
     assert len(free) == 8
     top = (free[0]["cap_bytes"] + free[-1]["cap_bytes"]) // 2
-    capped = json.loads(run(*args, "--mem", str(top)).stdout)
+    capped = json.loads(run(*args, "--mem", f"{top}B").stdout)
     assert capped[-1]["cap_bytes"] == top and capped[0]["cap_bytes"] == free[0]["cap_bytes"]
     result = run(*args, "--mem", "1KiB")
     assert result.exit_code == 1 and "below the least any plan needs" in result.output

@@ -340,11 +340,15 @@ def test_torchtitan_flavors_and_degrees():
     assert (job.modelled.float8, job.modelled.fp8_all_gather) == (True, True)
     assert status["compile.enable"] == status["parallelism.enable_async_tensor_parallel"] == "modelled"
     assert (job.modelled.compile, job.modelled.tp_overlap) == (True, "async-tp")
-    grouped = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"},
+    grouped = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B",
+                                                 "converters": ["quantize.grouped_mm.float8"]},
                                        "quantize": {"grouped_mm": {"float8": {"fqns": ["experts"]}}},
                                        "parallelism": {"fsdp_reshard_after_forward": "default"}}, "t.toml")
     status = {s.name: s.status for s in grouped.settings}
     assert status["quantize.grouped_mm.float8.fqns"] == "not modelled"
+    alone = torchtitan.from_mapping({"model": {"name": "llama3", "flavor": "8B"},  # no converter: converts nothing
+                                     "quantize": {"grouped_mm": {"float8": {"fqns": ["experts"]}}}}, "t.toml")
+    assert {s.name: s.status for s in alone.settings}["quantize.grouped_mm.float8.fqns"] == "no effect"
     assert status["parallelism.fsdp_reshard_after_forward"] == "modelled"
     op = torchtitan.read(CONFIGS / "torchtitan_llama3_8b.toml")
     assert {s.name: s.status for s in op.settings}["activation_checkpoint.selective_ac_option"] == "modelled"

@@ -114,7 +114,9 @@ def _print(log_path: Path, log, found, fitted, source: str, left_out: list[str])
             return f"{value:.1%}" if value else "-"
         return f"{value:,.0f}"
 
-    rows = [["job" if r.rank is None else str(r.rank), r.term, shown(r.term, r.predicted), shown(r.term, r.logged),
+    # the term's name without its unit: format_ms writes each value's own (10.40 s, 850 ms)
+    rows = [["job" if r.rank is None else str(r.rank), r.term.removesuffix(" ms"), shown(r.term, r.predicted),
+             shown(r.term, r.logged),
              "-" if r.error is None else f"{r.error:+.1%}"] for r in found]
     console.print(table(f"{log_path} ({log.framework}, {log.steps} step lines) against {source}: "
                         "(logged - predicted) / predicted", ["rank", "term", "predicted", "logged", "residual"],

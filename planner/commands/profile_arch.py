@@ -253,6 +253,7 @@ def _report(profile, spec, shape, out: Path) -> None:
     console.print(table(title, ["layer", "kind", "count", "fwd ms", "bwd ms", "kept", "input", "params/device"],
                         rows, right_from=2))
     params = sum(layer.param_count for layer in profile.layers)
+    params -= sum((len(item.layers) - 1) * item.param_count for item in profile.tied)  # a tied table held once
     kept = sum(layer.act_bytes for layer in profile.layers)
     info(f"per device: {params:,} parameters, {format_bytes(kept)} of activations kept per microbatch without "
          f"checkpointing; loss keeps {format_bytes(profile.loss_bytes)} (fp32 softmax over the logits)")

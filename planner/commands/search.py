@@ -323,10 +323,10 @@ def _seq_len(seq_len: int | None, model: _Model) -> int:
 def _cap(mem: str | None, device) -> int:
     if mem is None:
         return device.usable_bytes
-    from planner.units import parse_size
+    from planner.units import parse_memory
 
     try:
-        return parse_size(mem)
+        return parse_memory(mem)
     except ValueError as exc:
         raise UserError(f"--mem: {exc}") from exc
 

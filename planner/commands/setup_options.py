@@ -220,7 +220,7 @@ def caps_bytes(mem: str, stages: int) -> list[int]:
     from planner.units import parse_size_list
 
     try:
-        caps = parse_size_list(mem)
+        caps = parse_size_list(mem, memory=True)
     except ValueError as exc:
         raise UserError(f"--mem: {exc}") from exc
     if len(caps) == 1:
@@ -482,10 +482,10 @@ def host_step_note(profile, optimizer: str, given: float | None = None) -> str:
 
 
 def _size(text: str, option: str) -> int:
-    from planner.units import parse_size
+    from planner.units import parse_memory
 
     try:
-        return parse_size(text)
+        return parse_memory(text)
     except ValueError as exc:
         raise UserError(f"{option}: {exc}") from exc
 

@@ -151,7 +151,34 @@ def with_settings(config: dict, settings: tuple[str, ...]) -> dict:
             updated[key.strip()] = json.loads(value)
         except ValueError:
             updated[key.strip()] = value
+    new = [key for key in updated if key not in config]
+    if new:
+        _check_new_keys(updated, new)
     return updated
+
+
+def _check_new_keys(config: dict, new: list[str]) -> None:
+    """A --hf-set key the file does not give and transformers' config class does not take is stored by
+    transformers as a plain attribute and ignored: `num_hiden_layers=2` profiled all 28 layers. Where it is
+    that close to a key the file gives or the class takes, it is refused as a misspelling. (Other unknown
+    keys pass: modeling code reads some with getattr, e.g. head_dim.)"""
+    import difflib
+    import inspect
+
+    family = config.get("model_type")
+    classes = transformers_offline().CONFIG_MAPPING if family else {}
+    if family not in classes:
+        return  # refused by check_fields
+    cls = classes[family]
+    known = set(inspect.signature(cls.__init__).parameters) | set(getattr(cls, "attribute_map", {})) | {
+        key for key in config if key not in new}
+    for key in new:
+        if key in known or hasattr(cls, key):
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.85)
+        if close:
+            raise UserError(f"--hf-set {key}: neither the config nor transformers' {cls.__name__} has {key}, which "
+                            f"transformers would keep and ignore; did you mean {close[0]}?")
 
 
 def check_config(config: dict, *, seq_len: int) -> None:
@@ -169,8 +196,14 @@ def check_fields(config: dict) -> None:
                         "softmax), which ckplan builds these models on, and its sliding-window layers need masks "
                         "ckplan's adapter does not pass: profile it with `ckplan profile --arch-config CONFIG`")
     if family not in FAMILIES:
+        from planner.models.archconfig import GATED_TYPES, GPT_TYPES, MOE_TYPES
+
+        read = family in (*GATED_TYPES, *MOE_TYPES, *GPT_TYPES)  # OPT: the analytic reader's, not built here
         raise UserError(f"model_type {family!r} is not one ckplan builds from a config ({', '.join(FAMILIES)}); "
-                        "write a model file for it (see the README's model-file contract)")
+                        + ("`ckplan profile --arch-config CONFIG` reads it (the architecture's formulas, no model "
+                           "code run), and `ckplan search --arch-config CONFIG` plans it; to train it here, "
+                           if read else "")
+                        + "write a model file for it (see the README's model-file contract)")
     if config.get("auto_map") is not None:
         raise UserError("the config names its own code (auto_map), and ckplan never runs code that comes with a "
                         "config: remove auto_map to build it as transformers' own "

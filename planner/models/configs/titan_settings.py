@@ -17,10 +17,14 @@ def read(keys, job: Job) -> None:
     does not model (configs.PENDING), listed "not modelled"."""
     compiled = keys.take("compile.enable", "torch.compile of what compile.components names (--compile)", bool, False)
     _compile_components(keys, job, compiled)
+    converters = keys.left.get("model.converters", [])  # before _float8 takes it
     _float8(keys, job)
     _loss(keys, job)
     for key in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns"):  # Float8 / MX on the experts
-        keys.pending(key, bool(keys.left.get(key)), "float8")
+        # only where model.converters names that converter: ModelConvertersContainer builds those it names
+        # (components/quantization/__init__.py, float8.py 239 at 238fa9953e4a), the fqns alone convert nothing
+        keys.pending(key, bool(keys.left.get(key)) and isinstance(converters, list)
+                     and key.rsplit(".", 1)[0] in converters, "float8")
     if keys.take("parallelism.enable_async_tensor_parallel", "AsyncTP: tensor-parallel collectives overlapped with "
                  "the matmuls (the runtime's tp_overlap, --tp-overlap async-tp)", bool, False):
         # distributed/tensor_parallel.py 20-23 at 238fa9953e4a; parallelisms/parallelize_llama.py 55 at b19456a987be
@@ -55,6 +59,11 @@ def _compile_components(keys, job: Job, compiled: bool) -> None:
     job.modelled.compile_loss = None if {"model", "loss"} <= set(components) else "loss" in components
 
 
+# [float8]'s experts to convert beside the linears, read by the float8 converter alone (Float8Converter's
+# moe_fqns from float8_config.moe_fqns_prototype, components/float8.py before 5b5d4685; the file's moe_fqns)
+OLD_EXPERT_KEYS = ("float8.moe_fqns", "float8.moe_fqns_prototype")
+
+
 def _float8(keys, job: Job) -> None:
     """Float8 linears (model.converters ["float8"]; 2024: float8.enable_float8_linear) as torchao's
     tensorwise Float8Linear on every linear but the head (planner/profiler/float8.py), and FSDP2's
@@ -78,9 +87,12 @@ def _float8(keys, job: Job) -> None:
         keys.pending("float8.enable_float8_linear", old, "float8")
         for key in ("quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns",
                     "quantize.linear.float8.enable_fsdp_float8_all_gather",
-                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"):
+                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+                    "quantize.linear.float8.force_recompute_fp8_weight_in_bwd", *OLD_EXPERT_KEYS):
             keys.pending(key, float8 and bool(keys.left.get(key)), "float8")
         return
+    for key in OLD_EXPERT_KEYS:  # Float8 grouped GEMMs on the experts: not modelled
+        keys.pending(key, bool(keys.left.get(key)), "float8")
     what = "Float8 linears: torchao's tensorwise Float8Linear on every block linear, the head in bf16 (--float8)"
     for key in ("model.converters", "float8.enable_float8_linear"):
         if key in keys.left:

@@ -60,6 +60,10 @@ ALIASES = {
     "experimental.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel",
     "float8.enable_fsdp_float8_all_gather": "quantize.linear.float8.enable_fsdp_float8_all_gather",
     "float8.precompute_float8_dynamic_scale_for_fsdp": "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+    # the rest of [float8] (job_config.py's Float8 until 5b5d4685 moved it to quantize.linear.float8)
+    "float8.filter_fqns": "quantize.linear.float8.filter_fqns", "float8.recipe_name": "quantize.linear.float8.recipe_name",
+    "float8.emulate": "quantize.linear.float8.emulate",
+    "float8.force_recompute_fp8_weight_in_bwd": "quantize.linear.float8.force_recompute_fp8_weight_in_bwd",
     "checkpoint.enable_checkpoint": "checkpoint.enable",
     # AsyncTP moved into the compile section at 737594746 (2026-08-12; 0.3.0 and main)
     "compile.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel",
