@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     print("row  published  " + ("ckplan reserved / allocated  " if ours else "") + " | ".join(
         f"c{i}" for i in range(len(names))))
     previous = None
-    for row, model, seq, cp, tp, published in ROWS:
+    for row, model, _seq, _cp, _tp, published in ROWS:
         mine = f"{ours[row][0]:6.2f} / {ours[row][1]:6.2f}        " if row in ours else ""
         cells = " | ".join(f"{table[row][n] / GIB:6.2f}" for n in names)
         step = ""
