@@ -36,7 +36,7 @@ def test_a_gpu_with_a_sustained_row_reads_it_and_one_without_its_burst_figure():
 def test_every_size_slows_by_the_same_factor_under_the_settled_clock():
     h100, gh200 = archs.gpu("h100-sxm"), archs.gpu("gh200")
     settled = 708.5 / 794.5  # the H100's plateau over the table's own (its largest shapes sit at MAMF)
-    for batch, m, n, k, tflops in MATMUL_TABLE[:-2]:  # below the plateau: each point at the settled clock
+    for batch, m, n, k, _ in MATMUL_TABLE[:-2]:  # below the plateau: each point at the settled clock
         flops = 2 * batch * m * n * k
         same = [tf for b, mm, nn, kk, tf in MATMUL_TABLE if 2 * b * mm * nn * kk == flops]
         assert matmul_efficiency(flops, h100) == pytest.approx(sum(same) / len(same) / 989.4 * settled)

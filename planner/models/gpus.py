@@ -24,6 +24,15 @@ from planner.models.attention_published import (
     SDPA_H100_BY_SEQ,
     SDPA_HOPPER,
 )
+from planner.models.matmul_ceilings import (  # noqa: F401  read as gpus.<name> too
+    _MAF_MI300X,
+    MAF_FP8_MI300X_TFLOPS,
+    MAMF_FP8_TFLOPS,
+    MAMF_TFLOPS,
+    MSMF_FP8_TFLOPS,
+    MSMF_TFLOPS,
+)
+from planner.models.matmul_ceilings import matmul_fields as _mamf
 from planner.models.membound_published import (  # noqa: F401  read as gpus.<name> too
     BABELSTREAM_ADD_MI300X_TBPS,
     LIGER,
@@ -39,8 +48,6 @@ from planner.models.membound_published import (  # noqa: F401  read as gpus.<nam
     MEMBOUND_MI300X,
 )
 from planner.models.nvlink_rates import NCCL_NVLINK_SOURCE, nccl_nvlink_rate
-from planner.models.matmul_ceilings import (  # noqa: F401  read as gpus.<name> too
-    MAF_FP8_MI300X_TFLOPS, MAMF_FP8_TFLOPS, MAMF_TFLOPS, MSMF_FP8_TFLOPS, MSMF_TFLOPS, _MAF_MI300X, _mamf)
 
 # MI300X's collectives in a node (AMD's acceptance guide's example output; pass mark 304 GB/s): the all-reduce's busbw,
 # its ring's per-link rate (a reduce-scatter then an all-gather), read for those too; 0.71 of the datasheet's 448

@@ -1,4 +1,4 @@
-"""The matmul ceilings a GPU record's plateau is read from (planner/models/gpus.py `_mamf`): the maximum achievable
+"""The matmul ceilings a GPU record's plateau is read from (planner/models/gpus.py's records, `matmul_fields`): the maximum achievable
 (MAMF, a burst) and the maximum sustainable (MSMF, power-saturated) matmul FLOP/s per GPU, BF16 and FP8, each with its
 source; the roofline (planner/profiler/roofline.py) scales its shape curve to the record's plateau."""
 
@@ -50,12 +50,12 @@ _MAF_MI300X = ("AMD MAF FP8 1273 of 2614.9 (ROCm/rocm-blogs 8e011952 measuring-m
                "hipblaslt-bench f8_fnuz, hipBLASLt db8e93b4, 1,230 MHz median)")
 
 
-def _mamf(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, fp8_peak: float = 0.0,
+def matmul_fields(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, fp8_peak: float = 0.0,
           fp8_maf: tuple[float, str] | None = None) -> dict:
-    """The GPU record's matmul ceilings: MSMF where measured (else MAMF) over the datasheet peak ckplan reads, with
-    its source;
-    the FP8 one where the table has the GPU's FP8 row (`fp8_key`) and the GPU an FP8 peak, or where
-    another measurement gives it (`fp8_maf`: the fraction of the FP8 peak, its source)."""
+    """A GPU record's matmul ceilings (GPU.matmul_efficiency, fp8_matmul_efficiency, matmul_source): its MSMF where
+    measured, else its MAMF, over the datasheet peak ckplan reads, with its source; the FP8 one where the table has
+    the GPU's FP8 row (`fp8_key`) and the GPU an FP8 peak, or where another measurement gives it (`fp8_maf`: the
+    fraction of the FP8 peak, its source)."""
     if key in MSMF_TFLOPS:
         found = {"matmul_efficiency": MSMF_TFLOPS[key] / peak,
                  "matmul_source": f"MSMF {MSMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MSMF}; its burst "
