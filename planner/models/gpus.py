@@ -24,6 +24,15 @@ from planner.models.attention_published import (
     SDPA_H100_BY_SEQ,
     SDPA_HOPPER,
 )
+from planner.models.matmul_ceilings import (  # noqa: F401  read as gpus.<name> too
+    _MAF_MI300X,
+    MAF_FP8_MI300X_TFLOPS,
+    MAMF_FP8_TFLOPS,
+    MAMF_TFLOPS,
+    MSMF_FP8_TFLOPS,
+    MSMF_TFLOPS,
+)
+from planner.models.matmul_ceilings import matmul_fields as _mamf
 from planner.models.membound_published import (  # noqa: F401  read as gpus.<name> too
     BABELSTREAM_ADD_MI300X_TBPS,
     LIGER,
@@ -190,37 +199,6 @@ HOST_ADAM_SOURCE = ("DeepSpeedCPUAdam on a GPU server's host, one process: 136M 
                     "(numa-cpu-adam-bench)")
 
 
-# Matmul ceilings: MAMF (maximum achievable matmul FLOP/s, the mean of 100 timed iterations of the best
-# shape of a sweep) from stas00/ml-engineering compute/accelerator/README.md at 744d01e (2026-08-22),
-# "Maximum Achievable Matmul FLOPS comparison table", BF16, in TFLOP/s and the torch it ran
-_MAMF = "stas00/ml-engineering 744d01e, compute/accelerator/README.md, MAMF table (BF16, mean of 100 iterations)"
-MAMF_TFLOPS = {
-    "h100-sxm": 794.5,  # 2048x2048x13312, torch 2.7.0+cu126; the table's note: "H200 is the same"
-    "gh200": 828.6,  # 1024x15360x4096, torch 2.6.0+cu126, "900W 141GiB HBM3e version"
-    "a100": 271.2,  # A100 SXM, 1024x10240x5120, torch 2.6.0+cu126
-    "b200": 1745.0,  # 1792x16128x3072, torch 2.7.1+cu128
-    "gb200": 1822.0,  # 4096x9728x2048, torch 2.10.0.dev20250916+cu130
-    "mi300x": 668.4,  # 10240x15360x8192, torch 2.5.1 ROCm 6.3, PYTORCH_TUNABLEOP_ENABLED=1
-}
-
-
-# The same table's FP8 rows (e4m3, TFLOP/s): the float8 matmuls' ceiling (planner/profiler/float8.py's
-# GEMMs under --float8). The H200 has its own FP8 row; no FP8 row is published for the MI300X (AMD's own
-# figure below) or L4.
-MAMF_FP8_TFLOPS = {"h100-sxm": 1402.6, "h200": 1453.4, "gh200": 1535.0, "b200": 3432.5, "gb200": 3615.6}
-
-# The MI300X's FP8 ceiling, AMD's own: "Measuring Max-Achievable FLOPs - Part 2" (ROCm/rocm-blogs 8e011952,
-# blogs/software-tools-optimization/measuring-max-achievable-flops-part2/README.md, 2025-02-28), Table 1: MAF FP8
-# 1,273 TFLOP/s at a median clock of 1,230 MHz on the 750 W MI300X (hipblaslt-bench 4096 x 3648 x 32896,
-# f8_fnuz_r in and out, f32 compute, trig_float data, cold caches by a 512 MB rotating buffer, hipBLASLt db8e93b4,
-# ROCm 6.3.0). Its footnote 4 prints "1223.6 TFLOPs ... at 1273MHz" for the same run; the table's pair is read: at
-# 304 CUs x 4,096 FP8 FLOP a clock, 1,273 at 1,230 MHz is 83.1% of the clock's peak, the MI325X's row beside it
-# (1,519 at 1,464 MHz) 83.3%; the footnote's pair would be 77.2% (docs/framework-facts.md §90)
-MAF_FP8_MI300X_TFLOPS = 1273.0
-_MAF_MI300X = ("AMD MAF FP8 1273 of 2614.9 (ROCm/rocm-blogs 8e011952 measuring-max-achievable-flops-part2, Table 1: "
-               "hipblaslt-bench f8_fnuz, hipBLASLt db8e93b4, 1,230 MHz median)")
-
-
 # Hopper's dense 16-bit tensor-core work per SM and clock: 4 tensor cores x 512 FMA x 2 FLOP (NVIDIA H100 Tensor Core
 # GPU Architecture whitepaper; glennklockwood.com/garden/peak-FLOPS: 540,672 FLOP a clock on the SXM's 132 SMs, x 1.83
 # GHz = 989.4 TFLOP/s). A datasheet's dense peak over it is the clock the peak is rated at.
@@ -235,22 +213,6 @@ H100_NVL_FP8_TFLOPS = 3341 / 2
 def rated_clock_mhz(bf16_tflops: float, sms: int) -> float:
     """The clock (MHz) a Hopper part's dense BF16 peak is rated at: the peak over its SMs' FLOP a clock."""
     return bf16_tflops * 1e12 / (sms * HOPPER_BF16_FLOP_PER_SM_CLOCK) / 1e6
-
-
-def _mamf(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, fp8_peak: float = 0.0,
-          fp8_maf: tuple[float, str] | None = None) -> dict:
-    """The GPU record's matmul ceilings: MAMF over the datasheet peak ckplan reads, with its source;
-    the FP8 one where the table has the GPU's FP8 row (`fp8_key`) and the GPU an FP8 peak, or where
-    another measurement gives it (`fp8_maf`: the fraction of the FP8 peak, its source)."""
-    found = {"matmul_efficiency": MAMF_TFLOPS[key] / peak,
-             "matmul_source": f"MAMF {MAMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MAMF})"}
-    if fp8_key is not None and fp8_peak:
-        found["fp8_matmul_efficiency"] = MAMF_FP8_TFLOPS[fp8_key] / fp8_peak
-        found["matmul_source"] += f"; FP8 MAMF {MAMF_FP8_TFLOPS[fp8_key]:g} of {fp8_peak:g} ({fp8_key}'s FP8 row)"
-    elif fp8_maf is not None:
-        found["fp8_matmul_efficiency"], source = fp8_maf
-        found["matmul_source"] += f"; FP8: {source}"
-    return found
 
 
 # The CPU time of one Linear module's forward (BF16, hidden 2048, 8192 tokens) on each reference system's host,
@@ -316,7 +278,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=85_045_477_376,
         total_source="deviceQuery on H100 80GB HBM3: 85045477376 bytes; nvidia-smi 81559 MiB less 454 MiB "
                      "reserved (github.com/thamada/nvidia-smi, nvsim/H100SXMx8_*)",
-        **_mamf("h100-sxm", 989.4, fp8_key="h100-sxm", fp8_peak=1978.9), attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
+        **_mamf("h100-sxm", 989.4, ": MSMF the H200's rows, the same GH100 at 700 W", fp8_key="h100-sxm",
+              fp8_peak=1978.9), attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
         attention_source=SDPA_HOPPER, **CUDNN_HOPPER_CHIP, **_HOST_XEON,
         **_MEMBOUND_HOPPER),
     GPU("h100-pcie", 80 * 10**9, 756.5, 2.0, "NVIDIA H100 datasheet, PCIe (BF16 756, FP8 1,513 dense; 2 TB/s)", 64.0,
@@ -362,7 +325,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=143771 * _MIB - _H100_RESERVED,
         total_source="nvidia-smi on H200: 143771 MiB (sgl-project/sglang#3196), less the H100's 454 MiB driver "
                      "reservation (assumed)",
-        **_mamf("h100-sxm", 989.4, ": the table's H100 row, whose note says \"H200 is the same\"", fp8_key="h200",
+        **_mamf("h100-sxm", 989.4, ": MSMF the H200's own rows; MAMF the H100 row, \"H200 is the same\"", fp8_key="h200",
               fp8_peak=1978.9),
         attention_efficiency=SDPA_H100, attention_by_seq=SDPA_H100_BY_SEQ,
         attention_source=f"the H100's chip: {SDPA_HOPPER}", **CUDNN_HOPPER_CHIP,

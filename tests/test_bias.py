@@ -1,0 +1,71 @@
+"""The matmul plateau a training step holds (issue 35, docs/published-runs.md §33.bias): a GPU's sustained,
+power-saturated matmul rate (MSMF) where one is measured, its burst MAMF where none is, the XLA shape curve scaled to
+it as a whole; and scripts/time_bias.py's shares of a row's step by kernel class."""
+
+import json
+
+import pytest
+from fixtures.scripts import load_script
+
+from planner.models import archs, matmul_ceilings
+from planner.profiler.roofline import MATMUL_TABLE, matmul_efficiency
+
+
+def test_a_gpu_with_a_sustained_row_reads_it_and_one_without_its_burst_figure():
+    # stas00/ml-engineering 082816f's MSMF rows: the H200's (the H100's chip at 700 W) and the B200's, BF16 and FP8
+    for name in ("h100-sxm", "h100-96g", "h200"):
+        gpu = archs.gpu(name)
+        assert gpu.matmul_efficiency == 708.5 / 989.4
+        assert gpu.fp8_matmul_efficiency == 1288.7 / 1978.9
+        assert gpu.matmul_source.startswith("MSMF 708.5 of 989.4") and "MAMF 794.5" in gpu.matmul_source
+    b200 = archs.gpu("b200")
+    assert (b200.matmul_efficiency, b200.fp8_matmul_efficiency) == (1456.3 / 2250, 2795.7 / 4500)
+    # none measured sustained: GB200 (1,200 W), GH200 (900 W), A100, MI300X keep MAMF, and say so
+    for name, mamf, peak in (("gb200", 1822.0, 2500.0), ("gh200", 828.6, 989.4), ("a100-80g", 271.2, 312.0),
+                             ("mi300x", 668.4, 1307.4)):
+        gpu = archs.gpu(name)
+        assert gpu.matmul_efficiency == mamf / peak
+        assert "no MSMF measured" in gpu.matmul_source
+    # a sustained figure is below its burst one on every GPU with both (the settled clock under the power limit)
+    for key, sustained in matmul_ceilings.MSMF_TFLOPS.items():
+        assert sustained < matmul_ceilings.MAMF_TFLOPS[key]
+    for key, sustained in matmul_ceilings.MSMF_FP8_TFLOPS.items():
+        assert sustained < matmul_ceilings.MAMF_FP8_TFLOPS[key]
+
+
+def test_every_size_slows_by_the_same_factor_under_the_settled_clock():
+    h100, gh200 = archs.gpu("h100-sxm"), archs.gpu("gh200")
+    settled = 708.5 / 794.5  # the H100's plateau over the table's own (its largest shapes sit at MAMF)
+    for batch, m, n, k, _ in MATMUL_TABLE[:-2]:  # below the plateau: each point at the settled clock
+        flops = 2 * batch * m * n * k
+        same = [tf for b, mm, nn, kk, tf in MATMUL_TABLE if 2 * b * mm * nn * kk == flops]
+        assert matmul_efficiency(flops, h100) == pytest.approx(sum(same) / len(same) / 989.4 * settled)
+    # the GH200 (no MSMF) reads the same table at its own MAMF: the two differ by their plateaus' ratio at every size
+    for flops in (2 * 256 * 1024 * 256, 2 * 1024 * 4096 * 512, 2 * 8192**3):
+        ratio = matmul_efficiency(flops, h100) / matmul_efficiency(flops, gh200)
+        assert ratio == pytest.approx(708.5 / 828.6)
+
+
+def _record(folder, row, mode, seconds, published):
+    (folder / f"{row}.{mode}.json").write_text(json.dumps(
+        {"id": row, "mode": mode, "iteration_s": seconds, "published_s": published, "group": "main"}))
+
+
+def test_time_bias_shares_are_each_class_growth_over_the_stretch(tmp_path):
+    time_bias = load_script("time_bias")
+    # row A: 10 s; matmul +10% adds 0.5 s (half the step), attention 0.2 s, memory-bound 0.1 s: the rest 0.2
+    for mode, seconds in (("base", 10.0), ("matmul", 10.5), ("attention", 10.2), ("membound", 10.1)):
+        _record(tmp_path, "A", mode, seconds, 12.5)
+    for mode, seconds in (("base", 4.0), ("matmul", 4.1), ("attention", 4.1), ("membound", 4.04)):
+        _record(tmp_path, "B", mode, seconds, 4.0)
+    _record(tmp_path, "C", "base", 1.0, 1.0)  # a row with a mode missing is left out
+    rows = {r["id"]: r for r in time_bias.shares(tmp_path)}
+    assert set(rows) == {"A", "B"}
+    assert rows["A"]["ratio"] == 0.8 and rows["B"]["ratio"] == 1.0
+    assert (rows["A"]["matmul"], rows["A"]["attention"], rows["A"]["membound"]) == pytest.approx((0.5, 0.2, 0.1))
+    assert rows["A"]["rest"] == pytest.approx(0.2)
+    assert (rows["B"]["matmul"], rows["B"]["membound"], rows["B"]["rest"]) == pytest.approx((0.25, 0.1, 0.4))
+    assert time_bias.pearson([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
+    assert time_bias.pearson([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    printed = time_bias.table(tmp_path)
+    assert "| A | 10.000 | 0.800 | 0.500 | 0.200 | 0.100 | 0.200 |" in printed
