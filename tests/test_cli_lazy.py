@@ -1,6 +1,7 @@
 """planner.cli imports a command's module when the command is asked for: `ckplan --help` lists
 every command without importing one, `ckplan launch` imports launch's module alone."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -51,20 +52,27 @@ def test_the_mapping_loads_on_look_up_alone():
         commands["launch"]
 
 
-def test_a_new_process_imports_only_the_command_it_runs():
-    """In a fresh Python (this one imported every command): `--help` imports no command's module,
-    `launch --help` launch's alone; neither imports torch or pydantic."""
-    code = """
-import sys
-from planner.cli import cli
-def ran(*args):
-    try:
-        cli.main(list(args), prog_name="ckplan", standalone_mode=False)
-    except SystemExit:
-        pass
-    return sorted(name for name in sys.modules if name.startswith("planner.commands."))
-print(ran("--help"), ran("launch", "--help"), "torch" in sys.modules, "pydantic" in sys.modules)
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "[] ['planner.commands.launch'] False False"
+def _imported(done: subprocess.CompletedProcess) -> list[str]:
+    """The modules a process imported, from its PYTHONPROFILEIMPORTTIME lines."""
+    return [line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+
+
+def test_the_installed_ckplan_imports_only_the_command_it_runs():
+    """The `ckplan` entry point pip installed beside this Python, as its own process: `ckplan
+    --help` lists every command and imports no command's module; `ckplan launch --help` imports
+    launch's alone; neither imports torch or pydantic."""
+    ckplan = pathlib.Path(sys.executable).parent / "ckplan"
+    assert ckplan.is_file(), f"{ckplan}: ckplan is not installed in this Python's environment (pip install -e .)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONPROFILEIMPORTTIME": "1"}
+    listed = subprocess.run([str(ckplan), "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    for name in COMMANDS:
+        assert f"\n  {name} " in listed.stdout
+    imported = _imported(listed)
+    assert "planner.cli" in imported and not [name for name in imported if name.startswith("planner.commands.")]
+    one = subprocess.run([str(ckplan), "launch", "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert one.returncode == 0 and "--enforce-cap" in one.stdout, one.stderr
+    imported = _imported(one)
+    assert [name for name in imported if name.startswith("planner.commands.")] == ["planner.commands.launch"]
+    assert not {"torch", "pydantic"} & set(imported + _imported(listed))
