@@ -55,7 +55,6 @@ for key, (module, name) in json.loads(sys.argv[1]).items():
     wrap(key, module, name)
 from click.testing import CliRunner
 import planner.cli as cli
-cli._register()
 result = CliRunner().invoke(cli.cli, json.loads(sys.argv[2]))
 if result.exit_code != 0:
     raise SystemExit(result.output)

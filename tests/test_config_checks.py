@@ -5,13 +5,13 @@ front, and a field that changes memory is modelled or refused. `export --out` an
 never overwrite a file the user owns."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from click.testing import CliRunner
 from export_plans import write
 from fixtures.cli import run, run_ok
 
+from planner.cli import cli
 from planner.errors import UserError
 from planner.models import archconfig, archs
 
@@ -30,19 +30,21 @@ def _config(tmp_path, **changes) -> str:
 # ---------------------------------------------------------------- --hf-config: read, never run
 
 
-def test_a_config_with_its_own_code_is_refused_and_nothing_runs_whatever_stdin_says(tmp_path):
+def test_a_config_with_its_own_code_is_refused_and_nothing_runs_whatever_stdin_says(tmp_path, monkeypatch):
     """A config whose auto_map names a configuration_*.py beside it: transformers asked "run the
-    custom code? [y/N]", and "y" ran it. Now: one sentence, no prompt, nothing run."""
+    custom code? [y/N]", and "y" ran it. Now: one sentence, no prompt, nothing run. (In this
+    process, stdin "y" twice: a prompt read by input() or click would get it and run the code.)"""
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "configuration_evil.py").write_text(f"open({str(tmp_path / 'PWNED')!r}, 'w').write('ran')\n")
     config = SMALL | {"auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}
     (folder / "config.json").write_text(json.dumps(config))
-    done = subprocess.run([sys.executable, "-m", "planner.cli", "profile", "--hf-config", str(folder), "--out",
-                           str(tmp_path / "p.json")], input="y\ny\n", capture_output=True, text=True, cwd=tmp_path,
-                          timeout=300)
-    assert done.returncode == 1 and "auto_map" in done.stderr + done.stdout and "Traceback" not in done.stderr
-    assert "[y/N]" not in done.stdout + done.stderr
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(cli, ["profile", "--hf-config", str(folder), "--out", str(tmp_path / "p.json")],
+                              input="y\ny\n")
+    assert isinstance(done.exception, SystemExit), done.exc_info  # a clean exit, not an exception
+    assert done.exit_code == 1 and "auto_map" in done.output and "Traceback" not in done.output
+    assert "[y/N]" not in done.output
     assert not (tmp_path / "PWNED").exists() and not (tmp_path / "hf_model.py").exists()
 
 

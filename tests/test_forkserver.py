@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -84,19 +82,25 @@ def test_a_dead_server_is_one_sentence(tmp_path):
     server.close()
 
 
-def test_a_run_in_its_own_process_leaves_no_process(tmp_path):
+def test_a_run_in_its_own_process_leaves_no_process(tmp_path, monkeypatch):
     """The server a run starts for itself ends with the run (the suite's other runs borrow one
-    server: conftest._one_rank_server)."""
-    script = tmp_path / "launch.py"
-    script.write_text(
-        "import os, sys\n"
-        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-        "from fixtures.processes import children\n"
-        "from fixtures.rt_plans import make_plan\n"
-        "from planner.runtime import run_plan\n"
-        f"report = run_plan(make_plan({str(TINY)!r}, {STAGES!r}), steps=1, warmup_steps=0)\n"
-        "print(report.losses[-1] > 0, children(os.getpid()))\n"
-    )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split("\n")[-2] == "True []"
+    server: conftest._one_rank_server). In this process, with launcher.RankServer the real one
+    again: the run starts its server as this process's child, and none of this process's
+    children is left after it that was not there before (the worker's shared server is)."""
+    import planner.runtime.launcher as launcher
+
+    monkeypatch.setattr(launcher, "RankServer", RankServer)
+    monkeypatch.chdir(tmp_path)
+    before = set(children(os.getpid()))
+    started = []
+    real_init = RankServer.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        started.append(self.pid)
+
+    monkeypatch.setattr(RankServer, "__init__", init)
+    report = run_plan(make_plan(TINY, STAGES), steps=1, warmup_steps=0)
+    assert report.losses[-1] > 0
+    assert len(started) == 1 and started[0] not in before  # a server of the run's own, not the shared one
+    assert set(children(os.getpid())) - before == set() and gone(started[0])
