@@ -94,3 +94,34 @@ def test_a_search_cut_short_among_its_solves_writes_the_best_so_far(tmp_path, cl
     # every profile built (999 s is past them all), one solve, then the deadline
     assert counts["solved"] == 1 and counts["unexplored"] == 0 and counts["not_solved"] > 0
     assert not counts["complete"] and (tmp_path / "best.yaml").exists()
+
+
+def test_search_charges_the_userbuffers_sms_as_evaluate_does(tmp_path):
+    """Under --tp-overlap tp-comm-overlap every configuration searched gets TE's userbuffers config and the GPU's SMs
+    (ub_sms.setup_fields, comm_setup's): its time is evaluate's, exactly, for the same plan and settings, and it is
+    more than with no SMs taken (what search charged before)."""
+    from planner.commands.search import _model
+    from planner.commands.setup_options import DataParallelOptions, build_setup
+    from planner.commands.training_settings import TrainingSettings
+    from planner.cost import costmodel
+    from planner.models import archs
+
+    build = _model(None, _tiny_config(tmp_path), None, both=False).profile_for(archs.gpu("h100"), 512)
+    # TP 2 with sequence parallelism: each block lists the eight collectives the userbuffers overlap
+    job = JobShape(gpus=8, gpus_per_node=8, global_batch=8, seq_len=512, num_layers=6, tp_ok=(2,), fixed_tp=(2, True))
+    options = jobsearch.JobOptions(mem_cap_bytes=40 * GiB, gpus_per_node=8, runtime="megatron",
+                                   tp_overlap="tp-comm-overlap")
+    ranked = jobsearch.search_job(job, options, build, top=3).ranked
+    assert len(ranked) == 3
+    for solved in ranked:
+        g, profile = solved.degrees, solved.candidate.profile
+        setup = build_setup(solved.candidate.plan_profile or profile, stages=g.pp, mem=str(40 * GiB),
+                            microbatches=g.microbatches, schedule=g.schedule, chunks=g.chunks, optimizer="adam",
+                            precision="bf16-mixed", parallel_stages=None, runtime="megatron",
+                            data_parallel=DataParallelOptions(dp=g.dp, zero=g.zero, shard_group=g.shard_group,
+                                                              gpus_per_node=8, tp_overlap="tp-comm-overlap",
+                                                              settings=TrainingSettings()))
+        assert solved.candidate.setup.comm.gpu_sms == setup.comm.gpu_sms == 132  # H100 SXM's SMs
+        assert costmodel.evaluate(solved.stages, profile, setup).iteration_ms == solved.iteration_ms
+        without = setup.model_copy(update={"comm": setup.comm.model_copy(update={"gpu_sms": 0})})
+        assert costmodel.evaluate(solved.stages, profile, without).iteration_ms < solved.iteration_ms

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from planner.cost import dataparallel, links, nccl_buffers
+from planner.cost import dataparallel, links, nccl_buffers, ub_sms
 from planner.models import copy_engines, network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
@@ -118,6 +118,10 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
     fields.update(_links_of_comm(profile, degrees, domain, host=options.gpus_per_node))
     if degrees.tp > 1:
         fields.update(tp_overlap=options.tp_overlap)
+    if degrees.tp > 1 and profile.device.type == "cuda":
+        # TE's userbuffers' SMs under tp-comm-overlap (TE's default config: search takes no --tp-comm-overlap-cfg),
+        # as comm_setup.comm_fields sets them for evaluate and solve
+        fields.update(ub_sms.setup_fields(dataparallel.profile_gpu(profile), options.tp_overlap))
     if degrees.tp > 1 and options.tp_overlap == "async-tp" and profile.device.type == "cuda":
         # AsyncTP's peer copies at the copy engines' rate, as comm_setup.comm_fields sets it
         fields.update(copy_engines.tp_copy_fields(dataparallel.profile_gpu(profile).name, tp=degrees.tp,
