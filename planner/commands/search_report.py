@@ -194,8 +194,8 @@ class Report:
 def _left(o) -> str:
     """What a search cut short by its deadline left: configurations never reached (their profiles not built)
     and those that passed the memory bound without a solve."""
-    unexplored = (f"{o.unexplored} configurations not explored (the deadline passed while their profiles were "
-                  f"built, {o.profiles} built), " if o.unexplored else "")
+    unexplored = (f"{o.unexplored} configurations not explored, the deadline passing while profiles were built "
+                  f"({o.profiles} built); " if o.unexplored else "")
     return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved"
 
 
