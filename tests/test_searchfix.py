@@ -8,7 +8,7 @@ import json
 import pytest
 from fixtures.cli import run
 from test_launchers import _tiny_config
-from test_search import GiB, MINI, profile_for
+from test_search import MINI, GiB, profile_for
 
 from planner.solve import jobsearch
 from planner.solve.deadline import Deadline
