@@ -115,5 +115,7 @@ def test_deadline_stops_the_search_and_says_so():
     job = JobShape(gpus=8, gpus_per_node=8, global_batch=16, seq_len=2048, num_layers=8, tp_ok=(1, 2, 4, 8))
     options = jobsearch.JobOptions(mem_cap_bytes=2 * GiB, gpus_per_node=8)
     outcome = jobsearch.search_job(job, options, profile_for(MINI), deadline=Deadline(1e-9))
-    assert not outcome.complete and outcome.solved == 0 and outcome.unsolved
+    # past the deadline before its first profile: none built, every configuration left unexplored
+    assert not outcome.complete and outcome.solved == 0 and outcome.profiles == 0
+    assert outcome.unexplored == len(enumerate_degrees(job)) and outcome.considered == 0
     assert math.isfinite(outcome.wall_s)

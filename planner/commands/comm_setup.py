@@ -10,18 +10,15 @@ from planner.errors import UserError
 def _userbuffers(gpu, options) -> dict:
     """Under --tp-overlap tp-comm-overlap: the userbuffers config and the GPU's SMs (planner/cost/ub_sms.py)."""
     from planner.cost import ub_sms
-    from planner.models.gpu_sms import sm_count
 
     if options.ub_cfg is not None and options.tp_overlap != "tp-comm-overlap":
         raise UserError(f"--tp-comm-overlap-cfg {options.ub_cfg} configures TE's userbuffers, which run only under "
                         "--tp-comm-overlap; give it or drop the config")
-    if options.tp_overlap != "tp-comm-overlap":
-        return {}
     gemms = getattr(options, "ub_gemms", None)  # a file's, read by planner/models/configs/ub_cfg.py
     if options.ub_cfg is not None and gemms is None and options.ub_cfg not in ub_sms.CONFIGS:
         raise UserError(f"--tp-comm-overlap-cfg {options.ub_cfg} is neither a YAML file nor one of Megatron-Bridge "
                         f"00b7660b's userbuffers configs ({', '.join(ub_sms.CONFIGS)}); give the file or a name")
-    return dict(ub_cfg=options.ub_cfg, gpu_sms=sm_count(gpu) or 0, **({} if gemms is None else {"ub_gemms": gemms}))
+    return ub_sms.setup_fields(gpu, options.tp_overlap, config=options.ub_cfg, gemms=gemms)
 
 
 def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, chunks: int = 1) -> dict:

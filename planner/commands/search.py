@@ -68,7 +68,8 @@ def _schedules(text: str) -> tuple[str, ...]:
               help="Micro-batch sizes to try [default: every divisor of a replica's share of the batch].")
 @click.option("--top", type=click.IntRange(1, 50), default=5, show_default=True, help="Configurations ranked.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
-              help="Seconds for the whole search; past it the ranking is the best of what was solved, said so.")
+              help="Seconds for the whole search, its profiles included; past it the ranking is the best of what "
+                   "was solved, and what was left unexplored or unsolved is said.")
 @click.option("--compare", is_flag=True, help="Score the frameworks' published configurations of this model beside.")
 @click.option("--tp", type=click.IntRange(min=1), default=None, help="A hand configuration: tensor parallel.")
 @click.option("--sp", is_flag=True, help="A hand configuration: sequence parallelism.")
@@ -121,6 +122,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     from planner.solve import jobsearch
     from planner.solve.deadline import Deadline
 
+    deadline = Deadline(time_limit)  # the whole search's: its first profile (the settings' sample) included
     say = (lambda note: err_console.print(note, soft_wrap=True)) if as_json else info
     model = _model(arch, arch_config or hf_config, profile_path, both=arch_config is not None and hf_config is not None,
                    settings=settings)
@@ -165,7 +167,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     hand = _hand(locals(), model, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=device.name)
     imported = _imported(from_megatron, from_torchtitan, model, seq_len=seq_len, gpu=device.name,
                          searched=training | {"tp_overlap": tp_overlap})
-    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=Deadline(time_limit))
+    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline)
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
                                       options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name,
                                       imported=imported)

@@ -157,7 +157,7 @@ class Report:
 
     def counts(self) -> str:
         o = self.outcome
-        done = "complete" if o.complete else f"cut short by --time-limit ({len(o.unsolved)} not solved)"
+        done = "complete" if o.complete else f"cut short by --time-limit ({_left(o)})"
         return (f"{o.considered} configurations considered ({o.duplicates} the same setup as another, {o.refused} "
                 f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound, "
                 f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound); "
@@ -186,8 +186,17 @@ class Report:
             "counts": {"considered": o.considered, "duplicates": o.duplicates, "refused": o.refused,
                        "pruned_memory": o.pruned_memory, "pruned_time": o.pruned_time, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
-                       "complete": o.complete, "wall_s": o.wall_s},
+                       "unexplored": o.unexplored, "not_solved": len(o.unsolved), "complete": o.complete,
+                       "wall_s": o.wall_s},
             "ranked": ranked, "compared": [one(row) for row in self.others]}, indent=2)
+
+
+def _left(o) -> str:
+    """What a search cut short by its deadline left: configurations never reached (their profiles not built)
+    and those that passed the memory bound without a solve."""
+    unexplored = (f"{o.unexplored} configurations not explored, the deadline passing while profiles were built "
+                  f"({o.profiles} built); " if o.unexplored else "")
+    return f"{unexplored}{len(o.unsolved)} passing the memory bound not solved"
 
 
 def _stages(solved) -> list[dict]:
@@ -225,9 +234,9 @@ def nothing_fits(report: Report, job, options, profile_for) -> str:
     from planner.solve import jobsearch
 
     o = report.outcome
-    if not o.complete and o.unsolved:
-        return (f"no configuration was solved to a plan that fits before --time-limit; {len(o.unsolved)} that pass "
-                "the memory bound were not reached: raise --time-limit")
+    if not o.complete and (o.unsolved or o.unexplored):
+        return (f"no configuration was solved to a plan that fits before --time-limit ({o.wall_s:.1f} s): "
+                f"{_left(o)}; raise --time-limit")
     near = o.nearest
     if near is not None and o.solved == 0:
         need, limit = near.bounds.static_bytes, near.bounds.limit_bytes

@@ -86,6 +86,18 @@ BACKWARD_GEMMS = ("proj_dgrad", "qkv_wgrad", "fc2_dgrad", "fc1_wgrad")
 UNLISTED_BULK_GATHERS = (("qkv_dgrad", 0), ("fc1_dgrad", 2))  # (GEMM, the forward site whose bytes it gathers)
 
 
+def setup_fields(gpu, tp_overlap: str, *, config: str | None = None, gemms: dict | None = None) -> dict:
+    """CommSetup's userbuffers fields, for `evaluate`/`solve` (commands/comm_setup.py) and `search`
+    (solve/jobsearch.py) alike: under tp-comm-overlap the config (`config`: a Bridge name or the file read; None:
+    TE's defaults), a file's GEMMs and the GPU's SMs (planner/models/gpu_sms.py, 0 where unknown: nothing charged);
+    nothing otherwise."""
+    from planner.models.gpu_sms import sm_count
+
+    if tp_overlap != "tp-comm-overlap":
+        return {}
+    return dict(ub_cfg=config, gpu_sms=sm_count(gpu) or 0, **({} if gemms is None else {"ub_gemms": gemms}))
+
+
 def overlaps(config: str | None, gemms: dict | None = None) -> dict[str, Overlap]:
     """Per GEMM: a --tp-comm-overlap-cfg file's (`gemms`, CommSetup.ub_gemms: TE's defaults updated with the file's
     entries, planner/models/configs/ub_cfg.py), else Bridge's config by name, else TE's defaults."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from planner.cost import dataparallel, links, nccl_buffers
+from planner.cost import dataparallel, links, nccl_buffers, ub_sms
 from planner.models import copy_engines, network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
@@ -95,6 +95,7 @@ class Outcome:
     solved_without_plan: int = 0  # solved, and no plan fits (or none beats the bound it was given)
     profiles: int = 0  # profiles built
     complete: bool = True  # False: the deadline stopped it before the bound did
+    unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
     unsolved: list[Candidate] = field(default_factory=list)  # fit the memory bound, not reached before the deadline
@@ -117,6 +118,10 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
     fields.update(_links_of_comm(profile, degrees, domain, host=options.gpus_per_node))
     if degrees.tp > 1:
         fields.update(tp_overlap=options.tp_overlap)
+    if degrees.tp > 1 and profile.device.type == "cuda":
+        # TE's userbuffers' SMs under tp-comm-overlap (TE's default config: search takes no --tp-comm-overlap-cfg),
+        # as comm_setup.comm_fields sets them for evaluate and solve
+        fields.update(ub_sms.setup_fields(dataparallel.profile_gpu(profile), options.tp_overlap))
     if degrees.tp > 1 and options.tp_overlap == "async-tp" and profile.device.type == "cuda":
         # AsyncTP's peer copies at the copy engines' rate, as comm_setup.comm_fields sets it
         fields.update(copy_engines.tp_copy_fields(dataparallel.profile_gpu(profile).name, tp=degrees.tp,
@@ -208,6 +213,9 @@ class Profiles:
             self._cache[key] = (profile, bounds_mod.kinds(profile))
         return self._cache[key]
 
+    def built(self, tp: int, sp: bool, mbs: int, cp: int = 1, ep: int = 1) -> bool:
+        return (tp, sp, mbs, cp, ep) in self._cache
+
     def for_setup(self, profile: Profile, layers: list, setup: TrainSetup) -> tuple[Profile, list]:
         """(profile, layers) as `setup` charges them: under Float8 its records applied (they depend
         on the setup through whether FSDP shards the weights), and the runtime's fused kernels' times
@@ -228,15 +236,28 @@ class Profiles:
         return len(self._cache)
 
 
-def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: Outcome) -> list[Candidate]:
-    """Every configuration that passes the memory bound, with its bounds, counted in `outcome`."""
+def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: Outcome,
+               deadline: Deadline | None = None) -> list[Candidate]:
+    """Every configuration that passes the memory bound, with its bounds, counted in `outcome`. Past
+    `deadline`, looked at before each profile not built yet, the enumeration stops there: those kept so far,
+    the rest counted in outcome.unexplored (outcome.complete False)."""
     kept, seen = [], set()
-    for degrees in enumerate_degrees(job):
-        outcome.considered += 1
+    every = enumerate_degrees(job)
+
+    def stopped(index: int, *key) -> bool:
+        if deadline is None or profiles.built(*key) or not deadline.expired():
+            return False
+        outcome.complete, outcome.unexplored = False, len(every) - index
+        return True
+
+    for index, degrees in enumerate(every):
         # the memory bound from the profile at ep 1 (a given analytic profile: its own ep): an EP profile differs
         # from it in times only (formulas.Shape.ep), so it is built only for a configuration that passes
         # (tests/test_search_ep.py holds the bounds equal)
         first_ep = degrees.ep if job.ep_ok is not None else 1
+        if stopped(index, degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp, first_ep):
+            break
+        outcome.considered += 1
         written, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp, first_ep)
         try:
             setup = job_setup(written, degrees, options)
@@ -267,6 +288,9 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
                 outcome.nearest = candidate
             continue
         if degrees.ep != first_ep:  # its experts timed at its own expert parallelism
+            if stopped(index, degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp, degrees.ep):
+                outcome.considered -= 1  # counted unexplored
+                break
             written, layers = profiles.get(degrees.tp, degrees.sp, degrees.micro_batch_size, degrees.cp, degrees.ep)
             profile, layers = profiles.for_setup(written, layers, setup)
             candidate = Candidate(degrees, setup, profile, bounds_mod.setup_bounds(profile, setup, layers),
@@ -297,12 +321,12 @@ def _ratio(candidate: Candidate) -> float:
 def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, top: int = 5,
                deadline: Deadline | None = None, solver: str = "auto") -> Outcome:
     """The `top` fastest configurations that fit, each with its exact plan (see the module's text).
-    Past `deadline` the search stops where it is (outcome.complete False: the ranking is the best
-    of what was solved)."""
+    Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
+    the ranking is the best of what was solved; outcome.unexplored the configurations never reached)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
-    found = candidates(job, options, Profiles(profile_for), outcome)
+    found = candidates(job, options, Profiles(profile_for), outcome, deadline)
     found.sort(key=lambda c: (c.bounds.time_ms, c.degrees.key()))
     for index, candidate in enumerate(found):
         bar = outcome.ranked[top - 1].iteration_ms if len(outcome.ranked) >= top else math.inf
