@@ -137,10 +137,11 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
         return None
     kernels_gpu = te_mla.attention_gpu(gpu) if arch.mla else te_attention_gpu(gpu)
     fused = fused_kernel_bytes(arch, shape)
-    fwd, bwd, rerun = (_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels,
-                                         min(moved, max(done.bytes - cut, 0))), arch, shape, times)
-                       for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
-                                                          (fused[0], fused[1], fused[0]), (1, 2, 1)))
+    replaced = fused_classes(arch, shape)
+    fwd, bwd, rerun = (_fused_gemms(_on_fused(done, cut, moved, gone), arch, shape, times)
+                       for done, cut, moved, gone, times in zip(passes, (saved[0], saved[1], saved[0]),
+                                                                (fused[0], fused[1], fused[0]),
+                                                                (replaced[0], replaced[1], replaced[0]), (1, 2, 1)))
     fp8 = None if arch.mla else float8.record(float8.converted(float8.te_linears(arch, shape, prefix)), kernels_gpu, fwd,
                                               bwd, {OPTION_FULL: rerun}, te=True)  # an MLA block has no Float8 record
     fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=False, fused_gemms=_fused_gemms, prefix=prefix)
@@ -148,6 +149,39 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
                                          **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=False,
                                                                 fused_gemms=_fused_gemms)}, float8=fp8)
+
+
+def fused_classes(arch, shape) -> tuple[Counter, Counter]:
+    """(forward, backward) eager bytes by op class (membound.OP_CLASSES) that the fused kernels replace in a dense
+    block: the eager RMSNorms (class norm), rotary (attention) and SwiGLU or GELU (activation), each the fused
+    kernel's bytes plus what fused_bytes_saved cuts; empty for a latent-attention block (te_mla's latent norms and
+    rotary are not split by class here: its eager rest stays unclassed, at the eager mean)."""
+    if arch.mla:
+        return Counter(), Counter()
+    T, h = shape.tokens, arch.hidden_size
+    rows, f = T // shape.sp_div, arch.intermediate_size // shape.tp
+    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape)) if arch.rotates else 0
+    rotary = Counter(attention=analytic_time.ROTARY_FWD * rotated), Counter(attention=analytic_time.ROTARY_BWD * rotated)
+    if arch.style == "gpt":
+        act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
+        return rotary[0] + Counter(activation=act_fwd * T * f), rotary[1] + Counter(activation=act_bwd * T * f)
+    norm_fwd = 2 * (analytic_time.NORM_FWD * rows * h + analytic_time.NORM_FWD_TOKEN * rows)
+    norm_bwd = 2 * (analytic_time.NORM_BWD * rows * h + analytic_time.NORM_BWD_TOKEN * rows)
+    return (rotary[0] + Counter(norm=norm_fwd, activation=analytic_time.SWIGLU_FWD * T * f),
+            rotary[1] + Counter(norm=norm_bwd, activation=analytic_time.SWIGLU_BWD * T * f))
+
+
+def _on_fused(done: Work, cut: int, moved: int, replaced: Counter) -> Work:
+    """`done` with the fused kernels' `cut` bytes gone and their `moved` bytes fused; the eager bytes left (the
+    residual adds and their gradients' sums, the weight gradients' accumulation, what no fused kernel runs) keep
+    their op classes, less the classes' bytes the fused kernels `replaced`, so that each is timed at its class's
+    measured rate as in the eager block (membound.fraction); before, the rebuilt pass dropped its classes and the
+    eager rest ran at the eager mean."""
+    left = max(done.bytes - cut, 0)
+    classes = Counter(dict(done.classed))
+    classes.subtract(replaced)
+    return work(done.flops, left, list(Counter(dict(done.kernels)).elements()), fused_bytes=min(moved, left),
+                classed=+classes)
 
 
 def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) -> FusedKernelTime | None:
