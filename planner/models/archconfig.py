@@ -8,17 +8,11 @@ from typing import Literal
 
 from planner.errors import UserError
 from planner.models.archs import MAX_LAYERS, Arch
+from planner.models.families import BUILT_FAMILIES, GATED_TYPES, GPT_TYPES, MOE_TYPES
 from planner.models.gptoss import gpt_oss_fields
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-# families whose MLP is gated (gate and up projections, then down): SiLU-gated (SwiGLU) or, in
-# Gemma, GELU-gated (GeGLU), which keeps the same four f-wide tensors
-GATED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
-# gated-MLP families with a mixture of experts (and DeepSeek's latent attention)
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 _GATED_ACTS = ("silu", "swish")
-GPT_TYPES = ("gpt2", "opt", "starcoder2")  # LayerNorm, a two-matrix MLP, biases, dropout; learned positions
-# (StarCoder2: rotary, grouped-query attention)
 _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 
@@ -48,9 +42,7 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
 
 def _built_from_code(model_type: str) -> str:
     """Where `profile --hf-config` builds the family (planner/models/hfmodels.py), the way to it."""
-    from planner.models.hfmodels import FAMILIES
-
-    if model_type not in FAMILIES:
+    if model_type not in BUILT_FAMILIES:
         return ""
     return ("; `ckplan profile --hf-config CONFIG --fake` runs transformers' own "
             f"{model_type} code at full size, and its profile goes to `solve` and to `search --profile`")

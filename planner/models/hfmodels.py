@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from planner.errors import UserError
+from planner.models.families import BUILT_FAMILIES, GATED_TYPES, GPT_TYPES, MOE_TYPES
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gpt2", "mixtral", "qwen2_moe", "phi3", "olmo2", "starcoder2",
-            "granite", "cohere", "phimoe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v2", "deepseek_v3")
+FAMILIES = BUILT_FAMILIES
 ROTARY = ("llama", "qwen2", "qwen3", "mistral", "gemma", "mixtral", "qwen2_moe", "phi3", "olmo2", "starcoder2", "granite",
           "cohere", "phimoe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v2", "deepseek_v3")
 GRANITE = ("granite", "granitemoe")  # the families with Granite's embedding and logit multipliers
@@ -196,8 +196,6 @@ def check_fields(config: dict) -> None:
                         "softmax), which ckplan builds these models on, and its sliding-window layers need masks "
                         "ckplan's adapter does not pass: profile it with `ckplan profile --arch-config CONFIG`")
     if family not in FAMILIES:
-        from planner.models.archconfig import GATED_TYPES, GPT_TYPES, MOE_TYPES
-
         read = family in (*GATED_TYPES, *MOE_TYPES, *GPT_TYPES)  # OPT: the analytic reader's, not built here
         raise UserError(f"model_type {family!r} is not one ckplan builds from a config ({', '.join(FAMILIES)}); "
                         + ("`ckplan profile --arch-config CONFIG` reads it (the architecture's formulas, no model "
