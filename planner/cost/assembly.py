@@ -260,16 +260,16 @@ def limit_bytes(stage: int, ctx: Context) -> int:
         return cap
     return int(allocator.allocated_limit(cap - workspace_bytes(stage, ctx),
                                          fragmentation(ctx.setup.pipeline, device_type=ctx.device_type))) \
-        - cublas_workspaces_bytes(ctx)
+        - cublas_workspaces_bytes(ctx, stage)
 
 
-def cublas_workspaces_bytes(ctx: Context) -> int:
+def cublas_workspaces_bytes(ctx: Context, rank: int | None = None) -> int:
     """The cuBLAS workspaces a rank's runtime keeps from its first matmul to the end (afterstep.workspace_bytes:
     torch's, taken through the caching allocator, aten/src/ATen/cuda/CublasHandlePool.cpp getNewWorkspace, and
-    Transformer Engine's, a torch.empty), and under Megatron-core's local spec its global buffer, kept from the
-    first forward (afterstep.global_buffer_bytes): allocated bytes, so in what torch.cuda.max_memory_allocated
-    reports and Megatron-LM logs. 0 on cpu and where the runtime's record charges none."""
-    return afterstep.first_forward_bytes(ctx.setup.training, ctx.profile, ctx.setup.comm)
+    Transformer Engine's, a torch.empty), and Megatron-core's global buffer (afterstep.global_buffer_bytes; the
+    output layer's where `rank` holds the last stage, None: every rank's): allocated bytes, so in Megatron's log."""
+    return afterstep.first_forward_bytes(ctx.setup.training, ctx.profile, ctx.setup.comm,
+                                         holds_output=afterstep.holds_last_stage(rank, ctx.setup.pipeline))
 
 
 def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:

@@ -106,7 +106,7 @@ def megatron() -> RuntimeFacts:
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False, logits_held_in_backward="never",
         recompute_whole_forward=True, overlaps_grad_reduce=True, fsdp_units="megatron-fsdp", prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
-        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True,
+        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True, output_layer_buffer=True,
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
@@ -350,6 +350,15 @@ def megatron() -> RuntimeFacts:
                                  "buffer (megatron/core/tensor_parallel/layers.py 623-629, 667-673); the local linear is "
                                  "torch.matmul (layers.py 451-462, 683, 782): no TE GEMM, so no TE workspace; "
                                  f"{MEGATRON_V}",
+            "output_layer_buffer": "megatron/core/models/gpt/gpt_model.py 272-293 (the output layer is "
+                                   "tensor_parallel.ColumnParallelLinear under every spec; TE's "
+                                   "TELMHeadColumnParallelLinear only under MXFP8's output projection); "
+                                   "tensor_parallel/layers.py 623-629 (forward) and 667-673 (the weight gradient's "
+                                   "gather) under sequence_parallel: get_global_memory_buffer().get_tensor((s x "
+                                   "tp, b, h), input.dtype, 'mpu'); utils.py 727-753 (GlobalMemoryBuffer: one tensor "
+                                   f"a (name, dtype), never freed), {MEGATRON_V}; the same at 4828d651 (layers.py "
+                                   "503, 540; G10's golden memory) and 92c8482e (layers.py 486; Megatron-Bridge "
+                                   "25.11) (docs/framework-facts.md §160)",
             **FUSED_LOSS_AND_GROUPED_GEMM_SOURCES,
             "te_ub_workspaces": "transformer_engine/pytorch/cpp_extensions/gemm.py 31 (_NUM_MAX_UB_STREAMS = 3), "
                                 "43-52 (get_cublas_workspace(device, ub=True, ...): one torch.empty of 3 x TE's "

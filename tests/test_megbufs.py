@@ -1,0 +1,91 @@
+"""Megatron-core's global memory buffer under the TE spec: the output layer (megatron-core's own ColumnParallelLinear
+under every spec) all-gathers its sequence-parallel input into get_global_memory_buffer() and keeps it, on the rank
+holding the last stage (planner/cost/afterstep.py global_buffer_bytes, holds_last_stage; the record's
+output_layer_buffer; framework-facts §160). Hand counts on tiny cases."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fixtures.cli import run_ok
+
+from planner.cost import afterstep, runtime_megatron, runtimes
+from planner.schema import DeviceInfo, TrainingSetup
+
+MIB = 1 << 20
+H100 = DeviceInfo(type="cuda", name="NVIDIA H100 80GB HBM3")
+TE = TrainingSetup(runtime="megatron", precision="bf16-mixed")
+MODEL = ("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+         "--vocab-size 1024 --micro-batch-size 1 --global-batch-size 8 --bf16 --tensor-model-parallel-size 2 "
+         "--pipeline-model-parallel-size 2 --sequence-parallel")
+
+
+def _profile(*, mbs=2, hidden=512, seq=1024, tp=2, sp=True, cp=1, device=H100):
+    model = {"num_heads": 8, "hidden_size": hidden}
+    shape = {"model": model, "seq_len": seq, "micro_batch_size": mbs, "tp": tp, "sp": sp, "cp": cp,
+             "dtype": "bfloat16"}
+    return SimpleNamespace(assumptions=shape, device=device)
+
+
+def test_the_output_layer_keeps_its_gathered_input_on_the_last_stage_under_sp():
+    assert runtimes.of(TE).output_layer_buffer and "layers.py 623-629" in runtimes.of(TE).sources["output_layer_buffer"]
+    # G10's shape (seq 1,024, micro-batch 2, hidden 512, TP 2, SP): 1,024 x 2 x 512 x 2 B = 2 MiB, the gathered
+    # (s, b, h) in bf16, whatever the heads
+    assert afterstep.global_buffer_bytes(TE, _profile(), holds_output=True) == 1024 * 2 * 512 * 2 == 2 * MIB
+    # CP 2: the rank's s / 2 tokens gathered over TP
+    assert afterstep.global_buffer_bytes(TE, _profile(cp=2), holds_output=True) == 512 * 2 * 512 * 2
+    # not on a rank without the output layer, not without SP, not at TP 1, not on cpu
+    assert afterstep.global_buffer_bytes(TE, _profile(), holds_output=False) == 0
+    assert afterstep.global_buffer_bytes(TE, _profile(sp=False), holds_output=True) == 0
+    assert afterstep.global_buffer_bytes(TE, _profile(tp=1), holds_output=True) == 0
+    assert afterstep.global_buffer_bytes(TE, _profile(device=DeviceInfo(type="cpu", name="cpu")),
+                                         holds_output=True) == 0
+    # torchtitan's output is its own (a DTensor-sharded nn.Linear): no such buffer in its record
+    titan = TrainingSetup(runtime="torchtitan", precision="bf16-mixed")
+    assert afterstep.global_buffer_bytes(titan, _profile(), holds_output=True) == 0
+    # what the first forward keeps on the last rank: torch's two workspaces, TE's, and the 2 MiB
+    assert afterstep.first_forward_bytes(TE, _profile(), holds_output=True) == 3 * 32 * MIB + 1024 + 2 * MIB
+
+
+def test_the_last_stage_is_the_last_rank_but_under_a_v_placed_schedule():
+    one_f_one_b = SimpleNamespace(schedule="1F1B", stages=4)
+    assert [afterstep.holds_last_stage(r, one_f_one_b) for r in range(4)] == [False, False, False, True]
+    zbv = SimpleNamespace(schedule="ZBV", stages=4)
+    assert [afterstep.holds_last_stage(r, zbv) for r in range(4)] == [True, False, False, False]
+    assert not afterstep.holds_last_stage(None, one_f_one_b)  # what every rank keeps
+
+
+@pytest.fixture
+def without_buffer(monkeypatch):
+    """The Megatron record with output_layer_buffer off (the caches cleared around it)."""
+    record = runtime_megatron.megatron()
+    monkeypatch.setattr(runtime_megatron, "megatron", lambda: replace(record, output_layer_buffer=False))
+    runtimes.facts.cache_clear()
+    runtimes._of.cache_clear()
+    yield
+    runtimes.facts.cache_clear()
+    runtimes._of.cache_clear()
+
+
+def _evaluate(folder: Path) -> list[dict]:
+    path = folder / "launch.sh"
+    path.write_text(f"torchrun --nproc-per-node 4 pretrain_gpt.py {MODEL}\n")
+    return json.loads(run_ok("evaluate", "--from-megatron", path, "--gpu", "h100", "--json").stdout)["ranks"]
+
+
+def test_a_launch_holds_the_buffer_after_the_step_and_at_the_peak_on_its_last_rank(tmp_path, request):
+    ranks = _evaluate(tmp_path)
+    request.getfixturevalue("without_buffer")
+    plain = _evaluate(tmp_path)
+    buffer = 128 * 1 * 256 * 2  # s x b x h x 2 B: 64 KiB
+    assert [r["after_step_bytes"] - p["after_step_bytes"] for r, p in zip(ranks, plain)] == [0, buffer]
+    assert [r["peak_bytes"] - p["peak_bytes"] for r, p in zip(ranks, plain)] == [0, buffer]
+    assert [r["static_bytes"] - p["static_bytes"] for r, p in zip(ranks, plain)] == [0, 0]
+    # by hand after the step on the last rank: its two kept stage inputs (s / TP x b x h x 2 B each, 32 KiB),
+    # torch's two workspaces, TE's, and the buffer
+    last = ranks[-1]
+    assert last["after_step_bytes"] - last["static_bytes"] == 2 * 64 * 256 * 2 + 2 * 32 * MIB + 32 * MIB + 1024 + buffer
