@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 from fixtures.cli import run_ok
 
-from planner.cost import afterstep, runtime_megatron, runtimes
-from planner.schema import DeviceInfo, TrainingSetup
+from planner.cost import afterstep, runtime_megatron, runtimes, te_userbuffers
+from planner.errors import UserError
+from planner.schema import CommSetup, DeviceInfo, TrainingSetup
 
 MIB = 1 << 20
 H100 = DeviceInfo(type="cuda", name="NVIDIA H100 80GB HBM3")
@@ -89,3 +90,52 @@ def test_a_launch_holds_the_buffer_after_the_step_and_at_the_peak_on_its_last_ra
     # torch's two workspaces, TE's, and the buffer
     last = ranks[-1]
     assert last["after_step_bytes"] - last["static_bytes"] == 2 * 64 * 256 * 2 + 2 * 32 * MIB + 32 * MIB + 1024 + buffer
+
+
+# ---- TE's userbuffers' communication buffers, outside torch's allocator (te_userbuffers.buffer_bytes) ----
+
+REGION0 = 4 * (14_400 + 5 * 1024 + 8192 * 32 * 3)  # the communicator's region 0: 3,223,808 B
+FLAGS = 2 * 64 * 1024
+
+
+def _shape(seq, mbs, hidden, cp=1):
+    return {"model": {"hidden_size": hidden}, "seq_len": seq, "micro_batch_size": mbs, "cp": cp}
+
+
+def test_the_communication_buffers_at_bridges_70b_fp8_shape_by_hand():
+    fp8 = TrainingSetup(runtime="megatron", precision="bf16-mixed", float8=True)
+    comm = CommSetup(tp=4, tp_overlap="tp-comm-overlap", ub_cfg="userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192")
+    # 8,192 x 8,192 elements: the eight all-gathers FP8 (64 MiB each), the bulk wgrad reduce-scatters bf16 (128 MiB
+    # each), the fprops' ring-exchange reduce-scatters 2 x 4 - 1 = 7 chunks of 128 / 4 MiB (224 MiB each)
+    assert te_userbuffers.buffer_bytes(comm, fp8, _shape(8192, 1, 8192)) \
+        == (8 * 64 + 2 * 128 + 2 * 224) * MIB + REGION0 + FLAGS == 1216 * MIB + 3_354_880
+    # the 405B at CP 2, TP 8 (h100's config): 8,192 / 2 x 16,384 elements, the same 64 Mi; fprops 15 / 8 x 128 MiB
+    comm8 = CommSetup(tp=8, tp_overlap="tp-comm-overlap", ub_cfg="userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192")
+    assert te_userbuffers.buffer_bytes(comm8, fp8, _shape(8192, 1, 16384, cp=2)) \
+        == (8 * 64 + 2 * 128 + 2 * 240) * MIB + REGION0 + FLAGS
+
+
+def test_the_communication_buffers_under_tes_defaults_and_where_none_are_made():
+    bf16 = TrainingSetup(runtime="megatron", precision="bf16-mixed")
+    ub = CommSetup(tp=2, tp_overlap="tp-comm-overlap")
+    # TE's defaults in bf16: twelve communicators (the fprops' reduce-scatters pipelines: one buffer each), 2 B each
+    assert te_userbuffers.buffer_bytes(ub, bf16, _shape(128, 1, 256)) == 12 * 128 * 256 * 2 + REGION0 + FLAGS
+    assert te_userbuffers.buffer_bytes(CommSetup(tp=2), bf16, _shape(128, 1, 256)) == 0
+    titan = TrainingSetup(runtime="torchtitan", precision="bf16-mixed")
+    assert te_userbuffers.buffer_bytes(ub, titan, _shape(128, 1, 256)) == 0
+    with pytest.raises(UserError, match="does not record"):
+        te_userbuffers.buffer_bytes(ub, bf16, {})
+
+
+def _launch(folder: Path, overlap: bool) -> dict:
+    path = folder / ("on.sh" if overlap else "off.sh")
+    model = MODEL.replace("--pipeline-model-parallel-size 2 ", "")
+    path.write_text(f"torchrun --nproc-per-node 2 pretrain_gpt.py {model}" + (" --tp-comm-overlap" if overlap else "")
+                    + "\n")
+    return json.loads(run_ok("evaluate", "--from-megatron", path, "--gpu", "h100", "--json").stdout)["ranks"][0]
+
+
+def test_a_launch_with_the_overlap_takes_the_buffers_off_the_device_beside_nccls(tmp_path):
+    on, off = _launch(tmp_path, True), _launch(tmp_path, False)
+    assert on["nccl_buffers"] == off["nccl_buffers"]
+    assert on["workspace_bytes"] - off["workspace_bytes"] == 12 * 128 * 256 * 2 + REGION0 + FLAGS
