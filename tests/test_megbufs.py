@@ -139,3 +139,36 @@ def test_a_launch_with_the_overlap_takes_the_buffers_off_the_device_beside_nccls
     on, off = _launch(tmp_path, True), _launch(tmp_path, False)
     assert on["nccl_buffers"] == off["nccl_buffers"]
     assert on["workspace_bytes"] - off["workspace_bytes"] == 12 * 128 * 256 * 2 + REGION0 + FLAGS
+
+
+# ---- TE v2.9 (Megatron-Bridge 25.11): the overlapped GEMMs' 3x workspace in place of the plain one ----
+
+
+def test_te_v29_holds_the_3x_workspace_in_place_of_the_plain_one():
+    newer, bridge = runtimes.facts("megatron"), runtimes.facts("megatron", "92c8482e")
+    assert newer.te_ub_keeps_plain_workspace and not bridge.te_ub_keeps_plain_workspace
+    assert "base.py 85-92" in bridge.sources["te_ub_keeps_plain_workspace"] and "92c8482e" in bridge.version
+    on_bridge = TrainingSetup(runtime="megatron", precision="bf16-mixed", runtime_version="92c8482e")
+    ub = CommSetup(tp=2, tp_overlap="tp-comm-overlap")
+    te = 32 * MIB + 1024
+    assert afterstep.te_workspaces(newer, H100, TE, ub) == (te, 3 * te)
+    assert afterstep.te_workspaces(bridge, H100, on_bridge, ub) == (3 * te,)
+    # without the overlap both keep the one plain workspace
+    assert afterstep.te_workspaces(bridge, H100, on_bridge, CommSetup(tp=2)) == (te,)
+
+
+def test_a_bridge_runs_file_reads_as_bridges_record_and_a_functional_tests_does_not(tmp_path):
+    from planner.models.configs import megatron
+
+    flags = ["--num-layers: 2", "--hidden-size: 256", "--num-attention-heads: 4", "--seq-length: 128",
+             "--max-position-embeddings: 128", "--vocab-size: 1024", "--bf16: true", "--micro-batch-size: 1"]
+    args = "MODEL_ARGS:\n" + "".join(f"  {line}\n" for line in flags)
+    bridge, functional = tmp_path / "bridge.yaml", tmp_path / "functional.yaml"
+    bridge.write_text(args + "PERF_ENV_VARS:\n  NCCL_NVLS_ENABLE: 0\n")
+    functional.write_text("ENV_VARS:\n  CUDA_DEVICE_MAX_CONNECTIONS: 1\n" + args)
+    read = megatron.read(bridge)
+    assert read.modelled.runtime_version == "92c8482e"
+    assert any(note.startswith("runtime version: megatron-core 92c8482e with TransformerEngine v2.9")
+               for note in read.notes)
+    assert not any("d98e8a64" in note for note in read.notes if note.startswith("runtime version:"))
+    assert megatron.read(functional).modelled.runtime_version is None

@@ -90,7 +90,8 @@ def te_workspaces(record: runtimes.RuntimeFacts, device: DeviceInfo, training: T
     te = TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES
     grouped = record.te_grouped_gemm_workspaces if getattr(training, "te_grouped_gemm", False) else 0
     overlapped = te_userbuffers.workspace_bytes(te, comm, training) if training is not None else 0
-    return (te,) * (1 + grouped) + ((overlapped,) if overlapped else ())
+    plain = 1 if not overlapped or record.te_ub_keeps_plain_workspace else 0  # TE v2.9: the 3x in its place
+    return (te,) * (plain + grouped) + ((overlapped,) if overlapped else ())
 
 
 def local_spec(training: TrainingSetup) -> bool:

@@ -3,6 +3,8 @@ the file and version it was read from (RuntimeFacts.sources)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PIPELINE
@@ -117,7 +119,7 @@ def megatron() -> RuntimeFacts:
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
-        te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, side_communicators=True,
+        te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, te_ub_keeps_plain_workspace=True, side_communicators=True,
         sources={
             "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
                            "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"
@@ -369,9 +371,32 @@ def megatron() -> RuntimeFacts:
                                 "and 4329ff84 (pinned at d98e8a64), the same lines; v2.9 made the 3 x workspace in "
                                 "initialize_ub in place of the plain one (module/base.py 278-286): one fewer there "
                                 "(docs/framework-facts.md §158)",
+            "te_ub_keeps_plain_workspace": "TransformerEngine 4220403e / 4329ff84 (the revisions Megatron-LM 4828d651 "
+                                           "and d98e8a64 pin): cpp_extensions/gemm.py 43-52 lru-caches "
+                                           "get_cublas_workspace per (device, ub), and initialize_ub makes no "
+                                           "workspace; module/linear.py 771-797 (a row-parallel linear's weight-"
+                                           "gradient GEMM without a communicator takes the plain one): both "
+                                           "allocated (docs/framework-facts.md §158, §160)",
             "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
                                    "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
                                    "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "
                                    "Megatron-LM 6e091e1b's pyproject.toml pins; the same at 4329ff84 (2026-08-04), "
                                    f"pinned at {MEGATRON_V}",
         })
+
+
+# Megatron-Bridge 25.11's megatron-core (its 3rdparty/Megatron-LM at 00b7660b) with the TE its container holds,
+# v2.9: the record above but where that TE's code differs from the newer one's (docs/framework-facts.md §160)
+BRIDGE_MCORE = "92c8482e"
+TE_V29_UB_WORKSPACE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/module/base.py 85-92 (get_workspace: "
+                       "the one plain workspace), 278-286 (initialize_ub: _cublas_workspace = get_workspace()."
+                       "repeat(_NUM_MAX_UB_STREAMS), the plain tensor dropped for it), module/linear.py 312, 715 (every "
+                       "GEMM takes get_workspace(): the 3x one); no per-ub lru cache in cpp_extensions/gemm.py there")
+
+
+def megatron_bridge() -> RuntimeFacts:
+    """Megatron-LM's record as Megatron-Bridge 25.11 runs it: megatron-core 92c8482e, TransformerEngine v2.9."""
+    record = megatron()
+    return replace(record, version=f"megatron-core {BRIDGE_MCORE} (Megatron-Bridge 25.11, TE v2.9)",
+                   te_ub_keeps_plain_workspace=False,
+                   sources={**record.sources, "te_ub_keeps_plain_workspace": TE_V29_UB_WORKSPACE})
