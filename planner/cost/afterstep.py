@@ -16,7 +16,9 @@ runtime keeps past the step, each from its record (planner/cost/runtimes.py):
   TE's userbuffers (--tp-comm-overlap, `te_ub_workspaces`) one allocation of three of that size
   for the overlapped GEMMs beside the plain one (te_userbuffers.py);
 - under the local spec (`local_spec_buffer`, TrainingSetup.local_layers), Megatron-core's global
-  memory buffer: DotProductAttention's baddbmm input, made at the first forward and never freed.
+  memory buffer: DotProductAttention's baddbmm input, made at the first forward and never freed; under
+  every spec (`output_layer_buffer`) the same buffer on the rank holding the last stage where sequence
+  parallelism runs at TP > 1: the output layer's all-gathered input.
 
 The activations, the pipeline's receive buffers and the loss are gone by then. The peak does not
 read this: during the step the chunks' inputs are the ones the schedule already holds.
@@ -88,7 +90,8 @@ def te_workspaces(record: runtimes.RuntimeFacts, device: DeviceInfo, training: T
     te = TE_WORKSPACE_SM90_BYTES if sm90 else TE_WORKSPACE_BEFORE_SM90_BYTES
     grouped = record.te_grouped_gemm_workspaces if getattr(training, "te_grouped_gemm", False) else 0
     overlapped = te_userbuffers.workspace_bytes(te, comm, training) if training is not None else 0
-    return (te,) * (1 + grouped) + ((overlapped,) if overlapped else ())
+    plain = 1 if not overlapped or record.te_ub_keeps_plain_workspace else 0  # TE v2.9: the 3x in its place
+    return (te,) * (plain + grouped) + ((overlapped,) if overlapped else ())
 
 
 def local_spec(training: TrainingSetup) -> bool:
@@ -96,45 +99,64 @@ def local_spec(training: TrainingSetup) -> bool:
     return getattr(training, "local_layers", False) and runtimes.of(training).local_spec_buffer
 
 
-def global_buffer_bytes(training: TrainingSetup, profile: Profile) -> int:
-    """Megatron-core's global memory buffer under its local spec (the record's local_spec_buffer: one tensor a
-    name and dtype, made again only larger, never freed): DotProductAttention's baddbmm input, micro-batch x
-    heads / TP x s x s, and under sequence parallelism at TP > 1 the linears' all-gathered input, s x
-    micro-batch x hidden, share the name "mpu": the larger, in the activations' dtype. Every rank's blocks
-    make it (a rank without a decoder block would not: not told apart). 0 where the setup runs no local spec,
-    or the profile is not of a cuda device (torch.empty on torch.cuda.current_device(), utils.py 746-751)."""
-    if not local_spec(training) or profile.device.type != "cuda":
+def holds_last_stage(rank: int | None, pipeline) -> bool:
+    """Whether pipeline rank `rank` holds the last stage, so the output layer (None: not a rank's question, e.g.
+    what every rank keeps): the last rank, rank 0 under a V-placed schedule (schedules._V_PLACED: ZBV, DualPipeV
+    put the last stage beside the first)."""
+    if rank is None:
+        return False
+    return rank == (0 if pipeline.schedule in ("ZBV", "DualPipeV") else pipeline.stages - 1)
+
+
+def global_buffer_bytes(training: TrainingSetup, profile: Profile, *, holds_output: bool = False) -> int:
+    """Megatron-core's global memory buffer (one tensor a name and dtype, made again only larger, never freed,
+    utils.py GlobalMemoryBuffer). Under its local spec (the record's local_spec_buffer) every rank's blocks make
+    it: DotProductAttention's baddbmm input, micro-batch x heads / TP x s x s, and under sequence parallelism at
+    TP > 1 the linears' all-gathered input, s / CP x micro-batch x hidden, share the name "mpu": the larger, in
+    the activations' dtype (a rank without a decoder block would not: not told apart). Under every spec (the
+    record's output_layer_buffer) the rank holding the output layer (`holds_output`) makes the gathered one under
+    sequence parallelism at TP > 1: the output layer is megatron-core's own ColumnParallelLinear. 0 elsewhere,
+    or where the profile is not of a cuda device (torch.empty on torch.cuda.current_device(), utils.py 746-751)."""
+    if profile.device.type != "cuda":
         return 0
+    record = runtimes.of(training)
+    local = local_spec(training)
     shape = profile.assumptions
+    gathers = int(shape.get("tp", 1)) > 1 and bool(shape.get("sp"))
+    if not local and not (holds_output and gathers and record.output_layer_buffer):
+        return 0
     model = shape.get("model") or {}
     if not {"seq_len", "micro_batch_size", "dtype"} <= set(shape) or not {"num_heads", "hidden_size"} <= set(model):
-        raise UserError("--local-layers sizes the local spec's attention buffer from the profile's heads, sequence "
-                        "and micro-batch, which this profile does not record: profile the model with --arch or "
-                        "read it with --from-megatron")
-    if shape.get("attention", "eager") != "eager":  # DotProductAttention makes and keeps the s x s scores
+        what = ("--local-layers sizes the local spec's attention buffer" if local else
+                "Megatron-core's output layer under sequence parallelism keeps its gathered input, sized")
+        raise UserError(f"{what} from the profile's heads, sequence and micro-batch, which this profile does not "
+                        "record: profile the model with --arch or read it with --from-megatron")
+    if local and shape.get("attention", "eager") != "eager":  # DotProductAttention makes and keeps the s x s scores
         raise UserError("--local-layers runs the local spec's DotProductAttention, which keeps the s x s scores, and "
                         "this profile's attention is flash: profile it with --attention eager (--from-megatron "
                         "reads --transformer-impl local so)")
     tp, seq, mbs = int(shape.get("tp", 1)), int(shape["seq_len"]), int(shape["micro_batch_size"])
-    scores = mbs * int(model["num_heads"]) // tp * seq * seq
-    gathered = seq * mbs * int(model["hidden_size"]) if tp > 1 and shape.get("sp") else 0
+    scores = mbs * int(model["num_heads"]) // tp * seq * seq if local else 0
+    gathered = seq // int(shape.get("cp", 1) or 1) * mbs * int(model["hidden_size"]) if gathers else 0
     return max(scores, gathered) * DTYPE_BYTES[shape["dtype"]]
 
 
-def first_forward_bytes(training: TrainingSetup, profile: Profile, comm: CommSetup | None = None) -> int:
+def first_forward_bytes(training: TrainingSetup, profile: Profile, comm: CommSetup | None = None, *,
+                        holds_output: bool = False) -> int:
     """What the runtime makes at its first forward and keeps to the end: the cuBLAS workspaces
-    (workspace_bytes; with `comm`, TE's userbuffers' too) and, under Megatron-core's local spec, its global
-    buffer (global_buffer_bytes)."""
+    (workspace_bytes; with `comm`, TE's userbuffers' too) and Megatron-core's global buffer (global_buffer_bytes;
+    `holds_output`: on the rank holding the output layer)."""
     record = runtimes.of(training)
     return workspace_bytes(record, profile.device, training, comm) \
-        + global_buffer_bytes(training, profile)
+        + global_buffer_bytes(training, profile, holds_output=holds_output)
 
 
 def after_step_bytes(static: float, first_layers: Sequence[LayerCost], stages: Sequence[int], *,
-                     training: TrainingSetup, profile: Profile, comm: CommSetup | None = None) -> int:
+                     training: TrainingSetup, profile: Profile, comm: CommSetup | None = None,
+                     holds_output: bool = False) -> int:
     """Allocated after the optimizer step on a rank holding pipeline `stages` (their first layers
-    `first_layers`): its static bytes and what its runtime keeps past the step (`comm`: the setup's, for TE's
-    userbuffers' workspace)."""
+    `first_layers`; `holds_output`: the last stage among them): its static bytes and what its runtime keeps past
+    the step (`comm`: the setup's, for TE's userbuffers' workspace)."""
     record = runtimes.of(training)
     return int(round(static)) + kept_inputs_bytes(first_layers, stages, record) \
-        + first_forward_bytes(training, profile, comm)
+        + first_forward_bytes(training, profile, comm, holds_output=holds_output)

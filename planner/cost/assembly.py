@@ -16,6 +16,7 @@ from planner.cost import (
     nccl_buffers,
     runtimes,
     te_offload,
+    te_userbuffers,
 )
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.rules import (
@@ -221,12 +222,12 @@ def fragmentation(pipeline: PipelineSetup, *, device_type: str) -> float:
 
 
 def workspace_bytes(stage: int, ctx: Context) -> int:
-    """The communication library's buffers on the rank holding `stage` (cuda): NCCL's, per communicator the rank
-    uses (nccl_buffers.rank_buffers), and AsyncTP's symmetric workspace. gloo on cpu allocates in the tensors'
-    memory: nothing."""
+    """The communication libraries' buffers on the rank holding `stage` (cuda; gloo on cpu: nothing): NCCL's per
+    communicator (nccl_buffers.rank_buffers), AsyncTP's symmetric workspace, TE's userbuffers (te_userbuffers)."""
     if ctx.device_type != "cuda":
         return 0
-    return sum(communicator_bytes(stage, ctx).values()) + async_tp_workspace_bytes(ctx)
+    return sum(communicator_bytes(stage, ctx).values()) + async_tp_workspace_bytes(ctx) \
+        + te_userbuffers.buffer_bytes(ctx.setup.comm, ctx.setup.training, ctx.profile.assumptions)
 
 
 def communicator_bytes(stage: int, ctx: Context) -> dict[str, int]:
@@ -260,16 +261,15 @@ def limit_bytes(stage: int, ctx: Context) -> int:
         return cap
     return int(allocator.allocated_limit(cap - workspace_bytes(stage, ctx),
                                          fragmentation(ctx.setup.pipeline, device_type=ctx.device_type))) \
-        - cublas_workspaces_bytes(ctx)
+        - cublas_workspaces_bytes(ctx, stage)
 
 
-def cublas_workspaces_bytes(ctx: Context) -> int:
-    """The cuBLAS workspaces a rank's runtime keeps from its first matmul to the end (afterstep.workspace_bytes:
-    torch's, taken through the caching allocator, aten/src/ATen/cuda/CublasHandlePool.cpp getNewWorkspace, and
-    Transformer Engine's, a torch.empty), and under Megatron-core's local spec its global buffer, kept from the
-    first forward (afterstep.global_buffer_bytes): allocated bytes, so in what torch.cuda.max_memory_allocated
-    reports and Megatron-LM logs. 0 on cpu and where the runtime's record charges none."""
-    return afterstep.first_forward_bytes(ctx.setup.training, ctx.profile, ctx.setup.comm)
+def cublas_workspaces_bytes(ctx: Context, rank: int | None = None) -> int:
+    """The cuBLAS workspaces a rank's runtime keeps from its first matmul to the end (afterstep.workspace_bytes: torch's,
+    CublasHandlePool.cpp getNewWorkspace; TE's, a torch.empty) and Megatron-core's global buffer (global_buffer_bytes;
+    the output layer's where `rank` holds the last stage, None: every rank's): allocated bytes, in Megatron's log."""
+    return afterstep.first_forward_bytes(ctx.setup.training, ctx.profile, ctx.setup.comm,
+                                         holds_output=afterstep.holds_last_stage(rank, ctx.setup.pipeline))
 
 
 def host_cap_bytes(data_parallel: DataParallelSetup, *, pipeline: PipelineSetup) -> int | None:

@@ -33,8 +33,9 @@ for each in docs/framework-facts.md §43:
   fp32 copy of the bf16 logits and works in place on it, saving it (the runtime's loss region, kept_x the
   logits' bytes, here 2); the logits are dropped once the loss is made; its backward hands the fp32 gradient
   (the same storage) to `.float()`'s backward, which makes the bf16 logits' gradient and drops the fp32 one;
-- the cuBLAS workspaces (torch's, Transformer Engine's: afterstep.workspace_bytes) and, under Megatron-core's
-  local spec, its global buffer (afterstep.global_buffer_bytes) are made at the first forward and kept.
+- the cuBLAS workspaces (torch's, Transformer Engine's: afterstep.workspace_bytes) and Megatron-core's global
+  buffer (afterstep.global_buffer_bytes: the local spec's, the last stage's output layer's) are made at the
+  first forward and kept.
 
 The layers' own allocations are each layer's AllocRecord for its recompute option (as reserve.py plays
 them, planner/cost/reserve.py _Step), holding what Transformer Engine's layers save where the cost model charges
@@ -93,7 +94,7 @@ class MegatronStatic:
     weight_scale: tuple[float, ...] = ()
     te_weight_copies: tuple[int, ...] = ()  # per layer, TE's cached FP8 weight copy, made at the first forward
     chunk_layers: tuple[int, ...] = ()  # layers a model chunk, chunk 0 first (each its own DDP); (): one chunk
-    global_buffer: int = 0  # Megatron-core's global buffer under its local spec, made at the first forward
+    global_buffer: int = 0  # Megatron-core's global buffer (afterstep.global_buffer_bytes), made at the first forward
 
 
 def replays(setup: TrainSetup) -> bool:
@@ -437,7 +438,8 @@ def static_of(layers: Sequence[LayerProfile], cost, *, stage: int, profile: Prof
         clone_ratio=1 / k if master else 0.0,
         rest_bytes=int(max(0.0, cost.static_bytes - made) + batch_bytes(profile, stage, setup)),
         workspaces=_workspaces(setup.training, profile, setup.comm), weight_scale=scale, te_weight_copies=copies,
-        chunk_layers=chunk_layers, global_buffer=afterstep.global_buffer_bytes(setup.training, profile))
+        chunk_layers=chunk_layers, global_buffer=afterstep.global_buffer_bytes(
+            setup.training, profile, holds_output=afterstep.holds_last_stage(stage, setup.pipeline)))
 
 
 def _workspaces(training, profile: Profile, comm=None) -> tuple[int, ...]:

@@ -143,7 +143,7 @@ def static_of(layers: Sequence[LayerProfile], cost, *, profile: Profile, setup: 
     units = [layer.elements for layer in made if layer.unit]
     return FsdpStatic(layers=made, rest_bytes=int(max(0, cost.static_bytes - held) + batch_bytes(profile, 0, setup)),
                       workspaces=_workspaces(setup.training, profile, setup.comm),
-                      global_buffer=afterstep.global_buffer_bytes(setup.training, profile),
+                      global_buffer=afterstep.global_buffer_bytes(setup.training, profile, holds_output=True),
                       queue_capacity=megatron_fsdp.comm_unit_elements(units, setup) if units else None)
 
 

@@ -219,6 +219,15 @@ class RuntimeFacts:
     from the global memory buffer, made at the first forward at the attention scores' size and kept, which the
     sequence-parallel linears' gathered input shares (afterstep.global_buffer_bytes). False: not read,
     --transformer-impl local refused."""
+    output_layer_buffer: bool = False
+    """The output layer is the runtime's own column-parallel linear under every layer spec (Megatron-core's
+    ColumnParallelLinear, not TE's), which under sequence parallelism at TP > 1 all-gathers its input into the
+    global memory buffer (name "mpu") and keeps it: seq / CP x micro-batch x hidden in the activations' dtype on
+    the rank holding the last stage, from its first forward (afterstep.global_buffer_bytes)."""
+    te_ub_keeps_plain_workspace: bool = False
+    """Under TE's userbuffers, whether the plain workspace stays allocated beside the te_ub_workspaces one (TE 2.16:
+    get_cublas_workspace lru-caches them apart); False: the te_ub_workspaces one in its place (TE v2.9's
+    initialize_ub replaces the plain one by its repeat, module/base.py 278-286)."""
     te_ub_workspaces: int = 0
     """Under Transformer Engine's userbuffers (the setup's tp_overlap "tp-comm-overlap" at TP > 1), the workspaces
     of TE's size its overlapped GEMMs take in one allocation kept beside the plain one (te_userbuffers.py); 0: none

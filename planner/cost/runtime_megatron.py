@@ -3,6 +3,8 @@ the file and version it was read from (RuntimeFacts.sources)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PIPELINE
@@ -106,7 +108,7 @@ def megatron() -> RuntimeFacts:
         stage_input_in_receive_buffer=False, input_receive_buffers="one", output_grad_buffers_per_microbatch=False,
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False, logits_held_in_backward="never",
         recompute_whole_forward=True, overlaps_grad_reduce=True, fsdp_units="megatron-fsdp", prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
-        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True,
+        cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True, output_layer_buffer=True,
         step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
@@ -117,7 +119,7 @@ def megatron() -> RuntimeFacts:
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
-        te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, side_communicators=True,
+        te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, te_ub_keeps_plain_workspace=True, side_communicators=True,
         sources={
             "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
                            "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"
@@ -350,6 +352,15 @@ def megatron() -> RuntimeFacts:
                                  "buffer (megatron/core/tensor_parallel/layers.py 623-629, 667-673); the local linear is "
                                  "torch.matmul (layers.py 451-462, 683, 782): no TE GEMM, so no TE workspace; "
                                  f"{MEGATRON_V}",
+            "output_layer_buffer": "megatron/core/models/gpt/gpt_model.py 272-293 (the output layer is "
+                                   "tensor_parallel.ColumnParallelLinear under every spec; TE's "
+                                   "TELMHeadColumnParallelLinear only under MXFP8's output projection); "
+                                   "tensor_parallel/layers.py 623-629 (forward) and 667-673 (the weight gradient's "
+                                   "gather) under sequence_parallel: get_global_memory_buffer().get_tensor((s x "
+                                   "tp, b, h), input.dtype, 'mpu'); utils.py 727-753 (GlobalMemoryBuffer: one tensor "
+                                   f"a (name, dtype), never freed), {MEGATRON_V}; the same at 4828d651 (layers.py "
+                                   "503, 540; G10's golden memory) and 92c8482e (layers.py 486; Megatron-Bridge "
+                                   "25.11) (docs/framework-facts.md §160)",
             **FUSED_LOSS_AND_GROUPED_GEMM_SOURCES,
             "te_ub_workspaces": "transformer_engine/pytorch/cpp_extensions/gemm.py 31 (_NUM_MAX_UB_STREAMS = 3), "
                                 "43-52 (get_cublas_workspace(device, ub=True, ...): one torch.empty of 3 x TE's "
@@ -360,9 +371,32 @@ def megatron() -> RuntimeFacts:
                                 "and 4329ff84 (pinned at d98e8a64), the same lines; v2.9 made the 3 x workspace in "
                                 "initialize_ub in place of the plain one (module/base.py 278-286): one fewer there "
                                 "(docs/framework-facts.md §158)",
+            "te_ub_keeps_plain_workspace": "TransformerEngine 4220403e / 4329ff84 (the revisions Megatron-LM 4828d651 "
+                                           "and d98e8a64 pin): cpp_extensions/gemm.py 43-52 lru-caches "
+                                           "get_cublas_workspace per (device, ub), and initialize_ub makes no "
+                                           "workspace; module/linear.py 771-797 (a row-parallel linear's weight-"
+                                           "gradient GEMM without a communicator takes the plain one): both "
+                                           "allocated (docs/framework-facts.md §158, §160)",
             "te_cublas_workspace": "--transformer-impl transformer_engine (the test cases' model_config.yaml); "
                                    "transformer_engine/pytorch/cpp_extensions/gemm.py 34-60 (get_cublas_workspace, "
                                    "lru-cached per device), TransformerEngine f8a01cd5 (2026-05-29), the revision "
                                    "Megatron-LM 6e091e1b's pyproject.toml pins; the same at 4329ff84 (2026-08-04), "
                                    f"pinned at {MEGATRON_V}",
         })
+
+
+# Megatron-Bridge 25.11's megatron-core (its 3rdparty/Megatron-LM at 00b7660b) with the TE its container holds,
+# v2.9: the record above but where that TE's code differs from the newer one's (docs/framework-facts.md §160)
+BRIDGE_MCORE = "92c8482e"
+TE_V29_UB_WORKSPACE = ("TransformerEngine v2.9 (70f53666) transformer_engine/pytorch/module/base.py 85-92 (get_workspace: "
+                       "the one plain workspace), 278-286 (initialize_ub: _cublas_workspace = get_workspace()."
+                       "repeat(_NUM_MAX_UB_STREAMS), the plain tensor dropped for it), module/linear.py 312, 715 (every "
+                       "GEMM takes get_workspace(): the 3x one); no per-ub lru cache in cpp_extensions/gemm.py there")
+
+
+def megatron_bridge() -> RuntimeFacts:
+    """Megatron-LM's record as Megatron-Bridge 25.11 runs it: megatron-core 92c8482e, TransformerEngine v2.9."""
+    record = megatron()
+    return replace(record, version=f"megatron-core {BRIDGE_MCORE} (Megatron-Bridge 25.11, TE v2.9)",
+                   te_ub_keeps_plain_workspace=False,
+                   sources={**record.sources, "te_ub_keeps_plain_workspace": TE_V29_UB_WORKSPACE})

@@ -37,7 +37,10 @@ AFTER_STEP_NOT_READ = {
     "keeps_last_input_and_grad": "not read for this runtime (nothing charged after the step)",
     "te_cublas_workspace": "the runtime's layers are not Transformer Engine's",
     "local_spec_buffer": "no Megatron-core local spec in this runtime (--transformer-impl local refused)",
+    "output_layer_buffer": "not read for this runtime (no Megatron-core global memory buffer charged on its last "
+                           "stage)",
     "te_ub_workspaces": "the runtime runs no Transformer Engine userbuffers (tp_overlap)",
+    "te_ub_keeps_plain_workspace": "the runtime runs no Transformer Engine userbuffers (tp_overlap)",
     "te_grouped_gemm_workspaces": "the runtime's experts do not run Transformer Engine's grouped GEMM (refused)",
     "te_window_offload": "the runtime's activation offload is ckplan's per-layer option (no Transformer Engine "
                          "offload handler)",

@@ -372,7 +372,7 @@ def _colossalai(version: str) -> RuntimeFacts:
 # The versions a setup may name per runtime, newest (the default) first.
 VERSIONS: dict[str, tuple[str, ...]] = {
     "ckplan": ("current",),
-    "megatron": ("d98e8a64",),
+    "megatron": ("d98e8a64", runtime_megatron.BRIDGE_MCORE),  # the second: Megatron-Bridge 25.11's (TE v2.9)
     "torchtitan": ("b5bcd76c", "2c8b5947", "bbb1b616", "9dec370"),
     "deepspeed": ("edaa7221", "56c52238"),
     "colossalai": ("hf-4.46", "hf-4.3x"),
@@ -398,6 +398,8 @@ def facts(runtime: str, version: str | None = None) -> RuntimeFacts:
         return _colossalai(chosen)
     if runtime == "deepspeed":
         return _deepspeed(chosen)
+    if runtime == "megatron" and chosen == runtime_megatron.BRIDGE_MCORE:
+        return runtime_megatron.megatron_bridge()
     return {"ckplan": _ckplan, "megatron": runtime_megatron.megatron}[runtime]()
 
 

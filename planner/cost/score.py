@@ -146,7 +146,7 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     end = step_end_bytes(order, rank, held, last_output_bytes=logits, training=setup.training)
     total = max(total, int(round(step_end_peak_bytes(static + buffers, late_grad_bytes=sum(lazy), end_bytes=end))))
     ctx = Context(profile, setup)
-    cublas = cublas_workspaces_bytes(ctx)  # kept from the first matmul: at every moment, the peak's included
+    cublas = cublas_workspaces_bytes(ctx, rank)  # kept from the first matmul: at every moment, the peak's included
     total += cublas
     cuda = ctx.device_type == "cuda"
     reserved = allocator.reserved_bytes(total, fragmentation(setup.pipeline, device_type="cuda")) if cuda else None
@@ -164,7 +164,8 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
         reserved_bytes=reserved,
         workspace_bytes=workspace_bytes(rank, ctx), nccl_buffers=communicator_bytes(rank, ctx),
         after_step_bytes=afterstep.after_step_bytes(static, [chunks[k][0][0] for k in stages], stages,
-                                                    training=setup.training, profile=profile, comm=setup.comm))
+                                                    training=setup.training, profile=profile, comm=setup.comm,
+                                                    holds_output=last in stages))
 
 
 def late_gradients(order: schedules.Schedule, rank: int, chunks, setup: TrainSetup) -> list[float]:

@@ -26,6 +26,7 @@ from planner.models.configs.megatron_files import (
     yaml_pairs,
 )
 from planner.models.configs.megatron_flags import (
+    BRIDGE_VERSION_NOTE,
     DEFAULT_RECOMPUTE_MODULES,
     EAGER_BACKENDS,
     GPT2_VOCAB,
@@ -72,6 +73,8 @@ def read(path: Path) -> Job:
     job = from_pairs(pairs, where, files)
     for key, value in launch.items():
         setattr(job.modelled, key, value)
+    if "runtime_version" in launch:  # a Megatron-Bridge run's record (megatron_flags.launch_settings)
+        job.notes = [BRIDGE_VERSION_NOTE if n.startswith("runtime version:") else n for n in job.notes]
     for name, value, status, what in extras:
         job.said(name, value, status, what)
     job.world_size = world

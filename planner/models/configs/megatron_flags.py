@@ -416,10 +416,22 @@ def launch_expandable_segments(data: object) -> bool | None:
     return alloc_conf(env[ALLOC_CONF])[0] if isinstance(env, dict) and ALLOC_CONF in env else None
 
 
+# A Megatron-Bridge 25.11 performance run (a file with its executor's PERF_ENV_VARS, as configs/megatron-bridge
+# writes them) runs megatron-core 92c8482e with TransformerEngine v2.9: the Megatron record's version for it
+# (planner/cost/runtime_megatron.py megatron_bridge; runtimes.VERSIONS refuses a version not read)
+BRIDGE_RUNTIME_VERSION = "92c8482e"
+BRIDGE_VERSION_NOTE = ("runtime version: megatron-core 92c8482e with TransformerEngine v2.9 (Megatron-Bridge 25.11), "
+                       "since the file holds Bridge's PERF_ENV_VARS (planner/cost/runtime_megatron.py megatron_bridge)")
+
+
 def launch_settings(data: object) -> dict:
-    """The JobSettings a model_config.yaml's launch sets (ENV_VARS over the functional tests' launcher)."""
+    """The JobSettings a model_config.yaml's launch sets (ENV_VARS over the functional tests' launcher; a Bridge
+    run's PERF_ENV_VARS: its runtime version too)."""
+    bridge = isinstance(data, dict) and isinstance(data.get("MODEL_ARGS"), dict) and isinstance(
+        data.get(PERF_ENV_VARS), dict)
     return {"nccl_ring_simple": launch_forces_ring_simple(data), "nccl_nvls_off": launch_disables_nvls(data),
-            "expandable_segments": launch_expandable_segments(data)}
+            "expandable_segments": launch_expandable_segments(data),
+            **({"runtime_version": BRIDGE_RUNTIME_VERSION} if bridge else {})}
 
 
 def _alloc_conf_said(setting: object) -> tuple[str, str]:
