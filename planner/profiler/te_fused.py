@@ -154,21 +154,55 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
 def fused_classes(arch, shape) -> tuple[Counter, Counter]:
     """(forward, backward) eager bytes by op class (membound.OP_CLASSES) that the fused kernels replace in a dense
     block: the eager RMSNorms (class norm), rotary (attention) and SwiGLU or GELU (activation), each the fused
-    kernel's bytes plus what fused_bytes_saved cuts; empty for a latent-attention block (te_mla's latent norms and
-    rotary are not split by class here: its eager rest stays unclassed, at the eager mean)."""
-    if arch.mla:
-        return Counter(), Counter()
+    kernel's bytes plus what fused_bytes_saved cuts; a latent-attention block's latent norms, rotary and
+    transformers' copies in their eager classes (te_mla.eager_classes) in place of rotary's."""
     T, h = shape.tokens, arch.hidden_size
     rows, f = T // shape.sp_div, arch.intermediate_size // shape.tp
-    rotated = T * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape)) if arch.rotates else 0
-    rotary = Counter(attention=analytic_time.ROTARY_FWD * rotated), Counter(attention=analytic_time.ROTARY_BWD * rotated)
+    rotary = _rope_classes(arch, shape)
     if arch.style == "gpt":
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
         return rotary[0] + Counter(activation=act_fwd * T * f), rotary[1] + Counter(activation=act_bwd * T * f)
-    norm_fwd = 2 * (analytic_time.NORM_FWD * rows * h + analytic_time.NORM_FWD_TOKEN * rows)
-    norm_bwd = 2 * (analytic_time.NORM_BWD * rows * h + analytic_time.NORM_BWD_TOKEN * rows)
-    return (rotary[0] + Counter(norm=norm_fwd, activation=analytic_time.SWIGLU_FWD * T * f),
-            rotary[1] + Counter(norm=norm_bwd, activation=analytic_time.SWIGLU_BWD * T * f))
+    norms = _norm_classes(rows, h)
+    return (rotary[0] + norms[0] + Counter(activation=analytic_time.SWIGLU_FWD * T * f),
+            rotary[1] + norms[1] + Counter(activation=analytic_time.SWIGLU_BWD * T * f))
+
+
+def _rope_classes(arch, shape) -> tuple[Counter, Counter]:
+    """(forward, backward) eager bytes by class of what TE's fused rotary replaces: the rotation of Q and K
+    (attention), or a latent attention's norms, rotary and copies (te_mla.eager_classes)."""
+    if arch.mla:
+        return te_mla.eager_classes(arch, shape)
+    rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape)) if arch.rotates else 0
+    return +Counter(attention=analytic_time.ROTARY_FWD * rotated), +Counter(attention=analytic_time.ROTARY_BWD * rotated)
+
+
+def _norm_classes(rows: int, h: int) -> tuple[Counter, Counter]:
+    """(forward, backward) eager bytes (class norm) of the block's two RMSNorms, which TE's norm replaces."""
+    return (Counter(norm=2 * (analytic_time.NORM_FWD * rows * h + analytic_time.NORM_FWD_TOKEN * rows)),
+            Counter(norm=2 * (analytic_time.NORM_BWD * rows * h + analytic_time.NORM_BWD_TOKEN * rows)))
+
+
+def moe_classes(arch, shape) -> tuple[Counter, Counter]:
+    """(forward, backward) eager bytes by op class that a MoE block's fused kernels replace (_moe_time's cut and
+    fused bytes, split): the two norms (norm), rotary as _rope_classes (or, under YaRN's unfused rotary, the eager
+    rotation less Megatron's own eager one: attention, negative where Megatron's moves more), and te_moe.moe_classes'
+    router, permutations, activations and q/k norms. A class may be negative (Counter.update keeps it)."""
+    from planner.profiler import te_moe, te_moe_eager
+
+    rows = shape.tokens // shape.sp_div
+    if te_moe_eager.unfused_rotary(arch):
+        rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
+        rope = (Counter(attention=(analytic_time.ROTARY_FWD - te_moe_eager.UNFUSED_ROPE_FWD) * rotated),
+                Counter(attention=(analytic_time.ROTARY_BWD - te_moe_eager.UNFUSED_ROPE_BWD) * rotated))
+    else:
+        rope = _rope_classes(arch, shape)
+    classes = []
+    for parts in zip(_norm_classes(rows, arch.hidden_size), rope, te_moe.moe_classes(arch, shape)):
+        replaced = Counter()
+        for part in parts:
+            replaced.update(part)
+        classes.append(replaced)
+    return classes[0], classes[1]
 
 
 def _on_fused(done: Work, cut: int, moved: int, replaced: Counter) -> Work:
@@ -188,11 +222,26 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
     """A MoE block's passes on Megatron-core's fused kernels: the two norms and rotary as a dense block's
     (fused_bytes_saved's LLaMA terms, the MLP's SwiGLU left out), the router, permutations, experts'
     activation and q/k norms as te_moe.py counts them; Q/K/V as one GEMM, each local expert's gate and up as
-    linear_fc1's one GEMM (TE GroupedLinear); its Float8 record under TE's current scaling (te_moe_float8.py)."""
-    from planner.profiler import te_moe, te_moe_eager, te_moe_float8
+    linear_fc1's one GEMM (TE GroupedLinear); its Float8 record under TE's current scaling (te_moe_float8.py). The
+    eager rest keeps its op classes less those the fused kernels replace (moe_classes), as a dense block's."""
+    from planner.profiler import te_moe, te_moe_float8
 
     if not te_moe.counts_moe(arch, shape):
         return None
+    fwd, bwd, rerun = moe_passes(arch, shape, passes)
+    kernels_gpu = te_mla.attention_gpu(gpu) if arch.mla else te_attention_gpu(gpu)
+    fp8 = None if arch.mla else te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
+    fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=True, fused_gemms=_fused_gemms, prefix=prefix)
+    return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
+                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
+                                         **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=True,
+                                                                fused_gemms=_fused_gemms)}, float8=fp8)
+
+
+def moe_passes(arch, shape, passes: tuple[Work, Work, Work]) -> tuple[Work, Work, Work]:
+    """A MoE block's (forward, backward, full rerun) on Megatron-core's fused kernels (_moe_time's), before FP8."""
+    from planner.profiler import te_moe, te_moe_eager, te_moe_float8
+
     rows, h = shape.tokens // shape.sp_div, arch.hidden_size
     norm_saved = (2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
                        + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows),
@@ -210,18 +259,12 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
     moe_saved, moe_fused = te_moe.moe_saved(arch, shape), te_moe.moe_fused_bytes(arch, shape)
     saved = tuple(norm_saved[i] + rope[i] + moe_saved[i] for i in (0, 1))
     fused = (norm_fused[0] + rope_fused[0] + moe_fused[0], norm_fused[1] + rope_fused[1] + moe_fused[1])
-    kernels_gpu = te_mla.attention_gpu(gpu) if arch.mla else te_attention_gpu(gpu)
-    fwd, bwd, rerun = (te_moe_float8.grouped_fc1(_fused_gemms(Work(done.flops, max(done.bytes - cut, 0), done.kernels,
-                                                                  min(moved, max(done.bytes - cut, 0))), arch, shape,
-                                                             times), arch, shape, times)
-                       for done, cut, moved, times in zip(passes, (saved[0], saved[1], saved[0]),
-                                                          (fused[0], fused[1], fused[0]), (1, 2, 1)))
-    fp8 = None if arch.mla else te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
-    fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=True, fused_gemms=_fused_gemms, prefix=prefix)
-    return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
-                           recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
-                                         **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=True,
-                                                                fused_gemms=_fused_gemms)}, float8=fp8)
+    replaced = moe_classes(arch, shape)
+    return tuple(te_moe_float8.grouped_fc1(_fused_gemms(_on_fused(done, cut, moved, gone), arch, shape, times),
+                                           arch, shape, times)
+                 for done, cut, moved, gone, times in zip(passes, (saved[0], saved[1], saved[0]),
+                                                          (fused[0], fused[1], fused[0]),
+                                                          (replaced[0], replaced[1], replaced[0]), (1, 2, 1)))
 
 
 def _fused_gemms(done: Work, arch, shape, times: int) -> Work:

@@ -31,6 +31,7 @@ at the block input where the two down projections meet, the residual adds.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 from planner.models.attention_rates import te_attention_gpu
 from planner.profiler import analytic_time, hf_mla, te_bytes
@@ -59,16 +60,24 @@ def latent_norm_elements(arch, shape) -> tuple[int, int]:
     return T * (arch.q_lora_rank + arch.kv_lora_rank), T * (1 + bool(arch.q_lora_rank))
 
 
-def eager_bytes(arch, shape) -> tuple[int, int]:
-    """(forward, backward) bytes the eager count gives what these kernels replace: the latent norms and
-    rotary as analytic_time._projections counts them, and transformers' query cat, key build and output copy
-    with their gradients' copies (hf_mla.py: the fused rotary writes the key and value and rotates the query in
-    place; TE's attention takes and gives sbhd tensors)."""
+def eager_classes(arch, shape) -> tuple[Counter, Counter]:
+    """(forward, backward) bytes by op class (membound.OP_CLASSES) the eager count gives what these kernels
+    replace, as analytic_time._projections classes them: the latent norms (norm) and rotary (attention), and
+    transformers' query cat, key build and output copy with their gradients' copies (hf_mla.py's classes: the
+    fused rotary writes the key and value and rotates the query in place; TE's attention takes and gives sbhd
+    tensors)."""
     elements, _ = latent_norm_elements(arch, shape)
     rotated = shape.tokens * (arch.num_heads // shape.tp * arch.qk_rope_head_dim + arch.qk_rope_head_dim)
-    copies = sum(hf_mla.forward_bytes(arch, shape).values()), sum(hf_mla.backward_bytes(arch, shape).values())
-    return (analytic_time.NORM_FWD * elements + analytic_time.ROTARY_FWD * rotated + copies[0],
-            analytic_time.NORM_BWD * elements + analytic_time.ROTARY_BWD * rotated + copies[1])
+    return (Counter(norm=analytic_time.NORM_FWD * elements, attention=analytic_time.ROTARY_FWD * rotated)
+            + hf_mla.forward_bytes(arch, shape),
+            Counter(norm=analytic_time.NORM_BWD * elements, attention=analytic_time.ROTARY_BWD * rotated)
+            + hf_mla.backward_bytes(arch, shape))
+
+
+def eager_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes the eager count gives what these kernels replace (eager_classes' sums)."""
+    fwd, bwd = eager_classes(arch, shape)
+    return sum(fwd.values()), sum(bwd.values())
 
 
 def fused_bytes(arch, shape) -> tuple[int, int]:

@@ -39,6 +39,8 @@ split sizes' reductions; the all-to-all is the cost model's term.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from planner.profiler import analytic_time, formulas, gptoss_time, te_bytes, te_moe_eager
 
 ROUTER_FWD = ROUTER_BWD = 9  # per (token, expert): fused top-k's logits, probs, map and fp32 intermediate
@@ -61,23 +63,32 @@ def routed_bytes(arch, shape) -> tuple[int, int]:
     return fwd, bwd
 
 
-def eager_routed_bytes(arch, shape) -> tuple[int, int]:
-    """(forward, backward) bytes the eager profile charges the same work: the block's MLP memory-bound
-    bytes (analytic_time._mlp: the router, dispatch and experts; Mixtral's and Qwen3's op by op) less the
-    shared experts', and GPT-OSS's clamped activation beyond SwiGLU (gptoss_time)."""
+def eager_routed_classes(arch, shape) -> tuple[Counter, Counter]:
+    """(forward, backward) bytes by op class (membound.OP_CLASSES) the eager profile charges the same work, as it
+    classes them: the block's MLP memory-bound bytes (analytic_time._mlp: the router, dispatch and experts; Mixtral's
+    and Qwen3's op by op, DeepSeek's hf_moe.py's) less the shared experts' SwiGLU and their output's add, and GPT-OSS's
+    clamped activation beyond SwiGLU (gptoss_time's, activation)."""
     _, fwd, bwd = analytic_time._mlp(arch, shape, True)
-    fwd, bwd = sum(fwd.values()), sum(bwd.values())
+    fwd, bwd = Counter(fwd), Counter(bwd)
     shared = arch.num_shared_experts * arch.shared_intermediate_size // shape.tp
     if shared:
         _, s_fwd, s_bwd = analytic_time._swiglu(shape.tokens, arch.hidden_size, shared)
-        add = analytic_time.ADD * shape.tokens * arch.hidden_size
-        fwd, bwd = fwd - sum(s_fwd.values()) - add, bwd - sum(s_bwd.values()) - add
+        add = Counter(elementwise=analytic_time.ADD * shape.tokens * arch.hidden_size)
+        for passed, own in ((fwd, s_fwd), (bwd, s_bwd)):
+            passed.subtract(own)
+            passed.subtract(add)
     if arch.swiglu_limit:
         slots = arch.num_experts * formulas.expert_tokens(arch, shape)
         f = arch.moe_intermediate_size // shape.tp
-        fwd += (gptoss_time.CLAMPED_SWIGLU_FWD - gptoss_time.SILU_SWIGLU_FWD) * slots * f
-        bwd += (gptoss_time.CLAMPED_SWIGLU_BWD - gptoss_time.SILU_SWIGLU_BWD) * slots * f
+        fwd["activation"] += (gptoss_time.CLAMPED_SWIGLU_FWD - gptoss_time.SILU_SWIGLU_FWD) * slots * f
+        bwd["activation"] += (gptoss_time.CLAMPED_SWIGLU_BWD - gptoss_time.SILU_SWIGLU_BWD) * slots * f
     return fwd, bwd
+
+
+def eager_routed_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes the eager profile charges the same work (eager_routed_classes' sums)."""
+    fwd, bwd = eager_routed_classes(arch, shape)
+    return sum(fwd.values()), sum(bwd.values())
 
 
 def qk_norm_bytes(arch, shape, *, fused: bool) -> tuple[int, int]:
@@ -115,6 +126,25 @@ def moe_saved(arch, shape) -> tuple[int, int]:
     biases, kept = te_moe_eager.eager_expert_bias_bytes(arch, shape), te_moe_eager.eager_bytes(arch, shape)
     return tuple(eager[i] - fused[i] + qk_eager[i] - qk_fused[i] + shared_saved[i] + biases[i] - kept[i]
                  for i in (0, 1))
+
+
+def moe_classes(arch, shape) -> tuple[Counter, Counter]:
+    """(forward, backward) eager bytes by op class that Megatron's fused MoE kernels replace, net of the eager ops
+    Megatron keeps around them (moe_saved + moe_fused_bytes, split): the routed work (eager_routed_classes), the q/k
+    norms (norm), the shared experts' SwiGLU (activation) and the eager profile's repeated expert biases
+    (elementwise, gptoss_time's class), less GPT-OSS's eager clamp and weighted fc2 bias (te_moe_eager.eager_classes),
+    which stay eager ops' in their classes. A class may come out negative (kept above what is replaced)."""
+    routed, kept = eager_routed_classes(arch, shape), te_moe_eager.eager_classes(arch, shape)
+    qk, biases = qk_norm_bytes(arch, shape, fused=False), te_moe_eager.eager_expert_bias_bytes(arch, shape)
+    shared = shared_swiglu_elements(arch, shape)
+    swiglu = analytic_time.SWIGLU_FWD, analytic_time.SWIGLU_BWD
+    classes = []
+    for i in (0, 1):
+        replaced = Counter(routed[i])
+        replaced.update(norm=qk[i], activation=swiglu[i] * shared, elementwise=biases[i])
+        replaced.subtract(kept[i])
+        classes.append(replaced)
+    return classes[0], classes[1]
 
 
 def moe_fused_bytes(arch, shape) -> tuple[int, int]:

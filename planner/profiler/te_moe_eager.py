@@ -37,6 +37,8 @@ routing weights (te_moe.py: the router runs in the input's dtype).
 
 from __future__ import annotations
 
+from collections import Counter
+
 from planner.profiler import formulas, gptoss_time
 
 CLAMP_FWD, CLAMP_BWD = 16, 30  # per element of each copy's f-wide GLU half (the module docstring)
@@ -50,13 +52,21 @@ def _copies(arch, shape) -> int:
     return shape.tokens * arch.num_experts_per_tok
 
 
-def eager_bytes(arch, shape) -> tuple[int, int]:
-    """(forward, backward) bytes of the eager clamp and linear_fc2's weighted bias (the module docstring); none for a
+def eager_classes(arch, shape) -> tuple[Counter, Counter]:
+    """(forward, backward) bytes of the eager clamp and linear_fc2's weighted bias (the module docstring) by op class
+    (membound.OP_CLASSES): the clamp runs in the experts' activation function (activation, as gptoss_time classes the
+    eager profile's clamped SwiGLU), the bias's products, add and cat after linear_fc2 (elementwise); none for a
     block without them."""
     S, f, h = _copies(arch, shape), arch.moe_intermediate_size // shape.tp, arch.hidden_size
     clamp = (CLAMP_FWD * S * f, CLAMP_BWD * S * f) if arch.swiglu_limit else (0, 0)
     bias = (APPLY_BIAS_FWD * S * h, APPLY_BIAS_BWD * S * h) if arch.expert_bias else (0, 0)
-    return clamp[0] + bias[0], clamp[1] + bias[1]
+    return (+Counter(activation=clamp[0], elementwise=bias[0]), +Counter(activation=clamp[1], elementwise=bias[1]))
+
+
+def eager_bytes(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes of the eager clamp and linear_fc2's weighted bias (eager_classes' sums)."""
+    fwd, bwd = eager_classes(arch, shape)
+    return sum(fwd.values()), sum(bwd.values())
 
 
 def act_rerun_bytes(arch, shape) -> int:

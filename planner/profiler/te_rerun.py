@@ -22,7 +22,10 @@ docs/framework-facts.md §33, §104), on the kernels te_fused.py and te_moe.py /
 - `norm-out` (layernorm: the norms that are modules of their own, a latent-attention block's
   input_layernorm and a MoE block's pre_mlp_layernorm, TENorm): each norm's forward on TE's kernel.
 Whole-attention `attn` (no Megatron module) keeps its eager rerun. The bytes no fused kernel moves stay
-at the eager count, uncategorised, as te_fused.te_time's passes have them.
+at the eager count, each in its op class (membound.OP_CLASSES) as the eager rerun has it less the classes' bytes
+the fused kernels replace, as te_fused.te_time's passes keep theirs: a MoE rerun's shared-experts' add
+(elementwise), a GPT block's LayerNormLinear LayerNorm (layer_norm), GPT-OSS's eager clamp in a moe_act rerun
+(activation, te_moe_eager's class). Before, each rebuilt rerun dropped its classes and ran at the eager mean.
 
 Under FP8 (Transformer Engine's current scaling, Megatron-Bridge 25.11's FP8-CS; TE v2.9, megatron-core 92c8482e,
 docs/framework-facts.md §113) `float8_parts` gives the block's Float8 record each part's FP8 rerun beside `full`'s:
@@ -47,8 +50,10 @@ copy (the Hopper transpose, 1 B an element of the module's inputs, not written i
 
 from __future__ import annotations
 
+from collections import Counter
+
 from planner.profiler import analytic_time, float8, te_mla, te_moe, te_moe_eager, te_moe_float8
-from planner.profiler.roofline import Work, roofline_ms
+from planner.profiler.roofline import Work, roofline_ms, work
 from planner.profiler.te_bytes import (
     GELU_FUSED_FWD,
     SWIGLU_FUSED_FWD,
@@ -59,10 +64,14 @@ from planner.profiler.te_bytes import (
 PARTS = ("core-attn", "mla-up", "mlp", "mlp-act", "norm-out")
 
 
-def _replaced(done: Work, eager: int, fused: int) -> Work:
-    """`done` with `eager` of its memory-bound bytes moved as `fused` bytes by fused kernels."""
-    moved = max(done.bytes - eager, 0) + fused
-    return Work(done.flops, moved, done.kernels, min(fused, moved))
+def _replaced(done: Work, replaced: Counter, fused: int) -> Work:
+    """`done` with the eager ops' bytes `replaced` (by op class) moved as `fused` bytes by fused kernels; the eager
+    bytes left keep their classes, less those `replaced` (te_fused._on_fused's way)."""
+    moved = max(done.bytes - sum(replaced.values()), 0) + fused
+    classes = Counter(dict(done.classed))
+    classes.subtract(replaced)
+    return work(done.flops, moved, list(Counter(dict(done.kernels)).elements()), fused_bytes=min(fused, moved),
+                classed=+classes)
 
 
 def te_norm_fwd_bytes(arch, shape) -> int:
@@ -78,25 +87,25 @@ def part_works(arch, shape, *, moe: bool, fused_gemms) -> dict[str, Work]:
     works = {"core-attn": analytic_time.rerun_work(arch, shape, "core-attn")}
     if arch.mla:
         up = analytic_time.rerun_work(arch, shape, "mla-up")
-        works["mla-up"] = _replaced(up, te_mla.eager_bytes(arch, shape)[0], te_mla.fused_bytes(arch, shape)[0])
+        works["mla-up"] = _replaced(up, te_mla.eager_classes(arch, shape)[0], te_mla.fused_bytes(arch, shape)[0])
     if moe:
         mixture = analytic_time.rerun_work(arch, shape, "mlp", moe=True)
         shared = te_moe.shared_swiglu_elements(arch, shape)
-        eager = te_moe.eager_routed_bytes(arch, shape)[0] + analytic_time.SWIGLU_FWD * shared
+        eager = te_moe.eager_routed_classes(arch, shape)[0] + Counter(activation=analytic_time.SWIGLU_FWD * shared)
         fused = te_moe.routed_bytes(arch, shape)[0] + SWIGLU_FUSED_FWD * shared
         works["mlp"] = te_moe_float8.grouped_fc1(fused_gemms(_replaced(mixture, eager, fused), arch, shape, 1),
                                                  arch, shape, 1)
         S, width = T * arch.num_experts_per_tok, arch.moe_intermediate_size // shape.tp
         act = te_moe.WEIGHTED_GLU_FWD * S * width + te_moe.WEIGHT_FWD * S
-        works["mlp-act"] = Work(0, act + te_moe_eager.act_rerun_bytes(arch, shape), (), act)  # + the eager clamp
+        clamp = te_moe_eager.act_rerun_bytes(arch, shape)  # the eager clamp (te_moe_eager's class: activation)
+        works["mlp-act"] = work(0, act + clamp, [], fused_bytes=act, classed={"activation": clamp})
     else:
         dense = analytic_time.rerun_work(arch, shape, "mlp", moe=False)
         if arch.style == "gpt":  # the fused bias-GELU; LayerNormLinear's LayerNorm as te_fused counts it (eager)
-            eager, act = analytic_time.ACT_BYTES[arch.mlp_act][0] * T * f, GELU_FUSED_FWD * T * f
-            norm = analytic_time.rerun_work(arch, shape, "norm")
-            works["mlp"] = _replaced(dense, eager, act) + Work(0, norm.bytes, ())
+            eager, act = Counter(activation=analytic_time.ACT_BYTES[arch.mlp_act][0] * T * f), GELU_FUSED_FWD * T * f
+            works["mlp"] = _replaced(dense, eager, act) + analytic_time.rerun_work(arch, shape, "norm")  # layer_norm
         else:
-            eager, act = analytic_time.SWIGLU_FWD * T * f, SWIGLU_FUSED_FWD * T * f
+            eager, act = Counter(activation=analytic_time.SWIGLU_FWD * T * f), SWIGLU_FUSED_FWD * T * f
             norm = te_norm_fwd_bytes(arch, shape)
             works["mlp"] = fused_gemms(_replaced(dense, eager, act + norm), arch, shape, 1)
         works["mlp-act"] = Work(0, act, (), act)
@@ -127,8 +136,8 @@ def float8_parts(arch, shape, kernels_gpu, *, moe: bool, fused_gemms, prefix: st
         fc2 = [linear for linear in te_moe_float8.expert_linears(arch, shape, prefix) if ".linear_fc2." in linear.fqn]
         quantize = sum(float8.te_input_bytes(linear, kernels_gpu) for linear in fc2)
         act = works["mlp-act"]
-        reruns["mlp-act"] = roofline_ms(Work(act.flops, act.bytes + quantize, act.kernels, act.fused_bytes + quantize),
-                                        kernels_gpu)
+        reruns["mlp-act"] = roofline_ms(Work(act.flops, act.bytes + quantize, act.kernels, act.fused_bytes + quantize,
+                                             act.classed), kernels_gpu)
         casts["mlp-act"] = 0.0
     return reruns, casts
 
