@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from planner.models import archs
-from planner.profiler import analytic_time, te_fused, te_moe, te_rerun
+from planner.profiler import analytic_time, te_fused, te_moe, te_moe_eager, te_rerun
 from planner.profiler.analytic import Shape
 
 H100 = archs.gpu("h100")
@@ -73,7 +73,7 @@ def test_gpt_osss_kept_clamp_and_bias_and_yarn_rotary_by_class():
     routed_gap = [te_moe.eager_routed_classes(OSS, SHAPE)[i] for i in (0, 1)]
     for i, (clamp, bias, yarn, eager_rope) in enumerate(((16, 12, 24, 20), (30, 16, 28, 32))):
         assert oss[i]["activation"] == routed_gap[i]["activation"] - clamp * S * f
-        expert_bias = te_moe.te_moe_eager.eager_expert_bias_bytes(OSS, SHAPE)[i]
+        expert_bias = te_moe_eager.eager_expert_bias_bytes(OSS, SHAPE)[i]
         assert oss[i]["elementwise"] == routed_gap[i]["elementwise"] + expert_bias - bias * S * h
         assert oss[i]["attention"] == (eager_rope - yarn) * rotated
         assert plain[i]["attention"] == eager_rope * rotated
@@ -115,3 +115,11 @@ def test_the_reruns_eager_rest_keeps_its_class():
     works = te_rerun.part_works(OSS, SHAPE, moe=True, fused_gemms=te_fused._fused_gemms)
     assert works["mlp-act"].classed == (("activation", 16 * 128 * 32),)
     assert works["mlp-act"].bytes - works["mlp-act"].fused_bytes == 16 * 128 * 32
+
+
+@pytest.mark.parametrize("arch", [MOE, MLA, QK, OSS, dataclasses.replace(MLA, num_experts=0, name="tiny-mla-dense-cls")],
+                         ids=lambda arch: arch.name)
+def test_no_rerun_part_leaves_an_unclassed_eager_byte(arch):
+    moe = bool(arch.num_experts)
+    for name, done in te_rerun.part_works(arch, SHAPE, moe=moe, fused_gemms=te_fused._fused_gemms).items():
+        assert done.unclassed_bytes == 0, name
