@@ -61,6 +61,8 @@ def test_the_line_names_the_ranks_that_move():
     line = range_line([(70 * GIB, 70 * GIB), (int(67.5 * GIB), 76 * GIB)], costs)
     assert line is not None and line.endswith("reserved rank 1 76.0 GiB in [67.5, 76.0]")
     assert range_line([(70 * GIB, 70 * GIB), None], costs) is None
+    # a range a few MiB wide prints as one figure: no line (qwen3_1_7b on 8 B200 said "23.9 GiB in [23.9, 23.9]")
+    assert range_line([(70 * GIB, 70 * GIB + 4 * 2**20), None], costs) is None
 
 
 def test_evaluate_writes_the_range_where_fsdp2s_replay_ran():

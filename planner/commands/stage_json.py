@@ -45,10 +45,13 @@ def reserve_ranges(stages: Sequence, plan_cost, *, profile, setup) -> list[tuple
 
 def range_line(ranges: Sequence[tuple[int, int] | None], plan_cost) -> str | None:
     """One line on the ranks whose replayed reserve moves with its large requests a page off; None where none does."""
-    gib = 2**30
-    moved = [f"rank {rank} {cost.reserved_bytes / gib:.1f} GiB in [{low / gib:.1f}, {high / gib:.1f}]"
+    def gib(size: int) -> str:
+        return f"{size / 2**30:.1f}"
+
+    # a rank whose ends print alike moved by a page or two, not into another mode: said in the JSON only
+    moved = [f"rank {rank} {gib(cost.reserved_bytes)} GiB in [{low}, {high}]"
              for rank, (found, cost) in enumerate(zip(ranges, plan_cost.stages))
-             if found is not None and (low := found[0]) != (high := found[1])]
+             if found is not None and (low := gib(found[0])) != (high := gib(found[1]))]
     if not moved:
         return None
     return ("the caching allocator's replay lands in another mode with each request of 512 MiB or more 2 MiB larger "
