@@ -18,6 +18,7 @@ from planner.cost.fusedkernels import fused_profile, untimed_layers
 from planner.models import archs
 from planner.profiler import analytic, analytic_time, float8, te_fused
 from planner.profiler.analytic import Shape
+from planner.profiler.membound import membound_ms
 from planner.profiler.roofline import Kernel, Work, kernel_ms, roofline_ms
 from planner.schema import FileRef, TrainSetup
 
@@ -87,7 +88,12 @@ def test_the_record_is_the_eager_passes_less_the_saved_bytes_the_fused_ones_at_t
         return roofline_ms(te_fused._fused_gemms(left, TINY, SHAPE, times), te_gpu)
 
     assert timed.fwd_ms == pytest.approx(expected(passes[0], saved_fwd, fused_fwd, 1, replaced[0]), rel=1e-12)
-    assert timed.bwd_ms == pytest.approx(expected(passes[1], saved_bwd, fused_bwd, 2, replaced[1]), rel=1e-12)
+    # the backward under Megatron's gradient-accumulation fusion: no eager .grad accumulation (6 B a parameter,
+    # elementwise; tests/test_gradfusion.py), the block's 43,136 parameters' (qkv, o, gate/up/down, two norms)
+    accumulate = 6 * (64 * 128 + 64 * 64 + 3 * 64 * 160 + 2 * 64)
+    assert timed.bwd_ms == pytest.approx(expected(passes[1], saved_bwd + accumulate, fused_bwd, 2,
+                                                  {**replaced[1], "elementwise": accumulate}), rel=1e-12)
+    assert timed.accumulate_ms == pytest.approx(membound_ms(accumulate, te_gpu, "eager", "elementwise"), rel=1e-12)
     # the full rerun runs the forward's norms, rotary and SwiGLU again (it stops before w2 and its add)
     assert timed.recompute_ms["full"] == pytest.approx(expected(passes[2], saved_fwd, fused_fwd, 1, replaced[0]),
                                                        rel=1e-12)
@@ -165,7 +171,6 @@ def test_the_float8_record_is_the_te_records_or_moves_by_the_same_differences():
     assert all("mlp" in name.split(",") for name in set(timed.float8.recompute_ms) - set(record.recompute_ms))
     # fewer casts and larger GEMMs than torchtitan's seven linears: faster than the shifted record, once the
     # Hopper transposes TE writes (1 B an input element; torchao's record counts none) are set apart
-    from planner.profiler.membound import membound_ms
 
     shifted = block.float8.fwd_ms - (block.fwd_ms - block.te_time.fwd_ms)
     transposes = sum(linear.tokens * linear.k for linear in float8.te_linears(mid, shape, "layers.0"))
@@ -296,7 +301,6 @@ def test_te_fp8_hopper_transposes_by_hand(monkeypatch):
     assert bwd == 6 * T * (128 + 64 + 320 + 64) == 884_736
     # the record: the Hopper transposes' bytes at the fused kernels' rate, in the forward, the full rerun (which
     # runs under grad: column-wise usage asked for) and the backward; nothing else moves
-    from planner.profiler.membound import membound_ms
 
     passes = analytic_time.block_work(TINY, SHAPE, moe=False)
     hopper = te_fused.te_time(TINY, SHAPE, H100, passes, moe=False).float8

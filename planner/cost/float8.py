@@ -62,7 +62,8 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
 
     if setup.training.float8:  # a MoE block's Float8 record is its TE record's (te_moe_float8.py)
         profile = te_moe_float8.with_records(profile, runtimes.of(setup.training))
-    profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels)
+    profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels,
+                                         unfused_accumulation=setup.training.unfused_grad_accumulation)
     profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))
     profile = te_moe_kept.megatron_moe_profile(profile, runtimes.of(setup.training))  # Megatron-core's MoE layers' tensors
     profile = chunkedloss.chunked_head_profile(profile, setup)  # --chunked-cross-entropy N: the head's backward

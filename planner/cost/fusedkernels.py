@@ -22,12 +22,14 @@ from planner.schema import OPTION_FULL, LayerProfile, Profile
 BLOCK_KINDS = ("decoder_block", "moe_block")
 
 
-def fused_profile(profile: Profile, fused_kernels: str | None) -> Profile:
+def fused_profile(profile: Profile, fused_kernels: str | None, *, unfused_accumulation: bool = False) -> Profile:
     """The profile with each layer that recorded `te_time` timed by it where the runtime's layers run
-    Transformer Engine's kernels (`fused_kernels` == "transformer-engine"); else the profile itself."""
+    Transformer Engine's kernels (`fused_kernels` == "transformer-engine"); else the profile itself. The
+    record's backward is under Megatron's gradient-accumulation fusion; `unfused_accumulation`
+    (--no-gradient-accumulation-fusion) adds back the eager accumulation pass (FusedKernelTime.accumulate_ms)."""
     if fused_kernels != "transformer-engine":
         return profile
-    layers = [_timed(layer) if layer.te_time is not None else layer for layer in profile.layers]
+    layers = [_timed(layer, unfused_accumulation) if layer.te_time is not None else layer for layer in profile.layers]
     return profile.model_copy(update={"layers": layers})
 
 
@@ -78,8 +80,12 @@ def float8_options(fp8, reruns: dict[str, float], names: list[str]):
                                   "rerun_weight_cast_ms": {**fp8.rerun_weight_cast_ms, **casts}})
 
 
-def _timed(layer: LayerProfile) -> LayerProfile:
+def _timed(layer: LayerProfile, unfused_accumulation: bool = False) -> LayerProfile:
     timed = layer.te_time
+    if unfused_accumulation and timed.accumulate_ms:  # the eager pass the fused wgrad GEMM does not run
+        timed = timed.model_copy(update={"bwd_ms": timed.bwd_ms + timed.accumulate_ms, "float8": None if timed.float8
+                                         is None else timed.float8.model_copy(update={
+                                             "bwd_ms": timed.float8.bwd_ms + timed.accumulate_ms})})
     full = timed.recompute_ms.get(OPTION_FULL)
     saved_fwd, saved_bwd = layer.fwd_ms - timed.fwd_ms, layer.bwd_ms - timed.bwd_ms
     saved_rerun = (layer.recompute_ms - full) if full is not None and layer.recompute_ms is not None else 0.0

@@ -140,15 +140,18 @@ def megatron() -> RuntimeFacts:
             **BRIDGE_SETTINGS_SOURCES,
             "chunked_loss": NO_CHUNKED_LOSS + " (Megatron-LM's own fused cross-entropy is --cross-entropy-loss-fusion)",
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "
-                                   "accumulate, its epilogue reading and writing 4 B each (TE transformer_engine/"
+                                   "accumulate, its epilogue reading and writing 4 B each inside the GEMM (timed by its FLOPs: "
+                                   "the TE record's backward has no eager accumulation, te_fused.fused_accumulation; "
+                                   "TE transformer_engine/"
                                    "pytorch/module/linear.py 1122-1136 at f8a01cd5, v2.16.0; Megatron's own linears "
                                    "wgrad_gemm_accum_fp32, megatron/core/tensor_parallel/layers.py 596-600); "
                                    "--no-gradient-accumulation-fusion (arguments.py 2591-2595; transformer_engine.py "
                                    "901, 1117 pass it as fuse_wgrad_accumulation): the GEMM writes a bf16 gradient "
                                    "(linear.py 1122-1136; layers.py 643) and the DDP hook on its AccumulateGrad adds it "
                                    "into main_grad and drops it (distributed_data_parallel.py 371-372, 466-470): read "
-                                   "2 + 4, write 4 in a kernel of its own, 2 + 10 = 12 B against 8: +4 B a weight a "
-                                   "microbatch, Megatron-LM 6e091e1b",
+                                   "2 + 4, write 4 in a kernel of its own: 10 B, of which the eager .grad accumulation "
+                                   "the TE record puts back under the setting (3 x 2 B, FusedKernelTime.accumulate_ms) "
+                                   "counts 6: +4 B a weight a microbatch, Megatron-LM 6e091e1b",
             "fills_te_outputs": "--deterministic-mode calls torch.use_deterministic_algorithms(True) (megatron/training/"
                                   "arguments.py 1528-1537, Megatron-LM 6e091e1b), whose fill_uninitialized_memory "
                                   "(default True; torch docs, torch.utils.deterministic) writes NaN into every "

@@ -118,7 +118,8 @@ def _te_time(block: LayerProfile, embedding: LayerProfile, proj: tuple, norm: tu
     full = timed.recompute_ms.get(OPTION_FULL, block.recompute_ms)
     return FusedKernelTime(fwd_ms=embedding.fwd_ms + proj[0] + timed.fwd_ms + norm[0],
                            bwd_ms=embedding.bwd_ms + proj[1] + timed.bwd_ms + norm[1],
-                           recompute_ms={**timed.recompute_ms, OPTION_FULL: proj[2] + full + norm[2]}, float8=None)
+                           recompute_ms={**timed.recompute_ms, OPTION_FULL: proj[2] + full + norm[2]}, float8=None,
+                           accumulate_ms=timed.accumulate_ms)  # the block's, where the fusion is off
 
 
 def recompute_options(layer: LayerProfile, block: LayerProfile) -> list[RecomputeOption]:

@@ -199,17 +199,12 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     # the two residual dropouts where the model drops (the attention probabilities' under eager: _attention)
     dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h) if arch.drops_residual else (0, 0)
     dropouts = (dropouts[0], dropouts[1] + biases)
-    # the gradients this rank accumulates: under expert parallelism its experts / ep routed experts' only
-    held = formulas.block_params(arch, shape, moe=moe)
-    if formulas._is_moe(arch, moe) and shape.ep > 1:
-        held -= arch.num_experts * formulas.expert_width_params(arch, shape) // shape.ep * (shape.ep - 1)
-    param_bytes = held * shape.d
     fwd_kernels = proj + core + mlp
     fwd_classes = norms[0] + proj_fwd + Counter(attention=core_fwd) + mlp_fwd + Counter(
         elementwise=residual + dropouts[0])
     # the residual stream's gradient sums land in the norms' backward (where autograd adds them: fake.op_class)
     bwd_classes = norms[1] + proj_bwd + Counter(attention=core_bwd) + mlp_bwd + Counter(
-        elementwise=dropouts[1] + ACCUMULATE * param_bytes)
+        elementwise=dropouts[1] + accumulate_bytes(arch, shape, moe=moe))
     extra_fwd, extra_bwd = gptoss_time.extra_bytes(arch, shape, moe=moe)  # GPT-OSS's sinks, biases, clamped SwiGLU
     extra_bwd = extra_bwd + Counter(elementwise=BIAS_WRITE * _bias_widths(arch, shape))  # the sums: gptoss_time's
     fwd_classes, bwd_classes = fwd_classes + extra_fwd, bwd_classes + extra_bwd
@@ -218,6 +213,16 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
     # FLOPs as MFU counts them, backward 2 x forward; the kernels carry attention's own (2.5x at equal head dims)
     bwd = work(2 * flops, sum(bwd_classes.values()), _backward_kernels(fwd_kernels, arch), classed=bwd_classes)
     return fwd, bwd, _recompute(arch, shape, fwd, moe=moe)
+
+
+def accumulate_bytes(arch, shape, *, moe: bool = False) -> int:
+    """Bytes one backward's weight-gradient accumulation into .grad moves (torch's AccumulateGrad, eager:
+    ACCUMULATE x the gradient's bytes) over the parameters this rank holds: under expert parallelism its
+    experts / ep routed experts' only."""
+    held = formulas.block_params(arch, shape, moe=moe)
+    if formulas._is_moe(arch, moe) and shape.ep > 1:
+        held -= arch.num_experts * formulas.expert_width_params(arch, shape) // shape.ep * (shape.ep - 1)
+    return ACCUMULATE * held * shape.d
 
 
 def block_weight_grad_work(arch, shape, *, moe: bool = False) -> Work:

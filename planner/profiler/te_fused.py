@@ -58,6 +58,7 @@ from collections import Counter
 
 from planner.models.attention_rates import te_attention_gpu
 from planner.profiler import analytic_time, float8, formulas, te_mla, te_rerun
+from planner.profiler.membound import membound_ms
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.profiler.te_bytes import (
     GELU_FUSED_BWD,
@@ -142,13 +143,15 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
                        for done, cut, moved, gone, times in zip(passes, (saved[0], saved[1], saved[0]),
                                                                 (fused[0], fused[1], fused[0]),
                                                                 (replaced[0], replaced[1], replaced[0]), (1, 2, 1)))
+    bwd, accumulate = fused_accumulation(bwd, arch, shape, moe=False)
     fp8 = None if arch.mla else float8.record(float8.converted(float8.te_linears(arch, shape, prefix)), kernels_gpu, fwd,
                                               bwd, {OPTION_FULL: rerun}, te=True)  # an MLA block has no Float8 record
     fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=False, fused_gemms=_fused_gemms, prefix=prefix)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
                                          **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=False,
-                                                                fused_gemms=_fused_gemms)}, float8=fp8)
+                                                                fused_gemms=_fused_gemms)}, float8=fp8,
+                           accumulate_ms=membound_ms(accumulate, kernels_gpu, "eager", "elementwise"))
 
 
 def fused_classes(arch, shape) -> tuple[Counter, Counter]:
@@ -205,6 +208,24 @@ def moe_classes(arch, shape) -> tuple[Counter, Counter]:
     return classes[0], classes[1]
 
 
+def fused_accumulation(bwd: Work, arch, shape, *, moe: bool) -> tuple[Work, int]:
+    """The backward under Megatron's gradient-accumulation fusion (`--gradient-accumulation-fusion`, on by default:
+    Megatron-LM arguments.py, d98e8a64), and the eager bytes it takes out. Megatron-core builds its TE linears with
+    `fuse_wgrad_accumulation=config.gradient_accumulation_fusion` (megatron/core/extensions/transformer_engine.py),
+    and TE's wgrad GEMM then writes into the parameter's fp32 main_grad with accumulate=True (cuBLAS beta = 1:
+    transformer_engine/pytorch/module/linear.py's wgrad general_gemm, out=main_grad; grouped_linear.py the same for
+    the experts): the accumulation is the GEMM's epilogue reading C once more, inside a kernel ckplan times by its
+    FLOPs (no GEMM's operand or output bytes are charged: roofline.kernel_ms), and no eager pass runs. So the
+    eager .grad accumulation (analytic_time.accumulate_bytes, class elementwise) leaves the backward; where a
+    setup turns the fusion off (--no-gradient-accumulation-fusion) the cost model adds the pass back
+    (FusedKernelTime.accumulate_ms, planner/cost/fusedkernels.py) and jobsettings its fp32 bytes beyond it."""
+    accumulate = min(analytic_time.accumulate_bytes(arch, shape, moe=moe), dict(bwd.classed).get("elementwise", 0))
+    classes = Counter(dict(bwd.classed))
+    classes["elementwise"] -= accumulate
+    return (work(bwd.flops, bwd.bytes - accumulate, list(Counter(dict(bwd.kernels)).elements()),
+                 fused_bytes=min(bwd.fused_bytes, bwd.bytes - accumulate), classed=+classes), accumulate)
+
+
 def _on_fused(done: Work, cut: int, moved: int, replaced: Counter) -> Work:
     """`done` with the fused kernels' `cut` bytes gone and their `moved` bytes fused; the eager bytes left (the
     residual adds and their gradients' sums, the weight gradients' accumulation, what no fused kernel runs) keep
@@ -229,13 +250,15 @@ def _moe_time(arch, shape, gpu, passes: tuple[Work, Work, Work], prefix: str) ->
     if not te_moe.counts_moe(arch, shape):
         return None
     fwd, bwd, rerun = moe_passes(arch, shape, passes)
+    bwd, accumulate = fused_accumulation(bwd, arch, shape, moe=True)
     kernels_gpu = te_mla.attention_gpu(gpu) if arch.mla else te_attention_gpu(gpu)
     fp8 = None if arch.mla else te_moe_float8.record(arch, shape, kernels_gpu, fwd, bwd, rerun, prefix=prefix)
     fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=True, fused_gemms=_fused_gemms, prefix=prefix)
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
                                          **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=True,
-                                                                fused_gemms=_fused_gemms)}, float8=fp8)
+                                                                fused_gemms=_fused_gemms)}, float8=fp8,
+                           accumulate_ms=membound_ms(accumulate, kernels_gpu, "eager", "elementwise"))
 
 
 def moe_passes(arch, shape, passes: tuple[Work, Work, Work]) -> tuple[Work, Work, Work]:

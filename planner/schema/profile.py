@@ -204,6 +204,10 @@ class FusedKernelTime(CompiledTime):
     moved by the passes' differences."""
 
     float8: Float8Linears | None = None
+    # bwd_ms (and the Float8 record's) is the backward under Megatron's gradient-accumulation fusion (the
+    # default): the wgrad GEMM accumulates into main_grad. This is what the eager accumulation pass the
+    # fusion removes takes; planner/cost/fusedkernels.py adds it back where the setup turns the fusion off
+    accumulate_ms: Ms = 0.0
 
 
 class LayerProfile(Strict):
