@@ -10,10 +10,10 @@ import torch
 from fixtures import (
     llama_style as llama,  # the package path: tests/fixtures on sys.path would hide scripts/
 )
+from fixtures.fake_records import llama_block_records
 
 from planner.cost.cpring import peak
 from planner.cost.fsdp2_split import split_forward
-from planner.profiler.allocseq import layer_records
 
 X = llama.SEQ * llama.DIM * 2  # a block's input, bf16: 4,096 B
 GATE = llama.SEQ * llama.HIDDEN * 2  # an f-wide tensor: 11,008 B
@@ -45,15 +45,7 @@ def _mlp_order(codes):
 
 
 def test_the_mlps_input_outlives_the_product_in_torch_and_in_the_analytic_block():
-    from planner.profiler.fake import fake_module, new_mode
-
-    with torch.device("meta"):
-        block = llama.DecoderBlock().to(torch.bfloat16)
-    mode = new_mode()
-    block = fake_module(block, mode)
-    with mode:
-        x = torch.empty(1, llama.SEQ, llama.DIM, dtype=torch.bfloat16, requires_grad=True)
-        fake = layer_records(block, x, torch.empty_like(x), [])["full"].forward
+    fake = llama_block_records()["full"].forward
     torch_order = _mlp_order(fake)
     # torch: `*` drops SiLU's and w3's outputs before w2 runs; the product dies when w2 returns, the MLP's input
     # (the caller's argument) after it

@@ -2,16 +2,16 @@
 fsdp2_events._Step.extra): counted by hand on hand-made records, by the allocator's rules where the tensors reuse
 cached blocks one block would not, and carried from a record the profiler takes of a tiny LLaMA block."""
 
-import sys
-from pathlib import Path
 
-import torch
+
+from fixtures import llama_style as llama
+from fixtures.fake_records import llama_block_records
 
 from planner.cost import allocator
 from planner.cost.allocator import Alloc, Free
 from planner.cost.fsdp2_events import DEFAULT, Fsdp2Layer, Fsdp2Stage, _PipelineStep, step_events
 from planner.cost.fsdp2_layers import backward_hand, backward_program
-from planner.profiler.allocseq import layer_records, synthesised
+from planner.profiler.allocseq import synthesised
 from planner.schema import AllocRecord, LayerProfile
 
 MIB = 2**20
@@ -79,28 +79,12 @@ def test_the_backwards_tensors_reuse_the_losss_cached_blocks_where_one_block_tak
     assert got == {"one": (48, 24, 3), "cut": (24, 24, 2)}
 
 
-def _tiny_llama_block():
-    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-    import llama_style
-
-    return llama_style
-
-
 def test_a_tiny_llama_blocks_record_is_carried_into_the_replay_tensor_by_tensor():
     """The record the profiler takes of a LLaMA block's backward (allocseq.layer_records, the fake profiler's
     recorder, under FakeTensorMode as `ckplan profile --fake` runs it) played as the layer's extra: its
     allocations in the record's order and sizes after the incoming gradient, its frees inside the backward
     where the record has them, and the replay's allocated peak the record's own."""
-    from planner.profiler.fake import fake_module, new_mode
-
-    llama = _tiny_llama_block()
-    with torch.device("meta"):
-        block = llama.DecoderBlock().to(torch.bfloat16)
-    mode = new_mode()
-    block = fake_module(block, mode)
-    with mode:
-        x = torch.empty(1, llama.SEQ, llama.DIM, dtype=torch.bfloat16, requires_grad=True)
-        record = layer_records(block, x, torch.empty_like(x), [])["none"]
+    record = llama_block_records()["none"]
     incoming = llama.SEQ * llama.DIM * 2
     made = [code for code in record.backward if code > 0]
     # the record's running peak over what its backward makes (its frees of the forward's tensors aside)

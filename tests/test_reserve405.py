@@ -3,10 +3,10 @@ and each microbatch's output made before its loss on a pipeline's last stage (fs
 2.6.0 stage.py 703 then schedules.py _maybe_compute_loss): by hand on hand-made records, and on the record the fake
 profiler's recorder takes of a tiny LLaMA block under full checkpointing."""
 
-import sys
-from pathlib import Path
 
-import torch
+
+from fixtures import llama_style as llama
+from fixtures.fake_records import llama_block_records
 
 from planner.cost import allocator
 from planner.cost.allocator import Alloc, Free
@@ -14,7 +14,7 @@ from planner.cost.float8 import with_float8
 from planner.cost.fsdp2_chunks import Fsdp2Rank, _ChunkedStep
 from planner.cost.fsdp2_events import DEFAULT, Fsdp2Layer, Fsdp2Stage, _PipelineStep, _Step
 from planner.cost.fsdp2_layers import backward_program, forward_program, program_kept_bytes
-from planner.profiler.allocseq import layer_records, synthesised
+from planner.profiler.allocseq import synthesised
 from planner.schema import AllocRecord, LayerProfile
 
 MIB = 2**20
@@ -68,13 +68,12 @@ def test_an_analytic_tiny_llama_blocks_checkpointed_forward_peaks_where_its_fake
     from planner.profiler import analytic
     from planner.profiler.formulas import Shape
 
-    llama = _tiny_llama()
     arch = archs.Arch(name="tiny", hidden_size=llama.DIM, intermediate_size=llama.HIDDEN, num_layers=2,
                       num_heads=llama.HEADS, num_kv_heads=llama.KV_HEADS, vocab_size=llama.VOCAB,
                       tie_word_embeddings=False, max_position_embeddings=llama.SEQ)
     layer = analytic.block_layer(0, arch, Shape(seq_len=llama.SEQ, micro_batch_size=1), archs.gpu("h100"))
     analytic_forward = layer.alloc_records["full"].rerun_forward
-    fake = _fake_record(llama)["full"]
+    fake = llama_block_records()["full"]
     x_bytes = llama.SEQ * llama.DIM * 2
     assert _peak(analytic_forward) == _peak(fake.forward) == 41 * x_bytes // 4
     assert sum(code for code in analytic_forward if code > 0) == 271 * x_bytes // 16
@@ -87,25 +86,6 @@ def test_an_analytic_tiny_llama_blocks_checkpointed_forward_peaks_where_its_fake
     eager = analytic.block_layer(0, arch, Shape(seq_len=llama.SEQ, micro_batch_size=1, attention="eager"),
                                  archs.gpu("h100"))
     assert eager.alloc_records["full"].rerun_forward == []
-
-
-def _tiny_llama():
-    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-    import llama_style
-
-    return llama_style
-
-
-def _fake_record(llama):
-    from planner.profiler.fake import fake_module, new_mode
-
-    with torch.device("meta"):
-        block = llama.DecoderBlock().to(torch.bfloat16)
-    mode = new_mode()
-    block = fake_module(block, mode)
-    with mode:
-        x = torch.empty(1, llama.SEQ, llama.DIM, dtype=torch.bfloat16, requires_grad=True)
-        return layer_records(block, x, torch.empty_like(x), [])
 
 
 def _peak(codes):
@@ -157,18 +137,7 @@ def test_a_tiny_llama_blocks_checkpointed_forward_is_its_records_transients():
     on a tiny LLaMA block under torch.utils.checkpoint: its forward frees what no saved tensor holds; the program
     is every request of it but the output (alive at its end), in order, each freed inside the program; its peak
     above what the forward keeps is the record's."""
-    from planner.profiler.fake import fake_module, new_mode
-
-    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-    import llama_style as llama
-
-    with torch.device("meta"):
-        block = llama.DecoderBlock().to(torch.bfloat16)
-    mode = new_mode()
-    block = fake_module(block, mode)
-    with mode:
-        x = torch.empty(1, llama.SEQ, llama.DIM, dtype=torch.bfloat16, requires_grad=True)
-        record = layer_records(block, x, torch.empty_like(x), [])["full"]
+    record = llama_block_records()["full"]
     program = forward_program(_layer(output_bytes=llama.SEQ * llama.DIM * 2, alloc_records={"full": record}),
                               "full", 0)
     made = [code for code in record.forward if code > 0]
