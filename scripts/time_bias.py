@@ -6,6 +6,7 @@ step that class holds on the critical path, with the pipeline's bubble and what 
     PYTHONPATH=. python scripts/time_bias.py one ROW MODE --out DIR   # one row at one mode, DIR/ROW.MODE.json
     PYTHONPATH=. python scripts/time_bias.py run --only M8,M9 --out DIR  # each row at every mode, a process each
     PYTHONPATH=. python scripts/time_bias.py table DIR                 # shares per row, and each against the ratio
+    PYTHONPATH=. python scripts/time_bias.py gaps DIR                  # what each class alone would have to take
 
 Modes: base (the tree's rates), matmul (BF16 and FP8 GEMMs, roofline.kernel_ms), attention (the flash kernels,
 roofline.kernel_ms), membound (every memory-bound byte, membound.achieved_tbps). What no mode stretches (exposed
@@ -105,9 +106,31 @@ def shares(out: Path) -> list[dict]:
             continue
         base = by_mode["base"]["iteration_s"]
         share = {mode: (by_mode[mode]["iteration_s"] - base) / (STRETCH * base) for mode in SHARES}
-        rows.append({"id": row_id, "ratio": base / by_mode["base"]["published_s"], "iteration_s": base,
+        published = by_mode["base"]["published_s"]
+        rows.append({"id": row_id, "ratio": base / published, "iteration_s": base, "published_s": published,
                      **share, "rest": 1 - sum(share.values())})
     return rows
+
+
+def closing_factors(row: dict) -> dict[str, float | None]:
+    """Per class (and the rest): the factor its time on the critical path would have to grow by, alone, for the
+    row to take its published time, 1 + (published - ckplan) / (share x ckplan); None for a class with no share. A
+    diagnosis of where a gap can sit, never a rate to charge: two rows that share a kernel and need the same factor
+    of it point at it; a factor no source supports is no reason to change a rate."""
+    gap = row["published_s"] - row["iteration_s"]
+    return {name: 1 + gap / (row[name] * row["iteration_s"]) if row[name] > 1e-9 else None
+            for name in (*SHARES, "rest")}
+
+
+def gaps(out: Path) -> str:
+    lines = ["| row | ckplan s | published s | gap s | matmul | attention | memory-bound | rest (comm, host, step) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(shares(out), key=lambda r: r["ratio"]):
+        cells = [f"x{f:.3f} of {r[name] * r['iteration_s']:.3f} s" if f is not None else "-"
+                 for name, f in closing_factors(r).items()]
+        lines.append(f"| {r['id']} | {r['iteration_s']:.3f} | {r['published_s']:.3f} | "
+                     f"{r['published_s'] - r['iteration_s']:+.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def pearson(xs: list[float], ys: list[float]) -> float:
@@ -143,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p_run = sub.add_parser("run")
     p_run.add_argument("--only", required=True)
     p_run.add_argument("--out", type=Path, required=True)
-    p_table = sub.add_parser("table")
-    p_table.add_argument("out", type=Path)
+    for name in ("table", "gaps"):
+        sub.add_parser(name).add_argument("out", type=Path)
     args = parser.parse_args(argv)
     try:
         if args.command == "one":
@@ -152,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "run":
             run([w.strip() for w in args.only.split(",") if w.strip()], args.out)
         else:
-            print(table(args.out))
+            print((table if args.command == "table" else gaps)(args.out))
     except published_rows.HarnessError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -69,3 +69,21 @@ def test_time_bias_shares_are_each_class_growth_over_the_stretch(tmp_path):
     assert time_bias.pearson([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     printed = time_bias.table(tmp_path)
     assert "| A | 10.000 | 0.800 | 0.500 | 0.200 | 0.100 | 0.200 |" in printed
+
+
+def test_time_bias_gaps_are_the_factor_each_class_alone_would_need(tmp_path):
+    time_bias = load_script("time_bias")
+    # row A: 10 s of a published 12.5 (gap 2.5 s); matmul 5 s, attention 2 s, memory-bound 1 s, the rest 2 s
+    for mode, seconds in (("base", 10.0), ("matmul", 10.5), ("attention", 10.2), ("membound", 10.1)):
+        _record(tmp_path, "A", mode, seconds, 12.5)
+    # row B: on its published time, and no attention at all
+    for mode, seconds in (("base", 4.0), ("matmul", 4.1), ("attention", 4.0), ("membound", 4.04)):
+        _record(tmp_path, "B", mode, seconds, 4.0)
+    rows = {r["id"]: r for r in time_bias.shares(tmp_path)}
+    a = time_bias.closing_factors(rows["A"])
+    assert (a["matmul"], a["attention"], a["membound"], a["rest"]) == pytest.approx((1.5, 2.25, 3.5, 2.25))
+    b = time_bias.closing_factors(rows["B"])
+    assert b["attention"] is None and (b["matmul"], b["membound"], b["rest"]) == pytest.approx((1.0, 1.0, 1.0))
+    printed = time_bias.gaps(tmp_path)
+    assert "| A | 10.000 | 12.500 | +2.500 | x1.500 of 5.000 s | x2.250 of 2.000 s | x3.500 of 1.000 s |" in printed
+    assert "| B | 4.000 | 4.000 | +0.000 | x1.000 of 1.000 s | - |" in printed
