@@ -51,13 +51,17 @@ def _record(folder, row, mode, seconds, published):
         {"id": row, "mode": mode, "iteration_s": seconds, "published_s": published, "group": "main"}))
 
 
+def _row(folder, row, published, base, matmul, attention, membound):
+    """A row's four modes: its base iteration and the iteration with each class stretched."""
+    for mode, seconds in zip(("base", "matmul", "attention", "membound"), (base, matmul, attention, membound)):
+        _record(folder, row, mode, seconds, published)
+
+
 def test_time_bias_shares_are_each_class_growth_over_the_stretch(tmp_path):
     time_bias = load_script("time_bias")
     # row A: 10 s; matmul +10% adds 0.5 s (half the step), attention 0.2 s, memory-bound 0.1 s: the rest 0.2
-    for mode, seconds in (("base", 10.0), ("matmul", 10.5), ("attention", 10.2), ("membound", 10.1)):
-        _record(tmp_path, "A", mode, seconds, 12.5)
-    for mode, seconds in (("base", 4.0), ("matmul", 4.1), ("attention", 4.1), ("membound", 4.04)):
-        _record(tmp_path, "B", mode, seconds, 4.0)
+    _row(tmp_path, "A", 12.5, 10.0, 10.5, 10.2, 10.1)
+    _row(tmp_path, "B", 4.0, 4.0, 4.1, 4.1, 4.04)
     _record(tmp_path, "C", "base", 1.0, 1.0)  # a row with a mode missing is left out
     rows = {r["id"]: r for r in time_bias.shares(tmp_path)}
     assert set(rows) == {"A", "B"}
@@ -74,11 +78,8 @@ def test_time_bias_shares_are_each_class_growth_over_the_stretch(tmp_path):
 def test_time_bias_gaps_are_the_factor_each_class_alone_would_need(tmp_path):
     time_bias = load_script("time_bias")
     # row A: 10 s of a published 12.5 (gap 2.5 s); matmul 5 s, attention 2 s, memory-bound 1 s, the rest 2 s
-    for mode, seconds in (("base", 10.0), ("matmul", 10.5), ("attention", 10.2), ("membound", 10.1)):
-        _record(tmp_path, "A", mode, seconds, 12.5)
-    # row B: on its published time, and no attention at all
-    for mode, seconds in (("base", 4.0), ("matmul", 4.1), ("attention", 4.0), ("membound", 4.04)):
-        _record(tmp_path, "B", mode, seconds, 4.0)
+    _row(tmp_path, "A", 12.5, 10.0, 10.5, 10.2, 10.1)
+    _row(tmp_path, "B", 4.0, 4.0, 4.1, 4.0, 4.04)  # on its published time, and no attention at all
     rows = {r["id"]: r for r in time_bias.shares(tmp_path)}
     a = time_bias.closing_factors(rows["A"])
     assert (a["matmul"], a["attention"], a["membound"], a["rest"]) == pytest.approx((1.5, 2.25, 3.5, 2.25))
