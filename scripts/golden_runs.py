@@ -26,7 +26,8 @@ G_ROWS = {"G1": "gpt/gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline", "G2": "gpt/gpt3
           "G5": "gpt/gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion", "G6": "gpt/gpt3_mcore_te_tp2_pp2_mla",
           "G7": "gpt/gpt3_mcore_te_tp2_pp2_cp2",
           "G8": "gpt/gpt3_mcore_te_tp4_pp1_dist_optimizer_overlap_grad_reduce_param_gather",
-          "G9": "moe/gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser"}
+          "G9": "moe/gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser",
+          "G10": "gpt/gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap"}
 
 
 def steady_step_s(golden: dict, *, skip_first: int = 0) -> float | None:
