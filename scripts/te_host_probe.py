@@ -151,8 +151,6 @@ def run(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     import torch
     import transformer_engine.pytorch as te
 
-    if args.attention == "unfused":
-        os.environ["NVTE_FUSED_ATTN"], os.environ["NVTE_FLASH_ATTN"] = "0", "0"
     dev, dtype = torch.device("cuda"), torch.bfloat16
     ctx = contextlib.nullcontext
     if args.fp8:
@@ -229,6 +227,9 @@ def report(found: dict[str, tuple[float, float]], attention: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # before TE's import: its attention utils.py reads NVTE_FLASH_ATTN once, at import (line 66)
+    if args.attention == "unfused":
+        os.environ["NVTE_FUSED_ATTN"], os.environ["NVTE_FLASH_ATTN"] = "0", "0"
     reason = unavailable()
     if reason:
         print(f"te_host_probe: skipped: {reason}")

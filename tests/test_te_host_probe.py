@@ -4,6 +4,8 @@ skip on a machine without CUDA or TE."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from fixtures.scripts import load_script
 
@@ -58,9 +60,13 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(probe, capsys, argv, said)
 
 
 def test_it_skips_cleanly_where_it_cannot_time(probe, capsys, monkeypatch):
+    for name in ("NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test
     monkeypatch.setattr(probe, "unavailable", lambda: "no CUDA device")
     assert probe.main(["--tp", "4", "--attention", "unfused"]) == 0
     assert capsys.readouterr().out == "te_host_probe: skipped: no CUDA device\n"
+    # the unfused backend is chosen before TE is imported (its utils.py reads NVTE_FLASH_ATTN at import)
+    assert os.environ["NVTE_FUSED_ATTN"] == os.environ["NVTE_FLASH_ATTN"] == "0"
 
 
 def test_on_this_machine_it_says_why_it_skips(probe):
