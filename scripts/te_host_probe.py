@@ -16,7 +16,11 @@ core attention (DotProductAttention, sbhd, causal; --attention unfused forces NV
 NVTE_FLASH_ATTN=0), linear_proj (Linear, hidden / TP -> hidden), linear_fc1 (LayerNormLinear, hidden -> ffn / TP),
 linear_fc2 (Linear, ffn / TP -> hidden), each with a bias (GPT) and Megatron's return_bias where it uses it.
 
-Skips cleanly (one line, exit 0) without CUDA or Transformer Engine. Run on an idle DGX H100 (one process, one GPU):
+With --megatron, Megatron-core's own TE-spec TransformerLayer whole (gpt_layer_specs.py
+get_gpt_layer_with_transformer_engine_spec; one process, TP 1 at the rank's shard widths), forward and backward,
+against the Megatron record's `host_block_linears` for the attention kind: the measured block in place of the replica.
+
+Skips cleanly (one line, exit 0) without CUDA or Transformer Engine (or, with --megatron, megatron.core). Run on an idle DGX H100 (one process, one GPU):
     PYTHONPATH=$PWD python scripts/te_host_probe.py --hidden 512 --heads 8 --seq 1024 --micro-batch 4 --tp 4 \
         --attention unfused                     # row G8; --tp 1 --attention fused for G1/G2; add --fp8 for G10
 """
@@ -52,6 +56,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--calls", type=int, default=40, help="calls a repeat (kept under the launch queue's depth)"
     )
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--megatron",
+        action="store_true",
+        help="also time Megatron-core's TE-spec TransformerLayer whole",
+    )
     args = parser.parse_args(argv)
     args.ffn = args.ffn or 4 * args.hidden
     for name in ("hidden", "heads", "ffn", "seq", "micro_batch", "tp", "calls", "repeats"):
@@ -81,7 +90,7 @@ def excess(
     return out
 
 
-def unavailable() -> str | None:
+def unavailable(megatron: bool = False) -> str | None:
     """Why the probe cannot run here, or None."""
     try:
         import torch
@@ -93,6 +102,11 @@ def unavailable() -> str | None:
         import transformer_engine.pytorch  # noqa: F401
     except Exception as exc:  # an import error or TE's own load failure: either way nothing to time
         return f"Transformer Engine does not import ({type(exc).__name__}: {exc})"
+    if megatron:
+        try:
+            import megatron.core  # noqa: F401
+        except Exception as exc:
+            return f"megatron.core does not import ({type(exc).__name__}: {exc})"
     return None
 
 
@@ -204,6 +218,70 @@ def run(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     return found
 
 
+def run_block(args: argparse.Namespace) -> tuple[float, float]:
+    """Host µs (forward, backward) of one Megatron-core TE-spec TransformerLayer at the rank's shard widths, in one
+    process (world 1, TP 1): the TP collectives are not issued (hostcalls.py's)."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29517", world_size=1, rank=0)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    model_parallel_cuda_manual_seed(1234)
+    h, tp = args.hidden, args.tp
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=h,
+        ffn_hidden_size=args.ffn // tp,
+        num_attention_heads=args.heads // tp,
+        kv_channels=h // args.heads,
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
+        add_bias_linear=True,
+        bias_dropout_fusion=True,
+        bias_activation_fusion=True,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        attention_backend=AttnBackend.unfused if args.attention == "unfused" else AttnBackend.fused,
+    )
+    spec = get_gpt_layer_with_transformer_engine_spec()
+    layer = TransformerLayer(config, spec.submodules, layer_number=1).cuda()
+    x = torch.randn(
+        args.seq, args.micro_batch, h, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
+    return _fwd_bwd_us(
+        lambda t: layer(hidden_states=t, attention_mask=None),
+        (x,),
+        args.calls,
+        args.repeats,
+        contextlib.nullcontext,
+    )
+
+
+def block_report(unit_us: float, block: tuple[float, float], attention: str) -> list[str]:
+    """The whole layer in torch Linear forwards beside the Megatron record's block for the attention kind."""
+    from planner.cost.runtime_megatron import HOST_BLOCK_LINEARS
+
+    record = {name: (fwd, bwd) for name, fwd, bwd in HOST_BLOCK_LINEARS}[
+        "flash" if attention == "fused" else "eager"
+    ]
+    fwd, bwd = block[0] / unit_us, block[1] / unit_us
+    return [
+        f"Megatron-core TransformerLayer (TE spec): forward {block[0]:.2f} µs = {fwd:.2f} units, backward "
+        f"{block[1]:.2f} µs = {bwd:.2f} units; the record's block {record[0]:.2f} / {record[1]:.2f}: "
+        f"{fwd - record[0]:+.2f} / {bwd - record[1]:+.2f} units"
+    ]
+
+
 def report(found: dict[str, tuple[float, float]], attention: str) -> list[str]:
     """The table: µs, torch Linear forwards, and the excess over the replica's stand-in, with the block's sum."""
     unit = found["unit"][0]
@@ -230,11 +308,14 @@ def main(argv: list[str] | None = None) -> int:
     # before TE's import: its attention utils.py reads NVTE_FLASH_ATTN once, at import (line 66)
     if args.attention == "unfused":
         os.environ["NVTE_FUSED_ATTN"], os.environ["NVTE_FLASH_ATTN"] = "0", "0"
-    reason = unavailable()
+    reason = unavailable(args.megatron)
     if reason:
         print(f"te_host_probe: skipped: {reason}")
         return 0
-    print("\n".join(report(run(args), args.attention)))
+    found = run(args)
+    print("\n".join(report(found, args.attention)))
+    if args.megatron:
+        print("\n".join(block_report(found["unit"][0], run_block(args), args.attention)))
     return 0
 
 

@@ -62,11 +62,24 @@ def test_bad_input_is_one_sentence_and_a_nonzero_exit(probe, capsys, argv, said)
 def test_it_skips_cleanly_where_it_cannot_time(probe, capsys, monkeypatch):
     for name in ("NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN"):
         monkeypatch.delenv(name, raising=False)  # restored after the test
-    monkeypatch.setattr(probe, "unavailable", lambda: "no CUDA device")
+    monkeypatch.setattr(probe, "unavailable", lambda megatron=False: "no CUDA device")
     assert probe.main(["--tp", "4", "--attention", "unfused"]) == 0
     assert capsys.readouterr().out == "te_host_probe: skipped: no CUDA device\n"
     # the unfused backend is chosen before TE is imported (its utils.py reads NVTE_FLASH_ATTN at import)
     assert os.environ["NVTE_FUSED_ATTN"] == os.environ["NVTE_FLASH_ATTN"] == "0"
+
+
+def test_the_whole_layer_beside_the_records_block(probe):
+    """--megatron: the layer's µs over the unit, against the Megatron record's block (flash 36.72 / 47.29, eager
+    49.72 / 52.76 torch Linear forwards, docs/published-runs.md §23.hostcall)."""
+    fused = probe.block_report(10.0, (400.0, 500.0), "fused")
+    assert fused == [
+        "Megatron-core TransformerLayer (TE spec): forward 400.00 µs = 40.00 units, backward 500.00 µs = 50.00 "
+        "units; the record's block 36.72 / 47.29: +3.28 / +2.71 units"
+    ]
+    assert probe.block_report(10.0, (400.0, 500.0), "unfused")[0].endswith(
+        "49.72 / 52.76: -9.72 / -2.76 units"
+    )
 
 
 def test_on_this_machine_it_says_why_it_skips(probe):
