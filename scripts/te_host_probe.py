@@ -68,6 +68,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             parser.error(
                 f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}"
             )
+    if args.megatron and args.fp8:
+        parser.error(
+            "--megatron times the layer in BF16 only; run --fp8 without it (the modules under FP8)"
+        )
     if args.heads % args.tp or args.ffn % args.tp or args.hidden % args.heads:
         parser.error(
             f"--tp {args.tp} must divide --heads {args.heads} and --ffn {args.ffn}, and --heads the hidden size"

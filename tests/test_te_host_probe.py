@@ -49,6 +49,7 @@ def test_the_table_sums_the_blocks_excess_in_linear_forwards(probe):
     [
         (["--calls", "0"], "--calls must be a positive integer, got 0"),
         (["--tp", "3"], "--tp 3 must divide --heads 8 and --ffn 2048"),
+        (["--megatron", "--fp8"], "--megatron times the layer in BF16 only"),
     ],
 )
 def test_bad_input_is_one_sentence_and_a_nonzero_exit(probe, capsys, argv, said):
