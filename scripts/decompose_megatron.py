@@ -5,15 +5,16 @@ under runtime megatron); and the slowest rank's optimizer step (its exposed gath
 busiest rank's "time" and "comm" per term (docs/published-runs.md §19.megfunc): each layer row of the cost model's
 TERMS summed over the rank's layers, and each stage row over its stages (the loss's on the last stage's rank),
 x the microbatches, and the "step" rows once, in seconds a step. With --published S, the gap to a published step
-and its share a block-microbatch on the critical path (docs/published-runs.md §29.grows).
+and its share a block-microbatch on the critical path (docs/published-runs.md §29.grows). With --host-split, a
+block-microbatch of the busiest rank's first block, device against host, pass by pass (docs/published-runs.md §35.tehost).
 usage: PYTHONPATH=. python scripts/decompose_megatron.py CONFIG.yaml --gpus N --gpu G [--gpus-per-node K] [--nvlink-domain D] [--terms]
-       [--published S]"""
+       [--published S] [--host-split]"""
 
 import argparse
 from pathlib import Path
 
 from planner.commands.evaluate_config import predict, read_job
-from planner.cost import schedule_time, terms
+from planner.cost import hosttime, schedule_time, terms
 from planner.cost.assembly import stage_sums
 from planner.cost.chunked import schedule_of, stages_view
 from planner.cost.score import placed_chunks
@@ -35,6 +36,8 @@ def main() -> None:
     parser.add_argument("--terms", action="store_true", help="the busiest rank's time and comm, term by term")
     parser.add_argument("--published", type=float, default=None,
                         help="the published step (s): print the gap and its share a block pass on the critical path")
+    parser.add_argument("--host-split", action="store_true",
+                        help="a block-microbatch of the busiest rank's first block: device and host, pass by pass")
     args = parser.parse_args()
     found = predict(read_job(args.config, None), gpus=args.gpus, gpu_name=args.gpu, gpus_per_node=args.gpus_per_node,
                     nvlink_domain=args.nvlink_domain)
@@ -66,6 +69,9 @@ def main() -> None:
     if args.terms:
         for name, seconds in rank_terms(chunks, order.stages_of(rank), profile, view, m):
             print(f"  {seconds:8.4f}  {name}")
+    if args.host_split:
+        for line in host_split(chunks, order.stages_of(rank), profile, view):
+            print(line)
     if args.published is not None:
         gap_s = args.published - found.cost.iteration_ms / 1e3
         passes = critical_block_passes(chunks, order, m)
@@ -83,6 +89,25 @@ def critical_block_passes(chunks, order, microbatches: int) -> int:
     blocks = [sum(layer.kind in BLOCKS for layer in layers) for layers, _ in chunks]
     per_rank = max(len(order.stages_of(r)) for r in range(order.num_ranks))
     return (microbatches * per_rank + order.num_ranks - 1) * max(blocks, default=0)
+
+
+def host_split(chunks, stages, profile, view) -> list[str]:
+    """The rank's first block, a microbatch: its forward's and backward's device time (the profile's pass, as
+    hosttime.host_bound_ms compares it) beside the host's (the record's block, its DDP hooks, its collectives' issue,
+    the pre-hooks), and what the pass is charged, max(device, host); no lines where the rank has no block."""
+    for k in stages:
+        for layer, ckpt in zip(*chunks[k]):
+            if layer.kind not in BLOCKS:
+                continue
+            fwd_host, bwd_host, _ = hosttime._block_host(layer, profile, view)
+            rows = [("forward", layer.fwd_ms, fwd_host), ("backward", layer.bwd_ms, bwd_host)]
+            lines = [f"a block-microbatch ({layer.name}, recompute option {int(ckpt)}): device / host / charged ms"]
+            lines += [f"  {name:9s} {dev:.3f} / {host:.3f} / {max(dev, host):.3f}" for name, dev, host in rows]
+            dev, host = layer.fwd_ms + layer.bwd_ms, fwd_host + bwd_host
+            charged = sum(max(d, h) for _, d, h in rows)
+            lines.append(f"  both      {dev:.3f} / {host:.3f} / {charged:.3f}")
+            return lines
+    return []
 
 
 def rank_terms(chunks, stages, profile, view, microbatches: int) -> list[tuple[str, float]]:

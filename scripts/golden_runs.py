@@ -26,7 +26,8 @@ G_ROWS = {"G1": "gpt/gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline", "G2": "gpt/gpt3
           "G5": "gpt/gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion", "G6": "gpt/gpt3_mcore_te_tp2_pp2_mla",
           "G7": "gpt/gpt3_mcore_te_tp2_pp2_cp2",
           "G8": "gpt/gpt3_mcore_te_tp4_pp1_dist_optimizer_overlap_grad_reduce_param_gather",
-          "G9": "moe/gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser"}
+          "G9": "moe/gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser",
+          "G10": "gpt/gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap"}
 
 
 def steady_step_s(golden: dict, *, skip_first: int = 0) -> float | None:
@@ -77,11 +78,20 @@ def resume_pairs(git_dir: Path, commit: str, platform: str = "dev_dgx_h100") -> 
     return pairs
 
 
+def host_share_bound(h100_s: float, gb200_s: float, grace_per_xeon: float) -> float:
+    """The most of the H100 step that can be host issue at the Xeon's per-call time (docs/published-runs.md
+    §35.tehost): GB200's host issues the same calls `grace_per_xeon` times slower (TransformerEngine#2053's torch
+    Linear, 37.08 / 13.48 µs) and its step cannot be shorter than that issue, so share x h100 x ratio <= gb200."""
+    return gb200_s / (h100_s * grace_per_xeon)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("git_dir", type=Path)
     parser.add_argument("--commit", default="93ebf8d7")
     parser.add_argument("--pairs", action="store_true", help="every checkpoint-resume test's two runs on DGX H100")
+    parser.add_argument("--host-bound", action="store_true",
+                        help="the most of each row's H100 step that can be host issue, from its GB200 run")
     args = parser.parse_args()
     print("| row | test case | " + "steady step s by golden-values file |")
     print("|---|---|---|")
@@ -89,6 +99,18 @@ def main() -> None:
         found = platforms(args.git_dir, args.commit, case)
         text = ", ".join(f"{name} {s:.4f}" for name, s in sorted(found.items()) if s)
         print(f"| {row} | {case} | {text} |")
+    if args.host_bound:
+        from planner.models import archs
+
+        ratio = archs.gpu("gb200").host_call_us / archs.gpu("h100").host_call_us
+        print(f"\n| row | H100 s | GB200 s | GB200 / H100 | host share of H100's step at most (Grace {ratio:.3f}x) |")
+        print("|---|---|---|---|---|")
+        for row, case in G_ROWS.items():
+            found = platforms(args.git_dir, args.commit, case)
+            h100, gb200 = found.get("dev_dgx_h100"), found.get("dev_dgx_gb200")
+            if h100 and gb200:
+                bound = host_share_bound(h100, gb200, ratio)
+                print(f"| {row} | {h100:.4f} | {gb200:.4f} | {gb200 / h100:.3f} | {bound:.3f} ({bound * h100:.4f} s) |")
     if args.pairs:
         print("\n| test case | first run s | second run s | second / first |")
         print("|---|---|---|---|")
