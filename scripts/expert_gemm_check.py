@@ -9,7 +9,8 @@ common/util/multi_stream.cpp 52-55). Megatron-core's TEGroupedMLP gives linear_f
 (beta 1). ckplan times each expert's GEMM alone by its FLOPs (roofline.matmul_efficiency); no published figure
 says what four streams of these shapes reach on an H100. The table prints what ckplan charges; --device times one
 expert's GEMM alone and a pass's GEMMs on four streams, in BF16 (an FP8 row's GEMMs timed in BF16 all the same:
-the FP8 path's quantize kernels are not in it), with torch's cuBLAS, as TE issues them.
+the FP8 path's quantize kernels are not in it), with torch's cuBLAS, as TE issues them, each operand
+row-major (TE's wgrad and dgrad take transposed layouts: what cuBLAS picks for those may differ).
 
 usage: PYTHONPATH=<checkout> python scripts/expert_gemm_check.py FLAGS.yaml GPU [--device]
 """
@@ -71,7 +72,10 @@ def timed_ms(
             s.wait_stream(main)
         for i, ((a, b, c), add) in enumerate(zip(ops, accumulate)):
             with torch.cuda.stream(side[i % streams]):
-                c.addmm_(a, b) if add else torch.mm(a, b, out=c)
+                if add:
+                    c.addmm_(a, b)
+                else:
+                    torch.mm(a, b, out=c)
         for s in side:
             main.wait_stream(s)
 
