@@ -107,7 +107,7 @@ def test_e3s_block_gains_the_clamp_and_the_weighted_bias_at_the_eager_rate():
 def test_e2s_fp8_block_pads_and_unpads_each_way_at_the_fused_rate(monkeypatch):
     job = _job("h100_qwen3_30b_fp8cs")
     shape, gpu = _shape(job), archs.gpu("h100")
-    S, h = 8192 * 8, 2048
+    S, h = 4096 * 8, 2048  # MBS 1 (the preset's, framework-facts §171): 4,096 tokens x top 8
     assert te_moe_eager.fp8_padding_bytes(job.arch, shape) == (8 * S * h, 8 * S * h)
 
     def record():
