@@ -274,6 +274,12 @@ class LayerProfile(Strict):
     # fused (analytic profiles: planner/profiler/te_fused.py); read where the runtime's record says its
     # layers run those kernels (RuntimeFacts.fused_kernels). None: timed as the profile's passes, said
     te_time: FusedKernelTime | None = None
+    # of bwd_ms (and the Float8 record's), the eager accumulation of its linears' weight gradients into .grad
+    # (analytic profiles: analytic_time.ACCUMULATE x the gradients' bytes at the elementwise class's rate; 0 under
+    # --mfu, elsewhere and in profiles made before). Megatron-core's own linears (the output layer, eh_proj) and
+    # TE's run none under the gradient-accumulation fusion: planner/cost/fusedkernels.py takes it out where a
+    # layer has no te_time (whose record holds its own, FusedKernelTime.accumulate_ms)
+    wgrad_accumulate_ms: Ms = 0.0
     # the tensor-parallel collectives per microbatch (analytic profiles at --tp > 1: the
     # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
     # empty elsewhere and in profiles made before: no tensor-parallel communication charged
