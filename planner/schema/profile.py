@@ -242,8 +242,9 @@ class LayerProfile(Strict):
     # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
     largest_param_count: Count | None = None
     transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
-    # optimizer step over this layer's parameters, once per iteration, per optimizer name
-    # (median ms); empty in profiles made before it was measured: the step then costs 0
+    # optimizer step over this layer's parameters, once per iteration, per optimizer name (ms: measured
+    # profiles, each optimizer's fastest of its rounds, measure.fastest_turns_ms); empty in profiles made
+    # before it was measured: the step then costs 0
     step_ms: dict[Optimizer, Ms] = {}
     # every option the layer supports, "none" and "full" first (as act_bytes, input_bytes and
     # recompute_ms say), then selective ones; empty: none and full only (profiles made before)
