@@ -87,3 +87,32 @@ def test_the_mtp_layers_eh_proj_and_shared_head_fuse_as_the_decoders_do():
     assert unfused["mtp.0"].bwd_ms - fused["mtp.0"].bwd_ms == pytest.approx(_eager(BLOCK_PARAMS + eh_proj), rel=1e-9)
     assert fused["mtp.0.head"].bwd_ms == pytest.approx(mtp_head.bwd_ms - _eager(HEAD_WEIGHT), rel=1e-12)
     assert unfused["mtp.0.head"].bwd_ms == mtp_head.bwd_ms
+
+
+MEGATRON = [("--num-layers", ["2"]), ("--hidden-size", ["256"]), ("--num-attention-heads", ["4"]),
+            ("--seq-length", ["128"]), ("--max-position-embeddings", ["128"]), ("--vocab-size", ["1024"])]
+
+
+def _said(pairs) -> dict[str, tuple[str, str, str]]:
+    from planner.models.configs.megatron import from_pairs
+
+    job = from_pairs([*MEGATRON, *pairs], "run.sh")
+    return {s.name: (s.value, s.status, s.what) for s in job.settings}, job
+
+
+def test_a_norm_kind_the_block_does_not_build_is_not_modelled():
+    """--normalization was listed "modelled (the same bytes)" and never read: the reader builds the norm from the MLP
+    (--swiglu: RMSNorm, else LayerNorm). A kind that block does not have is listed not modelled, with what differs
+    (TransformerConfig.normalization, transformer_config.py 256 at d98e8a64: LayerNorm by default)."""
+    said, job = _said([("--normalization", ["RMSNorm"])])  # a GPT block (GELU) with RMSNorm
+    assert job.arch.style == "gpt"
+    assert said["--normalization"][:2] == ("RMSNorm", "not modelled")
+    assert "LayerNorm" in said["--normalization"][2]
+    said, job = _said([("--swiglu", []), ("--normalization", ["RMSNorm"])])
+    assert job.arch.style == "llama" and said["--normalization"][:2] == ("RMSNorm", "modelled")
+    said, _ = _said([("--normalization", ["LayerNorm"])])
+    assert said["--normalization"][:2] == ("LayerNorm", "modelled")
+    # --swiglu under Megatron's default LayerNorm: not given, said in the notes
+    said, job = _said([("--swiglu", [])])
+    assert "--normalization" not in said
+    assert any(note.startswith("--normalization LayerNorm (Megatron-LM's default)") for note in job.notes)
