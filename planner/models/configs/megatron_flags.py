@@ -476,10 +476,10 @@ def read_normalization(flags, *, gated: bool) -> None:
     what differs; Megatron-LM's default under a gated MLP, not given, is said in the notes."""
     built = "RMSNorm" if gated else "LayerNorm"
     block = "a gated MLP's LLaMA-style block" if gated else "a GPT block (no --swiglu)"
-    differs = (f"charged as {block}'s {built}: a LayerNorm's bias (h parameters a norm, with their gradients and "
-               "optimizer state) and its kept mean (4 B a token a norm) are what the two kinds differ by")
+    differs = (f"charged as {built}, the norm of {block}: a LayerNorm's bias (h parameters a norm, with their "
+               "gradients and optimizer state) and its kept mean (4 B a token a norm) are what the two kinds differ by")
     given = "--normalization" in flags.given
-    kind = flags.take("--normalization", f"norm kind: {built}, {block}'s", str, "LayerNorm")
+    kind = flags.take("--normalization", f"norm kind: {built}, the norm of {block}", str, "LayerNorm")
     if kind.lower() == built.lower():
         return
     if given:
