@@ -10,7 +10,9 @@ record reruns in FP8 summed from its parts, float8_options) in place of the laye
 none, the layer's Float8 record moves by the same differences (its times are the eager passes' with the
 linears in FP8, and Float8 changes no norm or activation). A layer without a record keeps its times (measured profiles,
 fake profiles of a model file or of a config the architecture reader does not read, MoE blocks, profiles
-made before): `untimed_layers` names them for the command to say.
+made before): `untimed_layers` names them for the command to say. Every layer's backward is under Megatron's
+gradient-accumulation fusion, record or not: an analytic layer without one (the head, eh_proj's MTP layer, a
+block whose fused kernels were not read) loses the eager accumulation its profile timed (wgrad_accumulate_ms).
 """
 
 from __future__ import annotations
@@ -26,11 +28,29 @@ def fused_profile(profile: Profile, fused_kernels: str | None, *, unfused_accumu
     """The profile with each layer that recorded `te_time` timed by it where the runtime's layers run
     Transformer Engine's kernels (`fused_kernels` == "transformer-engine"); else the profile itself. The
     record's backward is under Megatron's gradient-accumulation fusion; `unfused_accumulation`
-    (--no-gradient-accumulation-fusion) adds back the eager accumulation pass (FusedKernelTime.accumulate_ms)."""
+    (--no-gradient-accumulation-fusion) adds back the eager accumulation pass (FusedKernelTime.accumulate_ms).
+    A layer without a record runs its linears' wgrad under the same fusion (Megatron-core's output layer and
+    eh_proj: ColumnParallelLinear with gradient_accumulation_fusion; the blocks' TE linears): its backward loses
+    the eager pass the profile timed (LayerProfile.wgrad_accumulate_ms) unless `unfused_accumulation`."""
     if fused_kernels != "transformer-engine":
         return profile
-    layers = [_timed(layer, unfused_accumulation) if layer.te_time is not None else layer for layer in profile.layers]
+    layers = [_timed(layer, unfused_accumulation) if layer.te_time is not None
+              else layer if unfused_accumulation else _fused_accumulation(layer) for layer in profile.layers]
     return profile.model_copy(update={"layers": layers})
+
+
+def _fused_accumulation(layer: LayerProfile) -> LayerProfile:
+    """`layer`'s backward (and its Float8 record's) without the eager weight-gradient accumulation its profile
+    timed (wgrad_accumulate_ms), which the fused wgrad GEMM does in its epilogue."""
+    gone = layer.wgrad_accumulate_ms
+    if not gone:
+        return layer
+    bwd = max(0.0, layer.bwd_ms - gone)
+    fp8 = None if layer.float8 is None else layer.float8.model_copy(
+        update={"bwd_ms": max(0.0, layer.float8.bwd_ms - gone)})
+    return layer.model_copy(update={"bwd_ms": bwd, "bwd_ms_min": max(0.0, layer.bwd_ms_min - gone),
+                                    "bwd_ms_max": max(0.0, layer.bwd_ms_max - gone), "float8": fp8,
+                                    "wgrad_accumulate_ms": 0.0})
 
 
 def blocks(profile: Profile) -> list[LayerProfile]:
@@ -98,7 +118,8 @@ def _timed(layer: LayerProfile, unfused_accumulation: bool = False) -> LayerProf
         saved_by_option[option.name] = option.recompute_ms - rerun
         options.append(option.model_copy(update={"recompute_ms": rerun}))
     update = {"fwd_ms": timed.fwd_ms, "bwd_ms": timed.bwd_ms, "fwd_ms_min": timed.fwd_ms, "fwd_ms_max": timed.fwd_ms,
-              "bwd_ms_min": timed.bwd_ms, "bwd_ms_max": timed.bwd_ms, "recompute_options": options, "te_time": None}
+              "bwd_ms_min": timed.bwd_ms, "bwd_ms_max": timed.bwd_ms, "recompute_options": options, "te_time": None,
+              "wgrad_accumulate_ms": timed.accumulate_ms if unfused_accumulation else 0.0}
     if full is not None:
         update["recompute_ms"] = full
     if layer.float8 is not None and timed.float8 is not None:  # the record's own, on TE's fused linears

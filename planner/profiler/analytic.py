@@ -347,7 +347,9 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   selective=selective_options(arch, shape, gpu, mfu, moe=moe, fwd_ms=times[0], bwd_ms=times[1],
                                               none_split=split), splits=analytic_split.splits(arch, split, times[2], moe=moe),
                   expert_param_count=expert_params(arch, shape) if moe else 0,
-                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0).model_copy(update={"float8": fp8})
+                  a2a_bytes=dispatch_bytes(arch, shape) if moe else 0).model_copy(update={
+                      "float8": fp8, "wgrad_accumulate_ms": analytic_time.accumulate_ms(
+                          analytic_time.accumulate_bytes(arch, shape, moe=moe), gpu, mfu)})
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})
@@ -374,7 +376,9 @@ def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> 
                   input_bytes=boundary, output_bytes=logits_bytes(arch, shape, shape.d),
                   input_in_act_bytes=boundary, param_count=head_params(arch, shape),
                   transient_bytes=logits_bytes(arch, shape, shape.d) + head_input_grad_bytes(arch, shape),
-                  input_grad_in_transient=True, shape=shape, gpu=gpu, kept_terms=(*(term.num_bytes for term in _norm_terms(arch, shape, "final")), boundary))
+                  input_grad_in_transient=True, shape=shape, gpu=gpu, kept_terms=(*(term.num_bytes for term in _norm_terms(arch, shape, "final")), boundary)
+                  ).model_copy(update={"wgrad_accumulate_ms": analytic_time.accumulate_ms(
+                      analytic_time.head_accumulate_bytes(arch, shape), gpu, mfu)})
 
 
 def mtp_layers(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None) -> list[LayerProfile]:

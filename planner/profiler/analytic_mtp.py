@@ -54,10 +54,16 @@ def proj_work(arch, shape: Shape):
     concat = 2 * shape.tokens * 2 * arch.hidden_size * shape.d // shape.sp_div  # torch.cat: read and written
     flops = 2 * shape.tokens * 2 * arch.hidden_size * arch.hidden_size // shape.tp
     kernels = analytic_time._matmuls(flops)
-    accumulate = analytic_time.ACCUMULATE * 2 * arch.hidden_size * arch.hidden_size // shape.tp * shape.d
+    accumulate = eh_proj_accumulate_bytes(arch, shape)
     fwd = work(flops, 2 * norm_fwd + concat, kernels, classed={name: 2 * norm_fwd, "elementwise": concat})
     return (fwd, work(2 * flops, 2 * norm_bwd + concat + accumulate, analytic_time._backward_kernels(kernels),
                       classed={name: 2 * norm_bwd, "elementwise": concat + accumulate}), fwd)
+
+
+def eh_proj_accumulate_bytes(arch, shape: Shape) -> int:
+    """eh_proj's weight gradient ([h/t, 2h]) added into .grad by the eager pass (analytic_time.ACCUMULATE a
+    bf16 element)."""
+    return analytic_time.ACCUMULATE * 2 * arch.hidden_size * arch.hidden_size // shape.tp * shape.d
 
 
 def loss_split_ms(loss_ms: float, shape: Shape) -> tuple[float, float]:
@@ -98,28 +104,35 @@ def mtp_layers(index: int, arch, shape: Shape, gpu, mfu, *, embedding: LayerProf
                 param_count=embedding.param_count + proj_params(arch, shape) + block.param_count + final_norm,
                 transient_bytes=block.transient_bytes, shape=shape, gpu=gpu, kept_terms=kept,
                 expert_param_count=block.expert_param_count, a2a_bytes=block.a2a_bytes)
+    eh_proj = analytic_time.accumulate_ms(eh_proj_accumulate_bytes(arch, shape), gpu, mfu)
     body = body.model_copy(update={"recompute_options": recompute_options(body, block),
-                                   "te_time": _te_time(block, embedding, proj, norm)})
+                                   "te_time": _te_time(block, embedding, proj, norm, eh_proj),
+                                   "wgrad_accumulate_ms": block.wgrad_accumulate_ms + eh_proj})
     gemm = (head.fwd_ms - norm[0] + loss_fwd, head.bwd_ms - norm[1] + loss_bwd, head.recompute_ms - norm[2] + loss_fwd)
+    # the shared output weight's second wgrad GEMM, accumulated as the head's first (its own eager pass, or fused)
     return [body, make(f"mtp.{index}.head", "mtp_head", times=gemm, act_bytes=boundary + loss_bytes,
                        input_bytes=boundary, output_bytes=head.output_bytes, input_in_act_bytes=boundary, param_count=0,
-                       transient_bytes=head.transient_bytes, shape=shape, gpu=gpu, kept_terms=(boundary, loss_bytes))]
+                       transient_bytes=head.transient_bytes, shape=shape, gpu=gpu, kept_terms=(boundary, loss_bytes)
+                       ).model_copy(update={"wgrad_accumulate_ms": head.wgrad_accumulate_ms})]
 
 
-def _te_time(block: LayerProfile, embedding: LayerProfile, proj: tuple, norm: tuple) -> FusedKernelTime | None:
+def _te_time(block: LayerProfile, embedding: LayerProfile, proj: tuple, norm: tuple,
+             eh_proj_accumulate_ms: float) -> FusedKernelTime | None:
     """The MTP layer's passes where its transformer layer runs on Transformer Engine's fused kernels (the
     block's own record, te_fused.te_time: Megatron-core builds `mtp_model_layer` from the decoder's layer
     spec, multi_token_prediction.py 1157-1250 at d98e8a64): the lookup, enorm, hnorm, eh_proj and the final
     norm as the layer's eager passes time them, the block's passes the record's (its selective parts' reruns
-    too: the layer's selective options are the block's); None without a record."""
+    too: the layer's selective options are the block's), eh_proj's backward without its weight gradient's eager
+    accumulation (`eh_proj_accumulate_ms`: a ColumnParallelLinear, which the gradient-accumulation fusion runs in its
+    wgrad GEMM as the record's linears; kept in accumulate_ms for where it is off); None without a record."""
     timed = block.te_time
     if timed is None:
         return None
     full = timed.recompute_ms.get(OPTION_FULL, block.recompute_ms)
     return FusedKernelTime(fwd_ms=embedding.fwd_ms + proj[0] + timed.fwd_ms + norm[0],
-                           bwd_ms=embedding.bwd_ms + proj[1] + timed.bwd_ms + norm[1],
+                           bwd_ms=embedding.bwd_ms + proj[1] - eh_proj_accumulate_ms + timed.bwd_ms + norm[1],
                            recompute_ms={**timed.recompute_ms, OPTION_FULL: proj[2] + full + norm[2]}, float8=None,
-                           accumulate_ms=timed.accumulate_ms)  # the block's, where the fusion is off
+                           accumulate_ms=timed.accumulate_ms + eh_proj_accumulate_ms)  # where the fusion is off
 
 
 def recompute_options(layer: LayerProfile, block: LayerProfile) -> list[RecomputeOption]:

@@ -46,6 +46,7 @@ from planner.models.archs import GPU
 from planner.models.gptoss import window_pairs
 from planner.profiler import analytic_moe, formulas, gptoss_time, hf_mla, hf_moe
 from planner.profiler.activations import ACTIVATIONS
+from planner.profiler.membound import membound_ms
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 
 NORM_FWD, NORM_BWD, NORM_FWD_TOKEN, NORM_BWD_TOKEN = 36, 96, 28, 44
@@ -223,6 +224,19 @@ def accumulate_bytes(arch, shape, *, moe: bool = False) -> int:
     if formulas._is_moe(arch, moe) and shape.ep > 1:
         held -= arch.num_experts * formulas.expert_width_params(arch, shape) // shape.ep * (shape.ep - 1)
     return ACCUMULATE * held * shape.d
+
+
+def head_accumulate_bytes(arch, shape) -> int:
+    """Bytes the output layer's weight-gradient accumulation into .grad moves (head_work's, less the final norm's:
+    a norm is no linear, its gradient takes the eager path under any fusion)."""
+    return ACCUMULATE * formulas.vocab_per_device(arch, shape) * arch.hidden_size * shape.d
+
+
+def accumulate_ms(num_bytes: int, gpu, mfu: float | None) -> float:
+    """The eager accumulation's `num_bytes` as the roofline charges them (class elementwise; additive by class), the
+    part of a backward Megatron's gradient-accumulation fusion does not run (LayerProfile.wgrad_accumulate_ms);
+    0 under an explicit MFU, which times FLOPs alone."""
+    return 0.0 if mfu is not None else membound_ms(num_bytes, gpu, "eager", "elementwise")
 
 
 def block_weight_grad_work(arch, shape, *, moe: bool = False) -> Work:

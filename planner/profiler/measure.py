@@ -373,9 +373,9 @@ def _sum_copies(mine: torch.Tensor, theirs: torch.Tensor) -> None:
 
 
 def _step_ms(layer: nn.Module, *, warmup: int, repeats: int) -> dict[str, float]:
-    """Median time of one optimizer step over the layer's trainable parameters, per
-    optimizer. It steps copies (with a constant gradient), so the model stays as it was;
-    at least one untimed step first, since Adam allocates its state in its first."""
+    """The time of one optimizer step over the layer's trainable parameters, per optimizer: each one's
+    fastest round, the optimizers taking turns (fastest_turns_ms). It steps copies (with a constant gradient),
+    so the model stays as it was; at least one untimed step first, since Adam allocates its state in its first."""
     params = [p for p in layer.parameters() if p.requires_grad]
     if not params:
         return dict.fromkeys(OPTIMIZERS, 0.0)
@@ -384,12 +384,21 @@ def _step_ms(layer: nn.Module, *, warmup: int, repeats: int) -> dict[str, float]
         copy = param.detach().clone().requires_grad_(True)
         copy.grad = torch.full_like(copy, 1e-3)
         copies.append(copy)
-    result = {}
-    for name in OPTIMIZERS:
-        optimizer = make_optimizer(name, copies)
-        result[name] = time_call(optimizer.step, device=copies[0].device, warmup=max(warmup, 1),
-                                 repeats=repeats).median_ms
-    return result
+    optimizers = {name: make_optimizer(name, copies) for name in OPTIMIZERS}
+    return fastest_turns_ms(optimizers, device=copies[0].device, warmup=warmup, repeats=repeats)
+
+
+def fastest_turns_ms(optimizers: dict, *, device: torch.device, warmup: int, repeats: int) -> dict[str, float]:
+    """Each optimizer's step, in ms: the optimizers take turns, round by round (at least one untimed step each
+    first), and each keeps its fastest round. A busy machine slows a round, never speeds one, and taking turns
+    keeps a burst of load from landing on all of one optimizer's rounds (a median of consecutive steps put a
+    4K-parameter Adam step at 14 ms, and SGD's host step above Adam's, under the suite's load)."""
+    best = dict.fromkeys(optimizers, float("inf"))
+    for round_ in range(repeats):
+        for name, optimizer in optimizers.items():
+            stats = time_call(optimizer.step, device=device, warmup=max(warmup, 1) if round_ == 0 else 0, repeats=1)
+            best[name] = min(best[name], stats.median_ms)
+    return best
 
 
 def _fixed_grad(output: torch.Tensor) -> torch.Tensor | None:
@@ -470,16 +479,10 @@ HOST_STEP_PARAMS = 2**20  # 4 MiB of fp32: past the CPU caches, as an offloaded 
 def host_step_ns_per_param(*, warmup: int = 1, repeats: int = 3,
                            num_params: int = HOST_STEP_PARAMS) -> dict[str, float]:
     """Each optimizer stepping fp32 tensors on this machine's CPU, ns per parameter: what an offloaded
-    optimizer's host step costs (the cost model's offload term). The optimizers take turns, round by round, and
-    each keeps its fastest round: a busy machine slows a round, never speeds one, and taking turns keeps their
-    ratio (which analytic profiles use) from a burst of load that lands on one optimizer's rounds only."""
+    optimizer's host step costs (the cost model's offload term). Each one's fastest round, the optimizers taking
+    turns (fastest_turns_ms), which keeps their ratio (which analytic profiles use) from a burst of load."""
     param = torch.zeros(num_params, requires_grad=True)
     param.grad = torch.full_like(param, 1e-3)
     optimizers = {name: make_optimizer(name, [param]) for name in OPTIMIZERS}
-    best = {name: float("inf") for name in OPTIMIZERS}
-    for round_ in range(repeats):
-        for name, optimizer in optimizers.items():
-            stats = time_call(optimizer.step, device=torch.device("cpu"), warmup=max(warmup, 1) if round_ == 0 else 0,
-                              repeats=1)
-            best[name] = min(best[name], stats.median_ms)
+    best = fastest_turns_ms(optimizers, device=torch.device("cpu"), warmup=warmup, repeats=repeats)
     return {name: ms * 1e6 / num_params for name, ms in best.items()}

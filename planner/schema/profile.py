@@ -242,8 +242,9 @@ class LayerProfile(Strict):
     # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
     largest_param_count: Count | None = None
     transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
-    # optimizer step over this layer's parameters, once per iteration, per optimizer name
-    # (median ms); empty in profiles made before it was measured: the step then costs 0
+    # optimizer step over this layer's parameters, once per iteration, per optimizer name (ms: measured
+    # profiles, each optimizer's fastest of its rounds, measure.fastest_turns_ms); empty in profiles made
+    # before it was measured: the step then costs 0
     step_ms: dict[Optimizer, Ms] = {}
     # every option the layer supports, "none" and "full" first (as act_bytes, input_bytes and
     # recompute_ms say), then selective ones; empty: none and full only (profiles made before)
@@ -274,6 +275,12 @@ class LayerProfile(Strict):
     # fused (analytic profiles: planner/profiler/te_fused.py); read where the runtime's record says its
     # layers run those kernels (RuntimeFacts.fused_kernels). None: timed as the profile's passes, said
     te_time: FusedKernelTime | None = None
+    # of bwd_ms (and the Float8 record's), the eager accumulation of its linears' weight gradients into .grad
+    # (analytic profiles: analytic_time.ACCUMULATE x the gradients' bytes at the elementwise class's rate; 0 under
+    # --mfu, elsewhere and in profiles made before). Megatron-core's own linears (the output layer, eh_proj) and
+    # TE's run none under the gradient-accumulation fusion: planner/cost/fusedkernels.py takes it out where a
+    # layer has no te_time (whose record holds its own, FusedKernelTime.accumulate_ms)
+    wgrad_accumulate_ms: Ms = 0.0
     # the tensor-parallel collectives per microbatch (analytic profiles at --tp > 1: the
     # all-gathers and reduce-scatters of sequence parallelism, or the all-reduces without it);
     # empty elsewhere and in profiles made before: no tensor-parallel communication charged

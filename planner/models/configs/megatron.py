@@ -42,6 +42,7 @@ from planner.models.configs.megatron_flags import (
     TOKENIZER_SOURCE,
     TOKENIZER_VOCAB,
     launch_settings,
+    read_normalization,
     yaml_extras,
 )
 from planner.models.configs.megatron_memflags import read_memory_settings
@@ -168,7 +169,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
                            "timed as SwiGLU's fused kernel")
     megatron_gptoss.glu_offset(flags, quick_geglu=quick_geglu)
     swiglu = swiglu or quick_geglu
-    flags.take("--normalization", "norm kind (RMSNorm or LayerNorm: the same bytes)", str, "LayerNorm")
+    read_normalization(flags, gated=swiglu)  # the norm the block's style builds; the other kind not modelled
     untied = flags.take("--untie-embeddings-and-output-weights", "separate output weights", bool, False)
     no_bias = flags.take("--disable-bias-linear", "no linear biases", bool, False)
     qkv_bias = flags.take("--add-qkv-bias", "q/k/v biases", bool, False)

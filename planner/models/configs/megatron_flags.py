@@ -467,3 +467,22 @@ def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
                 status, what = _alloc_conf_said(setting)
             found.append((f"{key}.{name}", str(setting), status, what))
     return found
+
+
+def read_normalization(flags, *, gated: bool) -> None:
+    """--normalization (Megatron-core's TransformerConfig.normalization: LayerNorm or RMSNorm, LayerNorm by default;
+    transformer_config.py 256 at d98e8a64). The reader builds the norm with the block its MLP makes (gated: a
+    LLaMA-style block's RMSNorm; else a GPT block's LayerNorm), so the other kind is listed not modelled, with
+    what differs; Megatron-LM's default under a gated MLP, not given, is said in the notes."""
+    built = "RMSNorm" if gated else "LayerNorm"
+    block = "a gated MLP's LLaMA-style block" if gated else "a GPT block (no --swiglu)"
+    differs = (f"charged as {built}, the norm of {block}: a LayerNorm's bias (h parameters a norm, with their "
+               "gradients and optimizer state) and its kept mean (4 B a token a norm) are what the two kinds differ by")
+    given = "--normalization" in flags.given
+    kind = flags.take("--normalization", f"norm kind: {built}, the norm of {block}", str, "LayerNorm")
+    if kind.lower() == built.lower():
+        return
+    if given:
+        flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", differs)
+    else:
+        flags.notes.append(f"--normalization LayerNorm (Megatron-LM's default) with a gated MLP: {differs}")
