@@ -4,6 +4,7 @@ experts of f = 32, k = 2 (S = 32), one shared expert of 32, latent attention as 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_fake_mla import MLA
 
@@ -19,6 +20,7 @@ MOE = dict(MLA, first_k_dense_replace=0, routed_scaling_factor=2.5)
 
 
 def _trace(config: dict) -> tuple[fake.OpBytes, fake.OpBytes]:
+    pytest.importorskip("transformers")
     model, layers, batch, mode = fake_mode.hf_model_on_meta(config, seq_len=T)
     with mode, counted_as("cuda"), device_attention.device_attention("cuda", archs.gpu("h100"), layers):
         fake_mode.fake_module(model, mode)
