@@ -58,6 +58,11 @@ def added_ms(kernels: int, gap_us: float) -> float:
     return kernels * gap_us / 1e3
 
 
+def block_share(kernels: int, gap_us: float, block_ms: float) -> float:
+    """What a gap of `gap_us` after each of a block-microbatch's `kernels` adds to its `block_ms` of device time."""
+    return added_ms(kernels, gap_us) / block_ms
+
+
 def summary(
     mode: str, span_ms: float, kernels: int, durations: list[float], gaps: list[float], ahead: bool
 ) -> dict:

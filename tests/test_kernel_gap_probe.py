@@ -77,3 +77,44 @@ def test_it_skips_cleanly_where_it_cannot_time(probe, capsys, monkeypatch):
     monkeypatch.setattr(probe, "unavailable", lambda: "no CUDA device")
     assert probe.main([]) == 0
     assert capsys.readouterr().out == "kernel_gap_probe: skipped: no CUDA device\n"
+
+
+@pytest.fixture(scope="module")
+def share():
+    return load_script("kernel_gap_share")
+
+
+def test_a_blocks_share_by_hand(probe, share):
+    # 100 kernels at 1.3 µs: 0.13 ms on a 0.547 ms block-microbatch (G8's): 23.8%
+    assert probe.block_share(100, 1.3, 0.547) == pytest.approx(0.13 / 0.547)
+    assert share.line("G8", "h100-sxm", "decoder_block", 0.547, 100, [0.58, 1.3]) == (
+        "| G8 | h100-sxm | decoder_block | 0.547 | 100 | 10.6% / 23.8% |"
+    )
+
+
+def test_the_share_scripts_arguments(share):
+    assert share.parse_rows("E4=300,M8=150") == {"E4": 300, "M8": 150}
+    assert share.parse_gaps("0.58,1.3") == [0.58, 1.3]
+    for bad, said in (("E4", "ID=KERNELS"), ("E4=0", "ID=KERNELS"), ("=3", "ID=KERNELS")):
+        with pytest.raises(ValueError, match=said):
+            share.parse_rows(bad)
+    with pytest.raises(ValueError, match="non-negative"):
+        share.parse_gaps("-1")
+    with pytest.raises(ValueError, match="separated by commas"):
+        share.parse_gaps("1;2")
+
+
+def test_the_share_script_refuses_bad_rows_in_one_sentence(share, capsys):
+    with pytest.raises(SystemExit) as exited:
+        share.main(["--rows", "E4=many"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "--rows takes ID=KERNELS pairs (a positive kernel count), got 'E4=many'" in err
+        and "Traceback" not in err
+    )
+
+
+def test_the_share_script_names_an_unknown_row(share, capsys):
+    assert share.main(["--rows", "ZZ9=10"]) == 2
+    assert "kernel_gap_share: no row ZZ9 in scripts/published_rows.toml" in capsys.readouterr().err
