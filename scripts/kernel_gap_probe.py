@@ -27,6 +27,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 HOLD_CYCLES = 2.0e9  # cycles a second at up to 2 GHz: a sleep of at least the seconds asked on any current GPU
 QUEUE_DEPTH = 1000  # eager calls a repeat, at most: past the launch queue's depth the host would wait on the device
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n".join(report(rows)))
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as out:
             json.dump(
                 {

@@ -13,6 +13,14 @@ def probe():
     return load_script("kernel_gap_probe")
 
 
+def refusal(main, argv: list[str], capsys) -> str:
+    """What `main(argv)` says on stderr as argparse refuses it (exit 2)."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
 def test_period_is_the_span_over_the_kernels(probe):
     assert probe.period_us(1.25, 500) == pytest.approx(2.5)  # 1,250 µs / 500
 
@@ -66,10 +74,7 @@ def test_the_arithmetic_a_block_microbatch_needs(probe, capsys):
     ],
 )
 def test_bad_input_is_one_sentence_and_a_nonzero_exit(probe, capsys, argv, said):
-    with pytest.raises(SystemExit) as exited:
-        probe.main(argv)
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
+    err = refusal(probe.main, argv, capsys)
     assert said in err and "Traceback" not in err
 
 
@@ -105,10 +110,7 @@ def test_the_share_scripts_arguments(share):
 
 
 def test_the_share_script_refuses_bad_rows_in_one_sentence(share, capsys):
-    with pytest.raises(SystemExit) as exited:
-        share.main(["--rows", "E4=many"])
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
+    err = refusal(share.main, ["--rows", "E4=many"], capsys)
     assert (
         "--rows takes ID=KERNELS pairs (a positive kernel count), got 'E4=many'" in err
         and "Traceback" not in err
