@@ -31,8 +31,8 @@ MAMF_FP8_TFLOPS = {"h100-sxm": 1402.6, "h200": 1453.4, "gh200": 1535.0, "b200": 
 # boost-clock burst of a low-power shape (H200: 841.9 at ~176 W and 1,980 MHz; MSMF 708.5 at 8192x8448x20480, ~693 W,
 # 1,465 MHz; B200: 1,770.9 at ~295 W, 1,965 MHz; MSMF 1,456.3 at 9472x8192x20480, ~994 W, 1,339 MHz), torch
 # 2.13.0+cu130, one GPU with its siblings idle (all 8 busy: H200 -0.6%, B200 -2.0% on average). Where a GPU has an
-# MSMF row its record's plateau is it; the rest keep MAMF (none measured: GH200 at 900 W, GB200 at 1,200 W, A100,
-# MI300X, whose AMD figure is already at a median clock under load). The H100 SXM reads the H200's rows: the same
+# MSMF row its record's plateau is it; the GB200 and A100 read soaked figures of another protocol (below); the rest
+# keep MAMF (none measured: GH200 at 900 W, MI300X, whose AMD figure is already at a median clock under load). The H100 SXM reads the H200's rows: the same
 # GH100 at the same 700 W (the table's H100 row said "H200 is the same" until this one) — docs/framework-facts.md §151
 _MSMF = "stas00/ml-engineering 082816f (branch fast-mamf), MSMF: power-saturated, soaked, torch 2.13.0+cu130"
 MSMF_TFLOPS = {"h100-sxm": 708.5, "b200": 1456.3}  # H200 SXM's row (1,465 MHz); B200 SXM's (1,339 MHz)
