@@ -20,17 +20,36 @@ def test_a_gpu_with_a_sustained_row_reads_it_and_one_without_its_burst_figure():
         assert gpu.matmul_source.startswith("MSMF 708.5 of 989.4") and "MAMF 794.5" in gpu.matmul_source
     b200 = archs.gpu("b200")
     assert (b200.matmul_efficiency, b200.fp8_matmul_efficiency) == (1456.3 / 2250, 2795.7 / 4500)
-    # none measured sustained: GB200 (1,200 W), GH200 (900 W), A100, MI300X keep MAMF, and say so
-    for name, mamf, peak in (("gb200", 1822.0, 2500.0), ("gh200", 828.6, 989.4), ("a100-80g", 271.2, 312.0),
-                             ("mi300x", 668.4, 1307.4)):
+    # none measured sustained: GH200 (900 W), MI300X keep MAMF, and say so
+    for name, mamf, peak in (("gh200", 828.6, 989.4), ("mi300x", 668.4, 1307.4)):
         gpu = archs.gpu(name)
         assert gpu.matmul_efficiency == mamf / peak
-        assert "no MSMF measured" in gpu.matmul_source
+        assert "no sustained figure measured" in gpu.matmul_source
     # a sustained figure is below its burst one on every GPU with both (the settled clock under the power limit)
-    for key, sustained in matmul_ceilings.MSMF_TFLOPS.items():
+    for key, (sustained, _, _) in matmul_ceilings.SUSTAINED.items():
         assert sustained < matmul_ceilings.MAMF_TFLOPS[key]
-    for key, sustained in matmul_ceilings.MSMF_FP8_TFLOPS.items():
+    for key, (sustained, _, _) in matmul_ceilings.SUSTAINED_FP8.items():
         assert sustained < matmul_ceilings.MAMF_FP8_TFLOPS[key]
+
+
+def test_the_a100_and_gb200_read_soaked_figures_and_the_gb200_bf16_its_settled_clock():
+    # Azure/AI-benchmarking-guide's GEMM CuBLASLt after 10,000 warm-up calls (docs/framework-facts.md §166): the A100's
+    # FP16 16384^3 (its BF16 the same rate a clock), the GB200's FP8 16384^3; the L4 reads the A100's fraction
+    for name in ("a100-80g", "a100-40g"):
+        assert archs.gpu(name).matmul_efficiency == 256.5 / 312
+        assert archs.gpu(name).matmul_source.startswith("soaked 256.5 of 312")
+    assert archs.gpu("l4").matmul_efficiency == 256.5 / 312
+    gb200 = archs.gpu("gb200")
+    assert gb200.fp8_matmul_efficiency == 2906.9 / 5000
+    # BF16: the B200's MSMF a SM and clock (1,456.3 / (148 x 1,339 MHz)) on 152 SMs at the GB200's settled clock, its
+    # FP8 2,906.9 over the B200's FP8 rate (2,795.7 / (148 x 1,331 MHz)) x 152: 1,347.5 MHz; the 152s and 148s cancel
+    settled_mhz = 2906.9 * 148 * 1331 / (152 * 2795.7)
+    assert settled_mhz == pytest.approx(1347.52, abs=0.01)
+    assert gb200.matmul_efficiency * 2500 == pytest.approx(1456.3 * 2906.9 * 1331 / (2795.7 * 1339))  # 1,505.18
+    assert gb200.matmul_efficiency * 2500 == pytest.approx(1505.18, abs=0.01)
+    # inside §164's range: above the B200's rate and clock on 152 SMs, below the GB200's burst
+    assert 1456.3 * 152 / 148 < gb200.matmul_efficiency * 2500 < 1822.0
+    assert gb200.matmul_source.startswith("derived 1505.2 of 2500") and "1347.5 MHz" in gb200.matmul_source
 
 
 def test_every_size_slows_by_the_same_factor_under_the_settled_clock():

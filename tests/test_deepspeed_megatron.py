@@ -132,16 +132,17 @@ def test_without_deepspeed_the_flags_stay_not_modelled(tmp_path):
 PINS = {
     # iteration ms on the merged tree of stop 53: NCCL's CTAs beside the hidden ZeRO collectives (nccl_sms.py) and the
     # collectives across nodes over every NIC of the group's node (models/network_rate.py) landed after these pins
-    # (run-175b 26,000.7, run-1t 89,191.2, llama2 998.69 before both)
+    # (run-175b 26,000.7, run-1t 89,191.2, llama2 998.69 before both); the A100's soaked matmul plateau, 256.5 for the
+    # burst 271.2 (docs/framework-facts.md §166), then moved them from 26,681.257, 93,114.450 and 999.129
     # both recipes: ZeRO 3's gradient bucket of their reduce_bucket_size 9e7 in 2 B, 180,000,000 B more (§124)
     # reserved peaks: ZeRO 3's allocator replay (planner/cost/reserve_deepspeed.py, §31.dsreplay), no longer the
     # divisor's (run-175b 439,156,211,712, run-1t 327,600,308,224 before); both over the cap, played without one
-    "run-175b.sh": ("deepspeed", 3, 8, 1, 26681.257, 373281838336, 384510722048),
+    "run-175b.sh": ("deepspeed", 3, 8, 1, 27905.692, 373281838336, 384510722048),
     # run-1t.sh offloads the optimizer: its fp16 gradient partitions are on the host (§124), 2 B / 8 of the
     # 1,007,989,606,400 parameters (128 x (12h^2 + 13h) + 50,304h + 1,024h + 2h, h 25,600) = 251,997,401,600 B off
     # the 530,276,051,968 pinned before (and the bucket, above)
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 93114.450, 278458650368, 302979743744),
-    "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 999.129, 20449853440, 24060624896),
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 94870.533, 278458650368, 302979743744),
+    "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.162, 20449853440, 24060624896),
 }
 
 
@@ -186,7 +187,7 @@ def test_a_megatron_deepspeed_llama_block_is_replayed_with_its_fused_linears(tmp
 
 def test_run_175b_at_the_blogs_shape_is_row_ds1(tmp_path):
     """run-175b.sh with the blog's 175B settings (32 nodes, micro-batch 32, sequence 512: §25.dsrows) read through the
-    script scores as row DS1's hand configuration does (scripts/published_rows.toml: 94.893 s; 69.1 / 74.0 GiB)."""
+    script scores as row DS1's hand configuration does (scripts/published_rows.toml: 99.757 s; 69.1 / 74.0 GiB)."""
     text = (EXAMPLES / "run-175b.sh").read_text()
     for old, new in (("MICRO_BATCH=4", "MICRO_BATCH=32"), ("NODES=1", "NODES=32"), ("SEQ=1024", "SEQ=512")):
         text = text.replace(f"\n{old}\n", f"\n{new}\n")
@@ -194,8 +195,9 @@ def test_run_175b_at_the_blogs_shape_is_row_ds1(tmp_path):
     path.write_text(text)
     found = _evaluate(path)
     assert (found["gpus"], found["dp"], found["micro_batch_size"], found["seq_len"]) == (256, 256, 32, 512)
-    # 94,892.862 as the harness's DS1 (docs/published-runs.md §30): 94,221.965 before NCCL's CTAs and the NIC rate
-    assert found["iteration_ms"] == pytest.approx(94892.862, rel=1e-6)
+    # 99,757.142 as the harness's DS1 (docs/published-runs.md §35.gb200sus): 94,892.862 at the A100's burst matmul
+    # plateau (271.2, not the soaked 256.5), 94,221.965 before NCCL's CTAs and the NIC rate
+    assert found["iteration_ms"] == pytest.approx(99757.142, rel=1e-6)
     assert found["ranks"][0]["peak_bytes"] == 74145639168  # 73,965,639,168 + the 9e7 bucket in 2 B
     # ZeRO 3's allocator replay (§31.dsreplay): 73.99 GiB, under the A100's 78.86 with NCCL's 0.28 (the divisor's
     # 81.24 GiB did not fit)

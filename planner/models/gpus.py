@@ -26,6 +26,8 @@ from planner.models.attention_published import (
 )
 from planner.models.matmul_ceilings import (  # noqa: F401  read as gpus.<name> too
     _MAF_MI300X,
+    B200_SMS,
+    GB200_SMS,
     MAF_FP8_MI300X_TFLOPS,
     MAMF_FP8_TFLOPS,
     MAMF_TFLOPS,
@@ -234,8 +236,7 @@ _A100_SMS = 108
 # profiling notes of GB200 runs in public kernel repositories count it so, consistently: an Nsight Systems analysis
 # "GPU: NVIDIA GB200 (152 SMs)" launching "228 (1.50 waves)" blocks, and cluster capacities "measured on GB200 (152
 # SMs)" beside "B300 (148 SMs)" (from cudaOccupancyMaxActiveClusters)
-_B200_SMS = 148
-_GB200_SMS = 152
+_B200_SMS, _GB200_SMS = B200_SMS, GB200_SMS  # kept in matmul_ceilings.py, which reads them too
 # a GB200 NVL72 rack's hosts: 18 compute trays of 4 GPUs (2 Grace + 4 Blackwell, one CX7 NIC a GPU), all 72 GPUs in one
 # NVLink domain through 9 NVLink switch trays (NVIDIA Multi-Node NVLink Tuning Guide, "Understanding Your Grace-Blackwell
 # Systems", docs.nvidia.com/multi-node-nvlink-systems/multi-node-tuning-guide/system.html, the 72x1 configuration)

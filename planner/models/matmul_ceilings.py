@@ -31,12 +31,55 @@ MAMF_FP8_TFLOPS = {"h100-sxm": 1402.6, "h200": 1453.4, "gh200": 1535.0, "b200": 
 # boost-clock burst of a low-power shape (H200: 841.9 at ~176 W and 1,980 MHz; MSMF 708.5 at 8192x8448x20480, ~693 W,
 # 1,465 MHz; B200: 1,770.9 at ~295 W, 1,965 MHz; MSMF 1,456.3 at 9472x8192x20480, ~994 W, 1,339 MHz), torch
 # 2.13.0+cu130, one GPU with its siblings idle (all 8 busy: H200 -0.6%, B200 -2.0% on average). Where a GPU has an
-# MSMF row its record's plateau is it; the rest keep MAMF (none measured: GH200 at 900 W, GB200 at 1,200 W, A100,
-# MI300X, whose AMD figure is already at a median clock under load). The H100 SXM reads the H200's rows: the same
+# MSMF row its record's plateau is it; the GB200 and A100 read soaked figures of another protocol (below); the rest
+# keep MAMF (none measured: GH200 at 900 W, MI300X, whose AMD figure is already at a median clock under load). The H100 SXM reads the H200's rows: the same
 # GH100 at the same 700 W (the table's H100 row said "H200 is the same" until this one) — docs/framework-facts.md §151
 _MSMF = "stas00/ml-engineering 082816f (branch fast-mamf), MSMF: power-saturated, soaked, torch 2.13.0+cu130"
 MSMF_TFLOPS = {"h100-sxm": 708.5, "b200": 1456.3}  # H200 SXM's row (1,465 MHz); B200 SXM's (1,339 MHz)
 MSMF_FP8_TFLOPS = {"h100-sxm": 1288.7, "h200": 1288.7, "b200": 2795.7}  # H200's FP8 row (1,374 MHz); B200's (1,331)
+
+# Where no MSMF row is published, a figure measured soaked by another protocol (docs/framework-facts.md §166):
+# Azure/AI-benchmarking-guide's "GEMM CuBLASLt" (Benchmarks/NVIDIA/GEMMCublasLt.py cd84f36a runs gitaumark/
+# superbenchmark's cublaslt_gemm, 0012abc: operands uniform in [-1, 1] by curand, 10,000 warm-up calls then 1,000
+# timed by CUDA events, batch 1; FP8 e4m3 in, FP16 out, FP32 compute, fast accumulation on), the best of its fixed
+# shapes, as MSMF takes the best saturated one. The warm-up is the soak: 16384^3 FP8 on a GB200 ~3 ms a call (30 s),
+# FP16 on an A100 ~34 ms (5.7 min). The same protocol on an H200 (ND H200 v5, FP8, 7f20e5fa): 8192^3 1,300.6 and
+# 16384^3 1,366.3 against its MSMF 1,288.7 (+0.9%, +6.0%); no power limit or clock is published with them
+_AZURE_GB200 = ("Azure/AI-benchmarking-guide 2a370be6 ND_GB200_v6_results.md, GEMM CuBLASLt FP8 16384^3 (uniform "
+                "random, 10,000 warm-up calls; CUDA 12.8, driver 570.133.20)")
+_AZURE_A100 = ("Azure/AI-benchmarking-guide 3bb66cac ND_A100_v4_results.md, GEMM CuBLASLt FP16 16384^3 (uniform "
+               "random, 10,000 warm-up calls; A100-SXM4-80GB, CUDA 12.5, driver 550.90.07; FP16: the A100's BF16 "
+               "runs at the same rate a clock, 312 dense both)")
+SOAKED_FP8_TFLOPS = {"gb200": 2906.9}  # 8192^3 2,876.6; 6144x12288x12288 2,895.6; 32768^3 2,825.6
+SOAKED_TFLOPS = {"a100": 256.5}  # 8192^3 253.7; 6144x12288x12288 250.8
+
+# The GB200's BF16 plateau, derived (§166; no BF16 figure is published for it): the B200's MSMF rows run at a rate per
+# SM and clock (BF16 1,456.3 on 148 SMs at 1,339 MHz; FP8 2,795.7 at 1,331); the GB200's soaked FP8 at the FP8 rate
+# puts its settled clock at 1,347.5 MHz, and BF16 settles at the FP8 clock (on the B200 1,339 against 1,331 MHz at
+# ~994 and ~990 W): BF16 on the GB200's 152 SMs at 1,347.5 MHz. Not below 1,495.7 (the B200's rate and clock on 152
+# SMs, which draw at most 1,021 W of the GB200's 1,200), nor above its burst 1,822.0 (§164)
+B200_SMS, GB200_SMS = 148, 152  # gpus.py's records read these (their sources there)
+_B200_MSMF_MHZ, _B200_MSMF_FP8_MHZ = 1339.0, 1331.0
+
+
+def flop_per_sm_clock(tflops: float, sms: int, mhz: float) -> float:
+    """A matmul rate per streaming multiprocessor and clock (FLOP)."""
+    return tflops * 1e12 / (sms * mhz * 1e6)
+
+
+GB200_SETTLED_MHZ = SOAKED_FP8_TFLOPS["gb200"] * 1e12 / (
+    GB200_SMS * flop_per_sm_clock(MSMF_FP8_TFLOPS["b200"], B200_SMS, _B200_MSMF_FP8_MHZ)) / 1e6
+GB200_BF16_TFLOPS = flop_per_sm_clock(MSMF_TFLOPS["b200"], B200_SMS, _B200_MSMF_MHZ) * GB200_SMS * GB200_SETTLED_MHZ / 1e6
+_GB200_DERIVED = (f"the B200's MSMF rate a SM and clock on the GB200's {GB200_SMS} SMs at its settled "
+                  f"{GB200_SETTLED_MHZ:.1f} MHz, read from its soaked FP8 ({_AZURE_GB200}) at the B200's FP8 MSMF rate; "
+                  f"{_MSMF}")
+
+# Each sustained ceiling: (TFLOP/s, what it is, its source)
+SUSTAINED = {**{key: (tflops, "MSMF", _MSMF) for key, tflops in MSMF_TFLOPS.items()},
+             "a100": (SOAKED_TFLOPS["a100"], "soaked", _AZURE_A100),
+             "gb200": (GB200_BF16_TFLOPS, "derived", _GB200_DERIVED)}
+SUSTAINED_FP8 = {**{key: (tflops, "MSMF", _MSMF) for key, tflops in MSMF_FP8_TFLOPS.items()},
+                 "gb200": (SOAKED_FP8_TFLOPS["gb200"], "soaked", _AZURE_GB200)}
 
 # The MI300X's FP8 ceiling, AMD's own: "Measuring Max-Achievable FLOPs - Part 2" (ROCm/rocm-blogs 8e011952,
 # blogs/software-tools-optimization/measuring-max-achievable-flops-part2/README.md, 2025-02-28), Table 1: MAF FP8
@@ -52,23 +95,23 @@ _MAF_MI300X = ("AMD MAF FP8 1273 of 2614.9 (ROCm/rocm-blogs 8e011952 measuring-m
 
 def matmul_fields(key: str, peak: float, note: str = "", *, fp8_key: str | None = None, fp8_peak: float = 0.0,
           fp8_maf: tuple[float, str] | None = None) -> dict:
-    """A GPU record's matmul ceilings (GPU.matmul_efficiency, fp8_matmul_efficiency, matmul_source): its MSMF where
-    measured, else its MAMF, over the datasheet peak ckplan reads, with its source; the FP8 one where the table has
+    """A GPU record's matmul ceilings (GPU.matmul_efficiency, fp8_matmul_efficiency, matmul_source): its sustained
+    figure where one is measured or derived (`SUSTAINED`), else its MAMF, over the datasheet peak ckplan reads, with its source; the FP8 one where the table has
     the GPU's FP8 row (`fp8_key`) and the GPU an FP8 peak, or where another measurement gives it (`fp8_maf`: the
     fraction of the FP8 peak, its source)."""
-    if key in MSMF_TFLOPS:
-        found = {"matmul_efficiency": MSMF_TFLOPS[key] / peak,
-                 "matmul_source": f"MSMF {MSMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MSMF}; its burst "
+    if key in SUSTAINED:
+        tflops, kind, source = SUSTAINED[key]
+        found = {"matmul_efficiency": tflops / peak,
+                 "matmul_source": f"{kind} {tflops:.1f} of {peak:g} TFLOP/s ({key}{note}; {source}; its burst "
                                   f"MAMF {MAMF_TFLOPS[key]:g}, {_MAMF})"}
     else:
         found = {"matmul_efficiency": MAMF_TFLOPS[key] / peak,
-                 "matmul_source": f"MAMF {MAMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MAMF}; no MSMF "
-                                  f"measured)"}
+                 "matmul_source": f"MAMF {MAMF_TFLOPS[key]:g} of {peak:g} TFLOP/s ({key}{note}; {_MAMF}; no "
+                                  f"sustained figure measured)"}
     if fp8_key is not None and fp8_peak:
-        sustained = fp8_key in MSMF_FP8_TFLOPS
-        fp8 = MSMF_FP8_TFLOPS[fp8_key] if sustained else MAMF_FP8_TFLOPS[fp8_key]
+        fp8, kind, _ = SUSTAINED_FP8.get(fp8_key, (MAMF_FP8_TFLOPS[fp8_key], "MAMF", _MAMF))
         found["fp8_matmul_efficiency"] = fp8 / fp8_peak
-        found["matmul_source"] += f"; FP8 {'MSMF' if sustained else 'MAMF'} {fp8:g} of {fp8_peak:g} ({fp8_key}'s FP8 row)"
+        found["matmul_source"] += f"; FP8 {kind} {fp8:g} of {fp8_peak:g} ({fp8_key}'s FP8 row)"
     elif fp8_maf is not None:
         found["fp8_matmul_efficiency"], source = fp8_maf
         found["matmul_source"] += f"; FP8: {source}"
