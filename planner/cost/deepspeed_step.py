@@ -9,10 +9,10 @@ planner/cost/runtime_deepspeed.py, read at DeepSpeed v0.6.2):
 - the persistent parameters gathered again after the optimizer step (the record's regathers_persistent): one
   all-gather a parameter, each NCCL's ring latency (LL, the tuner's least for a few KB: links.ring_latency_us, the
   house's v2.21.5 model; the Azure runs' v2.12.10 gives 0.89x of it at 1,024 ranks, §176) plus its bytes over the
-  shard group's link, one after the other, then a
-  `torch.cuda.synchronize()`: nothing runs beside them. A block's persistent parameters are those of its
-  submodules (deepspeed_terms.profile_block) under the threshold; the head's its final norm's, weight and bias on a
-  GPT-style model, the weight on a LLaMA-style one; the embedding's tables are over it.
+  shard group's link, one after the other, then a `torch.cuda.synchronize()`: nothing runs beside them. A block's
+  persistent parameters are those of its submodules (deepspeed_terms.profile_block) under the threshold; the head's
+  its final norm's, weight and bias on a GPT-style model, the weight on a LLaMA-style one; the embedding's tables
+  are over it.
 """
 
 from __future__ import annotations
