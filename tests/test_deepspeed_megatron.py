@@ -137,12 +137,17 @@ PINS = {
     # both recipes: ZeRO 3's gradient bucket of their reduce_bucket_size 9e7 in 2 B, 180,000,000 B more (§124)
     # reserved peaks: ZeRO 3's allocator replay (planner/cost/reserve_deepspeed.py, §31.dsreplay), no longer the
     # divisor's (run-175b 439,156,211,712, run-1t 327,600,308,224 before); both over the cap, played without one
-    "run-175b.sh": ("deepspeed", 3, 8, 1, 27905.692, 373281838336, 384510722048),
+    # iteration ms at the A100's soaked matmul plateau (256.5, §35.gb200sus), with ZeRO 3's pre-divide of every
+    # gradient, 4 B a parameter at the A100's eager elementwise 1.058 TB/s (run-175b +662 ms, run-1t +3,811 ms), the
+    # persistent parameters' gathers after the step and the step's two scalar all-reduces (§35.dstime; run-175b
+    # 26,681.257, run-1t 93,114.450, llama2 999.129 before both; 27,905.692, 94,870.533, 1,017.162 with the plateau
+    # alone; llama2 at ZeRO 0 the scalars alone)
+    "run-175b.sh": ("deepspeed", 3, 8, 1, 28574.061, 373281838336, 384510722048),
     # run-1t.sh offloads the optimizer: its fp16 gradient partitions are on the host (§124), 2 B / 8 of the
     # 1,007,989,606,400 parameters (128 x (12h^2 + 13h) + 50,304h + 1,024h + 2h, h 25,600) = 251,997,401,600 B off
     # the 530,276,051,968 pinned before (and the bucket, above)
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 94870.533, 278458650368, 302979743744),
-    "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.162, 20449853440, 24060624896),
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 98758.648, 278458650368, 302979743744),
+    "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20449853440, 24060624896),
 }
 
 
@@ -195,9 +200,10 @@ def test_run_175b_at_the_blogs_shape_is_row_ds1(tmp_path):
     path.write_text(text)
     found = _evaluate(path)
     assert (found["gpus"], found["dp"], found["micro_batch_size"], found["seq_len"]) == (256, 256, 32, 512)
-    # 99,757.142 as the harness's DS1 (docs/published-runs.md §35.gb200sus): 94,892.862 at the A100's burst matmul
-    # plateau (271.2, not the soaked 256.5), 94,221.965 before NCCL's CTAs and the NIC rate
-    assert found["iteration_ms"] == pytest.approx(99757.142, rel=1e-6)
+    # as the harness's DS1: 94,892.862 (docs/published-runs.md §30) before §35.gb200sus's soaked A100 matmul plateau
+    # (256.5, not the burst 271.2) and §35.dstime's pre-divide (+660 ms) and the persistent parameters' gathers after
+    # the step (+242 ms); 94,221.965 before NCCL's CTAs and the NIC rate
+    assert found["iteration_ms"] == pytest.approx(100659.353, rel=1e-6)
     assert found["ranks"][0]["peak_bytes"] == 74145639168  # 73,965,639,168 + the 9e7 bucket in 2 B
     # ZeRO 3's allocator replay (§31.dsreplay): 73.99 GiB, under the A100's 78.86 with NCCL's 0.28 (the divisor's
     # 81.24 GiB did not fit)

@@ -119,8 +119,10 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
     shards = min(shard_group, dp) or 1  # the replicas' all-reduce: dp / shard_group ranks, shard_group x tp apart
     replica, replica_where = link(max(1, dp // shards), "--replica-bandwidth", stride=tp * shards)
     experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: NCCL's NVLink rate, else the link's
-    host_rate, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s), (
-        "--host-bandwidth" if "--host-bandwidth" in given else gpu.host_link_kind)
+    sharing = min(gpu.gpus_per_host_switch, host, stages * dp * tp)  # the GPUs copying through one switch's uplink
+    host_rate, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s / sharing), (
+        "--host-bandwidth" if "--host-bandwidth" in given else
+        gpu.host_link_kind + (f", {sharing} GPUs a switch's uplink" if sharing > 1 else ""))
     where = f"{node} GPUs a node" if host == node else f"{node} GPUs an NVLink domain, {host} a host"
     note = (f"{gpu.name}, {where}, tp {tp}: shard group reduces at {shard:g} GB/s "
             f"({shard_where}), replicas at {replica:g} GB/s ({replica_where}), host copies at "

@@ -245,6 +245,13 @@ class RuntimeFacts:
     step_shard_bytes: int = 0
     """The same per parameter of the rank's optimizer shard: Megatron-LM's gradient-clipping norm
     (4) and the copy of the fp32 main parameters into the bf16 parameter buffer (read 4, write 2)."""
+    reduce_scatter_prepass_bytes: int = 0
+    """Bytes per parameter the runtime moves over each whole gradient on the device before its reduce-scatter, every
+    reduction (planner/cost/deepspeed_step.py): DeepSpeed v0.6.2's reduce_scatter_coalesced divides it in place by the
+    ranks first (read 2, write 2); 0: none."""
+    regathers_persistent: bool = False
+    """Whether ZeRO 3 gathers its persistent parameters (those under stage3_param_persistence_threshold) again after
+    the optimizer step, one all-gather each, then synchronizes (planner/cost/deepspeed_step.py); False: not read."""
     # -- settings Megatron-LM's functional tests run (read by planner/cost/jobsettings.py; issue 35)
     unfused_wgrad_bytes: int = 0
     """Bytes per weight parameter a microbatch the runtime moves beyond the profile's gradient

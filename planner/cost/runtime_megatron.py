@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_SOURCES
+from planner.cost.runtime_deepspeed import NOT_READ as DEEPSPEED_STEP_NOT_READ
 from planner.cost.runtime_facts import LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import MEMTRACKER, NO_CHUNKED_LOSS, NO_FSDP2_PIPELINE
 
@@ -120,7 +121,7 @@ def megatron() -> RuntimeFacts:
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
         te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, te_ub_keeps_plain_workspace=True, side_communicators=True,
-        sources={
+        sources={**DEEPSPEED_STEP_NOT_READ,
             "ddp_buckets": "megatron/core/distributed/distributed_data_parallel.py 54-64, 113-121, 256-266, "
                            "405-530; param_and_grad_buffer.py 226-340, 500-515, 654-700; pipeline_parallel/"
                            "schedules.py 1046-1048, 1161-1180, 1246-1283, 1880-1888, 2257-2289; optimizer/"

@@ -4,6 +4,7 @@ pipeline, the loss under torch.compile, each with the file and version it was re
 
 from __future__ import annotations
 
+from planner.cost.runtime_deepspeed import NOT_READ as DEEPSPEED_STEP_NOT_READ
 from planner.cost.runtime_facts import LossRegion
 
 TORCH_V = "torch 2.13.0 (cf30153c)"
@@ -62,6 +63,7 @@ AFTER_STEP_NOT_READ = {
     "host_block_linears": "not read for this runtime (no host floor charged)",
     "host_rest_linears": "not read for this runtime (no host time charged outside the blocks)",
     "step_collectives": "not read for this runtime (its step's scalar all-reduces not charged)",
+    **DEEPSPEED_STEP_NOT_READ,
     "zero1_all_reduces": "not read for this runtime: ZeRO 1 reduce-scatters (the gradients' shard reduced where stepped)",
     "nccl_version": "not read for this runtime: NCCL v2.27.7-1's tuning tables, the newest read (nccltuner.py)",
     "hp_grad_accumulate_bytes": "not read for this runtime: its backward accumulates into the gradient it reduces",

@@ -33,7 +33,7 @@ import dataclasses
 import functools
 from dataclasses import fields
 
-from planner.cost import bridgesettings, runtime_megatron, runtime_titan
+from planner.cost import bridgesettings, runtime_deepspeed, runtime_megatron, runtime_titan
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
 from planner.cost.runtime_facts import EAGER_MOE_KEPT, LossRegion, RuntimeFacts, compile_refused
 from planner.cost.runtime_shared import (
@@ -197,10 +197,10 @@ def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
     record = _deepspeed_newest()
     if version == "edaa7221":
         return record
-    sources = {**record.sources, **_DS_BLOOM_FACTS}
+    sources = {**record.sources, **_DS_BLOOM_FACTS, **runtime_deepspeed.BLOOM_NOT_READ}
     return dataclasses.replace(record, version=_DS_BLOOM, overlaps_grad_reduce=False, zero1_all_reduces=True,
                                hp_grad_accumulate_bytes=18, hp_grad_bytes=4, hp_grad_cast_bytes=4, reduce_cast_bytes=2, bf16_zero=1,
-                               shard_group_zero=(),
+                               shard_group_zero=(), **runtime_deepspeed.BLOOM_FACTS,
                                sources=sources)
 
 
@@ -217,7 +217,7 @@ def _deepspeed_newest() -> RuntimeFacts:
         output_grad_buffers_per_microbatch=False, frees_sent_output=False, batch_held="pipe-buffers",
         sends_held_to_step_end=False, recompute_whole_forward=True,
         overlaps_grad_reduce=True, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
-        pipeline_max_zero=1, shard_group_zero=(), fsdp_units="submodules",
+        pipeline_max_zero=1, shard_group_zero=(), fsdp_units="submodules", **runtime_deepspeed.STEP_FACTS,
         sources={
             "step_replayed": f"not by reserve.py's replay of ckplan's step: ZeRO 3's own on one stage (planner/cost/reserve_deepspeed.py, "
                              f"v0.6.2's stage3.py); ZeRO 1/2's contiguous buffers and side streams (stage_1_and_2.py) not replayed, {_DS_V}",
@@ -282,7 +282,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "cp_compiled_waits_at_issue": "DeepSpeed's sequence parallelism (Ulysses) not read (refused)",
             "rotary_table": "the model's rotary table (Hugging Face's rotary embedding) not read (nothing charged)",
             **AFTER_STEP_NOT_READ,
-            **MODEL_CODE_KERNELS,
+            **MODEL_CODE_KERNELS, **runtime_deepspeed.SOURCES,
             "pipeline_max_zero": f"deepspeed/runtime/pipe/engine.py 76-78 (PipelineEngine.__init__: assert "
                                  f"zero_optimization_stage() < ZeroStageEnum.gradients, 'ZeRO-2 and ZeRO-3 are "
                                  f"incompatible with pipeline parallelism'), {_DS_V}",

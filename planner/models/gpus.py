@@ -71,6 +71,9 @@ class GPU:
     network_gb_per_s: float = 50.0  # 400 Gb/s InfiniBand NDR / ConnectX-7 per GPU (DGX H100, DGX B200)
     host_link_gb_per_s: float = 64.0  # PCIe Gen5 x16
     host_link_kind: str = "PCIe"  # what the host link is: PCIe, or NVLink-C2C on a Grace superchip
+    # GPUs behind one PCIe switch whose uplink to the host they share (their copies to the host at once split it);
+    # 1 where not read
+    gpus_per_host_switch: int = 1
     gpus_per_node: int = 8  # GPUs one host runs (its processes, host memory, NICs): a DGX's 8, a GB200 tray's 4
     # GPUs that reach each other over NVLink, where more than one host's (a GB200 NVL72 rack's 72); 0: the host's
     nvlink_domain: int = 0
@@ -197,6 +200,12 @@ _H100_RESERVED = 454 * _MIB
 # example/qwen2.5-7B_normal_interleave.csv). Ranks stepping at once share the host's memory
 # bandwidth: the same run measured two processes at 1.5 ns per parameter each.
 HOST_ADAM_NS_PER_PARAM = 0.40
+
+# An 8-GPU A100 server's host side, as Azure's ND A100 v4 nodes (the DeepSpeed rows' NDm A100 v4) are laid out: four
+# PCIe Gen4 x16 switches, each with two GPUs and two NICs behind one x16 uplink to the host (Azure/azhpc-images
+# 4a4565a0 topology/ndv4-topo.xml: four bridges at 16 GT/s x16, two class-0x0302 GPUs and two 0x0207 NICs under
+# each; docs/framework-facts.md §175)
+_A100_HOST = {"gpus_per_host_switch": 2}
 HOST_ADAM_SOURCE = ("DeepSpeedCPUAdam on a GPU server's host, one process: 136M fp32 parameters in 54.8 ms "
                     "(numa-cpu-adam-bench)")
 
@@ -361,7 +370,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
         **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
-        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE),
+        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
         300.0, 25.0, 32.0,
         link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
@@ -369,7 +378,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
         **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
-        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE),
+        cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST),
     # NVIDIA DGX B200 datasheet (2024): 1,440 GB for 8 GPUs (180 GB each), 72 PFLOPS FP8 training
     # for 8 GPUs (sparse: 4.5 dense each); HGX B200: BF16 2.25 PFLOPS dense (4.5 with sparsity),
     # HBM3e 8 TB/s, NVLink 5 1.8 TB/s

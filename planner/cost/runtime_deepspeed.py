@@ -1,0 +1,53 @@
+"""DeepSpeed's step facts beyond the record in planner/cost/runtimes.py: what ZeRO's optimizer does around its step
+and each gradient's reduce-scatter, read at DeepSpeed v0.6.2 (32d97976, the version DeepSpeed's 2022-07-26 Azure post
+ran; docs/framework-facts.md §176), charged by planner/cost/deepspeed_step.py and planner/cost/stepcomm.py.
+
+- every gradient's reduce-scatter: `reduce_scatter_coalesced` (deepspeed/runtime/comm/coalesced_collectives.py 41-116)
+  divides the whole gradient in place by the ranks (`tensor_partition_flat_buffer.div_(world_sz)`, "pre-divide")
+  before `_reduce_scatter_base`, on the reduce-and-partition stream: one eager elementwise pass, read 2 B and write 2
+  B a parameter in fp16 (a single tensor that divides evenly is its own flat buffer; several are first interleaved by
+  `torch.cat`, which a bucket of the Azure blocks' biases and norms takes and their weights, each over
+  reduce_bucket_size, do not);
+- the step's end: `_post_step` (stage3.py 2247-2262) all-gathers the persistent parameters (`ds_numel <
+  stage3_param_persistence_threshold`, stage3.py 1048-1062; `_partition_all_parameters` released them at the step's
+  start, 2498-2506) with `_allgather_params_coalesced` (partition_parameters.py 1244-1304): one `_all_gather_base` a
+  parameter, then `torch.cuda.synchronize()`;
+- the step's scalars: `has_overflow` (stage3.py 2402-2432) all-reduces the overflow flag over the data-parallel group
+  (MAX), and the gradients' norm for clipping one more scalar (SUM: `get_grad_norm_direct` 1934-1990 on the GPU,
+  `complete_grad_norm_calculation_for_cpu_offload` 1614-1641 under the optimizer's offload); ZeRO 1/2 the same two
+  (stage_1_and_2.py 1141, 1824 at v0.6.2). Each read back on the host (`.item()`) before the step goes on.
+"""
+
+from __future__ import annotations
+
+DS_V062 = "DeepSpeed v0.6.2 (32d97976)"
+
+# over the data-parallel group under ZeRO (at TP 1 and one stage, where ckplan scores ZeRO 3: the world, stepcomm's
+# "grad_stats"); without ZeRO the model-parallel group's, where FP16_Optimizer reduces them (not read further)
+STEP_COLLECTIVES = (("overflow check", "grad_stats", ""), ("gradient norm", "grad_stats", ""))
+
+STEP_FACTS = {"reduce_scatter_prepass_bytes": 2 + 2, "regathers_persistent": True, "step_collectives": STEP_COLLECTIVES}
+
+SOURCES = {
+    "reduce_scatter_prepass_bytes": f"deepspeed/runtime/comm/coalesced_collectives.py 41-116 (reduce_scatter_coalesced: "
+                                    f"tensor_partition_flat_buffer.div_(world_sz) over the whole gradient before "
+                                    f"_reduce_scatter_base), {DS_V062}",
+    "regathers_persistent": f"deepspeed/runtime/zero/stage3.py 2247-2262 (_post_step: persistent_parameters[0]."
+                            f"all_gather(persistent_parameters)), partition_parameters.py 1244-1304 "
+                            f"(_allgather_params_coalesced: one _all_gather_base a parameter, torch.cuda.synchronize()), "
+                            f"{DS_V062}",
+    "step_collectives": f"deepspeed/runtime/zero/stage3.py 2402-2432 (has_overflow: all_reduce MAX over the "
+                        f"data-parallel group), 1934-1990 / 1614-1641 (the gradients' norm: all_reduce SUM); "
+                        f"stage_1_and_2.py 1141, 1824, {DS_V062}",
+}
+
+# the same facts where not read (every other record's sources)
+NOT_READ = {
+    "reduce_scatter_prepass_bytes": "not read for this runtime (nothing charged before its reduce-scatters)",
+    "regathers_persistent": "not read for this runtime (no ZeRO 3 persistent parameters)",
+}
+
+# BLOOM's DeepSpeed (the big-science fork's BF16_Optimizer at ZeRO 1, runtimes._deepspeed's older record): not read
+BLOOM_FACTS = {"reduce_scatter_prepass_bytes": 0, "regathers_persistent": False, "step_collectives": ()}
+BLOOM_NOT_READ = {**NOT_READ, "step_collectives": "not read for BLOOM's BF16_Optimizer (its step's scalar all-reduces "
+                                                  "not charged)"}
