@@ -224,7 +224,8 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
     total, float8 = 0.0, gathers_float8(layer, setup)
     for which, compute in passes:
         ms = pass_comm_ms(layer, which, comm, float8=float8)
-        total += max(0.0, ms - compute, userbuffers_lost_ms(layer, which, comm, float8=float8)) if hidden else ms
+        total += max(0.0, ms - compute, userbuffers_lost_ms(layer, which, comm, float8=float8)) \
+            + userbuffers_reduce_ms(layer, which, comm) if hidden else ms
     return total
 
 
@@ -236,6 +237,16 @@ def userbuffers_lost_ms(layer, which: str, comm: CommSetup, *, float8: bool = Fa
         return 0.0
     each = [collective_ms(c[0], collective_bytes(c[0], c[1], float8=float8), comm.tp, link) for c in layer.collectives]
     return ub_sms.lost_sm_ms(each, which, config=comm.ub_cfg, sms=comm.gpu_sms, gemms=comm.ub_gemms)
+
+
+def userbuffers_reduce_ms(layer, which: str, comm: CommSetup) -> float:
+    """Under tp-comm-overlap, the reduce kernel TE runs after a dense block's pass's ring-exchange reduce-scatters
+    (ub_sms.ring_reduce_bytes), on the main stream after the GEMM's last chunk: on the pass's path whatever hides the
+    collectives; 0 elsewhere."""
+    if comm.tp_overlap != "tp-comm-overlap" or not comm.ub_reduce_gb_per_s or layer.kind != "decoder_block":
+        return 0.0
+    moved = ub_sms.ring_reduce_bytes(layer.collectives, which, config=comm.ub_cfg, tp=comm.tp, gemms=comm.ub_gemms)
+    return moved / (comm.ub_reduce_gb_per_s * 1e9) * 1e3
 
 
 def async_tp_pass_ms(layer, which: str, setup: TrainSetup) -> float:
