@@ -78,3 +78,65 @@ def test_b4s_block_by_hand():
     assert comm.userbuffers_reduce_ms(_block(whole), "fwd", setup.comm) == pytest.approx(
         2 * whole * 9 / 8 / (3.35 * 0.922 * 1e12) * 1e3)  # 0.0978 ms a block's forward
     assert comm.userbuffers_reduce_ms(_block(whole), "fwd", setup.comm) == pytest.approx(0.09777, abs=1e-5)
+
+
+# ---------------------------------------------------------------- TE's amax all-reduces under FP8 current scaling
+
+
+def _fp8_setup(tp: int, *, current: bool = True, float8: bool = True, **training) -> TrainSetup:
+    return TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[80 << 30], runtime="megatron",
+                      comm=dict(tp=tp, tp_gb_per_s=100.0, tp_step_latency_ms=3.4e-3),
+                      training=dict(float8=float8, fp8_current_scaling=current, **training))
+
+
+def test_the_amax_all_reduces_by_hand():
+    layer = _block(64 * MIB)
+    # NCCL v2.27.7's tuner on one node of NVLink: Ring / LL, 6.6 µs + 2 (n - 1) x 0.6 µs (tuning.cc; nccltuner.py)
+    tp8, tp4 = 6.6 + 2 * 7 * 0.6, 6.6 + 2 * 3 * 0.6  # 15.0, 10.2 µs
+    assert comm.amax_reduce_ms(layer, "fwd", _fp8_setup(8)) == pytest.approx(2 * tp8 / 1e3)
+    assert comm.amax_reduce_ms(layer, "bwd", _fp8_setup(4)) == pytest.approx(2 * tp4 / 1e3)
+    # Megatron-LM's functional tests force Ring / Simple: 8.4 + 2 (n - 1) x 3.4 µs
+    assert comm.amax_reduce_ms(layer, "fwd", _fp8_setup(8, nccl_ring_simple=True)) == pytest.approx(
+        2 * (8.4 + 14 * 3.4) / 1e3)
+    # the layer's TP term: the collectives unhidden (no overlap) plus four a microbatch, six under full recompute
+    plain = comm.layer_comm_ms(layer, 0, _fp8_setup(8, current=False))
+    assert comm.layer_comm_ms(layer, 0, _fp8_setup(8)) == pytest.approx(plain + 4 * tp8 / 1e3)
+    assert comm.layer_comm_ms(layer, 1, _fp8_setup(8)) - comm.layer_comm_ms(layer, 1, _fp8_setup(8, current=False)) \
+        == pytest.approx(6 * tp8 / 1e3)
+
+
+def test_no_amax_all_reduce_without_its_conditions():
+    layer = _block(64 * MIB)
+    assert comm.amax_reduce_ms(layer, "fwd", _fp8_setup(8, current=False)) == 0.0  # delayed scaling
+    assert comm.amax_reduce_ms(layer, "fwd", _fp8_setup(8, float8=False)) == 0.0
+    assert comm.amax_reduce_ms(layer, "fwd", _fp8_setup(1)) == 0.0  # no TP group
+    assert comm.amax_reduce_ms(_block(64 * MIB, "moe_block"), "fwd", _fp8_setup(8)) == 0.0
+    no_sp = LayerCost(name="layers.0", kind="decoder_block", fwd_ms=1.0, bwd_ms=2.0, act_bytes=0, input_bytes=0,
+                      output_bytes=0, input_in_act_bytes=0, param_count=1, transient_bytes=0,
+                      collectives=[("all-reduce", 64 * MIB, 2, 2, 2, None)])
+    assert comm.amax_reduce_ms(no_sp, "fwd", _fp8_setup(8)) == 0.0  # without SP TE reduces no amax
+
+
+def test_the_reader_sets_the_recipe():
+    from pathlib import Path
+
+    from planner.models.configs import megatron
+
+    root = Path(__file__).resolve().parents[1]
+    assert megatron.read(root / "configs/megatron-bridge/h100_405b_fp8cs.yaml").modelled.fp8_current_scaling
+    assert not megatron.read(root / "configs/megatron-lm/gpt3_mcore_tp1_pp2.yaml").modelled.fp8_current_scaling
+
+
+def test_the_setting_is_refused_outside_megatrons_fp8(tmp_path):
+    from click.testing import CliRunner
+    from fixtures.tiny_gpt2 import tiny_gpt2_profile
+
+    from planner.cli import cli
+
+    path = tiny_gpt2_profile(tmp_path, "h100")
+    result = CliRunner().invoke(cli, ["evaluate", "--profile", str(path), "--layers-per-stage", "4",
+                                      "--ckpt-per-stage", "0", "--microbatches", "3", "--mem", "80GB",
+                                      "--precision", "bf16-mixed", "--runtime", "megatron", "--fp8-current-scaling"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "--fp8-current-scaling is Transformer Engine's FP8 recipe under --runtime megatron with --float8" in \
+        result.output

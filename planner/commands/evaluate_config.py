@@ -243,6 +243,7 @@ def _with_settings(options, job):
                                 fused_cross_entropy=modelled.fused_cross_entropy,
                                 te_grouped_gemm=modelled.te_grouped_gemm,
                                 nccl_ring_simple=modelled.nccl_ring_simple, nccl_nvls_off=modelled.nccl_nvls_off,
+                                fp8_current_scaling=modelled.fp8_current_scaling,
                                 expandable_segments=modelled.expandable_segments,
                                 chunked_cross_entropy=modelled.chunked_cross_entropy)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ub_cfg=modelled.ub_cfg,

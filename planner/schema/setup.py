@@ -250,6 +250,10 @@ class TrainingSetup(Strict):
     # NCCL_NVLS_ENABLE=0 at the launch (Megatron-Bridge's performance executor, Megatron-LM's functional tests): no
     # NVLink SHARP, neither its buffers (planner/cost/nccl_buffers.py) nor the tuner's NVLS (planner/cost/nccltuner.py)
     nccl_nvls_off: bool = False
+    # Transformer Engine's FP8 current scaling (Megatron's --fp8-recipe tensorwise; with float8): under sequence
+    # parallelism each column-parallel input's and row-parallel output gradient's amax all-reduced over the TP group
+    # before its cast (planner/cost/comm.py amax_reduce_ms); False: delayed scaling, or not said
+    fp8_current_scaling: bool = False
 
 
 class TimeConstants(Strict):
