@@ -140,3 +140,18 @@ def test_the_setting_is_refused_outside_megatrons_fp8(tmp_path):
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "--fp8-current-scaling is Transformer Engine's FP8 recipe under --runtime megatron with --float8" in \
         result.output
+
+
+def test_search_compare_says_the_recipe_it_did_not_score():
+    from pathlib import Path
+
+    from planner.commands.search_compare import _settings_unsaid
+    from planner.models.configs import megatron
+
+    job = megatron.read(Path(__file__).resolve().parents[1] / "configs/megatron-bridge/h100_405b_fp8cs.yaml")
+    said = _settings_unsaid(job.modelled, {"float8": True, "fp8_all_gather": job.modelled.fp8_all_gather,
+                                           "tp_overlap": job.modelled.tp_overlap, "nccl_nvls_off": True,
+                                           "optimizer_state_dtype": job.modelled.optimizer_state_dtype,
+                                           "runtime_version": job.modelled.runtime_version,
+                                           "compile": job.modelled.compile, "compile_loss": job.modelled.compile_loss})
+    assert said == ["FP8 current scaling (TE's amax all-reduces over TP) on (scored off, as the search)"]
