@@ -131,7 +131,8 @@ def test_the_reader_finds_the_file_beside_the_config_or_in_the_script(tmp_path):
     h100 = gpu("h100-sxm")
     fields = _userbuffers(h100, SimpleNamespace(tp_overlap="tp-comm-overlap", ub_cfg="cfg/ub.yaml",
                                                 ub_gemms=job.modelled.ub_gemms))
-    assert fields == {"ub_cfg": "cfg/ub.yaml", "gpu_sms": 132, "ub_gemms": job.modelled.ub_gemms}
+    assert fields == {"ub_cfg": "cfg/ub.yaml", "gpu_sms": 132, "ub_gemms": job.modelled.ub_gemms,
+                      "ub_reduce_gb_per_s": pytest.approx(3.35 * 0.922 * 1e3)}  # TE's ring-exchange reduce (§187)
 
 
 def test_a_missing_file_is_one_sentence_and_a_bare_name_is_bridges(tmp_path):

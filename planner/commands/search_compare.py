@@ -190,6 +190,8 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
              ("torch.compile of the loss", loss, loss_searched),
              ("Float8 linears", modelled.float8, searched.get("float8", False)),
              ("the float8 all-gather", modelled.fp8_all_gather, searched.get("fp8_all_gather", False)),
+             ("FP8 current scaling (TE's amax all-reduces over TP)", modelled.fp8_current_scaling,
+              searched.get("fp8_current_scaling", False)),
              ("TP overlap", modelled.tp_overlap, searched.get("tp_overlap", "none")),
              ("Adam's moments", modelled.optimizer_state_dtype, searched.get("optimizer_state_dtype", "fp32")),
              ("the runtime version", modelled.runtime_version, searched.get("runtime_version")),

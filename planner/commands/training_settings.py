@@ -97,6 +97,10 @@ SETTING_OPTIONS = [
     click.option("--te-grouped-gemm", "te_grouped_gemm", is_flag=True,
                  help="Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers: TE's grouped GEMM over the "
                       "experts, four more cuBLAS workspaces of 32 MiB on Hopper (--runtime megatron)."),
+    click.option("--fp8-current-scaling", "fp8_current_scaling", is_flag=True,
+                 help="Megatron-LM's --fp8-recipe tensorwise under --float8: Transformer Engine's FP8 current scaling, "
+                      "whose sequence-parallel blocks all-reduce each gathered input's and output gradient's amax over "
+                      "the TP group before its cast, four a block-microbatch (--runtime megatron)."),
     click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
                  help="Whether the job's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching "
                       "allocator's replay (the reserve on cuda) runs its rules or the default segments (ROCm builds "
@@ -107,7 +111,8 @@ SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
                         "expandable_segments", "grad_reduce_bf16", "te_cross_entropy", "fused_cross_entropy",
-                        "te_grouped_gemm", "local_layers", "nccl_ring_simple", "nccl_nvls_off")
+                        "te_grouped_gemm", "local_layers", "nccl_ring_simple", "nccl_nvls_off",
+                        "fp8_current_scaling")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -155,6 +160,7 @@ class TrainingSettings:
     te_grouped_gemm: bool = False
     nccl_ring_simple: bool = False
     nccl_nvls_off: bool = False
+    fp8_current_scaling: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:
@@ -188,6 +194,9 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
                        f"experts; the profile's {len(profile.layers)} layers hold none (a dense model makes no grouped "
                        "GEMM): drop it")
     refused += _nccl_off_gpu(profile, settings)
+    if settings.get("fp8_current_scaling") and (runtime != "megatron" or not settings["float8"]):
+        refused.append("--fp8-current-scaling is Transformer Engine's FP8 recipe under --runtime megatron with "
+                       "--float8 (Megatron-LM's --fp8-recipe tensorwise); give both or drop it")
     if refused:
         raise UserError(refused[0])
     if say is not None:

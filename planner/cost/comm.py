@@ -40,9 +40,10 @@ as the chunked pipeline it runs (planner/cost/asynctp.py), and the rest are char
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from planner.cost import asynctp, runtimes, ub_sms
+from planner.cost import asynctp, nccltuner, runtimes, ub_sms
 from planner.schema import CommSetup, TrainSetup
 
 MS_PER_US = 1e-3
@@ -219,13 +220,46 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
     passes = [("fwd", layer.fwd_ms * scale), ("bwd", layer.bwd_ms * scale)] + \
         ([("recompute", layer.fwd_ms * scale)] if option == 1 else [])
     hidden = tp_overlap_source(comm, setup.training) is not None
+    total = sum(amax_reduce_ms(layer, which, setup) for which, _ in passes)
     if hidden and comm.tp_overlap == "async-tp":
-        return sum(async_tp_pass_ms(layer, which, setup) for which, _ in passes)
-    total, float8 = 0.0, gathers_float8(layer, setup)
+        return total + sum(async_tp_pass_ms(layer, which, setup) for which, _ in passes)
+    float8 = gathers_float8(layer, setup)
     for which, compute in passes:
         ms = pass_comm_ms(layer, which, comm, float8=float8)
-        total += max(0.0, ms - compute, userbuffers_lost_ms(layer, which, comm, float8=float8)) if hidden else ms
+        total += max(0.0, ms - compute, userbuffers_lost_ms(layer, which, comm, float8=float8)) \
+            + userbuffers_reduce_ms(layer, which, comm) if hidden else ms
     return total
+
+
+def in_node_hardware(setup: TrainSetup) -> str:
+    """NCCL's in-node hardware: PCI where the setup's in-node step is NCCL's PCI figure (node_link), else NVLink."""
+    pcie = math.isclose(setup.comm.tp_step_latency_ms, NCCL_STEP_LATENCY_US["pcie"] * MS_PER_US)
+    return "pcie" if pcie else "nvlink"
+
+
+# TE v2.9's amax all-reduces a sequence-parallel dense block makes a pass under FP8 current scaling
+# (layernorm_linear.py / linear.py _customize_quantizers_float8_current_scaling: the column-parallel qkv's and fc1's
+# input quantizers forward, the row-parallel proj's and fc2's grad-output quantizers backward)
+AMAX_REDUCES = {"fwd": 2, "bwd": 2, "recompute": 2}
+
+
+def amax_reduce_ms(layer, which: str, setup: TrainSetup) -> float:
+    """Under Transformer Engine's FP8 current scaling (the setting fp8_current_scaling) with sequence parallelism,
+    the one-float all-reduces of a dense block's pass (AMAX_REDUCES) over the TP group: TE's quantizer computes the
+    tensor's amax, all-reduces it over amax_reduction_group and waits (quantizer.cpp 522-527: `allreduce(...)->wait()`,
+    the compute stream waiting on NCCL's) before the cast, so each is on the pass's path, at NCCL's latency for 4 B
+    (nccltuner.tuned_all_reduce; Ring / Simple where the launch forces it; no NVLS: it wins only past 16 ranks of one
+    node). 0 without TP's eight listed collectives (no sequence parallelism: TE reduces no amax), or delayed scaling."""
+    training, comm = setup.training, setup.comm
+    if not (training.float8 and training.fp8_current_scaling and comm.tp > 1 and comm.tp_gb_per_s is not None
+            and layer.kind == "decoder_block" and len(layer.collectives) == 8):
+        return 0.0
+    nodes, intra = max(1, -(-comm.tp // comm.domain)), in_node_hardware(setup)
+    if training.nccl_ring_simple:
+        us = nccltuner.all_reduce_latency_us("Ring", "Simple", comm.tp, nodes, intra)
+    else:
+        us = nccltuner.tuned_all_reduce(comm.tp, nodes, intra)[2]
+    return AMAX_REDUCES[which] * us * MS_PER_US
 
 
 def userbuffers_lost_ms(layer, which: str, comm: CommSetup, *, float8: bool = False) -> float:
@@ -236,6 +270,16 @@ def userbuffers_lost_ms(layer, which: str, comm: CommSetup, *, float8: bool = Fa
         return 0.0
     each = [collective_ms(c[0], collective_bytes(c[0], c[1], float8=float8), comm.tp, link) for c in layer.collectives]
     return ub_sms.lost_sm_ms(each, which, config=comm.ub_cfg, sms=comm.gpu_sms, gemms=comm.ub_gemms)
+
+
+def userbuffers_reduce_ms(layer, which: str, comm: CommSetup) -> float:
+    """Under tp-comm-overlap, the reduce kernel TE runs after a dense block's pass's ring-exchange reduce-scatters
+    (ub_sms.ring_reduce_bytes), on the main stream after the GEMM's last chunk: on the pass's path whatever hides the
+    collectives; 0 elsewhere."""
+    if comm.tp_overlap != "tp-comm-overlap" or not comm.ub_reduce_gb_per_s or layer.kind != "decoder_block":
+        return 0.0
+    moved = ub_sms.ring_reduce_bytes(layer.collectives, which, config=comm.ub_cfg, tp=comm.tp, gemms=comm.ub_gemms)
+    return moved / (comm.ub_reduce_gb_per_s * 1e9) * 1e3
 
 
 def async_tp_pass_ms(layer, which: str, setup: TrainSetup) -> float:

@@ -29,10 +29,8 @@ optimizer's fixed host calls are (hosttime.host_step_ms): every rank waits on th
 
 from __future__ import annotations
 
-import math
-
 from planner.cost import nccl_buffers, nccltuner, runtimes
-from planner.cost.comm import MS_PER_US, NCCL_STEP_LATENCY_US
+from planner.cost.comm import MS_PER_US, in_node_hardware
 from planner.cost.layers import LayerCost
 from planner.schema import TrainSetup
 
@@ -67,13 +65,6 @@ def group_nodes(group: str, setup: TrainSetup) -> int:
     """The nodes (of the setup's gpus_per_node) `group`'s ranks lie on."""
     per_node = setup.comm.domain  # the NVLink domain (planner/models/topology.py)
     return len({rank // per_node for rank in group_positions(group, setup)})
-
-
-def in_node_hardware(setup: TrainSetup) -> str:
-    """NCCL's in-node hardware: PCI where the setup's in-node step is NCCL's PCI figure (comm.node_link), else
-    NVLink."""
-    pcie = math.isclose(setup.comm.tp_step_latency_ms, NCCL_STEP_LATENCY_US["pcie"] * MS_PER_US)
-    return "pcie" if pcie else "nvlink"
 
 
 def group_runs_nvls(group: str, setup: TrainSetup, profile) -> bool:

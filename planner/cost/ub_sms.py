@@ -89,13 +89,17 @@ UNLISTED_BULK_GATHERS = (("qkv_dgrad", 0), ("fc1_dgrad", 2))  # (GEMM, the forwa
 def setup_fields(gpu, tp_overlap: str, *, config: str | None = None, gemms: dict | None = None) -> dict:
     """CommSetup's userbuffers fields, for `evaluate`/`solve` (commands/comm_setup.py) and `search`
     (solve/jobsearch.py) alike: under tp-comm-overlap the config (`config`: a Bridge name or the file read; None:
-    TE's defaults), a file's GEMMs and the GPU's SMs (planner/models/gpu_sms.py, 0 where unknown: nothing charged);
-    nothing otherwise."""
+    TE's defaults), a file's GEMMs, the GPU's SMs (planner/models/gpu_sms.py, 0 where unknown: nothing charged) and
+    the rate ring_reduce_bytes' reduce kernel runs at (no measurement of it: the GPU's eager elementwise class, a
+    streaming read of bf16 tensors and one write, planner/profiler/membound.py); nothing otherwise."""
     from planner.models.gpu_sms import sm_count
+    from planner.profiler.membound import achieved_tbps
 
     if tp_overlap != "tp-comm-overlap":
         return {}
-    return dict(ub_cfg=config, gpu_sms=sm_count(gpu) or 0, **({} if gemms is None else {"ub_gemms": gemms}))
+    reduce_rate = achieved_tbps(gpu, "eager", "elementwise") * 1e3  # GB/s
+    return dict(ub_cfg=config, gpu_sms=sm_count(gpu) or 0, ub_reduce_gb_per_s=reduce_rate,
+                **({} if gemms is None else {"ub_gemms": gemms}))
 
 
 def overlaps(config: str | None, gemms: dict | None = None) -> dict[str, Overlap]:
@@ -104,6 +108,24 @@ def overlaps(config: str | None, gemms: dict | None = None) -> dict[str, Overlap
     if gemms is not None:
         return {name: Overlap(g.method, g.num_sm, g.set_sm_margin, g.use_ce) for name, g in gemms.items()}
     return TE_DEFAULT if config is None else CONFIGS[config]
+
+
+def ring_reduce_bytes(collectives: list, which: str, *, config: str | None, tp: int,
+                      gemms: dict | None = None) -> float:
+    """The bytes TE's reduce kernel moves after each of a pass's ring-exchange reduce-scatters (`collectives`: a dense
+    block's eight in site order, LayerCost.collectives; `which`: "fwd", "bwd" or "recompute"). TE v2.9's
+    CommOverlapP2PBase::split_overlap_rs (comm_gemm_overlap.cpp 1118-1207) writes the GEMM's tp partial chunks of the
+    output into its communication buffer, sends each to the rank that owns it, and then, on the main stream after
+    every chunk's GEMM and copy, runs reduce_bf16 (userbuffers.cu 2709-2753): the tp chunks read (the whole partial
+    output, bf16: TE's initialize_ub gives a ring exchange's reduce-scatter no FP8 buffer, base.py 475-479) and their
+    sum written (1 / tp of it). The pipeline method reduces inside its userbuffers kernel, bulk's scatters likewise:
+    nothing here. Only the forward's two reduce-scatters (proj_fprop, fc2_fprop) can be ring exchanges; 0 where the
+    block does not list eight or tp is 1."""
+    if tp <= 1 or len(collectives) != 8 or which == "bwd":
+        return 0.0
+    table, at = overlaps(config, gemms), 2 + ("fwd", "bwd", "recompute").index(which)
+    return sum(c[at] * c[1] * (1 + 1 / tp) for gemm, c in zip(FORWARD_GEMMS, collectives[:4], strict=True)
+               if c[0] == "reduce-scatter" and table[gemm].method == "ring_exchange")
 
 
 def lost_sm_ms(collective_ms: list[float], which: str, *, config: str | None, sms: int,

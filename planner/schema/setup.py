@@ -250,6 +250,10 @@ class TrainingSetup(Strict):
     # NCCL_NVLS_ENABLE=0 at the launch (Megatron-Bridge's performance executor, Megatron-LM's functional tests): no
     # NVLink SHARP, neither its buffers (planner/cost/nccl_buffers.py) nor the tuner's NVLS (planner/cost/nccltuner.py)
     nccl_nvls_off: bool = False
+    # Transformer Engine's FP8 current scaling (Megatron's --fp8-recipe tensorwise; with float8): under sequence
+    # parallelism each column-parallel input's and row-parallel output gradient's amax all-reduced over the TP group
+    # before its cast (planner/cost/comm.py amax_reduce_ms); False: delayed scaling, or not said
+    fp8_current_scaling: bool = False
 
 
 class TimeConstants(Strict):
@@ -313,6 +317,9 @@ class CommSetup(Strict):
     ub_cfg: str | None = None
     ub_gemms: dict[str, UbGemm] | None = None  # a --tp-comm-overlap-cfg file's, per GEMM (None: ub_cfg's by name)
     gpu_sms: int = Field(default=0, ge=0, le=1 << 16)
+    # the rate TE's reduce kernel sums a ring-exchange reduce-scatter's tp partial chunks at (planner/cost/ub_sms.py
+    # ring_reduce_bytes); None: not charged (plans made before)
+    ub_reduce_gb_per_s: GbPerS | None = None
     # AsyncTP's peer copies (copy-engine copies from one peer, planner/models/copy_engines.py): GB/s a direction;
     # None: charged at tp_gb_per_s, NCCL's ring (no copy rate published for the GPU, or a group across nodes)
     tp_copy_gb_per_s: GbPerS | None = None

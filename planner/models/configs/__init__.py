@@ -70,6 +70,7 @@ class JobSettings:
     fused_cross_entropy: bool = False  # Megatron-LM's --cross-entropy-loss-fusion, native (its own, compiled)
     te_grouped_gemm: bool = False  # Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers
     nccl_ring_simple: bool = False  # the launch forces NCCL_ALGO=Ring, NCCL_PROTO=simple (the functional tests')
+    fp8_current_scaling: bool = False  # Megatron-LM's --fp8-recipe tensorwise under --fp8-format (TE's current scaling)
     nccl_nvls_off: bool = False  # the launch sets NCCL_NVLS_ENABLE=0 (Bridge's executor, the functional tests')
     # the launch's PYTORCH_CUDA_ALLOC_CONF expandable_segments (a functional test's ENV_VARS); None: not said
     expandable_segments: bool | None = None

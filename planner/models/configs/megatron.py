@@ -464,10 +464,10 @@ def _float8(flags: Flags, job: Job) -> None:
         return
     flags.take("--fp8-format", "FP8 GEMMs through Transformer Engine: the blocks' linears timed in FP8 (--float8); "
                "their inputs kept as TE saves them, their weights' FP8 copies charged (planner/cost/te_kept.py)")
-    flags.take("--fp8-recipe", f"{recipe[0]} scaling: each cast's amax and scale charged with the cast")
+    flags.take("--fp8-recipe", f"{recipe[0]} scaling: each cast's amax and scale charged (and tp's, --fp8-current-scaling)")
     for flag in ("--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin"):
         flags.take(flag, "delayed scaling's amax history and margin: numerics, no bytes or time of their own")
-    job.modelled.float8 = True
+    job.modelled.float8, job.modelled.fp8_current_scaling = True, recipe == ["tensorwise"]
 
 
 def _rest(flags: Flags, job: Job) -> None:
