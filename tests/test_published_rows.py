@@ -22,12 +22,13 @@ def table():
 
 def test_the_table_holds_every_scored_row_of_section_18(table):
     main = [r for r in table.rows if r.group == "main"]
-    assert len(main) == 52  # every row §18 scores on time, §21.newrows' 16, and §33.ubmem's G10
-    assert sum(r.memory_bytes is not None for r in main) == 41  # and on memory (§21.newrows: F1, F2, G1-G9; G10)
+    assert len(main) == 60  # every row §18 scores on time, §21.newrows' 16, §33.ubmem's G10, §35.newrows' G11-G18
+    assert sum(r.memory_bytes is not None for r in main) == 49  # and on memory (§21.newrows: F1, F2, G1-G9; G10-G18)
     assert [r.id for r in main if r.id[0] in "AFG"] == ["F1", "F2"] + [f"A{i}" for i in range(1, 6)] + \
-        [f"G{i}" for i in range(1, 11)]
+        [f"G{i}" for i in range(1, 19)]
+    # §23.moerows' MoE rows, §23.dsv3rows' DeepSeek-V3, §35.newrows' two 26.02 rows
     assert [r.label for r in table.rows if r.group == "bridge"] == ["T22", "T23", "B1", "B2", "B3", "B4", "B5", "B6",
-                                                                    "E1", "E2", "E3", "E4", "E5", "D1"]  # §23.moerows' MoE rows, §23.dsv3rows' DeepSeek-V3
+                                                                    "E1", "E2", "E3", "E4", "E5", "D1", "B7", "B8"]
     assert [r.id for r in main if r.id.startswith("C")] == [f"C{i}" for i in range(1, 9)]
 
 
@@ -40,10 +41,12 @@ def test_every_row_names_a_source_and_its_published_figures(table):
     assert by_id["M19"].memory_kind == "allocated" and by_id["M8"].memory_kind == "reserved"
     assert by_id["T15"].static_bytes == 24_808_996_864 and by_id["T15"].label == "M1/T15"
     assert by_id["B2"].time_s == pytest.approx(128 * 8192 / (64 * 1602))  # tokens/s/GPU turned into seconds
+    assert by_id["B7"].time_s == pytest.approx(256 * 8192 / (64 * 1621))  # 26.02: B2's recipe at GBS 256
     assert by_id["A4"].time_s == pytest.approx(16 * 32 * 8192 / (256 * 809.8))  # local batch 16 x FSDP 32
     assert by_id["F1"].time_s == pytest.approx(8192 / 7689.5)  # batch 1 a GPU
     assert (by_id["G1"].static_bytes, by_id["G1"].memory_bytes) == (688_128_512, 2_415_566_336)
     assert (by_id["G10"].static_bytes, by_id["G10"].memory_bytes) == (476_258_816, 883_747_328)  # rank 7's, §158
+    assert (by_id["G15"].static_bytes, by_id["G15"].memory_bytes) == (1_259_751_936, 2_561_334_272)  # §35.newrows
 
 
 def test_every_rows_arguments_are_accepted_by_ckplan_evaluate(table):
