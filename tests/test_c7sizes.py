@@ -18,8 +18,18 @@ LINEARS = 3072
 
 
 def setup(**fields) -> TrainSetup:
-    base = dict(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**50], precision="bf16-mixed",
-                runtime="torchtitan", dp=4, zero=3, float8=True, fp8_all_gather=True)
+    base = dict(
+        stages=1,
+        microbatches=1,
+        micro_batch_size=1,
+        mem_caps_bytes=[2**50],
+        precision="bf16-mixed",
+        runtime="torchtitan",
+        dp=4,
+        zero=3,
+        float8=True,
+        fp8_all_gather=True,
+    )
     return TrainSetup(**(base | fields))
 
 
@@ -35,10 +45,12 @@ def test_the_proportional_split_it_replaces_gave_the_norms_half_their_bytes():
 
 
 def test_without_the_float8_all_gather_every_tensor_in_bf16():
-    assert gathered_parts(PARTS, sum(PARTS), setup(fp8_all_gather=False), fp8_count=LINEARS) == \
-        tuple(2 * part for part in PARTS)
-    assert gathered_parts(PARTS, sum(PARTS), setup(float8=False, fp8_all_gather=False), fp8_count=0) == \
-        tuple(2 * part for part in PARTS)
+    assert gathered_parts(
+        PARTS, sum(PARTS), setup(fp8_all_gather=False), fp8_count=LINEARS
+    ) == tuple(2 * part for part in PARTS)
+    assert gathered_parts(
+        PARTS, sum(PARTS), setup(float8=False, fp8_all_gather=False), fp8_count=0
+    ) == tuple(2 * part for part in PARTS)
 
 
 def test_a_float8_count_no_set_of_largest_tensors_makes_splits_in_proportion():
