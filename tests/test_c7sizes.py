@@ -57,3 +57,21 @@ def test_a_float8_count_no_set_of_largest_tensors_makes_splits_in_proportion():
     # 3,000 float8 elements: no set of the largest tensors adds up to it (a measured record's own tensors)
     total = 3000 + 104 * 2
     assert gathered_parts(PARTS, sum(PARTS), setup(), fp8_count=3000) == tensor_split(total, PARTS)
+
+
+def test_the_device_trace_script_skips_without_cuda():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device: the script traces instead of skipping")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "trace_last_rank.py"
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0
+    assert done.stdout.strip() == "trace_last_rank: no CUDA device here; skipped (run it on a GPU)"
