@@ -280,6 +280,31 @@ def tensor_split(total: float, parts: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(round(total * part / whole)) for part in parts)
 
 
+def gathered_parts(parts: Sequence[int], params: int, setup: TrainSetup, *, fp8_count: int) -> tuple[int, ...]:
+    """Each parameter tensor's all-gathered bytes: FSDP2's copy-out allocates every parameter's own output,
+    numel x world size in its all-gather input's dtype (torch 2.6.0 _fsdp_param.py 438-451
+    `init_all_gather_outputs`), so under the float8 all-gather a Float8 linear's weight is 1 B an element and a
+    norm's weight stays in the weights' dtype (torchao's `fsdp_pre_all_gather` casts only the converted linears,
+    dataparallel.gathered_bytes). The converted weights are the largest tensors (torchao converts nn.Linear, never
+    a 1-D norm weight): the largest parts whose elements add up to `fp8_count` exactly. Where no such parts are
+    found (a measured record's tensors) or nothing is gathered in float8, the gathered bytes split in proportion."""
+    total = dataparallel.gathered_bytes(params, setup, fp8_count=fp8_count)
+    if not setup.training.fp8_all_gather or not fp8_count or sum(parts) != params:
+        return tensor_split(total, parts)
+    order = sorted(range(len(parts)), key=lambda i: -parts[i])
+    counted, converted = 0, set()
+    for i in order:
+        if counted >= fp8_count:
+            break
+        counted += parts[i]
+        converted.add(i)
+    if counted != fp8_count:
+        return tensor_split(total, parts)
+    weights = dataparallel.param_bytes(setup).weights
+    return tuple(int(part * (dataparallel.FP8_GATHERED_BYTES if i in converted else weights))
+                 for i, part in enumerate(parts))
+
+
 @dataclass(frozen=True)
 class ChunkLayers:
     """A stage's layers as the replay runs them, and what the cost model charges for them."""
@@ -325,7 +350,7 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
                                   forward_parts(layer, option, profile, setup))
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
-        gathered = tensor_split(dataparallel.gathered_bytes(params, setup, fp8_count=fp8), parts)
+        gathered = gathered_parts(parts, params, setup, fp8_count=fp8)
         layers.append(Fsdp2Layer(
             unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
             extra_program=program, hands=hands, grads_at=grads_at, forward_program=forward,
