@@ -8,9 +8,10 @@ The attention half:
   GPT style or an output bias), and under qk_layernorm the q and k norms (a LayerNorm's two tensors each);
 - latent attention (MLASelfAttention, the unfused spec, mla_down_proj_fusion off): input_layernorm a TENorm of its
   own, linear_q_down_proj and linear_q_up_proj (or linear_q_proj without a q rank), linear_kv_down_proj,
-  linear_kv_up_proj, linear_proj; under qk_layernorm, on in Megatron-Bridge's DeepSeek providers
-  (deepseek_provider.py `qk_layernorm: bool = True`) as DeepSeek's q_a_layernorm and kv_a_layernorm, the up
-  projections are LayerNormColumnParallelLinears, each holding its norm's weight.
+  linear_kv_up_proj, linear_proj; under qk_layernorm, which Megatron-Bridge's DeepSeek bridges set
+  (models/deepseek/deepseek_v2_bridge.py 53, deepseek_v3_bridge.py 62 at 067f987d: `provider.qk_layernorm = True`)
+  for DeepSeek's q_a_layernorm and kv_a_layernorm, the up projections are LayerNormColumnParallelLinears, each
+  holding its norm's weight.
 The MLP half:
 - a dense MLP (no experts: pre_mlp_layernorm an IdentityOp): linear_fc1, a LayerNormColumnParallelLinear (the norm's
   weight, a LayerNorm's bias, the weight, GPT style its bias), linear_fc2 (GPT style its bias);
