@@ -326,7 +326,8 @@ def test_torchtitan_float8_keys_map_to_the_settings_or_are_listed(float8_keys, m
     assert status["model.converters"] == ("modelled" if modelled[0] else "not modelled")
 
 
-def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
+def _megatron_reader(tmp_path):
+    """read(*flags): Megatron-LM's reader on a tiny launch script with those flags."""
     from planner.models.configs import megatron
 
     def read(*flags):
@@ -335,6 +336,11 @@ def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
                           "--num-attention-heads 4 --seq-length 32 --vocab-size 256 --bf16 " + " ".join(flags) + "\n")
         return megatron.read(script)
 
+    return read
+
+
+def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
+    read = _megatron_reader(tmp_path)
     assert read("--fp8-format hybrid").modelled.float8  # delayed scaling, Megatron's default recipe
     assert read("--fp8-format hybrid --fp8-recipe tensorwise").modelled.float8
     blocked = read("--fp8-format hybrid --fp8-recipe mxfp8")
@@ -345,14 +351,7 @@ def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
 def test_delayed_scaling_is_said_not_modelled_charged_as_tensorwise(tmp_path):
     # TE v2.9's delayed-scaling cast writes its amax as it casts (3 B an element) and reduces and updates the amaxes
     # at each autocast exit; ckplan charges tensorwise's amax pass and cast (5 B) and no updates: the user is told
-    from planner.models.configs import megatron
-
-    def read(*flags):
-        script = tmp_path / "train.sh"
-        script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
-                          "--num-attention-heads 4 --seq-length 32 --vocab-size 256 --bf16 " + " ".join(flags) + "\n")
-        return megatron.read(script)
-
+    read = _megatron_reader(tmp_path)
     given = read("--fp8-format hybrid --fp8-recipe delayed")
     setting = {s.name: s for s in given.settings}["--fp8-recipe"]
     assert given.modelled.float8 and setting.status == "not modelled"
