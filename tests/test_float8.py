@@ -326,7 +326,8 @@ def test_torchtitan_float8_keys_map_to_the_settings_or_are_listed(float8_keys, m
     assert status["model.converters"] == ("modelled" if modelled[0] else "not modelled")
 
 
-def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
+def _megatron_reader(tmp_path):
+    """read(*flags): Megatron-LM's reader on a tiny launch script with those flags."""
     from planner.models.configs import megatron
 
     def read(*flags):
@@ -335,11 +336,34 @@ def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
                           "--num-attention-heads 4 --seq-length 32 --vocab-size 256 --bf16 " + " ".join(flags) + "\n")
         return megatron.read(script)
 
+    return read
+
+
+def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
+    read = _megatron_reader(tmp_path)
     assert read("--fp8-format hybrid").modelled.float8  # delayed scaling, Megatron's default recipe
     assert read("--fp8-format hybrid --fp8-recipe tensorwise").modelled.float8
     blocked = read("--fp8-format hybrid --fp8-recipe mxfp8")
     assert not blocked.modelled.float8
     assert {s.name: s.status for s in blocked.settings}["--fp8-format"] == "not modelled"
+
+
+def test_delayed_scaling_is_said_not_modelled_charged_as_tensorwise(tmp_path):
+    # TE v2.9's delayed-scaling cast writes its amax as it casts (3 B an element) and reduces and updates the amaxes
+    # at each autocast exit; ckplan charges tensorwise's amax pass and cast (5 B) and no updates: the user is told
+    read = _megatron_reader(tmp_path)
+    given = read("--fp8-format hybrid --fp8-recipe delayed")
+    setting = {s.name: s for s in given.settings}["--fp8-recipe"]
+    assert given.modelled.float8 and setting.status == "not modelled"
+    assert setting.what.startswith("delayed scaling (TE v2.9 Float8Quantizer) is not modelled: its casts are charged "
+                                   "as tensorwise current scaling's")
+    default = read("--fp8-format hybrid")  # Megatron's default recipe: no flag to list, a note instead
+    assert default.modelled.float8 and "--fp8-recipe" not in {s.name for s in default.settings}
+    assert [note for note in default.notes if note.startswith("--fp8-recipe not given: Megatron-LM's default, "
+                                                              "delayed; delayed scaling (TE v2.9")]
+    tensorwise = read("--fp8-format hybrid --fp8-recipe tensorwise")
+    assert {s.name: s.status for s in tensorwise.settings}["--fp8-recipe"] == "modelled"
+    assert not [note for note in tensorwise.notes if "--fp8-recipe" in note]
 
 
 def test_under_tp_with_sp_the_norms_output_is_cast_on_its_shard_and_saved_in_float8():

@@ -182,6 +182,24 @@ def test_profile_refuses_what_it_cannot_train_here_and_writes_nothing(tmp_path, 
     assert (tmp_path / "profiles" / "hf_mine.py").read_text() == "# the user's own file\n"
 
 
+def test_an_hf_set_key_no_code_reads_is_refused_not_kept_and_ignored(tmp_path, monkeypatch):
+    # not close to a key Qwen3Config takes, and no code that builds the model reads it: transformers would keep it
+    # as an attribute and build the model without it (on main it passed, and the profile ran without it)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text(json.dumps(CONFIGS["qwen3"]))
+    result = run("profile", "--hf-config", "mine", "--hf-set", "pretraining_tp=2", "--fake")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and said.count("Error:") == 1 and "Traceback" not in said, said
+    assert said == ("Error: --hf-set pretraining_tp: neither the config nor transformers' Qwen3Config has "
+                    "pretraining_tp, and no code that builds the model reads it (transformers.models.qwen3.modeling_qwen3"
+                    ", transformers' modeling and config utilities), so it would be kept and ignored; drop it")
+    assert not (tmp_path / "profiles").exists()
+    # a key LlamaConfig takes, and one GPT-2's config class does not take but shared code reads with getattr, pass
+    assert hfmodels.with_settings(CONFIGS["llama"], ("mlp_bias=true",))["mlp_bias"] is True
+    assert hfmodels.with_settings(CONFIGS["gpt2"], ("head_dim=16",))["head_dim"] == 16
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_an_hf_config_goes_through_profile_solve_and_launch_reference_without_a_model_file(family, tmp_path,

@@ -121,7 +121,11 @@ def test_a_moe_block_takes_the_moe_replicas_host_time(gpu, call_us):
     fwd, bwd = 77.10 * call_us / 1e3, 86.41 * call_us / 1e3
     assert hosttime.host_block_ms(profile, _setup(), moe=True) == pytest.approx((fwd, bwd))
     assert block.fwd_ms < fwd and block.bwd_ms < bwd
-    assert hosttime.host_bound_ms(block, 0, profile, _setup()) == pytest.approx(fwd - block.fwd_ms + bwd - block.bwd_ms)
+    # its backward holds the DDP's hooks on its 21 tensors (tests/test_hosttime_step.py): the two norms' and router's
+    # with main_grad.add_ (0.18 Linears each), the 18 GEMM-accumulated weights' without (0.04)
+    hooks = (3 * 0.18 + 18 * 0.04) * call_us / 1e3
+    assert hosttime.host_bound_ms(block, 0, profile, _setup()) == pytest.approx(
+        fwd - block.fwd_ms + bwd + hooks - block.bwd_ms)
     eager = profile.model_copy(update={"assumptions": {**profile.assumptions, "attention": "eager"}})
     assert hosttime.host_block_ms(eager, _setup(), moe=True) == (0.0, 0.0)
     assert hosttime.host_bound_ms(block, 0, profile, _setup("torchtitan")) == 0.0

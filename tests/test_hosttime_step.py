@@ -188,3 +188,32 @@ def test_the_ring_replica_calls_the_attention_once_a_step_each_way():
         assert sum("flash_attention_for_cpu_backward" in n for n in bwd.names) == 2
         plain = bh.count_ops(bh.Block(), lambda: torch.randn(bh.S, bh.B, bh.H, requires_grad=True))
         assert len(fwd.names) > plain[0] and len(bwd.names) > plain[1]  # the ring's slices, corrections, copies
+
+
+MOE = replace(LLAMA, name="tiny-moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+MLA = replace(LLAMA, name="tiny-mla", num_layers=2, num_kv_heads=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+              num_shared_experts=1, shared_intermediate_size=32, dense_layers=(0,), kv_lora_rank=16, q_lora_rank=24,
+              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+
+
+def test_moe_and_latent_blocks_tensors_are_counted_as_megatron_core_builds_them():
+    profile, layers = _layers(MOE)
+    block = next(layer for layer in layers if layer.kind == "moe_block")
+    # attention: linear_qkv (norm weight + weight), linear_proj: 3; MoE: pre_mlp_layernorm, the router's weight,
+    # 8 local experts' fc1 and fc2 (TE GroupedLinear's weight0..weight7 each): 1 + 1 + 16; GEMM weights 2 + 16
+    assert hosttime.param_tensors(block, profile, _setup()) == 21
+    assert hosttime.param_tensors(block, profile, _setup(dp=4, ep=4)) == 3 + 1 + 1 + 4  # 2 local experts
+    fused, unfused = _setup(), _setup(unfused_grad_accumulation=True)
+    assert hosttime.grad_hook_ms(block, profile, fused) == pytest.approx((3 * 0.18 + 18 * 0.04) * CALL)
+    assert hosttime.grad_hook_ms(block, profile, unfused) == pytest.approx(21 * 0.18 * CALL)
+    profile, layers = _layers(MLA)
+    dense, moe = (next(layer for layer in layers if layer.kind == kind) for kind in ("decoder_block", "moe_block"))
+    # latent attention: input_layernorm, q_down, q_up (+ its q_a norm), kv_down, kv_up (+ its kv_a norm), proj: 8,
+    # 5 GEMM weights; the dense MLP: fc1 (norm weight + weight), fc2: 3; the MoE: norm, router, 16 experts' weights,
+    # the shared experts' fc1 and fc2
+    assert hosttime.param_tensors(dense, profile, _setup()) == 11
+    assert hosttime.param_tensors(moe, profile, _setup()) == 8 + 1 + 1 + 16 + 2
+    assert hosttime.grad_hook_ms(moe, profile, _setup()) == pytest.approx((5 * 0.18 + 23 * 0.04) * CALL)
+    no_q_rank, layers = _layers(replace(MLA, q_lora_rank=0))
+    dense = next(layer for layer in layers if layer.kind == "decoder_block")
+    assert hosttime.param_tensors(dense, no_q_rank, _setup()) == 6 + 3  # linear_q_proj, no q_a norm

@@ -86,6 +86,11 @@ def test_every_key_not_charged_is_listed():
      "false; give true or false"),
     ("qkv_wgrad: {num_sm: 0}\n", "--tp-comm-overlap-cfg ub.yaml: qkv_wgrad.num_sm is 0; TE launches at least one "
      "SM's worth: give 1 or more"),
+    ("qkv_wgrad: {num_sm: 100000}\n", "--tp-comm-overlap-cfg ub.yaml: qkv_wgrad.num_sm is 100000, and TE's bulk "
+     "kernel counts its thread blocks' completion against NVTE_MAX_SMS = 32 (TE v2.9 userbuffers.h 31): give 32 or "
+     "fewer"),
+    ("fc2_fprop: {num_sm: 33}\n", "--tp-comm-overlap-cfg ub.yaml: fc2_fprop.num_sm is 33, and TE's pipeline kernel "
+     "counts its thread blocks' completion against NVTE_MAX_SMS = 32 (TE v2.9 userbuffers.h 31): give 32 or fewer"),
     ("qkv_fprop: {method: pipeline}\n", "--tp-comm-overlap-cfg ub.yaml: qkv_fprop is an all-gather, and TE's add_ub "
      "raises ValueError on a pipeline there (base.py 380-383); give ring_exchange or bulk"),
     ("fc1_dgrad: {method: ring_exchange}\n", "--tp-comm-overlap-cfg ub.yaml: fc1_dgrad.method ring_exchange turns "
@@ -173,3 +178,26 @@ def test_without_the_overlap_the_file_is_never_opened(tmp_path):
     job = from_pairs([*BASE[:-1], ("--tp-comm-overlap-cfg", ["missing.yaml"])], str(tmp_path / "run.sh"))
     assert (job.modelled.tp_overlap, job.modelled.ub_cfg, job.modelled.ub_gemms) == ("none", None, None)
     assert {s.name: s.status for s in job.settings}["--tp-comm-overlap-cfg"] == "no effect"
+
+
+def test_num_sm_past_the_gpus_sms_is_what_te_does_with_it():
+    # a bulk's kernel at NVTE_MAX_SMS is taken; a ring exchange's num_sm on the copy engines without a margin reaches
+    # no kernel (one signalling block, userbuffers.cu 2314-2332): taken, charged nothing
+    gemms, _ = _gemms("qkv_wgrad: {num_sm: 32}\nqkv_fprop: {num_sm: 60000}\n")
+    assert (gemms["qkv_wgrad"]["num_sm"], gemms["qkv_fprop"]["num_sm"]) == (32, 60000)
+    assert ub_sms.overlaps("ub.yaml", _schema(gemms))["qkv_fprop"].sms == 0
+    # a ring's copies without the copy engines: a grid of 60000 blocks queues on the GPU's 100 SMs, so the GEMM
+    # loses at most all of them while its exchange runs: 100 x 1 ms of qkv's, TE's pipelines 16 x 2 (proj), 16 x 4 (fc2)
+    gemms, _ = _gemms("qkv_fprop: {num_sm: 60000, use_ce: false}\n")
+    assert ub_sms.lost_sm_ms(TIMES, "fwd", config="ub.yaml", sms=100, gemms=_schema(gemms)) == pytest.approx(1.96)
+    # with set_sm_margin TE leaves the GEMM the GPU's SMs less num_sm (comm_gemm_overlap.cpp 98-100): none on H100
+    gemms, _ = _gemms("qkv_fprop: {num_sm: 132, set_sm_margin: true}\n")
+    with pytest.raises(UserError) as caught:
+        ub_sms.setup_fields(gpu("h100"), "tp-comm-overlap", config="ub.yaml", gemms=gemms)
+    assert str(caught.value) == ("--tp-comm-overlap-cfg: qkv_fprop.num_sm is 132 with set_sm_margin, and TE runs the "
+                                 "GEMM on the GPU's 132 SMs less num_sm (comm_gemm_overlap.cpp 98-100, TE v2.9), "
+                                 "leaving it none: give fewer than 132 or set_sm_margin false")
+    gemms, _ = _gemms("qkv_fprop: {num_sm: 131, set_sm_margin: true}\n")
+    assert ub_sms.setup_fields(gpu("h100"), "tp-comm-overlap", config="ub.yaml", gemms=gemms)["gpu_sms"] == 132
+    with pytest.raises(UserError, match=r"^--tp-comm-overlap-cfg ub.yaml: qkv_fprop.num_sm is 100000, past the 65536"):
+        _gemms("qkv_fprop: {num_sm: 100000}\n")  # the schema's bound, said as the file's key, not a flag's

@@ -62,7 +62,8 @@ Megatron-LM d98e8a64:
   --overlap-param-gather the forward pre-hook on each module a forward calls, and get_batch's copies and
   broadcasts in the first stage's embedding forward and the last stage's span.
 Not in it: NCCL's own enqueue of a collective, the data loader's next(), the tensorboard writer and training_log,
-the timers' barrier, a MoE or MLA block's tensors and modules (0 counted).
+the timers' barrier, a MoE or MLA block's modules under --overlap-param-gather's pre-hooks (0 counted; their
+parameter tensors are counted, planner/cost/blocktensors.py).
 
 Syncs, where the host cannot run ahead of the device: Megatron-LM's interleaved schedule with
 overlap_p2p_comm (the default; batch_p2p_comm off, so no torch.cuda.synchronize after its p2p ops:
@@ -74,7 +75,7 @@ the host's lead restarts from nothing: the floor applies per pass, as charged he
 
 from __future__ import annotations
 
-from planner.cost import contextparallel, hostcalls, rules, runtimes
+from planner.cost import blocktensors, contextparallel, hostcalls, rules, runtimes
 from planner.cost.layers import LayerCost
 from planner.schema import Profile, TrainSetup
 
@@ -128,32 +129,32 @@ def rest_ms(profile: Profile, setup: TrainSetup, part: str) -> tuple[float, floa
 
 
 def param_tensors(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
-    """The parameter tensors a layer holds as Megatron-core builds it from the profile's model: a GPT-style block
-    LayerNorm's weight and bias twice (TE's LayerNormColumnParallelLinear holds them) and four linears with
-    biases, 12; a LLaMA-style block RMSNorm's weight twice and four linears, 6 (+1 a q/k/v bias, +2 or 4 q/k
-    norms); the embedding its word table and a learned position table; the head the final norm and, where it
-    is not the embedding's own tensor (untied, or a pipeline's last stage: a copy), the output weight. A MoE or
-    MLA block: 0 (not counted)."""
+    """The parameter tensors a layer holds as Megatron-core builds it from the profile's model: a block's as
+    planner/cost/blocktensors.py counts them (a GPT-style block 12, a LLaMA-style block 6, +1 a q/k/v bias, +2 or 4
+    q/k norms; a latent-attention block's own projections and norms; a MoE block's router, its rank's local experts'
+    weights one tensor each, and its shared experts); the embedding its word table and a learned position table;
+    the head the final norm and, where it is not the embedding's own tensor (untied, or a pipeline's last stage: a
+    copy), the output weight."""
     model = profile.assumptions.get("model") or {}
     gpt = model.get("style") == "gpt"
-    norm = 2 if gpt else 1
-    if layer.kind == DENSE_BLOCK and not model.get("kv_lora_rank"):
-        return 2 * norm + 4 * (2 if gpt else 1) + (1 if model.get("qkv_bias") and not gpt else 0) \
-            + (2 * norm if model.get("qk_norm") else 0)
+    if layer.kind in (DENSE_BLOCK, MOE_BLOCK):
+        return blocktensors.block_tensors(model, moe=layer.kind == MOE_BLOCK, ep=setup.data_parallel.ep)[0]
     if layer.kind == EMBEDDING:
         return 1 + (1 if gpt and not model.get("rotary") and model.get("max_position_embeddings") else 0)
     if layer.kind == HEAD:
-        return norm + (1 if not model.get("tie_word_embeddings") or setup.pipeline.stages > 1 else 0)
+        return (2 if gpt else 1) + (1 if not model.get("tie_word_embeddings") or setup.pipeline.stages > 1 else 0)
     return 0
 
 
 def _linear_weights(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
     """Of param_tensors, the weights whose gradient a GEMM accumulates into main_grad under gradient-accumulation
-    fusion (TE's linears; Megatron's output layer): a block's four, the head's output weight where counted."""
-    if layer.kind == DENSE_BLOCK:
-        return 4 if param_tensors(layer, profile, setup) else 0
+    fusion (TE's linears and grouped linears; Megatron's output layer): a block's linears' (blocktensors), the
+    head's output weight where counted."""
+    model = profile.assumptions.get("model") or {}
+    if layer.kind in (DENSE_BLOCK, MOE_BLOCK):
+        return blocktensors.block_tensors(model, moe=layer.kind == MOE_BLOCK, ep=setup.data_parallel.ep)[1]
     if layer.kind == HEAD:
-        norm = 2 if (profile.assumptions.get("model") or {}).get("style") == "gpt" else 1
+        norm = 2 if model.get("style") == "gpt" else 1
         return param_tensors(layer, profile, setup) - norm
     return 0
 
@@ -191,7 +192,8 @@ def _block_host(layer: LayerCost, profile: Profile, setup: TrainSetup) -> tuple[
     if not (fwd or bwd):
         return 0.0, 0.0, 0.0
     tensors = param_tensors(layer, profile, setup)
-    hooks = hostcalls.pre_hooks_ms(hostcalls.block_modules(profile) if tensors else 0, tensors, setup, profile)
+    dense = layer.kind == DENSE_BLOCK and not (profile.assumptions.get("model") or {}).get("kv_lora_rank")
+    hooks = hostcalls.pre_hooks_ms(hostcalls.block_modules(profile) if dense else 0, tensors, setup, profile)
     return (fwd + hooks + hostcalls.collectives_ms(layer, "fwd", profile, setup),
             bwd + grad_hook_ms(layer, profile, setup) + hostcalls.collectives_ms(layer, "bwd", profile, setup),
             fwd + hooks + hostcalls.collectives_ms(layer, "recompute", profile, setup))

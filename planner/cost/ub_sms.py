@@ -97,9 +97,25 @@ def setup_fields(gpu, tp_overlap: str, *, config: str | None = None, gemms: dict
 
     if tp_overlap != "tp-comm-overlap":
         return {}
+    sms = sm_count(gpu) or 0
+    _check_margins(gemms or {}, sms)
     reduce_rate = achieved_tbps(gpu, "eager", "elementwise") * 1e3  # GB/s
-    return dict(ub_cfg=config, gpu_sms=sm_count(gpu) or 0, ub_reduce_gb_per_s=reduce_rate,
+    return dict(ub_cfg=config, gpu_sms=sms, ub_reduce_gb_per_s=reduce_rate,
                 **({} if gemms is None else {"ub_gemms": gemms}))
+
+
+def _check_margins(gemms: dict, sms: int) -> None:
+    """A GEMM with set_sm_margin runs on sm_count - num_sm SMs (TE v2.9 comm_gemm_overlap.cpp 98-100), handed to
+    cuBLASLt as CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET where not 0 (cublaslt_gemm.cu 443-446): at num_sm >= the GPU's
+    SMs none or fewer are left, which TE does not check: refused (`sms` 0, the GPU's count unknown: not checked)."""
+    for name, gemm in gemms.items():
+        gemm = gemm if isinstance(gemm, dict) else gemm.model_dump()  # the file's dicts, or CommSetup's UbGemm
+        if sms and gemm["set_sm_margin"] and gemm["num_sm"] >= sms:
+            from planner.errors import UserError
+
+            raise UserError(f"--tp-comm-overlap-cfg: {name}.num_sm is {gemm['num_sm']} with set_sm_margin, and TE "
+                            f"runs the GEMM on the GPU's {sms} SMs less num_sm (comm_gemm_overlap.cpp 98-100, TE "
+                            f"v2.9), leaving it none: give fewer than {sms} or set_sm_margin false")
 
 
 def overlaps(config: str | None, gemms: dict | None = None) -> dict[str, Overlap]:
@@ -137,9 +153,10 @@ def lost_sm_ms(collective_ms: list[float], which: str, *, config: str | None, sm
     if not sms or len(collective_ms) != 8:
         return 0.0
     table = overlaps(config, gemms)
+    taken = {gemm: min(overlap.sms, sms) for gemm, overlap in table.items()}  # a grid past the SMs queues on them
     if which == "bwd":
-        lost = sum(table[gemm].sms * ms for gemm, ms in zip(BACKWARD_GEMMS, collective_ms[4:], strict=True))
-        lost += sum(table[gemm].sms * collective_ms[site] for gemm, site in UNLISTED_BULK_GATHERS)
+        lost = sum(taken[gemm] * ms for gemm, ms in zip(BACKWARD_GEMMS, collective_ms[4:], strict=True))
+        lost += sum(taken[gemm] * collective_ms[site] for gemm, site in UNLISTED_BULK_GATHERS)
     else:
-        lost = sum(table[gemm].sms * ms for gemm, ms in zip(FORWARD_GEMMS, collective_ms[:4], strict=True))
+        lost = sum(taken[gemm] * ms for gemm, ms in zip(FORWARD_GEMMS, collective_ms[:4], strict=True))
     return lost / sms

@@ -160,8 +160,9 @@ def with_settings(config: dict, settings: tuple[str, ...]) -> dict:
 def _check_new_keys(config: dict, new: list[str]) -> None:
     """A --hf-set key the file does not give and transformers' config class does not take is stored by
     transformers as a plain attribute and ignored: `num_hiden_layers=2` profiled all 28 layers. Where it is
-    that close to a key the file gives or the class takes, it is refused as a misspelling. (Other unknown
-    keys pass: modeling code reads some with getattr, e.g. head_dim.)"""
+    that close to a key the file gives or the class takes, it is refused as a misspelling; else where no code
+    that builds the model reads it (_read_by_code), refused as kept and ignored. (Modeling code reads some keys
+    with getattr, e.g. head_dim: those pass.)"""
     import difflib
     import inspect
 
@@ -179,6 +180,30 @@ def _check_new_keys(config: dict, new: list[str]) -> None:
         if close:
             raise UserError(f"--hf-set {key}: neither the config nor transformers' {cls.__name__} has {key}, which "
                             f"transformers would keep and ignore; did you mean {close[0]}?")
+        if not _read_by_code(cls, key):
+            raise UserError(f"--hf-set {key}: neither the config nor transformers' {cls.__name__} has {key}, and no "
+                            f"code that builds the model reads it ({cls.__module__.replace('configuration_', 'modeling_')}"
+                            ", transformers' modeling and config utilities), so it would be kept and ignored; drop it")
+
+
+def _read_by_code(cls, key: str) -> bool:
+    """Whether the code transformers builds and runs the model with reads `key` from a config: the family's
+    modeling module and transformers' shared modeling_utils, configuration_utils, masking_utils,
+    modeling_rope_utils and integrations, read as text (nothing is imported or run), for `config.KEY` or
+    getattr / hasattr(config, "KEY")."""
+    import re
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    root = Path(find_spec("transformers").origin).parent
+    family = root.joinpath(*cls.__module__.split(".")[1:]).with_suffix(".py")
+    files = [family.with_name(family.name.replace("configuration_", "modeling_", 1)),
+             *(root / f"{name}.py" for name in ("modeling_utils", "configuration_utils", "masking_utils",
+                                                  "modeling_rope_utils")),
+             *sorted((root / "integrations").glob("*.py"))]
+    name = re.escape(key)
+    pattern = re.compile(rf"config\.{name}\b|(?:getattr|hasattr)\(\s*[\w.]*config\w*,\s*['\"]{name}['\"]")
+    return any(pattern.search(path.read_text(encoding="utf-8")) for path in files if path.is_file())
 
 
 def check_config(config: dict, *, seq_len: int) -> None:

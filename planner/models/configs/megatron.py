@@ -45,6 +45,7 @@ from planner.models.configs.megatron_flags import (
     read_normalization,
     yaml_extras,
 )
+from planner.models.configs.megatron_float8 import read_float8
 from planner.models.configs.megatron_memflags import read_memory_settings
 from planner.models.configs.megatron_moe_dispatch import read as read_dispatcher
 from planner.models.configs.megatron_offload import read_cpu_offloading
@@ -402,7 +403,7 @@ def _settings(flags: Flags, job: Job) -> None:
     elif impl != "transformer_engine":
         flags.sink[-1] = (*flags.sink[-1][:2], "not modelled", f"--transformer-impl {impl}: ckplan reads "
                           "transformer_engine and local")
-    _float8(flags, job)
+    read_float8(flags, job)
     # --grad-reduce-in-bf16, --fp8-param-gather, the fused cross-entropies, TE's grouped GEMM
     read_memory_settings(flags, job, te_layers=impl == "transformer_engine")
     # bf16 with fp32 main grads sets it (arguments.py 1213-1217 at d98e8a64ddf3): the record's fp32 main_grad
@@ -451,23 +452,6 @@ def _test_settings(flags: Flags, job: Job) -> None:
                            "the GPU's FlashAttention-2 rate and its backward as its split grid runs in waves of one "
                            "block an SM (jobsettings.flash2_deterministic_factor); the dropout's own cost in the "
                            "kernel is not charged")
-
-
-def _float8(flags: Flags, job: Job) -> None:
-    """--fp8-format e4m3|hybrid with --fp8-recipe delayed (the default) or tensorwise
-    (megatron/core/transformer/transformer_config.py 587-600 at d98e8a64ddf3): Transformer Engine's
-    layers run their GEMMs in FP8, timed as Float8 (--float8; the runtime record's Transformer Engine facts
-    say what they keep: planner/cost/te_kept.py). mxfp8, blockwise and custom recipes stay listed; --fp8-param-gather is read after
-    (megatron_memflags.py)."""
-    recipe = flags.given.get("--fp8-recipe", ["delayed"])
-    if flags.given.get("--fp8-format") not in (["hybrid"], ["e4m3"]) or recipe not in (["delayed"], ["tensorwise"]):
-        return
-    flags.take("--fp8-format", "FP8 GEMMs through Transformer Engine: the blocks' linears timed in FP8 (--float8); "
-               "their inputs kept as TE saves them, their weights' FP8 copies charged (planner/cost/te_kept.py)")
-    flags.take("--fp8-recipe", f"{recipe[0]} scaling: each cast's amax and scale charged (and tp's, --fp8-current-scaling)")
-    for flag in ("--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin"):
-        flags.take(flag, "delayed scaling's amax history and margin: numerics, no bytes or time of their own")
-    job.modelled.float8, job.modelled.fp8_current_scaling = True, recipe == ["tensorwise"]
 
 
 def _rest(flags: Flags, job: Job) -> None:

@@ -33,6 +33,7 @@ METHODS = ("ring_exchange", "pipeline", "bulk", "external")
 KEYS = {"method": str, "is_reduce_scatter": bool, "num_sm": int, "cga_size": int, "set_sm_margin": bool,
         "num_splits": int, "aggregate": bool, "atomic_gemm": bool, "use_ce": bool, "fp8_buf": bool,
         "comm_priority": int, "gemm_priority": int, "pipeline_rs_overlap_first_gemm": bool}
+MAX_SMS = 32  # NVTE_MAX_SMS (TE v2.9 comm_gemm_overlap/userbuffers/userbuffers.h 31): _check_grid
 CHARGED = ("method", "num_sm", "set_sm_margin", "use_ce")  # what planner/cost/ub_sms.py reads
 # what the other keys change, which ckplan does not charge
 NOT_CHARGED = {
@@ -147,6 +148,7 @@ def parse(data: dict, source: str, *, tp: int | None = None) -> tuple[dict[str, 
             _check_method(name, entry.get("method", cfg["method"]), source)
             said += _not_charged(name, entry, cfg)
             cfg.update(entry)
+            _check_grid(name, cfg, source)
         if DEFAULT_METHOD[name] != "external":
             gemms[name] = {key: cfg[key] for key in CHARGED}
         elif name in data:
@@ -174,6 +176,23 @@ def _entry(name: str, entry, source: str) -> dict:
             raise UserError(f"--tp-comm-overlap-cfg {source}: {name}.{key} is {value}; TE launches at least one "
                             "SM's worth: give 1 or more")
     return {key: bool(value) if KEYS[key] is bool else value for key, value in entry.items()}
+
+
+def _check_grid(name: str, cfg: dict, source: str) -> None:
+    """A pipeline's or a bulk's userbuffers kernel launches num_sm thread blocks (comm_gemm_overlap.cpp
+    `_ub_comm->sms = _num_comm_sm`; userbuffers.cu SETUP_LAUNCH_CONFIG(sms, ...)), and each kernel counts its blocks'
+    arrival against NVTE_MAX_SMS = 32 (userbuffers.h 31; userbuffers.cu: block 0 adds NVTE_MAX_SMS - gridDim.x + 1,
+    the rest 1, and the block that brings the sum to NVTE_MAX_SMS x the op's id is taken as the last): past 32 blocks
+    the sum can reach that while blocks are still copying (where block 0 is not first). TE v2.9 checks nothing
+    (base.py takes any int): refused."""
+    if cfg["method"] in ("pipeline", "bulk") and cfg["num_sm"] > MAX_SMS:
+        raise UserError(f"--tp-comm-overlap-cfg {source}: {name}.num_sm is {cfg['num_sm']}, and TE's {cfg['method']} "
+                        f"kernel counts its thread blocks' completion against NVTE_MAX_SMS = {MAX_SMS} (TE v2.9 "
+                        f"userbuffers.h 31): give {MAX_SMS} or fewer")
+    if cfg["num_sm"] > 1 << 16:  # the schema's bound (UbGemm.num_sm), far past any GPU's SMs
+        raise UserError(f"--tp-comm-overlap-cfg {source}: {name}.num_sm is {cfg['num_sm']}, past the 65536 SMs "
+                        "ckplan reads (no GPU has that many; where TE reads it, it launches or margins that many): "
+                        "give the SMs the overlap should take")
 
 
 def _check_method(name: str, method: str, source: str) -> None:
