@@ -64,3 +64,32 @@ def test_a_stage_needs_the_cap_the_solvers_row_admits_where_its_replay_reserves_
     assert cap_needed_bytes(roomy, 0.15) == 78 * gib + 768 * mib + 4096
     cpu = dataclasses.replace(stage, reserved_bytes=None, reserved_by=None, workspace_bytes=0)
     assert cap_needed_bytes(cpu, 0.15) == 63 * gib + 4096
+
+
+QWEN_SCRIPT = """#!/bin/bash
+# a user's launch: the tokenizer from the Hub, so no --vocab-size
+TP=${TP:-4}
+MODEL_ARGS=(
+    --num-layers 2 --hidden-size 256 --ffn-hidden-size 512 --num-attention-heads 4
+    --group-query-attention --num-query-groups 2 --seq-length 512 --max-position-embeddings 512
+    --swiglu --add-qkv-bias --disable-bias-linear --untie-embeddings-and-output-weights
+)
+torchrun --nproc_per_node 8 pretrain_gpt.py \\
+    ${MODEL_ARGS[@]} \\
+    --tensor-model-parallel-size $TP --micro-batch-size 1 --global-batch-size 16 --bf16 \\
+    --tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen2.5-14B
+"""
+
+
+def test_a_megatron_script_without_its_vocabulary_is_told_where_the_flag_goes(tmp_path):
+    """A Qwen2.5 launch taking its tokenizer from the Hub was refused with "add --vocab-size N"; a user who added
+    it to ckplan's command line got "No such option '--vocab-size'". The sentence says it goes in the script's
+    arguments, and there it is read (151,665 padded to 152,064 at TP 4, as Megatron-LM pads)."""
+    script = tmp_path / "train_qwen.sh"
+    script.write_text(QWEN_SCRIPT)
+    refused = run("evaluate", "--from-megatron", script, "--gpu", "h100")
+    said = " ".join(refused.output.split())
+    assert refused.exit_code != 0 and "add --vocab-size N to its arguments (ckplan itself takes no --vocab-size)" in said
+    script.write_text(QWEN_SCRIPT.replace("--seq-length 512", "--seq-length 512 --vocab-size 151665"))
+    scored = run_ok("evaluate", "--from-megatron", script, "--gpu", "h100")
+    assert "vocabulary 151665 padded to 152064" in " ".join(scored.output.split())
