@@ -93,3 +93,18 @@ def test_a_megatron_script_without_its_vocabulary_is_told_where_the_flag_goes(tm
     script.write_text(QWEN_SCRIPT.replace("--seq-length 512", "--seq-length 512 --vocab-size 151665"))
     scored = run_ok("evaluate", "--from-megatron", script, "--gpu", "h100")
     assert "vocabulary 151665 padded to 152064" in " ".join(scored.output.split())
+
+
+def test_a_script_running_another_trainer_is_told_which_line_runs_what(tmp_path):
+    """Megatron-LM d98e8a64's examples/multimodal/pretrain_mistral_clip.sh runs `torchrun --nproc_per_node 8
+    examples/multimodal/train.py ${OPTIONS}` (a LLaVA trainer): ckplan said only that no line runs a trainer,
+    though one does. It now names the line and the file it runs; a file that runs none keeps the sentence."""
+    path = tmp_path / "pretrain_mistral_clip.sh"
+    path.write_text('OPTIONS=" \\\n    --num-layers 32 \\\n    --hidden-size 4096"\n\n'
+                    "torchrun --nproc_per_node 8 examples/multimodal/train.py ${OPTIONS}\n")
+    said = " ".join(run("evaluate", "--from-megatron", path, "--gpu", "h100").output.split())
+    assert ("no line runs a Megatron-LM trainer (pretrain_gpt.py or another pretrain_*.py): line 5 runs "
+            "examples/multimodal/train.py, which ckplan does not read; give the script") in said, said
+    path.write_text("MLM_MODEL_CFG=(\n    --num-layers 28\n)\n")
+    said = " ".join(run("evaluate", "--from-megatron", path, "--gpu", "h100").output.split())
+    assert "pretrain_*.py); give the script that launches training" in said, said
