@@ -108,3 +108,18 @@ def test_a_script_running_another_trainer_is_told_which_line_runs_what(tmp_path)
     path.write_text("MLM_MODEL_CFG=(\n    --num-layers 28\n)\n")
     said = " ".join(run("evaluate", "--from-megatron", path, "--gpu", "h100").output.split())
     assert "pretrain_*.py); give the script that launches training" in said, said
+
+
+def test_a_scripts_environment_defaults_are_said_not_taken_silently(tmp_path):
+    """A user's launch reads `TP=${TP:-4}` and runs as `TP=2 bash train.sh`: ckplan scored TP 4 and said nothing of
+    reading the default (the environment is never read). The variables read at their defaults are now named with
+    the values taken, positional parameters too; one the file sets is not."""
+    script = tmp_path / "train_qwen.sh"
+    script.write_text(QWEN_SCRIPT.replace("--seq-length 512", "--seq-length 512 --vocab-size 151665")
+                      .replace("--bf16", "--bf16 --save ${1:-ckpt} --lr ${LR:-1e-4}"))
+    said = " ".join(run_ok("evaluate", "--from-megatron", script, "--gpu", "h100").output.split())
+    assert ("read at the script's defaults, its environment and arguments unknown to ckplan: TP=4, $1=ckpt, LR=1e-4; "
+            "set them in the file to score other values") in said, said
+    script.write_text(script.read_text().replace("TP=${TP:-4}", "TP=4\nTP=${TP:-2}").replace("${1:-ckpt}", "ckpt")
+                      .replace("${LR:-1e-4}", "1e-4"))
+    assert "read at the script's defaults" not in run_ok("evaluate", "--from-megatron", script, "--gpu", "h100").output
