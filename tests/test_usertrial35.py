@@ -6,8 +6,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 from fixtures.cli import run, run_ok
+
+TITAN_QWEN3 = Path(__file__).parent / "fixtures" / "configs" / "torchtitan_qwen3_32b.toml"
 
 # Mistral-NeMo's shape at toy widths: head_dim (64) x heads (8) is not hidden_size (512)
 NEMO = {"model_type": "mistral", "hidden_size": 512, "intermediate_size": 1792, "num_hidden_layers": 4,
@@ -123,3 +126,15 @@ def test_a_scripts_environment_defaults_are_said_not_taken_silently(tmp_path):
     script.write_text(script.read_text().replace("TP=${TP:-4}", "TP=4\nTP=${TP:-2}").replace("${1:-ckpt}", "ckpt")
                       .replace("${LR:-1e-4}", "1e-4"))
     assert "read at the script's defaults" not in run_ok("evaluate", "--from-megatron", script, "--gpu", "h100").output
+
+
+def test_a_gpu_named_as_sold_is_pointed_to_ckplans_name():
+    """The torchtitan qwen3_32b.toml says "a preset for 8 H100 GPUs (with 96GiB memory)"; `--gpu h100-96gb` (and
+    a100-80gb) got the list of every name, where ckplan's are h100-96g and a100-80g. The nearest name is offered;
+    a GPU ckplan does not know at all still gets the list alone."""
+    said = " ".join(run("evaluate", "--from-torchtitan", TITAN_QWEN3, "--gpus", "8", "--gpu", "h100-96gb").output.split())
+    assert "unknown --gpu 'h100-96gb'; did you mean h100-96g? choose one of h100-sxm," in said, said
+    said = " ".join(run("profile", "--arch", "llama3-8b", "--seq-len", "8", "--gpu", "A100-80GB").output.split())
+    assert "unknown --gpu 'A100-80GB'; did you mean a100-80g?" in said, said
+    said = " ".join(run("profile", "--arch", "llama3-8b", "--seq-len", "8", "--gpu", "rtx4090").output.split())
+    assert "unknown --gpu 'rtx4090'; choose one of" in said, said
