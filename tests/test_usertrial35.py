@@ -138,3 +138,22 @@ def test_a_gpu_named_as_sold_is_pointed_to_ckplans_name():
     assert "unknown --gpu 'A100-80GB'; did you mean a100-80g?" in said, said
     said = " ".join(run("profile", "--arch", "llama3-8b", "--seq-len", "8", "--gpu", "rtx4090").output.split())
     assert "unknown --gpu 'rtx4090'; choose one of" in said, said
+
+
+def test_a_torchtitan_base_of_another_model_is_refused_for_every_flavor_ckplan_reads(tmp_path):
+    """Qwen2.5-14B's plan exported with `--torchtitan-base ...qwen3.config_registry:qwen3_14b` was written, not
+    refused: the check knew six of torchtitan's config functions, not qwen3_14b (nor 0_6b, 1_7b, 32b, gpt_oss_20b,
+    120b), whose flavors evaluate --from-torchtitan reads as ckplan's built-ins. A plan of qwen3_14b's depth (40)
+    and other widths is now refused, naming what differs."""
+    config = tmp_path / "qwen2.json"
+    config.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 40, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 1024, "tie_word_embeddings": False}))
+    profile, plan = tmp_path / "p.json", tmp_path / "plan.yaml"
+    run_ok("profile", "--arch-config", config, "--seq-len", "64", "--gpu", "h100", "--out", profile)
+    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
+    base = "torchtitan.models.qwen3.config_registry:qwen3_14b"
+    refused = run("export", plan, "--to", "torchtitan", "--torchtitan-base", base, "--out", tmp_path / "t.py")
+    said = " ".join(refused.output.split())
+    assert refused.exit_code != 0 and f"--torchtitan-base {base} builds qwen3-14b, not this plan's model:" in said, said
+    assert "hidden_size 64 (the base: 5120)" in said and "qkv_bias True (the base: False)" in said, said
