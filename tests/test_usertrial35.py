@@ -157,3 +157,20 @@ def test_a_torchtitan_base_of_another_model_is_refused_for_every_flavor_ckplan_r
     said = " ".join(refused.output.split())
     assert refused.exit_code != 0 and f"--torchtitan-base {base} builds qwen3-14b, not this plan's model:" in said, said
     assert "hidden_size 64 (the base: 5120)" in said and "qkv_bias True (the base: False)" in said, said
+
+
+def test_a_torchtitan_base_ckplan_does_not_know_is_said_unchecked(tmp_path):
+    """`--torchtitan-base ...llama3.config_registry:llama3_8bb` (a typo) was written without a word, its model
+    unchecked (the file checks the depth when it runs, and fails to import first). It is still written, as any
+    config function a user has may be, with a warning that its model is not checked; a known one has none."""
+    profile, plan = tmp_path / "p.json", tmp_path / "plan.yaml"
+    run_ok("profile", "--arch", "qwen3-0.6b", "--seq-len", "64", "--gpu", "h100", "--out", profile)
+    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
+    module = "torchtitan.models.qwen3.config_registry"
+    said = " ".join(run_ok("export", plan, "--to", "torchtitan", "--torchtitan-base", f"{module}:qwen3_0_6bb",
+                           "--out", tmp_path / "a.py").output.split())
+    assert (f"--torchtitan-base {module}:qwen3_0_6bb is not a torchtitan config function ckplan knows (it knows "
+            "llama3_8b,") in said and "the model it builds is not checked against the plan's" in said, said
+    said = run_ok("export", plan, "--to", "torchtitan", "--torchtitan-base", f"{module}:qwen3_0_6b",
+                  "--out", tmp_path / "b.py").output
+    assert "not a torchtitan config function ckplan knows" not in said

@@ -59,7 +59,7 @@ _BASE_CONFIGS = {
 # dimensions at b5bcd76c's deepseek_v3/__init__.py: 27 layers, 1 dense, 64 experts top 6; qwen3._30b_a3b 48;
 # qwen3's and gpt_oss's others build model_registry(SIZE), the flavors configs/torchtitan.py FLAVORS reads), so
 # a base that builds another model is refused at export, not trained in its place.
-_BASE_MODELS = {config: arch for arch, config in _BASE_CONFIGS.items()}
+BASE_MODELS = {config: arch for arch, config in _BASE_CONFIGS.items()}
 _COMPARED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size", "head_size",
              "qkv_bias", "qk_norm", "tie_word_embeddings", "rope_theta", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "num_shared_experts", "kv_lora_rank", "q_lora_rank")
@@ -245,7 +245,7 @@ def _check_depth(base: str, num_layers: int) -> None:
     any base again when it runs)."""
     from planner.models import archs
 
-    arch = _BASE_MODELS.get(base)
+    arch = BASE_MODELS.get(base)
     known = None if arch is None else archs.arch(arch).num_layers
     if known is not None and known != num_layers:
         raise UserError(f"--torchtitan-base {base} has {known} decoder layers and this plan {num_layers}; name the "
@@ -257,7 +257,7 @@ def _check_base_model(base: str, model: facts.ModelFacts | None) -> None:
     dimension (or bias, rotary base, experts), is refused: it would train another model."""
     from planner.models import archs
 
-    arch = _BASE_MODELS.get(base)
+    arch = BASE_MODELS.get(base)
     if arch is None or model is None:
         return
     built = facts.ModelFacts.model_validate(archs.arch(arch).facts())
