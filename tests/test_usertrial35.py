@@ -174,3 +174,22 @@ def test_a_torchtitan_base_ckplan_does_not_know_is_said_unchecked(tmp_path):
     said = run_ok("export", plan, "--to", "torchtitan", "--torchtitan-base", f"{module}:qwen3_0_6b",
                   "--out", tmp_path / "b.py").output
     assert "not a torchtitan config function ckplan knows" not in said
+
+
+def test_a_deepspeed_config_given_as_a_megatron_script_is_named_for_what_it_is(tmp_path):
+    """A user's ds_config.json (train_batch_size, zero_optimization: stage 3, ...) given to --from-megatron was read
+    as a bash script: "no line runs a Megatron-LM trainer". It is DeepSpeed's engine config, with no model: the
+    sentence says so and names the script that passes it; the script beside it, passing it, is read with it."""
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1,
+                                  "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}))
+    said = " ".join(run("evaluate", "--from-megatron", config, "--gpu", "h100").output.split())
+    assert (f"{config} is a DeepSpeed config (train_batch_size, train_micro_batch_size_per_gpu, zero_optimization), "
+            "which holds no model; give the Megatron-DeepSpeed launch script that passes it as --deepspeed_config") in said
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 256 "
+                      "--num-attention-heads 4 --seq-length 512 --max-position-embeddings 512 --vocab-size 1024 "
+                      "--micro-batch-size 1 --global-batch-size 16 --bf16 --deepspeed --deepspeed_config ds_config.json "
+                      "--zero-stage 1\n")
+    scored = " ".join(run_ok("evaluate", "--from-megatron", script, "--gpu", "h100").output.split())
+    assert "DeepSpeed's engine (--deepspeed)" in scored, scored
