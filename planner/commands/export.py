@@ -81,6 +81,19 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
         io.check_outputs({"--out": out}, inputs=inputs)
     io.write_atomic(out, result.text)
     _report(plan, result, out)
+    if target == "torchtitan" and torchtitan_base is not None:
+        _unchecked_base(torchtitan_base)
+
+
+def _unchecked_base(base: str) -> None:
+    """A --torchtitan-base ckplan does not know: its model is not checked against the plan's, said."""
+    from planner.console import warn
+    from planner.emit import torchtitan
+
+    if base not in torchtitan.BASE_MODELS:
+        warn(f"--torchtitan-base {base} is not a torchtitan config function ckplan knows (it knows "
+             f"{', '.join(b.rsplit(':', 1)[1] for b in torchtitan.BASE_MODELS)}): the model it builds is not checked "
+             "against the plan's; the written file checks only its depth, when it runs")
 
 
 def _export_name(target: str, stem: str, suffix: str, torchtitan_version: str) -> str:

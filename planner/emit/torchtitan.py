@@ -50,13 +50,16 @@ _BASE_CONFIGS = {
     "deepseek-v3": "torchtitan.models.deepseek_v3.config_registry:deepseek_v3_671b",
     "deepseek-v2-lite": "torchtitan.models.deepseek_v3.config_registry:deepseek_v3_16b",
     "qwen3-30b-a3b": "torchtitan.models.qwen3.config_registry:qwen3_30b_a3b",
+    **{f"qwen3-{n}": f"torchtitan.models.qwen3.config_registry:qwen3_{n.replace('.', '_')}" for n in ("0.6b", "1.7b", "14b", "32b")},
+    **{f"gpt-oss-{n}": f"torchtitan.models.gpt_oss.config_registry:gpt_oss_{n}" for n in ("20b", "120b")},
 }
 # The model each of them builds, as ckplan's built-in of that name records it (torchtitan's llama3
 # registry follows Meta's params.json: 8B 32 layers, 70B 80, 405B 126, rope_theta 500000, the
 # Llama 3 tokenizer's 128256 tokens; deepseek_v3._671b 61 layers, 3 dense; deepseek_v3._16b, DeepSeek-V2-Lite's
-# dimensions at b5bcd76c's deepseek_v3/__init__.py: 27 layers, 1 dense, 64 experts top 6; qwen3._30b_a3b 48), so
+# dimensions at b5bcd76c's deepseek_v3/__init__.py: 27 layers, 1 dense, 64 experts top 6; qwen3._30b_a3b 48;
+# qwen3's and gpt_oss's others build model_registry(SIZE), the flavors configs/torchtitan.py FLAVORS reads), so
 # a base that builds another model is refused at export, not trained in its place.
-_BASE_MODELS = {config: arch for arch, config in _BASE_CONFIGS.items()}
+BASE_MODELS = {config: arch for arch, config in _BASE_CONFIGS.items()}
 _COMPARED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size", "head_size",
              "qkv_bias", "qk_norm", "tie_word_embeddings", "rope_theta", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "num_shared_experts", "kv_lora_rank", "q_lora_rank")
@@ -242,7 +245,7 @@ def _check_depth(base: str, num_layers: int) -> None:
     any base again when it runs)."""
     from planner.models import archs
 
-    arch = _BASE_MODELS.get(base)
+    arch = BASE_MODELS.get(base)
     known = None if arch is None else archs.arch(arch).num_layers
     if known is not None and known != num_layers:
         raise UserError(f"--torchtitan-base {base} has {known} decoder layers and this plan {num_layers}; name the "
@@ -254,7 +257,7 @@ def _check_base_model(base: str, model: facts.ModelFacts | None) -> None:
     dimension (or bias, rotary base, experts), is refused: it would train another model."""
     from planner.models import archs
 
-    arch = _BASE_MODELS.get(base)
+    arch = BASE_MODELS.get(base)
     if arch is None or model is None:
         return
     built = facts.ModelFacts.model_validate(archs.arch(arch).facts())

@@ -457,5 +457,9 @@ GPU_ALIASES = {"h100": "h100-sxm", "gh200-96g": "gh200"}
 def gpu(name: str) -> GPU:
     key = GPU_ALIASES.get(name.lower(), name.lower())
     if key not in GPUS:
-        raise UserError(f"unknown --gpu {name!r}; choose one of {', '.join([*GPUS, *GPU_ALIASES])}")
+        import difflib
+
+        close = difflib.get_close_matches(key, [*GPUS, *GPU_ALIASES], n=1, cutoff=0.8)
+        mean = f"did you mean {close[0]}? " if close else ""
+        raise UserError(f"unknown --gpu {name!r}; {mean}choose one of {', '.join([*GPUS, *GPU_ALIASES])}")
     return GPUS[key]

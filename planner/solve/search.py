@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.cost import costmodel
+from planner.cost import allocator, costmodel
 from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
@@ -450,10 +450,28 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
     scale, cost = least
     if scale <= 1:
         return found
-    s = max(range(setup.pipeline.stages), key=lambda i: cost.stages[i].pressure)
+    fragmentation = costmodel.fragmentation(setup.pipeline, device_type=profile.device.type)
+    needs = [cap_needed_bytes(stage, fragmentation) for stage in cost.stages]
+    s = max(range(setup.pipeline.stages), key=lambda i: needs[i] / max(1, cost.stages[i].cap_bytes))
     stage = cost.stages[s]
-    found.append(Shortfall("device", s, stage.device_need_bytes, stage.cap_bytes, need_terms(stage)))
+    terms = need_terms(stage)
+    if stage.reserved_bytes is not None:  # the reserve the need holds: the solvers' where theirs is the larger
+        terms["allocator's fragmentation margin"] = needs[s] - stage.workspace_bytes - stage.peak_bytes
+    found.append(Shortfall("device", s, needs[s], stage.cap_bytes, terms))
     return found
+
+
+def cap_needed_bytes(stage: costmodel.StageCost, fragmentation: float) -> int:
+    """The least cap under which `stage` fits: its device need (the reserved peak, replayed or the
+    divisor's, with the buffers), and the solvers' row, which holds the allocated peak within what
+    the cap admits once the buffers and the divisor's reserve are taken (assembly.limit_bytes: on
+    cuda allocator.allocated_limit of the cap less the buffers, whose inverse is reserved_bytes).
+    Where the replay reserves less than the divisor, the row is what a cap must meet."""
+    allocated = stage.peak_bytes + costmodel.FIT_MARGIN_BYTES
+    if stage.reserved_bytes is None:  # cpu: the cap holds the peak itself
+        return max(allocated, stage.device_need_bytes)
+    row = allocator.reserved_bytes(allocated, fragmentation) + stage.workspace_bytes
+    return max(row, stage.device_need_bytes)
 
 
 def need_terms(stage: costmodel.StageCost) -> dict[str, int]:

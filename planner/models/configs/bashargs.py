@@ -40,8 +40,16 @@ def read_script(text: str, where: str) -> Script:
                         "pretrain_gpt.py \"${CKPLAN_MEGATRON_ARGS[@]}\" --vocab-size N` (the export leaves the "
                         "vocabulary to your tokenizer)")
     if shell.launch is None:
-        raise UserError(f"{where}: no line runs a Megatron-LM trainer (pretrain_gpt.py or another pretrain_*.py); "
-                        "give the script that launches training, or the arguments as a YAML mapping")
+        other = shell.other_script
+        runs = f": line {other[0]} runs {other[1]}, which ckplan does not read" if other else ""
+        raise UserError(f"{where}: no line runs a Megatron-LM trainer (pretrain_gpt.py or another "
+                        f"pretrain_*.py){runs}; give the script that launches training, or the arguments as a YAML "
+                        "mapping")
+    if shell.defaults:
+        said = ", ".join(f"{'$' * name.isdigit()}{name}={value if value and ' ' not in value else repr(value)}"
+                         for name, value in shell.defaults.items())
+        shell.notes.append(f"read at the script's defaults, its environment and arguments unknown to ckplan: {said}; "
+                           "set them in the file to score other values")
     return shell.launch
 
 
@@ -79,6 +87,8 @@ class _Shell:
         self.launch: Script | None = None
         self.notes: list[str] = []
         self.files: dict[str, str] = {}
+        self.other_script: tuple[int, str] | None = None  # the first line running a Python file not a trainer
+        self.defaults: dict[str, str] = {}  # ${NAME:-default} read at its default: NAME not set in the file
 
     # ------------------------------------------------------------ statements
 
@@ -196,6 +206,9 @@ class _Shell:
             return i + 1
         words = self._words(stripped, number)
         trainer = next((k for k, (w, _) in enumerate(words) if _is_trainer(w)), None)
+        script = next((w for w, _ in words if w.endswith(".py")), None)
+        if trainer is None and script is not None and self.other_script is None:
+            self.other_script = (number, script)
         if trainer is not None:
             if self.launch is not None:
                 self.notes.append(f"line {number}: a second trainer line; the first one ({self.launch.trainer}) "
@@ -345,8 +358,10 @@ class _Shell:
         if default:
             value = self._value(default.group(1))
             if value == "":
-                words = self._words(default.group(2), number)
-                return " ".join(w for w, _ in words)
+                words = " ".join(w for w, _ in self._words(default.group(2), number))
+                if default.group(1) not in self.vars:  # the environment's (or a positional parameter's) default
+                    self.defaults.setdefault(default.group(1), words)
+                return words
             return value
         if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+", inner):
             return self._value(inner)

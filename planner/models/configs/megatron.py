@@ -125,7 +125,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
     def need(flag: str, what: str) -> int:
         value = flags.take(flag, what, int)
         if value is None:
-            raise UserError(f"{where} does not give {flag}, which the model's size needs; add it")
+            raise UserError(f"{where} does not give {flag}, which the model's size needs; add it to its arguments")
         return positive(flag, value)
 
     layers, hidden = need("--num-layers", "decoder layers"), need("--hidden-size", "hidden size")
@@ -149,7 +149,7 @@ def _arch(flags: Flags, where: str) -> tuple[Arch, int]:
                            "(the files themselves are not read)")
     if vocab is None:
         raise UserError(f"{where} does not give --vocab-size (Megatron-LM takes it from the tokenizer, which ckplan "
-                        "does not read); add --vocab-size N")
+                        "does not read); add --vocab-size N to its arguments (ckplan itself takes no --vocab-size)")
     divisor = flags.take("--make-vocab-size-divisible-by", "vocabulary padding", int, 128)
     tp = flags.given.get("--tensor-model-parallel-size", ["1"])
     multiple = divisor * (int(tp[0]) if tp and tp[0].isdigit() else 1)

@@ -12,12 +12,35 @@ from planner.errors import UserError
 
 def text_of(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: no such file; give a Megatron-LM launch script or YAML of its arguments") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} cannot be read as text ({exc.__class__.__name__}); give a Megatron-LM launch "
                         "script or YAML of its arguments") from None
+    _refuse_ds_config(text, path)
+    return text
+
+
+# keys of DeepSpeed's config JSON (deepspeed/runtime/constants.py 17-105, zero/config.py 53 at 38327e07f), no Megatron flag
+DS_CONFIG_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                  "zero_optimization")
+
+
+def _refuse_ds_config(text: str, path: Path) -> None:
+    """A DeepSpeed config JSON holds the engine's settings and no model: the Megatron-DeepSpeed script
+    that passes it as --deepspeed_config is what --from-megatron reads (megatron_deepspeed.py)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return
+    given = [key for key in DS_CONFIG_KEYS if isinstance(data, dict) and key in data]
+    if given:
+        raise UserError(f"{path} is a DeepSpeed config ({', '.join(given)}), which holds no model; give the "
+                        "Megatron-DeepSpeed launch script that passes it as --deepspeed_config (with the config "
+                        "beside it), which --from-megatron reads with it")
 
 
 # The trainers at Megatron-LM d98e8a64ddf3 other than pretrain_gpt.py (the repository's root and examples/),
