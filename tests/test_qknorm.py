@@ -44,3 +44,22 @@ def test_a_llama_blocks_q_and_k_rmsnorms_keep_one_statistic_a_head():
     qwen = dataclasses.replace(llama, qk_norm=True)
     # the inputs 65,536 B as above; 1/rms, fp32: 2 x 1,024 rows x 4 B = 8,192
     assert _kept(qwen, SHAPE, llama_block_terms) - _kept(llama, SHAPE, llama_block_terms) == 65_536 + 8_192
+
+
+def test_a_gpt_blocks_q_and_k_layernorms_run_on_tes_norm_kernels_in_the_fused_record():
+    from planner.models import archs as models
+    from planner.profiler import analytic_time, te_fused
+
+    # 32,768 elements of Q and K; eager, the RMSNorm chain's 36 / 96 B an element (analytic_time.NORM_FWD, NORM_BWD);
+    # TE's LayerNorm 4 / 6 B an element and mean + 1/std, 8 B, a row of 16 (2,048 rows)
+    eager, fused = (36 * 32_768, 96 * 32_768), (4 * 32_768 + 8 * 2_048, 6 * 32_768 + 8 * 2_048)
+    plain, qk = analytic_time.block_work(GPT, SHAPE), analytic_time.block_work(QK, SHAPE)
+    # backward also accumulates the norms' 64 weight and bias gradients (analytic_time.accumulate_bytes: 6 B each)
+    assert (qk[0].bytes - plain[0].bytes, qk[1].bytes - plain[1].bytes) == (eager[0], eager[1] + 6 * 64)
+    saved, saved_plain = te_fused.fused_bytes_saved(QK, SHAPE), te_fused.fused_bytes_saved(GPT, SHAPE)
+    assert (saved[0] - saved_plain[0], saved[1] - saved_plain[1]) == (eager[0] - fused[0], eager[1] - fused[1])
+    moved, moved_plain = te_fused.fused_kernel_bytes(QK, SHAPE), te_fused.fused_kernel_bytes(GPT, SHAPE)
+    assert (moved[0] - moved_plain[0], moved[1] - moved_plain[1]) == fused == (147_456, 212_992)
+    h100 = models.gpu("h100")
+    record = te_fused.te_time(QK, SHAPE, h100, qk, moe=False)
+    assert record is not None and record.fwd_ms > te_fused.te_time(GPT, SHAPE, h100, plain, moe=False).fwd_ms
