@@ -173,9 +173,10 @@ def fused_classes(arch, shape) -> tuple[Counter, Counter]:
     transformers' copies in their eager classes (te_mla.eager_classes) in place of rotary's."""
     T, h = shape.tokens, arch.hidden_size
     rows, f = T // shape.sp_div, arch.intermediate_size // shape.tp
-    rotary = _rope_classes(arch, shape)
-    qk = te_moe.qk_norm_bytes(arch, shape, fused=False)  # the eager per-head q/k norms (class norm)
-    rotary = rotary[0] + Counter(norm=qk[0]), rotary[1] + Counter(norm=qk[1])
+    rotary = tuple(Counter(part) for part in _rope_classes(arch, shape))  # a latent attention's may be negative
+    for part, qk in zip(rotary, te_moe.qk_norm_bytes(arch, shape, fused=False)):  # the eager q/k norms (class norm)
+        if qk:
+            part.update(norm=qk)
     if arch.style == "gpt":
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
         return rotary[0] + Counter(activation=act_fwd * T * f), rotary[1] + Counter(activation=act_bwd * T * f)
