@@ -51,10 +51,11 @@ def test_megatrons_output_layer_accumulates_its_weight_gradient_in_the_gemm():
 
 
 def test_a_block_without_a_te_record_drops_its_eager_accumulation_too():
-    """Qwen3's q/k norms leave its blocks without a TE record (te_fused.fused_bytes_saved): their linears are still
-    TE's, built with fuse_wgrad_accumulation, so the eager pass goes as on the record's blocks."""
+    """Eager attention leaves a block without a TE record (te_fused.fused_bytes_saved; Qwen3's q/k norms did until
+    §35.qknorm): its linears are still TE's, built with fuse_wgrad_accumulation, so the eager pass goes as on the
+    record's blocks."""
     qk = dataclasses.replace(TINY, name="tiny-qk-r56", qk_norm=True, head_dim=16)
-    profile = analytic.analytic_profile(qk, SHAPE, gpu=H100, model=REF)
+    profile = analytic.analytic_profile(qk, dataclasses.replace(SHAPE, attention="eager"), gpu=H100, model=REF)
     block = profile.layers[1]
     assert block.te_time is None
     held = BLOCK_PARAMS + 2 * 16  # q_norm and k_norm: a weight of head_dim each

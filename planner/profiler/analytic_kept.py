@@ -67,12 +67,9 @@ def gqa_terms(arch: Arch, shape: Shape) -> list[Term]:
     kv·hd (Qwen3 first normalises each head's q and k: the norms keep their inputs and 1/rms)."""
     sb, d, r, h = shape.tokens, shape.d, shape.sp_div, arch.hidden_size
     q, kv = q_width(arch, shape), kv_width(arch, shape)
-    qk_norm = [Term("q and k norm inputs (per-head RMSNorm)", sb * (q + kv) * d, FUSED_NORM),
-               Term("q and k norm statistics (fp32 per head and token)",
-                    FP32 * sb * (q + kv) // arch.head_size, FUSED_NORM)] if arch.qk_norm else []
     return [
         Term("Q/K/V projection input (norm output)", sb * h * d // r, f"{KORTHIKANTI}: QKV input 2sbh"),
-        *qk_norm,
+        *qk_norm_terms(arch, shape),
         Term("Q after rotary", sb * q * d, f"{KORTHIKANTI}: Q of QK^T 2sbh"),
         Term("K after rotary (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: K of QK^T 2sbh, GQA width"),
         Term("V (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
@@ -80,6 +77,22 @@ def gqa_terms(arch: Arch, shape: Shape) -> list[Term]:
         *(Term(*term) for term in gptoss_kept.sink_terms(sb, arch.num_heads // shape.tp, q, d)
           if arch.attention_sinks and not arch.sinks_in_kernel and shape.attention == "flash"),
     ]
+
+
+def qk_norm_terms(arch: Arch, shape: Shape) -> list[Term]:
+    """Per-head q and k norms (Qwen3's q_norm / k_norm; Megatron-core's `q_layernorm` / `k_layernorm` under
+    --qk-layernorm, TENorm on the TE spec): each keeps its input (a contiguous copy of the head's q or k, d
+    bytes an element) and its statistics, fp32 per head and token: RMSNorm 1/rms, a GPT block's LayerNorm
+    mean and 1/std (TransformerEngine v2.16 transformer_engine/pytorch/ops/basic/layer_norm.py 199-221:
+    `x = input_.contiguous()`, `save_for_backward(x, means, rstdevs)`). Their outputs are the attention's Q
+    and K, counted there."""
+    if not arch.qk_norm or arch.mla:
+        return []
+    elements = shape.tokens * (q_width(arch, shape) + kv_width(arch, shape))
+    stats = 1 if arch.style == "llama" else 2
+    return [Term("q and k norm inputs (per-head norm)", elements * shape.d, FUSED_NORM),
+            Term("q and k norm statistics (fp32 per head and token)",
+                 stats * FP32 * elements // arch.head_size, FUSED_NORM)]
 
 
 def mla_terms(arch: Arch, shape: Shape) -> list[Term]:
@@ -204,6 +217,7 @@ def gpt_block_terms(arch: Arch, shape: Shape) -> list[Term]:
         Term("Q", sb * q * d, f"{KORTHIKANTI}: Q of QK^T 2sbh"),
         Term("K (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: K of QK^T 2sbh, GQA width"),
         Term("V (K/V heads only)", sb * kv * d, f"{KORTHIKANTI}: V 2sbh, GQA width"),
+        *qk_norm_terms(arch, shape),
         *_attention_core_terms(arch, shape, q_width(arch, shape)),
         *residual_dropout_terms(arch, shape, "attention"),
         *_norm_terms(arch, shape, "MLP"),

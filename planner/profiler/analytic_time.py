@@ -126,10 +126,11 @@ def _projections(arch, shape) -> tuple[list[Kernel], Counter, Counter]:
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
     rotated, table = T * (q + kv), T * arch.head_size * ROTARY_TABLE
     rotary = (ROTARY_FWD * rotated + table, ROTARY_BWD * rotated + table) if arch.rotates else (0, 0)
+    norms = (NORM_FWD * rotated, NORM_BWD * rotated) if arch.qk_norm else (0, 0)  # per-head q and k norms
     if arch.style == "gpt":  # backward: the Q/K/V gradients concatenated, the biases' gradients summed
-        return (_matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), +Counter(attention=rotary[0]),
-                Counter(attention=QKV_CAT * T * (q + 2 * kv) + rotary[1], elementwise=BIAS_SUM * T * (q + 2 * kv)))
-    norms = (NORM_FWD * rotated, NORM_BWD * rotated) if arch.qk_norm else (0, 0)
+        return (_matmuls(2 * T * h * (q + 2 * kv), 2 * T * q * h), +Counter(attention=rotary[0], norm=norms[0]),
+                +Counter(attention=QKV_CAT * T * (q + 2 * kv) + rotary[1], elementwise=BIAS_SUM * T * (q + 2 * kv),
+                         norm=norms[1]))
     return (_matmuls(2 * T * h * q, 2 * T * h * kv, 2 * T * h * kv, 2 * T * q * h),
             +Counter(attention=rotary[0], norm=norms[0]),
             +Counter(attention=rotary[1], norm=norms[1],

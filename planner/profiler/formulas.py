@@ -108,7 +108,8 @@ def block_params(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
     h, f = arch.hidden_size, arch.intermediate_size // shape.tp
     if arch.style == "gpt":  # biases: Q/K/V and fc1 split, output and fc2 replicated; LayerNorm weight + bias
         qkv_out = q_width(arch, shape) + 2 * kv_width(arch, shape)
-        return h * qkv_out + q_width(arch, shape) * h + 2 * h * f + qkv_out + f + 2 * h + 2 * 2 * h
+        qk_norm = 2 * 2 * arch.head_size if arch.qk_norm else 0  # q and k LayerNorms (TENorm): weight + bias each
+        return h * qkv_out + q_width(arch, shape) * h + 2 * h * f + qkv_out + f + 2 * h + 2 * 2 * h + qk_norm
     return attention_params(arch, shape) + mlp_params(arch, shape, moe=moe) + 2 * h  # two RMSNorm weights
 
 

@@ -48,8 +48,10 @@ Where the recipe turns a fusion off (Megatron-LM `--no-bias-gelu-fusion`, `--no-
 `--no-rope-fusion`, `--transformer-impl local`) the config readers say it; this record is the fused
 block. A MoE block's record (gated experts, flash attention) adds Megatron's fused router, permutations,
 weighted activation and TE's q/k norms (planner/profiler/te_moe.py); a latent-attention block (dense or MoE)
-has its latent norms, fused MLA rotary and its attention at cuDNN's rate at that shape (te_mla.py). Dense
-q/k-norm blocks get no record.
+has its latent norms, fused MLA rotary and its attention at cuDNN's rate at that shape (te_mla.py). A dense
+block's per-head q/k norms (`--qk-layernorm`: Megatron-core's `q_layernorm` / `k_layernorm`, TENorm on the TE
+spec, megatron/core/transformer/attention.py 1712-1750, 1932-1936, d98e8a64) run on TE's norm kernels as a
+MoE block's do (te_moe.qk_norm_bytes).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.models.attention_rates import te_attention_gpu
-from planner.profiler import analytic_time, float8, formulas, te_mla, te_rerun
+from planner.profiler import analytic_time, float8, formulas, te_mla, te_moe, te_rerun
 from planner.profiler.membound import membound_ms
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.profiler.te_bytes import (
@@ -77,24 +79,32 @@ from planner.schema import OPTION_FULL, FusedKernelTime
 def fused_bytes_saved(arch, shape) -> tuple[int, int] | None:
     """(forward, backward) bytes the fused kernels move less than the eager block's memory-bound ops
     (analytic_time.block_work); None for a block whose fused kernels were not read."""
-    if (arch.qk_norm and not arch.mla) or shape.attention != "flash":
+    if shape.attention != "flash":
         return None
     T, h = shape.tokens, arch.hidden_size
     rows = T // shape.sp_div
     f = arch.intermediate_size // shape.tp
+    qk = _qk_saved(arch, shape)
     if arch.style == "gpt":
         if arch.mlp_act == "relu":  # Megatron-core's fused bias-activations are GELU's and SwiGLU's
             return None
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
         rope = te_mla.saved_bytes(arch, shape) if arch.mla else _rope_saved(arch, shape)
-        return (act_fwd - GELU_FUSED_FWD) * T * f + rope[0], (act_bwd - GELU_FUSED_BWD) * T * f + rope[1]
+        return ((act_fwd - GELU_FUSED_FWD) * T * f + rope[0] + qk[0],
+                (act_bwd - GELU_FUSED_BWD) * T * f + rope[1] + qk[1])
     norm_fwd = 2 * ((analytic_time.NORM_FWD - TE_NORM_FWD) * rows * h
                     + (analytic_time.NORM_FWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
     norm_bwd = 2 * ((analytic_time.NORM_BWD - TE_NORM_BWD) * rows * h
                     + (analytic_time.NORM_BWD_TOKEN - TE_RMSNORM_TOKEN) * rows)
     rope = te_mla.saved_bytes(arch, shape) if arch.mla else _rope_saved(arch, shape)
     swiglu = ((analytic_time.SWIGLU_FWD - SWIGLU_FUSED_FWD) * T * f, (analytic_time.SWIGLU_BWD - SWIGLU_FUSED_BWD) * T * f)
-    return norm_fwd + rope[0] + swiglu[0], norm_bwd + rope[1] + swiglu[1]
+    return norm_fwd + rope[0] + swiglu[0] + qk[0], norm_bwd + rope[1] + swiglu[1] + qk[1]
+
+
+def _qk_saved(arch, shape) -> tuple[int, int]:
+    """(forward, backward) bytes TE's per-head q/k norms move less than their eager count (none without them)."""
+    eager, fused = te_moe.qk_norm_bytes(arch, shape, fused=False), te_moe.qk_norm_bytes(arch, shape, fused=True)
+    return eager[0] - fused[0], eager[1] - fused[1]
 
 
 def _rope_saved(arch, shape) -> tuple[int, int]:
@@ -116,6 +126,8 @@ def fused_kernel_bytes(arch, shape) -> tuple[int, int]:
     rope = ROPE_FUSED_FWD * rotated, ROPE_FUSED_BWD * rotated
     if arch.mla:  # the latent norms on TE's RMSNorm and Megatron's fused MLA rotary (te_mla.py)
         rope = te_mla.fused_bytes(arch, shape)
+    qk = te_moe.qk_norm_bytes(arch, shape, fused=True)  # the per-head q/k norms (none without them)
+    rope = rope[0] + qk[0], rope[1] + qk[1]
     if arch.style == "gpt":
         return GELU_FUSED_FWD * T * f + rope[0], GELU_FUSED_BWD * T * f + rope[1]
     norm_fwd = 2 * (TE_NORM_FWD * rows * h + TE_RMSNORM_TOKEN * rows)
@@ -161,7 +173,10 @@ def fused_classes(arch, shape) -> tuple[Counter, Counter]:
     transformers' copies in their eager classes (te_mla.eager_classes) in place of rotary's."""
     T, h = shape.tokens, arch.hidden_size
     rows, f = T // shape.sp_div, arch.intermediate_size // shape.tp
-    rotary = _rope_classes(arch, shape)
+    rotary = tuple(Counter(part) for part in _rope_classes(arch, shape))  # a latent attention's may be negative
+    for part, qk in zip(rotary, te_moe.qk_norm_bytes(arch, shape, fused=False)):  # the eager q/k norms (class norm)
+        if qk:
+            part.update(norm=qk)
     if arch.style == "gpt":
         act_fwd, act_bwd = analytic_time.ACT_BYTES[arch.mlp_act]
         return rotary[0] + Counter(activation=act_fwd * T * f), rotary[1] + Counter(activation=act_bwd * T * f)

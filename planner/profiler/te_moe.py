@@ -95,13 +95,14 @@ def qk_norm_bytes(arch, shape, *, fused: bool) -> tuple[int, int]:
     """(forward, backward) bytes of the q/k norms over the device's Q and K heads: eager as
     analytic_time._projections counts them, or TE's RMSNorm (Megatron-core's `q_layernorm` /
     `k_layernorm`, TENorm, per head): x read and y written (4 B an element) and 1/rms per row (4 B)
-    forward, 6 B an element and the statistics backward (te_bytes.TE_NORM_*)."""
+    forward, 6 B an element and the statistics backward (te_bytes.TE_NORM_*); a GPT block's TENorm is TE's
+    LayerNorm, whose rows carry the mean and 1/std (8 B: te_fused's docstring). Dense blocks' as MoE blocks'."""
     if not arch.qk_norm or arch.mla:  # a latent attention's norms are its latents' (te_mla.py)
         return 0, 0
     rotated = shape.tokens * (formulas.q_width(arch, shape) + formulas.kv_width(arch, shape))
     if not fused:
         return analytic_time.NORM_FWD * rotated, analytic_time.NORM_BWD * rotated
-    rows = rotated // arch.head_size * te_bytes.TE_RMSNORM_TOKEN
+    rows = rotated // arch.head_size * te_bytes.TE_RMSNORM_TOKEN * (1 if arch.style == "llama" else 2)
     return te_bytes.TE_NORM_FWD * rotated + rows, te_bytes.TE_NORM_BWD * rotated + rows
 
 
