@@ -97,6 +97,12 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
     except UserError as exc:
         scored.why_not = str(exc)
         return scored
+    if config.framework == "hand" and scored.setup.training.op_level_sac:
+        # the user's --op-level-sac: the hand plan's checkpointed blocks run torchtitan's op-level policy, as
+        # `evaluate --op-level-sac` runs them (published and framework records say how they score their own AC)
+        from planner.commands.training_settings import op_sac_stages
+
+        stages = op_sac_stages(stages, scored.profile)
     if scored.setup.pipeline.chunks > 1:
         stages = costmodel.ranks_of(stages, scored.setup)
     scored.stages, scored.cost = stages, costmodel.evaluate(stages, scored.profile, scored.setup)

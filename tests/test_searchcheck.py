@@ -1,0 +1,53 @@
+"""`ckplan search` held against the configurations the published rows run (docs/published-runs.md
+§35.searchcheck): a hand configuration scored beside the search is scored as `evaluate` scores the
+same plan, with every setting the search was given."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fixtures.cli import run_ok
+from test_launchers import _tiny_config
+
+JOB = ("--gpus", "8", "--global-batch", "8", "--seq-len", "512", "--runtime", "torchtitan")
+HAND = ("--tp", "1", "--micro-batch-size", "1", "--hand-recompute", "full")
+
+
+def _hand_ms(tmp_path, *flags) -> float:
+    result = run_ok("search", "--arch-config", _tiny_config(tmp_path), *JOB, "--top", "1", "--json",
+                    "--out", tmp_path / "p.yaml", *HAND, *flags)
+    return json.loads(result.stdout)["compared"][0]["iteration_ms"]
+
+
+def _evaluated_ms(tmp_path, *, op_level_sac: bool) -> float:
+    """The hand configuration (TP 1, one stage, dp 8, every layer checkpointed) as `evaluate` scores
+    it: its stages, under --op-level-sac op_sac_stages of them (evaluate.py), on the search's profile
+    and setup for those degrees."""
+    from planner.commands.handplan import hand_stages
+    from planner.commands.search import _model
+    from planner.commands.training_settings import op_sac_stages
+    from planner.cost import costmodel
+    from planner.models import archs
+    from planner.solve import jobsearch
+    from planner.solve.degrees import Degrees
+
+    profile = _model(None, _tiny_config(tmp_path), None, both=False).profile_for(archs.gpu("h100"), 512)(1, False, 1)
+    options = jobsearch.JobOptions(mem_cap_bytes=archs.gpu("h100").usable_bytes, gpus_per_node=8,
+                                   nvlink_domain=8, runtime="torchtitan", training={"op_level_sac": op_level_sac})
+    degrees = Degrees(tp=1, sp=False, pp=1, dp=8, micro_batch_size=1, microbatches=1)
+    setup = jobsearch.job_setup(profile, degrees, options)
+    stages = hand_stages(profile, [4], [4], "first")
+    if op_level_sac:
+        stages = op_sac_stages(stages, profile)
+    return costmodel.evaluate(stages, profile, setup).iteration_ms
+
+
+def test_a_hand_configuration_runs_op_level_sac_where_the_search_is_given_it(tmp_path):
+    """--op-level-sac with a hand configuration: its checkpointed blocks run torchtitan's op-level
+    policy, as `evaluate --checkpoint ... --op-level-sac` runs them (M11 at main: the search's hand
+    1.325 s with every block recomputed whole, evaluate's row 1.205 s)."""
+    full, sac = _evaluated_ms(tmp_path, op_level_sac=False), _evaluated_ms(tmp_path, op_level_sac=True)
+    assert sac < full
+    assert _hand_ms(tmp_path) == pytest.approx(full, rel=1e-12)
+    assert _hand_ms(tmp_path, "--op-level-sac") == pytest.approx(sac, rel=1e-12)
