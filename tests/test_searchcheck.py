@@ -15,8 +15,19 @@ HAND = ("--tp", "1", "--micro-batch-size", "1", "--hand-recompute", "full")
 
 
 def _hand_ms(tmp_path, *flags) -> float:
-    result = run_ok("search", "--arch-config", _tiny_config(tmp_path), *JOB, "--top", "1", "--json",
-                    "--out", tmp_path / "p.yaml", *HAND, *flags)
+    result = run_ok(
+        "search",
+        "--arch-config",
+        _tiny_config(tmp_path),
+        *JOB,
+        "--top",
+        "1",
+        "--json",
+        "--out",
+        tmp_path / "p.yaml",
+        *HAND,
+        *flags,
+    )
     return json.loads(result.stdout)["compared"][0]["iteration_ms"]
 
 
@@ -32,9 +43,16 @@ def _evaluated_ms(tmp_path, *, op_level_sac: bool) -> float:
     from planner.solve import jobsearch
     from planner.solve.degrees import Degrees
 
-    profile = _model(None, _tiny_config(tmp_path), None, both=False).profile_for(archs.gpu("h100"), 512)(1, False, 1)
-    options = jobsearch.JobOptions(mem_cap_bytes=archs.gpu("h100").usable_bytes, gpus_per_node=8,
-                                   nvlink_domain=8, runtime="torchtitan", training={"op_level_sac": op_level_sac})
+    profile = _model(None, _tiny_config(tmp_path), None, both=False).profile_for(
+        archs.gpu("h100"), 512
+    )(1, False, 1)
+    options = jobsearch.JobOptions(
+        mem_cap_bytes=archs.gpu("h100").usable_bytes,
+        gpus_per_node=8,
+        nvlink_domain=8,
+        runtime="torchtitan",
+        training={"op_level_sac": op_level_sac},
+    )
     degrees = Degrees(tp=1, sp=False, pp=1, dp=8, micro_batch_size=1, microbatches=1)
     setup = jobsearch.job_setup(profile, degrees, options)
     stages = hand_stages(profile, [4], [4], "first")
@@ -47,7 +65,10 @@ def test_a_hand_configuration_runs_op_level_sac_where_the_search_is_given_it(tmp
     """--op-level-sac with a hand configuration: its checkpointed blocks run torchtitan's op-level
     policy, as `evaluate --checkpoint ... --op-level-sac` runs them (M11 at main: the search's hand
     1.325 s with every block recomputed whole, evaluate's row 1.205 s)."""
-    full, sac = _evaluated_ms(tmp_path, op_level_sac=False), _evaluated_ms(tmp_path, op_level_sac=True)
+    full, sac = (
+        _evaluated_ms(tmp_path, op_level_sac=False),
+        _evaluated_ms(tmp_path, op_level_sac=True),
+    )
     assert sac < full
     assert _hand_ms(tmp_path) == pytest.approx(full, rel=1e-12)
     assert _hand_ms(tmp_path, "--op-level-sac") == pytest.approx(sac, rel=1e-12)
