@@ -72,3 +72,58 @@ def test_a_hand_configuration_runs_op_level_sac_where_the_search_is_given_it(tmp
     assert sac < full
     assert _hand_ms(tmp_path) == pytest.approx(full, rel=1e-12)
     assert _hand_ms(tmp_path, "--op-level-sac") == pytest.approx(sac, rel=1e-12)
+
+
+SETTINGS = [
+    ("megatron", {"float8": True}),
+    ("megatron", {}),
+    ("torchtitan", {"float8": True, "fp8_all_gather": True}),
+    ("torchtitan", {"chunked_cross_entropy": 8}),
+]
+
+
+@pytest.mark.parametrize("runtime, training", SETTINGS, ids=[f"{r} {t}" for r, t in SETTINGS])
+def test_every_candidate_is_charged_the_profile_evaluate_charges(tmp_path, runtime, training):
+    """Brute force over every configuration the search keeps: the profile it scores is float8.
+    float8_profile of the profile its plan file holds under its own setup, as `evaluate` applies it
+    (Transformer Engine's once-a-step weight cast is charged times the shard group's size, so a
+    profile applied for one shard group is not another's; the chunked loss and the fused kernels
+    apply without --float8 too)."""
+    from planner.commands.search import _job, _model
+    from planner.cost.float8 import float8_profile
+    from planner.models import archs
+    from planner.solve import jobsearch
+
+    model = _model(None, _tiny_config(tmp_path), None, both=False)
+    job = _job(
+        model,
+        gpus=8,
+        per_node=8,
+        global_batch=8,
+        seq_len=512,
+        schedules=("1F1B",),
+        chunks=(2,),
+        micro_batch_sizes=(1,),
+        runtime=runtime,
+    )
+    options = jobsearch.JobOptions(
+        mem_cap_bytes=2**36, gpus_per_node=8, runtime=runtime, training=training
+    )
+    profiles = jobsearch.Profiles(model.profile_for(archs.gpu("h100"), 512))
+    found = jobsearch.candidates(job, options, profiles, jobsearch.Outcome())
+    assert (
+        len(
+            {
+                c.setup.data_parallel.shard_group or c.setup.data_parallel.dp
+                for c in found
+                if c.degrees.zero
+            }
+        )
+        > 1
+    )
+    wrong = [
+        c.degrees.label()
+        for c in found
+        if c.profile != float8_profile(c.plan_profile or c.profile, c.setup)
+    ]
+    assert wrong == []
