@@ -127,3 +127,27 @@ def test_every_candidate_is_charged_the_profile_evaluate_charges(tmp_path, runti
         if c.profile != float8_profile(c.plan_profile or c.profile, c.setup)
     ]
     assert wrong == []
+
+
+def test_compare_on_a_model_with_no_published_configuration_says_so(tmp_path):
+    """--compare on a config ckplan holds no published configuration of: one sentence, exit 1, before
+    the search runs (it compared nothing, silently, at main)."""
+    from fixtures.cli import run
+
+    result = run(
+        "search",
+        "--arch-config",
+        _tiny_config(tmp_path),
+        *JOB,
+        "--top",
+        "1",
+        "--compare",
+        "--out",
+        tmp_path / "p.yaml",
+    )
+    said = " ".join(result.output.split())
+    assert (
+        result.exit_code == 1
+        and "--compare: ckplan holds no published configuration of --arch" in said
+    )
+    assert "llama3-8b" in said and not (tmp_path / "p.yaml").exists()
