@@ -9,6 +9,7 @@ import json
 import pytest
 from fixtures.cli import run_ok
 from test_launchers import _tiny_config
+from test_searchfix import clock  # noqa: F401 (the fixture: 1 s a profile, 1000 s a solve)
 
 JOB = ("--gpus", "8", "--global-batch", "8", "--seq-len", "512", "--runtime", "torchtitan")
 HAND = ("--tp", "1", "--micro-batch-size", "1", "--hand-recompute", "full")
@@ -151,3 +152,29 @@ def test_compare_on_a_model_with_no_published_configuration_says_so(tmp_path):
         and "--compare: ckplan holds no published configuration of --arch" in said
     )
     assert "llama3-8b" in said and not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.usefixtures("clock")
+def test_a_search_out_of_time_says_the_limit_given(tmp_path):
+    """--time-limit 3 on a clock of 1 s a profile (test_searchfix's): the sentence names the 3 s given,
+    not the search's own part of it (main said "before --time-limit (0.0 s)" where the settings'
+    sample profile had used the whole limit)."""
+    from fixtures.cli import run
+
+    result = run(
+        "search",
+        "--arch-config",
+        _tiny_config(tmp_path),
+        *JOB,
+        "--top",
+        "3",
+        "--out",
+        tmp_path / "p.yaml",
+        "--time-limit",
+        "3",
+    )
+    said = " ".join(result.output.split())
+    assert (
+        result.exit_code == 1
+        and "a plan that fits before --time-limit 3 s ran out (the search itself" in said
+    )

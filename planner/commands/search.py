@@ -187,7 +187,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     else:
         report.print()
     if not outcome.ranked:
-        raise UserError(search_report.nothing_fits(report, job, options, profile_for))
+        raise UserError(search_report.nothing_fits(report, job, options, profile_for, time_limit_s=time_limit))
 
 
 def _write_launch_files(out: Path, folder: Path, *, tp: int, gpus_per_node: int, framework: str,
