@@ -178,3 +178,60 @@ def test_a_search_out_of_time_says_the_limit_given(tmp_path):
         result.exit_code == 1
         and "a plan that fits before --time-limit 3 s ran out (the search itself" in said
     )
+
+
+MEGATRON_ARGS = """MODEL_ARGS:
+  --num-layers: 4
+  --hidden-size: 512
+  --ffn-hidden-size: 1408
+  --num-attention-heads: 8
+  --group-query-attention: true
+  --num-query-groups: 4
+  --kv-channels: 64
+  --swiglu: true
+  --normalization: RMSNorm
+  --position-embedding-type: rope
+  --untie-embeddings-and-output-weights: true
+  --disable-bias-linear: true
+  --hidden-dropout: 0.0
+  --attention-dropout: 0.0
+  --seq-length: 512
+  --max-position-embeddings: 4096
+  --vocab-size: 8000
+  --make-vocab-size-divisible-by: 8
+  --tensor-model-parallel-size: 1
+  --micro-batch-size: 1
+  --global-batch-size: 8
+  --bf16: true
+  --transformer-impl: transformer_engine
+"""
+
+
+def test_a_megatron_file_naming_the_head_size_compares_with_the_model_that_derives_it(tmp_path):
+    """--kv-channels 64 with 512 wide over 8 heads is the config's derived head size (its head_dim unset):
+    the same model, compared (main refused it: "describes another model ... head_dim 64 against None",
+    as Megatron-Bridge's 8B file against --arch llama3-8b)."""
+    args = tmp_path / "megatron.yaml"
+    args.write_text(MEGATRON_ARGS)
+    result = run_ok(
+        "search",
+        "--arch-config",
+        _tiny_config(tmp_path),
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "512",
+        "--runtime",
+        "megatron",
+        "--top",
+        "1",
+        "--json",
+        "--out",
+        tmp_path / "p.yaml",
+        "--from-megatron",
+        args,
+    )
+    compared = json.loads(result.stdout)["compared"]
+    assert [row["degrees"]["dp"] for row in compared] == [8] and compared[0]["iteration_ms"] > 0

@@ -161,8 +161,11 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
 
     from planner.models.published import Published
 
-    mine = {k: v for k, v in dataclasses.asdict(job.arch).items() if k not in _ARCH_LABELS}
-    searched = {k: v for k, v in dataclasses.asdict(arch).items() if k not in _ARCH_LABELS}
+    # the head size as each model has it (a file's --kv-channels equal to hidden / heads is the derived one)
+    mine = {k: v for k, v in dataclasses.asdict(job.arch).items() if k not in _ARCH_LABELS} | {
+        "head_dim": job.arch.head_size}
+    searched = {k: v for k, v in dataclasses.asdict(arch).items() if k not in _ARCH_LABELS} | {
+        "head_dim": arch.head_size}
     differ = [k for k in searched if mine.get(k) != searched[k]]
     if differ:
         key = differ[0]
