@@ -235,3 +235,68 @@ def test_a_megatron_file_naming_the_head_size_compares_with_the_model_that_deriv
     )
     compared = json.loads(result.stdout)["compared"]
     assert [row["degrees"]["dp"] for row in compared] == [8] and compared[0]["iteration_ms"] > 0
+
+
+TORCHTITAN_OP_SAC = """[model]
+name = "llama3"
+flavor = "debugmodel"
+
+[training]
+local_batch_size = 1
+seq_len = 512
+
+[parallelism]
+data_parallel_shard_degree = 8
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+"""
+
+
+@pytest.mark.parametrize("op_level_sac", [True, False])
+def test_a_torchtitan_file_with_op_level_ac_is_scored_as_the_hand_plan_of_its_degrees(
+    tmp_path, op_level_sac
+):
+    """torchtitan's selective_ac_option op beside the same degrees by hand (FSDP 8, every block
+    checkpointed): under --op-level-sac both run the op-level policy (main scored the file as whole-layer
+    recompute, 1.630 ms against the hand's 1.489 ms on this model); without it both recompute whole
+    layers and the file says so."""
+    toml = tmp_path / "job.toml"
+    toml.write_text(TORCHTITAN_OP_SAC)
+    flags = ("--op-level-sac",) if op_level_sac else ()
+    result = run_ok(
+        "search",
+        "--arch",
+        "titan-llama3-debugmodel",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "512",
+        "--runtime",
+        "torchtitan",
+        "--top",
+        "1",
+        "--json",
+        "--out",
+        tmp_path / "p.yaml",
+        "--tp",
+        "1",
+        "--zero",
+        "3",
+        "--micro-batch-size",
+        "1",
+        "--hand-recompute",
+        "full",
+        "--from-torchtitan",
+        toml,
+        *flags,
+    )
+    hand, file = json.loads(result.stdout)["compared"]
+    assert file["iteration_ms"] == pytest.approx(hand["iteration_ms"], rel=1e-12)
+    assert file["degrees"] == hand["degrees"]
+    assert (
+        "scored as full recompute: search with --op-level-sac" in file["note"]
+    ) is not op_level_sac
