@@ -11,7 +11,8 @@ from fixtures.cli import run_ok
 from test_launchers import _tiny_config
 from test_searchfix import clock  # noqa: F401 (the fixture: 1 s a profile, 1000 s a solve)
 
-JOB = ("--gpus", "8", "--global-batch", "8", "--seq-len", "512", "--runtime", "torchtitan")
+SHAPE = ("--gpus", "8", "--global-batch", "8", "--seq-len", "512")
+JOB = (*SHAPE, "--runtime", "torchtitan")
 HAND = ("--tp", "1", "--micro-batch-size", "1", "--hand-recompute", "full")
 
 
@@ -217,12 +218,7 @@ def test_a_megatron_file_naming_the_head_size_compares_with_the_model_that_deriv
         "search",
         "--arch-config",
         _tiny_config(tmp_path),
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
-        "--seq-len",
-        "512",
+        *SHAPE,
         "--runtime",
         "megatron",
         "--top",
@@ -269,12 +265,7 @@ def test_a_torchtitan_file_with_op_level_ac_is_scored_as_the_hand_plan_of_its_de
         "search",
         "--arch",
         "titan-llama3-debugmodel",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
-        "--seq-len",
-        "512",
+        *SHAPE,
         "--runtime",
         "torchtitan",
         "--top",
