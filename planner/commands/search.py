@@ -126,6 +126,8 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     say = (lambda note: err_console.print(note, soft_wrap=True)) if as_json else info
     model = _model(arch, arch_config or hf_config, profile_path, both=arch_config is not None and hf_config is not None,
                    settings=settings)
+    if compare:
+        _check_compare(model)
     device = _gpu(gpu, model)
     per_node = topology.host_gpus(device, gpus_per_node)  # the launch's processes a host
     domain = min(topology.nvlink_domain(device, gpus_per_node, nvlink_domain), gpus)  # the links' placement, TP's reach
@@ -185,7 +187,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     else:
         report.print()
     if not outcome.ranked:
-        raise UserError(search_report.nothing_fits(report, job, options, profile_for))
+        raise UserError(search_report.nothing_fits(report, job, options, profile_for, time_limit_s=time_limit))
 
 
 def _write_launch_files(out: Path, folder: Path, *, tp: int, gpus_per_node: int, framework: str,
@@ -202,6 +204,18 @@ def _write_launch_files(out: Path, folder: Path, *, tp: int, gpus_per_node: int,
     note = launchers.missing_export(launch, out, torchtitan_version) if entry is None else None
     if note is not None:
         warn(note)
+
+
+def _check_compare(model: _Model) -> None:
+    """--compare scores the published configurations of the model searched: one sentence where there are none."""
+    from planner.models.published import PUBLISHED, published_for
+
+    if model.arch_name is not None and published_for(model.arch_name):
+        return
+    known = ", ".join(sorted({p.arch for p in PUBLISHED}))
+    what = f"--arch {model.arch_name}" if model.arch_name is not None else "a --profile"
+    raise UserError(f"--compare: ckplan holds no published configuration of {what} (it holds those of {known}); "
+                    "drop --compare, or score a framework's own file beside with --from-megatron/--from-torchtitan")
 
 
 def _entry(entry: str | None) -> tuple[str, ...] | None:

@@ -97,6 +97,12 @@ def score(config, *, gpus: int, global_batch: int, options, profile_for, time_li
     except UserError as exc:
         scored.why_not = str(exc)
         return scored
+    if (config.framework == "hand" or config.op_level_sac) and scored.setup.training.op_level_sac:
+        # the user's --op-level-sac on the hand plan, or a torchtitan file's op-level AC: the checkpointed blocks
+        # run torchtitan's op-level policy, as `evaluate` runs them (published records say how they score theirs)
+        from planner.commands.training_settings import op_sac_stages
+
+        stages = op_sac_stages(stages, scored.profile)
     if scored.setup.pipeline.chunks > 1:
         stages = costmodel.ranks_of(stages, scored.setup)
     scored.stages, scored.cost = stages, costmodel.evaluate(stages, scored.profile, scored.setup)
@@ -155,15 +161,18 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
 
     from planner.models.published import Published
 
-    mine = {k: v for k, v in dataclasses.asdict(job.arch).items() if k not in _ARCH_LABELS}
-    searched = {k: v for k, v in dataclasses.asdict(arch).items() if k not in _ARCH_LABELS}
+    # the head size as each model has it (a file's --kv-channels equal to hidden / heads is the derived one)
+    mine = {k: v for k, v in dataclasses.asdict(job.arch).items() if k not in _ARCH_LABELS} | {
+        "head_dim": job.arch.head_size}
+    searched = {k: v for k, v in dataclasses.asdict(arch).items() if k not in _ARCH_LABELS} | {
+        "head_dim": arch.head_size}
     differ = [k for k in searched if mine.get(k) != searched[k]]
     if differ:
         key = differ[0]
         raise UserError(f"{job.source} describes another model than the one searched ({key} {mine.get(key)} "
                         f"against {searched[key]}); search that model, or compare a config of this one")
     stages = job.pp * job.chunks
-    recompute, ckpt, unsaid = _framework_recompute(job, stages)
+    recompute, ckpt, unsaid = _framework_recompute(job, stages, op_level_sac=bool((settings or {}).get("op_level_sac")))
     unmodelled = [setting.name for setting in job.of("not modelled")] + unsaid + _settings_unsaid(job.modelled,
                                                                                                   settings or {})
     if job.cp > 1:  # a Published record carries no CP degree: scored at CP 1, said (evaluate --from-* scores it)
@@ -177,7 +186,7 @@ def from_framework_job(job, *, arch, gpu: str, seq_len: int, settings: dict | No
                      micro_batch_size=job.micro_batch_size, tp=job.tp, sp=job.sp, pp=job.pp, schedule=job.schedule,
                      chunks=job.chunks, zero=job.zero, shard_group=shard_group, ep=job.ep, recompute=recompute,
                      layers_per_stage=tuple(job.layers_per_stage) if job.layers_per_stage else None,
-                     ckpt_per_stage=ckpt, not_expressible=", ".join(unmodelled), source=str(job.source))
+                     ckpt_per_stage=ckpt, op_level_sac=job.recompute.mode == "op", not_expressible=", ".join(unmodelled), source=str(job.source))
 
 
 def _settings_unsaid(modelled, searched: dict) -> list[str]:
@@ -219,10 +228,12 @@ def _said(value) -> str:
 _ARCH_LABELS = ("name", "source", "max_position_embeddings", "rope_theta", "norm_eps", "rope_scaling")
 
 
-def _framework_recompute(job, stages: int):
+def _framework_recompute(job, stages: int, *, op_level_sac: bool = False):
     """(recompute, checkpointed layers per stage, what is scored otherwise than the file says) of a
     read job: none and full as they are, Megatron's block method as the first N of each stage;
-    every-Nth and selective recompute have no whole-layer form and are scored as full recompute."""
+    torchtitan's op-level AC every block checkpointed (under the policy where the search is given
+    --op-level-sac, `op_level_sac`); every-Nth and selective recompute have no whole-layer form and are
+    scored as full recompute."""
     mode = job.recompute.mode
     if mode in ("none", "full"):
         return mode, None, []
@@ -232,6 +243,8 @@ def _framework_recompute(job, stages: int):
         if job.layers_per_stage:
             return "full", tuple(min(job.recompute.num_layers, n) for n in job.layers_per_stage), said
         return "full", (job.recompute.num_layers,) * stages, said
-    if mode == "op":  # torchtitan's selective_ac_option "op": evaluate runs it; a Published record cannot say it
-        return "full", None, ["op-level SAC, activation_checkpoint.selective_ac_option op (scored as full recompute)"]
+    if mode == "op":  # torchtitan's selective_ac_option "op": evaluate runs it, and the search under --op-level-sac
+        return "full", None, [] if op_level_sac else [
+            "op-level SAC, activation_checkpoint.selective_ac_option op (scored as full recompute: search with "
+            "--op-level-sac to score it)"]
     return "full", None, [f"{mode} recompute (scored as full recompute)"]

@@ -42,6 +42,9 @@ class Published:
     recompute: Recompute = "full"
     layers_per_stage: tuple[int, ...] | None = None
     ckpt_per_stage: tuple[int, ...] | None = None  # checkpointed decoder layers per stage (first k)
+    # the checkpointed blocks under torchtitan's op-level policy (a torchtitan file's selective_ac_option op),
+    # scored so where the search is given --op-level-sac
+    op_level_sac: bool = False
     not_expressible: str = ""  # what the framework runs that ckplan's cost model does not charge
     source: str = ""
 

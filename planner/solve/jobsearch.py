@@ -203,7 +203,7 @@ class Profiles:
     def __init__(self, profile_for: ProfileFor):
         self._profile_for = profile_for
         self._cache: dict[tuple[int, bool, int, int, int], tuple[Profile, list]] = {}
-        self._float8: dict[tuple[int, bool], tuple[Profile, list]] = {}
+        self._float8: dict[tuple[int, int], tuple[Profile, list]] = {}
 
     def get(self, tp: int, sp: bool, mbs: int, cp: int = 1, ep: int = 1) -> tuple[Profile, list]:
         key = (tp, sp, mbs, cp, ep)
@@ -217,16 +217,14 @@ class Profiles:
         return (tp, sp, mbs, cp, ep) in self._cache
 
     def for_setup(self, profile: Profile, layers: list, setup: TrainSetup) -> tuple[Profile, list]:
-        """(profile, layers) as `setup` charges them: under Float8 its records applied (they depend
-        on the setup through whether FSDP shards the weights), and the runtime's fused kernels' times
-        (planner/cost/fusedkernels.py), once per profile and sharding."""
-        from planner.cost import runtimes
-
-        if not setup.training.float8 and not runtimes.of(setup.training).fused_kernels:
-            return profile, layers
+        """(profile, layers) as `setup` charges them, float8.float8_profile's as evaluate applies it: under
+        Float8 its records (they depend on the setup through its shard group's size: the float8 all-gather
+        where FSDP shards, Transformer Engine's once-a-step weight cast times the group), the runtime's
+        fused kernels, its fused SwiGLU's and MoE layers' tensors, the chunked loss; once per profile and
+        shard group (every other input is a setting all the configurations share)."""
         from planner.cost.float8 import float8_profile
 
-        key = (id(profile), dataparallel.shard_size(setup) > 1)
+        key = (id(profile), dataparallel.shard_size(setup) if setup.training.float8 else 0)
         if key not in self._float8:
             applied = float8_profile(profile, setup)
             self._float8[key] = (applied, bounds_mod.kinds(applied))
