@@ -90,3 +90,17 @@ def test_job_links_name_the_nodes_and_the_node_step():
     assert made["cp"].nodes == 2 and made["cp"].node_step_latency_ms is not None  # 2 ranks 16 apart
     small = comm.job_links(gpu, tp=4, cp=2, pp_stride=8, gpus_per_node=8, nics_per_gpu=1.0)
     assert small["tp"].nodes == 1 and small["cp"].nodes == 1
+
+
+def test_a_tensor_parallel_group_wider_than_the_node_is_evaluated():
+    """TP 4 on hosts of 2 GPUs: the group spans 2 nodes; links.default_links asked the all-to-all rate of a one-rank
+    expert group (no expert parallelism) and divided by zero."""
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    result = CliRunner().invoke(cli, ["evaluate", "--from-megatron",
+                                      "configs/megatron-lm/gpt3_7b_tp4_pp1_memory_speed.yaml", "--gpus", "8",
+                                      "--gpu", "h100", "--gpus-per-node", "2"])
+    assert result.exit_code == 0, result.output
+    assert "tensor-parallel 4 collectives at" in result.output and "(network)" in result.output

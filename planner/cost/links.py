@@ -114,7 +114,9 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
     shard, shard_where = link(shard_group, "--shard-bandwidth")
     shards = min(shard_group, dp) or 1  # the replicas' all-reduce: dp / shard_group ranks, shard_group x tp apart
     replica, replica_where = link(max(1, dp // shards), "--replica-bandwidth", stride=tp * shards)
-    experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: NCCL's NVLink rate, else the link's
+    # an all-to-all: NCCL's NVLink rate, else the link's; none without expert parallelism (a group of one rank
+    # tp apart is "across nodes" where tp passes a node, and has no all-to-all rate)
+    experts, experts_where = link(ep, "--ep-bandwidth", ring=False) if ep > 1 else (None, "")
     sharing = min(gpu.gpus_per_host_switch, host, stages * dp * tp)  # the GPUs copying through one switch's uplink
     host_rate, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s / sharing), (
         "--host-bandwidth" if "--host-bandwidth" in given else
