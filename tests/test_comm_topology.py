@@ -38,9 +38,10 @@ def test_each_collective_by_hand():
 def test_a_group_inside_a_node_uses_nvlink_and_one_spanning_nodes_the_network():
     inside, between = comm.node_link(450.0), comm.network_link(50.0, 1)
     assert comm.group_link(8, 1, 8, inside, between) is inside
-    assert comm.group_link(16, 1, 8, inside, between) is between
+    across = comm.group_link(16, 1, 8, inside, between)  # the network's, on 2 nodes, NVLink's step inside each
+    assert (across.gb_per_s, across.where, across.nodes, across.node_step_latency_ms) == (50.0, "network", 2, 3.4e-3)
     assert comm.group_link(2, 4, 8, inside, between) is inside  # two stages of tp 2 x dp 2 in one node
-    assert comm.group_link(2, 8, 8, inside, between) is between  # stage neighbours 8 ranks apart
+    assert comm.group_link(2, 8, 8, inside, between).where == "network"  # stage neighbours 8 ranks apart
     assert comm.network_link(50.0, 2).gb_per_s == 100.0  # two NICs a GPU
     assert inside.step_latency_ms == pytest.approx(3.4e-3) and between.step_latency_ms == pytest.approx(14.0e-3)
     assert comm.node_link(64.0, pcie=True).step_latency_ms == pytest.approx(5.7e-3)

@@ -93,7 +93,8 @@ def comm_fields(profile, options, *, runtime: str, say=None, stages: int = 1, ch
                 pp_gb_per_s=pp_link.gb_per_s, pp_latency_ms=pp_link.base_latency_ms + pp_link.step_latency_ms,
                 pp_stride=stride, pp_network_gb_per_s=network.gb_per_s,
                 pp_network_latency_ms=network.base_latency_ms + network.step_latency_ms,
-                collective_latency_ms=tp_link.base_latency_ms, gpus_per_node=host, nvlink_domain=node,
+                collective_latency_ms=tp_link.base_latency_ms, node_step_latency_ms=pp_link.step_latency_ms,
+                gpus_per_node=host, nvlink_domain=node,
                 tp_overlap=options.tp_overlap, **_userbuffers(gpu, options),
                 cp=cp, cp_gb_per_s=cp_link.gb_per_s if cp > 1 else None, cp_step_latency_ms=cp_link.step_latency_ms,
                 comm_notes=[note], **copies)

@@ -10,6 +10,11 @@ all-gather's output, a reduce-scatter's input, an all-reduce's tensor):
 and takes latency + moved / bus bandwidth. The latency is NCCL's own model of its Ring / Simple
 protocol (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.23+: a base of 8.4 µs
 per collective, then per step 3.4 µs over NVLink, 5.7 µs over PCIe, 14.0 µs over the network).
+A ring over N nodes with several ranks in each crosses the network on only some of its steps
+(ring_latency_ms: N-1 of an all-gather's or a reduce-scatter's n-1, 2(N-1) of an all-reduce's
+2(n-1)); the rest run at the node's step, at least the network post overhead NCCL adds to an
+inter-node ring's steps (3 µs under Simple on an Intel or ARM host). An all-to-all (NCCL's
+grouped sends, outside the ring model) and a send keep every step at their link's figure.
 The bus bandwidth is the link's datasheet rate (planner/models/gpus.py), or inside a node the
 collective's busbw measured by nccl-tests where one is published (H100: all-gather 350, reduce-
 scatter 360 GB/s against NVLink's 450 one way, NVIDIA/nccl#1281; all_reduce_perf with NVLink
@@ -40,6 +45,7 @@ as the chunked pipeline it runs (planner/cost/asynctp.py), and the rest are char
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -72,17 +78,39 @@ class Link:
     step_latency_ms: float = 0.0
     base_latency_ms: float = 0.0
     where: str = ""
+    nodes: int = 1  # the nodes the group's ranks lie on
+    # across nodes, NCCL's step inside a node (NVLink's or PCI's); None: every step at step_latency_ms
+    node_step_latency_ms: float | None = None
+
+
+# NCCL's network post overhead of an inter-node ring's steps, x3 under Simple (tuning.cc getNetOverhead, 241-247
+# at v2.21.5-1): the least a step inside a node costs in a ring across nodes
+RING_NET_OVERHEAD_MS = nccltuner.NET_OVERHEAD_US * nccltuner.SIMPLE_OVERHEAD_FACTOR * MS_PER_US
+RING_KINDS = ("all-gather", "reduce-scatter", "all-reduce")  # the collectives tuning.cc's ring model covers
+
+
+def ring_latency_ms(kind: str, ranks: int, link: Link) -> float:
+    """NCCL's Ring / Simple latency of one `kind` over `ranks` ranks on `link` (tuning.cc ncclTopoTuneModel, v2.23+):
+    base + steps inside a node x max(the node's step, RING_NET_OVERHEAD_MS) + steps across x the network's, the
+    steps across from nccltuner.ring_inter_steps. On one node, for an all-to-all or a send, or where the link names
+    no node step, every step at the link's own."""
+    _, steps = RING_FACTORS[kind]
+    total = steps(ranks)
+    if link.nodes <= 1 or link.node_step_latency_ms is None or kind not in RING_KINDS:
+        return link.base_latency_ms + total * link.step_latency_ms
+    inter = nccltuner.ring_inter_steps(kind, ranks, link.nodes)
+    node_step = max(link.node_step_latency_ms, RING_NET_OVERHEAD_MS)
+    return link.base_latency_ms + (total - inter) * node_step + inter * link.step_latency_ms
 
 
 def collective_ms(kind: str, tensor_bytes: float, ranks: int, link: Link) -> float:
     """One ring collective of `kind` on a tensor of `tensor_bytes` over `ranks` ranks: NCCL's
-    latency (base + steps x per step) + the bytes each rank moves / the link's bandwidth. A
-    group of one rank, or nothing to move, costs nothing."""
+    latency (ring_latency_ms) + the bytes each rank moves / the link's bandwidth. A group of one
+    rank, or nothing to move, costs nothing."""
     if ranks <= 1 and kind != "send" or tensor_bytes <= 0:
         return 0.0
-    moved, steps = RING_FACTORS[kind]
-    return (link.base_latency_ms + steps(ranks) * link.step_latency_ms
-            + moved(ranks) * tensor_bytes / (link.gb_per_s * 1e9) * 1e3)
+    moved, _ = RING_FACTORS[kind]
+    return ring_latency_ms(kind, ranks, link) + moved(ranks) * tensor_bytes / (link.gb_per_s * 1e9) * 1e3
 
 
 def all_gather_ms(tensor_bytes: float, ranks: int, link: Link) -> float:
@@ -120,8 +148,19 @@ def network_link(nic_gb_per_s: float, nics_per_gpu: float) -> Link:
 def group_link(ranks: int, stride: int, gpus_per_node: int, inside: Link, between: Link) -> Link:
     """The link a group of `ranks` crosses whose members lie `stride` ranks apart (the product
     of the degrees placed inside it): inside one node while ranks x stride fit in it, else the
-    network's."""
-    return inside if ranks * stride <= gpus_per_node else between
+    network's, on the nodes the group spans with the node's step (ring_latency_ms)."""
+    if ranks * stride <= gpus_per_node:
+        return inside
+    return dataclasses.replace(between, nodes=group_nodes(ranks, stride, gpus_per_node),
+                               node_step_latency_ms=inside.step_latency_ms)
+
+
+def group_nodes(ranks: int, stride: int, gpus_per_node: int) -> int:
+    """Nodes a group of `ranks` ranks `stride` apart spans: one where ranks x stride fit a node, else ranks over
+    its ranks a node (network_rate.ranks_per_node), rounded up."""
+    from planner.models import network_rate
+
+    return -(-ranks // network_rate.ranks_per_node(ranks, stride, gpus_per_node))
 
 
 def job_links(gpu, *, tp: int, cp: int, pp_stride: int, gpus_per_node: int, nics_per_gpu: float) -> dict[str, Link]:
@@ -176,7 +215,14 @@ def tp_overlap_source(comm: CommSetup, training) -> str | None:
 def tp_link(comm: CommSetup) -> Link | None:
     if comm.tp_gb_per_s is None:
         return None
-    return Link(comm.tp_gb_per_s, comm.tp_step_latency_ms, comm.collective_latency_ms)
+    return setup_link(comm, comm.tp_gb_per_s, comm.tp_step_latency_ms, ranks=comm.tp, stride=1)
+
+
+def setup_link(comm: CommSetup, gb_per_s: float, step_latency_ms: float, *, ranks: int, stride: int) -> Link:
+    """A group's link as the setup holds it: its rate and step, NCCL's base, and across the NVLink domain the nodes
+    it spans (group_nodes) with the setup's in-node step (ring_latency_ms)."""
+    return Link(gb_per_s, step_latency_ms, comm.collective_latency_ms, nodes=group_nodes(ranks, stride, comm.domain),
+                node_step_latency_ms=comm.node_step_latency_ms)
 
 
 PASSES = ("fwd", "bwd", "recompute")

@@ -59,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.cost import cpring, runtimes
-from planner.cost.comm import Link, collective_ms, send_ms
+from planner.cost.comm import Link, collective_ms, send_ms, setup_link
 from planner.schema import TrainSetup
 
 PASS_NAMES = ("forward", "backward")
@@ -85,7 +85,7 @@ def cp_link(setup: TrainSetup) -> Link | None:
     comm = setup.comm
     if comm.cp_gb_per_s is None or comm.cp <= 1:
         return None
-    return Link(comm.cp_gb_per_s, comm.cp_step_latency_ms, comm.collective_latency_ms)
+    return setup_link(comm, comm.cp_gb_per_s, comm.cp_step_latency_ms, ranks=comm.cp, stride=comm.tp)
 
 
 def pass_exposed_ms(exchange, which: str, kind: str, link: Link, regather: bool = True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import dataparallel
+from planner.cost import comm, dataparallel, nccltuner
 from planner.models import network_rate, topology
 from planner.schema import Profile
 
@@ -49,19 +49,15 @@ def ring_latency_us(kind: str, ranks: int, nodes: int, intra: str = "nvlink", pr
         raise ValueError(f"no ring latency for {kind!r} under {protocol!r}")
     nodes = max(1, min(nodes, ranks))
     p = RING_PROTOCOLS.index(protocol)
-    all_reduce = kind == "all-reduce"
-    steps = 2 * (ranks - 1) if all_reduce else ranks - 1
-    inter = 0 if nodes == 1 else (2 * nodes if all_reduce else nodes - 1)
+    steps = 2 * (ranks - 1) if kind == "all-reduce" else ranks - 1
+    inter = nccltuner.ring_inter_steps(kind, ranks, nodes, nccltuner.V2_21)
     step_us = RING_HW_US[intra][p]
     if nodes > 1:
         step_us = max(step_us, RING_NET_OVERHEAD_US * (RING_SIMPLE_OVERHEAD_FACTOR if protocol == "Simple" else 1))
     return RING_BASE_US[p] + (steps - inter) * step_us + inter * RING_HW_US["network"][p]
 
 
-def group_nodes(ranks: int, stride: int, gpus_per_node: int) -> int:
-    """Nodes a group of `ranks` ranks `stride` apart spans: one where ranks x stride fit a node, else ranks over
-    its ranks a node (network_rate.ranks_per_node), rounded up."""
-    return -(-ranks // network_rate.ranks_per_node(ranks, stride, gpus_per_node))
+group_nodes = comm.group_nodes  # the nodes a group spans (one rule with comm.py's links)
 
 
 @dataclass(frozen=True)
@@ -118,7 +114,9 @@ def default_links(profile: Profile, *, stages: int, dp: int, shard_group: int, e
     shard, shard_where = link(shard_group, "--shard-bandwidth")
     shards = min(shard_group, dp) or 1  # the replicas' all-reduce: dp / shard_group ranks, shard_group x tp apart
     replica, replica_where = link(max(1, dp // shards), "--replica-bandwidth", stride=tp * shards)
-    experts, experts_where = link(ep, "--ep-bandwidth", ring=False)  # an all-to-all: NCCL's NVLink rate, else the link's
+    # an all-to-all: NCCL's NVLink rate, else the link's; none without expert parallelism (a group of one rank
+    # tp apart is "across nodes" where tp passes a node, and has no all-to-all rate)
+    experts, experts_where = link(ep, "--ep-bandwidth", ring=False) if ep > 1 else (None, "")
     sharing = min(gpu.gpus_per_host_switch, host, stages * dp * tp)  # the GPUs copying through one switch's uplink
     host_rate, host_where = given.get("--host-bandwidth", gpu.host_link_gb_per_s / sharing), (
         "--host-bandwidth" if "--host-bandwidth" in given else

@@ -64,6 +64,22 @@ NVLS_ALGORITHMS = ("NVLS", "NVLSTree")
 NVLS_MIN_GPUS = 3  # nvls.cc 160: more than two GPUs of the communicator in the node / NVLink domain
 
 
+def ring_inter_steps(kind: str, ranks: int, nodes: int, version: str = V2_27) -> int:
+    """Of a ring `kind`'s steps (n-1 for an all-gather or a reduce-scatter, 2(n-1) for an all-reduce) over `ranks`
+    ranks on `nodes` nodes, those tuning.cc's ncclTopoTuneModel charges at the network's latency (the rest at the
+    node's): none on one node; nodes - 1 for an all-gather or a reduce-scatter; for an all-reduce 2(nodes - 1) from
+    v2.23 (v2.23.4-1 258, v2.27.7-1 354: `nInterSteps`), 2 x nodes at v2.21.5-1 (161-163; more than the ring's 2(n-1)
+    steps where one rank a node, which the model then charges as two steps fewer at the node's latency)."""
+    if kind not in ("all-gather", "reduce-scatter", "all-reduce"):
+        raise ValueError(f"no NCCL ring step split for {kind!r}")
+    nodes = max(1, min(nodes, ranks))
+    if nodes == 1:
+        return 0
+    if kind != "all-reduce":
+        return nodes - 1
+    return 2 * nodes if version == V2_21 else 2 * (nodes - 1)
+
+
 def nvls_supported(*, multicast: bool, local_gpus: int, enabled: bool = True) -> bool:
     """Whether a communicator runs NVLink SHARP: NCCL_NVLS_ENABLE not 0 (`enabled`), a GPU with multicast (an
     NVSwitch fabric) and more than two of the communicator's GPUs in the rank's node or NVLink domain."""
@@ -97,8 +113,7 @@ def all_reduce_latency_us(algorithm: str, protocol: str, ranks: int, nodes: int,
     if algorithm == "NVLSTree":
         return latency + intra_us + 2 * log_nodes * inter_us
     if algorithm == "Ring":
-        steps = 2 * (ranks - 1)
-        crossing = (2 * nodes if version == V2_21 else 2 * (nodes - 1)) if nodes > 1 else 0
+        steps, crossing = 2 * (ranks - 1), ring_inter_steps("all-reduce", ranks, nodes, version)
         if nodes > 1:
             overhead = NET_OVERHEAD_US * (SIMPLE_OVERHEAD_FACTOR if protocol == "Simple" else 1)
             intra_us = max(intra_us, overhead)

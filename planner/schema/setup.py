@@ -304,6 +304,9 @@ class CommSetup(Strict):
     pp_network_gb_per_s: GbPerS | None = None
     pp_network_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     collective_latency_ms: float = Field(default=0.0, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)  # NCCL's base
+    # NCCL's ring step inside a node (NVLink's or PCI's), which a ring across nodes runs all but its network steps at
+    # (comm.ring_latency_ms); None: every step of a group across nodes at the network's (plans made before)
+    node_step_latency_ms: float | None = Field(default=None, ge=0, le=MAX_LATENCY_MS, allow_inf_nan=False)
     gpus_per_node: int = Field(default=8, gt=0, le=1 << 12)  # GPUs a host runs (--gpus-per-node)
     # GPUs in one NVLink domain, which the links are placed by (planner/models/topology.py); None: the host's (plans
     # made before, whose gpus_per_node was the domain)

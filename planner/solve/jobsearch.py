@@ -173,7 +173,8 @@ def _links_of_comm(profile: Profile, degrees: Degrees, gpus_per_node: int, *, ho
                            gpus_per_node=gpus_per_node, nics_per_gpu=gpu.nics_per_gpu)
     found: dict = {"gpus_per_node": host, "nvlink_domain": gpus_per_node}
     if degrees.tp > 1 or degrees.cp > 1:
-        found.update(collective_latency_ms=links["tp" if degrees.tp > 1 else "cp"].base_latency_ms)
+        found.update(collective_latency_ms=links["tp" if degrees.tp > 1 else "cp"].base_latency_ms,
+                     node_step_latency_ms=links["node"].step_latency_ms)
     if degrees.tp > 1:
         found.update(tp=degrees.tp, tp_gb_per_s=links["tp"].gb_per_s, tp_step_latency_ms=links["tp"].step_latency_ms)
     if degrees.cp > 1:
