@@ -157,10 +157,12 @@ class Report:
 
     def counts(self) -> str:
         o = self.outcome
-        done = "complete" if o.complete else f"cut short by --time-limit ({_left(o)})"
+        done = "complete" if o.complete else (f"cut short by --time-limit ({_left(o)}): the ranking is the best of "
+                                              "what was solved")
         return (f"{o.considered} configurations considered ({o.duplicates} the same setup as another, {o.refused} "
                 f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound, "
-                f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound); "
+                f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound"
+                f"{_early(o)}); "
                 f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}")
 
     # ------------------------------------------------------------ JSON
@@ -186,9 +188,18 @@ class Report:
             "counts": {"considered": o.considered, "duplicates": o.duplicates, "refused": o.refused,
                        "pruned_memory": o.pruned_memory, "pruned_time": o.pruned_time, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
-                       "unexplored": o.unexplored, "not_solved": len(o.unsolved), "complete": o.complete,
+                       "unexplored": o.unexplored, "not_solved": len(o.unsolved), "solved_early": o.solved_early,
+                       "complete": o.complete,
                        "wall_s": o.wall_s},
             "ranked": ranked, "compared": [one(row) for row in self.others]}, indent=2)
+
+
+def _early(o) -> str:
+    """The solves run while profiles were still built (half the limit gone, nothing ranked yet)."""
+    if not o.solved_early:
+        return ""
+    return (f"; {o.solved_early} of them the best bound kept when half of --time-limit had gone to profiles, "
+            "solved before the rest were built")
 
 
 def _left(o) -> str:

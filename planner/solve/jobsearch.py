@@ -11,6 +11,13 @@ MILP elsewhere), each bounded by the `top`-th best time found so far, and the se
 once the next time bound reaches it: no configuration left could enter the ranking. The
 ranking is therefore the same as solving every configuration (tests/test_search.py holds it
 to that brute force).
+
+Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
+291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
+of the best-bound configuration kept so far (search_job's `midway`), its plan ranked and never solved
+again; then it goes on. The ranking stays that of every configuration solved (an extra exact plan in
+it only tightens the bar with a real time); a search whose profiles take under half its limit runs
+exactly as without it.
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ class Outcome:
     profiles: int = 0  # profiles built
     complete: bool = True  # False: the deadline stopped it before the bound did
     unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
+    solved_early: int = 0  # of `solved`, those solved while profiles were still built (half the limit gone, no plan)
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
     unsolved: list[Candidate] = field(default_factory=list)  # fit the memory bound, not reached before the deadline
@@ -236,10 +244,12 @@ class Profiles:
 
 
 def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: Outcome,
-               deadline: Deadline | None = None) -> list[Candidate]:
+               deadline: Deadline | None = None, midway: Callable[[list[Candidate]], None] | None = None
+               ) -> list[Candidate]:
     """Every configuration that passes the memory bound, with its bounds, counted in `outcome`. Past
     `deadline`, looked at before each profile not built yet, the enumeration stops there: those kept so far,
-    the rest counted in outcome.unexplored (outcome.complete False)."""
+    the rest counted in outcome.unexplored (outcome.complete False). `midway(kept)` is called before each
+    configuration (search_job's early solve)."""
     kept, seen = [], set()
     every = enumerate_degrees(job)
 
@@ -250,6 +260,8 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
         return True
 
     for index, degrees in enumerate(every):
+        if midway is not None:
+            midway(kept)
         # the memory bound from the profile at ep 1 (a given analytic profile: its own ep): an EP profile differs
         # from it in times only (formulas.Shape.ep), so it is built only for a configuration that passes
         # (tests/test_search_ep.py holds the bounds equal)
@@ -321,32 +333,55 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
                deadline: Deadline | None = None, solver: str = "auto") -> Outcome:
     """The `top` fastest configurations that fit, each with its exact plan (see the module's text).
     Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
-    the ranking is the best of what was solved; outcome.unexplored the configurations never reached)."""
+    the ranking is the best of what was solved; outcome.unexplored the configurations never reached); at
+    half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
-    found = candidates(job, options, Profiles(profile_for), outcome, deadline)
+    early: set[int] = set()  # id() of the candidates solved while the enumeration ran
+
+    def midway(kept: list[Candidate]) -> None:
+        """Once half the limit is gone and nothing is ranked yet, the best-bound kept candidate not yet
+        solved is solved (without a bar, as the first solve below would be), so that a limit spent on
+        profiles still answers; within the limit only, each candidate once."""
+        if outcome.ranked or deadline.limit_s is None or deadline.expired() \
+                or deadline.elapsed_s() < deadline.limit_s / 2:
+            return
+        waiting = [c for c in kept if id(c) not in early]
+        if waiting:
+            best = min(waiting, key=lambda c: (c.bounds.time_ms, c.degrees.key()))
+            early.add(id(best))
+            outcome.solved_early += 1
+            _rank(outcome, solve_one(best, upper_bound_ms=None, deadline=deadline, solver=solver), top)
+
+    found = candidates(job, options, Profiles(profile_for), outcome, deadline, midway)
     found.sort(key=lambda c: (c.bounds.time_ms, c.degrees.key()))
     for index, candidate in enumerate(found):
         bar = outcome.ranked[top - 1].iteration_ms if len(outcome.ranked) >= top else math.inf
         if candidate.bounds.time_ms >= bar:
-            outcome.pruned_time = len(found) - index
+            outcome.pruned_time = sum(id(c) not in early for c in found[index:])
             break
+        if id(candidate) in early:  # solved already, its plan (if any) ranked: never twice
+            continue
         if deadline.expired():
             outcome.complete = False
-            outcome.unsolved = found[index:]
+            outcome.unsolved = [c for c in found[index:] if id(c) not in early]
             break
-        solved = solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar, deadline=deadline,
-                           solver=solver)
-        outcome.solved += 1
-        if solved is None:
-            outcome.solved_without_plan += 1
-            continue
-        outcome.ranked.append(solved)
-        outcome.ranked.sort(key=lambda s: (s.iteration_ms, s.degrees.key()))
-        del outcome.ranked[top:]
+        _rank(outcome, solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar, deadline=deadline,
+                                 solver=solver), top)
     outcome.wall_s = time.perf_counter() - started
     return outcome
+
+
+def _rank(outcome: Outcome, solved: Solved | None, top: int) -> None:
+    """One solve counted, its plan (if any) ranked: the `top` fastest kept."""
+    outcome.solved += 1
+    if solved is None:
+        outcome.solved_without_plan += 1
+        return
+    outcome.ranked.append(solved)
+    outcome.ranked.sort(key=lambda s: (s.iteration_ms, s.degrees.key()))
+    del outcome.ranked[top:]
 
 
 def solve_one(candidate: Candidate, *, upper_bound_ms: float | None, deadline: Deadline,
