@@ -252,8 +252,9 @@ def _gathers(order: schedules.Schedule, rank: int, by_stage: dict, times: Sequen
 
 
 def makespan_ms(order: schedules.Schedule, times: Sequence[StageTimes], stage_layers: Sequence[Sequence[LayerCost]],
-                setup: TrainSetup, *, step_window_ms: Sequence[float], profile: Profile | None = None) -> float:
+                setup: TrainSetup, *, step_window_ms: Sequence[float], profile: Profile | None = None,
+                stage_sends: Sequence[tuple[float, float]] | None = None) -> float:
     """The schedule's makespan (its order's simulation) with Megatron's data-parallel collectives beside
-    the compute, slowing it by NCCL's CTAs on `profile`'s GPU (side_stream)."""
+    the compute, slowing it by NCCL's CTAs on `profile`'s GPU (side_stream); `stage_sends`: simulate_time's."""
     side = side_stream(order, stage_layers, times, setup, step_window_ms=step_window_ms, profile=profile)
-    return schedule_time.simulate_time(order, stage_times=times, side=side).makespan_ms
+    return schedule_time.simulate_time(order, stage_times=times, side=side, stage_sends=stage_sends).makespan_ms

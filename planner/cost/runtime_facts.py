@@ -202,6 +202,10 @@ class RuntimeFacts:
     overlap_grad_reduce, overlap_param_gather, ...): planner/cost/megatron_dp.py places them in the
     schedule's simulation (ZeRO 0 and 1; its FSDP is not read so)."""
     multi_schedule_lockstep: bool = False
+    stage_sends_beside: str = "none"
+    """Which pipeline sends of a schedule of several stages a rank its steady state posts and waits for only
+    after the next compute ("backward": the input gradients; "both": the outputs too): none of its rank's
+    passes, the receiver waits for them (planner/cost/stagesends.py; docs/framework-facts.md §214-§216)."""
     """Torch's schedules of several stages a rank run by time steps, each step's sends and receives
     one batch waited before the next step (torch 2.6.0's PipelineScheduleMulti; the runtime of
     later torch waits for a receive only where an action needs it): schedule_time.simulate_lockstep."""

@@ -115,7 +115,7 @@ def megatron() -> RuntimeFacts:
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
         step_collectives=STEP_COLLECTIVES,
-        megatron_step_replayed=True,
+        megatron_step_replayed=True, stage_sends_beside="backward",
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
@@ -270,6 +270,7 @@ def megatron() -> RuntimeFacts:
             "keeps_last_reduce_scatter_input": f"{NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {MEGATRON_V})",
             "reduces_after_last_backward": f"{NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {MEGATRON_V})",
             "multi_schedule_lockstep": f"not torch's pipelining: megatron/core/pipeline_parallel/schedules.py, {MEGATRON_V}",
+            "stage_sends_beside": f"megatron/core/pipeline_parallel/schedules.py 1771-1827 (pp_post_forward: the output's isend waited at once, deallocate_pipeline_outputs set by training/argument_utils.py 305), 1847-1897 (pp_post_backward: the input gradient's waited at the next backward's send), {MEGATRON_V} (docs/framework-facts.md §214)",
             "grads_allocated_at_first_backward": f"megatron/core/distributed/param_and_grad_buffer.py 1066, 1168 (one buffer per model chunk, allocated at start, kept for the run), {MEGATRON_V}",
             "grad_bytes": f"megatron/core/distributed/param_and_grad_buffer.py 895, 924 (fp32 main_grad); "
                           f"megatron/training/arguments.py 1204-1217 (bf16 forces fp32 accumulation), {MEGATRON_V}",
@@ -402,5 +403,6 @@ def megatron_bridge() -> RuntimeFacts:
     """Megatron-LM's record as Megatron-Bridge 25.11 runs it: megatron-core 92c8482e, TransformerEngine v2.9."""
     record = megatron()
     return replace(record, version=f"megatron-core {BRIDGE_MCORE} (Megatron-Bridge 25.11, TE v2.9)",
-                   te_ub_keeps_plain_workspace=False,
-                   sources={**record.sources, "te_ub_keeps_plain_workspace": TE_V29_UB_WORKSPACE})
+                   te_ub_keeps_plain_workspace=False, stage_sends_beside="both",
+                   sources={**record.sources, "te_ub_keeps_plain_workspace": TE_V29_UB_WORKSPACE,
+                            "stage_sends_beside": f"megatron/core/pipeline_parallel/schedules.py 1595-1646 (pp_post_forward: the output's isend waited at the next forward's send, whatever deallocate_pipeline_outputs says), 1666-1710 (pp_post_backward: the input gradient's likewise), megatron-core {BRIDGE_MCORE} (docs/framework-facts.md §215)"})

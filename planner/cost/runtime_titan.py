@@ -204,7 +204,7 @@ def torchtitan(version: str) -> RuntimeFacts:
             "input_grads_held_to_step_end": (f"{INPUT_GRADS_KEPT}; {_TITAN_TORCH[version]}" if version != "b5bcd76c"
                                              else f"{INPUT_GRADS_CLEARED}; b5bcd76c (2026-08-21) runs a torch after it"),
             "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
-            "multi_schedule_lockstep": (f"{MULTI_LOCKSTEP}; {_TITAN_OLD} runs torch 1963fc8" if version == "9dec370"
+            "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": (f"{MULTI_LOCKSTEP}; {_TITAN_OLD} runs torch 1963fc8" if version == "9dec370"
                                         else f"{TORCH_V}: interleaved schedules run on _PipelineScheduleRuntime "
                                              f"(schedules.py 2216, 2891), which waits a receive where it is needed"),
             "reduces_after_last_backward": (f"{REDUCES_AFTER_LAST_BACKWARD}; {_TITAN_OLD} runs torch 1963fc8"

@@ -101,7 +101,7 @@ def _ckplan() -> RuntimeFacts:
             "reduces_after_last_backward": "planner/runtime/mesh.py: ZeRO 2/3 kept whole reduce once after the last "
                                            "backward, charged whole already (overlaps_grad_reduce False)",
             "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
-            "multi_schedule_lockstep": f"torch/distributed/pipelining/schedules.py 2216, 2891 (_PipelineScheduleRuntime), "
+            "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": f"torch/distributed/pipelining/schedules.py 2216, 2891 (_PipelineScheduleRuntime), "
                                        f"{TORCH_V}",
             "fsdp_units": "planner/runtime/mesh.py (fully_shard of every layer): the buffer term measured there "
                           "(scripts/bench_dp_static.py, dataparallel.unsharded_bytes)",
@@ -231,7 +231,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
             "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
             "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
-            "multi_schedule_lockstep": "not torch's pipelining: DeepSpeed's PipelineEngine runs one stage per rank",
+            "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": "not torch's pipelining: DeepSpeed's PipelineEngine runs one stage per rank",
             "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
             "shard_weight_bytes": f"deepspeed/runtime/bf16_optimizer.py 49-62 (bf16 flat groups), {_DS_V}",
@@ -318,7 +318,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
             "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
             "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
-            "multi_schedule_lockstep": "not torch's pipelining: ColossalAI's own schedules",
+            "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": "not torch's pipelining: ColossalAI's own schedules",
             "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
             "grad_bytes": f"colossalai/zero/gemini/gemini_ddp.py 106, 380-412 (grads in the fp16 chunk; a grad chunk "
                           f"with accumulation), {_CAI_V}",

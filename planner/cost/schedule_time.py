@@ -158,13 +158,15 @@ class Timeline:
 
 def simulate_time(
     schedule: Schedule, *, stage_times: Sequence[StageTimes], send_ms: float = 0.0,
-    side: SideStream | None = None,
+    side: SideStream | None = None, stage_sends: Sequence[tuple[float, float]] | None = None,
 ) -> Timeline:
     """Run every rank's list in order; each unit (an action, or DualPipeV's overlapped F+B
     pair) starts once its rank is free and its inputs have arrived (`send_ms` after the
     producer finished, when the producer is another rank). As torch's runtime does, a pair
     receives both inputs before it starts, runs its halves back to back and sends after both.
-    `side`: collectives on a stream beside each rank's compute, which an action may wait for."""
+    `side`: collectives on a stream beside each rank's compute, which an action may wait for.
+    `stage_sends`, per stage: (its output's send, its input gradient's send), ms more a receiver on
+    another rank waits (sends run beside the compute: planner/cost/stagesends.py)."""
     stream = _Stream(side, schedule.num_ranks)
     finished: dict[tuple[int, str, int], float] = {}  # (stage, F|I|W, microbatch) -> ms
     backwards = [0] * schedule.num_stages  # B or W actions run per stage: the M-th reduces
@@ -178,7 +180,7 @@ def simulate_time(
             while next_action[rank] < len(actions):
                 first = next_action[rank]
                 unit = [a for a in actions[first:first + 2] if a.unit == actions[first].unit]
-                ready = [_input_ready_ms(schedule, a, finished, send_ms) for a in unit]
+                ready = [_input_ready_ms(schedule, a, finished, send_ms, stage_sends) for a in unit]
                 if None in ready:
                     break
                 clock = max(free_ms[rank], *ready)
@@ -259,24 +261,27 @@ def _step_peers(schedule: Schedule, at: list[dict], step: int) -> list[set[int]]
     return peers
 
 
-def makespan_ms(schedule: Schedule, *, stage_times: Sequence[StageTimes], lockstep: bool = False) -> float:
+def makespan_ms(schedule: Schedule, *, stage_times: Sequence[StageTimes], lockstep: bool = False,
+                stage_sends: Sequence[tuple[float, float]] | None = None) -> float:
     """The iteration's compute, every rank's list run: the simulation (simulate_time); for a
     schedule without actions (pipeline_schedule: 1F1B, GPipe) the closed form the solvers
     optimise, fill and drain (every stage once) plus M - 1 steady steps of the slowest stage,
     plus every stage's reductions after its last backward: the drain runs the last microbatch's
     backward from the last stage to the first, each stage's waiting on the one after's send
     (exact for equal stages: tests/test_pipereduce.py holds it to the simulation). `lockstep`: a
-    schedule of several stages a rank runs in torch 2.6.0's time steps (simulate_lockstep)."""
+    schedule of several stages a rank runs in torch 2.6.0's time steps (simulate_lockstep). `stage_sends`:
+    simulate_time's."""
     if schedule.actions and lockstep and schedule.several_stages_a_rank:
         return simulate_lockstep(schedule, stage_times=stage_times).makespan_ms
     if schedule.actions:
-        return simulate_time(schedule, stage_times=stage_times).makespan_ms
+        return simulate_time(schedule, stage_times=stage_times, stage_sends=stage_sends).makespan_ms
     busy = [times.busy_ms for times in stage_times]
     drain = sum(times.reduce_ms for times in stage_times)
     return sum(busy) + (schedule.num_microbatches - 1) * max(busy) + drain
 
 
-def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: float) -> float | None:
+def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: float,
+                    stage_sends: Sequence[tuple[float, float]] | None = None) -> float | None:
     """When the input of `a` is on its rank, or None while its producer has not run."""
     if a.kind == "F":
         producer = (a.stage - 1, "F") if a.stage > 0 else None
@@ -292,4 +297,7 @@ def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: floa
     if done is None:
         return None
     crosses = schedule.stage_to_rank[producer[0]] != schedule.stage_to_rank[a.stage]
-    return done + (send_ms if crosses else 0.0)
+    if not crosses:
+        return done
+    beside = stage_sends[producer[0]][0 if producer[1] == "F" else 1] if stage_sends else 0.0
+    return done + send_ms + beside

@@ -20,6 +20,7 @@ from planner.cost import (
     schedule_time,
     schedules,
     splittime,
+    stagesends,
 )
 from planner.cost.assembly import (
     PlanCost,
@@ -228,14 +229,18 @@ def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setu
     NCCL's CTAs on `profile`'s GPU (None: not slowed)."""
     if order.splits_backward:
         splits = splits or [splittime.StageSplit()] * len(sums)
-    times = splittime.stage_times(sums, splits=splits if order.splits_backward else None, reductions=reductions)
+    beside = stagesends.beside_ms(order, stage_layers, stages_view(setup, order)) if stage_layers else None
+    times = splittime.stage_times(sums, splits=splits if order.splits_backward else None, reductions=reductions,
+                                  beside=beside)
     # what the split passes take beyond the full backwards (the busy time the stages' sums charge)
-    split_extra = sum(t.busy_ms for t in times) - sum(max(s.busy_ms, t.forward_ms) for s, t in zip(sums, times))
+    split_extra = (sum(t.busy_ms for t in times) + sum(map(sum, beside or []))
+                   - sum(max(s.busy_ms, t.forward_ms) for s, t in zip(sums, times)))
     steps = [sum(sums[k].step_ms for k in order.stages_of(rank)) for rank in range(order.num_ranks)]
     lockstep = runtimes.of(setup.training).multi_schedule_lockstep
-    makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep)
+    makespan = schedule_time.makespan_ms(order, stage_times=times, lockstep=lockstep, stage_sends=beside)
     if stage_layers is not None and ddp_buckets(setup) and order.actions:
         windows = [sum(sums[k].step_ms for k in order.stages_of(rank)[1:]) for rank in range(order.num_ranks)]
-        makespan = megatron_dp.makespan_ms(order, times, stage_layers, setup, step_window_ms=windows, profile=profile)
+        makespan = megatron_dp.makespan_ms(order, times, stage_layers, setup, step_window_ms=windows, profile=profile,
+                                           stage_sends=beside)
     makespan += max(steps)
     return max(makespan, capacity_ms(sum(stage.busy_ms for stage in sums) + split_extra, sum(steps), setup))

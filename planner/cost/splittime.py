@@ -82,18 +82,20 @@ def split_pass_ms(backward_ms: float, split: StageSplit, *, stage: int) -> tuple
     return split.input_grad_ms + rest / 2, split.weight_grad_ms + rest / 2
 
 
-def stage_times(sums: Sequence, *, splits: Sequence[StageSplit] | None, reductions: Sequence[float] | None = None
-                ) -> list[StageTimes]:
+def stage_times(sums: Sequence, *, splits: Sequence[StageSplit] | None, reductions: Sequence[float] | None = None,
+                beside: Sequence[tuple[float, float]] | None = None) -> list[StageTimes]:
     """Each pipeline stage's F, I, W per microbatch from its sums (assembly.StageSums, by stage):
     F its layers' forward and half its sends and actions, the rest its backward; a full backward
     (`splits` None: 1F1B, GPipe, interleaved) half each, a split one as split_pass_ms gives it
     (`splits`, per stage: stage_split). `reductions`, per stage: what its runtime reduces after its
-    last backward (pipereduce.stage_reductions_ms)."""
+    last backward (pipereduce.stage_reductions_ms). `beside`, per stage: the sends its runtime runs beside
+    the compute (stagesends.beside_ms), out of its passes."""
     reductions = reductions or [0.0] * len(sums)
     times = []
     for index, (stage, waited) in enumerate(zip(sums, reductions, strict=True)):
-        forward = stage.forward_ms + stage.comm_ms / 2
-        backward = max(stage.busy_ms - forward, 0.0)
+        sent = sum(beside[index]) if beside else 0.0
+        forward = stage.forward_ms + (stage.comm_ms - sent) / 2
+        backward = max(stage.busy_ms - sent - forward, 0.0)
         halves = (backward / 2, backward / 2)
         if splits is not None:
             halves = split_pass_ms(backward, splits[index], stage=index)

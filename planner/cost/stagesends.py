@@ -1,0 +1,52 @@
+"""Pipeline sends a runtime runs beside the compute (issue 35; docs/framework-facts.md §214-§216).
+
+The cost model's terms charge each stage's two sends, its output to the next stage and its input's
+gradient to the one before, over the pipeline's link (terms.py: "output sent forward over the
+pipeline's link, uncalibrated", "input gradient sent back ..."), with its passes: the sender's rank
+is held while they run, and its receiver waits for the sender's pass, send included.
+
+Megatron-core's interleaved schedule with overlap_p2p_comm (on by default with virtual stages) posts a
+send with `isend` after its pass and waits for it (`Work.wait()`: the compute stream waits for the NCCL
+stream) only at the next send of that direction, after its rank's next compute; a receive is waited for
+just before the pass that reads it. So a send it overlaps holds none of the sender's passes, and the
+receiver's pass starts once the sender's pass and the send are done. At Megatron-LM d98e8a64 the
+output's send is waited at once where deallocate_pipeline_outputs is set (training sets it): held, as
+the terms charge it; the input gradient's is overlapped. megatron-core 92c8482e (Megatron-Bridge 25.11)
+waits for both at the next send (RuntimeFacts.stage_sends_beside: "backward", "both").
+
+`beside_ms` gives, per stage, the sends that run beside the compute (the same terms' values): splittime.
+stage_times takes them out of the stage's passes and schedule_time.simulate_time adds them to the
+receiver's wait. Only under a schedule of several stages a rank (overlap_p2p_comm is forced off without
+virtual stages: training/arguments.py 1010-1012) and only the uncalibrated sends (a calibrated send
+line is a measured pass cost, left as it is). Not modelled: the warm-up's forward sends, blocking
+without --overlap-p2p-communication-warmup-flush (schedules.py 1633-1660 at d98e8a64), and two sends
+to one peer sharing an NCCL stream at P = 2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.cost import comm, runtimes
+from planner.cost.layers import LayerCost
+from planner.cost.schedules import Schedule
+from planner.schema import TrainSetup
+
+
+def beside_ms(order: Schedule, stage_layers: Sequence[Sequence[LayerCost]], view: TrainSetup
+              ) -> list[tuple[float, float]] | None:
+    """Per stage (its output's send, its input gradient's send), ms per microbatch, that its runtime runs
+    beside the compute (RuntimeFacts.stage_sends_beside), each where it crosses ranks; None where none
+    does. `view`: the setup over the schedule's stages (chunked.stages_view), as the terms read it."""
+    which = runtimes.of(view.training).stage_sends_beside
+    if which == "none" or not order.several_stages_a_rank or not stage_layers:
+        return None
+    last = len(stage_layers) - 1
+    rank = order.stage_to_rank
+    sends = []
+    for k, layers in enumerate(stage_layers):
+        out = (comm.stage_send_ms(layers[-1].output_bytes, view, stage=k, to=k + 1)
+               if which == "both" and k < last and rank[k] != rank[k + 1] else 0.0)
+        back = (comm.stage_send_ms(layers[0].input_bytes, view, stage=k, to=k - 1)
+                if k > 0 and rank[k] != rank[k - 1] else 0.0)
+        sends.append((out, back))
+    return sends if any(out or back for out, back in sends) else None

@@ -1,0 +1,45 @@
+"""Pipeline sends run beside the compute (planner/cost/stagesends.py): a hand count of a 2-stage
+1F1B order (F 1 ms, B 2 ms, every send 0.5 ms) with the sends in the passes, as the terms charge
+them, and beside them, as Megatron-core's overlap_p2p_comm runs them."""
+
+from types import SimpleNamespace
+
+from planner.cost import runtimes, splittime
+from planner.cost.schedule_time import StageTimes, simulate_time
+from planner.cost.schedules import build_schedule
+
+
+def test_sends_in_the_passes_hold_the_sender():
+    # each stage sends one 0.5 ms tensor a microbatch, half of it charged to F, half to B
+    order = build_schedule("1F1B", num_ranks=2, num_microbatches=2)
+    times = [StageTimes(1.25, 1.125, 1.125)] * 2
+    # r0 F0 0-1.25, F1 1.25-2.5; r1 F0 1.25-2.5, B0 2.5-4.75, F1 4.75-6, B1 6-8.25; r0 B0 4.75-7, B1 8.25-10.5
+    assert simulate_time(order, stage_times=times).makespan_ms == 10.5
+
+
+def test_sends_beside_the_compute_are_the_receivers_wait():
+    order = build_schedule("1F1B", num_ranks=2, num_microbatches=2)
+    times = [StageTimes(1.0, 1.0, 1.0)] * 2
+    sends = [(0.5, 0.0), (0.0, 0.5)]  # stage 0 sends its output on, stage 1 its input's gradient back
+    # r0 F0 0-1, F1 1-2; r1 F0 1.5-2.5, B0 2.5-4.5, F1 4.5-5.5 (its input there at 2.5), B1 5.5-7.5;
+    # r0 B0 from 4.5 + 0.5 to 7, B1 from 7.5 + 0.5 to 10
+    assert simulate_time(order, stage_times=times, stage_sends=sends).makespan_ms == 10.0
+    # a send on the sender's own rank is no wait: one rank, two stages
+    one = build_schedule("interleaved-1F1B", num_ranks=1, num_microbatches=1, num_chunks=2)
+    assert simulate_time(one, stage_times=times, stage_sends=sends).makespan_ms == 6.0
+
+
+def test_the_sends_beside_leave_the_passes():
+    stage = SimpleNamespace(forward_ms=1.0, comm_ms=1.0 + 0.25, busy_ms=3.0 + 1.25)  # two 0.5 ms sends, 0.25 actions
+    inside = splittime.stage_times([stage], splits=None)[0]
+    assert (inside.forward_ms, inside.backward_ms) == (1.625, 2.625)
+    both = splittime.stage_times([stage], splits=None, beside=[(0.5, 0.5)])[0]
+    assert (both.forward_ms, both.backward_ms) == (1.125, 2.125)
+    back = splittime.stage_times([stage], splits=None, beside=[(0.0, 0.5)])[0]
+    assert (back.forward_ms, back.backward_ms) == (1.375, 2.375)
+
+
+def test_which_sends_each_record_runs_beside():
+    assert runtimes.facts("megatron", "d98e8a64").stage_sends_beside == "backward"  # the output's waited at once
+    assert runtimes.facts("megatron", "92c8482e").stage_sends_beside == "both"  # both at the next send
+    assert runtimes.facts("ckplan").stage_sends_beside == "none"
