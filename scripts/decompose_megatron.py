@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from planner.commands.evaluate_config import predict, read_job
-from planner.cost import hosttime, schedule_time, terms
+from planner.cost import hosttime, schedule_time, splittime, stagesends, terms
 from planner.cost.assembly import stage_sums
 from planner.cost.chunked import schedule_of, stages_view
 from planner.cost.score import placed_chunks
@@ -46,17 +46,15 @@ def main() -> None:
     chunks = placed_chunks(found.stages, profile, order)
     view = stages_view(setup, order)
     sums = [stage_sums(layers, options, stage=k, profile=profile, setup=view) for k, (layers, options) in enumerate(chunks)]
-    times = []
-    for stage in sums:
-        forward = stage.forward_ms + stage.comm_ms / 2
-        backward = max(stage.busy_ms - forward, 0.0)
-        times.append(schedule_time.StageTimes(forward, backward / 2, backward / 2))
-    bare = schedule_time.makespan_ms(order, stage_times=times)
+    # the sends the runtime runs beside the compute leave the passes and are the receivers' wait (stagesends.py)
+    beside = stagesends.beside_ms(order, [layers for layers, _ in chunks], view)
+    times = splittime.stage_times(sums, splits=None, beside=beside)
+    bare = schedule_time.makespan_ms(order, stage_times=times, stage_sends=beside)
     with_dp = bare
     if ddp_buckets(setup) and order.actions:
         windows = [sum(sums[k].step_ms for k in order.stages_of(r)[1:]) for r in range(order.num_ranks)]
         with_dp = megatron_dp.makespan_ms(order, times, [layers for layers, _ in chunks], setup, profile=profile,
-                                          step_window_ms=windows)
+                                          step_window_ms=windows, stage_sends=beside)
     steps = [sum(sums[k].step_ms for k in order.stages_of(r)) for r in range(order.num_ranks)]
     m = setup.pipeline.microbatches
     busy = [m * sum(sums[k].busy_ms for k in order.stages_of(r)) for r in range(order.num_ranks)]

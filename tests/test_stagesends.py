@@ -20,7 +20,8 @@ def test_sends_in_the_passes_hold_the_sender():
 def test_sends_beside_the_compute_are_the_receivers_wait():
     order = build_schedule("1F1B", num_ranks=2, num_microbatches=2)
     times = [StageTimes(1.0, 1.0, 1.0)] * 2
-    sends = [(0.5, 0.0), (0.0, 0.5)]  # stage 0 sends its output on, stage 1 its input's gradient back
+    # stage 0 sends its output on, stage 1 its input's gradient back
+    sends = [(0.5, 0.0), (0.0, 0.5)]
     # r0 F0 0-1, F1 1-2; r1 F0 1.5-2.5, B0 2.5-4.5, F1 4.5-5.5 (its input there at 2.5), B1 5.5-7.5;
     # r0 B0 from 4.5 + 0.5 to 7, B1 from 7.5 + 0.5 to 10
     assert simulate_time(order, stage_times=times, stage_sends=sends).makespan_ms == 10.0
@@ -30,7 +31,8 @@ def test_sends_beside_the_compute_are_the_receivers_wait():
 
 
 def test_the_sends_beside_leave_the_passes():
-    stage = SimpleNamespace(forward_ms=1.0, comm_ms=1.0 + 0.25, busy_ms=3.0 + 1.25)  # two 0.5 ms sends, 0.25 actions
+    # two 0.5 ms sends and 0.25 ms of actions
+    stage = SimpleNamespace(forward_ms=1.0, comm_ms=1.0 + 0.25, busy_ms=3.0 + 1.25)
     inside = splittime.stage_times([stage], splits=None)[0]
     assert (inside.forward_ms, inside.backward_ms) == (1.625, 2.625)
     both = splittime.stage_times([stage], splits=None, beside=[(0.5, 0.5)])[0]
@@ -40,6 +42,7 @@ def test_the_sends_beside_leave_the_passes():
 
 
 def test_which_sends_each_record_runs_beside():
-    assert runtimes.facts("megatron", "d98e8a64").stage_sends_beside == "backward"  # the output's waited at once
-    assert runtimes.facts("megatron", "92c8482e").stage_sends_beside == "both"  # both at the next send
+    # d98e8a64 waits the output's send at once; 92c8482e waits both at the next send
+    assert runtimes.facts("megatron", "d98e8a64").stage_sends_beside == "backward"
+    assert runtimes.facts("megatron", "92c8482e").stage_sends_beside == "both"
     assert runtimes.facts("ckplan").stage_sends_beside == "none"

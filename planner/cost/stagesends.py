@@ -32,8 +32,9 @@ from planner.cost.schedules import Schedule
 from planner.schema import TrainSetup
 
 
-def beside_ms(order: Schedule, stage_layers: Sequence[Sequence[LayerCost]], view: TrainSetup
-              ) -> list[tuple[float, float]] | None:
+def beside_ms(
+    order: Schedule, stage_layers: Sequence[Sequence[LayerCost]], view: TrainSetup
+) -> list[tuple[float, float]] | None:
     """Per stage (its output's send, its input gradient's send), ms per microbatch, that its runtime runs
     beside the compute (RuntimeFacts.stage_sends_beside), each where it crosses ranks; None where none
     does. `view`: the setup over the schedule's stages (chunked.stages_view), as the terms read it."""
@@ -44,9 +45,15 @@ def beside_ms(order: Schedule, stage_layers: Sequence[Sequence[LayerCost]], view
     rank = order.stage_to_rank
     sends = []
     for k, layers in enumerate(stage_layers):
-        out = (comm.stage_send_ms(layers[-1].output_bytes, view, stage=k, to=k + 1)
-               if which == "both" and k < last and rank[k] != rank[k + 1] else 0.0)
-        back = (comm.stage_send_ms(layers[0].input_bytes, view, stage=k, to=k - 1)
-                if k > 0 and rank[k] != rank[k - 1] else 0.0)
+        out = (
+            comm.stage_send_ms(layers[-1].output_bytes, view, stage=k, to=k + 1)
+            if which == "both" and k < last and rank[k] != rank[k + 1]
+            else 0.0
+        )
+        back = (
+            comm.stage_send_ms(layers[0].input_bytes, view, stage=k, to=k - 1)
+            if k > 0 and rank[k] != rank[k - 1]
+            else 0.0
+        )
         sends.append((out, back))
     return sends if any(out or back for out, back in sends) else None
