@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import contextparallel, dataparallel, fsdpunits, gradtiming, runtimes
+from planner.cost import contextparallel, dataparallel, eager_norm, fsdpunits, gradtiming, runtimes
 from planner.cost.cpring import peak as ring_peak
 from planner.cost.fsdp2_events import Fsdp2Layer
 from planner.cost.fsdp2_split import forward_parts, split_forward
@@ -341,13 +341,15 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         # less what the replay makes itself: FSDP2's moment, and beside a pipeline the layer's gradients
         extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
                           - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
+        norm = eager_norm.elements(layer, profile, setup) if option == 0 else 0  # its requests played after the LM head's
         program, hands, ring_ids = backward_hand_ring(
-            known, option_name(layer, option), max(0, extra), contextparallel.ring_program(layer, option, setup),
-            contextparallel.extra_bytes(layer, setup, option))
+            known, option_name(layer, option), max(0, extra - eager_norm.backward_extra_bytes(layer, option, profile, setup)),
+            contextparallel.ring_program(layer, option, setup), contextparallel.extra_bytes(layer, setup, option))
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
                                skip=ring_ids)
+        program, hands = eager_norm.with_backward(program, hands, norm)
         forward = forward_program(known, option_name(layer, option), max(0, extra),
-                                  forward_parts(layer, option, profile, setup))
+                                  forward_parts(layer, option, profile, setup)) or eager_norm.forward_requests(norm)
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
         gathered = gathered_parts(parts, params, setup, fp8_count=fp8)

@@ -1,0 +1,133 @@
+"""The final norm as torchtitan 9dec370 runs it: torchtitan's own `RMSNorm` (norm_type "rmsnorm", its default and the
+405B toml's) outside the compiled blocks, in eager fp32 (docs/framework-facts.md §205-§206). The analytic head
+record counts a fused norm's tensors (its bf16 input, 1/rms a token); torch's eager ops make these instead, with E
+the norm's elements on this rank (tokens / sp x hidden):
+
+forward (torchtitan/models/norms.py `RMSNorm.forward`: `self._norm(x.float()).type_as(x) * self.weight`,
+`_norm(x) = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`):
+  A = x.float() 4E (saved by `pow` and by the product), B = A.pow(2) 4E (freed once `mean` has run: MeanBackward
+  saves sizes only), 1/rms a token (saved), F = A * rsqrt 4E (freed once `type_as` has made G), G 2E (bf16, saved
+  by `* weight`), H = G * weight 2E (the output: alive to the stage's forward end, the LM head's input).
+  Kept beyond the record: A in place of the bf16 x (which nothing saves) and G: 4E + 2E - 2E = 4E.
+backward (torch 2.6 derivatives.yaml and FunctionsManual.cpp, the engine's order, the last node made first):
+  `* weight`: dG = dH * w 2E, the weight's dH * G 2E (summed to [h] and freed); dH freed, G released;
+  `type_as`: dF = dG.float() 4E, dG freed; `A * rsqrt`: dA = dF * rsqrt 4E, d(rsqrt) = dF * A 4E (summed to
+  a token's and freed), dF freed; `mean`: dB = grad.expand / h 4E; `pow`: pow_backward's A.pow(1) 4E, 2 x that 4E
+  (the first freed), dB x that 4E (the second freed), dB freed, added into dA in place (InputBuffer's accumulate)
+  and freed, A released; `x.float()`: dx = dA.to(bf16) 2E, dA freed; dx handed to the last block. Its peak beyond
+  the kept: dA, dB and pow_backward's two at once, 16E.
+All in `ROWS`' terms and the FSDP2 replay's programs (forward_requests, with_backward), only where the runtime's
+record says so (RuntimeFacts.final_norm_eager_fp32) on an analytic LLaMA-style head (a measured or --fake profile
+ran the norm's own ops)."""
+
+from __future__ import annotations
+
+from planner.cost.layers import LayerCost
+from planner.cost.rules import layer_extra_bytes, runtime_facts
+from planner.schema import Profile, TrainSetup
+from planner.units import DTYPE_BYTES
+
+FP32 = 4
+HEAD_KIND = "norm+lm_head"
+BACKWARD_PEAK = 16  # bytes an element alive beyond the kept at pow's backward: dA, dB, A.pow(1) or 2 x it, the product
+
+
+def elements(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
+    """E: the final norm's elements on this rank (its input's bytes over the activations' dtype) where the runtime runs
+    it as eager fp32 ops on an analytic LLaMA-style head; 0 elsewhere."""
+    model = profile.assumptions.get("model")
+    if (
+        layer.kind != HEAD_KIND
+        or profile.source != "analytic"
+        or not isinstance(model, dict)
+        or model.get("style") != "llama"
+        or not runtime_facts(setup).final_norm_eager_fp32
+    ):
+        return 0
+    return layer.input_bytes // DTYPE_BYTES.get(profile.dtype, 2)
+
+
+def kept_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """What the eager norm keeps beyond the record's fused norm: A's fp32 copy (4E) in place of the bf16 input, and
+    the bf16 normalised tensor `* weight` saves beside the output the LM head keeps: 4E. The head keeps its
+    activations (none); under a recompute option its record's input alone, as before."""
+    return FP32 * elements(layer, profile, setup) if option == 0 else 0
+
+
+def backward_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """The norm's backward peak beyond what the head keeps (16E), over the head's own transient (the logits'
+    gradient, the linear's input gradient): the larger of the two, as the LM head's backward ends before the norm's
+    starts (0 at every published size: the linear's is larger)."""
+    peak = BACKWARD_PEAK * elements(layer, profile, setup) if option == 0 else 0
+    return max(0, peak - layer_extra_bytes(layer, option))
+
+
+def forward_requests(count: int) -> tuple[int, ...]:
+    """The forward's requests beyond the kept block, coded as the replay's programs (n > 0 allocates, -k frees id k):
+    pow's B (freed by mean), the product F (freed once type_as has made G), the output H (alive to the forward's
+    end; the replay frees it there)."""
+    if not count:
+        return ()
+    return (FP32 * count, -1, FP32 * count, -2, 2 * count)
+
+
+def with_backward(program: tuple[int, ...], hands: int, count: int) -> tuple[tuple[int, ...], int]:
+    """The head's backward program (fsdp2_layers.backward_hand's: the logits' gradient received first, then the LM
+    head's) followed by the norm's requests in torch's order; `hands`: the id of the gradient the LM head's part
+    hands on (dH: the reduce-scatter's shard under SP), which the norm's backward consumes. The logits' gradient is
+    freed first (the engine drops a node's input once it has run). Returns the program and the id of dx, the
+    gradient it now hands on; as given where there is no norm to play or no dH."""
+    if not count or not hands or not program:
+        return program, hands
+    made = sum(1 for code in program if code > 0)
+    ids = {
+        name: made + n
+        for n, name in enumerate(("dG", "dW", "dF", "dA", "dS", "dB", "p1", "p2", "p3", "dx"), 1)
+    }
+    two, four = 2 * count, FP32 * count
+    norm = (
+        -1,
+        two,
+        two,
+        -ids["dW"],
+        -hands,
+        four,
+        -ids["dG"],
+        four,
+        four,
+        -ids["dS"],
+        -ids["dF"],
+        four,
+        four,
+        four,
+        -ids["p1"],
+        four,
+        -ids["p2"],
+        -ids["dB"],
+        -ids["p3"],
+        two,
+        -ids["dA"],
+    )
+    if hands == 1:  # no separate received gradient: dH is the program's first tensor
+        norm = norm[1:]
+    return (*program, *norm), ids["dx"]
+
+
+ROWS = (
+    (
+        "the final norm's eager fp32 tensors beyond the record's fused norm (torchtitan's RMSNorm)",
+        "kept",
+        "layer",
+        lambda layer, ckpt, ctx: kept_extra_bytes(layer, int(ckpt), ctx.profile, ctx.setup),
+        "the runtime's record (final_norm_eager_fp32): torchtitan 9dec370 torchtitan/models/norms.py RMSNorm, outside "
+        "the compiled blocks (parallelize_llama.py 297-306); x.float() and the bf16 normalised tensor saved: 4 B an "
+        "element (planner/cost/eager_norm.py)",
+    ),
+    (
+        "the final norm's eager fp32 backward beyond the head's own",
+        "extra",
+        "layer",
+        lambda layer, ckpt, ctx: backward_extra_bytes(layer, int(ckpt), ctx.profile, ctx.setup),
+        "as above; torch 2.6 derivatives.yaml (pow, mean, mul, _to_copy): 16 B an element at pow's backward",
+    ),
+)

@@ -1,0 +1,178 @@
+"""torchtitan 9dec370's final norm in eager fp32 (planner/cost/eager_norm.py; docs/published-runs.md §35.finalnorm,
+framework-facts §205-§206), counted by hand on a tiny head.
+
+The head of a LLaMA of hidden 64 and vocabulary 128 at 32 tokens, TP 1, bf16: the norm's E = 32 x 64 = 2,048
+elements, its bf16 input 4,096 B. The analytic record keeps the input (4,096), 1/rms (32 x 4 = 128) and the LM
+head's input (4,096): 8,320 B; its transient is the logits' gradient (32 x 128 x 2 = 8,192) and the linear's input
+gradient (4,096): 12,288 B. torch's eager RMSNorm keeps x.float() (4E = 8,192) in place of the bf16 input and the
+bf16 normalised tensor (2E = 4,096) beside the LM head's input: 8,192 B more. Its backward holds 16E = 32,768 B at
+pow's backward (dA, dB, A.pow(1) and 2 x it, or 2 x it and the product): 20,480 over the head's own 12,288.
+"""
+
+from __future__ import annotations
+
+from planner.cost import eager_norm
+from planner.cost.fsdp2_layers import chunk_layers
+from planner.cost.gathered import fsdp_unit_layer_bytes
+from planner.cost.layers import layer_costs
+from planner.cost.terms import Context, layer_value
+from planner.models import archs
+from planner.models.configs.titan_status import key_status
+from planner.profiler import analytic
+from planner.profiler.analytic import Shape
+from planner.schema import FileRef, TrainSetup
+
+TINY = archs.Arch(
+    name="tiny-llama",
+    hidden_size=64,
+    intermediate_size=160,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    vocab_size=128,
+    tie_word_embeddings=False,
+    max_position_embeddings=32,
+)
+PROFILE = analytic.analytic_profile(
+    TINY,
+    Shape(seq_len=32, micro_batch_size=1),
+    gpu=archs.gpu("h100"),
+    model=FileRef(file="arch:test", sha256="0" * 64),
+)
+HEAD = layer_costs(PROFILE)[-1]
+E = 32 * 64
+
+
+def _setup(runtime: str = "torchtitan", version: str | None = "9dec370") -> TrainSetup:
+    return TrainSetup(
+        stages=1,
+        microbatches=1,
+        micro_batch_size=1,
+        mem_caps_bytes=[2**40],
+        precision="bf16-mixed",
+        runtime=runtime,
+        runtime_version=version,
+        dp=2,
+        zero=3,
+    )
+
+
+def test_the_head_record_is_the_fused_norms():
+    assert (HEAD.kind, HEAD.input_bytes, HEAD.act_bytes, HEAD.transient_bytes) == (
+        "norm+lm_head",
+        4096,
+        8320,
+        12288,
+    )
+
+
+def test_only_torchtitan_9dec370s_record_runs_the_final_norm_eager_in_fp32():
+    assert eager_norm.elements(HEAD, PROFILE, _setup()) == E
+    assert (
+        eager_norm.elements(HEAD, PROFILE, _setup(version="b5bcd76c")) == 0
+    )  # torch's nn.RMSNorm: not read
+    assert eager_norm.elements(HEAD, PROFILE, _setup("megatron", None)) == 0
+    assert (
+        eager_norm.elements(layer_costs(PROFILE)[1], PROFILE, _setup()) == 0
+    )  # a block: its norms compiled
+
+
+def test_the_terms_keep_4e_more_and_hold_16e_at_pows_backward():
+    ctx, before = Context(PROFILE, _setup()), Context(PROFILE, _setup(version="b5bcd76c"))
+    assert eager_norm.kept_extra_bytes(HEAD, 0, PROFILE, _setup()) == 8192
+    assert (
+        eager_norm.kept_extra_bytes(HEAD, 1, PROFILE, _setup()) == 0
+    )  # a checkpointed head keeps its input
+    assert eager_norm.backward_extra_bytes(HEAD, 0, PROFILE, _setup()) == 32768 - 12288
+    assert layer_value("kept", HEAD, 0, ctx) - layer_value("kept", HEAD, 0, before) == 8192
+    for context, extra in (
+        (ctx, 12288 + 20480),
+        (before, 12288),
+    ):  # less FSDP2's units, which the versions group apart
+        units = fsdp_unit_layer_bytes(HEAD, 0, PROFILE, context.setup)
+        assert layer_value("extra", HEAD, 0, context) - units == extra
+
+
+def test_the_forward_makes_pows_square_the_product_and_the_output():
+    assert eager_norm.forward_requests(E) == (8192, -1, 8192, -2, 4096)
+    assert eager_norm.forward_requests(0) == ()
+
+
+def _live(program):
+    """Bytes alive after each code, and the ids alive at the end."""
+    sizes, made, live, trace = {}, 0, 0, []
+    for code in program:
+        if code > 0:
+            made += 1
+            sizes[made] = code
+            live += code
+        else:
+            live -= sizes.pop(-code)
+        trace.append(live)
+    return trace, set(sizes)
+
+
+def test_the_backward_in_torchs_order_hands_on_dx():
+    # the LM head's part: the logits' gradient (id 1, 8,192), dH (id 2, 4,096), handed on before the norm
+    program, hands = eager_norm.with_backward((8192, 4096), 2, E)
+    assert program == (
+        8192,
+        4096,
+        -1,
+        4096,
+        4096,
+        -4,
+        -2,  # logits' gradient freed; dG, the weight's dH x G summed and freed; dH
+        8192,
+        -3,  # dF = dG.float(); dG freed
+        8192,
+        8192,
+        -7,
+        -5,  # dA, d(rsqrt) (summed to a token's, freed); dF freed
+        8192,
+        8192,
+        8192,
+        -9,
+        8192,
+        -10,
+        -8,
+        -11,  # mean's dB; pow's A.pow(1), 2 x it, the product
+        4096,
+        -6,
+    )  # dx = dA.to(bf16); dA freed
+    assert hands == 12
+    trace, alive = _live(program)
+    assert max(trace[2:]) == 16 * E  # the norm's peak: 32,768 B
+    assert alive == {12} and trace[-1] == 2 * E
+
+
+def test_no_norm_or_no_handed_gradient_leaves_the_program():
+    assert eager_norm.with_backward((8192, 4096), 2, 0) == ((8192, 4096), 2)
+    assert eager_norm.with_backward((8192,), 0, E) == ((8192,), 0)
+
+
+def test_the_fsdp2_replay_plays_them_on_the_head():
+    for version, kept, forward, hands in (
+        ("9dec370", 8320 + 8192, (8192, -1, 8192, -2, 4096), 12),
+        ("b5bcd76c", 8320, (), 2),
+    ):
+        made = chunk_layers(
+            layer_costs(PROFILE),
+            [0, 0, 0, 0],
+            profile=PROFILE,
+            setup=_setup(version=version),
+            piped=False,
+            scratch_per_param=0.0,
+        )
+        head = made.layers[-1]
+        assert (head.kept_bytes, head.forward_program, head.hands) == (kept, forward, hands)
+        assert head.extra_program[:2] == (8192, 4096)
+        assert head.grads_at == ((1, 1),)  # the output's weight gradient before dH, as before
+
+
+def test_a_tomls_norm_type_is_said():
+    assert key_status("model.norm_type", "rmsnorm")[0] == "modelled"
+    status, what = key_status("model.norm_type", "fused_rmsnorm")
+    assert status == "not modelled" and what.startswith(
+        "fused_rmsnorm: scored as torchtitan's RMSNorm"
+    )
