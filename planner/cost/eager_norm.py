@@ -9,13 +9,16 @@ forward (torchtitan/models/norms.py `RMSNorm.forward`: `self._norm(x.float()).ty
   saves sizes only), 1/rms a token (saved), F = A * rsqrt 4E (freed once `type_as` has made G), G 2E (bf16, saved
   by `* weight`), H = G * weight 2E (the output: alive to the stage's forward end, the LM head's input).
   Kept beyond the record: A in place of the bf16 x (which nothing saves) and G: 4E + 2E - 2E = 4E.
-backward (torch 2.6 derivatives.yaml and FunctionsManual.cpp, the engine's order, the last node made first):
-  `* weight`: dG = dH * w 2E, the weight's dH * G 2E (summed to [h] and freed); dH freed, G released;
-  `type_as`: dF = dG.float() 4E, dG freed; `A * rsqrt`: dA = dF * rsqrt 4E, d(rsqrt) = dF * A 4E (summed to
-  a token's and freed), dF freed; `mean`: dB = grad.expand / h 4E; `pow`: pow_backward's A.pow(1) 4E, 2 x that 4E
-  (the first freed), dB x that 4E (the second freed), dB freed, added into dA in place (InputBuffer's accumulate)
-  and freed, A released; `x.float()`: dx = dA.to(bf16) 2E, dA freed; dx handed to the last block. Its peak beyond
-  the kept: dA, dB and pow_backward's two at once, 16E.
+backward (torch's derivatives.yaml formulas in the engine's order, the last node made first; as ckplan's AllocRecorder
+records torchtitan's RMSNorm on the installed torch, tests/test_finalnorm.py, framework-facts §206):
+  `* weight`: the weight's dH x G 2E (summed to [h], then freed), dG = dH x w 2E; dH freed, G released;
+  `type_as`: dF = dG.float() 4E, dG freed; `A * rsqrt`: d(rsqrt) = dF x A 4E (summed to a token's, then freed),
+  dA = dF x rsqrt 4E, dF freed; `mean`: dB = grad.expand / h 4E; `pow`: pow_backward's `grad * (2 * A.pow(1))`,
+  one C++ expression whose temporaries live to its end: A.pow(1) 4E, 2 x it 4E, the product 4E, then the two
+  temporaries and dB freed, A released; the two gradients of A summed into a new tensor 4E (InputBuffer's
+  accumulate, not in place), both freed; `x.float()`: dx = that.to(bf16) 2E, the sum freed; dx handed to the last
+  block. Its peak beyond the kept: dA, dB and pow_backward's three at once, 20E. The per-token (4 B a token) and
+  [h] tensors between are not played (the small pool's).
 All in `ROWS`' terms and the FSDP2 replay's programs (forward_requests, with_backward), only where the runtime's
 record says so (RuntimeFacts.final_norm_eager_fp32) on an analytic LLaMA-style head (a measured or --fake profile
 ran the norm's own ops)."""
@@ -29,7 +32,7 @@ from planner.units import DTYPE_BYTES
 
 FP32 = 4
 HEAD_KIND = "norm+lm_head"
-BACKWARD_PEAK = 16  # bytes an element alive beyond the kept at pow's backward: dA, dB, A.pow(1) or 2 x it, the product
+BACKWARD_PEAK = 20  # bytes an element alive beyond the kept at pow's backward: dA, dB, A.pow(1), 2 x it, the product
 
 
 def elements(layer: LayerCost, profile: Profile, setup: TrainSetup) -> int:
@@ -55,7 +58,7 @@ def kept_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: Tra
 
 
 def backward_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
-    """The norm's backward peak beyond what the head keeps (16E), over the head's own transient (the logits'
+    """The norm's backward peak beyond what the head keeps (20E), over the head's own transient (the logits'
     gradient, the linear's input gradient): the larger of the two, as the LM head's backward ends before the norm's
     starts (0 at every published size: the linear's is larger)."""
     peak = BACKWARD_PEAK * elements(layer, profile, setup) if option == 0 else 0
@@ -80,34 +83,17 @@ def with_backward(program: tuple[int, ...], hands: int, count: int) -> tuple[tup
     if not count or not hands or not program:
         return program, hands
     made = sum(1 for code in program if code > 0)
-    ids = {
-        name: made + n
-        for n, name in enumerate(("dG", "dW", "dF", "dA", "dS", "dB", "p1", "p2", "p3", "dx"), 1)
-    }
+    names = ("dW", "dG", "dF", "dS", "dA", "dB", "p1", "p2", "p3", "sum", "dx")
+    ids = {name: made + n for n, name in enumerate(names, 1)}
     two, four = 2 * count, FP32 * count
-    norm = (
-        -1,
-        two,
-        two,
-        -ids["dW"],
-        -hands,
-        four,
-        -ids["dG"],
-        four,
-        four,
-        -ids["dS"],
-        -ids["dF"],
-        four,
-        four,
-        four,
-        -ids["p1"],
-        four,
-        -ids["p2"],
-        -ids["dB"],
-        -ids["p3"],
-        two,
-        -ids["dA"],
-    )
+    # fmt: off
+    norm = (-1, two, two, -ids["dW"], -hands,  # the logits' gradient; `* weight`'s two, dH
+            four, -ids["dG"],  # type_as's dF
+            four, four, -ids["dS"], -ids["dF"],  # the product's d(rsqrt) and dA
+            four, four, four, four, -ids["p2"], -ids["p1"], -ids["dB"],  # mean's dB; pow's three
+            four, -ids["dA"], -ids["p3"],  # A's two gradients summed
+            two, -ids["sum"])  # dx
+    # fmt: on
     if hands == 1:  # no separate received gradient: dH is the program's first tensor
         norm = norm[1:]
     return (*program, *norm), ids["dx"]
@@ -128,6 +114,6 @@ ROWS = (
         "extra",
         "layer",
         lambda layer, ckpt, ctx: backward_extra_bytes(layer, int(ckpt), ctx.profile, ctx.setup),
-        "as above; torch 2.6 derivatives.yaml (pow, mean, mul, _to_copy): 16 B an element at pow's backward",
+        "as above; torch's derivatives.yaml (pow, mean, mul, _to_copy) as recorded: 20 B an element at pow's backward",
     ),
 )
