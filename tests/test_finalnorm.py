@@ -96,11 +96,6 @@ def test_the_terms_keep_4e_more_and_hold_16e_at_pows_backward():
         assert layer_value("extra", HEAD, 0, context) - units == extra
 
 
-def test_the_forward_makes_pows_square_the_product_and_the_output():
-    assert eager_norm.forward_requests(E) == (8192, -1, 8192, -2, 4096)
-    assert eager_norm.forward_requests(0) == ()
-
-
 def test_the_backward_in_torchs_order_hands_on_dx():
     # the LM head's part: the logits' gradient (id 1, 8,192), dH (id 2, 4,096), handed on before the norm
     program, hands = eager_norm.with_backward((8192, 4096), 2, E)
@@ -155,7 +150,7 @@ def test_torch_makes_and_frees_the_norms_tensors_in_that_order():
     record = allocseq.record_pass(
         norm, x, torch.ones(32, 64, dtype=torch.bfloat16), list(norm.parameters())
     )
-    # forward: A, B, B freed, F, G, F freed, H; the replay's kept block holds A and G, forward_requests the rest
+    # forward: A, B, B freed, F, G, F freed, H: the replay's kept_program (tests/test_headsplit.py)
     assert _large(record.forward) == [8192, 8192, -2, 8192, 4096, -3, 4096]
     # backward (dH received: not recorded, nor its free): the norm's part of the replay's program, renumbered
     made = sum(1 for code in record.forward if code > 0)
@@ -174,8 +169,13 @@ def test_no_norm_or_no_handed_gradient_leaves_the_program():
 
 
 def test_the_fsdp2_replay_plays_them_on_the_head():
-    for version, kept, forward, hands in (
-        ("9dec370", 8320 + 8192, (8192, -1, 8192, -2, 4096), 13),
+    for (
+        version,
+        kept,
+        forward,
+        hands,
+    ) in (  # the forward's requests in the kept program (tests/test_headsplit.py)
+        ("9dec370", 8320 + 8192, (8192, 8192, -2, 128, 8192, 4096, -4, 4096), 13),
         ("b5bcd76c", 8320, (), 2),
     ):
         made = chunk_layers(
@@ -187,7 +187,12 @@ def test_the_fsdp2_replay_plays_them_on_the_head():
             scratch_per_param=0.0,
         )
         head = made.layers[-1]
-        assert (head.kept_bytes, head.forward_program, head.hands) == (kept, forward, hands)
+        assert (head.kept_bytes, head.kept_program, head.forward_program, head.hands) == (
+            kept,
+            forward,
+            (),
+            hands,
+        )
         assert head.extra_program[:2] == (8192, 4096)
         assert head.grads_at == ((1, 1),)  # the output's weight gradient before dH, as before
 

@@ -19,7 +19,7 @@ records torchtitan's RMSNorm on the installed torch, tests/test_finalnorm.py, fr
   accumulate, not in place), both freed; `x.float()`: dx = that.to(bf16) 2E, the sum freed; dx handed to the last
   block. Its peak beyond the kept: dA, dB and pow_backward's three at once, 20E. The per-token (4 B a token) and
   [h] tensors between are not played (the small pool's).
-All in `ROWS`' terms and the FSDP2 replay's programs (forward_requests, with_backward), only where the runtime's
+All in `ROWS`' terms and the FSDP2 replay's programs (kept_program, with_backward), only where the runtime's
 record says so (RuntimeFacts.final_norm_eager_fp32) on an analytic LLaMA-style head (a measured or --fake profile
 ran the norm's own ops)."""
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from planner.cost.layers import LayerCost
 from planner.cost.rules import layer_extra_bytes, runtime_facts
+from planner.cost.tpgathered import tp_gathered_kept_bytes
 from planner.schema import Profile, TrainSetup
 from planner.units import DTYPE_BYTES
 
@@ -65,13 +66,38 @@ def backward_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup:
     return max(0, peak - layer_extra_bytes(layer, option))
 
 
-def forward_requests(count: int) -> tuple[int, ...]:
-    """The forward's requests beyond the kept block, coded as the replay's programs (n > 0 allocates, -k frees id k):
-    pow's B (freed by mean), the product F (freed once type_as has made G), the output H (alive to the forward's
-    end; the replay frees it there)."""
+def kept_program(
+    layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: int
+) -> tuple[int, ...]:
+    """The head's forward as torch makes its tensors where the norm runs eager (`kept`: the head's kept bytes, which
+    the replay otherwise makes as one block), coded as the replay's programs (n > 0 allocates, -k frees id k), in
+    torch's order with the forward's transients between; what it leaves alive is what the head keeps, freed at its
+    backward's end:
+      A = x.float() 4E, B = pow 4E, B freed (by mean), 1/rms 4 B a token, F 4E, G 2E, F freed, H 2E;
+      under TP + SP the LM head's input gathered (torch 2.6.0 _functional_collectives.py 210-215, all_gather_tensor
+      on the sequence dimension: all_gather_into_tensor's output, then torch.cat of its chunks, the LM head's saved
+      input; the first freed, then H, which nothing saves); without, H is the LM head's saved input;
+      what else the head's kept counts, one block last.
+    The mean's and eps's per-token temporaries are not played (16 KiB at the 405B rows: the small pool's).
+    () where there is no norm to play or its tensors would exceed `kept` (one block, as before)."""
+    count = elements(layer, profile, setup) if option == 0 else 0
     if not count:
         return ()
-    return (FP32 * count, -1, FP32 * count, -2, 2 * count)
+    hidden = profile.assumptions["model"]["hidden_size"]
+    two, four, rstd = 2 * count, FP32 * count, FP32 * (count // hidden)
+    gathered = tp_gathered_kept_bytes(layer, option, profile, setup) + layer.input_bytes
+    program = (four, four, -2, rstd, four, two, -4, two)  # A, B, 1/rms, F, G, H
+    if gathered > two:
+        program += (
+            gathered,
+            gathered,
+            -7,
+            -6,
+        )  # the all-gather's output, its cat; both freed but the cat
+    rest = kept - (four + rstd + two + gathered)
+    if rest < 0:
+        return ()
+    return program + ((rest,) if rest else ())
 
 
 def with_backward(program: tuple[int, ...], hands: int, count: int) -> tuple[tuple[int, ...], int]:
