@@ -12,6 +12,8 @@ B 4,096, 1/rms 64, F 4,096, G 2,048, H 2,048, then funcol's all-gather on the se
 
 from __future__ import annotations
 
+import dataclasses
+
 from test_finalnorm import TINY
 
 from planner.cost import eager_norm
@@ -131,3 +133,53 @@ def test_the_replay_plays_them_and_frees_what_is_left_at_the_heads_backward():
         ("Free", 5, None),
         ("Free", 8, None),
     ]  # its backward
+
+
+def test_the_backward_releases_each_once_its_node_has_run():
+    # TP 2: the LM head's part (the logits' gradient, its input's whole gradient, dH = id 3 after the reduce-scatter,
+    # the whole freed) is codes 0-3; the norm's from 4: the logits' gradient freed, `* weight`'s two, dW freed, dH
+    # freed (8), dF, dG freed, d(rsqrt), dA, d(rsqrt) freed, dF freed (14), mean's dB and pow's three, their frees,
+    # A's gradients summed (22)
+    profile = _profile(2)
+    made = chunk_layers(
+        layer_costs(profile),
+        [0, 0, 0, 0],
+        profile=profile,
+        setup=_setup(),
+        piped=False,
+        scratch_per_param=0.0,
+    )
+    head = made.layers[-1]
+    assert head.extra_program[:4] == (4096, 4096, 2048, -2)
+    assert (head.extra_program[8], head.extra_program[14], head.extra_program[22]) == (-3, -6, 4096)
+    # the cat (the LM head's input), G, 1/rms, A
+    assert head.kept_frees == ((4, 8), (8, 5), (14, 3), (22, 1))
+    stage = Fsdp2Stage(
+        layers=(dataclasses.replace(head, unit=0),),
+        kept_from_forward=frozenset(),
+        shard_group=2,
+        reduce_ratio=2.0,
+        buffer_bytes=0,
+        loss_kept_bytes=0,
+        loss_extra_bytes=0,
+    )
+    events = [(type(e).__name__, e.key[0], e.key[-1]) for e in step_events(stage, steps=1)]
+    for kept, then in (
+        (8, 1),
+        (5, 3),
+        (3, 6),
+    ):  # each freed just before the free of the code at its index
+        at = events.index(("Free", "kept", kept))
+        assert events[at + 1] == ("Free", "extra", then)
+    at = events.index(("Free", "kept", 1))
+    assert events[at + 1][:2] == ("Alloc", "extra")  # A's two gradients' sum
+    # B, F, the flat output and H in the forward; the four above, none left for the head's end
+    assert sum(1 for e in events if e[:2] == ("Free", "kept")) == 8
+    # at TP 1 H is the LM head's input (kept id 6), released where the norm's part starts
+    assert eager_norm.kept_frees((8192, 4096), 2, _head_program(1)[0]) == (
+        (2, 6),
+        (6, 5),
+        (12, 3),
+        (20, 1),
+    )
+    assert eager_norm.kept_frees((8192, 4096), 2, ()) == ()

@@ -125,6 +125,24 @@ def with_backward(program: tuple[int, ...], hands: int, count: int) -> tuple[tup
     return (*program, *norm), ids["dx"]
 
 
+def kept_frees(
+    program: tuple[int, ...], hands: int, kept: tuple[int, ...]
+) -> tuple[tuple[int, int], ...]:
+    """Where the head's backward releases what kept_program (`kept`) left alive, as (the index of the code in
+    with_backward's program it is freed before, the kept program's id): autograd releases a node's saved tensors
+    once the node has run: the LM head's input (the cat under SP, else H) once its linear's has, where the norm's
+    part starts; G once `* weight`'s has (before dH is freed); 1/rms once the product's has (before dF is freed);
+    A once pow's has (before A's two gradients are summed). `program`, `hands`: the head's program and hands
+    before with_backward. () where there is no kept program or no norm's part (all freed at the head's end)."""
+    if not kept or not hands or not program:
+        return ()
+    start = len(program) - (
+        hands == 1
+    )  # the norm's part's index 0 (its received gradient's free) dropped there
+    lm_input = 8 if -7 in kept else 6
+    return ((len(program), lm_input), (start + 4, 5), (start + 10, 3), (start + 18, 1))
+
+
 ROWS = (
     (
         "the final norm's eager fp32 tensors beyond the record's fused norm (torchtitan's RMSNorm)",

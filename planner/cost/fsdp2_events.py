@@ -52,6 +52,9 @@ class Fsdp2Layer:
     # transients between (eager_norm.kept_program: the head's under an eager final norm); what it leaves alive is
     # what the layer keeps (kept_bytes in all), freed at its backward's end; (): one block of kept_bytes
     kept_program: tuple[int, ...] = ()
+    # where the backward releases kept_program's tensors: (the index of extra_program's code each is freed before,
+    # its id in kept_program), as grads_at (eager_norm.kept_frees); those not listed freed at the layer's end
+    kept_frees: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,13 +188,15 @@ class _Step:
         `result` after its node runs)."""
         return self.play(self.stage.loss_forward, "loss_forward" if mb is None else ("loss_forward", mb))
 
-    def extra(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None = None) -> list[object]:
+    def extra(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None = None,
+              held: dict[int, object] | None = None) -> list[object]:
         """Layer `i`'s backward extra made, as its program's tensors (one block without one), on the
         compute stream, with the weights' gradients the layer's `grads_at` places inside it (each made before
         the program's code at its index; those at its end after it); returns the keys still alive (freed at the
         layer's end). `handed`: the gradient the layer after it handed on (its key and bytes): the program's
         first tensor, the received gradient, is it where the sizes agree (autograd makes it once), not made
-        again; else it is freed here and one made."""
+        again; else it is freed here and one made. `held`: the layer's kept tensors by their kept_program id, those
+        its kept_frees place freed there (taken out of it)."""
         program = layer.extra_program or ((layer.extra_bytes,) if layer.extra_bytes else ())
         keys: dict[int, object] = {}
         if handed is not None and (not layer.extra_program or program[0] != handed[1]):
@@ -199,8 +204,10 @@ class _Step:
             handed = None
         grads_at = layer.grads_at if layer.extra_program else ()
         made = 0
+        frees = layer.kept_frees if layer.extra_program and held is not None else ()
         for at, code in enumerate(program):
             self.make_grads(i, layer, [j for p, j in grads_at if p == at])
+            self.events += [Free(held.pop(n)) for p, n in frees if p == at]
             if code > 0:
                 made += 1
                 if made == 1 and handed is not None:
@@ -222,12 +229,13 @@ class _Step:
         """Layer `i`'s backward: its extra (with the weights' gradients it places), its other weights' gradients,
         the extra freed but the gradient it hands on, its kept tensors freed; returns what it hands on (key,
         bytes), or None."""
-        alive = self.extra(i, layer, handed)
+        held = {key[-1]: key for key in kept} if layer.kept_frees else None
+        alive = self.extra(i, layer, handed, held)
         placed = {j for _, j in layer.grads_at} if layer.extra_program else set()
         self.make_grads(i, layer, [j for j in range(len(layer.grads)) if j not in placed])
         hands = ("extra", i, layer.hands) if layer.hands and ("extra", i, layer.hands) in alive else None
         self.events += [Free(key) for key in alive if key != hands]
-        self.events += [Free(key) for key in kept]
+        self.events += [Free(key) for key in kept if held is None or key in held.values()]
         return None if hands is None else (hands, _made_bytes(layer.extra_program, layer.hands))
 
     # ---------------------------------------------------------------- FSDP2's collectives

@@ -347,16 +347,18 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
             contextparallel.ring_program(layer, option, setup), contextparallel.extra_bytes(layer, setup, option))
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
                                skip=ring_ids)
+        kept_program = eager_norm.kept_program(layer, option, profile, setup, kept)  # the head's, where its norm is eager
+        kept_frees = eager_norm.kept_frees(program, hands, kept_program if norm else ())
         program, hands = eager_norm.with_backward(program, hands, norm)
         forward = forward_program(known, option_name(layer, option), max(0, extra),
                                   forward_parts(layer, option, profile, setup))
-        kept_program = eager_norm.kept_program(layer, option, profile, setup, kept)  # the head's, where its norm is eager
         shard = tensor_split(params * held.shard_weights / k, parts)
         state = tensor_split(params * held.optim / k / 2, parts) * 2  # exp_avg, exp_avg_sq
         gathered = gathered_parts(parts, params, setup, fp8_count=fp8)
         layers.append(Fsdp2Layer(
             unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
-            extra_program=program, hands=hands, grads_at=grads_at, forward_program=forward, kept_program=kept_program,
+            extra_program=program, hands=hands, grads_at=grads_at, forward_program=forward,
+            kept_program=kept_program, kept_frees=kept_frees,
             grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
             scratch=tensor_split(params * scratch_per_param, parts)))
         kept_sum += kept
