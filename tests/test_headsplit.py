@@ -138,8 +138,9 @@ def test_the_replay_plays_them_and_frees_what_is_left_at_the_heads_backward():
 def test_the_backward_releases_each_once_its_node_has_run():
     # TP 2: the LM head's part (the logits' gradient, its input's whole gradient, dH = id 3 after the reduce-scatter,
     # the whole freed) is codes 0-3; the norm's from 4: the logits' gradient freed, `* weight`'s two, dW freed, dH
-    # freed (8), dF, dG freed, d(rsqrt), dA, d(rsqrt) freed, dF freed (14), mean's dB and pow's three, their frees,
-    # A's gradients summed (22)
+    # freed (8), dF, dG freed, d(rsqrt), dA, d(rsqrt) freed, dF freed, mean's dB (15) and pow's three, their frees,
+    # A's gradients summed (22). Released: the cat once the linear's node has made its input's gradient (before dH,
+    # code 2), G before dH's free, 1/rms before dB, A before the sum.
     profile = _profile(2)
     made = chunk_layers(
         layer_costs(profile),
@@ -153,7 +154,7 @@ def test_the_backward_releases_each_once_its_node_has_run():
     assert head.extra_program[:4] == (4096, 4096, 2048, -2)
     assert (head.extra_program[8], head.extra_program[14], head.extra_program[22]) == (-3, -6, 4096)
     # the cat (the LM head's input), G, 1/rms, A
-    assert head.kept_frees == ((4, 8), (8, 5), (14, 3), (22, 1))
+    assert head.kept_frees == ((2, 8), (8, 5), (15, 3), (22, 1))
     stage = Fsdp2Stage(
         layers=(dataclasses.replace(head, unit=0),),
         kept_from_forward=frozenset(),
@@ -164,22 +165,21 @@ def test_the_backward_releases_each_once_its_node_has_run():
         loss_extra_bytes=0,
     )
     events = [(type(e).__name__, e.key[0], e.key[-1]) for e in step_events(stage, steps=1)]
-    for kept, then in (
-        (8, 1),
-        (5, 3),
-        (3, 6),
-    ):  # each freed just before the free of the code at its index
+    for kept, then in (  # each freed just before the code at its index
+        (8, ("Alloc", "extra", 3)),  # dH
+        (5, ("Free", "extra", 3)),  # dH freed
+        (3, ("Alloc", "extra", 9)),  # mean's dB
+        (1, ("Alloc", "extra", 13)),  # A's two gradients' sum
+    ):
         at = events.index(("Free", "kept", kept))
-        assert events[at + 1] == ("Free", "extra", then)
-    at = events.index(("Free", "kept", 1))
-    assert events[at + 1][:2] == ("Alloc", "extra")  # A's two gradients' sum
+        assert events[at + 1] == then
     # B, F, the flat output and H in the forward; the four above, none left for the head's end
     assert sum(1 for e in events if e[:2] == ("Free", "kept")) == 8
-    # at TP 1 H is the LM head's input (kept id 6), released where the norm's part starts
+    # at TP 1 H is the LM head's input (kept id 6), released once the linear has made dH (the program's second)
     assert eager_norm.kept_frees((8192, 4096), 2, _head_program(1)[0]) == (
         (2, 6),
         (6, 5),
-        (12, 3),
+        (13, 3),
         (20, 1),
     )
     assert eager_norm.kept_frees((8192, 4096), 2, ()) == ()

@@ -129,18 +129,25 @@ def kept_frees(
     program: tuple[int, ...], hands: int, kept: tuple[int, ...]
 ) -> tuple[tuple[int, int], ...]:
     """Where the head's backward releases what kept_program (`kept`) left alive, as (the index of the code in
-    with_backward's program it is freed before, the kept program's id): autograd releases a node's saved tensors
-    once the node has run: the LM head's input (the cat under SP, else H) once its linear's has, where the norm's
-    part starts; G once `* weight`'s has (before dH is freed); 1/rms once the product's has (before dF is freed);
-    A once pow's has (before A's two gradients are summed). `program`, `hands`: the head's program and hands
-    before with_backward. () where there is no kept program or no norm's part (all freed at the head's end)."""
+    with_backward's program it is freed before, the kept program's id). The engine releases a node's saved tensors
+    once the node has run (torch/csrc/autograd/engine.cpp evaluate_function: call_function, then
+    fn.release_variables() unless the graph is kept); the recorder on the installed torch frees them there
+    (docs/framework-facts.md §212):
+      the LM head's input (the cat under SP, else H) once its linear's node has made the input's gradient (the
+      program's second tensor, after the logits' gradient received), before the reduce-scatter's dH;
+      G once `* weight`'s has (before dH is freed); 1/rms once rsqrt's has, after the product's (dF freed) and
+      before mean's dB; A once pow's has (before A's two gradients are summed).
+    `program`, `hands`: the head's program and hands before with_backward. () where there is no kept program or no
+    norm's part (all freed at the head's end, as before)."""
     if not kept or not hands or not program:
         return ()
     start = len(program) - (
         hands == 1
-    )  # the norm's part's index 0 (its received gradient's free) dropped there
+    )  # where the norm's part's index 0 would be (dropped at hands 1)
+    allocs = [at for at, code in enumerate(program) if code > 0]
+    linear_done = allocs[1] + 1 if len(allocs) > 1 else len(program)
     lm_input = 8 if -7 in kept else 6
-    return ((len(program), lm_input), (start + 4, 5), (start + 10, 3), (start + 18, 1))
+    return ((linear_done, lm_input), (start + 4, 5), (start + 11, 3), (start + 18, 1))
 
 
 ROWS = (
