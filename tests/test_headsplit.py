@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from test_finalnorm import TINY
+from test_finalnorm import TINY, _setup
 
 from planner.cost import eager_norm
 from planner.cost.fsdp2_events import Fsdp2Layer, Fsdp2Stage, step_events
@@ -24,7 +24,7 @@ from planner.cost.terms import Context, layer_value
 from planner.models import archs
 from planner.profiler import analytic
 from planner.profiler.analytic import Shape
-from planner.schema import FileRef, TrainSetup
+from planner.schema import FileRef
 
 
 def _profile(tp: int):
@@ -36,25 +36,38 @@ def _profile(tp: int):
     )
 
 
-def _setup(version: str = "9dec370") -> TrainSetup:
-    return TrainSetup(
-        stages=1,
-        microbatches=1,
-        micro_batch_size=1,
-        mem_caps_bytes=[2**40],
-        precision="bf16-mixed",
-        runtime="torchtitan",
-        runtime_version=version,
-        dp=2,
-        zero=3,
+def _head(tp: int):
+    """The head as the FSDP2 replay plays it (chunk_layers, every layer at option none)."""
+    profile = _profile(tp)
+    made = chunk_layers(
+        layer_costs(profile),
+        [0, 0, 0, 0],
+        profile=profile,
+        setup=_setup(),
+        piped=False,
+        scratch_per_param=0.0,
+    )
+    return made.layers[-1]
+
+
+def _alone(layer: Fsdp2Layer) -> Fsdp2Stage:
+    """A one-layer stage of `layer`, for its events."""
+    return Fsdp2Stage(
+        layers=(layer,),
+        kept_from_forward=frozenset(),
+        shard_group=2,
+        reduce_ratio=2.0,
+        buffer_bytes=0,
+        loss_kept_bytes=0,
+        loss_extra_bytes=0,
     )
 
 
 def _head_program(tp: int, version: str = "9dec370", option: int = 0):
     profile = _profile(tp)
     head = layer_costs(profile)[-1]
-    kept = int(round(layer_value("kept", head, option, Context(profile, _setup(version)))))
-    return eager_norm.kept_program(head, option, profile, _setup(version), kept), kept
+    kept = int(round(layer_value("kept", head, option, Context(profile, _setup(version=version)))))
+    return eager_norm.kept_program(head, option, profile, _setup(version=version), kept), kept
 
 
 def test_at_tp_1_the_lm_head_keeps_the_norms_output():
@@ -77,16 +90,7 @@ def test_no_eager_norm_or_a_checkpointed_head_keeps_one_block():
 
 
 def test_the_replay_plays_them_and_frees_what_is_left_at_the_heads_backward():
-    profile = _profile(2)
-    made = chunk_layers(
-        layer_costs(profile),
-        [0, 0, 0, 0],
-        profile=profile,
-        setup=_setup(),
-        piped=False,
-        scratch_per_param=0.0,
-    )
-    head = made.layers[-1]
+    head = _head(2)
     assert (head.kept_program, head.forward_program) == (_head_program(2)[0], ())
     layer = Fsdp2Layer(
         unit=0,
@@ -99,15 +103,7 @@ def test_the_replay_plays_them_and_frees_what_is_left_at_the_heads_backward():
         scratch=(0,),
         kept_program=head.kept_program,
     )
-    stage = Fsdp2Stage(
-        layers=(layer,),
-        kept_from_forward=frozenset(),
-        shard_group=2,
-        reduce_ratio=2.0,
-        buffer_bytes=0,
-        loss_kept_bytes=0,
-        loss_extra_bytes=0,
-    )
+    stage = _alone(layer)
     kept = [
         (type(e).__name__, e.key[-1], getattr(e, "nbytes", None))
         for e in step_events(stage, steps=1)
@@ -141,29 +137,12 @@ def test_the_backward_releases_each_once_its_node_has_run():
     # freed (8), dF, dG freed, d(rsqrt), dA, d(rsqrt) freed, dF freed, mean's dB (15) and pow's three, their frees,
     # A's gradients summed (22). Released: the cat once the linear's node has made its input's gradient (before dH,
     # code 2), G before dH's free, 1/rms before dB, A before the sum.
-    profile = _profile(2)
-    made = chunk_layers(
-        layer_costs(profile),
-        [0, 0, 0, 0],
-        profile=profile,
-        setup=_setup(),
-        piped=False,
-        scratch_per_param=0.0,
-    )
-    head = made.layers[-1]
+    head = _head(2)
     assert head.extra_program[:4] == (4096, 4096, 2048, -2)
     assert (head.extra_program[8], head.extra_program[14], head.extra_program[22]) == (-3, -6, 4096)
     # the cat (the LM head's input), G, 1/rms, A
     assert head.kept_frees == ((2, 8), (8, 5), (15, 3), (22, 1))
-    stage = Fsdp2Stage(
-        layers=(dataclasses.replace(head, unit=0),),
-        kept_from_forward=frozenset(),
-        shard_group=2,
-        reduce_ratio=2.0,
-        buffer_bytes=0,
-        loss_kept_bytes=0,
-        loss_extra_bytes=0,
-    )
+    stage = _alone(dataclasses.replace(head, unit=0))
     events = [(type(e).__name__, e.key[0], e.key[-1]) for e in step_events(stage, steps=1)]
     for kept, then in (  # each freed just before the code at its index
         (8, ("Alloc", "extra", 3)),  # dH
