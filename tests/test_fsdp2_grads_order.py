@@ -65,7 +65,7 @@ def test_a_two_linear_blocks_backward_event_by_event():
     layer = _two_linears(((1, 1), (2, 0)))
     step = _PipelineStep(_stage(layer), [])
     step.begin()
-    handed = step.backward_layer(0, layer, None, ("kept", 0, 0))
+    handed = step.backward_layer(0, layer, None, [("kept", 0, 0)])
     assert [(type(e).__name__, e.key, getattr(e, "nbytes", 0) // MIB) for e in step.events] == [
         ("Free", ("sharded_grad", 0), 0),
         ("Alloc", ("extra", 0, 1), 4), ("Alloc", ("grad", 0, 1), 8), ("Alloc", ("extra", 0, 2), 12),
@@ -75,7 +75,7 @@ def test_a_two_linear_blocks_backward_event_by_event():
     # as before (grads_at empty): the weights' gradients after the program, in the parameters' order
     before = _PipelineStep(_stage(_two_linears(())), [])
     before.begin()
-    before.backward_layer(0, before.stage.layers[0], None, ("kept", 0, 0))
+    before.backward_layer(0, before.stage.layers[0], None, [("kept", 0, 0)])
     assert [e.key for e in before.events if isinstance(e, Alloc)] == [
         ("extra", 0, 1), ("extra", 0, 2), ("extra", 0, 3), ("grad", 0, 0), ("grad", 0, 1)]
     assert [e.key for e in before.events if isinstance(e, Free)][1:3] == [("extra", 0, 2), ("extra", 0, 1)]
@@ -89,7 +89,7 @@ def test_where_the_gradients_are_made_moves_the_layers_allocated_peak_by_hand():
     peaks = {}
     for name, grads_at in (("aten", ((1, 1), (2, 0))), ("before", ())):
         step = _PipelineStep(_stage(_two_linears(grads_at)), [])
-        step.backward_layer(0, step.stage.layers[0], None, ("kept", 0, 0))
+        step.backward_layer(0, step.stage.layers[0], None, [("kept", 0, 0)])
         events = [Alloc(("kept", 0, 0), 0, 0), *step.events, Free(("extra", 0, 3))]
         peaks[name] = allocator.replay(events).allocated_peak_bytes // MIB
     assert peaks == {"aten": 34, "before": 22}

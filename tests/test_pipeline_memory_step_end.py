@@ -33,7 +33,12 @@ def setup(version: str, **fields) -> TrainSetup:
     return TrainSetup(**(base | fields))
 
 
-def test_the_last_1f1b_stage_peaks_at_the_merge_of_its_kept_logits(tiny):
+def test_the_last_1f1b_stage_peaks_at_the_merge_of_its_kept_logits(tiny, monkeypatch):
+    from planner.cost import eager_norm
+
+    # 9dec370's final norm in eager fp32 set aside (tests/test_finalnorm.py counts it): on this tiny head its 20 B an
+    # element at pow's backward pass the head's own transient, and the activations' moment passes the merge by 9,988 B
+    monkeypatch.setattr(eager_norm, "elements", lambda layer, profile, setup: 0)
     layers = layer_costs(tiny)  # embedding, 2 blocks, head (its output: the logits)
     assert layers[-1].output_bytes == LOGITS
     m = 16

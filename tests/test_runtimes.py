@@ -344,11 +344,12 @@ def test_torchtitan_9dec370_keeps_every_stage_output_to_the_steps_end(tiny, sche
     whose M are all in flight); torchtitan since e5ef99aab asks for none (return_outputs=False).
     The two versions' other difference, K/V repeated before attention (9dec370) or not (b5bcd76c's
     enable_gqa), is set aside: tests/test_repeated_kv.py counts it; so is the rotary table 9dec370's record
-    holds (tests/test_cp_rotary_table.py counts it)."""
-    from planner.cost import repeatedkv, terms
+    holds (tests/test_cp_rotary_table.py counts it), and its final norm's eager fp32 tensors (tests/test_finalnorm.py)."""
+    from planner.cost import eager_norm, repeatedkv, terms
     from planner.cost.score import stage_cost
 
     monkeypatch.setattr(repeatedkv, "repeated_kv_bytes", lambda layer, profile, setup: 0)
+    monkeypatch.setattr(eager_norm, "elements", lambda layer, profile, setup: 0)
     monkeypatch.setattr(terms, "rotary_table_bytes", lambda profile, stage, setup: 0)
 
     layers = layer_costs(tiny)  # embedding, 2 blocks, head (its output: the logits)

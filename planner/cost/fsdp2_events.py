@@ -48,6 +48,13 @@ class Fsdp2Layer:
     # forward's end (fsdp2_layers.forward_program: a record's own transients, or a checkpointed block's forward as
     # its rerun makes it); (): its kept block alone
     forward_program: tuple[int, ...] = ()
+    # the kept block as the tensors torch makes in the layer's forward, coded as extra_program, with the forward's
+    # transients between (eager_norm.kept_program: the head's under an eager final norm); what it leaves alive is
+    # what the layer keeps (kept_bytes in all), freed at its backward's end; (): one block of kept_bytes
+    kept_program: tuple[int, ...] = ()
+    # where the backward releases kept_program's tensors: (the index of extra_program's code each is freed before,
+    # its id in kept_program), as grads_at (eager_norm.kept_frees); those not listed freed at the layer's end
+    kept_frees: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ class _Step:
         # post_forward_order: a unit's post-forward runs after its last layer's forward
         self.post_forward = sorted(self.last, key=self.last.get)
         self.members = {u: [i for i, v in enumerate(units) if v == u] for u in self.last}
+        self.kept: dict[object, list[object]] = {}  # each layer's kept tensors' keys (by microbatch beside a pipeline)
 
     def run(self) -> None:
         add = self.events.append
@@ -158,6 +166,14 @@ class _Step:
                 self.events.append(Free(keys.pop(-code)))
         return list(keys.values())
 
+    def make_kept(self, layer: Fsdp2Layer, tag: tuple) -> list[object]:
+        """The layer's kept tensors made in its forward: its kept_program's (their keys (*tag, id)), else one block
+        keyed `tag`; returns the keys its backward frees."""
+        if layer.kept_program:
+            return self.play(layer.kept_program, tag)
+        self.events.append(Alloc(tag, layer.kept_bytes, DEFAULT))
+        return [tag]
+
     def forward_scratch(self, layer: Fsdp2Layer, tag: tuple) -> None:
         """The layer's forward's requests beyond its kept block (its forward_program), made after the block on the
         compute stream; what the program leaves alive freed at the layer's forward end (nothing of it outlives the
@@ -172,13 +188,15 @@ class _Step:
         `result` after its node runs)."""
         return self.play(self.stage.loss_forward, "loss_forward" if mb is None else ("loss_forward", mb))
 
-    def extra(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None = None) -> list[object]:
+    def extra(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None = None,
+              held: dict[int, object] | None = None) -> list[object]:
         """Layer `i`'s backward extra made, as its program's tensors (one block without one), on the
         compute stream, with the weights' gradients the layer's `grads_at` places inside it (each made before
         the program's code at its index; those at its end after it); returns the keys still alive (freed at the
         layer's end). `handed`: the gradient the layer after it handed on (its key and bytes): the program's
         first tensor, the received gradient, is it where the sizes agree (autograd makes it once), not made
-        again; else it is freed here and one made."""
+        again; else it is freed here and one made. `held`: the layer's kept tensors by their kept_program id, those
+        its kept_frees place freed there (taken out of it)."""
         program = layer.extra_program or ((layer.extra_bytes,) if layer.extra_bytes else ())
         keys: dict[int, object] = {}
         if handed is not None and (not layer.extra_program or program[0] != handed[1]):
@@ -186,8 +204,10 @@ class _Step:
             handed = None
         grads_at = layer.grads_at if layer.extra_program else ()
         made = 0
+        frees = layer.kept_frees if layer.extra_program and held is not None else ()
         for at, code in enumerate(program):
             self.make_grads(i, layer, [j for p, j in grads_at if p == at])
+            self.events += [Free(held.pop(n)) for p, n in frees if p == at]
             if code > 0:
                 made += 1
                 if made == 1 and handed is not None:
@@ -205,16 +225,17 @@ class _Step:
         self.events += [Alloc(("grad", i, j), layer.grads[j], DEFAULT) for j in which]
 
     def backward_layer(self, i: int, layer: Fsdp2Layer, handed: tuple[object, int] | None,
-                       kept: object) -> tuple[object, int] | None:
+                       kept: list[object]) -> tuple[object, int] | None:
         """Layer `i`'s backward: its extra (with the weights' gradients it places), its other weights' gradients,
         the extra freed but the gradient it hands on, its kept tensors freed; returns what it hands on (key,
         bytes), or None."""
-        alive = self.extra(i, layer, handed)
+        held = {key[-1]: key for key in kept} if layer.kept_frees else None
+        alive = self.extra(i, layer, handed, held)
         placed = {j for _, j in layer.grads_at} if layer.extra_program else set()
         self.make_grads(i, layer, [j for j in range(len(layer.grads)) if j not in placed])
         hands = ("extra", i, layer.hands) if layer.hands and ("extra", i, layer.hands) in alive else None
         self.events += [Free(key) for key in alive if key != hands]
-        self.events.append(Free(kept))
+        self.events += [Free(key) for key in kept if held is None or key in held.values()]
         return None if hands is None else (hands, _made_bytes(layer.extra_program, layer.hands))
 
     # ---------------------------------------------------------------- FSDP2's collectives
@@ -250,7 +271,7 @@ class _Step:
                     add(Free(held_result))
                 self.copy_out(unit)
                 held_result = ("ag_out", unit)
-            add(Alloc(("kept", i), layer.kept_bytes, DEFAULT))
+            self.kept[i] = self.make_kept(layer, ("kept", i))
             self.forward_scratch(layer, ("forward", i))
             if i == self.last[unit] and unit not in self.stage.kept_from_forward:
                 self.reshard(unit)  # post_forward
@@ -276,7 +297,7 @@ class _Step:
                 if target is not None and target not in gathered and target not in prefetched:
                     self.all_gather(target)
                     prefetched.add(target)
-            handed = self.backward_layer(i, layer, handed, ("kept", i))
+            handed = self.backward_layer(i, layer, handed, self.kept.pop(i))
             if i == self.first[unit]:  # post_backward: reshard, drop the previous input, reduce
                 self.reshard(unit)
                 gathered.discard(unit)
@@ -340,7 +361,7 @@ class _PipelineStep(_Step):
                 self.copy_out(unit)
                 held_result = ("ag_out", unit)
                 self.gathered.add(unit)
-            add(Alloc(("kept", mb, i), layer.kept_bytes, DEFAULT))
+            self.kept[mb, i] = self.make_kept(layer, ("kept", mb, i))
             self.forward_scratch(layer, ("forward", mb, i))
         if held_result is not None:
             add(Free(held_result))
@@ -360,7 +381,7 @@ class _PipelineStep(_Step):
         handed = None
         for i in range(len(self.stage.layers) - 1, -1, -1):
             layer = self.stage.layers[i]
-            handed = self.backward_layer(i, layer, handed, ("kept", mb, i))
+            handed = self.backward_layer(i, layer, handed, self.kept.pop((mb, i)))
             if i == self.first[layer.unit]:  # the hook's post-backward, gradient sync off
                 self.accumulate(layer.unit)
         if handed is not None:  # the stage's input gradient, sent to the stage before (freed here, as before)

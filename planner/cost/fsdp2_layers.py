@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import contextparallel, dataparallel, fsdpunits, gradtiming, runtimes
+from planner.cost import contextparallel, dataparallel, eager_norm, fsdpunits, gradtiming, runtimes
 from planner.cost.cpring import peak as ring_peak
 from planner.cost.fsdp2_events import Fsdp2Layer
 from planner.cost.fsdp2_split import forward_parts, split_forward
@@ -341,11 +341,15 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         # less what the replay makes itself: FSDP2's moment, and beside a pipeline the layer's gradients
         extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
                           - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
+        norm = eager_norm.elements(layer, profile, setup) if option == 0 else 0  # its requests played after the LM head's
         program, hands, ring_ids = backward_hand_ring(
-            known, option_name(layer, option), max(0, extra), contextparallel.ring_program(layer, option, setup),
-            contextparallel.extra_bytes(layer, setup, option))
+            known, option_name(layer, option), max(0, extra - eager_norm.backward_extra_bytes(layer, option, profile, setup)),
+            contextparallel.ring_program(layer, option, setup), contextparallel.extra_bytes(layer, setup, option))
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
                                skip=ring_ids)
+        kept_program = eager_norm.kept_program(layer, option, profile, setup, kept)  # the head's, where its norm is eager
+        kept_frees = eager_norm.kept_frees(program, hands, kept_program if norm else ())
+        program, hands = eager_norm.with_backward(program, hands, norm)
         forward = forward_program(known, option_name(layer, option), max(0, extra),
                                   forward_parts(layer, option, profile, setup))
         shard = tensor_split(params * held.shard_weights / k, parts)
@@ -354,6 +358,7 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         layers.append(Fsdp2Layer(
             unit=unit, kept_bytes=kept, extra_bytes=max(0, extra), gathered=gathered,
             extra_program=program, hands=hands, grads_at=grads_at, forward_program=forward,
+            kept_program=kept_program, kept_frees=kept_frees,
             grads=tensor_split(params * held.weights, parts), shard=shard, state=state,
             scratch=tensor_split(params * scratch_per_param, parts)))
         kept_sum += kept

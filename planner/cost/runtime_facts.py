@@ -181,6 +181,11 @@ class RuntimeFacts:
     the last group a stage reduces (its whole gradients in the reduce dtype) from the stage's last
     backward to the next step's: the pipeline's manual post-backward did not call the root's final
     callback that drops it (torch before pytorch#144535, 2025-01-10)."""
+    final_norm_eager_fp32: bool = False
+    """The model's final norm runs as eager fp32 ops outside any compiled region (torchtitan 9dec370's own RMSNorm:
+    x.float(), pow, mean, rsqrt, a product, type_as, * weight), so it keeps x's fp32 copy and the bf16 normalised
+    tensor and its backward makes [tokens / sp, hidden] fp32 tensors (planner/cost/eager_norm.py); else the analytic
+    head's fused norm."""
     loss_requests_eager_ce: bool = False
     """The runtime's loss is torch's eager cross-entropy on the fp32 logits (under TP, loss_parallel's), so
     the FSDP2 replay plays its tensors as torch requests them (fsdp2_layers.loss_program, framework-facts

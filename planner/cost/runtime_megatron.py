@@ -227,6 +227,8 @@ def megatron() -> RuntimeFacts:
             "shard_group_zero": "not read: a shard group at the stage the setup gives",
             "loss_requests_eager_ce": "not played: TE's or Megatron's vocab-parallel cross-entropy, no FSDP2 replay "
                                       "(its reserve replays its own records, reserve_megatron.py)",
+            "final_norm_eager_fp32": "not read for this runtime (its final norm module, "
+                                     "--normalization, framework-facts §179): the analytic head's fused norm",
             "logged_read_shard_bytes": "--log-params-norm: calc_params_l2_norm every iteration (training.py 3653-3654) "
                                        "over each parameter's main_param, the fp32 shard the distributed optimizer "
                                        "sets (megatron/training/utils/common_utils.py 51-151; distrib_optimizer.py "

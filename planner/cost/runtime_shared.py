@@ -78,6 +78,7 @@ AFTER_STEP_NOT_READ = {
     "shard_group_zero": "a shard group at any ZeRO stage, as the runtime's data-parallel settings name it",
     "loss_requests_eager_ce": "not read for this runtime: where a replay runs, the loss's scratch is played as its "
                               "largest tensor repeated",
+    "final_norm_eager_fp32": "not read for this runtime: the analytic head's fused norm (its bf16 input and 1/rms)",
 }
 
 # The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are

@@ -146,7 +146,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         multi_schedule_lockstep=version == "9dec370",
         float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
         accumulates_without_pipeline=version not in ("9dec370", "bbb1b616"),
-        loss_requests_eager_ce=version == "9dec370",
+        loss_requests_eager_ce=version == "9dec370", final_norm_eager_fp32=version == "9dec370",
         nccl_version="2.21.5" if version == "9dec370" else "2.27.7",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
@@ -294,6 +294,16 @@ def torchtitan(version: str) -> RuntimeFacts:
                                        "(framework-facts §71)" if version == "9dec370" else
                                        "not played as eager cross-entropy's requests: a compiled or chunked loss, or a "
                                        "version whose loss requests were not read"),
+            "final_norm_eager_fp32": (
+                "torchtitan/models/norms.py build_norm, RMSNorm.forward (`self._norm(x.float()).type_as(x) * "
+                "self.weight`), models/llama/model.py 35, 374-376, 444 (norm_type \"rmsnorm\" the default; "
+                "config_manager.py 174-177 --model.norm_type default \"rmsnorm\"; train_configs/llama3_405b.toml "
+                "norm_type = \"rmsnorm\"), parallelisms/parallelize_llama.py 297-306 (apply_compile: each "
+                "TransformerBlock, not the final norm), 9dec370; torch 2.6 derivatives.yaml for the ops' saved "
+                "tensors (docs/framework-facts.md §205)" if version == "9dec370" else
+                "not read at this version: torch's nn.RMSNorm (2c8b5947 models/llama3/model/model.py 350) or "
+                "b5bcd76c's models/common RMSNorm, whose eager tensors depend on the torch it ran: the analytic "
+                "head's fused norm"),
             "step_shard_bytes": "gradient clipping's foreach norm and multiply (12 B), torch/nn/utils/clip_grad.py 95, "
                                 f"173, {TORCH_V}; torchtitan/utils.py 348-404, train.py 311-316, {_TITAN_OLD}"
                                 + ("; foreach AdamW's 52 B beyond the fused step (optimizer.py 132-138; torch/optim/"

@@ -15,6 +15,7 @@ from planner.cost import (
     deepspeed_ckpt,
     deepspeed_step,
     deepspeed_terms,
+    eager_norm,
     fsdp2work,
     gradtiming,
     hosttime,
@@ -65,10 +66,7 @@ from planner.cost.rules import (
 )
 from planner.cost.stepscratch import layer_step_scratch_bytes
 from planner.cost.tpgathered import tp_gathered_extra_bytes, tp_gathered_kept_bytes
-from planner.schema import (
-    Profile,
-    TrainSetup,
-)
+from planner.schema import Profile, TrainSetup
 
 # ---------------------------------------------------------------- the description
 #
@@ -263,6 +261,7 @@ TERMS: tuple[Term, ...] = (
          "saved-tensor hooks under recompute.offloaded_activations: the bytes it copies out (profiler); "
          "analytic: a block's saved bytes less its input"),
     *(Term(*row) for row in deepspeed_ckpt.ROWS),  # DeepSpeed's cpu_checkpointing (planner/cost/deepspeed_ckpt.py)
+    *(Term(*row) for row in eager_norm.ROWS),  # torchtitan's eager fp32 final norm (planner/cost/eager_norm.py)
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),

@@ -16,7 +16,7 @@ NO_EFFECT_SECTIONS = {"job": "job name and output folder", "profiling": "profile
 NO_EFFECT = {
     "model.hf_assets_path": "tokenizer and weights path", "model.tokenizer_path": "tokenizer path",
     "model.print_after_conversion": "logging",
-    "model.norm_type": "norm kind (2024; RMSNorm and its fused kernel keep the same tensors)", "optimizer.lr": "learning rate", "optimizer.eps": "Adam epsilon",
+    "optimizer.lr": "learning rate", "optimizer.eps": "Adam epsilon",
     "optimizer.weight_decay": "weight decay", "optimizer.beta1": "Adam beta", "optimizer.beta2": "Adam beta",
     "training.max_norm": "gradient clipping threshold", "training.steps": "run length", "training.dataset": "data",
     "training.dataset_path": "data path", "training.gc_freq": "Python garbage collection schedule",
@@ -72,6 +72,11 @@ def key_status(key: str, value) -> tuple[str, str]:
         return "not modelled", "the SPMD layer's own overheads (spmd_types or DTensor): scored as the collectives alone"
     if (key, value) in (("model.moe_comm_backend", "standard"), ("model.tp_gemm_backend", "default")):
         return "no effect", "torchtitan's default (b5bcd76c): NCCL's all-to-all, matmul and collective apart"
+    if key == "model.norm_type":  # 9dec370 norms.py build_norm; the blocks' norms run compiled
+        return ("modelled", "torchtitan's RMSNorm: the final norm's eager fp32 tensors where the version's record reads "
+                            "them (9dec370: planner/cost/eager_norm.py)") if value == "rmsnorm" else (
+            "not modelled", f"{value}: scored as torchtitan's RMSNorm (at 9dec370 the final norm's eager fp32 tensors; "
+                            "fused_rmsnorm's Triton kernel saves the bf16 input, the weight and 1/rms instead)")
     if key == "model.attn_backend":
         return "not modelled", ("the attention kernel (FlexAttention, varlen): timed as SDPA's flash kernel; "
                                 "0.3.0 and main run flex unless told")
