@@ -26,8 +26,8 @@ included, sends its output with a blocking send_forward_recv_forward (wait_on_re
 1633-1660 at d98e8a64, 1462-1490 at 92c8482e), so those sends hold the sender and the receiver waits
 for nothing more. A rank's warm-up is its first (P - rank - 1) x 2 + (V - 1) x P forwards, at most
 M x V (get_pp_rank_microbatches; schedule_time.warmup_forwards, whose sends simulate_time holds on
-the sender), the forwards torch's interleaved order also runs first (tests/test_stagesends.py). Not modelled: two sends to one peer sharing an NCCL stream
-at P = 2 (docs/framework-facts.md §217)."""
+the sender), the forwards torch's interleaved order also runs first (tests/test_stagesends.py;
+docs/framework-facts.md §217-§218). Not modelled: two sends to one peer sharing an NCCL stream at P = 2."""
 
 from __future__ import annotations
 
