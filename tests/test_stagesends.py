@@ -5,7 +5,7 @@ them, and beside them, as Megatron-core's overlap_p2p_comm runs them."""
 from types import SimpleNamespace
 
 from planner.cost import runtimes, splittime
-from planner.cost.schedule_time import StageTimes, simulate_time
+from planner.cost.schedule_time import StageTimes, simulate_time, warmup_forwards
 from planner.cost.schedules import build_schedule
 
 
@@ -28,6 +28,36 @@ def test_sends_beside_the_compute_are_the_receivers_wait():
     # a send on the sender's own rank is no wait: one rank, two stages
     one = build_schedule("interleaved-1F1B", num_ranks=1, num_microbatches=1, num_chunks=2)
     assert simulate_time(one, stage_times=times, stage_sends=sends).makespan_ms == 6.0
+
+
+def test_warmup_forward_sends_hold_the_sender():
+    # interleaved, 2 ranks, V = 2, M = 2, F 1 ms, B 2 ms; stage 0's output send 0.5 ms, every input
+    # gradient's send 0.5 ms, the other outputs' nothing. r0: F0.0 F0.1 F2.0 F2.1 B2.0 B2.1 B0.0 B0.1, all
+    # four forwards its warm-up ((2 - 0 - 1) x 2 + 1 x 2); r1: F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 B1.0 B1.1 (2)
+    order = build_schedule("interleaved-1F1B", num_ranks=2, num_microbatches=2, num_chunks=2)
+    assert [warmup_forwards(order, rank) for rank in (0, 1)] == [4, 2]
+    times = [StageTimes(1.0, 1.0, 1.0)] * 4
+    sends = [(0.5, 0.0), (0.0, 0.5), (0.0, 0.5), (0.0, 0.5)]
+    # r0 F0.0 0-1 and its send to 1.5, F0.1 1.5-2.5 and its send to 3; r1 F1.0 1.5-2.5 (no more wait),
+    # F1.1 3-4; r0 F2.0 3-4, F2.1 4-5; r1 F3.0 4-5, B3.0 5-7, F3.1 7-8, B3.1 8-10; r0 B2.0 7.5-9.5,
+    # B2.1 10.5-12.5; r1 B1.0 10-12, B1.1 13-15; r0 B0.0 12.5-14.5, B0.1 15.5-17.5
+    timeline = simulate_time(order, stage_times=times, stage_sends=sends)
+    assert timeline.start_ms[0][:4] == (0.0, 1.5, 3.0, 4.0)
+    assert timeline.makespan_ms == 17.5
+    # were the warm-up's sends beside the compute too (F0.1 at 1, F2.0 2.5-3.5, ...), 17.0
+
+
+def test_warmup_is_the_orders_first_forwards():
+    # Megatron's count (P - rank - 1) x 2 + (V - 1) x P, at most M x V, is where torch's interleaved
+    # order runs forwards only
+    for ranks, chunks, microbatches in ((2, 2, 4), (3, 2, 3), (4, 3, 8), (4, 2, 4)):
+        order = build_schedule(
+            "interleaved-1F1B", num_ranks=ranks, num_microbatches=microbatches, num_chunks=chunks
+        )
+        for rank, actions in enumerate(order.actions):
+            warm = warmup_forwards(order, rank)
+            assert warm == min((ranks - rank - 1) * 2 + (chunks - 1) * ranks, microbatches * chunks)
+            assert {a.kind for a in actions[:warm]} == {"F"}
 
 
 def test_the_sends_beside_leave_the_passes():

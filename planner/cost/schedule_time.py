@@ -166,7 +166,10 @@ def simulate_time(
     receives both inputs before it starts, runs its halves back to back and sends after both.
     `side`: collectives on a stream beside each rank's compute, which an action may wait for.
     `stage_sends`, per stage: (its output's send, its input gradient's send), ms more a receiver on
-    another rank waits (sends run beside the compute: planner/cost/stagesends.py)."""
+    another rank waits (sends run beside the compute: planner/cost/stagesends.py); but a rank's warm-up
+    forwards (warmup_forwards) wait for their output's send before the rank's next
+    action, as Megatron-core's blocking warm-up sends do: the send holds the sender, and the receiver
+    waits for nothing more (planner/cost/stagesends.py)."""
     stream = _Stream(side, schedule.num_ranks)
     finished: dict[tuple[int, str, int], float] = {}  # (stage, F|I|W, microbatch) -> ms
     backwards = [0] * schedule.num_stages  # B or W actions run per stage: the M-th reduces
@@ -174,13 +177,15 @@ def simulate_time(
     free_ms = [0.0] * schedule.num_ranks
     starts: list[list[float]] = [[] for _ in range(schedule.num_ranks)]
     remaining = sum(len(actions) for actions in schedule.actions)
+    warm = [warmup_forwards(schedule, rank) if stage_sends else 0 for rank in range(schedule.num_ranks)]
+    held: set[tuple[int, int]] = set()  # (stage, microbatch): its output sent in the sender's warm-up
     while remaining:
         progressed = False
         for rank, actions in enumerate(schedule.actions):
             while next_action[rank] < len(actions):
                 first = next_action[rank]
                 unit = [a for a in actions[first:first + 2] if a.unit == actions[first].unit]
-                ready = [_input_ready_ms(schedule, a, finished, send_ms, stage_sends) for a in unit]
+                ready = [_input_ready_ms(schedule, a, finished, send_ms, stage_sends, held) for a in unit]
                 if None in ready:
                     break
                 clock = max(free_ms[rank], *ready)
@@ -188,6 +193,10 @@ def simulate_time(
                     start, duration = stream.run(rank, first + offset, clock, stage_times[a.stage].of(a.kind))
                     starts[rank].append(start)
                     clock = start + duration
+                    warm_send = a.kind == "F" and first + offset < warm[rank] and _crosses(schedule, a)
+                    if warm_send and stage_sends[a.stage][0]:
+                        clock += stage_sends[a.stage][0]  # a warm-up forward's send, waited at once
+                        held.add((a.stage, a.microbatch))
                     if a.kind in ("B", "W"):
                         backwards[a.stage] += 1
                         if backwards[a.stage] == schedule.num_microbatches:
@@ -280,8 +289,28 @@ def makespan_ms(schedule: Schedule, *, stage_times: Sequence[StageTimes], lockst
     return sum(busy) + (schedule.num_microbatches - 1) * max(busy) + drain
 
 
+def warmup_forwards(schedule: Schedule, rank: int) -> int:
+    """How many of a rank's first actions are its warm-up's forwards: Megatron-core's count for its
+    interleaved schedule, (P - rank - 1) x 2 + (V - 1) x P of its M x V forwards, at most all of them
+    (schedules.py get_pp_rank_microbatches, 955-978 at d98e8a64, 728-751 at 92c8482e; the group of
+    microbatches a chunk runs at a time, microbatch_group_size_per_vp_stage, P by default:
+    model_parallel_config.py 400-401 at 92c8482e). Torch's interleaved order runs the same forwards
+    first (tests/test_stagesends.py); its first backward follows one forward more, the steady state's."""
+    p, v = schedule.num_ranks, schedule.num_chunks
+    if v == 1:
+        return 0  # one stage a rank: no overlap_p2p_comm (stagesends.py), every send in the passes
+    return min((p - rank - 1) * 2 + (v - 1) * p, schedule.num_microbatches * v)
+
+
+def _crosses(schedule: Schedule, a: Action) -> bool:
+    """Whether a forward's output goes to another rank."""
+    after = a.stage + 1
+    return after < schedule.num_stages and schedule.stage_to_rank[after] != schedule.stage_to_rank[a.stage]
+
+
 def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: float,
-                    stage_sends: Sequence[tuple[float, float]] | None = None) -> float | None:
+                    stage_sends: Sequence[tuple[float, float]] | None = None,
+                    held: set | frozenset = frozenset()) -> float | None:
     """When the input of `a` is on its rank, or None while its producer has not run."""
     if a.kind == "F":
         producer = (a.stage - 1, "F") if a.stage > 0 else None
@@ -299,5 +328,7 @@ def _input_ready_ms(schedule: Schedule, a: Action, finished: dict, send_ms: floa
     crosses = schedule.stage_to_rank[producer[0]] != schedule.stage_to_rank[a.stage]
     if not crosses:
         return done
+    if producer[1] == "F" and (producer[0], a.microbatch) in held:
+        return done + send_ms  # the sender waited for its send: done is after it
     beside = stage_sends[producer[0]][0 if producer[1] == "F" else 1] if stage_sends else 0.0
     return done + send_ms + beside

@@ -18,9 +18,16 @@ waits for both at the next send (RuntimeFacts.stage_sends_beside: "backward", "b
 stage_times takes them out of the stage's passes and schedule_time.simulate_time adds them to the
 receiver's wait. Only under a schedule of several stages a rank (overlap_p2p_comm is forced off without
 virtual stages: training/arguments.py 1010-1012) and only the uncalibrated sends (a calibrated send
-line is a measured pass cost, left as it is). Not modelled: the warm-up's forward sends, blocking
-without --overlap-p2p-communication-warmup-flush (schedules.py 1633-1660 at d98e8a64), and two sends
-to one peer sharing an NCCL stream at P = 2."""
+line is a measured pass cost, left as it is).
+
+The warm-up is not the steady state: without overlap_p2p_comm_warmup_flush (False by default,
+model_parallel_config.py 298 at 92c8482e; Bridge does not set it) every warm-up forward, the last one
+included, sends its output with a blocking send_forward_recv_forward (wait_on_reqs: schedules.py
+1633-1660 at d98e8a64, 1462-1490 at 92c8482e), so those sends hold the sender and the receiver waits
+for nothing more. A rank's warm-up is its first (P - rank - 1) x 2 + (V - 1) x P forwards, at most
+M x V (get_pp_rank_microbatches; schedule_time.warmup_forwards, whose sends simulate_time holds on
+the sender), the forwards torch's interleaved order also runs first (tests/test_stagesends.py;
+docs/framework-facts.md §217-§218). Not modelled: two sends to one peer sharing an NCCL stream at P = 2."""
 
 from __future__ import annotations
 
