@@ -233,7 +233,9 @@ class Profiles:
         shard group (every other input is a setting all the configurations share)."""
         from planner.cost.float8 import float8_profile
 
-        key = (id(profile), dataparallel.shard_size(setup) if setup.training.float8 else 0)
+        training = setup.training  # one runtime a search; keyed all the same, as a Profiles may serve two
+        key = (id(profile), training.runtime, training.runtime_version,
+               dataparallel.shard_size(setup) if training.float8 else 0)
         if key not in self._float8:
             applied = float8_profile(profile, setup)
             self._float8[key] = (applied, bounds_mod.kinds(applied))
