@@ -91,9 +91,9 @@ def setup_fields(gpu, tp_overlap: str, *, config: str | None = None, gemms: dict
     (solve/jobsearch.py) alike: under tp-comm-overlap the config (`config`: a Bridge name or the file read; None:
     TE's defaults), a file's GEMMs, the GPU's SMs (planner/models/gpu_sms.py, 0 where unknown: nothing charged) and
     the rate ring_reduce_bytes' reduce kernel runs at (no measurement of it: the GPU's eager elementwise class, a
-    streaming read of bf16 tensors and one write, planner/profiler/membound.py); nothing otherwise."""
+    streaming read of bf16 tensors and one write, planner/models/membound_rate.py); nothing otherwise."""
     from planner.models.gpu_sms import sm_count
-    from planner.profiler.membound import achieved_tbps
+    from planner.models.membound_rate import achieved_tbps
 
     if tp_overlap != "tp-comm-overlap":
         return {}

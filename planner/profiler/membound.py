@@ -26,11 +26,8 @@ A measured profile (`--device cuda`) is real time and never passes through here.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from planner.models.gpus import GPU
-
-MemboundKind = Literal["eager", "fused"]
+from planner.models.membound_rate import MemboundKind, achieved_tbps, fraction  # noqa: F401 (a GPU record's rates, kept importable from here)
 
 # The eager op classes both profilers can tell apart (the analytic one by formula, the fake one by the
 # innermost module running the op: fake.op_class), each measured by its own Liger-Kernel sweep
@@ -45,19 +42,6 @@ OP_CLASSES = {
     "elementwise": "the rest: residual adds, casts, copies, .grad accumulation, dropout, lookups "
                    "(torch's relu then square, an elementwise chain alone)",
 }
-
-
-def fraction(gpu: GPU, kind: MemboundKind = "eager", op_class: str | None = None) -> float:
-    """The fraction of the datasheet bandwidth memory-bound kernels of `kind` (and eager `op_class`)
-    reach on `gpu`: the class's own where measured on the GPU's architecture, else the eager mean."""
-    if kind == "fused":
-        return gpu.membound_fused_efficiency
-    return dict(gpu.membound_class_efficiency).get(op_class, gpu.membound_eager_efficiency)
-
-
-def achieved_tbps(gpu: GPU, kind: MemboundKind = "eager", op_class: str | None = None) -> float:
-    """The bandwidth memory-bound kernels of `kind` (and eager `op_class`) are measured to reach on `gpu`, TB/s."""
-    return gpu.hbm_tbps * fraction(gpu, kind, op_class)
 
 
 def membound_facts(gpu: GPU) -> dict:
