@@ -1,7 +1,7 @@
 """The matmul rate a GPU holds under a training step's power (MSMF) against its cold burst (MAMF), on one GPU.
 
 planner/models/matmul_ceilings.py reads the sustained MSMF where one is published (H100's chip, B200), Azure's soaked
-cuBLASLt figures or one derived from them for the GB200 and A100 (docs/framework-facts.md §166), and the burst MAMF
+cuBLASLt figures or one derived from them for the GB200 and A100 (docs/framework-facts.md §190), and the burst MAMF
 elsewhere (GH200): no MSMF is published for those (§163). This check measures one, after the protocol of
 stas00/ml-engineering 082816f (branch fast-mamf, mamf-finder.py `--search auto`, benchmarks/README.md): a burst of a low-power shape after an idle (the boost clock), then a
 thermal soak on a fat shape with the clock, power and temperature read after each window, the sustained rate the

@@ -33,7 +33,7 @@ def test_a_gpu_with_a_sustained_row_reads_it_and_one_without_its_burst_figure():
 
 
 def test_the_a100_and_gb200_read_soaked_figures_and_the_gb200_bf16_its_settled_clock():
-    # Azure/AI-benchmarking-guide's GEMM CuBLASLt after 10,000 warm-up calls (docs/framework-facts.md §166): the A100's
+    # Azure/AI-benchmarking-guide's GEMM CuBLASLt after 10,000 warm-up calls (docs/framework-facts.md §190): the A100's
     # FP16 16384^3 (its BF16 the same rate a clock), the GB200's FP8 16384^3; the L4 reads the A100's fraction
     for name in ("a100-80g", "a100-40g"):
         assert archs.gpu(name).matmul_efficiency == 256.5 / 312

@@ -133,7 +133,7 @@ PINS = {
     # iteration ms on the merged tree of stop 53: NCCL's CTAs beside the hidden ZeRO collectives (nccl_sms.py) and the
     # collectives across nodes over every NIC of the group's node (models/network_rate.py) landed after these pins
     # (run-175b 26,000.7, run-1t 89,191.2, llama2 998.69 before both); the A100's soaked matmul plateau, 256.5 for the
-    # burst 271.2 (docs/framework-facts.md §166), then moved them from 26,681.257, 93,114.450 and 999.129
+    # burst 271.2 (docs/framework-facts.md §190), then moved them from 26,681.257, 93,114.450 and 999.129
     # both recipes: ZeRO 3's gradient bucket of their reduce_bucket_size 9e7 in 2 B, 180,000,000 B more (§124)
     # reserved peaks: ZeRO 3's allocator replay (planner/cost/reserve_deepspeed.py, §31.dsreplay), no longer the
     # divisor's (run-175b 439,156,211,712, run-1t 327,600,308,224 before); both over the cap, played without one

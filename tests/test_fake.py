@@ -114,7 +114,7 @@ def test_fake_flops_and_rooflines_of_a_linear_chain(tmp_path):
     assert "activation" not in dict(gpu.membound_class_efficiency)
     assert profile.layers[1].fwd_ms == pytest.approx(
         2 * 4 * 128 * 4 / (gpu.hbm_tbps * gpu.membound_eager_efficiency * 1e12) * 1e3)
-    assert profile.assumptions["matmul_efficiency"] == gpu.matmul_efficiency == 256.5 / 312  # soaked (§166)
+    assert profile.assumptions["matmul_efficiency"] == gpu.matmul_efficiency == 256.5 / 312  # soaked (§190)
     assert profile.layers[0].step_ms == analytic.step_ms(64 * 128 + 128, gpu)
 
 

@@ -49,7 +49,7 @@ def test_another_gpu_reads_the_curve_at_its_own_peak_and_plateau():
     # at the B200's burst plateau (MAMF 1,745.0), its sustained one (MSMF 1,456.3) scaling it
     assert matmul_efficiency(2 * 256 * 4096 * 4096, B200) == pytest.approx(0.313 * 1456.3 / 1745.0, abs=0.002)
     # each GPU's plateau is its own MSMF where measured (stas00/ml-engineering 082816f: H100's chip, B200), else a
-    # soaked figure (the A100's) or one derived from it (the GB200's, framework-facts §166), else its MAMF (744d01e),
+    # soaked figure (the A100's) or one derived from it (the GB200's, framework-facts §190), else its MAMF (744d01e),
     # over the peak ckplan reads
     assert matmul_efficiency(2 * 8192**3, A100) == A100.matmul_efficiency == pytest.approx(256.5 / 312)
     assert matmul_efficiency(2 * 8192**3, B200) == pytest.approx(1456.3 / 2250)

@@ -38,7 +38,7 @@ _MSMF = "stas00/ml-engineering 082816f (branch fast-mamf), MSMF: power-saturated
 MSMF_TFLOPS = {"h100-sxm": 708.5, "b200": 1456.3}  # H200 SXM's row (1,465 MHz); B200 SXM's (1,339 MHz)
 MSMF_FP8_TFLOPS = {"h100-sxm": 1288.7, "h200": 1288.7, "b200": 2795.7}  # H200's FP8 row (1,374 MHz); B200's (1,331)
 
-# Where no MSMF row is published, a figure measured soaked by another protocol (docs/framework-facts.md §166):
+# Where no MSMF row is published, a figure measured soaked by another protocol (docs/framework-facts.md §190):
 # Azure/AI-benchmarking-guide's "GEMM CuBLASLt" (Benchmarks/NVIDIA/GEMMCublasLt.py cd84f36a runs gitaumark/
 # superbenchmark's cublaslt_gemm, 0012abc: operands uniform in [-1, 1] by curand, 10,000 warm-up calls then 1,000
 # timed by CUDA events, batch 1; FP8 e4m3 in, FP16 out, FP32 compute, fast accumulation on), the best of its fixed
@@ -53,7 +53,7 @@ _AZURE_A100 = ("Azure/AI-benchmarking-guide 3bb66cac ND_A100_v4_results.md, GEMM
 SOAKED_FP8_TFLOPS = {"gb200": 2906.9}  # 8192^3 2,876.6; 6144x12288x12288 2,895.6; 32768^3 2,825.6
 SOAKED_TFLOPS = {"a100": 256.5}  # 8192^3 253.7; 6144x12288x12288 250.8
 
-# The GB200's BF16 plateau, derived (§166; no BF16 figure is published for it): the B200's MSMF rows run at a rate per
+# The GB200's BF16 plateau, derived (§190; no BF16 figure is published for it): the B200's MSMF rows run at a rate per
 # SM and clock (BF16 1,456.3 on 148 SMs at 1,339 MHz; FP8 2,795.7 at 1,331); the GB200's soaked FP8 at the FP8 rate
 # puts its settled clock at 1,347.5 MHz, and BF16 settles at the FP8 clock (on the B200 1,339 against 1,331 MHz at
 # ~994 and ~990 W): BF16 on the GB200's 152 SMs at 1,347.5 MHz. Not below 1,495.7 (the B200's rate and clock on 152
