@@ -82,6 +82,7 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
         evaluate_config.run(from_megatron=from_megatron, from_torchtitan=from_torchtitan, gpus=gpus, gpu=gpu,
                             gpus_per_node=gpus_per_node, nvlink_domain=data_parallel.nvlink_domain, mem=mem, fragmentation=fragmentation, as_json=as_json)
         return
+    check_config_options_absent(click.get_current_context())
     if layers_per_stage is None:
         raise UserError("give --layers-per-stage N,N,... (your configuration), or --from-megatron FILE / "
                         "--from-torchtitan FILE.toml")
@@ -138,6 +139,21 @@ def check_config_only(ctx: click.Context) -> None:
         raise UserError(f"{given[0].opts[0]} is read from the config file with --from-megatron/--from-torchtitan; "
                         "drop it (only --gpus, --gpu, --gpus-per-node, --nvlink-domain, --mem, --fragmentation and --json go "
                         "beside)")
+
+
+# what only a config file's job reads: with --profile the profile's GPU and the degrees given set them
+CONFIG_ONLY = ("gpus", "gpu", "gpus_per_node")
+
+
+def check_config_options_absent(ctx: click.Context) -> None:
+    """--gpus, --gpu and --gpus-per-node beside a profile would be dropped (the degrees set the GPUs, the profile
+    their kind): refused."""
+    given = [param for param in ctx.command.params if param.name in CONFIG_ONLY
+             and ctx.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT]
+    if given:
+        raise UserError(f"{given[0].opts[0]} goes with --from-megatron/--from-torchtitan; with a profile the GPU is "
+                        "the profile's (ckplan profile --gpu) and the GPUs are the stages x --dp the configuration "
+                        "gives: drop it")
 
 
 def _ckplan_plan(profile, setup, hand, *, time_limit_s: float, solver: str):
