@@ -110,8 +110,6 @@ def test_a_hand_configuration_that_does_not_fit_says_so(profile_path):
          "--gpus goes with --from-megatron/--from-torchtitan"),
         (["--layers-per-stage", "3,3,2", "--ckpt-per-stage", "0,0,0", "--gpu", "b200"],
          "--gpu goes with --from-megatron/--from-torchtitan"),
-        (["--layers-per-stage", "3,3,2", "--ckpt-per-stage", "0,0,0", "--gpus-per-node", "4"],
-         "--gpus-per-node goes with --from-megatron/--from-torchtitan"),
     ],
 )
 def test_evaluate_refuses_in_one_sentence(profile_path, args, message):

@@ -142,12 +142,12 @@ def check_config_only(ctx: click.Context) -> None:
 
 
 # what only a config file's job reads: with --profile the profile's GPU and the degrees given set them
-CONFIG_ONLY = ("gpus", "gpu", "gpus_per_node")
+CONFIG_ONLY = ("gpus", "gpu")
 
 
 def check_config_options_absent(ctx: click.Context) -> None:
-    """--gpus, --gpu and --gpus-per-node beside a profile would be dropped (the degrees set the GPUs, the profile
-    their kind): refused."""
+    """--gpus and --gpu beside a profile would be dropped (the degrees set the GPUs, the profile their kind):
+    refused. (--gpus-per-node is read either way: the setup's topology.)"""
     given = [param for param in ctx.command.params if param.name in CONFIG_ONLY
              and ctx.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT]
     if given:
