@@ -137,6 +137,7 @@ def probe(torch, shapes: list[Call], *, soak_s: float, idle_s: float, device: st
         while not sets or time.monotonic() - start < soak_s:
             sets.append(time_set(torch, timer, prepared))
             seen.append(telemetry() if telemetry else (None, None, None))
+        kernels = _kernel_names(torch, lambda: time_set(torch, timer, {"step0": prepared["step0"]}))
     last = sets[-max(1, round(len(sets) * WINDOW_TAIL)):]
     found = {}
     for call in shapes:
@@ -149,8 +150,20 @@ def probe(torch, shapes: list[Call], *, soak_s: float, idle_s: float, device: st
                             "soaked_tflops": call.flops(which) / held / 1e9}
         found[call.name] = entry
     clocks = [c for c, _, _ in seen[-len(last):] if c is not None]
-    return {"calls": found, "sets": len(sets), "settled_clock_mhz": statistics.median(clocks) if clocks else None,
+    return {"calls": found, "sets": len(sets), "kernels": kernels, "settled_clock_mhz": statistics.median(clocks) if clocks else None,
             "settled_power_w": _median([p for _, p, _ in seen[-len(last):]])}
+
+
+def _kernel_names(torch, fn) -> list[str]:
+    """The device kernels (CPU ops in the dry run) one call forward and backward launches, by the profiler: which
+    flash implementation the device's torch runs (framework-facts §227 read FlashAttention-2's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        fn()
+    kind = "cuda" if torch.cuda.is_available() else "cpu"
+    return sorted({e.name for e in prof.events() if str(getattr(e, "device_type", "")).lower().endswith(kind)})
 
 
 def _median(values):

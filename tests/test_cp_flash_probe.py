@@ -52,6 +52,8 @@ def test_the_dry_run_times_every_call_on_the_cpu_and_writes_its_report(tmp_path,
     assert all(found["calls"][name][which]["soaked_ms"] > 0 for name in found["calls"]
                for which in ("forward", "backward"))
     assert "ring pass cp 8 backward" in found["against_ckplan"] and found["device"] == "cpu (dry run)"
+    # the profiler names what one call ran: torch's flash path (on the CPU its own flash kernel), as sdpa_kernel forces
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in found["kernels"]
     assert "| step0 | forward |" in capsys.readouterr().out
 
 
