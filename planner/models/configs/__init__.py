@@ -38,6 +38,13 @@ PENDING: dict[str, str] = {
     "etp": "an expert tensor-parallel size other than TP (experts split over another group)",
     "fp8-all-gather": "fp8 weights in the data-parallel all-gather (less traffic and gathered bytes)",
     "bf16-grad-reduce": "gradients reduced (and bucketed) in bf16 rather than fp32",
+    # Megatron-LM d98e8a64: megatron/core/timers.py 143-165 (start and stop each torch.cuda.synchronize()),
+    # pipeline_parallel/schedules.py 494, 552 (level 2: each microbatch's forward and backward compute),
+    # p2p_communication.py 445-553 (level 2: each pipeline send and receive); training_config.py 267-274
+    "timers": "Megatron-LM's timers above level 0, each of which waits for the device at its start and stop "
+              "(level 2: every microbatch's forward and backward and every pipeline send and receive), so the host "
+              "issues nothing ahead across them; Megatron's own help: 'setting the level to 1 or 2 might cause "
+              "increase in iteration time' (not charged)",
     "op-sac": "op-level selective activation checkpointing, which ckplan offers only for LLaMA-style blocks with "
               "flash attention and no shared-expert gate (planner/profiler/opsac.py): scored as no recompute",
 }
