@@ -16,14 +16,14 @@ import torch
 from test_f8cast import _alive
 from test_finalnorm import TINY, _setup
 
-from planner.cost import eager_norm, head_scatter
+from planner.cost import eager_norm, float8, head_scatter
 from planner.cost.fsdp2_layers import chunk_layers
 from planner.cost.layers import layer_costs
 from planner.cost.terms import TERMS, Context
 from planner.models import archs
 from planner.profiler import allocseq, analytic
 from planner.profiler.analytic import Shape
-from planner.schema import FileRef
+from planner.schema import AllocRecord, FileRef
 
 NARROW = TINY.__class__(**{**TINY.__dict__, "name": "tiny-narrow", "vocab_size": 64})
 
@@ -164,3 +164,33 @@ def test_torch_makes_the_cat_after_the_logits_gradient_is_released(fake_mesh):
     # event (ProcessGroupNCCL's recordStream), after the whole's free: the last two frees as the replay plays them
     program, hands = head_scatter.with_cat((10240, 6144, 3072, -2), 3, 6144, 3072)
     assert (program, hands) == ((10240, 6144, -1, 6144, 3072, -2, -3), 4)
+
+
+# ---------------------------------------------------------------- Float8's backward casts (planner/cost/float8.py)
+
+
+def test_the_casts_are_the_grad_weight_gemms_two_copies():
+    # the tiny block's Float8 record (TINY: hidden 64, FFN 160, 32 tokens): its transient is the largest linear's
+    # T x (n + k) = 32 x (64 + 160) = 7,168 (w2's and w1's alike); the backward runs w2 first: grad_output^T
+    # 32 x 64 = 2,048, then the input column-major 32 x 160 = 5,120 (torchao eab345c preprocess_addmm)
+    fp8 = _profile(TINY, 1).layers[1].float8
+    assert fp8.transient_bytes == 7168
+    assert float8.transient_parts(fp8) == (2048, 5120)
+    # TP 2 + SP: w2's k is 80 a rank: 32 x 64 = 2,048 and 32 x 80 = 2,560
+    fp8 = _profile(TINY, 2).layers[1].float8
+    assert (fp8.transient_bytes, float8.transient_parts(fp8)) == (4608, (2048, 2560))
+    # no linear whose two make it: one tensor, as before
+    odd = fp8.model_copy(update={"transient_bytes": 4609})
+    assert float8.transient_parts(odd) == ()
+
+
+def test_the_record_makes_them_first_and_frees_them_at_its_end():
+    record = AllocRecord(forward=[10, 20, -1], backward=[5, -3, -2], output=2, input_grad=3)
+    added = float8.with_float8(record, kept=7, transient=6, parts=(4, 2))
+    # forward: the float8 weight made last (id 3); backward: the two copies first (ids 4, 5), the record's 5 now
+    # id 6 (its free renumbered), the copies and the weight freed last
+    assert added.forward == [10, 20, -1, 7]
+    assert added.backward == [4, 2, 5, -6, -2, -4, -5, -3]
+    assert added.input_grad == 6
+    # parts that do not add up to the transient: one tensor, as before
+    assert float8.with_float8(record, kept=7, transient=6, parts=(4, 1)).backward == [6, 5, -5, -2, -4, -3]
