@@ -186,6 +186,10 @@ class RuntimeFacts:
     x.float(), pow, mean, rsqrt, a product, type_as, * weight), so it keeps x's fp32 copy and the bf16 normalised
     tensor and its backward makes [tokens / sp, hidden] fp32 tensors (planner/cost/eager_norm.py); else the analytic
     head's fused norm."""
+    head_reduce_scatter_cat: bool = False
+    """Under TP + SP the LM head runs eager and DTensor reduce-scatters its input's gradient on the sequence dimension
+    through funcol, which makes `torch.cat(torch.chunk(x, t, 1))` first: a second whole [tokens, h] tensor beside the
+    linear's, the logits' gradient released before it (planner/cost/head_scatter.py); else the record's head."""
     loss_requests_eager_ce: bool = False
     """The runtime's loss is torch's eager cross-entropy on the fp32 logits (under TP, loss_parallel's), so
     the FSDP2 replay plays its tensors as torch requests them (fsdp2_layers.loss_program, framework-facts

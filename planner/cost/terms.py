@@ -18,6 +18,7 @@ from planner.cost import (
     eager_norm,
     fsdp2work,
     gradtiming,
+    head_scatter,
     hosttime,
     hpgrads,
     jobsettings,
@@ -261,7 +262,7 @@ TERMS: tuple[Term, ...] = (
          "saved-tensor hooks under recompute.offloaded_activations: the bytes it copies out (profiler); "
          "analytic: a block's saved bytes less its input"),
     *(Term(*row) for row in deepspeed_ckpt.ROWS),  # DeepSpeed's cpu_checkpointing (planner/cost/deepspeed_ckpt.py)
-    *(Term(*row) for row in eager_norm.ROWS),  # torchtitan's eager fp32 final norm (planner/cost/eager_norm.py)
+    *(Term(*row) for row in (*eager_norm.ROWS, *head_scatter.ROWS)),  # torchtitan's eager head (eager_norm, head_scatter)
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),
