@@ -11,7 +11,7 @@ import pytest
 from fixtures.cli import run_ok
 
 from planner import io
-from planner.cost import deepspeed_waits, runtimes
+from planner.cost import dataparallel, deepspeed_waits, runtimes
 from planner.cost.layers import layer_costs
 
 H, SEQ, MBS, VOCAB = 1024, 256, 2, 1024  # the tiny GPT of tests/test_dstime.py: 4 blocks, f = 4h
@@ -122,3 +122,20 @@ def test_the_queued_bytes_are_the_analytic_profiles():
     assert analytic_time.ACT_BYTES["gelu_kernel"][1] == 6 and analytic_time.BIAS_SUM == 2
     assert analytic_time.LAYERNORM_BWD == 6 and analytic_time.ADD == 6
     assert deepspeed_waits.QUEUED_BEHIND["dense_4h_to_h"] == (("activation", 6, "f"), ("elementwise", 2, "f"))
+
+
+def test_nccls_ctas_slow_no_gemm_beside_the_waited_reduce_scatters(gpt_profile):
+    from planner.cost import nccl_sms
+    from planner.models.gpu_sms import sm_count
+
+    block, setup, kept = _block(gpt_profile), _setup(gpt_profile), _setup(gpt_profile, offload=False)
+    rate = setup.data_parallel.shard_gb_per_s
+    waited = sum(7 / 8 * 2 * numel / (rate * 1e9) * 1e3 for numel in (3 * H * H, H * F, F * H))  # one reduction's
+    assert deepspeed_waits.waited_reduce_ms(block, gpt_profile, setup) == pytest.approx(waited, rel=1e-12)
+    assert deepspeed_waits.waited_reduce_ms(block, gpt_profile, kept) == 0.0
+    gpu = dataparallel.profile_gpu(gpt_profile)
+    _, share = nccl_sms.layers_shares(gpu, sm_count(gpu), setup, [block])
+    # the reductions' window (one microbatch): its CTAs' share of the time they run beside the backward, less the
+    # waited weights', which run beside no GEMM
+    assert nccl_sms.layer_ms(block, gpt_profile, kept) - nccl_sms.layer_ms(block, gpt_profile, setup) == \
+        pytest.approx(waited * share, rel=1e-9)

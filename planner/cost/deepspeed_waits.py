@@ -26,7 +26,8 @@ Each is charged max(0, reduce-scatter + NCCL's ring latency (Simple) + the parti
 link - the kernels queued behind it), once an iteration. The three copies (stage3.py 1655-1706): the partition into
 the pinned fp16 buffer (non_blocking), back to the GPU (`.to(device)`), and to the fp32 gradient through a host fp16
 temporary (the blocking one), 2 B an element each; the step no longer charges the gradients' copy to the host
-(dataparallel.offload_phases_ms). Not charged: the host's fp16-to-fp32 conversion of the partition and its Python
+(dataparallel.offload_phases_ms), nor nccl_sms.layer_ms its CTAs beside these reduce-scatters, which run beside
+no GEMM (`waited_reduce_ms`). Not charged: the host's fp16-to-fp32 conversion of the partition and its Python
 until the next kernel (no A100 host figure: GPU.host_call_us is 0 for the A100); weights under the bucket size, which
 share buckets flushed where the running sum crosses it; the copies of the other parameters (dense's weight, biases,
 norms: reduced behind GEMMs or the core attention) and of the embedding, reduced after the last backward
@@ -95,18 +96,34 @@ def weight_wait_ms(numel: int, setup: TrainSetup) -> float:
     return reduce + latency + copies
 
 
-def offload_waits_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
-    """The GPU's idle time in the layer's backward while the host waits for its weights' reduce-scatters (the module
-    docstring), once an iteration; 0 where `charges` is false or the layer is not a GPT block ckplan can split."""
+def waited_weights(layer: LayerCost, profile: Profile, setup: TrainSetup) -> list[tuple[str, int]]:
+    """(name, elements) of the layer's weights the host waits for (QUEUED_BEHIND's, of at least reduce_bucket_size
+    elements); [] where `charges` is false or the layer is not a GPT block ckplan can split."""
     if layer.kind != "decoder_block" or not charges(profile, setup):
-        return 0.0
+        return []
     block = deepspeed_terms.profile_block(profile, layer)
     if block is None:
-        return 0.0
+        return []
     bucket = setup.data_parallel.reduce_bucket_size
     bucket = deepspeed_terms.REDUCE_BUCKET_DEFAULT if bucket is None else bucket
-    return sum(max(0.0, weight_wait_ms(module.param_numels[0], setup) - queued_ms(module.name, profile, setup))
-               for module in block if module.name in QUEUED_BEHIND and module.param_numels[0] >= bucket)
+    return [(module.name, module.param_numels[0]) for module in block
+            if module.name in QUEUED_BEHIND and module.param_numels[0] >= bucket]
+
+
+def offload_waits_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """The GPU's idle time in the layer's backward while the host waits for its weights' reduce-scatters (the module
+    docstring), once an iteration; 0 where nothing is waited for (waited_weights)."""
+    return sum(max(0.0, weight_wait_ms(numel, setup) - queued_ms(name, profile, setup))
+               for name, numel in waited_weights(layer, profile, setup))
+
+
+def waited_reduce_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """The waited weights' reduce-scatters at the boundary microbatch (their bytes, one reduction's), ms: they run
+    beside the few kernels queued behind them, not beside the backward's GEMMs, so nccl_sms.layer_ms leaves them out
+    of the compute its CTAs slow."""
+    reductions = dataparallel.reductions_per_iteration(setup)
+    return sum(dataparallel.grad_reduce_ms(numel, setup) / reductions
+               for _, numel in waited_weights(layer, profile, setup))
 
 
 # the row planner/cost/deepspeed_step.py adds to TERMS (name, quantity, where, value, source)
