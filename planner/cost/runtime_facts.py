@@ -265,6 +265,10 @@ class RuntimeFacts:
     regathers_persistent: bool = False
     """Whether ZeRO 3 gathers its persistent parameters (those under stage3_param_persistence_threshold) again after
     the optimizer step, one all-gather each, then synchronizes (planner/cost/deepspeed_step.py); False: not read."""
+    waits_offloaded_grad_copy: bool = False
+    """Whether, under the optimizer's offload, each reduced gradient partition reaches the host by a blocking copy on
+    the reduce stream inside the backward's gradient hook, so the host issues nothing more until that reduce-scatter
+    is done (DeepSpeed v0.6.2 __partition_grads; planner/cost/deepspeed_waits.py); False: not read."""
     # -- settings Megatron-LM's functional tests run (read by planner/cost/jobsettings.py; issue 35)
     unfused_wgrad_bytes: int = 0
     """Bytes per weight parameter a microbatch the runtime moves beyond the profile's gradient
