@@ -87,8 +87,9 @@ PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      # --grad-reduce-in-bf16: 2 B a parameter fewer in static (8.03 G parameters); the fused SwiGLU's and TE's FP8
      # saved inputs in the activations (planner/cost/te_kept.py); the FP8 weights on Hopper as the bf16 (1 + 1 B);
-     # the reserve from the replay of Megatron-LM's step (branch megreplay)
-     [(44166436864, 86619249668, 87570776064)]),
+     # the reserve from the replay of Megatron-LM's step (branch megreplay); delayed scaling's meta buffers at
+     # --fp8-amax-history-len 1024, 32 blocks x 148,480 B (te_delayed.py; tests/test_fp8_delayed.py)
+     [(44171188224, 86624001028, 87570776064)]),
     ("--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
      dict(tp=2, pp=2, dp=2, zero=0, microbatches=4),
      [(412222464, 2153728000, 2193620992), (402803712, 1916358660, 2166358016)]),
