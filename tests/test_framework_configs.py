@@ -312,6 +312,17 @@ def test_megatrons_context_parallel_flags_are_modelled(tmp_path):
     assert both.modelled.cp_comm is None
 
 
+def test_one_replica_under_context_parallelism_still_shards_the_distributed_optimizer():
+    # TP 4 x CP 2 on 8 GPUs: one data-parallel replica, whose two cp ranks the distributed optimizer shards over
+    # (megatron-core d98e8a64 optimizer/__init__.py 934-935, 1204-1205: intra_dp_cp_group); it was read as ZeRO 0
+    from planner.commands.evaluate_config import predict
+
+    path = Path(__file__).parents[1] / "configs/megatron-lm/" \
+        "gpt3_345m_weekly_dgx_h100_1N8G_mcore_tp4_cp2_native_fp8_tp_sp_cp_tp_overlap.yaml"
+    job = predict(megatron.read(path), gpus=8, gpu_name="h100")
+    assert (job.dp, job.setup.data_parallel.dp, job.setup.data_parallel.zero) == (1, 2, 1)
+
+
 def test_torchtitans_context_parallel_keys_are_modelled(tmp_path):
     path = tmp_path / "cp.toml"
     path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'

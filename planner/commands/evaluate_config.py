@@ -182,7 +182,7 @@ def _data_parallel(job, dp: int, notes: list[str]):
     from planner.commands.setup_options import DataParallelOptions
     from planner.schema.setup import DEEPSPEED_CHECKPOINTING
 
-    if dp == 1:
+    if dp == 1 and job.cp == 1:  # under CP the cp ranks of the one replica shard the optimizer (with_context_parallel)
         if job.modelled.ddp.get("overlap_param_gather"):  # one rank holds the whole shard: its gather moves nothing
             job.modelled.ddp["overlap_param_gather"] = False
             notes.append("one data-parallel rank: the distributed optimizer shards nothing, and --overlap-param-gather "
