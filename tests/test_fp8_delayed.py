@@ -229,3 +229,14 @@ def test_torchtitans_delayed_scaling_is_refused_and_dynamic_modelled(tmp_path):
         torchtitan.read(toml('scaling_type_input = "delayed"\n'))
     job = torchtitan.read(toml('scaling_type_weight = "dynamic"\n'))
     assert job.modelled.float8 and {s.name: s.status for s in job.settings}["float8.scaling_type_weight"] == "modelled"
+
+
+def test_the_megatron_export_says_the_recipe_it_was_scored_with():
+    from planner.emit.scored_as import megatron_fp8_unwritten
+
+    said = megatron_fp8_unwritten(_setup(fp8_amax_history_len=1024, fp8_amax_tp_only=True).training)
+    assert said == ["FP8 (scored with --float8): not written here; give --fp8-format hybrid --fp8-recipe delayed "
+                    "(scored with --fp8-delayed-scaling) --fp8-amax-history-len 1024 --tp-only-amax-red."]
+    assert "--fp8-recipe tensorwise (scored with --fp8-current-scaling)" in \
+        megatron_fp8_unwritten(_setup(delayed=False, current=True).training)[0]
+    assert megatron_fp8_unwritten(_setup(delayed=False).training.model_copy(update={"float8": False})) == []
