@@ -14,7 +14,6 @@ from planner.cost.layers import LayerCost
 from planner.errors import UserError
 from planner.models.archs import gpu
 from planner.profiler import float8
-from planner.profiler import te_delayed as te_delayed_profile
 from planner.schema import TrainSetup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,14 +174,14 @@ def test_the_casts_bytes_by_hand():
     plain = float8.Linear("layers.0.self_attention.linear_proj", 8, 16, 32, 16, 32)
     normed = float8.Linear("layers.0.self_attention.linear_qkv", 8, 16, 48, 16, 48)
     # a Linear's input: the cast (2 read + 1 written) and, on Hopper, its transpose (1); tensorwise 5 (+1)
-    assert te_delayed_profile.input_bytes(plain, b200) == 3 * 8 * 16
-    assert te_delayed_profile.input_bytes(plain, h100) == 4 * 8 * 16
+    assert float8.te_input_bytes(plain, b200, delayed=True) == 3 * 8 * 16
+    assert float8.te_input_bytes(plain, h100, delayed=True) == 4 * 8 * 16
     assert float8.te_input_bytes(plain, h100) == 6 * 8 * 16
     # a LayerNormLinear's: the norm writes FP8 (1 B where the bf16 block's wrote 2) and, on Hopper, nvte_transpose
     # reads it and writes the transpose (2); tensorwise 3 (+1)
-    assert te_delayed_profile.input_bytes(normed, b200) == -1 * 8 * 16
-    assert te_delayed_profile.input_bytes(normed, h100) == 1 * 8 * 16
-    assert te_delayed_profile.input_bytes(normed, h100, columnwise=False) == -1 * 8 * 16
+    assert float8.te_input_bytes(normed, b200, delayed=True) == -1 * 8 * 16
+    assert float8.te_input_bytes(normed, h100, delayed=True) == 1 * 8 * 16
+    assert float8.te_input_bytes(normed, h100, columnwise=False, delayed=True) == -1 * 8 * 16
     assert float8.te_grad_bytes(plain, h100, delayed=True) == 4 * 8 * 32
     assert float8.weight_cast_bytes(10, delayed=True) == 30 and float8.weight_cast_bytes(10) == 50
 

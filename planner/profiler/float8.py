@@ -208,6 +208,9 @@ def backward(done: Work, linears: list[Linear], *, saved_float8: bool = False) -
 #   data itself (the GEMM takes the other layout): nothing more is written. What the forward keeps is 1 B an
 #   element either way (the transpose on Hopper, the data on Blackwell): planner/cost/te_kept.py.
 TE_NORM_CAST_BYTES = 3
+# under TE's delayed scaling (planner/profiler/te_delayed.py's docstring): a cast's bf16 read and FP8 write, its amax
+# written by the same kernel; the norm writing FP8 (1 B) where the bf16 block's norm writes 2; nvte_transpose after it
+DELAYED_CAST_BYTES, DELAYED_NORM_BYTES, DELAYED_NORM_TRANSPOSE_BYTES = 3, -1, 2
 TE_NORM_LINEARS = ("linear_qkv", "linear_fc1", "attention.qkv", "feed_forward.fc")  # a GPT block's (te_linears)
 # the GPUs whose FP8 GEMMs take only the TN layout (Hopper: TE v2.9 utils.py 490-495 `is_non_tn_fp8_gemm_supported`
 # true on sm 10.x, 11.x, 13+ only): planner/cost/bridgesettings.py TN_ONLY_GPUS, which the profiler may not import
@@ -226,20 +229,22 @@ def te_input_bytes(linear: Linear, gpu, *, columnwise: bool = True, delayed: boo
     """A TE linear's input quantize, bytes: from the norm with its amax (LayerNormLinear: TE_NORM_CAST_BYTES) or
     an amax pass and a cast (CAST_BYTES), each element, plus the Hopper transpose where the column-wise usage is
     asked for (`columnwise`: a forward under grad; not in a checkpoint's first forward, run under no_grad).
-    `delayed`: as TE's delayed scaling quantizes (planner/profiler/te_delayed.py input_bytes)."""
-    if delayed:
-        from planner.profiler import te_delayed
-
-        return te_delayed.input_bytes(linear, gpu, columnwise=columnwise)
-    per = TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES
-    return (per + (transpose_bytes(gpu) if columnwise else 0)) * linear.tokens * linear.k
+    `delayed`: as TE's delayed scaling quantizes (planner/profiler/te_delayed.py): a LayerNormLinear's the norm's
+    FP8 output against its bf16 one (DELAYED_NORM_BYTES) and its transpose where column-wise on Hopper
+    (DELAYED_NORM_TRANSPOSE_BYTES); any other's the cast alone (DELAYED_CAST_BYTES) with its Hopper transpose."""
+    transpose = transpose_bytes(gpu) if columnwise else 0
+    if delayed and linear.fqn.endswith(TE_NORM_LINEARS):
+        per = DELAYED_NORM_BYTES + (DELAYED_NORM_TRANSPOSE_BYTES if transpose else 0)
+    elif delayed:
+        per = DELAYED_CAST_BYTES + transpose
+    else:
+        per = (TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES) + transpose
+    return per * linear.tokens * linear.k
 
 
 def te_grad_bytes(linear: Linear, gpu, *, delayed: bool = False) -> int:
     """A TE linear's grad_output quantize, bytes: amax and cast (CAST_BYTES; `delayed`: the cast alone,
-    te_delayed.DELAYED_CAST_BYTES), row-wise and, on Hopper, the transpose for the wgrad GEMM."""
-    from planner.profiler.te_delayed import DELAYED_CAST_BYTES
-
+    DELAYED_CAST_BYTES), row-wise and, on Hopper, the transpose for the wgrad GEMM."""
     return ((DELAYED_CAST_BYTES if delayed else CAST_BYTES) + transpose_bytes(gpu)) * linear.tokens * linear.n
 
 
@@ -266,8 +271,6 @@ def cast_transient_bytes(linears: list[Linear]) -> int:
 
 def weight_cast_bytes(elements: int, *, delayed: bool = False) -> int:
     """A weight cast's bytes: amax and cast (CAST_BYTES); under TE's delayed scaling the cast alone."""
-    from planner.profiler.te_delayed import DELAYED_CAST_BYTES
-
     return (DELAYED_CAST_BYTES if delayed else CAST_BYTES) * elements
 
 

@@ -5,15 +5,15 @@ Float8Delayed, beside the tensorwise current-scaling record (planner/profiler/fl
 What a quantize moves, per element (the GEMMs are the same FP8 GEMMs either way):
 - a Linear's input, a grad_output, a weight: `Float8Quantizer::quantize` (csrc/quantizer.cpp 276-288) runs one
   `nvte_quantize_v2` with the scale the amax history gave; the kernel writes the tensor's amax as it casts (no
-  amax pass): the bf16 read (2 B) and the FP8 write (1 B), DELAYED_CAST_BYTES = 3, and on Hopper, where the
+  amax pass): the bf16 read (2 B) and the FP8 write (1 B), float8.DELAYED_CAST_BYTES = 3, and on Hopper, where the
   column-wise usage is asked for, the transpose written by the same cast-transpose (1 B, float8.transpose_bytes);
 - a LayerNormLinear's input: the norm runs FULLY_FUSED for Float8Quantizers (csrc/extensions/normalization.cpp
   107-109, 331-333): the norm kernel writes FP8 itself, 1 B an element where the bf16 block's norm (which the
-  profile's passes already count) writes 2: DELAYED_NORM_BYTES = -1; where the FP8 output has column-wise data
+  profile's passes already count) writes 2: float8.DELAYED_NORM_BYTES = -1; where the FP8 output has column-wise data
   (Hopper, under grad) `nvte_rmsnorm_fwd` / `nvte_layernorm_fwd` then run `nvte_transpose` over it
   (common/normalization/rmsnorm/rmsnorm_api.cpp 96-103, layernorm/ln_api.cpp alike): read 1 B, write 1 B,
-  DELAYED_NORM_TRANSPOSE_BYTES = 2. (Under current scaling the norm writes bf16 and its amax, then
-  `quantize_with_amax` reads it: float8.TE_NORM_CAST_BYTES.)
+  float8.DELAYED_NORM_TRANSPOSE_BYTES = 2 (float8.te_input_bytes under `delayed`). (Under current scaling the norm
+  writes bf16 and its amax, then `quantize_with_amax` reads it: float8.TE_NORM_CAST_BYTES.)
 
 The block's TE modules under the autocast, each by its num_gemms (its meta buffers: module/base.py 765-775, three
 forward and two backward quantizers a GEMM): linear_qkv and linear_fc1 (LayerNormLinear, 1), linear_proj and
@@ -29,24 +29,9 @@ from __future__ import annotations
 from planner.profiler import float8
 from planner.schema import Float8Delayed
 
-DELAYED_CAST_BYTES = 3  # the bf16 read and the FP8 write of nvte_quantize_v2, its amax written by the same kernel
-DELAYED_NORM_BYTES = -1  # the norm writes FP8 (1 B) where the bf16 block's norm writes bf16 (2 B)
-DELAYED_NORM_TRANSPOSE_BYTES = 2  # nvte_transpose after the norm: the FP8 read, its transpose written
 # a dense block's TE modules, by num_gemms, in the order they run: linear_qkv, core_attention, linear_proj,
 # linear_fc1, linear_fc2 (the module's docstring)
 DENSE_MODULE_GEMMS = (1, 3, 1, 1, 1)
-
-
-def input_bytes(linear: float8.Linear, gpu, *, columnwise: bool = True) -> int:
-    """A TE linear's input quantize under delayed scaling, bytes (the module's docstring): a LayerNormLinear's the
-    norm's FP8 output against its bf16 one, and its transpose where column-wise on Hopper; any other's the cast,
-    with its transpose where column-wise on Hopper."""
-    hopper = columnwise and float8.transpose_bytes(gpu) > 0
-    if linear.fqn.endswith(float8.TE_NORM_LINEARS):
-        per = DELAYED_NORM_BYTES + (DELAYED_NORM_TRANSPOSE_BYTES if hopper else 0)
-    else:
-        per = DELAYED_CAST_BYTES + (float8.transpose_bytes(gpu) if hopper else 0)
-    return per * linear.tokens * linear.k
 
 
 def delayed_record(linears: list[float8.Linear], gpu, fwd, bwd, reruns: dict, *,
