@@ -164,6 +164,27 @@ def test_the_row_pays_the_all_reduces_and_holds_the_buffers():
     job.modelled.fp8_delayed_scaling, job.modelled.fp8_current_scaling = False, True
     current = evaluate_config.predict(job, gpus=8, gpu_name="h100")
     assert static - current.cost.stages[0].static_bytes == 12 * 148_480  # 12 blocks' buffers at 1,024 rows
+    # the iteration against the same job charged as before (no recipe's terms): 64 microbatches x 2 reductions on
+    # the one stage; the casts move nothing here (each block-microbatch host-bound)
+    job = megatron.read(ROW)
+    job.modelled.fp8_delayed_scaling = False
+    plain = evaluate_config.predict(job, gpus=8, gpu_name="h100")
+    assert delayed.cost.iteration_ms - plain.cost.iteration_ms == pytest.approx(64 * 2 * one, rel=1e-9)
+
+
+def test_a_tiny_configs_buffers_through_evaluate(tmp_path):
+    # two dense TE blocks at history 16: each 4 Linears x (512 + 512 + 512 + 512) + DotProductAttention's
+    # (512 + 1,024 + 512 + 512: its forward history, 16 x 9 floats = 576 B, takes two 512 B blocks); the same job
+    # under tensorwise holds none
+    from planner.commands import evaluate_config
+
+    flags = "--fp8-format hybrid --fp8-amax-history-len 16 --micro-batch-size 1 --global-batch-size 8"
+    statics = []
+    for recipe in ("delayed", "tensorwise"):
+        job = _read(tmp_path, f"{flags} --fp8-recipe {recipe}")
+        statics.append(evaluate_config.predict(job, gpus=8, gpu_name="h100").cost.stages[0].static_bytes)
+    assert te_delayed.meta_buffer_bytes([1, 3, 1, 1, 1], 16) == 4 * 2048 + 2560
+    assert statics[0] - statics[1] == 2 * (4 * 2048 + 2560)
 
 
 # ---------------------------------------------------------------- the casts
