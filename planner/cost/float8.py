@@ -46,7 +46,15 @@ from __future__ import annotations
 
 import math
 
-from planner.cost import chunkedloss, runtimes, te_float8_kept, te_kept, te_moe_float8, te_moe_kept
+from planner.cost import (
+    chunkedloss,
+    runtimes,
+    te_delayed,
+    te_float8_kept,
+    te_kept,
+    te_moe_float8,
+    te_moe_kept,
+)
 from planner.errors import UserError
 from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
 from planner.schema.profile import Float8Cast
@@ -64,6 +72,7 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
 
     if setup.training.float8:  # a MoE block's Float8 record is its TE record's (te_moe_float8.py)
         profile = te_moe_float8.with_records(profile, runtimes.of(setup.training))
+    profile = te_delayed.delayed_profile(profile, setup.training)  # TE's delayed scaling's casts (te_delayed.py)
     profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels,
                                          unfused_accumulation=setup.training.unfused_grad_accumulation)
     profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))

@@ -80,6 +80,8 @@ class LayerCost:
     # kind's first layer's: a kind's blocks are alike); None: none (planner/cost/contextparallel.py)
     context_parallel: ExchangeCost | None = None
     float8_param_count: int = 0  # of param_count, Float8 linears' weights (the profile's record; 0: none)
+    # its TE modules by num_gemms, where its Float8 record has a delayed scaling one (planner/cost/te_delayed.py)
+    float8_module_gemms: tuple[int, ...] = ()
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -165,12 +167,18 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute, _fused(c)) for c in same[0].collectives),
             context_parallel=_exchange(same[0]),
             float8_param_count=max(item.float8.param_count if item.float8 is not None else 0 for item in same),
+            float8_module_gemms=_module_gemms(same[0]),
         )
         for kind, same in by_kind.items()
     }
     tied = tied_ms(profile)
     return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied_ms=tied.get(layer.name, 0.0))
             for layer in profile.layers]
+
+
+def _module_gemms(layer) -> tuple[int, ...]:
+    delayed = layer.float8.delayed if layer.float8 is not None else None
+    return () if delayed is None else tuple(delayed.module_gemms)
 
 
 def _exchange(layer) -> ExchangeCost | None:

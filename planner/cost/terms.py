@@ -26,6 +26,7 @@ from planner.cost import (
     megatron_loss,
     nccl_sms,
     stepcomm,
+    te_delayed,
 )
 from planner.cost.gathered import (
     fsdp_unit_layer_bytes,
@@ -183,8 +184,7 @@ TERMS: tuple[Term, ...] = (
     Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
          lambda layer, ckpt, ctx: reduced_bytes(layer, ctx.setup),
          "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),
-    Term("activations kept for backward", "kept", "layer",
-         lambda layer, ckpt, ctx: kept_bytes(layer, ckpt),
+    Term("activations kept for backward", "kept", "layer", lambda layer, ckpt, ctx: kept_bytes(layer, ckpt),
          "saved-tensor hooks per layer and recompute option (profiler); a checkpointed layer keeps its input"),
     Term("what a split backward's input pass leaves for its weight pass", "wgrad", "layer",
          lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_held_bytes,
@@ -366,7 +366,7 @@ TERMS: tuple[Term, ...] = (
          "the record's fsdp_units; FSDP2's stream order at torch 2.6.0 (_fsdp_state.py _root_pre_forward, "
          "_root_post_backward_final_callback; _fsdp_collectives.py foreach_all_gather, foreach_reduce): beyond "
          "dataparallel.exposed_comm_ms's hiding behind each layer's own compute"),
-    *(Term(*row) for row in nccl_sms.ROWS + deepspeed_step.ROWS),  # NCCL's CTAs (nccl_sms.py), ZeRO 3's step (deepspeed_step.py)
+    *(Term(*row) for row in nccl_sms.ROWS + deepspeed_step.ROWS + te_delayed.ROWS),  # NCCL's CTAs (nccl_sms.py), ZeRO 3's step (deepspeed_step.py)
     Term("Megatron-LM's first and last bucket: the model's first layer's gather waited before the first forward and "
          "its reduction after the last backward (one stage a rank)", "step", "layer",
          lambda layer, ckpt, ctx: megatron_dp.edge_exposed_ms(layer, ctx.profile, ctx.setup),

@@ -78,6 +78,9 @@ class JobSettings:
     te_grouped_gemm: bool = False  # Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers
     nccl_ring_simple: bool = False  # the launch forces NCCL_ALGO=Ring, NCCL_PROTO=simple (the functional tests')
     fp8_current_scaling: bool = False  # Megatron-LM's --fp8-recipe tensorwise under --fp8-format (TE's current scaling)
+    fp8_delayed_scaling: bool = False  # Megatron-LM's --fp8-recipe delayed (its default) under --fp8-format
+    fp8_amax_history_len: int = 1  # Megatron-LM's --fp8-amax-history-len (its default 1)
+    fp8_amax_tp_only: bool = False  # Megatron-LM's --tp-only-amax-red
     nccl_nvls_off: bool = False  # the launch sets NCCL_NVLS_ENABLE=0 (Bridge's executor, the functional tests')
     # the launch's PYTORCH_CUDA_ALLOC_CONF expandable_segments (a functional test's ENV_VARS); None: not said
     expandable_segments: bool | None = None
