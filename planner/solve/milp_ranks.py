@@ -56,11 +56,15 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         # hold them, as evaluate() counts them (schedules.rank_peak, ChunkBytes.late_grad)
         late = [_late_grad_mib(problem, [k], n) for k in stages]
         moments_held = held + [-term for terms in late for term in terms]
-        pending = [[_run_sum(problem, "wgrad", k, n)] if split else [] for k in stages]
-        weight_pass = [_weight_pass_bound(problem, k, n) if split else 0 for k in stages]
+        # the split passes run past the pipeline's first stage; on it I runs nothing and W the whole
+        # backward, with B's transient (score.chunk_bytes)
+        passes = [split and k > 0 for k in stages]
+        pending = [[_run_sum(problem, "wgrad", k, n)] if run else [] for k, run in zip(stages, passes)]
+        weight_pass = [_weight_pass_bound(problem, k, n) if run else memory.transient if split else 0
+                       for k, run, memory in zip(stages, passes, memories)]
         # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
         # input peak on top of what every layer of the stage leaves for the weight pass
-        input_pass = [_input_pass_bound(problem, k, n) if split else 0 for k in stages]
+        input_pass = [_input_pass_bound(problem, k, n) if run else 0 for k, run in zip(stages, passes)]
         per_count = ([memory.kept for memory in memories] + [[out] for out in sent_output]
                      + [[g] for g in sent_grad] + pending + late)
         cap = _rank_cap_mib(problem, rank)
