@@ -342,7 +342,10 @@ class TiedSet(Strict):
     layers: list[str] = Field(min_length=2)  # the layers holding it, in model order
     param_count: int = Field(ge=0)
     param_bytes: Bytes
-    sum_ms: Ms = 0.0  # summing two stages' gradient copies in place, measured in one process
+    # two gradient copies summed in place and the sum copied back, in one process: measured (measure.tied_sets)
+    # or its roofline (analytic.tied_sum_ms). The cost model charges the all-reduce between the holders'
+    # stages from bytes over their link (rules.tied_sum_ms), NCCL's sum inside its transfer; this is not read.
+    sum_ms: Ms = 0.0
 
 
 class Profile(Strict):
