@@ -373,29 +373,32 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
     least = min_cap_scale(profile, setup, solver=solver, deadline=deadline)
     if least is None:
         return None if deadline.expired() else found
-    scale, cost = least
-    if scale <= 1:
+    _, cost = least
+    if all(stage.fits_device for stage in cost.stages):  # evaluate's verdict: the replay's where it runs
         return found
     fragmentation = costmodel.fragmentation(setup.pipeline, device_type=profile.device.type)
     needs = [cap_needed_bytes(stage, fragmentation) for stage in cost.stages]
     s = max(range(setup.pipeline.stages), key=lambda i: needs[i] / max(1, cost.stages[i].cap_bytes))
     stage = cost.stages[s]
     terms = need_terms(stage)
-    if stage.reserved_bytes is not None:  # the reserve the need holds: the solvers' where theirs is the larger
+    if stage.reserved_bytes is not None:  # the reserve the need holds: the replay's where it runs, else the row's
         terms["allocator's fragmentation margin"] = needs[s] - stage.workspace_bytes - stage.peak_bytes
     found.append(Shortfall("device", s, needs[s], stage.cap_bytes, terms))
     return found
 
 
 def cap_needed_bytes(stage: costmodel.StageCost, fragmentation: float) -> int:
-    """The least cap under which `stage` fits: its device need (the reserved peak, replayed or the
-    divisor's, with the buffers), and the solvers' row, which holds the allocated peak within what
-    the cap admits once the buffers and the divisor's reserve are taken (assembly.limit_bytes: on
-    cuda allocator.allocated_limit of the cap less the buffers, whose inverse is reserved_bytes).
-    Where the replay reserves less than the divisor, the row is what a cap must meet."""
+    """The least cap under which `stage` fits by evaluate's verdict: where the allocator replay
+    judges it, its replayed reserved peak with the buffers and the margin (device_need_bytes: the
+    search solves under rows that admit it, planner/solve/replayfit.py); elsewhere the solvers' row,
+    which holds the allocated peak within what the cap admits once the buffers and the divisor's
+    reserve are taken (assembly.limit_bytes: on cuda allocator.allocated_limit of the cap less the
+    buffers, whose inverse is reserved_bytes), and the device need."""
     allocated = stage.peak_bytes + costmodel.FIT_MARGIN_BYTES
     if stage.reserved_bytes is None:  # cpu: the cap holds the peak itself
         return max(allocated, stage.device_need_bytes)
+    if stage.reserved_by == "replay":
+        return stage.device_need_bytes
     row = allocator.reserved_bytes(allocated, fragmentation) + stage.workspace_bytes
     return max(row, stage.device_need_bytes)
 
