@@ -79,7 +79,7 @@ def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, eva
         return _judged(first, cost, dataclasses.replace(first.solve, replay="relaxed"))
     given = list(setup.pipeline.mem_caps_bytes)
     over, below, best, probed, solves = relaxed, None, None, False, 1
-    trial = ratio_caps(cost, relaxed, given, lower=True)
+    trial = given  # the rows as given first: the plan found before the replay was searched, the least this returns
     for _ in range(REPLAY_ROUNDS):
         bar = min((ms for ms in (known_ms, best[1].iteration_ms if best else None) if ms is not None), default=None)
         result = solve(trial, bar, False) if min(trial) > 0 else None
@@ -93,17 +93,21 @@ def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, eva
             below = trial
             if cost is not None and (best is None or cost.iteration_ms < best[1].iteration_ms):
                 best = (result, cost)
-        if below is None:
+        if below is None:  # every plan so far over: lower the stages over to what their replay admits
             trial = ratio_caps(cost, trial, given, lower=True)
             continue
-        if best is None and not probed:  # none fits yet: the plan that needs least, and the caps its replay admits
-            probed, best, raised = True, *_probe(least_memory, evaluate, below, over, given)
-            if raised is not None:
-                trial = raised
-                continue
-        if max(abs(b - a) for a, b in zip(below, over, strict=True)) <= CAPS_RESOLUTION:
-            break
-        trial = [(a + b) // 2 for a, b in zip(below, over, strict=True)]
+        if cost is not None and not cost.feasible:  # over: down to what its replay admits, above the caps below
+            trial = _within(ratio_caps(cost, trial, given, lower=True), below, over)
+            if trial is None:  # its replay admits no more than the rows below: no plan between promises to fit
+                break
+            continue
+        trial = _within(ratio_caps(cost, given, given, lower=False), below, over) if cost is not None else None
+        if trial is None and best is None and not probed:  # none fits yet: the plan that needs least
+            probed, best, trial = True, *_probe(least_memory, evaluate, below, over, given)
+        if trial is None:  # halfway, where the bracket is still open
+            if max(abs(b - a) for a, b in zip(below, over, strict=True)) <= CAPS_RESOLUTION:
+                break
+            trial = [(a + b) // 2 for a, b in zip(below, over, strict=True)]
     if best is None and not probed:
         best, _ = _probe(least_memory, evaluate, given, relaxed, given)
     if best is None:
@@ -117,16 +121,23 @@ def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, eva
 
 
 def _probe(least_memory, evaluate, below: list[int], over: list[int], given: list[int]):
-    """(the least-memory plan as (PlanResult, cost) where it fits, else None; the caps its replay admits within
-    the bracket where they pass `below` by more than CAPS_RESOLUTION somewhere, else None)."""
+    """(the least-memory plan as (PlanResult, cost) where it fits, else None; the caps its replay admits within the
+    bracket, _within)."""
     stages = least_memory()
     cost = evaluate(stages) if stages is not None else None
     if cost is None:
         return None, None
     fits = (PlanResult(stages, cost, None), cost) if cost.feasible else None
-    raised = [max(low, min(cap, high)) for low, cap, high in zip(below, ratio_caps(cost, given, given, lower=False), over,
-                                                                 strict=True)]
-    return fits, raised if max(r - b for r, b in zip(raised, below, strict=True)) > CAPS_RESOLUTION else None
+    return fits, _within(ratio_caps(cost, given, given, lower=False), below, over)
+
+
+def _within(caps: list[int], below: list[int], over: list[int]) -> list[int] | None:
+    """`caps` held within the bracket (`below`, `over`); None where they pass `below` by no more than
+    CAPS_RESOLUTION on any stage (nothing new to solve) or reach `over` on every stage."""
+    held = [max(low, min(cap, high)) for low, cap, high in zip(below, caps, over, strict=True)]
+    if max(h - b for h, b in zip(held, below, strict=True)) <= CAPS_RESOLUTION or held == list(over):
+        return None
+    return held
 
 
 def _judged(result: PlanResult, cost: PlanCost, solve) -> PlanResult:
