@@ -16,13 +16,15 @@ cap. The rows under relaxed_caps (per rank the cap whose divisor row admits cap 
 cap) therefore admit every plan evaluate() admits, and search_caps solves under them first:
 - no plan under them: none fits the caps (the solvers' "infeasible" is a proof against the replay);
 - the fastest under them fits: no plan that fits is faster (the solver's status holds against the replay);
-- else caps between are tried, at most REPLAY_ROUNDS solves more: first where each stage the replay puts over
-  may allocate what its replayed ratio of reserved to allocated admits (lowered_caps), then halfway between
-  the highest caps whose plan fitted (or gave none) and the lowest whose plan was over. Each plan is judged by
-  evaluate() under the caps given; the fastest that fits is returned "feasible", its gap against the relaxed
-  solve's bound (proven: no plan that fits is faster). Not proved: that no plan between is faster (caps that
-  let the solvers reach it may not be among those tried), nor, where none of those plans fits and neither does
-  the least-memory plan, that none fits ("infeasible" then says the search found none).
+- else caps between are tried, at most REPLAY_ROUNDS solves more: the caps as given first (the plan found
+  before the replay was searched, where it fits, is the least this returns); then, from each plan found, one
+  that fits raises each stage to what its replayed ratio of reserved to allocated admits, one over lowers it to
+  that (never below caps whose plan fitted, or gave none); with no plan fitting yet, the least-memory plan and the
+  caps its replay admits; else halfway. Each plan is judged by evaluate() under the caps given; the fastest that
+  fits is returned "feasible", its gap against the relaxed solve's bound (proven: no plan that fits is faster).
+  Not proved: that no plan between is faster (caps that let the solvers reach it may not be among those tried),
+  nor, where none of those plans fits and neither does the least-memory plan, that none fits ("infeasible" then
+  says the search found none).
 Never returned: a plan evaluate() puts over a cap.
 """
 
@@ -57,9 +59,12 @@ def relaxed_caps(profile: Profile, setup: TrainSetup) -> list[int] | None:
     caps = []
     for rank, cap in enumerate(setup.pipeline.mem_caps_bytes):
         buffers = costmodel.workspace_bytes(rank, ctx)
+        if cap <= buffers:  # the buffers alone take the cap: no row admits anything
+            caps.append(cap)
+            continue
         # allocator.allocated_limit keeps whole 2 MiB segments x (1 - f): one more than the division asks, so its
         # float product never falls short of cap - buffers
-        segments = math.ceil(max(0, cap - buffers) / kept / allocator.ROUND_LARGE) + 1
+        segments = math.ceil((cap - buffers) / kept / allocator.ROUND_LARGE) + 1
         caps.append(max(cap, buffers + segments * allocator.ROUND_LARGE))
     return caps
 
