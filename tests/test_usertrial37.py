@@ -1,0 +1,58 @@
+"""Defects a user's pass over models and configs no test used found (docs/published-runs.md §37.usertrial2):
+each test fails on the commit before its fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fixtures.cli import run_ok
+
+from planner.measure import fromlog
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GIB = 1 << 30
+ESC = "\x1b"
+
+
+def _titan_line(step: int, memory: str, tps: str, mfu: str) -> str:
+    """One line as torchtitan b5bcd76c's MetricsProcessor.log prints it (metrics.py 526-535), colours included."""
+    return (f"[rank0]:[titan] 2026-11-30 10:00:{step:02d},000 - root - INFO - {ESC}[31mstep: {step:2}  "
+            f"{ESC}[32mloss:  3.21000  {ESC}[38;2;180;60;0mgrad_norm:  1.2000  {ESC}[38;2;54;234;195mmemory: "
+            f"{memory}GiB(52.22%)  {ESC}[34mtps: {tps}  {ESC}[36mtflops: 141.20  {ESC}[35mmfu: {mfu}{ESC}[39m")
+
+
+def test_a_quantized_torchtitan_runs_log_is_read_its_mfu_left_to_the_tokens():
+    """torchtitan prints `mfu: N/A` when a Float8 or MX converter is on (f113706c4, 2026-02-28): every step line
+    of such a run failed the step pattern, and calibrate --from-log refused the log as in neither format."""
+    text = "\n".join(_titan_line(step, memory, tps, "N/A")
+                     for step, memory, tps in ((1, "40.10", "9,000"), (10, "41.30", "11,850"), (20, "41.00", "11,950")))
+    log = fromlog.parse(text)
+    assert log is not None and log.framework == "torchtitan" and log.steps == 3
+    assert log.ranks[0].reserved_bytes == round(41.30 * GIB)
+    assert log.tokens_per_s_per_gpu == pytest.approx((11_850 + 11_950) / 2) and log.mfu is None
+    prediction = fromlog.Prediction(static_bytes=[2 * GIB], peak_bytes=[40 * GIB], reserved_bytes=[44 * GIB],
+                                    iteration_ms=1000.0, tokens_per_s_per_gpu=10_000.0, mfu=0.4, world=8,
+                                    tokens_per_gpu_step=10_000.0)
+    mfu = next(r for r in fromlog.residuals(log, prediction) if r.term == "MFU")
+    assert mfu.logged == pytest.approx(0.4 * 11_900 / 10_000)  # derived from the logged tokens/s, as Megatron's
+
+
+def test_a_line_with_its_mfu_still_reads_it():
+    log = fromlog.parse(_titan_line(10, "41.30", "11,850", "45.30%"))
+    assert log.mfu == pytest.approx(0.453) and log.tokens_per_s_per_gpu == 11_850
+
+
+def test_calibrate_from_log_takes_a_float8_runs_log(tmp_path):
+    config = tmp_path / "llama3_8b_float8.toml"
+    shipped = (FIXTURES / "configs" / "torchtitan_llama3_8b.toml").read_text()
+    assert "[model]" in shipped
+    config.write_text(shipped.replace("[model]", '[model]\nconverters = ["float8"]', 1))
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(_titan_line(step, "60.00", "5,400", "N/A") for step in (1, 10, 20)) + "\n")
+    report = json.loads(run_ok("calibrate", "--from-log", path, "--from-torchtitan", config, "--gpus", "8",
+                               "--json").stdout)
+    by = {(r["rank"], r["term"]): r for r in report["residuals"]}
+    assert by[(0, "reserved peak")]["logged"] == 60 * GIB
+    assert by[(None, "tokens/s per GPU")]["logged"] == 5400
