@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fixtures.cli import run_ok
+from fixtures.cli import run, run_ok
 
 from planner.measure import fromlog
 
@@ -56,3 +56,32 @@ def test_calibrate_from_log_takes_a_float8_runs_log(tmp_path):
     by = {(r["rank"], r["term"]): r for r in report["residuals"]}
     assert by[(0, "reserved peak")]["logged"] == 60 * GIB
     assert by[(None, "tokens/s per GPU")]["logged"] == 5400
+
+
+HYBRID_YAML = """MODEL_ARGS:
+  --hidden-size: 1024
+  --num-attention-heads: 16
+  --hybrid-layer-pattern: M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-
+  --spec: "[megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec]"
+  --micro-batch-size: 4
+  --global-batch-size: 32
+  --seq-length: 1024
+  --max-position-embeddings: 1024
+  --vocab-size: 32000
+  --tensor-model-parallel-size: 2
+"""
+
+
+@pytest.mark.parametrize("num_layers", ["", "  --num-layers: 24\n"])
+def test_a_hybrid_models_yaml_is_refused_as_its_script_is(tmp_path, num_layers):
+    """Megatron-LM's hybrid functional tests (tests/functional_tests/test_cases/hybrid/*/model_config.yaml at
+    d98e8a64) give --hybrid-layer-pattern and no --num-layers (the pattern sets it): the reader asked for
+    --num-layers, and with it given scored the Mamba stack as 24 GPT blocks, the pattern listed "unknown".
+    A script running pretrain_hybrid.py was already refused; the YAML names no trainer."""
+    path = tmp_path / "model_config.yaml"
+    path.write_text(HYBRID_YAML + num_layers)
+    result = run("evaluate", "--from-megatron", path, "--gpus", "8", "--gpu", "a100-80g")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and result.output.strip().count("\n") == 0
+    assert "gives --hybrid-layer-pattern M-M-M-M*-" in said and "a hybrid of Mamba, attention and MoE layers" in said
+    assert "--num-layers" not in said

@@ -19,6 +19,7 @@ from planner.models.configs.megatron_args import Flags, positive
 from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_files import (
+    check_hybrid,
     check_trainer,
     script_pairs,
     text_of,
@@ -86,6 +87,7 @@ def read(path: Path) -> Job:
 
 def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, str] | None = None) -> Job:
     """The job the flags describe; `files`: what the script writes in here-documents (a ds_config), by path."""
+    check_hybrid(pairs, where)
     sink: list = []
     translated: list[str] = []
     if any(flag == "--deepspeed" for flag, _ in pairs):  # Megatron-DeepSpeed's own model flags
