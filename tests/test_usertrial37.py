@@ -85,3 +85,36 @@ def test_a_hybrid_models_yaml_is_refused_as_its_script_is(tmp_path, num_layers):
     assert result.exit_code == 1 and result.output.strip().count("\n") == 0
     assert "gives --hybrid-layer-pattern M-M-M-M*-" in said and "a hybrid of Mamba, attention and MoE layers" in said
     assert "--num-layers" not in said
+
+
+GPT_YAML = """MODEL_ARGS:
+  --num-layers: 4
+  --hidden-size: 256
+  --num-attention-heads: 4
+  --ffn-hidden-size: 1024
+  --seq-length: 512
+  --max-position-embeddings: 512
+  --micro-batch-size: 1
+  --global-batch-size: 8
+  --vocab-size: 1024
+"""
+
+
+@pytest.mark.parametrize("precision, status", [("", ("not given", "not modelled")),
+                                               ("  --bf16: false\n", ("false", "not modelled")),
+                                               ("  --bf16: true\n", ("", "modelled")),
+                                               ("  --fp16: true\n", None)])
+def test_a_megatron_fp32_run_says_its_activations_and_matmuls_are_scored_as_bf16(tmp_path, precision, status):
+    """Without --bf16 or --fp16 Megatron-LM trains fp32 (arguments.py 1194-1206 at d98e8a64): the reader set fp32
+    weights, gradients and Adam state, and the analytic profile, always bfloat16, timed the matmuls at 16-bit
+    tensor-core rates and kept 2-byte activations, with no word that the run's are fp32."""
+    path = tmp_path / "model_config.yaml"
+    path.write_text(GPT_YAML + precision)
+    report = json.loads(run_ok("evaluate", "--from-megatron", path, "--gpus", "8", "--json").stdout)
+    said = {s["name"]: (s["value"], s["status"]) for s in report["settings"]}
+    assert said.get("--bf16") == status
+    assert [s["name"] for s in report["settings"]].count("--bf16") == (status is not None)
+    assert report["precision"] == ("fp32" if precision in ("", "  --bf16: false\n") else "bf16-mixed")
+    if status and status[1] == "not modelled":
+        what = next(s["what"] for s in report["settings"] if s["name"] == "--bf16")
+        assert "activations and matmuls as bf16" in what
