@@ -118,3 +118,20 @@ def test_a_megatron_fp32_run_says_its_activations_and_matmuls_are_scored_as_bf16
     if status and status[1] == "not modelled":
         what = next(s["what"] for s in report["settings"] if s["name"] == "--bf16")
         assert "activations and matmuls as bf16" in what
+
+
+@pytest.mark.parametrize("param, status", [('"float32"', "not modelled"), ('"bfloat16"', "modelled")])
+def test_a_torchtitan_fp32_run_says_its_activations_and_matmuls_are_scored_as_bf16(tmp_path, param, status):
+    """training.mixed_precision_param = "float32": FSDP2 computes in fp32, which the bf16 analytic profile times and
+    sizes as bf16; it was listed "modelled"."""
+    shipped = (FIXTURES / "configs" / "torchtitan_llama3_8b.toml").read_text()
+    assert "[training]" in shipped and "mixed_precision_param" not in shipped
+    config = tmp_path / "llama3_8b.toml"
+    config.write_text(shipped.replace("[training]", f"[training]\nmixed_precision_param = {param}", 1))
+    report = json.loads(run_ok("evaluate", "--from-torchtitan", config, "--gpus", "8", "--json").stdout)
+    said = {s["name"]: s for s in report["settings"]}
+    assert said["training.mixed_precision_param"]["status"] == status
+    assert report["precision"] == ("fp32" if status == "not modelled" else "bf16-mixed")
+    assert ("activations and matmuls as bf16" in said["training.mixed_precision_param"]["what"]) == (
+        status == "not modelled")
+
