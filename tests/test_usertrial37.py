@@ -135,3 +135,24 @@ def test_a_torchtitan_fp32_run_says_its_activations_and_matmuls_are_scored_as_bf
     assert ("activations and matmuls as bf16" in said["training.mixed_precision_param"]["what"]) == (
         status == "not modelled")
 
+
+def test_a_known_torchtitan_base_beside_a_profile_without_model_dimensions_is_said_checked_by_depth_only(tmp_path):
+    """A --fake (or measured) profile records no model dimensions: export --to torchtitan --torchtitan-base
+    ...llama3.config_registry:llama3_8b wrote a Llama-3-8B config for a phi-3-mini plan (32 layers of 3072, both
+    32 deep) without a word, _check_base_model having nothing to compare. Here an analytic profile with its model
+    record dropped stands for one (a fake profile at full size takes minutes)."""
+    profile, plan = tmp_path / "p.json", tmp_path / "plan.yaml"
+    run_ok("profile", "--arch", "qwen3-0.6b", "--seq-len", "64", "--gpu", "h100", "--out", profile)
+    module = "torchtitan.models.qwen3.config_registry"
+    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
+    said = " ".join(run_ok("export", plan, "--to", "torchtitan", "--torchtitan-base", f"{module}:qwen3_0_6b",
+                           "--out", tmp_path / "a.py").output.split())
+    assert "records no model dimensions" not in said
+    data = json.loads(profile.read_text())
+    del data["assumptions"]["model"]
+    profile.write_text(json.dumps(data))
+    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
+    said = " ".join(run_ok("export", plan, "--to", "torchtitan", "--torchtitan-base", f"{module}:qwen3_0_6b",
+                           "--out", tmp_path / "b.py").output.split())
+    assert (f"--torchtitan-base {module}:qwen3_0_6b builds qwen3-0.6b, and the plan's profile (a model file's, "
+            "measured or --fake) records no model dimensions: only its depth was checked") in said
