@@ -154,8 +154,10 @@ PINS = {
     # default of --offload-copies): each layer's host Adam (the rank's 1/8 at 0.4 ns) then its fp16 copy back (2 B at
     # 16 GB/s), summed, where the overlapped chunks of 2^22 hid all but the first chunk's copy: a block's 983,081,600
     # parameters 122.885 - 0.524 = 122.361 ms, x 128 = 15,662.197; the embedding's 164,249,600 20.531 - 0.524, the
-    # head's 160,979,200 20.122 - 0.524: +15,701.802 ms on 145,948.538
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 161650.340, 278458650368, 302979743744),
+    # head's 160,979,200 20.122 - 0.524: +15,701.802 ms on 145,948.538. The embedding's partition (50,304h + 1,024h
+    # over 8: 164,249,600) copied three times in 2 B at 16 GB/s after the last backward, nothing left to hide it
+    # (§293): +61.594 ms
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 161711.934, 278458650368, 302979743744),
     "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20449853440, 24060624896),
 }
 
