@@ -150,8 +150,14 @@ PINS = {
     # planner/cost/deepspeed_waits.py: 128 x (103.661 + 2 x 138.204 ms, less the 0.364, 0.364, 0.793 ms queued
     # behind) = 48,454.201 ms), the step no longer copies the gradients to the host (-68.158 ms, overlapped), and
     # NCCL's CTAs no longer slow compute beside those reduce-scatters (their 5,382.690 ms x 24 / 108 SMs =
-    # -1,196.153 ms): 98,758.648 before
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 145948.538, 278458650368, 302979743744),
+    # -1,196.153 ms): 98,758.648 before. The offloaded step serial, as v0.6.2's ZeRO 3 runs it (§292, the record's
+    # default of --offload-copies): each layer's host Adam (the rank's 1/8 at 0.4 ns) then its fp16 copy back (2 B at
+    # 16 GB/s), summed, where the overlapped chunks of 2^22 hid all but the first chunk's copy: a block's 983,081,600
+    # parameters 122.885 - 0.524 = 122.361 ms, x 128 = 15,662.197; the embedding's 164,249,600 20.531 - 0.524, the
+    # head's 160,979,200 20.122 - 0.524: +15,701.802 ms on 145,948.538. The embedding's partition (50,304h + 1,024h
+    # over 8: 164,249,600) copied three times in 2 B at 16 GB/s after the last backward, nothing left to hide it
+    # (§293): +61.594 ms
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 161711.934, 278458650368, 302979743744),
     "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20449853440, 24060624896),
 }
 

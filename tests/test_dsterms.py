@@ -139,3 +139,27 @@ def test_nccls_ctas_slow_no_gemm_beside_the_waited_reduce_scatters(gpt_profile):
     # waited weights', which run beside no GEMM
     assert nccl_sms.layer_ms(block, gpt_profile, kept) - nccl_sms.layer_ms(block, gpt_profile, setup) == \
         pytest.approx(waited * share, rel=1e-9)
+
+
+def test_the_embeddings_copies_after_the_last_backward_by_hand(gpt_profile):
+    # §293: the epilogue reduces the last bucket (the word embedding and the positions, made by the backward's last
+    # kernels), copies its partition three times and synchronizes: nothing left on the GPU to hide the copies
+    embedding = next(layer for layer in layer_costs(gpt_profile) if layer.kind == "embedding")
+    assert embedding.param_count == (VOCAB + SEQ) * H
+    setup = _setup(gpt_profile)
+    assert setup.data_parallel.host_gb_per_s == 16.0
+    by_hand = 3 * 2 * (VOCAB + SEQ) * H / 8 / 16e9 * 1e3
+    assert deepspeed_waits.embedding_copies_ms(embedding, setup) == pytest.approx(by_hand, rel=1e-12)
+    assert deepspeed_waits.embedding_copies_ms(embedding, _setup(gpt_profile, microbatches=4)) == \
+        pytest.approx(by_hand, rel=1e-12)  # at the accumulation boundary, once an iteration
+    assert deepspeed_waits.embedding_copies_ms(_block(gpt_profile), setup) == 0.0  # the blocks: their own waits
+    for other in (_setup(gpt_profile, offload=False), _setup(gpt_profile, zero=2),
+                  _setup(gpt_profile, runtime="torchtitan")):
+        assert deepspeed_waits.embedding_copies_ms(embedding, other) == 0.0
+
+
+def test_the_embeddings_copies_are_a_term_of_the_split(gpt_profile):
+    from planner.cost import terms
+
+    names = [term.name for term in terms.TERMS]
+    assert "the offloaded optimizer's copies of the embedding's gradient partitions after the last backward" in names

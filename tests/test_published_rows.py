@@ -212,3 +212,21 @@ def test_a_row_refuses_a_profile_another_tree_made(tmp_path, table):
     stamp["tree"] = rows_mod.tree_id()
     (tmp_path / f"{row.profile}.stamp.json").write_text(json.dumps(stamp))
     assert rows_mod.evaluate_args(row, tmp_path)[:2] == ["--profile", str(tmp_path / f"{row.profile}.json")]
+
+
+def test_the_7b_a100_rows_read_the_a100_runs_own_vocabulary(table):
+    """§291: T16 and T19's golden values are 2795ebde's A100 runs, whose model_config.yaml gave --vocab-size
+    131072 (a multiple of 128 x TP: no padding); the H100 and GB200 runs (6e091e1b, 7e6a045a) gave 131073,
+    padded to 131,200 at TP 1 and 131,584 at TP 4."""
+    from pathlib import Path
+
+    from planner.models.configs import megatron
+
+    by_id = {row.id: row for row in table.rows}
+
+    def vocab(row_id: str) -> int:
+        args = by_id[row_id].args
+        return megatron.read(Path(args[args.index("--from-megatron") + 1])).arch.vocab_size
+
+    assert [vocab(r) for r in ("T15", "T16", "T17")] == [131_200, 131_072, 131_200]
+    assert [vocab(r) for r in ("T18", "T19", "T20")] == [131_584, 131_072, 131_584]

@@ -31,6 +31,7 @@ from planner.commands.training_settings import (
     SETTING_OPTIONS,
     TrainingSettings,
     check_settings,
+    offload_copies_default,
     with_context_parallel,
 )
 from planner.errors import UserError
@@ -91,9 +92,9 @@ _OPTIONS = [
                       "them whole through the iteration and do it once (torch.distributed.pipelining with FSDP2)."),
     click.option("--offload-optimizer", is_flag=True,
                  help="Optimizer state (and the fp32 master) in host memory, the step on the host."),
-    click.option("--offload-copies", type=click.Choice(["overlapped", "serial"]), default="overlapped",
-                 show_default=True, help="Offload's gradient copy, host step and weight copy: overlapped in "
-                                         "chunks, or one after another."),
+    click.option("--offload-copies", type=click.Choice(["overlapped", "serial"]), default=None, help="Offload's "
+                 "gradient copy, host step and weight copy: overlapped in chunks, or one after another [default: as "
+                 "the runtime's code runs them: serial under DeepSpeed's ZeRO 3, a sub-group at a time; overlapped]."),
     click.option("--host-mem", default=None, metavar="SIZE",
                  help="Host memory of a node, shared by its ranks: caps the offloaded optimizer and activations "
                       "offloaded by the offload recompute option."),
@@ -139,7 +140,7 @@ class DataParallelOptions:
     ep: int = 1
     zero_gather: str = "per-microbatch"
     offload_optimizer: bool = False
-    offload_copies: str = "overlapped"
+    offload_copies: str | None = None  # None: the runtime's record (offload_copies_default)
     host_mem: str | None = None  # a size, as given
     shard_bandwidth: float | None = None  # GB/s; None: from the profile's GPU
     replica_bandwidth: float | None = None
@@ -163,11 +164,9 @@ class DataParallelOptions:
 def setup_options(func):
     """Decorate a click command with the shared setup options (in --help order); the command
     gets the data-parallel group as one `data_parallel: DataParallelOptions`."""
-
     import inspect
 
-    # an option the command declares itself (evaluate's --gpus-per-node for --from-*): one
-    # option, its value read by both
+    # an option the command declares itself (evaluate's --gpus-per-node for --from-*): read by both
     own = set(inspect.signature(func).parameters) & set(DP_OPTION_NAMES)
 
     @functools.wraps(func)
@@ -308,6 +307,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
                        stages=stages, microbatches=microbatches or 2 * stages)
     check_settings(profile, runtime=runtime, settings=settings, say=say)
     data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)  # dp x cp
+    data_parallel = offload_copies_default(data_parallel, runtime, settings["runtime_version"], say=say)
     try:
         setup = TrainSetup(
             stages=stages, microbatches=microbatches or 2 * stages, micro_batch_size=profile.micro_batch_size,
@@ -387,7 +387,7 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
     offload_optimizer, ep_bandwidth, host_step_ns = options.offload_optimizer, options.ep_bandwidth, options.host_step_ns
     shard_bandwidth, replica_bandwidth = options.shard_bandwidth, options.replica_bandwidth
     host_bandwidth = options.host_bandwidth
-    zero_gather, offload_copies = options.zero_gather, options.offload_copies
+    zero_gather, offload_copies = options.zero_gather, options.offload_copies or "overlapped"
 
     check_dp_options(dp=dp, zero=zero, shard_group=shard_group)
     check_ep(profile, ep=ep, dp=dp, shard_group=shard_group if zero else None, ep_bandwidth=ep_bandwidth)

@@ -406,6 +406,26 @@ def with_context_parallel(data_parallel, cp: int, *, say=None):
     return dataclasses.replace(data_parallel, dp=data_parallel.dp * cp, shard_group=shard)
 
 
+def offload_copies_default(data_parallel, runtime: str, version: str | None, *, say=None):
+    """--offload-copies as the runtime's code runs the offloaded step where the user gave none: serial at the ZeRO
+    stages the record's offload_step_serial_zero names (DeepSpeed v0.6.2's ZeRO 3, a sub-group's CPU Adam then its
+    fp16 copy, one sub-group at a time), overlapped chunks elsewhere (ckplan's own, and every record not read)."""
+    import dataclasses
+
+    from planner.cost import runtimes
+
+    if data_parallel.offload_copies is not None:
+        return data_parallel
+    record = runtimes.facts(runtime, version)
+    serial = data_parallel.offload_optimizer and data_parallel.zero in record.offload_step_serial_zero
+    if serial and say is not None:
+        say(f"--offload-copies serial: {record.name}'s ZeRO {data_parallel.zero} steps each sub-group "
+            "on the host, then copies its weights back, one sub-group after another (the record's "
+            "offload_step_serial_zero, docs/framework-facts.md §292); give --offload-copies overlapped to score them "
+            "overlapped")
+    return dataclasses.replace(data_parallel, offload_copies="serial" if serial else "overlapped")
+
+
 def op_sac_layers(profile) -> set[str]:
     """The layers that offer torchtitan's op-level policy (op-sac); a profile with none is refused
     in one sentence (--op-level-sac would change nothing)."""

@@ -30,9 +30,13 @@ temporary (the blocking one), 2 B an element each; the step no longer charges th
 no GEMM (`waited_reduce_ms`). Not charged: the host's fp16-to-fp32 conversion of the partition and its Python
 until the next kernel (no A100 host figure: GPU.host_call_us is 0 for the A100); weights under the bucket size, which
 share buckets flushed where the running sum crosses it; the copies of the other parameters (dense's weight, biases,
-norms: reduced behind GEMMs or the core attention) and of the embedding, reduced after the last backward
-(dataparallel.exposed_comm_ms charges its reduce-scatter beyond the embedding's backward, not its copies: DS4 ~0.5 ms);
-and the blocks of other archs (their hook order not read).
+norms: reduced behind GEMMs or the core attention); and the blocks of other archs (their hook order not read).
+
+The embedding's gradients (the word embedding, tied to the head in Megatron-DeepSpeed's GPT, and the positions) are
+made by the backward's last kernels, so they sit in the last bucket, which `independent_gradient_partition_epilogue`
+reduces and partitions after the backward (stage3.py 1390-1395), its three copies included, and then waits for
+(`__reduce_and_partition_stream.synchronize()`): nothing is left on the GPU to hide the copies, charged in full
+(`embedding_copies_ms`, framework-facts §293; dataparallel.exposed_comm_ms charges the reduce-scatter itself).
 """
 
 from __future__ import annotations
@@ -126,7 +130,19 @@ def waited_reduce_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> f
                for _, numel in waited_weights(layer, profile, setup))
 
 
-# the row planner/cost/deepspeed_step.py adds to TERMS (name, quantity, where, value, source)
+def embedding_copies_ms(layer: LayerCost, setup: TrainSetup) -> float:
+    """The embedding's reduced partitions' COPIES over the host link after the last backward, once an iteration (the
+    module docstring: the epilogue's bucket, waited for with nothing queued behind it), ms; 0 but for the embedding
+    under the record's blocking copy, the optimizer's offload and ZeRO 3's coordinator."""
+    host = setup.data_parallel.host_gb_per_s
+    if (layer.kind != "embedding" or not host or not setup.data_parallel.offload
+            or not runtimes.of(setup.training).waits_offloaded_grad_copy or not deepspeed_terms.runs_zero3(setup)):
+        return 0.0
+    partition = layer.param_count / dataparallel.shard_size(setup)
+    return COPIES * dataparallel.param_bytes(setup).grads * partition / (host * GB) * 1e3
+
+
+# the rows planner/cost/deepspeed_step.py adds to TERMS (name, quantity, where, value, source)
 ROWS = (
     ("the offloaded optimizer's blocking gradient copy: a weight's reduce-scatter the host waits for beyond the "
      "kernels queued behind it", "step", "layer",
@@ -134,4 +150,9 @@ ROWS = (
      "the record's waits_offloaded_grad_copy (DeepSpeed v0.6.2 stage3.py __partition_grads: fp32_grad_tensor.copy_, "
      "blocking, in the gradient hook); torch's AccumulateGrad first; Megatron-DeepSpeed 62bc4562's GPT block "
      "(planner/cost/deepspeed_waits.py, §255-§257)"),
+    ("the offloaded optimizer's copies of the embedding's gradient partitions after the last backward", "step",
+     "layer", lambda layer, ckpt, ctx: embedding_copies_ms(layer, ctx.setup),
+     "the record's waits_offloaded_grad_copy (DeepSpeed v0.6.2 stage3.py independent_gradient_partition_epilogue "
+     "1390-1395: the last bucket reduced and its partition copied, then the stream synchronized), three copies of 2 "
+     "B an element of the rank's partition over the host link (planner/cost/deepspeed_waits.py, §293)"),
 )

@@ -20,6 +20,11 @@ ran; docs/framework-facts.md §176), charged by planner/cost/deepspeed_step.py a
   each reduced partition's path with `fp32_grad_tensor.copy_(grad_buffer)`, non_blocking False, on the reduce stream,
   inside the gradient hook that issued the reduce-scatter (1469-1546), at the accumulation boundary: the backward's
   host thread waits for that reduce-scatter before it issues anything more (planner/cost/deepspeed_waits.py).
+- the offloaded step at ZeRO 3: `step` (stage3.py 2300-2315) walks the sub-groups one at a time, each's CPU Adam
+  (`_optimizer_step` 1241-1247: `optimizer.step()` on the fp32 partition alone, no fp16 copy inside) and then its
+  fp16 partition's copy to the GPU (`_reassign_or_swap_out_partitioned_parameters` 2264-2272): serial, the default of
+  --offload-copies at ZeRO 3 (ZeRO 1 and 2 under fp16 hand the GPU's fp16 partitions to DeepSpeedCPUAdam, whose
+  `adam_update_copy` copies tile by tile beside the step: stage_1_and_2.py 1725-1731, ops/adam/cpu_adam.py 171-185).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ DS_V062 = "DeepSpeed v0.6.2 (32d97976)"
 STEP_COLLECTIVES = (("overflow check", "grad_stats", ""), ("gradient norm", "grad_stats", ""))
 
 STEP_FACTS = {"reduce_scatter_prepass_bytes": 2 + 2, "regathers_persistent": True, "step_collectives": STEP_COLLECTIVES,
-              "waits_offloaded_grad_copy": True}
+              "waits_offloaded_grad_copy": True, "offload_step_serial_zero": (3,)}
 
 SOURCES = {
     "reduce_scatter_prepass_bytes": f"deepspeed/runtime/comm/coalesced_collectives.py 41-116 (reduce_scatter_coalesced: "
@@ -48,6 +53,11 @@ SOURCES = {
                                  f"fp32_grad_tensor.copy_(grad_buffer), blocking, on the reduce-and-partition stream), "
                                  f"1469-1546 (called from the gradient hook that issues the bucket's reduce-scatter), "
                                  f"{DS_V062}",
+    "offload_step_serial_zero": f"deepspeed/runtime/zero/stage3.py 2300-2315 (step: for each sub-group "
+                                f"_optimizer_step, 1241-1247, then _reassign_or_swap_out_partitioned_parameters, "
+                                f"2264-2272: the fp16 copy after the CPU Adam, one sub-group at a time); ZeRO 1/2 "
+                                f"overlapped (stage_1_and_2.py 1725-1731: DeepSpeedCPUAdam's adam_update_copy, "
+                                f"ops/adam/cpu_adam.py 171-185), {DS_V062}",
 }
 
 # the same facts where not read (every other record's sources)
@@ -55,10 +65,11 @@ NOT_READ = {
     "reduce_scatter_prepass_bytes": "not read for this runtime (nothing charged before its reduce-scatters)",
     "regathers_persistent": "not read for this runtime (no ZeRO 3 persistent parameters)",
     "waits_offloaded_grad_copy": "not read for this runtime (no blocking copy of a reduced gradient to the host)",
+    "offload_step_serial_zero": "not read for this runtime (ckplan's overlapped offload chunks)",
 }
 
 # BLOOM's DeepSpeed (the big-science fork's BF16_Optimizer at ZeRO 1, runtimes._deepspeed's older record): not read
 BLOOM_FACTS = {"reduce_scatter_prepass_bytes": 0, "regathers_persistent": False, "step_collectives": (),
-               "waits_offloaded_grad_copy": False}
+               "waits_offloaded_grad_copy": False, "offload_step_serial_zero": ()}
 BLOOM_NOT_READ = {**NOT_READ, "step_collectives": "not read for BLOOM's BF16_Optimizer (its step's scalar all-reduces "
                                                   "not charged)"}

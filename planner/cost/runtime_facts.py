@@ -269,6 +269,10 @@ class RuntimeFacts:
     """Whether, under the optimizer's offload, each reduced gradient partition reaches the host by a blocking copy on
     the reduce stream inside the backward's gradient hook, so the host issues nothing more until that reduce-scatter
     is done (DeepSpeed v0.6.2 __partition_grads; planner/cost/deepspeed_waits.py); False: not read."""
+    offload_step_serial_zero: tuple[int, ...] = ()
+    """The ZeRO stages at which the runtime's offloaded step runs its host step and the weights' copy back one after
+    the other (DeepSpeed v0.6.2's ZeRO 3: a sub-group's CPU Adam, then its fp16 copy), the default of --offload-copies
+    there; (): not read, ckplan's overlapped chunks (planner/cost/dataparallel.py offload_ms)."""
     # -- settings Megatron-LM's functional tests run (read by planner/cost/jobsettings.py; issue 35)
     unfused_wgrad_bytes: int = 0
     """Bytes per weight parameter a microbatch the runtime moves beyond the profile's gradient
