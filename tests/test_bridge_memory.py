@@ -77,9 +77,9 @@ def test_te_float8_saved_inputs_by_hand():
     # 64 tokens, h 64, q 64, f 160, TP 1: qkv's and fc1's norm outputs at 1 B (-64 x 64 each), proj's FP8 copy
     # beside the bf16 attention output (+64 x 64), fc2's input at 1 B (-64 x 160)
     assert te_kept.te_saved_inputs_delta(profile()) == -2 * 64 * 64 + 64 * 64 - 64 * 160
-    # TP 2 with SP on Hopper: the norm outputs keep their row-wise copy and a transpose (2 B: no change); proj
-    # +64 x 32, fc2 -64 x 80; on Blackwell the norm outputs' 32 rows at 1 B
-    assert te_kept.te_saved_inputs_delta(profile(tp=2, sp=True)) == 64 * 32 - 64 * 80
+    # TP 2 with SP: the norm outputs keep their shard's row-wise copy alone, 32 rows at 1 B, on Hopper (no
+    # transpose: §303) as on Blackwell; proj +64 x 32, fc2 -64 x 80
+    assert te_kept.te_saved_inputs_delta(profile(tp=2, sp=True)) == -2 * 32 * 64 + 64 * 32 - 64 * 80
     assert te_kept.te_saved_inputs_delta(profile("b200", tp=2, sp=True)) == -2 * 32 * 64 + 64 * 32 - 64 * 80
 
 

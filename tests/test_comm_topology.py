@@ -273,9 +273,12 @@ def test_under_float8_the_tensor_parallel_all_gathers_move_float8_and_the_reduce
     # torchao's Float8 TP plan casts before each all-gather (forward's input shard, backward's output
     # gradient shard): 1 B an element, 2.5 ms; the reduce-scatters move the bf16 matmul outputs
     assert charged("torchtitan", float8=True) == pytest.approx(3 * (2.5 + 5.0))
-    # a runtime whose TP linears are not torchao's (the record's tp_gathers_float8 is False) gathers bf16
-    assert not runtimes.facts("megatron").tp_gathers_float8
-    assert charged("megatron", float8=True) == pytest.approx(3 * (5.0 + 5.0))
+    # Transformer Engine's LayerNormLinear and row-parallel Linear quantize the shard before the all-gather too
+    # (docs/framework-facts.md §301-§302): FP8 gathers under Megatron-LM
+    assert runtimes.facts("megatron").tp_gathers_float8
+    assert charged("megatron", float8=True) == pytest.approx(3 * (2.5 + 5.0))
+    # a runtime whose TP linears quantize nothing before gathering (the record's tp_gathers_float8 is False)
+    assert not runtimes.facts("deepspeed").tp_gathers_float8
     # a layer without a Float8 record (the LM head, an embedding) gathers bf16 under --float8 too
     plain = _float8_block([gather, scatter], converted=False)
     setup = TrainSetup(stages=1, microbatches=1, micro_batch_size=1, mem_caps_bytes=[2**40], runtime="torchtitan",

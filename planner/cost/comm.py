@@ -235,8 +235,10 @@ def gathers_float8(layer, setup: TrainSetup) -> bool:
     PrepareFloat8ModuleInput / Float8ColwiseParallel cast the forward's sequence shard, and
     Float8RowwiseParallel's NoopFwToFloat8BwDynamic, applied after its reduce-scatter, casts the
     backward's output gradient on its shard before that reduce-scatter's adjoint all-gather;
-    eab345c float8_tensor_parallel.py 49-60, 107-133, 210-217). The reduce-scatters stay bf16 (a
-    matmul's bf16 output, a gradient sum)."""
+    eab345c float8_tensor_parallel.py 49-60, 107-133, 210-217; Transformer Engine's LayerNormLinear
+    quantizes its norm's sequence shard and a row-parallel Linear its output gradient's before an FP8
+    all-gather of the 1 B data alone, the scale_inv not sent: docs/framework-facts.md §301-§302). The
+    reduce-scatters stay bf16 (a matmul's bf16 output, a gradient sum)."""
     return bool(setup.training.float8 and getattr(layer, "float8_param_count", 0)
                 and runtimes.of(setup.training).tp_gathers_float8)
 

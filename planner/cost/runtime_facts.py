@@ -118,8 +118,9 @@ class RuntimeFacts:
     tp_gathers_float8: bool = False
     """Under Float8 with TP and SP, a converted linear's input is cast to float8 before its
     sequence all-gather, so the input gathered whole (and saved for the weight gradient) is 1 B an
-    element, not bf16 (torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput; read by
-    tpgathered.tp_gathered_input_bytes)."""
+    element, not bf16 (torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput; Transformer Engine's
+    LayerNormLinear and a row-parallel Linear's grad_output under an FP8 quantizer; read by
+    tpgathered.tp_gathered_input_bytes and comm.gathers_float8)."""
     async_tp_workspace: bool = False
     """Under its AsyncTP (tp_overlap "async-tp"), the fused ops stage each shard or partial in a
     symmetric-memory workspace per tensor-parallel group, mapped by the CUDA driver outside the

@@ -110,7 +110,7 @@ def megatron() -> RuntimeFacts:
         frees_sent_output=True, batch_held="in-flight-targets", sends_held_to_step_end=False, logits_held_in_backward="never",
         recompute_whole_forward=True, overlaps_grad_reduce=True, fsdp_units="megatron-fsdp", prefetches_zero3_gathers=True, tp_overlap="tp-comm-overlap",
         cublas_workspace_bytes=8 * 4096 * 1024, keeps_last_input_and_grad=True, te_cublas_workspace=True, local_spec_buffer=True, output_layer_buffer=True,
-        step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False,
+        step_whole_bytes=4 + 4, step_shard_bytes=4 + 4 + 2, cp_comm="p2p", float8="transformer-engine", float8_memory=False, tp_gathers_float8=True,
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
@@ -324,7 +324,12 @@ def megatron() -> RuntimeFacts:
             "float8_memory": "torchao's rule not applied: TE's FP8 weight copies and saved inputs are the record's "
                              "te_weight_workspace_bytes, fp8_param_*, te_float8_saved_inputs (TE v2.9)",
             "async_tp_workspace": "not AsyncTP: Transformer Engine's userbuffers under --tp-comm-overlap are not read here",
-            "tp_gathers_float8": "not read: Megatron-LM's TP saves the sequence shard (tp_saves_gathered_input)",
+            "tp_gathers_float8": f"transformer_engine/pytorch/module/layernorm_linear.py 186-192, 233-265 (the norm "
+                                 f"quantizes the T / tp shard row-wise, gathered in FP8), module/base.py 1161-1193 "
+                                 f"(a row-parallel Linear's grad_output quantized on the shard and gathered in FP8), "
+                                 f"distributed.py 903-984 (`_all_gather_fp8`: the 1 B data alone), {TE_V}; the same "
+                                 f"at v2.16 (docs/framework-facts.md §301-§302); Megatron-LM saves the shard "
+                                 f"(tp_saves_gathered_input), so only the collectives' bytes read it",
             "float8_saves_input": "not read: Transformer Engine's record saves the quantized input itself "
                                   "(planner/profiler/float8.py te_backward)",
             "cublas_workspace_bytes": "tests/functional_tests/test_cases/gpt/gpt3_7b_tp*_memory_speed/model_config.yaml "

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost.bridgesettings import TN_ONLY_GPUS
 from planner.schema import OPTION_OFFLOAD, AllocRecord, LayerProfile, Profile
 
 BF16_BYTES = 2
+# the FP8 copies of a LayerNormLinear's norm output it saves, 1 B an element each: one, with or without sequence
+# parallelism, on Hopper or Blackwell (the column-wise copy without SP, the shard's row-wise data under SP: the
+# quantizer's column-wise usage is turned off before the norm where its input is gathered; §303)
+NORM_OUT_COPIES = 1
 
 
 def _dims(profile: Profile) -> tuple[dict, dict] | None:
@@ -73,10 +76,10 @@ def te_saved_inputs_delta(profile: Profile) -> int:
     """Bytes a dense block keeps per microbatch under Transformer Engine's Float8 beyond the bf16 block the
     analytic profile counts (RuntimeFacts.te_float8_saved_inputs; TE v2.9, docs/framework-facts.md §46), without
     recompute: linear_qkv's and linear_fc1's norm outputs saved in FP8, 1 B an element where bf16 is 2 (under
-    sequence parallelism the row-wise copy kept for the backward's all-gather, and on Hopper the transpose
-    beside it: 2, no change); linear_proj's FP8 input, 1 B, beside the attention output the attention keeps in
-    bf16; linear_fc2's FP8 input, 1 B, in place of the bf16 activation output. From the analytic profile's
-    shape (its assumptions); 0 for another profile."""
+    sequence parallelism the shard's row-wise copy alone, kept for the backward's all-gather: the norm wrote no
+    transpose, TE v2.9 layernorm_linear.py 186-192, docs/framework-facts.md §303); linear_proj's FP8 input, 1 B,
+    beside the attention output the attention keeps in bf16; linear_fc2's FP8 input, 1 B, in place of the bf16
+    activation output. From the analytic profile's shape (its assumptions); 0 for another profile."""
     dims = _dims(profile)
     if dims is None:
         return 0
@@ -86,10 +89,9 @@ def te_saved_inputs_delta(profile: Profile) -> int:
     hidden = model["hidden_size"]
     q = model["num_heads"] * (model.get("head_dim") or hidden // model["num_heads"]) // tp
     ffn = model["intermediate_size"] // tp
-    gathered = tp > 1 and shape.get("sp", False)  # the norm output's row-wise copy kept to gather it again
-    norm_out = 1 + (1 if shape.get("gpu") in TN_ONLY_GPUS else 0) if gathered else 1
+    gathered = tp > 1 and shape.get("sp", False)  # the norm output's row-wise shard kept to gather it again
     norm_rows = tokens // tp if gathered else tokens
-    return 2 * norm_rows * hidden * (norm_out - 2) + tokens * q - tokens * ffn
+    return 2 * norm_rows * hidden * (NORM_OUT_COPIES - 2) + tokens * q - tokens * ffn
 
 
 # ---------------------------------------------------------------- the records the replays play
@@ -112,8 +114,7 @@ def te_saved_inputs(profile: Profile) -> dict | None:
     ffn = model["intermediate_size"] // tp
     gathered = tp > 1 and shape.get("sp", False)
     norm_rows = tokens // tp if gathered else tokens
-    return {"norm_rows": norm_rows * hidden, "norm_out": 1 + (1 if shape.get("gpu") in TN_ONLY_GPUS else 0)
-            if gathered else 1, "norm_bf16": norm_rows * hidden * BF16_BYTES, "attn_out": tokens * q * BF16_BYTES,
+    return {"norm_rows": norm_rows * hidden, "norm_out": NORM_OUT_COPIES, "norm_bf16": norm_rows * hidden * BF16_BYTES, "attn_out": tokens * q * BF16_BYTES,
             "proj": tokens * q, "fc2_bf16": tokens * ffn * BF16_BYTES, "fc2": tokens * ffn}
 
 

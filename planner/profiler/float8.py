@@ -66,7 +66,7 @@ bf16.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.profiler import opsac
 from planner.profiler.formulas import Shape, kv_width, q_width
@@ -208,6 +208,18 @@ def backward(done: Work, linears: list[Linear], *, saved_float8: bool = False) -
 #   data itself (the GEMM takes the other layout): nothing more is written. What the forward keeps is 1 B an
 #   element either way (the transpose on Hopper, the data on Blackwell): planner/cost/te_kept.py.
 TE_NORM_CAST_BYTES = 3
+# under sequence parallelism (TP > 1 with SP; TE v2.9 70f53666 and v2.16 4220403e, docs/framework-facts.md §301-§303):
+# - a column-parallel LayerNormLinear (linear_qkv, linear_fc1) gathers its input (`with_input_all_gather`), and a
+#   Float8 quantizer (delayed or current scaling) `supports_only_rowwise_all_gather`: the norm quantizes its output
+#   on the rank's T / tp shard, row-wise only (no transpose), and the FP8 all-gather moves that data (1 B an element;
+#   the scale_inv is not sent, `_all_gather_fp8` takes the local one). The backward gathers the saved FP8 shard again
+#   and, on Hopper, `update_usage(columnwise_usage=True)` writes the gathered T rows' transpose (`tex.fp8_transpose`:
+#   a 1 B read and a 1 B write an element, SP_TRANSPOSE_BYTES): Linear.shard_rows;
+# - a row-parallel Linear (linear_proj, linear_fc2) does not gather its input (cast on its T rows as without SP), but
+#   its backward gathers grad_output (`grad_output_preprocess`): quantized on the T / tp shard row-wise, gathered in
+#   FP8, and on Hopper transposed after the gather on the T rows (`_all_gather_fp8`'s `_create_transpose`):
+#   Linear.grad_rows.
+SP_TRANSPOSE_BYTES = 2
 # under TE's delayed scaling (planner/profiler/te_delayed.py's docstring): a cast's bf16 read and FP8 write, its amax
 # written by the same kernel; the norm writing FP8 (1 B) where the bf16 block's norm writes 2; nvte_transpose after it
 DELAYED_CAST_BYTES, DELAYED_NORM_BYTES, DELAYED_NORM_TRANSPOSE_BYTES = 3, -1, 2
@@ -232,20 +244,32 @@ def te_input_bytes(linear: Linear, gpu, *, columnwise: bool = True, delayed: boo
     `delayed`: as TE's delayed scaling quantizes (planner/profiler/te_delayed.py): a LayerNormLinear's the norm's
     FP8 output against its bf16 one (DELAYED_NORM_BYTES) and its transpose where column-wise on Hopper
     (DELAYED_NORM_TRANSPOSE_BYTES); any other's the cast alone (DELAYED_CAST_BYTES) with its Hopper transpose."""
-    transpose = transpose_bytes(gpu) if columnwise else 0
+    transpose = transpose_bytes(gpu) if columnwise and not linear.shard_rows else 0
+    rows = linear.shard_rows or linear.tokens  # under SP the norm's shard, row-wise only (SP_TRANSPOSE_BYTES)
     if delayed and linear.fqn.endswith(TE_NORM_LINEARS):
         per = DELAYED_NORM_BYTES + (DELAYED_NORM_TRANSPOSE_BYTES if transpose else 0)
     elif delayed:
         per = DELAYED_CAST_BYTES + transpose
     else:
         per = (TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES) + transpose
-    return per * linear.tokens * linear.k
+    return per * rows * linear.k
+
+
+def te_gathered_input_bytes(linear: Linear, gpu) -> int:
+    """A sequence-parallel LayerNormLinear's backward: the FP8 input gathered again, transposed on its T rows
+    on Hopper (SP_TRANSPOSE_BYTES); 0 without SP or on Blackwell."""
+    return SP_TRANSPOSE_BYTES * linear.tokens * linear.k if linear.shard_rows and transpose_bytes(gpu) else 0
 
 
 def te_grad_bytes(linear: Linear, gpu, *, delayed: bool = False) -> int:
     """A TE linear's grad_output quantize, bytes: amax and cast (CAST_BYTES; `delayed`: the cast alone,
-    DELAYED_CAST_BYTES), row-wise and, on Hopper, the transpose for the wgrad GEMM."""
-    return ((DELAYED_CAST_BYTES if delayed else CAST_BYTES) + transpose_bytes(gpu)) * linear.tokens * linear.n
+    DELAYED_CAST_BYTES), row-wise and, on Hopper, the transpose for the wgrad GEMM. Under SP a row-parallel
+    linear's (Linear.grad_rows): the cast on the shard, the transpose after the all-gather on the T rows."""
+    cast = DELAYED_CAST_BYTES if delayed else CAST_BYTES
+    if linear.grad_rows:
+        return cast * linear.grad_rows * linear.n + (SP_TRANSPOSE_BYTES if transpose_bytes(gpu) else 0) \
+            * linear.tokens * linear.n
+    return (cast + transpose_bytes(gpu)) * linear.tokens * linear.n
 
 
 def te_forward(done: Work, linears: list[Linear], gpu, *, delayed: bool = False) -> tuple[Work, int]:
@@ -258,9 +282,9 @@ def te_forward(done: Work, linears: list[Linear], gpu, *, delayed: bool = False)
 
 def te_backward(done: Work, linears: list[Linear], gpu, *, delayed: bool = False) -> Work:
     """A TE backward: each grad_output cast once for both GEMMs (te_grad_bytes); the saved float8 input is not
-    cast again."""
+    cast again (under SP, gathered again and transposed on Hopper: te_gathered_input_bytes)."""
     return in_float8(done, linears, gemms=2, own=lambda linear: te_grad_bytes(linear, gpu, delayed=delayed),
-                     shared=lambda linear: 0)[0]
+                     shared=lambda linear: te_gathered_input_bytes(linear, gpu))[0]
 
 
 def cast_transient_bytes(linears: list[Linear]) -> int:
@@ -392,13 +416,16 @@ def _bytes_ms(num_bytes: int, gpu) -> float:
 def te_linears(arch, shape, prefix: str) -> list[Linear]:
     """The block's linears as Megatron-core's TE layer spec builds them: linear_qkv (Q, K and V in one
     weight), linear_proj, linear_fc1 (gate and up in one weight under SwiGLU), linear_fc2 (the
-    module's docstring)."""
-    if arch.style == "gpt":
-        return block_linears(arch, shape, prefix)  # already one Q/K/V linear and one fc
+    module's docstring). Under SP the column-parallel ones' inputs are quantized on the sequence shard
+    (Linear.shard_rows) and the row-parallel ones' output gradients (Linear.grad_rows): SP_TRANSPOSE_BYTES."""
     T, h, t = shape.tokens, arch.hidden_size, shape.tp
+    shard = T // shape.sp_div if t > 1 and shape.sp else 0
+    if arch.style == "gpt":  # already one Q/K/V linear and one fc, in the order column, row, column, row
+        return [replace(linear, **({"grad_rows": shard} if index % 2 else {"shard_rows": shard}))
+                for index, linear in enumerate(block_linears(arch, shape, prefix))]
     q, kv, f = q_width(arch, shape), kv_width(arch, shape), arch.intermediate_size // t
     fq, fkv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
-    return [Linear(f"{prefix}.self_attention.linear_qkv", T, h, q + 2 * kv, h, fq + 2 * fkv),
-            Linear(f"{prefix}.self_attention.linear_proj", T, q, h, fq, h),
-            Linear(f"{prefix}.mlp.linear_fc1", T, h, 2 * f, h, 2 * arch.intermediate_size),
-            Linear(f"{prefix}.mlp.linear_fc2", T, f, h, arch.intermediate_size, h)]
+    return [Linear(f"{prefix}.self_attention.linear_qkv", T, h, q + 2 * kv, h, fq + 2 * fkv, shard_rows=shard),
+            Linear(f"{prefix}.self_attention.linear_proj", T, q, h, fq, h, grad_rows=shard),
+            Linear(f"{prefix}.mlp.linear_fc1", T, h, 2 * f, h, 2 * arch.intermediate_size, shard_rows=shard),
+            Linear(f"{prefix}.mlp.linear_fc2", T, f, h, arch.intermediate_size, h, grad_rows=shard)]
