@@ -288,6 +288,10 @@ class RuntimeFacts:
     microbatch "embedding", "output" (final norm and output layer) and "loss" (the runtime's loss and its checks),
     each (forward, backward); per step "step" (per parameter tensor, fixed): the optimizer step's and the logged
     norms' host work as scripts/bench_host_step.py measures Megatron-LM's; none: not read, nothing charged."""
+    timer_syncs: tuple[tuple[str, int, str], ...] = ()
+    """The runtime's timers that synchronize the device at their start and stop, each (its name, the timing level
+    from which it is real, "microbatch" (each stage, each microbatch) or "step" (once a step)); none: the runtime has
+    no timing level (a level above 0 refused)."""
     step_collectives: tuple[tuple[str, str, str], ...] = ()
     """The scalar all-reduces the runtime's optimizer step and its logging make once a step, each latency-bound
     (planner/cost/stepcomm.py): (what, its group, the TrainingSetup flag that turns it on, "" for every step); the
@@ -462,6 +466,14 @@ class RuntimeFacts:
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
 
+    def timers_refused(self, training) -> list[str]:
+        """Megatron-LM's --timing-log-level above 0 under a runtime whose timers were not read."""
+        level = getattr(training, "timing_log_level", 0)
+        if not level or self.timer_syncs:
+            return []
+        return [f"--timing-log-level {level} is Megatron-LM's, read for --runtime megatron only; {training.runtime}'s "
+                "timers were not read: drop it or choose --runtime megatron"]
+
 
 def compile_refused(training, record: RuntimeFacts) -> list[str]:
     """--compile (`training`'s compile, compile_loss) under a runtime with no setting that
@@ -478,3 +490,4 @@ def compile_refused(training, record: RuntimeFacts) -> list[str]:
 # the te_moe_experts_kept source of a record whose MoE layers keep what eager PyTorch keeps
 EAGER_MOE_KEPT = ("the analytic profile's eager mixture as transformers / torchtitan run it (planner/profiler/"
                   "analytic_kept.py moe_terms: gathered rows, SwiGLU's tensors, the weighted outputs)")
+
