@@ -471,7 +471,7 @@ class RuntimeFacts:
         level = getattr(training, "timing_log_level", 0)
         if not level or self.timer_syncs:
             return []
-        return [f"--timing-log-level {level} is Megatron-LM's, read for --runtime megatron only; {training.runtime}'s "
+        return [f"--timing-log-level {level} is Megatron-LM's, read for --runtime megatron only; {self.name}'s "
                 "timers were not read: drop it or choose --runtime megatron"]
 
 
