@@ -96,3 +96,10 @@ def test_from_megatron_lists_the_a100_tests_level_2_as_modelled():
     report = json.loads(result.output)
     said = {s["name"]: s for s in report["settings"]} if "settings" in report else None
     assert said is not None and said["--timing-log-level"]["status"] == "modelled"
+
+
+def test_the_megatron_export_writes_the_level_it_was_scored_with():
+    from planner.emit import megatron as emit
+
+    assert "--timing-log-level 2" in emit._test_settings(_setup(level=2).training)
+    assert not [line for line in emit._test_settings(_setup().training) if "timing" in line]
