@@ -289,9 +289,7 @@ class RuntimeFacts:
     each (forward, backward); per step "step" (per parameter tensor, fixed): the optimizer step's and the logged
     norms' host work as scripts/bench_host_step.py measures Megatron-LM's; none: not read, nothing charged."""
     timer_syncs: tuple[tuple[str, int, str], ...] = ()
-    """The runtime's timers that synchronize the device at their start and stop, each (its name, the timing level
-    from which it is real, "microbatch" (each stage, each microbatch) or "step" (once a step)); none: the runtime has
-    no timing level (a level above 0 refused)."""
+    """Timers that synchronize the device at start and stop: (name, the level from which real, "microbatch" (each stage) or "step"); none: no timing level (refused)."""
     step_collectives: tuple[tuple[str, str, str], ...] = ()
     """The scalar all-reduces the runtime's optimizer step and its logging make once a step, each latency-bound
     (planner/cost/stepcomm.py): (what, its group, the TrainingSetup flag that turns it on, "" for every step); the
@@ -469,10 +467,7 @@ class RuntimeFacts:
     def timers_refused(self, training) -> list[str]:
         """Megatron-LM's --timing-log-level above 0 under a runtime whose timers were not read."""
         level = getattr(training, "timing_log_level", 0)
-        if not level or self.timer_syncs:
-            return []
-        return [f"--timing-log-level {level} is Megatron-LM's, read for --runtime megatron only; {self.name}'s "
-                "timers were not read: drop it or choose --runtime megatron"]
+        return [] if not level or self.timer_syncs else [f"--timing-log-level {level} is Megatron-LM's, read for --runtime megatron only; {self.name}'s timers were not read: drop it or choose --runtime megatron"]
 
 
 def compile_refused(training, record: RuntimeFacts) -> list[str]:
@@ -490,4 +485,3 @@ def compile_refused(training, record: RuntimeFacts) -> list[str]:
 # the te_moe_experts_kept source of a record whose MoE layers keep what eager PyTorch keeps
 EAGER_MOE_KEPT = ("the analytic profile's eager mixture as transformers / torchtitan run it (planner/profiler/"
                   "analytic_kept.py moe_terms: gathered rows, SwiGLU's tensors, the weighted outputs)")
-

@@ -176,8 +176,7 @@ TERMS: tuple[Term, ...] = (
          - bridgeterms.fp8_param_saving_bytes(layer.float8_param_count, ctx.setup, ctx.profile),
          "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param), the "
          "optimizer's own whole fp32 gradients where the record keeps them (hp_grad_bytes: DeepSpeed 56c52238's "
-         "BF16_Optimizer); FP8 primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on "
-         "Hopper: bridgeterms.fp8_param_saving_bytes)"),
+         "BF16_Optimizer); FP8 primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on Hopper: bridgeterms.fp8_param_saving_bytes)"),
     Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
          lambda layer, ckpt, ctx: reduced_bytes(layer, ctx.setup),
          "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),
