@@ -124,11 +124,15 @@ def test_a_megatron_script_is_compared_with_the_built_in_it_describes():
         from_framework_job(job, arch=archs.arch("llama3-8b"), gpu="h100", seq_len=4096)
 
 
-def test_megatrons_timers_above_level_0_are_listed_not_modelled(tmp_path):
+def test_megatrons_timing_level_is_read_and_modelled(tmp_path):
     """--timing-log-level 1 or 2 synchronizes the device at each timer's start and stop (megatron/core/timers.py
-    143-165 at d98e8a64; level 2 around every microbatch's forward and backward, schedules.py 494, 552), which the
-    A100 functional tests' configs set (docs/published-runs.md §37.newrows): never "no effect"."""
-    status = {s.name: s.status for s in _job(tmp_path, BASE + "\n--timing-log-level: 2").settings}
-    assert status["--timing-log-level"] == "not modelled"
-    status = {s.name: s.status for s in _job(tmp_path, BASE + "\n--timing-log-level: 0").settings}
-    assert status["--timing-log-level"] == "modelled"  # level 0: the one per-step timer ckplan's host floor assumes
+    130-155 at 2795ebde; level 2 around every microbatch's forward and backward, schedules.py 268, 382), which the
+    A100 functional tests' configs set (docs/published-runs.md §37.newrows): read into the job and charged
+    (planner/cost/hosttime.py timer_sync_ms), never "no effect"; a level Megatron-LM refuses, one sentence."""
+    for level in (0, 1, 2):
+        job = _job(tmp_path, BASE + f"\n--timing-log-level: {level}")
+        status = {s.name: s.status for s in job.settings}
+        assert (status["--timing-log-level"], job.modelled.timing_log_level) == ("modelled", level)
+    assert _job(tmp_path, BASE).modelled.timing_log_level == 0
+    with pytest.raises(UserError, match="--timing-log-level is 3; Megatron-LM takes 0, 1 or 2"):
+        _job(tmp_path, BASE + "\n--timing-log-level: 3")

@@ -223,7 +223,8 @@ def _refuse_megatron_settings(plan, target: str) -> None:
     given = [flag for flag, on in (("--no-gradient-accumulation-fusion", training.unfused_grad_accumulation),
                                    ("--log-params-norm", training.log_params_norm),
                                    ("--log-num-zeros-in-grad", training.log_num_zeros_in_grad),
-                                   ("--deterministic-mode", training.deterministic)) if on]
+                                   ("--deterministic-mode", training.deterministic),
+                                   ("--timing-log-level", getattr(training, "timing_log_level", 0))) if on]
     if given and target != "megatron":
         raise UserError(f"the plan was scored with Megatron-LM's {', '.join(given)}, which the {target} export has no "
                         "setting for; export --to megatron, or solve without them")

@@ -67,6 +67,10 @@ SETTING_OPTIONS = [
     click.option("--log-num-zeros-in-grad", is_flag=True,
                  help="Megatron-LM's flag: the gradients' zeros counted once a step over the rank's fp32 shard "
                       "(--runtime megatron)."),
+    click.option("--timing-log-level", type=click.IntRange(0, 2), default=0, show_default=True,
+                 help="Megatron-LM's flag: its timers above level 0 synchronize the device at each start and stop "
+                      "(1: around the step's forward-backward and optimizer parts; 2: also every microbatch's "
+                      "forward and backward), so the host issues nothing ahead across them (--runtime megatron)."),
     click.option("--nccl-ring-simple", "nccl_ring_simple", is_flag=True,
                  help="The job's launch forces NCCL_ALGO=Ring and NCCL_PROTO=simple (Megatron-LM's functional tests' "
                       "_run_training.sh): the step's scalar all-reduces charged at Ring/Simple's latency, not at "
@@ -120,7 +124,8 @@ SETTING_OPTIONS = [
 ]
 SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac", "float8", "fp8_all_gather",
                         "context_parallel", "cp_comm", "optimizer_state_dtype", "chunked_cross_entropy", "mtp_layers", "expert_tp",
-                        "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
+                        "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "timing_log_level",
+                        "deterministic",
                         "expandable_segments", "grad_reduce_bf16", "te_cross_entropy", "fused_cross_entropy",
                         "te_grouped_gemm", "local_layers", "nccl_ring_simple", "nccl_nvls_off",
                         "fp8_current_scaling", "fp8_delayed_scaling", "fp8_amax_history_len", "fp8_amax_tp_only")
@@ -162,6 +167,7 @@ class TrainingSettings:
     unfused_grad_accumulation: bool = False
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
+    timing_log_level: int = 0
     deterministic: bool = False
     expandable_segments: bool | None = None  # None: as the runtime's launch script sets it
     grad_reduce_bf16: bool = False

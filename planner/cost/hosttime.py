@@ -65,6 +65,13 @@ Not in it: NCCL's own enqueue of a collective, the data loader's next(), the ten
 the timers' barrier, a MoE or MLA block's modules under --overlap-param-gather's pre-hooks (0 counted; their
 parameter tensors are counted, planner/cost/blocktensors.py).
 
+Megatron-LM's timers above level 0 (the record's timer_syncs, --timing-log-level; docs/framework-facts.md §275-§277)
+call torch.cuda.synchronize() at each start and stop. Inside a timed region the host issues and the device runs as
+before (each pass max(device, host), as charged here); what the sync takes away is the overlap across it: the
+region starts with the device idle, so its first call's issue is not hidden behind earlier work (timer_sync_ms: one
+torch call, GPU.host_call_us, a region); at level 1 forward-backward stops (after finalize_model_grads) and the
+optimizer starts with a sync, so the step's loops find no lead left in the last backward (host_step_ms).
+
 Syncs, where the host cannot run ahead of the device: Megatron-LM's interleaved schedule with
 overlap_p2p_comm (the default; batch_p2p_comm off, so no torch.cuda.synchronize after its p2p ops:
 p2p_communication.py 416-419, arguments.py 979-996, 6e091e1b) waits on its receives on the device,
@@ -237,7 +244,8 @@ def host_step_ms(layer: LayerCost, profile: Profile, setup: TrainSetup, ckpt=0) 
         fixed += once
     if not training.log_num_zeros_in_grad:  # no .item() before the inner step: its loops run inside the lead too
         before, after = before + after, 0.0
-    before -= min(before, _backward_lead_ms(layer, ckpt, profile, setup))
+    if not _syncs(setup, "step"):  # a step timer's synchronize leaves the host no lead (timer_sync_ms)
+        before -= min(before, _backward_lead_ms(layer, ckpt, profile, setup))
     return before + after + (fixed if layer.kind == EMBEDDING else 0.0)
 
 
@@ -281,3 +289,18 @@ def host_bound_ms(layer: LayerCost, ckpt, profile: Profile, setup: TrainSetup) -
     if int(ckpt) == 1:  # full recompute: the forward issued again
         extra += max(0.0, rerun - rules.recompute_ms(layer, setup) - exchange)
     return extra
+
+
+def _syncs(setup: TrainSetup, per: str) -> list[str]:
+    """The runtime's timers real at the setup's --timing-log-level that synchronize once a `per` ("microbatch":
+    each stage, each microbatch; "step")."""
+    level = getattr(setup.training, "timing_log_level", 0)
+    return [name for name, at, each in runtimes.of(setup.training).timer_syncs if each == per and at <= level]
+
+
+def timer_sync_ms(stage: int, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch on a stage the timers' synchronizes add: each region timed per microbatch (level 2:
+    forward-compute, backward-compute) starts with the device idle, so the device waits while the host issues the
+    region's first call (one torch call on the GPU's host, GPU.host_call_us); the rest of the region is
+    max(device, host) as host_bound_ms charges it. 0 at level 0 or where the GPU's host has no figure."""
+    return len(_syncs(setup, "microbatch")) * _call_ms(profile)

@@ -301,6 +301,8 @@ class RuntimeFacts:
     microbatch "embedding", "output" (final norm and output layer) and "loss" (the runtime's loss and its checks),
     each (forward, backward); per step "step" (per parameter tensor, fixed): the optimizer step's and the logged
     norms' host work as scripts/bench_host_step.py measures Megatron-LM's; none: not read, nothing charged."""
+    timer_syncs: tuple[tuple[str, int, str], ...] = ()
+    """Timers that synchronize the device at start and stop: (name, the level from which real, "microbatch" (each stage) or "step"); none: no timing level (refused)."""
     step_collectives: tuple[tuple[str, str, str], ...] = ()
     """The scalar all-reduces the runtime's optimizer step and its logging make once a step, each latency-bound
     (planner/cost/stepcomm.py): (what, its group, the TrainingSetup flag that turns it on, "" for every step); the
@@ -474,6 +476,11 @@ class RuntimeFacts:
 
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
+
+    def timers_refused(self, training) -> list[str]:
+        """Megatron-LM's --timing-log-level above 0 under a runtime whose timers were not read."""
+        level = getattr(training, "timing_log_level", 0)
+        return [] if not level or self.timer_syncs else [f"--timing-log-level {level} is Megatron-LM's, read for --runtime megatron only; {self.name}'s timers were not read: drop it or choose --runtime megatron"]
 
 
 def compile_refused(training, record: RuntimeFacts) -> list[str]:

@@ -47,6 +47,11 @@ STEP_COLLECTIVES = (("gradient norm", "grad_stats", ""), ("count_zeros", "grad_s
                     ("params norm, expert sharded", "expert_dp", "log_params_norm"),
                     ("params norm, expert sharded (GTP)", "expert_dp", "log_params_norm"),
                     ("params norm, model parallel", "model_parallel", "log_params_norm"))
+# the timers that synchronize the device at start and stop (docs/framework-facts.md §275-§277), Megatron-LM 2795ebde:
+# schedules.py 268/321, 382/437 (each microbatch's compute, level 2), 487/545 (forward-backward, level 1, stopped after
+# finalize_model_grads); training.py 1421-1423 (optimizer, level 1)
+TIMER_SYNCS = (("forward-compute", 2, "microbatch"), ("backward-compute", 2, "microbatch"),
+               ("forward-backward", 1, "step"), ("optimizer", 1, "step"))
 # what runs instead of torch.compile, and where that is read (runtimes._NO_MODEL_COMPILE's entry)
 NO_MODEL_COMPILE = ("Transformer Engine's fused layers eager (torch.compile only on the small fused elementwise "
                     "functions of its jit_fuser)",
@@ -114,7 +119,7 @@ def megatron() -> RuntimeFacts:
         fused_kernels="transformer-engine", unfused_wgrad_bytes=4, logged_read_shard_bytes=4, fills_te_outputs=True,
         vocab_parallel_ce_bytes=52, ce_fill_bytes=4 + 2,
         deterministic_attention="transformer-engine", host_block_linears=HOST_BLOCK_LINEARS, host_rest_linears=HOST_REST_LINEARS,
-        step_collectives=STEP_COLLECTIVES,
+        step_collectives=STEP_COLLECTIVES, timer_syncs=TIMER_SYNCS,
         megatron_step_replayed=True, stage_sends_beside="backward",
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
@@ -183,6 +188,9 @@ def megatron() -> RuntimeFacts:
                                   "experts.py, Megatron-LM 0014f137), scripts/bench_host.py MoEBlock, §94; \"flash_cp2\": the "
                                   "block with TE's AttnFuncWithCPAndKVP2P at CP 2 (context_parallel.py 1407-2990, "
                                   "TE f8a01cd5), scripts/bench_host_cp.py, §97",
+            "timer_syncs": "Megatron-LM 2795ebde megatron/core/timers.py 130-155 (Timer.start and stop each "
+                           "torch.cuda.synchronize(); a level above --timing-log-level gives a DummyTimer, 217-241), "
+                           "schedules.py 268, 382, 487, training.py 1421 (§275-§277)",
             "step_collectives": "Megatron-LM 93ebf8d7: megatron/core/optimizer/clip_grads.py 55-141 "
                                 "(get_grad_norm_fp32: one all-reduce over grad_stats_parallel_group, whole world "
                                 "under the distributed optimizer, distrib_optimizer.py 796-802; optimizer.py 322-340 "

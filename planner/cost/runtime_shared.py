@@ -63,6 +63,7 @@ AFTER_STEP_NOT_READ = {
     "host_block_linears": "not read for this runtime (no host floor charged)",
     "host_rest_linears": "not read for this runtime (no host time charged outside the blocks)",
     "step_collectives": "not read for this runtime (its step's scalar all-reduces not charged)",
+    "timer_syncs": "not read for this runtime: no timing level (--timing-log-level above 0 refused)",
     **DEEPSPEED_STEP_NOT_READ,
     "zero1_all_reduces": "not read for this runtime: ZeRO 1 reduce-scatters (the gradients' shard reduced where stepped)",
     "nccl_version": "not read for this runtime: NCCL v2.27.7-1's tuning tables, the newest read (nccltuner.py)",

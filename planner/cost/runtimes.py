@@ -438,7 +438,7 @@ def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool
 def refused_settings(training, *, tp: int = 1) -> list[str]:
     """One sentence per setting of `training` the cost model does not model (none silently
     ignored): the command refuses the first; a config reader lists them all."""
-    refused = compile_refused(training, of(training))
+    refused = compile_refused(training, of(training)) + of(training).timers_refused(training)
     record = of(training) if training.float8 or training.fp8_all_gather else None
     if training.float8 and record.float8 is None:
         refused.append(f"Float8 linears (--float8) are not modelled under --runtime {training.runtime}: its Float8 "

@@ -178,9 +178,7 @@ TERMS: tuple[Term, ...] = (
          - bridgeterms.fp8_param_saving_bytes(layer.float8_param_count, ctx.setup, ctx.profile),
          "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param), the "
          "optimizer's own whole fp32 gradients where the record keeps them (hp_grad_bytes: DeepSpeed 56c52238's "
-         "BF16_Optimizer); FP8 "
-         "primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on "
-         "Hopper: bridgeterms.fp8_param_saving_bytes)"),
+         "BF16_Optimizer); FP8 primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on Hopper: bridgeterms.fp8_param_saving_bytes)"),
     Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
          lambda layer, ckpt, ctx: reduced_bytes(layer, ctx.setup),
          "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),
@@ -414,6 +412,8 @@ TERMS: tuple[Term, ...] = (
                                     if stage < ctx.setup.pipeline.stages - 1 else 0.0),
          "bytes / the link between neighbouring stages + NCCL's latency, where no calibrated send line is set"),
     # -- the stage's position
+    Term("the device idle at each timed region's start (Megatron-LM's --timing-log-level 2)", "time", "stage", lambda
+         stage, ctx: hosttime.timer_sync_ms(stage, ctx.profile, ctx.setup), "timers.py 130-155, 2795ebde (§275)"),
     Term("what the loss keeps", "kept", "stage",
          lambda stage, ctx: loss_kept_bytes(ctx.profile, stage, ctx.setup), "saved-tensor hooks on the loss (profiler)"),
     Term("tied parameters held once where all their holders share the stage", "static", "stage",

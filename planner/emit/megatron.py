@@ -461,13 +461,13 @@ def _ddp_arguments(setup) -> list[str]:
 
 
 def _test_settings(training) -> list[str]:
-    """The settings the plan was scored with that are Megatron-LM flags of the same names
-    (planner/cost/jobsettings.py); deterministic mode with the environment Megatron-LM asks of it
-    (arguments.py 1528-1537, extensions/transformer_engine.py 1566-1572, Megatron-LM 6e091e1b)."""
+    """The scored settings that are Megatron-LM flags of the same names (planner/cost/jobsettings.py, hosttime.py); deterministic
+    mode with the environment it asks (arguments.py 1528-1537, extensions/transformer_engine.py 1566-1572, 6e091e1b)."""
     lines = [arg(flag) for flag, on in (("--no-gradient-accumulation-fusion", training.unfused_grad_accumulation),
                                         ("--log-params-norm", training.log_params_norm),
                                         ("--log-num-zeros-in-grad", training.log_num_zeros_in_grad),
-                                        ("--grad-reduce-in-bf16", training.grad_reduce_bf16)) if on]
+                                        ("--grad-reduce-in-bf16", training.grad_reduce_bf16)) if on] + [
+        arg("--timing-log-level", level) for level in [getattr(training, "timing_log_level", 0)] if level]
     if training.te_cross_entropy:  # planner/cost/bridgesettings.py: Transformer Engine's fused loss
         lines += [arg("--cross-entropy-loss-fusion"), arg("--cross-entropy-fusion-impl", "te")]
     elif training.fused_cross_entropy:  # Megatron's own fused (compiled) loss, the native implementation

@@ -223,6 +223,9 @@ class TrainingSetup(Strict):
     # gradients' zeros read once a step (the record's logged_read_shard_bytes; refused where 0)
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
+    # Megatron-LM's --timing-log-level: its timers above level 0 synchronize the device at each start and stop
+    # (the record's timer_syncs; planner/cost/hosttime.py timer_sync_ms; refused where the record has none)
+    timing_log_level: int = Field(default=0, ge=0, le=2)
     # Megatron-LM's --deterministic-mode: torch's deterministic algorithms, whose NaN fill of each
     # aten::empty writes Transformer Engine's outputs twice (the record's fills_te_outputs)
     deterministic: bool = False

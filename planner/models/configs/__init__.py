@@ -38,13 +38,6 @@ PENDING: dict[str, str] = {
     "etp": "an expert tensor-parallel size other than TP (experts split over another group)",
     "fp8-all-gather": "fp8 weights in the data-parallel all-gather (less traffic and gathered bytes)",
     "bf16-grad-reduce": "gradients reduced (and bucketed) in bf16 rather than fp32",
-    # Megatron-LM d98e8a64: megatron/core/timers.py 143-165 (start and stop each torch.cuda.synchronize()),
-    # pipeline_parallel/schedules.py 494, 552 (level 2: each microbatch's forward and backward compute),
-    # p2p_communication.py 445-553 (level 2: each pipeline send and receive); training_config.py 267-274
-    "timers": "Megatron-LM's timers above level 0, each of which waits for the device at its start and stop "
-              "(level 2: every microbatch's forward and backward and every pipeline send and receive), so the host "
-              "issues nothing ahead across them; Megatron's own help: 'setting the level to 1 or 2 might cause "
-              "increase in iteration time' (not charged)",
     "op-sac": "op-level selective activation checkpointing, which ckplan offers only for LLaMA-style blocks with "
               "flash attention and no shared-expert gate (planner/profiler/opsac.py): scored as no recompute",
 }
@@ -70,6 +63,7 @@ class JobSettings:
     unfused_grad_accumulation: bool = False
     log_params_norm: bool = False
     log_num_zeros_in_grad: bool = False
+    timing_log_level: int = 0  # Megatron-LM's --timing-log-level (its timers' synchronizes)
     deterministic: bool = False  # Megatron-LM's --deterministic-mode (its NaN fill; attention not charged)
     grad_reduce_bf16: bool = False  # Megatron-LM's --grad-reduce-in-bf16
     te_cross_entropy: bool = False  # Megatron-LM's --cross-entropy-loss-fusion --cross-entropy-fusion-impl te

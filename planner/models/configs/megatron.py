@@ -447,6 +447,9 @@ def _test_settings(flags: Flags, job: Job) -> None:
     modelled.log_num_zeros_in_grad = bool(flags.take(
         "--log-num-zeros-in-grad", "the gradients' zeros counted over the rank's fp32 shard every step: 4 B a "
         "parameter of the shard (--log-num-zeros-in-grad)", bool, False))
+    modelled.timing_log_level = int(flags.take("--timing-log-level", "Megatron-LM's timers above level 0 synchronize the device at each start and stop (megatron/core/timers.py 130-155 at 2795ebde): charged at the regions the code times (planner/cost/hosttime.py timer_sync_ms)", int, 0))
+    if modelled.timing_log_level not in (0, 1, 2):
+        raise UserError(f"--timing-log-level is {modelled.timing_log_level}; Megatron-LM takes 0, 1 or 2")
     modelled.deterministic = bool(flags.take(
         "--deterministic-mode", "torch's deterministic algorithms (arguments.py 1528-1537): each of Transformer "
         "Engine's GEMM, norm and attention outputs filled with NaN before it is written (--deterministic-mode); "
