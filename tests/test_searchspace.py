@@ -4,6 +4,7 @@ optimizer offload and ds_config knobs under --runtime deepspeed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -86,25 +87,61 @@ def test_interleaved_beats_1f1b_and_the_search_finds_it():
     assert [s.iteration_ms for s in outcome.ranked] == pytest.approx(sorted(every)[:3], rel=1e-9)
 
 
-def test_one_chunk_configurations_are_solved_before_any_chunked_one():
-    """The chunked pass comes after the one-chunk pass: a deadline that passes once the first chunked solve
-    starts leaves every one-chunk configuration solved or pruned and the chunked ones unsolved."""
-    job, build = _job(), profile_for(MINI8)
+def _solving(monkeypatch) -> list:
+    """The candidates search_job solves, in order."""
+    solved, real = [], jobsearch.solve_one
+
+    def solve_one(candidate, **keywords):
+        solved.append(candidate)
+        return real(candidate, **keywords)
+
+    monkeypatch.setattr(jobsearch, "solve_one", solve_one)
+    return solved
+
+
+def test_one_chunk_configurations_are_solved_before_any_chunked_one(monkeypatch):
+    solved = _solving(monkeypatch)
     options = jobsearch.JobOptions(mem_cap_bytes=80 * GiB, gpus_per_node=1)
-    order = []
-    real = jobsearch.solve_one
+    jobsearch.search_job(_job(), options, profile_for(MINI8), top=3)
+    chunks = [c.degrees.chunks for c in solved]
+    assert 1 in chunks and 2 in chunks and chunks == sorted(chunks, key=lambda v: v > 1)
 
-    def solve_one(candidate, **kwargs):
-        order.append(candidate.degrees.chunks)
-        return real(candidate, **kwargs)
 
-    jobsearch.solve_one, saved = solve_one, real
-    try:
-        jobsearch.search_job(job, options, build, top=3, deadline=Deadline(None))
-    finally:
-        jobsearch.solve_one = saved
-    assert 1 in order and 2 in order
-    assert order == sorted(order, key=lambda chunks: chunks > 1)
+def test_the_time_limit_stops_the_chunked_pass(monkeypatch):
+    """On a clock of one second a solve: a limit that passes during the first chunked solve leaves the one-chunk
+    ranking as without a limit, says the search incomplete with the chunked ones left unsolved, and starts no
+    solve past it."""
+    options, build = jobsearch.JobOptions(mem_cap_bytes=80 * GiB, gpus_per_node=1), profile_for(MINI8)
+    one_chunk = jobsearch.search_job(_job(schedules=("1F1B",)), options, build, top=3)
+    solved = _solving(monkeypatch)
+    limit = one_chunk.solved + 0.5
+    outcome = jobsearch.search_job(_job(), options, build, top=3, deadline=Deadline(limit, clock=lambda: len(solved)))
+    assert [c.degrees.chunks for c in solved[:one_chunk.solved]] == [1] * one_chunk.solved
+    assert len(solved) == one_chunk.solved + 1 and solved[-1].degrees.chunks > 1  # none started past the limit
+    assert not outcome.complete and outcome.unsolved and all(c.degrees.chunks > 1 for c in outcome.unsolved)
+    ranked = [(s.degrees, s.iteration_ms) for s in outcome.ranked if s.degrees.chunks == 1]
+    assert ranked == [(s.degrees, s.iteration_ms) for s in one_chunk.ranked][:len(ranked)] and ranked
+
+
+def test_the_default_space_solves_interleaved_beside_the_1f1b_solved_only(monkeypatch):
+    """chunked="beside-solved": the interleaved configurations solved are twins of those the one-chunk pass solved
+    (its bound under the bar), every other one passing the memory bound counted set aside; here pp 2's 1F1B is
+    solved and not ranked (top 3: pp 1's), and its interleaved twin wins."""
+    options, build = jobsearch.JobOptions(mem_cap_bytes=80 * GiB, gpus_per_node=1), profile_for(MINI8)
+    solved = _solving(monkeypatch)
+    ranked = jobsearch.search_job(_job(schedules=("1F1B",)), options, build, top=3).ranked
+    first = {c.degrees for c in solved}
+    assert all(s.degrees.pp == 1 for s in ranked) and any(d.pp == 2 for d in first)
+    monkeypatch.undo()
+    kept = [c for c in jobsearch.candidates(_job(), options, jobsearch.Profiles(build), jobsearch.Outcome())
+            if c.degrees.chunks > 1]
+    twin = {id(c): dataclasses.replace(c.degrees, schedule="1F1B", chunks=1) for c in kept}
+    solved = _solving(monkeypatch)
+    outcome = jobsearch.search_job(_job(), options, build, top=3, chunked="beside-solved")
+    chunked = [c for c in solved if c.degrees.chunks > 1]
+    assert chunked and all(dataclasses.replace(c.degrees, schedule="1F1B", chunks=1) in first for c in chunked)
+    assert outcome.chunked_set_aside == sum(twin[id(c)] not in first for c in kept) > 0
+    assert outcome.ranked[0].degrees.schedule == "interleaved-1F1B"
 
 
 def test_deepspeed_offload_in_the_space_with_zero_only():

@@ -203,11 +203,11 @@ def _early(o) -> str:
 
 
 def _set_aside(o) -> str:
-    """The chunked configurations the default space set aside (their 1F1B twins outside the ranking)."""
+    """The chunked configurations the default space set aside (their 1F1B twins pruned by the time bound)."""
     if not o.chunked_set_aside:
         return ""
-    return (f"; {o.chunked_set_aside} interleaved configurations not solved, their degrees' 1F1B outside the "
-            "ranking (--schedules 1F1B,interleaved-1F1B solves every one the bounds leave)")
+    return (f"; {o.chunked_set_aside} interleaved configurations not solved, their degrees' 1F1B pruned by the "
+            "time bound (--schedules 1F1B,interleaved-1F1B solves every one the bounds leave)")
 
 
 def _left(o) -> str:

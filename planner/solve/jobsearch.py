@@ -106,8 +106,8 @@ class Outcome:
     complete: bool = True  # False: the deadline stopped it before the bound did
     unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
     solved_early: int = 0  # of `solved`, those solved while profiles were still built (half the limit gone, no plan)
-    # chunked configurations not solved because their one-chunk twin (the same degrees under 1F1B) was not among the
-    # ranked one-chunk configurations (search_job's chunked="beside-top")
+    # chunked configurations not solved because their one-chunk twin (the same degrees under 1F1B) was not solved:
+    # its bound at or past the bar (search_job's chunked="beside-solved")
     chunked_set_aside: int = 0
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
@@ -345,8 +345,9 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
     the ranking is the best of what was solved; outcome.unexplored the configurations never reached); at
     half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early).
-    `chunked`: "all" solves every chunked configuration the bounds do not prune; "beside-top" only those whose
-    one-chunk twin (the same degrees under 1F1B) the one-chunk pass ranked, the rest counted in
+    `chunked`: "all" solves every chunked configuration the bounds do not prune; "beside-solved" only those whose
+    one-chunk twin (the same degrees under 1F1B) the one-chunk pass solved (its bound under the bar then), the rest
+    counted in
     outcome.chunked_set_aside (a chunked schedule's time bound holds no bubble, so it prunes few, and each of
     its MILPs takes seconds: docs/published-runs.md §37.searchspace)."""
     started = time.perf_counter()
@@ -373,15 +374,15 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     # one pass a kind: the one-chunk configurations (the exact DP, fast) first, then the chunked ones (the
     # MILP, seconds each), each pass in bound order and stopped by the bar the passes before it set
     one_chunk, chunked_ones = [c for c in found if c.degrees.chunks == 1], [c for c in found if c.degrees.chunks > 1]
-    if not _solve_pass(one_chunk, outcome, early, top=top, deadline=deadline, solver=solver):
+    solved: set[Degrees] = {c.degrees for c in found if id(c) in early}
+    if not _solve_pass(one_chunk, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved):
         outcome.unsolved += [c for c in chunked_ones if id(c) not in early]
     else:
-        if chunked == "beside-top":
-            ranked = {_twin(s.degrees) for s in outcome.ranked}
-            kept = [c for c in chunked_ones if _twin(c.degrees) in ranked or id(c) in early]
+        if chunked == "beside-solved":
+            kept = [c for c in chunked_ones if _twin(c.degrees) in solved or id(c) in early]
             outcome.chunked_set_aside = len(chunked_ones) - len(kept)
             chunked_ones = kept
-        _solve_pass(chunked_ones, outcome, early, top=top, deadline=deadline, solver=solver)
+        _solve_pass(chunked_ones, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved)
     outcome.wall_s = time.perf_counter() - started
     return outcome
 
@@ -398,10 +399,10 @@ def _solve_order(candidate: Candidate) -> tuple:
 
 
 def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, top: int, deadline: Deadline,
-                solver: str) -> bool:
+                solver: str, solved: set[Degrees]) -> bool:
     """Solve `found` (in bound order) until the next bound reaches the `top`-th best time: no configuration
     left in it could enter the ranking (its time is at least its bound, and the bar only falls). False where
-    the deadline stopped it (outcome.unsolved: those left)."""
+    the deadline stopped it (outcome.unsolved: those left). `solved` collects the degrees solved."""
     for index, candidate in enumerate(found):
         bar = outcome.ranked[top - 1].iteration_ms if len(outcome.ranked) >= top else math.inf
         if candidate.bounds.time_ms >= bar:
@@ -413,6 +414,7 @@ def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, to
             outcome.complete = False
             outcome.unsolved = [c for c in found[index:] if id(c) not in early]
             return False
+        solved.add(candidate.degrees)
         _rank(outcome, solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar, deadline=deadline,
                                  solver=solver), top)
     return True
