@@ -5,7 +5,8 @@ both), with the configurations each considered, solved and set aside, and its be
 
     PYTHONPATH=$PWD python scripts/bench_search.py --before /tmp/base --after . [--jobs M11,T22] [--repeats 2]
 
---before / --after: checkouts whose planner/ runs (e.g. `git worktree add /tmp/base main`). Per job and tree: the
+--before / --after: checkouts whose planner/ and configs/ run (e.g. `git archive main | tar -x -C /tmp/base`; each
+search runs in its tree, as `python -m` puts the working directory first on the path). Per job and tree: the
 median wall time of the repeats (the command's, imports included) and the spread (slowest - fastest), which is
 the noise to read the ratio against; the ratio after / before of the medians. Runs one search at a time."""
 
@@ -59,7 +60,7 @@ def one(tree: Path, job: str, time_limit: float, folder: Path) -> dict:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "planner.cli", "search", *args, "--time-limit", str(time_limit),
                            "--out", str(out), "--json"], capture_output=True, text=True,
-                          env=os.environ | {"PYTHONPATH": str(tree)}, cwd=Path(__file__).resolve().parent.parent)
+                          env=os.environ | {"PYTHONPATH": str(tree)}, cwd=tree)  # `-m` puts the cwd first on the path
     wall = time.perf_counter() - started
     try:
         data = json.loads(done.stdout)
