@@ -4,7 +4,8 @@ degree (with and without sequence parallelism) that divides a node and the model
 every pipeline degree that divides what is left and the layers can fill, every micro-batch
 size that divides a replica's share of the batch, every ZeRO stage over every shard group
 (HSDP), for a mixture of experts every expert-parallel degree and, where the runtime runs
-it, every context-parallel degree whose 2·cp load-balanced chunks divide the sequence. Nothing here scores;
+it, every context-parallel degree whose 2·cp load-balanced chunks divide the sequence, each schedule asked
+at each chunk count the layers admit, and where asked optimizer offload. Nothing here scores;
 planner/solve/jobsearch.py bounds and solves what this lists."""
 
 from __future__ import annotations

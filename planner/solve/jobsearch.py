@@ -10,7 +10,9 @@ their time bound with today's route (search.plan: the exact DP where its structu
 MILP elsewhere), each bounded by the `top`-th best time found so far, and the search stops
 once the next time bound reaches it: no configuration left could enter the ranking. The
 ranking is therefore the same as solving every configuration (tests/test_search.py holds it
-to that brute force).
+to that brute force). The one-chunk configurations (1F1B, GPipe: the DP) pass first, then the
+chunked ones (the MILP) under the bar they left; with chunked="beside-solved" (`ckplan search`'s
+default space) only the chunked twins of the one-chunk configurations solved are.
 
 Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
 291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
