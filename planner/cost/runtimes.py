@@ -78,8 +78,7 @@ _NO_MODEL_COMPILE = {
 
 def _ckplan() -> RuntimeFacts:
     return RuntimeFacts(
-        name="ckplan", version="ckplan (this repository) on " + TORCH_V,
-        pipeline_schedules=("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"),
+        name="ckplan", version="ckplan (this repository) on " + TORCH_V, pipeline_schedules=("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"),
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=True, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=True,
         # ckplan's runtime runs the model file's own loss, measured into the profile; an analytic
@@ -208,8 +207,7 @@ def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
 
 def _deepspeed_newest() -> RuntimeFacts:
     return RuntimeFacts(
-        name="deepspeed", version=_DS_V,
-        pipeline_schedules=("1F1B",),
+        name="deepspeed", version=_DS_V, pipeline_schedules=("1F1B",),
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         # Megatron-DeepSpeed's GPT runs Megatron's vocab-parallel cross-entropy
@@ -301,8 +299,7 @@ def _deepspeed_newest() -> RuntimeFacts:
 def _colossalai(version: str) -> RuntimeFacts:
     hf_43x = version == "hf-4.3x"
     return RuntimeFacts(
-        name="colossalai", version=version,
-        pipeline_schedules=("1F1B", "interleaved-1F1B", "ZBV"),
+        name="colossalai", version=version, pipeline_schedules=("1F1B", "interleaved-1F1B", "ZBV"),
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         loss=LossRegion(kept_x=4.0, peak_x=8.0) if hf_43x else LossRegion(kept_x=3.0, peak_x=7.0),
@@ -501,4 +498,3 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
         refused.append(f"expert tensor parallelism distinct from TP (--expert-tp {training.expert_tp} with TP {tp}) "
                        "is not modelled: the experts are split as the profile's TP splits them")
     return refused
-
