@@ -281,22 +281,45 @@ def run_row(row: Row, work: Path) -> dict:
 
 
 def split(row: Row, work: Path) -> dict:
-    """§5's decompose.py: the bottleneck rank's terms x microbatches, and the rest of the iteration
-    as the bubble (the reductions after a stage's last backward with it)."""
-    from planner.cost import comm, costmodel
+    """The row's iteration split by term (split_terms) as `ckplan evaluate` costs its hand configuration."""
+    return split_terms(row.id, *capture(evaluate_args(row, work)))
 
-    stages, profile, setup, cost = capture(evaluate_args(row, work))
+
+def split_terms(row_id: str, stages, profile, setup, cost) -> dict:
+    """§5's decompose.py: the bottleneck rank's terms x microbatches, and the rest of the iteration
+    as the bubble (the reductions after a stage's last backward with it). Communication on the critical path is
+    the tensor-parallel collectives, the pipeline's sends, and context parallelism's K/V exchange beyond the
+    attention it overlaps (contextparallel.exchange_ms); torch's ring's own memory-bound kernels (the fp32 merge,
+    dQ/dK/dV, ring_membound_ms) are their own term; compute is the rest of the stage's time, of which the
+    attention core's flash calls under CP (the record's forward, again under a full recompute, and backward) are
+    `attention_core_s`."""
+    from planner.cost import comm, contextparallel, costmodel
+
     layers, microbatches = {layer.name: layer for layer in costmodel.layer_costs(profile)}, setup.pipeline.microbatches
     parts = []
     for stage, stage_cost in zip(stages, cost.stages):
-        tp = sum(comm.layer_comm_ms(layers[name], 1 if stage.recompute.get(name, "none") == "full" else 0, setup)
-                 for name in stage.layers)
-        parts.append((stage_cost.time_ms - tp, tp, stage_cost.comm_ms, stage_cost.step_ms))
-    compute, tp, sends, step = max(parts, key=lambda p: p[0] + p[1] + p[2])
-    busy = microbatches * (compute + tp + sends) + step
-    return {"id": row.id, "iteration_s": cost.iteration_ms / 1e3, "compute_s": microbatches * compute / 1e3,
-            "tp_comm_s": microbatches * tp / 1e3, "sends_s": microbatches * sends / 1e3,
-            "step_and_exposed_dp_s": step / 1e3, "bubble_s": (cost.iteration_ms - busy) / 1e3}
+        options = {name: 1 if stage.recompute.get(name, "none") == "full" else 0 for name in stage.layers}
+        tp = sum(comm.layer_comm_ms(layers[name], option, setup) for name, option in options.items())
+        cp = sum(contextparallel.exchange_ms(layers[name], option, setup) for name, option in options.items())
+        ring = sum(contextparallel.ring_membound_ms(layers[name], option, profile, setup)
+                   for name, option in options.items())
+        core = sum(_attention_core_ms(layers[name].context_parallel, option) for name, option in options.items())
+        parts.append((stage_cost.time_ms - tp - cp - ring, tp, cp, ring, stage_cost.comm_ms, stage_cost.step_ms, core))
+    compute, tp, cp, ring, sends, step, core = max(parts, key=lambda p: sum(p[:5]))
+    busy = microbatches * (compute + tp + cp + ring + sends) + step
+    return {"id": row_id, "iteration_s": cost.iteration_ms / 1e3, "compute_s": microbatches * compute / 1e3,
+            "attention_core_s": microbatches * core / 1e3, "tp_comm_s": microbatches * tp / 1e3,
+            "cp_exchange_s": microbatches * cp / 1e3, "cp_ring_membound_s": microbatches * ring / 1e3,
+            "sends_s": microbatches * sends / 1e3, "step_and_exposed_dp_s": step / 1e3,
+            "bubble_s": (cost.iteration_ms - busy) / 1e3}
+
+
+def _attention_core_ms(record, option: int) -> float:
+    """A block's flash calls under context parallelism (its LayerContextParallel): the forward's, again where the
+    block is fully recomputed (option 1), and the backward's; 0 without a record (cp 1, or a layer with none)."""
+    if record is None:
+        return 0.0
+    return record.attention_fwd_ms * (2 if option == 1 else 1) + record.attention_bwd_ms
 
 
 def run_rows(rows: list[Row], work: Path, out: Path, jobs: int) -> None:

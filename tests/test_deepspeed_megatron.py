@@ -145,8 +145,13 @@ PINS = {
     "run-175b.sh": ("deepspeed", 3, 8, 1, 28574.061, 373281838336, 384510722048),
     # run-1t.sh offloads the optimizer: its fp16 gradient partitions are on the host (§124), 2 B / 8 of the
     # 1,007,989,606,400 parameters (128 x (12h^2 + 13h) + 50,304h + 1,024h + 2h, h 25,600) = 251,997,401,600 B off
-    # the 530,276,051,968 pinned before (and the bucket, above)
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 98758.648, 278458650368, 302979743744),
+    # the 530,276,051,968 pinned before (and the bucket, above). Iteration: the host waits for each block's three
+    # weights' reduce-scatters in the backward, the offloaded partition's three copies beside them (§37.dsterms,
+    # planner/cost/deepspeed_waits.py: 128 x (103.661 + 2 x 138.204 ms, less the 0.364, 0.364, 0.793 ms queued
+    # behind) = 48,454.201 ms), the step no longer copies the gradients to the host (-68.158 ms, overlapped), and
+    # NCCL's CTAs no longer slow compute beside those reduce-scatters (their 5,382.690 ms x 24 / 108 SMs =
+    # -1,196.153 ms): 98,758.648 before
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 145948.538, 278458650368, 302979743744),
     "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20449853440, 24060624896),
 }
 

@@ -348,24 +348,6 @@ def test_megatron_fp8_recipes_map_to_float8_or_are_listed(tmp_path):
     assert {s.name: s.status for s in blocked.settings}["--fp8-format"] == "not modelled"
 
 
-def test_delayed_scaling_is_said_not_modelled_charged_as_tensorwise(tmp_path):
-    # TE v2.9's delayed-scaling cast writes its amax as it casts (3 B an element) and reduces and updates the amaxes
-    # at each autocast exit; ckplan charges tensorwise's amax pass and cast (5 B) and no updates: the user is told
-    read = _megatron_reader(tmp_path)
-    given = read("--fp8-format hybrid --fp8-recipe delayed")
-    setting = {s.name: s for s in given.settings}["--fp8-recipe"]
-    assert given.modelled.float8 and setting.status == "not modelled"
-    assert setting.what.startswith("delayed scaling (TE v2.9 Float8Quantizer) is not modelled: its casts are charged "
-                                   "as tensorwise current scaling's")
-    default = read("--fp8-format hybrid")  # Megatron's default recipe: no flag to list, a note instead
-    assert default.modelled.float8 and "--fp8-recipe" not in {s.name for s in default.settings}
-    assert [note for note in default.notes if note.startswith("--fp8-recipe not given: Megatron-LM's default, "
-                                                              "delayed; delayed scaling (TE v2.9")]
-    tensorwise = read("--fp8-format hybrid --fp8-recipe tensorwise")
-    assert {s.name: s.status for s in tensorwise.settings}["--fp8-recipe"] == "modelled"
-    assert not [note for note in tensorwise.notes if "--fp8-recipe" in note]
-
-
 def test_under_tp_with_sp_the_norms_output_is_cast_on_its_shard_and_saved_in_float8():
     # TINY at TP 2 with SP, 8,192 tokens: wq 64 -> 32, wk, wv 64 -> 16, wo 32 -> 64, w1, w3 64 -> 80, w2 80 -> 64
     T = 8 * 1024

@@ -87,8 +87,9 @@ PINNED = [
     ("--from-megatron", "megatron_llama3_8b_h100_fp8.sh", (), dict(tp=1, pp=1, dp=8, zero=1, microbatches=16),
      # --grad-reduce-in-bf16: 2 B a parameter fewer in static (8.03 G parameters); the fused SwiGLU's and TE's FP8
      # saved inputs in the activations (planner/cost/te_kept.py); the FP8 weights on Hopper as the bf16 (1 + 1 B);
-     # the reserve from the replay of Megatron-LM's step (branch megreplay)
-     [(44166436864, 86619249668, 87570776064)]),
+     # the reserve from the replay of Megatron-LM's step (branch megreplay); delayed scaling's meta buffers at
+     # --fp8-amax-history-len 1024, 32 blocks x 148,480 B (te_delayed.py; tests/test_fp8_delayed.py)
+     [(44171188224, 86624001028, 87570776064)]),
     ("--from-megatron", "megatron_gpt3_mcore_te_tp2_pp2.yaml", ("--gpus", "8"),
      dict(tp=2, pp=2, dp=2, zero=0, microbatches=4),
      [(412222464, 2153728000, 2193620992), (402803712, 1916358660, 2166358016)]),
@@ -309,6 +310,17 @@ def test_megatrons_context_parallel_flags_are_modelled(tmp_path):
     both = _job(tmp_path, BASE + "\n--context-parallel-size: 4\n--cp-comm-type: a2a+p2p")
     assert {s.name: s.status for s in both.settings}["--cp-comm-type"] == "not modelled"
     assert both.modelled.cp_comm is None
+
+
+def test_one_replica_under_context_parallelism_still_shards_the_distributed_optimizer():
+    # TP 4 x CP 2 on 8 GPUs: one data-parallel replica, whose two cp ranks the distributed optimizer shards over
+    # (megatron-core d98e8a64 optimizer/__init__.py 934-935, 1204-1205: intra_dp_cp_group); it was read as ZeRO 0
+    from planner.commands.evaluate_config import predict
+
+    path = Path(__file__).parents[1] / "configs/megatron-lm/" \
+        "gpt3_345m_weekly_dgx_h100_1N8G_mcore_tp4_cp2_native_fp8_tp_sp_cp_tp_overlap.yaml"
+    job = predict(megatron.read(path), gpus=8, gpu_name="h100")
+    assert (job.dp, job.setup.data_parallel.dp, job.setup.data_parallel.zero) == (1, 2, 1)
 
 
 def test_torchtitans_context_parallel_keys_are_modelled(tmp_path):

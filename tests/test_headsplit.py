@@ -132,23 +132,24 @@ def test_the_replay_plays_them_and_frees_what_is_left_at_the_heads_backward():
 
 
 def test_the_backward_releases_each_once_its_node_has_run():
-    # TP 2: the LM head's part (the logits' gradient, its input's whole gradient, dH = id 3 after the reduce-scatter,
-    # the whole freed) is codes 0-3; the norm's from 4: the logits' gradient freed, `* weight`'s two, dW freed, dH
-    # freed (8), dF, dG freed, d(rsqrt), dA, d(rsqrt) freed, dF freed, mean's dB (15) and pow's three, their frees,
-    # A's gradients summed (22). Released: the cat once the linear's node has made its input's gradient (before dH,
-    # code 2), G before dH's free, 1/rms before dB, A before the sum.
+    # TP 2: the LM head's part (tests/test_lastseq.py: the logits' gradient, its input's whole gradient, the logits'
+    # gradient freed, the reduce-scatter's cat, dH = id 4, the whole and the cat freed) is codes 0-6; the norm's from
+    # 7: `* weight`'s two, dW freed, dH freed (10), dF, dG freed, d(rsqrt), dA, d(rsqrt) freed, dF freed, mean's dB
+    # (17) and pow's three, their frees, A's gradients summed (24). Released: the cat once the linear's node has made
+    # its input's gradient and dropped the logits' gradient (before the reduce-scatter's cat, code 3), G before dH's
+    # free, 1/rms before dB, A before the sum.
     head = _head(2)
-    assert head.extra_program[:4] == (4096, 4096, 2048, -2)
-    assert (head.extra_program[8], head.extra_program[14], head.extra_program[22]) == (-3, -6, 4096)
+    assert head.extra_program[:7] == (4096, 4096, -1, 4096, 2048, -2, -3)
+    assert (head.extra_program[10], head.extra_program[16], head.extra_program[24]) == (-4, -7, 4096)
     # the cat (the LM head's input), G, 1/rms, A
-    assert head.kept_frees == ((2, 8), (8, 5), (15, 3), (22, 1))
+    assert head.kept_frees == ((3, 8), (10, 5), (17, 3), (24, 1))
     stage = _alone(dataclasses.replace(head, unit=0))
     events = [(type(e).__name__, e.key[0], e.key[-1]) for e in step_events(stage, steps=1)]
     for kept, then in (  # each freed just before the code at its index
-        (8, ("Alloc", "extra", 3)),  # dH
-        (5, ("Free", "extra", 3)),  # dH freed
-        (3, ("Alloc", "extra", 9)),  # mean's dB
-        (1, ("Alloc", "extra", 13)),  # A's two gradients' sum
+        (8, ("Alloc", "extra", 3)),  # the reduce-scatter's cat
+        (5, ("Free", "extra", 4)),  # dH freed
+        (3, ("Alloc", "extra", 10)),  # mean's dB
+        (1, ("Alloc", "extra", 14)),  # A's two gradients' sum
     ):
         at = events.index(("Free", "kept", kept))
         assert events[at + 1] == then

@@ -22,10 +22,13 @@ def table():
 
 def test_the_table_holds_every_scored_row_of_section_18(table):
     main = [r for r in table.rows if r.group == "main"]
-    assert len(main) == 60  # every row §18 scores on time, §21.newrows' 16, §33.ubmem's G10, §35.newrows' G11-G18
-    assert sum(r.memory_bytes is not None for r in main) == 49  # and on memory (§21.newrows: F1, F2, G1-G9; G10-G18)
+    # every row §18 scores on time, §21.newrows' 16, §33.ubmem's G10, §35.newrows' G11-G18, §37.newrows' G19-G42,
+    # §37.fp8delayed's G43, P1-P12 (llm-foundry's MPT tables, time only) and N1
+    assert len(main) == 98
+    assert sum(r.memory_bytes is not None for r in main) == 75  # and on memory (§21.newrows: F1, F2, G1-G9; G10-G43; N1)
     assert [r.id for r in main if r.id[0] in "AFG"] == ["F1", "F2"] + [f"A{i}" for i in range(1, 6)] + \
-        [f"G{i}" for i in range(1, 19)]
+        [f"G{i}" for i in range(1, 44)]
+    assert [r.id for r in main if r.id[0] in "NP"] == [f"P{i}" for i in range(1, 13)] + ["N1"]
     # §23.moerows' MoE rows, §23.dsv3rows' DeepSeek-V3, §35.newrows' two 26.02 rows
     assert [r.label for r in table.rows if r.group == "bridge"] == ["T22", "T23", "B1", "B2", "B3", "B4", "B5", "B6",
                                                                     "E1", "E2", "E3", "E4", "E5", "D1", "B7", "B8"]
@@ -46,7 +49,16 @@ def test_every_row_names_a_source_and_its_published_figures(table):
     assert by_id["F1"].time_s == pytest.approx(8192 / 7689.5)  # batch 1 a GPU
     assert (by_id["G1"].static_bytes, by_id["G1"].memory_bytes) == (688_128_512, 2_415_566_336)
     assert (by_id["G10"].static_bytes, by_id["G10"].memory_bytes) == (476_258_816, 883_747_328)  # rank 7's, §158
+    assert (by_id["G43"].static_bytes, by_id["G43"].memory_bytes) == (302_059_008, 428_052_992)  # delayed scaling
     assert (by_id["G15"].static_bytes, by_id["G15"].memory_bytes) == (1_259_751_936, 2_561_334_272)  # §35.newrows
+    # §37.newrows: G11's test on GB200 (93ebf8d7) and on A100 (adc69dba, its own config)
+    assert (by_id["G19"].static_bytes, by_id["G19"].memory_bytes) == (762_837_504, 2_235_816_960)
+    assert (by_id["G26"].static_bytes, by_id["G26"].memory_bytes) == (717_288_960, 2_194_839_040)
+    assert "configs/megatron-lm/a100/" in " ".join(by_id["G26"].args)
+    assert (by_id["G40"].static_bytes, by_id["G40"].memory_bytes) == (465_773_056, 876_407_296)  # G10's test on GB200
+    assert by_id["P3"].time_s == pytest.approx(504 * 2048 / (8 * 2002))  # GBS 504 x 2048 over 8 H100s
+    assert by_id["P7"].time_s == pytest.approx(16 * 65536 / (8 * 1956))  # MPT-7B at 65,536 tokens
+    assert by_id["N1"].time_s == pytest.approx(32 * 2048 / 21919) and by_id["N1"].memory_kind == "reserved"
 
 
 def test_every_rows_arguments_are_accepted_by_ckplan_evaluate(table):

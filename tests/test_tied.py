@@ -75,12 +75,15 @@ def test_each_stage_holding_a_tied_copy_is_charged_the_gradient_sum_and_the_copy
     from planner.cost import costmodel
     from planner.schema import StagePlan, TrainSetup
 
-    setup = TrainSetup(stages=2, microbatches=2, micro_batch_size=1, mem_caps_bytes=[2**40] * 2)
+    # the pipeline's link at 16 MB/s: the fp32 gradient of the 1000 shared parameters (4,000 B), all-reduced
+    # between the two stages (a ring of two: each moves 4,000 B), takes 0.25 ms (rules.tied_sum_ms)
+    setup = TrainSetup(stages=2, microbatches=2, micro_batch_size=1, mem_caps_bytes=[2**40] * 2,
+                       comm={"pp_gb_per_s": 0.016})
     stages = [StagePlan(index=0, layers=["embed", "blocks.0"]), StagePlan(index=1, layers=["head"])]
     untied = costmodel.evaluate(stages, _tied_profile(0.0), setup)
-    tied = costmodel.evaluate(stages, _tied_profile(0.25), setup)
+    tied = costmodel.evaluate(stages, _tied_profile(0.5), setup)  # the profile's local sum_ms is not read
     assert [s.step_ms for s in untied.stages] == [3.0, 2.0]
-    assert [s.step_ms for s in tied.stages] == [3.25, 2.25]  # the sum runs on both holders
+    assert [s.step_ms for s in tied.stages] == pytest.approx([3.25, 2.25])  # the sum runs on both holders
     # the copy: each holder keeps the 1000 shared parameters' weights, grads and Adam state (16 B each)
     assert [s.static_bytes for s in tied.stages] == [(1000 + 500) * 16, 1000 * 16]
 

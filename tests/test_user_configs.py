@@ -122,3 +122,13 @@ def test_a_megatron_script_is_compared_with_the_built_in_it_describes():
     assert (record.arch, record.tp, record.pp, record.ep, record.micro_batch_size) == ("mixtral-8x7b", 1, 4, 8, 1)
     with pytest.raises(UserError, match="describes another model than the one searched"):
         from_framework_job(job, arch=archs.arch("llama3-8b"), gpu="h100", seq_len=4096)
+
+
+def test_megatrons_timers_above_level_0_are_listed_not_modelled(tmp_path):
+    """--timing-log-level 1 or 2 synchronizes the device at each timer's start and stop (megatron/core/timers.py
+    143-165 at d98e8a64; level 2 around every microbatch's forward and backward, schedules.py 494, 552), which the
+    A100 functional tests' configs set (docs/published-runs.md §37.newrows): never "no effect"."""
+    status = {s.name: s.status for s in _job(tmp_path, BASE + "\n--timing-log-level: 2").settings}
+    assert status["--timing-log-level"] == "not modelled"
+    status = {s.name: s.status for s in _job(tmp_path, BASE + "\n--timing-log-level: 0").settings}
+    assert status["--timing-log-level"] == "modelled"  # level 0: the one per-step timer ckplan's host floor assumes

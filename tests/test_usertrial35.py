@@ -49,11 +49,13 @@ def test_the_smallest_cap_solve_names_is_one_solve_plans_under(tmp_path):
     run_ok("solve", "--profile", profile, "--stages", "4", "--mem", f"{smallest}MiB", "--out", plan)
 
 
-def test_a_stage_needs_the_cap_the_solvers_row_admits_where_its_replay_reserves_less():
-    """By hand: an allocated peak of 63 GiB with the 4 KiB fit margin, at the divisor's 15%, reserves
+def test_a_stage_the_replay_judges_needs_its_replayed_reserve_and_one_the_divisor_judges_the_row():
+    """Where the allocator replay judges a stage, the cap it needs is its replayed reserve with the buffers and the
+    margin, 73 GiB + 768 MiB + 4 KiB, though the divisor's row would ask more: solve searches under rows that admit
+    every plan the replay admits (planner/solve/replayfit.py, §37.solvefit), so that cap plans. Where the divisor
+    judges it, by hand: an allocated peak of 63 GiB with the 4 KiB fit margin, at the divisor's 15%, reserves
     ceil((63 GiB + 4 KiB) / 0.85 / 2 MiB) = 37,949 segments of 2 MiB; with 768 MiB of NCCL buffers the cap must
-    hold 37,949 x 2 MiB + 768 MiB. The replay's reserve (73 GiB) is less, and on it alone the stage would ask
-    73 GiB + 768 MiB + 4 KiB."""
+    hold 37,949 x 2 MiB + 768 MiB."""
     from planner.cost.assembly import StageCost
     from planner.solve.search import cap_needed_bytes
 
@@ -61,10 +63,12 @@ def test_a_stage_needs_the_cap_the_solvers_row_admits_where_its_replay_reserves_
     stage = StageCost(static_bytes=0, kept_bytes=0, in_flight=1, activation_bytes=0, buffer_bytes=0,
                       transient_bytes=0, peak_bytes=63 * gib, time_ms=1.0, cap_bytes=80 * gib,
                       reserved_bytes=73 * gib, reserved_by="replay", workspace_bytes=768 * mib)
-    assert -(-(63 * gib + 4096) * 100 // 85 // (2 * mib)) == 37_949
-    assert cap_needed_bytes(stage, 0.15) == 37_949 * 2 * mib + 768 * mib
+    assert cap_needed_bytes(stage, 0.15) == 73 * gib + 768 * mib + 4096
     roomy = dataclasses.replace(stage, reserved_bytes=78 * gib)  # a replay reserving more than the divisor
     assert cap_needed_bytes(roomy, 0.15) == 78 * gib + 768 * mib + 4096
+    assert -(-(63 * gib + 4096) * 100 // 85 // (2 * mib)) == 37_949
+    divisor = dataclasses.replace(stage, reserved_bytes=37_949 * 2 * mib, reserved_by="divisor")
+    assert cap_needed_bytes(divisor, 0.15) == 37_949 * 2 * mib + 768 * mib + 4096
     cpu = dataclasses.replace(stage, reserved_bytes=None, reserved_by=None, workspace_bytes=0)
     assert cap_needed_bytes(cpu, 0.15) == 63 * gib + 4096
 

@@ -141,6 +141,7 @@ def _float8_unscored(job, notes: list[str]) -> None:
     from dataclasses import replace
 
     job.modelled.float8 = job.modelled.fp8_all_gather = job.modelled.fp8_current_scaling = False
+    job.modelled.fp8_delayed_scaling = job.modelled.fp8_amax_tp_only = False
     what = ("FP8 GEMMs on blocks ckplan records no Float8 timing for under this runtime (latent attention; "
             "mixture-of-experts but Megatron-LM's TE experts: planner/profiler/float8.py, te_moe_float8.py): "
             "scored in bf16")
@@ -181,7 +182,7 @@ def _data_parallel(job, dp: int, notes: list[str]):
     from planner.commands.setup_options import DataParallelOptions
     from planner.schema.setup import DEEPSPEED_CHECKPOINTING
 
-    if dp == 1:
+    if dp == 1 and job.cp == 1:  # under CP the cp ranks of the one replica shard the optimizer (with_context_parallel)
         if job.modelled.ddp.get("overlap_param_gather"):  # one rank holds the whole shard: its gather moves nothing
             job.modelled.ddp["overlap_param_gather"] = False
             notes.append("one data-parallel rank: the distributed optimizer shards nothing, and --overlap-param-gather "
@@ -244,6 +245,9 @@ def _with_settings(options, job):
                                 te_grouped_gemm=modelled.te_grouped_gemm,
                                 nccl_ring_simple=modelled.nccl_ring_simple, nccl_nvls_off=modelled.nccl_nvls_off,
                                 fp8_current_scaling=modelled.fp8_current_scaling,
+                                fp8_delayed_scaling=modelled.fp8_delayed_scaling,
+                                fp8_amax_history_len=modelled.fp8_amax_history_len if modelled.fp8_delayed_scaling
+                                else None, fp8_amax_tp_only=modelled.fp8_amax_tp_only,
                                 expandable_segments=modelled.expandable_segments,
                                 chunked_cross_entropy=modelled.chunked_cross_entropy)
     return replace(options, settings=settings, tp_overlap=modelled.tp_overlap, ub_cfg=modelled.ub_cfg,

@@ -82,18 +82,24 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     io.write_atomic(out, result.text)
     _report(plan, result, out)
     if target == "torchtitan" and torchtitan_base is not None:
-        _unchecked_base(torchtitan_base)
+        _unchecked_base(torchtitan_base, profile)
 
 
-def _unchecked_base(base: str) -> None:
-    """A --torchtitan-base ckplan does not know: its model is not checked against the plan's, said."""
+def _unchecked_base(base: str, profile) -> None:
+    """A --torchtitan-base whose model is not checked against the plan's, said: one ckplan does not
+    know, or one it knows beside a profile that records no model dimensions (a model file's, measured
+    or --fake: torchtitan._check_base_model has nothing to compare, and checks the depth only)."""
     from planner.console import warn
-    from planner.emit import torchtitan
+    from planner.emit import facts, torchtitan
 
     if base not in torchtitan.BASE_MODELS:
         warn(f"--torchtitan-base {base} is not a torchtitan config function ckplan knows (it knows "
              f"{', '.join(b.rsplit(':', 1)[1] for b in torchtitan.BASE_MODELS)}): the model it builds is not checked "
              "against the plan's; the written file checks only its depth, when it runs")
+    elif facts.read(profile).model is None:
+        warn(f"--torchtitan-base {base} builds {torchtitan.BASE_MODELS[base]}, and the plan's profile (a model "
+             "file's, measured or --fake) records no model dimensions: only its depth was checked against the "
+             "plan's, not its widths, heads or vocabulary; make sure the plan's model is the one it builds")
 
 
 def _export_name(target: str, stem: str, suffix: str, torchtitan_version: str) -> str:

@@ -201,6 +201,8 @@ def _settings_unsaid(modelled, searched: dict) -> list[str]:
              ("the float8 all-gather", modelled.fp8_all_gather, searched.get("fp8_all_gather", False)),
              ("FP8 current scaling (TE's amax all-reduces over TP)", modelled.fp8_current_scaling,
               searched.get("fp8_current_scaling", False)),
+             ("FP8 delayed scaling (TE's amax history and all-reduces)", modelled.fp8_delayed_scaling,
+              searched.get("fp8_delayed_scaling", False)),
              ("TP overlap", modelled.tp_overlap, searched.get("tp_overlap", "none")),
              ("Adam's moments", modelled.optimizer_state_dtype, searched.get("optimizer_state_dtype", "fp32")),
              ("the runtime version", modelled.runtime_version, searched.get("runtime_version")),

@@ -240,7 +240,8 @@ def write_plan(best, out: Path, profile_out: Path, model_ref) -> None:
                 predicted=PlanPredicted(iteration_ms=best.iteration_ms,
                                         peak_bytes_max=max(best.cost.peak_bytes_per_stage)),
                 solver=SolverInfo(name=best.solve.solver, status=best.solve.status, objective=best.solve.objective,
-                                  bound=best.solve.bound, gap=best.solve.gap, wall_s=round(best.solve.wall_s, 4)))
+                                  bound=best.solve.bound, gap=best.solve.gap, wall_s=round(best.solve.wall_s, 4),
+                                  replay=best.solve.replay, solves=best.solve.solves))
     # no baselines: the search ranks configurations; `ckplan solve --profile PLAN.profile.json` with
     # the plan's degrees scores them (on 405B they take longer than the whole search's solves)
     io.save_plan(plan, out)

@@ -147,6 +147,8 @@ def _summary(plan, cost, out: Path, ranges) -> dict:
         "bound_ms": plan.solver.bound,
         "gap": plan.solver.gap,
         "solve_s": plan.solver.wall_s,
+        "replay": plan.solver.replay,  # replayfit: "relaxed" (the status holds against the replay), "searched"
+        "solves": plan.solver.solves,
         "iteration_ms": plan.predicted.iteration_ms,
         "stages": stages_json(plan.stages, cost, ranges),
         "baselines": [

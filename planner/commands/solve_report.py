@@ -77,8 +77,11 @@ def reserved_note(setup, predicted=()) -> str:
     over = [i for i, p in enumerate(predicted) if p.reserved_bytes is not None
             and p.reserved_bytes + p.workspace_bytes > setup.pipeline.mem_caps_bytes[i]]
     warning = f"; stages {', '.join(map(str, over))} reserve more than their cap" if over else ""
-    return (f"peak: allocated; reserved: {how}; nccl: communicator buffers; the cap holds reserved + nccl, "
-            f"the solvers hold the allocated peak to the cap less a {margin:.0%} margin{warning}")
+    rows = (f"the solvers hold the allocated peak to the cap less a {margin:.0%} margin" if not replayed
+            else f"the solvers hold the allocated peak to a cap less a {margin:.0%} margin, at caps raised until "
+            "they admit every plan the replay admits, and the replay judges their plan")
+    return f"peak: allocated; reserved: {how}; nccl: communicator buffers; the cap holds reserved + nccl, {rows}{warning}"
+
 
 
 def host_line(stages) -> str:
@@ -133,6 +136,21 @@ def print_plan(plan, out: Path) -> None:
     solver = plan.solver
     gap = "" if solver.gap is None else f", gap {solver.gap:.2e}"
     console.print(f"solver: {solver.name}, {solver.status}{gap} in {solver.wall_s:.2f} s; plan written to {out}")
+    if (line := replay_line(solver)) is not None:
+        console.print(line)
+
+
+def replay_line(solver) -> str | None:
+    """What the solver's status proves where the allocator replay judges the plan (planner/solve/replayfit.py)."""
+    if solver.replay == "relaxed":
+        return (f"the solver's rows admitted every plan the allocator replay admits (each stage's allocated peak up to "
+                f"its cap less NCCL's buffers), and the plan they gave fits the replay: '{solver.status}' holds "
+                "against the replay")
+    if solver.replay == "searched":
+        return (f"the plan the rows that admit every plan the replay admits gave does not fit the replay; this is "
+                f"the fastest that fits of {solver.solves} solves under caps between (or the plan that needs least), "
+                "its gap against those rows' bound: a faster plan may fit")
+    return None
 
 
 def print_comparison(plan) -> None:

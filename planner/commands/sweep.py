@@ -36,7 +36,7 @@ def sweep_caps(profile, setup, deadline=None, solver: str = "auto", top_bytes: i
 def sweep_points(profile, setup, *, time_limit_s: float, deadline=None, solver: str = "auto",
                  top_bytes: int | None = None) -> tuple[list[dict], list[str]]:
     """One row per cap: ckplan's and each baseline's predicted iteration (None: does not fit),
-    and the solver's status per row. One deadline (default: time_limit_s from now) bounds
+    and the solver's status per row ("searched" where the replay's search over caps gave the plan). One deadline (default: time_limit_s from now) bounds
     the whole sweep; points it cuts short keep the best plan known, "feasible", not "optimal"."""
     from planner.solve import search
     from planner.solve.deadline import Deadline
@@ -50,7 +50,9 @@ def sweep_points(profile, setup, *, time_limit_s: float, deadline=None, solver: 
         solved = isinstance(result, search.PlanResult)
         rows.append({"cap_bytes": cap, "ckplan": result.cost.iteration_ms if solved else None,
                      **{b.name: (b.iteration_ms if b.feasible else None) for b in refs}})
-        statuses.append((result.solve if solved else result).status)
+        # "searched": the fastest plan the search over caps found that fits the replay (replayfit), not a time limit
+        statuses.append("searched" if solved and result.solve.replay == "searched"
+                        else (result.solve if solved else result).status)
     return rows, statuses
 
 
@@ -69,6 +71,9 @@ def run_sweep(profile, setup, *, plot: Path, time_limit_s: float, as_json: bool,
                          for r, short in zip(rows, cut_short)]))
     if any(cut_short):
         console.print("* --time-limit ran out before these points were proven optimal: the best plan known then")
+    if "searched" in statuses:
+        console.print("at caps where the allocator replay puts the solvers' first plan over, the fastest plan of a "
+                      "search over caps that fits the replay (planner/solve/replayfit.py): not proven fastest")
     _plot(rows, names, plot)
 
 

@@ -101,6 +101,17 @@ SETTING_OPTIONS = [
                  help="Megatron-LM's --fp8-recipe tensorwise under --float8: Transformer Engine's FP8 current scaling, "
                       "whose sequence-parallel blocks all-reduce each gathered input's and output gradient's amax over "
                       "the TP group before its cast, four a block-microbatch (--runtime megatron)."),
+    click.option("--fp8-delayed-scaling", "fp8_delayed_scaling", is_flag=True,
+                 help="Megatron-LM's --fp8-recipe delayed (its default) under --float8: Transformer Engine's delayed "
+                      "scaling, each cast at its amax history's scale with no amax pass, the amaxes all-reduced over "
+                      "TP x DP x CP twice a model chunk a microbatch and once a recompute, the history held "
+                      "(--runtime megatron)."),
+    click.option("--fp8-amax-history-len", "fp8_amax_history_len", type=click.IntRange(1, 1 << 20), default=None,
+                 help="Megatron-LM's --fp8-amax-history-len under --fp8-delayed-scaling: each TE module's amax "
+                      "history, fp32, a row per step [default: 1, Megatron-LM's]."),
+    click.option("--fp8-tp-only-amax-red", "fp8_amax_tp_only", is_flag=True,
+                 help="Megatron-LM's --tp-only-amax-red under --fp8-delayed-scaling: the amaxes reduced over TP x CP "
+                      "only."),
     click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
                  help="Whether the job's launch sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching "
                       "allocator's replay (the reserve on cuda) runs its rules or the default segments (ROCm builds "
@@ -112,7 +123,7 @@ SETTING_OPTION_NAMES = ("runtime_version", "compile_components", "op_level_sac",
                         "unfused_grad_accumulation", "log_params_norm", "log_num_zeros_in_grad", "deterministic",
                         "expandable_segments", "grad_reduce_bf16", "te_cross_entropy", "fused_cross_entropy",
                         "te_grouped_gemm", "local_layers", "nccl_ring_simple", "nccl_nvls_off",
-                        "fp8_current_scaling")
+                        "fp8_current_scaling", "fp8_delayed_scaling", "fp8_amax_history_len", "fp8_amax_tp_only")
 
 
 COMPILE_COMPONENTS = ("model", "loss")  # torchtitan's compile.components (config/job_config.py 725, 238fa9953e4a)
@@ -161,6 +172,9 @@ class TrainingSettings:
     nccl_ring_simple: bool = False
     nccl_nvls_off: bool = False
     fp8_current_scaling: bool = False
+    fp8_delayed_scaling: bool = False
+    fp8_amax_history_len: int | None = None  # None: Megatron-LM's 1
+    fp8_amax_tp_only: bool = False
 
     @classmethod
     def from_options(cls, values: dict) -> TrainingSettings:
@@ -197,10 +211,27 @@ def check_settings(profile, *, runtime: str, settings: dict, say=None) -> None:
     if settings.get("fp8_current_scaling") and (runtime != "megatron" or not settings["float8"]):
         refused.append("--fp8-current-scaling is Transformer Engine's FP8 recipe under --runtime megatron with "
                        "--float8 (Megatron-LM's --fp8-recipe tensorwise); give both or drop it")
+    refused += _delayed_refused(runtime, settings)
     if refused:
         raise UserError(refused[0])
     if say is not None:
         setting_notes(profile, runtime=runtime, settings=settings, say=say)
+
+
+def _delayed_refused(runtime: str, settings: dict) -> list[str]:
+    """TE's delayed scaling's settings where they mean nothing: without --float8 under --runtime megatron, beside
+    current scaling, or its history and group without it."""
+    if settings.get("fp8_delayed_scaling"):
+        if runtime != "megatron" or not settings["float8"]:
+            return ["--fp8-delayed-scaling is Transformer Engine's FP8 recipe under --runtime megatron with --float8 "
+                    "(Megatron-LM's --fp8-recipe delayed); give both or drop it"]
+        if settings.get("fp8_current_scaling"):
+            return ["--fp8-delayed-scaling and --fp8-current-scaling are two FP8 recipes; a job runs one: drop one"]
+        return []
+    given = [flag for flag, name in (("--fp8-amax-history-len", "fp8_amax_history_len"),
+                                     ("--fp8-tp-only-amax-red", "fp8_amax_tp_only")) if settings.get(name)]
+    return [f"{given[0]} sets Transformer Engine's delayed scaling, which this job does not run: give "
+            "--fp8-delayed-scaling or drop it"] if given else []
 
 
 def _nccl_off_gpu(profile, settings: dict) -> list[str]:
@@ -228,9 +259,27 @@ def setting_notes(profile, *, runtime: str, settings: dict, say) -> None:
     elif settings["float8"] and not record.float8_memory:
         say(f"--float8: {runtime}'s Float8 ({record.float8}) is timed (its GEMMs in FP8, its casts); its memory "
             "is charged as the bf16 layers' (its float8 weight workspaces and saved inputs are not modelled)")
+    if settings.get("fp8_delayed_scaling"):
+        say(_delayed_note(profile, settings))
     loss = settings["compile"] if settings.get("compile_loss") is None else settings["compile_loss"]
     if settings["compile"] or loss:
         say(f"--compile {compile_said(settings['compile'], loss)}: " + _compile_note(profile, record, settings["compile"], loss))
+
+
+def _delayed_note(profile, settings: dict) -> str:
+    """What --fp8-delayed-scaling charges (planner/cost/te_delayed.py), and the blocks charged as tensorwise."""
+    from planner.cost.te_delayed import undelayed_layers
+
+    group = "TP x CP" if settings.get("fp8_amax_tp_only") else "TP x DP x CP"
+    said = (f"--fp8-delayed-scaling: Transformer Engine's delayed scaling: its casts without an amax pass (the norm "
+            f"writing FP8 itself), the amaxes all-reduced over {group} at each model chunk's forward end and backward "
+            f"end and each recompute, the meta buffers of {settings.get('fp8_amax_history_len') or 1} history row(s) "
+            "held (planner/cost/te_delayed.py)")
+    undelayed = undelayed_layers(profile)
+    if undelayed:
+        said += (f"; {len(undelayed)} block(s) ({undelayed[0]}, ...) charged with tensorwise casts: their experts' "
+                 "grouped quantize under delayed scaling is not read")
+    return said
 
 
 def _fused_kernels_note(profile, record) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.cost import runtimes, schedules, splittime
+from planner.cost import runtimes, schedules, splittime, stagesends
 from planner.cost.assembly import option_indices, stage_sums
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.rules import outputs_held
@@ -70,23 +70,32 @@ def as_ranks(stages: Sequence[StagePlan], setup: TrainSetup) -> list[StagePlan]:
 def chunked_linear_ms(ranks: Sequence[StagePlan], profile: Profile, setup: TrainSetup) -> float:
     """The chunked MILP's linear time for a plan (milp_ranks._chunked_time, from each of its P·V
     stages' busy time as evaluate scores them: F + I + W, splittime.stage_times, so a split
-    backward's passes as they run): M·Σ a rank's stages' busy + (P - 1)·the slowest stage + the
-    slowest rank's step. The search holds the MILP's objective to it; the plan reports the
-    simulated schedule's time (evaluate)."""
+    backward's passes as they run): for every rank, its work, M·Σ its stages' busy less the sends its
+    runtime runs beside the compute (stagesends.beside_ms) plus its warm-up forwards' sends, which it
+    waits for (stagesends.warmup_sends), + (P - 1)·the slowest stage (its sends included: the fill and
+    drain cross one at every rank boundary) + the slowest rank's step; the largest over the ranks.
+    The rank's work is exact: what schedule_time.simulate_time runs on the rank's compute stream; the
+    fill and drain are the interleaved schedule's bubble, (P - 1)·(t_f + t_b) (Narayanan et al. 2021,
+    exact for equal stages), as before. The search holds the MILP's objective to it; the plan reports
+    the simulated schedule's time (evaluate)."""
     order = schedule_of(setup)
     view = stages_view(setup, order)
     costs = layer_costs(profile)
     position = {layer.name: idx for idx, layer in enumerate(costs)}
-    per_stage, splits = [], [] if order.splits_backward else None
+    per_stage, stage_layers, splits = [], [], [] if order.splits_backward else None
     for k, stage in enumerate(pipeline_stages(ranks, setup)):
         layers = [costs[position[name]] for name in stage.layers]
         options = option_indices(stage, layers)
         per_stage.append(stage_sums(layers, options, stage=k, profile=profile, setup=view))
+        stage_layers.append(layers)
         if splits is not None:
             splits.append(splittime.stage_split(layers, options, setup))
     times = splittime.stage_times(per_stage, splits=splits)
     busy = [t.busy_ms for t in times]
-    work = max(setup.pipeline.microbatches * sum(busy[k] for k in order.stages_of(r)) for r in range(order.num_ranks))
+    beside = stagesends.beside_ms(order, stage_layers, view) or [(0.0, 0.0)] * len(busy)
+    held = stagesends.warmup_sends(order) if any(out for out, _ in beside) else [{}] * order.num_ranks
+    work = max(setup.pipeline.microbatches * sum(busy[k] - sum(beside[k]) for k in order.stages_of(r))
+               + sum(count * beside[k][0] for k, count in held[r].items()) for r in range(order.num_ranks))
     step = max(sum(per_stage[k].step_ms for k in order.stages_of(r)) for r in range(order.num_ranks))
     return work + (order.num_ranks - 1) * max(busy) + step
 

@@ -355,12 +355,28 @@ def stage_send_ms(num_bytes: int, setup: TrainSetup, *, stage: int | None = None
     measured no send line (TimeConstants.send_gb_per_s wins where it did): from pipeline stage `stage`
     to stage `to` (of a stage's terms' P·V stages) over the network where their ranks lie in two nodes
     (stage_crosses_nodes), else over the pipeline's one link."""
+    link = stage_link(setup, stage=stage, to=to)
+    return 0.0 if link is None else send_ms(num_bytes, link)
+
+
+def stage_all_reduce_ms(num_bytes: float, ranks: int, setup: TrainSetup, *, stage: int, to: int) -> float:
+    """One ring all-reduce of `num_bytes` over `ranks` pipeline ranks, the slowest of them pipeline
+    stages `stage` and `to` (stage_link): a tied parameter's gradient summed between its holders'
+    stages (rules.tied_sum_ms); 0 where the pipeline's link is not known or a send line is calibrated."""
+    link = stage_link(setup, stage=stage, to=to)
+    return 0.0 if link is None else all_reduce_ms(num_bytes, ranks, link)
+
+
+def stage_link(setup: TrainSetup, *, stage: int | None = None, to: int | None = None) -> Link | None:
+    """The link between pipeline stages `stage` and `to`: the network where their ranks lie in two nodes
+    (stage_crosses_nodes), else the pipeline's one link; None where a send line is calibrated
+    (TimeConstants.send_gb_per_s: rules.send_ms charges it) or no link is known."""
     comm = setup.comm
     if setup.time.send_gb_per_s is not None or comm.pp_gb_per_s is None:
-        return 0.0
+        return None
     if stage is not None and to is not None and stage_crosses_nodes(stage, to, setup):
-        return send_ms(num_bytes, Link(comm.pp_network_gb_per_s, comm.pp_network_latency_ms))
-    return send_ms(num_bytes, Link(comm.pp_gb_per_s, comm.pp_latency_ms))
+        return Link(comm.pp_network_gb_per_s, comm.pp_network_latency_ms)
+    return Link(comm.pp_gb_per_s, comm.pp_latency_ms)
 
 
 def stage_crosses_nodes(stage: int, to: int, setup: TrainSetup) -> bool:

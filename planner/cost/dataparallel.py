@@ -300,11 +300,14 @@ def weight_gather_ms(param_count: int, setup: TrainSetup, *, fp8_count: int = 0)
 
 def offload_phases_ms(param_count: int, setup: TrainSetup) -> tuple[float, float, float]:
     """(device→host gradient copy, host step, host→device weight copy) for the parameters of
-    these that this rank steps. The host step needs setup.data_parallel.host_step_ns_per_param."""
+    these that this rank steps. The host step needs setup.data_parallel.host_step_ns_per_param. No gradient copy at
+    the step where ZeRO 3 copies each reduced partition in the backward's hooks (the record's
+    waits_offloaded_grad_copy: planner/cost/deepspeed_waits.py charges it there)."""
     weights, grads, _ = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)]
-    owned = param_count / shard_size(setup)
+    owned, host = param_count / shard_size(setup), setup.data_parallel.host_gb_per_s
     step_ms = owned * (setup.data_parallel.host_step_ns_per_param or 0.0) / 1e6
-    return _ms(owned * grads, setup.data_parallel.host_gb_per_s), step_ms, _ms(owned * weights, setup.data_parallel.host_gb_per_s)
+    in_backward = setup.data_parallel.zero == 3 and runtimes.of(setup.training).waits_offloaded_grad_copy
+    return 0.0 if in_backward else _ms(owned * grads, host), step_ms, _ms(owned * weights, host)
 
 
 def offload_ms(param_count: int, setup: TrainSetup) -> float:

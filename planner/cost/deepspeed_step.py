@@ -17,7 +17,15 @@ planner/cost/runtime_deepspeed.py, read at DeepSpeed v0.6.2):
 
 from __future__ import annotations
 
-from planner.cost import dataparallel, deepspeed_terms, deepspeed_zero3, links, runtimes, stepcomm
+from planner.cost import (
+    dataparallel,
+    deepspeed_terms,
+    deepspeed_waits,
+    deepspeed_zero3,
+    links,
+    runtimes,
+    stepcomm,
+)
 from planner.cost.comm import MS_PER_US
 from planner.cost.hosttime import HEAD
 from planner.cost.layers import LayerCost
@@ -95,4 +103,4 @@ ROWS = (
      "the record's regathers_persistent (DeepSpeed v0.6.2 stage3.py _post_step, _allgather_params_coalesced): each "
      "at NCCL's LL ring latency over the shard group (links.ring_latency_us) and its bytes, then a synchronize "
      "(planner/cost/deepspeed_step.py, §176)"),
-)
+) + deepspeed_waits.ROWS

@@ -25,6 +25,7 @@ ran the norm's own ops)."""
 
 from __future__ import annotations
 
+from planner.cost import head_scatter
 from planner.cost.layers import LayerCost
 from planner.cost.rules import layer_extra_bytes, runtime_facts
 from planner.cost.tpgathered import tp_gathered_kept_bytes
@@ -60,10 +61,10 @@ def kept_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: Tra
 
 def backward_extra_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
     """The norm's backward peak beyond what the head keeps (20E), over the head's own transient (the logits'
-    gradient, the linear's input gradient): the larger of the two, as the LM head's backward ends before the norm's
-    starts (0 at every published size: the linear's is larger)."""
+    gradient, the linear's input gradient) and its reduce-scatter's cat (head_scatter.extra_bytes): the larger, as
+    the LM head's backward ends before the norm's starts (0 at every published size: the linear's is larger)."""
     peak = BACKWARD_PEAK * elements(layer, profile, setup) if option == 0 else 0
-    return max(0, peak - layer_extra_bytes(layer, option))
+    return max(0, peak - layer_extra_bytes(layer, option) - head_scatter.extra_bytes(layer, option, profile, setup))
 
 
 def kept_program(
@@ -120,7 +121,7 @@ def with_backward(program: tuple[int, ...], hands: int, count: int) -> tuple[tup
             four, -ids["dA"], -ids["p3"],  # A's two gradients summed
             two, -ids["sum"])  # dx
     # fmt: on
-    if hands == 1:  # no separate received gradient: dH is the program's first tensor
+    if hands == 1 or -1 in program:  # no separate received gradient (dH is the first tensor), or freed already
         norm = norm[1:]
     return (*program, *norm), ids["dx"]
 
@@ -142,10 +143,12 @@ def kept_frees(
     if not kept or not hands or not program:
         return ()
     start = len(program) - (
-        hands == 1
-    )  # where the norm's part's index 0 would be (dropped at hands 1)
+        hands == 1 or -1 in program
+    )  # where the norm's part's index 0 would be (dropped at hands 1, or where the head freed the logits' gradient)
     allocs = [at for at, code in enumerate(program) if code > 0]
     linear_done = allocs[1] + 1 if len(allocs) > 1 else len(program)
+    if linear_done < len(program) and program[linear_done] == -1:  # the node's inputs go before its saved tensors
+        linear_done += 1
     lm_input = 8 if -7 in kept else 6
     return ((linear_done, lm_input), (start + 4, 5), (start + 11, 3), (start + 18, 1))
 

@@ -44,7 +44,17 @@ Memory, where the runtime's record says its Float8 memory is read (RuntimeFacts.
 
 from __future__ import annotations
 
-from planner.cost import chunkedloss, runtimes, te_float8_kept, te_kept, te_moe_float8, te_moe_kept
+import math
+
+from planner.cost import (
+    chunkedloss,
+    runtimes,
+    te_delayed,
+    te_float8_kept,
+    te_kept,
+    te_moe_float8,
+    te_moe_kept,
+)
 from planner.errors import UserError
 from planner.schema import AllocRecord, Float8Linears, LayerProfile, Profile, TrainSetup
 from planner.schema.profile import Float8Cast
@@ -62,6 +72,7 @@ def float8_profile(profile: Profile, setup: TrainSetup) -> Profile:
 
     if setup.training.float8:  # a MoE block's Float8 record is its TE record's (te_moe_float8.py)
         profile = te_moe_float8.with_records(profile, runtimes.of(setup.training))
+    profile = te_delayed.delayed_profile(profile, setup.training)  # TE's delayed scaling's casts (te_delayed.py)
     profile = fusedkernels.fused_profile(profile, runtimes.of(setup.training).fused_kernels,
                                          unfused_accumulation=setup.training.unfused_grad_accumulation)
     profile = te_kept.fused_swiglu_profile(profile, runtimes.of(setup.training))
@@ -138,7 +149,8 @@ def _layer(layer: LayerProfile, *, gathered: bool, memory: bool, step_ms: float,
         "recompute_options": options,
         "step_ms": {name: ms + step_ms * fp8.param_count + per_step * fp8.weight_cast_ms for name, ms in layer.step_ms.items()},
         "alloc_records": {name: _te_inputs(with_float8(record, kept=kept_weight if name == "none" else 0,
-                                                       transient=fp8.transient_bytes if memory else 0),
+                                                       transient=fp8.transient_bytes if memory else 0,
+                                                       parts=transient_parts(fp8)),
                                            te_inputs if name == "none" else None)
                           for name, record in layer.alloc_records.items()},
     })
@@ -149,11 +161,12 @@ def _te_inputs(record: AllocRecord, te_inputs: dict | None) -> AllocRecord:
     return te_kept.te_record(record, float8=te_inputs) if te_inputs else record
 
 
-def with_float8(record: AllocRecord, *, kept: int, transient: int) -> AllocRecord:
+def with_float8(record: AllocRecord, *, kept: int, transient: int, parts: tuple[int, ...] = ()) -> AllocRecord:
     """An allocation record (planner/schema/profile.py AllocRecord) with Float8's tensors added:
     the saved float8 weight (`kept`) made last in the forward and freed at the end of the backward;
-    the casts (`transient`) made first in the backward and freed at its end. The backward's ids
-    after a new forward allocation move up by one."""
+    the casts (`transient`) made first in the backward and freed at its end: as `parts` where they add up to it
+    (transient_parts: the tensors torchao makes), else one tensor. The backward's ids after a new forward allocation
+    move up by one, and after the casts by their count."""
     forward, backward = list(record.forward), list(record.backward)
     made = sum(1 for code in forward if code > 0)
     shift = 1 if kept else 0
@@ -169,12 +182,31 @@ def with_float8(record: AllocRecord, *, kept: int, transient: int) -> AllocRecor
         forward.append(kept)
         frees.append(-kept_id)
     if transient:
-        cast_id = made + shift + 1  # the backward's first allocation
-        backward = [transient] + [code if code > 0 else -(-code + 1 if -code >= cast_id else -code)
-                                  for code in backward]
-        input_grad = input_grad + 1 if input_grad >= cast_id else input_grad
-        frees.insert(0, -cast_id)
+        casts = list(parts) if parts and sum(parts) == transient and min(parts) > 0 else [transient]
+        cast_id, count = made + shift + 1, len(casts)  # the backward's first allocations
+        backward = casts + [code if code > 0 else -(-code + count if -code >= cast_id else -code) for code in backward]
+        input_grad = input_grad + count if input_grad >= cast_id else input_grad
+        frees[:0] = [-(cast_id + n) for n in range(count)]
     return record.model_copy(update={"forward": forward, "backward": backward + frees, "input_grad": input_grad})
+
+
+def transient_parts(fp8: Float8Linears) -> tuple[int, ...]:
+    """Float8's transient (the largest linear's weight-grad GEMM's casts, Float8Linears.transient_bytes) as the
+    tensors torchao eab345c makes there (docs/framework-facts.md §222): `preprocess_addmm` copies grad_output
+    transposed (T x n, 1 B: `a_data.contiguous()`), then the input column-major (T x k: `b.t().contiguous().t()`),
+    of the linear the backward runs first among those whose two make the transient (the last converted in the
+    forward's order: w2 in a LLaMA block). A linear's T x n is found from its cast record (weight n x k, input
+    T x k); () where no linear's two make the transient (one tensor, as before)."""
+    for cast in reversed(fp8.forward_casts):
+        inp, weight, grad = cast.input_bytes, cast.weight_bytes, fp8.transient_bytes - cast.input_bytes
+        if inp <= 0 or weight <= 0 or grad <= 0:
+            continue
+        square, rest = divmod(weight * grad, inp)  # n / k = grad / inp and n x k = weight: n squared
+        n = math.isqrt(square)
+        if not rest and n * n == square and weight % n == 0 and inp % (weight // n) == 0 \
+                and inp // (weight // n) * n == grad:
+            return (grad, inp)
+    return ()
 
 
 def forward_casts(layer: LayerProfile, setup: TrainSetup) -> list[Float8Cast]:

@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.cost import contextparallel, dataparallel, eager_norm, fsdpunits, gradtiming, runtimes
+from planner.cost import (
+    contextparallel,
+    dataparallel,
+    eager_norm,
+    fsdpunits,
+    gradtiming,
+    head_scatter,
+    runtimes,
+)
 from planner.cost.cpring import peak as ring_peak
 from planner.cost.fsdp2_events import Fsdp2Layer
 from planner.cost.fsdp2_split import forward_parts, split_forward
@@ -342,9 +350,13 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
                           - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
         norm = eager_norm.elements(layer, profile, setup) if option == 0 else 0  # its requests played after the LM head's
+        cat = head_scatter.extra_bytes(layer, option, profile, setup)  # the head's reduce-scatter cat, played below
         program, hands, ring_ids = backward_hand_ring(
-            known, option_name(layer, option), max(0, extra - eager_norm.backward_extra_bytes(layer, option, profile, setup)),
+            known, option_name(layer, option),
+            max(0, extra - eager_norm.backward_extra_bytes(layer, option, profile, setup) - cat),
             contextparallel.ring_program(layer, option, setup), contextparallel.extra_bytes(layer, setup, option))
+        program, hands = head_scatter.with_cat(program, hands, head_scatter.cat_bytes(layer, option, profile, setup),
+                                               layer.input_bytes)
         grads_at = grads_order(known.kind, len(parts), program, hands, input_grad_first=_float8_linears(known, setup),
                                skip=ring_ids)
         kept_program = eager_norm.kept_program(layer, option, profile, setup, kept)  # the head's, where its norm is eager

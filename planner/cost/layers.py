@@ -63,7 +63,8 @@ class LayerCost:
     step_ms: tuple[tuple[str, float], ...] = ()  # (optimizer, ms) pairs
     largest_param_count: int = 0  # its largest parameter tensor; 0: not known
     recompute_ms: float | None = None  # None: not measured, a whole forward
-    tied_ms: float = 0.0  # summing the gradients of parameters it shares with other layers, per iteration
+    # the parameters it shares with other layers: (parameters, holders) per tied set (rules.tied_sum_ms)
+    tied: tuple[tuple[int, int], ...] = ()
     extra_options: tuple[OptionCost, ...] = ()  # selective options, after none and full
     expert_param_count: int = 0  # of param_count, the routed experts' (expert parallelism splits them)
     a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
@@ -80,6 +81,8 @@ class LayerCost:
     # kind's first layer's: a kind's blocks are alike); None: none (planner/cost/contextparallel.py)
     context_parallel: ExchangeCost | None = None
     float8_param_count: int = 0  # of param_count, Float8 linears' weights (the profile's record; 0: none)
+    # its TE modules by num_gemms, where its Float8 record has a delayed scaling one (planner/cost/te_delayed.py)
+    float8_module_gemms: tuple[int, ...] = ()
 
     @cached_property
     def options(self) -> tuple[OptionCost, ...]:
@@ -165,12 +168,18 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute, _fused(c)) for c in same[0].collectives),
             context_parallel=_exchange(same[0]),
             float8_param_count=max(item.float8.param_count if item.float8 is not None else 0 for item in same),
+            float8_module_gemms=_module_gemms(same[0]),
         )
         for kind, same in by_kind.items()
     }
-    tied = tied_ms(profile)
-    return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied_ms=tied.get(layer.name, 0.0))
+    tied = tied_sets(profile)
+    return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied=tied.get(layer.name, ()))
             for layer in profile.layers]
+
+
+def _module_gemms(layer) -> tuple[int, ...]:
+    delayed = layer.float8.delayed if layer.float8 is not None else None
+    return () if delayed is None else tuple(delayed.module_gemms)
 
 
 def _exchange(layer) -> ExchangeCost | None:
@@ -212,14 +221,13 @@ def _kind_options(same: list) -> tuple[OptionCost, ...]:
     return tuple(found)
 
 
-def tied_ms(profile: Profile) -> dict[str, float]:
-    """Per layer, the gradient sums that keep its shared parameters tied, once per
-    iteration before the optimizer step. Charged to every holder wherever the plan puts
-    it (on one stage there is nothing to sum: a small over-charge that keeps the term per
-    layer, as the solver needs it). The copy each holding stage keeps is already in its
-    param bytes: a layer's parameters are counted with the ones it shares."""
-    charged: dict[str, float] = {}
+def tied_sets(profile: Profile) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Per layer, the tied sets it holds, as (parameters shared, holders): what the sum that keeps
+    them tied moves (rules.tied_sum_ms charges it where the plan splits them). The copy each
+    holding stage keeps is already in its param bytes: a layer's parameters are counted with the
+    ones it shares."""
+    held: dict[str, tuple[tuple[int, int], ...]] = {}
     for item in profile.tied:
         for name in item.layers:
-            charged[name] = charged.get(name, 0.0) + item.sum_ms
-    return charged
+            held[name] = (*held.get(name, ()), (item.param_count, len(item.layers)))
+    return held

@@ -56,7 +56,7 @@ fsdp2work.edge_units_exposed_ms), AsyncTP's copies (copy engines, no SMs: framew
 from __future__ import annotations
 
 from planner.cost import dataparallel as dp
-from planner.cost import fsdp2work, fsdpunits, nccltuner, runtimes
+from planner.cost import deepspeed_waits, fsdp2work, fsdpunits, nccltuner, runtimes
 from planner.cost.layers import LayerCost
 from planner.cost.nccl_buffers import (
     NCCL_GPUS,
@@ -131,6 +131,7 @@ def layer_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
         return 0.0
     gather, reduce = dp.collectives_ms(layer.param_count, setup, expert_count=layer.expert_param_count,
                                        fp8_count=layer.float8_param_count)
+    reduce -= deepspeed_waits.waited_reduce_ms(layer, profile, setup)  # beside no GEMM: the host waits for them
     gather_share, reduce_share = layers_shares(gpu, sm_count(gpu), setup, [layer])
     fwd, bwd = compute_ms(layer.fwd_ms, setup.time), compute_ms(layer.bwd_ms, setup.time)
     return sum(n * slowed_ms(t, w, lost) for n, t, w, lost in _windows(gather, reduce, fwd, bwd, setup,

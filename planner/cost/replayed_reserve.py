@@ -41,6 +41,18 @@ def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profi
     return capped_reserve.under_cap(cost, replayed, play=play, reserved_of=reserved_of)
 
 
+def replays(setup: TrainSetup) -> bool:
+    """Whether a replay orders the setup's step, so that evaluate() judges a cuda stage by its replayed reserve
+    (with_replayed_reserve's routes; a stage whose layers lack the records an option needs keeps the divisor's):
+    FSDP2's, Megatron-FSDP's, DeepSpeed's ZeRO 3, Megatron-LM's, or ckplan's own step where the runtime's record
+    says so and each rank runs one chunk (reserve.replay_stage); none where --fragmentation is stated."""
+    if setup.pipeline.fragmentation is not None:
+        return False
+    return (reserve_fsdp2.replays(setup) or reserve_megatron_fsdp.replays(setup) or reserve_deepspeed.replays(setup)
+            or reserve_megatron.replays(setup)
+            or (runtimes.of(setup.training).step_replayed and setup.pipeline.chunks == 1))
+
+
 def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup
                ) -> tuple[Callable[[int | None], Replayed | None], Callable[[Replayed], int]] | None:
     """The replay that orders the stage's step, as a function of the bytes the allocator may reserve (None: no

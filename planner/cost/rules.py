@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from planner.cost import (
     chunkedloss,
+    comm,
     compiledrerun,
     dataparallel,
     ep_exchange,
@@ -189,12 +190,64 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
     parameters (ZeRO ≥ 1: the rank's 1/shard-group of them; offload: copies and the host
     step) and data parallelism's gradient reduction and weight gathers
     (dataparallel.step_term_ms); the step is 0 when the profile has no step time for that
-    optimizer. Plus the sums that keep its tied parameters tied, which run as part of the step."""
+    optimizer. Plus the sums that keep its tied parameters tied, which run before the step (tied_sum_ms)."""
     step = dict(layer.step_ms).get(setup.training.optimizer, 0.0)
     return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
                                      bwd_ms=compute_ms(layer.bwd_ms, setup.time),
                                      expert_count=layer.expert_param_count,
-                                     fp8_count=layer.float8_param_count) + layer.tied_ms
+                                     fp8_count=layer.float8_param_count) + tied_sum_ms(layer, setup)
+
+
+def tied_sum_ms(layer: LayerCost, setup: TrainSetup) -> float:
+    """The all-reduce that keeps the layer's shared parameters tied, once per iteration before the
+    optimizer step, as each holder's rank runs it (docs/framework-facts.md §247-§249): a ring
+    all-reduce of the gradient the runtime sums (tied_grad_bytes) over the holders' ranks, across
+    the link between the pipeline's first and last stages (comm.stage_all_reduce_ms: the network
+    where their ranks lie in two nodes), or a calibrated send line's time for the bytes a rank moves.
+    Megatron-core all-reduces the embedding's main_grad over its embedding group (the first and the
+    last pipeline rank), DeepSpeed's pipeline engine the tied weight's gradient (_hp_grad under
+    BF16_Optimizer) over the stages holding it, ckplan's runtime each copy's .grad (tie.py).
+
+    Nothing where the first and last stages share a rank (one stage; a V schedule's rank 0): there
+    the holders share one nn.Parameter, autograd sums the two contributions (InputBuffer's add, then
+    one AccumulateGrad, or two AccumulateGrads where two stages' backwards run apart), the same
+    bytes the profile's per-layer accumulations already charge each holder (§249); and no
+    framework runs a collective (DeepSpeed ties only where the pipeline has stages; Megatron's
+    embedding group is one rank).
+
+    Exact for a set the first and the last layers hold (the token embedding and the LM head,
+    the solvers' fixed ends); a set with an inner holder is charged as if its holders sat on those
+    two stages (over where they share a stage or a node; under where a V schedule puts two of
+    them on two ranks while its ends share one)."""
+    if not layer.tied:
+        return 0.0
+    pipeline = setup.pipeline
+    order = schedules.pipeline_schedule(pipeline.schedule, num_ranks=pipeline.stages // pipeline.chunks,
+                                        num_microbatches=pipeline.microbatches, num_chunks=pipeline.chunks)
+    last = order.num_stages - 1
+    if order.stage_to_rank[0] == order.stage_to_rank[last]:
+        return 0.0
+    per_param = tied_grad_bytes(setup)
+    total = 0.0
+    for count, holders in layer.tied:
+        num_bytes = count * per_param
+        total += comm.stage_all_reduce_ms(num_bytes, holders, setup, stage=0, to=last)
+        if setup.time.send_gb_per_s is not None:
+            total += send_ms(int(2 * (holders - 1) / holders * num_bytes), setup.time)
+    return total
+
+
+def tied_grad_bytes(setup: TrainSetup) -> float:
+    """Bytes per parameter of the gradient a tie's all-reduce sums: the optimizer's own fp32 gradient
+    where the runtime keeps one (DeepSpeed's _hp_grad), else the gradient it accumulates (Megatron's
+    main_grad, torch's .grad), a shard of it where ZeRO ≥ 2 shards the gradients (ckplan's runtime
+    under FSDP2 sums matching shards: tie.py)."""
+    held = dataparallel.param_bytes(setup)
+    if held.hp_grads:
+        return held.hp_grads
+    if setup.data_parallel.zero >= 2 and not dataparallel.kept_whole(setup):
+        return held.grads / dataparallel.shard_size(setup)
+    return held.grads
 
 
 def step_checks_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:

@@ -16,6 +16,10 @@ ran; docs/framework-facts.md §176), charged by planner/cost/deepspeed_step.py a
   (MAX), and the gradients' norm for clipping one more scalar (SUM: `get_grad_norm_direct` 1934-1990 on the GPU,
   `complete_grad_norm_calculation_for_cpu_offload` 1614-1641 under the optimizer's offload); ZeRO 1/2 the same two
   (stage_1_and_2.py 1141, 1824 at v0.6.2). Each read back on the host (`.item()`) before the step goes on.
+- the offloaded optimizer's gradient copy: under `offload_optimizer`, `__partition_grads` (stage3.py 1643-1717) ends
+  each reduced partition's path with `fp32_grad_tensor.copy_(grad_buffer)`, non_blocking False, on the reduce stream,
+  inside the gradient hook that issued the reduce-scatter (1469-1546), at the accumulation boundary: the backward's
+  host thread waits for that reduce-scatter before it issues anything more (planner/cost/deepspeed_waits.py).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ DS_V062 = "DeepSpeed v0.6.2 (32d97976)"
 # "grad_stats"); without ZeRO the model-parallel group's, where FP16_Optimizer reduces them (not read further)
 STEP_COLLECTIVES = (("overflow check", "grad_stats", ""), ("gradient norm", "grad_stats", ""))
 
-STEP_FACTS = {"reduce_scatter_prepass_bytes": 2 + 2, "regathers_persistent": True, "step_collectives": STEP_COLLECTIVES}
+STEP_FACTS = {"reduce_scatter_prepass_bytes": 2 + 2, "regathers_persistent": True, "step_collectives": STEP_COLLECTIVES,
+              "waits_offloaded_grad_copy": True}
 
 SOURCES = {
     "reduce_scatter_prepass_bytes": f"deepspeed/runtime/comm/coalesced_collectives.py 41-116 (reduce_scatter_coalesced: "
@@ -39,15 +44,21 @@ SOURCES = {
     "step_collectives": f"deepspeed/runtime/zero/stage3.py 2402-2432 (has_overflow: all_reduce MAX over the "
                         f"data-parallel group), 1934-1990 / 1614-1641 (the gradients' norm: all_reduce SUM); "
                         f"stage_1_and_2.py 1141, 1824, {DS_V062}",
+    "waits_offloaded_grad_copy": f"deepspeed/runtime/zero/stage3.py 1643-1717 (__partition_grads under offload_optimizer: "
+                                 f"fp32_grad_tensor.copy_(grad_buffer), blocking, on the reduce-and-partition stream), "
+                                 f"1469-1546 (called from the gradient hook that issues the bucket's reduce-scatter), "
+                                 f"{DS_V062}",
 }
 
 # the same facts where not read (every other record's sources)
 NOT_READ = {
     "reduce_scatter_prepass_bytes": "not read for this runtime (nothing charged before its reduce-scatters)",
     "regathers_persistent": "not read for this runtime (no ZeRO 3 persistent parameters)",
+    "waits_offloaded_grad_copy": "not read for this runtime (no blocking copy of a reduced gradient to the host)",
 }
 
 # BLOOM's DeepSpeed (the big-science fork's BF16_Optimizer at ZeRO 1, runtimes._deepspeed's older record): not read
-BLOOM_FACTS = {"reduce_scatter_prepass_bytes": 0, "regathers_persistent": False, "step_collectives": ()}
+BLOOM_FACTS = {"reduce_scatter_prepass_bytes": 0, "regathers_persistent": False, "step_collectives": (),
+               "waits_offloaded_grad_copy": False}
 BLOOM_NOT_READ = {**NOT_READ, "step_collectives": "not read for BLOOM's BF16_Optimizer (its step's scalar all-reduces "
                                                   "not charged)"}

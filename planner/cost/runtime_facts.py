@@ -186,6 +186,10 @@ class RuntimeFacts:
     x.float(), pow, mean, rsqrt, a product, type_as, * weight), so it keeps x's fp32 copy and the bf16 normalised
     tensor and its backward makes [tokens / sp, hidden] fp32 tensors (planner/cost/eager_norm.py); else the analytic
     head's fused norm."""
+    head_reduce_scatter_cat: bool = False
+    """Under TP + SP the LM head runs eager and DTensor reduce-scatters its input's gradient on the sequence dimension
+    through funcol, which makes `torch.cat(torch.chunk(x, t, 1))` first: a second whole [tokens, h] tensor beside the
+    linear's, the logits' gradient released before it (planner/cost/head_scatter.py); else the record's head."""
     loss_requests_eager_ce: bool = False
     """The runtime's loss is torch's eager cross-entropy on the fp32 logits (under TP, loss_parallel's), so
     the FSDP2 replay plays its tensors as torch requests them (fsdp2_layers.loss_program, framework-facts
@@ -265,6 +269,10 @@ class RuntimeFacts:
     regathers_persistent: bool = False
     """Whether ZeRO 3 gathers its persistent parameters (those under stage3_param_persistence_threshold) again after
     the optimizer step, one all-gather each, then synchronizes (planner/cost/deepspeed_step.py); False: not read."""
+    waits_offloaded_grad_copy: bool = False
+    """Whether, under the optimizer's offload, each reduced gradient partition reaches the host by a blocking copy on
+    the reduce stream inside the backward's gradient hook, so the host issues nothing more until that reduce-scatter
+    is done (DeepSpeed v0.6.2 __partition_grads; planner/cost/deepspeed_waits.py); False: not read."""
     # -- settings Megatron-LM's functional tests run (read by planner/cost/jobsettings.py; issue 35)
     unfused_wgrad_bytes: int = 0
     """Bytes per weight parameter a microbatch the runtime moves beyond the profile's gradient

@@ -230,6 +230,8 @@ def megatron() -> RuntimeFacts:
                                       "(its reserve replays its own records, reserve_megatron.py)",
             "final_norm_eager_fp32": "not read for this runtime (its final norm module, "
                                      "--normalization, framework-facts §179): the analytic head's fused norm",
+            "head_reduce_scatter_cat": "not read for this runtime: Megatron-LM's sequence dimension is first "
+                                       "([s, b, h]), its reduce-scatter needs no cat: the analytic head's",
             "logged_read_shard_bytes": "--log-params-norm: calc_params_l2_norm every iteration (training.py 3653-3654) "
                                        "over each parameter's main_param, the fp32 shard the distributed optimizer "
                                        "sets (megatron/training/utils/common_utils.py 51-151; distrib_optimizer.py "

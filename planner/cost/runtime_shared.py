@@ -79,6 +79,7 @@ AFTER_STEP_NOT_READ = {
     "loss_requests_eager_ce": "not read for this runtime: where a replay runs, the loss's scratch is played as its "
                               "largest tensor repeated",
     "final_norm_eager_fp32": "not read for this runtime: the analytic head's fused norm (its bf16 input and 1/rms)",
+    "head_reduce_scatter_cat": "not read for this runtime: the analytic head's input gradient and its shard",
 }
 
 # The layers' kernels where the runtime runs the model code's own ops: the profile's passes as they are

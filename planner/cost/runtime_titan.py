@@ -149,6 +149,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
         accumulates_without_pipeline=version not in ("9dec370", "bbb1b616"),
         loss_requests_eager_ce=version == "9dec370", final_norm_eager_fp32=version == "9dec370",
+        head_reduce_scatter_cat=version == "9dec370",
         nccl_version="2.21.5" if version == "9dec370" else "2.27.7",
         fsdp2_step_replayed=True, expandable_segments=True, fsdp_units=_TITAN_UNITS[version][0], fsdp_gathered_from_forward=_TITAN_UNITS[version][1],
         sources={
@@ -307,6 +308,12 @@ def torchtitan(version: str) -> RuntimeFacts:
                 "not read at this version: torch's nn.RMSNorm (2c8b5947 models/llama3/model/model.py 350) or "
                 "b5bcd76c's models/common RMSNorm, whose eager tensors depend on the torch it ran: the analytic "
                 "head's fused norm"),
+            "head_reduce_scatter_cat": (
+                "parallelisms/parallelize_llama.py 137-142 (\"output\": ColwiseParallel(input_layouts=Shard(1))), "
+                "297-306 (apply_compile: each TransformerBlock, not the head), 9dec370; torch 2.6.0 distributed/tensor/"
+                "_redistribute.py 321-363, placement_types.py 183-212, _functional_collectives.py 252-291 (the cat on "
+                "scatter_dim 1) (docs/framework-facts.md §219-§221)" if version == "9dec370" else
+                "not read at this version: the analytic head's input gradient and its shard"),
             "step_shard_bytes": "gradient clipping's foreach norm and multiply (12 B), torch/nn/utils/clip_grad.py 95, "
                                 f"173, {TORCH_V}; torchtitan/utils.py 348-404, train.py 311-316, {_TITAN_OLD}"
                                 + ("; foreach AdamW's 52 B beyond the fused step (optimizer.py 132-138; torch/optim/"

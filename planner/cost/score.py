@@ -201,15 +201,20 @@ def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, ord
     """What one microbatch of the stage holds, by when the schedule frees it: all its kept bytes at
     its backward, or, where the backward splits, until its weight pass (an upper bound: W needs
     only the linears' inputs), with the gradients its input pass leaves for W; and what its
-    sends hold where the schedule's runtime holds them."""
+    sends hold where the schedule's runtime holds them. On the pipeline's first stage a split
+    schedule's I runs nothing and its W the stage's whole backward as one autograd call (torch 2.13.0
+    pipelining/stage.py 1017-1029, 1085-1106; splittime.py): no gradients left for W, no input pass
+    peak, and W's peak the full backward's (the stage's B transient), not the split weight pass's
+    (docs/framework-facts.md §250)."""
     output, input_grad = sends_held_bytes(layers[0], layers[-1], stage=stage, order=order, training=training)
     split = order.splits_backward
+    passes = split and stage > 0  # the split passes run: past the pipeline's first stage
     return schedules.ChunkBytes(
         0.0 if split else sums.kept_bytes, sums.kept_bytes if split else 0.0,
         sent_output=output, sent_input_grad=input_grad,
-        held_for_weight_grad=sums.weight_grad_bytes if split else 0, transient=sums.transient_bytes,
-        input_pass_transient=sums.input_pass_peak_bytes if split else 0,
-        weight_pass_transient=sums.weight_pass_peak_bytes if split else 0)
+        held_for_weight_grad=sums.weight_grad_bytes if passes else 0, transient=sums.transient_bytes,
+        input_pass_transient=sums.input_pass_peak_bytes if passes else 0,
+        weight_pass_transient=(sums.weight_pass_peak_bytes if passes else sums.transient_bytes) if split else 0)
 
 
 def plan_iteration_ms(order: schedules.Schedule, sums: Sequence[StageSums], setup: TrainSetup, *,

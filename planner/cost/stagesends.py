@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 from planner.cost import comm, runtimes
 from planner.cost.layers import LayerCost
+from planner.cost.schedule_time import warmup_forwards
 from planner.cost.schedules import Schedule
 from planner.schema import TrainSetup
 
@@ -45,22 +46,47 @@ def beside_ms(
     """Per stage (its output's send, its input gradient's send), ms per microbatch, that its runtime runs
     beside the compute (RuntimeFacts.stage_sends_beside), each where it crosses ranks; None where none
     does. `view`: the setup over the schedule's stages (chunked.stages_view), as the terms read it."""
-    which = runtimes.of(view.training).stage_sends_beside
-    if which == "none" or not order.several_stages_a_rank or not stage_layers:
+    if not stage_layers:
         return None
-    last = len(stage_layers) - 1
-    rank = order.stage_to_rank
-    sends = []
-    for k, layers in enumerate(stage_layers):
-        out = (
-            comm.stage_send_ms(layers[-1].output_bytes, view, stage=k, to=k + 1)
-            if which == "both" and k < last and rank[k] != rank[k + 1]
-            else 0.0
-        )
-        back = (
-            comm.stage_send_ms(layers[0].input_bytes, view, stage=k, to=k - 1)
-            if k > 0 and rank[k] != rank[k - 1]
-            else 0.0
-        )
-        sends.append((out, back))
+    sends = [(output_beside_ms(layers[-1], k, order, view), input_grad_beside_ms(layers[0], k, order, view))
+             for k, layers in enumerate(stage_layers)]
     return sends if any(out or back for out, back in sends) else None
+
+
+def output_beside_ms(last: LayerCost, stage: int, order: Schedule, view: TrainSetup) -> float:
+    """The send of `last`'s output, closing pipeline stage `stage`, where the runtime runs it beside the
+    compute ("both") and it crosses ranks: the terms' uncalibrated send (comm.stage_send_ms); else 0."""
+    if not _beside(order, view, "both") or stage + 1 >= order.num_stages:
+        return 0.0
+    if order.stage_to_rank[stage] == order.stage_to_rank[stage + 1]:
+        return 0.0
+    return comm.stage_send_ms(last.output_bytes, view, stage=stage, to=stage + 1)
+
+
+def input_grad_beside_ms(first: LayerCost, stage: int, order: Schedule, view: TrainSetup) -> float:
+    """The send of `first`'s input gradient, opening pipeline stage `stage`, where the runtime runs it
+    beside the compute ("backward" or "both") and it crosses ranks; else 0."""
+    if not _beside(order, view, "backward", "both") or stage == 0:
+        return 0.0
+    if order.stage_to_rank[stage] == order.stage_to_rank[stage - 1]:
+        return 0.0
+    return comm.stage_send_ms(first.input_bytes, view, stage=stage, to=stage - 1)
+
+
+def warmup_sends(order: Schedule) -> list[dict[int, int]]:
+    """Per rank, per stage: how many of the stage's forwards in the rank's warm-up send their output to
+    another rank (schedule_time.warmup_forwards): the sends the sender waits for at once, as
+    simulate_time holds them, each the stage's output_beside_ms."""
+    counts: list[dict[int, int]] = []
+    for rank, actions in enumerate(order.actions):
+        mine: dict[int, int] = {}
+        for a in actions[:warmup_forwards(order, rank)]:
+            if a.kind == "F" and a.stage + 1 < order.num_stages and \
+                    order.stage_to_rank[a.stage + 1] != rank:
+                mine[a.stage] = mine.get(a.stage, 0) + 1
+        counts.append(mine)
+    return counts
+
+
+def _beside(order: Schedule, view: TrainSetup, *which: str) -> bool:
+    return order.several_stages_a_rank and runtimes.of(view.training).stage_sends_beside in which

@@ -18,6 +18,7 @@ from planner.cost import (
     eager_norm,
     fsdp2work,
     gradtiming,
+    head_scatter,
     hosttime,
     hpgrads,
     jobsettings,
@@ -25,6 +26,7 @@ from planner.cost import (
     megatron_loss,
     nccl_sms,
     stepcomm,
+    te_delayed,
 )
 from planner.cost.gathered import (
     fsdp_unit_layer_bytes,
@@ -182,8 +184,7 @@ TERMS: tuple[Term, ...] = (
     Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
          lambda layer, ckpt, ctx: reduced_bytes(layer, ctx.setup),
          "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),
-    Term("activations kept for backward", "kept", "layer",
-         lambda layer, ckpt, ctx: kept_bytes(layer, ckpt),
+    Term("activations kept for backward", "kept", "layer", lambda layer, ckpt, ctx: kept_bytes(layer, ckpt),
          "saved-tensor hooks per layer and recompute option (profiler); a checkpointed layer keeps its input"),
     Term("what a split backward's input pass leaves for its weight pass", "wgrad", "layer",
          lambda layer, ckpt, ctx: layer.options[int(ckpt)].split_held_bytes,
@@ -261,7 +262,7 @@ TERMS: tuple[Term, ...] = (
          "saved-tensor hooks under recompute.offloaded_activations: the bytes it copies out (profiler); "
          "analytic: a block's saved bytes less its input"),
     *(Term(*row) for row in deepspeed_ckpt.ROWS),  # DeepSpeed's cpu_checkpointing (planner/cost/deepspeed_ckpt.py)
-    *(Term(*row) for row in eager_norm.ROWS),  # torchtitan's eager fp32 final norm (planner/cost/eager_norm.py)
+    *(Term(*row) for row in (*eager_norm.ROWS, *head_scatter.ROWS)),  # torchtitan's eager head (eager_norm, head_scatter)
     Term("forward, backward, recompute", "time", "layer",
          lambda layer, ckpt, ctx: compute_ms(layer_time_ms(layer, ckpt, ctx.setup), ctx.setup.time),
          "timed per layer (profiler), times the calibrated compute scale"),
@@ -365,7 +366,7 @@ TERMS: tuple[Term, ...] = (
          "the record's fsdp_units; FSDP2's stream order at torch 2.6.0 (_fsdp_state.py _root_pre_forward, "
          "_root_post_backward_final_callback; _fsdp_collectives.py foreach_all_gather, foreach_reduce): beyond "
          "dataparallel.exposed_comm_ms's hiding behind each layer's own compute"),
-    *(Term(*row) for row in nccl_sms.ROWS + deepspeed_step.ROWS),  # NCCL's CTAs (nccl_sms.py), ZeRO 3's step (deepspeed_step.py)
+    *(Term(*row) for row in nccl_sms.ROWS + deepspeed_step.ROWS + te_delayed.ROWS),  # NCCL's CTAs (nccl_sms.py), ZeRO 3's step (deepspeed_step.py)
     Term("Megatron-LM's first and last bucket: the model's first layer's gather waited before the first forward and "
          "its reduction after the last backward (one stage a rank)", "step", "layer",
          lambda layer, ckpt, ctx: megatron_dp.edge_exposed_ms(layer, ctx.profile, ctx.setup),

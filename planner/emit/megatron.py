@@ -82,9 +82,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     else:
         modules = ()
     scored = rounding.rescore(plan, profile, rounded)
-    fp8_weights = " --fp8-param-gather (scored with --fp8-all-gather)" if plan.setup.training.fp8_all_gather else ""
-    cannot = CANNOT_EXPRESS + ([f"FP8 (scored with --float8): not written here; give --fp8-format hybrid "
-                                f"--fp8-recipe tensorwise (or delayed){fp8_weights}."] if plan.setup.training.float8 else [])
+    cannot = CANNOT_EXPRESS + scored_as.megatron_fp8_unwritten(plan.setup.training)
     header = rounding.header_lines(plan_file, TARGET, cannot, rounded, scored, plan_setup=plan.setup)
     text = rounding.comment(header) + "\n" + _arguments(rounded, roles, profile, 0 if modules else num, modules)
     return rounding.Export(TARGET, text, ".megatron.sh", rounded, scored, cannot)

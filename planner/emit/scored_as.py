@@ -56,3 +56,21 @@ def refuse_uncompiled_target(setup, target: str) -> None:
                         f"{','.join(compiled)}), and {target} has no setting that compiles the model: it runs "
                         f"{record.runs_instead}, so the plan's compiled memory and time would not hold there; solve "
                         f"with --runtime {record.name} (without --compile) and export that plan")
+
+
+
+def megatron_fp8_unwritten(training) -> list[str]:
+    """The FP8 flags a Megatron-LM export does not write, as the plan's FP8 was scored: delayed scaling with its
+    history and group (--fp8-delayed-scaling), tensorwise (--fp8-current-scaling), or either where neither was said;
+    [] without --float8."""
+    if not training.float8:
+        return []
+    if training.fp8_delayed_scaling:
+        recipe = ("--fp8-recipe delayed (scored with --fp8-delayed-scaling) --fp8-amax-history-len "
+                  f"{training.fp8_amax_history_len or 1}" + (" --tp-only-amax-red" if training.fp8_amax_tp_only else ""))
+    elif training.fp8_current_scaling:
+        recipe = "--fp8-recipe tensorwise (scored with --fp8-current-scaling)"
+    else:
+        recipe = "--fp8-recipe tensorwise (or delayed)"
+    weights = " --fp8-param-gather (scored with --fp8-all-gather)" if training.fp8_all_gather else ""
+    return [f"FP8 (scored with --float8): not written here; give --fp8-format hybrid {recipe}{weights}."]

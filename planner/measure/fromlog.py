@@ -16,7 +16,9 @@ Formats, read in their code:
   MetricsProcessor.log prints `step: S  loss: L  grad_norm: G  memory: M GiB(P%)  tps: T  tflops: F
   mfu: U%`, colour codes around the fields; M is reserved_bytes.all.peak since the last log / 2^30
   (DeviceMemoryMonitor.get_peak_stats; the allocated peak goes to TensorBoard only); T is tokens
-  of this rank / (seconds x non-data-parallel size), i.e. tokens/s per GPU.
+  of this rank / (seconds x non-data-parallel size), i.e. tokens/s per GPU. Since f113706c4
+  (2026-02-28; b5bcd76c metrics.py 488-493, 526) U is `N/A` when a Float8 or MX converter is on (its
+  MFU would be of the BF16 peak): the line is read, its MFU left to the tokens/s.
 Global rank -> pipeline rank: both frameworks place the pipeline outermost (Megatron-LM's default
 order tp-cp-ep-dp-pp, torchtitan's mesh pp, dp_replicate, dp_shard, cp, tp), so pipeline rank =
 rank // (world / pp).
@@ -38,7 +40,7 @@ _MEGATRON_ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time pe
 _MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
 _TITAN_STEP = re.compile(
     r"(?:\[rank(\d+)\]:)?.*?step:\s*(\d+)\s+loss:\s*[-\d.naif]+\s+(?:grad_norm:\s*[-\d.naif]+\s+)?"
-    r"memory:\s*([\d.]+)\s*GiB\(([\d.]+)%\)\s+tps:\s*([\d,]+)\s+tflops:\s*([\d,.]+)\s+mfu:\s*([\d.]+)%")
+    r"memory:\s*([\d.]+)\s*GiB\(([\d.]+)%\)\s+tps:\s*([\d,]+)\s+tflops:\s*([\d,.]+)\s+mfu:\s*(?:([\d.]+)%|N/A)")
 
 
 @dataclass
@@ -109,13 +111,14 @@ def _torchtitan(text: str) -> Log:
         reserved.setdefault(rank, []).append(float(match.group(3)))
         tps.append(float(match.group(5).replace(",", "")))
         tflops.append(float(match.group(6).replace(",", "")))
-        mfu.append(float(match.group(7)) / 100)
+        if match.group(7) is not None:  # N/A: a quantized run's (f113706c4)
+            mfu.append(float(match.group(7)) / 100)
     for rank, values in reserved.items():  # the peak since the last log line: the highest of the run
         log.ranks[rank] = RankLog(rank=rank, reserved_bytes=round(max(values) * GIB))
     log.steps = len(tps)
     if tps:
         log.tokens_per_s_per_gpu = statistics.median(tps[1:] or tps)
-        log.mfu = statistics.median(mfu[1:] or mfu)
+        log.mfu = statistics.median(mfu[1:] or mfu) if mfu else None
         log.tflops_per_gpu = statistics.median(tflops[1:] or tflops)
     return log
 

@@ -89,7 +89,6 @@ import datetime
 import json
 
 from planner.errors import UserError
-from planner.models import network_rate
 from planner.models.archs import CONTEXT_SOURCE, GPU, Arch
 from planner.profiler import (
     allocseq,
@@ -222,15 +221,25 @@ def dispatch_bytes(arch: Arch, shape: Shape) -> int:
 
 def tied_embedding(arch: Arch, shape: Shape, gpu: GPU) -> list[TiedSet]:
     """The token embedding and the LM head share one matrix in a tied config. Split across
-    stages each end keeps a copy, and their gradients are all-reduced between the first and
-    the last stage before every step (Megatron's embedding group): the fp32 gradient once over
-    the network between nodes, where pipeline stages usually sit: one rank of the group a node, one NIC's NCCL rate
-    (planner/models/network_rate.py)."""
+    stages each end keeps a copy, and the cost model charges their gradients' all-reduce over
+    the link between the stages that hold them (rules.tied_sum_ms); `sum_ms` is the local sum of
+    two copies as the measuring profiler times it (tied_sum_ms)."""
     if not arch.tie_word_embeddings:
         return []
     shared = vocab_per_device(arch, shape) * arch.hidden_size
     return [TiedSet(layers=["tok_embeddings", "output"], param_count=shared, param_bytes=shared * shape.d,
-                    sum_ms=shared * FP32 / (network_rate.ring_rate_across_nodes(gpu, 1) * 1e9) * 1e3)]
+                    sum_ms=tied_sum_ms(shared * shape.d, gpu))]
+
+
+# measure._sum_copies: mine.add_(theirs) reads two copies and writes one, theirs.copy_(mine) reads one and writes one
+SUM_COPIES_BYTES = 5
+
+
+def tied_sum_ms(param_bytes: int, gpu: GPU) -> float:
+    """What measure.tied_sets times of a tied parameter's `param_bytes`: two copies summed in place and
+    the sum copied back (SUM_COPIES_BYTES a copy's byte), eager elementwise kernels at their measured
+    HBM rate (membound.py): a roofline of the local work, not the transfer between stages."""
+    return membound_ms(SUM_COPIES_BYTES * param_bytes, gpu, "eager", "elementwise")
 
 
 def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:
@@ -472,7 +481,7 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, layers: l
         "transients": "block: output gradient + two largest backward gradients (estimate); "
                       "weight gradients accumulated in place",
         "tied_embeddings": ("one matrix where the embedding and the head share a stage; split, the last stage "
-                            "holds a copy and the fp32 gradient is all-reduced over the network each step")
+                            "holds a copy and the cost model charges the gradient's all-reduce between the stages")
                            if arch.tie_word_embeddings else "untied",
         **analytic_notes.moe_assumptions(arch, shape), **analytic_notes.mla_assumptions(arch),
     }

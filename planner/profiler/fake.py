@@ -51,7 +51,6 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from planner.cost.tied import tied_params
-from planner.models import network_rate
 from planner.models.archs import GPU
 from planner.profiler import (
     allocseq,
@@ -394,7 +393,7 @@ def fake_measure(layers: Layers, inputs: torch.Tensor, targets: torch.Tensor, lo
             value = loss_fn(layer_outputs[-1], targets)
             loss_value_bytes = counted_bytes(value.numel() * value.element_size(), value.device)
     tied = [TiedSet(layers=item.layers, param_count=item.param_count, param_bytes=item.param_bytes,
-                    sum_ms=item.param_count * FP32 / (network_rate.ring_rate_across_nodes(gpu, 1) * 1e9) * 1e3)
+                    sum_ms=analytic.tied_sum_ms(item.param_bytes, gpu))
             for item in tied_params(layers)]
     flops["loss"] = {"forward": loss_work.flops}
     return measure.Measurement(profiles, storage_nbytes(inputs), saved.loss_bytes + loss_value_bytes,

@@ -208,6 +208,9 @@ def backward(done: Work, linears: list[Linear], *, saved_float8: bool = False) -
 #   data itself (the GEMM takes the other layout): nothing more is written. What the forward keeps is 1 B an
 #   element either way (the transpose on Hopper, the data on Blackwell): planner/cost/te_kept.py.
 TE_NORM_CAST_BYTES = 3
+# under TE's delayed scaling (planner/profiler/te_delayed.py's docstring): a cast's bf16 read and FP8 write, its amax
+# written by the same kernel; the norm writing FP8 (1 B) where the bf16 block's norm writes 2; nvte_transpose after it
+DELAYED_CAST_BYTES, DELAYED_NORM_BYTES, DELAYED_NORM_TRANSPOSE_BYTES = 3, -1, 2
 TE_NORM_LINEARS = ("linear_qkv", "linear_fc1", "attention.qkv", "feed_forward.fc")  # a GPT block's (te_linears)
 # the GPUs whose FP8 GEMMs take only the TN layout (Hopper: TE v2.9 utils.py 490-495 `is_non_tn_fp8_gemm_supported`
 # true on sm 10.x, 11.x, 13+ only): planner/cost/bridgesettings.py TN_ONLY_GPUS, which the profiler may not import
@@ -222,31 +225,41 @@ def transpose_bytes(gpu) -> int:
     return 1 if gpu.name in TN_ONLY_GPUS else 0
 
 
-def te_input_bytes(linear: Linear, gpu, *, columnwise: bool = True) -> int:
+def te_input_bytes(linear: Linear, gpu, *, columnwise: bool = True, delayed: bool = False) -> int:
     """A TE linear's input quantize, bytes: from the norm with its amax (LayerNormLinear: TE_NORM_CAST_BYTES) or
     an amax pass and a cast (CAST_BYTES), each element, plus the Hopper transpose where the column-wise usage is
-    asked for (`columnwise`: a forward under grad; not in a checkpoint's first forward, run under no_grad)."""
-    per = TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES
-    return (per + (transpose_bytes(gpu) if columnwise else 0)) * linear.tokens * linear.k
+    asked for (`columnwise`: a forward under grad; not in a checkpoint's first forward, run under no_grad).
+    `delayed`: as TE's delayed scaling quantizes (planner/profiler/te_delayed.py): a LayerNormLinear's the norm's
+    FP8 output against its bf16 one (DELAYED_NORM_BYTES) and its transpose where column-wise on Hopper
+    (DELAYED_NORM_TRANSPOSE_BYTES); any other's the cast alone (DELAYED_CAST_BYTES) with its Hopper transpose."""
+    transpose = transpose_bytes(gpu) if columnwise else 0
+    if delayed and linear.fqn.endswith(TE_NORM_LINEARS):
+        per = DELAYED_NORM_BYTES + (DELAYED_NORM_TRANSPOSE_BYTES if transpose else 0)
+    elif delayed:
+        per = DELAYED_CAST_BYTES + transpose
+    else:
+        per = (TE_NORM_CAST_BYTES if linear.fqn.endswith(TE_NORM_LINEARS) else CAST_BYTES) + transpose
+    return per * linear.tokens * linear.k
 
 
-def te_grad_bytes(linear: Linear, gpu) -> int:
-    """A TE linear's grad_output quantize, bytes: amax and cast (CAST_BYTES), row-wise and, on Hopper, the
-    transpose for the wgrad GEMM."""
-    return (CAST_BYTES + transpose_bytes(gpu)) * linear.tokens * linear.n
+def te_grad_bytes(linear: Linear, gpu, *, delayed: bool = False) -> int:
+    """A TE linear's grad_output quantize, bytes: amax and cast (CAST_BYTES; `delayed`: the cast alone,
+    DELAYED_CAST_BYTES), row-wise and, on Hopper, the transpose for the wgrad GEMM."""
+    return ((DELAYED_CAST_BYTES if delayed else CAST_BYTES) + transpose_bytes(gpu)) * linear.tokens * linear.n
 
 
-def te_forward(done: Work, linears: list[Linear], gpu) -> tuple[Work, int]:
+def te_forward(done: Work, linears: list[Linear], gpu, *, delayed: bool = False) -> tuple[Work, int]:
     """A TE forward (or rerun, which runs under grad): linear_qkv's and linear_fc1's inputs cast from the norm's
     output with its amax (TE_NORM_CAST_BYTES), the others' at CAST_BYTES, each with its Hopper transpose; one
-    float8 GEMM each (an expert's split its own rows)."""
-    return in_float8(done, linears, gemms=1, own=lambda linear: 0, shared=lambda linear: te_input_bytes(linear, gpu))
+    float8 GEMM each (an expert's split its own rows). `delayed`: the casts as delayed scaling runs them."""
+    return in_float8(done, linears, gemms=1, own=lambda linear: 0,
+                     shared=lambda linear: te_input_bytes(linear, gpu, delayed=delayed))
 
 
-def te_backward(done: Work, linears: list[Linear], gpu) -> Work:
+def te_backward(done: Work, linears: list[Linear], gpu, *, delayed: bool = False) -> Work:
     """A TE backward: each grad_output cast once for both GEMMs (te_grad_bytes); the saved float8 input is not
     cast again."""
-    return in_float8(done, linears, gemms=2, own=lambda linear: te_grad_bytes(linear, gpu),
+    return in_float8(done, linears, gemms=2, own=lambda linear: te_grad_bytes(linear, gpu, delayed=delayed),
                      shared=lambda linear: 0)[0]
 
 
@@ -256,8 +269,9 @@ def cast_transient_bytes(linears: list[Linear]) -> int:
     return max((linear.tokens * (linear.n + linear.k) for linear in linears), default=0)
 
 
-def weight_cast_bytes(elements: int) -> int:
-    return CAST_BYTES * elements
+def weight_cast_bytes(elements: int, *, delayed: bool = False) -> int:
+    """A weight cast's bytes: amax and cast (CAST_BYTES); under TE's delayed scaling the cast alone."""
+    return (DELAYED_CAST_BYTES if delayed else CAST_BYTES) * elements
 
 
 # torchtitan's op-level SAC reruns every second mm (planner/profiler/opsac.py): wk, wo and w3; the
@@ -285,23 +299,24 @@ def block_record(arch, shape: Shape, gpu, passes: tuple[Work, Work, Work], *, pr
 
 
 def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, Work], *,
-           te: bool = False, rerun_linears: dict[str, list[Linear]] | None = None) -> Float8Linears | None:
+           te: bool = False, rerun_linears: dict[str, list[Linear]] | None = None,
+           delayed: bool = False) -> Float8Linears | None:
     """A layer's Float8 record from its bf16 work: forward and backward, and each recompute
     option's rerun by name, with the converted `linears`' GEMMs in float8 (the module's docstring;
     `te`: their casts as Transformer Engine runs them, te_forward and te_backward); `rerun_linears`
     names, for a rerun that runs only some of them (op-SAC's), those it runs (a GEMM is matched by its
     FLOPs: wq's equal wo's, w1's w3's and w2's). None where none converts or the GPU has no FP8 tensor
-    cores."""
+    cores. `delayed` (with `te`): the casts as TE's delayed scaling runs them (te_delayed.py)."""
     from planner.profiler.roofline import roofline_ms
 
     if not linears or not gpu.fp8_tflops:
         return None
     if te:
         def forward_of(done, items):
-            return te_forward(done, items, gpu)
+            return te_forward(done, items, gpu, delayed=delayed)
 
         def backward_of(done, items):
-            return te_backward(done, items, gpu)
+            return te_backward(done, items, gpu, delayed=delayed)
     else:
         forward_of, backward_of = forward, backward
     fwd8, cast = forward_of(fwd, linears)
@@ -310,13 +325,13 @@ def record(linears: list[Linear], gpu, fwd: Work, bwd: Work, reruns: dict[str, W
         rerun8, rerun_cast = forward_of(rerun, (rerun_linears or {}).get(name, linears))
         if rerun_cast:  # an option that reruns no converted linear keeps its time
             recompute[name] = roofline_ms(rerun8, gpu)
-            weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast), gpu)
+            weight_ms[name] = _bytes_ms(weight_cast_bytes(rerun_cast, delayed=delayed), gpu)
     bwd_ms = roofline_ms(backward_of(bwd, linears), gpu)
     # eab345c's backward (the module's docstring): the saved inputs' recast is what it does not run
     recast = 0.0 if te else max(0.0, bwd_ms - roofline_ms(backward(bwd, linears, saved_float8=True), gpu))
     return Float8Linears(param_count=sum(item.weight_elements for item in {item.fqn: item for item in linears}.values()),
                          fwd_ms=roofline_ms(fwd8, gpu), bwd_ms=bwd_ms, bwd_input_recast_ms=recast,
-                         recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast), gpu),
+                         recompute_ms=recompute, weight_cast_ms=_bytes_ms(weight_cast_bytes(cast, delayed=delayed), gpu),
                          rerun_weight_cast_ms=weight_ms, transient_bytes=cast_transient_bytes(linears),
                          forward_casts=[] if te else forward_casts(linears))
 

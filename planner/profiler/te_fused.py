@@ -59,7 +59,7 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.models.attention_rates import te_attention_gpu
-from planner.profiler import analytic_time, float8, formulas, te_mla, te_moe, te_rerun
+from planner.profiler import analytic_time, float8, formulas, te_delayed, te_mla, te_moe, te_rerun
 from planner.profiler.membound import membound_ms
 from planner.profiler.roofline import Kernel, Work, roofline_ms, work
 from planner.profiler.te_bytes import (
@@ -156,9 +156,15 @@ def te_time(arch, shape, gpu, passes: tuple[Work, Work, Work], *, moe: bool,
                                                                 (fused[0], fused[1], fused[0]),
                                                                 (replaced[0], replaced[1], replaced[0]), (1, 2, 1)))
     bwd, accumulate = fused_accumulation(bwd, arch, shape, moe=False)
-    fp8 = None if arch.mla else float8.record(float8.converted(float8.te_linears(arch, shape, prefix)), kernels_gpu, fwd,
-                                              bwd, {OPTION_FULL: rerun}, te=True)  # an MLA block has no Float8 record
+    linears = float8.converted(float8.te_linears(arch, shape, prefix))
+    fp8 = None if arch.mla else float8.record(linears, kernels_gpu, fwd, bwd, {OPTION_FULL: rerun},
+                                              te=True)  # an MLA block has no Float8 record
     fp8 = te_rerun.with_float8_parts(fp8, arch, shape, kernels_gpu, moe=False, fused_gemms=_fused_gemms, prefix=prefix)
+    if fp8 is not None:  # the same passes under delayed scaling (te_delayed.py)
+        parts = te_rerun.float8_parts(arch, shape, kernels_gpu, moe=False, fused_gemms=_fused_gemms, prefix=prefix,
+                                      delayed=True)
+        fp8 = fp8.model_copy(update={"delayed": te_delayed.delayed_record(linears, kernels_gpu, fwd, bwd,
+                                                                          {OPTION_FULL: rerun}, parts=parts)})
     return FusedKernelTime(fwd_ms=roofline_ms(fwd, kernels_gpu), bwd_ms=roofline_ms(bwd, kernels_gpu),
                            recompute_ms={OPTION_FULL: roofline_ms(rerun, kernels_gpu),
                                          **te_rerun.part_reruns(arch, shape, kernels_gpu, moe=False,

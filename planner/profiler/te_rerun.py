@@ -120,18 +120,20 @@ def part_reruns(arch, shape, kernels_gpu, *, moe: bool, fused_gemms) -> dict[str
     return {name: roofline_ms(done, kernels_gpu) for name, done in part_works(arch, shape, moe=moe, fused_gemms=fused_gemms).items()}
 
 
-def float8_parts(arch, shape, kernels_gpu, *, moe: bool, fused_gemms, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
-    """Under TE's FP8 current scaling, each part whose rerun runs FP8 linears or quantizes (the module's docstring),
-    in ms: (the rerun, its weights' cast as the record's rerun_weight_cast_ms has it), by part name."""
+def float8_parts(arch, shape, kernels_gpu, *, moe: bool, fused_gemms, prefix: str,
+                 delayed: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """Under TE's FP8 current scaling (`delayed`: delayed scaling, a dense block's), each part whose rerun runs FP8
+    linears or quantizes (the module's docstring), in ms: (the rerun, its weights' cast as the record's
+    rerun_weight_cast_ms has it), by part name."""
     works = part_works(arch, shape, moe=moe, fused_gemms=fused_gemms)
     reruns, casts = {}, {}
     if "mlp" in works:
         linears = te_moe_float8.expert_linears(arch, shape, prefix) if moe else \
             float8.converted(float8.te_linears(arch, shape, prefix))[2:]  # linear_fc1, linear_fc2
-        rerun, weights = float8.te_forward(works["mlp"], linears, kernels_gpu)
+        rerun, weights = float8.te_forward(works["mlp"], linears, kernels_gpu, delayed=delayed)
         if weights:
             reruns["mlp"] = roofline_ms(rerun, kernels_gpu)
-            casts["mlp"] = float8._bytes_ms(float8.weight_cast_bytes(weights), kernels_gpu)
+            casts["mlp"] = float8._bytes_ms(float8.weight_cast_bytes(weights, delayed=delayed), kernels_gpu)
     if moe and "mlp-act" in works:  # linear_fc2's bf16 input quantized again in its backward (save_original_input)
         fc2 = [linear for linear in te_moe_float8.expert_linears(arch, shape, prefix) if ".linear_fc2." in linear.fqn]
         quantize = sum(float8.te_input_bytes(linear, kernels_gpu) for linear in fc2)
@@ -142,11 +144,13 @@ def float8_parts(arch, shape, kernels_gpu, *, moe: bool, fused_gemms, prefix: st
     return reruns, casts
 
 
-def with_float8_parts(record, arch, shape, kernels_gpu, *, moe: bool, fused_gemms, prefix: str):
+def with_float8_parts(record, arch, shape, kernels_gpu, *, moe: bool, fused_gemms, prefix: str,
+                      delayed: bool = False):
     """The block's Float8 record (float8.record's, te_moe_float8.record's) with float8_parts' reruns beside its full
     one; None stays None."""
     if record is None:
         return None
-    reruns, casts = float8_parts(arch, shape, kernels_gpu, moe=moe, fused_gemms=fused_gemms, prefix=prefix)
+    reruns, casts = float8_parts(arch, shape, kernels_gpu, moe=moe, fused_gemms=fused_gemms, prefix=prefix,
+                                 delayed=delayed)
     return record.model_copy(update={"recompute_ms": {**record.recompute_ms, **reruns},
                                      "rerun_weight_cast_ms": {**record.rerun_weight_cast_ms, **casts}})

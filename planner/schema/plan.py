@@ -129,6 +129,11 @@ class SolverInfo(Strict):
     bound: float | None = None  # proven lower bound on the iteration ms
     gap: float | None = None  # relative gap between objective and bound at the end
     wall_s: float = 0.0
+    # where the caching allocator's replay judges the plan (planner/solve/replayfit.py): "relaxed", solved under
+    # rows that admit every plan the replay admits, the status holding against the replay; "searched", found by
+    # the search over caps below them, its bound the relaxed solve's; None: the solvers' rows are the verdict
+    replay: Literal["relaxed", "searched"] | None = None
+    solves: int = 1  # the solves that took
 
 
 class BaselineResult(Strict):

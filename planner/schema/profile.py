@@ -158,6 +158,21 @@ class Float8Cast(Strict):
     weight_bytes: Bytes
 
 
+class Float8Delayed(Strict):
+    """A TE block's Float8 passes under Transformer Engine's delayed scaling (DelayedScaling; planner/profiler/
+    te_delayed.py): the same GEMMs as its Float8Linears, each cast at the scale the amax history gave, its amax written
+    by the cast itself (no amax pass), the norm writing FP8 itself; and the block's TE modules, each by its GEMMs
+    (its meta buffers: 3 forward and 2 backward quantizers a GEMM). The cost model applies it under the setting
+    fp8_delayed_scaling (planner/cost/te_delayed.py)."""
+
+    fwd_ms: Ms
+    bwd_ms: Ms
+    recompute_ms: dict[OptionName, Ms] = {}
+    weight_cast_ms: Ms = 0.0
+    rerun_weight_cast_ms: dict[OptionName, Ms] = {}
+    module_gemms: list[Count] = []  # each TE module of the block under the autocast, by its num_gemms
+
+
 class Float8Linears(Strict):
     """What Float8 training (torchao's Float8Linear, dynamic tensorwise scaling, as torchtitan's
     float8 converter swaps it in; planner/profiler/float8.py) changes in one layer: the converted
@@ -182,6 +197,8 @@ class Float8Linears(Strict):
     # each converted linear's forward casts, in the order the block runs them (torchao's Float8 record only; []
     # where not recorded: the cost model then plays transient_bytes at the down projection, an upper bound)
     forward_casts: list[Float8Cast] = []
+    # the same passes under Transformer Engine's delayed scaling (a TE record only; None: not recorded)
+    delayed: Float8Delayed | None = None
 
 
 class CompiledTime(Strict):
@@ -325,7 +342,10 @@ class TiedSet(Strict):
     layers: list[str] = Field(min_length=2)  # the layers holding it, in model order
     param_count: int = Field(ge=0)
     param_bytes: Bytes
-    sum_ms: Ms = 0.0  # summing two stages' gradient copies in place, measured in one process
+    # two gradient copies summed in place and the sum copied back, in one process: measured (measure.tied_sets)
+    # or its roofline (analytic.tied_sum_ms). The cost model charges the all-reduce between the holders'
+    # stages from bytes over their link (rules.tied_sum_ms), NCCL's sum inside its transfer; this is not read.
+    sum_ms: Ms = 0.0
 
 
 class Profile(Strict):

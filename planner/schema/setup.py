@@ -254,6 +254,13 @@ class TrainingSetup(Strict):
     # parallelism each column-parallel input's and row-parallel output gradient's amax all-reduced over the TP group
     # before its cast (planner/cost/comm.py amax_reduce_ms); False: delayed scaling, or not said
     fp8_current_scaling: bool = False
+    # Transformer Engine's DelayedScaling (Megatron's --fp8-recipe delayed, its default; with float8): casts at the
+    # scale the amax history gave, each writing its amax as it casts; the amaxes all-reduced once a forward and once
+    # a backward (and once a recompute) over the amax group; the history buffers held (planner/cost/te_delayed.py)
+    fp8_delayed_scaling: bool = False
+    # --fp8-amax-history-len: each TE module's amax history rows; None: Megatron's default, 1
+    fp8_amax_history_len: int | None = Field(default=None, ge=1, le=1 << 20)
+    fp8_amax_tp_only: bool = False  # --tp-only-amax-red: the amax group is TP x CP, not TP x DP x CP
 
 
 class TimeConstants(Strict):

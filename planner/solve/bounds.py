@@ -13,7 +13,8 @@ activations; the busiest stage holds at least the mean,
 (the edges: what opening and closing a stage adds to its kept bytes, at their least over the
 layers; K is 0 for chunked schedules), and no plan fits where that mean exceeds the largest
 allocated peak any stage may reach (costmodel.limit_bytes: the card less NCCL's buffers and the
-allocator's margin). With one stage the bound is the single stage's static bytes plus its
+allocator's margin; where the allocator replay judges, at replayfit.relaxed_caps: the card less the buffers,
+which every plan the replay admits meets). With one stage the bound is the single stage's static bytes plus its
 activations at their cheapest options.
 
 Time, one chunk a rank (1F1B, GPipe): evaluate() charges
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 from planner.cost import costmodel, splittime
 from planner.schema import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Profile, TrainSetup
+from planner.solve import replayfit
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
         time_ms = work + (microbatches - 1) * work / stages + step / stages
     # both with the cuBLAS workspaces every rank keeps, as evaluate's allocated peak and its limit hold them
     cublas = costmodel.cublas_workspaces_bytes(ctx)
-    limit = max(costmodel.limit_bytes(s, ctx) for s in range(stages)) + cublas
+    limit = max(costmodel.limit_bytes(s, _rows_context(profile, setup, ctx)) for s in range(stages)) + cublas
     held = static + (0.0 if setup.pipeline.schedule in CHUNKED_SCHEDULES else max(0.0, _activations(kept, layers, ctx)))
     return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages + cublas, limit_bytes=limit)
 
@@ -109,6 +111,16 @@ def _fill_and_drain(cheapest: list[tuple[float, int]], setup: TrainSetup) -> flo
             prefix += least
             total += prefix  # a_taken: the `taken` cheapest layers
     return total
+
+
+def _rows_context(profile: Profile, setup: TrainSetup, ctx: costmodel.Context) -> costmodel.Context:
+    """The context whose rows hold every plan evaluate() admits: where the allocator replay judges, the rows at
+    replayfit.relaxed_caps (the cap less the buffers, not the divisor's margin); else the setup's own."""
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    if relaxed is None:
+        return ctx
+    pipeline = setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})
+    return costmodel.Context(profile, setup.model_copy(update={"pipeline": pipeline}))
 
 
 def _split_extra_floor(layer: costmodel.LayerCost, option: int, ctx) -> float:

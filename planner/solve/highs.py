@@ -26,6 +26,11 @@ class SolveResult:
     wall_s: float
     solver: str = "milp"  # which solver ran: "dp" or "milp"
     bound: float | None = None  # proven lower bound on the objective
+    # where the allocator replay judges the plan (planner/solve/replayfit.py): "relaxed", found under the rows
+    # that hold every plan the replay admits, and the status holds against the replay; "searched", found by the
+    # search over caps below them (bound: the relaxed solve's); None: the rows are evaluate's verdict
+    replay: Literal["relaxed", "searched"] | None = None
+    solves: int = 1  # how many solves under other caps that took (replayfit)
 
 
 # ---------------------------------------------------------------- solve and extract

@@ -189,7 +189,7 @@ def build_problem(
     if objective == "memory":
         lp += problem.scale
     elif outer is not None:
-        lp += _chunked_time(problem, stage_times, tau, n)
+        lp += _chunked_time(problem, stage_times, tau, n, opens, closes)
     else:
         lp += _pipeline_time(problem, stage_times, tau, n)
     return problem

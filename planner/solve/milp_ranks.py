@@ -7,7 +7,7 @@ from functools import partial
 
 import pulp
 
-from planner.cost import costmodel, schedules
+from planner.cost import costmodel, schedules, stagesends
 from planner.solve.milp_rows import (
     MIB,
     Problem,
@@ -56,11 +56,15 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         # hold them, as evaluate() counts them (schedules.rank_peak, ChunkBytes.late_grad)
         late = [_late_grad_mib(problem, [k], n) for k in stages]
         moments_held = held + [-term for terms in late for term in terms]
-        pending = [[_run_sum(problem, "wgrad", k, n)] if split else [] for k in stages]
-        weight_pass = [_weight_pass_bound(problem, k, n) if split else 0 for k in stages]
+        # the split passes run past the pipeline's first stage; on it I runs nothing and W the whole
+        # backward, with B's transient (score.chunk_bytes)
+        passes = [split and k > 0 for k in stages]
+        pending = [[_run_sum(problem, "wgrad", k, n)] if run else [] for k, run in zip(stages, passes)]
+        weight_pass = [_weight_pass_bound(problem, k, n) if run else memory.transient if split else 0
+                       for k, run, memory in zip(stages, passes, memories)]
         # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
         # input peak on top of what every layer of the stage leaves for the weight pass
-        input_pass = [_input_pass_bound(problem, k, n) if split else 0 for k in stages]
+        input_pass = [_input_pass_bound(problem, k, n) if run else 0 for k, run in zip(stages, passes)]
         per_count = ([memory.kept for memory in memories] + [[out] for out in sent_output]
                      + [[g] for g in sent_grad] + pending + late)
         cap = _rank_cap_mib(problem, rank)
@@ -133,22 +137,35 @@ def _top(vectors: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return [v for v in vectors if v in keep]
 
 
-def _chunked_time(problem: Problem, stage_times: list, tau, n):
-    """A chunked schedule's iteration, linear: T ≥ M·Σ_{k on r} busy_k + (P - 1)·τ + σ for every
-    rank r (its own work for every microbatch, plus the fill and drain: P - 1 stage times, the
-    interleaved schedule's bubble (P - 1)·(t_f + t_b)/V per rank, Narayanan et al. 2021, exact
-    for equal stages), σ the slowest rank's optimizer step. The plan is then scored by the
-    simulated schedule (costmodel.evaluate), which the search reports."""
+def _chunked_time(problem: Problem, stage_times: list, tau, n, opens, closes):
+    """A chunked schedule's iteration, linear (costmodel.chunked_linear_ms, which the search holds it to):
+    T ≥ M·Σ_{k on r} (busy_k - beside_k) + Σ_{k on r} w_{r,k}·out_k + (P - 1)·τ + σ for every rank r.
+    beside_k = out_k + back_k, the stage's sends its runtime runs beside the compute (stagesends: its
+    last layer's output send, out_k = Σ_g out(g)·close[k,g], and its first layer's input gradient's,
+    back_k = Σ_g back(g)·open[k,g]), which the rank does not wait for, but for its warm-up forwards'
+    (w_{r,k} of stage k's forwards in rank r's warm-up send to another rank: stagesends.warmup_sends),
+    which it does; so the rank's own work for every microbatch is exact, what the simulation runs on
+    its compute stream. Plus the fill and drain: P - 1 stage times, τ a stage's busy with its sends
+    (the fill crosses one at every rank boundary), the interleaved schedule's bubble (P - 1)·(t_f +
+    t_b)/V per rank, Narayanan et al. 2021, exact for equal stages; σ the slowest rank's optimizer
+    step. The plan is then scored by the simulated schedule (costmodel.evaluate), which the search
+    reports."""
     order, lp, runs = problem.schedule, problem.lp, problem.runs
     t_iter = pulp.LpVariable("T_iter", lowBound=0)
     step_of = {g: _layer(problem, ("step",), run.layer) for g, run in enumerate(runs)}
     slowest_step = pulp.LpVariable("sigma", lowBound=0)
     micro = problem.outer.pipeline.microbatches
+    out = [pulp.lpSum(stagesends.output_beside_ms(run.layer, k, order, problem.setup) * closes(k, g)
+                      for g, run in enumerate(runs)) for k in range(order.num_stages)]
+    back = [pulp.lpSum(stagesends.input_grad_beside_ms(run.layer, k, order, problem.setup) * opens(k, g)
+                       for g, run in enumerate(runs)) for k in range(order.num_stages)]
+    held = stagesends.warmup_sends(order)
     for rank in range(order.num_ranks):
         mine = order.stages_of(rank)
         lp += pulp.lpSum(step_of[g] * n(k, g) for k in mine for g in range(len(runs))) <= slowest_step, f"step_r{rank}"
-        lp += (t_iter >= micro * pulp.lpSum(stage_times[k] for k in mine) + (order.num_ranks - 1) * tau
-               + slowest_step), f"rank_path_{rank}"
+        work = pulp.lpSum(stage_times[k] - out[k] - back[k] for k in mine)
+        warm = pulp.lpSum(count * out[k] for k, count in held[rank].items())
+        lp += (t_iter >= micro * work + warm + (order.num_ranks - 1) * tau + slowest_step), f"rank_path_{rank}"
     return t_iter
 
 

@@ -11,22 +11,25 @@ Solvers (`ckplan solve --solver`):
 
 Both read the same cost description (costmodel.TERMS); the tests hold them to each other
 and to brute force. After every solve the plan is re-scored by evaluate() and must agree
-with the solver's objective.
+with the solver's objective. Both are exact for their rows (each stage's allocated peak under
+the cap less the buffers and the divisor's reserve); where evaluate() judges by the allocator
+replay instead, planner/solve/replayfit.py solves under the caps that make the rows agree with it
+and says what that proves.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 from planner.cost import allocator, costmodel
 from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
-from planner.solve import baselines, dpsolve, incumbent, milp
+from planner.solve import baselines, dpsolve, incumbent, milp, replayfit
 from planner.solve.deadline import Deadline, Expired
 from planner.solve.milp import SolveResult
+from planner.solve.results import NoFit, PlanResult, Shortfall  # noqa: F401 (the search's answers, named here too)
 
 Solver = Literal["auto", "dp", "milp"]
 SOLVERS = ("auto", "dp", "milp")
@@ -35,41 +38,6 @@ HEURISTIC_RUNS_PER_STAGE = 2  # more runs of distinct layers per stage: start th
 
 class SolverMismatch(AssertionError):
     """The re-evaluated plan disagrees with the solver's objective: a formulation bug."""
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    stages: list[StagePlan]
-    cost: PlanCost
-    solve: SolveResult
-
-
-@dataclass(frozen=True)
-class Shortfall:
-    """What stands between a setup and a plan that fits: on `resource` ("device" or
-    "host"), stage `stage` needs `need_bytes` against `cap_bytes` even in the plan that
-    needs the least, and of that need `terms` (name -> bytes) say what takes it."""
-
-    resource: Literal["device", "host"]
-    stage: int
-    need_bytes: int
-    cap_bytes: int
-    terms: dict[str, int]
-
-    @property
-    def over_fraction(self) -> float:
-        return self.need_bytes / self.cap_bytes - 1
-
-
-@dataclass(frozen=True)
-class NoFit:
-    """No plan was found: "infeasible" (none fits the caps), "timeout" (the time limit
-    passed before any plan was found, which proves nothing) or "error" (HiGHS failed before it
-    found a plan, and no baseline fits to fall back on)."""
-
-    status: Literal["infeasible", "timeout", "error"]
-    wall_s: float
-    solver: str
 
 
 def pick_solver(setup: TrainSetup, solver: Solver = "auto", profile: Profile | None = None) -> Literal["dp", "milp"]:
@@ -99,11 +67,6 @@ def offload_meets_host_cap(profile: Profile, setup: TrainSetup) -> bool:
                for o in costmodel.useful_options(layer, ctx))
 
 
-# How many times a plan is solved again under lowered caps where the allocator replay put its
-# reserved peak above the caps given (plan(), _within_replay).
-REPLAY_ROUNDS = 6
-
-
 def plan(
     profile: Profile,
     setup: TrainSetup,
@@ -126,21 +89,33 @@ def plan(
     baselines already and none fits (or gave the best as `start`): they are not scored again.
 
     The solvers bound each stage's allocated peak under the cap less the divisor's reserve
-    (costmodel.limit_bytes). evaluate() replays the caching allocator where it can
-    (planner/cost/reserve.py) and judges the plan by that reserved peak; where the replay puts
-    a stage above its cap, _within_replay solves again under lowered caps."""
+    (costmodel.limit_bytes). Where evaluate() judges by the caching allocator's replay instead
+    (planner/cost/reserve.py), replayfit.search_caps solves under rows that admit every plan the
+    replay admits, then under caps between; what that proves is replayfit's text, and the
+    result's solve.replay says which held."""
     deadline = deadline or Deadline(time_limit_s)
     given = None  # the start, where it fits: the answer if nothing found beats it
+    relaxed = replayfit.relaxed_caps(profile, setup)
     if start is not None:
         start_cost = costmodel.evaluate(start, profile, setup)
         given = (start, start_cost) if start_cost.feasible else None
-        if not in_rows(start_cost):  # the replay admits it, the solvers' rows do not: no start nor bound for them
+        # a start the replay admits meets the relaxed rows (replayfit); else only one within the rows as given
+        if not (in_rows(start_cost) or (relaxed is not None and start_cost.feasible)):
             start, upper_bound_ms = None, None
-    kwargs = dict(solver=solver, mip_gap=mip_gap, threads=threads, log=log, upper_bound_ms=upper_bound_ms,
-                  start=start, deadline=deadline, baselines_scored=baselines_scored)
-    found = _plan_once(profile, setup, **kwargs)
-    if isinstance(found, PlanResult) and not found.cost.feasible and any(_excess(found.cost)):
-        found = _within_replay(profile, setup, found, {**kwargs, "upper_bound_ms": None, "start": None})
+    kwargs = dict(solver=solver, mip_gap=mip_gap, threads=threads, log=log, deadline=deadline,
+                  baselines_scored=baselines_scored)
+    if relaxed is None:  # the rows are evaluate's verdict
+        found = _plan_once(profile, setup, upper_bound_ms=upper_bound_ms, start=start, **kwargs)
+    else:
+        def solve_under(caps: list[int], bar: float | None, first: bool) -> PlanResult | NoFit:
+            under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": caps})})
+            return _plan_once(profile, under, upper_bound_ms=upper_bound_ms if first else bar,
+                              start=start if first else None, **kwargs)
+
+        found = replayfit.search_caps(
+            setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
+            least_memory=lambda: least_memory_plan(profile, setup, solver=solver, deadline=deadline),
+            known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s)
     if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
                               or given[1].iteration_ms < found.cost.iteration_ms):
         solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
@@ -154,63 +129,6 @@ def in_rows(cost: PlanCost) -> bool:
     host cap): a start or a bound they can reach. Whether it fits is cost.feasible, the replay's
     verdict where the replay runs."""
     return all(stage.fits_allocated and stage.fits_host for stage in cost.stages)
-
-
-def _excess(cost: PlanCost) -> list[int]:
-    return [stage.replay_excess_bytes for stage in cost.stages]
-
-
-def _within_replay(profile: Profile, setup: TrainSetup, found: PlanResult, kwargs: dict) -> PlanResult | NoFit:
-    """The fastest plan found whose replayed reserve fits the caps as given, solving under lowered
-    caps: first where the solvers' allocated limit becomes what the replay admits
-    (_replay_caps: the cap over the replay's ratio of reserved to allocated on that stage, not the
-    divisor's); then halfway between the highest caps whose plan fitted (or gave no plan) and the
-    lowest whose plan was over; REPLAY_ROUNDS solves in all. A search over the caps, not a proof:
-    a plan that fits under the replay may be missed where every cap tried excludes it (the plan is
-    then "infeasible", as the solvers say)."""
-    over, below, best = list(setup.pipeline.mem_caps_bytes), None, None
-    trial = _replay_caps(found.cost, over)
-    for _ in range(REPLAY_ROUNDS):
-        lowered = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": trial})})
-        result = _plan_once(profile, lowered, **kwargs) if min(trial) > 0 else None
-        cost = costmodel.evaluate(result.stages, profile, setup) if isinstance(result, PlanResult) else None
-        if cost is not None and not cost.feasible:
-            over = trial
-        else:
-            below = trial
-            if cost is not None and (best is None or cost.iteration_ms < best[1].iteration_ms):
-                best = (result, cost)
-        if below is None:
-            trial = _replay_caps(cost, trial)
-        elif max(b - a for a, b in zip(below, over, strict=True)) <= _CAPS_RESOLUTION:
-            break
-        else:
-            trial = [(a + b) // 2 for a, b in zip(below, over, strict=True)]
-    if best is None:
-        return NoFit("infeasible", kwargs["deadline"].elapsed_s(), found.solve.solver)
-    result, cost = best
-    return PlanResult(stages=costmodel.with_predictions(result.stages, cost), cost=cost, solve=result.solve)
-
-
-_CAPS_RESOLUTION = 1 << 20  # the caps' search stops once the bracket is this narrow on every stage
-
-
-def _replay_caps(cost: PlanCost, caps: list[int]) -> list[int]:
-    """Caps under which each stage the replay put over (`cost`, scored against the caps as given)
-    may allocate only what its replayed ratio of reserved to allocated admits: the allocated limit
-    (cap - buffers) x peak / replayed reserve, less the fit margin, and the cap whose divisor limit
-    is that (the limit is linear in the cap less the buffers); below `caps` on those stages; the
-    others keep `caps`."""
-    lowered = []
-    for cap, stage in zip(caps, cost.stages, strict=True):
-        if not stage.replay_excess_bytes:
-            lowered.append(cap)
-            continue
-        room = stage.cap_bytes - stage.workspace_bytes
-        wanted = room * stage.peak_bytes / stage.reserved_bytes - costmodel.FIT_MARGIN_BYTES
-        fitted = stage.workspace_bytes + int(room * wanted / stage.allocated_limit_bytes)
-        lowered.append(min(fitted, cap - _CAPS_RESOLUTION))
-    return lowered
 
 
 def _plan_once(profile: Profile, setup: TrainSetup, *, solver: Solver, mip_gap: float, threads, log: bool,
@@ -396,25 +314,33 @@ def _better_start(profile: Profile, setup: TrainSetup, upper_bound_ms, start, de
 def min_cap_scale(profile: Profile, setup: TrainSetup, *, time_limit_s: float | None = 30.0,
                   solver: Solver = "auto", deadline: Deadline | None = None) -> tuple[float, PlanCost] | None:
     """The smallest factor by which every device cap can be multiplied so that some plan fits
-    (host caps as they are), and the cost of that plan. None when the deadline (default:
-    time_limit_s from now) passed first, or when no device cap would do (the host's)."""
+    the solvers' rows (host caps as they are), and the cost of that plan. None when the deadline
+    (default: time_limit_s from now) passed first, or when no device cap would do (the host's)."""
     deadline = deadline or Deadline(time_limit_s)
-    if pick_solver(setup, solver, profile) == "milp":
-        problem = milp.build_problem(profile, setup, objective="memory")
-        result = milp.solve(problem, time_limit_s=deadline.remaining_s())
-        if result.status in ("infeasible", "timeout"):
-            return None
-        stages = milp.extract_plan(problem)
-    else:
-        try:
-            known = baselines.full_checkpointing(profile, setup)
-            stages = dpsolve.least_memory_plan(profile, setup, known=known, deadline=deadline)
-        except Expired:
-            return None
+    stages = least_memory_plan(profile, setup, solver=solver, deadline=deadline)
+    if stages is None:
+        return None
     cost = costmodel.evaluate(stages, profile, setup)
     if not all(stage.fits_host for stage in cost.stages):
         return None
     return max(c.pressure for c in cost.stages), cost
+
+
+def least_memory_plan(profile: Profile, setup: TrainSetup, *, solver: Solver = "auto",
+                      deadline: Deadline) -> list[StagePlan] | None:
+    """The plan whose busiest stage's allocated peak is least against its row (the DP's exact least-memory
+    plan; the MILP's memory objective); None when the deadline passed first or HiGHS found none."""
+    if pick_solver(setup, solver, profile) == "milp":
+        problem = milp.build_problem(profile, setup, objective="memory")
+        result = milp.solve(problem, time_limit_s=deadline.remaining_s())
+        if result.status in ("infeasible", "timeout", "error"):
+            return None
+        return milp.extract_plan(problem)
+    try:
+        known = baselines.full_checkpointing(profile, setup)
+        return dpsolve.least_memory_plan(profile, setup, known=known, deadline=deadline)
+    except Expired:
+        return None
 
 
 def least_host_bytes(profile: Profile, setup: TrainSetup) -> float:
@@ -447,29 +373,32 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
     least = min_cap_scale(profile, setup, solver=solver, deadline=deadline)
     if least is None:
         return None if deadline.expired() else found
-    scale, cost = least
-    if scale <= 1:
+    _, cost = least
+    if all(stage.fits_device for stage in cost.stages):  # evaluate's verdict: the replay's where it runs
         return found
     fragmentation = costmodel.fragmentation(setup.pipeline, device_type=profile.device.type)
     needs = [cap_needed_bytes(stage, fragmentation) for stage in cost.stages]
     s = max(range(setup.pipeline.stages), key=lambda i: needs[i] / max(1, cost.stages[i].cap_bytes))
     stage = cost.stages[s]
     terms = need_terms(stage)
-    if stage.reserved_bytes is not None:  # the reserve the need holds: the solvers' where theirs is the larger
+    if stage.reserved_bytes is not None:  # the reserve the need holds: the replay's where it runs, else the row's
         terms["allocator's fragmentation margin"] = needs[s] - stage.workspace_bytes - stage.peak_bytes
     found.append(Shortfall("device", s, needs[s], stage.cap_bytes, terms))
     return found
 
 
 def cap_needed_bytes(stage: costmodel.StageCost, fragmentation: float) -> int:
-    """The least cap under which `stage` fits: its device need (the reserved peak, replayed or the
-    divisor's, with the buffers), and the solvers' row, which holds the allocated peak within what
-    the cap admits once the buffers and the divisor's reserve are taken (assembly.limit_bytes: on
-    cuda allocator.allocated_limit of the cap less the buffers, whose inverse is reserved_bytes).
-    Where the replay reserves less than the divisor, the row is what a cap must meet."""
+    """The least cap under which `stage` fits by evaluate's verdict: where the allocator replay
+    judges it, its replayed reserved peak with the buffers and the margin (device_need_bytes: the
+    search solves under rows that admit it, planner/solve/replayfit.py); elsewhere the solvers' row,
+    which holds the allocated peak within what the cap admits once the buffers and the divisor's
+    reserve are taken (assembly.limit_bytes: on cuda allocator.allocated_limit of the cap less the
+    buffers, whose inverse is reserved_bytes), and the device need."""
     allocated = stage.peak_bytes + costmodel.FIT_MARGIN_BYTES
     if stage.reserved_bytes is None:  # cpu: the cap holds the peak itself
         return max(allocated, stage.device_need_bytes)
+    if stage.reserved_by == "replay":
+        return stage.device_need_bytes
     row = allocator.reserved_bytes(allocated, fragmentation) + stage.workspace_bytes
     return max(row, stage.device_need_bytes)
 

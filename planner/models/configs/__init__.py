@@ -38,6 +38,13 @@ PENDING: dict[str, str] = {
     "etp": "an expert tensor-parallel size other than TP (experts split over another group)",
     "fp8-all-gather": "fp8 weights in the data-parallel all-gather (less traffic and gathered bytes)",
     "bf16-grad-reduce": "gradients reduced (and bucketed) in bf16 rather than fp32",
+    # Megatron-LM d98e8a64: megatron/core/timers.py 143-165 (start and stop each torch.cuda.synchronize()),
+    # pipeline_parallel/schedules.py 494, 552 (level 2: each microbatch's forward and backward compute),
+    # p2p_communication.py 445-553 (level 2: each pipeline send and receive); training_config.py 267-274
+    "timers": "Megatron-LM's timers above level 0, each of which waits for the device at its start and stop "
+              "(level 2: every microbatch's forward and backward and every pipeline send and receive), so the host "
+              "issues nothing ahead across them; Megatron's own help: 'setting the level to 1 or 2 might cause "
+              "increase in iteration time' (not charged)",
     "op-sac": "op-level selective activation checkpointing, which ckplan offers only for LLaMA-style blocks with "
               "flash attention and no shared-expert gate (planner/profiler/opsac.py): scored as no recompute",
 }
@@ -71,6 +78,9 @@ class JobSettings:
     te_grouped_gemm: bool = False  # Megatron-LM's --moe-grouped-gemm on Transformer Engine's layers
     nccl_ring_simple: bool = False  # the launch forces NCCL_ALGO=Ring, NCCL_PROTO=simple (the functional tests')
     fp8_current_scaling: bool = False  # Megatron-LM's --fp8-recipe tensorwise under --fp8-format (TE's current scaling)
+    fp8_delayed_scaling: bool = False  # Megatron-LM's --fp8-recipe delayed (its default) under --fp8-format
+    fp8_amax_history_len: int = 1  # Megatron-LM's --fp8-amax-history-len (its default 1)
+    fp8_amax_tp_only: bool = False  # Megatron-LM's --tp-only-amax-red
     nccl_nvls_off: bool = False  # the launch sets NCCL_NVLS_ENABLE=0 (Bridge's executor, the functional tests')
     # the launch's PYTORCH_CUDA_ALLOC_CONF expandable_segments (a functional test's ENV_VARS); None: not said
     expandable_segments: bool | None = None

@@ -19,6 +19,7 @@ from planner.models.configs.megatron_args import Flags, positive
 from planner.models.configs.megatron_ddp import read_data_parallel
 from planner.models.configs.megatron_deepspeed import megatron_lm_flags, read_deepspeed
 from planner.models.configs.megatron_files import (
+    check_hybrid,
     check_trainer,
     script_pairs,
     text_of,
@@ -86,6 +87,7 @@ def read(path: Path) -> Job:
 
 def from_pairs(pairs: list[tuple[str, list[str]]], where: str, files: dict[str, str] | None = None) -> Job:
     """The job the flags describe; `files`: what the script writes in here-documents (a ds_config), by path."""
+    check_hybrid(pairs, where)
     sink: list = []
     translated: list[str] = []
     if any(flag == "--deepspeed" for flag, _ in pairs):  # Megatron-DeepSpeed's own model flags
@@ -376,10 +378,21 @@ def _recompute(flags: Flags, job: Job) -> None:
         raise UserError(f"--recompute-granularity {granularity!r}: give full or selective")
 
 
+FP32_RUN = ("without --bf16 or --fp16 Megatron-LM trains in fp32: its weights, gradients and Adam state are scored "
+            "in fp32, but its activations and matmuls as bf16 (the profile's 16-bit tensor-core rates and 2-byte kept "
+            "tensors); add --bf16 to score a bf16 run")
+
+
 def _precision(flags: Flags, job: Job) -> None:
+    given = "--bf16" in flags.given
     bf16 = flags.take("--bf16", "bf16 weights and activations, fp32 master weights and Adam state", bool, False)
     fp16 = flags.given.get("--fp16") is not None and flags.has("--fp16")
     job.precision = "bf16-mixed" if bf16 or fp16 else "fp32"
+    if job.precision == "fp32":  # params_dtype torch.float without either (arguments.py 1194-1206 at d98e8a64)
+        if given:  # in place of take's "(off)" entry
+            flags.sink[-1] = ("--bf16", "false", "not modelled", FP32_RUN)
+        else:
+            flags.sink.append(("--bf16", "not given", "not modelled", FP32_RUN))
     name = flags.take("--optimizer", "optimizer", str, "adam")
     if name not in ("adam", "sgd"):
         raise UserError(f"--optimizer {name!r}: ckplan scores adam and sgd; give one of them")

@@ -66,6 +66,22 @@ def check_trainer(trainer: str, where: str) -> None:
                         "trains, and would plan this one as a GPT: give a pretrain_gpt.py script")
 
 
+# Megatron-LM d98e8a64 megatron/training/arguments.py 3652-3662: --hybrid-layer-pattern (M mamba, G gdn,
+# * attention, D dsa, - mlp, E moe) "is the sole indicator that a hybrid model is being run", and the
+# deprecated --hybrid-override-pattern forwards to it; 787-797: the pattern sets --num-layers, overriding any given.
+HYBRID_PATTERN_FLAGS = ("--hybrid-layer-pattern", "--hybrid-override-pattern")
+
+
+def check_hybrid(pairs: list[tuple[str, list[str]]], where: str) -> None:
+    """Refuse arguments of a hybrid model (a YAML names no trainer, so check_trainer cannot): read as a GPT,
+    its Mamba layers would be planned as transformer blocks (and a missing --num-layers asked for)."""
+    for flag, values in pairs:
+        if flag in HYBRID_PATTERN_FLAGS and values and values != ["false"]:
+            raise UserError(f"{where} gives {flag} {' '.join(values)}: the model is {OTHER_TRAINERS['pretrain_hybrid.py']}"
+                            " (pretrain_hybrid.py trains it); ckplan reads the decoder-only models pretrain_gpt.py "
+                            "trains, and would plan this one as a GPT: give a pretrain_gpt.py model's arguments")
+
+
 def script_pairs(args: list[str], where: str) -> list[tuple[str, list[str]]]:
     """(flag, its values) in order; a word before any flag is refused."""
     pairs: list[tuple[str, list[str]]] = []

@@ -44,7 +44,7 @@ NO_EFFECT = {
     "--profile": "profiling (a few steps)", "--profile-step-start": "profiling", "--profile-step-end": "profiling",
     "--profile-ranks": "profiling", "--distributed-timeout-minutes": "timeout",
     "--calculate-per-token-loss": "loss normalisation", "--manual-gc": "Python garbage collection schedule",
-    "--manual-gc-interval": "Python garbage collection schedule", "--timing-log-level": "logging",
+    "--manual-gc-interval": "Python garbage collection schedule",
     "--rotary-percent": "rotary share of head dims (no bytes)",
     "--norm-epsilon": "norm epsilon", "--rotary-base": "rotary base", "--use-rope-scaling": "rope scaling",
     "--rope-scaling-factor": "rope scaling", "--max-position-embeddings": "rotary table length",
@@ -190,10 +190,10 @@ PENDING_FLAGS = {
     "--expert-tensor-parallel-size": "etp",
     "--main-grads-dtype": "bf16-optimizer-states", "--main-params-dtype": "bf16-optimizer-states",
     "--exp-avg-dtype": "bf16-optimizer-states", "--exp-avg-sq-dtype": "bf16-optimizer-states",
-    "--grad-reduce-in-bf16": "bf16-grad-reduce",
+    "--grad-reduce-in-bf16": "bf16-grad-reduce", "--timing-log-level": "timers",
 }
 # when the value makes them a no-op (the default), they are modelled exactly
-PENDING_DEFAULTS = {"--main-grads-dtype": "fp32",
+PENDING_DEFAULTS = {"--main-grads-dtype": "fp32", "--timing-log-level": "0",
                     "--main-params-dtype": "fp32", "--exp-avg-dtype": "fp32", "--exp-avg-sq-dtype": "fp32"}
 # GPT-2's BPE vocabulary (Radford et al. 2019; encoder.json of openai/gpt-2), which a --vocab-file with
 # --merge-file gives Megatron-LM's GPT2BPETokenizer

@@ -77,6 +77,7 @@ def _float8(keys, job: Job) -> None:
     # (components/quantization/float8.py 238 at 238fa9953e4a)
     float8 = old or any(name in FLOAT8_CONVERTERS for name in converters)
     _other_converters(keys, converters)
+    _scaling_types(keys, float8)
     recipe = keys.left.get("quantize.linear.float8.recipe_name")
     # 9dec370's converter leaves `output` out whatever the file says; today's filter_fqns defaults to []
     filters = keys.left.get("quantize.linear.float8.filter_fqns", ["output"] if old else [])
@@ -107,6 +108,30 @@ def _float8(keys, job: Job) -> None:
               "computed once per step (charged with --fp8-all-gather)", bool)
     job.modelled.float8 = True
     job.modelled.fp8_all_gather = gather
+
+
+# torchtitan's [float8] scaling types before 2271b638 (2025-01-31, "Delete delayed scaling", torchao deprecating it):
+# dynamic (the default) or delayed, per tensor (config_manager.py 551-570 at its parent d4c86e37; 9dec370 552-570)
+SCALING_KEYS = ("float8.scaling_type_input", "float8.scaling_type_weight", "float8.scaling_type_grad_output")
+
+
+def _scaling_types(keys, float8: bool) -> None:
+    """torchtitan 2024's per-tensor scaling types: dynamic is the tensorwise scaling ckplan charges; delayed (torchao's
+    Float8Linear with amax and scale histories, synced by sync_float8_amax_and_scale_history after each backward) is
+    refused in one sentence where Float8 is on, and has no effect where it is off."""
+    for key in SCALING_KEYS:
+        value = keys.left.get(key)
+        if value is None:
+            continue
+        if not float8:
+            keys.pending(key, False, "float8")
+        elif value == "dynamic":
+            keys.take(key, "dynamic (tensorwise) scaling, torchao's default: as --float8 charges it", str)
+        else:
+            raise UserError(f"{keys.where}: {key} = {value!r}: torchao's delayed scaling (its amax and scale "
+                            "histories, synced after each backward) is not modelled, and torchtitan removed it at "
+                            "2271b638 (2025-01-31); give \"dynamic\" or drop the key" if value == "delayed" else
+                            f"{keys.where}: {key} = {value!r} is not one of torchtitan's choices; give \"dynamic\"")
 
 
 def _other_converters(keys, converters: list) -> None:

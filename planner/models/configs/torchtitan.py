@@ -402,10 +402,18 @@ def _recompute(keys: _Keys, job: Job) -> None:
                         "none, full, or selective with a whole number or 'op'")
 
 
+FP32_RUN = ("FSDP2 computes in fp32: the weights, gradients and Adam state are scored in fp32, but the activations "
+            "and matmuls as bf16 (the profile's 16-bit tensor-core rates and 2-byte kept tensors); give bfloat16 to "
+            "score a bf16 run")
+
+
 def _precision(keys: _Keys, job: Job) -> None:
     dtype = keys.take("training.dtype", "training dtype (bfloat16: weights and state in bf16)", str, "float32")
     param = keys.take("training.mixed_precision_param", "FSDP2's compute dtype", str, "bfloat16")
     job.precision = "bf16" if dtype == "bfloat16" else "bf16-mixed" if param == "bfloat16" else "fp32"
+    if job.precision == "fp32":  # FSDP2 computes in fp32: the analytic profile is bf16's (evaluate_config._profile)
+        keys.taken[:] = [(k, v, "not modelled", FP32_RUN) if k == "training.mixed_precision_param" else (k, v, st, w)
+                         for k, v, st, w in keys.taken]
     name = keys.take("optimizer.name", "optimizer", str, "AdamW")
     if name.lower() not in ("adam", "adamw", "sgd"):
         raise UserError(f"{job.source}: optimizer {name!r}: ckplan scores Adam, AdamW and SGD")
