@@ -47,6 +47,10 @@ def random_stages(profile, num_stages: int, rng: random.Random, setup: TrainSetu
     ("1F1B", 1, 2, 4, 4, 3, "torchtitan"),
     ("1F1B", 1, 2, 8, 4, 1, "megatron"),
     ("interleaved-1F1B", 2, 2, 4, 2, 1, "megatron"),
+    # ranks past the second: the fill and drain (a_r) in the bound
+    ("interleaved-1F1B", 2, 3, 6, 1, 0, "ckplan"),
+    ("interleaved-1F1B", 2, 4, 8, 2, 1, "megatron"),
+    ("interleaved-1F1B", 2, 4, 4, 1, 0, "torchtitan"),
 ])
 def test_bounds_hold_for_random_plans(schedule, chunks, stages, microbatches, dp, zero, runtime):
     rng = random.Random(7)

@@ -4,6 +4,7 @@ that `ckplan export` turns into each framework's config."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -25,7 +26,13 @@ def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
     return values
 
 
-def _schedules(text: str) -> tuple[str, ...]:
+def _schedules(text: str | None, runtime: str, settings) -> tuple[str, ...]:
+    """The schedules named, else the runtime's default space (degrees.default_schedules of its record's)."""
+    if text is None:
+        from planner.cost import runtimes
+        from planner.solve.degrees import default_schedules
+
+        return default_schedules(runtimes.facts(runtime, settings.runtime_version).pipeline_schedules)
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     stray = [n for n in names if n not in SCHEDULE_NAMES]
     if stray or not names:
@@ -59,11 +66,13 @@ def _schedules(text: str) -> tuple[str, ...]:
 @click.option("--recompute", type=click.Choice(["options", "whole-layer"]), default="options", show_default=True,
               help="What a layer may recompute in each configuration's plan.")
 @click.option("--mem", default=None, metavar="SIZE", help="Memory cap per GPU [default: what a process can allocate].")
-@click.option("--schedules", "schedule_list", default="1F1B", show_default=True, metavar="NAME[,NAME...]",
-              help=f"Schedules to try: {', '.join(SCHEDULE_NAMES)}. 1F1B and GPipe are solved exactly (DP); the "
-                   "chunked ones by the MILP, whose plans are feasible, not proven optimal, and slower to find.")
-@click.option("--chunk-counts", default="2", show_default=True, metavar="N[,N...]",
-              help="Chunks a rank to try with interleaved-1F1B and ZB (ZBV and DualPipeV: 2).")
+@click.option("--schedules", "schedule_list", default=None, metavar="NAME[,NAME...]",
+              help=f"Schedules to try: {', '.join(SCHEDULE_NAMES)} [default: 1F1B, and interleaved-1F1B where the "
+                   "runtime runs it]. 1F1B and GPipe are solved exactly (DP), first; the chunked ones by the MILP, "
+                   "whose plans are feasible, not proven optimal, and slower to find.")
+@click.option("--chunk-counts", default=None, metavar="N[,N...]",
+              help="Chunks a rank to try with interleaved-1F1B and ZB (ZBV and DualPipeV: 2) [default: every count "
+                   "from 2 whose stages the layers fill, a layer at least each].")
 @click.option("--micro-batch-sizes", default=None, metavar="N[,N...]",
               help="Micro-batch sizes to try [default: every divisor of a replica's share of the batch].")
 @click.option("--top", type=click.IntRange(1, 50), default=5, show_default=True, help="Configurations ranked.")
@@ -103,7 +112,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
             runtime,
             optimizer, precision, recompute, mem, schedule_list, chunk_counts, micro_batch_sizes, top, time_limit,
             compare, tp, sp, pp, dp, zero, shard_group, ep, micro_batch_size, schedule, chunks, from_megatron, from_torchtitan, hand_recompute, out,
-            launch_files, entry, torchtitan_version, as_json, settings, tp_overlap) -> None:
+            launch_files, entry, torchtitan_version, as_json, settings, tp_overlap, deepspeed) -> None:
     """Search every tensor-, context- (--runtime megatron or torchtitan), pipeline-, data- and expert-parallel degree, ZeRO stage and shard
     group, micro-batch size and schedule for N GPUs, each with its exact plan (layers per stage,
     recompute per layer), and rank the fastest that fit.
@@ -136,7 +145,7 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     seq_len = _seq_len(seq_len, model)
     io.check_outputs({"--out": out, "--out's profile": _profile_out(out)}, inputs={"--profile": profile_path})
     job = _job(model, gpus=gpus, per_node=domain, global_batch=global_batch, seq_len=seq_len,
-               schedules=_schedules(schedule_list), chunks=_ints(chunk_counts, "--chunk-counts"),
+               schedules=_schedules(schedule_list, runtime, settings), chunks=_ints(chunk_counts, "--chunk-counts"),
                micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"), runtime=runtime, settings=settings)
     if model.profile is not None and job.num_experts and job.ep_ok is not None:
         say(f"the profile times its experts' GEMMs at expert parallelism {job.ep_ok[0]}: the search tries ep "
@@ -152,7 +161,11 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     options = jobsearch.JobOptions(mem_cap_bytes=_cap(mem, device), gpus_per_node=min(per_node, gpus),
                                    nvlink_domain=domain,
                                    optimizer=optimizer, precision=precision, runtime=runtime, recompute=recompute,
-                                   training=training, tp_overlap=tp_overlap)
+                                   training=training, tp_overlap=tp_overlap,
+                                   data_parallel=search_settings.deepspeed_fields(deepspeed, runtime=runtime,
+                                                                                  sample=sample))
+    job = dataclasses.replace(job, offload_ok=search_settings.offload_choices(runtime=runtime, sample=sample,
+                                                                              optimizer=optimizer))
     if entry is not None and launch_files is None:
         raise UserError("--entry says what the launch files run; give --launch-files DIR or drop it")
     if launch_files is not None and entry is None and runtime not in ("ckplan", "torchtitan"):
@@ -169,7 +182,9 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     hand = _hand(locals(), model, gpus=gpus, global_batch=global_batch, seq_len=seq_len, gpu=device.name)
     imported = _imported(from_megatron, from_torchtitan, model, seq_len=seq_len, gpu=device.name,
                          searched=training | {"tp_overlap": tp_overlap})
-    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline)
+    # the default space's interleaved configurations beside the 1F1B ones solved only; named schedules, all of them
+    outcome = jobsearch.search_job(job, options, profile_for, top=top, deadline=deadline,
+                                   chunked="all" if schedule_list is not None else "beside-solved")
     compared = search_report.compared(model.arch_name if compare else None, hand, gpus=gpus, global_batch=global_batch,
                                       options=options, profile_for=profile_for, seq_len=seq_len, gpu=device.name,
                                       imported=imported)
@@ -366,6 +381,7 @@ def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chu
         return JobShape(gpus=gpus, gpus_per_node=per_node, global_batch=global_batch, seq_len=seq_len,
                         num_layers=len(profile.layers), tp_ok=(tp,), schedules=schedules, chunks=chunks,
                         fixed_tp=fixed, fixed_micro_batch_size=profile.micro_batch_size,
+                        num_blocks=sum(layer.kind == "decoder_block" for layer in profile.layers) or None,
                         num_experts=_experts(profile), cp_ok=(cp,), ep_ok=_given_ep(profile))
     from planner.profiler.analytic import Shape, check_fits
 
@@ -387,7 +403,8 @@ def _job(model: _Model, *, gpus, per_node, global_batch, seq_len, schedules, chu
                                        heads=(spec.num_heads, spec.num_kv_heads))
     allowed = search_settings.tp_degrees(settings, tuple(allowed))
     return JobShape(gpus=gpus, gpus_per_node=per_node, global_batch=global_batch, seq_len=seq_len,
-                    num_layers=spec.num_layers + 2, tp_ok=tuple(allowed), num_experts=spec.num_experts,
+                    num_layers=spec.num_layers + 2, num_blocks=spec.num_layers, tp_ok=tuple(allowed),
+                    num_experts=spec.num_experts,
                     schedules=schedules, chunks=chunks, micro_batch_sizes=micro_batch_sizes, cp_ok=cp_ok)
 
 

@@ -163,7 +163,7 @@ class Report:
                 f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound, "
                 f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound"
                 f"{_early(o)}); "
-                f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}")
+                f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}{_set_aside(o)}")
 
     # ------------------------------------------------------------ JSON
 
@@ -189,7 +189,7 @@ class Report:
                        "pruned_memory": o.pruned_memory, "pruned_time": o.pruned_time, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
                        "unexplored": o.unexplored, "not_solved": len(o.unsolved), "solved_early": o.solved_early,
-                       "complete": o.complete,
+                       "chunked_set_aside": o.chunked_set_aside, "complete": o.complete,
                        "wall_s": o.wall_s},
             "ranked": ranked, "compared": [one(row) for row in self.others]}, indent=2)
 
@@ -200,6 +200,14 @@ def _early(o) -> str:
         return ""
     return (f"; {o.solved_early} of them the best bound kept when half of --time-limit had gone to profiles, "
             "solved before the rest were built")
+
+
+def _set_aside(o) -> str:
+    """The chunked configurations the default space set aside (their 1F1B twins pruned by the time bound)."""
+    if not o.chunked_set_aside:
+        return ""
+    return (f"; {o.chunked_set_aside} interleaved configurations not solved, their degrees' 1F1B pruned by the "
+            "time bound (--schedules 1F1B,interleaved-1F1B solves every one the bounds leave)")
 
 
 def _left(o) -> str:

@@ -23,14 +23,17 @@ TP_OVERLAP_OPTION = shared_option("tp_overlap")
 
 def settings_options(func):
     """Decorate `ckplan search` with the settings options; the command gets them as one
-    `settings: TrainingSettings` and `tp_overlap`."""
+    `settings: TrainingSettings`, `tp_overlap` and `deepspeed` (DeepSpeed's ds_config knobs given, as
+    DataParallelSetup's fields: deepspeed_options.deepspeed_given)."""
+    from planner.commands.deepspeed_options import DEEPSPEED_OPTIONS, deepspeed_given
 
     @functools.wraps(func)
     def grouped(**kwargs):
         settings = TrainingSettings.from_options(kwargs)
-        return func(settings=settings, tp_overlap=kwargs.pop("tp_overlap"), **kwargs)
+        deepspeed = deepspeed_given(kwargs)
+        return func(settings=settings, tp_overlap=kwargs.pop("tp_overlap"), deepspeed=deepspeed, **kwargs)
 
-    for option in reversed(SETTING_OPTIONS + [TP_OVERLAP_OPTION]):
+    for option in reversed(SETTING_OPTIONS + [TP_OVERLAP_OPTION] + DEEPSPEED_OPTIONS):
         grouped = option(grouped)
     return grouped
 
@@ -105,6 +108,37 @@ def checked(settings: TrainingSettings, *, tp_overlap: str, runtime: str, job, s
     setting_notes(sample, runtime=runtime, settings=fields | {"context_parallel": profile_cp(sample)}, say=say)
     fields.pop("context_parallel")
     return fields
+
+
+def deepspeed_fields(given: dict, *, runtime: str, sample) -> dict:
+    """DeepSpeed's ds_config knobs given to the search (every configuration gets them; its ZeRO 3 ones act where
+    a configuration runs ZeRO 3, the rest score DeepSpeed's defaults), checked as evaluate checks them: another
+    runtime's search, the checkpointing settings' own rules, and a submodule knob on blocks ckplan cannot split
+    (deepspeed_terms.profile_block: at the least TP searched, `sample`) each refused in one sentence."""
+    if not given:
+        return {}
+    from planner.commands.deepspeed_options import SUBMODULE_KNOBS, check_checkpointing
+    from planner.cost import deepspeed_terms
+
+    flag = "--" + next(iter(given)).replace("_", "-")
+    if runtime != "deepspeed":
+        raise UserError(f"{flag} is DeepSpeed's setting, and the search scores {runtime}'s runtime; drop it or give "
+                        "--runtime deepspeed")
+    check_checkpointing(given, sample)
+    knobs = [name for name in given if name in SUBMODULE_KNOBS]
+    blocks = [layer for layer in sample.layers if layer.kind == "decoder_block"]
+    if knobs and not (blocks and all(deepspeed_terms.profile_block(sample, layer) is not None for layer in blocks)):
+        raise UserError(f"--{knobs[0].replace('_', '-')} needs the block's submodules, which ckplan knows only for an "
+                        "analytic profile's dense GPT or LLaMA-style block at tensor parallelism 1; drop it")
+    return dict(given)
+
+
+def offload_choices(*, runtime: str, sample, optimizer: str) -> tuple[bool, ...]:
+    """Optimizer offload searched beside no offload under DeepSpeed's runtime (its ZeRO-Offload, modelled:
+    planner/cost/deepspeed_terms.py, dataparallel's host step), where the profile times the host's step."""
+    if runtime != "deepspeed" or optimizer not in sample.host_step_ns_per_param:
+        return (False,)
+    return (False, True)
 
 
 def check_hand(settings: TrainingSettings, *, tp: int) -> None:

@@ -212,6 +212,10 @@ class RuntimeFacts:
     overlap_grad_reduce, overlap_param_gather, ...): planner/cost/megatron_dp.py places them in the
     schedule's simulation (ZeRO 0 and 1; its FSDP is not read so)."""
     multi_schedule_lockstep: bool = False
+    pipeline_schedules: tuple[str, ...] = ("1F1B",)
+    """The pipeline schedules the framework runs (ckplan's names: 1F1B, GPipe, interleaved-1F1B, ZB, ZBV,
+    DualPipeV): what `ckplan search` may put in its space (planner/solve/degrees.py; its default space takes
+    1F1B and, where listed, interleaved-1F1B)."""
     stage_sends_beside: str = "none"
     """Which pipeline sends of a schedule of several stages a rank its steady state posts and waits for only
     after the next compute ("backward": the input gradients; "both": the outputs too): none of its rank's

@@ -106,6 +106,7 @@ FUSED_LOSS_AND_GROUPED_GEMM_SOURCES = {
 def megatron() -> RuntimeFacts:
     return RuntimeFacts(
         name="megatron", version=MEGATRON_V,
+        pipeline_schedules=("1F1B", "interleaved-1F1B"),
         grad_bytes=4, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         loss=LossRegion(kept_x=2.0, peak_x=3.0), loss_vocab_parallel=LossRegion(kept_x=2.0, peak_x=3.0),
@@ -280,6 +281,7 @@ def megatron() -> RuntimeFacts:
             "expandable_segments_across_nodes": "not read from its launch scripts",
             "input_grads_held_to_step_end": f"megatron/core/pipeline_parallel/schedules.py: one input gradient sent at a time (input_receive_buffers \"one\"), {MEGATRON_V}",
             "keeps_last_reduce_scatter_input": f"{NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {MEGATRON_V})",
+            "pipeline_schedules": f"megatron/core/pipeline_parallel/schedules.py 53-167 (get_forward_backward_func: forward_backward_pipelining_without_interleaving, or _with_interleaving where a virtual pipeline size is set), {MEGATRON_V} (docs/framework-facts.md §251)",
             "reduces_after_last_backward": f"{NO_FSDP2_PIPELINE} (the distributed optimizer's buckets, {MEGATRON_V})",
             "multi_schedule_lockstep": f"not torch's pipelining: megatron/core/pipeline_parallel/schedules.py, {MEGATRON_V}",
             "stage_sends_beside": f"megatron/core/pipeline_parallel/schedules.py 1771-1827 (pp_post_forward: the output's isend waited at once, deallocate_pipeline_outputs set by training/argument_utils.py 305), 1847-1897 (pp_post_backward: the input gradient's waited at the next backward's send), {MEGATRON_V} (docs/framework-facts.md §214)",

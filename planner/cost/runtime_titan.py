@@ -131,6 +131,8 @@ def torchtitan(version: str) -> RuntimeFacts:
     read_at = _TITAN_OLD if not compiles_loss else _TITAN_NEW
     return RuntimeFacts(
         name="torchtitan", version=version,
+        pipeline_schedules=("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV")
+        + (() if version == "9dec370" else ("DualPipeV",)),
         grad_bytes=4, shard_weight_bytes=4, master_bytes=0, zero1_whole_tensors=False, zero_as_fsdp2=True, grads_allocated_at_first_backward=True,
         adam_step_scratch=version == "9dec370",
         loss=LossRegion(kept_x=2.0, peak_x=6.0, kept_counts_logits=False),
@@ -205,6 +207,7 @@ def torchtitan(version: str) -> RuntimeFacts:
             "input_grads_held_to_step_end": (f"{INPUT_GRADS_KEPT}; {_TITAN_TORCH[version]}" if version != "b5bcd76c"
                                              else f"{INPUT_GRADS_CLEARED}; b5bcd76c (2026-08-21) runs a torch after it"),
             "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
+            "pipeline_schedules": ("torchtitan/distributed/pipeline_parallel.py get_schedule_class by name, any stages_per_rank >= 2 a multi-stage schedule takes (pipeline_parallel.py 219-263 at b5bcd76c); 9dec370 runs torch 1963fc8, whose DualPipeV was not read: left out (docs/framework-facts.md §251)"),
             "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": (f"{MULTI_LOCKSTEP}; {_TITAN_OLD} runs torch 1963fc8" if version == "9dec370"
                                         else f"{TORCH_V}: interleaved schedules run on _PipelineScheduleRuntime "
                                              f"(schedules.py 2216, 2891), which waits a receive where it is needed"),

@@ -78,7 +78,7 @@ _NO_MODEL_COMPILE = {
 
 def _ckplan() -> RuntimeFacts:
     return RuntimeFacts(
-        name="ckplan", version="ckplan (this repository) on " + TORCH_V,
+        name="ckplan", version="ckplan (this repository) on " + TORCH_V, pipeline_schedules=("1F1B", "GPipe", "interleaved-1F1B", "ZB", "ZBV", "DualPipeV"),
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=True, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=True,
         # ckplan's runtime runs the model file's own loss, measured into the profile; an analytic
@@ -101,6 +101,7 @@ def _ckplan() -> RuntimeFacts:
             "reduces_after_last_backward": "planner/runtime/mesh.py: ZeRO 2/3 kept whole reduce once after the last "
                                            "backward, charged whole already (overlaps_grad_reduce False)",
             "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
+            "pipeline_schedules": "planner/runtime/worker.py runs torch.distributed.pipelining's schedules by name (get_schedule_class: Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV), " + f"{TORCH_V} (docs/framework-facts.md §251)",
             "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": f"torch/distributed/pipelining/schedules.py 2216, 2891 (_PipelineScheduleRuntime), "
                                        f"{TORCH_V}",
             "fsdp_units": "planner/runtime/mesh.py (fully_shard of every layer): the buffer term measured there "
@@ -206,7 +207,7 @@ def _deepspeed(version: str = "edaa7221") -> RuntimeFacts:
 
 def _deepspeed_newest() -> RuntimeFacts:
     return RuntimeFacts(
-        name="deepspeed", version=_DS_V,
+        name="deepspeed", version=_DS_V, pipeline_schedules=("1F1B",),
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         # Megatron-DeepSpeed's GPT runs Megatron's vocab-parallel cross-entropy
@@ -231,6 +232,7 @@ def _deepspeed_newest() -> RuntimeFacts:
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
             "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (its own ZeRO)",
             "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
+            "pipeline_schedules": "deepspeed/runtime/pipe/engine.py 386 (PipelineEngine.train_batch builds schedule.TrainSchedule, one stage a rank, 1F1B), DeepSpeed 38327e07 (docs/framework-facts.md §251)",
             "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": "not torch's pipelining: DeepSpeed's PipelineEngine runs one stage per rank",
             "grads_allocated_at_first_backward": f"deepspeed/runtime/bf16_optimizer.py 175-186 (flat gradient buffers allocated at start), {_DS_V}",
             "grad_bytes": f"deepspeed/runtime/engine.py 1485-1496 (grad_accum_dtype defaults to the model's), {_DS_V}",
@@ -297,7 +299,7 @@ def _deepspeed_newest() -> RuntimeFacts:
 def _colossalai(version: str) -> RuntimeFacts:
     hf_43x = version == "hf-4.3x"
     return RuntimeFacts(
-        name="colossalai", version=version,
+        name="colossalai", version=version, pipeline_schedules=("1F1B", "interleaved-1F1B", "ZBV"),
         grad_bytes=2, shard_weight_bytes=2, master_bytes=4, zero1_whole_tensors=False, zero_as_fsdp2=False, grads_allocated_at_first_backward=False,
         adam_step_scratch=False,
         loss=LossRegion(kept_x=4.0, peak_x=8.0) if hf_43x else LossRegion(kept_x=3.0, peak_x=7.0),
@@ -318,6 +320,7 @@ def _colossalai(version: str) -> RuntimeFacts:
             "keeps_last_reduce_scatter_input": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
             "reduces_after_last_backward": f"{_NO_FSDP2_PIPELINE} (Gemini's chunks)",
             "ddp_buckets": "not Megatron-LM's DDP (dataparallel.exposed_comm_ms charges its collectives)",
+            "pipeline_schedules": "ColossalAI's pipeline styles 1f1b, interleaved and zbv (planner/emit/colossalai.py's _STYLES, read at ColossalAI 4f9953be): docs/framework-facts.md §251",
             "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": "not torch's pipelining: ColossalAI's own schedules",
             "grads_allocated_at_first_backward": f"colossalai/zero/gemini chunks (allocated at start), {_CAI_V}",
             "grad_bytes": f"colossalai/zero/gemini/gemini_ddp.py 106, 380-412 (grads in the fp16 chunk; a grad chunk "
@@ -495,4 +498,3 @@ def refused_settings(training, *, tp: int = 1) -> list[str]:
         refused.append(f"expert tensor parallelism distinct from TP (--expert-tp {training.expert_tp} with TP {tp}) "
                        "is not modelled: the experts are split as the profile's TP splits them")
     return refused
-

@@ -24,8 +24,12 @@ stage's own constant terms, the slowest stage at least the mean and the slowest 
 the mean step, so
     T >= W + (M - 1) W / P + sum_l step_l / P,   W = sum_l min_o time_l,o + sum_s const_s.
 Chunked schedules (simulated): each rank runs its share of M microbatches' work one action at a
-time, the busiest at least the mean: T >= M W / P; under a split backward a layer's time at least
-its cheapest option's with its passes' extra where that extra is below nothing (splittime).
+time, then its optimizer step, the busiest at least the mean: T >= (M W + sum_l step_l) / P; under a
+split backward a layer's time at least its cheapest option's with its passes' extra where that extra
+is below nothing (splittime). Under interleaved 1F1B rank r also waits for one microbatch's forward
+through stages 0..r-1 before its first action and, its last action a backward of stage r, for that
+microbatch's backward through them after it: T >= M R_r + a_r, a_r the r cheapest layers' time
+(r non-empty stages), so T >= (M W + sum_{r<P} a_r) / P.
 """
 
 from __future__ import annotations
@@ -70,17 +74,19 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
     ctx = costmodel.Context(profile, setup)
     stages, microbatches = setup.pipeline.stages, setup.pipeline.microbatches
     static = step = compute = kept = 0.0
+    cheapest: list[tuple[float, int]] = []  # (a layer's least time, how many such layers)
     for layer, count in layers:
         options = range(len(layer.options))
         static += count * costmodel.layer_value("static", layer, 0, ctx)
         step += count * min(costmodel.layer_value("step", layer, o, ctx) for o in options)
-        compute += count * min(costmodel.layer_value("time", layer, o, ctx) + _split_extra_floor(layer, o, ctx)
-                               for o in options)
+        least = min(costmodel.layer_value("time", layer, o, ctx) + _split_extra_floor(layer, o, ctx) for o in options)
+        compute += count * least
+        cheapest.append((least, count))
         kept += count * min(costmodel.layer_value("kept", layer, o, ctx) for o in options)
     constant = sum(costmodel.stage_value(q, s, ctx) for s in range(stages) for q in ("time", "comm"))
     work = compute + constant
     if setup.pipeline.schedule in CHUNKED_SCHEDULES:
-        time_ms = microbatches * work / stages
+        time_ms = microbatches * work / stages + max(step, _fill_and_drain(cheapest, setup)) / stages
     else:
         time_ms = work + (microbatches - 1) * work / stages + step / stages
     # both with the cuBLAS workspaces every rank keeps, as evaluate's allocated peak and its limit hold them
@@ -88,6 +94,23 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
     limit = max(costmodel.limit_bytes(s, _rows_context(profile, setup, ctx)) for s in range(stages)) + cublas
     held = static + (0.0 if setup.pipeline.schedule in CHUNKED_SCHEDULES else max(0.0, _activations(kept, layers, ctx)))
     return Bounds(time_ms=max(0.0, time_ms), static_bytes=held / stages + cublas, limit_bytes=limit)
+
+
+def _fill_and_drain(cheapest: list[tuple[float, int]], setup: TrainSetup) -> float:
+    """Σ_r a_r of the module's text, under interleaved 1F1B (a rank r holds stages r, r + P, ...; no split
+    backward): rank r starts no sooner than one microbatch's forward through stages 0..r-1 and, its last action
+    being a backward of stage r, ends no later than that microbatch's backward through them before the
+    iteration does; those r stages are r contiguous, non-empty runs of layers, at least the r cheapest layers.
+    0 for the other chunked schedules (a split backward's or a V's last action need not be stage r's)."""
+    if setup.pipeline.schedule != "interleaved-1F1B":
+        return 0.0
+    ranks, total, taken, prefix = setup.pipeline.stages, 0.0, 0, 0.0
+    for least, count in sorted(cheapest):
+        for _ in range(min(count, ranks - 1 - taken)):
+            taken += 1
+            prefix += least
+            total += prefix  # a_taken: the `taken` cheapest layers
+    return total
 
 
 def _rows_context(profile: Profile, setup: TrainSetup, ctx: costmodel.Context) -> costmodel.Context:

@@ -4,7 +4,8 @@ degree (with and without sequence parallelism) that divides a node and the model
 every pipeline degree that divides what is left and the layers can fill, every micro-batch
 size that divides a replica's share of the batch, every ZeRO stage over every shard group
 (HSDP), for a mixture of experts every expert-parallel degree and, where the runtime runs
-it, every context-parallel degree whose 2·cp load-balanced chunks divide the sequence. Nothing here scores;
+it, every context-parallel degree whose 2·cp load-balanced chunks divide the sequence, each schedule asked
+at each chunk count the layers admit, and where asked optimizer offload. Nothing here scores;
 planner/solve/jobsearch.py bounds and solves what this lists."""
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ from dataclasses import asdict, dataclass
 from planner.schema import CHUNKED_SCHEDULES, MAX_MICROBATCHES
 
 ONE_CHUNK_SCHEDULES = ("1F1B", "GPipe")
-# the schedules the search tries unless told: those the exact DP plans (one chunk a rank). A
-# chunked schedule's plan comes from the MILP and is "feasible", never proven optimal, and
-# torch's order for it takes seconds to build at hundreds of microbatches: asked for by name
+# the schedules a JobShape tries unless told; `ckplan search` adds interleaved-1F1B where the runtime's
+# record runs it (default_schedules)
 DEFAULT_SCHEDULES = ("1F1B",)
+# the chunked schedule real jobs run at PP > 1 (Megatron-LM's virtual pipeline, torchtitan's Interleaved1F1B;
+# published: B2 at VP 5, T15-T17 at VP 8)
+INTERLEAVED = "interleaved-1F1B"
+
+
+def default_schedules(runs: tuple[str, ...]) -> tuple[str, ...]:
+    """The schedules searched unless --schedules names them: 1F1B, and interleaved-1F1B where the runtime
+    runs it (`runs`: its record's pipeline_schedules). ZB, ZBV, DualPipeV and GPipe by name only."""
+    return ("1F1B",) + ((INTERLEAVED,) if INTERLEAVED in runs else ())
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,8 @@ class Degrees:
     shard_group: int | None = None
     ep: int = 1
     cp: int = 1  # context parallel: each replica's sequences split over cp ranks (placed after tp)
+    # the optimizer's state, master weights and step on the host (DeepSpeed's offload_optimizer, ZeRO 1-3)
+    offload: bool = False
 
     @property
     def gpus(self) -> int:
@@ -60,7 +71,8 @@ class Degrees:
         sched = self.schedule + (f"x{self.chunks}" if self.chunks > 1 else "")
         ep = f" ep{self.ep}" if self.ep > 1 else ""
         cp = f" cp{self.cp}" if self.cp > 1 else ""
-        return f"{tp}{cp} pp{self.pp} dp{self.dp} {zero}{ep} mbs{self.micro_batch_size}x{self.microbatches} {sched}"
+        off = " offload" if self.offload else ""
+        return f"{tp}{cp} pp{self.pp} dp{self.dp} {zero}{off}{ep} mbs{self.micro_batch_size}x{self.microbatches} {sched}"
 
 
 def divisors(n: int) -> list[int]:
@@ -79,7 +91,10 @@ class JobShape:
     tp_ok: tuple[int, ...]  # tensor-parallel degrees the model's heads and widths allow
     num_experts: int = 0  # routed experts (0: dense)
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
-    chunks: tuple[int, ...] = (2,)  # for the chunked schedules (ZBV and DualPipeV: 2 always)
+    # for the chunked schedules (ZBV and DualPipeV: 2 always); None: every count the layers admit (chunk_counts)
+    chunks: tuple[int, ...] | None = (2,)
+    # the decoder blocks among the layers (None: not known, a profile's layers of other kinds)
+    num_blocks: int | None = None
     micro_batch_sizes: tuple[int, ...] | None = None  # None: every divisor of a replica's batch
     fixed_tp: tuple[int, bool] | None = None  # a given profile: its (tp, sp)
     fixed_micro_batch_size: int | None = None  # a given profile: its micro-batch size
@@ -89,6 +104,9 @@ class JobShape:
     # expert-parallel degrees to try (None: every one dividing the dp ranks and the experts); a given
     # analytic profile's times hold at the ep it was made at only (formulas.Shape.ep)
     ep_ok: tuple[int, ...] | None = None
+    # optimizer offload to try (False, True): DeepSpeed's offload_optimizer where the runtime is DeepSpeed's and
+    # the profile times the host's step; offload goes with ZeRO 1-3 only (its ZeRO-Offload needs a stage > 0)
+    offload_ok: tuple[bool, ...] = (False,)
 
 
 def tensor_choices(job: JobShape) -> list[tuple[int, bool]]:
@@ -125,9 +143,22 @@ def schedule_choices(job: JobShape, pp: int) -> list[tuple[str, int]]:
             continue
         if pp == 1:
             continue
-        counts = (2,) if schedule in ("ZBV", "DualPipeV") else job.chunks
+        counts = (2,) if schedule in ("ZBV", "DualPipeV") else chunk_counts(job, pp)
         found += [(schedule, c) for c in counts if c >= 2 and pp * c <= job.num_layers]
     return found
+
+
+def chunk_counts(job: JobShape, pp: int) -> tuple[int, ...]:
+    """The chunk counts tried at `pp` ranks: those given, else every count from 2 whose pp x chunks virtual
+    stages take the decoder blocks evenly, the same number each (Megatron-LM's rule without a layout:
+    transformer_block.py 156-181 asserts num_layers % pp == 0 and the rank's layers % vp == 0 at d98e8a64;
+    torchtitan splits such a count evenly too, and any other within one layer: framework-facts §252), where the
+    blocks are known; else every count whose stages the profile's layers fill, one layer at least each."""
+    if job.chunks is not None:
+        return job.chunks
+    if job.num_blocks:
+        return tuple(v for v in range(2, job.num_blocks // pp + 1) if job.num_blocks % (pp * v) == 0)
+    return tuple(range(2, job.num_layers // pp + 1))
 
 
 def zero_choices(dp: int, ep: int, cp: int = 1) -> list[tuple[int, int | None]]:
@@ -171,9 +202,10 @@ def _with_tp_cp(job: JobShape, tp: int, sp: bool, cp: int) -> list[Degrees]:
                     continue
                 for ep in _expert_choices(job, dp):
                     for zero, group in zero_choices(dp, ep, cp):
-                        found.append(Degrees(tp=tp, sp=sp, pp=pp, dp=dp, micro_batch_size=mbs,
-                                             microbatches=microbatches, schedule=schedule, chunks=chunks,
-                                             zero=zero, shard_group=group, ep=ep, cp=cp))
+                        found += [Degrees(tp=tp, sp=sp, pp=pp, dp=dp, micro_batch_size=mbs,
+                                          microbatches=microbatches, schedule=schedule, chunks=chunks,
+                                          zero=zero, shard_group=group, ep=ep, cp=cp, offload=offload)
+                                  for offload in job.offload_ok if zero or not offload]
     return found
 
 

@@ -10,7 +10,9 @@ their time bound with today's route (search.plan: the exact DP where its structu
 MILP elsewhere), each bounded by the `top`-th best time found so far, and the search stops
 once the next time bound reaches it: no configuration left could enter the ranking. The
 ranking is therefore the same as solving every configuration (tests/test_search.py holds it
-to that brute force).
+to that brute force). The one-chunk configurations (1F1B, GPipe: the DP) pass first, then the
+chunked ones (the MILP) under the bar they left; with chunked="beside-solved" (`ckplan search`'s
+default space) only the chunked twins of the one-chunk configurations solved are.
 
 Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
 291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
@@ -59,6 +61,8 @@ class JobOptions:
     # context_parallel is each configuration's own, and cp_comm applies where it is above 1)
     training: dict = field(default_factory=dict)
     tp_overlap: str = "none"  # CommSetup's: the runtime setting that overlaps the TP collectives
+    # DataParallelSetup's fields every configuration gets (DeepSpeed's stage3_* and reduce_bucket_size knobs)
+    data_parallel: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ class Outcome:
     complete: bool = True  # False: the deadline stopped it before the bound did
     unexplored: int = 0  # configurations not enumerated: the deadline passed while their profiles were built
     solved_early: int = 0  # of `solved`, those solved while profiles were still built (half the limit gone, no plan)
+    # chunked configurations not solved because their one-chunk twin (the same degrees under 1F1B) was not solved:
+    # its bound at or past the bar (search_job's chunked="beside-solved")
+    chunked_set_aside: int = 0
     wall_s: float = 0.0
     nearest: Candidate | None = None  # the configuration nearest to fitting by the memory bound
     unsolved: list[Candidate] = field(default_factory=list)  # fit the memory bound, not reached before the deadline
@@ -117,8 +124,11 @@ def job_setup(profile: Profile, degrees: Degrees, options: JobOptions) -> TrainS
                   schedule=degrees.schedule, chunks=degrees.chunks, mem_caps_bytes=[options.mem_cap_bytes] * pp,
                   optimizer=options.optimizer, precision=options.precision, runtime=options.runtime,
                   recompute=options.recompute, dp=dp, zero=degrees.zero, shard_group=degrees.shard_group,
-                  ep=degrees.ep, context_parallel=degrees.cp)
+                  ep=degrees.ep, context_parallel=degrees.cp, offload=degrees.offload)
     fields.update(options.training)
+    fields.update(options.data_parallel)
+    if degrees.offload:  # the host's optimizer step, as the profile times it (setup_options.profile_host_step_ns)
+        fields["host_step_ns_per_param"] = profile.host_step_ns_per_param[options.optimizer]
     fields["cp_comm"] = options.training.get("cp_comm") if degrees.cp > 1 else None
     domain = options.nvlink_domain or options.gpus_per_node
     if dp > 1:
@@ -332,11 +342,16 @@ def _ratio(candidate: Candidate) -> float:
 
 
 def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, top: int = 5,
-               deadline: Deadline | None = None, solver: str = "auto") -> Outcome:
+               deadline: Deadline | None = None, solver: str = "auto", chunked: str = "all") -> Outcome:
     """The `top` fastest configurations that fit, each with its exact plan (see the module's text).
     Past `deadline` the search stops where it is, building profiles or solving (outcome.complete False:
     the ranking is the best of what was solved; outcome.unexplored the configurations never reached); at
-    half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early)."""
+    half of it, with nothing ranked, the best-bound candidate kept so far is solved (outcome.solved_early).
+    `chunked`: "all" solves every chunked configuration the bounds do not prune; "beside-solved" only those whose
+    one-chunk twin (the same degrees under 1F1B) the one-chunk pass solved (its bound under the bar then), the rest
+    counted in
+    outcome.chunked_set_aside (a chunked schedule's time bound holds no bubble, so it prunes few, and each of
+    its MILPs takes seconds: docs/published-runs.md §37.searchspace)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
@@ -351,28 +366,60 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
             return
         waiting = [c for c in kept if id(c) not in early]
         if waiting:
-            best = min(waiting, key=lambda c: (c.bounds.time_ms, c.degrees.key()))
+            best = min(waiting, key=_solve_order)
             early.add(id(best))
             outcome.solved_early += 1
             _rank(outcome, solve_one(best, upper_bound_ms=None, deadline=deadline, solver=solver), top)
 
     found = candidates(job, options, Profiles(profile_for), outcome, deadline, midway)
-    found.sort(key=lambda c: (c.bounds.time_ms, c.degrees.key()))
+    found.sort(key=_solve_order)
+    # one pass a kind: the one-chunk configurations (the exact DP, fast) first, then the chunked ones (the
+    # MILP, seconds each), each pass in bound order and stopped by the bar the passes before it set
+    one_chunk, chunked_ones = [c for c in found if c.degrees.chunks == 1], [c for c in found if c.degrees.chunks > 1]
+    solved: set[Degrees] = {c.degrees for c in found if id(c) in early}
+    if not _solve_pass(one_chunk, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved):
+        outcome.unsolved += [c for c in chunked_ones if id(c) not in early]
+    else:
+        if chunked == "beside-solved":
+            kept = [c for c in chunked_ones if _twin(c.degrees) in solved or id(c) in early]
+            outcome.chunked_set_aside = len(chunked_ones) - len(kept)
+            chunked_ones = kept
+        _solve_pass(chunked_ones, outcome, early, top=top, deadline=deadline, solver=solver, solved=solved)
+    outcome.wall_s = time.perf_counter() - started
+    return outcome
+
+
+def _twin(degrees: Degrees) -> Degrees:
+    """The degrees under 1F1B, one chunk a rank: what a chunked configuration is set beside."""
+    return dataclasses.replace(degrees, schedule="1F1B", chunks=1)
+
+
+def _solve_order(candidate: Candidate) -> tuple:
+    """The order configurations are solved in: one chunk a rank first (its DP takes a fraction of a chunked
+    schedule's MILP), then by time bound, then by the degrees' key."""
+    return (candidate.degrees.chunks > 1, candidate.bounds.time_ms, candidate.degrees.key())
+
+
+def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, top: int, deadline: Deadline,
+                solver: str, solved: set[Degrees]) -> bool:
+    """Solve `found` (in bound order) until the next bound reaches the `top`-th best time: no configuration
+    left in it could enter the ranking (its time is at least its bound, and the bar only falls). False where
+    the deadline stopped it (outcome.unsolved: those left). `solved` collects the degrees solved."""
     for index, candidate in enumerate(found):
         bar = outcome.ranked[top - 1].iteration_ms if len(outcome.ranked) >= top else math.inf
         if candidate.bounds.time_ms >= bar:
-            outcome.pruned_time = sum(id(c) not in early for c in found[index:])
-            break
+            outcome.pruned_time += sum(id(c) not in early for c in found[index:])
+            return True
         if id(candidate) in early:  # solved already, its plan (if any) ranked: never twice
             continue
         if deadline.expired():
             outcome.complete = False
             outcome.unsolved = [c for c in found[index:] if id(c) not in early]
-            break
+            return False
+        solved.add(candidate.degrees)
         _rank(outcome, solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar, deadline=deadline,
                                  solver=solver), top)
-    outcome.wall_s = time.perf_counter() - started
-    return outcome
+    return True
 
 
 def _rank(outcome: Outcome, solved: Solved | None, top: int) -> None:

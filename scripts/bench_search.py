@@ -1,0 +1,114 @@
+"""`ckplan search`'s wall time before and after a change, in one run: the eleven jobs of docs/published-runs.md
+§35.searchcheck (their model, GPUs, batch, runtime and settings; the published degrees scored beside with
+--hand-recompute plan), each searched by two trees in turn (A, B, A, B, ... so a shared machine's load falls on
+both), with the configurations each considered, solved and set aside, and its best.
+
+    PYTHONPATH=$PWD python scripts/bench_search.py --before /tmp/base --after . [--jobs M11,T22] [--repeats 2]
+
+--before / --after: checkouts whose planner/ and configs/ run (e.g. `git archive main | tar -x -C /tmp/base`; each
+search runs in its tree, as `python -m` puts the working directory first on the path). Per job and tree: the
+median wall time of the repeats (the command's, imports included) and the spread (slowest - fastest), which is
+the noise to read the ratio against; the ratio after / before of the medians. Runs one search at a time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TT = "--runtime torchtitan"
+MEG = "--runtime megatron --float8 --te-cross-entropy --nccl-nvls-off"
+# §35.searchcheck's commands (/tmp/searchcheck/drive.sh there), --time-limit apart
+JOBS = {
+    "M11": f"--arch llama3-8b --gpus 8 --gpu h100-96g --global-batch 8 --seq-len 8192 {TT} --runtime-version 9dec370 "
+           "--compile --op-level-sac --mem 96GB --tp 1 --pp 1 --dp 8 --zero 3 --micro-batch-size 1",
+    "M8": f"--arch llama3-8b --gpus 8 --gpu h100-96g --global-batch 16 --seq-len 8192 {TT} --runtime-version 9dec370 "
+          "--op-level-sac --mem 96GB --no-expandable-segments --tp 1 --pp 1 --dp 8 --zero 3 --micro-batch-size 2",
+    "C1": f"--arch llama3-8b --gpus 8 --gpu h100-96g --global-batch 8 --seq-len 32768 {TT} --runtime-version 9dec370 "
+          "--compile --float8 --fp8-all-gather --mem 96GB --no-expandable-segments --tp 1 --pp 1 --dp 8 --zero 3 "
+          "--micro-batch-size 1",
+    "M13": f"--arch llama3-8b --gpus 32 --gpu h200 --global-batch 64 --seq-len 8192 {TT} --compile --float8 "
+           "--fp8-all-gather --op-level-sac --mem 141GB --tp 1 --pp 1 --dp 32 --zero 3 --micro-batch-size 2",
+    "X2": f"--arch llama3-8b --gpus 128 --gpu h100-96g --global-batch 256 --seq-len 8192 {TT} --runtime-version 9dec370 "
+          "--compile --op-level-sac --mem 96GB --tp 1 --pp 1 --dp 128 --zero 3 --micro-batch-size 2",
+    "T22": f"--arch llama3-8b --gpus 8 --gpu b200 --global-batch 128 --seq-len 8192 {MEG} --mem 180GB --tp 1 --pp 1 "
+           "--dp 8 --zero 1 --micro-batch-size 2",
+    "BT22": f"--arch llama3-8b --gpus 8 --gpu b200 --global-batch 128 --seq-len 8192 {MEG} "
+            "--from-megatron configs/megatron-bridge/b200_8b_fp8cs.yaml",
+    "M19": "--arch llama2-7b --gpus 32 --gpu a100-80g --global-batch 512 --seq-len 4096 --runtime colossalai "
+           "--runtime-version hf-4.3x --mem 80GB --tp 1 --pp 1 --dp 32 --zero 3 --micro-batch-size 16",
+    "T11": f"--arch llama3-8b --gpus 64 --gpu h100-96g --global-batch 96 --seq-len 8192 {TT} --compile --op-level-sac "
+           "--mem 96GB --tp 8 --sp --pp 1 --dp 8 --zero 3 --micro-batch-size 12",
+    "M15": f"--arch llama3-70b --gpus 256 --gpu h100-96g --global-batch 512 --seq-len 8192 {TT} --runtime-version 9dec370 "
+           "--compile --float8 --fp8-all-gather --mem 96GB --tp 8 --sp --pp 1 --dp 32 --zero 3 --micro-batch-size 16",
+    "DS1": "--arch-config configs/published/ds_azure_gpt175b.json --gpus 256 --gpu a100-80g --global-batch 8192 "
+           "--seq-len 512 --runtime deepspeed --tp 1 --pp 1 --dp 256 --zero 3 --micro-batch-size 32",
+}
+HAND = "--hand-recompute plan"  # with --tp ...: the published degrees' own plan beside (not for BT22's file)
+
+
+def one(tree: Path, job: str, time_limit: float, folder: Path) -> dict:
+    """One search by `tree`'s planner on this repository's configs: its wall time and what its JSON says."""
+    args = JOBS[job].split() + ([] if job == "BT22" else HAND.split())
+    out = folder / f"{job}.yaml"
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "planner.cli", "search", *args, "--time-limit", str(time_limit),
+                           "--out", str(out), "--json"], capture_output=True, text=True,
+                          env=os.environ | {"PYTHONPATH": str(tree)}, cwd=tree)  # `-m` puts the cwd first on the path
+    wall = time.perf_counter() - started
+    try:
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {"wall_s": wall, "rc": done.returncode, "error": done.stderr.strip().splitlines()[-1:]}
+    best = data["ranked"][0] if data["ranked"] else None
+    hand = next((row for row in data["compared"] if row["iteration_ms"] is not None), None)
+    return {"wall_s": wall, "rc": done.returncode, "counts": data["counts"],
+            "best": best and (best["degrees"], best["iteration_ms"]), "beside_ms": hand and hand["iteration_ms"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True)
+    parser.add_argument("--after", type=Path, required=True)
+    parser.add_argument("--jobs", default=",".join(JOBS))
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--time-limit", type=float, default=600.0)
+    parser.add_argument("--json", type=Path, default=None, help="Every run's figures, written here.")
+    args = parser.parse_args()
+    runs: dict = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for job in args.jobs.split(","):
+            for _ in range(args.repeats):
+                for tag, tree in (("before", args.before), ("after", args.after)):
+                    runs.setdefault(job, {}).setdefault(tag, []).append(
+                        one(tree.resolve(), job, args.time_limit, Path(scratch)))
+            _row(job, runs[job])
+    if args.json is not None:
+        args.json.write_text(json.dumps(runs, indent=1, default=str))
+
+
+def _row(job: str, tags: dict) -> None:
+    cells = [job]
+    for tag in ("before", "after"):
+        walls = [r["wall_s"] for r in tags[tag]]
+        last = tags[tag][-1]
+        counts = last.get("counts") or {}
+        best = last.get("best")
+        cells.append(f"{statistics.median(walls):.1f} s (spread {max(walls) - min(walls):.1f}), "
+                     f"{counts.get('considered', '-')} considered / {counts.get('solved', '-')} solved / "
+                     f"{counts.get('chunked_set_aside', 0)} set aside, best "
+                     f"{best[1]:.1f} ms" if best else f"{statistics.median(walls):.1f} s, no plan ({last.get('rc')})")
+    ratio = statistics.median(r["wall_s"] for r in tags["after"]) / statistics.median(r["wall_s"] for r in tags["before"])
+    beside = tags["after"][-1].get("beside_ms")
+    cells += [f"{ratio:.2f}", f"{beside:.1f} ms" if beside else "-"]
+    print(" | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
