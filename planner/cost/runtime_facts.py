@@ -477,26 +477,8 @@ class RuntimeFacts:
     """The units kept gathered from their forward to the end of their backward without a pipeline,
     each named by a layer it holds: "first", "last", "before-last" (fsdpunits.gathered_from_forward)."""
 
-
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Per fact field, the file (and lines) and version it was read from."""
-
-    def timers_refused(self, training) -> list[str]:
-        """Megatron-LM's --timing-log-level above 0 under a runtime whose timers were not read."""
-        level = getattr(training, "timing_log_level", 0)
-        return [] if not level or self.timer_syncs else [f"--timing-log-level {level} is Megatron-LM's, read for --runtime megatron only; {self.name}'s timers were not read: drop it or choose --runtime megatron"]
-
-
-def compile_refused(training, record: RuntimeFacts) -> list[str]:
-    """--compile (`training`'s compile, compile_loss) under a runtime with no setting that
-    torch.compiles the model (`record`.compiles_model False): one sentence naming the runtime and
-    what it runs instead; none where nothing is compiled or the runtime compiles."""
-    loss = training.compile if training.compile_loss is None else training.compile_loss
-    said = ",".join(name for name, on in (("model", training.compile), ("loss", loss)) if on)
-    if not said or record.compiles_model:
-        return []
-    return [f"--compile {said} asks for torch.compile, and {record.name}'s runtime ({record.version}) does not "
-            f"compile the model: it runs {record.runs_instead}; drop --compile, or score with --runtime torchtitan"]
 
 
 # the te_moe_experts_kept source of a record whose MoE layers keep what eager PyTorch keeps

@@ -3,10 +3,9 @@ read from its code at a stated version. The cost terms read these records (plann
 dataparallel.py, chunked.py); no term tests a runtime's name.
 
 Each field of RuntimeFacts is one fact; each record carries, per field, the file and version it was
-read from (`sources`), as megatron-core's TransformerConfig documents each field. Where a
-framework's behaviour changed across versions (torchtitan's loss, compiled since bbb1b616; the
-transformers loss ColossalAI's Hugging Face models run), the version is the setup's
-`training.runtime_version` (--runtime-version), defaulting to the newest read here.
+read from (`sources`), as megatron-core's TransformerConfig documents each field. Where a framework's behaviour
+changed across versions (torchtitan's loss, compiled since bbb1b616; the transformers loss ColossalAI's Hugging Face
+models run), the version is the setup's `training.runtime_version` (--runtime-version), the newest read by default.
 torchtitan's record, one per version, is planner/cost/runtime_titan.py, Megatron-LM's planner/cost/runtime_megatron.py; the facts of torch itself
 that the records share (its pipelining, FSDP2 beside it, the compiled loss) planner/cost/runtime_shared.py.
 
@@ -35,7 +34,8 @@ from dataclasses import fields
 
 from planner.cost import bridgesettings, runtime_deepspeed, runtime_megatron, runtime_titan
 from planner.cost.bridgesettings import BRIDGE_SETTINGS_NOT_READ as _BRIDGE_SETTINGS_NOT_READ
-from planner.cost.runtime_facts import EAGER_MOE_KEPT, LossRegion, RuntimeFacts, compile_refused
+from planner.cost.record_refusals import compile_refused, timers_refused
+from planner.cost.runtime_facts import EAGER_MOE_KEPT, LossRegion, RuntimeFacts
 from planner.cost.runtime_shared import (
     AFTER_STEP_NOT_READ,
     INPUT_GRADS_CLEARED,
@@ -441,7 +441,7 @@ def loss_region(record: RuntimeFacts, *, tp: int, compiled: bool, te_fused: bool
 def refused_settings(training, *, tp: int = 1) -> list[str]:
     """One sentence per setting of `training` the cost model does not model (none silently
     ignored): the command refuses the first; a config reader lists them all."""
-    refused = compile_refused(training, of(training)) + of(training).timers_refused(training)
+    refused = compile_refused(training, of(training)) + timers_refused(training, of(training))
     record = of(training) if training.float8 or training.fp8_all_gather else None
     if training.float8 and record.float8 is None:
         refused.append(f"Float8 linears (--float8) are not modelled under --runtime {training.runtime}: its Float8 "
