@@ -33,6 +33,7 @@ _ARGS = re.compile(r"^([\w, ]+) = args$")
 _RETURN = re.compile(r"^return \((.*)\)$")
 _FALLBACK = re.compile(r"^(\w+) = torch\.ops\.[\w.]+\(")
 _ITEM = re.compile(r"^(\w+) = (\w+)\[(\d+)\]$")
+_SHAPE = re.compile(r"^\w+ = \w+\.(size|stride)\(\)$|^\w+ = \w+_(size|stride)\[\d+\]$")  # symbolic sizes: no storage
 _ASSERTED = re.compile(r"^assert_size_stride\((\w+), (\(.*?\)), (\(.*?\)), 'torch\.ops")
 
 
@@ -108,6 +109,8 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                 key = next(fresh)
                 names[match.group(1)] = key
                 storage_bytes[key] = _storage_bytes(*match.group(2, 3, 4))
+            elif _SHAPE.match(part):
+                continue
             elif match := _FALLBACK.match(part) or _ITEM.match(part):
                 key = next(fresh)
                 names[match.group(1)] = key
