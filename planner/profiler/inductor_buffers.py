@@ -9,6 +9,11 @@ wrappers gives each buffer's live range without running on the device the code i
 (torch/_inductor/codegen/wrapper.py, torch 2.13.0 cf30153c: make_buffer_allocation,
 make_buffer_free, codegen_reinterpret_view).
 
+A fallback kernel's output (`bufN = torch.ops.<op>(...)`, or `bufM = bufN[i]` of its tuple, a collective's
+output) has no `empty_strided`: its bytes are read from the `assert_size_stride(bufM, size, stride, 'torch.ops...')`
+inductor writes after it, in the dtype the caller states (`fallback_dtype`; bf16 by default, what a bf16 block's
+attention gradients and collectives are). `run_call` also returns which buffers are live at the peak.
+
 `compiled_loss` compiles a loss on CPU and returns its bytes in multiples of the bf16 logits.
 """
 
@@ -19,12 +24,17 @@ import re
 from dataclasses import dataclass
 
 _DTYPE_BYTES = {"torch.float32": 4, "torch.float64": 8, "torch.bfloat16": 2, "torch.float16": 2,
-                "torch.int64": 8, "torch.int32": 4, "torch.bool": 1, "torch.uint8": 1, "torch.int8": 1}
+                "torch.int64": 8, "torch.int32": 4, "torch.bool": 1, "torch.uint8": 1, "torch.int8": 1,
+                "torch.float8_e4m3fn": 1, "torch.float8_e5m2": 1}
 _ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\((\(.*?\)), (\(.*?\)), (torch\.\w+)\)$")
 _REINTERPRET = re.compile(r"^(\w+) = reinterpret_tensor\((\w+),")
 _REUSE = re.compile(r"^(\w+) = (\w+)$")
 _ARGS = re.compile(r"^([\w, ]+) = args$")
 _RETURN = re.compile(r"^return \((.*)\)$")
+_FALLBACK = re.compile(r"^(\w+) = torch\.ops\.[\w.]+\(")
+_ITEM = re.compile(r"^(\w+) = (\w+)\[(\d+)\]$")
+_SHAPE = re.compile(r"^\w+ = \w+\.(size|stride)\(\)$|^\w+ = \w+_(size|stride)\[\d+\]$")  # symbolic sizes: no storage
+_ASSERTED = re.compile(r"^assert_size_stride\((\w+), (\(.*?\)), (\(.*?\)), 'torch\.ops")
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,8 @@ class CallBytes:
     returned: tuple[str, ...]
     returned_storages: tuple[int, ...]  # a storage id per returned name (-1: None)
     storage_bytes: dict[int, int]
+    at_peak: tuple[tuple[str, int], ...] = ()  # (a name of each storage live at the peak, its bytes), largest first
+    peak_statement: str = ""  # the statement after which the peak is reached
 
 
 def _storage_bytes(size: str, stride: str, dtype: str) -> int:
@@ -61,17 +73,27 @@ def call_body(code: str) -> list[str]:
     return [line for line in body if line]
 
 
-def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, int] | None = None) -> CallBytes:
+def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, int] | None = None, *,
+             fallback_dtype: str = "torch.bfloat16") -> CallBytes:
     """Replay the wrapper's allocations and frees. `input_bytes`: each argument's storage bytes
-    (0 for one not counted); `input_storages`: a storage id per argument where two share one."""
+    (0 for one not counted); `input_storages`: a storage id per argument where two share one;
+    `fallback_dtype`: the dtype of a fallback kernel's outputs (their bytes from inductor's assert)."""
     names: dict[str, int] = {}  # name -> storage id
     storage_bytes: dict[int, int] = {}
     first = 1 + max((input_storages or {}).values(), default=-1)
     fresh = iter(range(first, first + (1 << 30)))  # ids not taken by the inputs' storages
-    live_peak = 0
+    live_peak, at_peak, peak_statement = 0, (), ""
+    pending: set[int] = set()  # fallback outputs whose bytes the next assert gives
 
     def live() -> int:
         return sum(storage_bytes[s] for s in set(names.values()))
+
+    def composition() -> tuple[tuple[str, int], ...]:
+        first_name = {}
+        for name, key in names.items():
+            first_name.setdefault(key, name)
+        return tuple(sorted(((n, storage_bytes[k]) for k, n in first_name.items() if storage_bytes[k]),
+                            key=lambda item: -item[1]))
 
     returned: tuple[str, ...] = ()
     for statement in call_body(code):
@@ -87,6 +109,17 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                 key = next(fresh)
                 names[match.group(1)] = key
                 storage_bytes[key] = _storage_bytes(*match.group(2, 3, 4))
+            elif _SHAPE.match(part):
+                continue
+            elif match := _FALLBACK.match(part) or _ITEM.match(part):
+                key = next(fresh)
+                names[match.group(1)] = key
+                storage_bytes[key] = 0
+                pending.add(key)
+            elif (match := _ASSERTED.match(part)) and names.get(match.group(1)) in pending:
+                key = names[match.group(1)]
+                storage_bytes[key] = _storage_bytes(match.group(2), match.group(3), fallback_dtype)
+                pending.discard(key)
             elif match := _REINTERPRET.match(part):
                 names[match.group(1)] = names[match.group(2)]
             elif part.startswith("del "):
@@ -98,9 +131,26 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                 names[match.group(1)] = names[match.group(2)]
             elif re.match(r"^\w+ = ", part) and "args" not in part:
                 raise ValueError(f"a wrapper statement this reader does not know: {part!r}")
-            live_peak = max(live_peak, live())
+            if live() > live_peak:
+                live_peak, at_peak, peak_statement = live(), composition(), part
     storages = tuple(-1 if name == "None" else names[name] for name in returned)
-    return CallBytes(peak_bytes=live_peak, returned=returned, returned_storages=storages, storage_bytes=storage_bytes)
+    return CallBytes(peak_bytes=live_peak, returned=returned, returned_storages=storages, storage_bytes=storage_bytes,
+                     at_peak=at_peak, peak_statement=peak_statement)
+
+
+def graph_input_bytes(fx_readable: str) -> dict[str, int]:
+    """Each input's bytes from a graph's readable form (`def forward(self, name: "bf16[4, 8]", ...)`, what
+    TORCH_COMPILE_DEBUG writes as fx_graph_readable.py); an input without a tensor annotation counts 0."""
+    signature = re.search(r"def forward\(self, (.*?)\):", fx_readable, re.S).group(1)
+    dtypes = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i64": 8, "i32": 4, "b8": 1, "u8": 1, "i8": 1,
+              "f8e4m3fn": 1, "f8e5m2": 1}
+    sizes = {}
+    for match in re.finditer(r'(\w+): "(\w+)\[([\d, ]*)\]"', signature):
+        elements = 1
+        for dim in (int(d) for d in match.group(3).split(",") if d.strip()):
+            elements *= dim
+        sizes[match.group(1)] = elements * dtypes[match.group(2)]
+    return sizes
 
 
 def _returned_name(value: ast.expr) -> str:

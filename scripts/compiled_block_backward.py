@@ -1,0 +1,155 @@
+"""The buffers alive at a compiled torchtitan block's backward peak, read from inductor's wrapper (CPU).
+
+torchtitan 9dec370's TransformerBlock (models/llama/model.py 160-260: RMSNorm over fp32, GQA with repeat_kv before
+SDPA, SwiGLU; the rotary product left out: elementwise, fused) at tiny widths, parallelized as 9dec370's apply_tp
+plans a block (parallelize_llama.py: SequenceParallel norms, PrepareModuleInput Shard(1) -> Replicate, wq/wk/wv/w1/w3
+colwise, wo/w2 rowwise to Shard(1); under --float8 torchao's Float8 styles after convert_to_float8_training) on
+torch's `fake` process group of TP ranks in one process, then `torch.compile(block, fullgraph=True)`, one forward
+and backward. The backward's wrapper (TORCH_COMPILE_DEBUG's output_code.py) is replayed by
+planner/profiler/inductor_buffers.run_call with its inputs' bytes from fx_graph_readable.py, and the buffers live at
+its peak are printed, each also times SCALE (the widths' factor squared: the tiny block at 1/64 of the 405B rows'
+per-rank widths has each T x width tensor 4,096 times smaller). docs/published-runs.md §37.bwdalloc.
+
+    PYTHONPATH=. [PYTHONPATH=...:<torchao>] python scripts/compiled_block_backward.py \\
+        [--tp 8] [--float8] [--ac] [--dims 256,128,8,2,832,512] [--scale 4096]
+
+--dims: hidden, heads, kv heads, head dim, FFN, tokens (one sequence). --ac wraps the block in checkpoint_wrapper
+first (9dec370's apply_ac 'full'); on torch 2.13 with TP it fails in AOTAutograd (a DeviceMesh among the saved).
+"""
+import argparse
+import glob
+import os
+import tempfile
+
+DEBUG = tempfile.mkdtemp(prefix="compiled_block_backward_")
+os.environ.setdefault("TORCH_COMPILE_DEBUG", "1")
+os.environ.setdefault("TORCH_COMPILE_DEBUG_DIR", DEBUG)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from planner.profiler.inductor_buffers import graph_input_bytes, run_call  # noqa: E402
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), 1e-5
+
+    def forward(self, x):
+        out = x.float()
+        return (out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads, kv_heads, head_dim):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.wq = nn.Linear(dim, heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(heads * head_dim, dim, bias=False)
+
+    def forward(self, x):
+        bs, seqlen, _ = x.shape
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        rep = xq.shape[2] // xk.shape[2]  # 9dec370 repeat_kv: expand then reshape (a copy)
+        keys = xk.unsqueeze(3).expand(bs, seqlen, xk.shape[2], rep, self.head_dim).reshape(bs, seqlen, -1, self.head_dim)
+        values = xv.unsqueeze(3).expand(bs, seqlen, xv.shape[2], rep, self.head_dim).reshape(bs, seqlen, -1, self.head_dim)
+        out = F.scaled_dot_product_attention(xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             is_causal=True)
+        return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, kv_heads, head_dim, hidden):
+        super().__init__()
+        self.attention = Attention(dim, heads, kv_heads, head_dim)
+        self.feed_forward = FeedForward(dim, hidden)
+        self.attention_norm, self.ffn_norm = RMSNorm(dim), RMSNorm(dim)
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def parallelize(block, tp: int, float8: bool):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
+    mesh = init_device_mesh("cpu", (tp,))
+    if float8:
+        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as ColwiseParallel  # noqa: F811
+        from torchao.float8.float8_tensor_parallel import Float8RowwiseParallel as RowwiseParallel  # noqa: F811
+        from torchao.float8.float8_tensor_parallel import (
+            PrepareFloat8ModuleInput as PrepareModuleInput,  # noqa: F811
+        )
+    plan = {"attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel()}
+    block.attention.n_heads //= tp
+    block.attention.n_kv_heads //= tp
+    parallelize_module(block, mesh, plan)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tp", type=int, default=8)
+    parser.add_argument("--float8", action="store_true")
+    parser.add_argument("--ac", action="store_true")
+    parser.add_argument("--dims", default="256,128,8,2,832,512")
+    parser.add_argument("--scale", type=int, default=4096)
+    args = parser.parse_args()
+    dim, heads, kv_heads, head_dim, hidden, tokens = (int(v) for v in args.dims.split(","))
+    torch.manual_seed(0)
+    block = Block(dim, heads, kv_heads, head_dim, hidden).to(torch.bfloat16)
+    if args.float8:
+        from torchao.float8 import convert_to_float8_training
+        convert_to_float8_training(block)
+    if args.tp > 1:
+        parallelize(block, args.tp, args.float8)
+    if args.ac:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        block = checkpoint_wrapper(block, preserve_rng_state=False)
+    x = torch.randn(1, tokens // args.tp, dim, dtype=torch.bfloat16, requires_grad=True)
+    torch.compile(block, fullgraph=True)(x).sum().backward()
+    [folder] = glob.glob(os.path.join(os.environ["TORCH_COMPILE_DEBUG_DIR"], "**", "*backward*"), recursive=True)
+    with open(os.path.join(folder, "output_code.py")) as code, open(os.path.join(folder, "fx_graph_readable.py")) as fx:
+        result = run_call(code.read(), graph_input_bytes(fx.read()))
+    print(f"backward wrapper: {folder}")
+    print(f"peak {result.peak_bytes:,} B (x{args.scale}: {result.peak_bytes * args.scale:,}) after {result.peak_statement}")
+    for name, size in result.at_peak:
+        print(f"  {name:>16} {size:>12,} {size * args.scale:>16,}")
+
+
+if __name__ == "__main__":
+    main()
