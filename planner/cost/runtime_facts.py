@@ -354,9 +354,7 @@ class RuntimeFacts:
     """Several microbatches a step on one stage (gradient accumulation) are run: torchtitan 9dec370 and bbb1b616
     take one batch a step without a pipeline (runnable.accumulation_refused)."""
     ties_across_stages: bool = True
-    """A parameter the model shares between layers (tied weights) may sit on several pipeline stages, its copies'
-    gradients summed before the step (rules.tied_sum_ms); False: the runtime refuses tying beside a pipeline of
-    more than one stage (torchtitan; runnable.tied_refused)."""
+    """Tied weights may sit on several stages, their gradients summed (False: refused, runnable.tied_refused)."""
     pipeline_max_zero: int | None = None
     """The highest ZeRO stage the runtime runs beside a pipeline of more than one stage (DeepSpeed edaa7221's
     PipelineEngine asserts stage < 2: 1); None: any (runnable.data_parallel_refused)."""
