@@ -118,3 +118,36 @@ def test_profile_refuses_a_model_whose_layers_share_memory_but_not_the_parameter
     result = CliRunner().invoke(cli, ["profile", str(model), "--out", str(tmp_path / "p.json")])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "0.weight and 2.weight share memory without being the same parameter" in result.output
+
+
+def test_layers_sharing_a_parameter_are_one_fsdp2_unit():
+    """FSDP2 refuses a parameter two fully_shard groups share (torch 2.13: "use fully_shard([module_a,
+    module_b])"): the tied embedding and head are one unit, every other layer its own, in order."""
+    from planner.runtime.mesh import _units
+
+    layers = [module for _, module in _tied_layers()]
+    units = _units(layers)
+    assert [len(unit) for unit in units] == [2, 1, 1, 1, 1]
+    assert units[0][0] is layers[0] and units[0][1] is layers[-1]
+
+
+@pytest.mark.slow
+def test_a_tied_model_trains_under_zero_3_on_one_stage_like_one_process(tmp_path):
+    """Before, ckplan's runtime sharded each layer apart and FSDP2 raised on the head's shared weight; the tied
+    layers now one unit, two ranks at ZeRO 3 give one process's losses."""
+    from fixtures.cli import run_ok
+
+    from planner import io
+    from planner.runtime.checks import prepare
+    from planner.runtime.launcher import run_plan
+    from planner.runtime.reference import reference_losses
+
+    profile, plan_path = tmp_path / "profile.json", tmp_path / "plan.yaml"
+    run_ok("profile", TIED, "--micro-batch-size", "2", "--threads", "1", "--repeats", "1", "--warmup", "1",
+           "--out", profile)
+    run_ok("solve", "--profile", profile, "--stages", "1", "--dp", "2", "--zero", "3", "--mem", "1GiB",
+           "--microbatches", "2", "--out", plan_path)
+    plan = io.load_plan(plan_path)
+    report = run_plan(plan, plan_file=plan_path, steps=2, warmup_steps=1)
+    reference = reference_losses(plan, prepare(plan, plan_file=plan_path), num_steps=len(report.losses), seed=0)
+    torch.testing.assert_close(torch.tensor(report.losses), torch.tensor(reference), rtol=1e-6, atol=1e-5)

@@ -69,6 +69,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     _refuse_pure_bf16(plan)
     _refuse_experts(profile, target)
     _refuse_megatron_settings(plan, target)
+    _refuse_tied(plan, profile, target)
     from planner.commands.training_settings import TrainingSettings, compiled_profile
 
     # a plan made under --compile is re-scored under it (solve scored it so; its profile file holds the
@@ -214,6 +215,18 @@ def _refuse_experts(profile, target: str) -> None:
         raise UserError(f"the plan's model is a {what} model, and the {target} export writes dense models' "
                         "settings only (its experts live in the model's code, not in these settings); export "
                         "--to megatron or --to torchtitan, or configure it by hand")
+
+
+def _refuse_tied(plan, profile, target: str) -> None:
+    """Tied weights beside a pipeline exported to torchtitan, which refuses them (b5bcd76c) or, before it
+    tied, split the model into copies never summed (the record's ties_across_stages): one sentence."""
+    from planner.cost import runnable
+
+    if target == "torchtitan":
+        refused = runnable.tied_refused("torchtitan", None, stages=len(plan.stages), tied=profile.tied)
+        if refused:
+            raise UserError(refused.replace("--runtime torchtitan", "torchtitan").replace("another --runtime",
+                                                                                            "another --to"))
 
 
 def _refuse_megatron_settings(plan, target: str) -> None:

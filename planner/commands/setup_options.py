@@ -304,7 +304,7 @@ def build_setup(profile, *, stages: int, mem: str | None, microbatches: int | No
         raise UserError(refused)
     settings = (data_parallel.settings or TrainingSettings()).fields()
     check_zero_runtime(runtime, settings["runtime_version"], precision=precision, data_parallel=data_parallel,
-                       stages=stages, microbatches=microbatches or 2 * stages)
+                       stages=stages, microbatches=microbatches or 2 * stages, tied=profile.tied)
     check_settings(profile, runtime=runtime, settings=settings, say=say)
     data_parallel = with_context_parallel(data_parallel, settings["context_parallel"], say=say)  # dp x cp
     data_parallel = offload_copies_default(data_parallel, runtime, settings["runtime_version"], say=say)
@@ -426,22 +426,22 @@ def dp_fields(profile, options: DataParallelOptions, *, stages: int, optimizer: 
 
 
 def may_offload_activations(profile, recompute: str, schedule: str) -> bool:
-    """Whether a plan may put activations on the host: some layer of the profile has the offload
-    option, the plan may take options (not --recompute whole-layer), and the schedule runs one
-    chunk a rank (costmodel.useful_options)."""
+    """Whether a plan may put activations on the host: some layer of the profile has the offload option, the plan
+    may take options (not --recompute whole-layer), and the schedule runs one chunk a rank (costmodel.useful_options)."""
     return (recompute == "options" and schedule not in CHUNKED_SCHEDULES
             and any(option.host_bytes for layer in profile.layers for option in layer.recompute_options))
 
 
 def check_zero_runtime(runtime: str, version: str | None, *, precision: str, data_parallel, stages: int,
-                       microbatches: int) -> None:
+                       microbatches: int, tied: list = ()) -> None:
     """A ZeRO stage the runtime runs: its bf16 optimizer's only one, the highest beside a pipeline, the stages it
-    shards over a smaller group at (runnable.data_parallel_refused)."""
+    shards over a smaller group at (runnable.data_parallel_refused); tied weights as it runs them (tied_refused)."""
     from planner.cost import runnable
 
     refused = runnable.data_parallel_refused(runtime, version, precision=precision, zero=data_parallel.zero,
                                              dp=data_parallel.dp, shard_group=data_parallel.shard_group, stages=stages)
-    refused = refused or runnable.accumulation_refused(runtime, version, stages=stages, microbatches=microbatches)
+    refused = (refused or runnable.accumulation_refused(runtime, version, stages=stages, microbatches=microbatches)
+               or runnable.tied_refused(runtime, version, stages=stages, tied=list(tied)))
     if refused:
         raise UserError(refused)
 

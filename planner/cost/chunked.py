@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from planner.cost import runtimes, schedules, splittime, stagesends
 from planner.cost.assembly import option_indices, stage_sums
 from planner.cost.layers import LayerCost, layer_costs
-from planner.cost.rules import outputs_held
+from planner.cost.rules import loss_kept_bytes, outputs_held
 from planner.schema import PipelineSetup, Profile, StagePlan, TrainingSetup, TrainSetup
 
 
@@ -115,6 +115,30 @@ def sends_held_bytes(first: LayerCost, last: LayerCost, *, stage: int, order: sc
     output = last.output_bytes if stage + 1 < order.num_stages or kept else 0
     input_grad = first.input_bytes if stage > 0 else 0
     return output, input_grad
+
+
+def loss_freed_at_input_pass_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
+    """Per microbatch, what the loss keeps that a split backward's input pass frees on the pipeline's last stage:
+    torch's stage_backward_input ends by detaching the loss (`t.detach_()`, torch 2.13.0 cf30153c
+    distributed/pipelining/_backward.py 263-265), which drops the loss's graph and the tensors it saved
+    (cross-entropy's log-softmax result), so only the loss value (kept in backward_state for W) stays to the weight
+    pass (docs/framework-facts.md §306). From the loss's recorded allocations where the profile has them (what its
+    forward made and kept, less its output: not the targets it saves, which the schedule's chunks hold), else the
+    loss's kept bytes less the 4 B loss value (loss_kept_bytes); 0 on any other stage."""
+    if stage != setup.pipeline.stages - 1:
+        return 0
+    record = profile.loss_alloc
+    if record is None or not record.forward:
+        return max(0, loss_kept_bytes(profile, stage, setup) - 4)
+    sizes, live = {}, {}
+    for event in record.forward:  # n > 0 allocates the next id, -k frees id k (AllocRecord)
+        if event > 0:
+            sizes[len(sizes) + 1] = event
+            live[len(sizes)] = event
+        else:
+            live.pop(-event, None)
+    live.pop(record.output, None)
+    return sum(live.values())
 
 
 def step_end_bytes(order: schedules.Schedule, rank: int, held: dict[int, schedules.ChunkBytes], *,

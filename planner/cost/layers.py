@@ -65,6 +65,8 @@ class LayerCost:
     recompute_ms: float | None = None  # None: not measured, a whole forward
     # the parameters it shares with other layers: (parameters, holders) per tied set (rules.tied_sum_ms)
     tied: tuple[tuple[int, int], ...] = ()
+    # of param_count, those an earlier layer holds too (a tied head's weight): one nn.Parameter where both share a rank
+    shared_before: int = 0
     extra_options: tuple[OptionCost, ...] = ()  # selective options, after none and full
     expert_param_count: int = 0  # of param_count, the routed experts' (expert parallelism splits them)
     a2a_bytes: int = 0  # a MoE block's token dispatch per microbatch (the all-to-all term)
@@ -173,8 +175,10 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
         for kind, same in by_kind.items()
     }
     tied = tied_sets(profile)
-    return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied=tied.get(layer.name, ()))
-            for layer in profile.layers]
+    before = {name: sum(item.param_count for item in profile.tied if name in item.layers[1:])
+              for name in {name for item in profile.tied for name in item.layers[1:]}}
+    return [LayerCost(name=layer.name, kind=layer.kind, **per_kind[layer.kind], tied=tied.get(layer.name, ()),
+                      shared_before=before.get(layer.name, 0)) for layer in profile.layers]
 
 
 def _module_gemms(layer) -> tuple[int, ...]:

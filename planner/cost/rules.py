@@ -190,12 +190,14 @@ def layer_step_ms(layer: LayerCost, setup: TrainSetup) -> float:
     parameters (ZeRO ≥ 1: the rank's 1/shard-group of them; offload: copies and the host
     step) and data parallelism's gradient reduction and weight gathers
     (dataparallel.step_term_ms); the step is 0 when the profile has no step time for that
-    optimizer. Plus the sums that keep its tied parameters tied, which run before the step (tied_sum_ms)."""
-    step = dict(layer.step_ms).get(setup.training.optimizer, 0.0)
+    optimizer. Plus the sums that keep its tied parameters tied, which run before the step (tied_sum_ms). On one
+    stage a parameter an earlier layer shares is that one's to step and reduce, gathered by each holder (§307)."""
+    shared = layer.shared_before if setup.pipeline.stages == 1 and layer.param_count else 0
+    step = dict(layer.step_ms).get(setup.training.optimizer, 0.0) * (1 - shared / max(1, layer.param_count))
     return dataparallel.step_term_ms(layer.param_count, step, setup, fwd_ms=compute_ms(layer.fwd_ms, setup.time),
                                      bwd_ms=compute_ms(layer.bwd_ms, setup.time),
                                      expert_count=layer.expert_param_count,
-                                     fp8_count=layer.float8_param_count) + tied_sum_ms(layer, setup)
+                                     fp8_count=layer.float8_param_count, shared=shared) + tied_sum_ms(layer, setup)
 
 
 def tied_sum_ms(layer: LayerCost, setup: TrainSetup) -> float:

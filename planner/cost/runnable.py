@@ -1,6 +1,7 @@
 """What a runtime runs, from its record (runtimes.facts): the ZeRO stages (its bf16 optimizer's only one,
 bf16_zero; the highest beside a pipeline, pipeline_max_zero; those it shards over a group smaller than the
-data-parallel ranks at, shard_group_zero) and microbatches without a pipeline (accumulates_without_pipeline).
+data-parallel ranks at, shard_group_zero), microbatches without a pipeline (accumulates_without_pipeline) and tied
+weights beside one (ties_across_stages).
 The single-setup commands refuse the rest in one sentence (commands/setup_options.check_zero_runtime); the
 whole-job search skips them (solve/jobsearch)."""
 
@@ -52,3 +53,15 @@ def accumulation_refused(runtime: str, version: str | None, *, stages: int, micr
     return (f"--microbatches {microbatches} on one stage under --runtime {runtime} {record.version}: it runs one "
             f"batch a step without a pipeline, no gradient accumulation "
             f"({record.sources['accumulates_without_pipeline']}); give --microbatches 1 or a later --runtime-version")
+
+
+def tied_refused(runtime: str, version: str | None, *, stages: int, tied: list) -> str | None:
+    """A sentence where the model ties parameters (`tied`, the profile's tied sets) and the runtime refuses tying
+    beside a pipeline of `stages` > 1 (its record's ties_across_stages); else None."""
+    record = facts(runtime, version)
+    if record.ties_across_stages or stages == 1 or not tied:
+        return None
+    shared = ", ".join(" and ".join(item.layers) for item in tied[:2])
+    return (f"the model ties weights ({shared} share a parameter) and --runtime {runtime} {record.version} does not "
+            f"tie them beside a pipeline of {stages} stages ({record.sources['ties_across_stages'].split(' (')[0]}); "
+            f"give one stage, untie the weights, or another --runtime")

@@ -364,6 +364,8 @@ class RuntimeFacts:
     accumulates_without_pipeline: bool = True
     """Several microbatches a step on one stage (gradient accumulation) are run: torchtitan 9dec370 and bbb1b616
     take one batch a step without a pipeline (runnable.accumulation_refused)."""
+    ties_across_stages: bool = True
+    """Tied weights may sit on several stages, their gradients summed (False: refused, runnable.tied_refused)."""
     pipeline_max_zero: int | None = None
     """The highest ZeRO stage the runtime runs beside a pipeline of more than one stage (DeepSpeed edaa7221's
     PipelineEngine asserts stage < 2: 1); None: any (runnable.data_parallel_refused)."""

@@ -233,6 +233,8 @@ def megatron() -> RuntimeFacts:
                                             "forward_backward_no_pipelining: num_microbatches forwards and backwards "
                                             "a step",
             "pipeline_max_zero": "not read: the ZeRO stage the setup gives beside a pipeline",
+            "ties_across_stages": "megatron/core/distributed/finalize_model_grads.py 164-259, 671-676 (the shared "
+                                  "embedding's main_grad all-reduced over the first and last stage), §247",
             "shard_group_zero": "not read: a shard group at the stage the setup gives",
             "loss_requests_eager_ce": "not played: TE's or Megatron's vocab-parallel cross-entropy, no FSDP2 replay "
                                       "(its reserve replays its own records, reserve_megatron.py)",

@@ -75,6 +75,12 @@ AFTER_STEP_NOT_READ = {
     "accumulates_without_pipeline": "microbatches on one stage accumulated, as the runtime's own loop runs them "
                                     "(ckplan's runtime: its schedule over one stage; DeepSpeed: "
                                     "gradient_accumulation_steps; ColossalAI: the booster's accumulation)",
+    "ties_across_stages": "a tied parameter's copies on two pipeline stages, their gradients all-reduced before the "
+                          "step: ckplan's runtime planner/runtime/tie.py 32-61; Megatron-LM d98e8a64 "
+                          "finalize_model_grads.py 164-259, 671-676 (docs/framework-facts.md §247); DeepSpeed "
+                          "pipe/engine.py 275-291, pipe/module.py 470-498 (§248); ColossalAI 4f9953be "
+                          "shardformer/policies/llama.py 452-467, booster/plugin/hybrid_parallel_plugin.py 131-136, "
+                          "1423 (§305)",
     "pipeline_max_zero": "any ZeRO stage beside a pipeline, as the runtime's data-parallel settings name it",
     "shard_group_zero": "a shard group at any ZeRO stage, as the runtime's data-parallel settings name it",
     "loss_requests_eager_ce": "not read for this runtime: where a replay runs, the loss's scratch is played as its "

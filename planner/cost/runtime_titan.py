@@ -147,7 +147,7 @@ def torchtitan(version: str) -> RuntimeFacts:
         reduces_after_last_backward=version == "9dec370", input_grads_held_to_step_end=version != "b5bcd76c",
         multi_schedule_lockstep=version == "9dec370",
         float8_saves_input=version == "9dec370", chunked_loss=version == "b5bcd76c",
-        accumulates_without_pipeline=version not in ("9dec370", "bbb1b616"),
+        accumulates_without_pipeline=version not in ("9dec370", "bbb1b616"), ties_across_stages=False,
         loss_requests_eager_ce=version == "9dec370", final_norm_eager_fp32=version == "9dec370",
         head_reduce_scatter_cat=version == "9dec370",
         nccl_version="2.21.5" if version == "9dec370" else "2.27.7",
@@ -321,6 +321,15 @@ def torchtitan(version: str) -> RuntimeFacts:
                                    "; AdamW fused by default (b5bcd76c torchtitan/components/optimizer/optimizer.py "
                                    "110-111): the profile's step"),
             **MODEL_CODE_KERNELS,
+            "ties_across_stages": (
+                "torchtitan/models/common/decoder.py 168-171 (update_from_config: enable_weight_tying with "
+                "pipeline_parallel_degree > 1 raises NotImplementedError), b5bcd76c (docs/framework-facts.md §248)"
+                if version == "b5bcd76c" else
+                "no model of this version ties (torchtitan/models/llama/model.py: tok_embeddings and output two "
+                "parameters; enable_weight_tying came later), and its pipeline split deep-copies the model a stage "
+                "(9dec370 parallelisms/pipeline_llama.py 75-92, bbb1b616 models/llama/pipeline_llama.py 104-127, "
+                "2c8b5947 distributed/pipeline_parallel.py 279-310) with no sum of a shared parameter's gradients "
+                "(docs/framework-facts.md §305)"),
             "accumulates_without_pipeline": (
                 "9dec370 train.py 253-323, bbb1b616 torchtitan/train.py 311-370: train_step takes one batch, one "
                 "forward and backward, the optimizer step (gradient accumulation came in 8570415c, #1238)"

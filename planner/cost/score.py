@@ -38,7 +38,13 @@ from planner.cost.assembly import (
     step_end_peak_bytes,
     workspace_bytes,
 )
-from planner.cost.chunked import schedule_of, sends_held_bytes, stages_view, step_end_bytes
+from planner.cost.chunked import (
+    loss_freed_at_input_pass_bytes,
+    schedule_of,
+    sends_held_bytes,
+    stages_view,
+    step_end_bytes,
+)
 from planner.cost.dataparallel import ddp_buckets
 from planner.cost.layers import LayerCost, layer_costs
 from planner.cost.replayed_reserve import with_replayed_reserve
@@ -125,7 +131,9 @@ def rank_cost(order: schedules.Schedule, rank: int, chunks, sums, *, profile: Pr
     transient of the pass that runs then), the optimizer step's scratch of all its stages."""
     stages = order.stages_of(rank)
     lazy = late_gradients(order, rank, chunks, setup)
-    held = {k: chunk_bytes(chunks[k][0], sums[k], stage=k, order=order, training=setup.training) for k in stages}
+    view = stages_view(setup, order)
+    held = {k: chunk_bytes(chunks[k][0], sums[k], stage=k, order=order, training=setup.training,
+                           loss_freed=loss_freed_at_input_pass_bytes(profile, k, view)) for k in stages}
     if order.num_chunks > 1:  # a rank of several chunks: each chunk's late gradients where its actions hold them
         held = {k: dataclasses.replace(held[k], late_grad=g) for k, g in zip(stages, lazy)}
     peak = schedules.rank_peak(order, rank, stage_bytes=held)
@@ -197,7 +205,7 @@ def one_chunk_gradients_above(lazy: float, *, stage: int, kept, pipeline: Pipeli
 
 
 def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, order: schedules.Schedule,
-                training: TrainingSetup) -> schedules.ChunkBytes:
+                training: TrainingSetup, loss_freed: int = 0) -> schedules.ChunkBytes:
     """What one microbatch of the stage holds, by when the schedule frees it: all its kept bytes at
     its backward, or, where the backward splits, until its weight pass (an upper bound: W needs
     only the linears' inputs), with the gradients its input pass leaves for W; and what its
@@ -205,12 +213,14 @@ def chunk_bytes(layers: Sequence[LayerCost], sums: StageSums, *, stage: int, ord
     schedule's I runs nothing and its W the stage's whole backward as one autograd call (torch 2.13.0
     pipelining/stage.py 1017-1029, 1085-1106; splittime.py): no gradients left for W, no input pass
     peak, and W's peak the full backward's (the stage's B transient), not the split weight pass's
-    (docs/framework-facts.md §250)."""
+    (docs/framework-facts.md §250). On the last stage the input pass frees the loss's saved tensors, `loss_freed`
+    (chunked.loss_freed_at_input_pass_bytes, §306): among what is freed at I, not kept for W."""
     output, input_grad = sends_held_bytes(layers[0], layers[-1], stage=stage, order=order, training=training)
     split = order.splits_backward
     passes = split and stage > 0  # the split passes run: past the pipeline's first stage
+    freed = loss_freed if passes else 0
     return schedules.ChunkBytes(
-        0.0 if split else sums.kept_bytes, sums.kept_bytes if split else 0.0,
+        freed if split else sums.kept_bytes, sums.kept_bytes - freed if split else 0.0,
         sent_output=output, sent_input_grad=input_grad,
         held_for_weight_grad=sums.weight_grad_bytes if passes else 0, transient=sums.transient_bytes,
         input_pass_transient=sums.input_pass_peak_bytes if passes else 0,

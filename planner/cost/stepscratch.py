@@ -5,6 +5,8 @@ flat gradient group (the record's reduce_cast_bytes)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from planner.cost import bridgeterms, dataparallel
 from planner.cost.layers import LayerCost
 from planner.cost.rules import per_param_bytes, runtime_facts
@@ -24,7 +26,10 @@ def layer_step_scratch_bytes(layer: LayerCost, setup: TrainSetup, device_type: s
     """The optimizer step's temporaries for this layer's parameters (offload: the step runs on
     the host; none where the runtime's record says its Adam is fused and in place). ZeRO ≥ 1 steps 1/K of them: FSDP2 (ZeRO 2/3) 1/K of every tensor; ZeRO 1
     (ZeroRedundancyOptimizer) whole tensors, 1/K of them, so on cpu, where the step's scratch
-    is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it."""
+    is that of its largest tensor (step_scratch_bytes), a rank may hold the whole of it. On one stage a parameter an
+    earlier layer shares is stepped there, once (rules.layer_step_ms)."""
+    if layer.shared_before and setup.pipeline.stages == 1:
+        layer = dataclasses.replace(layer, param_count=layer.param_count - layer.shared_before)
     copy = bridgeterms.step_grad_copy_bytes(layer.param_count, setup) + reduce_cast_bytes(layer, setup)
     if setup.data_parallel.offload or not runtime_facts(setup).adam_step_scratch:
         return copy  # fused multi-tensor Adam (Megatron-LM's TE/apex FusedAdam) allocates none

@@ -106,10 +106,27 @@ def data_parallel(module: StageModule, *, zero: int, mesh: DeviceMesh) -> tuple[
     if zero <= 1 or not any(param.requires_grad for param in module.parameters()):
         return module, partial(average_grads, module, mesh["replicate", "shard"]._flatten("dp").get_group())
     dp_mesh = mesh["shard"] if mesh["replicate"].size() == 1 else mesh["replicate", "shard"]  # FSDP or HSDP
-    for layer in module.layers:  # one FSDP2 unit per pipeline layer: gathered while it computes (torchtitan's way)
-        if any(param.requires_grad for param in layer.parameters()):
-            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=zero == 3)
+    # one FSDP2 unit per pipeline layer: gathered while it computes (torchtitan's way); layers that share a
+    # parameter (tied weights on one stage) one unit together, as FSDP2 requires of a shared parameter and
+    # torchtitan b5bcd76c does (distributed/fsdp.py 238-249; docs/framework-facts.md §308)
+    for unit in _units(module.layers):
+        if any(param.requires_grad for layer in unit for param in layer.parameters()):
+            fully_shard(unit if len(unit) > 1 else unit[0], mesh=dp_mesh, reshard_after_forward=zero == 3)
     return fully_shard(module, mesh=dp_mesh, reshard_after_forward=zero == 3), _nothing
+
+
+def _units(layers: list[nn.Module]) -> list[list[nn.Module]]:
+    """The layers in order, those sharing a parameter with an earlier one joined to its unit."""
+    units: list[list[nn.Module]] = []
+    owner: dict[int, list[nn.Module]] = {}
+    for layer in layers:
+        unit = next((owner[id(p)] for p in layer.parameters() if id(p) in owner), None)
+        if unit is None:
+            unit = []
+            units.append(unit)
+        unit.append(layer)
+        owner.update({id(p): unit for p in layer.parameters()})
+    return units
 
 
 def _nothing() -> None:

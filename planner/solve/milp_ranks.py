@@ -59,7 +59,10 @@ def _rank_rows(problem: Problem, n, opens, closes) -> None:
         # the split passes run past the pipeline's first stage; on it I runs nothing and W the whole
         # backward, with B's transient (score.chunk_bytes)
         passes = [split and k > 0 for k in stages]
-        pending = [[_run_sum(problem, "wgrad", k, n)] if run else [] for k, run in zip(stages, passes)]
+        # (less, on the last stage, the loss's saved tensors its input pass frees: score.chunk_bytes)
+        pending = [[_run_sum(problem, "wgrad", k, n)
+                    - costmodel.loss_freed_at_input_pass_bytes(problem.profile, k, problem.setup) / MIB] if run else []
+                   for k, run in zip(stages, passes)]
         weight_pass = [_weight_pass_bound(problem, k, n) if run else memory.transient if split else 0
                        for k, run, memory in zip(stages, passes, memories)]
         # the input pass's peak (costmodel.input_pass_peak_bytes), bounded above: the largest layer's
