@@ -142,8 +142,9 @@ PINS = {
     # persistent parameters' gathers after the step and the step's two scalar all-reduces (§35.dstime; run-175b
     # 26,681.257, run-1t 93,114.450, llama2 999.129 before both; 27,905.692, 94,870.533, 1,017.162 with the plateau
     # alone; llama2 at ZeRO 0 the scalars alone). One stage holds both ends of the tied embedding, so nothing is summed
-    # across ranks (§37.solvertime, §247-§249): -206.045 ms on 28,574.061, the two holders' 103.0 ms each
-    "run-175b.sh": ("deepspeed", 3, 8, 1, 28368.016, 373281838336, 384510722048),
+    # across ranks (§37.solvertime, §247-§249): -206.045 ms on 28,574.061, the two holders' 103.0 ms each; the one
+    # table stepped and reduced once, at its first holder (§37.solverleft, §307): -1.061 ms
+    "run-175b.sh": ("deepspeed", 3, 8, 1, 28366.955, 373281838336, 384510722048),
     # run-1t.sh offloads the optimizer: its fp16 gradient partitions are on the host (§124), 2 B / 8 of the
     # 1,007,989,606,400 parameters (128 x (12h^2 + 13h) + 50,304h + 1,024h + 2h, h 25,600) = 251,997,401,600 B off
     # the 530,276,051,968 pinned before (and the bucket, above). Iteration: the host waits for each block's three
@@ -157,8 +158,9 @@ PINS = {
     # parameters 122.885 - 0.524 = 122.361 ms, x 128 = 15,662.197; the embedding's 164,249,600 20.531 - 0.524, the
     # head's 160,979,200 20.122 - 0.524: +15,701.802 ms on 145,948.538. The embedding's partition (50,304h + 1,024h
     # over 8: 164,249,600) copied three times in 2 B at 16 GB/s after the last backward, nothing left to hide it
-    # (§293): +61.594 ms. No tied sum on one stage (§37.solvertime): -429.261 ms on 161,711.934
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 161282.673, 278458650368, 302979743744),
+    # (§293): +61.594 ms. No tied sum on one stage (§37.solvertime): -429.261 ms on 161,711.934; the tied table
+    # stepped and reduced once (§37.solverleft, §307): -84.511 ms
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 161198.162, 278458650368, 302979743744),
     "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20449853440, 24060624896),
 }
 
