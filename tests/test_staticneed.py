@@ -41,7 +41,7 @@ def _least_peaks(profile, setup) -> dict[tuple[int, int, int], tuple[int, int]]:
             if (s, i, j) in least:
                 continue
             best = None
-            for picks in itertools.product(*(_choices(layer) for layer in profile.layers[i:j])):
+            for picks in itertools.product(*(_choices(one) for one in profile.layers[i:j])):
                 plan = [StagePlan(index=t, layers=names[edges[t]:edges[t + 1]]) for t in range(stages)]
                 plan[s] = StagePlan(index=s, layers=names[i:j],
                                     recompute={n: p for n, p in zip(names[i:j], picks) if p != "none"})
@@ -80,22 +80,19 @@ SETUPS = [  # (profile, setup)
 def test_the_need_is_below_every_checkpoint_set_of_every_split(make, options):
     profile = make()
     setup = TrainSetup(micro_batch_size=1, mem_caps_bytes=[80 * GiB] * options["stages"], **options)
-    needs = staticneed.range_needs(staticneed.chain_of(profile, setup))
+    chain = staticneed.chain_of(profile, setup)
+    needs = staticneed.range_needs(chain)
+    limits = [stage.cap_bytes for stage in chain.stages]
     least = _least_peaks(profile, setup)
-    for key, (peak, limit) in least.items():
-        assert needs[key].total <= peak + 1, (key, needs[key], peak)  # evaluate's peak rounds to whole bytes
+    for (s, i, j), (peak, limit) in least.items():
+        assert needs.at(s, i, j).total <= peak + 1, ((s, i, j), needs.at(s, i, j), peak)  # the peak rounds to bytes
+        assert limits[s] >= limit  # the rows every plan evaluate admits meets, at least
     # the split it picks is the least against the limits: no split's least need is lower
-    found = staticneed.least_need(profile, setup)
-    limits = [costmodel.limit_bytes(s, costmodel.Context(profile, setup)) for s in range(setup.pipeline.stages)]
-    assert found.limit_bytes >= limits[found.stage]  # the rows every plan evaluate admits meets, at least
+    found = staticneed.least_need(profile, setup, chain)
     stages, num = setup.pipeline.stages, len(profile.layers)
-    best = min(max(least[s, e[s], e[s + 1]][0] / found_limit(profile, setup, s) for s in range(stages))
+    best = min(max(least[s, e[s], e[s + 1]][0] / limits[s] for s in range(stages))
                for e in ([0, *cuts, num] for cuts in itertools.combinations(range(1, num), stages - 1)))
     assert found.need_bytes / found.limit_bytes <= best * (1 + 1e-9) + 2 / found.limit_bytes
-
-
-def found_limit(profile, setup, s) -> int:
-    return staticneed.chain_of(profile, setup).stages[s].cap_bytes
 
 
 @pytest.mark.parametrize("make, options", SETUPS[:3], ids=["cpu-1F1B", "cpu-GPipe", "cuda-1F1B"])
@@ -128,7 +125,7 @@ def test_the_need_by_hand():
             StagePlan(index=1, layers=["l2", "l3"], checkpointed=["l2", "l3"])]
     cost = costmodel.evaluate(plan, profile, setup)
     for s, (i, j) in enumerate([(0, 2), (2, 4)]):
-        need, stage = needs[s, i, j], cost.stages[s]
+        need, stage = needs.at(s, i, j), cost.stages[s]
         assert need.static == stage.static_bytes == 2 * 1000 * 16
         assert need.held == stage.static_bytes + stage.buffer_bytes
         # checkpointed whole, a layer keeps its 1 MiB input: in-flight x 2 MiB, beside the loss scratch

@@ -23,8 +23,11 @@ holds stages apart in the model, which no contiguous cut describes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from planner.cost import costmodel
 from planner.schema import Profile, TrainSetup
@@ -80,76 +83,103 @@ def least_need(profile: Profile, setup: TrainSetup, chain: Chain | None = None) 
     stages = setup.pipeline.stages
     if setup.pipeline.chunks > 1 or stages > len(profile.layers):
         return None
-    chain = chain or chain_of(profile, setup)
-    needs = range_needs(chain)
-    limits = [chain.stages[s].cap_bytes for s in range(stages)]
-    num = len(chain)
-
-    def ratio(need: _Need, s: int) -> float:
-        return need.total / limits[s] if limits[s] > 0 else math.inf
-
-    # best[j]: the least largest ratio of stages 0..s holding layers [0, j); cut[s][j]: where stage s begins
-    best = {0: 0.0}
+    needs = range_needs(chain or chain_of(profile, setup))
+    num = len(needs.chain)
+    limits = np.array([needs.chain.stages[s].cap_bytes for s in range(stages)], dtype=float)
+    # best[j]: the least largest need / limit of stages 0..s holding layers [0, j); cuts[s][j]: where stage s begins
+    best = np.full(num + 1, math.inf)
+    best[0] = 0.0
     cuts = []
     for s in range(stages):
-        nxt, cut = {}, {}
-        for j in range(s + 1, num - (stages - s - 1) + 1):
-            for i, before in best.items():
-                if i < j and (s, i, j) in needs:
-                    value = max(before, ratio(needs[s, i, j], s))
-                    if value < nxt.get(j, math.inf):
-                        nxt[j], cut[j] = value, i
-        best = {j: v for j, v in nxt.items() if s < stages - 1 or j == num}
-        cuts.append(cut)
-    if num not in best:
+        ratio = needs.totals(s) / limits[s] if limits[s] > 0 else np.full((num + 1, num + 1), math.inf)
+        ratio[~needs.valid(s)] = math.inf
+        joined = np.maximum(best[:, None], ratio)  # [i, j]: stage s holds [i, j) after the best of [0, i)
+        cuts.append(np.argmin(joined, axis=0))
+        best = joined.min(axis=0)
+    if not math.isfinite(best[num]):
         return None
-    bounds, j = [], num
+    split, j = [], num
     for s in reversed(range(stages)):
-        i = cuts[s][j]
-        bounds.append((s, i, j))
+        i = int(cuts[s][j])
+        split.append((s, i, j))
         j = i
-    s, i, j = max(bounds, key=lambda b: ratio(needs[b], b[0]))
-    need = needs[s, i, j]
-    return StaticNeed(stage=s, start=i, end=j, need_bytes=int(math.ceil(need.total)), limit_bytes=limits[s],
-                      cap_bytes=setup.pipeline.mem_caps_bytes[s], terms=_terms(need, chain.stages[s].in_flight))
+    s, i, j = max(split, key=lambda b: needs.at(*b).total / limits[b[0]])
+    need = needs.at(s, i, j)
+    return StaticNeed(stage=s, start=i, end=j, need_bytes=int(math.ceil(need.total)), limit_bytes=int(limits[s]),
+                      cap_bytes=setup.pipeline.mem_caps_bytes[s], terms=_terms(need, needs.chain.stages[s].in_flight))
 
 
-def range_needs(chain: Chain) -> dict[tuple[int, int, int], _Need]:
-    """need_s(i, j) of the module's text for every stage s and range [i, j) (each stage's first layer
-    at least s, its last leaving a layer for each stage after it)."""
-    setup, ctx = chain.setup, chain.ctx
-    stages, num = len(chain.stages), len(chain)
-    least_kept = [min(costmodel.layer_value("kept", layer, o, ctx) for o in range(len(layer.options)))
-                  for layer in chain.layers]
-    static = [costmodel.layer_value("static", layer, 0, ctx) for layer in chain.layers]
-    pipeline = setup.pipeline
-    found = {}
-    for i in range(num):
-        run = costmodel.StageRun(setup, chain.profile.device.type)
-        kept = late_grad = layers_static = 0.0
-        for j in range(i + 1, num + 1):
-            m = j - 1
-            run.add(time_ms=0.0, held_bytes=chain.static[m], step_ms=0.0, host_bytes=0.0, params=chain.params[m],
-                    largest_params=chain.largest[m], scratch_bytes=chain.step_scratch[m])
-            kept += least_kept[m]
-            late_grad += chain.late_grad[m]
-            layers_static += static[m]
-            whole = run.held_bytes - run.layers_held_bytes  # ZeRO 1's whole tensors: optimizer state
-            for s in range(min(i, stages - 1) + 1):  # stage s opens at layer s or later
-                if num - j < stages - 1 - s:  # a layer left for each stage after it
-                    continue
-                open_kept, open_held = chain.opening_bytes(s, i)
-                close_kept, close_held = chain.closing_bytes(s, j)
-                stage = chain.stages[s]
-                # the lazy gradients above the activations (one_chunk_gradients_above) shrink as kept grows: at
-                # least what they are under unbounded kept bytes (all of them in 1F1B's steady state, else none)
-                above = costmodel.one_chunk_gradients_above(late_grad, stage=s, kept=math.inf,
-                                                            pipeline=pipeline) if late_grad else 0.0
-                found[s, i, j] = _Need(
-                    held=run.held_bytes + open_held + close_held, static=layers_static + whole, late_grad=late_grad,
-                    activations=stage.in_flight * (kept + open_kept + close_kept) + stage.loss_scratch_bytes + above,
-                    scratch=run.step_scratch_bytes, end=chain.end_bytes(s, i, j))
-    return found
+class Needs:
+    """need_s(i, j) of the module's text for every stage s and range [i, j), as (L+1) x (L+1) arrays
+    indexed [i, j]: what a range holds whatever stage holds it, grown a layer at a time with the
+    stage accumulator's rules (costmodel.StageRun: ZeRO 1's whole tensors, the step's scratch), and
+    what each stage's first and last layer and its position add (the edges read once a layer)."""
+
+    def __init__(self, chain: Chain):
+        self.chain = chain
+        setup, ctx = chain.setup, chain.ctx
+        num, stages = len(chain), len(chain.stages)
+        least_kept = [min(costmodel.layer_value("kept", layer, o, ctx) for o in range(len(layer.options)))
+                      for layer in chain.layers]
+        static = [costmodel.layer_value("static", layer, 0, ctx) for layer in chain.layers]
+        shape = (num + 1, num + 1)
+        self.held, self.static, self.kept, self.late_grad, self.scratch = (np.zeros(shape) for _ in range(5))
+        for i in range(num):
+            run = costmodel.StageRun(setup, chain.profile.device.type)
+            kept = late_grad = layers_static = 0.0
+            for j in range(i + 1, num + 1):
+                m = j - 1
+                run.add(time_ms=0.0, held_bytes=chain.static[m], step_ms=0.0, host_bytes=0.0, params=chain.params[m],
+                        largest_params=chain.largest[m], scratch_bytes=chain.step_scratch[m])
+                kept += least_kept[m]
+                late_grad += chain.late_grad[m]
+                layers_static += static[m]
+                held = run.held_bytes  # with ZeRO 1's whole tensors: optimizer state
+                self.held[i, j], self.static[i, j] = held, layers_static + held - run.layers_held_bytes
+                self.kept[i, j], self.late_grad[i, j], self.scratch[i, j] = kept, late_grad, run.step_scratch_bytes
+        self.edges = [self._edges(s) for s in range(stages)]
+
+    def _edges(self, s: int) -> dict[str, np.ndarray]:
+        """Stage s's edges: what opening at layer i ([i, :]) and closing before layer j ([:, j]) add."""
+        chain, num = self.chain, len(self.chain)
+        opening = [chain.opening_bytes(s, i) for i in range(num)] + [(0.0, 0.0)]
+        closing = [(0.0, 0.0)] + [chain.closing_bytes(s, j) for j in range(1, num + 1)]
+        open_end = [chain._end(costmodel.opening_end_bytes, i, s) for i in range(num)] + [0.0]
+        close_end = [0.0] + [chain._end(costmodel.closing_end_bytes, j - 1, s) for j in range(1, num + 1)]
+        column, row = (lambda v: np.array(v, dtype=float)[:, None]), (lambda v: np.array(v, dtype=float)[None, :])
+        return {"kept": column([o[0] for o in opening]) + row([c[0] for c in closing]),
+                "held": column([o[1] for o in opening]) + row([c[1] for c in closing]),
+                "end": column(open_end) + row(close_end)}
+
+    def valid(self, s: int) -> np.ndarray:
+        """[i, j]: stage s may hold [i, j) (each stage before it a layer, each after it one)."""
+        num, stages = len(self.chain), len(self.chain.stages)
+        i, j = np.indices((num + 1, num + 1))
+        return (i < j) & (i >= s) & (num - j >= stages - 1 - s) & ((i == 0) if s == 0 else True)
+
+    def _parts(self, s: int, index=...) -> _Need:
+        stage, edges = self.chain.stages[s], self.edges[s]
+        late_grad = self.late_grad[index]
+        # the lazy gradients above the activations (one_chunk_gradients_above) shrink as kept grows: at least what
+        # they are under unbounded kept bytes (all of them in 1F1B's steady state, else none), linear in them
+        above = costmodel.one_chunk_gradients_above(1.0, stage=s, kept=math.inf,
+                                                    pipeline=self.chain.setup.pipeline) * late_grad
+        return _Need(held=self.held[index] + edges["held"][index], static=self.static[index], late_grad=late_grad,
+                     activations=stage.in_flight * (self.kept[index] + edges["kept"][index])
+                     + stage.loss_scratch_bytes + above,
+                     scratch=self.scratch[index], end=edges["end"][index])
+
+    def totals(self, s: int) -> np.ndarray:
+        need = self._parts(s)
+        return need.held - need.late_grad + np.maximum(np.maximum(need.activations, need.scratch), need.end)
+
+    def at(self, s: int, i: int, j: int) -> _Need:
+        need = self._parts(s, (i, j))
+        return _Need(*(float(v) for v in dataclasses.astuple(need)))
+
+
+def range_needs(chain: Chain) -> Needs:
+    return Needs(chain)
 
 
 def _terms(need: _Need, in_flight: int) -> dict[str, int]:
