@@ -155,3 +155,15 @@ def test_solve_refuses_before_any_search(tmp_path, monkeypatch):
     assert "stage 1 needs at least" in result.output or "stage 0 needs at least" in result.output
     assert "weights, grads, optimizer state" in result.output and "its cap of 100 MiB" in result.output
     assert not (tmp_path / "plan.yaml").exists()
+
+
+def test_no_bound_past_the_deadline_or_past_max_layers():
+    """The bound is a shortcut: a deadline already past, or a profile whose (L+1)^2 arrays would be large,
+    leaves the verdict to the search."""
+    from planner.solve.deadline import Deadline
+
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, schedule="1F1B", mem_caps_bytes=[2**20] * 2)
+    small = heterogeneous(5)
+    assert search.static_refusal(small, setup) is not None
+    assert search.static_refusal(small, setup, Deadline(0.0)) is None
+    assert staticneed.least_need(heterogeneous(staticneed.MAX_LAYERS + 1), setup) is None

@@ -48,7 +48,7 @@ def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", de
     from planner.solve.deadline import Deadline
 
     deadline = deadline or Deadline(time_limit_s)
-    if search.static_refusal(profile, setup) is not None:  # no split holds its static bytes: nothing to score
+    if search.static_refusal(profile, setup, deadline) is not None:  # no split holds its static bytes: nothing to score
         return search.NoFit("infeasible", deadline.elapsed_s(), search.pick_solver(setup, solver, profile)), []
     references = baselines.all_baselines(profile, setup, deadline)
     known = [(b.iteration_ms, b.stages) for b in references if b.feasible]
@@ -116,8 +116,8 @@ def infeasible_message(shortfalls, setup) -> str:
         return (f"no plan fits the caps, whatever it recomputes: in every split of the layers over "
                 f"{setup.pipeline.stages} stages some stage needs more than its cap leaves its tensors, and in the "
                 f"split that needs least stage {need.stage} needs at least {format_bytes(need.need_bytes)} ({parts}) "
-                f"against the {format_bytes(need.cap_bytes)} its cap of {format_bytes(cap)} leaves once the "
-                "communication buffers and the allocator's reserve are taken. More stages, a smaller micro-batch "
+                f"against the {format_bytes(need.cap_bytes)} its cap of {format_bytes(cap)} leaves its tensors (less "
+                "the communication buffers and workspaces). More stages, a smaller micro-batch "
                 f"(re-profile with --micro-batch-size), a larger --mem or {_shard_hint(setup)} would help")
     if need.resource == "host":
         return (f"no plan fits the host memory: even split as evenly as the stages allow, the offloaded "

@@ -32,7 +32,10 @@ import numpy as np
 from planner.cost import costmodel
 from planner.schema import Profile, TrainSetup
 from planner.solve import replayfit
+from planner.solve.deadline import Deadline
 from planner.solve.dpsegments import Chain
+
+MAX_LAYERS = 1024  # beyond, no bound: its (L+1)^2 arrays a quantity (8 MiB each at 1024) and its L^2 loop grow too
 
 
 @dataclass(frozen=True)
@@ -77,13 +80,15 @@ def chain_of(profile: Profile, setup: TrainSetup) -> Chain:
     return Chain(profile, setup)
 
 
-def least_need(profile: Profile, setup: TrainSetup, chain: Chain | None = None) -> StaticNeed | None:
-    """The bound of the module's text at the split that minimises it; None for chunked schedules or
-    more stages than layers (no contiguous split of one stage per rank)."""
+def least_need(profile: Profile, setup: TrainSetup, chain: Chain | None = None,
+               deadline: Deadline | None = None) -> StaticNeed | None:
+    """The bound of the module's text at the split that minimises it; None for chunked schedules,
+    more stages than layers (no contiguous split of one stage per rank) or more than MAX_LAYERS.
+    Expired: past `deadline` (checked a range start at a time)."""
     stages = setup.pipeline.stages
-    if setup.pipeline.chunks > 1 or stages > len(profile.layers):
+    if setup.pipeline.chunks > 1 or stages > len(profile.layers) or len(profile.layers) > MAX_LAYERS:
         return None
-    needs = range_needs(chain or chain_of(profile, setup))
+    needs = range_needs(chain or chain_of(profile, setup), deadline)
     num = len(needs.chain)
     limits = np.array([needs.chain.stages[s].cap_bytes for s in range(stages)], dtype=float)
     # best[j]: the least largest need / limit of stages 0..s holding layers [0, j); cuts[s][j]: where stage s begins
@@ -91,6 +96,8 @@ def least_need(profile: Profile, setup: TrainSetup, chain: Chain | None = None) 
     best[0] = 0.0
     cuts = []
     for s in range(stages):
+        if deadline is not None:
+            deadline.check()
         ratio = needs.totals(s) / limits[s] if limits[s] > 0 else np.full((num + 1, num + 1), math.inf)
         ratio[~needs.valid(s)] = math.inf
         joined = np.maximum(best[:, None], ratio)  # [i, j]: stage s holds [i, j) after the best of [0, i)
@@ -115,7 +122,7 @@ class Needs:
     stage accumulator's rules (costmodel.StageRun: ZeRO 1's whole tensors, the step's scratch), and
     what each stage's first and last layer and its position add (the edges read once a layer)."""
 
-    def __init__(self, chain: Chain):
+    def __init__(self, chain: Chain, deadline: Deadline | None = None):
         self.chain = chain
         setup, ctx = chain.setup, chain.ctx
         num, stages = len(chain), len(chain.stages)
@@ -125,6 +132,8 @@ class Needs:
         shape = (num + 1, num + 1)
         self.held, self.static, self.kept, self.late_grad, self.scratch = (np.zeros(shape) for _ in range(5))
         for i in range(num):
+            if deadline is not None:
+                deadline.check()
             run = costmodel.StageRun(setup, chain.profile.device.type)
             kept = late_grad = layers_static = 0.0
             for j in range(i + 1, num + 1):
@@ -147,9 +156,9 @@ class Needs:
         open_end = [chain._end(costmodel.opening_end_bytes, i, s) for i in range(num)] + [0.0]
         close_end = [0.0] + [chain._end(costmodel.closing_end_bytes, j - 1, s) for j in range(1, num + 1)]
         column, row = (lambda v: np.array(v, dtype=float)[:, None]), (lambda v: np.array(v, dtype=float)[None, :])
-        return {"kept": column([o[0] for o in opening]) + row([c[0] for c in closing]),
-                "held": column([o[1] for o in opening]) + row([c[1] for c in closing]),
-                "end": column(open_end) + row(close_end)}
+        return {"kept": (column([o[0] for o in opening]), row([c[0] for c in closing])),
+                "held": (column([o[1] for o in opening]), row([c[1] for c in closing])),
+                "end": (column(open_end), row(close_end))}
 
     def valid(self, s: int) -> np.ndarray:
         """[i, j]: stage s may hold [i, j) (each stage before it a layer, each after it one)."""
@@ -158,16 +167,19 @@ class Needs:
         return (i < j) & (i >= s) & (num - j >= stages - 1 - s) & ((i == 0) if s == 0 else True)
 
     def _parts(self, s: int, index=...) -> _Need:
-        stage, edges = self.chain.stages[s], self.edges[s]
+        stage = self.chain.stages[s]
+        # the edges as [i, j] arrays (opening at i as a column, closing before j as a row), or at (i, j)
+        edges = {name: (opening + closing)[index] if index is ... else opening[index[0], 0] + closing[0, index[1]]
+                 for name, (opening, closing) in self.edges[s].items()}
         late_grad = self.late_grad[index]
         # the lazy gradients above the activations (one_chunk_gradients_above) shrink as kept grows: at least what
         # they are under unbounded kept bytes (all of them in 1F1B's steady state, else none), linear in them
         above = costmodel.one_chunk_gradients_above(1.0, stage=s, kept=math.inf,
                                                     pipeline=self.chain.setup.pipeline) * late_grad
-        return _Need(held=self.held[index] + edges["held"][index], static=self.static[index], late_grad=late_grad,
-                     activations=stage.in_flight * (self.kept[index] + edges["kept"][index])
+        return _Need(held=self.held[index] + edges["held"], static=self.static[index], late_grad=late_grad,
+                     activations=stage.in_flight * (self.kept[index] + edges["kept"])
                      + stage.loss_scratch_bytes + above,
-                     scratch=self.scratch[index], end=edges["end"][index])
+                     scratch=self.scratch[index], end=edges["end"])
 
     def totals(self, s: int) -> np.ndarray:
         need = self._parts(s)
@@ -178,8 +190,8 @@ class Needs:
         return _Need(*(float(v) for v in dataclasses.astuple(need)))
 
 
-def range_needs(chain: Chain) -> Needs:
-    return Needs(chain)
+def range_needs(chain: Chain, deadline: Deadline | None = None) -> Needs:
+    return Needs(chain, deadline)
 
 
 def _terms(need: _Need, in_flight: int) -> dict[str, int]:
