@@ -48,6 +48,8 @@ def search_plan(profile, setup, *, time_limit_s: float, solver: str = "auto", de
     from planner.solve.deadline import Deadline
 
     deadline = deadline or Deadline(time_limit_s)
+    if search.static_refusal(profile, setup, deadline) is not None:  # no split holds its static bytes: nothing to score
+        return search.NoFit("infeasible", deadline.elapsed_s(), search.pick_solver(setup, solver, profile)), []
     references = baselines.all_baselines(profile, setup, deadline)
     known = [(b.iteration_ms, b.stages) for b in references if b.feasible]
     for stages in starts:
@@ -109,6 +111,14 @@ def infeasible_message(shortfalls, setup) -> str:
                 "--mem or --host-mem")
     need = shortfalls[0]
     parts = ", ".join(f"{name} {format_bytes(num_bytes)}" for name, num_bytes in need.terms.items() if num_bytes)
+    if need.least:
+        cap = setup.pipeline.mem_caps_bytes[need.stage]
+        return (f"no plan fits the caps, whatever it recomputes: in every split of the layers over "
+                f"{setup.pipeline.stages} stages some stage needs more than its cap leaves its tensors, and in the "
+                f"split that needs least stage {need.stage} needs at least {format_bytes(need.need_bytes)} ({parts}) "
+                f"against the {format_bytes(need.cap_bytes)} its cap of {format_bytes(cap)} leaves its tensors (less "
+                "the communication buffers and workspaces). More stages, a smaller micro-batch "
+                f"(re-profile with --micro-batch-size), a larger --mem or {_shard_hint(setup)} would help")
     if need.resource == "host":
         return (f"no plan fits the host memory: even split as evenly as the stages allow, the offloaded "
                 f"optimizer needs {format_bytes(need.need_bytes)} per rank against its share of --host-mem, "
@@ -120,16 +130,20 @@ def infeasible_message(shortfalls, setup) -> str:
                     f"{format_bytes(need.need_bytes, round_up=True)}")
     else:
         smallest = f"every cap would have to grow by {need.over_fraction * 100:.0f}%"
-    data_parallel = setup.data_parallel
-    if data_parallel.zero >= 3:
-        shard = "more data-parallel ranks to shard over (--dp)"
-    elif data_parallel.dp > 1:
-        shard = f"a higher ZeRO stage (--zero {data_parallel.zero + 1} or 3)"
-    else:
-        shard = "data parallelism with ZeRO (--dp N --zero 3)"
+    shard = _shard_hint(setup)
     return (
         f"no plan fits the caps: even in the least-memory plan stage {need.stage} needs "
         f"{format_bytes(need.need_bytes)} ({parts}) against its cap of {format_bytes(need.cap_bytes)}, "
         f"{need.over_fraction * 100:.0f}% over; {smallest}. More stages, a smaller micro-batch (re-profile with "
         f"--micro-batch-size) or {shard} would also help"
     )
+
+
+def _shard_hint(setup) -> str:
+    """What would shard the static bytes further."""
+    data_parallel = setup.data_parallel
+    if data_parallel.zero >= 3:
+        return "more data-parallel ranks to shard over (--dp)"
+    if data_parallel.dp > 1:
+        return f"a higher ZeRO stage (--zero {data_parallel.zero + 1} or 3)"
+    return "data parallelism with ZeRO (--dp N --zero 3)"

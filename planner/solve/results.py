@@ -21,13 +21,16 @@ class PlanResult:
 class Shortfall:
     """What stands between a setup and a plan that fits: on `resource` ("device" or
     "host"), stage `stage` needs `need_bytes` against `cap_bytes` even in the plan that
-    needs the least, and of that need `terms` (name -> bytes) say what takes it."""
+    needs the least, and of that need `terms` (name -> bytes) say what takes it. `least`: found
+    before any search (planner/solve/staticneed.py): need_bytes is a lower bound on the stage's
+    allocated peak in the split that needs least, and cap_bytes what its cap leaves its tensors."""
 
     resource: Literal["device", "host"]
     stage: int
     need_bytes: int
     cap_bytes: int
     terms: dict[str, int]
+    least: bool = False
 
     @property
     def over_fraction(self) -> float:

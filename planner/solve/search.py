@@ -26,7 +26,7 @@ from planner.cost import allocator, costmodel
 from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
-from planner.solve import baselines, dpsolve, incumbent, milp, replayfit
+from planner.solve import baselines, dpsolve, incumbent, milp, replayfit, staticneed
 from planner.solve.deadline import Deadline, Expired
 from planner.solve.milp import SolveResult
 from planner.solve.results import NoFit, PlanResult, Shortfall  # noqa: F401 (the search's answers, named here too)
@@ -92,8 +92,11 @@ def plan(
     (costmodel.limit_bytes). Where evaluate() judges by the caching allocator's replay instead
     (planner/cost/reserve.py), replayfit.search_caps solves under rows that admit every plan the
     replay admits, then under caps between; what that proves is replayfit's text, and the
-    result's solve.replay says which held."""
+    result's solve.replay says which held. With no start, a setup where no split holds some stage's
+    static bytes and leanest activations (static_refusal) is "infeasible" before any solve."""
     deadline = deadline or Deadline(time_limit_s)
+    if start is None and static_refusal(profile, setup, deadline) is not None:  # no split holds it, whatever it recomputes
+        return NoFit("infeasible", deadline.elapsed_s(), pick_solver(setup, solver, profile))
     given = None  # the start, where it fits: the answer if nothing found beats it
     relaxed = replayfit.relaxed_caps(profile, setup)
     if start is not None:
@@ -368,6 +371,11 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
             found.append(Shortfall("host", 0, int(math.ceil(need)) + costmodel.FIT_MARGIN_BYTES, host_cap,
                                    {"offloaded optimizer": int(math.ceil(need))}))
             return found
+    refusal = static_refusal(profile, setup, deadline)
+    if refusal is not None:  # no split holds it, whatever it recomputes: no search needed to say so
+        found.append(Shortfall("device", refusal.stage, refusal.need_bytes, refusal.limit_bytes, refusal.terms,
+                               least=True))
+        return found
     if not least_memory:
         return found
     least = min_cap_scale(profile, setup, solver=solver, deadline=deadline)
@@ -385,6 +393,18 @@ def why_not(profile: Profile, setup: TrainSetup, *, deadline: Deadline, solver: 
         terms["allocator's fragmentation margin"] = needs[s] - stage.workspace_bytes - stage.peak_bytes
     found.append(Shortfall("device", s, needs[s], stage.cap_bytes, terms))
     return found
+
+
+def static_refusal(profile: Profile, setup: TrainSetup, deadline: Deadline | None = None
+                   ) -> staticneed.StaticNeed | None:
+    """The stage past its limit in the split that needs least, whatever it recomputes (staticneed.py;
+    a byte of room for the peak's rounding); None where some split may fit, no bound applies or
+    `deadline` passed before it was known."""
+    try:
+        need = staticneed.least_need(profile, setup, deadline=deadline)
+    except Expired:
+        return None
+    return need if need is not None and need.need_bytes > need.limit_bytes + 1 else None
 
 
 def cap_needed_bytes(stage: costmodel.StageCost, fragmentation: float) -> int:
