@@ -121,6 +121,14 @@ def window_per_layer(per_layer: Sequence[dict[str, float]], none: Sequence[dict[
     return out
 
 
+def window_runs(setup) -> bool:
+    """Whether a stage's offloaded layers may be Transformer Engine's window (stage_window): the runtime's
+    record says its offload is that handler and the pipeline has one stage. There an offload is a choice of
+    the stage (the block's first N layers, charged together), not of a layer, so the solvers' per-layer rows
+    do not take it (useful.useful_options)."""
+    return setup.pipeline.stages * setup.pipeline.chunks == 1 and runtimes.of(setup.training).te_window_offload
+
+
 def stage_window(layers: Sequence, options: Sequence[int], per_layer: list[dict[str, float]], rows,
                  ctx) -> list[dict[str, float]] | None:
     """The stage's per-layer values with its offloaded layers as Transformer Engine's window handler runs them
@@ -128,7 +136,7 @@ def stage_window(layers: Sequence, options: Sequence[int], per_layer: list[dict[
     (te_window_offload), the pipeline has one stage (megatron-core refuses --cpu-offloading with PP) and the
     offloaded layers are the block's first N; else None (ckplan's per-layer option stands)."""
     setup = ctx.setup
-    if setup.pipeline.stages * setup.pipeline.chunks != 1 or not runtimes.of(setup.training).te_window_offload:
+    if not window_runs(setup):
         return None
     offloaded = [layer.options[int(ckpt)].name == OPTION_OFFLOAD for layer, ckpt in zip(layers, options)]
     if not any(offloaded):

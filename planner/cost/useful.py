@@ -3,10 +3,15 @@ allows, read by the solvers through costmodel."""
 
 from __future__ import annotations
 
-from planner.cost import megatron_fsdp_moments, splittime
+from planner.cost import megatron_fsdp_moments, splittime, te_offload
 from planner.cost.layers import LayerCost
 from planner.cost.terms import Context, layer_value
-from planner.schema import CHUNKED_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, runs_split_backward
+from planner.schema import (
+    CHUNKED_SCHEDULES,
+    OPTION_OFFLOAD,
+    SPLIT_BACKWARD_SCHEDULES,
+    runs_split_backward,
+)
 
 
 def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
@@ -14,7 +19,8 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     none, and no other keeps no more, adds no more time and no more extra peak while better in
     one (a dominated option never lowers a peak or a time; host bytes count as one more
     resource, and so does a split backward's time past the first stage). Whole-layer plans (the setup's recompute): full alone. A chunked schedule's
-    stages take no option that offloads (their host bytes per rank are not modelled yet)."""
+    stages take no option that offloads (their host bytes per rank are not modelled yet), nor does a stage whose
+    offload is Transformer Engine's window (te_offload.window_runs: a choice of the stage, not of a layer)."""
     whole_layer = ctx.setup.training.recompute == "whole-layer"
     candidates = [1] if whole_layer else range(1, len(layer.options))
     # torchtitan's op-level policy (profiler/opsac.py): among the options where the setup asks for
@@ -27,6 +33,10 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
         candidates = [o for o in candidates if runs_split_backward(layer.options[o].name)]
     if ctx.setup.pipeline.schedule in CHUNKED_SCHEDULES:
         candidates = [o for o in candidates if not layer.options[o].host_bytes]
+    # where the runtime offloads as Transformer Engine's window (te_offload.window_runs), evaluate charges the
+    # stage's offloaded layers together (the block's first N), which no per-layer row of the solvers sums to
+    if te_offload.window_runs(ctx.setup):
+        candidates = [o for o in candidates if layer.options[o].name != OPTION_OFFLOAD]
     # under a split backward an option's time on a stage past the first has its passes' extra
     # (splittime.layer_extra_ms) and on the first not: both, so no option is dropped on either
     split = ctx.setup.pipeline.schedule in SPLIT_BACKWARD_SCHEDULES
