@@ -5,29 +5,18 @@ between the two hooks (DeepSpeed v0.6.2, Megatron-DeepSpeed 62bc4562's GPT block
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from fixtures.cli import run_ok
+from fixtures.ds_gpt import MBS, SEQ, VOCAB, H, tiny_gpt_profile
 
-from planner import io
 from planner.cost import dataparallel, deepspeed_waits, runtimes
 from planner.cost.layers import layer_costs
 
-H, SEQ, MBS, VOCAB = 1024, 256, 2, 1024  # the tiny GPT of tests/test_dstime.py: 4 blocks, f = 4h
 T, F = SEQ * MBS, 4 * H
 
 
 @pytest.fixture(scope="module")
 def gpt_profile(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dsterms")
-    config = folder / "gpt.json"
-    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": H, "n_layer": 4, "n_head": 8,
-                                  "vocab_size": VOCAB, "n_positions": SEQ,
-                                  "activation_function": "gelu_pytorch_tanh"}))
-    run_ok("profile", "--arch-config", config, "--seq-len", SEQ, "--micro-batch-size", MBS, "--gpu", "a100-80g",
-           "--attention", "eager", "--out", folder / "p.json")
-    return io.load_profile(folder / "p.json")
+    return tiny_gpt_profile(tmp_path_factory.mktemp("dsterms"))
 
 
 def _setup(profile, *, runtime="deepspeed", dp=8, zero=3, offload=True, microbatches=1, **deepspeed):
