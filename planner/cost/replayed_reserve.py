@@ -124,7 +124,7 @@ def divisor_reason(plan: StagePlan, index: int, *, profile: Profile, setup: Trai
     if setup.pipeline.fragmentation is not None:
         return "--fragmentation is stated"
     if not replays(setup):
-        return f"no replay orders {setup.training.runtime}'s step under this schedule"
+        return "no replay orders the runtime's step under this schedule"
     by_name = {layer.name: layer for layer in profile.layers}
     for name in plan.layers:
         option = plan.option(name)
