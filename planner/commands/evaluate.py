@@ -121,6 +121,7 @@ def command(from_megatron, from_torchtitan, gpus, gpu, gpus_per_node, layers_per
     else:
         _print(setup, hand, hand_cost, best, ckpt_rule)
         _print_ranges(profile, setup, hand, hand_cost)
+        _print_divisor(profile, setup, hand, hand_cost, best)
         _print_throughput(profile, setup, hand_cost, best)
     for note in time_notes:
         say(note)
@@ -237,6 +238,29 @@ def _print_ranges(profile, setup, hand, hand_cost) -> None:
     line = range_line(reserve_ranges(hand, hand_cost, profile=profile, setup=setup), hand_cost)
     if line is not None:
         console.print(f"your configuration: {line}")
+
+
+def divisor_lines(profile, setup, stages, cost) -> list[str]:
+    """A line for each cuda stage whose reserve is the divisor's, not the allocator replay's, and why
+    (replayed_reserve.divisor_reason); none where --fragmentation asks for the divisor everywhere."""
+    from planner.cost.allocator import DEFAULT_FRAGMENTATION
+    from planner.cost.replayed_reserve import divisor_reason
+
+    if setup.pipeline.fragmentation is not None:
+        return []
+    return [f"stage {i}'s reserved is the divisor's (its allocated peak at {DEFAULT_FRAGMENTATION:.0%} "
+            f"fragmentation), not the allocator replay's: {divisor_reason(stage, i, profile=profile, setup=setup)}"
+            for i, (stage, c) in enumerate(zip(stages, cost.stages, strict=True))
+            if c.reserved_bytes is not None and c.reserved_by != "replay"]
+
+
+def _print_divisor(profile, setup, hand, hand_cost, best) -> None:
+    from planner.console import console
+
+    for who, stages, cost in (("your configuration", hand, hand_cost),
+                              *((("ckplan's plan", best.stages, best.cost),) if best is not None else ())):
+        for line in divisor_lines(profile, setup, stages, cost):
+            console.print(f"{who}: {line}")
 
 
 def _print_throughput(profile, setup, hand_cost, best) -> None:

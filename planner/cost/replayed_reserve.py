@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from planner.cost import (
     capped_reserve,
+    loss_records,
     reserve,
     reserve_deepspeed,
     reserve_fsdp2,
@@ -19,7 +20,7 @@ from planner.cost import (
 )
 from planner.cost.allocator import Replayed
 from planner.cost.assembly import StageCost
-from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
+from planner.schema import OPTION_NONE, OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
 
 
 def with_replayed_reserve(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile,
@@ -87,7 +88,8 @@ def _replay_of(cost: StageCost, plan: StagePlan, index: int, *, profile: Profile
     rate = reserve.host_copy_ms_per_byte(profile, setup) if OPTION_OFFLOAD in options else None
     expandable = reserve_fsdp2.expandable_segments(profile, setup)
     return (lambda cap: reserve.replay_stage([by_name[name] for name in plan.layers], options, stage=index, setup=setup,
-                                             memory=memory, loss=profile.loss_alloc, copy_ms_per_byte=rate,
+                                             memory=memory, loss=loss_records.stage_loss(profile, setup),
+                                             copy_ms_per_byte=rate,
                                              expandable=expandable, cap_bytes=cap), by_peak)
 
 
@@ -113,3 +115,22 @@ def reserved_variants(cost: StageCost, plan: StagePlan, index: int, *, profile: 
     expandable = reserve_fsdp2.expandable_segments(profile, setup)
     return [reserve_fsdp2.reserved_bytes(reserve_fsdp2.replay(stage, expandable=expandable, perturb=change),
                                          cost.peak_bytes) for change in VARIANTS]
+
+
+def divisor_reason(plan: StagePlan, index: int, *, profile: Profile, setup: TrainSetup) -> str:
+    """Why a cuda stage's reserve is the divisor's (with_replayed_reserve ran no replay for it), in words: the
+    setup's (--fragmentation stated, or no replay orders the runtime's step), a layer with no allocation record
+    for its option, the last stage with no loss record, or a replay that does not order this shape of schedule."""
+    if setup.pipeline.fragmentation is not None:
+        return "--fragmentation is stated"
+    if not replays(setup):
+        return "no replay orders the runtime's step under this schedule"
+    by_name = {layer.name: layer for layer in profile.layers}
+    for name in plan.layers:
+        option = plan.option(name)
+        if by_name[name].alloc_records.get(OPTION_NONE if option == OPTION_OFFLOAD else option) is None:
+            return f"{name} has no allocation record for its option {option!r}"
+    if (index == setup.pipeline.stages - 1 and runtimes.of(setup.training).step_replayed
+            and loss_records.stage_loss(profile, setup) is None):
+        return "the profile has no allocation record of the loss"
+    return "its runtime's replay does not run this stage"

@@ -260,3 +260,58 @@ def _given_pieces(layer: LayerProfile, scratch: int, terms: list[int]) -> list[i
     terms = [size for size in terms if size > 0]
     assert sum(terms) == scratch, (layer.name, terms, scratch)
     return terms
+
+
+def kept_then_rerun(none: AllocRecord, kept: list[int], rerun_bytes: int) -> AllocRecord:
+    """An option that keeps `kept` (its tensors but the input, in order) and reruns the rest of the forward at
+    once: its forward makes `kept`, then none's output; its backward makes the rerun (one request of `rerun_bytes`,
+    freed once made: the rerun's tensors die as the backward uses them), then none's backward, then frees `kept`,
+    last first (analytic op-level SAC, analytic_records; a compiled layer's options, compiled_kept)."""
+    base = remade(none, set(range(len(forward_sizes(none)))), [[rerun_bytes]] if rerun_bytes else [])
+    shift = len(kept)
+    backward = [code if code > 0 else code - shift for code in base.backward]
+    backward += [-ident for ident in range(shift, 0, -1)]
+    return AllocRecord(forward=[*kept, *base.forward], backward=backward,
+                       output=base.output + shift if base.output else 0,
+                       input_grad=base.input_grad + shift if base.input_grad else 0, params=none.params)
+
+
+def forward_sizes(none: AllocRecord) -> list[int]:
+    """A synthesised none record's kept tensors in its forward (every allocation but the output), in order."""
+    made = [code for code in none.forward if code > 0]
+    return [size for ident, size in enumerate(made, 1) if ident != none.output]
+
+
+def remade(none: AllocRecord, removed: set[int], reruns: list[list[int]]) -> AllocRecord:
+    """A synthesised none record with the kept tensors at `removed` (indices into forward_sizes) not made by the
+    forward, and each group of `reruns` made then freed at the backward's start, before none's backward."""
+    made = [code for code in none.forward if code > 0]
+    new_id: dict[int, int] = {}
+    forward: list[int] = []
+    kept_index = 0
+    for ident, size in enumerate(made, 1):
+        if ident != none.output:
+            if kept_index in removed:
+                kept_index += 1
+                continue
+            kept_index += 1
+        forward.append(size)
+        new_id[ident] = len(forward)
+    next_id = len(forward) + 1
+    backward: list[int] = []
+    for sizes in reruns:
+        first = next_id
+        backward += sizes
+        next_id += len(sizes)
+        backward += [-ident for ident in reversed(range(first, next_id))]
+    old_next = len(made) + 1
+    for code in none.backward:
+        if code > 0:
+            new_id[old_next] = next_id
+            old_next += 1
+            next_id += 1
+            backward.append(code)
+        elif -code in new_id:
+            backward.append(-new_id[-code])
+    return AllocRecord(forward=forward, backward=backward, output=new_id.get(none.output, 0),
+                       input_grad=new_id.get(none.input_grad, 0), params=none.params)

@@ -96,6 +96,7 @@ from planner.profiler import (
     analytic_cp,
     analytic_mtp,
     analytic_notes,
+    analytic_records,
     analytic_split,
     analytic_time,
     compiled_kept,
@@ -359,6 +360,7 @@ def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | Non
                   a2a_bytes=dispatch_bytes(arch, shape) if moe else 0).model_copy(update={
                       "float8": fp8, "wgrad_accumulate_ms": analytic_time.accumulate_ms(
                           analytic_time.accumulate_bytes(arch, shape, moe=moe), gpu, mfu)})
+    layer = analytic_records.with_option_records(layer, arch, shape, moe=moe)  # the selective options' records
     exchanged = analytic_cp.exchange(arch, shape, gpu, mfu)  # context parallelism's (None at cp 1)
     if exchanged is not None:
         layer = layer.model_copy(update={"context_parallel": exchanged})

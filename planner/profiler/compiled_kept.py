@@ -67,6 +67,7 @@ def compiled_layers(profile):
         compiled = layer.model_copy(update={"act_bytes": act, "recompute_options": options})
         if layer.alloc_records:  # the replay's records remade from the compiled kept bytes
             compiled = allocseq.synthesised(compiled, [layer.input_in_act_bytes, act - layer.input_in_act_bytes])
+            compiled = compiled.model_copy(update={"alloc_records": _option_records(layer, compiled, figures)})
         layers.append(compiled)
     return profile.model_copy(update={"layers": layers}), changed
 
@@ -78,3 +79,20 @@ def _option(option, figures: dict[str, int], act: int):
         return option
     kept = figures[option.name]
     return option.model_copy(update={"kept_bytes": kept, "recompute_peak_bytes": max(0, act - kept)})
+
+
+def _option_records(eager, compiled, figures: dict[str, int]) -> dict:
+    """The compiled layer's records: none's and full's (allocseq.synthesised), each other option the compiled
+    figures name keeping its compiled bytes as one tensor and rerunning the rest at once (allocseq.kept_then_rerun:
+    every recomputed tensor live together, as _option charges it); an option they do not name keeps its eager
+    record, as it keeps its eager bytes."""
+    from planner.profiler import allocseq
+
+    records = {**eager.alloc_records, **compiled.alloc_records}
+    none = compiled.alloc_records[OPTION_NONE]
+    for option in compiled.recompute_options:
+        if option.name in figures and option.name not in (OPTION_NONE, OPTION_FULL):
+            kept = option.kept_bytes - compiled.input_in_act_bytes
+            records[option.name] = allocseq.kept_then_rerun(none, [kept] if kept > 0 else [],
+                                                            option.recompute_peak_bytes)
+    return records
