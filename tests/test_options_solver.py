@@ -271,7 +271,10 @@ def test_llama_70b_offloads_where_the_host_has_room_and_recomputes_where_it_has_
     plans = [io.load_plan(tmp_path / name) for name in ("roomy.yaml", "tight.yaml")]
     chosen = [{o for stage in plan.stages for o in stage.recompute.values()} for plan in plans]
     assert "offload" in chosen[0] and "offload" not in chosen[1]
-    assert plans[0].predicted.iteration_ms < plans[1].predicted.iteration_ms
+    # the roomy plan's own bound (the relaxed rows' MILP bound: §37.solvefit) is under the tight plan, which fits
+    # there too; the roomy answer, where the replay's search over caps gives it as "feasible", is within its gap
+    assert plans[0].solver.bound <= plans[1].predicted.iteration_ms
+    assert plans[0].predicted.iteration_ms <= plans[1].predicted.iteration_ms * (1 + plans[0].solver.gap)
     assert "solver: milp" in roomy.output and "host memory per rank by stage" in roomy.output
     assert "host memory per rank by stage" not in tight.output
     refused = run(*args, "--host-mem", "2TB", "--solver", "dp", "--out", tmp_path / "dp.yaml")

@@ -1,7 +1,10 @@
 """Tied weights beside a pipeline under a runtime that does not tie them (the record's ties_across_stages;
 docs/framework-facts.md §248, §305): torchtitan refuses tying with pipeline_parallel_degree > 1 (b5bcd76c), and
 before it tied its pipeline split kept a shared parameter's copies apart. evaluate, solve, search and
-export --to torchtitan refuse such a job in one sentence; one stage, and the runtimes that sum the copies, plan it."""
+export --to torchtitan refuse such a job in one sentence (search its pipelines one by one); one stage, and the
+runtimes that sum the copies, plan it."""
+
+import json
 
 import pytest
 from fixtures.cli import run, run_ok
@@ -61,9 +64,12 @@ def test_solve_and_search_refuse_it(tmp_path):
     assert solved.exit_code != 0 and "does not tie them beside a pipeline of 2 stages" in solved.output
     assert not (tmp_path / "plan.yaml").exists()
     searched = run("search", "--profile", profile, "--gpus", "2", "--global-batch", "4", "--runtime", "torchtitan",
-                   "--mem", "1GiB", "--seq-len", "16")
-    assert searched.exit_code != 0
-    assert "does not tie them beside a pipeline, which the search plans" in searched.output
+                   "--mem", "1GiB", "--seq-len", "16", "--json")
+    assert searched.exit_code == 0, searched.output  # its pipelines refused one by one, the rest searched
+    found = json.loads(searched.output[searched.output.index("{"):])
+    ranked = found["ranked"]
+    assert ranked and all(entry["degrees"]["pp"] == 1 for entry in ranked), ranked
+    assert found["counts"]["refused"] > 0
 
 
 def test_export_to_torchtitan_refuses_a_split_tied_plan(tmp_path):

@@ -155,7 +155,7 @@ def test_a_torchtitan_base_of_another_model_is_refused_for_every_flavor_ckplan_r
                                   "vocab_size": 1024, "tie_word_embeddings": False}))
     profile, plan = tmp_path / "p.json", tmp_path / "plan.yaml"
     run_ok("profile", "--arch-config", config, "--seq-len", "64", "--gpu", "h100", "--out", profile)
-    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
+    run_ok("solve", "--profile", profile, "--stages", "1", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
     base = "torchtitan.models.qwen3.config_registry:qwen3_14b"
     refused = run("export", plan, "--to", "torchtitan", "--torchtitan-base", base, "--out", tmp_path / "t.py")
     said = " ".join(refused.output.split())
@@ -169,7 +169,7 @@ def test_a_torchtitan_base_ckplan_does_not_know_is_said_unchecked(tmp_path):
     config function a user has may be, with a warning that its model is not checked; a known one has none."""
     profile, plan = tmp_path / "p.json", tmp_path / "plan.yaml"
     run_ok("profile", "--arch", "qwen3-0.6b", "--seq-len", "64", "--gpu", "h100", "--out", profile)
-    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
+    run_ok("solve", "--profile", profile, "--stages", "1", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
     module = "torchtitan.models.qwen3.config_registry"
     said = " ".join(run_ok("export", plan, "--to", "torchtitan", "--torchtitan-base", f"{module}:qwen3_0_6bb",
                            "--out", tmp_path / "a.py").output.split())

@@ -144,14 +144,14 @@ def test_a_known_torchtitan_base_beside_a_profile_without_model_dimensions_is_sa
     profile, plan = tmp_path / "p.json", tmp_path / "plan.yaml"
     run_ok("profile", "--arch", "qwen3-0.6b", "--seq-len", "64", "--gpu", "h100", "--out", profile)
     module = "torchtitan.models.qwen3.config_registry"
-    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
+    run_ok("solve", "--profile", profile, "--stages", "1", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
     said = " ".join(run_ok("export", plan, "--to", "torchtitan", "--torchtitan-base", f"{module}:qwen3_0_6b",
                            "--out", tmp_path / "a.py").output.split())
     assert "records no model dimensions" not in said
     data = json.loads(profile.read_text())
     del data["assumptions"]["model"]
     profile.write_text(json.dumps(data))
-    run_ok("solve", "--profile", profile, "--stages", "2", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
+    run_ok("solve", "--profile", profile, "--stages", "1", "--mem", "80GB", "--runtime", "torchtitan", "--out", plan)
     said = " ".join(run_ok("export", plan, "--to", "torchtitan", "--torchtitan-base", f"{module}:qwen3_0_6b",
                            "--out", tmp_path / "b.py").output.split())
     assert (f"--torchtitan-base {module}:qwen3_0_6b builds qwen3-0.6b, and the plan's profile (a model file's, "

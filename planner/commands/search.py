@@ -156,7 +156,6 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
     loss_compiled = settings.compile_model if settings.compile_loss is None else settings.compile_loss
     profile_for = model.profile_for(device, seq_len, compiled=settings.compile_model, compiled_loss=loss_compiled)
     sample = model.profile or profile_for(min(job.tp_ok), False, 1)
-    _refuse_tied(runtime, settings.runtime_version, sample)
     training = search_settings.checked(settings, tp_overlap=tp_overlap, runtime=runtime, job=job, sample=sample,
                                        arch_given=model.arch is not None, say=say)
     options = jobsearch.JobOptions(mem_cap_bytes=_cap(mem, device), gpus_per_node=min(per_node, gpus),
@@ -204,17 +203,6 @@ def command(arch, arch_config, hf_config, profile_path, gpus, gpu, gpus_per_node
         report.print()
     if not outcome.ranked:
         raise UserError(search_report.nothing_fits(report, job, options, profile_for, time_limit_s=time_limit))
-
-
-def _refuse_tied(runtime: str, version: str | None, sample) -> None:
-    """A tied model under a runtime that refuses tying beside a pipeline (runnable.tied_refused): the search
-    plans pipelines, so it is refused in one sentence (its configurations are not filtered one by one)."""
-    from planner.cost import runnable
-
-    refused = runnable.tied_refused(runtime, version, stages=2, tied=sample.tied)
-    if refused:
-        raise UserError(refused.split(" beside a pipeline")[0] + " beside a pipeline, which the search plans; "
-                        "untie the weights, search with another --runtime, or evaluate one stage")
 
 
 def _write_launch_files(out: Path, folder: Path, *, tp: int, gpus_per_node: int, framework: str,

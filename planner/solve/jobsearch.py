@@ -290,7 +290,7 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
         if not _a2a_splits_heads(written, degrees, options):
             outcome.refused += 1
             continue
-        if _runtime_refuses(setup):
+        if _runtime_refuses(setup, written.tied):
             outcome.refused += 1
             continue
         profile, layers = profiles.for_setup(written, layers, setup)
@@ -323,10 +323,11 @@ def candidates(job: JobShape, options: JobOptions, profiles: Profiles, outcome: 
     return kept
 
 
-def _runtime_refuses(setup: TrainSetup) -> bool:
+def _runtime_refuses(setup: TrainSetup, tied: list) -> bool:
     """The framework cannot run this ZeRO stage here (runnable.data_parallel_refused: DeepSpeed's pipeline
-    engine past ZeRO 1, its shard groups; microbatches on one stage where the runtime accumulates none), as
-    `ckplan solve` would refuse it."""
+    engine past ZeRO 1, its shard groups; microbatches on one stage where the runtime accumulates none), or
+    these tied weights beside this pipeline (runnable.tied_refused: torchtitan's untied copies), as `ckplan
+    solve` would refuse it."""
     from planner.cost import runnable
 
     training, data_parallel, pipeline = setup.training, setup.data_parallel, setup.pipeline
@@ -334,7 +335,8 @@ def _runtime_refuses(setup: TrainSetup) -> bool:
         training.runtime, training.runtime_version, precision=training.precision, zero=data_parallel.zero,
         dp=data_parallel.dp, shard_group=data_parallel.shard_group, stages=pipeline.stages)
         or runnable.accumulation_refused(training.runtime, training.runtime_version, stages=pipeline.stages,
-                                         microbatches=pipeline.microbatches))
+                                         microbatches=pipeline.microbatches)
+        or runnable.tied_refused(training.runtime, training.runtime_version, stages=pipeline.stages, tied=tied))
 
 
 def _ratio(candidate: Candidate) -> float:
