@@ -51,7 +51,7 @@ MEMBOUND_CLASSES_MI300X = (("attention", 0.475), ("elementwise", round(BABELSTRE
 # fused_vocab_parallel_cross_entropy (--cross-entropy-loss-fusion's native path) on bf16 logits (S 2048, B 4, V), TP 1,
 # forward and backward ("full"), and all_benchmark_data.csv at 2120862b holds the medians on "NVIDIA H100 80GB HBM3":
 # unfused 10.667474746704102 ms at V 65,536 and 21.245800018310547 at 131,072 (lines 2334-2335), fused
-# 8.980452537536621 and 18.230487823486328 (the full rows of the fused sweep). The rate between the two largest (the
+# 8.980452537536621 and 18.230487823486328 (lines 2316-2317). The rate between the two largest (the
 # fixed part cancels: 536,870,912 logits more) for the bytes ckplan's records count a bf16 logit (runtime_megatron's
 # vocab_parallel_ce_bytes 52, fused_ce_bytes 40: planner/cost/megatron_loss.py), over the SXM's 3.35 TB/s:
 # 52 x 536,870,912 B in 10.578 ms = 2.639 TB/s (0.788), 40 x 536,870,912 B in 9.250 ms = 2.322 TB/s (0.693). The
