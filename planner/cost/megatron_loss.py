@@ -25,9 +25,14 @@ algorithms fills with NaN first (TensorFactories.cu empty_strided_cuda, fill_uni
 (the record's `ce_fill_bytes`, written at the HBM bandwidth as jobsettings' fills are; tests/test_megatron_loss.py
 watches torch 2.13 make those two fills and no other of the logits' size).
 
-The cross-entropy's bytes run at the profile's measured `loss` class rate (the rate its own loss is timed at:
-planner/profiler/membound.py), so the term is the difference of two times at one rate: (52 less the profile's own loss_bytes_per_logit, 36 at bf16) B a logit,
-plus the fills. Only where the profile's loss is the formula (an analytic bf16 profile: rules.runtime_loss) and
+The chain is timed whole where it is published: Liger-Kernel's benchmark calls megatron-core's own
+vocab_parallel_cross_entropy (and the fused one) on bf16 logits on an H100 SXM (planner/models/
+membound_published.py MEGATRON_CE_H100: 52 B a logit at 0.788 of the HBM bandwidth, the fused 40 at 0.693; the GPU
+record's `megatron_ce_efficiency`). Its ops are casts, elementwise ops and row reductions, each one pass over its
+bytes, not torch's log_softmax and nll_loss, whose sweep sets the `loss` class rate (0.391 on the H100): charged at
+that class, the chain took twice its published time. Where the GPU has no such figure the chain's bytes run at the
+profile's `loss` class rate, as the profile's own loss (planner/profiler/membound.py). The term is the chain's time
+less the profile's own loss (loss_bytes_per_logit, 36 B at bf16, at the `loss` class rate), plus the fills. Only where the profile's loss is the formula (an analytic bf16 profile: rules.runtime_loss) and
 the runtime runs its own loss (or Transformer Engine's, below): not a chunked or compiled loss. Each MTP head's
 loss counts as the model's (losses).
 
@@ -71,6 +76,7 @@ from __future__ import annotations
 from planner.cost import runtimes
 from planner.cost.comm import collective_ms, tp_link
 from planner.cost.rules import compute_ms, loss_compiled, runtime_loss
+from planner.errors import UserError
 from planner.schema import Profile, TrainSetup
 
 LOGIT_BYTES = 2  # the records' loss bytes are of bf16 logits (runtime_loss reads bf16 profiles only)
@@ -90,6 +96,26 @@ def _loss_tbps(profile: Profile) -> float | None:
         if found:
             return found
     return _positive(profile.assumptions.get("gpu_hbm_tbps"))
+
+
+def _chain_tbps(profile: Profile, training) -> float | None:
+    """TB/s Megatron-LM's own cross-entropy chain (unfused, or its fused one) is published to run at on the
+    profile's GPU, for the bytes its record counts (GPU.megatron_ce_efficiency); None for TE's, or where the GPU has
+    no such figure."""
+    if getattr(training, "te_cross_entropy", False):
+        return None
+    name = profile.assumptions.get("gpu")
+    if not isinstance(name, str):
+        return None
+    from planner.models import archs
+
+    try:
+        gpu = archs.gpu(name)
+    except UserError:
+        return None
+    fraction = dict(gpu.megatron_ce_efficiency).get("fused" if getattr(training, "fused_cross_entropy", False)
+                                                    else "unfused")
+    return gpu.hbm_tbps * fraction if fraction else None
 
 
 def te_fused(record: runtimes.RuntimeFacts, training) -> bool:
@@ -128,7 +154,8 @@ def losses(profile: Profile) -> int:
 
 def vocab_parallel_ce_ms(profile: Profile, stage: int, setup: TrainSetup) -> float:
     """ms a microbatch the runtime's own cross-entropy takes on the last stage beyond the profile's loss: its
-    bytes beyond the profile's at the profile's loss rate, and under deterministic mode its NaN fills at the
+    bytes at the chain's published rate (_chain_tbps; else the profile's loss rate) less the profile's own loss
+    at the loss rate, and under deterministic mode its NaN fills at the
     HBM bandwidth (scaled like the layers' compute); 0 on other stages and where it does not run."""
     if stage != setup.pipeline.stages - 1:
         return 0.0
@@ -141,7 +168,8 @@ def vocab_parallel_ce_ms(profile: Profile, stage: int, setup: TrainSetup) -> flo
         return 0.0
     record = runtimes.of(setup.training)
     moved, filled = ce_bytes(record, setup.training)
-    ms = logits * (moved - profiled) / (rate * 1e12) * 1e3
+    chain = _chain_tbps(profile, setup.training) or rate
+    ms = logits * (moved / (chain * 1e12) - profiled / (rate * 1e12)) * 1e3
     if setup.training.deterministic and filled and hbm:
         ms += logits * filled / (hbm * 1e12) * 1e3
     gather = losses(profile) * te_stats_gather_ms(profile, setup) if te_fused(record, setup.training) else 0.0

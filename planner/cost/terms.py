@@ -453,10 +453,10 @@ TERMS: tuple[Term, ...] = (
          lambda stage, ctx: stage_constant_ms(ctx.profile, stage, ctx.setup), "timed (profiler)"),
     Term("the runtime's own vocab-parallel cross-entropy beyond the profile's eager loss", "time", "stage",
          lambda stage, ctx: megatron_loss.vocab_parallel_ce_ms(ctx.profile, stage, ctx.setup),
-         "the runtime record's vocab_parallel_ce_bytes and ce_fill_bytes (Megatron-LM 6e091e1b tensor_parallel/"
-         "cross_entropy.py: 52 B a bf16 logit, 6 more NaN-filled under deterministic mode), fused_ce_bytes, or "
-         "te_ce_bytes (TE v2.9's Triton cross-entropy: 10 B, and its statistics' TP all-gather) at the profile's "
-         "loss rate"),
+         "the record's vocab_parallel_ce_bytes, ce_fill_bytes (Megatron-LM 6e091e1b cross_entropy.py: 52 B a bf16 "
+         "logit, 6 NaN-filled under deterministic mode), fused_ce_bytes, te_ce_bytes (TE v2.9: 10 B, and its TP "
+         "all-gather) at the profile's loss rate; Megatron's own chains at their published rate where the GPU has "
+         "one (GPU.megatron_ce_efficiency: Liger-Kernel 2120862b's megatron_cross_entropy rows on H100)"),
     Term("two schedule actions per microbatch", "comm", "stage",
          lambda stage, ctx: stage_constant_comm_ms(stage, ctx.setup.time), "calibrated action cost (ckplan calibrate)"),
 )

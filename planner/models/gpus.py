@@ -40,6 +40,7 @@ from planner.models.membound_published import (  # noqa: F401  read as gpus.<nam
     LIGER,
     LIGER_B200,
     LIGER_MI300X,
+    MEGATRON_CE_H100,
     MEMBOUND_A100,
     MEMBOUND_B200,
     MEMBOUND_CLASSES_A100,
@@ -154,6 +155,9 @@ class GPU:
     # eager fractions per op class (membound.OP_CLASSES), where the architecture's sweeps measure one
     membound_class_efficiency: tuple[tuple[str, float], ...] = MEMBOUND_CLASSES_H100
     membound_source: str = ""
+    # Megatron-LM's own cross-entropy chains (unfused, fused) timed whole, as fractions of hbm_tbps for the bytes the
+    # Megatron record counts (membound_published.MEGATRON_CE_H100); (): none published for the architecture
+    megatron_ce_efficiency: tuple[tuple[str, float], ...] = ()
 
     @property
     def node_collective_rate(self) -> float:
@@ -253,7 +257,7 @@ _GB200_TRAY = ("a host (compute tray) runs 4 GPUs, 18 trays a rack in one NVLink
                "Tuning Guide, system.html, 72x1)")
 _NIC_ASSUMED = "no NIC in the datasheet or a reference system: 400 Gb/s per GPU assumed, as DGX H100"
 _MEMBOUND_HOPPER = dict(membound_eager_efficiency=MEMBOUND_H100[0], membound_fused_efficiency=MEMBOUND_H100[1],
-                        membound_class_efficiency=MEMBOUND_CLASSES_H100,
+                        membound_class_efficiency=MEMBOUND_CLASSES_H100, megatron_ce_efficiency=MEGATRON_CE_H100,
                         membound_source=f"measured on H100 NVL and H100 SXM: {LIGER}")
 _MEMBOUND_AMPERE = dict(membound_eager_efficiency=MEMBOUND_A100[0], membound_fused_efficiency=MEMBOUND_A100[1],
                         membound_class_efficiency=MEMBOUND_CLASSES_A100,
@@ -268,7 +272,7 @@ _MEMBOUND_BLACKWELL = dict(membound_eager_efficiency=MEMBOUND_B200[0], membound_
 def _membound_assumed(nearest: str, fractions: tuple[float, float]) -> dict:
     classes = MEMBOUND_CLASSES_H100 if nearest == "H100" else MEMBOUND_CLASSES_A100
     return dict(membound_eager_efficiency=fractions[0], membound_fused_efficiency=fractions[1],
-                membound_class_efficiency=classes,
+                membound_class_efficiency=classes, megatron_ce_efficiency=MEGATRON_CE_H100 if nearest == "H100" else (),
                 membound_source=f"no memory-bound kernel benchmark published for this GPU: the {nearest}'s fractions "
                                 f"assumed ({LIGER})")
 

@@ -46,6 +46,17 @@ MEMBOUND_MI300X = (0.357, MEMBOUND_H100[1])
 BABELSTREAM_ADD_MI300X_TBPS = 3.956389991
 MEMBOUND_CLASSES_MI300X = (("attention", 0.475), ("elementwise", round(BABELSTREAM_ADD_MI300X_TBPS / 5.3, 3)),
                            ("layer_norm", 0.251), ("loss", 0.330), ("norm", 0.478))
+# Megatron-LM's own cross-entropy chains, timed whole: Liger-Kernel's benchmark_megatron_cross_entropy.py (added in
+# 0400d313 / 80f19ad7, 2026-06) calls megatron-core's vocab_parallel_cross_entropy (unfused) and
+# fused_vocab_parallel_cross_entropy (--cross-entropy-loss-fusion's native path) on bf16 logits (S 2048, B 4, V), TP 1,
+# forward and backward ("full"), and all_benchmark_data.csv at 2120862b holds the medians on "NVIDIA H100 80GB HBM3":
+# unfused 10.667474746704102 ms at V 65,536 and 21.245800018310547 at 131,072 (lines 2334-2335), fused
+# 8.980452537536621 and 18.230487823486328 (lines 2316-2317). The rate between the two largest (the
+# fixed part cancels: 536,870,912 logits more) for the bytes ckplan's records count a bf16 logit (runtime_megatron's
+# vocab_parallel_ce_bytes 52, fused_ce_bytes 40: planner/cost/megatron_loss.py), over the SXM's 3.35 TB/s:
+# 52 x 536,870,912 B in 10.578 ms = 2.639 TB/s (0.788), 40 x 536,870,912 B in 9.250 ms = 2.322 TB/s (0.693). The
+# fractions hold for those byte counts only (tests/test_gpair.py rebuilds the published times from them)
+MEGATRON_CE_H100 = (("fused", 0.693), ("unfused", 0.788))
 LIGER = "Liger-Kernel benchmark/data (3534d44 h100_/a100_all_benchmark_data.csv, 2120862 all_benchmark_data.csv)"
 LIGER_MI300X = ("Liger-Kernel benchmark/data/all_benchmark_data.csv at a054fafd (pull request #326's branch: the AMD "
                  "Instinct MI300X rows, liger 0.3.1)")
