@@ -223,8 +223,8 @@ def dispatch_bytes(arch: Arch, shape: Shape) -> int:
 def tied_embedding(arch: Arch, shape: Shape, gpu: GPU) -> list[TiedSet]:
     """The token embedding and the LM head share one matrix in a tied config. Split across
     stages each end keeps a copy, and the cost model charges their gradients' all-reduce over
-    the link between the stages that hold them (rules.tied_sum_ms); `sum_ms` is the local sum of
-    two copies as the measuring profiler times it (tied_sum_ms)."""
+    the link between the stages that hold them (rules.tied_sum_ms); `sum_ms` is the local add of
+    the two uses' gradients on one stage (tied_sum_ms; planner/cost/tiedadd.py)."""
     if not arch.tie_word_embeddings:
         return []
     shared = vocab_per_device(arch, shape) * arch.hidden_size
@@ -232,15 +232,16 @@ def tied_embedding(arch: Arch, shape: Shape, gpu: GPU) -> list[TiedSet]:
                     sum_ms=tied_sum_ms(shared * shape.d, gpu))]
 
 
-# measure._sum_copies: mine.add_(theirs) reads two copies and writes one, theirs.copy_(mine) reads one and writes one
-SUM_COPIES_BYTES = 5
+# autograd's InputBuffer add of a tied parameter's two gradients on one stage (pytorch input_buffer.cpp,
+# docs/framework-facts.md §249, §349): reads both, writes the sum, as measure.tied_sets times it
+TIED_ADD_BYTES = 3
 
 
 def tied_sum_ms(param_bytes: int, gpu: GPU) -> float:
-    """What measure.tied_sets times of a tied parameter's `param_bytes`: two copies summed in place and
-    the sum copied back (SUM_COPIES_BYTES a copy's byte), eager elementwise kernels at their measured
-    HBM rate (membound.py): a roofline of the local work, not the transfer between stages."""
-    return membound_ms(SUM_COPIES_BYTES * param_bytes, gpu, "eager", "elementwise")
+    """What measure.tied_sets times of a tied parameter's `param_bytes`: the two uses' gradients added
+    (TIED_ADD_BYTES a gradient's byte), an eager elementwise kernel at its measured HBM rate
+    (membound.py): the local add on one stage (planner/cost/tiedadd.py), not the transfer between stages."""
+    return membound_ms(TIED_ADD_BYTES * param_bytes, gpu, "eager", "elementwise")
 
 
 def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:
