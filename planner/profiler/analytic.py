@@ -396,7 +396,10 @@ def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> 
 def mtp_layers(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None) -> list[LayerProfile]:
     """Megatron-core's MTP layers (shape.mtp of them; analytic_mtp.py), each with the decoder's last layer's kind."""
     last = arch.num_layers - 1
-    parts = shape.mtp and dict(embedding=embedding_layer(arch, shape, gpu, mfu), block=block_layer(last, arch.layer(last), shape, gpu, mfu),
+    kind = arch.layer(last)
+    moe = kind.is_moe_layer(last)
+    parts = shape.mtp and dict(embedding=embedding_layer(arch, shape, gpu, mfu), block=block_layer(last, kind, shape, gpu, mfu),
+                 block_kept=tuple(term.num_bytes for term in block_terms(kind, shape, moe=moe)), moe=moe,
                  head=head_layer(arch, shape, gpu, mfu), loss_ms=loss_ms(arch, shape, gpu),
                  loss_bytes=logits_bytes(arch, shape, FP32) + FP32, make=_layer)
     return [layer for i in range(shape.mtp) for layer in analytic_mtp.mtp_layers(i, arch, shape, gpu, mfu, **parts)]  # type: ignore[arg-type]
