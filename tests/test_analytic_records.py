@@ -108,3 +108,25 @@ def test_a_model_files_profile_records_every_option_and_the_loss(tmp_path, fake)
     profile = io.load_profile(out)
     assert _missing(profile) == [] and profile.loss_alloc is not None
     assert any(len(layer.recompute_options) > 2 for layer in profile.layers)
+
+
+@pytest.mark.parametrize("name, shape", [("qwen3-0.6b", {}), ("deepseek-v2-lite", {"tp": 2})])
+def test_an_mtp_layer_records_its_blocks_selective_options(name, shape):
+    """An MTP layer keeps its transformer layer's tensors one by one (analytic_mtp.py), so each selective option it
+    offers (the block's) has a record keeping the option's bytes, and a last stage running one is replayed."""
+    profile = _analytic(name, mtp=1, **shape)
+    mtp = next(layer for layer in profile.layers if layer.kind == "mtp")
+    selective = [option for option in mtp.recompute_options if option.name not in ("none", "full")]
+    assert selective and [missing for missing in _missing(profile) if missing[0] == mtp.name] == []
+    for option in selective:
+        record = mtp.alloc_records[option.name]
+        made = [code for code in record.forward if code > 0]
+        assert sum(size for ident, size in enumerate(made, 1) if ident != record.output) == option.kept_bytes
+    setup = TrainSetup(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[80 * GIB] * 2,
+                       precision="bf16-mixed")
+    names = [layer.name for layer in profile.layers]
+    for option in selective:
+        plan = [StagePlan(index=0, layers=names[:2]),
+                StagePlan(index=1, layers=names[2:], recompute={mtp.name: option.name})]
+        assert [c.reserved_by for c in costmodel.evaluate(plan, profile, setup).stages] == ["replay", "replay"], \
+            option.name

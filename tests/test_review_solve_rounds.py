@@ -6,11 +6,11 @@ the replay under the caps as given admits ("retried")."""
 import json
 
 from fixtures.cli import run_ok
+from fixtures.tiny4 import tiny4_profile
 
 from planner import io
 from planner.cost import costmodel
-from planner.models import synthetic
-from planner.schema import AllocRecord, DeviceInfo, TrainSetup
+from planner.schema import AllocRecord, TrainSetup
 
 MIB = 1 << 20
 BLOCK_PARAMS = 10_000_000  # fp32 + Adam: 16 B a parameter, 160,000,000 B of static a block
@@ -30,16 +30,7 @@ CAP_MIB = 910
 
 
 def _profile_path(tmp_path):
-    layers = [synthetic.layer(f"blocks.{i}", "Block", fwd_ms=10, act_mib=BLOCK_KEPT / MIB, input_mib=1,
-                              param_count=BLOCK_PARAMS) for i in range(4)]
-    profile = synthetic.profile_of(layers, name="tiny4")
-    layers = [layer.model_copy(update={"alloc_records": {"none": RECORD, "full": RECORD}}) for layer in profile.layers]
-    profile = profile.model_copy(update={
-        "layers": layers, "device": DeviceInfo(type="cuda", name="test gpu"),
-        "loss_alloc": AllocRecord(forward=[512, 4 * MIB, -2], backward=[2 * MIB], output=1, input_grad=3)})
-    path = tmp_path / "tiny4.json"
-    io.save_profile(profile, path)
-    return path, profile
+    return tiny4_profile(tmp_path, RECORD, act_mib=BLOCK_KEPT / MIB, param_count=BLOCK_PARAMS)
 
 
 def test_a_first_round_plan_the_capped_replay_fails_gives_way_to_a_lowered_rounds_plan_that_fits(tmp_path):

@@ -9,10 +9,10 @@ import json
 import re
 
 from fixtures.cli import run, run_ok
+from fixtures.tiny4 import tiny4_profile
 
 from planner import io
 from planner.cost import costmodel
-from planner.models import synthetic
 from planner.schema import AllocRecord, DeviceInfo, TrainSetup
 from planner.solve import bounds, replayfit, search
 
@@ -33,16 +33,7 @@ def _profile(tmp_path, param_bytes: int, act_mib: int = 2):
     if act_mib != 2:  # tests/test_review_solve_rounds.py's record
         record = AllocRecord(forward=[30 * MIB, 4 * MIB, -2, 1 * MIB], backward=[1 * MIB, -1], output=3, input_grad=4,
                              params=[param_bytes])
-    layers = [synthetic.layer(f"blocks.{i}", "Block", fwd_ms=10, act_mib=act_mib, input_mib=1,
-                              param_count=param_bytes // 4) for i in range(4)]
-    profile = synthetic.profile_of(layers, name="tiny4")
-    layers = [layer.model_copy(update={"alloc_records": {"none": record, "full": record}}) for layer in profile.layers]
-    profile = profile.model_copy(update={
-        "layers": layers, "device": DeviceInfo(type="cuda", name="test gpu"),
-        "loss_alloc": AllocRecord(forward=[512, 4 * MIB, -2], backward=[2 * MIB], output=1, input_grad=3)})
-    path = tmp_path / "tiny4.json"
-    io.save_profile(profile, path)
-    return path, profile
+    return tiny4_profile(tmp_path, record, act_mib=act_mib, param_count=param_bytes // 4)
 
 
 def _setup(cap_mib: int, **extra) -> TrainSetup:

@@ -81,7 +81,7 @@ def test_each_stage_holding_a_tied_copy_is_charged_the_gradient_sum_and_the_copy
                        comm={"pp_gb_per_s": 0.016})
     stages = [StagePlan(index=0, layers=["embed", "blocks.0"]), StagePlan(index=1, layers=["head"])]
     untied = costmodel.evaluate(stages, _tied_profile(0.0), setup)
-    tied = costmodel.evaluate(stages, _tied_profile(0.5), setup)  # the profile's local sum_ms is not read
+    tied = costmodel.evaluate(stages, _tied_profile(0.5), setup)  # sum_ms, the one-stage add, not read on two
     assert [s.step_ms for s in untied.stages] == [3.0, 2.0]
     assert [s.step_ms for s in tied.stages] == pytest.approx([3.25, 2.25])  # the sum runs on both holders
     # the copy: each holder keeps the 1000 shared parameters' weights, grads and Adam state (16 B each)

@@ -137,7 +137,8 @@ def _profile(measurement, flops: dict, *, model_file: str, model_ref, device: st
         "flops": flops,
         "optimizer_step": "memory-bound: Adam 28, SGD 20 bytes per parameter / HBM bandwidth",
         "tied": "a split tied set's gradient all-reduced between its holders' stages over their link (the cost "
-                "model's, from bytes); sum_ms the local sum of two copies at the HBM rate",
+                "model's, from bytes); sum_ms the local add of the two uses' gradients on one stage (read 2, write 1) at the eager "
+                "elementwise rate",
     }
     if any(layer.expert_param_count for layer in measurement.layers):
         from planner.profiler.fake_moe import ROUTING_NOTE

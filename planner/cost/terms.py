@@ -27,6 +27,7 @@ from planner.cost import (
     nccl_sms,
     stepcomm,
     te_delayed,
+    tiedadd,
 )
 from planner.cost.gathered import (
     fsdp_unit_layer_bytes,
@@ -87,9 +88,8 @@ from planner.schema import Profile, TrainSetup
 #   offloaded        host bytes per microbatch until its backward   x in-flight microbatches, into host
 #   time, comm       ms per microbatch (compute; sends, actions)   added up (busy = time + comm)
 #   step             ms once per iteration                          added up
-# `where` says whose numbers a row reads: each layer of the stage (with its checkpoint
-# choice), the layer that opens or closes the stage (with the stage's index), or the stage's
-# position alone.
+# `where` says whose numbers a row reads: each layer of the stage (with its checkpoint choice),
+# the layer that opens or closes the stage (with the stage's index), or the stage's position alone.
 
 @dataclass(frozen=True)
 class Quantity:
@@ -329,10 +329,10 @@ TERMS: tuple[Term, ...] = (
          "over without, forward + backward, p 0.1, head dim 128 (cuDNN on H200 1.034 and on B300 1.094, "
          "TransformerEngine#3312; FlashAttention-2 on GB200 1.047, TransformerEngine#3313)"),
     Term("optimizer step, gradient reduction, weight gathers, tied sums", "step", "layer",
-         lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup),
+         lambda layer, ckpt, ctx: layer_step_ms(layer, ctx.setup) + tiedadd.tied_local_add_ms(layer, ctx.profile, ctx.setup),
          "timed step per layer (profiler); ring collectives over the links (dataparallel.step_term_ms; Megatron-LM's "
          "DDP issues its reductions and overlapped gathers where the schedule's simulation places them, "
-         "megatron_dp.py)"),
+         "megatron_dp.py); a tied table's add on one stage where no charged accumulation is it (tiedadd.py)"),
     Term("the runtime's gradient checks and parameter copy beside the optimizer step", "step", "layer",
          lambda layer, ckpt, ctx: step_checks_ms(layer, ctx.profile, ctx.setup),
          "the record's step_whole_bytes / step_shard_bytes (Megatron-LM: the NaN check of every bucket and the "

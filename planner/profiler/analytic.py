@@ -223,8 +223,8 @@ def dispatch_bytes(arch: Arch, shape: Shape) -> int:
 def tied_embedding(arch: Arch, shape: Shape, gpu: GPU) -> list[TiedSet]:
     """The token embedding and the LM head share one matrix in a tied config. Split across
     stages each end keeps a copy, and the cost model charges their gradients' all-reduce over
-    the link between the stages that hold them (rules.tied_sum_ms); `sum_ms` is the local sum of
-    two copies as the measuring profiler times it (tied_sum_ms)."""
+    the link between the stages that hold them (rules.tied_sum_ms); `sum_ms` is the local add of
+    the two uses' gradients on one stage (tied_sum_ms; planner/cost/tiedadd.py)."""
     if not arch.tie_word_embeddings:
         return []
     shared = vocab_per_device(arch, shape) * arch.hidden_size
@@ -232,15 +232,16 @@ def tied_embedding(arch: Arch, shape: Shape, gpu: GPU) -> list[TiedSet]:
                     sum_ms=tied_sum_ms(shared * shape.d, gpu))]
 
 
-# measure._sum_copies: mine.add_(theirs) reads two copies and writes one, theirs.copy_(mine) reads one and writes one
-SUM_COPIES_BYTES = 5
+# autograd's InputBuffer add of a tied parameter's two gradients on one stage (pytorch input_buffer.cpp,
+# docs/framework-facts.md §249, §349): reads both, writes the sum, as measure.tied_sets times it
+TIED_ADD_BYTES = 3
 
 
 def tied_sum_ms(param_bytes: int, gpu: GPU) -> float:
-    """What measure.tied_sets times of a tied parameter's `param_bytes`: two copies summed in place and
-    the sum copied back (SUM_COPIES_BYTES a copy's byte), eager elementwise kernels at their measured
-    HBM rate (membound.py): a roofline of the local work, not the transfer between stages."""
-    return membound_ms(SUM_COPIES_BYTES * param_bytes, gpu, "eager", "elementwise")
+    """What measure.tied_sets times of a tied parameter's `param_bytes`: the two uses' gradients added
+    (TIED_ADD_BYTES a gradient's byte), an eager elementwise kernel at its measured HBM rate
+    (membound.py): the local add on one stage (planner/cost/tiedadd.py), not the transfer between stages."""
+    return membound_ms(TIED_ADD_BYTES * param_bytes, gpu, "eager", "elementwise")
 
 
 def step_ms(param_count: int, gpu: GPU) -> dict[str, float]:
@@ -395,7 +396,10 @@ def head_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None) -> 
 def mtp_layers(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None) -> list[LayerProfile]:
     """Megatron-core's MTP layers (shape.mtp of them; analytic_mtp.py), each with the decoder's last layer's kind."""
     last = arch.num_layers - 1
-    parts = shape.mtp and dict(embedding=embedding_layer(arch, shape, gpu, mfu), block=block_layer(last, arch.layer(last), shape, gpu, mfu),
+    kind = arch.layer(last)
+    moe = kind.is_moe_layer(last)
+    parts = shape.mtp and dict(embedding=embedding_layer(arch, shape, gpu, mfu), block=block_layer(last, kind, shape, gpu, mfu),
+                 block_kept=tuple(term.num_bytes for term in block_terms(kind, shape, moe=moe)), moe=moe,
                  head=head_layer(arch, shape, gpu, mfu), loss_ms=loss_ms(arch, shape, gpu),
                  loss_bytes=logits_bytes(arch, shape, FP32) + FP32, make=_layer)
     return [layer for i in range(shape.mtp) for layer in analytic_mtp.mtp_layers(i, arch, shape, gpu, mfu, **parts)]  # type: ignore[arg-type]

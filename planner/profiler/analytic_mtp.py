@@ -20,7 +20,7 @@ embedding's, the block's and the head's)."""
 
 from __future__ import annotations
 
-from planner.profiler import analytic_time
+from planner.profiler import analytic_records, analytic_time
 from planner.profiler.analytic_kept import _norm_terms
 from planner.profiler.formulas import Shape
 from planner.profiler.roofline import work
@@ -82,19 +82,23 @@ def final_norm_work(arch, shape: Shape):
 
 
 def mtp_layers(index: int, arch, shape: Shape, gpu, mfu, *, embedding: LayerProfile, block: LayerProfile,
-               head: LayerProfile, loss_ms: float, loss_bytes: int, make) -> list[LayerProfile]:
+               block_kept: tuple[int, ...], moe: bool, head: LayerProfile, loss_ms: float, loss_bytes: int,
+               make) -> list[LayerProfile]:
     """MTP layer `index` as two pipeline layers, from the profile's own embedding, block (the decoder's last
-    layer's kind) and head layers and the loss's time and kept bytes (`make` is analytic._layer):
+    layer's kind, `moe` or not; `block_kept` each tensor it keeps, its input among them) and head layers and the
+    loss's time and kept bytes (`make` is analytic._layer):
     `mtp.N`, what Megatron-core's full recompute checkpoints with the lookup before it (the lookup, enorm,
     hnorm, eh_proj, the transformer layer, the final norm), and `mtp.N.head`, the shared head's GEMM over its
-    output and its own cross-entropy."""
+    output and its own cross-entropy. `mtp.N` keeps the transformer layer's tensors one by one, so each of its
+    selective options (the block's) has the allocation record the block's has (analytic_records.py)."""
     proj = analytic_time.times_ms(proj_work(arch, shape), gpu, mfu)
     norm = analytic_time.times_ms(final_norm_work(arch, shape), gpu, mfu)
     loss_fwd, loss_bwd = loss_split_ms(loss_ms, shape)
     boundary = block.input_bytes
     norms = [term.num_bytes for which in ("enorm", "hnorm", "final") for term in _norm_terms(arch, shape, which)]
     concat = shape.tokens * 2 * arch.hidden_size * shape.d // shape.sp_div  # eh_proj's saved input
-    kept = (embedding.act_bytes, *norms[:4], concat, block.act_bytes, *norms[4:])
+    before = (embedding.act_bytes, *norms[:4], concat)
+    kept = (*before, *block_kept, *norms[4:])
     final_norm = 2 * arch.hidden_size if arch.style == "gpt" else arch.hidden_size
     inputs = embedding.act_bytes + 2 * boundary  # the ids, and the checkpoint's two inputs
     body = make(f"mtp.{index}", "mtp", times=(embedding.fwd_ms + proj[0] + block.fwd_ms + norm[0],
@@ -108,6 +112,9 @@ def mtp_layers(index: int, arch, shape: Shape, gpu, mfu, *, embedding: LayerProf
     body = body.model_copy(update={"recompute_options": recompute_options(body, block),
                                    "te_time": _te_time(block, embedding, proj, norm, eh_proj),
                                    "wgrad_accumulate_ms": block.wgrad_accumulate_ms + eh_proj})
+    start = sum(1 for size in before if size > 0)  # the block's tensors among none's kept ones (zeros not made)
+    body = analytic_records.with_option_records(body, arch.layer(arch.num_layers - 1), shape, moe=moe, within=range(
+        start, start + sum(1 for size in block_kept if size > 0)))
     gemm = (head.fwd_ms - norm[0] + loss_fwd, head.bwd_ms - norm[1] + loss_bwd, head.recompute_ms - norm[2] + loss_fwd)
     # the shared output weight's second wgrad GEMM, accumulated as the head's first (its own eager pass, or fused)
     return [body, make(f"mtp.{index}.head", "mtp_head", times=gemm, act_bytes=boundary + loss_bytes,

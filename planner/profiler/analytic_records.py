@@ -13,6 +13,10 @@ outputs it keeps, the attention's output and logsumexp, the router's top-k, SP's
 terms of op_sac_kept_bytes); its backward reruns the rest of the forward at once (recompute_peak_bytes, one
 request), then none's backward.
 
+An MTP layer (analytic_mtp.py) keeps its transformer layer's tensors one by one among its own (the lookup's ids,
+the norms, eh_proj's input, the final norm's): its options are the block's, their parts taken from the block's
+tensors alone.
+
 An option whose parts' tensors are not all among none's kept tensors (none of the architectures ckplan knows; a
 check in tests/test_analytic_records.py) gets no record: the replay then keeps the divisor for a stage that runs it,
 and evaluate says so.
@@ -80,10 +84,13 @@ def op_sac_tensors(arch: Arch, shape: Shape, *, moe: bool) -> list[int]:
     return [size for size in kept if size > 0]
 
 
-def with_option_records(layer: LayerProfile, arch: Arch, shape: Shape, *, moe: bool) -> LayerProfile:
+def with_option_records(layer: LayerProfile, arch: Arch, shape: Shape, *, moe: bool,
+                        within: range | None = None) -> LayerProfile:
     """`layer` (a block from analytic.block_layer, with none's and full's records) with a record for each of its
     selective options and op-level SAC whose tensors the terms name (mla-up: the up-projected Q, K, V and the
-    latent norms' outputs and statistics, analytic_kept.mla_up_norm_bytes) (the module's docstring)."""
+    latent norms' outputs and statistics, analytic_kept.mla_up_norm_bytes) (the module's docstring). `within`: the
+    block's kept tensors among none's (indices into allocseq.forward_sizes) where the layer holds more than the
+    block (an MTP layer: analytic_mtp.py); the parts are taken from there."""
     none = layer.alloc_records.get(OPTION_NONE)
     if none is None or not layer.recompute_options:
         return layer
@@ -95,7 +102,7 @@ def with_option_records(layer: LayerProfile, arch: Arch, shape: Shape, *, moe: b
         if option.name == opsac.OPTION_OP_SAC:
             found = allocseq.kept_then_rerun(none, op_sac_tensors(arch, shape, moe=moe), option.recompute_peak_bytes)
         else:
-            found = _selective_record(none, _named_parts(option.name, parts))
+            found = _selective_record(none, _named_parts(option.name, parts), within)
         if found is not None:
             records[option.name] = found
     return layer.model_copy(update={"alloc_records": records})
@@ -114,15 +121,18 @@ def _named_parts(name: str, parts: dict[str, list[int]]) -> list[tuple[str, list
     return sorted(found, key=lambda item: item[0] not in MLP_SIDE)
 
 
-def _selective_record(none: AllocRecord, parts: list[tuple[str, list[int]]] | None) -> AllocRecord | None:
-    """None's record less the parts' tensors in its forward, each part rerun at the start of the backward."""
+def _selective_record(none: AllocRecord, parts: list[tuple[str, list[int]]] | None,
+                      within: range | None = None) -> AllocRecord | None:
+    """None's record less the parts' tensors in its forward (those `within`, where given), each part rerun at the
+    start of the backward."""
     if parts is None:
         return None
     kept = allocseq.forward_sizes(none)
+    span = range(len(kept)) if within is None else within
     removed: set[int] = set()
     for _, sizes in parts:
         for size in sizes:
-            at = next((i for i in range(len(kept) - 1, -1, -1) if kept[i] == size and i not in removed), None)
+            at = next((i for i in reversed(span) if kept[i] == size and i not in removed), None)
             if at is None:
                 return None
             removed.add(at)

@@ -147,9 +147,9 @@ def measure_model(
 
 
 def tied_sets(layers: Layers, *, device: torch.device, warmup: int, repeats: int) -> list[TiedSet]:
-    """Parameters several layers share, with the time to sum two copies of their
-    gradient in place and copy the sum back: the local work of the all-reduce that keeps
-    them tied across stages (its transport between devices is not measured here)."""
+    """Parameters several layers share, with the time to add two of their gradients as
+    autograd's InputBuffer does where one stage holds both uses (read both, write the sum:
+    planner/cost/tiedadd.py); the all-reduce between two stages' ranks is not measured here."""
     sets = []
     for item in tied_params(layers):
         param = dict(layers)[item.layers[0]].get_parameter(item.names[0][1])
@@ -369,7 +369,7 @@ def _recomputed_transient(x: torch.Tensor, grad: torch.Tensor | None, run) -> in
 
 
 def _sum_copies(mine: torch.Tensor, theirs: torch.Tensor) -> None:
-    theirs.copy_(mine.add_(theirs))
+    mine.add_(theirs)
 
 
 def _step_ms(layer: nn.Module, *, warmup: int, repeats: int) -> dict[str, float]:

@@ -342,9 +342,9 @@ class TiedSet(Strict):
     layers: list[str] = Field(min_length=2)  # the layers holding it, in model order
     param_count: int = Field(ge=0)
     param_bytes: Bytes
-    # two gradient copies summed in place and the sum copied back, in one process: measured (measure.tied_sets)
-    # or its roofline (analytic.tied_sum_ms). The cost model charges the all-reduce between the holders'
-    # stages from bytes over their link (rules.tied_sum_ms), NCCL's sum inside its transfer; this is not read.
+    # the two uses' gradients added, as autograd's InputBuffer does where one stage holds both: measured
+    # (measure.tied_sets) or its roofline (analytic.tied_sum_ms); read on one stage (cost/tiedadd.py). Across
+    # stages the cost model charges the all-reduce between the holders from bytes over their link (rules.tied_sum_ms).
     sum_ms: Ms = 0.0
 
 
