@@ -3,12 +3,22 @@ each test fails on the commit before its fix."""
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import re
 
+import pytest
 from fixtures.cli import run_ok
+from test_search import MINI, profile_for
+from test_search_bounds import random_stages
 
 from planner.console import console
+from planner.cost import costmodel
 from planner.models.configs.megatron_flags import ENV_VARS
+from planner.schema import TrainSetup
+from planner.solve.bounds import setup_bounds
+
+GIB = 2**30
 
 TINY_GPT_YAML = """ENV_VARS:
   CUDA_DEVICE_MAX_CONNECTIONS: 1
@@ -37,3 +47,23 @@ def test_a_not_modelled_flags_sentence_is_printed_whole(tmp_path):
     assert max(len(line) for line in table.splitlines()) <= console.width
     words = " ".join(re.sub(r"[│┃┏┓┗┛┡┩└┘━─╇┳┻┼┬┴]", " ", table).split())
     assert " ".join(ENV_VARS["CUDA_DEVICE_MAX_CONNECTIONS"][2].split()) in words
+
+
+@pytest.mark.parametrize("ranks, chunks", [(2, 3), (4, 2)])
+def test_search_bounds_a_tied_model_under_interleaved_1f1b_as_evaluate_scores_it(ranks, chunks):
+    """`ckplan search --hf-config llama-3.2-3b.json` (tied embeddings) stopped with "interleaved-1F1B needs at least
+    one rank, chunk and microbatch, not P=0, V=7": the bounds read a layer's terms on the setup of P ranks, where
+    evaluate gives them its P·V stages (costmodel.stages_view), and the tied sum took P // V ranks."""
+    arch = dataclasses.replace(MINI, tie_word_embeddings=True)
+    profile = profile_for(arch)(1, False, 1)
+    assert profile.tied
+    setup = TrainSetup(stages=ranks, microbatches=2 * ranks, micro_batch_size=1, schedule="interleaved-1F1B",
+                       chunks=chunks, mem_caps_bytes=[80 * GIB] * ranks, precision="bf16-mixed")
+    bound = setup_bounds(profile, setup)
+    rng = random.Random(3)
+    for _ in range(10):
+        plan = costmodel.ranks_of(random_stages(profile, ranks * chunks, rng, setup), setup)
+        cost = costmodel.evaluate(plan, profile, setup)
+        assert bound.time_ms <= cost.iteration_ms * (1 + 1e-9)
+        assert bound.static_bytes <= max(c.peak_bytes for c in cost.stages) * (1 + 1e-9)
+
