@@ -8,7 +8,8 @@ import random
 import re
 
 import pytest
-from fixtures.cli import run_ok
+from export_plans import write
+from fixtures.cli import run, run_ok
 from test_search import MINI, profile_for
 from test_search_bounds import random_stages
 
@@ -67,3 +68,17 @@ def test_search_bounds_a_tied_model_under_interleaved_1f1b_as_evaluate_scores_it
         assert bound.time_ms <= cost.iteration_ms * (1 + 1e-9)
         assert bound.static_bytes <= max(c.peak_bytes for c in cost.stages) * (1 + 1e-9)
 
+
+def test_export_refuses_a_plan_whose_micro_batch_size_is_not_its_profiles(tmp_path):
+    """A plan.yaml edited by hand to micro_batch_size 2 (its profile made at 1) was exported with
+    --micro-batch-size 2 and --global-batch-size halved, scored with the profile's figures for 1, without a word."""
+    _, plan, path = write(tmp_path, [4, 3, 3], set())
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(path.read_text().replace("    micro_batch_size: 1\n", "    micro_batch_size: 2\n", 1))
+    out = tmp_path / "plan.megatron.sh"
+    result = run("export", edited, "--to", "megatron", "--out", out)
+    assert result.exit_code == 1 and not out.exists()
+    assert " ".join(result.output.split()) == (
+        f"Error: {edited} gives micro_batch_size 2, and its profile was made at 1: its stages and figures are for 1; "
+        "re-profile with --micro-batch-size 2 and re-run `ckplan solve`")
+    assert run_ok("export", path, "--to", "megatron", "--out", out).exit_code == 0 and out.exists()
