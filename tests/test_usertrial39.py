@@ -15,7 +15,7 @@ from test_search_bounds import random_stages
 
 from planner.console import console
 from planner.cost import costmodel
-from planner.models.configs.megatron_flags import ENV_VARS
+from planner.models.configs.megatron_flags import ENV_VARS, yaml_extras
 from planner.schema import TrainSetup
 from planner.solve.bounds import setup_bounds
 
@@ -82,3 +82,13 @@ def test_export_refuses_a_plan_whose_micro_batch_size_is_not_its_profiles(tmp_pa
         f"Error: {edited} gives micro_batch_size 2, and its profile was made at 1: its stages and figures are for 1; "
         "re-profile with --micro-batch-size 2 and re-run `ckplan solve`")
     assert run_ok("export", path, "--to", "megatron", "--out", out).exit_code == 0 and out.exists()
+
+
+@pytest.mark.parametrize("value, status", [("1", "modelled"), ("0", "not modelled")])
+def test_transformer_engines_default_nondeterministic_attention_is_not_listed_as_the_deterministic_one(value, status):
+    """Megatron-LM's nondeterministic functional tests set NVTE_ALLOW_NONDETERMINISTIC_ALGO: 1, Transformer Engine's
+    default (its attention reads os.getenv(..., "1")): it was listed "not modelled" with the sentence for 0, its
+    deterministic backward, though the prediction times the default kernels."""
+    (name, said, got, what), = yaml_extras({"MODEL_ARGS": {}, "ENV_VARS": {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": int(value)}})
+    assert (name, said, got) == ("ENV_VARS.NVTE_ALLOW_NONDETERMINISTIC_ALGO", value, status)
+    assert what.startswith(f"{value}, Transformer Engine's default" if value == "1" else "0: Transformer Engine's deterministic")
