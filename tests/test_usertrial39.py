@@ -92,3 +92,16 @@ def test_transformer_engines_default_nondeterministic_attention_is_not_listed_as
     (name, said, got, what), = yaml_extras({"MODEL_ARGS": {}, "ENV_VARS": {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": int(value)}})
     assert (name, said, got) == ("ENV_VARS.NVTE_ALLOW_NONDETERMINISTIC_ALGO", value, status)
     assert what.startswith(f"{value}, Transformer Engine's default" if value == "1" else "0: Transformer Engine's deterministic")
+
+
+@pytest.mark.parametrize("name", ["Interleaved1F1B", "interleaved1f1b", "INTERLEAVED1F1B"])
+def test_a_torchtitan_schedule_name_is_read_in_any_case_as_torch_reads_it(tmp_path, name):
+    """torch's get_schedule_class maps the name case-insensitively (pipelining/schedules.py 3620-3644 at 2.13.0),
+    so torchtitan runs `pipeline_parallel_schedule = "Interleaved1F1b"`; ckplan refused it as not one it scores."""
+    from planner.models.configs import torchtitan
+
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 8192\nlocal_batch_size = 4\n'
+                    f'[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "{name}"\n')
+    job = torchtitan.read(path)
+    assert (job.pp, job.schedule) == (2, "interleaved-1F1B")
