@@ -9,7 +9,7 @@ import re
 
 import pytest
 from export_plans import write
-from fixtures.cli import run, run_ok
+from fixtures.cli import run_ok
 from test_search import MINI, profile_for
 from test_search_bounds import random_stages
 
@@ -69,19 +69,17 @@ def test_search_bounds_a_tied_model_under_interleaved_1f1b_as_evaluate_scores_it
         assert bound.static_bytes <= max(c.peak_bytes for c in cost.stages) * (1 + 1e-9)
 
 
-def test_export_refuses_a_plan_whose_micro_batch_size_is_not_its_profiles(tmp_path):
+def test_export_says_when_a_plans_micro_batch_size_is_not_its_profiles(tmp_path):
     """A plan.yaml edited by hand to micro_batch_size 2 (its profile made at 1) was exported with
     --micro-batch-size 2 and --global-batch-size halved, scored with the profile's figures for 1, without a word."""
     _, plan, path = write(tmp_path, [4, 3, 3], set())
     edited = tmp_path / "edited.yaml"
     edited.write_text(path.read_text().replace("    micro_batch_size: 1\n", "    micro_batch_size: 2\n", 1))
-    out = tmp_path / "plan.megatron.sh"
-    result = run("export", edited, "--to", "megatron", "--out", out)
-    assert result.exit_code == 1 and not out.exists()
-    assert " ".join(result.output.split()) == (
-        f"Error: {edited} gives micro_batch_size 2, and its profile was made at 1: its stages and figures are for 1; "
-        "re-profile with --micro-batch-size 2 and re-run `ckplan solve`")
-    assert run_ok("export", path, "--to", "megatron", "--out", out).exit_code == 0 and out.exists()
+    said = " ".join(run_ok("export", edited, "--to", "megatron", "--out", tmp_path / "e.sh").output.split())
+    assert (f"warning: {edited} gives micro_batch_size 2, and its profile was made at 1: the file written says 2, "
+            "while its stages and the figures beside it are for 1; re-profile with --micro-batch-size 2 and re-run "
+            "`ckplan solve` to plan for 2") in said
+    assert "micro_batch_size" not in run_ok("export", path, "--to", "megatron", "--out", tmp_path / "p.sh").output
 
 
 @pytest.mark.parametrize("value, status", [("1", "modelled"), ("0", "not modelled")])
