@@ -425,8 +425,9 @@ def _print(prediction, device) -> None:
     for status in ("not modelled", "unknown"):
         found = job.of(status)
         if found:
+            # no column is a number: the value and the sentence wrap, the flag stays whole
             console.print(table(f"{status}: {len(found)} flag(s) the prediction leaves out",
-                                ["flag", "value", "what"], [[s.name, s.value, s.what] for s in found]))
+                                ["flag", "value", "what"], [[s.name, s.value, s.what] for s in found], right_from=3))
     quiet = job.of("no effect")
     if quiet:
         info(f"no effect on the plan ({len(quiet)}): " + ", ".join(s.name for s in quiet))

@@ -264,6 +264,13 @@ def _check_plan(plan, profile, plan_path: Path) -> None:
 
     if plan.solver.status == "infeasible":
         raise UserError(f"{plan_path} records no feasible plan; solve again with more memory or stages")
+    given, profiled = plan.setup.pipeline.micro_batch_size, profile.micro_batch_size
+    if given != profiled:  # the export writes the one and scores the other: said, not refused (test fixtures build
+        from planner.console import warn  # such plans by hand, tests/test_titan_main.py _plan)
+
+        warn(f"{plan_path} gives micro_batch_size {given}, and its profile was made at {profiled}: the file written "
+             f"says {given}, while its stages and the figures beside it are for {profiled}; re-profile with "
+             f"--micro-batch-size {given} and re-run `ckplan solve` to plan for {given}")
     try:
         costmodel.evaluate(plan.stages, profile, plan.setup)
     except ValueError as exc:

@@ -72,17 +72,21 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
     """The memory and time lower bounds of every plan of `setup` (see the module's text)."""
     layers = layers if layers is not None else kinds(profile)
     ctx = costmodel.Context(profile, setup)
+    # a layer's terms read the pipeline of P·V stages, as evaluate() gives them (costmodel.stages_view): the
+    # setup's own P ranks read as stages // chunks ranks, none where V exceeds P (a tied layer's sum)
+    of_layer = costmodel.Context(profile, costmodel.stages_view(setup, costmodel.schedule_of(setup)))
     stages, microbatches = setup.pipeline.stages, setup.pipeline.microbatches
     static = step = compute = kept = 0.0
     cheapest: list[tuple[float, int]] = []  # (a layer's least time, how many such layers)
     for layer, count in layers:
         options = range(len(layer.options))
-        static += count * costmodel.layer_value("static", layer, 0, ctx)
-        step += count * min(costmodel.layer_value("step", layer, o, ctx) for o in options)
-        least = min(costmodel.layer_value("time", layer, o, ctx) + _split_extra_floor(layer, o, ctx) for o in options)
+        static += count * costmodel.layer_value("static", layer, 0, of_layer)
+        step += count * min(costmodel.layer_value("step", layer, o, of_layer) for o in options)
+        least = min(costmodel.layer_value("time", layer, o, of_layer) + _split_extra_floor(layer, o, of_layer)
+                    for o in options)
         compute += count * least
         cheapest.append((least, count))
-        kept += count * min(costmodel.layer_value("kept", layer, o, ctx) for o in options)
+        kept += count * min(costmodel.layer_value("kept", layer, o, of_layer) for o in options)
     constant = sum(costmodel.stage_value(q, s, ctx) for s in range(stages) for q in ("time", "comm"))
     work = compute + constant
     if setup.pipeline.schedule in CHUNKED_SCHEDULES:

@@ -316,6 +316,11 @@ def layer_option(parts: list[str], offered: set[str]) -> tuple[str, list[str]]:
     return "none", list(parts)
 
 
+# A variable's value whose meaning its ENV_VARS sentence (written for another value) does not say
+ENV_VALUES = {("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1"): ("modelled", "1, Transformer Engine's default (os.getenv(..., "
+              "'1'); framework-facts §65): its non-deterministic attention kernels, as the profile times them")}
+
+
 # The functional tests' model_config.yaml beside MODEL_ARGS: its ENV_VARS, each what it does to the
 # prediction (Megatron-LM 6e091e1b tests/functional_tests/test_cases/gpt/gpt3_7b_*_memory_speed), and the
 # test harness's own keys (TEST_TYPE, METRICS, LAUNCHER, ...), which change no memory or time. Each: (status, the
@@ -469,6 +474,7 @@ def yaml_extras(data: object) -> list[tuple[str, str, str, str]]:
                 status, what = "not modelled", f"{what}; the prediction assumes {' or '.join(modelled_values)}"
             if name == ALLOC_CONF:
                 status, what = _alloc_conf_said(setting)
+            status, what = ENV_VALUES.get((str(name), str(setting)), (status, what))
             found.append((f"{key}.{name}", str(setting), status, what))
     return found
 

@@ -306,10 +306,12 @@ def _parallel(keys: _Keys, job: Job, per_microbatch: int | None = None) -> None:
     job.zero = 3  # FSDP2 (zero 0 where the shard degree is 1: decided with the GPU count)
     schedule = keys.take("parallelism.pipeline_parallel_schedule", "pipeline schedule", str, "1F1B")
     if job.pp > 1:
-        if schedule not in _SCHEDULES:
+        # torch's get_schedule_class takes the name in any case (pipelining/schedules.py 3620-3644 at 2.13.0)
+        named = {name.lower(): ours for name, ours in _SCHEDULES.items()}
+        if schedule.lower() not in named:
             raise UserError(f"{where}: pipeline_parallel_schedule {schedule!r} is not one ckplan scores "
                             f"({', '.join(_SCHEDULES)})")
-        job.schedule = _SCHEDULES[schedule]
+        job.schedule = named[schedule.lower()]
     mbs = keys.take("parallelism.pipeline_parallel_microbatch_size", "sequences per pipeline microbatch", int,
                     per_microbatch or 1)
     count = keys.take("parallelism.num_pp_microbatches", "pipeline microbatches per accumulation step", int, 1)
