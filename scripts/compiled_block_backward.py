@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from planner.profiler.inductor_buffers import graph_input_bytes, run_call  # noqa: E402
+from planner.profiler.inductor_buffers import graph_input_bytes, ir_buffer_bytes, run_call  # noqa: E402
 
 
 class RMSNorm(nn.Module):
@@ -87,7 +87,51 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-def parallelize(block, tp: int, float8: bool):
+_LIBRARY = []  # the registration below lives as long as the process
+
+
+def cpu_scaled_mm():
+    """torch 2.6.0's CPU build has no `aten::_scaled_mm` (2.13's has); a reference kernel registered for CPU lets the
+    compiled block run there. The wrapper's buffers are inductor's at compile time (`extern_kernels._scaled_mm(...,
+    out=bufN)` into a buffer it allocated), so the kernel's body changes no byte read; only the numbers it writes."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm", "CPU"):
+        return
+
+    def product(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+        result = (a.float() * scale_a.float()) @ (b.float() * scale_b.float())
+        return (result if bias is None else result + bias.float()).to(out_dtype or a.dtype)
+
+    def product_out(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False, *,
+                    out):
+        return out.copy_(product(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum))
+
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_scaled_mm", product, "CPU")
+    library.impl("_scaled_mm.out", product_out, "CPU")
+    _LIBRARY.append(library)
+
+
+def async_tp():
+    """9dec370's apply_tp under enable_async_tensor_parallel (parallelize_llama.py 201-205): inductor's
+    micro-pipeline TP pass over the TP group's symmetric memory. The fused ops' CUDA kernels cannot run on CPU;
+    torch registers each one's unfused form for Meta (`_symmetric_memory/__init__.py`, 2.6.0 618-1069), and that
+    form is registered here for CPU too: the wrapper's buffers (the gathered input each fused op returns, its
+    outputs) are the op's schema's, whatever kernel fills them."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    torch._inductor.config._micro_pipeline_tp = True
+    # enable_symm_mem_for_group bootstraps through the group's store, which the fake group's FakeStore cannot set;
+    # the pass asks only is_symm_mem_enabled_for_group, true under torch's own test mode (2.6.0 __init__.py 86-93)
+    symm_mem._is_test_mode = True
+    for name, fallback in (("fused_all_gather_matmul", "_fused_all_gather_matmul_fallback"),
+                           ("fused_all_gather_scaled_matmul", "_fused_all_gather_scaled_matmul_fallback"),
+                           ("fused_matmul_reduce_scatter", "_fused_matmul_reduce_scatter_fallback"),
+                           ("fused_scaled_matmul_reduce_scatter", "_fused_scaled_matmul_reduce_scatter_fallback")):
+        if hasattr(symm_mem, fallback):
+            torch.library.impl(symm_mem.lib, name, "CPU")(getattr(symm_mem, fallback))
+
+
+def parallelize(block, tp: int, float8: bool, overlap: bool = False):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
@@ -119,6 +163,8 @@ def parallelize(block, tp: int, float8: bool):
     block.attention.n_heads //= tp
     block.attention.n_kv_heads //= tp
     parallelize_module(block, mesh, plan)
+    if overlap:
+        async_tp()
 
 
 def main():
@@ -126,6 +172,7 @@ def main():
     parser.add_argument("--tp", type=int, default=8)
     parser.add_argument("--float8", action="store_true")
     parser.add_argument("--ac", action="store_true")
+    parser.add_argument("--async-tp", action="store_true", help="9dec370's enable_async_tensor_parallel (TP > 1)")
     parser.add_argument("--dims", default="256,128,8,2,832,512")
     parser.add_argument("--scale", type=int, default=4096)
     args = parser.parse_args()
@@ -133,18 +180,25 @@ def main():
     torch.manual_seed(0)
     block = Block(dim, heads, kv_heads, head_dim, hidden).to(torch.bfloat16)
     if args.float8:
+        cpu_scaled_mm()
         from torchao.float8 import convert_to_float8_training
         convert_to_float8_training(block)
     if args.tp > 1:
-        parallelize(block, args.tp, args.float8)
+        parallelize(block, args.tp, args.float8, args.async_tp)
     if args.ac:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
         block = checkpoint_wrapper(block, preserve_rng_state=False)
     x = torch.randn(1, tokens // args.tp, dim, dtype=torch.bfloat16, requires_grad=True)
-    torch.compile(block, fullgraph=True)(x).sum().backward()
+    try:
+        torch.compile(block, fullgraph=True)(x).sum().backward()
+    except Exception as error:  # noqa: BLE001 - the wrapper is read as written even where it cannot run on CPU
+        # torch 2.6.0's CPU wrapper can name a scalar buffer before the `bufN = bufM  # reuse` that makes it
+        # (UnboundLocalError); the statements that allocate and free are what is read, so read them.
+        print(f"the backward did not run on CPU ({type(error).__name__}: {str(error).splitlines()[-1]}); its wrapper is read")
     [folder] = glob.glob(os.path.join(os.environ["TORCH_COMPILE_DEBUG_DIR"], "**", "*backward*"), recursive=True)
-    with open(os.path.join(folder, "output_code.py")) as code, open(os.path.join(folder, "fx_graph_readable.py")) as fx:
-        result = run_call(code.read(), graph_input_bytes(fx.read()))
+    with open(os.path.join(folder, "output_code.py")) as code, open(os.path.join(folder, "fx_graph_readable.py")) as fx, \
+            open(os.path.join(folder, "ir_post_fusion.txt")) as ir:
+        result = run_call(code.read(), graph_input_bytes(fx.read()), buffer_bytes=ir_buffer_bytes(ir.read()))
     print(f"backward wrapper: {folder}")
     print(f"peak {result.peak_bytes:,} B (x{args.scale}: {result.peak_bytes * args.scale:,}) after {result.peak_statement}")
     for name, size in result.at_peak:
