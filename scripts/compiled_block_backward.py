@@ -6,15 +6,19 @@ plans a block (parallelize_llama.py: SequenceParallel norms, PrepareModuleInput 
 colwise, wo/w2 rowwise to Shard(1); under --float8 torchao's Float8 styles after convert_to_float8_training) on
 torch's `fake` process group of TP ranks in one process, then `torch.compile(block, fullgraph=True)`, one forward
 and backward. The backward's wrapper (TORCH_COMPILE_DEBUG's output_code.py) is replayed by
-planner/profiler/inductor_buffers.run_call with its inputs' bytes from fx_graph_readable.py, and the buffers live at
-its peak are printed, each also times SCALE (the widths' factor squared: the tiny block at 1/64 of the 405B rows'
-per-rank widths has each T x width tensor 4,096 times smaller). docs/published-runs.md §37.bwdalloc.
+planner/profiler/inductor_buffers.run_call with its inputs' bytes from fx_graph_readable.py and every fallback's
+layout from ir_post_fusion.txt, and the buffers live at its peak are printed, each also times SCALE (the widths'
+factor squared: the tiny block at 1/64 of the 405B rows' per-rank widths has each T x width tensor 4,096 times
+smaller). docs/published-runs.md §37.bwdalloc (torch 2.13, torchao 0.18) and §39.bwd26 (the rows' torch 2.6.0 and
+torchao eab345c).
 
     PYTHONPATH=. [PYTHONPATH=...:<torchao>] python scripts/compiled_block_backward.py \\
-        [--tp 8] [--float8] [--ac] [--dims 256,128,8,2,832,512] [--scale 4096]
+        [--tp 8] [--float8] [--ac] [--async-tp] [--dims 256,128,8,2,832,512] [--scale 4096]
 
 --dims: hidden, heads, kv heads, head dim, FFN, tokens (one sequence). --ac wraps the block in checkpoint_wrapper
-first (9dec370's apply_ac 'full'); on torch 2.13 with TP it fails in AOTAutograd (a DeviceMesh among the saved).
+first (9dec370's apply_ac 'full'); on torch 2.13 with TP it fails in AOTAutograd (a DeviceMesh among the saved), on
+2.6.0 it compiles. --async-tp turns on inductor's micro-pipeline TP as 9dec370 does; its fused scaled matmul wants
+every weight dimension divisible by 16, so use 1/8 widths (--dims 2048,128,8,16,6656,4096 --scale 64).
 """
 import argparse
 import glob
