@@ -179,7 +179,13 @@ def main():
     parser.add_argument("--async-tp", action="store_true", help="9dec370's enable_async_tensor_parallel (TP > 1)")
     parser.add_argument("--dims", default="256,128,8,2,832,512")
     parser.add_argument("--scale", type=int, default=4096)
+    parser.add_argument("--read", metavar="DIR", help="replay the backward wrapper an earlier run left in DIR (its "
+                        "compile debug folder) and compile nothing: torch 2.6.0's CPU wrapper of the block without "
+                        "AC cannot run (a scalar buffer named before it is made), and the run stops after writing it")
     args = parser.parse_args()
+    if args.read:
+        report(args.read, args.scale)
+        return
     dim, heads, kv_heads, head_dim, hidden, tokens = (int(v) for v in args.dims.split(","))
     torch.manual_seed(0)
     block = Block(dim, heads, kv_heads, head_dim, hidden).to(torch.bfloat16)
@@ -193,20 +199,20 @@ def main():
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
         block = checkpoint_wrapper(block, preserve_rng_state=False)
     x = torch.randn(1, tokens // args.tp, dim, dtype=torch.bfloat16, requires_grad=True)
-    try:
-        torch.compile(block, fullgraph=True)(x).sum().backward()
-    except Exception as error:  # noqa: BLE001 - the wrapper is read as written even where it cannot run on CPU
-        # torch 2.6.0's CPU wrapper can name a scalar buffer before the `bufN = bufM  # reuse` that makes it
-        # (UnboundLocalError); the statements that allocate and free are what is read, so read them.
-        print(f"the backward did not run on CPU ({type(error).__name__}: {str(error).splitlines()[-1]}); its wrapper is read")
-    [folder] = glob.glob(os.path.join(os.environ["TORCH_COMPILE_DEBUG_DIR"], "**", "*backward*"), recursive=True)
+    print(f"compile debug folder: {os.environ['TORCH_COMPILE_DEBUG_DIR']}", flush=True)  # for --read after a failed run
+    torch.compile(block, fullgraph=True)(x).sum().backward()
+    report(os.environ["TORCH_COMPILE_DEBUG_DIR"], args.scale)
+
+
+def report(debug_dir: str, scale: int):
+    [folder] = glob.glob(os.path.join(debug_dir, "**", "*backward*"), recursive=True)
     with open(os.path.join(folder, "output_code.py")) as code, open(os.path.join(folder, "fx_graph_readable.py")) as fx, \
             open(os.path.join(folder, "ir_post_fusion.txt")) as ir:
         result = run_call(code.read(), graph_input_bytes(fx.read()), buffer_bytes=ir_buffer_bytes(ir.read()))
     print(f"backward wrapper: {folder}")
-    print(f"peak {result.peak_bytes:,} B (x{args.scale}: {result.peak_bytes * args.scale:,}) after {result.peak_statement}")
+    print(f"peak {result.peak_bytes:,} B (x{scale}: {result.peak_bytes * scale:,}) after {result.peak_statement}")
     for name, size in result.at_peak:
-        print(f"  {name:>16} {size:>12,} {size * args.scale:>16,}")
+        print(f"  {name:>16} {size:>12,} {size * scale:>16,}")
 
 
 if __name__ == "__main__":
