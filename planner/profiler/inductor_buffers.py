@@ -10,9 +10,12 @@ wrappers gives each buffer's live range without running on the device the code i
 make_buffer_free, codegen_reinterpret_view).
 
 A fallback kernel's output (`bufN = torch.ops.<op>(...)`, or `bufM = bufN[i]` of its tuple, a collective's
-output) has no `empty_strided`: its bytes are read from the `assert_size_stride(bufM, size, stride, 'torch.ops...')`
-inductor writes after it, in the dtype the caller states (`fallback_dtype`; bf16 by default, what a bf16 block's
-attention gradients and collectives are). `run_call` also returns which buffers are live at the peak.
+output) has no `empty_strided`: its bytes are read from the `assert_size_stride(bufM, size, stride[, 'torch.ops...'])`
+inductor writes after it (2.13 names the op, 2.6.0 does not; after a cat 2.6.0 writes none, and its bytes are
+its views'), in the dtype of the op's first tensor argument where
+the wrapper states it (a buffer it allocated, or `aten.view.dtype(..., torch.uint8)`: a collective's output and a
+cat's are their input's dtype), else in the dtype the caller states (`fallback_dtype`; bf16 by default, what a bf16
+block's attention gradients are). `run_call` also returns which buffers are live at the peak.
 
 `compiled_loss` compiles a loss on CPU and returns its bytes in multiples of the bf16 logits.
 """
@@ -32,9 +35,14 @@ _REUSE = re.compile(r"^(\w+) = (\w+)$")
 _ARGS = re.compile(r"^([\w, ]+) = args$")
 _RETURN = re.compile(r"^return \((.*)\)$")
 _FALLBACK = re.compile(r"^(\w+) = torch\.ops\.[\w.]+\(")
-_ITEM = re.compile(r"^(\w+) = (\w+)\[(\d+)\]$")
+_ITEM = re.compile(r"^(\w+) = (\w+)\[(\d+)\](?:\[\d+\])?$")  # a tuple's item, or an item of a list in it
 _SHAPE = re.compile(r"^\w+ = \w+\.(size|stride)\(\)$|^\w+ = \w+_(size|stride)\[\d+\]$")  # symbolic sizes: no storage
-_ASSERTED = re.compile(r"^assert_size_stride\((\w+), (\(.*?\)), (\(.*?\)), 'torch\.ops")
+# torch 2.13 names the op after the strides; torch 2.6.0 writes the size and stride alone
+_ASSERTED = re.compile(r"^assert_size_stride\((\w+), (\(.*?\)), (\(.*?\))(?:, 'torch\.ops.*)?\)$")
+_VIEW_DTYPE = re.compile(r"^aten\.view\.dtype\(.*?, (torch\.\w+)\)")
+_CAT = re.compile(r"^\w+ = torch\.ops\.aten\.cat\.default\(\[")
+_VIEW_SIZE = re.compile(r"reinterpret_tensor\(\w+, (\(.*?\)), \(")
+_FIRST_NAME = re.compile(r"^(?:reinterpret_tensor\()?(\w+)\b")
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,14 @@ class CallBytes:
     storage_bytes: dict[int, int]
     at_peak: tuple[tuple[str, int], ...] = ()  # (a name of each storage live at the peak, its bytes), largest first
     peak_statement: str = ""  # the statement after which the peak is reached
+
+
+def _elements(size: str) -> int:
+    sizes = ast.literal_eval(size)
+    elements = 1
+    for dim in sizes if isinstance(sizes, tuple) else (sizes,):
+        elements *= dim
+    return elements
 
 
 def _storage_bytes(size: str, stride: str, dtype: str) -> int:
@@ -74,16 +90,19 @@ def call_body(code: str) -> list[str]:
 
 
 def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, int] | None = None, *,
-             fallback_dtype: str = "torch.bfloat16") -> CallBytes:
+             fallback_dtype: str = "torch.bfloat16", buffer_bytes: dict[str, int] | None = None) -> CallBytes:
     """Replay the wrapper's allocations and frees. `input_bytes`: each argument's storage bytes
     (0 for one not counted); `input_storages`: a storage id per argument where two share one;
-    `fallback_dtype`: the dtype of a fallback kernel's outputs (their bytes from inductor's assert)."""
+    `fallback_dtype`: the dtype of a fallback kernel's outputs (their bytes from inductor's assert);
+    `buffer_bytes`: a fallback's output's bytes by name where inductor's IR states its layout
+    (`ir_buffer_bytes`; 2.6.0 writes no assert after a tuple's items), used before any assert."""
     names: dict[str, int] = {}  # name -> storage id
     storage_bytes: dict[int, int] = {}
     first = 1 + max((input_storages or {}).values(), default=-1)
     fresh = iter(range(first, first + (1 << 30)))  # ids not taken by the inputs' storages
     live_peak, at_peak, peak_statement = 0, (), ""
-    pending: set[int] = set()  # fallback outputs whose bytes the next assert gives
+    pending: dict[int, str] = {}  # fallback outputs whose bytes the next assert gives -> their dtype
+    dtypes: dict[int, str] = {}  # storage id -> dtype, for the buffers the wrapper allocates
 
     def live() -> int:
         return sum(storage_bytes[s] for s in set(names.values()))
@@ -109,17 +128,25 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
                 key = next(fresh)
                 names[match.group(1)] = key
                 storage_bytes[key] = _storage_bytes(*match.group(2, 3, 4))
+                dtypes[key] = match.group(4)
             elif _SHAPE.match(part):
                 continue
             elif match := _FALLBACK.match(part) or _ITEM.match(part):
                 key = next(fresh)
+                dtype = _argument_dtype(part, names, dtypes) or fallback_dtype
                 names[match.group(1)] = key
-                storage_bytes[key] = 0
-                pending.add(key)
+                dtypes[key] = dtype
+                if match.group(1) in (buffer_bytes or {}):
+                    storage_bytes[key] = buffer_bytes[match.group(1)]
+                elif _CAT.match(part):  # 2.6.0 writes no assert after a cat: its elements are its views'
+                    storage_bytes[key] = _DTYPE_BYTES[dtype] * sum(
+                        _elements(size) for size in _VIEW_SIZE.findall(part))
+                else:
+                    storage_bytes[key] = 0
+                    pending[key] = dtype
             elif (match := _ASSERTED.match(part)) and names.get(match.group(1)) in pending:
                 key = names[match.group(1)]
-                storage_bytes[key] = _storage_bytes(match.group(2), match.group(3), fallback_dtype)
-                pending.discard(key)
+                storage_bytes[key] = _storage_bytes(match.group(2), match.group(3), pending.pop(key))
             elif match := _REINTERPRET.match(part):
                 names[match.group(1)] = names[match.group(2)]
             elif part.startswith("del "):
@@ -136,6 +163,35 @@ def run_call(code: str, input_bytes: dict[str, int], input_storages: dict[str, i
     storages = tuple(-1 if name == "None" else names[name] for name in returned)
     return CallBytes(peak_bytes=live_peak, returned=returned, returned_storages=storages, storage_bytes=storage_bytes,
                      at_peak=at_peak, peak_statement=peak_statement)
+
+
+def _argument_dtype(part: str, names: dict[str, int], dtypes: dict[int, str]) -> str | None:
+    """The dtype of a fallback call's first tensor argument (`bufM = bufN[i]`: the tuple's), where the wrapper
+    states it; None where it does not (an input of the graph, a scalar)."""
+    if match := _ITEM.match(part):
+        return dtypes.get(names.get(match.group(2), -1))
+    argument = part[part.index("(") + 1:].lstrip("[")
+    if match := _VIEW_DTYPE.match(argument):
+        return match.group(1)
+    if match := _FIRST_NAME.match(argument):
+        return dtypes.get(names.get(match.group(1), -1))
+    return None
+
+
+_LAYOUT = re.compile(r"^\s*(buf\d+)\.layout = \w*Layout\('[^']*', (torch\.\w+), size=\[([^\]]*)\], stride=\[([^\]]*)\]",
+                     re.M)
+
+
+def ir_buffer_bytes(ir_text: str) -> dict[str, int]:
+    """Each buffer's bytes from inductor's IR dump (TORCH_COMPILE_DEBUG's ir_post_fusion.txt: `bufN.layout =
+    FixedLayout('cpu', torch.bfloat16, size=[...], stride=[...])`); a symbolic size is left out."""
+    sizes = {}
+    for name, dtype, size, stride in _LAYOUT.findall(ir_text):
+        if re.search(r"[a-z]", size + stride) or dtype not in _DTYPE_BYTES:
+            continue
+        sizes[name] = _storage_bytes(f"({size},)" if size.strip() else "()", f"({stride},)" if stride.strip() else "()",
+                                     dtype)
+    return sizes
 
 
 def graph_input_bytes(fx_readable: str) -> dict[str, int]:
