@@ -22,11 +22,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from planner.cost import allocator, costmodel
+from planner.cost import allocator, costmodel, te_offload
 from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
-from planner.solve import baselines, dpsolve, incumbent, milp, replayfit, staticneed
+from planner.solve import baselines, dpsolve, dpwindow, incumbent, milp, replayfit, staticneed
 from planner.solve.deadline import Deadline, Expired
 from planner.solve.milp import SolveResult
 from planner.solve.results import NoFit, PlanResult, Shortfall  # noqa: F401 (the search's answers, named here too)
@@ -144,9 +144,33 @@ def _plan_once(profile: Profile, setup: TrainSetup, *, solver: Solver, mip_gap: 
         return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
                           pick_solver(setup, solver, profile))
     if pick_solver(setup, solver, profile) == "milp":
-        return _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
-                          upper_bound_ms=upper_bound_ms, start=start)
-    return _plan_dp(profile, setup, deadline=deadline, upper_bound_ms=upper_bound_ms, start=start)
+        found = _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
+                           upper_bound_ms=upper_bound_ms, start=start)
+    else:
+        found = _plan_dp(profile, setup, deadline=deadline, upper_bound_ms=upper_bound_ms, start=start)
+    return _with_window(profile, setup, found, deadline, upper_bound_ms)
+
+
+def _with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, deadline: Deadline,
+                 upper_bound_ms: float | None) -> PlanResult | NoFit:
+    """The solver's plan, or Transformer Engine's offload window where that is faster (dpwindow.py: the fastest N,
+    exact over N, where the runtime's offload is that handler and no per-layer row offers it) and no slower than
+    `upper_bound_ms` (as the solvers' answers are), re-scored."""
+    if not te_offload.window_runs(setup) or (isinstance(found, NoFit) and found.status != "infeasible"):
+        return found
+    window = dpwindow.fastest_window(profile, setup)
+    if (window is None or (isinstance(found, PlanResult) and found.cost.iteration_ms <= window[1])
+            or window[1] > (upper_bound_ms or math.inf) * (1 + 1e-9)):
+        return found
+    stages, objective_ms = window
+    if isinstance(found, PlanResult):  # the faster of two: a bound on both is the lesser of theirs
+        status, solver, bound = found.solve.status, found.solve.solver, found.solve.bound
+        bound = None if bound is None else min(bound, objective_ms)
+    else:  # no per-layer plan fits, and the window's N is exact
+        status, solver, bound = "optimal", found.solver, objective_ms
+    gap = None if bound is None else max(0.0, 1 - bound / objective_ms)
+    return _checked(stages, profile, setup, SolveResult(status, objective_ms, gap, deadline.elapsed_s(),
+                                                        solver=solver, bound=bound))
 
 
 def _plan_dp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, upper_bound_ms, start) -> PlanResult | NoFit:
