@@ -24,13 +24,16 @@ from planner.solve.dpsolve import to_stages
 
 
 def blocks(chain: Chain) -> list[list[int]]:
-    """The layers TE's handler may window, by kind: each kind's layers in order, where there are at least two and
-    every one offers the offload option (te_offload.window_layers takes one kind's first N)."""
-    kinds: dict[str, list[int]] = {}
-    for m, layer in enumerate(chain.layers):
-        kinds.setdefault(layer.kind, []).append(m)
-    return [block for block in kinds.values() if len(block) >= 2
-            and all(any(o.name == OPTION_OFFLOAD for o in chain.layers[m].options) for m in block)]
+    """The layers TE's handler windows: those that offer the offload option, where they are one kind's every
+    layer, at least two (te_offload.window_layers takes one kind's first N, and megatron-core the decoder
+    layers' first N: the two agree where the decoder layers are one kind). None where the layers that offer it
+    are of several kinds (a dense block before MoE blocks: Megatron's window runs over both, evaluate's over one)."""
+    offering = [m for m, layer in enumerate(chain.layers) if any(o.name == OPTION_OFFLOAD for o in layer.options)]
+    kinds = {chain.layers[m].kind for m in offering}
+    if len(kinds) != 1:
+        return []
+    block = [m for m, layer in enumerate(chain.layers) if layer.kind in kinds]
+    return [block] if block == offering and len(block) >= 2 else []
 
 
 def applies(chain: Chain) -> bool:
