@@ -9,7 +9,9 @@ charges the stage by): the offloaded layers keep 0, each block layer's extra gai
 exposed copy adds to its layer's time from the layers' plain compute. Each N's stage is then summed with the DP's
 own accumulator and peak (dpsegments._best_set on the one range [0, L)), so its time and peak are evaluate's, and
 the fastest N that fits is exact over N. The per-layer solvers (DP, MILP) never offer the option there
-(useful.useful_options); search.plan takes the window where it is faster than their plan.
+(useful.useful_options); search.plan takes the window where it is faster than their plan and evaluate admits
+it (admitted_window: where the allocator replay judges, the fastest N whose replay fits, each N summed under the
+rows that hold every plan the replay admits).
 
 Not offered under Megatron-FSDP's moments (their extras are placed after the window's in evaluate, stage_moments,
 which this sum does not repeat)."""
@@ -17,8 +19,10 @@ which this sum does not repeat)."""
 from __future__ import annotations
 
 from planner.cost import costmodel, pipereduce, reserve, te_offload
+from planner.cost.costmodel import PlanCost
 from planner.cost.rules import compute_ms
 from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
+from planner.solve.deadline import Deadline
 from planner.solve.dpsegments import INF, Chain, Segment, _best_set
 from planner.solve.dpsolve import to_stages
 
@@ -106,6 +110,27 @@ def window_times(profile: Profile, setup: TrainSetup) -> dict[tuple[int, int], f
     if not applies(chain):
         return {}
     return {(block[0], count): iteration_ms(chain, segment) for block, count, segment in _windows(chain)}
+
+
+def admitted_window(profile: Profile, setup: TrainSetup, *, rows: TrainSetup, replay_judges: bool,
+                    faster_than_ms: float, deadline: Deadline) -> tuple[list[StagePlan], float, PlanCost] | None:
+    """The fastest window plan faster than `faster_than_ms` that evaluate admits under `setup` (its allocated peak
+    within the rows, or, where `replay_judges`, the allocator replay's verdict), summed under `rows` (the setup at
+    the caps whose rows hold every plan the replay admits: replayfit.relaxed_caps), with its iteration time and
+    evaluate's cost; None where none is. Raises deadline.Expired."""
+    chain = Chain(profile, rows)
+    if not applies(chain):
+        return None
+    for ms, segment in sorted(((iteration_ms(chain, segment), segment) for _, _, segment in _windows(chain)),
+                              key=lambda item: item[0]):
+        if ms >= faster_than_ms:
+            return None
+        deadline.check()
+        stages = to_stages(chain, [segment])
+        cost = costmodel.evaluate(stages, profile, setup)
+        if all(stage.fits_allocated and stage.fits_host for stage in cost.stages) or (replay_judges and cost.feasible):
+            return stages, ms, cost
+    return None
 
 
 def fastest_window(profile: Profile, setup: TrainSetup) -> tuple[list[StagePlan], float] | None:

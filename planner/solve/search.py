@@ -119,12 +119,46 @@ def plan(
             setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
             least_memory=lambda: least_memory_plan(profile, setup, solver=solver, deadline=deadline),
             known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s)
+    found = _with_window(profile, setup, found, deadline, upper_bound_ms, relaxed)
     if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
                               or given[1].iteration_ms < found.cost.iteration_ms):
         solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
                             solver=pick_solver(setup, solver, profile))
         return PlanResult(stages=costmodel.with_predictions(given[0], given[1]), cost=given[1], solve=solve)
     return found
+
+
+def _with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, deadline: Deadline,
+                 upper_bound_ms: float | None, relaxed: list[int] | None) -> PlanResult | NoFit:
+    """The solvers' plan, or Transformer Engine's offload window where the runtime's offload is that handler and
+    the fastest N that evaluate admits (dpwindow.admitted_window: at the relaxed rows where the replay judges) is
+    faster than it and no slower than `upper_bound_ms`; its objective held to evaluate's (SolverMismatch)."""
+    if not te_offload.window_runs(setup) or (isinstance(found, NoFit) and found.status != "infeasible"):
+        return found
+    solved = isinstance(found, PlanResult) and found.cost.feasible
+    bar = min(found.cost.iteration_ms if solved else math.inf, upper_bound_ms or math.inf)
+    rows = setup if relaxed is None else setup.model_copy(
+        update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
+    try:
+        window = dpwindow.admitted_window(profile, setup, rows=rows, replay_judges=relaxed is not None,
+                                          faster_than_ms=bar, deadline=deadline)
+    except Expired:
+        return found
+    if window is None:
+        return found
+    stages, objective_ms, cost = window
+    if abs(cost.iteration_ms - objective_ms) > 1e-6 * max(1.0, objective_ms):
+        raise SolverMismatch(f"the offload window re-evaluates to {cost.iteration_ms!r} ms but its objective is "
+                             f"{objective_ms!r}")
+    if solved:  # the faster of two: a bound on both is the lesser of theirs
+        status, solver, bound, replay = found.solve.status, found.solve.solver, found.solve.bound, found.solve.replay
+        bound = None if bound is None else min(bound, objective_ms)
+    else:  # no per-layer plan fits, and the window's N is exact
+        status, solver, bound = "optimal", pick_solver(setup, "auto", profile), objective_ms
+        replay = None if relaxed is None else "relaxed"
+    gap = None if bound is None else max(0.0, 1 - bound / objective_ms)
+    solve = SolveResult(status, objective_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound, replay=replay)
+    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)
 
 
 def in_rows(cost: PlanCost) -> bool:
@@ -148,29 +182,7 @@ def _plan_once(profile: Profile, setup: TrainSetup, *, solver: Solver, mip_gap: 
                            upper_bound_ms=upper_bound_ms, start=start)
     else:
         found = _plan_dp(profile, setup, deadline=deadline, upper_bound_ms=upper_bound_ms, start=start)
-    return _with_window(profile, setup, found, deadline, upper_bound_ms)
-
-
-def _with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, deadline: Deadline,
-                 upper_bound_ms: float | None) -> PlanResult | NoFit:
-    """The solver's plan, or Transformer Engine's offload window where that is faster (dpwindow.py: the fastest N,
-    exact over N, where the runtime's offload is that handler and no per-layer row offers it) and no slower than
-    `upper_bound_ms` (as the solvers' answers are), re-scored."""
-    if not te_offload.window_runs(setup) or (isinstance(found, NoFit) and found.status != "infeasible"):
-        return found
-    window = dpwindow.fastest_window(profile, setup)
-    if (window is None or (isinstance(found, PlanResult) and found.cost.iteration_ms <= window[1])
-            or window[1] > (upper_bound_ms or math.inf) * (1 + 1e-9)):
-        return found
-    stages, objective_ms = window
-    if isinstance(found, PlanResult):  # the faster of two: a bound on both is the lesser of theirs
-        status, solver, bound = found.solve.status, found.solve.solver, found.solve.bound
-        bound = None if bound is None else min(bound, objective_ms)
-    else:  # no per-layer plan fits, and the window's N is exact
-        status, solver, bound = "optimal", found.solver, objective_ms
-    gap = None if bound is None else max(0.0, 1 - bound / objective_ms)
-    return _checked(stages, profile, setup, SolveResult(status, objective_ms, gap, deadline.elapsed_s(),
-                                                        solver=solver, bound=bound))
+    return found
 
 
 def _plan_dp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, upper_bound_ms, start) -> PlanResult | NoFit:
