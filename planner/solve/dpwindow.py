@@ -112,12 +112,12 @@ def window_times(profile: Profile, setup: TrainSetup) -> dict[tuple[int, int], f
     return {(block[0], count): iteration_ms(chain, segment) for block, count, segment in _windows(chain)}
 
 
-def admitted_window(profile: Profile, setup: TrainSetup, *, rows: TrainSetup, replay_judges: bool,
-                    faster_than_ms: float, deadline: Deadline) -> tuple[list[StagePlan], float, PlanCost] | None:
-    """The fastest window plan faster than `faster_than_ms` that evaluate admits under `setup` (its allocated peak
-    within the rows, or, where `replay_judges`, the allocator replay's verdict), summed under `rows` (the setup at
-    the caps whose rows hold every plan the replay admits: replayfit.relaxed_caps), with its iteration time and
-    evaluate's cost; None where none is. Raises deadline.Expired."""
+def admitted_window(profile: Profile, setup: TrainSetup, *, rows: TrainSetup, faster_than_ms: float,
+                    deadline: Deadline) -> tuple[list[StagePlan], float, PlanCost] | None:
+    """The fastest window plan faster than `faster_than_ms` that evaluate admits under `setup` (cost.feasible: its
+    allocated peak within the rows, or the allocator replay's verdict where the replay judges), summed under `rows`
+    (the setup at the caps whose rows hold every plan the replay admits, replayfit.relaxed_caps, where it judges),
+    with its iteration time and evaluate's cost; None where none is. Raises deadline.Expired."""
     chain = Chain(profile, rows)
     if not applies(chain):
         return None
@@ -128,7 +128,7 @@ def admitted_window(profile: Profile, setup: TrainSetup, *, rows: TrainSetup, re
         deadline.check()
         stages = to_stages(chain, [segment])
         cost = costmodel.evaluate(stages, profile, setup)
-        if all(stage.fits_allocated and stage.fits_host for stage in cost.stages) or (replay_judges and cost.feasible):
+        if cost.feasible:  # evaluate's verdict: the rows, or the replay where it judges
             return stages, ms, cost
     return None
 

@@ -140,8 +140,7 @@ def _with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit,
     rows = setup if relaxed is None else setup.model_copy(
         update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
     try:
-        window = dpwindow.admitted_window(profile, setup, rows=rows, replay_judges=relaxed is not None,
-                                          faster_than_ms=bar, deadline=deadline)
+        window = dpwindow.admitted_window(profile, setup, rows=rows, faster_than_ms=bar, deadline=deadline)
     except Expired:
         return found
     if window is None:
