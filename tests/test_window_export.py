@@ -52,3 +52,28 @@ def test_export_refuses_a_plan_that_offloads_beside_megatron_s_pipeline(tmp_path
     assert result.exit_code == 1 and not (tmp_path / "plan.sh").exists(), result.output
     assert ("the plan offloads 1 layers' activations to the host (layers.0 first) over 2 pipeline stages, and "
             "--runtime megatron") in said and "refuses CPU offloading with pipeline parallelism" in said
+
+
+def test_a_window_the_replay_puts_over_the_cap_is_not_taken(tmp_path):
+    """The replay plays an offloaded layer from none's records (reserve.records_for), so at micro-batch 8 on 2 GB
+    the window at N = 3 meets the rows (allocated 1,510 MiB of a 1,620 MiB row) and not the replay (2,784 MiB of
+    the 1,907 MiB cap): the window taken is one evaluate admits (before, the rows' verdict took N = 3)."""
+    from planner.cost import costmodel
+    from planner.schema import StagePlan
+    from planner.solve import dpwindow, replayfit, search
+    from planner.solve.deadline import Deadline
+
+    profile_path, plan_path = tmp_path / "tiny8.json", tmp_path / "plan.yaml"
+    run_ok("profile", "--arch-config", _tiny_config(tmp_path), "--seq-len", "2048", "--gpu", "gb200",
+           "--micro-batch-size", "8", "--out", profile_path)
+    run_ok("solve", "--profile", profile_path, "--mem", "2GB", "--stages", "1", "--microbatches", "1",
+           "--precision", "bf16-mixed", "--runtime", "megatron", "--out", plan_path)
+    profile, setup = io.load_profile(profile_path), io.load_plan(plan_path).setup
+    names = [layer.name for layer in profile.layers]
+    three = [StagePlan(index=0, layers=names, recompute={f"layers.{i}": OPTION_OFFLOAD for i in range(3)})]
+    cost = costmodel.evaluate(three, profile, setup)
+    assert search.in_rows(cost) and not cost.feasible
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    rows = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
+    found = dpwindow.admitted_window(profile, setup, rows=rows, faster_than_ms=float("inf"), deadline=Deadline(None))
+    assert found is None or found[2].feasible

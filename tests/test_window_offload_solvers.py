@@ -147,6 +147,8 @@ def test_a_megatron_search_that_raised_answers_with_a_plan_megatron_runs(tmp_pat
     run_ok("search", "--arch-config", _tiny_config(tmp_path), "--gpus", "1", "--global-batch", "8", "--seq-len",
            "2048", "--runtime", "megatron", "--gpu", "gb200", "--mem", "2GB", "--out", out)
     plan = io.load_plan(out)
+    profile = io.load_profile(io.plan_profile_path(plan, out, remedy=""))
+    assert costmodel.evaluate(plan.stages, profile, plan.setup).feasible  # the replay's verdict: it fits
     offloaded = _offloaded(plan.stages)
     assert plan.stages and offloaded == [f"layers.{i}" for i in range(len(offloaded))]
     assert not offloaded or all(option == OPTION_OFFLOAD for stage in plan.stages for option in stage.recompute.values())
