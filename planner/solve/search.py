@@ -93,7 +93,8 @@ def plan(
     (planner/cost/reserve.py), replayfit.search_caps solves under rows that admit every plan the
     replay admits, then under caps between; what that proves is replayfit's text, and the
     result's solve.replay says which held. With no start, a setup where no split holds some stage's
-    static bytes and leanest activations (static_refusal) is "infeasible" before any solve."""
+    static bytes and leanest activations (static_refusal) is "infeasible" before any solve. Where the runtime's
+    offload is Transformer Engine's window, the fastest window evaluate admits replaces a slower plan (_with_window)."""
     deadline = deadline or Deadline(time_limit_s)
     if start is None and static_refusal(profile, setup, deadline) is not None:  # no split holds it, whatever it recomputes
         return NoFit("infeasible", deadline.elapsed_s(), pick_solver(setup, solver, profile))
@@ -153,7 +154,7 @@ def _with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit,
         status, solver, bound, replay = found.solve.status, found.solve.solver, found.solve.bound, found.solve.replay
         bound = None if bound is None else min(bound, objective_ms)
     else:  # no per-layer plan fits, and the window's N is exact
-        status, solver, bound = "optimal", pick_solver(setup, "auto", profile), objective_ms
+        status, solver, bound = "optimal", found.solver, objective_ms
         replay = None if relaxed is None else "relaxed"
     gap = None if bound is None else max(0.0, 1 - bound / objective_ms)
     solve = SolveResult(status, objective_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound, replay=replay)
