@@ -70,6 +70,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
     _refuse_experts(profile, target)
     _refuse_megatron_settings(plan, target)
     _refuse_tied(plan, profile, target)
+    _refuse_offload(plan)
     from planner.commands.training_settings import TrainingSettings, compiled_profile
 
     # a plan made under --compile is re-scored under it (solve scored it so; its profile file holds the
@@ -227,6 +228,20 @@ def _refuse_tied(plan, profile, target: str) -> None:
         if refused:
             raise UserError(refused.replace("--runtime torchtitan", "torchtitan").replace("another --runtime",
                                                                                             "another --to"))
+
+
+def _refuse_offload(plan) -> None:
+    """A plan whose own runtime refuses its offloaded layers beside its pipeline (a plan file from before the
+    solvers knew it, or edited by hand: runnable.offload_refused) is not rounded into another plan: one sentence."""
+    from planner.cost import runnable
+    from planner.schema import OPTION_OFFLOAD
+
+    training = plan.setup.training
+    offloaded = [name for s in plan.stages for name in s.layers if s.option(name) == OPTION_OFFLOAD]
+    refused = runnable.offload_refused(training.runtime, training.runtime_version, offloaded=offloaded,
+                                       stages=plan.setup.pipeline.stages * plan.setup.pipeline.chunks)
+    if refused:
+        raise UserError(refused)
 
 
 def _refuse_megatron_settings(plan, target: str) -> None:

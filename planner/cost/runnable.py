@@ -65,3 +65,16 @@ def tied_refused(runtime: str, version: str | None, *, stages: int, tied: list) 
     return (f"the model ties weights ({shared} share a parameter) and --runtime {runtime} {record.version} does not "
             f"tie them beside a pipeline of {stages} stages ({record.sources['ties_across_stages'].split(' (')[0]}); "
             f"give one stage, untie the weights, or another --runtime")
+
+
+def offload_refused(runtime: str, version: str | None, *, stages: int, offloaded: list[str]) -> str | None:
+    """A sentence where a plan offloads layers' activations (`offloaded`: their names) over a pipeline of `stages`
+    > 1 (chunks counted) and the runtime runs no offload beside a pipeline (its record's offload_refuses_pipeline);
+    else None."""
+    record = facts(runtime, version)
+    if not record.offload_refuses_pipeline or stages == 1 or not offloaded:
+        return None
+    return (f"the plan offloads {len(offloaded)} layers' activations to the host ({offloaded[0]} first) over "
+            f"{stages} pipeline stages, and --runtime {runtime} {record.version} refuses CPU offloading with pipeline "
+            f"parallelism ({record.sources['offload_refuses_pipeline'].split(' (')[0]}); solve it again, or give "
+            "one stage")

@@ -426,6 +426,10 @@ class RuntimeFacts:
     moves, group i held on the device from layer i to layer window[i], each copy beside its window's compute
     (planner/cost/te_offload.py); False: ckplan's per-layer option (the input kept, each layer's copies beside
     its own passes: planner/profiler/analytic_kept.offload_option)."""
+    offload_refuses_pipeline: bool = False
+    """The runtime refuses the layers' activation offload beside pipeline parallelism (megatron-core's
+    TransformerConfig raises under --cpu-offloading with PP > 1): no plan of more than one pipeline stage offloads
+    a layer (useful.useful_options, runnable.offload_refused); False: offload beside a pipeline as charged."""
     te_moe_experts_kept: bool = False
     """A MoE layer keeps what megatron-core's TEGroupedMLP under the alltoall dispatcher keeps: the experts' input,
     linear_fc1's output and the activation's output, the fused router's fp32 scores and routing map, no copy of the

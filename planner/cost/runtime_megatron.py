@@ -124,6 +124,7 @@ def megatron() -> RuntimeFacts:
         megatron_step_replayed=True, stage_sends_beside="backward",
         bf16_grad_bytes=2, bf16_grad_step_copy_bytes=4, fp8_param_bytes=1, fp8_param_transpose_bytes=1,
         te_weight_workspace_bytes=1, te_float8_saved_inputs=True, fused_swiglu_saves_input_only=True, te_moe_experts_kept=True, te_window_offload=True,
+        offload_refuses_pipeline=True,
         te_cross_entropy=LossRegion(kept_x=1.0, peak_x=1.0, grad_in_logits=True), ddp_buckets=True,
         te_grouped_gemm_workspaces=4, fused_cross_entropy=LossRegion(kept_x=2.0, peak_x=5.0), fused_ce_bytes=40,
         te_ce_bytes=2 + (2 + 2) + (2 + 2), te_ub_workspaces=3, te_ub_keeps_plain_workspace=True, side_communicators=True,
@@ -144,6 +145,10 @@ def megatron() -> RuntimeFacts:
             "te_window_offload": f"--cpu-offloading-num-layers N: megatron/core/transformer/transformer_block.py "
                                  f"306-327, 749-755 (TE's get_cpu_offload_context, a group a layer), megatron-core "
                                  f"92c8482e; {TE_OFFLOAD_SOURCE} (docs/framework-facts.md §107, §112)",
+            "offload_refuses_pipeline": f"megatron/core/transformer/transformer_config.py 1891-1894 (cpu_offloading "
+                                        f"with pipeline_model_parallel_size > 1 raises), 1884-1889 (N < num_layers), "
+                                        f"1896-1899 (no recompute beside it), {MEGATRON_V} (docs/framework-facts.md "
+                                        f"§321)",
             **BRIDGE_SETTINGS_SOURCES,
             "chunked_loss": NO_CHUNKED_LOSS + " (Megatron-LM's own fused cross-entropy is --cross-entropy-loss-fusion)",
             "unfused_wgrad_bytes": "fused (the default): the wgrad GEMM writes into the fp32 main_grad with "

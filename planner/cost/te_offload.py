@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from planner.cost import reserve, runtimes
 from planner.cost.rules import compute_ms
-from planner.schema import OPTION_OFFLOAD
+from planner.schema import OPTION_NONE, OPTION_OFFLOAD
 
 
 def window_map(num_layers: int, num_offload: int) -> list[int]:
@@ -127,6 +127,23 @@ def window_runs(setup) -> bool:
     the stage (the block's first N layers, charged together), not of a layer, so the solvers' per-layer rows
     do not take it (useful.useful_options)."""
     return setup.pipeline.stages * setup.pipeline.chunks == 1 and runtimes.of(setup.training).te_window_offload
+
+
+def plan_window(kinds: Sequence[str], options: Sequence[str], setup) -> tuple[list[int], int] | None:
+    """(the block, N) where a plan (`options`: each layer's option name, in model order; `kinds`: each layer's
+    kind) is Transformer Engine's window as megatron-core runs it: the runtime's handler at one stage
+    (window_runs), the offloaded layers the block's first N, and nothing recomputed beside it (TransformerConfig
+    refuses --cpu-offloading with recompute, docs/framework-facts.md §321); else None."""
+    if not window_runs(setup) or any(option not in (OPTION_NONE, OPTION_OFFLOAD) for option in options):
+        return None
+    return window_layers(kinds, [option == OPTION_OFFLOAD for option in options])
+
+
+def pipeline_refuses(setup) -> bool:
+    """Whether the runtime refuses the layers' offload for this pipeline: more than one stage (chunks included)
+    where its record says it runs none beside a pipeline (offload_refuses_pipeline: megatron-core's
+    TransformerConfig)."""
+    return setup.pipeline.stages * setup.pipeline.chunks > 1 and runtimes.of(setup.training).offload_refuses_pipeline
 
 
 def stage_window(layers: Sequence, options: Sequence[int], per_layer: list[dict[str, float]], rows,

@@ -20,7 +20,9 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
     one (a dominated option never lowers a peak or a time; host bytes count as one more
     resource, and so does a split backward's time past the first stage). Whole-layer plans (the setup's recompute): full alone. A chunked schedule's
     stages take no option that offloads (their host bytes per rank are not modelled yet), nor does a stage whose
-    offload is Transformer Engine's window (te_offload.window_runs: a choice of the stage, not of a layer)."""
+    offload is Transformer Engine's window (te_offload.window_runs: a choice of the stage, not of a layer; the
+    solvers choose it whole, planner/solve/dpwindow.py), nor one of a pipeline the runtime runs no offload beside
+    (te_offload.pipeline_refuses)."""
     whole_layer = ctx.setup.training.recompute == "whole-layer"
     candidates = [1] if whole_layer else range(1, len(layer.options))
     # torchtitan's op-level policy (profiler/opsac.py): among the options where the setup asks for
@@ -35,7 +37,8 @@ def useful_options(layer: LayerCost, ctx: Context) -> list[int]:
         candidates = [o for o in candidates if not layer.options[o].host_bytes]
     # where the runtime offloads as Transformer Engine's window (te_offload.window_runs), evaluate charges the
     # stage's offloaded layers together (the block's first N), which no per-layer row of the solvers sums to
-    if te_offload.window_runs(ctx.setup):
+    # and where the runtime refuses offload beside this pipeline (te_offload.pipeline_refuses), none is offered
+    if te_offload.window_runs(ctx.setup) or te_offload.pipeline_refuses(ctx.setup):
         candidates = [o for o in candidates if layer.options[o].name != OPTION_OFFLOAD]
     # under a split backward an option's time on a stage past the first has its passes' extra
     # (splittime.layer_extra_ms) and on the first not: both, so no option is dropped on either
@@ -63,3 +66,13 @@ def _extra(layer: LayerCost, option: int, ctx: Context, held: dict) -> float:
     if not held:
         return extra
     return megatron_fsdp_moments.unit_extra(layer, option, extra, layer_value("kept", layer, option, ctx), held, ctx)
+
+
+def least_kept_bytes(layer: LayerCost, ctx: Context) -> float:
+    """The least a plan of the setup keeps of this layer, whatever it chooses: its options' least, and 0 where
+    Transformer Engine's window may offload it (te_offload.window_runs and the layer offers the offload option:
+    the window keeps nothing of the block's first N, te_offload.window_per_layer). The bounds read it."""
+    least = min(layer_value("kept", layer, o, ctx) for o in range(len(layer.options)))
+    if te_offload.window_runs(ctx.setup) and any(option.name == OPTION_OFFLOAD for option in layer.options):
+        return min(least, 0.0)
+    return least

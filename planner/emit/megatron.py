@@ -33,7 +33,7 @@ import shlex
 from itertools import combinations
 
 from planner.cost import dataparallel
-from planner.emit import dp_support, facts, megatron_rounding, rounding, scored_as
+from planner.emit import dp_support, facts, megatron_rounding, megatron_window, rounding, scored_as
 from planner.errors import UserError
 from planner.models.configs.megatron_flags import RECOMPUTE_MODULES, recompute_modules_option
 from planner.schema import Plan, Profile
@@ -49,9 +49,9 @@ CANNOT_EXPRESS = [
     "not beside block recompute of whole layers; nor save-matmuls (op-level checkpointing), a dense MLP's "
     "activation alone (moe_act is the MoE layers') or attn (the whole attention module; core_attn is the "
     "attention kernel alone, Q, K and V kept: ckplan's core-attn).",
-    "activation offload per layer: megatron-core 0.16's --cpu-offloading refuses pipeline parallelism and "
-    "recompute (TransformerConfig), and its fine-grained offloading (--offload-modules) moves module inputs "
-    "of every decoder layer: offloaded layers are exported as whole-layer recompute.",
+    "activation offload per layer: --cpu-offloading offloads the first N decoder layers of one stage with no "
+    "recompute beside them (TransformerConfig; written where the plan is that window), --offload-modules every "
+    "layer's module inputs: other offloaded layers are exported as whole-layer recompute.",
     "zero-bubble and V-shaped schedules (ZB, ZBV, DualPipeV): megatron-core 0.16 interleaves virtual stages "
     "in a loop (interleaved 1F1B) only.",
 ]
@@ -64,10 +64,11 @@ RUNS_AS = {**rounding.ONLY_1F1B, "ZB": "interleaved-1F1B", "ZBV": "interleaved-1
 def export(plan: Plan, profile: Profile, *, plan_file: str) -> rounding.Export:
     scored_as.refuse_uncompiled_target(plan.setup, TARGET)
     _check_microbatches(plan)
-    roles, exact = rounding.decoder_start(plan, profile, TARGET, runs_as=RUNS_AS, selective=True,
+    window = megatron_window.count(plan, profile) is not None  # TE's window: written, not rounded
+    roles, exact = rounding.decoder_start(plan, profile, TARGET, runs_as=RUNS_AS, selective=True, keep_offload=window,
                                           round_zero=lambda r: dp_support.round_zero(r, TARGET))
     megatron_rounding.grouped_gemm(exact, profile)
-    rounded, num = _block(exact, roles, profile)
+    rounded, num = (exact, 0) if window else _block(exact, roles, profile)
     candidates = [(rounded, ()), *_selective(exact, roles, profile)]
     if len(candidates) > 1:  # the plan recomputes some layers selectively: block or one module list
         block = rounded
@@ -398,7 +399,7 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
     if modules:
         lines += ["# recompute these submodules of every decoder layer",
                   arg("--recompute-granularity", "selective"), arg("--recompute-modules", *modules)]
-    lines += [arg("--micro-batch-size", setup.pipeline.micro_batch_size),
+    lines += megatron_window.arguments(rounded, profile) + [arg("--micro-batch-size", setup.pipeline.micro_batch_size),
               f"# {setup.pipeline.microbatches} microbatches per pipeline: global batch = microbatches x micro batch x dp",
               arg("--global-batch-size", setup.pipeline.microbatches * setup.pipeline.micro_batch_size
                   * setup.data_parallel.dp // setup.training.context_parallel)]  # the setup's dp counts the cp ranks

@@ -93,15 +93,17 @@ RUNTIMES = {"Megatron-LM": "megatron", "torchtitan": "torchtitan", "ColossalAI":
             "DeepSpeed": "deepspeed"}
 
 
-def start(plan: Plan, target: str | None = None, *, selective: bool = False) -> Rounded:
+def start(plan: Plan, target: str | None = None, *, selective: bool = False, keep_offload: bool = False) -> Rounded:
     """The plan as it stands (its pipeline stages in order), scored for `target`'s runtime (its
     own way of overlapping the data-parallel reductions) where the plan was scored for another.
     Without `selective` (the exporter writes whole layers only), a selective option becomes
     the whole layer: it frees at least as much and recomputes more, re-scored like every other
-    rounding."""
+    rounding. With `keep_offload` (the target writes the plan's offloaded layers as they are: Megatron-LM's
+    window) they stay."""
     stages = [stage.model_copy(update={"predicted": None}) for stage in costmodel.pipeline_stages(plan.stages, plan.setup)]
     rounded = Rounded(stages=stages, setup=plan.setup)
-    offloaded_as_full(rounded, target)
+    if not keep_offload:
+        offloaded_as_full(rounded, target)
     if not selective:
         rounded.stages = whole_layers(rounded.stages)
         partial = {name: option for s in stages for name, option in s.recompute.items() if option != "full"}
@@ -231,14 +233,15 @@ def decoder_checkpoints_only(rounded: Rounded, roles: Roles, target: str) -> Rou
 
 
 def decoder_start(plan: Plan, profile: Profile, target: str, *, round_zero: Callable[[Rounded], None],
-                  runs_as: dict[str, str] | None = None, selective: bool = False) -> tuple[Roles, Rounded]:
+                  runs_as: dict[str, str] | None = None, selective: bool = False,
+                  keep_offload: bool = False) -> tuple[Roles, Rounded]:
     """Where every LLM framework's export starts: the profile's roles (embedding, decoder
     stack, head), the schedule it runs (`runs_as`: the plan's schedule -> the one the target
     runs instead, see `run_as`), the ZeRO stage it runs (`round_zero`), the embedding and
     head on the end stages, decoder layers the only ones recomputed (selective options kept
-    where `selective`: the exporter rounds them itself)."""
+    where `selective`: the exporter rounds them itself; offloaded layers where `keep_offload`)."""
     roles = require_roles(profile, target)
-    rounded = start(plan, target, selective=selective)
+    rounded = start(plan, target, selective=selective, keep_offload=keep_offload)
     instead = (runs_as or {}).get(plan.setup.pipeline.schedule)
     if instead is not None:
         run_as(rounded, instead, target)

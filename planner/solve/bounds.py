@@ -86,7 +86,7 @@ def setup_bounds(profile: Profile, setup: TrainSetup, layers: list[tuple[costmod
                     for o in options)
         compute += count * least
         cheapest.append((least, count))
-        kept += count * min(costmodel.layer_value("kept", layer, o, of_layer) for o in options)
+        kept += count * costmodel.least_kept_bytes(layer, of_layer)  # TE's window keeps 0 of an offloaded layer
     constant = sum(costmodel.stage_value(q, s, ctx) for s in range(stages) for q in ("time", "comm"))
     work = compute + constant
     if setup.pipeline.schedule in CHUNKED_SCHEDULES:

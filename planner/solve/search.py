@@ -22,11 +22,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from planner.cost import allocator, costmodel
+from planner.cost import allocator, costmodel, te_offload
 from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
-from planner.solve import baselines, dpsolve, incumbent, milp, replayfit, staticneed
+from planner.solve import baselines, dpsolve, dpwindow, incumbent, milp, replayfit, staticneed
 from planner.solve.deadline import Deadline, Expired
 from planner.solve.milp import SolveResult
 from planner.solve.results import NoFit, PlanResult, Shortfall  # noqa: F401 (the search's answers, named here too)
@@ -93,7 +93,8 @@ def plan(
     (planner/cost/reserve.py), replayfit.search_caps solves under rows that admit every plan the
     replay admits, then under caps between; what that proves is replayfit's text, and the
     result's solve.replay says which held. With no start, a setup where no split holds some stage's
-    static bytes and leanest activations (static_refusal) is "infeasible" before any solve."""
+    static bytes and leanest activations (static_refusal) is "infeasible" before any solve. Where the runtime's
+    offload is Transformer Engine's window, the fastest window evaluate admits replaces a slower plan (_with_window)."""
     deadline = deadline or Deadline(time_limit_s)
     if start is None and static_refusal(profile, setup, deadline) is not None:  # no split holds it, whatever it recomputes
         return NoFit("infeasible", deadline.elapsed_s(), pick_solver(setup, solver, profile))
@@ -119,12 +120,45 @@ def plan(
             setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
             least_memory=lambda: least_memory_plan(profile, setup, solver=solver, deadline=deadline),
             known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s)
+    found = _with_window(profile, setup, found, deadline, upper_bound_ms, relaxed)
     if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
                               or given[1].iteration_ms < found.cost.iteration_ms):
         solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
                             solver=pick_solver(setup, solver, profile))
         return PlanResult(stages=costmodel.with_predictions(given[0], given[1]), cost=given[1], solve=solve)
     return found
+
+
+def _with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, deadline: Deadline,
+                 upper_bound_ms: float | None, relaxed: list[int] | None) -> PlanResult | NoFit:
+    """The solvers' plan, or Transformer Engine's offload window where the runtime's offload is that handler and
+    the fastest N that evaluate admits (dpwindow.admitted_window: at the relaxed rows where the replay judges) is
+    faster than it and no slower than `upper_bound_ms`; its objective held to evaluate's (SolverMismatch)."""
+    if not te_offload.window_runs(setup) or (isinstance(found, NoFit) and found.status != "infeasible"):
+        return found
+    solved = isinstance(found, PlanResult) and found.cost.feasible
+    bar = min(found.cost.iteration_ms if solved else math.inf, upper_bound_ms or math.inf)
+    rows = setup if relaxed is None else setup.model_copy(
+        update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
+    try:
+        window = dpwindow.admitted_window(profile, setup, rows=rows, faster_than_ms=bar, deadline=deadline)
+    except Expired:
+        return found
+    if window is None:
+        return found
+    stages, objective_ms, cost = window
+    if abs(cost.iteration_ms - objective_ms) > 1e-6 * max(1.0, objective_ms):
+        raise SolverMismatch(f"the offload window re-evaluates to {cost.iteration_ms!r} ms but its objective is "
+                             f"{objective_ms!r}")
+    if solved:  # the faster of two: a bound on both is the lesser of theirs
+        status, solver, bound, replay = found.solve.status, found.solve.solver, found.solve.bound, found.solve.replay
+        bound = None if bound is None else min(bound, objective_ms)
+    else:  # no per-layer plan fits, and the window's N is exact
+        status, solver, bound = "optimal", found.solver, objective_ms
+        replay = None if relaxed is None else "relaxed"
+    gap = None if bound is None else max(0.0, 1 - bound / objective_ms)
+    solve = SolveResult(status, objective_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound, replay=replay)
+    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)
 
 
 def in_rows(cost: PlanCost) -> bool:
@@ -144,9 +178,11 @@ def _plan_once(profile: Profile, setup: TrainSetup, *, solver: Solver, mip_gap: 
         return _cut_short(profile, setup, *_feasible_start(profile, setup, upper_bound_ms, start, deadline), deadline,
                           pick_solver(setup, solver, profile))
     if pick_solver(setup, solver, profile) == "milp":
-        return _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
-                          upper_bound_ms=upper_bound_ms, start=start)
-    return _plan_dp(profile, setup, deadline=deadline, upper_bound_ms=upper_bound_ms, start=start)
+        found = _plan_milp(profile, setup, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log,
+                           upper_bound_ms=upper_bound_ms, start=start)
+    else:
+        found = _plan_dp(profile, setup, deadline=deadline, upper_bound_ms=upper_bound_ms, start=start)
+    return found
 
 
 def _plan_dp(profile: Profile, setup: TrainSetup, *, deadline: Deadline, upper_bound_ms, start) -> PlanResult | NoFit:

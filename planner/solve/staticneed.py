@@ -126,8 +126,7 @@ class Needs:
         self.chain = chain
         setup, ctx = chain.setup, chain.ctx
         num, stages = len(chain), len(chain.stages)
-        least_kept = [min(costmodel.layer_value("kept", layer, o, ctx) for o in range(len(layer.options)))
-                      for layer in chain.layers]
+        least_kept = [costmodel.least_kept_bytes(layer, ctx) for layer in chain.layers]  # TE's window: 0
         static = [costmodel.layer_value("static", layer, 0, ctx) for layer in chain.layers]
         shape = (num + 1, num + 1)
         self.held, self.static, self.kept, self.late_grad, self.scratch = (np.zeros(shape) for _ in range(5))

@@ -11,7 +11,7 @@ the Transformer Engine v2.9 it calls (docs/framework-facts.md §107):
   d2h stream of its own, and brings them back on an h2d stream before each layer's backward: overlapped with
   compute (TE cpu_offload.py 303-657 at v2.9);
 - megatron-core refuses it with pipeline parallelism, with recompute, with N outside [0, num_layers) and with
-  CUDA graphs (transformer_config.py 1053-1068, 1631-1632).
+  CUDA graphs (transformer_config.py 1053-1068, 1631-1632; the same at d98e8a64, 1884-1899, 2800-2801: §321).
 
 The job carries it as the `offload` option on the first N decoder layers (Recompute mode "block", option
 "offload"); under the megatron record (te_window_offload) the cost model charges those layers as TE's window
