@@ -170,8 +170,9 @@ def test_fsdp2s_head_backward_no_longer_holds_the_lm_heads_gradient():
     head = layer_costs(profile)[-1]
     plain = gathered.fsdp_unit_layer_bytes(head, 0, profile, _setup(0, dp=8, zero=3))
     chunked = gathered.fsdp_unit_layer_bytes(head, 0, profile, _setup(4, dp=8, zero=3))
-    # the larger moment here is the computing one (the post-backward's, less the layer's scratch, is lower)
-    assert plain > 0 and plain - chunked == 1024 * 64 * 2
+    # the largest moment here is the start of the head's backward, before any of its gradients is made: the same
+    assert plain > 0 and plain == chunked
+    # (the end and the post-backward, where the plain head holds its LM head's gradient, take these off)
     from planner.cost.chunkedloss import head_grads_reduced_in_loss
     assert head_grads_reduced_in_loss(profile, _setup(4, dp=8, zero=3)) == (1024 * 64 * 2, 1024 * 64 * 6)
 

@@ -82,19 +82,20 @@ def test_reduced_gradient_shards_only_for_hsdp_zero3_per_microbatch():
 
 def test_stage_static_and_buffers_by_hand():
     # three layers of 1, 2 and 1 Mi params on one stage, dp 4, ZeRO 3 in groups of 2 (HSDP):
-    # static = 4 Mi x (2/2 + 2/2 + 12/2) = 32 MiB; buffers = FSDP2's for the largest layer,
-    # 2 Mi x (2 x 2 B + 2 x 2 B) = 16 MiB, + the reduced gradient shards of every layer but the
-    # first, (2 + 1) Mi x 2 B / 2 = 3 MiB (no pipeline buffers on a single stage, no batch bytes)
+    # static = 4 Mi x (2/2 + 2/2 + 12/2) = 32 MiB; no buffers (no pipeline buffers on a single stage, no batch
+    # bytes); FSDP2's units per moment (fsdpunits.py), the largest the end of b's backward: b and a prefetched
+    # (2 + 1) Mi x 2 B, c's reduce-scatter input and b's gradient (1 + 2) Mi x 2 B = 12 MiB, and under HSDP
+    # c's reduced shard, kept for the all-reduce to the backward's end, 1 Mi x 2 B / 2 = 1 MiB
     p = profile_of([layer("a", "A", fwd_ms=1, act_mib=0, input_mib=0, param_count=MIB),
                     layer("b", "B", fwd_ms=1, act_mib=0, input_mib=0, param_count=2 * MIB),
                     layer("c", "C", fwd_ms=1, act_mib=0, input_mib=0, param_count=MIB)])
     stages = costmodel.split_to_stages([0], [False] * 3, p)
     cost = costmodel.evaluate(stages, p, setup(dp=4, zero=3, shard_group=2)).stages[0]
     assert cost.static_bytes == 32 * MIB
-    assert cost.buffer_bytes == 19 * MIB
+    assert (cost.buffer_bytes, cost.transient_bytes) == (0, 13 * MIB)
     # one shard group (no replicas): no reduced shards kept
     cost = costmodel.evaluate(stages, p, setup(dp=4, zero=3)).stages[0]
-    assert cost.buffer_bytes == 16 * MIB
+    assert (cost.buffer_bytes, cost.transient_bytes) == (0, 12 * MIB)
 
 
 def test_host_bytes_per_node():

@@ -123,10 +123,10 @@ def wide_profile(tmp_path_factory):
 @pytest.mark.parametrize("zero", [2, 3])
 def test_zero2_zero3_peak_holds_to_the_prediction(tmp_path, wide_profile, zero):
     """Profile, solve and run ZeRO 2/3 as HSDP (dp 4 in 2 shard groups of 2) on blocks whose
-    parameters outweigh their activations: the measured peak stays under the prediction and
-    near it. FSDP2 reduces layer by layer during each backward; holding the stage's gradients
-    (and ZeRO 3's gathered weights) whole to its end, as torch's pipeline schedule does,
-    measured 27% (ZeRO 2) and 32% (ZeRO 3) over it; now 5% and 9% under."""
+    parameters outweigh their activations: the measured peak is the prediction's, FSDP2's units charged
+    per moment (planner/cost/fsdpunits.py; the largest layer's constant term was 5% and 9% over). ZeRO 2
+    peaks at the last block's copy-out with its all-gather output and the one before; 0.7% under here,
+    the batch each rank draws whole (4 x 64 KiB; the batch term charges a rank's slice)."""
     profile, plan_path = wide_profile, tmp_path / "plan.yaml"
     run_ok("solve", "--profile", profile, "--stages", "1", "--mem", "1GB", "--microbatches", "4", "--dp", "4",
            "--zero", zero, "--shard-group", "2", "--out", plan_path)
@@ -134,7 +134,7 @@ def test_zero2_zero3_peak_holds_to_the_prediction(tmp_path, wide_profile, zero):
     report = run_plan(plan, plan_file=plan_path, steps=1, warmup_steps=1)
     for stage in report.stages:
         measured, predicted = stage.measured.peak_bytes, stage.predicted.peak_bytes
-        assert 0.85 * predicted <= measured <= predicted, (measured, predicted)
+        assert abs(measured - predicted) <= 0.02 * predicted, (measured, predicted)
 
 
 @pytest.mark.slow

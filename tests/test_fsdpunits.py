@@ -38,44 +38,46 @@ def test_the_root_and_the_last_block_are_gathered_at_the_loss_under_9dec370():
     assert fsdpunits.loss_moment_bytes(PARAMS, NO_FP8, setup(), **SPLIT) == 16 * MI
 
 
-@pytest.mark.parametrize("i, computing, after", [
-    # the head: the root gathered (32), the last block held (4); the head's gradient (16); the root
-    # reduces at the end of the backward: no reduce-scatter input yet, no post-backward here
-    (3, 32 + 4 + 16, 0),
-    # the last block: itself and the root (32 + 4), block 0 prefetched (4); its gradient and the
-    # head's (4 + 16); nothing reduced before it. Post-backward: itself resharded, its own
-    # reduce-scatter input (2 Mi x 4 B = 8)
-    (2, 32 + 4 + 4 + 4 + 16, 32 + 4 + 4 + 16 + 8),
-    # block 0: itself and the root (36), block 1 resharded; its and the head's gradients (20); block
+@pytest.mark.parametrize("i, computing, own, after", [
+    # the head: the root gathered (32), the last block held (4); by the end of its backward the head's
+    # gradient (16); the root reduces at the end of the backward: no reduce-scatter input yet, no post-backward here
+    (3, 32 + 4, 16, 0),
+    # the last block: itself and the root (32 + 4), block 0 prefetched (4); the head's gradient (16), then
+    # its own (4); nothing reduced before it. Post-backward: itself resharded, its own reduce-scatter input
+    # (2 Mi x 4 B = 8)
+    (2, 32 + 4 + 4 + 16, 4, 32 + 4 + 4 + 16 + 8),
+    # block 0: itself and the root (36), block 1 resharded; the head's gradient (16), then its own (4); block
     # 1's reduce-scatter input (8). Post-backward: the root (32), the gradients, its own input (8)
-    (1, 36 + 20 + 8, 32 + 20 + 8),
-    # the embedding: the root (32); its and the head's gradients (32); block 0's input (8).
+    (1, 36 + 16 + 8, 4, 32 + 20 + 8),
+    # the embedding: the root (32); the head's gradient (16), then its own (16); block 0's input (8).
     # Post-backward: the root resharded, the gradients, the root's input (16 Mi x 4 B)
-    (0, 32 + 32 + 8, 32 + 64),
+    (0, 32 + 16 + 8, 16, 32 + 64),
 ])
-def test_each_layers_backward_under_the_root_unit(i, computing, after):
-    assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(), **ROOT) == (computing * MI, after * MI)
+def test_each_layers_backward_under_the_root_unit(i, computing, own, after):
+    assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(), **ROOT) == \
+        ((computing) * MI, (computing + own) * MI, after * MI)
 
 
-@pytest.mark.parametrize("i, computing, after", [
-    # [norm, output] and the prefetched last block, its gradient; post-backward: the last block, its
+@pytest.mark.parametrize("i, computing, own, after", [
+    # [norm, output] and the prefetched last block, then its gradient; post-backward: the last block, its
     # gradient, its input (8 Mi x 4 B)
-    (3, 2 * (8 + 2) + 16, 2 * 2 + 16 + 32),
-    # block 0 and the embedding prefetched, its gradient, block 1's input; post-backward: the
+    (3, 2 * (8 + 2), 16, 2 * 2 + 16 + 32),
+    # block 0 and the embedding prefetched, block 1's input, then its gradient; post-backward: the
     # embedding, its gradient, its own input
-    (1, 2 * (2 + 8) + 4 + 8, 2 * 8 + 4 + 8),
+    (1, 2 * (2 + 8) + 8, 4, 2 * 8 + 4 + 8),
 ])
-def test_each_layers_backward_with_the_head_apart(i, computing, after):
+def test_each_layers_backward_with_the_head_apart(i, computing, own, after):
     assert fsdpunits.layer_moment_bytes(PARAMS, NO_FP8, i, setup(runtime_version="2c8b5947"), **SPLIT) == \
-        (computing * MI, after * MI)
+        (computing * MI, (computing + own) * MI, after * MI)
 
 
 def test_on_equal_layers_a_moment_is_the_measured_largest_layer_term():
     # every layer its own unit, none held: two gathered, a gradient, a reduce-scatter input
     equal = [MI] * 4
     s = setup()
-    computing, after = fsdpunits.layer_moment_bytes(equal, NO_FP8, 2, s, grouping="per-layer", held=())
-    assert computing == dataparallel.unsharded_bytes(MI, s) == (2 * 2 + 2 + 4) * MI
+    start, end, after = fsdpunits.layer_moment_bytes(equal, NO_FP8, 2, s, grouping="per-layer", held=())
+    assert end == dataparallel.unsharded_bytes(MI, s) == (2 * 2 + 2 + 4) * MI
+    assert start == end - 2 * MI  # none of its gradient at the start of its backward
     assert after == (2 + 2 + 4) * MI  # its own weights resharded before its reduce-scatter
 
 
@@ -98,14 +100,20 @@ def test_rules_charge_the_units_per_moment_and_the_largest_layer_elsewhere():
     titan = setup()
     assert gathered.unsharded_bytes(p, 0, titan) == 0
     assert gathered.fsdp_unit_loss_bytes(p, 0, titan) == 36 * MI
-    # the larger of each layer's computing and post-backward moments (the layers have no scratch)
+    # the largest of each layer's moments (the layers have no scratch, nothing kept): block 0's is its copy-out,
+    # the root gathered (32) with its all-gather output still referenced (32), block 0's output and weights (4 + 4)
     assert [gathered.fsdp_unit_layer_bytes(x, 0, p, titan) for x in costmodel.layer_costs(p)] == \
-        [96 * MI, 64 * MI, 64 * MI, 52 * MI]
-    # ckplan's runtime: the largest layer's measured term, held; no per-moment term
+        [96 * MI, 72 * MI, 64 * MI, 52 * MI]
+    # ckplan's runtime on one stage: every layer its own unit, none held; bf16 gradients (2 B) reduced in bf16.
+    # The embedding's end: itself (16), block 0's reduce-scatter input (2 Mi x 2 B), its gradient (16)
     ours = setup(runtime="ckplan", runtime_version=None)
-    assert gathered.unsharded_bytes(p, 0, ours) == (2 * 2 + 2 + 2) * 8 * MI
+    assert gathered.unsharded_bytes(p, 0, ours) == 0
     assert gathered.fsdp_unit_loss_bytes(p, 0, ours) == 0
-    assert gathered.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, ours) == 0
+    assert gathered.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, ours) == (16 + 4 + 16) * MI
+    # beside a pipeline a stage's units are not the model's: the largest layer's term, held
+    piped = setup(runtime="ckplan", runtime_version=None, stages=2, microbatches=2, mem_caps_bytes=[2**50] * 2)
+    assert gathered.unsharded_bytes(p, 0, piped) == (2 * 2 + 2 + 2) * 8 * MI
+    assert gathered.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, piped) == 0
 
 
 def test_weights_kept_whole_beside_a_pipeline_are_not_charged_again():
@@ -143,3 +151,63 @@ def test_both_solvers_and_evaluate_agree_with_the_units_charged_per_moment(versi
     assert again.peak_bytes_per_stage == result.cost.peak_bytes_per_stage and again.feasible
     other = search.plan(p, s, time_limit_s=30, solver="milp", mip_gap=0.0)
     assert other.cost.iteration_ms == pytest.approx(result.cost.iteration_ms, rel=1e-6)
+
+
+# ---------------------------------------------------------------- tied layers, ZeRO 2, the forward (torch 2.13)
+
+
+def test_layers_sharing_a_parameter_are_one_unit_with_the_first_of_them():
+    # FSDP2 refuses a parameter two groups manage: ckplan's runtime and torchtitan b5bcd76c join them
+    assert fsdpunits.unit_of_layers(6, "per-layer", [[0, 5]]) == [0, 1, 2, 3, 4, 0]
+    assert fsdpunits.unit_of_layers(4, "per-layer", [[1, 3]]) == [0, 1, 2, 1]
+    assert fsdpunits.unit_of_layers(4, "root-ends", [[0, 3]]) == [0, 1, 2, 0]
+
+
+# ckplan's runtime, fp32: weights, gradients and reduce-scatter inputs 4 B a parameter; the tied GPT's layers
+# (embed 2,560 parameters, four blocks of 12,704, a head of 64 norm parameters beside the 2,048 it shares)
+TIED_PARAMS = [2560, 12704, 12704, 12704, 12704, 64]
+TIED = dict(grouping="per-layer", held=(), tied=[[0, 5]])
+
+
+def ckplan(zero: int) -> TrainSetup:
+    return TrainSetup(stages=1, microbatches=2, micro_batch_size=2, mem_caps_bytes=[2**40], dp=2, zero=zero)
+
+
+def test_a_tied_unit_stays_gathered_through_the_blocks_backward():
+    # blocks.3 starts its backward with itself, blocks.2 prefetched and the [embed, head] unit gathered since
+    # the head's backward (2,624 x 4), the head's norm gradient (64 x 4), no reduce-scatter input yet (the
+    # tied unit reduces after the embedding): 112,384 B, the measured difference to ZeRO 0 at that moment
+    start, end, after = fsdpunits.layer_moment_bytes(TIED_PARAMS, [0] * 6, 4, ckplan(3), **TIED)
+    assert start == (12704 + 12704 + 2624) * 4 + 64 * 4 == 112_384
+    assert end == start + 12704 * 4
+    # post-backward: blocks.3 resharded, blocks.2 and the tied unit, its gradient and its own input
+    assert after == (12704 + 2624) * 4 + 64 * 4 + 12704 * 4 + 12704 * 4
+
+
+def test_zero_2_gathers_nothing_in_the_backward_and_keeps_the_forwards_outputs():
+    # the weights whole from the forward (static): blocks.3's backward holds the head's gradient alone
+    start, end, after = fsdpunits.layer_moment_bytes(TIED_PARAMS, [0] * 6, 4, ckplan(2), **TIED)
+    assert (start, end, after) == (64 * 4, (64 + 12704) * 4, (64 + 12704 + 12704) * 4)
+    # the head's forward: the tied unit gathered since the embedding's, so the last all-gather output kept is
+    # blocks.3's (50,816 B, measured); untied, the head's copy-out runs with its own output and blocks.3's
+    assert fsdpunits.forward_bytes(TIED_PARAMS, [0] * 6, 5, ckplan(2), **TIED) == (0.0, 12704 * 4)
+    untied = [2560, 12704, 12704, 12704, 12704, 2112]
+    copy_out, end = fsdpunits.forward_bytes(untied, [0] * 6, 5, ckplan(2), grouping="per-layer", held=())
+    assert (copy_out, end) == ((2112 + 12704) * 4, 2112 * 4)
+    # under ZeRO 3 the head's unsharded weights besides
+    copy_out, end = fsdpunits.forward_bytes(untied, [0] * 6, 5, ckplan(3), grouping="per-layer", held=())
+    assert (copy_out, end) == ((2 * 2112 + 12704) * 4, 2 * 2112 * 4)
+
+
+def test_a_parameter_two_layers_share_is_gathered_once():
+    from planner.schema import TiedSet
+
+    layers = [layer("embed", "embedding", fwd_ms=1, act_mib=0, input_mib=0, param_count=2 * MI),
+              layer("block", "decoder_block", fwd_ms=1, act_mib=0, input_mib=0, param_count=MI),
+              layer("head", "norm+lm_head", fwd_ms=1, act_mib=0, input_mib=0, param_count=2 * MI)]
+    p = profile_of(layers).model_copy(update={"tied": [TiedSet(layers=["embed", "head"], param_count=2 * MI,
+                                                                param_bytes=8 * MI)]})
+    costs = costmodel.layer_costs(p)
+    # the embedding's end of backward, ZeRO 3 fp32: its unit (2 Mi, the head adding nothing) gathered, its
+    # gradient (2 Mi), block's reduce-scatter input (1 Mi): 4 B each
+    assert gathered.fsdp_unit_layer_bytes(costs[0], 0, p, ckplan(3)) == (2 + 2 + 1) * 4 * MI

@@ -65,7 +65,11 @@ def test_the_tied_table_reduces_and_gathers_as_one_parameter(runtime, zero):
         gather, reduce = dataparallel.collectives_ms(SHARED, setup, shared=SHARED)
         assert reduce == 0.0 and gather == pytest.approx(dataparallel.weight_gather_ms(SHARED, setup))
     assert tied.static_bytes == one.static_bytes
-    if not (runtime == "torchtitan" and zero == 3):  # FSDP2's units: torchtitan groups the tied modules (§307)
+    if runtime in ("torchtitan", "ckplan") and zero == 3:
+        # FSDP2's units: the tied modules are one unit (§307, §308), gathered from the head's backward to the
+        # embedding's (§330): where the blocks' backward peaks, with the table (bf16, 2 B) the one-parameter job lacks
+        assert 0 <= tied.peak_bytes - one.peak_bytes <= 2 * SHARED
+    else:
         assert tied.peak_bytes == one.peak_bytes
 
 

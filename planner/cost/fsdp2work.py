@@ -147,7 +147,7 @@ def edge_units_exposed_ms(layer: LayerCost, profile: Profile, setup: TrainSetup)
     first layer, however many layers it holds. The collectives dataparallel.exposed_comm_ms hides carry
     none (their bytes alone)."""
     record = runtimes.of(setup.training)
-    if record.fsdp_units not in ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, record.fsdp_units):
+    if record.fsdp_units not in ORDERED_UNITS or not fsdpunits.regathered_per_moment(setup, record.fsdp_units):
         return 0.0
     layers = profile.layers
     # the first unit: the first layer, and under "root-ends" the last (fsdpunits.unit_of_layers), read by

@@ -52,26 +52,43 @@ def _held_params(profile: Profile, setup: TrainSetup) -> list[tuple[int, int]]:
 
 
 def _units_args(profile: Profile, setup: TrainSetup):
+    """Each layer's parameters on the rank, its Float8 weights, and the units' arguments: a parameter several
+    layers share (tied weights) is one FSDP2 parameter of their one unit (fsdpunits.unit_of_layers), counted at
+    its first holder only."""
     held = _held_params(profile, setup)
+    names = [layer.name for layer in profile.layers]
+    tied = [sorted(names.index(name) for name in item.layers) for item in profile.tied]
+    shared = [0] * len(names)
+    for item, holders in zip(profile.tied, tied):
+        for j in holders[1:]:
+            shared[j] += item.param_count
     record = runtime_facts(setup)
-    return ([p for p, _ in held], [f for _, f in held],
-            dict(grouping=record.fsdp_units, held=record.fsdp_gathered_from_forward))
+    return ([p - s for (p, _), s in zip(held, shared)], [f for _, f in held],
+            dict(grouping=record.fsdp_units, held=record.fsdp_gathered_from_forward, tied=tied))
 
 
 def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
-    """What FSDP2 holds beyond the sharded state while `layer` (under `option`) runs its backward, by
-    the runtime's units (fsdpunits.layer_moment_bytes), as an extra of the layer: the larger of its
-    computing moment and its unit's post-backward less the layer's own extra (freed by then). 0 where
-    they are not charged per moment (unsharded_bytes holds the largest layer's instead)."""
+    """What FSDP2 holds beyond the sharded state while `layer` (under `option`) runs, by the runtime's units
+    (fsdpunits.layer_moment_bytes, forward_bytes), as an extra of the layer: the largest of its moments, each
+    beside what the layer itself holds then. The start of its backward: its scratch, none of its gradients
+    (autograd makes each as the backward reaches it); its end and its unit's post-backward: all of them, its
+    scratch and saved tensors freed, its input's gradient made; its unit's copy-out as its forward begins:
+    nothing of its own kept yet; the last layer's forward: its kept bytes. 0 where they are not charged per
+    moment (unsharded_bytes holds the largest layer's instead)."""
+    from planner.cost.terms import Context, layer_value
+
     if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
         return 0
     params, fp8, units = _units_args(profile, setup)
     index = next(i for i, known in enumerate(profile.layers) if known.name == layer.name)
-    computing, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
+    start, end, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
     if index == len(profile.layers) - 1:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
-        computing, after = (a - b for a, b in zip((computing, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
-    # the post-backward comes once the layer's own scratch and recompute are freed
-    return int(round(max(computing, after - layer_extra_bytes(layer, option))))
+        end, after = (a - b for a, b in zip((end, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
+    copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, **units)
+    scratch = layer_extra_bytes(layer, option)
+    kept = layer_value("kept", layer, option, Context(profile, setup))
+    done = scratch + kept - layer.input_bytes  # freed by the end of its backward, its input's gradient made
+    return int(round(max(start, end - done, after - done, copy_out - kept - scratch, forward_end - scratch)))
 
 
 def fsdp_unit_loss_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:

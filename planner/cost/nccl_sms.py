@@ -174,7 +174,7 @@ def fsdp2_latency_ms(setup: TrainSetup) -> tuple[float, float]:
     charged per moment (a record whose units were read, ZeRO 3 resharded after forward: fsdpunits); (0, 0) elsewhere
     (DeepSpeed's and Megatron-FSDP's collectives: their bytes alone, as dataparallel.exposed_comm_ms charges them)."""
     units = runtimes.of(setup.training).fsdp_units
-    if units not in fsdp2work.ORDERED_UNITS or not fsdpunits.charged_per_moment(setup, units):
+    if units not in fsdp2work.ORDERED_UNITS or not fsdpunits.regathered_per_moment(setup, units):
         return 0.0, 0.0
     return fsdp2work.unit_latency_ms(setup)
 

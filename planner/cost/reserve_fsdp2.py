@@ -159,7 +159,7 @@ def reserved_bytes(replayed: Replayed, peak_bytes: int) -> int:
 def replays(setup: TrainSetup) -> bool:
     """Whether this replay orders the setup's step, under a runtime whose record says it runs FSDP2's
     (fsdp2_step_replayed): one stage and one microbatch, or several accumulated without a pipeline
-    (fsdp2_accum.py), with its units charged per moment (fsdpunits.charged_per_moment: ZeRO 3 resharded
+    (fsdp2_accum.py), with its units charged per moment (fsdpunits.regathered_per_moment: ZeRO 3 resharded
     after forward, reduced every microbatch); or one stage a rank of 1F1B or
     GPipe, or several of interleaved 1F1B (fsdp2_chunks.py), with the weights gathered and the gradients
     kept whole through the microbatches (dataparallel.kept_whole: torchtitan beside a pipeline). Not the
@@ -170,7 +170,7 @@ def replays(setup: TrainSetup) -> bool:
     if not record.fsdp2_step_replayed or dataparallel.shard_size(setup) < 2:
         return False
     if pipeline.chunks == 1 and pipeline.stages == 1 and (pipeline.microbatches == 1 or accumulates(setup)):
-        return fsdpunits.charged_per_moment(setup, record.fsdp_units)
+        return fsdpunits.regathered_per_moment(setup, record.fsdp_units)
     schedules = ("1F1B", "GPipe") if pipeline.chunks == 1 else SCHEDULES
     return pipeline.schedule in schedules and dataparallel.kept_whole(setup) and setup.data_parallel.zero >= 3
 

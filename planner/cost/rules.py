@@ -11,6 +11,7 @@ from planner.cost import (
     compiledrerun,
     dataparallel,
     ep_exchange,
+    fsdpunits,
     runtimes,
     schedules,
 )
@@ -119,7 +120,9 @@ def reduced_bytes(layer: LayerCost, setup: TrainSetup) -> float:
     """HSDP's ZeRO 3: the reduced gradient shard FSDP2 keeps for this layer through the rest of
     the stage's backward (dataparallel.reduced_bytes_per_param). Charged for every layer, with
     the buffers; the stage's first layer takes its own back (first_layer_buffer_bytes): the
-    most are held while it computes, one for each layer after it."""
+    most are held while it computes, one for each layer after it. 0 where charged at FSDP2's moments (fsdpunits)."""
+    if fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return 0.0
     return per_param_bytes(layer, setup, dataparallel.reduced_bytes_per_param)
 
 

@@ -72,8 +72,8 @@ _TITAN_UNITS = {
                  "\"always\", then fully_shard(model) with no parameters left), 2c8b5947 (2025-08-08)"),
     "b5bcd76c": ("per-layer", ("last",),
                  "torchtitan/distributed/fsdp.py 234-266 (tok_embeddings a unit, [norm, lm_head] one unit not "
-                 "resharded after forward unless \"always\"; tied weights put tok_embeddings in that unit, not "
-                 "modelled), 290-368 (every block, then the root), b5bcd76c (2026-08-21)"),
+                 "resharded after forward unless \"always\"; tied weights put tok_embeddings in that unit, 238-249, "
+                 "fsdpunits.unit_of_layers), 290-368 (every block, then the root), b5bcd76c (2026-08-21)"),
 }
 
 # torchtitan's package version (assets/version.txt) names a span of commits whose records differ: a

@@ -88,7 +88,7 @@ def _ckplan() -> RuntimeFacts:
         compiles_model=False, runs_instead=_NO_MODEL_COMPILE["ckplan"][0],
         **TORCH_PIPELINING, recompute_whole_forward=False,
         overlaps_grad_reduce=False, prefetches_zero3_gathers=True, tp_overlap=None, cublas_workspace_bytes=None,
-        step_replayed=True,
+        step_replayed=True, fsdp_units="per-layer",
         sources={
             "step_replayed": "planner/cost/reserve.py replays planner/runtime/replay.py's and stagemodule.py's step",
             "fsdp2_step_replayed": "ckplan's runtime shards with its own data parallelism (planner/runtime), not FSDP2's step",
@@ -104,9 +104,8 @@ def _ckplan() -> RuntimeFacts:
             "pipeline_schedules": "planner/runtime/worker.py runs torch.distributed.pipelining's schedules by name (get_schedule_class: Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV), " + f"{TORCH_V} (docs/framework-facts.md §251)",
             "stage_sends_beside": "not read (branch p2pcheck): its pipeline sends stay in the passes", "multi_schedule_lockstep": f"torch/distributed/pipelining/schedules.py 2216, 2891 (_PipelineScheduleRuntime), "
                                        f"{TORCH_V}",
-            "fsdp_units": "planner/runtime/mesh.py (fully_shard of every layer): the buffer term measured there "
-                          "(scripts/bench_dp_static.py, dataparallel.unsharded_bytes)",
-            "fsdp_gathered_from_forward": "none beyond the measured term: every layer resharded after forward",
+            "fsdp_units": "planner/runtime/mesh.py data_parallel: fully_shard of every layer, the layers sharing a parameter one unit (_units), then of the stage (no parameters left), reshard_after_forward = ZeRO 3; one stage charged per moment (planner/cost/fsdpunits.py, docs/framework-facts.md §329-§334), beside a pipeline the largest layer's term (dataparallel.unsharded_bytes)",
+            "fsdp_gathered_from_forward": "none: every unit resharded after its forward under ZeRO 3 (mesh.py data_parallel); under ZeRO 2 every unit stays gathered to its post-backward, charged whole in static",
             "grads_allocated_at_first_backward": "held in static as ckplan's runtime was measured (scripts/bench_dp_static.py)",
             "grad_bytes": "planner/runtime (torch .grad in the parameter's dtype); bf16 params under bf16-mixed",
             "shard_weight_bytes": "planner/runtime/mesh.py: bf16 parameters, fp32 master in the optimizer",
