@@ -26,7 +26,7 @@ from planner.cost import allocator, costmodel
 from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
-from planner.solve import baselines, dpsolve, incumbent, milp, replayfit, staticneed
+from planner.solve import baselines, dpsolve, incumbent, milp, replaycuts, replayfit, staticneed
 from planner.solve.deadline import Deadline, Expired
 from planner.solve.milp import SolveResult
 from planner.solve.results import NoFit, PlanResult, Shortfall  # noqa: F401 (the search's answers, named here too)
@@ -110,6 +110,15 @@ def plan(
     if relaxed is None:  # the rows are evaluate's verdict
         found = _plan_once(profile, setup, upper_bound_ms=upper_bound_ms, start=start, **kwargs)
     else:
+        found = None
+        if pick_solver(setup, solver, profile) == "dp":  # lazy cuts: a proof, where they close (replaycuts)
+            found = replaycuts.fastest_fitting(
+                profile, setup, relaxed, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
+                known=given, upper_bound_ms=upper_bound_ms, deadline=deadline)
+            if not isinstance(found, replaycuts.Unclosed):
+                return found
+        unclosed = found
+
         def solve_under(caps: list[int], bar: float | None, first: bool) -> PlanResult | NoFit:
             under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": caps})})
             return _plan_once(profile, under, upper_bound_ms=upper_bound_ms if first else bar,
@@ -119,6 +128,7 @@ def plan(
             setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
             least_memory=lambda: least_memory_plan(profile, setup, solver=solver, deadline=deadline),
             known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s)
+        found = replaycuts.tightened(found, unclosed)
     if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
                               or given[1].iteration_ms < found.cost.iteration_ms):
         solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),

@@ -1,0 +1,109 @@
+"""The DP's plan held to the allocator replay by lazy cuts (issue 33): solve under the relaxed rows, replay the
+plan, exclude each stage's exact set (its range and every layer's option) the replay put over, solve again,
+until the plan fits.
+
+Why the answer is optimal against the replay. The relaxed rows (replayfit.relaxed_caps) admit every stage the
+replay admits: a replayed stage's reserved peak is never below its allocated peak (replayfit's text). A stage's
+replay reads its own range, options and position alone (costmodel.evaluate scores each rank by itself: its
+in-flight microbatches, its buffers, its cap), so a set the replay put over at stage s over [i, j) is over in
+every plan: excluding it removes no plan that fits. Each solve is therefore the fastest plan of all the plans
+that may fit, a lower bound on any plan that does; the first that fits is the fastest that fits ("optimal"),
+and a solve that finds none (or none faster than a plan known to fit) proves there is none (or that one
+optimal). The DP weighs each range's undominated sets of (recompute ms, kept bytes, extra bytes)
+(dpsegments.front): under the rows a dominated set is never needed; under the replay, a set dominated only by
+sets the replay put over is not weighed. That is what the proof ranges over: the sets the DP weighs.
+
+A larger cap admits every stage a smaller one admits (the rows are monotone in the cap; the replay's reserved
+peak is its own, released only where the cap stops it), so where the cuts close, a larger cap never returns a
+slower plan. Where they do not close within MAX_ROUNDS solves or the deadline, the caller searches caps
+(replayfit.search_caps) and the last solve's time is the bound on any plan that fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from planner.cost import costmodel
+from planner.cost.costmodel import PlanCost
+from planner.schema import Profile, StagePlan, TrainSetup
+from planner.solve import dpsolve
+from planner.solve.deadline import Deadline, Expired
+from planner.solve.dpsegments import Chain, Excluded
+from planner.solve.highs import SolveResult
+from planner.solve.results import NoFit, PlanResult
+
+MAX_ROUNDS = 64  # solves before the cuts give way to the search over caps (each one DP solve and one replay)
+
+
+@dataclasses.dataclass
+class Unclosed:
+    """The cuts did not close: `bound_ms`, the last solve's time, no plan that fits is faster (None: no solve
+    finished); `solves`, how many ran; `excluded`, the sets the replay put over."""
+
+    bound_ms: float | None
+    solves: int
+    excluded: int
+
+
+def fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,
+                    evaluate: Callable[[list[StagePlan]], PlanCost], known: tuple[list[StagePlan], PlanCost] | None,
+                    upper_bound_ms: float | None, deadline: Deadline,
+                    max_rounds: int = MAX_ROUNDS) -> PlanResult | NoFit | Unclosed:
+    """The fastest plan the replay admits under `setup`'s caps, proven (the module's text), or Unclosed.
+    `known`: a plan that fits, with its cost (returned, "optimal", where no faster plan fits); `upper_bound_ms`:
+    the time of a plan that fits, where none is given."""
+    under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
+    chain = Chain(profile, under)
+    bar = known[1].iteration_ms if known is not None else upper_bound_ms
+    excluded: Excluded = {}
+    bound = None
+    for solves in range(1, max_rounds + 1):
+        try:
+            found = dpsolve.fastest_plan(profile, under, upper_bound_ms=bar, deadline=deadline, excluded=excluded,
+                                         chain=chain)
+        except Expired:
+            return Unclosed(bound, solves - 1, sum(map(len, excluded.values())))
+        if found is None:  # no plan that may fit is faster than the one known, or none at all
+            if known is None:
+                return NoFit("infeasible", deadline.elapsed_s(), "dp")
+            stages, cost = known
+            return _result(stages, cost, cost.iteration_ms, solves, deadline, excluded)
+        stages, bound = found
+        cost = evaluate(stages)
+        if cost.feasible:
+            return _result(stages, cost, bound, solves, deadline, excluded)
+        for s, (stage, stage_cost) in enumerate(zip(stages, cost.stages, strict=True)):
+            if not stage_cost.fits:
+                start, end, mask = _key(chain, stage)
+                excluded[(s, start, end)] = excluded.get((s, start, end), frozenset()) | {mask}
+    return Unclosed(bound, max_rounds, sum(map(len, excluded.values())))
+
+
+def _key(chain: Chain, stage: StagePlan) -> tuple[int, int, int]:
+    """(start, end, mask) of a stage as dpsegments reads it: its layer range and every layer's option index,
+    chain.bits bits a layer from the range's first."""
+    start = next(m for m, layer in enumerate(chain.layers) if layer.name == stage.layers[0])
+    end = start + len(stage.layers)
+    options = costmodel.option_indices(stage, chain.layers[start:end])
+    return start, end, sum(option << (offset * chain.bits) for offset, option in enumerate(options))
+
+
+def _result(stages: list[StagePlan], cost: PlanCost, bound_ms: float, solves: int, deadline: Deadline,
+            excluded: Excluded) -> PlanResult:
+    """"optimal" against the replay: "relaxed" where the relaxed rows' first solve proved it, "cut" after cuts."""
+    gap = max(0.0, (cost.iteration_ms - bound_ms) / cost.iteration_ms)
+    solve = SolveResult("optimal", cost.iteration_ms, gap, deadline.elapsed_s(), solver="dp", bound=bound_ms,
+                        replay="cut" if excluded else "relaxed", solves=solves)
+    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)
+
+
+def tightened(found: PlanResult | NoFit, unclosed: Unclosed | None) -> PlanResult | NoFit:
+    """The search over caps' answer with the cuts' bound where it is the higher (each cut solve's time bounds any
+    plan that fits, and rises with the sets excluded), and the cut solves counted."""
+    if unclosed is None or not isinstance(found, PlanResult) or found.solve.replay != "searched":
+        return found
+    bound = max((b for b in (found.solve.bound, unclosed.bound_ms) if b is not None), default=None)
+    gap = None if bound is None else max(0.0, (found.cost.iteration_ms - bound) / found.cost.iteration_ms)
+    return dataclasses.replace(found, solve=dataclasses.replace(found.solve, bound=bound, gap=gap,
+                                                                solves=found.solve.solves + unclosed.solves))
