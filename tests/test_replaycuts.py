@@ -88,6 +88,18 @@ def test_solve_is_the_brute_force_over_every_plan_with_the_replay_the_judge(prof
     assert (found.solve.replay, found.solve.solves > 1) == (("relaxed", False) if cap_mib == 933 else ("cut", True))
 
 
+@pytest.mark.parametrize("cap_mib", [909, 912, 918, 933])
+def test_the_milps_no_good_cuts_reach_the_brute_force_too(profile, cap_mib):
+    """The MILP's twin: each over stage's integer point (prefix and option counts) excluded by a no-good row."""
+    setup = _setup(cap_mib)
+    found, best = search.plan(profile, setup, solver="milp", mip_gap=0.0), _brute(profile, setup)
+    if best is None:
+        assert cap_mib == 909 and isinstance(found, search.NoFit) and found.status == "infeasible"
+        return
+    assert found.cost.iteration_ms == best and found.solve.status == "optimal" and found.solve.solver == "milp"
+    assert found.solve.replay == ("relaxed" if cap_mib == 933 else "cut")
+
+
 def test_a_larger_cap_never_returns_a_slower_plan(profile):
     """The NeMo-style sweep: every cap from 906 to 936 MiB in 3 MiB steps; the times never rise."""
     times = []

@@ -26,6 +26,9 @@ cap) therefore admit every plan evaluate() admits, and search_caps solves under 
   nor, where none of those plans fits and neither does the least-memory plan, that none fits ("infeasible" then
   says the search found none).
 Never returned: a plan evaluate() puts over a cap.
+search.plan calls search_caps only where planner/solve/replaycuts.py's lazy cuts, which prove their answer, did
+not close: a schedule of several stages a rank, or the cuts' rounds or time spent (their bound then tightens
+the gap).
 """
 
 from __future__ import annotations

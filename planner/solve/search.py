@@ -115,26 +115,36 @@ def plan(
             found = replaycuts.fastest_fitting(
                 profile, setup, relaxed, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
                 known=given, upper_bound_ms=upper_bound_ms, deadline=deadline)
-            if not isinstance(found, replaycuts.Unclosed):
-                return found
-        unclosed = found
-
-        def solve_under(caps: list[int], bar: float | None, first: bool) -> PlanResult | NoFit:
-            under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": caps})})
-            return _plan_once(profile, under, upper_bound_ms=upper_bound_ms if first else bar,
-                              start=start if first else None, **kwargs)
-
-        found = replayfit.search_caps(
-            setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
-            least_memory=lambda: least_memory_plan(profile, setup, solver=solver, deadline=deadline),
-            known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s)
-        found = replaycuts.tightened(found, unclosed)
+        elif setup.pipeline.chunks == 1:  # the MILP's twin: a rank's replay reads its one stage alone
+            found = replaycuts.milp_fastest_fitting(
+                profile, setup, relaxed, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
+                over_bytes=lambda problem: _over_caps_bytes(problem, profile, setup), known=given,
+                upper_bound_ms=upper_bound_ms, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log)
+        if found is None or isinstance(found, replaycuts.Unclosed):  # no proof: the search over caps
+            found = replaycuts.tightened(_search_caps(profile, setup, relaxed, given, start, upper_bound_ms, kwargs),
+                                         found)
     if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
                               or given[1].iteration_ms < found.cost.iteration_ms):
         solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
                             solver=pick_solver(setup, solver, profile))
         return PlanResult(stages=costmodel.with_predictions(given[0], given[1]), cost=given[1], solve=solve)
     return found
+
+
+def _search_caps(profile: Profile, setup: TrainSetup, relaxed: list[int], given, start, upper_bound_ms,
+                 kwargs: dict) -> PlanResult | NoFit:
+    """replayfit.search_caps with plan()'s solves."""
+    deadline = kwargs["deadline"]
+
+    def solve_under(caps: list[int], bar: float | None, first: bool) -> PlanResult | NoFit:
+        under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": caps})})
+        return _plan_once(profile, under, upper_bound_ms=upper_bound_ms if first else bar,
+                          start=start if first else None, **kwargs)
+
+    return replayfit.search_caps(
+        setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
+        least_memory=lambda: least_memory_plan(profile, setup, solver=kwargs["solver"], deadline=deadline),
+        known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s)
 
 
 def in_rows(cost: PlanCost) -> bool:
