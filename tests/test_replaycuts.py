@@ -130,6 +130,13 @@ def test_unclosed_cuts_give_way_to_the_search_with_their_bound(profile):
                                           deadline=search.Deadline(None), max_rounds=1)
     assert isinstance(unclosed, replaycuts.Unclosed) and unclosed.solves == 1 and unclosed.excluded >= 1
     assert unclosed.bound_ms <= 580.0
+    # its one solve, the relaxed rows' plan (over by the replay), is the search over caps' first: not solved again
+    assert not unclosed.first.cost.feasible and unclosed.first.solve.bound == unclosed.bound_ms
+    searched = replayfit.search_caps(setup, relaxed, lambda caps, bar, first: pytest.fail("solved again")
+                                     if caps == relaxed else search.NoFit("infeasible", 0.0, "dp"),
+                                     evaluate=lambda s: costmodel.evaluate(s, profile, setup), least_memory=lambda: None,
+                                     known_ms=None, elapsed_s=lambda: 0.0, first=unclosed.first)
+    assert isinstance(searched, search.NoFit)  # every cap between gave none here (the stub), and no least plan
 
 
 def test_solve_says_what_the_cut_status_proves(tmp_path, profile):

@@ -50,6 +50,7 @@ class Unclosed:
     solves: int
     excluded: int
     fits: tuple[list[StagePlan], PlanCost] | None = None
+    first: PlanResult | None = None  # the first solve's plan, under the relaxed rows (the search over caps' first)
 
 
 def fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,
@@ -64,13 +65,13 @@ def fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,
     chain = Chain(profile, under)
     bar = known[1].iteration_ms if known is not None else upper_bound_ms
     excluded: Excluded = {}
-    bound = None
+    bound, first = None, None
     for solves in range(1, max_rounds + 1):
         try:
             found = dpsolve.fastest_plan(profile, under, upper_bound_ms=bar, deadline=deadline, excluded=excluded,
                                          chain=chain)
         except Expired:
-            return Unclosed(bound, solves - 1, sum(map(len, excluded.values())))
+            return Unclosed(bound, solves - 1, sum(map(len, excluded.values())), first=first)
         if found is None:  # no plan that may fit is faster than the one known, or none at all
             if known is None:
                 return NoFit("infeasible", outer.elapsed_s(), "dp")
@@ -78,13 +79,16 @@ def fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,
             return _result(stages, cost, cost.iteration_ms, solves, outer, excluded)
         stages, bound = found
         cost = evaluate(stages)
+        if first is None:  # the relaxed rows' own plan, "optimal" for them: the search over caps need not solve again
+            first = PlanResult(stages, cost, SolveResult("optimal", bound, 0.0, outer.elapsed_s(), solver="dp",
+                                                         bound=bound))
         if cost.feasible:
             return _result(stages, cost, bound, solves, outer, excluded)
         for s, (stage, stage_cost) in enumerate(zip(stages, cost.stages, strict=True)):
             if not stage_cost.fits:
                 start, end, mask = _key(chain, stage)
                 excluded[(s, start, end)] = excluded.get((s, start, end), frozenset()) | {mask}
-    return Unclosed(bound, max_rounds, sum(map(len, excluded.values())))
+    return Unclosed(bound, max_rounds, sum(map(len, excluded.values())), first=first)
 
 
 def _share(deadline: Deadline) -> Deadline:
@@ -128,7 +132,8 @@ def tightened(found: PlanResult | NoFit, unclosed: Unclosed | None) -> PlanResul
     bound = max((b for b in (found.solve.bound, unclosed.bound_ms) if b is not None), default=None)
     gap = None if bound is None else max(0.0, (found.cost.iteration_ms - bound) / found.cost.iteration_ms)
     return dataclasses.replace(found, solve=dataclasses.replace(found.solve, bound=bound, gap=gap,
-                                                                solves=found.solve.solves + unclosed.solves))
+                                                                solves=found.solve.solves + unclosed.solves
+                                                                - (unclosed.first is not None)))
 
 
 def milp_fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int], *,

@@ -121,8 +121,9 @@ def plan(
                 over_bytes=lambda problem: _over_caps_bytes(problem, profile, setup), known=given,
                 upper_bound_ms=upper_bound_ms, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log)
         if found is None or isinstance(found, replaycuts.Unclosed):  # no proof: the search over caps
-            found = replaycuts.tightened(_search_caps(profile, setup, relaxed, given, start, upper_bound_ms, kwargs),
-                                         found)
+            first = found.first if found is not None else None
+            found = replaycuts.tightened(_search_caps(profile, setup, relaxed, given, start, upper_bound_ms, kwargs,
+                                                      first), found)
     if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
                               or given[1].iteration_ms < found.cost.iteration_ms):
         solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
@@ -132,8 +133,8 @@ def plan(
 
 
 def _search_caps(profile: Profile, setup: TrainSetup, relaxed: list[int], given, start, upper_bound_ms,
-                 kwargs: dict) -> PlanResult | NoFit:
-    """replayfit.search_caps with plan()'s solves."""
+                 kwargs: dict, first: PlanResult | None) -> PlanResult | NoFit:
+    """replayfit.search_caps with plan()'s solves; `first`, the relaxed rows' solve where the cuts made it."""
     deadline = kwargs["deadline"]
 
     def solve_under(caps: list[int], bar: float | None, first: bool) -> PlanResult | NoFit:
@@ -144,7 +145,7 @@ def _search_caps(profile: Profile, setup: TrainSetup, relaxed: list[int], given,
     return replayfit.search_caps(
         setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
         least_memory=lambda: least_memory_plan(profile, setup, solver=kwargs["solver"], deadline=deadline),
-        known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s)
+        known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s, first=first)
 
 
 def in_rows(cost: PlanCost) -> bool:
