@@ -124,14 +124,15 @@ def test_no_plan_the_replay_puts_over_and_the_cap_named_is_the_replays_need(tmp_
     assert summary["stages"][0]["fits"] and summary["stages"][0]["reserved_by"] == "replay"
 
 
-def test_the_sweep_marks_a_point_the_search_over_caps_planned(tmp_path):
+def test_the_sweep_calls_a_point_the_cuts_proved_optimal(tmp_path):
     """`solve --sweep`'s last two caps on the 40 MiB blocks (up to --mem 400MiB): at 317 MiB the relaxed rows
     refuse no recompute (320 MiB + 4 KiB allocated) and their plan, one block recomputed, fits: "optimal"; at
-    336 MiB they admit no recompute, whose replay (338 MiB) is over: the search's plan, the same 260 ms, is
-    "searched", not a time limit's "feasible"."""
+    336 MiB they admit no recompute, whose replay (338 MiB) is over: the lazy cuts exclude it and the DP's next
+    plan, the same 260 ms, fits: "optimal" too (planner/solve/replaycuts.py; the search over caps, before them,
+    gave it as "searched")."""
     from planner.commands.sweep import sweep_points
 
     _, profile = _profile(tmp_path, EXACT, act_mib=40)
     rows, statuses = sweep_points(profile, _setup(400), time_limit_s=60)
     assert [row["cap_bytes"] >> 20 for row in rows[-2:]] == [317, 336]
-    assert [row["ckplan"] for row in rows[-2:]] == [260.0, 260.0] and statuses[-2:] == ["optimal", "searched"]
+    assert [row["ckplan"] for row in rows[-2:]] == [260.0, 260.0] and statuses[-2:] == ["optimal", "optimal"]

@@ -147,7 +147,7 @@ def _summary(plan, cost, out: Path, ranges) -> dict:
         "bound_ms": plan.solver.bound,
         "gap": plan.solver.gap,
         "solve_s": plan.solver.wall_s,
-        "replay": plan.solver.replay,  # replayfit: "relaxed" (the status holds against the replay), "searched"
+        "replay": plan.solver.replay,  # "relaxed", "cut" (the status holds against the replay: replaycuts), "searched"
         "solves": plan.solver.solves,
         "iteration_ms": plan.predicted.iteration_ms,
         "stages": stages_json(plan.stages, cost, ranges),

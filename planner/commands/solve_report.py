@@ -146,10 +146,15 @@ def replay_line(solver) -> str | None:
         return (f"the solver's rows admitted every plan the allocator replay admits (each stage's allocated peak up to "
                 f"its cap less NCCL's buffers), and the plan they gave fits the replay: '{solver.status}' holds "
                 "against the replay")
+    if solver.replay == "cut":
+        return (f"the solver's rows admitted every plan the allocator replay admits; {solver.solves - 1} of its plans "
+                f"the replay put over, each stage's set over excluded and solved again, until this one fit: "
+                f"'{solver.status}' holds against the replay, over the checkpoint sets the DP weighs (each range's "
+                "undominated sets)")
     if solver.replay == "searched":
         return (f"the plan the rows that admit every plan the replay admits gave does not fit the replay; this is "
-                f"the fastest that fits of {solver.solves} solves under caps between (or the plan that needs least), "
-                "its gap against those rows' bound: a faster plan may fit")
+                f"the fastest that fits of {solver.solves} solves under caps between and cut solves (or the plan "
+                "that needs least), its gap against the highest of their bounds: a faster plan may fit")
     return None
 
 

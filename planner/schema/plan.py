@@ -131,8 +131,10 @@ class SolverInfo(Strict):
     wall_s: float = 0.0
     # where the caching allocator's replay judges the plan (planner/solve/replayfit.py): "relaxed", solved under
     # rows that admit every plan the replay admits, the status holding against the replay; "searched", found by
-    # the search over caps below them, its bound the relaxed solve's; None: the solvers' rows are the verdict
-    replay: Literal["relaxed", "searched"] | None = None
+    # the search over caps below them, its bound the relaxed solve's (or the last cut solve's); "cut", the DP under
+    # those rows with each set the replay put over excluded until its plan fit (planner/solve/replaycuts.py), the
+    # status holding against the replay over the sets the DP weighs; None: the solvers' rows are the verdict
+    replay: Literal["relaxed", "searched", "cut"] | None = None
     solves: int = 1  # the solves that took
 
 

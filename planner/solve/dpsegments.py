@@ -21,6 +21,7 @@ from planner.schema import PipelineSetup, Profile, TrainSetup
 from planner.solve.deadline import Deadline
 
 INF = math.inf
+Excluded = dict[tuple[int, int, int], frozenset[int]]  # (stage, start, end) -> masks never taken
 VECTOR_FROM = 24  # checkpoint sets per range from which numpy scores them
 
 
@@ -223,11 +224,13 @@ def _grow(states: list[tuple], chain: Chain, m: int, shift: int, max_recompute_m
 
 
 def segments(chain: Chain, windows: list[tuple[int, int]], *, max_time_ms: float, objective: str,
-             deadline: Deadline, cap_scale: float = 1.0, max_recompute_ms: float = INF) -> list[Segment]:
+             deadline: Deadline, cap_scale: float = 1.0, max_recompute_ms: float = INF,
+             excluded: Excluded | None = None) -> list[Segment]:
     """Every (stage, range) within the boundary windows that fits its cap: for objective
     "time" the least recompute (and only if no slower than max_time_ms and recomputing
     at most max_recompute_ms), for "memory" the least peak of those that fit their cap x
-    cap_scale."""
+    cap_scale. `excluded`: per (stage, start, end), the sets (masks) never taken (the allocator
+    replay put them over: planner/solve/replaycuts.py)."""
     num_layers, num_stages = len(chain), len(chain.stages)
     starts = [(0, 0)] + windows[:-1]
     closing = [{j: chain.closing_bytes(s, j) for j in range(lo, hi + 1)} for s, (lo, hi) in enumerate(windows)]
@@ -237,12 +240,13 @@ def segments(chain: Chain, windows: list[tuple[int, int]], *, max_time_ms: float
         stages = [s for s in range(num_stages) if starts[s][0] <= i <= starts[s][1]]
         if stages:
             found += _segments_from(chain, i, stages, windows, closing, max_time_ms=max_time_ms, objective=objective,
-                                    cap_scale=cap_scale, max_recompute_ms=max_recompute_ms)
+                                    cap_scale=cap_scale, max_recompute_ms=max_recompute_ms, excluded=excluded or {})
     return found
 
 
 def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *, max_time_ms: float,
-                   objective: str, cap_scale: float, max_recompute_ms: float = INF) -> list[Segment]:
+                   objective: str, cap_scale: float, max_recompute_ms: float = INF,
+                   excluded: Excluded | None = None) -> list[Segment]:
     """The segments of every stage in `stages` that starts at layer i."""
     found = []
     opening = {s: chain.opening_bytes(s, i) for s in stages}
@@ -307,7 +311,7 @@ def _segments_from(chain: Chain, i: int, stages: list[int], windows, closing, *,
                     sums = (plain + chain.edge_comm_ms(s, i, j), held, step, run.step_scratch_bytes)
                     edge = (kept, edge_held, chain.end_bytes(s, i, j), late_grad)
                     segment = _best_set(chain.stages[s], s, i, j, states, sums, edge, objective, columns,
-                                        pipeline=chain.setup.pipeline)
+                                        pipeline=chain.setup.pipeline, excluded=(excluded or {}).get((s, i, j)))
                     if segment is not None and (not timed or segment.time_ms <= max_time_ms):
                         found.append(segment)
         groups = grown
@@ -325,12 +329,13 @@ def _part_last(group: tuple[list[int], list[tuple]], last: int) -> list[tuple[li
 
 
 def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: tuple, objective: str,
-              columns=None, *, pipeline: PipelineSetup) -> Segment | None:
+              columns=None, *, pipeline: PipelineSetup, excluded: frozenset[int] | None = None) -> Segment | None:
     """The fitting set with the least recompute ("time", states sorted by it) or peak
     ("memory"). sums: the range's plain ms (with its sends), held bytes, step ms, optimizer step scratch;
     edge: the (kept, held) its first and last layer and its position add, and at the step's end
     what the schedule keeps and the whole gradients gone by then (the same for every set: neither
-    depends on what the stage recomputes); columns: the states' kept and extra bytes as arrays, to score them all at once."""
+    depends on what the stage recomputes); columns: the states' kept and extra bytes as arrays, to score them all at once;
+    `excluded`: masks never taken."""
     plain, static, step, step_scratch = sums
     edge_kept, edge_held, end, late_grad = edge
     held = static + edge_held
@@ -356,6 +361,8 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
         peaks = np.rint(peak_of(*columns, maximum=np.maximum))  # rint: round's half to even
         if end or late_grad:  # else the step's end is the held bytes, which every peak holds
             peaks = np.maximum(peaks, end_peak)
+        if excluded:
+            peaks[[n for n, state in enumerate(states) if state[3] in excluded]] = INF
         pick = int(np.argmin(peaks)) if objective == "memory" else int(np.argmax(peaks <= limit))
         if peaks[pick] > limit:
             return None
@@ -363,6 +370,8 @@ def _best_set(stage: _Stage, s: int, i: int, j: int, states, sums: tuple, edge: 
         return Segment(s, i, j, plain + ms + stage.const_ms, step, mask, int(peaks[pick]))
     best = None
     for ms, kept, extra, mask in states:
+        if excluded and mask in excluded:
+            continue
         peak = max(int(round(peak_of(kept, extra))), end_peak)
         if objective == "time":
             if peak <= limit:

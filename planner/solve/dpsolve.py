@@ -42,7 +42,7 @@ from __future__ import annotations
 from planner.cost import costmodel, pipereduce
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve.deadline import Deadline, Expired
-from planner.solve.dpsegments import INF, Chain, Segment, _segments_from, front, segments  # noqa: F401
+from planner.solve.dpsegments import INF, Chain, Excluded, Segment, _segments_from, front, segments  # noqa: F401
 
 # the first pass caps the slowest stage this far from its floor to the proven bound
 PROBE_FRACTION = 0.5
@@ -175,16 +175,18 @@ def to_stages(chain: Chain, chosen: list[Segment]) -> list[StagePlan]:
 
 
 def fastest_plan(profile: Profile, setup: TrainSetup, *, upper_bound_ms: float | None,
-                 deadline: Deadline) -> tuple[list[StagePlan], float] | None:
+                 deadline: Deadline, excluded: Excluded | None = None,
+                 chain: Chain | None = None) -> tuple[list[StagePlan], float] | None:
     """The fastest plan that fits (and, given upper_bound_ms, is no slower than it), with
-    its iteration time; None when there is none. Raises deadline.Expired.
+    its iteration time; None when there is none. Raises deadline.Expired. `excluded`: the
+    sets no stage takes (dpsegments.segments); `chain`: Chain(profile, setup), made before.
 
     The work grows with how slow a stage may be (the boundary windows widen with it) and
     how much it may recompute (its checkpoint fronts grow with it). A known plan bounds
     both (bottleneck_bound_ms, recompute_budget_ms); the search first caps them part of
     the way there, and widens only as far as the best plan found then proves necessary:
     a pass whose caps are at least the bounds of the best plan was exhaustive."""
-    chain = Chain(profile, setup)
+    chain = chain or Chain(profile, setup)
     bound_ms = INF if upper_bound_ms is None else upper_bound_ms
     floor_ms = (sum(chain.plain_ms) + chain.stages[-1].const_ms) / setup.pipeline.stages
     limits = _limits(chain, bound_ms)
@@ -197,7 +199,7 @@ def fastest_plan(profile: Profile, setup: TrainSetup, *, upper_bound_ms: float |
         while True:
             tau, recompute = (min(cap, limit) for cap, limit in zip(caps, limits))
             found = segments(chain, boundary_windows(chain, tau), max_time_ms=tau, objective="time",
-                             deadline=deadline, max_recompute_ms=recompute)
+                             deadline=deadline, max_recompute_ms=recompute, excluded=excluded)
             result = fastest_cuts(chain, found, upper_bound_ms=bound_ms, deadline=deadline)
             if result is not None:
                 best, bound_ms = result, result[1]

@@ -18,13 +18,17 @@ which this sum does not repeat)."""
 
 from __future__ import annotations
 
+import math
+
 from planner.cost import costmodel, pipereduce, reserve, te_offload
 from planner.cost.costmodel import PlanCost
 from planner.cost.rules import compute_ms
 from planner.schema import OPTION_OFFLOAD, Profile, StagePlan, TrainSetup
-from planner.solve.deadline import Deadline
+from planner.solve.deadline import Deadline, Expired
 from planner.solve.dpsegments import INF, Chain, Segment, _best_set
 from planner.solve.dpsolve import to_stages
+from planner.solve.highs import SolveResult
+from planner.solve.results import NoFit, PlanResult, SolverMismatch
 
 
 def blocks(chain: Chain) -> list[list[int]]:
@@ -144,3 +148,35 @@ def fastest_window(profile: Profile, setup: TrainSetup) -> tuple[list[StagePlan]
         return None
     best_ms, segment = min(timed, key=lambda item: item[0])
     return to_stages(chain, [segment]), best_ms
+
+
+def with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, deadline: Deadline,
+                 upper_bound_ms: float | None, relaxed: list[int] | None) -> PlanResult | NoFit:
+    """The solvers' plan, or Transformer Engine's offload window where the runtime's offload is that handler and
+    the fastest N that evaluate admits (dpwindow.admitted_window: at the relaxed rows where the replay judges) is
+    faster than it and no slower than `upper_bound_ms`; its objective held to evaluate's (SolverMismatch)."""
+    if not te_offload.window_runs(setup) or (isinstance(found, NoFit) and found.status != "infeasible"):
+        return found
+    solved = isinstance(found, PlanResult) and found.cost.feasible
+    bar = min(found.cost.iteration_ms if solved else math.inf, upper_bound_ms or math.inf)
+    rows = setup if relaxed is None else setup.model_copy(
+        update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
+    try:
+        window = admitted_window(profile, setup, rows=rows, faster_than_ms=bar, deadline=deadline)
+    except Expired:
+        return found
+    if window is None:
+        return found
+    stages, objective_ms, cost = window
+    if abs(cost.iteration_ms - objective_ms) > 1e-6 * max(1.0, objective_ms):
+        raise SolverMismatch(f"the offload window re-evaluates to {cost.iteration_ms!r} ms but its objective is "
+                             f"{objective_ms!r}")
+    if solved:  # the faster of two: a bound on both is the lesser of theirs
+        status, solver, bound, replay = found.solve.status, found.solve.solver, found.solve.bound, found.solve.replay
+        bound = None if bound is None else min(bound, objective_ms)
+    else:  # no per-layer plan fits, and the window's N is exact
+        status, solver, bound = "optimal", found.solver, objective_ms
+        replay = None if relaxed is None else "relaxed"
+    gap = None if bound is None else max(0.0, 1 - bound / objective_ms)
+    solve = SolveResult(status, objective_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound, replay=replay)
+    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)

@@ -28,8 +28,10 @@ class SolveResult:
     bound: float | None = None  # proven lower bound on the objective
     # where the allocator replay judges the plan (planner/solve/replayfit.py): "relaxed", found under the rows
     # that hold every plan the replay admits, and the status holds against the replay; "searched", found by the
-    # search over caps below them (bound: the relaxed solve's); None: the rows are evaluate's verdict
-    replay: Literal["relaxed", "searched"] | None = None
+    # search over caps below them (bound: the relaxed solve's, or the last cut solve's where higher); "cut", the
+    # DP under those rows with the sets the replay put over excluded until its plan fit (planner/solve/replaycuts.py:
+    # the status holds against the replay over the sets the DP weighs); None: the rows are evaluate's verdict
+    replay: Literal["relaxed", "searched", "cut"] | None = None
     solves: int = 1  # how many solves under other caps that took (replayfit)
 
 

@@ -26,6 +26,9 @@ cap) therefore admit every plan evaluate() admits, and search_caps solves under 
   nor, where none of those plans fits and neither does the least-memory plan, that none fits ("infeasible" then
   says the search found none).
 Never returned: a plan evaluate() puts over a cap.
+search.plan calls search_caps only where planner/solve/replaycuts.py's lazy cuts, which prove their answer, did
+not close: a schedule of several stages a rank, or the cuts' rounds or time spent (their bound then tightens
+the gap).
 """
 
 from __future__ import annotations
@@ -71,12 +74,13 @@ def relaxed_caps(profile: Profile, setup: TrainSetup) -> list[int] | None:
 
 def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, evaluate: Callable[[list[StagePlan]], PlanCost],
                 least_memory: Callable[[], list[StagePlan] | None], known_ms: float | None,
-                elapsed_s: Callable[[], float]) -> PlanResult | NoFit:
+                elapsed_s: Callable[[], float], first: PlanResult | None = None) -> PlanResult | NoFit:
     """The fastest plan found that fits the caps `setup` gives by evaluate()'s verdict (the module's text):
     solved under `relaxed`, then under caps between. `known_ms`: the time of a plan that fits (the rounds
     look for faster ones only); `least_memory`: the plan that needs least, tried once no plan fits below caps
-    that gave none (its replay's caps then the next tried)."""
-    first = solve(relaxed, None, True)
+    that gave none (its replay's caps then the next tried). `first`: the solve under `relaxed`, made before
+    (replaycuts' first)."""
+    first = first or solve(relaxed, None, True)
     if isinstance(first, NoFit):
         return first
     cost = evaluate(first.stages)

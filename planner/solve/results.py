@@ -46,3 +46,7 @@ class NoFit:
     status: Literal["infeasible", "timeout", "error"]
     wall_s: float
     solver: str
+
+
+class SolverMismatch(AssertionError):
+    """The re-evaluated plan disagrees with the solver's objective: a formulation bug."""

@@ -22,22 +22,27 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from planner.cost import allocator, costmodel, te_offload
+from planner.cost import allocator, costmodel
 from planner.cost.costmodel import PlanCost
 from planner.errors import UserError
 from planner.schema import Profile, StagePlan, TrainSetup
-from planner.solve import baselines, dpsolve, dpwindow, incumbent, milp, replayfit, staticneed
+from planner.solve import (
+    baselines,
+    dpsolve,
+    dpwindow,
+    incumbent,
+    milp,
+    replaycuts,
+    replayfit,
+    staticneed,
+)
 from planner.solve.deadline import Deadline, Expired
 from planner.solve.milp import SolveResult
-from planner.solve.results import NoFit, PlanResult, Shortfall  # noqa: F401 (the search's answers, named here too)
+from planner.solve.results import NoFit, PlanResult, Shortfall, SolverMismatch  # noqa: F401 (the search's answers, named here too)
 
 Solver = Literal["auto", "dp", "milp"]
 SOLVERS = ("auto", "dp", "milp")
 HEURISTIC_RUNS_PER_STAGE = 2  # more runs of distinct layers per stage: start the MILP from incumbent.py
-
-
-class SolverMismatch(AssertionError):
-    """The re-evaluated plan disagrees with the solver's objective: a formulation bug."""
 
 
 def pick_solver(setup: TrainSetup, solver: Solver = "auto", profile: Profile | None = None) -> Literal["dp", "milp"]:
@@ -94,7 +99,7 @@ def plan(
     replay admits, then under caps between; what that proves is replayfit's text, and the
     result's solve.replay says which held. With no start, a setup where no split holds some stage's
     static bytes and leanest activations (static_refusal) is "infeasible" before any solve. Where the runtime's
-    offload is Transformer Engine's window, the fastest window evaluate admits replaces a slower plan (_with_window)."""
+    offload is Transformer Engine's window, the fastest window evaluate admits replaces a slower plan (dpwindow.with_window)."""
     deadline = deadline or Deadline(time_limit_s)
     if start is None and static_refusal(profile, setup, deadline) is not None:  # no split holds it, whatever it recomputes
         return NoFit("infeasible", deadline.elapsed_s(), pick_solver(setup, solver, profile))
@@ -111,16 +116,21 @@ def plan(
     if relaxed is None:  # the rows are evaluate's verdict
         found = _plan_once(profile, setup, upper_bound_ms=upper_bound_ms, start=start, **kwargs)
     else:
-        def solve_under(caps: list[int], bar: float | None, first: bool) -> PlanResult | NoFit:
-            under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": caps})})
-            return _plan_once(profile, under, upper_bound_ms=upper_bound_ms if first else bar,
-                              start=start if first else None, **kwargs)
-
-        found = replayfit.search_caps(
-            setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
-            least_memory=lambda: least_memory_plan(profile, setup, solver=solver, deadline=deadline),
-            known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s)
-    found = _with_window(profile, setup, found, deadline, upper_bound_ms, relaxed)
+        found = None
+        if pick_solver(setup, solver, profile) == "dp":  # lazy cuts: a proof, where they close (replaycuts)
+            found = replaycuts.fastest_fitting(
+                profile, setup, relaxed, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
+                known=given, upper_bound_ms=upper_bound_ms, deadline=deadline)
+        elif setup.pipeline.chunks == 1:  # the MILP's twin: a rank's replay reads its one stage alone
+            found = replaycuts.milp_fastest_fitting(
+                profile, setup, relaxed, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
+                over_bytes=lambda problem: _over_caps_bytes(problem, profile, setup), known=given,
+                upper_bound_ms=upper_bound_ms, deadline=deadline, mip_gap=mip_gap, threads=threads, log=log)
+        if found is None or isinstance(found, replaycuts.Unclosed):  # no proof: the search over caps
+            first = found.first if found is not None else None
+            found = replaycuts.tightened(_search_caps(profile, setup, relaxed, given, start, upper_bound_ms, kwargs,
+                                                      first), found)
+    found = dpwindow.with_window(profile, setup, found, deadline, upper_bound_ms, relaxed)
     if given is not None and (not isinstance(found, PlanResult) or not found.cost.feasible
                               or given[1].iteration_ms < found.cost.iteration_ms):
         solve = SolveResult("feasible", given[1].iteration_ms, None, deadline.elapsed_s(),
@@ -129,36 +139,20 @@ def plan(
     return found
 
 
-def _with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, deadline: Deadline,
-                 upper_bound_ms: float | None, relaxed: list[int] | None) -> PlanResult | NoFit:
-    """The solvers' plan, or Transformer Engine's offload window where the runtime's offload is that handler and
-    the fastest N that evaluate admits (dpwindow.admitted_window: at the relaxed rows where the replay judges) is
-    faster than it and no slower than `upper_bound_ms`; its objective held to evaluate's (SolverMismatch)."""
-    if not te_offload.window_runs(setup) or (isinstance(found, NoFit) and found.status != "infeasible"):
-        return found
-    solved = isinstance(found, PlanResult) and found.cost.feasible
-    bar = min(found.cost.iteration_ms if solved else math.inf, upper_bound_ms or math.inf)
-    rows = setup if relaxed is None else setup.model_copy(
-        update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
-    try:
-        window = dpwindow.admitted_window(profile, setup, rows=rows, faster_than_ms=bar, deadline=deadline)
-    except Expired:
-        return found
-    if window is None:
-        return found
-    stages, objective_ms, cost = window
-    if abs(cost.iteration_ms - objective_ms) > 1e-6 * max(1.0, objective_ms):
-        raise SolverMismatch(f"the offload window re-evaluates to {cost.iteration_ms!r} ms but its objective is "
-                             f"{objective_ms!r}")
-    if solved:  # the faster of two: a bound on both is the lesser of theirs
-        status, solver, bound, replay = found.solve.status, found.solve.solver, found.solve.bound, found.solve.replay
-        bound = None if bound is None else min(bound, objective_ms)
-    else:  # no per-layer plan fits, and the window's N is exact
-        status, solver, bound = "optimal", found.solver, objective_ms
-        replay = None if relaxed is None else "relaxed"
-    gap = None if bound is None else max(0.0, 1 - bound / objective_ms)
-    solve = SolveResult(status, objective_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound, replay=replay)
-    return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)
+def _search_caps(profile: Profile, setup: TrainSetup, relaxed: list[int], given, start, upper_bound_ms,
+                 kwargs: dict, first: PlanResult | None) -> PlanResult | NoFit:
+    """replayfit.search_caps with plan()'s solves; `first`, the relaxed rows' solve where the cuts made it."""
+    deadline = kwargs["deadline"]
+
+    def solve_under(caps: list[int], bar: float | None, first: bool) -> PlanResult | NoFit:
+        under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": caps})})
+        return _plan_once(profile, under, upper_bound_ms=upper_bound_ms if first else bar,
+                          start=start if first else None, **kwargs)
+
+    return replayfit.search_caps(
+        setup, relaxed, solve_under, evaluate=lambda stages: costmodel.evaluate(stages, profile, setup),
+        least_memory=lambda: least_memory_plan(profile, setup, solver=kwargs["solver"], deadline=deadline),
+        known_ms=given[1].iteration_ms if given else upper_bound_ms, elapsed_s=deadline.elapsed_s, first=first)
 
 
 def in_rows(cost: PlanCost) -> bool:

@@ -1,0 +1,151 @@
+"""The DP held to the allocator replay by lazy cuts (planner/solve/replaycuts.py): where the relaxed rows' plan is
+over by the replay, each over stage's exact set is excluded and the DP solved again until its plan fits, which is
+then the fastest plan that fits (against a brute force over every split and option vector, the replay the judge);
+a larger cap never returns a slower plan (Mistral-NeMo-12B at 77 and 80 GB did: docs/published-runs.md §39)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from fixtures.cli import run_ok
+
+from planner import io
+from planner.cost import costmodel
+from planner.models import synthetic
+from planner.schema import AllocRecord, DeviceInfo, TrainSetup
+from planner.solve import replaycuts, replayfit, search
+
+MIB = 1 << 20
+# parameter copies of 10 MiB + 524 B: each a 12 MiB segment whose 2 MiB tail nothing later fits (test_solvefit's
+# TAILED): the replay reserves more than the allocated peak, so the relaxed rows admit plans the replay puts over
+TAILED = int(10.0005 * MIB)
+ACTS = (40, 24, 56, 32, 48, 36)  # MiB a block keeps: unlike, so the splits differ in what they hold
+
+
+def _profile(acts=ACTS):
+    """Blocks of one 10 MiB + 524 B parameter, keeping `acts` MiB each (a forward record of that many bytes
+    in three tensors), recomputed or not; 10 ms forward, 20 ms backward."""
+    def record(act):
+        return AllocRecord(forward=[(act - 10) * MIB, 4 * MIB, -2, 6 * MIB], backward=[1 * MIB, -1], output=3,
+                           input_grad=4, params=[TAILED])
+    layers = [synthetic.layer(f"blocks.{i}", "Block", fwd_ms=10, act_mib=act, input_mib=1, param_count=TAILED // 4)
+              for i, act in enumerate(acts)]
+    profile = synthetic.profile_of(layers, name="tiny6")
+    layers = [layer.model_copy(update={"alloc_records": {"none": record(act), "full": record(act)}})
+              for layer, act in zip(profile.layers, acts)]
+    return profile.model_copy(update={
+        "layers": layers, "device": DeviceInfo(type="cuda", name="test gpu"),
+        "loss_alloc": AllocRecord(forward=[512, 4 * MIB, -2], backward=[2 * MIB], output=1, input_grad=3)})
+
+
+def _setup(cap_mib: int, stages: int = 2) -> TrainSetup:
+    return TrainSetup(stages=stages, microbatches=2 * stages, micro_batch_size=1,
+                      mem_caps_bytes=[cap_mib * MIB] * stages)
+
+
+def _brute(profile, setup) -> float | None:
+    """The fastest plan the replay admits, over every split and every layer recomputed or not."""
+    count, best = len(profile.layers), None
+    for cuts in itertools.combinations(range(1, count), setup.pipeline.stages - 1):
+        for options in itertools.product((0, 1), repeat=count):
+            cost = costmodel.evaluate(costmodel.split_to_stages([0, *cuts], list(options), profile), profile, setup)
+            if cost.feasible and (best is None or cost.iteration_ms < best):
+                best = cost.iteration_ms
+    return best
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return _profile()
+
+
+def test_the_relaxed_rows_plan_is_over_and_the_search_over_caps_missed_the_fastest(profile):
+    """The case: at 918 MiB the relaxed rows' plan is over by the replay; the search over caps (§37.solvefit)
+    answered 640 ms "feasible", the brute force finds 580 ms."""
+    setup = _setup(918)
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    under = setup.model_copy(update={"pipeline": setup.pipeline.model_copy(update={"mem_caps_bytes": relaxed})})
+    first = search._plan_once(profile, under, solver="dp", mip_gap=0.0, threads=None, log=False, upper_bound_ms=None,
+                              start=None, deadline=search.Deadline(None), baselines_scored=False)
+    assert not costmodel.evaluate(first.stages, profile, setup).feasible
+    assert _brute(profile, setup) == 580.0
+
+
+@pytest.mark.parametrize("cap_mib", [909, 912, 918, 921, 933])
+def test_solve_is_the_brute_force_over_every_plan_with_the_replay_the_judge(profile, cap_mib):
+    """909 MiB: none fits (the cuts exclude every plan the relaxed rows admit, a proof); 912-921 MiB: 620, 580,
+    530 ms after cuts; 933 MiB: 490 ms, the relaxed rows' first plan fits."""
+    setup = _setup(cap_mib)
+    found, best = search.plan(profile, setup, solver="dp"), _brute(profile, setup)
+    if best is None:
+        assert cap_mib == 909 and isinstance(found, search.NoFit) and found.status == "infeasible"
+        return
+    assert found.cost.feasible and found.cost.iteration_ms == best == {912: 620.0, 918: 580.0, 921: 530.0,
+                                                                        933: 490.0}[cap_mib]
+    assert found.solve.status == "optimal" and found.solve.gap == 0.0
+    assert (found.solve.replay, found.solve.solves > 1) == (("relaxed", False) if cap_mib == 933 else ("cut", True))
+
+
+@pytest.mark.parametrize("cap_mib", [909, 912, 918, 933])
+def test_the_milps_no_good_cuts_reach_the_brute_force_too(profile, cap_mib):
+    """The MILP's twin: each over stage's integer point (prefix and option counts) excluded by a no-good row."""
+    setup = _setup(cap_mib)
+    found, best = search.plan(profile, setup, solver="milp", mip_gap=0.0), _brute(profile, setup)
+    if best is None:
+        assert cap_mib == 909 and isinstance(found, search.NoFit) and found.status == "infeasible"
+        return
+    assert found.cost.iteration_ms == best and found.solve.status == "optimal" and found.solve.solver == "milp"
+    assert found.solve.replay == ("relaxed" if cap_mib == 933 else "cut")
+
+
+def test_a_larger_cap_never_returns_a_slower_plan(profile):
+    """The NeMo-style sweep: every cap from 906 to 936 MiB in 3 MiB steps; the times never rise."""
+    times = []
+    for cap_mib in range(906, 937, 3):
+        found = search.plan(profile, _setup(cap_mib), solver="dp")
+        times.append(found.cost.iteration_ms if isinstance(found, search.PlanResult) else float("inf"))
+    assert times == sorted(times, reverse=True)
+    assert times[0] == float("inf") and times[-1] == 490.0  # none fits at 906 MiB; the relaxed plan at 936 MiB
+
+
+def test_no_plan_faster_than_the_known_one_fits_proves_it(profile):
+    """A plan known to fit and no faster one the cuts admit: the known plan, "optimal"."""
+    setup = _setup(918)
+    best = search.plan(profile, setup, solver="dp")
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    again = replaycuts.fastest_fitting(profile, setup, relaxed, evaluate=lambda s: costmodel.evaluate(s, profile, setup),
+                                       known=(best.stages, best.cost), upper_bound_ms=None,
+                                       deadline=search.Deadline(None))
+    assert again.solve.status == "optimal" and again.cost.iteration_ms == best.cost.iteration_ms == 580.0
+
+
+def test_unclosed_cuts_give_way_to_the_search_with_their_bound(profile):
+    """One round allowed: the cuts do not close; their last solve's time bounds any plan that fits."""
+    setup = _setup(918)
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    unclosed = replaycuts.fastest_fitting(profile, setup, relaxed, known=None, upper_bound_ms=None,
+                                          evaluate=lambda s: costmodel.evaluate(s, profile, setup),
+                                          deadline=search.Deadline(None), max_rounds=1)
+    assert isinstance(unclosed, replaycuts.Unclosed) and unclosed.solves == 1 and unclosed.excluded >= 1
+    assert unclosed.bound_ms <= 580.0
+    # its one solve, the relaxed rows' plan (over by the replay), is the search over caps' first: not solved again
+    assert not unclosed.first.cost.feasible and unclosed.first.solve.bound == unclosed.bound_ms
+    searched = replayfit.search_caps(setup, relaxed, lambda caps, bar, first: pytest.fail("solved again")
+                                     if caps == relaxed else search.NoFit("infeasible", 0.0, "dp"),
+                                     evaluate=lambda s: costmodel.evaluate(s, profile, setup), least_memory=lambda: None,
+                                     known_ms=None, elapsed_s=lambda: 0.0, first=unclosed.first)
+    assert isinstance(searched, search.NoFit)  # every cap between gave none here (the stub), and no least plan
+
+
+def test_solve_says_what_the_cut_status_proves(tmp_path, profile):
+    path = tmp_path / "tiny6.json"
+    io.save_profile(profile, path)
+    args = ("solve", "--profile", path, "--stages", "2", "--microbatches", "4", "--mem", "918MiB", "--solver", "dp",
+            "--out", tmp_path / "plan.yaml")
+    summary = json.loads(run_ok(*args, "--json").stdout)
+    assert (summary["status"], summary["replay"], summary["iteration_ms"], summary["gap"]) == ("optimal", "cut", 580.0, 0.0)
+    told = " ".join(run_ok(*args).output.split())
+    assert "'optimal' holds against the replay, over the checkpoint sets the DP weighs" in told
+    assert io.load_plan(tmp_path / "plan.yaml").solver.replay == "cut"
