@@ -2,7 +2,7 @@
 charges a one-stage pipeline's offloaded layers together, the block's first N as TE's handler runs them, which
 no per-layer row of the DP or the MILP sums to, so the solvers do not take the per-layer offload option there
 (useful.useful_options, te_offload.window_runs) and choose the window whole instead, the fastest N
-(planner/solve/dpwindow.py, search._with_window). Before the per-layer rows went, the DP chose the option and its
+(planner/solve/dpwindow.py, dpwindow.with_window). Before the per-layer rows went, the DP chose the option and its
 objective left evaluate's (`ckplan search --arch llama3-70b --gpus 64 ... --runtime megatron`: a SolverMismatch
 traceback; docs/published-runs.md §37.mismatch); before the window, no solver offloaded there (§39.megoffload)."""
 
