@@ -295,7 +295,7 @@ def userbuffers_ring_ms(layer, which: str, setup: TrainSetup, *, float8: bool = 
     if comm.tp_overlap != "tp-comm-overlap" or link is None or layer.kind != "decoder_block":
         return 0.0, 0.0, []
     sites = ub_ring.ring_sites(layer.collectives, which, config=comm.ub_cfg, gemms=comm.ub_gemms)
-    table = ub_sms.overlaps(comm.ub_cfg, comm.ub_gemms)
+    table, at = ub_sms.overlaps(comm.ub_cfg, comm.ub_gemms), 2 + PASSES.index(which)
     extra = whole = 0.0
     for index, gemm in sites:
         c = layer.collectives[index]
@@ -303,7 +303,7 @@ def userbuffers_ring_ms(layer, which: str, setup: TrainSetup, *, float8: bool = 
             c[0], c[1], c[6], table[gemm], ranks=comm.tp, copy_gb_per_s=comm.tp_copy_gb_per_s or link.gb_per_s,
             sms=comm.gpu_sms, float8=setup.training.float8, gathered_float8=float8,
             compute_scale=setup.time.compute_scale)
-        extra, whole = extra + added, whole + gemm_ms
+        extra, whole = extra + c[at] * added, whole + c[at] * gemm_ms  # times the pass runs it (1 in a block)
     return extra, whole, sites
 
 
