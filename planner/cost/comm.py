@@ -288,8 +288,8 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
 def userbuffers_ring_ms(layer, which: str, setup: TrainSetup, *, float8: bool = False) -> tuple[float, float, list]:
     """Under tp-comm-overlap, a dense block's pass's ring-exchange sites run as TE's code runs them
     (planner/cost/ub_ring.py): (what they add beyond their GEMMs whole, those GEMMs whole as the pass charges them,
-    the sites: (index, GEMM) pairs); nothing where the profile gives no ring record or the GPU's SMs are unknown.
-    `float8`: the all-gathers' chunks move FP8 (gathers_float8)."""
+    the sites: (index, GEMM) pairs); nothing where the profile gives no ring record (the GPU's SMs unknown: no
+    margin charged). `float8`: the all-gathers' chunks move FP8 (gathers_float8)."""
     comm = setup.comm
     link = tp_link(comm)
     if comm.tp_overlap != "tp-comm-overlap" or link is None or layer.kind != "decoder_block":
