@@ -48,9 +48,11 @@ def test_the_reduce_bytes_by_hand():
 
 def test_a_files_one_ring_exchange_scatter():
     # Megatron-LM's weekly tp_overlap functional test's file: proj_fprop pipelined, fc2_fprop a ring exchange
-    gemms = {name: SimpleNamespace(method=o.method, num_sm=o.num_sm, set_sm_margin=o.set_sm_margin, use_ce=True)
+    gemms = {name: SimpleNamespace(method=o.method, num_sm=o.num_sm, set_sm_margin=o.set_sm_margin, use_ce=True,
+                                   aggregate=False)
              for name, o in ub_sms.TE_DEFAULT.items()}
-    gemms["fc2_fprop"] = SimpleNamespace(method="ring_exchange", num_sm=1, set_sm_margin=False, use_ce=True)
+    gemms["fc2_fprop"] = SimpleNamespace(method="ring_exchange", num_sm=1, set_sm_margin=False, use_ce=True,
+                                         aggregate=False)
     eight = _block(64 * MIB).collectives
     assert ub_sms.ring_reduce_bytes(eight, "fwd", config="ub.yaml", tp=2, gemms=gemms) == (64 + 32) * MIB
 

@@ -84,7 +84,8 @@ def test_the_config_is_read_by_name_and_refused_otherwise():
     assert (job.modelled.tp_overlap, job.modelled.ub_cfg) == ("tp-comm-overlap", H100_70B)
     h100 = gpu("h100-sxm")
     assert _userbuffers(h100, SimpleNamespace(tp_overlap="tp-comm-overlap", ub_cfg=H100_70B)) == \
-        {"ub_cfg": H100_70B, "gpu_sms": 132, "ub_reduce_gb_per_s": pytest.approx(3.35 * 0.922 * 1e3)}
+        {"ub_cfg": H100_70B, "gpu_sms": 132, "ub_reduce_gb_per_s": pytest.approx(3.35 * 0.922 * 1e3),
+         "tp_copy_gb_per_s": 371.6}  # the ring exchange's peer copies (planner/cost/ub_ring.py)
     with pytest.raises(UserError, match="is neither a YAML file nor one of Megatron-Bridge"):
         _userbuffers(h100, SimpleNamespace(tp_overlap="tp-comm-overlap", ub_cfg="ub.yaml"))
     with pytest.raises(UserError, match="run only under --tp-comm-overlap"):

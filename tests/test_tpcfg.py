@@ -70,8 +70,8 @@ def test_every_key_not_charged_is_listed():
     rows = {name: (value, status) for name, value, status, _ in said}
     assert rows == {
         "--tp-comm-overlap-cfg qkv_fprob": ({"num_sm": 2}, "no effect"),  # a name TE never reads
-        "--tp-comm-overlap-cfg qkv_fprop.aggregate": (True, "not modelled"),
         "--tp-comm-overlap-cfg proj_fprop.num_splits": (4, "no effect"),  # TE's default
+        # qkv_fprop's aggregate is charged (planner/cost/ub_ring.py); TE never reads a reduce-scatter's
         "--tp-comm-overlap-cfg fc2_fprop.aggregate": (False, "no effect"),
     }
 
@@ -126,18 +126,19 @@ def test_the_reader_finds_the_file_beside_the_config_or_in_the_script(tmp_path):
     job = from_pairs([*BASE, ("--tp-comm-overlap-cfg", ["ub.yaml"])], str(tmp_path / "run.sh"))
     assert job.modelled.ub_cfg == "ub.yaml" and job.modelled.ub_gemms == _gemms()[0]
     said = {s.name: s.status for s in job.settings}
-    assert said["--tp-comm-overlap-cfg"] == "modelled" and said["--tp-comm-overlap-cfg qkv_fprop.aggregate"] == \
-        "not modelled"
+    assert said["--tp-comm-overlap-cfg"] == "modelled" and "--tp-comm-overlap-cfg qkv_fprop.aggregate" not in said
+    assert job.modelled.ub_gemms["qkv_fprop"]["aggregate"]  # charged as TE's aggregated exchange (ub_ring.py)
     # written by the script as a here-document: read from it, not from the disk
     job = from_pairs([*BASE, ("--tp-comm-overlap-cfg", ["cfg/ub.yaml"])], str(tmp_path / "run.sh"),
                      {"cfg/ub.yaml": "qkv_wgrad: {num_sm: 5}\n"})
     assert job.modelled.ub_gemms["qkv_wgrad"] == {"method": "bulk", "num_sm": 5, "set_sm_margin": True,
-                                                  "use_ce": True}
+                                                  "use_ce": True, "aggregate": False}
     h100 = gpu("h100-sxm")
     fields = _userbuffers(h100, SimpleNamespace(tp_overlap="tp-comm-overlap", ub_cfg="cfg/ub.yaml",
                                                 ub_gemms=job.modelled.ub_gemms))
     assert fields == {"ub_cfg": "cfg/ub.yaml", "gpu_sms": 132, "ub_gemms": job.modelled.ub_gemms,
-                      "ub_reduce_gb_per_s": pytest.approx(3.35 * 0.922 * 1e3)}  # TE's ring-exchange reduce (§187)
+                      "ub_reduce_gb_per_s": pytest.approx(3.35 * 0.922 * 1e3),  # TE's ring-exchange reduce (§187)
+                      "tp_copy_gb_per_s": 371.6}  # its peer copies at the copy engines' rate (ub_ring.py)
 
 
 def test_a_missing_file_is_one_sentence_and_a_bare_name_is_bridges(tmp_path):

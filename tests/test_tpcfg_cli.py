@@ -69,10 +69,11 @@ def test_megatron_lms_own_file_is_read():
                "gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap.yaml")
     said = {s.name: (s.value, s.status) for s in job.settings}
     assert said["--tp-comm-overlap"][1] == "modelled" and said["--tp-comm-overlap-cfg"][1] == "modelled"
-    assert said["--tp-comm-overlap-cfg qkv_fprop.aggregate"] == ("true", "not modelled")
+    assert "--tp-comm-overlap-cfg qkv_fprop.aggregate" not in said  # charged: TE's aggregated exchange (ub_ring.py)
+    assert job.modelled.ub_gemms["qkv_fprop"]["aggregate"] and job.modelled.ub_gemms["proj_dgrad"]["aggregate"]
     assert said["--tp-comm-overlap-cfg proj_fprop.num_splits"] == ("4", "no effect")  # TE's default
     # fc2_fprop a ring exchange over the pipeline's defaults: 16 SMs kept off the GEMM (set_sm_margin)
     assert job.modelled.ub_gemms["fc2_fprop"] == {"method": "ring_exchange", "num_sm": 16, "set_sm_margin": True,
-                                                  "use_ce": True}
+                                                  "use_ce": True, "aggregate": False}
     assert job.modelled.ub_gemms["proj_fprop"] == {"method": "pipeline", "num_sm": 4, "set_sm_margin": False,
-                                                   "use_ce": True}
+                                                   "use_ce": True, "aggregate": False}

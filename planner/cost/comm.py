@@ -49,7 +49,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from planner.cost import asynctp, nccltuner, runtimes, ub_sms
+from planner.cost import asynctp, nccltuner, runtimes, ub_ring, ub_sms
 from planner.schema import CommSetup, TrainSetup
 
 MS_PER_US = 1e-3
@@ -248,15 +248,16 @@ def collective_bytes(kind: str, tensor_bytes: float, *, float8: bool) -> float:
     return tensor_bytes / 2 if float8 and kind == "all-gather" else tensor_bytes
 
 
-def pass_comm_ms(layer, which: str, comm: CommSetup, *, float8: bool = False) -> float:
+def pass_comm_ms(layer, which: str, comm: CommSetup, *, float8: bool = False, skip: frozenset = frozenset()) -> float:
     """A layer's (LayerCost's) tensor-parallel collectives in one pass ("fwd", "bwd", "recompute");
-    `float8`: its all-gathers move float8 (gathers_float8)."""
+    `float8`: its all-gathers move float8 (gathers_float8); `skip`: the indices of those charged apart (TE's ring
+    exchanges, userbuffers_ring_ms)."""
     link = tp_link(comm)
     if link is None:
         return 0.0
     at = 2 + PASSES.index(which)
     return sum(c[at] * collective_ms(c[0], collective_bytes(c[0], c[1], float8=float8), comm.tp, link)
-               for c in layer.collectives)
+               for i, c in enumerate(layer.collectives) if i not in skip)
 
 
 def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
@@ -273,10 +274,37 @@ def layer_comm_ms(layer, option: int, setup: TrainSetup) -> float:
         return total + sum(async_tp_pass_ms(layer, which, setup) for which, _ in passes)
     float8 = gathers_float8(layer, setup)
     for which, compute in passes:
-        ms = pass_comm_ms(layer, which, comm, float8=float8)
-        total += max(0.0, ms - compute, userbuffers_lost_ms(layer, which, comm, float8=float8)) \
-            + userbuffers_reduce_ms(layer, which, comm) if hidden else ms
+        if not hidden:
+            total += pass_comm_ms(layer, which, comm, float8=float8)
+            continue
+        # TE's ring exchanges as their chunked pipelines; the rest hidden beside the pass's other compute
+        ring_ms, ring_whole, sites = userbuffers_ring_ms(layer, which, setup, float8=float8)
+        ms = pass_comm_ms(layer, which, comm, float8=float8, skip=frozenset(i for i, _ in sites))
+        lost = userbuffers_lost_ms(layer, which, comm, float8=float8, skip=frozenset(gemm for _, gemm in sites))
+        total += ring_ms + max(0.0, ms - (compute - ring_whole), lost) + userbuffers_reduce_ms(layer, which, comm)
     return total
+
+
+def userbuffers_ring_ms(layer, which: str, setup: TrainSetup, *, float8: bool = False) -> tuple[float, float, list]:
+    """Under tp-comm-overlap, a dense block's pass's ring-exchange sites run as TE's code runs them
+    (planner/cost/ub_ring.py): (what they add beyond their GEMMs whole, those GEMMs whole as the pass charges them,
+    the sites: (index, GEMM) pairs); nothing where the profile gives no ring record (the GPU's SMs unknown: no
+    margin charged). `float8`: the all-gathers' chunks move FP8 (gathers_float8)."""
+    comm = setup.comm
+    link = tp_link(comm)
+    if comm.tp_overlap != "tp-comm-overlap" or link is None or layer.kind != "decoder_block":
+        return 0.0, 0.0, []
+    sites = ub_ring.ring_sites(layer.collectives, which, config=comm.ub_cfg, gemms=comm.ub_gemms)
+    table, at = ub_sms.overlaps(comm.ub_cfg, comm.ub_gemms), 2 + PASSES.index(which)
+    extra = whole = 0.0
+    for index, gemm in sites:
+        c = layer.collectives[index]
+        added, gemm_ms = ub_ring.site_extra_ms(
+            c[0], c[1], c[6], table[gemm], ranks=comm.tp, copy_gb_per_s=comm.tp_copy_gb_per_s or link.gb_per_s,
+            sms=comm.gpu_sms, float8=setup.training.float8, gathered_float8=float8,
+            compute_scale=setup.time.compute_scale)
+        extra, whole = extra + c[at] * added, whole + c[at] * gemm_ms  # times the pass runs it (1 in a block)
+    return extra, whole, sites
 
 
 def in_node_hardware(setup: TrainSetup) -> str:
@@ -310,14 +338,16 @@ def amax_reduce_ms(layer, which: str, setup: TrainSetup) -> float:
     return AMAX_REDUCES[which] * us * MS_PER_US
 
 
-def userbuffers_lost_ms(layer, which: str, comm: CommSetup, *, float8: bool = False) -> float:
+def userbuffers_lost_ms(layer, which: str, comm: CommSetup, *, float8: bool = False,
+                        skip: frozenset = frozenset()) -> float:
     """Under tp-comm-overlap, the GEMM work a dense block's pass loses to TE's userbuffers' SMs (planner/cost/ub_sms.py:
-    the pass ends at compute + this where that is past its collectives); 0 elsewhere."""
+    the pass ends at compute + this where that is past its collectives); 0 elsewhere. `skip`: the GEMMs whose SMs
+    their ring pipeline charges (userbuffers_ring_ms)."""
     link = tp_link(comm)
     if comm.tp_overlap != "tp-comm-overlap" or not comm.gpu_sms or link is None or layer.kind != "decoder_block":
         return 0.0
     each = [collective_ms(c[0], collective_bytes(c[0], c[1], float8=float8), comm.tp, link) for c in layer.collectives]
-    return ub_sms.lost_sm_ms(each, which, config=comm.ub_cfg, sms=comm.gpu_sms, gemms=comm.ub_gemms)
+    return ub_sms.lost_sm_ms(each, which, config=comm.ub_cfg, sms=comm.gpu_sms, gemms=comm.ub_gemms, skip=skip)
 
 
 def userbuffers_reduce_ms(layer, which: str, comm: CommSetup) -> float:

@@ -77,7 +77,8 @@ class LayerCost:
     expert_transient_bytes: int = 0  # of transient_bytes, the routed experts' weight gradients' (ep divides it)
     # its tensor-parallel collectives per microbatch: (kind, tensor bytes, forward, backward,
     # recompute counts, AsyncTP's fused matmuls: (whole, chunk, copy, fp8 whole, fp8 chunk) ms or
-    # None), as the profile lists them (LayerCollective); charged by comm.layer_comm_ms
+    # None, TE's ring-exchange GEMM: (whole, chunk, pair, fp8 whole, fp8 chunk, fp8 pair) ms or None), as the
+    # profile lists them (LayerCollective); charged by comm.layer_comm_ms
     collectives: tuple[tuple, ...] = ()
     # its attention's exchange under context parallelism (the profile's LayerContextParallel, the
     # kind's first layer's: a kind's blocks are alike); None: none (planner/cost/contextparallel.py)
@@ -124,6 +125,12 @@ def _fused(collective) -> tuple | None:
                                        fused.fp8_chunk_ms)
 
 
+def _ring(collective) -> tuple | None:
+    ring = collective.ring
+    return None if ring is None else (ring.whole_ms, ring.chunk_ms, ring.pair_ms, ring.fp8_whole_ms,
+                                      ring.fp8_chunk_ms, ring.fp8_pair_ms)
+
+
 def layer_costs(profile: Profile) -> list[LayerCost]:
     """Kind-normalised layer numbers: mean times, maximum bytes within a kind. Remembered per
     profile object (its layers' and tied sets' objects unchanged): a solve asks for them in
@@ -167,7 +174,8 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
                 for name in {name for item in same for name in item.step_ms}
             )),
             extra_options=_kind_options(same),
-            collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute, _fused(c)) for c in same[0].collectives),
+            collectives=tuple((c.kind, c.tensor_bytes, c.fwd, c.bwd, c.recompute, _fused(c), _ring(c))
+                              for c in same[0].collectives),
             context_parallel=_exchange(same[0]),
             float8_param_count=max(item.float8.param_count if item.float8 is not None else 0 for item in same),
             float8_module_gemms=_module_gemms(same[0]),

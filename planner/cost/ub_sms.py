@@ -40,6 +40,7 @@ class Overlap:
     num_sm: int
     set_sm_margin: bool
     use_ce: bool = True  # a ring exchange's peer copies on the copy engines (TE's default)
+    aggregate: bool = False  # a ring-exchange all-gather's two chunks a GEMM (split_overlap_ag's _aggregate)
 
     @property
     def sms(self) -> int:
@@ -91,7 +92,10 @@ def setup_fields(gpu, tp_overlap: str, *, config: str | None = None, gemms: dict
     (solve/jobsearch.py) alike: under tp-comm-overlap the config (`config`: a Bridge name or the file read; None:
     TE's defaults), a file's GEMMs, the GPU's SMs (planner/models/gpu_sms.py, 0 where unknown: nothing charged) and
     the rate ring_reduce_bytes' reduce kernel runs at (no measurement of it: the GPU's eager elementwise class, a
-    streaming read of bf16 tensors and one write, planner/models/membound_rate.py); nothing otherwise."""
+    streaming read of bf16 tensors and one write, planner/models/membound_rate.py), and the rate a ring exchange's
+    peer copies run at (a copy engine's from one peer where published, planner/models/copy_engines.py; else none:
+    NCCL's ring rate for the group, planner/cost/ub_ring.py); nothing otherwise."""
+    from planner.models.copy_engines import peer_copy_rate
     from planner.models.gpu_sms import sm_count
     from planner.models.membound_rate import achieved_tbps
 
@@ -100,7 +104,9 @@ def setup_fields(gpu, tp_overlap: str, *, config: str | None = None, gemms: dict
     sms = sm_count(gpu) or 0
     _check_margins(gemms or {}, sms)
     reduce_rate = achieved_tbps(gpu, "eager", "elementwise") * 1e3  # GB/s
+    copy = peer_copy_rate(gpu.name)
     return dict(ub_cfg=config, gpu_sms=sms, ub_reduce_gb_per_s=reduce_rate,
+                **({} if copy is None else {"tp_copy_gb_per_s": copy[0]}),
                 **({} if gemms is None else {"ub_gemms": gemms}))
 
 
@@ -122,7 +128,7 @@ def overlaps(config: str | None, gemms: dict | None = None) -> dict[str, Overlap
     """Per GEMM: a --tp-comm-overlap-cfg file's (`gemms`, CommSetup.ub_gemms: TE's defaults updated with the file's
     entries, planner/models/configs/ub_cfg.py), else Bridge's config by name, else TE's defaults."""
     if gemms is not None:
-        return {name: Overlap(g.method, g.num_sm, g.set_sm_margin, g.use_ce) for name, g in gemms.items()}
+        return {name: Overlap(g.method, g.num_sm, g.set_sm_margin, g.use_ce, g.aggregate) for name, g in gemms.items()}
     return TE_DEFAULT if config is None else CONFIGS[config]
 
 
@@ -145,15 +151,17 @@ def ring_reduce_bytes(collectives: list, which: str, *, config: str | None, tp: 
 
 
 def lost_sm_ms(collective_ms: list[float], which: str, *, config: str | None, sms: int,
-               gemms: dict | None = None) -> float:
+               gemms: dict | None = None, skip: frozenset = frozenset()) -> float:
     """The GEMM work a dense block's pass ("fwd", "bwd", "recompute") loses to the userbuffers' SMs: each of the pass's
     collectives (`collective_ms`: the block's eight in site order, each's ms once) x the SMs its overlap takes /
     `sms`, and in the backward the two bulk all-gathers of the forward's gathered bytes. 0 where the block does not
-    list eight. `gemms`: a file's overlaps (overlaps)."""
+    list eight. `gemms`: a file's overlaps (overlaps); `skip`: GEMMs charged as their ring pipeline
+    (planner/cost/ub_ring.py), which holds their SMs."""
     if not sms or len(collective_ms) != 8:
         return 0.0
     table = overlaps(config, gemms)
-    taken = {gemm: min(overlap.sms, sms) for gemm, overlap in table.items()}  # a grid past the SMs queues on them
+    # a grid past the SMs queues on them
+    taken = {gemm: 0 if gemm in skip else min(overlap.sms, sms) for gemm, overlap in table.items()}
     if which == "bwd":
         lost = sum(taken[gemm] * ms for gemm, ms in zip(BACKWARD_GEMMS, collective_ms[4:], strict=True))
         lost += sum(taken[gemm] * collective_ms[site] for gemm, site in UNLISTED_BULK_GATHERS)

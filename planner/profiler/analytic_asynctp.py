@@ -55,7 +55,7 @@ FORWARD_SITES = ("attn-gather", "wo-scatter", "mlp-gather", "w2-scatter")
 BACKWARD_SITES = ("wo-grad-gather", "attn-grad-scatter", "w2-grad-gather", "mlp-grad-scatter")
 
 
-def _site_flops(arch, shape: Shape, moe: bool) -> dict[str, list[int]]:
+def site_flops(arch, shape: Shape, moe: bool) -> dict[str, list[int]]:
     """Each fused site's matmuls, FLOPs each, on this rank (T gathered tokens, widths / tp)."""
     T, h = shape.tokens, arch.hidden_size
     q, kv = formulas.q_width(arch, shape), formulas.kv_width(arch, shape)
@@ -68,7 +68,7 @@ def _site_flops(arch, shape: Shape, moe: bool) -> dict[str, list[int]]:
     return {**sites, "mlp-gather": up, "w2-scatter": [2 * T * f * h], "w2-grad-gather": [2 * T * h * f]}
 
 
-def _ms(flops: list[int], gpu: GPU, mfu: float | None, *, fp8: bool = False) -> float:
+def matmuls_ms(flops: list[int], gpu: GPU, mfu: float | None, *, fp8: bool = False) -> float:
     kernels = [Kernel("matmul-fp8" if fp8 else "matmul", flop) for flop in flops]
     return analytic_time.times_ms((work(sum(flops), 0, kernels),), gpu, mfu)[0]
 
@@ -91,10 +91,10 @@ def block_fused(arch, shape: Shape, gpu: GPU, mfu: float | None = None, *, moe: 
     if shape.tp <= 1 or not shape.sp or arch.mla:
         return {}
     fused = {}
-    for site, flops in _site_flops(arch, shape, moe).items():
+    for site, flops in site_flops(arch, shape, moe).items():
         chunk = [flop // shape.tp for flop in flops]
         fused[site] = FusedMatmuls(
-            whole_ms=_ms(flops, gpu, mfu), chunk_ms=_ms(chunk, gpu, mfu), copy_ms=_copy_ms(site, arch, shape, gpu),
-            fp8_whole_ms=_ms(flops, gpu, mfu, fp8=True) if fp8 else None,
-            fp8_chunk_ms=_ms(chunk, gpu, mfu, fp8=True) if fp8 else None)
+            whole_ms=matmuls_ms(flops, gpu, mfu), chunk_ms=matmuls_ms(chunk, gpu, mfu), copy_ms=_copy_ms(site, arch, shape, gpu),
+            fp8_whole_ms=matmuls_ms(flops, gpu, mfu, fp8=True) if fp8 else None,
+            fp8_chunk_ms=matmuls_ms(chunk, gpu, mfu, fp8=True) if fp8 else None)
     return fused

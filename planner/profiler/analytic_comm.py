@@ -14,7 +14,9 @@ A block's whole activation is X = tokens x hidden x dtype bytes (the gathered se
 - A full recompute reruns the forward's collectives (the checkpointed region is the block).
 - Under SP a block lists each of its eight collectives as its own entry, in analytic_asynctp's
   site order, with the matmuls torch's micro-pipeline TP pass fuses it with (AsyncTP) where it
-  fuses any: what the cost model charges under `--tp-overlap async-tp` (planner/cost/asynctp.py).
+  fuses any: what the cost model charges under `--tp-overlap async-tp` (planner/cost/asynctp.py), and the
+  GEMM Transformer Engine's userbuffers ring exchange splits beside it where it splits one: what the cost
+  model runs under `--tp-overlap tp-comm-overlap` (analytic_ubring.py, planner/cost/ub_ring.py).
 - The vocab-parallel embedding reduces its output (all-reduce, or a reduce-scatter under SP; its
   backward an all-gather under SP, nothing without); the column-parallel LM head gathers its
   input under SP (its backward a reduce-scatter), and without SP all-reduces its input's gradient.
@@ -26,23 +28,26 @@ input-gradient matmul).
 
 from __future__ import annotations
 
-from planner.profiler import analytic_asynctp
+from planner.profiler import analytic_asynctp, analytic_ubring
 from planner.profiler.formulas import Shape
-from planner.schema import FusedMatmuls, LayerCollective, LayerProfile
+from planner.schema import FusedMatmuls, LayerCollective, LayerProfile, RingGemm
 
 
-def block_collectives(hidden: int, shape: Shape, fused: dict[str, FusedMatmuls] | None = None) -> list[LayerCollective]:
+def block_collectives(hidden: int, shape: Shape, fused: dict[str, FusedMatmuls] | None = None,
+                      ring: dict[str, RingGemm] | None = None) -> list[LayerCollective]:
     """Under SP one entry per place the block runs a collective (analytic_asynctp's site names),
-    each with the matmuls AsyncTP fuses it with where `fused` names the site."""
+    each with the matmuls AsyncTP fuses it with where `fused` names the site, and the GEMM TE's
+    userbuffers ring exchange splits beside it where `ring` does (analytic_ubring)."""
     whole = shape.tokens * hidden * shape.d
     if shape.tp <= 1:
         return []
     if not shape.sp:
         return [LayerCollective(kind="all-reduce", tensor_bytes=whole, fwd=2, bwd=2, recompute=2)]
-    fused, kinds = fused or {}, ("all-gather", "reduce-scatter") * 2
-    return ([LayerCollective(kind=kind, tensor_bytes=whole, fwd=1, recompute=1, fused=fused.get(site))
+    fused, ring, kinds = fused or {}, ring or {}, ("all-gather", "reduce-scatter") * 2
+    return ([LayerCollective(kind=kind, tensor_bytes=whole, fwd=1, recompute=1, fused=fused.get(site),
+                             ring=ring.get(site))
              for site, kind in zip(analytic_asynctp.FORWARD_SITES, kinds)]
-            + [LayerCollective(kind=kind, tensor_bytes=whole, bwd=1, fused=fused.get(site))
+            + [LayerCollective(kind=kind, tensor_bytes=whole, bwd=1, fused=fused.get(site), ring=ring.get(site))
                for site, kind in zip(analytic_asynctp.BACKWARD_SITES, kinds)])
 
 
@@ -78,16 +83,18 @@ BY_KIND = {"embedding": embedding_collectives, "decoder_block": block_collective
 def with_collectives(layers: list[LayerProfile], arch, shape: Shape, gpu, mfu: float | None = None) -> list[LayerProfile]:
     """The analytic layers with their tensor-parallel collectives recorded, the blocks' with the
     matmuls AsyncTP fuses them with (analytic_asynctp; the first block of a kind stands for all)."""
-    fused = {}
+    fused, ring = {}, {}
     for layer in layers:
         if layer.kind in ("decoder_block", "moe_block") and layer.kind not in fused:
             fused[layer.kind] = analytic_asynctp.block_fused(arch, shape, gpu, mfu, moe=layer.kind == "moe_block",
                                                              fp8=layer.float8 is not None)
+            if layer.kind == "decoder_block":  # TE's ring-exchange GEMMs (a dense block's alone)
+                ring[layer.kind] = analytic_ubring.block_ring(arch, shape, gpu, mfu, fp8=layer.float8 is not None)
     out = []
     for layer in layers:
         if layer.kind in fused:
-            out.append(layer.model_copy(update={"collectives": block_collectives(arch.hidden_size, shape,
-                                                                                 fused[layer.kind])}))
+            out.append(layer.model_copy(update={"collectives": block_collectives(
+                arch.hidden_size, shape, fused[layer.kind], ring.get(layer.kind))}))
         elif layer.kind in BY_KIND:
             out.append(layer.model_copy(update={"collectives": BY_KIND[layer.kind](arch.hidden_size, shape)}))
         else:

@@ -15,7 +15,7 @@ from planner.schema.fields import (
 from planner.schema.profile import (
     OPTION_FULL, OPTION_NONE, OPTION_OFFLOAD, SELECTIVE_CHECKPOINT_PARTS, AllocRecord, CollectiveKind, CompiledTime,
     DeviceInfo, Float8Delayed, Float8Linears, FusedKernelTime, FusedMatmuls, LayerCollective, LayerContextParallel,
-    LayerProfile, OptionName, Profile, RecomputeOption, TiedSet,
+    LayerProfile, OptionName, Profile, RecomputeOption, RingGemm, TiedSet,
     runs_split_backward)
 from planner.schema.setup import (
     PART_OF_FIELD, SETUP_PARTS, CommSetup, DataParallelSetup, PipelineSetup, Runtime, TimeConstants, TpOverlap,

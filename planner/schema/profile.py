@@ -115,6 +115,21 @@ class FusedMatmuls(Strict):
     fp8_chunk_ms: Ms | None = None
 
 
+class RingGemm(Strict):
+    """The GEMM Transformer Engine's userbuffers ring exchange splits beside a collective (Megatron-LM's
+    --tp-comm-overlap; planner/profiler/analytic_ubring.py says which), as TE's linears run it (Q/K/V one GEMM,
+    gate and up one): whole, as the layer's pass time charges it, one of its tp row chunks and two of them (an
+    aggregated exchange's GEMM), each at its own size's efficiency; under --float8 the FP8 figures. The cost model
+    runs them as TE's split_overlap_ag / split_overlap_rs order them (planner/cost/ub_ring.py)."""
+
+    whole_ms: Ms
+    chunk_ms: Ms
+    pair_ms: Ms
+    fp8_whole_ms: Ms | None = None
+    fp8_chunk_ms: Ms | None = None
+    fp8_pair_ms: Ms | None = None
+
+
 class LayerCollective(Strict):
     """One collective a layer's code runs per microbatch inside its parallel group (tensor
     parallelism: the group of `tp` ranks the profile was made for), how many times in each pass:
@@ -129,6 +144,9 @@ class LayerCollective(Strict):
     recompute: int = Field(default=0, ge=0, le=1 << 10)  # a full recompute reruns the forward's
     # under AsyncTP, the matmuls torch fuses it with; None: not fused (charged whole), or a profile made before
     fused: FusedMatmuls | None = None
+    # under TE's userbuffers, the GEMM a ring exchange splits beside it; None: none (a bulk overlap's site, a block
+    # whose GEMMs were not read), or a profile made before
+    ring: RingGemm | None = None
 
 
 class LayerContextParallel(Strict):

@@ -292,6 +292,7 @@ class UbGemm(Strict):
     num_sm: int = Field(ge=1, le=1 << 16)
     set_sm_margin: bool
     use_ce: bool = True  # a ring exchange's peer copies on the copy engines (else on num_sm SMs)
+    aggregate: bool = False  # a ring-exchange all-gather's two chunks a GEMM (planner/cost/ub_ring.py)
 
 
 class CommSetup(Strict):
@@ -333,8 +334,9 @@ class CommSetup(Strict):
     # the rate TE's reduce kernel sums a ring-exchange reduce-scatter's tp partial chunks at (planner/cost/ub_sms.py
     # ring_reduce_bytes); None: not charged (plans made before)
     ub_reduce_gb_per_s: GbPerS | None = None
-    # AsyncTP's peer copies (copy-engine copies from one peer, planner/models/copy_engines.py): GB/s a direction;
-    # None: charged at tp_gb_per_s, NCCL's ring (no copy rate published for the GPU, or a group across nodes)
+    # AsyncTP's and TE's ring exchange's peer copies (copy-engine copies between two peers, planner/models/
+    # copy_engines.py): GB/s a direction; None: charged at tp_gb_per_s, NCCL's ring (no copy rate published for
+    # the GPU, or a group across nodes)
     tp_copy_gb_per_s: GbPerS | None = None
     # the context-parallel group the profile's attention exchange runs in (its ranks lie tp apart:
     # Megatron-LM's order tp-cp-ep-dp-pp, torchtitan's mesh ... cp, tp), its bandwidth per rank and

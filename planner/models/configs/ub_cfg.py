@@ -34,13 +34,12 @@ KEYS = {"method": str, "is_reduce_scatter": bool, "num_sm": int, "cga_size": int
         "num_splits": int, "aggregate": bool, "atomic_gemm": bool, "use_ce": bool, "fp8_buf": bool,
         "comm_priority": int, "gemm_priority": int, "pipeline_rs_overlap_first_gemm": bool}
 MAX_SMS = 32  # NVTE_MAX_SMS (TE v2.9 comm_gemm_overlap/userbuffers/userbuffers.h 31): _check_grid
-CHARGED = ("method", "num_sm", "set_sm_margin", "use_ce")  # what planner/cost/ub_sms.py reads
+CHARGED = ("method", "num_sm", "set_sm_margin", "use_ce", "aggregate")  # what planner/cost/ub_sms.py, ub_ring.py read
 # what the other keys change, which ckplan does not charge
 NOT_CHARGED = {
     "is_reduce_scatter": "which collective the communicator runs (TE sets it by the GEMM)",
     "cga_size": "the communication kernel's thread-block clusters",
     "num_splits": "the chunks a pipeline or bulk overlap splits the GEMM into (the chunks' own cost is not charged)",
-    "aggregate": "a ring exchange's two chunks a GEMM (the chunks' own cost is not charged)",
     "atomic_gemm": "cuBLAS's atomic GEMM, which signals each chunk as it is written",
     "fp8_buf": "the buffer's dtype (TE sets it: FP8 on the all-gathers, on a pipeline where given)",
     "comm_priority": "the communication stream's priority",
@@ -215,10 +214,15 @@ def _check_method(name: str, method: str, source: str) -> None:
 def _not_charged(name: str, entry: dict, default: dict) -> list[tuple]:
     """An entry's keys ckplan does not charge: at TE's default, no effect; else not modelled, with what it changes."""
     rows = []
+    method = entry.get("method", default["method"])
     for key, value in entry.items():
+        if key == "aggregate" and not (method == "ring_exchange" and name in ALL_GATHERS):
+            rows.append((f"--tp-comm-overlap-cfg {name}.{key}", value, "no effect", "TE reads aggregate only in a "
+                         "ring-exchange all-gather (comm_gemm_overlap.cpp 922, split_overlap_ag, TE v2.9)"))
+            continue
         if key in CHARGED:
             continue
-        pipeline = entry.get("method", default["method"]) == "pipeline"
+        pipeline = method == "pipeline"
         if value == default.get(key) or (key == "fp8_buf" and not (value and pipeline)):
             what = "TE's default" if value == default.get(key) else "TE sets it itself off a pipeline (base.py 475-477)"
             rows.append((f"--tp-comm-overlap-cfg {name}.{key}", value, "no effect", what))
