@@ -32,6 +32,7 @@ import numpy as np
 from planner.cost import chunked, costmodel
 from planner.cost.rules import compute_ms
 from planner.schema import Profile, TrainSetup
+from planner.solve.highs import without_banner
 
 SCHEDULES = ("interleaved-1F1B",)  # a full backward's order without pairs: B's chain is the drain's
 
@@ -116,6 +117,7 @@ def least_makespan_ms(order, forward: list[float], backward: list[float], counts
     lp.row_lower_, lp.row_upper_ = np.array(lower), np.array(upper)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = np.array(starts), np.array(cols), np.array(vals)
+    without_banner()  # stdout is `ckplan search --json`'s
     solver = highspy.Highs()
     solver.setOptionValue("output_flag", False)
     solver.passModel(lp)

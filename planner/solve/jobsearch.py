@@ -36,8 +36,7 @@ from planner.cost import dataparallel, links, nccl_buffers, ub_sms
 from planner.models import copy_engines, network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
-from planner.solve import chunkbound
-from planner.solve import search
+from planner.solve import chunkbound, search
 from planner.solve.deadline import Deadline
 from planner.solve.degrees import Degrees, JobShape, enumerate_degrees
 
