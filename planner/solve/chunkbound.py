@@ -26,10 +26,12 @@ tests/test_chunkbound.py holds the bound under evaluate() on random plans.
 
 from __future__ import annotations
 
+import functools
+
 import highspy
 import numpy as np
 
-from planner.cost import chunked, costmodel
+from planner.cost import chunked, costmodel, schedules
 from planner.cost.rules import compute_ms
 from planner.schema import Profile, TrainSetup
 from planner.solve.highs import without_banner
@@ -60,8 +62,19 @@ def iteration_bound_ms(profile: Profile, setup: TrainSetup, layers: list[tuple[c
     # a stage's own time terms (the last stage's loss) are in its B; its comm, half each pass less its sends
     # beside the compute, is left out (only adds)
     fixed = [costmodel.stage_value("time", s, ctx) for s in range(order.num_stages)]
-    makespan = least_makespan_ms(order, forward, backward, counts, fixed)
+    makespan = _least_makespan_cached(setup.pipeline.schedule, setup.pipeline.stages, setup.pipeline.chunks,
+                                      setup.pipeline.microbatches, tuple(forward), tuple(backward), tuple(counts),
+                                      tuple(fixed))
     return 0.0 if makespan is None else makespan + step / setup.pipeline.stages
+
+
+@functools.lru_cache(maxsize=1024)
+def _least_makespan_cached(schedule: str, ranks: int, chunks: int, microbatches: int, forward: tuple, backward: tuple,
+                           counts: tuple, fixed: tuple) -> float | None:
+    """least_makespan_ms once per order and numbers: a search's configurations that differ in what the LP does not
+    read (data parallelism, ZeRO's stage: the step and the collectives) share it."""
+    order = schedules.pipeline_schedule(schedule, num_ranks=ranks, num_microbatches=microbatches, num_chunks=chunks)
+    return least_makespan_ms(order, list(forward), list(backward), list(counts), list(fixed))
 
 
 def least_makespan_ms(order, forward: list[float], backward: list[float], counts: list[int],

@@ -11,8 +11,9 @@ MILP elsewhere), each bounded by the `top`-th best time found so far, and the se
 once the next time bound reaches it: no configuration left could enter the ranking. The
 ranking is therefore the same as solving every configuration (tests/test_search.py holds it
 to that brute force). The one-chunk configurations (1F1B, GPipe: the DP) pass first, then the
-chunked ones (the MILP) under the bar they left; with chunked="beside-solved" (`ckplan search`'s
-default space) only the chunked twins of the one-chunk configurations solved are.
+chunked ones (the MILP) under the bar they left, an interleaved one pruned before its MILP where its bound
+with the bubble (chunkbound.py, asked only then) reaches the bar; with chunked="beside-solved" only the
+chunked twins of the one-chunk configurations solved are.
 
 Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
 291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
@@ -353,8 +354,8 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     `chunked`: "all" solves every chunked configuration the bounds do not prune; "beside-solved" only those whose
     one-chunk twin (the same degrees under 1F1B) the one-chunk pass solved (its bound under the bar then), the rest
     counted in
-    outcome.chunked_set_aside (a chunked schedule's time bound holds no bubble, so it prunes few, and each of
-    its MILPs takes seconds: docs/published-runs.md §37.searchspace)."""
+    outcome.chunked_set_aside (`ckplan search`'s default before chunkbound.py's bound: docs/published-runs.md
+    §37.searchspace, §39.chunkbound)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
