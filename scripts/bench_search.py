@@ -52,6 +52,7 @@ JOBS = {
     # §37.searchspace's 8B job (ckplan's runtime) and §37.mismatch's 8B Megatron job: no published degrees beside
     "S8B": "--arch llama3-8b --gpus 16 --global-batch 32 --seq-len 4096",
     "MM8B": "--arch llama3-8b --gpus 16 --global-batch 32 --seq-len 4096 --runtime megatron",
+    "S8Ball": "--arch llama3-8b --gpus 16 --global-batch 32 --seq-len 4096 --schedules 1F1B,interleaved-1F1B",
     "MM70B": "--arch llama3-70b --gpus 64 --gpu h100 --global-batch 128 --seq-len 8192 --runtime megatron",
 }
 HAND = "--hand-recompute plan"  # with --tp ...: the published degrees' own plan beside (not for BT22's file)

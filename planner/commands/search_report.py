@@ -209,8 +209,7 @@ def _bubble(o) -> str:
 
 
 def _set_aside(o) -> str:
-    """The chunked configurations a chunked="beside-solved" search set aside (their 1F1B twins pruned by the time
-    bound); none from `ckplan search`, which solves every one the bounds leave."""
+    """The chunked configurations the default space set aside (their 1F1B twins pruned by the time bound)."""
     if not o.chunked_set_aside:
         return ""
     return (f"; {o.chunked_set_aside} interleaved configurations not solved, their degrees' 1F1B pruned by the "
