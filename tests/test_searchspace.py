@@ -123,7 +123,7 @@ def test_the_time_limit_stops_the_chunked_pass(monkeypatch):
     assert ranked == [(s.degrees, s.iteration_ms) for s in one_chunk.ranked][:len(ranked)] and ranked
 
 
-def test_beside_solved_solves_interleaved_beside_the_1f1b_solved_only(monkeypatch):
+def test_the_default_space_solves_interleaved_beside_the_1f1b_solved_only(monkeypatch):
     """chunked="beside-solved": the interleaved configurations solved are twins of those the one-chunk pass solved
     (its bound under the bar), every other one passing the memory bound counted set aside; here pp 2's 1F1B is
     solved and not ranked (top 3: pp 1's), and its interleaved twin wins."""
