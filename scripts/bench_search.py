@@ -49,13 +49,18 @@ JOBS = {
            "--compile --float8 --fp8-all-gather --mem 96GB --tp 8 --sp --pp 1 --dp 32 --zero 3 --micro-batch-size 16",
     "DS1": "--arch-config configs/published/ds_azure_gpt175b.json --gpus 256 --gpu a100-80g --global-batch 8192 "
            "--seq-len 512 --runtime deepspeed --tp 1 --pp 1 --dp 256 --zero 3 --micro-batch-size 32",
+    # §37.searchspace's 8B job (ckplan's runtime) and §37.mismatch's 8B Megatron job: no published degrees beside
+    "S8B": "--arch llama3-8b --gpus 16 --global-batch 32 --seq-len 4096",
+    "MM8B": "--arch llama3-8b --gpus 16 --global-batch 32 --seq-len 4096 --runtime megatron",
+    "S8Ball": "--arch llama3-8b --gpus 16 --global-batch 32 --seq-len 4096 --schedules 1F1B,interleaved-1F1B",
+    "MM70B": "--arch llama3-70b --gpus 64 --gpu h100 --global-batch 128 --seq-len 8192 --runtime megatron",
 }
 HAND = "--hand-recompute plan"  # with --tp ...: the published degrees' own plan beside (not for BT22's file)
 
 
 def one(tree: Path, job: str, time_limit: float, folder: Path) -> dict:
     """One search by `tree`'s planner on this repository's configs: its wall time and what its JSON says."""
-    args = JOBS[job].split() + ([] if job == "BT22" else HAND.split())
+    args = JOBS[job].split() + (HAND.split() if "--tp" in JOBS[job] else [])
     out = folder / f"{job}.yaml"
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "planner.cli", "search", *args, "--time-limit", str(time_limit),

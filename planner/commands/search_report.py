@@ -160,7 +160,7 @@ class Report:
         done = "complete" if o.complete else (f"cut short by --time-limit ({_left(o)}): the ranking is the best of "
                                               "what was solved")
         return (f"{o.considered} configurations considered ({o.duplicates} the same setup as another, {o.refused} "
-                f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound, "
+                f"refused): {o.pruned_memory} pruned by the memory bound, {o.pruned_time} by the time bound{_bubble(o)}, "
                 f"{o.solved} solved ({o.solved_without_plan} without a plan that fits or beats the bound"
                 f"{_early(o)}); "
                 f"{o.profiles} profiles; {o.wall_s:.1f} s; {done}{_set_aside(o)}")
@@ -186,7 +186,8 @@ class Report:
             "plan": str(self.out) if self.out is not None else None,
             "settings": stated(self.options.training, self.options.tp_overlap),
             "counts": {"considered": o.considered, "duplicates": o.duplicates, "refused": o.refused,
-                       "pruned_memory": o.pruned_memory, "pruned_time": o.pruned_time, "solved": o.solved,
+                       "pruned_memory": o.pruned_memory, "pruned_time": o.pruned_time,
+                       "pruned_bubble": o.pruned_bubble, "solved": o.solved,
                        "solved_without_plan": o.solved_without_plan, "profiles": o.profiles,
                        "unexplored": o.unexplored, "not_solved": len(o.unsolved), "solved_early": o.solved_early,
                        "chunked_set_aside": o.chunked_set_aside, "complete": o.complete,
@@ -200,6 +201,11 @@ def _early(o) -> str:
         return ""
     return (f"; {o.solved_early} of them the best bound kept when half of --time-limit had gone to profiles, "
             "solved before the rest were built")
+
+
+def _bubble(o) -> str:
+    """How many of those the time bound pruned were interleaved ones pruned by their bubble (chunkbound.py)."""
+    return f" ({o.pruned_bubble} of them interleaved, by the bound with its bubble)" if o.pruned_bubble else ""
 
 
 def _set_aside(o) -> str:

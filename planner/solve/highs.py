@@ -41,7 +41,7 @@ class SolveResult:
 _BANNER_SHOWN = False
 
 
-def _without_banner() -> None:
+def without_banner() -> None:
     """HiGHS prints its banner to the process's stdout the first time a Highs object is made,
     whatever its output options (stdout that `ckplan solve --json` keeps for the JSON alone):
     make that first object with file descriptor 1 pointed at /dev/null."""
@@ -86,7 +86,7 @@ class _HiGHS(pulp.HiGHS):
         super().__init__(*args, **kwargs)
         self.start = start
         if not self.msg:
-            _without_banner()
+            without_banner()
 
     def callSolver(self, lp):
         import highspy

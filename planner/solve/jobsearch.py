@@ -11,8 +11,9 @@ MILP elsewhere), each bounded by the `top`-th best time found so far, and the se
 once the next time bound reaches it: no configuration left could enter the ranking. The
 ranking is therefore the same as solving every configuration (tests/test_search.py holds it
 to that brute force). The one-chunk configurations (1F1B, GPipe: the DP) pass first, then the
-chunked ones (the MILP) under the bar they left; with chunked="beside-solved" (`ckplan search`'s
-default space) only the chunked twins of the one-chunk configurations solved are.
+chunked ones (the MILP) under the bar they left, an interleaved one pruned before its MILP where its bound
+with the bubble (chunkbound.py, asked only then) reaches the bar; with chunked="beside-solved" (`ckplan
+search`'s default space) only the chunked twins of the one-chunk configurations solved are.
 
 Under a time limit the profiles may take most of it (T11 on 64 GPUs under load: 308 profiles in
 291.5 s of 300). Once half the limit is gone with nothing ranked, the enumeration stops for one solve
@@ -36,7 +37,7 @@ from planner.cost import dataparallel, links, nccl_buffers, ub_sms
 from planner.models import copy_engines, network_rate
 from planner.schema import Profile, StagePlan, TrainSetup
 from planner.solve import bounds as bounds_mod
-from planner.solve import search
+from planner.solve import chunkbound, search
 from planner.solve.deadline import Deadline
 from planner.solve.degrees import Degrees, JobShape, enumerate_degrees
 
@@ -102,6 +103,7 @@ class Outcome:
     refused: int = 0  # setups the schema refuses (e.g. a shard group the experts do not divide)
     pruned_memory: int = 0  # memory bound past the card: no solve
     pruned_time: int = 0  # time bound no better than the top-th best: no solve
+    pruned_bubble: int = 0  # of those, the interleaved ones pruned by the bound with their bubble (chunkbound.py)
     solved: int = 0  # solves run
     solved_without_plan: int = 0  # solved, and no plan fits (or none beats the bound it was given)
     profiles: int = 0  # profiles built
@@ -352,8 +354,8 @@ def search_job(job: JobShape, options: JobOptions, profile_for: ProfileFor, *, t
     `chunked`: "all" solves every chunked configuration the bounds do not prune; "beside-solved" only those whose
     one-chunk twin (the same degrees under 1F1B) the one-chunk pass solved (its bound under the bar then), the rest
     counted in
-    outcome.chunked_set_aside (a chunked schedule's time bound holds no bubble, so it prunes few, and each of
-    its MILPs takes seconds: docs/published-runs.md §37.searchspace)."""
+    outcome.chunked_set_aside (`ckplan search`'s default: even with chunkbound.py's bound every chunk count
+    took 1.9x-2.8x its wall on two 8B jobs, docs/published-runs.md §37.searchspace, §39.chunkbound)."""
     started = time.perf_counter()
     deadline = deadline or Deadline(None)
     outcome = Outcome()
@@ -418,10 +420,22 @@ def _solve_pass(found: list[Candidate], outcome: Outcome, early: set[int], *, to
             outcome.complete = False
             outcome.unsolved = [c for c in found[index:] if id(c) not in early]
             return False
+        if not math.isinf(bar) and _bubble_bound_ms(candidate) >= bar:  # an interleaved one's bubble: not solved
+            outcome.pruned_time += 1
+            outcome.pruned_bubble += 1
+            continue
         solved.add(candidate.degrees)
         _rank(outcome, solve_one(candidate, upper_bound_ms=None if math.isinf(bar) else bar, deadline=deadline,
                                  solver=solver), top)
     return True
+
+
+def _bubble_bound_ms(candidate: Candidate) -> float:
+    """The interleaved schedule's bound with its bubble (chunkbound.py: an LP over the order's actions, tens of
+    ms where a chunked MILP takes seconds), asked only of a configuration about to be solved; 0 for the others."""
+    if not chunkbound.holds(candidate.setup):
+        return 0.0
+    return chunkbound.iteration_bound_ms(candidate.profile, candidate.setup, bounds_mod.kinds(candidate.profile))
 
 
 def _rank(outcome: Outcome, solved: Solved | None, top: int) -> None:

@@ -1,0 +1,112 @@
+"""The interleaved bound with its bubble (planner/solve/chunkbound.py): exact on equal stages by hand, never
+above the simulation over every split (brute force) nor evaluate's time of random plans, above the mean-work
+bound; and the search it prunes ranks as a brute force over every configuration."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from test_search import MINI, profile_for
+from test_search_bounds import random_stages
+from test_searchspace import MINI8, _job
+
+from planner.cost import costmodel, schedule_time, schedules
+from planner.schema import TrainSetup
+from planner.solve import chunkbound, jobsearch, search
+from planner.solve.bounds import kinds, setup_bounds
+from planner.solve.degrees import enumerate_degrees
+
+GiB = 2**30
+
+
+def _order(ranks: int, chunks: int, microbatches: int) -> schedules.Schedule:
+    return schedules.pipeline_schedule("interleaved-1F1B", num_ranks=ranks, num_microbatches=microbatches,
+                                       num_chunks=chunks)
+
+
+@pytest.mark.parametrize("microbatches, expected", [(2, 15.0), (4, 27.0)])
+def test_equal_stages_by_hand(microbatches, expected):
+    """P 2, V 2, four layers of F 1 and B 2 ms: one a stage, so the LP's split is the only one; the interleaved
+    schedule takes M V (F + B) + (P - 1)(F + B) = 12 + 3 (M 2), 24 + 3 (M 4), which the simulation agrees with."""
+    order = _order(2, 2, microbatches)
+    assert chunkbound.least_makespan_ms(order, [1.0], [2.0], [4]) == pytest.approx(expected, abs=1e-6)
+    times = [schedule_time.StageTimes(1.0, 1.0, 1.0)] * 4
+    assert schedule_time.simulate_time(order, stage_times=times).makespan_ms == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("ranks, chunks, microbatches", [(2, 2, 2), (2, 2, 4), (3, 2, 3), (2, 3, 4)])
+def test_never_above_the_simulation_over_every_split(ranks, chunks, microbatches):
+    """Nine layers of three kinds in a random order: the simulation's makespan of every contiguous split into
+    P V stages (brute force) is at least the LP's; the LP is above the ranks' mean work, M W / P, which a
+    tiny-first-stages split made the old bound's."""
+    rng = random.Random(ranks * 100 + chunks * 10 + microbatches)
+    kinds_fb = [(1.0, 2.0), (0.2, 0.3), (2.5, 4.0)]
+    layers = [rng.randrange(3) for _ in range(9)]
+    order = _order(ranks, chunks, microbatches)
+    stages = ranks * chunks
+    least = chunkbound.least_makespan_ms(order, [f for f, _ in kinds_fb], [b for _, b in kinds_fb],
+                                         [layers.count(g) for g in range(3)])
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, len(layers)), stages - 1):
+        ends = [0, *cuts, len(layers)]
+        times = []
+        for s in range(stages):
+            part = layers[ends[s]:ends[s + 1]]
+            f, b = sum(kinds_fb[g][0] for g in part), sum(kinds_fb[g][1] for g in part)
+            times.append(schedule_time.StageTimes(f, b / 2, b / 2))
+        best = min(best, schedule_time.simulate_time(order, stage_times=times).makespan_ms)
+    work = sum(sum(kinds_fb[g]) for g in layers)
+    assert microbatches * work / ranks < least <= best * (1 + 1e-9), (least, best)
+
+
+@pytest.mark.parametrize("ranks, chunks, microbatches, dp, zero, runtime", [
+    (2, 2, 4, 2, 2, "ckplan"),
+    (3, 2, 6, 1, 0, "ckplan"),
+    (2, 4, 8, 1, 0, "ckplan"),
+    (4, 2, 8, 2, 1, "megatron"),  # sends beside the compute, the data-parallel side stream
+    (2, 2, 4, 2, 1, "megatron"),
+    (4, 2, 4, 1, 0, "torchtitan"),  # torch's time steps (simulate_lockstep)
+])
+def test_never_above_evaluate_on_random_plans(ranks, chunks, microbatches, dp, zero, runtime):
+    """Random splits and recompute options of a 6-block model: evaluate's iteration is never under the bound,
+    and the bound is at least setup_bounds' on three of the ckplan cases (it holds the bubble)."""
+    rng = random.Random(11)
+    profile = profile_for(MINI)(2, True, 1)
+    setup = TrainSetup(stages=ranks, microbatches=microbatches, micro_batch_size=1, schedule="interleaved-1F1B",
+                       chunks=chunks, mem_caps_bytes=[80 * GiB] * ranks, precision="bf16-mixed", dp=dp, zero=zero,
+                       runtime=runtime, shard_gb_per_s=100.0 if dp > 1 else None,
+                       replica_gb_per_s=50.0 if dp > 1 else None)
+    bound = chunkbound.iteration_bound_ms(profile, setup, kinds(profile))
+    assert bound > 0
+    if runtime == "ckplan":
+        assert bound > setup_bounds(profile, setup).time_ms
+    for _ in range(30):
+        plan = costmodel.ranks_of(random_stages(profile, ranks * chunks, rng, setup), setup)
+        assert bound <= costmodel.evaluate(plan, profile, setup).iteration_ms * (1 + 1e-9)
+
+
+def test_only_interleaved():
+    """1F1B's bound is setup_bounds' closed form; ZB's and ZBV's orders split the backward: not this LP's."""
+    base = dict(stages=2, microbatches=4, micro_batch_size=1, mem_caps_bytes=[80 * GiB] * 2, precision="bf16-mixed")
+    assert chunkbound.holds(TrainSetup(schedule="interleaved-1F1B", chunks=2, **base))
+    assert not chunkbound.holds(TrainSetup(schedule="1F1B", chunks=1, **base))
+    assert not chunkbound.holds(TrainSetup(schedule="ZBV", chunks=2, **base))
+
+
+def test_the_search_it_prunes_ranks_as_the_brute_force():
+    """8 GPUs a node each, batch 16: the default search (every chunk count) prunes some interleaved
+    configurations by their bubble without solving them, and its top 3 are the brute force's over every
+    configuration, each solved."""
+    job, build = _job(gpus=8, global_batch=16), profile_for(MINI8)
+    options = jobsearch.JobOptions(mem_cap_bytes=80 * GiB, gpus_per_node=1)
+    outcome = jobsearch.search_job(job, options, build, top=3)
+    assert outcome.complete and outcome.pruned_bubble > 0
+    every = []
+    for degrees in enumerate_degrees(job):
+        profile = build(degrees.tp, degrees.sp, degrees.micro_batch_size)
+        result = search.plan(profile, jobsearch.job_setup(profile, degrees, options))
+        if isinstance(result, search.PlanResult):
+            every.append(result.cost.iteration_ms)
+    assert [s.iteration_ms for s in outcome.ranked] == pytest.approx(sorted(every)[:3], rel=1e-9)
