@@ -7,7 +7,7 @@ rate of 1 TB/s (1 MB = 0.001 ms) and an HBM bandwidth of 2 TB/s; 4 microbatches.
 
 import pytest
 
-from planner.cost import costmodel, deepspeed_grads, layers, tiedadd
+from planner.cost import costmodel, deepspeed_grads, jobsettings, layers, tiedadd
 from planner.schema import (
     DeviceInfo,
     FileRef,
@@ -87,3 +87,22 @@ def test_evaluate_moves_by_the_hooks_and_the_tied_add(monkeypatch):
     before = costmodel.evaluate(plan, _profile(), setup).iteration_ms
     hooks = 2 * (40 + 33.75 - 60) * MB / 1e9 - 60 * MB / 1e9
     assert charged - before == pytest.approx(MICROBATCHES * (hooks + ADD_MS))
+
+
+def test_megatrons_hook_adds_an_embeddings_gradient_into_main_grad_with_or_without_the_fusion():
+    # read 2 + 4, write 4 = 10 B against the profile's 6: 4 B x 10M at the elementwise rate, every microbatch
+    for knobs in ({}, {"unfused_grad_accumulation": True}):
+        adds = _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron", **knobs))
+        assert adds == {"embed": pytest.approx(40 * MB / 1e9), "block": 0.0, "head": 0.0}
+    for runtime in ("torchtitan", "ckplan", "deepspeed"):  # torch's .grad add is the profile's own 6 B
+        assert set(_by_layer(jobsettings.embedding_hook_add_ms, _setup(runtime)).values()) == {0.0}
+
+
+def test_unfused_a_tied_heads_weight_on_one_stage_is_added_once_by_the_embeddings_hook():
+    # one stage: the head's bf16 gradient meets the embedding's in autograd's add, then one hook add (the embedding's);
+    # two stages: the head's copy is its own parameter, its hook adds it (4 B x 10M at the HBM's 2 TB/s)
+    one = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", unfused_grad_accumulation=True))
+    assert one == {"embed": 0.0, "block": pytest.approx(20 * MB / 1e9), "head": 0.0}
+    two = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", zero=1, stages=2,
+                                                                unfused_grad_accumulation=True))
+    assert two["head"] == pytest.approx(20 * MB / 1e9)
