@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from planner.cost import (
     dataparallel,
+    deepspeed_grads,
     deepspeed_terms,
     deepspeed_waits,
     deepspeed_zero3,
@@ -103,4 +104,4 @@ ROWS = (
      "the record's regathers_persistent (DeepSpeed v0.6.2 stage3.py _post_step, _allgather_params_coalesced): each "
      "at NCCL's LL ring latency over the shard group (links.ring_latency_us) and its bytes, then a synchronize "
      "(planner/cost/deepspeed_step.py, §176)"),
-) + deepspeed_waits.ROWS
+) + deepspeed_waits.ROWS + deepspeed_grads.ROWS

@@ -5,7 +5,8 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
 - unfused weight-gradient accumulation (Megatron-LM's --no-gradient-accumulation-fusion): per
   microbatch, each weight's bf16 gradient added into its fp32 main_grad by a kernel of its own, the
   record's `unfused_wgrad_bytes` a weight beyond the accumulation the profile charges. Embedding
-  tables are not linears: their gradients take that path with or without the setting.
+  tables are not linears: their gradients take that path with or without the setting, charged so
+  (embedding_hook_add_ms, at the profile's elementwise rate).
 - the logging reads (--log-params-norm, --log-num-zeros-in-grad): once a step, each over the rank's
   optimizer shard, the record's `logged_read_shard_bytes` a parameter.
 - deterministic mode (--deterministic-mode): torch.use_deterministic_algorithms(True) makes every
@@ -46,6 +47,7 @@ charges at the moments that set a stage's peak (docs/published-runs.md §12.megt
 from __future__ import annotations
 
 from planner.cost import dataparallel, runtimes
+from planner.cost.hpgrads import elementwise_tbps
 from planner.cost.layers import LayerCost
 from planner.schema import OPTION_FULL, Profile, TrainSetup
 
@@ -65,13 +67,29 @@ def weight_param_count(layer: LayerCost) -> int:
 
 
 def unfused_accumulation_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
-    """ms per microbatch the layer's unfused weight-gradient accumulation adds to its backward; 0
-    where the setup keeps the fused path or the profile names no HBM bandwidth (a measured step)."""
+    """ms per microbatch the layer's unfused weight-gradient accumulation adds to its backward, a tied head's
+    weight on one stage left out (its gradient meets the embedding's in autograd's add, then one hook add, charged
+    on the embedding: embedding_hook_add_ms); 0 where the setup keeps the fused path or the profile names no HBM
+    bandwidth (a measured step)."""
     tbps = _hbm_tbps(profile)
     if not setup.training.unfused_grad_accumulation or tbps is None:
         return 0.0
-    moved = weight_param_count(layer) * runtimes.of(setup.training).unfused_wgrad_bytes
+    shared = layer.shared_before if setup.pipeline.stages == 1 else 0
+    moved = (weight_param_count(layer) - shared) * runtimes.of(setup.training).unfused_wgrad_bytes
     return moved / (tbps * 1e12) * 1e3
+
+
+def embedding_hook_add_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """ms per microbatch the DDP hook's add of an embedding table's gradient into main_grad moves beyond the
+    accumulation the profile's backward charges, with the fusion or without (docs/framework-facts.md §372-§374):
+    the lookup's backward hands autograd a bf16 gradient, the hook adds it into the fp32 main_grad (read 2 + 4,
+    write 4) and drops it, the record's unfused_wgrad_bytes beyond the profile's 3 x 2 B, at the profile's
+    elementwise rate, as the profile times that accumulation; 0 for other layers, records whose hook adds nothing
+    (unfused_wgrad_bytes 0) or a profile naming no rate."""
+    tbps = elementwise_tbps(profile)
+    if weight_param_count(layer) or tbps is None:
+        return 0.0
+    return layer.param_count * runtimes.of(setup.training).unfused_wgrad_bytes / (tbps * 1e12) * 1e3
 
 
 def logged_reads_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:

@@ -35,13 +35,17 @@ DS_V062 = "DeepSpeed v0.6.2 (32d97976)"
 # "grad_stats"); without ZeRO the model-parallel group's, where FP16_Optimizer reduces them (not read further)
 STEP_COLLECTIVES = (("overflow check", "grad_stats", ""), ("gradient norm", "grad_stats", ""))
 
-STEP_FACTS = {"reduce_scatter_prepass_bytes": 2 + 2, "regathers_persistent": True, "step_collectives": STEP_COLLECTIVES,
+STEP_FACTS = {"reduce_scatter_prepass_bytes": 2 + 2, "partition_check_bytes": 2 * (2 + 1 + 1),
+              "regathers_persistent": True, "step_collectives": STEP_COLLECTIVES,
               "waits_offloaded_grad_copy": True, "offload_step_serial_zero": (3,)}
 
 SOURCES = {
     "reduce_scatter_prepass_bytes": f"deepspeed/runtime/comm/coalesced_collectives.py 41-116 (reduce_scatter_coalesced: "
                                     f"tensor_partition_flat_buffer.div_(world_sz) over the whole gradient before "
                                     f"_reduce_scatter_base), {DS_V062}",
+    "partition_check_bytes": f"deepspeed/runtime/zero/stage3.py 1676-1677 (__partition_grads, every reduced partition: "
+                             f"__inf_or_nan_tracker.logical_or_(torch.isinf(grad_buffer).any()), the same with "
+                             f"torch.isnan: each reads the partition, 2 B, and writes and reads a bool), {DS_V062}",
     "regathers_persistent": f"deepspeed/runtime/zero/stage3.py 2247-2262 (_post_step: persistent_parameters[0]."
                             f"all_gather(persistent_parameters)), partition_parameters.py 1244-1304 "
                             f"(_allgather_params_coalesced: one _all_gather_base a parameter, torch.cuda.synchronize()), "
@@ -63,13 +67,15 @@ SOURCES = {
 # the same facts where not read (every other record's sources)
 NOT_READ = {
     "reduce_scatter_prepass_bytes": "not read for this runtime (nothing charged before its reduce-scatters)",
+    "partition_check_bytes": "not read for this runtime (no ZeRO 3 gradient partitions checked every microbatch)",
     "regathers_persistent": "not read for this runtime (no ZeRO 3 persistent parameters)",
     "waits_offloaded_grad_copy": "not read for this runtime (no blocking copy of a reduced gradient to the host)",
     "offload_step_serial_zero": "not read for this runtime (ckplan's overlapped offload chunks)",
 }
 
 # BLOOM's DeepSpeed (the big-science fork's BF16_Optimizer at ZeRO 1, runtimes._deepspeed's older record): not read
-BLOOM_FACTS = {"reduce_scatter_prepass_bytes": 0, "regathers_persistent": False, "step_collectives": (),
+BLOOM_FACTS = {"reduce_scatter_prepass_bytes": 0, "partition_check_bytes": 0, "regathers_persistent": False,
+               "step_collectives": (),
                "waits_offloaded_grad_copy": False, "offload_step_serial_zero": ()}
 BLOOM_NOT_READ = {**NOT_READ, "step_collectives": "not read for BLOOM's BF16_Optimizer (its step's scalar all-reduces "
                                                   "not charged)"}

@@ -267,6 +267,10 @@ class RuntimeFacts:
     """Bytes per parameter the runtime moves over each whole gradient on the device before its reduce-scatter, every
     reduction (planner/cost/deepspeed_step.py): DeepSpeed v0.6.2's reduce_scatter_coalesced divides it in place by the
     ranks first (read 2, write 2); 0: none."""
+    partition_check_bytes: int = 0
+    """Bytes per element of each reduced gradient partition the runtime's ZeRO 3 hooks read and write to test it for
+    inf and NaN, every microbatch (planner/cost/deepspeed_grads.py): DeepSpeed v0.6.2's isinf and isnan, each
+    reading the bf16 partition and writing, then reading, a bool (8); 0: none."""
     regathers_persistent: bool = False
     """Whether ZeRO 3 gathers its persistent parameters (those under stage3_param_persistence_threshold) again after
     the optimizer step, one all-gather each, then synchronizes (planner/cost/deepspeed_step.py); False: not read."""

@@ -292,11 +292,11 @@ TERMS: tuple[Term, ...] = (
          "torch's all-gather ring (_attention.py _SDPAMerger, _templated_ring_attention_backward, torch 2.13.0 "
          "cf30153c): bytes per output and K/V element by hand, fused where the block is compiled (torchtitan's "
          "fullgraph compile), at the profile's measured memory-bound rate"),
-    Term("weight gradients added into the fp32 main_grad by their own kernel (unfused accumulation)", "time",
-         "layer", lambda layer, ckpt, ctx: jobsettings.unfused_accumulation_ms(layer, ctx.profile, ctx.setup),
-         "the record's unfused_wgrad_bytes a weight a microbatch beyond the profile's accumulation (Megatron-LM's "
-         "--no-gradient-accumulation-fusion: TE linear.py's bf16 wgrad, the DDP hook's main_grad.add_) at the "
-         "profile's HBM bandwidth"),
+    Term("gradients added into the fp32 main_grad by their own kernel (an embedding's; weights' unfused)", "time",
+         "layer", lambda layer, ckpt, ctx: jobsettings.unfused_accumulation_ms(layer, ctx.profile, ctx.setup)
+         + jobsettings.embedding_hook_add_ms(layer, ctx.profile, ctx.setup),
+         "the record's unfused_wgrad_bytes a parameter a microbatch beyond the profile's accumulation (the DDP hook's "
+         "add): a weight's under --no-gradient-accumulation-fusion at the HBM's rate, an embedding's always (§372-§374)"),
     Term("the optimizer's fp32 gradients added into after every microbatch's backward", "time", "layer",
          lambda layer, ckpt, ctx: hpgrads.hp_grad_accumulate_ms(layer, ctx.profile, ctx.setup),
          "the record's hp_grad_accumulate_bytes a parameter a microbatch (DeepSpeed 56c52238's BF16_Optimizer."

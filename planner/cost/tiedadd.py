@@ -9,6 +9,7 @@ times it, that charge is this add's: the same bytes, one accumulation fewer than
 it takes that accumulation off because the runtime never runs it, the add is charged here:
 
 - FSDP2 sharding (fsdp2work.unrun_accumulate_bytes: the unsharded .grad is None at every backward, §351);
+- DeepSpeed's ZeRO 3 (deepspeed_grads.hooks_ms: its hooks set .grad to None after each reduce-scatter, §352, §370);
 - an optimizer's own fp32 gradients (the record's hp_grad_accumulate_bytes: .grad cleared before each backward);
 - Megatron-LM's gradient-accumulation fusion, where the later holder's profile accumulation is taken off
   (fusedkernels: its wgrad GEMM accumulates into main_grad in its epilogue, §350). There the GEMM's layer also
@@ -20,7 +21,7 @@ Nothing where the stages are more than one (each holder's stage runs its own Acc
 
 from __future__ import annotations
 
-from planner.cost import fsdp2work, runtimes
+from planner.cost import deepspeed_grads, fsdp2work, runtimes
 from planner.cost.layers import LayerCost
 from planner.schema import Profile, TrainSetup
 
@@ -37,15 +38,17 @@ def tied_local_add_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> 
         return 0.0
     add_ms = sum(item.sum_ms for item in profile.tied if layer.name in item.layers[1:])
     fused = _fused_accumulation(layer, profile, setup)
-    unrun = fused or _accumulation_unrun(layer, setup)
+    unrun = fused or _accumulation_unrun(layer, profile, setup)
     per_microbatch = (add_ms if unrun else 0.0) + (add_ms * FILL_TENSORS / ADD_TENSORS if fused else 0.0)
     return setup.pipeline.microbatches * per_microbatch
 
 
-def _accumulation_unrun(layer: LayerCost, setup: TrainSetup) -> bool:
+def _accumulation_unrun(layer: LayerCost, profile: Profile, setup: TrainSetup) -> bool:
     """Whether the cost model takes the profile's .grad accumulation of the layer's shared parameters off: FSDP2
-    shards them, or the runtime clears .grad before each backward to keep its own fp32 gradients (hpgrads)."""
+    shards them, DeepSpeed's ZeRO 3 hooks take every gradient (deepspeed_grads), or the runtime clears .grad before each backward to keep its own fp32 gradients (hpgrads)."""
     if fsdp2work.unrun_accumulate_bytes(layer.shared_before, setup) > 0:
+        return True
+    if deepspeed_grads.takes_accumulation_off(profile, setup):  # ZeRO 3's hooks: .grad None at every backward (§370)
         return True
     return bool(runtimes.of(setup.training).hp_grad_accumulate_bytes) and setup.training.precision == "bf16-mixed"
 

@@ -1,0 +1,108 @@
+"""Each runtime's per-microbatch gradient accumulation charged as its code runs it (docs/framework-facts.md
+§369-§374): DeepSpeed ZeRO 3's hooks in place of the profile's `.grad` add (planner/cost/deepspeed_grads.py), and
+Megatron-LM's DDP hook adding an embedding's bf16 gradient into the fp32 main_grad (jobsettings.embedding_hook_add_ms).
+
+A toy analytic profile: three layers of 10M parameters each (the embedding's table tied to the head's), an elementwise
+rate of 1 TB/s (1 MB = 0.001 ms) and an HBM bandwidth of 2 TB/s; 4 microbatches."""
+
+import pytest
+
+from planner.cost import costmodel, deepspeed_grads, jobsettings, layers, tiedadd
+from planner.schema import (
+    DeviceInfo,
+    FileRef,
+    LayerProfile,
+    Profile,
+    StagePlan,
+    TiedSet,
+    TrainSetup,
+)
+
+PARAMS = 10_000_000
+MB = 1e6  # bytes: 0.001 ms at 1 TB/s
+MICROBATCHES = 4
+ADD_MS = 0.3  # the tied table's InputBuffer add, the profile's sum_ms
+ACCUMULATE_MS = 6 * PARAMS / 1e12 * 1e3  # the profile's .grad add: 3 x 2 B a parameter at 1 TB/s, 0.06 ms
+
+
+def _profile(source: str = "analytic") -> Profile:
+    def layer(name: str, kind: str, accumulate_ms: float) -> LayerProfile:
+        return LayerProfile(name=name, kind=kind, fwd_ms=1.0, bwd_ms=2.0, fwd_ms_min=1.0, fwd_ms_max=1.0,
+                            bwd_ms_min=2.0, bwd_ms_max=2.0, act_bytes=1 << 20, input_bytes=1 << 10,
+                            output_bytes=1 << 10, param_count=PARAMS, param_bytes=2 * PARAMS, transient_bytes=0,
+                            wgrad_accumulate_ms=accumulate_ms)
+
+    return Profile(name="toy", created_at="now", torch_version="x", device=DeviceInfo(type="cuda", name="a100"),
+                   dtype="bfloat16", micro_batch_size=1, model=FileRef(file="m.py", sha256="0" * 64), source=source,
+                   assumptions={"membound_tbps": {"eager": 1.0, "by_class": {"elementwise": 1.0}}, "gpu_hbm_tbps": 2.0},
+                   layers=[layer("embed", "embedding", 0.0), layer("block", "decoder_block", ACCUMULATE_MS),
+                           layer("head", "head", ACCUMULATE_MS)],
+                   tied=[TiedSet(layers=["embed", "head"], param_count=PARAMS, param_bytes=2 * PARAMS, sum_ms=ADD_MS)])
+
+
+def _setup(runtime: str, *, zero: int = 0, dp: int = 1, stages: int = 1, microbatches: int = MICROBATCHES,
+           **knobs) -> TrainSetup:
+    return TrainSetup(stages=stages, microbatches=microbatches, micro_batch_size=1, schedule="1F1B",
+                      mem_caps_bytes=[80 << 30] * stages, runtime=runtime, precision="bf16-mixed", optimizer="adam",
+                      dp=dp, zero=zero, **knobs)
+
+
+def _by_layer(term, setup: TrainSetup, profile: Profile | None = None) -> dict[str, float]:
+    profile = profile or _profile()
+    return {cost.name: term(cost, profile, setup) for cost in layers.layer_costs(profile)}
+
+
+def test_zero3_hooks_copy_partition_and_check_in_place_of_the_grad_add():
+    # ZeRO 3 over 4 ranks, DeepSpeed's 5e8-element bucket: each 10M-element gradient copied into it (4 B: 40 MB); its
+    # 1/4 partition (2.5M) copied at the first microbatch (2 x 2 B), added at the three after (3 x 2 B), checked for
+    # inf and NaN (8 B): 2.5M x (2 x (2 + 3 x 3) / 4 + 8) = 33.75 MB; less the profile's 60 MB add
+    own = (40 * MB + 33.75 * MB - 60 * MB) / 1e9
+    # the head's weight is the embedding's: no copy, no partition of its own, only its 60 MB add taken off
+    assert _by_layer(deepspeed_grads.hooks_ms, _setup("deepspeed", zero=3, dp=4)) == pytest.approx(
+        {"embed": own, "block": own, "head": -60 * MB / 1e9})
+
+
+def test_a_gradient_over_the_bucket_is_not_copied_and_one_microbatch_only_copies_its_partition():
+    setup = _setup("deepspeed", zero=3, dp=4, microbatches=1, reduce_bucket_size=5_000_000)
+    # 2.5M x (2 x 2 + 8) = 30 MB against the 60 MB add
+    assert _by_layer(deepspeed_grads.hooks_ms, setup)["block"] == pytest.approx(-30 * MB / 1e9)
+
+
+def test_nothing_where_the_hooks_do_not_run_or_the_profile_timed_no_add():
+    for setup, profile in ((_setup("deepspeed", zero=2, dp=4), _profile()), (_setup("deepspeed", zero=3), _profile()),
+                           (_setup("deepspeed", zero=3, dp=4), _profile("fake")),
+                           (_setup("torchtitan", zero=3, dp=4), _profile())):
+        assert set(_by_layer(deepspeed_grads.hooks_ms, setup, profile).values()) == {0.0}
+
+
+def test_the_tied_add_is_charged_once_the_heads_accumulation_is_taken_off():
+    adds = _by_layer(tiedadd.tied_local_add_ms, _setup("deepspeed", zero=3, dp=4))
+    assert adds == {"embed": 0.0, "block": 0.0, "head": pytest.approx(MICROBATCHES * ADD_MS)}
+
+
+def test_evaluate_moves_by_the_hooks_and_the_tied_add(monkeypatch):
+    plan, setup = [StagePlan(index=0, layers=["embed", "block", "head"])], _setup("deepspeed", zero=3, dp=4)
+    charged = costmodel.evaluate(plan, _profile(), setup).iteration_ms
+    monkeypatch.setattr(deepspeed_grads, "takes_accumulation_off", lambda profile, setup: False)
+    before = costmodel.evaluate(plan, _profile(), setup).iteration_ms
+    hooks = 2 * (40 + 33.75 - 60) * MB / 1e9 - 60 * MB / 1e9
+    assert charged - before == pytest.approx(MICROBATCHES * (hooks + ADD_MS))
+
+
+def test_megatrons_hook_adds_an_embeddings_gradient_into_main_grad_with_or_without_the_fusion():
+    # read 2 + 4, write 4 = 10 B against the profile's 6: 4 B x 10M at the elementwise rate, every microbatch
+    for knobs in ({}, {"unfused_grad_accumulation": True}):
+        adds = _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron", **knobs))
+        assert adds == {"embed": pytest.approx(40 * MB / 1e9), "block": 0.0, "head": 0.0}
+    for runtime in ("torchtitan", "ckplan", "deepspeed"):  # torch's .grad add is the profile's own 6 B
+        assert set(_by_layer(jobsettings.embedding_hook_add_ms, _setup(runtime)).values()) == {0.0}
+
+
+def test_unfused_a_tied_heads_weight_on_one_stage_is_added_once_by_the_embeddings_hook():
+    # one stage: the head's bf16 gradient meets the embedding's in autograd's add, then one hook add (the embedding's);
+    # two stages: the head's copy is its own parameter, its hook adds it (4 B x 10M at the HBM's 2 TB/s)
+    one = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", unfused_grad_accumulation=True))
+    assert one == {"embed": 0.0, "block": pytest.approx(20 * MB / 1e9), "head": 0.0}
+    two = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", zero=1, stages=2,
+                                                                unfused_grad_accumulation=True))
+    assert two["head"] == pytest.approx(20 * MB / 1e9)
