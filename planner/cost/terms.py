@@ -79,12 +79,10 @@ from planner.schema import Profile, TrainSetup
 # stage's cost one way (stage_cost, dpsolve's segments, milp's rows):
 #   static, buffers  bytes held all iteration                      added up
 #   kept             bytes per microbatch until its backward        x in-flight microbatches
-#   extra            a layer's peak beyond what it keeps            max over layers, net of what
-#                                                                   the layers after it keep; at
-#                                                                   least the stage's own
+#   extra            a layer's peak beyond what it keeps            max over layers, net of what the
+#                                                                   later ones keep; at least the stage's
 #   scratch          the optimizer step's temporaries               cuda: added up; cpu: 2 x largest
-#   host             host bytes of the rank                         added up, against the rank's
-#                                                                   share of its node's host memory
+#   host             host bytes of the rank                         added up, against its node's share
 #   offloaded        host bytes per microbatch until its backward   x in-flight microbatches, into host
 #   time, comm       ms per microbatch (compute; sends, actions)   added up (busy = time + comm)
 #   step             ms once per iteration                          added up
@@ -419,6 +417,8 @@ TERMS: tuple[Term, ...] = (
     Term("tied parameters held once where all their holders share the stage", "static", "stage",
          lambda stage, ctx: tied_once_bytes(ctx.profile, stage, ctx.setup),
          "one nn.Parameter in one process (planner/cost/tied.py); a Qwen2.5 config counted its embedding twice"),
+    Term("a tied table's later holders' gradient, in autograd's InputBuffer to its first holder's backward", "buffers",
+         "stage", lambda stage, ctx: tiedadd.buffered_grad_bytes(ctx.profile, stage, ctx.setup), "§336, §381 (tiedadd.py)"),
     Term("DeepSpeed ZeRO 3's host-held gradient partitions of tied copies, given back to the device", "static",
          "stage", lambda stage, ctx: deepspeed_terms.tied_offloaded_grad_partition_bytes(ctx.profile, ctx.setup),
          "the tied copies' bytes above are the device's per parameter, these partitions among them (§124)"),
