@@ -1,5 +1,5 @@
-"""ckplan's runtime at ZeRO 2 and 3 on one stage (FSDP2, torch 2.13): the tied GPT fixture and its untied twin
-profiled, solved and run on gloo, each rank's peak the prediction's within the launched tests' 2%. FSDP2's units
+"""ckplan's runtime at ZeRO 0, 2 and 3 on one stage (2/3 by FSDP2, torch 2.13): the tied GPT fixture and its untied
+twin profiled, solved and run on gloo, each rank's peak held to the prediction (below). FSDP2's units
 are charged per moment (planner/cost/fsdpunits.py): at the peak, the start of blocks.3's backward, ZeRO 3 holds
 blocks.3, blocks.2 prefetched and the tied [embed, head] unit gathered; ZeRO 2 peaks at the head's forward with
 blocks.3's all-gather output (untied: the head's copy-out, its output and blocks.3's). The largest layer's
@@ -9,7 +9,7 @@ Every ZeRO stage is held to the bytes explained (branch zero0tied): the predicti
 than 12 B: the schedule's two 4 B losses and the loss's 4 B root gradient, read, not charged (§384). Before, 208 B more: Adam's step counts, a 4 B fp32 scalar per parameter tensor, which
 torch 2.13.0's Adam keeps on the CPU (adam.py 168-176: on the parameter's device only when capturable or fused), so
 on gloo's device and never on a GPU's (§382, planner/cost/stepcounts.py). The untied twin's ZeRO 2 is under by 4,100 B more,
-not found either (§384): it keeps the launched tests' 2%. Before, the tied GPT's ZeRO 0 was 9,436 B under: the whole
+not traced (§384): it keeps the launched tests' 2%. Before, the tied GPT's ZeRO 0 was 9,436 B under: the whole
 global batch each replica kept as a view (1,024 B, §383) and the tied table's gradient in autograd's InputBuffer
 (8,192 B, §336, §381)."""
 
