@@ -62,6 +62,7 @@ class LayerCost:
     transient_bytes: int
     step_ms: tuple[tuple[str, float], ...] = ()  # (optimizer, ms) pairs
     largest_param_count: int = 0  # its largest parameter tensor; 0: not known
+    param_tensors: int = 0  # its trained parameter tensors; 0: not known (stepcounts.py)
     recompute_ms: float | None = None  # None: not measured, a whole forward
     # the parameters it shares with other layers: (parameters, holders) per tied set (rules.tied_sum_ms)
     tied: tuple[tuple[int, int], ...] = ()
@@ -166,6 +167,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
                                            if len(item.recompute_options) > index], len(same)) for index in (0, 1)),
             expert_transient_bytes=max(item.expert_transient_bytes for item in same),
             largest_param_count=max(item.largest_param_count or 0 for item in same),
+            param_tensors=max(item.param_tensors for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
                           else fmean(item.recompute_ms for item in same)),

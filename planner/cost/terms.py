@@ -26,6 +26,7 @@ from planner.cost import (
     megatron_loss,
     nccl_sms,
     stepcomm,
+    stepcounts,
     te_delayed,
     tiedadd,
 )
@@ -72,19 +73,16 @@ from planner.cost.tpgathered import tp_gathered_extra_bytes, tp_gathered_kept_by
 from planner.schema import Profile, TrainSetup
 
 # ---------------------------------------------------------------- the description
-#
 # Every term the cost model charges a stage, one row each. The solvers and evaluate() read
 # the rows only through layer_value / edge_value / stage_value (summed by quantity), so a
 # new term of a known quantity is one row here and its test; each quantity enters a
 # stage's cost one way (stage_cost, dpsolve's segments, milp's rows):
 #   static, buffers  bytes held all iteration                      added up
 #   kept             bytes per microbatch until its backward        x in-flight microbatches
-#   extra            a layer's peak beyond what it keeps            max over layers, net of what
-#                                                                   the layers after it keep; at
-#                                                                   least the stage's own
+#   extra            a layer's peak beyond what it keeps            max over layers, net of what the
+#                                                                   later ones keep; at least the stage's
 #   scratch          the optimizer step's temporaries               cuda: added up; cpu: 2 x largest
-#   host             host bytes of the rank                         added up, against the rank's
-#                                                                   share of its node's host memory
+#   host             host bytes of the rank                         added up, against its node's share
 #   offloaded        host bytes per microbatch until its backward   x in-flight microbatches, into host
 #   time, comm       ms per microbatch (compute; sends, actions)   added up (busy = time + comm)
 #   step             ms once per iteration                          added up
@@ -174,11 +172,11 @@ class Term:
 TERMS: tuple[Term, ...] = (
     # -- every layer of the stage
     Term("weights, gradients, optimizer state", "static", "layer",
-         lambda layer, ckpt, ctx: static_bytes(layer, ctx.setup)
+         lambda layer, ckpt, ctx: static_bytes(layer, ctx.setup) + stepcounts.layer_bytes(layer, ctx.profile, ctx.setup)
          - bridgeterms.fp8_param_saving_bytes(layer.float8_param_count, ctx.setup, ctx.profile),
          "bytes per parameter by precision and optimizer, ZeRO and offload (dataparallel.bytes_per_param), the "
          "optimizer's own whole fp32 gradients where the record keeps them (hp_grad_bytes: DeepSpeed 56c52238's "
-         "BF16_Optimizer); FP8 primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on Hopper: bridgeterms.fp8_param_saving_bytes)"),
+         "BF16_Optimizer); FP8 primary weights (Megatron-LM's --fp8-param-gather) at the record's fp8_param_bytes (+ a transpose on Hopper: bridgeterms.fp8_param_saving_bytes); Adam's step counts on a CPU device (stepcounts.py, §382)"),
     Term("HSDP ZeRO 3's reduced gradient shards", "buffers", "layer",
          lambda layer, ckpt, ctx: reduced_bytes(layer, ctx.setup),
          "FSDP2 keeps each layer's reduce-scatter output until the backward ends (bench_dp_static.py)"),
@@ -417,8 +415,10 @@ TERMS: tuple[Term, ...] = (
     Term("what the loss keeps", "kept", "stage",
          lambda stage, ctx: loss_kept_bytes(ctx.profile, stage, ctx.setup), "saved-tensor hooks on the loss (profiler)"),
     Term("tied parameters held once where all their holders share the stage", "static", "stage",
-         lambda stage, ctx: tied_once_bytes(ctx.profile, stage, ctx.setup),
+         lambda stage, ctx: tied_once_bytes(ctx.profile, stage, ctx.setup) + stepcounts.tied_once_bytes(ctx.profile, stage, ctx.setup),
          "one nn.Parameter in one process (planner/cost/tied.py); a Qwen2.5 config counted its embedding twice"),
+    Term("a tied table's later holders' gradient, in autograd's InputBuffer to its first holder's backward", "buffers",
+         "stage", lambda stage, ctx: tiedadd.buffered_grad_bytes(ctx.profile, stage, ctx.setup), "§336, §381 (tiedadd.py)"),
     Term("DeepSpeed ZeRO 3's host-held gradient partitions of tied copies, given back to the device", "static",
          "stage", lambda stage, ctx: deepspeed_terms.tied_offloaded_grad_partition_bytes(ctx.profile, ctx.setup),
          "the tied copies' bytes above are the device's per parameter, these partitions among them (§124)"),

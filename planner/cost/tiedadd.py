@@ -17,11 +17,15 @@ it takes that accumulation off because the runtime never runs it, the add is cha
   not sum garbage): one write of the table, at the add's rate (a third of its bytes), charged too.
 
 Nothing where the stages are more than one (each holder's stage runs its own AccumulateGrad; §247-§249).
+
+The add's first operand is memory too (buffered_grad_bytes): the later holder's gradient waits in that InputBuffer
+from its backward to the first holder's (§336, §381), which the profile, timing each layer alone, never sees.
 """
 
 from __future__ import annotations
 
 from planner.cost import deepspeed_grads, fsdp2work, runtimes
+from planner.cost.dataparallel import BYTES_PER_PARAM
 from planner.cost.layers import LayerCost
 from planner.schema import Profile, TrainSetup
 
@@ -60,3 +64,18 @@ def _fused_accumulation(layer: LayerCost, profile: Profile, setup: TrainSetup) -
     if runtimes.of(setup.training).fused_kernels != "transformer-engine" or setup.training.unfused_grad_accumulation:
         return False
     return any(timed.wgrad_accumulate_ms > 0 for timed in profile.layers if timed.name == layer.name)
+
+
+def buffered_grad_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:
+    """What autograd's InputBuffer holds of the tied sets on one stage: each set's later holders' gradient of the
+    shared table, made in the weights' dtype (BYTES_PER_PARAM's first), added up there and waiting from the last
+    holder's backward to the first holder's, where AccumulateGrad takes the sum (torch 2.13.0 input_buffer.cpp,
+    engine.cpp; §336, §381: 8,192 B on the tied GPT fixture, every ZeRO stage). Charged with the bytes held all
+    iteration (the quantities have none held over a span of the backward alone): exact at the backward's moments
+    between the two holders, where the fixtures peak, over by these bytes at the forward's and the step's. Known from
+    the stage's position only on one stage (tied_once_bytes): with more, 0 (the embedding and the head are always
+    split, each stage its own AccumulateGrad; a set sharing an inner stage goes uncharged)."""
+    if setup.pipeline.stages != 1:
+        return 0.0
+    weights = BYTES_PER_PARAM[(setup.training.precision, setup.training.optimizer)][0]
+    return float(sum(item.param_count for item in profile.tied) * weights)

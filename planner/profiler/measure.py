@@ -327,6 +327,7 @@ class _TimedLayer:
             param_count=sum(p.numel() for p in params),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             largest_param_count=max((p.numel() for p in params), default=0),
+            param_tensors=sum(p.requires_grad for p in params),
             expert_param_count=routing.expert_param_count if routing else 0,
             a2a_bytes=routing.a2a_bytes if routing else 0,
             routed_tokens=routing.routed_tokens if routing else [],

@@ -314,10 +314,12 @@ def _no_reduction() -> None:
 
 
 def replica_batch(model_file, setup, dp_index: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch (dp x microbatches x micro_batch_size samples, as one process draws
-    it) and this replica's contiguous slice of it."""
+    """This replica's contiguous slice of the global batch (dp x microbatches x micro_batch_size
+    samples, as one process draws it), copied out: a view would keep the whole global batch
+    alive on every replica, dp x the slice the cost model charges (rules.batch_bytes)."""
     inputs, targets = training_batch(model_file, setup.pipeline.micro_batch_size * setup.pipeline.microbatches * setup.data_parallel.dp, seed=seed)
-    return inputs.tensor_split(setup.data_parallel.dp)[dp_index], targets.tensor_split(setup.data_parallel.dp)[dp_index]
+    dp = setup.data_parallel.dp
+    return inputs.tensor_split(dp)[dp_index].clone(), targets.tensor_split(dp)[dp_index].clone()
 
 
 def _host_bytes(optimizer: torch.optim.Optimizer | None) -> int:

@@ -276,6 +276,9 @@ class LayerProfile(Strict):
     # its largest parameter tensor (measured profiles; None in analytic ones and older
     # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
     largest_param_count: Count | None = None
+    # its trained parameter tensors (measured profiles; 0 in analytic ones and older profiles): torch's Adam
+    # keeps a step count per tensor, on the CPU (planner/cost/stepcounts.py)
+    param_tensors: Count = 0
     transient_bytes: Bytes  # extra peak during this layer's forward or backward beyond what is kept
     # optimizer step over this layer's parameters, once per iteration, per optimizer name (ms: measured
     # profiles, each optimizer's fastest of its rounds, measure.fastest_turns_ms); empty in profiles made
