@@ -55,9 +55,9 @@ def test_export_refuses_a_plan_that_offloads_beside_megatron_s_pipeline(tmp_path
 
 
 def test_a_window_the_replay_puts_over_the_cap_is_not_taken(tmp_path):
-    """The replay plays an offloaded layer from none's records (reserve.records_for), so at micro-batch 8 on 2 GB
-    the window at N = 3 meets the rows (allocated 1,510 MiB of a 1,620 MiB row) and not the replay (2,784 MiB of
-    the 1,907 MiB cap): the window taken is one evaluate admits (before, the rows' verdict took N = 3)."""
+    """On the profile as written (without the runtime's TE records, float8_profile) at micro-batch 8 on 2 GB the
+    window at N = 3 meets the rows (allocated 1,510 MiB of a 1,620 MiB row) and not the replay, which plays the
+    window (reserve_window.py: 2,182 MiB of the 1,907 MiB cap): the window taken is one evaluate admits."""
     from planner.cost import costmodel
     from planner.schema import StagePlan
     from planner.solve import dpwindow, replayfit, search

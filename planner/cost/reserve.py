@@ -219,19 +219,30 @@ class _Step(RecordPlayer):
             started, self.now = self.now, self.now + layer.fwd_ms
             if i > 0 and not _keeps_input(layer, option, record):
                 self._free_output(mb, i - 1)
-            if option == OPTION_OFFLOAD:  # its saved storages leave on the copy stream
-                sizes, made = _sizes(record.forward), _made_at(record.forward)
-                for ident in _alive(record.forward):
-                    if ident != record.output:
-                        self.events.append(Free((mb, i, ident), deferred=True))
-                        self.offloaded.append((mb, i, ident))
-                        self.saved.setdefault((mb, i), []).append((mb, i, ident))
-                        # copied out as it is saved (offloaded_activations.pack): when the op that made it ran
-                        issued = started + layer.fwd_ms * made[ident]
-                        self.out_clock = max(self.out_clock, issued) + sizes[ident] * (self.per_byte or 0.0)
-                        self.done[(mb, i, ident)] = self.out_clock
+            self._after_forward(mb, i, started)
         if self.loss is not None:
             self._play(self.loss.forward, (mb, "loss"), start=0)  # the loss value is kept to the end
+
+    def _after_forward(self, mb: int, i: int, started: float) -> None:
+        """Layer i's forward of microbatch `mb` is done (begun at `started`): an offloaded layer's saved storages
+        leave on the copy stream (ckplan's per-layer option; reserve_window.py plays Transformer Engine's window)."""
+        layer, record = self.layers[i], self.records[i]
+        if self.options[i] != OPTION_OFFLOAD:
+            return
+        sizes, made = _sizes(record.forward), _made_at(record.forward)
+        for ident in _alive(record.forward):
+            if ident != record.output:
+                self.events.append(Free((mb, i, ident), deferred=True))
+                self.offloaded.append((mb, i, ident))
+                self.saved.setdefault((mb, i), []).append((mb, i, ident))
+                # copied out as it is saved (offloaded_activations.pack): when the op that made it ran
+                issued = started + layer.fwd_ms * made[ident]
+                self.out_clock = max(self.out_clock, issued) + sizes[ident] * (self.per_byte or 0.0)
+                self.done[(mb, i, ident)] = self.out_clock
+
+    def _reloads(self, mb: int, i: int) -> dict[tuple, tuple]:
+        """Before layer i's backward: what comes back for it (each saved key -> its copy back's key)."""
+        return self._copies_back(self.records[i], mb, i) if self.options[i] == OPTION_OFFLOAD else {}
 
     def backward(self, mb: int) -> None:
         last = len(self.layers) - 1
@@ -241,7 +252,7 @@ class _Step(RecordPlayer):
         for i in range(last, -1, -1):
             layer, option, record = self.layers[i], self.options[i], self.records[i]
             self._ready_by(self.now)
-            back = self._copies_back(record, mb, i) if option == OPTION_OFFLOAD else {}
+            back = self._reloads(mb, i)
             self._play(record.backward, (mb, i), start=_count(record.forward), rename=back)
             self.now += layer.bwd_ms
             if grad is not None:

@@ -226,14 +226,15 @@ class _StepPlayer(RecordPlayer):
             self._free_output(key, last)
 
     def _drop_group(self, key: tuple, j: int) -> None:
-        """Group j's device tensors dropped: its saved tensors (what its forward left but its output) and its input
-        where it keeps it (the previous layer's output)."""
-        record = self.records[j]
-        sizes = _sizes(record.forward)
-        group = {(key, j, ident): sizes[ident] for ident in _alive(record.forward) if ident != record.output}
+        """Group j's device tensors dropped: its input where it keeps it (the previous layer's output) and its saved
+        tensors (what its forward left but its output), in the order reserve_window reloads them (push order: the
+        input first, docs/framework-facts.md §378)."""
+        record, group = self.records[j], {}
         if j > 0 and self.keeps[j] and self.records[j - 1].output:
             before = self.records[j - 1]
             group[(key, j - 1, before.output)] = _sizes(before.forward)[before.output]
+        sizes = _sizes(record.forward)
+        group.update({(key, j, ident): sizes[ident] for ident in _alive(record.forward) if ident != record.output})
         self.groups[(key, j)] = group
         self.events += [Free(k) for k in group]
 
