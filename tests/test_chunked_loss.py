@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cost import gathered, rules
+from planner.cost import costmodel, rules
 from planner.cost.chunkedloss import chunked_head_profile, chunked_loss_bytes
 from planner.cost.layers import layer_costs
 from planner.errors import UserError
@@ -168,8 +168,8 @@ def test_fsdp2s_head_backward_no_longer_holds_the_lm_heads_gradient():
 
     profile = _profile()
     head = layer_costs(profile)[-1]
-    plain = gathered.fsdp_unit_layer_bytes(head, 0, profile, _setup(0, dp=8, zero=3))
-    chunked = gathered.fsdp_unit_layer_bytes(head, 0, profile, _setup(4, dp=8, zero=3))
+    plain = costmodel.unit_layer_bytes(head, 0, profile, _setup(0, dp=8, zero=3))
+    chunked = costmodel.unit_layer_bytes(head, 0, profile, _setup(4, dp=8, zero=3))
     # the largest moment here is the start of the head's backward, before any of its gradients is made: the same
     assert plain > 0 and plain == chunked
     # (the end and the post-backward, where the plain head holds its LM head's gradient, take these off)

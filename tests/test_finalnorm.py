@@ -15,8 +15,8 @@ import torch
 from test_f8cast import _alive
 
 from planner.cost import eager_norm
+from planner.cost.costmodel import unit_layer_bytes as fsdp_unit_layer_bytes
 from planner.cost.fsdp2_layers import chunk_layers
-from planner.cost.gathered import fsdp_unit_layer_bytes
 from planner.cost.layers import layer_costs
 from planner.cost.terms import Context, layer_value
 from planner.models import archs

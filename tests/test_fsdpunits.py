@@ -102,18 +102,18 @@ def test_rules_charge_the_units_per_moment_and_the_largest_layer_elsewhere():
     assert gathered.fsdp_unit_loss_bytes(p, 0, titan) == 36 * MI
     # the largest of each layer's moments (the layers have no scratch, nothing kept): block 0's is its copy-out,
     # the root gathered (32) with its all-gather output still referenced (32), block 0's output and weights (4 + 4)
-    assert [gathered.fsdp_unit_layer_bytes(x, 0, p, titan) for x in costmodel.layer_costs(p)] == \
+    assert [costmodel.unit_layer_bytes(x, 0, p, titan) for x in costmodel.layer_costs(p)] == \
         [96 * MI, 72 * MI, 64 * MI, 52 * MI]
     # ckplan's runtime on one stage: every layer its own unit, none held; bf16 gradients (2 B) reduced in bf16.
     # The embedding's end: itself (16), block 0's reduce-scatter input (2 Mi x 2 B), its gradient (16)
     ours = setup(runtime="ckplan", runtime_version=None)
     assert gathered.unsharded_bytes(p, 0, ours) == 0
     assert gathered.fsdp_unit_loss_bytes(p, 0, ours) == 0
-    assert gathered.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, ours) == (16 + 4 + 16) * MI
+    assert costmodel.unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, ours) == (16 + 4 + 16) * MI
     # beside a pipeline a stage's units are not the model's: the largest layer's term, held
     piped = setup(runtime="ckplan", runtime_version=None, stages=2, microbatches=2, mem_caps_bytes=[2**50] * 2)
     assert gathered.unsharded_bytes(p, 0, piped) == (2 * 2 + 2 + 2) * 8 * MI
-    assert gathered.fsdp_unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, piped) == 0
+    assert costmodel.unit_layer_bytes(costmodel.layer_costs(p)[0], 0, p, piped) == 0
 
 
 def test_weights_kept_whole_beside_a_pipeline_are_not_charged_again():
@@ -122,7 +122,7 @@ def test_weights_kept_whole_beside_a_pipeline_are_not_charged_again():
     whole = setup(zero_gather="per-iteration")
     assert gathered.unsharded_bytes(p, 0, whole) == 0
     assert gathered.fsdp_unit_loss_bytes(p, 0, whole) == 0
-    assert all(gathered.fsdp_unit_layer_bytes(x, 0, p, whole) == 0 for x in costmodel.layer_costs(p))
+    assert all(costmodel.unit_layer_bytes(x, 0, p, whole) == 0 for x in costmodel.layer_costs(p))
 
 
 def test_the_stage_peaks_at_the_largest_moment():
@@ -210,4 +210,4 @@ def test_a_parameter_two_layers_share_is_gathered_once():
     costs = costmodel.layer_costs(p)
     # the embedding's end of backward, ZeRO 3 fp32: its unit (2 Mi, the head adding nothing) gathered, its
     # gradient (2 Mi), block's reduce-scatter input (1 Mi): 4 B each
-    assert gathered.fsdp_unit_layer_bytes(costs[0], 0, p, ckplan(3)) == (2 + 2 + 1) * 4 * MI
+    assert costmodel.unit_layer_bytes(costs[0], 0, p, ckplan(3)) == (2 + 2 + 1) * 4 * MI

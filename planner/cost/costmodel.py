@@ -89,4 +89,4 @@ from planner.cost.rules import *  # noqa: F401,F403
 from planner.cost.score import *  # noqa: F401,F403
 from planner.cost.stepscratch import *  # noqa: F401,F403
 from planner.cost.terms import *  # noqa: F401,F403
-from planner.cost.useful import least_kept_bytes, useful_options  # noqa: F401
+from planner.cost.useful import least_kept_bytes, unit_layer_bytes, useful_options  # noqa: F401

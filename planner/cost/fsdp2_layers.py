@@ -345,9 +345,11 @@ def chunk_layers(costs, options, *, profile: Profile, setup: TrainSetup, piped: 
         parts = parameter_parts(known, profile.assumptions)
         params = layer.param_count - layer.expert_param_count + layer.expert_param_count // ep
         fp8 = known.float8.param_count if known.float8 is not None else 0
-        kept = int(round(layer_value("kept", layer, option, ctx)))
+        kept_f = layer_value("kept", layer, option, ctx)
+        kept = int(round(kept_f))
         # less what the replay makes itself: FSDP2's moment, and beside a pipeline the layer's gradients
-        extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup)
+        extra = int(round(layer_value("extra", layer, option, ctx) - fsdp_unit_layer_bytes(layer, option, profile, setup,
+                                                                                 lambda value=kept_f: value)
                           - gradtiming.layer_grad_in_flight_bytes(layer, setup)))
         norm = eager_norm.elements(layer, profile, setup) if option == 0 else 0  # its requests played after the LM head's
         cat = head_scatter.extra_bytes(layer, option, profile, setup)  # the head's reduce-scatter cat, played below

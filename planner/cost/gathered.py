@@ -5,6 +5,8 @@ functions terms.py's rows call for them. Pure functions; nothing here reads a fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from planner.cost import chunkedloss, dataparallel, fsdpunits, megatron_fsdp
 from planner.cost.deepspeed_terms import charged as deepspeed_charged
 from planner.cost.layers import LayerCost
@@ -67,15 +69,16 @@ def _units_args(profile: Profile, setup: TrainSetup):
             dict(grouping=record.fsdp_units, held=record.fsdp_gathered_from_forward, tied=tied))
 
 
-def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup,
+                          kept_bytes: Callable[[], float]) -> int:
     """What FSDP2 holds beyond the sharded state while `layer` (under `option`) runs, by the runtime's units
     (fsdpunits.layer_moment_bytes, forward_bytes), as an extra of the layer: the largest of its moments, each
     beside what the layer itself holds then. The start of its backward: its scratch, none of its gradients
     (autograd makes each as the backward reaches it); its end and its unit's post-backward: all of them, its
     scratch and saved tensors freed, its input's gradient made; its unit's copy-out as its forward begins:
     nothing of its own kept yet; the last layer's forward: its kept bytes. 0 where they are not charged per
-    moment (unsharded_bytes holds the largest layer's instead)."""
-    from planner.cost.terms import Context, layer_value
+    moment (unsharded_bytes holds the largest layer's instead). `kept_bytes`: the layer's kept bytes under `option`
+    (terms.layer_value's "kept", asked only where the moments are charged)."""
 
     if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
         return 0
@@ -86,7 +89,7 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
         end, after = (a - b for a, b in zip((end, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
     copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, **units)
     scratch = layer_extra_bytes(layer, option)
-    kept = layer_value("kept", layer, option, Context(profile, setup))
+    kept = kept_bytes()
     done = scratch + kept - layer.input_bytes  # freed by the end of its backward, its input's gradient made
     return int(round(max(start, end - done, after - done, copy_out - kept - scratch, forward_end - scratch)))
 

@@ -229,7 +229,7 @@ TERMS: tuple[Term, ...] = (
          "the runtime's ring (planner/cost/contextparallel.py): received or gathered K/V, per-step outputs, fp32 "
          "accumulators, beyond the layer's own backward transient; a compiled rerun's gathered K/V beside it (§30)"),
     Term("FSDP2's units gathered, the unsharded gradients and a reduce-scatter input while the layer runs", "extra",
-         "layer", lambda layer, ckpt, ctx: fsdp_unit_layer_bytes(layer, ckpt, ctx.profile, ctx.setup),
+         "layer", lambda layer, ckpt, ctx: fsdp_unit_layer_bytes(layer, ckpt, ctx.profile, ctx.setup, lambda: layer_value("kept", layer, ckpt, ctx)),
          "the runtime record's fsdp_units and fsdp_gathered_from_forward (planner/cost/fsdpunits.py); FSDP2's "
          "backward prefetch and one reduce-scatter input at a time (torch 2.13 _fsdp_param_group.py)"),
     Term("DeepSpeed ZeRO 3's gathered and prefetched submodules and two gradients in the layer's backward", "extra",

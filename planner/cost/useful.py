@@ -4,12 +4,15 @@ allows, read by the solvers through costmodel."""
 from __future__ import annotations
 
 from planner.cost import megatron_fsdp_moments, splittime, te_offload
+from planner.cost.gathered import fsdp_unit_layer_bytes
 from planner.cost.layers import LayerCost
 from planner.cost.terms import Context, layer_value
 from planner.schema import (
     CHUNKED_SCHEDULES,
     OPTION_OFFLOAD,
     SPLIT_BACKWARD_SCHEDULES,
+    Profile,
+    TrainSetup,
     runs_split_backward,
 )
 
@@ -76,3 +79,9 @@ def least_kept_bytes(layer: LayerCost, ctx: Context) -> float:
     if te_offload.window_runs(ctx.setup) and any(option.name == OPTION_OFFLOAD for option in layer.options):
         return min(least, 0.0)
     return least
+
+
+def unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup) -> int:
+    """gathered.fsdp_unit_layer_bytes with the layer's kept bytes under `option` (layer_value's "kept")."""
+    ctx = Context(profile, setup)
+    return fsdp_unit_layer_bytes(layer, option, profile, setup, lambda: layer_value("kept", layer, option, ctx))

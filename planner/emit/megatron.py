@@ -399,7 +399,7 @@ def _arguments(rounded: rounding.Rounded, roles: rounding.Roles, profile: Profil
     if modules:
         lines += ["# recompute these submodules of every decoder layer",
                   arg("--recompute-granularity", "selective"), arg("--recompute-modules", *modules)]
-    lines += megatron_window.arguments(rounded, profile) + [arg("--micro-batch-size", setup.pipeline.micro_batch_size),
+    lines += megatron_window.arguments(rounded, profile, arg) + [arg("--micro-batch-size", setup.pipeline.micro_batch_size),
               f"# {setup.pipeline.microbatches} microbatches per pipeline: global batch = microbatches x micro batch x dp",
               arg("--global-batch-size", setup.pipeline.microbatches * setup.pipeline.micro_batch_size
                   * setup.data_parallel.dp // setup.training.context_parallel)]  # the setup's dp counts the cp ranks

@@ -7,6 +7,8 @@ docs/framework-facts.md §321). Any other offloaded layer is rounded to whole-la
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from planner.cost import costmodel, te_offload
 from planner.emit import rounding
 from planner.schema import Plan, Profile, StagePlan, TrainSetup
@@ -35,10 +37,9 @@ def count_of(ranks: list[StagePlan], setup: TrainSetup, profile: Profile) -> int
     return num if [names[i] for i in block] == roles.decoder else None
 
 
-def arguments(rounded: rounding.Rounded, profile: Profile) -> list[str]:
-    """The window's flags where the rounded plan is one (count), else none."""
-    from planner.emit.megatron import arg
-
+def arguments(rounded: rounding.Rounded, profile: Profile, arg: Callable[..., str]) -> list[str]:
+    """The window's flags where the rounded plan is one (count), else none; `arg` writes a flag and its values as
+    quoted bash words (megatron.arg)."""
     num = count_of(rounded.ranks(), rounded.setup, profile)
     if num is None:
         return []
