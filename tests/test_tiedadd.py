@@ -70,6 +70,29 @@ def test_megatrons_fused_accumulation_charges_the_add_and_the_dummys_zero_fill()
     assert _adds_ms(_setup("megatron"))["head"] == pytest.approx(MICROBATCHES * (ADD_MS + ADD_MS / 3))
 
 
+def test_megatrons_add_is_charged_on_the_profile_solve_and_evaluate_hand_the_cost_model():
+    # float8.float8_profile (fusedkernels.fused_profile) sets the head's wgrad_accumulate_ms to 0 before evaluate
+    # reads it: the add and the fill stay charged there (they were 0 before: tiedadd read the 0); a profile timed
+    # under --mfu timed no accumulation, so nothing was taken off and nothing is charged in its place
+    from planner.cost.float8 import float8_profile
+    from planner.models import archs
+    from planner.profiler.analytic import Shape, analytic_profile
+
+    arch = archs.Arch(name="tied", hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=4,
+                      vocab_size=4096, tie_word_embeddings=True, max_position_embeddings=128)
+    setup = _setup("megatron")
+    for mfu in (None, 0.4):
+        made = analytic_profile(arch, Shape(seq_len=128, micro_batch_size=1, tp=1), gpu=archs.gpu("h100"), mfu=mfu,
+                                model=FileRef(file="arch:tied", sha256="0" * 64))
+        handed = float8_profile(made, setup)
+        add_ms = made.tied[0].sum_ms
+        expected = MICROBATCHES * (add_ms + add_ms / 3) if mfu is None else 0.0
+        assert add_ms > 0 and next(x for x in handed.layers if x.name == "output").wgrad_accumulate_ms == 0
+        for profile in (made, handed):
+            head = next(cost for cost in layers.layer_costs(profile) if cost.name == "output")
+            assert tiedadd.tied_local_add_ms(head, profile, setup) == pytest.approx(expected, rel=1e-12)
+
+
 def test_nothing_beside_a_pipeline():
     for runtime in ("torchtitan", "megatron"):
         assert set(_adds_ms(_setup(runtime, zero=1 if runtime == "megatron" else 0, stages=2)).values()) == {0.0}

@@ -154,3 +154,24 @@ def test_a_megatron_search_that_raised_answers_with_a_plan_megatron_runs(tmp_pat
     offloaded = _offloaded(plan.stages)
     assert plan.stages and offloaded == [f"layers.{i}" for i in range(len(offloaded))]
     assert not offloaded or all(option == OPTION_OFFLOAD for stage in plan.stages for option in stage.recompute.values())
+
+
+def test_a_window_beside_a_per_layer_plan_over_the_caps_is_a_plan_without_a_bound(tmp_path):
+    """with_window handed a per-layer plan that evaluate does not admit (cost.feasible False): the admitted window
+    replaces it, "feasible" with no bound (that plan proves nothing of the other per-layer plans), the solver's name
+    kept; before, it read NoFit's `solver` off the PlanResult and raised AttributeError."""
+    from planner.solve import replayfit
+    from planner.solve.highs import SolveResult
+    from planner.solve.results import PlanResult
+
+    profile, base = _tiny_megatron(tmp_path)
+    cap = int(base.pipeline.mem_caps_bytes[0] * 0.95)  # the all-none plan over it; a window admitted at the relaxed rows
+    setup = base.model_copy(update={"pipeline": base.pipeline.model_copy(update={"mem_caps_bytes": [cap]})})
+    stages = [StagePlan(index=0, layers=[layer.name for layer in profile.layers], recompute={})]
+    cost = costmodel.evaluate(stages, profile, setup)
+    assert not cost.feasible
+    found = PlanResult(stages, cost, SolveResult("feasible", cost.iteration_ms, None, 0.0, solver="dp"))
+    out = dpwindow.with_window(profile, setup, found, Deadline(None), None, replayfit.relaxed_caps(profile, setup))
+    assert out is not found and out.cost.feasible and _offloaded(out.stages)
+    assert (out.solve.status, out.solve.solver, out.solve.bound, out.solve.gap) == ("feasible", "dp", None, None)
+    assert out.cost.iteration_ms == pytest.approx(costmodel.evaluate(out.stages, profile, setup).iteration_ms)

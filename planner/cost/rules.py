@@ -215,9 +215,10 @@ def tied_sum_ms(layer: LayerCost, setup: TrainSetup) -> float:
 
     Nothing where the first and last stages share a rank (one stage; a V schedule's rank 0): there
     the holders share one nn.Parameter and no framework runs a collective (DeepSpeed ties only where
-    the pipeline has stages; Megatron's embedding group is one rank); autograd adds the two
-    contributions on one stage (InputBuffer's add, then one AccumulateGrad), which
-    tiedadd.tied_local_add_ms charges where no charged accumulation stands for it (§249, §349).
+    the pipeline has stages; Megatron's embedding group is one rank). On one stage autograd adds the
+    two contributions (InputBuffer's add, then one AccumulateGrad), which tiedadd.tied_local_add_ms
+    charges where no charged accumulation stands for it (§249, §349); on a V schedule's rank 0 the two
+    stages' backwards run apart, two AccumulateGrads, the later one's add the profile's accumulation.
 
     Exact for a set the first and the last layers hold (the token embedding and the LM head,
     the solvers' fixed ends); a set with an inner holder is charged as if its holders sat on those

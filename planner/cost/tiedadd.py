@@ -60,10 +60,13 @@ def _accumulation_unrun(layer: LayerCost, profile: Profile, setup: TrainSetup) -
 def _fused_accumulation(layer: LayerCost, profile: Profile, setup: TrainSetup) -> bool:
     """Whether the layer's weight gradient is accumulated by its GEMM (the record's Transformer Engine layers under
     Megatron's gradient-accumulation fusion, not turned off) where its profile timed an eager accumulation, which
-    fusedkernels.fused_profile then takes off."""
+    fusedkernels.fused_profile then takes off: the layer's wgrad_accumulate_ms in the profile as made, or, once
+    fused_profile has set it to 0 (the profile solve and evaluate hand the cost model, float8.float8_profile), an
+    analytic profile timed by its roofline (analytic_time.accumulate_ms times every layer's; none under --mfu)."""
     if runtimes.of(setup.training).fused_kernels != "transformer-engine" or setup.training.unfused_grad_accumulation:
         return False
-    return any(timed.wgrad_accumulate_ms > 0 for timed in profile.layers if timed.name == layer.name)
+    roofline = profile.source == "analytic" and profile.assumptions.get("mfu") is None
+    return any(timed.wgrad_accumulate_ms > 0 or roofline for timed in profile.layers if timed.name == layer.name)
 
 
 def buffered_grad_bytes(profile: Profile, stage: int, setup: TrainSetup) -> float:

@@ -154,7 +154,8 @@ def with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, 
                  upper_bound_ms: float | None, relaxed: list[int] | None) -> PlanResult | NoFit:
     """The solvers' plan, or Transformer Engine's offload window where the runtime's offload is that handler and
     the fastest N that evaluate admits (dpwindow.admitted_window: at the relaxed rows where the replay judges) is
-    faster than it and no slower than `upper_bound_ms`; its objective held to evaluate's (SolverMismatch)."""
+    faster than it (where it fits: a plan over the caps, or none, stands for no time) and than `upper_bound_ms`;
+    its objective held to evaluate's (SolverMismatch)."""
     if not te_offload.window_runs(setup) or (isinstance(found, NoFit) and found.status != "infeasible"):
         return found
     solved = isinstance(found, PlanResult) and found.cost.feasible
@@ -174,9 +175,11 @@ def with_window(profile: Profile, setup: TrainSetup, found: PlanResult | NoFit, 
     if solved:  # the faster of two: a bound on both is the lesser of theirs
         status, solver, bound, replay = found.solve.status, found.solve.solver, found.solve.bound, found.solve.replay
         bound = None if bound is None else min(bound, objective_ms)
-    else:  # no per-layer plan fits, and the window's N is exact
+    elif isinstance(found, NoFit):  # no per-layer plan fits, and the window's N is exact
         status, solver, bound = "optimal", found.solver, objective_ms
         replay = None if relaxed is None else "relaxed"
+    else:  # a per-layer plan that does not fit proves nothing of the others: the window is a plan, no bound
+        status, solver, bound, replay = "feasible", found.solve.solver, None, found.solve.replay
     gap = None if bound is None else max(0.0, 1 - bound / objective_ms)
     solve = SolveResult(status, objective_ms, gap, deadline.elapsed_s(), solver=solver, bound=bound, replay=replay)
     return PlanResult(stages=costmodel.with_predictions(stages, cost), cost=cost, solve=solve)

@@ -144,7 +144,7 @@ def milp_fastest_fitting(profile: Profile, setup: TrainSetup, relaxed: list[int]
     """The MILP's twin of fastest_fitting (one stage per rank): each stage the replay put over is excluded as its
     exact integer point (its boundaries' prefix counts and its option counts per run: milp.extract_plan places a
     run's options in one order, so the point is the plan), a no-good row, and HiGHS solves again. "optimal" where
-    HiGHS proves its plan (within mip_gap) and that plan fits; a time-limited solve (MILP_SHARE of the time
+    HiGHS proves its plan (within mip_gap) and that plan fits; a time-limited solve (CUT_SHARE of the time
     left) ends the cuts, its plan, where it fits, a candidate (Unclosed.fits). `over_bytes`: how far the MILP's
     plan passes the rows (milp.solve_within_caps)."""
     from planner.solve import milp
