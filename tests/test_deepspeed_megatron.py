@@ -143,8 +143,11 @@ PINS = {
     # 26,681.257, run-1t 93,114.450, llama2 999.129 before both; 27,905.692, 94,870.533, 1,017.162 with the plateau
     # alone; llama2 at ZeRO 0 the scalars alone). One stage holds both ends of the tied embedding, so nothing is summed
     # across ranks (§37.solvertime, §247-§249): -206.045 ms on 28,574.061, the two holders' 103.0 ms each; the one
-    # table stepped and reduced once, at its first holder (§37.solverleft, §307): -1.061 ms
-    "run-175b.sh": ("deepspeed", 3, 8, 1, 28366.955, 373281838336, 384510722048),
+    # table stepped and reduced once, at its first holder (§37.solverleft, §307): -1.061 ms. ZeRO 3's hooks set .grad
+    # to None, so the profile's in-place add is off and the hooks' bucket copies, partition adds and checks are on
+    # (§39.gradacc): -742.367 ms on 28,366.955. Peaks: the head's gradient of the tied table waits in autograd's
+    # InputBuffer until the embedding's backward (§39.zero0tied, §381): 50,304 x 12,288 x 2 B = 1,236,271,104 more
+    "run-175b.sh": ("deepspeed", 3, 8, 1, 27624.588, 374518109440, 385748041728),
     # run-1t.sh offloads the optimizer: its fp16 gradient partitions are on the host (§124), 2 B / 8 of the
     # 1,007,989,606,400 parameters (128 x (12h^2 + 13h) + 50,304h + 1,024h + 2h, h 25,600) = 251,997,401,600 B off
     # the 530,276,051,968 pinned before (and the bucket, above). Iteration: the host waits for each block's three
@@ -159,8 +162,10 @@ PINS = {
     # head's 160,979,200 20.122 - 0.524: +15,701.802 ms on 145,948.538. The embedding's partition (50,304h + 1,024h
     # over 8: 164,249,600) copied three times in 2 B at 16 GB/s after the last backward, nothing left to hide it
     # (§293): +61.594 ms. No tied sum on one stage (§37.solvertime): -429.261 ms on 161,711.934; the tied table
-    # stepped and reduced once (§37.solverleft, §307): -84.511 ms
-    "run-1t.sh": ("deepspeed", 3, 8, 1, 161198.162, 278458650368, 302979743744),
+    # stepped and reduced once (§37.solverleft, §307): -84.511 ms; ZeRO 3's hooks' work as they run it (§39.gradacc):
+    # -4,286.153 ms on 161,198.162; the tied table's buffered head gradient (§39.zero0tied): 50,304 x 25,600 x 2 B =
+    # 2,575,564,800 more
+    "run-1t.sh": ("deepspeed", 3, 8, 1, 156912.009, 281034215168, 305557143552),
     "pretrain_llama2_distributed.sh": ("deepspeed", 0, 2, 4, 1017.183, 20449853440, 24060624896),
 }
 
@@ -217,9 +222,10 @@ def test_run_175b_at_the_blogs_shape_is_row_ds1(tmp_path):
     # as the harness's DS1: 94,892.862 (docs/published-runs.md §30) before §35.gb200sus's soaked A100 matmul plateau
     # (256.5, not the burst 271.2) and §35.dstime's pre-divide (+660 ms) and the persistent parameters' gathers after
     # the step (+242 ms); 94,221.965 before NCCL's CTAs and the NIC rate; 100,659.353 before §37.solvertime took the
-    # tied embedding's sum off its one stage (-206.045 ms)
-    assert found["iteration_ms"] == pytest.approx(100453.308, rel=1e-6)
-    assert found["ranks"][0]["peak_bytes"] == 74145639168  # 73,965,639,168 + the 9e7 bucket in 2 B
+    # tied embedding's sum off its one stage (-206.045 ms); 100,453.308 before §39.gradacc's ZeRO 3 hooks (-982.107 ms)
+    assert found["iteration_ms"] == pytest.approx(99471.201, rel=1e-6)
+    # 73,965,639,168 + the 9e7 bucket in 2 B + the tied table's buffered head gradient, 1,236,271,104 (§39.zero0tied)
+    assert found["ranks"][0]["peak_bytes"] == 75381910272
     # ZeRO 3's allocator replay (§31.dsreplay): 73.99 GiB, under the A100's 78.86 with NCCL's 0.28 (the divisor's
     # 81.24 GiB did not fit)
-    assert found["ranks"][0]["reserved_bytes"] == 79444312064
+    assert found["ranks"][0]["reserved_bytes"] == 80681631744  # 79,444,312,064 + the buffered gradient in 2 MiB segments
