@@ -94,6 +94,8 @@ def test_megatrons_hook_adds_an_embeddings_gradient_into_main_grad_with_or_witho
     for knobs in ({}, {"unfused_grad_accumulation": True}):
         adds = _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron", **knobs))
         assert adds == {"embed": pytest.approx(40 * MB / 1e9), "block": 0.0, "head": 0.0}
+    # under --grad-reduce-in-bf16 main_grad is bf16: read 2 + 2, write 2, the profile's own 6 B
+    assert set(_by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron", grad_reduce_bf16=True)).values()) == {0.0}
     for runtime in ("torchtitan", "ckplan", "deepspeed"):  # torch's .grad add is the profile's own 6 B
         assert set(_by_layer(jobsettings.embedding_hook_add_ms, _setup(runtime)).values()) == {0.0}
 

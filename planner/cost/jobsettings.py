@@ -85,9 +85,10 @@ def embedding_hook_add_ms(layer: LayerCost, profile: Profile, setup: TrainSetup)
     the lookup's backward hands autograd a bf16 gradient, the hook adds it into the fp32 main_grad (read 2 + 4,
     write 4) and drops it, the record's unfused_wgrad_bytes beyond the profile's 3 x 2 B, at the profile's
     elementwise rate, as the profile times that accumulation; 0 for other layers, records whose hook adds nothing
-    (unfused_wgrad_bytes 0) or a profile naming no rate."""
+    (unfused_wgrad_bytes 0), a profile naming no rate, and under --grad-reduce-in-bf16, whose main_grad is bf16
+    (megatron_memflags.py: read 2 + 2, write 2, the profile's own 6 B)."""
     tbps = elementwise_tbps(profile)
-    if weight_param_count(layer) or tbps is None:
+    if weight_param_count(layer) or tbps is None or setup.training.grad_reduce_bf16:
         return 0.0
     return layer.param_count * runtimes.of(setup.training).unfused_wgrad_bytes / (tbps * 1e12) * 1e3
 
