@@ -81,3 +81,14 @@ def test_a_flash_kernel_beside_eager_attention_is_refused_in_one_sentence(tmp_pa
     result, out = _profile(tmp_path, "--attention", "eager", "--attention-kernel", "flash1")
     assert result.exit_code == 1 and "--attention eager runs none" in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_the_remake_command_keeps_the_kernel(tmp_path):
+    from planner import io
+    from planner.commands.expert_options import remake_command
+
+    result, out = _profile(tmp_path, "--gpu", "a100-80g", "--attention-kernel", "flash1")
+    assert result.exit_code == 0, result.output
+    assert "--attention-kernel flash1" in remake_command(io.load_profile(out), 2)
+    result, out = _profile(tmp_path, "--gpu", "a100-80g")
+    assert "--attention-kernel" not in remake_command(io.load_profile(out), 2)
