@@ -140,8 +140,8 @@ def test_flash2s_deterministic_backward_runs_its_split_blocks_in_waves_by_hand()
     profile = analytic.analytic_profile(arch, Shape(seq_len=64, micro_batch_size=1, tp=2), gpu=archs.gpu("a100-80g"),
                                         model=FileRef(file="arch:test", sha256="0" * 64))
     block = next(layer for layer in layer_costs(profile) if layer.kind == "decoder_block")
-    # 32 heads a device, head dim 16, 64 tokens, causal half: the backward at FlashAttention-2's 73% of 312 TFLOP/s
-    backward_ms = 2.5 * 4 * 64 * 64 * 16 * 32 / 2 / (312e12 * 0.73) * 1e3
+    # 32 heads a device, head dim 16, 64 tokens, causal half: the backward at FlashAttention-2's 63% of 312 TFLOP/s
+    backward_ms = 2.5 * 4 * 64 * 64 * 16 * 32 / 2 / (312e12 * 0.63) * 1e3
     assert jobsettings.deterministic_attention_ms(block, 0, profile, on) == pytest.approx(backward_ms * (216 / 128 - 1))
     assert jobsettings.deterministic_attention_ms(block, 0, profile, _setup()) == 0.0
 

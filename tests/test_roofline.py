@@ -91,7 +91,7 @@ def test_attention_at_its_kernels_throughput_causal_half():
     flops = 4 * 4096 * 4096 * 4096
     full = kernel_ms(Kernel("attention-fwd", flops), H100)
     assert kernel_ms(Kernel("attention-fwd", flops, 0.5), H100) == pytest.approx(full / 2)
-    assert kernel_ms(Kernel("attention-bwd", flops), A100) == pytest.approx(flops / (312e12 * 0.73) * 1e3)
+    assert kernel_ms(Kernel("attention-bwd", flops), A100) == pytest.approx(flops / (312e12 * 0.63) * 1e3)  # FA2 §1
 
 
 def test_torchs_flash_attention_on_h100_takes_its_published_time():

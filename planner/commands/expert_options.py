@@ -53,7 +53,8 @@ def _check_made_at(profile, ep: int) -> None:
 
 def remake_command(profile, ep: int) -> str:
     """The `ckplan profile` line that makes this analytic profile again at expert parallelism `ep`:
-    its model and the options it records (--mfu, --capacity-factor, --compiled where not the default)."""
+    its model and the options it records (--mfu, --capacity-factor, --compiled, --attention-kernel where not the
+    default)."""
     facts = profile.assumptions
     ref = profile.model.file if profile.model is not None else ""
     model = f"--arch {ref[len('arch:'):]}" if ref.startswith("arch:") else f"--arch-config {ref or 'CONFIG'}"
@@ -63,6 +64,8 @@ def remake_command(profile, ep: int) -> str:
     parts += ["--sp"] if facts.get("sp") else []
     parts += [f"--cp {facts['cp']}"] if facts.get("cp", 1) > 1 else []
     parts += [f"--attention {facts['attention']}"] if facts.get("attention", "flash") != "flash" else []
+    parts += ([f"--attention-kernel {facts['attention_kernel']}"] if facts.get("attention_kernel", "flash2") != "flash2"
+              else [])
     parts += [f"--gpu {facts['gpu']}"] if facts.get("gpu") else []
     parts += [f"--dtype {profile.dtype}"] if profile.dtype != "bfloat16" else []
     parts += [f"--mfu {facts['mfu']:g}"] if facts.get("mfu") is not None else []

@@ -11,7 +11,8 @@ from planner.errors import UserError
 
 # options that only the measured profiler reads, and those only the analytic one reads
 MEASURED_ONLY = ("device", "warmup", "repeats", "threads", "timeout_s")
-ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "ep", "attention", "gpu", "mfu", "capacity_factor", "compiled")
+ANALYTIC_ONLY = ("seq_len", "tp", "sp", "cp", "ep", "attention", "attention_kernel", "gpu", "mfu", "capacity_factor",
+                 "compiled")
 
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -25,6 +26,7 @@ def dtype_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def options(command):
     """The analytic profiler's options, added to `ckplan profile`."""
     from planner.models.archs import ARCHS, GPUS
+    from planner.models.attention_kernels import FLASH2, KERNEL_HELP, KERNELS
 
     decorators = [
         click.option("--arch", default=None, metavar="NAME",
@@ -47,6 +49,11 @@ def options(command):
                           "and torchtitan's dispatch), which `ckplan solve --ep` needs to match."),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True,
                      help="With --arch: flash keeps no s² attention scores, eager keeps them."),
+        click.option("--attention-kernel", type=click.Choice(KERNELS), default=FLASH2, show_default=True,
+                     help="With --arch and flash attention: the flash kernel the job ran, timed at its published "
+                          "rate on the --gpu; " + "; ".join(f"{name}: {text}" for name, text in KERNEL_HELP.items())
+                          + ". Where none is published for the --gpu, its FlashAttention-2 figures are charged and "
+                            "the profile says so."),
         click.option("--gpu", default="h100-sxm", show_default=True,
                      help=f"With --arch or --fake: the device whose peak sets the times and whose memory becomes "
                           f"`ckplan solve`'s default --mem: {', '.join(GPUS)} (h100 = h100-sxm)."),
@@ -135,7 +142,8 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None, arch_config: Path | None,
         seq_len: int | None, tp: int, sp: bool, attention: str, gpu: str, mfu: float | None,
-        capacity_factor: float = 1.0, compiled: bool = False, cp: int = 1, ep: int = 1) -> None:
+        capacity_factor: float = 1.0, compiled: bool = False, cp: int = 1, ep: int = 1,
+        attention_kernel: str = "flash2") -> None:
     from pydantic import ValidationError
 
     from planner import io
@@ -149,7 +157,7 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
                         "use --dtype bf16 or fp16")
     spec, model_ref = _arch(arch, arch_config)
     check_ep(spec, ep)
-    device = archs.gpu(gpu)
+    device, kernel_unmodelled = _kernel_device(archs.gpu(gpu), attention, attention_kernel)
     shape = Shape(seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp, sp=sp, attention=attention,
                   dtype=dtype, capacity_factor=capacity_factor, cp=cp, ep=ep)
     try:
@@ -159,6 +167,13 @@ def run(*, dtype: str, micro_batch_size: int, out: Path | None, arch: str | None
                         f"numbers no device holds ({io.describe_error(exc)}); check --seq-len, "
                         "--micro-batch-size and the config's sizes") from exc
     profile = _with_host_step(_with_model_facts(profile, spec, dtype))
+    profile = profile.model_copy(update={"assumptions": profile.assumptions | {
+        "attention_kernel": attention_kernel, **({"attention_kernel_not_modelled": kernel_unmodelled}
+                                                 if kernel_unmodelled else {})}})
+    if kernel_unmodelled:
+        from planner.console import warn
+
+        warn(kernel_unmodelled)
     if compiled and not any(layer.compiled_kept_bytes for layer in profile.layers):
         from planner.console import warn
 
@@ -194,6 +209,17 @@ def check_ep(spec, ep: int) -> None:
 # An LLM at 16 bits trains as bf16-mixed (16-bit weights and activations, fp32 master and Adam).
 SOLVE_DEFAULT_PRECISION = "fp32"
 LLM_PRECISION = "bf16-mixed"
+
+
+def _kernel_device(device, attention: str, kernel: str):
+    """The --gpu as the job's flash kernel runs attention on it (planner/models/attention_kernels.py), and what
+    was not modelled ('' when all was)."""
+    from planner.models.attention_kernels import FLASH2, kernel_gpu
+
+    if kernel != FLASH2 and attention != "flash":
+        raise UserError(f"--attention-kernel {kernel} names a flash kernel, and --attention {attention} runs none; "
+                        "drop one")
+    return kernel_gpu(device, kernel)
 
 
 def _with_model_facts(profile, spec, dtype: str):
@@ -305,7 +331,9 @@ def _membound(facts: dict) -> str:
 def _timing(facts: dict) -> str:
     if facts["mfu"] is not None:
         return f"times assume {facts['gpu_bf16_tflops']:g} TFLOP/s × MFU {facts['mfu']:g} (--mfu)"
-    return (f"times are rooflines (matmuls at their size's published efficiency, attention at FlashAttention-2's, "
+    kernel = ("FlashAttention (1)'s" if facts.get("attention_kernel") == "flash1"
+              and not facts.get("attention_kernel_not_modelled") else "FlashAttention-2's")
+    return (f"times are rooflines (matmuls at their size's published efficiency, attention at {kernel}, "
             f"memory-bound bytes at {_membound(facts)}): they imply MFU {facts['mfu_implied']:.3f} "
             f"of {facts['gpu_bf16_tflops']:g} TFLOP/s over the layers' forward and backward")
 

@@ -51,6 +51,19 @@ SDPA_HOPPER = ("torch SDPA flash backend on H100, causal, 8192 tokens, head dim 
 # preferred_rocm_fa_library: "Currently AOTriton"; CK only under TORCH_ROCM_FA_PREFER_CK=1, which neither torchtitan
 # 2c8b5947's run_train.sh nor torchao 853f87d1's llama3.sh sets); no absolute 0.10b figure on gfx942 was found
 MI300X_FLASH_TFLOPS = (353.22, 194.43)
+# FlashAttention-2 and FlashAttention (1) on A100 80GB SXM4, fractions of its 312 TFLOP/s BF16 peak (Dao 2023,
+# FlashAttention-2, arXiv 2307.08691 §1, summarising its Figs. 5-6: batch x tokens = 16k, hidden 2048, head dim 64 and
+# 128, with and without a causal mask, FLOPs counted as attention_tflops counts them): FlashAttention-2 "reaching up to
+# 73% of the theoretical max throughput in the forward pass, and up to 63% of the theoretical max throughput in the
+# backward pass"; FlashAttention "the forward pass only reaches 30-50% of the theoretical maximum FLOPs/s of the
+# device, while the backward pass is even more challenging, reaching only 25-35%". Each kernel read at the top of its
+# range, its best case, as the rows' long sequences are (no figure by length is published as text)
+FA2_AMPERE = (0.73, 0.63)
+FA1_AMPERE = (0.50, 0.35)
+FA2_AMPERE_SOURCE = ("FlashAttention-2 on A100: forward up to 73%, backward up to 63% of the 312 TFLOP/s peak (Dao "
+                     "2023, FlashAttention-2, arXiv 2307.08691 §1, its Figs. 5-6)")
+FA1_AMPERE_SOURCE = ("FlashAttention (1) on A100: forward 30-50%, backward 25-35% of the 312 TFLOP/s peak, read at "
+                     "the top, 50% / 35% (Dao 2023, FlashAttention-2, arXiv 2307.08691 §1, its Figs. 5-6)")
 # cuDNN's fused attention as NVIDIA's cudnn-frontend training benchmark times it (benchmark/sdpa_benchmark_training,
 # NVIDIA/cudnn-frontend): BF16, head dim 128, 8 K/V heads, 8192 tokens, causal (top_left), ms forward / backward:
 # - H200 (the H100's chip), cuDNN 9.19, 64 query heads, batch 1: 1.708 / 5.083 (results/h200_919_only_cudnn/

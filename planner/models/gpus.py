@@ -16,6 +16,8 @@ from planner.models.attention_published import (
     CUDNN_B200,
     CUDNN_GB200,
     CUDNN_HOPPER_CHIP,
+    FA2_AMPERE,
+    FA2_AMPERE_SOURCE,
     MI300X_FLASH_TFLOPS,
     SDPA_B200,
     SDPA_B200_BY_SEQ,
@@ -238,8 +240,7 @@ _HOST_2053 = "NVIDIA/TransformerEngine#2053 (2025-08-11): torch nn.Linear forwar
 _HOST_XEON = dict(host_call_us=13.48, host_source=f"DGX H100's Xeon Platinum 8480C: 13.48 µs ({_HOST_2053})")
 _HOST_GRACE_GB200 = dict(host_call_us=37.08, host_source=f"GB200's Grace: 37.08 µs ({_HOST_2053})")
 _HOST_GRACE_GH200 = dict(host_call_us=33.17, host_source=f"GH200's Grace: 33.17 µs ({_HOST_2053})")
-_FA2_AMPERE = ("FlashAttention-2 up to 230 TFLOP/s, 73% of the A100's 312, forward and backward (Dao 2023, "
-               "arXiv 2307.08691 §4.1)")
+_FA2_AMPERE = FA2_AMPERE_SOURCE
 # the A100's 108 streaming multiprocessors (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: "108 SMs"
 # in the A100 as shipped, of the GA100's 128), sm80: below sm90 (TE's deterministic FlashAttention-2 backward)
 _A100_SMS = 108
@@ -373,7 +374,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         link_source="A100 datasheet: NVLink 600 GB/s, PCIe Gen4 64 GB/s; DGX A100: 200 Gb/s HDR per GPU",
         cuda_total_bytes=42_298_834_944,
         total_source="deviceQuery on A100-SXM4-40GB: 42298834944 bytes (bottlerocket-os/bottlerocket PR #3873)",
-        **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
+        **_mamf("a100", 312.0), attention_efficiency=FA2_AMPERE, attention_source=_FA2_AMPERE,
         cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST),
     GPU("a100-80g", 80 * 10**9, 312.0, 2.039, "NVIDIA A100 datasheet, 80 GB SXM (BF16 312 dense, no FP8; 2.039 TB/s)",
         300.0, 25.0, 32.0,
@@ -381,7 +382,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=85_100_068_864,
         total_source="deviceQuery on A100-SXM4-80GB: 85100068864 bytes; nvidia-smi 81920 MiB less 763 MiB "
                      "reserved (github.com/thamada/nvidia-smi, gls/A100SXMx4_*)",
-        **_mamf("a100", 312.0), attention_efficiency=(0.73, 0.73), attention_source=_FA2_AMPERE,
+        **_mamf("a100", 312.0), attention_efficiency=FA2_AMPERE, attention_source=_FA2_AMPERE,
         cuda_arch=80, num_sms=_A100_SMS, **_MEMBOUND_AMPERE, **_A100_HOST),
     # NVIDIA DGX B200 datasheet (2024): 1,440 GB for 8 GPUs (180 GB each), 72 PFLOPS FP8 training
     # for 8 GPUs (sparse: 4.5 dense each); HGX B200: BF16 2.25 PFLOPS dense (4.5 with sparsity),
@@ -450,7 +451,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         cuda_total_bytes=24 * 10**9 - _H100_RESERVED,
         total_source="memory as sold less the H100's 454 MiB driver reservation (assumed; no device query found)",
         **_mamf("a100", 312.0, ": the A100's fraction, none published for L4"),
-        attention_efficiency=(0.73, 0.73),
+        attention_efficiency=FA2_AMPERE,
         attention_source=f"{_FA2_AMPERE}; none published for L4, the Ampere figure assumed",
         **_membound_assumed("A100", MEMBOUND_A100)),
 )}
