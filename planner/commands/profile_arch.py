@@ -235,7 +235,12 @@ def _arch(arch: str | None, arch_config: Path | None):
         return spec, FileRef(file=f"arch:{spec.name}", sha256=spec.sha256())
     config = io.load_json(arch_config, "--arch-config", "pass a model's config.json")
     name = arch_config.parent.name if arch_config.name == "config.json" and arch_config.parent.name else arch_config.stem
-    return archconfig.from_hf_config(config, where=str(arch_config), name=name), io.file_ref(arch_config)
+    spec = archconfig.from_hf_config(config, where=str(arch_config), name=name)
+    if spec.left_out:  # a multimodal config (Gemma 3's): what is planned is said, never silently narrowed
+        from planner.console import warn
+
+        warn(f"{arch_config}: {spec.left_out}")
+    return spec, io.file_ref(arch_config)
 
 
 def _report(profile, spec, shape, out: Path) -> None:
