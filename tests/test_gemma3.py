@@ -175,3 +175,43 @@ def test_hf_route_refuses_a_sequence_past_the_window_it_does_not_apply(tmp_path)
     path.write_text(json.dumps(GEMMA3))
     result = run("profile", "--hf-config", path, "--fake", "--seq-len", 128, "--out", tmp_path / "p.json")
     assert result.exit_code == 1 and "exceeds the config's sliding_window 64" in " ".join(result.output.split())
+
+
+def _plan(tmp_path, config: dict, stages: int):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "rope_theta": 10000.0}))
+    run_ok("profile", "--arch-config", path, "--seq-len", T, "--out", tmp_path / "p.json")
+    run_ok("solve", "--profile", tmp_path / "p.json", "--stages", stages, "--mem", "80GB", "--precision", "bf16-mixed",
+           "--out", tmp_path / "plan.yaml")
+    return tmp_path / "plan.yaml"
+
+
+def test_megatron_export_skips_rotary_on_smollm3s_nope_layers(tmp_path):
+    """Megatron-LM's --no-rope-freq N skips RoPE on every N-th layer (framework-facts §424): SmolLM3's every 4th."""
+    plan = _plan(tmp_path, {**SMOLLM3, "num_hidden_layers": 8, "no_rope_layer_interval": 4}, 2)
+    run_ok("export", plan, "--to", "megatron", "--out", tmp_path / "plan.sh")
+    assert "--no-rope-freq 4\n" in (tmp_path / "plan.sh").read_text()
+
+
+def test_megatron_export_lists_an_irregular_nope_pattern():
+    from planner.emit import facts, layer_kinds
+
+    model = facts.ModelFacts.model_validate({**json.loads(_arch(SMOLLM3).canonical_json()),
+                                             "num_layers": 3, "layer_rotary": [False, True, True]})
+    assert layer_kinds.megatron_arguments(model) == ["--no-rope-freq '[1,0,0]'"]
+
+
+@pytest.mark.parametrize("to, config, said", [
+    ("megatron", GEMMA3, "Megatron-LM's arguments cannot build this model: its TransformerLayer has no norm on the "
+                         "attention's and the MLP's outputs"),
+    ("torchtitan", GEMMA3, "torchtitan cannot train this model: none of its models (b5bcd76c's torchtitan/models) has "
+                           "a norm on the attention's and the MLP's outputs"),
+    ("torchtitan", SMOLLM3, "has layers without rotary (SmolLM3's NoPE layers"),
+])
+def test_exports_a_framework_cannot_build_are_refused_in_one_sentence(tmp_path, to, config, said):
+    plan = _plan(tmp_path, config, 1)
+    result = run("export", plan, "--to", to, "--torchtitan-base", "torchtitan.models.llama3.config_registry:llama3_8b",
+                 "--out", tmp_path / "out") if to == "torchtitan" else run("export", plan, "--to", to, "--out",
+                                                                             tmp_path / "out")
+    assert result.exit_code == 1 and said in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "out").exists()

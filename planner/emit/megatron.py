@@ -34,6 +34,7 @@ from itertools import combinations
 
 from planner.cost import dataparallel
 from planner.emit import dp_support, facts, megatron_rounding, megatron_window, rounding, scored_as
+from planner.emit.layer_kinds import megatron_arguments as layer_kind_arguments
 from planner.errors import UserError
 from planner.models.configs.megatron_flags import RECOMPUTE_MODULES, recompute_modules_option
 from planner.schema import Plan, Profile
@@ -214,7 +215,7 @@ def shape_arguments(profile: Profile) -> list[str]:
             lines.append(arg("--qk-layernorm"))
         lines += rope_arguments(model)
     lines += norm_arguments(model) + dropout_arguments(model)
-    lines += moe_arguments(model, known.capacity_factor) + mla_arguments(model)
+    lines += moe_arguments(model, known.capacity_factor) + mla_arguments(model) + layer_kind_arguments(model)
     if model.sliding_window:
         lines.append(f"# attention within a sliding window of {model.sliding_window} tokens: give it with your "
                      "Megatron-LM version's window setting (the plan's attention FLOPs assume it)")
