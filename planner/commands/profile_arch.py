@@ -32,7 +32,8 @@ def options(command):
                           f"MODEL.py: {', '.join(ARCHS)}."),
         click.option("--arch-config", type=click.Path(path_type=Path), default=None,
                      help="Like --arch, from a Hugging Face-style config.json (llama, mistral, qwen2, qwen3, gemma, "
-                          "mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt2, opt, starcoder2)."),
+                          "gemma3_text, gemma3 (its text model), smollm3, mixtral, qwen2_moe, qwen3_moe, "
+                          "deepseek_v2, deepseek_v3, gpt2, opt, starcoder2)."),
         click.option("--seq-len", type=click.IntRange(min=1), default=None,
                      help="With --arch (required) or --hf-config (default 256): tokens per sequence."),
         click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
