@@ -208,8 +208,9 @@ def test_megatron_export_lists_an_irregular_nope_pattern():
                            "a norm on the attention's and the MLP's outputs"),
     ("torchtitan", SMOLLM3, "has layers without rotary (SmolLM3's NoPE layers"),
 ])
-def test_exports_a_framework_cannot_build_are_refused_in_one_sentence(tmp_path, to, config, said):
-    plan = _plan(tmp_path, config, 1)
+@pytest.mark.parametrize("stages", [1, 2])  # at 2 stages before the tied table's refusal: what it lacks comes first
+def test_exports_a_framework_cannot_build_are_refused_in_one_sentence(tmp_path, to, config, said, stages):
+    plan = _plan(tmp_path, config, stages)
     result = run("export", plan, "--to", to, "--torchtitan-base", "torchtitan.models.llama3.config_registry:llama3_8b",
                  "--out", tmp_path / "out") if to == "torchtitan" else run("export", plan, "--to", to, "--out",
                                                                              tmp_path / "out")
