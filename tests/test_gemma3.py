@@ -216,3 +216,12 @@ def test_exports_a_framework_cannot_build_are_refused_in_one_sentence(tmp_path, 
                                                                              tmp_path / "out")
     assert result.exit_code == 1 and said in " ".join(result.output.split()), result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_hf_route_names_the_route_that_reads_a_multimodal_gemma3_config():
+    """`profile --hf-config` builds causal LMs from transformers' own code; Gemma 3's multimodal model is not one, and
+    the sentence says --arch-config plans its text model."""
+    from planner.models import hfmodels
+
+    with pytest.raises(UserError, match=r"model_type 'gemma3' is not one ckplan builds .*`ckplan profile --arch-config"):
+        hfmodels.check_fields({"model_type": "gemma3", "text_config": {}})
