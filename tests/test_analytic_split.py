@@ -53,6 +53,8 @@ CASES = {  # family: (config, settings, update); torch's groups in a comment whe
     "qwen3": ("qwen3-0.6b", (), None),  # + q_norm, k_norm: 11
     "mistral": ("mistral-7b", (), None),
     "gemma": ("gemma-2b", (), None),  # (1 + weight) norms: still one group each
+    "gemma3_text": ("gemma-3-12b", (), None),  # + q_norm, k_norm and two post-norms: 13
+    "smollm3": ("smollm3-3b", ("pad_token_id=null", "no_rope_layers=[1, 0]"), None),  # LLaMA's 9
     "mixtral": ("mixtral-8x7b", ("num_local_experts=4", "num_experts_per_tok=2"), None),  # router, gate_up_proj, down_proj
     "qwen3_moe": ("qwen3-30b-a3b", MOE, None),
     "qwen2_moe": ("qwen2-1.5b", (), QWEN2_MOE),  # + the shared expert's three and its gate: 13

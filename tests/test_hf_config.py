@@ -22,6 +22,9 @@ CONFIGS = {
     "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False, **SMALL),  # q/k norms, head_dim given
     "mistral": dict(model_type="mistral", sliding_window=64, **SMALL),
     "gemma": dict(model_type="gemma", head_dim=16, **SMALL),  # ties its embedding, scales it by sqrt(hidden)
+    # Gemma 3: local and global layers (each its own rotary tables), four norms, q/k norms; SmolLM3's NoPE layer
+    "gemma3_text": dict(model_type="gemma3_text", head_dim=16, sliding_window=64, sliding_window_pattern=2, **SMALL),
+    "smollm3": dict(model_type="smollm3", no_rope_layer_interval=2, pad_token_id=None, **SMALL),
     "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128),
     # mixture-of-experts: 4 routed experts, top 2 (Qwen2-MoE also a shared expert)
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, **SMALL),
@@ -58,7 +61,8 @@ CONFIGS = {
 }
 TIED = {"llama": False, "qwen2": True, "qwen3": False, "mistral": False, "gemma": True, "gpt2": True, "mixtral": False,
         "qwen2_moe": False, "phi3": False, "olmo2": False, "starcoder2": True, "phimoe": False, "granite": True,
-        "cohere": True, "qwen3_moe": False, "olmoe": False, "granitemoe": True, "deepseek_v2": False, "deepseek_v3": False}
+        "cohere": True, "qwen3_moe": False, "olmoe": False, "granitemoe": True, "deepseek_v2": False, "deepseek_v3": False,
+        "gemma3_text": True, "smollm3": True}
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "phimoe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v2",

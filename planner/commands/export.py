@@ -67,6 +67,7 @@ def command(plan_path, target, out, profile_path, torchtitan_version, torchtitan
         return
     _refuse_launch_options(click.get_current_context())
     _refuse_pure_bf16(plan)
+    _refuse_unbuilt_block(profile, target)  # what the framework cannot build at all, before how it would run it
     _refuse_experts(profile, target)
     _refuse_megatron_settings(plan, target)
     _refuse_tied(plan, profile, target)
@@ -168,6 +169,17 @@ def _host_gpus(plan, profile) -> int:
         return topology.host_gpus(dataparallel.profile_gpu(profile), None)
     except UserError:
         return 8
+
+
+def _refuse_unbuilt_block(profile, target: str) -> None:
+    """A block the framework has no model for (Gemma 3's post-norms, SmolLM3's NoPE layers): one sentence, first."""
+    from planner.emit import facts, layer_kinds
+
+    known = facts.read(profile)
+    if target == "torchtitan":
+        layer_kinds.torchtitan_checked(known)
+    elif target == "megatron" and known.model is not None:
+        layer_kinds.megatron_arguments(known.model)
 
 
 def _refuse_torchtitan_options(ctx, target: str) -> None:

@@ -63,7 +63,7 @@ def command(model_file, device, dtype, micro_batch_size, warmup, repeats, thread
     With --hf-config CONFIG instead of MODEL.py: a Hugging Face causal LM
     (llama, qwen2, qwen3, mistral, gemma, gpt2, phi3, olmo2, starcoder2, granite,
     cohere, mixtral, qwen2_moe, phimoe, qwen3_moe, olmoe, granitemoe, deepseek_v2,
-    deepseek_v3) built from its config with random weights, at --seq-len tokens,
+    deepseek_v3, gemma3_text, smollm3) built from its config with random weights, at --seq-len tokens,
     measured like a model file; ckplan writes that model file (hf_<name>.py)
     beside the profile for launch and compare.
     """

@@ -34,7 +34,8 @@ def options(command):
                           f"MODEL.py: {', '.join(ARCHS)}."),
         click.option("--arch-config", type=click.Path(path_type=Path), default=None,
                      help="Like --arch, from a Hugging Face-style config.json (llama, mistral, qwen2, qwen3, gemma, "
-                          "mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt2, opt, starcoder2)."),
+                          "gemma3_text, gemma3 (its text model), smollm3, mixtral, qwen2_moe, qwen3_moe, "
+                          "deepseek_v2, deepseek_v3, gpt2, opt, starcoder2)."),
         click.option("--seq-len", type=click.IntRange(min=1), default=None,
                      help="With --arch (required) or --hf-config (default 256): tokens per sequence."),
         click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
@@ -261,7 +262,12 @@ def _arch(arch: str | None, arch_config: Path | None):
         return spec, FileRef(file=f"arch:{spec.name}", sha256=spec.sha256())
     config = io.load_json(arch_config, "--arch-config", "pass a model's config.json")
     name = arch_config.parent.name if arch_config.name == "config.json" and arch_config.parent.name else arch_config.stem
-    return archconfig.from_hf_config(config, where=str(arch_config), name=name), io.file_ref(arch_config)
+    spec = archconfig.from_hf_config(config, where=str(arch_config), name=name)
+    if spec.left_out:  # a multimodal config (Gemma 3's): what is planned is said, never silently narrowed
+        from planner.console import warn
+
+        warn(f"{arch_config}: {spec.left_out}")
+    return spec, io.file_ref(arch_config)
 
 
 def _report(profile, spec, shape, out: Path) -> None:

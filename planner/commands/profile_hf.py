@@ -22,7 +22,7 @@ def options(command):
                      help="Measure a Hugging Face causal LM built from its config with random weights (a "
                           "config.json or its folder; never the hub or its cache, never the config's own code): "
                           "llama, qwen2, qwen3, mistral, gemma, gpt2, phi3, olmo2, starcoder2, granite, cohere, mixtral, qwen2_moe, "
-                          "phimoe, qwen3_moe, olmoe, granitemoe, deepseek_v2, deepseek_v3. ckplan writes the model file beside the "
+                          "phimoe, qwen3_moe, olmoe, granitemoe, deepseek_v2, deepseek_v3, gemma3_text, smollm3. ckplan writes the model file beside the "
                           "profile."),
         click.option("--hf-set", multiple=True, metavar="KEY=VALUE",
                      help="With --hf-config: override a config field, e.g. num_hidden_layers=4 (repeatable)."),

@@ -88,6 +88,8 @@ class ModelFacts(BaseModel):
     residual_dropout: StrictBool | None = None  # None: the style's own (Arch.drops_residual)
     embedding_dropout: StrictBool | None = None
     attention_dropout: StrictBool | None = None
+    post_norms: StrictBool = False  # Gemma 3's norms on the attention's and the MLP's outputs (Arch.post_norms)
+    layer_rotary: Annotated[tuple[StrictBool, ...], Field(max_length=MAX_LAYERS)] = ()  # SmolLM3's NoPE layers
 
     @property
     def rotates(self) -> bool:

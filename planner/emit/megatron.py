@@ -34,6 +34,7 @@ from itertools import combinations
 
 from planner.cost import dataparallel
 from planner.emit import dp_support, facts, megatron_rounding, megatron_window, rounding, scored_as
+from planner.emit.layer_kinds import megatron_arguments as layer_kind_arguments
 from planner.errors import UserError
 from planner.models.configs.megatron_flags import RECOMPUTE_MODULES, recompute_modules_option
 from planner.schema import Plan, Profile
@@ -190,7 +191,7 @@ def shape_arguments(profile: Profile) -> list[str]:
         return ["# the model's shape (--hidden-size, --num-attention-heads, ...): give it; this profile does not "
                 "record its architecture"]
     hidden, heads, kv = model.hidden_size, model.num_heads, model.num_kv_heads
-    lines = [arg("--hidden-size", hidden), arg("--ffn-hidden-size", model.intermediate_size),
+    kinds, lines = layer_kind_arguments(model), [arg("--hidden-size", hidden), arg("--ffn-hidden-size", model.intermediate_size),
              arg("--num-attention-heads", heads)]
     if kv != heads:
         lines += [arg("--group-query-attention"), arg("--num-query-groups", kv)]
@@ -214,7 +215,7 @@ def shape_arguments(profile: Profile) -> list[str]:
             lines.append(arg("--qk-layernorm"))
         lines += rope_arguments(model)
     lines += norm_arguments(model) + dropout_arguments(model)
-    lines += moe_arguments(model, known.capacity_factor) + mla_arguments(model)
+    lines += moe_arguments(model, known.capacity_factor) + mla_arguments(model) + kinds  # what the block cannot be refused first
     if model.sliding_window:
         lines.append(f"# attention within a sliding window of {model.sliding_window} tokens: give it with your "
                      "Megatron-LM version's window setting (the plan's attention FLOPs assume it)")

@@ -36,7 +36,7 @@ import json
 import re
 
 from planner.cost import costmodel, dataparallel
-from planner.emit import facts, rounding, scored_as, titan_keys
+from planner.emit import facts, layer_kinds, rounding, scored_as, titan_keys
 from planner.errors import UserError
 from planner.schema import Plan, Profile
 
@@ -96,7 +96,7 @@ def export(plan: Plan, profile: Profile, *, plan_file: str, version: str = NEWES
     roles, rounded = rounding.decoder_start(plan, profile, TARGET, round_zero=_round_zero, selective=python_config)
     rounding.unwritable_as_full(rounded, TARGET, frozenset({"core-attn", "attn", "mlp", "mlp-act", "norm"}))  # the policy's PARTS
     head = chosen_version.head
-    known = facts.read(profile)
+    known = layer_kinds.torchtitan_checked(facts.read(profile))  # a model torchtitan builds, or one sentence
     tp = known.tp
     parts = fqns_per_stage(rounded, roles, head)
     checkpointed = [f"layers.{roles.decoder_index(n)}" for s in rounded.stages for n in s.checkpointed]

@@ -4,27 +4,34 @@ refused, never filled with a default of transformers' (planner/models/archs.py h
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from planner.errors import UserError
 from planner.models.archs import MAX_LAYERS, Arch
 from planner.models.families import BUILT_FAMILIES, GATED_TYPES, GPT_TYPES, MOE_TYPES
+from planner.models.gemma3 import gemma3_fields, smollm3_fields, text_config
 from planner.models.gptoss import gpt_oss_fields
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 _GATED_ACTS = ("silu", "swish")
 _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+_GEMMAS = ("gemma", "gemma3_text")  # head_dim their own, GELU-gated MLP, scaled and tied embedding
 
 
 def from_hf_config(config: object, *, where: str, name: str) -> Arch:
     """An Arch from a Hugging Face-style config.json (already parsed): gated-MLP decoders
-    (LLaMA, Mistral, Qwen2, Qwen3, Gemma, or any config with a SiLU MLP), their mixture-of-experts
+    (LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 3, SmolLM3, or any config with a SiLU MLP), their mixture-of-experts
     kin (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3 with latent attention) and GPT-style ones
     (GPT-2, OPT). `where` names the file in error messages."""
     if not isinstance(config, dict):
         raise UserError(f"{where} is not a JSON object of model settings; pass a Hugging Face config.json")
     model_type = config.get("model_type", "")
+    left_out = ""
+    if model_type == "gemma3":  # multimodal: the text model (planner/models/gemma3.py)
+        config, left_out = text_config(config, where)
+        model_type = "gemma3_text"
     _refuse_unmodelled(config, where, model_type)
     if model_type == "gpt2":
         return _gpt2(config, where, name)
@@ -37,7 +44,9 @@ def from_hf_config(config: object, *, where: str, name: str) -> Arch:
                         f"{', '.join((*GATED_TYPES, *MOE_TYPES, *GPT_TYPES))} configs (one without model_type "
                         f"is read as LLaMA-style){_built_from_code(model_type)}")
     arch = _gated(config, where, name, model_type)
-    return _checked_heads(gpt_oss_fields(config, where, arch) if model_type == "gpt_oss" else arch, where)
+    family = {"gpt_oss": gpt_oss_fields, "gemma3_text": gemma3_fields, "smollm3": smollm3_fields}.get(model_type)
+    arch = family(config, where, arch) if family else arch
+    return _checked_heads(replace(arch, left_out=left_out) if left_out else arch, where)
 
 
 def _built_from_code(model_type: str) -> str:
@@ -60,17 +69,18 @@ def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
         raise UserError(f"{where} has no {', '.join(missing)}; a decoder config needs {', '.join(_REQUIRED)}")
     dims = {key: _positive_int(config, key, where) for key in _REQUIRED}
     _check_depth(dims["num_hidden_layers"], "num_hidden_layers", where)
-    if model_type == "gemma" and config.get("head_dim") is None:  # Gemma's is not hidden / heads (its default 256)
-        raise UserError(f"{where} has no head_dim; a gemma config needs it (Gemma's heads are not hidden_size / "
+    if model_type in _GEMMAS and config.get("head_dim") is None:  # Gemma's is not hidden / heads (its default 256)
+        raise UserError(f"{where} has no head_dim; a {model_type} config needs it (Gemma's heads are not hidden_size / "
                         "num_attention_heads wide)")
     kv = _optional_int(config, "num_key_value_heads", where) or dims["num_attention_heads"]
     act = config.get("hidden_activation") or config.get("hidden_act", "silu")
-    gelu_gated = model_type == "gemma" and isinstance(act, str) and act.startswith("gelu")
+    gelu_gated = model_type in _GEMMAS and isinstance(act, str) and act.startswith("gelu")
     if act not in _GATED_ACTS and not gelu_gated:
         raise UserError(f"{where}: hidden_act {act!r} with model_type {model_type or 'unset'!r} is not read; "
                         f"--arch-config reads gated-MLP decoders ({', '.join(GATED_TYPES)}, or hidden_act "
                         f"'silu') and GPT-style ones ({', '.join(GPT_TYPES)})")
-    tied = _bool(config, "tie_word_embeddings", where, default=model_type == "gemma")
+    # tied unless told: GemmaConfig, Gemma3TextConfig and SmolLM3Config default tie_word_embeddings True
+    tied = _bool(config, "tie_word_embeddings", where, default=model_type in (*_GEMMAS, "smollm3"))
     # Qwen2-MoE names its q/k/v biases qkv_bias (on unless told, as in Qwen1.5-MoE's configs)
     qkv_bias = (_bool(config, "qkv_bias", where, default=True) if model_type == "qwen2_moe" else
                 _bool(config, "attention_bias", where, default=model_type in ("qwen2", "gpt_oss")))
@@ -85,8 +95,8 @@ def _gated(config: dict, where: str, name: str, model_type: str) -> Arch:
                 qkv_bias=qkv_bias,
                 # transformers writes DeepSeek's qk_rope_head_dim as head_dim; MLA's widths are its own
                 head_dim=None if mla else _optional_int(config, "head_dim", where),
-                sliding_window=_sliding_window(config, where), qk_norm=model_type in ("qwen3", "qwen3_moe"),
-                scaled_embedding=model_type == "gemma",
+                sliding_window=_sliding_window(config, where), qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
+                scaled_embedding=model_type in _GEMMAS, fp32_norm_scale=model_type in _GEMMAS,
                 source=where, **_experts(config, where, model_type, dims), **mla,
                 **_positions(config, where), norm_eps=_epsilon(config, where, "rms_norm_eps"))
 

@@ -133,6 +133,17 @@ class Arch:
     o_bias: bool = False
     expert_bias: bool = False
     swiglu_limit: float | None = None
+    # Gemma 3 (planner/models/gemma3.py has the sources): post_norms, an RMSNorm on the attention's and on the
+    # MLP's output before each residual add (post_attention_layernorm, post_feedforward_layernorm: four norms a
+    # block). layer_rotary: each layer's rotary where the layers differ (SmolLM3's no_rope_layers: False on its
+    # NoPE layers; empty: every layer as `rotary` says), read off `layer(i)` like layer_windows.
+    post_norms: bool = False
+    # Gemma's RMSNorm (GemmaRMSNorm, Gemma3RMSNorm): normalised and scaled by (1 + weight) in fp32, cast at the end;
+    # what transformers' eager norm keeps (planner/profiler/hf_kept.py), not what a fused norm does
+    fp32_norm_scale: bool = False
+    layer_rotary: tuple[bool, ...] = ()
+    # what the config describes that is not planned (a multimodal config's vision tower): said by the profile
+    left_out: str = ""
 
     def __post_init__(self) -> None:
         for key in ("residual_dropout", "embedding_dropout", "attention_dropout"):
@@ -168,11 +179,15 @@ class Arch:
         return self.kv_lora_rank > 0
 
     def layer(self, index: int) -> Arch:
-        """Decoder layer `index` as a model of its own kind: its own sliding window where the layers
-        differ (GPT-OSS's alternating sliding and full attention), else this model."""
-        if not self.layer_windows:
-            return self
-        return replace(self, sliding_window=self.layer_windows[index], layer_windows=())
+        """Decoder layer `index` as a model of its own kind: its own sliding window and rotary where the
+        layers differ (GPT-OSS's and Gemma 3's sliding and full attention, SmolLM3's NoPE layers), else this
+        model."""
+        changes = {}
+        if self.layer_windows:
+            changes.update(sliding_window=self.layer_windows[index], layer_windows=())
+        if self.layer_rotary:
+            changes.update(rotary=self.layer_rotary[index], layer_rotary=())
+        return replace(self, **changes) if changes else self
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` has the mixture of experts as its MLP."""
@@ -209,7 +224,7 @@ class Arch:
 
 # Fields that define the model but change no memory or time: kept out of the canonical JSON a
 # profile is pinned to (a built-in's pin is unchanged by learning them)
-_UNPINNED = ("rope_theta", "norm_eps", "rope_scaling")
+_UNPINNED = ("rope_theta", "norm_eps", "rope_scaling", "left_out", "fp32_norm_scale")
 # The deepest model ckplan reads: the deepest published LLMs have 126 (Llama 3.1 405B) and 96
 # (GPT-3) decoder layers; a config past this is a mistake, refused before any work is sized by it.
 MAX_LAYERS = 1024
@@ -222,7 +237,8 @@ _LATER_FIELDS = {"mlp_act": "gelu", "sliding_window": None, "qk_norm": False, "s
                  "num_mtp_layers": 0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,
                  "qk_nope_head_dim": 0, "v_head_dim": 0, "rotary": None, "residual_dropout": None, "embedding_dropout": None,
                  "attention_dropout": None, "layer_windows": (), "attention_sinks": False, "o_bias": False,
-                 "expert_bias": False, "swiglu_limit": None, "sinks_in_kernel": False}
+                 "expert_bias": False, "swiglu_limit": None, "sinks_in_kernel": False,
+                 "post_norms": False, "layer_rotary": ()}
 
 
 def _llama(name, hidden, inter, layers, heads, kv, vocab, max_pos, source, *, rope, eps, tied=False,

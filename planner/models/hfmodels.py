@@ -15,7 +15,8 @@ and profiles that like any other. The model file builds the model with random we
 Attention runs through torch's scaled_dot_product_attention with no mask, i.e. causal:
 the sequences are whole, unpadded. The model's own forward() stays, so `profile`
 checks the chain against it. Families: llama, qwen2, qwen3 (its per-head q and k norms inside the
-layer), mistral, gemma, gpt2, phi3, olmo2, starcoder2, granite and cohere (Granite's embedding and
+layer), mistral, gemma, gemma3_text (its local and global layers each given its own rotary tables), smollm3,
+gpt2, phi3, olmo2, starcoder2, granite and cohere (Granite's embedding and
 logit multipliers and Cohere's logit scale, applied in their forward(), applied here too), and the
 mixture-of-experts mixtral, qwen2_moe, phimoe, qwen3_moe, olmoe, granitemoe, deepseek_v2 and deepseek_v3 (latent
 attention; their experts follow the contract in planner/runtime/routing.py, so the profile records their routing and
@@ -38,7 +39,7 @@ from planner.models.families import BUILT_FAMILIES, GATED_TYPES, GPT_TYPES, MOE_
 
 FAMILIES = BUILT_FAMILIES
 ROTARY = ("llama", "qwen2", "qwen3", "mistral", "gemma", "mixtral", "qwen2_moe", "phi3", "olmo2", "starcoder2", "granite",
-          "cohere", "phimoe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v2", "deepseek_v3")
+          "cohere", "phimoe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v2", "deepseek_v3", "gemma3_text", "smollm3")
 GRANITE = ("granite", "granitemoe")  # the families with Granite's embedding and logit multipliers
 # the mixtures of experts: transformers 5.24 runs their experts through torch's grouped matmul
 # (integrations/moe.py grouped_mm_experts_forward), whose fake kernel takes bfloat16 only
@@ -111,6 +112,8 @@ _SIZES = {
     "qwen2_moe": (*_DECODER_SIZES, "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                   "shared_expert_intermediate_size"),
     "deepseek_v2": _DEEPSEEK_SIZES, "deepseek_v3": _DEEPSEEK_SIZES,
+    # Gemma 3: its local layers' window too (Gemma3TextConfig's default 4096, Gemma 3's published 1024 and 512)
+    "gemma3_text": (*_DECODER_SIZES, "head_dim", "sliding_window"), "smollm3": _DECODER_SIZES,
 }
 # sizes that may be absent (their absence means what the config format says: as many key and value
 # heads as query heads, GPT-2's 4 x n_embd MLP, no window), but are positive whole numbers if given
@@ -330,7 +333,10 @@ class CausalLMPipeline(nn.Module):
             self.embed = Embedding(body.embed_tokens, _embedding_scale(hf, body, family),
                                    getattr(body, "embedding_dropout", 0.0))
             self.head = Head(body.norm, hf.lm_head, _logit_scale(hf.config, family))
-            self.layers = nn.ModuleList(Decoder(block, copy.deepcopy(body.rotary_emb)) for block in blocks)
+            # Gemma 3's rotary module takes the layer's kind (its local and global layers' own bases)
+            kinds = getattr(hf.config, "layer_types", None) if family == "gemma3_text" else None
+            self.layers = nn.ModuleList(Decoder(block, copy.deepcopy(body.rotary_emb), kinds[i] if kinds else None)
+                                        for i, block in enumerate(blocks))
 
     def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
         return [("embed", self.embed), *((f"layers.{i}", layer) for i, layer in enumerate(self.layers)),
@@ -392,17 +398,19 @@ class Decoder(nn.Module):
     """One decoder layer on whole causal sequences; with `rotary`, the position embeddings
     the layer needs are computed here from the positions 0..seq-1."""
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module | None = None):
+    def __init__(self, layer: nn.Module, rotary: nn.Module | None = None, layer_type: str | None = None):
         super().__init__()
         self.layer = layer
         self.rotary = rotary
+        self.layer_type = layer_type
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.rotary is None:
             out = self.layer(hidden)
         else:
             positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-            out = self.layer(hidden, position_embeddings=self.rotary(hidden, positions), position_ids=positions)
+            tables = self.rotary(hidden, positions, *((self.layer_type,) if self.layer_type else ()))
+            out = self.layer(hidden, position_embeddings=tables, position_ids=positions)
         return out[0] if isinstance(out, tuple) else out
 
 

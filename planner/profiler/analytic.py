@@ -490,4 +490,5 @@ def assumptions(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None, layers: l
                             "holds a copy and the cost model charges the gradient's all-reduce between the stages")
                            if arch.tie_word_embeddings else "untied",
         **analytic_notes.moe_assumptions(arch, shape), **analytic_notes.mla_assumptions(arch),
+        **({"left_out": arch.left_out} if arch.left_out else {}),  # a multimodal config's vision tower
     }

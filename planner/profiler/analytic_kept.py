@@ -44,6 +44,15 @@ def _norm_terms(arch: Arch, shape: Shape, which: str) -> list[Term]:
     ]
 
 
+def _post_norm_terms(arch: Arch, shape: Shape, which: str) -> list[Term]:
+    """Gemma 3's norm on the attention's or the MLP's output before the residual add (Arch.post_norms): its input,
+    the output projection's output, and 1/rms, as any fused norm keeps (the output goes to the add, which keeps
+    nothing)."""
+    if not arch.post_norms:
+        return []
+    return [Term(f"post-{term.what}", term.num_bytes, term.source) for term in _norm_terms(arch, shape, which)]
+
+
 def _attention_core_terms(arch: Arch, shape: Shape, out_width: int) -> list[Term]:
     """What attention itself keeps beyond Q, K and V: scores (eager) or statistics (flash),
     and the output projection's input (`out_width` per token on this device)."""
@@ -192,10 +201,12 @@ def llama_block_terms(arch: Arch, shape: Shape, *, moe: bool | None = None) -> l
     return [
         *_norm_terms(arch, shape, "attention"),
         *(mla_terms(arch, shape) if arch.mla else gqa_terms(arch, shape)),
+        *_post_norm_terms(arch, shape, "attention"),
         *residual_dropout_terms(arch, shape, "attention"),
         *_norm_terms(arch, shape, "MLP"),
         Term("MLP input (norm output), shared by gate and up", sb * h * d // r, f"{KORTHIKANTI}: MLP input 2sbh"),
         *mlp,
+        *_post_norm_terms(arch, shape, "MLP"),
         *residual_dropout_terms(arch, shape, "MLP"),
     ]
 

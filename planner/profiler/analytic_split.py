@@ -64,7 +64,8 @@ def mlp_groups(arch: Arch, *, moe: bool) -> int:
 def block_param_groups(arch: Arch, *, moe: bool) -> dict[str, int]:
     """Per part of a decoder block, the parameter groups torch 2.13's stage_backward_weight makes
     (one torch.autograd.grad call each): {"attention", "mlp", "norms"}."""
-    return {"attention": attention_groups(arch), "mlp": mlp_groups(arch, moe=moe), "norms": NORMS}
+    return {"attention": attention_groups(arch), "mlp": mlp_groups(arch, moe=moe),
+            "norms": NORMS + (2 if arch.post_norms else 0)}  # Gemma 3's post-attention and post-MLP norms
 
 
 def region_groups(arch: Arch, part: str, *, moe: bool) -> int:

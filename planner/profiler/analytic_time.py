@@ -195,8 +195,9 @@ def block_work(arch, shape, *, moe: bool = False) -> tuple[Work, Work, Work]:
                  Counter(layer_norm=2 * LAYERNORM_BWD * rows * h + residual))
         biases = 2 * BIAS_SUM * T * h
     else:
-        norms = (Counter(norm=2 * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows)),
-                 Counter(norm=2 * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows) + residual))
+        count = formulas.block_norms(arch)  # two, or Gemma 3's four
+        norms = (Counter(norm=count * (NORM_FWD * rows * h + NORM_FWD_TOKEN * rows)),
+                 Counter(norm=count * (NORM_BWD * rows * h + NORM_BWD_TOKEN * rows) + residual))
         biases = 0
     # the two residual dropouts where the model drops (the attention probabilities' under eager: _attention)
     dropouts = (2 * DROPOUT_FWD * T * h, 2 * DROPOUT_BWD * T * h) if arch.drops_residual else (0, 0)
@@ -289,7 +290,7 @@ def norm_weight_grad_bytes(arch, shape) -> int:
         return 0
     T, h = shape.tokens, arch.hidden_size
     rows = T // shape.sp_div
-    norms = [(rows * h, h), (rows * h, h)]  # each norm module: (elements it runs on, its weight's width)
+    norms = [(rows * h, h)] * formulas.block_norms(arch)  # each norm module: (elements it runs on, its weight's width)
     if arch.mla:
         norms += [(T * arch.kv_lora_rank, arch.kv_lora_rank)] + ([(T * arch.q_lora_rank, arch.q_lora_rank)]
                                                                  if arch.q_lora_rank else [])
@@ -308,6 +309,10 @@ def _recompute(arch, shape, fwd: Work, *, moe: bool) -> Work:
         residual, tail = ADD * (shape.tokens // shape.sp_div) * arch.hidden_size, analytic_moe.early_stop_bytes(arch, shape)
         return work(fwd.flops, fwd.bytes - residual - tail, [k for k, n in fwd.kernels for _ in range(n)],
                     classed=Counter(dict(fwd.classed)) - Counter(elementwise=residual, activation=tail))
+    if not skipped and arch.post_norms and not arch.drops_residual:  # the rerun stops at the post-MLP norm
+        residual = ADD * (shape.tokens // shape.sp_div) * arch.hidden_size
+        return work(fwd.flops, fwd.bytes - residual, [k for k, n in fwd.kernels for _ in range(n)],
+                    classed=Counter(dict(fwd.classed)) - Counter(elementwise=residual))
     if not skipped:
         return fwd
     last = Kernel("matmul", skipped)

@@ -110,7 +110,13 @@ def block_params(arch: Arch, shape: Shape, *, moe: bool | None = None) -> int:
         qkv_out = q_width(arch, shape) + 2 * kv_width(arch, shape)
         qk_norm = 2 * 2 * arch.head_size if arch.qk_norm else 0  # q and k LayerNorms (TENorm): weight + bias each
         return h * qkv_out + q_width(arch, shape) * h + 2 * h * f + qkv_out + f + 2 * h + 2 * 2 * h + qk_norm
-    return attention_params(arch, shape) + mlp_params(arch, shape, moe=moe) + 2 * h  # two RMSNorm weights
+    return attention_params(arch, shape) + mlp_params(arch, shape, moe=moe) + block_norms(arch) * h  # RMSNorm weights
+
+
+def block_norms(arch: Arch) -> int:
+    """A LLaMA-style block's RMSNorms over the hidden state: before attention and before the MLP, and Gemma 3's
+    two more on their outputs (Arch.post_norms: post_attention_layernorm, post_feedforward_layernorm)."""
+    return 4 if arch.post_norms else 2
 
 
 def attention_params(arch: Arch, shape: Shape) -> int:
@@ -234,7 +240,7 @@ def block_recompute_flops(arch: Arch, shape: Shape, *, moe: bool | None = None) 
     output is added last (Hugging Face's DeepseekV2Moe/DeepseekV3MoE), and reruns everything
     where no shared expert follows (Mixtral, Qwen3-MoE) or a gate's product keeps the shared
     output (Qwen2-MoE)."""
-    if arch.drops_residual:
+    if arch.drops_residual or arch.post_norms:  # Gemma 3's post-MLP norm keeps the down projection's output
         return block_flops(arch, shape)
     sb, h, t = shape.tokens, arch.hidden_size, shape.tp
     if not _is_moe(arch, moe):

@@ -32,25 +32,41 @@ from planner.profiler.formulas import Shape, kv_width, q_width
 
 TRANSFORMERS = "transformers 5.24.0"
 EAGER_NORM_EXTRA = 4  # bytes an element: fp32 copy (4) and normalised bf16 (2) against the bf16 input (2)
+# Gemma's norm (GemmaRMSNorm, Gemma3RMSNorm: `self._norm(x.float()) * (1.0 + self.weight.float())`, then
+# `.type_as(x)`; models/gemma3/modeling_gemma3.py 125-133): the fp32 copy (4) and the fp32 normalised output the
+# scale's product saves (4) against the bf16 input (2), and the product's other factor, 1 + weight in fp32
+GEMMA_NORM_EXTRA, GEMMA_NORM_WEIGHT = 6, 4
 
 
-def _norm_widths(arch: Arch, shape: Shape) -> list[tuple[str, int]]:
-    widths = [("attention norm", arch.hidden_size), ("MLP norm", arch.hidden_size)]
+def _norm_widths(arch: Arch, shape: Shape) -> list[tuple[str, int, int]]:
+    """Each norm of a block: (name, elements a token, its weight's width)."""
+    h = arch.hidden_size
+    widths = [("attention norm", h, h), ("MLP norm", h, h)]
+    if arch.post_norms:  # Gemma 3's post_attention_layernorm and post_feedforward_layernorm
+        widths += [("post-attention norm", h, h), ("post-MLP norm", h, h)]
     if arch.mla:
-        widths += [(f"latent norm of width {rank}", rank) for rank in (arch.q_lora_rank, arch.kv_lora_rank) if rank]
+        widths += [(f"latent norm of width {rank}", rank, rank) for rank in (arch.q_lora_rank, arch.kv_lora_rank) if rank]
     elif arch.qk_norm:
-        widths += [("q norm", q_width(arch, shape)), ("k norm", kv_width(arch, shape))]
+        widths += [("q norm", q_width(arch, shape), arch.head_size), ("k norm", kv_width(arch, shape), arch.head_size)]
     return widths
+
+
+def _norm_term(arch: Arch, name: str, elements: int, width: int) -> Term:
+    """One eager norm's bytes beyond the fused norm's input and statistics, over `elements` of `width` each."""
+    if arch.fp32_norm_scale:
+        return Term(f"{name}: eager fp32 copy, fp32 normalised output and 1 + weight",
+                    GEMMA_NORM_EXTRA * elements + GEMMA_NORM_WEIGHT * width,
+                    f"{TRANSFORMERS} Gemma3RMSNorm.forward: fp32 through the (1 + weight) scale")
+    return Term(f"{name}: eager fp32 copy and normalised output", EAGER_NORM_EXTRA * elements,
+                f"{TRANSFORMERS} RMSNorm.forward: fp32 copy and normalised bf16 kept, not the bf16 input")
 
 
 def extra_terms(arch: Arch, shape: Shape) -> list[Term]:
     """What a transformers eager block keeps beyond analytic_kept.block_terms (the module docstring), bf16,
     no tensor parallelism."""
     tokens, d = shape.tokens, shape.d
-    norm = f"{TRANSFORMERS} RMSNorm.forward: fp32 copy and normalised bf16 kept, not the bf16 input"
-    terms = [Term(f"{name}: eager fp32 copy and normalised output", EAGER_NORM_EXTRA * tokens * width, norm)
-             for name, width in _norm_widths(arch, shape)]
-    if arch.rotates or arch.mla:
+    terms = [_norm_term(arch, name, tokens * width, weight) for name, width, weight in _norm_widths(arch, shape)]
+    if arch.rotates or arch.mla:  # a NoPE layer (SmolLM3's) rotates nothing
         width = arch.qk_rope_head_dim if arch.mla else arch.head_size
         terms.append(Term("rotary cos and sin tables (the products save them)", 2 * tokens * width * d,
                           f"{TRANSFORMERS} apply_rotary_pos_emb"))
