@@ -48,7 +48,9 @@ def test_unfused_accumulation_adds_4_bytes_a_weight_a_microbatch_and_none_for_th
     # GEMM writes the bf16 gradient (2): 12 B where the fused GEMM's epilogue reads and writes 4 + 4
     assert jobsettings.unfused_accumulation_ms(block, profile, unfused) == pytest.approx(BLOCK * 4 / HBM * 1e3)
     assert jobsettings.unfused_accumulation_ms(head, profile, unfused) == pytest.approx(HEAD * 4 / HBM * 1e3)
-    assert jobsettings.unfused_accumulation_ms(embedding, profile, unfused) == 0.0  # a lookup: no wgrad GEMM
+    # the analytic embedding's tables (tokens and learned positions) are its lookups': no wgrad GEMM
+    assert embedding.lookup_param_count == embedding.param_count == V * H + POS * H
+    assert jobsettings.unfused_accumulation_ms(embedding, profile, unfused) == 0.0
     assert jobsettings.unfused_accumulation_ms(block, profile, _setup()) == 0.0  # fused (the default)
 
 
