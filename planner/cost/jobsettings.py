@@ -6,7 +6,7 @@ settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-L
   microbatch, each weight's bf16 gradient added into main_grad by DDP's hook (copied into its bucket
   by Megatron-FSDP's), a kernel of its own: hook_bytes a weight less the `.grad` add the profile
   charged where it timed one (beyond_profile_bytes: 4 B at the record's bf16 gradient and fp32
-  main_grad, the record's `unfused_wgrad_bytes`), at the HBM's rate. Embedding tables
+  main_grad, the record's `unfused_wgrad_bytes`), at the profile's elementwise rate (§412). Embedding tables
   (the profile's lookup_param_count) are not linears: their gradients take that path with or
   without the setting, charged so (embedding_hook_add_ms).
 - the logging reads (--log-params-norm, --log-num-zeros-in-grad): once a step, each over the rank's
@@ -100,9 +100,10 @@ def beyond_profile_bytes(profile: Profile, setup: TrainSetup) -> int:
 def unfused_accumulation_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
     """ms per microbatch the layer's unfused weight-gradient accumulation adds to its backward (beyond_profile_bytes
     a weight), a tied head's weight on one stage left out (its gradient meets the embedding's in autograd's add,
-    then one hook add, charged on the embedding: embedding_hook_add_ms); 0 where the setup keeps the fused path or
-    the profile names no HBM bandwidth (a measured step)."""
-    tbps = _hbm_tbps(profile)
+    then one hook add, charged on the embedding: embedding_hook_add_ms); at the profile's elementwise rate (the
+    eager add's class, hpgrads.elementwise_tbps: Liger-Kernel's elementwise sweeps, membound.py), the rate the
+    profile times the accumulation at; 0 where the setup keeps the fused path or the profile names no rate."""
+    tbps = elementwise_tbps(profile)
     if not setup.training.unfused_grad_accumulation or tbps is None:
         return 0.0
     shared = layer.shared_before if setup.pipeline.stages == 1 else 0
