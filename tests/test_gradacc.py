@@ -171,3 +171,21 @@ def test_a_measured_layers_tables_are_its_lookups_parameters():
     frozen = nn.Embedding(10, 4)
     frozen.weight.requires_grad_(False)
     assert lookup_param_count(nn.Sequential(frozen, nn.Linear(4, 4))) == 0
+
+
+def test_zero3_offload_takes_each_partitions_fp64_norm_once_a_step(monkeypatch):
+    # v0.6.2 at the boundary under offload_optimizer: the 2.5M-element partition (10M / 4) cast to fp64 (read 2, write
+    # 8) and its norm read (8): 45 MB, once a step whatever the microbatches; the head's table is the embedding's
+    setup = _setup("deepspeed", zero=3, dp=4, offload=True)
+    assert _by_layer(deepspeed_grads.offload_norm_ms, setup) == pytest.approx(
+        {"embed": 45 * MB / 1e9, "block": 45 * MB / 1e9, "head": 0.0})
+    # the optimizer on the GPU, ZeRO 2, or another runtime: no such norm
+    for other in (_setup("deepspeed", zero=3, dp=4), _setup("deepspeed", zero=2, dp=4, offload=True),
+                  _setup("torchtitan", zero=3, dp=4, offload=True)):
+        assert set(_by_layer(deepspeed_grads.offload_norm_ms, other).values()) == {0.0}
+    # evaluate: the iteration grows by the two layers' norms once, not by the microbatches
+    plan = [StagePlan(index=0, layers=["embed", "block", "head"])]
+    with_norm = costmodel.evaluate(plan, _profile(), setup).iteration_ms
+    monkeypatch.setattr(deepspeed_grads, "offload_norm_ms", lambda layer, profile, setup: 0.0)
+    without = costmodel.evaluate(plan, _profile(), setup).iteration_ms
+    assert with_norm - without == pytest.approx(2 * 45 * MB / 1e9)
