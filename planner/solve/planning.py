@@ -38,8 +38,8 @@ class Unplanned:
                 return told
             return (f"{told}, which bounds the baselines and the search together: here each plan is judged by the "
                     "allocator's replay of its every stage, so each baseline and each of the search's solves under "
-                    "caps costs seconds, minutes on a large model (Mistral-Small-24B on 8 stages: 240 s), or state "
-                    "--fragmentation F to judge the fit by that fraction of the reserve instead, with no replay")
+                    "caps costs seconds, and a large model needs minutes (Mistral-Small-24B on 8 stages at 80GB "
+                    "found its plan at --time-limit 240)")
         if self.status == "error":
             return ("the MILP solver (HiGHS) failed numerically before it found a plan, and no baseline fits to "
                     "fall back on; try --solver dp where the schedule has one stage per rank, or other caps")
