@@ -273,3 +273,20 @@ def test_no_checkpointing_is_fastest_and_full_is_smallest_of_the_even_splits():
     assert by_name["full-ckpt"].iteration_ms > by_name["no-ckpt"].iteration_ms
     assert all(f <= n for f, n in zip(by_name["full-ckpt"].peak_bytes_per_stage,
                                       by_name["no-ckpt"].peak_bytes_per_stage))
+
+
+def test_baselines_choosing_one_plan_are_scored_once(monkeypatch):
+    # eight identical blocks that fit only fully checkpointed: full-ckpt, colossalai-ratio and megatron-block all
+    # choose every layer checkpointed on the even split, one plan, so evaluate (each stage's replay) runs for it once
+    p = blocks_profile()
+    tight = setup(2, caps=[int(4 * MIB + 4 * 2 * MIB + 10 * MIB + 64 * MIB)] * 2)
+    expected = baselines.all_baselines(p, tight)
+    plans = {name: tuple(st.model_dump_json(exclude={"predicted"}) for st in r.stages)
+             for name, r in zip(baselines.BASELINES, expected)}
+    calls = []
+    real = costmodel.evaluate
+    monkeypatch.setattr(costmodel, "evaluate", lambda stages, profile, setup: calls.append(1) or real(stages, profile,
+                                                                                                      setup))
+    again = baselines.all_baselines(p, tight)
+    assert len(calls) == len(set(plans.values())) < len(baselines.BASELINES)
+    assert again == expected  # each baseline's figures as scored alone

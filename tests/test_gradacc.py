@@ -30,7 +30,7 @@ def _profile(source: str = "analytic") -> Profile:
         return LayerProfile(name=name, kind=kind, fwd_ms=1.0, bwd_ms=2.0, fwd_ms_min=1.0, fwd_ms_max=1.0,
                             bwd_ms_min=2.0, bwd_ms_max=2.0, act_bytes=1 << 20, input_bytes=1 << 10,
                             output_bytes=1 << 10, param_count=PARAMS, param_bytes=2 * PARAMS, transient_bytes=0,
-                            wgrad_accumulate_ms=accumulate_ms)
+                            wgrad_accumulate_ms=accumulate_ms, lookup_param_count=PARAMS if name == "embed" else 0)
 
     return Profile(name="toy", created_at="now", torch_version="x", device=DeviceInfo(type="cuda", name="a100"),
                    dtype="bfloat16", micro_batch_size=1, model=FileRef(file="m.py", sha256="0" * 64), source=source,
@@ -102,9 +102,90 @@ def test_megatrons_hook_adds_an_embeddings_gradient_into_main_grad_with_or_witho
 
 def test_unfused_a_tied_heads_weight_on_one_stage_is_added_once_by_the_embeddings_hook():
     # one stage: the head's bf16 gradient meets the embedding's in autograd's add, then one hook add (the embedding's);
-    # two stages: the head's copy is its own parameter, its hook adds it (4 B x 10M at the HBM's 2 TB/s)
+    # two stages: the head's copy is its own parameter, its hook adds it (4 B x 10M at the elementwise 1 TB/s, the
+    # rate the profile timed its .grad add at, not the HBM's 2 TB/s)
     one = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", unfused_grad_accumulation=True))
-    assert one == {"embed": 0.0, "block": pytest.approx(20 * MB / 1e9), "head": 0.0}
+    assert one == {"embed": 0.0, "block": pytest.approx(40 * MB / 1e9), "head": 0.0}
     two = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", zero=1, stages=2,
                                                                 unfused_grad_accumulation=True))
-    assert two["head"] == pytest.approx(20 * MB / 1e9)
+    assert two["head"] == pytest.approx(40 * MB / 1e9)
+
+
+def _untimed(profile: Profile) -> Profile:
+    """The toy profile as --mfu makes it: timed by FLOPs alone, no .grad add in any backward."""
+    return profile.model_copy(update={"assumptions": {**profile.assumptions, "mfu": 0.4},
+                                      "layers": [layer.model_copy(update={"wgrad_accumulate_ms": 0.0})
+                                                 for layer in profile.layers]})
+
+
+def test_the_hook_add_is_charged_whole_where_the_profile_timed_no_grad_add():
+    # --mfu: the profile's backward has no 6 B .grad add, so the hook's 10 B (read 2 + 4, write 4) are all beyond it
+    untimed = _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron"), _untimed(_profile()))
+    assert untimed == {"embed": pytest.approx(100 * MB / 1e9), "block": 0.0, "head": 0.0}
+    # --grad-reduce-in-bf16 under --mfu: main_grad bf16, read 2 + 2, write 2 = 6 B, none of them timed
+    bf16 = _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron", grad_reduce_bf16=True), _untimed(_profile()))
+    assert bf16["embed"] == pytest.approx(60 * MB / 1e9)
+    # a fake profile's backward runs into a .grad made before it (fake.py): timed, 4 B beyond
+    fake = _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron"), _profile("fake"))
+    assert fake["embed"] == pytest.approx(40 * MB / 1e9)
+    # the unfused linears likewise: 10 B a weight under --mfu, at the elementwise rate
+    unfused = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", unfused_grad_accumulation=True),
+                        _untimed(_profile()))
+    assert unfused == {"embed": 0.0, "block": pytest.approx(100 * MB / 1e9), "head": 0.0}
+
+
+def test_megatron_fsdp_copies_the_gradient_into_its_bucket():
+    # Megatron-FSDP's sharded gradient buffer: main_grad.copy_(grad), read 2, write 4 (fp32) = 6 B, the profile's own
+    # 6 B: nothing beyond; under --grad-reduce-in-bf16 read 2, write 2 = 4 B, 2 B under the profile's add
+    fsdp = _setup("megatron", zero=3, dp=4)
+    assert _by_layer(jobsettings.embedding_hook_add_ms, fsdp)["embed"] == 0.0
+    bf16 = _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron", zero=3, dp=4, grad_reduce_bf16=True))
+    assert bf16["embed"] == pytest.approx(-20 * MB / 1e9)
+    unfused = _by_layer(jobsettings.unfused_accumulation_ms, _setup("megatron", zero=3, dp=4, grad_reduce_bf16=True,
+                                                                     unfused_grad_accumulation=True))
+    assert unfused["block"] == pytest.approx(-20 * MB / 1e9)
+    # the record's 4 B is the DDP add's at its own dtypes on a timed profile
+    assert jobsettings.beyond_profile_bytes(_profile(), _setup("megatron")) == 4
+
+
+def test_the_table_is_found_by_the_profiles_flag_not_by_its_kinds_name():
+    # a user's model may call its lookup anything: the profile's lookup_param_count says which layer holds a table
+    renamed = _profile().model_copy(update={"layers": [
+        layer.model_copy(update={"kind": "TokenMixer" if layer.name == "embed" else layer.kind})
+        for layer in _profile().layers]})
+    assert _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron"), renamed)["embed"] == pytest.approx(
+        40 * MB / 1e9)
+    # a layer whose kind says "embedding" but which holds no table (a learned projection) is a linear's
+    misnamed = _profile().model_copy(update={"layers": [
+        layer.model_copy(update={"kind": "patch_embedding" if layer.name == "block" else layer.kind})
+        for layer in _profile().layers]})
+    assert _by_layer(jobsettings.embedding_hook_add_ms, _setup("megatron"), misnamed)["block"] == 0.0
+
+
+def test_a_measured_layers_tables_are_its_lookups_parameters():
+    from torch import nn
+
+    from planner.profiler.kinds import lookup_param_count
+    # nn.Embedding's 10 x 4 and nn.EmbeddingBag's 6 x 4; the linear's 4 x 4 + 4 are a GEMM's
+    assert lookup_param_count(nn.Sequential(nn.Embedding(10, 4), nn.EmbeddingBag(6, 4), nn.Linear(4, 4))) == 64
+    frozen = nn.Embedding(10, 4)
+    frozen.weight.requires_grad_(False)
+    assert lookup_param_count(nn.Sequential(frozen, nn.Linear(4, 4))) == 0
+
+
+def test_zero3_offload_takes_each_partitions_fp64_norm_once_a_step(monkeypatch):
+    # v0.6.2 at the boundary under offload_optimizer: the 2.5M-element partition (10M / 4) cast to fp64 (read 2, write
+    # 8) and its norm read (8): 45 MB, once a step whatever the microbatches; the head's table is the embedding's
+    setup = _setup("deepspeed", zero=3, dp=4, offload=True)
+    assert _by_layer(deepspeed_grads.offload_norm_ms, setup) == pytest.approx(
+        {"embed": 45 * MB / 1e9, "block": 45 * MB / 1e9, "head": 0.0})
+    # the optimizer on the GPU, ZeRO 2, or another runtime: no such norm
+    for other in (_setup("deepspeed", zero=3, dp=4), _setup("deepspeed", zero=2, dp=4, offload=True),
+                  _setup("torchtitan", zero=3, dp=4, offload=True)):
+        assert set(_by_layer(deepspeed_grads.offload_norm_ms, other).values()) == {0.0}
+    # evaluate: the iteration grows by the two layers' norms once, not by the microbatches
+    plan = [StagePlan(index=0, layers=["embed", "block", "head"])]
+    with_norm = costmodel.evaluate(plan, _profile(), setup).iteration_ms
+    monkeypatch.setattr(deepspeed_grads, "offload_norm_ms", lambda layer, profile, setup: 0.0)
+    without = costmodel.evaluate(plan, _profile(), setup).iteration_ms
+    assert with_norm - without == pytest.approx(2 * 45 * MB / 1e9)

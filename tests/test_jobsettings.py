@@ -46,9 +46,14 @@ def test_unfused_accumulation_adds_4_bytes_a_weight_a_microbatch_and_none_for_th
     unfused = _setup(unfused_grad_accumulation=True)
     # the DDP hook's add reads the bf16 gradient (2) and the fp32 main_grad (4) and writes it (4), and the
     # GEMM writes the bf16 gradient (2): 12 B where the fused GEMM's epilogue reads and writes 4 + 4
-    assert jobsettings.unfused_accumulation_ms(block, profile, unfused) == pytest.approx(BLOCK * 4 / HBM * 1e3)
-    assert jobsettings.unfused_accumulation_ms(head, profile, unfused) == pytest.approx(HEAD * 4 / HBM * 1e3)
-    assert jobsettings.unfused_accumulation_ms(embedding, profile, unfused) == 0.0  # a lookup: no wgrad GEMM
+    # at the rate the profile times its eager .grad add at (the elementwise class's), not the HBM's
+    rate = profile.assumptions["membound_tbps"]["by_class"]["elementwise"] * 1e12
+    assert rate < HBM
+    assert jobsettings.unfused_accumulation_ms(block, profile, unfused) == pytest.approx(BLOCK * 4 / rate * 1e3)
+    assert jobsettings.unfused_accumulation_ms(head, profile, unfused) == pytest.approx(HEAD * 4 / rate * 1e3)
+    # the analytic embedding's tables (tokens and learned positions) are its lookups': no wgrad GEMM
+    assert embedding.lookup_param_count == embedding.param_count == V * H + POS * H
+    assert jobsettings.unfused_accumulation_ms(embedding, profile, unfused) == 0.0
     assert jobsettings.unfused_accumulation_ms(block, profile, _setup()) == 0.0  # fused (the default)
 
 
@@ -216,7 +221,8 @@ def test_evaluate_charges_them_per_microbatch_and_per_step(tiny_path):
     # and Megatron's own cross-entropy's fp32 copy of the logits and the gradient's cast back (4 + 2 B a logit,
     # planner/cost/megatron_loss.py), NaN-filled first
     fill += POS * V * (4 + 2)
-    per_microbatch = (weights * 4 + fill) / HBM * 1e3
+    elementwise = io.load_profile(tiny_path).assumptions["membound_tbps"]["by_class"]["elementwise"] * 1e12
+    per_microbatch = weights * 4 / elementwise * 1e3 + fill / HBM * 1e3  # the hook's adds at the .grad add's rate
     per_step = (weights + (V * H + POS * H)) * 2 * 4 / 2 / HBM * 1e3  # the logging reads cover every parameter
     # the host's share (planner/cost/hosttime.py, tests/test_hosttime_step.py), the tiny passes host-bound on H100's
     # host: unfused, the DDP hook adds main_grad on the GEMMs' weights too (0.18 against 0.04 Linear forwards a

@@ -15,7 +15,7 @@ from planner import io
 from planner.cost import costmodel
 from planner.models import synthetic
 from planner.schema import AllocRecord, DeviceInfo, TrainSetup
-from planner.solve import replaycuts, replayfit, search
+from planner.solve import planning, replaycuts, replayfit, search
 
 MIB = 1 << 20
 # parameter copies of 10 MiB + 524 B: each a 12 MiB segment whose 2 MiB tail nothing later fits (test_solvefit's
@@ -149,3 +149,23 @@ def test_solve_says_what_the_cut_status_proves(tmp_path, profile):
     told = " ".join(run_ok(*args).output.split())
     assert "'optimal' holds against the replay, over the checkpoint sets the DP weighs" in told
     assert io.load_plan(tmp_path / "plan.yaml").solver.replay == "cut"
+
+
+def test_a_search_over_caps_cut_by_the_deadline_says_so_not_that_none_fits(profile):
+    """The relaxed rows' plan is over by the replay, and the next solve meets the deadline: the search found no
+    plan in its time, which is not a proof that none fits (it said "infeasible", and solve "no plan fits the caps")."""
+    setup = _setup(918)
+    relaxed = replayfit.relaxed_caps(profile, setup)
+    evaluate = lambda s: costmodel.evaluate(s, profile, setup)  # noqa: E731
+    first = replaycuts.fastest_fitting(profile, setup, relaxed, known=None, upper_bound_ms=None, evaluate=evaluate,
+                                       deadline=search.Deadline(None), max_rounds=1).first
+    searched = replayfit.search_caps(setup, relaxed, lambda caps, bar, first: search.NoFit("timeout", 60.0, "dp"),
+                                     evaluate=evaluate, least_memory=lambda: None, known_ms=None, elapsed_s=lambda: 60.0,
+                                     first=first)
+    assert isinstance(searched, search.NoFit) and searched.status == "timeout"
+    told = " ".join(planning.Unplanned("timeout", None, 60.0).message(setup).split())
+    assert "raise --time-limit, which bounds the baselines and the search together" in told
+    assert "each of the search's solves under caps costs seconds" in told
+    # where no replay judges the fit (a stated --fragmentation), the sentence is the plain one
+    plain = _setup(918).model_copy(update={"pipeline": setup.pipeline.model_copy(update={"fragmentation": 0.1})})
+    assert planning.Unplanned("timeout", None, 60.0).message(plain).endswith("; raise --time-limit")

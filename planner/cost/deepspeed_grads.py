@@ -17,7 +17,8 @@ instead, a parameter a microbatch:
   then the record's `partition_check_bytes`: v0.6.2 tests each partition for inf and NaN there (`torch.isinf(...)
   .any()`, `torch.isnan(...).any()`, 1676-1677: each reads the partition and writes, then reads, a bool per element).
 
-The pre-divide before the reduce-scatter is deepspeed_step.prepass_ms; the reduce-scatter itself dataparallel's; the
+Under the optimizer's offload, at the step's last microbatch, each partition's fp64 norm (offload_norm_ms, once a
+step). The pre-divide before the reduce-scatter is deepspeed_step.prepass_ms; the reduce-scatter itself dataparallel's; the
 offloaded copy to the host deepspeed_waits'. Charged at the profile's elementwise rate (hpgrads.elementwise_tbps),
 net of the profile's accumulation: the term is negative, and a layer's busy time stays its backward's less its own
 accumulation, above 0. Only where the profile timed that accumulation (an analytic profile without --mfu: its
@@ -35,6 +36,7 @@ from planner.schema import Profile, TrainSetup
 BUCKET_COPY = 2  # new_grad_tensor.copy_(param.grad): read the gradient, write its slot of the bucket
 PARTITION_COPY = 2  # grad_buffer.copy_(grad_partition): read, write
 PARTITION_ADD = 3  # grad_buffer.add_(grad_partition): read both, write one
+FP64_BYTES = 8  # part.data.double(): the partition cast to fp64
 
 
 def timed_accumulation(profile: Profile) -> bool:
@@ -84,11 +86,31 @@ def hooks_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
     return moved / (tbps * 1e12) * 1e3
 
 
-# the row planner/cost/terms.py adds to its TERMS (name, quantity, where, value, source)
+def offload_norm_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
+    """ms once a step of the fp64 norm ZeRO 3 takes of each gradient partition at the accumulation boundary under the
+    optimizer's offload (docs/framework-facts.md §413): `_constant_buffered_norm2` casts the rank's 1/K of each
+    parameter to fp64 (read the gradient's dtype, write 8 B) and takes its 2-norm (read 8 B), at the profile's
+    elementwise rate; 0 where the record's offloaded partition path is not read (waits_offloaded_grad_copy), ZeRO 3's
+    coordinator does not run, the optimizer stays on the GPU, or the profile names no rate."""
+    tbps = elementwise_tbps(profile)
+    if not (setup.data_parallel.offload and runtimes.of(setup.training).waits_offloaded_grad_copy
+            and deepspeed_terms.runs_zero3(setup)) or tbps is None:
+        return 0.0
+    per_element = dataparallel.param_bytes(setup).grads + FP64_BYTES + FP64_BYTES
+    moved = (layer.param_count - layer.shared_before) / dataparallel.shard_size(setup) * per_element
+    return moved / (tbps * 1e12) * 1e3
+
+
+# the rows planner/cost/terms.py adds to its TERMS (name, quantity, where, value, source)
 ROWS = (
     ("ZeRO 3's gradient hooks in place of the profile's .grad accumulation", "time", "layer",
      lambda layer, ckpt, ctx: hooks_ms(layer, ctx.profile, ctx.setup),
      "DeepSpeed v0.6.2 stage3.py: each gradient copied into the bucket under reduce_bucket_size, its partition copied "
      "or added and checked for inf/NaN (the record's partition_check_bytes), .grad set to None so autograd never adds; "
      "less the profile's accumulation, at the profile's elementwise rate (planner/cost/deepspeed_grads.py, §369-§371)"),
+    ("ZeRO 3's fp64 norm of each gradient partition at the step's boundary under the optimizer's offload", "step",
+     "layer", lambda layer, ckpt, ctx: offload_norm_ms(layer, ctx.profile, ctx.setup),
+     "DeepSpeed v0.6.2 stage3.py 1690-1692 (__partition_grads under offload_optimizer, is_gradient_accumulation_"
+     "boundary), 1591-1598 (_constant_buffered_norm2: part.data.double().norm(2)): read 2, write 8, read 8 B over "
+     "the rank's partition, at the profile's elementwise rate (§413)"),
 )

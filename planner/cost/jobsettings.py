@@ -3,10 +3,12 @@
 settings Megatron-LM's functional tests gpt3_7b_tp*_memory_speed run, Megatron-LM 6e091e1b):
 
 - unfused weight-gradient accumulation (Megatron-LM's --no-gradient-accumulation-fusion): per
-  microbatch, each weight's bf16 gradient added into its fp32 main_grad by a kernel of its own, the
-  record's `unfused_wgrad_bytes` a weight beyond the accumulation the profile charges. Embedding
-  tables are not linears: their gradients take that path with or without the setting, charged so
-  (embedding_hook_add_ms, at the profile's elementwise rate).
+  microbatch, each weight's bf16 gradient added into main_grad by DDP's hook (copied into its bucket
+  by Megatron-FSDP's), a kernel of its own: hook_bytes a weight less the `.grad` add the profile
+  charged where it timed one (beyond_profile_bytes: 4 B at the record's bf16 gradient and fp32
+  main_grad, the record's `unfused_wgrad_bytes`), at the profile's elementwise rate (§412). Embedding tables
+  (the profile's lookup_param_count) are not linears: their gradients take that path with or
+  without the setting, charged so (embedding_hook_add_ms).
 - the logging reads (--log-params-norm, --log-num-zeros-in-grad): once a step, each over the rank's
   optimizer shard, the record's `logged_read_shard_bytes` a parameter.
 - deterministic mode (--deterministic-mode): torch.use_deterministic_algorithms(True) makes every
@@ -46,7 +48,8 @@ charges at the moments that set a stage's peak (docs/published-runs.md §12.megt
 
 from __future__ import annotations
 
-from planner.cost import dataparallel, runtimes
+from planner.cost import dataparallel, megatron_fsdp, runtimes
+from planner.cost.fsdp2work import PROFILE_ACCUMULATE
 from planner.cost.hpgrads import elementwise_tbps
 from planner.cost.layers import LayerCost
 from planner.schema import OPTION_FULL, Profile, TrainSetup
@@ -61,36 +64,63 @@ def _hbm_tbps(profile: Profile) -> float | None:
 
 
 def weight_param_count(layer: LayerCost) -> int:
-    """The layer's parameters whose gradients a linear's wgrad GEMM makes: all but an embedding
-    table's (a block's norms and biases, under 0.1% of it, counted with its linears)."""
-    return 0 if "embedding" in layer.kind.lower() else layer.param_count
+    """The layer's parameters whose gradients a linear's wgrad GEMM makes: all but its embedding tables (the
+    profile's lookup_param_count; a block's norms and biases, under 0.1% of it, counted with its linears)."""
+    return layer.param_count - layer.lookup_param_count
+
+
+def accumulation_timed(profile: Profile) -> bool:
+    """Whether the profile's backward charges each parameter's `.grad` add (PROFILE_ACCUMULATE x the gradient's
+    bytes): a measured or fake profile (each runs its backward into a `.grad` made before it: measure.py, fake.py),
+    an analytic one timed by its roofline (analytic_time.accumulate_ms, embedding_work); not under --mfu, which
+    times FLOPs alone."""
+    return profile.source != "analytic" or profile.assumptions.get("mfu") is None
+
+
+def hook_bytes(setup: TrainSetup) -> int:
+    """Bytes a parameter a microbatch the runtime's hook moves taking a gradient autograd made: Megatron-FSDP
+    (megatron_fsdp.runs: its gradient buffer sharded) copies it into main_grad's bucket (read the gradient, write
+    main_grad: docs/framework-facts.md §411); Megatron-LM's DDP adds it into main_grad (read both, write main_grad:
+    §372). main_grad is the record's gradient dtype (fp32), bf16 under --grad-reduce-in-bf16."""
+    held = dataparallel.param_bytes(setup)
+    main_grad = DTYPE_BYTES["bfloat16"] if setup.training.grad_reduce_bf16 else held.grads
+    return held.weights + (1 if megatron_fsdp.runs(setup) else 2) * main_grad
+
+
+def beyond_profile_bytes(profile: Profile, setup: TrainSetup) -> int:
+    """Bytes a parameter a microbatch the hook moves beyond the `.grad` add the profile's backward charged (none
+    where it timed none: accumulation_timed); negative where the hook moves less (Megatron-FSDP's copy); 0 for a
+    runtime whose record has no such hook (unfused_wgrad_bytes 0: torch's own `.grad` add is the profile's)."""
+    if not runtimes.of(setup.training).unfused_wgrad_bytes:
+        return 0
+    timed = PROFILE_ACCUMULATE * dataparallel.param_bytes(setup).weights if accumulation_timed(profile) else 0
+    return hook_bytes(setup) - timed
 
 
 def unfused_accumulation_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
-    """ms per microbatch the layer's unfused weight-gradient accumulation adds to its backward, a tied head's
-    weight on one stage left out (its gradient meets the embedding's in autograd's add, then one hook add, charged
-    on the embedding: embedding_hook_add_ms); 0 where the setup keeps the fused path or the profile names no HBM
-    bandwidth (a measured step)."""
-    tbps = _hbm_tbps(profile)
+    """ms per microbatch the layer's unfused weight-gradient accumulation adds to its backward (beyond_profile_bytes
+    a weight), a tied head's weight on one stage left out (its gradient meets the embedding's in autograd's add,
+    then one hook add, charged on the embedding: embedding_hook_add_ms); at the profile's elementwise rate (the
+    eager add's class, hpgrads.elementwise_tbps: Liger-Kernel's elementwise sweeps, membound.py), the rate the
+    profile times the accumulation at; 0 where the setup keeps the fused path or the profile names no rate."""
+    tbps = elementwise_tbps(profile)
     if not setup.training.unfused_grad_accumulation or tbps is None:
         return 0.0
     shared = layer.shared_before if setup.pipeline.stages == 1 else 0
-    moved = (weight_param_count(layer) - shared) * runtimes.of(setup.training).unfused_wgrad_bytes
+    moved = (weight_param_count(layer) - shared) * beyond_profile_bytes(profile, setup)
     return moved / (tbps * 1e12) * 1e3
 
 
 def embedding_hook_add_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:
-    """ms per microbatch the DDP hook's add of an embedding table's gradient into main_grad moves beyond the
-    accumulation the profile's backward charges, with the fusion or without (docs/framework-facts.md §372-§374):
-    the lookup's backward hands autograd a bf16 gradient, the hook adds it into the fp32 main_grad (read 2 + 4,
-    write 4) and drops it, the record's unfused_wgrad_bytes beyond the profile's 3 x 2 B, at the profile's
-    elementwise rate, as the profile times that accumulation; 0 for other layers, records whose hook adds nothing
-    (unfused_wgrad_bytes 0), a profile naming no rate, and under --grad-reduce-in-bf16, whose main_grad is bf16
-    (megatron_memflags.py: read 2 + 2, write 2, the profile's own 6 B)."""
+    """ms per microbatch the runtime's hook moves taking the layer's embedding tables' gradients beyond what the
+    profile's backward charges, with the fusion or without (docs/framework-facts.md §372-§374, §411): the lookup's
+    backward hands autograd a bf16 gradient, the hook adds it into main_grad (DDP) or copies it into its bucket
+    (Megatron-FSDP), beyond_profile_bytes a table parameter, at the profile's elementwise rate; 0 for a layer of no
+    table (lookup_param_count 0), records without such a hook, a profile naming no rate."""
     tbps = elementwise_tbps(profile)
-    if weight_param_count(layer) or tbps is None or setup.training.grad_reduce_bf16:
+    if not layer.lookup_param_count or tbps is None:
         return 0.0
-    return layer.param_count * runtimes.of(setup.training).unfused_wgrad_bytes / (tbps * 1e12) * 1e3
+    return layer.lookup_param_count * beyond_profile_bytes(profile, setup) / (tbps * 1e12) * 1e3
 
 
 def logged_reads_ms(layer: LayerCost, profile: Profile, setup: TrainSetup) -> float:

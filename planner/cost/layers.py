@@ -63,6 +63,7 @@ class LayerCost:
     step_ms: tuple[tuple[str, float], ...] = ()  # (optimizer, ms) pairs
     largest_param_count: int = 0  # its largest parameter tensor; 0: not known
     param_tensors: int = 0  # its trained parameter tensors; 0: not known (stepcounts.py)
+    lookup_param_count: int = 0  # of param_count, its embedding lookups' tables (the profile's; 0: none)
     recompute_ms: float | None = None  # None: not measured, a whole forward
     # the parameters it shares with other layers: (parameters, holders) per tied set (rules.tied_sum_ms)
     tied: tuple[tuple[int, int], ...] = ()
@@ -168,6 +169,7 @@ def _layer_costs(profile: Profile) -> list[LayerCost]:
             expert_transient_bytes=max(item.expert_transient_bytes for item in same),
             largest_param_count=max(item.largest_param_count or 0 for item in same),
             param_tensors=max(item.param_tensors for item in same),
+            lookup_param_count=max(item.lookup_param_count for item in same),
             transient_bytes=max(item.transient_bytes for item in same),
             recompute_ms=(None if any(item.recompute_ms is None for item in same)
                           else fmean(item.recompute_ms for item in same)),

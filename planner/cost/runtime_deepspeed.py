@@ -54,7 +54,8 @@ SOURCES = {
                         f"data-parallel group), 1934-1990 / 1614-1641 (the gradients' norm: all_reduce SUM); "
                         f"stage_1_and_2.py 1141, 1824, {DS_V062}",
     "waits_offloaded_grad_copy": f"deepspeed/runtime/zero/stage3.py 1643-1717 (__partition_grads under offload_optimizer: "
-                                 f"fp32_grad_tensor.copy_(grad_buffer), blocking, on the reduce-and-partition stream), "
+                                 f"fp32_grad_tensor.copy_(grad_buffer), blocking, on the reduce-and-partition stream; "
+                                 f"at the boundary first each partition's fp64 norm, 1690-1692: deepspeed_grads), "
                                  f"1469-1546 (called from the gradient hook that issues the bucket's reduce-scatter), "
                                  f"{DS_V062}",
     "offload_step_serial_zero": f"deepspeed/runtime/zero/stage3.py 2300-2315 (step: for each sub-group "

@@ -287,7 +287,9 @@ class RuntimeFacts:
     """Bytes per weight parameter a microbatch the runtime moves beyond the profile's gradient
     accumulation when its fused weight-gradient accumulation is off (Megatron-LM's
     --no-gradient-accumulation-fusion: the bf16 weight gradient added into the fp32 main_grad by its
-    own kernel, where the wgrad GEMM accumulates into it in its epilogue); 0: not read, refused."""
+    own kernel, where the wgrad GEMM accumulates into it in its epilogue); 0: not read, refused. Its
+    figure is at its own dtypes and a profile that timed the `.grad` add; jobsettings.beyond_profile_bytes
+    counts the hook's bytes for the setup (Megatron-FSDP's copy, --grad-reduce-in-bf16, an untimed add)."""
     fills_te_outputs: bool = False
     """Under deterministic mode (torch.use_deterministic_algorithms) the runtime's layers allocate their
     GEMM, norm and attention outputs through aten::empty, which then writes NaN into each first

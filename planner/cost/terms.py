@@ -293,8 +293,8 @@ TERMS: tuple[Term, ...] = (
     Term("gradients added into the fp32 main_grad by their own kernel (an embedding's; weights' unfused)", "time",
          "layer", lambda layer, ckpt, ctx: jobsettings.unfused_accumulation_ms(layer, ctx.profile, ctx.setup)
          + jobsettings.embedding_hook_add_ms(layer, ctx.profile, ctx.setup),
-         "the record's unfused_wgrad_bytes a parameter a microbatch beyond the profile's accumulation (the DDP hook's "
-         "add): a weight's under --no-gradient-accumulation-fusion at the HBM's rate, an embedding's always (§372-§374)"),
+         "the hook's add (DDP) or copy (Megatron-FSDP) beyond the .grad add the profile timed, at its elementwise rate: "
+         "a weight's under --no-gradient-accumulation-fusion, a lookup table's always (§372-§374, §411-§412)"),
     Term("the optimizer's fp32 gradients added into after every microbatch's backward", "time", "layer",
          lambda layer, ckpt, ctx: hpgrads.hp_grad_accumulate_ms(layer, ctx.profile, ctx.setup),
          "the record's hp_grad_accumulate_bytes a parameter a microbatch (DeepSpeed 56c52238's BF16_Optimizer."

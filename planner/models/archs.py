@@ -310,13 +310,18 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     # Mixture of experts. config.json of mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1: each
     # layer's MLP is 8 SwiGLU experts of width intermediate_size, top 2 (Jiang et al. 2024,
     # "Mixtral of Experts", Table 1; 46.7B total / 12.9B active, and mistral.ai's Mixtral 8x22B
-    # announcement, 141B / 39B)
+    # announcement, 141B / 39B). The 8x22B base's vocabulary is 32,000 (Mistral's weights page,
+    # platform-docs-public a8d3613a; its Instruct and v0.3 have 32,768: configs/hf/README.md). The
+    # router as the config route reads model_type mixtral (archconfig.py): the softmax's top-2 weights
+    # renormalized (the paper's Softmax(TopK)) and in fp32, as transformers' MixtralSparseMoeBlock runs it
     _llama("mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768,
            "mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024, Mixtral of Experts, Table 1",
-           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336, rope=1000000.0, eps=1e-5),
+           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336, rope=1000000.0, eps=1e-5,
+           routing_weight_bytes=4, renormalizes_top_k=True),
     _llama("mixtral-8x22b", 6144, 16384, 56, 48, 8, 32000, 65536,
            "mistralai/Mixtral-8x22B-v0.1 config.json; mistral.ai, Cheaper, Better, Faster, Stronger (2024)",
-           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16384, rope=1000000.0, eps=1e-5),
+           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16384, rope=1000000.0, eps=1e-5,
+           routing_weight_bytes=4, renormalizes_top_k=True),
     # config.json of deepseek-ai/DeepSeek-V2-Lite: MLA without q compression (q_lora_rank null),
     # layer 0 dense (first_k_dense_replace 1), then 64 routed experts top 6 and 2 shared, width
     # 1408; DeepSeek-AI 2024, "DeepSeek-V2", Appendix B: 15.7B total, 2.4B activated

@@ -329,7 +329,8 @@ def embedding_layer(arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None
     times = analytic_time.times_ms(analytic_time.embedding_work(arch, shape), gpu, mfu)
     return _layer("tok_embeddings", "embedding", times=times, act_bytes=ids + positions + mask, input_bytes=ids,
                   output_bytes=out, input_in_act_bytes=ids, param_count=embedding_params(arch, shape),
-                  transient_bytes=out, shape=shape, gpu=gpu, kept_terms=(ids, positions, mask))
+                  transient_bytes=out, shape=shape, gpu=gpu, kept_terms=(ids, positions, mask)
+                  ).model_copy(update={"lookup_param_count": embedding_params(arch, shape)})  # every table a lookup
 
 
 def block_layer(index: int, arch: Arch, shape: Shape, gpu: GPU, mfu: float | None = None, *,

@@ -25,3 +25,11 @@ def layer_kinds(layers: list[tuple[str, nn.Module]]) -> list[str]:
         index = seen.index(structure)
         kinds.append(type(layer).__name__ + (f"#{index + 1}" if index else ""))
     return kinds
+
+
+def lookup_param_count(layer: nn.Module) -> int:
+    """The layer's embedding tables (nn.Embedding's, nn.EmbeddingBag's): parameters whose gradient the lookup's
+    backward makes, not a linear's GEMM (LayerProfile.lookup_param_count), each shared table counted once."""
+    tables = {id(p): p for module in layer.modules() if isinstance(module, (nn.Embedding, nn.EmbeddingBag))
+              for p in module.parameters(recurse=False) if p.requires_grad}
+    return sum(p.numel() for p in tables.values())

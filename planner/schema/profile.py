@@ -276,6 +276,11 @@ class LayerProfile(Strict):
     # its largest parameter tensor (measured profiles; None in analytic ones and older
     # profiles): ZeRO 1 on ckplan's runtime gives each rank whole tensors
     largest_param_count: Count | None = None
+    # of param_count, its embedding lookups' tables (nn.Embedding's in measured and fake profiles; an analytic
+    # profile's embedding layer): their gradient is the lookup's backward's, never a linear's wgrad GEMM, so a
+    # runtime's hook adds it whatever fuses the linears' (planner/cost/jobsettings.py). 0 elsewhere and in profiles
+    # made before (read as no table)
+    lookup_param_count: Count = 0
     # its trained parameter tensors (measured profiles; 0 in analytic ones and older profiles): torch's Adam
     # keeps a step count per tensor, on the CPU (planner/cost/stepcounts.py)
     param_tensors: Count = 0

@@ -181,14 +181,17 @@ BASELINES: dict[str, Strategy] = {
 
 def all_baselines(profile: Profile, setup: TrainSetup, deadline: Deadline = NO_DEADLINE) -> list[BaselineResult]:
     """Every baseline scored; past the deadline, the ones scored by then (the search that
-    follows has no time left either, and says so)."""
-    results = []
+    follows has no time left either, and says so). Baselines that choose the same plan (full
+    checkpointing and the ratio rules where every layer is checkpointed) are scored once: a
+    plan's cost is a function of the plan, and each score replays every stage's allocator."""
+    results, scored = [], {}
     for name, strategy in BASELINES.items():
         try:
             stages = costmodel.as_ranks(strategy(profile, setup, deadline), setup)
         except Expired:
             break
-        cost = costmodel.evaluate(stages, profile, setup)
+        key = tuple(stage.model_dump_json() for stage in stages)
+        cost = scored[key] if key in scored else scored.setdefault(key, costmodel.evaluate(stages, profile, setup))
         results.append(
             BaselineResult(
                 name=name,

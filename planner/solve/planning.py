@@ -31,8 +31,15 @@ class Unplanned:
 
     def message(self, setup) -> str:
         if self.status == "timeout":
-            return (f"the solver found no plan within --time-limit {self.time_limit_s:g} s and no baseline "
+            told = (f"the solver found no plan within --time-limit {self.time_limit_s:g} s and no baseline "
                     "fits to start from; raise --time-limit")
+            from planner.cost import replayed_reserve
+            if not replayed_reserve.replays(setup):
+                return told
+            return (f"{told}, which bounds the baselines and the search together: here each plan is judged by the "
+                    "allocator's replay of its every stage, so each baseline and each of the search's solves under "
+                    "caps costs seconds, and a large model needs minutes (Mistral-Small-24B on 8 stages at 80GB "
+                    "found its plan at --time-limit 240)")
         if self.status == "error":
             return ("the MILP solver (HiGHS) failed numerically before it found a plan, and no baseline fits to "
                     "fall back on; try --solver dp where the schedule has one stage per rank, or other caps")

@@ -24,7 +24,7 @@ cap) therefore admit every plan evaluate() admits, and search_caps solves under 
   fits is returned "feasible", its gap against the relaxed solve's bound (proven: no plan that fits is faster).
   Not proved: that no plan between is faster (caps that let the solvers reach it may not be among those tried),
   nor, where none of those plans fits and neither does the least-memory plan, that none fits ("infeasible" then
-  says the search found none).
+  says the search found none; "timeout" where the deadline cut the rounds short).
 Never returned: a plan evaluate() puts over a cap.
 search.plan calls search_caps only where planner/solve/replaycuts.py's lazy cuts, which prove their answer, did
 not close: a schedule of several stages a rank, or the cuts' rounds or time spent (their bound then tightens
@@ -87,14 +87,15 @@ def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, eva
     if cost.feasible:
         return _judged(first, cost, dataclasses.replace(first.solve, replay="relaxed"))
     given = list(setup.pipeline.mem_caps_bytes)
-    over, below, best, probed, solves = relaxed, None, None, False, 1
+    over, below, best, probed, solves, stopped = relaxed, None, None, False, 1, None
     trial = given  # the rows as given first: the plan found before the replay was searched, the least this returns
     for _ in range(REPLAY_ROUNDS):
         bar = min((ms for ms in (known_ms, best[1].iteration_ms if best else None) if ms is not None), default=None)
         result = solve(trial, bar, False) if min(trial) > 0 else None
         solves += result is not None
         if isinstance(result, NoFit) and result.status != "infeasible":
-            break  # the deadline passed, or HiGHS failed: the best found stands
+            stopped = result.status  # the deadline passed, or HiGHS failed: the best found stands
+            break
         cost = evaluate(result.stages) if isinstance(result, PlanResult) else None
         if cost is not None and not cost.feasible:
             over = trial
@@ -119,8 +120,8 @@ def search_caps(setup: TrainSetup, relaxed: list[int], solve: SolveUnder, *, eva
             trial = [(a + b) // 2 for a, b in zip(below, over, strict=True)]
     if best is None and not probed:
         best, _ = _probe(least_memory, evaluate, given, relaxed, given)
-    if best is None:
-        return NoFit("infeasible", elapsed_s(), first.solve.solver)
+    if best is None:  # cut short by the deadline (or HiGHS): not that none fits, which the rounds did not show
+        return NoFit(stopped or "infeasible", elapsed_s(), first.solve.solver)
     result, cost = best
     bound = first.solve.bound
     gap = None if bound is None else max(0.0, (cost.iteration_ms - bound) / cost.iteration_ms)
