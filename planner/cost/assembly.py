@@ -12,6 +12,7 @@ from planner.cost import (
     asynctp,
     comm,
     dataparallel,
+    gathered,
     megatron_fsdp_moments,
     nccl_buffers,
     runtimes,
@@ -19,12 +20,7 @@ from planner.cost import (
     te_userbuffers,
 )
 from planner.cost.layers import LayerCost, layer_costs
-from planner.cost.rules import (
-    compute_ms,
-    input_pass_peak_bytes,
-    layer_step_ms,
-    layer_time_ms,
-)
+from planner.cost.rules import compute_ms, input_pass_peak_bytes, layer_step_ms, layer_time_ms
 from planner.cost.terms import (
     Context,
     _rows_at,
@@ -408,14 +404,15 @@ def stage_sums(layers: Sequence[LayerCost], options: Sequence[int], *, stage: in
     names = declared()
     totals = dict.fromkeys(names, 0.0)
     rows = _rows_at("layer")
-    per_layer = []  # each layer's value of every quantity: the extra and scratch aggregate by layer
-    for layer, ckpt in zip(layers, options):  # one pass over the rows per layer
+    per_layer = []  # each layer's value of every quantity (one pass over the rows per layer): extra, scratch by layer
+    for layer, ckpt in zip(layers, options):
         values = dict.fromkeys(names, 0.0)
         for term in rows:
             values[term.quantity] += term.value(layer, ckpt, ctx)
         per_layer.append(values)
-    per_layer = megatron_fsdp_moments.stage_moments(  # Megatron-FSDP's buffers at their moments, as extras
+    per_layer = megatron_fsdp_moments.stage_moments(  # Megatron-FSDP's, then FSDP2's units beside a pipeline
         layers, options, te_offload.stage_window(layers, options, per_layer, rows, ctx) or per_layer, stage=stage, ctx=ctx)
+    per_layer = gathered.stage_unit_moments(layers, options, per_layer, stage=stage, profile=profile, setup=setup)
     for values in per_layer:
         for quantity, value in values.items():
             totals[quantity] += value

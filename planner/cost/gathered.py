@@ -5,7 +5,7 @@ functions terms.py's rows call for them. Pure functions; nothing here reads a fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from planner.cost import chunkedloss, dataparallel, fsdpunits, megatron_fsdp
 from planner.cost.deepspeed_terms import charged as deepspeed_charged
@@ -45,23 +45,28 @@ def kept_reduce_scatter_input_bytes(profile: Profile, stage: int, setup: TrainSe
     return largest * dataparallel.param_bytes(setup).grads
 
 
-def _held_params(profile: Profile, setup: TrainSetup) -> list[tuple[int, int]]:
+def _held_params(profile: Profile, setup: TrainSetup, layers=None) -> list[tuple[int, int]]:
     """Each layer's (parameters a rank holds, Float8 weights among them): under expert parallelism
-    a layer holds 1/E of its routed experts."""
+    a layer holds 1/E of its routed experts. `layers`: those of the profile's layers (all by default)."""
     ep = setup.data_parallel.ep
     return [(layer.param_count - layer.expert_param_count + layer.expert_param_count // ep,
-             layer.float8.param_count if layer.float8 is not None else 0) for layer in profile.layers]
+             layer.float8.param_count if layer.float8 is not None else 0)
+            for layer in (profile.layers if layers is None else layers)]
 
 
-def _units_args(profile: Profile, setup: TrainSetup):
+def _units_args(profile: Profile, setup: TrainSetup, names: Sequence[str] | None = None):
     """Each layer's parameters on the rank, its Float8 weights, and the units' arguments: a parameter several
     layers share (tied weights) is one FSDP2 parameter of their one unit (fsdpunits.unit_of_layers), counted at
-    its first holder only."""
-    held = _held_params(profile, setup)
-    names = [layer.name for layer in profile.layers]
-    tied = [sorted(names.index(name) for name in item.layers) for item in profile.tied]
+    its first holder only. `names`: a pipeline stage's layers (its units alone); beside a pipeline no set is
+    tied (each stage holds its own copy, its own unit: the embedding and the head are always split, and
+    planner/runtime/tie.py sums the copies' sharded gradients after the step)."""
+    layers = [layer for layer in profile.layers if names is None or layer.name in names]
+    held = _held_params(profile, setup, layers)
+    names = [layer.name for layer in layers]
+    piped = setup.pipeline.stages > 1
+    tied = [] if piped else [sorted(names.index(name) for name in item.layers) for item in profile.tied]
     shared = [0] * len(names)
-    for item, holders in zip(profile.tied, tied):
+    for item, holders in zip(profile.tied if not piped else (), tied):
         for j in holders[1:]:
             shared[j] += item.param_count
     record = runtime_facts(setup)
@@ -78,18 +83,63 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
     scratch and saved tensors freed, its input's gradient made; its unit's copy-out as its forward begins:
     nothing of its own kept yet; the last layer's forward: its kept bytes. 0 where they are not charged per
     moment (unsharded_bytes holds the largest layer's instead). `kept_bytes`: the layer's kept bytes under `option`
-    (terms.layer_value's "kept", asked only where the moments are charged)."""
+    (terms.layer_value's "kept", asked only where the moments are charged).
+
+    Beside a pipeline (fsdpunits.beside_pipeline) the split is not known here, so the layer is charged as if
+    inside its stage (the unit before it prefetched, the previous all-gather output at its copy-out, the unit
+    after it reduced last: none of them at a stage's ends), every layer's forward end (it may be its stage's
+    last), and, where a stage's first backward follows two forwards or more, the largest layer's all-gather
+    output a stage's first unit may prefetch (fsdpunits.stray_prefetch): the solvers' bound, never under a
+    stage's own moments, which evaluate charges (stage_unit_moments)."""
 
     if not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
         return 0
     params, fp8, units = _units_args(profile, setup)
     index = next(i for i, known in enumerate(profile.layers) if known.name == layer.name)
+    piped = setup.pipeline.stages > 1
+    stray = 0.0
+    if piped and any(fsdpunits.stray_prefetch(setup, s) for s in range(setup.pipeline.stages)):
+        stray = max(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(params, fp8))
+    return _moment_extra(layer, option, profile, setup, kept_bytes(), params, fp8, index, units,
+                         model_last=index == len(profile.layers) - 1, every_end=piped, stray=stray)
+
+
+def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_layer: list[dict], *, stage: int,
+                       profile: Profile, setup: TrainSetup) -> list[dict]:
+    """Each layer's values (assembly.stage_sums' per_layer) with FSDP2's moments as the stage runs them beside a
+    pipeline (fsdpunits.beside_pipeline), in place of fsdp_unit_layer_bytes' bound: the stage's layers its units
+    (its first prefetches none in the backward and finds no all-gather output before its copy-out; its last
+    reduces first, nothing pending), and where the stage's first backward follows two forwards or more
+    (fsdpunits.stray_prefetch) its last unit's all-gather output from its first unit's pre-backward to the
+    backward's end (§400). `per_layer` unchanged elsewhere."""
+    if setup.pipeline.stages == 1 or not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return per_layer
+    names = [layer.name for layer in layers]
+    params, fp8, units = _units_args(profile, setup, names)
+    stray = dataparallel.gathered_bytes(params[-1], setup, fp8_count=fp8[-1]) \
+        if fsdpunits.stray_prefetch(setup, stage) else 0.0
+    last = stage == setup.pipeline.stages - 1
+    out = []
+    for j, (layer, option, values) in enumerate(zip(layers, options, per_layer)):
+        kept = values["kept"]
+        exact = _moment_extra(layer, option, profile, setup, kept, params, fp8, j, units,
+                              model_last=last and j == len(layers) - 1, every_end=True, stray=stray if j == 0 else 0.0)
+        bound = fsdp_unit_layer_bytes(layer, option, profile, setup, lambda value=kept: value)
+        out.append({**values, "extra": values["extra"] + exact - bound})
+    return out
+
+
+def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
+                  params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
+                  every_end: bool = False, stray: float = 0.0) -> int:
+    """fsdp_unit_layer_bytes of layer `index` among `params` (the model's layers, or a stage's), its backward's
+    moments with `stray` bytes beside them."""
     start, end, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
-    if index == len(profile.layers) - 1:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
+    start, end, after = start + stray, end + stray, after + (stray if after else 0.0)
+    if model_last:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
         end, after = (a - b for a, b in zip((end, after), chunkedloss.head_grads_reduced_in_loss(profile, setup)))
-    copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, **units)
+    copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, every_end=every_end, **units)
     scratch = layer_extra_bytes(layer, option)
-    kept = kept_bytes()
     done = scratch + kept - layer.input_bytes  # freed by the end of its backward, its input's gradient made
     return int(round(max(start, end - done, after - done, copy_out - kept - scratch, forward_end - scratch)))
 
