@@ -90,15 +90,20 @@ def beside_pipeline(setup: TrainSetup, grouping: str) -> bool:
             and setup.pipeline.schedule in ("1F1B", "GPipe") and not dataparallel.kept_whole(setup))
 
 
-def stray_prefetch(setup: TrainSetup, stage: int) -> bool:
-    """Whether stage `stage`'s first backward finds its last unit's all-gather output prefetched by its first
-    unit and held to the backward's end (§400): two or more forwards before it (1F1B's warm-up min(P - s, M),
-    GPipe's M), whose units FSDP2's post-forward order lists twice; the backward prefetches the unit before
-    in that order, for the first unit the last unit of the forward before, which never waits on it."""
+def warm_up(setup: TrainSetup, stage: int) -> int:
+    """The forwards stage `stage` runs before its first backward: 1F1B's min(P - s, M), GPipe's M."""
     from planner.cost.schedules import one_chunk_in_flight
 
     return one_chunk_in_flight(setup.pipeline.schedule, num_ranks=setup.pipeline.stages,
-                               num_microbatches=setup.pipeline.microbatches, rank=stage) >= 2
+                               num_microbatches=setup.pipeline.microbatches, rank=stage)
+
+
+def stray_prefetch(setup: TrainSetup, stage: int) -> bool:
+    """Whether stage `stage`'s first backward finds its last unit's all-gather output prefetched by its first
+    unit and held to the backward's end (§400): two or more forwards before it (warm_up), whose units FSDP2's
+    post-forward order lists twice; the backward prefetches the unit before in that order, for the first unit
+    the last unit of the forward before, which never waits on it."""
+    return warm_up(setup, stage) >= 2
 
 
 def regathered_per_moment(setup: TrainSetup, grouping: str) -> bool:

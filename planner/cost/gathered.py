@@ -105,35 +105,77 @@ def fsdp_unit_layer_bytes(layer: LayerCost, option: int, profile: Profile, setup
 
 
 def stage_unit_moments(layers: Sequence[LayerCost], options: Sequence[int], per_layer: list[dict], *, stage: int,
-                       profile: Profile, setup: TrainSetup) -> list[dict]:
+                       profile: Profile, setup: TrainSetup, microbatch_kept: float) -> list[dict]:
     """Each layer's values (assembly.stage_sums' per_layer) with FSDP2's moments as the stage runs them beside a
     pipeline (fsdpunits.beside_pipeline), in place of fsdp_unit_layer_bytes' bound: the stage's layers its units
     (its first prefetches none in the backward and finds no all-gather output before its copy-out; its last
-    reduces first, nothing pending), and where the stage's first backward follows two forwards or more
-    (fsdpunits.stray_prefetch) its last unit's all-gather output from its first unit's pre-backward to the
-    backward's end (§400). `per_layer` unchanged elsewhere."""
+    reduces first, nothing pending). Where the stage's first backward follows w >= 2 forwards
+    (fsdpunits.stray_prefetch; §400-§401): in that backward its last unit's all-gather output from its first
+    unit's pre-backward to the end, and no gradient shard of a unit not yet reduced (the step's zero_grad sets
+    them to None; the first reduce-scatter makes each); where no forward follows a backward (M = w) the forwards
+    beside w - 1 others find no shard either, under ZeRO 2 run no all-gather (the units stay gathered from the
+    first), and the later backwards hold one microbatch fewer (`microbatch_kept`: the stage's kept bytes a
+    microbatch). Under ZeRO 2 the weights whole in static less the units resharded at their post-backward by
+    then. `per_layer` unchanged elsewhere."""
     if setup.pipeline.stages == 1 or not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
         return per_layer
     names = [layer.name for layer in layers]
     params, fp8, units = _units_args(profile, setup, names)
-    stray = dataparallel.gathered_bytes(params[-1], setup, fp8_count=fp8[-1]) \
-        if fsdpunits.stray_prefetch(setup, stage) else 0.0
+    warm = fsdpunits.warm_up(setup, stage)
+    stray = dataparallel.gathered_bytes(params[-1], setup, fp8_count=fp8[-1])
+    shards = [p * dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup) for p in params]
+    microbatch = microbatch_kept
+    warm_only = setup.pipeline.microbatches == warm  # no forward after a backward
+    zero2 = setup.data_parallel.zero < 3
     last = stage == setup.pipeline.stages - 1
     out = []
     for j, (layer, option, values) in enumerate(zip(layers, options, per_layer)):
         kept = values["kept"]
-        exact = _moment_extra(layer, option, profile, setup, kept, params, fp8, j, units,
-                              model_last=last and j == len(layers) - 1, every_end=True, stray=stray if j == 0 else 0.0)
+        backward, forward = _moments(layer, option, profile, setup, kept, params, fp8, j, units,
+                                     model_last=last and j == len(layers) - 1, every_end=True)
+        if zero2:  # each unit resharded at its post-backward (TimedStage's set_reshard_after_backward, §399)
+            resharded = sum(dataparallel.gathered_bytes(p, setup, fp8_count=f) for p, f in zip(params[j + 1:], fp8[j + 1:]))
+            own = dataparallel.gathered_bytes(params[j], setup, fp8_count=fp8[j])
+            backward = [backward[0] - resharded, backward[1] - resharded, backward[2] - resharded - own]
+        moments = [*backward, *forward]
+        if warm >= 2:
+            here = stray if j == 0 else 0.0
+            absent = sum(shards[:j + 1])  # the shards of j and the units before it, not reduced yet
+            first = [backward[0] + here - absent, backward[1] + here - absent, backward[2] + here - absent + shards[j]]
+            later = [value - microbatch for value in backward] if warm_only else backward
+            if not warm_only:
+                ahead = forward
+            elif zero2:  # F0's all-gathers beside no other microbatch; the forwards after it gather nothing
+                ahead = [*(value - sum(shards) - (warm - 1) * microbatch for value in forward), -sum(shards)]
+            else:
+                ahead = [value - sum(shards) for value in forward]
+            moments = [*first, *later, *ahead]
+        exact = int(round(max(moments)))
         bound = fsdp_unit_layer_bytes(layer, option, profile, setup, lambda value=kept: value)
         out.append({**values, "extra": values["extra"] + exact - bound})
     return out
 
 
-def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
-                  params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
-                  every_end: bool = False, stray: float = 0.0) -> int:
-    """fsdp_unit_layer_bytes of layer `index` among `params` (the model's layers, or a stage's), its backward's
-    moments with `stray` bytes beside them."""
+def stage_floor(layers: Sequence[LayerCost], *, stage: int, profile: Profile, setup: TrainSetup) -> float:
+    """What static lacks where the stage's microbatches are all whole, nothing else live (assembly.net_extra_bytes'
+    floor): beside a pipeline under FSDP2's moments, where no forward follows a backward (M = the stage's warm-up,
+    two or more), its gradient shards, which the step's zero_grad set to None and the first backward's
+    reduce-scatters make again (§401); else 0."""
+    if setup.pipeline.stages == 1 or not fsdpunits.charged_per_moment(setup, runtime_facts(setup).fsdp_units):
+        return 0.0
+    warm = fsdpunits.warm_up(setup, stage)
+    if warm < 2 or setup.pipeline.microbatches != warm:
+        return 0.0
+    params, _, _ = _units_args(profile, setup, [layer.name for layer in layers])
+    return -sum(params) * dataparallel.param_bytes(setup).grads / dataparallel.shard_size(setup)
+
+
+def _moments(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
+             params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
+             every_end: bool = False, stray: float = 0.0) -> tuple[list[float], list[float]]:
+    """Layer `index`'s moments among `params` (the model's layers, or a stage's) as extras of the layer, each
+    beside what the layer itself holds then: its backward's start, end and post-backward with `stray` bytes
+    beside them, and its forward's copy-out and end (fsdp_unit_layer_bytes)."""
     start, end, after = fsdpunits.layer_moment_bytes(params, fp8, index, setup, **units)
     start, end, after = start + stray, end + stray, after + (stray if after else 0.0)
     if model_last:  # the LM head's gradient, reduced in a chunked loss (chunkedloss.py)
@@ -141,7 +183,16 @@ def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainS
     copy_out, forward_end = fsdpunits.forward_bytes(params, fp8, index, setup, every_end=every_end, **units)
     scratch = layer_extra_bytes(layer, option)
     done = scratch + kept - layer.input_bytes  # freed by the end of its backward, its input's gradient made
-    return int(round(max(start, end - done, after - done, copy_out - kept - scratch, forward_end - scratch)))
+    return [start, end - done, after - done], [copy_out - kept - scratch, forward_end - scratch]
+
+
+def _moment_extra(layer: LayerCost, option: int, profile: Profile, setup: TrainSetup, kept: float,
+                  params: Sequence[float], fp8: Sequence[float], index: int, units: dict, *, model_last: bool,
+                  every_end: bool = False, stray: float = 0.0) -> int:
+    """The largest of _moments."""
+    backward, forward = _moments(layer, option, profile, setup, kept, params, fp8, index, units,
+                                 model_last=model_last, every_end=every_end, stray=stray)
+    return int(round(max(*backward, *forward)))
 
 
 def fsdp_unit_loss_bytes(profile: Profile, stage: int, setup: TrainSetup) -> int:
