@@ -2,8 +2,9 @@
 reduce-scatter), which units it keeps gathered from their forward to the end of their backward,
 and so what FSDP2 holds beyond the sharded state at each moment of a one-stage step under ZeRO 3
 resharded after every forward (torchtitan without a pipeline, ckplan's runtime) or ZeRO 2 kept
-gathered to each unit's post-backward (ckplan's runtime); beside a pipeline every unit stays
-gathered and is charged whole in static (dataparallel.kept_whole).
+gathered to each unit's post-backward (ckplan's runtime), and a 1F1B or GPipe stage of ckplan's runtime over
+its own layers (beside_pipeline; gathered.stage_unit_moments, §399-§401); where a pipeline keeps its units whole
+every unit stays gathered and is charged whole in static (dataparallel.kept_whole).
 
 A runtime's record says how (RuntimeFacts.fsdp_units, fsdp_gathered_from_forward). "largest-layer"
 keeps a buffer term, a constant per stage of the model's largest layer (dataparallel.unsharded_bytes).
